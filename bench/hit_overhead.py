@@ -1,0 +1,85 @@
+"""What a recalled forward costs, against joblib.Memory's hit on the same input.
+
+A 3-node graph whose last node is frozen and cached, handed a coordinate, against
+a local store: the median time of a forward that recalls. The same question
+through ``joblib.Memory`` (a cached function of the same input), and both again
+with a 19 MB bytes input, where the cost is weighing the batch.
+
+Prints microseconds and ratios; targets: ≤ 50 µs per recalled forward on a
+coordinate, ≥ 10× faster than joblib's hit, and the 19 MB input weighed in ≤ 5 ms.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import joblib
+
+from somatize import Graph, Node
+
+
+class Span(Node):
+    def forward(self, span: Any, ctx: Any) -> Any:
+        return span
+
+
+class Clean(Node):
+    def forward(self, span: Any, ctx: Any) -> int:
+        return len(span) if isinstance(span, bytes) else span["take"]
+
+
+class Widest(Node):
+    def forward(self, count: int, ctx: Any) -> float:
+        return float(count)
+
+
+def median_us(call: Callable[[], Any], repeats: int, warm: int = 20) -> float:
+    for _ in range(warm):
+        call()
+    taken = []
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        call()
+        taken.append((time.perf_counter_ns() - start) / 1e3)
+    return statistics.median(taken)
+
+
+def widest(span: Any) -> float:
+    return float(len(span) if isinstance(span, bytes) else span["take"])
+
+
+def main() -> None:
+    where = tempfile.mkdtemp(prefix="somatize-bench-")
+    g = Graph.somatize(
+        Span().named("span").frozen()
+        >> Clean().named("clean").frozen()
+        >> Widest().named("widest").frozen().cached()
+    )
+    memory = joblib.Memory(tempfile.mkdtemp(prefix="joblib-bench-"), verbose=0)
+    cached = memory.cache(widest)
+
+    coordinate = {"at": 4096, "take": 64}
+    batch = bytes(range(256)) * (19 * 1024 * 1024 // 256)
+
+    rows = []
+    for label, x, repeats in [("a coordinate", coordinate, 5000), ("19 MB of bytes", batch, 40)]:
+        ours = median_us(lambda x=x: g.forward(x, store=where), repeats)
+        theirs = median_us(lambda x=x: cached(x), repeats)
+        rows.append((label, ours, theirs))
+
+    print(f"{'input':>16} {'somatize':>12} {'joblib.Memory':>15} {'joblib/somatize':>16}")
+    for label, ours, theirs in rows:
+        print(f"{label:>16} {ours:10.1f}µs {theirs:13.1f}µs {theirs / ours:15.1f}×")
+    coordinate_us, batch_us = rows[0][1], rows[1][1]
+    print()
+    print(f"recalled forward on a coordinate: {coordinate_us:.1f} µs (target ≤ 50 µs)")
+    print(f"faster than joblib's hit on it:   {rows[0][2] / coordinate_us:.1f}× (target ≥ 10×)")
+    print(f"19 MB input weighed and recalled: {batch_us / 1e3:.2f} ms (target ≤ 5 ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Codecs: how one kind of value becomes bytes, and back, and what it weighs.
+
+A codec knows one kind of value and nothing about graphs. It is used three
+ways: to write a cached answer into a store and read it back, to carry a value
+across to a worker exactly as it would cross a wire, and to digest an
+:class:`Opaque` input — the one place where data, rather than a name, has to be
+hashed. A codec may digest faster than it encodes (a tensor is digested where
+it lives), so ``digest`` is its own method.
+
+Nothing is ever unpickled: a store holds bytes in formats whose readers cannot
+run code (the canonical encoding, Arrow IPC, safetensors).
+
+Built in: ``plain`` (canonical values). ``somatize.data`` registers ``arrow``;
+``somatize.torch`` registers ``tensor``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import blake3
+
+from somatize import canonical
+from somatize.errors import SomatizeError
+
+__all__ = [
+    "CODECS",
+    "Codec",
+    "CodecError",
+    "Codecs",
+    "Opaque",
+    "Plain",
+]
+
+Buffer = bytes | bytearray | memoryview
+
+
+class CodecError(SomatizeError, TypeError):
+    """A value no codec can write, or bytes a codec cannot read."""
+
+
+class Codec(abc.ABC):
+    """One kind of value, as bytes.
+
+    Contract: ``decode(join(encode(v)))`` equals ``v``; ``digest(v)`` depends on
+    the value's content only (never on the process, the device or the order a
+    dict was filled in), and equal content gives an equal digest in every
+    process.
+    """
+
+    name: str
+    """How stores and wires name this codec; recorded beside every answer."""
+
+    types: tuple[type, ...] = ()
+    """The Python types this codec may take; ``accepts`` makes the final call."""
+
+    def accepts(self, value: Any) -> bool:
+        """Whether this codec can write ``value`` (its type is already one of ``types``)."""
+        return True
+
+    @abc.abstractmethod
+    def encode(self, value: Any) -> Sequence[Buffer]:
+        """The bytes of ``value``, as pieces written one after the other (no joining needed)."""
+
+    @abc.abstractmethod
+    def decode(self, data: memoryview) -> Any:
+        """The value whose bytes are ``data``. May keep a view of ``data`` (zero-copy)."""
+
+    def digest(self, value: Any) -> str:
+        """``blake3:<hex>`` of the value's content; by default, of its encoding."""
+        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        hasher.update(self.name.encode() + b"\0")
+        for piece in self.encode(value):
+            hasher.update(piece)
+        return "blake3:" + hasher.hexdigest()
+
+
+class Plain(Codec):
+    """Canonical values (None, bool, int, float, str, bytes, lists, tuples, dicts)."""
+
+    name = "plain"
+    types = (type(None), bool, int, float, str, bytes, bytearray, memoryview, list, tuple, dict)
+
+    def accepts(self, value: Any) -> bool:
+        return canonical.is_canonical(value)
+
+    def encode(self, value: Any) -> Sequence[Buffer]:
+        return canonical.parts_of(value)
+
+    def decode(self, data: memoryview) -> Any:
+        return canonical.decode(data)
+
+    def digest(self, value: Any) -> str:
+        return canonical.hex_of(value, b"somatize/plain\0")
+
+
+class Codecs:
+    """Which codec writes which value: later registrations are asked first."""
+
+    def __init__(self, codecs: Iterable[Codec] = ()) -> None:
+        self._by_name: dict[str, Codec] = {}
+        self._order: list[Codec] = []
+        self._by_type: dict[type, list[Codec]] = {}
+        for codec in codecs:
+            self.register(codec)
+
+    def register(self, codec: Codec) -> Codec:
+        """Adds ``codec`` (replacing one of the same name) ahead of those already here."""
+        old = self._by_name.get(codec.name)
+        if old is not None:
+            self._order.remove(old)
+        self._by_name[codec.name] = codec
+        self._order.insert(0, codec)
+        self._by_type.clear()
+        return codec
+
+    def named(self, name: str) -> Codec:
+        """The codec called ``name``; CodecError naming the known ones otherwise."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            known = ", ".join(sorted(self._by_name))
+            hint = (
+                " (`import somatize.torch` registers `tensor`)"
+                if name == "tensor"
+                else " (`import somatize.data` registers `arrow`)"
+                if name == "arrow"
+                else ""
+            )
+            raise CodecError(
+                f"no codec is called `{name}`; known: {known}{hint}. An answer written with it "
+                "cannot be read in this process until that codec is registered"
+            ) from None
+
+    def candidates(self, kind: type) -> list[Codec]:
+        found = self._by_type.get(kind)
+        if found is None:
+            found = [
+                codec
+                for codec in self._order
+                if any(issubclass(kind, accepted) for accepted in codec.types)
+            ]
+            self._by_type[kind] = found
+        return found
+
+    def for_value(self, value: Any, where: str = "value") -> Codec:
+        """The codec that writes ``value``; CodecError naming its type otherwise."""
+        for codec in self.candidates(type(value)):
+            if codec.accepts(value):
+                return codec
+        kind = type(value)
+        raise CodecError(
+            f"{where} is a `{kind.__module__}.{kind.__qualname__}` and no codec writes it, so it "
+            "can be neither kept in a store nor sent to a worker. Return canonical values "
+            "(None, bool, int, float, str, bytes, lists/tuples/dicts of them), a tensor "
+            "(`import somatize.torch`), an Arrow table or frame (`import somatize.data`), or "
+            "register a codec for it with `somatize.CODECS.register(...)`"
+        )
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+
+CODECS = Codecs([Plain()])
+"""The codecs every graph uses unless told otherwise."""
+
+
+class Opaque:
+    """An input that is digested by its content, through its codec.
+
+    Canonical values are keyed by their encoding; anything else — a tensor, an
+    Arrow table — must be weighed, and saying ``Opaque(batch)`` is saying so on
+    purpose. The digest is computed once per ``Opaque`` and remembered.
+    """
+
+    __slots__ = ("_digest", "codec", "value")
+
+    def __init__(self, value: Any, codec: Codec | str | None = None) -> None:
+        self.value = value
+        if isinstance(codec, str):
+            codec = CODECS.named(codec)
+        self.codec = codec if codec is not None else CODECS.for_value(value, "the Opaque value")
+        self._digest: str | None = None
+
+    @property
+    def digest(self) -> str:
+        """``blake3:<hex>`` of the value's content, computed on first use."""
+        if self._digest is None:
+            self._digest = self.codec.digest(self.value)
+        return self._digest
+
+    def __repr__(self) -> str:
+        return f"Opaque({type(self.value).__name__}, codec={self.codec.name!r})"

@@ -1,0 +1,355 @@
+"""The engine: carries out a plan and says what happened.
+
+One forward is: refuse what cannot honestly be kept; compute every key; ask the
+store once; walk backward from the outputs (:mod:`somatize.plan`); read back the
+recalled answers; run the rest in order, keeping what cached nodes answer; and
+emit facts, in order, to ``watching`` and into the run's :class:`Record`.
+
+Facts are plain dicts::
+
+    {"fact": "ran",      "node": "clean", "took_us": 812}
+    {"fact": "kept",     "node": "widest", "key": "blake3:…", "bytes": 9}
+    {"fact": "recalled", "node": "widest", "key": "blake3:…"}
+    {"fact": "spared",   "node": "clean"}
+    {"fact": "drifted",  "node": "widest", "key": "blake3:…", "was": "…", "now": "…"}
+    {"fact": "corrupt",  "node": "widest", "key": "blake3:…", "why": "…"}
+    {"fact": "crossed",  "node": "clean", "worker": "w1", "bytes": 1234}
+    {"fact": "failed",   "node": "clean", "error": "…"}
+    {"fact": "finished", "took_us": 53}
+
+An answer that was there when the store was asked but is damaged or gone when
+read is a miss: it is reported (``corrupt``), the plan is redone without it,
+and the node runs. A wrong answer is never returned.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from somatize.codecs import CODECS, Opaque
+from somatize.errors import SomatizeError, SomatizeWarning
+from somatize.node import Context
+from somatize.plan import Plan, compile, item_keys_from
+from somatize.store import Corrupt, Missing
+
+if TYPE_CHECKING:
+    from somatize.graph import Graph
+    from somatize.store import Store
+
+__all__ = ["Drifted", "NodeFailed", "Record", "run"]
+
+Fact = dict[str, Any]
+
+
+class NodeFailed(SomatizeError, RuntimeError):
+    """A node's forward raised; nothing was kept for it or below it."""
+
+    def __init__(self, node: str, kind: str, error: BaseException) -> None:
+        self.node = node
+        super().__init__(
+            f"`{node}` ({kind}) raised {type(error).__name__}: {error} — nothing was kept for "
+            f"`{node}` or anything below it"
+        )
+
+
+class Drifted(SomatizeWarning):
+    """A recalled answer was kept by a different version of its node's code."""
+
+
+@dataclass
+class Record:
+    """What happened in one forward: its facts in order, and each node's outcome."""
+
+    facts: list[Fact] = field(default_factory=list)
+    outcome: dict[str, str] = field(default_factory=dict)
+    """Node → ``ran`` | ``recalled`` | ``spared`` | ``drifted`` | ``failed``."""
+    took_us: dict[str, int] = field(default_factory=dict)
+    crossed: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(source, target) → bytes, for values that crossed to a worker."""
+
+    def count(self, fact: str) -> int:
+        """How many facts of this kind were emitted."""
+        return sum(1 for one in self.facts if one["fact"] == fact)
+
+
+class _Run:
+    """The state of one forward."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        store: Store | None,
+        watching: Callable[[Fact], Any] | None,
+        broker: Any,
+        strict: bool,
+    ) -> None:
+        self.graph = graph
+        self.store = store
+        self.watching = watching
+        self.broker = broker
+        self.strict = strict
+        self.record = Record()
+        self.values: dict[str, Any] = {}
+        self.loaded: dict[str, Any] = {}
+        self.drift: dict[str, tuple[str | None, str | None]] = {}
+
+    def emit(self, fact: Fact) -> None:
+        self.record.facts.append(fact)
+        if "node" in fact:
+            kind = fact["fact"]
+            if kind in ("ran", "recalled", "spared", "failed"):
+                self.record.outcome.setdefault(fact["node"], kind)
+            if kind == "drifted":
+                self.record.outcome[fact["node"]] = "drifted"
+            if kind == "ran":
+                self.record.took_us[fact["node"]] = fact["took_us"]
+        if self.watching is not None:
+            self.watching(fact)
+
+    # -- reading back -------------------------------------------------------------------------
+
+    def load(self, plan: Plan) -> bool:
+        """Reads every recalled answer; False (with the damaged key dropped) if one failed."""
+        store = self.store
+        assert store is not None
+        static = plan.static
+        for node in plan.recall:
+            if node in self.loaded:
+                continue
+            keys = plan.items[node] if node in static.mapped else [plan.keys[node]]
+            values = []
+            for key in keys:
+                value = self._read(node, key, static.fingerprint.get(node))
+                if value is _DAMAGED:
+                    plan.have.discard(key)
+                    return False
+                values.append(value)
+            self.loaded[node] = values if node in static.mapped else values[0]
+        return True
+
+    def _read(self, node: str, key: str, fingerprint: str | None) -> Any:
+        store = self.store
+        assert store is not None
+        try:
+            answer, data = store.recall(key)
+            if self.strict and fingerprint and answer.fingerprint not in (None, fingerprint):
+                self.emit(
+                    {
+                        "fact": "drifted",
+                        "node": node,
+                        "key": key,
+                        "was": answer.fingerprint,
+                        "now": fingerprint,
+                        "recomputed": True,
+                    }
+                )
+                return _DAMAGED
+            value = CODECS.named(answer.codec).decode(data)
+        except (Missing, Corrupt, ValueError) as why:
+            self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(why)})
+            return _DAMAGED
+        if fingerprint and answer.fingerprint not in (None, fingerprint):
+            self.drift[node] = (answer.fingerprint, fingerprint)
+        return value
+
+    # -- running ------------------------------------------------------------------------------
+
+    def call(self, node: str, inputs: Sequence[Any], ctx: Context) -> Any:
+        implementation = self.graph.node(node)
+        worker = ctx.worker
+        start = time.perf_counter_ns()
+        try:
+            if worker is not None and self.broker is not None:
+                value = self.broker.call(self.graph, node, list(inputs), ctx, self.emit)
+            else:
+                value = implementation.forward(*inputs, ctx)
+        except SomatizeError:
+            self.emit({"fact": "failed", "node": node, "error": "refused"})
+            raise
+        except Exception as error:
+            self.emit({"fact": "failed", "node": node, "error": f"{type(error).__name__}"})
+            raise NodeFailed(node, self.graph.kind_of(node), error) from error
+        took = (time.perf_counter_ns() - start) // 1000
+        return value, took
+
+    def keep(self, node: str, key: str, value: Any) -> int:
+        store = self.store
+        assert store is not None
+        codec = CODECS.for_value(value, f"the answer of `{node}`")
+        answer = store.keep(
+            key, codec.encode(value), codec.name, self.graph.memory.fingerprint_of(node)
+        )
+        return answer.size
+
+    def run_mapped(self, plan: Plan, node: str, inputs: list[Any], ctx: Context) -> Any:
+        static = plan.static
+        for index, value in enumerate(inputs):
+            if not isinstance(value, (list, tuple)):
+                raise TypeError(
+                    f"`{node}` is mapped, so each input must be a list; input {index} is a "
+                    f"`{type(value).__name__}`"
+                )
+        lengths = {len(value) for value in inputs}
+        if len(lengths) > 1:
+            raise ValueError(
+                f"`{node}` is mapped over inputs of different lengths {sorted(lengths)}"
+            )
+        count = lengths.pop() if lengths else 0
+        keyed = node in static.cached
+        items: list[str] | None = None
+        if keyed:
+            if node in static.late:
+                columns = [
+                    self._item_column(plan, p, len(v))
+                    for p, v in zip(static.preds[node], inputs, strict=True)
+                ]
+                items = item_keys_from(static.prefix[node], columns, node)
+                plan.items[node] = items
+                assert self.store is not None
+                plan.have |= self.store.have(items)
+            else:
+                items = plan.items[node]
+        out: list[Any] = [None] * count
+        missing = list(range(count))
+        if items is not None:
+            missing = []
+            for index, key in enumerate(items):
+                if key in plan.have:
+                    value = self._read(node, key, static.fingerprint.get(node))
+                    if value is not _DAMAGED:
+                        out[index] = value
+                        continue
+                missing.append(index)
+        recalled = count - len(missing)
+        if missing:
+            sub = [[value[i] for i in missing] for value in inputs]
+            ctx.keys = [items[i] for i in missing] if items is not None else None
+            answers, took = self.call(node, sub, ctx)
+            if not isinstance(answers, (list, tuple)) or len(answers) != len(missing):
+                raise NodeFailed(
+                    node,
+                    self.graph.kind_of(node),
+                    TypeError(
+                        f"a mapped node returns a list as long as its input ({len(missing)} "
+                        f"items), got {_describe(answers)}"
+                    ),
+                )
+            self.emit(
+                {"fact": "ran", "node": node, "took_us": took, "items": len(missing), "of": count}
+            )
+            kept = 0
+            for index, value in zip(missing, answers, strict=True):
+                out[index] = value
+                if items is not None:
+                    kept += self.keep(node, items[index], value)
+            if items is not None:
+                self.emit({"fact": "kept", "node": node, "items": len(missing), "bytes": kept})
+        if recalled:
+            self.emit({"fact": "recalled", "node": node, "items": recalled, "of": count})
+        return out
+
+    def _item_column(self, plan: Plan, pred: str, count: int) -> list[str]:
+        from somatize.keys import item_key
+
+        if pred in plan.items:
+            return plan.items[pred]
+        return [item_key(plan.keys[pred], i) for i in range(count)]
+
+
+_DAMAGED = object()
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a `{type(value).__name__}`"
+
+
+def run(
+    graph: Graph,
+    x: Any,
+    *,
+    store: Store | None,
+    watching: Callable[[Fact], Any] | None,
+    broker: Any,
+    strict: bool,
+    outputs: str | Sequence[str] | None,
+) -> Any:
+    """One forward of ``graph`` on ``x``; see the module docstring."""
+    start = time.perf_counter_ns()
+    if outputs is None:
+        wanted = graph.outputs
+    elif isinstance(outputs, str):
+        wanted = (graph.resolve(outputs),)
+    else:
+        wanted = tuple(graph.resolve(name) for name in outputs)
+    if broker is not None:
+        broker.check(graph)
+    state = _Run(graph, store, watching, broker, strict)
+    graph.record = state.record
+    plan = compile(graph, x, store, wanted)
+    if store is not None:
+        while not state.load(plan):
+            plan.walk(wanted)
+    value_of = x.value if isinstance(x, Opaque) else x
+    static = plan.static
+    running = set(plan.run)
+    recalled = set(plan.recall)
+    values = state.values
+    placement = graph.placement
+    for node in static.order:
+        if node in recalled:
+            values[node] = state.loaded[node]
+            if node in static.mapped:
+                state.emit({"fact": "recalled", "node": node, "items": len(values[node])})
+            else:
+                state.emit({"fact": "recalled", "node": node, "key": plan.keys[node]})
+            if node in state.drift:
+                was, now = state.drift[node]
+                state.emit(
+                    {
+                        "fact": "drifted",
+                        "node": node,
+                        "key": plan.keys.get(node),
+                        "was": was,
+                        "now": now,
+                    }
+                )
+                warnings.warn(
+                    f"`{node}` was recalled from an answer kept by another version of "
+                    f"`{graph.kind_of(node)}`'s code ({was}, now {now}); the key says the "
+                    "question is the same, but if the change altered what it computes, run with "
+                    "strict=True to recompute, or add a salt with `.cached(salt=...)`",
+                    Drifted,
+                    stacklevel=3,
+                )
+            continue
+        if node not in running:
+            state.emit({"fact": "spared", "node": node})
+            continue
+        preds = static.preds[node]
+        inputs = [values[p] for p in preds] if preds else [value_of]
+        ctx = Context(
+            name=node,
+            key=plan.keys.get(node),
+            worker=placement.worker_of(node),
+            store=store,
+        )
+        if node in static.mapped:
+            values[node] = state.run_mapped(plan, node, inputs, ctx)
+            continue
+        value, took = state.call(node, inputs, ctx)
+        values[node] = value
+        state.emit({"fact": "ran", "node": node, "took_us": took})
+        if node in static.cached and store is not None:
+            key = plan.keys[node]
+            size = state.keep(node, key, value)
+            state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
+    state.emit({"fact": "finished", "took_us": (time.perf_counter_ns() - start) // 1000})
+    if len(wanted) == 1:
+        return values[wanted[0]]
+    return tuple(values[name] for name in wanted)

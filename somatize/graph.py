@@ -1,0 +1,337 @@
+"""The graph: which nodes exist and who reads whom.
+
+``Graph.somatize(a >> b >> c)`` turns an expression into a graph. Building it is
+also where **hash-consing** happens: a settled node — frozen, with an identity
+and a declaration, and a state if it holds one — is interned on its key parts
+(identity, declaration, salt, mapped, placement, and the nodes it reads). The
+same frozen computation written twice is therefore one node, computed once; no
+merge pass exists, and equality of settled nodes is identity.
+
+Every node gets a name: the one it was given with ``.named()``, or one derived
+from its class (``Clean`` → ``clean``, then ``clean_2``). Names are how facts,
+errors and figures speak of nodes; they are not part of any key.
+
+The graph knows nothing of when it runs or where answers live; ``forward`` hands
+it to the engine.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from somatize.catalog import fingerprint_of, identity_of
+from somatize.errors import SomatizeError
+from somatize.memory import Memory
+from somatize.node import Expr, Node, Undeclared
+from somatize.placement import Placement
+
+if TYPE_CHECKING:
+    from somatize.engine import Record
+    from somatize.figure import Figure
+    from somatize.store import Store
+
+__all__ = ["Cycle", "Graph", "GraphError", "UnknownNode"]
+
+
+class GraphError(SomatizeError, ValueError):
+    """A graph that cannot be built or asked about as written."""
+
+
+class Cycle(GraphError):
+    """The expression feeds a node into itself."""
+
+
+class UnknownNode(GraphError, KeyError):
+    """A node name the graph does not have."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower() or "node"
+
+
+class Graph:
+    """Nodes and who reads whom, with what is remembered about each (``memory``) and
+    where each runs (``placement``)."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, Node] = {}
+        self._preds: dict[str, tuple[str, ...]] = {}
+        self._succs: dict[str, list[str]] = {}
+        self._aliases: dict[str, str] = {}
+        self._outputs: tuple[str, ...] = ()
+        self._undeclared: dict[str, Undeclared] = {}
+        self.memory = Memory()
+        self.placement = Placement()
+        self.record: Record | None = None
+        """What happened in the last forward, or None before the first."""
+        self._stores: dict[str, Store] = {}
+        self._static: Any = None
+        self._unkeyed: Any = None
+
+    # -- building -------------------------------------------------------------------------
+
+    @classmethod
+    def somatize(cls, expr: Node | Expr | Sequence[Any]) -> Graph:
+        """The graph of ``expr``: nodes chained with ``>>``, tuples for fan-out and fan-in."""
+        expr = Expr.of(expr)
+        graph = cls()
+        order = _topological(expr)
+        preds_of: dict[int, list[Node]] = {id(n): [] for n in expr.nodes}
+        seen_edges: set[tuple[int, int]] = set()
+        for source, target in expr.edges:
+            if (id(source), id(target)) not in seen_edges:
+                seen_edges.add((id(source), id(target)))
+                preds_of[id(target)].append(source)
+
+        taken = graph._explicit_names(order)
+        placed: dict[int, str] = {}
+        interned: dict[tuple[Any, ...], str] = {}
+        for node in order:
+            preds = tuple(dict.fromkeys(placed[id(p)] for p in preds_of[id(node)]))
+            marks = node._smz
+            declaration: str | None = None
+            try:
+                declaration = node.declaration(marks.name)
+            except Undeclared as why:
+                undeclared: Undeclared | None = why
+            else:
+                undeclared = None
+            identity = marks.identity or identity_of(type(node))
+            intern = None
+            if (
+                marks.frozen
+                and identity is not None
+                and declaration is not None
+                and (not node.holds_state or marks.state is not None)
+            ):
+                intern = (
+                    identity,
+                    declaration,
+                    marks.state,
+                    marks.cached,
+                    marks.salt,
+                    marks.mapped,
+                    marks.worker,
+                    preds,
+                )
+                same = interned.get(intern)
+                if same is not None:
+                    placed[id(node)] = same
+                    if marks.name and marks.name not in graph._nodes:
+                        graph._aliases[marks.name] = same
+                    continue
+            name = marks.name if marks.name else graph._derived_name(node, taken)
+            if name in graph._nodes:
+                raise GraphError(
+                    f"two different nodes are named `{name}` ({graph._nodes[name]!r} and "
+                    f"{node!r}); names are how facts and errors tell nodes apart. Rename one"
+                )
+            placed[id(node)] = name
+            if intern is not None:
+                interned[intern] = name
+            graph._add(name, node, preds, identity, declaration, undeclared)
+        graph._outputs = tuple(dict.fromkeys(placed[id(n)] for n in expr.outputs))
+        return graph
+
+    def _explicit_names(self, order: Sequence[Node]) -> set[str]:
+        return {n._smz.name for n in order if n._smz.name}
+
+    def _derived_name(self, node: Node, taken: set[str]) -> str:
+        base = _snake(type(node).__name__)
+        name, at = base, 2
+        while name in taken or name in self._nodes:
+            name, at = f"{base}_{at}", at + 1
+        taken.add(name)
+        return name
+
+    def _add(
+        self,
+        name: str,
+        node: Node,
+        preds: tuple[str, ...],
+        identity: str | None,
+        declaration: str | None,
+        undeclared: Undeclared | None,
+    ) -> None:
+        marks = node._smz
+        self._nodes[name] = node
+        self._preds[name] = preds
+        self._succs[name] = []
+        for pred in preds:
+            self._succs[pred].append(name)
+        memory = self.memory
+        if identity is not None:
+            memory.identify(name, identity)
+        if declaration is not None:
+            memory.declared_as(name, declaration)
+        if undeclared is not None:
+            self._undeclared[name] = undeclared
+        if marks.frozen:
+            memory.freeze(name, marks.state)
+        if marks.cached:
+            memory.cache(name, marks.salt)
+        if marks.mapped:
+            memory.map(name)
+        memory.written_as(name, fingerprint_of(type(node)))
+        if marks.worker is not None:
+            self.placement.place(name, marks.worker)
+
+    # -- asking -----------------------------------------------------------------------------
+
+    def nodes(self) -> tuple[str, ...]:
+        """Every node's name, each after everything it reads."""
+        return tuple(self._nodes)
+
+    def node(self, name: str) -> Node:
+        """The node called ``name``."""
+        return self._nodes[self.resolve(name)]
+
+    __getitem__ = node
+
+    def resolve(self, name: str) -> str:
+        """The graph's own name for ``name`` (an alias of an interned node resolves to it)."""
+        if name in self._nodes:
+            return name
+        if name in self._aliases:
+            return self._aliases[name]
+        known = ", ".join(f"`{n}`" for n in self._nodes)
+        raise UnknownNode(f"this graph has no node named `{name}`; it has {known}")
+
+    def predecessors(self, name: str) -> tuple[str, ...]:
+        """What ``name`` reads, in the order its forward receives them."""
+        return self._preds[name]
+
+    def successors(self, name: str) -> tuple[str, ...]:
+        """What reads ``name``."""
+        return tuple(self._succs[name])
+
+    def roots(self) -> tuple[str, ...]:
+        """The nodes handed the graph's input."""
+        return tuple(n for n in self._nodes if not self._preds[n])
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The nodes whose values ``forward`` returns, in order."""
+        return self._outputs
+
+    def holds_state(self, name: str) -> bool:
+        """Whether ``name`` holds state a frozen declaration must be settled at."""
+        return self._nodes[name].holds_state
+
+    def kind_of(self, name: str) -> str:
+        """The class name of ``name``."""
+        return type(self._nodes[name]).__qualname__
+
+    def undeclared(self, name: str) -> Undeclared | None:
+        """Why ``name`` has no declaration, if it has none."""
+        return self._undeclared.get(name)
+
+    def items(self) -> Iterator[tuple[str, Node]]:
+        """``(name, node)`` pairs, in order."""
+        return iter(self._nodes.items())
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._nodes or name in self._aliases
+
+    # -- running ----------------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: Any,
+        store: Store | str | Path | None = None,
+        watching: Callable[[dict[str, Any]], Any] | None = None,
+        broker: Any = None,
+        *,
+        strict: bool = False,
+        outputs: str | Sequence[str] | None = None,
+    ) -> Any:
+        """Runs the graph on ``x`` and returns its output (a tuple when it has several).
+
+        With a ``store`` (a :class:`~somatize.Store` or a directory), cached nodes
+        whose answers are kept are recalled and what only they needed is spared;
+        what runs and is cached is kept. ``watching`` is called with each fact, in
+        order. ``broker`` runs placed nodes on their workers. ``strict`` recomputes
+        an answer whose code fingerprint differs instead of warning. ``outputs``
+        asks for other nodes' values than the graph's outputs.
+        """
+        from somatize.engine import run
+
+        return run(
+            self,
+            x,
+            store=self._store(store),
+            watching=watching,
+            broker=broker,
+            strict=strict,
+            outputs=outputs,
+        )
+
+    def _store(self, store: Store | str | Path | None) -> Store | None:
+        if store is None:
+            return None
+        from somatize.store import LocalStore, Store
+
+        if isinstance(store, Store):
+            return store
+        if isinstance(store, (str, Path)):
+            where = str(store)
+            found = self._stores.get(where)
+            if found is None:
+                found = self._stores[where] = LocalStore(where)
+            return found
+        raise TypeError(
+            f"store= takes a somatize.Store or a directory path, got a `{type(store).__name__}`"
+        )
+
+    # -- showing ----------------------------------------------------------------------------
+
+    def figure(self, record: Record | None = None) -> Figure:
+        """A picture of this graph; with a ``record`` (``g.record``), of what happened."""
+        from somatize.show import figure_of
+
+        return figure_of(self, record)
+
+    def __str__(self) -> str:
+        from somatize.show import listing
+
+        return listing(self)
+
+    def __repr__(self) -> str:
+        return f"<Graph of {len(self._nodes)} nodes: {', '.join(self._nodes)}>"
+
+
+def _topological(expr: Expr) -> list[Node]:
+    """The expression's nodes, each after everything that feeds it; Cycle if impossible."""
+    waiting = {id(n): 0 for n in expr.nodes}
+    after: dict[int, list[Node]] = {id(n): [] for n in expr.nodes}
+    for source, target in expr.edges:
+        if not any(t is target for t in after[id(source)]):
+            after[id(source)].append(target)
+            waiting[id(target)] += 1
+    ready = [n for n in expr.nodes if waiting[id(n)] == 0]
+    order: list[Node] = []
+    while ready:
+        node = ready.pop(0)
+        order.append(node)
+        for successor in after[id(node)]:
+            waiting[id(successor)] -= 1
+            if waiting[id(successor)] == 0:
+                ready.append(successor)
+    if len(order) != len(expr.nodes):
+        stuck = [n for n in expr.nodes if waiting[id(n)] > 0]
+        raise Cycle(
+            "the graph feeds a node into itself ("
+            + ", ".join(repr(n) for n in stuck)
+            + " wait on each other): a pipeline is a graph without cycles. "
+            "Use two separate nodes where one value feeds the next step"
+        )
+    return order

@@ -1,0 +1,91 @@
+"""Keys: the name of exactly what was computed.
+
+::
+
+    key(root) = H(content of the input)          the only place data is hashed
+    key(node) = H(identity, declaration, state, salt, keys of its predecessors)
+
+H is BLAKE3-256 over the canonical encoding (:mod:`somatize.canonical`), behind
+a domain tag that carries :data:`KEY_VERSION`; keys are written
+``blake3:<64 hex>``. A canonical input is keyed by its encoding — a coordinate
+like ``{"at": 4096, "take": 64}`` costs a microsecond — while an
+:class:`~somatize.Opaque` input is weighed by its codec.
+
+A mapped node has one key per item: its key parts with the item keys of what it
+reads, so an item's answer is found whatever list it came in.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import blake3
+
+from somatize import canonical
+from somatize.codecs import Opaque
+
+__all__ = [
+    "KEY_VERSION",
+    "item_key",
+    "node_key",
+    "node_prefix",
+    "root_item_keys",
+    "root_key",
+]
+
+_LEN = struct.Struct(">Q")
+
+KEY_VERSION = 1
+"""Bumped whenever any key changes for the same question; pinned by a golden test."""
+
+_ROOT = b"somatize/root/%d/%d\0" % (KEY_VERSION, canonical.VERSION)
+_OPAQUE = b"somatize/opaque/%d\0" % KEY_VERSION
+_NODE = b"somatize/node/%d/%d\0" % (KEY_VERSION, canonical.VERSION)
+_ITEM = b"somatize/item/%d\0" % KEY_VERSION
+
+
+def root_key(value: Any, where: str = "the input") -> str:
+    """The key of an input: its canonical encoding, or its codec's digest when Opaque."""
+    if isinstance(value, Opaque):
+        return (
+            "blake3:"
+            + blake3.blake3(
+                _OPAQUE + canonical.encode(value.codec.name) + canonical.encode(value.digest)
+            ).hexdigest()
+        )
+    return "blake3:" + canonical.digest_of(_ROOT, canonical.parts_of(value, where)).hex()
+
+
+def root_item_keys(values: Sequence[Any], where: str = "the input") -> list[str]:
+    """One key per item of an input list, each from the item's content alone."""
+    return [root_key(item, f"{where}[{index}]") for index, item in enumerate(values)]
+
+
+def node_prefix(identity: str, declaration: str, state: str | None, salt: str | None) -> bytes:
+    """The part of a node's key that does not depend on its inputs; computed once."""
+    return (
+        _NODE
+        + canonical.encode(identity)
+        + canonical.encode(declaration)
+        + canonical.encode(state)
+        + canonical.encode(salt)
+    )
+
+
+def node_key(prefix: bytes, inputs: Sequence[str]) -> str:
+    """The key of a node whose fixed parts are ``prefix``, reading inputs keyed ``inputs``.
+
+    Equal to H(``prefix + canonical.encode(list(inputs))``), written out by hand
+    because it is on every forward's path (a test holds the two equal)."""
+    data = prefix + _LEN.pack(len(inputs)).join((b"l", b""))
+    for key in inputs:
+        raw = key.encode()
+        data += b"s" + _LEN.pack(len(raw)) + raw
+    return "blake3:" + blake3.blake3(data).hexdigest()
+
+
+def item_key(key: str, index: int) -> str:
+    """The key of item ``index`` of the list answered under ``key``."""
+    return "blake3:" + blake3.blake3(_ITEM + canonical.encode([key, index])).hexdigest()

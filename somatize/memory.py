@@ -1,0 +1,307 @@
+"""What is remembered about each node: the fifth fact, beside the graph (what
+exists), the catalog (who executes it), the placement (where) and the plan
+(when).
+
+Four maps, independent of each other — a node can be frozen without being
+cached, identified without being frozen, and any combination of the rest — plus
+what each node was built with (its declaration) and which version of its code
+the graph was written against (its fingerprint)::
+
+    key(root) = H(content)                        the only place data is hashed
+    key(node) = H(identity, declaration, state, salt, keys of its predecessors)
+
+The **identity** is in the key, or two different nodes called ``embed`` would
+collide in a shared store; the **declaration** is in for the same reason one
+step down, since ``Embed(512)`` and ``Embed(64)`` are one class and two answers.
+The **fingerprint** of the code is deliberately not: a cosmetic refactor would
+invalidate half the store in silence, so it is kept beside the answer and
+compared on a hit. The line runs between what the caller *said* and how it is
+*written*: only the first can be pinned down identically in every process, which
+a key computed on a client and again on a worker must be.
+
+**A frozen node's state does not change while the graph runs.** That is a
+statement about whether an answer may be reused, held here as inert
+information: :func:`cacheable` reasons over it, and somebody else makes it true
+(``somatize.torch.freeze`` with ``requires_grad_(False)``, ``somatize.data.settle``
+by resolving a dataset's version).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
+
+from somatize.errors import SomatizeError
+
+__all__ = [
+    "Memory",
+    "MemoryError_",
+    "Nameless",
+    "NotSettled",
+    "Unsettled",
+    "cacheable",
+    "settled",
+    "upstream",
+]
+
+NodeId = str
+
+
+class Shape(Protocol):
+    """The little of a graph this module needs: who reads whom."""
+
+    def nodes(self) -> Sequence[NodeId]: ...
+
+    def predecessors(self, node: NodeId) -> Sequence[NodeId]: ...
+
+    def holds_state(self, node: NodeId) -> bool: ...
+
+    def kind_of(self, node: NodeId) -> str: ...
+
+
+class Memory:
+    """What is remembered about each node. A node not listed has nothing said about
+    it, which is the same as nothing being kept."""
+
+    __slots__ = (
+        "_cached",
+        "_declarations",
+        "_fingerprints",
+        "_frozen",
+        "_identities",
+        "_mapped",
+        "version",
+    )
+
+    def __init__(self) -> None:
+        self._frozen: dict[NodeId, str | None] = {}
+        self._cached: dict[NodeId, str | None] = {}
+        self._mapped: set[NodeId] = set()
+        self._identities: dict[NodeId, str] = {}
+        self._declarations: dict[NodeId, str] = {}
+        self._fingerprints: dict[NodeId, str] = {}
+        self.version = 0
+        """Bumped on every change, so what is derived from memory knows when to redo it."""
+
+    # -- identity and declaration -------------------------------------------------
+
+    def identify(self, node: NodeId, what: str) -> str | None:
+        """Says what implements ``node``, returning what it was called before."""
+        self.version += 1
+        old = self._identities.get(node)
+        self._identities[node] = what
+        return old
+
+    def identity_of(self, node: NodeId) -> str | None:
+        """What implements it, if it was said."""
+        return self._identities.get(node)
+
+    def declared_as(self, node: NodeId, declaration: str) -> None:
+        """Says what ``node`` was built with, as a digest of the arguments that made it.
+        The class is half of what a node is; this is the other half."""
+        self.version += 1
+        self._declarations[node] = declaration
+
+    def declaration_of(self, node: NodeId) -> str | None:
+        """What it was built with, if anybody could say. Absent is no reason to refuse
+        a key by itself; the key is refused where it is computed."""
+        return self._declarations.get(node)
+
+    # -- frozen --------------------------------------------------------------------
+
+    def freeze(self, node: NodeId, state: str | None = None) -> None:
+        """Says ``node``'s state does not change from here on, with the digest of the
+        state it is settled at. Said twice on purpose: ``.frozen()`` says it with no
+        digest, and whoever can hash the weights or resolve the dataset says it
+        again with one."""
+        self.version += 1
+        if state is None and self._frozen.get(node) is not None:
+            return
+        self._frozen[node] = state
+
+    def is_frozen(self, node: NodeId) -> bool:
+        """Whether ``node``'s state was said not to change."""
+        return node in self._frozen
+
+    def state_of(self, node: NodeId) -> str | None:
+        """The digest of the state it is frozen at, if it is frozen and has one."""
+        return self._frozen.get(node)
+
+    # -- cached --------------------------------------------------------------------
+
+    def cache(self, node: NodeId, salt: str | None = None) -> None:
+        """Says ``node``'s output is worth keeping, with the caller's salt if any —
+        how you tell apart two runs the key cannot."""
+        self.version += 1
+        self._cached[node] = salt
+
+    def is_cached(self, node: NodeId) -> bool:
+        """Whether ``node``'s output is kept. Not being kept is no break in the chain:
+        its key is still computed and passed on."""
+        return node in self._cached
+
+    def salt_of(self, node: NodeId) -> str | None:
+        """The salt it is cached under, if it is cached and has one."""
+        return self._cached.get(node)
+
+    # -- mapped --------------------------------------------------------------------
+
+    def map(self, node: NodeId) -> None:
+        """Says ``node`` maps over the items of its input: a list in, a list as long
+        out, item ``i`` out from item ``i`` in. What makes a cache work item by item:
+        one new document among a thousand runs once instead of missing all thousand."""
+        self.version += 1
+        self._mapped.add(node)
+
+    def is_mapped(self, node: NodeId) -> bool:
+        """Whether ``node`` was said to map over its items."""
+        return node in self._mapped
+
+    # -- fingerprints --------------------------------------------------------------
+
+    def written_as(self, node: NodeId, fingerprint: str) -> str | None:
+        """Notes which version of the code this graph was written against.
+        **Metadata**: never in a key, only compared on a hit."""
+        self.version += 1
+        old = self._fingerprints.get(node)
+        self._fingerprints[node] = fingerprint
+        return old
+
+    def fingerprint_of(self, node: NodeId) -> str | None:
+        """Which version of the code it was written against, if it was noted."""
+        return self._fingerprints.get(node)
+
+    # -- as a whole ----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """How many nodes have anything said about them at all."""
+        return len(
+            set(self._frozen)
+            | set(self._cached)
+            | self._mapped
+            | set(self._identities)
+            | set(self._declarations)
+            | set(self._fingerprints)
+        )
+
+    def is_empty(self) -> bool:
+        """Whether nothing has been said about any node, which lets the engine skip all
+        of this."""
+        return len(self) == 0
+
+    def cached(self) -> Iterator[NodeId]:
+        """The nodes whose output is kept."""
+        return iter(self._cached)
+
+    def frozen(self) -> Iterator[NodeId]:
+        """The nodes said not to change."""
+        return iter(self._frozen)
+
+
+# ------------------------------------------------------------------------- refusals
+
+
+class MemoryError_(SomatizeError, ValueError):
+    """What a graph says to keep cannot honestly be kept."""
+
+
+class Unsettled(MemoryError_):
+    """Something a cached node depends on can still change."""
+
+    def __init__(self, cached: NodeId, moving: NodeId) -> None:
+        self.cached, self.moving = cached, moving
+        if cached == moving:
+            message = (
+                f"`{cached}` keeps its output and is not frozen: what is worth keeping is what "
+                "does not change, and a node that still trains gets a new key every run. "
+                f"Declare it `.frozen()`, or drop `.cached()`"
+            )
+        else:
+            message = (
+                f"`{cached}` keeps its output and `{moving}`, which it reads, is not frozen: an "
+                "output is only reusable if nothing above it can change. Declare "
+                f"`{moving}` `.frozen()`, or drop `.cached()` from `{cached}`"
+            )
+        super().__init__(message)
+
+
+class Nameless(MemoryError_):
+    """Something a cached node depends on has no identity, so no key."""
+
+    def __init__(self, cached: NodeId, nameless: NodeId, kind: str = "") -> None:
+        self.cached, self.nameless = cached, nameless
+        what = f" (a `{kind}`)" if kind else ""
+        fix = (
+            "Define it at module level rather than inside a function, or give it a stable "
+            "name with `.identified('package.module:Name')`"
+        )
+        if cached == nameless:
+            message = (
+                f"`{cached}`{what} keeps its output and nobody said what implements it, so "
+                f"there is nothing to build its key out of. {fix}"
+            )
+        else:
+            message = (
+                f"`{cached}` keeps its output and nobody said what implements `{nameless}`"
+                f"{what}, which it reads: a chain of keys with a hole in it reaches nothing "
+                f"below. {fix}"
+            )
+        super().__init__(message)
+
+
+class NotSettled(MemoryError_):
+    """A node declared frozen holds state whose digest nobody has worked out."""
+
+    def __init__(self, node: NodeId, kind: str) -> None:
+        self.node = node
+        super().__init__(
+            f"`{node}` is declared frozen and has state, and nobody has settled it: the digest "
+            "of what it is settled at — weights, or the dataset it reads — is what puts it in "
+            f"its key, so without it two different states of `{kind}` would be kept under one "
+            "name and you would get the other one back. Call `somatize.torch.freeze(g)` before "
+            "running — or `somatize.data.settle(g)` if what it holds is a dataset"
+        )
+
+
+def upstream(graph: Shape, node: NodeId) -> list[NodeId]:
+    """``node`` and everything it reads, transitively, **nearest first** — so what an
+    error names is the closest thing to the problem and not the furthest."""
+    seen = {node}
+    out = [node]
+    at = 0
+    while at < len(out):
+        for above in graph.predecessors(out[at]):
+            if above not in seen:
+                seen.add(above)
+                out.append(above)
+        at += 1
+    return out
+
+
+def cacheable(graph: Shape, memory: Memory) -> None:
+    """Raises unless what ``graph`` says to keep can honestly be kept.
+
+    A node's output can be kept if nothing upstream of it can change — itself
+    included. Freezing the node alone is not enough: what is restored from a
+    store is a leaf, so the backward pass stops there and everything above it
+    quietly stops training. The same rule falls out without mentioning
+    gradients — the state digest is in the key, so a node that keeps changing
+    never hits and only fills the store. Being identified is checked in the same
+    walk, since a chain of keys with a hole in it delivers no key below.
+    """
+    for node in graph.nodes():
+        if not memory.is_cached(node):
+            continue
+        for above in upstream(graph, node):
+            if not memory.is_frozen(above):
+                raise Unsettled(node, above)
+            if memory.identity_of(above) is None:
+                raise Nameless(node, above, graph.kind_of(above))
+
+
+def settled(graph: Shape, memory: Memory, among: Iterable[NodeId] | None = None) -> None:
+    """Raises :class:`NotSettled` for the first frozen node (of ``among``, or of the
+    whole graph) that holds state with no digest."""
+    for node in graph.nodes() if among is None else among:
+        if memory.is_frozen(node) and memory.state_of(node) is None and graph.holds_state(node):
+            raise NotSettled(node, graph.kind_of(node))

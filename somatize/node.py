@@ -1,0 +1,259 @@
+"""Nodes, and the expressions that chain them.
+
+A node is one step of a pipeline: ``forward(x, ctx)`` takes what its
+predecessors produced (one positional argument each, in the order they were
+chained) and a context, and returns a value. A dataset source is a node like
+any other; so is a frozen encoder.
+
+What a node *is*, for a key, is two things: its class (the identity) and the
+arguments that built this instance (the declaration). The declaration is
+captured from the constructor call automatically, so ``Embed(512)`` and
+``Embed(64)`` get different keys without anybody writing a line; what the
+constructor then sets on ``self`` — a call counter, a cache — is not part of it.
+An argument with no canonical form (a store, a module) cannot be written into a
+key, and such a node says what it is with its own ``declare()``.
+
+The chainable declarations (``.named``, ``.frozen``, ``.cached``, ``.mapped``,
+``.at``) are only said here; the graph copies them into its memory and
+placement when it is built. The node holds no caching logic.
+
+Chaining: ``a >> b`` feeds ``a`` into ``b``; a tuple fans out or in —
+``a >> (b, c)`` feeds ``a`` to both, ``(a, b) >> c`` hands ``c`` both outputs
+as two positional arguments.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from somatize import canonical
+from somatize.errors import SomatizeError
+
+__all__ = ["Context", "Expr", "Node", "Undeclared"]
+
+
+class Undeclared(SomatizeError, TypeError):
+    """A node whose declaration cannot be written into a key."""
+
+
+@dataclass
+class Marks:
+    """What was said about one node before it joined a graph."""
+
+    call: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
+    name: str | None = None
+    identity: str | None = None
+    frozen: bool = False
+    state: str | None = None
+    cached: bool = False
+    salt: str | None = None
+    mapped: bool = False
+    worker: str | None = None
+
+
+_SIGNATURES: dict[type, inspect.Signature | None] = {}
+
+
+def _signature(kind: type) -> inspect.Signature | None:
+    """The signature of ``kind.__init__``, worked out once per class."""
+    if kind not in _SIGNATURES:
+        init = kind.__init__  # type: ignore[misc]
+        try:
+            found = None if init is object.__init__ else inspect.signature(init)
+        except (TypeError, ValueError):
+            found = None
+        _SIGNATURES[kind] = found
+    return _SIGNATURES[kind]
+
+
+class Node:
+    """A step of a pipeline. Subclass it and write ``forward(self, x, ctx)``.
+
+    Class attributes a subclass may set:
+
+    - ``holds_state``: True when the node holds state that a frozen declaration
+      must be settled at (weights, a dataset version) — running it frozen and
+      cached before somebody settles it is refused.
+    - ``identity``: a stable ``module:qualname`` to use instead of the class's own.
+    """
+
+    holds_state: bool = False
+    _smz: Marks
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Node:
+        self = super().__new__(cls)
+        object.__setattr__(self, "_smz", Marks(call=(args, kwargs)))
+        return self
+
+    def forward(self, *inputs: Any) -> Any:
+        """What this node computes: predecessors' outputs, then ``ctx``."""
+        raise NotImplementedError(f"{type(self).__qualname__} has no forward(x, ctx)")
+
+    def declare(self) -> Any:
+        """What distinguishes this instance from another of its class, as a canonical value.
+
+        By default: the constructor's arguments by parameter name, defaults filled
+        in. Override it when the constructor takes something with no canonical
+        form (return what, of it, decides the answers).
+        """
+        args, kwargs = self._smz.call
+        signature = _signature(type(self))
+        if signature is None:
+            if args or kwargs:
+                return {"*args": tuple(args), "**kwargs": dict(kwargs)}
+            return {}
+        bound = signature.bind(None, *args, **kwargs)
+        bound.apply_defaults()
+        out: dict[str, Any] = {}
+        for index, (name, value) in enumerate(bound.arguments.items()):
+            if index == 0:
+                continue  # self
+            kind = signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                out["*args"] = tuple(value)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                out["**kwargs"] = dict(value)
+            else:
+                out[name] = value
+        return out
+
+    def declaration(self, where: str | None = None) -> str:
+        """``blake3:<hex>`` of :meth:`declare`; :class:`Undeclared` when it is not canonical."""
+        declared = self.declare()
+        try:
+            return canonical.hex_of(declared, b"somatize/declaration\0")
+        except canonical.NotCanonical as why:
+            kind = type(self).__qualname__
+            name = where or self._smz.name or kind
+            raise Undeclared(
+                f"`{name}` ({kind}) cannot be keyed: its declaration (what built it) has no "
+                f"canonical form — {why}. Give `{kind}` a `declare(self)` method that returns, "
+                "as canonical values, what distinguishes one instance from another"
+            ) from None
+
+    # -- declarations (chainable) ------------------------------------------------------
+
+    def named(self, name: str) -> Node:
+        """Calls this node ``name`` in facts, errors and figures. Not part of its key:
+        one computation under two names shares answers."""
+        if not isinstance(name, str) or not name or any(c in name for c in "\n\r\t"):
+            raise ValueError(f"a node name is a non-empty single-line str, got {name!r}")
+        self._smz.name = name
+        return self
+
+    def identified(self, identity: str) -> Node:
+        """Gives this node a stable identity (``package.module:Name``) when its class has
+        none of its own — one made inside a function, say."""
+        if not isinstance(identity, str) or ":" not in identity:
+            raise ValueError(f"an identity is `module:qualname`, got {identity!r}")
+        self._smz.identity = identity
+        return self
+
+    def frozen(self) -> Node:
+        """Says this node's state does not change while the graph runs."""
+        self._smz.frozen = True
+        return self
+
+    def cached(self, salt: str | None = None) -> Node:
+        """Says this node's output is worth keeping; ``salt`` tells apart runs the key cannot."""
+        if salt is not None and not isinstance(salt, str):
+            raise TypeError(f"a salt is a str, got a {type(salt).__name__}")
+        self._smz.cached = True
+        self._smz.salt = salt
+        return self
+
+    def mapped(self) -> Node:
+        """Says this node maps over the items of its input: a list in, a list as long
+        out, so that what is kept of it is kept item by item."""
+        self._smz.mapped = True
+        return self
+
+    def at(self, worker: str) -> Node:
+        """Places this node on ``worker`` (a name the broker knows)."""
+        if not isinstance(worker, str) or not worker:
+            raise ValueError(f"a worker is named by a non-empty str, got {worker!r}")
+        self._smz.worker = worker
+        return self
+
+    # -- chaining ----------------------------------------------------------------------
+
+    def __rshift__(self, other: Any) -> Expr:
+        return Expr.of(self).__rshift__(other)
+
+    def __rrshift__(self, other: Any) -> Expr:
+        return Expr.of(other) >> self
+
+    def __repr__(self) -> str:
+        name = self._smz.name
+        return f"<{type(self).__qualname__}{f' {name!r}' if name else ''}>"
+
+
+@dataclass
+class Expr:
+    """A piece of graph under construction: nodes, ordered edges, and which nodes are
+    its outputs. Built with ``>>`` and tuples; turned into a graph by
+    ``Graph.somatize``."""
+
+    nodes: list[Node] = field(default_factory=list)
+    edges: list[tuple[Node, Node]] = field(default_factory=list)
+    outputs: list[Node] = field(default_factory=list)
+
+    @staticmethod
+    def of(what: Any) -> Expr:
+        """``what`` as an expression: a node, an expression, or a tuple of them side by side."""
+        if isinstance(what, Expr):
+            return what
+        if isinstance(what, Node):
+            return Expr([what], [], [what])
+        if isinstance(what, (tuple, list)) and what:
+            out = Expr()
+            for part in what:
+                out = out.beside(Expr.of(part))
+            return out
+        raise TypeError(
+            f"a graph is built from nodes, `>>` and tuples of them; got a "
+            f"`{type(what).__qualname__}` ({what!r})"
+        )
+
+    def beside(self, other: Expr) -> Expr:
+        """Both side by side: their nodes and edges, and the outputs of each, in order."""
+        nodes = list(self.nodes)
+        known = {id(n) for n in nodes}
+        nodes.extend(n for n in other.nodes if id(n) not in known)
+        outputs = list(self.outputs)
+        known = {id(n) for n in outputs}
+        outputs.extend(n for n in other.outputs if id(n) not in known)
+        return Expr(nodes, self.edges + other.edges, outputs)
+
+    def heads(self) -> list[Node]:
+        """The nodes nothing in this expression feeds: where an input comes in."""
+        fed = {id(target) for _, target in self.edges}
+        return [n for n in self.nodes if id(n) not in fed]
+
+    def __rshift__(self, other: Any) -> Expr:
+        after: Expr = Expr.of(other)
+        joined = self.beside(after)
+        bridges = [(tail, head) for head in after.heads() for tail in self.outputs]
+        return Expr(joined.nodes, self.edges + bridges + after.edges, list(after.outputs))
+
+    def __rrshift__(self, other: Any) -> Expr:
+        return Expr.of(other) >> self
+
+
+@dataclass
+class Context:
+    """What a node is told about the call it is running in."""
+
+    name: str
+    """Its name in the graph."""
+    key: str | None = None
+    """The key its answer is kept under, when it is keyed."""
+    keys: Sequence[str] | None = None
+    """One key per item, for a mapped node whose items are keyed."""
+    worker: str | None = None
+    """Where it runs, when it is placed."""
+    store: Any = None
+    """The store of this forward, or None."""

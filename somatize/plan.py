@@ -1,0 +1,225 @@
+"""The plan: for one input, which nodes run, which are recalled, which are spared.
+
+Planning needs no data beyond the input's key: every other part of every key is
+already known (identities, declarations, settled states, salts). So the keys of
+all cached nodes are computed first, the store is asked **once** which it has,
+and the graph is walked backward from the outputs — a cached node whose answer
+is kept is recalled and does not need its inputs; a node needed only by
+recalled nodes is spared; the rest run.
+
+What does not depend on the input — the key prefixes, which nodes need keys —
+is derived once per state of the graph's memory (:class:`Static`).
+
+A mapped node reading the graph's input (or another mapped node) has its item
+keys known before anything runs. One reading a computed list learns how many
+items there are only when that list exists, so its items are keyed, and asked
+for, right after its inputs run (``late``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from somatize import keys as keying
+from somatize.memory import cacheable, settled, upstream
+
+if TYPE_CHECKING:
+    from somatize.graph import Graph
+    from somatize.store import Store
+
+__all__ = ["Plan", "Static", "compile", "static_of"]
+
+
+@dataclass
+class Static:
+    """What a graph's keys need that does not depend on the input."""
+
+    version: int
+    order: tuple[str, ...]
+    preds: dict[str, tuple[str, ...]]
+    keyed: tuple[str, ...]
+    """Nodes whose key is needed (everything above a cached node), in order."""
+    prefix: dict[str, bytes]
+    cached: frozenset[str]
+    mapped: frozenset[str]
+    late: frozenset[str]
+    """Mapped keyed nodes whose item count is known only once their inputs ran."""
+    fingerprint: dict[str, str | None]
+
+
+def static_of(graph: Graph) -> Static:
+    """The input-independent part of ``graph``'s plans, checked and cached."""
+    memory = graph.memory
+    found: Static | None = graph._static
+    if found is not None and found.version == memory.version:
+        return found
+    cacheable(graph, memory)
+    cached = [n for n in graph.nodes() if memory.is_cached(n)]
+    needed: set[str] = set()
+    for node in cached:
+        needed.update(upstream(graph, node))
+    settled(graph, memory, [n for n in graph.nodes() if n in needed])
+    keyed = tuple(n for n in graph.nodes() if n in needed)
+    prefix = {}
+    for node in keyed:
+        declaration = memory.declaration_of(node)
+        if declaration is None:
+            why = graph.undeclared(node)
+            if why is not None:
+                raise why
+            raise AssertionError(f"`{node}` has neither a declaration nor a reason")
+        identity = memory.identity_of(node)
+        assert identity is not None  # cacheable() refused it otherwise
+        prefix[node] = keying.node_prefix(
+            identity, declaration, memory.state_of(node), memory.salt_of(node)
+        )
+    mapped = frozenset(n for n in keyed if memory.is_mapped(n))
+    late = set()
+    for node in graph.nodes():
+        if node not in mapped:
+            continue
+        preds = graph.predecessors(node)
+        if any(p not in mapped or p in late for p in preds):
+            late.add(node)
+    static = Static(
+        version=memory.version,
+        order=graph.nodes(),
+        preds={n: graph.predecessors(n) for n in graph.nodes()},
+        keyed=keyed,
+        prefix=prefix,
+        cached=frozenset(cached),
+        mapped=mapped,
+        late=frozenset(late),
+        fingerprint={n: memory.fingerprint_of(n) for n in graph.nodes()},
+    )
+    graph._static = static
+    return static
+
+
+@dataclass
+class Plan:
+    """What one forward will do."""
+
+    static: Static
+    keys: dict[str, str] = field(default_factory=dict)
+    items: dict[str, list[str]] = field(default_factory=dict)
+    """Item keys of mapped keyed nodes known before running (not the late ones)."""
+    have: set[str] = field(default_factory=set)
+    recall: list[str] = field(default_factory=list)
+    """Nodes whose whole answer is recalled."""
+    run: list[str] = field(default_factory=list)
+    spared: list[str] = field(default_factory=list)
+
+    def missing_items(self, node: str) -> list[int]:
+        """Which items of a mapped node have no kept answer."""
+        return [i for i, key in enumerate(self.items[node]) if key not in self.have]
+
+    def walk(self, outputs: Iterable[str]) -> None:
+        """Decides recall / run / spared by walking backward from ``outputs``."""
+        static = self.static
+        needed: set[str] = set()
+        recalled: set[str] = set()
+        stack = list(outputs)
+        while stack:
+            node = stack.pop()
+            if node in needed:
+                continue
+            needed.add(node)
+            if node in static.cached and self._answered(node):
+                recalled.add(node)
+                continue
+            stack.extend(static.preds[node])
+        self.recall = [n for n in static.order if n in recalled]
+        self.run = [n for n in static.order if n in needed and n not in recalled]
+        self.spared = [n for n in static.order if n not in needed]
+
+    def _answered(self, node: str) -> bool:
+        if node in self.static.mapped:
+            items = self.items.get(node)
+            return items is not None and all(key in self.have for key in items)
+        key = self.keys.get(node)
+        return key is not None and key in self.have
+
+
+def compile(
+    graph: Graph,
+    x: Any,
+    store: Store | None,
+    outputs: Iterable[str],
+) -> Plan:
+    """The plan of one forward of ``graph`` on ``x`` against ``store``."""
+    if store is None:
+        static = _unkeyed(graph)
+        plan = Plan(static)
+        plan.walk(outputs)
+        return plan
+    static = static_of(graph)
+    plan = Plan(static)
+    if static.keyed:
+        root: str | None = None
+        for node in static.keyed:
+            preds = static.preds[node]
+            if preds:
+                inputs = [plan.keys[p] for p in preds]
+            else:
+                if root is None:
+                    root = keying.root_key(x)
+                inputs = [root]
+            plan.keys[node] = keying.node_key(static.prefix[node], inputs)
+            if node in static.mapped and node not in static.late:
+                plan.items[node] = _item_keys(plan, node, x)
+        asked = [plan.keys[n] for n in static.cached if n not in static.mapped]
+        for node in static.cached & static.mapped:
+            asked.extend(plan.items.get(node, ()))
+        plan.have = store.have(asked) if asked else set()
+    plan.walk(outputs)
+    return plan
+
+
+def _item_keys(plan: Plan, node: str, x: Any) -> list[str]:
+    static = plan.static
+    preds = static.preds[node]
+    if not preds:
+        if not isinstance(x, (list, tuple)):
+            raise TypeError(
+                f"`{node}` is mapped, so it is handed a list, and the input is a "
+                f"`{type(x).__name__}`: pass a list (one item per element) or drop `.mapped()`"
+            )
+        columns = [keying.root_item_keys(x)]
+    else:
+        columns = [plan.items[p] for p in preds]
+    return item_keys_from(static.prefix[node], columns, node)
+
+
+def item_keys_from(prefix: bytes, columns: list[list[str]], node: str) -> list[str]:
+    """Item keys of a mapped node from its inputs' item keys, one column per input."""
+    lengths = {len(column) for column in columns}
+    if len(lengths) > 1:
+        raise ValueError(
+            f"`{node}` is mapped over inputs of different lengths {sorted(lengths)}; a mapped "
+            "node pairs item i of each input, so they must be equally long"
+        )
+    return [keying.node_key(prefix, list(row)) for row in zip(*columns, strict=True)]
+
+
+def _unkeyed(graph: Graph) -> Static:
+    """A static plan with no keys, for a forward without a store."""
+    memory = graph.memory
+    found: Static | None = graph._unkeyed
+    if found is not None and found.version == memory.version:
+        return found
+    static = Static(
+        version=memory.version,
+        order=graph.nodes(),
+        preds={n: graph.predecessors(n) for n in graph.nodes()},
+        keyed=(),
+        prefix={},
+        cached=frozenset(),
+        mapped=frozenset(n for n in graph.nodes() if memory.is_mapped(n)),
+        late=frozenset(),
+        fingerprint={},
+    )
+    graph._unkeyed = static
+    return static

@@ -1,0 +1,101 @@
+"""Showing a graph: a text listing for ``print(g)`` and a figure for ``g.figure()``.
+
+Both are drawn from the same facts the engine knows — memory (frozen with its
+state, cached with its salt, mapped), placement, and, after a run, the record —
+so what is shown is what will happen, not a separate description of it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from somatize.engine import Record
+    from somatize.figure import Figure
+    from somatize.graph import Graph
+
+__all__ = ["figure_of", "listing", "marks_of"]
+
+
+def _short(digest: str | None) -> str | None:
+    if digest is None:
+        return None
+    return digest.split(":", 1)[-1][:8]
+
+
+def marks_of(graph: Graph, node: str) -> list[str]:
+    """What memory and placement say about ``node``, as short words."""
+    memory = graph.memory
+    marks = []
+    if memory.is_frozen(node):
+        state = _short(memory.state_of(node))
+        marks.append(f"frozen@{state}" if state else "frozen")
+    if memory.is_cached(node):
+        salt = memory.salt_of(node)
+        marks.append(f"cached(salt={salt!r})" if salt else "cached")
+    if memory.is_mapped(node):
+        marks.append("mapped")
+    worker = graph.placement.worker_of(node)
+    if worker is not None:
+        marks.append(f"at {worker}")
+    return marks
+
+
+def listing(graph: Graph) -> str:
+    """A compact listing: one line per node with what it reads and what is declared."""
+    lines = [f"Graph of {len(graph)} node{'s' if len(graph) != 1 else ''}"]
+    width = max((len(name) for name in graph.nodes()), default=0)
+    for name in graph.nodes():
+        preds = graph.predecessors(name)
+        source = ", ".join(preds) if preds else "input"
+        marks = marks_of(graph, name)
+        output = "  → output" if name in graph.outputs else ""
+        lines.append(
+            f"  {name:<{width}}  {graph.kind_of(name)} ← {source}"
+            + (f"  [{', '.join(marks)}]" if marks else "")
+            + output
+        )
+    return "\n".join(lines)
+
+
+def figure_of(graph: Graph, record: Record | None = None) -> Figure:
+    """The figure of ``graph``, coloured by ``record`` when one is given."""
+    from somatize.figure import Arrow, Box, Figure
+
+    memory = graph.memory
+    boxes = []
+    for name in graph.nodes():
+        marks: list[str] = []
+        if memory.is_frozen(name):
+            marks.append("frozen")
+        if memory.is_cached(name):
+            marks.append("cached")
+        if memory.is_mapped(name):
+            marks.append("mapped")
+        worker = graph.placement.worker_of(name)
+        if worker is not None:
+            marks.append("at")
+        node = graph.node(name)
+        boxes.append(
+            Box(
+                name=name,
+                kind=graph.kind_of(name),
+                marks=tuple(marks),
+                state=_short(memory.state_of(name)),
+                salt=memory.salt_of(name),
+                worker=worker,
+                outcome=record.outcome.get(name) if record is not None else None,
+                took_us=record.took_us.get(name) if record is not None else None,
+                group=getattr(node, "figure_group", None),
+            )
+        )
+    arrows = [
+        Arrow(
+            source=pred,
+            target=name,
+            crossed_bytes=record.crossed.get((pred, name)) if record is not None else None,
+        )
+        for name in graph.nodes()
+        for pred in graph.predecessors(name)
+    ]
+    return Figure(boxes, arrows)

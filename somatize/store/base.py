@@ -1,0 +1,217 @@
+"""The store's interface, and what every home of it promises.
+
+Layout, whatever the home::
+
+    blobs/ab/<hex>      immutable content, named by the BLAKE3 of its bytes
+    names/<name>        name → digest ("sms/train"); names are validated
+    answers/ab/<hex>    key → {value digest, codec, fingerprint, bytes, created}
+    tmp/                in-flight writes; a crash leaves nothing half-visible
+
+Contracts:
+
+- if ``have`` says yes for a key, ``recall`` of it returns the answer's bytes —
+  unless they were damaged since, which ``recall`` reports as :class:`Corrupt`
+  and never hands over;
+- nothing is visible half-written: blobs and records are published whole;
+- equal writes are idempotent: content addressing makes a race between two
+  writers of the same thing a non-event;
+- names never escape the store (no absolute paths, no ``..``, no control
+  characters).
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from somatize.errors import SomatizeError
+
+__all__ = [
+    "Answer",
+    "BadName",
+    "Corrupt",
+    "Missing",
+    "NameNotFound",
+    "Store",
+    "StoreError",
+    "check_name",
+]
+
+Buffer = bytes | bytearray | memoryview
+
+RECORD_VERSION = 1
+
+_DIGEST = re.compile(r"blake3:[0-9a-f]{64}\Z")
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+@-]*\Z")
+
+
+class StoreError(SomatizeError, OSError):
+    """A store could not do what it was asked."""
+
+
+class NameNotFound(StoreError, KeyError):
+    """A name nobody bound."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class BadName(StoreError, ValueError):
+    """A name or digest that is not allowed: it could escape the store or collide."""
+
+
+class Missing(StoreError, KeyError):
+    """An answer or blob the store does not have."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Corrupt(StoreError):
+    """Bytes in the store that are not what their name says: never handed over."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a store says about one kept answer."""
+
+    key: str
+    value: str
+    """The digest of the blob that holds the answer's bytes."""
+    codec: str
+    size: int
+    """How many bytes the answer's blob holds (``bytes`` in the record)."""
+    fingerprint: str | None = None
+    created: float = 0.0
+
+    def to_json(self) -> bytes:
+        record: dict[str, Any] = {"somatize": RECORD_VERSION, **asdict(self)}
+        record["bytes"] = record.pop("size")
+        return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_json(key: str, data: bytes) -> Answer:
+        """The record in ``data``; :class:`Corrupt` unless it is whole and about ``key``."""
+        try:
+            record = json.loads(data)
+            if record.pop("somatize") != RECORD_VERSION:
+                raise ValueError(f"record version {record.get('somatize')!r}")
+            answer = Answer(
+                key=str(record["key"]),
+                value=str(record["value"]),
+                codec=str(record["codec"]),
+                size=int(record["bytes"]),
+                fingerprint=record.get("fingerprint"),
+                created=float(record.get("created", 0.0)),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as why:
+            raise Corrupt(f"the answer record of {key} cannot be read ({why})") from None
+        if answer.key != key or not _DIGEST.match(answer.value) or answer.size < 0:
+            raise Corrupt(f"the answer record of {key} is not about {key} or names no blob")
+        return answer
+
+
+def check_digest(digest: str) -> str:
+    """``digest`` if it is a well-formed ``blake3:<64 hex>``; BadName otherwise."""
+    if not isinstance(digest, str) or not _DIGEST.match(digest):
+        raise BadName(f"{digest!r} is not a digest: expected `blake3:` and 64 lowercase hex digits")
+    return digest
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a safe name: ``/``-separated segments of letters, digits and
+    ``._=+@-``, none empty, none starting with a dot. BadName otherwise."""
+    if not isinstance(name, str) or not name:
+        raise BadName(f"a name is a non-empty str, got {name!r}")
+    if name.startswith("/"):
+        raise BadName(f"name {name!r} is absolute; names are relative, like `sms/train`")
+    for segment in name.split("/"):
+        if segment in ("", ".", ".."):
+            raise BadName(
+                f"name {name!r} has an empty, `.` or `..` segment, which could reach outside "
+                "the store; use plain segments like `sms/train`"
+            )
+        if not _SEGMENT.match(segment):
+            raise BadName(
+                f"name {name!r} has segment {segment!r}: segments are letters, digits and "
+                "`._=+@-`, starting with a letter or digit (no spaces or control characters)"
+            )
+    return name
+
+
+class Store(abc.ABC):
+    """A content-addressed store. ``Store(path)`` is a local directory;
+    ``Store.on_bucket(url)`` a bucket. See the module docstring for the contracts."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Store:
+        if cls is Store:
+            from somatize.store.local import LocalStore
+
+            cls = LocalStore
+        return super().__new__(cls)
+
+    # -- blobs --------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def put(self, data: Buffer | Sequence[Buffer]) -> str:
+        """Keeps ``data`` (bytes, or pieces written one after another); returns its digest."""
+
+    @abc.abstractmethod
+    def get(self, digest: str) -> memoryview:
+        """The bytes of blob ``digest``, verified; Missing or Corrupt otherwise."""
+
+    @abc.abstractmethod
+    def has_blob(self, digest: str) -> bool:
+        """Whether blob ``digest`` is here (its bytes are not checked)."""
+
+    # -- names --------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def bind(self, name: str, digest: str) -> None:
+        """Points ``name`` at blob ``digest`` (replacing what it pointed at)."""
+
+    @abc.abstractmethod
+    def resolve(self, name: str) -> str:
+        """The digest ``name`` points at; NameNotFound otherwise."""
+
+    # -- answers ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def keep(
+        self,
+        key: str,
+        data: Buffer | Sequence[Buffer],
+        codec: str,
+        fingerprint: str | None = None,
+    ) -> Answer:
+        """Keeps ``data`` as the answer under ``key``; returns its record. Published whole."""
+
+    @abc.abstractmethod
+    def answer(self, key: str) -> Answer | None:
+        """The record kept under ``key``, or None; Corrupt if it cannot be read."""
+
+    @abc.abstractmethod
+    def recall(self, key: str) -> tuple[Answer, memoryview]:
+        """The answer under ``key`` and its bytes; Missing or Corrupt otherwise."""
+
+    @abc.abstractmethod
+    def have(self, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` have an answer whose bytes are really here — in one call."""
+
+    # -- helpers shared by homes ---------------------------------------------------------------
+
+    @staticmethod
+    def _record(key: str, digest: str, codec: str, size: int, fingerprint: str | None) -> Answer:
+        return Answer(
+            key=key,
+            value=digest,
+            codec=codec,
+            size=size,
+            fingerprint=fingerprint,
+            created=time.time(),
+        )

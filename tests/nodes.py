@@ -1,0 +1,84 @@
+"""Plain-Python nodes the tests share, defined in a module so they have identities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from somatize import Node
+
+
+class Rows(Node):
+    """A source handed a coordinate ``{"at": i, "take": n}``: the integers of the span."""
+
+    def __init__(self, size: int = 2000) -> None:
+        self.size = size
+        self.calls = 0
+
+    def forward(self, span: dict[str, int], ctx: Any) -> list[int]:
+        self.calls += 1
+        return list(range(span["at"], min(span["at"] + span["take"], self.size)))
+
+
+class Scale(Node):
+    """Multiplies every item by ``by``."""
+
+    def __init__(self, by: float = 2.0) -> None:
+        self.by = by
+        self.calls = 0
+
+    def forward(self, values: list[float], ctx: Any) -> list[float]:
+        self.calls += 1
+        return [v * self.by for v in values]
+
+
+class Largest(Node):
+    """The largest item."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def forward(self, values: list[float], ctx: Any) -> float:
+        self.calls += 1
+        return float(max(values)) if values else 0.0
+
+
+class Add(Node):
+    """The sum of its inputs, whatever their number (a list input counts as its sum)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def forward(self, *inputs: Any) -> float:
+        *values, _ctx = inputs
+        self.calls += 1
+        return float(sum(sum(v) if isinstance(v, list) else v for v in values))
+
+
+class Square(Node):
+    """Squares each item; declared mapped in the tests."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+
+    def forward(self, items: list[int], ctx: Any) -> list[int]:
+        self.calls.append(list(items))
+        return [i * i for i in items]
+
+
+class Fails(Node):
+    """Raises, always."""
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        raise ZeroDivisionError("on purpose")
+
+
+class Echo(Node):
+    """Hands its input on."""
+
+    def __init__(self, tag: str = "") -> None:
+        self.tag = tag
+        self.calls = 0
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        self.calls += 1
+        return value

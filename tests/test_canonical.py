@@ -1,0 +1,138 @@
+"""The canonical encoding: equal values give equal bytes, different values different ones."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from somatize import canonical
+from somatize.canonical import NotCanonical
+
+scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | st.binary()
+)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(values)
+def test_roundtrip(value: object) -> None:
+    """Decoding the encoding gives back an equal value of the same type."""
+    back = canonical.decode(canonical.encode(value))
+    assert back == value
+    assert type(back) is type(value)
+
+
+@given(values)
+def test_equal_values_equal_bytes(value: object) -> None:
+    """Encoding is a function of the value: a decoded copy encodes to the same bytes."""
+    assert canonical.encode(canonical.decode(canonical.encode(value))) == canonical.encode(value)
+
+
+@given(values, values)
+def test_different_values_different_bytes(a: object, b: object) -> None:
+    """Values of different types or content never share an encoding."""
+    if canonical.encode(a) == canonical.encode(b):
+        assert type(a) is type(b) and a == b
+
+
+@given(st.dictionaries(st.text(max_size=5), st.integers(), min_size=2, max_size=8))
+def test_dict_order_irrelevant(entries: dict[str, int]) -> None:
+    """A dict filled in another order encodes identically."""
+    backwards = dict(reversed(list(entries.items())))
+    assert canonical.encode(entries) == canonical.encode(backwards)
+
+
+def test_numbers_of_different_types_are_distinct() -> None:
+    """1, 1.0 and True are three values; so are 0.0 and -0.0, and a list and a tuple."""
+    encoded = {canonical.encode(v) for v in (1, 1.0, True)}
+    assert len(encoded) == 3
+    assert canonical.encode(0.0) != canonical.encode(-0.0)
+    assert canonical.encode([1, 2]) != canonical.encode((1, 2))
+    assert canonical.encode(b"a") != canonical.encode("a")
+
+
+def test_golden_bytes() -> None:
+    """The bytes of a known value are pinned, so the format changes only on purpose."""
+    assert canonical.VERSION == 1
+    encoded = canonical.encode({"take": 64, "at": -1, "x": [None, True, 1.5, "é", b"\x00"]})
+    assert encoded.hex() == (
+        "64"
+        "0000000000000003"
+        "73"
+        "0000000000000002"
+        "6174"
+        "69"
+        "0000000000000001"
+        "ff"
+        "73"
+        "0000000000000004"
+        "74616b65"
+        "69"
+        "0000000000000001"
+        "40"
+        "73"
+        "0000000000000001"
+        "78"
+        "6c"
+        "0000000000000005"
+        "4e"
+        "54"
+        "66"
+        "3ff8000000000000"
+        "73"
+        "0000000000000002"
+        "c3a9"
+        "62"
+        "0000000000000001"
+        "00"
+    )
+
+
+def test_nan_is_encoded_by_its_bits() -> None:
+    """NaN has a canonical form (its IEEE bits), so it can be keyed."""
+    assert canonical.encode(math.nan) == canonical.encode(math.nan)
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ({1: "a"}, "key 1 of type `int`"),
+        (object(), "builtins.object"),
+        ({"a": [1, {2, 3}]}, "value['a'][1]"),
+        (1 + 2j, "builtins.complex"),
+    ],
+)
+def test_refusals_name_the_offender(value: object, fragment: str) -> None:
+    """A value with no canonical form is refused with a message that says where and why."""
+    with pytest.raises(NotCanonical) as refused:
+        canonical.encode(value)
+    assert fragment in str(refused.value)
+    assert isinstance(refused.value, TypeError)
+
+
+def test_enums_and_subclasses_are_not_silently_accepted() -> None:
+    """A subclass of a canonical type is refused rather than guessed at."""
+
+    class Count(int):
+        pass
+
+    with pytest.raises(NotCanonical, match="Count"):
+        canonical.encode(Count(3))
+
+
+@pytest.mark.parametrize("data", [b"", b"Z", b"i\x00\x00\x00\x00\x00\x00\x00\x05\x01", b"NN"])
+def test_decode_refuses_broken_bytes(data: bytes) -> None:
+    """Bytes that are not one whole canonical value are refused."""
+    with pytest.raises(ValueError):
+        canonical.decode(data)

@@ -1,0 +1,231 @@
+"""The engine: one have() per forward, recall and spare, facts in order, and failures."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from somatize import CodecError, Drifted, Graph, Node, NodeFailed, Opaque, Store
+from somatize.store import LocalStore
+from tests.nodes import Echo, Fails, Largest, Rows, Scale, Square
+
+
+def _chain() -> tuple[Graph, Rows, Scale, Largest]:
+    rows, scale, top = Rows(), Scale(), Largest()
+    g = Graph.somatize(
+        rows.named("rows").frozen()
+        >> scale.named("scale").frozen()
+        >> top.named("top").frozen().cached()
+    )
+    return g, rows, scale, top
+
+
+class CountingStore(LocalStore):
+    """A local store that counts the calls to have()."""
+
+    have_calls = 0
+
+    def have(self, keys: Any) -> set[str]:
+        self.have_calls += 1
+        return super().have(keys)
+
+
+def test_second_forward_recalls_and_spares(store: Store) -> None:
+    """The first forward runs and keeps; the second recalls and spares what only it needed."""
+    g, rows, scale, top = _chain()
+    first: list[dict[str, Any]] = []
+    assert g.forward({"at": 0, "take": 8}, store=store, watching=first.append) == 14.0
+    assert [f["fact"] for f in first] == ["ran", "ran", "ran", "kept", "finished"]
+    second: list[dict[str, Any]] = []
+    assert g.forward({"at": 0, "take": 8}, store=store, watching=second.append) == 14.0
+    assert [(f["fact"], f.get("node")) for f in second] == [
+        ("spared", "rows"),
+        ("spared", "scale"),
+        ("recalled", "top"),
+        ("finished", None),
+    ]
+    assert second[2]["key"] == first[3]["key"]
+    assert (rows.calls, scale.calls, top.calls) == (1, 1, 1)
+    assert g.record is not None and g.record.outcome == {
+        "rows": "spared",
+        "scale": "spared",
+        "top": "recalled",
+    }
+
+
+def test_one_have_query_per_forward(store: Store) -> None:
+    """The store is asked once per forward, whatever the number of cached nodes."""
+    counting = CountingStore(store.root)
+    g = Graph.somatize(
+        Rows().named("rows").frozen().cached()
+        >> (Scale(1.0).frozen().cached(), Scale(2.0).frozen().cached())
+    )
+    g.forward({"at": 0, "take": 4}, store=counting)
+    g.forward({"at": 0, "take": 4}, store=counting)
+    assert counting.have_calls == 2
+
+
+def test_store_as_path(tmp_path: Path) -> None:
+    """forward(store=...) takes a directory path as well as a Store."""
+    g, _, _, top = _chain()
+    g.forward({"at": 0, "take": 8}, store=tmp_path / "s")
+    g.forward({"at": 0, "take": 8}, store=str(tmp_path / "s"))
+    assert top.calls == 1
+
+
+def test_no_store_runs_everything() -> None:
+    """Without a store nothing is kept or recalled."""
+    g, rows, _, top = _chain()
+    g.forward({"at": 0, "take": 8})
+    g.forward({"at": 0, "take": 8})
+    assert rows.calls == top.calls == 2
+
+
+def test_different_input_misses(store: Store) -> None:
+    """Another span is another question."""
+    g, rows, _, _ = _chain()
+    g.forward({"at": 0, "take": 8}, store=store)
+    g.forward({"at": 8, "take": 8}, store=store)
+    assert rows.calls == 2
+
+
+def test_record_whose_bytes_are_gone_is_a_miss(store: Store) -> None:
+    """An answer record whose blob was deleted is not a hit: the node runs again."""
+    g, _, _, top = _chain()
+    g.forward({"at": 0, "take": 8}, store=store)
+    for blob in (store.root / "blobs").rglob("*"):
+        if blob.is_file():
+            blob.unlink()
+    fresh = Store(store.root)
+    assert g.forward({"at": 0, "take": 8}, store=fresh) == 14.0
+    assert top.calls == 2
+
+
+def test_damaged_blob_is_recomputed_and_said(store: Store) -> None:
+    """A blob whose bytes changed is never returned: a corrupt fact, and the node runs."""
+    g, _, _, top = _chain()
+    g.forward({"at": 0, "take": 8}, store=store)
+    for blob in (store.root / "blobs").rglob("*"):
+        if blob.is_file():
+            data = bytearray(blob.read_bytes())
+            data[-1] ^= 0xFF
+            blob.write_bytes(bytes(data))
+    seen: list[dict[str, Any]] = []
+    assert g.forward({"at": 0, "take": 8}, store=Store(store.root), watching=seen.append) == 14.0
+    assert [f["fact"] for f in seen][:2] == ["corrupt", "ran"]
+    assert top.calls == 2
+
+
+def test_failing_node_named_and_nothing_kept_below(store: Store) -> None:
+    """A node that raises is named in the error; nothing is kept for it or below it."""
+    below = Echo().named("below").frozen().cached()
+    g = Graph.somatize(Rows().named("rows").frozen() >> Fails().named("boom").frozen() >> below)
+    with pytest.raises(NodeFailed, match=r"`boom` \(Fails\) raised ZeroDivisionError: on purpose"):
+        g.forward({"at": 0, "take": 3}, store=store)
+    assert below.calls == 0
+    assert not any(p.is_file() for p in (store.root / "answers").rglob("*"))
+    assert g.record is not None and g.record.outcome["boom"] == "failed"
+
+
+def test_non_canonical_input_refused_without_opaque(store: Store) -> None:
+    """An input with no canonical form must be wrapped in Opaque; nothing is kept."""
+    g, rows, _, _ = _chain()
+    with pytest.raises(TypeError, match="Opaque"):
+        g.forward({"at": 0, "take": {1, 2}}, store=store)
+    assert rows.calls == 0
+
+
+def test_opaque_input_is_unwrapped_for_the_node(store: Store) -> None:
+    """Nodes see an Opaque input's value; the key comes from its content."""
+    echo = Echo().named("echo").frozen().cached()
+    g = Graph.somatize(echo)
+    assert g.forward(Opaque(b"abc"), store=store) == b"abc"
+    assert g.forward(Opaque(b"abc"), store=store) == b"abc"
+    assert echo.calls == 1
+
+
+def test_answer_with_no_codec_is_refused(store: Store) -> None:
+    """A cached node answering something no codec writes fails with its type named."""
+
+    class Weird(Node):
+        def forward(self, x: Any, ctx: Any) -> Any:
+            return {1, 2}
+
+    g = Graph.somatize(Weird().named("weird").frozen().identified("tests:Weird").cached())
+    with pytest.raises(CodecError, match=r"answer of `weird` is a `builtins\.set`"):
+        g.forward(1, store=store)
+
+
+def test_drift_is_a_fact_and_a_warning(store: Store) -> None:
+    """A hit kept by another version of the code is recalled with a drifted fact and a
+    warning; strict mode recomputes instead."""
+    g, _, _, top = _chain()
+    g.forward({"at": 0, "take": 8}, store=store)
+    g.memory.written_as("top", "sha256:newer")
+    seen: list[dict[str, Any]] = []
+    with pytest.warns(Drifted, match="strict=True"):
+        g.forward({"at": 0, "take": 8}, store=store, watching=seen.append)
+    assert "drifted" in [f["fact"] for f in seen]
+    assert top.calls == 1
+    seen.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g.forward({"at": 0, "take": 8}, store=store, watching=seen.append, strict=True)
+    assert top.calls == 2
+    assert seen[0]["fact"] == "drifted" and seen[0]["recomputed"] is True
+
+
+def test_mapped_runs_only_missing_items(store: Store) -> None:
+    """A mapped node answers item by item; only the missing items run, as one call."""
+    square = Square()
+    g = Graph.somatize(square.named("square").frozen().mapped().cached())
+    assert g.forward([1, 2, 3], store=store) == [1, 4, 9]
+    assert g.forward([3, 4, 1, 5], store=store) == [9, 16, 1, 25]
+    assert square.calls == [[1, 2, 3], [4, 5]]
+    seen: list[dict[str, Any]] = []
+    assert g.forward([5, 4], store=store, watching=seen.append) == [25, 16]
+    assert square.calls == [[1, 2, 3], [4, 5]]
+    assert seen[0] == {"fact": "recalled", "node": "square", "items": 2}
+
+
+def test_mapped_after_a_computed_list(store: Store) -> None:
+    """A mapped node reading a computed list keys its items once the list exists."""
+    square = Square()
+    g = Graph.somatize(
+        Rows().named("rows").frozen() >> square.named("sq").frozen().mapped().cached()
+    )
+    assert g.forward({"at": 0, "take": 3}, store=store) == [0, 1, 4]
+    assert g.forward({"at": 0, "take": 3}, store=store) == [0, 1, 4]
+    assert square.calls == [[0, 1, 2]]
+
+
+def test_mapped_must_answer_as_many_items(store: Store) -> None:
+    """A mapped node returning a list of the wrong length fails, naming it."""
+
+    class Short(Node):
+        def forward(self, items: list[int], ctx: Any) -> list[int]:
+            return items[:-1]
+
+    g = Graph.somatize(Short().named("short").identified("tests:Short").frozen().mapped().cached())
+    with pytest.raises(NodeFailed, match="as long as its input"):
+        g.forward([1, 2], store=store)
+
+
+def test_outputs_selects_other_nodes() -> None:
+    """outputs= returns another node's value; what it does not need is spared."""
+    g, _, _, top = _chain()
+    seen: list[dict[str, Any]] = []
+    assert g.forward({"at": 0, "take": 3}, outputs="scale", watching=seen.append) == [0, 2, 4]
+    assert top.calls == 0
+    assert {"fact": "spared", "node": "top"} in seen
+
+
+def test_answers_are_published_whole(store: Store) -> None:
+    """After a forward, tmp/ holds nothing: every write was renamed into place."""
+    g, _, _, _ = _chain()
+    g.forward({"at": 0, "take": 8}, store=store)
+    assert os.listdir(store.root / "tmp") == []

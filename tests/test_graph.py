@@ -1,0 +1,124 @@
+"""Graphs: building from expressions, names, cycles, and hash-consing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from somatize import Cycle, Graph, GraphError, UnknownNode
+from tests.nodes import Add, Echo, Largest, Rows, Scale
+
+
+def test_chain_builds_nodes_in_order() -> None:
+    """A chain gives its nodes in order, each reading the one before."""
+    g = Graph.somatize(Rows().named("r") >> Scale().named("s") >> Largest().named("l"))
+    assert g.nodes() == ("r", "s", "l")
+    assert g.predecessors("l") == ("s",)
+    assert g.roots() == ("r",)
+    assert g.outputs == ("l",)
+
+
+def test_derived_names_are_unique() -> None:
+    """Unnamed nodes are named after their class, numbered when the class repeats."""
+    g = Graph.somatize(Rows() >> (Scale(1.0), Scale(2.0)))
+    assert set(g.nodes()) == {"rows", "scale", "scale_2"}
+
+
+def test_duplicate_explicit_names_refused() -> None:
+    """Two different nodes may not share a name."""
+    with pytest.raises(GraphError, match="two different nodes are named `x`"):
+        Graph.somatize(Rows().named("x") >> Scale().named("x"))
+
+
+def test_fan_in_hands_inputs_in_order() -> None:
+    """A node reading two predecessors gets their outputs as positional arguments, in order."""
+    add = Add()
+    g = Graph.somatize((Echo("a").named("a"), Echo("b").named("b")) >> add.named("add"))
+    assert g.predecessors("add") == ("a", "b")
+    assert g.forward(2.0) == 4.0
+
+
+def test_several_outputs_come_back_as_a_tuple() -> None:
+    """A graph with several outputs returns a tuple, in the expression's order."""
+    g = Graph.somatize(Rows() >> (Largest().named("top"), Scale(10.0).named("big")))
+    top, big = g.forward({"at": 0, "take": 3})
+    assert top == 2.0
+    assert big == [0.0, 10.0, 20.0]
+
+
+def test_cycle_refused() -> None:
+    """A graph that feeds a node into itself is refused, naming the nodes."""
+    a, b = Echo("a").named("a"), Echo("b").named("b")
+    a >> b
+    with pytest.raises(Cycle, match="feeds a node into itself"):
+        Graph.somatize((a >> b) >> a)
+
+
+def test_unknown_node_name() -> None:
+    """Asking for a node the graph does not have lists the ones it has."""
+    g = Graph.somatize(Rows().named("r") >> Largest().named("l"))
+    with pytest.raises(UnknownNode, match="no node named `nope`; it has `r`, `l`"):
+        g.node("nope")
+    with pytest.raises(UnknownNode):
+        g.forward({"at": 0, "take": 2}, outputs="nope")
+
+
+def test_hash_consing_same_frozen_computation_is_one_node() -> None:
+    """The same frozen computation composed twice is one node, computed once."""
+    rows = Rows().named("rows").frozen()
+    first, second = Scale(2.0).frozen(), Scale(2.0).frozen()
+    add = Add().named("add")
+    g = Graph.somatize((rows >> first, rows >> second) >> add)
+    assert len(g) == 3
+    assert g.predecessors("add") == ("scale",)
+    assert g.forward({"at": 0, "take": 3}) == 0.0 + 2.0 + 4.0
+    assert first.calls + second.calls == 1
+
+
+def test_hash_consing_keeps_distinct_computations_apart() -> None:
+    """Different declarations, unfrozen nodes and different inputs are not merged."""
+    rows = Rows().named("rows").frozen()
+    g = Graph.somatize((rows >> Scale(2.0).frozen(), rows >> Scale(3.0).frozen()) >> Add())
+    assert len(g) == 4
+    g = Graph.somatize((rows >> Scale(2.0), rows >> Scale(2.0)) >> Add())
+    assert len(g) == 4
+
+
+def test_interned_node_answers_to_both_names() -> None:
+    """A merged node's second name resolves to the first."""
+    rows = Rows().named("rows").frozen()
+    g = Graph.somatize(
+        (rows >> Scale(2.0).named("one").frozen(), rows >> Scale(2.0).named("two").frozen())
+        >> Add()
+    )
+    assert g.resolve("two") == "one"
+    assert "two" in g
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=1, max_size=6), st.booleans())
+def test_hash_consing_property(factors: list[float], frozen: bool) -> None:
+    """Frozen branches intern to exactly one node per distinct declaration; unfrozen
+    branches never merge; the answer is the same either way."""
+    rows = Rows().named("rows").frozen()
+    branches = []
+    for factor in factors:
+        scale = Scale(factor)
+        branches.append(rows >> (scale.frozen() if frozen else scale))
+    g = Graph.somatize(tuple(branches) >> Add().named("add"))
+    expected_branches = len(set(factors)) if frozen else len(factors)
+    assert len(g) == expected_branches + 2
+    total = g.forward({"at": 0, "take": 4})
+    taken = set(factors) if frozen else factors
+    assert total == sum(sum(i * f for i in range(4)) for f in taken)
+
+
+def test_listing_shows_nodes_edges_and_declarations() -> None:
+    """print(g) lists each node with what it reads and what is declared about it."""
+    g = Graph.somatize(
+        Rows().named("sms").frozen() >> Largest().named("widest").frozen().cached("v1").at("w1")
+    )
+    text = str(g)
+    assert "sms" in text and "Rows ← input" in text
+    assert "widest  Largest ← sms  [frozen, cached(salt='v1'), at w1]  → output" in text

@@ -1,0 +1,115 @@
+"""Nodes: declarations captured from the constructor, and chaining."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from somatize import Expr, Graph, Node, Undeclared
+from tests.nodes import Echo, Largest, Rows, Scale
+
+
+class Holder(Node):
+    """Takes something with no canonical form."""
+
+    def __init__(self, thing: object, size: int = 3) -> None:
+        self.thing = thing
+        self.size = size
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        return x
+
+
+class Declared(Holder):
+    """Says what distinguishes it, so it can be keyed."""
+
+    def declare(self) -> Any:
+        return {"size": self.size}
+
+
+def test_declaration_from_constructor_arguments() -> None:
+    """Arguments, defaults filled in, decide the declaration; how they were passed does not."""
+    assert Scale(2.0).declaration() == Scale(by=2.0).declaration()
+    assert Scale().declaration() == Scale(2.0).declaration()
+    assert Scale(2.0).declaration() != Scale(3.0).declaration()
+    assert Scale(2.0).declaration() != Scale(2).declaration()
+
+
+def test_mutable_attributes_are_not_declared() -> None:
+    """What __init__ sets on self (a call counter) is not part of the declaration."""
+    one, two = Rows(), Rows()
+    two.calls = 99
+    assert one.declaration() == two.declaration()
+
+
+def test_non_canonical_argument_refused_with_advice() -> None:
+    """A node built with a non-canonical argument must say declare(); the error says so."""
+    with pytest.raises(Undeclared, match=r"`holder` \(Holder\).*declare\(self\)"):
+        Holder(object()).named("holder").declaration()
+    assert Declared(object()).declaration() == Declared(object(), 3).declaration()
+
+
+def test_declarations_chain() -> None:
+    """named/frozen/cached/mapped/at return the node and record what was said."""
+    node = Echo().named("e").frozen().cached("s1").mapped().at("w1")
+    marks = node._smz
+    assert isinstance(node, Echo)
+    assert (marks.name, marks.frozen, marks.cached, marks.salt, marks.mapped, marks.worker) == (
+        "e",
+        True,
+        True,
+        "s1",
+        True,
+        "w1",
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda n: n.named(""), ValueError),
+        (lambda n: n.named("a\nb"), ValueError),
+        (lambda n: n.cached(salt=3), TypeError),
+        (lambda n: n.at(""), ValueError),
+        (lambda n: n.identified("noColon"), ValueError),
+    ],
+)
+def test_bad_declarations_refused(call: Any, error: type[Exception]) -> None:
+    """Malformed names, salts and workers are refused at once."""
+    with pytest.raises(error):
+        call(Echo())
+
+
+def test_chain_fan_out_and_fan_in() -> None:
+    """`>>` chains, a tuple after `>>` fans out, a tuple before it fans in, in order."""
+    rows, a, b, add = Rows(), Scale(1.0), Scale(2.0), Largest()
+    expr = rows >> (a, b)
+    assert [n for n in expr.outputs] == [a, b]
+    joined = expr >> add
+    assert (a, add) in joined.edges and (b, add) in joined.edges
+    assert joined.edges.index((a, add)) < joined.edges.index((b, add))
+    assert isinstance((a, b) >> add, Expr)
+
+
+def test_expression_of_something_else_is_refused() -> None:
+    """Only nodes, expressions and tuples of them build a graph."""
+    with pytest.raises(TypeError, match="built from nodes"):
+        Rows() >> 3  # type: ignore[operator]
+    with pytest.raises(TypeError, match="built from nodes"):
+        Graph.somatize(())
+
+
+def test_forward_must_be_written() -> None:
+    """A node without forward says so when it runs."""
+
+    class Bare(Node):
+        pass
+
+    with pytest.raises(Exception, match="no forward"):
+        Graph.somatize(Bare()).forward(1)
+
+
+def test_repr_names_the_node() -> None:
+    """A node's repr shows its class and name."""
+    assert repr(Largest().named("top")) == "<Largest 'top'>"
