@@ -113,48 +113,62 @@ class _Run:
     # -- reading back -------------------------------------------------------------------------
 
     def load(self, plan: Plan) -> bool:
-        """Reads every recalled answer; False (with the damaged key dropped) if one failed."""
-        store = self.store
-        assert store is not None
+        """Reads every recalled answer; False (with the damaged keys dropped) if one failed."""
         static = plan.static
         for node in plan.recall:
             if node in self.loaded:
                 continue
             keys = plan.items[node] if node in static.mapped else [plan.keys[node]]
-            values = []
-            for key in keys:
-                value = self._read(node, key, static.fingerprint.get(node))
-                if value is _DAMAGED:
-                    plan.have.discard(key)
-                    return False
-                values.append(value)
-            self.loaded[node] = values if node in static.mapped else values[0]
+            got = self.read(node, keys, static.fingerprint.get(node))
+            damaged = [key for key in keys if got[key] is _DAMAGED]
+            if damaged:
+                plan.have.difference_update(damaged)
+                return False
+            self.loaded[node] = [got[k] for k in keys] if node in static.mapped else got[keys[0]]
         return True
 
-    def _read(self, node: str, key: str, fingerprint: str | None) -> Any:
+    def read(self, node: str, keys: Sequence[str], fingerprint: str | None) -> dict[str, Any]:
+        """The decoded answers under ``keys``; ``_DAMAGED`` for each that could not be used."""
         store = self.store
         assert store is not None
-        try:
-            answer, data = store.recall(key)
-            if self.strict and fingerprint and answer.fingerprint not in (None, fingerprint):
-                self.emit(
-                    {
-                        "fact": "drifted",
-                        "node": node,
-                        "key": key,
-                        "was": answer.fingerprint,
-                        "now": fingerprint,
-                        "recomputed": True,
-                    }
-                )
-                return _DAMAGED
-            value = CODECS.named(answer.codec).decode(data)
-        except (Missing, Corrupt, ValueError) as why:
-            self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(why)})
-            return _DAMAGED
-        if fingerprint and answer.fingerprint not in (None, fingerprint):
-            self.drift[node] = (answer.fingerprint, fingerprint)
-        return value
+        if len(keys) == 1:
+            key = keys[0]
+            try:
+                found: dict[str, Any] = {key: store.recall(key)}
+            except (Missing, Corrupt) as error:
+                found = {key: error}
+        else:
+            found = dict(store.recall_many(keys))
+        out: dict[str, Any] = {}
+        for key in keys:
+            got = found.get(key)
+            if not isinstance(got, tuple):
+                problem = got if got is not None else Missing(key)
+                self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(problem)})
+                out[key] = _DAMAGED
+                continue
+            answer, data = got
+            if fingerprint and answer.fingerprint not in (None, fingerprint):
+                if self.strict:
+                    self.emit(
+                        {
+                            "fact": "drifted",
+                            "node": node,
+                            "key": key,
+                            "was": answer.fingerprint,
+                            "now": fingerprint,
+                            "recomputed": True,
+                        }
+                    )
+                    out[key] = _DAMAGED
+                    continue
+                self.drift[node] = (answer.fingerprint, fingerprint)
+            try:
+                out[key] = CODECS.named(answer.codec).decode(data)
+            except (ValueError, TypeError) as why:
+                self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(why)})
+                out[key] = _DAMAGED
+        return out
 
     # -- running ------------------------------------------------------------------------------
 
@@ -216,14 +230,15 @@ class _Run:
         out: list[Any] = [None] * count
         missing = list(range(count))
         if items is not None:
+            present = [key for key in items if key in plan.have]
+            got = self.read(node, present, static.fingerprint.get(node)) if present else {}
             missing = []
             for index, key in enumerate(items):
-                if key in plan.have:
-                    value = self._read(node, key, static.fingerprint.get(node))
-                    if value is not _DAMAGED:
-                        out[index] = value
-                        continue
-                missing.append(index)
+                value = got.get(key, _DAMAGED)
+                if value is _DAMAGED:
+                    missing.append(index)
+                else:
+                    out[index] = value
         recalled = count - len(missing)
         if missing:
             sub = [[value[i] for i in missing] for value in inputs]
@@ -241,16 +256,29 @@ class _Run:
             self.emit(
                 {"fact": "ran", "node": node, "took_us": took, "items": len(missing), "of": count}
             )
-            kept = 0
             for index, value in zip(missing, answers, strict=True):
                 out[index] = value
-                if items is not None:
-                    kept += self.keep(node, items[index], value)
             if items is not None:
+                kept = self.keep_items(node, [(items[i], out[i]) for i in missing])
                 self.emit({"fact": "kept", "node": node, "items": len(missing), "bytes": kept})
         if recalled:
             self.emit({"fact": "recalled", "node": node, "items": recalled, "of": count})
         return out
+
+    def keep_items(self, node: str, answers: list[tuple[str, Any]]) -> int:
+        """Keeps a mapped node's item answers, grouped by codec; returns the bytes kept."""
+        store = self.store
+        assert store is not None
+        groups: dict[str, list[tuple[str, Sequence[Any]]]] = {}
+        for key, value in answers:
+            codec = CODECS.for_value(value, f"an item answer of `{node}`")
+            groups.setdefault(codec.name, []).append((key, codec.encode(value)))
+        fingerprint = self.graph.memory.fingerprint_of(node)
+        return sum(
+            answer.size
+            for name, items in groups.items()
+            for answer in store.keep_many(items, name, fingerprint)
+        )
 
     def _item_column(self, plan: Plan, pred: str, count: int) -> list[str]:
         from somatize.keys import item_key

@@ -22,6 +22,7 @@ Contracts:
 from __future__ import annotations
 
 import abc
+import io
 import json
 import re
 import time
@@ -169,6 +170,12 @@ class Store(abc.ABC):
     def has_blob(self, digest: str) -> bool:
         """Whether blob ``digest`` is here (its bytes are not checked)."""
 
+    @abc.abstractmethod
+    def open_blob(self, digest: str) -> io.RawIOBase | io.BufferedIOBase:
+        """A seekable, read-only file of blob ``digest``, for readers that want only part
+        of it (a Parquet footer and some row groups). Not verified against its digest:
+        a reader of parts must check what it reads (Parquet pages carry checksums)."""
+
     # -- names --------------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -202,6 +209,29 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def have(self, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` have an answer whose bytes are really here — in one call."""
+
+    def keep_many(
+        self,
+        items: Sequence[tuple[str, Sequence[Buffer]]],
+        codec: str,
+        fingerprint: str | None = None,
+    ) -> list[Answer]:
+        """Keeps many small answers at once (the items of a mapped node), each under its
+        key. A home may pack them into one blob with an index; this default keeps
+        them one by one."""
+        return [self.keep(key, data, codec, fingerprint) for key, data in items]
+
+    def recall_many(self, keys: Sequence[str]) -> dict[str, tuple[Answer, memoryview] | Exception]:
+        """The answers under ``keys``: each one's record and bytes, or the error (Missing,
+        Corrupt) that kept it from being read. A home that packs items reads each
+        pack once."""
+        out: dict[str, tuple[Answer, memoryview] | Exception] = {}
+        for key in keys:
+            try:
+                out[key] = self.recall(key)
+            except (Missing, Corrupt) as why:
+                out[key] = why
+        return out
 
     # -- helpers shared by homes ---------------------------------------------------------------
 

@@ -14,6 +14,7 @@ are read by memory map, so a recalled tensor or table is not copied.
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import uuid
@@ -167,6 +168,12 @@ class LocalStore(Store):
 
     def has_blob(self, digest: str) -> bool:
         return os.path.exists(self._blob_file(digest))
+
+    def open_blob(self, digest: str) -> io.BufferedReader:
+        try:
+            return open(self._blob_file(digest), "rb")  # the caller closes it
+        except FileNotFoundError:
+            raise Missing(f"blob {digest} is not in {self.root}") from None
 
     def get(self, digest: str) -> memoryview:
         return self._read_blob(digest, None)
