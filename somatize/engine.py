@@ -13,7 +13,7 @@ Facts are plain dicts::
     {"fact": "spared",   "node": "clean"}
     {"fact": "drifted",  "node": "widest", "key": "blake3:…", "was": "…", "now": "…"}
     {"fact": "corrupt",  "node": "widest", "key": "blake3:…", "why": "…"}
-    {"fact": "crossed",  "node": "clean", "worker": "w1", "bytes": 1234}
+    {"fact": "crossed",  "node": "clean", "from": "sms", "worker": "w1", "bytes": 1234}
     {"fact": "failed",   "node": "clean", "error": "…"}
     {"fact": "finished", "took_us": 53}
 
@@ -107,6 +107,9 @@ class _Run:
                 self.record.outcome[fact["node"]] = "drifted"
             if kind == "ran":
                 self.record.took_us[fact["node"]] = fact["took_us"]
+            if kind == "crossed" and "from" in fact:
+                edge = (fact["from"], fact["node"])
+                self.record.crossed[edge] = self.record.crossed.get(edge, 0) + fact["bytes"]
         if self.watching is not None:
             self.watching(fact)
 
