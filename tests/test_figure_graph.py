@@ -1,0 +1,85 @@
+"""g.figure() and print(g): a graph drawn before it runs and coloured after."""
+
+from __future__ import annotations
+
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from somatize import Graph, Store
+from tests.nodes import Echo, Largest, Rows, Scale
+
+
+def _seed_graph() -> Graph:
+    g = Graph.somatize(
+        Rows().named("sms").frozen()
+        >> Scale().named("clean").frozen()
+        >> Largest().named("widest").frozen().cached()
+    )
+    g.memory.freeze(
+        "sms", "blake3:5f7ac20586dbfd7c53e497e70f5a7523331bd5133f7c07ee0341729bd9c684e3"
+    )
+    return g
+
+
+def test_figure_before_running_shows_names_classes_and_marks() -> None:
+    """A graph that never ran draws every node with its class and memory's marks."""
+    g = Graph.somatize(
+        Rows().named("sms").frozen()
+        >> (Scale().named("clean").frozen().at("w1"), Echo().named("items").mapped())
+        >> Largest().named("widest").frozen().cached("v2")
+    )
+    g.memory.freeze("sms", "blake3:5f7ac20586dbfd7c53e497e70f5a75")
+    svg = g.figure()._repr_svg_()
+    ET.fromstring(svg)
+    for text in ("sms", "clean", "items", "widest", "Rows", "Scale", "Largest"):
+        assert text in svg
+    for mark in ("frozen", "cached", "mapped", "w1", "5f7ac205", "v2"):
+        assert mark in svg
+
+
+def test_figure_after_the_seeds_second_forward(store: Store) -> None:
+    """After the second forward the figure marks the cached node recalled, the rest spared."""
+    g = _seed_graph()
+    g.forward({"at": 0, "take": 64}, store=store)
+    g.forward({"at": 0, "take": 64}, store=store)
+    assert g.record is not None
+    svg = g.figure(g.record).svg()
+    ET.fromstring(svg)
+    assert "recalled" in svg and "spared" in svg
+    assert g.record.outcome == {"sms": "spared", "clean": "spared", "widest": "recalled"}
+
+
+def test_figure_after_a_first_forward_shows_times(store: Store) -> None:
+    """Nodes that ran are drawn with their time."""
+    g = _seed_graph()
+    g.forward({"at": 0, "take": 64}, store=store)
+    assert g.record is not None
+    svg = g.figure(g.record).svg()
+    assert "ran" in svg and ("µs" in svg or "ms" in svg)
+
+
+def test_fifty_nodes_render_quickly() -> None:
+    """A 50-node graph lays out and renders to SVG in under a second."""
+    rows = Rows().named("rows")
+    branches = tuple(
+        rows >> Scale(float(i)).named(f"s{i}") >> Echo().named(f"e{i}") for i in range(24)
+    )
+    g = Graph.somatize(branches >> Largest().named("top"))
+    assert len(g) == 50
+    start = time.perf_counter()
+    svg = g.figure().svg()
+    assert time.perf_counter() - start < 1.0
+    assert all(f"s{i}" in svg for i in range(24))
+
+
+def test_png_export(tmp_path: Path) -> None:
+    """The figure saves as PNG where Pillow is installed, and as SVG always."""
+    pytest.importorskip("PIL")
+    g = _seed_graph()
+    g.figure().save(tmp_path / "g.png")
+    g.figure().save(tmp_path / "g.svg")
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ET.parse(tmp_path / "g.svg")

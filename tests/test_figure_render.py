@@ -1,0 +1,458 @@
+"""Drawing pipeline graphs: layout, SVG, PNG and saving (somatize.figure)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import random
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from somatize.figure import Arrow, Box, Figure, _arrange, layout
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def sms_boxes(after_run: bool = False) -> list[Box]:
+    """The four-node example graph, before or after a run."""
+    return [
+        Box(
+            "sms",
+            "Parquet",
+            marks=("frozen",),
+            state="5f7ac205",
+            outcome="recalled" if after_run else None,
+        ),
+        Box(
+            "clean",
+            "Clean",
+            marks=("frozen",),
+            outcome="ran" if after_run else None,
+            took_us=1234 if after_run else None,
+        ),
+        Box(
+            "widest",
+            "Widest",
+            marks=("frozen", "cached"),
+            salt="v2",
+            outcome="spared" if after_run else None,
+        ),
+        Box(
+            "embed",
+            "Embed",
+            marks=("mapped", "at"),
+            worker="w1",
+            outcome="failed" if after_run else None,
+        ),
+    ]
+
+
+def sms_arrows(crossed: int | None = None) -> list[Arrow]:
+    """The edges of the four-node example: a chain with a fan-out at ``clean``."""
+    return [
+        Arrow("sms", "clean"),
+        Arrow("clean", "widest"),
+        Arrow("clean", "embed", crossed_bytes=crossed),
+    ]
+
+
+def random_dag(n: int, seed: int) -> tuple[list[Box], list[Arrow]]:
+    """A random DAG of ``n`` nodes with one or two inputs per node and some repeated kinds."""
+    rng = random.Random(seed)
+    boxes = [
+        Box(
+            f"node_{i}",
+            rng.choice(["Clean", "Parquet", "Join", "Model"]),
+            marks=tuple(rng.sample(["frozen", "cached", "mapped", "at"], rng.randint(0, 2))),
+            worker=rng.choice([None, "w1"]),
+            group=rng.choice([None, None, None, "model"]),
+        )
+        for i in range(n)
+    ]
+    arrows = [
+        Arrow(f"node_{i}", f"node_{j}")
+        for j in range(1, n)
+        for i in rng.sample(range(j), min(j, rng.randint(1, 2)))
+    ]
+    rng.shuffle(arrows)
+    return boxes, arrows
+
+
+def parse(svg: str) -> ET.Element:
+    """Parse an SVG document, failing the test if it is not well-formed XML."""
+    return ET.fromstring(svg)
+
+
+def all_text(root: ET.Element) -> str:
+    """Every piece of text in an SVG tree, joined by newlines."""
+    return "\n".join(t for t in root.itertext())
+
+
+def legend_text(root: ET.Element) -> str:
+    """The text of the legend group of an SVG tree."""
+    legend = [g for g in root.iter(f"{SVG}g") if g.get("class") == "legend"]
+    assert len(legend) == 1
+    return all_text(legend[0])
+
+
+def assert_no_overlap(boxes: list[Box], arrows: list[Arrow]) -> None:
+    """Check that no two drawn boxes share any area."""
+    placed = _arrange(boxes, arrows, None).boxes
+    for i, a in enumerate(placed):
+        for b in placed[i + 1 :]:
+            apart = a.x + a.w <= b.x or b.x + b.w <= a.x or a.y + a.h <= b.y or b.y + b.h <= a.y
+            assert apart, f"{a.box.name} overlaps {b.box.name}"
+
+
+def test_svg_is_xml_with_names_marks_and_worker() -> None:
+    """The SVG parses as XML and shows every name, kind, mark word and the worker."""
+    svg = Figure(sms_boxes(), sms_arrows(), title="sms").svg()
+    root = parse(svg)
+    assert root.tag == f"{SVG}svg"
+    text = all_text(root)
+    for name in ("sms", "clean", "widest", "embed", "Parquet", "Clean", "Widest", "Embed"):
+        assert name in text
+    for word in ("frozen", "cached", "mapped", "w1"):
+        assert word in text
+    assert "@ w1" in text
+
+
+def test_state_digest_and_salt_are_shown() -> None:
+    """A frozen box shows its state digest and a cached box its salt, next to the mark."""
+    text = all_text(parse(Figure(sms_boxes(), sms_arrows()).svg()))
+    assert "frozen · 5f7ac205" in text
+    assert "cached · v2" in text
+
+
+def test_svg_is_sized_to_its_content() -> None:
+    """The SVG carries width, height and a matching viewBox that hold every box."""
+    fig = Figure(sms_boxes(), sms_arrows())
+    root = parse(fig.svg())
+    width, height = float(root.get("width", "0")), float(root.get("height", "0"))
+    assert root.get("viewBox") == f"0 0 {root.get('width')} {root.get('height')}"
+    assert (width, height) == fig.size
+    for box in _arrange(sms_boxes(), sms_arrows(), None).boxes:
+        assert box.x >= 0 and box.x + box.w <= width
+        assert box.y >= 0 and box.y + box.h <= height
+
+
+def test_xml_special_characters_are_escaped() -> None:
+    """Names, kinds, groups and titles holding < & > " ' come through escaped and intact."""
+    name = "a<b & \"c\">'d'"
+    boxes = [Box(name, "K<&>", group="g&<"), Box("plain", "Plain", worker="w<1>")]
+    fig = Figure(boxes, [Arrow(name, "plain")], title='t<&>"')
+    svg = fig.svg()
+    root = parse(svg)
+    text = all_text(root)
+    assert name in text
+    assert "K<&>" in text
+    assert "g&<" in text
+    assert "@ w<1>" in text
+    assert "a<b" not in svg and "&lt;" in svg and "&amp;" in svg
+    names = {g.get("data-name") for g in root.iter(f"{SVG}g") if g.get("class") == "box"}
+    assert names == {name, "plain"}
+
+
+def test_control_characters_do_not_break_the_xml() -> None:
+    """Characters XML cannot carry are replaced rather than emitted."""
+    parse(Figure([Box("bell\x07", "Ctl\x00")], []).svg())
+
+
+def test_long_names_are_truncated_with_the_full_name_in_a_tooltip() -> None:
+    """A very long name is drawn shortened with an ellipsis and kept whole in <title>."""
+    long = "encoder.layers.11.attention.output.dense." + "x" * 80
+    root = parse(Figure([Box(long, "Linear")], []).svg())
+    (box,) = [g for g in root.iter(f"{SVG}g") if g.get("class") == "box"]
+    title = box.find(f"{SVG}title")
+    assert title is not None and title.text is not None and long in title.text
+    drawn = [t.text or "" for t in box.iter(f"{SVG}text")]
+    assert long not in drawn
+    assert any("…" in t and t.startswith("encoder") for t in drawn)
+
+
+def test_outcomes_colour_boxes_and_fill_the_legend() -> None:
+    """After a run each outcome has its label and colour, and the legend lists all of them."""
+    svg = Figure(sms_boxes(after_run=True), sms_arrows()).svg()
+    root = parse(svg)
+    text = all_text(root)
+    assert "ran 1.2 ms" in text
+    for word in ("recalled", "spared", "failed"):
+        assert word in text
+    for colour in ("#fef3c7", "#dcfce7", "#fee2e2"):  # ran, recalled, failed fills
+        assert colour in svg
+    assert 'stroke-dasharray="4 3"' in svg  # the spared box
+    legend = legend_text(root)
+    for outcome in ("ran", "recalled", "spared", "drifted", "failed"):
+        assert outcome in legend
+    for mark in ("frozen", "cached", "mapped"):
+        assert mark in legend
+
+
+def test_legend_leaves_out_outcomes_before_a_run() -> None:
+    """Before a run the legend explains the marks only."""
+    legend = legend_text(parse(Figure(sms_boxes(), sms_arrows()).svg()))
+    assert "frozen" in legend and "cached" in legend
+    assert "recalled" not in legend and "drifted" not in legend
+
+
+def test_plain_graph_has_no_legend() -> None:
+    """A graph without marks or outcomes draws no legend at all."""
+    root = parse(Figure([Box("a", "A"), Box("b", "B")], [Arrow("a", "b")]).svg())
+    assert not [g for g in root.iter(f"{SVG}g") if g.get("class") == "legend"]
+
+
+@pytest.mark.parametrize(
+    ("took_us", "shown"),
+    [
+        (850, "ran 850 µs"),
+        (1234, "ran 1.2 ms"),
+        (2_400_000, "ran 2.40 s"),
+        (125_000_000, "2 min 5 s"),
+    ],
+)
+def test_run_time_is_human(took_us: int, shown: str) -> None:
+    """The time of a box that ran reads in µs, ms, s or minutes as fits."""
+    box = Box("x", "X", outcome="ran", took_us=took_us)
+    assert shown in all_text(parse(Figure([box], []).svg()))
+
+
+def test_crossed_bytes_thicken_the_edge_and_are_labelled() -> None:
+    """An edge whose value crossed to a worker is drawn thicker with a human byte count."""
+    root = parse(Figure(sms_boxes(after_run=True), sms_arrows(crossed=19_300_000)).svg())
+    assert "19.3 MB" in all_text(root)
+    widths = sorted(
+        float(p.get("stroke-width", "0"))
+        for p in root.iter(f"{SVG}path")
+        if p.get("class") == "edge"
+    )
+    assert len(widths) == 3 and widths[-1] > widths[0]
+    assert "bytes sent to a worker" in legend_text(root)
+
+
+def test_edges_have_arrowheads() -> None:
+    """Every edge ends in an arrowhead marker defined in the document."""
+    root = parse(Figure(sms_boxes(), sms_arrows(crossed=10)).svg())
+    markers = {m.get("id") for m in root.iter(f"{SVG}marker")}
+    edges = [p for p in root.iter(f"{SVG}path") if p.get("class") == "edge"]
+    assert len(edges) == 3
+    for edge in edges:
+        ref = edge.get("marker-end", "")
+        assert ref.startswith("url(#") and ref[5:-1] in markers
+
+
+def test_groups_are_drawn_as_labelled_clusters() -> None:
+    """Boxes sharing a group sit inside one labelled rectangle that holds them all."""
+    boxes = [
+        Box("in", "Source"),
+        Box("embed", "Embedding", group="bert"),
+        Box("attend", "Attention", group="bert"),
+        Box("out", "Head"),
+    ]
+    arrows = [Arrow("in", "embed"), Arrow("embed", "attend"), Arrow("attend", "out")]
+    root = parse(Figure(boxes, arrows).svg())
+    groups = [g for g in root.iter(f"{SVG}g") if g.get("class") == "group"]
+    assert len(groups) == 1 and "bert" in all_text(groups[0])
+    arrangement = _arrange(boxes, arrows, None)
+    (cluster,) = arrangement.clusters
+    for placed in arrangement.boxes:
+        inside = (
+            cluster.x <= placed.x
+            and placed.x + placed.w <= cluster.x + cluster.w
+            and cluster.y <= placed.y
+            and placed.y + placed.h <= cluster.y + cluster.h
+        )
+        assert inside == (placed.box.group == "bert")
+
+
+def test_layout_runs_left_to_right_without_overlaps() -> None:
+    """In the example every edge points right and no two boxes overlap."""
+    pos = layout(sms_boxes(), sms_arrows())
+    assert set(pos) == {"sms", "clean", "widest", "embed"}
+    for a in sms_arrows():
+        assert pos[a.source][0] < pos[a.target][0]
+    assert pos["widest"][0] == pos["embed"][0]
+    assert_no_overlap(sms_boxes(), sms_arrows())
+
+
+def test_layout_handles_single_node_components_fans_and_repeated_kinds() -> None:
+    """A lone node, separate components, fan-in, fan-out and repeated kinds all lay out."""
+    assert set(layout([Box("only", "Only")], [])) == {"only"}
+    boxes = [Box(n, "Same") for n in ("a", "b", "c", "d", "e", "x", "y", "lone")]
+    arrows = [
+        Arrow("a", "c"),
+        Arrow("b", "c"),  # fan-in
+        Arrow("c", "d"),
+        Arrow("c", "e"),  # fan-out
+        Arrow("a", "e"),  # a long edge
+        Arrow("x", "y"),  # a second component
+    ]
+    pos = layout(boxes, arrows)
+    for a in arrows:
+        assert pos[a.source][0] < pos[a.target][0]
+    assert_no_overlap(boxes, arrows)
+    parse(Figure(boxes, arrows).svg())
+
+
+def test_lone_boxes_are_packed_in_a_grid() -> None:
+    """Boxes with no edges are packed in rows, not stacked in one tall column."""
+    boxes = [Box(f"lone_{i}", "Lone") for i in range(20)]
+    fig = Figure(boxes, [])
+    width, height = fig.size
+    assert width > height
+    assert_no_overlap(boxes, [])
+
+
+def test_long_edges_do_not_cross_boxes() -> None:
+    """An edge skipping columns is routed beside, never through, the boxes between."""
+    boxes = [Box(n, "K") for n in ("a", "b", "c", "d")]
+    arrows = [Arrow("a", "b"), Arrow("b", "c"), Arrow("c", "d"), Arrow("a", "d")]
+    arrangement = _arrange(boxes, arrows, None)
+    route = next(r for r in arrangement.routes if r.arrow == Arrow("a", "d"))
+    inner = [p for p in arrangement.boxes if p.box.name in ("b", "c")]
+    for _, _, end in route.segments[:-1]:
+        for box in inner:
+            assert not (box.x <= end[0] <= box.x + box.w and box.y <= end[1] <= box.y + box.h)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_dag_of_fifty_nodes_lays_out_quickly_and_cleanly(seed: int) -> None:
+    """A 50-node random DAG renders to SVG well within a second, pointing right, no overlaps."""
+    boxes, arrows = random_dag(50, seed)
+    started = time.perf_counter()
+    svg = Figure(boxes, arrows).svg()
+    assert time.perf_counter() - started < 1.0
+    parse(svg)
+    pos = layout(boxes, arrows)
+    for a in arrows:
+        assert pos[a.source][0] < pos[a.target][0]
+    assert_no_overlap(boxes, arrows)
+
+
+def test_cycle_raises_value_error() -> None:
+    """A cycle, including a node feeding itself, is refused rather than looped on."""
+    boxes = [Box("a", "A"), Box("b", "B"), Box("c", "C")]
+    with pytest.raises(ValueError, match="cycle"):
+        Figure(boxes, [Arrow("a", "b"), Arrow("b", "c"), Arrow("c", "a")])
+    with pytest.raises(ValueError, match="cycle"):
+        layout(boxes, [Arrow("b", "b")])
+
+
+def test_bad_descriptions_raise_value_error() -> None:
+    """Unknown boxes, repeated names, unknown marks and unknown outcomes are refused clearly."""
+    with pytest.raises(ValueError, match="no box is named 'z'"):
+        Figure([Box("a", "A")], [Arrow("a", "z")])
+    with pytest.raises(ValueError, match="unique"):
+        Figure([Box("a", "A"), Box("a", "B")], [])
+    with pytest.raises(ValueError, match="frozen"):
+        Figure([Box("a", "A", marks=("melted",))], [])
+    with pytest.raises(ValueError, match="recalled"):
+        Figure([Box("a", "A", outcome="exploded")], [])
+
+
+def test_empty_graph_still_draws() -> None:
+    """A graph with no boxes gives a small valid SVG."""
+    root = parse(Figure([], []).svg())
+    assert float(root.get("width", "0")) > 0
+
+
+def test_png_export() -> None:
+    """With Pillow the PNG is a real image at ``scale`` times the SVG's size."""
+    pil_image = pytest.importorskip("PIL.Image")
+    fig = Figure(sms_boxes(after_run=True), sms_arrows(crossed=19_300_000), title="sms")
+    data = fig.png(scale=2.0)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = fig.size
+    with pil_image.open(io.BytesIO(data)) as image:
+        image.load()
+        assert image.size == (round(width * 2), round(height * 2))
+        assert abs(image.size[0] / image.size[1] - width / height) < 0.01
+        colours = image.convert("RGB").getcolors(1 << 24)
+        assert colours is not None and len(colours) > 10  # not a blank canvas
+    assert fig._repr_png_() is not None
+
+
+def test_png_of_a_random_dag() -> None:
+    """A 50-node graph with every outcome and crossing renders to PNG as well."""
+    pytest.importorskip("PIL")
+    boxes, arrows = random_dag(50, 3)
+    outcomes = [None, "ran", "recalled", "spared", "drifted", "failed"]
+    boxes = [
+        Box(b.name, b.kind, b.marks, outcome=outcomes[i % 6], took_us=i * 997)
+        for i, b in enumerate(boxes)
+    ]
+    arrows = [
+        Arrow(a.source, a.target, 7**i % 10**9 if i % 4 == 0 else None)
+        for i, a in enumerate(arrows)
+    ]
+    assert Figure(boxes, arrows).png(scale=1.0)[:4] == b"\x89PNG"
+
+
+def test_png_without_pillow_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Pillow, png() names the install command and _repr_png_ steps aside."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pil(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "PIL" or name.startswith("PIL."):
+            raise ImportError("No module named 'PIL'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pil)
+    fig = Figure(sms_boxes(), sms_arrows())
+    with pytest.raises(ImportError, match=r"pip install pillow.*somatize\[figure\]"):
+        fig.png()
+    assert fig._repr_png_() is None
+    assert fig._repr_svg_().startswith("<svg")
+
+
+def test_module_imports_only_the_standard_library() -> None:
+    """Loading the figure module pulls in neither Pillow nor torch nor the rest of somatize."""
+    path = Path(__file__).resolve().parent.parent / "somatize" / "figure.py"
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('figure_alone', {str(path)!r})\n"
+        "module = sys.modules['figure_alone'] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "assert module.Figure([module.Box('a', 'A')], []).svg().startswith('<svg')\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('PIL', 'torch', 'somatize'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_save_by_suffix(tmp_path: Path) -> None:
+    """save() writes SVG or PNG by the path's suffix."""
+    fig = Figure(sms_boxes(), sms_arrows())
+    fig.save(tmp_path / "graph.svg")
+    parse((tmp_path / "graph.svg").read_text(encoding="utf-8"))
+    fig.save(str(tmp_path / "graph.SVG"))
+    assert (tmp_path / "graph.SVG").read_text(encoding="utf-8") == fig.svg()
+    if importlib.util.find_spec("PIL") is not None:
+        fig.save(tmp_path / "graph.png")
+        assert (tmp_path / "graph.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_save_refuses_other_suffixes(tmp_path: Path) -> None:
+    """save() with another suffix raises ValueError naming the valid ones, writing nothing."""
+    fig = Figure(sms_boxes(), sms_arrows())
+    with pytest.raises(ValueError, match=r"\.svg.*\.png"):
+        fig.save(tmp_path / "graph.pdf")
+    with pytest.raises(ValueError, match=r"\.svg.*\.png"):
+        fig.save(tmp_path / "graph")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_svg_is_deterministic_and_ids_are_per_figure() -> None:
+    """The same figure draws the same SVG; different figures use different marker ids."""
+    one = Figure(sms_boxes(), sms_arrows()).svg()
+    assert one == Figure(sms_boxes(), sms_arrows()).svg()
+    other = Figure([Box("z", "Z")], []).svg()
+    ids = {m.get("id") for m in parse(one).iter(f"{SVG}marker")}
+    assert ids.isdisjoint({m.get("id") for m in parse(other).iter(f"{SVG}marker")})
