@@ -54,62 +54,72 @@ class NotCanonical(SomatizeError, TypeError):
 
 
 Parts = list[bytes | memoryview]
+Where = tuple[Any, ...]
+"""Where a value sits in what is being encoded, as (parent, key) pairs; turned into text
+only when something has to be refused, so the common path pays nothing for it."""
 
 
-def _none(value: Any, parts: Parts, where: str) -> None:
+def _render(where: Where) -> str:
+    steps = []
+    while len(where) == 2:
+        where, key = where
+        steps.append(f"[{key!r}]")
+    return str(where[0]) + "".join(reversed(steps))
+
+
+def _none(value: Any, parts: Parts, where: Where) -> None:
     parts.append(b"N")
 
 
-def _bool(value: Any, parts: Parts, where: str) -> None:
+def _bool(value: Any, parts: Parts, where: Where) -> None:
     parts.append(b"T" if value else b"F")
 
 
-def _int(value: Any, parts: Parts, where: str) -> None:
+def _int(value: Any, parts: Parts, where: Where) -> None:
     size = (value.bit_length() + 8) // 8
     parts.append(b"i" + _LEN.pack(size) + value.to_bytes(size, "big", signed=True))
 
 
-def _float(value: Any, parts: Parts, where: str) -> None:
+def _float(value: Any, parts: Parts, where: Where) -> None:
     parts.append(b"f" + _FLOAT.pack(value))
 
 
-def _str(value: Any, parts: Parts, where: str) -> None:
+def _str(value: Any, parts: Parts, where: Where) -> None:
     raw = value.encode("utf-8", "surrogatepass")
     parts.append(b"s" + _LEN.pack(len(raw)) + raw)
 
 
-def _bytes(value: Any, parts: Parts, where: str) -> None:
+def _bytes(value: Any, parts: Parts, where: Where) -> None:
     view = memoryview(value).cast("B")
     parts.append(b"b" + _LEN.pack(view.nbytes))
     parts.append(view)
 
 
-def _sequence(tag: bytes) -> Callable[[Any, Parts, str], None]:
-    def write(value: Any, parts: Parts, where: str) -> None:
+def _sequence(tag: bytes) -> Callable[[Any, Parts, Where], None]:
+    def write(value: Any, parts: Parts, where: Where) -> None:
         parts.append(tag + _LEN.pack(len(value)))
         for index, item in enumerate(value):
-            _write(item, parts, f"{where}[{index}]")
+            _write(item, parts, (where, index))
 
     return write
 
 
-def _dict(value: Any, parts: Parts, where: str) -> None:
-    entries = []
+def _dict(value: Any, parts: Parts, where: Where) -> None:
     for name in value:
         if type(name) is not str:
             raise NotCanonical(
-                f"{where} has a key {name!r} of type `{type(name).__name__}`; canonical dicts "
-                "have str keys only, so that every process sorts and writes them the same way"
+                f"{_render(where)} has a key {name!r} of type `{type(name).__name__}`; canonical "
+                "dicts have str keys only, so that every process sorts and writes them the same way"
             )
-        entries.append((name.encode("utf-8", "surrogatepass"), name))
-    entries.sort()
-    parts.append(b"d" + _LEN.pack(len(entries)))
-    for raw, name in entries:
+    # Sorting str by code point is sorting their UTF-8 bytes: UTF-8 keeps the order.
+    parts.append(b"d" + _LEN.pack(len(value)))
+    for name in sorted(value):
+        raw = name.encode("utf-8", "surrogatepass")
         parts.append(b"s" + _LEN.pack(len(raw)) + raw)
-        _write(value[name], parts, f"{where}[{name!r}]")
+        _write(value[name], parts, (where, name))
 
 
-_WRITERS: dict[type, Callable[[Any, Parts, str], None]] = {
+_WRITERS: dict[type, Callable[[Any, Parts, Where], None]] = {
     type(None): _none,
     bool: _bool,
     int: _int,
@@ -124,12 +134,12 @@ _WRITERS: dict[type, Callable[[Any, Parts, str], None]] = {
 }
 
 
-def _write(value: Any, parts: Parts, where: str) -> None:
+def _write(value: Any, parts: Parts, where: Where) -> None:
     writer = _WRITERS.get(type(value))
     if writer is None:
         raise NotCanonical(
-            f"{where} is a `{type(value).__module__}.{type(value).__qualname__}`, which has no "
-            "canonical form: a key must be written identically by every process, and only "
+            f"{_render(where)} is a `{type(value).__module__}.{type(value).__qualname__}`, which "
+            "has no canonical form: a key must be written identically by every process, and only "
             "None, bool, int, float, str, bytes and lists, tuples and str-keyed dicts of them "
             "can be. Wrap the value in `somatize.Opaque(value)` so its codec digests it"
         )
@@ -143,7 +153,7 @@ def parts_of(value: Any, where: str = "value") -> Parts:
     value in error messages (``input``, ``declaration of clean`` ...).
     """
     parts: Parts = []
-    _write(value, parts, where)
+    _write(value, parts, (where,))
     return parts
 
 

@@ -19,7 +19,7 @@ for, right after its inputs run (``late``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from somatize import keys as keying
@@ -47,6 +47,13 @@ class Static:
     late: frozenset[str]
     """Mapped keyed nodes whose item count is known only once their inputs ran."""
     fingerprint: dict[str, str | None]
+    steps: tuple[tuple[str, bytes, tuple[str, ...], bool], ...] = ()
+    """For each keyed node in order: its name, key prefix, predecessors, and whether its
+    item keys are computed before running."""
+    whole: tuple[str, ...] = ()
+    """Cached nodes answered whole (not mapped), whose keys the store is asked for."""
+    itemized: tuple[str, ...] = ()
+    """Cached mapped nodes whose item keys the store is asked for before running."""
 
 
 def static_of(graph: Graph) -> Static:
@@ -93,32 +100,36 @@ def static_of(graph: Graph) -> Static:
         mapped=mapped,
         late=frozenset(late),
         fingerprint={n: memory.fingerprint_of(n) for n in graph.nodes()},
+        steps=tuple(
+            (n, prefix[n], graph.predecessors(n), n in mapped and n not in late) for n in keyed
+        ),
+        whole=tuple(n for n in cached if n not in mapped),
+        itemized=tuple(n for n in cached if n in mapped and n not in late),
     )
     graph._static = static
     return static
 
 
-@dataclass
 class Plan:
     """What one forward will do."""
 
-    static: Static
-    keys: dict[str, str] = field(default_factory=dict)
-    items: dict[str, list[str]] = field(default_factory=dict)
-    """Item keys of mapped keyed nodes known before running (not the late ones)."""
-    have: set[str] = field(default_factory=set)
-    recall: list[str] = field(default_factory=list)
-    """Nodes whose whole answer is recalled."""
-    run: list[str] = field(default_factory=list)
-    spared: list[str] = field(default_factory=list)
+    __slots__ = ("have", "items", "keys", "recall", "run", "spared", "static")
 
-    def missing_items(self, node: str) -> list[int]:
-        """Which items of a mapped node have no kept answer."""
-        return [i for i, key in enumerate(self.items[node]) if key not in self.have]
+    def __init__(self, static: Static) -> None:
+        self.static = static
+        self.keys: dict[str, str] = {}
+        self.items: dict[str, list[str]] = {}
+        """Item keys of mapped keyed nodes known before running (not the late ones)."""
+        self.have: set[str] = set()
+        self.recall: list[str] = []
+        """Nodes whose whole answer is recalled."""
+        self.run: list[str] = []
+        self.spared: list[str] = []
 
     def walk(self, outputs: Iterable[str]) -> None:
         """Decides recall / run / spared by walking backward from ``outputs``."""
         static = self.static
+        cached, preds = static.cached, static.preds
         needed: set[str] = set()
         recalled: set[str] = set()
         stack = list(outputs)
@@ -127,13 +138,14 @@ class Plan:
             if node in needed:
                 continue
             needed.add(node)
-            if node in static.cached and self._answered(node):
+            if node in cached and self._answered(node):
                 recalled.add(node)
                 continue
-            stack.extend(static.preds[node])
-        self.recall = [n for n in static.order if n in recalled]
-        self.run = [n for n in static.order if n in needed and n not in recalled]
-        self.spared = [n for n in static.order if n not in needed]
+            stack.extend(preds[node])
+        order = static.order
+        self.recall = [n for n in order if n in recalled] if recalled else []
+        self.run = [n for n in order if n in needed and n not in recalled]
+        self.spared = [n for n in order if n not in needed]
 
     def _answered(self, node: str) -> bool:
         if node in self.static.mapped:
@@ -151,28 +163,28 @@ def compile(
 ) -> Plan:
     """The plan of one forward of ``graph`` on ``x`` against ``store``."""
     if store is None:
-        static = _unkeyed(graph)
-        plan = Plan(static)
+        plan = Plan(_unkeyed(graph))
         plan.walk(outputs)
         return plan
     static = static_of(graph)
     plan = Plan(static)
     if static.keyed:
+        keys = plan.keys
         root: str | None = None
-        for node in static.keyed:
-            preds = static.preds[node]
+        node_key = keying.node_key
+        for node, prefix, preds, itemized in static.steps:
             if preds:
-                inputs = [plan.keys[p] for p in preds]
+                inputs = [keys[p] for p in preds]
             else:
                 if root is None:
                     root = keying.root_key(x)
                 inputs = [root]
-            plan.keys[node] = keying.node_key(static.prefix[node], inputs)
-            if node in static.mapped and node not in static.late:
+            keys[node] = node_key(prefix, inputs)
+            if itemized:
                 plan.items[node] = _item_keys(plan, node, x)
-        asked = [plan.keys[n] for n in static.cached if n not in static.mapped]
-        for node in static.cached & static.mapped:
-            asked.extend(plan.items.get(node, ()))
+        asked = [keys[n] for n in static.whole]
+        for node in static.itemized:
+            asked.extend(plan.items[node])
         plan.have = store.have(asked) if asked else set()
     plan.walk(outputs)
     return plan
