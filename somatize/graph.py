@@ -23,15 +23,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from somatize.catalog import fingerprint_of, identity_of
+from somatize.engine import run
 from somatize.errors import SomatizeError
 from somatize.memory import Memory
 from somatize.node import Expr, Node, Undeclared
 from somatize.placement import Placement
+from somatize.store import LocalStore, Store
 
 if TYPE_CHECKING:
     from somatize.engine import Record
     from somatize.figure import Figure
-    from somatize.store import Store
 
 __all__ = ["Cycle", "Graph", "GraphError", "UnknownNode"]
 
@@ -263,8 +264,6 @@ class Graph:
         an answer whose code fingerprint differs instead of warning. ``outputs``
         asks for other nodes' values than the graph's outputs.
         """
-        from somatize.engine import run
-
         return run(
             self,
             x,
@@ -276,11 +275,7 @@ class Graph:
         )
 
     def _store(self, store: Store | str | Path | None) -> Store | None:
-        if store is None:
-            return None
-        from somatize.store import LocalStore, Store
-
-        if isinstance(store, Store):
+        if store is None or isinstance(store, Store):
             return store
         if isinstance(store, (str, Path)):
             where = str(store)
