@@ -1,0 +1,228 @@
+// Host build of the BLAKE3 tree code: a small C ABI loaded through ctypes.
+//
+//   smz_blake3_host                  digest of one buffer (reference tree shape)
+//   smz_blake3_host_rows             one digest per row of a rows x row_bytes batch
+//
+// and, for tests of the code the CUDA kernels share:
+//
+//   smz_blake3_host_levelwise        level-wise pairwise reduction of all chunk CVs
+//   smz_blake3_host_streaming        ChunkState fed in pieces of a given size
+//   smz_blake3_host_emulate_rows     the kernels' tiling plan, run sequentially
+//   smz_blake3_host_coop_selftest    checks the warp-cooperative load layout
+//
+// Build: g++ -O3 -std=c++17 -shared -fPIC blake3_host.cpp -o libsmz_blake3.so
+
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "blake3_tree.h"
+
+namespace b3 = smz::blake3;
+
+namespace {
+
+// Sequential equivalent of one kernel tile: m0 nodes (8 words each) reduced
+// over `levels` levels, level by level, exactly as the threads of a tile do it
+// (every new node of a level computed from the old level, then written back).
+void reduce_tile(std::vector<uint32_t>& nodes, uint64_t m0, uint32_t levels, bool final_pass,
+                 uint32_t out[8]) {
+  std::vector<uint32_t> next(nodes.size());
+  uint64_t m = m0;
+  for (uint32_t lvl = 0; lvl < levels; ++lvl) {
+    const uint64_t produced = (m + 1) / 2;
+    for (uint64_t k = 0; k < produced; ++k) {
+      b3::level_node(nodes.data(), 8, m, k, final_pass, &next[k * 8]);
+    }
+    std::copy(next.begin(), next.begin() + static_cast<std::ptrdiff_t>(produced * 8),
+              nodes.begin());
+    m = produced;
+  }
+  memcpy(out, nodes.data(), 32);
+}
+
+}  // namespace
+
+extern "C" {
+
+int smz_blake3_host_abi_version(void) { return 1; }
+
+void smz_blake3_host(const uint8_t* data, uint64_t len, uint8_t out[32]) {
+  b3::hash(data, len, out);
+}
+
+// row_bytes may be 0: every row then digests the empty input.
+void smz_blake3_host_rows(const uint8_t* data, uint64_t rows, uint64_t row_bytes, uint8_t* out) {
+  for (uint64_t r = 0; r < rows; ++r) b3::hash(data + r * row_bytes, row_bytes, out + 32 * r);
+}
+
+void smz_blake3_host_levelwise(const uint8_t* data, uint64_t len, uint8_t out[32]) {
+  const uint64_t n = b3::chunk_count(len);
+  uint32_t cv[8];
+  if (n == 1) {
+    b3::chunk_cv(data, static_cast<uint32_t>(len), 0, b3::ROOT, cv);
+    b3::store_words(cv, out);
+    return;
+  }
+  std::vector<uint32_t> nodes(n * 8);
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t off = i * b3::CHUNK_LEN;
+    const uint32_t clen = static_cast<uint32_t>(std::min<uint64_t>(b3::CHUNK_LEN, len - off));
+    b3::chunk_cv(data + off, clen, i, 0, &nodes[i * 8]);
+  }
+  // In place: node k of the next level only reads nodes 2k and 2k + 1 >= k.
+  uint64_t m = n;
+  while (m > 1) {
+    const uint64_t produced = (m + 1) / 2;
+    for (uint64_t k = 0; k < produced; ++k) {
+      b3::level_node(nodes.data(), 8, m, k, true, cv);
+      memcpy(&nodes[k * 8], cv, 32);
+    }
+    m = produced;
+  }
+  b3::store_words(&nodes[0], out);
+}
+
+// A streaming hasher over ChunkState: the input arrives in pieces of `piece`
+// bytes (0 means all at once).
+void smz_blake3_host_streaming(const uint8_t* data, uint64_t len, uint64_t piece,
+                               uint8_t out[32]) {
+  if (piece == 0) piece = len == 0 ? 1 : len;
+  uint32_t stack[b3::MAX_DEPTH][8];
+  uint32_t depth = 0;
+  b3::ChunkState chunk;
+  chunk.init(0);
+  uint64_t pos = 0;
+  while (pos < len) {
+    uint64_t take = std::min<uint64_t>(piece, len - pos);
+    while (take > 0) {
+      if (chunk.len() == b3::CHUNK_LEN) {
+        // More input follows: the chunk is complete and not the root.
+        uint32_t cv[8];
+        chunk.finish(0, cv);
+        uint64_t total = chunk.counter + 1;
+        while ((total & 1) == 0) {
+          --depth;
+          b3::parent_cv(stack[depth], cv, 0, cv);
+          total >>= 1;
+        }
+        memcpy(stack[depth], cv, 32);
+        ++depth;
+        chunk.init(chunk.counter + 1);
+      }
+      const uint64_t room = b3::CHUNK_LEN - chunk.len();
+      const uint64_t n = std::min(room, take);
+      chunk.update(data + pos, n);
+      pos += n;
+      take -= n;
+    }
+  }
+  uint32_t cv[8];
+  if (depth == 0) {
+    chunk.finish(b3::ROOT, cv);
+  } else {
+    chunk.finish(0, cv);
+    while (depth > 1) {
+      --depth;
+      b3::parent_cv(stack[depth], cv, 0, cv);
+    }
+    b3::parent_cv(stack[0], cv, b3::ROOT, cv);
+  }
+  b3::store_words(cv, out);
+}
+
+// The CUDA kernels' plan, run sequentially: a leaf pass over tiles of
+// 2^leaf_tile_log2 chunks, then reduce passes over tiles of up to 256 nodes
+// until one node per row is left. Every tile is reduced with level_node()
+// as in the kernels.
+void smz_blake3_host_emulate_rows(const uint8_t* data, uint64_t rows, uint64_t row_bytes,
+                                  uint8_t* out) {
+  if (rows == 0) return;
+  const uint64_t cpr = b3::chunk_count(row_bytes);
+  const uint32_t t = b3::leaf_tile_log2(cpr);
+  const uint64_t tile = 1ull << t;
+  uint64_t count = b3::ceil_div_pow2(cpr, t);
+  bool final_pass = count == 1;
+  std::vector<uint32_t> cur(rows * count * 8);
+  std::vector<uint32_t> nodes(tile * 8);
+  uint32_t node[8];
+  for (uint64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = data + r * row_bytes;
+    for (uint64_t ti = 0; ti < count; ++ti) {
+      const uint64_t m0 = std::min(tile, cpr - ti * tile);
+      for (uint64_t k = 0; k < m0; ++k) {
+        const uint64_t chunk = ti * tile + k;
+        const uint64_t off = chunk * b3::CHUNK_LEN;
+        const uint32_t clen =
+            static_cast<uint32_t>(std::min<uint64_t>(b3::CHUNK_LEN, row_bytes - off));
+        b3::chunk_cv(row + off, clen, chunk, cpr == 1 ? b3::ROOT : 0u, &nodes[k * 8]);
+      }
+      reduce_tile(nodes, m0, t, final_pass, node);
+      if (final_pass) {
+        b3::store_words(node, out + 32 * r);
+      } else {
+        memcpy(&cur[(r * count + ti) * 8], node, 32);
+      }
+    }
+  }
+  while (!final_pass) {
+    const uint32_t t2 = b3::reduce_tile_log2(count);
+    const uint64_t tile2 = 1ull << t2;
+    const uint64_t next_count = b3::ceil_div_pow2(count, t2);
+    final_pass = next_count == 1;
+    std::vector<uint32_t> next(rows * next_count * 8);
+    nodes.assign(tile2 * 8, 0);
+    for (uint64_t r = 0; r < rows; ++r) {
+      for (uint64_t ti = 0; ti < next_count; ++ti) {
+        const uint64_t m0 = std::min(tile2, count - ti * tile2);
+        memcpy(nodes.data(), &cur[(r * count + ti * tile2) * 8], m0 * 32);
+        reduce_tile(nodes, m0, t2, final_pass, node);
+        if (final_pass) {
+          b3::store_words(node, out + 32 * r);
+        } else {
+          memcpy(&next[(r * next_count + ti) * 8], node, 32);
+        }
+      }
+    }
+    cur.swap(next);
+    count = next_count;
+  }
+}
+
+// 0 when the cooperative load layout is a bijection that hands every lane its
+// own block and is free of bank conflicts; a positive code otherwise.
+int smz_blake3_host_coop_selftest(void) {
+  int owner[128];
+  for (int& o : owner) o = -1;
+  for (uint32_t i = 0; i < 4; ++i) {
+    for (uint32_t phase = 0; phase < 4; ++phase) {
+      bool group_used[8] = {false, false, false, false, false, false, false, false};
+      for (uint32_t l = phase * 8; l < phase * 8 + 8; ++l) {
+        const uint32_t job = b3::coop_job(l, i);
+        const uint32_t unit = b3::coop_unit(l, i);
+        const uint32_t slot = b3::coop_slot(job, unit);
+        if (slot >= 128) return 1;
+        if (owner[slot] != -1) return 2;
+        owner[slot] = static_cast<int>(job * 4 + unit);
+        if (group_used[slot % 8]) return 3;
+        group_used[slot % 8] = true;
+      }
+    }
+  }
+  for (uint32_t unit = 0; unit < 4; ++unit) {
+    for (uint32_t phase = 0; phase < 4; ++phase) {
+      bool group_used[8] = {false, false, false, false, false, false, false, false};
+      for (uint32_t l = phase * 8; l < phase * 8 + 8; ++l) {
+        const uint32_t slot = b3::coop_slot(l, unit);
+        if (owner[slot] != static_cast<int>(l * 4 + unit)) return 4;
+        if (group_used[slot % 8]) return 5;
+        group_used[slot % 8] = true;
+      }
+    }
+  }
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,470 @@
+"""Tests of the native BLAKE3 code: the host build against the ``blake3`` package and
+the official test vectors, the host emulation of the CUDA kernels' tree plan, the
+``_native`` module's switches and staging pool, and (with a CUDA device) the
+device digests."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import random
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import blake3
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_native() -> ModuleType:
+    try:
+        return importlib.import_module("somatize_torch._native")
+    except ImportError:
+        sys.path.insert(0, str(REPO))
+        return importlib.import_module("somatize_torch._native")
+
+
+native = _load_native()
+
+MiB = 1 << 20
+
+SPECIAL_LENGTHS = sorted(
+    {0, 1, 63, 64, 65, 1023, 1024, 1025, 2048, 2049, 3072, 3073, 4095, 4096, 4097, 8 * MiB + 7}
+    | {(1 << k) + d for k in range(1, 21) for d in (-1, 0, 1)}
+)
+RANDOM_LENGTHS = sorted(random.Random(20240601).randrange(0, 3 * MiB // 2) for _ in range(24))
+
+# Lengths of the official BLAKE3 test_vectors.json (input byte i is i % 251).
+OFFICIAL_LENGTHS = [
+    0, 1, 1023, 1024, 1025, 2048, 2049, 3072, 3073, 4096, 4097, 5120, 5121, 6144, 6145,
+    7168, 7169, 8192, 8193, 16384, 31744, 102400,
+]  # fmt: skip
+# First 32 bytes of the "hash" field of the official vectors for some of them.
+OFFICIAL_HASHES = {
+    0: "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262",
+    1: "2d3adedff11b61f14c886e35afa036736dcd87a74d27b5c1510225d0f592e213",
+    1023: "10108970eeda3eb932baac1428c7a2163b0e924c9a9e25b35bba72b28f70bd11",
+    1024: "42214739f095a406f3fc83deb889744ac00df831c10daa55189b5d121c855af7",
+    1025: "d00278ae47eb27b34faecf67b4fe263f82d5412916c1ffd97c8cb7fb814b8444",
+    2048: "e776b6028c7cd22a4d0ba182a8bf62205d2ef576467e838ed6f2529b85fba24a",
+    2049: "5f4d72f40d7a5f82b15ca2b2e44b1de3c2ef86c426c95c1af0b6879522563030",
+    3072: "b98cb0ff3623be03326b373de6b9095218513e64f1ee2edd2525c7ad1e5cffd2",
+    3073: "7124b49501012f81cc7f11ca069ec9226cecb8a2c850cfe644e327d22d3e1cd3",
+    4096: "015094013f57a5277b59d8475c0501042c0b642e531b0a1c8f58d2163229e969",
+    4097: "9b4052b38f1c5fc8b1f9ff7ac7b27cd242487b3d890d15c96a1c25b8aa0fb995",
+    5120: "9cadc15fed8b5d854562b26a9536d9707cadeda9b143978f319ab34230535833",
+    8192: "aae792484c8efe4f19e2ca7d371d8c467ffb10748d8a5a1ae579948f718a2a63",
+    102400: "bc3e3d41a1146b069abffad3c0d44860cf664390afce4d9661f7902e7943e085",
+}
+
+# Row batches (rows, row_bytes). row_bytes == 0 is allowed: every row digests
+# the empty input, as blake3(b"") would.
+ROW_SHAPES = [
+    (1, 0), (4, 0), (1, 1), (7, 1), (1, 1024), (5, 1024), (1, 1025), (6, 1025), (2, 4096),
+    (3, 4096), (3, 1000), (17, 3000), (9, 64), (33, 1023), (4, 5 * 1024), (3, 8 * 1024 + 1),
+    (2, 300 * 1024 + 17), (2, 2049 * 1024),
+]  # fmt: skip
+# Chunks per row that hit every leaf tile size and one, two and three reduce passes.
+PLAN_CHUNKS = [
+    1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 65, 100, 127, 128, 129, 200, 255,
+    256, 257, 300, 511, 513, 1000, 2047, 2048, 2049, 4097, 65536, 65537,
+]  # fmt: skip
+
+
+def _data(n: int, seed: int | None = None) -> bytes:
+    return random.Random(n if seed is None else seed).randbytes(n)
+
+
+def _ref(data: bytes) -> bytes:
+    return blake3.blake3(data).digest()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ext_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    cache = tmp_path_factory.mktemp("ext-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(native.ENV_CACHE, str(cache))
+        mp.delenv(native.ENV_MODE, raising=False)
+        yield cache
+
+
+@pytest.fixture(scope="session")
+def lib(ext_cache: Path) -> ctypes.CDLL:
+    return native.host_library()
+
+
+def _call32(fn: ctypes._CFuncPtr, data: bytes, *extra: int) -> bytes:
+    out = ctypes.create_string_buffer(32)
+    fn(data, len(data), *extra, out)
+    return out.raw
+
+
+def _emulate_rows(lib: ctypes.CDLL, data: bytes, rows: int, row_bytes: int) -> list[bytes]:
+    out = ctypes.create_string_buffer(32 * max(rows, 1))
+    lib.smz_blake3_host_emulate_rows(data, rows, row_bytes, out)
+    return [out.raw[32 * i : 32 * i + 32] for i in range(rows)]
+
+
+# --------------------------------------------------------------------------- host build
+
+
+def test_host_library_is_built_in_cache_dir(lib: ctypes.CDLL, ext_cache: Path) -> None:
+    built = sorted(ext_cache.glob("libsmz_blake3_host-*.so"))
+    assert len(built) == 1
+    assert not [p for p in ext_cache.iterdir() if p.name.endswith(".tmp")]
+    assert lib.smz_blake3_host_abi_version() == 1
+    mtime = built[0].stat().st_mtime_ns
+    assert native.build_host_library(ext_cache) == built[0]
+    assert built[0].stat().st_mtime_ns == mtime  # cached, not rebuilt
+
+
+@pytest.mark.slow
+def test_concurrent_builds_are_atomic(tmp_path: Path) -> None:
+    target = tmp_path / "concurrent"
+    results: list[Path] = []
+    errors: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            results.append(native.build_host_library(target))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(set(results)) == 1
+    assert [p.name for p in target.iterdir()] == [results[0].name]
+    loaded = ctypes.CDLL(str(results[0]))
+    out = ctypes.create_string_buffer(32)
+    loaded.smz_blake3_host(b"abc", ctypes.c_uint64(3), out)
+    assert out.raw == _ref(b"abc")
+
+
+@pytest.mark.parametrize("n", SPECIAL_LENGTHS + RANDOM_LENGTHS)
+def test_host_digest_matches_blake3(n: int) -> None:
+    data = _data(n)
+    assert native.host_digest(data) == _ref(data)
+
+
+@pytest.mark.parametrize("n", SPECIAL_LENGTHS + RANDOM_LENGTHS)
+def test_tree_formulations_agree(lib: ctypes.CDLL, n: int) -> None:
+    """The level-wise reduction, the streaming ChunkState path and the emulation of
+    the CUDA kernels' tiling plan all give the reference digest."""
+    data = _data(n)
+    expected = _ref(data)
+    assert _call32(lib.smz_blake3_host_levelwise, data) == expected
+    piece = random.Random(n).choice([0, 1, 7, 64, 65, 1000, 1024, 4096])
+    assert _call32(lib.smz_blake3_host_streaming, data, piece) == expected
+    assert _emulate_rows(lib, data, 1, n) == [expected]
+
+
+@pytest.mark.parametrize("n", OFFICIAL_LENGTHS)
+def test_official_vectors(lib: ctypes.CDLL, n: int) -> None:
+    data = bytes(i % 251 for i in range(n))
+    got = native.host_digest(data)
+    assert got == _ref(data)
+    assert _call32(lib.smz_blake3_host_levelwise, data) == got
+    assert _emulate_rows(lib, data, 1, n) == [got]
+    if n in OFFICIAL_HASHES:
+        assert got.hex() == OFFICIAL_HASHES[n]
+
+
+def test_official_hashes_are_checked() -> None:
+    assert len(OFFICIAL_HASHES) >= 3
+    assert set(OFFICIAL_HASHES) <= set(OFFICIAL_LENGTHS)
+
+
+@pytest.mark.parametrize(("rows", "row_bytes"), ROW_SHAPES)
+def test_host_rows_match_blake3(lib: ctypes.CDLL, rows: int, row_bytes: int) -> None:
+    data = _data(rows * row_bytes, seed=rows * 1_000_003 + row_bytes)
+    expected = [_ref(data[i * row_bytes : (i + 1) * row_bytes]) for i in range(rows)]
+    assert native.host_digest_rows(data, rows, row_bytes) == expected
+    assert _emulate_rows(lib, data, rows, row_bytes) == expected
+
+
+def test_random_row_batches(lib: ctypes.CDLL) -> None:
+    rnd = random.Random(7)
+    for _ in range(12):
+        rows = rnd.randrange(1, 40)
+        row_bytes = rnd.choice([rnd.randrange(0, 2048), rnd.randrange(0, 40_000)])
+        data = rnd.randbytes(rows * row_bytes)
+        expected = [_ref(data[i * row_bytes : (i + 1) * row_bytes]) for i in range(rows)]
+        assert native.host_digest_rows(data, rows, row_bytes) == expected
+        assert _emulate_rows(lib, data, rows, row_bytes) == expected
+
+
+@pytest.mark.parametrize("chunks", PLAN_CHUNKS)
+def test_kernel_plan_every_tile_shape(lib: ctypes.CDLL, chunks: int) -> None:
+    rows = 1 if chunks > 4096 else 3
+    lengths = (
+        [chunks * 1024 - 1000] if chunks > 4096 else [chunks * 1024, max(chunks * 1024 - 1000, 1)]
+    )
+    for row_bytes in lengths:
+        data = _data(rows * row_bytes, seed=chunks)
+        expected = [_ref(data[i * row_bytes : (i + 1) * row_bytes]) for i in range(rows)]
+        assert _emulate_rows(lib, data, rows, row_bytes) == expected
+
+
+@pytest.fixture(scope="session")
+def emulator(ext_cache: Path) -> ctypes.CDLL:
+    return native.kernel_emulator()
+
+
+def _run_kernels(
+    emu: ctypes.CDLL, data: bytes, rows: int, row_bytes: int, offset: int, max_tile_log2: int = 8
+) -> tuple[list[bytes], int]:
+    out = ctypes.create_string_buffer(32 * max(rows, 1))
+    width = ctypes.c_int(0)
+    rc = emu.smz_blake3_emu_rows(
+        data, rows, row_bytes, offset, max_tile_log2, out, ctypes.byref(width)
+    )
+    assert rc == 0
+    return [out.raw[32 * i : 32 * i + 32] for i in range(rows)], width.value
+
+
+# Small shapes: the emulation runs one OS thread per CUDA thread.
+EMU_SHAPES = [
+    (1, 0), (3, 0), (1, 1), (5, 1), (1, 64), (1, 1023), (1, 1024), (1, 1025), (1, 3073),
+    (6, 1025), (3, 1000), (17, 3000), (300, 16), (2, 4096), (1, 40 * 1024 + 17),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rows", "row_bytes"), EMU_SHAPES)
+def test_cuda_kernels_under_emulation(emulator: ctypes.CDLL, rows: int, row_bytes: int) -> None:
+    """The CUDA kernels, compiled for the host, on every load-width path."""
+    data = _data(rows * row_bytes, seed=rows * 7919 + row_bytes)
+    expected = [_ref(data[i * row_bytes : (i + 1) * row_bytes]) for i in range(rows)]
+    for offset in (0, 1, 4, 8):
+        got, width = _run_kernels(emulator, data, rows, row_bytes, offset)
+        assert got == expected, (offset, width)
+        # No data: no pointer to align. Otherwise the row starts decide the width.
+        alignment = offset | (row_bytes if rows > 1 else 0) if data else 0
+        assert width == next(w for w in (16, 8, 4, 1) if alignment % w == 0)
+
+
+@pytest.mark.parametrize(
+    ("rows", "row_bytes", "max_tile_log2"),
+    [(1, 100 * 1024 + 5, 0), (1, 100 * 1024 + 5, 1), (3, 37 * 1024 + 1, 2), (2, 64 * 1024, 3)],
+)
+def test_cuda_kernel_passes_under_emulation(
+    emulator: ctypes.CDLL, rows: int, row_bytes: int, max_tile_log2: int
+) -> None:
+    """Small tiles make small inputs take many reduce passes (scratch ping-pong)."""
+    data = _data(rows * row_bytes)
+    expected = [_ref(data[i * row_bytes : (i + 1) * row_bytes]) for i in range(rows)]
+    assert _run_kernels(emulator, data, rows, row_bytes, 0, max_tile_log2)[0] == expected
+
+
+def test_rows_edge_cases() -> None:
+    assert native.host_digest_rows(b"", 0, 0) == []
+    assert native.host_digest_rows(b"", 0, 123) == []
+    assert native.host_digest_rows(b"", 3, 0) == [_ref(b"")] * 3
+    with pytest.raises(ValueError):
+        native.host_digest_rows(b"abc", 2, 2)
+    with pytest.raises(ValueError):
+        native.host_digest_rows(b"", -1, 0)
+
+
+def test_coop_load_layout(lib: ctypes.CDLL) -> None:
+    assert lib.smz_blake3_host_coop_selftest() == 0
+
+
+def test_host_digest_input_types() -> None:
+    data = _data(5000)
+    expected = _ref(data)
+    assert native.host_digest(bytearray(data)) == expected
+    assert native.host_digest(memoryview(data)) == expected
+    assert native.host_digest(memoryview(bytearray(data))) == expected
+    assert native.host_digest(memoryview(data)[100:]) == _ref(data[100:])
+    t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    assert native.host_digest(t) == expected
+    assert native.host_digest(t.view(torch.int32)[:1250].reshape(50, 25)) == expected
+    assert native.host_digest(torch.empty(0)) == _ref(b"")
+    with pytest.raises(ValueError):
+        native.host_digest(t.view(torch.int32).reshape(50, 25).t())
+    with pytest.raises(ValueError):
+        native.host_digest(memoryview(data)[::2])
+
+
+# --------------------------------------------------------------------------- module switches
+
+
+@pytest.mark.slow
+def test_import_touches_neither_torch_nor_cuda(tmp_path: Path) -> None:
+    path = REPO / "somatize_torch" / "_native.py"
+    code = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("smz_native_probe", {str(path)!r})
+mod = importlib.util.module_from_spec(spec)
+sys.modules["smz_native_probe"] = mod
+spec.loader.exec_module(mod)
+assert "torch" not in sys.modules, "torch imported at import time"
+import torch
+def boom(*args, **kwargs):
+    raise AssertionError("CUDA touched")
+torch.cuda.is_available = boom
+torch.cuda.init = boom
+torch.cuda._lazy_init = boom
+mod.native_mode(); mod.cache_dir(); mod.csrc_dir()
+assert mod.cuda_extension() is None  # SOMATIZE_NATIVE=0: no CUDA probe at all
+assert mod.device_digest(torch.zeros(4)) is None
+assert not torch.cuda.is_initialized()
+print("clean")
+"""
+    env = dict(os.environ, SOMATIZE_NATIVE="0", SOMATIZE_EXT_CACHE=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "clean"
+
+
+def test_disabled_by_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.ENV_MODE, "0")
+    assert native.native_mode() == "off"
+    assert native.cuda_extension() is None
+    with pytest.raises(native.NativeDisabledError):
+        native.host_library()
+    with pytest.raises(native.NativeDisabledError):
+        native.host_digest(b"abc")
+    assert native.device_digest(torch.arange(10)) is None
+    assert native.device_digest_rows(torch.arange(10).reshape(2, 5)) is None
+    if torch.cuda.is_available():
+        assert native.device_digest(torch.arange(10, device="cuda")) is None
+    monkeypatch.delenv(native.ENV_MODE)
+    assert native.native_mode() == "auto"
+    assert native.host_digest(b"abc") == _ref(b"abc")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA fallback")
+def test_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert native.cuda_extension() is None  # auto: quiet fallback
+    assert native.device_digest(torch.arange(10)) is None
+    monkeypatch.setenv(native.ENV_MODE, "1")
+    with pytest.raises(native.NativeUnavailableError):
+        native.cuda_extension()
+
+
+def test_pinned_pool_bounds_and_reuse() -> None:
+    pool = native.PinnedPool(1000)
+    t = torch.arange(100, dtype=torch.int32)  # 400 bytes
+    first = pool.to_host(t)
+    out = first.wait()
+    assert out.dtype == torch.int32 and out.shape == t.shape and torch.equal(out, t)
+    assert (pool.stats.allocations, pool.held_bytes, pool.in_use_bytes) == (1, 400, 400)
+    ptr = out.data_ptr()
+    first.release()
+    first.release()  # idempotent
+    assert (pool.held_bytes, pool.in_use_bytes) == (400, 0)
+
+    with pool.to_host(torch.ones(90, dtype=torch.int32)) as second:  # 360 bytes: reuses
+        assert second.wait().data_ptr() == ptr
+        assert torch.equal(second.wait(), torch.ones(90, dtype=torch.int32))
+    assert pool.stats.reuses == 1
+
+    small = pool.to_host(torch.zeros(300, dtype=torch.uint8))  # too small to reuse 400
+    assert pool.stats.allocations == 2 and pool.held_bytes == 700
+    small.release()
+
+    big = pool.to_host(torch.zeros(600, dtype=torch.uint8))  # evicts oldest idle buffer(s)
+    assert pool.stats.evictions >= 1 and pool.held_bytes <= 1000
+    assert pool.in_use_bytes == 600
+
+    over = pool.to_host(torch.zeros(900, dtype=torch.uint8))  # cannot fit while 600 in use
+    assert pool.stats.overflows == 1 and not over.pinned
+    assert torch.equal(over.wait(), torch.zeros(900, dtype=torch.uint8))
+    over.release()
+    too_big = pool.to_host(torch.zeros(5000, dtype=torch.uint8))
+    assert pool.stats.overflows == 2
+    too_big.release()
+    big.release()
+    assert pool.in_use_bytes == 0 and pool.held_bytes <= 1000
+    pool.clear()
+    assert pool.held_bytes == 0
+
+    empty = pool.to_host(torch.empty(0, 3))
+    assert empty.wait().shape == (0, 3)
+    empty.release()
+    scalar = pool.to_host(torch.tensor(3.5, dtype=torch.float64))
+    assert scalar.wait().item() == 3.5
+    scalar.release()
+
+
+def test_pinned_pool_to_device_on_cpu() -> None:
+    pool = native.PinnedPool(1 << 20)
+    t = torch.randn(4, 5)
+    staged = pool.to_device(t, "cpu")
+    got = staged.wait()
+    assert torch.equal(got, t) and got.data_ptr() != t.data_ptr()
+    staged.release()
+    with pytest.raises(ValueError):
+        native.PinnedPool(-1)
+
+
+# --------------------------------------------------------------------------- device (GPU only)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_device_digests_match_cpu() -> None:
+    assert native.cuda_extension() is not None
+    rnd = random.Random(99)
+    sizes = [0, 1, 15, 16, 17, 1023, 1024, 1025, 4096, 65537, 1 << 20, 19 * MiB + 3]
+    sizes += [rnd.randrange(0, 8 * MiB) for _ in range(10)]
+    for n in sizes:
+        host = torch.frombuffer(bytearray(_data(n)), dtype=torch.uint8) if n else torch.empty(0)
+        host = host.to(torch.uint8)
+        dev = host.cuda()
+        assert native.device_digest(dev) == _ref(host.numpy().tobytes()), n
+        ext = native.cuda_extension()
+        assert ext is not None
+        for offset in (1, 4, 8):  # misaligned views, copied by the op or digested in place
+            if n > offset:
+                want = _ref(host[offset:].numpy().tobytes())
+                assert native.device_digest(dev[offset:]) == want
+                raw = ext.blake3_digest_rows_unaligned(dev[offset:].view(1, -1))
+                assert raw.numpy().tobytes() == want
+    x = torch.randn(37, 19, device="cuda").t()  # non-contiguous, float
+    assert native.device_digest(x) == _ref(x.contiguous().cpu().numpy().tobytes())
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_device_row_digests_match_cpu() -> None:
+    rnd = random.Random(5)
+    shapes = [*ROW_SHAPES, (1000, 1), (257, 1024), (3, 5 * MiB + 9), (1, 70 * MiB + 5)]
+    shapes += [(rnd.randrange(1, 300), rnd.randrange(0, 20_000)) for _ in range(10)]
+    for rows, row_bytes in shapes:
+        data = _data(rows * row_bytes, seed=rows + row_bytes)
+        host = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0)
+        dev = host.to(torch.uint8).reshape(rows, row_bytes).cuda()
+        expected = [_ref(data[i * row_bytes : (i + 1) * row_bytes]) for i in range(rows)]
+        assert native.device_digest_rows(dev) == expected, (rows, row_bytes)
+    assert native.device_digest_rows(torch.empty(0, 5, device="cuda")) == []
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_pinned_pool_round_trip_on_cuda() -> None:
+    pool = native.PinnedPool(64 * MiB)
+    x = torch.randn(1000, 333, device="cuda")
+    staged = pool.to_host(x)
+    assert staged.pinned
+    assert torch.equal(staged.wait(), x.cpu())
+    staged.release()
+    back = pool.to_device(torch.arange(12345, dtype=torch.int64), "cuda")
+    assert torch.equal(back.wait().cpu(), torch.arange(12345, dtype=torch.int64))
+    back.release()
