@@ -1,0 +1,109 @@
+"""The ``arrow`` codec: frames, tables and record batches as Arrow IPC.
+
+Arrow IPC is the buffers as they already are, behind a small header, so
+writing a frame is no encoding pass and reading one is no decoding pass: the
+decoded table's buffers point into the bytes it was read from — a memory-mapped
+blob of the local store, or the bytes that crossed to a worker. Its readers run
+no code, which is why a store may hold it.
+
+What kind of value went in (a :class:`~somatize.data.Frame`, a table or a
+record batch) is written into the schema's metadata under ``somatize.kind`` and
+taken out again on the way back, so a frame comes back a frame and the bytes
+stay plain Arrow IPC any Arrow reader opens.
+
+The digest is BLAKE3 over the IPC bytes of the value with its chunks combined:
+equal content laid out in different chunks (a table read in two pieces, or in
+one) has one digest, which is what a key computed in two processes needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import blake3
+import pyarrow
+import pyarrow.ipc
+
+from somatize.codecs import Codec, CodecError
+from somatize.data.frame import Frame
+
+__all__ = ["ArrowCodec"]
+
+_KIND = b"somatize.kind"
+_KINDS = (b"frame", b"table", b"batch")
+
+
+def _tagged(table: pyarrow.Table | pyarrow.RecordBatch, kind: bytes) -> Any:
+    metadata = dict(table.schema.metadata or {})
+    metadata[_KIND] = kind
+    return table.replace_schema_metadata(metadata)
+
+
+def _untagged(schema: pyarrow.Schema) -> tuple[pyarrow.Schema, bytes]:
+    metadata = dict(schema.metadata or {})
+    kind = metadata.pop(_KIND, None)
+    if kind not in _KINDS:
+        raise CodecError(
+            "these bytes are Arrow IPC written by something other than the `arrow` codec (no "
+            f"`somatize.kind` in its schema metadata, found {kind!r}): the answer record names "
+            "the wrong codec, or the blob was replaced"
+        )
+    return schema.with_metadata(metadata) if metadata else schema.remove_metadata(), kind
+
+
+class ArrowCodec(Codec):
+    """Frames, ``pyarrow.Table`` and ``pyarrow.RecordBatch`` as Arrow IPC (stream format)."""
+
+    name = "arrow"
+    types = (Frame, pyarrow.Table, pyarrow.RecordBatch)
+
+    def _ipc(self, value: Any, combined: bool) -> pyarrow.Buffer:
+        if isinstance(value, Frame):
+            table, kind = value.to_arrow(), b"frame"
+        elif isinstance(value, pyarrow.RecordBatch):
+            table, kind = value, b"batch"
+        else:
+            table, kind = value, b"table"
+        tagged = _tagged(table, kind)
+        sink = pyarrow.BufferOutputStream()
+        with pyarrow.ipc.new_stream(sink, tagged.schema) as writer:
+            if kind == b"batch":
+                writer.write_batch(tagged)
+            else:
+                if combined:
+                    tagged = tagged.combine_chunks()
+                for batch in tagged.to_batches():
+                    if combined and batch.num_rows == 0:
+                        continue  # an empty table may come with or without an empty chunk
+                    writer.write_batch(batch)
+        return sink.getvalue()
+
+    def encode(self, value: Any) -> Sequence[memoryview]:
+        return [memoryview(self._ipc(value, combined=False))]
+
+    def decode(self, data: memoryview) -> Any:
+        try:
+            reader = pyarrow.ipc.open_stream(pyarrow.py_buffer(data))
+            batches = list(reader)
+            schema, kind = _untagged(reader.schema)
+        except (pyarrow.ArrowException, ValueError) as why:
+            raise CodecError(
+                f"these bytes are not the Arrow IPC the `arrow` codec writes ({why}); the answer "
+                "is damaged or was written by another codec"
+            ) from None
+        if kind == b"batch":
+            if len(batches) != 1:
+                raise CodecError(
+                    f"a record batch was written as one batch and {len(batches)} came back: the "
+                    "answer is damaged"
+                )
+            return batches[0].replace_schema_metadata(schema.metadata)
+        table = pyarrow.Table.from_batches(batches, schema=schema)
+        return Frame(table) if kind == b"frame" else table
+
+    def digest(self, value: Any) -> str:
+        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        hasher.update(b"arrow\0")
+        hasher.update(self._ipc(value, combined=True))
+        return "blake3:" + hasher.hexdigest()

@@ -1,0 +1,134 @@
+"""Frames: the rows a source answers a span with.
+
+A frame is an Arrow table underneath and is never copied to become one: it is
+how rows travel between nodes, into a store and across to a worker (through the
+``arrow`` codec, as Arrow IPC). It speaks three ways, so that nothing forces a
+dataframe library on a node that has none:
+
+- ``column(name)`` — plain Python values, for a node (or a worker) with no
+  dataframe library in it;
+- ``to_arrow()`` — the table itself, no copy;
+- ``to_polars()`` — when polars is installed; it is not a dependency.
+
+``len(frame)`` is how many rows came back. Fewer than the span asked for means
+the dataset ended; none means the span began past its end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow
+
+from somatize.data.errors import DataError
+
+__all__ = ["Frame", "NoPolars", "NotArrow", "UnknownColumn", "to_arrow"]
+
+
+class UnknownColumn(DataError, KeyError):
+    """A column the frame does not have."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+class NotArrow(DataError, TypeError):
+    """A value that cannot be turned into an Arrow table."""
+
+
+class NoPolars(DataError, ImportError):
+    """``to_polars()`` was asked for and polars is not installed."""
+
+
+class Frame:
+    """Rows, as an Arrow table. Build one from a ``pyarrow.Table`` or a
+    ``pyarrow.RecordBatch``; sources build them for you."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self, table: pyarrow.Table | pyarrow.RecordBatch) -> None:
+        if isinstance(table, pyarrow.RecordBatch):
+            table = pyarrow.Table.from_batches([table])
+        if not isinstance(table, pyarrow.Table):
+            raise NotArrow(
+                f"a Frame holds an Arrow table, got a `{type(table).__name__}`: pass a "
+                "`pyarrow.Table` or `pyarrow.RecordBatch`, or use `somatize.data.to_arrow(x)` "
+                "to turn other tabular values into one"
+            )
+        self._table = table
+
+    def __len__(self) -> int:
+        return int(self._table.num_rows)
+
+    @property
+    def columns(self) -> list[str]:
+        """The names of its columns, in order."""
+        return list(self._table.column_names)
+
+    @property
+    def schema(self) -> pyarrow.Schema:
+        """Its Arrow schema."""
+        return self._table.schema
+
+    def column(self, name: str) -> list[Any]:
+        """Column ``name`` as plain Python values (str, int, float, None, lists ...)."""
+        if name not in self._table.column_names:
+            known = ", ".join(f"`{n}`" for n in self._table.column_names) or "none"
+            raise UnknownColumn(
+                f"this frame has no column `{name}`; it has {known}. A source that reads only "
+                "some columns (`Parquet(..., columns=[...])`) hands on only those"
+            )
+        values: list[Any] = self._table.column(name).to_pylist()
+        return values
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """Each row as a dict of plain Python values."""
+        return iter(self._table.to_pylist())
+
+    def to_arrow(self) -> pyarrow.Table:
+        """The Arrow table underneath, not copied."""
+        return self._table
+
+    def to_polars(self) -> Any:
+        """A ``polars.DataFrame`` of the rows (zero-copy where polars allows).
+        :class:`NoPolars` when polars is not installed."""
+        try:
+            import polars
+        except ImportError:
+            raise NoPolars(
+                "`to_polars()` needs polars, which is not installed here and is not a dependency "
+                "of somatize: `pip install polars`, or use `to_arrow()` (Arrow, no copy) or "
+                "`column(name)` (plain Python values)"
+            ) from None
+        return polars.from_arrow(self._table)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Frame):
+            return NotImplemented
+        return bool(self._table.equals(other._table))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<Frame of {len(self)} rows: {', '.join(self.columns)}>"
+
+
+def to_arrow(x: Any) -> pyarrow.Table:
+    """``x`` as a ``pyarrow.Table``: a Frame's own table, a table as is, a record batch
+    as a one-batch table, or anything that exports the Arrow C stream interface (a
+    polars or pandas frame, with no copy where it allows). :class:`NotArrow` otherwise."""
+    if isinstance(x, Frame):
+        return x.to_arrow()
+    if isinstance(x, pyarrow.Table):
+        return x
+    if isinstance(x, pyarrow.RecordBatch):
+        return pyarrow.Table.from_batches([x])
+    if hasattr(x, "__arrow_c_stream__") or hasattr(x, "__arrow_c_array__"):
+        return pyarrow.table(x)
+    raise NotArrow(
+        f"cannot turn a `{type(x).__module__}.{type(x).__qualname__}` into an Arrow table: "
+        "`to_arrow` takes a Frame, a pyarrow Table or RecordBatch, or an object that exports "
+        "the Arrow C stream interface (polars, pandas >= 2.2). Build a table with "
+        "`pyarrow.table({...})` first"
+    )

@@ -1,0 +1,420 @@
+"""Parquet sources: a dataset in a store, or a directory of files, read by span.
+
+``Parquet(store, name)`` resolves the name to a digest when it is built and
+reads nothing: a graph that names a dataset has not opened it. That digest is
+the source's ``version`` — the hash of the dataset's bytes, which the store
+worked out when the bytes were put — and ``settle(g)`` makes it the source's
+frozen state, so it is in the key of everything below. Rebinding the name to
+other bytes gives a new source another version, and every answer below it
+another key; a source already built keeps reading the bytes it was versioned at,
+since blobs never change.
+
+What decides the rows a span brings is the content (the state) and which
+columns are read (the declaration). Where the bytes are found — which store,
+under which name, at which path — decides nothing, so it is in no key: two
+sources over the same bytes share answers.
+
+Reading is by row group, the unit a Parquet file can be read in: a span reads
+the footer once, then only the row groups it overlaps, and keeps the last ones
+it decoded so that walking a dataset span by span decodes each group once. From
+a local store the file is memory-mapped; from any other store it is read in
+ranges through ``store.open_blob``, and pages that carry checksums are checked.
+Write datasets with row groups near the size of the spans you read them by:
+a span never reads less than one whole row group of the columns it asks for.
+
+``ParquetDir(path)`` is the same over a directory of ``.parquet`` files, in
+path order, for data that does not live in a store. Its version is worked out
+from the files' names, sizes and content digests, so any changed byte changes
+it; a file that changes after that is refused rather than read under the old
+version.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pyarrow
+import pyarrow.parquet
+
+from somatize import canonical
+from somatize.data.coordinate import span_of
+from somatize.data.errors import DataError
+from somatize.data.frame import Frame, UnknownColumn
+from somatize.node import Context, Node
+from somatize.store import Corrupt, LocalStore, Missing, Store
+
+__all__ = ["DatasetChanged", "NotParquet", "Parquet", "ParquetDir"]
+
+_HELD_BYTES = 64 << 20
+"""How many bytes of decoded row groups a source keeps for the spans that follow
+(always at least the last group it read)."""
+
+
+class NotParquet(DataError, ValueError):
+    """Bytes, a file or a directory that hold no Parquet dataset to read."""
+
+
+class DatasetChanged(DataError, RuntimeError):
+    """A file of a ``ParquetDir`` changed after its version was worked out."""
+
+
+def _columns_of(columns: Sequence[str] | None) -> list[str] | None:
+    if columns is None:
+        return None
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise TypeError(
+            f"columns= is a list of column names, got {columns!r}; e.g. `columns=['sms']`"
+        )
+    return list(columns)
+
+
+class _File:
+    """One open Parquet file: its footer, where each row group starts, and the row
+    groups it decoded last."""
+
+    def __init__(self, source: Any, where: str, columns: list[str] | None) -> None:
+        self.where = where
+        try:
+            self.file = pyarrow.parquet.ParquetFile(source, page_checksum_verification=True)
+        except (pyarrow.ArrowException, OSError) as why:
+            raise NotParquet(
+                f"{where} is not a Parquet file ({why}). A Parquet source reads files written "
+                "by `pyarrow.parquet.write_table` or any other Parquet writer; bind the name to "
+                "the bytes of one"
+            ) from None
+        meta = self.file.metadata
+        schema = self.file.schema_arrow
+        if columns is not None:
+            for name in columns:
+                if name not in schema.names:
+                    raise UnknownColumn(
+                        f"{where} has no column `{name}`; it has "
+                        f"{', '.join(f'`{n}`' for n in schema.names)}. Ask for those in columns="
+                    )
+            schema = pyarrow.schema([schema.field(name) for name in columns], schema.metadata)
+        self.schema = schema
+        self.columns = columns
+        self.starts = [0]
+        for index in range(meta.num_row_groups):
+            self.starts.append(self.starts[-1] + meta.row_group(index).num_rows)
+        self.rows = self.starts[-1]
+        self.held: OrderedDict[int, pyarrow.Table] = OrderedDict()
+        self.held_bytes = 0
+        self.lock = threading.Lock()
+
+    def group(self, index: int) -> pyarrow.Table:
+        found = self.held.get(index)
+        if found is not None:
+            self.held.move_to_end(index)
+            return found
+        try:
+            table = self.file.read_row_group(index, columns=self.columns)
+        except (pyarrow.ArrowException, OSError) as why:
+            raise Corrupt(
+                f"row group {index} of {self.where} cannot be read ({why}): its bytes are "
+                "damaged (a page checksum failed, or the file was cut short), and no rows of "
+                "it are handed over. Write the dataset again"
+            ) from None
+        self.held[index] = table
+        self.held_bytes += table.nbytes
+        while len(self.held) > 1 and self.held_bytes > _HELD_BYTES:
+            _, dropped = self.held.popitem(last=False)
+            self.held_bytes -= dropped.nbytes
+        return table
+
+    def read(self, at: int, take: int) -> pyarrow.Table:
+        """Rows ``at`` to ``at + take`` of this file (fewer at its end, none past it)."""
+        end = min(at + take, self.rows)
+        if at >= end:
+            return self.schema.empty_table()
+        first = bisect.bisect_right(self.starts, at) - 1
+        last = bisect.bisect_left(self.starts, end) - 1
+        with self.lock:
+            groups = [self.group(index) for index in range(first, last + 1)]
+        table = groups[0] if len(groups) == 1 else pyarrow.concat_tables(groups)
+        return table.slice(at - self.starts[first], end - at)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class Parquet(Node):
+    """A Parquet dataset bound to ``name`` in ``store``, handed ``{"at": i, "take": n}``
+    and answering a :class:`~somatize.data.Frame` of those rows.
+
+    ``columns`` reads only those columns (and is the source's declaration).
+    """
+
+    holds_state = True
+
+    def __init__(self, store: Store, name: str, columns: Sequence[str] | None = None) -> None:
+        if not isinstance(store, Store):
+            raise TypeError(
+                f"Parquet(store, name) reads from a somatize.Store, got a `{type(store).__name__}`"
+                "; for files in a directory use `ParquetDir(path)`, for a table in memory "
+                "`Table(table)`"
+            )
+        self.store = store
+        self.dataset = name
+        self.columns = _columns_of(columns)
+        self.version: str = store.resolve(name)
+        """The digest ``name`` resolved to when this source was built: its state."""
+        self._file: _File | None = None
+        self._handle: Any = None
+        self._opening = threading.Lock()
+
+    def declare(self) -> dict[str, Any]:
+        """Which columns it reads: with the version (its state), all that decides its rows."""
+        return {"columns": self.columns}
+
+    def settled_state(self) -> str:
+        """Its version, for ``somatize.data.settle``."""
+        return self.version
+
+    def count_rows(self) -> int:
+        """How many rows the dataset has, from its footer (the rows are not read)."""
+        return self._open().rows
+
+    def forward(self, span: Any, ctx: Context) -> Frame:
+        at, take = span_of(span, f"`{ctx.name}` (Parquet)")
+        return Frame(self._open().read(at, take))
+
+    def _open(self) -> _File:
+        if self._file is not None:
+            return self._file
+        with self._opening:
+            if self._file is None:
+                where = f"`{self.dataset}` ({self.version})"
+                store = self.store
+                if isinstance(store, LocalStore):
+                    path = store.blob_path(self.version)
+                    try:
+                        source: Any = pyarrow.memory_map(str(path), "r")
+                    except FileNotFoundError:
+                        raise Missing(
+                            f"`{self.dataset}` is bound to {self.version}, and that blob is not "
+                            f"in {store.root}: it was removed. Put the dataset again and rebind "
+                            "the name"
+                        ) from None
+                else:
+                    source = store.open_blob(self.version)
+                try:
+                    self._file = _File(source, where, self.columns)
+                except BaseException:
+                    source.close()
+                    raise
+                self._handle = source
+        return self._file
+
+    def close(self) -> None:
+        """Lets go of the open file (it is opened again on the next read)."""
+        with self._opening:
+            if self._file is not None:
+                self._file.close()
+            if self._handle is not None:
+                self._handle.close()
+            self._file = self._handle = None
+
+    def __repr__(self) -> str:
+        name = self._smz.name
+        return f"<Parquet{f' {name!r}' if name else ''} {self.dataset} @ {self.version[7:15]}>"
+
+
+# ---------------------------------------------------------------- a directory of files
+
+_SAFE_AFTER_NS = 2_000_000_000
+"""A file's digest is remembered only once its last change is this far in the past,
+so a change within the file system's timestamp granularity cannot hide behind an
+unchanged size and time (the "racy" case)."""
+
+_DIGESTS: dict[tuple[Any, ...], str] = {}
+"""(path, device, inode, size, mtime, ctime) → content digest, for files that were
+digested long enough after their last change."""
+
+
+def _stat_of(path: Path) -> tuple[Any, ...]:
+    found = os.stat(path)
+    return (str(path), found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns,
+            found.st_ctime_ns)  # fmt: skip
+
+
+def _content_digest(data: mmap.mmap) -> str:
+    return "blake3:" + blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
+
+
+def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...]]:
+    """The content digest of ``path`` and the stat it was taken at; NotParquet when the
+    file does not begin and end with Parquet's magic bytes."""
+    before = _stat_of(path)
+    known = _DIGESTS.get(before)
+    if known is not None:
+        return known, before
+    started = time.time_ns()
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size < 12:
+            raise NotParquet(
+                f"`{relative}` holds {size} bytes, too few to be a Parquet file; remove it from "
+                "the directory or write it again"
+            )
+        data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            if data[:4] != b"PAR1" or data[-4:] != b"PAR1":
+                raise NotParquet(
+                    f"`{relative}` is named like a Parquet file and is not one (no `PAR1` magic "
+                    "at its start and end): it is another format, or was cut short while being "
+                    "written. Remove it from the directory or write it again"
+                )
+            digest = _content_digest(data)
+        finally:
+            data.close()
+    after = _stat_of(path)
+    if after != before:
+        raise DatasetChanged(
+            f"`{relative}` changed while its digest was being worked out; wait until whatever "
+            "writes it has finished, then build the ParquetDir again"
+        )
+    if started - after[4] > _SAFE_AFTER_NS and started - after[5] > _SAFE_AFTER_NS:
+        _DIGESTS[after] = digest
+    return digest, after
+
+
+class ParquetDir(Node):
+    """The ``.parquet`` files under directory ``path`` (recursively, in path order,
+    skipping names that start with ``.`` or ``_``) as one dataset, read by span."""
+
+    holds_state = True
+
+    def __init__(self, path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> None:
+        root = Path(path).expanduser()
+        if not root.is_dir():
+            raise NotParquet(
+                f"{str(root)!r} is not a directory: ParquetDir reads a directory of `.parquet` "
+                "files; for one file, put it in a store and use `Parquet(store, name)`"
+            )
+        self.root = root
+        self.columns = _columns_of(columns)
+        found = sorted(
+            one
+            for one in root.rglob("*.parquet")
+            if one.is_file()
+            and not any(part.startswith((".", "_")) for part in one.relative_to(root).parts)
+        )
+        if not found:
+            raise NotParquet(
+                f"there are no `.parquet` files under {str(root)!r}, so there is no dataset to "
+                "read; write some with `pyarrow.parquet.write_table`"
+            )
+        self.files = [one.relative_to(root).as_posix() for one in found]
+        entries = []
+        self._stats: list[tuple[Any, ...]] = []
+        for one, relative in zip(found, self.files, strict=True):
+            digest, stat = _file_digest(one, relative)
+            self._stats.append(stat)
+            entries.append([relative, stat[3], digest])
+        self.version: str = canonical.hex_of(entries, b"somatize/parquet-dir\0")
+        """A digest of the files' names, sizes and contents: its state."""
+        self._opened: list[_File] | None = None
+        self._starts: list[int] = []
+        self._handles: list[Any] = []
+        self._opening = threading.Lock()
+
+    def declare(self) -> dict[str, Any]:
+        """Which columns it reads: with the version (its state), all that decides its rows."""
+        return {"columns": self.columns}
+
+    def settled_state(self) -> str:
+        """Its version, for ``somatize.data.settle``."""
+        return self.version
+
+    def count_rows(self) -> int:
+        """How many rows the files hold together, from their footers."""
+        self._open()
+        return self._starts[-1]
+
+    def forward(self, span: Any, ctx: Context) -> Frame:
+        at, take = span_of(span, f"`{ctx.name}` (ParquetDir)")
+        files = self._open()
+        starts = self._starts
+        end = min(at + take, starts[-1])
+        if at >= end:
+            return Frame(files[0].schema.empty_table())
+        first = bisect.bisect_right(starts, at) - 1
+        pieces = []
+        index = first
+        while index < len(files) and starts[index] < end:
+            self._check(index)
+            offset = starts[index]
+            piece = files[index].read(max(at - offset, 0), end - max(at, offset))
+            if piece.num_rows:
+                pieces.append(piece)
+            index += 1
+        return Frame(pieces[0] if len(pieces) == 1 else pyarrow.concat_tables(pieces))
+
+    def _check(self, index: int) -> None:
+        relative = self.files[index]
+        try:
+            now = _stat_of(self.root / relative)
+        except FileNotFoundError:
+            now = None
+        if now != self._stats[index]:
+            raise DatasetChanged(
+                f"`{relative}` under {str(self.root)!r} changed after this source's version was "
+                "worked out, so its rows are no longer the ones the version names. Build a new "
+                "`ParquetDir` (and settle the graph again) to read it at its new version"
+            )
+
+    def _open(self) -> list[_File]:
+        if self._opened is not None:
+            return self._opened
+        with self._opening:
+            if self._opened is None:
+                opened: list[_File] = []
+                try:
+                    for index, relative in enumerate(self.files):
+                        self._check(index)
+                        handle = pyarrow.memory_map(str(self.root / relative), "r")
+                        self._handles.append(handle)
+                        opened.append(_File(handle, f"`{relative}`", self.columns))
+                except BaseException:
+                    for handle in self._handles:
+                        handle.close()
+                    self._handles = []
+                    raise
+                schema = opened[0].schema.remove_metadata()
+                for one, relative in zip(opened, self.files, strict=True):
+                    if not one.schema.remove_metadata().equals(schema):
+                        raise NotParquet(
+                            f"`{relative}` has columns {one.schema.remove_metadata()} where "
+                            f"`{self.files[0]}` has {schema}: the files of one dataset share "
+                            "one schema. Write them with the same columns and types, or read "
+                            "the shared ones with columns=[...]"
+                        )
+                starts = [0]
+                for one in opened:
+                    starts.append(starts[-1] + one.rows)
+                self._starts = starts
+                self._opened = opened
+        return self._opened
+
+    def close(self) -> None:
+        """Lets go of the open files (they are opened again on the next read)."""
+        with self._opening:
+            for one in self._opened or ():
+                one.close()
+            for handle in self._handles:
+                handle.close()
+            self._opened, self._handles = None, []
+
+    def __repr__(self) -> str:
+        name = self._smz.name
+        return f"<ParquetDir{f' {name!r}' if name else ''} {self.root} @ {self.version[7:15]}>"

@@ -1,0 +1,139 @@
+"""Sources that need no store: a table in memory, and a stream.
+
+``Table(table)`` is an Arrow table already in memory, read by span like a
+Parquet dataset (each span a zero-copy slice). Its version is the content
+digest of the table, worked out once when it is built — small data need not
+be put in a store to be settled.
+
+``Stream(pull)`` answers *whatever is newest*: handed ``{"take": n}``, it hands
+on up to ``n`` rows of what has arrived. Its answer cannot be asked for twice,
+so it has no state to settle and cannot be frozen — and since a cached node
+needs everything above it frozen, nothing under a stream can be cached. Nobody
+wrote that rule for streams; it falls out of ``.frozen()`` meaning what it
+always meant. Refusing ``.frozen()`` here says so where it is tried.
+
+The difference between training and serving is how many rows the frame brings:
+thousands from a dataset read by span, one from a stream. The nodes below the
+source are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow
+
+from somatize.data.codec import ArrowCodec
+from somatize.data.coordinate import NotACoordinate, span_of
+from somatize.data.errors import DataError
+from somatize.data.frame import Frame, to_arrow
+from somatize.node import Context, Node
+
+__all__ = ["Stream", "Table", "TooManyRows", "Unfreezable"]
+
+
+class Unfreezable(DataError, ValueError):
+    """A stream was declared frozen, settled or cached: its answer changes between any
+    two calls, so nothing kept under it could be asked for again."""
+
+
+class TooManyRows(DataError, ValueError):
+    """A stream's pull function brought more rows than it was asked for."""
+
+
+_DIGESTER = ArrowCodec()
+
+
+class Table(Node):
+    """An Arrow table (or record batch, or Frame) in memory, handed
+    ``{"at": i, "take": n}`` and answering a Frame of those rows (no copy)."""
+
+    holds_state = True
+
+    def __init__(self, table: Any) -> None:
+        self.table: pyarrow.Table = to_arrow(table)
+        self.version: str = _DIGESTER.digest(self.table)
+        """The content digest of the table: its state."""
+
+    def declare(self) -> dict[str, Any]:
+        """Nothing: what decides its rows is its content, which is its state."""
+        return {}
+
+    def settled_state(self) -> str:
+        """Its version, for ``somatize.data.settle``."""
+        return self.version
+
+    def count_rows(self) -> int:
+        """How many rows the table has."""
+        return int(self.table.num_rows)
+
+    def forward(self, span: Any, ctx: Context) -> Frame:
+        at, take = span_of(span, f"`{ctx.name}` (Table)")
+        rows = self.table.num_rows
+        at = min(at, rows)
+        return Frame(self.table.slice(at, min(take, rows - at)))
+
+    def __repr__(self) -> str:
+        name = self._smz.name
+        return f"<Table{f' {name!r}' if name else ''} of {self.count_rows()} rows>"
+
+
+class Stream(Node):
+    """Whatever is newest: handed ``{"take": n}``, calls ``pull(n)`` and answers a Frame of
+    the (at most ``n``) rows it returns — a table, a record batch, a Frame, or anything
+    ``somatize.data.to_arrow`` takes. Cannot be frozen, so nothing under it is cached."""
+
+    def __init__(self, pull: Callable[[int], Any]) -> None:
+        if not callable(pull):
+            raise TypeError(
+                f"Stream(pull) takes a function of how many rows to bring, got a "
+                f"`{type(pull).__name__}`"
+            )
+        self.pull = pull
+
+    def declare(self) -> dict[str, Any]:
+        """Nothing to say: a stream is never keyed, since it cannot be frozen."""
+        return {}
+
+    def _refuse(self, what: str) -> Unfreezable:
+        name = self._smz.name or "the stream"
+        return Unfreezable(
+            f"`{name}` is a Stream and cannot be {what}: it answers whatever is newest, so the "
+            "same question asked twice gets different rows, and an answer kept under it could "
+            "never be asked for again — nothing that reads it can be cached. Read a dataset by "
+            "span (Parquet, ParquetDir, Table) where answers should be kept; leave the nodes "
+            "under a stream un-cached"
+        )
+
+    def frozen(self) -> Node:
+        """Refused: see :class:`Unfreezable`."""
+        raise self._refuse("frozen")
+
+    def cached(self, salt: str | None = None) -> Node:
+        """Refused: see :class:`Unfreezable`."""
+        raise self._refuse("cached")
+
+    def settled_state(self) -> str:
+        """Refused: a stream has no state to settle at."""
+        raise self._refuse("settled")
+
+    def forward(self, ask: Any, ctx: Context) -> Frame:
+        where = f"`{ctx.name}` (Stream)"
+        if isinstance(ask, dict) and "at" in ask:
+            raise NotACoordinate(
+                f"{where} is handed {ask!r}: a stream has no positions, only what is newest. "
+                'Hand it `{"take": n}` — how many rows to bring'
+            )
+        if not isinstance(ask, dict) or set(ask) != {"take"}:
+            raise NotACoordinate(
+                f'{where} is handed {ask!r}; a stream is handed `{{"take": n}}` with an int n >= 1'
+            )
+        _, take = span_of({"at": 0, "take": ask["take"]}, where)
+        table = to_arrow(self.pull(take))
+        if table.num_rows > take:
+            raise TooManyRows(
+                f"{where} asked its pull function for at most {take} rows and got "
+                f"{table.num_rows}; return no more than you are asked for"
+            )
+        return Frame(table)

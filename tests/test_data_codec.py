@@ -1,0 +1,145 @@
+"""The `arrow` codec: Arrow IPC in and out, zero-copy on read, digested by content."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow
+import pytest
+
+import somatize.data
+from somatize import CODECS, CodecError, Graph, Node, Opaque, Store
+from somatize.data import ArrowCodec, Frame, Table
+
+
+def _table() -> pyarrow.Table:
+    return pyarrow.table(
+        {"sms": ["ok later", "win cash", None, "bus"], "label": [0, 1, 0, 0]},
+        metadata={"source": "test"},
+    )
+
+
+def _join(pieces: Any) -> bytes:
+    return b"".join(bytes(piece) for piece in pieces)
+
+
+def test_importing_somatize_data_registers_arrow() -> None:
+    """After `import somatize.data`, frames, tables and batches are written by `arrow`."""
+    assert somatize.data.ArrowCodec is ArrowCodec
+    assert "arrow" in CODECS
+    table = _table()
+    for value in (Frame(table), table, table.to_batches()[0]):
+        assert CODECS.for_value(value).name == "arrow"
+
+
+@pytest.mark.parametrize("kind", ["frame", "table", "batch"])
+def test_round_trip_keeps_the_kind_and_the_metadata(kind: str) -> None:
+    """What goes in comes back: a frame a frame, a batch a batch, the schema's metadata intact."""
+    table = _table()
+    value: Any = {"frame": Frame(table), "table": table, "batch": table.to_batches()[0]}[kind]
+    codec = CODECS.named("arrow")
+    back = codec.decode(memoryview(_join(codec.encode(value))))
+    assert type(back) is type(value)
+    assert back == value if kind == "frame" else back.equals(value)
+    arrow = back.to_arrow() if kind == "frame" else back
+    assert arrow.schema.metadata == {b"source": b"test"}
+
+
+def test_the_bytes_are_plain_arrow_ipc() -> None:
+    """Any Arrow reader opens what the codec writes."""
+    data = _join(ArrowCodec().encode(_table()))
+    read = pyarrow.ipc.open_stream(pyarrow.py_buffer(data)).read_all()
+    assert read.column("label").to_pylist() == [0, 1, 0, 0]
+
+
+def test_decoding_is_zero_copy() -> None:
+    """Every buffer of the decoded table points into the bytes it was decoded from."""
+    table = pyarrow.table({"n": list(range(10_000)), "s": [f"row {i}" for i in range(10_000)]})
+    data = _join(ArrowCodec().encode(Frame(table)))
+    view = memoryview(data)
+    start = pyarrow.py_buffer(view).address
+    end = start + len(data)
+    back = ArrowCodec().decode(view).to_arrow()
+    buffers = [
+        buffer
+        for column in back.columns
+        for chunk in column.chunks
+        for buffer in chunk.buffers()
+        if buffer is not None and buffer.size > 0
+    ]
+    assert buffers
+    for buffer in buffers:
+        assert start <= buffer.address and buffer.address + buffer.size <= end
+
+
+def test_the_digest_is_of_content_not_of_chunking() -> None:
+    """Equal rows in one chunk or several digest alike; one changed value digests otherwise."""
+    codec = ArrowCodec()
+    whole = pyarrow.table({"n": list(range(100))})
+    pieces = pyarrow.concat_tables([whole.slice(0, 30), whole.slice(30, 70)])
+    assert pieces.column("n").num_chunks == 2
+    assert codec.digest(whole) == codec.digest(pieces)
+    assert codec.digest(whole) != codec.digest(pyarrow.table({"n": [*range(99), 100]}))
+    assert codec.digest(Frame(whole)) != codec.digest(whole)  # another kind of value
+    assert codec.digest(whole).startswith("blake3:") and len(codec.digest(whole)) == 71
+
+
+def test_empty_values_round_trip() -> None:
+    """A frame of no rows and an empty batch come back as themselves."""
+    codec = ArrowCodec()
+    empty = _table().slice(0, 0)
+    assert codec.decode(memoryview(_join(codec.encode(Frame(empty))))) == Frame(empty)
+    batch = pyarrow.RecordBatch.from_pydict({"n": pyarrow.array([], pyarrow.int64())})
+    assert codec.decode(memoryview(_join(codec.encode(batch)))).equals(batch)
+    assert codec.digest(empty) == codec.digest(empty.combine_chunks())
+
+
+def test_bytes_that_are_not_its_own_are_refused() -> None:
+    """Garbage, or Arrow IPC another writer made, is a CodecError rather than a value."""
+    codec = ArrowCodec()
+    with pytest.raises(CodecError, match="not the Arrow IPC the `arrow` codec writes"):
+        codec.decode(memoryview(b"\x00" * 64))
+    sink = pyarrow.BufferOutputStream()
+    with pyarrow.ipc.new_stream(sink, _table().schema) as writer:
+        writer.write_table(_table())
+    with pytest.raises(CodecError, match=r"no `somatize\.kind`"):
+        codec.decode(memoryview(sink.getvalue().to_pybytes()))
+
+
+class Upper(Node):
+    """A frame in, a frame out."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def forward(self, frame: Frame, ctx: Any) -> Frame:
+        self.calls += 1
+        column = [s.upper() if s else s for s in frame.column("sms")]
+        return Frame(pyarrow.table({"sms": column}))
+
+
+def test_a_frame_answer_is_kept_and_recalled(store: Store) -> None:
+    """A cached node that answers a frame has it kept as Arrow IPC and recalled as a frame."""
+    upper = Upper()
+    g = Graph.somatize(
+        Table(_table()).named("rows").frozen() >> upper.named("upper").frozen().cached()
+    )
+    somatize.data.settle(g)
+    first = g.forward({"at": 0, "take": 2}, store=store)
+    facts: list[dict[str, Any]] = []
+    again = g.forward({"at": 0, "take": 2}, store=store, watching=facts.append)
+    assert upper.calls == 1
+    assert [f["fact"] for f in facts] == ["spared", "recalled", "finished"]
+    assert isinstance(again, Frame) and again == first
+    assert again.column("sms") == ["OK LATER", "WIN CASH"]
+
+
+def test_an_opaque_table_is_keyed_by_content(store: Store) -> None:
+    """A table handed to a graph as Opaque is weighed by the arrow codec: same rows, same key."""
+    count = Upper()
+    g = Graph.somatize(count.named("upper").frozen().cached())
+    g.forward(Opaque(Frame(_table())), store=store)
+    g.forward(Opaque(Frame(_table().combine_chunks())), store=store)
+    assert count.calls == 1
+    g.forward(Opaque(Frame(_table().slice(1))), store=store)
+    assert count.calls == 2

@@ -1,0 +1,77 @@
+"""Frames: Arrow underneath, plain values out, polars optional."""
+
+from __future__ import annotations
+
+import sys
+
+import pyarrow
+import pytest
+
+from somatize.data import Frame, NoPolars, NotArrow, UnknownColumn, to_arrow
+
+
+def _table() -> pyarrow.Table:
+    return pyarrow.table({"sms": ["ok later", "win cash", None], "label": [0, 1, 0]})
+
+
+def test_columns_are_plain_python_values() -> None:
+    """column() hands over lists of str/int/None, which a worker with no dataframe library reads."""
+    frame = Frame(_table())
+    assert len(frame) == 3
+    assert frame.columns == ["sms", "label"]
+    assert frame.column("sms") == ["ok later", "win cash", None]
+    assert [type(v) for v in frame.column("label")] == [int, int, int]
+    assert list(frame.rows())[1] == {"sms": "win cash", "label": 1}
+
+
+def test_an_unknown_column_names_the_ones_there() -> None:
+    """Asking for a column the frame lacks is a KeyError that lists its columns."""
+    with pytest.raises(UnknownColumn, match="no column `text`; it has `sms`, `label`") as refused:
+        Frame(_table()).column("text")
+    assert isinstance(refused.value, KeyError)
+
+
+def test_to_arrow_is_the_table_itself() -> None:
+    """to_arrow() hands over the table underneath, not a copy."""
+    table = _table()
+    assert Frame(table).to_arrow() is table
+
+
+def test_to_polars_without_polars_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With polars missing, to_polars() is an ImportError naming `pip install polars`."""
+    monkeypatch.setitem(sys.modules, "polars", None)
+    with pytest.raises(NoPolars, match="`pip install polars`") as refused:
+        Frame(_table()).to_polars()
+    assert isinstance(refused.value, ImportError)
+
+
+def test_to_polars_with_polars() -> None:
+    """Where polars is installed, to_polars() gives a polars frame of the same rows."""
+    polars = pytest.importorskip("polars")
+    frame = Frame(_table()).to_polars()
+    assert isinstance(frame, polars.DataFrame)
+    assert frame["label"].to_list() == [0, 1, 0]
+
+
+def test_frames_from_batches_and_equality() -> None:
+    """A record batch makes a frame too; frames of equal rows are equal."""
+    batch = pyarrow.RecordBatch.from_pydict({"n": [1, 2]})
+    assert Frame(batch) == Frame(pyarrow.table({"n": [1, 2]}))
+    assert Frame(batch) != Frame(pyarrow.table({"n": [1, 3]}))
+    assert repr(Frame(batch)) == "<Frame of 2 rows: n>"
+
+
+def test_a_frame_refuses_what_is_not_arrow() -> None:
+    """A Frame of a dict is refused with a pointer to to_arrow."""
+    with pytest.raises(NotArrow, match=r"somatize\.data\.to_arrow"):
+        Frame({"n": [1]})  # type: ignore[arg-type]
+
+
+def test_to_arrow_takes_tabular_values() -> None:
+    """to_arrow() turns frames, tables and batches into tables, and refuses anything else."""
+    table = _table()
+    assert to_arrow(Frame(table)) is table
+    assert to_arrow(table) is table
+    assert to_arrow(table.to_batches()[0]).equals(table)
+    with pytest.raises(NotArrow, match=r"cannot turn a `builtins\.list` into an Arrow table"):
+        to_arrow([1, 2, 3])

@@ -1,0 +1,380 @@
+"""Parquet sources: resolved at construction, read by span, only the row groups a span needs."""
+
+from __future__ import annotations
+
+import abc
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow
+import pyarrow.parquet
+import pytest
+
+from somatize import Graph, NameNotFound, Node, Store
+from somatize.data import (
+    DatasetChanged,
+    Frame,
+    NotParquet,
+    Parquet,
+    ParquetDir,
+    UnknownColumn,
+    settle,
+    spans,
+)
+from somatize.node import Context
+from somatize.store import Corrupt
+
+
+class CountingFile(io.RawIOBase):
+    """A read-only file that counts the bytes read through it."""
+
+    def __init__(self, inner: Any, counter: CountingStore) -> None:
+        self.inner = inner
+        self.counter = counter
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return int(self.inner.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self.inner.tell())
+
+    def readinto(self, buffer: Any) -> int:
+        got = self.inner.readinto(buffer)
+        self.counter.bytes_read += got
+        return int(got)
+
+    def close(self) -> None:
+        self.inner.close()
+        super().close()
+
+
+class CountingStore(Store):
+    """A store that is not local (so sources read it in ranges through ``open_blob``):
+    it delegates to a local store and counts what is opened and read."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.opened = 0
+        self.bytes_read = 0
+        self.gets = 0
+
+    def open_blob(self, digest: str) -> Any:
+        self.opened += 1
+        return CountingFile(self.inner.open_blob(digest), self)
+
+    def get(self, digest: str) -> memoryview:
+        self.gets += 1
+        return self.inner.get(digest)
+
+
+def _delegate(name: str) -> Any:
+    def call(self: CountingStore, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.inner, name)(*args, **kwargs)
+
+    return call
+
+
+for _name in sorted(Store.__abstractmethods__):
+    if _name not in CountingStore.__dict__:
+        setattr(CountingStore, _name, _delegate(_name))
+abc.update_abstractmethods(CountingStore)
+
+
+def parquet_bytes(table: pyarrow.Table, **options: Any) -> bytes:
+    """``table`` written as a Parquet file."""
+    sink = pyarrow.BufferOutputStream()
+    pyarrow.parquet.write_table(table, sink, **options)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def numbers(rows: int, start: int = 0) -> pyarrow.Table:
+    """``rows`` rows: an int column ``n`` counting from ``start`` and a str column ``s``."""
+    values = list(range(start, start + rows))
+    return pyarrow.table({"n": values, "s": [f"row {v}" for v in values]})
+
+
+def bound(store: Store, table: pyarrow.Table, name: str = "data/n", **options: Any) -> str:
+    """Puts ``table`` as Parquet into ``store`` under ``name``; returns its digest."""
+    digest = store.put(parquet_bytes(table, **options))
+    store.bind(name, digest)
+    return digest
+
+
+def ctx() -> Context:
+    return Context(name="source")
+
+
+class Count(Node):
+    """How many rows a frame brought."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def forward(self, frame: Frame, ctx: Any) -> int:
+        self.calls += 1
+        return len(frame)
+
+
+# ---------------------------------------------------------------- construction
+
+
+def test_construction_resolves_the_name_and_reads_nothing(store: Store) -> None:
+    """Building the source, a graph around it and settling it opens no blob."""
+    digest = bound(store, numbers(100))
+    counting = CountingStore(store)
+    source = Parquet(counting, "data/n")
+    g = Graph.somatize(source.named("n").frozen() >> Count().named("count").frozen().cached())
+    settle(g)
+    str(g)
+    assert source.version == digest
+    assert (counting.opened, counting.gets, counting.bytes_read) == (0, 0, 0)
+    assert g.memory.state_of("n") == digest
+
+
+def test_an_unknown_name_is_refused_at_construction(store: Store) -> None:
+    """A name nobody bound is a NameNotFound (a KeyError) that says how to bind it."""
+    with pytest.raises(NameNotFound, match="nothing is bound to `data/none`") as refused:
+        Parquet(store, "data/none")
+    assert isinstance(refused.value, KeyError)
+
+
+def test_a_store_is_required(tmp_path: Path) -> None:
+    """Handing a path where a store belongs points at ParquetDir."""
+    with pytest.raises(TypeError, match="ParquetDir"):
+        Parquet(str(tmp_path), "data/n")  # type: ignore[arg-type]
+
+
+def test_rebinding_gives_another_version(store: Store) -> None:
+    """Another dataset under the same name is another version; a built source keeps its own."""
+    bound(store, numbers(100))
+    first = Parquet(store, "data/n")
+    bound(store, numbers(50))
+    second = Parquet(store, "data/n")
+    assert first.version != second.version
+    assert len(first.forward({"at": 0, "take": 1000}, ctx())) == 100
+    assert len(second.forward({"at": 0, "take": 1000}, ctx())) == 50
+
+
+def test_the_declaration_is_the_columns_and_not_the_place(store: Store) -> None:
+    """The same bytes under two names declare alike; other columns declare otherwise."""
+    bound(store, numbers(10), "a/one")
+    bound(store, numbers(10), "a/two")
+    one, two = Parquet(store, "a/one"), Parquet(store, "a/two")
+    assert one.declaration() == two.declaration()
+    assert one.settled_state() == two.settled_state()
+    assert Parquet(store, "a/one", columns=["n"]).declaration() != one.declaration()
+
+
+# ---------------------------------------------------------------- frames
+
+
+def test_a_span_brings_those_rows(store: Store) -> None:
+    """A coordinate answers a Frame of exactly the rows of its span, across row groups."""
+    table = numbers(1000)
+    bound(store, table, row_group_size=100)
+    source = Parquet(store, "data/n")
+    frame = source.forward({"at": 250, "take": 300}, ctx())
+    assert isinstance(frame, Frame)
+    assert frame.column("n") == list(range(250, 550))
+    assert frame.to_arrow().equals(table.slice(250, 300))
+
+
+def test_a_short_frame_means_the_end_and_past_it_is_empty(store: Store) -> None:
+    """The last span is short; one past the end has zero rows and the dataset's columns."""
+    bound(store, numbers(1000), row_group_size=128)
+    source = Parquet(store, "data/n")
+    assert source.forward({"at": 980, "take": 64}, ctx()).column("n") == list(range(980, 1000))
+    past = source.forward({"at": 5000, "take": 64}, ctx())
+    assert len(past) == 0
+    assert past.columns == ["n", "s"]
+    assert len(source.forward({"at": 1000, "take": 1}, ctx())) == 0
+
+
+def test_columns_reads_only_those(store: Store) -> None:
+    """columns= hands on only the columns asked for; an unknown one is refused by name."""
+    bound(store, numbers(20))
+    assert Parquet(store, "data/n", columns=["s"]).forward({"at": 0, "take": 2}, ctx()).columns == [
+        "s"
+    ]
+    with pytest.raises(UnknownColumn, match="has no column `label`; it has `n`, `s`"):
+        Parquet(store, "data/n", columns=["label"]).forward({"at": 0, "take": 2}, ctx())
+
+
+def test_count_rows_reads_the_footer_only(store: Store) -> None:
+    """count_rows knows the length from the footer, reading a small part of the file."""
+    digest = bound(store, numbers(100_000), row_group_size=10_000)
+    counting = CountingStore(store)
+    assert Parquet(counting, "data/n").count_rows() == 100_000
+    assert 0 < counting.bytes_read < len(store.get(digest)) // 10
+
+
+def test_only_the_row_groups_of_the_span_are_read(store: Store) -> None:
+    """64 rows of a 1,000,000-row file read a footer and one row group, not the file."""
+    digest = bound(store, numbers(1_000_000), row_group_size=10_000)
+    size = len(store.get(digest))
+    counting = CountingStore(store)
+    source = Parquet(counting, "data/n")
+    frame = source.forward({"at": 500_000, "take": 64}, ctx())
+    assert frame.column("n") == list(range(500_000, 500_064))
+    assert counting.opened == 1
+    assert 0 < counting.bytes_read < size // 20
+    first = counting.bytes_read
+    source.forward({"at": 500_064, "take": 64}, ctx())  # the same row group: decoded already
+    assert counting.bytes_read == first
+
+
+def test_walking_decodes_each_row_group_once(store: Store) -> None:
+    """Spans walked in order read about the file once, however many spans a group holds."""
+    digest = bound(store, numbers(100_000), row_group_size=10_000)
+    size = len(store.get(digest))
+    counting = CountingStore(store)
+    source = Parquet(counting, "data/n")
+    seen = []
+    for span in spans(source, take=4096):
+        seen.extend(source.forward(span, ctx()).column("n"))
+    assert seen == list(range(100_000))
+    assert counting.bytes_read < 2 * size
+
+
+def test_a_blob_that_is_not_parquet_is_refused_when_read(store: Store) -> None:
+    """Bytes that are not Parquet are refused on the first read, naming the dataset."""
+    store.bind("data/text", store.put(b"sms,label\nhello,0\n" * 10))
+    source = Parquet(store, "data/text")  # reads nothing yet
+    with pytest.raises(NotParquet, match=r"`data/text` \(blake3:[0-9a-f]+\) is not a Parquet"):
+        source.forward({"at": 0, "take": 4}, ctx())
+
+
+def test_damaged_pages_are_not_handed_over(store: Store) -> None:
+    """A page whose checksum fails is reported Corrupt rather than read as rows."""
+    table = pyarrow.table({"n": list(range(10_000))})
+    data = bytearray(parquet_bytes(table, write_page_checksum=True, compression="none"))
+    data[len(data) // 3] ^= 0xFF
+    store.bind("data/bad", store.put(bytes(data)))
+    with pytest.raises(Corrupt, match="row group 0 of `data/bad`"):
+        Parquet(CountingStore(store), "data/bad").forward({"at": 0, "take": 10}, ctx())
+
+
+def test_the_local_store_is_read_without_open_blob(store: Store) -> None:
+    """From a local store the blob is memory-mapped, so the source reads whole answers."""
+    bound(store, numbers(300), row_group_size=100)
+    source = Parquet(store, "data/n")
+    assert source.forward({"at": 150, "take": 100}, ctx()).column("n") == list(range(150, 250))
+    source.close()
+    assert source.forward({"at": 0, "take": 1}, ctx()).column("n") == [0]
+
+
+# ---------------------------------------------------------------- a directory of files
+
+
+def write_dir(root: Path, parts: list[pyarrow.Table]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for index, part in enumerate(parts):
+        pyarrow.parquet.write_table(part, root / f"part-{index:03d}.parquet", row_group_size=50)
+
+
+def test_a_directory_reads_as_one_dataset(tmp_path: Path) -> None:
+    """Spans cross file boundaries; files are in path order; `_` and `.` names are skipped."""
+    write_dir(tmp_path / "d", [numbers(120), numbers(80, 120), numbers(5, 200)])
+    (tmp_path / "d" / "_SUCCESS").write_text("")
+    (tmp_path / "d" / "_meta.parquet").write_bytes(b"not data")
+    source = ParquetDir(tmp_path / "d")
+    assert source.files == ["part-000.parquet", "part-001.parquet", "part-002.parquet"]
+    assert source.count_rows() == 205
+    assert source.forward({"at": 100, "take": 104}, ctx()).column("n") == list(range(100, 204))
+    assert source.forward({"at": 200, "take": 64}, ctx()).column("n") == list(range(200, 205))
+    assert len(source.forward({"at": 205, "take": 64}, ctx())) == 0
+
+
+def test_a_changed_file_changes_the_version(tmp_path: Path) -> None:
+    """Rewriting one file (same name, same row count) gives the directory another version."""
+    write_dir(tmp_path / "d", [numbers(100), numbers(100, 100)])
+    before = ParquetDir(tmp_path / "d").version
+    assert ParquetDir(tmp_path / "d").version == before
+    pyarrow.parquet.write_table(numbers(100, 1), tmp_path / "d" / "part-001.parquet")
+    assert ParquetDir(tmp_path / "d").version != before
+
+
+def test_a_file_changed_after_the_version_is_refused(tmp_path: Path) -> None:
+    """Rows are never read under a version that no longer names them."""
+    write_dir(tmp_path / "d", [numbers(100)])
+    source = ParquetDir(tmp_path / "d")
+    path = tmp_path / "d" / "part-000.parquet"
+    pyarrow.parquet.write_table(numbers(100, 7), path)
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(DatasetChanged, match="changed after this source's version"):
+        source.forward({"at": 0, "take": 4}, ctx())
+
+
+def test_a_directory_with_a_file_that_is_not_parquet(tmp_path: Path) -> None:
+    """A `.parquet` file that is not one is refused when the version is worked out."""
+    write_dir(tmp_path / "d", [numbers(10)])
+    (tmp_path / "d" / "part-999.parquet").write_bytes(b"id,label\n" * 20)
+    with pytest.raises(NotParquet, match=r"`part-999\.parquet` is named like a Parquet file"):
+        ParquetDir(tmp_path / "d")
+
+
+def test_a_directory_with_no_parquet(tmp_path: Path) -> None:
+    """An empty directory, or a path that is not a directory, has nothing to read."""
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NotParquet, match=r"no `\.parquet` files under"):
+        ParquetDir(tmp_path / "empty")
+    with pytest.raises(NotParquet, match="is not a directory"):
+        ParquetDir(tmp_path / "missing")
+
+
+def test_files_of_different_schemas_are_refused(tmp_path: Path) -> None:
+    """Files of one dataset share one schema, or reading says which file differs."""
+    write_dir(tmp_path / "d", [numbers(10), pyarrow.table({"n": [1.5]})])
+    with pytest.raises(NotParquet, match=r"`part-001\.parquet` has columns"):
+        ParquetDir(tmp_path / "d").forward({"at": 0, "take": 4}, ctx())
+
+
+def test_a_directory_source_is_settled_and_cached(tmp_path: Path, store: Store) -> None:
+    """A ParquetDir settles like Parquet: its version in the key, answers recalled."""
+    write_dir(tmp_path / "d", [numbers(100)])
+    count = Count()
+    g = Graph.somatize(
+        ParquetDir(tmp_path / "d").named("d").frozen() >> count.named("count").frozen().cached()
+    )
+    assert settle(g) == {"d": g.node("d").version}  # type: ignore[attr-defined]
+    assert g.forward({"at": 90, "take": 64}, store=store) == 10
+    assert g.forward({"at": 90, "take": 64}, store=store) == 10
+    assert count.calls == 1
+
+
+def test_a_remembered_digest_is_dropped_when_the_file_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unchanged file is not hashed twice; a replaced one (same name and size) is."""
+    import somatize.data.parquet as module
+
+    hashed: list[int] = []
+    real = module._content_digest
+
+    def counting(data: Any) -> str:
+        hashed.append(1)
+        return real(data)
+
+    monkeypatch.setattr(module, "_SAFE_AFTER_NS", -(10**18))  # remember even fresh files
+    monkeypatch.setattr(module, "_content_digest", counting)
+    plain = {"compression": "none", "use_dictionary": False}
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d" / "part-000.parquet"
+    pyarrow.parquet.write_table(pyarrow.table({"n": list(range(100))}), path, **plain)
+    first = ParquetDir(tmp_path / "d").version
+    assert ParquetDir(tmp_path / "d").version == first
+    assert len(hashed) == 1
+    replacement = pyarrow.table({"n": list(range(1, 101))})
+    pyarrow.parquet.write_table(replacement, tmp_path / "new.parquet", **plain)
+    assert (tmp_path / "new.parquet").stat().st_size == path.stat().st_size
+    os.replace(tmp_path / "new.parquet", path)
+    assert ParquetDir(tmp_path / "d").version != first
+    assert len(hashed) == 2

@@ -1,0 +1,185 @@
+"""Tables in memory, streams, and settling: which sources can be frozen, and how."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow
+import pytest
+
+from somatize import Graph, Node, NotSettled, Store, Unsettled
+from somatize.data import (
+    BadCoordinate,
+    Frame,
+    NotACoordinate,
+    Stream,
+    Table,
+    TooManyRows,
+    Unfreezable,
+    settle,
+)
+from somatize.node import Context
+from tests.nodes import Echo
+
+
+class Count(Node):
+    """How many rows a frame brought."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def forward(self, frame: Frame, ctx: Any) -> int:
+        self.calls += 1
+        return len(frame)
+
+
+def _numbers(rows: int) -> pyarrow.Table:
+    return pyarrow.table({"n": list(range(rows))})
+
+
+# ---------------------------------------------------------------- Table
+
+
+def test_a_table_is_read_by_span_without_copying() -> None:
+    """A span of a Table is a slice of it: the same buffers, the right rows, short at the end."""
+    table = _numbers(100)
+    source = Table(table)
+    frame = source.forward({"at": 90, "take": 64}, Context(name="t"))
+    assert frame.column("n") == list(range(90, 100))
+    head = frame.to_arrow().column("n").chunks[0].buffers()[1]
+    assert head.address == table.column("n").chunks[0].buffers()[1].address
+    assert len(source.forward({"at": 500, "take": 64}, Context(name="t"))) == 0
+    assert source.count_rows() == 100
+
+
+def test_a_tables_version_is_its_content() -> None:
+    """Equal tables have one version however they are chunked; other rows, another."""
+    table = _numbers(100)
+    chunked = pyarrow.concat_tables([table.slice(0, 10), table.slice(10)])
+    assert Table(table).version == Table(chunked).version == Table(Frame(table)).version
+    assert Table(table).version != Table(_numbers(101)).version
+    assert Table(table).declaration() == Table(_numbers(5)).declaration()
+
+
+def test_a_table_source_is_settled_and_cached(store: Store) -> None:
+    """A frozen Table is refused until settled, then answers below it are kept and recalled."""
+    count = Count()
+    g = Graph.somatize(
+        Table(_numbers(100)).named("t").frozen() >> count.named("c").frozen().cached()
+    )
+    with pytest.raises(NotSettled, match=r"`somatize.data.settle\(g\)`"):
+        g.forward({"at": 0, "take": 8}, store=store)
+    assert count.calls == 0
+    settle(g)
+    assert g.forward({"at": 96, "take": 8}, store=store) == 4
+    assert g.forward({"at": 96, "take": 8}, store=store) == 4
+    assert count.calls == 1
+
+
+# ---------------------------------------------------------------- Stream
+
+
+def _stream() -> Stream:
+    arrived = iter(range(1000))
+    return Stream(lambda take: pyarrow.table({"n": [next(arrived) for _ in range(take)]}))
+
+
+def test_a_stream_answers_whatever_is_newest() -> None:
+    """The same question asked twice gets different rows: that is what a stream is."""
+    source = _stream()
+    g = Graph.somatize(source.named("stream") >> Count().named("count"))
+    assert g.forward({"take": 3}) == 3
+    assert source.forward({"take": 2}, Context(name="s")).column("n") == [3, 4]
+    assert source.forward({"take": 2}, Context(name="s")).column("n") == [5, 6]
+
+
+def test_a_stream_cannot_be_frozen_and_says_why() -> None:
+    """`.frozen()` on a stream is refused: its answer cannot be asked for twice."""
+    said = "`events` is a Stream and cannot be frozen: it answers whatever is newest"
+    with pytest.raises(Unfreezable, match=said) as refused:
+        _stream().named("events").frozen()
+    assert isinstance(refused.value, ValueError)
+    assert "nothing that reads it can be cached" in str(refused.value)
+    with pytest.raises(Unfreezable, match="cannot be cached"):
+        _stream().cached()
+
+
+def test_nothing_under_a_stream_can_be_cached(store: Store) -> None:
+    """A cached node below a stream is refused before anything runs, naming the stream."""
+    echo = Echo()
+    g = Graph.somatize(_stream().named("events") >> echo.named("echo").frozen().cached())
+    said = (
+        "`echo` keeps its output and `events`, which it reads, is not frozen: an output is "
+        "only reusable if nothing above it can change"
+    )
+    with pytest.raises(Unsettled, match=said):
+        g.forward({"take": 1}, store=store)
+    assert echo.calls == 0
+
+
+def test_settle_refuses_a_stream_frozen_behind_its_back() -> None:
+    """Freezing a stream in memory directly is still refused when the graph is settled."""
+    g = Graph.somatize(_stream().named("events") >> Echo().named("echo"))
+    g.memory.freeze("events")
+    with pytest.raises(Unfreezable, match="cannot be settled"):
+        settle(g)
+
+
+@pytest.mark.parametrize(
+    ("ask", "error", "fragment"),
+    [
+        ({"at": 0, "take": 1}, NotACoordinate, "a stream has no positions"),
+        ({"take": 0}, BadCoordinate, "`take` is 0"),
+        (5, NotACoordinate, r'a stream is handed `\{"take": n\}`'),
+    ],
+)
+def test_a_stream_is_handed_how_many(ask: Any, error: type[Exception], fragment: str) -> None:
+    """A stream takes `{"take": n}` and nothing else."""
+    with pytest.raises(error, match=fragment):
+        _stream().forward(ask, Context(name="s"))
+
+
+def test_a_stream_that_brings_too_much_is_refused() -> None:
+    """A pull function returning more rows than asked for is an error, not a bigger frame."""
+    source = Stream(lambda take: _numbers(take + 1))
+    with pytest.raises(TooManyRows, match="at most 2 rows and got 3"):
+        source.forward({"take": 2}, Context(name="s"))
+    with pytest.raises(TypeError, match="a function of how many rows"):
+        Stream(42)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- settle
+
+
+class Weights(Node):
+    """A node that holds state and can say its digest, the way torch nodes will."""
+
+    holds_state = True
+
+    def __init__(self, digest: str) -> None:
+        self.digest = digest
+
+    def settled_state(self) -> str:
+        return self.digest
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        return x
+
+
+def test_settle_freezes_only_frozen_nodes_that_can_say_their_state() -> None:
+    """settle() writes each frozen settling node's state into memory and leaves others alone."""
+    table = Table(_numbers(10))
+    loose = Weights("blake3:" + "1" * 64)
+    g = Graph.somatize(table.named("t").frozen() >> loose.named("w") >> Echo().named("e").frozen())
+    assert settle(g) == {"t": table.version}
+    assert g.memory.state_of("t") == table.version
+    assert not g.memory.is_frozen("w")
+    assert g.memory.state_of("e") is None
+
+
+def test_settle_uses_one_protocol_for_every_kind_of_state() -> None:
+    """Any node with settled_state() is settled the same way a dataset is."""
+    digest = "blake3:" + "2" * 64
+    g = Graph.somatize(Weights(digest).named("w").frozen())
+    assert settle(g) == {"w": digest}
+    assert g.memory.state_of("w") == digest
