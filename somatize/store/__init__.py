@@ -13,18 +13,29 @@ from somatize.store.base import (
     NameNotFound,
     Store,
     StoreError,
+    StoreFull,
     check_name,
 )
+from somatize.store.bucket import BucketStore
 from somatize.store.local import LocalStore
+from somatize.store.records import KEY_VARIABLE, Unsigned
+from somatize.store.upkeep import Collected, Damage, Verified
 
 __all__ = [
+    "KEY_VARIABLE",
     "Answer",
     "BadName",
+    "BucketStore",
+    "Collected",
     "Corrupt",
+    "Damage",
     "LocalStore",
     "Missing",
     "NameNotFound",
     "Store",
     "StoreError",
+    "StoreFull",
+    "Unsigned",
+    "Verified",
     "check_name",
 ]

@@ -24,13 +24,17 @@ from __future__ import annotations
 import abc
 import io
 import json
+import os
 import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from somatize.errors import SomatizeError
+
+if TYPE_CHECKING:
+    from somatize.store.upkeep import Collected, Progress, Verified
 
 __all__ = [
     "Answer",
@@ -40,6 +44,7 @@ __all__ = [
     "NameNotFound",
     "Store",
     "StoreError",
+    "StoreFull",
     "check_name",
 ]
 
@@ -77,6 +82,10 @@ class Corrupt(StoreError):
     """Bytes in the store that are not what their name says: never handed over."""
 
 
+class StoreFull(StoreError):
+    """A write found no space (disk or quota full); nothing half-written was left behind."""
+
+
 @dataclass(frozen=True)
 class Answer:
     """What a store says about one kept answer."""
@@ -89,10 +98,22 @@ class Answer:
     """How many bytes the answer's blob holds (``bytes`` in the record)."""
     fingerprint: str | None = None
     created: float = 0.0
+    offset: int | None = None
+    """Where the answer's bytes begin in blob ``value`` when it is one item of a pack
+    (its bytes are ``size`` bytes from there); None when the answer is the whole blob."""
 
     def to_json(self) -> bytes:
-        record: dict[str, Any] = {"somatize": RECORD_VERSION, **asdict(self)}
-        record["bytes"] = record.pop("size")
+        record: dict[str, Any] = {
+            "somatize": RECORD_VERSION,
+            "key": self.key,
+            "value": self.value,
+            "codec": self.codec,
+            "bytes": self.size,
+            "fingerprint": self.fingerprint,
+            "created": self.created,
+        }
+        if self.offset is not None:
+            record["offset"] = self.offset
         return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
 
     @staticmethod
@@ -109,10 +130,16 @@ class Answer:
                 size=int(record["bytes"]),
                 fingerprint=record.get("fingerprint"),
                 created=float(record.get("created", 0.0)),
+                offset=None if record.get("offset") is None else int(record["offset"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as why:
             raise Corrupt(f"the answer record of {key} cannot be read ({why})") from None
-        if answer.key != key or not _DIGEST.match(answer.value) or answer.size < 0:
+        if (
+            answer.key != key
+            or not _DIGEST.match(answer.value)
+            or answer.size < 0
+            or (answer.offset is not None and answer.offset < 0)
+        ):
             raise Corrupt(f"the answer record of {key} is not about {key} or names no blob")
         return answer
 
@@ -151,10 +178,34 @@ class Store(abc.ABC):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Store:
         if cls is Store:
-            from somatize.store.local import LocalStore
+            where = args[0] if args else kwargs.get("path", kwargs.get("url"))
+            if isinstance(where, str) and "://" in where:
+                from somatize.store.bucket import BucketStore
 
-            cls = LocalStore
+                cls = BucketStore
+            else:
+                from somatize.store.local import LocalStore
+
+                cls = LocalStore
         return super().__new__(cls)
+
+    @classmethod
+    def on_bucket(
+        cls,
+        url: str,
+        *,
+        cache: str | os.PathLike[str] | None = None,
+        signing_key: str | bytes | None = None,
+        **storage_options: Any,
+    ) -> Store:
+        """A store in a bucket, through fsspec: ``s3://bucket/prefix``, ``gs://…``,
+        ``az://…``, ``memory://…``, ``file://…``. ``storage_options`` go to the filesystem
+        (for s3: ``key``, ``secret``, ``client_kwargs={"endpoint_url": …}``); ``cache`` is
+        a local directory kept in front as a read-through cache of blobs; ``signing_key`` signs
+        records (default: ``$SOMATIZE_STORE_KEY``)."""
+        from somatize.store.bucket import BucketStore
+
+        return BucketStore(url, cache=cache, signing_key=signing_key, **storage_options)
 
     # -- blobs --------------------------------------------------------------------------------
 
@@ -232,6 +283,29 @@ class Store(abc.ABC):
             except (Missing, Corrupt) as why:
                 out[key] = why
         return out
+
+    # -- upkeep -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def gc(
+        self,
+        max_bytes: int | None = None,
+        *,
+        grace: float = 60.0,
+        progress: Progress | None = None,
+    ) -> Collected:
+        """Drops the least recently used answers until what is left holds at most
+        ``max_bytes`` (None: drop no answer), then every blob nothing refers to and every
+        abandoned write older than ``grace`` seconds. Names are never collected, nor what
+        they point at."""
+
+    @abc.abstractmethod
+    def verify(self, *, quarantine: bool = False, progress: Progress | None = None) -> Verified:
+        """Re-hashes every blob and reads every record, index and name; reports what does
+        not match, and with ``quarantine`` moves it aside so it is a miss from now on."""
+
+    def close(self) -> None:  # noqa: B027 (optional for a home that holds nothing)
+        """Writes down what is held in memory (when answers were last used)."""
 
     # -- helpers shared by homes ---------------------------------------------------------------
 

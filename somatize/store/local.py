@@ -1,23 +1,42 @@
-"""The local store: a directory, laid out as :mod:`somatize.store.base` says.
+"""The local store: a directory, laid out as :mod:`somatize.store.base` says, plus
+``packs/`` (indexes of packed item answers, :mod:`somatize.store.records`) and
+``quarantine/`` (what ``verify`` moved aside).
 
 Every write goes to ``tmp/`` under a name no other writer uses and is published
 with an atomic rename, so a reader sees a blob or record whole or not at all,
 and two processes writing the same content race to publish identical bytes —
-whichever rename lands last changes nothing. With ``durable=True`` the file and
-its directory are fsynced before and after the rename, so a published answer
-survives a power cut too.
+whichever rename lands last changes nothing. A blob is published before the
+record or index that refers to it, so a crash at any point leaves at worst an
+unreferenced blob or a file in ``tmp/`` (``gc`` removes both). With
+``durable=True`` the file and its directory are fsynced before and after the
+rename, so a published answer survives a power cut too.
 
-Blobs are immutable, so a blob verified once against its digest is trusted for
-the life of the process; its size is still checked on every read. Large blobs
-are read by memory map, so a recalled tensor or table is not copied.
+Reading trusts nothing it has not checked: a blob's size is compared with its
+record on every read, and its content is hashed against its digest before its
+first use in the process. Blobs are immutable, so one verified stays trusted —
+unless its file changed since (another inode or modification time), which is
+caught by the ``fstat`` every read already does. A blob found damaged is moved
+to ``quarantine/`` at once, so the recompute that follows writes it afresh
+instead of trusting the damaged file. Large blobs are read by memory map, so a
+recalled tensor or table is not copied.
+
+Packed item answers are found through an in-memory table of every pack index,
+loaded once and refreshed from a listing of ``packs/`` only when a key is not
+found and the directory changed. When an answer was last used is recorded in
+memory and written as the file time of its record or index in batches, so a
+recall costs no extra system call; ``gc`` evicts by it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import mmap
 import os
+import time
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -32,9 +51,22 @@ from somatize.store.base import (
     NameNotFound,
     Store,
     StoreError,
+    StoreFull,
     check_digest,
     check_name,
 )
+from somatize.store.records import (
+    PackIndex,
+    Signer,
+    decode_name,
+    decode_pack,
+    decode_record,
+    encode_name,
+    encode_record,
+    keep_packed,
+    signer_from,
+)
+from somatize.store.upkeep import Collected, Entry, Progress, Verified, check, collect
 
 __all__ = ["LocalStore"]
 
@@ -48,11 +80,18 @@ _SMALL_BYTES = 32 << 20
 """How many bytes of small verified blobs are kept in memory: blobs never change, and
 ``have`` still checks that each one is on disk, at its size, before it is recalled."""
 
+_FLUSH_USES = 1024
+"""How many recalls are remembered before their times are written down."""
+
 
 def _pieces(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return (data,)
     return data
+
+
+def _nbytes(pieces: Sequence[Buffer]) -> int:
+    return sum(memoryview(p).nbytes for p in pieces)
 
 
 def _digest(pieces: Sequence[Buffer]) -> str:
@@ -62,23 +101,60 @@ def _digest(pieces: Sequence[Buffer]) -> str:
     return "blake3:" + hasher.hexdigest()
 
 
-class LocalStore(Store):
-    """A store in a local directory (created if missing)."""
+def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -> None:
+    """Sets the file time of each record (``answers``: key → time) and pack index (``packs``:
+    id → time) to when it was last used; files gone meanwhile are skipped."""
+    sep = os.sep
+    for section, used in (("answers", answers), ("packs", packs)):
+        for digest, when in used.items():
+            hexed = digest[7:]
+            shard = f"{hexed[:2]}{sep}" if section == "answers" else ""
+            # Gone meanwhile, or read-only: recency is advice, never an error.
+            with contextlib.suppress(OSError):
+                os.utime(f"{root}{sep}{section}{sep}{shard}{hexed}", (when, when))
+        used.clear()
 
-    def __init__(self, path: str | os.PathLike[str], *, durable: bool = False) -> None:
+
+class LocalStore(Store):
+    """A store in a local directory (created if missing).
+
+    ``durable`` fsyncs every publish; ``signing_key`` (default ``$SOMATIZE_STORE_KEY``) signs
+    records, names and pack indexes, and refuses any that are not signed with it."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durable: bool = False,
+        signing_key: str | bytes | Signer | None = None,
+    ) -> None:
         self.root = Path(path).expanduser()
         self.durable = durable
+        self.signer: Signer | None = signer_from(signing_key)
         try:
-            for part in ("blobs", "names", "answers", "tmp"):
+            for part in ("blobs", "names", "answers", "packs", "tmp"):
                 (self.root / part).mkdir(parents=True, exist_ok=True)
         except OSError as why:
             raise StoreError(f"cannot use {self.root} as a store: {why}") from why
         self._blobs = f"{self.root / 'blobs'}{os.sep}"
         self._answers = f"{self.root / 'answers'}{os.sep}"
-        self._verified: set[str] = set()
+        self._packs_dir = str(self.root / "packs")
+        self._tmp = f"{self.root / 'tmp'}{os.sep}"
+        self._verified: dict[str, tuple[int, int]] = {}
+        """Digest → (inode, mtime) of the file that was hashed and matched."""
         self._records: OrderedDict[str, Answer] = OrderedDict()
         self._small: OrderedDict[str, bytes] = OrderedDict()
         self._small_bytes = 0
+        self._packs: dict[str, PackIndex] = {}
+        self._items: dict[str, PackIndex] = {}
+        self._packs_stamp = -1
+        self._used: dict[str, float] = {}
+        """Key of a recalled answer → when, not yet written down as its record's time."""
+        self._used_packs: dict[str, float] = {}
+        """Id of a pack with recalled items → when, likewise."""
+        self._finalizer = weakref.finalize(
+            self, _write_uses, str(self.root), self._used, self._used_packs
+        )
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
@@ -89,6 +165,10 @@ class LocalStore(Store):
         """Where blob ``digest`` lives (whether or not it is there)."""
         return Path(self._blob_file(digest))
 
+    def answer_path(self, key: str) -> Path:
+        """Where the record of ``key`` lives (whether or not it is there)."""
+        return Path(self._answer_file(key))
+
     def _blob_file(self, digest: str) -> str:
         hexed = check_digest(digest)[7:]
         return f"{self._blobs}{hexed[:2]}{os.sep}{hexed}"
@@ -97,29 +177,43 @@ class LocalStore(Store):
         hexed = check_digest(key)[7:]
         return f"{self._answers}{hexed[:2]}{os.sep}{hexed}"
 
+    def _pack_file(self, pack_id: str) -> str:
+        return f"{self._packs_dir}{os.sep}{check_digest(pack_id)[7:]}"
+
     # -- writing ------------------------------------------------------------------------------
 
-    def _publish(self, target: Path | str, pieces: Sequence[Buffer]) -> None:
-        """Writes ``pieces`` to ``target`` through ``tmp/`` and a rename."""
-        target = Path(target)
-        temporary = self.root / "tmp" / f"{uuid.uuid4().hex}.part"
+    def _publish(self, target: Path | str, pieces: Sequence[Buffer]) -> tuple[int, int]:
+        """Writes ``pieces`` to ``target`` through ``tmp/`` and a rename; returns the new
+        file's (inode, mtime)."""
+        target = os.fspath(target)
+        temporary = f"{self._tmp}{os.getpid()}-{uuid.uuid4().hex}.part"
         try:
             with open(temporary, "wb") as out:
                 for piece in pieces:
                     out.write(piece)
+                out.flush()
                 if self.durable:
-                    out.flush()
                     os.fsync(out.fileno())
+                stat = os.fstat(out.fileno())
             try:
                 os.replace(temporary, target)
             except FileNotFoundError:
-                target.parent.mkdir(parents=True, exist_ok=True)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
                 os.replace(temporary, target)
             if self.durable:
-                self._sync_directory(target.parent)
+                self._sync_directory(Path(target).parent)
         except OSError as why:
-            temporary.unlink(missing_ok=True)
-            raise StoreError(f"could not write {target.relative_to(self.root)}: {why}") from why
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            where = os.path.relpath(target, self.root)
+            if why.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(
+                    f"could not write {where} into {self.root}: no space left ({why.strerror}). "
+                    "Nothing half-written was left and the store is as it was; free space, or "
+                    "make room with `somatize store gc --max-bytes SIZE`"
+                ) from why
+            raise StoreError(f"could not write {where} into {self.root}: {why}") from why
+        return stat.st_ino, stat.st_mtime_ns
 
     @staticmethod
     def _sync_directory(directory: Path) -> None:
@@ -133,20 +227,21 @@ class LocalStore(Store):
         pieces = _pieces(data)
         digest = _digest(pieces)
         target = self._blob_file(digest)
-        size = sum(memoryview(p).nbytes for p in pieces)
         try:
-            if os.stat(target).st_size == size:
+            if os.stat(target).st_size == _nbytes(pieces):
+                # Already here. Touch it, so a gc running now sees a fresh blob and leaves
+                # it for the record about to refer to it.
+                os.utime(target)
                 return digest
         except FileNotFoundError:
             pass
-        self._publish(target, pieces)
-        self._verified.add(digest)
+        self._verified[digest] = self._publish(target, pieces)
         return digest
 
     def bind(self, name: str, digest: str) -> None:
         check_name(name)
         check_digest(digest)
-        self._publish(self.root / "names" / name, [digest.encode()])
+        self._publish(self.root / "names" / name, [encode_name(digest, self.signer)])
 
     def keep(
         self,
@@ -158,11 +253,45 @@ class LocalStore(Store):
         check_digest(key)
         pieces = _pieces(data)
         digest = self.put(pieces)
-        size = sum(memoryview(p).nbytes for p in pieces)
-        answer = self._record(key, digest, codec, size, fingerprint)
-        self._publish(self._answer_file(key), [answer.to_json()])
+        answer = self._record(key, digest, codec, _nbytes(pieces), fingerprint)
+        self._publish(self._answer_file(key), [encode_record(answer, self.signer)])
         self._remember(answer)
         return answer
+
+    def keep_many(
+        self,
+        items: Sequence[tuple[str, Buffer | Sequence[Buffer]]],
+        codec: str,
+        fingerprint: str | None = None,
+    ) -> list[Answer]:
+        """Keeps item answers packed: one blob and one index per up to 64 MiB of small
+        items; an item of 1 MiB or more is kept on its own."""
+        return keep_packed(self, items, codec, fingerprint)
+
+    def _take_blob(self, digest: str, pieces: Sequence[Buffer]) -> None:
+        """Keeps blob ``digest`` whose bytes were verified elsewhere (a cache in front of a
+        bucket fills itself this way, without hashing twice)."""
+        target = self._blob_file(digest)
+        try:
+            if os.stat(target).st_size == _nbytes(pieces):
+                return
+        except FileNotFoundError:
+            pass
+        self._verified[digest] = self._publish(target, pieces)
+
+    def _take_file(self, path: str | Path, data: bytes) -> None:
+        """Publishes ``data`` at ``path`` (a record or index copied from elsewhere)."""
+        self._publish(path, [data])
+
+    def _publish_index(self, pack: PackIndex, data: bytes) -> None:
+        self._publish(self._pack_file(pack.id), [data])
+        self._adopt(pack)
+
+    def _adopt(self, pack: PackIndex) -> None:
+        self._packs[pack.id] = pack
+        items = self._items
+        for key in pack.entries:
+            items[key] = pack
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -182,9 +311,11 @@ class LocalStore(Store):
         held = self._small.get(digest)
         if held is not None and (size is None or len(held) == size):
             return memoryview(held)
+        path = self._blob_file(digest)
         try:
-            with open(self._blob_file(digest), "rb") as handle:
-                actual = os.fstat(handle.fileno()).st_size
+            with open(path, "rb") as handle:
+                stat = os.fstat(handle.fileno())
+                actual = stat.st_size
                 if size is not None and actual != size:
                     raise Corrupt(
                         f"blob {digest} holds {actual} bytes where its answer says {size}: "
@@ -197,11 +328,15 @@ class LocalStore(Store):
                     data = memoryview(raw)
         except FileNotFoundError:
             raise Missing(f"blob {digest} is not in {self.root}") from None
-        if digest not in self._verified:
+        if self._verified.get(digest) != (stat.st_ino, stat.st_mtime_ns):
             found = "blake3:" + blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
             if found != digest:
-                raise Corrupt(f"blob {digest} in {self.root} hashes to {found}: it is damaged")
-            self._verified.add(digest)
+                self._set_aside(path, "blobs", digest[7:])
+                raise Corrupt(
+                    f"blob {digest} in {self.root} hashes to {found}: it is damaged, and was "
+                    "moved to quarantine/ so that it is written afresh"
+                )
+            self._verified[digest] = (stat.st_ino, stat.st_mtime_ns)
         if actual <= _MAP_ABOVE:
             self._hold(digest, raw)
         return data
@@ -218,24 +353,34 @@ class LocalStore(Store):
     def resolve(self, name: str) -> str:
         check_name(name)
         try:
-            text = (self.root / "names" / name).read_text().strip()
+            data = (self.root / "names" / name).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise NameNotFound(
                 f"nothing is bound to `{name}` in {self.root}; bind it first with "
                 f"`store.bind({name!r}, store.put(data))`"
             ) from None
-        return check_digest(text)
+        return decode_name(name, data, self.signer)
 
     def answer(self, key: str) -> Answer | None:
+        pack = self._items.get(key)
+        if pack is not None:
+            return pack.answer(key)
         remembered = self._records.get(key)
         if remembered is not None:
             return remembered
+        answer = self._read_record(key)
+        if answer is None and self._refresh_packs() and key in self._items:
+            return self._items[key].answer(key)
+        return answer
+
+    def _read_record(self, key: str) -> Answer | None:
+        """The record file of ``key``, read and checked; None if there is none."""
         try:
             with open(self._answer_file(key), "rb") as handle:
                 data = handle.read()
         except FileNotFoundError:
             return None
-        answer = Answer.from_json(key, data)
+        answer = decode_record(key, data, self.signer)
         self._remember(answer)
         return answer
 
@@ -248,33 +393,241 @@ class LocalStore(Store):
         answer = self.answer(key)
         if answer is None:
             raise Missing(f"no answer is kept under {key} in {self.root}")
+        offset = answer.offset
         try:
-            return answer, self._read_blob(answer.value, answer.size)
+            if offset is None:
+                data = self._read_blob(answer.value, answer.size)
+                self._used[key] = time.time()
+            else:
+                pack = self._items.get(key)
+                whole = self._read_blob(answer.value, pack.size if pack else None)
+                if offset + answer.size > len(whole):
+                    raise Corrupt(f"item {key} lies past the end of blob {answer.value}")
+                data = whole[offset : offset + answer.size]
+                if pack is not None:
+                    self._used_packs[pack.id] = time.time()
         except (Missing, Corrupt):
             self._forget(answer)
             raise
+        if len(self._used) >= _FLUSH_USES:
+            self._flush_use()
+        return answer, data
+
+    def recall_many(self, keys: Sequence[str]) -> dict[str, tuple[Answer, memoryview] | Exception]:
+        """Reads each pack's blob once for all the items asked of it."""
+        out: dict[str, tuple[Answer, memoryview] | Exception] = {}
+        by_pack: dict[str, list[str]] = {}
+        rest: list[str] = []
+        if any(key not in self._items for key in keys):
+            self._refresh_packs()
+        items = self._items
+        for key in keys:
+            pack = items.get(key)
+            if pack is None:
+                rest.append(key)
+            else:
+                by_pack.setdefault(pack.id, []).append(key)
+        now = time.time()
+        for pack_id, members in by_pack.items():
+            pack = self._packs[pack_id]
+            try:
+                whole = self._read_blob(pack.blob, pack.size)
+            except (Missing, Corrupt) as why:
+                self._drop_pack(pack)
+                for key in members:
+                    out[key] = why
+                continue
+            self._used_packs[pack_id] = now
+            entries = pack.entries
+            for key in members:
+                start, length = entries[key]
+                out[key] = (pack.answer(key), whole[start : start + length])
+        for key in rest:
+            try:
+                out[key] = self.recall(key)
+            except (Missing, Corrupt) as why:
+                out[key] = why
+        if len(self._used) + len(self._used_packs) >= _FLUSH_USES:
+            self._flush_use()
+        return out
 
     def have(self, keys: Iterable[str]) -> set[str]:
         found = set()
+        items = self._items
+        records = self._records
+        unresolved = []
+        packs: dict[str, bool] = {}
         for key in keys:
-            try:
-                answer = self.answer(key)
-            except Corrupt:
-                continue
+            pack = items.get(key)
+            if pack is not None:
+                whole = packs.get(pack.id)
+                if whole is None:
+                    whole = packs[pack.id] = self._whole(pack.blob, pack.size)
+                if whole:
+                    found.add(key)
+                    continue
+            answer = records.get(key)
             if answer is None:
-                continue
-            try:
-                whole = os.stat(self._blob_file(answer.value)).st_size == answer.size
-            except FileNotFoundError:
-                whole = False
-            if whole:
+                unresolved.append(key)
+            elif self._whole(answer.value, answer.size):
                 found.add(key)
             else:
                 self._forget(answer)
+        if unresolved:
+            self._refresh_packs()
+            for key in unresolved:
+                pack = items.get(key)
+                try:
+                    answer = pack.answer(key) if pack is not None else self._read_record(key)
+                except Corrupt:
+                    continue
+                if answer is None:
+                    continue
+                if pack is not None:
+                    whole = packs.get(pack.id)
+                    if whole is None:
+                        whole = packs[pack.id] = self._whole(pack.blob, pack.size)
+                else:
+                    whole = self._whole(answer.value, answer.size)
+                if whole:
+                    found.add(key)
+                else:
+                    self._forget(answer)
         return found
+
+    def _whole(self, digest: str, size: int) -> bool:
+        try:
+            return os.stat(self._blob_file(digest)).st_size == size
+        except FileNotFoundError:
+            return False
+
+    def _refresh_packs(self) -> bool:
+        """Loads pack indexes written since the last look; True if anything changed."""
+        try:
+            stamp = os.stat(self._packs_dir).st_mtime_ns
+        except FileNotFoundError:
+            return False
+        # A directory time only moves on the clock's tick: trust it only once it is old.
+        if stamp == self._packs_stamp and time.time_ns() - stamp > 2_000_000_000:
+            return False
+        self._packs_stamp = stamp
+        listed = {"blake3:" + name for name in os.listdir(self._packs_dir)}
+        changed = False
+        for gone in [pack for pack_id, pack in self._packs.items() if pack_id not in listed]:
+            self._drop_pack(gone)
+            changed = True
+        for pack_id in listed.difference(self._packs):
+            try:
+                with open(self._pack_file(pack_id), "rb") as handle:
+                    data = handle.read()
+                pack = decode_pack(pack_id, data, self.signer)
+            except (FileNotFoundError, Corrupt, ValueError):
+                continue  # gone meanwhile, damaged or unsigned: its items are misses
+            self._adopt(pack)
+            changed = True
+        return changed
+
+    def _drop_pack(self, pack: PackIndex) -> None:
+        self._packs.pop(pack.id, None)
+        for key in pack.entries:
+            if self._items.get(key) is pack:
+                del self._items[key]
+        self._small.pop(pack.blob, None)
+        self._verified.pop(pack.blob, None)
 
     def _forget(self, answer: Answer) -> None:
         """Drops what is held in memory about ``answer``, whose bytes are not as recorded."""
         self._records.pop(answer.key, None)
         self._small.pop(answer.value, None)
-        self._verified.discard(answer.value)
+        self._verified.pop(answer.value, None)
+
+    def _set_aside(self, path: str, section: str, label: str) -> None:
+        """Moves a damaged file to ``quarantine/<section>/<label>.<time>`` (if it is still
+        there)."""
+        aside = self.root / "quarantine" / section / f"{label}.{time.time_ns()}"
+        try:
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, aside)
+        except OSError:
+            pass  # already moved or removed by another reader: either way it is gone
+
+    # -- upkeep -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._flush_use()
+
+    def gc(
+        self,
+        max_bytes: int | None = None,
+        *,
+        grace: float = 60.0,
+        progress: Progress | None = None,
+    ) -> Collected:
+        return collect(self, max_bytes, grace, progress)
+
+    def verify(self, *, quarantine: bool = False, progress: Progress | None = None) -> Verified:
+        return check(self, quarantine, progress)
+
+    def _section(self, section: str) -> Path:
+        return self.root / section
+
+    def _entries(self, section: str) -> list[Entry]:
+        base = self._section(section)
+        out = []
+        for folder, _, files in os.walk(base):
+            for name in files:
+                path = os.path.join(folder, name)
+                try:
+                    stat = os.stat(path)
+                except FileNotFoundError:
+                    continue
+                relative = os.path.relpath(path, base).replace(os.sep, "/")
+                out.append(Entry(relative, stat.st_size, stat.st_mtime))
+        return out
+
+    def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
+        base = self._section(section)
+        out: dict[str, bytes | None] = {}
+        for name in names:
+            try:
+                out[name] = (base / name).read_bytes()
+            except (FileNotFoundError, IsADirectoryError):
+                out[name] = None
+        return out
+
+    def _remove(self, section: str, names: list[str]) -> None:
+        base = self._section(section)
+        for name in names:
+            (base / name).unlink(missing_ok=True)
+
+    def _quarantine(self, section: str, name: str) -> None:
+        self._set_aside(str(self._section(section) / name), section, name.replace("/", "_"))
+        self._forget_all()
+
+    def _rehash(self, digest: str) -> str | None:
+        try:
+            with open(self._blob_file(digest), "rb") as handle:
+                if os.fstat(handle.fileno()).st_size == 0:
+                    return "blake3:" + blake3.blake3(b"").hexdigest()
+                with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    return (
+                        "blake3:"
+                        + blake3.blake3(mapped, max_threads=blake3.blake3.AUTO).hexdigest()
+                    )
+        except FileNotFoundError:
+            return None
+
+    def _flush_use(self) -> None:
+        _write_uses(str(self.root), self._used, self._used_packs)
+
+    def _uses(self) -> dict[tuple[str, str], float]:
+        return {}
+
+    def _forget_all(self) -> None:
+        self._records.clear()
+        self._small.clear()
+        self._small_bytes = 0
+        self._verified.clear()
+        self._packs.clear()
+        self._items.clear()
+        self._packs_stamp = -1

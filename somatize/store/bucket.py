@@ -1,0 +1,686 @@
+"""The bucket store: the same layout and contracts as the local store, in a bucket,
+through fsspec (``s3://``, ``gs://``, ``az://``, ``memory://``, ``file://``).
+
+A bucket is shaped by what a request costs — tens of milliseconds, where a local
+``stat`` costs a microsecond — so:
+
+- ``have(keys)`` is one batched query: a few keys are fetched concurrently (their
+  records, which ``recall`` then needs anyway); many keys are answered from one
+  listing of ``answers/`` and one of ``packs/``, never a request per key. A record
+  listed but not yet read is believed; should its blob be gone, ``recall`` says
+  Missing and the engine recomputes — never a wrong answer.
+- packed item answers are found through the pack indexes (a listing and one read
+  per new pack), so 100,000 items are a handful of requests.
+- records and small verified blobs read once are held in memory; a ``cache=``
+  directory in front (a :class:`LocalStore`) holds blobs, records and indexes
+  across processes, so a repeated run asks the bucket nothing it already has.
+
+Every blob downloaded is hashed against its digest before use. Object stores
+publish an object whole when its upload completes, so writes go straight to their
+place; on ``file://`` they go through ``tmp/`` and a rename as in the local store.
+Transient failures (connection resets, timeouts, throttling) are retried with
+exponential backoff and jitter; a request that keeps failing becomes a
+:class:`StoreError` that says so. When answers were used is written as small
+``used/`` logs (a bucket cannot touch an object's time), on :meth:`close` and every
+1,024 recalls; ``gc`` merges them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar, cast
+
+import blake3
+
+from somatize.store.base import (
+    Answer,
+    Buffer,
+    Corrupt,
+    Missing,
+    NameNotFound,
+    Store,
+    StoreError,
+    check_digest,
+    check_name,
+)
+from somatize.store.local import LocalStore
+from somatize.store.records import (
+    PackIndex,
+    Signer,
+    decode_name,
+    decode_pack,
+    decode_record,
+    encode_name,
+    encode_record,
+    keep_packed,
+    signer_from,
+)
+from somatize.store.upkeep import Collected, Entry, Progress, Verified, check, collect
+
+__all__ = ["BucketStore"]
+
+T = TypeVar("T")
+
+_FETCH_BELOW = 32
+"""Up to this many unknown keys, ``have`` fetches their records; beyond, it lists."""
+
+_HOLD_BELOW = 1 << 16
+_HOLD_BYTES = 32 << 20
+_REMEMBERED = 4096
+_FLUSH_USES = 1024
+_STREAM_ABOVE = 16 << 20
+"""Blobs larger than this are uploaded through a file, piece by piece, not joined first."""
+
+_DEFINITE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+_TRANSIENT_WORDS = ("Connection", "Timeout", "Throttl", "SlowDown", "ServiceUnavailable")
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether ``error`` may go away if the request is made again."""
+    if isinstance(error, _DEFINITE):
+        return False
+    if isinstance(error, (OSError, ConnectionError, TimeoutError)):
+        return True
+    module = type(error).__module__
+    name = type(error).__name__
+    return module.startswith(("botocore", "aiohttp", "urllib3", "requests")) and any(
+        word in name for word in _TRANSIENT_WORDS
+    )
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    for field in ("LastModified", "last_modified", "mtime", "created", "updated"):
+        value = info.get(field)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return 0.0
+
+
+def _hash(data: Buffer) -> str:
+    return "blake3:" + blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
+
+
+class BucketStore(Store):
+    """A store under ``url`` in a bucket; see the module docstring.
+
+    ``cache`` is a local directory kept in front as a read-through cache; ``signing_key``
+    (default ``$SOMATIZE_STORE_KEY``) signs records, names and indexes; ``retries`` and
+    ``backoff`` (seconds, doubled each time) shape the retrying of transient failures;
+    the rest goes to the fsspec filesystem."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        cache: str | os.PathLike[str] | None = None,
+        signing_key: str | bytes | Signer | None = None,
+        retries: int = 5,
+        backoff: float = 0.05,
+        **storage_options: Any,
+    ) -> None:
+        try:
+            from fsspec.core import url_to_fs
+        except ImportError:  # pragma: no cover - depends on the environment
+            raise StoreError(
+                "a bucket store needs fsspec (and s3fs for s3://): pip install 'somatize[s3]'"
+            ) from None
+        self.url = url
+        self.storage_options = storage_options
+        """What the filesystem was opened with (to open the same store again)."""
+        try:
+            self.fs, root = url_to_fs(url, **storage_options)
+        except (ImportError, ValueError) as why:
+            raise StoreError(
+                f"cannot open {url} as a bucket store: {why}. For s3:// install s3fs "
+                "(pip install 'somatize[s3]'); gs:// needs gcsfs, az:// adlfs"
+            ) from why
+        self.root = str(root).rstrip("/")
+        protocol = self.fs.protocol
+        self._atomic = not (
+            set((protocol,) if isinstance(protocol, str) else protocol) & {"file", "local"}
+        )
+        self.signer: Signer | None = signer_from(signing_key)
+        self.retries = retries
+        self.backoff = backoff
+        self.cache: LocalStore | None = (
+            LocalStore(cache, signing_key=self.signer) if cache is not None else None
+        )
+        self._records: OrderedDict[str, Answer] = OrderedDict()
+        self._small: OrderedDict[str, bytes] = OrderedDict()
+        self._small_bytes = 0
+        self._packs: dict[str, PackIndex] = {}
+        self._items: dict[str, PackIndex] = {}
+        self._used: dict[str, float] = {}
+        self._used_packs: dict[str, float] = {}
+        self._logs: list[str] = []
+        self._merged: dict[tuple[str, str], float] = {}
+
+    def __repr__(self) -> str:
+        return f"Store.on_bucket({self.url!r})"
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)``, retried with backoff while it fails transiently."""
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as why:
+                if not _transient(why):
+                    if isinstance(why, PermissionError):
+                        raise StoreError(
+                            f"{what} on {self.url} was refused ({why}): check the credentials "
+                            "and the bucket's permissions"
+                        ) from why
+                    raise
+                if attempt == self.retries:
+                    raise StoreError(
+                        f"{what} on {self.url} failed {attempt + 1} times ({type(why).__name__}: "
+                        f"{why}); the bucket seems unreachable — nothing half-written is "
+                        "visible; try again later or check the endpoint"
+                    ) from why
+                time.sleep(delay * (1 + random.random()))
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def _path(self, section: str, name: str) -> str:
+        return f"{self.root}/{section}/{name}"
+
+    def _blob_path(self, digest: str) -> str:
+        hexed = check_digest(digest)[7:]
+        return f"{self.root}/blobs/{hexed[:2]}/{hexed}"
+
+    def _answer_path(self, key: str) -> str:
+        hexed = check_digest(key)[7:]
+        return f"{self.root}/answers/{hexed[:2]}/{hexed}"
+
+    def _pack_path(self, pack_id: str) -> str:
+        return f"{self.root}/packs/{check_digest(pack_id)[7:]}"
+
+    def _write(self, path: str, pieces: Sequence[Buffer]) -> None:
+        """Publishes ``pieces`` at ``path`` whole: an object store's upload does that by
+        itself; a plain filesystem goes through ``tmp/`` and a rename."""
+        target = path
+        if not self._atomic:
+            path = self._path("tmp", f"{os.getpid()}-{uuid.uuid4().hex}.part")
+        size = sum(memoryview(p).nbytes for p in pieces)
+
+        def upload() -> None:
+            if size <= _STREAM_ABOVE:
+                self.fs.pipe_file(path, b"".join(pieces))
+            else:
+                with self.fs.open(path, "wb") as out:
+                    for piece in pieces:
+                        out.write(piece)
+
+        try:
+            self._call(f"writing {target}", upload)
+            if not self._atomic:
+                self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+                self.fs.mv(path, target)
+        except BaseException:
+            if not self._atomic and self.fs.exists(path):
+                self.fs.rm(path)
+            raise
+
+    def _read(self, path: str, what: str) -> bytes | None:
+        try:
+            return cast(bytes, self._call(f"reading {what}", self.fs.cat_file, path))
+        except FileNotFoundError:
+            return None
+
+    def _read_paths(self, paths: list[str]) -> dict[str, bytes | None]:
+        """Reads ``paths`` concurrently (fsspec batches them); None for each that is absent."""
+        out: dict[str, bytes | None] = {}
+        left = list(paths)
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            if not left:
+                break
+            got = self.fs.cat(left, on_error="return") if len(left) > 1 else None
+            if got is None:
+                try:
+                    got = {left[0]: self.fs.cat_file(left[0])}
+                except Exception as why:
+                    got = {left[0]: why}
+            retry = []
+            for path in left:
+                value = got.get(path, got.get(path.lstrip("/")))
+                if isinstance(value, bytes):
+                    out[path] = value
+                elif value is None or isinstance(value, FileNotFoundError):
+                    out[path] = None
+                elif isinstance(value, BaseException) and _transient(value):
+                    retry.append(path)
+                elif isinstance(value, BaseException):
+                    raise StoreError(f"reading {path} from {self.url} failed: {value}") from value
+                else:
+                    out[path] = None
+            if retry and attempt == self.retries:
+                raise StoreError(
+                    f"reading {len(retry)} files from {self.url} kept failing; the bucket "
+                    "seems unreachable — try again later or check the endpoint"
+                )
+            if retry:
+                time.sleep(delay * (1 + random.random()))
+                delay *= 2
+            left = retry
+        return out
+
+    def _list(self, section: str) -> dict[str, dict[str, Any]]:
+        """Path → info of every object under ``section``, from a fresh listing."""
+        where = f"{self.root}/{section}"
+        self.fs.invalidate_cache(where)
+        try:
+            found = self._call(f"listing {section}", self.fs.find, where, detail=True)
+        except FileNotFoundError:
+            return {}
+        return cast(dict[str, dict[str, Any]], found)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def put(self, data: Buffer | Sequence[Buffer]) -> str:
+        pieces: Sequence[Buffer] = (
+            (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
+        )
+        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        for piece in pieces:
+            hasher.update(piece)
+        digest = "blake3:" + hasher.hexdigest()
+        size = sum(memoryview(p).nbytes for p in pieces)
+        path = self._blob_path(digest)
+        self.fs.invalidate_cache(path)
+        try:
+            there = self._call(f"looking for blob {digest}", self.fs.info, path)
+            if int(there.get("size", -1)) == size:
+                return digest
+        except FileNotFoundError:
+            pass
+        self._write(path, pieces)
+        if self.cache is not None:
+            self.cache._take_blob(digest, pieces)
+        return digest
+
+    def bind(self, name: str, digest: str) -> None:
+        check_name(name)
+        check_digest(digest)
+        self._write(self._path("names", name), [encode_name(digest, self.signer)])
+
+    def keep(
+        self,
+        key: str,
+        data: Buffer | Sequence[Buffer],
+        codec: str,
+        fingerprint: str | None = None,
+    ) -> Answer:
+        check_digest(key)
+        pieces: Sequence[Buffer] = (
+            (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
+        )
+        digest = self.put(pieces)
+        size = sum(memoryview(p).nbytes for p in pieces)
+        answer = self._record(key, digest, codec, size, fingerprint)
+        raw = encode_record(answer, self.signer)
+        self._write(self._answer_path(key), [raw])
+        if self.cache is not None:
+            self.cache._take_file(self.cache.answer_path(key), raw)
+        self._remember(answer)
+        return answer
+
+    def keep_many(
+        self,
+        items: Sequence[tuple[str, Buffer | Sequence[Buffer]]],
+        codec: str,
+        fingerprint: str | None = None,
+    ) -> list[Answer]:
+        """Keeps item answers packed: one blob and one index per up to 64 MiB."""
+        return keep_packed(self, items, codec, fingerprint)
+
+    def _publish_index(self, pack: PackIndex, data: bytes) -> None:
+        self._write(self._pack_path(pack.id), [data])
+        if self.cache is not None:
+            self.cache._publish_index(pack, data)
+        self._adopt(pack)
+
+    def _adopt(self, pack: PackIndex) -> None:
+        self._packs[pack.id] = pack
+        for key in pack.entries:
+            self._items[key] = pack
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def has_blob(self, digest: str) -> bool:
+        if self.cache is not None and self.cache.has_blob(digest):
+            return True
+        path = self._blob_path(digest)
+        self.fs.invalidate_cache(path)
+        return bool(self._call(f"looking for blob {digest}", self.fs.exists, path))
+
+    def open_blob(self, digest: str) -> io.RawIOBase | io.BufferedIOBase:
+        """A seekable file of the blob whose reads are ranged requests (or the cached copy)."""
+        if self.cache is not None and self.cache.has_blob(digest):
+            return self.cache.open_blob(digest)
+        path = self._blob_path(digest)
+        try:
+            handle = self._call(f"opening blob {digest}", self.fs.open, path, "rb")
+        except FileNotFoundError:
+            raise Missing(f"blob {digest} is not in {self.url}") from None
+        return cast(io.BufferedIOBase, handle)
+
+    def get(self, digest: str) -> memoryview:
+        return self._blob(digest, None)
+
+    def _blob(self, digest: str, size: int | None) -> memoryview:
+        """Blob ``digest`` from memory, the cache or the bucket, verified; at ``size``."""
+        held = self._small.get(digest)
+        if held is not None and (size is None or len(held) == size):
+            return memoryview(held)
+        if self.cache is not None:
+            try:
+                return self.cache._read_blob(digest, size)
+            except (Missing, Corrupt):
+                pass  # not cached (or the copy was damaged and set aside): fetch it
+        data = self._read(self._blob_path(digest), f"blob {digest}")
+        if data is None:
+            raise Missing(f"blob {digest} is not in {self.url}")
+        if size is not None and len(data) != size:
+            raise Corrupt(
+                f"blob {digest} in {self.url} holds {len(data)} bytes where its answer says "
+                f"{size}: it was truncated or overwritten"
+            )
+        found = _hash(data)
+        if found != digest:
+            raise Corrupt(f"blob {digest} downloaded from {self.url} hashes to {found}")
+        if self.cache is not None:
+            self.cache._take_blob(digest, [data])
+        if len(data) <= _HOLD_BELOW and digest not in self._small:
+            self._small[digest] = data
+            self._small_bytes += len(data)
+            while self._small_bytes > _HOLD_BYTES:
+                _, dropped = self._small.popitem(last=False)
+                self._small_bytes -= len(dropped)
+        return memoryview(data)
+
+    def resolve(self, name: str) -> str:
+        check_name(name)
+        data = self._read(self._path("names", name), f"name `{name}`")
+        if data is None:
+            raise NameNotFound(
+                f"nothing is bound to `{name}` in {self.url}; bind it first with "
+                f"`store.bind({name!r}, store.put(data))`"
+            )
+        return decode_name(name, data, self.signer)
+
+    def answer(self, key: str) -> Answer | None:
+        pack = self._items.get(key)
+        if pack is not None:
+            return pack.answer(key)
+        remembered = self._records.get(key)
+        if remembered is not None:
+            return remembered
+        if self.cache is not None:
+            cached = self._cached_answer(key)
+            if cached is not None:
+                return cached
+        data = self._read(self._answer_path(key), f"the answer record of {key}")
+        if data is None:
+            self._refresh_packs()
+            pack = self._items.get(key)
+            return pack.answer(key) if pack is not None else None
+        return self._learn(key, data)
+
+    def _cached_answer(self, key: str) -> Answer | None:
+        assert self.cache is not None
+        try:
+            found = self.cache.answer(key)
+        except Corrupt:
+            return None
+        if found is not None and found.offset is None:
+            self._remember(found)
+        return found
+
+    def _learn(self, key: str, data: bytes) -> Answer:
+        answer = decode_record(key, data, self.signer)
+        self._remember(answer)
+        if self.cache is not None:
+            self.cache._take_file(self.cache.answer_path(key), data)
+        return answer
+
+    def _remember(self, answer: Answer) -> None:
+        self._records[answer.key] = answer
+        if len(self._records) > _REMEMBERED:
+            self._records.popitem(last=False)
+
+    def recall(self, key: str) -> tuple[Answer, memoryview]:
+        answer = self.answer(key)
+        if answer is None:
+            raise Missing(f"no answer is kept under {key} in {self.url}")
+        try:
+            if answer.offset is None:
+                data = self._blob(answer.value, answer.size)
+                self._used[key] = time.time()
+            else:
+                pack = self._items.get(key)
+                whole = self._blob(answer.value, pack.size if pack else None)
+                if answer.offset + answer.size > len(whole):
+                    raise Corrupt(f"item {key} lies past the end of blob {answer.value}")
+                data = whole[answer.offset : answer.offset + answer.size]
+                if pack is not None:
+                    self._used_packs[pack.id] = time.time()
+        except (Missing, Corrupt):
+            self._records.pop(key, None)
+            self._small.pop(answer.value, None)
+            raise
+        if len(self._used) + len(self._used_packs) >= _FLUSH_USES:
+            self._flush_use()
+        return answer, data
+
+    def recall_many(self, keys: Sequence[str]) -> dict[str, tuple[Answer, memoryview] | Exception]:
+        """Fetches each pack's blob once for all the items asked of it."""
+        out: dict[str, tuple[Answer, memoryview] | Exception] = {}
+        if any(key not in self._items for key in keys):
+            self._refresh_packs()
+        by_pack: dict[str, list[str]] = {}
+        rest: list[str] = []
+        for key in keys:
+            pack = self._items.get(key)
+            if pack is None:
+                rest.append(key)
+            else:
+                by_pack.setdefault(pack.id, []).append(key)
+        now = time.time()
+        for pack_id, members in by_pack.items():
+            pack = self._packs[pack_id]
+            try:
+                whole = self._blob(pack.blob, pack.size)
+            except (Missing, Corrupt) as why:
+                self._drop_pack(pack)
+                for key in members:
+                    out[key] = why
+                continue
+            self._used_packs[pack_id] = now
+            for key in members:
+                start, length = pack.entries[key]
+                out[key] = (pack.answer(key), whole[start : start + length])
+        for key in rest:
+            try:
+                out[key] = self.recall(key)
+            except (Missing, Corrupt) as why:
+                out[key] = why
+        return out
+
+    def have(self, keys: Iterable[str]) -> set[str]:
+        """One batched query; see the module docstring for what a yes means on a bucket."""
+        asked = list(keys)
+        found = {key for key in asked if key in self._items or key in self._records}
+        unknown = [key for key in asked if key not in found]
+        if unknown and self.cache is not None:
+            local = self.cache.have(unknown)
+            for key in local:
+                self._cached_answer(key)
+            found |= local
+            unknown = [key for key in unknown if key not in local]
+        if not unknown:
+            return found
+        if len(unknown) <= _FETCH_BELOW:
+            paths = {self._answer_path(key): key for key in unknown}
+            for path, data in self._read_paths(list(paths)).items():
+                if data is None:
+                    continue
+                key = paths[path]
+                try:
+                    self._learn(key, data)
+                except Corrupt:
+                    continue
+                found.add(key)
+        else:
+            listed = {path.rsplit("/", 1)[-1] for path in self._list("answers")}
+            found.update(key for key in unknown if key[7:] in listed)
+        left = [key for key in unknown if key not in found]
+        if left and self._refresh_packs():
+            found.update(key for key in left if key in self._items)
+        return found
+
+    def _refresh_packs(self) -> bool:
+        """Loads pack indexes written since the last look (one listing); True if any."""
+        listed = {"blake3:" + path.rsplit("/", 1)[-1]: path for path in self._list("packs")}
+        for gone in [pack for pack_id, pack in self._packs.items() if pack_id not in listed]:
+            self._drop_pack(gone)
+        new = [pack_id for pack_id in listed if pack_id not in self._packs]
+        if not new:
+            return False
+        for pack_id, data in zip(
+            new, self._read_paths([listed[p] for p in new]).values(), strict=True
+        ):
+            if data is None:
+                continue
+            try:
+                pack = decode_pack(pack_id, data, self.signer)
+            except Corrupt:
+                continue  # damaged or unsigned: its items are misses
+            self._adopt(pack)
+            if self.cache is not None:
+                self.cache._publish_index(pack, data)
+        return True
+
+    def _drop_pack(self, pack: PackIndex) -> None:
+        self._packs.pop(pack.id, None)
+        for key in pack.entries:
+            if self._items.get(key) is pack:
+                del self._items[key]
+        self._small.pop(pack.blob, None)
+
+    # -- upkeep -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._flush_use()
+        if self.cache is not None:
+            self.cache.close()
+
+    def gc(
+        self,
+        max_bytes: int | None = None,
+        *,
+        grace: float = 60.0,
+        progress: Progress | None = None,
+    ) -> Collected:
+        result = collect(self, max_bytes, grace, progress)
+        if self.cache is not None:
+            self.cache.gc(0, grace=0)  # a cache holds copies only: what was dropped goes too
+        logs, self._logs = self._logs, []
+        if logs:
+            # One log of the merged times replaces the many that were read.
+            merged = self._merged
+            self._used.update(
+                {
+                    f"blake3:{n.rsplit('/', 1)[-1]}": t
+                    for (s, n), t in merged.items()
+                    if s == "answers"
+                }
+            )
+            self._used_packs.update(
+                {f"blake3:{n}": t for (s, n), t in merged.items() if s == "packs"}
+            )
+            self._flush_use()
+            self._call("removing used/ logs", self.fs.rm, logs)
+        return result
+
+    def verify(self, *, quarantine: bool = False, progress: Progress | None = None) -> Verified:
+        return check(self, quarantine, progress)
+
+    def _entries(self, section: str) -> list[Entry]:
+        base = f"{self.root}/{section}/".lstrip("/")
+        out = []
+        for path, info in self._list(section).items():
+            name = path.lstrip("/")[len(base) :]
+            out.append(Entry(name, int(info.get("size") or 0), _mtime(info)))
+        return out
+
+    def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
+        paths = {self._path(section, name): name for name in names}
+        return {paths[p]: data for p, data in self._read_paths(list(paths)).items()}
+
+    def _remove(self, section: str, names: list[str]) -> None:
+        if names:
+            paths = [self._path(section, name) for name in names]
+            self._call(f"removing from {section}", self.fs.rm, paths)
+
+    def _quarantine(self, section: str, name: str) -> None:
+        aside = self._path("quarantine", f"{section}/{name.replace('/', '_')}.{time.time_ns()}")
+        self._call(f"moving {section}/{name} aside", self.fs.mv, self._path(section, name), aside)
+        self._forget_all()
+
+    def _rehash(self, digest: str) -> str | None:
+        data = self._read(self._blob_path(digest), f"blob {digest}")
+        return None if data is None else _hash(data)
+
+    def _flush_use(self) -> None:
+        if not self._used and not self._used_packs:
+            return
+        log = json.dumps({"answers": self._used, "packs": self._used_packs}).encode()
+        self._write(self._path("used", f"{uuid.uuid4().hex}.json"), [log])
+        self._used.clear()
+        self._used_packs.clear()
+
+    def _uses(self) -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        listed = list(self._list("used"))
+        self._logs = listed
+        for data in self._read_paths(listed).values():
+            try:
+                log = json.loads(data or b"{}")
+                for key, when in log.get("answers", {}).items():
+                    name = (f"{key[7:9]}/{key[7:]}", float(when))
+                    out[("answers", name[0])] = max(out.get(("answers", name[0]), 0.0), name[1])
+                for pack_id, when in log.get("packs", {}).items():
+                    where = ("packs", pack_id[7:])
+                    out[where] = max(out.get(where, 0.0), float(when))
+            except (ValueError, TypeError, AttributeError):
+                continue  # a damaged log only loses recency, which is advice
+        self._merged = out
+        return out
+
+    def _forget_all(self) -> None:
+        self._records.clear()
+        self._small.clear()
+        self._small_bytes = 0
+        self._packs.clear()
+        self._items.clear()
+        if self.cache is not None:
+            self.cache._forget_all()

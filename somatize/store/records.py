@@ -1,0 +1,338 @@
+"""What a store writes besides blobs: answer records, names and pack indexes — and
+how a store that shares a secret signs them.
+
+An **answer record** is a line of JSON (:meth:`Answer.to_json`) naming the blob
+that holds the answer. A **name** is a digest on one line. Both are small,
+rewritten rarely, and read often, so they are plain text anyone can inspect.
+
+A **pack index** lists the item answers of a mapped node that were kept together
+in one blob (their bytes one after another), so that 100,000 items are a
+handful of files, not 100,000::
+
+    {"somatize": 1, "pack": 1, "blob": "blake3:…", "bytes": N, "codec": …,
+     "fingerprint": …, "created": …, "count": n, "signed": false}\\n
+    n × (32-byte item key, 8-byte offset, 8-byte length), big-endian
+    [32-byte HMAC-SHA256 of everything above, when signed]
+
+An index is itself named by the BLAKE3 of its bytes (``packs/<hex>``), so a
+damaged one is caught when it is loaded and two writers of the same pack write
+the same file. Looking up an item is one dictionary lookup once the indexes are
+in memory; loading a 100,000-item index is one read and one ``iter_unpack``.
+
+**Signing.** With a key (passed in, or ``SOMATIZE_STORE_KEY``), records, names
+and indexes carry an HMAC-SHA256 of their bytes, and a reader refuses any that
+lacks a valid one (:class:`Unsigned`, a kind of :class:`Corrupt`: a miss that is
+recomputed, never an answer handed over). Blobs need no signature: a signed
+record names the blob by its digest, and the blob is checked against it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import blake3
+
+from somatize.store.base import RECORD_VERSION, Answer, Buffer, Corrupt, check_digest
+
+__all__ = [
+    "KEY_VARIABLE",
+    "PackIndex",
+    "Signer",
+    "Unsigned",
+    "decode_name",
+    "decode_pack",
+    "decode_record",
+    "encode_name",
+    "encode_pack",
+    "encode_record",
+    "keep_packed",
+    "signer_from",
+]
+
+PACK_ITEM_BELOW = 1 << 20
+"""Item answers smaller than this are packed; larger ones are kept as blobs of their own."""
+
+PACK_BYTES = 64 << 20
+"""A pack's blob is closed once it holds this many bytes."""
+
+KEY_VARIABLE = "SOMATIZE_STORE_KEY"
+"""The environment variable a store reads its signing key from when none is passed."""
+
+PACK_VERSION = 1
+_ENTRY = struct.Struct(">32sQQ")
+_MAC = b"\nmac:"
+_MAC_BYTES = 32
+
+
+class Unsigned(Corrupt):
+    """A record, name or index without a valid signature, in a store that signs: nobody
+    holding the key wrote it, so it is not trusted."""
+
+
+class Signer:
+    """HMAC-SHA256 under one secret key."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: str | bytes) -> None:
+        raw = key.encode() if isinstance(key, str) else bytes(key)
+        if not raw:
+            raise ValueError(
+                "a store signing key is empty; pass a non-empty secret (or unset "
+                f"{KEY_VARIABLE} to keep an unsigned store)"
+            )
+        self._key = raw
+
+    def mac(self, data: Buffer) -> bytes:
+        """The signature of ``data``."""
+        return hmac.new(self._key, data, hashlib.sha256).digest()
+
+    def check(self, data: Buffer, mac: bytes) -> bool:
+        """Whether ``mac`` is the signature of ``data``."""
+        return hmac.compare_digest(self.mac(data), mac)
+
+    def __repr__(self) -> str:
+        return "Signer(<secret>)"
+
+
+def signer_from(
+    key: str | bytes | Signer | None, environ: Mapping[str, str] = os.environ
+) -> Signer | None:
+    """The signer for ``key``, or for ``$SOMATIZE_STORE_KEY`` when ``key`` is None; None if
+    neither is set (the store does not sign)."""
+    if isinstance(key, Signer):
+        return key
+    if key is None:
+        key = environ.get(KEY_VARIABLE) or None
+    return Signer(key) if key is not None else None
+
+
+def _sealed(body: bytes, signer: Signer | None) -> bytes:
+    if signer is None:
+        return body
+    return body + _MAC + signer.mac(body).hex().encode()
+
+
+def _opened(what: str, data: bytes, signer: Signer | None) -> bytes:
+    """The body of a line-and-signature file, its signature checked when ``signer`` is set."""
+    body, mark, mac = data.partition(_MAC)
+    if signer is None:
+        return body
+    if not mark:
+        raise Unsigned(
+            f"{what} carries no signature, and this store signs: it was written without the "
+            f"key, so it is not trusted and is treated as absent (rewrite it with the key in "
+            f"{KEY_VARIABLE})"
+        )
+    try:
+        good = signer.check(body, bytes.fromhex(mac.decode("ascii")))
+    except ValueError:
+        good = False
+    if not good:
+        raise Unsigned(
+            f"{what} has a signature that does not match this store's key: it was written "
+            "with another key or altered since, so it is not trusted and is treated as absent"
+        )
+    return body
+
+
+def encode_record(answer: Answer, signer: Signer | None) -> bytes:
+    """The bytes of ``answer``'s record, signed when ``signer`` is set."""
+    return _sealed(answer.to_json(), signer)
+
+
+def decode_record(key: str, data: bytes, signer: Signer | None) -> Answer:
+    """The record of ``key`` in ``data``; Corrupt (or Unsigned) unless it is whole, about
+    ``key`` and, in a signing store, signed."""
+    return Answer.from_json(key, _opened(f"the answer record of {key}", data, signer))
+
+
+def encode_name(digest: str, signer: Signer | None) -> bytes:
+    """The bytes of a name pointing at ``digest``."""
+    return _sealed(check_digest(digest).encode(), signer)
+
+
+def decode_name(name: str, data: bytes, signer: Signer | None) -> str:
+    """The digest a name's bytes point at; Corrupt (or Unsigned) otherwise."""
+    text = _opened(f"the name `{name}`", data, signer).decode("ascii", "replace").strip()
+    try:
+        return check_digest(text)
+    except ValueError:
+        raise Corrupt(
+            f"the name `{name}` does not hold a digest ({text[:80]!r}); bind it again"
+        ) from None
+
+
+@dataclass(frozen=True)
+class PackIndex:
+    """One pack: its blob and where each item's bytes lie in it."""
+
+    id: str
+    """``blake3:<hex>`` of the index's own bytes; the index lives at ``packs/<hex>``."""
+    blob: str
+    size: int
+    """How many bytes the pack's blob holds."""
+    codec: str
+    fingerprint: str | None
+    created: float
+    entries: dict[str, tuple[int, int]]
+    """Item key → (offset, length) in the blob."""
+
+    def answer(self, key: str) -> Answer:
+        """The record of item ``key`` of this pack."""
+        offset, length = self.entries[key]
+        return Answer(
+            key=key,
+            value=self.blob,
+            codec=self.codec,
+            size=length,
+            fingerprint=self.fingerprint,
+            created=self.created,
+            offset=offset,
+        )
+
+
+def encode_pack(
+    blob: str,
+    size: int,
+    codec: str,
+    fingerprint: str | None,
+    created: float,
+    entries: Sequence[tuple[str, int, int]],
+    signer: Signer | None,
+) -> tuple[str, bytes]:
+    """The id and bytes of the index of a pack of ``entries`` (key, offset, length)."""
+    header = {
+        "somatize": RECORD_VERSION,
+        "pack": PACK_VERSION,
+        "blob": check_digest(blob),
+        "bytes": size,
+        "codec": codec,
+        "fingerprint": fingerprint,
+        "created": created,
+        "count": len(entries),
+        "signed": signer is not None,
+    }
+    body = bytearray(json.dumps(header, sort_keys=True, separators=(",", ":")).encode())
+    body += b"\n"
+    for key, offset, length in entries:
+        body += _ENTRY.pack(bytes.fromhex(check_digest(key)[7:]), offset, length)
+    if signer is not None:
+        body += signer.mac(body)
+    data = bytes(body)
+    return "blake3:" + blake3.blake3(data).hexdigest(), data
+
+
+def decode_pack(pack_id: str, data: bytes, signer: Signer | None) -> PackIndex:
+    """The index ``pack_id`` in ``data``; Corrupt (or Unsigned) unless it hashes to its id,
+    is whole and, in a signing store, signed."""
+    if "blake3:" + blake3.blake3(data).hexdigest() != pack_id:
+        raise Corrupt(f"pack index {pack_id} does not hash to its name: it is damaged")
+    line, _, rest = data.partition(b"\n")
+    try:
+        header = json.loads(line)
+        if header["somatize"] != RECORD_VERSION or header["pack"] != PACK_VERSION:
+            raise ValueError(f"version {header['somatize']}/{header['pack']}")
+        count = int(header["count"])
+        signed = bool(header["signed"])
+        blob = check_digest(str(header["blob"]))
+        size = int(header["bytes"])
+        codec = str(header["codec"])
+        fingerprint = header["fingerprint"]
+        created = float(header["created"])
+    except (ValueError, KeyError, TypeError) as why:
+        raise Corrupt(f"pack index {pack_id} has a header that cannot be read ({why})") from None
+    table = count * _ENTRY.size
+    if len(rest) != table + (_MAC_BYTES if signed else 0):
+        raise Corrupt(
+            f"pack index {pack_id} is {len(data)} bytes, which does not fit {count} items"
+        )
+    if signer is not None:
+        if not signed:
+            raise Unsigned(
+                f"pack index {pack_id} carries no signature, and this store signs: it was "
+                "written without the key, so its items are treated as absent"
+            )
+        if not signer.check(memoryview(data)[: len(data) - _MAC_BYTES], rest[table:]):
+            raise Unsigned(
+                f"pack index {pack_id} has a signature that does not match this store's key; "
+                "its items are treated as absent"
+            )
+    entries = {
+        "blake3:" + raw.hex(): (offset, length)
+        for raw, offset, length in _ENTRY.iter_unpack(rest[:table])
+    }
+    for offset, length in entries.values():
+        if offset + length > size:
+            raise Corrupt(f"pack index {pack_id} points past the end of its blob")
+    return PackIndex(pack_id, blob, size, codec, fingerprint, created, entries)
+
+
+class _Packing(Protocol):
+    """What :func:`keep_packed` needs of a home."""
+
+    signer: Signer | None
+
+    def put(self, data: Buffer | Sequence[Buffer]) -> str: ...
+
+    def keep(
+        self, key: str, data: Buffer | Sequence[Buffer], codec: str, fingerprint: str | None = None
+    ) -> Answer: ...
+
+    def _publish_index(self, pack: PackIndex, data: bytes) -> None: ...
+
+
+def keep_packed(
+    home: _Packing,
+    items: Sequence[tuple[str, Buffer | Sequence[Buffer]]],
+    codec: str,
+    fingerprint: str | None,
+) -> list[Answer]:
+    """Keeps ``items`` (key, bytes) in ``home`` as packs: small items together, one blob
+    and one index per up to :data:`PACK_BYTES`; large or lone items as plain answers. The
+    blob is published before the index that refers to it."""
+    chunks: list[list[tuple[str, Sequence[Buffer], int]]] = [[]]
+    filled = 0
+    out: dict[str, Answer] = {}
+    for key, data in items:
+        check_digest(key)
+        pieces = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
+        size = sum(memoryview(p).nbytes for p in pieces)
+        if size >= PACK_ITEM_BELOW:
+            out[key] = home.keep(key, pieces, codec, fingerprint)
+            continue
+        if filled + size > PACK_BYTES and chunks[-1]:
+            chunks.append([])
+            filled = 0
+        chunks[-1].append((key, pieces, size))
+        filled += size
+    for chunk in chunks:
+        if len(chunk) == 1:
+            key, pieces, _ = chunk[0]
+            out[key] = home.keep(key, pieces, codec, fingerprint)
+        elif chunk:
+            joined: list[Buffer] = []
+            entries: list[tuple[str, int, int]] = []
+            offset = 0
+            for key, parts, size in chunk:
+                entries.append((key, offset, size))
+                joined.extend(parts)
+                offset += size
+            blob = home.put(joined)
+            created = time.time()
+            pack_id, index = encode_pack(
+                blob, offset, codec, fingerprint, created, entries, home.signer
+            )
+            table = {key: (start, size) for key, start, size in entries}
+            pack = PackIndex(pack_id, blob, offset, codec, fingerprint, created, table)
+            home._publish_index(pack, index)
+            out.update((key, pack.answer(key)) for key in table)
+    return [out[key] for key, _ in items]

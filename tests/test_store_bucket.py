@@ -1,0 +1,134 @@
+"""The bucket store's own promises: batched have(), retries, a read-through cache, and
+downloads checked against their digest — against S3 on loopback where it matters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+
+from somatize import Corrupt, Graph, Store
+from somatize.store import BucketStore, StoreError
+from tests.conftest_s3 import s3_options, s3_url
+from tests.nodes import Largest, Rows, Scale
+
+
+def key_of(label: str) -> str:
+    return "blake3:" + blake3.blake3(label.encode()).hexdigest()
+
+
+class Counting:
+    """Wraps a filesystem method, counting calls and failing the first ``fail`` of them."""
+
+    def __init__(self, real: Any, fail: int = 0, error: BaseException | None = None) -> None:
+        self.real, self.fail, self.error, self.calls = real, fail, error, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls <= self.fail:
+            assert self.error is not None
+            raise self.error
+        return self.real(*args, **kwargs)
+
+
+def test_have_on_many_keys_lists_instead_of_asking_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """have() over 168 unknown keys costs two listings, not a request per key."""
+    store = Store.on_bucket(s3_url(), **s3_options())
+    kept = [key_of(f"k{i}") for i in range(8)]
+    for key in kept:
+        store.keep(key, b"v", "plain")
+    fresh = Store.on_bucket(store.url, **s3_options())
+    assert isinstance(fresh, BucketStore)
+    finds, cats = Counting(fresh.fs.find), Counting(fresh.fs.cat)
+    monkeypatch.setattr(fresh.fs, "find", finds)
+    monkeypatch.setattr(fresh.fs, "cat", cats)
+    asked = kept + [key_of(f"absent{i}") for i in range(160)]
+    assert fresh.have(asked) == set(kept)
+    assert finds.calls <= 2 and cats.calls == 0
+
+
+def test_transient_failures_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two connection failures in a row are retried away; the answer comes back."""
+    store = Store.on_bucket("memory://somatize/retry", backoff=0.0)
+    assert isinstance(store, BucketStore)
+    key = key_of("retry")
+    store.keep(key, b"value", "plain")
+    fresh = Store.on_bucket("memory://somatize/retry", backoff=0.0)
+    assert isinstance(fresh, BucketStore)
+    flaky = Counting(fresh.fs.cat_file, fail=2, error=ConnectionResetError("reset by peer"))
+    monkeypatch.setattr(fresh.fs, "cat_file", flaky)
+    assert bytes(fresh.recall(key)[1]) == b"value"
+    assert flaky.calls >= 3
+
+
+def test_persistent_failure_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that keeps failing becomes a StoreError that says how often and why."""
+    store = Store.on_bucket("memory://somatize/down", retries=2, backoff=0.0)
+    assert isinstance(store, BucketStore)
+    monkeypatch.setattr(store.fs, "cat_file", Counting(None, fail=99, error=TimeoutError("slow")))
+    with pytest.raises(StoreError, match="failed 3 times"):
+        store.resolve("some/name")
+
+
+def test_refused_credentials_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Permission refused is said at once, pointing at the credentials."""
+    store = Store.on_bucket("memory://somatize/denied", backoff=0.0)
+    assert isinstance(store, BucketStore)
+    denied = Counting(None, fail=99, error=PermissionError("403 Forbidden"))
+    monkeypatch.setattr(store.fs, "cat_file", denied)
+    with pytest.raises(StoreError, match="check the credentials"):
+        store.resolve("some/name")
+    assert denied.calls == 1
+
+
+def test_cache_in_front_serves_repeat_reads(tmp_path: Path) -> None:
+    """With a cache, a second process recalls from local disk even when the bucket's copy
+    of the blob is gone; the cached copy was verified when it was downloaded."""
+    url = s3_url()
+    writer = Store.on_bucket(url, **s3_options())
+    key = key_of("cached")
+    answer = writer.keep(key, b"v" * 5000, "plain")
+    first = Store.on_bucket(url, cache=tmp_path / "cache", **s3_options())
+    assert bytes(first.recall(key)[1]) == b"v" * 5000
+    assert isinstance(writer, BucketStore)
+    writer.fs.rm(writer._blob_path(answer.value))
+    second = Store.on_bucket(url, cache=tmp_path / "cache", **s3_options())
+    assert second.have([key]) == {key}
+    assert bytes(second.recall(key)[1]) == b"v" * 5000
+
+
+def test_damaged_download_is_refused() -> None:
+    """A blob whose bytes in the bucket no longer match its digest is Corrupt, not returned."""
+    store = Store.on_bucket("memory://somatize/damaged")
+    assert isinstance(store, BucketStore)
+    digest = store.put(b"genuine bytes")
+    store.fs.pipe_file(store._blob_path(digest), b"forged! bytes")
+    with pytest.raises(Corrupt, match="hashes to"):
+        Store.on_bucket("memory://somatize/damaged").get(digest)
+
+
+def test_graph_runs_against_a_bucket() -> None:
+    """A forward keeps into S3 and the next forward, in a fresh store object, recalls."""
+    url = s3_url()
+    x = {"at": 0, "take": 8}
+
+    def graph() -> Graph:
+        return Graph.somatize(
+            Rows().named("rows").frozen()
+            >> Scale().named("scale").frozen()
+            >> Largest().named("top").frozen().cached()
+        )
+
+    first = graph()
+    value = first.forward(x, store=Store.on_bucket(url, **s3_options()))
+    second = graph()
+    assert second.forward(x, store=Store.on_bucket(url, **s3_options())) == value
+    assert second.record.outcome["top"] == "recalled"
+    assert second.record.outcome["rows"] == "spared"
+
+
+def test_store_of_a_url_is_a_bucket() -> None:
+    """Store("memory://…") opens a bucket store, as Store(path) opens a directory."""
+    assert isinstance(Store("memory://somatize/plain"), BucketStore)

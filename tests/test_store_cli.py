@@ -1,0 +1,76 @@
+"""The `somatize store` command line: human sizes, clear exit codes, and the same upkeep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from somatize.cli import main, parse_size, size_of
+from somatize.store import LocalStore
+
+KEY = "blake3:" + "ab" * 32
+
+
+def _store(tmp_path: Path) -> LocalStore:
+    store = LocalStore(tmp_path / "store")
+    store.keep(KEY, b"x" * 3000, "plain")
+    store.bind("sms/train", store.put(b"rows"))
+    return store
+
+
+def test_sizes_read_and_written_in_human_units() -> None:
+    """Sizes print in binary units and parse with or without them."""
+    assert size_of(3 * 1024 * 1024) == "3.0 MiB"
+    assert size_of(12) == "12 B"
+    assert parse_size("1.5K") == 1536 and parse_size("10GiB") == 10 << 30
+    assert parse_size("700") == 700
+
+
+def test_ls_du_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ls lists the answer and the name; du sums sections; show prints a record and a name."""
+    store = _store(tmp_path)
+    where = str(store.root)
+    assert main(["store", "ls", "--store", where]) == 0
+    listed = capsys.readouterr().out
+    assert KEY in listed and "sms/train" in listed
+    assert main(["store", "du", "--store", where]) == 0
+    assert "2.9 KiB" in capsys.readouterr().out
+    assert main(["store", "show", KEY, "--store", where]) == 0
+    assert "bytes    3000 (2.9 KiB)" in capsys.readouterr().out
+    assert main(["store", "show", "sms/train", "--store", where]) == 0
+    assert "sms/train → blake3:" in capsys.readouterr().out
+
+
+def test_verify_exit_status_says_damage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """verify exits 0 on a healthy store and 1, naming the file, on a damaged one."""
+    store = _store(tmp_path)
+    where = str(store.root)
+    assert main(["store", "verify", "--store", where]) == 0
+    answer = store.answer(KEY)
+    assert answer is not None
+    store.blob_path(answer.value).write_bytes(b"y" * 3000)
+    assert main(["store", "verify", "--store", where, "--quarantine"]) == 1
+    assert f"DAMAGED blobs/{answer.value[7:9]}/{answer.value[7:]}" in capsys.readouterr().out
+    assert main(["store", "verify", "--store", where]) == 0
+
+
+def test_gc_frees_what_it_says(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """gc --max-bytes 100 drops the 3000-byte answer and keeps the named blob."""
+    store = _store(tmp_path)
+    assert (
+        main(["store", "gc", "--store", str(store.root), "--max-bytes", "100", "--grace", "0"]) == 0
+    )
+    assert "dropped 1 answers" in capsys.readouterr().out
+    fresh = LocalStore(store.root)
+    assert fresh.have([KEY]) == set()
+    assert bytes(fresh.get(fresh.resolve("sms/train"))) == b"rows"
+
+
+def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A path-traversal name and an unknown name are refused with a message and status 2."""
+    where = str(_store(tmp_path).root)
+    assert main(["store", "show", "../etc/passwd", "--store", where]) == 2
+    assert "could reach outside the store" in capsys.readouterr().err
+    assert main(["store", "show", "sms/none", "--store", where]) == 2
+    assert "nothing is bound to `sms/none`" in capsys.readouterr().err

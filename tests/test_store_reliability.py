@@ -1,0 +1,328 @@
+"""The local store under stress: killed writers, racing writers, damaged files, a full
+disk, hostile names and unsigned answers — never a wrong answer, never a half one."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+
+from somatize import BadName, Graph, NameNotFound, Store
+from somatize.store import LocalStore, StoreError, StoreFull, Unsigned
+from tests.nodes import Largest, Rows, Scale
+
+
+def key_of(label: str) -> str:
+    return "blake3:" + blake3.blake3(label.encode()).hexdigest()
+
+
+def value_of(key: str, size: int) -> bytes:
+    return (key.encode() * (size // len(key) + 1))[:size]
+
+
+# -- crash consistency -------------------------------------------------------------------------
+
+
+def _writer(root: Path, trial: int, report: int) -> None:
+    """Writes answers and packs forever, telling ``report`` each key once it is published."""
+    store = LocalStore(root)
+    rng = random.Random(trial)
+    for step in range(10**6):
+        if step % 4 == 3:
+            keys = [key_of(f"{trial}/{step}/{i}") for i in range(20)]
+            store.keep_many([(k, value_of(k, rng.randrange(1, 3000))) for k in keys], "plain")
+        else:
+            keys = [key_of(f"{trial}/{step}")]
+            store.keep(keys[0], value_of(keys[0], rng.choice([7, 5000, 70_000, 300_000])), "plain")
+        os.write(report, "".join(f"{k}\n" for k in keys).encode())
+
+
+def _crash_trials(root: str, trials: int, log: str) -> None:
+    """Forks ``trials`` writers, killing each at a random moment; appends every key they
+    reported published to ``log``. Run in a fresh interpreter: a process that has hashed
+    with threads (blake3's pool) cannot safely fork a writer that hashes again."""
+    LocalStore(root)
+    rng = random.Random(7)
+    with open(log, "w") as out:
+        for trial in range(trials):
+            read, write = os.pipe()
+            child = os.fork()
+            if child == 0:  # pragma: no cover - runs in the child
+                os.close(read)
+                try:
+                    _writer(Path(root), trial, write)
+                finally:
+                    os._exit(0)
+            os.close(write)
+            time.sleep(rng.uniform(0.001, 0.03))
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            with os.fdopen(read, "rb") as pipe:
+                out.write(pipe.read().decode())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="kills forked writers; needs os.fork")
+def test_killed_writers_leave_a_clean_store(tmp_path: Path) -> None:
+    """200 writers killed at random moments leave a store that verifies clean, shows
+    nothing partial, and gives back every answer that was published."""
+    root, log = tmp_path / "store", tmp_path / "published"
+    code = (
+        "from tests.test_store_reliability import _crash_trials; "
+        f"_crash_trials({str(root)!r}, 200, {str(log)!r})"
+    )
+    repo = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-c", code], cwd=repo, check=True, timeout=240)
+    published = [line for line in log.read_text().splitlines() if line]
+    store = LocalStore(root)
+    found = store.verify()
+    assert found.ok, found.damaged
+    assert len(published) > 200
+    assert store.have(published) == set(published)
+    got = store.recall_many(published)
+    for key in published:
+        answer, data = got[key]  # type: ignore[misc]
+        assert bytes(data) == value_of(key, answer.size)
+    assert not list((root / "answers").rglob("*.part"))
+
+
+# -- concurrency -------------------------------------------------------------------------------
+
+
+def _racer(root: str, start: int) -> None:
+    store = LocalStore(root)
+    keys = [key_of(f"whole/{i}") for i in range(start, start + 500)]
+    for key in keys:
+        store.keep(key, value_of(key, 100 + int(key[7:11], 16) % 5000), "plain")
+    items = [key_of(f"item/{i}") for i in range(start, start + 500)]
+    for at in range(0, 500, 100):
+        chunk = items[at : at + 100]
+        store.keep_many([(k, value_of(k, 50)) for k in chunk], "plain")
+    store.bind("shared/latest", store.put(b"the same dataset"))
+
+
+def test_racing_writers_end_where_a_serial_run_does(tmp_path: Path) -> None:
+    """4 processes × 500 overlapping keys: no error, nothing damaged, and the same answers
+    (and blobs for whole answers) as the same writes made one after another."""
+    racing, serial = tmp_path / "racing", tmp_path / "serial"
+    starts = [0, 250, 500, 750]
+    # Spawned, not forked: this process may hold a hashing thread pool a fork would break.
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_racer, args=(str(racing), s)) for s in starts]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert [w.exitcode for w in workers] == [0, 0, 0, 0]
+    for start in starts:
+        _racer(str(serial), start)
+    one, two = LocalStore(racing), LocalStore(serial)
+    assert one.verify().ok and two.verify().ok
+    keys = [key_of(f"whole/{i}") for i in range(1250)] + [key_of(f"item/{i}") for i in range(1250)]
+    assert one.have(keys) == two.have(keys) == set(keys)
+    mine, theirs = one.recall_many(keys), two.recall_many(keys)
+    for key in keys:
+        assert bytes(mine[key][1]) == bytes(theirs[key][1])  # type: ignore[index]
+    for key in keys[:1250]:
+        assert one.answer(key).value == two.answer(key).value  # type: ignore[union-attr]
+    assert one.resolve("shared/latest") == two.resolve("shared/latest")
+
+
+# -- damage ------------------------------------------------------------------------------------
+
+
+def _graph() -> Graph:
+    return Graph.somatize(
+        Rows().named("rows").frozen()
+        >> Scale().named("scale").frozen()
+        >> Largest().named("top").frozen().cached()
+    )
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "record"])
+def test_damaged_answer_is_recomputed_and_said(tmp_path: Path, damage: str) -> None:
+    """A flipped, truncated or deleted blob, or a broken record, under a kept answer: the next
+    forward recomputes the right value and says so; the one after recalls it again."""
+    root = tmp_path / "store"
+    x = {"at": 10, "take": 5}
+    g = _graph()
+    right = g.forward(x, store=LocalStore(root))
+    key = next(f["key"] for f in g.record.facts if f["fact"] == "kept")
+    store = LocalStore(root)
+    answer = store.answer(key)
+    assert answer is not None
+    blob = store.blob_path(answer.value)
+    if damage == "flip":
+        data = bytearray(blob.read_bytes())
+        data[-1] ^= 1
+        blob.write_bytes(bytes(data))
+    elif damage == "truncate":
+        blob.write_bytes(blob.read_bytes()[:-1])
+    elif damage == "delete":
+        blob.unlink()
+    else:
+        store.answer_path(key).write_bytes(b'{"somatize": 1, "key"')
+    again = _graph()
+    assert again.forward(x, store=LocalStore(root)) == right
+    outcome = again.record.outcome["top"]
+    assert outcome == "ran"
+    if damage == "flip":
+        assert again.record.count("corrupt") == 1
+    third = _graph()
+    assert third.forward(x, store=LocalStore(root)) == right
+    assert third.record.outcome["top"] == "recalled"
+
+
+def test_verify_reports_and_quarantines(tmp_path: Path) -> None:
+    """verify names a damaged blob and a dangling record; quarantined, they become misses."""
+    store = LocalStore(tmp_path / "store")
+    good, bad = key_of("good"), key_of("bad")
+    store.keep(good, b"fine" * 100, "plain")
+    answer = store.keep(bad, b"soon broken" * 100, "plain")
+    store.blob_path(answer.value).write_bytes(b"X" * answer.size)
+    found = LocalStore(store.root).verify(quarantine=True)
+    assert {d.section for d in found.damaged} == {"blobs", "answers"}
+    assert any("hashes to" in d.why for d in found.damaged)
+    fresh = LocalStore(store.root)
+    assert fresh.have([good, bad]) == {good}
+    assert fresh.verify().ok
+    assert len(list((store.root / "quarantine").rglob("*"))) >= 2
+
+
+# -- a full disk -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Any:
+    where = tmp_path / "tiny"
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(
+            f"mounting a 1 MiB tmpfs is not permitted here ({done.stderr.strip()}); "
+            "the simulated ENOSPC test covers the same path"
+        )
+    yield where
+    subprocess.run(["umount", str(where)], check=False)
+
+
+def test_full_disk_is_a_clear_error(tiny_disk: Path) -> None:
+    """On a 1 MiB disk, a 2 MiB answer fails with StoreFull; what was kept before is intact
+    and nothing half-written is left behind."""
+    store = LocalStore(tiny_disk / "store")
+    small = key_of("small")
+    store.keep(small, b"s" * 1000, "plain")
+    with pytest.raises(StoreFull, match="no space left"):
+        store.keep(key_of("big"), b"b" * (2 << 20), "plain")
+    assert not list((tiny_disk / "store" / "tmp").iterdir())
+    fresh = LocalStore(tiny_disk / "store")
+    assert fresh.verify().ok
+    assert fresh.have([small, key_of("big")]) == {small}
+
+
+def test_simulated_full_disk_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails with ENOSPC midway raises StoreFull and leaves the store as it was."""
+    store = LocalStore(tmp_path / "store")
+    small = key_of("small")
+    store.keep(small, b"s" * 1000, "plain")
+    real = os.replace
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(StoreFull, match="store is as it was"):
+        store.keep(key_of("big"), b"b" * 5000, "plain")
+    monkeypatch.setattr(os, "replace", real)
+    assert not list((tmp_path / "store" / "tmp").iterdir())
+    assert LocalStore(tmp_path / "store").have([small, key_of("big")]) == {small}
+
+
+# -- names and signatures ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/abs", "a/./b", "bell\x07", "x/"])
+def test_hostile_names_refused_on_resolve(tmp_path: Path, name: str) -> None:
+    """A name that could escape the store is refused before any file is touched."""
+    with pytest.raises(BadName, match="name"):
+        Store(tmp_path / "store").resolve(name)
+
+
+def test_missing_name_says_how_to_bind(tmp_path: Path) -> None:
+    """Resolving a name nobody bound is NameNotFound, naming the call that binds it."""
+    with pytest.raises(NameNotFound, match=r"store\.bind\('sms/v2'"):
+        Store(tmp_path / "store").resolve("sms/v2")
+
+
+def test_unsigned_answer_refused_in_signed_store(tmp_path: Path) -> None:
+    """A signed store does not have, and will not recall, an answer written without its key."""
+    key = key_of("answer")
+    LocalStore(tmp_path / "store").keep(key, b"planted", "plain")
+    signed = LocalStore(tmp_path / "store", signing_key="s3cret")
+    assert signed.have([key]) == set()
+    with pytest.raises(Unsigned, match="carries no signature"):
+        signed.recall(key)
+    signed.keep(key, b"honest", "plain")
+    assert bytes(LocalStore(tmp_path / "store", signing_key="s3cret").recall(key)[1]) == b"honest"
+
+
+def test_other_key_refused(tmp_path: Path) -> None:
+    """An answer, pack or name signed with another key is refused, as if absent."""
+    store = LocalStore(tmp_path / "store", signing_key="one")
+    whole, item = key_of("whole"), key_of("item")
+    store.keep(whole, b"w", "plain")
+    store.keep_many([(item, b"i"), (key_of("other"), b"o")], "plain")
+    store.bind("data/x", store.put(b"x"))
+    other = LocalStore(tmp_path / "store", signing_key="two")
+    assert other.have([whole, item]) == set()
+    with pytest.raises(Unsigned, match="does not match this store's key"):
+        other.recall(whole)
+    with pytest.raises(Unsigned, match="does not match"):
+        other.resolve("data/x")
+    assert LocalStore(tmp_path / "store", signing_key="one").have([whole, item]) == {whole, item}
+
+
+def test_key_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SOMATIZE_STORE_KEY makes a store sign; a reader without it still reads, a reader
+    with another key refuses."""
+    monkeypatch.setenv("SOMATIZE_STORE_KEY", "from-env")
+    key = key_of("env")
+    LocalStore(tmp_path / "store").keep(key, b"v", "plain")
+    monkeypatch.setenv("SOMATIZE_STORE_KEY", "different")
+    assert LocalStore(tmp_path / "store").have([key]) == set()
+    monkeypatch.delenv("SOMATIZE_STORE_KEY")
+    assert LocalStore(tmp_path / "store").have([key]) == {key}
+
+
+def test_unwritable_store_is_a_clear_error(tmp_path: Path) -> None:
+    """A store whose directory cannot be made says where and why."""
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(StoreError, match="cannot use"):
+        LocalStore(tmp_path / "file" / "store")
+
+
+def test_nothing_is_unpickled(tmp_path: Path) -> None:
+    """A pickle planted as a record is refused as unreadable, never loaded."""
+    import pickle
+
+    key = key_of("pickle")
+    store = LocalStore(tmp_path / "store")
+    store.keep(key, b"v", "plain")
+    store.answer_path(key).write_bytes(pickle.dumps({"key": key, "exec": uuid.uuid4()}))
+    assert LocalStore(store.root).have([key]) == set()
