@@ -1,0 +1,207 @@
+"""The ``tensor`` codec: tensors as safetensors bytes, written from and read into memory
+in place.
+
+A tensor answer is kept in the safetensors layout — an 8-byte little-endian
+header length, a JSON header naming each tensor's dtype, shape and byte range,
+then the raw bytes — because its reader cannot run code, any safetensors
+reader can open it, and its bytes are the tensor's own memory: encoding is a
+header plus a view of each tensor (no joined copy), and decoding builds each
+tensor with ``torch.frombuffer`` over the store's memory map, so a recalled
+19 MB batch is not copied on the host.
+
+Values it takes: one tensor, or a tuple, list or dict (str keys) of tensors —
+one level, no nesting. Every dense dtype of :data:`somatize_torch.digest.DTYPES`
+round-trips (bf16, fp16, int8, bool included), a non-contiguous tensor is
+written in C order, and a 0-dim or empty tensor keeps its shape.
+
+Devices: where each tensor lived is recorded in the header's ``__metadata__``
+and a decoded tensor is moved back there. A CUDA tensor recalled in a process
+without CUDA lands on the CPU with a :class:`LandedOnHost` warning — its value
+is the same, and a run that can go on should not be stopped for where memory
+is; move it yourself, or silence the warning, if that is what you want.
+
+**Recalled tensors are read-only memory.** They view a memory map of an
+immutable blob; writing into one in place (``x.add_(1)``, ``relu(inplace=True)``)
+would fault. Clone a recalled tensor before changing it in place
+(:func:`somatize.torch.wrap` does this for you when the traced code writes into a
+cached node's output).
+
+The digest of a value is not the digest of these bytes: it is
+:func:`somatize_torch.digest.digest_tensor` (one tensor) or
+:func:`~somatize_torch.digest.digest_named` (a collection), computed where each
+tensor lives, so equal tensors are equal whatever the JSON writer did.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from somatize import CODECS, Codec
+from somatize.errors import SomatizeWarning
+from somatize_torch.digest import DTYPES, digest_named, digest_tensor, host_bytes
+
+__all__ = ["TENSOR", "LandedOnHost", "TensorCodec", "register"]
+
+_BY_CODE = {code: dtype for dtype, code in DTYPES.items()}
+_LEN = struct.Struct("<Q")
+_FORMAT = "somatize/tensor/1"
+_KINDS = ("tensor", "tuple", "list", "dict")
+_MAX_HEADER = 100 << 20
+
+
+class LandedOnHost(SomatizeWarning):
+    """A tensor kept on a device this process does not have was recalled onto the CPU."""
+
+
+def _is_tensor(value: Any) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.layout is torch.strided
+        and value.dtype in DTYPES
+        and not value.is_quantized
+    )
+
+
+def _named(value: Any) -> tuple[str, dict[str, torch.Tensor]]:
+    """The kind of ``value`` and its tensors by name (``tensor``; ``0``, ``1`` …; dict keys)."""
+    if isinstance(value, torch.Tensor):
+        return "tensor", {"tensor": value}
+    if isinstance(value, tuple):
+        return "tuple", {str(i): t for i, t in enumerate(value)}
+    if isinstance(value, list):
+        return "list", {str(i): t for i, t in enumerate(value)}
+    return "dict", dict(value)
+
+
+class TensorCodec(Codec):
+    """A tensor, or a tuple, list or str-keyed dict of tensors, as safetensors bytes."""
+
+    name = "tensor"
+    types = (torch.Tensor, tuple, list, dict)
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, torch.Tensor):
+            return _is_tensor(value)
+        if isinstance(value, dict):
+            return (
+                bool(value)
+                and all(type(k) is str and k != "__metadata__" for k in value)
+                and all(_is_tensor(v) for v in value.values())
+            )
+        return bool(value) and all(_is_tensor(v) for v in value)
+
+    def encode(self, value: Any) -> Sequence[memoryview | bytes]:
+        kind, tensors = _named(value)
+        # Larger elements first, so that every tensor starts at a multiple of its own size.
+        order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
+        header: dict[str, Any] = {}
+        devices: dict[str, str] = {}
+        views: list[memoryview] = []
+        at = 0
+        for name in order:
+            tensor = tensors[name]
+            view = host_bytes(tensor)
+            header[name] = {
+                "dtype": DTYPES[tensor.dtype],
+                "shape": list(tensor.shape),
+                "data_offsets": [at, at + view.nbytes],
+            }
+            if tensor.device.type != "cpu":
+                devices[name] = str(tensor.device)
+            at += view.nbytes
+            views.append(view)
+        meta = {"format": _FORMAT, "kind": kind}
+        if devices:
+            meta["devices"] = json.dumps(devices, sort_keys=True)
+        header["__metadata__"] = meta
+        raw = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        raw += b" " * (-(len(raw) + 8) % 8)  # the data starts 8-aligned, as safetensors writes it
+        return [_LEN.pack(len(raw)) + raw, *views]
+
+    def decode(self, data: memoryview) -> Any:
+        data = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        if len(data) < 8:
+            raise ValueError(f"{len(data)} bytes are too few for a tensor answer")
+        (size,) = _LEN.unpack(data[:8])
+        if size > min(len(data) - 8, _MAX_HEADER):
+            raise ValueError(f"a tensor answer's header says {size} bytes; there are not that many")
+        try:
+            header = json.loads(bytes(data[8 : 8 + size]))
+            meta = header.pop("__metadata__")
+            kind = meta["kind"]
+        except (ValueError, KeyError, TypeError) as why:
+            raise ValueError(f"the header of a tensor answer cannot be read ({why})") from None
+        if kind not in _KINDS or meta.get("format") != _FORMAT:
+            raise ValueError(f"a tensor answer of an unknown kind or format: {meta!r}")
+        devices = json.loads(meta.get("devices", "{}"))
+        body = data[8 + size :]
+        out: dict[str, torch.Tensor] = {}
+        with warnings.catch_warnings():
+            # The store's memory is a read-only map; the tensors view it on purpose.
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            for name, entry in header.items():
+                out[name] = self._tensor(name, entry, body)
+        for name, device in devices.items():
+            out[name] = _to_device(out[name], device, name)
+        if kind == "tensor":
+            return out["tensor"]
+        if kind == "dict":
+            return out
+        ordered = [out[str(i)] for i in range(len(out))]
+        return tuple(ordered) if kind == "tuple" else ordered
+
+    @staticmethod
+    def _tensor(name: str, entry: Any, body: memoryview) -> torch.Tensor:
+        try:
+            dtype = _BY_CODE[entry["dtype"]]
+            shape = [int(n) for n in entry["shape"]]
+            start, end = (int(n) for n in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as why:
+            raise ValueError(f"tensor {name!r} of an answer is not described ({why})") from None
+        count = 1
+        for n in shape:
+            count *= n
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if not 0 <= start <= end <= len(body) or end - start != count * itemsize:
+            raise ValueError(
+                f"tensor {name!r} of an answer claims bytes {start}..{end} for {count} elements "
+                f"of {entry['dtype']}, and the answer holds {len(body)}: it is damaged"
+            )
+        if count == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(body, dtype=dtype, count=count, offset=start).reshape(shape)
+
+    def digest(self, value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            return digest_tensor(value)
+        kind, tensors = _named(value)
+        return digest_named(tensors, kind)
+
+
+def _to_device(tensor: torch.Tensor, device: str, name: str) -> torch.Tensor:
+    where = torch.device(device)
+    if where.type == "cuda" and not torch.cuda.is_available():
+        warnings.warn(
+            f"tensor {name!r} was kept from {device}, and this process has no CUDA device: it "
+            "is recalled onto the CPU with the same value. Move it with `.to(...)` if it must "
+            "be elsewhere",
+            LandedOnHost,
+            stacklevel=4,
+        )
+        return tensor
+    return tensor.to(where)
+
+
+TENSOR = TensorCodec()
+"""The codec instance registered as ``tensor``."""
+
+
+def register() -> None:
+    """Registers the ``tensor`` codec with :data:`somatize.CODECS` (idempotent)."""
+    CODECS.register(TENSOR)

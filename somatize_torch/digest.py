@@ -1,0 +1,212 @@
+"""Tensor digests: the one place a tensor's content becomes a name.
+
+Every digest of tensor data in somatize goes through this module — an
+``Opaque(batch)`` input, a frozen module's weights, one row of a batch for a
+per-sample key — so that the same bytes get the same name everywhere, and so
+that one function can be backed by a device kernel where there is one.
+
+A tensor's digest covers what it *is*, not where it lives::
+
+    raw(t)          = BLAKE3(t's bytes, C order, little-endian)
+    digest_tensor(t) = H("somatize/tensor", dtype, shape, raw(t))
+
+BLAKE3 is a tree hash, so ``raw`` is the same on one CPU thread, on many, and in
+the CUDA kernel of ``somatize_torch._native`` (used for CUDA tensors when that
+extension is built): a key computed beside a GPU equals one computed on a
+laptop. A collection of tensors (a state dict, a dict or tuple of tensors) is
+named by a canonical header — each tensor's name, dtype, shape and raw digest,
+names sorted — and never by serialising the collection, since a serialiser may
+write equal tensors in more than one way.
+
+The bytes are read in place: a contiguous CPU tensor is hashed through a
+zero-copy view of its memory (``tensor.view(torch.uint8).numpy()``); only a
+non-contiguous tensor is made contiguous first, and a CUDA tensor is copied to
+the host only when no device kernel is available.
+
+Rows: :func:`digest_rows` names each ``t[i]`` of a batch in one call. With the
+CUDA extension that is one kernel for the whole batch; on the host it is one
+BLAKE3 call per row over a zero-copy slice of the batch's memory (the ``blake3``
+package has no batched entry point), with the header work done once. In every
+case ``digest_rows(t)[i] == digest_tensor(t[i])``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import blake3
+import torch
+
+from somatize import canonical
+
+__all__ = [
+    "DIGEST_VERSION",
+    "DTYPES",
+    "digest_named",
+    "digest_rows",
+    "digest_tensor",
+    "host_bytes",
+    "raw_digest",
+]
+
+DIGEST_VERSION = 1
+"""Bumped whenever the digest of some tensor changes for the same content."""
+
+_TENSOR = b"somatize/tensor/%d\0" % DIGEST_VERSION
+_NAMED = b"somatize/tensors/%d\0" % DIGEST_VERSION
+_LARGE = 1 << 20
+"""Above this many bytes a host digest uses every core."""
+
+DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.complex64: "C64",
+}
+"""Each dtype a tensor may have here, by its safetensors name."""
+for _name, _code in (
+    ("uint16", "U16"),
+    ("uint32", "U32"),
+    ("uint64", "U64"),
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("float8_e5m2", "F8_E5M2"),
+):
+    if hasattr(torch, _name):
+        DTYPES[getattr(torch, _name)] = _code
+
+_BIG_ENDIAN = sys.byteorder != "little"
+
+
+def host_bytes(tensor: torch.Tensor) -> memoryview:
+    """The bytes of ``tensor`` in C order, as a flat memoryview of host memory.
+
+    Zero-copy for a contiguous CPU tensor; a non-contiguous one is made contiguous
+    and a device tensor is copied to the host first. The view keeps the memory it
+    reads alive.
+    """
+    t = tensor.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if _BIG_ENDIAN and t.element_size() > 1:  # the canonical byte order is little-endian
+        t = t.view(torch.uint8).reshape(-1, t.element_size()).flip(-1).contiguous()
+    flat: Any = t.reshape(-1).view(torch.uint8).numpy()
+    return memoryview(flat)
+
+
+def _device_raw(tensor: torch.Tensor) -> bytes | None:
+    """The raw digest computed where a CUDA tensor lives, or None where it cannot be."""
+    if tensor.device.type != "cuda":
+        return None
+    try:
+        from somatize_torch._native import device_digest
+    except ImportError:
+        return None
+    return device_digest(tensor)
+
+
+def _device_raw_rows(tensor: torch.Tensor) -> list[bytes] | None:
+    if tensor.device.type != "cuda":
+        return None
+    try:
+        from somatize_torch._native import device_digest_rows
+    except ImportError:
+        return None
+    return device_digest_rows(tensor)
+
+
+def _hash(view: memoryview) -> bytes:
+    if view.nbytes >= _LARGE:
+        return bytes(blake3.blake3(view, max_threads=blake3.blake3.AUTO).digest())
+    return bytes(blake3.blake3(view).digest())
+
+
+def raw_digest(tensor: torch.Tensor) -> bytes:
+    """BLAKE3 (32 bytes) of the tensor's bytes alone — no dtype, no shape."""
+    found = _device_raw(tensor)
+    if found is not None:
+        return found
+    return _hash(host_bytes(tensor))
+
+
+def _dtype_code(tensor: torch.Tensor) -> str:
+    code = DTYPES.get(tensor.dtype)
+    if code is None:
+        known = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+        raise TypeError(
+            f"a tensor of dtype {tensor.dtype} cannot be digested or written: its bytes have "
+            f"no agreed layout here. Convert it to one of {known}"
+        )
+    if tensor.layout is not torch.strided:
+        raise TypeError(
+            f"a {tensor.layout} tensor cannot be digested or written: only dense (strided) "
+            "tensors have one canonical byte layout. Convert it with `.to_dense()`"
+        )
+    return code
+
+
+def _tensor_hex(code: str, shape: Iterable[int], raw: bytes) -> str:
+    data = _TENSOR + canonical.encode([code, list(shape), raw])
+    return "blake3:" + blake3.blake3(data).hexdigest()
+
+
+def digest_tensor(tensor: torch.Tensor) -> str:
+    """``blake3:<hex>`` of a tensor's dtype, shape and bytes; the same on every device."""
+    code = _dtype_code(tensor)
+    return _tensor_hex(code, tensor.shape, raw_digest(tensor))
+
+
+def digest_rows(tensor: torch.Tensor) -> list[str]:
+    """One digest per row ``tensor[i]``, computed in one call for the whole batch.
+
+    ``digest_rows(t)[i] == digest_tensor(t[i])``. A 0-dim tensor has no rows and
+    is refused.
+    """
+    if tensor.dim() == 0:
+        raise ValueError(
+            "digest_rows needs a batch (a tensor with at least one dimension), got a 0-dim "
+            "tensor; use digest_tensor for a single value"
+        )
+    code = _dtype_code(tensor)
+    rows = int(tensor.shape[0])
+    shape = list(tensor.shape[1:])
+    raws = _device_raw_rows(tensor)
+    if raws is None:
+        view = host_bytes(tensor)
+        size = view.nbytes // rows if rows else 0
+        raws = [_hash(view[i * size : (i + 1) * size]) for i in range(rows)]
+    head = _TENSOR + canonical.encode([code, shape, b""])[:-9]
+    # The row header is the same for every row; only the raw digest differs.
+    return ["blake3:" + blake3.blake3(_row(head, raw)).hexdigest() for raw in raws]
+
+
+def _row(head: bytes, raw: bytes) -> bytes:
+    # canonical.encode of ``[code, shape, raw]`` ends with ``b"b" + len(8) + raw``; ``head``
+    # is everything before that, so this equals ``_TENSOR + canonical.encode([code, shape, raw])``.
+    return head + b"b" + len(raw).to_bytes(8, "big") + raw
+
+
+def digest_named(tensors: Mapping[str, torch.Tensor], kind: str = "dict") -> str:
+    """``blake3:<hex>`` of named tensors: the canonical header of each one's name, dtype,
+    shape and raw digest, names sorted — whatever order the mapping was filled in and
+    wherever each tensor lives. ``kind`` says what the collection is (``dict``,
+    ``tuple``, ``state``) so that a tuple and a dict of the same tensors differ."""
+    entries: dict[str, Any] = {}
+    for name, tensor in tensors.items():
+        entries[name] = [_dtype_code(tensor), list(tensor.shape), raw_digest(tensor)]
+    data = _NAMED + canonical.encode([kind, entries])
+    return "blake3:" + blake3.blake3(data).hexdigest()

@@ -1,0 +1,246 @@
+"""Freezing: making true what ``.frozen()`` says about a torch node.
+
+A graph *declares* that a node's state does not change (``.frozen()``, or
+``wrap(model, frozen=[...])``); :func:`freeze` is whoever knows what is inside
+making it so, in three steps for each frozen torch node:
+
+1. **settle** — digest its state, weights **and buffers** (BatchNorm running
+   statistics change what it computes as much as its weights do), and record it
+   with ``g.memory.freeze(name, digest)``, so it enters the node's key. The
+   digest is :func:`somatize_torch.digest.digest_named` over the tensors by
+   name: each tensor's bytes digested where it lives, combined under a
+   canonical header of names (sorted), dtypes and shapes — the same tensors give
+   the same digest in any process, whatever order they were registered in and
+   whatever device holds them. It is never the digest of a serialised file, since
+   a serialiser may write equal tensors in more than one way;
+2. ``requires_grad_(False)`` on its parameters;
+3. hold it in ``eval()``: an enclosing module's ``.train()`` leaves it in eval
+   mode, so dropout stays off and BatchNorm statistics stay put.
+
+A frozen module that would still change when it runs — a submodule put back into
+train mode directly, a BatchNorm that would update its statistics, a dropout
+that would draw — gets a :class:`StillChanging` warning, and is put back in eval
+before it runs.
+
+A torch node is a :class:`ModuleNode` (a node whose work is an ``nn.Module``;
+``wrap`` makes one per declared submodule) or a node that is itself an
+``nn.Module``. Freezing one that is not declared frozen is an error: the graph
+would not know it is settled, and the declaration belongs in the graph.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from somatize import Graph, Node, Undeclared
+from somatize.catalog import identity_of
+from somatize.errors import SomatizeError, SomatizeWarning
+from somatize_torch.digest import digest_named
+
+if TYPE_CHECKING:
+    from somatize_torch.wrap import Wrapped
+
+__all__ = [
+    "FreezeError",
+    "ModuleNode",
+    "NotATorchNode",
+    "NotDeclaredFrozen",
+    "NothingToFreeze",
+    "StillChanging",
+    "digest_state",
+    "freeze",
+    "is_held",
+    "module_of",
+]
+
+
+class FreezeError(SomatizeError, ValueError):
+    """What was asked to be frozen cannot be."""
+
+
+class NotDeclaredFrozen(FreezeError):
+    """A node was asked to be frozen that the graph does not declare frozen."""
+
+
+class NotATorchNode(FreezeError, TypeError):
+    """A node was asked to be frozen that holds no torch module."""
+
+
+class NothingToFreeze(FreezeError):
+    """A graph with no frozen torch node was asked to be frozen."""
+
+
+class StillChanging(SomatizeWarning):
+    """A frozen module was found in train mode (dropout drawing, BatchNorm updating)."""
+
+
+def digest_state(module: nn.Module) -> str:
+    """``blake3:<hex>`` of a module's parameters and buffers (persistent or not), by name."""
+    tensors: dict[str, torch.Tensor] = dict(module.named_parameters())
+    for name, buffer in module.named_buffers():
+        tensors[name] = buffer
+    return digest_named(tensors, "state")
+
+
+class _HeldInEval:
+    """Stands in for a frozen module's ``train``: whatever mode is asked, it stays in eval.
+
+    A class rather than a closure so that a module holding one still pickles."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, mode: bool = True) -> nn.Module:
+        return nn.Module.train(self.module, False)
+
+
+def is_held(module: nn.Module) -> bool:
+    """Whether ``module`` is held in eval mode by :func:`freeze`."""
+    return isinstance(module.__dict__.get("train"), _HeldInEval)
+
+
+def _hold(module: nn.Module) -> None:
+    module.requires_grad_(False)
+    nn.Module.train(module, False)
+    if not is_held(module):
+        object.__setattr__(module, "train", _HeldInEval(module))
+
+
+def check_still(name: str, module: nn.Module) -> None:
+    """Warns (:class:`StillChanging`) and puts back in eval any part of a frozen module
+    found in train mode, before it runs."""
+    moving = [part for part, sub in module.named_modules() if sub.training]
+    if not moving:
+        return
+    shown = ", ".join(f"`{p}`" if p else "the module itself" for p in moving[:5])
+    more = f" and {len(moving) - 5} more" if len(moving) > 5 else ""
+    warnings.warn(
+        f"`{name}` is frozen, and {shown}{more} of it was in train mode: it would still change "
+        "as it runs (dropout drawing, BatchNorm updating its statistics), so its answers would "
+        "not follow from its key. It was put back in eval. Something called `.train()` on a "
+        "part of it directly; call `somatize.torch.freeze` again after changing it on purpose",
+        StillChanging,
+        stacklevel=3,
+    )
+    nn.Module.train(module, False)
+
+
+class ModuleNode(Node):
+    """A node whose work is an ``nn.Module``: ``forward(x, ctx)`` calls it on ``x``.
+
+    Its identity is the module's class (``package.module:Encoder``), its
+    declaration the module's structure as ``repr`` shows it plus how it is
+    called, and its state — once frozen — the digest of its weights and buffers.
+    ``spread=True`` calls the module with the items of a tuple input as separate
+    arguments. ``call`` runs instead of the module itself (``wrap`` passes the fx
+    code that calls it with its constant arguments), while the module stays what
+    is frozen and named.
+    """
+
+    holds_state = True
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        spread: bool = False,
+        call: Any = None,
+        declared: Any = None,
+    ) -> None:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"a ModuleNode holds an nn.Module, got a `{type(module).__name__}`")
+        self.module = module
+        self.spread = spread
+        self.call = call if call is not None else module
+        self.declared = declared
+        identity = identity_of(type(module))
+        if identity is not None:
+            self._smz.identity = identity
+
+    def declare(self) -> Any:
+        kind = type(self.module)
+        if identity_of(kind) is None:
+            raise Undeclared(
+                f"`{kind.__qualname__}` is defined inside a function, so nothing names it the "
+                "same way in another process and its answers cannot be keyed. Define the "
+                "module class at module level"
+            )
+        return {"module": repr(self.module), "spread": self.spread, "call": self.declared}
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        if is_held(self.module):
+            check_still(ctx.name if ctx is not None else repr(self), self.module)
+        if self.spread and isinstance(x, (tuple, list)):
+            return self.call(*x)
+        return self.call(x)
+
+    def __repr__(self) -> str:
+        name = self._smz.name
+        return f"<ModuleNode {type(self.module).__qualname__}{f' {name!r}' if name else ''}>"
+
+
+def module_of(node: Node) -> nn.Module | None:
+    """The module a torch node holds, or None for a node that is not one."""
+    if isinstance(node, ModuleNode):
+        return node.module
+    if isinstance(node, nn.Module):
+        return node
+    return None
+
+
+def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
+    """Freezes the frozen torch nodes of ``target`` (a graph, or a module from
+    :func:`somatize.torch.wrap`) — all of them, or only ``names`` — and returns each
+    one's state digest by name. See the module docstring for what freezing does."""
+    from somatize_torch.wrap import Wrapped
+
+    graph = target.graph if isinstance(target, Wrapped) else target
+    if not isinstance(graph, Graph):
+        raise TypeError(
+            f"freeze takes a somatize Graph or a module made by `somatize.torch.wrap`, got a "
+            f"`{type(target).__name__}`. Wrap the model first: "
+            "`somatize.torch.wrap(model, frozen=[...])`"
+        )
+    memory = graph.memory
+    if names:
+        chosen = [graph.resolve(name) for name in names]
+        for name in chosen:
+            if not memory.is_frozen(name):
+                raise NotDeclaredFrozen(
+                    f"`{name}` is not declared frozen, so freezing it would settle a node the "
+                    "graph still treats as changing: its answers would be keyed as if it were "
+                    f"settled while it trains. Declare it frozen (`.frozen()`, or "
+                    f"`wrap(model, frozen=[{name!r}])`) and freeze again"
+                )
+            if module_of(graph.node(name)) is None:
+                raise NotATorchNode(
+                    f"`{name}` ({graph.kind_of(name)}) holds no torch module, so there are no "
+                    "weights to freeze. A dataset is settled with `somatize.data.settle(g)`"
+                )
+    else:
+        chosen = [
+            name
+            for name in graph.nodes()
+            if memory.is_frozen(name) and module_of(graph.node(name)) is not None
+        ]
+        if not chosen:
+            raise NothingToFreeze(
+                "this graph declares no frozen torch node, so there is nothing to freeze: "
+                "declare the modules whose weights do not change (`.frozen()`, or "
+                "`wrap(model, frozen=['encoder'])`)"
+            )
+    out: dict[str, str] = {}
+    for name in chosen:
+        node = graph.node(name)
+        module = module_of(node)
+        assert module is not None
+        _hold(module)
+        digest = digest_state(module)
+        memory.freeze(name, digest)
+        node._smz.state = digest
+        out[name] = digest
+    return out

@@ -1,0 +1,192 @@
+"""The tensor codec and tensor digests: round-trips, zero-copy recall, content keys."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.torch
+import torch
+
+import somatize.torch as smt
+from somatize import CODECS, Opaque, Store
+from somatize_torch.digest import DTYPES
+
+SAMPLES = {
+    torch.bool: torch.tensor([[True, False, True], [False, False, True]]),
+    torch.uint8: torch.arange(6, dtype=torch.uint8).reshape(2, 3),
+    torch.int8: torch.tensor([[-128, 0, 127], [1, -1, 5]], dtype=torch.int8),
+}
+
+
+def _sample(dtype: torch.dtype) -> torch.Tensor:
+    if dtype in SAMPLES:
+        return SAMPLES[dtype]
+    base = torch.linspace(-3, 3, 6).reshape(2, 3)
+    if dtype.is_complex:
+        return torch.complex(base, -base).to(dtype)
+    return base.to(dtype)
+
+
+def _bytes(value: object) -> memoryview:
+    return memoryview(b"".join(bytes(piece) for piece in smt.TENSOR.encode(value)))
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.device == b.device and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=[str(d) for d in DTYPES])
+def test_every_dtype_round_trips(dtype: torch.dtype) -> None:
+    """A tensor of each supported dtype decodes to the same dtype, shape, device and values."""
+    tensor = _sample(dtype)
+    back = smt.TENSOR.decode(_bytes(tensor))
+    assert back.dtype == tensor.dtype and back.shape == tensor.shape
+    assert torch.equal(back.view(torch.uint8), tensor.view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.arange(12.0).reshape(3, 4).t(),
+        torch.arange(24.0).reshape(2, 3, 4)[:, ::2, 1:],
+        torch.tensor(3.5),
+        torch.tensor(True),
+        torch.empty(0, 5),
+        torch.empty(0, dtype=torch.bfloat16),
+        torch.randn(3, 3, requires_grad=True),
+    ],
+    ids=["transposed", "strided", "0-dim", "0-dim-bool", "empty", "empty-bf16", "requires-grad"],
+)
+def test_awkward_tensors_round_trip(tensor: torch.Tensor) -> None:
+    """Non-contiguous, 0-dim, empty and grad-requiring tensors keep shape, dtype and values."""
+    back = smt.TENSOR.decode(_bytes(tensor))
+    assert _same(back, tensor.detach())
+
+
+def test_collections_round_trip() -> None:
+    """A dict, a tuple and a list of tensors come back as the same kind, in order."""
+    parts = (torch.randn(2, 3).half(), torch.tensor([1, 2], dtype=torch.int8), torch.tensor(True))
+    named = {"z": parts[0], "a": parts[1], "m": parts[2]}
+    for value in (parts, list(parts), named):
+        back = smt.TENSOR.decode(_bytes(value))
+        assert type(back) is type(value)
+        if isinstance(value, dict):
+            assert all(_same(back[name], value[name]) for name in value)
+        else:
+            assert all(_same(b, v) for b, v in zip(back, value, strict=True))
+    assert list(smt.TENSOR.decode(_bytes(named))) == sorted(named)
+
+
+def test_layout_is_safetensors() -> None:
+    """What the codec writes, the safetensors library reads as the same tensors."""
+    value = {"weight": torch.randn(4, 4).bfloat16(), "mask": torch.tensor([True, False])}
+    loaded = safetensors.torch.load(bytes(_bytes(value)))
+    assert all(_same(loaded[name], value[name]) for name in value)
+
+
+def test_encode_hands_over_the_tensors_own_memory() -> None:
+    """Encoding a contiguous tensor yields a view of its memory, not a copy."""
+    tensor = torch.randn(1000)
+    pieces = smt.TENSOR.encode(tensor)
+    view = np.frombuffer(pieces[1], dtype=np.uint8)
+    assert view.ctypes.data == tensor.data_ptr()
+
+
+def test_recall_is_zero_copy_from_the_memory_map(store: Store) -> None:
+    """A recalled tensor's storage lies inside the memory-mapped blob the store hands over."""
+    tensor = torch.randn(64, 1024)
+    store.keep("blake3:" + "1" * 64, smt.TENSOR.encode(tensor), "tensor")
+    _, data = store.recall("blake3:" + "1" * 64)
+    start = np.frombuffer(data, dtype=np.uint8).ctypes.data
+    back = smt.TENSOR.decode(data)
+    assert isinstance(data.obj, __import__("mmap").mmap)
+    assert start <= back.untyped_storage().data_ptr() < start + len(data)
+    assert torch.equal(back, tensor)
+
+
+def test_damaged_bytes_are_refused() -> None:
+    """A header that lies about its tensor's bytes is a ValueError, never a wrong tensor."""
+    data = bytearray(_bytes(torch.randn(4)))
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(bytes(data[8 : 8 + size]))
+    header["tensor"]["shape"] = [5]
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (size - len(raw))
+    data[8 : 8 + size] = raw
+    with pytest.raises(ValueError, match="it is damaged"):
+        smt.TENSOR.decode(memoryview(bytes(data)))
+    with pytest.raises(ValueError, match="too few"):
+        smt.TENSOR.decode(memoryview(b"\x01"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a process without CUDA")
+def test_cuda_answer_lands_on_host_with_a_warning() -> None:
+    """A tensor kept from a CUDA device is recalled onto the CPU, with a LandedOnHost warning."""
+    data = bytearray(_bytes(torch.arange(3.0)))
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(bytes(data[8 : 8 + size]))
+    header["__metadata__"]["devices"] = json.dumps({"tensor": "cuda:0"})
+    raw = json.dumps(header).encode()
+    raw += b" " * (-(len(raw) + 8) % 8)
+    patched = struct.pack("<Q", len(raw)) + raw + bytes(data[8 + size :])
+    with pytest.warns(smt.LandedOnHost, match="no CUDA device"):
+        back = smt.TENSOR.decode(memoryview(patched))
+    assert back.device.type == "cpu" and torch.equal(back, torch.arange(3.0))
+
+
+def test_codec_takes_tensors_and_leaves_plain_values() -> None:
+    """Tensors and collections of them go to `tensor`; a tuple of ints stays `plain`."""
+    assert CODECS.for_value(torch.ones(2)).name == "tensor"
+    assert CODECS.for_value((torch.ones(2), torch.zeros(1))).name == "tensor"
+    assert CODECS.for_value((1, 2)).name == "plain"
+    assert CODECS.for_value([]).name == "plain"
+    assert not smt.TENSOR.accepts({"__metadata__": torch.ones(1)})
+
+
+def test_opaque_tensor_is_keyed_by_content_dtype_and_shape() -> None:
+    """Equal content gives one digest whatever the strides; dtype, shape or a value change it."""
+    x = torch.arange(12.0).reshape(3, 4)
+    same = torch.arange(12.0).reshape(3, 4).t().contiguous().t()
+    assert not same.is_contiguous()
+    assert Opaque(x).digest == Opaque(same).digest
+    others = [x.reshape(4, 3), x.double(), x.clone().index_fill_(0, torch.tensor([1]), 0.5)]
+    assert len({Opaque(x).digest, *(Opaque(o).digest for o in others)}) == 4
+    assert Opaque((x,)).digest != Opaque(x).digest != Opaque({"0": x}).digest
+
+
+def test_digest_rows_names_each_row_as_digest_tensor_does() -> None:
+    """One call digests every row, each equal to digesting that row alone."""
+    batch = torch.randn(7, 3, 2).bfloat16()
+    rows = smt.digest_rows(batch)
+    assert rows == [smt.digest_tensor(batch[i]) for i in range(7)]
+    assert len(set(rows)) == 7
+    assert smt.digest_rows(batch.transpose(1, 2).contiguous().transpose(1, 2)) == rows
+    assert smt.digest_rows(torch.empty(0, 4)) == []
+    with pytest.raises(ValueError, match="at least one dimension"):
+        smt.digest_rows(torch.tensor(1.0))
+
+
+def test_unsupported_dtype_is_refused() -> None:
+    """A dtype with no agreed layout is an error naming what to convert to."""
+    with pytest.raises(TypeError, match="Convert it to one of"):
+        smt.digest_tensor(torch.ones(2, dtype=torch.complex128))
+
+
+def test_importing_somatize_torch_initialises_no_cuda_and_registers_the_codec(
+    tmp_path: Path,
+) -> None:
+    """In a fresh process: the codec appears with `import somatize.torch`, and CUDA stays cold."""
+    code = (
+        "import somatize, torch\n"
+        "assert 'tensor' not in somatize.CODECS\n"
+        "import somatize.torch\n"
+        "assert 'tensor' in somatize.CODECS\n"
+        "assert not torch.cuda.is_initialized(), 'CUDA was initialised'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,67 @@
+"""torch.compile of a wrapped model: the cache lookup is one graph break, nothing recompiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as smt
+from somatize import Store
+
+
+class Encoder(nn.Module):
+    """A frozen encoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return torch.tanh(self.linear(x))
+
+
+class Model(nn.Module):
+    """Compiled code on both sides of a cached encoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Encoder()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.encoder(x * 2.0)) + 1.0)
+
+
+def test_compiled_wrapped_model_equals_eager_without_recompiling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled results equal eager ones; the cached node is a graph break; batches reuse code."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = Model()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=Store(tmp_path / "s"))
+    smt.freeze(wrapped)
+    compiled = torch.compile(wrapped)
+    batches = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    with torch.no_grad():
+        eager = [model(x) for x in batches]
+        model.encoder.calls = 0
+        for x, expected in zip(batches + batches, eager + eager, strict=True):
+            assert torch.allclose(compiled(x), expected, atol=1e-6)
+    assert wrapped.counts["encoder"] == {"ran": 4, "kept": 4, "recalled": 4}
+    assert model.encoder.calls == 4
+    breaks = [reason for reason in counters["graph_break"] if "_recall_or_run" in reason]
+    assert breaks, dict(counters["graph_break"])
+    assert all("_recall_or_run" in reason for reason in counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] <= 2
+    assert counters["frames"]["total"] <= 4
+    torch._dynamo.reset()

@@ -1,0 +1,182 @@
+"""Freezing torch nodes: deterministic state digests, no gradients, held in eval, refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as smt
+from somatize import Graph, Node, NotSettled, Opaque, Store
+
+
+class Encoder(nn.Module):
+    """A small encoder with state beyond weights (BatchNorm statistics) and a dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 4)
+        self.norm = nn.BatchNorm1d(4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.norm(self.linear(x)))
+
+
+class Pair(nn.Module):
+    """Two parameters registered in the order given."""
+
+    def __init__(self, first: str, second: str) -> None:
+        super().__init__()
+        values = {"a": torch.arange(3.0), "b": torch.ones(2, 2)}
+        self.register_parameter(first, nn.Parameter(values[first]))
+        self.register_parameter(second, nn.Parameter(values[second]))
+
+
+class Count(Node):
+    """Not a torch node."""
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        return x
+
+
+MAKE = "torch.manual_seed(0); m = Encoder(); m.norm.running_mean.fill_(0.25)"
+
+
+def _encoder() -> Encoder:
+    torch.manual_seed(0)
+    m = Encoder()
+    m.norm.running_mean.fill_(0.25)
+    return m
+
+
+def test_state_digest_ignores_registration_order() -> None:
+    """The same tensors registered in another order give the same digest."""
+    assert list(dict(Pair("a", "b").named_parameters())) == ["a", "b"]
+    assert list(dict(Pair("b", "a").named_parameters())) == ["b", "a"]
+    assert smt.digest_state(Pair("a", "b")) == smt.digest_state(Pair("b", "a"))
+
+
+def test_state_digest_is_the_same_in_a_fresh_process() -> None:
+    """Another interpreter digests the same weights to the same state."""
+    code = (
+        "import torch, sys\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from test_torch_freeze import Encoder\n"
+        "import somatize.torch as smt\n"
+        f"{MAKE}\n"
+        "print(smt.digest_state(m))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == smt.digest_state(_encoder())
+
+
+def test_buffers_are_state() -> None:
+    """Changing a BatchNorm running mean changes the digest; so does any weight."""
+    base = smt.digest_state(_encoder())
+    moved = _encoder()
+    moved.norm.running_mean[0] += 1e-3
+    weighted = _encoder()
+    with torch.no_grad():
+        weighted.linear.weight[0, 0] += 1e-3
+    assert len({base, smt.digest_state(moved), smt.digest_state(weighted)}) == 3
+
+
+def test_state_digest_is_the_same_on_any_device_and_dtype_matters() -> None:
+    """A moved copy keeps its digest; the same values in another dtype do not."""
+    m = _encoder()
+    assert smt.digest_state(m) == smt.digest_state(_encoder().to("cpu"))
+    assert smt.digest_state(m) != smt.digest_state(_encoder().double())
+
+
+def test_freeze_turns_off_gradients_and_holds_eval() -> None:
+    """After freeze: no parameter requires grad, and `.train()` from a parent leaves it in eval."""
+    encoder = _encoder()
+    parent = nn.Sequential(encoder, nn.Linear(4, 1))
+    g = Graph.somatize(smt.ModuleNode(encoder).named("encoder").frozen())
+    digests = smt.freeze(g)
+    assert digests == {"encoder": smt.digest_state(encoder)}
+    assert g.memory.state_of("encoder") == digests["encoder"]
+    assert not any(p.requires_grad for p in encoder.parameters())
+    parent.train()
+    assert parent[1].training
+    assert not any(m.training for m in encoder.modules())
+    assert smt.is_held(encoder)
+
+
+def test_frozen_module_put_back_in_train_mode_warns() -> None:
+    """A part of a frozen module trained directly warns when it runs, and runs in eval."""
+    encoder = _encoder()
+    g = Graph.somatize(smt.ModuleNode(encoder).named("encoder").frozen())
+    smt.freeze(g)
+    encoder.drop.train()
+    x = torch.randn(5, 6)
+    with pytest.warns(smt.StillChanging, match="`drop`.*train mode"):
+        first = g.forward(x)
+    assert not encoder.drop.training
+    assert torch.equal(first, g.forward(x))
+
+
+def test_freezing_an_undeclared_node_is_an_error() -> None:
+    """Naming a node that is not declared frozen is refused, not skipped."""
+    g = Graph.somatize(
+        smt.ModuleNode(_encoder()).named("encoder").frozen()
+        >> smt.ModuleNode(nn.Linear(4, 1)).named("head")
+    )
+    with pytest.raises(smt.NotDeclaredFrozen, match="`head` is not declared frozen"):
+        smt.freeze(g, "head")
+    assert smt.freeze(g, "encoder").keys() == {"encoder"}
+
+
+def test_nothing_to_freeze_is_an_error() -> None:
+    """A graph without a frozen torch node says so instead of doing nothing."""
+    with pytest.raises(smt.NothingToFreeze, match="no frozen torch node"):
+        smt.freeze(Graph.somatize(Count().frozen()))
+    with pytest.raises(smt.NotATorchNode, match="holds no torch module"):
+        smt.freeze(Graph.somatize(Count().named("count").frozen()), "count")
+    with pytest.raises(TypeError, match="takes a somatize Graph"):
+        smt.freeze(nn.Linear(2, 2))  # type: ignore[arg-type]
+
+
+def test_unsettled_torch_node_is_refused_by_the_core(store: Store) -> None:
+    """A frozen, cached module node run before freeze gets the core's NotSettled refusal."""
+    g = Graph.somatize(smt.ModuleNode(_encoder()).named("encoder").frozen().cached())
+    with pytest.raises(NotSettled, match=r"somatize\.torch\.freeze"):
+        g.forward(Opaque(torch.randn(3, 6)), store=store)
+
+
+def test_frozen_module_node_is_recalled_by_content(store: Store) -> None:
+    """The second forward on an equal batch recalls; another batch, or new weights, runs."""
+    encoder = _encoder()
+    g = Graph.somatize(smt.ModuleNode(encoder).named("encoder").frozen().cached())
+    smt.freeze(g)
+    x = torch.randn(3, 6)
+    first = g.forward(Opaque(x), store=store)
+    again = g.forward(Opaque(x.clone()), store=store)
+    assert g.record is not None and g.record.outcome == {"encoder": "recalled"}
+    assert torch.equal(first, again)
+    g.forward(Opaque(torch.randn(3, 6)), store=store)
+    assert g.record.outcome == {"encoder": "ran"}
+    with torch.no_grad():
+        encoder.linear.bias.add_(1.0)
+    smt.freeze(g)
+    changed = g.forward(Opaque(x), store=store)
+    assert g.record.outcome == {"encoder": "ran"}
+    assert not torch.equal(changed, first)
+
+
+def test_module_class_without_a_stable_name_cannot_be_cached(store: Store) -> None:
+    """A module class defined inside a function has no identity, so caching it is refused."""
+
+    class Local(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    g = Graph.somatize(smt.ModuleNode(Local()).named("local").frozen().cached())
+    smt.freeze(g)
+    with pytest.raises(TypeError, match="defined inside a function"):
+        g.forward(Opaque(torch.ones(2)), store=store)
