@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-EXTRAS := torch,s3,figure,dev
+EXTRAS := torch,s3,figure,ray,dev
 
 .PHONY: demo test check format setup clean
 

@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow
 import pyarrow.parquet
 
-from somatize import Catalog, Graph, Node, Opaque, Store
+from somatize import Broker, Graph, Node, Opaque, Store, Worker
 from somatize.data import Frame, Parquet, settle, to_arrow
 
 SPAM = ["win", "free", "cash", "prize", "claim", "urgent", "winner", "txt"]
@@ -194,28 +194,18 @@ def main() -> None:
         print(why)
 
     cell("The rows are read here, the work happens over there")
-    try:
-        from somatize import Broker, Worker
-    except ImportError:
-        print("(no broker in this build: `from somatize import Broker, Worker` is not available,")
-        print(" so the crossing to a worker in network mode is not shown here)")
-    else:
-        counts = Widest()
-        crossing = Graph.somatize(
-            Parquet(store, "sms/train").named("sms")
-            >> Clean().named("clean").at("w1")
-            >> counts.named("widest")
-        )
-        # A network worker rebuilds `clean` from its class; one defined in a script is
-        # found through a catalog it is registered in.
-        catalog = Catalog()
-        catalog.register(Clean)
-        worker = Broker.embedded({"w1": Worker.generic(mode="network")}, catalog=catalog)
-        crossed: list[dict[str, Any]] = []
-        print(crossing.forward({"at": 0, "take": 32}, broker=worker, watching=crossed.append))
-        for fact in crossed:
-            if fact["fact"] == "crossed":
-                print(f"  {fact['from']} → {fact['node']}: {fact['bytes']} bytes crossed")
+    counts = Widest()
+    crossing = Graph.somatize(
+        Parquet(store, "sms/train").named("sms")
+        >> Clean().named("clean").at("w1")
+        >> counts.named("widest")
+    )
+    worker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    crossed: list[dict[str, Any]] = []
+    print(crossing.forward({"at": 0, "take": 32}, broker=worker, watching=crossed.append))
+    for fact in crossed:
+        if fact["fact"] == "crossed":
+            print(f"  {fact.get('from', 'input')} → {fact['node']}: {fact['bytes']} bytes crossed")
 
     cell("And a stream is the same graph")
     print("A source that answers whatever is newest cannot be frozen, so nothing under it is")

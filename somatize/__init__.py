@@ -14,6 +14,7 @@ instead of computing them — and never a stale one.
 tensor side.
 """
 
+from somatize.broker import Broker, Worker
 from somatize.catalog import Catalog, Unbuildable
 from somatize.codecs import CODECS, Codec, CodecError, Codecs, Opaque
 from somatize.engine import Drifted, NodeFailed, Record
@@ -30,6 +31,7 @@ __all__ = [
     "CODECS",
     "Answer",
     "BadName",
+    "Broker",
     "Catalog",
     "Codec",
     "CodecError",
@@ -59,5 +61,6 @@ __all__ = [
     "Undeclared",
     "UnknownNode",
     "Unsettled",
+    "Worker",
     "cacheable",
 ]

@@ -6,6 +6,16 @@ declaration)``: import the class, construct it with the declared arguments. A
 class with no stable name (one made inside a function, a lambda) has no
 identity unless it is given one, and what cannot be rebuilt says so.
 
+What crosses to another process is a :class:`Blueprint`: the identity, the
+constructor call that made the node (its arguments exactly as passed, which must
+be canonical) and the digest of its declaration. The call is shipped rather than
+the declaration because a node may write its own ``declare()``, which says what
+decides its answers, not how to build it. The declaration's digest travels
+beside the call so the rebuilt node is checked against the original: a worker
+whose code or arguments differ refuses instead of answering under somebody
+else's key. A class defined in ``__main__`` can be imported only by the process
+that defined it, so it is rebuilt only where it is registered.
+
 The code fingerprint lives here too, since it is a fact about the
 implementation: a digest of the class's source (or, where the source is not to
 be had, of its compiled code). It is metadata, never part of a key.
@@ -16,13 +26,22 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
-from typing import Any
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
+from somatize import canonical
 from somatize.errors import SomatizeError
 
+if TYPE_CHECKING:
+    from somatize.node import Node
+
 __all__ = [
+    "Blueprint",
     "Catalog",
     "Unbuildable",
+    "blueprint_of",
     "fingerprint_of",
     "identity_of",
 ]
@@ -73,11 +92,27 @@ def _fingerprint(kind: type) -> str:
     return "sha256:" + hashlib.sha256(text).hexdigest()[:16]
 
 
-class Catalog:
-    """Identity → implementation, with registrations for what an import cannot find."""
+def _lookup(module: Any, qualname: str) -> Any:
+    found = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return None
+    return found
 
-    def __init__(self) -> None:
+
+class Catalog:
+    """Identity → implementation, with registrations for what an import cannot find.
+
+    ``in_process=True`` is for a catalog whose rebuilt nodes run in this very process
+    (the embedded broker's workers): there, a class defined in ``__main__`` — a
+    notebook's — is found in this process's ``__main__``, as it would be by a worker
+    sharing the interpreter. A catalog for another process refuses such classes.
+    """
+
+    def __init__(self, *, in_process: bool = False) -> None:
         self._registered: dict[str, type] = {}
+        self.in_process = in_process
 
     def register(self, kind: type, identity: str | None = None) -> str:
         """Makes ``kind`` findable under ``identity`` (by default its own) in this process."""
@@ -99,6 +134,10 @@ class Catalog:
         if not qualname:
             raise Unbuildable(f"`{identity}` is not of the form `module:qualname`")
         if module_name == "__main__":
+            main = sys.modules.get("__main__") if self.in_process else None
+            found_here = _lookup(main, qualname) if main is not None else None
+            if isinstance(found_here, type):
+                return found_here
             raise Unbuildable(
                 f"`{identity}` is defined in `__main__` (a script or a notebook), which another "
                 "process cannot import: move the class into a module that process can import, "
@@ -125,3 +164,99 @@ class Catalog:
         named = {k: v for k, v in arguments.items() if k not in ("*args", "**kwargs")}
         named.update(arguments.get("**kwargs", {}))
         return kind(*positional, **named)
+
+    def build(self, blueprint: Blueprint) -> Node:
+        """The node ``blueprint`` describes, built afresh and checked against its declaration.
+
+        Unbuildable when the class cannot be found here, when it is not a node, or
+        when the rebuilt node declares something else than the original did (the
+        code or its arguments differ here, so its answers would be kept under a key
+        that does not describe them)."""
+        from somatize.node import Node
+
+        kind = self.resolve(blueprint.identity)
+        if not issubclass(kind, Node):
+            raise Unbuildable(f"`{blueprint.identity}` is a `{kind.__qualname__}`, not a Node")
+        try:
+            node = kind(*blueprint.args, **blueprint.kwargs)
+        except Exception as error:
+            raise Unbuildable(
+                f"rebuilding `{blueprint.identity}` with the arguments it was made with failed "
+                f"({type(error).__name__}: {error}); its constructor must accept again what it "
+                "was called with"
+            ) from error
+        if blueprint.identity != (identity_of(kind) or blueprint.identity):
+            node.identified(blueprint.identity)
+        if blueprint.declaration is not None:
+            try:
+                again = node.declaration()
+            except SomatizeError:
+                again = None
+            if again != blueprint.declaration:
+                raise Unbuildable(
+                    f"`{blueprint.identity}` rebuilt here declares {again}, where it was made "
+                    f"declaring {blueprint.declaration}: this process runs other code, or the "
+                    "constructor does not make the same node from the same arguments. Install "
+                    "the same version of the code everywhere the graph runs"
+                )
+        return node
+
+
+@dataclass(frozen=True)
+class Blueprint:
+    """What another process needs to rebuild a node: its identity, the constructor call
+    that made it, and the digest of its declaration to check the result against."""
+
+    identity: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    declaration: str | None
+
+    def to_bytes(self) -> bytes:
+        """The canonical bytes of this blueprint: what crosses a wire (worked out once)."""
+        return self._bytes
+
+    @cached_property
+    def _bytes(self) -> bytes:
+        return canonical.encode([self.identity, self.args, self.kwargs, self.declaration])
+
+    @staticmethod
+    def from_bytes(data: bytes | memoryview) -> Blueprint:
+        """The blueprint whose bytes are ``data``; Unbuildable when they are not one."""
+        try:
+            identity, args, kwargs, declaration = canonical.decode(data)
+            if not isinstance(identity, str) or not isinstance(kwargs, dict):
+                raise ValueError("fields of the wrong types")
+            return Blueprint(identity, tuple(args), dict(kwargs), declaration)
+        except (ValueError, TypeError) as why:
+            raise Unbuildable(f"these bytes are not a node's blueprint ({why})") from None
+
+
+def blueprint_of(node: Node, name: str | None = None) -> Blueprint:
+    """How another process rebuilds ``node``; Unbuildable, saying what to do, when it cannot.
+
+    ``name`` is what errors call the node (its name in a graph)."""
+    kind = type(node)
+    called = f"`{name or node._smz.name or kind.__qualname__}` ({kind.__qualname__})"
+    identity = node._smz.identity or identity_of(kind)
+    if identity is None:
+        raise Unbuildable(
+            f"{called} has no stable name — its class is made inside a function or at run "
+            "time — so no other process can rebuild it. Define the class at module level in a "
+            "module the worker can import"
+        )
+    args, kwargs = node._smz.call
+    try:
+        canonical.encode([tuple(args), dict(kwargs)])
+    except canonical.NotCanonical as why:
+        raise Unbuildable(
+            f"{called} cannot be rebuilt in another process: it was constructed with "
+            f"arguments that cannot cross a wire ({why}). Construct it from canonical values "
+            "(a path or a name rather than an open object), or run it where the graph is "
+            'called or on a `Worker.generic(mode="local")` worker'
+        ) from None
+    try:
+        declaration: str | None = node.declaration(name)
+    except SomatizeError:
+        declaration = None
+    return Blueprint(identity, tuple(args), dict(kwargs), declaration)

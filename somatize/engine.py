@@ -9,17 +9,31 @@ Facts are plain dicts::
 
     {"fact": "ran",      "node": "clean", "took_us": 812}
     {"fact": "kept",     "node": "widest", "key": "blake3:…", "bytes": 9}
+    {"fact": "kept",     "node": "embed", "key": "blake3:…", "bytes": 9, "by": "w1"}
     {"fact": "recalled", "node": "widest", "key": "blake3:…"}
     {"fact": "spared",   "node": "clean"}
     {"fact": "drifted",  "node": "widest", "key": "blake3:…", "was": "…", "now": "…"}
     {"fact": "corrupt",  "node": "widest", "key": "blake3:…", "why": "…"}
-    {"fact": "crossed",  "node": "clean", "from": "sms", "worker": "w1", "bytes": 1234}
+    {"fact": "crossed",  "node": "clean", "from": "sms", "worker": "w1", "bytes": 1234,
+     "way": "out"}
     {"fact": "failed",   "node": "clean", "error": "…"}
     {"fact": "finished", "took_us": 53}
 
 An answer that was there when the store was asked but is damaged or gone when
 read is a miss: it is reported (``corrupt``), the plan is redone without it,
 and the node runs. A wrong answer is never returned.
+
+With a ``broker`` (:mod:`somatize.broker`) and a graph that places nodes, the
+engine speaks to it in three calls: ``broker.check(graph)`` before anything runs
+(an unknown worker, or a node its worker cannot rebuild, is refused there);
+``broker.submit(graph, node, inputs, ctx, keep=...)`` for every placed node as
+soon as its inputs are there, returning a future of a ``Done`` (``value``,
+``took_us``, ``facts`` to emit, ``kept``: the bytes its worker kept when it kept
+the answer itself); and ``broker.call(graph, node, inputs, ctx, emit)`` → the
+value, for the items of a mapped node. The engine waits on whichever future it
+needs next, so independent branches on different workers run at the same time,
+and their facts come in the order things finish. Without a broker, or with no
+node placed, the loop is the plain one, in order.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -291,6 +306,118 @@ class _Run:
         return [item_key(plan.keys[pred], i) for i in range(count)]
 
 
+def _recalled(state: _Run, plan: Plan, node: str, stacklevel: int = 4) -> None:
+    """Hands on a recalled answer, with its facts (and a warning if its code drifted)."""
+    values = state.values
+    static = plan.static
+    graph = state.graph
+    values[node] = state.loaded[node]
+    if node in static.mapped:
+        state.emit({"fact": "recalled", "node": node, "items": len(values[node])})
+    else:
+        state.emit({"fact": "recalled", "node": node, "key": plan.keys[node]})
+    if node in state.drift:
+        was, now = state.drift[node]
+        state.emit(
+            {
+                "fact": "drifted",
+                "node": node,
+                "key": plan.keys.get(node),
+                "was": was,
+                "now": now,
+            }
+        )
+        warnings.warn(
+            f"`{node}` was recalled from an answer kept by another version of "
+            f"`{graph.kind_of(node)}`'s code ({was}, now {now}); the key says the "
+            "question is the same, but if the change altered what it computes, run with "
+            "strict=True to recompute, or add a salt with `.cached(salt=...)`",
+            Drifted,
+            stacklevel=stacklevel,
+        )
+
+
+def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
+    """The forward's loop when a broker runs placed nodes: each node starts as soon as
+    what it reads is there. A placed node is submitted to its worker (``broker.submit``)
+    and the loop moves on, so independent branches on different workers run at the same
+    time; nodes placed nowhere run here, in order; facts come as things finish."""
+    graph = state.graph
+    broker = state.broker
+    static = plan.static
+    running = set(plan.run)
+    recalled = set(plan.recall)
+    values = state.values
+    placement = graph.placement
+    waiting = list(static.order)
+    done: set[str] = set()
+    busy: dict[Future[Any], str] = {}
+    try:
+        while waiting or busy:
+            later = []
+            for node in waiting:
+                preds = static.preds[node]
+                if any(p not in done for p in preds):
+                    later.append(node)
+                    continue
+                done.add(node)
+                if node in recalled:
+                    _recalled(state, plan, node, stacklevel=5)
+                    continue
+                if node not in running:
+                    state.emit({"fact": "spared", "node": node})
+                    continue
+                inputs = [values[p] for p in preds] if preds else [value_of]
+                worker = placement.worker_of(node)
+                ctx = Context(name=node, key=plan.keys.get(node), worker=worker, store=store)
+                if node in static.mapped:
+                    values[node] = state.run_mapped(plan, node, inputs, ctx)
+                    continue
+                if worker is not None:
+                    keep = node in static.cached and store is not None
+                    busy[broker.submit(graph, node, inputs, ctx, keep=keep)] = node
+                    done.discard(node)
+                    continue
+                value, took = state.call(node, inputs, ctx)
+                _ran(state, plan, node, value, took, None)
+            waiting = later
+            if not busy:
+                continue
+            finished, _ = wait(busy, return_when=FIRST_COMPLETED)
+            for future in finished:
+                node = busy.pop(future)
+                try:
+                    outcome = future.result()
+                except SomatizeError:
+                    state.emit({"fact": "failed", "node": node, "error": "refused"})
+                    raise
+                except Exception as error:
+                    state.emit({"fact": "failed", "node": node, "error": type(error).__name__})
+                    raise NodeFailed(node, graph.kind_of(node), error) from error
+                for fact in outcome.facts:
+                    state.emit(fact)
+                _ran(state, plan, node, outcome.value, outcome.took_us, outcome.kept)
+                done.add(node)
+    finally:
+        for future in busy:
+            future.cancel()
+
+
+def _ran(state: _Run, plan: Plan, node: str, value: Any, took: int, kept: int | None) -> None:
+    """Records the value of a node that ran, and keeps it if it is cached (unless its
+    worker already did: ``kept`` is then the bytes it wrote)."""
+    state.values[node] = value
+    state.emit({"fact": "ran", "node": node, "took_us": took})
+    if node in plan.static.cached and state.store is not None:
+        key = plan.keys[node]
+        if kept is None:
+            size = state.keep(node, key, value)
+            state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
+        else:
+            worker = state.graph.placement.worker_of(node)
+            state.emit({"fact": "kept", "node": node, "key": key, "bytes": kept, "by": worker})
+
+
 _DAMAGED = object()
 
 
@@ -332,54 +459,34 @@ def run(
     recalled = set(plan.recall)
     values = state.values
     placement = graph.placement
-    for node in static.order:
-        if node in recalled:
-            values[node] = state.loaded[node]
+    if broker is not None and len(placement):
+        _flow(state, plan, value_of, store)
+    else:
+        for node in static.order:
+            if node in recalled:
+                _recalled(state, plan, node)
+                continue
+            if node not in running:
+                state.emit({"fact": "spared", "node": node})
+                continue
+            preds = static.preds[node]
+            inputs = [values[p] for p in preds] if preds else [value_of]
+            ctx = Context(
+                name=node,
+                key=plan.keys.get(node),
+                worker=placement.worker_of(node),
+                store=store,
+            )
             if node in static.mapped:
-                state.emit({"fact": "recalled", "node": node, "items": len(values[node])})
-            else:
-                state.emit({"fact": "recalled", "node": node, "key": plan.keys[node]})
-            if node in state.drift:
-                was, now = state.drift[node]
-                state.emit(
-                    {
-                        "fact": "drifted",
-                        "node": node,
-                        "key": plan.keys.get(node),
-                        "was": was,
-                        "now": now,
-                    }
-                )
-                warnings.warn(
-                    f"`{node}` was recalled from an answer kept by another version of "
-                    f"`{graph.kind_of(node)}`'s code ({was}, now {now}); the key says the "
-                    "question is the same, but if the change altered what it computes, run with "
-                    "strict=True to recompute, or add a salt with `.cached(salt=...)`",
-                    Drifted,
-                    stacklevel=3,
-                )
-            continue
-        if node not in running:
-            state.emit({"fact": "spared", "node": node})
-            continue
-        preds = static.preds[node]
-        inputs = [values[p] for p in preds] if preds else [value_of]
-        ctx = Context(
-            name=node,
-            key=plan.keys.get(node),
-            worker=placement.worker_of(node),
-            store=store,
-        )
-        if node in static.mapped:
-            values[node] = state.run_mapped(plan, node, inputs, ctx)
-            continue
-        value, took = state.call(node, inputs, ctx)
-        values[node] = value
-        state.emit({"fact": "ran", "node": node, "took_us": took})
-        if node in static.cached and store is not None:
-            key = plan.keys[node]
-            size = state.keep(node, key, value)
-            state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
+                values[node] = state.run_mapped(plan, node, inputs, ctx)
+                continue
+            value, took = state.call(node, inputs, ctx)
+            values[node] = value
+            state.emit({"fact": "ran", "node": node, "took_us": took})
+            if node in static.cached and store is not None:
+                key = plan.keys[node]
+                size = state.keep(node, key, value)
+                state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
     state.emit({"fact": "finished", "took_us": (time.perf_counter_ns() - start) // 1000})
     if len(wanted) == 1:
         return values[wanted[0]]

@@ -19,7 +19,14 @@ can catch either ``SomatizeError`` or, say, ``ValueError``::
     │   ├── NameNotFound (KeyError)
     │   ├── BadName (ValueError)
     │   └── Corrupt
-    └── NodeFailed (RuntimeError)         somatize.engine
+    ├── NodeFailed (RuntimeError)         somatize.engine
+    │   └── FailedOnWorker                somatize.broker
+    ├── Unbuildable (LookupError)         somatize.catalog
+    ├── UnknownWorker (ValueError)        somatize.broker
+    ├── BadWorker (ValueError)
+    ├── WorkerLost (RuntimeError)
+    ├── WorkerTimeout (TimeoutError)
+    └── NoRay (ImportError)
 
 Every message says what happened, why it matters, and what to do.
 """

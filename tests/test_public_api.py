@@ -12,11 +12,11 @@ def test_public_names() -> None:
     """somatize exports exactly these names."""
     assert sorted(somatize.__all__) == sorted(
         [
-            "CODECS", "Answer", "BadName", "Catalog", "Codec", "CodecError", "Codecs",
+            "CODECS", "Answer", "BadName", "Broker", "Catalog", "Codec", "CodecError", "Codecs",
             "Context", "Corrupt", "Cycle", "Drifted", "Expr", "Graph", "GraphError", "Memory",
             "Missing", "NameNotFound", "Nameless", "Node", "NodeFailed", "NotSettled", "Opaque",
             "Placement", "Record", "SomatizeError", "SomatizeWarning", "Store", "StoreError",
-            "Unbuildable", "Undeclared", "UnknownNode", "Unsettled", "cacheable",
+            "Unbuildable", "Undeclared", "UnknownNode", "Unsettled", "Worker", "cacheable",
         ]
     )  # fmt: skip
     for name in somatize.__all__:

@@ -1,0 +1,314 @@
+"""The broker's interface, the errors of running somewhere else, and what brokers share.
+
+The engine speaks to a broker in three calls:
+
+- ``check(graph)`` before anything runs: every worker a node is placed on is one
+  this broker knows, and every node placed on a network worker can be rebuilt
+  there — otherwise it refuses, and nothing has run;
+- ``submit(graph, node, inputs, ctx, keep=...)`` → a ``concurrent.futures.Future``
+  of a :class:`Done`: the node's value, how long the call took, the facts it
+  produced (``crossed``), and the bytes the worker kept when it kept the answer
+  itself. The engine submits every placed node whose inputs are there and
+  waits on the futures, so independent branches placed on different workers run
+  at the same time;
+- ``call(graph, node, inputs, ctx, emit)`` → the value: ``submit`` and wait,
+  for the places that need an answer at once (the items of a mapped node).
+
+Each worker has one lane — a thread that carries its calls one after another,
+as a Ray actor does — so a worker never runs two nodes at once, and two workers
+never wait on each other.
+
+Errors::
+
+    SomatizeError
+    ├── UnknownWorker (ValueError)   a node is placed on a name the broker does not know
+    ├── WorkerLost (RuntimeError)    the worker died while it ran a node
+    ├── WorkerTimeout (TimeoutError) the worker did not answer in time
+    ├── NoRay (ImportError)          Broker.ray without ray installed
+    └── NodeFailed                   (somatize.engine)
+        └── FailedOnWorker           a node raised inside another process
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of
+from somatize.engine import NodeFailed
+from somatize.errors import SomatizeError
+from somatize.node import Context
+
+from .worker import Worker
+
+if TYPE_CHECKING:
+    from somatize.graph import Graph
+
+    from .embedded import EmbeddedBroker
+    from .ray import RayBroker
+
+__all__ = [
+    "Broker",
+    "Done",
+    "FailedOnWorker",
+    "NoRay",
+    "UnknownWorker",
+    "WorkerLost",
+    "WorkerTimeout",
+]
+
+Fact = dict[str, Any]
+
+
+class UnknownWorker(SomatizeError, ValueError):
+    """A node is placed on a worker name the broker does not know."""
+
+
+class WorkerLost(SomatizeError, RuntimeError):
+    """The worker a node ran on died before it answered."""
+
+    def __init__(self, node: str, worker: str, attempts: int, cause: str) -> None:
+        self.node, self.worker = node, worker
+        super().__init__(
+            f"`{node}` was running on worker `{worker}` when the worker died ({cause}); "
+            f"tried {attempts} time(s). Nothing was kept for `{node}` or anything below it, and "
+            f"the next call starts `{worker}` afresh. Set `retries=` on the broker to try again "
+            "on a new worker automatically"
+        )
+
+
+class WorkerTimeout(SomatizeError, TimeoutError):
+    """A worker did not answer within the broker's timeout."""
+
+    def __init__(self, node: str, worker: str, timeout_s: float, *, starting: bool = False) -> None:
+        self.node, self.worker = node, worker
+        if starting:
+            message = (
+                f"worker `{worker}` did not start within {timeout_s:g} s, so `{node}` did not run "
+                "and nothing was kept for it. Check that the cluster has the resources the worker "
+                "asks for (num_cpus, num_gpus, resources), or raise `start_timeout_s=`"
+            )
+        else:
+            message = (
+                f"`{node}` on worker `{worker}` did not answer within {timeout_s:g} s, so the "
+                f"worker was stopped; nothing was kept for `{node}`, and the next call starts "
+                f"`{worker}` afresh. Raise `timeout_s=` on the broker if the node needs longer"
+            )
+        super().__init__(message)
+
+
+class NoRay(SomatizeError, ImportError):
+    """``Broker.ray`` without Ray installed."""
+
+
+class FailedOnWorker(NodeFailed):
+    """A node's forward raised in another process; what it raised is named, not carried."""
+
+    def __init__(self, node: str, kind: str, worker: str, raised: str, message: str) -> None:
+        SomatizeError.__init__(
+            self,
+            f"`{node}` ({kind}) raised {raised} on worker `{worker}`: {message} — nothing was "
+            f"kept for `{node}` or anything below it",
+        )
+        self.node, self.worker, self.raised = node, worker, raised
+
+
+@dataclass
+class Done:
+    """What one call on a worker produced."""
+
+    value: Any
+    took_us: int
+    facts: list[Fact] = field(default_factory=list)
+    """Facts to emit, in order (``crossed``)."""
+    kept: int | None = None
+    """Bytes the worker kept in the store for this answer, or None if it kept nothing."""
+
+
+class Broker(abc.ABC):
+    """Runs placed nodes on named workers. ``Broker.embedded({...})`` in this process,
+    ``Broker.ray(...)`` on a Ray cluster."""
+
+    def __init__(self, workers: Mapping[str, Worker]) -> None:
+        if not isinstance(workers, Mapping) or not workers:
+            raise TypeError(
+                "a broker is given its workers by name, e.g. "
+                '`Broker.embedded({"w1": Worker.generic(mode="network")})`'
+            )
+        for name, worker in workers.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"a worker is named by a non-empty str, got {name!r}")
+            if not isinstance(worker, Worker):
+                raise TypeError(
+                    f"worker `{name}` is a `{type(worker).__name__}`; describe it with "
+                    '`Worker.generic(mode="local" | "network", ...)`'
+                )
+        self.workers: dict[str, Worker] = dict(workers)
+        self._lanes: dict[str, ThreadPoolExecutor] = {}
+        self._lock = threading.Lock()
+        self._checked: weakref.WeakKeyDictionary[
+            Graph, tuple[tuple[int, int], dict[str, Blueprint]]
+        ] = weakref.WeakKeyDictionary()
+
+    # -- making one ---------------------------------------------------------------------------
+
+    @staticmethod
+    def embedded(
+        workers: Mapping[str, Worker], *, catalog: Catalog | None = None
+    ) -> EmbeddedBroker:
+        """Workers in this process. Network workers rebuild their nodes through
+        ``catalog`` (by default one that imports by ``module:qualname`` and finds classes
+        of this process's ``__main__``; register on it a class that no import can find)."""
+        from .embedded import EmbeddedBroker
+
+        return EmbeddedBroker(workers, catalog=catalog)
+
+    @staticmethod
+    def ray(
+        address: str | None = None,
+        workers: Mapping[str, Worker] | None = None,
+        *,
+        retries: int = 0,
+        timeout_s: float | None = None,
+        start_timeout_s: float = 120.0,
+        import_paths: list[str] | None = None,
+        runtime_env: dict[str, Any] | None = None,
+    ) -> RayBroker:
+        """Workers as Ray actors on the cluster at ``address`` (the one this process is
+        connected to, or a new one on this machine, when None). ``retries``: how many
+        times a call is tried again on a fresh actor when its worker dies;
+        ``timeout_s``: how long a call may take before its worker is stopped (None:
+        as long as it takes); ``start_timeout_s``: how long a worker may take to start
+        (a cluster without the resources it asks for never starts it);
+        ``import_paths``: directories the actors import node modules from (by default
+        this process's ``sys.path``, right when the cluster is this machine);
+        ``runtime_env``: Ray's, for a cluster elsewhere."""
+        from .ray import RayBroker
+
+        return RayBroker(
+            address,
+            workers or {},
+            retries=retries,
+            timeout_s=timeout_s,
+            start_timeout_s=start_timeout_s,
+            import_paths=import_paths,
+            runtime_env=runtime_env,
+        )
+
+    # -- the engine's calls -------------------------------------------------------------------
+
+    def check(self, graph: Graph) -> None:
+        """Refuses, before anything runs, a node placed on an unknown worker or one that
+        cannot be rebuilt on the network worker it is placed on."""
+        version = (graph.memory.version, len(graph.placement))
+        found = self._checked.get(graph)
+        if found is not None and found[0] == version:
+            return
+        placed = list(graph.placement)
+        unknown = [(node, worker) for node, worker in placed if worker not in self.workers]
+        if unknown:
+            listing = ", ".join(f"`{node}` on `{worker}`" for node, worker in unknown)
+            known = ", ".join(f"`{name}`" for name in self.workers)
+            raise UnknownWorker(
+                f"this broker has no worker for {listing}; it has {known}. Nothing has run. "
+                "Place the node with `.at(name)` on one of those, or give the broker a worker "
+                "under that name"
+            )
+        blueprints: dict[str, Blueprint] = {}
+        for node, worker in placed:
+            if not self.workers[worker].crosses:
+                continue
+            if graph.holds_state(node):
+                raise Unbuildable(
+                    f"`{node}` ({graph.kind_of(node)}) is placed on network worker `{worker}` "
+                    "and holds state (weights, a dataset version) that its constructor does "
+                    "not rebuild, so a copy made there would not be the same node. Nothing has "
+                    'run. Place it on a `Worker.generic(mode="local")` worker or leave it '
+                    "where the graph is called"
+                )
+            try:
+                blueprint = blueprint_of(graph.node(node), node)
+                self._admit(blueprint)
+            except Unbuildable as why:
+                raise Unbuildable(
+                    f"`{node}` cannot be sent to worker `{worker}`, which rebuilds what it runs: "
+                    f"{why}. Nothing has run"
+                ) from None
+            blueprints[node] = blueprint
+        self._checked[graph] = (version, blueprints)
+
+    def submit(
+        self, graph: Graph, node: str, inputs: list[Any], ctx: Context, *, keep: bool = False
+    ) -> Future[Done]:
+        """Starts ``node`` on its worker; the future holds its :class:`Done`. With
+        ``keep``, a worker that can reach the store keeps the answer under ``ctx.key``."""
+        worker = graph.placement.worker_of(node)
+        if worker is None:
+            raise ValueError(f"`{node}` is placed on no worker; the engine runs it itself")
+        return self._lane(worker).submit(self._cross, graph, node, worker, inputs, ctx, keep)
+
+    def call(
+        self,
+        graph: Graph,
+        node: str,
+        inputs: list[Any],
+        ctx: Context,
+        emit: Callable[[Fact], Any],
+    ) -> Any:
+        """Runs ``node`` on its worker and returns its value, emitting what it crossed."""
+        done = self.submit(graph, node, inputs, ctx).result()
+        for fact in done.facts:
+            emit(fact)
+        return done.value
+
+    def close(self) -> None:
+        """Lets the workers go; a later call starts them again."""
+        with self._lock:
+            lanes, self._lanes = self._lanes, {}
+        for lane in lanes.values():
+            lane.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- for brokers ----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _cross(
+        self, graph: Graph, node: str, worker: str, inputs: list[Any], ctx: Context, keep: bool
+    ) -> Done:
+        """Runs one call on ``worker``; called on that worker's lane."""
+
+    def _admit(self, blueprint: Blueprint) -> None:
+        """Raises Unbuildable if this broker's workers cannot rebuild ``blueprint``: by
+        default, if a process that registered nothing could not find its class."""
+        Catalog().resolve(blueprint.identity)
+
+    def _blueprint(self, graph: Graph, node: str) -> Blueprint:
+        """The blueprint ``check`` made for ``node``."""
+        found = self._checked.get(graph)
+        if found is None or node not in found[1]:
+            self.check(graph)
+            found = self._checked[graph]
+        return found[1][node]
+
+    def _lane(self, worker: str) -> ThreadPoolExecutor:
+        with self._lock:
+            lane = self._lanes.get(worker)
+            if lane is None:
+                lane = self._lanes[worker] = ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix=f"somatize-{worker}"
+                )
+            return lane
+
+    def __repr__(self) -> str:
+        listed = ", ".join(f"{name}: {w.mode}" for name, w in self.workers.items())
+        return f"<{type(self).__name__} {listed}>"

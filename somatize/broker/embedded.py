@@ -1,0 +1,74 @@
+"""The embedded broker: workers in this process, the default, with no dependency.
+
+A **local** worker is a thread that runs the node object itself, handed the
+Python values as they are: placement without distribution, for concurrency of
+independent branches and for trying ``.at()`` out.
+
+A **network** worker behaves as if a wire stood between it and the client:
+every input is encoded by its codec, the node is rebuilt from its blueprint
+through the broker's catalog, the answer is encoded back and decoded on the client, and
+each crossing is a ``crossed`` fact with its bytes. A graph that runs on
+network workers here runs on a cluster, because nothing else crosses there —
+with one allowance: these workers share the interpreter, so a class defined in
+``__main__`` (a notebook's) is found there, where a Ray worker would refuse it
+and ask for the class to be moved into a module or registered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from somatize.catalog import Blueprint, Catalog
+from somatize.node import Context
+
+from .base import Broker, Done
+from .host import Host, Job, crossings, edge_names, pack, unpack
+from .worker import Worker
+
+if TYPE_CHECKING:
+    from somatize.graph import Graph
+
+__all__ = ["EmbeddedBroker"]
+
+
+class EmbeddedBroker(Broker):
+    """Workers in this process; see the module docstring."""
+
+    def __init__(self, workers: Mapping[str, Worker], *, catalog: Catalog | None = None) -> None:
+        super().__init__(workers)
+        self.catalog = catalog if catalog is not None else Catalog(in_process=True)
+        self._hosts = {name: Host(name, self.catalog) for name, w in workers.items() if w.crosses}
+
+    def _admit(self, blueprint: Blueprint) -> None:
+        self.catalog.resolve(blueprint.identity)
+
+    def _cross(
+        self, graph: Graph, node: str, worker: str, inputs: list[Any], ctx: Context, keep: bool
+    ) -> Done:
+        start = time.perf_counter_ns()
+        host = self._hosts.get(worker)
+        if host is None:
+            value = graph.node(node).forward(*inputs, ctx)
+            return Done(value, (time.perf_counter_ns() - start) // 1000)
+        blueprint = self._blueprint(graph, node)
+        packed = [
+            pack(value, where)
+            for value, where in zip(inputs, edge_names(graph, node, worker), strict=True)
+        ]
+        job = Job(
+            blueprint=blueprint.to_bytes(),
+            name=node,
+            key=ctx.key,
+            keys=list(ctx.keys) if ctx.keys is not None else None,
+            worker=worker,
+            codecs=[codec for codec, _ in packed],
+            readers=list(graph.successors(node)),
+            keep=keep,
+            fingerprint=graph.memory.fingerprint_of(node),
+        )
+        reply = host.run(job, [data for _, data in packed], store=ctx.store)
+        value = unpack(reply.codec, reply.data)
+        facts = crossings(graph, node, worker, [len(data) for _, data in packed], len(reply.data))
+        return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)

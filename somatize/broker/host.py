@@ -1,0 +1,173 @@
+"""The far side of a crossing: what a network worker does with a job.
+
+A **job** is everything one call of a node needs on a worker that shares no
+memory with the client: the node's blueprint (identity, constructor call,
+declaration digest), what its context says, and its inputs as codec bytes. A
+:class:`Host` rebuilds the node through the catalog the first time it sees its
+blueprint and keeps it loaded for every later job, decodes the inputs, runs the
+node, encodes its answer, and — when the job says so and it can reach the store
+— keeps that answer itself, so the bytes it already has are written once, from
+where they are. The embedded broker runs a host on a thread; the Ray broker runs
+one inside each actor.
+
+The helpers here (:func:`pack`, :func:`unpack`, :func:`crossings`) are the one
+definition of how a value crosses, shared by both sides.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from somatize.catalog import Blueprint, Catalog
+from somatize.codecs import CODECS
+from somatize.node import Context, Node
+
+if TYPE_CHECKING:
+    from somatize.graph import Graph
+    from somatize.store import Store
+
+__all__ = ["Host", "Job", "Reply", "crossings", "pack", "unpack"]
+
+Buffer = bytes | bytearray | memoryview
+
+_CODEC_HOMES = {"arrow": "somatize.data", "tensor": "somatize.torch"}
+"""Where a codec the core does not hold is registered, for a worker that has not
+imported it yet."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One call of a node, as it crosses to a worker. Plain fields only."""
+
+    blueprint: bytes
+    """The node's :class:`~somatize.catalog.Blueprint`, as its canonical bytes."""
+    name: str
+    key: str | None
+    keys: list[str] | None
+    worker: str
+    codecs: list[str]
+    """The codec of each input, in the order the node receives them."""
+    readers: list[str]
+    """Who reads the answer, so an answer with no codec names its edge."""
+    keep: bool = False
+    """Whether the worker keeps the answer under ``key`` in the shared store."""
+    fingerprint: str | None = None
+    store: str | None = None
+    """Where the shared store is (a directory), for a worker that opens it itself."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What comes back from a job: the answer as codec bytes, and what it cost."""
+
+    codec: str
+    data: bytes
+    took_us: int
+    kept: int | None
+    """Bytes the worker kept in the store for this answer, or None if it kept nothing."""
+
+
+def pack(value: Any, where: str) -> tuple[str, bytes]:
+    """``value`` as (codec name, bytes); CodecError naming its type and ``where`` otherwise."""
+    codec = CODECS.for_value(value, where)
+    return codec.name, b"".join(codec.encode(value))
+
+
+def unpack(codec: str, data: Buffer) -> Any:
+    """The value whose ``codec`` bytes are ``data``; the codec's module is imported if needed."""
+    if codec not in CODECS and codec in _CODEC_HOMES:
+        importlib.import_module(_CODEC_HOMES[codec])
+    return CODECS.named(codec).decode(memoryview(data))
+
+
+def edge_names(graph: Graph, node: str, worker: str) -> list[str]:
+    """How errors call each input edge of ``node`` crossing to ``worker``."""
+    preds = graph.predecessors(node)
+    if not preds:
+        return [f"the graph's input, crossing to `{node}` on worker `{worker}`"]
+    return [f"the value crossing `{p}` → `{node}` (to worker `{worker}`)" for p in preds]
+
+
+def crossings(
+    graph: Graph, node: str, worker: str, sent: Sequence[int], back: int
+) -> list[dict[str, Any]]:
+    """The ``crossed`` facts of one call: one per input sent, on the edge it came by (none
+    for the graph's input), and the answer's bytes on each edge that reads it."""
+    facts: list[dict[str, Any]] = []
+    preds = graph.predecessors(node)
+    for index, size in enumerate(sent):
+        fact: dict[str, Any] = {"fact": "crossed", "node": node}
+        if preds:
+            fact["from"] = preds[index]
+        fact.update(worker=worker, bytes=size, way="out")
+        facts.append(fact)
+    readers = graph.successors(node)
+    for reader in readers:
+        facts.append(
+            {
+                "fact": "crossed",
+                "node": reader,
+                "from": node,
+                "worker": worker,
+                "bytes": back,
+                "way": "back",
+            }
+        )
+    if not readers:
+        facts.append(
+            {"fact": "crossed", "node": node, "worker": worker, "bytes": back, "way": "back"}
+        )
+    return facts
+
+
+class Host:
+    """A worker's side of network crossings: rebuilt nodes, kept loaded between jobs."""
+
+    def __init__(self, worker: str, catalog: Catalog | None = None) -> None:
+        self.worker = worker
+        self.catalog = catalog if catalog is not None else Catalog()
+        self._nodes: dict[bytes, Node] = {}
+        self._stores: dict[str, Store] = {}
+
+    def node(self, blueprint: bytes) -> Node:
+        """The node ``blueprint`` describes: built on first use, then kept."""
+        found = self._nodes.get(blueprint)
+        if found is None:
+            found = self._nodes[blueprint] = self.catalog.build(Blueprint.from_bytes(blueprint))
+        return found
+
+    def open(self, address: str) -> Store:
+        """The shared store at ``address``, opened once."""
+        found = self._stores.get(address)
+        if found is None:
+            from somatize.store import LocalStore
+
+            found = self._stores[address] = LocalStore(address)
+        return found
+
+    def run(self, job: Job, payloads: Sequence[Buffer], store: Store | None = None) -> Reply:
+        """Runs ``job`` on inputs ``payloads``; ``store`` is the shared store when the
+        caller already holds it (otherwise the job's address is opened)."""
+        node = self.node(job.blueprint)
+        inputs = [unpack(codec, data) for codec, data in zip(job.codecs, payloads, strict=True)]
+        if store is None and job.store is not None:
+            store = self.open(job.store)
+        ctx = Context(name=job.name, key=job.key, keys=job.keys, worker=self.worker, store=store)
+        start = time.perf_counter_ns()
+        value = node.forward(*inputs, ctx)
+        took = (time.perf_counter_ns() - start) // 1000
+        if job.readers:
+            where = f"the answer of `{job.name}`, crossing back from worker `{self.worker}` to " + (
+                ", ".join(f"`{r}`" for r in job.readers)
+            )
+        else:
+            where = f"the answer of `{job.name}`, crossing back from worker `{self.worker}`"
+        codec, data = pack(value, where)
+        kept = None
+        if job.keep and job.key is not None and store is not None:
+            kept = store.keep(job.key, data, codec, job.fingerprint).size
+        return Reply(codec, data, took, kept)

@@ -1,0 +1,262 @@
+"""The Ray broker: each worker is a Ray actor, for when one machine is not enough.
+
+An actor is started per worker name the first time a node placed there runs,
+with the resources the :class:`~somatize.broker.Worker` asks for (CPUs, GPUs,
+custom resources), and it keeps the nodes it rebuilt — and whatever weights they
+loaded — between forwards. What crosses is what a network worker sends in one
+process: the node's blueprint, its context, and its inputs as codec bytes — a
+large one put into Ray's object store once (a retry sends the same object again,
+not a new copy), a small one inside the call; the answer comes back the same way.
+Nothing a user wrote is pickled: only plain fields and bytes cross.
+
+The store is shared: when the graph runs with a local store on a cluster that is
+this machine, a worker opens the same directory and keeps the answer of a
+cached node it ran itself, so a second forward from any client recalls what any
+worker kept. (With a store the workers cannot open — a bucket whose options only
+the client holds — the client keeps what comes back; the answer is the same.)
+
+A worker that dies while it runs a node (killed, out of memory, its machine
+gone) is reported as :class:`~somatize.broker.WorkerLost`, naming the node and
+the worker; nothing was kept for that node, and the next call starts the worker
+afresh — at once, ``retries`` times, when the broker is told to. A call that
+takes longer than ``timeout_s`` stops its worker the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from somatize import keys as keying
+from somatize.catalog import Blueprint, Catalog, Unbuildable
+from somatize.codecs import CodecError
+from somatize.node import Context
+
+from .base import Broker, Done, FailedOnWorker, NoRay, WorkerLost, WorkerTimeout
+from .host import Host, Job, Reply, crossings, edge_names, pack, unpack
+from .worker import BadWorker, Worker
+
+if TYPE_CHECKING:
+    from somatize.graph import Graph
+    from somatize.store import Store
+
+__all__ = ["RayBroker"]
+
+_INLINE = 100_000
+"""Inputs up to this many bytes travel inside the call; larger ones are put into the
+object store once, so a retry does not send them again."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise NoRay(
+            "Broker.ray runs workers on a Ray cluster, and Ray is not installed here: "
+            "`pip install 'somatize[ray]'` (or `pip install 'ray>=2.9'`), or use "
+            "`Broker.embedded(...)` to run the workers in this process"
+        ) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """What a job raised inside an actor, by kind, type name and message."""
+
+    kind: str
+    """``codec``, ``unbuildable`` or ``forward``."""
+    raised: str
+    message: str
+
+
+class _Actor:
+    """The body of a worker's Ray actor: a :class:`Host` and a place to run it."""
+
+    def __init__(self, worker: str, import_paths: Sequence[str]) -> None:
+        for path in reversed(import_paths):
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        self.host = Host(worker, Catalog())
+
+    def run(self, job: Job, *payloads: bytes) -> Reply | _Failure:
+        try:
+            return self.host.run(job, payloads)
+        except CodecError as why:
+            return _Failure("codec", type(why).__name__, str(why))
+        except Unbuildable as why:
+            return _Failure("unbuildable", type(why).__name__, str(why))
+        except Exception as why:
+            return _Failure("forward", type(why).__name__, str(why))
+
+    def key_of(
+        self, blueprint: bytes, state: str | None, salt: str | None, inputs: list[str]
+    ) -> str:
+        node = self.host.node(blueprint)
+        identity = Blueprint.from_bytes(blueprint).identity
+        prefix = keying.node_prefix(identity, node.declaration(), state, salt)
+        return keying.node_key(prefix, inputs)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _address(store: Store | None) -> str | None:
+    """Where a worker on this machine opens ``store`` itself, or None if it cannot."""
+    from somatize.store import LocalStore
+
+    if isinstance(store, LocalStore):
+        return str(store.root.resolve())
+    return None
+
+
+class RayBroker(Broker):
+    """Workers as Ray actors; see the module docstring."""
+
+    def __init__(
+        self,
+        address: str | None,
+        workers: Mapping[str, Worker],
+        *,
+        retries: int = 0,
+        timeout_s: float | None = None,
+        start_timeout_s: float = 120.0,
+        import_paths: list[str] | None = None,
+        runtime_env: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(workers)
+        for name, worker in self.workers.items():
+            if not worker.crosses:
+                raise BadWorker(
+                    f'worker `{name}` is `mode="local"`, and a Ray actor is another process: '
+                    'values always cross it through their codecs. Describe it with `mode="network"`'
+                )
+        if not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries is a count ≥ 0, got {retries!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s is a number of seconds > 0 (or None), got {timeout_s!r}")
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(address=address)
+        self.retries = retries
+        self.timeout_s = timeout_s
+        self.start_timeout_s = start_timeout_s
+        if import_paths is None:
+            here = [os.getcwd(), *(p or os.getcwd() for p in sys.path)]
+            import_paths = [p for p in dict.fromkeys(here) if os.path.isdir(p)]
+        self.import_paths = list(import_paths)
+        self.runtime_env = runtime_env
+        self._remote = ray.remote(_Actor)
+        self._actors: dict[str, Any] = {}
+        self._started: set[Any] = set()
+
+    def actor(self, worker: str) -> Any:
+        """The Ray actor that is ``worker``, started if it is not running."""
+        with self._lock:
+            found = self._actors.get(worker)
+            if found is None:
+                spec = self.workers[worker]
+                options: dict[str, Any] = {}
+                if spec.num_cpus is not None:
+                    options["num_cpus"] = spec.num_cpus
+                if spec.num_gpus is not None:
+                    options["num_gpus"] = spec.num_gpus
+                if spec.resources:
+                    options["resources"] = dict(spec.resources)
+                if self.runtime_env is not None:
+                    options["runtime_env"] = self.runtime_env
+                found = self._remote.options(**options).remote(worker, self.import_paths)
+                self._actors[worker] = found
+            return found
+
+    def key_on(self, worker: str, graph: Graph, node: str, inputs: list[str]) -> str:
+        """The key of ``node`` reading inputs keyed ``inputs``, as computed on ``worker``
+        from the node it rebuilt there: the same as the client's, or keys would not meet."""
+        ray = _ray()
+        self.check(graph)
+        memory = graph.memory
+        blueprint = self._blueprint(graph, node).to_bytes()
+        ref = self.actor(worker).key_of.remote(
+            blueprint, memory.state_of(node), memory.salt_of(node), inputs
+        )
+        return str(ray.get(ref, timeout=self.timeout_s))
+
+    def close(self) -> None:
+        """Stops every actor and lets the workers go; a later call starts them again."""
+        ray = _ray()
+        with self._lock:
+            actors, self._actors = self._actors, {}
+            self._started.clear()
+        for actor in actors.values():
+            ray.kill(actor)
+        super().close()
+
+    def _forget(self, worker: str, actor: Any, *, kill: bool) -> None:
+        with self._lock:
+            if self._actors.get(worker) is actor:
+                del self._actors[worker]
+            self._started.discard(actor)
+        if kill:
+            _ray().kill(actor)
+
+    def _cross(
+        self, graph: Graph, node: str, worker: str, inputs: list[Any], ctx: Context, keep: bool
+    ) -> Done:
+        ray = _ray()
+        start = time.perf_counter_ns()
+        blueprint = self._blueprint(graph, node)
+        packed = [
+            pack(value, where)
+            for value, where in zip(inputs, edge_names(graph, node, worker), strict=True)
+        ]
+        address = _address(ctx.store)
+        job = Job(
+            blueprint=blueprint.to_bytes(),
+            name=node,
+            key=ctx.key,
+            keys=list(ctx.keys) if ctx.keys is not None else None,
+            worker=worker,
+            codecs=[codec for codec, _ in packed],
+            readers=list(graph.successors(node)),
+            keep=keep and address is not None,
+            fingerprint=graph.memory.fingerprint_of(node),
+            store=address,
+        )
+        payloads = [ray.put(data) if len(data) > _INLINE else data for _, data in packed]
+        reply: Reply | _Failure | None = None
+        cause = ""
+        for _ in range(self.retries + 1):
+            actor = self.actor(worker)
+            try:
+                if actor not in self._started:
+                    try:
+                        ray.get(actor.pid.remote(), timeout=self.start_timeout_s)
+                    except ray.exceptions.GetTimeoutError:
+                        self._forget(worker, actor, kill=True)
+                        raise WorkerTimeout(
+                            node, worker, self.start_timeout_s, starting=True
+                        ) from None
+                    self._started.add(actor)
+                reply = ray.get(actor.run.remote(job, *payloads), timeout=self.timeout_s)
+                break
+            except ray.exceptions.GetTimeoutError:
+                self._forget(worker, actor, kill=True)
+                assert self.timeout_s is not None
+                raise WorkerTimeout(node, worker, self.timeout_s) from None
+            except ray.exceptions.RayActorError as error:
+                self._forget(worker, actor, kill=False)
+                cause = type(error).__name__
+        if reply is None:
+            raise WorkerLost(node, worker, self.retries + 1, cause)
+        if isinstance(reply, _Failure):
+            if reply.kind == "codec":
+                raise CodecError(reply.message)
+            if reply.kind == "unbuildable":
+                raise Unbuildable(f"worker `{worker}` cannot rebuild `{node}`: {reply.message}")
+            raise FailedOnWorker(node, graph.kind_of(node), worker, reply.raised, reply.message)
+        value = unpack(reply.codec, reply.data)
+        facts = crossings(graph, node, worker, [len(data) for _, data in packed], len(reply.data))
+        return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)

@@ -1,0 +1,93 @@
+"""Nodes the broker tests place on workers, in a module so another process can import them."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from somatize import Node
+
+
+class Nap(Node):
+    """Sleeps ``seconds`` (first touching ``marker``, when given), then hands its input on."""
+
+    def __init__(self, seconds: float, tag: str = "", marker: str = "") -> None:
+        self.seconds = seconds
+        self.tag = tag
+        self.marker = marker
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        if self.marker:
+            Path(self.marker).touch()
+        time.sleep(self.seconds)
+        return value
+
+
+class Blob:
+    """A value no codec writes."""
+
+
+class MakesBlob(Node):
+    """Answers a :class:`Blob`, which cannot cross a wire."""
+
+    def forward(self, value: Any, ctx: Any) -> Blob:
+        return Blob()
+
+
+class Tagged(Node):
+    """Answers ``[tag, n]``; its own ``declare()`` says only what decides its answer."""
+
+    def __init__(self, tag: str, verbose: bool = False) -> None:
+        self.tag = tag
+        self.verbose = verbose
+
+    def declare(self) -> dict[str, Any]:
+        return {"tag": self.tag}
+
+    def forward(self, values: list[int], ctx: Any) -> list[Any]:
+        return [self.tag, len(values)]
+
+
+class Weights(Node):
+    """A node holding state its constructor does not rebuild."""
+
+    holds_state = True
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        return value
+
+
+class Holds(Node):
+    """Built from an object with no canonical form (and declaring only its name)."""
+
+    def __init__(self, thing: object) -> None:
+        self.thing = thing
+
+    def declare(self) -> dict[str, Any]:
+        return {"thing": type(self.thing).__name__}
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        return value
+
+
+class Where(Node):
+    """Answers where it ran: the process id, the worker, and the key it was told."""
+
+    def forward(self, value: Any, ctx: Any) -> list[Any]:
+        return [os.getpid(), ctx.worker, ctx.key]
+
+
+class Frames(Node):
+    """Rows in, one list of word lengths per message out (seed 001's Clean)."""
+
+    def forward(self, frame: Any, ctx: Any) -> list[list[float]]:
+        return [[float(len(word)) for word in one.split()] for one in frame.column("sms")]
+
+
+class Widest(Node):
+    """How long the longest message in the batch was (seed 001's Widest)."""
+
+    def forward(self, counts: list[list[float]], ctx: Any) -> float:
+        return float(max(len(one) for one in counts))

@@ -1,0 +1,339 @@
+"""The embedded broker: placement, local and network workers, crossings, refusals, concurrency."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from somatize import Catalog, CodecError, Graph, Node, NodeFailed, Store, Unbuildable
+from somatize.broker import BadWorker, Broker, UnknownWorker, Worker
+from somatize.catalog import Blueprint, blueprint_of
+from tests.broker_nodes import Holds, MakesBlob, Nap, Tagged, Weights, Where
+from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
+
+
+def _seed() -> tuple[Graph, Rows, Scale, Largest]:
+    """Seed 001's crossing graph, with plain nodes: a source, a node on w1, a node here."""
+    rows, scale, top = Rows(), Scale(3.0), Largest()
+    g = Graph.somatize(rows.named("sms") >> scale.named("clean").at("w1") >> top.named("widest"))
+    return g, rows, scale, top
+
+
+@pytest.mark.parametrize("mode", ["local", "network"])
+def test_same_answer_as_without_a_broker(mode: str) -> None:
+    """The seed's graph answers the same with a broker, in either mode, as without one."""
+    g, _, _, _ = _seed()
+    alone = g.forward({"at": 0, "take": 32})
+    worker = Broker.embedded({"w1": Worker.generic(mode=mode)})  # type: ignore[arg-type]
+    assert g.forward({"at": 0, "take": 32}, broker=worker) == alone == 93.0
+    assert g.forward({"at": 100, "take": 5}, broker=worker) == g.forward({"at": 100, "take": 5})
+
+
+def test_local_mode_hands_objects_and_runs_the_node_itself() -> None:
+    """A local worker runs the graph's own node object; nothing is encoded, nothing crosses."""
+    g, _, scale, _ = _seed()
+    seen: list[dict[str, Any]] = []
+    g.forward({"at": 0, "take": 8}, broker=Broker.embedded({"w1": Worker.generic(mode="local")}))
+    g.forward(
+        {"at": 0, "take": 8},
+        broker=Broker.embedded({"w1": Worker.generic(mode="local")}),
+        watching=seen.append,
+    )
+    assert scale.calls == 2
+    assert not [f for f in seen if f["fact"] == "crossed"]
+    assert [f["node"] for f in seen if f["fact"] == "ran"] == ["sms", "clean", "widest"]
+
+
+def test_network_mode_rebuilds_and_reports_crossed_bytes() -> None:
+    """In network mode the node is rebuilt on the worker and every crossing is a fact with
+    the bytes of the codec's encoding, added up per edge in the record."""
+    g, _, scale, _ = _seed()
+    seen: list[dict[str, Any]] = []
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    assert g.forward({"at": 0, "take": 32}, broker=broker, watching=seen.append) == 93.0
+    assert scale.calls == 0  # the client's object never ran: the worker built its own
+    crossed = [f for f in seen if f["fact"] == "crossed"]
+    from somatize import CODECS
+
+    sent = sum(len(p) for p in CODECS.for_value(list(range(32))).encode(list(range(32))))
+    answer = [v * 3.0 for v in range(32)]
+    back = sum(len(p) for p in CODECS.for_value(answer).encode(answer))
+    assert crossed == [
+        {"fact": "crossed", "node": "clean", "from": "sms", "worker": "w1", "bytes": sent,
+         "way": "out"},
+        {"fact": "crossed", "node": "widest", "from": "clean", "worker": "w1", "bytes": back,
+         "way": "back"},
+    ]  # fmt: skip
+    assert g.record is not None
+    assert g.record.crossed == {("sms", "clean"): sent, ("clean", "widest"): back}
+    g.forward({"at": 0, "take": 32}, broker=broker)
+    assert g.record.crossed == {("sms", "clean"): sent, ("clean", "widest"): back}
+
+
+def test_the_worker_keeps_its_nodes_loaded() -> None:
+    """A network worker rebuilds a node once and reuses it on later forwards."""
+    g = Graph.somatize(Rows().named("rows") >> Where().named("where").at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    g.forward({"at": 0, "take": 2}, broker=broker)
+    host = broker._hosts["w1"]
+    (built,) = host._nodes.values()
+    g.forward({"at": 0, "take": 2}, broker=broker)
+    assert list(host._nodes.values()) == [built]
+
+
+def test_a_value_with_no_codec_names_its_type_and_edge() -> None:
+    """An input no codec writes fails in network mode, naming its type and the edge it took."""
+    g = Graph.somatize(Rows().named("rows") >> MakesBlob().named("blob") >> Echo().at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with pytest.raises(CodecError, match=r"`blob` → `echo`.*tests\.broker_nodes\.Blob"):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+    local = Broker.embedded({"w1": Worker.generic(mode="local")})
+    assert type(g.forward({"at": 0, "take": 2}, broker=local)).__name__ == "Blob"
+
+
+def test_an_answer_with_no_codec_names_its_type_and_edge() -> None:
+    """An answer no codec writes fails on its way back, naming its type and its reader."""
+    g = Graph.somatize(Rows().named("rows") >> MakesBlob().named("blob").at("w1") >> Echo())
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with pytest.raises(CodecError, match=r"answer of `blob`.*`w1` to `echo`.*broker_nodes\.Blob"):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+
+
+def test_unknown_worker_is_refused_before_anything_runs() -> None:
+    """A node placed on a name the broker does not know is refused, and nothing ran."""
+    rows = Rows()
+    g = Graph.somatize(rows.named("rows") >> Scale().named("scale").at("w9"))
+    broker = Broker.embedded({"w1": Worker.generic(mode="local")})
+    seen: list[dict[str, Any]] = []
+    with pytest.raises(UnknownWorker, match=r"no worker for `scale` on `w9`; it has `w1`"):
+        g.forward({"at": 0, "take": 2}, broker=broker, watching=seen.append)
+    assert rows.calls == 0 and seen == []
+
+
+Main = type("Main", (Echo,), {"__module__": "__main__"})
+"""A node class as if typed into a notebook or a script."""
+
+
+def test_a_class_in_main_is_refused_in_network_mode_with_the_advice() -> None:
+    """A class from ``__main__`` cannot be imported elsewhere: refused before anything runs,
+    saying to move it into a module or to register it."""
+    rows = Rows()
+    g = Graph.somatize(rows.named("rows") >> Main().named("main").at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with pytest.raises(Unbuildable, match=r"`main` cannot be sent to worker `w1`.*`__main__`.*"
+                       r"move the class into a module.*register it"):  # fmt: skip
+        g.forward({"at": 0, "take": 2}, broker=broker)
+    assert rows.calls == 0
+    local = Broker.embedded({"w1": Worker.generic(mode="local")})
+    assert g.forward({"at": 0, "take": 2}, broker=local) == [0, 1]
+
+
+def test_a_registered_main_class_crosses() -> None:
+    """Registered on the broker's catalog, a class from ``__main__`` is rebuilt there."""
+    g = Graph.somatize(Rows().named("rows") >> Main().named("main").at("w1"))
+    catalog = Catalog()
+    catalog.register(Main)
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")}, catalog=catalog)
+    assert g.forward({"at": 0, "take": 3}, broker=broker) == [0, 1, 2]
+
+
+def test_a_closure_class_is_refused_in_network_mode_with_the_advice() -> None:
+    """A class made inside a function has no name another process could find."""
+
+    class Inner(Node):
+        def forward(self, value: Any, ctx: Any) -> Any:
+            return value
+
+    g = Graph.somatize(Rows().named("rows") >> Inner().named("inner").at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with pytest.raises(Unbuildable, match=r"`inner`.*no stable name.*module level"):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+
+
+def test_a_node_built_from_an_object_is_refused_in_network_mode() -> None:
+    """A node whose constructor took a non-canonical object cannot be rebuilt elsewhere."""
+    g = Graph.somatize(Rows().named("rows") >> Holds(object()).named("holds").at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with pytest.raises(
+        Unbuildable, match=r"`holds` \(Holds\).*cannot cross a wire.*mode=\"local\""
+    ):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+
+
+def test_a_node_holding_state_is_refused_in_network_mode() -> None:
+    """A node with state its constructor does not rebuild is not copied to a network worker."""
+    g = Graph.somatize(Rows().named("rows") >> Weights().named("weights").at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with pytest.raises(Unbuildable, match=r"`weights` \(Weights\).*holds state.*mode=\"local\""):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+
+
+def test_a_custom_declare_crosses_through_the_constructor_call() -> None:
+    """A node with its own ``declare()`` is rebuilt from the call that made it, and checked
+    against its declaration."""
+    node = Tagged("t", verbose=True)
+    blueprint = blueprint_of(node, "tagged")
+    assert (blueprint.args, blueprint.kwargs) == (("t",), {"verbose": True})
+    again = Blueprint.from_bytes(blueprint.to_bytes())
+    assert again == blueprint
+    rebuilt = Catalog().build(again)
+    assert isinstance(rebuilt, Tagged) and rebuilt.verbose is True
+    assert rebuilt.declaration() == node.declaration()
+    g = Graph.somatize(Rows().named("rows") >> Tagged("t", verbose=True).at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    assert g.forward({"at": 0, "take": 4}, broker=broker) == ["t", 4]
+
+
+def test_a_rebuilt_node_that_declares_otherwise_is_refused() -> None:
+    """A blueprint whose declaration the rebuilt node does not match is refused."""
+    blueprint = blueprint_of(Tagged("t"), "tagged")
+    forged = Blueprint(blueprint.identity, ("u",), {}, blueprint.declaration)
+    with pytest.raises(Unbuildable, match=r"rebuilt here declares .* where it was made"):
+        Catalog().build(forged)
+
+
+def test_a_cached_node_on_a_worker_is_kept_there_and_recalled(store: Store) -> None:
+    """A cached node placed on a network worker is kept by the worker; the next forward
+    recalls it and nothing crosses."""
+    rows = Rows()
+    g = Graph.somatize(
+        rows.named("rows").frozen() >> Scale(2.0).named("scale").frozen().cached().at("w1")
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    first: list[dict[str, Any]] = []
+    assert g.forward({"at": 0, "take": 4}, store=store, broker=broker, watching=first.append) == [
+        0.0, 2.0, 4.0, 6.0
+    ]  # fmt: skip
+    (kept,) = [f for f in first if f["fact"] == "kept"]
+    assert store.have([kept["key"]]) == {kept["key"]}
+    second: list[dict[str, Any]] = []
+    assert g.forward({"at": 0, "take": 4}, store=store, broker=broker, watching=second.append) == [
+        0.0, 2.0, 4.0, 6.0
+    ]  # fmt: skip
+    assert [(f["fact"], f.get("node")) for f in second] == [
+        ("spared", "rows"),
+        ("recalled", "scale"),
+        ("finished", None),
+    ]
+    assert g.forward({"at": 0, "take": 4}, store=store) == [0.0, 2.0, 4.0, 6.0]
+    assert rows.calls == 1
+
+
+def test_a_node_failing_on_a_worker_is_named_and_the_broker_goes_on(store: Store) -> None:
+    """A node raising on a worker is NodeFailed naming it; nothing is kept; the broker
+    runs the next forward."""
+    g = Graph.somatize(
+        Rows().named("rows").frozen() >> Fails().named("fails").frozen().cached().at("w1")
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with pytest.raises(NodeFailed, match=r"`fails` \(Fails\) raised ZeroDivisionError"):
+        g.forward({"at": 0, "take": 2}, store=store, broker=broker)
+    assert not list((Path(store.root) / "answers").rglob("*"))  # type: ignore[attr-defined]
+    ok = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w1"))
+    assert ok.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
+
+
+def test_mapped_node_on_a_worker(store: Store) -> None:
+    """The items of a mapped node placed on a network worker cross and are kept one by one."""
+    from tests.nodes import Square
+
+    g = Graph.somatize(Square().named("sq").frozen().cached().mapped().at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    assert g.forward([1, 2, 3], store=store, broker=broker) == [1, 4, 9]
+    assert g.forward([1, 2, 3, 4], store=store, broker=broker) == [1, 4, 9, 16]
+
+
+def test_independent_branches_on_two_workers_run_at_once() -> None:
+    """Two sleeping nodes on two workers finish in about one sleep, not two."""
+    nap = 1.0
+    g = Graph.somatize(
+        Rows().named("rows")
+        >> (Nap(nap, "a").named("a").at("w1"), Nap(nap, "b").named("b").at("w2"))
+        >> Add().named("sum")
+    )
+    broker = Broker.embedded(
+        {"w1": Worker.generic(mode="network"), "w2": Worker.generic(mode="network")}
+    )
+    start = time.perf_counter()
+    assert g.forward({"at": 0, "take": 4}, broker=broker) == 12.0
+    took = time.perf_counter() - start
+    assert took < 1.7 * nap, f"two {nap} s branches took {took:.2f} s: they did not overlap"
+
+
+def test_workers_are_described_honestly() -> None:
+    """A worker with an unknown mode or negative resources is refused, saying what is allowed."""
+    with pytest.raises(BadWorker, match=r"`local`.*`network`.*got 'wire'"):
+        Worker.generic(mode="wire")  # type: ignore[arg-type]
+    with pytest.raises(BadWorker, match=r"num_gpus is a number ≥ 0"):
+        Worker.generic(num_gpus=-1)
+    with pytest.raises(TypeError, match=r"Worker.generic"):
+        Broker.embedded({"w1": "gpu"})  # type: ignore[dict-item]
+
+
+def test_the_seed_cells_with_parquet(tmp_path: Path) -> None:
+    """Seed 001's last cells: rows read here, cleaned on a network worker, same answer."""
+    data = pytest.importorskip("somatize.data")
+    pyarrow = pytest.importorskip("pyarrow")
+    parquet = pytest.importorskip("pyarrow.parquet")
+    from tests.broker_nodes import Frames, Widest
+
+    chooser = random.Random(0)
+    words = ["win", "free", "dinner", "tomorrow", "bus", "sorry", "meeting", "ok"]
+    messages = [
+        " ".join(chooser.choice(words) for _ in range(chooser.randint(4, 12))) for _ in range(200)
+    ]
+    sink = pyarrow.BufferOutputStream()
+    parquet.write_table(pyarrow.table({"sms": messages}), sink)
+    store = Store(tmp_path / "store")
+    store.bind("sms/train", store.put(sink.getvalue().to_pybytes()))
+
+    counts = Widest()
+    crossing = Graph.somatize(
+        data.Parquet(store, "sms/train").named("sms")
+        >> Frames().named("clean").at("w1")
+        >> counts.named("widest")
+    )
+    worker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    expected = float(max(len(one.split()) for one in messages[:32]))
+    assert crossing.forward({"at": 0, "take": 32}) == expected
+    seen: list[dict[str, Any]] = []
+    assert crossing.forward({"at": 0, "take": 32}, broker=worker, watching=seen.append) == expected
+    crossed = {(f.get("from"), f["node"]): f["bytes"] for f in seen if f["fact"] == "crossed"}
+    assert set(crossed) == {("sms", "clean"), ("clean", "widest")}
+    assert all(size > 0 for size in crossed.values())
+
+
+def test_the_seeds_crossing_cell_runs_as_written(tmp_path: Any) -> None:
+    """A notebook's own class, defined in `__main__`, crosses to an embedded network
+    worker exactly as the seed writes it: no registration needed in this process."""
+    script = tmp_path / "cell.py"
+    script.write_text(
+        "from somatize import Broker, Graph, Node, Worker\n"
+        "class Clean(Node):\n"
+        "    def forward(self, rows, ctx):\n"
+        "        return [r * 2 for r in rows]\n"
+        "class Source(Node):\n"
+        "    def forward(self, span, ctx):\n"
+        "        return list(range(span['at'], span['at'] + span['take']))\n"
+        "crossing = Graph.somatize(\n"
+        "    Source().named('sms') >> Clean().named('clean').at('w1')\n"
+        ")\n"
+        "worker = Broker.embedded({'w1': Worker.generic(mode='network')})\n"
+        "seen = []\n"
+        "out = crossing.forward({'at': 0, 'take': 32}, broker=worker, watching=seen.append)\n"
+        "assert out == crossing.forward({'at': 0, 'take': 32}), out\n"
+        "assert any(f['fact'] == 'crossed' and f['bytes'] > 0 for f in seen), seen\n"
+        "print('crossed', sum(f['bytes'] for f in seen if f['fact'] == 'crossed'))\n"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("crossed ")

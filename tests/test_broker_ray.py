@@ -1,0 +1,227 @@
+"""The Ray broker on a real Ray cluster started here, on 127.0.0.1: same answers, crossings,
+keys equal across processes, a shared store, dead and slow workers, concurrency."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from somatize import CodecError, Graph, Store, Unbuildable
+from somatize.broker import Broker, FailedOnWorker, Worker, WorkerLost, WorkerTimeout
+from somatize.keys import root_key
+from tests.broker_nodes import MakesBlob, Nap, Where
+from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
+
+ray = pytest.importorskip("ray", reason="the Ray broker needs ray: pip install 'somatize[ray]'")
+
+SLOT = {"slot": 1.0}
+"""Each test worker asks for one of the cluster's custom `slot` resources and no CPU, so
+workers are placed by resources and never wait for a CPU on a two-core machine."""
+
+
+def _worker() -> Worker:
+    return Worker.generic(mode="network", num_cpus=0, resources=SLOT)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    """One local Ray cluster for this module, bound to 127.0.0.1 only."""
+    saved = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE")}
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=2, resources={"slot": 8}, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def broker(cluster: None) -> Iterator[Any]:
+    """A Ray broker with two workers, shared by the tests (their actors stay loaded, as
+    they would between forwards), stopped at the end."""
+    made = Broker.ray(workers={"w1": _worker(), "w2": _worker()})
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_the_seed_graph_on_ray(broker: Any) -> None:
+    """The seed's graph on a Ray worker answers as without a broker, with crossed bytes."""
+    g = Graph.somatize(
+        Rows().named("sms") >> Scale(3.0).named("clean").at("w1") >> Largest().named("widest")
+    )
+    seen: list[dict[str, Any]] = []
+    assert g.forward({"at": 0, "take": 32}, broker=broker, watching=seen.append) == g.forward(
+        {"at": 0, "take": 32}
+    )
+    crossed = {(f.get("from"), f["node"]): f["bytes"] for f in seen if f["fact"] == "crossed"}
+    assert set(crossed) == {("sms", "clean"), ("clean", "widest")}
+    assert all(size > 0 for size in crossed.values())
+
+
+def test_a_ray_worker_is_another_process_that_keeps_its_node(broker: Any) -> None:
+    """The node runs in the actor's process, told its worker, and is built there once."""
+    g = Graph.somatize(Rows().named("rows") >> Where().named("where").at("w2"))
+    pid, worker, _ = g.forward({"at": 0, "take": 2}, broker=broker)
+    assert pid != os.getpid() and worker == "w2"
+    assert g.forward({"at": 0, "take": 2}, broker=broker)[0] == pid
+
+
+def test_keys_are_equal_on_the_client_and_on_a_worker(broker: Any, store: Store) -> None:
+    """The key a worker computes from the node it rebuilt equals the client's."""
+    x = {"at": 4, "take": 3}
+    g = Graph.somatize(
+        Rows().named("rows").frozen().cached()
+        >> Scale(1.5).named("scale").frozen().cached("s").at("w1")
+    )
+    seen: list[dict[str, Any]] = []
+    g.forward(x, store=store, broker=broker, watching=seen.append)
+    keys = {f["node"]: f["key"] for f in seen if f["fact"] == "kept"}
+    assert keys["rows"] != keys["scale"]
+    assert broker.key_on("w1", g, "scale", [keys["rows"]]) == keys["scale"]
+    assert broker.key_on("w2", g, "scale", [keys["rows"]]) == keys["scale"]
+    assert root_key(x) != keys["rows"]
+
+
+def test_a_worker_keeps_into_the_shared_store_and_any_client_recalls(
+    broker: Any, tmp_path: Path
+) -> None:
+    """A cached node run on a worker is kept by that worker; a second client, with a graph
+    built afresh and no broker, recalls it without running anything."""
+    where = tmp_path / "shared"
+
+    def build() -> tuple[Graph, Rows]:
+        rows = Rows()
+        return Graph.somatize(
+            rows.named("rows").frozen() >> Scale(2.0).named("scale").frozen().cached().at("w1")
+        ), rows
+
+    g, _ = build()
+    seen: list[dict[str, Any]] = []
+    assert g.forward({"at": 0, "take": 3}, store=Store(where), broker=broker, watching=seen.append)
+    (kept,) = [f for f in seen if f["fact"] == "kept"]
+    assert kept["by"] == "w1" and kept["bytes"] > 0
+    other, rows = build()
+    facts: list[dict[str, Any]] = []
+    assert other.forward({"at": 0, "take": 3}, store=Store(where), watching=facts.append) == [
+        0.0, 2.0, 4.0
+    ]  # fmt: skip
+    assert rows.calls == 0
+    assert [f["fact"] for f in facts] == ["spared", "recalled", "finished"]
+
+
+def test_a_worker_killed_mid_forward(broker: Any, store: Store, tmp_path: Path) -> None:
+    """Killing the worker during a slow node is a clear error naming node and worker, the
+    store holds nothing of it, and the broker runs the next forward."""
+    marker = tmp_path / "started"
+    g = Graph.somatize(
+        Rows().named("rows").frozen()
+        >> Nap(30.0, marker=str(marker)).named("slow").frozen().cached().at("w1")
+    )
+    killer = _kill_when(marker, broker, "w1")
+    with pytest.raises(WorkerLost, match=r"`slow` was running on worker `w1` when the worker died"):
+        g.forward({"at": 0, "take": 2}, store=store, broker=broker)
+    killer.join()
+    assert not list((store.root / "answers").rglob("*"))  # type: ignore[attr-defined]
+    ok = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w1"))
+    assert ok.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
+
+
+def test_retries_run_the_node_again_on_a_fresh_worker(cluster: None, tmp_path: Path) -> None:
+    """With ``retries=1`` a worker killed once is started again and the forward succeeds."""
+    marker = tmp_path / "started"
+    g = Graph.somatize(
+        Rows().named("rows") >> Nap(1.0, marker=str(marker)).named("slow").at("w1") >> Echo()
+    )
+    with Broker.ray(workers={"w1": _worker()}, retries=1) as broker:
+        killer = _kill_when(marker, broker, "w1")
+        assert g.forward({"at": 0, "take": 2}, broker=broker) == [0, 1]
+        killer.join()
+
+
+def test_a_slow_worker_times_out_and_the_broker_goes_on(cluster: None) -> None:
+    """A call longer than ``timeout_s`` is a clear error naming node and worker; the broker
+    starts the worker afresh for the next call."""
+    with Broker.ray(workers={"w1": _worker()}, timeout_s=1.0) as broker:
+        ok = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w1"))
+        slow = Graph.somatize(Rows().named("rows") >> Nap(30.0).named("slow").at("w1"))
+        with pytest.raises(WorkerTimeout, match=r"`slow` on worker `w1` did not answer within 1 s"):
+            slow.forward({"at": 0, "take": 2}, broker=broker)
+        assert ok.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
+
+
+def test_what_a_node_raises_on_a_worker_is_named(broker: Any) -> None:
+    """A node raising in an actor is reported with its type, message, node and worker."""
+    g = Graph.somatize(Rows().named("rows") >> Fails().named("fails").at("w2"))
+    with pytest.raises(FailedOnWorker, match=r"`fails` \(Fails\) raised ZeroDivisionError on "
+                       r"worker `w2`: on purpose"):  # fmt: skip
+        g.forward({"at": 0, "take": 2}, broker=broker)
+
+
+def test_an_answer_with_no_codec_fails_on_ray(broker: Any) -> None:
+    """An answer no codec writes is refused on the worker, naming its type and its edge."""
+    g = Graph.somatize(Rows().named("rows") >> MakesBlob().named("blob").at("w1") >> Echo())
+    with pytest.raises(CodecError, match=r"answer of `blob`.*`w1` to `echo`.*broker_nodes\.Blob"):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+
+
+def test_a_class_in_main_is_refused_before_anything_runs(broker: Any) -> None:
+    """A class from ``__main__`` cannot be imported by an actor: refused with the advice."""
+    main = type("Main", (Echo,), {"__module__": "__main__"})
+    rows = Rows()
+    g = Graph.somatize(rows.named("rows") >> main().named("main").at("w1"))
+    with pytest.raises(Unbuildable, match=r"`main` cannot be sent.*move the class into a module"):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+    assert rows.calls == 0
+
+
+def test_local_mode_is_refused_for_ray(cluster: None) -> None:
+    """A Ray worker is another process, so a local-mode worker is refused up front."""
+    from somatize.broker import BadWorker
+
+    with pytest.raises(BadWorker, match=r"`w1` is `mode=\"local\"`.*mode=\"network\""):
+        Broker.ray(workers={"w1": Worker.generic(mode="local")})
+
+
+def test_independent_branches_on_two_ray_workers_run_at_once(broker: Any) -> None:
+    """Two sleeping nodes on two actors finish in about one sleep, not two."""
+    nap = 1.5
+    warm = Graph.somatize(Rows() >> (Echo("1").at("w1"), Echo("2").at("w2")) >> Add())
+    warm.forward({"at": 0, "take": 1}, broker=broker)  # start both actors first
+    g = Graph.somatize(
+        Rows().named("rows")
+        >> (Nap(nap, "a").named("a").at("w1"), Nap(nap, "b").named("b").at("w2"))
+        >> Add().named("sum")
+    )
+    start = time.perf_counter()
+    assert g.forward({"at": 0, "take": 4}, broker=broker) == 12.0
+    took = time.perf_counter() - start
+    assert took < 2.6, f"two {nap} s branches took {took:.2f} s: they did not overlap"
+
+
+def _kill_when(marker: Path, broker: Any, worker: str) -> threading.Thread:
+    """A thread that kills ``worker``'s actor once ``marker`` exists (the node started)."""
+
+    def kill() -> None:
+        for _ in range(600):
+            if marker.exists():
+                ray.kill(broker.actor(worker))
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
