@@ -135,10 +135,21 @@ _WRITERS: dict[type, Callable[[Any, Parts, Where], None]] = {
 
 
 def _write(value: Any, parts: Parts, where: Where) -> None:
-    writer = _WRITERS.get(type(value))
+    # The common scalars are written inline: a key is computed on every forward, and a
+    # coordinate is a dict of two ints.
+    kind = type(value)
+    if kind is int:
+        size = (value.bit_length() + 8) // 8
+        parts.append(b"i" + _LEN.pack(size) + value.to_bytes(size, "big", signed=True))
+        return
+    if kind is str:
+        raw = value.encode("utf-8", "surrogatepass")
+        parts.append(b"s" + _LEN.pack(len(raw)) + raw)
+        return
+    writer = _WRITERS.get(kind)
     if writer is None:
         raise NotCanonical(
-            f"{_render(where)} is a `{type(value).__module__}.{type(value).__qualname__}`, which "
+            f"{_render(where)} is a `{kind.__module__}.{kind.__qualname__}`, which "
             "has no canonical form: a key must be written identically by every process, and only "
             "None, bool, int, float, str, bytes and lists, tuples and str-keyed dicts of them "
             "can be. Wrap the value in `somatize.Opaque(value)` so its codec digests it"
@@ -191,60 +202,63 @@ def hex_of(value: Any, prefix: bytes = b"", where: str = "value") -> str:
 # ---------------------------------------------------------------- decoding
 
 
-class _Reader:
-    __slots__ = ("at", "data")
+_UNPACK_LEN = _LEN.unpack_from
+_UNPACK_FLOAT = _FLOAT.unpack_from
 
-    def __init__(self, data: bytes | memoryview) -> None:
-        self.data = memoryview(data).cast("B")
-        self.at = 0
 
-    def take(self, size: int) -> memoryview:
-        end = self.at + size
-        if end > len(self.data):
-            raise ValueError("canonical bytes end in the middle of a value")
-        piece = self.data[self.at : end]
-        self.at = end
-        return piece
-
-    def length(self) -> int:
-        (size,) = _LEN.unpack(self.take(8))
-        return int(size)
-
-    def value(self) -> Any:
-        tag = bytes(self.take(1))
-        if tag == b"N":
-            return None
-        if tag == b"T":
-            return True
-        if tag == b"F":
-            return False
-        if tag == b"i":
-            return int.from_bytes(self.take(self.length()), "big", signed=True)
-        if tag == b"f":
-            return _FLOAT.unpack(self.take(8))[0]
-        if tag == b"s":
-            return str(self.take(self.length()), "utf-8", "surrogatepass")
-        if tag == b"b":
-            return bytes(self.take(self.length()))
-        if tag == b"l":
-            return [self.value() for _ in range(self.length())]
-        if tag == b"t":
-            return tuple(self.value() for _ in range(self.length()))
-        if tag == b"d":
+def _read(data: bytes, at: int) -> tuple[Any, int]:
+    """The value that starts at ``at`` in ``data``, and where the next one starts."""
+    if at >= len(data):
+        raise ValueError("canonical bytes end where a value should start")
+    tag = data[at]
+    at += 1
+    if tag == 0x4E:  # N
+        return None, at
+    if tag == 0x54:  # T
+        return True, at
+    if tag == 0x46:  # F
+        return False, at
+    if tag == 0x66:  # f
+        _need(data, at, 8)
+        return _UNPACK_FLOAT(data, at)[0], at + 8
+    if tag in (0x69, 0x73, 0x62, 0x6C, 0x74, 0x64):  # i s b l t d: a length follows
+        _need(data, at, 8)
+        (size,) = _UNPACK_LEN(data, at)
+        at += 8
+        if tag == 0x69:  # i
+            _need(data, at, size)
+            return int.from_bytes(data[at : at + size], "big", signed=True), at + size
+        if tag == 0x73:  # s
+            _need(data, at, size)
+            return str(data[at : at + size], "utf-8", "surrogatepass"), at + size
+        if tag == 0x62:  # b
+            _need(data, at, size)
+            return bytes(data[at : at + size]), at + size
+        items = []
+        if tag == 0x64:  # d
             out = {}
-            for _ in range(self.length()):
-                name = self.value()
+            for _ in range(size):
+                name, at = _read(data, at)
                 if type(name) is not str:
                     raise ValueError("a canonical dict key is not a str")
-                out[name] = self.value()
-            return out
-        raise ValueError(f"unknown canonical tag {tag!r} at byte {self.at - 1}")
+                out[name], at = _read(data, at)
+            return out, at
+        for _ in range(size):
+            item, at = _read(data, at)
+            items.append(item)
+        return (items if tag == 0x6C else tuple(items)), at
+    raise ValueError(f"unknown canonical tag {bytes([tag])!r} at byte {at - 1}")
+
+
+def _need(data: bytes, at: int, size: int) -> None:
+    if at + size > len(data):
+        raise ValueError("canonical bytes end in the middle of a value")
 
 
 def decode(data: bytes | memoryview) -> Any:
     """The value whose canonical encoding is ``data``; ValueError if it is not one."""
-    reader = _Reader(data)
-    value = reader.value()
-    if reader.at != len(reader.data):
-        raise ValueError(f"{len(reader.data) - reader.at} stray bytes after a canonical value")
+    raw = bytes(data) if not isinstance(data, bytes) else data
+    value, at = _read(raw, 0)
+    if at != len(raw):
+        raise ValueError(f"{len(raw) - at} stray bytes after a canonical value")
     return value

@@ -113,18 +113,18 @@ class _Run:
         self.drift: dict[str, tuple[str | None, str | None]] = {}
 
     def emit(self, fact: Fact) -> None:
-        self.record.facts.append(fact)
-        if "node" in fact:
-            kind = fact["fact"]
-            if kind in ("ran", "recalled", "spared", "failed"):
-                self.record.outcome.setdefault(fact["node"], kind)
-            if kind == "drifted":
-                self.record.outcome[fact["node"]] = "drifted"
+        record = self.record
+        record.facts.append(fact)
+        kind = fact["fact"]
+        if kind in _OUTCOMES:
+            record.outcome.setdefault(fact["node"], kind)
             if kind == "ran":
-                self.record.took_us[fact["node"]] = fact["took_us"]
-            if kind == "crossed" and "from" in fact:
-                edge = (fact["from"], fact["node"])
-                self.record.crossed[edge] = self.record.crossed.get(edge, 0) + fact["bytes"]
+                record.took_us[fact["node"]] = fact["took_us"]
+        elif kind == "drifted":
+            record.outcome[fact["node"]] = "drifted"
+        elif kind == "crossed" and "from" in fact:
+            edge = (fact["from"], fact["node"])
+            record.crossed[edge] = record.crossed.get(edge, 0) + fact["bytes"]
         if self.watching is not None:
             self.watching(fact)
 
@@ -152,41 +152,39 @@ class _Run:
         if len(keys) == 1:
             key = keys[0]
             try:
-                found: dict[str, Any] = {key: store.recall(key)}
+                got: Any = store.recall(key)
             except (Missing, Corrupt) as error:
-                found = {key: error}
-        else:
-            found = dict(store.recall_many(keys))
-        out: dict[str, Any] = {}
-        for key in keys:
-            got = found.get(key)
-            if not isinstance(got, tuple):
-                problem = got if got is not None else Missing(key)
-                self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(problem)})
-                out[key] = _DAMAGED
-                continue
-            answer, data = got
-            if fingerprint and answer.fingerprint not in (None, fingerprint):
-                if self.strict:
-                    self.emit(
-                        {
-                            "fact": "drifted",
-                            "node": node,
-                            "key": key,
-                            "was": answer.fingerprint,
-                            "now": fingerprint,
-                            "recomputed": True,
-                        }
-                    )
-                    out[key] = _DAMAGED
-                    continue
-                self.drift[node] = (answer.fingerprint, fingerprint)
-            try:
-                out[key] = CODECS.named(answer.codec).decode(data)
-            except (ValueError, TypeError) as why:
-                self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(why)})
-                out[key] = _DAMAGED
-        return out
+                got = error
+            return {key: self._decode(node, key, got, fingerprint)}
+        found = store.recall_many(keys)
+        return {key: self._decode(node, key, found.get(key), fingerprint) for key in keys}
+
+    def _decode(self, node: str, key: str, got: Any, fingerprint: str | None) -> Any:
+        """The value of one recalled answer, or ``_DAMAGED`` (with the fact that says why)."""
+        if not isinstance(got, tuple):
+            problem = got if got is not None else Missing(key)
+            self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(problem)})
+            return _DAMAGED
+        answer, data = got
+        if fingerprint and answer.fingerprint not in (None, fingerprint):
+            if self.strict:
+                self.emit(
+                    {
+                        "fact": "drifted",
+                        "node": node,
+                        "key": key,
+                        "was": answer.fingerprint,
+                        "now": fingerprint,
+                        "recomputed": True,
+                    }
+                )
+                return _DAMAGED
+            self.drift[node] = (answer.fingerprint, fingerprint)
+        try:
+            return CODECS.named(answer.codec).decode(data)
+        except (ValueError, TypeError) as why:
+            self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(why)})
+            return _DAMAGED
 
     # -- running ------------------------------------------------------------------------------
 
@@ -419,6 +417,7 @@ def _ran(state: _Run, plan: Plan, node: str, value: Any, took: int, kept: int | 
 
 
 _DAMAGED = object()
+_OUTCOMES = frozenset(("ran", "recalled", "spared", "failed"))
 
 
 def _describe(value: Any) -> str:

@@ -48,8 +48,9 @@ class Static:
     """Mapped keyed nodes whose item count is known only once their inputs ran."""
     fingerprint: dict[str, str | None]
     steps: tuple[tuple[str, bytes, tuple[str, ...], bool], ...] = ()
-    """For each keyed node in order: its name, key prefix, predecessors, and whether its
-    item keys are computed before running."""
+    """For each keyed node in order: its name, the fixed head of its key
+    (:func:`~somatize.keys.node_head`), its predecessors, and whether its item keys are
+    computed before running."""
     whole: tuple[str, ...] = ()
     """Cached nodes answered whole (not mapped), whose keys the store is asked for."""
     itemized: tuple[str, ...] = ()
@@ -101,7 +102,13 @@ def static_of(graph: Graph) -> Static:
         late=frozenset(late),
         fingerprint={n: memory.fingerprint_of(n) for n in graph.nodes()},
         steps=tuple(
-            (n, prefix[n], graph.predecessors(n), n in mapped and n not in late) for n in keyed
+            (
+                n,
+                keying.node_head(prefix[n], max(len(graph.predecessors(n)), 1)),
+                graph.predecessors(n),
+                n in mapped and n not in late,
+            )
+            for n in keyed
         ),
         whole=tuple(n for n in cached if n not in mapped),
         itemized=tuple(n for n in cached if n in mapped and n not in late),
@@ -171,15 +178,15 @@ def compile(
     if static.keyed:
         keys = plan.keys
         root: str | None = None
-        node_key = keying.node_key
-        for node, prefix, preds, itemized in static.steps:
+        key_after = keying.key_after
+        for node, head, preds, itemized in static.steps:
             if preds:
                 inputs = [keys[p] for p in preds]
             else:
                 if root is None:
                     root = keying.root_key(x)
                 inputs = [root]
-            keys[node] = node_key(prefix, inputs)
+            keys[node] = key_after(head, inputs)
             if itemized:
                 plan.items[node] = _item_keys(plan, node, x)
         asked = [keys[n] for n in static.whole]

@@ -97,3 +97,11 @@ def test_large_bytes_weighed_with_every_core() -> None:
     prefix = keying._ROOT
     expected = "blake3:" + blake3.blake3(prefix + canonical.encode(data)).hexdigest()
     assert keying.root_key(data) == expected
+
+
+def test_key_after_a_head_is_the_node_key() -> None:
+    """The precomputed-head path gives exactly the node key, for one input or several."""
+    prefix = keying.node_prefix("m:C", "blake3:" + "1" * 64, "blake3:" + "2" * 64, None)
+    for inputs in (["blake3:" + "a" * 64], ["blake3:" + "a" * 64, "blake3:" + "b" * 64]):
+        head = keying.node_head(prefix, len(inputs))
+        assert keying.key_after(head, inputs) == keying.node_key(prefix, inputs)

@@ -4,6 +4,7 @@
 recalled and handed to ``Opaque``) and gives ``somatize.torch.wrap``,
 ``somatize.torch.freeze`` and the rest of :mod:`somatize_torch`. ``somatize``
 itself never imports torch: only importing this module does.
+``somatize.torch.lightning`` is the Lightning callback (the ``lightning`` extra).
 """
 
 from somatize_torch import *  # noqa: F403 - this module is the package's other name
