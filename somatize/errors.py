@@ -26,7 +26,11 @@ can catch either ``SomatizeError`` or, say, ``ValueError``::
     ├── BadWorker (ValueError)
     ├── WorkerLost (RuntimeError)
     ├── WorkerTimeout (TimeoutError)
-    └── NoRay (ImportError)
+    ├── NoRay (ImportError)
+    ├── RowsError (ValueError)            somatize_torch.rows
+    │   ├── NotRowwise (TypeError)
+    │   └── NeedsIndex
+    └── WriteFailed (OSError)             somatize_torch.residency
 
 Every message says what happened, why it matters, and what to do.
 """

@@ -7,6 +7,8 @@ the ``tensor`` codec (:mod:`somatize_torch.codec`) and initialises no CUDA.
 - :func:`wrap` — a model whose declared submodules are somatize nodes;
 - :func:`freeze` — settles frozen torch nodes: digests weights and buffers,
   turns off their gradients, holds them in eval;
+- :func:`cache_rows` — per-sample caching of a frozen encoder, with memory tiers
+  and a background writer, and :func:`prefill` to warm it;
 - :func:`digest_tensor` / :func:`digest_rows` — the one way tensor content is named.
 """
 
@@ -23,6 +25,16 @@ from somatize_torch.freeze import (
     freeze,
     is_held,
 )
+from somatize_torch.residency import Tier, WriteFailed
+from somatize_torch.rows import (
+    CachedRows,
+    NeedsIndex,
+    NotRowwise,
+    RowsError,
+    RowStats,
+    cache_rows,
+    prefill,
+)
 from somatize_torch.wrap import (
     CachedInputNeedsGrad,
     NotCalled,
@@ -38,24 +50,33 @@ register()
 __all__ = [
     "TENSOR",
     "CachedInputNeedsGrad",
+    "CachedRows",
     "FreezeError",
     "LandedOnHost",
     "ModuleNode",
+    "NeedsIndex",
     "NotATorchNode",
     "NotCalled",
     "NotDeclaredFrozen",
+    "NotRowwise",
     "NothingToFreeze",
+    "RowStats",
+    "RowsError",
     "StillChanging",
     "TensorCodec",
+    "Tier",
     "UnknownSubmodule",
     "Untraceable",
     "WrapError",
     "Wrapped",
+    "WriteFailed",
+    "cache_rows",
     "digest_named",
     "digest_rows",
     "digest_state",
     "digest_tensor",
     "freeze",
     "is_held",
+    "prefill",
     "wrap",
 ]

@@ -27,7 +27,7 @@ it is handed::
 
 Its inputs are weighed like an ``Opaque`` tensor batch — by content, dtype and
 shape — so the same batch recalls the same answer, whatever came before it.
-(One key per batch here; one key per row is :mod:`somatize_torch.persample`.)
+(One key per batch here; one key per row is :mod:`somatize_torch.rows`.)
 An input that requires grad is refused: a recalled answer is a leaf, so what
 produced the input would train on misses and silently stop on hits.
 

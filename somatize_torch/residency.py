@@ -1,0 +1,506 @@
+"""Residency: where the copies of an answer live, and how they get there.
+
+An answer can have copies in three places, nearest first::
+
+    device tier     rows of one tensor on the device the module runs on
+    host tier       rows of one tensor in host memory
+    store           item answers packed many per blob (the store's packing)
+
+Answers are immutable, so a copy is either current or absent: there is no
+version to compare and nothing to invalidate, only the question of which copy
+is nearest. A recall takes the nearest; a copy moves only when it is needed
+somewhere it is not, and never back to where it already is.
+
+**Memory tiers** (:class:`Tier`) keep rows of equal shape and dtype in one
+preallocated tensor (a :class:`Bank`) with a dict from key to row slot, so
+recalling a whole batch is one dict pass over its keys and one ``index_select``
+— as cheap as reading precomputed features out of a tensor. A tier holds at
+most its byte budget. It never evicts: in a shuffled epoch every row comes back
+once per epoch, and a least-recently-used policy over a working set larger than
+the budget would evict each row just before it is asked for again (no hits at
+all), whereas keeping what fits first gives ``budget / working set`` of the
+rows from memory, every epoch. What does not fit goes to the next tier, then to
+the store only.
+
+**Writing behind the step** (:class:`Writer`). Rows computed in a forward are
+staged device → pinned host memory (``somatize_torch._native.PinnedPool`` where it
+is built, ``pin_memory()`` where CUDA is, plain host memory otherwise) and handed
+to a background thread that keeps them in the store with
+``store.keep_many`` — so the forward never waits on the disk (it waits only when
+more than ``pending_bytes`` are still unwritten, which bounds the memory the
+writer holds). ``flush()``, and interpreter exit, wait for every row to be
+written. A write that fails — a full disk, a store that refuses — is logged when
+it happens and raised as :class:`WriteFailed` at the next forward or flush; the
+store publishes a pack whole or not at all, so a failure or a killed process
+never leaves a visible half-answer, only rows that a later run recomputes.
+
+One lock per store object (:func:`store_lock`) serialises this module's calls
+into a store between the forward and the writer thread, since a store's in-memory
+tables are not meant to be changed from two threads at once. So a forward that
+must ask the store (rows in no memory tier) may wait for the one write in
+progress — at most ``pack_bytes`` (16 MiB) of rows — never for the queue behind it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from somatize import Store
+from somatize.errors import SomatizeError
+from somatize_torch.codec import TENSOR
+from somatize_torch.digest import host_bytes
+
+__all__ = [
+    "Bank",
+    "Tier",
+    "WriteFailed",
+    "Writer",
+    "decode_rows",
+    "encode_rows",
+    "store_lock",
+]
+
+log = logging.getLogger("somatize.torch")
+
+_LOCKS: weakref.WeakKeyDictionary[Store, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()
+_FIRST_ROWS = 256
+"""How many rows a bank holds when it is first made (it doubles from there, up to its budget)."""
+
+
+def store_lock(store: Store) -> threading.Lock:
+    """The lock this module holds around every call into ``store`` (one per store object)."""
+    with _LOCKS_LOCK:
+        lock = _LOCKS.get(store)
+        if lock is None:
+            lock = _LOCKS[store] = threading.Lock()
+        return lock
+
+
+class WriteFailed(SomatizeError, OSError):
+    """Answers computed in a forward could not be written to the store."""
+
+
+# ------------------------------------------------------------------------------ memory tiers
+
+
+class Bank:
+    """Rows of one shape and dtype in one tensor, with a dict from key to row slot.
+
+    Slots are written once and never change (answers are immutable), so a view of
+    rows already in the bank stays valid while later rows are appended.
+    """
+
+    __slots__ = ("device", "dtype", "row_bytes", "row_shape", "slots", "tensor", "used")
+
+    def __init__(self, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+        self.row_shape = row_shape
+        self.dtype = dtype
+        self.device = device
+        self.row_bytes = torch.Size(row_shape).numel() * torch.empty((), dtype=dtype).element_size()
+        self.slots: dict[Hashable, int] = {}
+        self.tensor = torch.empty((0, *row_shape), dtype=dtype, device=device)
+        self.used = 0
+
+    def append(self, keys: Sequence[Hashable], rows: torch.Tensor, most: int) -> None:
+        """Appends ``rows`` under ``keys`` (none of them already here), growing the tensor
+        geometrically up to ``most`` rows."""
+        count = len(keys)
+        end = self.used + count
+        if end > self.tensor.shape[0]:
+            grown = min(max(end, 2 * self.tensor.shape[0], _FIRST_ROWS), most)
+            bigger = torch.empty((grown, *self.row_shape), dtype=self.dtype, device=self.device)
+            bigger[: self.used].copy_(self.tensor[: self.used])
+            self.tensor = bigger
+        self.tensor[self.used : end].copy_(rows, non_blocking=True)
+        slots = self.slots
+        for offset, key in enumerate(keys):
+            slots[key] = self.used + offset
+        self.used = end
+
+    def gather(self, slots: Sequence[int]) -> torch.Tensor:
+        """The rows at ``slots``, in that order, as a new tensor on the bank's device."""
+        index = torch.tensor(slots, dtype=torch.long)
+        if self.device.type != "cpu":
+            index = index.to(self.device, non_blocking=True)
+        return self.tensor.index_select(0, index)
+
+
+class Tier:
+    """One memory tier: banks on one device, within a byte budget, never evicting."""
+
+    def __init__(self, name: str, device: torch.device | str, budget: int) -> None:
+        if budget < 0:
+            raise ValueError(f"the {name} tier's byte budget must be 0 or more, got {budget}")
+        self.name = name
+        self.device = torch.device(device)
+        self.budget = int(budget)
+        self.banks: list[Bank] = []
+
+    @property
+    def used(self) -> int:
+        """Bytes of rows this tier holds."""
+        return sum(bank.used * bank.row_bytes for bank in self.banks)
+
+    @property
+    def rows(self) -> int:
+        """How many rows this tier holds."""
+        return sum(bank.used for bank in self.banks)
+
+    def __contains__(self, key: object) -> bool:
+        return any(key in bank.slots for bank in self.banks)
+
+    def find(
+        self, keys: Sequence[Hashable], positions: Sequence[int] | None = None
+    ) -> tuple[list[tuple[list[int] | None, torch.Tensor]], list[int]]:
+        """The rows held here of ``keys[p]`` for ``p`` in ``positions`` (None: all of them):
+        pieces of (batch positions — None when they are all of ``keys``, in order — and
+        their rows), and the positions not held here.
+
+        A whole batch found in one bank costs one dict pass and one gather."""
+        pieces: list[tuple[list[int] | None, torch.Tensor]] = []
+        if positions is None and self.banks:
+            get = self.banks[0].slots.get
+            slots = [get(key, -1) for key in keys]
+            if -1 not in slots:
+                return [(None, self.banks[0].gather(slots))], []
+        rest = list(range(len(keys))) if positions is None else list(positions)
+        for bank in self.banks:
+            if not rest:
+                break
+            get = bank.slots.get
+            hit_at: list[int] = []
+            hit_slots: list[int] = []
+            missed: list[int] = []
+            for position in rest:
+                slot = get(keys[position])
+                if slot is None:
+                    missed.append(position)
+                else:
+                    hit_at.append(position)
+                    hit_slots.append(slot)
+            if hit_at:
+                whole = len(hit_at) == len(keys)
+                pieces.append((None if whole else hit_at, bank.gather(hit_slots)))
+            rest = missed
+        return pieces, rest
+
+    def admit(self, keys: Sequence[Hashable], rows: torch.Tensor) -> int:
+        """Keeps as many of ``rows`` (the first ones) as the budget allows; returns how many.
+
+        Keys already here are not kept twice: the caller only admits what it did not
+        find here."""
+        if not keys:
+            return 0
+        row_shape = tuple(rows.shape[1:])
+        bank = next(
+            (b for b in self.banks if b.row_shape == row_shape and b.dtype == rows.dtype), None
+        )
+        row_bytes = (
+            bank.row_bytes
+            if bank is not None
+            else max(1, torch.Size(row_shape).numel() * rows.element_size())
+        )
+        room = (self.budget - self.used) // row_bytes
+        take = min(len(keys), max(room, 0))
+        if take == 0:
+            return 0
+        if bank is None:
+            bank = Bank(row_shape, rows.dtype, self.device)
+            self.banks.append(bank)
+        most = bank.used + (self.budget - self.used) // row_bytes
+        bank.append(keys[:take], rows[:take].to(self.device, non_blocking=True), most)
+        return take
+
+    def __repr__(self) -> str:
+        return (
+            f"Tier({self.name!r}, {str(self.device)!r}, {self.rows} rows, "
+            f"{self.used}/{self.budget} bytes)"
+        )
+
+
+# ------------------------------------------------------------------------------ row codec
+
+
+def encode_rows(rows: torch.Tensor) -> list[list[memoryview | bytes]]:
+    """Each row of a host tensor as the ``tensor`` codec writes it, header made once.
+
+    Equal to ``[TENSOR.encode(row) for row in rows]``: the header depends only on a
+    row's dtype and shape, which all rows share."""
+    if rows.shape[0] == 0:
+        return []
+    header = bytes(TENSOR.encode(rows[0])[0])
+    flat = host_bytes(rows)
+    size = flat.nbytes // rows.shape[0]
+    return [[header, flat[i * size : (i + 1) * size]] for i in range(rows.shape[0])]
+
+
+def decode_rows(datas: Sequence[memoryview]) -> torch.Tensor:
+    """The rows whose ``tensor``-codec bytes are ``datas``, stacked into one host tensor.
+
+    The first is decoded by the codec; every other one whose header is byte-equal to
+    it is copied straight into place (it decodes to the same dtype and shape), and
+    any other is decoded by the codec too. ValueError for bytes that are damaged."""
+    first = TENSOR.decode(datas[0])
+    if not isinstance(first, torch.Tensor):
+        raise ValueError("a row answer decodes to a collection of tensors, not to one row")
+    out = torch.empty((len(datas), *first.shape), dtype=first.dtype)
+    if out.numel() == 0:
+        return out
+    out[0].copy_(first)
+    head = int.from_bytes(datas[0][:8], "little") + 8
+    header = datas[0][:head]
+    size = first.numel() * first.element_size()
+    target = host_bytes(out)
+    for index in range(1, len(datas)):
+        data = datas[index]
+        if len(data) == head + size and data[:head] == header:
+            target[index * size : (index + 1) * size] = data[head:]
+            continue
+        row = TENSOR.decode(data)
+        if (
+            not isinstance(row, torch.Tensor)
+            or row.shape != first.shape
+            or row.dtype != first.dtype
+        ):
+            raise ValueError(
+                f"row answer {index} is not a {first.dtype} row of shape {list(first.shape)}"
+            )
+        out[index].copy_(row)
+    return out
+
+
+# ------------------------------------------------------------------------------ the writer
+
+
+class _Staged(Protocol):
+    def wait(self) -> torch.Tensor: ...
+
+    def release(self) -> None: ...
+
+
+class _Plain:
+    """A host copy made without the pinned pool: pinned when CUDA is, plain otherwise."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.event: Any = None
+        if rows.is_cuda:
+            self.host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+            self.host.copy_(rows, non_blocking=True)
+            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self.event.record()
+        else:
+            self.host = rows.detach().clone()
+
+    def wait(self) -> torch.Tensor:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
+
+    def release(self) -> None:
+        self.event = None
+
+
+def _pool(max_bytes: int) -> Any:
+    try:
+        from somatize_torch._native import PinnedPool
+    except ImportError:
+        return None
+    return PinnedPool(max_bytes)
+
+
+_WAKE = "wake"
+"""Put in the queue to end the writer's lingering at once (a flush is waiting)."""
+
+
+@dataclass
+class _Job:
+    keys: list[str]
+    staged: _Staged
+    nbytes: int
+
+
+class Writer:
+    """Keeps rows in a store from a background thread; see the module docstring.
+
+    ``submit`` stages rows to host memory and returns at once; ``flush`` waits for
+    everything submitted and raises :class:`WriteFailed` if any of it could not be
+    written; ``check`` raises that without waiting.
+
+    The thread gathers what is submitted for up to ``linger`` seconds, or until
+    ``pack_bytes`` are waiting, and keeps it with one ``keep_many`` call: rows computed
+    over many steps land in few packs, so a later recall of a shuffled batch opens few
+    blobs. Rows staged and not yet kept are in memory only — a process killed then
+    loses them (they are computed again next time), never anything published.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        fingerprint: str | None = None,
+        *,
+        pending_bytes: int = 512 << 20,
+        pack_bytes: int = 16 << 20,
+        linger: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.fingerprint = fingerprint
+        self.pending_bytes = int(pending_bytes)
+        self.pack_bytes = int(pack_bytes)
+        self.linger = float(linger)
+        self.kept_rows = 0
+        self.kept_bytes = 0
+        self.failed_rows = 0
+        self.took_s = 0.0
+        self._lock = store_lock(store)
+        self._queue: queue.SimpleQueue[_Job | str | None] = queue.SimpleQueue()
+        self._changed = threading.Condition()
+        self._submitted = 0
+        self._done = 0
+        self._pending = 0
+        self._error: BaseException | None = None
+        self._lost = 0
+        self._pool = _pool(min(self.pending_bytes, 64 << 20))
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        atexit.register(_flush_at_exit, weakref.ref(self))
+
+    def submit(self, keys: Sequence[str], rows: torch.Tensor) -> None:
+        """Stages ``rows`` (kept under ``keys``, one row each) and queues them for the store."""
+        if self._closed:
+            raise RuntimeError("this writer is closed; nothing more can be submitted to it")
+        if not keys:
+            return
+        rows = rows.detach()
+        nbytes = rows.numel() * rows.element_size()
+        with self._changed:
+            while self._pending > 0 and self._pending + nbytes > self.pending_bytes:
+                self._changed.wait()
+            self._pending += nbytes
+            self._submitted += 1
+        staged: _Staged = self._pool.to_host(rows) if self._pool is not None else _Plain(rows)
+        self._start()
+        self._queue.put(_Job(list(keys), staged, nbytes))
+
+    def check(self) -> None:
+        """Raises :class:`WriteFailed` for writes that failed since the last check."""
+        with self._changed:
+            error, lost = self._error, self._lost
+            self._error, self._lost = None, 0
+        if error is not None:
+            raise WriteFailed(
+                f"{lost} computed rows could not be written to {self.store!r}: "
+                f"{type(error).__name__}: {error}. They are still correct in memory for this "
+                "process, but a later run will compute them again. Free space (or fix the "
+                "store) and go on; `flush()` reports whether later writes succeed"
+            ) from error
+
+    def drain(self) -> None:
+        """Waits until every row submitted so far has been written or has failed."""
+        with self._changed:
+            if self._done < self._submitted:
+                self._queue.put(_WAKE)
+            while self._done < self._submitted:
+                self._changed.wait()
+
+    def flush(self) -> None:
+        """Waits until every row submitted so far is in the store; raises what failed."""
+        self.drain()
+        self.check()
+
+    def close(self) -> None:
+        """Flushes, then stops the thread."""
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
+                self._thread = None
+
+    # -- the thread
+
+    def _start(self) -> None:
+        if self._thread is None:
+            thread = threading.Thread(target=self._run, name="somatize-writer", daemon=True)
+            self._thread = thread
+            thread.start()
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            job = self._queue.get()
+            if not isinstance(job, _Job):
+                stop = job is None
+                continue
+            jobs = [job]
+            size = job.nbytes
+            # Linger a little for more rows, so that rows computed in many steps are packed
+            # into few blobs (a recall then reads few); a flush or close cuts it short.
+            until = time.monotonic() + self.linger
+            while size < self.pack_bytes:
+                left = until - time.monotonic()
+                try:
+                    more = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if not isinstance(more, _Job):
+                    stop = more is None
+                    break
+                jobs.append(more)
+                size += more.nbytes
+            self._write(jobs)
+
+    def _write(self, jobs: list[_Job]) -> None:
+        start = time.perf_counter()
+        rows = sum(len(job.keys) for job in jobs)
+        try:
+            items: list[tuple[str, Sequence[memoryview | bytes]]] = []
+            for job in jobs:
+                host = job.staged.wait()
+                items.extend(zip(job.keys, encode_rows(host), strict=True))
+            with self._lock:
+                answers = self.store.keep_many(items, TENSOR.name, self.fingerprint)
+            kept = sum(answer.size for answer in answers)
+            error: BaseException | None = None
+        except Exception as why:  # reported at the next forward or flush, never swallowed
+            error = why
+            kept = 0
+            log.error("somatize: %d computed rows could not be written: %s", rows, why)
+        finally:
+            for job in jobs:
+                job.staged.release()
+        with self._changed:
+            if error is None:
+                self.kept_rows += rows
+                self.kept_bytes += kept
+            else:
+                self.failed_rows += rows
+                self._lost += rows
+                if self._error is None:
+                    self._error = error
+            self.took_s += time.perf_counter() - start
+            self._pending -= sum(job.nbytes for job in jobs)
+            self._done += len(jobs)
+            self._changed.notify_all()
+
+
+def _flush_at_exit(ref: weakref.ref[Writer]) -> None:
+    writer = ref()
+    if writer is None or writer._closed:
+        return
+    try:
+        writer.flush()
+    except WriteFailed as why:
+        log.error("somatize: at exit, %s", why)

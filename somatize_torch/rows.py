@@ -1,0 +1,706 @@
+"""Per-sample caching: one key per row of a batch, so a shuffled epoch still hits.
+
+Training a head on a frozen encoder shuffles its data: batch ``k`` of epoch 2
+holds other samples than batch ``k`` of epoch 1, so a cache keyed per batch
+never hits. :func:`cache_rows` keys each *row*::
+
+    key(row) = H(identity, declaration, state, salt, key of the row)
+
+built with :func:`somatize.keys.node_prefix` and :func:`~somatize.keys.node_key`,
+so it has the form of every other key: the **identity** is the module's class
+(``package.module:Encoder``); the **declaration** is what :class:`ModuleNode`
+declares for it (its structure as ``repr`` shows it) plus how it is called here
+— how rows are keyed and the **precision** it runs under (the input's dtype and
+the autocast dtype, since a bf16 answer is not an fp32 answer); the **state**
+is the digest of its weights and buffers (:func:`digest_state`); the **salt** is
+the caller's. The key of a row is, by default, the digest of its content
+(:func:`digest_rows`, one call for the whole batch — any DataLoader, any
+shuffling, no change to the dataset); or, with ``key="index"``, the sample's
+index in a dataset of a given version (no hashing at all — the cheapest, and
+right only as long as the version names the data exactly).
+
+A forward looks its rows up nearest first (:mod:`somatize_torch.residency`):
+the device tier, the host tier, then the store — one dict pass and one gather
+per tier that holds any — and runs the module only on the rows found nowhere,
+as one sub-batch, in eval mode and without gradients, then puts the output back
+together in the batch's order. The rows it computed go into the nearest memory
+tier with room and, behind the step, into the store.
+
+Gradients downstream are exactly as without caching: the module is frozen, so
+its output never required grad, and an input that requires grad is refused
+(a recalled row is a leaf; whatever produced the input would train on misses
+and silently stop on hits).
+
+The module is settled by :func:`somatize.torch.freeze` when it is wrapped
+(weights digested, ``requires_grad_(False)``, held in eval). Its weights are
+watched: a change in place (``load_state_dict``, an optimizer step on a
+parameter somebody unfroze) is seen by the tensors' version counters and the
+state is digested again before the next row is keyed, so no answer computed
+with other weights is ever recalled. The wrapper registers the module's own
+parameters, buffers and children under their own names, so ``state_dict()``
+keys are the module's and a checkpoint loads into the unwrapped module.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable, Hashable, Iterable, Sized
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from somatize import Graph, Store
+from somatize.catalog import fingerprint_of
+from somatize.engine import Drifted
+from somatize.errors import SomatizeError
+from somatize.keys import node_key, node_prefix, root_key
+from somatize.store.base import Corrupt, Missing
+from somatize.store.local import LocalStore
+from somatize_torch.codec import TENSOR
+from somatize_torch.digest import DTYPES, digest_rows
+from somatize_torch.freeze import ModuleNode, check_still, digest_state, freeze
+from somatize_torch.residency import Tier, Writer, decode_rows, store_lock
+from somatize_torch.wrap import CachedInputNeedsGrad
+
+__all__ = [
+    "CachedRows",
+    "NeedsIndex",
+    "NotRowwise",
+    "RowStats",
+    "RowsError",
+    "cache_rows",
+    "prefill",
+]
+
+KeyMode = Literal["content", "index"]
+
+DEVICE_BYTES = 1 << 30
+"""The device tier's default byte budget."""
+
+HOST_BYTES = 4 << 30
+"""The host tier's default byte budget."""
+
+
+class RowsError(SomatizeError, ValueError):
+    """A module cannot be cached per row as asked."""
+
+
+class NotRowwise(RowsError, TypeError):
+    """The module's output is not one row per input row."""
+
+
+class NeedsIndex(RowsError):
+    """An index-keyed cache was called without the samples' indices, or with bad ones."""
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """What a cached module did, counted in rows (cumulative until :meth:`CachedRows.reset_stats`).
+
+    ``recalled`` = ``from_device + from_host + from_store``; ``hit_rate`` is
+    ``recalled / rows``. ``bytes_kept`` and ``rows_kept`` count what the background
+    writer has written to the store so far; ``lookup_s`` is the time spent keying rows
+    and finding them (not computing them), ``compute_s`` the time the module ran.
+    """
+
+    batches: int = 0
+    rows: int = 0
+    computed: int = 0
+    from_device: int = 0
+    from_host: int = 0
+    from_store: int = 0
+    rows_kept: int = 0
+    bytes_kept: int = 0
+    rows_failed: int = 0
+    lookup_s: float = 0.0
+    compute_s: float = 0.0
+
+    @property
+    def recalled(self) -> int:
+        return self.from_device + self.from_host + self.from_store
+
+    @property
+    def hit_rate(self) -> float:
+        return self.recalled / self.rows if self.rows else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """Every counter, plus ``recalled`` and ``hit_rate``, for a logger."""
+        out: dict[str, float] = dict(asdict(self))
+        out["recalled"] = self.recalled
+        out["hit_rate"] = self.hit_rate
+        return out
+
+
+_REMEMBERED_KEYS = 1 << 20
+"""How many store keys a keying remembers (about 200 MB at most)."""
+
+_COUNTED = ("batches", "rows", "computed", "device", "host", "store", "lookup_s", "compute_s")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return DTYPES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+class _Keying:
+    """How rows are keyed under one state and precision.
+
+    ``tag`` names this keying inside the process, so the memory tiers can key a row
+    by ``(tag, digest or index)`` — a tuple, hashed in nanoseconds — and only rows
+    that go to the store need their full key, ``key(row)``."""
+
+    __slots__ = ("keys", "prefix", "tag", "version")
+
+    def __init__(self, prefix: bytes, tag: int, version: str | None) -> None:
+        self.prefix = prefix
+        self.tag = tag
+        self.version = version
+        self.keys: dict[Any, str] = {}
+
+    def key(self, row: Any) -> str:
+        """The store key of the row named ``row`` (its content digest, or its index);
+        remembered, for up to :data:`_REMEMBERED_KEYS` rows, so a row read from the store
+        every epoch is keyed once."""
+        found = self.keys.get(row)
+        if found is None:
+            if isinstance(row, str):
+                found = node_key(self.prefix, [row])
+            else:
+                found = node_key(self.prefix, [root_key({"dataset": self.version, "index": row})])
+            if len(self.keys) < _REMEMBERED_KEYS:
+                self.keys[row] = found
+        return found
+
+
+class CachedRows(nn.Module):
+    """A frozen module whose answers are cached one row at a time; see the module docstring.
+
+    Call it as the module: ``cached(x)`` (``key="content"``) or ``cached(x, index=idx)``
+    (``key="index"``, ``idx`` the samples' indices in the dataset ``version`` names).
+    ``tiers`` are the memory tiers, nearest first; ``store`` is where answers are
+    kept (None: memory only); ``stats`` counts what happened.
+    """
+
+    module: nn.Module
+    store: Store | None
+
+    def __init__(
+        self,
+        module: nn.Module,
+        store: Store | None,
+        *,
+        key: KeyMode = "content",
+        version: str | None = None,
+        salt: str | None = None,
+        device_bytes: int = DEVICE_BYTES,
+        host_bytes: int = HOST_BYTES,
+        strict: bool = False,
+    ) -> None:
+        super().__init__()
+        if key not in ("content", "index"):
+            raise RowsError(
+                f"key= is `content` (each row by the digest of its content) or `index` (each "
+                f"row by its sample index in a dataset version), got {key!r}"
+            )
+        if key == "index" and (not isinstance(version, str) or not version):
+            raise NeedsIndex(
+                "key='index' keys each row by its sample index, which names a row only within "
+                f"one version of the dataset; pass version= (e.g. the dataset's digest, "
+                f"'sms/train@blake3:…'), got {version!r}. Change it whenever the data changes"
+            )
+        if key == "content" and version is not None:
+            raise RowsError(
+                "version= is for key='index'; with key='content' each row is named by its own "
+                "content, so there is no dataset version to give"
+            )
+        for name, child in module.named_children():
+            self.add_module(name, child)
+        for name, param in module.named_parameters(recurse=False):
+            self.register_parameter(name, param)
+        for name, buffer in module.named_buffers(recurse=False):
+            persistent = name not in module._non_persistent_buffers_set
+            self.register_buffer(name, buffer, persistent=persistent)
+        object.__setattr__(self, "module", module)
+        self.key_mode: KeyMode = key
+        self.version = version
+        self.salt = salt
+        self.strict = strict
+        self.store = store
+        self.tiers = [Tier("device", "cpu", device_bytes), Tier("host", "cpu", host_bytes)]
+        self._placed = False
+        self._node = ModuleNode(module)
+        self._node.named(type(module).__name__).frozen()
+        self._state = freeze(Graph.somatize(self._node))[self._node._smz.name or ""]
+        self._identity = self._node._smz.identity
+        self._watched = self._watch()
+        self._keyings: dict[tuple[str, str | None], _Keying] = {}
+        self._made = 0
+        self._fingerprint = fingerprint_of(type(module))
+        self._writer = Writer(store, self._fingerprint) if store is not None else None
+        self._lock = store_lock(store) if store is not None else None
+        self._drift_warned = False
+        self._counts = dict.fromkeys(_COUNTED, 0.0)
+        self._kept_base = (0, 0, 0)
+
+    # -- the state it is frozen at
+
+    def _watch(self) -> list[tuple[dict[str, Any], str, torch.Tensor, int]]:
+        """Every parameter and buffer of the module: where it is registered, and its
+        version counter now (bumped by every change in place)."""
+        out = []
+        for part in self.module.modules():
+            for table in (part._parameters, part._buffers):
+                for name, tensor in table.items():
+                    if tensor is not None:
+                        out.append((table, name, tensor, tensor._version))
+        return out
+
+    @property
+    def state(self) -> str:
+        """The digest of the module's weights and buffers its keys are built on."""
+        self._settle()
+        return self._state
+
+    def _settle(self) -> None:
+        """Digests the state again if any weight or buffer changed, or was replaced."""
+        for table, name, tensor, version in self._watched:
+            if table.get(name) is not tensor or tensor._version != version:
+                break
+        else:
+            return
+        self._state = digest_state(self.module)
+        self._node._smz.state = self._state
+        self._watched = self._watch()
+        self._keyings.clear()
+
+    def _keying(self, x: torch.Tensor) -> _Keying:
+        """How rows of ``x`` are keyed now: the key prefix for the precision they run in."""
+        self._settle()
+        device = x.device.type
+        autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        tag = (_dtype_name(x.dtype), None if autocast is None else _dtype_name(autocast))
+        found = self._keyings.get(tag)
+        if found is None:
+            precision = {"input": tag[0], "autocast": tag[1]}
+            self._node.declared = {"rows": self.key_mode, "precision": precision}
+            declaration = self._node.declaration()
+            assert self._identity is not None  # ModuleNode.declaration refused it otherwise
+            prefix = node_prefix(self._identity, declaration, self._state, self.salt)
+            self._made += 1
+            found = self._keyings[tag] = _Keying(prefix, self._made, self.version)
+        return found
+
+    # -- keys
+
+    def _row_ids(self, x: torch.Tensor, index: torch.Tensor | None) -> list[Any]:
+        """What names each row within one keying: its content digest, or its index."""
+        if self.key_mode == "content":
+            return digest_rows(x)
+        if index is None:
+            raise NeedsIndex(
+                "this cache keys rows by sample index (key='index'), and was called without "
+                "one: call it as `cached(x, index=idx)`, with the indices the Dataset's "
+                "__getitem__ was given (return them from it beside the sample)"
+            )
+        if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.is_floating_point():
+            raise NeedsIndex(
+                f"index= is a 1-d integer tensor of sample indices, one per row; got "
+                f"{_describe(index)}"
+            )
+        if index.shape[0] != x.shape[0]:
+            raise NeedsIndex(
+                f"index= has {index.shape[0]} indices for a batch of {x.shape[0]} rows; each "
+                "row needs the index of its own sample"
+            )
+        ids: list[Any] = index.tolist()
+        return ids
+
+    def row_keys(self, x: torch.Tensor, index: torch.Tensor | None = None) -> list[str]:
+        """The store key of each row of ``x`` as this module, in its precision now, answers it."""
+        keying = self._keying(x)
+        return [keying.key(row) for row in self._row_ids(x, index)]
+
+    # -- forward
+
+    def forward(self, x: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        """The module's output on ``x``, row by row from the nearest copy; see the class."""
+        if self._writer is not None:
+            self._writer.check()
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            raise NotRowwise(
+                f"a row-cached module is called with a batch tensor (rows along dimension 0), "
+                f"got {_describe(x)}"
+            )
+        if x.requires_grad:
+            raise CachedInputNeedsGrad(
+                f"`{type(self.module).__name__}` is cached per row and the batch it is handed "
+                "requires grad: a recalled row is a leaf, so whatever produced the batch would "
+                "train on misses and silently stop on hits. Freeze what feeds it, or call the "
+                "module itself"
+            )
+        out: torch.Tensor = _remember(self, x, index)
+        return out
+
+    def _recall_or_run(self, x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+        start = time.perf_counter()
+        if not self._placed:
+            self.tiers[0].device = x.device
+            self._placed = True
+        keying = self._keying(x)
+        tag = keying.tag
+        ids = self._row_ids(x, index)
+        near = [(tag, row) for row in ids]
+        count = len(near)
+        if count == 0:
+            return self._compute(x, [])  # an empty batch: nothing to look up or keep
+        counts = self._counts
+        pieces: list[tuple[list[int] | None, torch.Tensor]] = []
+        positions: list[int] | None = None  # None: every row is still to be found
+        for tier in self.tiers:
+            if positions == [] or not tier.banks:
+                continue
+            got, rest = tier.find(near, positions)
+            for at, rows in got:
+                counts[tier.name] += len(at) if at is not None else count
+                pieces.append((at, rows))
+            positions = rest
+        if positions is None:
+            positions = list(range(count))
+        computed = 0.0
+        if positions and self.store is not None:
+            keys = {p: keying.key(ids[p]) for p in positions}
+            found = self._from_store(keys)
+            if found is not None:
+                at, rows = found
+                counts["store"] += len(at)
+                self._admit([near[p] for p in at], rows)
+                pieces.append((None if len(at) == count else at, rows))
+                taken = set(at)
+                positions = [p for p in positions if p not in taken]
+        if positions:
+            began = time.perf_counter()
+            first: dict[Hashable, int] = {}
+            for p in positions:
+                first.setdefault(near[p], p)
+            once = list(first.values())  # a row that is in the batch twice runs once
+            rows = self._compute(x, once)
+            computed = time.perf_counter() - began
+            self._admit([near[p] for p in once], rows)
+            if self._writer is not None:
+                self._writer.submit([keying.key(ids[p]) for p in once], rows)
+            if len(once) < len(positions):
+                slot = {p: i for i, p in enumerate(once)}
+                rows = rows[torch.tensor([slot[first[near[p]]] for p in positions])]
+            elif rows.is_cuda and len(positions) == count:
+                # The writer copies these rows to the host on a side stream, after the work
+                # queued so far; a caller writing into the output in place must not race it.
+                rows = rows.clone()
+            pieces.append((None if len(positions) == count else positions, rows))
+        out = _assemble(pieces, count, x.device)
+        counts["batches"] += 1
+        counts["rows"] += count
+        counts["computed"] += len(positions)  # rows of the batch answered by running
+        counts["compute_s"] += computed
+        counts["lookup_s"] += time.perf_counter() - start - computed
+        return out
+
+    def _compute(self, x: torch.Tensor, positions: list[int]) -> torch.Tensor:
+        module = self.module
+        check_still(type(module).__name__, module)
+        if len(positions) == x.shape[0]:
+            sub = x
+        else:
+            sub = x[torch.tensor(positions, dtype=torch.long, device=x.device)]
+        with torch.no_grad():
+            out = module(sub)
+        if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != len(positions):
+            raise NotRowwise(
+                f"`{type(module).__name__}` was handed {len(positions)} rows and returned "
+                f"{_describe(out)}: a module cached per row must return one tensor with one row "
+                "per input row (batch along dimension 0). Cache it per batch instead "
+                "(`somatize.torch.wrap(module, frozen=True, cached=True)`)"
+            )
+        return out
+
+    def _admit(self, near: list[Hashable], rows: torch.Tensor) -> None:
+        """Keeps rows in the nearest memory tier with room, the rest in the next one."""
+        if len(set(near)) < len(near):
+            first: dict[Hashable, int] = {}
+            for i, key in enumerate(near):
+                first.setdefault(key, i)
+            near = list(first)
+            rows = rows[torch.tensor(list(first.values()), device=rows.device)]
+        done = 0
+        for tier in self.tiers:
+            if done == len(near):
+                return
+            done += tier.admit(near[done:], rows[done:])
+
+    def _from_store(self, keys: dict[int, str]) -> tuple[list[int], torch.Tensor] | None:
+        """The rows at batch positions ``keys`` (position → store key) the store has."""
+        store = self.store
+        assert store is not None and self._lock is not None
+        with self._lock:
+            present = store.have(keys.values())
+            if not present:
+                return None
+            wanted = [p for p, key in keys.items() if key in present]
+            got = store.recall_many([keys[p] for p in wanted])
+        at: list[int] = []
+        datas: list[memoryview] = []
+        for p in wanted:
+            item = got.get(keys[p])
+            if not isinstance(item, tuple):
+                continue  # damaged or gone since `have`: computed again
+            answer, data = item
+            if answer.codec != TENSOR.name:
+                continue
+            if answer.fingerprint not in (None, self._fingerprint):
+                if self.strict:
+                    continue
+                self._drifted(answer.fingerprint)
+            at.append(p)
+            datas.append(data)
+        if not at:
+            return None
+        try:
+            rows = decode_rows(datas)
+        except (ValueError, TypeError, Corrupt, Missing):
+            return None  # a damaged row: every row of this lookup is computed again
+        return at, rows
+
+    def _drifted(self, was: str | None) -> None:
+        if self._drift_warned:
+            return
+        self._drift_warned = True
+        warnings.warn(
+            f"rows of `{type(self.module).__name__}` recalled from the store were kept by "
+            f"another version of its code ({was}, now {self._fingerprint}); they are used, "
+            "since the key (class, structure, weights) is the same. Pass strict=True to "
+            "compute them again instead",
+            Drifted,
+            stacklevel=4,
+        )
+
+    # -- what it did
+
+    @property
+    def stats(self) -> RowStats:
+        """What this cache did since it was made (or since :meth:`reset_stats`)."""
+        c = self._counts
+        writer = self._writer
+        kept = (0, 0, 0)
+        if writer is not None:
+            base = self._kept_base
+            kept = (
+                writer.kept_rows - base[0],
+                writer.kept_bytes - base[1],
+                writer.failed_rows - base[2],
+            )
+        return RowStats(
+            batches=int(c["batches"]),
+            rows=int(c["rows"]),
+            computed=int(c["computed"]),
+            from_device=int(c["device"]),
+            from_host=int(c["host"]),
+            from_store=int(c["store"]),
+            rows_kept=kept[0],
+            bytes_kept=kept[1],
+            rows_failed=kept[2],
+            lookup_s=c["lookup_s"],
+            compute_s=c["compute_s"],
+        )
+
+    def reset_stats(self) -> RowStats:
+        """Starts counting afresh (per epoch, say); returns what was counted until now."""
+        out = self.stats
+        self._counts = dict.fromkeys(_COUNTED, 0.0)
+        writer = self._writer
+        if writer is not None:
+            self._kept_base = (writer.kept_rows, writer.kept_bytes, writer.failed_rows)
+        return out
+
+    def flush(self) -> None:
+        """Waits until every computed row is in the store; :class:`WriteFailed` if some
+        could not be written."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flushes and stops the background writer."""
+        if self._writer is not None:
+            self._writer.close()
+
+    # -- nn.Module
+
+    def train(self, mode: bool = True) -> CachedRows:
+        """Records the mode; the frozen module stays in eval whatever is asked."""
+        self.training = mode
+        return self
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> CachedRows:
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        module = self.module
+        for name in list(module._parameters):
+            if name in self._parameters:
+                module._parameters[name] = self._parameters[name]
+        for name in list(module._buffers):
+            if name in self._buffers:
+                module._buffers[name] = self._buffers[name]
+        self._watched = [({}, "", torch.empty(0), -1)]  # a conversion: digest again
+        return self
+
+    def extra_repr(self) -> str:
+        tiers = ", ".join(repr(t) for t in self.tiers)
+        key = "content" if self.key_mode == "content" else f"index of {self.version}"
+        return f"rows keyed by {key}; {tiers}; store={self.store!r}"
+
+
+_remember: Callable[..., Any] = torch.compiler.disable(CachedRows._recall_or_run)  # type: ignore[no-untyped-call]
+"""The lookup runs outside any compiled region: a graph break at the cached module, so
+``torch.compile`` compiles what is around it (the head) once."""
+
+
+def _assemble(
+    pieces: list[tuple[list[int] | None, torch.Tensor]], count: int, device: torch.device
+) -> torch.Tensor:
+    """The rows of ``pieces`` put back in batch order on ``device``."""
+    if len(pieces) == 1 and pieces[0][0] is None:
+        rows = pieces[0][1]
+        return rows.to(device) if rows.device != device else rows
+    first = pieces[0][1]
+    out = torch.empty((count, *first.shape[1:]), dtype=first.dtype, device=device)
+    for at, rows in pieces:
+        if rows.shape[1:] != first.shape[1:] or rows.dtype != first.dtype:
+            raise NotRowwise(
+                f"rows of one batch came back as {rows.dtype} {list(rows.shape[1:])} and as "
+                f"{first.dtype} {list(first.shape[1:])}: a module cached per row must answer "
+                "every row with the same dtype and shape"
+            )
+        assert at is not None
+        out.index_copy_(0, torch.tensor(at, device=device), rows.to(device))
+    return out
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    return f"a `{type(value).__name__}`"
+
+
+def _store(store: Store | str | os.PathLike[str] | None) -> Store | None:
+    if store is None or isinstance(store, Store):
+        return store
+    if isinstance(store, (str, os.PathLike)):
+        return LocalStore(store)
+    raise TypeError(
+        f"store= takes a somatize.Store or a directory path, got a `{type(store).__name__}`"
+    )
+
+
+def cache_rows(
+    module: nn.Module,
+    store: Store | str | os.PathLike[str] | None = None,
+    *,
+    key: KeyMode = "content",
+    version: str | None = None,
+    salt: str | None = None,
+    device_bytes: int = DEVICE_BYTES,
+    host_bytes: int = HOST_BYTES,
+    strict: bool = False,
+) -> CachedRows:
+    """``module``, frozen and cached one row at a time; see the module docstring.
+
+    ``key="content"`` (the default) names each row by the digest of its content;
+    ``key="index"`` by its sample index within dataset ``version`` (call the result as
+    ``cached(x, index=idx)``). ``device_bytes`` and ``host_bytes`` are the memory
+    tiers' budgets; ``store`` a :class:`somatize.Store` or a directory (None: memory
+    only); ``strict`` computes again rows that were kept by another version of the
+    module's code instead of warning.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"cache_rows takes an nn.Module, got a `{type(module).__name__}`")
+    if isinstance(module, CachedRows):
+        raise RowsError("this module is already cached per row; cache the module inside once")
+    return CachedRows(
+        module,
+        _store(store),
+        key=key,
+        version=version,
+        salt=salt,
+        device_bytes=device_bytes,
+        host_bytes=host_bytes,
+        strict=strict,
+    )
+
+
+def _inputs(batch: Any, key: KeyMode) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The batch tensor (and, keyed by index, the indices) of what a DataLoader yields:
+    a tensor; or a tuple/list, whose first item is the batch and whose last the indices;
+    or a dict with ``x`` (or ``input``) and ``index``."""
+    if isinstance(batch, torch.Tensor):
+        return batch, None
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+        index = batch[-1] if key == "index" and len(batch) > 1 else None
+        return batch[0], index
+    if isinstance(batch, dict):
+        x = batch.get("x", batch.get("input"))
+        if isinstance(x, torch.Tensor):
+            return x, batch.get("index")
+    raise TypeError(
+        f"prefill cannot tell the batch tensor in a `{type(batch).__name__}` the loader "
+        "yields; pass inputs=, a function from one loader item to the batch tensor (or to "
+        "(batch, indices) for key='index')"
+    )
+
+
+def prefill(
+    cached: CachedRows,
+    loader: Iterable[Any],
+    *,
+    inputs: Callable[[Any], Any] | None = None,
+    progress: bool = True,
+    device: torch.device | str | None = None,
+) -> RowStats:
+    """Runs ``cached`` over every batch of ``loader`` so its answers are kept before
+    training starts, then flushes; returns what it did. ``inputs`` turns one loader
+    item into the batch tensor (or ``(batch, indices)``); by default a tensor is the
+    batch, a tuple's first item is the batch (and with ``key="index"`` its last the
+    indices), a dict's ``x`` and ``index``. ``device`` moves batches there first.
+    ``progress`` shows a tqdm bar."""
+    if not isinstance(cached, CachedRows):
+        raise TypeError(
+            f"prefill takes a module made by `cache_rows`, got a `{type(cached).__name__}`"
+        )
+    before = cached.stats
+    items: Iterable[Any] = loader
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            raise ImportError(
+                "prefill(progress=True) shows a progress bar with tqdm, which is not installed: "
+                "`pip install tqdm`, or pass progress=False"
+            ) from None
+        total = len(loader) if isinstance(loader, Sized) else None
+        items = tqdm(loader, total=total, desc=f"prefill {type(cached.module).__name__}")
+    for item in items:
+        if inputs is not None:
+            got = inputs(item)
+            x, index = got if isinstance(got, tuple) else (got, None)
+        else:
+            x, index = _inputs(item, cached.key_mode)
+        if device is not None:
+            x = x.to(device)
+        cached(x, index=index)
+    cached.flush()
+    after = cached.stats
+    return RowStats(
+        **{
+            name: getattr(after, name) - getattr(before, name)
+            for name in RowStats.__dataclass_fields__
+        }
+    )

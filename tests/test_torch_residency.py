@@ -1,0 +1,239 @@
+"""Residency: memory tiers within their budgets, and a writer that loses nothing."""
+
+from __future__ import annotations
+
+import errno
+import inspect
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from somatize import Store
+from somatize_torch.codec import TENSOR
+from somatize_torch.residency import Tier, WriteFailed, Writer, decode_rows, encode_rows
+from somatize_torch.rows import cache_rows
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def mlp() -> nn.Module:
+    """A module every process names and builds the same way (torch classes, fixed seed)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+
+
+def rows(count: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(count, 16, generator=torch.Generator().manual_seed(seed))
+
+
+SHARED = "import torch\nfrom torch import nn\n" + inspect.getsource(mlp) + inspect.getsource(rows)
+"""The two functions above, for a child process (which must not import pytest or this file)."""
+
+
+def truth(x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out: torch.Tensor = mlp()(x)
+    return out
+
+
+def test_the_device_tier_keeps_within_its_byte_budget(store: Store) -> None:
+    """A device tier with room for 10 rows keeps 10; the rest go to the host tier, and
+    every row is recalled from the nearest copy with its right value."""
+    row_bytes = 8 * 4
+    cached = cache_rows(mlp(), store, device_bytes=10 * row_bytes + 7, host_bytes=1 << 20)
+    device, host = cached.tiers
+    x = rows(32)
+    cached(x)
+    assert device.rows == 10 and device.used <= device.budget
+    assert host.rows == 22
+    order = torch.randperm(32)
+    assert torch.equal(cached(x[order]), truth(x[order]))
+    stats = cached.stats
+    assert (stats.from_device, stats.from_host, stats.from_store) == (10, 22, 0)
+    cached.close()
+
+
+def test_a_tier_never_evicts_and_holds_each_row_once() -> None:
+    """A full tier admits nothing more and drops nothing it holds; a row is kept once."""
+    tier = Tier("device", "cpu", budget=4 * 16)
+    assert tier.admit(["a", "b", "c"], torch.ones(3, 4)) == 3
+    assert tier.admit(["d", "e"], torch.zeros(2, 4)) == 1
+    assert tier.admit(["f"], torch.zeros(1, 4)) == 0
+    assert tier.rows == 4 and tier.used == tier.budget
+    pieces, rest = tier.find(["e", "a", "d"], [0, 1, 2])
+    assert rest == [0]
+    assert pieces[0][0] == [1, 2]
+    assert torch.equal(pieces[0][1], torch.tensor([[1.0] * 4, [0.0] * 4]))
+    with pytest.raises(ValueError, match="budget must be 0 or more"):
+        Tier("host", "cpu", -1)
+
+
+def test_rows_are_written_as_the_tensor_codec_writes_each_row() -> None:
+    """encode_rows gives each row the codec's own bytes; decode_rows stacks them back, and
+    damaged bytes are refused."""
+    x = torch.randn(5, 3, 2).to(torch.bfloat16)
+    encoded = encode_rows(x)
+    for row, pieces in zip(x, encoded, strict=True):
+        assert b"".join(bytes(p) for p in pieces) == b"".join(bytes(p) for p in TENSOR.encode(row))
+    datas = [memoryview(b"".join(bytes(p) for p in pieces)) for pieces in encoded]
+    assert torch.equal(decode_rows(datas), x)
+    with pytest.raises(ValueError, match="claims bytes"):
+        decode_rows([datas[0], datas[1][:-2]])
+
+
+def test_flush_puts_every_computed_row_in_the_store(store: Store) -> None:
+    """After flush, the store has every row the forward computed, under its key."""
+    cached = cache_rows(mlp(), store)
+    x = rows(100)
+    keys = cached.row_keys(x)
+    cached(x)
+    cached.flush()
+    assert store.have(keys) == set(keys)
+    assert cached.stats.rows_kept == 100 and cached.stats.bytes_kept > 100 * 32
+    cached.close()
+
+
+def test_a_failing_write_is_reported_not_swallowed(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write that fails with ENOSPC is logged, raised at flush and at the next forward,
+    and nothing is published."""
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "keep_many", full)
+    cached = cache_rows(mlp(), store)
+    x = rows(16)
+    with caplog.at_level(logging.ERROR, logger="somatize.torch"):
+        cached(x)
+        with pytest.raises(WriteFailed, match="16 computed rows could not be written") as caught:
+            cached.flush()
+    assert isinstance(caught.value.__cause__, OSError)
+    assert caught.value.__cause__.errno == errno.ENOSPC
+    assert "could not be written" in caplog.text
+    assert cached.stats.rows_failed == 16
+    cached(rows(4, seed=2))
+    writer = cached._writer
+    assert writer is not None
+    writer.drain()
+    with pytest.raises(WriteFailed, match="No space left"):
+        cached(rows(4, seed=3))
+    monkeypatch.undo()
+    assert store.have(cached.row_keys(x)) == set()
+    cached.close()
+
+
+def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path) -> None:
+    """A process that computes rows and exits without flushing still publishes every one."""
+    script = SHARED + textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from somatize import Store
+        from somatize_torch.rows import cache_rows
+        cached = cache_rows(mlp(), Store(sys.argv[1]))
+        cached(rows(300))
+        """
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "store")], check=True)
+    again = cache_rows(mlp(), Store(tmp_path / "store"))
+    x = rows(300)
+    assert torch.equal(again(x), truth(x))
+    assert again.stats.from_store == 300
+    again.close()
+
+
+KILLED = """
+import sys, time
+sys.path.insert(0, {root!r})
+from somatize import Store
+from somatize_torch.rows import cache_rows
+
+store = Store(sys.argv[1])
+keep_many = store.keep_many
+
+def slowly(items, codec, fingerprint=None):
+    out = []
+    for start in range(0, len(items), 8):
+        out += keep_many(items[start : start + 8], codec, fingerprint)
+        print("published", flush=True)
+        time.sleep(0.05)
+    return out
+
+store.keep_many = slowly
+cached = cache_rows(mlp(), store)
+x = rows(512)
+for start in range(0, 512, 64):
+    cached(x[start : start + 64])
+print("computed", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_process_killed_mid_write_loses_no_published_row(tmp_path: Path) -> None:
+    """SIGKILL while the writer is busy: a fresh process recalls every published row
+    correctly, recomputes the rest, and finds no half-written answer."""
+    where = tmp_path / "store"
+    script = SHARED + KILLED.format(root=str(ROOT))
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(where)], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    seen: list[str] = []
+    try:
+        while "computed" not in seen or "published" not in seen:
+            line = child.stdout.readline().strip()
+            assert line, f"the child ended early: {seen}"
+            seen.append(line)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    store = Store(where)
+    x = rows(512)
+    fresh = cache_rows(mlp(), store)
+    assert torch.equal(fresh(x), truth(x))
+    stats = fresh.stats
+    assert stats.from_store >= 8 * seen.count("published")
+    assert stats.computed > 0
+    assert stats.from_store + stats.computed == 512
+    fresh.close()
+    assert not store.verify().damaged
+
+
+def test_a_closed_writer_takes_nothing_more(store: Store) -> None:
+    """Submitting to a closed writer is an error, not a silent drop."""
+    writer = Writer(store)
+    writer.close()
+    with pytest.raises(RuntimeError, match="writer is closed"):
+        writer.submit(["blake3:" + "0" * 64], torch.zeros(1, 2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_epoch_two_stays_on_the_device(store: Store) -> None:
+    """On CUDA the device tier lives on the GPU, recalls stay there, and the rows staged
+    through pinned memory reach the store intact."""
+    module = mlp().cuda()
+    cached = cache_rows(module, store)
+    x = rows(64).cuda()
+    first = cached(x)
+    again = cached(x)
+    assert cached.tiers[0].device.type == "cuda" and again.is_cuda
+    assert torch.equal(first, again)
+    cached.flush()
+    fresh = cache_rows(mlp().cuda(), Store(store.root))  # type: ignore[attr-defined]
+    assert torch.equal(fresh(x), first)
+    assert fresh.stats.from_store == 64
+    cached.close()
+    fresh.close()

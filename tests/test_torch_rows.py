@@ -1,0 +1,324 @@
+"""Per-sample caching of a frozen module: one key per row, only missing rows run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from somatize import Store
+from somatize.keys import node_key, node_prefix
+from somatize_torch.digest import digest_rows
+from somatize_torch.freeze import digest_state, is_held
+from somatize_torch.rows import (
+    CachedRows,
+    NeedsIndex,
+    NotRowwise,
+    RowsError,
+    RowStats,
+    cache_rows,
+    prefill,
+)
+from somatize_torch.wrap import CachedInputNeedsGrad
+
+
+def encoder(seed: int = 0) -> nn.Module:
+    """A small conv encoder with BatchNorm, so eval mode matters."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, 2, 1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+    )
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def images(count: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(count, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
+
+
+def loader(data: torch.Tensor, seed: int = 0) -> DataLoader[tuple[torch.Tensor, ...]]:
+    return DataLoader(
+        TensorDataset(data, torch.arange(data.shape[0])),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def expected(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    module.eval()
+    with torch.no_grad():
+        out: torch.Tensor = module(x)
+    return out
+
+
+class RowCounter:
+    """Counts the rows a module is handed, through a forward hook."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.rows = 0
+        module.register_forward_hook(self.hook)
+
+    def hook(self, module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        self.rows += int(args[0].shape[0])
+
+
+@pytest.fixture
+def cached(store: Store) -> Iterator[CachedRows]:
+    made = cache_rows(encoder(), store)
+    yield made
+    made.close()
+
+
+def test_epoch_two_of_a_shuffled_loader_recalls_every_row(cached: CachedRows) -> None:
+    """Epoch 2 of a shuffled DataLoader recalls 100% of its rows, and the features equal
+    the encoder's own."""
+    data = images(64)
+    for x, _ in loader(data):
+        cached(x)
+    first = cached.reset_stats()
+    assert (first.rows, first.computed, first.recalled) == (64, 64, 0)
+    truth = expected(cached.module, data)
+    for x, index in loader(data, seed=7):
+        assert torch.equal(cached(x), truth[index])
+    second = cached.stats
+    assert (second.rows, second.computed, second.from_device) == (64, 0, 64)
+    assert second.hit_rate == 1.0
+
+
+def test_only_new_rows_run_as_one_sub_batch(store: Store) -> None:
+    """A batch of 3 new rows among 61 known runs the encoder on exactly those 3, once,
+    and the output is in the batch's order."""
+    module = encoder()
+    cached = cache_rows(module, store)
+    known = images(61)
+    cached(known)
+    counter = RowCounter(module)
+    batch = torch.cat([known[:20], images(3, seed=9), known[20:]])[torch.randperm(64)]
+    out = cached(batch)
+    assert counter.rows == 3
+    assert cached.stats.computed == 61 + 3
+    assert torch.equal(out, expected(module, batch))
+    cached.close()
+
+
+def test_trained_head_is_identical_with_and_without_caching() -> None:
+    """A head trained for three shuffled epochs has bit-identical weights whether the
+    frozen encoder's features are computed or recalled."""
+
+    def train(cache: bool) -> torch.Tensor:
+        frozen = encoder()
+        frozen.eval().requires_grad_(False)
+        features = cache_rows(frozen) if cache else frozen
+        torch.manual_seed(3)
+        head = nn.Linear(8, 4)
+        optimizer = torch.optim.SGD(head.parameters(), lr=0.1)
+        for _ in range(3):
+            for x, index in loader(images(96), seed=5):
+                loss = nn.functional.cross_entropy(head(features(x)), index % 4)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        if isinstance(features, CachedRows):
+            assert features.stats.computed == 96
+        return head.weight.detach().clone()
+
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.equal(train(cache=False), train(cache=True))
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+def test_a_new_cache_over_the_same_store_recalls_from_it(store: Store, tmp_path: Path) -> None:
+    """Rows flushed by one cached module are recalled from the store by another with empty
+    memory tiers, equal to the encoder's own answers."""
+    data = images(40)
+    first = cache_rows(encoder(), store)
+    first(data)
+    first.flush()
+    assert first.stats.rows_kept == 40
+    first.close()
+    second = cache_rows(encoder(), Store(tmp_path / "store"))
+    counter = RowCounter(second.module)
+    picked = torch.randperm(40)[:25]
+    out = second(data[picked])
+    assert counter.rows == 0
+    assert second.stats.from_store == 25
+    assert torch.equal(out, expected(second.module, data)[picked])
+    second.close()
+
+
+def test_recalled_rows_from_the_store_are_the_encoders(store: Store, tmp_path: Path) -> None:
+    """Rows recalled from the store, mixed with rows computed now, come back in the
+    batch's order and equal what the encoder computes."""
+    data = images(48)
+    first = cache_rows(encoder(), store)
+    first(data[:30])
+    first.close()
+    second = cache_rows(encoder(), Store(tmp_path / "store"))
+    order = torch.randperm(48)
+    out = second(data[order])
+    assert (second.stats.from_store, second.stats.computed) == (30, 18)
+    assert torch.equal(out, expected(second.module, data[order]))
+    second.close()
+
+
+def test_bf16_autocast_and_fp32_have_different_keys() -> None:
+    """The autocast state the encoder runs under is part of every row's key."""
+    cached = cache_rows(encoder())
+    x = images(4)
+    plain = cached.row_keys(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = cached.row_keys(x)
+        out = cached(x)
+    assert set(plain).isdisjoint(mixed)
+    assert out.dtype == torch.bfloat16
+    assert cached(x).dtype == torch.float32
+    assert cached.stats.computed == 8
+
+
+def test_keys_are_built_like_the_cores(store: Store) -> None:
+    """A row's key is node_key(node_prefix(identity, declaration, state, salt), [row digest]),
+    and the salt and the weights each change it."""
+    module = encoder()
+    cached = cache_rows(module, store, salt="v1")
+    x = images(3)
+    keys = cached.row_keys(x)
+    node = cached._node
+    prefix = node_prefix(
+        "torch.nn.modules.container:Sequential",
+        node.declaration(),
+        digest_state(module),
+        "v1",
+    )
+    assert keys == [node_key(prefix, [digest]) for digest in digest_rows(x)]
+    other = cache_rows(encoder(), store, salt="v2")
+    assert set(other.row_keys(x)).isdisjoint(keys)
+    reseeded = cache_rows(encoder(seed=5), store, salt="v1")
+    assert set(reseeded.row_keys(x)).isdisjoint(keys)
+    for made in (cached, other, reseeded):
+        made.close()
+
+
+def test_weights_changed_in_place_are_digested_again(store: Store) -> None:
+    """Loading other weights into the frozen module changes its keys, so no answer computed
+    with the old weights is recalled."""
+    module = encoder()
+    cached = cache_rows(module, store)
+    x = images(8)
+    before = cached(x)
+    cached.load_state_dict(encoder(seed=4).state_dict())
+    after = cached(x)
+    assert cached.stats.computed == 16
+    assert not torch.equal(before, after)
+    assert torch.equal(after, expected(encoder(seed=4), x))
+    cached.close()
+
+
+def test_index_keys_miss_when_the_dataset_version_changes(store: Store, tmp_path: Path) -> None:
+    """Keyed by index, rows recall under the same dataset version and miss under another."""
+    data = images(32)
+    first = cache_rows(encoder(), store, key="index", version="sms/train@1")
+    prefill(first, loader(data), progress=False)
+    first.close()
+    again = cache_rows(encoder(), Store(tmp_path / "store"), key="index", version="sms/train@1")
+    changed = cache_rows(encoder(), Store(tmp_path / "store"), key="index", version="sms/train@2")
+    index = torch.arange(32)
+    assert torch.equal(again(data, index=index), expected(again.module, data))
+    assert again.stats.from_store == 32
+    changed(data, index=index)
+    assert (changed.stats.computed, changed.stats.recalled) == (32, 0)
+    again.close()
+    changed.close()
+
+
+def test_index_keys_need_indices_and_a_version() -> None:
+    """An index-keyed cache refuses to be made without a version, or called without
+    indices, or with indices that do not match the batch."""
+    with pytest.raises(NeedsIndex, match="pass version="):
+        cache_rows(encoder(), key="index")
+    cached = cache_rows(encoder(), key="index", version="sms/train@1")
+    with pytest.raises(NeedsIndex, match=r"cached\(x, index=idx\)"):
+        cached(images(4))
+    with pytest.raises(NeedsIndex, match="3 indices for a batch of 4"):
+        cached(images(4), index=torch.arange(3))
+    with pytest.raises(RowsError, match="key= is `content`"):
+        cache_rows(encoder(), key="rows")  # type: ignore[arg-type]
+
+
+def test_prefill_warms_the_cache_with_a_progress_bar(
+    cached: CachedRows, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """prefill runs every batch of a loader through the cache, shows tqdm's bar, flushes,
+    and the epoch after it recalls everything."""
+    data = images(48)
+    done = prefill(cached, loader(data))
+    assert isinstance(done, RowStats)
+    assert (done.rows, done.computed, done.rows_kept) == (48, 48, 48)
+    assert "3/3" in capsys.readouterr().err
+    for x, _ in loader(data, seed=2):
+        cached(x)
+    assert cached.stats.from_device == 48
+
+
+def test_an_input_that_requires_grad_is_refused(cached: CachedRows) -> None:
+    """A batch that requires grad is refused: recalled rows would cut its gradient."""
+    with pytest.raises(CachedInputNeedsGrad, match="requires grad"):
+        cached(images(2).requires_grad_())
+
+
+def test_an_output_that_is_not_one_row_per_input_row_is_refused() -> None:
+    """A module that does not answer row by row is refused with what it returned."""
+    summed = cache_rows(nn.Sequential(nn.Flatten(0)))
+    with pytest.raises(NotRowwise, match="one row per input row"):
+        summed(images(2))
+
+
+def test_the_frozen_module_stays_in_eval_and_keeps_its_state_dict_keys(
+    cached: CachedRows,
+) -> None:
+    """Training mode on the wrapper leaves the encoder in eval, and its state_dict keys are
+    the encoder's, so a checkpoint loads into the unwrapped module."""
+    cached.train()
+    module = cached.module
+    assert is_held(module)
+    assert not any(part.training for part in module.modules())
+    assert list(cached.state_dict()) == list(module.state_dict())
+    fresh = encoder(seed=2)
+    fresh.load_state_dict(cached.state_dict())
+    assert not any(p.requires_grad for p in cached.parameters())
+
+
+def test_a_row_twice_in_one_batch_runs_once(store: Store) -> None:
+    """Two equal rows in one batch run once, both get the answer, and it is kept once."""
+    module = encoder()
+    cached = cache_rows(module, store)
+    counter = RowCounter(module)
+    x = images(6)
+    batch = torch.cat([x, x[:2]])
+    out = cached(batch)
+    assert counter.rows == 6
+    assert torch.equal(out[6:], out[:2])
+    assert cached.tiers[0].rows == 6
+    cached.flush()
+    assert cached.stats.rows_kept == 6
+    cached.close()
+
+
+def test_an_empty_batch_gives_an_empty_answer(cached: CachedRows) -> None:
+    """A batch of no rows answers no rows, of the encoder's row shape, and counts nothing."""
+    out = cached(images(0))
+    assert out.shape == (0, 8)
+    assert cached.stats.batches == 0
