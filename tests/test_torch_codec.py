@@ -172,6 +172,14 @@ def test_digest_rows_names_each_row_as_digest_tensor_does() -> None:
         smt.digest_rows(torch.tensor(1.0))
 
 
+def test_digest_rows_of_a_large_batch_split_across_threads() -> None:
+    """A batch large enough to be hashed on several threads names every row exactly as
+    digesting that row alone does, in order (odd row count, so the runs are uneven)."""
+    batch = torch.randn(101, 3, 32, 32)
+    rows = smt.digest_rows(batch)
+    assert rows == [smt.digest_tensor(batch[i]) for i in range(101)]
+
+
 def test_unsupported_dtype_is_refused() -> None:
     """A dtype with no agreed layout is an error naming what to convert to."""
     with pytest.raises(TypeError, match="Convert it to one of"):
