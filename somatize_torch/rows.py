@@ -64,7 +64,7 @@ from somatize_torch.codec import TENSOR
 from somatize_torch.digest import DTYPES, digest_rows
 from somatize_torch.freeze import ModuleNode, check_still, digest_state, freeze
 from somatize_torch.residency import Tier, Writer, decode_rows, store_lock
-from somatize_torch.wrap import CachedInputNeedsGrad
+from somatize_torch.wrap import CachedInputNeedsGrad, adopt
 
 __all__ = [
     "CachedRows",
@@ -216,13 +216,7 @@ class CachedRows(nn.Module):
                 "version= is for key='index'; with key='content' each row is named by its own "
                 "content, so there is no dataset version to give"
             )
-        for name, child in module.named_children():
-            self.add_module(name, child)
-        for name, param in module.named_parameters(recurse=False):
-            self.register_parameter(name, param)
-        for name, buffer in module.named_buffers(recurse=False):
-            persistent = name not in module._non_persistent_buffers_set
-            self.register_buffer(name, buffer, persistent=persistent)
+        adopt(self, module)
         object.__setattr__(self, "module", module)
         self.key_mode: KeyMode = key
         self.version = version

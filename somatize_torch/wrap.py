@@ -216,6 +216,19 @@ def _placed(value: Any, device: torch.device | None, copy: bool) -> Any:
 # ------------------------------------------------------------------------------ the module
 
 
+def adopt(host: nn.Module, module: nn.Module) -> None:
+    """Registers ``module``'s children, parameters and buffers on ``host`` under their own
+    names, so that ``host.state_dict()`` has ``module``'s keys and a checkpoint of one
+    loads into the other."""
+    for name, child in module.named_children():
+        host.add_module(name, child)
+    for name, param in module.named_parameters(recurse=False):
+        host.register_parameter(name, param)
+    for name, buffer in module.named_buffers(recurse=False):
+        persistent = name not in module._non_persistent_buffers_set
+        host.register_buffer(name, buffer, persistent=persistent)
+
+
 class Wrapped(nn.Module):
     """A model whose declared submodules are somatize nodes; see the module docstring.
 
@@ -230,13 +243,7 @@ class Wrapped(nn.Module):
 
     def __init__(self, model: nn.Module, runner: nn.Module, graph: Graph, store: Any) -> None:
         super().__init__()
-        for name, child in model.named_children():
-            self.add_module(name, child)
-        for name, param in model.named_parameters(recurse=False):
-            self.register_parameter(name, param)
-        for name, buffer in model.named_buffers(recurse=False):
-            persistent = name not in model._non_persistent_buffers_set
-            self.register_buffer(name, buffer, persistent=persistent)
+        adopt(self, model)
         self.train(model.training)
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "_runner", runner)

@@ -24,7 +24,7 @@ from somatize.catalog import Blueprint, Catalog
 from somatize.node import Context
 
 from .base import Broker, Done
-from .host import Host, Job, crossings, edge_names, pack, unpack
+from .host import Host, crossings, job_for, unpack
 from .worker import Worker
 
 if TYPE_CHECKING:
@@ -53,22 +53,8 @@ class EmbeddedBroker(Broker):
             value = graph.node(node).forward(*inputs, ctx)
             return Done(value, (time.perf_counter_ns() - start) // 1000)
         blueprint = self._blueprint(graph, node)
-        packed = [
-            pack(value, where)
-            for value, where in zip(inputs, edge_names(graph, node, worker), strict=True)
-        ]
-        job = Job(
-            blueprint=blueprint.to_bytes(),
-            name=node,
-            key=ctx.key,
-            keys=list(ctx.keys) if ctx.keys is not None else None,
-            worker=worker,
-            codecs=[codec for codec, _ in packed],
-            readers=list(graph.successors(node)),
-            keep=keep,
-            fingerprint=graph.memory.fingerprint_of(node),
-        )
-        reply = host.run(job, [data for _, data in packed], store=ctx.store)
+        job, sent = job_for(graph, node, worker, blueprint, inputs, ctx, keep=keep)
+        reply = host.run(job, sent, store=ctx.store)
         value = unpack(reply.codec, reply.data)
-        facts = crossings(graph, node, worker, [len(data) for _, data in packed], len(reply.data))
+        facts = crossings(graph, node, worker, [len(data) for data in sent], len(reply.data))
         return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)

@@ -71,6 +71,38 @@ class Reply:
     """Bytes the worker kept in the store for this answer, or None if it kept nothing."""
 
 
+def job_for(
+    graph: Graph,
+    node: str,
+    worker: str,
+    blueprint: Blueprint,
+    inputs: list[Any],
+    ctx: Context,
+    *,
+    keep: bool,
+    store: str | None = None,
+) -> tuple[Job, list[bytes]]:
+    """The job that sends ``node`` with ``inputs`` to ``worker``, and the inputs' bytes
+    (each through its codec; an input with none fails, naming its edge)."""
+    packed = [
+        pack(value, where)
+        for value, where in zip(inputs, edge_names(graph, node, worker), strict=True)
+    ]
+    job = Job(
+        blueprint=blueprint.to_bytes(),
+        name=node,
+        key=ctx.key,
+        keys=list(ctx.keys) if ctx.keys is not None else None,
+        worker=worker,
+        codecs=[codec for codec, _ in packed],
+        readers=list(graph.successors(node)),
+        keep=keep,
+        fingerprint=graph.memory.fingerprint_of(node),
+        store=store,
+    )
+    return job, [data for _, data in packed]
+
+
 def pack(value: Any, where: str) -> tuple[str, bytes]:
     """``value`` as (codec name, bytes); CodecError naming its type and ``where`` otherwise."""
     codec = CODECS.for_value(value, where)

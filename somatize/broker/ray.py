@@ -37,7 +37,7 @@ from somatize.codecs import CodecError
 from somatize.node import Context
 
 from .base import Broker, Done, FailedOnWorker, NoRay, WorkerLost, WorkerTimeout
-from .host import Host, Job, Reply, crossings, edge_names, pack, unpack
+from .host import Host, Job, Reply, crossings, job_for, unpack
 from .worker import BadWorker, Worker
 
 if TYPE_CHECKING:
@@ -208,24 +208,18 @@ class RayBroker(Broker):
         ray = _ray()
         start = time.perf_counter_ns()
         blueprint = self._blueprint(graph, node)
-        packed = [
-            pack(value, where)
-            for value, where in zip(inputs, edge_names(graph, node, worker), strict=True)
-        ]
         address = _address(ctx.store)
-        job = Job(
-            blueprint=blueprint.to_bytes(),
-            name=node,
-            key=ctx.key,
-            keys=list(ctx.keys) if ctx.keys is not None else None,
-            worker=worker,
-            codecs=[codec for codec, _ in packed],
-            readers=list(graph.successors(node)),
+        job, sent = job_for(
+            graph,
+            node,
+            worker,
+            blueprint,
+            inputs,
+            ctx,
             keep=keep and address is not None,
-            fingerprint=graph.memory.fingerprint_of(node),
             store=address,
         )
-        payloads = [ray.put(data) if len(data) > _INLINE else data for _, data in packed]
+        payloads = [ray.put(data) if len(data) > _INLINE else data for data in sent]
         reply: Reply | _Failure | None = None
         cause = ""
         for _ in range(self.retries + 1):
@@ -258,5 +252,5 @@ class RayBroker(Broker):
                 raise Unbuildable(f"worker `{worker}` cannot rebuild `{node}`: {reply.message}")
             raise FailedOnWorker(node, graph.kind_of(node), worker, reply.raised, reply.message)
         value = unpack(reply.codec, reply.data)
-        facts = crossings(graph, node, worker, [len(data) for _, data in packed], len(reply.data))
+        facts = crossings(graph, node, worker, [len(data) for data in sent], len(reply.data))
         return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)
