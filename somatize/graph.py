@@ -226,8 +226,8 @@ class Graph:
         return self._nodes[name].holds_state
 
     def kind_of(self, name: str) -> str:
-        """The class name of ``name``."""
-        return type(self._nodes[name]).__qualname__
+        """What ``name`` is, for people: its class (see :meth:`Node.kind_name`)."""
+        return self._nodes[name].kind_name()
 
     def undeclared(self, name: str) -> Undeclared | None:
         """Why ``name`` has no declaration, if it has none."""

@@ -120,6 +120,11 @@ class Node:
                 out[name] = value
         return out
 
+    def kind_name(self) -> str:
+        """What this node is called in listings, figures and messages: its class, or what
+        it stands for (a torch node says its module's class)."""
+        return type(self).__qualname__
+
     def declaration(self, where: str | None = None) -> str:
         """``blake3:<hex>`` of :meth:`declare`; :class:`Undeclared` when it is not canonical."""
         declared = self.declare()

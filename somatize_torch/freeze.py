@@ -161,6 +161,9 @@ class ModuleNode(Node):
         if identity is not None:
             self._smz.identity = identity
 
+    def kind_name(self) -> str:
+        return type(self.module).__qualname__
+
     def declare(self) -> Any:
         kind = type(self.module)
         if identity_of(kind) is None:

@@ -114,7 +114,9 @@ def test_wrapped_graph_has_one_node_per_declared_submodule(store: Store) -> None
     assert graph.predecessors("encoder") == ("fx_0",)
     assert graph.memory.identity_of("encoder") == f"{Encoder.__module__}:Encoder"
     assert graph.memory.state_of("encoder") == smt.digest_state(wrapped.encoder)
-    assert "encoder" in graph.figure().svg()
+    svg = graph.figure().svg()
+    assert "encoder" in svg and "Encoder" in svg and "ModuleNode" not in svg
+    assert graph.kind_of("encoder") == "Encoder"
 
 
 def test_checkpoints_move_between_wrapped_and_plain(store: Store) -> None:
