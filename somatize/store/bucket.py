@@ -33,20 +33,17 @@ import os
 import random
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
-import blake3
-
+from somatize.store._packed import PackedHome, digest_of, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     Answer,
     Buffer,
     Corrupt,
     Missing,
     NameNotFound,
-    Store,
     StoreError,
     check_digest,
     check_name,
@@ -56,14 +53,11 @@ from somatize.store.records import (
     PackIndex,
     Signer,
     decode_name,
-    decode_pack,
     decode_record,
     encode_name,
-    encode_record,
-    keep_packed,
     signer_from,
 )
-from somatize.store.upkeep import Collected, Entry, Progress, Verified, check, collect
+from somatize.store.upkeep import Entry
 
 __all__ = ["BucketStore"]
 
@@ -73,9 +67,8 @@ _FETCH_BELOW = 32
 """Up to this many unknown keys, ``have`` fetches their records; beyond, it lists."""
 
 _HOLD_BELOW = 1 << 16
-_HOLD_BYTES = 32 << 20
-_REMEMBERED = 4096
-_FLUSH_USES = 1024
+"""Blobs up to this size are held in memory once downloaded."""
+
 _STREAM_ABOVE = 16 << 20
 """Blobs larger than this are uploaded through a file, piece by piece, not joined first."""
 
@@ -111,11 +104,7 @@ def _mtime(info: dict[str, Any]) -> float:
     return 0.0
 
 
-def _hash(data: Buffer) -> str:
-    return "blake3:" + blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
-
-
-class BucketStore(Store):
+class BucketStore(PackedHome):
     """A store under ``url`` in a bucket; see the module docstring.
 
     ``cache`` is a local directory kept in front as a read-through cache; ``signing_key``
@@ -160,13 +149,7 @@ class BucketStore(Store):
         self.cache: LocalStore | None = (
             LocalStore(cache, signing_key=self.signer) if cache is not None else None
         )
-        self._records: OrderedDict[str, Answer] = OrderedDict()
-        self._small: OrderedDict[str, bytes] = OrderedDict()
-        self._small_bytes = 0
-        self._packs: dict[str, PackIndex] = {}
-        self._items: dict[str, PackIndex] = {}
-        self._used: dict[str, float] = {}
-        self._used_packs: dict[str, float] = {}
+        self._hold_nothing(url)
         self._logs: list[str] = []
         self._merged: dict[tuple[str, str], float] = {}
 
@@ -219,7 +202,7 @@ class BucketStore(Store):
         target = path
         if not self._atomic:
             path = self._path("tmp", f"{os.getpid()}-{uuid.uuid4().hex}.part")
-        size = sum(memoryview(p).nbytes for p in pieces)
+        size = nbytes(pieces)
 
         def upload() -> None:
             if size <= _STREAM_ABOVE:
@@ -296,14 +279,9 @@ class BucketStore(Store):
     # -- writing ------------------------------------------------------------------------------
 
     def put(self, data: Buffer | Sequence[Buffer]) -> str:
-        pieces: Sequence[Buffer] = (
-            (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
-        )
-        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-        for piece in pieces:
-            hasher.update(piece)
-        digest = "blake3:" + hasher.hexdigest()
-        size = sum(memoryview(p).nbytes for p in pieces)
+        pieces = pieces_of(data)
+        digest = digest_of(pieces)
+        size = nbytes(pieces)
         path = self._blob_path(digest)
         self.fs.invalidate_cache(path)
         try:
@@ -322,46 +300,19 @@ class BucketStore(Store):
         check_digest(digest)
         self._write(self._path("names", name), [encode_name(digest, self.signer)])
 
-    def keep(
-        self,
-        key: str,
-        data: Buffer | Sequence[Buffer],
-        codec: str,
-        fingerprint: str | None = None,
-    ) -> Answer:
-        check_digest(key)
-        pieces: Sequence[Buffer] = (
-            (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
-        )
-        digest = self.put(pieces)
-        size = sum(memoryview(p).nbytes for p in pieces)
-        answer = self._record(key, digest, codec, size, fingerprint)
-        raw = encode_record(answer, self.signer)
-        self._write(self._answer_path(key), [raw])
+    def _publish_record(self, key: str, data: bytes) -> None:
+        self._write(self._answer_path(key), [data])
         if self.cache is not None:
-            self.cache._take_file(self.cache.answer_path(key), raw)
-        self._remember(answer)
-        return answer
-
-    def keep_many(
-        self,
-        items: Sequence[tuple[str, Buffer | Sequence[Buffer]]],
-        codec: str,
-        fingerprint: str | None = None,
-    ) -> list[Answer]:
-        """Keeps item answers packed: one blob and one index per up to 64 MiB."""
-        return keep_packed(self, items, codec, fingerprint)
+            self.cache._take_file(self.cache.answer_path(key), data)
 
     def _publish_index(self, pack: PackIndex, data: bytes) -> None:
         self._write(self._pack_path(pack.id), [data])
-        if self.cache is not None:
-            self.cache._publish_index(pack, data)
+        self._copy_index(pack, data)
         self._adopt(pack)
 
-    def _adopt(self, pack: PackIndex) -> None:
-        self._packs[pack.id] = pack
-        for key in pack.entries:
-            self._items[key] = pack
+    def _copy_index(self, pack: PackIndex, data: bytes) -> None:
+        if self.cache is not None:
+            self.cache._publish_index(pack, data)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -384,9 +335,9 @@ class BucketStore(Store):
         return cast(io.BufferedIOBase, handle)
 
     def get(self, digest: str) -> memoryview:
-        return self._blob(digest, None)
+        return self._read_blob(digest, None)
 
-    def _blob(self, digest: str, size: int | None) -> memoryview:
+    def _read_blob(self, digest: str, size: int | None) -> memoryview:
         """Blob ``digest`` from memory, the cache or the bucket, verified; at ``size``."""
         held = self._small.get(digest)
         if held is not None and (size is None or len(held) == size):
@@ -404,17 +355,13 @@ class BucketStore(Store):
                 f"blob {digest} in {self.url} holds {len(data)} bytes where its answer says "
                 f"{size}: it was truncated or overwritten"
             )
-        found = _hash(data)
+        found = hash_bytes(data)
         if found != digest:
             raise Corrupt(f"blob {digest} downloaded from {self.url} hashes to {found}")
         if self.cache is not None:
             self.cache._take_blob(digest, [data])
-        if len(data) <= _HOLD_BELOW and digest not in self._small:
-            self._small[digest] = data
-            self._small_bytes += len(data)
-            while self._small_bytes > _HOLD_BYTES:
-                _, dropped = self._small.popitem(last=False)
-                self._small_bytes -= len(dropped)
+        if len(data) <= _HOLD_BELOW:
+            self._hold(digest, data)
         return memoryview(data)
 
     def resolve(self, name: str) -> str:
@@ -462,69 +409,6 @@ class BucketStore(Store):
             self.cache._take_file(self.cache.answer_path(key), data)
         return answer
 
-    def _remember(self, answer: Answer) -> None:
-        self._records[answer.key] = answer
-        if len(self._records) > _REMEMBERED:
-            self._records.popitem(last=False)
-
-    def recall(self, key: str) -> tuple[Answer, memoryview]:
-        answer = self.answer(key)
-        if answer is None:
-            raise Missing(f"no answer is kept under {key} in {self.url}")
-        try:
-            if answer.offset is None:
-                data = self._blob(answer.value, answer.size)
-                self._used[key] = time.time()
-            else:
-                pack = self._items.get(key)
-                whole = self._blob(answer.value, pack.size if pack else None)
-                if answer.offset + answer.size > len(whole):
-                    raise Corrupt(f"item {key} lies past the end of blob {answer.value}")
-                data = whole[answer.offset : answer.offset + answer.size]
-                if pack is not None:
-                    self._used_packs[pack.id] = time.time()
-        except (Missing, Corrupt):
-            self._records.pop(key, None)
-            self._small.pop(answer.value, None)
-            raise
-        if len(self._used) + len(self._used_packs) >= _FLUSH_USES:
-            self._flush_use()
-        return answer, data
-
-    def recall_many(self, keys: Sequence[str]) -> dict[str, tuple[Answer, memoryview] | Exception]:
-        """Fetches each pack's blob once for all the items asked of it."""
-        out: dict[str, tuple[Answer, memoryview] | Exception] = {}
-        if any(key not in self._items for key in keys):
-            self._refresh_packs()
-        by_pack: dict[str, list[str]] = {}
-        rest: list[str] = []
-        for key in keys:
-            pack = self._items.get(key)
-            if pack is None:
-                rest.append(key)
-            else:
-                by_pack.setdefault(pack.id, []).append(key)
-        now = time.time()
-        for pack_id, members in by_pack.items():
-            pack = self._packs[pack_id]
-            try:
-                whole = self._blob(pack.blob, pack.size)
-            except (Missing, Corrupt) as why:
-                self._drop_pack(pack)
-                for key in members:
-                    out[key] = why
-                continue
-            self._used_packs[pack_id] = now
-            for key in members:
-                start, length = pack.entries[key]
-                out[key] = (pack.answer(key), whole[start : start + length])
-        for key in rest:
-            try:
-                out[key] = self.recall(key)
-            except (Missing, Corrupt) as why:
-                out[key] = why
-        return out
-
     def have(self, keys: Iterable[str]) -> set[str]:
         """One batched query; see the module docstring for what a yes means on a bucket."""
         asked = list(keys)
@@ -557,50 +441,22 @@ class BucketStore(Store):
             found.update(key for key in left if key in self._items)
         return found
 
-    def _refresh_packs(self) -> bool:
-        """Loads pack indexes written since the last look (one listing); True if any."""
-        listed = {"blake3:" + path.rsplit("/", 1)[-1]: path for path in self._list("packs")}
-        for gone in [pack for pack_id, pack in self._packs.items() if pack_id not in listed]:
-            self._drop_pack(gone)
-        new = [pack_id for pack_id in listed if pack_id not in self._packs]
-        if not new:
-            return False
-        for pack_id, data in zip(
-            new, self._read_paths([listed[p] for p in new]).values(), strict=True
-        ):
-            if data is None:
-                continue
-            try:
-                pack = decode_pack(pack_id, data, self.signer)
-            except Corrupt:
-                continue  # damaged or unsigned: its items are misses
-            self._adopt(pack)
-            if self.cache is not None:
-                self.cache._publish_index(pack, data)
-        return True
+    def _listed_packs(self) -> dict[str, str]:
+        """One listing, never None: a bucket has no cheap sign that nothing changed."""
+        return {"blake3:" + path.rsplit("/", 1)[-1]: path for path in self._list("packs")}
 
-    def _drop_pack(self, pack: PackIndex) -> None:
-        self._packs.pop(pack.id, None)
-        for key in pack.entries:
-            if self._items.get(key) is pack:
-                del self._items[key]
-        self._small.pop(pack.blob, None)
+    def _read_indexes(self, wanted: dict[str, str]) -> dict[str, bytes | None]:
+        got = self._read_paths(list(wanted.values()))
+        return {pack_id: got.get(path) for pack_id, path in wanted.items()}
 
     # -- upkeep -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        self._flush_use()
+        super().close()
         if self.cache is not None:
             self.cache.close()
 
-    def gc(
-        self,
-        max_bytes: int | None = None,
-        *,
-        grace: float = 60.0,
-        progress: Progress | None = None,
-    ) -> Collected:
-        result = collect(self, max_bytes, grace, progress)
+    def _collected(self) -> None:
         if self.cache is not None:
             self.cache.gc(0, grace=0)  # a cache holds copies only: what was dropped goes too
         logs, self._logs = self._logs, []
@@ -619,10 +475,6 @@ class BucketStore(Store):
             )
             self._flush_use()
             self._call("removing used/ logs", self.fs.rm, logs)
-        return result
-
-    def verify(self, *, quarantine: bool = False, progress: Progress | None = None) -> Verified:
-        return check(self, quarantine, progress)
 
     def _entries(self, section: str) -> list[Entry]:
         base = f"{self.root}/{section}/".lstrip("/")
@@ -648,7 +500,7 @@ class BucketStore(Store):
 
     def _rehash(self, digest: str) -> str | None:
         data = self._read(self._blob_path(digest), f"blob {digest}")
-        return None if data is None else _hash(data)
+        return None if data is None else hash_bytes(data)
 
     def _flush_use(self) -> None:
         if not self._used and not self._used_packs:
@@ -677,10 +529,6 @@ class BucketStore(Store):
         return out
 
     def _forget_all(self) -> None:
-        self._records.clear()
-        self._small.clear()
-        self._small_bytes = 0
-        self._packs.clear()
-        self._items.clear()
+        super()._forget_all()
         if self.cache is not None:
             self.cache._forget_all()

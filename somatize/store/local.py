@@ -37,19 +37,18 @@ import os
 import time
 import uuid
 import weakref
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import blake3
 
+from somatize.store._packed import PackedHome, digest_of, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     Answer,
     Buffer,
     Corrupt,
     Missing,
     NameNotFound,
-    Store,
     StoreError,
     StoreFull,
     check_digest,
@@ -59,46 +58,16 @@ from somatize.store.records import (
     PackIndex,
     Signer,
     decode_name,
-    decode_pack,
     decode_record,
     encode_name,
-    encode_record,
-    keep_packed,
     signer_from,
 )
-from somatize.store.upkeep import Collected, Entry, Progress, Verified, check, collect
+from somatize.store.upkeep import Entry
 
 __all__ = ["LocalStore"]
 
 _MAP_ABOVE = 1 << 16
 """Blobs larger than this are memory-mapped rather than read."""
-
-_REMEMBERED = 4096
-"""How many answer records ``have`` keeps at hand for the ``recall`` that follows."""
-
-_SMALL_BYTES = 32 << 20
-"""How many bytes of small verified blobs are kept in memory: blobs never change, and
-``have`` still checks that each one is on disk, at its size, before it is recalled."""
-
-_FLUSH_USES = 1024
-"""How many recalls are remembered before their times are written down."""
-
-
-def _pieces(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return (data,)
-    return data
-
-
-def _nbytes(pieces: Sequence[Buffer]) -> int:
-    return sum(memoryview(p).nbytes for p in pieces)
-
-
-def _digest(pieces: Sequence[Buffer]) -> str:
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    for piece in pieces:
-        hasher.update(piece)
-    return "blake3:" + hasher.hexdigest()
 
 
 def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -> None:
@@ -115,7 +84,7 @@ def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -
         used.clear()
 
 
-class LocalStore(Store):
+class LocalStore(PackedHome):
     """A store in a local directory (created if missing).
 
     ``durable`` fsyncs every publish; ``signing_key`` (default ``$SOMATIZE_STORE_KEY``) signs
@@ -142,16 +111,8 @@ class LocalStore(Store):
         self._tmp = f"{self.root / 'tmp'}{os.sep}"
         self._verified: dict[str, tuple[int, int]] = {}
         """Digest → (inode, mtime) of the file that was hashed and matched."""
-        self._records: OrderedDict[str, Answer] = OrderedDict()
-        self._small: OrderedDict[str, bytes] = OrderedDict()
-        self._small_bytes = 0
-        self._packs: dict[str, PackIndex] = {}
-        self._items: dict[str, PackIndex] = {}
         self._packs_stamp = -1
-        self._used: dict[str, float] = {}
-        """Key of a recalled answer → when, not yet written down as its record's time."""
-        self._used_packs: dict[str, float] = {}
-        """Id of a pack with recalled items → when, likewise."""
+        self._hold_nothing(str(self.root))
         self._finalizer = weakref.finalize(
             self, _write_uses, str(self.root), self._used, self._used_packs
         )
@@ -224,11 +185,11 @@ class LocalStore(Store):
             os.close(handle)
 
     def put(self, data: Buffer | Sequence[Buffer]) -> str:
-        pieces = _pieces(data)
-        digest = _digest(pieces)
+        pieces = pieces_of(data)
+        digest = digest_of(pieces)
         target = self._blob_file(digest)
         try:
-            if os.stat(target).st_size == _nbytes(pieces):
+            if os.stat(target).st_size == nbytes(pieces):
                 # Already here. Touch it, so a gc running now sees a fresh blob and leaves
                 # it for the record about to refer to it.
                 os.utime(target)
@@ -243,37 +204,15 @@ class LocalStore(Store):
         check_digest(digest)
         self._publish(self.root / "names" / name, [encode_name(digest, self.signer)])
 
-    def keep(
-        self,
-        key: str,
-        data: Buffer | Sequence[Buffer],
-        codec: str,
-        fingerprint: str | None = None,
-    ) -> Answer:
-        check_digest(key)
-        pieces = _pieces(data)
-        digest = self.put(pieces)
-        answer = self._record(key, digest, codec, _nbytes(pieces), fingerprint)
-        self._publish(self._answer_file(key), [encode_record(answer, self.signer)])
-        self._remember(answer)
-        return answer
-
-    def keep_many(
-        self,
-        items: Sequence[tuple[str, Buffer | Sequence[Buffer]]],
-        codec: str,
-        fingerprint: str | None = None,
-    ) -> list[Answer]:
-        """Keeps item answers packed: one blob and one index per up to 64 MiB of small
-        items; an item of 1 MiB or more is kept on its own."""
-        return keep_packed(self, items, codec, fingerprint)
+    def _publish_record(self, key: str, data: bytes) -> None:
+        self._publish(self._answer_file(key), [data])
 
     def _take_blob(self, digest: str, pieces: Sequence[Buffer]) -> None:
         """Keeps blob ``digest`` whose bytes were verified elsewhere (a cache in front of a
         bucket fills itself this way, without hashing twice)."""
         target = self._blob_file(digest)
         try:
-            if os.stat(target).st_size == _nbytes(pieces):
+            if os.stat(target).st_size == nbytes(pieces):
                 return
         except FileNotFoundError:
             pass
@@ -286,12 +225,6 @@ class LocalStore(Store):
     def _publish_index(self, pack: PackIndex, data: bytes) -> None:
         self._publish(self._pack_file(pack.id), [data])
         self._adopt(pack)
-
-    def _adopt(self, pack: PackIndex) -> None:
-        self._packs[pack.id] = pack
-        items = self._items
-        for key in pack.entries:
-            items[key] = pack
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -329,7 +262,7 @@ class LocalStore(Store):
         except FileNotFoundError:
             raise Missing(f"blob {digest} is not in {self.root}") from None
         if self._verified.get(digest) != (stat.st_ino, stat.st_mtime_ns):
-            found = "blake3:" + blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
+            found = hash_bytes(data)
             if found != digest:
                 self._set_aside(path, "blobs", digest[7:])
                 raise Corrupt(
@@ -340,15 +273,6 @@ class LocalStore(Store):
         if actual <= _MAP_ABOVE:
             self._hold(digest, raw)
         return data
-
-    def _hold(self, digest: str, raw: bytes) -> None:
-        if digest in self._small:
-            return
-        self._small[digest] = raw
-        self._small_bytes += len(raw)
-        while self._small_bytes > _SMALL_BYTES:
-            _, dropped = self._small.popitem(last=False)
-            self._small_bytes -= len(dropped)
 
     def resolve(self, name: str) -> str:
         check_name(name)
@@ -383,73 +307,6 @@ class LocalStore(Store):
         answer = decode_record(key, data, self.signer)
         self._remember(answer)
         return answer
-
-    def _remember(self, answer: Answer) -> None:
-        self._records[answer.key] = answer
-        if len(self._records) > _REMEMBERED:
-            self._records.popitem(last=False)
-
-    def recall(self, key: str) -> tuple[Answer, memoryview]:
-        answer = self.answer(key)
-        if answer is None:
-            raise Missing(f"no answer is kept under {key} in {self.root}")
-        offset = answer.offset
-        try:
-            if offset is None:
-                data = self._read_blob(answer.value, answer.size)
-                self._used[key] = time.time()
-            else:
-                pack = self._items.get(key)
-                whole = self._read_blob(answer.value, pack.size if pack else None)
-                if offset + answer.size > len(whole):
-                    raise Corrupt(f"item {key} lies past the end of blob {answer.value}")
-                data = whole[offset : offset + answer.size]
-                if pack is not None:
-                    self._used_packs[pack.id] = time.time()
-        except (Missing, Corrupt):
-            self._forget(answer)
-            raise
-        if len(self._used) >= _FLUSH_USES:
-            self._flush_use()
-        return answer, data
-
-    def recall_many(self, keys: Sequence[str]) -> dict[str, tuple[Answer, memoryview] | Exception]:
-        """Reads each pack's blob once for all the items asked of it."""
-        out: dict[str, tuple[Answer, memoryview] | Exception] = {}
-        by_pack: dict[str, list[str]] = {}
-        rest: list[str] = []
-        if any(key not in self._items for key in keys):
-            self._refresh_packs()
-        items = self._items
-        for key in keys:
-            pack = items.get(key)
-            if pack is None:
-                rest.append(key)
-            else:
-                by_pack.setdefault(pack.id, []).append(key)
-        now = time.time()
-        for pack_id, members in by_pack.items():
-            pack = self._packs[pack_id]
-            try:
-                whole = self._read_blob(pack.blob, pack.size)
-            except (Missing, Corrupt) as why:
-                self._drop_pack(pack)
-                for key in members:
-                    out[key] = why
-                continue
-            self._used_packs[pack_id] = now
-            entries = pack.entries
-            for key in members:
-                start, length = entries[key]
-                out[key] = (pack.answer(key), whole[start : start + length])
-        for key in rest:
-            try:
-                out[key] = self.recall(key)
-            except (Missing, Corrupt) as why:
-                out[key] = why
-        if len(self._used) + len(self._used_packs) >= _FLUSH_USES:
-            self._flush_use()
-        return out
 
     def have(self, keys: Iterable[str]) -> set[str]:
         found = set()
@@ -501,45 +358,30 @@ class LocalStore(Store):
         except FileNotFoundError:
             return False
 
-    def _refresh_packs(self) -> bool:
-        """Loads pack indexes written since the last look; True if anything changed."""
+    def _listed_packs(self) -> dict[str, str] | None:
         try:
             stamp = os.stat(self._packs_dir).st_mtime_ns
         except FileNotFoundError:
-            return False
+            return None
         # A directory time only moves on the clock's tick: trust it only once it is old.
         if stamp == self._packs_stamp and time.time_ns() - stamp > 2_000_000_000:
-            return False
+            return None
         self._packs_stamp = stamp
-        listed = {"blake3:" + name for name in os.listdir(self._packs_dir)}
-        changed = False
-        for gone in [pack for pack_id, pack in self._packs.items() if pack_id not in listed]:
-            self._drop_pack(gone)
-            changed = True
-        for pack_id in listed.difference(self._packs):
+        return {"blake3:" + name: name for name in os.listdir(self._packs_dir)}
+
+    def _read_indexes(self, wanted: dict[str, str]) -> dict[str, bytes | None]:
+        out: dict[str, bytes | None] = {}
+        for pack_id in wanted:
             try:
                 with open(self._pack_file(pack_id), "rb") as handle:
-                    data = handle.read()
-                pack = decode_pack(pack_id, data, self.signer)
-            except (FileNotFoundError, Corrupt, ValueError):
-                continue  # gone meanwhile, damaged or unsigned: its items are misses
-            self._adopt(pack)
-            changed = True
-        return changed
+                    out[pack_id] = handle.read()
+            except (FileNotFoundError, ValueError):
+                out[pack_id] = None  # gone meanwhile, or not an index's name: a miss
+        return out
 
-    def _drop_pack(self, pack: PackIndex) -> None:
-        self._packs.pop(pack.id, None)
-        for key in pack.entries:
-            if self._items.get(key) is pack:
-                del self._items[key]
-        self._small.pop(pack.blob, None)
-        self._verified.pop(pack.blob, None)
-
-    def _forget(self, answer: Answer) -> None:
-        """Drops what is held in memory about ``answer``, whose bytes are not as recorded."""
-        self._records.pop(answer.key, None)
-        self._small.pop(answer.value, None)
-        self._verified.pop(answer.value, None)
+    def _forget_blob(self, digest: str) -> None:
+        self._small.pop(digest, None)
+        self._verified.pop(digest, None)
 
     def _set_aside(self, path: str, section: str, label: str) -> None:
         """Moves a damaged file to ``quarantine/<section>/<label>.<time>`` (if it is still
@@ -552,21 +394,6 @@ class LocalStore(Store):
             pass  # already moved or removed by another reader: either way it is gone
 
     # -- upkeep -------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        self._flush_use()
-
-    def gc(
-        self,
-        max_bytes: int | None = None,
-        *,
-        grace: float = 60.0,
-        progress: Progress | None = None,
-    ) -> Collected:
-        return collect(self, max_bytes, grace, progress)
-
-    def verify(self, *, quarantine: bool = False, progress: Progress | None = None) -> Verified:
-        return check(self, quarantine, progress)
 
     def _section(self, section: str) -> Path:
         return self.root / section
@@ -610,10 +437,7 @@ class LocalStore(Store):
                 if os.fstat(handle.fileno()).st_size == 0:
                     return "blake3:" + blake3.blake3(b"").hexdigest()
                 with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                    return (
-                        "blake3:"
-                        + blake3.blake3(mapped, max_threads=blake3.blake3.AUTO).hexdigest()
-                    )
+                    return hash_bytes(mapped)
         except FileNotFoundError:
             return None
 
@@ -624,10 +448,6 @@ class LocalStore(Store):
         return {}
 
     def _forget_all(self) -> None:
-        self._records.clear()
-        self._small.clear()
-        self._small_bytes = 0
+        super()._forget_all()
         self._verified.clear()
-        self._packs.clear()
-        self._items.clear()
         self._packs_stamp = -1

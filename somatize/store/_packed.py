@@ -1,0 +1,320 @@
+"""What every home of the store does the same way, whatever it keeps its files on.
+
+A home (a local directory, a bucket) differs in how it reads a blob, publishes a
+file and lists a folder; what it does with them is one piece of logic: an answer
+is kept by putting its blob and then publishing its record; packed item answers
+are found through a table of every pack index, refreshed from a listing of
+``packs/`` and dropped when their blob is gone; records and small verified blobs
+read once are held in memory, and when an answer was last used is remembered and
+written down in batches. :class:`PackedHome` holds that logic once; a home gives it
+the primitives that really differ (``_read_blob``, ``_publish_record``,
+``_listed_packs``, ``_read_indexes``, ``_flush_use``).
+"""
+
+from __future__ import annotations
+
+import abc
+import mmap
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import blake3
+
+from somatize.store.base import Answer, Buffer, Corrupt, Missing, Store, check_digest
+from somatize.store.records import PackIndex, Signer, decode_pack, encode_record, keep_packed
+from somatize.store.upkeep import Collected, Entry, Progress, Verified, check, collect
+
+REMEMBERED = 4096
+"""How many answer records a home keeps at hand for the ``recall`` that follows."""
+
+HELD_BYTES = 32 << 20
+"""How many bytes of small verified blobs a home keeps in memory: blobs never change."""
+
+FLUSH_USES = 1024
+"""How many recalls are remembered before their times are written down."""
+
+
+def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
+    """``data`` as the pieces written one after another."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return (data,)
+    return data
+
+
+def nbytes(pieces: Sequence[Buffer]) -> int:
+    """How many bytes ``pieces`` hold together."""
+    return sum(memoryview(p).nbytes for p in pieces)
+
+
+def digest_of(pieces: Sequence[Buffer]) -> str:
+    """The digest of ``pieces`` written one after another."""
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    for piece in pieces:
+        hasher.update(piece)
+    return "blake3:" + hasher.hexdigest()
+
+
+def hash_bytes(data: Buffer | mmap.mmap) -> str:
+    """The digest of ``data``."""
+    return "blake3:" + blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
+
+
+class PackedHome(Store):
+    """A home of the store, less the primitives that depend on where its files are."""
+
+    signer: Signer | None
+    _where: str
+    """The store's location, as messages name it."""
+
+    def _hold_nothing(self, where: str) -> None:
+        """Starts with nothing held in memory; ``where`` names the store in messages."""
+        self._where = where
+        self._records: OrderedDict[str, Answer] = OrderedDict()
+        self._small: OrderedDict[str, bytes] = OrderedDict()
+        self._small_bytes = 0
+        self._packs: dict[str, PackIndex] = {}
+        self._items: dict[str, PackIndex] = {}
+        """Key of a packed item → the index that holds it."""
+        self._used: dict[str, float] = {}
+        """Key of a recalled answer → when, not yet written down."""
+        self._used_packs: dict[str, float] = {}
+        """Id of a pack with recalled items → when, likewise."""
+
+    # -- what a home provides ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _read_blob(self, digest: str, size: int | None) -> memoryview:
+        """Blob ``digest``, verified and (unless ``size`` is None) ``size`` bytes long;
+        Missing or Corrupt otherwise."""
+
+    @abc.abstractmethod
+    def _publish_record(self, key: str, data: bytes) -> None:
+        """Publishes the record ``data`` of ``key`` whole."""
+
+    @abc.abstractmethod
+    def _publish_index(self, pack: PackIndex, data: bytes) -> None:
+        """Publishes pack index ``data`` whole, then adopts ``pack``."""
+
+    @abc.abstractmethod
+    def _listed_packs(self) -> dict[str, str] | None:
+        """Pack id → where its index is, for every index in ``packs/``; None when the
+        listing cannot have changed since the last look."""
+
+    @abc.abstractmethod
+    def _read_indexes(self, wanted: dict[str, str]) -> dict[str, bytes | None]:
+        """Pack id → the bytes of its index (None if it cannot be read), for ``wanted``
+        (pack id → where, as :meth:`_listed_packs` says)."""
+
+    @abc.abstractmethod
+    def _flush_use(self) -> None:
+        """Writes down when the answers recalled since the last time were used."""
+
+    @abc.abstractmethod
+    def _entries(self, section: str) -> list[Entry]:
+        """Every file under ``section``: its name there, size and time."""
+
+    @abc.abstractmethod
+    def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
+        """The bytes of each of ``names`` under ``section``; None for each that is absent."""
+
+    @abc.abstractmethod
+    def _remove(self, section: str, names: list[str]) -> None:
+        """Removes ``names`` from ``section``."""
+
+    @abc.abstractmethod
+    def _quarantine(self, section: str, name: str) -> None:
+        """Moves ``section/name`` aside, so it is a miss from now on."""
+
+    @abc.abstractmethod
+    def _rehash(self, digest: str) -> str | None:
+        """What blob ``digest`` hashes to now; None if it is gone."""
+
+    @abc.abstractmethod
+    def _uses(self) -> dict[tuple[str, str], float]:
+        """(section, name) → when last used, where that is not the file's own time."""
+
+    def _copy_index(self, pack: PackIndex, data: bytes) -> None:
+        """Keeps a copy of index ``data``, read from the home (a cache in front does)."""
+
+    def _forget_blob(self, digest: str) -> None:
+        """Drops what is held in memory about blob ``digest``."""
+        self._small.pop(digest, None)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def keep(
+        self,
+        key: str,
+        data: Buffer | Sequence[Buffer],
+        codec: str,
+        fingerprint: str | None = None,
+    ) -> Answer:
+        check_digest(key)
+        pieces = pieces_of(data)
+        digest = self.put(pieces)
+        answer = self._record(key, digest, codec, nbytes(pieces), fingerprint)
+        self._publish_record(key, encode_record(answer, self.signer))
+        self._remember(answer)
+        return answer
+
+    def keep_many(
+        self,
+        items: Sequence[tuple[str, Buffer | Sequence[Buffer]]],
+        codec: str,
+        fingerprint: str | None = None,
+    ) -> list[Answer]:
+        """Keeps item answers packed: one blob and one index per up to 64 MiB of small
+        items; an item of 1 MiB or more is kept on its own."""
+        return keep_packed(self, items, codec, fingerprint)
+
+    def _adopt(self, pack: PackIndex) -> None:
+        self._packs[pack.id] = pack
+        items = self._items
+        for key in pack.entries:
+            items[key] = pack
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _remember(self, answer: Answer) -> None:
+        self._records[answer.key] = answer
+        if len(self._records) > REMEMBERED:
+            self._records.popitem(last=False)
+
+    def _hold(self, digest: str, raw: bytes) -> None:
+        if digest in self._small:
+            return
+        self._small[digest] = raw
+        self._small_bytes += len(raw)
+        while self._small_bytes > HELD_BYTES:
+            _, dropped = self._small.popitem(last=False)
+            self._small_bytes -= len(dropped)
+
+    def recall(self, key: str) -> tuple[Answer, memoryview]:
+        answer = self.answer(key)
+        if answer is None:
+            raise Missing(f"no answer is kept under {key} in {self._where}")
+        offset = answer.offset
+        try:
+            if offset is None:
+                data = self._read_blob(answer.value, answer.size)
+                self._used[key] = time.time()
+            else:
+                pack = self._items.get(key)
+                whole = self._read_blob(answer.value, pack.size if pack else None)
+                if offset + answer.size > len(whole):
+                    raise Corrupt(f"item {key} lies past the end of blob {answer.value}")
+                data = whole[offset : offset + answer.size]
+                if pack is not None:
+                    self._used_packs[pack.id] = time.time()
+        except (Missing, Corrupt):
+            self._forget(answer)
+            raise
+        if len(self._used) + len(self._used_packs) >= FLUSH_USES:
+            self._flush_use()
+        return answer, data
+
+    def recall_many(self, keys: Sequence[str]) -> dict[str, tuple[Answer, memoryview] | Exception]:
+        """Reads each pack's blob once for all the items asked of it."""
+        out: dict[str, tuple[Answer, memoryview] | Exception] = {}
+        by_pack: dict[str, list[str]] = {}
+        rest: list[str] = []
+        if any(key not in self._items for key in keys):
+            self._refresh_packs()
+        items = self._items
+        for key in keys:
+            pack = items.get(key)
+            if pack is None:
+                rest.append(key)
+            else:
+                by_pack.setdefault(pack.id, []).append(key)
+        now = time.time()
+        for pack_id, members in by_pack.items():
+            pack = self._packs[pack_id]
+            try:
+                whole = self._read_blob(pack.blob, pack.size)
+            except (Missing, Corrupt) as why:
+                self._drop_pack(pack)
+                for key in members:
+                    out[key] = why
+                continue
+            self._used_packs[pack_id] = now
+            entries = pack.entries
+            for key in members:
+                start, length = entries[key]
+                out[key] = (pack.answer(key), whole[start : start + length])
+        for key in rest:
+            try:
+                out[key] = self.recall(key)
+            except (Missing, Corrupt) as why:
+                out[key] = why
+        if len(self._used) + len(self._used_packs) >= FLUSH_USES:
+            self._flush_use()
+        return out
+
+    def _refresh_packs(self) -> bool:
+        """Loads pack indexes written since the last look, and drops those gone; True if
+        anything changed."""
+        listed = self._listed_packs()
+        if listed is None:
+            return False
+        changed = False
+        for gone in [pack for pack_id, pack in self._packs.items() if pack_id not in listed]:
+            self._drop_pack(gone)
+            changed = True
+        new = {pack_id: where for pack_id, where in listed.items() if pack_id not in self._packs}
+        if not new:
+            return changed
+        for pack_id, data in self._read_indexes(new).items():
+            if data is None:
+                continue
+            try:
+                pack = decode_pack(pack_id, data, self.signer)
+            except Corrupt:
+                continue  # damaged or unsigned: its items are misses
+            self._adopt(pack)
+            self._copy_index(pack, data)
+            changed = True
+        return changed
+
+    def _drop_pack(self, pack: PackIndex) -> None:
+        self._packs.pop(pack.id, None)
+        for key in pack.entries:
+            if self._items.get(key) is pack:
+                del self._items[key]
+        self._forget_blob(pack.blob)
+
+    def _forget(self, answer: Answer) -> None:
+        """Drops what is held in memory about ``answer``, whose bytes are not as recorded."""
+        self._records.pop(answer.key, None)
+        self._forget_blob(answer.value)
+
+    # -- upkeep -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._flush_use()
+
+    def gc(
+        self,
+        max_bytes: int | None = None,
+        *,
+        grace: float = 60.0,
+        progress: Progress | None = None,
+    ) -> Collected:
+        result = collect(self, max_bytes, grace, progress)
+        self._collected()
+        return result
+
+    def _collected(self) -> None:
+        """What a home does after a collection (a bucket tidies its cache and its logs)."""
+
+    def verify(self, *, quarantine: bool = False, progress: Progress | None = None) -> Verified:
+        return check(self, quarantine, progress)
+
+    def _forget_all(self) -> None:
+        """Drops everything held in memory (after something was moved aside)."""
+        self._records.clear()
+        self._small.clear()
+        self._small_bytes = 0
+        self._packs.clear()
+        self._items.clear()
