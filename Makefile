@@ -1,5 +1,6 @@
 # The two commands of the quick start:
-#   make demo   sets up a virtual environment and runs the main example
+#   make demo   sets up a virtual environment and runs the main example: a head trained
+#               on a frozen encoder whose features are recalled from epoch 2 on
 #   make test   sets up the same environment and runs every check and test
 #
 # torch is installed first, pinned to a release whose CPU wheel is at hand, so that
@@ -10,7 +11,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-EXTRAS := torch,s3,figure,ray,dev
+EXTRAS := torch,s3,figure,ray,lightning,dev
 
 .PHONY: demo test check format setup clean
 
@@ -24,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/remember.py
+	$(BIN)/python examples/lightning/train.py
 
 check: $(STAMP)
 	$(BIN)/ruff format --check somatize somatize_torch tests bench examples

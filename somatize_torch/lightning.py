@@ -1,0 +1,505 @@
+"""A Lightning callback that caches frozen submodules of a ``LightningModule`` across epochs.
+
+A linear probe, an adapter or a head on a frozen backbone recomputes the same
+backbone features every epoch. :class:`CacheFrozen` makes that one line::
+
+    trainer = Trainer(callbacks=[CacheFrozen("features/", ["encoder"])])
+
+In ``setup()`` — before ``configure_optimizers``, before the strategy moves or
+wraps the model, and before any compiled module first runs — it replaces each
+named submodule by the same module cached one row at a time
+(:func:`somatize_torch.rows.cache_rows`): frozen (weights and buffers digested,
+``requires_grad_(False)``, held in eval), each row of a batch keyed by the
+digest of its content (or by its sample index), recalled from the nearest copy
+(device memory, host memory, the store) or computed with the rows that are
+missing. Nothing is traced, so the LightningModule as a whole need not be
+fx-traceable; the lookup runs outside any compiled region, so a model (or a
+head) compiled with ``torch.compile`` compiles around it.
+
+Why it is shaped this way:
+
+- **It works on the module's own objects.** The cached wrapper registers the
+  module's parameters, buffers and children under their own names, so the
+  LightningModule's ``state_dict`` is what it was: a checkpoint written while
+  the callback is active loads into the plain model, and resuming from one
+  works. The cache is not in the checkpoint; the store is.
+- **Every stage uses it**: train, validation, test and predict run the same
+  cached module. Shuffling does not defeat it (rows, not batches, are keys);
+  random augmentations do, since each epoch's inputs differ — the callback sees
+  a training epoch after the first with no hit at all and warns once
+  (:class:`NeverHits`), saying why.
+- **It counts per stage and per epoch**: hit rate, rows computed and recalled,
+  bytes kept and time spent in lookups go to the trainer's logger at the end of
+  each epoch (``cache/<module>/hit_rate``, ``cache/<module>/val_hit_rate``, …),
+  the running hit rate to the progress bar, and every epoch's figures to
+  :attr:`CacheFrozen.history`.
+- **Precision is part of the key**: under ``precision="bf16-mixed"`` or
+  ``"16-mixed"`` the encoder runs under autocast, and the autocast dtype is in
+  every row's key, so a bf16 answer is never recalled for an fp32 question.
+- **Ranks share one store**: under DDP each rank computes and keeps its own rows
+  (a store's writes are atomic and idempotent, so two ranks keeping one row is
+  harmless), and at the end of each epoch every rank flushes its writes and
+  waits for the others, so the next epoch's shuffle — which hands a rank rows
+  another rank computed — finds them in the store.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from somatize import Store
+from somatize.errors import SomatizeError, SomatizeWarning
+from somatize.store.local import LocalStore
+from somatize_torch.rows import DEVICE_BYTES, HOST_BYTES, CachedRows, RowStats, cache_rows
+from somatize_torch.rows import prefill as prefill_rows
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # pragma: no cover - the message is the point
+    raise ImportError(
+        "somatize.torch.lightning needs Lightning, which is not installed: "
+        "`pip install 'somatize[lightning]'` (or `pip install 'lightning>=2.2'`)"
+    ) from None
+
+__all__ = [
+    "CacheFrozen",
+    "CacheFrozenError",
+    "CompiledSubmodule",
+    "EpochStats",
+    "NeverHits",
+    "NotASubmodule",
+]
+
+Stage = Literal["train", "validate", "test", "predict", "prefill"]
+
+
+class CacheFrozenError(SomatizeError, ValueError):
+    """The callback was asked to cache something it cannot."""
+
+
+class NotASubmodule(CacheFrozenError, LookupError):
+    """A name given to the callback names no submodule of the LightningModule."""
+
+
+class CompiledSubmodule(CacheFrozenError, TypeError):
+    """A submodule to cache was itself compiled with ``torch.compile``."""
+
+
+class NeverHits(SomatizeWarning):
+    """A training epoch after the first recalled no row: its inputs differ every epoch."""
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """What one cached module did in one epoch of one stage.
+
+    ``epoch`` is the trainer's ``current_epoch`` (0-based); ``seconds`` the wall time
+    from the epoch's start hook to its end hook (for ``train``, validation inside the
+    epoch included); ``rows`` the module's :class:`~somatize_torch.rows.RowStats`.
+    """
+
+    stage: Stage
+    epoch: int
+    module: str
+    seconds: float
+    rows: RowStats
+
+    @property
+    def hit_rate(self) -> float:
+        return self.rows.hit_rate
+
+
+def _plus(a: RowStats, b: RowStats) -> RowStats:
+    return RowStats(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(RowStats)})
+
+
+def _unwrapped(module: nn.Module) -> nn.Module:
+    """The module a ``torch.compile`` wrapper stands for (the module itself otherwise)."""
+    inner = module._modules.get("_orig_mod")
+    if inner is not None and type(module).__name__ == "OptimizedModule":
+        return inner
+    return module
+
+
+@dataclass
+class _Prefill:
+    loader: Iterable[Any]
+    module: str
+    inputs: Callable[[Any], Any] | None
+    progress: bool
+
+
+class CacheFrozen(Callback):
+    """Caches the frozen submodules ``modules`` of a LightningModule across epochs.
+
+    ``store`` is where answers are kept: a :class:`somatize.Store`, a directory, or a
+    bucket URL (``s3://bucket/prefix``; ``Store.on_bucket`` for options), or None for
+    memory only (the process's own epochs hit; nothing outlives it). ``modules`` are
+    dotted names of submodules (``"encoder"``, ``"backbone.trunk"``). ``key``,
+    ``version``, ``salt``, ``device_bytes``, ``host_bytes`` and ``strict`` go to
+    :func:`somatize_torch.rows.cache_rows` for each of them; with ``key="index"`` the
+    LightningModule calls the cached module as ``self.encoder(x, index=idx)``.
+    ``progress_bar`` shows the running hit rate in the progress bar as ``hit``.
+    """
+
+    def __init__(
+        self,
+        store: Store | str | os.PathLike[str] | None,
+        modules: Sequence[str] | str,
+        *,
+        key: Literal["content", "index"] = "content",
+        version: str | None = None,
+        salt: str | None = None,
+        device_bytes: int = DEVICE_BYTES,
+        host_bytes: int = HOST_BYTES,
+        strict: bool = False,
+        progress_bar: bool = True,
+    ) -> None:
+        names = [modules] if isinstance(modules, str) else list(modules)
+        if not names or not all(isinstance(n, str) and n for n in names):
+            raise CacheFrozenError(
+                "modules= names the submodules to cache, by their dotted names in the "
+                f"LightningModule (e.g. ['encoder']); got {modules!r}"
+            )
+        for a in names:
+            for b in names:
+                if a != b and b.startswith(a + "."):
+                    raise CacheFrozenError(
+                        f"`{b}` is inside `{a}`: caching `{a}` already answers everything "
+                        f"`{b}` computes within it, and a module cannot be cached twice. "
+                        "Name one of them"
+                    )
+        if len(set(names)) != len(names):
+            raise CacheFrozenError(f"modules= names a submodule twice: {names!r}")
+        self.store: Store | None = _store(store)
+        self.names = names
+        self.key: Literal["content", "index"] = key
+        self.version = version
+        self.salt = salt
+        self.device_bytes = device_bytes
+        self.host_bytes = host_bytes
+        self.strict = strict
+        self.progress_bar = progress_bar
+        self.history: list[EpochStats] = []
+        self._cached: dict[str, CachedRows] = {}
+        self._owner: nn.Module | None = None
+        self._started: dict[str, float] = {}
+        self._train_parts: dict[str, RowStats] = {}
+        self._train_epochs = 0
+        self._warned = False
+        self._prefills: list[_Prefill] = []
+
+    # -- what it holds
+
+    @property
+    def cached(self) -> dict[str, CachedRows]:
+        """The cached modules by name, once ``setup`` has put them in place."""
+        return dict(self._cached)
+
+    @property
+    def state_key(self) -> str:
+        return f"CacheFrozen{self.names}"
+
+    def prefill(
+        self,
+        dataloader: Iterable[Any],
+        *,
+        module: str | None = None,
+        inputs: Callable[[Any], Any] | None = None,
+        progress: bool = True,
+    ) -> None:
+        """Runs ``dataloader`` through the cached ``module`` when fitting starts (after
+        the model is on its device, in the trainer's precision, before the first epoch)
+        and flushes, so epoch 1 recalls too. ``inputs`` turns one loader item into what
+        the module is handed (by default a tensor item, a tuple's first item, a dict's
+        ``x``); ``module`` is needed only when the callback caches more than one.
+        Under DDP each rank runs its share of the batches. ``progress`` shows a bar
+        (on rank 0)."""
+        if module is None:
+            if len(self.names) > 1:
+                raise CacheFrozenError(
+                    f"this callback caches {self.names}, so prefill needs to be told which "
+                    "one the loader's batches feed: prefill(loader, module='encoder')"
+                )
+            module = self.names[0]
+        if module not in self.names:
+            raise NotASubmodule(
+                f"prefill(module={module!r}): this callback caches {self.names}; name one of those"
+            )
+        self._prefills.append(_Prefill(dataloader, module, inputs, progress))
+
+    # -- setting up
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Puts the cached modules in place of the named submodules (once per model)."""
+        if self._owner is not pl_module:
+            self._cached = {}
+            self._owner = pl_module
+        for name in self.names:
+            parent, attribute, found = _locate(pl_module, name)
+            if isinstance(found, CachedRows):
+                self._cached[name] = found
+                continue
+            if type(found).__name__ == "OptimizedModule":
+                raise CompiledSubmodule(
+                    f"`{name}` is compiled with torch.compile, and a compiled module cannot be "
+                    "cached row by row (its rows would be looked up inside the compiled "
+                    "graph). Compile the model or the head around it instead: the cached "
+                    f"`{name}` becomes a graph break and everything else compiles"
+                )
+            cached = cache_rows(
+                found,
+                self.store,
+                key=self.key,
+                version=self.version,
+                salt=self.salt,
+                device_bytes=self.device_bytes,
+                host_bytes=self.host_bytes,
+                strict=self.strict,
+            )
+            setattr(parent, attribute, cached)
+            self._cached[name] = cached
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._train_epochs = 0
+        if not self._prefills:
+            return
+        with _precision(trainer), torch.no_grad():
+            for job in self._prefills:
+                self._prefill(trainer, pl_module, job)
+        self._prefills = []
+        self._flush(trainer)
+
+    def _prefill(self, trainer: pl.Trainer, pl_module: pl.LightningModule, job: _Prefill) -> None:
+        started = time.perf_counter()
+        cached = self._cached[job.module]
+        loader: Iterable[Any] = job.loader
+        ranks = trainer.world_size
+        if ranks > 1:
+            loader = _share(loader, trainer.global_rank, ranks)
+        done = prefill_rows(
+            cached,
+            loader,
+            inputs=job.inputs,
+            progress=job.progress and trainer.is_global_zero,
+            device=pl_module.device,
+        )
+        cached.reset_stats()
+        self.history.append(
+            EpochStats("prefill", trainer.current_epoch, job.module, _since(started), done)
+        )
+
+    # -- counting, per stage
+
+    def _begin(self, stage: str) -> None:
+        self._started[stage] = time.perf_counter()
+
+    def _end(self, trainer: pl.Trainer, stage: Stage, parts: dict[str, RowStats]) -> None:
+        seconds = _since(self._started.pop(stage, time.perf_counter()))
+        for name, cached in self._cached.items():
+            rows = cached.reset_stats()
+            if name in parts:
+                rows = _plus(parts[name], rows)
+            self.history.append(EpochStats(stage, trainer.current_epoch, name, seconds, rows))
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for cached in self._cached.values():
+            cached.reset_stats()  # what the sanity check or an earlier stage counted
+        self._train_parts = {}
+        self._begin("train")
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if not self.progress_bar or not self._cached:
+            return
+        rows = recalled = 0
+        for name, cached in self._cached.items():
+            now = cached.stats
+            before = self._train_parts.get(name)
+            rows += now.rows + (before.rows if before else 0)
+            recalled += now.recalled + (before.recalled if before else 0)
+        rate = recalled / rows if rows else 0.0
+        pl_module.log("hit", rate, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        training = "train" in self._started and not trainer.sanity_checking
+        if training:
+            for cached in self._cached.values():
+                cached.flush()  # so the bytes training kept are counted as training's
+        for name, cached in self._cached.items():
+            counted = cached.reset_stats()
+            if training:  # validation inside a training epoch: keep what training counted
+                before = self._train_parts.get(name)
+                self._train_parts[name] = _plus(before, counted) if before else counted
+        self._begin("validate")
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            self._started.pop("validate", None)
+            for cached in self._cached.values():
+                cached.reset_stats()
+            return
+        self._flush(trainer)
+        self._end(trainer, "validate", {})
+        self._log(pl_module, trainer, "val_")
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._flush(trainer)
+        self._end(trainer, "train", self._train_parts)
+        self._train_parts = {}
+        self._log(pl_module, trainer, "")
+        self._train_epochs += 1
+        if self._train_epochs >= 2 and not self._warned:
+            never = [
+                e.module
+                for e in self._last("train")
+                if e.rows.rows and e.rows.recalled == 0 and e.rows.computed
+            ]
+            if never:
+                self._warned = True
+                warnings.warn(
+                    f"training epoch {trainer.current_epoch} recalled none of the rows of "
+                    f"{', '.join(f'`{n}`' for n in never)} from the cache, after an epoch "
+                    "that computed and kept them: its inputs differ every epoch — most likely "
+                    "a random augmentation (a random crop, flip or noise in the Dataset or "
+                    "its transform) — so every row is new and caching only costs time. Move "
+                    "the augmentation after the cached module, cache the encoder on the "
+                    "un-augmented input, or drop the callback",
+                    NeverHits,
+                    stacklevel=2,
+                )
+
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for cached in self._cached.values():
+            cached.reset_stats()
+        self._begin("test")
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._flush(trainer)
+        self._end(trainer, "test", {})
+        self._log(pl_module, trainer, "test_")
+
+    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for cached in self._cached.values():
+            cached.reset_stats()
+        self._begin("predict")
+
+    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._flush(trainer)
+        self._end(trainer, "predict", {})  # Lightning logs nothing while predicting
+
+    def _last(self, stage: Stage) -> list[EpochStats]:
+        count = len(self._cached)
+        return [e for e in self.history if e.stage == stage][-count:] if count else []
+
+    def _log(self, pl_module: pl.LightningModule, trainer: pl.Trainer, prefix: str) -> None:
+        if trainer.sanity_checking:
+            return
+        stage: Stage = {"": "train", "val_": "validate", "test_": "test"}[prefix]  # type: ignore[assignment]
+        ranks = trainer.world_size > 1
+        for record in self._last(stage):
+            rows = record.rows
+            metrics: list[tuple[str, float, str]] = [
+                ("hit_rate", rows.hit_rate, "mean"),
+                ("rows_computed", float(rows.computed), "sum"),
+                ("rows_recalled", float(rows.recalled), "sum"),
+                ("bytes_kept", float(rows.bytes_kept), "sum"),
+                ("lookup_s", rows.lookup_s, "mean"),
+            ]
+            for metric, value, reduce in metrics:
+                pl_module.log(
+                    f"cache/{record.module}/{prefix}{metric}",
+                    value,
+                    on_step=False,
+                    on_epoch=True,
+                    prog_bar=False,
+                    sync_dist=ranks,
+                    reduce_fx=reduce,
+                )
+
+    # -- keeping
+
+    def _flush(self, trainer: pl.Trainer) -> None:
+        """Every rank's computed rows into the store, and (under DDP) every rank waits for
+        the others, so the next epoch finds what any rank computed."""
+        for cached in self._cached.values():
+            cached.flush()
+        if trainer.world_size > 1 and self.store is not None:
+            trainer.strategy.barrier("somatize-flush")
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        for cached in self._cached.values():
+            cached.flush()  # a checkpoint's run can be resumed from the store
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for cached in self._cached.values():
+            cached.flush()
+
+
+def _store(store: Store | str | os.PathLike[str] | None) -> Store | None:
+    if store is None or isinstance(store, Store):
+        return store
+    if isinstance(store, (str, os.PathLike)):
+        where = os.fspath(store)
+        return Store.on_bucket(where) if "://" in where else LocalStore(where)
+    raise TypeError(
+        "store= takes a somatize.Store, a directory, a bucket URL (s3://bucket/prefix) or "
+        f"None, got a `{type(store).__name__}`"
+    )
+
+
+def _locate(root: nn.Module, name: str) -> tuple[nn.Module, str, nn.Module]:
+    """The parent of submodule ``name``, its attribute there, and the submodule;
+    compiled modules on the way are seen through to the modules they compile."""
+    parent = root
+    atoms = name.split(".")
+    for depth, atom in enumerate(atoms):
+        parent = _unwrapped(parent)
+        child = parent._modules.get(atom)
+        if child is None:
+            where = ".".join(atoms[:depth]) or "the LightningModule"
+            known = ", ".join(f"`{n}`" for n in parent._modules) or "none"
+            raise NotASubmodule(
+                f"`{name}` names no submodule: {where} has no submodule `{atom}` (it has "
+                f"{known}). Name the frozen submodule by its dotted attribute path, as "
+                "`named_modules()` lists it"
+            )
+        if depth == len(atoms) - 1:
+            return parent, atom, child
+        parent = child
+    raise AssertionError("unreachable: a name has at least one part")
+
+
+def _share(loader: Iterable[Any], rank: int, ranks: int) -> Iterator[Any]:
+    for i, item in enumerate(loader):
+        if i % ranks == rank:
+            yield item
+
+
+def _precision(trainer: pl.Trainer) -> AbstractContextManager[Any]:
+    """The context the trainer runs a forward in (autocast under mixed precision)."""
+    plugin = getattr(trainer, "precision_plugin", None)
+    context = getattr(plugin, "forward_context", None)
+    return context() if context is not None else nullcontext()
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started

@@ -1,0 +1,345 @@
+"""The Lightning callback: frozen submodules cached across epochs by a real Trainer on CPU."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+
+from somatize import Store
+from somatize.torch.lightning import (
+    CacheFrozen,
+    CacheFrozenError,
+    CompiledSubmodule,
+    EpochStats,
+    NeverHits,
+    NotASubmodule,
+)
+from somatize_torch.freeze import is_held
+from somatize_torch.rows import CachedRows, cache_rows
+from tests.lightning_models import SAMPLES, Encoder, Probe, data, loader, trainer
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::UserWarning:lightning",  # Lightning's advice about workers and log intervals
+    "ignore::DeprecationWarning",
+    "ignore::FutureWarning",
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def epochs(callback: CacheFrozen, stage: str) -> list[EpochStats]:
+    return [e for e in callback.history if e.stage == stage]
+
+
+def test_epoch_two_recalls_every_row_and_logs_per_epoch(tmp_path: Path) -> None:
+    """With a shuffled loader, epoch 1 computes every row, epoch 2 recalls every row,
+    and the logger gets the hit rate, rows and bytes of each epoch."""
+    model = Probe()
+    callback = CacheFrozen(tmp_path / "store", ["encoder"])
+    fit = trainer(tmp_path, 2, callbacks=[callback], logger=CSVLogger(tmp_path / "logs"))
+    fit.fit(model, loader(shuffle=True))
+
+    assert isinstance(model.encoder, CachedRows)
+    assert is_held(model.encoder.module)
+    assert not any(p.requires_grad for p in model.encoder.parameters())
+    first, second = epochs(callback, "train")
+    assert (first.rows.computed, first.rows.recalled) == (SAMPLES, 0)
+    assert (second.rows.computed, second.rows.recalled) == (0, SAMPLES)
+    assert second.hit_rate == 1.0
+    assert first.rows.bytes_kept > 0
+
+    with open(next((tmp_path / "logs").rglob("metrics.csv"))) as f:
+        logged = [r for r in csv.DictReader(f) if r.get("cache/encoder/hit_rate")]
+    assert [float(r["cache/encoder/hit_rate"]) for r in logged] == [0.0, 1.0]
+    assert [float(r["cache/encoder/rows_computed"]) for r in logged] == [SAMPLES, 0]
+    assert [float(r["cache/encoder/rows_recalled"]) for r in logged] == [0, SAMPLES]
+    assert float(logged[0]["cache/encoder/bytes_kept"]) == first.rows.bytes_kept
+    assert float(logged[1]["cache/encoder/lookup_s"]) > 0
+
+
+def test_trained_head_equals_a_run_without_the_callback(tmp_path: Path) -> None:
+    """The head trained through the cache has exactly the weights of one trained
+    without it (same seed, deterministic algorithms)."""
+    plain = Probe()
+    trainer(tmp_path / "plain", 3).fit(plain, loader(shuffle=True))
+    cached = Probe()
+    callback = CacheFrozen(tmp_path / "store", ["encoder"])
+    trainer(tmp_path / "cached", 3, callbacks=[callback]).fit(cached, loader(shuffle=True))
+
+    assert epochs(callback, "train")[-1].hit_rate == 1.0
+    assert not torch.equal(plain.head.weight, Probe().head.weight)  # it did train
+    assert torch.equal(cached.head.weight, plain.head.weight)
+    assert torch.equal(cached.head.bias, plain.head.bias)
+
+
+@pytest.mark.parametrize("tensor", ["conv.weight", "norm.running_mean"])
+def test_a_changed_encoder_misses(tmp_path: Path, tensor: str) -> None:
+    """A weight or a BatchNorm statistic changed between fits sharing a store is a new
+    encoder: none of its rows are recalled; the unchanged encoder recalls them all."""
+    store = tmp_path / "store"
+    trainer(tmp_path, 1, callbacks=[CacheFrozen(store, ["encoder"])]).fit(Probe(), loader())
+
+    same = CacheFrozen(store, ["encoder"])
+    trainer(tmp_path, 1, callbacks=[same]).fit(Probe(), loader())
+    assert epochs(same, "train")[0].rows.from_store == SAMPLES
+
+    changed = Probe()
+    with torch.no_grad():
+        target = dict(changed.encoder.named_parameters()) | dict(changed.encoder.named_buffers())
+        target[tensor].add_(0.01)
+    other = CacheFrozen(store, ["encoder"])
+    trainer(tmp_path, 1, callbacks=[other]).fit(changed, loader())
+    stats = epochs(other, "train")[0].rows
+    assert (stats.computed, stats.recalled) == (SAMPLES, 0)
+
+
+def test_validation_test_and_predict_use_the_cache(tmp_path: Path) -> None:
+    """Validation recalls in its second epoch what it computed in its first; test and
+    predict recall what fitting kept."""
+    callback = CacheFrozen(tmp_path / "store", ["encoder"])
+    model = Probe()
+    fit = trainer(tmp_path, 2, callbacks=[callback], logger=CSVLogger(tmp_path / "logs"))
+    fit.fit(model, loader(seed=1), loader(shuffle=False, seed=2))
+
+    first, second = epochs(callback, "validate")
+    assert (first.rows.computed, first.rows.recalled) == (SAMPLES, 0)
+    assert (second.rows.computed, second.rows.recalled) == (0, SAMPLES)
+    assert fit.callback_metrics["cache/encoder/val_hit_rate"] == 1.0
+
+    fit.test(model, loader(shuffle=False, seed=2))
+    assert epochs(callback, "test")[0].rows.recalled == SAMPLES
+    assert fit.callback_metrics["cache/encoder/test_hit_rate"] == 1.0
+    fit.predict(model, loader(shuffle=False, seed=1))
+    assert epochs(callback, "predict")[0].rows.recalled == SAMPLES
+
+
+def test_a_checkpoint_loads_into_the_plain_module_and_resumes(tmp_path: Path) -> None:
+    """A checkpoint written with the callback loads into the plain LightningModule, and
+    resuming from it with a fresh callback recalls every row from the store."""
+    store = tmp_path / "store"
+    model = Probe()
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    fit = trainer(
+        tmp_path,
+        1,
+        callbacks=[CacheFrozen(store, ["encoder"]), checkpoints],
+        enable_checkpointing=True,
+    )
+    fit.fit(model, loader())
+    last = tmp_path / "ckpt" / "last.ckpt"
+
+    plain = Probe.load_from_checkpoint(last, seed=5)
+    assert type(plain.encoder) is Encoder
+    for name, value in model.state_dict().items():
+        assert torch.equal(plain.state_dict()[name], value), name
+
+    resumed = CacheFrozen(store, ["encoder"])
+    again = trainer(tmp_path, 2, callbacks=[resumed])
+    again.fit(Probe(seed=5), loader(), ckpt_path=last)
+    (epoch,) = epochs(resumed, "train")
+    assert epoch.epoch == 1
+    assert epoch.rows.from_store == SAMPLES and epoch.rows.computed == 0
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_mixed_precision_is_cached_and_keyed_apart(tmp_path: Path, precision: str) -> None:
+    """Under mixed precision epoch 2 recalls every row, and a full-precision fit on the
+    same store recalls none of them (the autocast dtype is in the key)."""
+    store = tmp_path / "store"
+    mixed = CacheFrozen(store, ["encoder"])
+    trainer(tmp_path, 2, callbacks=[mixed], precision=precision).fit(Probe(), loader())
+    assert [e.hit_rate for e in epochs(mixed, "train")] == [0.0, 1.0]
+    assert next(iter(mixed.cached.values())).stats.rows == 0  # counted into the history
+
+    full = CacheFrozen(store, ["encoder"])
+    trainer(tmp_path, 1, callbacks=[full]).fit(Probe(), loader())
+    assert epochs(full, "train")[0].rows.recalled == 0
+
+
+def test_random_augmentation_warns_once(tmp_path: Path) -> None:
+    """Inputs that differ every epoch never hit: the callback warns once, saying why."""
+    callback = CacheFrozen(None, ["encoder"])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer(tmp_path, 4, callbacks=[callback]).fit(Probe(), loader(noisy=True))
+    never = [w for w in seen if issubclass(w.category, NeverHits)]
+    assert len(never) == 1
+    assert "random augmentation" in str(never[0].message)
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0] * 4
+
+
+def test_no_warning_when_epochs_repeat(tmp_path: Path) -> None:
+    """Clean inputs hit from epoch 2 on, and nothing warns."""
+    callback = CacheFrozen(None, ["encoder"])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer(tmp_path, 3, callbacks=[callback]).fit(Probe(), loader())
+    assert not [w for w in seen if issubclass(w.category, NeverHits)]
+
+
+def test_prefill_makes_the_first_epoch_recall(tmp_path: Path) -> None:
+    """prefill(loader) runs before the first epoch, so epoch 1 already recalls every row."""
+    callback = CacheFrozen(tmp_path / "store", ["encoder"])
+    callback.prefill(loader(shuffle=False), progress=False)
+    trainer(tmp_path, 1, callbacks=[callback]).fit(Probe(), loader())
+    (warm,) = epochs(callback, "prefill")
+    assert warm.rows.computed == SAMPLES and warm.rows.rows_kept == SAMPLES
+    assert epochs(callback, "train")[0].rows.recalled == SAMPLES
+    assert (
+        len(
+            Store(tmp_path / "store").have(
+                callback.cached["encoder"].row_keys(
+                    loader(shuffle=False).dataset.tensors[0]  # type: ignore[attr-defined]
+                )
+            )
+        )
+        == SAMPLES
+    )
+
+
+class Inner(nn.Module):
+    """An encoder and a head in one model, to be compiled as a whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = Encoder()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+class CompiledProbe(Probe):
+    """A probe whose inner model is compiled with ``torch.compile``."""
+
+    def __init__(self, backend: Any) -> None:
+        super().__init__()
+        del self.encoder, self.head
+        self.model = torch.compile(Inner(), backend=backend)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.model(x)
+        return out
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.model.head.parameters(), lr=0.1)
+
+
+def test_compiled_inner_model(tmp_path: Path) -> None:
+    """A model compiled with torch.compile compiles around the cached encoder, whose
+    lookups run outside the compiled graph and hit from epoch 2 on."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    model = CompiledProbe(backend)
+    callback = CacheFrozen(tmp_path / "store", ["model.encoder"])
+    trainer(tmp_path, 2, callbacks=[callback]).fit(model, loader())
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0]
+    assert graphs, "nothing was compiled"
+    assert isinstance(model.model._orig_mod.encoder, CachedRows)
+    assert "model._orig_mod.head.weight" in model.state_dict()
+
+
+DDP_SCRIPT = """
+import json, os, sys, warnings
+warnings.simplefilter("ignore")
+import lightning.pytorch as pl
+from somatize.torch.lightning import CacheFrozen
+from tests.lightning_models import Probe, loader
+
+if __name__ == "__main__":
+    out, store = sys.argv[1], sys.argv[2]
+    callback = CacheFrozen(store, ["encoder"])
+    fit = pl.Trainer(
+        accelerator="cpu", strategy="ddp", devices=2, max_epochs=2, default_root_dir=out,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        logger=False, num_sanity_val_steps=0, callbacks=[callback],
+    )
+    fit.fit(Probe(), loader(shuffle=True))
+    record = [
+        {"epoch": e.epoch, "rows": e.rows.rows, "computed": e.rows.computed,
+         "recalled": e.rows.recalled, "from_store": e.rows.from_store,
+         "from_memory": e.rows.from_device + e.rows.from_host}
+        for e in callback.history if e.stage == "train"
+    ]
+    with open(os.path.join(out, f"rank{fit.global_rank}.json"), "w") as f:
+        json.dump(record, f)
+"""
+
+
+def test_ddp_two_processes_share_one_store(tmp_path: Path) -> None:
+    """Two DDP ranks (gloo, CPU) share one store: each computes its share in epoch 1,
+    both recall every row in epoch 2 (rows the other rank computed included), and the
+    store verifies clean."""
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT))
+    env = dict(os.environ, PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+    env.pop("MASTER_PORT")
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), str(tmp_path / "store")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for record in ranks:
+        first, second = record
+        assert first["rows"] == second["rows"] == SAMPLES // 2
+        assert second["recalled"] == SAMPLES // 2 and second["computed"] == 0
+    assert sum(r[0]["computed"] for r in ranks) == SAMPLES
+    store = Store(tmp_path / "store")
+    verified = store.verify()
+    assert not verified.damaged and verified.packs > 0
+    keys = cache_rows(Probe().encoder).row_keys(data()[0])
+    assert store.have(keys) == set(keys)
+
+
+def test_unknown_submodule_is_refused(tmp_path: Path) -> None:
+    """A name that is no submodule is refused at setup, listing what there is."""
+    callback = CacheFrozen(None, ["backbone"])
+    with pytest.raises(NotASubmodule, match=r"no submodule `backbone` \(it has `encoder`, `head`"):
+        trainer(tmp_path, 1, callbacks=[callback]).fit(Probe(), loader())
+
+
+def test_compiled_submodule_is_refused(tmp_path: Path) -> None:
+    """A submodule that is itself compiled is refused: compile around it instead."""
+    model = Probe()
+    model.encoder = torch.compile(model.encoder)  # type: ignore[assignment]
+    with pytest.raises(CompiledSubmodule, match="Compile the model or the head around it"):
+        CacheFrozen(None, ["encoder"]).setup(trainer(tmp_path, 1), model, "fit")
+
+
+def test_bad_names_are_refused() -> None:
+    """Nested, repeated or empty module names are refused when the callback is made."""
+    with pytest.raises(CacheFrozenError, match=r"`encoder\.conv` is inside `encoder`"):
+        CacheFrozen(None, ["encoder", "encoder.conv"])
+    with pytest.raises(CacheFrozenError, match="names a submodule twice"):
+        CacheFrozen(None, ["encoder", "encoder"])
+    with pytest.raises(CacheFrozenError, match="dotted names"):
+        CacheFrozen(None, [])
+    with pytest.raises(CacheFrozenError, match="prefill needs to be told which"):
+        CacheFrozen(None, ["encoder", "head"]).prefill([])
