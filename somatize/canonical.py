@@ -53,7 +53,13 @@ class NotCanonical(SomatizeError, TypeError):
     """A value that has no canonical form, so no key can be written for it."""
 
 
-Parts = list[bytes | memoryview]
+class Parts(list[bytes | memoryview]):
+    """Byte pieces of an encoding, in order; ``large`` says a payload was referenced
+    rather than copied (so hashing should stream the pieces instead of joining them)."""
+
+    large = False
+
+
 Where = tuple[Any, ...]
 """Where a value sits in what is being encoded, as (parent, key) pairs; turned into text
 only when something has to be refused, so the common path pays nothing for it."""
@@ -67,6 +73,36 @@ def _render(where: Where) -> str:
     return str(where[0]) + "".join(reversed(steps))
 
 
+# Small ints and short strs recur in every key (a coordinate's names and numbers), so
+# their encodings are remembered. Bounded; only exact ints and strs are ever looked up.
+_INTS: dict[int, bytes] = {}
+_STRS: dict[str, bytes] = {}
+_REMEMBER = 1 << 16
+
+
+def _int_bytes(value: int) -> bytes:
+    found = _INTS.get(value)
+    if found is None:
+        size = (value.bit_length() + 8) // 8
+        found = b"i" + _LEN.pack(size) + value.to_bytes(size, "big", signed=True)
+        if -_REMEMBER < value < _REMEMBER and len(_INTS) < _REMEMBER:
+            _INTS[value] = found
+    return found
+
+
+def _str_bytes(value: str) -> bytes:
+    found = _STRS.get(value)
+    if found is None:
+        try:
+            raw = value.encode()
+        except UnicodeEncodeError:  # a lone surrogate: kept as its UTF-8 bit pattern
+            raw = value.encode("utf-8", "surrogatepass")
+        found = b"s" + _LEN.pack(len(raw)) + raw
+        if len(raw) <= 64 and len(_STRS) < _REMEMBER:
+            _STRS[value] = found
+    return found
+
+
 def _none(value: Any, parts: Parts, where: Where) -> None:
     parts.append(b"N")
 
@@ -76,8 +112,7 @@ def _bool(value: Any, parts: Parts, where: Where) -> None:
 
 
 def _int(value: Any, parts: Parts, where: Where) -> None:
-    size = (value.bit_length() + 8) // 8
-    parts.append(b"i" + _LEN.pack(size) + value.to_bytes(size, "big", signed=True))
+    parts.append(_int_bytes(value))
 
 
 def _float(value: Any, parts: Parts, where: Where) -> None:
@@ -85,14 +120,17 @@ def _float(value: Any, parts: Parts, where: Where) -> None:
 
 
 def _str(value: Any, parts: Parts, where: Where) -> None:
-    raw = value.encode("utf-8", "surrogatepass")
-    parts.append(b"s" + _LEN.pack(len(raw)) + raw)
+    parts.append(_str_bytes(value))
 
 
 def _bytes(value: Any, parts: Parts, where: Where) -> None:
     view = memoryview(value).cast("B")
     parts.append(b"b" + _LEN.pack(view.nbytes))
-    parts.append(view)
+    if view.nbytes < _LARGE:
+        parts.append(bytes(view))
+    else:
+        parts.append(view)
+        parts.large = True
 
 
 def _sequence(tag: bytes) -> Callable[[Any, Parts, Where], None]:
@@ -105,18 +143,27 @@ def _sequence(tag: bytes) -> Callable[[Any, Parts, Where], None]:
 
 
 def _dict(value: Any, parts: Parts, where: Where) -> None:
-    for name in value:
+    try:
+        # Sorting str by code point is sorting their UTF-8 bytes: UTF-8 keeps the order.
+        names = sorted(value)
+    except TypeError:
+        names = list(value)  # keys of several types: the loop below names the first bad one
+    parts.append(b"d" + _LEN.pack(len(names)))
+    for name in names:
         if type(name) is not str:
             raise NotCanonical(
                 f"{_render(where)} has a key {name!r} of type `{type(name).__name__}`; canonical "
                 "dicts have str keys only, so that every process sorts and writes them the same way"
             )
-    # Sorting str by code point is sorting their UTF-8 bytes: UTF-8 keeps the order.
-    parts.append(b"d" + _LEN.pack(len(value)))
-    for name in sorted(value):
-        raw = name.encode("utf-8", "surrogatepass")
-        parts.append(b"s" + _LEN.pack(len(raw)) + raw)
-        _write(value[name], parts, (where, name))
+        parts.append(_str_bytes(name))
+        item = value[name]
+        kind = type(item)
+        if kind is int:
+            parts.append(_int_bytes(item))
+        elif kind is str:
+            parts.append(_str_bytes(item))
+        else:
+            _write(item, parts, (where, name))
 
 
 _WRITERS: dict[type, Callable[[Any, Parts, Where], None]] = {
@@ -135,19 +182,9 @@ _WRITERS: dict[type, Callable[[Any, Parts, Where], None]] = {
 
 
 def _write(value: Any, parts: Parts, where: Where) -> None:
-    # The common scalars are written inline: a key is computed on every forward, and a
-    # coordinate is a dict of two ints.
-    kind = type(value)
-    if kind is int:
-        size = (value.bit_length() + 8) // 8
-        parts.append(b"i" + _LEN.pack(size) + value.to_bytes(size, "big", signed=True))
-        return
-    if kind is str:
-        raw = value.encode("utf-8", "surrogatepass")
-        parts.append(b"s" + _LEN.pack(len(raw)) + raw)
-        return
-    writer = _WRITERS.get(kind)
+    writer = _WRITERS.get(type(value))
     if writer is None:
+        kind = type(value)
         raise NotCanonical(
             f"{_render(where)} is a `{kind.__module__}.{kind.__qualname__}`, which "
             "has no canonical form: a key must be written identically by every process, and only "
@@ -163,7 +200,7 @@ def parts_of(value: Any, where: str = "value") -> Parts:
     Large ``bytes`` payloads are referenced, not copied. ``where`` names the
     value in error messages (``input``, ``declaration of clean`` ...).
     """
-    parts: Parts = []
+    parts = Parts()
     _write(value, parts, (where,))
     return parts
 
@@ -184,8 +221,7 @@ def is_canonical(value: Any) -> bool:
 
 def digest_of(prefix: bytes, parts: Parts) -> bytes:
     """BLAKE3-256 of ``prefix`` followed by ``parts``, using every core for large payloads."""
-    size = sum(len(part) for part in parts)
-    if size < _LARGE:
+    if not parts.large:
         return blake3.blake3(prefix + b"".join(parts)).digest()
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
     hasher.update(prefix)

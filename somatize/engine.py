@@ -80,11 +80,33 @@ class Record:
     """What happened in one forward: its facts in order, and each node's outcome."""
 
     facts: list[Fact] = field(default_factory=list)
-    outcome: dict[str, str] = field(default_factory=dict)
-    """Node → ``ran`` | ``recalled`` | ``spared`` | ``drifted`` | ``failed``."""
-    took_us: dict[str, int] = field(default_factory=dict)
-    crossed: dict[tuple[str, str], int] = field(default_factory=dict)
-    """(source, target) → bytes, for values that crossed to a worker."""
+
+    @property
+    def outcome(self) -> dict[str, str]:
+        """Node → ``ran`` | ``recalled`` | ``spared`` | ``drifted`` | ``failed``."""
+        out: dict[str, str] = {}
+        for fact in self.facts:
+            kind = fact["fact"]
+            if kind in _OUTCOMES:
+                out.setdefault(fact["node"], kind)
+            elif kind == "drifted":
+                out[fact["node"]] = "drifted"
+        return out
+
+    @property
+    def took_us(self) -> dict[str, int]:
+        """Node → how long its forward took, for the nodes that ran."""
+        return {fact["node"]: fact["took_us"] for fact in self.facts if fact["fact"] == "ran"}
+
+    @property
+    def crossed(self) -> dict[tuple[str, str], int]:
+        """(source, target) → bytes, for values that crossed to a worker."""
+        out: dict[tuple[str, str], int] = {}
+        for fact in self.facts:
+            if fact["fact"] == "crossed" and "from" in fact:
+                edge = (fact["from"], fact["node"])
+                out[edge] = out.get(edge, 0) + fact["bytes"]
+        return out
 
     def count(self, fact: str) -> int:
         """How many facts of this kind were emitted."""
@@ -108,23 +130,13 @@ class _Run:
         self.broker = broker
         self.strict = strict
         self.record = Record()
+        self.facts = self.record.facts
         self.values: dict[str, Any] = {}
         self.loaded: dict[str, Any] = {}
         self.drift: dict[str, tuple[str | None, str | None]] = {}
 
     def emit(self, fact: Fact) -> None:
-        record = self.record
-        record.facts.append(fact)
-        kind = fact["fact"]
-        if kind in _OUTCOMES:
-            record.outcome.setdefault(fact["node"], kind)
-            if kind == "ran":
-                record.took_us[fact["node"]] = fact["took_us"]
-        elif kind == "drifted":
-            record.outcome[fact["node"]] = "drifted"
-        elif kind == "crossed" and "from" in fact:
-            edge = (fact["from"], fact["node"])
-            record.crossed[edge] = record.crossed.get(edge, 0) + fact["bytes"]
+        self.facts.append(fact)
         if self.watching is not None:
             self.watching(fact)
 

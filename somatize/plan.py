@@ -149,10 +149,17 @@ class Plan:
                 recalled.add(node)
                 continue
             stack.extend(preds[node])
-        order = static.order
-        self.recall = [n for n in order if n in recalled] if recalled else []
-        self.run = [n for n in order if n in needed and n not in recalled]
-        self.spared = [n for n in order if n not in needed]
+        recall: list[str] = []
+        run: list[str] = []
+        spared: list[str] = []
+        for node in static.order:
+            if node in recalled:
+                recall.append(node)
+            elif node in needed:
+                run.append(node)
+            else:
+                spared.append(node)
+        self.recall, self.run, self.spared = recall, run, spared
 
     def _answered(self, node: str) -> bool:
         if node in self.static.mapped:

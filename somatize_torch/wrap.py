@@ -272,15 +272,15 @@ class Wrapped(nn.Module):
         for fact in record.facts:
             if fact.get("node") == name:
                 count[fact["fact"]] = count.get(fact["fact"], 0) + 1
-        merged = Record()
+        # The graph's record keeps what the other declared nodes did last, and this one's
+        # facts from its own run.
         previous = self.graph.record
-        if previous is not None:
-            merged.outcome.update(previous.outcome)
-            merged.took_us.update(previous.took_us)
-        merged.facts = list(record.facts)
-        merged.outcome.update(record.outcome)
-        merged.took_us.update(record.took_us)
-        self.graph.record = merged
+        kept = (
+            []
+            if previous is None
+            else [f for f in previous.facts if f.get("node") not in (None, name)]
+        )
+        self.graph.record = Record([*kept, *record.facts])
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> Wrapped:
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
