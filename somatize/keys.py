@@ -53,7 +53,9 @@ def root_key(value: Any, where: str = "the input") -> str:
             "blake3:"
             + blake3.blake3(
                 _OPAQUE + canonical.encode(value.codec.name) + canonical.encode(value.digest)
-            ).hexdigest()
+            )
+            .digest()
+            .hex()
         )
     return "blake3:" + canonical.digest_of(_ROOT, canonical.parts_of(value, where)).hex()
 
@@ -83,7 +85,7 @@ def node_key(prefix: bytes, inputs: Sequence[str]) -> str:
     for key in inputs:
         raw = key.encode()
         data += b"s" + _LEN.pack(len(raw)) + raw
-    return "blake3:" + blake3.blake3(data).hexdigest()
+    return "blake3:" + blake3.blake3(data).digest().hex()
 
 
 _KEY = b"s" + _LEN.pack(71)
@@ -100,14 +102,14 @@ def key_after(head: bytes, inputs: Sequence[str]) -> str:
     """:func:`node_key` for a ``head`` made by :func:`node_head` with ``len(inputs)``:
     the same key, with the fixed parts joined once rather than on every forward."""
     if len(inputs) == 1 and len(inputs[0]) == 71:
-        return "blake3:" + blake3.blake3(head + _KEY + inputs[0].encode()).hexdigest()
+        return "blake3:" + blake3.blake3(head + _KEY + inputs[0].encode()).digest().hex()
     data = head
     for key in inputs:
         raw = key.encode()
         data += b"s" + _LEN.pack(len(raw)) + raw
-    return "blake3:" + blake3.blake3(data).hexdigest()
+    return "blake3:" + blake3.blake3(data).digest().hex()
 
 
 def item_key(key: str, index: int) -> str:
     """The key of item ``index`` of the list answered under ``key``."""
-    return "blake3:" + blake3.blake3(_ITEM + canonical.encode([key, index])).hexdigest()
+    return "blake3:" + blake3.blake3(_ITEM + canonical.encode([key, index])).digest().hex()

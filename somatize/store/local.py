@@ -353,8 +353,10 @@ class LocalStore(PackedHome):
         return found
 
     def _whole(self, digest: str, size: int) -> bool:
+        # ``digest`` comes from a record that was checked when it was read.
+        hexed = digest[7:]
         try:
-            return os.stat(self._blob_file(digest)).st_size == size
+            return os.stat(f"{self._blobs}{hexed[:2]}{os.sep}{hexed}").st_size == size
         except FileNotFoundError:
             return False
 
