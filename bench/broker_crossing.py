@@ -16,26 +16,14 @@ Ray row needs ``ray`` and starts a two-CPU cluster on 127.0.0.1 (about 10 s).
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from timing import median_us
+
 from somatize import CODECS, Graph
 from somatize.broker import Broker, Worker
-
-
-def median_us(call: Callable[[], Any], repeats: int, warm: int = 3) -> float:
-    for _ in range(warm):
-        call()
-    taken = []
-    for _ in range(repeats):
-        start = time.perf_counter_ns()
-        call()
-        taken.append((time.perf_counter_ns() - start) / 1e3)
-    return statistics.median(taken)
 
 
 def large_value() -> tuple[str, Any]:
@@ -81,8 +69,8 @@ def main() -> None:
 
     rows = []
     for name, broker in brokers:
-        tiny = median_us(lambda b=broker: g.forward({"at": 0, "take": 64}, broker=b), 300)
-        big = median_us(lambda b=broker: g.forward(large, broker=b), 15)
+        tiny = median_us(lambda b=broker: g.forward({"at": 0, "take": 64}, broker=b), 300, warm=3)
+        big = median_us(lambda b=broker: g.forward(large, broker=b), 15, warm=3)
         rows.append((name, tiny, big))
     _, tiny_alone, big_alone = rows[0]
 

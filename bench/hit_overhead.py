@@ -11,13 +11,11 @@ coordinate, ≥ 10× faster than joblib's hit, and the 19 MB input weighed in �
 
 from __future__ import annotations
 
-import statistics
 import tempfile
-import time
-from collections.abc import Callable
 from typing import Any
 
 import joblib
+from timing import median_us
 
 from somatize import Graph, Node
 
@@ -35,17 +33,6 @@ class Clean(Node):
 class Widest(Node):
     def forward(self, count: int, ctx: Any) -> float:
         return float(count)
-
-
-def median_us(call: Callable[[], Any], repeats: int, warm: int = 20) -> float:
-    for _ in range(warm):
-        call()
-    taken = []
-    for _ in range(repeats):
-        start = time.perf_counter_ns()
-        call()
-        taken.append((time.perf_counter_ns() - start) / 1e3)
-    return statistics.median(taken)
 
 
 def widest(span: Any) -> float:

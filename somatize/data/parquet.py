@@ -147,14 +147,28 @@ class _File:
         self.file.close()
 
 
-class Parquet(Node):
+class _Versioned(Node):
+    """A source whose rows are decided by its version (its state) and the columns it reads."""
+
+    holds_state = True
+    columns: list[str] | None
+    version: str
+
+    def declare(self) -> dict[str, Any]:
+        """Which columns it reads: with the version (its state), all that decides its rows."""
+        return {"columns": self.columns}
+
+    def settled_state(self) -> str:
+        """Its version, for ``somatize.data.settle``."""
+        return self.version
+
+
+class Parquet(_Versioned):
     """A Parquet dataset bound to ``name`` in ``store``, handed ``{"at": i, "take": n}``
     and answering a :class:`~somatize.data.Frame` of those rows.
 
     ``columns`` reads only those columns (and is the source's declaration).
     """
-
-    holds_state = True
 
     def __init__(self, store: Store, name: str, columns: Sequence[str] | None = None) -> None:
         if not isinstance(store, Store):
@@ -171,14 +185,6 @@ class Parquet(Node):
         self._file: _File | None = None
         self._handle: Any = None
         self._opening = threading.Lock()
-
-    def declare(self) -> dict[str, Any]:
-        """Which columns it reads: with the version (its state), all that decides its rows."""
-        return {"columns": self.columns}
-
-    def settled_state(self) -> str:
-        """Its version, for ``somatize.data.settle``."""
-        return self.version
 
     def count_rows(self) -> int:
         """How many rows the dataset has, from its footer (the rows are not read)."""
@@ -288,11 +294,9 @@ def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...]]:
     return digest, after
 
 
-class ParquetDir(Node):
+class ParquetDir(_Versioned):
     """The ``.parquet`` files under directory ``path`` (recursively, in path order,
     skipping names that start with ``.`` or ``_``) as one dataset, read by span."""
-
-    holds_state = True
 
     def __init__(self, path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> None:
         root = Path(path).expanduser()
@@ -327,14 +331,6 @@ class ParquetDir(Node):
         self._starts: list[int] = []
         self._handles: list[Any] = []
         self._opening = threading.Lock()
-
-    def declare(self) -> dict[str, Any]:
-        """Which columns it reads: with the version (its state), all that decides its rows."""
-        return {"columns": self.columns}
-
-    def settled_state(self) -> str:
-        """Its version, for ``somatize.data.settle``."""
-        return self.version
 
     def count_rows(self) -> int:
         """How many rows the files hold together, from their footers."""
