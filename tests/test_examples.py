@@ -1,0 +1,51 @@
+"""The examples run as users run them, and print what they promise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(script: str, *args: str, cwd: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"{script} failed:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_remember(tmp_path: Path) -> None:
+    """The plain-Python example keeps on the first forward and recalls on the second."""
+    out = _run("examples/remember.py", cwd=tmp_path)
+    assert "'fact': 'kept'" in out and "'fact': 'recalled'" in out
+    assert "clean ran 1 time(s), widest 1" in out
+
+
+def test_notebook(tmp_path: Path) -> None:
+    """The notebook's cells run as a script: short span, spared/recalled facts, two
+    versions, the unsettled refusal and the crossing to a network worker."""
+    out = _run("examples/notebook.py", cwd=tmp_path)
+    assert "11.0 · the last span is short" in out
+    assert "{'fact': 'spared', 'node': 'sms'}" in out
+    assert "clean ran 1 time(s), widest 1" in out
+    assert "another dataset, another version" in out
+    assert "Call `somatize.torch.freeze(g)`" in out
+    assert "bytes crossed" in out
+
+
+@pytest.mark.slow
+def test_lightning_example(tmp_path: Path) -> None:
+    """The Lightning example trains a head; epochs after the first recall every row."""
+    out = _run("examples/lightning/train.py", "--epochs", "2", "--samples", "512", cwd=tmp_path)
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    epochs = {int(row[0]): row for row in rows if len(row) >= 5 and row[0].isdigit()}
+    assert epochs[1][2] == "0%" and epochs[2][2] == "100%"
