@@ -414,10 +414,13 @@ def test_png_without_pillow_says_how_to_install_it(monkeypatch: pytest.MonkeyPat
 
 def test_module_imports_only_the_standard_library() -> None:
     """Loading the figure module pulls in neither Pillow nor torch nor the rest of somatize."""
-    path = Path(__file__).resolve().parent.parent / "somatize" / "figure.py"
+    package = Path(__file__).resolve().parent.parent / "somatize" / "figure"
     code = (
         "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('figure_alone', {str(path)!r})\n"
+        "spec = importlib.util.spec_from_file_location(\n"
+        f"    'figure_alone', {str(package / '__init__.py')!r},\n"
+        f"    submodule_search_locations=[{str(package)!r}],\n"
+        ")\n"
         "module = sys.modules['figure_alone'] = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(module)\n"
         "assert module.Figure([module.Box('a', 'A')], []).svg().startswith('<svg')\n"

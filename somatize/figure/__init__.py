@@ -1,0 +1,97 @@
+"""Draw a pipeline graph as SVG or PNG, with no system binary.
+
+A graph is described neutrally: one :class:`Box` per node and one :class:`Arrow` per
+edge. :class:`Figure` lays them out left to right in layers (Sugiyama style) and draws
+them as hand-written SVG, or as PNG through Pillow when it is installed::
+
+    fig = Figure([Box("sms", "Parquet"), Box("clean", "Clean")], [Arrow("sms", "clean")])
+    fig.save("graph.svg")
+
+In Jupyter a figure shows itself (``_repr_svg_``). Only the standard library is imported
+here; Pillow is imported when a PNG is asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from .layout import _arrange as _arrange
+from .layout import layout
+from .model import MARKS, OUTCOMES, Arrow, Box
+from .png import _render_png
+from .svg import _render_svg
+
+__all__ = ["MARKS", "OUTCOMES", "Arrow", "Box", "Figure", "layout"]
+
+
+class Figure:
+    """A drawing of a pipeline graph: boxes for nodes, arrows for the values between them.
+
+    The layout is computed once, when the figure is made; a cycle, a repeated box name,
+    an arrow to an unknown box, an unknown mark or an unknown outcome raise ``ValueError``.
+    """
+
+    def __init__(
+        self, boxes: Sequence[Box], arrows: Sequence[Arrow], title: str | None = None
+    ) -> None:
+        self.boxes: tuple[Box, ...] = tuple(boxes)
+        self.arrows: tuple[Arrow, ...] = tuple(arrows)
+        self.title = title
+        for b in self.boxes:
+            unknown = [m for m in b.marks if m not in MARKS]
+            if unknown:
+                raise ValueError(
+                    f"box {b.name!r} has unknown mark(s) {unknown}; marks are one of {list(MARKS)}"
+                )
+            if b.outcome is not None and b.outcome not in OUTCOMES:
+                raise ValueError(
+                    f"box {b.name!r} has unknown outcome {b.outcome!r}; "
+                    f"outcomes are one of {list(OUTCOMES)} or None"
+                )
+        self._arrangement = _arrange(self.boxes, self.arrows, title)
+        digest = hashlib.sha1(repr((self.boxes, self.arrows, title)).encode("utf-8"))
+        self._uid = "smz" + digest.hexdigest()[:10]
+
+    def __repr__(self) -> str:
+        title = "" if self.title is None else f"{self.title!r}, "
+        return f"Figure({title}{len(self.boxes)} boxes, {len(self.arrows)} arrows)"
+
+    @property
+    def size(self) -> tuple[float, float]:
+        """Width and height of the drawing in CSS pixels."""
+        return (self._arrangement.width, self._arrangement.height)
+
+    def svg(self) -> str:
+        """The drawing as a standalone SVG document."""
+        return _render_svg(self._arrangement, self._uid)
+
+    def png(self, scale: float = 2.0) -> bytes:
+        """The drawing as PNG bytes, ``scale`` pixels per CSS pixel; needs Pillow."""
+        return _render_png(self._arrangement, scale)
+
+    def _repr_svg_(self) -> str:
+        return self.svg()
+
+    def _repr_png_(self) -> bytes | None:
+        try:
+            import PIL  # noqa: F401
+        except ImportError:
+            return None
+        return self.png()
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the drawing to ``path``: SVG or PNG, chosen by the suffix."""
+        target = Path(path)
+        suffix = target.suffix.lower()
+        if suffix == ".svg":
+            target.write_text(self.svg(), encoding="utf-8")
+        elif suffix == ".png":
+            target.write_bytes(self.png())
+        else:
+            raise ValueError(
+                f"cannot save a figure as {suffix or 'a file without a suffix'!r} ({target}); "
+                "use one of: .svg, .png"
+            )

@@ -1,0 +1,328 @@
+"""The PNG renderer: an arrangement painted through Pillow.
+
+Pillow is optional, so it is imported only when a PNG is asked for, and a missing
+Pillow says how to install it. Unless the image is very large it is drawn at twice
+the size and shrunk, which smooths its edges; text is spelled with the characters
+Pillow's built-in font can draw.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import unicodedata
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from .layout import _Arrangement
+from .model import Point
+from .style import (
+    _ARROW_LEN,
+    _BADGE_H,
+    _BADGE_PAD,
+    _BADGE_SIZE,
+    _BADGE_STYLE,
+    _BG,
+    _BORDER,
+    _CACHED,
+    _CAPTION_SIZE,
+    _EDGE,
+    _EDGE_CROSSED,
+    _FROZEN,
+    _GROUP_FILL,
+    _GROUP_SIZE,
+    _GROUP_STROKE,
+    _INK,
+    _KIND_BASE,
+    _KIND_SIZE,
+    _LEGEND_SAMPLE_H,
+    _LEGEND_SAMPLE_W,
+    _LEGEND_SIZE,
+    _MARGIN,
+    _MUTED,
+    _NAME_BASE,
+    _NAME_SIZE,
+    _OUTCOME_STYLE,
+    _PAD_X,
+    _RADIUS,
+    _TITLE_SIZE,
+    _badge_colours,
+    _box_colours,
+    _fit,
+    _stripe_path,
+    _text_width,
+)
+
+if TYPE_CHECKING:
+    from PIL import ImageDraw, ImageFont
+
+_PIL_MISSING = (
+    "PNG output needs Pillow: pip install pillow "
+    "(or install the extra: pip install 'somatize[figure]')"
+)
+
+
+@lru_cache(maxsize=64)
+def _pil_font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    from PIL import ImageFont
+
+    return ImageFont.load_default(size=size)
+
+
+def _pil_text(text: str) -> str:
+    """Spell ``text`` with the characters Pillow's built-in font can draw."""
+    text = text.replace("µ", "u").replace("→", "->").replace("—", "-").replace("–", "-")
+    out = []
+    for ch in text:
+        if ord(ch) < 128 or ch in "·…":
+            out.append(ch)
+        else:
+            plain = "".join(c for c in unicodedata.normalize("NFKD", ch) if ord(c) < 128)
+            out.append(plain or ch)
+    return "".join(out)
+
+
+def _rgb(colour: str) -> tuple[int, int, int]:
+    return (int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16))
+
+
+def _bezier(p: Point, c1: Point, c2: Point, q: Point, steps: int = 20) -> list[Point]:
+    pts = []
+    for i in range(1, steps + 1):
+        t = i / steps
+        u = 1 - t
+        pts.append(
+            (
+                u**3 * p[0] + 3 * u * u * t * c1[0] + 3 * u * t * t * c2[0] + t**3 * q[0],
+                u**3 * p[1] + 3 * u * u * t * c1[1] + 3 * u * t * t * c2[1] + t**3 * q[1],
+            )
+        )
+    return pts
+
+
+def _simplify(pts: list[Point], tolerance: float = 0.25) -> list[Point]:
+    """Drop points that lie on the line through their neighbours (their joints draw specks)."""
+    out = [pts[0]]
+    for here, after in itertools.pairwise(pts[1:]):
+        (ax, ay), (bx, by) = out[-1], after
+        length = math.hypot(bx - ax, by - ay)
+        off = abs((bx - ax) * (here[1] - ay) - (by - ay) * (here[0] - ax)) / length if length else 0
+        if off > tolerance:
+            out.append(here)
+    if len(pts) > 1:
+        out.append(pts[-1])
+    return out
+
+
+def _rounded_outline(x0: float, y0: float, x1: float, y1: float, r: float) -> list[Point]:
+    """Points round the border of a rounded rectangle, clockwise from the top-left."""
+    pts: list[Point] = []
+    corners = (
+        (x1 - r, y0 + r, -90.0),
+        (x1 - r, y1 - r, 0.0),
+        (x0 + r, y1 - r, 90.0),
+        (x0 + r, y0 + r, 180.0),
+    )
+    for cx, cy, start in corners:
+        for i in range(7):
+            ang = math.radians(start + 90 * i / 6)
+            pts.append((cx + r * math.cos(ang), cy + r * math.sin(ang)))
+    pts.append(pts[0])
+    return pts
+
+
+def _dashed(
+    draw: ImageDraw.ImageDraw, pts: list[Point], on: float, off: float, fill: Any, width: int
+) -> None:
+    """Draw a polyline as dashes of length ``on`` separated by ``off``."""
+    drawing, left = True, on
+    for (ax, ay), (bx, by) in itertools.pairwise(pts):
+        seg = math.hypot(bx - ax, by - ay)
+        pos = 0.0
+        while seg - pos > 1e-9:
+            step = min(left, seg - pos)
+            if drawing:
+                t0, t1 = pos / seg, (pos + step) / seg
+                draw.line(
+                    [
+                        (ax + (bx - ax) * t0, ay + (by - ay) * t0),
+                        (ax + (bx - ax) * t1, ay + (by - ay) * t1),
+                    ],
+                    fill=fill,
+                    width=width,
+                )
+            pos += step
+            left -= step
+            if left <= 1e-9:
+                drawing = not drawing
+                left = on if drawing else off
+
+
+def _render_png(arr: _Arrangement, scale: float) -> bytes:
+    try:
+        from PIL import Image, ImageDraw, ImageFont
+    except ImportError as err:
+        raise ImportError(_PIL_MISSING) from err
+    if not scale > 0:
+        raise ValueError(f"scale must be positive, not {scale!r}")
+    final = (max(1, round(arr.width * scale)), max(1, round(arr.height * scale)))
+    ss = 2 if final[0] * final[1] <= 6_000_000 else 1  # draw larger, then shrink: smooth edges
+    k = scale * ss
+    img = Image.new("RGB", (max(1, round(arr.width * k)), max(1, round(arr.height * k))), _BG)
+    draw = ImageDraw.Draw(img)
+
+    def P(pt: Point) -> tuple[float, float]:
+        return (pt[0] * k, pt[1] * k)
+
+    def px(v: float) -> int:
+        return max(1, round(v * k))
+
+    def text(
+        x: float,
+        y: float,
+        s: str,
+        size: float,
+        fill: str,
+        bold: bool = False,
+        anchor: str = "ls",
+        max_w: float | None = None,
+    ) -> None:
+        font = _pil_font(max(1, round(size * k)))
+        s = _pil_text(s)
+        if max_w is not None:
+            s = _fit(s, max_w * k, lambda t: float(font.getlength(t)))
+        stroke = max(1, round(0.3 * k)) if bold else 0
+        if isinstance(font, ImageFont.FreeTypeFont):
+            draw.text(
+                (x * k, y * k),
+                s,
+                fill=fill,
+                font=font,
+                anchor=anchor,
+                stroke_width=stroke,
+                stroke_fill=fill,
+            )
+        else:  # a bitmap font without anchors: place its top-left corner instead
+            w = font.getlength(s)
+            left = x * k - (w / 2 if anchor[0] == "m" else 0)
+            draw.text((left, y * k - 11), s, fill=fill, font=font)
+
+    def badge(s: str, fill: str, ink: str, x: float, y: float, w: float) -> None:
+        draw.rounded_rectangle(
+            [x * k, y * k, (x + w) * k, (y + _BADGE_H) * k], radius=_BADGE_H / 2 * k, fill=fill
+        )
+        text(x + w / 2, y + 11.5, s, _BADGE_SIZE, ink, anchor="ms", max_w=w - 4)
+
+    def rounded(
+        x: float,
+        y: float,
+        w: float,
+        h: float,
+        r: float,
+        fill: str | None,
+        stroke: str,
+        dashed: bool = False,
+        width: float = 1.0,
+    ) -> None:
+        box = [x * k, y * k, (x + w) * k - 1, (y + h) * k - 1]
+        if dashed:
+            if fill is not None:
+                draw.rounded_rectangle(box, radius=r * k, fill=fill)
+            pts = _rounded_outline(x * k, y * k, (x + w) * k - 1, (y + h) * k - 1, r * k)
+            _dashed(draw, pts, 4 * k, 3 * k, stroke, px(width))
+        else:
+            draw.rounded_rectangle(box, radius=r * k, fill=fill, outline=stroke, width=px(width))
+
+    def arrowhead(at: Point, colour: str, half: float) -> None:
+        x, y = at
+        draw.polygon([P((x, y - half)), P((x + _ARROW_LEN, y)), P((x, y + half))], fill=colour)
+
+    if arr.title:
+        text(_MARGIN, _MARGIN + 14, arr.title, _TITLE_SIZE, _INK, bold=True)
+    for c in arr.clusters:
+        rounded(c.x, c.y, c.w, c.h, 12, _GROUP_FILL, _GROUP_STROKE)
+        text(c.x + 12, c.y + 17, c.label, _GROUP_SIZE, _MUTED, bold=True, max_w=c.w - 24)
+
+    for r in arr.routes:
+        crossed = r.arrow.crossed_bytes is not None
+        colour, width = (_EDGE_CROSSED, 2.75) if crossed else (_EDGE, 1.25)
+        pts: list[Point] = [r.start]
+        here = r.start
+        for c1, c2, q in r.segments:
+            pts.extend(_bezier(here, c1, c2, q) if c1 != here else [q])
+            here = q
+        draw.line(_simplify([P(p) for p in pts]), fill=colour, width=px(width), joint="curve")
+        arrowhead(here, colour, 5.0 if crossed else 3.5)
+    for r in arr.routes:
+        if r.label is not None and r.label_at is not None:
+            w = _text_width(r.label, _BADGE_SIZE) + 2 * _BADGE_PAD
+            x, y = r.label_at[0] - w / 2, r.label_at[1] - _BADGE_H / 2
+            draw.rounded_rectangle(
+                [x * k, y * k, (x + w) * k, (y + _BADGE_H) * k],
+                radius=_BADGE_H / 2 * k,
+                fill=_BG,
+                outline=_EDGE_CROSSED,
+                width=px(1),
+            )
+            text(r.label_at[0], y + 11.5, r.label, _BADGE_SIZE, _EDGE_CROSSED, True, "ms")
+
+    for p in arr.boxes:
+        b = p.box
+        fill, stroke, dashed, name_ink, kind_ink = _box_colours(b)
+        rounded(p.x, p.y, p.w, p.h, _RADIUS, fill, stroke, dashed)
+        if "cached" in b.marks:
+            rounded(p.x + 3, p.y + 3, p.w - 6, p.h - 6, _RADIUS - 3, None, _CACHED)
+        if "frozen" in b.marks:
+            draw.polygon([P(pt) for pt in _stripe_path(p.x, p.y, p.h)], fill=_FROZEN)
+        content = p.w - 2 * _PAD_X
+        text(p.x + _PAD_X, p.y + _NAME_BASE, p.label, _NAME_SIZE, name_ink, True, max_w=content)
+        text(p.x + _PAD_X, p.y + _KIND_BASE, p.kind_label, _KIND_SIZE, kind_ink, max_w=content)
+        for bd in p.badges:
+            bf, bt = _badge_colours(bd.tone, b.outcome)
+            badge(bd.text, bf, bt, bd.x, bd.y, bd.w)
+
+    if arr.legend_top is not None:
+        ly = arr.legend_top
+        draw.line([P((_MARGIN, ly)), P((arr.width - _MARGIN, ly))], fill=_GROUP_STROKE, width=px(1))
+        for item in arr.legend:
+            base = item.y + 4
+            if item.kind == "caption":
+                text(item.x, base, item.text.upper(), _CAPTION_SIZE, "#94a3b8", bold=True)
+                continue
+            text_x = item.x + _LEGEND_SAMPLE_W + 6
+            if item.kind == "mapped":
+                badge("mapped", *_BADGE_STYLE["mapped"], item.x, item.y - _BADGE_H / 2, item.w)
+                continue
+            if item.kind == "at":
+                bw = _text_width("@ w", _BADGE_SIZE) + 2 * _BADGE_PAD
+                badge("@ w", *_BADGE_STYLE["at"], item.x, item.y - _BADGE_H / 2, bw)
+                text_x = item.x + bw + 6
+            elif item.kind == "crossed":
+                end = (item.x + _LEGEND_SAMPLE_W - _ARROW_LEN, item.y)
+                draw.line([P((item.x, item.y)), P(end)], fill=_EDGE_CROSSED, width=px(2.75))
+                arrowhead(end, _EDGE_CROSSED, 5.0)
+            else:
+                sx, sy = item.x, item.y - _LEGEND_SAMPLE_H / 2
+                sw, sh = _LEGEND_SAMPLE_W, _LEGEND_SAMPLE_H
+                sfill, sstroke, sdash = _BG, _BORDER, False
+                if item.outcome is not None:
+                    sfill, sstroke, _, _ = _OUTCOME_STYLE[item.outcome]
+                    sdash = item.outcome == "spared"
+                rounded(sx, sy, sw, sh, 4, sfill, sstroke, sdash)
+                if item.kind == "frozen":
+                    draw.rounded_rectangle(
+                        [sx * k, sy * k, (sx + 4) * k, (sy + sh) * k - 1],
+                        radius=2 * k,
+                        fill=_FROZEN,
+                        corners=(True, False, False, True),
+                    )
+                elif item.kind == "cached":
+                    rounded(sx + 3, sy + 3, sw - 6, sh - 6, 2, None, _CACHED)
+            text(text_x, base, item.text, _LEGEND_SIZE, "#334155")
+
+    if ss != 1:
+        img = img.resize(final, Image.Resampling.LANCZOS)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", compress_level=3)
+    return buf.getvalue()
