@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow
 import pyarrow.parquet
+from timing import median_us
 
 from somatize import Graph, Node, Opaque, Store
 from somatize.data import Parquet, spans
@@ -40,17 +41,6 @@ class Constant(Node):
 
     def forward(self, x: Any, ctx: Any) -> float:
         return 1.0
-
-
-def median_ms(forward: Callable[[], Any], repeats: int = 15, warm: int = 3) -> float:
-    for _ in range(warm):
-        forward()
-    taken = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        forward()
-        taken.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(taken)
 
 
 def batches() -> tuple[str, list[tuple[str, Callable[[], Any]]]]:
@@ -77,7 +67,7 @@ def per_forward(store: Store) -> None:
     g = Graph.somatize(Constant().named("n").frozen().cached())
     rows = []
     for name, make in [*weighed_batches, ("a coordinate", lambda: {"at": 0, "take": 64})]:
-        ms = median_ms(lambda make=make: g.forward(make(), store=store))
+        ms = median_us(lambda make=make: g.forward(make(), store=store), 15, warm=3) / 1e3
         rows.append((name, ms))
         print(f"{name:>34}: {ms:8.3f} ms per forward")
     coordinate = rows[-1][1]

@@ -15,15 +15,14 @@ targets: write and recall ≥ 0.8 of the plain file, freeze close to one pass.
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
 import blake3
 import safetensors.torch
 import torch
+from timing import median_us
 from torch import nn
 
 import somatize.torch as smt
@@ -31,14 +30,7 @@ from somatize import Graph, Store
 
 
 def median_s(call: Callable[[], Any], repeats: int = 7, warm: int = 2) -> float:
-    for _ in range(warm):
-        call()
-    taken = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        taken.append(time.perf_counter() - start)
-    return statistics.median(taken)
+    return median_us(call, repeats, warm) / 1e6
 
 
 def codec_round_trip(where: str) -> None:
