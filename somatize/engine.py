@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from somatize.codecs import CODECS, Opaque
 from somatize.errors import SomatizeError, SomatizeWarning
+from somatize.keys import item_key
 from somatize.node import Context
 from somatize.plan import Plan, compile, item_keys_from
 from somatize.store import Corrupt, Missing
@@ -309,8 +310,6 @@ class _Run:
         )
 
     def _item_column(self, plan: Plan, pred: str, count: int) -> list[str]:
-        from somatize.keys import item_key
-
         if pred in plan.items:
             return plan.items[pred]
         return [item_key(plan.keys[pred], i) for i in range(count)]
