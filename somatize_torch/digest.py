@@ -61,6 +61,12 @@ _TENSOR = b"somatize/tensor/%d\0" % DIGEST_VERSION
 _NAMED = b"somatize/tensors/%d\0" % DIGEST_VERSION
 _LARGE = 1 << 20
 """Above this many bytes a host digest uses every core."""
+_SPLIT_ROWS = 1 << 18
+"""Above this many bytes a batch's rows are hashed on every core: each thread takes many
+rows, so the hand-off pays for itself sooner than it does for one tensor."""
+_GIL_FREE = 1 << 14
+"""Rows shorter than this are hashed on one thread: the ``blake3`` package holds the GIL
+while it hashes a short input, so threads would only take turns."""
 
 DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64",
@@ -179,21 +185,40 @@ def digest_rows(tensor: torch.Tensor) -> list[str]:
     ``digest_rows(t)[i] == digest_tensor(t[i])``. A 0-dim tensor has no rows and
     is refused.
     """
+    header = row_header(tensor)
+    return [row_digest(header, raw) for raw in raw_rows(tensor)]
+
+
+def raw_rows(tensor: torch.Tensor) -> list[bytes]:
+    """The raw digest of each row ``tensor[i]`` (BLAKE3 of its bytes alone), in one call.
+
+    A raw digest does not say the row's dtype or shape, so it names a row only among
+    rows of one dtype and shape; :func:`row_digest` adds them, giving the row's
+    :func:`digest_tensor`. Per-sample caches key rows in memory by the raw digest and
+    spend the second hash only on rows that go to the store.
+    """
     if tensor.dim() == 0:
         raise ValueError(
-            "digest_rows needs a batch (a tensor with at least one dimension), got a 0-dim "
+            "rows are digested in a batch (a tensor with at least one dimension), got a 0-dim "
             "tensor; use digest_tensor for a single value"
         )
-    code = _dtype_code(tensor)
     rows = int(tensor.shape[0])
-    shape = list(tensor.shape[1:])
     raws = _device_raw_rows(tensor)
     if raws is None:
         view = host_bytes(tensor)
         raws = _hash_rows(view, rows, view.nbytes // rows if rows else 0)
-    head = _TENSOR + canonical.encode([code, shape, b""])[:-9]
-    # The row header is the same for every row; only the raw digest differs.
-    return ["blake3:" + blake3.blake3(_row(head, raw)).hexdigest() for raw in raws]
+    return raws
+
+
+def row_header(tensor: torch.Tensor) -> bytes:
+    """What the digest of each row of ``tensor`` adds to its raw digest: the dtype and the
+    shape of one row."""
+    return _TENSOR + canonical.encode([_dtype_code(tensor), list(tensor.shape[1:]), b""])[:-9]
+
+
+def row_digest(header: bytes, raw: bytes) -> str:
+    """``digest_tensor`` of a row, from :func:`row_header` of its batch and its raw digest."""
+    return "blake3:" + blake3.blake3(_row(header, raw)).hexdigest()
 
 
 def _hash_span(view: memoryview, size: int, start: int, stop: int) -> list[bytes]:
@@ -210,7 +235,7 @@ def _hash_rows(view: memoryview, rows: int, size: int) -> list[bytes]:
     not depend on which thread computed it.
     """
     workers = min(_cores(), rows)
-    if view.nbytes < _LARGE or workers < 2:
+    if view.nbytes < _SPLIT_ROWS or size < _GIL_FREE or workers < 2:
         return _hash_span(view, size, 0, rows)
     bounds = [rows * k // workers for k in range(workers + 1)]
     pool = _pool()

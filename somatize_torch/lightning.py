@@ -139,6 +139,10 @@ class _Prefill:
     progress: bool
 
 
+_BAR_EVERY = 10
+"""The running hit rate goes to the progress bar every this many training batches."""
+
+
 class CacheFrozen(Callback):
     """Caches the frozen submodules ``modules`` of a LightningModule across epochs.
 
@@ -149,7 +153,8 @@ class CacheFrozen(Callback):
     ``version``, ``salt``, ``device_bytes``, ``host_bytes`` and ``strict`` go to
     :func:`somatize_torch.rows.cache_rows` for each of them; with ``key="index"`` the
     LightningModule calls the cached module as ``self.encoder(x, index=idx)``.
-    ``progress_bar`` shows the running hit rate in the progress bar as ``hit``.
+    ``progress_bar`` shows the running hit rate in the progress bar as ``hit``
+    (refreshed every few batches, and only when the trainer has a progress bar).
     """
 
     def __init__(
@@ -326,8 +331,11 @@ class CacheFrozen(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if not self.progress_bar or not self._cached:
-            return
+        if not self.progress_bar or not self._cached or trainer.progress_bar_callback is None:
+            return  # logging a value costs about a millisecond: only for a bar that shows it
+        last = batch_idx + 1 >= trainer.num_training_batches
+        if batch_idx % _BAR_EVERY and not last:
+            return  # the bar keeps showing the value logged last
         rows = recalled = 0
         for name, cached in self._cached.items():
             now = cached.stats
@@ -409,8 +417,8 @@ class CacheFrozen(Callback):
         return [e for e in self.history if e.stage == stage][-count:] if count else []
 
     def _log(self, pl_module: pl.LightningModule, trainer: pl.Trainer, prefix: str) -> None:
-        if trainer.sanity_checking:
-            return
+        if trainer.sanity_checking or not trainer.loggers:
+            return  # with no logger, ``history`` is where the figures are
         stage: Stage = {"": "train", "val_": "validate", "test_": "test"}[prefix]  # type: ignore[assignment]
         ranks = trainer.world_size > 1
         for record in self._last(stage):

@@ -61,7 +61,7 @@ from somatize.keys import node_key, node_prefix, root_key
 from somatize.store.base import Corrupt, Missing
 from somatize.store.local import LocalStore
 from somatize_torch.codec import TENSOR
-from somatize_torch.digest import DTYPES, digest_rows
+from somatize_torch.digest import DTYPES, raw_rows, row_digest, row_header
 from somatize_torch.freeze import ModuleNode, check_still, digest_state, freeze
 from somatize_torch.residency import Tier, Writer, decode_rows, store_lock
 from somatize_torch.wrap import CachedInputNeedsGrad, adopt
@@ -149,25 +149,26 @@ class _Keying:
     """How rows are keyed under one state and precision.
 
     ``tag`` names this keying inside the process, so the memory tiers can key a row
-    by ``(tag, digest or index)`` — a tuple, hashed in nanoseconds — and only rows
+    by ``(tag, raw digest or index)`` — a tuple, hashed in nanoseconds — and only rows
     that go to the store need their full key, ``key(row)``."""
 
-    __slots__ = ("keys", "prefix", "tag", "version")
+    __slots__ = ("header", "keys", "prefix", "tag", "version")
 
-    def __init__(self, prefix: bytes, tag: int, version: str | None) -> None:
+    def __init__(self, prefix: bytes, tag: int, version: str | None, header: bytes) -> None:
         self.prefix = prefix
         self.tag = tag
         self.version = version
+        self.header = header
         self.keys: dict[Any, str] = {}
 
     def key(self, row: Any) -> str:
-        """The store key of the row named ``row`` (its content digest, or its index);
-        remembered, for up to :data:`_REMEMBERED_KEYS` rows, so a row read from the store
-        every epoch is keyed once."""
+        """The store key of the row named ``row`` (the raw digest of its content, or its
+        index); remembered, for up to :data:`_REMEMBERED_KEYS` rows, so a row read from
+        the store every epoch is keyed once."""
         found = self.keys.get(row)
         if found is None:
-            if isinstance(row, str):
-                found = node_key(self.prefix, [row])
+            if isinstance(row, bytes):
+                found = node_key(self.prefix, [row_digest(self.header, row)])
             else:
                 found = node_key(self.prefix, [root_key({"dataset": self.version, "index": row})])
             if len(self.keys) < _REMEMBERED_KEYS:
@@ -230,7 +231,7 @@ class CachedRows(nn.Module):
         self._state = freeze(Graph.somatize(self._node))[self._node._smz.name or ""]
         self._identity = self._node._smz.identity
         self._watched = self._watch()
-        self._keyings: dict[tuple[str, str | None], _Keying] = {}
+        self._keyings: dict[tuple[str, str | None, torch.Size], _Keying] = {}
         self._made = 0
         self._fingerprint = fingerprint_of(type(module))
         self._writer = Writer(store, self._fingerprint) if store is not None else None
@@ -275,7 +276,13 @@ class CachedRows(nn.Module):
         self._settle()
         device = x.device.type
         autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        tag = (_dtype_name(x.dtype), None if autocast is None else _dtype_name(autocast))
+        # A row is named in memory by the raw digest of its bytes, which says nothing of
+        # their dtype or shape: one keying per row shape keeps rows of different shapes apart.
+        tag = (
+            _dtype_name(x.dtype),
+            None if autocast is None else _dtype_name(autocast),
+            x.shape[1:],
+        )
         found = self._keyings.get(tag)
         if found is None:
             precision = {"input": tag[0], "autocast": tag[1]}
@@ -284,7 +291,7 @@ class CachedRows(nn.Module):
             assert self._identity is not None  # ModuleNode.declaration refused it otherwise
             prefix = node_prefix(self._identity, declaration, self._state, self.salt)
             self._made += 1
-            found = self._keyings[tag] = _Keying(prefix, self._made, self.version)
+            found = self._keyings[tag] = _Keying(prefix, self._made, self.version, row_header(x))
         return found
 
     # -- keys
@@ -292,7 +299,7 @@ class CachedRows(nn.Module):
     def _row_ids(self, x: torch.Tensor, index: torch.Tensor | None) -> list[Any]:
         """What names each row within one keying: its content digest, or its index."""
         if self.key_mode == "content":
-            return digest_rows(x)
+            return raw_rows(x)
         if index is None:
             raise NeedsIndex(
                 "this cache keys rows by sample index (key='index'), and was called without "

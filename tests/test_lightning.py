@@ -70,6 +70,21 @@ def test_epoch_two_recalls_every_row_and_logs_per_epoch(tmp_path: Path) -> None:
     assert float(logged[1]["cache/encoder/lookup_s"]) > 0
 
 
+def test_the_progress_bar_shows_the_hit_rate_only_when_there_is_a_bar(tmp_path: Path) -> None:
+    """With a progress bar, ``hit`` reaches it (1.0 once epoch 2 recalls everything);
+    without a bar or a logger, nothing is handed to Lightning."""
+    shown = trainer(
+        tmp_path / "bar", 2, callbacks=[CacheFrozen(None, ["encoder"])], enable_progress_bar=True
+    )
+    shown.fit(Probe(), loader(shuffle=True))
+    assert float(shown.progress_bar_metrics["hit"]) == 1.0
+
+    hidden = trainer(tmp_path / "none", 2, callbacks=[CacheFrozen(None, ["encoder"])])
+    hidden.fit(Probe(), loader(shuffle=True))
+    assert "hit" not in hidden.progress_bar_metrics
+    assert not [name for name in hidden.callback_metrics if name.startswith("cache/")]
+
+
 def test_trained_head_equals_a_run_without_the_callback(tmp_path: Path) -> None:
     """The head trained through the cache has exactly the weights of one trained
     without it (same seed, deterministic algorithms)."""

@@ -112,6 +112,26 @@ def test_only_new_rows_run_as_one_sub_batch(store: Store) -> None:
     cached.close()
 
 
+class ScaleByLastDim(nn.Module):
+    """Answers differ for the same bytes seen with another shape or dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], -1).float() * x.shape[-1]
+
+
+def test_the_same_bytes_in_another_shape_or_dtype_are_another_row(store: Store) -> None:
+    """Rows are told apart by dtype and shape as well as bytes: the same bytes seen as
+    (6,), (2, 3) or int32 rows each run, and each gets its own answer."""
+    module = ScaleByLastDim()
+    cached = cache_rows(module, store)
+    flat = torch.randn(4, 6)
+    for x in (flat, flat.reshape(4, 2, 3), flat.view(torch.int32)):
+        assert torch.equal(cached(x), module(x))
+        assert torch.equal(cached(x), module(x))  # and again, from memory
+    assert (cached.stats.computed, cached.stats.recalled) == (12, 12)
+    cached.close()
+
+
 def test_trained_head_is_identical_with_and_without_caching() -> None:
     """A head trained for three shuffled epochs has bit-identical weights whether the
     frozen encoder's features are computed or recalled."""
