@@ -52,6 +52,9 @@ __all__ = [
     "digest_tensor",
     "host_bytes",
     "raw_digest",
+    "raw_rows",
+    "row_digest",
+    "row_header",
 ]
 
 DIGEST_VERSION = 1
