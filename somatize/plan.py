@@ -19,7 +19,7 @@ for, right after its inputs run (``late``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from somatize import keys as keying
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from somatize.store import Store
 
 __all__ = ["Plan", "Static", "compile", "static_of"]
+
+_KNOWN_INPUTS = 256
+"""How many inputs' node keys a graph state remembers (see :attr:`Static.known`)."""
 
 
 @dataclass
@@ -55,6 +58,10 @@ class Static:
     """Cached nodes answered whole (not mapped), whose keys the store is asked for."""
     itemized: tuple[str, ...] = ()
     """Cached mapped nodes whose item keys the store is asked for before running."""
+    known: dict[str, tuple[dict[str, str], list[str]]] = field(default_factory=dict)
+    """For a graph with no itemized node, the node keys and the keys asked of the store,
+    by the input's key — they follow from it and from this graph state alone — for the
+    last :data:`_KNOWN_INPUTS` inputs seen, so an input seen again is keyed in one hash."""
 
 
 def static_of(graph: Graph) -> Static:
@@ -182,9 +189,21 @@ def compile(
         return plan
     static = static_of(graph)
     plan = Plan(static)
-    if static.keyed:
+    if static.keyed and not static.itemized and not static.mapped:
+        root = keying.root_key(x)
+        found = static.known.get(root)
+        if found is None:
+            plan.keys = _node_keys(static, root)
+            asked = [plan.keys[n] for n in static.whole]
+            if len(static.known) >= _KNOWN_INPUTS:
+                del static.known[next(iter(static.known))]  # the oldest
+            static.known[root] = (plan.keys, asked)
+        else:
+            plan.keys, asked = found  # read, never written, after planning
+        plan.have = store.have(asked) if asked else set()
+    elif static.keyed:
         keys = plan.keys
-        root: str | None = None
+        root = None
         key_after = keying.key_after
         for node, head, preds, itemized in static.steps:
             if preds:
@@ -202,6 +221,16 @@ def compile(
         plan.have = store.have(asked) if asked else set()
     plan.walk(outputs)
     return plan
+
+
+def _node_keys(static: Static, root: str) -> dict[str, str]:
+    """The key of every keyed node of a graph with no mapped node, for an input keyed
+    ``root``."""
+    keys: dict[str, str] = {}
+    key_after = keying.key_after
+    for node, head, preds, _ in static.steps:
+        keys[node] = key_after(head, [keys[p] for p in preds] if preds else [root])
+    return keys
 
 
 def _item_keys(plan: Plan, node: str, x: Any) -> list[str]:

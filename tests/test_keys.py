@@ -105,3 +105,24 @@ def test_key_after_a_head_is_the_node_key() -> None:
     for inputs in (["blake3:" + "a" * 64], ["blake3:" + "a" * 64, "blake3:" + "b" * 64]):
         head = keying.node_head(prefix, len(inputs))
         assert keying.key_after(head, inputs) == keying.node_key(prefix, inputs)
+
+
+def test_an_input_seen_again_gets_the_same_keys_until_the_graph_changes(store: object) -> None:
+    """Keys remembered for an input are the ones computed afresh; a state settled on the
+    same graph afterwards gives that input new keys; and only so many inputs are kept."""
+    from somatize.plan import _KNOWN_INPUTS, static_of
+
+    graph, x = _chain(), {"at": 0, "take": 64}
+    first = _keys(graph, x, store)
+    assert _keys(graph, x, store) == first == _keys(_chain(), x, store)
+
+    graph.memory.freeze("rows", "blake3:" + "7" * 64)
+    changed = _keys(graph, x, store)
+    fresh = _chain()
+    fresh.memory.freeze("rows", "blake3:" + "7" * 64)
+    assert changed["largest"] != first["largest"]
+    assert changed == _keys(fresh, x, store)
+
+    for at in range(_KNOWN_INPUTS + 10):
+        _keys(graph, {"at": at, "take": 1}, store)
+    assert len(static_of(graph).known) == _KNOWN_INPUTS
