@@ -16,6 +16,16 @@ whose code or arguments differ refuses instead of answering under somebody
 else's key. A class defined in ``__main__`` can be imported only by the process
 that defined it, so it is rebuilt only where it is registered.
 
+A node that stands for another class — a torch node stands for its module's
+class, which is its identity — names a **maker** too: a classmethod of a node
+class (``module:Class.method``) that is handed the class the identity names and
+the arguments, and returns the node. :meth:`~somatize.node.Node.recipe` says how
+a node is rebuilt, and refuses, saying what to do, for one that cannot be.
+
+A node that holds state (weights) is rebuilt by its constructor and then handed
+its state, when it can hand it over (:func:`state_crosses`); the broker
+(:mod:`somatize.broker.host`) carries the state and checks its digest.
+
 The code fingerprint lives here too, since it is a fact about the
 implementation: a digest of the class's source (or, where the source is not to
 be had, of its compiled code). It is metadata, never part of a key.
@@ -44,6 +54,7 @@ __all__ = [
     "blueprint_of",
     "fingerprint_of",
     "identity_of",
+    "state_crosses",
 ]
 
 
@@ -157,6 +168,27 @@ class Catalog:
             raise Unbuildable(f"`{identity}` names a `{type(found).__name__}`, not a class")
         return found
 
+    def maker(self, name: str) -> Any:
+        """The classmethod ``module:Class.method`` of a node class, which builds a node that
+        stands for another class; Unbuildable when it is not one."""
+        from somatize.node import Node
+
+        owner, dot, method = name.rpartition(".")
+        if not dot or ":" not in owner:
+            raise Unbuildable(f"a maker is `module:Class.method`, got `{name}`")
+        kind = self.resolve(owner)
+        found = getattr(kind, method, None)
+        if not issubclass(kind, Node) or getattr(found, "__self__", None) is not kind:
+            raise Unbuildable(f"`{name}` is no classmethod of a Node class, so it builds no node")
+        return found
+
+    def admit(self, blueprint: Blueprint) -> None:
+        """Raises Unbuildable when this catalog cannot find what ``blueprint`` names: its
+        class and, when it has one, its maker."""
+        self.resolve(blueprint.identity)
+        if blueprint.maker is not None:
+            self.maker(blueprint.maker)
+
     def rebuild(self, identity: str, arguments: dict[str, Any]) -> Any:
         """A new instance of ``identity`` built with the declared keyword ``arguments``."""
         kind = self.resolve(identity)
@@ -175,17 +207,30 @@ class Catalog:
         from somatize.node import Node
 
         kind = self.resolve(blueprint.identity)
-        if not issubclass(kind, Node):
-            raise Unbuildable(f"`{blueprint.identity}` is a `{kind.__qualname__}`, not a Node")
+        made: Any
+        if blueprint.maker is None:
+            if not issubclass(kind, Node):
+                raise Unbuildable(f"`{blueprint.identity}` is a `{kind.__qualname__}`, not a Node")
+            make, args, own = kind, blueprint.args, identity_of(kind)
+        else:
+            make, args, own = self.maker(blueprint.maker), (kind, *blueprint.args), None
         try:
-            node = kind(*blueprint.args, **blueprint.kwargs)
+            made = make(*args, **blueprint.kwargs)
         except Exception as error:
             raise Unbuildable(
                 f"rebuilding `{blueprint.identity}` with the arguments it was made with failed "
                 f"({type(error).__name__}: {error}); its constructor must accept again what it "
                 "was called with"
             ) from error
-        if blueprint.identity != (identity_of(kind) or blueprint.identity):
+        if not isinstance(made, Node):
+            raise Unbuildable(
+                f"`{blueprint.maker}` made a `{type(made).__qualname__}`, not a Node, "
+                f"from `{blueprint.identity}`"
+            )
+        node: Node = made
+        if blueprint.maker is not None:
+            own = node._smz.identity or identity_of(type(node))
+        if blueprint.identity != (own or blueprint.identity):
             node.identified(blueprint.identity)
         if blueprint.declaration is not None:
             try:
@@ -211,6 +256,9 @@ class Blueprint:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     declaration: str | None
+    maker: str | None = None
+    """``module:Class.method`` that builds the node from the class ``identity`` names and
+    the arguments, for a node that stands for another class; None: the class is the node's."""
 
     def to_bytes(self) -> bytes:
         """The canonical bytes of this blueprint: what crosses a wire (worked out once)."""
@@ -218,16 +266,20 @@ class Blueprint:
 
     @cached_property
     def _bytes(self) -> bytes:
-        return canonical.encode([self.identity, self.args, self.kwargs, self.declaration])
+        return canonical.encode(
+            [self.identity, self.args, self.kwargs, self.declaration, self.maker]
+        )
 
     @staticmethod
     def from_bytes(data: bytes | memoryview) -> Blueprint:
         """The blueprint whose bytes are ``data``; Unbuildable when they are not one."""
         try:
-            identity, args, kwargs, declaration = canonical.decode(data)
+            identity, args, kwargs, declaration, maker = canonical.decode(data)
             if not isinstance(identity, str) or not isinstance(kwargs, dict):
                 raise ValueError("fields of the wrong types")
-            return Blueprint(identity, tuple(args), dict(kwargs), declaration)
+            if maker is not None and not isinstance(maker, str):
+                raise ValueError("a maker that is not a name")
+            return Blueprint(identity, tuple(args), dict(kwargs), declaration, maker)
         except (ValueError, TypeError) as why:
             raise Unbuildable(f"these bytes are not a node's blueprint ({why})") from None
 
@@ -237,7 +289,7 @@ def blueprint_of(node: Node, name: str | None = None) -> Blueprint:
 
     ``name`` is what errors call the node (its name in a graph)."""
     kind = type(node)
-    called = f"`{name or node._smz.name or kind.__qualname__}` ({kind.__qualname__})"
+    called = f"`{name or node._smz.name or kind.__qualname__}` ({node.kind_name()})"
     identity = node._smz.identity or identity_of(kind)
     if identity is None:
         raise Unbuildable(
@@ -245,7 +297,10 @@ def blueprint_of(node: Node, name: str | None = None) -> Blueprint:
             "time — so no other process can rebuild it. Define the class at module level in a "
             "module the worker can import"
         )
-    args, kwargs = node._smz.call
+    try:
+        maker, args, kwargs = node.recipe()
+    except Unbuildable as why:
+        raise Unbuildable(f"{called} cannot be rebuilt in another process: {why}") from None
     try:
         canonical.encode([tuple(args), dict(kwargs)])
     except canonical.NotCanonical as why:
@@ -259,4 +314,14 @@ def blueprint_of(node: Node, name: str | None = None) -> Blueprint:
         declaration: str | None = node.declaration(name)
     except SomatizeError:
         declaration = None
-    return Blueprint(identity, tuple(args), dict(kwargs), declaration)
+    return Blueprint(identity, tuple(args), dict(kwargs), declaration, maker)
+
+
+def state_crosses(node: Node) -> bool:
+    """Whether ``node`` can hand its state to a copy of it rebuilt elsewhere: its class
+    writes both :meth:`~somatize.node.Node.state_bytes` and
+    :meth:`~somatize.node.Node.load_state`."""
+    from somatize.node import Node
+
+    kind = type(node)
+    return kind.state_bytes is not Node.state_bytes and kind.load_state is not Node.load_state

@@ -76,7 +76,9 @@ class Node:
 
     - ``holds_state``: True when the node holds state that a frozen declaration
       must be settled at (weights, a dataset version) — running it frozen and
-      cached before somebody settles it is refused.
+      cached before somebody settles it is refused. Such a node crosses to a
+      network worker only when it can hand its state over: its class writes
+      :meth:`state_bytes` and :meth:`load_state`.
     - ``identity``: a stable ``module:qualname`` to use instead of the class's own.
     """
 
@@ -119,6 +121,32 @@ class Node:
             else:
                 out[name] = value
         return out
+
+    def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
+        """How another process rebuilds this node: ``(maker, args, kwargs)``.
+
+        By default the constructor call that made it, with no maker: the node's class is
+        called with ``args`` and ``kwargs``. A node that stands for another class (its
+        identity is that class's) names a maker, ``module:Class.method`` — a classmethod
+        of a node class that is handed the class the identity names, then ``args`` and
+        ``kwargs``. A node that no other process can rebuild raises
+        :class:`~somatize.catalog.Unbuildable`, saying how to make one that can be.
+        """
+        args, kwargs = self._smz.call
+        return None, tuple(args), dict(kwargs)
+
+    def state_bytes(self) -> bytes:
+        """The state this node holds (its weights), as codec bytes, for a copy of it
+        rebuilt in another process to :meth:`load_state`. A node that holds state and
+        writes both crosses to a network worker; see :mod:`somatize.broker.host`."""
+        raise NotImplementedError(f"{type(self).__qualname__} cannot hand its state over")
+
+    def load_state(self, data: memoryview) -> str:
+        """Loads the state :meth:`state_bytes` wrote into this node, which was just rebuilt
+        by its constructor, holds it as it would be held frozen, and answers the digest of
+        the state it now holds — the digest the graph is frozen at when the bytes are
+        those of that state, worked out here from what was loaded."""
+        raise NotImplementedError(f"{type(self).__qualname__} cannot load a state")
 
     def kind_name(self) -> str:
         """What this node is called in listings, figures and messages: its class, or what

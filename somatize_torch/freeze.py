@@ -26,6 +26,16 @@ A torch node is a :class:`ModuleNode` (a node whose work is an ``nn.Module``;
 ``wrap`` makes one per declared submodule) or a node that is itself an
 ``nn.Module``. Freezing one that is not declared frozen is an error: the graph
 would not know it is settled, and the declaration belongs in the graph.
+
+**On a network worker.** A worker in another process rebuilds what it runs, and
+a module *instance* cannot be rebuilt there. ``ModuleNode.build(Encoder,
+width=32)`` makes a node that can: it records the module's class and its
+canonical constructor arguments, so the worker constructs the same module
+itself, then loads the frozen weights it is sent once — every parameter and
+buffer by name, as ``tensor`` codec bytes (the safetensors layout, never a
+pickle) — checks that their digest is the one the graph is frozen at, and holds
+the module frozen there between forwards (see :mod:`somatize.broker.host`).
+Its key is the key an instance-made node of the same module and weights has.
 """
 
 from __future__ import annotations
@@ -36,9 +46,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from somatize import Graph, Node, Undeclared
+from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize.catalog import identity_of
 from somatize.errors import SomatizeError, SomatizeWarning
+from somatize_torch.codec import TENSOR, LandedOnHost
 from somatize_torch.digest import digest_named
 
 if TYPE_CHECKING:
@@ -50,6 +61,7 @@ __all__ = [
     "NotATorchNode",
     "NotDeclaredFrozen",
     "NothingToFreeze",
+    "StateDoesNotFit",
     "StillChanging",
     "digest_state",
     "freeze",
@@ -78,12 +90,21 @@ class StillChanging(SomatizeWarning):
     """A frozen module was found in train mode (dropout drawing, BatchNorm updating)."""
 
 
-def digest_state(module: nn.Module) -> str:
-    """``blake3:<hex>`` of a module's parameters and buffers (persistent or not), by name."""
+class StateDoesNotFit(FreezeError):
+    """State sent for a module does not fit the module rebuilt to receive it."""
+
+
+def _state_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A module's parameters and buffers (persistent or not), by name: its state."""
     tensors: dict[str, torch.Tensor] = dict(module.named_parameters())
     for name, buffer in module.named_buffers():
         tensors[name] = buffer
-    return digest_named(tensors, "state")
+    return tensors
+
+
+def digest_state(module: nn.Module) -> str:
+    """``blake3:<hex>`` of a module's parameters and buffers (persistent or not), by name."""
+    return digest_named(_state_tensors(module), "state")
 
 
 class _HeldInEval:
@@ -139,9 +160,14 @@ class ModuleNode(Node):
     arguments. ``call`` runs instead of the module itself (``wrap`` passes the fx
     code that calls it with its constant arguments), while the module stays what
     is frozen and named.
+
+    ``ModuleNode(module)`` holds the instance it is given and runs where the graph
+    is called or on a local worker. :meth:`build` makes one from the module's class
+    and constructor arguments, which a network worker can rebuild.
     """
 
     holds_state = True
+    _made: tuple[tuple[Any, ...], dict[str, Any]] | None = None
 
     def __init__(
         self,
@@ -160,6 +186,87 @@ class ModuleNode(Node):
         identity = identity_of(type(module))
         if identity is not None:
             self._smz.identity = identity
+
+    @classmethod
+    def build(cls, module: type[nn.Module], /, *args: Any, **kwargs: Any) -> ModuleNode:
+        """A node holding ``module(*args, **kwargs)``, which another process rebuilds the
+        same way: ``ModuleNode.build(Encoder, width=32)``.
+
+        ``module`` is a class defined at module level (where a worker can import it)
+        and the arguments are canonical values (numbers, strings, lists, dicts of
+        them). Frozen and placed on a network worker (``.frozen().at("w1")`` and
+        :func:`freeze`), the node is constructed there from its class and arguments
+        and loaded with its frozen weights, sent once. Here it is a ModuleNode like
+        any other: same key, same answers, as ``ModuleNode(module(*args, **kwargs))``.
+        """
+        if not (isinstance(module, type) and issubclass(module, nn.Module)):
+            raise TypeError(
+                "ModuleNode.build takes a module class and its constructor arguments, e.g. "
+                f"`ModuleNode.build(Encoder, width=32)`; got a `{type(module).__name__}` "
+                f"({module!r}). For a module you already have, use `ModuleNode(module)`"
+            )
+        node = cls(module(*args, **kwargs))
+        node._made = (tuple(args), dict(kwargs))
+        return node
+
+    def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
+        kind = type(self.module).__qualname__
+        if self._made is None:
+            raise Unbuildable(
+                f"it holds a `{kind}` instance, and no other process can rebuild a module from "
+                f"an object. Build the node from the module's class and its constructor "
+                f"arguments — `ModuleNode.build({kind}, ...)` with canonical values — so the "
+                "worker constructs the module itself and loads the frozen weights into it, "
+                'or place it on a `Worker.generic(mode="local")` worker'
+            )
+        if identity_of(type(self.module)) is None:
+            raise Unbuildable(
+                f"`{kind}` is defined inside a function, so no other process can find it. "
+                "Define the module class at module level, in a module the worker can import"
+            )
+        maker = identity_of(type(self))
+        if maker is None:
+            raise Unbuildable(
+                f"`{type(self).__qualname__}` is defined inside a function, so no other "
+                "process can find it. Define it at module level"
+            )
+        args, kwargs = self._made
+        return f"{maker}.build", args, kwargs
+
+    def state_bytes(self) -> bytes:
+        """The module's parameters and buffers by name, as ``tensor`` codec bytes."""
+        return b"".join(TENSOR.encode(_state_tensors(self.module)))
+
+    def load_state(self, data: memoryview) -> str:
+        """Copies the tensors :meth:`state_bytes` wrote into this node's module (rebuilt
+        by :meth:`build`), holds it frozen in eval, and answers the digest of its state."""
+        with warnings.catch_warnings():
+            # Where the tensors lived does not matter: they are copied into the module.
+            warnings.simplefilter("ignore", LandedOnHost)
+            sent = TENSOR.decode(data)
+        kind = type(self.module).__qualname__
+        mine = _state_tensors(self.module)
+        if not isinstance(sent, dict) or set(sent) != set(mine):
+            got = sorted(sent) if isinstance(sent, dict) else type(sent).__name__
+            raise StateDoesNotFit(
+                f"the state sent for `{kind}` names {got}, and the `{kind}` built here has "
+                f"{sorted(mine)}: the worker runs other code than the client. Install the "
+                "same version of the code everywhere the graph runs"
+            )
+        for name, tensor in mine.items():
+            came = sent[name]
+            if came.shape != tensor.shape or came.dtype != tensor.dtype:
+                raise StateDoesNotFit(
+                    f"`{kind}`'s `{name}` was sent as {came.dtype} {tuple(came.shape)}, and the "
+                    f"module built here holds {tensor.dtype} {tuple(tensor.shape)}: the worker "
+                    "runs other code than the client. Install the same version of the code "
+                    "everywhere the graph runs"
+                )
+        with torch.no_grad():
+            for name, tensor in mine.items():
+                tensor.copy_(sent[name])
+        _hold(self.module)
+        return digest_state(self.module)
 
     def kind_name(self) -> str:
         return type(self.module).__qualname__

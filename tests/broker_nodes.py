@@ -1,4 +1,5 @@
-"""Nodes the broker tests place on workers, in a module so another process can import them."""
+"""Nodes (and a torch module) the broker tests place on workers, in a module so another
+process can import them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
+from torch import nn
 
 from somatize import Node
 
@@ -91,3 +95,31 @@ class Widest(Node):
 
     def forward(self, counts: list[list[float]], ctx: Any) -> float:
         return float(max(len(one) for one in counts))
+
+
+class Encoder(nn.Module):
+    """A small encoder whose state is weights, BatchNorm statistics and a buffer that is
+    not in its ``state_dict`` — all of which must reach a worker."""
+
+    def __init__(self, width: int, out: int = 3) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, out)
+        self.norm = nn.BatchNorm1d(out)
+        self.register_buffer("scale", torch.full((out,), 2.0), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.linear(x)) * self.scale
+
+
+class Ramp(Node):
+    """Rows ``at`` to ``at + take`` of a fixed float matrix ``width`` columns wide."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.calls = 0
+
+    def forward(self, span: dict[str, int], ctx: Any) -> torch.Tensor:
+        self.calls += 1
+        start, take = span["at"] * self.width, span["take"]
+        values = torch.arange(start, start + take * self.width, dtype=torch.float32)
+        return values.reshape(take, self.width) / 10

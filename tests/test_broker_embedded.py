@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from somatize import Catalog, CodecError, Graph, Node, NodeFailed, Store, Unbuildable
-from somatize.broker import BadWorker, Broker, UnknownWorker, Worker
+from somatize.broker import BadWorker, Broker, StateMismatch, UnknownWorker, Worker
 from somatize.catalog import Blueprint, blueprint_of
-from tests.broker_nodes import Holds, MakesBlob, Nap, Tagged, Weights, Where
+from somatize_torch import ModuleNode, StateDoesNotFit, freeze, is_held
+from tests.broker_nodes import Encoder, Holds, MakesBlob, Nap, Ramp, Tagged, Weights, Where
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
 
 
@@ -337,3 +339,160 @@ def test_the_seeds_crossing_cell_runs_as_written(tmp_path: Any) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("crossed ")
+
+
+# -- frozen torch modules on network workers ------------------------------------------------
+
+
+def _encoder_graph(*, cached: bool = False) -> tuple[Graph, ModuleNode, Ramp]:
+    """A source here feeding a frozen encoder built rebuildably and placed on `w1`, frozen;
+    its BatchNorm statistics moved off their defaults, so buffers must cross too."""
+    rows = Ramp(4)
+    enc = ModuleNode.build(Encoder, 4)
+    with torch.no_grad():
+        enc.module.norm.running_mean.fill_(0.5)
+    if cached:
+        rows.frozen().cached()
+        enc.cached("enc")
+    g = Graph.somatize(rows.named("rows") >> enc.named("enc").frozen().at("w1"))
+    freeze(g)
+    return g, enc, rows
+
+
+def _state_crossings(facts: list[dict[str, Any]]) -> list[int]:
+    """The bytes of every state that crossed to a worker, in order."""
+    return [f["bytes"] for f in facts if f["fact"] == "crossed" and f["way"] == "state"]
+
+
+def test_a_built_module_node_names_its_class_and_arguments() -> None:
+    """`ModuleNode.build` gives a blueprint naming the module's class, its arguments and the
+    maker, rebuilt into the same node; its declaration is an instance-made node's."""
+    enc = ModuleNode.build(Encoder, 4, out=2)
+    blueprint = blueprint_of(enc, "enc")
+    assert (blueprint.identity, blueprint.args, blueprint.kwargs, blueprint.maker) == (
+        "tests.broker_nodes:Encoder", (4,), {"out": 2}, "somatize_torch.freeze:ModuleNode.build"
+    )  # fmt: skip
+    assert enc.declaration() == ModuleNode(Encoder(4, out=2)).declaration()
+    rebuilt = Catalog().build(Blueprint.from_bytes(blueprint.to_bytes()))
+    assert isinstance(rebuilt, ModuleNode) and isinstance(rebuilt.module, Encoder)
+    assert rebuilt.module.linear.out_features == 2
+    assert rebuilt._smz.identity == "tests.broker_nodes:Encoder"
+    assert rebuilt.declaration() == enc.declaration()
+    with pytest.raises(TypeError, match=r"module class.*ModuleNode\.build\(Encoder, width=32\)"):
+        ModuleNode.build(Encoder(4))  # type: ignore[arg-type]
+
+
+def test_a_frozen_module_crosses_once_and_stays_loaded() -> None:
+    """A frozen encoder on a network worker answers as without a broker; its weights cross
+    on the first forward only, and the worker holds them loaded and frozen."""
+    g, enc, _ = _encoder_graph()
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    x = {"at": 0, "take": 5}
+    first: list[dict[str, Any]] = []
+    assert torch_equal(g.forward(x, broker=broker, watching=first.append), g.forward(x))
+    assert _state_crossings(first) == [len(enc.state_bytes())]
+    assert [f["way"] for f in first if f["fact"] == "crossed"] == ["state", "out", "back"]
+    second: list[dict[str, Any]] = []
+    y = {"at": 5, "take": 3}
+    assert torch_equal(g.forward(y, broker=broker, watching=second.append), g.forward(y))
+    assert _state_crossings(second) == []
+    assert [f["way"] for f in second if f["fact"] == "crossed"] == ["out", "back"]
+    (loaded,) = broker._hosts["w1"]._nodes.values()
+    assert loaded is not enc and loaded._smz.state == g.memory.state_of("enc")
+    assert is_held(loaded.module) and not any(p.requires_grad for p in loaded.module.parameters())
+
+
+def test_a_refrozen_module_is_loaded_again() -> None:
+    """Weights changed and frozen again are a new state: the worker is sent it, answers as
+    the changed module does here, and lets the old weights go."""
+    g, enc, _ = _encoder_graph()
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    x = {"at": 0, "take": 5}
+    before = g.forward(x, broker=broker)
+    with torch.no_grad():
+        enc.module.linear.weight.add_(1.0)
+    digest = freeze(g)["enc"]
+    seen: list[dict[str, Any]] = []
+    after = g.forward(x, broker=broker, watching=seen.append)
+    assert torch_equal(after, g.forward(x)) and not torch_equal(after, before)
+    assert _state_crossings(seen) == [len(enc.state_bytes())]
+    (loaded,) = broker._hosts["w1"]._nodes.values()
+    assert loaded._smz.state == digest
+
+
+def test_a_module_node_made_from_an_instance_is_refused_on_a_network_worker() -> None:
+    """A ModuleNode holding a module instance cannot be rebuilt elsewhere: refused before
+    anything runs, saying to build it with `ModuleNode.build`; a local worker runs it."""
+    rows = Ramp(4)
+    g = Graph.somatize(rows.named("rows") >> ModuleNode(Encoder(4)).named("enc").frozen().at("w1"))
+    freeze(g)
+    network = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with pytest.raises(Unbuildable, match=r"`enc` cannot be sent to worker `w1`.*`Encoder` "
+                       r"instance.*`ModuleNode\.build\(Encoder, \.\.\.\)`"):  # fmt: skip
+        g.forward({"at": 0, "take": 2}, broker=network)
+    assert rows.calls == 0
+    local = Broker.embedded({"w1": Worker.generic(mode="local")})
+    x = {"at": 0, "take": 2}
+    assert torch_equal(g.forward(x, broker=local), g.forward(x))
+
+
+def test_a_module_node_not_frozen_is_refused_on_a_network_worker() -> None:
+    """A rebuildable module that is not frozen at a digest has no state a worker could check:
+    refused before anything runs, saying to freeze it."""
+    rows = Ramp(4)
+    g = Graph.somatize(rows.named("rows") >> ModuleNode.build(Encoder, 4).named("enc").at("w1"))
+    network = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with pytest.raises(Unbuildable, match=r"`enc` \(Encoder\).*not frozen at any.*\.frozen\(\)"
+                       r".*somatize\.torch\.freeze\(g\)"):  # fmt: skip
+        g.forward({"at": 0, "take": 2}, broker=network)
+    assert rows.calls == 0
+
+
+def test_a_state_whose_digest_does_not_match_is_refused() -> None:
+    """Weights changed after freezing are refused by the worker that loads them, which keeps
+    nothing loaded; the same weights frozen again run."""
+    g, enc, _ = _encoder_graph()
+    frozen_at = g.memory.state_of("enc")
+    with torch.no_grad():
+        enc.module.linear.bias.add_(1.0)
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    refused = r"`enc` on worker `w1` was sent state whose digest is blake3:\w+, and the graph "
+    refused += rf"is frozen at {frozen_at}.*freeze\(g\)"
+    with pytest.raises(StateMismatch, match=refused):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+    assert not broker._hosts["w1"]._nodes
+    freeze(g)
+    x = {"at": 0, "take": 2}
+    assert torch_equal(g.forward(x, broker=broker), g.forward(x))
+
+
+def test_state_that_does_not_fit_the_rebuilt_module_is_refused() -> None:
+    """Weights of another shape than the module built to receive them are refused, naming
+    the tensor, before anything is copied."""
+    narrow = ModuleNode.build(Encoder, 4)
+    before = narrow.module.linear.weight.clone()
+    with pytest.raises(StateDoesNotFit, match=r"`Encoder`'s `linear\.weight` was sent as "
+                       r"torch\.float32 \(3, 5\).*holds torch\.float32 \(3, 4\)"):  # fmt: skip
+        narrow.load_state(memoryview(ModuleNode.build(Encoder, 5).state_bytes()))
+    assert torch.equal(narrow.module.linear.weight, before)
+    with pytest.raises(StateDoesNotFit, match=r"names \['bias', 'weight'\].*has \["):
+        narrow.load_state(memoryview(ModuleNode(torch.nn.Linear(4, 3)).state_bytes()))
+
+
+def test_a_cached_frozen_module_is_kept_by_the_worker_and_recalled(store: Store) -> None:
+    """A cached frozen encoder on a network worker is kept there; the next forward recalls
+    it without sending anything, weights included."""
+    g, _, _ = _encoder_graph(cached=True)
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    x = {"at": 0, "take": 4}
+    first: list[dict[str, Any]] = []
+    kept = g.forward(x, store=store, broker=broker, watching=first.append)
+    assert [f["by"] for f in first if f["fact"] == "kept" and f["node"] == "enc"] == ["w1"]
+    second: list[dict[str, Any]] = []
+    assert torch_equal(g.forward(x, store=store, broker=broker, watching=second.append), kept)
+    assert [f["fact"] for f in second] == ["spared", "recalled", "finished"]
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    """Whether two tensors hold the same values."""
+    return bool(torch.equal(a, b))

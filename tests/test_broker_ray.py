@@ -11,11 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from somatize import CodecError, Graph, Store, Unbuildable
-from somatize.broker import Broker, FailedOnWorker, Worker, WorkerLost, WorkerTimeout
+from somatize.broker import (
+    Broker,
+    FailedOnWorker,
+    StateMismatch,
+    Worker,
+    WorkerLost,
+    WorkerTimeout,
+)
 from somatize.keys import root_key
-from tests.broker_nodes import MakesBlob, Nap, Where
+from somatize_torch import ModuleNode, freeze
+from tests.broker_nodes import Encoder, MakesBlob, Nap, Ramp, Where
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
 
 ray = pytest.importorskip("ray", reason="the Ray broker needs ray: pip install 'somatize[ray]'")
@@ -81,7 +90,8 @@ def test_a_ray_worker_is_another_process_that_keeps_its_node(broker: Any) -> Non
 
 
 def test_keys_are_equal_on_the_client_and_on_a_worker(broker: Any, store: Store) -> None:
-    """The key a worker computes from the node it rebuilt equals the client's."""
+    """The key a worker computes from the node it rebuilt equals the client's, a frozen
+    torch module's included."""
     x = {"at": 4, "take": 3}
     g = Graph.somatize(
         Rows().named("rows").frozen().cached()
@@ -94,6 +104,88 @@ def test_keys_are_equal_on_the_client_and_on_a_worker(broker: Any, store: Store)
     assert broker.key_on("w1", g, "scale", [keys["rows"]]) == keys["scale"]
     assert broker.key_on("w2", g, "scale", [keys["rows"]]) == keys["scale"]
     assert root_key(x) != keys["rows"]
+    # A frozen torch module: rebuilt from its class and loaded with the weights sent there,
+    # whose digest the worker works out itself.
+    encoded, _ = _encoder_graph()
+    seen.clear()
+    encoded.forward(x, store=store, broker=broker, watching=seen.append)
+    keys = {f["node"]: f["key"] for f in seen if f["fact"] == "kept"}
+    assert keys["enc"] != keys["rows"]
+    assert broker.key_on("w1", encoded, "enc", [keys["rows"]]) == keys["enc"]
+    assert broker.key_on("w2", encoded, "enc", [keys["rows"]]) == keys["enc"]
+
+
+def _encoder_graph() -> tuple[Graph, ModuleNode]:
+    """A cached source here feeding a cached frozen encoder, built rebuildably, on `w1`."""
+    enc = ModuleNode.build(Encoder, 4)
+    with torch.no_grad():
+        enc.module.norm.running_var.fill_(4.0)
+    g = Graph.somatize(
+        Ramp(4).named("rows").frozen().cached() >> enc.named("enc").frozen().cached("s").at("w1")
+    )
+    freeze(g)
+    return g, enc
+
+
+def _state_crossings(facts: list[dict[str, Any]]) -> list[int]:
+    """The bytes of every state that crossed to a worker, in order."""
+    return [f["bytes"] for f in facts if f["fact"] == "crossed" and f["way"] == "state"]
+
+
+def test_a_frozen_module_on_a_ray_worker(broker: Any, store: Store) -> None:
+    """A frozen encoder on a Ray actor answers as without a broker, kept by the actor; its
+    weights cross on the first forward only."""
+    g, enc = _encoder_graph()
+    x = {"at": 0, "take": 5}
+    seen: list[dict[str, Any]] = []
+    assert torch.equal(g.forward(x, store=store, broker=broker, watching=seen.append), g.forward(x))
+    assert _state_crossings(seen) == [len(enc.state_bytes())]
+    assert [f["by"] for f in seen if f["fact"] == "kept" and f["node"] == "enc"] == ["w1"]
+    again: list[dict[str, Any]] = []
+    y = {"at": 5, "take": 3}
+    assert torch.equal(
+        g.forward(y, store=store, broker=broker, watching=again.append), g.forward(y)
+    )
+    assert _state_crossings(again) == []
+    assert [f["fact"] for f in again].count("ran") == 2
+
+
+def test_a_refrozen_module_on_a_ray_worker(broker: Any, store: Store) -> None:
+    """Weights changed and frozen again reach the actor, which answers as the changed module
+    does here, under the new key the client computes."""
+    g, enc = _encoder_graph()
+    x = {"at": 0, "take": 5}
+    before = g.forward(x, store=store, broker=broker)
+    with torch.no_grad():
+        enc.module.linear.weight.mul_(-1.0)
+    freeze(g)
+    seen: list[dict[str, Any]] = []
+    after = g.forward(x, store=store, broker=broker, watching=seen.append)
+    assert torch.equal(after, g.forward(x)) and not torch.equal(after, before)
+    assert _state_crossings(seen) == [len(enc.state_bytes())]
+    keys = {f["node"]: f["key"] for f in seen if f["fact"] == "kept"}
+    assert set(keys) == {"enc"}
+    rows = [f["key"] for f in seen if f["fact"] == "recalled" and f["node"] == "rows"]
+    assert broker.key_on("w1", g, "enc", rows) == keys["enc"]
+
+
+def test_a_module_whose_state_does_not_match_is_refused_on_ray(broker: Any) -> None:
+    """Weights changed after freezing are refused by the actor that loads them."""
+    g, enc = _encoder_graph()
+    with torch.no_grad():
+        enc.module.linear.bias.add_(1.0)
+    with pytest.raises(StateMismatch, match=r"`enc` on worker `w1` was sent state whose digest"):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+
+
+def test_a_module_instance_is_refused_on_ray_before_anything_runs(broker: Any) -> None:
+    """A ModuleNode holding a module instance is refused, saying to use `ModuleNode.build`."""
+    rows = Ramp(4)
+    g = Graph.somatize(rows.named("rows") >> ModuleNode(Encoder(4)).named("enc").frozen().at("w1"))
+    freeze(g)
+    with pytest.raises(Unbuildable, match=r"`enc` cannot be sent.*ModuleNode\.build\(Encoder"):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+    assert rows.calls == 0
 
 
 def test_a_worker_keeps_into_the_shared_store_and_any_client_recalls(

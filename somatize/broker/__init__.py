@@ -20,6 +20,11 @@ Two brokers, one interface (:mod:`somatize.broker.base`):
   that keeps its nodes loaded, placed by name and resources, with the store
   shared (:mod:`somatize.broker.ray`).
 
+A frozen node that holds state (a torch module made with
+``somatize.torch.ModuleNode.build``) crosses to either kind of network worker:
+its weights are sent once per worker and state, checked against the digest the
+graph is frozen at, and kept loaded (:mod:`somatize.broker.host`).
+
 Independent branches placed on different workers run at the same time: the
 engine submits every placed node whose inputs are there and waits on what it
 needs next.
@@ -30,6 +35,7 @@ from somatize.broker.base import (
     Done,
     FailedOnWorker,
     NoRay,
+    StateMismatch,
     UnknownWorker,
     WorkerLost,
     WorkerTimeout,
@@ -44,6 +50,7 @@ __all__ = [
     "EmbeddedBroker",
     "FailedOnWorker",
     "NoRay",
+    "StateMismatch",
     "UnknownWorker",
     "Worker",
     "WorkerLost",

@@ -4,7 +4,8 @@ The engine speaks to a broker in three calls:
 
 - ``check(graph)`` before anything runs: every worker a node is placed on is one
   this broker knows, and every node placed on a network worker can be rebuilt
-  there — otherwise it refuses, and nothing has run;
+  there — a node that holds state only when it can hand its state over and is
+  frozen at a known digest — otherwise it refuses, and nothing has run;
 - ``submit(graph, node, inputs, ctx, keep=...)`` → a ``concurrent.futures.Future``
   of a :class:`Done`: the node's value, how long the call took, the facts it
   produced (``crossed``), and the bytes the worker kept when it kept the answer
@@ -25,6 +26,7 @@ Errors::
     ├── WorkerLost (RuntimeError)    the worker died while it ran a node
     ├── WorkerTimeout (TimeoutError) the worker did not answer in time
     ├── NoRay (ImportError)          Broker.ray without ray installed
+    ├── StateMismatch (ValueError)   a worker loaded state of another digest than the graph's
     └── NodeFailed                   (somatize.engine)
         └── FailedOnWorker           a node raised inside another process
 """
@@ -39,7 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of
+from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of, state_crosses
 from somatize.engine import NodeFailed
 from somatize.errors import SomatizeError
 from somatize.node import Context
@@ -57,6 +59,7 @@ __all__ = [
     "Done",
     "FailedOnWorker",
     "NoRay",
+    "StateMismatch",
     "UnknownWorker",
     "WorkerLost",
     "WorkerTimeout",
@@ -104,6 +107,21 @@ class WorkerTimeout(SomatizeError, TimeoutError):
 
 class NoRay(SomatizeError, ImportError):
     """``Broker.ray`` without Ray installed."""
+
+
+class StateMismatch(SomatizeError, ValueError):
+    """A worker loaded state whose digest is not the one the graph is frozen at."""
+
+
+def state_mismatch(node: str, worker: str, loaded: str, frozen: str) -> StateMismatch:
+    """The refusal of a worker that loaded state ``loaded`` for ``node`` frozen at ``frozen``."""
+    return StateMismatch(
+        f"`{node}` on worker `{worker}` was sent state whose digest is {loaded}, and the graph "
+        f"is frozen at {frozen}: its weights changed after they were frozen, so answers "
+        f"computed from them would be kept under a key that does not describe them. `{node}` "
+        f"did not run and nothing was kept for it. Freeze the graph again after changing the "
+        "weights (`somatize.torch.freeze(g)`)"
+    )
 
 
 class FailedOnWorker(NodeFailed):
@@ -223,7 +241,8 @@ class Broker(abc.ABC):
         for node, worker in placed:
             if not self.workers[worker].crosses:
                 continue
-            if graph.holds_state(node):
+            holds = graph.holds_state(node)
+            if holds and not state_crosses(graph.node(node)):
                 raise Unbuildable(
                     f"`{node}` ({graph.kind_of(node)}) is placed on network worker `{worker}` "
                     "and holds state (weights, a dataset version) that its constructor does "
@@ -239,6 +258,15 @@ class Broker(abc.ABC):
                     f"`{node}` cannot be sent to worker `{worker}`, which rebuilds what it runs: "
                     f"{why}. Nothing has run"
                 ) from None
+            if holds and graph.memory.state_of(node) is None:
+                raise Unbuildable(
+                    f"`{node}` ({graph.kind_of(node)}) is placed on network worker `{worker}`, "
+                    "which rebuilds it and loads the state the graph is frozen at — and it is "
+                    "not frozen at any: a worker would hold weights nobody can check, and "
+                    f"they would go stale as they train here. Nothing has run. Declare it "
+                    "`.frozen()` and settle it (`somatize.torch.freeze(g)`), or place it on a "
+                    '`Worker.generic(mode="local")` worker'
+                )
             blueprints[node] = blueprint
         self._checked[graph] = (version, blueprints)
 
@@ -290,7 +318,7 @@ class Broker(abc.ABC):
     def _admit(self, blueprint: Blueprint) -> None:
         """Raises Unbuildable if this broker's workers cannot rebuild ``blueprint``: by
         default, if a process that registered nothing could not find its class."""
-        Catalog().resolve(blueprint.identity)
+        Catalog().admit(blueprint)
 
     def _blueprint(self, graph: Graph, node: str) -> Blueprint:
         """The blueprint ``check`` made for ``node``."""

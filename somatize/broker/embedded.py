@@ -7,7 +7,11 @@ independent branches and for trying ``.at()`` out.
 A **network** worker behaves as if a wire stood between it and the client:
 every input is encoded by its codec, the node is rebuilt from its blueprint
 through the broker's catalog, the answer is encoded back and decoded on the client, and
-each crossing is a ``crossed`` fact with its bytes. A graph that runs on
+each crossing is a ``crossed`` fact with its bytes. A frozen node that holds
+state (a module made with ``somatize.torch.ModuleNode.build``) is
+rebuilt there and loaded with its state once, as on a cluster
+(:mod:`somatize.broker.host`): the forward that sends it has a ``crossed`` fact
+with ``"way": "state"``, later forwards send none. A graph that runs on
 network workers here runs on a cluster, because nothing else crosses there —
 with one allowance: these workers share the interpreter, so a class defined in
 ``__main__`` (a notebook's) is found there, where a Ray worker would refuse it
@@ -24,7 +28,7 @@ from somatize.catalog import Blueprint, Catalog
 from somatize.node import Context
 
 from .base import Broker, Done
-from .host import Host, crossings, job_for, unpack
+from .host import Host, NeedState, crossings, job_for, unpack
 from .worker import Worker
 
 if TYPE_CHECKING:
@@ -42,7 +46,7 @@ class EmbeddedBroker(Broker):
         self._hosts = {name: Host(name, self.catalog) for name, w in workers.items() if w.crosses}
 
     def _admit(self, blueprint: Blueprint) -> None:
-        self.catalog.resolve(blueprint.identity)
+        self.catalog.admit(blueprint)
 
     def _cross(
         self, graph: Graph, node: str, worker: str, inputs: list[Any], ctx: Context, keep: bool
@@ -55,6 +59,13 @@ class EmbeddedBroker(Broker):
         blueprint = self._blueprint(graph, node)
         job, sent = job_for(graph, node, worker, blueprint, inputs, ctx, keep=keep)
         reply = host.run(job, sent, store=ctx.store)
+        carried = 0
+        if isinstance(reply, NeedState):
+            state = graph.node(node).state_bytes()
+            carried = len(state)
+            reply = host.run(job, sent, store=ctx.store, state=state)
+        assert not isinstance(reply, NeedState)
         value = unpack(reply.codec, reply.data)
-        facts = crossings(graph, node, worker, [len(data) for data in sent], len(reply.data))
+        sizes = [len(data) for data in sent]
+        facts = crossings(graph, node, worker, sizes, len(reply.data), carried)
         return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)

@@ -10,6 +10,28 @@ node, encodes its answer, and — when the job says so and it can reach the stor
 where they are. The embedded broker runs a host on a thread; the Ray broker runs
 one inside each actor.
 
+**State.** A node that holds state — a frozen encoder's weights — is rebuilt by
+its constructor and then loaded with that state (:meth:`~somatize.node.Node.state_bytes`
+on the client, :meth:`~somatize.node.Node.load_state` here). A job names only the
+digest the graph is frozen at (:attr:`Job.state`), never the weights; a host
+keeps each node it loaded under (blueprint, state digest), so a job naming a
+state it holds carries nothing more. A host that lacks the state answers
+:class:`NeedState`, and the client sends the same job again with the state's
+bytes — once: the host loads them, works out the digest of what it loaded, and
+refuses (:class:`~somatize.broker.StateMismatch`) unless it is the digest the job
+names, so a worker never answers under a key with weights the key does not
+describe. Weights cross once per worker and state; a re-frozen node has a new
+digest, so the next job asks for the new weights. Per node name and blueprint a
+host holds the state it loaded last and lets the one before go (unless another
+node holds it): two encoders of one architecture at different weights are both
+kept loaded, and re-freezing does not pile old weights up on a worker.
+
+The state is asked for rather than shipped through the shared store by digest
+because a forward may have no store, or one only the client can open (a bucket
+whose options the workers lack), and weights are not answers: no key names them,
+and a store holds answers. Asking costs one round trip per worker and state, and
+needs nothing but the worker itself.
+
 The helpers here (:func:`pack`, :func:`unpack`, :func:`crossings`) are the one
 definition of how a value crosses, shared by both sides.
 """
@@ -26,11 +48,13 @@ from somatize.catalog import Blueprint, Catalog
 from somatize.codecs import CODECS
 from somatize.node import Context, Node
 
+from .base import state_mismatch
+
 if TYPE_CHECKING:
     from somatize.graph import Graph
     from somatize.store import Store
 
-__all__ = ["Host", "Job", "Reply", "crossings", "pack", "unpack"]
+__all__ = ["Host", "Job", "NeedState", "Reply", "crossings", "pack", "unpack"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -58,6 +82,8 @@ class Job:
     fingerprint: str | None = None
     store: str | None = None
     """Where the shared store is (a directory), for a worker that opens it itself."""
+    state: str | None = None
+    """For a node that holds state: the digest of the state it must hold (the graph's)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +95,14 @@ class Reply:
     took_us: int
     kept: int | None
     """Bytes the worker kept in the store for this answer, or None if it kept nothing."""
+
+
+@dataclass(frozen=True)
+class NeedState:
+    """A host's answer to a job whose node holds a state it has not loaded: send the job
+    again with that state's bytes."""
+
+    state: str
 
 
 def job_for(
@@ -99,8 +133,15 @@ def job_for(
         keep=keep,
         fingerprint=graph.memory.fingerprint_of(node),
         store=store,
+        state=held_state(graph, node),
     )
     return job, [data for _, data in packed]
+
+
+def held_state(graph: Graph, node: str) -> str | None:
+    """The digest of the state a worker must load for ``node``: the one the graph is frozen
+    at, for a node that holds state; None for one that does not."""
+    return graph.memory.state_of(node) if graph.holds_state(node) else None
 
 
 def pack(value: Any, where: str) -> tuple[str, bytes]:
@@ -125,11 +166,16 @@ def edge_names(graph: Graph, node: str, worker: str) -> list[str]:
 
 
 def crossings(
-    graph: Graph, node: str, worker: str, sent: Sequence[int], back: int
+    graph: Graph, node: str, worker: str, sent: Sequence[int], back: int, state: int = 0
 ) -> list[dict[str, Any]]:
-    """The ``crossed`` facts of one call: one per input sent, on the edge it came by (none
-    for the graph's input), and the answer's bytes on each edge that reads it."""
+    """The ``crossed`` facts of one call: the node's state when it was sent (``"way":
+    "state"``, on no edge), one per input sent, on the edge it came by (none for the
+    graph's input), and the answer's bytes on each edge that reads it."""
     facts: list[dict[str, Any]] = []
+    if state:
+        facts.append(
+            {"fact": "crossed", "node": node, "worker": worker, "bytes": state, "way": "state"}
+        )
     preds = graph.predecessors(node)
     for index, size in enumerate(sent):
         fact: dict[str, Any] = {"fact": "crossed", "node": node}
@@ -162,15 +208,48 @@ class Host:
     def __init__(self, worker: str, catalog: Catalog | None = None) -> None:
         self.worker = worker
         self.catalog = catalog if catalog is not None else Catalog()
-        self._nodes: dict[bytes, Node] = {}
+        self._nodes: dict[tuple[bytes, str | None], Node] = {}
+        self._held: dict[tuple[bytes, str], str] = {}
+        """(blueprint, node name) → the state loaded for it last."""
         self._stores: dict[str, Store] = {}
 
-    def node(self, blueprint: bytes) -> Node:
-        """The node ``blueprint`` describes: built on first use, then kept."""
-        found = self._nodes.get(blueprint)
+    def node(
+        self,
+        blueprint: bytes,
+        state: str | None = None,
+        data: Buffer | None = None,
+        *,
+        name: str = "",
+    ) -> Node | None:
+        """The node ``blueprint`` describes: built on first use, then kept. For a node that
+        holds state, ``state`` is the digest it must hold and ``data`` that state's bytes,
+        loaded into the node built here (and checked) when it is not loaded yet — None
+        when it is not and no ``data`` came. ``name`` is the node's name in its graph."""
+        found = self._nodes.get((blueprint, state))
         if found is None:
-            found = self._nodes[blueprint] = self.catalog.build(Blueprint.from_bytes(blueprint))
+            if state is not None and data is None:
+                return None
+            found = self.catalog.build(Blueprint.from_bytes(blueprint))
+            if state is not None:
+                assert data is not None
+                loaded = found.load_state(memoryview(data))
+                if loaded != state:
+                    raise state_mismatch(name, self.worker, loaded, state)
+                found._smz.state = loaded
+            self._nodes[(blueprint, state)] = found
+        if state is not None:
+            self._hold(blueprint, name, state)
         return found
+
+    def _hold(self, blueprint: bytes, name: str, state: str) -> None:
+        """Notes that ``name`` holds ``state``, letting go of the state it held before
+        unless another node still holds it."""
+        before = self._held.get((blueprint, name))
+        self._held[(blueprint, name)] = state
+        if before is None or before == state:
+            return
+        if before not in {held for (b, _), held in self._held.items() if b == blueprint}:
+            self._nodes.pop((blueprint, before), None)
 
     def open(self, address: str) -> Store:
         """The shared store at ``address``, opened once."""
@@ -181,10 +260,21 @@ class Host:
             found = self._stores[address] = LocalStore(address)
         return found
 
-    def run(self, job: Job, payloads: Sequence[Buffer], store: Store | None = None) -> Reply:
+    def run(
+        self,
+        job: Job,
+        payloads: Sequence[Buffer],
+        store: Store | None = None,
+        state: Buffer | None = None,
+    ) -> Reply | NeedState:
         """Runs ``job`` on inputs ``payloads``; ``store`` is the shared store when the
-        caller already holds it (otherwise the job's address is opened)."""
-        node = self.node(job.blueprint)
+        caller already holds it (otherwise the job's address is opened). For a node that
+        holds a state this host has not loaded, :class:`NeedState` when ``state`` (its
+        bytes) is not given."""
+        node = self.node(job.blueprint, job.state, state, name=job.name)
+        if node is None:
+            assert job.state is not None
+            return NeedState(job.state)
         inputs = [unpack(codec, data) for codec, data in zip(job.codecs, payloads, strict=True)]
         if store is None and job.store is not None:
             store = self.open(job.store)

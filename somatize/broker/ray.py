@@ -9,6 +9,13 @@ large one put into Ray's object store once (a retry sends the same object again,
 not a new copy), a small one inside the call; the answer comes back the same way.
 Nothing a user wrote is pickled: only plain fields and bytes cross.
 
+A frozen node that holds state (weights) is loaded on its actor once per state
+(:mod:`somatize.broker.host`): the first job names the state's digest, the actor
+answers that it lacks it, and the client puts the state's bytes into the object
+store (``ray.put``) and sends the job again with them; from then on the actor
+holds the node loaded and jobs carry only the digest. A retry on a fresh actor
+hands it the same object.
+
 The store is shared: when the graph runs with a local store on a cluster that is
 this machine, a worker opens the same directory and keeps the answer of a
 cached node it ran itself, so a second forward from any client recalls what any
@@ -36,8 +43,16 @@ from somatize.catalog import Blueprint, Catalog, Unbuildable
 from somatize.codecs import CodecError
 from somatize.node import Context
 
-from .base import Broker, Done, FailedOnWorker, NoRay, WorkerLost, WorkerTimeout
-from .host import Host, Job, Reply, crossings, job_for, unpack
+from .base import (
+    Broker,
+    Done,
+    FailedOnWorker,
+    NoRay,
+    StateMismatch,
+    WorkerLost,
+    WorkerTimeout,
+)
+from .host import Host, Job, NeedState, Reply, crossings, held_state, job_for, unpack
 from .worker import BadWorker, Worker
 
 if TYPE_CHECKING:
@@ -68,7 +83,7 @@ class _Failure:
     """What a job raised inside an actor, by kind, type name and message."""
 
     kind: str
-    """``codec``, ``unbuildable`` or ``forward``."""
+    """``codec``, ``unbuildable``, ``state`` or ``forward``."""
     raised: str
     message: str
 
@@ -82,20 +97,36 @@ class _Actor:
                 sys.path.insert(0, path)
         self.host = Host(worker, Catalog())
 
-    def run(self, job: Job, *payloads: bytes) -> Reply | _Failure:
+    def run(self, job: Job, state: bytes | None, *payloads: bytes) -> Reply | NeedState | _Failure:
         try:
-            return self.host.run(job, payloads)
+            return self.host.run(job, payloads, state=state)
         except CodecError as why:
             return _Failure("codec", type(why).__name__, str(why))
         except Unbuildable as why:
             return _Failure("unbuildable", type(why).__name__, str(why))
+        except StateMismatch as why:
+            return _Failure("state", type(why).__name__, str(why))
         except Exception as why:
             return _Failure("forward", type(why).__name__, str(why))
 
     def key_of(
-        self, blueprint: bytes, state: str | None, salt: str | None, inputs: list[str]
-    ) -> str:
-        node = self.host.node(blueprint)
+        self,
+        name: str,
+        blueprint: bytes,
+        state: str | None,
+        salt: str | None,
+        inputs: list[str],
+        held: str | None,
+        data: bytes | None,
+    ) -> str | NeedState:
+        """The key of the node rebuilt here; for one that holds state (``held``, its digest),
+        from the state loaded here and the digest worked out from it."""
+        node = self.host.node(blueprint, held, data, name=name)
+        if node is None:
+            assert held is not None
+            return NeedState(held)
+        if held is not None:
+            state = node._smz.state
         identity = Blueprint.from_bytes(blueprint).identity
         prefix = keying.node_prefix(identity, node.declaration(), state, salt)
         return keying.node_key(prefix, inputs)
@@ -179,10 +210,14 @@ class RayBroker(Broker):
         self.check(graph)
         memory = graph.memory
         blueprint = self._blueprint(graph, node).to_bytes()
-        ref = self.actor(worker).key_of.remote(
-            blueprint, memory.state_of(node), memory.salt_of(node), inputs
-        )
-        return str(ray.get(ref, timeout=self.timeout_s))
+        asked = (node, blueprint, memory.state_of(node), memory.salt_of(node), inputs)
+        held = held_state(graph, node)
+        actor = self.actor(worker)
+        key = ray.get(actor.key_of.remote(*asked, held, None), timeout=self.timeout_s)
+        if isinstance(key, NeedState):
+            state = ray.put(graph.node(node).state_bytes())
+            key = ray.get(actor.key_of.remote(*asked, held, state), timeout=self.timeout_s)
+        return str(key)
 
     def close(self) -> None:
         """Stops every actor and lets the workers go; a later call starts them again."""
@@ -220,7 +255,9 @@ class RayBroker(Broker):
             store=address,
         )
         payloads = [ray.put(data) if len(data) > _INLINE else data for data in sent]
-        reply: Reply | _Failure | None = None
+        reply: Reply | NeedState | _Failure | None = None
+        state: Any = None
+        carried = 0
         cause = ""
         for _ in range(self.retries + 1):
             actor = self.actor(worker)
@@ -234,7 +271,12 @@ class RayBroker(Broker):
                             node, worker, self.start_timeout_s, starting=True
                         ) from None
                     self._started.add(actor)
-                reply = ray.get(actor.run.remote(job, *payloads), timeout=self.timeout_s)
+                reply = ray.get(actor.run.remote(job, state, *payloads), timeout=self.timeout_s)
+                if isinstance(reply, NeedState):
+                    if state is None:
+                        data = graph.node(node).state_bytes()
+                        state, carried = ray.put(data), len(data)
+                    reply = ray.get(actor.run.remote(job, state, *payloads), timeout=self.timeout_s)
                 break
             except ray.exceptions.GetTimeoutError:
                 self._forget(worker, actor, kill=True)
@@ -250,7 +292,11 @@ class RayBroker(Broker):
                 raise CodecError(reply.message)
             if reply.kind == "unbuildable":
                 raise Unbuildable(f"worker `{worker}` cannot rebuild `{node}`: {reply.message}")
+            if reply.kind == "state":
+                raise StateMismatch(reply.message)
             raise FailedOnWorker(node, graph.kind_of(node), worker, reply.raised, reply.message)
+        assert not isinstance(reply, NeedState), "a worker handed the state asked for it again"
         value = unpack(reply.codec, reply.data)
-        facts = crossings(graph, node, worker, [len(data) for data in sent], len(reply.data))
+        sizes = [len(data) for data in sent]
+        facts = crossings(graph, node, worker, sizes, len(reply.data), carried)
         return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)
