@@ -497,10 +497,13 @@ class Writer:
 
 
 def _flush_at_exit(ref: weakref.ref[Writer]) -> None:
+    """Writes what is staged and stops the thread: a daemon thread still running when the
+    interpreter finalizes is stopped wherever it is, which inside native code (torch, a
+    hasher) can abort the process."""
     writer = ref()
     if writer is None or writer._closed:
         return
     try:
-        writer.flush()
+        writer.close()
     except WriteFailed as why:
         log.error("somatize: at exit, %s", why)

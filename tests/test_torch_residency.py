@@ -134,18 +134,31 @@ def test_a_failing_write_is_reported_not_swallowed(
 
 
 def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path) -> None:
-    """A process that computes rows and exits without flushing still publishes every one."""
+    """A process that computes rows and exits without flushing still publishes every one,
+    and its writer thread is stopped before the interpreter finalizes (a thread stopped
+    there inside native code can abort the process)."""
     script = SHARED + textwrap.dedent(
         f"""
-        import sys
+        import atexit, sys, threading
         sys.path.insert(0, {str(ROOT)!r})
         from somatize import Store
         from somatize_torch.rows import cache_rows
+
+        def writers_left():  # registered first, so it runs after the cache's own
+            print([t.name for t in threading.enumerate() if t.name == "somatize-writer"])
+
+        atexit.register(writers_left)
         cached = cache_rows(mlp(), Store(sys.argv[1]))
         cached(rows(300))
         """
     )
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "store")], check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "store")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert done.stdout.strip() == "[]"
     again = cache_rows(mlp(), Store(tmp_path / "store"))
     x = rows(300)
     assert torch.equal(again(x), truth(x))
