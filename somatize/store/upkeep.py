@@ -24,12 +24,12 @@ a miss from then on (and can still be looked at).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from somatize.store.base import Corrupt
-from somatize.store.records import Signer, decode_name, decode_pack, decode_record
+from somatize.store.base import Answer, Corrupt
+from somatize.store.records import PackIndex, Signer, decode_name, decode_pack, decode_record
 
 __all__ = [
     "Collected",
@@ -89,6 +89,40 @@ def _digest_of(name: str) -> str:
     return "blake3:" + name.rsplit("/", 1)[-1]
 
 
+def _records(
+    shelf: Shelf, wrap: Progress
+) -> Iterator[tuple[str, Entry, Answer | PackIndex | Corrupt]]:
+    """Every answer record and pack index, read and decoded (or why it could not be):
+    ``(section, entry, what it holds)``. One read per section."""
+    for section in ("answers", "packs"):
+        entries = shelf._entries(section)
+        found = shelf._read_many(section, [e.name for e in entries])
+        for entry in wrap(entries, f"reading {section}", len(entries)):
+            data = found.get(entry.name)
+            if data is None:
+                continue  # removed meanwhile
+            digest = _digest_of(entry.name)
+            try:
+                if section == "answers":
+                    yield section, entry, decode_record(digest, data, shelf.signer)
+                else:
+                    yield section, entry, decode_pack(digest, data, shelf.signer)
+            except Corrupt as why:
+                yield section, entry, why
+
+
+def _names(shelf: Shelf) -> Iterator[tuple[Entry, str | Corrupt]]:
+    """Every name and the blob it points at (or why it could not be read)."""
+    for entry in shelf._entries("names"):
+        data = shelf._read_many("names", [entry.name]).get(entry.name)
+        if data is None:
+            continue
+        try:
+            yield entry, decode_name(entry.name, data, shelf.signer)
+        except Corrupt as why:
+            yield entry, why
+
+
 @dataclass
 class Collected:
     """What :func:`collect` removed and what it left."""
@@ -134,32 +168,17 @@ def collect(
     out = Collected()
     pinned: set[str] = set()
     kept = 0
-    for entry in shelf._entries("names"):
-        data = shelf._read_many("names", [entry.name]).get(entry.name)
-        if data is None:
-            continue
+    for entry, pointed in _names(shelf):
         kept += entry.size
-        try:
-            pinned.add(decode_name(entry.name, data, shelf.signer))
-        except Corrupt:
-            continue
+        if not isinstance(pointed, Corrupt):
+            pinned.add(pointed)
     units: list[_Unit] = []
-    for section in ("answers", "packs"):
-        entries = shelf._entries(section)
-        found = shelf._read_many(section, [e.name for e in entries])
-        for entry in wrap(entries, f"reading {section}", len(entries)):
-            data = found.get(entry.name)
-            if data is None:
-                continue
-            try:
-                if section == "answers":
-                    blob = decode_record(_digest_of(entry.name), data, shelf.signer).value
-                else:
-                    blob = decode_pack(_digest_of(entry.name), data, shelf.signer).blob
-            except Corrupt:
-                continue  # damaged: verify() reports it; it pins nothing
-            used = max(entry.mtime, uses.get((section, entry.name), 0.0))
-            units.append(_Unit(section, entry.name, entry.size, used, blob))
+    for section, entry, held_here in _records(shelf, wrap):
+        if isinstance(held_here, Corrupt):
+            continue  # damaged: verify() reports it; it pins nothing
+        blob = held_here.value if isinstance(held_here, Answer) else held_here.blob
+        used = max(entry.mtime, uses.get((section, entry.name), 0.0))
+        units.append(_Unit(section, entry.name, entry.size, used, blob))
     held: set[str] = set(pinned)
     kept += sum(blobs[d].size for d in pinned if d in blobs)
     units.sort(key=lambda unit: unit.used, reverse=True)
@@ -236,7 +255,6 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
 
     blobs = {_digest_of(e.name): e for e in shelf._entries("blobs")}
     whole: set[str] = set()
-    total = sum(e.size for e in blobs.values())
     for digest, entry in wrap(blobs.items(), "hashing blobs", len(blobs)):
         found = shelf._rehash(digest)
         if found is None:
@@ -247,7 +265,6 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
             whole.add(digest)
         else:
             damaged("blobs", entry.name, f"hashes to {found}")
-    del total
 
     def refers(section: str, name: str, blob: str, size: int) -> None:
         entry = blobs.get(blob)
@@ -256,41 +273,26 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
         elif entry.size != size:
             damaged(section, name, f"says blob {blob} holds {size} bytes; it holds {entry.size}")
 
-    for section in ("answers", "packs"):
-        entries = shelf._entries(section)
-        found_bytes = shelf._read_many(section, [e.name for e in entries])
-        for entry in wrap(entries, f"reading {section}", len(entries)):
-            data = found_bytes.get(entry.name)
-            if data is None:
-                continue
-            try:
-                if section == "answers":
-                    answer = decode_record(_digest_of(entry.name), data, shelf.signer)
-                    out.records += 1
-                    end = answer.size + (answer.offset or 0)
-                    if answer.offset is None:
-                        refers(section, entry.name, answer.value, answer.size)
-                    elif answer.value not in whole or blobs[answer.value].size < end:
-                        damaged(section, entry.name, f"refers past blob {answer.value}")
-                else:
-                    pack = decode_pack(_digest_of(entry.name), data, shelf.signer)
-                    out.packs += 1
-                    refers(section, entry.name, pack.blob, pack.size)
-            except Corrupt as why:
-                damaged(section, entry.name, str(why))
-    for entry in shelf._entries("names"):
-        data = shelf._read_many("names", [entry.name]).get(entry.name)
-        if data is None:
-            continue
+    for section, entry, held_here in _records(shelf, wrap):
+        if isinstance(held_here, Corrupt):
+            damaged(section, entry.name, str(held_here))
+        elif isinstance(held_here, Answer):
+            out.records += 1
+            end = held_here.size + (held_here.offset or 0)
+            if held_here.offset is None:
+                refers(section, entry.name, held_here.value, held_here.size)
+            elif held_here.value not in whole or blobs[held_here.value].size < end:
+                damaged(section, entry.name, f"refers past blob {held_here.value}")
+        else:
+            out.packs += 1
+            refers(section, entry.name, held_here.blob, held_here.size)
+    for entry, pointed in _names(shelf):
         out.names += 1
-        try:
-            digest = decode_name(entry.name, data, shelf.signer)
-        except Corrupt as why:
-            damaged("names", entry.name, str(why), aside=False)
-            continue
-        if digest not in whole:
+        if isinstance(pointed, Corrupt):
+            damaged("names", entry.name, str(pointed), aside=False)
+        elif pointed not in whole:
             damaged(
-                "names", entry.name, f"points at blob {digest}, which is missing or damaged", False
+                "names", entry.name, f"points at blob {pointed}, which is missing or damaged", False
             )
     out.abandoned = len(shelf._entries("tmp"))
     shelf._forget_all()
