@@ -496,3 +496,106 @@ def test_a_cached_frozen_module_is_kept_by_the_worker_and_recalled(store: Store)
 def torch_equal(a: Any, b: Any) -> bool:
     """Whether two tensors hold the same values."""
     return bool(torch.equal(a, b))
+
+
+# -- where a network worker keeps ----------------------------------------------------------------
+
+
+def _scaled() -> tuple[Graph, Rows]:
+    """A source here feeding a cached `scale` on network worker `w1`, built afresh."""
+    rows = Rows()
+    g = Graph.somatize(
+        rows.named("rows").frozen() >> Scale(2.0).named("scale").frozen().cached().at("w1")
+    )
+    return g, rows
+
+
+def _kept_by(facts: list[dict[str, Any]]) -> list[str | None]:
+    """Who kept each answer: a worker's name, or None for the client."""
+    return [f.get("by") for f in facts if f["fact"] == "kept"]
+
+
+def _network() -> Broker:
+    return Broker.embedded({"w1": Worker.generic(mode="network")})
+
+
+def test_a_network_worker_keeps_into_a_bucket_and_a_fresh_client_recalls() -> None:
+    """With a bucket store (S3 on loopback) a network worker opens the bucket from its
+    address and keeps there; a fresh client store over the bucket recalls it, nothing run."""
+    from tests.conftest_s3 import s3_options, s3_url
+
+    url = s3_url()
+    g, _ = _scaled()
+    first: list[dict[str, Any]] = []
+    x = {"at": 0, "take": 3}
+    store = Store.on_bucket(url, **s3_options())
+    assert g.forward(x, store=store, broker=_network(), watching=first.append) == [0.0, 2.0, 4.0]
+    assert _kept_by(first) == ["w1"]
+    other, rows = _scaled()
+    again: list[dict[str, Any]] = []
+    fresh = Store.on_bucket(url, **s3_options())
+    assert other.forward(x, store=fresh, broker=_network(), watching=again.append) == [
+        0.0, 2.0, 4.0
+    ]  # fmt: skip
+    assert [f["fact"] for f in again] == ["spared", "recalled", "finished"]
+    assert rows.calls == 0
+
+
+def test_a_store_with_no_address_is_kept_by_the_client() -> None:
+    """A `memory://` bucket lives in this process alone and has no address: the worker is
+    not told of it and the client keeps the answer, which the next forward recalls."""
+    store = Store.on_bucket("memory://somatize/no-address-on-workers")
+    g, _ = _scaled()
+    first: list[dict[str, Any]] = []
+    x = {"at": 0, "take": 3}
+    assert g.forward(x, store=store, broker=_network(), watching=first.append) == [0.0, 2.0, 4.0]
+    assert _kept_by(first) == [None]
+    again: list[dict[str, Any]] = []
+    assert g.forward(x, store=store, broker=_network(), watching=again.append) == [0.0, 2.0, 4.0]
+    assert [f["fact"] for f in again] == ["spared", "recalled", "finished"]
+
+
+def test_a_worker_without_the_signing_key_leaves_the_keeping_to_the_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signed store whose key the worker's environment lacks: the worker keeps nothing,
+    the client keeps a signed record, and a fresh signed client recalls it."""
+    from somatize.store import LocalStore
+
+    monkeypatch.delenv("SOMATIZE_STORE_KEY", raising=False)
+    g, _ = _scaled()
+    first: list[dict[str, Any]] = []
+    x = {"at": 0, "take": 3}
+    signed = LocalStore(tmp_path / "store", signing_key="client-only")
+    assert g.forward(x, store=signed, broker=_network(), watching=first.append) == [0.0, 2.0, 4.0]
+    assert _kept_by(first) == [None]
+    (key,) = [f["key"] for f in first if f["fact"] == "kept"]
+    fresh = LocalStore(tmp_path / "store", signing_key="client-only")
+    assert bytes(fresh.recall(key)[1])
+    other, rows = _scaled()
+    again: list[dict[str, Any]] = []
+    assert other.forward(x, store=fresh, broker=_network(), watching=again.append) == [
+        0.0, 2.0, 4.0
+    ]  # fmt: skip
+    assert [f["fact"] for f in again] == ["spared", "recalled", "finished"]
+    assert rows.calls == 0
+
+
+def test_a_worker_with_the_signing_key_keeps_signed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose `$SOMATIZE_STORE_KEY` is the store's key keeps there, signed: a store
+    signed with that key recalls it; one with another key does not have it."""
+    from somatize.store import LocalStore
+
+    monkeypatch.setenv("SOMATIZE_STORE_KEY", "shared-secret")
+    g, _ = _scaled()
+    first: list[dict[str, Any]] = []
+    signed = LocalStore(tmp_path / "store")
+    assert signed.signer is not None
+    x = {"at": 0, "take": 3}
+    assert g.forward(x, store=signed, broker=_network(), watching=first.append) == [0.0, 2.0, 4.0]
+    assert _kept_by(first) == ["w1"]
+    (key,) = [f["key"] for f in first if f["fact"] == "kept"]
+    assert LocalStore(tmp_path / "store", signing_key="shared-secret").have([key]) == {key}
+    assert LocalStore(tmp_path / "store", signing_key="other").have([key]) == set()

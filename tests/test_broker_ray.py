@@ -1,5 +1,6 @@
 """The Ray broker on a real Ray cluster started here, on 127.0.0.1: same answers, crossings,
-keys equal across processes, a shared store, dead and slow workers, concurrency."""
+keys equal across processes, a shared store (a directory, a bucket on loopback, signed
+stores), dead and slow workers, concurrency."""
 
 from __future__ import annotations
 
@@ -213,6 +214,79 @@ def test_a_worker_keeps_into_the_shared_store_and_any_client_recalls(
     ]  # fmt: skip
     assert rows.calls == 0
     assert [f["fact"] for f in facts] == ["spared", "recalled", "finished"]
+
+
+def _scaled() -> tuple[Graph, Rows]:
+    """A source here feeding a cached `scale` on `w1`, built afresh."""
+    rows = Rows()
+    return Graph.somatize(
+        rows.named("rows").frozen() >> Scale(2.0).named("scale").frozen().cached().at("w1")
+    ), rows
+
+
+def test_a_worker_keeps_into_a_bucket_and_a_fresh_client_recalls(
+    broker: Any, tmp_path: Path
+) -> None:
+    """With a bucket store (S3 on loopback) an actor opens the bucket from its address — not
+    the client's cache — and keeps there; a fresh client store over the bucket recalls it."""
+    from tests.conftest_s3 import s3_options, s3_url
+
+    url = s3_url()
+    g, _ = _scaled()
+    seen: list[dict[str, Any]] = []
+    x = {"at": 0, "take": 3}
+    client = Store.on_bucket(url, cache=tmp_path / "cache", **s3_options())
+    assert g.forward(x, store=client, broker=broker, watching=seen.append) == [0.0, 2.0, 4.0]
+    (kept,) = [f for f in seen if f["fact"] == "kept"]
+    assert kept["by"] == "w1" and kept["bytes"] > 0
+    other, rows = _scaled()
+    facts: list[dict[str, Any]] = []
+    fresh = Store.on_bucket(url, **s3_options())
+    assert other.forward(x, store=fresh, broker=broker, watching=facts.append) == [0.0, 2.0, 4.0]
+    assert [f["fact"] for f in facts] == ["spared", "recalled", "finished"]
+    assert rows.calls == 0
+
+
+def test_an_actor_without_the_signing_key_leaves_the_keeping_to_the_client(
+    broker: Any, tmp_path: Path
+) -> None:
+    """A signed local store whose key the actors lack: the actor keeps nothing (a record it
+    wrote unsigned would be refused), the client keeps a signed one, and the next forward
+    from a fresh signed store recalls it."""
+    from somatize.store import LocalStore
+
+    g, _ = _scaled()
+    seen: list[dict[str, Any]] = []
+    x = {"at": 0, "take": 3}
+    signed = LocalStore(tmp_path / "store", signing_key="known-to-the-client-alone")
+    assert g.forward(x, store=signed, broker=broker, watching=seen.append) == [0.0, 2.0, 4.0]
+    (kept,) = [f for f in seen if f["fact"] == "kept"]
+    assert "by" not in kept
+    other, rows = _scaled()
+    facts: list[dict[str, Any]] = []
+    fresh = LocalStore(tmp_path / "store", signing_key="known-to-the-client-alone")
+    assert other.forward(x, store=fresh, broker=broker, watching=facts.append) == [0.0, 2.0, 4.0]
+    assert [f["fact"] for f in facts] == ["spared", "recalled", "finished"]
+    assert rows.calls == 0
+
+
+def test_an_actor_with_the_signing_key_keeps_signed(cluster: None, tmp_path: Path) -> None:
+    """Actors given the store's key in their own environment keep into the signed store;
+    its record is signed with that key."""
+    from somatize.store import LocalStore
+
+    secret = "given-to-the-actors"
+    g, _ = _scaled()
+    seen: list[dict[str, Any]] = []
+    x = {"at": 0, "take": 3}
+    signed = LocalStore(tmp_path / "store", signing_key=secret)
+    env = {"env_vars": {"SOMATIZE_STORE_KEY": secret}}
+    with Broker.ray(workers={"w1": _worker()}, runtime_env=env) as keyed:
+        assert g.forward(x, store=signed, broker=keyed, watching=seen.append) == [0.0, 2.0, 4.0]
+    (kept,) = [f for f in seen if f["fact"] == "kept"]
+    assert kept["by"] == "w1"
+    assert LocalStore(tmp_path / "store", signing_key=secret).have([kept["key"]]) == {kept["key"]}
+    assert LocalStore(tmp_path / "store", signing_key="other").have([kept["key"]]) == set()
 
 
 def test_a_worker_killed_mid_forward(broker: Any, store: Store, tmp_path: Path) -> None:

@@ -11,11 +11,15 @@ each crossing is a ``crossed`` fact with its bytes. A frozen node that holds
 state (a module made with ``somatize.torch.ModuleNode.build``) is
 rebuilt there and loaded with its state once, as on a cluster
 (:mod:`somatize.broker.host`): the forward that sends it has a ``crossed`` fact
-with ``"way": "state"``, later forwards send none. A graph that runs on
-network workers here runs on a cluster, because nothing else crosses there —
-with one allowance: these workers share the interpreter, so a class defined in
-``__main__`` (a notebook's) is found there, where a Ray worker would refuse it
-and ask for the class to be moved into a module or registered.
+with ``"way": "state"``, later forwards send none. The worker opens the
+forward's store itself from its address, as a Ray actor does, and keeps the
+answer of a cached node there — when the store has an address and, for a signed
+one, this process holds its key (:mod:`somatize.broker.host`); otherwise the
+client keeps it. A graph that runs on network workers here runs on a cluster,
+because nothing else crosses there — with one allowance: these workers share the
+interpreter, so a class defined in ``__main__`` (a notebook's) is found there,
+where a Ray worker would refuse it and ask for the class to be moved into a
+module or registered.
 """
 
 from __future__ import annotations
@@ -58,12 +62,12 @@ class EmbeddedBroker(Broker):
             return Done(value, (time.perf_counter_ns() - start) // 1000)
         blueprint = self._blueprint(graph, node)
         job, sent = job_for(graph, node, worker, blueprint, inputs, ctx, keep=keep)
-        reply = host.run(job, sent, store=ctx.store)
+        reply = host.run(job, sent)
         carried = 0
         if isinstance(reply, NeedState):
             state = graph.node(node).state_bytes()
             carried = len(state)
-            reply = host.run(job, sent, store=ctx.store, state=state)
+            reply = host.run(job, sent, state=state)
         assert not isinstance(reply, NeedState)
         value = unpack(reply.codec, reply.data)
         sizes = [len(data) for data in sent]

@@ -5,10 +5,22 @@ memory with the client: the node's blueprint (identity, constructor call,
 declaration digest), what its context says, and its inputs as codec bytes. A
 :class:`Host` rebuilds the node through the catalog the first time it sees its
 blueprint and keeps it loaded for every later job, decodes the inputs, runs the
-node, encodes its answer, and — when the job says so and it can reach the store
+node, encodes its answer, and — when the job says so and it can open the store
 — keeps that answer itself, so the bytes it already has are written once, from
 where they are. The embedded broker runs a host on a thread; the Ray broker runs
 one inside each actor.
+
+**The store.** A job names the forward's store by its address
+(:meth:`~somatize.store.Store.address`: a directory, or a bucket's URL and storage
+options), and a host opens it from there once — never the client's store object,
+which could not cross a wire. A store with no address (options that are live
+objects, a ``memory://`` bucket) is not named: the worker keeps nothing, and the
+client keeps what comes back. Nor does a worker keep into a signed store unless
+its own ``$SOMATIZE_STORE_KEY`` is the store's key — the address carries only the
+key's fingerprint — or when it cannot open the store or write to it: the reply
+then says it kept nothing, and the client keeps the answer, which readers of a
+signed store accept. Either way the answer is the same; only who wrote it differs
+(the ``kept`` fact says ``by`` the worker when the worker did).
 
 **State.** A node that holds state — a frozen encoder's weights — is rebuilt by
 its constructor and then loaded with that state (:meth:`~somatize.node.Node.state_bytes`
@@ -44,15 +56,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from somatize import canonical
 from somatize.catalog import Blueprint, Catalog
 from somatize.codecs import CODECS
 from somatize.node import Context, Node
+from somatize.store import Store, StoreError
 
 from .base import state_mismatch
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
-    from somatize.store import Store
 
 __all__ = ["Host", "Job", "NeedState", "Reply", "crossings", "pack", "unpack"]
 
@@ -80,8 +93,9 @@ class Job:
     keep: bool = False
     """Whether the worker keeps the answer under ``key`` in the shared store."""
     fingerprint: str | None = None
-    store: str | None = None
-    """Where the shared store is (a directory), for a worker that opens it itself."""
+    store: dict[str, Any] | None = None
+    """The shared store's address (:meth:`~somatize.store.Store.address`), for the worker to
+    open it itself; None when there is no store or it has no address."""
     state: str | None = None
     """For a node that holds state: the digest of the state it must hold (the graph's)."""
 
@@ -114,10 +128,12 @@ def job_for(
     ctx: Context,
     *,
     keep: bool,
-    store: str | None = None,
 ) -> tuple[Job, list[bytes]]:
     """The job that sends ``node`` with ``inputs`` to ``worker``, and the inputs' bytes
-    (each through its codec; an input with none fails, naming its edge)."""
+    (each through its codec; an input with none fails, naming its edge). It names the
+    store of ``ctx`` by its address, and asks the worker to keep the answer (``keep``)
+    only when there is one."""
+    address = ctx.store.address() if ctx.store is not None else None
     packed = [
         pack(value, where)
         for value, where in zip(inputs, edge_names(graph, node, worker), strict=True)
@@ -130,9 +146,9 @@ def job_for(
         worker=worker,
         codecs=[codec for codec, _ in packed],
         readers=list(graph.successors(node)),
-        keep=keep,
+        keep=keep and address is not None,
         fingerprint=graph.memory.fingerprint_of(node),
-        store=store,
+        store=address,
         state=held_state(graph, node),
     )
     return job, [data for _, data in packed]
@@ -211,7 +227,8 @@ class Host:
         self._nodes: dict[tuple[bytes, str | None], Node] = {}
         self._held: dict[tuple[bytes, str], str] = {}
         """(blueprint, node name) → the state loaded for it last."""
-        self._stores: dict[str, Store] = {}
+        self._stores: dict[bytes, Store] = {}
+        """The canonical bytes of an address → the store opened from it."""
 
     def node(
         self,
@@ -251,33 +268,35 @@ class Host:
         if before not in {held for (b, _), held in self._held.items() if b == blueprint}:
             self._nodes.pop((blueprint, before), None)
 
-    def open(self, address: str) -> Store:
-        """The shared store at ``address``, opened once."""
-        found = self._stores.get(address)
+    def open(self, address: dict[str, Any]) -> Store | None:
+        """The shared store at ``address``, opened once; None when this host cannot open it
+        (a signed store whose key this process lacks, a bucket it cannot reach), which is
+        tried again on the next job."""
+        named = canonical.encode(address, "a store's address")
+        found = self._stores.get(named)
         if found is None:
-            from somatize.store import LocalStore
-
-            found = self._stores[address] = LocalStore(address)
+            try:
+                found = Store.from_address(address)
+            except StoreError:
+                return None
+            self._stores[named] = found
         return found
 
     def run(
         self,
         job: Job,
         payloads: Sequence[Buffer],
-        store: Store | None = None,
         state: Buffer | None = None,
     ) -> Reply | NeedState:
-        """Runs ``job`` on inputs ``payloads``; ``store`` is the shared store when the
-        caller already holds it (otherwise the job's address is opened). For a node that
-        holds a state this host has not loaded, :class:`NeedState` when ``state`` (its
-        bytes) is not given."""
+        """Runs ``job`` on inputs ``payloads``, in the store the job names (opened here). For
+        a node that holds a state this host has not loaded, :class:`NeedState` when
+        ``state`` (its bytes) is not given."""
         node = self.node(job.blueprint, job.state, state, name=job.name)
         if node is None:
             assert job.state is not None
             return NeedState(job.state)
         inputs = [unpack(codec, data) for codec, data in zip(job.codecs, payloads, strict=True)]
-        if store is None and job.store is not None:
-            store = self.open(job.store)
+        store = self.open(job.store) if job.store is not None else None
         ctx = Context(name=job.name, key=job.key, keys=job.keys, worker=self.worker, store=store)
         start = time.perf_counter_ns()
         value = node.forward(*inputs, ctx)
@@ -291,5 +310,8 @@ class Host:
         codec, data = pack(value, where)
         kept = None
         if job.keep and job.key is not None and store is not None:
-            kept = store.keep(job.key, data, codec, job.fingerprint).size
+            try:
+                kept = store.keep(job.key, data, codec, job.fingerprint).size
+            except StoreError:
+                kept = None  # nothing half-written is visible; the client keeps it instead
         return Reply(codec, data, took, kept)

@@ -16,11 +16,15 @@ store (``ray.put``) and sends the job again with them; from then on the actor
 holds the node loaded and jobs carry only the digest. A retry on a fresh actor
 hands it the same object.
 
-The store is shared: when the graph runs with a local store on a cluster that is
-this machine, a worker opens the same directory and keeps the answer of a
-cached node it ran itself, so a second forward from any client recalls what any
-worker kept. (With a store the workers cannot open — a bucket whose options only
-the client holds — the client keeps what comes back; the answer is the same.)
+The store is shared: a job names the forward's store by its address — a bucket's
+URL and storage options, or a local directory when the cluster is one machine —
+and the actor opens it there and keeps the answer of a cached node it ran itself,
+so a second forward from any client recalls what any worker kept. A signed store
+is opened only by an actor whose own ``$SOMATIZE_STORE_KEY`` is the store's key
+(the key never crosses; its fingerprint does). With a store an actor cannot open
+— no address (a live filesystem object in its options, a ``memory://`` bucket),
+no matching key, a bucket it cannot reach — the client keeps what comes back; the
+answer is the same.
 
 A worker that dies while it runs a node (killed, out of memory, its machine
 gone) is reported as :class:`~somatize.broker.WorkerLost`, naming the node and
@@ -57,7 +61,6 @@ from .worker import BadWorker, Worker
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
-    from somatize.store import Store
 
 __all__ = ["RayBroker"]
 
@@ -133,15 +136,6 @@ class _Actor:
 
     def pid(self) -> int:
         return os.getpid()
-
-
-def _address(store: Store | None) -> str | None:
-    """Where a worker on this machine opens ``store`` itself, or None if it cannot."""
-    from somatize.store import LocalStore
-
-    if isinstance(store, LocalStore):
-        return str(store.root.resolve())
-    return None
 
 
 class RayBroker(Broker):
@@ -243,17 +237,7 @@ class RayBroker(Broker):
         ray = _ray()
         start = time.perf_counter_ns()
         blueprint = self._blueprint(graph, node)
-        address = _address(ctx.store)
-        job, sent = job_for(
-            graph,
-            node,
-            worker,
-            blueprint,
-            inputs,
-            ctx,
-            keep=keep and address is not None,
-            store=address,
-        )
+        job, sent = job_for(graph, node, worker, blueprint, inputs, ctx, keep=keep)
         payloads = [ray.put(data) if len(data) > _INLINE else data for data in sent]
         reply: Reply | NeedState | _Failure | None = None
         state: Any = None

@@ -7,6 +7,7 @@ homes share one interface: a local directory (``Store(path)``) and a bucket
 
 from somatize.store.base import (
     Answer,
+    BadAddress,
     BadName,
     Corrupt,
     Missing,
@@ -18,17 +19,19 @@ from somatize.store.base import (
 )
 from somatize.store.bucket import BucketStore
 from somatize.store.local import LocalStore
-from somatize.store.records import KEY_VARIABLE, Unsigned
+from somatize.store.records import KEY_VARIABLE, KeyMismatch, Unsigned
 from somatize.store.upkeep import Collected, Damage, Verified
 
 __all__ = [
     "KEY_VARIABLE",
     "Answer",
+    "BadAddress",
     "BadName",
     "BucketStore",
     "Collected",
     "Corrupt",
     "Damage",
+    "KeyMismatch",
     "LocalStore",
     "Missing",
     "NameNotFound",

@@ -17,6 +17,20 @@ Contracts:
   writers of the same thing a non-event;
 - names never escape the store (no absolute paths, no ``..``, no control
   characters).
+
+**Addresses.** A store's *address* (:meth:`Store.address`) is what another
+process — a worker of a broker — opens the same store from
+(:meth:`Store.from_address`): a small dict of canonical values, such as
+``{"home": "local", "root": "/shared/features", "durable": False, "signed": None}``
+or a bucket's URL and the storage options it was opened with. It is never more
+than that: a read-through cache in front of a bucket is a directory of this
+process and stays out, and a signing key never appears — only its fingerprint
+(``"signed"``), so the process opening the store signs with the key in its own
+``$SOMATIZE_STORE_KEY`` and refuses to open it without that key
+(:class:`~somatize.store.records.KeyMismatch`), since readers would refuse what it
+wrote. A store with no such description has no address (None): one opened with
+options that are live objects, or a ``memory://`` bucket, which lives in this
+process alone.
 """
 
 from __future__ import annotations
@@ -27,7 +41,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Answer",
+    "BadAddress",
     "BadName",
     "Corrupt",
     "Missing",
@@ -69,6 +84,10 @@ class NameNotFound(StoreError, KeyError):
 
 class BadName(StoreError, ValueError):
     """A name or digest that is not allowed: it could escape the store or collide."""
+
+
+class BadAddress(StoreError, ValueError):
+    """An address that does not describe a store (see :meth:`Store.address`)."""
 
 
 class Missing(StoreError, KeyError):
@@ -206,6 +225,47 @@ class Store(abc.ABC):
         from somatize.store.bucket import BucketStore
 
         return BucketStore(url, cache=cache, signing_key=signing_key, **storage_options)
+
+    # -- address ------------------------------------------------------------------------------
+
+    def address(self) -> dict[str, Any] | None:
+        """What another process opens this same store from with :meth:`from_address`:
+        canonical values only, never a signing key (see the module docstring); None for a
+        store that cannot be described so."""
+        return None
+
+    @staticmethod
+    def from_address(address: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Store:
+        """The store ``address`` describes, opened here. A signed one is opened with the key in
+        ``environ``'s ``$SOMATIZE_STORE_KEY``, and only when it is the store's key
+        (:class:`~somatize.store.records.KeyMismatch` otherwise); an unsigned one does not
+        sign, whatever ``environ`` says."""
+        from somatize import canonical
+        from somatize.store.records import signer_matching
+
+        if not isinstance(address, Mapping) or not canonical.is_canonical(dict(address)):
+            raise BadAddress(
+                "a store's address is a dict of canonical values, as `store.address()` "
+                f"returns, got a `{type(address).__name__}` that is not one"
+            )
+        signed = address.get("signed")
+        if signed is not None and not isinstance(signed, str):
+            raise BadAddress(f"`signed` in a store's address is a key fingerprint, got {signed!r}")
+        where = address.get("root", address.get("url"))
+        signer = signer_matching(signed, str(where), environ)
+        home = address.get("home")
+        if home == "local":
+            from somatize.store.local import LocalStore
+
+            return LocalStore._reopen(address, signer)
+        if home == "bucket":
+            from somatize.store.bucket import BucketStore
+
+            return BucketStore._reopen(address, signer)
+        raise BadAddress(
+            f"a store's address names its home, `local` or `bucket`, got {home!r}; make "
+            "addresses with `store.address()`"
+        )
 
     # -- blobs --------------------------------------------------------------------------------
 

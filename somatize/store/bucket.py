@@ -33,13 +33,15 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
+from somatize import canonical
 from somatize.store._packed import PackedHome, digest_of, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     Answer,
+    BadAddress,
     Buffer,
     Corrupt,
     Missing,
@@ -140,9 +142,13 @@ class BucketStore(PackedHome):
             ) from why
         self.root = str(root).rstrip("/")
         protocol = self.fs.protocol
-        self._atomic = not (
-            set((protocol,) if isinstance(protocol, str) else protocol) & {"file", "local"}
-        )
+        self._protocols = set((protocol,) if isinstance(protocol, str) else protocol)
+        self._atomic = not self._protocols & {"file", "local"}
+        if not self._atomic:  # writes go through tmp/, which a fresh directory lacks
+            try:
+                self.fs.makedirs(self._path("tmp", ""), exist_ok=True)
+            except OSError as why:
+                raise StoreError(f"cannot use {url} as a store: {why}") from why
         self.signer: Signer | None = signer_from(signing_key)
         self.retries = retries
         self.backoff = backoff
@@ -155,6 +161,49 @@ class BucketStore(PackedHome):
 
     def __repr__(self) -> str:
         return f"Store.on_bucket({self.url!r})"
+
+    # -- address ------------------------------------------------------------------------------
+
+    def address(self) -> dict[str, Any] | None:
+        """The URL, the storage options, how requests are retried, and the fingerprint of the
+        signing key — not the ``cache``, a directory of this process. None when the options
+        are not canonical values (a live filesystem or session object) or the bucket is
+        ``memory://``, which lives in this process alone."""
+        if "memory" in self._protocols:
+            return None
+        options = dict(self.storage_options)
+        if not canonical.is_canonical(options):
+            return None
+        return {
+            "home": "bucket",
+            "url": self.url,
+            "options": options,
+            "retries": self.retries,
+            "backoff": self.backoff,
+            "signed": None if self.signer is None else self.signer.fingerprint,
+        }
+
+    @classmethod
+    def _reopen(cls, address: Mapping[str, Any], signer: Signer | None) -> BucketStore:
+        """The bucket store at ``address``, with no cache in front, signing with ``signer``
+        (None: unsigned)."""
+        url, options = address.get("url"), address.get("options", {})
+        retries, backoff = address.get("retries", 5), address.get("backoff", 0.05)
+        if (
+            not isinstance(url, str)
+            or "://" not in url
+            or not isinstance(options, dict)
+            or not isinstance(retries, int)
+            or not isinstance(backoff, (int, float))
+        ):
+            raise BadAddress(
+                "a bucket store's address holds its `url` (with a `://`), its storage "
+                "`options` as a dict, `retries` as an int and `backoff` in seconds; make it "
+                "with `store.address()`"
+            )
+        store = cls(url, signing_key=signer, retries=retries, backoff=backoff, **options)
+        store.signer = signer  # None means unsigned here, not the environment's key
+        return store
 
     # -- requests -----------------------------------------------------------------------------
 

@@ -37,14 +37,16 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import blake3
 
 from somatize.store._packed import PackedHome, digest_of, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     Answer,
+    BadAddress,
     Buffer,
     Corrupt,
     Missing,
@@ -119,6 +121,32 @@ class LocalStore(PackedHome):
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
+
+    # -- address ------------------------------------------------------------------------------
+
+    def address(self) -> dict[str, Any]:
+        """The directory (resolved), whether publishes are fsynced, and the fingerprint of
+        the signing key: another process on a machine that sees the same directory opens
+        this store from it (:meth:`Store.from_address`)."""
+        return {
+            "home": "local",
+            "root": str(self.root.resolve()),
+            "durable": self.durable,
+            "signed": None if self.signer is None else self.signer.fingerprint,
+        }
+
+    @classmethod
+    def _reopen(cls, address: Mapping[str, Any], signer: Signer | None) -> LocalStore:
+        """The store at ``address`` (a local one), signing with ``signer`` (None: unsigned)."""
+        root, durable = address.get("root"), address.get("durable", False)
+        if not isinstance(root, str) or not os.path.isabs(root) or not isinstance(durable, bool):
+            raise BadAddress(
+                "a local store's address holds its directory as an absolute path (`root`) and "
+                f"`durable` as a bool, got root={root!r}, durable={durable!r}"
+            )
+        store = cls(root, durable=durable, signing_key=signer)
+        store.signer = signer  # None means unsigned here, not the environment's key
+        return store
 
     # -- paths ------------------------------------------------------------------------------
 

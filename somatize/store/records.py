@@ -24,6 +24,13 @@ and indexes carry an HMAC-SHA256 of their bytes, and a reader refuses any that
 lacks a valid one (:class:`Unsigned`, a kind of :class:`Corrupt`: a miss that is
 recomputed, never an answer handed over). Blobs need no signature: a signed
 record names the blob by its digest, and the blob is checked against it.
+
+The key itself never leaves the process that holds it. What another process is
+told about it (a store's address, :meth:`Store.address`) is its **fingerprint**:
+the hash of an HMAC of a fixed label under the key, which says whether two keys
+are the same and nothing else — a process with the same key in its own
+``SOMATIZE_STORE_KEY`` finds the same fingerprint (:func:`signer_matching`); one
+without it cannot sign, so it does not open the store (:class:`KeyMismatch`).
 """
 
 from __future__ import annotations
@@ -40,10 +47,18 @@ from typing import Protocol
 
 import blake3
 
-from somatize.store.base import RECORD_VERSION, Answer, Buffer, Corrupt, check_digest
+from somatize.store.base import (
+    RECORD_VERSION,
+    Answer,
+    Buffer,
+    Corrupt,
+    StoreError,
+    check_digest,
+)
 
 __all__ = [
     "KEY_VARIABLE",
+    "KeyMismatch",
     "PackIndex",
     "Signer",
     "Unsigned",
@@ -55,6 +70,7 @@ __all__ = [
     "encode_record",
     "keep_packed",
     "signer_from",
+    "signer_matching",
 ]
 
 PACK_ITEM_BELOW = 1 << 20
@@ -70,11 +86,19 @@ PACK_VERSION = 1
 _ENTRY = struct.Struct(">32sQQ")
 _MAC = b"\nmac:"
 _MAC_BYTES = 32
+_FINGERPRINT = b"somatize: the fingerprint of a store signing key\n"
+"""What the fingerprint is an HMAC of. It ends in a line break no record, name or index
+body does, and the fingerprint is a hash of that HMAC, so it signs nothing a store holds."""
 
 
 class Unsigned(Corrupt):
     """A record, name or index without a valid signature, in a store that signs: nobody
     holding the key wrote it, so it is not trusted."""
+
+
+class KeyMismatch(StoreError):
+    """A signed store opened from its address by a process without its signing key: it
+    could read, but anything it wrote would be refused, so it does not open the store."""
 
 
 class Signer:
@@ -99,6 +123,12 @@ class Signer:
         """Whether ``mac`` is the signature of ``data``."""
         return hmac.compare_digest(self.mac(data), mac)
 
+    @property
+    def fingerprint(self) -> str:
+        """Hex that is the same for the same key and tells nothing about it: what a store's
+        address carries instead of the key."""
+        return hashlib.sha256(self.mac(_FINGERPRINT)).hexdigest()
+
     def __repr__(self) -> str:
         return "Signer(<secret>)"
 
@@ -113,6 +143,33 @@ def signer_from(
     if key is None:
         key = environ.get(KEY_VARIABLE) or None
     return Signer(key) if key is not None else None
+
+
+def signer_matching(
+    fingerprint: str | None, where: str, environ: Mapping[str, str] = os.environ
+) -> Signer | None:
+    """The signer this process opens the store at ``where`` with, when its signing key has
+    ``fingerprint``: None when the store does not sign (whatever ``$SOMATIZE_STORE_KEY``
+    says here); the signer of ``$SOMATIZE_STORE_KEY`` when its fingerprint is the same.
+    :class:`KeyMismatch` when this process holds no such key, so it cannot write what the
+    store's readers accept."""
+    if fingerprint is None:
+        return None
+    mine = signer_from(None, environ)
+    if mine is None:
+        raise KeyMismatch(
+            f"the store at {where} signs its records, and {KEY_VARIABLE} is not set in this "
+            "process: what it wrote would be refused by the store's readers. Set "
+            f"{KEY_VARIABLE} here to the store's signing key"
+        )
+    if not hmac.compare_digest(mine.fingerprint, fingerprint):
+        raise KeyMismatch(
+            f"the store at {where} signs its records with another key than {KEY_VARIABLE} "
+            f"holds in this process (fingerprint {mine.fingerprint[:12]}…, the store's "
+            f"{fingerprint[:12]}…): what it wrote would be refused by the store's readers. "
+            f"Set {KEY_VARIABLE} here to the store's signing key"
+        )
+    return mine
 
 
 def _sealed(body: bytes, signer: Signer | None) -> bytes:

@@ -1,0 +1,139 @@
+"""A store's address: what another process opens the same store from — canonical values,
+never a signing key, and a store opened from it reaches the same answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import blake3
+import pytest
+
+from somatize import canonical
+from somatize.store import BadAddress, BucketStore, KeyMismatch, LocalStore, Store
+from tests.conftest_s3 import s3_options, s3_url
+
+KEY = "SOMATIZE_STORE_KEY"
+
+
+def key_of(label: str) -> str:
+    return "blake3:" + blake3.blake3(label.encode()).hexdigest()
+
+
+def _meet(one: Store, other: Store) -> None:
+    """What ``one`` keeps ``other`` recalls, and the other way round."""
+    there, back = key_of("there"), key_of("back")
+    one.keep(there, b"kept by one", "plain", "fp")
+    other.keep(back, b"kept by the other", "plain")
+    assert bytes(other.recall(there)[1]) == b"kept by one"
+    assert other.answer(there).fingerprint == "fp"  # type: ignore[union-attr]
+    assert bytes(one.recall(back)[1]) == b"kept by the other"
+
+
+def test_a_local_store_round_trips(tmp_path: Path) -> None:
+    """A local store's address is its resolved directory and `durable`; the store opened
+    from it is the same store, with the same address."""
+    store = LocalStore(tmp_path / "a" / ".." / "store", durable=True)
+    address = store.address()
+    assert address == {
+        "home": "local",
+        "root": str((tmp_path / "store").resolve()),
+        "durable": True,
+        "signed": None,
+    }
+    assert canonical.is_canonical(address)
+    reopened = Store.from_address(address)
+    assert isinstance(reopened, LocalStore) and reopened.durable
+    assert reopened.address() == address
+    _meet(store, reopened)
+
+
+def test_a_bucket_round_trips_without_its_cache(tmp_path: Path) -> None:
+    """A bucket's address is its URL, storage options and retrying — not the client's cache
+    directory; the store opened from it (S3 on loopback) reaches the same answers."""
+    url = s3_url()
+    store = Store.on_bucket(url, cache=tmp_path / "cache", retries=3, **s3_options())
+    address = store.address()
+    assert address == {
+        "home": "bucket",
+        "url": url,
+        "options": s3_options(),
+        "retries": 3,
+        "backoff": 0.05,
+        "signed": None,
+    }
+    assert str(tmp_path) not in repr(address)
+    reopened = Store.from_address(address)  # type: ignore[arg-type]
+    assert isinstance(reopened, BucketStore) and reopened.cache is None
+    assert reopened.retries == 3 and reopened.address() == address
+    _meet(store, reopened)
+
+
+def test_a_file_bucket_round_trips(tmp_path: Path) -> None:
+    """A `file://` bucket reopens from its address as well."""
+    store = Store.on_bucket(f"file://{tmp_path / 'bucket'}")
+    reopened = Store.from_address(store.address())  # type: ignore[arg-type]
+    assert isinstance(reopened, BucketStore)
+    _meet(store, reopened)
+
+
+def test_what_cannot_be_described_has_no_address(tmp_path: Path) -> None:
+    """Options that are live objects, or a `memory://` bucket (it lives in this process
+    alone), leave a store with no address."""
+    assert Store.on_bucket(f"file://{tmp_path / 'bucket'}", session=object()).address() is None
+    assert Store.on_bucket("memory://somatize/address").address() is None
+
+
+def test_a_signed_address_carries_a_fingerprint_never_the_key(tmp_path: Path) -> None:
+    """The address of a signed store names its key by a fingerprint that does not contain
+    the key and differs from another key's."""
+    secret = "the-signing-secret-1234"
+    address = LocalStore(tmp_path / "store", signing_key=secret).address()
+    encoded = canonical.encode(address)
+    assert secret.encode() not in encoded and secret.encode().hex().encode() not in encoded
+    assert isinstance(address["signed"], str) and len(address["signed"]) == 64
+    other = LocalStore(tmp_path / "other", signing_key="another-secret").address()
+    assert other["signed"] != address["signed"]
+    again = LocalStore(tmp_path / "again", signing_key=secret.encode()).address()
+    assert again["signed"] == address["signed"]
+
+
+def test_a_signed_store_opens_only_with_its_key(tmp_path: Path) -> None:
+    """Opened from its address, a signed store signs with the key of the environment, only
+    when it is the store's key: what it keeps the signed store accepts. Without the key,
+    or with another, it is not opened, saying what to set."""
+    store = LocalStore(tmp_path / "store", signing_key="s3cret")
+    address = store.address()
+    reopened = Store.from_address(address, environ={KEY: "s3cret"})
+    assert reopened.signer is not None  # type: ignore[attr-defined]
+    _meet(store, reopened)
+    with pytest.raises(KeyMismatch, match=r"signs its records, and SOMATIZE_STORE_KEY is not set"):
+        Store.from_address(address, environ={})
+    with pytest.raises(KeyMismatch, match=r"with another key than SOMATIZE_STORE_KEY holds"):
+        Store.from_address(address, environ={KEY: "not-it"})
+
+
+def test_an_unsigned_store_opens_unsigned_whatever_the_environment(tmp_path: Path) -> None:
+    """An unsigned store opened where a key is set does not sign: it is the same store."""
+    store = LocalStore(tmp_path / "store", signing_key=None)
+    assert store.signer is None
+    reopened = Store.from_address(store.address(), environ={KEY: "s3cret"})
+    assert isinstance(reopened, LocalStore) and reopened.signer is None
+    reopened.keep(key_of("plain"), b"v", "plain")
+    assert b"mac:" not in reopened.answer_path(key_of("plain")).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("address", "match"),
+    [
+        ("/some/dir", r"dict of canonical values, as `store.address\(\)` returns"),
+        ({"home": "local", "root": object()}, r"dict of canonical values"),
+        ({"home": "tape", "signed": None}, r"names its home, `local` or `bucket`, got 'tape'"),
+        ({"home": "local", "root": "relative/dir"}, r"directory as an absolute path"),
+        ({"home": "bucket", "url": "no-scheme"}, r"its `url` \(with a `://`\)"),
+        ({"home": "local", "root": "/x", "signed": 7}, r"`signed` .* is a key fingerprint"),
+    ],
+)
+def test_a_bad_address_is_refused(address: object, match: str) -> None:
+    """What does not describe a store is refused, saying what an address holds."""
+    with pytest.raises(BadAddress, match=match):
+        Store.from_address(address, environ={})  # type: ignore[arg-type]
