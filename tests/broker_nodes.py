@@ -90,6 +90,13 @@ class Frames(Node):
         return [[float(len(word)) for word in one.split()] for one in frame.column("sms")]
 
 
+class Length(Node):
+    """How many rows a frame brought."""
+
+    def forward(self, frame: Any, ctx: Any) -> int:
+        return len(frame)
+
+
 class Widest(Node):
     """How long the longest message in the batch was (seed 001's Widest)."""
 

@@ -25,7 +25,7 @@ from somatize.broker import (
 )
 from somatize.keys import root_key
 from somatize_torch import ModuleNode, freeze
-from tests.broker_nodes import Encoder, MakesBlob, Nap, Ramp, Where
+from tests.broker_nodes import Encoder, Length, MakesBlob, Nap, Ramp, Where
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
 
 ray = pytest.importorskip("ray", reason="the Ray broker needs ray: pip install 'somatize[ray]'")
@@ -187,6 +187,61 @@ def test_a_module_instance_is_refused_on_ray_before_anything_runs(broker: Any) -
     with pytest.raises(Unbuildable, match=r"`enc` cannot be sent.*ModuleNode\.build\(Encoder"):
         g.forward({"at": 0, "take": 2}, broker=broker)
     assert rows.calls == 0
+
+
+def _numbers_in(store: Store, rows: int) -> str:
+    """``rows`` numbers written as Parquet and bound to `numbers` in ``store``."""
+    import pyarrow
+    import pyarrow.parquet
+
+    sink = pyarrow.BufferOutputStream()
+    pyarrow.parquet.write_table(pyarrow.table({"n": list(range(rows))}), sink)
+    digest = store.put(sink.getvalue().to_pybytes())
+    store.bind("numbers", digest)
+    return digest
+
+
+def _dataset_graph(store: Store) -> Graph:
+    """A Parquet source over `numbers`, cached and settled on `w1`, counted here."""
+    from somatize.data import Parquet, settle
+
+    g = Graph.somatize(
+        Parquet(store, "numbers").named("data").frozen().cached().at("w1")
+        >> Length().named("count")
+    )
+    settle(g)
+    return g
+
+
+def test_a_parquet_source_on_a_ray_worker(broker: Any, store: Store) -> None:
+    """A dataset source crosses to an actor by reference (its store's address, its name, and
+    its version, never rows): the actor reads the rows, answers as here and keeps them,
+    under the key the client computes."""
+    _numbers_in(store, 100)
+    g = _dataset_graph(store)
+    x = {"at": 90, "take": 64}
+    seen: list[dict[str, Any]] = []
+    assert g.forward(x, store=store, broker=broker, watching=seen.append) == g.forward(x) == 10
+    assert _state_crossings(seen) == [len(g.memory.state_of("data") or "")]
+    kept = [f for f in seen if f["fact"] == "kept"]
+    assert [(f["node"], f["by"]) for f in kept] == [("data", "w1")]
+    assert broker.key_on("w1", g, "data", [root_key(x)]) == kept[0]["key"]
+    seen.clear()
+    assert g.forward({"at": 0, "take": 5}, store=store, broker=broker, watching=seen.append) == 5
+    assert _state_crossings(seen) == []
+
+
+def test_a_rebound_dataset_name_is_refused_on_ray(broker: Any, store: Store) -> None:
+    """A name bound to other bytes after the source was built is refused by the actor, which
+    resolves it anew; nothing runs there and nothing is kept."""
+    _numbers_in(store, 100)
+    g = _dataset_graph(store)
+    _numbers_in(store, 30)
+    seen: list[dict[str, Any]] = []
+    with pytest.raises(StateMismatch, match=r"`data` on worker `w1`: `numbers` is bound to "
+                       r"blake3:\w+ in the store at .*rebound"):  # fmt: skip
+        g.forward({"at": 0, "take": 64}, store=store, broker=broker, watching=seen.append)
+    assert not [f for f in seen if f["fact"] in ("ran", "kept")]
 
 
 def test_a_worker_keeps_into_the_shared_store_and_any_client_recalls(

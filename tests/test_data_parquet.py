@@ -12,7 +12,9 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 
-from somatize import Graph, NameNotFound, Node, Store
+from somatize import Graph, NameNotFound, Node, Store, Unbuildable
+from somatize.broker import Broker, StateMismatch, Worker
+from somatize.catalog import blueprint_of
 from somatize.data import (
     DatasetChanged,
     Frame,
@@ -378,3 +380,110 @@ def test_a_remembered_digest_is_dropped_when_the_file_is_replaced(
     os.replace(tmp_path / "new.parquet", path)
     assert ParquetDir(tmp_path / "d").version != first
     assert len(hashed) == 2
+
+
+# ---------------------------------------------------------------- on a network worker
+
+
+def _on_w1(source: Node) -> tuple[Graph, Count]:
+    """``source`` frozen, cached and placed on `w1`, read by a Count here; settled."""
+    count = Count()
+    g = Graph.somatize(
+        source.named("data").frozen().cached().at("w1") >> count.named("count").frozen().cached()
+    )
+    settle(g)
+    return g, count
+
+
+def _network() -> Broker:
+    return Broker.embedded({"w1": Worker.generic(mode="network")})
+
+
+def _kept(facts: list[dict[str, Any]]) -> dict[str, tuple[str, str | None]]:
+    return {f["node"]: (f["key"], f.get("by")) for f in facts if f["fact"] == "kept"}
+
+
+def test_a_parquet_source_crosses_by_reference(tmp_path: Path, store: Store) -> None:
+    """On a network worker the source is rebuilt from its store's address and name, sent only
+    its version, reads the rows there and answers as here, under the same keys."""
+    bound(store, numbers(100), "numbers")
+    source = Parquet(store, "numbers", columns=["n"])
+    g, _ = _on_w1(source)
+    x = {"at": 90, "take": 64}
+    alone: list[dict[str, Any]] = []
+    assert g.forward(x, store=Store(tmp_path / "alone"), watching=alone.append) == 10
+    source.close()
+    seen: list[dict[str, Any]] = []
+    broker = _network()
+    assert g.forward(x, store=store, broker=broker, watching=seen.append) == 10
+    assert source._file is None  # the client's source read nothing: the worker's did
+    assert _kept(seen) == {
+        "data": (_kept(alone)["data"][0], "w1"),
+        "count": (_kept(alone)["count"][0], None),
+    }
+    state = [f["bytes"] for f in seen if f["fact"] == "crossed" and f["way"] == "state"]
+    assert state == [len(source.version)]
+    seen.clear()
+    assert g.forward({"at": 0, "take": 5}, store=store, broker=broker, watching=seen.append) == 5
+    assert not [f for f in seen if f["fact"] == "crossed" and f["way"] == "state"]
+
+
+def test_a_name_rebound_after_settling_is_refused_on_a_worker(tmp_path: Path, store: Store) -> None:
+    """The worker resolves the name anew; bound to other bytes since the source was built, it
+    is refused (StateMismatch) and nothing is kept, where the graph itself still reads the
+    version it was built at. Built again and settled, the source reads the new version."""
+    old = bound(store, numbers(100), "numbers")
+    g, _ = _on_w1(Parquet(store, "numbers"))
+    new = bound(store, numbers(30), "numbers")
+    x = {"at": 0, "take": 64}
+    broker = _network()
+    seen: list[dict[str, Any]] = []
+    refused = rf"`data` on worker `w1`: `numbers` is bound to {new} in the store at .*, and the "
+    refused += rf"graph is settled at {old}.*rebound.*Nothing ran.*somatize\.data\.settle\(g\)"
+    with pytest.raises(StateMismatch, match=refused):
+        g.forward(x, store=store, broker=broker, watching=seen.append)
+    assert not [f for f in seen if f["fact"] in ("ran", "kept")]
+    assert not broker._hosts["w1"]._nodes
+    alone: list[dict[str, Any]] = []
+    assert g.forward(x, store=Store(tmp_path / "alone"), watching=alone.append) == 64
+    assert not store.have(key for key, _ in _kept(alone).values())
+    again, _ = _on_w1(Parquet(store, "numbers"))
+    assert again.forward(x, store=store, broker=broker) == 30
+
+
+def test_a_store_no_worker_can_open_is_refused_before_anything_runs() -> None:
+    """A `memory://` bucket has no address: the source is refused, saying why and what to do,
+    and nothing runs."""
+    bucket = Store.on_bucket("memory://somatize/parquet-on-a-worker")
+    bound(bucket, numbers(10), "numbers")
+    g, count = _on_w1(Parquet(bucket, "numbers"))
+    seen: list[dict[str, Any]] = []
+    refused = r"`data` cannot be sent to worker `w1`.*`BucketStore` that has no address.*"
+    refused += r"`memory://` bucket.*local directory.*mode=\"local\".*Nothing has run"
+    with pytest.raises(Unbuildable, match=refused):
+        g.forward({"at": 0, "take": 5}, broker=_network(), watching=seen.append)
+    assert seen == [] and count.calls == 0
+    local = Broker.embedded({"w1": Worker.generic(mode="local")})
+    assert g.forward({"at": 0, "take": 5}, broker=local) == 5
+
+
+def test_a_parquet_dir_crosses_by_its_absolute_path(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ParquetDir named by a relative path is rebuilt from the absolute one, answers as
+    here on a network worker, and is refused there once its files changed."""
+    write_dir(tmp_path / "parts", [numbers(60), numbers(40, 60)])
+    monkeypatch.chdir(tmp_path)
+    source = ParquetDir("parts")
+    assert blueprint_of(source).args == (str(tmp_path / "parts"),)
+    g, _ = _on_w1(source)
+    x = {"at": 50, "take": 64}
+    broker = _network()
+    assert g.forward(x, store=store, broker=broker) == g.forward(x) == 50
+    changed, _ = _on_w1(ParquetDir(tmp_path / "parts", columns=["n"]))
+    settled = changed.memory.state_of("data")
+    write_dir(tmp_path / "parts", [numbers(60), numbers(41, 60)])
+    refused = r"`data` on worker `w1`: the files under .*parts', as this worker finds them, "
+    refused += rf"are at version blake3:\w+, and the graph is settled at {settled}.*changed"
+    with pytest.raises(StateMismatch, match=refused):
+        changed.forward(x, store=store, broker=broker)

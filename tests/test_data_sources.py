@@ -7,7 +7,8 @@ from typing import Any
 import pyarrow
 import pytest
 
-from somatize import Graph, Node, NotSettled, Store, Unsettled
+from somatize import Graph, Node, NotSettled, Store, Unbuildable, Unsettled
+from somatize.broker import Broker, Worker
 from somatize.data import (
     BadCoordinate,
     Frame,
@@ -74,6 +75,24 @@ def test_a_table_source_is_settled_and_cached(store: Store) -> None:
     assert g.forward({"at": 96, "take": 8}, store=store) == 4
     assert g.forward({"at": 96, "take": 8}, store=store) == 4
     assert count.calls == 1
+
+
+def test_a_table_is_refused_on_a_network_worker_saying_why() -> None:
+    """A table in memory has nothing another process could rebuild it from: refused before
+    anything runs, saying to put it in a store and read it with Parquet; a local worker
+    runs it."""
+    count = Count()
+    g = Graph.somatize(Table(_numbers(10)).named("t").frozen().at("w1") >> count.named("c"))
+    settle(g)
+    network = Broker.embedded({"w1": Worker.generic(mode="network")})
+    seen: list[dict[str, Any]] = []
+    refused = r"`t` cannot be sent to worker `w1`.*Arrow table in this process's memory.*"
+    refused += r"nothing to rebuild it from.*`Parquet\(store, name\)`.*mode=\"local\""
+    with pytest.raises(Unbuildable, match=refused):
+        g.forward({"at": 0, "take": 4}, broker=network, watching=seen.append)
+    assert seen == [] and count.calls == 0
+    local = Broker.embedded({"w1": Worker.generic(mode="local")})
+    assert g.forward({"at": 0, "take": 4}, broker=local) == 4
 
 
 # ---------------------------------------------------------------- Stream

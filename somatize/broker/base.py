@@ -241,6 +241,14 @@ class Broker(abc.ABC):
         for node, worker in placed:
             if not self.workers[worker].crosses:
                 continue
+            try:
+                blueprint = blueprint_of(graph.node(node), node)
+                self._admit(blueprint)
+            except Unbuildable as why:
+                raise Unbuildable(
+                    f"`{node}` cannot be sent to worker `{worker}`, which rebuilds what it runs: "
+                    f"{why}. Nothing has run"
+                ) from None
             holds = graph.holds_state(node)
             if holds and not state_crosses(graph.node(node)):
                 raise Unbuildable(
@@ -250,14 +258,6 @@ class Broker(abc.ABC):
                     'run. Place it on a `Worker.generic(mode="local")` worker or leave it '
                     "where the graph is called"
                 )
-            try:
-                blueprint = blueprint_of(graph.node(node), node)
-                self._admit(blueprint)
-            except Unbuildable as why:
-                raise Unbuildable(
-                    f"`{node}` cannot be sent to worker `{worker}`, which rebuilds what it runs: "
-                    f"{why}. Nothing has run"
-                ) from None
             if holds and graph.memory.state_of(node) is None:
                 raise Unbuildable(
                     f"`{node}` ({graph.kind_of(node)}) is placed on network worker `{worker}`, "

@@ -42,7 +42,10 @@ The state is asked for rather than shipped through the shared store by digest
 because a forward may have no store, or one only the client can open (a bucket
 whose options the workers lack), and weights are not answers: no key names them,
 and a store holds answers. Asking costs one round trip per worker and state, and
-needs nothing but the worker itself.
+needs nothing but the worker itself. A state may be a reference: a dataset
+source hands over only its version, and the source rebuilt here reads the rows
+itself and refuses (``StateMismatch``, from its ``load_state``) when it finds
+another version (:mod:`somatize.data.parquet`).
 
 The helpers here (:func:`pack`, :func:`unpack`, :func:`crossings`) are the one
 definition of how a value crosses, shared by both sides.
@@ -62,7 +65,7 @@ from somatize.codecs import CODECS
 from somatize.node import Context, Node
 from somatize.store import Store, StoreError
 
-from .base import state_mismatch
+from .base import StateMismatch, state_mismatch
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -249,7 +252,10 @@ class Host:
             found = self.catalog.build(Blueprint.from_bytes(blueprint))
             if state is not None:
                 assert data is not None
-                loaded = found.load_state(memoryview(data))
+                try:
+                    loaded = found.load_state(memoryview(data))
+                except StateMismatch as why:
+                    raise StateMismatch(f"`{name}` on worker `{self.worker}`: {why}") from None
                 if loaded != state:
                     raise state_mismatch(name, self.worker, loaded, state)
                 found._smz.state = loaded

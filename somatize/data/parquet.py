@@ -27,6 +27,16 @@ path order, for data that does not live in a store. Its version is worked out
 from the files' names, sizes and content digests, so any changed byte changes
 it; a file that changes after that is refused rather than read under the old
 version.
+
+**On a network worker** (``.frozen().at("w1")``, settled), a source crosses by
+reference. The worker rebuilds it from where its bytes are found — a
+``Parquet`` from its store's address (:meth:`~somatize.store.Store.address`) and
+the name, resolved there anew; a ``ParquetDir`` from its absolute path — and is
+sent only the version the client's source was built at, never rows. The version
+the worker finds must be that one (:class:`~somatize.broker.StateMismatch`
+otherwise: a name rebound since, files changed), so a worker never reads another
+version than the key names. A store with no address (a ``memory://`` bucket) is
+one no worker can open, and such a source is refused before anything runs.
 """
 
 from __future__ import annotations
@@ -46,6 +56,8 @@ import pyarrow
 import pyarrow.parquet
 
 from somatize import canonical
+from somatize.broker import StateMismatch
+from somatize.catalog import Unbuildable, identity_of
 from somatize.data.coordinate import span_of
 from somatize.data.errors import DataError
 from somatize.data.frame import Frame, UnknownColumn
@@ -162,6 +174,24 @@ class _Versioned(Node):
         """Its version, for ``somatize.data.settle``."""
         return self.version
 
+    def state_bytes(self) -> bytes:
+        """Its version: a worker rebuilds the source by reference and reads the dataset
+        itself, so no rows cross."""
+        return self.version.encode()
+
+    def load_state(self, data: memoryview) -> str:
+        """Checks that this source, rebuilt on a worker, found the version the client's was
+        built at (the bytes :meth:`state_bytes` wrote), and answers it;
+        :class:`~somatize.broker.StateMismatch` when it found another."""
+        sent = bytes(data).decode("ascii", "replace")
+        if sent != self.version:
+            raise StateMismatch(self._moved(sent))
+        return self.version
+
+    def _moved(self, sent: str) -> str:
+        """Why this source, rebuilt here at its own version, is not at ``sent``."""
+        raise NotImplementedError
+
 
 class Parquet(_Versioned):
     """A Parquet dataset bound to ``name`` in ``store``, handed ``{"at": i, "take": n}``
@@ -185,6 +215,55 @@ class Parquet(_Versioned):
         self._file: _File | None = None
         self._handle: Any = None
         self._opening = threading.Lock()
+
+    @classmethod
+    def reopened(
+        cls,
+        kind: type[Parquet],
+        address: dict[str, Any],
+        name: str,
+        columns: list[str] | None = None,
+    ) -> Parquet:
+        """The source a worker rebuilds from :meth:`recipe`: a ``kind`` (the class the
+        source's identity names) over the store opened from ``address``
+        (:meth:`~somatize.store.Store.from_address`), with ``name`` resolved there."""
+        if not (isinstance(kind, type) and issubclass(kind, Parquet)):
+            raise TypeError(f"Parquet.reopened builds a Parquet source, not a `{kind!r}`")
+        return kind(Store.from_address(address), name, columns)
+
+    def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
+        """Rebuilt from its store's address and the name (:meth:`reopened`); Unbuildable
+        when the store has no address another process could open it from."""
+        address = self.store.address()
+        if address is None:
+            raise Unbuildable(
+                f"it reads `{self.dataset}` from a `{type(self.store).__name__}` that has no "
+                "address another process could open it from (a `memory://` bucket lives in "
+                "this process alone; a bucket opened with live objects in its options cannot "
+                "be described), so the worker could not read the dataset. Keep the dataset in "
+                "a local directory (`Store(path)`) or a bucket opened with plain options, or "
+                'place the source on a `Worker.generic(mode="local")` worker'
+            )
+        maker = identity_of(type(self))
+        if maker is None:
+            raise Unbuildable(
+                f"`{type(self).__qualname__}` is defined inside a function, so no other "
+                "process can find it. Define it at module level"
+            )
+        return f"{maker}.reopened", (address, self.dataset), {"columns": self.columns}
+
+    def _moved(self, sent: str) -> str:
+        address = self.store.address() or {}
+        where = address.get("root", address.get("url", type(self.store).__name__))
+        return (
+            f"`{self.dataset}` is bound to {self.version} in the store at {where}, and the "
+            f"graph is settled at {sent}, the version the source was built at: the name was "
+            "rebound to other bytes since, so reading it here would answer from a version the "
+            "key does not name. Nothing ran and nothing was kept. Build the source again "
+            f"(`Parquet(store, {self.dataset!r})`) and settle the graph "
+            "(`somatize.data.settle(g)`) to read the new version, or run the source where the "
+            "graph is called, which reads the version it was built at"
+        )
 
     def count_rows(self) -> int:
         """How many rows the dataset has, from its footer (the rows are not read)."""
@@ -306,6 +385,7 @@ class ParquetDir(_Versioned):
                 "files; for one file, put it in a store and use `Parquet(store, name)`"
             )
         self.root = root
+        self._absolute = root.absolute()
         self.columns = _columns_of(columns)
         found = sorted(
             one
@@ -331,6 +411,21 @@ class ParquetDir(_Versioned):
         self._starts: list[int] = []
         self._handles: list[Any] = []
         self._opening = threading.Lock()
+
+    def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
+        """Rebuilt from its absolute path, on a worker that sees the same files (this
+        machine, or a shared filesystem)."""
+        return None, (str(self._absolute),), {"columns": self.columns}
+
+    def _moved(self, sent: str) -> str:
+        return (
+            f"the files under {str(self._absolute)!r}, as this worker finds them, are at "
+            f"version {self.version}, and the graph is settled at {sent}, the version of the "
+            "files the source was built from: they changed since, or the worker sees other "
+            "files at that path. Nothing ran and nothing was kept. After changing the files, "
+            "build the `ParquetDir` again and settle the graph (`somatize.data.settle(g)`); "
+            "give the workers the same files (this machine, or a shared filesystem)"
+        )
 
     def count_rows(self) -> int:
         """How many rows the files hold together, from their footers."""

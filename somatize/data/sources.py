@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow
 
+from somatize.catalog import Unbuildable
 from somatize.data.codec import ArrowCodec
 from somatize.data.coordinate import NotACoordinate, span_of
 from somatize.data.errors import DataError
@@ -63,6 +64,16 @@ class Table(Node):
     def settled_state(self) -> str:
         """Its version, for ``somatize.data.settle``."""
         return self.version
+
+    def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
+        """None: a table in memory has nothing another process could rebuild it from."""
+        raise Unbuildable(
+            "it holds an Arrow table in this process's memory, and another process has "
+            "nothing to rebuild it from. Write the table as Parquet into a store the worker "
+            "can open (`store.bind(name, store.put(parquet_bytes))`) and read it with "
+            '`Parquet(store, name)`, or place the source on a `Worker.generic(mode="local")` '
+            "worker"
+        )
 
     def count_rows(self) -> int:
         """How many rows the table has."""
