@@ -101,6 +101,8 @@ class LocalStore(PackedHome):
     ) -> None:
         self.root = Path(path).expanduser()
         self.durable = durable
+        self._resolved: str | None = None
+        """The root, resolved the first time an address was asked for (once, not per job)."""
         self.signer: Signer | None = signer_from(signing_key)
         try:
             for part in ("blobs", "names", "answers", "packs", "tmp"):
@@ -128,9 +130,11 @@ class LocalStore(PackedHome):
         """The directory (resolved), whether publishes are fsynced, and the fingerprint of
         the signing key: another process on a machine that sees the same directory opens
         this store from it (:meth:`Store.from_address`)."""
+        if self._resolved is None:
+            self._resolved = str(self.root.resolve())
         return {
             "home": "local",
-            "root": str(self.root.resolve()),
+            "root": self._resolved,
             "durable": self.durable,
             "signed": None if self.signer is None else self.signer.fingerprint,
         }
