@@ -234,10 +234,12 @@ def test_full_disk_is_a_clear_error(tiny_disk: Path) -> None:
     assert fresh.have([small, key_of("big")]) == {small}
 
 
+@pytest.mark.parametrize("size", [5000, 17 << 20], ids=["small", "hashed-while-written"])
 def test_simulated_full_disk_is_a_clear_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
-    """A write that fails with ENOSPC midway raises StoreFull and leaves the store as it was."""
+    """A write that fails with ENOSPC midway raises StoreFull and leaves the store as it was
+    (a large blob, hashed while it is written, too)."""
     store = LocalStore(tmp_path / "store")
     small = key_of("small")
     store.keep(small, b"s" * 1000, "plain")
@@ -248,10 +250,22 @@ def test_simulated_full_disk_is_a_clear_error(
 
     monkeypatch.setattr(os, "replace", refuse)
     with pytest.raises(StoreFull, match="store is as it was"):
-        store.keep(key_of("big"), b"b" * 5000, "plain")
+        store.keep(key_of("big"), b"b" * size, "plain")
     monkeypatch.setattr(os, "replace", real)
     assert not list((tmp_path / "store" / "tmp").iterdir())
     assert LocalStore(tmp_path / "store").have([small, key_of("big")]) == {small}
+
+
+def test_a_large_blob_hashed_while_written_is_named_by_its_content(tmp_path: Path) -> None:
+    """A blob large enough to be hashed while it is written gets the digest of its bytes,
+    reads back whole, and kept again leaves nothing behind in ``tmp/``."""
+    data = os.urandom(1 << 10) * (17 << 10)  # 17 MiB
+    store = LocalStore(tmp_path / "store")
+    digest = store.put(data)
+    assert digest == "blake3:" + blake3.blake3(data).hexdigest()
+    assert store.put([data[:5], data[5:]]) == digest  # here already: the write is dropped
+    assert not list((tmp_path / "store" / "tmp").iterdir())
+    assert bytes(LocalStore(tmp_path / "store").get(digest)) == data
 
 
 # -- names and signatures ----------------------------------------------------------------------

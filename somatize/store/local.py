@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import io
 import mmap
 import os
@@ -38,6 +39,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,14 @@ __all__ = ["LocalStore"]
 
 _MAP_ABOVE = 1 << 16
 """Blobs larger than this are memory-mapped rather than read."""
+_OVERLAP = 16 << 20
+"""Blobs this large are hashed while they are written, not before."""
+
+
+@functools.cache
+def _hashers() -> ThreadPoolExecutor:
+    """A thread that hashes large blobs while they are written, made on first use."""
+    return ThreadPoolExecutor(1, thread_name_prefix="somatize-hash")
 
 
 def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -> None:
@@ -179,6 +189,15 @@ class LocalStore(PackedHome):
         """Writes ``pieces`` to ``target`` through ``tmp/`` and a rename; returns the new
         file's (inode, mtime)."""
         target = os.fspath(target)
+        temporary, stat = self._write_temporary(pieces, target)
+        self._place(temporary, target)
+        return stat.st_ino, stat.st_mtime_ns
+
+    def _write_temporary(
+        self, pieces: Sequence[Buffer], target: str | None
+    ) -> tuple[str, os.stat_result]:
+        """Writes ``pieces`` to a new file in ``tmp/`` (fsynced when durable); its path and
+        stat. ``target`` names what it is for, in errors."""
         temporary = f"{self._tmp}{os.getpid()}-{uuid.uuid4().hex}.part"
         try:
             with open(temporary, "wb") as out:
@@ -187,7 +206,13 @@ class LocalStore(PackedHome):
                 out.flush()
                 if self.durable:
                     os.fsync(out.fileno())
-                stat = os.fstat(out.fileno())
+                return temporary, os.fstat(out.fileno())
+        except OSError as why:
+            raise self._unwritten(temporary, target, why) from why
+
+    def _place(self, temporary: str, target: str) -> None:
+        """Renames a written file of ``tmp/`` to ``target``: it appears whole or not at all."""
+        try:
             try:
                 os.replace(temporary, target)
             except FileNotFoundError:
@@ -196,17 +221,20 @@ class LocalStore(PackedHome):
             if self.durable:
                 self._sync_directory(Path(target).parent)
         except OSError as why:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
-            where = os.path.relpath(target, self.root)
-            if why.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StoreFull(
-                    f"could not write {where} into {self.root}: no space left ({why.strerror}). "
-                    "Nothing half-written was left and the store is as it was; free space, or "
-                    "make room with `somatize store gc --max-bytes SIZE`"
-                ) from why
-            raise StoreError(f"could not write {where} into {self.root}: {why}") from why
-        return stat.st_ino, stat.st_mtime_ns
+            raise self._unwritten(temporary, target, why) from why
+
+    def _unwritten(self, temporary: str, target: str | None, why: OSError) -> StoreError:
+        """The error for a write that failed; the temporary file is removed first."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        where = os.path.relpath(target, self.root) if target is not None else "a blob"
+        if why.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StoreFull(
+                f"could not write {where} into {self.root}: no space left ({why.strerror}). "
+                "Nothing half-written was left and the store is as it was; free space, or "
+                "make room with `somatize store gc --max-bytes SIZE`"
+            )
+        return StoreError(f"could not write {where} into {self.root}: {why}")
 
     @staticmethod
     def _sync_directory(directory: Path) -> None:
@@ -218,18 +246,45 @@ class LocalStore(PackedHome):
 
     def put(self, data: Buffer | Sequence[Buffer]) -> str:
         pieces = pieces_of(data)
+        size = nbytes(pieces)
+        if size >= _OVERLAP:
+            return self._put_large(pieces, size)
         digest = digest_of(pieces)
         target = self._blob_file(digest)
-        try:
-            if os.stat(target).st_size == nbytes(pieces):
-                # Already here. Touch it, so a gc running now sees a fresh blob and leaves
-                # it for the record about to refer to it.
-                os.utime(target)
-                return digest
-        except FileNotFoundError:
-            pass
+        if self._already(target, size):
+            return digest
         self._verified[digest] = self._publish(target, pieces)
         return digest
+
+    def _put_large(self, pieces: Sequence[Buffer], size: int) -> str:
+        """A large blob is hashed on another thread while its bytes are written to ``tmp/``,
+        and renamed to its digest's name once both are done: the hash costs no time of its
+        own. Only the write is wasted when the blob turns out to be here already."""
+        hashing = _hashers().submit(digest_of, pieces)
+        try:
+            temporary, stat = self._write_temporary(pieces, None)
+        finally:
+            digest = hashing.result()
+        target = self._blob_file(digest)
+        if self._already(target, size):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            return digest
+        self._place(temporary, target)
+        self._verified[digest] = (stat.st_ino, stat.st_mtime_ns)
+        return digest
+
+    @staticmethod
+    def _already(target: str, size: int) -> bool:
+        """Whether the blob at ``target`` is here whole; if so it is touched, so a gc running
+        now sees a fresh blob and leaves it for the record about to refer to it."""
+        try:
+            if os.stat(target).st_size == size:
+                os.utime(target)
+                return True
+        except FileNotFoundError:
+            pass
+        return False
 
     def bind(self, name: str, digest: str) -> None:
         check_name(name)
