@@ -122,12 +122,12 @@ def native_mode() -> str:
 
 
 def csrc_dir() -> Path:
-    """Directory holding the native sources (shipped next to the package or in the repo)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "csrc", here.parent / "csrc"):
-        if (candidate / "blake3_tree.h").is_file():
-            return candidate
-    raise NativeUnavailableError(f"native sources not found next to {here}")
+    """Directory holding the native sources: ``csrc/`` inside the package, where the
+    wheel ships them."""
+    found = Path(__file__).resolve().parent / "csrc"
+    if (found / "blake3_tree.h").is_file():
+        return found
+    raise NativeUnavailableError(f"native sources not found in {found}")
 
 
 def cache_dir() -> Path:

@@ -468,3 +468,19 @@ def test_pinned_pool_round_trip_on_cuda() -> None:
     back = pool.to_device(torch.arange(12345, dtype=torch.int64), "cuda")
     assert torch.equal(back.wait().cpu(), torch.arange(12345, dtype=torch.int64))
     back.release()
+
+
+def test_the_native_sources_ship_inside_the_package() -> None:
+    """Every source a native build compiles is in ``somatize_torch/csrc/``, which the wheel
+    carries as package data: an installed copy builds without the repository."""
+    import tomllib
+
+    import somatize_torch
+    from somatize_torch import _native
+
+    package = Path(somatize_torch.__file__).resolve().parent
+    assert _native.csrc_dir() == package / "csrc"
+    needed = {*_native._HOST_SOURCES, *_native._EMU_SOURCES, *_native._CUDA_UNITS}
+    assert all((package / "csrc" / name).is_file() for name in needed)
+    pyproject = tomllib.loads((package.parent / "pyproject.toml").read_text())
+    assert "csrc/*" in pyproject["tool"]["setuptools"]["package-data"]["somatize_torch"]
