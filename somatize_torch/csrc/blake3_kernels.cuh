@@ -162,6 +162,25 @@ __device__ __forceinline__ void tile_reduce_store(uint32_t* nodes, uint32_t tile
   }
 }
 
+// Where one thread of a pass stands: threads are laid out as tiles of
+// 2^tile_log2 slots, tiles_per_row tiles per row. `row` and `tir` (tile in row)
+// name the tile, `k` the slot in it, `index` the node (or chunk) of the row the
+// slot covers.
+struct Slot {
+  uint64_t row, tir, k, index;
+};
+
+__device__ __forceinline__ Slot slot_of(uint32_t tile_log2, uint64_t tiles_per_row) {
+  const uint64_t slot = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const uint64_t tile = slot >> tile_log2;
+  Slot s;
+  s.k = slot & ((1ull << tile_log2) - 1ull);
+  s.row = tile / tiles_per_row;
+  s.tir = tile - s.row * tiles_per_row;
+  s.index = (s.tir << tile_log2) + s.k;
+  return s;
+}
+
 // Leaf pass. V = 16: rows are 16-byte aligned, warp-cooperative staged loads.
 // V in {8, 4, 1}: per-thread loads of that width.
 template <int V>
@@ -172,12 +191,8 @@ __global__ void __launch_bounds__(kThreads) leaf_kernel(LeafParams p) {
   static_assert(sizeof(uint4) * kWarps * 128 >= sizeof(uint32_t) * 8 * kThreads, "node area");
 
   const uint32_t tid = threadIdx.x;
-  const uint64_t slot = static_cast<uint64_t>(blockIdx.x) * kThreads + tid;
-  const uint64_t tile = slot >> p.tile_log2;
-  const uint64_t k = slot & ((1ull << p.tile_log2) - 1ull);
-  const uint64_t row = tile / p.tiles_per_row;
-  const uint64_t tir = tile - row * p.tiles_per_row;
-  const uint64_t chunk = (tir << p.tile_log2) + k;
+  const Slot at = slot_of(p.tile_log2, p.tiles_per_row);
+  const uint64_t row = at.row, tir = at.tir, chunk = at.index;
   const bool row_valid = row < p.rows;
   const bool active = row_valid && chunk < p.chunks_per_row;
 
@@ -278,12 +293,8 @@ __global__ void __launch_bounds__(kThreads) leaf_kernel(LeafParams p) {
 __global__ void __launch_bounds__(kThreads) reduce_kernel(ReduceParams p) {
   __shared__ __align__(16) uint32_t nodes[kThreads * 8];
   const uint32_t tid = threadIdx.x;
-  const uint64_t slot = static_cast<uint64_t>(blockIdx.x) * kThreads + tid;
-  const uint64_t tile = slot >> p.tile_log2;
-  const uint64_t k = slot & ((1ull << p.tile_log2) - 1ull);
-  const uint64_t row = tile / p.tiles_per_row;
-  const uint64_t tir = tile - row * p.tiles_per_row;
-  const uint64_t idx = (tir << p.tile_log2) + k;
+  const Slot at = slot_of(p.tile_log2, p.tiles_per_row);
+  const uint64_t row = at.row, tir = at.tir, idx = at.index;
   const bool row_valid = row < p.rows;
   if (row_valid && idx < p.count) {
     const uint4* s = reinterpret_cast<const uint4*>(p.in + (row * p.count + idx) * 8u);
