@@ -28,7 +28,7 @@ from somatize.errors import SomatizeError
 from somatize.memory import Memory
 from somatize.node import Expr, Node, Undeclared
 from somatize.placement import Placement
-from somatize.store import LocalStore, Store
+from somatize.store import Store
 
 if TYPE_CHECKING:
     from somatize.engine import Record
@@ -257,7 +257,7 @@ class Graph:
     ) -> Any:
         """Runs the graph on ``x`` and returns its output (a tuple when it has several).
 
-        With a ``store`` (a :class:`~somatize.Store` or a directory), cached nodes
+        With a ``store`` (a :class:`~somatize.Store`, a directory or a bucket URL), cached nodes
         whose answers are kept are recalled and what only they needed is spared;
         what runs and is cached is kept. ``watching`` is called with each fact, in
         order. ``broker`` runs placed nodes on their workers. ``strict`` recomputes
@@ -275,17 +275,16 @@ class Graph:
         )
 
     def _store(self, store: Store | str | Path | None) -> Store | None:
-        if store is None or isinstance(store, Store):
-            return store
-        if isinstance(store, (str, Path)):
-            where = str(store)
-            found = self._stores.get(where)
-            if found is None:
-                found = self._stores[where] = LocalStore(where)
-            return found
-        raise TypeError(
-            f"store= takes a somatize.Store or a directory path, got a `{type(store).__name__}`"
-        )
+        """The store ``store=`` names; one opened from a path is kept for the next forward."""
+        if not isinstance(store, (str, Path)):
+            return Store.of(store)
+        where = str(store)
+        found = self._stores.get(where)
+        if found is None:
+            found = Store.of(where)
+            assert found is not None
+            self._stores[where] = found
+        return found
 
     # -- showing ----------------------------------------------------------------------------
 

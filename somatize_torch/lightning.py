@@ -58,7 +58,6 @@ from torch import nn
 
 from somatize import Store
 from somatize.errors import SomatizeError, SomatizeWarning
-from somatize.store.local import LocalStore
 from somatize_torch.rows import DEVICE_BYTES, HOST_BYTES, CachedRows, RowStats, cache_rows
 from somatize_torch.rows import prefill as prefill_rows
 
@@ -186,7 +185,7 @@ class CacheFrozen(Callback):
                     )
         if len(set(names)) != len(names):
             raise CacheFrozenError(f"modules= names a submodule twice: {names!r}")
-        self.store: Store | None = _store(store)
+        self.store: Store | None = Store.of(store)
         self.names = names
         self.key: Literal["content", "index"] = key
         self.version = version
@@ -460,18 +459,6 @@ class CacheFrozen(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for cached in self._cached.values():
             cached.flush()
-
-
-def _store(store: Store | str | os.PathLike[str] | None) -> Store | None:
-    if store is None or isinstance(store, Store):
-        return store
-    if isinstance(store, (str, os.PathLike)):
-        where = os.fspath(store)
-        return Store.on_bucket(where) if "://" in where else LocalStore(where)
-    raise TypeError(
-        "store= takes a somatize.Store, a directory, a bucket URL (s3://bucket/prefix) or "
-        f"None, got a `{type(store).__name__}`"
-    )
 
 
 def _locate(root: nn.Module, name: str) -> tuple[nn.Module, str, nn.Module]:

@@ -59,7 +59,6 @@ from somatize.engine import Drifted
 from somatize.errors import SomatizeError
 from somatize.keys import node_key, node_prefix, root_key
 from somatize.store.base import Corrupt, Missing
-from somatize.store.local import LocalStore
 from somatize_torch.codec import TENSOR
 from somatize_torch.digest import DTYPES, raw_rows, row_digest, row_header
 from somatize_torch.freeze import ModuleNode, check_still, digest_state, freeze
@@ -592,16 +591,6 @@ def _describe(value: Any) -> str:
     return f"a `{type(value).__name__}`"
 
 
-def _store(store: Store | str | os.PathLike[str] | None) -> Store | None:
-    if store is None or isinstance(store, Store):
-        return store
-    if isinstance(store, (str, os.PathLike)):
-        return LocalStore(store)
-    raise TypeError(
-        f"store= takes a somatize.Store or a directory path, got a `{type(store).__name__}`"
-    )
-
-
 def cache_rows(
     module: nn.Module,
     store: Store | str | os.PathLike[str] | None = None,
@@ -628,7 +617,7 @@ def cache_rows(
         raise RowsError("this module is already cached per row; cache the module inside once")
     return CachedRows(
         module,
-        _store(store),
+        Store.of(store),
         key=key,
         version=version,
         salt=salt,

@@ -62,7 +62,6 @@ from somatize.engine import Record
 from somatize.errors import SomatizeError
 from somatize.memory import settled
 from somatize.node import Expr
-from somatize.store import LocalStore
 from somatize_torch.codec import TENSOR
 from somatize_torch.freeze import ModuleNode, check_still, is_held
 
@@ -248,7 +247,7 @@ class Wrapped(nn.Module):
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "_runner", runner)
         object.__setattr__(self, "graph", graph)
-        object.__setattr__(self, "store", _store(store))
+        object.__setattr__(self, "store", Store.of(store))
         self.counts: dict[str, dict[str, int]] = {}
         """Per cached node, how many times each fact (``ran``, ``recalled``, ``kept``) happened."""
         signature = _signature_of(model)
@@ -296,16 +295,6 @@ class Wrapped(nn.Module):
             if isinstance(self.graph.node(name), ModuleNode)
         ]
         return f"somatize: {', '.join(declared) or 'nothing declared'}"
-
-
-def _store(store: Any) -> Store | None:
-    if store is None or isinstance(store, Store):
-        return store
-    if isinstance(store, (str, os.PathLike)):
-        return LocalStore(store)
-    raise TypeError(
-        f"store= takes a somatize.Store or a directory path, got a `{type(store).__name__}`"
-    )
 
 
 def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:

@@ -137,3 +137,15 @@ def test_a_bad_address_is_refused(address: object, match: str) -> None:
     """What does not describe a store is refused, saying what an address holds."""
     with pytest.raises(BadAddress, match=match):
         Store.from_address(address, environ={})  # type: ignore[arg-type]
+
+
+def test_a_store_argument_names_a_store_a_directory_or_a_bucket(tmp_path: Path) -> None:
+    """``Store.of`` is how every ``store=`` argument is read: a Store as it is, a directory,
+    a bucket URL, None; anything else is refused, saying what is taken."""
+    local = Store.of(tmp_path / "here")
+    assert isinstance(local, LocalStore) and local.root == tmp_path / "here"
+    assert Store.of(local) is local
+    assert Store.of(None) is None
+    assert isinstance(Store.of(f"file://{tmp_path / 'bucket'}"), BucketStore)
+    with pytest.raises(TypeError, match="a bucket URL"):
+        Store.of(42)  # type: ignore[arg-type]

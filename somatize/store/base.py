@@ -208,6 +208,25 @@ class Store(abc.ABC):
                 cls = LocalStore
         return super().__new__(cls)
 
+    @staticmethod
+    def of(where: Store | str | os.PathLike[str] | None) -> Store | None:
+        """The store a ``store=`` argument names: a Store as it is, a bucket URL
+        (``s3://bucket/prefix``, through :meth:`on_bucket`) or a directory opened, None as
+        None; TypeError for anything else."""
+        if where is None or isinstance(where, Store):
+            return where
+        if isinstance(where, (str, os.PathLike)):
+            path = os.fspath(where)
+            if "://" in path:
+                return Store.on_bucket(path)
+            from somatize.store.local import LocalStore
+
+            return LocalStore(path)
+        raise TypeError(
+            "store= takes a somatize.Store, a directory, a bucket URL (s3://bucket/prefix) or "
+            f"None, got a `{type(where).__name__}`"
+        )
+
     @classmethod
     def on_bucket(
         cls,
