@@ -66,6 +66,7 @@ __all__ = [
     "host_library",
     "kernel_emulator",
     "native_mode",
+    "ready_host_library",
 ]
 
 logger = logging.getLogger("somatize_torch.native")
@@ -74,8 +75,8 @@ ENV_MODE: Final = "SOMATIZE_NATIVE"
 ENV_CACHE: Final = "SOMATIZE_EXT_CACHE"
 DIGEST_SIZE: Final = 32
 
-_HOST_SOURCES: Final = ("blake3_tree.h", "blake3_host.cpp")
-_HOST_FLAGS: Final = ("-O3", "-std=c++17", "-shared", "-fPIC")
+_HOST_SOURCES: Final = ("blake3_tree.h", "blake3_lanes.h", "blake3_host.cpp")
+_HOST_FLAGS: Final = ("-O3", "-std=c++17", "-shared", "-fPIC", "-Wno-psabi")
 _EMU_SOURCES: Final = (
     "blake3_tree.h",
     "blake3_cuda.h",
@@ -89,6 +90,9 @@ _CUDA_UNITS: Final = ("blake3_cuda.cu", "torch_ops.cpp", "pinned_pool.cpp")
 _lock = threading.RLock()
 _logged: set[str] = set()
 _host_libs: dict[Path, ctypes.CDLL] = {}
+_background: dict[Path, threading.Thread] = {}
+_ready: dict[tuple[str | None, ...], ctypes.CDLL] = {}
+_background_lock = threading.Lock()
 _emulators: dict[Path, ctypes.CDLL] = {}
 _ext_tried = False
 _ext_module: ModuleType | None = None
@@ -225,6 +229,10 @@ def _bind_host(lib: ctypes.CDLL) -> None:
         fn = getattr(lib, name)
         fn.argtypes = [vp, u64, vp]
         fn.restype = None
+    lib.smz_blake3_host_lane_width.argtypes = []
+    lib.smz_blake3_host_lane_width.restype = ctypes.c_int
+    lib.smz_blake3_host_rows_width.argtypes = [vp, u64, u64, vp, ctypes.c_int]
+    lib.smz_blake3_host_rows_width.restype = ctypes.c_int
     for name in (
         "smz_blake3_host_rows",
         "smz_blake3_host_streaming",
@@ -254,6 +262,45 @@ def host_library() -> ctypes.CDLL:
             _host_libs[directory] = lib
             _log_once("host-on", "native host library active: %s", path)
     return lib
+
+
+def ready_host_library() -> ctypes.CDLL | None:
+    """The host library if it can be had without waiting for a compiler, else None.
+
+    For callers on a hot path (digesting the rows of every batch), which must not stall
+    on a first build: under the default policy the first call that finds no library
+    starts building it on a background thread and returns None, so the caller takes
+    its pure path until the build lands; later calls return it (a failed build is not
+    retried, and leaves the pure path in place). ``SOMATIZE_NATIVE=1`` builds it here,
+    and ``=0`` always returns None.
+    """
+    switches = tuple(os.environ.get(name) for name in (ENV_MODE, ENV_CACHE, "HOME"))
+    lib = _ready.get(switches)
+    if lib is not None:
+        return lib
+    mode = native_mode()
+    if mode == "off":
+        return None
+    directory = cache_dir()
+    lib = _host_libs.get(directory)
+    if lib is not None or mode == "on":
+        _ready[switches] = lib = lib if lib is not None else host_library()
+        return lib
+    with _background_lock:
+        if directory not in _background:
+            build = threading.Thread(
+                target=_build_in_background, name="somatize-native-build", daemon=True
+            )
+            _background[directory] = build
+            build.start()
+    return None
+
+
+def _build_in_background() -> None:
+    try:
+        host_library()
+    except NativeUnavailableError as exc:
+        _log_once("host-background", "native host library unavailable, pure path kept: %s", exc)
 
 
 def kernel_emulator() -> ctypes.CDLL:

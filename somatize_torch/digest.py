@@ -24,15 +24,19 @@ non-contiguous tensor is made contiguous first, and a CUDA tensor is copied to
 the host only when no device kernel is available.
 
 Rows: :func:`digest_rows` names each ``t[i]`` of a batch in one call. With the
-CUDA extension that is one kernel for the whole batch; on the host it is one
-BLAKE3 call per row over a zero-copy slice of the batch's memory (the ``blake3``
-package has no batched entry point), with the header work done once. In every
-case ``digest_rows(t)[i] == digest_tensor(t[i])``.
+CUDA extension that is one kernel for the whole batch. On the host it is one call
+into the native host library, which hashes the chunks of many rows side by side on
+SIMD lanes with the interpreter lock released, a run of rows per core; until that
+library is built (on a background thread, the first time rows are digested) or
+where it cannot be, it is one ``blake3`` call per row over a zero-copy slice of the
+batch's memory. In every case ``digest_rows(t)[i] == digest_tensor(t[i])``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import itertools
 import os
 import sys
 from collections.abc import Iterable, Mapping
@@ -43,6 +47,7 @@ import blake3
 import torch
 
 from somatize import canonical
+from somatize_torch import _native
 
 __all__ = [
     "DIGEST_VERSION",
@@ -67,6 +72,10 @@ _LARGE = 1 << 20
 _SPLIT_ROWS = 1 << 18
 """Above this many bytes a batch's rows are hashed on every core: each thread takes many
 rows, so the hand-off pays for itself sooner than it does for one tensor."""
+_NATIVE_SPLIT = 1 << 21
+"""Above this many bytes the native library hashes a batch's rows on every core. Lower
+than that, waking a second thread (which, in a training loop, competes with torch's own
+threads for the core) costs about what it saves."""
 _GIL_FREE = 1 << 14
 """Rows shorter than this are hashed on one thread: the ``blake3`` package holds the GIL
 while it hashes a short input, so threads would only take turns."""
@@ -105,6 +114,13 @@ def host_bytes(tensor: torch.Tensor) -> memoryview:
     and a device tensor is copied to the host first. The view keeps the memory it
     reads alive.
     """
+    flat: Any = _host_tensor(tensor).reshape(-1).view(torch.uint8).numpy()
+    return memoryview(flat)
+
+
+def _host_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as a contiguous CPU tensor whose memory holds its canonical bytes:
+    itself where it already is one."""
     t = tensor.detach()
     if t.is_conj():
         t = t.resolve_conj()
@@ -116,8 +132,7 @@ def host_bytes(tensor: torch.Tensor) -> memoryview:
         t = t.contiguous()
     if _BIG_ENDIAN and t.element_size() > 1:  # the canonical byte order is little-endian
         t = t.view(torch.uint8).reshape(-1, t.element_size()).flip(-1).contiguous()
-    flat: Any = t.reshape(-1).view(torch.uint8).numpy()
-    return memoryview(flat)
+    return t
 
 
 def _device_raw(tensor: torch.Tensor) -> bytes | None:
@@ -207,10 +222,14 @@ def raw_rows(tensor: torch.Tensor) -> list[bytes]:
         )
     rows = int(tensor.shape[0])
     raws = _device_raw_rows(tensor)
-    if raws is None:
-        view = host_bytes(tensor)
-        raws = _hash_rows(view, rows, view.nbytes // rows if rows else 0)
-    return raws
+    if raws is not None:
+        return raws
+    lib = _native.ready_host_library()
+    if lib is not None:
+        host = _host_tensor(tensor)
+        return _native_rows(lib.smz_blake3_host_rows, host, rows)
+    view = host_bytes(tensor)
+    return _hash_rows(view, rows, view.nbytes // rows if rows else 0)
 
 
 def row_header(tensor: torch.Tensor) -> bytes:
@@ -231,14 +250,15 @@ def _hash_span(view: memoryview, size: int, start: int, stop: int) -> list[bytes
 
 
 def _hash_rows(view: memoryview, rows: int, size: int) -> list[bytes]:
-    """The raw digest of each row of a batch's bytes.
+    """The raw digest of each row of a batch's bytes, with the ``blake3`` package.
 
-    The ``blake3`` package releases the GIL while it hashes, so a large batch is split
-    into one contiguous run of rows per core, hashed side by side: a row's digest does
-    not depend on which thread computed it.
+    The package releases the GIL while it hashes an input of ``_GIL_FREE`` bytes or
+    more, so a large batch of such rows is split into one contiguous run of rows per
+    core, hashed side by side: a row's digest does not depend on which thread
+    computed it.
     """
-    workers = min(_cores(), rows)
-    if view.nbytes < _SPLIT_ROWS or size < _GIL_FREE or workers < 2:
+    workers = 1 if view.nbytes < _SPLIT_ROWS else min(_cores(), rows)
+    if size < _GIL_FREE or workers < 2:
         return _hash_span(view, size, 0, rows)
     bounds = [rows * k // workers for k in range(workers + 1)]
     pool = _pool()
@@ -249,6 +269,30 @@ def _hash_rows(view: memoryview, rows: int, size: int) -> list[bytes]:
     for done in later:
         out.extend(done.result())
     return out
+
+
+def _native_rows(hash_rows: Any, host: torch.Tensor, rows: int) -> list[bytes]:
+    """The raw digest of each row of a contiguous CPU tensor, from the native host
+    library, which hashes many rows' chunks at once on SIMD lanes and holds no GIL:
+    a batch of ``_NATIVE_SPLIT`` bytes or more is hashed one run of rows per core."""
+    if rows == 0:
+        return []
+    nbytes = host.numel() * host.element_size()
+    size = nbytes // rows
+    base = host.data_ptr() if nbytes else 0
+    out = ctypes.create_string_buffer(32 * rows)
+    into = ctypes.addressof(out)
+    workers = 1 if nbytes < _NATIVE_SPLIT else min(_cores(), rows)
+    first, *rest = itertools.pairwise([rows * k // workers for k in range(workers + 1)])
+    pool = _pool()
+    later = [
+        pool.submit(hash_rows, base + lo * size, hi - lo, size, into + 32 * lo) for lo, hi in rest
+    ]
+    hash_rows(base, first[1], size, into)
+    for done in later:
+        done.result()
+    raw = out.raw
+    return [raw[i : i + 32] for i in range(0, 32 * rows, 32)]
 
 
 @functools.cache

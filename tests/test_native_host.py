@@ -119,7 +119,7 @@ def test_host_library_is_built_in_cache_dir(lib: ctypes.CDLL, ext_cache: Path) -
     built = sorted(ext_cache.glob("libsmz_blake3_host-*.so"))
     assert len(built) == 1
     assert not [p for p in ext_cache.iterdir() if p.name.endswith(".tmp")]
-    assert lib.smz_blake3_host_abi_version() == 1
+    assert lib.smz_blake3_host_abi_version() == 2
     mtime = built[0].stat().st_mtime_ns
     assert native.build_host_library(ext_cache) == built[0]
     assert built[0].stat().st_mtime_ns == mtime  # cached, not rebuilt
@@ -202,6 +202,73 @@ def test_random_row_batches(lib: ctypes.CDLL) -> None:
         expected = [_ref(data[i * row_bytes : (i + 1) * row_bytes]) for i in range(rows)]
         assert native.host_digest_rows(data, rows, row_bytes) == expected
         assert _emulate_rows(lib, data, rows, row_bytes) == expected
+
+
+def _rows_on(
+    fn: ctypes._CFuncPtr, data: bytes, rows: int, row_bytes: int, width: int
+) -> list[bytes]:
+    out = ctypes.create_string_buffer(32 * max(rows, 1))
+    assert fn(data, rows, row_bytes, out, width) == 0, width
+    return [out.raw[32 * i : 32 * i + 32] for i in range(rows)]
+
+
+# Rows of every tree shape the lanes meet: one chunk or less, full chunks only, a
+# partial last chunk, an odd node carried up, more jobs than one vector holds, and
+# rows of more chunks than one group of rows.
+LANE_SHAPES = [
+    *ROW_SHAPES, (9, 2048), (11, 3 * 1024), (13, 12 * 1024), (3, 12 * 1024 + 5), (8, 7 * 1024),
+    (17, 48 * 1024), (2, 2049 * 1024 + 3),
+]  # fmt: skip
+
+
+def test_lane_widths_agree(lib: ctypes.CDLL) -> None:
+    """Rows hashed on 8 lanes (AVX2), 4 lanes and one at a time give the reference
+    digests; the width chosen for this machine is one of them."""
+    widths = [1, 4] + ([8] if lib.smz_blake3_host_lane_width() == 8 else [])
+    assert lib.smz_blake3_host_lane_width() in widths
+    for rows, row_bytes in LANE_SHAPES:
+        data = _data(rows * row_bytes, seed=rows + 7 * row_bytes)
+        expected = [_ref(data[i * row_bytes : (i + 1) * row_bytes]) for i in range(rows)]
+        for width in widths:
+            got = _rows_on(lib.smz_blake3_host_rows_width, data, rows, row_bytes, width)
+            assert got == expected, (rows, row_bytes, width)
+    assert lib.smz_blake3_host_rows_width(b"", 0, 0, None, 3) == -1
+
+
+def test_lanes_without_shuffles(tmp_path: Path) -> None:
+    """The build for compilers without ``__builtin_shufflevector`` (words gathered one
+    at a time, rotations by shifts) gives the same digests."""
+    path = native._build_shared(
+        tmp_path,
+        native._HOST_SOURCES,
+        (*native._HOST_FLAGS, "-DSMZ_LANES_NO_SHUFFLE"),
+        "libsmz_blake3_plain",
+    )
+    plain = ctypes.CDLL(str(path))
+    fn = plain.smz_blake3_host_rows_width
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int]
+    for rows, row_bytes in [(13, 12 * 1024), (3, 12 * 1024 + 5), (17, 48 * 1024), (5, 1025)]:
+        data = _data(rows * row_bytes, seed=row_bytes)
+        expected = [_ref(data[i * row_bytes : (i + 1) * row_bytes]) for i in range(rows)]
+        for width in (4, 8) if plain.smz_blake3_host_lane_width() == 8 else (4,):
+            assert _rows_on(fn, data, rows, row_bytes, width) == expected, (rows, row_bytes)
+
+
+def test_ready_host_library_never_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no build in the cache, the first call starts one in the background and
+    returns None; once it has landed, the library. Off: never; on: built right away."""
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "fresh"))
+    assert native.ready_host_library() is None
+    native._background[tmp_path / "fresh"].join(timeout=300)
+    lib = native.ready_host_library()
+    assert lib is not None
+    assert lib is native.host_library()
+    monkeypatch.setenv(native.ENV_MODE, "0")
+    assert native.ready_host_library() is None
+    monkeypatch.setenv(native.ENV_MODE, "1")
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "other"))
+    assert native.ready_host_library() is not None
+    assert tmp_path / "other" not in native._background
 
 
 @pytest.mark.parametrize("chunks", PLAN_CHUNKS)

@@ -15,6 +15,7 @@ import torch
 
 import somatize.torch as smt
 from somatize import CODECS, Opaque, Store
+from somatize_torch import _native
 from somatize_torch.digest import DTYPES
 
 SAMPLES = {
@@ -160,7 +161,17 @@ def test_opaque_tensor_is_keyed_by_content_dtype_and_shape() -> None:
     assert Opaque((x,)).digest != Opaque(x).digest != Opaque({"0": x}).digest
 
 
-def test_digest_rows_names_each_row_as_digest_tensor_does() -> None:
+@pytest.fixture(params=["blake3 package", "native library"])
+def row_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Rows digested by the ``blake3`` package (native code off), or by the native host
+    library (native code required, built here if it is not yet)."""
+    native = request.param == "native library"
+    monkeypatch.setenv(_native.ENV_MODE, "1" if native else "0")
+    assert (_native.ready_host_library() is not None) == native
+    return str(request.param)
+
+
+def test_digest_rows_names_each_row_as_digest_tensor_does(row_path: str) -> None:
     """One call digests every row, each equal to digesting that row alone."""
     batch = torch.randn(7, 3, 2).bfloat16()
     rows = smt.digest_rows(batch)
@@ -172,12 +183,29 @@ def test_digest_rows_names_each_row_as_digest_tensor_does() -> None:
         smt.digest_rows(torch.tensor(1.0))
 
 
-def test_digest_rows_of_a_large_batch_split_across_threads() -> None:
+@pytest.mark.parametrize("shape", [(101, 3, 32, 32), (257, 3, 16, 16), (67, 3, 64, 64)])
+def test_digest_rows_of_a_large_batch_split_across_threads(
+    row_path: str, shape: tuple[int, ...]
+) -> None:
     """A batch large enough to be hashed on several threads names every row exactly as
-    digesting that row alone does, in order (odd row count, so the runs are uneven)."""
-    batch = torch.randn(101, 3, 32, 32)
+    digesting that row alone does, in order (odd row counts, so the runs are uneven;
+    rows of 12 KiB, 3 KiB and 48 KiB)."""
+    batch = torch.randn(*shape)
     rows = smt.digest_rows(batch)
-    assert rows == [smt.digest_tensor(batch[i]) for i in range(101)]
+    assert rows == [smt.digest_tensor(batch[i]) for i in range(shape[0])]
+
+
+def test_digest_rows_of_short_and_ragged_rows(row_path: str) -> None:
+    """Rows of no bytes, of one chunk or less, and rows whose last chunk is partial."""
+    for batch in (
+        torch.empty(5, 0),
+        torch.arange(9, dtype=torch.uint8).reshape(9, 1),
+        torch.randn(40, 3),
+        torch.randn(33, 257),  # 1,028 bytes: one full chunk and 4 bytes
+        torch.randn(300, 1000),  # 4,000 bytes, 1.2 MB in all: split across threads
+    ):
+        expected = [smt.digest_tensor(batch[i]) for i in range(batch.shape[0])]
+        assert smt.digest_rows(batch) == expected, batch.shape
 
 
 def test_unsupported_dtype_is_refused() -> None:

@@ -1,10 +1,13 @@
 // Host build of the BLAKE3 tree code: a small C ABI loaded through ctypes.
 //
 //   smz_blake3_host                  digest of one buffer (reference tree shape)
-//   smz_blake3_host_rows             one digest per row of a rows x row_bytes batch
+//   smz_blake3_host_rows             one digest per row of a rows x row_bytes batch,
+//                                    on SIMD lanes (blake3_lanes.h)
+//   smz_blake3_host_lane_width       how many lanes smz_blake3_host_rows uses here
 //
 // and, for tests of the code the CUDA kernels share:
 //
+//   smz_blake3_host_rows_width       the same on a given number of lanes (1: scalar)
 //   smz_blake3_host_levelwise        level-wise pairwise reduction of all chunk CVs
 //   smz_blake3_host_streaming        ChunkState fed in pieces of a given size
 //   smz_blake3_host_emulate_rows     the kernels' tiling plan, run sequentially
@@ -18,6 +21,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "blake3_lanes.h"
 #include "blake3_tree.h"
 
 namespace b3 = smz::blake3;
@@ -43,11 +47,67 @@ void reduce_tile(std::vector<uint32_t>& nodes, uint64_t m0, uint32_t levels, boo
   memcpy(out, nodes.data(), 32);
 }
 
+void rows_scalar(const uint8_t* data, uint64_t rows, uint64_t row_bytes, uint8_t* out) {
+  for (uint64_t r = 0; r < rows; ++r) b3::hash(data + r * row_bytes, row_bytes, out + 32 * r);
+}
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define SMZ_LANES 1
+
+void rows_x4(const uint8_t* data, uint64_t rows, uint64_t row_bytes, uint8_t* out) {
+  b3::lanes::rows<b3::lanes::u32x4, 4>(data, rows, row_bytes, out);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SMZ_LANES_AVX2 1
+__attribute__((target("avx2"))) void rows_x8(const uint8_t* data, uint64_t rows,
+                                             uint64_t row_bytes, uint8_t* out) {
+  b3::lanes::rows<b3::lanes::u32x8, 8>(data, rows, row_bytes, out);
+}
+#endif
+#endif
+
+int lane_width() {
+#if defined(SMZ_LANES_AVX2)
+  if (__builtin_cpu_supports("avx2")) return 8;
+#endif
+#if defined(SMZ_LANES)
+  return 4;
+#else
+  return 1;
+#endif
+}
+
 }  // namespace
 
 extern "C" {
 
-int smz_blake3_host_abi_version(void) { return 1; }
+int smz_blake3_host_abi_version(void) { return 2; }
+
+int smz_blake3_host_lane_width(void) { return lane_width(); }
+
+// 0 on success, -1 when this build or CPU has no `width`-lane code.
+int smz_blake3_host_rows_width(const uint8_t* data, uint64_t rows, uint64_t row_bytes,
+                               uint8_t* out, int width) {
+  switch (width) {
+    case 1:
+      rows_scalar(data, rows, row_bytes, out);
+      return 0;
+#if defined(SMZ_LANES)
+    case 4:
+      rows_x4(data, rows, row_bytes, out);
+      return 0;
+#endif
+#if defined(SMZ_LANES_AVX2)
+    case 8:
+      if (!__builtin_cpu_supports("avx2")) return -1;
+      rows_x8(data, rows, row_bytes, out);
+      return 0;
+#endif
+    default:
+      return -1;
+  }
+}
 
 void smz_blake3_host(const uint8_t* data, uint64_t len, uint8_t out[32]) {
   b3::hash(data, len, out);
@@ -55,7 +115,7 @@ void smz_blake3_host(const uint8_t* data, uint64_t len, uint8_t out[32]) {
 
 // row_bytes may be 0: every row then digests the empty input.
 void smz_blake3_host_rows(const uint8_t* data, uint64_t rows, uint64_t row_bytes, uint8_t* out) {
-  for (uint64_t r = 0; r < rows; ++r) b3::hash(data + r * row_bytes, row_bytes, out + 32 * r);
+  smz_blake3_host_rows_width(data, rows, row_bytes, out, lane_width());
 }
 
 void smz_blake3_host_levelwise(const uint8_t* data, uint64_t len, uint8_t out[32]) {
