@@ -42,7 +42,7 @@ import os
 import struct
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import blake3
@@ -242,19 +242,24 @@ class PackIndex:
     created: float
     entries: dict[str, tuple[int, int]]
     """Item key → (offset, length) in the blob."""
+    _answers: dict[str, Answer] = field(default_factory=dict, compare=False, repr=False)
 
     def answer(self, key: str) -> Answer:
-        """The record of item ``key`` of this pack."""
-        offset, length = self.entries[key]
-        return Answer(
-            key=key,
-            value=self.blob,
-            codec=self.codec,
-            size=length,
-            fingerprint=self.fingerprint,
-            created=self.created,
-            offset=offset,
-        )
+        """The record of item ``key`` of this pack (made once: a pack never changes, and a
+        recall of many rows asks for many records every step)."""
+        found = self._answers.get(key)
+        if found is None:
+            offset, length = self.entries[key]
+            found = self._answers[key] = Answer(
+                key=key,
+                value=self.blob,
+                codec=self.codec,
+                size=length,
+                fingerprint=self.fingerprint,
+                created=self.created,
+                offset=offset,
+            )
+        return found
 
 
 def encode_pack(
