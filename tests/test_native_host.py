@@ -256,19 +256,42 @@ def test_lanes_without_shuffles(tmp_path: Path) -> None:
 
 def test_ready_host_library_never_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With no build in the cache, the first call starts one in the background and
-    returns None; once it has landed, the library. Off: never; on: built right away."""
-    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "fresh"))
+    returns None; once it has landed, the library. Off: never; on: loaded (or built)
+    right away, with no thread."""
+    fresh = tmp_path / "fresh"
+    monkeypatch.setenv(native.ENV_CACHE, str(fresh))
     assert native.ready_host_library() is None
-    native._background[tmp_path / "fresh"].join(timeout=300)
+    native._background[fresh].join(timeout=300)
     lib = native.ready_host_library()
     assert lib is not None
     assert lib is native.host_library()
     monkeypatch.setenv(native.ENV_MODE, "0")
     assert native.ready_host_library() is None
     monkeypatch.setenv(native.ENV_MODE, "1")
-    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "other"))
+    other = tmp_path / "other"
+    other.mkdir()
+    for built in fresh.glob("*.so"):
+        (other / built.name).write_bytes(built.read_bytes())
+    monkeypatch.setenv(native.ENV_CACHE, str(other))
     assert native.ready_host_library() is not None
-    assert tmp_path / "other" not in native._background
+    assert other not in native._background
+
+
+def test_a_failed_background_build_keeps_the_pure_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiler that fails leaves rows to the ``blake3`` package, with the same digests,
+    and is not tried again on every batch."""
+    from somatize_torch.digest import digest_rows, digest_tensor
+
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # found on PATH, and fails whatever it is asked
+    batch = torch.randn(9, 3, 40)
+    assert native.ready_host_library() is None
+    native._background[tmp_path].join(timeout=300)
+    assert native.ready_host_library() is None
+    assert not list(tmp_path.glob("*.so"))
+    assert digest_rows(batch) == [digest_tensor(row) for row in batch]
 
 
 @pytest.mark.parametrize("chunks", PLAN_CHUNKS)
