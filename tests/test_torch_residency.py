@@ -86,8 +86,17 @@ def test_rows_are_written_as_the_tensor_codec_writes_each_row() -> None:
         assert b"".join(bytes(p) for p in pieces) == b"".join(bytes(p) for p in TENSOR.encode(row))
     datas = [memoryview(b"".join(bytes(p) for p in pieces)) for pieces in encoded]
     assert torch.equal(decode_rows(datas), x)
+    assert torch.equal(decode_rows(datas[2:]), x[2:])  # its header was read before
     with pytest.raises(ValueError, match="claims bytes"):
         decode_rows([datas[0], datas[1][:-2]])
+    # A row of another dtype with a header of the same length, and one of another shape.
+    other = b"".join(bytes(p) for p in TENSOR.encode(x[1].to(torch.float16)))
+    assert len(other) == len(datas[1])
+    with pytest.raises(ValueError, match=r"row answer 1 is not a torch\.bfloat16 row of shape"):
+        decode_rows([datas[0], memoryview(other), datas[2]])
+    wider = b"".join(bytes(p) for p in TENSOR.encode(torch.zeros(3, 3, dtype=torch.bfloat16)))
+    with pytest.raises(ValueError, match="row answer 2 is not"):
+        decode_rows([datas[0], datas[1], memoryview(wider)])
 
 
 def test_flush_puts_every_computed_row_in_the_store(store: Store) -> None:
