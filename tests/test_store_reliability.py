@@ -340,3 +340,23 @@ def test_nothing_is_unpickled(tmp_path: Path) -> None:
     store.keep(key, b"v", "plain")
     store.answer_path(key).write_bytes(pickle.dumps({"key": key, "exec": uuid.uuid4()}))
     assert LocalStore(store.root).have([key]) == set()
+
+
+def test_a_mapped_blob_changed_in_place_is_caught(tmp_path: Path) -> None:
+    """A large blob stays mapped between reads; bytes changed in its file afterwards
+    (same inode, same size) are caught by its digest at the next read, not returned."""
+    from somatize.store import Corrupt
+
+    store = LocalStore(tmp_path)
+    data = bytes(range(256)) * 1024  # 256 KiB: mapped, not read
+    digest = store.put(data)
+    assert bytes(store.get(digest)) == data
+    assert store.get(digest) is store.get(digest)  # the same mapping, not mapped anew
+    path = tmp_path / "blobs" / digest[7:9] / digest[7:]
+    with open(path, "r+b") as handle:
+        handle.seek(1000)
+        handle.write(b"\xff")
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    with pytest.raises(Corrupt, match="hashes to"):
+        store.get(digest)

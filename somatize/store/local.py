@@ -72,6 +72,10 @@ __all__ = ["LocalStore"]
 
 _MAP_ABOVE = 1 << 16
 """Blobs larger than this are memory-mapped rather than read."""
+_MAPS_HELD = 64
+"""How many mapped blobs a store keeps mapped between reads: a pack read again (the
+rows of the next batch) is then not mapped anew, and its pages are not faulted in
+again."""
 _OVERLAP = 16 << 20
 """Blobs this large are hashed while they are written, not before."""
 
@@ -125,6 +129,8 @@ class LocalStore(PackedHome):
         self._tmp = f"{self.root / 'tmp'}{os.sep}"
         self._verified: dict[str, tuple[int, int]] = {}
         """Digest → (inode, mtime) of the file that was hashed and matched."""
+        self._maps: dict[str, tuple[tuple[int, int], memoryview]] = {}
+        """Digest → (inode, mtime) of a verified mapped blob, and its mapping."""
         self._packs_stamp = -1
         self._hold_nothing(str(self.root))
         self._finalizer = weakref.finalize(
@@ -341,14 +347,18 @@ class LocalStore(PackedHome):
                         f"blob {digest} holds {actual} bytes where its answer says {size}: "
                         "it was truncated or overwritten"
                     )
+                stamp = (stat.st_ino, stat.st_mtime_ns)
                 if actual > _MAP_ABOVE:
+                    mapped = self._maps.get(digest)
+                    if mapped is not None and mapped[0] == stamp:
+                        return mapped[1]  # the file hashed to its name when it was mapped
                     data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
                 else:
                     raw = handle.read()
                     data = memoryview(raw)
         except FileNotFoundError:
             raise Missing(f"blob {digest} is not in {self.root}") from None
-        if self._verified.get(digest) != (stat.st_ino, stat.st_mtime_ns):
+        if self._verified.get(digest) != stamp:
             found = hash_bytes(data)
             if found != digest:
                 self._set_aside(path, "blobs", digest[7:])
@@ -356,9 +366,13 @@ class LocalStore(PackedHome):
                     f"blob {digest} in {self.root} hashes to {found}: it is damaged, and was "
                     "moved to quarantine/ so that it is written afresh"
                 )
-            self._verified[digest] = (stat.st_ino, stat.st_mtime_ns)
+            self._verified[digest] = stamp
         if actual <= _MAP_ABOVE:
             self._hold(digest, raw)
+        else:
+            if len(self._maps) >= _MAPS_HELD:
+                del self._maps[next(iter(self._maps))]
+            self._maps[digest] = (stamp, data)
         return data
 
     def resolve(self, name: str) -> str:
@@ -471,6 +485,7 @@ class LocalStore(PackedHome):
     def _forget_blob(self, digest: str) -> None:
         self._small.pop(digest, None)
         self._verified.pop(digest, None)
+        self._maps.pop(digest, None)
 
     def _set_aside(self, path: str, section: str, label: str) -> None:
         """Moves a damaged file to ``quarantine/<section>/<label>.<time>`` (if it is still
@@ -539,4 +554,5 @@ class LocalStore(PackedHome):
     def _forget_all(self) -> None:
         super()._forget_all()
         self._verified.clear()
+        self._maps.clear()
         self._packs_stamp = -1
