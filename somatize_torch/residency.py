@@ -43,6 +43,7 @@ progress — at most ``pack_bytes`` (16 MiB) of rows — never for the queue beh
 
 from __future__ import annotations
 
+import array
 import atexit
 import logging
 import queue
@@ -130,7 +131,10 @@ class Bank:
 
     def gather(self, slots: Sequence[int]) -> torch.Tensor:
         """The rows at ``slots``, in that order, as a new tensor on the bank's device."""
-        index = torch.tensor(slots, dtype=torch.long)
+        if not slots:
+            return self.tensor[:0].clone()
+        # From an array of int64, not a list: a third of the time for a batch of slots.
+        index = torch.frombuffer(array.array("q", slots), dtype=torch.long)
         if self.device.type != "cpu":
             index = index.to(self.device, non_blocking=True)
         return self.tensor.index_select(0, index)
