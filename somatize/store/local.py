@@ -72,10 +72,10 @@ __all__ = ["LocalStore"]
 
 _MAP_ABOVE = 1 << 16
 """Blobs larger than this are memory-mapped rather than read."""
-_MAPS_HELD = 64
+_MAPS_HELD = 16
 """How many mapped blobs a store keeps mapped between reads: a pack read again (the
 rows of the next batch) is then not mapped anew, and its pages are not faulted in
-again."""
+again. Each mapping holds a file descriptor, so few are kept."""
 _OVERLAP = 16 << 20
 """Blobs this large are hashed while they are written, not before."""
 
