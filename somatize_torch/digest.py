@@ -47,6 +47,7 @@ import blake3
 import torch
 
 from somatize import canonical
+from somatize._threads import process_pool
 from somatize_torch import _native
 
 __all__ = [
@@ -300,10 +301,9 @@ def _cores() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
-@functools.cache
 def _pool() -> ThreadPoolExecutor:
     """Threads for hashing rows side by side, made on first use and kept for the process."""
-    return ThreadPoolExecutor(max(1, _cores() - 1), thread_name_prefix="somatize-digest")
+    return process_pool("somatize-digest", max(1, _cores() - 1))
 
 
 def _row(head: bytes, raw: bytes) -> bytes:

@@ -7,6 +7,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -226,3 +227,28 @@ def test_importing_somatize_torch_initialises_no_cuda_and_registers_the_codec(
         "assert not torch.cuda.is_initialized(), 'CUDA was initialised'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _digest_in_child(queue: Any) -> None:
+    torch.set_num_threads(1)  # as a DataLoader worker does: torch's own pool stays behind
+    batch = torch.arange(64 * 3 * 64 * 64, dtype=torch.float32).reshape(64, 3, 64, 64)
+    queue.put(smt.digest_rows(batch) == [smt.digest_tensor(row) for row in batch])
+
+
+def test_rows_are_digested_in_a_forked_child(row_path: str) -> None:
+    """A process forked after rows were hashed on several threads (a DataLoader worker)
+    hashes rows on its own threads: the parent's pool has no threads in the child."""
+    import multiprocessing
+
+    batch = torch.randn(64, 3, 64, 64)  # 3 MB: split across threads on both paths
+    assert smt.digest_rows(batch) == [smt.digest_tensor(row) for row in batch]
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_digest_in_child, args=(queue,))
+    child.start()
+    child.join(timeout=120)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child hung digesting rows")
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) is True

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import io
 import mmap
 import os
@@ -45,6 +44,7 @@ from typing import Any
 
 import blake3
 
+from somatize._threads import process_pool
 from somatize.store._packed import PackedHome, digest_of, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     Answer,
@@ -80,10 +80,9 @@ _OVERLAP = 16 << 20
 """Blobs this large are hashed while they are written, not before."""
 
 
-@functools.cache
 def _hashers() -> ThreadPoolExecutor:
     """A thread that hashes large blobs while they are written, made on first use."""
-    return ThreadPoolExecutor(1, thread_name_prefix="somatize-hash")
+    return process_pool("somatize-hash", 1)
 
 
 def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -> None:
