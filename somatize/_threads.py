@@ -1,17 +1,19 @@
-"""Thread pools kept for the life of a process, and only of that process.
+"""Thread pools and locks that belong to one process.
 
-A pool made on first use and cached for good is inherited by a forked child (a
-DataLoader worker, a multiprocessing worker) without the threads behind it: work
-submitted there would wait for threads that do not exist. Pools are therefore
-cached per process id, and a child makes its own.
+A forked child (a DataLoader worker, a multiprocessing worker) inherits the parent's
+memory but only the thread that forked. A pool cached for good would hand the child
+work queues with no threads behind them, and a lock that a parent's thread held at
+the fork would stay held in the child for good. Pools are therefore cached per
+process id, and a :class:`ProcessLock` starts afresh in a child.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["process_pool"]
+__all__ = ["ProcessLock", "process_pool"]
 
 _pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
 
@@ -26,3 +28,26 @@ def process_pool(name: str, workers: int) -> ThreadPoolExecutor:
         # never started a thread.
         pool = _pools.setdefault(key, ThreadPoolExecutor(workers, thread_name_prefix=name))
     return pool
+
+
+class ProcessLock:
+    """A lock that a forked child gets afresh, unheld.
+
+    A thread of the parent (the writer, in the middle of a keep) may hold a lock at the
+    moment the process forks; in the child that thread does not exist, and a plain
+    lock would stay held there for good."""
+
+    __slots__ = ("_lock", "_pid")
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> ProcessLock:
+        if self._pid != os.getpid():
+            self._pid, self._lock = os.getpid(), threading.Lock()
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()

@@ -46,6 +46,7 @@ from __future__ import annotations
 import array
 import atexit
 import logging
+import os
 import queue
 import threading
 import time
@@ -57,6 +58,7 @@ from typing import Any, Protocol
 import torch
 
 from somatize import Store
+from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
 from somatize_torch.codec import TENSOR
 from somatize_torch.digest import host_bytes
@@ -73,18 +75,18 @@ __all__ = [
 
 log = logging.getLogger("somatize.torch")
 
-_LOCKS: weakref.WeakKeyDictionary[Store, threading.Lock] = weakref.WeakKeyDictionary()
-_LOCKS_LOCK = threading.Lock()
+_LOCKS: weakref.WeakKeyDictionary[Store, ProcessLock] = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = ProcessLock()
 _FIRST_ROWS = 256
 """How many rows a bank holds when it is first made (it doubles from there, up to its budget)."""
 
 
-def store_lock(store: Store) -> threading.Lock:
+def store_lock(store: Store) -> ProcessLock:
     """The lock this module holds around every call into ``store`` (one per store object)."""
     with _LOCKS_LOCK:
         lock = _LOCKS.get(store)
         if lock is None:
-            lock = _LOCKS[store] = threading.Lock()
+            lock = _LOCKS[store] = ProcessLock()
         return lock
 
 
@@ -377,6 +379,16 @@ class Writer:
         self.failed_rows = 0
         self.took_s = 0.0
         self._lock = store_lock(store)
+        self._pool = _pool(min(self.pending_bytes, 64 << 20))
+        self._closed = False
+        self._begin()
+        atexit.register(_flush_at_exit, weakref.ref(self))
+
+    def _begin(self) -> None:
+        """The queue, the counts and no thread yet: at creation, and in a forked child,
+        which has none of its parent's threads and writes only what it submits itself
+        (what the parent staged is the parent's to write)."""
+        self._pid = os.getpid()
         self._queue: queue.SimpleQueue[_Job | str | None] = queue.SimpleQueue()
         self._changed = threading.Condition()
         self._submitted = 0
@@ -384,10 +396,7 @@ class Writer:
         self._pending = 0
         self._error: BaseException | None = None
         self._lost = 0
-        self._pool = _pool(min(self.pending_bytes, 64 << 20))
         self._thread: threading.Thread | None = None
-        self._closed = False
-        atexit.register(_flush_at_exit, weakref.ref(self))
 
     def submit(self, keys: Sequence[str], rows: torch.Tensor) -> None:
         """Stages ``rows`` (kept under ``keys``, one row each) and queues them for the store."""
@@ -395,6 +404,8 @@ class Writer:
             raise RuntimeError("this writer is closed; nothing more can be submitted to it")
         if not keys:
             return
+        if self._pid != os.getpid():
+            self._begin()
         rows = rows.detach()
         nbytes = rows.numel() * rows.element_size()
         with self._changed:
@@ -408,6 +419,8 @@ class Writer:
 
     def check(self) -> None:
         """Raises :class:`WriteFailed` for writes that failed since the last check."""
+        if self._pid != os.getpid():
+            self._begin()
         with self._changed:
             error, lost = self._error, self._lost
             self._error, self._lost = None, 0
@@ -421,6 +434,8 @@ class Writer:
 
     def drain(self) -> None:
         """Waits until every row submitted so far has been written or has failed."""
+        if self._pid != os.getpid():
+            self._begin()
         with self._changed:
             if self._done < self._submitted:
                 self._queue.put(_WAKE)
