@@ -327,8 +327,6 @@ class CachedRows(nn.Module):
 
     def forward(self, x: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         """The module's output on ``x``, row by row from the nearest copy; see the class."""
-        if self._writer is not None:
-            self._writer.check()
         if not isinstance(x, torch.Tensor) or x.dim() == 0:
             raise NotRowwise(
                 f"a row-cached module is called with a batch tensor (rows along dimension 0), "
@@ -345,6 +343,8 @@ class CachedRows(nn.Module):
         return out
 
     def _recall_or_run(self, x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+        if self._writer is not None:
+            self._writer.check()  # here, outside what torch.compile traces
         start = time.perf_counter()
         if not self._placed:
             self.tiers[0].device = x.device
