@@ -7,7 +7,6 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ import somatize.torch as smt
 from somatize import CODECS, Opaque, Store
 from somatize_torch import _native
 from somatize_torch.digest import DTYPES
+from tests.forked import in_forked_child
 
 SAMPLES = {
     torch.bool: torch.tensor([[True, False, True], [False, False, True]]),
@@ -229,26 +229,14 @@ def test_importing_somatize_torch_initialises_no_cuda_and_registers_the_codec(
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def _digest_in_child(queue: Any) -> None:
-    torch.set_num_threads(1)  # as a DataLoader worker does: torch's own pool stays behind
+def _digest_in_child() -> bool:
     batch = torch.arange(64 * 3 * 64 * 64, dtype=torch.float32).reshape(64, 3, 64, 64)
-    queue.put(smt.digest_rows(batch) == [smt.digest_tensor(row) for row in batch])
+    return smt.digest_rows(batch) == [smt.digest_tensor(row) for row in batch]
 
 
 def test_rows_are_digested_in_a_forked_child(row_path: str) -> None:
     """A process forked after rows were hashed on several threads (a DataLoader worker)
     hashes rows on its own threads: the parent's pool has no threads in the child."""
-    import multiprocessing
-
     batch = torch.randn(64, 3, 64, 64)  # 3 MB: split across threads on both paths
     assert smt.digest_rows(batch) == [smt.digest_tensor(row) for row in batch]
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_digest_in_child, args=(queue,))
-    child.start()
-    child.join(timeout=120)
-    if child.is_alive():
-        child.kill()
-        pytest.fail("the forked child hung digesting rows")
-    assert child.exitcode == 0
-    assert queue.get(timeout=5) is True
+    assert in_forked_child(_digest_in_child) is True

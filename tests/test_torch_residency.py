@@ -19,8 +19,16 @@ from torch import nn
 
 from somatize import Store
 from somatize_torch.codec import TENSOR
-from somatize_torch.residency import Tier, WriteFailed, Writer, decode_rows, encode_rows
+from somatize_torch.residency import (
+    Tier,
+    WriteFailed,
+    Writer,
+    decode_rows,
+    encode_rows,
+    store_lock,
+)
 from somatize_torch.rows import cache_rows
+from tests.forked import in_forked_child
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -111,35 +119,22 @@ def test_flush_puts_every_computed_row_in_the_store(store: Store) -> None:
     cached.close()
 
 
-def _keep_in_child(cached: Any, queue: Any) -> None:
-    torch.set_num_threads(1)  # as a DataLoader worker does
+def _keep_in_child(cached: Any) -> list[str]:
     x = rows(20, seed=7)
     cached(x)
     cached.flush()
-    queue.put(cached.row_keys(x))
+    keys: list[str] = cached.row_keys(x)
+    return keys
 
 
 def test_a_forked_child_keeps_its_own_rows(store: Store) -> None:
     """A child forked while the parent's writer thread runs and the store's lock is held
     (here by the parent itself) computes, keeps and flushes its own rows: it neither
     waits for the parent's thread nor for a lock no thread of its own holds."""
-    import multiprocessing
-
-    from somatize_torch.residency import store_lock
-
     cached = cache_rows(mlp(), store)
     cached(rows(10))  # the writer thread is running now
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
     with store_lock(cached.store):
-        child = context.Process(target=_keep_in_child, args=(cached, queue))
-        child.start()
-        child.join(timeout=120)
-    if child.is_alive():
-        child.kill()
-        pytest.fail("the forked child hung keeping its rows")
-    assert child.exitcode == 0
-    keys = queue.get(timeout=5)
+        keys = in_forked_child(_keep_in_child, cached)
     cached.flush()
     assert Store(store.root).have(keys) == set(keys)
     cached.close()
