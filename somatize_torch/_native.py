@@ -99,6 +99,19 @@ _ext_module: ModuleType | None = None
 _ext_error: BaseException | None = None
 
 
+def _after_fork_in_child() -> None:
+    """A forked child starts with its own locks (one a parent's thread held during a build
+    would stay held) and with no build under way (the parent's thread is not there)."""
+    global _lock, _background_lock
+    _lock = threading.RLock()
+    _background_lock = threading.Lock()
+    _background.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class NativeUnavailableError(RuntimeError):
     """Native code was required but could not be built or loaded."""
 

@@ -294,6 +294,32 @@ def test_a_failed_background_build_keeps_the_pure_path(
     assert digest_rows(batch) == [digest_tensor(row) for row in batch]
 
 
+def _library_in_child() -> bool:
+    return native.host_library() is not None
+
+
+def test_a_child_forked_during_a_build_gets_the_library(lib: ctypes.CDLL) -> None:
+    """The build lock held in the parent when it forks (a build under way) is not held in
+    the child, which loads the library itself."""
+    from tests.forked import in_forked_child
+
+    held, done = threading.Event(), threading.Event()
+
+    def build() -> None:  # stands for a build on another thread, holding the lock
+        with native._lock:
+            held.set()
+            done.wait(timeout=300)
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    held.wait(timeout=60)
+    try:
+        assert in_forked_child(_library_in_child) is True
+    finally:
+        done.set()
+        builder.join()
+
+
 @pytest.mark.parametrize("chunks", PLAN_CHUNKS)
 def test_kernel_plan_every_tile_shape(lib: ctypes.CDLL, chunks: int) -> None:
     rows = 1 if chunks > 4096 else 3
