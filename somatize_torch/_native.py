@@ -207,13 +207,19 @@ def _build_shared(
     tmp = Path(tmp_name)
     try:
         cmd = [cxx, *flags, f"-I{src}", str(src / sources[-1]), "-o", str(tmp)]
+        if shutil.which("sh"):
+            # The shell moves the library into place itself, so that a build started in
+            # the background lands even when this process exits before it ends.
+            script = 'tmp="$1"; to="$2"; shift 2; "$@" && chmod 755 "$tmp" && mv -f "$tmp" "$to"'
+            cmd = ["sh", "-c", script, "sh", str(tmp), str(target), *cmd]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise NativeUnavailableError(
                 f"native build failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}"
             )
-        tmp.chmod(0o755)
-        os.replace(tmp, target)
+        if tmp.exists():
+            tmp.chmod(0o755)
+            os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
     _log_once(f"built:{target}", "built native library %s", target)

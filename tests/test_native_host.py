@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -275,6 +276,36 @@ def test_ready_host_library_never_waits(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv(native.ENV_CACHE, str(other))
     assert native.ready_host_library() is not None
     assert other not in native._background
+
+
+def test_a_background_build_lands_after_its_process_exits(tmp_path: Path) -> None:
+    """A process that started the build in the background and exited before it ended
+    (a short job, the first time) still leaves the library for the next one."""
+    script = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "import time\n"
+        "from pathlib import Path\n"
+        "from somatize_torch import _native\n"
+        "assert _native.ready_host_library() is None\n"
+        "cache = Path(os.environ['SOMATIZE_EXT_CACHE'])\n"
+        "for _ in range(600):  # until the compiler runs, then gone mid-build\n"
+        "    if list(cache.glob('.*.tmp')):\n"
+        "        break\n"
+        "    time.sleep(0.05)\n"
+        "time.sleep(0.5)\n"
+        "os._exit(0)\n"
+    )
+    env = dict(os.environ, SOMATIZE_EXT_CACHE=str(tmp_path))
+    env.pop("SOMATIZE_NATIVE", None)
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    for _ in range(1200):
+        if list(tmp_path.glob("libsmz_blake3_host-*.so")):
+            break
+        time.sleep(0.1)
+    built = list(tmp_path.glob("libsmz_blake3_host-*.so"))
+    assert len(built) == 1
+    assert ctypes.CDLL(str(built[0])).smz_blake3_host_abi_version() == 2
 
 
 def test_a_failed_background_build_keeps_the_pure_path(
