@@ -398,14 +398,18 @@ class Writer:
         self._lost = 0
         self._thread: threading.Thread | None = None
 
+    def _own(self) -> None:
+        """Starts afresh if this is a forked child of the process that made the writer."""
+        if self._pid != os.getpid():
+            self._begin()
+
     def submit(self, keys: Sequence[str], rows: torch.Tensor) -> None:
         """Stages ``rows`` (kept under ``keys``, one row each) and queues them for the store."""
         if self._closed:
             raise RuntimeError("this writer is closed; nothing more can be submitted to it")
         if not keys:
             return
-        if self._pid != os.getpid():
-            self._begin()
+        self._own()
         rows = rows.detach()
         nbytes = rows.numel() * rows.element_size()
         with self._changed:
@@ -419,8 +423,7 @@ class Writer:
 
     def check(self) -> None:
         """Raises :class:`WriteFailed` for writes that failed since the last check."""
-        if self._pid != os.getpid():
-            self._begin()
+        self._own()
         with self._changed:
             error, lost = self._error, self._lost
             self._error, self._lost = None, 0
@@ -434,8 +437,7 @@ class Writer:
 
     def drain(self) -> None:
         """Waits until every row submitted so far has been written or has failed."""
-        if self._pid != os.getpid():
-            self._begin()
+        self._own()
         with self._changed:
             if self._done < self._submitted:
                 self._queue.put(_WAKE)
