@@ -9,9 +9,12 @@ the ``tensor`` codec (:mod:`somatize_torch.codec`) and initialises no CUDA.
   turns off their gradients, holds them in eval;
 - :func:`cache_rows` — per-sample caching of a frozen encoder, with memory tiers
   and a background writer, and :func:`prefill` to warm it;
+- :func:`ahead` — a loader fetched a batch ahead, its rows named for content-keyed
+  caches on another thread while the current step runs;
 - :func:`digest_tensor` / :func:`digest_rows` — the one way tensor content is named.
 """
 
+from somatize_torch.ahead import Ahead, ahead
 from somatize_torch.codec import TENSOR, LandedOnHost, TensorCodec, register
 from somatize_torch.digest import digest_named, digest_rows, digest_tensor
 from somatize_torch.freeze import (
@@ -50,6 +53,7 @@ register()
 
 __all__ = [
     "TENSOR",
+    "Ahead",
     "CachedInputNeedsGrad",
     "CachedRows",
     "FreezeError",
@@ -72,6 +76,7 @@ __all__ = [
     "WrapError",
     "Wrapped",
     "WriteFailed",
+    "ahead",
     "cache_rows",
     "digest_named",
     "digest_rows",

@@ -208,7 +208,7 @@ def digest_rows(tensor: torch.Tensor) -> list[str]:
     return [row_digest(header, raw) for raw in raw_rows(tensor)]
 
 
-def raw_rows(tensor: torch.Tensor) -> list[bytes]:
+def raw_rows(tensor: torch.Tensor, *, spread: bool = True) -> list[bytes]:
     """The raw digest of each row ``tensor[i]`` (BLAKE3 of its bytes alone), in one call.
 
     A raw digest does not say the row's dtype or shape, so it names a row only among
@@ -228,9 +228,9 @@ def raw_rows(tensor: torch.Tensor) -> list[bytes]:
     lib = _native.ready_host_library()
     if lib is not None:
         host = _host_tensor(tensor)
-        return _native_rows(lib.smz_blake3_host_rows, host, rows)
+        return _native_rows(lib.smz_blake3_host_rows, host, rows, spread)
     view = host_bytes(tensor)
-    return _hash_rows(view, rows, view.nbytes // rows if rows else 0)
+    return _hash_rows(view, rows, view.nbytes // rows if rows else 0, spread)
 
 
 def row_header(tensor: torch.Tensor) -> bytes:
@@ -250,7 +250,7 @@ def _hash_span(view: memoryview, size: int, start: int, stop: int) -> list[bytes
     ]
 
 
-def _hash_rows(view: memoryview, rows: int, size: int) -> list[bytes]:
+def _hash_rows(view: memoryview, rows: int, size: int, spread: bool = True) -> list[bytes]:
     """The raw digest of each row of a batch's bytes, with the ``blake3`` package.
 
     The package releases the GIL while it hashes an input of ``_GIL_FREE`` bytes or
@@ -258,7 +258,7 @@ def _hash_rows(view: memoryview, rows: int, size: int) -> list[bytes]:
     core, hashed side by side: a row's digest does not depend on which thread
     computed it.
     """
-    workers = 1 if view.nbytes < _SPLIT_ROWS else min(_cores(), rows)
+    workers = 1 if view.nbytes < _SPLIT_ROWS or not spread else min(_cores(), rows)
     if size < _GIL_FREE or workers < 2:
         return _hash_span(view, size, 0, rows)
     bounds = [rows * k // workers for k in range(workers + 1)]
@@ -272,7 +272,7 @@ def _hash_rows(view: memoryview, rows: int, size: int) -> list[bytes]:
     return out
 
 
-def _native_rows(hash_rows: Any, host: torch.Tensor, rows: int) -> list[bytes]:
+def _native_rows(hash_rows: Any, host: torch.Tensor, rows: int, spread: bool = True) -> list[bytes]:
     """The raw digest of each row of a contiguous CPU tensor, from the native host
     library, which hashes many rows' chunks at once on SIMD lanes and holds no GIL:
     a batch of ``_NATIVE_SPLIT`` bytes or more is hashed one run of rows per core."""
@@ -283,7 +283,7 @@ def _native_rows(hash_rows: Any, host: torch.Tensor, rows: int) -> list[bytes]:
     base = host.data_ptr() if nbytes else 0
     out = ctypes.create_string_buffer(32 * rows)
     into = ctypes.addressof(out)
-    workers = 1 if nbytes < _NATIVE_SPLIT else min(_cores(), rows)
+    workers = 1 if nbytes < _NATIVE_SPLIT or not spread else min(_cores(), rows)
     first, *rest = itertools.pairwise([rows * k // workers for k in range(workers + 1)])
     pool = _pool()
     later = [

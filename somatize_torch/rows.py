@@ -44,8 +44,10 @@ keys are the module's and a checkpoint loads into the unwrapped module.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Sized
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -137,7 +139,16 @@ class RowStats:
 _REMEMBERED_KEYS = 1 << 20
 """How many store keys a keying remembers (about 200 MB at most)."""
 
+_NAMED_AHEAD = 16
+"""How many batches named ahead a cache holds for forwards to come (older ones are dropped)."""
+
 _COUNTED = ("batches", "rows", "computed", "device", "host", "store", "lookup_s", "compute_s")
+
+
+def _stamp(x: torch.Tensor) -> tuple[Any, ...]:
+    """What must be unchanged for rows named earlier to still be ``x``'s rows: its version
+    counter (bumped by every change in place), its memory, layout and dtype."""
+    return (x._version, x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -238,6 +249,13 @@ class CachedRows(nn.Module):
         self._drift_warned = False
         self._counts = dict.fromkeys(_COUNTED, 0.0)
         self._kept_base = (0, 0, 0)
+        # Batches whose rows were named ahead of their forward (see `name_ahead`), by id.
+        self._named: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], list[bytes]]]
+        self._named = {}
+        self._named_lock = threading.Lock()
+        self.named_ahead = 0  # batches named ahead, and how many of them a forward used
+        self.used_ahead = 0
+        self.last_input: weakref.ref[torch.Tensor] | None = None
 
     # -- the state it is frozen at
 
@@ -295,10 +313,50 @@ class CachedRows(nn.Module):
 
     # -- keys
 
+    def name_ahead(self, x: torch.Tensor) -> bool:
+        """Names the rows of ``x`` by content now, on the calling thread, so that a forward
+        on this same tensor finds them named; returns whether it did.
+
+        For a thread that fetches the next batch while the current step runs
+        (:func:`somatize_torch.ahead.ahead`): naming is most of what a content-keyed
+        recall costs, and there it overlaps the step. A forward uses the names only if
+        ``x`` is the very tensor named and unchanged since — same version counter (which
+        every change in place through torch bumps), memory, layout and dtype — and
+        names the rows itself otherwise. Nothing is named for an index-keyed cache, for a
+        batch that requires grad, or for a host batch once the cache runs on a device."""
+        if self.key_mode != "content" or not isinstance(x, torch.Tensor) or x.dim() == 0:
+            return False
+        if x.requires_grad or (self._placed and x.device != self.tiers[0].device):
+            return False
+        stamp = _stamp(x)
+        ids = raw_rows(x, spread=False)
+        with self._named_lock:
+            named = self._named
+            while len(named) >= _NAMED_AHEAD:
+                del named[next(iter(named))]
+            named[id(x)] = (weakref.ref(x), stamp, ids)
+            self.named_ahead += 1
+        return True
+
+    def _take_named(self, x: torch.Tensor) -> list[bytes] | None:
+        """The names of ``x``'s rows if they were named ahead and ``x`` is unchanged since."""
+        if not self._named:
+            return None
+        with self._named_lock:
+            found = self._named.pop(id(x), None)
+        if found is None:
+            return None
+        ref, stamp, ids = found
+        if ref() is not x or stamp != _stamp(x):
+            return None  # another tensor at the same address, or changed in place
+        self.used_ahead += 1
+        return ids
+
     def _row_ids(self, x: torch.Tensor, index: torch.Tensor | None) -> list[Any]:
         """What names each row within one keying: its content digest, or its index."""
         if self.key_mode == "content":
-            return raw_rows(x)
+            named = self._take_named(x)
+            return named if named is not None else raw_rows(x)
         if index is None:
             raise NeedsIndex(
                 "this cache keys rows by sample index (key='index'), and was called without "
@@ -349,6 +407,7 @@ class CachedRows(nn.Module):
         if not self._placed:
             self.tiers[0].device = x.device
             self._placed = True
+        self.last_input = weakref.ref(x)
         keying = self._keying(x)
         tag = keying.tag
         ids = self._row_ids(x, index)

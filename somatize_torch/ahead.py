@@ -1,0 +1,232 @@
+"""Fetching the next batch, and naming its rows, while the current step runs.
+
+A content-keyed recall (:mod:`somatize_torch.rows`) must read every byte of the
+batch to name its rows; on a CPU that is most of what an epoch from the memory
+tier costs beyond the head's own work. None of it depends on the step before,
+so it need not wait for it::
+
+    cached = somatize.torch.cache_rows(encoder, "features/")
+    for x, y in somatize.torch.ahead(loader, cached):
+        loss = loss_fn(head(cached(x)), y)
+        ...
+
+:func:`ahead` takes each batch from ``loader`` ``depth`` batches before the loop
+needs it and hands it to a background thread, which names its rows for every
+cache given (:meth:`~somatize_torch.rows.CachedRows.name_ahead`) while the loop
+runs the step before; the loop's forward then finds them named. The thread only
+hashes, which holds no GIL, so it takes a second core without slowing the loop's
+own Python; the loader itself still runs on the loop's thread, as without
+:func:`ahead` (a thread running ``__getitem__`` and collation beside the loop
+would fight it for the GIL). The names are used only for the very tensor they
+were made from, unchanged since (its version counter, which every change in place
+through torch bumps, its memory and layout): a batch the loop changes, replaces or
+moves to another device is named again at its forward, so nothing stale is ever
+recalled. A change made behind torch's back — writing through ``x.numpy()`` or
+``x.data`` — is not seen; don't write into a batch that way between the loader and
+the cached module.
+
+Which tensor of a loader item is the cached module's input is learned: after each
+step, the tensor of the item that a cache was last called with (found by identity
+among the item's tensors) is the one named in the items after it; before the first
+step, a tensor item, or a tuple's or list's first tensor, or a dict's ``x`` or
+``input``. ``inputs=`` says it outright. A cache whose forwards never use the names
+made for it (the loop feeds it something the loader did not yield, or changes the
+batch first) is no longer named for after a few batches, so the thread does not
+spend a core for nothing.
+
+An error from the loader, or in naming, is raised in the loop at the batch where
+it happened, after the batches before it. Leaving the loop early (``break``, an
+exception) drops the batches fetched ahead. :class:`Ahead` passes ``len()`` and
+any attribute (``sampler``, ``dataset``, …) through to the loader, so code that
+inspects a DataLoader still works on it. With no content-keyed cache to name for
+it is the loader itself, fetched as it comes.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from somatize._threads import process_pool
+from somatize_torch.rows import CachedRows
+
+__all__ = ["Ahead", "ahead"]
+
+log = logging.getLogger("somatize.torch")
+
+T = TypeVar("T")
+
+_UNUSED_LIMIT = 4
+"""Batches named for a cache beyond ``depth``, with none of them used by its forward,
+after which the thread stops naming for it."""
+
+Path = tuple[Any, ...]
+
+
+def _tensors(item: Any, path: Path = (), depth: int = 3) -> Iterator[tuple[Path, torch.Tensor]]:
+    """Every tensor in ``item`` (nested tuples, lists and dicts, ``depth`` levels), with
+    the path of indices and keys that reaches it."""
+    if isinstance(item, torch.Tensor):
+        yield path, item
+    elif depth > 0 and isinstance(item, (tuple, list)):
+        for i, part in enumerate(item):
+            yield from _tensors(part, (*path, i), depth - 1)
+    elif depth > 0 and isinstance(item, dict):
+        for key, part in item.items():
+            yield from _tensors(part, (*path, key), depth - 1)
+
+
+def _at(item: Any, path: Path) -> Any:
+    for step in path:
+        try:
+            item = item[step]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return item
+
+
+def _first_guess(item: Any) -> Path | None:
+    """Where the batch tensor most likely is before any step says: the item itself, a
+    tuple's or list's first item, a dict's ``x`` or ``input``."""
+    if isinstance(item, torch.Tensor):
+        return ()
+    if isinstance(item, (tuple, list)) and item and isinstance(item[0], torch.Tensor):
+        return (0,)
+    if isinstance(item, dict):
+        for key in ("x", "input"):
+            if isinstance(item.get(key), torch.Tensor):
+                return (key,)
+    return None
+
+
+class Ahead(Generic[T]):
+    """``loader``, fetched ``depth`` batches ahead, with each batch's rows named for
+    ``caches`` on a background thread meanwhile; see the module docstring."""
+
+    def __init__(
+        self,
+        loader: Iterable[T],
+        caches: Sequence[CachedRows],
+        *,
+        inputs: Callable[[T], torch.Tensor] | None = None,
+        depth: int = 1,
+    ) -> None:
+        if isinstance(loader, Ahead):
+            raise TypeError("this loader is already fetched ahead; wrap the loader inside once")
+        for cache in caches:
+            if not isinstance(cache, CachedRows):
+                raise TypeError(
+                    f"ahead names rows for modules made by `cache_rows`, got a "
+                    f"`{type(cache).__name__}`"
+                )
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth= is how many batches to fetch ahead, 1 or more; got {depth!r}")
+        self.loader = loader
+        self.caches = list(caches)
+        self.inputs = inputs
+        self.depth = depth
+        # Where each cache's input sits in a loader item, once a step has shown it; how
+        # many batches were named for it since a forward last used names made here.
+        self._paths: dict[int, Path] = {}
+        self._unused: dict[int, int] = {}
+        self._used: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]  # TypeError for an unsized loader, as len() gives
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("loader", "caches", "inputs", "depth"):
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __iter__(self) -> Iterator[T]:
+        if not any(cache.key_mode == "content" for cache in self.caches):
+            yield from self.loader  # nothing to name: no thread to hand batches to
+            return
+        pool = process_pool("somatize-ahead", 1)
+        waiting: collections.deque[tuple[T, Future[None]]] = collections.deque()
+        items = iter(self.loader)
+        failed: Exception | None = None  # raised once the batches before it are through
+        try:
+            while True:
+                while failed is None and len(waiting) <= self.depth:
+                    try:
+                        item = next(items)
+                    except StopIteration:
+                        break
+                    except Exception as error:
+                        failed = error
+                        break
+                    waiting.append((item, pool.submit(self._name, item)))
+                if not waiting:
+                    if failed is not None:
+                        raise failed
+                    return
+                item, named = waiting.popleft()
+                named.result()  # an error in naming is raised here, at its batch
+                yield item
+                self._learn(item)
+        finally:
+            for _, named in waiting:
+                named.cancel()
+
+    def _name(self, item: T) -> None:
+        for cache in self.caches:
+            key = id(cache)
+            seen = self._used.get(key)
+            if seen != cache.used_ahead:  # a forward used names made here: keep naming
+                self._used[key] = cache.used_ahead
+                self._unused[key] = 0
+            unused = self._unused.get(key, 0)
+            if unused > self.depth + _UNUSED_LIMIT:
+                continue
+            x = self._input(item, cache)
+            if isinstance(x, torch.Tensor) and cache.name_ahead(x):
+                self._unused[key] = unused + 1
+                if unused + 1 > self.depth + _UNUSED_LIMIT:
+                    log.debug(
+                        "no batch named ahead for `%s` reached its forward unchanged; naming "
+                        "for it stops (pass inputs= to say which tensor of an item is its "
+                        "input)",
+                        type(cache.module).__name__,
+                    )
+
+    def _input(self, item: T, cache: CachedRows) -> Any:
+        if self.inputs is not None:
+            return self.inputs(item)
+        path = self._paths.get(id(cache))
+        if path is None:
+            path = _first_guess(item)
+        return None if path is None else _at(item, path)
+
+    # -- on the loop's thread, after each step
+
+    def _learn(self, item: T) -> None:
+        for cache in self.caches:
+            last = cache.last_input() if cache.last_input is not None else None
+            if last is None:
+                continue
+            for path, tensor in _tensors(item):
+                if tensor is last:
+                    if self._paths.get(id(cache)) != path:
+                        self._paths[id(cache)] = path
+                        self._unused[id(cache)] = 0  # a new guess gets a new chance
+                    break
+
+
+def ahead(
+    loader: Iterable[T],
+    *caches: CachedRows,
+    inputs: Callable[[T], torch.Tensor] | None = None,
+    depth: int = 1,
+) -> Ahead[T]:
+    """``loader``, fetched ``depth`` batches ahead, each batch's rows named for ``caches``
+    on a background thread meanwhile so that their forwards find them named; see the
+    module docstring. ``inputs`` picks a cache's input out of a loader item (by default
+    it is learned from the steps). With no content-keyed cache it is ``loader`` itself."""
+    return Ahead(loader, caches, inputs=inputs, depth=depth)

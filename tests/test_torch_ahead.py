@@ -1,0 +1,201 @@
+"""Fetching a batch ahead and naming its rows on another thread (somatize_torch.ahead)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import somatize_torch.rows as rows_module
+from somatize import Store
+from somatize_torch.ahead import _UNUSED_LIMIT, Ahead, ahead
+from somatize_torch.rows import CachedRows, cache_rows
+from tests.test_torch_rows import encoder, expected, images, loader
+
+
+@pytest.fixture
+def warm(store: Store) -> Iterator[CachedRows]:
+    """A content-keyed cache that has seen every row of ``images(64)``."""
+    made = cache_rows(encoder(), store)
+    for x, _ in loader(images(64)):
+        made(x)
+    made.reset_stats()
+    yield made
+    made.close()
+
+
+def test_items_come_through_in_the_loaders_order_with_its_length_and_attributes(
+    warm: CachedRows,
+) -> None:
+    data = images(64)
+    plain = torch.cat([index for _, index in loader(data, seed=3)])
+    wrapped = ahead(loader(data, seed=3), warm)
+    assert torch.equal(torch.cat([index for _, index in wrapped]), plain)
+    assert len(wrapped) == 4
+    assert wrapped.batch_size == 16 and isinstance(wrapped.dataset, TensorDataset)
+
+
+def test_every_forward_finds_its_rows_named_on_the_other_thread(
+    warm: CachedRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Epoch 2 through ahead: the rows of every batch are named on the ahead thread, none
+    in the forward, and every answer is the encoder's."""
+    threads: list[str] = []
+    real = rows_module.raw_rows
+
+    def counted(x: torch.Tensor, **kwargs: Any) -> list[bytes]:
+        threads.append(threading.current_thread().name)
+        return real(x, **kwargs)
+
+    monkeypatch.setattr(rows_module, "raw_rows", counted)
+    data = images(64)
+    truth = expected(warm.module, data)
+    for x, index in ahead(loader(data, seed=5), warm):
+        assert torch.equal(warm(x), truth[index])
+    assert warm.used_ahead == 4 and warm.stats.hit_rate == 1.0
+    assert len(threads) == 4 and all(name.startswith("somatize-ahead") for name in threads)
+
+
+def test_a_batch_changed_in_place_after_naming_is_named_again(warm: CachedRows) -> None:
+    """Names made ahead are for the tensor as the loader gave it: a change in place
+    (which bumps its version counter) makes the forward name it again — no stale answer."""
+    data = images(64)
+    doubled = expected(warm.module, data * 2)
+    for x, index in ahead(loader(data, seed=5), warm):
+        x.mul_(2)
+        assert torch.equal(warm(x), doubled[index])
+    assert warm.used_ahead == 0
+    assert warm.stats.computed == 64  # the doubled rows are new rows, all computed
+
+
+def test_weights_changed_after_naming_give_the_new_weights_answers(warm: CachedRows) -> None:
+    data = images(64)
+    batches = ahead(loader(data, seed=5), warm)
+    for step, (x, index) in enumerate(batches):
+        if step == 2:
+            with torch.no_grad():
+                warm.module[0].weight.add_(0.5)  # type: ignore[index, union-attr, operator]
+        assert torch.equal(warm(x), expected(warm.module, data)[index])
+    assert warm.used_ahead == 4  # the names are of the content, right under any weights
+
+
+class Labelled(Dataset[dict[str, torch.Tensor]]):
+    """Items whose image is not where a first guess looks (neither first nor `x`)."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return self.data.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"label": torch.tensor(i % 3), "image": self.data[i], "index": torch.tensor(i)}
+
+
+def test_which_tensor_is_the_input_is_learned_from_the_steps(warm: CachedRows) -> None:
+    data = images(64)
+    truth = expected(warm.module, data)
+    items = DataLoader(Labelled(data), batch_size=8, shuffle=True)
+    for item in ahead(items, warm):
+        assert torch.equal(warm(item["image"]), truth[item["index"]])
+    # The two batches fetched before the first step could not be named; the rest were.
+    assert warm.used_ahead == 8 - 2
+
+
+def test_inputs_says_which_tensor_outright(warm: CachedRows) -> None:
+    data = images(64)
+    items = DataLoader(Labelled(data), batch_size=8, shuffle=True)
+    for item in ahead(items, warm, inputs=lambda item: item["image"]):
+        warm(item["image"])
+    assert warm.used_ahead == 8
+
+
+def test_a_cache_never_fed_what_was_named_is_no_longer_named_for(warm: CachedRows) -> None:
+    data = images(256)
+    batches = DataLoader(TensorDataset(data), batch_size=8)
+    for (x,) in ahead(batches, warm, depth=1):
+        warm(x.clone())  # another tensor than the one named: its names are never used
+    assert warm.used_ahead == 0
+    assert warm.named_ahead <= 1 + _UNUSED_LIMIT + 2
+
+
+class Failing(Dataset[torch.Tensor]):
+    def __init__(self, data: torch.Tensor, bad: int) -> None:
+        self.data, self.bad = data, bad
+
+    def __len__(self) -> int:
+        return self.data.shape[0]
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.bad:
+            raise KeyError(f"sample {i} is missing")
+        return self.data[i]
+
+
+def test_a_loader_error_is_raised_in_the_loop_after_the_batches_before_it(
+    warm: CachedRows,
+) -> None:
+    seen = 0
+    with pytest.raises(KeyError, match="sample 5 is missing"):
+        for x in ahead(DataLoader(Failing(images(8), bad=5), batch_size=1), warm):
+            warm(x)
+            seen += 1
+    assert seen == 5
+
+
+def test_a_naming_error_is_raised_in_the_loop_at_its_batch(
+    warm: CachedRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = 0
+    real = rows_module.raw_rows
+
+    def fails_third(x: torch.Tensor, **kwargs: Any) -> list[bytes]:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise MemoryError("no room to name these rows")
+        return real(x, **kwargs)
+
+    monkeypatch.setattr(rows_module, "raw_rows", fails_third)
+    seen = 0
+    with pytest.raises(MemoryError, match="no room"):
+        for x, _ in ahead(loader(images(64)), warm):
+            warm(x)
+            seen += 1
+    assert seen == 2
+
+
+def test_leaving_the_loop_early_and_iterating_again(warm: CachedRows) -> None:
+    data = images(64)
+    batches = ahead(loader(data), warm)
+    for step, (x, _) in enumerate(batches):
+        warm(x)
+        if step == 1:
+            break
+    again = [warm(x) for x, _ in batches]
+    assert len(again) == 4 and warm.stats.hit_rate == 1.0
+
+
+def test_an_index_keyed_cache_has_nothing_named(store: Store) -> None:
+    data = images(32)
+    by_index = cache_rows(encoder(), store, key="index", version="images@1")
+    truth = expected(by_index.module, data)
+    for x, index in ahead(loader(data), by_index):
+        assert torch.equal(by_index(x, index=index), truth[index])
+    assert by_index.named_ahead == 0
+    by_index.close()
+
+
+def test_bad_arguments_are_refused(warm: CachedRows) -> None:
+    batches = loader(images(16))
+    with pytest.raises(TypeError, match="cache_rows"):
+        ahead(batches, torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="depth"):
+        ahead(batches, warm, depth=0)
+    with pytest.raises(TypeError, match="already fetched ahead"):
+        ahead(ahead(batches, warm), warm)
+    assert isinstance(ahead(batches), Ahead)
