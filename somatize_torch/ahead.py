@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
@@ -88,6 +88,15 @@ def _at(item: Any, path: Path) -> Any:
         except (KeyError, IndexError, TypeError):
             return None
     return item
+
+
+def _length(loader: Iterable[Any]) -> int | None:
+    if not isinstance(loader, Sized):
+        return None
+    try:
+        return len(loader)
+    except TypeError:  # a DataLoader over an IterableDataset without a length
+        return None
 
 
 def _first_guess(item: Any) -> Path | None:
@@ -152,9 +161,16 @@ class Ahead(Generic[T]):
         waiting: collections.deque[tuple[T, Future[None]]] = collections.deque()
         items = iter(self.loader)
         failed: Exception | None = None  # raised once the batches before it are through
+        # Never ahead past the loader's length: asking an exhausted DataLoader for one
+        # more batch draws from its shuffling generator, so a loop that stops at the
+        # length (as Lightning's does) would see other shuffles in the epochs after.
+        count = _length(self.loader)
+        fetched = 0
         try:
             while True:
                 while failed is None and len(waiting) <= self.depth:
+                    if waiting and count is not None and fetched >= count:
+                        break  # past the length only when the loop asks for it
                     try:
                         item = next(items)
                     except StopIteration:
@@ -162,6 +178,7 @@ class Ahead(Generic[T]):
                     except Exception as error:
                         failed = error
                         break
+                    fetched += 1
                     waiting.append((item, pool.submit(self._name, item)))
                 if not waiting:
                     if failed is not None:

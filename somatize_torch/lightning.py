@@ -36,6 +36,14 @@ Why it is shaped this way:
 - **Precision is part of the key**: under ``precision="bf16-mixed"`` or
   ``"16-mixed"`` the encoder runs under autocast, and the autocast dtype is in
   every row's key, so a bf16 answer is never recalled for an fp32 question.
+- **The next batch is named while the step runs**: with content keys on the
+  CPU, the callback hands each training epoch's loader to
+  :func:`somatize_torch.ahead.ahead` from the second epoch on (Lightning has made
+  the first epoch's iterator by the time a callback can act), so the rows of
+  batch ``k + 1`` are hashed on another core while step ``k`` runs, and the
+  step's lookup is a dict pass and a gather. ``ahead=False`` turns it off; a
+  loader that keeps its own position (one with ``state_dict``) is left as it is,
+  since fetching ahead would put its position one batch off.
 - **Ranks share one store**: under DDP each rank computes and keeps its own rows
   (a store's writes are atomic and idempotent, so two ranks keeping one row is
   harmless), and at the end of each epoch every rank flushes its writes and
@@ -58,12 +66,14 @@ from torch import nn
 
 from somatize import Store
 from somatize.errors import SomatizeError, SomatizeWarning
+from somatize_torch.ahead import Ahead
 from somatize_torch.rows import DEVICE_BYTES, HOST_BYTES, CachedRows, RowStats, cache_rows
 from somatize_torch.rows import prefill as prefill_rows
 
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.utilities import CombinedLoader
 except ImportError:  # pragma: no cover - the message is the point
     raise ImportError(
         "somatize.torch.lightning needs Lightning, which is not installed: "
@@ -154,6 +164,8 @@ class CacheFrozen(Callback):
     LightningModule calls the cached module as ``self.encoder(x, index=idx)``.
     ``progress_bar`` shows the running hit rate in the progress bar as ``hit``
     (refreshed every few batches, and only when the trainer has a progress bar).
+    ``ahead`` names each training batch's rows on another thread while the step
+    before runs (content keys, on the CPU).
     """
 
     def __init__(
@@ -168,6 +180,7 @@ class CacheFrozen(Callback):
         host_bytes: int = HOST_BYTES,
         strict: bool = False,
         progress_bar: bool = True,
+        ahead: bool = True,
     ) -> None:
         names = [modules] if isinstance(modules, str) else list(modules)
         if not names or not all(isinstance(n, str) and n for n in names):
@@ -194,6 +207,7 @@ class CacheFrozen(Callback):
         self.host_bytes = host_bytes
         self.strict = strict
         self.progress_bar = progress_bar
+        self.ahead = ahead
         self.history: list[EpochStats] = []
         self._cached: dict[str, CachedRows] = {}
         self._owner: nn.Module | None = None
@@ -320,7 +334,27 @@ class CacheFrozen(Callback):
         for cached in self._cached.values():
             cached.reset_stats()  # what the sanity check or an earlier stage counted
         self._train_parts = {}
+        self._fetch_ahead(trainer, pl_module)
         self._begin("train")
+
+    def _fetch_ahead(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Puts the training loaders behind :func:`~somatize_torch.ahead.ahead`, for the
+        iterators Lightning makes from the next epoch on."""
+        caches = [c for c in self._cached.values() if c.key_mode == "content"]
+        if not self.ahead or not caches or pl_module.device.type != "cpu":
+            return
+        combined = getattr(trainer.fit_loop, "_combined_loader", None)
+        if not isinstance(combined, CombinedLoader):
+            return  # another Lightning than the one this reads: rows are named in the step
+        loaders = combined.flattened
+        wrapped = [
+            dl
+            if isinstance(dl, Ahead) or callable(getattr(dl, "state_dict", None))
+            else Ahead(dl, caches)
+            for dl in loaders
+        ]
+        if any(new is not old for new, old in zip(wrapped, loaders, strict=True)):
+            combined.flattened = wrapped
 
     def on_train_batch_end(
         self,

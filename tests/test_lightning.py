@@ -100,6 +100,23 @@ def test_trained_head_equals_a_run_without_the_callback(tmp_path: Path) -> None:
     assert torch.equal(cached.head.bias, plain.head.bias)
 
 
+def test_from_the_second_epoch_each_batch_is_named_ahead(tmp_path: Path) -> None:
+    """From epoch 2 on, the training loader is fetched ahead and every forward finds its
+    rows named on the other thread; the head trains exactly as with ``ahead=False``."""
+    models = {}
+    for ahead in (True, False):
+        model = Probe()
+        callback = CacheFrozen(tmp_path / f"store-{ahead}", ["encoder"], ahead=ahead)
+        trainer(tmp_path / str(ahead), 3, callbacks=[callback]).fit(model, loader(shuffle=True))
+        assert isinstance(model.encoder, CachedRows)
+        batches = SAMPLES // 16
+        assert model.encoder.used_ahead == (2 * batches if ahead else 0)
+        assert model.encoder.named_ahead == (2 * batches if ahead else 0)
+        assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0, 1.0]
+        models[ahead] = model
+    assert torch.equal(models[True].head.weight, models[False].head.weight)
+
+
 @pytest.mark.parametrize("tensor", ["conv.weight", "norm.running_mean"])
 def test_a_changed_encoder_misses(tmp_path: Path, tensor: str) -> None:
     """A weight or a BatchNorm statistic changed between fits sharing a store is a new

@@ -39,6 +39,21 @@ def test_items_come_through_in_the_loaders_order_with_its_length_and_attributes(
     assert wrapped.batch_size == 16 and isinstance(wrapped.dataset, TensorDataset)
 
 
+def test_a_loop_that_stops_at_the_length_sees_the_same_shuffles(warm: CachedRows) -> None:
+    """A loop that takes ``len(loader)`` batches and stops (as Lightning's does) is never
+    fetched past the end: an exhausted DataLoader would draw from its shuffling
+    generator, and the epochs after would be shuffled otherwise than without ahead."""
+
+    def orders(batches: Any) -> list[list[int]]:
+        seen = []
+        for _ in range(3):
+            epoch = iter(batches)
+            seen.append([int(i) for _ in range(len(batches)) for i in next(epoch)[1]])
+        return seen
+
+    assert orders(ahead(loader(images(64)), warm)) == orders(loader(images(64)))
+
+
 def test_every_forward_finds_its_rows_named_on_the_other_thread(
     warm: CachedRows, monkeypatch: pytest.MonkeyPatch
 ) -> None:
