@@ -37,9 +37,9 @@ Why it is shaped this way:
   ``"16-mixed"`` the encoder runs under autocast, and the autocast dtype is in
   every row's key, so a bf16 answer is never recalled for an fp32 question.
 - **The next batch is named while the step runs**: with content keys on the
-  CPU, the callback hands each training epoch's loader to
-  :func:`somatize_torch.ahead.ahead` from the second epoch on (Lightning has made
-  the first epoch's iterator by the time a callback can act), so the rows of
+  CPU, the callback hands the training and validation loaders to
+  :func:`somatize_torch.ahead.ahead` from their second epoch on (Lightning has
+  made the first epoch's iterator by the time a callback can act), so the rows of
   batch ``k + 1`` are hashed on another core while step ``k`` runs, and the
   step's lookup is a dict pass and a gather. ``ahead=False`` turns it off; a
   loader that keeps its own position (one with ``state_dict``) is left as it is,
@@ -164,8 +164,8 @@ class CacheFrozen(Callback):
     LightningModule calls the cached module as ``self.encoder(x, index=idx)``.
     ``progress_bar`` shows the running hit rate in the progress bar as ``hit``
     (refreshed every few batches, and only when the trainer has a progress bar).
-    ``ahead`` names each training batch's rows on another thread while the step
-    before runs (content keys, on the CPU).
+    ``ahead`` names each training and validation batch's rows on another thread
+    while the step before runs (content keys, on the CPU).
     """
 
     def __init__(
@@ -334,16 +334,16 @@ class CacheFrozen(Callback):
         for cached in self._cached.values():
             cached.reset_stats()  # what the sanity check or an earlier stage counted
         self._train_parts = {}
-        self._fetch_ahead(trainer, pl_module)
+        self._fetch_ahead(pl_module, trainer.fit_loop)
         self._begin("train")
 
-    def _fetch_ahead(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Puts the training loaders behind :func:`~somatize_torch.ahead.ahead`, for the
-        iterators Lightning makes from the next epoch on."""
+    def _fetch_ahead(self, pl_module: pl.LightningModule, loop: Any) -> None:
+        """Puts ``loop``'s loaders behind :func:`~somatize_torch.ahead.ahead`, for the
+        iterators Lightning makes from its next run on."""
         caches = [c for c in self._cached.values() if c.key_mode == "content"]
         if not self.ahead or not caches or pl_module.device.type != "cpu":
             return
-        combined = getattr(trainer.fit_loop, "_combined_loader", None)
+        combined = getattr(loop, "_combined_loader", None)
         if not isinstance(combined, CombinedLoader):
             return  # another Lightning than the one this reads: rows are named in the step
         loaders = combined.flattened
@@ -388,6 +388,10 @@ class CacheFrozen(Callback):
             if training:  # validation inside a training epoch: keep what training counted
                 before = self._train_parts.get(name)
                 self._train_parts[name] = _plus(before, counted) if before else counted
+        if not trainer.sanity_checking:
+            fitting = trainer.state.fn == "fit"
+            loop = trainer.fit_loop.epoch_loop.val_loop if fitting else trainer.validate_loop
+            self._fetch_ahead(pl_module, loop)
         self._begin("validate")
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

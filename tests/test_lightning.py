@@ -101,18 +101,21 @@ def test_trained_head_equals_a_run_without_the_callback(tmp_path: Path) -> None:
 
 
 def test_from_the_second_epoch_each_batch_is_named_ahead(tmp_path: Path) -> None:
-    """From epoch 2 on, the training loader is fetched ahead and every forward finds its
-    rows named on the other thread; the head trains exactly as with ``ahead=False``."""
+    """From epoch 2 on, the training and validation loaders are fetched ahead and every
+    forward finds its rows named on the other thread; the head trains exactly as with
+    ``ahead=False``."""
     models = {}
     for ahead in (True, False):
         model = Probe()
         callback = CacheFrozen(tmp_path / f"store-{ahead}", ["encoder"], ahead=ahead)
-        trainer(tmp_path / str(ahead), 3, callbacks=[callback]).fit(model, loader(shuffle=True))
+        fit = trainer(tmp_path / str(ahead), 3, callbacks=[callback])
+        fit.fit(model, loader(shuffle=True), loader(shuffle=False, seed=2))
         assert isinstance(model.encoder, CachedRows)
-        batches = SAMPLES // 16
+        batches = 2 * SAMPLES // 16  # training and validation, in epochs 2 and 3
         assert model.encoder.used_ahead == (2 * batches if ahead else 0)
         assert model.encoder.named_ahead == (2 * batches if ahead else 0)
         assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0, 1.0]
+        assert [e.hit_rate for e in epochs(callback, "validate")] == [0.0, 1.0, 1.0]
         models[ahead] = model
     assert torch.equal(models[True].head.weight, models[False].head.weight)
 
