@@ -232,7 +232,8 @@ def run(name: str, encoder: nn.Module, data: torch.Tensor, repeats: int) -> None
     print(f"  recompute / epoch 2+ memory        {recompute / memory:6.1f}x")
     print(
         f"  epoch 2+ hit rates: content {content_stats.hit_rate:.3f} "
-        f"(lookup {content_stats.lookup_s * 1e3 / repeats / 2:.1f} ms an epoch, with and without ahead), "
+        f"(lookup {content_stats.lookup_s * 1e3 / repeats / 2:.1f} ms an epoch, mean of both "
+        "ways), "
         f"index {index_stats.hit_rate:.3f}, store {store_stats.hit_rate:.3f}; "
         f"epoch 1 kept {kept_mb:.1f} MB"
     )

@@ -76,7 +76,7 @@ ENV_CACHE: Final = "SOMATIZE_EXT_CACHE"
 DIGEST_SIZE: Final = 32
 
 _HOST_SOURCES: Final = ("blake3_tree.h", "blake3_lanes.h", "blake3_host.cpp")
-_HOST_FLAGS: Final = ("-O3", "-std=c++17", "-shared", "-fPIC", "-Wno-psabi")
+_HOST_FLAGS: Final = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-Wno-psabi")
 _EMU_SOURCES: Final = (
     "blake3_tree.h",
     "blake3_cuda.h",
@@ -101,11 +101,14 @@ _ext_error: BaseException | None = None
 
 def _after_fork_in_child() -> None:
     """A forked child starts with its own locks (one a parent's thread held during a build
-    would stay held) and with no build under way (the parent's thread is not there)."""
+    would stay held), with no build under way, and with no row-hashing worker (the
+    parent's threads are not there)."""
     global _lock, _background_lock
     _lock = threading.RLock()
     _background_lock = threading.Lock()
     _background.clear()
+    for lib in _host_libs.values():
+        lib.smz_blake3_host_rows_forked()
 
 
 if hasattr(os, "register_at_fork"):
@@ -252,6 +255,12 @@ def _bind_host(lib: ctypes.CDLL) -> None:
     lib.smz_blake3_host_lane_width.restype = ctypes.c_int
     lib.smz_blake3_host_rows_width.argtypes = [vp, u64, u64, vp, ctypes.c_int]
     lib.smz_blake3_host_rows_width.restype = ctypes.c_int
+    lib.smz_blake3_host_rows_begin.argtypes = [vp, u64, u64, vp]
+    lib.smz_blake3_host_rows_begin.restype = vp
+    lib.smz_blake3_host_rows_wait.argtypes = [vp]
+    lib.smz_blake3_host_rows_wait.restype = None
+    lib.smz_blake3_host_rows_forked.argtypes = []
+    lib.smz_blake3_host_rows_forked.restype = None
     for name in (
         "smz_blake3_host_rows",
         "smz_blake3_host_streaming",

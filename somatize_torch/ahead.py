@@ -11,19 +11,20 @@ so it need not wait for it::
         ...
 
 :func:`ahead` takes each batch from ``loader`` ``depth`` batches before the loop
-needs it and hands it to a background thread, which names its rows for every
-cache given (:meth:`~somatize_torch.rows.CachedRows.name_ahead`) while the loop
-runs the step before; the loop's forward then finds them named. The thread only
-hashes, which holds no GIL, so it takes a second core without slowing the loop's
-own Python; the loader itself still runs on the loop's thread, as without
-:func:`ahead` (a thread running ``__getitem__`` and collation beside the loop
-would fight it for the GIL). The names are used only for the very tensor they
-were made from, unchanged since (its version counter, which every change in place
-through torch bumps, its memory and layout): a batch the loop changes, replaces or
-moves to another device is named again at its forward, so nothing stale is ever
-recalled. A change made behind torch's back — writing through ``x.numpy()`` or
-``x.data`` — is not seen; don't write into a batch that way between the loader and
-the cached module.
+needs it and starts naming its rows for every cache given on another thread
+(:meth:`~somatize_torch.rows.CachedRows.name_ahead`), which hashes while the
+loop runs the step before; the loop's forward then finds them named, or waits
+for the rest. Where the native host library is built, that thread is one of its
+own that never takes the GIL, so the loop's Python runs beside it at full speed;
+otherwise it is a pool thread hashing with the ``blake3`` package. The loader
+itself runs on the loop's thread, as without :func:`ahead`.
+
+The names are used only for the very tensor they were made from, unchanged
+since (its version counter, which every change in place through torch bumps, its
+memory and layout): a batch the loop changes, replaces or moves to another
+device is named again at its forward, so nothing stale is ever recalled. A change
+made behind torch's back — writing through ``x.numpy()`` or ``x.data`` — is not
+seen; don't write into a batch that way between the loader and the cached module.
 
 Which tensor of a loader item is the cached module's input is learned: after each
 step, the tensor of the item that a cache was last called with (found by identity
@@ -34,12 +35,12 @@ made for it (the loop feeds it something the loader did not yield, or changes th
 batch first) is no longer named for after a few batches, so the thread does not
 spend a core for nothing.
 
-An error from the loader, or in naming, is raised in the loop at the batch where
-it happened, after the batches before it. Leaving the loop early (``break``, an
-exception) drops the batches fetched ahead. :class:`Ahead` passes ``len()`` and
-any attribute (``sampler``, ``dataset``, …) through to the loader, so code that
-inspects a DataLoader still works on it. With no content-keyed cache to name for
-it is the loader itself, fetched as it comes.
+An error from the loader, or from ``inputs=``, is raised in the loop at the batch
+where it happened, after the batches before it; naming that fails on the other
+thread is done again in the forward, which raises what is wrong. :class:`Ahead`
+passes ``len()`` and any attribute (``sampler``, ``dataset``, …) through to the
+loader, so code that inspects a DataLoader still works on it. With no
+content-keyed cache to name for it is the loader itself.
 """
 
 from __future__ import annotations
@@ -47,12 +48,10 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
-from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
 import torch
 
-from somatize._threads import process_pool
 from somatize_torch.rows import CachedRows
 
 __all__ = ["Ahead", "ahead"]
@@ -115,7 +114,7 @@ def _first_guess(item: Any) -> Path | None:
 
 class Ahead(Generic[T]):
     """``loader``, fetched ``depth`` batches ahead, with each batch's rows named for
-    ``caches`` on a background thread meanwhile; see the module docstring."""
+    ``caches`` on another thread meanwhile; see the module docstring."""
 
     def __init__(
         self,
@@ -155,10 +154,10 @@ class Ahead(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         if not any(cache.key_mode == "content" for cache in self.caches):
-            yield from self.loader  # nothing to name: no thread to hand batches to
+            yield from self.loader  # nothing to name
             return
-        pool = process_pool("somatize-ahead", 1)
-        waiting: collections.deque[tuple[T, Future[None]]] = collections.deque()
+        # Each batch fetched, with the error that naming it raised (raised at its turn).
+        waiting: collections.deque[tuple[T, Exception | None]] = collections.deque()
         items = iter(self.loader)
         failed: Exception | None = None  # raised once the batches before it are through
         # Never ahead past the loader's length: asking an exhausted DataLoader for one
@@ -166,31 +165,33 @@ class Ahead(Generic[T]):
         # length (as Lightning's does) would see other shuffles in the epochs after.
         count = _length(self.loader)
         fetched = 0
-        try:
-            while True:
-                while failed is None and len(waiting) <= self.depth:
-                    if waiting and count is not None and fetched >= count:
-                        break  # past the length only when the loop asks for it
-                    try:
-                        item = next(items)
-                    except StopIteration:
-                        break
-                    except Exception as error:
-                        failed = error
-                        break
-                    fetched += 1
-                    waiting.append((item, pool.submit(self._name, item)))
-                if not waiting:
-                    if failed is not None:
-                        raise failed
-                    return
-                item, named = waiting.popleft()
-                named.result()  # an error in naming is raised here, at its batch
-                yield item
-                self._learn(item)
-        finally:
-            for _, named in waiting:
-                named.cancel()
+        while True:
+            while failed is None and len(waiting) <= self.depth:
+                if waiting and count is not None and fetched >= count:
+                    break  # past the length only when the loop asks for it
+                try:
+                    item = next(items)
+                except StopIteration:
+                    break
+                except Exception as error:
+                    failed = error
+                    break
+                fetched += 1
+                try:
+                    self._name(item)
+                except Exception as naming:
+                    waiting.append((item, naming))
+                else:
+                    waiting.append((item, None))
+            if not waiting:
+                if failed is not None:
+                    raise failed
+                return
+            item, raised = waiting.popleft()
+            if raised is not None:
+                raise raised
+            yield item
+            self._learn(item)
 
     def _name(self, item: T) -> None:
         for cache in self.caches:
@@ -243,7 +244,7 @@ def ahead(
     depth: int = 1,
 ) -> Ahead[T]:
     """``loader``, fetched ``depth`` batches ahead, each batch's rows named for ``caches``
-    on a background thread meanwhile so that their forwards find them named; see the
+    on another thread meanwhile so that their forwards find them named; see the
     module docstring. ``inputs`` picks a cache's input out of a loader item (by default
     it is learned from the steps). With no content-keyed cache it is ``loader`` itself."""
     return Ahead(loader, caches, inputs=inputs, depth=depth)

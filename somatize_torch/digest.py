@@ -40,7 +40,7 @@ import itertools
 import os
 import sys
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import blake3
@@ -53,12 +53,14 @@ from somatize_torch import _native
 __all__ = [
     "DIGEST_VERSION",
     "DTYPES",
+    "RowsLater",
     "digest_named",
     "digest_rows",
     "digest_tensor",
     "host_bytes",
     "raw_digest",
     "raw_rows",
+    "raw_rows_later",
     "row_digest",
     "row_header",
 ]
@@ -208,7 +210,7 @@ def digest_rows(tensor: torch.Tensor) -> list[str]:
     return [row_digest(header, raw) for raw in raw_rows(tensor)]
 
 
-def raw_rows(tensor: torch.Tensor, *, spread: bool = True) -> list[bytes]:
+def raw_rows(tensor: torch.Tensor) -> list[bytes]:
     """The raw digest of each row ``tensor[i]`` (BLAKE3 of its bytes alone), in one call.
 
     A raw digest does not say the row's dtype or shape, so it names a row only among
@@ -228,9 +230,69 @@ def raw_rows(tensor: torch.Tensor, *, spread: bool = True) -> list[bytes]:
     lib = _native.ready_host_library()
     if lib is not None:
         host = _host_tensor(tensor)
-        return _native_rows(lib.smz_blake3_host_rows, host, rows, spread)
+        return _native_rows(lib.smz_blake3_host_rows, host, rows)
     view = host_bytes(tensor)
-    return _hash_rows(view, rows, view.nbytes // rows if rows else 0, spread)
+    return _hash_rows(view, rows, view.nbytes // rows if rows else 0)
+
+
+class RowsLater:
+    """The raw digests of a batch's rows (:func:`raw_rows`), being computed on another
+    thread; :meth:`result` waits for them. Made by :func:`raw_rows_later`."""
+
+    __slots__ = ("_future", "_host", "_job", "_lib", "_out", "_pid", "_rows")
+
+    def __init__(self, host: torch.Tensor, rows: int) -> None:
+        self._host = host  # the bytes being read stay alive until the hashing is done
+        self._rows = rows
+        self._pid = os.getpid()
+        self._job: int | None = None
+        self._future: Future[list[bytes]] | None = None
+        self._lib: Any = None
+        self._out: Any = None
+
+    def result(self) -> list[bytes]:
+        """The rows' raw digests, once they are computed (raises what hashing raised)."""
+        if self._future is not None:
+            return self._future.result()
+        self._wait()
+        raw = self._out.raw
+        return [raw[i : i + 32] for i in range(0, 32 * self._rows, 32)]
+
+    def _wait(self) -> None:
+        job, self._job = self._job, None
+        if job is not None and os.getpid() == self._pid:  # a forked child has no such thread
+            self._lib.smz_blake3_host_rows_wait(job)
+
+    def __del__(self) -> None:
+        self._wait()  # the thread reads memory this object keeps alive
+
+
+def raw_rows_later(tensor: torch.Tensor) -> RowsLater | None:
+    """Starts computing :func:`raw_rows` of a CPU tensor on another thread and returns at
+    once; None for a tensor on a device (hashed there, fast) or a 0-dim one.
+
+    With the native host library the rows are hashed on a thread of its own that never
+    takes the GIL, so the caller's Python (a training step) runs beside it at full
+    speed; without it, on one thread of a pool, with the ``blake3`` package."""
+    if tensor.dim() == 0 or tensor.device.type != "cpu":
+        return None
+    rows = int(tensor.shape[0])
+    host = _host_tensor(tensor)
+    later = RowsLater(host, rows)
+    lib = _native.ready_host_library()
+    nbytes = host.numel() * host.element_size()
+    if lib is not None and rows:
+        later._lib = lib
+        later._out = ctypes.create_string_buffer(32 * rows)
+        base = host.data_ptr() if nbytes else 0
+        size = nbytes // rows
+        later._job = lib.smz_blake3_host_rows_begin(base, rows, size, ctypes.addressof(later._out))
+        if later._job is not None:
+            return later
+    view = host_bytes(host)
+    size = view.nbytes // rows if rows else 0
+    later._future = process_pool("somatize-rows", 1).submit(_hash_rows, view, rows, size, False)
+    return later
 
 
 def row_header(tensor: torch.Tensor) -> bytes:
@@ -272,7 +334,7 @@ def _hash_rows(view: memoryview, rows: int, size: int, spread: bool = True) -> l
     return out
 
 
-def _native_rows(hash_rows: Any, host: torch.Tensor, rows: int, spread: bool = True) -> list[bytes]:
+def _native_rows(hash_rows: Any, host: torch.Tensor, rows: int) -> list[bytes]:
     """The raw digest of each row of a contiguous CPU tensor, from the native host
     library, which hashes many rows' chunks at once on SIMD lanes and holds no GIL:
     a batch of ``_NATIVE_SPLIT`` bytes or more is hashed one run of rows per core."""
@@ -283,7 +345,7 @@ def _native_rows(hash_rows: Any, host: torch.Tensor, rows: int, spread: bool = T
     base = host.data_ptr() if nbytes else 0
     out = ctypes.create_string_buffer(32 * rows)
     into = ctypes.addressof(out)
-    workers = 1 if nbytes < _NATIVE_SPLIT or not spread else min(_cores(), rows)
+    workers = 1 if nbytes < _NATIVE_SPLIT else min(_cores(), rows)
     first, *rest = itertools.pairwise([rows * k // workers for k in range(workers + 1)])
     pool = _pool()
     later = [

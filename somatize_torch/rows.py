@@ -62,7 +62,14 @@ from somatize.errors import SomatizeError
 from somatize.keys import node_key, node_prefix, root_key
 from somatize.store.base import Corrupt, Missing
 from somatize_torch.codec import TENSOR
-from somatize_torch.digest import DTYPES, raw_rows, row_digest, row_header
+from somatize_torch.digest import (
+    DTYPES,
+    RowsLater,
+    raw_rows,
+    raw_rows_later,
+    row_digest,
+    row_header,
+)
 from somatize_torch.freeze import ModuleNode, check_still, digest_state, freeze
 from somatize_torch.residency import Tier, Writer, decode_rows, store_lock
 from somatize_torch.wrap import CachedInputNeedsGrad, adopt
@@ -250,7 +257,7 @@ class CachedRows(nn.Module):
         self._counts = dict.fromkeys(_COUNTED, 0.0)
         self._kept_base = (0, 0, 0)
         # Batches whose rows were named ahead of their forward (see `name_ahead`), by id.
-        self._named: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], list[bytes]]]
+        self._named: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], RowsLater]]
         self._named = {}
         self._named_lock = threading.Lock()
         self.named_ahead = 0  # batches named ahead, and how many of them a forward used
@@ -314,27 +321,32 @@ class CachedRows(nn.Module):
     # -- keys
 
     def name_ahead(self, x: torch.Tensor) -> bool:
-        """Names the rows of ``x`` by content now, on the calling thread, so that a forward
-        on this same tensor finds them named; returns whether it did.
+        """Starts naming the rows of ``x`` by content on another thread and returns at
+        once, so that a forward on this same tensor finds them named (waiting for the
+        rest, if any); returns whether it started.
 
-        For a thread that fetches the next batch while the current step runs
+        For a loop that fetches the next batch before it runs the current step
         (:func:`somatize_torch.ahead.ahead`): naming is most of what a content-keyed
-        recall costs, and there it overlaps the step. A forward uses the names only if
-        ``x`` is the very tensor named and unchanged since — same version counter (which
-        every change in place through torch bumps), memory, layout and dtype — and
-        names the rows itself otherwise. Nothing is named for an index-keyed cache, for a
-        batch that requires grad, or for a host batch once the cache runs on a device."""
+        recall costs on a CPU, and this way it overlaps the step
+        (:func:`~somatize_torch.digest.raw_rows_later`). A forward uses the names only
+        if ``x`` is the very tensor named and unchanged since — same version counter
+        (which every change in place through torch bumps), memory, layout and dtype —
+        and names the rows itself otherwise, or if naming failed. Nothing is named for
+        an index-keyed cache, for a batch that requires grad or is not on the CPU, or
+        for a host batch once the cache runs on a device."""
         if self.key_mode != "content" or not isinstance(x, torch.Tensor) or x.dim() == 0:
             return False
         if x.requires_grad or (self._placed and x.device != self.tiers[0].device):
             return False
         stamp = _stamp(x)
-        ids = raw_rows(x, spread=False)
+        later = raw_rows_later(x)
+        if later is None:
+            return False
         with self._named_lock:
             named = self._named
             while len(named) >= _NAMED_AHEAD:
                 del named[next(iter(named))]
-            named[id(x)] = (weakref.ref(x), stamp, ids)
+            named[id(x)] = (weakref.ref(x), stamp, later)
             self.named_ahead += 1
         return True
 
@@ -346,9 +358,13 @@ class CachedRows(nn.Module):
             found = self._named.pop(id(x), None)
         if found is None:
             return None
-        ref, stamp, ids = found
+        ref, stamp, later = found
         if ref() is not x or stamp != _stamp(x):
             return None  # another tensor at the same address, or changed in place
+        try:
+            ids = later.result()
+        except Exception:  # named again in the forward, which raises what is wrong
+            return None
         self.used_ahead += 1
         return ids
 

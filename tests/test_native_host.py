@@ -120,7 +120,7 @@ def test_host_library_is_built_in_cache_dir(lib: ctypes.CDLL, ext_cache: Path) -
     built = sorted(ext_cache.glob("libsmz_blake3_host-*.so"))
     assert len(built) == 1
     assert not [p for p in ext_cache.iterdir() if p.name.endswith(".tmp")]
-    assert lib.smz_blake3_host_abi_version() == 2
+    assert lib.smz_blake3_host_abi_version() == 3
     mtime = built[0].stat().st_mtime_ns
     assert native.build_host_library(ext_cache) == built[0]
     assert built[0].stat().st_mtime_ns == mtime  # cached, not rebuilt
@@ -305,7 +305,7 @@ def test_a_background_build_lands_after_its_process_exits(tmp_path: Path) -> Non
         time.sleep(0.1)
     built = list(tmp_path.glob("libsmz_blake3_host-*.so"))
     assert len(built) == 1
-    assert ctypes.CDLL(str(built[0])).smz_blake3_host_abi_version() == 2
+    assert ctypes.CDLL(str(built[0])).smz_blake3_host_abi_version() == 3
 
 
 def test_a_failed_background_build_keeps_the_pure_path(

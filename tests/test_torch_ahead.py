@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import somatize_torch.rows as rows_module
 from somatize import Store
 from somatize_torch.ahead import _UNUSED_LIMIT, Ahead, ahead
+from somatize_torch.digest import RowsLater
 from somatize_torch.rows import CachedRows, cache_rows
 from tests.test_torch_rows import encoder, expected, images, loader
 
@@ -54,17 +54,18 @@ def test_a_loop_that_stops_at_the_length_sees_the_same_shuffles(warm: CachedRows
     assert orders(ahead(loader(images(64)), warm)) == orders(loader(images(64)))
 
 
-def test_every_forward_finds_its_rows_named_on_the_other_thread(
+def test_every_forward_finds_its_rows_named_ahead(
     warm: CachedRows, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Epoch 2 through ahead: the rows of every batch are named on the ahead thread, none
-    in the forward, and every answer is the encoder's."""
-    threads: list[str] = []
+    """Epoch 2 through ahead: the rows of every batch were named before its forward,
+    which names none itself, and every answer is the encoder's."""
+    in_forward = 0
     real = rows_module.raw_rows
 
-    def counted(x: torch.Tensor, **kwargs: Any) -> list[bytes]:
-        threads.append(threading.current_thread().name)
-        return real(x, **kwargs)
+    def counted(x: torch.Tensor) -> list[bytes]:
+        nonlocal in_forward
+        in_forward += 1
+        return real(x)
 
     monkeypatch.setattr(rows_module, "raw_rows", counted)
     data = images(64)
@@ -72,7 +73,7 @@ def test_every_forward_finds_its_rows_named_on_the_other_thread(
     for x, index in ahead(loader(data, seed=5), warm):
         assert torch.equal(warm(x), truth[index])
     assert warm.used_ahead == 4 and warm.stats.hit_rate == 1.0
-    assert len(threads) == 4 and all(name.startswith("somatize-ahead") for name in threads)
+    assert in_forward == 0
 
 
 def test_a_batch_changed_in_place_after_naming_is_named_again(warm: CachedRows) -> None:
@@ -162,26 +163,38 @@ def test_a_loader_error_is_raised_in_the_loop_after_the_batches_before_it(
     assert seen == 5
 
 
-def test_a_naming_error_is_raised_in_the_loop_at_its_batch(
-    warm: CachedRows, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls = 0
-    real = rows_module.raw_rows
+def test_an_inputs_error_is_raised_in_the_loop_at_its_batch(warm: CachedRows) -> None:
+    fetched = 0
 
-    def fails_third(x: torch.Tensor, **kwargs: Any) -> list[bytes]:
-        nonlocal calls
-        calls += 1
-        if calls == 3:
-            raise MemoryError("no room to name these rows")
-        return real(x, **kwargs)
+    def third_fails(item: Any) -> torch.Tensor:
+        nonlocal fetched
+        fetched += 1
+        if fetched == 3:
+            raise LookupError("this item has no image")
+        x: torch.Tensor = item[0]
+        return x
 
-    monkeypatch.setattr(rows_module, "raw_rows", fails_third)
     seen = 0
-    with pytest.raises(MemoryError, match="no room"):
-        for x, _ in ahead(loader(images(64)), warm):
+    with pytest.raises(LookupError, match="no image"):
+        for x, _ in ahead(loader(images(64)), warm, inputs=third_fails):
             warm(x)
             seen += 1
     assert seen == 2
+
+
+def test_naming_that_fails_on_the_other_thread_is_done_in_the_forward(
+    warm: CachedRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fails(self: RowsLater) -> list[bytes]:
+        raise MemoryError("no room to name these rows")
+
+    monkeypatch.setattr(RowsLater, "result", fails)
+    data = images(64)
+    truth = expected(warm.module, data)
+    for x, index in ahead(loader(data, seed=5), warm):
+        assert torch.equal(warm(x), truth[index])
+    assert warm.named_ahead == 4 and warm.used_ahead == 0
+    assert warm.stats.hit_rate == 1.0
 
 
 def test_leaving_the_loop_early_and_iterating_again(warm: CachedRows) -> None:

@@ -16,7 +16,7 @@ import torch
 import somatize.torch as smt
 from somatize import CODECS, Opaque, Store
 from somatize_torch import _native
-from somatize_torch.digest import DTYPES
+from somatize_torch.digest import DTYPES, RowsLater, raw_rows, raw_rows_later
 from tests.forked import in_forked_child
 
 SAMPLES = {
@@ -207,6 +207,48 @@ def test_digest_rows_of_short_and_ragged_rows(row_path: str) -> None:
     ):
         expected = [smt.digest_tensor(batch[i]) for i in range(batch.shape[0])]
         assert smt.digest_rows(batch) == expected, batch.shape
+
+
+def test_rows_named_on_another_thread_are_the_rows_digests(row_path: str) -> None:
+    """``raw_rows_later`` gives what ``raw_rows`` gives, for batches of every shape, on
+    both paths; a device tensor or a 0-dim one is not started."""
+    later = [
+        (batch, raw_rows_later(batch))
+        for batch in (
+            torch.randn(64, 3, 64, 64),
+            torch.randn(33, 257),
+            torch.empty(5, 0),
+            torch.empty(0, 4),
+            torch.randn(7, 3, 2).bfloat16().transpose(1, 2),
+        )
+    ]
+    for batch, started in later:
+        assert started is not None
+        assert started.result() == raw_rows(batch), batch.shape
+    assert raw_rows_later(torch.tensor(1.0)) is None
+    assert raw_rows_later(torch.randn(4, 4, device="meta")) is None
+
+
+def test_a_batch_dropped_while_its_rows_are_named_is_kept_until_they_are(row_path: str) -> None:
+    """The thread reads memory the handle keeps alive: dropping both the batch and the
+    handle before the result waits for the thread instead of freeing what it reads."""
+    for _ in range(20):
+        later = raw_rows_later(torch.randn(64, 3, 64, 64))
+        assert later is not None
+        del later
+    batch = torch.randn(16, 3, 64, 64)
+    started = raw_rows_later(batch)
+    assert started is not None
+    # A child forked meanwhile hashes rows of its own, and lets go of the parent's handle
+    # without waiting for a thread it does not have.
+    assert in_forked_child(_digest_in_child) is True
+    assert in_forked_child(_let_go, started) is True
+    assert started.result() == raw_rows(batch)
+
+
+def _let_go(started: RowsLater) -> bool:
+    started._wait()
+    return True
 
 
 def test_unsupported_dtype_is_refused() -> None:

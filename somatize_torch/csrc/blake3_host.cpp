@@ -4,6 +4,9 @@
 //   smz_blake3_host_rows             one digest per row of a rows x row_bytes batch,
 //                                    on SIMD lanes (blake3_lanes.h)
 //   smz_blake3_host_lane_width       how many lanes smz_blake3_host_rows uses here
+//   smz_blake3_host_rows_begin       smz_blake3_host_rows on the process's worker thread
+//   smz_blake3_host_rows_wait        ... waited for (exactly once per begin)
+//   smz_blake3_host_rows_forked      forgets the worker, in a forked child
 //
 // and, for tests of the code the CUDA kernels share:
 //
@@ -13,12 +16,17 @@
 //   smz_blake3_host_emulate_rows     the kernels' tiling plan, run sequentially
 //   smz_blake3_host_coop_selftest    checks the warp-cooperative load layout
 //
-// Build: g++ -O3 -std=c++17 -shared -fPIC blake3_host.cpp -o libsmz_blake3.so
+// Build: g++ -O3 -std=c++17 -shared -fPIC -pthread blake3_host.cpp -o libsmz_blake3.so
 
 #include <stdint.h>
 #include <string.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "blake3_lanes.h"
@@ -80,9 +88,66 @@ int lane_width() {
 
 }  // namespace
 
+namespace {
+
+struct RowsWorker;
+
+struct RowsJob {
+  const uint8_t* data;
+  uint64_t rows;
+  uint64_t row_bytes;
+  uint8_t* out;
+  RowsWorker* worker;
+  bool done;  // under worker->lock
+};
+
+void hash_rows(const uint8_t* data, uint64_t rows, uint64_t row_bytes, uint8_t* out);
+
+struct RowsWorker {
+  std::mutex lock;
+  std::condition_variable queued;
+  std::condition_variable finished;
+  std::deque<RowsJob*> jobs;  // null: stop (a worker that lost the race to be the one)
+
+  void run() {
+    std::unique_lock<std::mutex> held(lock);
+    for (;;) {
+      queued.wait(held, [this] { return !jobs.empty(); });
+      RowsJob* job = jobs.front();
+      jobs.pop_front();
+      if (job == nullptr) return;
+      held.unlock();
+      hash_rows(job->data, job->rows, job->row_bytes, job->out);
+      held.lock();
+      job->done = true;
+      finished.notify_all();
+    }
+  }
+};
+
+std::atomic<RowsWorker*> rows_worker_slot{nullptr};
+
+// The process's worker, started if there is none. Its thread starts before it is
+// published, so a published worker always runs; of two made at once, one stops.
+RowsWorker* rows_worker() {
+  RowsWorker* current = rows_worker_slot.load(std::memory_order_acquire);
+  if (current != nullptr) return current;
+  auto* made = new RowsWorker;
+  std::thread(&RowsWorker::run, made).detach();
+  if (rows_worker_slot.compare_exchange_strong(current, made)) return made;
+  {
+    std::lock_guard<std::mutex> held(made->lock);
+    made->jobs.push_back(nullptr);
+  }
+  made->queued.notify_one();  // it stops; the few bytes it holds stay
+  return current;
+}
+
+}  // namespace
+
 extern "C" {
 
-int smz_blake3_host_abi_version(void) { return 2; }
+int smz_blake3_host_abi_version(void) { return 3; }
 
 int smz_blake3_host_lane_width(void) { return lane_width(); }
 
@@ -117,6 +182,41 @@ void smz_blake3_host(const uint8_t* data, uint64_t len, uint8_t out[32]) {
 void smz_blake3_host_rows(const uint8_t* data, uint64_t rows, uint64_t row_bytes, uint8_t* out) {
   smz_blake3_host_rows_width(data, rows, row_bytes, out, lane_width());
 }
+
+// A batch's rows hashed on a thread that never touches the Python interpreter, so
+// it runs beside a training step without taking the GIL from it: one worker per
+// process, started on first use, taking jobs in order. The caller keeps `data` and
+// `out` alive and calls smz_blake3_host_rows_wait once per job, until which `out`
+// is not to be read. Begin returns null when no worker could be started.
+void* smz_blake3_host_rows_begin(const uint8_t* data, uint64_t rows, uint64_t row_bytes,
+                                 uint8_t* out) {
+  try {
+    RowsWorker* worker = rows_worker();
+    auto* job = new RowsJob{data, rows, row_bytes, out, worker, false};
+    {
+      std::lock_guard<std::mutex> held(worker->lock);
+      worker->jobs.push_back(job);
+    }
+    worker->queued.notify_one();
+    return job;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void smz_blake3_host_rows_wait(void* handle) {
+  auto* job = static_cast<RowsJob*>(handle);
+  RowsWorker* worker = job->worker;
+  {
+    std::unique_lock<std::mutex> held(worker->lock);
+    worker->finished.wait(held, [job] { return job->done; });
+  }
+  delete job;
+}
+
+// In a forked child: the parent's worker thread is not there (and its lock may have
+// been held at the fork), so the next job starts a worker of the child's own.
+void smz_blake3_host_rows_forked(void) { rows_worker_slot.store(nullptr); }
 
 void smz_blake3_host_levelwise(const uint8_t* data, uint64_t len, uint8_t out[32]) {
   const uint64_t n = b3::chunk_count(len);
@@ -286,3 +386,9 @@ int smz_blake3_host_coop_selftest(void) {
 }
 
 }  // extern "C"
+
+namespace {
+void hash_rows(const uint8_t* data, uint64_t rows, uint64_t row_bytes, uint8_t* out) {
+  smz_blake3_host_rows(data, rows, row_bytes, out);
+}
+}  // namespace
