@@ -52,7 +52,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from somatize_torch.rows import CachedRows
+from somatize_torch.rows import CachedRows, batch_at
 
 __all__ = ["Ahead", "ahead"]
 
@@ -96,20 +96,6 @@ def _length(loader: Iterable[Any]) -> int | None:
         return len(loader)
     except TypeError:  # a DataLoader over an IterableDataset without a length
         return None
-
-
-def _first_guess(item: Any) -> Path | None:
-    """Where the batch tensor most likely is before any step says: the item itself, a
-    tuple's or list's first item, a dict's ``x`` or ``input``."""
-    if isinstance(item, torch.Tensor):
-        return ()
-    if isinstance(item, (tuple, list)) and item and isinstance(item[0], torch.Tensor):
-        return (0,)
-    if isinstance(item, dict):
-        for key in ("x", "input"):
-            if isinstance(item.get(key), torch.Tensor):
-                return (key,)
-    return None
 
 
 class Ahead(Generic[T]):
@@ -219,7 +205,7 @@ class Ahead(Generic[T]):
             return self.inputs(item)
         path = self._paths.get(id(cache))
         if path is None:
-            path = _first_guess(item)
+            path = batch_at(item)
         return None if path is None else _at(item, path)
 
     # -- on the loop's thread, after each step

@@ -255,8 +255,7 @@ class RowsLater:
         if self._future is not None:
             return self._future.result()
         self._wait()
-        raw = self._out.raw
-        return [raw[i : i + 32] for i in range(0, 32 * self._rows, 32)]
+        return _split(self._out.raw, self._rows)
 
     def _wait(self) -> None:
         job, self._job = self._job, None
@@ -291,7 +290,7 @@ def raw_rows_later(tensor: torch.Tensor) -> RowsLater | None:
             return later
     view = host_bytes(host)
     size = view.nbytes // rows if rows else 0
-    later._future = process_pool("somatize-rows", 1).submit(_hash_rows, view, rows, size, False)
+    later._future = process_pool("somatize-rows", 1).submit(_hash_span, view, size, 0, rows)
     return later
 
 
@@ -312,7 +311,7 @@ def _hash_span(view: memoryview, size: int, start: int, stop: int) -> list[bytes
     ]
 
 
-def _hash_rows(view: memoryview, rows: int, size: int, spread: bool = True) -> list[bytes]:
+def _hash_rows(view: memoryview, rows: int, size: int) -> list[bytes]:
     """The raw digest of each row of a batch's bytes, with the ``blake3`` package.
 
     The package releases the GIL while it hashes an input of ``_GIL_FREE`` bytes or
@@ -320,7 +319,7 @@ def _hash_rows(view: memoryview, rows: int, size: int, spread: bool = True) -> l
     core, hashed side by side: a row's digest does not depend on which thread
     computed it.
     """
-    workers = 1 if view.nbytes < _SPLIT_ROWS or not spread else min(_cores(), rows)
+    workers = 1 if view.nbytes < _SPLIT_ROWS else min(_cores(), rows)
     if size < _GIL_FREE or workers < 2:
         return _hash_span(view, size, 0, rows)
     bounds = [rows * k // workers for k in range(workers + 1)]
@@ -354,7 +353,11 @@ def _native_rows(hash_rows: Any, host: torch.Tensor, rows: int) -> list[bytes]:
     hash_rows(base, first[1], size, into)
     for done in later:
         done.result()
-    raw = out.raw
+    return _split(out.raw, rows)
+
+
+def _split(raw: bytes, rows: int) -> list[bytes]:
+    """The 32-byte digests of ``rows`` rows, written one after another in ``raw``."""
     return [raw[i : i + 32] for i in range(0, 32 * rows, 32)]
 
 

@@ -702,19 +702,33 @@ def cache_rows(
     )
 
 
+def batch_at(item: Any) -> tuple[Any, ...] | None:
+    """Where the batch tensor is in what a DataLoader yields, by default: the item itself
+    if it is a tensor, a tuple's or list's first item, a dict's ``x`` (or ``input``);
+    None where there is no such tensor."""
+    if isinstance(item, torch.Tensor):
+        return ()
+    if isinstance(item, (tuple, list)) and item and isinstance(item[0], torch.Tensor):
+        return (0,)
+    if isinstance(item, dict):
+        key = "x" if "x" in item else "input"
+        if isinstance(item.get(key), torch.Tensor):
+            return (key,)
+    return None
+
+
 def _inputs(batch: Any, key: KeyMode) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The batch tensor (and, keyed by index, the indices) of what a DataLoader yields:
-    a tensor; or a tuple/list, whose first item is the batch and whose last the indices;
-    or a dict with ``x`` (or ``input``) and ``index``."""
-    if isinstance(batch, torch.Tensor):
+    the tensor :func:`batch_at` finds, and a tuple's or list's last item or a dict's
+    ``index``."""
+    path = batch_at(batch)
+    if path == ():
         return batch, None
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+    if path == (0,):
         index = batch[-1] if key == "index" and len(batch) > 1 else None
         return batch[0], index
-    if isinstance(batch, dict):
-        x = batch.get("x", batch.get("input"))
-        if isinstance(x, torch.Tensor):
-            return x, batch.get("index")
+    if path is not None:
+        return batch[path[0]], batch.get("index")
     raise TypeError(
         f"prefill cannot tell the batch tensor in a `{type(batch).__name__}` the loader "
         "yields; pass inputs=, a function from one loader item to the batch tensor (or to "

@@ -88,6 +88,9 @@ int lane_width() {
 
 }  // namespace
 
+extern "C" void smz_blake3_host_rows(const uint8_t* data, uint64_t rows, uint64_t row_bytes,
+                                     uint8_t* out);
+
 namespace {
 
 struct RowsWorker;
@@ -100,8 +103,6 @@ struct RowsJob {
   RowsWorker* worker;
   bool done;  // under worker->lock
 };
-
-void hash_rows(const uint8_t* data, uint64_t rows, uint64_t row_bytes, uint8_t* out);
 
 struct RowsWorker {
   std::mutex lock;
@@ -117,7 +118,7 @@ struct RowsWorker {
       jobs.pop_front();
       if (job == nullptr) return;
       held.unlock();
-      hash_rows(job->data, job->rows, job->row_bytes, job->out);
+      smz_blake3_host_rows(job->data, job->rows, job->row_bytes, job->out);
       held.lock();
       job->done = true;
       finished.notify_all();
@@ -386,9 +387,3 @@ int smz_blake3_host_coop_selftest(void) {
 }
 
 }  // extern "C"
-
-namespace {
-void hash_rows(const uint8_t* data, uint64_t rows, uint64_t row_bytes, uint8_t* out) {
-  smz_blake3_host_rows(data, rows, row_bytes, out);
-}
-}  // namespace
