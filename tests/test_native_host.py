@@ -223,10 +223,15 @@ LANE_SHAPES = [
 
 
 def test_lane_widths_agree(lib: ctypes.CDLL) -> None:
-    """Rows hashed on 8 lanes (AVX2), 4 lanes and one at a time give the reference
-    digests; the width chosen for this machine is one of them."""
-    widths = [1, 4] + ([8] if lib.smz_blake3_host_lane_width() == 8 else [])
-    assert lib.smz_blake3_host_lane_width() in widths
+    """Rows hashed on 16 lanes (AVX-512), 8 (AVX2), 4 and one at a time give the
+    reference digests, on every width this CPU runs; the width chosen for it is the
+    widest, and a width it cannot run is refused."""
+    chosen = lib.smz_blake3_host_lane_width()
+    assert chosen in (1, 4, 8, 16)
+    widths = [w for w in (1, 4, 8, 16) if w <= chosen]
+    for width in (8, 16):
+        if width > chosen:
+            assert lib.smz_blake3_host_rows_width(b"", 0, 0, None, width) == -1
     for rows, row_bytes in LANE_SHAPES:
         data = _data(rows * row_bytes, seed=rows + 7 * row_bytes)
         expected = [_ref(data[i * row_bytes : (i + 1) * row_bytes]) for i in range(rows)]
@@ -251,7 +256,7 @@ def test_lanes_without_shuffles(tmp_path: Path) -> None:
     for rows, row_bytes in [(13, 12 * 1024), (3, 12 * 1024 + 5), (17, 48 * 1024), (5, 1025)]:
         data = _data(rows * row_bytes, seed=row_bytes)
         expected = [_ref(data[i * row_bytes : (i + 1) * row_bytes]) for i in range(rows)]
-        for width in (4, 8) if plain.smz_blake3_host_lane_width() == 8 else (4,):
+        for width in (w for w in (4, 8, 16) if w <= plain.smz_blake3_host_lane_width()):
             assert _rows_on(fn, data, rows, row_bytes, width) == expected, (rows, row_bytes)
 
 

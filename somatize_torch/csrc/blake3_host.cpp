@@ -72,10 +72,18 @@ __attribute__((target("avx2"))) void rows_x8(const uint8_t* data, uint64_t rows,
                                              uint64_t row_bytes, uint8_t* out) {
   b3::lanes::rows<b3::lanes::u32x8, 8>(data, rows, row_bytes, out);
 }
+#define SMZ_LANES_AVX512 1
+__attribute__((target("avx512f"))) void rows_x16(const uint8_t* data, uint64_t rows,
+                                                 uint64_t row_bytes, uint8_t* out) {
+  b3::lanes::rows<b3::lanes::u32x16, 16>(data, rows, row_bytes, out);
+}
 #endif
 #endif
 
 int lane_width() {
+#if defined(SMZ_LANES_AVX512)
+  if (__builtin_cpu_supports("avx512f")) return 16;
+#endif
 #if defined(SMZ_LANES_AVX2)
   if (__builtin_cpu_supports("avx2")) return 8;
 #endif
@@ -168,6 +176,12 @@ int smz_blake3_host_rows_width(const uint8_t* data, uint64_t rows, uint64_t row_
     case 8:
       if (!__builtin_cpu_supports("avx2")) return -1;
       rows_x8(data, rows, row_bytes, out);
+      return 0;
+#endif
+#if defined(SMZ_LANES_AVX512)
+    case 16:
+      if (!__builtin_cpu_supports("avx512f")) return -1;
+      rows_x16(data, rows, row_bytes, out);
       return 0;
 #endif
     default:

@@ -1,7 +1,7 @@
 // BLAKE3 over many rows of one length at once, one chunk (or one parent node)
 // per SIMD lane. Host only: GCC/Clang vector extensions, so the same code
-// compiles to AVX2 (8 lanes, selected at run time) or to the baseline vector
-// unit (4 lanes: SSE2 on x86-64, NEON on arm64).
+// compiles to AVX-512 (16 lanes) or AVX2 (8 lanes), selected at run time, or to
+// the baseline vector unit (4 lanes: SSE2 on x86-64, NEON on arm64).
 //
 // The rows of a batch all have the same tree shape, so they are hashed level
 // by level, as blake3_tree.h describes: every full chunk of a group of rows is
@@ -46,6 +46,7 @@ namespace lanes {
 
 typedef uint32_t u32x4 __attribute__((vector_size(16)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
 // Message word order of each of the seven rounds.
 constexpr uint8_t SCHEDULE[7][16] = {
@@ -71,11 +72,25 @@ SMZ_LANES_INLINE V rot(V x, int c) {
   return (x >> c) | (x << (32 - c));
 }
 
+// Rotations by whole bytes move bytes within each word: one byte shuffle where
+// the vector unit has one (SSSE3 and AVX2 on x86-64, NEON), else two shifts.
+// AVX-512 rotates a word by any count in one instruction: 16 lanes always shift.
+template <class V>
+SMZ_LANES_INLINE V rot16(V x) {
+  return rot(x, 16);
+}
+template <class V>
+SMZ_LANES_INLINE V rot8(V x) {
+  return rot(x, 8);
+}
+
 #if defined(SMZ_LANES_SHUFFLE)
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef uint8_t u8x32 __attribute__((vector_size(32)));
 
-// Rotations by whole bytes move bytes within each word: one byte shuffle.
+// SSE2 alone (the x86-64 baseline) has no byte shuffle: a byte shuffle there is
+// taken apart byte by byte, five times slower than hashing one row at a time.
+#if !defined(__x86_64__) || defined(__SSSE3__)
 SMZ_LANES_INLINE u32x4 rot16(u32x4 x) {
   const u8x16 b = (u8x16)x;
   const u8x16 r = __builtin_shufflevector(b, b, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
@@ -86,6 +101,7 @@ SMZ_LANES_INLINE u32x4 rot8(u32x4 x) {
   const u8x16 r = __builtin_shufflevector(b, b, 1, 2, 3, 0, 5, 6, 7, 4, 9, 10, 11, 8, 13, 14, 15, 12);
   return (u32x4)r;
 }
+#endif
 SMZ_LANES_INLINE u32x8 rot16(u32x8 x) {
   const u8x32 b = (u8x32)x;
   const u8x32 r = __builtin_shufflevector(b, b, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12,
@@ -99,15 +115,6 @@ SMZ_LANES_INLINE u32x8 rot8(u32x8 x) {
                                           12, 17, 18, 19, 16, 21, 22, 23, 20, 25, 26, 27, 24, 29,
                                           30, 31, 28);
   return (u32x8)r;
-}
-#else
-template <class V>
-SMZ_LANES_INLINE V rot16(V x) {
-  return rot(x, 16);
-}
-template <class V>
-SMZ_LANES_INLINE V rot8(V x) {
-  return rot(x, 8);
 }
 #endif
 
@@ -191,6 +198,34 @@ SMZ_LANES_INLINE void transpose(const u32x8 r[8], u32x8 m[8]) {
     m[i + 4] = __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
   }
 }
+
+// The same for 16 lanes of 16 words, in four steps: step d swaps, in every
+// 2d x 2d block, the d x d block above the diagonal with the one below it. Rows
+// i and i + d (i without bit d) trade words: row i's columns with bit d set
+// for row i + d's columns without it. One two-vector permute per row and step.
+#define SMZ_WORDS(...) __VA_ARGS__
+#define SMZ_SWAP(d, low, high)                                 \
+  for (int i = 0; i < 16; ++i) {                               \
+    if (i & d) continue;                                       \
+    const u32x16 a = r[i], b = r[i + d];                       \
+    r[i] = __builtin_shufflevector(a, b, SMZ_WORDS low);       \
+    r[i + d] = __builtin_shufflevector(a, b, SMZ_WORDS high);  \
+  }
+SMZ_LANES_INLINE void transpose(const u32x16 in[16], u32x16 m[16]) {
+  u32x16 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = in[i];
+  SMZ_SWAP(1, (0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30),
+           (1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31))
+  SMZ_SWAP(2, (0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29),
+           (2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31))
+  SMZ_SWAP(4, (0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27),
+           (4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31))
+  SMZ_SWAP(8, (0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23),
+           (8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31))
+  for (int i = 0; i < 16; ++i) m[i] = r[i];
+}
+#undef SMZ_SWAP
+#undef SMZ_WORDS
 #endif
 
 // Word i of lane l's 64-byte block at src[l] + offset, for every i and l
