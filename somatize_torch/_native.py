@@ -257,7 +257,7 @@ def _bind_host(lib: ctypes.CDLL) -> None:
     lib.smz_blake3_host_rows_width.restype = ctypes.c_int
     lib.smz_blake3_host_rows_begin.argtypes = [vp, u64, u64, vp]
     lib.smz_blake3_host_rows_begin.restype = vp
-    lib.smz_blake3_host_rows_wait.argtypes = [vp]
+    lib.smz_blake3_host_rows_wait.argtypes = [vp, ctypes.c_int]
     lib.smz_blake3_host_rows_wait.restype = None
     lib.smz_blake3_host_rows_forked.argtypes = []
     lib.smz_blake3_host_rows_forked.restype = None

@@ -254,16 +254,19 @@ class RowsLater:
         """The rows' raw digests, once they are computed (raises what hashing raised)."""
         if self._future is not None:
             return self._future.result()
-        self._wait()
+        self._wait(take_rest=True)
         return _split(self._out.raw, self._rows)
 
-    def _wait(self) -> None:
+    def _wait(self, take_rest: bool) -> None:
+        """Returns once the native thread is done with this batch. With ``take_rest``, this
+        thread hashes the rows it has not taken yet (on a busy machine it may have had
+        little of the CPU); without, they are skipped."""
         job, self._job = self._job, None
         if job is not None and os.getpid() == self._pid:  # a forked child has no such thread
-            self._lib.smz_blake3_host_rows_wait(job)
+            self._lib.smz_blake3_host_rows_wait(job, int(take_rest))
 
     def __del__(self) -> None:
-        self._wait()  # the thread reads memory this object keeps alive
+        self._wait(take_rest=False)  # the thread reads memory this object keeps alive
 
 
 def raw_rows_later(tensor: torch.Tensor) -> RowsLater | None:

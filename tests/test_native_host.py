@@ -120,7 +120,7 @@ def test_host_library_is_built_in_cache_dir(lib: ctypes.CDLL, ext_cache: Path) -
     built = sorted(ext_cache.glob("libsmz_blake3_host-*.so"))
     assert len(built) == 1
     assert not [p for p in ext_cache.iterdir() if p.name.endswith(".tmp")]
-    assert lib.smz_blake3_host_abi_version() == 3
+    assert lib.smz_blake3_host_abi_version() == 4
     mtime = built[0].stat().st_mtime_ns
     assert native.build_host_library(ext_cache) == built[0]
     assert built[0].stat().st_mtime_ns == mtime  # cached, not rebuilt
@@ -241,6 +241,44 @@ def test_lane_widths_agree(lib: ctypes.CDLL) -> None:
     assert lib.smz_blake3_host_rows_width(b"", 0, 0, None, 3) == -1
 
 
+def test_rows_begun_on_the_worker_are_shared_with_the_caller(lib: ctypes.CDLL) -> None:
+    """Jobs queued faster than the worker hashes them: a caller waiting on the last one
+    hashes its rows itself (the worker, busy with the first ones, finds none left), and
+    every job's digests are right, whichever of the two wrote them; jobs given up while
+    queued or half done skip their rows and never hang."""
+    rows, row_bytes = 24, 40 * 1024  # four runs of rows each
+    batches = [_data(rows * row_bytes, seed=k) for k in range(12)]
+    expected = [
+        [_ref(data[i * row_bytes : (i + 1) * row_bytes]) for i in range(rows)] for data in batches
+    ]
+    for order in (range(12), reversed(range(12))):
+        outs = [ctypes.create_string_buffer(32 * rows) for _ in batches]
+        jobs = [
+            lib.smz_blake3_host_rows_begin(data, rows, row_bytes, out)
+            for data, out in zip(batches, outs, strict=True)
+        ]
+        assert all(jobs)
+        for k in order:
+            lib.smz_blake3_host_rows_wait(jobs[k], 1)
+            got = [outs[k].raw[32 * i : 32 * i + 32] for i in range(rows)]
+            assert got == expected[k], k
+    outs = [ctypes.create_string_buffer(32 * rows) for _ in batches]
+    jobs = [
+        lib.smz_blake3_host_rows_begin(data, rows, row_bytes, out)
+        for data, out in zip(batches, outs, strict=True)
+    ]
+    for job in reversed(jobs):
+        lib.smz_blake3_host_rows_wait(job, 0)
+    # The worker is still there and right after jobs were given up.
+    out = ctypes.create_string_buffer(32 * rows)
+    lib.smz_blake3_host_rows_wait(
+        lib.smz_blake3_host_rows_begin(batches[0], rows, row_bytes, out), 0
+    )
+    job = lib.smz_blake3_host_rows_begin(batches[1], rows, row_bytes, out)
+    lib.smz_blake3_host_rows_wait(job, 1)
+    assert [out.raw[32 * i : 32 * i + 32] for i in range(rows)] == expected[1]
+
+
 def test_lanes_without_shuffles(tmp_path: Path) -> None:
     """The build for compilers without ``__builtin_shufflevector`` (words gathered one
     at a time, rotations by shifts) gives the same digests."""
@@ -310,7 +348,7 @@ def test_a_background_build_lands_after_its_process_exits(tmp_path: Path) -> Non
         time.sleep(0.1)
     built = list(tmp_path.glob("libsmz_blake3_host-*.so"))
     assert len(built) == 1
-    assert ctypes.CDLL(str(built[0])).smz_blake3_host_abi_version() == 3
+    assert ctypes.CDLL(str(built[0])).smz_blake3_host_abi_version() == 4
 
 
 def test_a_failed_background_build_keeps_the_pure_path(

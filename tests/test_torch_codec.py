@@ -247,7 +247,7 @@ def test_a_batch_dropped_while_its_rows_are_named_is_kept_until_they_are(row_pat
 
 
 def _let_go(started: RowsLater) -> bool:
-    started._wait()
+    started._wait(take_rest=False)
     return True
 
 

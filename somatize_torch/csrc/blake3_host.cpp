@@ -5,7 +5,7 @@
 //                                    on SIMD lanes (blake3_lanes.h)
 //   smz_blake3_host_lane_width       how many lanes smz_blake3_host_rows uses here
 //   smz_blake3_host_rows_begin       smz_blake3_host_rows on the process's worker thread
-//   smz_blake3_host_rows_wait        ... waited for (exactly once per begin)
+//   smz_blake3_host_rows_wait        ... finished, helping, or given up (once per begin)
 //   smz_blake3_host_rows_forked      forgets the worker, in a forked child
 //
 // and, for tests of the code the CUDA kernels share:
@@ -103,13 +103,52 @@ namespace {
 
 struct RowsWorker;
 
+// A batch's rows are handed out in runs of about RUN_BYTES: the worker takes
+// runs until none is left, and so does the caller when it comes for the digests
+// before they are all written, instead of idling while a worker that got little
+// of the CPU finishes alone. The job is freed by the last of the two to let go.
+constexpr uint64_t RUN_BYTES = 256 * 1024;
+
 struct RowsJob {
+  RowsJob(const uint8_t* data_, uint64_t rows_, uint64_t row_bytes_, uint8_t* out_,
+          RowsWorker* worker_)
+      : data(data_), rows(rows_), row_bytes(row_bytes_), out(out_), worker(worker_),
+        run(std::max<uint64_t>(1, RUN_BYTES / std::max<uint64_t>(1, row_bytes_))),
+        left(rows_), done(rows_ == 0) {}
+
   const uint8_t* data;
-  uint64_t rows;
-  uint64_t row_bytes;
+  const uint64_t rows;
+  const uint64_t row_bytes;
   uint8_t* out;
   RowsWorker* worker;
-  bool done;  // under worker->lock
+  const uint64_t run;                // rows per run
+  std::atomic<uint64_t> next{0};     // the first row not handed out (may pass `rows`)
+  std::atomic<uint64_t> left;        // rows whose digests are not written, nor skipped
+  std::atomic<int> holders{2};       // the caller and the worker
+  bool done;                         // under worker->lock: `left` reached 0
+
+  // Takes runs until none is left; true if this call accounted for the last row.
+  bool take_runs() {
+    bool last = false;
+    for (;;) {
+      const uint64_t lo = next.fetch_add(run);
+      if (lo >= rows) return last;
+      const uint64_t n = std::min(run, rows - lo);
+      smz_blake3_host_rows(data + lo * row_bytes, n, row_bytes, out + 32 * lo);
+      last = left.fetch_sub(n) == n;
+    }
+  }
+
+  // Hands out no more runs; true if no run is left being hashed.
+  bool cancel() {
+    const uint64_t lo = next.exchange(rows);
+    const uint64_t skipped = lo < rows ? rows - lo : 0;
+    return skipped > 0 && left.fetch_sub(skipped) == skipped;
+  }
+
+  void let_go() {
+    if (holders.fetch_sub(1) == 1) delete this;
+  }
 };
 
 struct RowsWorker {
@@ -126,10 +165,13 @@ struct RowsWorker {
       jobs.pop_front();
       if (job == nullptr) return;
       held.unlock();
-      smz_blake3_host_rows(job->data, job->rows, job->row_bytes, job->out);
+      const bool last = job->take_runs();
       held.lock();
-      job->done = true;
-      finished.notify_all();
+      if (last) {
+        job->done = true;
+        finished.notify_all();
+      }
+      job->let_go();
     }
   }
 };
@@ -156,7 +198,7 @@ RowsWorker* rows_worker() {
 
 extern "C" {
 
-int smz_blake3_host_abi_version(void) { return 3; }
+int smz_blake3_host_abi_version(void) { return 4; }
 
 int smz_blake3_host_lane_width(void) { return lane_width(); }
 
@@ -207,7 +249,7 @@ void* smz_blake3_host_rows_begin(const uint8_t* data, uint64_t rows, uint64_t ro
                                  uint8_t* out) {
   try {
     RowsWorker* worker = rows_worker();
-    auto* job = new RowsJob{data, rows, row_bytes, out, worker, false};
+    auto* job = new RowsJob(data, rows, row_bytes, out, worker);
     {
       std::lock_guard<std::mutex> held(worker->lock);
       worker->jobs.push_back(job);
@@ -219,14 +261,17 @@ void* smz_blake3_host_rows_begin(const uint8_t* data, uint64_t rows, uint64_t ro
   }
 }
 
-void smz_blake3_host_rows_wait(void* handle) {
+// Returns once no thread reads `data` or writes `out` for this job. With `take_rest`,
+// the caller hashes the rows no thread has taken yet, and every digest is then
+// written; without it (a job given up), those rows are skipped.
+void smz_blake3_host_rows_wait(void* handle, int take_rest) {
   auto* job = static_cast<RowsJob*>(handle);
-  RowsWorker* worker = job->worker;
-  {
-    std::unique_lock<std::mutex> held(worker->lock);
-    worker->finished.wait(held, [job] { return job->done; });
+  const bool last = take_rest ? job->take_runs() : job->cancel();
+  if (!last) {
+    std::unique_lock<std::mutex> held(job->worker->lock);
+    job->worker->finished.wait(held, [job] { return job->done; });
   }
-  delete job;
+  job->let_go();
 }
 
 // In a forked child: the parent's worker thread is not there (and its lock may have
