@@ -200,6 +200,7 @@ class CacheFrozen(Callback):
             raise CacheFrozenError(f"modules= names a submodule twice: {names!r}")
         self.store: Store | None = Store.of(store)
         self.names = names
+        self._state_key = f"CacheFrozen{names}"
         self.key: Literal["content", "index"] = key
         self.version = version
         self.salt = salt
@@ -226,7 +227,7 @@ class CacheFrozen(Callback):
 
     @property
     def state_key(self) -> str:
-        return f"CacheFrozen{self.names}"
+        return self._state_key  # Lightning asks at every hook of every batch
 
     def prefill(
         self,
