@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -205,6 +206,7 @@ def _build_shared(
     if target.is_file():
         return target
     target_dir.mkdir(parents=True, exist_ok=True)
+    _sweep(target_dir, stem)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target_dir)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -227,6 +229,22 @@ def _build_shared(
         tmp.unlink(missing_ok=True)
     _log_once(f"built:{target}", "built native library %s", target)
     return target
+
+
+_STALE_BUILD_S: Final = 3600.0
+"""A temporary file of a build this old was left by a build that never ended (a
+process killed mid-compile); a build takes seconds."""
+
+
+def _sweep(directory: Path, stem: str) -> None:
+    """Removes what builds of ``stem`` killed mid-compile left in ``directory``."""
+    now = time.time()
+    for left in directory.glob(f".{stem}-*.tmp"):
+        try:
+            if now - left.stat().st_mtime > _STALE_BUILD_S:
+                left.unlink()
+        except OSError:
+            pass  # gone already, or another builder's to deal with
 
 
 def build_host_library(directory: Path | None = None) -> Path:

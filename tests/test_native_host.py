@@ -126,6 +126,23 @@ def test_host_library_is_built_in_cache_dir(lib: ctypes.CDLL, ext_cache: Path) -
     assert built[0].stat().st_mtime_ns == mtime  # cached, not rebuilt
 
 
+def test_a_build_sweeps_what_killed_builds_left(tmp_path: Path) -> None:
+    """Temporary files of builds that never ended (an hour old) are removed by the next
+    build; a fresh one, perhaps another process's build in progress, stays."""
+    stale = tmp_path / ".libsmz_blake3_host-0123.so.abc.tmp"
+    fresh = tmp_path / ".libsmz_blake3_host-0123.so.def.tmp"
+    other = tmp_path / ".libsmz_other-0123.so.abc.tmp"
+    for path in (stale, fresh, other):
+        path.write_bytes(b"half a library")
+    hours_ago = time.time() - 2 * 3600
+    for path in (stale, other):
+        os.utime(path, (hours_ago, hours_ago))
+    built = native.build_host_library(tmp_path)
+    assert built.is_file()
+    assert not stale.exists()
+    assert fresh.exists() and other.exists()
+
+
 @pytest.mark.slow
 def test_concurrent_builds_are_atomic(tmp_path: Path) -> None:
     target = tmp_path / "concurrent"
