@@ -119,6 +119,19 @@ def test_keep_recall_have(home: Store) -> None:
     assert bytes(data) == b"abcd" and record.value == answer.value
 
 
+def test_a_blob_held_in_memory_is_had_as_recall_finds_it(tmp_path: Path) -> None:
+    """A small answer this store has read is recalled from memory; `have` says what
+    recall would do: had, even once its file is gone, and the bytes are the kept ones. A
+    store that holds nothing sees the file gone."""
+    home = LocalStore(tmp_path)
+    answer = home.keep(KEY, b"abcd", "plain")
+    assert bytes(home.recall(KEY)[1]) == b"abcd"
+    (tmp_path / "blobs" / shard(answer.value)).unlink()
+    assert home.have([KEY]) == {KEY}
+    assert bytes(home.recall(KEY)[1]) == b"abcd"
+    assert LocalStore(tmp_path).have([KEY]) == set()
+
+
 def test_recall_missing(home: Store) -> None:
     """Recalling what was never kept is Missing."""
     with pytest.raises(Missing):

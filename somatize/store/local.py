@@ -453,6 +453,12 @@ class LocalStore(PackedHome):
         return found
 
     def _whole(self, digest: str, size: int) -> bool:
+        """Whether recall would find blob ``digest`` whole: held in memory (its bytes
+        matched their digest when read, and recall serves them from there, whatever
+        befalls the file since), or a file of the size recorded."""
+        held = self._small.get(digest)
+        if held is not None and len(held) == size:
+            return True
         # ``digest`` comes from a record that was checked when it was read.
         hexed = digest[7:]
         try:
