@@ -40,6 +40,8 @@ Its key is the key an instance-made node of the same module and weights has.
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +52,7 @@ from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize.catalog import identity_of
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize_torch.codec import TENSOR, LandedOnHost
-from somatize_torch.digest import digest_named
+from somatize_torch.digest import digest_named, digest_tensor
 
 if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
@@ -148,6 +150,46 @@ def check_still(name: str, module: nn.Module) -> None:
         stacklevel=3,
     )
     nn.Module.train(module, False)
+
+
+_TORCH_OWN = frozenset(vars(nn.Module()))
+"""What torch itself keeps in every module (parameters, buffers, children, hooks, the
+training flag): seen elsewhere in the key, or not part of what the module computes."""
+
+
+def settings_of(module: nn.Module) -> dict[str, Any]:
+    """The plain values each submodule keeps beside its weights, by dotted name: what a
+    forward may read that neither ``repr`` nor the state shows (``self.temperature =
+    2.0``, a tensor held as a plain attribute). Numbers, strings, bools, None, tuples and
+    lists of them, dtypes, devices and enums are taken as they are, tensors by digest;
+    anything else a module holds (objects, dicts, functions) is not seen."""
+    out: dict[str, Any] = {}
+    for prefix, sub in module.named_modules():
+        for name, value in vars(sub).items():
+            if name in _TORCH_OWN:
+                continue
+            seen = _setting(value)
+            if seen is not _UNSEEN:
+                out[f"{prefix}.{name}" if prefix else name] = seen
+    return out
+
+
+_UNSEEN = object()
+
+
+def _setting(value: Any, depth: int = 0) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__qualname__}.{value.name}"
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, torch.Tensor):
+        return ["tensor", digest_tensor(value)]
+    if isinstance(value, (tuple, list)) and depth < 4:
+        items = [_setting(item, depth + 1) for item in value]
+        return _UNSEEN if any(item is _UNSEEN for item in items) else items
+    return _UNSEEN
 
 
 class ModuleNode(Node):
@@ -279,7 +321,12 @@ class ModuleNode(Node):
                 "same way in another process and its answers cannot be keyed. Define the "
                 "module class at module level"
             )
-        return {"module": repr(self.module), "spread": self.spread, "call": self.declared}
+        return {
+            "module": repr(self.module),
+            "settings": settings_of(self.module),
+            "spread": self.spread,
+            "call": self.declared,
+        }
 
     def forward(self, x: Any, ctx: Any) -> Any:
         if is_held(self.module):
@@ -353,4 +400,8 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
         memory.freeze(name, digest)
         node._smz.state = digest
         out[name] = digest
+        # The plain values it keeps may have changed since the graph was built. One that
+        # cannot be declared is refused where its key is computed, as it was then.
+        with contextlib.suppress(Undeclared):
+            memory.declared_as(name, node.declaration(name))
     return out

@@ -37,6 +37,22 @@ class Pair(nn.Module):
         self.register_parameter(second, nn.Parameter(values[second]))
 
 
+class Scaled(nn.Module):
+    """Reads plain values it keeps beside its weights: none of them shows in ``repr``."""
+
+    def __init__(self, temperature: float, shift: torch.Tensor | None = None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 4)
+        self.temperature = temperature
+        self.shift = torch.zeros(4) if shift is None else shift  # a tensor, not a buffer
+        self.act = nn.functional.relu  # a function: not seen, and no obstacle to a key
+        self.seen: dict[str, int] = {}  # a dict: not seen either
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.linear(x) / self.temperature + self.shift)
+
+
 class Count(Node):
     """Not a torch node."""
 
@@ -167,6 +183,44 @@ def test_frozen_module_node_is_recalled_by_content(store: Store) -> None:
     changed = g.forward(Opaque(x), store=store)
     assert g.record.outcome == {"encoder": "ran"}
     assert not torch.equal(changed, first)
+
+
+def test_values_a_module_keeps_beside_its_weights_are_in_its_key(store: Store) -> None:
+    """Two modules with equal weights and repr, one reading another temperature or a
+    plain tensor attribute: each is its own question, never the other's answer; the
+    same settings in a new module recall, and a value changed after the graph was
+    built is seen when it is frozen again."""
+    x = Opaque(torch.randn(3, 6))
+    answers = []
+    for module in (
+        Scaled(1.0),
+        Scaled(2.0),
+        Scaled(1.0, shift=torch.ones(4)),
+        Scaled(1.0),
+    ):
+        g = Graph.somatize(smt.ModuleNode(module).named("scaled").frozen().cached())
+        smt.freeze(g)
+        answers.append((g.forward(x, store=store), g.record))
+    outcomes = [record.outcome["scaled"] for _, record in answers]
+    assert outcomes == ["ran", "ran", "ran", "recalled"]
+    assert not torch.equal(answers[0][0], answers[1][0])
+    assert not torch.equal(answers[0][0], answers[2][0])
+    assert torch.equal(answers[0][0], answers[3][0])
+    module = Scaled(1.0)
+    g = Graph.somatize(smt.ModuleNode(module).named("scaled").frozen().cached())
+    smt.freeze(g)
+    assert torch.equal(g.forward(x, store=store), answers[0][0])
+    module.temperature = 2.0  # changed after the graph was built: freezing again sees it
+    smt.freeze(g)
+    assert torch.equal(g.forward(x, store=store), answers[1][0])
+    assert g.record is not None and g.record.outcome == {"scaled": "recalled"}
+    kept = smt.cache_rows(Scaled(1.0), store)
+    assert torch.equal(kept(x.value), answers[0][0]) and kept.stats.computed == 3
+    kept.close()  # its rows are in the store
+    hotter = smt.cache_rows(Scaled(2.0), store)
+    assert torch.equal(hotter(x.value), answers[1][0])
+    assert hotter.stats.computed == 3 and hotter.stats.from_store == 0
+    hotter.close()
 
 
 def test_module_class_without_a_stable_name_cannot_be_cached(store: Store) -> None:
