@@ -178,10 +178,14 @@ _UNSEEN = object()
 
 
 def _setting(value: Any, depth: int = 0) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return value
+    if value is None:
+        return None
     if isinstance(value, enum.Enum):
         return f"{type(value).__qualname__}.{value.name}"
+    # Subclasses (numpy's float64, a str enum) as the plain values they are.
+    for kind in (bool, int, float, str, bytes):
+        if isinstance(value, kind):
+            return kind(value)
     if isinstance(value, (torch.dtype, torch.device)):
         return str(value)
     if isinstance(value, torch.Tensor):

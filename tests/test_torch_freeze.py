@@ -6,6 +6,7 @@ import subprocess
 import sys
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -47,6 +48,7 @@ class Scaled(nn.Module):
         self.temperature = temperature
         self.shift = torch.zeros(4) if shift is None else shift  # a tensor, not a buffer
         self.act = nn.functional.relu  # a function: not seen, and no obstacle to a key
+        self.gain = np.float64(1.0)  # a subclass of float: seen as the float it is
         self.seen: dict[str, int] = {}  # a dict: not seen either
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
