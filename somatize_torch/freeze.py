@@ -182,10 +182,17 @@ def _setting(value: Any, depth: int = 0) -> Any:
         return None
     if isinstance(value, enum.Enum):
         return f"{type(value).__qualname__}.{value.name}"
-    # Subclasses (numpy's float64, a str enum) as the plain values they are.
-    for kind in (bool, int, float, str, bytes):
-        if isinstance(value, kind):
-            return kind(value)
+    # Subclasses (numpy's float64, an int enum) as the plain values they are.
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes):
+        return bytes(value)
     if isinstance(value, (torch.dtype, torch.device)):
         return str(value)
     if isinstance(value, torch.Tensor):
