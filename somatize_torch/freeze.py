@@ -182,7 +182,7 @@ def _setting(value: Any, depth: int = 0) -> Any:
         return None
     if isinstance(value, enum.Enum):
         return f"{type(value).__qualname__}.{value.name}"
-    # Subclasses (numpy's float64, an int enum) as the plain values they are.
+    # Subclasses (numpy's float64, a str subclass) as the plain values they are.
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
