@@ -41,6 +41,7 @@ Its key is the key an instance-made node of the same module and weights has.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -160,9 +161,10 @@ training flag): seen elsewhere in the key, or not part of what the module comput
 def settings_of(module: nn.Module) -> dict[str, Any]:
     """The plain values each submodule keeps beside its weights, by dotted name: what a
     forward may read that neither ``repr`` nor the state shows (``self.temperature =
-    2.0``, a tensor held as a plain attribute). Numbers, strings, bools, None, tuples and
-    lists of them, dtypes, devices and enums are taken as they are, tensors by digest;
-    anything else a module holds (objects, dicts, functions) is not seen."""
+    2.0``, a tensor held as a plain attribute). Numbers, strings, bools, None, tuples,
+    lists and str-keyed dicts of them, dataclass instances, dtypes, devices and enums
+    are taken as they are, tensors by digest; anything else a module holds (other
+    objects, functions) is not seen."""
     out: dict[str, Any] = {}
     for prefix, sub in module.named_modules():
         for name, value in vars(sub).items():
@@ -197,9 +199,22 @@ def _setting(value: Any, depth: int = 0) -> Any:
         return str(value)
     if isinstance(value, torch.Tensor):
         return ["tensor", digest_tensor(value)]
-    if isinstance(value, (tuple, list)) and depth < 4:
+    if depth >= 4:
+        return _UNSEEN
+    if isinstance(value, (tuple, list)):
         items = [_setting(item, depth + 1) for item in value]
         return _UNSEEN if any(item is _UNSEEN for item in items) else items
+    if isinstance(value, dict):
+        entries = {k: _setting(v, depth + 1) for k, v in value.items() if isinstance(k, str)}
+        return {k: v for k, v in entries.items() if v is not _UNSEEN}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {
+            f.name: _setting(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)
+        }
+        return {
+            "dataclass": type(value).__qualname__,
+            "fields": {k: v for k, v in fields.items() if v is not _UNSEEN},
+        }
     return _UNSEEN
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from typing import Any
@@ -38,6 +39,11 @@ class Pair(nn.Module):
         self.register_parameter(second, nn.Parameter(values[second]))
 
 
+@dataclasses.dataclass
+class Box:
+    scale: float
+
+
 class Scaled(nn.Module):
     """Reads plain values it keeps beside its weights: none of them shows in ``repr``."""
 
@@ -49,10 +55,12 @@ class Scaled(nn.Module):
         self.shift = torch.zeros(4) if shift is None else shift  # a tensor, not a buffer
         self.act = nn.functional.relu  # a function: not seen, and no obstacle to a key
         self.gain = np.float64(1.0)  # a subclass of float: seen as the float it is
-        self.seen: dict[str, int] = {}  # a dict: not seen either
+        self.options = {"clip": 10.0, "hook": print}  # a dict: its plain entries are seen
+        self.box = Box(1.0)  # a dataclass: its fields are seen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.linear(x) / self.temperature + self.shift)
+        out = self.linear(x) / self.temperature * self.box.scale + self.shift
+        return self.act(out.clamp(max=self.options["clip"]))
 
 
 class Count(Node):
@@ -188,25 +196,30 @@ def test_frozen_module_node_is_recalled_by_content(store: Store) -> None:
 
 
 def test_values_a_module_keeps_beside_its_weights_are_in_its_key(store: Store) -> None:
-    """Two modules with equal weights and repr, one reading another temperature or a
-    plain tensor attribute: each is its own question, never the other's answer; the
-    same settings in a new module recall, and a value changed after the graph was
-    built is seen when it is frozen again."""
+    """Modules with equal weights and repr, one reading another temperature, plain
+    tensor attribute, dict entry or dataclass field: each is its own question, never
+    another's answer; the same settings in a new module recall, and a value changed
+    after the graph was built is seen when it is frozen again."""
     x = Opaque(torch.randn(3, 6))
     answers = []
+    clipped, boxed = Scaled(1.0), Scaled(1.0)
+    clipped.options["clip"] = 0.1
+    boxed.box = Box(3.0)
     for module in (
         Scaled(1.0),
         Scaled(2.0),
         Scaled(1.0, shift=torch.ones(4)),
         Scaled(1.0),
+        clipped,
+        boxed,
     ):
         g = Graph.somatize(smt.ModuleNode(module).named("scaled").frozen().cached())
         smt.freeze(g)
         answers.append((g.forward(x, store=store), g.record))
     outcomes = [record.outcome["scaled"] for _, record in answers]
-    assert outcomes == ["ran", "ran", "ran", "recalled"]
-    assert not torch.equal(answers[0][0], answers[1][0])
-    assert not torch.equal(answers[0][0], answers[2][0])
+    assert outcomes == ["ran", "ran", "ran", "recalled", "ran", "ran"]
+    for other in (1, 2, 4, 5):
+        assert not torch.equal(answers[0][0], answers[other][0]), other
     assert torch.equal(answers[0][0], answers[3][0])
     module = Scaled(1.0)
     g = Graph.somatize(smt.ModuleNode(module).named("scaled").frozen().cached())
