@@ -331,7 +331,14 @@ class CacheFrozen(Callback):
                 rows = _plus(parts[name], rows)
             self.history.append(EpochStats(stage, trainer.current_epoch, name, seconds, rows))
 
+    def _redeclare(self) -> None:
+        """Each cached module's settings looked at again: one changed between epochs keys
+        its rows anew (see :meth:`CachedRows.redeclare`)."""
+        for cached in self._cached.values():
+            cached.redeclare()
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._redeclare()
         for cached in self._cached.values():
             cached.reset_stats()  # what the sanity check or an earlier stage counted
         self._train_parts = {}
@@ -380,6 +387,7 @@ class CacheFrozen(Callback):
         pl_module.log("hit", rate, prog_bar=True, logger=False, on_step=True, on_epoch=False)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._redeclare()
         training = "train" in self._started and not trainer.sanity_checking
         if training:
             for cached in self._cached.values():
@@ -432,6 +440,7 @@ class CacheFrozen(Callback):
                 )
 
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._redeclare()
         for cached in self._cached.values():
             cached.reset_stats()
         self._begin("test")
@@ -442,6 +451,7 @@ class CacheFrozen(Callback):
         self._log(pl_module, trainer, "test_")
 
     def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._redeclare()
         for cached in self._cached.values():
             cached.reset_stats()
         self._begin("predict")

@@ -309,14 +309,31 @@ class CachedRows(nn.Module):
         )
         found = self._keyings.get(tag)
         if found is None:
-            precision = {"input": tag[0], "autocast": tag[1]}
-            self._node.declared = {"rows": self.key_mode, "precision": precision}
-            declaration = self._node.declaration()
-            assert self._identity is not None  # ModuleNode.declaration refused it otherwise
-            prefix = node_prefix(self._identity, declaration, self._state, self.salt)
             self._made += 1
-            found = self._keyings[tag] = _Keying(prefix, self._made, self.version, row_header(x))
+            found = _Keying(self._prefix(tag), self._made, self.version, row_header(x))
+            self._keyings[tag] = found
         return found
+
+    def _prefix(self, tag: tuple[Any, ...]) -> bytes:
+        """The key prefix of rows run in precision ``tag``, from the module as it is now."""
+        precision = {"input": tag[0], "autocast": tag[1]}
+        self._node.declared = {"rows": self.key_mode, "precision": precision}
+        declaration = self._node.declaration()
+        assert self._identity is not None  # ModuleNode.declaration refused it otherwise
+        return node_prefix(self._identity, declaration, self._state, self.salt)
+
+    def redeclare(self) -> bool:
+        """Looks again at the plain values the module keeps beside its weights
+        (:func:`~somatize_torch.freeze.settings_of`; its weights are watched at every
+        forward): if one changed since rows were keyed, rows are keyed anew from the
+        next forward, and nothing kept under the old values is recalled for them.
+        Returns whether one changed. ``CacheFrozen`` calls it at the start of every
+        epoch."""
+        self._settle()
+        stale = [tag for tag, keying in self._keyings.items() if self._prefix(tag) != keying.prefix]
+        for tag in stale:
+            del self._keyings[tag]
+        return bool(stale)
 
     # -- keys
 

@@ -25,9 +25,10 @@ class Encoder(nn.Module):
         self.conv = nn.Conv2d(3, 8, 3, 2, 1)
         self.norm = nn.BatchNorm2d(8)
         self.pool = nn.AdaptiveAvgPool2d(1)
+        self.gain = 1.0  # a plain value forward reads: part of the encoder's key
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.pool(torch.relu(self.norm(self.conv(x)))).flatten(1)
+        return self.pool(torch.relu(self.norm(self.conv(x)))).flatten(1) * self.gain
 
 
 class Probe(pl.LightningModule):

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -139,6 +140,24 @@ def test_a_changed_encoder_misses(tmp_path: Path, tensor: str) -> None:
     trainer(tmp_path, 1, callbacks=[other]).fit(changed, loader())
     stats = epochs(other, "train")[0].rows
     assert (stats.computed, stats.recalled) == (SAMPLES, 0)
+
+
+class _Hotter(pl.Callback):
+    """Doubles the encoder's gain at the end of the first training epoch."""
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch == 0:
+            pl_module.encoder.module.gain = 2.0
+
+
+def test_a_setting_changed_between_epochs_keys_rows_anew(tmp_path: Path) -> None:
+    """A plain value the encoder reads, changed between epochs, is another encoder: the
+    next epoch computes every row with it, and the one after recalls them."""
+    callback = CacheFrozen(tmp_path / "store", ["encoder"])
+    model = Probe()
+    trainer(tmp_path, 3, callbacks=[callback, _Hotter()]).fit(model, loader(shuffle=True))
+    rows = [e.rows for e in epochs(callback, "train")]
+    assert [(r.computed, r.recalled) for r in rows] == [(SAMPLES, 0), (SAMPLES, 0), (0, SAMPLES)]
 
 
 def test_validation_test_and_predict_use_the_cache(tmp_path: Path) -> None:

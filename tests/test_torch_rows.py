@@ -112,6 +112,39 @@ def test_only_new_rows_run_as_one_sub_batch(store: Store) -> None:
     cached.close()
 
 
+class Gain(nn.Module):
+    """Reads a plain value kept beside its weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 3)
+        self.gain = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x) * self.gain
+        return out
+
+
+def test_a_setting_changed_after_rows_were_keyed_is_seen_when_redeclared(store: Store) -> None:
+    """Changing a plain value the module reads is not seen between forwards (only weights
+    are watched there); `redeclare` sees it, and every row runs again with it. With
+    nothing changed it says so, and the memory tier keeps answering."""
+    module = Gain()
+    cached = cache_rows(module, store)
+    x = torch.randn(5, 6)
+    first = cached(x)
+    assert cached.redeclare() is False
+    assert torch.equal(cached(x), first) and cached.stats.from_device + cached.stats.from_host == 5
+    module.gain = 2.0
+    assert cached.redeclare() is True
+    doubled = cached(x)
+    assert cached.stats.computed == 5 + 5
+    assert torch.equal(doubled, expected(module, x))
+    assert not torch.equal(doubled, first)
+    cached.close()
+
+
 class ScaleByLastDim(nn.Module):
     """Answers differ for the same bytes seen with another shape or dtype."""
 
