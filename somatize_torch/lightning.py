@@ -331,16 +331,16 @@ class CacheFrozen(Callback):
                 rows = _plus(parts[name], rows)
             self.history.append(EpochStats(stage, trainer.current_epoch, name, seconds, rows))
 
-    def _redeclare(self) -> None:
-        """Each cached module's settings looked at again: one changed between epochs keys
-        its rows anew (see :meth:`CachedRows.redeclare`)."""
+    def _fresh(self) -> None:
+        """At an epoch's start: each cached module's settings looked at again (one changed
+        since keys its rows anew, see :meth:`CachedRows.redeclare`), and its counts
+        started afresh (what the sanity check or an earlier stage counted is dropped)."""
         for cached in self._cached.values():
             cached.redeclare()
+            cached.reset_stats()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._redeclare()
-        for cached in self._cached.values():
-            cached.reset_stats()  # what the sanity check or an earlier stage counted
+        self._fresh()
         self._train_parts = {}
         self._fetch_ahead(pl_module, trainer.fit_loop)
         self._begin("train")
@@ -387,12 +387,12 @@ class CacheFrozen(Callback):
         pl_module.log("hit", rate, prog_bar=True, logger=False, on_step=True, on_epoch=False)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._redeclare()
         training = "train" in self._started and not trainer.sanity_checking
         if training:
             for cached in self._cached.values():
                 cached.flush()  # so the bytes training kept are counted as training's
         for name, cached in self._cached.items():
+            cached.redeclare()
             counted = cached.reset_stats()
             if training:  # validation inside a training epoch: keep what training counted
                 before = self._train_parts.get(name)
@@ -440,9 +440,7 @@ class CacheFrozen(Callback):
                 )
 
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._redeclare()
-        for cached in self._cached.values():
-            cached.reset_stats()
+        self._fresh()
         self._begin("test")
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -451,9 +449,7 @@ class CacheFrozen(Callback):
         self._log(pl_module, trainer, "test_")
 
     def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._redeclare()
-        for cached in self._cached.values():
-            cached.reset_stats()
+        self._fresh()
         self._begin("predict")
 
     def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
