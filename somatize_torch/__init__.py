@@ -9,6 +9,8 @@ the ``tensor`` codec (:mod:`somatize_torch.codec`) and initialises no CUDA.
   turns off their gradients, holds them in eval;
 - :func:`cache_rows` — per-sample caching of a frozen encoder, with memory tiers
   and a background writer, and :func:`prefill` to warm it;
+- :class:`Deferred` — a dataset whose inputs an index-keyed cache loads only for
+  the rows it computes;
 - :func:`ahead` — a loader fetched a batch ahead, its rows named for content-keyed
   caches on another thread while the current step runs;
 - :func:`digest_tensor` / :func:`digest_rows` — the one way tensor content is named.
@@ -16,6 +18,7 @@ the ``tensor`` codec (:mod:`somatize_torch.codec`) and initialises no CUDA.
 
 from somatize_torch.ahead import Ahead, ahead
 from somatize_torch.codec import TENSOR, LandedOnHost, TensorCodec, register
+from somatize_torch.deferred import Deferred, DeferredRows, NotLoadable
 from somatize_torch.digest import digest_named, digest_rows, digest_tensor
 from somatize_torch.freeze import (
     FreezeError,
@@ -56,6 +59,8 @@ __all__ = [
     "Ahead",
     "CachedInputNeedsGrad",
     "CachedRows",
+    "Deferred",
+    "DeferredRows",
     "FreezeError",
     "LandedOnHost",
     "ModuleNode",
@@ -63,6 +68,7 @@ __all__ = [
     "NotATorchNode",
     "NotCalled",
     "NotDeclaredFrozen",
+    "NotLoadable",
     "NotRowwise",
     "NothingToFreeze",
     "RowStats",

@@ -161,7 +161,10 @@ class CacheFrozen(Callback):
     dotted names of submodules (``"encoder"``, ``"backbone.trunk"``). ``key``,
     ``version``, ``salt``, ``device_bytes``, ``host_bytes`` and ``strict`` go to
     :func:`somatize_torch.rows.cache_rows` for each of them; with ``key="index"`` the
-    LightningModule calls the cached module as ``self.encoder(x, index=idx)``.
+    LightningModule calls the cached module as ``self.encoder(x, index=idx)``, or, with
+    loaders over :class:`~somatize_torch.deferred.Deferred` datasets (each with its own
+    ``version``), as ``self.encoder(x)`` with the batch's ``DeferredRows``: then only
+    the images of rows computed are ever loaded.
     ``progress_bar`` shows the running hit rate in the progress bar as ``hit``
     (refreshed every few batches, and only when the trainer has a progress bar).
     ``ahead`` names each training and validation batch's rows on another thread

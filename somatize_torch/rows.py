@@ -17,7 +17,9 @@ the caller's. The key of a row is, by default, the digest of its content
 (:func:`digest_rows`, one call for the whole batch — any DataLoader, any
 shuffling, no change to the dataset); or, with ``key="index"``, the sample's
 index in a dataset of a given version (no hashing at all — the cheapest, and
-right only as long as the version names the data exactly).
+right only as long as the version names the data exactly). Keyed by index, a
+batch from :class:`~somatize_torch.deferred.Deferred` needs no input for the rows
+it recalls: the cache loads the inputs of the rows it computes, and nothing else.
 
 A forward looks its rows up nearest first (:mod:`somatize_torch.residency`):
 the device tier, the host tier, then the store — one dict pass and one gather
@@ -62,6 +64,7 @@ from somatize.errors import SomatizeError
 from somatize.keys import node_key, node_prefix, root_key
 from somatize.store.base import Corrupt, Missing
 from somatize_torch.codec import TENSOR
+from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import (
     DTYPES,
     RowsLater,
@@ -223,11 +226,11 @@ class CachedRows(nn.Module):
                 f"key= is `content` (each row by the digest of its content) or `index` (each "
                 f"row by its sample index in a dataset version), got {key!r}"
             )
-        if key == "index" and (not isinstance(version, str) or not version):
+        if key == "index" and version is not None and (not isinstance(version, str) or not version):
             raise NeedsIndex(
                 "key='index' keys each row by its sample index, which names a row only within "
-                f"one version of the dataset; pass version= (e.g. the dataset's digest, "
-                f"'sms/train@blake3:…'), got {version!r}. Change it whenever the data changes"
+                f"one version of the dataset; version= is that version as a string (e.g. the "
+                f"dataset's digest, 'sms/train@blake3:…'), got {version!r}"
             )
         if key == "content" and version is not None:
             raise RowsError(
@@ -248,7 +251,7 @@ class CachedRows(nn.Module):
         self._state = freeze(Graph.somatize(self._node))[self._node._smz.name or ""]
         self._identity = self._node._smz.identity
         self._watched = self._watch()
-        self._keyings: dict[tuple[str, str | None, torch.Size], _Keying] = {}
+        self._keyings: dict[tuple[str, str | None, torch.Size, str | None], _Keying] = {}
         self._made = 0
         self._fingerprint = fingerprint_of(type(module))
         self._writer = Writer(store, self._fingerprint) if store is not None else None
@@ -295,22 +298,35 @@ class CachedRows(nn.Module):
         self._watched = self._watch()
         self._keyings.clear()
 
-    def _keying(self, x: torch.Tensor) -> _Keying:
+    def _keying(self, x: torch.Tensor | DeferredRows) -> _Keying:
         """How rows of ``x`` are keyed now: the key prefix for the precision they run in."""
         self._settle()
+        version = self.version
+        if isinstance(x, DeferredRows):
+            dtype, shape = x.row()
+            version = x.version or version
+        else:
+            dtype, shape = x.dtype, x.shape[1:]
         device = x.device.type
         autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        # A row is named in memory by the raw digest of its bytes, which says nothing of
-        # their dtype or shape: one keying per row shape keeps rows of different shapes apart.
-        tag = (
-            _dtype_name(x.dtype),
-            None if autocast is None else _dtype_name(autocast),
-            x.shape[1:],
-        )
+        # A row is named in memory by the raw digest of its bytes (or its index), which says
+        # nothing of their dtype or shape (or dataset): one keying per row shape and dataset
+        # version keeps rows of different shapes and datasets apart.
+        autocast_name = None if autocast is None else _dtype_name(autocast)
+        tag = (_dtype_name(dtype), autocast_name, shape, version)
         found = self._keyings.get(tag)
         if found is None:
+            if self.key_mode == "index" and version is None:
+                raise NeedsIndex(
+                    "key='index' keys each row by its sample index, which names a row only "
+                    "within one version of the dataset, and none was given: pass version= to "
+                    "the cache (e.g. the dataset's digest, 'sms/train@blake3:…') or to the "
+                    "`Deferred` the rows come from. Change it whenever the data changes"
+                )
             self._made += 1
-            found = _Keying(self._prefix(tag), self._made, self.version, row_header(x))
+            # Only content keys use the header, and deferred rows are keyed by index.
+            header = row_header(x) if isinstance(x, torch.Tensor) else b""
+            found = _Keying(self._prefix(tag), self._made, version, header)
             self._keyings[tag] = found
         return found
 
@@ -385,8 +401,11 @@ class CachedRows(nn.Module):
         self.used_ahead += 1
         return ids
 
-    def _row_ids(self, x: torch.Tensor, index: torch.Tensor | None) -> list[Any]:
+    def _row_ids(self, x: torch.Tensor | DeferredRows, index: torch.Tensor | None) -> list[Any]:
         """What names each row within one keying: its content digest, or its index."""
+        if isinstance(x, DeferredRows):
+            rows: list[Any] = x.index.tolist()
+            return rows
         if self.key_mode == "content":
             named = self._take_named(x)
             return named if named is not None else raw_rows(x)
@@ -409,15 +428,34 @@ class CachedRows(nn.Module):
         ids: list[Any] = index.tolist()
         return ids
 
-    def row_keys(self, x: torch.Tensor, index: torch.Tensor | None = None) -> list[str]:
+    def row_keys(
+        self, x: torch.Tensor | DeferredRows, index: torch.Tensor | None = None
+    ) -> list[str]:
         """The store key of each row of ``x`` as this module, in its precision now, answers it."""
         keying = self._keying(x)
         return [keying.key(row) for row in self._row_ids(x, index)]
 
     # -- forward
 
-    def forward(self, x: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor | DeferredRows, index: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The module's output on ``x``, row by row from the nearest copy; see the class."""
+        if isinstance(x, DeferredRows):
+            if self.key_mode != "index":
+                raise RowsError(
+                    "deferred inputs (a batch from `Deferred`) name their rows by sample index "
+                    "and are loaded only for rows that are computed, so they go to a cache "
+                    "keyed by index: cache_rows(module, store, key='index', version=...). A "
+                    "content-keyed cache must read every input to name it"
+                )
+            if index is not None:
+                raise NeedsIndex(
+                    "a batch from `Deferred` carries its samples' indices; call the cache as "
+                    "`cached(x)`, without index="
+                )
+            deferred: torch.Tensor = _remember(self, x, None)
+            return deferred
         if not isinstance(x, torch.Tensor) or x.dim() == 0:
             raise NotRowwise(
                 f"a row-cached module is called with a batch tensor (rows along dimension 0), "
@@ -433,14 +471,17 @@ class CachedRows(nn.Module):
         out: torch.Tensor = _remember(self, x, index)
         return out
 
-    def _recall_or_run(self, x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    def _recall_or_run(
+        self, x: torch.Tensor | DeferredRows, index: torch.Tensor | None
+    ) -> torch.Tensor:
         if self._writer is not None:
             self._writer.check()  # here, outside what torch.compile traces
         start = time.perf_counter()
         if not self._placed:
             self.tiers[0].device = x.device
             self._placed = True
-        self.last_input = weakref.ref(x)
+        if isinstance(x, torch.Tensor):
+            self.last_input = weakref.ref(x)
         keying = self._keying(x)
         tag = keying.tag
         ids = self._row_ids(x, index)
@@ -499,10 +540,12 @@ class CachedRows(nn.Module):
         counts["lookup_s"] += time.perf_counter() - start - computed
         return out
 
-    def _compute(self, x: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    def _compute(self, x: torch.Tensor | DeferredRows, positions: list[int]) -> torch.Tensor:
         module = self.module
         check_still(type(module).__name__, module)
-        if len(positions) == x.shape[0]:
+        if isinstance(x, DeferredRows):
+            sub = x.load(positions)
+        elif len(positions) == x.shape[0]:
             sub = x
         else:
             sub = x[torch.tensor(positions, dtype=torch.long, device=x.device)]
@@ -647,7 +690,11 @@ class CachedRows(nn.Module):
 
     def extra_repr(self) -> str:
         tiers = ", ".join(repr(t) for t in self.tiers)
-        key = "content" if self.key_mode == "content" else f"index of {self.version}"
+        key = (
+            "content"
+            if self.key_mode == "content"
+            else f"index of {self.version or 'each Deferred'}"
+        )
         return f"rows keyed by {key}; {tiers}; store={self.store!r}"
 
 
@@ -698,7 +745,9 @@ def cache_rows(
 
     ``key="content"`` (the default) names each row by the digest of its content;
     ``key="index"`` by its sample index within dataset ``version`` (call the result as
-    ``cached(x, index=idx)``). ``device_bytes`` and ``host_bytes`` are the memory
+    ``cached(x, index=idx)``, or as ``cached(rows)`` with a batch of
+    :class:`~somatize_torch.deferred.DeferredRows`, whose inputs it loads only for the
+    rows it computes). ``device_bytes`` and ``host_bytes`` are the memory
     tiers' budgets; ``store`` a :class:`somatize.Store` or a directory (None: memory
     only); ``strict`` computes again rows that were kept by another version of the
     module's code instead of warning.
@@ -734,10 +783,14 @@ def batch_at(item: Any) -> tuple[Any, ...] | None:
     return None
 
 
-def _inputs(batch: Any, key: KeyMode) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _inputs(batch: Any, key: KeyMode) -> tuple[torch.Tensor | DeferredRows, torch.Tensor | None]:
     """The batch tensor (and, keyed by index, the indices) of what a DataLoader yields:
     the tensor :func:`batch_at` finds, and a tuple's or list's last item or a dict's
-    ``index``."""
+    ``index``; or the :class:`DeferredRows` that is the item or a tuple's first."""
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], DeferredRows):
+        return batch[0], None
+    if isinstance(batch, DeferredRows):
+        return batch, None
     path = batch_at(batch)
     if path == ():
         return batch, None

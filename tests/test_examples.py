@@ -43,9 +43,13 @@ def test_notebook(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_lightning_example(tmp_path: Path) -> None:
-    """The Lightning example trains a head; epochs after the first recall every row."""
-    out = _run("examples/lightning/train.py", "--epochs", "2", "--samples", "512", cwd=tmp_path)
+@pytest.mark.parametrize("how", [[], ["--deferred"]], ids=["content", "deferred"])
+def test_lightning_example(tmp_path: Path, how: list[str]) -> None:
+    """The Lightning example trains a head; epochs after the first recall every row, keyed
+    by content or, with deferred images, by index."""
+    out = _run(
+        "examples/lightning/train.py", "--epochs", "2", "--samples", "512", *how, cwd=tmp_path
+    )
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     epochs = {int(row[0]): row for row in rows if len(row) >= 5 and row[0].isdigit()}
     assert epochs[1][2] == "0%" and epochs[2][2] == "100%"

@@ -28,6 +28,7 @@ from somatize.torch.lightning import (
     NeverHits,
     NotASubmodule,
 )
+from somatize_torch.deferred import Deferred
 from somatize_torch.freeze import is_held
 from somatize_torch.rows import CachedRows, cache_rows
 from tests.lightning_models import SAMPLES, Encoder, Probe, data, loader, trainer
@@ -178,6 +179,52 @@ def test_validation_test_and_predict_use_the_cache(tmp_path: Path) -> None:
     assert fit.callback_metrics["cache/encoder/test_hit_rate"] == 1.0
     fit.predict(model, loader(shuffle=False, seed=1))
     assert epochs(callback, "predict")[0].rows.recalled == SAMPLES
+
+
+class _Counted(torch.utils.data.Dataset[torch.Tensor]):
+    """Images indexed by sample, counting the samples loaded."""
+
+    def __init__(self, images: torch.Tensor) -> None:
+        self.images = images
+        self.loaded = 0
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.loaded += 1
+        return self.images[i]
+
+
+def test_deferred_images_are_loaded_only_to_compute_their_rows(tmp_path: Path) -> None:
+    """Keyed by index with `Deferred` datasets, the LightningModule's own code is unchanged:
+    training and validation each load every image once in epoch 1 (sample 0 once more, for
+    the inputs' dtype and shape) and none after, each set keyed by its own version, and the
+    head trains exactly as without the callback."""
+    plain = Probe()
+    trainer(tmp_path / "plain", 3).fit(plain, loader(seed=1), loader(shuffle=False, seed=2))
+
+    (train_images, train_labels), (val_images, val_labels) = data(1), data(2)
+    train, val = _Counted(train_images), _Counted(val_images)
+    order = torch.Generator().manual_seed(7)  # the plain run's shuffle
+    train_loader = torch.utils.data.DataLoader(
+        Deferred(train, train_labels, version="train@1"),
+        batch_size=16,
+        shuffle=True,
+        generator=order,
+    )
+    val_loader = torch.utils.data.DataLoader(
+        Deferred(val, val_labels, version="val@1"), batch_size=16
+    )
+    callback = CacheFrozen(tmp_path / "store", ["encoder"], key="index")
+    model = Probe()
+    trainer(tmp_path / "cached", 3, callbacks=[callback]).fit(model, train_loader, val_loader)
+
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0, 1.0]
+    assert [e.hit_rate for e in epochs(callback, "validate")] == [0.0, 1.0, 1.0]
+    assert (train.loaded, val.loaded) == (SAMPLES + 1, SAMPLES + 1)
+    assert torch.equal(model.head.weight, plain.head.weight)
+    assert torch.equal(model.head.bias, plain.head.bias)
 
 
 def test_a_checkpoint_loads_into_the_plain_module_and_resumes(tmp_path: Path) -> None:

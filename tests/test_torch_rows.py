@@ -298,10 +298,15 @@ def test_index_keys_miss_when_the_dataset_version_changes(store: Store, tmp_path
 
 
 def test_index_keys_need_indices_and_a_version() -> None:
-    """An index-keyed cache refuses to be made without a version, or called without
-    indices, or with indices that do not match the batch."""
+    """An index-keyed cache refuses a version that is not a string, to key rows without a
+    version (it may come from a `Deferred` instead), and calls without indices or with
+    indices that do not match the batch."""
+    with pytest.raises(NeedsIndex, match="as a string"):
+        cache_rows(encoder(), key="index", version="")
+    unversioned = cache_rows(encoder(), key="index")
     with pytest.raises(NeedsIndex, match="pass version="):
-        cache_rows(encoder(), key="index")
+        unversioned(images(4), index=torch.arange(4))
+    assert unversioned.stats.rows == 0
     cached = cache_rows(encoder(), key="index", version="sms/train@1")
     with pytest.raises(NeedsIndex, match=r"cached\(x, index=idx\)"):
         cached(images(4))

@@ -1,0 +1,240 @@
+"""Inputs loaded only for the rows a cache must compute.
+
+An index-keyed cache (:func:`somatize_torch.rows.cache_rows` with ``key="index"``)
+names a row by its sample index, so it needs a row's input only to compute it. A
+loader that reads and decodes every image anyway spends, from the second epoch
+on, most of what is left of an epoch on inputs nobody looks at. :class:`Deferred`
+is a dataset that hands out each sample with its input *not loaded*::
+
+    data = Deferred(images, labels, version="images@v3")  # item i: (not loaded, labels[i])
+    loader = DataLoader(data, batch_size=64, shuffle=True)
+    cached = cache_rows(encoder, "features/", key="index")
+    for x, y in loader:                     # x: DeferredRows, the batch's sample indices
+        features = cached(x)                # loads images[i] only for the rows it computes
+
+``images`` is anything indexed by sample (a map-style dataset, a tensor, a list):
+``images[i]`` is the module's input for sample ``i``, loaded (read, decoded,
+transformed) only when the cache computes that row. ``labels`` — any number of
+things indexed the same way — are handed out as they are. The default collate
+turns the references of a batch into one :class:`DeferredRows`, which carries the
+batch's indices, moves to a device with ``.to`` (Lightning does that to a batch)
+and loads rows with :meth:`DeferredRows.load`.
+
+A row is keyed by its index within the dataset's ``version`` — the Deferred's
+own, or else the cache's ``version=``. The version is a promise that the same
+index names the same input: give each dataset its own (a training and a
+validation set both have a sample 0) and change it whenever the data changes.
+Keys are those of ``cached(x, index=idx)`` under the same version, so a row kept
+one way is recalled the other. The dtype and row shape the keys hold are learned
+from the first input loaded (one sample, read once per process if every row is
+recalled); an input of another dtype or shape is refused when it is loaded.
+
+DataLoader workers: a batch made in a worker travels to the loop as its indices
+and the name of its :class:`Deferred`, never the dataset itself; the rows the
+cache computes are loaded on the loop's thread (their loading no longer runs in
+the workers — :func:`~somatize_torch.rows.prefill` or an epoch 1 with plain
+inputs keeps that parallel).
+"""
+
+from __future__ import annotations
+
+import operator
+import secrets
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, default_collate
+from torch.utils.data._utils.collate import default_collate_fn_map
+
+from somatize.errors import SomatizeError
+
+__all__ = ["Deferred", "DeferredRows", "NotLoadable", "Row"]
+
+
+class NotLoadable(SomatizeError, ValueError):
+    """Deferred inputs cannot be loaded as asked: no dataset to load them from here, or an
+    input that is not one row like the others."""
+
+
+_KNOWN: weakref.WeakValueDictionary[str, Deferred] = weakref.WeakValueDictionary()
+"""Every :class:`Deferred` of this process by its name, so a batch made in a DataLoader
+worker finds its dataset in the process that uses it."""
+
+
+class Deferred(Dataset[Any]):
+    """Samples whose input is loaded only when a row-cached module computes them; see the
+    module docstring. Item ``i`` is ``Row(i)`` alone, or ``(Row(i), beside[0][i], …)``."""
+
+    def __init__(self, inputs: Any, *beside: Any, version: str | None = None) -> None:
+        if version is not None and (not isinstance(version, str) or not version):
+            raise ValueError(
+                f"version= names this dataset's content (its digest, say), as a string; got "
+                f"{version!r}"
+            )
+        try:
+            count = len(inputs)
+        except TypeError:
+            raise TypeError(
+                f"Deferred(inputs, ...) takes something indexed by sample with a length (a "
+                f"map-style dataset, a tensor, a list), got a `{type(inputs).__name__}`"
+            ) from None
+        for n, other in enumerate(beside):
+            if not hasattr(other, "__getitem__") or len(other) != count:
+                raise ValueError(
+                    f"everything handed out beside the inputs is indexed like them: inputs "
+                    f"have {count} samples, argument {n + 2} is {_length(other)}"
+                )
+        self.inputs = inputs
+        self.beside = beside
+        self.version = version
+        self.name = secrets.token_hex(8)
+        self._count = count
+        self._row: tuple[torch.dtype, torch.Size] | None = None
+        _KNOWN[self.name] = self
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: int) -> Any:
+        i = operator.index(index)
+        if not 0 <= i < self._count:
+            raise IndexError(f"sample {index} of a Deferred of {self._count} samples")
+        row = Row(self.name, i, self.version)
+        if not self.beside:
+            return row
+        return (row, *(other[i] for other in self.beside))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _KNOWN.setdefault(self.name, self)  # a copy in a spawned DataLoader worker
+
+    # -- loading
+
+    def row(self) -> tuple[torch.dtype, torch.Size]:
+        """The dtype and shape of one input row: of the first input loaded, or of sample 0
+        loaded now."""
+        if self._row is None:
+            self.load([0])
+        assert self._row is not None
+        return self._row
+
+    def load(self, indices: Sequence[int]) -> torch.Tensor:
+        """The inputs of samples ``indices``, as one batch tensor on the CPU."""
+        if not indices:
+            dtype, shape = self.row()
+            return torch.empty((0, *shape), dtype=dtype)
+        inputs = self.inputs
+        if isinstance(inputs, torch.Tensor):
+            batch = inputs[torch.tensor(indices, dtype=torch.long)]
+        else:
+            batch = default_collate([inputs[i] for i in indices])
+        if not isinstance(batch, torch.Tensor):
+            raise NotLoadable(
+                f"the inputs of a Deferred are one tensor per sample (or what the default "
+                f"collate stacks into one); sample {indices[0]} is a "
+                f"`{type(inputs[indices[0]]).__name__}`"
+            )
+        found = (batch.dtype, batch.shape[1:])
+        if self._row is None:
+            self._row = found
+        elif found != self._row:
+            raise NotLoadable(
+                f"inputs of one Deferred are rows of one dtype and shape: the first loaded "
+                f"was {self._row[0]} {list(self._row[1])}, samples {list(indices)[:8]} are "
+                f"{found[0]} {list(found[1])}"
+            )
+        return batch
+
+
+class Row:
+    """One sample's input, not loaded: the name of its :class:`Deferred` and its index.
+    The default collate makes a batch of them one :class:`DeferredRows`."""
+
+    __slots__ = ("index", "source", "version")
+
+    def __init__(self, source: str, index: int, version: str | None) -> None:
+        self.source = source
+        self.index = index
+        self.version = version
+
+    def __repr__(self) -> str:
+        return f"Row({self.index} of {self.source})"
+
+
+class DeferredRows:
+    """A batch of inputs not loaded: the samples' indices (``index``, a 1-d int64 tensor on
+    the CPU), the :class:`Deferred` they come from and the device rows are loaded to.
+    Handed to a row-cached module keyed by index, it loads only the rows it computes."""
+
+    __slots__ = ("__weakref__", "_dataset", "device", "index", "source", "version")
+
+    def __init__(
+        self, source: str, index: torch.Tensor, version: str | None, device: torch.device
+    ) -> None:
+        self.source = source
+        self.index = index
+        self.version = version
+        self.device = device
+        self._dataset = _KNOWN.get(source)  # held: a batch keeps its dataset alive
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+    def __repr__(self) -> str:
+        return f"DeferredRows({len(self)} rows of {self.source}, device={self.device})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (DeferredRows, (self.source, self.index, self.version, self.device))
+
+    def to(
+        self, device: torch.device | str | None = None, *args: Any, **kwargs: Any
+    ) -> DeferredRows:
+        """The same rows, to be loaded onto ``device`` (a dtype or other argument is
+        ignored: inputs load as their dataset makes them)."""
+        if device is None or isinstance(device, torch.dtype):
+            return self
+        return DeferredRows(self.source, self.index, self.version, torch.device(device))
+
+    def dataset(self) -> Deferred:
+        """The :class:`Deferred` these rows come from, in this process."""
+        found = self._dataset
+        if found is None:
+            raise NotLoadable(
+                f"these rows come from a Deferred ({self.source}) that this process does not "
+                "hold: deferred rows load only where their dataset lives (the process that "
+                "made the DataLoader, or its workers)"
+            )
+        return found
+
+    def row(self) -> tuple[torch.dtype, torch.Size]:
+        """The dtype and shape of one input row (see :meth:`Deferred.row`)."""
+        return self.dataset().row()
+
+    def load(self, positions: Sequence[int] | None = None) -> torch.Tensor:
+        """The inputs of the rows at batch ``positions`` (all by default), on ``device``."""
+        indices: list[int] = self.index.tolist()
+        if positions is not None:
+            indices = [indices[p] for p in positions]
+        batch = self.dataset().load(indices)
+        return batch.to(self.device) if batch.device != self.device else batch
+
+
+def _collate(batch: list[Row], *, collate_fn_map: Any = None) -> DeferredRows:
+    source = batch[0].source
+    if any(row.source != source for row in batch):
+        raise NotLoadable("a batch of deferred inputs comes from one Deferred, not several")
+    index = torch.tensor([row.index for row in batch], dtype=torch.long)
+    return DeferredRows(source, index, batch[0].version, torch.device("cpu"))
+
+
+def _length(value: Any) -> str:
+    try:
+        return f"of length {len(value)}"
+    except TypeError:
+        return f"a `{type(value).__name__}` without a length"
+
+
+# torch's documented way to teach `default_collate` a type of its own.
+default_collate_fn_map[Row] = _collate

@@ -1,0 +1,198 @@
+"""Deferred inputs: an index-keyed cache loads the inputs of the rows it computes, no others."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from somatize_torch.deferred import Deferred, DeferredRows, NotLoadable
+from somatize_torch.rows import NeedsIndex, RowsError, cache_rows, prefill
+
+ROWS = 64
+
+
+class Counted:
+    """Images indexed by sample, counting which samples were loaded."""
+
+    def __init__(self, images: torch.Tensor) -> None:
+        self.images = images
+        self.loaded: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.loaded.append(i)
+        return self.images[i]
+
+
+def encoder() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten())
+
+
+def images(seed: int, rows: int = ROWS) -> torch.Tensor:
+    return torch.randn(rows, 3, 6, 6, generator=torch.Generator().manual_seed(seed))
+
+
+def batches(data: Deferred, size: int = 16, **options: Any) -> list[Any]:
+    return list(DataLoader(data, batch_size=size, shuffle=True, **options))
+
+
+def test_only_the_rows_computed_are_loaded(tmp_path: Path) -> None:
+    """A batch of 61 known rows and 3 new ones loads the 3 inputs and no other; the output
+    is the module's on every row, in the batch's order."""
+    x = images(1, 70)
+    inputs = Counted(x)
+    data = Deferred(inputs, torch.arange(70), version="toy@1")
+    module = encoder()
+    cached = cache_rows(module, tmp_path, key="index")
+    cached(DeferredRows(data.name, torch.arange(61), "toy@1", torch.device("cpu")))
+    inputs.loaded.clear()
+
+    (batch, labels), *_ = batches(data, size=70, generator=torch.Generator().manual_seed(3))
+    keep = [i for i, sample in enumerate(labels.tolist()) if sample < 61 or sample in (62, 65, 69)]
+    rows = DeferredRows(batch.source, batch.index[keep], batch.version, batch.device)
+    out = cached(rows)
+
+    assert sorted(inputs.loaded) == [62, 65, 69]
+    assert cached.stats.computed == 61 + 3 and cached.stats.recalled == 61
+    with torch.no_grad():
+        assert torch.allclose(out, module(x[rows.index]), atol=1e-6)
+
+
+def test_an_epoch_of_known_rows_loads_nothing(tmp_path: Path) -> None:
+    """Epoch 1 loads each input once (and sample 0 once more, for the inputs' dtype and
+    shape); epochs 2 and 3, shuffled, recall every row and load none — from memory and
+    from the store in a fresh cache."""
+    inputs = Counted(images(2))
+    data = Deferred(inputs, torch.zeros(ROWS), version="toy@2")
+    cached = cache_rows(encoder(), tmp_path, key="index")
+    for epoch in range(3):
+        for x, _ in batches(data):
+            cached(x)
+        if epoch == 0:
+            assert sorted(inputs.loaded) == [0, *range(ROWS)]
+    assert len(inputs.loaded) == ROWS + 1
+    assert cached.stats.recalled == 2 * ROWS
+    cached.flush()
+
+    fresh = cache_rows(encoder(), tmp_path, key="index")
+    for x, _ in batches(data):
+        fresh(x)
+    assert fresh.stats.from_store == ROWS and len(inputs.loaded) == ROWS + 1
+
+
+def test_deferred_rows_and_indices_share_keys(tmp_path: Path) -> None:
+    """Rows kept by ``cached(x, index=idx)`` are recalled for a Deferred of the same
+    version, and rows of another version are not: its sample 0 is another image."""
+    module = encoder()
+    x = images(3)
+    cached = cache_rows(module, tmp_path, key="index", version="toy@3")
+    cached(x, index=torch.arange(ROWS))
+
+    same = Deferred(Counted(x), version="toy@3")
+    for rows in batches(same):
+        cached(rows)
+    assert cached.stats.recalled == ROWS and cached.stats.computed == ROWS
+
+    other_images = images(4)
+    other = Deferred(other_images, version="toy@4")
+    for rows in batches(other):
+        with torch.no_grad():
+            assert torch.allclose(cached(rows), module(other_images[rows.index]), atol=1e-6)
+    assert cached.stats.computed == 2 * ROWS
+
+
+def test_a_training_and_a_validation_set_keep_apart(tmp_path: Path) -> None:
+    """Two Deferreds with their own versions, one cache without one: each set's sample 0
+    gets its own answer."""
+    module = encoder()
+    train, val = images(5), images(6)
+    cached = cache_rows(module, tmp_path, key="index")
+    for data, source in (
+        (Deferred(train, version="t@1"), train),
+        (Deferred(val, version="v@1"), val),
+    ):
+        for _ in range(2):
+            for rows in batches(data):
+                with torch.no_grad():
+                    assert torch.allclose(cached(rows), module(source[rows.index]), atol=1e-6)
+    assert cached.stats.computed == 2 * ROWS and cached.stats.recalled == 2 * ROWS
+
+
+def test_workers_hand_over_indices_not_the_dataset(tmp_path: Path) -> None:
+    """Batches made in DataLoader workers reach the loop as indices and a name (a few
+    hundred bytes, not the dataset's megabytes) and load in the loop's process."""
+    x = torch.randn(256, 3, 32, 32)
+    data = Deferred(x, torch.arange(256), version="big@1")
+    module = encoder()
+    cached = cache_rows(module, tmp_path, key="index")
+    for rows, labels in batches(data, size=32, num_workers=2):
+        assert isinstance(rows, DeferredRows) and torch.equal(rows.index, labels)
+        assert len(pickle.dumps(rows)) < 2000
+        with torch.no_grad():
+            assert torch.allclose(cached(rows), module(x[labels]), atol=1e-6)
+    assert cached.stats.computed == 256
+
+
+def test_prefill_takes_a_deferred_loader(tmp_path: Path) -> None:
+    """prefill finds the deferred rows in the loader's items and keeps every row."""
+    data = Deferred(images(7), torch.zeros(ROWS), version="toy@7")
+    cached = cache_rows(encoder(), tmp_path, key="index")
+    done = prefill(cached, DataLoader(data, batch_size=16), progress=False)
+    assert done.computed == ROWS and done.rows_kept == ROWS
+
+
+def test_moving_rows_to_a_device_loads_them_there() -> None:
+    """``.to(device)`` (what Lightning does to a batch) says where rows load; a dtype is
+    ignored, since inputs load as their dataset makes them."""
+    data = Deferred(images(8), version="toy@8")
+    (rows,) = batches(data, size=ROWS)[:1]
+    assert rows.to(torch.float16) is rows
+    moved = rows.to("cpu")
+    assert moved.device == torch.device("cpu") and moved.load([0]).dtype == torch.float32
+    assert torch.equal(moved.load([2, 0]), data.inputs[rows.index[[2, 0]]])
+
+
+def test_bad_uses_are_refused(tmp_path: Path) -> None:
+    data = Deferred(images(9), version="toy@9")
+    rows = batches(data)[0]
+    with pytest.raises(RowsError, match="keyed by index"):
+        cache_rows(encoder())(rows)
+    with pytest.raises(NeedsIndex, match="without index="):
+        cache_rows(encoder(), key="index")(rows, index=rows.index)
+    with pytest.raises(NeedsIndex, match="none was given"):
+        cache_rows(encoder(), key="index")(images(9), index=torch.arange(ROWS))
+    unversioned = batches(Deferred(images(9)))[0]
+    with pytest.raises(NeedsIndex, match="or to the `Deferred`"):
+        cache_rows(encoder(), key="index")(unversioned)
+    with pytest.raises(NotLoadable, match="does not hold"):
+        cache_rows(encoder(), key="index")(DeferredRows("gone", rows.index, "x", rows.device))
+    with pytest.raises(ValueError, match="argument 2 is of length 3"):
+        Deferred(images(9), torch.arange(3))
+    with pytest.raises(ValueError, match="as a string"):
+        Deferred(images(9), version="")
+    with pytest.raises(IndexError):
+        data[ROWS]
+    with pytest.raises(TypeError, match="with a length"):
+        Deferred(5)
+
+
+def test_an_input_unlike_the_first_is_refused(tmp_path: Path) -> None:
+    """Inputs of one Deferred are rows of one dtype and shape; another is refused as it
+    loads, with nothing kept for it."""
+    ragged = [torch.randn(3, 6, 6) for _ in range(8)] + [torch.randn(3, 5, 5)]
+    data = Deferred(ragged, version="ragged@1")
+    cached = cache_rows(encoder(), tmp_path, key="index")
+    cached(DeferredRows(data.name, torch.arange(8), "ragged@1", torch.device("cpu")))
+    with pytest.raises(NotLoadable, match=r"samples \[8\] are torch.float32 \[3, 5, 5\]"):
+        cached(DeferredRows(data.name, torch.tensor([8]), "ragged@1", torch.device("cpu")))
+    cached.flush()
+    assert cached.stats.rows_kept == 8
