@@ -8,8 +8,8 @@ Runs of ``examples/lightning/train.py``'s probe, same data, same trainer:
 - **index**: the same with ``key="index"``: the loader hands each row's sample
   index beside it, and rows are keyed by index within a dataset version;
 - **deferred**: ``key="index"`` with the example's own probe and loaders over
-  ``Deferred`` datasets: the cache loads the images of the rows it computes and no
-  others, so from epoch 2 no image is loaded;
+  ``Deferred`` datasets (``train.py --deferred``): the cache loads the images of
+  the rows it computes and no others, so from epoch 2 no image is loaded;
 - **bound**: the features precomputed once, outside the timing, and a head-only
   LightningModule trained on them — what an epoch costs when the encoder costs
   nothing and its inputs are never loaded;
@@ -48,7 +48,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from somatize.torch.lightning import CacheFrozen
-from somatize_torch.deferred import Deferred
 from somatize_torch.digest import raw_rows
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "lightning" / "train.py"
@@ -109,13 +108,6 @@ def indexed(loader: DataLoader[Any], shuffle: bool, start: int = 0) -> DataLoade
     return DataLoader(data, batch_size=loader.batch_size, shuffle=shuffle)
 
 
-def deferred(loader: DataLoader[Any], shuffle: bool, version: str) -> DataLoader[Any]:
-    """The same samples with their images deferred: loaded only for rows the cache computes."""
-    x, y = loader.dataset.tensors  # type: ignore[attr-defined]
-    data = Deferred(x, y, version=version)
-    return DataLoader(data, batch_size=loader.batch_size, shuffle=shuffle)
-
-
 def hashing_s(train: DataLoader[Any], val: DataLoader[Any], repeats: int = 5) -> float:
     """Seconds to digest one epoch's inputs (training and validation), row by row:
     what content keys cost beyond the bound. The median of ``repeats`` epochs."""
@@ -171,6 +163,7 @@ def main() -> None:
     example.quiet()
     torch.manual_seed(0)
     train, val = example.loaders(args.samples)
+    deferred = example.loaders(args.samples, deferred=True)  # `train.py --deferred`
     bound_train = features(train, True, train.batch_size or 64)
     bound_val = features(val, False, val.batch_size or 256)
     loading_train = features(train, True, train.batch_size or 64, images=True)
@@ -204,15 +197,7 @@ def main() -> None:
             )
         with tempfile.TemporaryDirectory() as scratch:
             index = CacheFrozen(scratch, ["encoder"], key="index")
-            runs["deferred"].append(
-                timed(
-                    example.Probe(),
-                    deferred(train, True, "example/train@seed0"),
-                    deferred(val, False, "example/val@seed1"),
-                    args.epochs,
-                    [index],
-                )
-            )
+            runs["deferred"].append(timed(example.Probe(), *deferred, args.epochs, [index]))
         runs["bound"].append(timed(Head(), bound_train, bound_val, args.epochs, []))
         runs["loading"].append(timed(LoadingHead(), loading_train, loading_val, args.epochs, []))
     hashing = hashing_s(train, val)
@@ -248,6 +233,7 @@ def main() -> None:
         f"content / loading: {content / loading:.2f}x   index / loading: {by_index / loading:.2f}x"
     )
     print(f"plain / content, epoch 2+: {plain / content:.2f}x")
+    print(f"plain / deferred, epoch 2+: {plain / later('deferred'):.2f}x")
     print(f"content epoch 1 / plain epoch 1: {first('content') / first('plain'):.2f}x")
 
 
