@@ -121,7 +121,7 @@ class Deferred(Dataset[Any]):
         return self._row
 
     def load(self, indices: Sequence[int]) -> torch.Tensor:
-        """The inputs of samples ``indices``, as one batch tensor on the CPU."""
+        """The inputs of samples ``indices``, as one batch tensor (where ``inputs`` keeps them)."""
         if not indices:
             dtype, shape = self.row()
             return torch.empty((0, *shape), dtype=dtype)

@@ -446,8 +446,9 @@ class CachedRows(nn.Module):
                 raise RowsError(
                     "deferred inputs (a batch from `Deferred`) name their rows by sample index "
                     "and are loaded only for rows that are computed, so they go to a cache "
-                    "keyed by index: cache_rows(module, store, key='index', version=...). A "
-                    "content-keyed cache must read every input to name it"
+                    "keyed by index: cache_rows(module, store, key='index'), the version given "
+                    "to the Deferred or to the cache. A content-keyed cache must read every "
+                    "input to name it"
                 )
             if index is not None:
                 raise NeedsIndex(
