@@ -370,14 +370,22 @@ from somatize.torch.lightning import CacheFrozen
 from tests.lightning_models import Probe, loader
 
 if __name__ == "__main__":
-    out, store = sys.argv[1], sys.argv[2]
-    callback = CacheFrozen(store, ["encoder"])
+    out, store, key = sys.argv[1], sys.argv[2], sys.argv[3]
+    callback = CacheFrozen(store, ["encoder"], key=key)
+    train = loader(shuffle=True)
+    if key == "index":  # the same samples, their images deferred
+        import torch
+        from somatize.torch import Deferred
+        images, labels = train.dataset.tensors
+        train = torch.utils.data.DataLoader(
+            Deferred(images, labels, version="ddp@1"), batch_size=16, shuffle=True
+        )
     fit = pl.Trainer(
         accelerator="cpu", strategy="ddp", devices=2, max_epochs=2, default_root_dir=out,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
         logger=False, num_sanity_val_steps=0, callbacks=[callback],
     )
-    fit.fit(Probe(), loader(shuffle=True))
+    fit.fit(Probe(), train)
     record = [
         {"epoch": e.epoch, "rows": e.rows.rows, "computed": e.rows.computed,
          "recalled": e.rows.recalled, "from_store": e.rows.from_store,
@@ -389,16 +397,17 @@ if __name__ == "__main__":
 """
 
 
-def test_ddp_two_processes_share_one_store(tmp_path: Path) -> None:
+@pytest.mark.parametrize("key", ["content", "index"])
+def test_ddp_two_processes_share_one_store(tmp_path: Path, key: str) -> None:
     """Two DDP ranks (gloo, CPU) share one store: each computes its share in epoch 1,
     both recall every row in epoch 2 (rows the other rank computed included), and the
-    store verifies clean."""
+    store verifies clean — keyed by content, and by index with the images deferred."""
     script = tmp_path / "ddp_fit.py"
     script.write_text(textwrap.dedent(DDP_SCRIPT))
     env = dict(os.environ, PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
     env.pop("MASTER_PORT")
     done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path), str(tmp_path / "store")],
+        [sys.executable, str(script), str(tmp_path), str(tmp_path / "store"), key],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -415,7 +424,12 @@ def test_ddp_two_processes_share_one_store(tmp_path: Path) -> None:
     store = Store(tmp_path / "store")
     verified = store.verify()
     assert not verified.damaged and verified.packs > 0
-    keys = cache_rows(Probe().encoder).row_keys(data()[0])
+    images = data()[0]
+    if key == "index":
+        cached = cache_rows(Probe().encoder, key="index", version="ddp@1")
+        keys = cached.row_keys(images, index=torch.arange(len(images)))
+    else:
+        keys = cache_rows(Probe().encoder).row_keys(images)
     assert store.have(keys) == set(keys)
 
 
