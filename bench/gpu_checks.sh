@@ -5,7 +5,8 @@
 #   1. bench/device_check.py: device digests against the CPU, GB/s against copy-to-host
 #      + blake3 and a device-to-device copy, pinned vs pageable transfers;
 #   2. the test files whose CUDA tests skip elsewhere (native kernels, pinned pool, the
-#      per-row cache's device tier and its writer staging through pinned memory);
+#      per-row cache's device tier and its writer staging through pinned memory, deferred
+#      inputs loaded onto the device);
 #   3. bench/frozen_encoder.py --device cuda: the per-row benchmark with the encoders,
 #      the head and the bound on the GPU.
 #
@@ -17,6 +18,6 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python3 -c 'import torch; assert torch.cuda.is_available(), "no CUDA device here"' || exit 2
 failed=0
 python3 bench/device_check.py || failed=1
-python3 -m pytest -q tests/test_native_host.py tests/test_torch_residency.py || failed=1
+python3 -m pytest -q tests/test_native_host.py tests/test_torch_residency.py tests/test_torch_deferred.py || failed=1
 python3 bench/frozen_encoder.py --device cuda --repeats 5 || failed=1
 exit "$failed"

@@ -196,3 +196,20 @@ def test_an_input_unlike_the_first_is_refused(tmp_path: Path) -> None:
         cached(DeferredRows(data.name, torch.tensor([8]), "ragged@1", torch.device("cpu")))
     cached.flush()
     assert cached.stats.rows_kept == 8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_rows_moved_to_the_gpu_load_and_stay_there(tmp_path: Path) -> None:
+    """A batch moved with ``.to("cuda")`` loads the rows it computes onto the GPU, and the
+    module there answers them; the next epoch recalls them from the device tier."""
+    x = images(10)
+    module = encoder().cuda()
+    cached = cache_rows(module, tmp_path, key="index")
+    data = Deferred(x, version="gpu@1")
+    for _ in range(2):
+        for rows in batches(data):
+            out = cached(rows.to("cuda"))
+            assert out.is_cuda
+            with torch.no_grad():
+                assert torch.allclose(out, module(x[rows.index].cuda()), atol=1e-5)
+    assert cached.stats.from_device == ROWS and cached.tiers[0].device.type == "cuda"
