@@ -106,6 +106,25 @@ class Deferred(Dataset[Any]):
             return row
         return (row, *(other[i] for other in self.beside))
 
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """Items ``indices``, as the DataLoader fetches a batch: what is handed out beside
+        the inputs is indexed once per batch where it is a tensor (a view per sample),
+        not once per sample."""
+        picks = [operator.index(i) for i in indices]
+        if any(not 0 <= i < self._count for i in picks):
+            bad = next(i for i in picks if not 0 <= i < self._count)
+            raise IndexError(f"sample {bad} of a Deferred of {self._count} samples")
+        rows = [Row(self.name, i, self.version) for i in picks]
+        if not self.beside:
+            return rows
+        columns = [
+            other[torch.tensor(picks, dtype=torch.long)].unbind(0)
+            if isinstance(other, torch.Tensor)
+            else [other[i] for i in picks]
+            for other in self.beside
+        ]
+        return list(zip(rows, *columns, strict=True))
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         _KNOWN.setdefault(self.name, self)  # a copy in a spawned DataLoader worker

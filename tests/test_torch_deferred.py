@@ -161,6 +161,23 @@ def test_moving_rows_to_a_device_loads_them_there() -> None:
     assert torch.equal(moved.load([2, 0]), data.inputs[rows.index[[2, 0]]])
 
 
+def test_a_batch_fetched_at_once_holds_what_its_items_hold() -> None:
+    """``__getitems__`` (the DataLoader's batch fetch) hands out, sample by sample, what
+    ``data[i]`` does: the same references and the same labels, tensors and others."""
+    labels, names = torch.arange(ROWS) * 10, [f"s{i}" for i in range(ROWS)]
+    data = Deferred(images(11), labels, names, version="toy@11")
+    picks = [5, 0, 63, 5]
+    fetched, items = data.__getitems__(picks), [data[i] for i in picks]
+    for got, (row, label, name) in zip(fetched, items, strict=True):
+        assert (got[0].index, got[0].version) == (row.index, row.version)
+        assert torch.equal(got[1], label) and got[2] == name
+    (x, y, z), *_ = DataLoader(data, batch_size=4, sampler=picks)
+    assert x.index.tolist() == picks and y.tolist() == [50, 0, 630, 50]
+    assert list(z) == ["s5", "s0", "s63", "s5"]
+    with pytest.raises(IndexError, match="sample 64 of"):
+        data.__getitems__([1, ROWS])
+
+
 def test_bad_uses_are_refused(tmp_path: Path) -> None:
     data = Deferred(images(9), version="toy@9")
     rows = batches(data)[0]
