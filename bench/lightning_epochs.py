@@ -196,8 +196,8 @@ def main() -> None:
                 )
             )
         with tempfile.TemporaryDirectory() as scratch:
-            index = CacheFrozen(scratch, ["encoder"], key="index")
-            runs["deferred"].append(timed(example.Probe(), *deferred, args.epochs, [index]))
+            by_rows = CacheFrozen(scratch, ["encoder"], key="index")
+            runs["deferred"].append(timed(example.Probe(), *deferred, args.epochs, [by_rows]))
         runs["bound"].append(timed(Head(), bound_train, bound_val, args.epochs, []))
         runs["loading"].append(timed(LoadingHead(), loading_train, loading_val, args.epochs, []))
     hashing = hashing_s(train, val)
