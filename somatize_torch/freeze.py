@@ -43,6 +43,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
+import hashlib
+import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -167,12 +170,100 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     objects, functions) is not seen."""
     out: dict[str, Any] = {}
     for prefix, sub in module.named_modules():
-        for name, value in vars(sub).items():
-            if name in _TORCH_OWN:
-                continue
-            seen = _setting(value)
-            if seen is not _UNSEEN:
-                out[f"{prefix}.{name}" if prefix else name] = seen
+        for name, seen in _plain_vars(sub).items():
+            out[f"{prefix}.{name}" if prefix else name] = seen
+    return out
+
+
+def hooks_of(module: nn.Module) -> dict[str, Any]:
+    """The forward hooks and pre-hooks that run with each submodule, by dotted name
+    (``"."`` for the module itself; torch's global ones under ``"*"``), in the order
+    they run. A hook can change what the module answers, so each is named by its code:
+    its qualified name and a digest of its bytecode (a bound method's or a callable
+    object's by its class and the method it runs). The values a hook closes over,
+    is given or keeps are not seen: a hook that counts or captures would change the
+    key as it goes."""
+    out: dict[str, Any] = {}
+    for prefix, sub in module.named_modules():
+        found = _hooks(sub._forward_pre_hooks, sub._forward_hooks)
+        if found:
+            out[prefix or "."] = found
+    everywhere = _hooks(_global_hooks("pre"), _global_hooks("post"))
+    if everywhere:
+        out["*"] = everywhere
+    return out
+
+
+def _global_hooks(kind: str) -> dict[int, Any]:
+    from torch.nn.modules import module as registry
+
+    name = "_global_forward_pre_hooks" if kind == "pre" else "_global_forward_hooks"
+    found: dict[int, Any] = getattr(registry, name, {})
+    return found
+
+
+def _hooks(pre: dict[int, Any], post: dict[int, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    if pre:
+        found["pre"] = [_code_of(hook) for hook in pre.values()]
+    if post:
+        found["post"] = [_code_of(hook) for hook in post.values()]
+    return found
+
+
+def _code_of(hook: Any, depth: int = 0) -> Any:
+    """What names a hook's code: a function's qualified name and bytecode digest; a
+    ``functools.partial``, bound method or callable object by the function it runs."""
+    if depth > 3:
+        return "?"
+    if isinstance(hook, functools.partial):
+        return {"partial": _code_of(hook.func, depth + 1)}
+    if isinstance(hook, types.MethodType):
+        kind = type(hook.__self__)
+        return {"method of": _name_of(kind), "runs": _code_of(hook.__func__, depth + 1)}
+    code = getattr(hook, "__code__", None)
+    if isinstance(code, types.CodeType):
+        return [_name_of(hook), _code_digest(code)]
+    kind = type(hook)
+    call = next((vars(base)["__call__"] for base in kind.__mro__ if "__call__" in vars(base)), None)
+    runs = _code_of(call, depth + 1) if isinstance(call, types.FunctionType) else "?"
+    return {"object": _name_of(kind), "runs": runs}
+
+
+def _name_of(thing: Any) -> str:
+    return f"{getattr(thing, '__module__', '?')}:{getattr(thing, '__qualname__', '?')}"
+
+
+def _code_digest(code: types.CodeType) -> str:
+    """A digest of what a function's bytecode does: its instructions, constants (nested
+    functions' code by the same digest) and the names it reads."""
+    digest = hashlib.sha256()
+
+    def feed(part: types.CodeType) -> None:
+        digest.update(part.co_code)
+        digest.update(repr(part.co_names).encode())
+        for const in part.co_consts:
+            if isinstance(const, types.CodeType):
+                feed(const)
+            elif isinstance(const, frozenset):  # its order follows the hash seed
+                digest.update(repr(sorted(repr(item) for item in const)).encode())
+            else:
+                digest.update(repr(const).encode())
+
+    feed(code)
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def _plain_vars(value: Any) -> dict[str, Any]:
+    """An object's plain attributes (as :func:`settings_of` sees them) outside what torch
+    keeps in every module."""
+    out: dict[str, Any] = {}
+    for name, item in vars(value).items():
+        if name in _TORCH_OWN:
+            continue
+        seen = _setting(item)
+        if seen is not _UNSEEN:
+            out[name] = seen
     return out
 
 
@@ -347,12 +438,16 @@ class ModuleNode(Node):
                 "same way in another process and its answers cannot be keyed. Define the "
                 "module class at module level"
             )
-        return {
+        declared = {
             "module": repr(self.module),
             "settings": settings_of(self.module),
             "spread": self.spread,
             "call": self.declared,
         }
+        hooks = hooks_of(self.module)
+        if hooks:  # only then, so a module without hooks keeps the key it had
+            declared["hooks"] = hooks
+        return declared
 
     def forward(self, x: Any, ctx: Any) -> Any:
         if is_held(self.module):

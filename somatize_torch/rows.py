@@ -252,7 +252,9 @@ class CachedRows(nn.Module):
         self._identity = self._node._smz.identity
         self._watched = self._watch()
         self._keyings: dict[tuple[str, str | None, torch.Size, str | None], _Keying] = {}
-        self._made = 0
+        # The memory tiers' name for each keying ever made here, so a keying made again
+        # (a setting changed and changed back) finds the rows it kept in memory.
+        self._tags: dict[tuple[bytes, tuple[Any, ...]], int] = {}
         self._fingerprint = fingerprint_of(type(module))
         self._writer = Writer(store, self._fingerprint) if store is not None else None
         self._lock = store_lock(store) if store is not None else None
@@ -323,10 +325,11 @@ class CachedRows(nn.Module):
                     "the cache (e.g. the dataset's digest, 'sms/train@blake3:…') or to the "
                     "`Deferred` the rows come from. Change it whenever the data changes"
                 )
-            self._made += 1
+            prefix = self._prefix(tag)
+            number = self._tags.setdefault((prefix, tag), len(self._tags) + 1)
             # Only content keys use the header, and deferred rows are keyed by index.
             header = row_header(x) if isinstance(x, torch.Tensor) else b""
-            found = _Keying(self._prefix(tag), self._made, version, header)
+            found = _Keying(prefix, number, version, header)
             self._keyings[tag] = found
         return found
 

@@ -195,6 +195,32 @@ def test_frozen_module_node_is_recalled_by_content(store: Store) -> None:
     assert not torch.equal(changed, first)
 
 
+def _negate(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return -output
+
+
+def test_a_forward_hook_is_in_its_key(store: Store) -> None:
+    """A hook registered on a submodule after the graph was built is seen when it is
+    frozen again: the node runs, with the hook, instead of recalling the answer without
+    it. A module without hooks declares none."""
+    module = Scaled(1.0)
+    node = smt.ModuleNode(module)
+    assert "hooks" not in node.declare()
+    g = Graph.somatize(node.named("scaled").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(3, 6))
+    plain = g.forward(x, store=store)
+    module.linear.register_forward_hook(_negate)
+    smt.freeze(g)
+    hooked = g.forward(x, store=store)
+    assert g.record is not None and g.record.outcome == {"scaled": "ran"}
+    with torch.no_grad():
+        assert torch.equal(hooked, module(x.value))
+    assert not torch.equal(hooked, plain)
+    (name, code), *others = node.declare()["hooks"]["linear"]["post"]
+    assert name.endswith(":_negate") and code.startswith("sha256:") and not others
+
+
 def test_values_a_module_keeps_beside_its_weights_are_in_its_key(store: Store) -> None:
     """Modules with equal weights and repr, one reading another temperature, plain
     tensor attribute, dict entry or dataclass field: each is its own question, never

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -63,14 +65,18 @@ def expected(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class RowCounter:
-    """Counts the rows a module is handed, through a forward hook."""
+    """Counts the rows a module is handed, by wrapping its forward (a forward hook would
+    be part of its key)."""
 
     def __init__(self, module: nn.Module) -> None:
         self.rows = 0
-        module.register_forward_hook(self.hook)
+        inner = module.forward
 
-    def hook(self, module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
-        self.rows += int(args[0].shape[0])
+        def forward(x: torch.Tensor) -> Any:
+            self.rows += int(x.shape[0])
+            return inner(x)
+
+        module.forward = forward  # type: ignore[method-assign]
 
 
 @pytest.fixture
@@ -143,6 +149,92 @@ def test_a_setting_changed_after_rows_were_keyed_is_seen_when_redeclared(store: 
     assert torch.equal(doubled, expected(module, x))
     assert not torch.equal(doubled, first)
     cached.close()
+
+
+def _triple(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return output * 3
+
+
+def _quintuple(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return output * 5
+
+
+def _scaled(factor: float, module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return output * factor
+
+
+def _linear_times_seven(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return output * 7 if isinstance(module, nn.Linear) else output
+
+
+class Halve:
+    """A callable hook object."""
+
+    def __call__(self, module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+        return (inputs[0] / 2,)
+
+
+class Seen:
+    """A hook that only looks, and counts what it saw."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def look(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        self.calls += 1
+
+
+def test_forward_hooks_are_in_the_key_by_their_code(store: Store) -> None:
+    """A forward hook or pre-hook changes what a module answers: one registered, removed
+    or replaced by other code (a function, a partial, a callable object, a global hook)
+    keys rows anew at `redeclare`, and each answer is the module's with the hooks it has
+    then; the same hooks again recall, from memory and from the store. A hook that
+    counts what it sees does not change the key as it counts."""
+    module = Gain()
+    cached = cache_rows(module, store)
+    x = torch.randn(5, 6)
+    plain = cached(x)
+    outcomes: list[torch.Tensor] = []
+    first = module.linear.register_forward_hook(_triple)
+    for change in (
+        lambda: None,
+        lambda: (first.remove(), module.linear.register_forward_hook(_quintuple)),
+        lambda: module.register_forward_pre_hook(Halve()),
+        lambda: module.register_forward_hook(functools.partial(_scaled, 0.5)),
+    ):
+        change()
+        assert cached.redeclare() is True
+        before = cached.stats.computed
+        out = cached(x)
+        assert cached.stats.computed == before + 5
+        assert torch.equal(out, expected(module, x))
+        assert all(not torch.equal(out, seen) for seen in [plain, *outcomes])
+        outcomes.append(out)
+    module._forward_pre_hooks.clear()
+    module._forward_hooks.clear()
+    module.linear._forward_hooks.clear()
+    assert cached.redeclare() is True
+    assert torch.equal(cached(x), plain) and cached.stats.computed == 4 * 5 + 5
+
+    watcher = Seen()
+    module.register_forward_hook(watcher.look)
+    assert cached.redeclare() is True
+    cached(x)
+    assert watcher.calls == 1 and cached.redeclare() is False
+    cached.flush()
+
+    same = Gain()
+    same.linear.register_forward_hook(_triple)
+    again = cache_rows(same, store)
+    assert torch.equal(again(x), outcomes[0]) and again.stats.computed == 0
+    handle = nn.modules.module.register_module_forward_hook(_linear_times_seven)
+    try:
+        assert again.redeclare() is True
+        assert torch.equal(again(x), expected(same, x)) and again.stats.computed == 5
+    finally:
+        handle.remove()
+    cached.close()
+    again.close()
 
 
 class ScaleByLastDim(nn.Module):
