@@ -4,21 +4,31 @@ An index-keyed cache (:func:`somatize_torch.rows.cache_rows` with ``key="index"`
 names a row by its sample index, so it needs a row's input only to compute it. A
 loader that reads and decodes every image anyway spends, from the second epoch
 on, most of what is left of an epoch on inputs nobody looks at. :class:`Deferred`
-is a dataset that hands out each sample with its input *not loaded*::
+is a dataset that hands out each sample with its input loaded only while no cache
+has answered that sample::
 
-    data = Deferred(images, labels, version="images@v3")  # item i: (not loaded, labels[i])
+    data = Deferred(images, labels, version="images@v3")  # item i: (images[i]?, labels[i])
     loader = DataLoader(data, batch_size=64, shuffle=True)
     cached = cache_rows(encoder, "features/", key="index")
     for x, y in loader:                     # x: DeferredRows, the batch's sample indices
-        features = cached(x)                # loads images[i] only for the rows it computes
+        features = cached(x)                # epoch 2 on: no image loaded at all
 
 ``images`` is anything indexed by sample (a map-style dataset, a tensor, a list):
 ``images[i]`` is the module's input for sample ``i``, loaded (read, decoded,
-transformed) only when the cache computes that row. ``labels`` — any number of
+transformed) with the sample — by a DataLoader worker, where there are workers —
+until a cache answers that sample, and not after. ``labels`` — any number of
 things indexed the same way — are handed out as they are. The default collate
-turns the references of a batch into one :class:`DeferredRows`, which carries the
-batch's indices, moves to a device with ``.to`` (Lightning does that to a batch)
-and loads rows with :meth:`DeferredRows.load`.
+turns a batch of samples into one :class:`DeferredRows`, which carries the
+batch's indices and the inputs that came with it, moves to a device with ``.to``
+(Lightning does that to a batch) and loads rows with :meth:`DeferredRows.load`.
+
+Which samples have been answered is :attr:`Deferred.answered`, in memory that
+DataLoader workers share (kept or forked anew each epoch): a cache marks the rows
+of each batch it answers, and, the first time it meets a dataset, the samples
+whose rows its store already has (on another thread), so a run over rows an
+earlier run kept loads little more than its first batches. It is a hint, never a
+key: a cache that lacks a row whose input did not come (another module, other
+weights) loads that input itself, on the loop's thread.
 
 A row is keyed by its index within the dataset's ``version`` — the Deferred's
 own, or else the cache's ``version=``. The version is a promise that the same
@@ -26,14 +36,11 @@ index names the same input: give each dataset its own (a training and a
 validation set both have a sample 0) and change it whenever the data changes.
 Keys are those of ``cached(x, index=idx)`` under the same version, so a row kept
 one way is recalled the other. The dtype and row shape the keys hold are learned
-from the first input loaded (one sample, read once per process if every row is
-recalled); an input of another dtype or shape is refused when it is loaded.
+from the first inputs loaded (sample 0 is read for them once per process if every
+row is recalled); an input of another dtype or shape is refused when it is loaded.
 
-DataLoader workers: a batch made in a worker travels to the loop as its indices
-and the name of its :class:`Deferred`, never the dataset itself; the rows the
-cache computes are loaded on the loop's thread (their loading no longer runs in
-the workers — :func:`~somatize_torch.rows.prefill` or an epoch 1 with plain
-inputs keeps that parallel).
+A batch made in a DataLoader worker travels to the loop as its indices, the name
+of its :class:`Deferred` (never the dataset itself) and the inputs loaded with it.
 """
 
 from __future__ import annotations
@@ -92,6 +99,10 @@ class Deferred(Dataset[Any]):
         self.name = secrets.token_hex(8)
         self._count = count
         self._row: tuple[torch.dtype, torch.Size] | None = None
+        # Which samples a cache has answered: a hint, in memory shared with DataLoader
+        # workers, for which inputs to load with the sample (where workers load them).
+        answered = torch.zeros(count, dtype=torch.bool)
+        self.answered = answered.share_memory_()  # type: ignore[no-untyped-call]
         _KNOWN[self.name] = self
 
     def __len__(self) -> int:
@@ -101,7 +112,7 @@ class Deferred(Dataset[Any]):
         i = operator.index(index)
         if not 0 <= i < self._count:
             raise IndexError(f"sample {index} of a Deferred of {self._count} samples")
-        row = Row(self.name, i, self.version)
+        row = Row(self.name, i, self.version, None if self.answered[i] else self.inputs[i])
         if not self.beside:
             return row
         return (row, *(other[i] for other in self.beside))
@@ -114,13 +125,24 @@ class Deferred(Dataset[Any]):
         if any(not 0 <= i < self._count for i in picks):
             bad = next(i for i in picks if not 0 <= i < self._count)
             raise IndexError(f"sample {bad} of a Deferred of {self._count} samples")
-        rows = [Row(self.name, i, self.version) for i in picks]
+        at = torch.tensor(picks, dtype=torch.long)
+        answered = self.answered[at].tolist()
+        values: list[Any] = [None] * len(picks)
+        unanswered = [p for p, done in enumerate(answered) if not done]
+        if unanswered and isinstance(self.inputs, torch.Tensor):
+            loaded = self.inputs[at[unanswered]].unbind(0)
+            for p, value in zip(unanswered, loaded, strict=True):
+                values[p] = value
+        else:
+            for p in unanswered:
+                values[p] = self.inputs[picks[p]]
+        rows = [
+            Row(self.name, i, self.version, value) for i, value in zip(picks, values, strict=True)
+        ]
         if not self.beside:
             return rows
         columns = [
-            other[torch.tensor(picks, dtype=torch.long)].unbind(0)
-            if isinstance(other, torch.Tensor)
-            else [other[i] for i in picks]
+            other[at].unbind(0) if isinstance(other, torch.Tensor) else [other[i] for i in picks]
             for other in self.beside
         ]
         return list(zip(rows, *columns, strict=True))
@@ -149,11 +171,16 @@ class Deferred(Dataset[Any]):
             batch = inputs[torch.tensor(indices, dtype=torch.long)]
         else:
             batch = default_collate([inputs[i] for i in indices])
+        return self.check(batch, indices)
+
+    def check(self, batch: Any, indices: Sequence[int]) -> torch.Tensor:
+        """``batch``, the inputs of samples ``indices``, if it is rows of the dtype and shape
+        of the first inputs loaded (which it sets, if it is the first)."""
         if not isinstance(batch, torch.Tensor):
             raise NotLoadable(
                 f"the inputs of a Deferred are one tensor per sample (or what the default "
-                f"collate stacks into one); sample {indices[0]} is a "
-                f"`{type(inputs[indices[0]]).__name__}`"
+                f"collate stacks into one); samples {list(indices)[:8]} made a "
+                f"`{type(batch).__name__}`"
             )
         found = (batch.dtype, batch.shape[1:])
         if self._row is None:
@@ -168,44 +195,69 @@ class Deferred(Dataset[Any]):
 
 
 class Row:
-    """One sample's input, not loaded: the name of its :class:`Deferred` and its index.
-    The default collate makes a batch of them one :class:`DeferredRows`."""
+    """One sample's input, not loaded — the name of its :class:`Deferred` and its index —
+    or, for a sample no cache has answered yet, loaded with the sample (``value``, where
+    DataLoader workers load it). The default collate makes a batch of them one
+    :class:`DeferredRows`."""
 
-    __slots__ = ("index", "source", "version")
+    __slots__ = ("index", "source", "value", "version")
 
-    def __init__(self, source: str, index: int, version: str | None) -> None:
+    def __init__(self, source: str, index: int, version: str | None, value: Any = None) -> None:
         self.source = source
         self.index = index
         self.version = version
+        self.value = value
 
     def __repr__(self) -> str:
-        return f"Row({self.index} of {self.source})"
+        loaded = ", loaded" if self.value is not None else ""
+        return f"Row({self.index} of {self.source}{loaded})"
 
 
 class DeferredRows:
-    """A batch of inputs not loaded: the samples' indices (``index``, a 1-d int64 tensor on
-    the CPU), the :class:`Deferred` they come from and the device rows are loaded to.
-    Handed to a row-cached module keyed by index, it loads only the rows it computes."""
+    """A batch of inputs, mostly not loaded: the samples' indices (``index``, a 1-d int64
+    tensor on the CPU), the :class:`Deferred` they come from, the device rows are loaded
+    to, and the inputs loaded with the batch (``given``, for the rows at ``given_at``:
+    samples no cache had answered when it was made). Handed to a row-cached module keyed
+    by index, it loads only the rows it computes that came without their input."""
 
-    __slots__ = ("__weakref__", "_dataset", "device", "index", "source", "version")
+    __slots__ = (
+        "__weakref__",
+        "_dataset",
+        "device",
+        "given",
+        "given_at",
+        "index",
+        "source",
+        "version",
+    )
 
     def __init__(
-        self, source: str, index: torch.Tensor, version: str | None, device: torch.device
+        self,
+        source: str,
+        index: torch.Tensor,
+        version: str | None,
+        device: torch.device,
+        given: torch.Tensor | None = None,
+        given_at: Sequence[int] = (),
     ) -> None:
         self.source = source
         self.index = index
         self.version = version
         self.device = device
+        self.given = given
+        self.given_at = list(given_at)
         self._dataset = _KNOWN.get(source)  # held: a batch keeps its dataset alive
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
 
     def __repr__(self) -> str:
-        return f"DeferredRows({len(self)} rows of {self.source}, device={self.device})"
+        given = f", {len(self.given_at)} loaded" if self.given_at else ""
+        return f"DeferredRows({len(self)} rows of {self.source}{given}, device={self.device})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (DeferredRows, (self.source, self.index, self.version, self.device))
+        state = (self.source, self.index, self.version, self.device, self.given, self.given_at)
+        return (DeferredRows, state)
 
     def to(
         self, device: torch.device | str | None = None, *args: Any, **kwargs: Any
@@ -214,7 +266,9 @@ class DeferredRows:
         ignored: inputs load as their dataset makes them)."""
         if device is None or isinstance(device, torch.dtype):
             return self
-        return DeferredRows(self.source, self.index, self.version, torch.device(device))
+        return DeferredRows(
+            self.source, self.index, self.version, torch.device(device), self.given, self.given_at
+        )
 
     def dataset(self) -> Deferred:
         """The :class:`Deferred` these rows come from, in this process."""
@@ -228,16 +282,44 @@ class DeferredRows:
         return found
 
     def row(self) -> tuple[torch.dtype, torch.Size]:
-        """The dtype and shape of one input row (see :meth:`Deferred.row`)."""
-        return self.dataset().row()
+        """The dtype and shape of one input row (see :meth:`Deferred.row`), from the inputs
+        given with the batch where it is not known yet."""
+        dataset = self.dataset()
+        if dataset._row is None and self.given is not None:
+            dataset.check(self.given, self._indices(self.given_at))
+        return dataset.row()
 
     def load(self, positions: Sequence[int] | None = None) -> torch.Tensor:
-        """The inputs of the rows at batch ``positions`` (all by default), on ``device``."""
-        indices: list[int] = self.index.tolist()
-        if positions is not None:
-            indices = [indices[p] for p in positions]
-        batch = self.dataset().load(indices)
+        """The inputs of the rows at batch ``positions`` (all by default), on ``device``:
+        those given with the batch as they came, the others loaded now."""
+        wanted = list(range(len(self))) if positions is None else list(positions)
+        dataset = self.dataset()
+        slot = {p: k for k, p in enumerate(self.given_at)}
+        if self.given is not None and wanted and all(p in slot for p in wanted):
+            given = dataset.check(self.given, self._indices(self.given_at))
+            batch = given if wanted == self.given_at else given[[slot[p] for p in wanted]]
+        elif self.given is None or not any(p in slot for p in wanted):
+            batch = dataset.load(self._indices(wanted))
+        else:
+            given = dataset.check(self.given, self._indices(self.given_at))
+            rest = [p for p in wanted if p not in slot]
+            loaded = dataset.load(self._indices(rest))
+            batch = torch.empty((len(wanted), *given.shape[1:]), dtype=given.dtype)
+            place = {p: k for k, p in enumerate(wanted)}
+            batch[[place[p] for p in wanted if p in slot]] = given[
+                [slot[p] for p in wanted if p in slot]
+            ]
+            batch[[place[p] for p in rest]] = loaded.to(batch.device)
         return batch.to(self.device) if batch.device != self.device else batch
+
+    def answered(self) -> None:
+        """Notes that a cache has answered these rows, so their inputs are not loaded with
+        the samples from now on (where a worker would load them for nothing)."""
+        self.dataset().answered[self.index] = True
+
+    def _indices(self, positions: Sequence[int]) -> list[int]:
+        every: list[int] = self.index.tolist()
+        return [every[p] for p in positions]
 
 
 def _collate(batch: list[Row], *, collate_fn_map: Any = None) -> DeferredRows:
@@ -245,7 +327,9 @@ def _collate(batch: list[Row], *, collate_fn_map: Any = None) -> DeferredRows:
     if any(row.source != source for row in batch):
         raise NotLoadable("a batch of deferred inputs comes from one Deferred, not several")
     index = torch.tensor([row.index for row in batch], dtype=torch.long)
-    return DeferredRows(source, index, batch[0].version, torch.device("cpu"))
+    given_at = [p for p, row in enumerate(batch) if row.value is not None]
+    given = default_collate([batch[p].value for p in given_at]) if given_at else None
+    return DeferredRows(source, index, batch[0].version, torch.device("cpu"), given, given_at)
 
 
 def _length(value: Any) -> str:

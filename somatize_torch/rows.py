@@ -45,6 +45,7 @@ keys are the module's and a checkpoint loads into the unwrapped module.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -64,7 +65,7 @@ from somatize.errors import SomatizeError
 from somatize.keys import node_key, node_prefix, root_key
 from somatize.store.base import Corrupt, Missing
 from somatize_torch.codec import TENSOR
-from somatize_torch.deferred import DeferredRows
+from somatize_torch.deferred import Deferred, DeferredRows
 from somatize_torch.digest import (
     DTYPES,
     RowsLater,
@@ -86,6 +87,8 @@ __all__ = [
     "cache_rows",
     "prefill",
 ]
+
+log = logging.getLogger("somatize.torch")
 
 KeyMode = Literal["content", "index"]
 
@@ -151,6 +154,9 @@ _REMEMBERED_KEYS = 1 << 20
 
 _NAMED_AHEAD = 16
 """How many batches named ahead a cache holds for forwards to come (older ones are dropped)."""
+
+_SEED_CHUNK = 4096
+"""How many samples' keys one call to the store's ``have`` holds, looking for answered ones."""
 
 _COUNTED = ("batches", "rows", "computed", "device", "host", "store", "lookup_s", "compute_s")
 
@@ -265,6 +271,9 @@ class CachedRows(nn.Module):
         self._named: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], RowsLater]]
         self._named = {}
         self._named_lock = threading.Lock()
+        # Deferred datasets whose answered samples were looked up in the store, per keying.
+        self._seeded: set[tuple[str, int]] = set()
+        self._seeders: list[threading.Thread] = []
         self.named_ahead = 0  # batches named ahead, and how many of them a forward used
         self.used_ahead = 0
         self.last_input: weakref.ref[torch.Tensor] | None = None
@@ -488,6 +497,8 @@ class CachedRows(nn.Module):
             self.last_input = weakref.ref(x)
         keying = self._keying(x)
         tag = keying.tag
+        if isinstance(x, DeferredRows) and self.store is not None:
+            self._seed(x, keying)
         ids = self._row_ids(x, index)
         near = [(tag, row) for row in ids]
         count = len(near)
@@ -537,12 +548,44 @@ class CachedRows(nn.Module):
                 rows = rows.clone()
             pieces.append((None if len(positions) == count else positions, rows))
         out = _assemble(pieces, count, x.device)
+        if isinstance(x, DeferredRows):
+            x.answered()  # their inputs need not come with the samples any more
         counts["batches"] += 1
         counts["rows"] += count
         counts["computed"] += len(positions)  # rows of the batch answered by running
         counts["compute_s"] += computed
         counts["lookup_s"] += time.perf_counter() - start - computed
         return out
+
+    def _seed(self, x: DeferredRows, keying: _Keying) -> None:
+        """The first time rows of a Deferred come under ``keying``: marks the samples whose
+        rows the store already has as answered, on another thread, so their inputs stop
+        coming with the samples (a store filled by an earlier run leaves nothing to load
+        from the first batches on)."""
+        dataset = x.dataset()
+        mark = (dataset.name, keying.tag)
+        if mark in self._seeded:
+            return
+        self._seeded.add(mark)
+        seeder = threading.Thread(
+            target=self._seed_from_store, args=(dataset, keying), name="somatize-seed", daemon=True
+        )
+        self._seeders = [t for t in self._seeders if t.is_alive()] + [seeder]
+        seeder.start()
+
+    def _seed_from_store(self, dataset: Deferred, keying: _Keying) -> None:
+        store, lock = self.store, self._lock
+        assert store is not None and lock is not None
+        try:
+            todo: list[int] = (~dataset.answered).nonzero().flatten().tolist()
+            for start in range(0, len(todo), _SEED_CHUNK):
+                keys = {keying.key(i): i for i in todo[start : start + _SEED_CHUNK]}
+                with lock:
+                    present = store.have(keys)
+                if present:
+                    dataset.answered[[keys[key] for key in present]] = True
+        except Exception as error:  # a hint: a sample left unmarked is only loaded
+            log.debug("the store was not looked up for answered samples: %s", error)
 
     def _compute(self, x: torch.Tensor | DeferredRows, positions: list[int]) -> torch.Tensor:
         module = self.module

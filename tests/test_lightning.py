@@ -198,9 +198,8 @@ class _Counted(torch.utils.data.Dataset[torch.Tensor]):
 
 def test_deferred_images_are_loaded_only_to_compute_their_rows(tmp_path: Path) -> None:
     """Keyed by index with `Deferred` datasets, the LightningModule's own code is unchanged:
-    training and validation each load every image once in epoch 1 (sample 0 once more, for
-    the inputs' dtype and shape) and none after, each set keyed by its own version, and the
-    head trains exactly as without the callback."""
+    training and validation each load every image once in epoch 1 and none after, each
+    set keyed by its own version, and the head trains exactly as without the callback."""
     plain = Probe()
     trainer(tmp_path / "plain", 3).fit(plain, loader(seed=1), loader(shuffle=False, seed=2))
 
@@ -222,7 +221,7 @@ def test_deferred_images_are_loaded_only_to_compute_their_rows(tmp_path: Path) -
 
     assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0, 1.0]
     assert [e.hit_rate for e in epochs(callback, "validate")] == [0.0, 1.0, 1.0]
-    assert (train.loaded, val.loaded) == (SAMPLES + 1, SAMPLES + 1)
+    assert (train.loaded, val.loaded) == (SAMPLES, SAMPLES)
     assert torch.equal(model.head.weight, plain.head.weight)
     assert torch.equal(model.head.bias, plain.head.bias)
 

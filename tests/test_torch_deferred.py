@@ -46,47 +46,98 @@ def batches(data: Deferred, size: int = 16, **options: Any) -> list[Any]:
 
 
 def test_only_the_rows_computed_are_loaded(tmp_path: Path) -> None:
-    """A batch of 61 known rows and 3 new ones loads the 3 inputs and no other; the output
-    is the module's on every row, in the batch's order."""
+    """A batch of 61 answered rows and 3 new ones loads the 3 inputs, with the samples,
+    and no other; the cache computes the 3 from them without loading anything itself,
+    and the output is the module's on every row, in the batch's order."""
     x = images(1, 70)
     inputs = Counted(x)
     data = Deferred(inputs, torch.arange(70), version="toy@1")
     module = encoder()
     cached = cache_rows(module, tmp_path, key="index")
     cached(DeferredRows(data.name, torch.arange(61), "toy@1", torch.device("cpu")))
+    assert sorted(inputs.loaded) == [0, *range(61)]  # loaded by the cache; 0 for the dtype
     inputs.loaded.clear()
 
-    (batch, labels), *_ = batches(data, size=70, generator=torch.Generator().manual_seed(3))
-    keep = [i for i, sample in enumerate(labels.tolist()) if sample < 61 or sample in (62, 65, 69)]
-    rows = DeferredRows(batch.source, batch.index[keep], batch.version, batch.device)
-    out = cached(rows)
+    picks = [*range(0, 61, 2), 62, *range(1, 61, 2), 65, 69]
+    (batch, labels), *_ = DataLoader(data, batch_size=64, sampler=picks)
+    assert sorted(inputs.loaded) == [62, 65, 69] and batch.given_at == [31, 62, 63]
+    out = cached(batch)
 
     assert sorted(inputs.loaded) == [62, 65, 69]
     assert cached.stats.computed == 61 + 3 and cached.stats.recalled == 61
     with torch.no_grad():
-        assert torch.allclose(out, module(x[rows.index]), atol=1e-6)
+        assert torch.allclose(out, module(x[labels]), atol=1e-6)
 
 
-def test_an_epoch_of_known_rows_loads_nothing(tmp_path: Path) -> None:
-    """Epoch 1 loads each input once (and sample 0 once more, for the inputs' dtype and
-    shape); epochs 2 and 3, shuffled, recall every row and load none — from memory and
-    from the store in a fresh cache."""
+def test_an_epoch_of_answered_rows_loads_nothing(tmp_path: Path) -> None:
+    """Epoch 1 loads each input once, with its sample; epochs 2 and 3, shuffled, recall
+    every row and load none — from memory, and from the store in a fresh cache."""
     inputs = Counted(images(2))
     data = Deferred(inputs, torch.zeros(ROWS), version="toy@2")
     cached = cache_rows(encoder(), tmp_path, key="index")
     for epoch in range(3):
         for x, _ in batches(data):
+            assert len(x.given_at) == (len(x) if epoch == 0 else 0)
             cached(x)
         if epoch == 0:
-            assert sorted(inputs.loaded) == [0, *range(ROWS)]
-    assert len(inputs.loaded) == ROWS + 1
+            assert sorted(inputs.loaded) == list(range(ROWS))
+    assert len(inputs.loaded) == ROWS
     assert cached.stats.recalled == 2 * ROWS
     cached.flush()
 
     fresh = cache_rows(encoder(), tmp_path, key="index")
     for x, _ in batches(data):
         fresh(x)
-    assert fresh.stats.from_store == ROWS and len(inputs.loaded) == ROWS + 1
+    assert fresh.stats.from_store == ROWS and len(inputs.loaded) == ROWS
+
+
+def test_answered_is_a_hint_and_never_a_key(tmp_path: Path) -> None:
+    """A cache that has not answered rows another cache answered (other weights) loads
+    their inputs itself, since they no longer come with the samples, and answers them
+    right."""
+    x = images(12)
+    inputs = Counted(x)
+    data = Deferred(inputs, version="toy@12")
+    for rows in batches(data):
+        cache_rows(encoder(), tmp_path, key="index")(rows)
+    inputs.loaded.clear()
+    other = encoder()
+    with torch.no_grad():
+        other[0].weight.add_(1.0)
+    cached = cache_rows(other, tmp_path, key="index")
+    for rows in batches(data):
+        assert rows.given is None
+        with torch.no_grad():
+            assert torch.allclose(cached(rows), other(x[rows.index]), atol=1e-5)
+    assert sorted(inputs.loaded) == list(range(ROWS)) and cached.stats.computed == ROWS
+
+
+def test_rows_in_the_store_stop_their_inputs_coming(tmp_path: Path) -> None:
+    """A new Deferred over inputs whose rows an earlier run kept: the first batch comes
+    loaded (nothing is answered yet); the cache then looks the store up for the others
+    (on another thread) and their inputs stop coming, so the run recalls every row
+    having loaded one batch of inputs."""
+    x = images(13)
+    first = cache_rows(encoder(), tmp_path, key="index")
+    for rows in batches(Deferred(x, version="toy@13")):
+        first(rows)
+    first.flush()
+
+    inputs = Counted(x)
+    data = Deferred(inputs, version="toy@13")
+    cached = cache_rows(encoder(), tmp_path, key="index")
+    loader = iter(DataLoader(data, batch_size=16))
+    rows = next(loader)
+    assert len(rows.given_at) == 16
+    cached(rows)
+    for seeder in cached._seeders:
+        seeder.join()
+    assert bool(data.answered.all())
+    for rows in loader:
+        assert rows.given is None
+        cached(rows)
+    assert cached.stats.from_store == ROWS and cached.stats.computed == 0
+    assert len(inputs.loaded) == 16
 
 
 def test_deferred_rows_and_indices_share_keys(tmp_path: Path) -> None:
@@ -127,19 +178,30 @@ def test_a_training_and_a_validation_set_keep_apart(tmp_path: Path) -> None:
     assert cached.stats.computed == 2 * ROWS and cached.stats.recalled == 2 * ROWS
 
 
-def test_workers_hand_over_indices_not_the_dataset(tmp_path: Path) -> None:
-    """Batches made in DataLoader workers reach the loop as indices and a name (a few
-    hundred bytes, not the dataset's megabytes) and load in the loop's process."""
+@pytest.mark.parametrize("persistent", [False, True], ids=["forked", "persistent"])
+def test_workers_load_new_inputs_and_hand_over_indices(tmp_path: Path, persistent: bool) -> None:
+    """In epoch 1 DataLoader workers load every input with its sample, as without the
+    cache, and the loop loads none; from epoch 2 (workers kept or forked anew) batches
+    reach the loop as indices and a name — a few hundred bytes, not the dataset — and
+    nothing is loaded anywhere."""
     x = torch.randn(256, 3, 32, 32)
-    data = Deferred(x, torch.arange(256), version="big@1")
+    inputs = Counted(x)
+    data = Deferred(inputs, torch.arange(256), version="big@1")
     module = encoder()
     cached = cache_rows(module, tmp_path, key="index")
-    for rows, labels in batches(data, size=32, num_workers=2):
-        assert isinstance(rows, DeferredRows) and torch.equal(rows.index, labels)
-        assert len(pickle.dumps(rows)) < 2000
-        with torch.no_grad():
-            assert torch.allclose(cached(rows), module(x[labels]), atol=1e-6)
-    assert cached.stats.computed == 256
+    loader = DataLoader(
+        data, batch_size=32, shuffle=True, num_workers=2, persistent_workers=persistent
+    )
+    for epoch in range(2):
+        for rows, labels in loader:
+            assert isinstance(rows, DeferredRows) and torch.equal(rows.index, labels)
+            assert len(rows.given_at) == (32 if epoch == 0 else 0)
+            if epoch == 1:
+                assert len(pickle.dumps(rows)) < 2000
+            with torch.no_grad():
+                assert torch.allclose(cached(rows), module(x[labels]), atol=1e-6)
+    assert inputs.loaded == []  # every load was a worker's
+    assert cached.stats.computed == 256 and cached.stats.recalled == 256
 
 
 def test_prefill_takes_a_deferred_loader(tmp_path: Path) -> None:
