@@ -240,6 +240,19 @@ def test_a_batch_fetched_at_once_holds_what_its_items_hold() -> None:
         data.__getitems__([1, ROWS])
 
 
+def test_rows_load_from_what_came_and_from_the_dataset() -> None:
+    """``load`` takes the inputs that came with the batch as they are and loads the
+    others, in the order asked."""
+    x = images(14)
+    inputs = Counted(x)
+    data = Deferred(inputs, version="toy@14")
+    index = torch.tensor([9, 3, 7, 1])
+    rows = DeferredRows(data.name, index, "toy@14", torch.device("cpu"), x[[3, 1]], [1, 3])
+    assert torch.equal(rows.load(), x[index]) and sorted(inputs.loaded) == [7, 9]
+    assert torch.equal(rows.load([3, 1]), x[[1, 3]]) and len(inputs.loaded) == 2
+    assert torch.equal(rows.load([2, 3]), x[[7, 1]]) and inputs.loaded[2:] == [7]
+
+
 def test_bad_uses_are_refused(tmp_path: Path) -> None:
     data = Deferred(images(9), version="toy@9")
     rows = batches(data)[0]
