@@ -561,7 +561,9 @@ class CachedRows(nn.Module):
         """The first time rows of a Deferred come under ``keying``: marks the samples whose
         rows the store already has as answered, on another thread, so their inputs stop
         coming with the samples (a store filled by an earlier run leaves nothing to load
-        from the first batches on)."""
+        from the first batches on). It looks up :data:`_SEED_CHUNK` samples at a time
+        and stops at a chunk the store has none of, so a first run over a large dataset
+        spends one lookup on it."""
         dataset = x.dataset()
         mark = (dataset.name, keying.tag)
         if mark in self._seeded:
@@ -582,8 +584,9 @@ class CachedRows(nn.Module):
                 keys = {keying.key(i): i for i in todo[start : start + _SEED_CHUNK]}
                 with lock:
                     present = store.have(keys)
-                if present:
-                    dataset.answered[[keys[key] for key in present]] = True
+                if not present:
+                    return  # a store without these (a first run): the rest is not looked up
+                dataset.answered[[keys[key] for key in present]] = True
         except Exception as error:  # a hint: a sample left unmarked is only loaded
             log.debug("the store was not looked up for answered samples: %s", error)
 

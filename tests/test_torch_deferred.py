@@ -11,6 +11,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from somatize import Store
+from somatize_torch import rows as rows_module
 from somatize_torch.deferred import Deferred, DeferredRows, NotLoadable
 from somatize_torch.rows import NeedsIndex, RowsError, cache_rows, prefill
 
@@ -138,6 +140,31 @@ def test_rows_in_the_store_stop_their_inputs_coming(tmp_path: Path) -> None:
         cached(rows)
     assert cached.stats.from_store == ROWS and cached.stats.computed == 0
     assert len(inputs.loaded) == 16
+
+
+def test_a_store_without_the_rows_is_looked_up_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Looking the store up for answered samples stops at the first chunk it has none of:
+    a first run spends one lookup on it however large the dataset."""
+    monkeypatch.setattr(rows_module, "_SEED_CHUNK", 8)
+    store = Store(tmp_path / "store")
+    asked: list[int] = []
+    have = store.have
+
+    def counted(keys: Any) -> set[str]:
+        keys = list(keys)
+        asked.append(len(keys))
+        return have(keys)
+
+    monkeypatch.setattr(store, "have", counted)
+    cached = cache_rows(encoder(), store, key="index")
+    data = Deferred(images(15), version="toy@15")
+    cached(next(iter(DataLoader(data, batch_size=16, sampler=range(48, 64)))))
+    for seeder in cached._seeders:
+        seeder.join()
+    seeded = [n for n in asked if n == 8]
+    assert seeded == [8] and not bool(data.answered[:48].any())
 
 
 def test_deferred_rows_and_indices_share_keys(tmp_path: Path) -> None:
