@@ -336,10 +336,12 @@ class CacheFrozen(Callback):
 
     def _fresh(self) -> None:
         """At an epoch's start: each cached module's settings looked at again (one changed
-        since keys its rows anew, see :meth:`CachedRows.redeclare`), and its counts
+        since keys its rows anew, see :meth:`CachedRows.redeclare`), the store looked up
+        again for samples of Deferred datasets other ranks answered, and its counts
         started afresh (what the sanity check or an earlier stage counted is dropped)."""
         for cached in self._cached.values():
             cached.redeclare()
+            cached.look_up_answered()
             cached.reset_stats()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

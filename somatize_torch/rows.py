@@ -557,6 +557,14 @@ class CachedRows(nn.Module):
         counts["lookup_s"] += time.perf_counter() - start - computed
         return out
 
+    def look_up_answered(self) -> None:
+        """Has the next batch of each :class:`~somatize_torch.deferred.Deferred` look the
+        store up again for samples answered elsewhere (another process, another rank)
+        since, so their inputs stop coming with the samples. ``CacheFrozen`` calls it at
+        the start of every epoch; a dataset whose samples are all answered costs
+        nothing."""
+        self._seeded.clear()
+
     def _seed(self, x: DeferredRows, keying: _Keying) -> None:
         """The first time rows of a Deferred come under ``keying``: marks the samples whose
         rows the store already has as answered, on another thread, so their inputs stop

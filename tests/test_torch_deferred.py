@@ -167,6 +167,25 @@ def test_a_store_without_the_rows_is_looked_up_once(
     assert seeded == [8] and not bool(data.answered[:48].any())
 
 
+def test_samples_answered_elsewhere_are_looked_up_again(tmp_path: Path) -> None:
+    """Rows another process keeps after this one first looked the store up (another DDP
+    rank's share) are found when it is asked to look again: their inputs stop coming."""
+    x = images(16)
+    data = Deferred(x, version="toy@16")
+    cached = cache_rows(encoder(), tmp_path, key="index")
+    cached(next(iter(DataLoader(data, batch_size=32))))  # samples 0-31; the store had none
+    other = cache_rows(encoder(), tmp_path, key="index")
+    other(DeferredRows(data.name, torch.arange(32, ROWS), "toy@16", torch.device("cpu")))
+    other.flush()
+    data.answered[32:] = False  # as in another process, whose record this one does not share
+    cached.look_up_answered()
+    cached(next(iter(DataLoader(data, batch_size=8))))
+    for seeder in cached._seeders:
+        seeder.join()
+    assert bool(data.answered.all())
+    assert cached.stats.computed == 32
+
+
 def test_deferred_rows_and_indices_share_keys(tmp_path: Path) -> None:
     """Rows kept by ``cached(x, index=idx)`` are recalled for a Deferred of the same
     version, and rows of another version are not: its sample 0 is another image."""
