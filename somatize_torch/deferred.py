@@ -37,7 +37,9 @@ validation set both have a sample 0) and change it whenever the data changes.
 Keys are those of ``cached(x, index=idx)`` under the same version, so a row kept
 one way is recalled the other. The dtype and row shape the keys hold are learned
 from the first inputs loaded (sample 0 is read for them once per process if every
-row is recalled); an input of another dtype or shape is refused when it is loaded.
+row is recalled); an input of another dtype or shape is refused when it is loaded. A
+cache runs floating-point inputs in its module's floating dtype (as a trainer in
+true half precision converts a batch tensor), and keys them as such.
 
 A batch made in a DataLoader worker travels to the loop as its indices, the name
 of its :class:`Deferred` (never the dataset itself) and the inputs loaded with it.

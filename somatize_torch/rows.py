@@ -314,7 +314,7 @@ class CachedRows(nn.Module):
         self._settle()
         version = self.version
         if isinstance(x, DeferredRows):
-            dtype, shape = x.row()
+            dtype, shape = self._deferred_row(x)
             version = x.version or version
         else:
             dtype, shape = x.dtype, x.shape[1:]
@@ -341,6 +341,17 @@ class CachedRows(nn.Module):
             found = _Keying(prefix, number, version, header)
             self._keyings[tag] = found
         return found
+
+    def _deferred_row(self, x: DeferredRows) -> tuple[torch.dtype, torch.Size]:
+        """The dtype and shape deferred rows run in: floating-point inputs in the module's
+        own floating dtype, as a trainer in true half precision converts a batch tensor
+        (only the cache sees these inputs, so only it can); others as they load."""
+        dtype, shape = x.row()
+        if dtype.is_floating_point:
+            own = next((t.dtype for _, _, t, _ in self._watched if t.is_floating_point()), None)
+            if own is not None:
+                dtype = own
+        return dtype, shape
 
     def _prefix(self, tag: tuple[Any, ...]) -> bytes:
         """The key prefix of rows run in precision ``tag``, from the module as it is now."""
@@ -603,6 +614,9 @@ class CachedRows(nn.Module):
         check_still(type(module).__name__, module)
         if isinstance(x, DeferredRows):
             sub = x.load(positions)
+            dtype = self._deferred_row(x)[0]
+            if sub.dtype != dtype:
+                sub = sub.to(dtype)
         elif len(positions) == x.shape[0]:
             sub = x
         else:

@@ -226,6 +226,19 @@ def test_deferred_images_are_loaded_only_to_compute_their_rows(tmp_path: Path) -
     assert torch.equal(model.head.bias, plain.head.bias)
 
 
+def test_deferred_images_in_true_half_precision(tmp_path: Path) -> None:
+    """Under ``precision="bf16-true"`` (the model in bfloat16, batch tensors converted by
+    Lightning) deferred images, which only the cache sees, run in bfloat16 too, and
+    epoch 2 recalls every row."""
+    images, labels = data(1)
+    deferred = torch.utils.data.DataLoader(
+        Deferred(images, labels, version="train@1"), batch_size=16, shuffle=True
+    )
+    callback = CacheFrozen(tmp_path / "store", ["encoder"], key="index")
+    trainer(tmp_path, 2, callbacks=[callback], precision="bf16-true").fit(Probe(), deferred)
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0]
+
+
 def test_a_checkpoint_loads_into_the_plain_module_and_resumes(tmp_path: Path) -> None:
     """A checkpoint written with the callback loads into the plain LightningModule, and
     resuming from it with a fresh callback recalls every row from the store."""

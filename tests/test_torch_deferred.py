@@ -299,6 +299,27 @@ def test_rows_load_from_what_came_and_from_the_dataset() -> None:
     assert torch.equal(rows.load([2, 3]), x[[7, 1]]) and inputs.loaded[2:] == [7]
 
 
+def test_floating_inputs_run_in_the_modules_dtype(tmp_path: Path) -> None:
+    """A module held in bfloat16 gets float32 inputs of a Deferred in bfloat16 (as a
+    trainer in true half precision converts a batch tensor), keyed as such: the same
+    keys and answers as the batch converted by hand; integer inputs load as they are."""
+    x = images(17)
+    module = encoder().to(torch.bfloat16)
+    cached = cache_rows(module, tmp_path, key="index")
+    (rows,) = batches(Deferred(x, version="toy@17"), size=ROWS)
+    out = cached(rows)
+    by_hand = x[rows.index].to(torch.bfloat16)
+    with torch.no_grad():
+        assert out.dtype == torch.bfloat16 and torch.equal(out, module(by_hand))
+    indexed = cache_rows(module, tmp_path, key="index", version="toy@17")
+    assert cached.row_keys(rows) == indexed.row_keys(by_hand, index=rows.index)
+
+    tokens = Deferred(torch.randint(0, 50, (ROWS, 7)), version="tokens@1")
+    embed = cache_rows(nn.Sequential(nn.Embedding(50, 4), nn.Flatten()), key="index")
+    (ids,) = batches(tokens, size=ROWS)
+    assert embed(ids).shape == (ROWS, 28)
+
+
 def test_bad_uses_are_refused(tmp_path: Path) -> None:
     data = Deferred(images(9), version="toy@9")
     rows = batches(data)[0]
