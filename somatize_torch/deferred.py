@@ -73,8 +73,9 @@ worker finds its dataset in the process that uses it."""
 
 
 class Deferred(Dataset[Any]):
-    """Samples whose input is loaded only when a row-cached module computes them; see the
-    module docstring. Item ``i`` is ``Row(i)`` alone, or ``(Row(i), beside[0][i], …)``."""
+    """Samples whose input is loaded with them only until a row-cached module has answered
+    them; see the module docstring. Item ``i`` is ``Row(i)`` alone, or ``(Row(i),
+    beside[0][i], …)``."""
 
     def __init__(self, inputs: Any, *beside: Any, version: str | None = None) -> None:
         if version is not None and (not isinstance(version, str) or not version):
