@@ -8,8 +8,8 @@ Runs of ``examples/lightning/train.py``'s probe, same data, same trainer:
 - **index**: the same with ``key="index"``: the loader hands each row's sample
   index beside it, and rows are keyed by index within a dataset version;
 - **deferred**: ``key="index"`` with the example's own probe and loaders over
-  ``Deferred`` datasets (``train.py --deferred``): the cache loads the images of
-  the rows it computes and no others, so from epoch 2 no image is loaded;
+  ``Deferred`` datasets (``train.py --deferred``): an image comes with its sample
+  only until the cache has answered it, so from epoch 2 no image is loaded;
 - **bound**: the features precomputed once, outside the timing, and a head-only
   LightningModule trained on them — what an epoch costs when the encoder costs
   nothing and its inputs are never loaded;

@@ -19,7 +19,8 @@ shuffling, no change to the dataset); or, with ``key="index"``, the sample's
 index in a dataset of a given version (no hashing at all — the cheapest, and
 right only as long as the version names the data exactly). Keyed by index, a
 batch from :class:`~somatize_torch.deferred.Deferred` needs no input for the rows
-it recalls: the cache loads the inputs of the rows it computes, and nothing else.
+it recalls: inputs come with the samples only until a cache has answered them,
+and the cache loads itself only those it must compute and did not get.
 
 A forward looks its rows up nearest first (:mod:`somatize_torch.residency`):
 the device tier, the host tier, then the store — one dict pass and one gather
@@ -818,7 +819,7 @@ def cache_rows(
     ``key="content"`` (the default) names each row by the digest of its content;
     ``key="index"`` by its sample index within dataset ``version`` (call the result as
     ``cached(x, index=idx)``, or as ``cached(rows)`` with a batch of
-    :class:`~somatize_torch.deferred.DeferredRows`, whose inputs it loads only for the
+    :class:`~somatize_torch.deferred.DeferredRows`, whose inputs it needs only for the
     rows it computes). ``device_bytes`` and ``host_bytes`` are the memory
     tiers' budgets; ``store`` a :class:`somatize.Store` or a directory (None: memory
     only); ``strict`` computes again rows that were kept by another version of the

@@ -15,9 +15,9 @@ all) and costs about what training the head alone costs. The table printed at
 the end shows each epoch's time, hit rate and rows, and the speed-up of the
 later epochs over the first.
 
-With ``--deferred`` rows are keyed by sample index and the loaders hand out the
-images not loaded (``somatize.torch.Deferred``): the cache loads only the images
-of the rows it computes, so from epoch 2 no image is read at all.
+With ``--deferred`` rows are keyed by sample index and the loaders hand out each
+image only until the cache has answered its sample (``somatize.torch.Deferred``),
+so from epoch 2 no image is read at all.
 """
 
 from __future__ import annotations
