@@ -112,21 +112,15 @@ class Deferred(Dataset[Any]):
         return self._count
 
     def __getitem__(self, index: int) -> Any:
-        i = operator.index(index)
-        if not 0 <= i < self._count:
-            raise IndexError(f"sample {index} of a Deferred of {self._count} samples")
-        row = Row(self.name, i, self.version, None if self.answered[i] else self.inputs[i])
-        if not self.beside:
-            return row
-        return (row, *(other[i] for other in self.beside))
+        return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Items ``indices``, as the DataLoader fetches a batch: what is handed out beside
         the inputs is indexed once per batch where it is a tensor (a view per sample),
         not once per sample."""
         picks = [operator.index(i) for i in indices]
-        if any(not 0 <= i < self._count for i in picks):
-            bad = next(i for i in picks if not 0 <= i < self._count)
+        bad = next((i for i in picks if not 0 <= i < self._count), None)
+        if bad is not None:
             raise IndexError(f"sample {bad} of a Deferred of {self._count} samples")
         at = torch.tensor(picks, dtype=torch.long)
         answered = self.answered[at].tolist()
@@ -298,21 +292,21 @@ class DeferredRows:
         wanted = list(range(len(self))) if positions is None else list(positions)
         dataset = self.dataset()
         slot = {p: k for k, p in enumerate(self.given_at)}
-        if self.given is not None and wanted and all(p in slot for p in wanted):
-            given = dataset.check(self.given, self._indices(self.given_at))
-            batch = given if wanted == self.given_at else given[[slot[p] for p in wanted]]
-        elif self.given is None or not any(p in slot for p in wanted):
+        came = [k for k, p in enumerate(wanted) if p in slot]
+        if self.given is None or not came:
             batch = dataset.load(self._indices(wanted))
         else:
             given = dataset.check(self.given, self._indices(self.given_at))
-            rest = [p for p in wanted if p not in slot]
-            loaded = dataset.load(self._indices(rest))
-            batch = torch.empty((len(wanted), *given.shape[1:]), dtype=given.dtype)
-            place = {p: k for k, p in enumerate(wanted)}
-            batch[[place[p] for p in wanted if p in slot]] = given[
-                [slot[p] for p in wanted if p in slot]
-            ]
-            batch[[place[p] for p in rest]] = loaded.to(batch.device)
+            picked = given if wanted == self.given_at else given[[slot[wanted[k]] for k in came]]
+            rest = [k for k, p in enumerate(wanted) if p not in slot]
+            if not rest:
+                batch = picked
+            else:
+                batch = torch.empty((len(wanted), *given.shape[1:]), dtype=given.dtype)
+                batch[came] = picked
+                batch[rest] = dataset.load(self._indices([wanted[k] for k in rest])).to(
+                    batch.device
+                )
         return batch.to(self.device) if batch.device != self.device else batch
 
     def answered(self) -> None:

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _registry  # where torch keeps its global hooks
 
 from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize.catalog import identity_of
@@ -170,8 +171,12 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     objects, functions) is not seen."""
     out: dict[str, Any] = {}
     for prefix, sub in module.named_modules():
-        for name, seen in _plain_vars(sub).items():
-            out[f"{prefix}.{name}" if prefix else name] = seen
+        for name, value in vars(sub).items():
+            if name in _TORCH_OWN:
+                continue
+            seen = _setting(value)
+            if seen is not _UNSEEN:
+                out[f"{prefix}.{name}" if prefix else name] = seen
     return out
 
 
@@ -188,18 +193,10 @@ def hooks_of(module: nn.Module) -> dict[str, Any]:
         found = _hooks(sub._forward_pre_hooks, sub._forward_hooks)
         if found:
             out[prefix or "."] = found
-    everywhere = _hooks(_global_hooks("pre"), _global_hooks("post"))
+    everywhere = _hooks(_registry._global_forward_pre_hooks, _registry._global_forward_hooks)
     if everywhere:
         out["*"] = everywhere
     return out
-
-
-def _global_hooks(kind: str) -> dict[int, Any]:
-    from torch.nn.modules import module as registry
-
-    name = "_global_forward_pre_hooks" if kind == "pre" else "_global_forward_hooks"
-    found: dict[int, Any] = getattr(registry, name, {})
-    return found
 
 
 def _hooks(pre: dict[int, Any], post: dict[int, Any]) -> dict[str, Any]:
@@ -252,19 +249,6 @@ def _code_digest(code: types.CodeType) -> str:
 
     feed(code)
     return "sha256:" + digest.hexdigest()[:16]
-
-
-def _plain_vars(value: Any) -> dict[str, Any]:
-    """An object's plain attributes (as :func:`settings_of` sees them) outside what torch
-    keeps in every module."""
-    out: dict[str, Any] = {}
-    for name, item in vars(value).items():
-        if name in _TORCH_OWN:
-            continue
-        seen = _setting(item)
-        if seen is not _UNSEEN:
-            out[name] = seen
-    return out
 
 
 _UNSEEN = object()

@@ -179,9 +179,12 @@ class _Keying:
     by ``(tag, raw digest or index)`` — a tuple, hashed in nanoseconds — and only rows
     that go to the store need their full key, ``key(row)``."""
 
-    __slots__ = ("header", "keys", "prefix", "tag", "version")
+    __slots__ = ("dtype", "header", "keys", "prefix", "tag", "version")
 
-    def __init__(self, prefix: bytes, tag: int, version: str | None, header: bytes) -> None:
+    def __init__(
+        self, prefix: bytes, tag: int, version: str | None, header: bytes, dtype: torch.dtype
+    ) -> None:
+        self.dtype = dtype  # what the rows run in
         self.prefix = prefix
         self.tag = tag
         self.version = version
@@ -339,7 +342,7 @@ class CachedRows(nn.Module):
             number = self._tags.setdefault((prefix, tag), len(self._tags) + 1)
             # Only content keys use the header, and deferred rows are keyed by index.
             header = row_header(x) if isinstance(x, torch.Tensor) else b""
-            found = _Keying(prefix, number, version, header)
+            found = _Keying(prefix, number, version, header, dtype)
             self._keyings[tag] = found
         return found
 
@@ -515,7 +518,7 @@ class CachedRows(nn.Module):
         near = [(tag, row) for row in ids]
         count = len(near)
         if count == 0:
-            return self._compute(x, [])  # an empty batch: nothing to look up or keep
+            return self._compute(x, [], keying)  # an empty batch: nothing to look up or keep
         counts = self._counts
         pieces: list[tuple[list[int] | None, torch.Tensor]] = []
         positions: list[int] | None = None  # None: every row is still to be found
@@ -546,7 +549,7 @@ class CachedRows(nn.Module):
             for p in positions:
                 first.setdefault(near[p], p)
             once = list(first.values())  # a row that is in the batch twice runs once
-            rows = self._compute(x, once)
+            rows = self._compute(x, once, keying)
             computed = time.perf_counter() - began
             self._admit([near[p] for p in once], rows)
             if self._writer is not None:
@@ -610,14 +613,15 @@ class CachedRows(nn.Module):
         except Exception as error:  # a hint: a sample left unmarked is only loaded
             log.debug("the store was not looked up for answered samples: %s", error)
 
-    def _compute(self, x: torch.Tensor | DeferredRows, positions: list[int]) -> torch.Tensor:
+    def _compute(
+        self, x: torch.Tensor | DeferredRows, positions: list[int], keying: _Keying
+    ) -> torch.Tensor:
         module = self.module
         check_still(type(module).__name__, module)
         if isinstance(x, DeferredRows):
             sub = x.load(positions)
-            dtype = self._deferred_row(x)[0]
-            if sub.dtype != dtype:
-                sub = sub.to(dtype)
+            if sub.dtype != keying.dtype:
+                sub = sub.to(keying.dtype)
         elif len(positions) == x.shape[0]:
             sub = x
         else:
