@@ -157,18 +157,21 @@ def check_still(name: str, module: nn.Module) -> None:
     nn.Module.train(module, False)
 
 
-_TORCH_OWN = frozenset(vars(nn.Module()))
+_TORCH_OWN = frozenset(vars(nn.Module())) | {"_compiled_call_impl"}
 """What torch itself keeps in every module (parameters, buffers, children, hooks, the
-training flag): seen elsewhere in the key, or not part of what the module computes."""
+training flag, what ``Module.compile`` makes): seen elsewhere in the key, or not part
+of what the module computes."""
 
 
 def settings_of(module: nn.Module) -> dict[str, Any]:
     """The plain values each submodule keeps beside its weights, by dotted name: what a
     forward may read that neither ``repr`` nor the state shows (``self.temperature =
-    2.0``, a tensor held as a plain attribute). Numbers, strings, bools, None, tuples,
-    lists and str-keyed dicts of them, dataclass instances, dtypes, devices and enums
-    are taken as they are, tensors by digest; anything else a module holds (other
-    objects, functions) is not seen."""
+    2.0``, a tensor held as a plain attribute, ``self.act = F.gelu``). Numbers, strings,
+    bools, None, tuples, lists and str-keyed dicts of them, dataclass instances, dtypes,
+    devices and enums are taken as they are, tensors by digest; functions (a ``forward``
+    replaced on the instance too) by their code, as hooks are, built-in functions and
+    classes by name, a ``functools.partial`` with the values it binds. Other objects a
+    module holds, and the object a method is bound to, are not seen."""
     out: dict[str, Any] = {}
     for prefix, sub in module.named_modules():
         for name, value in vars(sub).items():
@@ -290,6 +293,35 @@ def _setting(value: Any, depth: int = 0) -> Any:
             "dataclass": type(value).__qualname__,
             "fields": {k: v for k, v in fields.items() if v is not _UNSEEN},
         }
+    return _callable(value, depth)
+
+
+def _callable(value: Any, depth: int) -> Any:
+    """A function, class or built-in a module holds, named as what it runs (unseen for
+    anything else): a function swapped for another keys the module's answers anew."""
+    if isinstance(value, type):
+        return {"class": _name_of(value)}
+    if isinstance(value, functools.partial):
+        bound = [_setting(arg, depth + 1) for arg in value.args]
+        named = {k: _setting(v, depth + 1) for k, v in value.keywords.items()}
+        return {
+            "partial": _setting(value.func, depth + 1),
+            "args": ["?" if arg is _UNSEEN else arg for arg in bound],
+            "keywords": {k: "?" if v is _UNSEEN else v for k, v in named.items()},
+        }
+    if isinstance(value, (types.FunctionType, types.MethodType)):
+        return {"function": _code_of(value)}
+    if isinstance(value, types.BuiltinFunctionType):
+        owner = value.__self__
+        if owner is None or isinstance(owner, (type, types.ModuleType)):
+            return {"builtin": f"{value.__module__}:{value.__qualname__}"}
+        seen = _setting(owner, depth + 1)  # a tensor's method: which tensor, too
+        return {
+            "builtin": f"{_name_of(type(owner))}.{value.__name__}",
+            "of": "?" if seen is _UNSEEN else seen,
+        }
+    if isinstance(value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return {"builtin": f"{_name_of(value.__objclass__)}.{value.__name__}"}
     return _UNSEEN
 
 
@@ -505,8 +537,9 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
         memory.freeze(name, digest)
         node._smz.state = digest
         out[name] = digest
-        # The plain values it keeps may have changed since the graph was built. One that
-        # cannot be declared is refused where its key is computed, as it was then.
+        # The values, functions and hooks it keeps may have changed since the graph was
+        # built. One that cannot be declared is refused where its key is computed, as it
+        # was then.
         with contextlib.suppress(Undeclared):
             memory.declared_as(name, node.declaration(name))
     return out

@@ -366,8 +366,9 @@ class CachedRows(nn.Module):
         return node_prefix(self._identity, declaration, self._state, self.salt)
 
     def redeclare(self) -> bool:
-        """Looks again at the plain values the module keeps beside its weights
-        (:func:`~somatize_torch.freeze.settings_of`; its weights are watched at every
+        """Looks again at the plain values and functions the module keeps beside its
+        weights and at its forward hooks (:func:`~somatize_torch.freeze.settings_of`,
+        :func:`~somatize_torch.freeze.hooks_of`; its weights are watched at every
         forward): if one changed since rows were keyed, rows are keyed anew from the
         next forward, and nothing kept under the old values is recalled for them.
         Returns whether one changed. ``CacheFrozen`` calls it at the start of every

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import subprocess
 import sys
 from typing import Any
@@ -53,7 +54,7 @@ class Scaled(nn.Module):
         self.linear = nn.Linear(6, 4)
         self.temperature = temperature
         self.shift = torch.zeros(4) if shift is None else shift  # a tensor, not a buffer
-        self.act = nn.functional.relu  # a function: not seen, and no obstacle to a key
+        self.act = nn.functional.relu  # a function: seen by its code
         self.gain = np.float64(1.0)  # a subclass of float: seen as the float it is
         self.options = {"clip": 10.0, "hook": print}  # a dict: its plain entries are seen
         self.box = Box(1.0)  # a dataclass: its fields are seen
@@ -262,6 +263,58 @@ def test_values_a_module_keeps_beside_its_weights_are_in_its_key(store: Store) -
     assert torch.equal(hotter(x.value), answers[1][0])
     assert hotter.stats.computed == 3 and hotter.stats.from_store == 0
     hotter.close()
+
+
+class Activated(nn.Module):
+    """Applies the function it holds: its weights and ``repr`` are the same whichever."""
+
+    def __init__(self, act: Any) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 4)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.linear(x))
+
+
+def _halved(x: torch.Tensor) -> torch.Tensor:
+    return x / 2
+
+
+def test_a_function_a_module_holds_is_in_its_key(store: Store) -> None:
+    """Modules with equal weights holding another function (Python or built-in, a
+    partial binding another value), or whose ``forward`` was replaced on the instance:
+    each is its own question, never another's answer; the same function in a new module
+    recalls from the store. ``Module.compile`` changes nothing in the key."""
+    acts = [
+        nn.functional.relu,
+        torch.tanh,
+        nn.functional.gelu,
+        functools.partial(nn.functional.leaky_relu, negative_slope=0.5),
+        functools.partial(nn.functional.leaky_relu, negative_slope=0.1),
+        _halved,
+    ]
+    doubled = Activated(nn.functional.relu)
+    doubled.forward = lambda x: doubled.linear(x) * 2  # type: ignore[method-assign]
+    modules = [Activated(act) for act in acts] + [doubled, Activated(nn.functional.relu)]
+    x = Opaque(torch.randn(3, 6))
+    answers, outcomes = [], []
+    for module in modules:
+        g = Graph.somatize(smt.ModuleNode(module).named("act").frozen().cached())
+        smt.freeze(g)
+        answers.append(g.forward(x, store=store))
+        assert g.record is not None
+        outcomes.append(g.record.outcome["act"])
+        with torch.no_grad():
+            assert torch.equal(answers[-1], module(x.value))
+    assert outcomes == ["ran"] * 7 + ["recalled"]
+    for i, a in enumerate(answers[:7]):
+        for b in answers[i + 1 : 7]:
+            assert not torch.equal(a, b)
+    compiled = Activated(nn.functional.relu)
+    compiled.compile()
+    assert smt.ModuleNode(compiled).declare() == smt.ModuleNode(modules[0]).declare()
 
 
 def test_module_class_without_a_stable_name_cannot_be_cached(store: Store) -> None:
