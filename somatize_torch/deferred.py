@@ -322,7 +322,12 @@ class DeferredRows:
 def _collate(batch: list[Row], *, collate_fn_map: Any = None) -> DeferredRows:
     source = batch[0].source
     if any(row.source != source for row in batch):
-        raise NotLoadable("a batch of deferred inputs comes from one Deferred, not several")
+        raise NotLoadable(
+            "a batch of deferred inputs comes from one Deferred, not several (a ConcatDataset "
+            "of Deferreds mixes them): make one Deferred over the inputs concatenated, "
+            "`Deferred(ConcatDataset([images_a, images_b]), labels, version=...)`, with a "
+            "version naming both"
+        )
     index = torch.tensor([row.index for row in batch], dtype=torch.long)
     given_at = [p for p, row in enumerate(batch) if row.value is not None]
     given = default_collate([batch[p].value for p in given_at]) if given_at else None

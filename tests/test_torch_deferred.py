@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import ConcatDataset, DataLoader
 
 from somatize import Store
 from somatize_torch import rows as rows_module
@@ -342,6 +342,20 @@ def test_bad_uses_are_refused(tmp_path: Path) -> None:
         data[ROWS]
     with pytest.raises(TypeError, match="with a length"):
         Deferred(5)
+
+
+def test_a_batch_from_two_deferreds_is_refused_and_one_over_both_works(tmp_path: Path) -> None:
+    """A ConcatDataset of Deferreds mixes their rows in a batch, which is refused with a
+    message that says what to do; one Deferred over the inputs concatenated caches them."""
+    a, b = images(1, 9), images(2, 9)
+    mixed = ConcatDataset([Deferred(a, version="a@9"), Deferred(b, version="b@9")])
+    with pytest.raises(NotLoadable, match="one Deferred over the inputs concatenated"):
+        next(iter(DataLoader(mixed, batch_size=18)))
+    joined = Deferred(ConcatDataset([a, b]), version="a@9+b@9")
+    cached = cache_rows(encoder(), tmp_path, key="index")
+    (rows,) = batches(joined, size=18)
+    with torch.no_grad():
+        assert torch.equal(cached(rows), cached.module(torch.cat([a, b])[rows.index]))
 
 
 def test_an_input_unlike_the_first_is_refused(tmp_path: Path) -> None:
