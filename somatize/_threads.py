@@ -13,9 +13,26 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["ProcessLock", "process_pool"]
+import blake3
+
+__all__ = ["ProcessLock", "hash_threads", "process_pool"]
 
 _pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
+
+_HASHING_PID: int | None = None
+"""The process whose ``blake3`` hashed on several threads first: its pool of threads is
+made once, and a child forked after that inherits the pool without its threads."""
+
+
+def hash_threads() -> int:
+    """``max_threads=`` for ``blake3``: as many as it likes, except in a child forked from
+    a process whose hashing started its threads (waiting on a pool whose threads stayed
+    behind would never end), where one thread hashes."""
+    global _HASHING_PID
+    pid = os.getpid()
+    if _HASHING_PID is None:
+        _HASHING_PID = pid
+    return blake3.blake3.AUTO if pid == _HASHING_PID else 1
 
 
 def process_pool(name: str, workers: int) -> ThreadPoolExecutor:

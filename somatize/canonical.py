@@ -13,7 +13,9 @@ its payload; lengths are 8-byte big-endian. It is exact about types: ``1``,
 ``[1, 2]``, because a node handed one of them may well answer differently than
 when handed the other. Floats are written by their IEEE-754 bits, so ``0.0`` and
 ``-0.0`` differ too. Dict entries are sorted by key, so insertion order never
-matters.
+matters. Anything else is refused with :class:`NotCanonical`, and so are a value
+that contains itself, one nested deeper than Python's recursion limit, and a
+memoryview whose bytes are not contiguous.
 
 The encoding is versioned by :data:`VERSION`; the key formula mixes the version
 in, so a change here changes every key on purpose rather than by accident.
@@ -22,11 +24,13 @@ in, so a change here changes every key on purpose rather than by accident.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import blake3
 
+from somatize._threads import hash_threads
 from somatize.errors import SomatizeError
 
 __all__ = [
@@ -124,7 +128,14 @@ def _str(value: Any, parts: Parts, where: Where) -> None:
 
 
 def _bytes(value: Any, parts: Parts, where: Where) -> None:
-    view = memoryview(value).cast("B")
+    view = memoryview(value)
+    if not view.c_contiguous:
+        raise NotCanonical(
+            f"{_render(where)} is a memoryview that is not contiguous (a strided slice, a "
+            "transposed array): its bytes are not one run in memory, so it has no single "
+            "canonical form. Pass `bytes(view)`, its bytes in C order, instead"
+        )
+    view = view.cast("B")
     parts.append(b"b" + _LEN.pack(view.nbytes))
     if view.nbytes < _LARGE:
         parts.append(bytes(view))
@@ -201,8 +212,42 @@ def parts_of(value: Any, where: str = "value") -> Parts:
     value in error messages (``input``, ``declaration of clean`` ...).
     """
     parts = Parts()
-    _write(value, parts, (where,))
+    try:
+        _write(value, parts, (where,))
+    except RecursionError:
+        # Caught here, where the stack is shallow again, so that the common path pays nothing.
+        if _contains_itself(value):
+            raise NotCanonical(
+                f"{where} contains itself (a list, tuple or dict that holds itself, directly "
+                "or further down), so its encoding would never end. Pass a value without the "
+                "cycle"
+            ) from None
+        raise NotCanonical(
+            f"{where} is nested too deep to encode (deeper than Python's recursion limit, "
+            f"{sys.getrecursionlimit()}, allows). Flatten it, or pass it as bytes you "
+            "encode yourself"
+        ) from None
     return parts
+
+
+def _contains_itself(value: Any) -> bool:
+    """Whether ``value`` holds itself somewhere below, looked for without recursion."""
+    path: set[int] = set()
+    stack: list[tuple[int, Iterator[Any]]] = [(id(value), iter((value,)))]
+    while stack:
+        item: Any = next(stack[-1][1], _DONE)
+        if item is _DONE:
+            path.discard(stack.pop()[0])
+            continue
+        if type(item) in (list, tuple, dict):
+            if id(item) in path:
+                return True
+            path.add(id(item))
+            stack.append((id(item), iter(item.values() if type(item) is dict else item)))
+    return False
+
+
+_DONE = object()
 
 
 def encode(value: Any, where: str = "value") -> bytes:
@@ -223,7 +268,7 @@ def digest_of(prefix: bytes, parts: Parts) -> bytes:
     """BLAKE3-256 of ``prefix`` followed by ``parts``, using every core for large payloads."""
     if not parts.large:
         return blake3.blake3(prefix + b"".join(parts)).digest()
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    hasher = blake3.blake3(max_threads=hash_threads())
     hasher.update(prefix)
     for part in parts:
         hasher.update(part)

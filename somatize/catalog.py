@@ -28,7 +28,8 @@ its state, when it can hand it over (:func:`state_crosses`); the broker
 
 The code fingerprint lives here too, since it is a fact about the
 implementation: a digest of the class's source (or, where the source is not to
-be had, of its compiled code). It is metadata, never part of a key.
+be had, of its compiled code, digested so that every process agrees on it). It is
+metadata, never part of a key.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import inspect
 import sys
 from dataclasses import dataclass
 from functools import cached_property
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
@@ -98,9 +100,38 @@ def _fingerprint(kind: type) -> str:
         for name, member in sorted(vars(kind).items()):
             code = getattr(member, "__code__", None)
             if code is not None:
-                pieces.append(name.encode() + code.co_code + repr(code.co_consts).encode())
+                pieces.append(name.encode() + b"\0" + _code_bytes(code))
         text = b"\0".join(pieces)
     return "sha256:" + hashlib.sha256(text).hexdigest()[:16]
+
+
+def _code_bytes(code: CodeType) -> bytes:
+    """A digest of compiled ``code`` that every process compiling the same source agrees
+    on: its bytecode, the names it uses and its constants. Nested code (a generator
+    expression, a lambda, an inner function) is digested the same way, since its ``repr``
+    holds its address in memory; a frozenset's members are taken in sorted order, since
+    its order follows string hashes, which are salted per process."""
+    digest = hashlib.sha256()
+    for piece in (
+        code.co_code,
+        "\0".join(code.co_names).encode(),
+        *map(_constant_bytes, code.co_consts),
+    ):
+        digest.update(len(piece).to_bytes(8, "little") + piece)
+    return digest.digest()
+
+
+def _constant_bytes(value: Any) -> bytes:
+    """A constant of compiled code as bytes that are the same in every process."""
+    if isinstance(value, CodeType):
+        return b"code " + _code_bytes(value)
+    if isinstance(value, (tuple, frozenset)):
+        members = [_constant_bytes(member) for member in value]
+        if isinstance(value, frozenset):
+            members.sort()
+        joined = b"".join(len(member).to_bytes(8, "little") + member for member in members)
+        return f"{type(value).__name__} ".encode() + hashlib.sha256(joined).digest()
+    return f"{type(value).__name__} {value!r}".encode()
 
 
 def _lookup(module: Any, qualname: str) -> Any:

@@ -23,6 +23,7 @@ from typing import Any
 import blake3
 
 from somatize import canonical
+from somatize._threads import hash_threads
 from somatize.errors import SomatizeError
 
 __all__ = [
@@ -70,7 +71,7 @@ class Codec(abc.ABC):
 
     def digest(self, value: Any) -> str:
         """``blake3:<hex>`` of the value's content; by default, of its encoding."""
-        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        hasher = blake3.blake3(max_threads=hash_threads())
         hasher.update(self.name.encode() + b"\0")
         for piece in self.encode(value):
             hasher.update(piece)

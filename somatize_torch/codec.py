@@ -20,11 +20,10 @@ without CUDA lands on the CPU with a :class:`LandedOnHost` warning — its value
 is the same, and a run that can go on should not be stopped for where memory
 is; move it yourself, or silence the warning, if that is what you want.
 
-**Recalled tensors are read-only memory.** They view a memory map of an
-immutable blob; writing into one in place (``x.add_(1)``, ``relu(inplace=True)``)
-would fault. Clone a recalled tensor before changing it in place
-(:func:`somatize.torch.wrap` does this for you when the traced code writes into a
-cached node's output).
+**A recalled tensor is memory of its own.** It views what the store handed
+this read alone (a private, copy-on-write map of a large blob; a copy of a small
+one), so writing into it in place (``x.add_(1)``, ``relu(inplace=True)``) changes
+that tensor only: the blob, and every later recall, keep the kept value.
 
 The digest of a value is not the digest of these bytes: it is
 :func:`somatize_torch.digest.digest_tensor` (one tensor) or
@@ -143,7 +142,7 @@ class TensorCodec(Codec):
         body = data[8 + size :]
         out: dict[str, torch.Tensor] = {}
         with warnings.catch_warnings():
-            # The store's memory is a read-only map; the tensors view it on purpose.
+            # Bytes that crossed from a worker may be read-only; the tensors view them on purpose.
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
             for name, entry in header.items():
                 out[name] = self._tensor(name, entry, body)

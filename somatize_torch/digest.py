@@ -47,7 +47,7 @@ import blake3
 import torch
 
 from somatize import canonical
-from somatize._threads import process_pool
+from somatize._threads import hash_threads, process_pool
 from somatize_torch import _native
 
 __all__ = [
@@ -161,7 +161,7 @@ def _device_raw_rows(tensor: torch.Tensor) -> list[bytes] | None:
 
 def _hash(view: memoryview) -> bytes:
     if view.nbytes >= _LARGE:
-        return bytes(blake3.blake3(view, max_threads=blake3.blake3.AUTO).digest())
+        return bytes(blake3.blake3(view, max_threads=hash_threads()).digest())
     return bytes(blake3.blake3(view).digest())
 
 

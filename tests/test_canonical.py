@@ -121,6 +121,38 @@ def test_refusals_name_the_offender(value: object, fragment: str) -> None:
     assert isinstance(refused.value, TypeError)
 
 
+def _nested(depth: int) -> list[object]:
+    outer: list[object] = []
+    inner = outer
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]  # type: ignore[assignment]
+    return outer
+
+
+def _contains_itself() -> dict[str, object]:
+    loop: list[object] = [1]
+    loop.append({"again": (loop,)})
+    return {"a": loop}
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        (memoryview(b"abcdef")[::2], "memoryview that is not contiguous"),
+        (_nested(3000), "nested too deep"),
+        (_contains_itself(), "contains itself"),
+    ],
+    ids=["strided-memoryview", "deep", "cycle"],
+)
+def test_values_that_cannot_be_written_whole_are_refused(value: object, fragment: str) -> None:
+    """A strided memoryview, a value nested past the recursion limit and a value that
+    contains itself are refused as NotCanonical, saying which, not with a bare error."""
+    with pytest.raises(NotCanonical, match=fragment):
+        canonical.encode(value, "input")
+    assert not canonical.is_canonical(value)
+
+
 def test_enums_and_subclasses_are_not_silently_accepted() -> None:
     """A subclass of a canonical type is refused rather than guessed at."""
 

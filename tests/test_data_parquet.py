@@ -264,6 +264,54 @@ def test_damaged_pages_are_not_handed_over(store: Store) -> None:
         Parquet(CountingStore(store), "data/bad").forward({"at": 0, "take": 10}, ctx())
 
 
+class Total(Node):
+    """The sum of a frame's ``n`` column."""
+
+    def forward(self, frame: Frame, ctx: Any) -> int:
+        return sum(frame.column("n"))
+
+
+def flip_a_value(path: Path) -> None:
+    """Flips one byte of a value in the Parquet file at ``path`` (written uncompressed,
+    unencoded, with no page checksums: nothing in the file can tell)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_dataset_in_a_local_store_is_corrupt_and_nothing_below_is_kept(
+    tmp_path: Path,
+) -> None:
+    """A byte flipped in a dataset's blob, which no page checksum covers, is caught by its
+    digest when the source opens it: the blob is quarantined, and no answer is kept below."""
+    store = Store(tmp_path / "store")
+    digest = bound(store, numbers(1000).select(["n"]), compression="none", use_dictionary=False)
+    flip_a_value(store.blob_path(digest))
+    fresh = Store(tmp_path / "store")  # as another process opens it
+    g = Graph.somatize(Parquet(fresh, "data/n").named("n").frozen() >> Total().frozen().cached())
+    settle(g)
+    with pytest.raises(Corrupt, match=r"`data/n` cannot be read.*hashes to"):
+        g.forward({"at": 0, "take": 1000}, store=fresh)
+    assert not store.blob_path(digest).exists()
+    assert len(list((tmp_path / "store" / "quarantine" / "blobs").iterdir())) == 1
+    assert not [p for p in (tmp_path / "store" / "answers").rglob("*") if p.is_file()]
+
+
+def test_a_damaged_copy_in_a_buckets_cache_is_set_aside_and_the_bucket_read(
+    tmp_path: Path,
+) -> None:
+    """A dataset the cache in front of a bucket holds is verified there before it is read:
+    a damaged copy is quarantined in the cache, and the rows come from the bucket."""
+    url = f"memory://somatize/{tmp_path.name}"
+    cached = Store.on_bucket(url, cache=tmp_path / "cache")
+    digest = bound(cached, numbers(1000).select(["n"]), compression="none", use_dictionary=False)
+    cache = cached.cache  # type: ignore[attr-defined]
+    flip_a_value(cache.blob_path(digest))
+    source = Parquet(Store.on_bucket(url, cache=tmp_path / "cache"), "data/n")
+    assert source.forward({"at": 0, "take": 1000}, ctx()).column("n") == list(range(1000))
+    assert len(list((tmp_path / "cache" / "quarantine" / "blobs").iterdir())) == 1
+
+
 def test_the_local_store_is_read_without_open_blob(store: Store) -> None:
     """From a local store the blob is memory-mapped, so the source reads whole answers."""
     bound(store, numbers(300), row_group_size=100)

@@ -74,3 +74,17 @@ def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "could reach outside the store" in capsys.readouterr().err
     assert main(["store", "show", "sms/none", "--store", where]) == 2
     assert "nothing is bound to `sms/none`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["ls"], ["du"], ["gc"], ["verify"], ["show", "sms/train"]])
+def test_a_path_that_is_no_store_exits_2_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """A missing directory, or one that holds no store, is refused with a message naming
+    it and status 2, and is left as it was."""
+    missing, empty = tmp_path / "no_such_dir", tmp_path / "empty"
+    empty.mkdir()
+    for where in (missing, empty):
+        assert main(["store", *command, "--store", str(where)]) == 2
+        assert f"{where} is not a store" in capsys.readouterr().err
+    assert not missing.exists() and not any(empty.iterdir())

@@ -132,6 +132,19 @@ def test_a_blob_held_in_memory_is_had_as_recall_finds_it(tmp_path: Path) -> None
     assert LocalStore(tmp_path).have([KEY]) == set()
 
 
+@pytest.mark.parametrize("size", [1000, 256 * 1024], ids=["held", "mapped"])
+def test_what_a_read_hands_out_is_the_callers_own(home: Store, size: int) -> None:
+    """Writing into a recalled value (as a tensor written in place does) changes that value
+    only: a later recall, or a read of the blob, returns the bytes kept."""
+    data = bytes(range(256)) * (size // 256)
+    answer = home.keep(KEY, data, "plain")
+    for _ in range(2):  # the first read fills what the store holds; the second reads it
+        written = home.recall(KEY)[1]
+        written[:4] = b"\xff\xff\xff\xff"
+        assert bytes(home.recall(KEY)[1]) == data
+        assert bytes(home.get(answer.value)) == data
+
+
 def test_recall_missing(home: Store) -> None:
     """Recalling what was never kept is Missing."""
     with pytest.raises(Missing):

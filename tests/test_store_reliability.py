@@ -20,6 +20,8 @@ import pytest
 
 from somatize import BadName, Graph, NameNotFound, Store
 from somatize.store import LocalStore, StoreError, StoreFull, Unsigned
+from somatize.store._packed import hash_bytes
+from tests.forked import in_forked_child
 from tests.nodes import Largest, Rows, Scale
 
 
@@ -343,15 +345,16 @@ def test_nothing_is_unpickled(tmp_path: Path) -> None:
 
 
 def test_a_mapped_blob_changed_in_place_is_caught(tmp_path: Path) -> None:
-    """A large blob stays mapped between reads; bytes changed in its file afterwards
-    (same inode, same size) are caught by its digest at the next read, not returned."""
+    """A large blob is mapped afresh for each read, and hashed once; bytes changed in its
+    file afterwards (same inode, same size, a later time) are caught by its digest at the
+    next read, not returned."""
     from somatize.store import Corrupt
 
     store = LocalStore(tmp_path)
     data = bytes(range(256)) * 1024  # 256 KiB: mapped, not read
     digest = store.put(data)
     assert bytes(store.get(digest)) == data
-    assert store.get(digest) is store.get(digest)  # the same mapping, not mapped anew
+    assert store.get(digest).obj is not store.get(digest).obj  # a mapping per read
     path = tmp_path / "blobs" / digest[7:9] / digest[7:]
     with open(path, "r+b") as handle:
         handle.seek(1000)
@@ -360,3 +363,17 @@ def test_a_mapped_blob_changed_in_place_is_caught(tmp_path: Path) -> None:
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     with pytest.raises(Corrupt, match="hashes to"):
         store.get(digest)
+
+
+def _get_in_child(root: str, digest: str) -> str:
+    data = Store(root).get(digest)  # verified: hashed again in this process
+    return hash_bytes(data)
+
+
+def test_a_forked_child_reads_what_its_parent_hashed(tmp_path: Path) -> None:
+    """A child forked after its parent hashed on several threads (a DataLoader worker of a
+    loop that read a store) hashes too, rather than waiting on threads it does not have."""
+    store = Store(tmp_path)
+    digest = store.put(os.urandom(4 << 20))
+    assert hash_bytes(store.get(digest)) == digest
+    assert in_forked_child(_get_in_child, str(tmp_path), digest, timeout=60) == digest

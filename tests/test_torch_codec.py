@@ -112,6 +112,33 @@ def test_recall_is_zero_copy_from_the_memory_map(store: Store) -> None:
     assert torch.equal(back, tensor)
 
 
+_WRITTEN_IN_PLACE = """
+import sys, torch
+import somatize.torch as smt
+from somatize import Store
+
+root, elements = sys.argv[1], int(sys.argv[2])
+store, key = Store(root), "blake3:" + "2" * 64
+store.keep(key, smt.TENSOR.encode(torch.ones(elements)), "tensor")
+for _ in range(2):  # the first recall fills what the store holds; the second reads it
+    smt.TENSOR.decode(store.recall(key)[1]).add_(41)
+for reader in (store, Store(root)):
+    assert torch.equal(smt.TENSOR.decode(reader.recall(key)[1]), torch.ones(elements))
+"""
+
+
+@pytest.mark.parametrize("elements", [4, 64 * 1024], ids=["held", "mapped"])
+def test_a_recalled_tensor_written_in_place_changes_only_itself(
+    tmp_path: Path, elements: int
+) -> None:
+    """A recalled tensor written in place (small, held in memory; large, memory-mapped)
+    changes neither the blob nor a later recall, and nothing faults. In a process of its
+    own, so a fault fails this test alone."""
+    run = [sys.executable, "-c", _WRITTEN_IN_PLACE, str(tmp_path), str(elements)]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
 def test_damaged_bytes_are_refused() -> None:
     """A header that lies about its tensor's bytes is a ValueError, never a wrong tensor."""
     data = bytearray(_bytes(torch.randn(4)))

@@ -25,6 +25,7 @@ import blake3
 import pyarrow
 import pyarrow.ipc
 
+from somatize._threads import hash_threads
 from somatize.codecs import Codec, CodecError
 from somatize.data.frame import Frame
 
@@ -103,7 +104,7 @@ class ArrowCodec(Codec):
         return Frame(table) if kind == b"frame" else table
 
     def digest(self, value: Any) -> str:
-        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        hasher = blake3.blake3(max_threads=hash_threads())
         hasher.update(b"arrow\0")
         hasher.update(self._ipc(value, combined=True))
         return "blake3:" + hasher.hexdigest()

@@ -16,11 +16,18 @@ sources over the same bytes share answers.
 
 Reading is by row group, the unit a Parquet file can be read in: a span reads
 the footer once, then only the row groups it overlaps, and keeps the last ones
-it decoded so that walking a dataset span by span decodes each group once. From
-a local store the file is memory-mapped; from any other store it is read in
-ranges through ``store.open_blob``, and pages that carry checksums are checked.
+it decoded so that walking a dataset span by span decodes each group once.
 Write datasets with row groups near the size of the spans you read them by:
 a span never reads less than one whole row group of the columns it asks for.
+
+A dataset kept whole on a local disk — in a local store, or in the cache in front
+of a bucket — is memory-mapped and verified against its digest the first time a
+process opens it (:meth:`~somatize.store.Store.local_blob`; the store remembers
+it), so a damaged byte is :class:`~somatize.store.Corrupt`, the blob is moved to
+quarantine, and no rows of it are read. From any other store (a bucket with no
+copy in a cache) it is read in ranges through ``store.open_blob`` and is not
+hashed whole: only pages that carry checksums are checked, so write a dataset
+meant for a bucket with ``write_page_checksum=True``.
 
 ``ParquetDir(path)`` is the same over a directory of ``.parquet`` files, in
 path order, for data that does not live in a store. Its version is worked out
@@ -56,13 +63,14 @@ import pyarrow
 import pyarrow.parquet
 
 from somatize import canonical
+from somatize._threads import hash_threads
 from somatize.broker import StateMismatch
 from somatize.catalog import Unbuildable, identity_of
 from somatize.data.coordinate import span_of
 from somatize.data.errors import DataError
 from somatize.data.frame import Frame, UnknownColumn
 from somatize.node import Context, Node
-from somatize.store import Corrupt, LocalStore, Missing, Store
+from somatize.store import Corrupt, Missing, Store
 
 __all__ = ["DatasetChanged", "NotParquet", "Parquet", "ParquetDir"]
 
@@ -280,16 +288,21 @@ class Parquet(_Versioned):
             if self._file is None:
                 where = f"`{self.dataset}` ({self.version})"
                 store = self.store
-                if isinstance(store, LocalStore):
-                    path = store.blob_path(self.version)
-                    try:
-                        source: Any = pyarrow.memory_map(str(path), "r")
-                    except FileNotFoundError:
-                        raise Missing(
-                            f"`{self.dataset}` is bound to {self.version}, and that blob is not "
-                            f"in {store.root}: it was removed. Put the dataset again and rebind "
-                            "the name"
-                        ) from None
+                try:
+                    whole = store.local_blob(self.version)
+                except Missing:
+                    raise Missing(
+                        f"`{self.dataset}` is bound to {self.version}, and that blob is not "
+                        f"in {store}: it was removed. Put the dataset again and rebind the name"
+                    ) from None
+                except Corrupt as why:
+                    raise Corrupt(
+                        f"`{self.dataset}` cannot be read, and no rows of it are handed over: "
+                        f"{why}. Put the dataset's bytes again (`store.put`): they are kept "
+                        "under the same digest, so the name needs no rebinding"
+                    ) from None
+                if whole is not None:
+                    source: Any = pyarrow.BufferReader(pyarrow.py_buffer(whole))
                 else:
                     source = store.open_blob(self.version)
                 try:
@@ -333,7 +346,7 @@ def _stat_of(path: Path) -> tuple[Any, ...]:
 
 
 def _content_digest(data: mmap.mmap) -> str:
-    return "blake3:" + blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
+    return "blake3:" + blake3.blake3(data, max_threads=hash_threads()).hexdigest()
 
 
 def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...]]:

@@ -6,9 +6,11 @@ is kept by putting its blob and then publishing its record; packed item answers
 are found through a table of every pack index, refreshed from a listing of
 ``packs/`` and dropped when their blob is gone; records and small verified blobs
 read once are held in memory, and when an answer was last used is remembered and
-written down in batches. :class:`PackedHome` holds that logic once; a home gives it
-the primitives that really differ (``_read_blob``, ``_publish_record``,
-``_listed_packs``, ``_read_indexes``, ``_flush_use``).
+written down in batches. What a read hands out is the caller's own memory (a held
+blob as a copy), so a recalled value written in place changes no later recall.
+:class:`PackedHome` holds that logic once; a home gives it the primitives that
+really differ (``_read_blob``, ``_publish_record``, ``_listed_packs``,
+``_read_indexes``, ``_flush_use``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 
 import blake3
 
+from somatize._threads import hash_threads
 from somatize.store.base import Answer, Buffer, Corrupt, Missing, Store, check_digest
 from somatize.store.records import PackIndex, Signer, decode_pack, encode_record, keep_packed
 from somatize.store.upkeep import Collected, Entry, Progress, Verified, check, collect
@@ -49,7 +52,7 @@ def nbytes(pieces: Sequence[Buffer]) -> int:
 
 def digest_of(pieces: Sequence[Buffer]) -> str:
     """The digest of ``pieces`` written one after another."""
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    hasher = blake3.blake3(max_threads=hash_threads())
     for piece in pieces:
         hasher.update(piece)
     return "blake3:" + hasher.hexdigest()
@@ -57,7 +60,7 @@ def digest_of(pieces: Sequence[Buffer]) -> str:
 
 def hash_bytes(data: Buffer | mmap.mmap) -> str:
     """The digest of ``data``."""
-    return "blake3:" + blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
+    return "blake3:" + blake3.blake3(data, max_threads=hash_threads()).hexdigest()
 
 
 class PackedHome(Store):
@@ -85,7 +88,8 @@ class PackedHome(Store):
 
     @abc.abstractmethod
     def _read_blob(self, digest: str, size: int | None) -> memoryview:
-        """Blob ``digest``, verified and (unless ``size`` is None) ``size`` bytes long;
+        """Blob ``digest``, verified and (unless ``size`` is None) ``size`` bytes long, in
+        memory of the caller's own (writing into it changes nothing another read returns);
         Missing or Corrupt otherwise."""
 
     @abc.abstractmethod
@@ -180,6 +184,14 @@ class PackedHome(Store):
         self._records[answer.key] = answer
         if len(self._records) > REMEMBERED:
             self._records.popitem(last=False)
+
+    def _held(self, digest: str, size: int | None) -> memoryview | None:
+        """A copy of blob ``digest`` if it is held (``size`` bytes long, unless None): the
+        caller's own memory, which it may write into without changing what is held."""
+        held = self._small.get(digest)
+        if held is None or (size is not None and len(held) != size):
+            return None
+        return memoryview(bytearray(held))
 
     def _hold(self, digest: str, raw: bytes) -> None:
         if digest in self._small:

@@ -11,7 +11,8 @@ A bucket is shaped by what a request costs — tens of milliseconds, where a loc
   Missing and the engine recomputes — never a wrong answer.
 - packed item answers are found through the pack indexes (a listing and one read
   per new pack), so 100,000 items are a handful of requests.
-- records and small verified blobs read once are held in memory; a ``cache=``
+- records and small verified blobs read once are held in memory (a read hands out
+  a copy, so a recalled value written in place changes no later recall); a ``cache=``
   directory in front (a :class:`LocalStore`) holds blobs, records and indexes
   across processes, so a repeated run asks the bucket nothing it already has.
 
@@ -386,11 +387,21 @@ class BucketStore(PackedHome):
     def get(self, digest: str) -> memoryview:
         return self._read_blob(digest, None)
 
+    def local_blob(self, digest: str) -> memoryview | None:
+        """From the cache in front, when it holds the blob whole and undamaged (a damaged
+        copy is moved aside there); None otherwise."""
+        if self.cache is None or not self.cache.has_blob(digest):
+            return None
+        try:
+            return self.cache.local_blob(digest)
+        except (Missing, Corrupt):
+            return None  # gone meanwhile, or damaged and set aside: read from the bucket
+
     def _read_blob(self, digest: str, size: int | None) -> memoryview:
         """Blob ``digest`` from memory, the cache or the bucket, verified; at ``size``."""
-        held = self._small.get(digest)
-        if held is not None and (size is None or len(held) == size):
-            return memoryview(held)
+        held = self._held(digest, size)
+        if held is not None:
+            return held
         if self.cache is not None:
             try:
                 return self.cache._read_blob(digest, size)
@@ -411,7 +422,7 @@ class BucketStore(PackedHome):
             self.cache._take_blob(digest, [data])
         if len(data) <= _HOLD_BELOW:
             self._hold(digest, data)
-        return memoryview(data)
+        return memoryview(bytearray(data))  # the caller's own to write into, not what is held
 
     def resolve(self, name: str) -> str:
         check_name(name)

@@ -17,8 +17,13 @@ first use in the process. Blobs are immutable, so one verified stays trusted —
 unless its file changed since (another inode or modification time), which is
 caught by the ``fstat`` every read already does. A blob found damaged is moved
 to ``quarantine/`` at once, so the recompute that follows writes it afresh
-instead of trusting the damaged file. Large blobs are read by memory map, so a
-recalled tensor or table is not copied.
+instead of trusting the damaged file.
+
+Every read hands out memory of the caller's own, so a recalled tensor written in
+place changes itself only. A large blob is memory-mapped afresh for each read,
+privately (copy on write), so it is not copied: a write into it copies the pages
+written, never reaching the file or another read. A small blob is held in memory
+once read and handed out as a copy.
 
 Packed item answers are found through an in-memory table of every pack index,
 loaded once and refreshed from a listing of ``packs/`` only when a key is not
@@ -72,10 +77,6 @@ __all__ = ["LocalStore"]
 
 _MAP_ABOVE = 1 << 16
 """Blobs larger than this are memory-mapped rather than read."""
-_MAPS_HELD = 16
-"""How many mapped blobs a store keeps mapped between reads: a pack read again (the
-rows of the next batch) is then not mapped anew, and its pages are not faulted in
-again. Each mapping holds a file descriptor, so few are kept."""
 _OVERLAP = 16 << 20
 """Blobs this large are hashed while they are written, not before."""
 
@@ -128,8 +129,6 @@ class LocalStore(PackedHome):
         self._tmp = f"{self.root / 'tmp'}{os.sep}"
         self._verified: dict[str, tuple[int, int]] = {}
         """Digest → (inode, mtime) of the file that was hashed and matched."""
-        self._maps: dict[str, tuple[tuple[int, int], memoryview]] = {}
-        """Digest → (inode, mtime) of a verified mapped blob, and its mapping."""
         self._packs_stamp = -1
         self._hold_nothing(str(self.root))
         self._finalizer = weakref.finalize(
@@ -332,10 +331,13 @@ class LocalStore(PackedHome):
     def get(self, digest: str) -> memoryview:
         return self._read_blob(digest, None)
 
+    def local_blob(self, digest: str) -> memoryview:
+        return self._read_blob(digest, None)
+
     def _read_blob(self, digest: str, size: int | None) -> memoryview:
-        held = self._small.get(digest)
-        if held is not None and (size is None or len(held) == size):
-            return memoryview(held)
+        held = self._held(digest, size)
+        if held is not None:
+            return held
         path = self._blob_file(digest)
         try:
             with open(path, "rb") as handle:
@@ -348,10 +350,9 @@ class LocalStore(PackedHome):
                     )
                 stamp = (stat.st_ino, stat.st_mtime_ns)
                 if actual > _MAP_ABOVE:
-                    mapped = self._maps.get(digest)
-                    if mapped is not None and mapped[0] == stamp:
-                        return mapped[1]  # the file hashed to its name when it was mapped
-                    data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
+                    # A private mapping per read: one shared between reads would carry what
+                    # one caller wrote into it to the next.
+                    data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
                 else:
                     raw = handle.read()
                     data = memoryview(raw)
@@ -368,10 +369,7 @@ class LocalStore(PackedHome):
             self._verified[digest] = stamp
         if actual <= _MAP_ABOVE:
             self._hold(digest, raw)
-        else:
-            if len(self._maps) >= _MAPS_HELD:
-                del self._maps[next(iter(self._maps))]
-            self._maps[digest] = (stamp, data)
+            return memoryview(bytearray(raw))  # the caller's own, not what is held
         return data
 
     def resolve(self, name: str) -> str:
@@ -490,7 +488,6 @@ class LocalStore(PackedHome):
     def _forget_blob(self, digest: str) -> None:
         self._small.pop(digest, None)
         self._verified.pop(digest, None)
-        self._maps.pop(digest, None)
 
     def _set_aside(self, path: str, section: str, label: str) -> None:
         """Moves a damaged file to ``quarantine/<section>/<label>.<time>`` (if it is still
@@ -559,5 +556,4 @@ class LocalStore(PackedHome):
     def _forget_all(self) -> None:
         super()._forget_all()
         self._verified.clear()
-        self._maps.clear()
         self._packs_stamp = -1
