@@ -5,7 +5,14 @@ also where **hash-consing** happens: a settled node — frozen, with an identity
 and a declaration, and a state if it holds one — is interned on its key parts
 (identity, declaration, salt, mapped, placement, and the nodes it reads). The
 same frozen computation written twice is therefore one node, computed once; no
-merge pass exists, and equality of settled nodes is identity.
+merge pass exists, and equality of settled nodes is identity. Sharing the
+computation changes nothing for what reads it: a node gets one argument per
+edge, in order, even when two edges come from one interned node (and its key
+reads that node's key twice), and each declared output keeps its slot.
+
+Building a graph settles what was said about its nodes: the graph copies it into
+its memory and placement, and the nodes refuse to be told anything new
+(:class:`~somatize.node.AlreadyBuilt`).
 
 Every node gets a name: the one it was given with ``.named()``, or one derived
 from its class (``Clean`` → ``clean``, then ``clean_2``). Names are how facts,
@@ -67,6 +74,8 @@ class Graph:
         self._aliases: dict[str, str] = {}
         self._outputs: tuple[str, ...] = ()
         self._undeclared: dict[str, Undeclared] = {}
+        self._unfixed: dict[str, Node] = {}
+        self._restated: dict[str, Node] = {}
         self.memory = Memory()
         self.placement = Placement()
         self.record: Record | None = None
@@ -94,7 +103,9 @@ class Graph:
         placed: dict[int, str] = {}
         interned: dict[tuple[Any, ...], str] = {}
         for node in order:
-            preds = tuple(dict.fromkeys(placed[id(p)] for p in preds_of[id(node)]))
+            # One per edge, duplicates kept: two edges from nodes interned to one still
+            # hand it two arguments, and its key reads that predecessor twice.
+            preds = tuple(placed[id(p)] for p in preds_of[id(node)])
             marks = node._smz
             declaration: str | None = None
             try:
@@ -137,7 +148,9 @@ class Graph:
             if intern is not None:
                 interned[intern] = name
             graph._add(name, node, preds, identity, declaration, undeclared)
-        graph._outputs = tuple(dict.fromkeys(placed[id(n)] for n in expr.outputs))
+        graph._outputs = tuple(placed[id(n)] for n in expr.outputs)
+        for node in order:
+            node._smz.built = True
         return graph
 
     def _explicit_names(self, order: Sequence[Node]) -> set[str]:
@@ -164,7 +177,7 @@ class Graph:
         self._nodes[name] = node
         self._preds[name] = preds
         self._succs[name] = []
-        for pred in preds:
+        for pred in dict.fromkeys(preds):
             self._succs[pred].append(name)
         memory = self.memory
         if identity is not None:
@@ -173,13 +186,17 @@ class Graph:
             memory.declared_as(name, declaration)
         if undeclared is not None:
             self._undeclared[name] = undeclared
+        if not node.is_declaration_fixed():
+            self._unfixed[name] = node
+        if type(node).restate is not Node.restate:
+            self._restated[name] = node
         if marks.frozen:
             memory.freeze(name, marks.state)
         if marks.cached:
             memory.cache(name, marks.salt)
         if marks.mapped:
             memory.map(name)
-        memory.written_as(name, fingerprint_of(type(node)))
+        memory.written_as(name, fingerprint_of(node.implementing_class()))
         if marks.worker is not None:
             self.placement.place(name, marks.worker)
 
@@ -232,6 +249,16 @@ class Graph:
     def undeclared(self, name: str) -> Undeclared | None:
         """Why ``name`` has no declaration, if it has none."""
         return self._undeclared.get(name)
+
+    def unfixed(self) -> tuple[str, ...]:
+        """The nodes whose declaration may change while the graph is in use (see
+        :meth:`Node.is_declaration_fixed`), derived again at each forward that keys them."""
+        return tuple(self._unfixed)
+
+    def restated(self) -> tuple[str, ...]:
+        """The nodes that can tell whether their state changed since it was settled (see
+        :meth:`Node.restate`), asked at each forward that keys them."""
+        return tuple(self._restated)
 
     def items(self) -> Iterator[tuple[str, Node]]:
         """``(name, node)`` pairs, in order."""

@@ -12,7 +12,10 @@ like ``{"at": 4096, "take": 64}`` costs a microsecond — while an
 :class:`~somatize.Opaque` input is weighed by its codec.
 
 A mapped node has one key per item: its key parts with the item keys of what it
-reads, so an item's answer is found whatever list it came in.
+reads, so an item's answer is found whatever list it came in. Its parts are
+tagged as mapped: item ``v`` of a mapped node and the same node, unmapped,
+handed ``v`` whole are two questions (a list of item answers against one answer
+to the whole), and never share a key; an unmapped node's parts carry no tag.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ KEY_VERSION = 1
 _ROOT = b"somatize/root/%d/%d\0" % (KEY_VERSION, canonical.VERSION)
 _OPAQUE = b"somatize/opaque/%d\0" % KEY_VERSION
 _NODE = b"somatize/node/%d/%d\0" % (KEY_VERSION, canonical.VERSION)
+_MAPPED = b"somatize/mapped/%d/%d\0" % (KEY_VERSION, canonical.VERSION)
 _ITEM = b"somatize/item/%d\0" % KEY_VERSION
 
 
@@ -65,10 +69,19 @@ def root_item_keys(values: Sequence[Any], where: str = "the input") -> list[str]
     return [root_key(item, f"{where}[{index}]") for index, item in enumerate(values)]
 
 
-def node_prefix(identity: str, declaration: str, state: str | None, salt: str | None) -> bytes:
-    """The part of a node's key that does not depend on its inputs; computed once."""
+def node_prefix(
+    identity: str,
+    declaration: str,
+    state: str | None,
+    salt: str | None,
+    *,
+    mapped: bool = False,
+) -> bytes:
+    """The part of a node's key that does not depend on its inputs; computed once.
+    ``mapped`` for a node that maps over the items of its input, whose keys (one per
+    item) must differ from those of the same node handed each item whole."""
     return (
-        _NODE
+        (_MAPPED if mapped else _NODE)
         + canonical.encode(identity)
         + canonical.encode(declaration)
         + canonical.encode(state)

@@ -15,7 +15,9 @@ collide in a shared store; the **declaration** is in for the same reason one
 step down, since ``Embed(512)`` and ``Embed(64)`` are one class and two answers.
 The **fingerprint** of the code is deliberately not: a cosmetic refactor would
 invalidate half the store in silence, so it is kept beside the answer and
-compared on a hit. The line runs between what the caller *said* and how it is
+compared on a hit. It is the fingerprint of the class that does the node's work
+(``Node.implementing_class``), which for a node standing for another class — a
+torch module's — is that class. The line runs between what the caller *said* and how it is
 *written*: only the first can be pinned down identically in every process, which
 a key computed on a client and again on a worker must be.
 
@@ -98,7 +100,8 @@ class Memory:
 
     def declared_as(self, node: NodeId, declaration: str) -> None:
         """Says what ``node`` was built with, as a digest of the arguments that made it.
-        The class is half of what a node is; this is the other half."""
+        The class is half of what a node is; this is the other half. Said again when what
+        it was built with changed in place (a list it holds), so its key follows."""
         self.version += 1
         self._declarations[node] = declaration
 
@@ -149,7 +152,9 @@ class Memory:
     def map(self, node: NodeId) -> None:
         """Says ``node`` maps over the items of its input: a list in, a list as long
         out, item ``i`` out from item ``i`` in. What makes a cache work item by item:
-        one new document among a thousand runs once instead of missing all thousand."""
+        one new document among a thousand runs once instead of missing all thousand.
+        It is in the node's keys: item ``v`` of it is another question than the same
+        node, unmapped, handed ``v`` whole."""
         self.version += 1
         self._mapped.add(node)
 

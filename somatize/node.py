@@ -15,7 +15,14 @@ key, and such a node says what it is with its own ``declare()``.
 
 The chainable declarations (``.named``, ``.frozen``, ``.cached``, ``.mapped``,
 ``.at``) are only said here; the graph copies them into its memory and
-placement when it is built. The node holds no caching logic.
+placement when it is built. The node holds no caching logic. Once a node is in
+a graph, what was said about it is settled: saying something else then is
+refused (:class:`AlreadyBuilt`), since that graph would go on as it was built.
+
+A declaration captured from the constructor holds the arguments themselves, so
+one built with a list or a dict can change after the graph is built when
+somebody changes that list; such a node's declaration is derived again at each
+forward that keys it (:meth:`Node.is_declaration_fixed`).
 
 Chaining: ``a >> b`` feeds ``a`` into ``b``; a tuple fans out or in —
 ``a >> (b, c)`` feeds ``a`` to both, ``(a, b) >> c`` hands ``c`` both outputs
@@ -32,11 +39,15 @@ from typing import Any
 from somatize import canonical
 from somatize.errors import SomatizeError
 
-__all__ = ["Context", "Expr", "Node", "Undeclared"]
+__all__ = ["AlreadyBuilt", "Context", "Expr", "Node", "Undeclared"]
 
 
 class Undeclared(SomatizeError, TypeError):
     """A node whose declaration cannot be written into a key."""
+
+
+class AlreadyBuilt(SomatizeError, ValueError):
+    """Something said about a node after it joined a graph, which would not hear it."""
 
 
 @dataclass
@@ -52,9 +63,21 @@ class Marks:
     salt: str | None = None
     mapped: bool = False
     worker: str | None = None
+    built: bool = False
+    """Whether a graph was built with the node; what is said about it is then settled."""
 
 
 _SIGNATURES: dict[type, inspect.Signature | None] = {}
+
+_FIXED = (type(None), bool, int, float, str, bytes)
+"""The canonical values nobody can change in place."""
+
+
+def _is_fixed(value: Any) -> bool:
+    """Whether ``value`` cannot change in place: a plain immutable value or a tuple of them."""
+    if type(value) is tuple:
+        return all(_is_fixed(item) for item in value)
+    return type(value) in _FIXED
 
 
 def _signature(kind: type) -> inspect.Signature | None:
@@ -122,6 +145,22 @@ class Node:
                 out[name] = value
         return out
 
+    def is_declaration_fixed(self) -> bool:
+        """Whether :meth:`declare` says the same for as long as the node lives. When it
+        may not, the graph derives the declaration again at each forward that keys the
+        node, so its key follows what it is now — a cost the node pays only then.
+
+        By default: fixed when every constructor argument is an immutable value (a
+        number, a str, bytes, None, tuples of them), and not when one is a list or a dict
+        the caller can change in place. A node with its own :meth:`declare` is taken at its
+        word when the graph is built (and by whoever settles it); override this to answer
+        False when what it declares can change while the graph is in use.
+        """
+        if type(self).declare is not Node.declare:
+            return True
+        args, kwargs = self._smz.call
+        return all(_is_fixed(a) for a in args) and all(_is_fixed(v) for v in kwargs.values())
+
     def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
         """How another process rebuilds this node: ``(maker, args, kwargs)``.
 
@@ -148,6 +187,20 @@ class Node:
         those of that state, worked out here from what was loaded."""
         raise NotImplementedError(f"{type(self).__qualname__} cannot load a state")
 
+    def restate(self) -> str | None:
+        """For a node settled at a state (weights digested by ``freeze``): the digest of its
+        state if it changed since, now said to be its state; None when it did not (and
+        by default). The graph asks before each forward that keys the node, so its key
+        names the state it computes with — a node that can see a change cheaply (a torch
+        module watching its tensors) says so here."""
+        return None
+
+    def implementing_class(self) -> type:
+        """The class whose code computes this node's answers: its own, or the one it stands
+        for (a torch node: its module's class). The fingerprint of that code is noted
+        beside each answer kept, and compared when the answer is recalled."""
+        return type(self)
+
     def kind_name(self) -> str:
         """What this node is called in listings, figures and messages: its class, or what
         it stands for (a torch node says its module's class)."""
@@ -169,11 +222,27 @@ class Node:
 
     # -- declarations (chainable) ------------------------------------------------------
 
+    def _settled(self, said: str, changes: bool) -> None:
+        """Refuses ``said`` when it ``changes`` what was said about a node already built into
+        a graph: that graph took the node's declarations when it was built, and would go on
+        keeping and recalling answers as if nothing had been said."""
+        if changes and self._smz.built:
+            kind = type(self).__qualname__
+            name = self._smz.name
+            who = f"`{name}` ({kind})" if name else f"this `{kind}`"
+            raise AlreadyBuilt(
+                f"{who} is already in a graph, which took what was said about it "
+                f"when it was built: `{said}` now would change nothing there, and its answers "
+                "would go on being keyed, kept and recalled as before. Say it before "
+                f"`Graph.somatize(...)`: build the graph again from a new `{kind}`"
+            )
+
     def named(self, name: str) -> Node:
         """Calls this node ``name`` in facts, errors and figures. Not part of its key:
         one computation under two names shares answers."""
         if not isinstance(name, str) or not name or any(c in name for c in "\n\r\t"):
             raise ValueError(f"a node name is a non-empty single-line str, got {name!r}")
+        self._settled(f".named({name!r})", name != self._smz.name)
         self._smz.name = name
         return self
 
@@ -182,11 +251,13 @@ class Node:
         none of its own — one made inside a function, say."""
         if not isinstance(identity, str) or ":" not in identity:
             raise ValueError(f"an identity is `module:qualname`, got {identity!r}")
+        self._settled(f".identified({identity!r})", identity != self._smz.identity)
         self._smz.identity = identity
         return self
 
     def frozen(self) -> Node:
         """Says this node's state does not change while the graph runs."""
+        self._settled(".frozen()", not self._smz.frozen)
         self._smz.frozen = True
         return self
 
@@ -194,6 +265,8 @@ class Node:
         """Says this node's output is worth keeping; ``salt`` tells apart runs the key cannot."""
         if salt is not None and not isinstance(salt, str):
             raise TypeError(f"a salt is a str, got a {type(salt).__name__}")
+        said = ".cached()" if salt is None else f".cached(salt={salt!r})"
+        self._settled(said, not self._smz.cached or salt != self._smz.salt)
         self._smz.cached = True
         self._smz.salt = salt
         return self
@@ -201,6 +274,7 @@ class Node:
     def mapped(self) -> Node:
         """Says this node maps over the items of its input: a list in, a list as long
         out, so that what is kept of it is kept item by item."""
+        self._settled(".mapped()", not self._smz.mapped)
         self._smz.mapped = True
         return self
 
@@ -208,6 +282,7 @@ class Node:
         """Places this node on ``worker`` (a name the broker knows)."""
         if not isinstance(worker, str) or not worker:
             raise ValueError(f"a worker is named by a non-empty str, got {worker!r}")
+        self._settled(f".at({worker!r})", worker != self._smz.worker)
         self._smz.worker = worker
         return self
 

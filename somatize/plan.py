@@ -8,7 +8,12 @@ is kept is recalled and does not need its inputs; a node needed only by
 recalled nodes is spared; the rest run.
 
 What does not depend on the input — the key prefixes, which nodes need keys —
-is derived once per state of the graph's memory (:class:`Static`).
+is derived once per state of the graph's memory (:class:`Static`). A keyed node
+whose declaration may change in place (one built with a list) has it derived
+again before each keyed forward, and a frozen node that can see its own state
+change (a torch module whose weights were loaded since ``freeze``) is asked; a
+change is said to the memory, which makes a new state, so the key names what
+the node is now.
 
 A mapped node reading the graph's input (or another mapped node) has its item
 keys known before anything runs. One reading a computed list learns how many
@@ -50,6 +55,10 @@ class Static:
     late: frozenset[str]
     """Mapped keyed nodes whose item count is known only once their inputs ran."""
     fingerprint: dict[str, str | None]
+    unfixed: tuple[str, ...] = ()
+    """Keyed nodes whose declaration is derived again before each keyed forward."""
+    restated: tuple[str, ...] = ()
+    """Keyed frozen nodes asked before each keyed forward whether their state changed."""
     steps: tuple[tuple[str, bytes, tuple[str, ...], bool], ...] = ()
     """For each keyed node in order: its name, the fixed head of its key
     (:func:`~somatize.keys.node_head`), its predecessors, and whether its item keys are
@@ -88,7 +97,11 @@ def static_of(graph: Graph) -> Static:
         identity = memory.identity_of(node)
         assert identity is not None  # cacheable() refused it otherwise
         prefix[node] = keying.node_prefix(
-            identity, declaration, memory.state_of(node), memory.salt_of(node)
+            identity,
+            declaration,
+            memory.state_of(node),
+            memory.salt_of(node),
+            mapped=memory.is_mapped(node),
         )
     mapped = frozenset(n for n in keyed if memory.is_mapped(n))
     late = set()
@@ -108,6 +121,8 @@ def static_of(graph: Graph) -> Static:
         mapped=mapped,
         late=frozenset(late),
         fingerprint={n: memory.fingerprint_of(n) for n in graph.nodes()},
+        unfixed=tuple(n for n in graph.unfixed() if n in needed),
+        restated=tuple(n for n in graph.restated() if n in needed and memory.is_frozen(n)),
         steps=tuple(
             (
                 n,
@@ -188,6 +203,8 @@ def compile(
         plan.walk(outputs)
         return plan
     static = static_of(graph)
+    if static.unfixed or static.restated:
+        static = _looked_at_again(graph, static)
     plan = Plan(static)
     if static.keyed and not static.itemized and not static.mapped:
         root = keying.root_key(x)
@@ -221,6 +238,21 @@ def compile(
         plan.have = store.have(asked) if asked else set()
     plan.walk(outputs)
     return plan
+
+
+def _looked_at_again(graph: Graph, static: Static) -> Static:
+    """``static``, or the one of the graph's new state when a node's declaration or state
+    changed since it was derived (and is now said to the memory)."""
+    memory = graph.memory
+    for name in static.unfixed:
+        now = graph.node(name).declaration(name)
+        if now != memory.declaration_of(name):
+            memory.declared_as(name, now)
+    for name in static.restated:
+        state = graph.node(name).restate()
+        if state is not None:
+            memory.freeze(name, state)
+    return static if memory.version == static.version else static_of(graph)
 
 
 def _node_keys(static: Static, root: str) -> dict[str, str]:

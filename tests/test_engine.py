@@ -229,3 +229,52 @@ def test_answers_are_published_whole(store: Store) -> None:
     g, _, _, _ = _chain()
     g.forward({"at": 0, "take": 8}, store=store)
     assert os.listdir(store.root / "tmp") == []
+
+
+def test_mapped_and_unmapped_answers_never_cross(store: Store) -> None:
+    """One node mapped in one graph and unmapped in another keeps its answers apart: the
+    answer to a whole list is not recalled as the answer to one item of a mapped node."""
+
+    class Lengths(Node):
+        def forward(self, words: list[str], ctx: Any) -> list[int]:
+            return [len(word) for word in words]
+
+    doc = ["to", "be", "or"]
+    whole = Graph.somatize(Lengths().identified("tests:Lengths").frozen().cached())
+    assert whole.forward(doc, store=store) == [2, 2, 2]
+    per_doc = Graph.somatize(Lengths().identified("tests:Lengths").frozen().mapped().cached())
+    seen: list[dict[str, Any]] = []
+    assert per_doc.forward([doc, ["a"]], store=store, watching=seen.append) == [3, 1]
+    assert "recalled" not in [f["fact"] for f in seen]
+
+
+class Weighted(Node):
+    """The weighted sum of its input, by the weights it was built with."""
+
+    def __init__(self, weights: list[float]) -> None:
+        self.weights = weights
+
+    def forward(self, x: float, ctx: Any) -> float:
+        return sum(w * x for w in self.weights)
+
+
+def test_a_declared_list_changed_after_build_is_keyed_as_it_is_now(store: Store) -> None:
+    """A list a node was built with, changed after the graph was built, changes its key and
+    its declaration in the graph's memory: the old answer is not recalled; in every graph
+    the node is in."""
+    weights = [1.0]
+    node = Weighted(weights).named("weighted").frozen().cached()
+    g = Graph.somatize(Echo().frozen() >> node)
+    other = Graph.somatize(node)
+    assert g.forward(10, store=store) == 10.0
+    assert other.forward(10, store=store) == 10.0
+    was = g.memory.declaration_of("weighted")
+    weights.append(5.0)
+    seen: list[dict[str, Any]] = []
+    assert g.forward(10, store=store, watching=seen.append) == 60.0
+    assert "recalled" not in [f["fact"] for f in seen]
+    assert g.memory.declaration_of("weighted") == node.declaration() != was
+    assert other.forward(10, store=store) == 60.0
+    seen.clear()
+    assert g.forward(10, store=store, watching=seen.append) == 60.0
+    assert ("recalled", "weighted") in [(f["fact"], f.get("node")) for f in seen]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from somatize import Cycle, Graph, GraphError, UnknownNode
+from somatize import Cycle, Graph, GraphError, Node, UnknownNode
 from tests.nodes import Add, Echo, Largest, Rows, Scale
 
 
@@ -71,8 +73,8 @@ def test_hash_consing_same_frozen_computation_is_one_node() -> None:
     add = Add().named("add")
     g = Graph.somatize((rows >> first, rows >> second) >> add)
     assert len(g) == 3
-    assert g.predecessors("add") == ("scale",)
-    assert g.forward({"at": 0, "take": 3}) == 0.0 + 2.0 + 4.0
+    assert g.predecessors("add") == ("scale", "scale")
+    assert g.forward({"at": 0, "take": 3}) == 2 * (0.0 + 2.0 + 4.0)
     assert first.calls + second.calls == 1
 
 
@@ -110,8 +112,33 @@ def test_hash_consing_property(factors: list[float], frozen: bool) -> None:
     expected_branches = len(set(factors)) if frozen else len(factors)
     assert len(g) == expected_branches + 2
     total = g.forward({"at": 0, "take": 4})
-    taken = set(factors) if frozen else factors
-    assert total == sum(sum(i * f for i in range(4)) for f in taken)
+    assert total == sum(sum(i * f for i in range(4)) for f in factors)
+
+
+class Pair(Node):
+    """Its two inputs, as a list."""
+
+    def forward(self, first: Any, second: Any, ctx: Any) -> list[Any]:
+        return [first, second]
+
+
+def test_interned_nodes_still_hand_one_argument_per_edge() -> None:
+    """Two edges from nodes interned to one are two arguments, in order: the computation is
+    shared, what reads it is not changed."""
+    rows = Rows().named("rows").frozen()
+    g = Graph.somatize(rows >> (Scale(2.0).frozen(), Scale(2.0).frozen()) >> Pair().frozen())
+    assert len(g) == 3
+    assert g.predecessors("pair") == ("scale", "scale")
+    assert g.successors("scale") == ("pair",)
+    assert g.forward({"at": 0, "take": 2}) == [[0.0, 2.0], [0.0, 2.0]]
+
+
+def test_interned_outputs_keep_one_slot_each() -> None:
+    """Two declared outputs interned to one node still come back as two values."""
+    rows = Rows().named("rows").frozen()
+    g = Graph.somatize(rows >> (Scale(2.0).named("a").frozen(), Scale(2.0).named("b").frozen()))
+    assert g.outputs == ("a", "a")
+    assert g.forward({"at": 0, "take": 2}) == ([0.0, 2.0], [0.0, 2.0])
 
 
 def test_listing_shows_nodes_edges_and_declarations() -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import blake3
 import pytest
 
 from somatize import Graph, Opaque, canonical
 from somatize import keys as keying
 from somatize.plan import compile
-from tests.nodes import Largest, Rows, Scale
+from tests.nodes import Add, Echo, Largest, Rows, Scale, Square
 
 
 def _keys(graph: Graph, x: object, store: object) -> dict[str, str]:
@@ -33,6 +37,10 @@ def test_golden_key(store: object) -> None:
     assert _keys(_chain(), {"at": 0, "take": 64}, store)["largest"] == (
         "blake3:b563cbb2943c61944bf367a87d9a0eec7a942b2b23e1c975e87db41286dc6a12"
     )
+    mapped = Graph.somatize(Square().named("square").frozen().mapped().cached())
+    assert compile(mapped, [2], store, mapped.outputs).items["square"] == [  # type: ignore[arg-type]
+        "blake3:9c10fceffd079d30c980ef334d17908898fe3be1e44decb82e8d8ad658202e7f"
+    ]
 
 
 def test_node_key_matches_its_definition() -> None:
@@ -126,3 +134,67 @@ def test_an_input_seen_again_gets_the_same_keys_until_the_graph_changes(store: o
     for at in range(_KNOWN_INPUTS + 10):
         _keys(graph, {"at": at, "take": 1}, store)
     assert len(static_of(graph).known) == _KNOWN_INPUTS
+
+
+def test_mapped_is_in_the_key(store: object) -> None:
+    """Item v of a mapped node and the same node, unmapped, handed v whole are keyed apart,
+    and so is whatever reads them; an unmapped node keeps its key."""
+    item = [3, 1, 2]
+    mapped = Graph.somatize(Largest().named("top").frozen().mapped().cached())
+    plain = Graph.somatize(Largest().named("top").frozen().cached())
+    plan = compile(mapped, [item], store, mapped.outputs)  # type: ignore[arg-type]
+    assert plan.items["top"][0] != _keys(plain, item, store)["top"]
+    above = Graph.somatize(Echo().frozen().mapped() >> Largest().frozen().cached())
+    below = Graph.somatize(Echo().frozen() >> Largest().frozen().cached())
+    assert _keys(above, item, store)["largest"] != _keys(below, item, store)["largest"]
+
+
+def test_a_predecessor_read_twice_is_keyed_twice(store: object) -> None:
+    """A node fed the same (interned) predecessor twice keys with both, in order: it is
+    another question than the node fed it once."""
+    rows = Rows().named("rows").frozen()
+    twice = Graph.somatize(
+        (rows >> Scale(2.0).frozen(), rows >> Scale(2.0).frozen()) >> Add().frozen().cached()
+    )
+    once = Graph.somatize(rows >> Scale(2.0).frozen() >> Add().frozen().cached())
+    x = {"at": 0, "take": 3}
+    keys = _keys(twice, x, store)
+    assert twice.predecessors("add") == ("scale", "scale")
+    assert keys["add"] != _keys(once, x, store)["add"]
+    prefix = compile(twice, x, store, twice.outputs).static.prefix["add"]  # type: ignore[arg-type]
+    assert keys["add"] == keying.node_key(prefix, [keys["scale"], keys["scale"]])
+
+
+_TYPED_IN = """
+import sys
+from somatize import Node
+from somatize.catalog import fingerprint_of
+
+class Total(Node):
+    def forward(self, xs, ctx):
+        kept = [x for x in xs if x not in {"a", "b", "c"}]
+        return sum(x * x for x in kept) + OFFSET
+
+print(fingerprint_of(Total))
+"""
+
+
+def _fingerprint_typed_in(offset: int, hash_seed: int) -> str:
+    """The fingerprint of a class typed into ``python -c`` (its source cannot be found),
+    worked out in a process of its own."""
+    code = _TYPED_IN.replace("OFFSET", str(offset))
+    environment = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_fingerprint_from_compiled_code_is_the_same_in_every_process() -> None:
+    """A class whose source cannot be found (with nested code and a set of constants) has
+    one fingerprint in every process, and another once its code changes."""
+    first = _fingerprint_typed_in(0, hash_seed=1)
+    assert first.startswith("sha256:")
+    assert _fingerprint_typed_in(0, hash_seed=2) == first
+    assert _fingerprint_typed_in(1, hash_seed=1) != first

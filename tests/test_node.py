@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from somatize import Expr, Graph, Node, Undeclared
+from somatize.node import AlreadyBuilt
 from tests.nodes import Echo, Largest, Rows, Scale
 
 
@@ -113,3 +114,46 @@ def test_forward_must_be_written() -> None:
 def test_repr_names_the_node() -> None:
     """A node's repr shows its class and name."""
     assert repr(Largest().named("top")) == "<Largest 'top'>"
+
+
+def test_declarations_after_build_are_refused() -> None:
+    """Saying something new about a node already in a graph is refused, naming what and
+    what to do; saying again what was said is not."""
+    node = Scale(2.0).named("scale").frozen().cached("v1")
+    Graph.somatize(Rows().frozen() >> node)
+    node.frozen().cached("v1").named("scale")
+    with pytest.raises(AlreadyBuilt, match=r"`scale` \(Scale\) is already in a graph.*salt='v2'"):
+        node.cached(salt="v2")
+    for say in (lambda: node.named("other"), lambda: node.mapped(), lambda: node.at("w1")):
+        with pytest.raises(AlreadyBuilt, match="build the graph again from a new `Scale`"):
+            say()
+    assert node._smz.salt == "v1" and node._smz.name == "scale"
+
+
+def test_declaration_is_fixed_unless_built_with_something_changeable() -> None:
+    """Immutable constructor arguments give a fixed declaration; a list or a dict does not;
+    a node's own declare() is taken at its word."""
+    assert Scale(2.0).is_declaration_fixed()
+    assert Scale(by=(1.0, "a", None)).is_declaration_fixed()  # type: ignore[arg-type]
+    assert not Scale([1.0]).is_declaration_fixed()  # type: ignore[arg-type]
+    assert not Scale(by={"a": 1}).is_declaration_fixed()  # type: ignore[arg-type]
+    assert Declared([1.0]).is_declaration_fixed()
+
+
+class Standing(Node):
+    """Stands for another class, whose code computes its answers."""
+
+    def implementing_class(self) -> type:
+        return Largest
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        return x
+
+
+def test_fingerprint_follows_the_implementing_class() -> None:
+    """The code fingerprint a graph notes for a node is that of the class implementing it."""
+    from somatize.catalog import fingerprint_of
+
+    assert Scale().implementing_class() is Scale
+    g = Graph.somatize(Standing().named("s"))
+    assert g.memory.fingerprint_of("s") == fingerprint_of(Largest) != fingerprint_of(Standing)
