@@ -47,6 +47,7 @@ of its :class:`Deferred` (never the dataset itself) and the inputs loaded with i
 
 from __future__ import annotations
 
+import copy
 import operator
 import secrets
 import weakref
@@ -147,6 +148,15 @@ class Deferred(Dataset[Any]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         _KNOWN.setdefault(self.name, self)  # a copy in a spawned DataLoader worker
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Deferred:
+        """A dataset of its own (its own name, nothing answered yet), over copies of the
+        inputs and of what is handed out beside them."""
+        inputs, beside = copy.deepcopy((self.inputs, self.beside), memo)
+        copied = Deferred(inputs, *beside, version=self.version)
+        copied._row = self._row
+        memo[id(self)] = copied
+        return copied
 
     # -- loading
 

@@ -114,6 +114,48 @@ def digest_state(module: nn.Module) -> str:
     return digest_named(_state_tensors(module), "state")
 
 
+class StateWatch:
+    """Whether a module's state may have changed since it was digested, cheaply enough to
+    ask at every forward: each parameter and buffer is looked at by identity, version
+    counter (bumped by every change in place: ``load_state_dict``, an optimizer step),
+    memory and dtype (``p.data = t``, a conversion), and each submodule by identity (a
+    child replaced). A write that bypasses the version counter — into ``p.data``, or by
+    a fused optimizer kernel — is not seen here; only digesting the state again sees it.
+    """
+
+    __slots__ = ("_seen", "_sizes")
+
+    def __init__(self, module: nn.Module) -> None:
+        seen: list[tuple[dict[str, Any], str, Any, int, int, torch.dtype | None]] = []
+        sizes: list[tuple[dict[str, Any], int]] = []
+        for part in module.modules():
+            for table in (part._parameters, part._buffers, part._modules):
+                sizes.append((table, len(table)))
+                for name, value in table.items():
+                    if isinstance(value, torch.Tensor):
+                        seen.append(
+                            (table, name, value, value._version, value.data_ptr(), value.dtype)
+                        )
+                    else:
+                        seen.append((table, name, value, 0, 0, None))
+        self._seen = seen
+        self._sizes = sizes
+
+    def changed(self) -> bool:
+        """Whether a weight, buffer or submodule changed or was replaced, added or removed."""
+        for table, size in self._sizes:
+            if len(table) != size:
+                return True
+        for table, name, value, version, where, dtype in self._seen:
+            if table.get(name) is not value:
+                return True
+            if isinstance(value, torch.Tensor) and (
+                value._version != version or value.data_ptr() != where or value.dtype != dtype
+            ):
+                return True
+        return False
+
+
 class _HeldInEval:
     """Stands in for a frozen module's ``train``: whatever mode is asked, it stays in eval.
 
@@ -131,7 +173,9 @@ def is_held(module: nn.Module) -> bool:
     return isinstance(module.__dict__.get("train"), _HeldInEval)
 
 
-def _hold(module: nn.Module) -> None:
+def hold(module: nn.Module) -> None:
+    """Freezes ``module`` in place: no gradients, in eval, and kept in eval whatever
+    ``train()`` is asked of it (parts of it added since included)."""
     module.requires_grad_(False)
     nn.Module.train(module, False)
     if not is_held(module):
@@ -343,6 +387,7 @@ class ModuleNode(Node):
 
     holds_state = True
     _made: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    _watch: StateWatch | None = None
 
     def __init__(
         self,
@@ -408,6 +453,19 @@ class ModuleNode(Node):
         args, kwargs = self._made
         return f"{maker}.build", args, kwargs
 
+    def restate(self) -> str | None:
+        """Once frozen: the digest of the module's state if it changed since (a checkpoint
+        loaded, a submodule replaced; see :class:`StateWatch`), the module held frozen
+        again and the node's state set to it; None if nothing changed."""
+        watch = self._watch
+        if watch is None or not watch.changed():
+            return None
+        hold(self.module)
+        digest = digest_state(self.module)
+        self._watch = StateWatch(self.module)
+        self._smz.state = digest
+        return digest
+
     def state_bytes(self) -> bytes:
         """The module's parameters and buffers by name, as ``tensor`` codec bytes."""
         return b"".join(TENSOR.encode(_state_tensors(self.module)))
@@ -440,11 +498,14 @@ class ModuleNode(Node):
         with torch.no_grad():
             for name, tensor in mine.items():
                 tensor.copy_(sent[name])
-        _hold(self.module)
+        hold(self.module)
         return digest_state(self.module)
 
     def kind_name(self) -> str:
         return type(self.module).__qualname__
+
+    def implementing_class(self) -> type:
+        return type(self.module)
 
     def declare(self) -> Any:
         kind = type(self.module)
@@ -532,10 +593,12 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
         node = graph.node(name)
         module = module_of(node)
         assert module is not None
-        _hold(module)
+        hold(module)
         digest = digest_state(module)
         memory.freeze(name, digest)
         node._smz.state = digest
+        if isinstance(node, ModuleNode):
+            node._watch = StateWatch(module)
         out[name] = digest
         # The values, functions and hooks it keeps may have changed since the graph was
         # built. One that cannot be declared is refused where its key is computed, as it

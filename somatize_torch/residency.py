@@ -15,7 +15,8 @@ somewhere it is not, and never back to where it already is.
 preallocated tensor (a :class:`Bank`) with a dict from key to row slot, so
 recalling a whole batch is one dict pass over its keys and one ``index_select``
 — as cheap as reading precomputed features out of a tensor. A tier holds at
-most its byte budget. It never evicts: in a shuffled epoch every row comes back
+most its byte budget (what its banks allocate, not only the rows they hold). It
+never evicts: in a shuffled epoch every row comes back
 once per epoch, and a least-recently-used policy over a working set larger than
 the budget would evict each row just before it is asked for again (no hits at
 all), whereas keeping what fits first gives ``budget / working set`` of the
@@ -101,7 +102,9 @@ class Bank:
     """Rows of one shape and dtype in one tensor, with a dict from key to row slot.
 
     Slots are written once and never change (answers are immutable), so a view of
-    rows already in the bank stays valid while later rows are appended.
+    rows already in the bank stays valid while later rows are appended. Its tensor is
+    an ordinary one even when rows come from under ``torch.inference_mode`` (a
+    validation loop's), so rows computed outside it can still be appended.
     """
 
     __slots__ = ("device", "dtype", "row_bytes", "row_shape", "slots", "tensor", "used")
@@ -110,22 +113,32 @@ class Bank:
         self.row_shape = row_shape
         self.dtype = dtype
         self.device = device
-        self.row_bytes = torch.Size(row_shape).numel() * torch.empty((), dtype=dtype).element_size()
+        # At least 1, so rows of no elements are still counted against a budget.
+        size = torch.Size(row_shape).numel() * torch.empty((), dtype=dtype).element_size()
+        self.row_bytes = max(1, size)
         self.slots: dict[Hashable, int] = {}
-        self.tensor = torch.empty((0, *row_shape), dtype=dtype, device=device)
+        with torch.inference_mode(False):
+            self.tensor = torch.empty((0, *row_shape), dtype=dtype, device=device)
         self.used = 0
+
+    @property
+    def allocated(self) -> int:
+        """Bytes of the rows this bank has room for (held or not)."""
+        return int(self.tensor.shape[0]) * self.row_bytes
 
     def append(self, keys: Sequence[Hashable], rows: torch.Tensor, most: int) -> None:
         """Appends ``rows`` under ``keys`` (none of them already here), growing the tensor
         geometrically up to ``most`` rows."""
         count = len(keys)
         end = self.used + count
-        if end > self.tensor.shape[0]:
-            grown = min(max(end, 2 * self.tensor.shape[0], _FIRST_ROWS), most)
-            bigger = torch.empty((grown, *self.row_shape), dtype=self.dtype, device=self.device)
-            bigger[: self.used].copy_(self.tensor[: self.used])
-            self.tensor = bigger
-        self.tensor[self.used : end].copy_(rows, non_blocking=True)
+        with torch.inference_mode(False):
+            if end > self.tensor.shape[0]:
+                grown = min(max(end, 2 * self.tensor.shape[0], _FIRST_ROWS), most)
+                shape = (grown, *self.row_shape)
+                bigger = torch.empty(shape, dtype=self.dtype, device=self.device)
+                bigger[: self.used].copy_(self.tensor[: self.used])
+                self.tensor = bigger
+            self.tensor[self.used : end].copy_(rows, non_blocking=True)
         slots = self.slots
         for offset, key in enumerate(keys):
             slots[key] = self.used + offset
@@ -157,6 +170,11 @@ class Tier:
     def used(self) -> int:
         """Bytes of rows this tier holds."""
         return sum(bank.used * bank.row_bytes for bank in self.banks)
+
+    @property
+    def allocated(self) -> int:
+        """Bytes its banks have room for: what counts against the budget."""
+        return sum(bank.allocated for bank in self.banks)
 
     @property
     def rows(self) -> int:
@@ -217,14 +235,17 @@ class Tier:
             if bank is not None
             else max(1, torch.Size(row_shape).numel() * rows.element_size())
         )
-        room = (self.budget - self.used) // row_bytes
-        take = min(len(keys), max(room, 0))
-        if take == 0:
+        # Rows fit in the room a bank has left, and in what the budget has not allocated.
+        spare = max(self.budget - self.allocated, 0) // row_bytes
+        capacity = int(bank.tensor.shape[0]) if bank is not None else 0
+        held = bank.used if bank is not None else 0
+        most = capacity + spare
+        take = min(len(keys), most - held)
+        if take <= 0:
             return 0
         if bank is None:
             bank = Bank(row_shape, rows.dtype, self.device)
             self.banks.append(bank)
-        most = bank.used + (self.budget - self.used) // row_bytes
         bank.append(keys[:take], rows[:take].to(self.device, non_blocking=True), most)
         return take
 
@@ -404,11 +425,11 @@ class Writer:
             self._begin()
 
     def submit(self, keys: Sequence[str], rows: torch.Tensor) -> None:
-        """Stages ``rows`` (kept under ``keys``, one row each) and queues them for the store."""
-        if self._closed:
-            raise RuntimeError("this writer is closed; nothing more can be submitted to it")
+        """Stages ``rows`` (kept under ``keys``, one row each) and queues them for the store;
+        a writer closed before starts its thread again."""
         if not keys:
             return
+        self._closed = False
         self._own()
         rows = rows.detach()
         nbytes = rows.numel() * rows.element_size()

@@ -37,15 +37,24 @@ and silently stop on hits).
 The module is settled by :func:`somatize.torch.freeze` when it is wrapped
 (weights digested, ``requires_grad_(False)``, held in eval). Its weights are
 watched: a change in place (``load_state_dict``, an optimizer step on a
-parameter somebody unfroze) is seen by the tensors' version counters and the
-state is digested again before the next row is keyed, so no answer computed
-with other weights is ever recalled. The wrapper registers the module's own
-parameters, buffers and children under their own names, so ``state_dict()``
-keys are the module's and a checkpoint loads into the unwrapped module.
+parameter somebody unfroze) is seen by the tensors' version counters, a tensor
+or submodule replaced (``p.data = t``, ``encoder[0] = conv``, a conversion) by
+their identity and memory, and the state is digested again before the next row
+is keyed, so no answer computed with other weights is recalled. A write that no
+version counter sees — into ``p.data``, or by a fused optimizer kernel — is
+seen at :meth:`CachedRows.redeclare`, which digests the state again
+(``CacheFrozen`` calls it at every epoch's start). The wrapper registers the
+module's own parameters, buffers and children under their own names, so
+``state_dict()`` keys are the module's and a checkpoint loads into the
+unwrapped module. A copy (``copy.deepcopy``: an EMA or SWA model) or a pickle
+(``torch.save`` of a model holding it) caches a copy of the module the same way
+into the same store, with memory tiers of its own. Rows computed under
+``torch.inference_mode`` are kept like any others.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -75,7 +84,14 @@ from somatize_torch.digest import (
     row_digest,
     row_header,
 )
-from somatize_torch.freeze import ModuleNode, check_still, digest_state, freeze
+from somatize_torch.freeze import (
+    ModuleNode,
+    StateWatch,
+    check_still,
+    digest_state,
+    freeze,
+    hold,
+)
 from somatize_torch.residency import Tier, Writer, decode_rows, store_lock
 from somatize_torch.wrap import CachedInputNeedsGrad, adopt
 
@@ -172,6 +188,15 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return DTYPES.get(dtype, str(dtype).removeprefix("torch."))
 
 
+def _floating_dtypes(module: nn.Module) -> dict[torch.dtype, int]:
+    """How many elements of each floating dtype a module's weights and buffers hold."""
+    held: dict[torch.dtype, int] = {}
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_floating_point():
+            held[tensor.dtype] = held.get(tensor.dtype, 0) + tensor.numel()
+    return held
+
+
 class _Keying:
     """How rows are keyed under one state and precision.
 
@@ -260,8 +285,12 @@ class CachedRows(nn.Module):
         self._node.named(type(module).__name__).frozen()
         self._state = freeze(Graph.somatize(self._node))[self._node._smz.name or ""]
         self._identity = self._node._smz.identity
-        self._watched = self._watch()
-        self._keyings: dict[tuple[str, str | None, torch.Size, str | None], _Keying] = {}
+        self._watch: StateWatch | None = StateWatch(module)
+        # The module's floating dtypes (by how many elements each holds), for the watch.
+        self._floats: tuple[StateWatch | None, dict[torch.dtype, int]] = (None, {})
+        self._keyings: dict[
+            tuple[str, str | None, torch.Size, str | None, str | None], _Keying
+        ] = {}
         # The memory tiers' name for each keying ever made here, so a keying made again
         # (a setting changed and changed back) finds the rows it kept in memory.
         self._tags: dict[tuple[bytes, tuple[Any, ...]], int] = {}
@@ -284,34 +313,25 @@ class CachedRows(nn.Module):
 
     # -- the state it is frozen at
 
-    def _watch(self) -> list[tuple[dict[str, Any], str, torch.Tensor, int]]:
-        """Every parameter and buffer of the module: where it is registered, and its
-        version counter now (bumped by every change in place)."""
-        out = []
-        for part in self.module.modules():
-            for table in (part._parameters, part._buffers):
-                for name, tensor in table.items():
-                    if tensor is not None:
-                        out.append((table, name, tensor, tensor._version))
-        return out
-
     @property
     def state(self) -> str:
         """The digest of the module's weights and buffers its keys are built on."""
         self._settle()
         return self._state
 
-    def _settle(self) -> None:
-        """Digests the state again if any weight or buffer changed, or was replaced."""
-        for table, name, tensor, version in self._watched:
-            if table.get(name) is not tensor or tensor._version != version:
-                break
-        else:
+    def _settle(self, again: bool = False) -> None:
+        """Digests the state again if any weight, buffer or submodule changed or was
+        replaced (see :class:`~somatize_torch.freeze.StateWatch`), or if ``again``; a new
+        state keys every row anew."""
+        if not again and self._watch is not None and not self._watch.changed():
             return
-        self._state = digest_state(self.module)
-        self._node._smz.state = self._state
-        self._watched = self._watch()
-        self._keyings.clear()
+        hold(self.module)  # a submodule put in since is held in eval too
+        state = digest_state(self.module)
+        self._watch = StateWatch(self.module)
+        if state != self._state:
+            self._state = state
+            self._node._smz.state = state
+            self._keyings.clear()
 
     def _keying(self, x: torch.Tensor | DeferredRows) -> _Keying:
         """How rows of ``x`` are keyed now: the key prefix for the precision they run in."""
@@ -328,7 +348,11 @@ class CachedRows(nn.Module):
         # nothing of their dtype or shape (or dataset): one keying per row shape and dataset
         # version keeps rows of different shapes and datasets apart.
         autocast_name = None if autocast is None else _dtype_name(autocast)
-        tag = (_dtype_name(dtype), autocast_name, shape, version)
+        # The dtype tensors made in the forward get (torch.linspace, torch.zeros): named
+        # only when it is not the usual float32, so the usual keys do not change.
+        made = torch.get_default_dtype()
+        made_name = None if made == torch.float32 else _dtype_name(made)
+        tag = (_dtype_name(dtype), autocast_name, shape, version, made_name)
         found = self._keyings.get(tag)
         if found is None:
             if self.key_mode == "index" and version is None:
@@ -340,8 +364,9 @@ class CachedRows(nn.Module):
                 )
             prefix = self._prefix(tag)
             number = self._tags.setdefault((prefix, tag), len(self._tags) + 1)
-            # Only content keys use the header, and deferred rows are keyed by index.
-            header = row_header(x) if isinstance(x, torch.Tensor) else b""
+            # Only content keys use the header (deferred rows are keyed by index).
+            by_content = self.key_mode == "content"
+            header = row_header(x) if by_content and isinstance(x, torch.Tensor) else b""
             found = _Keying(prefix, number, version, header, dtype)
             self._keyings[tag] = found
         return found
@@ -349,17 +374,24 @@ class CachedRows(nn.Module):
     def _deferred_row(self, x: DeferredRows) -> tuple[torch.dtype, torch.Size]:
         """The dtype and shape deferred rows run in: floating-point inputs in the module's
         own floating dtype, as a trainer in true half precision converts a batch tensor
-        (only the cache sees these inputs, so only it can); others as they load."""
+        (only the cache sees these inputs, so only it can) — their own where the module
+        holds floating weights of it (a float32 scale beside a bfloat16 body holds both),
+        else the one most of its floating weights are in; others as they load."""
         dtype, shape = x.row()
         if dtype.is_floating_point:
-            own = next((t.dtype for _, _, t, _ in self._watched if t.is_floating_point()), None)
-            if own is not None:
-                dtype = own
+            watch = self._watch
+            if self._floats[0] is not watch or watch is None:
+                self._floats = (watch, _floating_dtypes(self.module))
+            held = self._floats[1]
+            if held and dtype not in held:
+                dtype = max(held, key=held.__getitem__)
         return dtype, shape
 
     def _prefix(self, tag: tuple[Any, ...]) -> bytes:
         """The key prefix of rows run in precision ``tag``, from the module as it is now."""
         precision = {"input": tag[0], "autocast": tag[1]}
+        if tag[4] is not None:
+            precision["default"] = tag[4]
         self._node.declared = {"rows": self.key_mode, "precision": precision}
         declaration = self._node.declaration()
         assert self._identity is not None  # ModuleNode.declaration refused it otherwise
@@ -368,16 +400,19 @@ class CachedRows(nn.Module):
     def redeclare(self) -> bool:
         """Looks again at the plain values and functions the module keeps beside its
         weights and at its forward hooks (:func:`~somatize_torch.freeze.settings_of`,
-        :func:`~somatize_torch.freeze.hooks_of`; its weights are watched at every
-        forward): if one changed since rows were keyed, rows are keyed anew from the
-        next forward, and nothing kept under the old values is recalled for them.
-        Returns whether one changed. ``CacheFrozen`` calls it at the start of every
-        epoch."""
-        self._settle()
+        :func:`~somatize_torch.freeze.hooks_of`), and digests its weights and buffers
+        again — at every forward they are watched (a change in place, a tensor or
+        submodule replaced), and this also sees writes that bypass what is watched
+        (into ``p.data``, by a fused optimizer kernel): if one changed since rows were
+        keyed, rows are keyed anew from the next forward, and nothing kept under the
+        old values is recalled for them. Returns whether one changed. ``CacheFrozen``
+        calls it at the start of every epoch."""
+        state = self._state
+        self._settle(again=True)
         stale = [tag for tag, keying in self._keyings.items() if self._prefix(tag) != keying.prefix]
         for tag in stale:
             del self._keyings[tag]
-        return bool(stale)
+        return bool(stale) or self._state != state
 
     # -- keys
 
@@ -636,6 +671,18 @@ class CachedRows(nn.Module):
                 "per input row (batch along dimension 0). Cache it per batch instead "
                 "(`somatize.torch.wrap(module, frozen=True, cached=True)`)"
             )
+        if out.layout != torch.strided:
+            raise NotRowwise(
+                f"`{type(module).__name__}` returned a {out.layout} tensor: rows are kept and "
+                "gathered as dense tensors. Return `out.to_dense()`"
+            )
+        if self.store is not None and out.dtype not in DTYPES:
+            kept = ", ".join(sorted(str(dtype).removeprefix("torch.") for dtype in DTYPES))
+            raise RowsError(
+                f"`{type(module).__name__}` returned rows of {out.dtype}, which a store cannot "
+                f"keep (it keeps {kept}). Return a dtype it keeps (`torch.view_as_real` for "
+                "complex rows), or cache in memory only (store=None)"
+            )
         return out
 
     def _admit(self, near: list[Hashable], rows: torch.Tensor) -> None:
@@ -743,7 +790,8 @@ class CachedRows(nn.Module):
             self._writer.flush()
 
     def close(self) -> None:
-        """Flushes and stops the background writer."""
+        """Flushes and stops the background writer (a later forward that computes rows
+        starts it again, so nothing computed after is left out of the store)."""
         if self._writer is not None:
             self._writer.close()
 
@@ -756,6 +804,17 @@ class CachedRows(nn.Module):
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> CachedRows:
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        self._share()
+        self._watch = None  # a conversion: digest again
+        return self
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._share()  # ``load_state_dict(assign=True)`` put new tensors here
+
+    def _share(self) -> None:
+        """The module's own parameters and buffers made those registered here again, where
+        torch replaced them on this wrapper alone (a conversion, a load that assigns)."""
         module = self.module
         for name in list(module._parameters):
             if name in self._parameters:
@@ -763,8 +822,31 @@ class CachedRows(nn.Module):
         for name in list(module._buffers):
             if name in self._buffers:
                 module._buffers[name] = self._buffers[name]
-        self._watched = [({}, "", torch.empty(0), -1)]  # a conversion: digest again
-        return self
+
+    # -- copies
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "key": self.key_mode,
+            "version": self.version,
+            "salt": self.salt,
+            "device_bytes": self.tiers[0].budget,
+            "host_bytes": self.tiers[1].budget,
+            "strict": self.strict,
+        }
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (``torch.save`` of a model holding it) as its module, store and options:
+        what it loads as caches the same way, with memory tiers and a writer of its own."""
+        return (_cached_again, (self.module, self.store, self._options(), self.training))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CachedRows:
+        """A copy (an EMA or SWA model's) caches a copy of the module in the same store, with
+        memory tiers and a writer of its own."""
+        copied = cache_rows(copy.deepcopy(self.module, memo), self.store, **self._options())
+        copied.training = self.training
+        memo[id(self)] = copied
+        return copied
 
     def extra_repr(self) -> str:
         tiers = ", ".join(repr(t) for t in self.tiers)
@@ -806,6 +888,14 @@ def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {list(value.shape)}"
     return f"a `{type(value).__name__}`"
+
+
+def _cached_again(
+    module: nn.Module, store: Store | None, options: dict[str, Any], training: bool
+) -> CachedRows:
+    cached = cache_rows(module, store, **options)
+    cached.training = training
+    return cached
 
 
 def cache_rows(

@@ -182,6 +182,9 @@ def _recall_or_run(self: _Cached, *args: Any) -> Any:
                 "when the answer is computed and silently stop when it is recalled. Freeze "
                 "what feeds it, or drop it from `cached=`"
             )
+    moved = node.restate()  # weights loaded since it was frozen: keyed by the new ones
+    if moved is not None:
+        self.owner.graph.memory.freeze(name, moved)
     solo = self._solo
     if solo is None or self._state != node._smz.state:
         solo = self._solo = Graph.somatize(node)

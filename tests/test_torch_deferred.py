@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import gc
 import pickle
 from pathlib import Path
 from typing import Any
@@ -302,7 +304,8 @@ def test_rows_load_from_what_came_and_from_the_dataset() -> None:
 def test_floating_inputs_run_in_the_modules_dtype(tmp_path: Path) -> None:
     """A module held in bfloat16 gets float32 inputs of a Deferred in bfloat16 (as a
     trainer in true half precision converts a batch tensor), keyed as such: the same
-    keys and answers as the batch converted by hand; integer inputs load as they are."""
+    keys and answers as the batch converted by hand; inputs already in a floating dtype
+    the module holds stay in it; integer inputs load as they are."""
     x = images(17)
     module = encoder().to(torch.bfloat16)
     cached = cache_rows(module, tmp_path, key="index")
@@ -314,10 +317,29 @@ def test_floating_inputs_run_in_the_modules_dtype(tmp_path: Path) -> None:
     indexed = cache_rows(module, tmp_path, key="index", version="toy@17")
     assert cached.row_keys(rows) == indexed.row_keys(by_hand, index=rows.index)
 
+    mixed = Scaled()  # a float32 scale registered before a bfloat16 body
+    halves = Deferred(x.to(torch.bfloat16), version="toy@17-bf16")
+    (rows,) = batches(halves, size=ROWS)
+    out = cache_rows(mixed, key="index")(rows)
+    with torch.no_grad():
+        assert torch.equal(out, mixed(x[rows.index].to(torch.bfloat16)))
+
     tokens = Deferred(torch.randint(0, 50, (ROWS, 7)), version="tokens@1")
     embed = cache_rows(nn.Sequential(nn.Embedding(50, 4), nn.Flatten()), key="index")
     (ids,) = batches(tokens, size=ROWS)
     assert embed(ids).shape == (ROWS, 28)
+
+
+class Scaled(nn.Module):
+    """A float32 scale beside a bfloat16 body: inputs in bfloat16 are what it takes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+        self.body = encoder().to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) * self.scale.to(x.dtype)
 
 
 def test_bad_uses_are_refused(tmp_path: Path) -> None:
@@ -356,6 +378,18 @@ def test_a_batch_from_two_deferreds_is_refused_and_one_over_both_works(tmp_path:
     (rows,) = batches(joined, size=18)
     with torch.no_grad():
         assert torch.equal(cached(rows), cached.module(torch.cat([a, b])[rows.index]))
+
+
+def test_a_copied_deferred_is_a_dataset_of_its_own(tmp_path: Path) -> None:
+    """``copy.deepcopy`` of a Deferred gives one whose batches load from it, whatever
+    becomes of the original."""
+    x = images(3, 9)
+    twin = copy.deepcopy(Deferred(x, version="toy@9"))
+    gc.collect()  # the original is gone
+    cached = cache_rows(encoder(), tmp_path, key="index")
+    (rows,) = batches(twin, size=9)
+    with torch.no_grad():
+        assert torch.equal(cached(rows), cached.module(x[rows.index]))
 
 
 def test_an_input_unlike_the_first_is_refused(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import somatize.torch as smt
-from somatize import Graph, Node, NotSettled, Opaque, Store
+from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store
 
 
 class Encoder(nn.Module):
@@ -196,6 +196,31 @@ def test_frozen_module_node_is_recalled_by_content(store: Store) -> None:
     assert not torch.equal(changed, first)
 
 
+def test_weights_changed_after_freezing_are_seen_at_the_next_forward(store: Store) -> None:
+    """A checkpoint loaded into a frozen module, or a submodule replaced, after ``freeze``
+    keys the node by its new state at the next forward: it runs, and nothing computed with
+    the old weights is recalled."""
+    encoder = _encoder()
+    g = Graph.somatize(smt.ModuleNode(encoder).named("encoder").frozen().cached())
+    smt.freeze(g)
+    x = torch.randn(3, 6)
+    first = g.forward(Opaque(x), store=store)
+    torch.manual_seed(7)
+    encoder.load_state_dict(Encoder().state_dict())
+    loaded = g.forward(Opaque(x), store=store)
+    assert g.record is not None and g.record.outcome == {"encoder": "ran"}
+    with torch.no_grad():
+        assert torch.equal(loaded, encoder(x)) and not torch.equal(loaded, first)
+    encoder.linear = nn.Linear(6, 4)
+    replaced = g.forward(Opaque(x), store=store)
+    assert g.record.outcome == {"encoder": "ran"}
+    assert not encoder.linear.training and not encoder.linear.weight.requires_grad
+    with torch.no_grad():
+        assert torch.equal(replaced, encoder(x))
+    assert torch.equal(g.forward(Opaque(x), store=store), replaced)
+    assert g.record.outcome == {"encoder": "recalled"}
+
+
 def _negate(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
     return -output
 
@@ -328,3 +353,47 @@ def test_module_class_without_a_stable_name_cannot_be_cached(store: Store) -> No
     smt.freeze(g)
     with pytest.raises(TypeError, match="defined inside a function"):
         g.forward(Opaque(torch.ones(2)), store=store)
+
+
+_EDITED = """
+class Edited(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return BODY
+"""
+
+
+def _edited(body: str) -> nn.Module:
+    """An ``Edited`` module whose class has the same name, weights and repr whatever
+    ``body`` its forward returns: as if its file were edited between two runs."""
+    space: dict[str, Any] = {"torch": torch, "nn": nn, "__name__": "tests.edited_module"}
+    exec(_EDITED.replace("BODY", body), space)
+    module: nn.Module = space["Edited"]()
+    return module
+
+
+def test_an_edited_module_forward_is_recalled_as_drifted(store: Store) -> None:
+    """A module node's answer is kept beside its module class's code fingerprint: recalled
+    after that class's forward was edited, it comes with a drifted fact and a warning, and
+    strict mode recomputes it."""
+    x = torch.ones(1, 3)
+    before = Graph.somatize(
+        smt.ModuleNode(_edited("torch.relu(self.linear(x))")).named("encoder").frozen().cached()
+    )
+    smt.freeze(before)
+    before.forward(Opaque(x), store=store)
+    assert before.record is not None and before.record.outcome == {"encoder": "ran"}
+    edited = _edited("self.linear(x) * 100")
+    after = Graph.somatize(smt.ModuleNode(edited).named("encoder").frozen().cached())
+    smt.freeze(after)
+    with pytest.warns(Drifted, match="`encoder` was recalled"):
+        after.forward(Opaque(x), store=store)
+    assert after.record is not None and after.record.outcome == {"encoder": "drifted"}
+    fresh = after.forward(Opaque(x), store=store, strict=True)
+    assert after.record.count("ran") == 1
+    with torch.no_grad():
+        assert torch.equal(fresh, edited(x))

@@ -22,7 +22,6 @@ from somatize_torch.codec import TENSOR
 from somatize_torch.residency import (
     Tier,
     WriteFailed,
-    Writer,
     decode_rows,
     encode_rows,
     store_lock,
@@ -263,12 +262,63 @@ def test_a_process_killed_mid_write_loses_no_published_row(tmp_path: Path) -> No
     assert not store.verify().damaged
 
 
-def test_a_closed_writer_takes_nothing_more(store: Store) -> None:
-    """Submitting to a closed writer is an error, not a silent drop."""
-    writer = Writer(store)
-    writer.close()
-    with pytest.raises(RuntimeError, match="writer is closed"):
-        writer.submit(["blake3:" + "0" * 64], torch.zeros(1, 2))
+def test_a_closed_writer_starts_again_and_loses_nothing(store: Store) -> None:
+    """A cache used after ``close()`` writes what it computes, as before: no row is kept in
+    memory and left out of the store."""
+    cached = cache_rows(mlp(), store)
+    cached(rows(4))
+    cached.close()
+    x = rows(6, seed=2)
+    assert torch.equal(cached(x), truth(x))
+    cached.close()
+    fresh = cache_rows(mlp(), store)
+    assert torch.equal(fresh(x), truth(x))
+    assert fresh.stats.from_store == 6 and fresh.stats.computed == 0
+    fresh.close()
+
+
+def test_a_tier_allocates_no_more_than_its_budget() -> None:
+    """Rows of many shapes (sequences of many lengths) each get a bank; together the banks
+    allocate no more than the tier's budget, however they grow."""
+    tier = Tier("device", "cpu", budget=1 << 20)
+    for length in range(1, 41):
+        tier.admit([("a", length), ("b", length)], torch.ones(2, length, 64))
+    assert 0 < tier.used <= tier.allocated <= tier.budget
+    for step in range(200):
+        tier.admit([("c", step)], torch.ones(1, 8, 64))
+    assert tier.allocated <= tier.budget
+
+
+def test_rows_of_no_elements_are_kept_and_recalled(store: Store) -> None:
+    """A module whose rows have no elements answers every batch, new or recalled."""
+    empty = cache_rows(_Nothing(), store)
+    for seed in (1, 2, 1):
+        assert empty(rows(3, seed=seed)).shape == (3, 0)
+    assert empty.stats.computed == 6 and empty.stats.from_device == 3
+    empty.close()
+
+
+class _Nothing(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :0]
+
+
+def test_rows_computed_under_inference_mode_leave_the_cache_usable(store: Store) -> None:
+    """A validation pass under ``torch.inference_mode`` (Lightning's default) that makes or
+    grows a bank does not leave tensors behind that a later forward outside it cannot
+    append to."""
+    cached = cache_rows(mlp(), store)
+    with torch.inference_mode():
+        assert torch.equal(cached(rows(8)), truth(rows(8)))
+    x = rows(8, seed=2)
+    assert torch.equal(cached(x), truth(x))
+    with torch.inference_mode():
+        big = rows(300, seed=3)  # grows the bank past its first size
+        assert torch.equal(cached(big), truth(big))
+    y = rows(5, seed=4)
+    assert torch.equal(cached(y), truth(y))
+    assert cached.stats.computed == 8 + 8 + 300 + 5
+    cached.close()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

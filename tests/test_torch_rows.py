@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -388,6 +389,78 @@ def test_weights_changed_in_place_are_digested_again(store: Store) -> None:
     cached.close()
 
 
+def test_weights_changed_any_way_are_seen(store: Store) -> None:
+    """Weights replaced through ``.data``, a submodule replaced, the inner module converted,
+    and a checkpoint loaded by assignment are seen at the next forward; a write into
+    ``.data`` (which no version counter sees) at the next ``redeclare()``. Each time the
+    rows are the module's own, never the answers of the weights before."""
+    x = images(6)
+    module = encoder()
+    cached = cache_rows(module, store)
+    cached(x)
+    changes = [
+        lambda: setattr(module[0].weight, "data", torch.randn(8, 3, 3, 3)),
+        lambda: module.__setitem__(0, nn.Conv2d(3, 8, 3, 2, 1)),
+        lambda: cached.load_state_dict(encoder(seed=5).state_dict(), assign=True),
+    ]
+    for change in changes:
+        change()
+        assert torch.equal(cached(x), expected(module, x))
+        assert not any(part.training for part in module.modules())
+    module[0].weight.data.copy_(torch.randn(8, 3, 3, 3))
+    assert cached.redeclare()
+    assert torch.equal(cached(x), expected(module, x))
+    assert not cached.redeclare()  # nothing changed since
+    module.double()
+    assert torch.equal(cached(x.double()), expected(module, x.double()))
+    assert cached.stats.computed == 6 * 6
+    cached.close()
+
+
+def test_default_dtype_is_in_the_key(store: Store) -> None:
+    """A module that makes tensors in its forward answers in the default dtype; rows
+    computed under another default are not recalled for float32's."""
+    cached = cache_rows(Ramp(), store)
+    x = torch.ones(3, 4)
+    assert cached(x).dtype == torch.float32
+    was = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert cached(x).dtype == torch.float64
+    finally:
+        torch.set_default_dtype(was)
+    assert cached(x).dtype == torch.float32
+    assert cached.stats.computed == 6
+    cached.close()
+
+
+class Ramp(nn.Module):
+    """Adds a ramp made in its forward, in the default dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.linspace(0, 1, x.shape[1])
+
+
+def test_a_model_holding_a_cache_copies_and_saves(store: Store, tmp_path: Path) -> None:
+    """``copy.deepcopy`` (an EMA or SWA model) and ``torch.save`` of a model holding a cache
+    give one that caches the same way into the same store, with its own memory tiers."""
+    model = nn.Sequential(cache_rows(encoder(), store), nn.Linear(8, 2))
+    x = images(5)
+    out = model(x)
+    model[0].flush()
+    twin = copy.deepcopy(model)
+    assert isinstance(twin[0], CachedRows) and twin[0] is not model[0]
+    assert twin[0].store is store and twin[0].tiers[0].rows == 0
+    assert torch.equal(twin(x), out) and twin[0].stats.from_store == 5
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert torch.equal(loaded(x), out) and loaded[0].stats.from_store == 5
+    averaged = torch.optim.swa_utils.AveragedModel(model)
+    assert torch.equal(averaged(x), out)
+    for cached in (model[0], twin[0], loaded[0]):
+        cached.close()
+
+
 def test_index_keys_miss_when_the_dataset_version_changes(store: Store, tmp_path: Path) -> None:
     """Keyed by index, rows recall under the same dataset version and miss under another."""
     data = images(32)
@@ -445,11 +518,44 @@ def test_an_input_that_requires_grad_is_refused(cached: CachedRows) -> None:
         cached(images(2).requires_grad_())
 
 
-def test_an_output_that_is_not_one_row_per_input_row_is_refused() -> None:
-    """A module that does not answer row by row is refused with what it returned."""
+def test_an_output_that_is_not_one_row_per_input_row_is_refused(store: Store) -> None:
+    """A module that does not answer row by row is refused with what it returned, and one
+    whose rows a store cannot keep (complex128, sparse) when it runs, not when a write
+    fails later."""
     summed = cache_rows(nn.Sequential(nn.Flatten(0)))
     with pytest.raises(NotRowwise, match="one row per input row"):
         summed(images(2))
+    complex_rows = cache_rows(AsDtype(torch.complex128), store)
+    with pytest.raises(RowsError, match="complex128, which a store cannot keep"):
+        complex_rows(torch.randn(2, 3))
+    assert complex_rows.tiers[0].rows == 0
+    complex_rows.close()
+    assert cache_rows(AsDtype(torch.complex128))(torch.randn(2, 3)).dtype == torch.complex128
+    with pytest.raises(NotRowwise, match="to_dense"):
+        cache_rows(Sparse())(torch.randn(2, 3))
+
+
+class AsDtype(nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype)
+
+
+class Sparse(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to_sparse()
+
+
+def test_index_keys_take_inputs_of_any_dtype() -> None:
+    """Rows keyed by index are never digested, so their inputs may be of a dtype no digest
+    takes (complex128)."""
+    cached = cache_rows(AsDtype(torch.complex128), key="index", version="c@1")
+    x = torch.randn(3, 2, dtype=torch.complex128)
+    assert torch.equal(cached(x, index=torch.arange(3)), x)
+    assert torch.equal(cached(x * 2, index=torch.arange(3)), x)  # recalled by index
 
 
 def test_the_frozen_module_stays_in_eval_and_keeps_its_state_dict_keys(

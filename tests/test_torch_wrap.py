@@ -134,6 +134,20 @@ def test_checkpoints_move_between_wrapped_and_plain(store: Store) -> None:
     assert torch.equal(wrapped.encoder.norm.running_mean, other.encoder.norm.running_mean)
 
 
+def test_weights_loaded_after_freezing_key_the_encoder_anew(store: Store) -> None:
+    """A checkpoint loaded into a frozen, wrapped model is seen at the next forward: the
+    encoder runs with the new weights, and nothing computed with the old ones is recalled."""
+    wrapped = _wrapped(store, seed=1)
+    x = torch.randn(4, 6)
+    wrapped(x)
+    other = _model(seed=3)
+    wrapped.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), other.eval()(x))
+    assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2}
+    assert not any(part.training for part in wrapped.encoder.modules())
+
+
 def test_second_forward_on_the_same_batch_recalls_the_encoder(store: Store) -> None:
     """The encoder runs once per distinct batch; the same batch again is recalled, equal."""
     wrapped = _wrapped(store)
