@@ -147,12 +147,11 @@ class _Cached(nn.Module):
     owner: Wrapped
     call: nn.Module
 
-    def __init__(self, node: ModuleNode, call: nn.Module, owner: Wrapped, writes: bool) -> None:
+    def __init__(self, node: ModuleNode, call: nn.Module, owner: Wrapped) -> None:
         super().__init__()
         self.call = call
         object.__setattr__(self, "node", node)
         object.__setattr__(self, "owner", owner)
-        self.writes = writes
         self._solo: Graph | None = None
         self._state: str | None = None
 
@@ -192,26 +191,24 @@ def _recall_or_run(self: _Cached, *args: Any) -> Any:
     with torch.no_grad():
         out = solo.forward(Opaque(tuple(args), TENSOR), store=store)
     self.owner._noted(name, solo.record)
-    device = args[0].device if args else None
-    recalled = solo.record is not None and solo.record.outcome.get(name) == "recalled"
-    return _placed(out, device, self.writes and recalled)
+    return _placed(out, args[0].device if args else None)
 
 
 _remember: Callable[..., Any] = torch.compiler.disable(_recall_or_run)  # type: ignore[no-untyped-call]
 """The one deliberate graph break per cached node: the store is asked outside compiled code."""
 
 
-def _placed(value: Any, device: torch.device | None, copy: bool) -> Any:
-    """``value`` on ``device``, copied out of read-only memory when it will be written to."""
+def _placed(value: Any, device: torch.device | None) -> Any:
+    """``value`` on ``device`` (a recalled answer is memory of its own: the caller may write
+    into it)."""
     if isinstance(value, torch.Tensor):
-        moved = value.to(device) if device is not None else value
-        return moved.clone() if copy and moved.data_ptr() == value.data_ptr() else moved
+        return value.to(device) if device is not None else value
     if isinstance(value, tuple):
-        return tuple(_placed(v, device, copy) for v in value)
+        return tuple(_placed(v, device) for v in value)
     if isinstance(value, list):
-        return [_placed(v, device, copy) for v in value]
+        return [_placed(v, device) for v in value]
     if isinstance(value, dict):
-        return {k: _placed(v, device, copy) for k, v in value.items()}
+        return {k: _placed(v, device) for k, v in value.items()}
     return value
 
 
@@ -395,28 +392,6 @@ def _traced(model: nn.Module, leaves: Iterable[str]) -> fx.GraphModule:
     return fx.GraphModule(model, graph, type(model).__name__)
 
 
-def _writes_into(node: fx.Node, root: nn.Module, depth: int = 0) -> bool:
-    """Whether the traced code may write in place into ``node``'s value."""
-    for user in node.users:
-        if user.op == "output":
-            return True  # handed to the caller, who may write into it
-        if user.op == "call_function" and user.target is operator.getitem and depth < 2:
-            if _writes_into(user, root, depth + 1):
-                return True
-            continue
-        if user.op == "call_method" and str(user.target).endswith("_") and user.args[0] is node:
-            return True
-        if user.op == "call_function":
-            name = getattr(user.target, "__name__", "")
-            if name.endswith("_") or user.kwargs.get("inplace") is True:
-                return True
-        if user.op == "call_module":
-            called = root.get_submodule(str(user.target))
-            if getattr(called, "inplace", False) is True:
-                return True
-    return False
-
-
 def _describe_call(node: fx.Node) -> Any:
     """The constant part of a declared call, as a canonical value (tensors are inputs)."""
 
@@ -514,7 +489,7 @@ def wrap(
                 node.frozen()
             if target in cached_names:
                 node.cached(cached_names[target])
-                shim: nn.Module = _Cached(node, inner, wrapped, _writes_into(fx_node, gm))  # type: ignore[arg-type]
+                shim: nn.Module = _Cached(node, inner, wrapped)  # type: ignore[arg-type]
             else:
                 shim = _Declared(node, inner)  # type: ignore[arg-type]
             setattr(runner, str(call.target), shim)
@@ -572,7 +547,7 @@ def _whole(
     shim: nn.Module
     if "" in cached_names:
         node.cached(cached_names[""])
-        shim = _Cached(node, call, wrapped, writes=True)  # type: ignore[arg-type]
+        shim = _Cached(node, call, wrapped)  # type: ignore[arg-type]
     else:
         shim = _Declared(node, call)  # type: ignore[arg-type]
     graph = Graph.somatize(node)
