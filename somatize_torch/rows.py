@@ -708,7 +708,7 @@ class CachedRows(nn.Module):
             if not present:
                 return None
             wanted = [p for p, key in keys.items() if key in present]
-            got = store.recall_many([keys[p] for p in wanted])
+            got = store.recall_many([keys[p] for p in wanted], borrow=True)  # decoded by copy
         at: list[int] = []
         datas: list[memoryview] = []
         for p in wanted:

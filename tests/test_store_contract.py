@@ -210,6 +210,26 @@ def test_packed_items_recall(home: Store) -> None:
     assert bytes(fresh.recall(items[7][0])[1]) == b"item7"
 
 
+@pytest.mark.parametrize("size", [40, 300 << 10])  # a small pack, and one memory-mapped
+def test_borrowed_reads_are_the_same_bytes_and_leave_private_ones_private(
+    home: Store, size: int
+) -> None:
+    """Items read by a caller that only borrows them are the bytes kept, as often as they
+    are read; a private read taken after a borrowed one (or before) is still its own."""
+    items = [(f"blake3:{i:064x}", [bytes([i]) * size]) for i in range(3)]
+    home.keep_many(items, "plain")
+    fresh = reopen(home)
+    keys = [key for key, _ in items]
+    for _ in range(2):
+        borrowed = fresh.recall_many(keys, borrow=True)
+        for index, key in enumerate(keys):
+            assert bytes(borrowed[key][1]) == bytes([index]) * size  # type: ignore[index]
+        mine = fresh.recall_many(keys)[keys[1]][1]  # type: ignore[index]
+        mine[:4] = b"\xff\xff\xff\xff"
+        again = fresh.recall_many(keys, borrow=True)[keys[1]][1]  # type: ignore[index]
+        assert bytes(again) == bytes([1]) * size
+
+
 def test_open_blob_reads_ranges(home: Store) -> None:
     """open_blob gives a seekable file: a reader can take the tail without the head."""
     data = bytes(range(256)) * 1024

@@ -87,10 +87,11 @@ class PackedHome(Store):
     # -- what a home provides ---------------------------------------------------------------
 
     @abc.abstractmethod
-    def _read_blob(self, digest: str, size: int | None) -> memoryview:
+    def _read_blob(self, digest: str, size: int | None, borrow: bool = False) -> memoryview:
         """Blob ``digest``, verified and (unless ``size`` is None) ``size`` bytes long, in
-        memory of the caller's own (writing into it changes nothing another read returns);
-        Missing or Corrupt otherwise."""
+        memory of the caller's own (writing into it changes nothing another read returns),
+        or, to a caller that only ``borrow``s it, memory other reads may share; Missing or
+        Corrupt otherwise."""
 
     @abc.abstractmethod
     def _publish_record(self, key: str, data: bytes) -> None:
@@ -185,13 +186,14 @@ class PackedHome(Store):
         if len(self._records) > REMEMBERED:
             self._records.popitem(last=False)
 
-    def _held(self, digest: str, size: int | None) -> memoryview | None:
+    def _held(self, digest: str, size: int | None, borrow: bool = False) -> memoryview | None:
         """A copy of blob ``digest`` if it is held (``size`` bytes long, unless None): the
-        caller's own memory, which it may write into without changing what is held."""
+        caller's own memory, which it may write into without changing what is held; what
+        is held itself to a caller that only ``borrow``s it."""
         held = self._small.get(digest)
         if held is None or (size is not None and len(held) != size):
             return None
-        return memoryview(bytearray(held))
+        return memoryview(held) if borrow else memoryview(bytearray(held))
 
     def _hold(self, digest: str, raw: bytes) -> None:
         if digest in self._small:
@@ -226,7 +228,9 @@ class PackedHome(Store):
             self._flush_use()
         return answer, data
 
-    def recall_many(self, keys: Sequence[str]) -> dict[str, tuple[Answer, memoryview] | Exception]:
+    def recall_many(
+        self, keys: Sequence[str], *, borrow: bool = False
+    ) -> dict[str, tuple[Answer, memoryview] | Exception]:
         """Reads each pack's blob once for all the items asked of it."""
         out: dict[str, tuple[Answer, memoryview] | Exception] = {}
         by_pack: dict[str, list[str]] = {}
@@ -244,7 +248,7 @@ class PackedHome(Store):
         for pack_id, members in by_pack.items():
             pack = self._packs[pack_id]
             try:
-                whole = self._read_blob(pack.blob, pack.size)
+                whole = self._read_blob(pack.blob, pack.size, borrow)
             except (Missing, Corrupt) as why:
                 self._drop_pack(pack)
                 for key in members:

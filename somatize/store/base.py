@@ -358,10 +358,14 @@ class Store(abc.ABC):
         them one by one."""
         return [self.keep(key, data, codec, fingerprint) for key, data in items]
 
-    def recall_many(self, keys: Sequence[str]) -> dict[str, tuple[Answer, memoryview] | Exception]:
+    def recall_many(
+        self, keys: Sequence[str], *, borrow: bool = False
+    ) -> dict[str, tuple[Answer, memoryview] | Exception]:
         """The answers under ``keys``: each one's record and bytes, or the error (Missing,
         Corrupt) that kept it from being read. A home that packs items reads each
-        pack once."""
+        pack once. ``borrow`` is for a caller that copies what it keeps and writes into
+        nothing it is handed: the bytes may then be memory other reads share (a pack's
+        mapping kept between reads, which the next batch's rows do not map again)."""
         out: dict[str, tuple[Answer, memoryview] | Exception] = {}
         for key in keys:
             try:

@@ -397,14 +397,14 @@ class BucketStore(PackedHome):
         except (Missing, Corrupt):
             return None  # gone meanwhile, or damaged and set aside: read from the bucket
 
-    def _read_blob(self, digest: str, size: int | None) -> memoryview:
+    def _read_blob(self, digest: str, size: int | None, borrow: bool = False) -> memoryview:
         """Blob ``digest`` from memory, the cache or the bucket, verified; at ``size``."""
-        held = self._held(digest, size)
+        held = self._held(digest, size, borrow)
         if held is not None:
             return held
         if self.cache is not None:
             try:
-                return self.cache._read_blob(digest, size)
+                return self.cache._read_blob(digest, size, borrow)
             except (Missing, Corrupt):
                 pass  # not cached (or the copy was damaged and set aside): fetch it
         data = self._read(self._blob_path(digest), f"blob {digest}")
@@ -422,7 +422,8 @@ class BucketStore(PackedHome):
             self.cache._take_blob(digest, [data])
         if len(data) <= _HOLD_BELOW:
             self._hold(digest, data)
-        return memoryview(bytearray(data))  # the caller's own to write into, not what is held
+        # The caller's own to write into, not what is held (unless it only borrows).
+        return memoryview(data) if borrow else memoryview(bytearray(data))
 
     def resolve(self, name: str) -> str:
         check_name(name)

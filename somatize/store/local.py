@@ -23,7 +23,9 @@ Every read hands out memory of the caller's own, so a recalled tensor written in
 place changes itself only. A large blob is memory-mapped afresh for each read,
 privately (copy on write), so it is not copied: a write into it copies the pages
 written, never reaching the file or another read. A small blob is held in memory
-once read and handed out as a copy.
+once read and handed out as a copy. A reader that copies what it keeps and writes
+into nothing (a per-row cache decoding rows) may borrow instead: it is handed the
+held bytes, or a read-only mapping kept for the next such read.
 
 Packed item answers are found through an in-memory table of every pack index,
 loaded once and refreshed from a listing of ``packs/`` only when a key is not
@@ -77,6 +79,11 @@ __all__ = ["LocalStore"]
 
 _MAP_ABOVE = 1 << 16
 """Blobs larger than this are memory-mapped rather than read."""
+_MAPS_SHARED = 16
+"""How many read-only mappings of large blobs a store keeps between reads that only
+borrow them (``recall_many(..., borrow=True)``: a per-row cache reading the pack its next
+batch's rows are in again), so their pages are not mapped and faulted in again. Each
+holds a file descriptor, so few are kept."""
 _OVERLAP = 16 << 20
 """Blobs this large are hashed while they are written, not before."""
 
@@ -129,6 +136,8 @@ class LocalStore(PackedHome):
         self._tmp = f"{self.root / 'tmp'}{os.sep}"
         self._verified: dict[str, tuple[int, int]] = {}
         """Digest → (inode, mtime) of the file that was hashed and matched."""
+        self._maps: dict[str, tuple[tuple[int, int], memoryview]] = {}
+        """Digest → (inode, mtime) of a verified large blob, and its shared read-only map."""
         self._packs_stamp = -1
         self._hold_nothing(str(self.root))
         self._finalizer = weakref.finalize(
@@ -334,8 +343,8 @@ class LocalStore(PackedHome):
     def local_blob(self, digest: str) -> memoryview:
         return self._read_blob(digest, None)
 
-    def _read_blob(self, digest: str, size: int | None) -> memoryview:
-        held = self._held(digest, size)
+    def _read_blob(self, digest: str, size: int | None, borrow: bool = False) -> memoryview:
+        held = self._held(digest, size, borrow)
         if held is not None:
             return held
         path = self._blob_file(digest)
@@ -349,7 +358,12 @@ class LocalStore(PackedHome):
                         "it was truncated or overwritten"
                     )
                 stamp = (stat.st_ino, stat.st_mtime_ns)
-                if actual > _MAP_ABOVE:
+                if actual > _MAP_ABOVE and borrow:
+                    shared = self._maps.get(digest)
+                    if shared is not None and shared[0] == stamp:
+                        return shared[1]  # the file hashed to its name when it was mapped
+                    data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
+                elif actual > _MAP_ABOVE:
                     # A private mapping per read: one shared between reads would carry what
                     # one caller wrote into it to the next.
                     data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
@@ -369,7 +383,11 @@ class LocalStore(PackedHome):
             self._verified[digest] = stamp
         if actual <= _MAP_ABOVE:
             self._hold(digest, raw)
-            return memoryview(bytearray(raw))  # the caller's own, not what is held
+            return data if borrow else memoryview(bytearray(raw))  # the caller's own
+        if borrow:
+            if len(self._maps) >= _MAPS_SHARED:
+                del self._maps[next(iter(self._maps))]
+            self._maps[digest] = (stamp, data)
         return data
 
     def resolve(self, name: str) -> str:
@@ -488,6 +506,7 @@ class LocalStore(PackedHome):
     def _forget_blob(self, digest: str) -> None:
         self._small.pop(digest, None)
         self._verified.pop(digest, None)
+        self._maps.pop(digest, None)
 
     def _set_aside(self, path: str, section: str, label: str) -> None:
         """Moves a damaged file to ``quarantine/<section>/<label>.<time>`` (if it is still
@@ -556,4 +575,5 @@ class LocalStore(PackedHome):
     def _forget_all(self) -> None:
         super()._forget_all()
         self._verified.clear()
+        self._maps.clear()
         self._packs_stamp = -1
