@@ -21,7 +21,7 @@ from somatize.engine import Drifted, NodeFailed, Record
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.graph import Cycle, Graph, GraphError, UnknownNode
 from somatize.memory import Memory, Nameless, NotSettled, Unsettled, cacheable
-from somatize.node import Context, Expr, Node, Undeclared
+from somatize.node import AlreadyBuilt, Context, Expr, Node, Undeclared
 from somatize.placement import Placement
 from somatize.store import Answer, BadName, Corrupt, Missing, NameNotFound, Store, StoreError
 
@@ -29,6 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CODECS",
+    "AlreadyBuilt",
     "Answer",
     "BadName",
     "Broker",

@@ -12,8 +12,9 @@ def test_public_names() -> None:
     """somatize exports exactly these names."""
     assert sorted(somatize.__all__) == sorted(
         [
-            "CODECS", "Answer", "BadName", "Broker", "Catalog", "Codec", "CodecError", "Codecs",
-            "Context", "Corrupt", "Cycle", "Drifted", "Expr", "Graph", "GraphError", "Memory",
+            "CODECS", "AlreadyBuilt", "Answer", "BadName", "Broker", "Catalog", "Codec",
+            "CodecError", "Codecs", "Context", "Corrupt", "Cycle", "Drifted", "Expr", "Graph",
+            "GraphError", "Memory",
             "Missing", "NameNotFound", "Nameless", "Node", "NodeFailed", "NotSettled", "Opaque",
             "Placement", "Record", "SomatizeError", "SomatizeWarning", "Store", "StoreError",
             "Unbuildable", "Undeclared", "UnknownNode", "Unsettled", "Worker", "cacheable",
