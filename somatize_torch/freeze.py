@@ -45,6 +45,7 @@ import dataclasses
 import enum
 import functools
 import hashlib
+import operator
 import types
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -117,43 +118,56 @@ def digest_state(module: nn.Module) -> str:
 class StateWatch:
     """Whether a module's state may have changed since it was digested, cheaply enough to
     ask at every forward: each parameter and buffer is looked at by identity, version
-    counter (bumped by every change in place: ``load_state_dict``, an optimizer step),
-    memory and dtype (``p.data = t``, a conversion), and each submodule by identity (a
-    child replaced). A write that bypasses the version counter — into ``p.data``, or by
-    a fused optimizer kernel — is not seen here; only digesting the state again sees it.
-    """
+    counter (bumped by every change in place: ``load_state_dict``, an optimizer step) and
+    memory (``p.data = t``, a conversion), and each submodule by identity (a child
+    replaced); a tensor or submodule added or removed is seen too. A write that bypasses
+    the version counter — into ``p.data``, or by a fused optimizer kernel — is not seen
+    here; only digesting the state again sees it."""
 
-    __slots__ = ("_seen", "_sizes")
+    __slots__ = (
+        "_names",
+        "_owners",
+        "_sizes",
+        "_tables",
+        "_tensors",
+        "_values",
+        "_versions",
+        "_where",
+    )
 
     def __init__(self, module: nn.Module) -> None:
-        seen: list[tuple[dict[str, Any], str, Any, int, int, torch.dtype | None]] = []
-        sizes: list[tuple[dict[str, Any], int]] = []
+        tables: list[dict[str, Any]] = []
+        owners: list[dict[str, Any]] = []
+        names: list[str] = []
+        values: list[Any] = []
         for part in module.modules():
             for table in (part._parameters, part._buffers, part._modules):
-                sizes.append((table, len(table)))
+                tables.append(table)
                 for name, value in table.items():
-                    if isinstance(value, torch.Tensor):
-                        seen.append(
-                            (table, name, value, value._version, value.data_ptr(), value.dtype)
-                        )
-                    else:
-                        seen.append((table, name, value, 0, 0, None))
-        self._seen = seen
-        self._sizes = sizes
+                    owners.append(table)
+                    names.append(name)
+                    values.append(value)
+        self._tables = tables
+        self._sizes = tuple(map(len, tables))
+        self._owners = owners
+        self._names = names
+        self._values = values
+        self._tensors = [value for value in values if isinstance(value, torch.Tensor)]
+        self._versions = tuple(map(_VERSION, self._tensors))
+        self._where = tuple(map(_WHERE, self._tensors))
 
     def changed(self) -> bool:
         """Whether a weight, buffer or submodule changed or was replaced, added or removed."""
-        for table, size in self._sizes:
-            if len(table) != size:
-                return True
-        for table, name, value, version, where, dtype in self._seen:
-            if table.get(name) is not value:
-                return True
-            if isinstance(value, torch.Tensor) and (
-                value._version != version or value.data_ptr() != where or value.dtype != dtype
-            ):
-                return True
-        return False
+        return (
+            tuple(map(_VERSION, self._tensors)) != self._versions
+            or tuple(map(_WHERE, self._tensors)) != self._where
+            or tuple(map(len, self._tables)) != self._sizes
+            or not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
+        )
+
+
+_VERSION = operator.attrgetter("_version")
+_WHERE = torch.Tensor.data_ptr
 
 
 class _HeldInEval:
