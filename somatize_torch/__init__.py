@@ -39,6 +39,7 @@ from somatize_torch.rows import (
     NotRowwise,
     RowsError,
     RowStats,
+    Unfrozen,
     cache_rows,
     prefill,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "StillChanging",
     "TensorCodec",
     "Tier",
+    "Unfrozen",
     "UnknownSubmodule",
     "Untraceable",
     "WrapError",

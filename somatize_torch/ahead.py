@@ -35,6 +35,16 @@ made for it (the loop feeds it something the loader did not yield, or changes th
 batch first) is no longer named for after a few batches, so the thread does not
 spend a core for nothing.
 
+Fetching a batch early moves whatever random numbers the loader draws in this
+process (a Dataset drawing a crop or a weight with ``torch.rand``, without
+workers) to before the step instead of after it, so the step's own draws (a
+dropout) come out otherwise than without :func:`ahead`. ``check_draws=True``
+keeps a run exactly as without it: the first pass over the loader is fetched in
+order while torch's, ``random``'s and numpy's global generators are watched, and
+only a loader that drew nothing from them is fetched ahead in the passes after
+(:class:`~somatize_torch.lightning.CacheFrozen` does this). Loaders with workers
+draw in the workers, so they are fetched ahead.
+
 An error from the loader, or from ``inputs=``, is raised in the loop at the batch
 where it happened, after the batches before it; naming that fails on the other
 thread is done again in the forward, which raises what is wrong. :class:`Ahead`
@@ -47,6 +57,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import random
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any, Generic, TypeVar
 
@@ -89,6 +101,17 @@ def _at(item: Any, path: Path) -> Any:
     return item
 
 
+def _draws() -> tuple[Any, ...]:
+    """Where the process's global random generators stand: torch's, ``random``'s, and
+    numpy's where numpy is imported."""
+    numpy = sys.modules.get("numpy")
+    state: tuple[Any, ...] = ()
+    if numpy is not None:
+        _, keys, position, has_gauss, gauss = numpy.random.get_state()
+        state = (keys.tobytes(), position, has_gauss, gauss)
+    return (torch.random.get_rng_state().numpy().tobytes(), random.getstate(), state)
+
+
 def _length(loader: Iterable[Any]) -> int | None:
     if not isinstance(loader, Sized):
         return None
@@ -109,6 +132,7 @@ class Ahead(Generic[T]):
         *,
         inputs: Callable[[T], torch.Tensor] | None = None,
         depth: int = 1,
+        check_draws: bool = False,
     ) -> None:
         if isinstance(loader, Ahead):
             raise TypeError("this loader is already fetched ahead; wrap the loader inside once")
@@ -124,6 +148,9 @@ class Ahead(Generic[T]):
         self.caches = list(caches)
         self.inputs = inputs
         self.depth = depth
+        # Whether fetching draws random numbers in this process: None until a pass in
+        # order has shown it (with check_draws), False when it is not asked.
+        self.draws: bool | None = None if check_draws else False
         # Where each cache's input sits in a loader item, once a step has shown it; how
         # many batches were named for it since a forward last used names made here.
         self._paths: dict[int, Path] = {}
@@ -134,13 +161,16 @@ class Ahead(Generic[T]):
         return len(self.loader)  # type: ignore[arg-type]  # TypeError for an unsized loader, as len() gives
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("loader", "caches", "inputs", "depth"):
+        if name.startswith("__") or name in ("loader", "caches", "inputs", "depth", "draws"):
             raise AttributeError(name)
         return getattr(self.loader, name)
 
     def __iter__(self) -> Iterator[T]:
-        if not any(cache.key_mode == "content" for cache in self.caches):
-            yield from self.loader  # nothing to name
+        if not any(cache.key_mode == "content" for cache in self.caches) or self.draws:
+            yield from self.loader  # nothing to name, or fetched in order as it must be
+            return
+        if self.draws is None:
+            yield from self._in_order()
             return
         # Each batch fetched, with the error that naming it raised (raised at its turn).
         waiting: collections.deque[tuple[T, Exception | None]] = collections.deque()
@@ -178,6 +208,28 @@ class Ahead(Generic[T]):
                 raise raised
             yield item
             self._learn(item)
+
+    def _in_order(self) -> Iterator[T]:
+        """The loader in order, with the generators watched around every fetch but the
+        first (which may draw a shuffle, as it does without fetching ahead)."""
+        items = iter(self.loader)
+        count = _length(self.loader)
+        fetched = 0
+        while True:
+            before = _draws() if fetched else None
+            try:
+                item = next(items)
+            except StopIteration:
+                break
+            fetched += 1
+            if before is not None and _draws() != before:
+                self.draws = True
+                log.debug("the loader draws random numbers as it fetches: fetched in order")
+            if self.draws is None and count is not None and fetched >= count:
+                self.draws = False  # a whole pass drew nothing (a loop may stop at its length)
+            yield item
+        if self.draws is None and fetched:
+            self.draws = False  # a whole pass drew nothing: fetched ahead from now on
 
     def _name(self, item: T) -> None:
         for cache in self.caches:
@@ -228,9 +280,12 @@ def ahead(
     *caches: CachedRows,
     inputs: Callable[[T], torch.Tensor] | None = None,
     depth: int = 1,
+    check_draws: bool = False,
 ) -> Ahead[T]:
     """``loader``, fetched ``depth`` batches ahead, each batch's rows named for ``caches``
     on another thread meanwhile so that their forwards find them named; see the
     module docstring. ``inputs`` picks a cache's input out of a loader item (by default
-    it is learned from the steps). With no content-keyed cache it is ``loader`` itself."""
-    return Ahead(loader, caches, inputs=inputs, depth=depth)
+    it is learned from the steps). ``check_draws`` fetches the first pass in order and
+    fetches ahead only a loader that drew no random numbers in it. With no
+    content-keyed cache it is ``loader`` itself."""
+    return Ahead(loader, caches, inputs=inputs, depth=depth, check_draws=check_draws)

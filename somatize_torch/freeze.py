@@ -120,11 +120,13 @@ class StateWatch:
     ask at every forward: each parameter and buffer is looked at by identity, version
     counter (bumped by every change in place: ``load_state_dict``, an optimizer step) and
     memory (``p.data = t``, a conversion), and each submodule by identity (a child
-    replaced); a tensor or submodule added or removed is seen too. A write that bypasses
-    the version counter — into ``p.data``, or by a fused optimizer kernel — is not seen
-    here; only digesting the state again sees it."""
+    replaced); a tensor or submodule added or removed is seen too, and a parameter that
+    comes to require grad (somebody unfroze it). A write that bypasses the version
+    counter — into ``p.data``, or by a fused optimizer kernel — is not seen here; only
+    digesting the state again sees it."""
 
     __slots__ = (
+        "_grads",
         "_names",
         "_owners",
         "_sizes",
@@ -155,19 +157,28 @@ class StateWatch:
         self._tensors = [value for value in values if isinstance(value, torch.Tensor)]
         self._versions = tuple(map(_VERSION, self._tensors))
         self._where = tuple(map(_WHERE, self._tensors))
+        self._grads = tuple(map(_GRAD, self._tensors))
 
     def changed(self) -> bool:
-        """Whether a weight, buffer or submodule changed or was replaced, added or removed."""
+        """Whether a weight, buffer or submodule changed or was replaced, added or removed,
+        or a parameter came to require grad."""
         return (
             tuple(map(_VERSION, self._tensors)) != self._versions
             or tuple(map(_WHERE, self._tensors)) != self._where
+            or tuple(map(_GRAD, self._tensors)) != self._grads
             or tuple(map(len, self._tables)) != self._sizes
             or not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
         )
 
+    def unfrozen(self, module: nn.Module) -> list[str]:
+        """The parameters of ``module`` watched here (frozen then) that now require grad."""
+        watched = set(map(id, self._tensors))
+        return [n for n, p in module.named_parameters() if p.requires_grad and id(p) in watched]
+
 
 _VERSION = operator.attrgetter("_version")
 _WHERE = torch.Tensor.data_ptr
+_GRAD = operator.attrgetter("requires_grad")
 
 
 class _HeldInEval:
@@ -185,6 +196,14 @@ class _HeldInEval:
 def is_held(module: nn.Module) -> bool:
     """Whether ``module`` is held in eval mode by :func:`freeze`."""
     return isinstance(module.__dict__.get("train"), _HeldInEval)
+
+
+def release(module: nn.Module, mode: bool) -> None:
+    """Undoes :func:`hold`'s hold on eval (gradients are the caller's to turn on): the
+    module's ``train`` is its class's again, and it is put in ``mode``."""
+    if is_held(module):
+        del module.__dict__["train"]
+    module.train(mode)
 
 
 def hold(module: nn.Module) -> None:

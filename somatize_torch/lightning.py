@@ -38,12 +38,20 @@ Why it is shaped this way:
   every row's key, so a bf16 answer is never recalled for an fp32 question.
 - **The next batch is named while the step runs**: with content keys on the
   CPU, the callback hands the training and validation loaders to
-  :func:`somatize_torch.ahead.ahead` from their second epoch on (Lightning has
+  :class:`somatize_torch.ahead.Ahead` from their second epoch on (Lightning has
   made the first epoch's iterator by the time a callback can act), so the rows of
   batch ``k + 1`` are hashed on another core while step ``k`` runs, and the
-  step's lookup is a dict pass and a gather. ``ahead=False`` turns it off; a
-  loader that keeps its own position (one with ``state_dict``) is left as it is,
-  since fetching ahead would put its position one batch off.
+  step's lookup is a dict pass and a gather. The second epoch is fetched in
+  order, watching whether the loader draws random numbers in this process: only
+  one that draws none is fetched ahead, from the third epoch, since an early
+  fetch would move its draws before the step's own and the run would differ from
+  one without the callback. ``ahead=False`` turns it off; a loader that keeps its
+  own position (one with ``state_dict``) is left as it is, since fetching ahead
+  would put its position one batch off.
+- **A module unfrozen by a fine-tuning schedule trains uncached**: a cached
+  module runs without gradients; one whose parameters come to require grad is
+  put back as it was at the stage's next first batch, with a warning
+  (:class:`Uncached`), and trains exactly as without the callback.
 - **Ranks share one store**: under DDP each rank computes and keeps its own rows
   (a store's writes are atomic and idempotent, so two ranks keeping one row is
   harmless), and at the end of each epoch every rank flushes its writes and
@@ -67,6 +75,7 @@ from torch import nn
 from somatize import Store
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize_torch.ahead import Ahead
+from somatize_torch.freeze import release
 from somatize_torch.rows import DEVICE_BYTES, HOST_BYTES, CachedRows, RowStats, cache_rows
 from somatize_torch.rows import prefill as prefill_rows
 
@@ -87,6 +96,7 @@ __all__ = [
     "EpochStats",
     "NeverHits",
     "NotASubmodule",
+    "Uncached",
 ]
 
 Stage = Literal["train", "validate", "test", "predict", "prefill"]
@@ -106,6 +116,10 @@ class CompiledSubmodule(CacheFrozenError, TypeError):
 
 class NeverHits(SomatizeWarning):
     """A training epoch after the first recalled no row: its inputs differ every epoch."""
+
+
+class Uncached(SomatizeWarning):
+    """A cached submodule was unfrozen (a fine-tuning schedule), so it runs uncached."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +234,7 @@ class CacheFrozen(Callback):
         self._train_epochs = 0
         self._warned = False
         self._prefills: list[_Prefill] = []
+        self._looked = True  # whether the stage under way looked at the modules again
 
     # -- what it holds
 
@@ -268,7 +283,18 @@ class CacheFrozen(Callback):
             self._cached = {}
             self._owner = pl_module
         for name in self.names:
-            parent, attribute, found = _locate(pl_module, name)
+            try:
+                parent, attribute, found = _locate(pl_module, name)
+            except NotASubmodule as missing:
+                if type(pl_module).configure_model is pl.LightningModule.configure_model:
+                    raise
+                raise NotASubmodule(
+                    f"{missing} — this LightningModule makes modules in `configure_model()`, "
+                    "which Lightning calls after the callbacks' `setup()`, when they can no "
+                    "longer be put in place before the strategy wraps the model. Make the "
+                    "frozen encoder in `__init__`, or cache it yourself in `configure_model()` "
+                    "(`self.encoder = somatize.torch.cache_rows(encoder, store)`)"
+                ) from None
             if isinstance(found, CachedRows):
                 self._cached[name] = found
                 continue
@@ -309,12 +335,14 @@ class CacheFrozen(Callback):
         ranks = trainer.world_size
         if ranks > 1:
             loader = _share(loader, trainer.global_rank, ranks)
+        plugin = getattr(trainer, "precision_plugin", None)
         done = prefill_rows(
             cached,
             loader,
             inputs=job.inputs,
             progress=job.progress and trainer.is_global_zero,
             device=pl_module.device,
+            convert=getattr(plugin, "convert_input", None),  # as a training batch is
         )
         cached.reset_stats()
         self.history.append(
@@ -334,18 +362,93 @@ class CacheFrozen(Callback):
                 rows = _plus(parts[name], rows)
             self.history.append(EpochStats(stage, trainer.current_epoch, name, seconds, rows))
 
-    def _fresh(self) -> None:
-        """At an epoch's start: each cached module's settings looked at again (one changed
-        since keys its rows anew, see :meth:`CachedRows.redeclare`), the store looked up
-        again for samples of Deferred datasets other ranks answered, and its counts
-        started afresh (what the sanity check or an earlier stage counted is dropped)."""
+    def _fresh(self, stage: Stage) -> None:
+        """At an epoch's start: each cached module's counts started afresh (what the sanity
+        check or an earlier stage counted is dropped), rows keyed by the callback's
+        ``version`` keyed as the stage's (a validation sample 0 is not a training sample
+        0), and the modules looked at again at the stage's first batch."""
         for cached in self._cached.values():
+            cached.reset_stats()
+        self._key_as(stage)
+        self._looked = False
+
+    def _key_as(self, stage: Stage) -> None:
+        if self.key == "index" and self.version is not None:
+            own = stage in ("train", "prefill")
+            for cached in self._cached.values():
+                cached.version = self.version if own else f"{self.version}|{stage}"
+
+    def _look(self, pl_module: pl.LightningModule) -> None:
+        """At a stage's first batch — after every epoch-start hook has run, the
+        LightningModule's own and other callbacks' (a fine-tuning schedule's) — a module
+        somebody unfroze is put back uncached, and each cached one is looked at again: its
+        settings and state (one changed since keys its rows anew, see
+        :meth:`CachedRows.redeclare`), and the store for samples of Deferred datasets other
+        ranks answered."""
+        self._looked = True
+        for name, cached in list(self._cached.items()):
+            if any(p.requires_grad for p in cached.module.parameters()):
+                self._uncache(pl_module, name, cached)
+                continue
             cached.redeclare()
             cached.look_up_answered()
-            cached.reset_stats()
+
+    def _uncache(self, pl_module: pl.LightningModule, name: str, cached: CachedRows) -> None:
+        parent, attribute, _ = _locate(pl_module, name)
+        module = cached.module
+        cached.close()
+        release(module, pl_module.training)
+        setattr(parent, attribute, module)
+        del self._cached[name]
+        warnings.warn(
+            f"`{name}` was unfrozen (its parameters require grad: a fine-tuning schedule, "
+            "say), so it is put back as it was and runs uncached from here on, training as "
+            "without this callback; the rows kept while it was frozen stay in the store",
+            Uncached,
+            stacklevel=2,
+        )
+
+    def _first_batch(self, pl_module: pl.LightningModule) -> None:
+        if not self._looked:
+            self._look(pl_module)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._first_batch(pl_module)
+
+    def on_validation_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._first_batch(pl_module)
+
+    def on_test_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._first_batch(pl_module)
+
+    def on_predict_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._first_batch(pl_module)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._fresh()
+        self._fresh("train")
         self._train_parts = {}
         self._fetch_ahead(pl_module, trainer.fit_loop)
         self._begin("train")
@@ -363,7 +466,7 @@ class CacheFrozen(Callback):
         wrapped = [
             dl
             if isinstance(dl, Ahead) or callable(getattr(dl, "state_dict", None))
-            else Ahead(dl, caches)
+            else Ahead(dl, caches, check_draws=True)
             for dl in loaders
         ]
         if any(new is not old for new, old in zip(wrapped, loaders, strict=True)):
@@ -397,11 +500,11 @@ class CacheFrozen(Callback):
             for cached in self._cached.values():
                 cached.flush()  # so the bytes training kept are counted as training's
         for name, cached in self._cached.items():
-            cached.redeclare()
-            counted = cached.reset_stats()
+            counted = cached.stats
             if training:  # validation inside a training epoch: keep what training counted
                 before = self._train_parts.get(name)
                 self._train_parts[name] = _plus(before, counted) if before else counted
+        self._fresh("validate")
         if not trainer.sanity_checking:
             fitting = trainer.state.fn == "fit"
             loop = trainer.fit_loop.epoch_loop.val_loop if fitting else trainer.validate_loop
@@ -409,6 +512,8 @@ class CacheFrozen(Callback):
         self._begin("validate")
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if "train" in self._started:
+            self._key_as("train")  # the training epoch goes on
         if trainer.sanity_checking:
             self._started.pop("validate", None)
             for cached in self._cached.values():
@@ -424,7 +529,10 @@ class CacheFrozen(Callback):
         self._train_parts = {}
         self._log(pl_module, trainer, "")
         self._train_epochs += 1
-        if self._train_epochs >= 2 and not self._warned:
+        limit = trainer.limit_train_batches
+        whole = limit is None or (isinstance(limit, float) and limit >= 1.0)
+        # Epochs of a part of the data (limit_train_batches) may share no sample at all.
+        if whole and self._train_epochs >= 2 and not self._warned:
             never = [
                 e.module
                 for e in self._last("train")
@@ -445,7 +553,7 @@ class CacheFrozen(Callback):
                 )
 
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._fresh()
+        self._fresh("test")
         self._begin("test")
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -454,7 +562,7 @@ class CacheFrozen(Callback):
         self._log(pl_module, trainer, "test_")
 
     def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._fresh()
+        self._fresh("predict")
         self._begin("predict")
 
     def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

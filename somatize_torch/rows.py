@@ -101,6 +101,7 @@ __all__ = [
     "NotRowwise",
     "RowStats",
     "RowsError",
+    "Unfrozen",
     "cache_rows",
     "prefill",
 ]
@@ -122,6 +123,10 @@ class RowsError(SomatizeError, ValueError):
 
 class NotRowwise(RowsError, TypeError):
     """The module's output is not one row per input row."""
+
+
+class Unfrozen(RowsError):
+    """Parameters of a cached module came to require grad: somebody unfroze it to train it."""
 
 
 class NeedsIndex(RowsError):
@@ -289,7 +294,7 @@ class CachedRows(nn.Module):
         # The module's floating dtypes (by how many elements each holds), for the watch.
         self._floats: tuple[StateWatch | None, dict[torch.dtype, int]] = (None, {})
         self._keyings: dict[
-            tuple[str, str | None, torch.Size, str | None, str | None], _Keying
+            tuple[str, str | None, torch.Size, str | None, str | None, str | None], _Keying
         ] = {}
         # The memory tiers' name for each keying ever made here, so a keying made again
         # (a setting changed and changed back) finds the rows it kept in memory.
@@ -323,8 +328,20 @@ class CachedRows(nn.Module):
         """Digests the state again if any weight, buffer or submodule changed or was
         replaced (see :class:`~somatize_torch.freeze.StateWatch`), or if ``again``; a new
         state keys every row anew."""
-        if not again and self._watch is not None and not self._watch.changed():
+        watch = self._watch
+        if not again and watch is not None and not watch.changed():
             return
+        unfrozen = watch.unfrozen(self.module) if watch is not None else []
+        if unfrozen:
+            shown = ", ".join(f"`{name}`" for name in unfrozen[:3])
+            more = f" and {len(unfrozen) - 3} more" if len(unfrozen) > 3 else ""
+            raise Unfrozen(
+                f"`{type(self.module).__name__}` is cached per row, and its parameters "
+                f"{shown}{more} now require grad: somebody unfroze it to train it, and a cached "
+                "module runs without gradients (a recalled row is a leaf), so it would not "
+                "train. Call the module itself to train it (the cache's `.module`), or freeze "
+                "it again (`requires_grad_(False)`) to go on caching"
+            )
         hold(self.module)  # a submodule put in since is held in eval too
         state = digest_state(self.module)
         self._watch = StateWatch(self.module)
@@ -352,7 +369,13 @@ class CachedRows(nn.Module):
         # only when it is not the usual float32, so the usual keys do not change.
         made = torch.get_default_dtype()
         made_name = None if made == torch.float32 else _dtype_name(made)
-        tag = (_dtype_name(dtype), autocast_name, shape, version, made_name)
+        # How float32 products are computed (TF32 on a GPU): named only when not torch's
+        # defaults (full precision for matrix products, TF32 allowed to cuDNN), likewise.
+        matmul = torch.get_float32_matmul_precision()
+        matmul_name = None if matmul == "highest" else matmul
+        if device == "cuda" and not torch.backends.cudnn.allow_tf32:
+            matmul_name = f"{matmul}, cudnn without tf32"
+        tag = (_dtype_name(dtype), autocast_name, shape, version, made_name, matmul_name)
         found = self._keyings.get(tag)
         if found is None:
             if self.key_mode == "index" and version is None:
@@ -392,6 +415,8 @@ class CachedRows(nn.Module):
         precision = {"input": tag[0], "autocast": tag[1]}
         if tag[4] is not None:
             precision["default"] = tag[4]
+        if tag[5] is not None:
+            precision["matmul"] = tag[5]
         self._node.declared = {"rows": self.key_mode, "precision": precision}
         declaration = self._node.declaration()
         assert self._identity is not None  # ModuleNode.declaration refused it otherwise
@@ -501,9 +526,17 @@ class CachedRows(nn.Module):
     # -- forward
 
     def forward(
-        self, x: torch.Tensor | DeferredRows, index: torch.Tensor | None = None
+        self, x: torch.Tensor | DeferredRows, index: torch.Tensor | None = None, **more: Any
     ) -> torch.Tensor:
         """The module's output on ``x``, row by row from the nearest copy; see the class."""
+        if more:
+            raise RowsError(
+                f"`{type(self.module).__name__}` is cached per row and was called with "
+                f"{', '.join(f'`{k}=`' for k in more)}: a row is keyed by its input alone (or "
+                "its index), so nothing else can reach the module — answers computed with one "
+                "value would be recalled for another. Keep the value in the module (a setting "
+                "is in the key) or call the module itself"
+            )
         if isinstance(x, DeferredRows):
             if self.key_mode != "index":
                 raise RowsError(
@@ -981,12 +1014,14 @@ def prefill(
     inputs: Callable[[Any], Any] | None = None,
     progress: bool = True,
     device: torch.device | str | None = None,
+    convert: Callable[[Any], Any] | None = None,
 ) -> RowStats:
     """Runs ``cached`` over every batch of ``loader`` so its answers are kept before
     training starts, then flushes; returns what it did. ``inputs`` turns one loader
     item into the batch tensor (or ``(batch, indices)``); by default a tensor is the
     batch, a tuple's first item is the batch (and with ``key="index"`` its last the
-    indices), a dict's ``x`` and ``index``. ``device`` moves batches there first.
+    indices), a dict's ``x`` and ``index``. ``convert`` is applied to each item first
+    (as a trainer's precision converts a batch), and ``device`` moves batches there.
     ``progress`` shows a tqdm bar."""
     if not isinstance(cached, CachedRows):
         raise TypeError(
@@ -1005,6 +1040,8 @@ def prefill(
         total = len(loader) if isinstance(loader, Sized) else None
         items = tqdm(loader, total=total, desc=f"prefill {type(cached.module).__name__}")
     for item in items:
+        if convert is not None:
+            item = convert(item)
         if inputs is not None:
             got = inputs(item)
             x, index = got if isinstance(got, tuple) else (got, None)

@@ -27,6 +27,7 @@ from somatize.torch.lightning import (
     EpochStats,
     NeverHits,
     NotASubmodule,
+    Uncached,
 )
 from somatize_torch.deferred import Deferred
 from somatize_torch.freeze import is_held
@@ -103,8 +104,9 @@ def test_trained_head_equals_a_run_without_the_callback(tmp_path: Path) -> None:
 
 
 def test_from_the_second_epoch_each_batch_is_named_ahead(tmp_path: Path) -> None:
-    """From epoch 2 on, the training and validation loaders are fetched ahead and every
-    forward finds its rows named on the other thread; the head trains exactly as with
+    """From epoch 3 on (epoch 2 fetches in order, seeing that the loaders draw no random
+    numbers), the training and validation loaders are fetched ahead and every forward
+    finds its rows named on the other thread; the head trains exactly as with
     ``ahead=False``."""
     models = {}
     for ahead in (True, False):
@@ -113,9 +115,9 @@ def test_from_the_second_epoch_each_batch_is_named_ahead(tmp_path: Path) -> None
         fit = trainer(tmp_path / str(ahead), 3, callbacks=[callback])
         fit.fit(model, loader(shuffle=True), loader(shuffle=False, seed=2))
         assert isinstance(model.encoder, CachedRows)
-        batches = 2 * SAMPLES // 16  # training and validation, in epochs 2 and 3
-        assert model.encoder.used_ahead == (2 * batches if ahead else 0)
-        assert model.encoder.named_ahead == (2 * batches if ahead else 0)
+        batches = 2 * SAMPLES // 16  # training and validation, in epoch 3
+        assert model.encoder.used_ahead == (batches if ahead else 0)
+        assert model.encoder.named_ahead == (batches if ahead else 0)
         assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0, 1.0]
         assert [e.hit_rate for e in epochs(callback, "validate")] == [0.0, 1.0, 1.0]
         models[ahead] = model
@@ -159,6 +161,184 @@ def test_a_setting_changed_between_epochs_keys_rows_anew(tmp_path: Path) -> None
     trainer(tmp_path, 3, callbacks=[callback, _Hotter()]).fit(model, loader(shuffle=True))
     rows = [e.rows for e in epochs(callback, "train")]
     assert [(r.computed, r.recalled) for r in rows] == [(SAMPLES, 0), (SAMPLES, 0), (0, SAMPLES)]
+
+
+class Scheduled(Probe):
+    """Sets the encoder's gain in its own epoch-start hook, which Lightning runs after
+    the callbacks' epoch-start hooks."""
+
+    def on_train_epoch_start(self) -> None:
+        encoder = self.encoder.module if isinstance(self.encoder, CachedRows) else self.encoder
+        encoder.gain = [1.0, 3.0, 3.0][self.current_epoch]
+
+
+def test_a_setting_changed_in_the_modules_epoch_start_is_seen_that_epoch(tmp_path: Path) -> None:
+    """A value the LightningModule changes in its own ``on_train_epoch_start`` keys that
+    very epoch's rows anew: the head trains as without the callback."""
+    callback = CacheFrozen(None, ["encoder"])
+    cached, plain = Scheduled(), Scheduled()
+    trainer(tmp_path, 3, callbacks=[callback]).fit(cached, loader())
+    trainer(tmp_path, 3).fit(plain, loader())
+    rows = [(e.rows.computed, e.rows.recalled) for e in epochs(callback, "train")]
+    assert rows == [(SAMPLES, 0), (SAMPLES, 0), (0, SAMPLES)]
+    assert torch.equal(cached.head.weight, plain.head.weight)
+
+
+class Finetuned(Probe):
+    """Trains its encoder too once a fine-tuning schedule unfreezes it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        trains = any(p.requires_grad for p in self.encoder.parameters())
+        self.encoder.train(trains)  # in eval while frozen, in train mode once unfrozen
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.head.parameters(), lr=self.lr)
+
+
+class _Unfreeze(pl.Callback):
+    """A fine-tuning schedule: the encoder (held as ``backbone``) trains from epoch 2."""
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch == 1:
+            pl_module.backbone.requires_grad_(True)
+            trainer.optimizers[0].add_param_group({"params": list(pl_module.backbone.parameters())})
+
+
+def test_an_encoder_unfrozen_by_a_schedule_trains_uncached(tmp_path: Path) -> None:
+    """A fine-tuning schedule that unfreezes the encoder at epoch 2 gets it back uncached,
+    training as without the callback (same encoder and head weights), with a warning."""
+
+    def fit(cache: bool) -> Finetuned:
+        model = Finetuned()
+        model.backbone = model.encoder  # where the schedule finds it, cached or not
+        callbacks: list[pl.Callback] = [_Unfreeze()]
+        if cache:
+            callbacks.append(CacheFrozen(None, ["encoder"]))
+        trainer(tmp_path, 3, callbacks=callbacks).fit(model, loader())
+        return model
+
+    with pytest.warns(Uncached, match="`encoder` was unfrozen"):
+        cached = fit(cache=True)
+    plain = fit(cache=False)
+    assert not isinstance(cached.encoder, CachedRows) and not is_held(cached.encoder)
+    assert torch.equal(cached.encoder.conv.weight, plain.encoder.conv.weight)
+    assert not torch.equal(plain.encoder.conv.weight, Finetuned().encoder.conv.weight)
+    assert torch.equal(cached.head.weight, plain.head.weight)
+
+
+class Weighted(torch.utils.data.Dataset[Any]):
+    """Clean images, each with a loss weight drawn from torch's generator when fetched."""
+
+    def __init__(self) -> None:
+        self.images, self.labels = data()
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.images[i], self.labels[i], torch.rand(())
+
+
+class Dropped(Probe):
+    """A head with dropout, trained on the weighted loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.5)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y, weight = batch
+        with torch.no_grad():
+            features = self.encoder(x)
+        losses = nn.functional.cross_entropy(self.head(self.drop(features)), y, reduction="none")
+        return (losses * weight).mean()
+
+
+def test_a_loader_drawing_random_numbers_is_not_fetched_ahead(tmp_path: Path) -> None:
+    """A Dataset that draws random numbers as it is fetched (a loss weight), with a head
+    that draws its own (dropout): fetching ahead would change which numbers each draws,
+    so such a loader is fetched in order, and the head trains as without the callback."""
+    heads = []
+    for callbacks in ([CacheFrozen(None, ["encoder"])], []):
+        pl.seed_everything(0)
+        model = Dropped()
+        data_loader = torch.utils.data.DataLoader(Weighted(), batch_size=16, shuffle=True)
+        trainer(tmp_path, 3, callbacks=callbacks).fit(model, data_loader)
+        heads.append(model.head.weight.detach().clone())
+        if callbacks:
+            assert [e.hit_rate for e in epochs(callbacks[0], "train")] == [0.0, 1.0, 1.0]
+            assert isinstance(model.encoder, CachedRows) and model.encoder.named_ahead == 0
+    assert torch.equal(heads[0], heads[1])
+
+
+class Indexed(Probe):
+    """Calls its encoder by sample index (once it is cached), in training and validation."""
+
+    def _features(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.encoder, CachedRows):
+            return self.encoder(x, index=index)
+        out: torch.Tensor = self.encoder(x)
+        return out
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y, index = batch
+        return nn.functional.cross_entropy(self.head(self._features(x, index)), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y, index = batch
+        self.log("val_loss", nn.functional.cross_entropy(self.head(self._features(x, index)), y))
+
+
+def _indexed(seed: int) -> torch.utils.data.DataLoader[Any]:
+    images, labels = data(seed)
+    dataset = torch.utils.data.TensorDataset(images, labels, torch.arange(len(images)))
+    return torch.utils.data.DataLoader(dataset, batch_size=16)
+
+
+def test_index_keys_of_the_callbacks_version_are_kept_apart_per_stage(tmp_path: Path) -> None:
+    """With ``key="index"`` and the callback's ``version``, a validation sample 0 is not the
+    training sample 0: validation computes its own rows, and its loss is that of a run
+    without the callback."""
+    results = []
+    for callbacks in ([CacheFrozen(None, ["encoder"], key="index", version="toy@1")], []):
+        model = Indexed()
+        fit = trainer(tmp_path, 2, callbacks=callbacks)
+        fit.fit(model, _indexed(1), _indexed(2))
+        results.append(float(fit.callback_metrics["val_loss"]))
+        if callbacks:
+            rows = [(e.rows.computed, e.rows.recalled) for e in epochs(callbacks[0], "validate")]
+            assert rows == [(SAMPLES, 0), (0, SAMPLES)]
+    assert results[0] == results[1]
+
+
+def test_prefill_in_true_half_precision(tmp_path: Path) -> None:
+    """prefill converts its batches as the trainer's precision converts training batches."""
+    callback = CacheFrozen(None, ["encoder"])
+    callback.prefill(loader(shuffle=False), progress=False)
+    trainer(tmp_path, 1, callbacks=[callback], precision="bf16-true").fit(Probe(), loader())
+    assert epochs(callback, "train")[0].rows.recalled == SAMPLES
+
+
+def test_no_warning_for_epochs_of_part_of_the_data(tmp_path: Path) -> None:
+    """Epochs limited to one batch of a shuffled loader may share no sample: that is not a
+    random augmentation, and nothing warns."""
+    callback = CacheFrozen(None, ["encoder"])
+    images, labels = data(samples=2048)
+    shuffled = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(images, labels),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(3),
+    )
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fit = trainer(tmp_path, 3, callbacks=[callback], limit_train_batches=1)
+        fit.fit(Probe(), shuffled)
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 0.0, 0.0]
+    assert not [w for w in seen if issubclass(w.category, NeverHits)]
 
 
 def test_validation_test_and_predict_use_the_cache(tmp_path: Path) -> None:
@@ -450,6 +630,24 @@ def test_unknown_submodule_is_refused(tmp_path: Path) -> None:
     callback = CacheFrozen(None, ["backbone"])
     with pytest.raises(NotASubmodule, match=r"no submodule `backbone` \(it has `encoder`, `head`"):
         trainer(tmp_path, 1, callbacks=[callback]).fit(Probe(), loader())
+
+
+class MadeLate(Probe):
+    """Makes its encoder in ``configure_model``, after the callbacks' ``setup``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.encoder
+
+    def configure_model(self) -> None:
+        if not hasattr(self, "encoder"):
+            self.encoder = Encoder()
+
+
+def test_a_submodule_made_in_configure_model_is_refused_saying_why(tmp_path: Path) -> None:
+    callback = CacheFrozen(None, ["encoder"])
+    with pytest.raises(NotASubmodule, match=r"makes modules in `configure_model\(\)`"):
+        trainer(tmp_path, 1, callbacks=[callback]).fit(MadeLate(), loader())
 
 
 def test_compiled_submodule_is_refused(tmp_path: Path) -> None:

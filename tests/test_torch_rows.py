@@ -23,6 +23,7 @@ from somatize_torch.rows import (
     NotRowwise,
     RowsError,
     RowStats,
+    Unfrozen,
     cache_rows,
     prefill,
 )
@@ -414,6 +415,44 @@ def test_weights_changed_any_way_are_seen(store: Store) -> None:
     module.double()
     assert torch.equal(cached(x.double()), expected(module, x.double()))
     assert cached.stats.computed == 6 * 6
+    cached.close()
+
+
+def test_an_unfrozen_module_is_refused_not_silently_untrained(store: Store) -> None:
+    """A cached module whose parameters come to require grad (unfrozen to train it) is
+    refused at the next forward: it would run without gradients and never train."""
+    module = encoder()
+    cached = cache_rows(module, store)
+    cached(images(4))
+    module[0].weight.requires_grad_(True)
+    with pytest.raises(Unfrozen, match=r"`0.weight` now require grad"):
+        cached(images(4))
+    module[0].weight.requires_grad_(False)
+    assert torch.equal(cached(images(4)), expected(module, images(4)))
+    cached.close()
+
+
+def test_other_arguments_are_refused(cached: CachedRows) -> None:
+    """A row is keyed by its input alone: an argument beside it is refused, not dropped."""
+    with pytest.raises(RowsError, match="`mask=`"):
+        cached(images(2), mask=torch.ones(2))
+
+
+def test_float32_matmul_precision_is_in_the_key(store: Store) -> None:
+    """Rows computed with reduced-precision float32 products are not recalled for full
+    precision ones (nor the other way)."""
+    cached = cache_rows(nn.Linear(6, 3), store)
+    x = torch.randn(4, 6)
+    was = torch.get_float32_matmul_precision()
+    try:
+        cached(x)
+        torch.set_float32_matmul_precision("medium")
+        cached(x)
+        torch.set_float32_matmul_precision("highest")
+        cached(x)
+    finally:
+        torch.set_float32_matmul_precision(was)
+    assert (cached.stats.computed, cached.stats.recalled) == (8, 4)
     cached.close()
 
 
