@@ -87,6 +87,31 @@ def test_bind_and_resolve(home: Store) -> None:
     assert home.resolve("sms/train") == two
 
 
+@pytest.mark.parametrize("order", ["shorter first", "longer first"])
+def test_a_name_cannot_also_hold_names(home: Store, order: str) -> None:
+    """`sms/train` and `sms/train/x` are refused together, in every home alike (a name is
+    one file), whichever comes first, with a message saying what to do; nothing of the
+    refused one is bound, and the other can still be bound again."""
+    digest = home.put(b"rows")
+    first, second = (
+        ("sms/train", "sms/train/x")
+        if order == "shorter first"
+        else (
+            "sms/train/x",
+            "sms/train",
+        )
+    )
+    home.bind(first, digest)
+    with pytest.raises(BadName, match="cannot also hold names under it"):
+        home.bind(second, digest)
+    again = reopen(home)
+    with pytest.raises(NameNotFound):
+        again.resolve(second)
+    again.bind(first, digest)
+    assert again.resolve(first) == digest
+    again.bind("sms/train-x", digest)  # beside it, as the message says
+
+
 def test_unknown_name(home: Store) -> None:
     """Resolving a name nobody bound says how to bind it."""
     with pytest.raises(NameNotFound, match="nothing is bound to `sms/test`"):

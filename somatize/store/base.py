@@ -191,6 +191,28 @@ def check_name(name: str) -> str:
     return name
 
 
+def names_above(name: str) -> list[str]:
+    """The names ``name`` lies under (``sms``, ``sms/train`` for ``sms/train/x``)."""
+    parts = name.split("/")
+    return ["/".join(parts[:depth]) for depth in range(1, len(parts))]
+
+
+def nested(name: str, above: str | None) -> BadName:
+    """The refusal of ``name``, which lies under the name ``above`` (or, for None, has
+    names under it): a name is one file under ``names/``, in every home alike, so it cannot
+    also be a folder of names."""
+    clash = (
+        f"`{above}` is a name, and `{name}` would lie under it"
+        if above is not None
+        else f"names are bound under `{name}/`"
+    )
+    return BadName(
+        f"`{name}` cannot be bound: {clash}. A name is one file under names/ (in every "
+        "home, so a store can move between them), so it cannot also hold names under it. "
+        f"Name it beside instead (`{name.replace('/', '-')}`), or under a prefix no name uses"
+    )
+
+
 class Store(abc.ABC):
     """A content-addressed store. ``Store(path)`` is a local directory;
     ``Store.on_bucket(url)`` a bucket. See the module docstring for the contracts."""

@@ -50,6 +50,8 @@ from somatize.store.base import (
     StoreError,
     check_digest,
     check_name,
+    names_above,
+    nested,
 )
 from somatize.store.local import LocalStore
 from somatize.store.records import (
@@ -348,6 +350,12 @@ class BucketStore(PackedHome):
     def bind(self, name: str, digest: str) -> None:
         check_name(name)
         check_digest(digest)
+        upper = {self._path("names", n): n for n in names_above(name)}
+        found = self._read_paths(list(upper)) if upper else {}
+        above = next((n for path, n in upper.items() if found.get(path)), None)
+        inside = f"/names/{name}/"  # listings name paths with or without the protocol
+        if above is not None or any(inside in f"/{p}" for p in self._list(f"names/{name}")):
+            raise nested(name, above)
         self._write(self._path("names", name), [encode_name(digest, self.signer)])
 
     def _publish_record(self, key: str, data: bytes) -> None:

@@ -64,6 +64,8 @@ from somatize.store.base import (
     StoreFull,
     check_digest,
     check_name,
+    names_above,
+    nested,
 )
 from somatize.store.records import (
     PackIndex,
@@ -302,7 +304,11 @@ class LocalStore(PackedHome):
     def bind(self, name: str, digest: str) -> None:
         check_name(name)
         check_digest(digest)
-        self._publish(self.root / "names" / name, [encode_name(digest, self.signer)])
+        names = self.root / "names"
+        above = next((n for n in names_above(name) if (names / n).is_file()), None)
+        if above is not None or (names / name).is_dir():
+            raise nested(name, above)
+        self._publish(names / name, [encode_name(digest, self.signer)])
 
     def _publish_record(self, key: str, data: bytes) -> None:
         self._publish(self._answer_file(key), [data])
