@@ -41,6 +41,7 @@ __all__ = [
     "encode",
     "hex_of",
     "is_canonical",
+    "is_immutable",
     "parts_of",
 ]
 
@@ -261,6 +262,23 @@ def is_canonical(value: Any) -> bool:
         parts_of(value)
     except NotCanonical:
         return False
+    return True
+
+
+_IMMUTABLE = frozenset({type(None), bool, int, float, str, bytes})
+
+
+def is_immutable(value: Any) -> bool:
+    """Whether ``value`` can never change: None, a bool, int, float, str or bytes, or a
+    tuple of them (of exactly these types: a subclass may add mutable state)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        kind = type(item)
+        if kind is tuple:
+            pending.extend(item)
+        elif kind not in _IMMUTABLE:
+            return False
     return True
 
 

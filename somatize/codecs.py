@@ -17,7 +17,7 @@ Built in: ``plain`` (canonical values). ``somatize.data`` registers ``arrow``;
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 import blake3
@@ -77,6 +77,18 @@ class Codec(abc.ABC):
             hasher.update(piece)
         return "blake3:" + hasher.hexdigest()
 
+    def stamp(self, value: Any) -> Hashable | None:
+        """Something far cheaper than ``digest`` that stays equal only while ``value``'s
+        content cannot have changed, or None when nothing cheap can tell (the default).
+
+        An :class:`Opaque` keeps its digest while the stamp stays equal, and weighs its
+        value again otherwise: a value of an immutable kind may answer any constant; a
+        mutable one answers what every change to it changes (a tensor's version counter),
+        or None, so that it is weighed at every use. A stamp that stays equal across a
+        change makes a cache answer for the old content.
+        """
+        return None
+
 
 class Plain(Codec):
     """Canonical values (None, bool, int, float, str, bytes, lists, tuples, dicts)."""
@@ -95,6 +107,9 @@ class Plain(Codec):
 
     def digest(self, value: Any) -> str:
         return canonical.hex_of(value, b"somatize/plain\0")
+
+    def stamp(self, value: Any) -> Hashable | None:
+        return () if canonical.is_immutable(value) else None
 
 
 class Codecs:
@@ -173,24 +188,43 @@ class Opaque:
 
     Canonical values are keyed by their encoding; anything else — a tensor, an
     Arrow table — must be weighed, and saying ``Opaque(batch)`` is saying so on
-    purpose. The digest is computed once per ``Opaque`` and remembered.
+    purpose. Its digest is kept only while the value demonstrably cannot have
+    changed (see :meth:`Codec.stamp`): for good when it is immutable (bytes, str,
+    Arrow tables and frames), while its version counter, memory, shape, strides and
+    dtype are unchanged when it is a tensor. Anything else (a numpy array, a list, a
+    bytearray) is weighed again at every use, so one ``Opaque`` wrapped around a
+    buffer that is refilled in place keys each forward by what it holds then.
+    A tensor written behind torch's back (through ``.data``, ``.numpy()`` or DLPack)
+    keeps its version counter: wrap a new ``Opaque`` after such a write.
     """
 
-    __slots__ = ("_digest", "codec", "value")
+    __slots__ = ("_weighed", "codec", "value")
 
     def __init__(self, value: Any, codec: Codec | str | None = None) -> None:
         self.value = value
         if isinstance(codec, str):
             codec = CODECS.named(codec)
         self.codec = codec if codec is not None else CODECS.for_value(value, "the Opaque value")
-        self._digest: str | None = None
+        self._weighed: tuple[Any, Codec, Hashable, str] | None = None
+        """The value and codec last weighed, the stamp it had then, and its digest."""
 
     @property
     def digest(self) -> str:
-        """``blake3:<hex>`` of the value's content, computed on first use."""
-        if self._digest is None:
-            self._digest = self.codec.digest(self.value)
-        return self._digest
+        """``blake3:<hex>`` of the value's content: the one kept from the last use while the
+        codec's stamp of the value is unchanged, computed afresh otherwise."""
+        value, codec, weighed = self.value, self.codec, self._weighed
+        stamp = codec.stamp(value)
+        if (
+            stamp is not None
+            and weighed is not None
+            and weighed[0] is value
+            and weighed[1] is codec
+            and weighed[2] == stamp
+        ):
+            return weighed[3]
+        digest = codec.digest(value)
+        self._weighed = None if stamp is None else (value, codec, stamp, digest)
+        return digest
 
     def __repr__(self) -> str:
         return f"Opaque({type(self.value).__name__}, codec={self.codec.name!r})"

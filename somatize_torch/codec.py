@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import struct
 import warnings
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -181,6 +181,25 @@ class TensorCodec(Codec):
             return digest_tensor(value)
         kind, tensors = _named(value)
         return digest_named(tensors, kind)
+
+    def stamp(self, value: Any) -> Hashable | None:
+        """The version counter (bumped by every change in place), memory, shape, strides,
+        dtype and device of a tensor, or of each tensor of a tuple; None for a list or a
+        dict, whose items can be replaced, and for an inference tensor, which has no
+        version counter."""
+        if isinstance(value, torch.Tensor):
+            return None if value.is_inference() else stamp_of(value)
+        if type(value) is tuple and all(
+            isinstance(t, torch.Tensor) and not t.is_inference() for t in value
+        ):
+            return tuple(map(stamp_of, value))
+        return None
+
+
+def stamp_of(x: torch.Tensor) -> tuple[Any, ...]:
+    """What must be unchanged for ``x`` to hold what it held: its version counter (bumped
+    by every change in place through torch), its memory, layout, dtype and device."""
+    return (x._version, x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
 
 
 def _to_device(tensor: torch.Tensor, device: str, name: str) -> torch.Tensor:

@@ -74,7 +74,7 @@ from somatize.engine import Drifted
 from somatize.errors import SomatizeError
 from somatize.keys import node_key, node_prefix, root_key
 from somatize.store.base import Corrupt, Missing
-from somatize_torch.codec import TENSOR
+from somatize_torch.codec import TENSOR, stamp_of
 from somatize_torch.deferred import Deferred, DeferredRows
 from somatize_torch.digest import (
     DTYPES,
@@ -181,12 +181,6 @@ _SEED_CHUNK = 4096
 """How many samples' keys one call to the store's ``have`` holds, looking for answered ones."""
 
 _COUNTED = ("batches", "rows", "computed", "device", "host", "store", "lookup_s", "compute_s")
-
-
-def _stamp(x: torch.Tensor) -> tuple[Any, ...]:
-    """What must be unchanged for rows named earlier to still be ``x``'s rows: its version
-    counter (bumped by every change in place), its memory, layout and dtype."""
-    return (x._version, x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -459,7 +453,7 @@ class CachedRows(nn.Module):
             return False
         if x.requires_grad or (self._placed and x.device != self.tiers[0].device):
             return False
-        stamp = _stamp(x)
+        stamp = stamp_of(x)
         later = raw_rows_later(x)
         if later is None:
             return False
@@ -480,7 +474,7 @@ class CachedRows(nn.Module):
         if found is None:
             return None
         ref, stamp, later = found
-        if ref() is not x or stamp != _stamp(x):
+        if ref() is not x or stamp != stamp_of(x):
             return None  # another tensor at the same address, or changed in place
         try:
             ids = later.result()

@@ -163,6 +163,14 @@ def test_enums_and_subclasses_are_not_silently_accepted() -> None:
         canonical.encode(Count(3))
 
 
+def test_only_values_that_cannot_change_are_immutable() -> None:
+    """None, numbers, str, bytes and tuples of them are immutable; anything that can be
+    changed in place, or holds something that can, is not."""
+    assert canonical.is_immutable((None, True, 1, 2.5, "s", b"b", (1, ("x",))))
+    for value in [bytearray(b"b"), [1], {"a": 1}, (1, [2]), memoryview(b"b"), (bytearray(),)]:
+        assert not canonical.is_immutable(value), value
+
+
 @pytest.mark.parametrize("data", [b"", b"Z", b"i\x00\x00\x00\x00\x00\x00\x00\x05\x01", b"NN"])
 def test_decode_refuses_broken_bytes(data: bytes) -> None:
     """Bytes that are not one whole canonical value are refused."""

@@ -84,6 +84,40 @@ def test_the_digest_is_of_content_not_of_chunking() -> None:
     assert codec.digest(whole).startswith("blake3:") and len(codec.digest(whole)) == 71
 
 
+BARE_AND_SLICED = {
+    "no nulls": (pyarrow.array(range(10)), pyarrow.array([*range(10), None]).slice(0, 10)),
+    "bits past the end": (pyarrow.array([1, None, 3]), pyarrow.array([1, None, 3, 4]).slice(0, 3)),
+    "a child with no nulls": (
+        pyarrow.array([{"a": 1}, {"a": 2}]),
+        pyarrow.StructArray.from_arrays([pyarrow.array([1, 2, None]).slice(0, 2)], names=["a"]),
+    ),
+    "list items with no nulls": (
+        pyarrow.array([[1], [2]]),
+        pyarrow.ListArray.from_arrays(pyarrow.array([0, 1, 2]), pyarrow.array([1, 2, None])[:2]),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", ["table", "frame", "batch"])
+@pytest.mark.parametrize("case", list(BARE_AND_SLICED))
+def test_the_digest_ignores_validity_bits_about_no_row(kind: str, case: str) -> None:
+    """A column sliced from one with nulls elsewhere keeps their validity bitmap; equal
+    rows digest alike whether or not theirs carries one, and whatever it holds past them."""
+    bare, sliced = BARE_AND_SLICED[case]
+    assert sliced.buffers()[0] is not None or sliced.type.num_fields
+    made = {
+        "table": lambda column: pyarrow.table({"n": column}),
+        "frame": lambda column: Frame(pyarrow.table({"n": column})),
+        "batch": lambda column: pyarrow.RecordBatch.from_arrays([column], names=["n"]),
+    }[kind]
+    codec = ArrowCodec()
+    assert made(bare).equals(made(sliced)) if kind != "frame" else made(bare) == made(sliced)
+    assert codec.digest(made(bare)) == codec.digest(made(sliced))
+    assert codec.digest(made(bare)) != codec.digest(
+        made(pyarrow.array([None] * len(bare), bare.type))
+    )
+
+
 def test_empty_values_round_trip() -> None:
     """A frame of no rows and an empty batch come back as themselves."""
     codec = ArrowCodec()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from somatize import CodecError, Drifted, Graph, Node, NodeFailed, Opaque, Store
+from somatize import Codec, CodecError, Drifted, Graph, Node, NodeFailed, Opaque, Store
 from somatize.store import LocalStore
 from tests.nodes import Echo, Fails, Largest, Rows, Scale, Square
 
@@ -146,6 +148,48 @@ def test_opaque_input_is_unwrapped_for_the_node(store: Store) -> None:
     assert g.forward(Opaque(b"abc"), store=store) == b"abc"
     assert g.forward(Opaque(b"abc"), store=store) == b"abc"
     assert echo.calls == 1
+
+
+class Total(Node):
+    """The sum of its input's items."""
+
+    def forward(self, values: Any, ctx: Any) -> float:
+        return float(sum(values))
+
+
+class NumpyBytes(Codec):
+    """A one-dimensional int64 numpy array as its bytes; no stamp, as a mutable value has."""
+
+    name = "tests-numpy"
+    types = (np.ndarray,)
+
+    def encode(self, value: Any) -> list[bytes]:
+        return [value.astype(np.int64).tobytes()]
+
+    def decode(self, data: memoryview) -> Any:
+        return np.frombuffer(data, dtype=np.int64)
+
+
+@pytest.mark.parametrize(
+    "opaque",
+    [
+        lambda: Opaque(np.zeros(4, dtype=np.int64), NumpyBytes()),
+        lambda: Opaque(bytearray(4)),
+    ],
+    ids=["numpy", "bytearray"],
+)
+def test_an_opaque_changed_in_place_is_weighed_again(
+    store: Store, opaque: Callable[[], Opaque]
+) -> None:
+    """One Opaque around a mutable value, refilled in place between forwards, is keyed by
+    what it holds at each forward: the answer is the new content's, not a recall."""
+    what = opaque()
+    g = Graph.somatize(Total().named("total").frozen().cached())
+    assert g.forward(what, store=store) == 0.0
+    what.value[:] = b"\x01\x01\x01\x01" if isinstance(what.value, bytearray) else 1
+    seen: list[dict[str, Any]] = []
+    assert g.forward(what, store=store, watching=seen.append) == 4.0
+    assert seen[0]["fact"] == "ran"
 
 
 def test_answer_with_no_codec_is_refused(store: Store) -> None:

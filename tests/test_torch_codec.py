@@ -7,6 +7,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import safetensors.torch
 import torch
 
 import somatize.torch as smt
-from somatize import CODECS, Opaque, Store
+from somatize import CODECS, Graph, Node, Opaque, Store
 from somatize_torch import _native
 from somatize_torch.digest import DTYPES, RowsLater, raw_rows, raw_rows_later
 from tests.forked import in_forked_child
@@ -187,6 +188,50 @@ def test_opaque_tensor_is_keyed_by_content_dtype_and_shape() -> None:
     others = [x.reshape(4, 3), x.double(), x.clone().index_fill_(0, torch.tensor([1]), 0.5)]
     assert len({Opaque(x).digest, *(Opaque(o).digest for o in others)}) == 4
     assert Opaque((x,)).digest != Opaque(x).digest != Opaque({"0": x}).digest
+
+
+class Total(Node):
+    """The sum of a tensor, or of a tuple of tensors."""
+
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, ...], ctx: Any) -> float:
+        return sum(float(t.sum()) for t in (x if isinstance(x, tuple) else (x,)))
+
+
+def test_an_opaque_tensor_changed_in_place_is_weighed_again(store: Store) -> None:
+    """A batch wrapped once and changed in place (a reused buffer) is keyed by its new
+    content at the next forward: the answer is computed again, not the old one recalled."""
+    batch = torch.zeros(4)
+    what = Opaque(batch)
+    g = Graph.somatize(Total().named("total").frozen().cached())
+    assert g.forward(what, store=store) == 0.0
+    batch += 1
+    seen: list[dict[str, Any]] = []
+    assert g.forward(what, store=store, watching=seen.append) == 4.0
+    assert seen[0]["fact"] == "ran"
+
+
+@pytest.mark.parametrize("reused", ["tensor", "tuple"])
+def test_a_reused_unchanged_opaque_tensor_is_weighed_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch, reused: str
+) -> None:
+    """Forwarding one Opaque again weighs nothing while its tensors are unchanged (their
+    version counters, memory and layout), and weighs again once one changes in place."""
+    weighed: list[object] = []
+    digest = smt.TENSOR.digest
+    monkeypatch.setattr(smt.TENSOR, "digest", lambda value: weighed.append(value) or digest(value))
+    batch = torch.randn(32, 3, 8, 8)
+    what = Opaque(batch if reused == "tensor" else (batch, torch.ones(2)))
+    g = Graph.somatize(Total().named("total").frozen().cached())
+    for _ in range(3):
+        g.forward(what, store=store)
+    assert len(weighed) == 1
+    batch.mul_(2)
+    g.forward(what, store=store)
+    g.forward(what, store=store)
+    assert len(weighed) == 2
+    what.value = batch.clone()  # another tensor, equal content: weighed, not trusted
+    g.forward(what, store=store)
+    assert len(weighed) == 3
 
 
 @pytest.fixture(params=["blake3 package", "native library"])

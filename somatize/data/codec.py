@@ -11,14 +11,16 @@ record batch) is written into the schema's metadata under ``somatize.kind`` and
 taken out again on the way back, so a frame comes back a frame and the bytes
 stay plain Arrow IPC any Arrow reader opens.
 
-The digest is BLAKE3 over the IPC bytes of the value with its chunks combined:
-equal content laid out in different chunks (a table read in two pieces, or in
-one) has one digest, which is what a key computed in two processes needs.
+The digest is BLAKE3 over the IPC bytes of the value with its chunks combined
+and its validity bitmaps bare (none on a column with no nulls, no bits set past
+a column's end): equal content laid out in different chunks (a table read in
+two pieces, or in one), or sliced from a column that had nulls elsewhere, has
+one digest, which is what a key computed in two processes needs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import blake3
@@ -53,6 +55,36 @@ def _untagged(schema: pyarrow.Schema) -> tuple[pyarrow.Schema, bytes]:
     return schema.with_metadata(metadata) if metadata else schema.remove_metadata(), kind
 
 
+def _bare(column: pyarrow.Array) -> pyarrow.Array:
+    """``column`` with no validity bits that say nothing about its rows: no bitmap when
+    nothing is null, no bits set past its end. A slice of a column keeps the bitmap of the
+    whole, and IPC writes what it finds; rebuilding (one copy) writes them the one way."""
+    kind = column.type
+    if pyarrow.types.is_nested(kind) or pyarrow.types.is_dictionary(kind):
+        return pyarrow.concat_arrays([column])  # whose children hold bitmaps of their own
+    validity = column.buffers()[0] if column.buffers() else None
+    if validity is None:
+        return column
+    length = len(column)
+    if column.null_count == 0 or (
+        column.offset == 0 and length % 8 and memoryview(validity)[length // 8] >> length % 8
+    ):
+        return pyarrow.concat_arrays([column])
+    return column  # sliced at an offset, IPC copies the bits it needs into a cleared buffer
+
+
+def _bared(table: Any) -> Any:
+    """``table`` (a Table of one chunk per column, or a RecordBatch) with its columns bare."""
+    if isinstance(table, pyarrow.RecordBatch):
+        columns: list[Any] = [_bare(column) for column in table.columns]
+    else:
+        columns = [
+            pyarrow.chunked_array([_bare(chunk) for chunk in column.chunks], type=column.type)
+            for column in table.columns
+        ]
+    return type(table).from_arrays(columns, schema=table.schema)
+
+
 class ArrowCodec(Codec):
     """Frames, ``pyarrow.Table`` and ``pyarrow.RecordBatch`` as Arrow IPC (stream format)."""
 
@@ -67,13 +99,13 @@ class ArrowCodec(Codec):
         else:
             table, kind = value, b"table"
         tagged = _tagged(table, kind)
+        if combined:
+            tagged = _bared(tagged if kind == b"batch" else tagged.combine_chunks())
         sink = pyarrow.BufferOutputStream()
         with pyarrow.ipc.new_stream(sink, tagged.schema) as writer:
             if kind == b"batch":
                 writer.write_batch(tagged)
             else:
-                if combined:
-                    tagged = tagged.combine_chunks()
                 for batch in tagged.to_batches():
                     if combined and batch.num_rows == 0:
                         continue  # an empty table may come with or without an empty chunk
@@ -108,3 +140,6 @@ class ArrowCodec(Codec):
         hasher.update(b"arrow\0")
         hasher.update(self._ipc(value, combined=True))
         return "blake3:" + hasher.hexdigest()
+
+    def stamp(self, value: Any) -> Hashable | None:
+        return ()  # Arrow tables and batches are immutable, and so is a frame over one
