@@ -1,9 +1,11 @@
 """The engine: carries out a plan and says what happened.
 
-One forward is: refuse what cannot honestly be kept; compute every key; ask the
-store once; walk backward from the outputs (:mod:`somatize.plan`); read back the
-recalled answers; run the rest in order, keeping what cached nodes answer; and
-emit facts, in order, to ``watching`` and into the run's :class:`Record`.
+One forward is: look at the graph again (a list a node was built with may have
+changed since: :func:`~somatize.plan.look_again`); refuse what cannot honestly be
+kept; compute every key; ask the store once; walk backward from the outputs
+(:mod:`somatize.plan`); read back the recalled answers; run the rest in order,
+keeping what cached nodes answer; and emit facts, in order, to ``watching`` and
+into the run's :class:`Record`.
 
 Facts are plain dicts::
 
@@ -49,7 +51,7 @@ from somatize.codecs import CODECS, Opaque
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.keys import item_key
 from somatize.node import Context
-from somatize.plan import Plan, compile, item_keys_from
+from somatize.plan import Plan, compile, item_keys_from, look_again
 from somatize.store import Corrupt, Missing
 
 if TYPE_CHECKING:
@@ -455,6 +457,7 @@ def run(
         wanted = (graph.resolve(outputs),)
     else:
         wanted = tuple(graph.resolve(name) for name in outputs)
+    look_again(graph)
     if broker is not None:
         broker.check(graph)
     state = _Run(graph, store, watching, broker, strict)

@@ -2,10 +2,12 @@
 
 ``Graph.somatize(a >> b >> c)`` turns an expression into a graph. Building it is
 also where **hash-consing** happens: a settled node — frozen, with an identity
-and a declaration, and a state if it holds one — is interned on its key parts
-(identity, declaration, salt, mapped, placement, and the nodes it reads). The
-same frozen computation written twice is therefore one node, computed once; no
-merge pass exists, and equality of settled nodes is identity. Sharing the
+and a declaration that stays as it is, and a state if it holds one — is interned
+on its key parts (identity, declaration, salt, mapped, placement, and the nodes it
+reads). The same frozen computation written twice is therefore one node, computed
+once; no merge pass exists, and equality of settled nodes is identity. A node
+built with a list or a dict is never interned: whoever holds the list can change
+it after the build, and two nodes equal now would then be two computations. Sharing the
 computation changes nothing for what reads it: a node gets one argument per
 edge, in order, even when two edges come from one interned node (and its key
 reads that node's key twice), and each declared output keeps its slot.
@@ -121,6 +123,7 @@ class Graph:
                 and identity is not None
                 and declaration is not None
                 and (not node.holds_state or marks.state is not None)
+                and node.is_declaration_fixed()
             ):
                 intern = (
                     identity,
@@ -252,12 +255,12 @@ class Graph:
 
     def unfixed(self) -> tuple[str, ...]:
         """The nodes whose declaration may change while the graph is in use (see
-        :meth:`Node.is_declaration_fixed`), derived again at each forward that keys them."""
+        :meth:`Node.is_declaration_fixed`), derived again at the start of each forward."""
         return tuple(self._unfixed)
 
     def restated(self) -> tuple[str, ...]:
         """The nodes that can tell whether their state changed since it was settled (see
-        :meth:`Node.restate`), asked at each forward that keys them."""
+        :meth:`Node.restate`), asked at the start of each forward when frozen."""
         return tuple(self._restated)
 
     def items(self) -> Iterator[tuple[str, Node]]:

@@ -21,8 +21,14 @@ refused (:class:`AlreadyBuilt`), since that graph would go on as it was built.
 
 A declaration captured from the constructor holds the arguments themselves, so
 one built with a list or a dict can change after the graph is built when
-somebody changes that list; such a node's declaration is derived again at each
-forward that keys it (:meth:`Node.is_declaration_fixed`).
+somebody changes that list; such a node's declaration is derived again at the
+start of each forward (:meth:`Node.is_declaration_fixed`).
+
+A ``declare()`` says what distinguishes instances of the class that wrote it. A
+subclass that defines its own constructor, with other parameters than that
+class's, has arguments the ``declare()`` it inherits may not say: it cannot be
+keyed (:class:`Undeclared`) until it writes a ``declare()`` of its own that adds
+them to ``super().declare()``.
 
 Chaining: ``a >> b`` feeds ``a`` into ``b``; a tuple fans out or in —
 ``a >> (b, c)`` feeds ``a`` to both, ``(a, b) >> c`` hands ``c`` both outputs
@@ -80,6 +86,39 @@ def _is_fixed(value: Any) -> bool:
     return type(value) in _FIXED
 
 
+_UNSAID: dict[type, tuple[type, list[str]] | None] = {}
+
+
+def _unsaid(kind: type) -> tuple[type, list[str]] | None:
+    """For a class that defines its own ``__init__`` below the class whose ``declare()`` it
+    inherits, with other parameters than that class's: that class, and the parameters it
+    does not take (``declare()`` was written without them, so it may not say them). None
+    when nothing is lost (worked out once per class)."""
+    if kind in _UNSAID:
+        return _UNSAID[kind]
+    found = None
+    mro = kind.__mro__
+    owner = next(c for c in mro if "declare" in vars(c))
+    made_by = next((c for c in mro if "__init__" in vars(c)), object)
+    if owner is not Node and mro.index(made_by) < mro.index(owner):
+        own = _parameters(kind)
+        theirs = _parameters(owner)
+        if own != theirs:
+            names = {name for name, _ in theirs}
+            found = (owner, [name for name, _ in own[1:] if name not in names])
+    _UNSAID[kind] = found
+    return found
+
+
+def _parameters(kind: type) -> list[tuple[str, Any]]:
+    """The name and kind of each parameter of ``kind.__init__``, ``self`` first."""
+    init = kind.__init__  # type: ignore[misc]
+    try:
+        return [(p.name, p.kind) for p in inspect.signature(init).parameters.values()]
+    except (TypeError, ValueError):
+        return [("?", None)]
+
+
 def _signature(kind: type) -> inspect.Signature | None:
     """The signature of ``kind.__init__``, worked out once per class."""
     if kind not in _SIGNATURES:
@@ -122,7 +161,9 @@ class Node:
 
         By default: the constructor's arguments by parameter name, defaults filled
         in. Override it when the constructor takes something with no canonical
-        form (return what, of it, decides the answers).
+        form (return what, of it, decides the answers). A subclass whose constructor
+        takes other parameters than the class that wrote the ``declare()`` it inherits
+        writes its own, adding its arguments to ``super().declare()``.
         """
         args, kwargs = self._smz.call
         signature = _signature(type(self))
@@ -147,8 +188,9 @@ class Node:
 
     def is_declaration_fixed(self) -> bool:
         """Whether :meth:`declare` says the same for as long as the node lives. When it
-        may not, the graph derives the declaration again at each forward that keys the
-        node, so its key follows what it is now — a cost the node pays only then.
+        may not, the graph derives the declaration again at the start of each forward, so
+        its key, and a copy rebuilt on a worker, follow what it is now — a cost the node
+        pays only then.
 
         By default: fixed when every constructor argument is an immutable value (a
         number, a str, bytes, None, tuples of them), and not when one is a list or a dict
@@ -190,9 +232,9 @@ class Node:
     def restate(self) -> str | None:
         """For a node settled at a state (weights digested by ``freeze``): the digest of its
         state if it changed since, now said to be its state; None when it did not (and
-        by default). The graph asks before each forward that keys the node, so its key
-        names the state it computes with — a node that can see a change cheaply (a torch
-        module watching its tensors) says so here."""
+        by default). The graph asks at the start of each forward, so its key, and the state
+        a worker is sent, name the state it computes with — a node that can see a change
+        cheaply (a torch module watching its tensors) says so here."""
         return None
 
     def implementing_class(self) -> type:
@@ -207,7 +249,12 @@ class Node:
         return type(self).__qualname__
 
     def declaration(self, where: str | None = None) -> str:
-        """``blake3:<hex>`` of :meth:`declare`; :class:`Undeclared` when it is not canonical."""
+        """``blake3:<hex>`` of :meth:`declare`; :class:`Undeclared` when it is not canonical,
+        or when the node's class takes constructor arguments the ``declare()`` it inherits
+        was not written for (see :func:`_unsaid`)."""
+        unsaid = _unsaid(type(self))
+        if unsaid is not None:
+            raise self._unsaid_by(unsaid, where)
         declared = self.declare()
         try:
             return canonical.hex_of(declared, b"somatize/declaration\0")
@@ -219,6 +266,23 @@ class Node:
                 f"canonical form — {why}. Give `{kind}` a `declare(self)` method that returns, "
                 "as canonical values, what distinguishes one instance from another"
             ) from None
+
+    def _unsaid_by(self, unsaid: tuple[type, list[str]], where: str | None) -> Undeclared:
+        owner, new = unsaid
+        kind = type(self).__qualname__
+        name = where or self._smz.name or kind
+        base = owner.__qualname__
+        args = ", ".join(f"`{n}`" for n in new) if new else f"other parameters than `{base}`'s"
+        example = new[0] if new else "what"
+        return Undeclared(
+            f"`{name}` ({kind}) cannot be keyed: `{kind}` takes constructor arguments of its "
+            f"own ({args}) and inherits `declare()` from `{base}`, which says what "
+            f"distinguishes one `{base}` from another and may not say them. Two `{kind}`s "
+            "built with different arguments could then not be told apart: they would share "
+            f"one key, and one's answer would be recalled for the other. Give `{kind}` its "
+            "own `declare(self)` that adds them to `super().declare()`, e.g. "
+            f'`return {{**super().declare(), "{example}": self.{example}}}`'
+        )
 
     # -- declarations (chainable) ------------------------------------------------------
 

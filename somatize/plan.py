@@ -8,12 +8,13 @@ is kept is recalled and does not need its inputs; a node needed only by
 recalled nodes is spared; the rest run.
 
 What does not depend on the input — the key prefixes, which nodes need keys —
-is derived once per state of the graph's memory (:class:`Static`). A keyed node
-whose declaration may change in place (one built with a list) has it derived
-again before each keyed forward, and a frozen node that can see its own state
-change (a torch module whose weights were loaded since ``freeze``) is asked; a
-change is said to the memory, which makes a new state, so the key names what
-the node is now.
+is derived once per state of the graph's memory (:class:`Static`). Every forward
+first looks at the graph again (:func:`look_again`): a node whose declaration may
+change in place (one built with a list) has it derived again, and a frozen node
+that can see its own state change (a torch module whose weights were loaded
+since ``freeze``) is asked; a change is said to the memory, which makes a new
+state — before anything is keyed or sent to a worker, with or without a store —
+so a key, and a node rebuilt on a worker, name what the node is now.
 
 A mapped node reading the graph's input (or another mapped node) has its item
 keys known before anything runs. One reading a computed list learns how many
@@ -29,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from somatize import keys as keying
 from somatize.memory import cacheable, settled, upstream
+from somatize.node import Node, Undeclared
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
     from somatize.store import Store
 
-__all__ = ["Plan", "Static", "compile", "static_of"]
+__all__ = ["Plan", "Static", "compile", "look_again", "static_of"]
 
 _KNOWN_INPUTS = 256
 """How many inputs' node keys a graph state remembers (see :attr:`Static.known`)."""
@@ -55,10 +57,6 @@ class Static:
     late: frozenset[str]
     """Mapped keyed nodes whose item count is known only once their inputs ran."""
     fingerprint: dict[str, str | None]
-    unfixed: tuple[str, ...] = ()
-    """Keyed nodes whose declaration is derived again before each keyed forward."""
-    restated: tuple[str, ...] = ()
-    """Keyed frozen nodes asked before each keyed forward whether their state changed."""
     steps: tuple[tuple[str, bytes, tuple[str, ...], bool], ...] = ()
     """For each keyed node in order: its name, the fixed head of its key
     (:func:`~somatize.keys.node_head`), its predecessors, and whether its item keys are
@@ -121,8 +119,6 @@ def static_of(graph: Graph) -> Static:
         mapped=mapped,
         late=frozenset(late),
         fingerprint={n: memory.fingerprint_of(n) for n in graph.nodes()},
-        unfixed=tuple(n for n in graph.unfixed() if n in needed),
-        restated=tuple(n for n in graph.restated() if n in needed and memory.is_frozen(n)),
         steps=tuple(
             (
                 n,
@@ -197,14 +193,13 @@ def compile(
     store: Store | None,
     outputs: Iterable[str],
 ) -> Plan:
-    """The plan of one forward of ``graph`` on ``x`` against ``store``."""
+    """The plan of one forward of ``graph`` on ``x`` against ``store``, for the graph as
+    its memory says it is (:func:`look_again` first)."""
     if store is None:
         plan = Plan(_unkeyed(graph))
         plan.walk(outputs)
         return plan
     static = static_of(graph)
-    if static.unfixed or static.restated:
-        static = _looked_at_again(graph, static)
     plan = Plan(static)
     if static.keyed and not static.itemized and not static.mapped:
         root = keying.root_key(x)
@@ -240,19 +235,35 @@ def compile(
     return plan
 
 
-def _looked_at_again(graph: Graph, static: Static) -> Static:
-    """``static``, or the one of the graph's new state when a node's declaration or state
-    changed since it was derived (and is now said to the memory)."""
+def look_again(graph: Graph) -> None:
+    """Says to ``graph``'s memory what changed in its nodes since it was built: the
+    declaration of a node built with a list or a dict changed in place since (see
+    :meth:`~somatize.node.Node.is_declaration_fixed`), and the state of a frozen node
+    that sees its own state changed (:meth:`~somatize.node.Node.restate`). A change makes
+    a new state of the memory, so what was derived from the old one — a graph's
+    :class:`Static`, a broker's blueprints — is derived again. Run at the start of every
+    forward, before anything is keyed or sent; it costs nothing for a graph with no such
+    node."""
+    unfixed: dict[str, Node] = graph._unfixed
+    restated: dict[str, Node] = graph._restated
+    if not unfixed and not restated:
+        return
     memory = graph.memory
-    for name in static.unfixed:
-        now = graph.node(name).declaration(name)
-        if now != memory.declaration_of(name):
+    for name, node in unfixed.items():
+        was = memory.declaration_of(name)
+        try:
+            now = node.declaration(name)
+        except Undeclared:
+            if was is None:
+                continue  # undeclared when built, and still: refused where it is keyed
+            raise
+        if now != was:
             memory.declared_as(name, now)
-    for name in static.restated:
-        state = graph.node(name).restate()
-        if state is not None:
-            memory.freeze(name, state)
-    return static if memory.version == static.version else static_of(graph)
+    for name, node in restated.items():
+        if memory.is_frozen(name):
+            state = node.restate()
+            if state is not None:
+                memory.freeze(name, state)
 
 
 def _node_keys(static: Static, root: str) -> dict[str, str]:

@@ -130,3 +130,13 @@ class Ramp(Node):
         start, take = span["at"] * self.width, span["take"]
         values = torch.arange(start, start + take * self.width, dtype=torch.float32)
         return values.reshape(take, self.width) / 10
+
+
+class Weighted(Node):
+    """Multiplies every item by the sum of ``weights``, a list the caller may change."""
+
+    def __init__(self, weights: list[float]) -> None:
+        self.weights = weights
+
+    def forward(self, values: list[float], ctx: Any) -> list[float]:
+        return [v * sum(self.weights) for v in values]

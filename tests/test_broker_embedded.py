@@ -14,7 +14,17 @@ from somatize import Catalog, CodecError, Graph, Node, NodeFailed, Store, Unbuil
 from somatize.broker import BadWorker, Broker, StateMismatch, UnknownWorker, Worker
 from somatize.catalog import Blueprint, blueprint_of
 from somatize_torch import ModuleNode, StateDoesNotFit, freeze, is_held
-from tests.broker_nodes import Encoder, Holds, MakesBlob, Nap, Ramp, Tagged, Weights, Where
+from tests.broker_nodes import (
+    Encoder,
+    Holds,
+    MakesBlob,
+    Nap,
+    Ramp,
+    Tagged,
+    Weighted,
+    Weights,
+    Where,
+)
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
 
 
@@ -449,12 +459,13 @@ def test_a_module_node_not_frozen_is_refused_on_a_network_worker() -> None:
 
 
 def test_a_state_whose_digest_does_not_match_is_refused() -> None:
-    """Weights changed after freezing are refused by the worker that loads them, which keeps
-    nothing loaded; the same weights frozen again run."""
+    """Weights changed after freezing where the node cannot see it (into ``.data``) are
+    refused by the worker that loads them, which keeps nothing loaded; the same weights
+    frozen again run."""
     g, enc, _ = _encoder_graph()
     frozen_at = g.memory.state_of("enc")
     with torch.no_grad():
-        enc.module.linear.bias.add_(1.0)
+        enc.module.linear.bias.data.add_(1.0)
     broker = Broker.embedded({"w1": Worker.generic(mode="network")})
     refused = r"`enc` on worker `w1` was sent state whose digest is blake3:\w+, and the graph "
     refused += rf"is frozen at {frozen_at}.*freeze\(g\)"
@@ -464,6 +475,51 @@ def test_a_state_whose_digest_does_not_match_is_refused() -> None:
     freeze(g)
     x = {"at": 0, "take": 2}
     assert torch_equal(g.forward(x, broker=broker), g.forward(x))
+
+
+def test_weights_changed_in_place_are_restated_before_they_cross() -> None:
+    """Weights changed in place after freezing, where the node sees it, are restated before
+    the forward sends anything: the worker loads the new weights and answers as here."""
+    g, enc, _ = _encoder_graph()
+    frozen_at = g.memory.state_of("enc")
+    x = {"at": 0, "take": 2}
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    g.forward(x, broker=broker)
+    with torch.no_grad():
+        enc.module.linear.bias.add_(1.0)
+    assert torch_equal(g.forward(x, broker=broker), g.forward(x))
+    assert g.memory.state_of("enc") != frozen_at
+
+
+@pytest.mark.parametrize("keeping", [False, True])
+def test_a_list_changed_after_build_reaches_the_network_worker(
+    keeping: bool, tmp_path: Path
+) -> None:
+    """A node built with a list and placed on a network worker is rebuilt there with the list
+    as it is now, with or without a store; with one, the answer is kept under the key of
+    the new list, which a fresh graph built with that list recalls."""
+    store = Store(tmp_path / "store") if keeping else None
+    weights = [2.0]
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    g = Graph.somatize(
+        Rows().named("rows").frozen()
+        >> Weighted(weights).named("weighted").frozen().at("w1")
+        >> Largest().named("top").frozen().cached()
+    )
+    x = {"at": 0, "take": 4}
+    assert g.forward(x, store=store, broker=broker) == 6.0
+    weights[0] = 3.0
+    assert g.forward(x, store=store, broker=broker) == 9.0
+    assert g.forward(x, store=store, broker=broker) == 9.0
+    if store is not None:
+        fresh = Graph.somatize(
+            Rows().named("rows").frozen()
+            >> Weighted([3.0]).named("weighted").frozen()
+            >> Largest().named("top").frozen().cached()
+        )
+        seen: list[dict[str, Any]] = []
+        assert fresh.forward(x, store=store, watching=seen.append) == 9.0
+        assert ("recalled", "top") in [(f["fact"], f.get("node")) for f in seen]
 
 
 def test_state_that_does_not_fit_the_rebuilt_module_is_refused() -> None:

@@ -25,7 +25,7 @@ from somatize.broker import (
 )
 from somatize.keys import root_key
 from somatize_torch import ModuleNode, freeze
-from tests.broker_nodes import Encoder, Length, MakesBlob, Nap, Ramp, Where
+from tests.broker_nodes import Encoder, Length, MakesBlob, Nap, Ramp, Weighted, Where
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
 
 ray = pytest.importorskip("ray", reason="the Ray broker needs ray: pip install 'somatize[ray]'")
@@ -116,6 +116,28 @@ def test_keys_are_equal_on_the_client_and_on_a_worker(broker: Any, store: Store)
     assert broker.key_on("w2", encoded, "enc", [keys["rows"]]) == keys["enc"]
 
 
+def test_a_list_changed_after_build_reaches_the_ray_worker(broker: Any, store: Store) -> None:
+    """A node built with a list, on a Ray worker, runs there with the list as it is now, and
+    its answer is kept under the key of the new list."""
+    weights = [2.0]
+    g = Graph.somatize(
+        Rows().named("rows").frozen()
+        >> Weighted(weights).named("weighted").frozen().at("w1")
+        >> Largest().named("top").frozen().cached()
+    )
+    x = {"at": 0, "take": 4}
+    assert g.forward(x, store=store, broker=broker) == 6.0
+    weights[0] = 3.0
+    assert g.forward(x, store=store, broker=broker) == 9.0
+    assert g.forward(x, broker=broker) == 9.0
+    fresh = Graph.somatize(
+        Rows().named("rows").frozen()
+        >> Weighted([3.0]).named("weighted").frozen()
+        >> Largest().named("top").frozen().cached()
+    )
+    assert fresh.forward(x, store=store) == 9.0
+
+
 def _encoder_graph() -> tuple[Graph, ModuleNode]:
     """A cached source here feeding a cached frozen encoder, built rebuildably, on `w1`."""
     enc = ModuleNode.build(Encoder, 4)
@@ -171,10 +193,11 @@ def test_a_refrozen_module_on_a_ray_worker(broker: Any, store: Store) -> None:
 
 
 def test_a_module_whose_state_does_not_match_is_refused_on_ray(broker: Any) -> None:
-    """Weights changed after freezing are refused by the actor that loads them."""
+    """Weights changed after freezing where the node cannot see it (into ``.data``) are
+    refused by the actor that loads them."""
     g, enc = _encoder_graph()
     with torch.no_grad():
-        enc.module.linear.bias.add_(1.0)
+        enc.module.linear.bias.data.add_(1.0)
     with pytest.raises(StateMismatch, match=r"`enc` on worker `w1` was sent state whose digest"):
         g.forward({"at": 0, "take": 2}, broker=broker)
 

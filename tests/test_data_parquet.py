@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow
+import pyarrow.compute
 import pyarrow.parquet
 import pytest
 
-from somatize import Graph, NameNotFound, Node, Store, Unbuildable
+from somatize import Graph, NameNotFound, Node, Store, Unbuildable, Undeclared
 from somatize.broker import Broker, StateMismatch, Worker
 from somatize.catalog import blueprint_of
 from somatize.data import (
@@ -343,6 +344,19 @@ def test_a_directory_reads_as_one_dataset(tmp_path: Path) -> None:
     assert len(source.forward({"at": 205, "take": 64}, ctx())) == 0
 
 
+def test_a_relative_directory_is_read_where_it_was_when_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A source built from a relative path keeps reading that directory after the working
+    directory changes."""
+    write_dir(tmp_path / "d", [numbers(10)])
+    monkeypatch.chdir(tmp_path)
+    source = ParquetDir("d")
+    monkeypatch.chdir(tmp_path / "d")
+    assert source.root.resolve() == (tmp_path / "d").resolve()
+    assert source.forward({"at": 2, "take": 3}, ctx()).column("n") == [2, 3, 4]
+
+
 def test_a_changed_file_changes_the_version(tmp_path: Path) -> None:
     """Rewriting one file (same name, same row count) gives the directory another version."""
     write_dir(tmp_path / "d", [numbers(100), numbers(100, 100)])
@@ -431,6 +445,47 @@ def test_a_remembered_digest_is_dropped_when_the_file_is_replaced(
 
 
 # ---------------------------------------------------------------- on a network worker
+
+
+class AtLeast(Parquet):
+    """A Parquet source keeping the rows whose ``n`` is at least ``least``; it inherits
+    Parquet's declare(), which does not say ``least``."""
+
+    def __init__(self, store: Store, name: str, least: int, columns: list[str] | None = None):
+        super().__init__(store, name, columns)
+        self.least = least
+
+    def forward(self, span: Any, ctx: Context) -> Frame:
+        table = super().forward(span, ctx).to_arrow()
+        return Frame(table.filter(pyarrow.compute.greater_equal(table["n"], self.least)))
+
+
+class AtLeastSaid(AtLeast):
+    """An :class:`AtLeast` that adds ``least`` to its declaration."""
+
+    def declare(self) -> dict[str, Any]:
+        return {**super().declare(), "least": self.least}
+
+
+def test_a_subclass_with_its_own_arguments_declares_them_or_is_refused(store: Store) -> None:
+    """A Parquet subclass taking an argument its inherited declare() does not say is refused
+    when keyed; with its own declare() its answers key apart, and a network worker rebuilds
+    it with its own arguments."""
+    bound(store, numbers(100))
+    refused = r"`data` \(AtLeast\) cannot be keyed: `AtLeast` takes constructor arguments of "
+    refused += r"its own \(`least`\) and inherits `declare\(\)` from `Parquet`"
+    g, _ = _on_w1(AtLeast(store, "data/n", 50))
+    with pytest.raises(Undeclared, match=refused):
+        g.forward({"at": 0, "take": 100}, store=store)
+    keys = set()
+    for least in (0, 50):
+        g, _ = _on_w1(AtLeastSaid(store, "data/n", least))
+        seen: list[dict[str, Any]] = []
+        x = {"at": 0, "take": 100}
+        assert g.forward(x, store=store, broker=_network(), watching=seen.append) == 100 - least
+        assert g.forward(x) == 100 - least
+        keys.add(_kept(seen)["count"][0])
+    assert len(keys) == 2
 
 
 def _on_w1(source: Node) -> tuple[Graph, Count]:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from somatize import Cycle, Graph, GraphError, Node, UnknownNode
+from tests.broker_nodes import Weighted
 from tests.nodes import Add, Echo, Largest, Rows, Scale
 
 
@@ -120,6 +121,21 @@ class Pair(Node):
 
     def forward(self, first: Any, second: Any, ctx: Any) -> list[Any]:
         return [first, second]
+
+
+def test_frozen_nodes_built_with_equal_lists_are_not_interned() -> None:
+    """Two frozen nodes built with equal lists stay two nodes: changing one list afterwards
+    changes one of them, with or without a store."""
+    one, two = [2.0], [2.0]
+    rows = Rows().named("rows").frozen()
+    g = Graph.somatize(
+        rows >> (Weighted(one).named("a").frozen(), Weighted(two).named("b").frozen())
+    )
+    assert g.nodes() == ("rows", "a", "b")
+    x = {"at": 1, "take": 2}
+    assert g.forward(x) == ([2.0, 4.0], [2.0, 4.0])
+    two[0] = 3.0
+    assert g.forward(x) == ([2.0, 4.0], [3.0, 6.0])
 
 
 def test_interned_nodes_still_hand_one_argument_per_edge() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from somatize import Expr, Graph, Node, Undeclared
+from somatize import Expr, Graph, Node, Store, Undeclared
 from somatize.node import AlreadyBuilt
 from tests.nodes import Echo, Largest, Rows, Scale
 
@@ -138,6 +138,45 @@ def test_declaration_is_fixed_unless_built_with_something_changeable() -> None:
     assert not Scale([1.0]).is_declaration_fixed()  # type: ignore[arg-type]
     assert not Scale(by={"a": 1}).is_declaration_fixed()  # type: ignore[arg-type]
     assert Declared([1.0]).is_declaration_fixed()
+
+
+class Labelled(Declared):
+    """Takes an argument of its own, and inherits a declare() that does not say it."""
+
+    def __init__(self, thing: object, size: int = 3, label: str = "") -> None:
+        super().__init__(thing, size)
+        self.label = label
+
+
+class Resized(Declared):
+    """Its own constructor, with the same parameters as the class it inherits declare() from."""
+
+    def __init__(self, thing: object, size: int = 3) -> None:
+        super().__init__(thing, size * 1)
+
+
+class Told(Labelled):
+    """Adds its own argument to the declaration it inherits."""
+
+    def declare(self) -> Any:
+        return {**super().declare(), "label": self.label}
+
+
+def test_a_subclass_with_arguments_its_inherited_declare_may_not_say_is_refused(
+    store: Store,
+) -> None:
+    """A subclass that takes constructor arguments of its own and inherits declare() cannot be
+    keyed, saying why and what to add; one that takes the same parameters can, and one that
+    adds its arguments to super().declare() keys them apart."""
+    with pytest.raises(Undeclared, match=r"`Labelled` takes constructor arguments of its own "
+                       r"\(`label`\) and inherits `declare\(\)` from `Declared`.*could then not "
+                       r"be told apart.*super\(\)\.declare\(\).*.label.: self\.label"):  # fmt: skip
+        Labelled(object(), label="a").declaration()
+    g = Graph.somatize(Rows().frozen() >> Labelled(object()).named("odd").frozen().cached())
+    with pytest.raises(Undeclared, match=r"`odd` \(Labelled\) cannot be keyed"):
+        g.forward({"at": 0, "take": 2}, store=store)
+    assert Resized(object()).declaration() == Declared(object()).declaration()
+    assert Told(object(), label="a").declaration() != Told(object(), label="b").declaration()
 
 
 class Standing(Node):

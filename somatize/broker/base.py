@@ -222,7 +222,10 @@ class Broker(abc.ABC):
 
     def check(self, graph: Graph) -> None:
         """Refuses, before anything runs, a node placed on an unknown worker or one that
-        cannot be rebuilt on the network worker it is placed on."""
+        cannot be rebuilt on the network worker it is placed on. The blueprints it makes
+        are those of the graph's memory as it is: a new state of it (a declaration said
+        again because a list the node was built with changed, a state restated) makes
+        them again, so a worker never rebuilds a node as it was."""
         version = (graph.memory.version, len(graph.placement))
         found = self._checked.get(graph)
         if found is not None and found[0] == version:
@@ -321,12 +324,9 @@ class Broker(abc.ABC):
         Catalog().admit(blueprint)
 
     def _blueprint(self, graph: Graph, node: str) -> Blueprint:
-        """The blueprint ``check`` made for ``node``."""
-        found = self._checked.get(graph)
-        if found is None or node not in found[1]:
-            self.check(graph)
-            found = self._checked[graph]
-        return found[1][node]
+        """The blueprint ``check`` made for ``node`` from the graph's memory as it is now."""
+        self.check(graph)
+        return self._checked[graph][1][node]
 
     def _lane(self, worker: str) -> ThreadPoolExecutor:
         with self._lock:

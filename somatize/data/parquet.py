@@ -174,10 +174,6 @@ class _Versioned(Node):
     columns: list[str] | None
     version: str
 
-    def declare(self) -> dict[str, Any]:
-        """Which columns it reads: with the version (its state), all that decides its rows."""
-        return {"columns": self.columns}
-
     def settled_state(self) -> str:
         """Its version, for ``somatize.data.settle``."""
         return self.version
@@ -224,24 +220,27 @@ class Parquet(_Versioned):
         self._handle: Any = None
         self._opening = threading.Lock()
 
+    def declare(self) -> dict[str, Any]:
+        """Which columns it reads: with the version (its state), all that decides its rows.
+        A subclass that takes arguments of its own adds them to this."""
+        return {"columns": self.columns}
+
     @classmethod
     def reopened(
-        cls,
-        kind: type[Parquet],
-        address: dict[str, Any],
-        name: str,
-        columns: list[str] | None = None,
+        cls, kind: type[Parquet], address: dict[str, Any], *args: Any, **kwargs: Any
     ) -> Parquet:
         """The source a worker rebuilds from :meth:`recipe`: a ``kind`` (the class the
         source's identity names) over the store opened from ``address``
-        (:meth:`~somatize.store.Store.from_address`), with ``name`` resolved there."""
+        (:meth:`~somatize.store.Store.from_address`), called with the rest of the call that
+        made it — the name, resolved there, the columns, and what a subclass takes."""
         if not (isinstance(kind, type) and issubclass(kind, Parquet)):
             raise TypeError(f"Parquet.reopened builds a Parquet source, not a `{kind!r}`")
-        return kind(Store.from_address(address), name, columns)
+        return kind(Store.from_address(address), *args, **kwargs)
 
     def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
-        """Rebuilt from its store's address and the name (:meth:`reopened`); Unbuildable
-        when the store has no address another process could open it from."""
+        """Rebuilt from its store's address and the rest of the call that made it
+        (:meth:`reopened`); Unbuildable when the store has no address another process
+        could open it from, or the call did not hand the store first or as ``store=``."""
         address = self.store.address()
         if address is None:
             raise Unbuildable(
@@ -258,7 +257,19 @@ class Parquet(_Versioned):
                 f"`{type(self).__qualname__}` is defined inside a function, so no other "
                 "process can find it. Define it at module level"
             )
-        return f"{maker}.reopened", (address, self.dataset), {"columns": self.columns}
+        args, kwargs = self._smz.call
+        if args and args[0] is self.store:
+            args = args[1:]
+        elif kwargs.get("store") is self.store:
+            kwargs = {k: v for k, v in kwargs.items() if k != "store"}
+        else:
+            kind = type(self).__qualname__
+            raise Unbuildable(
+                f"`{kind}` was not handed its store first or as `store=`, so a worker, which "
+                "opens the store from its address, cannot tell which argument to put it in. "
+                f"Make `{kind}` take the store first, as `Parquet(store, name)` does"
+            )
+        return f"{maker}.reopened", (address, *args), dict(kwargs)
 
     def _moved(self, sent: str) -> str:
         address = self.store.address() or {}
@@ -386,6 +397,13 @@ def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...]]:
     return digest, after
 
 
+def _is_path(value: Any, absolute: Path) -> bool:
+    """Whether ``value`` names the directory at ``absolute``."""
+    if not isinstance(value, (str, os.PathLike)):
+        return False
+    return Path(value).expanduser().absolute() == absolute
+
+
 class ParquetDir(_Versioned):
     """The ``.parquet`` files under directory ``path`` (recursively, in path order,
     skipping names that start with ``.`` or ``_``) as one dataset, read by span."""
@@ -397,8 +415,11 @@ class ParquetDir(_Versioned):
                 f"{str(root)!r} is not a directory: ParquetDir reads a directory of `.parquet` "
                 "files; for one file, put it in a store and use `Parquet(store, name)`"
             )
+        root = root.absolute()
         self.root = root
-        self._absolute = root.absolute()
+        """The directory, made absolute when the source was built: a later change of the
+        working directory does not move it."""
+        self._absolute = root
         self.columns = _columns_of(columns)
         found = sorted(
             one
@@ -425,10 +446,29 @@ class ParquetDir(_Versioned):
         self._handles: list[Any] = []
         self._opening = threading.Lock()
 
+    def declare(self) -> dict[str, Any]:
+        """Which columns it reads: with the version (its state), all that decides its rows.
+        A subclass that takes arguments of its own adds them to this."""
+        return {"columns": self.columns}
+
     def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
-        """Rebuilt from its absolute path, on a worker that sees the same files (this
-        machine, or a shared filesystem)."""
-        return None, (str(self._absolute),), {"columns": self.columns}
+        """Rebuilt from the call that made it with its absolute path, on a worker that sees
+        the same files (this machine, or a shared filesystem); Unbuildable when the call did
+        not hand the path first or as ``path=``."""
+        args, kwargs = self._smz.call
+        where = str(self._absolute)
+        if args and _is_path(args[0], self._absolute):
+            args = (where, *args[1:])
+        elif _is_path(kwargs.get("path"), self._absolute):
+            kwargs = {**kwargs, "path": where}
+        else:
+            kind = type(self).__qualname__
+            raise Unbuildable(
+                f"`{kind}` was not handed its directory first or as `path=`, so a worker "
+                "cannot tell which argument to put the absolute path in. Make "
+                f"`{kind}` take the path first, as `ParquetDir(path)` does"
+            )
+        return None, tuple(args), dict(kwargs)
 
     def _moved(self, sent: str) -> str:
         return (
