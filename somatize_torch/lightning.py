@@ -235,6 +235,7 @@ class CacheFrozen(Callback):
         self._warned = False
         self._prefills: list[_Prefill] = []
         self._looked = True  # whether the stage under way looked at the modules again
+        self._digest = True  # whether that look digests the weights again
 
     # -- what it holds
 
@@ -371,6 +372,8 @@ class CacheFrozen(Callback):
             cached.reset_stats()
         self._key_as(stage)
         self._looked = False
+        # The weights are digested again once an epoch: not for the validation inside it.
+        self._digest = stage != "validate" or "train" not in self._started
 
     def _key_as(self, stage: Stage) -> None:
         if self.key == "index" and self.version is not None:
@@ -390,7 +393,7 @@ class CacheFrozen(Callback):
             if any(p.requires_grad for p in cached.module.parameters()):
                 self._uncache(pl_module, name, cached)
                 continue
-            cached.redeclare()
+            cached.redeclare(digest=self._digest)
             cached.look_up_answered()
 
     def _uncache(self, pl_module: pl.LightningModule, name: str, cached: CachedRows) -> None:

@@ -416,18 +416,18 @@ class CachedRows(nn.Module):
         assert self._identity is not None  # ModuleNode.declaration refused it otherwise
         return node_prefix(self._identity, declaration, self._state, self.salt)
 
-    def redeclare(self) -> bool:
+    def redeclare(self, *, digest: bool = True) -> bool:
         """Looks again at the plain values and functions the module keeps beside its
         weights and at its forward hooks (:func:`~somatize_torch.freeze.settings_of`,
-        :func:`~somatize_torch.freeze.hooks_of`), and digests its weights and buffers
-        again — at every forward they are watched (a change in place, a tensor or
-        submodule replaced), and this also sees writes that bypass what is watched
-        (into ``p.data``, by a fused optimizer kernel): if one changed since rows were
-        keyed, rows are keyed anew from the next forward, and nothing kept under the
-        old values is recalled for them. Returns whether one changed. ``CacheFrozen``
-        calls it at the start of every epoch."""
+        :func:`~somatize_torch.freeze.hooks_of`), and (unless ``digest=False``) digests
+        its weights and buffers again — at every forward they are watched (a change in
+        place, a tensor or submodule replaced), and this also sees writes that bypass
+        what is watched (into ``p.data``): if one changed since rows were keyed, rows
+        are keyed anew from the next forward, and nothing kept under the old values is
+        recalled for them. Returns whether one changed. ``CacheFrozen`` calls it at the
+        first batch of every epoch (digesting at the training epoch's)."""
         state = self._state
-        self._settle(again=True)
+        self._settle(again=digest)
         stale = [tag for tag, keying in self._keyings.items() if self._prefix(tag) != keying.prefix]
         for tag in stale:
             del self._keyings[tag]
