@@ -91,9 +91,10 @@ _UNSAID: dict[type, tuple[type, list[str]] | None] = {}
 
 def _unsaid(kind: type) -> tuple[type, list[str]] | None:
     """For a class that defines its own ``__init__`` below the class whose ``declare()`` it
-    inherits, with other parameters than that class's: that class, and the parameters it
-    does not take (``declare()`` was written without them, so it may not say them). None
-    when nothing is lost (worked out once per class)."""
+    inherits, taking parameters that class's does not: that class, and those parameters
+    (``declare()`` was written without them, so it may not say them). None when nothing
+    is lost — the same parameters or fewer (a subclass fixing some), or ``*args`` and
+    ``**kwargs`` passed through (worked out once per class)."""
     if kind in _UNSAID:
         return _UNSAID[kind]
     found = None
@@ -101,11 +102,12 @@ def _unsaid(kind: type) -> tuple[type, list[str]] | None:
     owner = next(c for c in mro if "declare" in vars(c))
     made_by = next((c for c in mro if "__init__" in vars(c)), object)
     if owner is not Node and mro.index(made_by) < mro.index(owner):
-        own = _parameters(kind)
-        theirs = _parameters(owner)
-        if own != theirs:
-            names = {name for name, _ in theirs}
-            found = (owner, [name for name, _ in own[1:] if name not in names])
+        theirs = {name for name, _ in _parameters(owner)}
+        passed = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        new = [name for name, how in _parameters(kind)[1:] if how not in passed]
+        new = [name for name in new if name not in theirs]
+        if new:
+            found = (owner, new)
     _UNSAID[kind] = found
     return found
 
@@ -272,8 +274,8 @@ class Node:
         kind = type(self).__qualname__
         name = where or self._smz.name or kind
         base = owner.__qualname__
-        args = ", ".join(f"`{n}`" for n in new) if new else f"other parameters than `{base}`'s"
-        example = new[0] if new else "what"
+        args = ", ".join(f"`{n}`" for n in new)
+        example = new[0]
         return Undeclared(
             f"`{name}` ({kind}) cannot be keyed: `{kind}` takes constructor arguments of its "
             f"own ({args}) and inherits `declare()` from `{base}`, which says what "
@@ -298,7 +300,8 @@ class Node:
                 f"{who} is already in a graph, which took what was said about it "
                 f"when it was built: `{said}` now would change nothing there, and its answers "
                 "would go on being keyed, kept and recalled as before. Say it before "
-                f"`Graph.somatize(...)`: build the graph again from a new `{kind}`"
+                f"`Graph.somatize(...)`: build the graph again from a new `{kind}` (and a "
+                "second graph that uses it otherwise, from a node of its own)"
             )
 
     def named(self, name: str) -> Node:

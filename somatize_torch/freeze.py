@@ -48,6 +48,7 @@ import hashlib
 import operator
 import types
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -71,6 +72,7 @@ __all__ = [
     "NothingToFreeze",
     "StateDoesNotFit",
     "StillChanging",
+    "Unfrozen",
     "digest_state",
     "freeze",
     "is_held",
@@ -80,6 +82,23 @@ __all__ = [
 
 class FreezeError(SomatizeError, ValueError):
     """What was asked to be frozen cannot be."""
+
+
+class Unfrozen(FreezeError):
+    """Parameters of a frozen, cached module came to require grad: somebody unfroze it."""
+
+
+def unfrozen_error(module: nn.Module, names: list[str]) -> Unfrozen:
+    """The refusal of ``module``, frozen and cached, whose parameters ``names`` now
+    require grad."""
+    shown = ", ".join(f"`{name}`" for name in names[:3])
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return Unfrozen(
+        f"`{type(module).__name__}` is frozen and cached, and its parameters {shown}{more} "
+        "now require grad: somebody unfroze it to train it, and a cached module's answers "
+        "are recalled without gradients, so it would not train. Call the module itself to "
+        "train it, or freeze it again (`requires_grad_(False)`) to go on caching"
+    )
 
 
 class NotDeclaredFrozen(FreezeError):
@@ -117,22 +136,24 @@ def digest_state(module: nn.Module) -> str:
 
 class StateWatch:
     """Whether a module's state may have changed since it was digested, cheaply enough to
-    ask at every forward: each parameter and buffer is looked at by identity, version
-    counter (bumped by every change in place: ``load_state_dict``, an optimizer step) and
-    memory (``p.data = t``, a conversion), and each submodule by identity (a child
-    replaced); a tensor or submodule added or removed is seen too, and a parameter that
-    comes to require grad (somebody unfroze it). A write that bypasses the version
-    counter — into ``p.data``, or by a fused optimizer kernel — is not seen here; only
-    digesting the state again sees it."""
+    ask at every forward: each parameter and buffer by version counter (bumped by every
+    change in place: ``load_state_dict``, an optimizer step) and by the memory of the
+    tensor registered under its name now (``p.data = t``, a conversion, a tensor
+    replaced), each parameter by whether it requires grad (somebody unfroze it), each
+    submodule by identity (a child replaced). ``thorough`` also sees a tensor or
+    submodule added or removed. A write that bypasses the version counter — into
+    ``p.data``, or by a fused optimizer kernel — is not seen here; only digesting the
+    state again sees it."""
 
     __slots__ = (
         "_grads",
         "_names",
+        "_others",
         "_owners",
+        "_params",
         "_sizes",
         "_tables",
         "_tensors",
-        "_values",
         "_versions",
         "_where",
     )
@@ -141,43 +162,55 @@ class StateWatch:
         tables: list[dict[str, Any]] = []
         owners: list[dict[str, Any]] = []
         names: list[str] = []
-        values: list[Any] = []
+        tensors: list[torch.Tensor] = []
+        others: tuple[list[dict[str, Any]], list[str], list[Any]] = ([], [], [])
         for part in module.modules():
             for table in (part._parameters, part._buffers, part._modules):
                 tables.append(table)
                 for name, value in table.items():
-                    owners.append(table)
-                    names.append(name)
-                    values.append(value)
+                    if isinstance(value, torch.Tensor) and value.numel():
+                        owners.append(table)
+                        names.append(name)
+                        tensors.append(value)
+                    else:  # a submodule, an empty tensor (no memory), a slot holding None
+                        others[0].append(table)
+                        others[1].append(name)
+                        others[2].append(value)
         self._tables = tables
         self._sizes = tuple(map(len, tables))
         self._owners = owners
         self._names = names
-        self._values = values
-        self._tensors = [value for value in values if isinstance(value, torch.Tensor)]
-        self._versions = tuple(map(_VERSION, self._tensors))
-        self._where = tuple(map(_WHERE, self._tensors))
-        self._grads = tuple(map(_GRAD, self._tensors))
+        self._tensors = tensors
+        self._others = others
+        self._params = [t for t in tensors if isinstance(t, nn.Parameter)]
+        self._versions = tuple(map(_VERSION, tensors))
+        self._where = tuple(map(_WHERE, tensors))
+        self._grads = tuple(map(_GRAD, self._params))
 
-    def changed(self) -> bool:
-        """Whether a weight, buffer or submodule changed or was replaced, added or removed,
-        or a parameter came to require grad."""
+    def changed(self, thorough: bool = False) -> bool:
+        """Whether a weight, buffer or submodule changed or was replaced, or a parameter
+        came to require grad (and, ``thorough``, whether one was added or removed)."""
+        try:
+            now = tuple(map(_WHERE, map(dict.get, self._owners, self._names)))
+        except TypeError:  # a tensor's name now holds something else, or nothing
+            return True
+        owners, names, values = self._others
         return (
-            tuple(map(_VERSION, self._tensors)) != self._versions
-            or tuple(map(_WHERE, self._tensors)) != self._where
-            or tuple(map(_GRAD, self._tensors)) != self._grads
-            or tuple(map(len, self._tables)) != self._sizes
-            or not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
+            now != self._where  # the watched tensors stay alive: a new one has new memory
+            or tuple(map(_VERSION, self._tensors)) != self._versions
+            or tuple(map(_GRAD, self._params)) != self._grads
+            or not all(map(operator.is_, map(dict.get, owners, names), values))
+            or (thorough and tuple(map(len, self._tables)) != self._sizes)
         )
 
     def unfrozen(self, module: nn.Module) -> list[str]:
         """The parameters of ``module`` watched here (frozen then) that now require grad."""
-        watched = set(map(id, self._tensors))
+        watched = set(map(id, self._params))
         return [n for n, p in module.named_parameters() if p.requires_grad and id(p) in watched]
 
 
 _VERSION = operator.attrgetter("_version")
-_WHERE = torch.Tensor.data_ptr
+_WHERE: Callable[[Any], int] = torch.Tensor.data_ptr
 _GRAD = operator.attrgetter("requires_grad")
 
 
@@ -493,6 +526,9 @@ class ModuleNode(Node):
         watch = self._watch
         if watch is None or not watch.changed():
             return None
+        unfrozen = watch.unfrozen(self.module)
+        if unfrozen:
+            raise unfrozen_error(self.module, unfrozen)
         hold(self.module)
         digest = digest_state(self.module)
         self._watch = StateWatch(self.module)

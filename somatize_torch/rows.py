@@ -87,10 +87,12 @@ from somatize_torch.digest import (
 from somatize_torch.freeze import (
     ModuleNode,
     StateWatch,
+    Unfrozen,
     check_still,
     digest_state,
     freeze,
     hold,
+    unfrozen_error,
 )
 from somatize_torch.residency import Tier, Writer, decode_rows, store_lock
 from somatize_torch.wrap import CachedInputNeedsGrad, adopt
@@ -123,10 +125,6 @@ class RowsError(SomatizeError, ValueError):
 
 class NotRowwise(RowsError, TypeError):
     """The module's output is not one row per input row."""
-
-
-class Unfrozen(RowsError):
-    """Parameters of a cached module came to require grad: somebody unfroze it to train it."""
 
 
 class NeedsIndex(RowsError):
@@ -318,24 +316,16 @@ class CachedRows(nn.Module):
         self._settle()
         return self._state
 
-    def _settle(self, again: bool = False) -> None:
+    def _settle(self, again: bool = False, thorough: bool = False) -> None:
         """Digests the state again if any weight, buffer or submodule changed or was
         replaced (see :class:`~somatize_torch.freeze.StateWatch`), or if ``again``; a new
         state keys every row anew."""
         watch = self._watch
-        if not again and watch is not None and not watch.changed():
+        if not again and watch is not None and not watch.changed(thorough):
             return
         unfrozen = watch.unfrozen(self.module) if watch is not None else []
         if unfrozen:
-            shown = ", ".join(f"`{name}`" for name in unfrozen[:3])
-            more = f" and {len(unfrozen) - 3} more" if len(unfrozen) > 3 else ""
-            raise Unfrozen(
-                f"`{type(self.module).__name__}` is cached per row, and its parameters "
-                f"{shown}{more} now require grad: somebody unfroze it to train it, and a cached "
-                "module runs without gradients (a recalled row is a leaf), so it would not "
-                "train. Call the module itself to train it (the cache's `.module`), or freeze "
-                "it again (`requires_grad_(False)`) to go on caching"
-            )
+            raise unfrozen_error(self.module, unfrozen)
         hold(self.module)  # a submodule put in since is held in eval too
         state = digest_state(self.module)
         self._watch = StateWatch(self.module)
@@ -427,7 +417,7 @@ class CachedRows(nn.Module):
         recalled for them. Returns whether one changed. ``CacheFrozen`` calls it at the
         first batch of every epoch (digesting at the training epoch's)."""
         state = self._state
-        self._settle(again=digest)
+        self._settle(again=digest, thorough=True)
         stale = [tag for tag, keying in self._keyings.items() if self._prefix(tag) != keying.prefix]
         for tag in stale:
             del self._keyings[tag]

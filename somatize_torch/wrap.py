@@ -181,15 +181,17 @@ def _recall_or_run(self: _Cached, *args: Any) -> Any:
                 "when the answer is computed and silently stop when it is recalled. Freeze "
                 "what feeds it, or drop it from `cached=`"
             )
-    moved = node.restate()  # weights loaded since it was frozen: keyed by the new ones
-    if moved is not None:
-        self.owner.graph.memory.freeze(name, moved)
     solo = self._solo
-    if solo is None or self._state != node._smz.state:
+    if solo is None or self._state != node._smz.state:  # frozen again since
         solo = self._solo = Graph.somatize(node)
         self._state = node._smz.state
     with torch.no_grad():
+        # The forward asks the node first whether its weights changed since it was frozen
+        # (a checkpoint loaded), and keys it by the new ones if so.
         out = solo.forward(Opaque(tuple(args), TENSOR), store=store)
+    if node._smz.state != self._state:
+        self._state = node._smz.state
+        self.owner.graph.memory.freeze(name, self._state)
     self.owner._noted(name, solo.record)
     return _placed(out, args[0].device if args else None)
 

@@ -155,6 +155,21 @@ class Resized(Declared):
         super().__init__(thing, size * 1)
 
 
+class Small(Declared):
+    """Fixes the one argument of the class it inherits declare() from: nothing unsaid."""
+
+    def __init__(self, thing: object) -> None:
+        super().__init__(thing, 1)
+
+
+class Passing(Declared):
+    """Passes whatever it is given through: nothing unsaid."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+
+
 class Told(Labelled):
     """Adds its own argument to the declaration it inherits."""
 
@@ -176,6 +191,8 @@ def test_a_subclass_with_arguments_its_inherited_declare_may_not_say_is_refused(
     with pytest.raises(Undeclared, match=r"`odd` \(Labelled\) cannot be keyed"):
         g.forward({"at": 0, "take": 2}, store=store)
     assert Resized(object()).declaration() == Declared(object()).declaration()
+    assert Small(object()).declaration() == Declared(object(), 1).declaration()
+    assert Passing(object(), size=5).declaration() == Declared(object(), 5).declaration()
     assert Told(object(), label="a").declaration() != Told(object(), label="b").declaration()
 
 

@@ -148,6 +148,18 @@ def test_weights_loaded_after_freezing_key_the_encoder_anew(store: Store) -> Non
     assert not any(part.training for part in wrapped.encoder.modules())
 
 
+def test_an_encoder_unfrozen_after_freezing_is_refused(store: Store) -> None:
+    """A frozen, cached encoder whose parameters come to require grad is refused at the
+    next forward, saying why, rather than frozen again behind its owner's back."""
+    wrapped = _wrapped(store)
+    x = torch.randn(4, 6)
+    wrapped(x)
+    wrapped.encoder.linear.weight.requires_grad_(True)
+    with pytest.raises(smt.Unfrozen, match=r"`linear.weight` now require grad"):
+        wrapped(x)
+    assert wrapped.encoder.linear.weight.requires_grad
+
+
 def test_second_forward_on_the_same_batch_recalls_the_encoder(store: Store) -> None:
     """The encoder runs once per distinct batch; the same batch again is recalled, equal."""
     wrapped = _wrapped(store)
