@@ -136,24 +136,24 @@ def digest_state(module: nn.Module) -> str:
 
 class StateWatch:
     """Whether a module's state may have changed since it was digested, cheaply enough to
-    ask at every forward: each parameter and buffer by version counter (bumped by every
-    change in place: ``load_state_dict``, an optimizer step) and by the memory of the
-    tensor registered under its name now (``p.data = t``, a conversion, a tensor
-    replaced), each parameter by whether it requires grad (somebody unfroze it), each
-    submodule by identity (a child replaced). ``thorough`` also sees a tensor or
-    submodule added or removed. A write that bypasses the version counter — into
-    ``p.data``, or by a fused optimizer kernel — is not seen here; only digesting the
-    state again sees it."""
+    ask at every forward: each parameter, buffer and submodule is looked at by identity
+    (a tensor or child replaced: a checkpoint loaded by assignment, ``encoder[0] =
+    conv``), each tensor by its version counter (bumped by every change in place:
+    ``load_state_dict``, an optimizer step), each parameter by whether it requires grad
+    (somebody unfroze it). ``thorough`` also looks at each tensor's memory (``p.data =
+    t``, a conversion of the module) and at tensors or submodules added or removed. A
+    write that bypasses the version counter — into ``p.data``, or by a fused optimizer
+    kernel — is not seen here; only digesting the state again sees it."""
 
     __slots__ = (
         "_grads",
         "_names",
-        "_others",
         "_owners",
         "_params",
         "_sizes",
         "_tables",
         "_tensors",
+        "_values",
         "_versions",
         "_where",
     )
@@ -162,45 +162,40 @@ class StateWatch:
         tables: list[dict[str, Any]] = []
         owners: list[dict[str, Any]] = []
         names: list[str] = []
-        tensors: list[torch.Tensor] = []
-        others: tuple[list[dict[str, Any]], list[str], list[Any]] = ([], [], [])
+        values: list[Any] = []
         for part in module.modules():
             for table in (part._parameters, part._buffers, part._modules):
                 tables.append(table)
                 for name, value in table.items():
-                    if isinstance(value, torch.Tensor) and value.numel():
-                        owners.append(table)
-                        names.append(name)
-                        tensors.append(value)
-                    else:  # a submodule, an empty tensor (no memory), a slot holding None
-                        others[0].append(table)
-                        others[1].append(name)
-                        others[2].append(value)
+                    owners.append(table)
+                    names.append(name)
+                    values.append(value)
         self._tables = tables
         self._sizes = tuple(map(len, tables))
         self._owners = owners
         self._names = names
-        self._tensors = tensors
-        self._others = others
-        self._params = [t for t in tensors if isinstance(t, nn.Parameter)]
-        self._versions = tuple(map(_VERSION, tensors))
-        self._where = tuple(map(_WHERE, tensors))
+        self._values = values
+        self._tensors = [value for value in values if isinstance(value, torch.Tensor)]
+        self._params = [t for t in self._tensors if isinstance(t, nn.Parameter)]
+        self._versions = tuple(map(_VERSION, self._tensors))
+        self._where = tuple(map(_WHERE, self._tensors))
         self._grads = tuple(map(_GRAD, self._params))
 
     def changed(self, thorough: bool = False) -> bool:
         """Whether a weight, buffer or submodule changed or was replaced, or a parameter
-        came to require grad (and, ``thorough``, whether one was added or removed)."""
-        try:
-            now = tuple(map(_WHERE, map(dict.get, self._owners, self._names)))
-        except TypeError:  # a tensor's name now holds something else, or nothing
-            return True
-        owners, names, values = self._others
+        came to require grad (and, ``thorough``, whether a tensor's memory changed or one
+        was added or removed)."""
         return (
-            now != self._where  # the watched tensors stay alive: a new one has new memory
-            or tuple(map(_VERSION, self._tensors)) != self._versions
+            tuple(map(_VERSION, self._tensors)) != self._versions
+            or not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
             or tuple(map(_GRAD, self._params)) != self._grads
-            or not all(map(operator.is_, map(dict.get, owners, names), values))
-            or (thorough and tuple(map(len, self._tables)) != self._sizes)
+            or (
+                thorough
+                and (
+                    tuple(map(_WHERE, self._tensors)) != self._where
+                    or tuple(map(len, self._tables)) != self._sizes
+                )
+            )
         )
 
     def unfrozen(self, module: nn.Module) -> list[str]:

@@ -38,12 +38,15 @@ The module is settled by :func:`somatize.torch.freeze` when it is wrapped
 (weights digested, ``requires_grad_(False)``, held in eval). Its weights are
 watched: a change in place (``load_state_dict``, an optimizer step on a
 parameter somebody unfroze) is seen by the tensors' version counters, a tensor
-or submodule replaced (``p.data = t``, ``encoder[0] = conv``, a conversion) by
-their identity and memory, and the state is digested again before the next row
-is keyed, so no answer computed with other weights is recalled. A write that no
-version counter sees — into ``p.data``, or by a fused optimizer kernel — is
-seen at :meth:`CachedRows.redeclare`, which digests the state again
-(``CacheFrozen`` calls it at every epoch's start). The wrapper registers the
+or submodule replaced (a checkpoint loaded by assignment, ``encoder[0] = conv``)
+by identity, and the state is digested again before the next row is keyed, so
+no answer computed with other weights is recalled. What neither sees — a tensor
+swapped or written through ``p.data``, the inner module converted in place, a
+fused optimizer kernel's write — is seen at :meth:`CachedRows.redeclare`, which
+looks at the tensors' memory and digests the state again (``CacheFrozen`` calls
+it at every epoch's first batch). A module whose parameters come to require grad
+(somebody unfroze it to train it) is refused (:class:`Unfrozen`): a cached module
+runs without gradients. The wrapper registers the
 module's own parameters, buffers and children under their own names, so
 ``state_dict()`` keys are the module's and a checkpoint loads into the
 unwrapped module. A copy (``copy.deepcopy``: an EMA or SWA model) or a pickle
