@@ -302,8 +302,14 @@ def host_library() -> ctypes.CDLL:
     with _lock:
         lib = _host_libs.get(directory)
         if lib is None:
-            path = build_host_library(directory)
-            lib = ctypes.CDLL(str(path))
+            try:
+                path = build_host_library(directory)
+                lib = ctypes.CDLL(str(path))
+            except OSError as why:  # the cache not writable, the library not loadable
+                raise NativeUnavailableError(
+                    f"the native host library could not be built or loaded in {directory} "
+                    f"({why}); set {ENV_CACHE} to a writable directory"
+                ) from why
             _bind_host(lib)
             _host_libs[directory] = lib
             _log_once("host-on", "native host library active: %s", path)
@@ -505,7 +511,9 @@ def _as_byte_vector(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes in row-major order as a contiguous 1-D uint8 tensor."""
     import torch
 
-    t = tensor.detach().resolve_conj().resolve_neg().contiguous()
+    from somatize_torch.digest import dense
+
+    t = dense(tensor.detach().resolve_conj().resolve_neg().contiguous())
     return t.reshape(-1).view(torch.uint8)
 
 

@@ -33,6 +33,7 @@ tensor lives, so equal tensors are equal whatever the JSON writer did.
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 import warnings
@@ -138,14 +139,24 @@ class TensorCodec(Codec):
             raise ValueError(f"the header of a tensor answer cannot be read ({why})") from None
         if kind not in _KINDS or meta.get("format") != _FORMAT:
             raise ValueError(f"a tensor answer of an unknown kind or format: {meta!r}")
-        devices = json.loads(meta.get("devices", "{}"))
+        names = sorted(header)
+        expected = {"tensor": ["tensor"], "dict": names}.get(kind) or sorted(
+            str(i) for i in range(len(header))
+        )
+        if not isinstance(header, dict) or names != expected:
+            raise ValueError(f"a tensor answer of kind {kind!r} holds tensors {names[:8]}")
+        devices = _devices(meta.get("devices", "{}"), names)
         body = data[8 + size :]
         out: dict[str, torch.Tensor] = {}
+        spans: list[tuple[int, int]] = []
         with warnings.catch_warnings():
             # Bytes that crossed from a worker may be read-only; the tensors view them on purpose.
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
             for name, entry in header.items():
-                out[name] = self._tensor(name, entry, body)
+                out[name] = self._tensor(name, entry, body, spans)
+        spans.sort()
+        if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
+            raise ValueError("tensors of a tensor answer claim the same bytes: it is damaged")
         for name, device in devices.items():
             out[name] = _to_device(out[name], device, name)
         if kind == "tensor":
@@ -156,13 +167,17 @@ class TensorCodec(Codec):
         return tuple(ordered) if kind == "tuple" else ordered
 
     @staticmethod
-    def _tensor(name: str, entry: Any, body: memoryview) -> torch.Tensor:
+    def _tensor(
+        name: str, entry: Any, body: memoryview, spans: list[tuple[int, int]]
+    ) -> torch.Tensor:
         try:
             dtype = _BY_CODE[entry["dtype"]]
             shape = [int(n) for n in entry["shape"]]
             start, end = (int(n) for n in entry["data_offsets"])
         except (KeyError, TypeError, ValueError) as why:
             raise ValueError(f"tensor {name!r} of an answer is not described ({why})") from None
+        if any(not 0 <= n < 1 << 48 for n in shape):
+            raise ValueError(f"tensor {name!r} of an answer has shape {shape}: it is damaged")
         count = 1
         for n in shape:
             count *= n
@@ -174,6 +189,7 @@ class TensorCodec(Codec):
             )
         if count == 0:
             return torch.empty(shape, dtype=dtype)
+        spans.append((start, end))
         return torch.frombuffer(body, dtype=dtype, count=count, offset=start).reshape(shape)
 
     def digest(self, value: Any) -> str:
@@ -200,6 +216,20 @@ def stamp_of(x: torch.Tensor) -> tuple[Any, ...]:
     """What must be unchanged for ``x`` to hold what it held: its version counter (bumped
     by every change in place through torch), its memory, layout, dtype and device."""
     return (x._version, x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
+
+
+def _devices(raw: Any, names: list[str]) -> dict[str, str]:
+    """Where the tensors of an answer lived, by name, as the header records it."""
+    try:
+        devices = json.loads(raw)
+        if not isinstance(devices, dict) or not set(devices) <= set(names):
+            raise ValueError(f"devices {raw!r} name no tensor of the answer")
+        for device in devices.values():
+            if torch.device(device).type == "meta":  # a meta tensor holds no value
+                raise ValueError(f"device {device!r}")
+    except (ValueError, TypeError, RuntimeError) as why:
+        raise ValueError(f"where the tensors of an answer lived cannot be read ({why})") from None
+    return devices
 
 
 def _to_device(tensor: torch.Tensor, device: str, name: str) -> torch.Tensor:

@@ -121,6 +121,15 @@ def host_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(flat)
 
 
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous ``t`` with the strides of its shape: torch calls a tensor of one
+    element contiguous whatever its stride (a column of a batch of one), and a flat view
+    of it would keep that stride."""
+    if t.numel() == 1 and t.dim() and t.stride() != (1,) * t.dim():
+        return t.as_strided(t.shape, (1,) * t.dim())  # one element: it is where it is
+    return t
+
+
 def _host_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` as a contiguous CPU tensor whose memory holds its canonical bytes:
     itself where it already is one."""
@@ -133,6 +142,7 @@ def _host_tensor(tensor: torch.Tensor) -> torch.Tensor:
         t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
+    t = dense(t)
     if _BIG_ENDIAN and t.element_size() > 1:  # the canonical byte order is little-endian
         t = t.view(torch.uint8).reshape(-1, t.element_size()).flip(-1).contiguous()
     return t
@@ -251,7 +261,12 @@ class RowsLater:
         self._out: Any = None
 
     def result(self) -> list[bytes]:
-        """The rows' raw digests, once they are computed (raises what hashing raised)."""
+        """The rows' raw digests, once they are computed (raises what hashing raised); in a
+        child forked since, which the hashing thread did not follow, computed here."""
+        if os.getpid() != self._pid:
+            view = host_bytes(self._host)
+            rows = self._rows
+            return _hash_rows(view, rows, view.nbytes // rows if rows else 0)
         if self._future is not None:
             return self._future.result()
         self._wait(take_rest=True)

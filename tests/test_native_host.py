@@ -385,6 +385,18 @@ def test_a_failed_background_build_keeps_the_pure_path(
     assert digest_rows(batch) == [digest_tensor(row) for row in batch]
 
 
+def test_a_cache_that_cannot_be_made_is_said_plainly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache directory that cannot be made (its parent is a file) is the library being
+    unavailable, said with what to do; in the background it leaves the pure path quietly."""
+    (tmp_path / "file").write_bytes(b"")
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "file" / "cache"))
+    with pytest.raises(native.NativeUnavailableError, match="set SOMATIZE_EXT_CACHE"):
+        native.host_library()
+    native._build_in_background()  # logs, raises nothing
+
+
 def _library_in_child() -> bool:
     return native.host_library() is not None
 

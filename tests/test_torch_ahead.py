@@ -227,3 +227,26 @@ def test_bad_arguments_are_refused(warm: CachedRows) -> None:
     with pytest.raises(TypeError, match="already fetched ahead"):
         ahead(ahead(batches, warm), warm)
     assert isinstance(ahead(batches), Ahead)
+
+
+def _forward_in_child(cached: CachedRows, x: torch.Tensor) -> bool:
+    return bool(torch.equal(cached(x), expected(cached.module, x)))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_rows_named_before_a_fork_are_right_in_the_child(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """A child forked while its parent was naming a batch (the thread doing it stays in
+    the parent) names the rows itself: its answers are the module's own, never the answer
+    of rows left unnamed."""
+    from somatize_torch import _native
+    from tests.forked import in_forked_child
+
+    if not native:
+        monkeypatch.setattr(_native, "ready_host_library", lambda: None)
+    cached = cache_rows(encoder(), None)
+    x = torch.randn(4096, 3, 32, 32)  # 50 MB: still being named when the parent forks
+    assert cached.name_ahead(x)
+    assert in_forked_child(_forward_in_child, cached, x, timeout=60)
+    assert torch.equal(cached(x), expected(cached.module, x))

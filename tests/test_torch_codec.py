@@ -155,6 +155,67 @@ def test_damaged_bytes_are_refused() -> None:
         smt.TENSOR.decode(memoryview(b"\x01"))
 
 
+def _patched(value: Any, change: Any) -> memoryview:
+    """The codec's bytes of ``value`` with its JSON header changed by ``change``."""
+    data = bytes(_bytes(value))
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    change(header)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-(len(raw) + 8) % 8)
+    return memoryview(struct.pack("<Q", len(raw)) + raw + data[8 + size :])
+
+
+def _devices(devices: Any) -> Any:
+    return lambda h: h["__metadata__"].update(devices=json.dumps(devices))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda h: h["tensor"].update(shape=[-3, -4]),
+        lambda h: h["tensor"].update(shape=[0, 2**63], data_offsets=[0, 0]),
+        _devices({"tensor": "meta"}),
+        _devices({"tensor": "nonsense"}),
+        _devices({"elsewhere": "cpu"}),
+        _devices(["cpu"]),
+        lambda h: h.update(other=h.pop("tensor")),
+    ],
+    ids=["negative", "huge", "meta", "no-device", "unknown-name", "not-a-dict", "renamed"],
+)
+def test_a_header_that_lies_is_refused_as_damaged(change: Any) -> None:
+    """Shapes, devices and names a header lies about are a ValueError (the engine's sign of
+    a damaged answer, which it computes again), never another error or a tensor without a
+    value."""
+    with pytest.raises(ValueError):
+        smt.TENSOR.decode(_patched(torch.arange(12.0).reshape(3, 4), change))
+
+
+def test_two_tensors_claiming_the_same_bytes_are_refused() -> None:
+    """Tensors of one answer never share memory: a header giving two the same bytes is
+    damaged."""
+    pair = {"a": torch.zeros(4), "b": torch.ones(4)}
+    with pytest.raises(ValueError, match="claim the same bytes"):
+        smt.TENSOR.decode(
+            _patched(pair, lambda h: h["b"].update(data_offsets=h["a"]["data_offsets"]))
+        )
+    tuple_without_0 = _patched((torch.ones(2),), lambda h: h.update(x=h.pop("0")))
+    with pytest.raises(ValueError):
+        smt.TENSOR.decode(tuple_without_0)
+
+
+def test_one_element_with_any_stride_is_digested_and_kept() -> None:
+    """A column of a batch of one (one element, stride 5 — contiguous to torch) is digested,
+    row by row too, and encoded, as the same value laid out plainly."""
+    column = torch.randn(1, 5)[:, 0]
+    plain = torch.tensor([column.item()])
+    assert smt.digest_tensor(column) == smt.digest_tensor(plain)
+    assert smt.digest_rows(column) == smt.digest_rows(plain)
+    corner = torch.randn(1, 8).t()[:1]  # shape (1, 1), strides (1, 8)
+    assert raw_rows(corner) == raw_rows(torch.tensor([[corner.item()]]))
+    assert torch.equal(smt.TENSOR.decode(_bytes(column[0])), column[0])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a process without CUDA")
 def test_cuda_answer_lands_on_host_with_a_warning() -> None:
     """A tensor kept from a CUDA device is recalled onto the CPU, with a LandedOnHost warning."""
