@@ -430,25 +430,8 @@ class CacheFrozen(Callback):
     ) -> None:
         self._first_batch(pl_module)
 
-    def on_test_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._first_batch(pl_module)
-
-    def on_predict_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._first_batch(pl_module)
+    on_test_batch_start = on_validation_batch_start
+    on_predict_batch_start = on_validation_batch_start
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._fresh("train")

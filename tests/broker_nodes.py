@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from somatize import Node
+from somatize import Graph, Node
 
 
 class Nap(Node):
@@ -140,3 +140,16 @@ class Weighted(Node):
 
     def forward(self, values: list[float], ctx: Any) -> list[float]:
         return [v * sum(self.weights) for v in values]
+
+
+def weighted(weights: list[float], worker: str | None = None) -> Graph:
+    """Rows, each multiplied by the sum of ``weights`` (on ``worker``), and the largest of
+    them, kept."""
+    node = Weighted(weights).named("weighted").frozen()
+    if worker is not None:
+        node.at(worker)
+    from tests.nodes import Largest, Rows
+
+    return Graph.somatize(
+        Rows().named("rows").frozen() >> node >> Largest().named("top").frozen().cached()
+    )

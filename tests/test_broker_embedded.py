@@ -21,9 +21,9 @@ from tests.broker_nodes import (
     Nap,
     Ramp,
     Tagged,
-    Weighted,
     Weights,
     Where,
+    weighted,
 )
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
 
@@ -501,22 +501,14 @@ def test_a_list_changed_after_build_reaches_the_network_worker(
     store = Store(tmp_path / "store") if keeping else None
     weights = [2.0]
     broker = Broker.embedded({"w1": Worker.generic(mode="network")})
-    g = Graph.somatize(
-        Rows().named("rows").frozen()
-        >> Weighted(weights).named("weighted").frozen().at("w1")
-        >> Largest().named("top").frozen().cached()
-    )
+    g = weighted(weights, "w1")
     x = {"at": 0, "take": 4}
     assert g.forward(x, store=store, broker=broker) == 6.0
     weights[0] = 3.0
     assert g.forward(x, store=store, broker=broker) == 9.0
     assert g.forward(x, store=store, broker=broker) == 9.0
     if store is not None:
-        fresh = Graph.somatize(
-            Rows().named("rows").frozen()
-            >> Weighted([3.0]).named("weighted").frozen()
-            >> Largest().named("top").frozen().cached()
-        )
+        fresh = weighted([3.0])
         seen: list[dict[str, Any]] = []
         assert fresh.forward(x, store=store, watching=seen.append) == 9.0
         assert ("recalled", "top") in [(f["fact"], f.get("node")) for f in seen]

@@ -25,7 +25,7 @@ from somatize.broker import (
 )
 from somatize.keys import root_key
 from somatize_torch import ModuleNode, freeze
-from tests.broker_nodes import Encoder, Length, MakesBlob, Nap, Ramp, Weighted, Where
+from tests.broker_nodes import Encoder, Length, MakesBlob, Nap, Ramp, Where, weighted
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
 
 ray = pytest.importorskip("ray", reason="the Ray broker needs ray: pip install 'somatize[ray]'")
@@ -120,22 +120,13 @@ def test_a_list_changed_after_build_reaches_the_ray_worker(broker: Any, store: S
     """A node built with a list, on a Ray worker, runs there with the list as it is now, and
     its answer is kept under the key of the new list."""
     weights = [2.0]
-    g = Graph.somatize(
-        Rows().named("rows").frozen()
-        >> Weighted(weights).named("weighted").frozen().at("w1")
-        >> Largest().named("top").frozen().cached()
-    )
+    g = weighted(weights, "w1")
     x = {"at": 0, "take": 4}
     assert g.forward(x, store=store, broker=broker) == 6.0
     weights[0] = 3.0
     assert g.forward(x, store=store, broker=broker) == 9.0
     assert g.forward(x, broker=broker) == 9.0
-    fresh = Graph.somatize(
-        Rows().named("rows").frozen()
-        >> Weighted([3.0]).named("weighted").frozen()
-        >> Largest().named("top").frozen().cached()
-    )
-    assert fresh.forward(x, store=store) == 9.0
+    assert weighted([3.0]).forward(x, store=store) == 9.0
 
 
 def _encoder_graph() -> tuple[Graph, ModuleNode]:
