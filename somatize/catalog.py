@@ -54,6 +54,7 @@ __all__ = [
     "Catalog",
     "Unbuildable",
     "blueprint_of",
+    "code_digest",
     "fingerprint_of",
     "identity_of",
     "state_crosses",
@@ -100,12 +101,12 @@ def _fingerprint(kind: type) -> str:
         for name, member in sorted(vars(kind).items()):
             code = getattr(member, "__code__", None)
             if code is not None:
-                pieces.append(name.encode() + b"\0" + _code_bytes(code))
+                pieces.append(name.encode() + b"\0" + code_digest(code))
         text = b"\0".join(pieces)
     return "sha256:" + hashlib.sha256(text).hexdigest()[:16]
 
 
-def _code_bytes(code: CodeType) -> bytes:
+def code_digest(code: CodeType) -> bytes:
     """A digest of compiled ``code`` that every process compiling the same source agrees
     on: its bytecode, the names it uses and its constants. Nested code (a generator
     expression, a lambda, an inner function) is digested the same way, since its ``repr``
@@ -124,7 +125,7 @@ def _code_bytes(code: CodeType) -> bytes:
 def _constant_bytes(value: Any) -> bytes:
     """A constant of compiled code as bytes that are the same in every process."""
     if isinstance(value, CodeType):
-        return b"code " + _code_bytes(value)
+        return b"code " + code_digest(value)
     if isinstance(value, (tuple, frozenset)):
         members = [_constant_bytes(member) for member in value]
         if isinstance(value, frozenset):

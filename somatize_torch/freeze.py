@@ -44,7 +44,6 @@ import contextlib
 import dataclasses
 import enum
 import functools
-import hashlib
 import operator
 import types
 import warnings
@@ -56,7 +55,7 @@ from torch import nn
 from torch.nn.modules import module as _registry  # where torch keeps its global hooks
 
 from somatize import Graph, Node, Unbuildable, Undeclared
-from somatize.catalog import identity_of
+from somatize.catalog import code_digest, identity_of
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize_torch.codec import TENSOR, LandedOnHost
 from somatize_torch.digest import digest_named, digest_tensor
@@ -328,7 +327,7 @@ def _code_of(hook: Any, depth: int = 0) -> Any:
         return {"method of": _name_of(kind), "runs": _code_of(hook.__func__, depth + 1)}
     code = getattr(hook, "__code__", None)
     if isinstance(code, types.CodeType):
-        return [_name_of(hook), _code_digest(code)]
+        return [_name_of(hook), "sha256:" + code_digest(code).hex()[:16]]
     kind = type(hook)
     call = next((vars(base)["__call__"] for base in kind.__mro__ if "__call__" in vars(base)), None)
     runs = _code_of(call, depth + 1) if isinstance(call, types.FunctionType) else "?"
@@ -337,26 +336,6 @@ def _code_of(hook: Any, depth: int = 0) -> Any:
 
 def _name_of(thing: Any) -> str:
     return f"{getattr(thing, '__module__', '?')}:{getattr(thing, '__qualname__', '?')}"
-
-
-def _code_digest(code: types.CodeType) -> str:
-    """A digest of what a function's bytecode does: its instructions, constants (nested
-    functions' code by the same digest) and the names it reads."""
-    digest = hashlib.sha256()
-
-    def feed(part: types.CodeType) -> None:
-        digest.update(part.co_code)
-        digest.update(repr(part.co_names).encode())
-        for const in part.co_consts:
-            if isinstance(const, types.CodeType):
-                feed(const)
-            elif isinstance(const, frozenset):  # its order follows the hash seed
-                digest.update(repr(sorted(repr(item) for item in const)).encode())
-            else:
-                digest.update(repr(const).encode())
-
-    feed(code)
-    return "sha256:" + digest.hexdigest()[:16]
 
 
 _UNSEEN = object()
