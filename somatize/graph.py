@@ -76,6 +76,8 @@ class Graph:
         self._aliases: dict[str, str] = {}
         self._outputs: tuple[str, ...] = ()
         self._undeclared: dict[str, Undeclared] = {}
+        # Nodes built with a list or dict, and nodes that can see their own state change:
+        # looked at again at the start of every forward (plan.look_again).
         self._unfixed: dict[str, Node] = {}
         self._restated: dict[str, Node] = {}
         self.memory = Memory()
@@ -252,16 +254,6 @@ class Graph:
     def undeclared(self, name: str) -> Undeclared | None:
         """Why ``name`` has no declaration, if it has none."""
         return self._undeclared.get(name)
-
-    def unfixed(self) -> tuple[str, ...]:
-        """The nodes whose declaration may change while the graph is in use (see
-        :meth:`Node.is_declaration_fixed`), derived again at the start of each forward."""
-        return tuple(self._unfixed)
-
-    def restated(self) -> tuple[str, ...]:
-        """The nodes that can tell whether their state changed since it was settled (see
-        :meth:`Node.restate`), asked at the start of each forward when frozen."""
-        return tuple(self._restated)
 
     def items(self) -> Iterator[tuple[str, Node]]:
         """``(name, node)`` pairs, in order."""
