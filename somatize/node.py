@@ -75,17 +75,6 @@ class Marks:
 
 _SIGNATURES: dict[type, inspect.Signature | None] = {}
 
-_FIXED = (type(None), bool, int, float, str, bytes)
-"""The canonical values nobody can change in place."""
-
-
-def _is_fixed(value: Any) -> bool:
-    """Whether ``value`` cannot change in place: a plain immutable value or a tuple of them."""
-    if type(value) is tuple:
-        return all(_is_fixed(item) for item in value)
-    return type(value) in _FIXED
-
-
 _UNSAID: dict[type, tuple[type, list[str]] | None] = {}
 
 
@@ -203,7 +192,7 @@ class Node:
         if type(self).declare is not Node.declare:
             return True
         args, kwargs = self._smz.call
-        return all(_is_fixed(a) for a in args) and all(_is_fixed(v) for v in kwargs.values())
+        return canonical.is_immutable((args, tuple(kwargs.values())))
 
     def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
         """How another process rebuilds this node: ``(maker, args, kwargs)``.

@@ -419,7 +419,6 @@ class ParquetDir(_Versioned):
         self.root = root
         """The directory, made absolute when the source was built: a later change of the
         working directory does not move it."""
-        self._absolute = root
         self.columns = _columns_of(columns)
         found = sorted(
             one
@@ -456,10 +455,10 @@ class ParquetDir(_Versioned):
         the same files (this machine, or a shared filesystem); Unbuildable when the call did
         not hand the path first or as ``path=``."""
         args, kwargs = self._smz.call
-        where = str(self._absolute)
-        if args and _is_path(args[0], self._absolute):
+        where = str(self.root)
+        if args and _is_path(args[0], self.root):
             args = (where, *args[1:])
-        elif _is_path(kwargs.get("path"), self._absolute):
+        elif _is_path(kwargs.get("path"), self.root):
             kwargs = {**kwargs, "path": where}
         else:
             kind = type(self).__qualname__
@@ -472,7 +471,7 @@ class ParquetDir(_Versioned):
 
     def _moved(self, sent: str) -> str:
         return (
-            f"the files under {str(self._absolute)!r}, as this worker finds them, are at "
+            f"the files under {str(self.root)!r}, as this worker finds them, are at "
             f"version {self.version}, and the graph is settled at {sent}, the version of the "
             "files the source was built from: they changed since, or the worker sees other "
             "files at that path. Nothing ran and nothing was kept. After changing the files, "
