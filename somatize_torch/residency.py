@@ -418,6 +418,9 @@ class Writer:
         self._error: BaseException | None = None
         self._lost = 0
         self._thread: threading.Thread | None = None
+        # Held while the thread is started and a job queued, and while it is stopped: a
+        # job is never queued behind the stop signal of a thread that is going away.
+        self._life = threading.Lock()
 
     def _own(self) -> None:
         """Starts afresh if this is a forked child of the process that made the writer."""
@@ -429,7 +432,6 @@ class Writer:
         a writer closed before starts its thread again."""
         if not keys:
             return
-        self._closed = False
         self._own()
         rows = rows.detach()
         nbytes = rows.numel() * rows.element_size()
@@ -439,8 +441,10 @@ class Writer:
             self._pending += nbytes
             self._submitted += 1
         staged: _Staged = self._pool.to_host(rows) if self._pool is not None else _Plain(rows)
-        self._start()
-        self._queue.put(_Job(list(keys), staged, nbytes))
+        with self._life:
+            self._closed = False
+            self._start()
+            self._queue.put(_Job(list(keys), staged, nbytes))
 
     def check(self) -> None:
         """Raises :class:`WriteFailed` for writes that failed since the last check."""
@@ -475,11 +479,12 @@ class Writer:
         try:
             self.flush()
         finally:
-            self._closed = True
-            if self._thread is not None:
-                self._queue.put(None)
-                self._thread.join()
-                self._thread = None
+            with self._life:
+                self._closed = True
+                if self._thread is not None:
+                    self._queue.put(None)
+                    self._thread.join()
+                    self._thread = None
 
     # -- the thread
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from somatize_torch.codec import TENSOR
 from somatize_torch.residency import (
     Tier,
     WriteFailed,
+    Writer,
     decode_rows,
     encode_rows,
     store_lock,
@@ -275,6 +277,48 @@ def test_a_closed_writer_starts_again_and_loses_nothing(store: Store) -> None:
     assert torch.equal(fresh(x), truth(x))
     assert fresh.stats.from_store == 6 and fresh.stats.computed == 0
     fresh.close()
+
+
+def test_a_close_beside_a_submit_leaves_no_row_behind(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One thread closes the writer while another submits: the submitted rows are written
+    (by the thread going away or a new one), never queued behind the stop signal where
+    no thread would take them and every later flush would wait for ever."""
+    warm, late = (f"blake3:{digit * 64}" for digit in "ab")
+    writer = Writer(store, linger=0.0)
+    writer.submit([warm], torch.ones(1, 4))
+    writer.flush()
+    flushed, started = threading.Event(), threading.Event()
+    flush, start = Writer.flush, Writer._start
+
+    def flush_then_wait(self: Writer) -> None:
+        flush(self)
+        if threading.current_thread() is closer:  # flushed: now let the submit see the thread
+            flushed.set()
+            started.wait(timeout=5)
+
+    def start_then_let_close(self: Writer) -> None:
+        start(self)
+        started.set()
+        closer.join(timeout=0.5)  # the close stops the thread before the job is queued
+
+    monkeypatch.setattr(Writer, "flush", flush_then_wait)
+    monkeypatch.setattr(Writer, "_start", start_then_let_close)
+    closer = threading.Thread(target=writer.close)
+    closer.start()
+    assert flushed.wait(timeout=5)
+    writer.submit([late], torch.full((1, 4), 2.0))
+    closer.join(timeout=30)
+    later = threading.Thread(target=writer.flush, daemon=True)
+    later.start()
+    later.join(timeout=30)
+    assert not later.is_alive(), "a submitted row was left where no thread takes it"
+    assert writer.kept_rows == 2
+    _, data = store.recall(late)
+    assert decode_rows([data])[0].tolist() == [2.0] * 4
+    monkeypatch.undo()
+    writer.close()
 
 
 def test_a_tier_allocates_no_more_than_its_budget() -> None:
