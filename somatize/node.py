@@ -75,15 +75,16 @@ class Marks:
 
 _SIGNATURES: dict[type, inspect.Signature | None] = {}
 
-_UNSAID: dict[type, tuple[type, list[str]] | None] = {}
+_UNSAID: dict[type, tuple[type, list[str], bool] | None] = {}
 
 
-def _unsaid(kind: type) -> tuple[type, list[str]] | None:
+def _unsaid(kind: type) -> tuple[type, list[str], bool] | None:
     """For a class that defines its own ``__init__`` below the class whose ``declare()`` it
-    inherits, taking parameters that class's does not: that class, and those parameters
-    (``declare()`` was written without them, so it may not say them). None when nothing
-    is lost — the same parameters or fewer (a subclass fixing some), or ``*args`` and
-    ``**kwargs`` passed through (worked out once per class)."""
+    inherits: that class, the parameters of its own that class's does not take
+    (``declare()`` was written without them, so it may not say them), and whether it takes
+    ``*args`` or ``**kwargs`` — which it may pass through or keep, so each call's
+    arguments are checked against that class's parameters (:func:`_unsaid_in`). None when
+    it inherits ``__init__`` with ``declare()`` (worked out once per class)."""
     if kind in _UNSAID:
         return _UNSAID[kind]
     found = None
@@ -93,12 +94,32 @@ def _unsaid(kind: type) -> tuple[type, list[str]] | None:
     if owner is not Node and mro.index(made_by) < mro.index(owner):
         theirs = {name for name, _ in _parameters(owner)}
         passed = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-        new = [name for name, how in _parameters(kind)[1:] if how not in passed]
-        new = [name for name in new if name not in theirs]
-        if new:
-            found = (owner, new)
+        parameters = _parameters(kind)[1:]
+        new = [name for name, how in parameters if how not in passed and name not in theirs]
+        variadic = any(how in passed for _, how in parameters)
+        if new or variadic:
+            found = (owner, new, variadic)
     _UNSAID[kind] = found
     return found
+
+
+def _unsaid_in(node: Node, owner: type) -> list[str]:
+    """The arguments of the call that made ``node`` (whose class takes ``*args`` or
+    ``**kwargs``) that ``owner``'s constructor could not have been handed: its class took
+    them for itself, and ``owner``'s ``declare()`` does not say them. Fewer arguments, or
+    arguments bound differently, are the class's to pass on."""
+    signature = _signature(owner)
+    if signature is None:
+        return []
+    args, kwargs = node._smz.call
+    try:
+        signature.bind_partial(None, *args, **kwargs)
+    except TypeError:
+        takes = signature.parameters
+        keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
+        extra = [] if keyword else [name for name in kwargs if name not in takes]
+        return extra or [f"{len(args)} positional arguments"]
+    return []
 
 
 def _parameters(kind: type) -> list[tuple[str, Any]]:
@@ -245,7 +266,11 @@ class Node:
         was not written for (see :func:`_unsaid`)."""
         unsaid = _unsaid(type(self))
         if unsaid is not None:
-            raise self._unsaid_by(unsaid, where)
+            owner, new, variadic = unsaid
+            if not new and variadic:
+                new = _unsaid_in(self, owner)
+            if new:
+                raise self._unsaid_by((owner, new), where)
         declared = self.declare()
         try:
             return canonical.hex_of(declared, b"somatize/declaration\0")
@@ -264,7 +289,7 @@ class Node:
         name = where or self._smz.name or kind
         base = owner.__qualname__
         args = ", ".join(f"`{n}`" for n in new)
-        example = new[0]
+        example = new[0] if new[0].isidentifier() else "value"
         return Undeclared(
             f"`{name}` ({kind}) cannot be keyed: `{kind}` takes constructor arguments of its "
             f"own ({args}) and inherits `declare()` from `{base}`, which says what "

@@ -170,6 +170,22 @@ class Passing(Declared):
         self.calls = 0
 
 
+class Keeping(Declared):
+    """Takes an argument of its own through ``**kwargs`` and passes the rest on."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.label = kwargs.pop("label", "")
+        super().__init__(*args, **kwargs)
+
+
+class Trailing(Declared):
+    """Keeps positional arguments past the ones it passes on."""
+
+    def __init__(self, thing: object, *more: int) -> None:
+        self.more = more
+        super().__init__(thing)
+
+
 class Told(Labelled):
     """Adds its own argument to the declaration it inherits."""
 
@@ -193,6 +209,13 @@ def test_a_subclass_with_arguments_its_inherited_declare_may_not_say_is_refused(
     assert Resized(object()).declaration() == Declared(object()).declaration()
     assert Small(object()).declaration() == Declared(object(), 1).declaration()
     assert Passing(object(), size=5).declaration() == Declared(object(), 5).declaration()
+    with pytest.raises(Undeclared, match=r"`Keeping` takes constructor arguments of its own "
+                       r"\(`label`\)"):  # fmt: skip
+        Keeping(object(), label="a").declaration()
+    with pytest.raises(Undeclared, match=r"\(`3 positional arguments`\)"):
+        Trailing(object(), 1, 2).declaration()
+    assert Trailing(object()).declaration() == Declared(object()).declaration()
+    assert Keeping(object(), size=2).declaration() == Declared(object(), 2).declaration()
     assert Told(object(), label="a").declaration() != Told(object(), label="b").declaration()
 
 
