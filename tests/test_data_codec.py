@@ -177,3 +177,23 @@ def test_an_opaque_table_is_keyed_by_content(store: Store) -> None:
     assert count.calls == 1
     g.forward(Opaque(Frame(_table().slice(1))), store=store)
     assert count.calls == 2
+
+
+class Total(Node):
+    """The sum of a frame's `x` column."""
+
+    def forward(self, frame: Frame, ctx: Any) -> int:
+        return sum(frame.column("x"))
+
+
+def test_an_opaque_table_over_memory_refilled_in_place_is_weighed_again(store: Store) -> None:
+    """A table made over a numpy array changes when the array is refilled: the same Opaque
+    handed again is weighed again, and the new rows get their own answer."""
+    numpy = pytest.importorskip("numpy")
+
+    values = numpy.arange(4, dtype=numpy.int64)
+    batch = Opaque(Frame(pyarrow.table({"x": values})))
+    g = Graph.somatize(Total().named("total").frozen().cached())
+    assert g.forward(batch, store=store) == 6
+    values[:] = 10
+    assert g.forward(batch, store=store) == 40

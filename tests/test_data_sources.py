@@ -42,15 +42,45 @@ def _numbers(rows: int) -> pyarrow.Table:
 
 
 def test_a_table_is_read_by_span_without_copying() -> None:
-    """A span of a Table is a slice of it: the same buffers, the right rows, short at the end."""
-    table = _numbers(100)
-    source = Table(table)
+    """A span of a Table is a slice of the table it holds: the same buffers, the right rows,
+    short at the end."""
+    source = Table(_numbers(100))
     frame = source.forward({"at": 90, "take": 64}, Context(name="t"))
     assert frame.column("n") == list(range(90, 100))
     head = frame.to_arrow().column("n").chunks[0].buffers()[1]
-    assert head.address == table.column("n").chunks[0].buffers()[1].address
+    assert head.address == source.table.column("n").chunks[0].buffers()[1].address
     assert len(source.forward({"at": 500, "take": 64}, Context(name="t"))) == 0
     assert source.count_rows() == 100
+
+
+class Total(Node):
+    """The sum of a frame's `n` column."""
+
+    def forward(self, frame: Frame, ctx: Context) -> int:
+        return sum(frame.column("n"))
+
+
+def test_a_table_over_memory_written_in_place_keeps_what_it_was_made_from(
+    store: Store,
+) -> None:
+    """A table made over a numpy array shares its memory: the source holds the rows its
+    version names, however the array is refilled afterwards, and a new source made then
+    has the new rows under a new version."""
+    numpy = pytest.importorskip("numpy")
+    values = numpy.arange(8, dtype=numpy.int64)
+    made = Table(pyarrow.table({"n": values}))
+    values[:] = 100
+    assert made.forward({"at": 0, "take": 8}, Context(name="t")).column("n") == list(range(8))
+    assert made.version == Table(_numbers(8)).version
+    again = Table(pyarrow.table({"n": values}))
+    assert again.version != made.version
+
+    answers = []
+    for source in (made, again):
+        g = Graph.somatize(source.named("t").frozen() >> Total().named("total").frozen().cached())
+        settle(g)
+        answers.append(g.forward({"at": 0, "take": 8}, store=store))
+    assert answers == [28, 800]
 
 
 def test_a_tables_version_is_its_content() -> None:

@@ -85,6 +85,13 @@ def _bared(table: Any) -> Any:
     return type(table).from_arrays(columns, schema=table.schema)
 
 
+def _digest(ipc: pyarrow.Buffer) -> str:
+    hasher = blake3.blake3(max_threads=hash_threads())
+    hasher.update(b"arrow\0")
+    hasher.update(ipc)
+    return "blake3:" + hasher.hexdigest()
+
+
 class ArrowCodec(Codec):
     """Frames, ``pyarrow.Table`` and ``pyarrow.RecordBatch`` as Arrow IPC (stream format)."""
 
@@ -136,10 +143,17 @@ class ArrowCodec(Codec):
         return Frame(table) if kind == b"frame" else table
 
     def digest(self, value: Any) -> str:
-        hasher = blake3.blake3(max_threads=hash_threads())
-        hasher.update(b"arrow\0")
-        hasher.update(self._ipc(value, combined=True))
-        return "blake3:" + hasher.hexdigest()
+        return _digest(self._ipc(value, combined=True))
 
     def stamp(self, value: Any) -> Hashable | None:
-        return ()  # Arrow tables and batches are immutable, and so is a frame over one
+        """None: an Arrow table cannot be changed through Arrow, but its buffers may be
+        memory it shares with whatever it was made from (a numpy array, a DataFrame),
+        which can be written in place; so it is weighed at every use."""
+        return None
+
+    def held(self, value: Any) -> tuple[str, Any]:
+        """The digest of ``value`` and ``value`` over memory of its own, read from the bytes
+        that were digested (one copy): what was digested is what it holds, whatever
+        happens to the memory ``value`` was made over."""
+        data = self._ipc(value, combined=True)
+        return _digest(data), self.decode(memoryview(data))

@@ -48,13 +48,17 @@ _DIGESTER = ArrowCodec()
 
 class Table(Node):
     """An Arrow table (or record batch, or Frame) in memory, handed
-    ``{"at": i, "take": n}`` and answering a Frame of those rows (no copy)."""
+    ``{"at": i, "take": n}`` and answering a Frame of those rows (a slice of the copy it
+    made of the table, so its rows stay the ones its version names)."""
 
     holds_state = True
 
     def __init__(self, table: Any) -> None:
-        self.table: pyarrow.Table = to_arrow(table)
-        self.version: str = _DIGESTER.digest(self.table)
+        version, held = _DIGESTER.held(to_arrow(table))
+        self.table: pyarrow.Table = to_arrow(held)
+        """A copy of the table as it was when this source was made: the memory of the one
+        handed in may be shared with a numpy array or a DataFrame, and written in place."""
+        self.version: str = version
         """The content digest of the table: its state."""
 
     def declare(self) -> dict[str, Any]:
