@@ -35,11 +35,18 @@ __all__ = ["ArrowCodec"]
 
 _KIND = b"somatize.kind"
 _KINDS = (b"frame", b"table", b"batch")
+_NO_FIELDS = pyarrow.struct([])
 
 
 def _tagged(table: pyarrow.Table | pyarrow.RecordBatch, kind: bytes) -> Any:
     metadata = dict(table.schema.metadata or {})
     metadata[_KIND] = kind
+    if isinstance(table, pyarrow.Table) and not table.num_columns:
+        # Rows and no columns (a frame read with ``columns=[]``): its length is all it says,
+        # and Arrow drops it when such a table's metadata is replaced or it is rebuilt from
+        # its columns; a batch made from a struct array of no fields keeps it.
+        rows = pyarrow.RecordBatch.from_struct_array(pyarrow.nulls(table.num_rows, _NO_FIELDS))
+        return pyarrow.Table.from_batches([rows.replace_schema_metadata(metadata)])
     return table.replace_schema_metadata(metadata)
 
 
@@ -75,6 +82,8 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
 
 def _bared(table: Any) -> Any:
     """``table`` (a Table of one chunk per column, or a RecordBatch) with its columns bare."""
+    if not table.num_columns:
+        return table  # nothing to bare, and rebuilding it would drop its length
     if isinstance(table, pyarrow.RecordBatch):
         columns: list[Any] = [_bare(column) for column in table.columns]
     else:
