@@ -578,7 +578,10 @@ def test_a_parquet_dir_crosses_by_its_absolute_path(
     write_dir(tmp_path / "parts", [numbers(60), numbers(40, 60)])
     monkeypatch.chdir(tmp_path)
     source = ParquetDir("parts")
+    named = ParquetDir(path="parts")
+    monkeypatch.chdir("/")  # the working directory moves after the build: the path does not
     assert blueprint_of(source).args == (str(tmp_path / "parts"),)
+    assert blueprint_of(named).kwargs == {"path": str(tmp_path / "parts")}
     g, _ = _on_w1(source)
     x = {"at": 50, "take": 64}
     broker = _network()

@@ -419,6 +419,11 @@ class ParquetDir(_Versioned):
         self.root = root
         """The directory, made absolute when the source was built: a later change of the
         working directory does not move it."""
+        args, kwargs = self._smz.call
+        self._path_first = bool(args) and _is_path(args[0], root)
+        """Whether the call that made it handed the directory first (else as ``path=``, or
+        neither): told while the working directory is the one the call meant."""
+        self._path_named = _is_path(kwargs.get("path"), root)
         self.columns = _columns_of(columns)
         found = sorted(
             one
@@ -456,9 +461,9 @@ class ParquetDir(_Versioned):
         not hand the path first or as ``path=``."""
         args, kwargs = self._smz.call
         where = str(self.root)
-        if args and _is_path(args[0], self.root):
+        if self._path_first:
             args = (where, *args[1:])
-        elif _is_path(kwargs.get("path"), self.root):
+        elif self._path_named:
             kwargs = {**kwargs, "path": where}
         else:
             kind = type(self).__qualname__
