@@ -75,3 +75,7 @@ def test_to_arrow_takes_tabular_values() -> None:
     assert to_arrow(table.to_batches()[0]).equals(table)
     with pytest.raises(NotArrow, match=r"cannot turn a `builtins\.list` into an Arrow table"):
         to_arrow([1, 2, 3])
+    column = pyarrow.array([1, 2, 3])  # exports Arrow data, but not a table
+    for one in (column, pyarrow.chunked_array([column])):
+        with pytest.raises(NotArrow, match=r"not a table .*pyarrow\.table\(\{'x': column\}\)"):
+            to_arrow(one)

@@ -209,6 +209,8 @@ def test_columns_reads_only_those(store: Store) -> None:
     ]
     with pytest.raises(UnknownColumn, match="has no column `label`; it has `n`, `s`"):
         Parquet(store, "data/n", columns=["label"]).forward({"at": 0, "take": 2}, ctx())
+    with pytest.raises(ValueError, match=r"columns= names 'n' more than once"):
+        Parquet(store, "data/n", columns=["n", "s", "n"])
 
 
 def test_count_rows_reads_the_footer_only(store: Store) -> None:

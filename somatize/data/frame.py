@@ -125,7 +125,15 @@ def to_arrow(x: Any) -> pyarrow.Table:
     if isinstance(x, pyarrow.RecordBatch):
         return pyarrow.Table.from_batches([x])
     if hasattr(x, "__arrow_c_stream__") or hasattr(x, "__arrow_c_array__"):
-        return pyarrow.table(x)
+        try:
+            return pyarrow.table(x)
+        except (pyarrow.ArrowException, TypeError, ValueError) as why:
+            raise NotArrow(
+                f"a `{type(x).__module__}.{type(x).__qualname__}` exports Arrow data that is "
+                f"not a table ({why}): `to_arrow` takes rows of named columns — a frame, not "
+                "one column or array. Make a table of it first, e.g. `pyarrow.table({'x': "
+                "column})`"
+            ) from None
     raise NotArrow(
         f"cannot turn a `{type(x).__module__}.{type(x).__qualname__}` into an Arrow table: "
         "`to_arrow` takes a Frame, a pyarrow Table or RecordBatch, or an object that exports "

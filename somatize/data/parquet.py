@@ -94,6 +94,12 @@ def _columns_of(columns: Sequence[str] | None) -> list[str] | None:
         raise TypeError(
             f"columns= is a list of column names, got {columns!r}; e.g. `columns=['sms']`"
         )
+    twice = sorted({c for c in columns if list(columns).count(c) > 1})
+    if twice:
+        raise ValueError(
+            f"columns= names {', '.join(map(repr, twice))} more than once; a frame has each "
+            "column once: name it once"
+        )
     return list(columns)
 
 
