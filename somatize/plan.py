@@ -207,9 +207,13 @@ def compile(
         if found is None:
             plan.keys = _node_keys(static, root)
             asked = [plan.keys[n] for n in static.whole]
-            if len(static.known) >= _KNOWN_INPUTS:
-                del static.known[next(iter(static.known))]  # the oldest
-            static.known[root] = (plan.keys, asked)
+            known = static.known
+            while len(known) >= _KNOWN_INPUTS:
+                try:  # the oldest; threads planning at once may have taken it already
+                    known.pop(next(iter(known)), None)
+                except (StopIteration, RuntimeError):
+                    break
+            known[root] = (plan.keys, asked)
         else:
             plan.keys, asked = found  # read, never written, after planning
         plan.have = store.have(asked) if asked else set()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from somatize import Codec, CodecError, Drifted, Graph, Node, NodeFailed, Opaque, Store
+from somatize import Codec, CodecError, Drifted, Graph, Node, NodeFailed, Opaque, Store, plan
 from somatize.store import LocalStore
 from tests.nodes import Echo, Fails, Largest, Rows, Scale, Square
 
@@ -322,3 +324,33 @@ def test_a_declared_list_changed_after_build_is_keyed_as_it_is_now(store: Store)
     seen.clear()
     assert g.forward(10, store=store, watching=seen.append) == 60.0
     assert ("recalled", "weighted") in [(f["fact"], f.get("node")) for f in seen]
+
+
+def test_threads_forwarding_one_graph_get_their_own_answers(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads forwarding one graph at once, each its own inputs, get every answer right and
+    no error while the inputs' keys the graph remembers are let go of (here after two)."""
+    monkeypatch.setattr(plan, "_KNOWN_INPUTS", 2)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    g = Graph.somatize(Scale(3.0).named("scale").frozen().cached())
+    wrong: list[Any] = []
+
+    def forward(first: int) -> None:
+        for x in range(first, first + 150):
+            try:
+                if g.forward([x], store=store) != [x * 3.0]:
+                    wrong.append(x)
+            except Exception as why:
+                wrong.append(why)
+
+    try:
+        threads = [threading.Thread(target=forward, args=(k * 1000,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == []
