@@ -4,7 +4,8 @@
 also where **hash-consing** happens: a settled node — frozen, with an identity
 and a declaration that stays as it is, and a state if it holds one — is interned
 on its key parts (identity, declaration, salt, mapped, placement, and the nodes it
-reads). The same frozen computation written twice is therefore one node, computed
+reads) and on what it holds (its public attributes: equal immutable values or the
+same objects). The same frozen computation written twice is therefore one node, computed
 once; no merge pass exists, and equality of settled nodes is identity. A node
 built with a list or a dict is never interned: whoever holds the list can change
 it after the build, and two nodes equal now would then be two computations. Sharing the
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from somatize import canonical
 from somatize.catalog import fingerprint_of, identity_of
 from somatize.engine import run
 from somatize.errors import SomatizeError
@@ -63,6 +65,22 @@ class UnknownNode(GraphError, KeyError):
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower() or "node"
+
+
+def _held(node: Node) -> tuple[tuple[str, Any], ...]:
+    """What ``node`` holds besides what it was built with, as far as interning needs: each
+    public attribute by value when it can never change, by identity otherwise. Two nodes
+    built alike and then given other attributes (``plus.offset = 100``) compute other
+    answers, and are not one node; the same objects or equal values are."""
+    held: list[tuple[str, Any]] = []
+    for name, value in vars(node).items():
+        if name.startswith("_"):
+            continue  # a node class's own bookkeeping
+        if canonical.is_immutable(value):
+            held.append((name, canonical.hex_of(value)))
+        else:
+            held.append((name, id(value)))  # alive while the graph holds the node
+    return tuple(sorted(held))
 
 
 class Graph:
@@ -136,6 +154,7 @@ class Graph:
                     marks.mapped,
                     marks.worker,
                     preds,
+                    _held(node),
                 )
                 same = interned.get(intern)
                 if same is not None:

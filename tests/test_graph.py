@@ -138,6 +138,20 @@ def test_frozen_nodes_built_with_equal_lists_are_not_interned() -> None:
     assert g.forward(x) == ([2.0, 4.0], [3.0, 6.0])
 
 
+def test_frozen_nodes_given_other_attributes_after_building_are_not_interned() -> None:
+    """Two frozen nodes built alike and then given other attributes compute other answers:
+    they stay two nodes; given equal values, they are one."""
+    rows = Rows().named("rows").frozen()
+    low, high = Scale(2.0).named("low").frozen(), Scale(2.0).named("high").frozen()
+    high.by = 10.0
+    g = Graph.somatize(rows >> (low, high))
+    assert g.nodes() == ("rows", "low", "high")
+    assert g.forward({"at": 1, "take": 2}) == ([2.0, 4.0], [10.0, 20.0])
+    one, two = Scale(2.0).named("one").frozen(), Scale(2.0).named("two").frozen()
+    one.by = two.by = 3.0
+    assert Graph.somatize(rows >> (one, two)).nodes() == ("rows", "one")
+
+
 def test_interned_nodes_still_hand_one_argument_per_edge() -> None:
     """Two edges from nodes interned to one are two arguments, in order: the computation is
     shared, what reads it is not changed."""
