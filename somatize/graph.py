@@ -159,15 +159,16 @@ class Graph:
                 same = interned.get(intern)
                 if same is not None:
                     placed[id(node)] = same
-                    if marks.name and marks.name not in graph._nodes:
-                        graph._aliases[marks.name] = same
+                    name = marks.name
+                    if name and name != same:
+                        held = graph._aliases.get(name, name if name in graph._nodes else same)
+                        if held != same:
+                            raise graph._named_twice(name, node)
+                        graph._aliases[name] = same
                     continue
             name = marks.name if marks.name else graph._derived_name(node, taken)
-            if name in graph._nodes:
-                raise GraphError(
-                    f"two different nodes are named `{name}` ({graph._nodes[name]!r} and "
-                    f"{node!r}); names are how facts and errors tell nodes apart. Rename one"
-                )
+            if name in graph._nodes or name in graph._aliases:
+                raise graph._named_twice(name, node)
             placed[id(node)] = name
             if intern is not None:
                 interned[intern] = name
@@ -176,6 +177,13 @@ class Graph:
         for node in order:
             node._smz.built = True
         return graph
+
+    def _named_twice(self, name: str, node: Node) -> GraphError:
+        other = self._nodes[self._aliases.get(name, name)]
+        return GraphError(
+            f"two different nodes are named `{name}` ({other!r} and {node!r}); names are how "
+            "facts and errors tell nodes apart. Rename one"
+        )
 
     def _explicit_names(self, order: Sequence[Node]) -> set[str]:
         return {n._smz.name for n in order if n._smz.name}

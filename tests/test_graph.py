@@ -32,6 +32,13 @@ def test_duplicate_explicit_names_refused() -> None:
     """Two different nodes may not share a name."""
     with pytest.raises(GraphError, match="two different nodes are named `x`"):
         Graph.somatize(Rows().named("x") >> Scale().named("x"))
+    rows = Rows().named("rows").frozen()
+    for other_first in (False, True):  # `b` is interned into `a`, and another node is `b`
+        twins = [Scale(2.0).named("a").frozen(), Scale(2.0).named("b").frozen()]
+        other = Scale(3.0).named("b")
+        branches = (other, *twins) if other_first else (*twins, other)
+        with pytest.raises(GraphError, match="two different nodes are named `b`"):
+            Graph.somatize(rows >> branches)
 
 
 def test_fan_in_hands_inputs_in_order() -> None:
