@@ -23,7 +23,9 @@ Facts are plain dicts::
 
 An answer that was there when the store was asked but is damaged or gone when
 read is a miss: it is reported (``corrupt``), the plan is redone without it,
-and the node runs. A wrong answer is never returned.
+and the node runs. A wrong answer is never returned. An answer computed that
+cannot be kept (no codec writes it, the store refuses it) is ``failed`` after
+``ran``, and its error goes on to the caller.
 
 With a ``broker`` (:mod:`somatize.broker`) and a graph that places nodes, the
 engine speaks to it in three calls: ``broker.check(graph)`` before anything runs
@@ -40,9 +42,10 @@ node placed, the loop is the plain one, in order.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -90,10 +93,10 @@ class Record:
         out: dict[str, str] = {}
         for fact in self.facts:
             kind = fact["fact"]
-            if kind in _OUTCOMES:
+            if kind in ("drifted", "failed"):  # said after `ran` or `recalled`, and wins
+                out[fact["node"]] = kind
+            elif kind in _OUTCOMES:
                 out.setdefault(fact["node"], kind)
-            elif kind == "drifted":
-                out[fact["node"]] = "drifted"
         return out
 
     @property
@@ -224,11 +227,25 @@ class _Run:
     def keep(self, node: str, key: str, value: Any) -> int:
         store = self.store
         assert store is not None
-        codec = CODECS.for_value(value, f"the answer of `{node}`")
-        answer = store.keep(
-            key, codec.encode(value), codec.name, self.graph.memory.fingerprint_of(node)
-        )
+        with self._keeping(node):
+            codec = CODECS.for_value(value, f"the answer of `{node}`")
+            answer = store.keep(
+                key, codec.encode(value), codec.name, self.graph.memory.fingerprint_of(node)
+            )
         return answer.size
+
+    @contextlib.contextmanager
+    def _keeping(self, node: str) -> Iterator[None]:
+        """Says ``failed`` of ``node`` when its answer, computed, cannot be kept (no codec
+        writes it, the store refuses it), before the error goes on to the caller."""
+        try:
+            yield
+        except SomatizeError:
+            self.emit({"fact": "failed", "node": node, "error": "refused"})
+            raise
+        except Exception as error:
+            self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
+            raise
 
     def run_mapped(self, plan: Plan, node: str, inputs: list[Any], ctx: Context) -> Any:
         static = plan.static
@@ -301,15 +318,16 @@ class _Run:
         store = self.store
         assert store is not None
         groups: dict[str, list[tuple[str, Sequence[Any]]]] = {}
-        for key, value in answers:
-            codec = CODECS.for_value(value, f"an item answer of `{node}`")
-            groups.setdefault(codec.name, []).append((key, codec.encode(value)))
-        fingerprint = self.graph.memory.fingerprint_of(node)
-        return sum(
-            answer.size
-            for name, items in groups.items()
-            for answer in store.keep_many(items, name, fingerprint)
-        )
+        with self._keeping(node):
+            for key, value in answers:
+                codec = CODECS.for_value(value, f"an item answer of `{node}`")
+                groups.setdefault(codec.name, []).append((key, codec.encode(value)))
+            fingerprint = self.graph.memory.fingerprint_of(node)
+            return sum(
+                answer.size
+                for name, items in groups.items()
+                for answer in store.keep_many(items, name, fingerprint)
+            )
 
     def _item_column(self, plan: Plan, pred: str, count: int) -> list[str]:
         if pred in plan.items:
@@ -457,6 +475,16 @@ def run(
         wanted = (graph.resolve(outputs),)
     else:
         wanted = tuple(graph.resolve(name) for name in outputs)
+    if watching is not None and not callable(watching):
+        raise TypeError(
+            f"watching= takes a function called with each fact (`facts.append`, `print`), "
+            f"got {_describe(watching)}"
+        )
+    if broker is not None and not callable(getattr(broker, "check", None)):
+        raise TypeError(
+            "broker= takes a somatize Broker (`Broker.embedded({...})`, `Broker.ray(...)`), "
+            f"got {_describe(broker)}"
+        )
     look_again(graph)
     if broker is not None:
         broker.check(graph)

@@ -202,8 +202,24 @@ def test_answer_with_no_codec_is_refused(store: Store) -> None:
             return {1, 2}
 
     g = Graph.somatize(Weird().named("weird").frozen().identified("tests:Weird").cached())
+    facts: list[dict[str, Any]] = []
     with pytest.raises(CodecError, match=r"answer of `weird` is a `builtins\.set`"):
-        g.forward(1, store=store)
+        g.forward(1, store=store, watching=facts.append)
+    assert [f["fact"] for f in facts] == ["ran", "failed"]
+    assert facts[1]["node"] == "weird" and g.record is not None
+    assert g.record.outcome == {"weird": "failed"}
+
+
+def test_what_watches_and_what_brokers_are_checked_before_anything_runs(store: Store) -> None:
+    """``watching=`` that is no function and ``broker=`` that is no broker are refused
+    saying what they take, before any node runs."""
+    scale = Scale()
+    g = Graph.somatize(scale.named("scale").frozen().cached())
+    with pytest.raises(TypeError, match=r"watching= takes a function .* got a `str`"):
+        g.forward([1.0], store=store, watching="facts")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"broker= takes a somatize Broker .* got a `str`"):
+        g.forward([1.0], store=store, broker="w1")
+    assert scale.calls == 0
 
 
 def test_drift_is_a_fact_and_a_warning(store: Store) -> None:
