@@ -19,7 +19,7 @@ names sorted — and never by serialising the collection, since a serialiser may
 write equal tensors in more than one way.
 
 The bytes are read in place: a contiguous CPU tensor is hashed through a
-zero-copy view of its memory (``tensor.view(torch.uint8).numpy()``); only a
+zero-copy view of its memory (:func:`memory_of`); only a
 non-contiguous tensor is made contiguous first, and a CUDA tensor is copied to
 the host only when no device kernel is available.
 
@@ -44,6 +44,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import blake3
+import numpy
 import torch
 
 from somatize import canonical
@@ -58,6 +59,7 @@ __all__ = [
     "digest_rows",
     "digest_tensor",
     "host_bytes",
+    "memory_of",
     "raw_digest",
     "raw_rows",
     "raw_rows_later",
@@ -117,7 +119,31 @@ def host_bytes(tensor: torch.Tensor) -> memoryview:
     and a device tensor is copied to the host first. The view keeps the memory it
     reads alive.
     """
-    flat: Any = _host_tensor(tensor).reshape(-1).view(torch.uint8).numpy()
+    return memory_of(_host_tensor(tensor))
+
+
+class _Memory:
+    """Hands numpy the memory of a contiguous CPU tensor by address, holding the tensor:
+    ``tensor.numpy()`` would mark the tensor's storage as never to be resized again, a
+    change to the caller's tensor that outlives the view."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, writable: bool) -> None:
+        self.tensor = tensor
+        self.__array_interface__ = {
+            "data": (tensor.data_ptr(), not writable),
+            "shape": (tensor.numel() * tensor.element_size(),),
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+
+def memory_of(tensor: torch.Tensor, writable: bool = False) -> memoryview:
+    """The bytes of a contiguous CPU ``tensor`` as a flat memoryview, without a copy and
+    without changing the tensor; read-only unless ``writable``. The view keeps the
+    tensor alive."""
+    flat: Any = numpy.asarray(_Memory(tensor, writable))
     return memoryview(flat)
 
 

@@ -62,7 +62,7 @@ from somatize import Store
 from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
 from somatize_torch.codec import TENSOR
-from somatize_torch.digest import host_bytes
+from somatize_torch.digest import host_bytes, memory_of
 
 __all__ = [
     "Bank",
@@ -306,8 +306,7 @@ def decode_rows(datas: Sequence[memoryview]) -> torch.Tensor:
     if set(map(len, datas)) == {head + size} and (
         b"".join([row[:head] for row in datas]) == header * count
     ):
-        into: Any = out.view(-1).view(torch.uint8).numpy()
-        memoryview(into)[:] = b"".join([row[head:] for row in datas])
+        memory_of(out, writable=True)[:] = b"".join([row[head:] for row in datas])
         return out
     for index, row in enumerate(datas):
         one = TENSOR.decode(row)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+from torch import nn
 
 import somatize.torch as smt
 from somatize import CODECS, Graph, Node, Opaque, Store
@@ -91,6 +92,24 @@ def test_layout_is_safetensors() -> None:
     value = {"weight": torch.randn(4, 4).bfloat16(), "mask": torch.tensor([True, False])}
     loaded = safetensors.torch.load(bytes(_bytes(value)))
     assert all(_same(loaded[name], value[name]) for name in value)
+
+
+def test_weighing_and_recalling_leave_tensors_resizable(store: Store) -> None:
+    """Digesting or keeping a caller's tensor does not change it: it can be resized after,
+    as rows recalled by the per-row cache can."""
+    x = torch.randn(4, 3)
+    smt.digest_tensor(x)
+    smt.digest_rows(x)
+    Opaque(x).digest  # noqa: B018 - weighing is the point
+    b"".join(bytes(piece) for piece in CODECS.named("tensor").encode(x))
+    x.resize_(40)
+    cached = smt.cache_rows(nn.Linear(3, 2), store)
+    rows = torch.randn(5, 3)
+    cached(rows)
+    again = cached(rows)
+    cached.close()
+    rows.resize_(50)
+    again.resize_(100)
 
 
 def test_encode_hands_over_the_tensors_own_memory() -> None:
