@@ -118,6 +118,46 @@ def test_the_digest_ignores_validity_bits_about_no_row(kind: str, case: str) -> 
     )
 
 
+LAID_OUT = {
+    "strings sliced from further in": (
+        pyarrow.array(["b", "c"]),
+        pyarrow.array(["a", "b", "c", "d"]).slice(1, 2),
+    ),
+    "booleans with data bits past the end": (
+        pyarrow.array([True] * 3),
+        pyarrow.array([True] * 16).slice(0, 3),
+    ),
+    "views in several data buffers": (
+        pyarrow.array(["a" * 20, "b" * 20], pyarrow.string_view()),
+        pyarrow.concat_arrays([pyarrow.array([x * 20], pyarrow.string_view()) for x in "ab"]),
+    ),
+    "views that are all null, sliced": (
+        pyarrow.array([None] * 8, pyarrow.string_view()),
+        pyarrow.array([None] * 24, pyarrow.string_view()).slice(8, 8),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", ["table", "frame", "batch"])
+@pytest.mark.parametrize("case", list(LAID_OUT))
+def test_the_digest_ignores_how_the_values_are_laid_out(kind: str, case: str) -> None:
+    """Equal rows digest alike whether they are a slice of a longer column, have bits
+    set past their end, or keep their strings in one data buffer or several."""
+    fresh, laid_out = LAID_OUT[case]
+    made = {
+        "table": lambda column: pyarrow.table({"n": column}),
+        "frame": lambda column: Frame(pyarrow.table({"n": column})),
+        "batch": lambda column: pyarrow.RecordBatch.from_arrays([column], names=["n"]),
+    }[kind]
+    codec = ArrowCodec()
+    assert made(fresh).equals(made(laid_out)) if kind != "frame" else made(fresh) == made(laid_out)
+    assert codec.digest(made(fresh)) == codec.digest(made(laid_out))
+    other = pyarrow.array(
+        [*fresh.to_pylist()[:-1], "z" if fresh.type != pyarrow.bool_() else False], fresh.type
+    )
+    assert codec.digest(made(fresh)) != codec.digest(made(other))
+
+
 def test_empty_values_round_trip() -> None:
     """A frame of no rows and an empty batch come back as themselves."""
     codec = ArrowCodec()

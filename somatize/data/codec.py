@@ -67,8 +67,18 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
     nothing is null, no bits set past its end. A slice of a column keeps the bitmap of the
     whole, and IPC writes what it finds; rebuilding (one copy) writes them the one way."""
     kind = column.type
-    if pyarrow.types.is_nested(kind) or pyarrow.types.is_dictionary(kind):
-        return pyarrow.concat_arrays([column])  # whose children hold bitmaps of their own
+    if _is_view(kind):  # its strings are in whichever data buffers the chunks put them
+        base = (
+            pyarrow.large_binary() if pyarrow.types.is_binary_view(kind) else pyarrow.large_string()
+        )
+        column = pyarrow.concat_arrays([column.cast(base).cast(kind)])
+    if (
+        pyarrow.types.is_nested(kind)  # whose children hold bitmaps of their own
+        or pyarrow.types.is_dictionary(kind)
+        or pyarrow.types.is_boolean(kind)  # data bits past the end may be set
+        or column.offset  # a slice: IPC writes it with what lies around it
+    ):
+        return pyarrow.concat_arrays([column])
     validity = column.buffers()[0] if column.buffers() else None
     if validity is None:
         return column
@@ -78,6 +88,15 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
     ):
         return pyarrow.concat_arrays([column])
     return column  # sliced at an offset, IPC copies the bits it needs into a cleared buffer
+
+
+def _is_view(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is a view type (``string_view``, ``binary_view``), on an Arrow that
+    has them."""
+    return any(
+        getattr(pyarrow.types, name, lambda _: False)(kind)
+        for name in ("is_string_view", "is_binary_view")
+    )
 
 
 def _bared(table: Any) -> Any:
