@@ -9,11 +9,11 @@
     somatize store show KEY_OR_NAME [--store …]
 
 ``--store`` defaults to ``$SOMATIZE_STORE`` or ``./store``; a URL (``s3://…``)
-opens a bucket store. A directory must hold a store already: a path that does
-not is refused (status 2), and nothing is created. Sizes are printed and read in
-human units (``10G``, ``512M``). Long operations show a progress bar when tqdm is
-installed and the output is a terminal. Exit status: 0 when all is well, 1 when
-``verify`` found damage, 2 on a usage or store error.
+opens a bucket store. A directory (a path or a ``file://`` URL) must hold a store
+already: one that does not is refused (status 2), and nothing is created. Sizes
+are printed and read in human units (``10G``, ``512M``). Long operations show a
+progress bar when tqdm is installed and the output is a terminal. Exit status: 0
+when all is well, 1 when ``verify`` found damage, 2 on a usage or store error.
 """
 
 from __future__ import annotations
@@ -72,12 +72,12 @@ def _progress(enabled: bool) -> Progress | None:
 
 
 def _open(where: str) -> LocalStore | BucketStore:
-    """The store at ``where``; a directory must hold one already (``blobs/`` and
-    ``answers/``), since every command reads a store and a mistyped path should not
-    become an empty store reported healthy."""
-    if "://" in where:
+    """The store at ``where``; a directory (a path, or a ``file://`` URL) must hold one
+    already (``blobs/`` and ``answers/``), since every command reads a store and a
+    mistyped path should not become an empty store reported healthy."""
+    if "://" in where and not where.startswith("file://"):
         return BucketStore(where)
-    root = Path(where).expanduser()
+    root = Path(where.removeprefix("file://")).expanduser()
     if not all((root / part).is_dir() for part in ("blobs", "answers")):
         found = "there is no such directory" if not root.exists() else "it holds no store"
         raise StoreError(
@@ -86,7 +86,7 @@ def _open(where: str) -> LocalStore | BucketStore:
             "or $SOMATIZE_STORE; a store is made by the program that first keeps an answer "
             "in it (`Store(path)`)"
         )
-    return LocalStore(root)
+    return BucketStore(where) if "://" in where else LocalStore(root)
 
 
 def _ls(store: LocalStore | BucketStore, out: Any) -> None:

@@ -132,3 +132,74 @@ def test_graph_runs_against_a_bucket() -> None:
 def test_store_of_a_url_is_a_bucket() -> None:
     """Store("memory://…") opens a bucket store, as Store(path) opens a directory."""
     assert isinstance(Store("memory://somatize/plain"), BucketStore)
+
+
+class _Interrupted:
+    """A file being uploaded whose second write is interrupted (a Ctrl-C mid-upload)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.writes = real, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def __enter__(self) -> _Interrupted:
+        self.real.__enter__()
+        return self
+
+    def __exit__(self, *args: Any) -> Any:
+        return self.real.__exit__(*args)
+
+    def write(self, data: Any) -> Any:
+        self.writes += 1
+        if self.writes == 2:
+            raise KeyboardInterrupt("interrupted while uploading")
+        return self.real.write(data)
+
+
+@pytest.mark.parametrize("url", ["s3", "memory"])
+def test_an_interrupted_upload_publishes_nothing(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """A blob streamed piece by piece whose upload is interrupted leaves nothing under its
+    name: no half-written object is ever visible, and the next put uploads it whole."""
+    monkeypatch.setattr("somatize.store.bucket._STREAM_ABOVE", 1000)
+    store = (
+        Store.on_bucket(s3_url(), **s3_options())
+        if url == "s3"
+        else Store.on_bucket(f"memory://somatize/{key_of('interrupted')[7:19]}")
+    )
+    assert isinstance(store, BucketStore)
+    pieces = [b"a" * 3000, b"b" * 3000]
+    real_open = store.fs.open
+    monkeypatch.setattr(store.fs, "open", lambda *a, **k: _Interrupted(real_open(*a, **k)))
+    with pytest.raises(KeyboardInterrupt):
+        store.put(pieces)
+    monkeypatch.setattr(store.fs, "open", real_open)
+    fresh = Store.on_bucket(store.url, **store.storage_options)
+    assert isinstance(fresh, BucketStore)
+    assert fresh._entries("blobs") == []
+    digest = fresh.put(pieces)
+    assert bytes(Store.on_bucket(store.url, **store.storage_options).get(digest)) == b"".join(
+        pieces
+    )
+
+
+def test_gc_leaves_the_writes_in_flight_in_a_shared_cache(tmp_path: Path) -> None:
+    """A bucket's gc empties its cache, but not the young files in its tmp/: another process
+    sharing the cache may be writing them right now."""
+    store = Store.on_bucket(s3_url(), cache=tmp_path / "cache", **s3_options())
+    store.keep(key_of("a"), b"answer", "plain")
+    in_flight = tmp_path / "cache" / "tmp" / "4242-elsewhere.part"
+    in_flight.write_bytes(b"being written by another process")
+    store.gc(0, grace=0)
+    assert in_flight.exists()
+
+
+def test_a_cache_that_cannot_be_filled_fails_nothing(tmp_path: Path) -> None:
+    """When the cache in front cannot take a copy (its tmp/ gone, its disk full), the
+    bucket's own write or read still succeeds: the cache only saves requests."""
+    store = Store.on_bucket(s3_url(), cache=tmp_path / "cache", **s3_options())
+    (tmp_path / "cache" / "tmp").rmdir()
+    answer = store.keep(key_of("b"), b"kept in the bucket", "plain")
+    fresh = Store.on_bucket(store.url, cache=tmp_path / "cache", **s3_options())
+    assert bytes(fresh.recall(key_of("b"))[1]) == b"kept in the bucket"
+    assert bytes(fresh.get(answer.value)) == b"kept in the bucket"

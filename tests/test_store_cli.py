@@ -88,3 +88,15 @@ def test_a_path_that_is_no_store_exits_2_and_creates_nothing(
         assert main(["store", *command, "--store", str(where)]) == 2
         assert f"{where} is not a store" in capsys.readouterr().err
     assert not missing.exists() and not any(empty.iterdir())
+
+
+def test_a_file_url_that_is_no_store_exits_2_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--store file:///typo` is refused as a plain path is, and nothing is created."""
+    missing = tmp_path / "typo"
+    assert main(["store", "ls", "--store", f"file://{missing}"]) == 2
+    assert "is not a store" in capsys.readouterr().err
+    assert not missing.exists()
+    store = _store(tmp_path)
+    assert main(["store", "ls", "--store", f"file://{store.root}"]) == 0

@@ -23,6 +23,7 @@ STORES: list[tuple[str, Factory]] = [
     ("local", lambda where: Store(where / "local")),
     ("local-durable", lambda where: LocalStore(where / "durable", durable=True)),
     ("memory", lambda where: Store.on_bucket(f"memory://somatize/{uuid.uuid4().hex}")),
+    ("file", lambda where: Store.on_bucket(f"file://{where}/file")),
     ("s3", lambda where: Store.on_bucket(s3_url(), **s3_options())),
     (
         "s3-cached",
@@ -110,6 +111,49 @@ def test_a_name_cannot_also_hold_names(home: Store, order: str) -> None:
     again.bind(first, digest)
     assert again.resolve(first) == digest
     again.bind("sms/train-x", digest)  # beside it, as the message says
+
+
+def test_names_side_by_side_and_a_folder_of_names(home: Store) -> None:
+    """Two names in one folder are both bound; a folder of names resolves to nothing
+    (NameNotFound), and a name two levels under a name is refused (BadName)."""
+    digest = home.put(b"rows")
+    home.bind("sms/train", digest)
+    home.bind("sms/test", digest)
+    assert home.resolve("sms/test") == home.resolve("sms/train") == digest
+    with pytest.raises(NameNotFound):
+        home.resolve("sms")
+    home.bind("a", digest)
+    with pytest.raises(BadName, match="cannot also hold names under it"):
+        home.bind("a/b/c", digest)
+
+
+def test_a_name_too_long_for_a_file_is_refused_alike(home: Store) -> None:
+    """A name with a segment over 255 bytes, or over 1024 bytes in all, is BadName in
+    every home (a file name cannot be longer), saying so; one at the limit is bound."""
+    digest = home.put(b"rows")
+    for name in ("sms/" + "x" * 256, "/".join(["y" * 200] * 6)):
+        with pytest.raises(BadName, match="too long"):
+            home.bind(name, digest)
+    home.bind("sms/" + "z" * 255, digest)
+    assert home.resolve("sms/" + "z" * 255) == digest
+
+
+def test_put_takes_any_contiguous_buffer(home: Store) -> None:
+    """A typed or shaped memoryview (float64 values, a 2-D view) is kept as its bytes."""
+    import array
+
+    values = memoryview(array.array("d", [1.0, 2.0, 3.0]))
+    digest = home.put(values)
+    assert bytes(home.get(digest)) == values.tobytes()
+    grid = memoryview(bytearray(range(12))).cast("B", (3, 4))
+    assert bytes(home.get(home.put([grid, values]))) == bytes(range(12)) + values.tobytes()
+
+
+def test_have_of_one_key_not_in_a_list_says_so(home: Store) -> None:
+    """have() takes keys; a single key string passed bare is a TypeError saying to wrap
+    it, not a complaint about its characters."""
+    with pytest.raises(TypeError, match=r"have\(\[key\]\)"):
+        home.have(KEY)  # type: ignore[arg-type]
 
 
 def test_unknown_name(home: Store) -> None:
@@ -200,6 +244,18 @@ def test_flipped_blob_is_never_returned(home: Store) -> None:
     overwrite(home, f"blobs/{shard(answer.value)}", b"abcdeF" + b"abcdef" * 99)
     with pytest.raises(Corrupt, match="hashes to"):
         reopen(home).recall(KEY)
+
+
+def test_a_damaged_blob_is_written_afresh_by_a_recompute(home: Store) -> None:
+    """A blob damaged in place (same size) is moved aside when a read catches it, so the
+    recompute that follows writes it afresh and a fresh reader recalls it whole."""
+    answer = home.keep(KEY, b"abcdef" * 100, "plain")
+    overwrite(home, f"blobs/{shard(answer.value)}", b"abcdeF" + b"abcdef" * 99)
+    reader = reopen(home)
+    with pytest.raises(Corrupt, match="hashes to"):
+        reader.recall(KEY)
+    reader.keep(KEY, b"abcdef" * 100, "plain")
+    assert bytes(reopen(home).recall(KEY)[1]) == b"abcdef" * 100
 
 
 def test_damaged_record_is_not_had(home: Store) -> None:

@@ -6,11 +6,21 @@ is kept by putting its blob and then publishing its record; packed item answers
 are found through a table of every pack index, refreshed from a listing of
 ``packs/`` and dropped when their blob is gone; records and small verified blobs
 read once are held in memory, and when an answer was last used is remembered and
-written down in batches. What a read hands out is the caller's own memory (a held
-blob as a copy), so a recalled value written in place changes no later recall.
-:class:`PackedHome` holds that logic once; a home gives it the primitives that
-really differ (``_read_blob``, ``_publish_record``, ``_listed_packs``,
-``_read_indexes``, ``_flush_use``).
+written down in batches.
+
+**The newest answer wins.** A key can be kept more than once: packed under one
+fingerprint and kept again alone under another (a strict run whose code changed),
+or packed in two packs. Whatever the order a listing gives, the answer created
+last is the one served: of two packs the newer one (by ``created``, then id), and
+between a pack and a record the newer of the two — a record read supersedes an
+older pack's entry, and packs adopted are checked against the records of their
+keys (:meth:`PackedHome._records_among`, one listing, never a read per item).
+
+What a read hands out is the caller's own memory (a held blob as a copy), so a
+recalled value written in place changes no later recall. :class:`PackedHome` holds
+that logic once; a home gives it the primitives that really differ (``_read_blob``,
+``_publish_record``, ``_listed_packs``, ``_read_indexes``, ``_records_among``,
+``_flush_use``).
 """
 
 from __future__ import annotations
@@ -25,7 +35,14 @@ import blake3
 
 from somatize._threads import hash_threads
 from somatize.store.base import Answer, Buffer, Corrupt, Missing, Store, check_digest
-from somatize.store.records import PackIndex, Signer, decode_pack, encode_record, keep_packed
+from somatize.store.records import (
+    PackIndex,
+    Signer,
+    decode_pack,
+    decode_record,
+    encode_record,
+    keep_packed,
+)
 from somatize.store.upkeep import Collected, Entry, Progress, Verified, check, collect
 
 REMEMBERED = 4096
@@ -39,10 +56,23 @@ FLUSH_USES = 1024
 
 
 def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
-    """``data`` as the pieces written one after another."""
+    """``data`` as the pieces written one after another, each a flat run of bytes (a
+    typed or shaped memoryview, of float64 values say, is taken as its bytes)."""
     if isinstance(data, (bytes, bytearray, memoryview)):
-        return (data,)
-    return data
+        return (_flat(data),)
+    return [_flat(piece) for piece in data]
+
+
+def _flat(piece: Buffer) -> Buffer:
+    if not isinstance(piece, memoryview) or (piece.format == "B" and piece.ndim == 1):
+        return piece
+    if not piece.c_contiguous:
+        raise TypeError(
+            "a store keeps contiguous bytes, got a memoryview that is not contiguous "
+            f"(shape {piece.shape}, strides {piece.strides}); pass a contiguous copy "
+            "(`bytes(view)`, or `.contiguous()` for a tensor)"
+        )
+    return piece.cast("B")
 
 
 def nbytes(pieces: Sequence[Buffer]) -> int:
@@ -94,8 +124,8 @@ class PackedHome(Store):
         Corrupt otherwise."""
 
     @abc.abstractmethod
-    def _publish_record(self, key: str, data: bytes) -> None:
-        """Publishes the record ``data`` of ``key`` whole."""
+    def _publish_record(self, answer: Answer, data: bytes) -> None:
+        """Publishes ``data``, the record of ``answer``, whole."""
 
     @abc.abstractmethod
     def _publish_index(self, pack: PackIndex, data: bytes) -> None:
@@ -110,6 +140,11 @@ class PackedHome(Store):
     def _read_indexes(self, wanted: dict[str, str]) -> dict[str, bytes | None]:
         """Pack id → the bytes of its index (None if it cannot be read), for ``wanted``
         (pack id → where, as :meth:`_listed_packs` says)."""
+
+    @abc.abstractmethod
+    def _records_among(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """Key → the bytes of its record file, for those of ``keys`` that have one (packed
+        keys almost never do, so this lists rather than reads per key)."""
 
     @abc.abstractmethod
     def _flush_use(self) -> None:
@@ -159,8 +194,8 @@ class PackedHome(Store):
         pieces = pieces_of(data)
         digest = self.put(pieces)
         answer = self._record(key, digest, codec, nbytes(pieces), fingerprint)
-        self._publish_record(key, encode_record(answer, self.signer))
-        self._remember(answer)
+        self._publish_record(answer, encode_record(answer, self.signer))
+        self._supersede(answer)
         return answer
 
     def keep_many(
@@ -174,10 +209,47 @@ class PackedHome(Store):
         return keep_packed(self, items, codec, fingerprint)
 
     def _adopt(self, pack: PackIndex) -> None:
+        """Takes ``pack`` into the table: each of its keys is found in it, unless a newer
+        pack or record already answers that key."""
         self._packs[pack.id] = pack
-        items = self._items
+        items, records = self._items, self._records
+        newer = (pack.created, pack.id)
         for key in pack.entries:
+            held = items.get(key)
+            if held is not None and (held.created, held.id) > newer:
+                continue
+            record = records.get(key)
+            if record is not None and record.offset is None and record.created > pack.created:
+                continue
             items[key] = pack
+
+    def _supersede(self, answer: Answer) -> None:
+        """Remembers the record ``answer``, read or written, and lets it answer its key in
+        place of an older pack's entry."""
+        self._remember(answer)
+        pack = self._items.get(answer.key)
+        if pack is not None and pack.created < answer.created:
+            del self._items[answer.key]
+
+    def _prefer_newer_records(self, adopted: list[PackIndex]) -> None:
+        """Lets the records of keys of the just ``adopted`` packs that are newer than their
+        pack answer those keys instead."""
+        ids = {pack.id for pack in adopted}
+        items = self._items
+        keys = [
+            key
+            for pack in adopted
+            for key in pack.entries
+            if (held := items.get(key)) is not None and held.id in ids
+        ]
+        if not keys:
+            return
+        for key, data in self._records_among(keys).items():
+            try:
+                answer = decode_record(key, data, self.signer)
+            except Corrupt:
+                continue  # unreadable or unsigned: the pack answers
+            self._supersede(answer)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -281,7 +353,8 @@ class PackedHome(Store):
         new = {pack_id: where for pack_id, where in listed.items() if pack_id not in self._packs}
         if not new:
             return changed
-        for pack_id, data in self._read_indexes(new).items():
+        adopted = []
+        for pack_id, data in sorted(self._read_indexes(new).items()):
             if data is None:
                 continue
             try:
@@ -290,7 +363,9 @@ class PackedHome(Store):
                 continue  # damaged or unsigned: its items are misses
             self._adopt(pack)
             self._copy_index(pack, data)
+            adopted.append(pack)
             changed = True
+        self._prefer_newer_records(adopted)
         return changed
 
     def _drop_pack(self, pack: PackIndex) -> None:
@@ -318,10 +393,10 @@ class PackedHome(Store):
         progress: Progress | None = None,
     ) -> Collected:
         result = collect(self, max_bytes, grace, progress)
-        self._collected()
+        self._collected(grace)
         return result
 
-    def _collected(self) -> None:
+    def _collected(self, grace: float) -> None:
         """What a home does after a collection (a bucket tidies its cache and its logs)."""
 
     def verify(self, *, quarantine: bool = False, progress: Progress | None = None) -> Verified:

@@ -67,6 +67,11 @@ Buffer = bytes | bytearray | memoryview
 
 RECORD_VERSION = 1
 
+NAME_SEGMENT_BYTES = 255
+"""The longest segment of a name: what a file name may hold on common filesystems."""
+NAME_BYTES = 1024
+"""The longest name: what an object key may hold, less room for the store's prefix."""
+
 _DIGEST = re.compile(r"blake3:[0-9a-f]{64}\Z")
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+@-]*\Z")
 
@@ -177,6 +182,14 @@ def check_name(name: str) -> str:
         raise BadName(f"a name is a non-empty str, got {name!r}")
     if name.startswith("/"):
         raise BadName(f"name {name!r} is absolute; names are relative, like `sms/train`")
+    longest = max(name.split("/"), key=lambda part: len(part.encode()))
+    if len(longest.encode()) > NAME_SEGMENT_BYTES or len(name.encode()) > NAME_BYTES:
+        raise BadName(
+            f"name {name[:60]!r}… is too long: a name is a file in every home, so each "
+            f"segment holds at most {NAME_SEGMENT_BYTES} bytes (its longest holds "
+            f"{len(longest.encode())}) and the whole name {NAME_BYTES} (it holds "
+            f"{len(name.encode())}); use a shorter name, or a digest of the long one"
+        )
     for segment in name.split("/"):
         if segment in ("", ".", ".."):
             raise BadName(
@@ -189,6 +202,17 @@ def check_name(name: str) -> str:
                 "`._=+@-`, starting with a letter or digit (no spaces or control characters)"
             )
     return name
+
+
+def keys_of(keys: Iterable[str]) -> list[str]:
+    """``keys`` as a list; TypeError for a single key passed bare (a str is iterable, and
+    its characters are no keys)."""
+    if isinstance(keys, str):
+        raise TypeError(
+            f"have() takes an iterable of keys, got the single key {keys[:20]!r}…; wrap it in "
+            "a list: have([key])"
+        )
+    return list(keys)
 
 
 def names_above(name: str) -> list[str]:

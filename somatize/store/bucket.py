@@ -28,6 +28,7 @@ exponential backoff and jitter; a request that keeps failing becomes a
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -50,6 +51,7 @@ from somatize.store.base import (
     StoreError,
     check_digest,
     check_name,
+    keys_of,
     names_above,
     nested,
 )
@@ -62,7 +64,7 @@ from somatize.store.records import (
     encode_name,
     signer_from,
 )
-from somatize.store.upkeep import Entry
+from somatize.store.upkeep import Entry, collect
 
 __all__ = ["BucketStore"]
 
@@ -77,7 +79,14 @@ _HOLD_BELOW = 1 << 16
 _STREAM_ABOVE = 16 << 20
 """Blobs larger than this are uploaded through a file, piece by piece, not joined first."""
 
+_CACHE_WRITES_GRACE = 60.0
+"""Files in the cache's ``tmp/`` younger than this (seconds) are left by a bucket's gc: another
+process sharing the cache may be writing them."""
+
 _DEFINITE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+_ABSENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+"""What reading a file that is not there raises: on a plain filesystem (``file://``) a
+folder of names, or a path under a name, is not a file either."""
 _TRANSIENT_WORDS = ("Connection", "Timeout", "Throttl", "SlowDown", "ServiceUnavailable")
 
 
@@ -159,6 +168,8 @@ class BucketStore(PackedHome):
             LocalStore(cache, signing_key=self.signer) if cache is not None else None
         )
         self._hold_nothing(url)
+        self._packs_seen = False
+        """Whether the pack indexes were loaded once (see :meth:`_look_at_packs`)."""
         self._logs: list[str] = []
         self._merged: dict[tuple[str, str], float] = {}
 
@@ -260,9 +271,7 @@ class BucketStore(PackedHome):
             if size <= _STREAM_ABOVE:
                 self.fs.pipe_file(path, b"".join(pieces))
             else:
-                with self.fs.open(path, "wb") as out:
-                    for piece in pieces:
-                        out.write(piece)
+                self._stream(path, pieces, size)
 
         try:
             self._call(f"writing {target}", upload)
@@ -274,10 +283,39 @@ class BucketStore(PackedHome):
                 self.fs.rm(path)
             raise
 
+    def _stream(self, path: str, pieces: Sequence[Buffer], size: int) -> None:
+        """Uploads ``pieces`` to ``path`` through a file, committed only once every piece is
+        written: an upload interrupted part way is discarded (an object store's multipart
+        upload is aborted), and whatever a filesystem made visible early (``memory://``
+        shows a file as it is written) is removed, so no half-written object remains."""
+        out = self.fs.open(path, "wb", autocommit=False)
+        try:
+            for piece in pieces:
+                out.write(piece)
+            out.close()
+            out.commit()
+        except BaseException:
+            try:
+                out.discard()
+                self.fs.invalidate_cache(path)
+                if self.fs.exists(path) and int(self.fs.info(path).get("size", -1)) != size:
+                    self.fs.rm(path)
+            except Exception:
+                pass  # tidying up must not hide why the upload failed
+            raise
+
+    @staticmethod
+    def _fill_cache(fill: Callable[..., None], *args: Any) -> None:
+        """Copies something into the cache in front; a copy that cannot be made (a full
+        disk, a tmp/ removed by another process) is skipped, never an error: the bucket
+        holds it, and the cache only saves requests."""
+        with contextlib.suppress(StoreError):
+            fill(*args)
+
     def _read(self, path: str, what: str) -> bytes | None:
         try:
             return cast(bytes, self._call(f"reading {what}", self.fs.cat_file, path))
-        except FileNotFoundError:
+        except _ABSENT:
             return None
 
     def _read_paths(self, paths: list[str]) -> dict[str, bytes | None]:
@@ -299,7 +337,7 @@ class BucketStore(PackedHome):
                 value = got.get(path, got.get(path.lstrip("/")))
                 if isinstance(value, bytes):
                     out[path] = value
-                elif value is None or isinstance(value, FileNotFoundError):
+                elif value is None or isinstance(value, _ABSENT):
                     out[path] = None
                 elif isinstance(value, BaseException) and _transient(value):
                     retry.append(path)
@@ -324,7 +362,7 @@ class BucketStore(PackedHome):
         self.fs.invalidate_cache(where)
         try:
             found = self._call(f"listing {section}", self.fs.find, where, detail=True)
-        except FileNotFoundError:
+        except _ABSENT:
             return {}
         return cast(dict[str, dict[str, Any]], found)
 
@@ -344,7 +382,7 @@ class BucketStore(PackedHome):
             pass
         self._write(path, pieces)
         if self.cache is not None:
-            self.cache._take_blob(digest, pieces)
+            self._fill_cache(self.cache._take_blob, digest, pieces)
         return digest
 
     def bind(self, name: str, digest: str) -> None:
@@ -358,10 +396,10 @@ class BucketStore(PackedHome):
             raise nested(name, above)
         self._write(self._path("names", name), [encode_name(digest, self.signer)])
 
-    def _publish_record(self, key: str, data: bytes) -> None:
-        self._write(self._answer_path(key), [data])
+    def _publish_record(self, answer: Answer, data: bytes) -> None:
+        self._write(self._answer_path(answer.key), [data])
         if self.cache is not None:
-            self.cache._take_file(self.cache.answer_path(key), data)
+            self._fill_cache(self.cache._take_record, answer, data)
 
     def _publish_index(self, pack: PackIndex, data: bytes) -> None:
         self._write(self._pack_path(pack.id), [data])
@@ -370,7 +408,7 @@ class BucketStore(PackedHome):
 
     def _copy_index(self, pack: PackIndex, data: bytes) -> None:
         if self.cache is not None:
-            self.cache._publish_index(pack, data)
+            self._fill_cache(self.cache._publish_index, pack, data)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -425,13 +463,29 @@ class BucketStore(PackedHome):
             )
         found = hash_bytes(data)
         if found != digest:
-            raise Corrupt(f"blob {digest} downloaded from {self.url} hashes to {found}")
+            self._set_aside(digest)
+            raise Corrupt(
+                f"blob {digest} downloaded from {self.url} hashes to {found}: it is damaged, "
+                "and was moved to quarantine/ so that it is written afresh"
+            )
         if self.cache is not None:
-            self.cache._take_blob(digest, [data])
+            self._fill_cache(self.cache._take_blob, digest, [data])
         if len(data) <= _HOLD_BELOW:
             self._hold(digest, data)
         # The caller's own to write into, not what is held (unless it only borrows).
         return memoryview(data) if borrow else memoryview(bytearray(data))
+
+    def _set_aside(self, digest: str) -> None:
+        """Moves damaged blob ``digest`` to ``quarantine/blobs/``, so a recompute's put finds
+        it absent and uploads it afresh (put trusts an object of the right size)."""
+        aside = self._path("quarantine", f"blobs/{digest[7:]}.{time.time_ns()}")
+        try:
+            if not self._atomic:  # a plain filesystem moves only into a folder that exists
+                self.fs.makedirs(aside.rsplit("/", 1)[0], exist_ok=True)
+            self._call(f"moving blob {digest} aside", self.fs.mv, self._blob_path(digest), aside)
+        except (OSError, StoreError):
+            pass  # already moved or removed by another reader: either way it is gone
+        self.fs.invalidate_cache(self._blob_path(digest))
 
     def resolve(self, name: str) -> str:
         check_name(name)
@@ -443,7 +497,15 @@ class BucketStore(PackedHome):
             )
         return decode_name(name, data, self.signer)
 
+    def _look_at_packs(self) -> None:
+        """Loads the pack indexes once, before the first record is believed: a pack newer
+        than a record answers its keys (later packs are loaded on a miss)."""
+        if not self._packs_seen:
+            self._refresh_packs()
+            self._packs_seen = True
+
     def answer(self, key: str) -> Answer | None:
+        self._look_at_packs()
         pack = self._items.get(key)
         if pack is not None:
             return pack.answer(key)
@@ -473,14 +535,16 @@ class BucketStore(PackedHome):
 
     def _learn(self, key: str, data: bytes) -> Answer:
         answer = decode_record(key, data, self.signer)
-        self._remember(answer)
+        self._supersede(answer)
         if self.cache is not None:
-            self.cache._take_file(self.cache.answer_path(key), data)
+            self._fill_cache(self.cache._take_record, answer, data)
         return answer
 
     def have(self, keys: Iterable[str]) -> set[str]:
         """One batched query; see the module docstring for what a yes means on a bucket."""
-        asked = list(keys)
+        asked = keys_of(keys)
+        looked = not self._packs_seen  # the packs are loaded now, as they are
+        self._look_at_packs()
         found = {key for key in asked if key in self._items or key in self._records}
         unknown = [key for key in asked if key not in found]
         if unknown and self.cache is not None:
@@ -506,13 +570,24 @@ class BucketStore(PackedHome):
             listed = {path.rsplit("/", 1)[-1] for path in self._list("answers")}
             found.update(key for key in unknown if key[7:] in listed)
         left = [key for key in unknown if key not in found]
-        if left and self._refresh_packs():
+        if left and not looked and self._refresh_packs():
             found.update(key for key in left if key in self._items)
         return found
 
     def _listed_packs(self) -> dict[str, str]:
         """One listing, never None: a bucket has no cheap sign that nothing changed."""
         return {"blake3:" + path.rsplit("/", 1)[-1]: path for path in self._list("packs")}
+
+    def _records_among(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """A few keys' records are read at once; for many, one listing of ``answers/`` says
+        which to read."""
+        wanted = list(keys)
+        if len(wanted) > _FETCH_BELOW:
+            listed = {path.rsplit("/", 1)[-1] for path in self._list("answers")}
+            wanted = [key for key in wanted if key[7:] in listed]
+        paths = {self._answer_path(key): key for key in wanted}
+        got = self._read_paths(list(paths)) if paths else {}
+        return {paths[path]: data for path, data in got.items() if data is not None}
 
     def _read_indexes(self, wanted: dict[str, str]) -> dict[str, bytes | None]:
         got = self._read_paths(list(wanted.values()))
@@ -525,9 +600,11 @@ class BucketStore(PackedHome):
         if self.cache is not None:
             self.cache.close()
 
-    def _collected(self) -> None:
+    def _collected(self, grace: float) -> None:
         if self.cache is not None:
-            self.cache.gc(0, grace=0)  # a cache holds copies only: what was dropped goes too
+            # A cache holds copies only: what was dropped goes too. Its tmp/ keeps a grace:
+            # another process sharing the cache may be writing there now.
+            collect(self.cache, 0, 0.0, abandoned_after=max(grace, _CACHE_WRITES_GRACE))
         logs, self._logs = self._logs, []
         if logs:
             # One log of the merged times replaces the many that were read.
@@ -564,6 +641,8 @@ class BucketStore(PackedHome):
 
     def _quarantine(self, section: str, name: str) -> None:
         aside = self._path("quarantine", f"{section}/{name.replace('/', '_')}.{time.time_ns()}")
+        if not self._atomic:  # a plain filesystem moves only into a folder that exists
+            self.fs.makedirs(aside.rsplit("/", 1)[0], exist_ok=True)
         self._call(f"moving {section}/{name} aside", self.fs.mv, self._path(section, name), aside)
         self._forget_all()
 
@@ -599,5 +678,6 @@ class BucketStore(PackedHome):
 
     def _forget_all(self) -> None:
         super()._forget_all()
+        self._packs_seen = False
         if self.cache is not None:
             self.cache._forget_all()

@@ -64,6 +64,7 @@ from somatize.store.base import (
     StoreFull,
     check_digest,
     check_name,
+    keys_of,
     names_above,
     nested,
 )
@@ -310,8 +311,8 @@ class LocalStore(PackedHome):
             raise nested(name, above)
         self._publish(names / name, [encode_name(digest, self.signer)])
 
-    def _publish_record(self, key: str, data: bytes) -> None:
-        self._publish(self._answer_file(key), [data])
+    def _publish_record(self, answer: Answer, data: bytes) -> None:
+        self._publish(self._answer_file(answer.key), [data])
 
     def _take_blob(self, digest: str, pieces: Sequence[Buffer]) -> None:
         """Keeps blob ``digest`` whose bytes were verified elsewhere (a cache in front of a
@@ -324,9 +325,12 @@ class LocalStore(PackedHome):
             pass
         self._verified[digest] = self._publish(target, pieces)
 
-    def _take_file(self, path: str | Path, data: bytes) -> None:
-        """Publishes ``data`` at ``path`` (a record or index copied from elsewhere)."""
-        self._publish(path, [data])
+    def _take_record(self, answer: Answer, data: bytes) -> None:
+        """Keeps ``data``, the record of ``answer`` read or written elsewhere (a cache in
+        front of a bucket fills itself this way); it answers its key from now on, unless
+        a newer pack does."""
+        self._publish(self._answer_file(answer.key), [data])
+        self._supersede(answer)
 
     def _publish_index(self, pack: PackIndex, data: bytes) -> None:
         self._publish(self._pack_file(pack.id), [data])
@@ -414,10 +418,12 @@ class LocalStore(PackedHome):
         remembered = self._records.get(key)
         if remembered is not None:
             return remembered
-        answer = self._read_record(key)
-        if answer is None and self._refresh_packs() and key in self._items:
-            return self._items[key].answer(key)
-        return answer
+        # Packs first (a stat when none changed): one newer than the record answers.
+        self._refresh_packs()
+        pack = self._items.get(key)
+        if pack is not None:
+            return pack.answer(key)
+        return self._read_record(key)
 
     def _read_record(self, key: str) -> Answer | None:
         """The record file of ``key``, read and checked; None if there is none."""
@@ -427,10 +433,11 @@ class LocalStore(PackedHome):
         except FileNotFoundError:
             return None
         answer = decode_record(key, data, self.signer)
-        self._remember(answer)
+        self._supersede(answer)
         return answer
 
     def have(self, keys: Iterable[str]) -> set[str]:
+        keys = keys_of(keys)
         found = set()
         items = self._items
         records = self._records
@@ -498,6 +505,27 @@ class LocalStore(PackedHome):
             return None
         self._packs_stamp = stamp
         return {"blake3:" + name: name for name in os.listdir(self._packs_dir)}
+
+    def _records_among(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """One listing per shard the keys fall in; reads only the records found there."""
+        shards: dict[str, set[str]] = {}
+        out: dict[str, bytes] = {}
+        for key in keys:
+            hexed = key[7:]
+            listed = shards.get(hexed[:2])
+            if listed is None:
+                try:
+                    listed = set(os.listdir(f"{self._answers}{hexed[:2]}"))
+                except (FileNotFoundError, NotADirectoryError):
+                    listed = set()
+                shards[hexed[:2]] = listed
+            if hexed in listed:
+                try:
+                    with open(self._answer_file(key), "rb") as handle:
+                        out[key] = handle.read()
+                except FileNotFoundError:
+                    continue  # removed meanwhile
+        return out
 
     def _read_indexes(self, wanted: dict[str, str]) -> dict[str, bytes | None]:
         out: dict[str, bytes | None] = {}

@@ -97,8 +97,10 @@ class Unsigned(Corrupt):
 
 
 class KeyMismatch(StoreError):
-    """A signed store opened from its address by a process without its signing key: it
-    could read, but anything it wrote would be refused, so it does not open the store."""
+    """A process whose signing key is not the store's: opened from the store's address, it
+    could read, but anything it wrote would be refused, so it does not open the store; asked
+    for upkeep (gc, verify) of a store its key signed nothing of, it would take every answer
+    for damage, so it does nothing."""
 
 
 class Signer:

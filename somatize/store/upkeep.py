@@ -13,7 +13,17 @@ later of its file's time and what the home remembers (a local store touches the
 file's time in batches; a bucket cannot, so it writes small ``used/`` logs).
 Names pin what they point at and are never collected. A blob nothing refers to
 is removed only once it is older than ``grace`` seconds, because a writer may
-have put it a moment ago and be about to publish the record that refers to it.
+have put it a moment ago and be about to publish the record that refers to it;
+and the store is looked at again just before, so a blob a writer put again (or
+referred to) while the collection ran is spared.
+
+**Signatures do not decide what is kept.** A record, index or name that fails
+only its signature check is untrusted by readers, but it is not damaged: it
+still pins its blob, and a name is never collected whatever it carries. When
+*nothing* in the store passes the signature check, the key is the wrong one (a
+shell's ``$SOMATIZE_STORE_KEY`` meant for another store, or a key given to an
+unsigned store), and upkeep refuses to run (:class:`KeyMismatch`) rather than
+take every answer for damage.
 
 **Checking** (:func:`check`) re-hashes every blob from scratch (not trusting what
 this process verified before) and reads every record, index and name; what does
@@ -24,12 +34,21 @@ a miss from then on (and can still be looked at).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from somatize.store.base import Answer, Corrupt
-from somatize.store.records import PackIndex, Signer, decode_name, decode_pack, decode_record
+from somatize.store.records import (
+    KEY_VARIABLE,
+    KeyMismatch,
+    PackIndex,
+    Signer,
+    Unsigned,
+    decode_name,
+    decode_pack,
+    decode_record,
+)
 
 __all__ = [
     "Collected",
@@ -67,6 +86,7 @@ class Shelf(Protocol):
     """What upkeep needs of a home: files by section, and its signer."""
 
     signer: Signer | None
+    _where: str
 
     def _entries(self, section: str) -> list[Entry]: ...
 
@@ -89,38 +109,73 @@ def _digest_of(name: str) -> str:
     return "blake3:" + name.rsplit("/", 1)[-1]
 
 
-def _records(
-    shelf: Shelf, wrap: Progress
-) -> Iterator[tuple[str, Entry, Answer | PackIndex | Corrupt]]:
-    """Every answer record and pack index, read and decoded (or why it could not be):
-    ``(section, entry, what it holds)``. One read per section."""
-    for section in ("answers", "packs"):
+def _decoded(
+    section: str, name: str, data: bytes, signer: Signer | None
+) -> tuple[Answer | PackIndex | str | Corrupt, Unsigned | None]:
+    """What the file ``section/name`` holds (a record, an index, or the digest a name points
+    at), or why it cannot be read; and, when it is whole but fails the signature check, why
+    (what it holds is then read without the key: untrusted, yet not damaged)."""
+
+    def decode(with_key: Signer | None) -> Answer | PackIndex | str:
+        if section == "names":
+            return decode_name(name, data, with_key)
+        digest = _digest_of(name)
+        if section == "answers":
+            return decode_record(digest, data, with_key)
+        return decode_pack(digest, data, with_key)
+
+    try:
+        return decode(signer), None
+    except Unsigned as untrusted:
+        try:
+            return decode(None), untrusted
+        except Corrupt as why:
+            return why, None
+    except Corrupt as why:
+        return why, None
+
+
+class _Read(NamedTuple):
+    section: str
+    entry: Entry
+    held: Answer | PackIndex | str | Corrupt
+    """What the file holds, or why it cannot be read."""
+    untrusted: Unsigned | None
+    """Why it fails the signature check, when it is otherwise whole."""
+
+
+def _read_all(shelf: Shelf, wrap: Progress) -> list[_Read]:
+    """Every answer record, pack index and name, read and decoded (one read per section);
+    :class:`KeyMismatch` when the store signs with another key than ``shelf``'s."""
+    out: list[_Read] = []
+    for section in ("answers", "packs", "names"):
         entries = shelf._entries(section)
         found = shelf._read_many(section, [e.name for e in entries])
         for entry in wrap(entries, f"reading {section}", len(entries)):
             data = found.get(entry.name)
-            if data is None:
-                continue  # removed meanwhile
-            digest = _digest_of(entry.name)
-            try:
-                if section == "answers":
-                    yield section, entry, decode_record(digest, data, shelf.signer)
-                else:
-                    yield section, entry, decode_pack(digest, data, shelf.signer)
-            except Corrupt as why:
-                yield section, entry, why
+            if data is not None:  # None: removed meanwhile
+                out.append(
+                    _Read(section, entry, *_decoded(section, entry.name, data, shelf.signer))
+                )
+    _check_key(shelf, out)
+    return out
 
 
-def _names(shelf: Shelf) -> Iterator[tuple[Entry, str | Corrupt]]:
-    """Every name and the blob it points at (or why it could not be read)."""
-    for entry in shelf._entries("names"):
-        data = shelf._read_many("names", [entry.name]).get(entry.name)
-        if data is None:
-            continue
-        try:
-            yield entry, decode_name(entry.name, data, shelf.signer)
-        except Corrupt as why:
-            yield entry, why
+def _check_key(shelf: Shelf, read: list[_Read]) -> None:
+    """Refuses upkeep by a process whose key signed nothing in the store: its checks would
+    take every record and index for damage."""
+    if shelf.signer is None:
+        return
+    signed = sum(1 for r in read if r.untrusted is None and not isinstance(r.held, Corrupt))
+    refused = [r for r in read if r.untrusted is not None]
+    if refused and not signed:
+        raise KeyMismatch(
+            f"none of the {len(refused)} records, pack indexes and names in {shelf._where} is "
+            f"signed with this process's key ({KEY_VARIABLE} or signing_key=): it is not this "
+            "store's key, or the store does not sign. Upkeep would take every answer for "
+            "damage, so nothing was done. Run it with the key the store's writers use, or "
+            f"with none (unset {KEY_VARIABLE}): without a key upkeep trusts what it finds"
+        )
 
 
 @dataclass
@@ -150,14 +205,41 @@ class _Unit:
     blob: str
 
 
+def _blob_of(held: Answer | PackIndex | str | Corrupt) -> str | None:
+    """The blob a record, index or name refers to; None for one that cannot be read."""
+    if isinstance(held, Corrupt):
+        return None  # damaged: verify() reports it; it pins nothing
+    if isinstance(held, Answer):
+        return held.value
+    return held.blob if isinstance(held, PackIndex) else held
+
+
+def _referred_since(shelf: Shelf, seen: dict[tuple[str, str], Entry]) -> set[str]:
+    """The blobs referred to by records, indexes and names written since ``seen`` was
+    listed (new files, or files that changed)."""
+    out: set[str] = set()
+    for section in ("answers", "packs", "names"):
+        fresh = [e for e in shelf._entries(section) if seen.get((section, e.name)) != e]
+        found = shelf._read_many(section, [e.name for e in fresh])
+        for entry in fresh:
+            data = found.get(entry.name)
+            if data is not None:
+                blob = _blob_of(_decoded(section, entry.name, data, shelf.signer)[0])
+                if blob is not None:
+                    out.add(blob)
+    return out
+
+
 def collect(
     shelf: Shelf,
     max_bytes: int | None,
     grace: float,
     progress: Progress | None = None,
+    abandoned_after: float | None = None,
 ) -> Collected:
     """Drops least-recently-used answers down to ``max_bytes``, then unreferenced blobs
-    and abandoned writes older than ``grace`` seconds; see the module docstring."""
+    older than ``grace`` seconds and abandoned writes older than ``abandoned_after``
+    (default ``grace``); see the module docstring."""
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes is a number of bytes ≥ 0, got {max_bytes}")
     wrap = progress or _quiet
@@ -168,17 +250,17 @@ def collect(
     out = Collected()
     pinned: set[str] = set()
     kept = 0
-    for entry, pointed in _names(shelf):
-        kept += entry.size
-        if not isinstance(pointed, Corrupt):
-            pinned.add(pointed)
     units: list[_Unit] = []
-    for section, entry, held_here in _records(shelf, wrap):
-        if isinstance(held_here, Corrupt):
-            continue  # damaged: verify() reports it; it pins nothing
-        blob = held_here.value if isinstance(held_here, Answer) else held_here.blob
-        used = max(entry.mtime, uses.get((section, entry.name), 0.0))
-        units.append(_Unit(section, entry.name, entry.size, used, blob))
+    read = _read_all(shelf, wrap)
+    for section, entry, held_here, _ in read:
+        blob = _blob_of(held_here)
+        if section == "names":
+            kept += entry.size
+            if blob is not None:
+                pinned.add(blob)  # whatever its signature: names are never collected
+        elif blob is not None:
+            used = max(entry.mtime, uses.get((section, entry.name), 0.0))
+            units.append(_Unit(section, entry.name, entry.size, used, blob))
     held: set[str] = set(pinned)
     kept += sum(blobs[d].size for d in pinned if d in blobs)
     units.sort(key=lambda unit: unit.used, reverse=True)
@@ -200,10 +282,25 @@ def collect(
         shelf._remove(section, names)
     out.answers, out.packs = len(dropped["answers"]), len(dropped["packs"])
     sweep = [e for d, e in blobs.items() if d not in held and now - e.mtime >= grace]
+    if sweep:
+        # Look again: a writer may have put one of these again (which touches it) and
+        # published a record referring to it since the store was listed.
+        seen = {(r.section, r.entry.name): r.entry for r in read}
+        held |= _referred_since(shelf, seen)
+        now = time.time()
+        again = {e.name: e for e in shelf._entries("blobs")}
+        sweep = [
+            e
+            for e in sweep
+            if _digest_of(e.name) not in held
+            and e.name in again
+            and now - again[e.name].mtime >= grace
+        ]
     shelf._remove("blobs", [e.name for e in sweep])
     out.blobs = len(sweep)
     out.freed += sum(e.size for e in sweep)
-    stale = [e for e in shelf._entries("tmp") if now - e.mtime >= grace]
+    tmp_grace = grace if abandoned_after is None else abandoned_after
+    stale = [e for e in shelf._entries("tmp") if now - e.mtime >= tmp_grace]
     shelf._remove("tmp", [e.name for e in stale])
     out.abandoned = len(stale)
     out.freed += sum(e.size for e in stale)
@@ -246,6 +343,7 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
     """Re-hashes every blob, reads every record, index and name; see the module docstring."""
     wrap = progress or _quiet
     out = Verified()
+    read = _read_all(shelf, wrap)  # first: a wrong key is refused before anything moves
 
     def damaged(section: str, name: str, why: str, aside: bool = True) -> None:
         out.damaged.append(Damage(section, name, why))
@@ -273,9 +371,21 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
         elif entry.size != size:
             damaged(section, name, f"says blob {blob} holds {size} bytes; it holds {entry.size}")
 
-    for section, entry, held_here in _records(shelf, wrap):
-        if isinstance(held_here, Corrupt):
-            damaged(section, entry.name, str(held_here))
+    for section, entry, held_here, untrusted in read:
+        if section == "names":
+            out.names += 1
+            if untrusted is not None or isinstance(held_here, Corrupt):
+                why = str(untrusted if untrusted is not None else held_here)
+                damaged("names", entry.name, why, aside=False)
+            elif held_here not in whole:
+                damaged(
+                    "names",
+                    entry.name,
+                    f"points at blob {held_here}, which is missing or damaged",
+                    False,
+                )
+        elif untrusted is not None or isinstance(held_here, Corrupt):
+            damaged(section, entry.name, str(untrusted if untrusted is not None else held_here))
         elif isinstance(held_here, Answer):
             out.records += 1
             end = held_here.size + (held_here.offset or 0)
@@ -283,17 +393,9 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
                 refers(section, entry.name, held_here.value, held_here.size)
             elif held_here.value not in whole or blobs[held_here.value].size < end:
                 damaged(section, entry.name, f"refers past blob {held_here.value}")
-        else:
+        elif isinstance(held_here, PackIndex):
             out.packs += 1
             refers(section, entry.name, held_here.blob, held_here.size)
-    for entry, pointed in _names(shelf):
-        out.names += 1
-        if isinstance(pointed, Corrupt):
-            damaged("names", entry.name, str(pointed), aside=False)
-        elif pointed not in whole:
-            damaged(
-                "names", entry.name, f"points at blob {pointed}, which is missing or damaged", False
-            )
     out.abandoned = len(shelf._entries("tmp"))
     shelf._forget_all()
     return out

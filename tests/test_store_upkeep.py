@@ -1,0 +1,185 @@
+"""Upkeep under pressure: gc and verify run with the wrong key, or while writers work,
+never take what is wanted; and the newest answer for a key is the one served."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from somatize.cli import main
+from somatize.store import KeyMismatch, LocalStore, Store
+from somatize.store.upkeep import Entry
+from tests.conftest_s3 import s3_options, s3_url
+
+
+def key_of(number: int) -> str:
+    return f"blake3:{number:064x}"
+
+
+def _kept(root: Path, signing_key: str | None) -> tuple[LocalStore, str]:
+    """A store holding one answer, one pack and one named blob, signed with ``signing_key``."""
+    store = LocalStore(root, signing_key=signing_key)
+    store.keep(key_of(1), b"an answer", "plain")
+    store.keep_many([(key_of(2), b"item two"), (key_of(3), b"item three")], "plain")
+    named = store.put(b"the training set")
+    store.bind("data/v1", named)
+    return store, named
+
+
+@pytest.mark.parametrize(("written", "run"), [(None, "other"), ("one", "other"), ("one", None)])
+def test_upkeep_with_the_wrong_key_takes_nothing(
+    tmp_path: Path, written: str | None, run: str | None
+) -> None:
+    """gc and verify --quarantine run with a key the store was not signed with are refused
+    (KeyMismatch, saying so) and leave every answer, pack and name where it was; run without
+    a key they work, since a store read without one trusts what it finds."""
+    _, named = _kept(tmp_path / "store", written)
+    wrong = LocalStore(tmp_path / "store", signing_key=run)
+    if run is not None:
+        with pytest.raises(KeyMismatch, match="not this store's key"):
+            wrong.gc(0, grace=0)
+        with pytest.raises(KeyMismatch, match="not this store's key"):
+            wrong.verify(quarantine=True)
+    else:
+        assert wrong.verify(quarantine=True).ok
+        wrong.gc(grace=0)
+    right = LocalStore(tmp_path / "store", signing_key=written)
+    assert right.have([key_of(1), key_of(2), key_of(3)]) == {key_of(1), key_of(2), key_of(3)}
+    assert bytes(right.get(right.resolve("data/v1"))) == b"the training set"
+    assert named in {f"blake3:{e.name[3:]}" for e in right._entries("blobs")}
+
+
+def test_the_command_line_refuses_upkeep_with_another_stores_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`somatize store gc` in a shell whose SOMATIZE_STORE_KEY belongs to another store
+    exits 2 with a message, and the store keeps its named dataset and answers."""
+    _kept(tmp_path / "store", None)
+    monkeypatch.setenv("SOMATIZE_STORE_KEY", "some other secret")
+    where = str(tmp_path / "store")
+    assert main(["store", "gc", "--store", where, "--grace", "0", "--max-bytes", "0"]) == 2
+    assert "not this store's key" in capsys.readouterr().err
+    assert main(["store", "verify", "--store", where, "--quarantine"]) == 2
+    monkeypatch.delenv("SOMATIZE_STORE_KEY")
+    fresh = LocalStore(where)
+    assert fresh.have([key_of(1), key_of(2)]) == {key_of(1), key_of(2)}
+    assert bytes(fresh.get(fresh.resolve("data/v1"))) == b"the training set"
+
+
+def test_names_pin_their_blobs_whatever_their_signature(tmp_path: Path) -> None:
+    """In a signed store, a name written without the key still pins its blob: names, and
+    what they point at, are never collected; an unsigned record pins its blob while kept."""
+    signed = LocalStore(tmp_path / "store", signing_key="team")
+    signed.keep(key_of(1), b"signed answer", "plain")
+    plain = LocalStore(tmp_path / "store", signing_key=None)
+    plain.signer = None
+    named = plain.put(b"dataset bound without the key")
+    plain.bind("data/plain", named)
+    planted = plain.keep(key_of(2), b"planted answer", "plain")
+    done = signed.gc(grace=0)
+    assert done.blobs == 0
+    assert plain.has_blob(named) and plain.has_blob(planted.value)
+
+
+def test_gc_spares_a_blob_put_again_while_it_ran(tmp_path: Path) -> None:
+    """A blob gc found unreferenced and old, but which a writer put again (and referred to)
+    after gc listed the store, is not swept: gc looks again before it removes."""
+    collector, writer = LocalStore(tmp_path / "store"), LocalStore(tmp_path / "store")
+    content = b"an answer whose blob was here already"
+    old = collector.put(content)
+    path = collector.blob_path(old)
+    os.utime(path, (time.time() - 3600,) * 2)
+    listed = collector._entries
+
+    def entries(section: str) -> list[Entry]:
+        found = listed(section)
+        if section == "answers":  # gc has listed blobs and answers: a writer keeps now
+            writer.keep(key_of(9), content, "plain")
+        return found
+
+    collector._entries = entries  # type: ignore[method-assign]
+    collector.gc()
+    fresh = LocalStore(tmp_path / "store")
+    assert path.exists() and fresh.have([key_of(9)]) == {key_of(9)}
+
+
+HOMES = [
+    ("local", lambda where: LocalStore(where / "local")),
+    ("s3", lambda where: Store.on_bucket(s3_url(), **s3_options())),
+    ("s3-cached", lambda where: Store.on_bucket(s3_url(), cache=where / "c", **s3_options())),
+]
+
+
+def _reopen(home: Store) -> Store:
+    if isinstance(home, LocalStore):
+        return LocalStore(home.root)
+    from somatize.store import BucketStore
+
+    assert isinstance(home, BucketStore)
+    cache = home.cache.root if home.cache is not None else None
+    return Store.on_bucket(home.url, cache=cache, **home.storage_options)
+
+
+@pytest.fixture(params=[factory for _, factory in HOMES], ids=[name for name, _ in HOMES])
+def home(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    return request.param(tmp_path)  # type: ignore[no-any-return]
+
+
+def test_an_item_kept_again_alone_supersedes_its_pack(home: Store) -> None:
+    """An item packed under one fingerprint and kept again alone under another (what a
+    strict run does when the code changed) is recalled as the newer answer: in the same
+    process, and in a fresh one whether it asks have() first or not."""
+    items = [(key_of(i), b"old %d" % i) for i in range(4)]
+    home.keep_many(items, "plain", fingerprint="code-v1")
+    home.have([key for key, _ in items])
+    home.keep(key_of(0), b"new 0", "plain", fingerprint="code-v2")
+    for store in (home, _reopen(home), _reopen(home)):
+        if store is not home:
+            assert store.have([key for key, _ in items]) == {key for key, _ in items}
+        answer, data = store.recall(key_of(0))
+        assert (answer.fingerprint, bytes(data)) == ("code-v2", b"new 0")
+        got = store.recall_many([key_of(0), key_of(1)])
+        assert bytes(got[key_of(0)][1]) == b"new 0"  # type: ignore[index]
+        assert bytes(got[key_of(1)][1]) == b"old 1"  # type: ignore[index]
+    fresh = _reopen(home)
+    assert fresh.recall(key_of(0))[0].fingerprint == "code-v2"
+
+
+def test_a_pack_kept_after_a_record_supersedes_it(home: Store) -> None:
+    """An answer kept alone and then packed again under a new fingerprint is recalled as
+    the packed, newer answer, by a fresh process too."""
+    home.keep(key_of(0), b"old 0", "plain", fingerprint="code-v1")
+    home.keep_many([(key_of(0), b"new 0"), (key_of(1), b"new 1")], "plain", "code-v2")
+    for store in (home, _reopen(home)):
+        answer, data = store.recall(key_of(0))
+        assert (answer.fingerprint, bytes(data)) == ("code-v2", b"new 0")
+
+
+@pytest.mark.parametrize("newest_listed", ["first", "last"])
+def test_of_two_packs_holding_a_key_the_newer_wins(tmp_path: Path, newest_listed: str) -> None:
+    """When two packs hold one key, the newer pack's answer is recalled, whatever order the
+    directory lists them in."""
+    store = LocalStore(tmp_path / "store")
+    items = [(key_of(i), b"old %d" % i) for i in range(3)]
+    store.keep_many(items, "plain", fingerprint="code-v1")
+    store.keep_many([(k, b"new %d" % i) for i, (k, _) in enumerate(items)], "plain", "code-v2")
+    fresh = LocalStore(tmp_path / "store")
+    listed = fresh._listed_packs
+
+    def ordered() -> dict[str, str] | None:
+        found = listed()
+        if found is None:
+            return None
+        packs = {
+            p: LocalStore(tmp_path / "store")._read_indexes({p: w})[p] for p, w in found.items()
+        }
+        old = [p for p, data in packs.items() if data is not None and b"code-v1" in data]
+        order = sorted(found, key=lambda p: (p in old) == (newest_listed == "first"))
+        return {p: found[p] for p in order}
+
+    fresh._listed_packs = ordered  # type: ignore[method-assign]
+    answer, data = fresh.recall(key_of(1))
+    assert (answer.fingerprint, bytes(data)) == ("code-v2", b"new 1")
