@@ -63,6 +63,9 @@ class Parts(list[bytes | memoryview]):
     rather than copied (so hashing should stream the pieces instead of joining them)."""
 
     large = False
+    weighs = False
+    """Whether an :class:`~somatize.Opaque` inside is written as its codec and digest (an
+    input's key); elsewhere (declarations, answers) it is refused."""
 
 
 Where = tuple[Any, ...]
@@ -196,23 +199,44 @@ _WRITERS: dict[type, Callable[[Any, Parts, Where], None]] = {
 def _write(value: Any, parts: Parts, where: Where) -> None:
     writer = _WRITERS.get(type(value))
     if writer is None:
+        if parts.weighs and _weighed(value, parts):
+            return
         kind = type(value)
         raise NotCanonical(
             f"{_render(where)} is a `{kind.__module__}.{kind.__qualname__}`, which "
             "has no canonical form: a key must be written identically by every process, and only "
             "None, bool, int, float, str, bytes and lists, tuples and str-keyed dicts of them "
-            "can be. Wrap the value in `somatize.Opaque(value)` so its codec digests it"
+            "can be."
+            + (
+                " Wrap the value in `somatize.Opaque(value)` so its codec digests it"
+                if parts.weighs
+                else ""
+            )
         )
     writer(value, parts, where)
 
 
-def parts_of(value: Any, where: str = "value") -> Parts:
+def _weighed(value: Any, parts: Parts) -> bool:
+    """Writes an :class:`~somatize.Opaque` as its codec's name and its digest; False for
+    anything else."""
+    from somatize.codecs import Opaque  # canonical is below codecs; only asked off the fast path
+
+    if not isinstance(value, Opaque):
+        return False
+    parts.append(b"o" + _str_bytes(value.codec.name) + _str_bytes(value.digest))
+    return True
+
+
+def parts_of(value: Any, where: str = "value", *, weighs: bool = False) -> Parts:
     """The canonical encoding of ``value`` as a list of byte pieces, in order.
 
     Large ``bytes`` payloads are referenced, not copied. ``where`` names the
-    value in error messages (``input``, ``declaration of clean`` ...).
+    value in error messages (``input``, ``declaration of clean`` ...). ``weighs``
+    writes an :class:`~somatize.Opaque` found inside as its codec and content digest
+    (an input's key); without it, one is refused like any other non-canonical value.
     """
     parts = Parts()
+    parts.weighs = weighs
     try:
         _write(value, parts, (where,))
     except RecursionError:

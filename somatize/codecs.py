@@ -189,11 +189,13 @@ class Opaque:
     Canonical values are keyed by their encoding; anything else — a tensor, an
     Arrow table — must be weighed, and saying ``Opaque(batch)`` is saying so on
     purpose. Its digest is kept only while the value demonstrably cannot have
-    changed (see :meth:`Codec.stamp`): for good when it is immutable (bytes, str,
-    Arrow tables and frames), while its version counter, memory, shape, strides and
-    dtype are unchanged when it is a tensor. Anything else (a numpy array, a list, a
-    bytearray) is weighed again at every use, so one ``Opaque`` wrapped around a
-    buffer that is refilled in place keys each forward by what it holds then.
+    changed (see :meth:`Codec.stamp`): for good when it is immutable (bytes, str),
+    while its version counter, memory, shape, strides and dtype are unchanged when it
+    is a tensor. Anything else (a numpy array, a list, a bytearray, an Arrow table,
+    whose memory may be a numpy array's) is weighed again at every use, so one
+    ``Opaque`` wrapped around a buffer that is refilled in place keys each forward by
+    what it holds then. An ``Opaque`` may also stand inside a list, tuple or dict
+    input: each is keyed by its content and handed to the nodes unwrapped.
     A tensor written behind torch's back (through ``.data``, ``.numpy()`` or DLPack)
     keeps its version counter: wrap a new ``Opaque`` after such a write.
     """

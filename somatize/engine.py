@@ -43,6 +43,7 @@ node placed, the loop is the plain one, in order.
 from __future__ import annotations
 
 import contextlib
+import operator
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -457,6 +458,30 @@ def _describe(value: Any) -> str:
     return f"a `{type(value).__name__}`"
 
 
+_NESTS = (list, tuple, dict)
+
+
+def _opened(value: Any) -> Any:
+    """``value`` as the nodes are handed it: each :class:`~somatize.Opaque` in it (itself,
+    or inside its lists, tuples and dicts) replaced by what it wraps; ``value`` itself when
+    it holds none."""
+    kind = type(value)
+    if kind is Opaque:
+        return value.value
+    if kind not in _NESTS:
+        return value
+    items = value.values() if kind is dict else value
+    kinds = set(map(type, items))
+    if Opaque not in kinds and kinds.isdisjoint(_NESTS):
+        return value
+    opened = [_opened(item) for item in items]
+    if all(map(operator.is_, opened, items)):
+        return value
+    if kind is dict:
+        return dict(zip(value, opened, strict=True))
+    return opened if kind is list else tuple(opened)
+
+
 def run(
     graph: Graph,
     x: Any,
@@ -494,7 +519,7 @@ def run(
     if store is not None:
         while not state.load(plan):
             plan.walk(wanted)
-    value_of = x.value if isinstance(x, Opaque) else x
+    value_of = _opened(x)
     static = plan.static
     running = set(plan.run)
     recalled = set(plan.recall)

@@ -98,6 +98,10 @@ class Graph:
         # looked at again at the start of every forward (plan.look_again).
         self._unfixed: dict[str, Node] = {}
         self._restated: dict[str, Node] = {}
+        self._kept: dict[str, tuple[Node, list[tuple[str, Any]]]] = {}
+        """Nodes keeping constructor arguments as attributes, by name, with what they were
+        handed (see :meth:`~somatize.node.Node.kept_arguments`); an interned node's other
+        names too, whose nodes no longer run."""
         self.memory = Memory()
         self.placement = Placement()
         self.record: Record | None = None
@@ -165,6 +169,9 @@ class Graph:
                         if held != same:
                             raise graph._named_twice(name, node)
                         graph._aliases[name] = same
+                    kept = node.kept_arguments()
+                    if kept:  # changed later, it would not be heard: it no longer runs
+                        graph._kept[f"{same}\0{len(graph._kept)}"] = (node, kept)
                     continue
             name = marks.name if marks.name else graph._derived_name(node, taken)
             if name in graph._nodes or name in graph._aliases:
@@ -222,6 +229,9 @@ class Graph:
             self._unfixed[name] = node
         if type(node).restate is not Node.restate:
             self._restated[name] = node
+        kept = node.kept_arguments()
+        if kept:
+            self._kept[name] = (node, kept)
         if marks.frozen:
             memory.freeze(name, marks.state)
         if marks.cached:

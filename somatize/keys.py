@@ -51,7 +51,8 @@ _ITEM = b"somatize/item/%d\0" % KEY_VERSION
 
 
 def root_key(value: Any, where: str = "the input") -> str:
-    """The key of an input: its canonical encoding, or its codec's digest when Opaque."""
+    """The key of an input: its canonical encoding, or its codec's digest when Opaque (an
+    Opaque inside a list, tuple or dict is written as its codec's digest too)."""
     if isinstance(value, Opaque):
         return (
             "blake3:"
@@ -61,7 +62,8 @@ def root_key(value: Any, where: str = "the input") -> str:
             .digest()
             .hex()
         )
-    return "blake3:" + canonical.digest_of(_ROOT, canonical.parts_of(value, where)).hex()
+    parts = canonical.parts_of(value, where, weighs=True)
+    return "blake3:" + canonical.digest_of(_ROOT, parts).hex()
 
 
 def root_item_keys(values: Sequence[Any], where: str = "the input") -> list[str]:

@@ -215,6 +215,47 @@ class Node:
         args, kwargs = self._smz.call
         return canonical.is_immutable((args, tuple(kwargs.values())))
 
+    def kept_arguments(self) -> list[tuple[str, Any]]:
+        """For a node declared by its constructor arguments (the default :meth:`declare`):
+        each argument it keeps as an attribute of its parameter's name (``self.by = by``),
+        with the object it was handed. The graph looks at these attributes at the start of
+        each forward: one replaced since (``scale.by = 3.0``) is taken as the argument the
+        node was built with (:meth:`retake`), so its key, and a copy rebuilt on a worker,
+        follow what it computes with."""
+        if type(self).declare is not Node.declare:
+            return []
+        bound = self._bound()
+        if bound is None:
+            return []
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        held = vars(self)
+        return [
+            (name, value)
+            for name, value in list(bound.arguments.items())[1:]
+            if bound.signature.parameters[name].kind not in variadic
+            and name in held
+            and held[name] is value
+        ]
+
+    def retake(self, values: dict[str, Any]) -> None:
+        """Takes ``values`` as the constructor arguments of those names, as if the node had
+        been built with them: what declares it and what rebuilds it elsewhere follow."""
+        bound = self._bound()
+        if bound is None:
+            return
+        bound.arguments.update(values)
+        self._smz.call = (tuple(bound.args[1:]), dict(bound.kwargs))
+
+    def _bound(self) -> inspect.BoundArguments | None:
+        signature = _signature(type(self))
+        if signature is None:
+            return None
+        args, kwargs = self._smz.call
+        try:
+            return signature.bind(None, *args, **kwargs)
+        except TypeError:
+            return None
+
     def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
         """How another process rebuilds this node: ``(maker, args, kwargs)``.
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from somatize import keys as keying
 from somatize.memory import cacheable, settled, upstream
-from somatize.node import Node, Undeclared
+from somatize.node import AlreadyBuilt, Node, Undeclared
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -250,9 +250,15 @@ def look_again(graph: Graph) -> None:
     node."""
     unfixed: dict[str, Node] = graph._unfixed
     restated: dict[str, Node] = graph._restated
-    if not unfixed and not restated:
+    kept = graph._kept
+    if not unfixed and not restated and not kept:
         return
     memory = graph.memory
+    for name, (node, arguments) in kept.items():
+        held = vars(node)
+        changed = {a: held[a] for a, was in arguments if a in held and held[a] is not was}
+        if changed:
+            _retaken(graph, name, node, changed)
     for name, node in unfixed.items():
         was = memory.declaration_of(name)
         try:
@@ -268,6 +274,31 @@ def look_again(graph: Graph) -> None:
             state = node.restate()
             if state is not None:
                 memory.freeze(name, state)
+
+
+def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> None:
+    """Takes the attributes of ``node`` replaced since the build as its constructor
+    arguments, and the graph's memory its declaration now."""
+    said = ", ".join(f"`{attr}`" for attr in changed)
+    if "\0" in name:  # a node interned into another, which runs in its place
+        ran = name.split("\0")[0]
+        kind = type(node).__qualname__
+        raise AlreadyBuilt(
+            f"{said} of a `{kind}` was changed after the graph was built, and that node "
+            f"runs there as `{ran}` (it was one computation with it when the graph was built), "
+            "so the change would not be heard. Build the graph again"
+        )
+    node.retake(changed)
+    graph._kept[name] = (node, node.kept_arguments())
+    was = graph.memory.declaration_of(name)
+    try:
+        now = node.declaration(name)
+    except Undeclared:
+        if was is None:
+            return  # undeclared when built, and still: refused where it is keyed
+        raise
+    if now != was:
+        graph.memory.declared_as(name, now)
 
 
 def _node_keys(static: Static, root: str) -> dict[str, str]:
@@ -287,7 +318,8 @@ def _item_keys(plan: Plan, node: str, x: Any) -> list[str]:
         if not isinstance(x, (list, tuple)):
             raise TypeError(
                 f"`{node}` is mapped, so it is handed a list, and the input is a "
-                f"`{type(x).__name__}`: pass a list (one item per element) or drop `.mapped()`"
+                f"`{type(x).__name__}`: pass a list (one item per element; items that must "
+                "be weighed, such as tensors, each in an `Opaque`) or drop `.mapped()`"
             )
         columns = [keying.root_item_keys(x)]
     else:

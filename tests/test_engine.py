@@ -13,7 +13,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from somatize import Codec, CodecError, Drifted, Graph, Node, NodeFailed, Opaque, Store, plan
+from somatize import (
+    AlreadyBuilt,
+    Codec,
+    CodecError,
+    Drifted,
+    Graph,
+    Node,
+    NodeFailed,
+    Opaque,
+    Store,
+    plan,
+)
 from somatize.store import LocalStore
 from tests.nodes import Echo, Fails, Largest, Rows, Scale, Square
 
@@ -150,6 +161,33 @@ def test_opaque_input_is_unwrapped_for_the_node(store: Store) -> None:
     assert g.forward(Opaque(b"abc"), store=store) == b"abc"
     assert g.forward(Opaque(b"abc"), store=store) == b"abc"
     assert echo.calls == 1
+
+
+class Kinds(Node):
+    """The type of each item of its input (a mapped node gets a list of items)."""
+
+    def forward(self, values: Any, ctx: Any) -> list[str]:
+        return [type(v).__name__ for v in values]
+
+
+def test_opaque_items_inside_an_input_are_weighed_and_unwrapped(store: Store) -> None:
+    """An Opaque inside a list, tuple or dict input is keyed by its content and handed to
+    the nodes unwrapped, with or without a store: a mapped node keys each item by it."""
+    kinds = Kinds().named("kinds").frozen().cached().mapped()
+    g = Graph.somatize(kinds)
+    items = [Opaque(bytearray(b"ab")), Opaque(b"cd"), 3]
+    assert g.forward(items) == g.forward(items, store=store) == ["bytearray", "bytes", "int"]
+    facts: list[dict[str, Any]] = []
+    g.forward([Opaque(bytearray(b"ab")), Opaque(b"dc"), 3], store=store, watching=facts.append)
+    assert next(f for f in facts if f["fact"] == "ran")["items"] == 1  # only the new item ran
+    echo = Echo().named("echo").frozen().cached()
+    whole = Graph.somatize(echo)
+    for payload in (b"x", b"x", b"y"):
+        answer = whole.forward({"at": 0, "img": (Opaque(payload),)}, store=store)
+        assert answer == {"at": 0, "img": (payload,)}
+    assert echo.calls == 2
+    with pytest.raises(TypeError, match=r"items that must be weighed, such as tensors, each in"):
+        g.forward(Opaque(b"ab"), store=store)
 
 
 class Total(Node):
@@ -370,3 +408,33 @@ def test_threads_forwarding_one_graph_get_their_own_answers(
     finally:
         sys.setswitchinterval(interval)
     assert wrong == []
+
+
+def test_an_argument_a_node_keeps_changed_after_building_is_keyed_as_it_is_now(
+    store: Store,
+) -> None:
+    """A node keeps its constructor argument as an attribute (``self.by = by``); replaced
+    after the graph was built, the node computes with the new value, and its key follows:
+    no answer kept for the old value is recalled for it."""
+    scale = Scale(2.0)
+    g = Graph.somatize(scale.named("scale").frozen().cached())
+    assert g.forward([1.0], store=store) == [2.0]
+    scale.by = 3.0
+    assert g.forward([1.0], store=store) == [3.0]
+    assert g.forward([1.0]) == [3.0]
+    assert g.record is not None and g.record.outcome == {"scale": "ran"}
+    scale.by = 2.0
+    assert g.forward([1.0], store=store) == [2.0]
+    assert g.record is not None and g.record.outcome == {"scale": "recalled"}
+    assert scale.declaration() == Scale(2.0).declaration()
+
+
+def test_an_interned_node_changed_after_building_is_refused() -> None:
+    """Two equal frozen nodes are one computation; changing the one that does not run
+    afterwards could not be heard, and is refused rather than ignored."""
+    first, second = Scale(2.0).named("a").frozen(), Scale(2.0).named("b").frozen()
+    g = Graph.somatize(Echo().named("rows") >> (first, second))
+    assert g.forward([1.0]) == ([2.0], [2.0])
+    second.by = 5.0
+    with pytest.raises(AlreadyBuilt, match=r"`by` of a `Scale` was changed .* runs there as `a`"):
+        g.forward([1.0])
