@@ -314,6 +314,19 @@ def test_other_key_refused(tmp_path: Path) -> None:
     assert LocalStore(tmp_path / "store", signing_key="one").have([whole, item]) == {whole, item}
 
 
+def test_a_signed_name_copied_over_another_is_refused(tmp_path: Path) -> None:
+    """A name's signature covers the name: the signed file of one name copied over another's
+    (by someone who can write the store but holds no key) is refused, not followed."""
+    store = LocalStore(tmp_path / "store", signing_key="team")
+    store.bind("model/prod", store.put(b"trusted"))
+    store.bind("scratch/untrusted", store.put(b"anything"))
+    names = tmp_path / "store" / "names"
+    (names / "model" / "prod").write_bytes((names / "scratch" / "untrusted").read_bytes())
+    with pytest.raises(Unsigned, match="does not match"):
+        LocalStore(tmp_path / "store", signing_key="team").resolve("model/prod")
+    assert store.get(store.resolve("scratch/untrusted")) == b"anything"
+
+
 def test_key_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SOMATIZE_STORE_KEY makes a store sign; a reader without it still reads, a reader
     with another key refuses."""

@@ -394,7 +394,7 @@ class BucketStore(PackedHome):
         inside = f"/names/{name}/"  # listings name paths with or without the protocol
         if above is not None or any(inside in f"/{p}" for p in self._list(f"names/{name}")):
             raise nested(name, above)
-        self._write(self._path("names", name), [encode_name(digest, self.signer)])
+        self._write(self._path("names", name), [encode_name(name, digest, self.signer)])
 
     def _publish_record(self, answer: Answer, data: bytes) -> None:
         self._write(self._answer_path(answer.key), [data])

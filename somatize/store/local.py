@@ -309,7 +309,7 @@ class LocalStore(PackedHome):
         above = next((n for n in names_above(name) if (names / n).is_file()), None)
         if above is not None or (names / name).is_dir():
             raise nested(name, above)
-        self._publish(names / name, [encode_name(digest, self.signer)])
+        self._publish(names / name, [encode_name(name, digest, self.signer)])
 
     def _publish_record(self, answer: Answer, data: bytes) -> None:
         self._publish(self._answer_file(answer.key), [data])

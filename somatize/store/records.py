@@ -174,14 +174,17 @@ def signer_matching(
     return mine
 
 
-def _sealed(body: bytes, signer: Signer | None) -> bytes:
+def _sealed(body: bytes, signer: Signer | None, about: bytes = b"") -> bytes:
+    """``body`` and, when ``signer`` is set, its signature; ``about`` is signed with it but
+    not written (what the file is, which its place says: a name)."""
     if signer is None:
         return body
-    return body + _MAC + signer.mac(body).hex().encode()
+    return body + _MAC + signer.mac(about + body).hex().encode()
 
 
-def _opened(what: str, data: bytes, signer: Signer | None) -> bytes:
-    """The body of a line-and-signature file, its signature checked when ``signer`` is set."""
+def _opened(what: str, data: bytes, signer: Signer | None, about: bytes = b"") -> bytes:
+    """The body of a line-and-signature file, its signature checked when ``signer`` is set
+    (over ``about`` and the body, as :func:`_sealed` made it)."""
     body, mark, mac = data.partition(_MAC)
     if signer is None:
         return body
@@ -192,7 +195,7 @@ def _opened(what: str, data: bytes, signer: Signer | None) -> bytes:
             f"{KEY_VARIABLE})"
         )
     try:
-        good = signer.check(body, bytes.fromhex(mac.decode("ascii")))
+        good = signer.check(about + body, bytes.fromhex(mac.decode("ascii")))
     except ValueError:
         good = False
     if not good:
@@ -214,14 +217,22 @@ def decode_record(key: str, data: bytes, signer: Signer | None) -> Answer:
     return Answer.from_json(key, _opened(f"the answer record of {key}", data, signer))
 
 
-def encode_name(digest: str, signer: Signer | None) -> bytes:
-    """The bytes of a name pointing at ``digest``."""
-    return _sealed(check_digest(digest).encode(), signer)
+def _bound_to(name: str) -> bytes:
+    """What a name's signature covers besides the digest: the name itself, so that the file
+    of one name copied over another's is refused, not trusted."""
+    return b"somatize/name\0" + name.encode() + b"\0"
+
+
+def encode_name(name: str, digest: str, signer: Signer | None) -> bytes:
+    """The bytes of ``name`` pointing at ``digest`` (signed with the name, when signed)."""
+    return _sealed(check_digest(digest).encode(), signer, _bound_to(name))
 
 
 def decode_name(name: str, data: bytes, signer: Signer | None) -> str:
-    """The digest a name's bytes point at; Corrupt (or Unsigned) otherwise."""
-    text = _opened(f"the name `{name}`", data, signer).decode("ascii", "replace").strip()
+    """The digest a name's bytes point at; Corrupt (or Unsigned) otherwise — a signed file
+    written for another name included."""
+    body = _opened(f"the name `{name}`", data, signer, _bound_to(name))
+    text = body.decode("ascii", "replace").strip()
     try:
         return check_digest(text)
     except ValueError:
