@@ -219,6 +219,12 @@ def test_weights_changed_after_freezing_are_seen_at_the_next_forward(store: Stor
         assert torch.equal(replaced, encoder(x))
     assert torch.equal(g.forward(Opaque(x), store=store), replaced)
     assert g.record.outcome == {"encoder": "recalled"}
+    nn.Linear(6, 4)  # parts given to another module: this one is looked at, and unchanged
+    assert torch.equal(g.forward(Opaque(x), store=store), replaced)
+    assert g.record.outcome == {"encoder": "recalled"}
+    encoder.linear.bias = nn.Parameter(torch.ones(4))  # then one of its own is replaced
+    assert not torch.equal(g.forward(Opaque(x), store=store), replaced)
+    assert g.record.outcome == {"encoder": "ran"}
 
 
 def _negate(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
