@@ -66,6 +66,9 @@ class Parts(list[bytes | memoryview]):
     weighs = False
     """Whether an :class:`~somatize.Opaque` inside is written as its codec and digest (an
     input's key); elsewhere (declarations, answers) it is refused."""
+    exact = False
+    """Whether dicts keep their order and a bytearray stays one: an answer written to be
+    read back as it was computed. Keys and digests sort dicts and take bytes alike."""
 
 
 Where = tuple[Any, ...]
@@ -140,7 +143,8 @@ def _bytes(value: Any, parts: Parts, where: Where) -> None:
             "canonical form. Pass `bytes(view)`, its bytes in C order, instead"
         )
     view = view.cast("B")
-    parts.append(b"b" + _LEN.pack(view.nbytes))
+    tag = b"a" if parts.exact and type(value) is bytearray else b"b"
+    parts.append(tag + _LEN.pack(view.nbytes))
     if view.nbytes < _LARGE:
         parts.append(bytes(view))
     else:
@@ -160,7 +164,7 @@ def _sequence(tag: bytes) -> Callable[[Any, Parts, Where], None]:
 def _dict(value: Any, parts: Parts, where: Where) -> None:
     try:
         # Sorting str by code point is sorting their UTF-8 bytes: UTF-8 keeps the order.
-        names = sorted(value)
+        names = list(value) if parts.exact else sorted(value)
     except TypeError:
         names = list(value)  # keys of several types: the loop below names the first bad one
     parts.append(b"d" + _LEN.pack(len(names)))
@@ -227,16 +231,21 @@ def _weighed(value: Any, parts: Parts) -> bool:
     return True
 
 
-def parts_of(value: Any, where: str = "value", *, weighs: bool = False) -> Parts:
+def parts_of(
+    value: Any, where: str = "value", *, weighs: bool = False, exact: bool = False
+) -> Parts:
     """The canonical encoding of ``value`` as a list of byte pieces, in order.
 
     Large ``bytes`` payloads are referenced, not copied. ``where`` names the
     value in error messages (``input``, ``declaration of clean`` ...). ``weighs``
     writes an :class:`~somatize.Opaque` found inside as its codec and content digest
     (an input's key); without it, one is refused like any other non-canonical value.
+    ``exact`` keeps each dict's order and a bytearray's type (:attr:`Parts.exact`): the
+    bytes are then no key, but :func:`decode` gives back the value as it was.
     """
     parts = Parts()
     parts.weighs = weighs
+    parts.exact = exact
     try:
         _write(value, parts, (where,))
     except RecursionError:
@@ -344,7 +353,7 @@ def _read(data: bytes, at: int) -> tuple[Any, int]:
     if tag == 0x66:  # f
         _need(data, at, 8)
         return _UNPACK_FLOAT(data, at)[0], at + 8
-    if tag in (0x69, 0x73, 0x62, 0x6C, 0x74, 0x64):  # i s b l t d: a length follows
+    if tag in (0x69, 0x73, 0x62, 0x61, 0x6C, 0x74, 0x64):  # i s b a l t d: a length follows
         _need(data, at, 8)
         (size,) = _UNPACK_LEN(data, at)
         at += 8
@@ -357,6 +366,9 @@ def _read(data: bytes, at: int) -> tuple[Any, int]:
         if tag == 0x62:  # b
             _need(data, at, size)
             return bytes(data[at : at + size]), at + size
+        if tag == 0x61:  # a: a bytearray, written exact
+            _need(data, at, size)
+            return bytearray(data[at : at + size]), at + size
         items = []
         if tag == 0x64:  # d
             out = {}

@@ -100,7 +100,8 @@ class Plain(Codec):
         return canonical.is_canonical(value)
 
     def encode(self, value: Any) -> Sequence[Buffer]:
-        return canonical.parts_of(value)
+        # Exact: a recalled dict has the order it was computed in, a bytearray stays one.
+        return canonical.parts_of(value, exact=True)
 
     def decode(self, data: memoryview) -> Any:
         return canonical.decode(data)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from somatize import (
+    CODECS,
     AlreadyBuilt,
     Codec,
     CodecError,
@@ -438,3 +439,23 @@ def test_an_interned_node_changed_after_building_is_refused() -> None:
     second.by = 5.0
     with pytest.raises(AlreadyBuilt, match=r"`by` of a `Scale` was changed .* runs there as `a`"):
         g.forward([1.0])
+
+
+class Ordered(Node):
+    """A dict whose keys are not in sorted order, holding a bytearray."""
+
+    def forward(self, x: Any, ctx: Any) -> dict[str, Any]:
+        return {"zeta": x, "alpha": bytearray(b"ab"), "mid": [{"y": 1, "x": 2}]}
+
+
+def test_a_recalled_answer_is_what_was_computed_in_order_and_type(store: Store) -> None:
+    """A dict comes back in the order it was computed in and a bytearray as a bytearray,
+    while keys, which sort dicts and take bytes alike, are unchanged."""
+    g = Graph.somatize(Ordered().named("ordered").frozen().cached())
+    computed = g.forward(1, store=store)
+    recalled = g.forward(1, store=store)
+    assert g.record is not None and g.record.outcome == {"ordered": "recalled"}
+    assert recalled == computed and list(recalled) == ["zeta", "alpha", "mid"]
+    assert type(recalled["alpha"]) is bytearray and list(recalled["mid"][0]) == ["y", "x"]
+    plain = CODECS.named("plain")
+    assert plain.digest({"b": 1, "a": 2}) == plain.digest({"a": 2, "b": 1})
