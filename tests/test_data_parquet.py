@@ -402,6 +402,16 @@ def test_files_of_different_schemas_are_refused(tmp_path: Path) -> None:
     with pytest.raises(NotParquet, match=r"`part-001\.parquet` has columns"):
         ParquetDir(tmp_path / "d").forward({"at": 0, "take": 4}, ctx())
 
+    def measured(unit: str, writer: str) -> pyarrow.Table:
+        field = pyarrow.field("km", pyarrow.int64(), metadata={"unit": unit})
+        return pyarrow.table({"km": [1]}, schema=pyarrow.schema([field], {"by": writer}))
+
+    write_dir(tmp_path / "same", [measured("km", "a"), measured("km", "b")])
+    assert len(ParquetDir(tmp_path / "same").forward({"at": 0, "take": 4}, ctx())) == 2
+    write_dir(tmp_path / "units", [measured("km", "a"), measured("mi", "a")])
+    with pytest.raises(NotParquet, match=r"(?s)`part-001\.parquet` has columns .*mi"):
+        ParquetDir(tmp_path / "units").forward({"at": 0, "take": 4}, ctx())
+
 
 def test_a_directory_source_is_settled_and_cached(tmp_path: Path, store: Store) -> None:
     """A ParquetDir settles like Parquet: its version in the key, answers recalled."""

@@ -544,9 +544,11 @@ class ParquetDir(_Versioned):
                         handle.close()
                     self._handles = []
                     raise
+                # The files' own metadata (the writer, a pandas index) may differ; what a
+                # column says of itself (its unit, say) goes with its rows, so it may not.
                 schema = opened[0].schema.remove_metadata()
                 for one, relative in zip(opened, self.files, strict=True):
-                    if not one.schema.remove_metadata().equals(schema):
+                    if not one.schema.remove_metadata().equals(schema, check_metadata=True):
                         raise NotParquet(
                             f"`{relative}` has columns {one.schema.remove_metadata()} where "
                             f"`{self.files[0]}` has {schema}: the files of one dataset share "
