@@ -4,6 +4,7 @@ process can import them."""
 from __future__ import annotations
 
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,74 @@ def weighted(weights: list[float], worker: str | None = None) -> Graph:
     return Graph.somatize(
         Rows().named("rows").frozen() >> node >> Largest().named("top").frozen().cached()
     )
+
+
+class Grows(Node):
+    """Appends to the list it is handed (in place, as careless code does) and answers how
+    long it is now."""
+
+    def forward(self, values: list[Any], ctx: Any) -> int:
+        values.append(0)
+        return len(values)
+
+
+class Three(Node):
+    """Gathers its three inputs into a list."""
+
+    def forward(self, a: Any, b: Any, c: Any, ctx: Any) -> list[Any]:
+        return [a, b, c]
+
+
+class Seeded(Node):
+    """Declares a seed it draws itself, so a node rebuilt from its arguments declares
+    another one: no other process can make the same node."""
+
+    def __init__(self, k: int = 1) -> None:
+        self.k = k
+        self.seed = random.random()
+
+    def declare(self) -> dict[str, Any]:
+        return {"k": self.k, "seed": self.seed}
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        return value
+
+
+class ScaleOtherwise(Node):
+    """``tests.nodes:Scale`` as another version of the code would write it: the same
+    constructor and declaration, another answer."""
+
+    def __init__(self, by: float = 2.0) -> None:
+        self.by = by
+
+    def forward(self, values: list[float], ctx: Any) -> list[float]:
+        return [v * self.by + 1000 for v in values]
+
+
+class Nested(Node):
+    """Runs ``inner`` with ``broker`` from inside its own forward (a composed pipeline);
+    only a local worker can run it, since it holds live objects."""
+
+    def __init__(self, inner: Graph, broker: Any) -> None:
+        self.inner = inner
+        self.broker = broker
+
+    def declare(self) -> dict[str, Any]:
+        return {}
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        return self.inner.forward(value, broker=self.broker)
+
+
+class Unprintable(Exception):
+    """An exception whose message cannot be read: ``str()`` of it raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this message cannot be read")
+
+
+class RaisesUnprintable(Node):
+    """Raises an :class:`Unprintable`."""
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        raise Unprintable()

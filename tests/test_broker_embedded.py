@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -11,16 +13,30 @@ import pytest
 import torch
 
 from somatize import Catalog, CodecError, Graph, Node, NodeFailed, Store, Unbuildable
-from somatize.broker import BadWorker, Broker, StateMismatch, UnknownWorker, Worker
+from somatize.broker import (
+    BadWorker,
+    Broker,
+    BrokerClosed,
+    Reentrant,
+    StateMismatch,
+    UnknownWorker,
+    Worker,
+)
 from somatize.catalog import Blueprint, blueprint_of
 from somatize_torch import ModuleNode, StateDoesNotFit, freeze, is_held
 from tests.broker_nodes import (
     Encoder,
+    Grows,
     Holds,
+    Length,
     MakesBlob,
     Nap,
+    Nested,
     Ramp,
+    ScaleOtherwise,
+    Seeded,
     Tagged,
+    Three,
     Weights,
     Where,
     weighted,
@@ -280,7 +296,7 @@ def test_workers_are_described_honestly() -> None:
     """A worker with an unknown mode or negative resources is refused, saying what is allowed."""
     with pytest.raises(BadWorker, match=r"`local`.*`network`.*got 'wire'"):
         Worker.generic(mode="wire")  # type: ignore[arg-type]
-    with pytest.raises(BadWorker, match=r"num_gpus is a number ≥ 0"):
+    with pytest.raises(BadWorker, match=r"num_gpus is a finite number ≥ 0"):
         Worker.generic(num_gpus=-1)
     with pytest.raises(TypeError, match=r"Worker.generic"):
         Broker.embedded({"w1": "gpu"})  # type: ignore[dict-item]
@@ -647,3 +663,179 @@ def test_a_worker_with_the_signing_key_keeps_signed(
     (key,) = [f["key"] for f in first if f["fact"] == "kept"]
     assert LocalStore(tmp_path / "store", signing_key="shared-secret").have([key]) == {key}
     assert LocalStore(tmp_path / "store", signing_key="other").have([key]) == set()
+
+
+def _answers(store: Store) -> list[Path]:
+    return [p for p in (Path(store.root) / "answers").rglob("*") if p.is_file()]  # type: ignore[attr-defined]
+
+
+def test_a_worker_running_other_code_refuses_and_keeps_nothing(store: Store) -> None:
+    """A worker whose class behind a node's identity is other code than the graph's (the
+    same constructor and declaration, another source) refuses before anything runs,
+    naming the node and the worker, instead of keeping its answer under the graph's key."""
+    catalog = Catalog()
+    catalog.register(ScaleOtherwise, "tests.nodes:Scale")
+    rows = Rows()
+    g = Graph.somatize(
+        rows.named("rows").frozen() >> Scale(3.0).named("scale").frozen().cached().at("w1")
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")}, catalog=catalog)
+    with pytest.raises(Unbuildable, match=r"`scale` cannot be sent to worker `w1`.*other code"):
+        g.forward({"at": 0, "take": 2}, store=store, broker=broker)
+    assert rows.calls == 0 and _answers(store) == []
+    assert g.forward({"at": 0, "take": 2}, store=store, strict=True) == [0.0, 3.0]
+
+
+def test_a_host_refuses_a_job_written_against_other_code() -> None:
+    """A host whose node's code has another fingerprint than the job names refuses the job
+    itself, naming the node and the worker (the last line of defence, on any broker)."""
+    from somatize.broker.host import Host, job_for
+    from somatize.node import Context
+
+    g = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("scale").at("w1"))
+    blueprint = blueprint_of(g.node("scale"), "scale")
+    ctx = Context(name="scale", key=None, worker="w1", store=None)
+    job, sent = job_for(g, "scale", "w1", blueprint, [[1, 2]], ctx, keep=False)
+    catalog = Catalog()
+    catalog.register(ScaleOtherwise, "tests.nodes:Scale")
+    with pytest.raises(Unbuildable, match=r"`scale` on worker `w1` runs other code"):
+        Host("w1", catalog).run(job, sent)
+    assert Host("w1").run(job, sent).kept is None  # the same code answers
+
+
+def test_an_input_crosses_as_it_was_when_the_node_was_submitted(store: Store) -> None:
+    """What a network worker is sent is encoded when its node is submitted: a node here
+    that changes the value in place while the worker is busy does not change it."""
+    g = Graph.somatize(
+        Echo().named("s").frozen()
+        >> (
+            Nap(0.3).named("busy").at("w1"),
+            Length().named("len").frozen().cached().at("w1"),
+            Grows().named("grow"),
+        )
+        >> Three().named("out")
+    )
+    assert g.forward([1, 2, 3]) == [[1, 2, 3, 0], 3, 4]
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    assert g.forward([1, 2, 3], store=store, broker=broker)[1] == 3
+    assert g.forward([1, 2, 3], store=store)[1] == 3  # and 3 was kept under its key
+
+
+def _forward_in_thread(g: Graph, value: Any, broker: Broker) -> tuple[threading.Thread, dict]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = g.forward(value, broker=broker)
+        except BaseException as error:
+            out["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _wait_for(marker: Path) -> None:
+    for _ in range(400):
+        if marker.exists():
+            return
+        time.sleep(0.025)
+    raise AssertionError(f"{marker} never appeared")
+
+
+@pytest.mark.parametrize("mode", ["local", "network"])
+def test_closing_the_broker_fails_a_waiting_forward_at_once(mode: str, tmp_path: Path) -> None:
+    """A forward with one node running and one queued on a worker when the broker is closed
+    fails with BrokerClosed, naming a node and its worker, instead of waiting forever; the
+    broker runs the next forward."""
+    marker = tmp_path / "started"
+    g = Graph.somatize(
+        Rows().named("rows")
+        >> (
+            Nap(1.0, "a", marker=str(marker)).named("a").at("w1"),
+            Nap(0.0, "b").named("b").at("w1"),
+        )
+        >> Add().named("sum")
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode=mode)})  # type: ignore[arg-type]
+    thread, out = _forward_in_thread(g, {"at": 0, "take": 2}, broker)
+    _wait_for(marker)
+    broker.close()
+    thread.join(10)
+    assert not thread.is_alive(), "the forward still waits on a closed broker"
+    assert isinstance(out.get("error"), BrokerClosed), out
+    assert re.search(r"`[ab]` on worker `w1`.*closed", str(out["error"]))
+    assert g.forward({"at": 0, "take": 2}, broker=broker) == 2.0
+
+
+def test_a_node_no_worker_can_rebuild_is_refused_before_anything_runs(store: Store) -> None:
+    """A node whose rebuilt copy declares something else is refused before the first node
+    runs, naming the node and the worker, and nothing upstream is kept."""
+    rows = Rows()
+    g = Graph.somatize(
+        rows.named("rows").frozen()
+        >> Scale().named("scale").frozen().cached()
+        >> Seeded().named("seeded").frozen().at("w1")
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    seen: list[dict[str, Any]] = []
+    with pytest.raises(Unbuildable, match=r"`seeded` cannot be sent to worker `w1`.*"
+                       r"rebuilt here declares.*Nothing has run"):  # fmt: skip
+        g.forward({"at": 0, "take": 2}, store=store, broker=broker, watching=seen.append)
+    assert rows.calls == 0 and seen == [] and _answers(store) == []
+
+
+def test_a_nested_forward_on_the_same_worker_is_refused() -> None:
+    """A node that runs another graph with the broker it runs on, on the worker it runs on,
+    would wait on itself: refused with a clear error; another worker of the broker is fine."""
+    broker = Broker.embedded(
+        {"w1": Worker.generic(mode="local"), "w2": Worker.generic(mode="local")}
+    )
+    inner = Graph.somatize(Echo().named("start") >> Scale().named("scale").at("w1"))
+    outer = Graph.somatize(Echo().named("start") >> Nested(inner, broker).named("nest").at("w1"))
+    thread, out = _forward_in_thread(outer, [1, 2], broker)
+    thread.join(10)
+    assert not thread.is_alive(), "the nested forward waits on itself"
+    assert isinstance(out.get("error"), Reentrant), out
+    assert re.search(r"`scale` is placed on worker `w1`, where .* already runs", str(out["error"]))
+    elsewhere = Graph.somatize(Echo().named("start") >> Scale().named("scale").at("w2"))
+    outer = Graph.somatize(
+        Echo().named("start") >> Nested(elsewhere, broker).named("nest").at("w1")
+    )
+    assert outer.forward([1, 2], broker=broker) == [2.0, 4.0]
+
+
+def test_workers_and_catalogs_are_checked_when_described() -> None:
+    """Resources that are not finite numbers, a map that is not one, and a catalog that is
+    not a Catalog are refused where they are given, saying what is expected."""
+    for amount in (float("nan"), float("inf"), True):
+        with pytest.raises(BadWorker, match=r"num_cpus is a finite number ≥ 0"):
+            Worker.generic(num_cpus=amount)
+    with pytest.raises(BadWorker, match=r"num_gpus is a finite number ≥ 0"):
+        Worker.generic(num_gpus=float("inf"))
+    with pytest.raises(BadWorker, match=r"resources map names to .* got 'abc'"):
+        Worker.generic(resources="abc")  # type: ignore[arg-type]
+    with pytest.raises(BadWorker, match=r"resources map names to finite amounts ≥ 0, got 'a'"):
+        Worker.generic(resources={"a": float("nan")})
+    with pytest.raises(TypeError, match=r"catalog= takes a `somatize.Catalog`, got a `str`"):
+        Broker.embedded({"w1": Worker.generic()}, catalog="x")  # type: ignore[arg-type]
+
+
+def test_two_graphs_at_other_weights_each_send_their_weights_once() -> None:
+    """Two graphs whose encoders share a name and an architecture but not their weights,
+    run by turns on one worker, each send their weights on their first forward only: the
+    worker holds both, where re-freezing one graph lets its old weights go."""
+    graphs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        graphs.append(_encoder_graph()[0])
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    x = {"at": 0, "take": 3}
+    sent = []
+    for _ in range(3):
+        for g in graphs:
+            seen: list[dict[str, Any]] = []
+            assert torch_equal(g.forward(x, broker=broker, watching=seen.append), g.forward(x))
+            sent.append(len(_state_crossings(seen)))
+    assert sent == [1, 1, 0, 0, 0, 0]
+    assert len(broker._hosts["w1"]._nodes) == 2

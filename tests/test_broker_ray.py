@@ -5,6 +5,7 @@ stores), dead and slow workers, concurrency."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +26,17 @@ from somatize.broker import (
 )
 from somatize.keys import root_key
 from somatize_torch import ModuleNode, freeze
-from tests.broker_nodes import Encoder, Length, MakesBlob, Nap, Ramp, Where, weighted
+from tests.broker_nodes import (
+    Encoder,
+    Length,
+    MakesBlob,
+    Nap,
+    RaisesUnprintable,
+    Ramp,
+    Seeded,
+    Where,
+    weighted,
+)
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
 
 ray = pytest.importorskip("ray", reason="the Ray broker needs ray: pip install 'somatize[ray]'")
@@ -460,3 +471,105 @@ def _kill_when(marker: Path, broker: Any, worker: str) -> threading.Thread:
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()
     return thread
+
+
+def test_an_exception_whose_message_cannot_be_read_is_still_named(broker: Any) -> None:
+    """A node raising an exception whose ``str()`` raises is FailedOnWorker all the same,
+    naming what it raised and saying its message could not be read."""
+    g = Graph.somatize(Rows().named("rows") >> RaisesUnprintable().named("bad").at("w2"))
+    with pytest.raises(FailedOnWorker, match=r"`bad` \(RaisesUnprintable\) raised Unprintable on "
+                       r"worker `w2`: \(its message could not be read"):  # fmt: skip
+        g.forward({"at": 0, "take": 2}, broker=broker)
+
+
+def test_a_node_no_actor_can_rebuild_is_refused_before_anything_runs(broker: Any) -> None:
+    """A node whose rebuilt copy declares something else is refused before the first node
+    runs, naming the node and the worker."""
+    rows = Rows()
+    g = Graph.somatize(rows.named("rows") >> Seeded().named("seeded").frozen().at("w1"))
+    with pytest.raises(Unbuildable, match=r"`seeded` cannot be sent to worker `w1`.*declares"):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+    assert rows.calls == 0
+
+
+_VERSION = """
+from somatize import Node
+
+
+class Drifting(Node):
+    def __init__(self, by=2.0):
+        self.by = by
+
+    def forward(self, values, ctx):
+        return [v * self.by{more} for v in values]
+"""
+
+
+def test_an_actor_running_other_code_refuses_and_keeps_nothing(
+    cluster: None, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An actor that imports another version of a node's module than the client's (the same
+    constructor, another source) refuses, naming the node and the worker, and keeps nothing
+    under the client's key."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    for place, more in ((here, ""), (there, " + 1000")):
+        place.mkdir()
+        (place / "drifting_nodes.py").write_text(_VERSION.format(more=more))
+    monkeypatch.syspath_prepend(str(here))
+    from drifting_nodes import Drifting  # type: ignore[import-not-found]
+
+    g = Graph.somatize(
+        Rows().named("rows").frozen() >> Drifting(3.0).named("drift").frozen().cached().at("w1")
+    )
+    paths = [str(there), *sys.path]
+    with (
+        Broker.ray(workers={"w1": _worker()}, import_paths=paths) as elsewhere,
+        pytest.raises(Unbuildable, match=r"`drift` on worker `w1` runs other code"),
+    ):
+        g.forward({"at": 0, "take": 2}, store=store, broker=elsewhere)
+    answers = (store.root / "answers").rglob("*")  # type: ignore[attr-defined]
+    assert not [p for p in answers if p.is_file()]
+    assert g.forward({"at": 0, "take": 2}, store=store, strict=True) == [0.0, 3.0]
+
+
+def test_closing_the_broker_fails_a_waiting_forward_and_starts_no_actor(
+    cluster: None, tmp_path: Path
+) -> None:
+    """Closing a Ray broker while a forward has one node running and one queued on a worker
+    fails the forward at once with BrokerClosed, and starts no actor again, even with
+    retries."""
+    from somatize.broker import BrokerClosed
+
+    marker = tmp_path / "started"
+    g = Graph.somatize(
+        Rows().named("rows")
+        >> (
+            Nap(30.0, "a", marker=str(marker)).named("a").at("w1"),
+            Nap(0.0, "b").named("b").at("w1"),
+        )
+        >> Add().named("sum")
+    )
+    closing = Broker.ray(workers={"w1": _worker()}, retries=1)
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = g.forward({"at": 0, "take": 2}, broker=closing)
+        except BaseException as error:
+            out["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    for _ in range(1200):
+        if marker.exists():
+            break
+        time.sleep(0.05)
+    lanes = list(closing._lanes.values())
+    closing.close()
+    thread.join(30)
+    assert not thread.is_alive(), "the forward still waits on a closed broker"
+    assert isinstance(out.get("error"), BrokerClosed), out
+    ended = threading.Thread(target=lambda: [lane.shutdown(wait=True) for lane in lanes])
+    ended.start()
+    ended.join(30)  # the call that was running has given up, rather than try again
+    assert not ended.is_alive() and closing._actors == {}

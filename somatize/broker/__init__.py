@@ -32,9 +32,11 @@ needs next.
 
 from somatize.broker.base import (
     Broker,
+    BrokerClosed,
     Done,
     FailedOnWorker,
     NoRay,
+    Reentrant,
     StateMismatch,
     UnknownWorker,
     WorkerLost,
@@ -46,10 +48,12 @@ from somatize.broker.worker import BadWorker, Worker
 __all__ = [
     "BadWorker",
     "Broker",
+    "BrokerClosed",
     "Done",
     "EmbeddedBroker",
     "FailedOnWorker",
     "NoRay",
+    "Reentrant",
     "StateMismatch",
     "UnknownWorker",
     "Worker",

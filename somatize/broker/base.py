@@ -27,6 +27,8 @@ Errors::
     ├── WorkerTimeout (TimeoutError) the worker did not answer in time
     ├── NoRay (ImportError)          Broker.ray without ray installed
     ├── StateMismatch (ValueError)   a worker loaded state of another digest than the graph's
+    ├── BrokerClosed (RuntimeError)  the broker was closed while a node waited for its worker
+    ├── Reentrant (RuntimeError)     a node asked the worker it runs on to run another node
     └── NodeFailed                   (somatize.engine)
         └── FailedOnWorker           a node raised inside another process
 """
@@ -35,9 +37,10 @@ from __future__ import annotations
 
 import abc
 import threading
+import uuid
 import weakref
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,9 +59,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Broker",
+    "BrokerClosed",
     "Done",
     "FailedOnWorker",
     "NoRay",
+    "Reentrant",
     "StateMismatch",
     "UnknownWorker",
     "WorkerLost",
@@ -107,6 +112,23 @@ class WorkerTimeout(SomatizeError, TimeoutError):
 
 class NoRay(SomatizeError, ImportError):
     """``Broker.ray`` without Ray installed."""
+
+
+class BrokerClosed(SomatizeError, RuntimeError):
+    """The broker was closed while a node waited for its worker or ran there."""
+
+    def __init__(self, node: str, worker: str) -> None:
+        self.node, self.worker = node, worker
+        super().__init__(
+            f"`{node}` on worker `{worker}` did not finish: the broker was closed while it "
+            f"waited for the worker or ran there, so nothing was kept for `{node}` or anything "
+            "below it. Close the broker after the forwards that use it have returned"
+        )
+
+
+class Reentrant(SomatizeError, RuntimeError):
+    """A node running on a worker asked that same worker to run another node, which would
+    wait for the worker to finish the node that asks: for ever."""
 
 
 class StateMismatch(SomatizeError, ValueError):
@@ -168,6 +190,11 @@ class Broker(abc.ABC):
                 )
         self.workers: dict[str, Worker] = dict(workers)
         self._lanes: dict[str, ThreadPoolExecutor] = {}
+        self._pending: dict[Future[Done], tuple[str, str]] = {}
+        """Each call not finished yet → (node, worker), for close() to fail."""
+        self._holders: weakref.WeakKeyDictionary[Graph, str] = weakref.WeakKeyDictionary()
+        self._here = threading.local()
+        """On a lane's thread, the worker whose lane it is (``worker``)."""
         self._lock = threading.Lock()
         self._checked: weakref.WeakKeyDictionary[
             Graph, tuple[tuple[int, int], dict[str, Blueprint]]
@@ -246,12 +273,8 @@ class Broker(abc.ABC):
                 continue
             try:
                 blueprint = blueprint_of(graph.node(node), node)
-                self._admit(blueprint)
             except Unbuildable as why:
-                raise Unbuildable(
-                    f"`{node}` cannot be sent to worker `{worker}`, which rebuilds what it runs: "
-                    f"{why}. Nothing has run"
-                ) from None
+                raise _unsendable(node, worker, why) from None
             holds = graph.holds_state(node)
             if holds and not state_crosses(graph.node(node)):
                 raise Unbuildable(
@@ -270,6 +293,10 @@ class Broker(abc.ABC):
                     "`.frozen()` and settle it (`somatize.torch.freeze(g)`), or place it on a "
                     '`Worker.generic(mode="local")` worker'
                 )
+            try:
+                self._admit(node, worker, blueprint, graph.memory.fingerprint_of(node), holds)
+            except Unbuildable as why:
+                raise _unsendable(node, worker, why) from None
             blueprints[node] = blueprint
         self._checked[graph] = (version, blueprints)
 
@@ -277,11 +304,39 @@ class Broker(abc.ABC):
         self, graph: Graph, node: str, inputs: list[Any], ctx: Context, *, keep: bool = False
     ) -> Future[Done]:
         """Starts ``node`` on its worker; the future holds its :class:`Done`. With
-        ``keep``, a worker that can reach the store keeps the answer under ``ctx.key``."""
+        ``keep``, a worker that can reach the store keeps the answer under ``ctx.key``.
+
+        What crosses is encoded here, on the caller's thread, before this returns: a
+        value the caller changes afterwards (a node here appending to a list it was
+        also handed) is not what the worker is sent. Whatever stops the call — a value
+        with no codec, a node asking the worker it runs on to run another, the broker
+        closed — is the future's exception."""
         worker = graph.placement.worker_of(node)
         if worker is None:
             raise ValueError(f"`{node}` is placed on no worker; the engine runs it itself")
-        return self._lane(worker).submit(self._cross, graph, node, worker, inputs, ctx, keep)
+        future: Future[Done] = Future()
+        try:
+            if getattr(self._here, "worker", None) == worker:
+                raise Reentrant(
+                    f"`{node}` is placed on worker `{worker}`, where the node asking for it "
+                    f"already runs: a worker runs one node at a time, so `{node}` would wait "
+                    "for the node that waits for it, for ever. Place the nested graph's nodes "
+                    "on another worker of this broker, or run it with another broker"
+                )
+            work = self._send(graph, node, worker, inputs, ctx, keep)
+            with self._lock:
+                lane = self._lanes.get(worker)
+                if lane is None:
+                    lane = self._lanes[worker] = ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix=f"somatize-{worker}"
+                    )
+                self._pending[future] = (node, worker)
+                lane.submit(self._work, future, worker, work)
+        except Exception as error:
+            future.set_exception(error)
+            return future
+        future.add_done_callback(lambda done: self._pending.pop(done, None))
+        return future
 
     def call(
         self,
@@ -298,11 +353,16 @@ class Broker(abc.ABC):
         return done.value
 
     def close(self) -> None:
-        """Lets the workers go; a later call starts them again."""
+        """Lets the workers go; a later call starts them again. A node still waiting for
+        its worker, or running there, fails at once with :class:`BrokerClosed` (one
+        already running on an embedded worker finishes on its own; its answer is dropped)."""
         with self._lock:
             lanes, self._lanes = self._lanes, {}
+            pending, self._pending = self._pending, {}
         for lane in lanes.values():
             lane.shutdown(wait=False, cancel_futures=True)
+        for future, (node, worker) in pending.items():
+            _settle(future, BrokerClosed(node, worker))
 
     def __enter__(self) -> Broker:
         return self
@@ -313,30 +373,75 @@ class Broker(abc.ABC):
     # -- for brokers ----------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def _cross(
+    def _send(
         self, graph: Graph, node: str, worker: str, inputs: list[Any], ctx: Context, keep: bool
-    ) -> Done:
-        """Runs one call on ``worker``; called on that worker's lane."""
+    ) -> Callable[[], Done]:
+        """Makes, on the caller's thread, one call of ``node`` on ``worker``: everything
+        that crosses is encoded here. What it returns runs the call on that worker's lane."""
 
-    def _admit(self, blueprint: Blueprint) -> None:
-        """Raises Unbuildable if this broker's workers cannot rebuild ``blueprint``: by
-        default, if a process that registered nothing could not find its class."""
-        Catalog().admit(blueprint)
+    def _admit(
+        self, node: str, worker: str, blueprint: Blueprint, fingerprint: str | None, holds: bool
+    ) -> None:
+        """Raises Unbuildable if ``worker`` cannot rebuild ``node`` from ``blueprint``: by
+        default, if a process that registered nothing could not find its class, or — for
+        a node that holds no state, which is cheap to build — if the node built here from
+        its blueprint declares something else than the graph's (a constructor that does
+        not make the same node from the same arguments)."""
+        catalog = Catalog()
+        catalog.admit(blueprint)
+        if not holds:
+            catalog.build(blueprint)
 
     def _blueprint(self, graph: Graph, node: str) -> Blueprint:
         """The blueprint ``check`` made for ``node`` from the graph's memory as it is now."""
         self.check(graph)
         return self._checked[graph][1][node]
 
-    def _lane(self, worker: str) -> ThreadPoolExecutor:
+    def _holder(self, graph: Graph) -> str:
+        """An opaque name of ``graph`` that its jobs carry, so a worker holds state for each
+        graph apart (:attr:`somatize.broker.host.Job.holder`)."""
         with self._lock:
-            lane = self._lanes.get(worker)
-            if lane is None:
-                lane = self._lanes[worker] = ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix=f"somatize-{worker}"
-                )
-            return lane
+            found = self._holders.get(graph)
+            if found is None:
+                found = self._holders[graph] = uuid.uuid4().hex
+            return found
+
+    def _work(self, future: Future[Done], worker: str, work: Callable[[], Done]) -> None:
+        """Runs ``work`` on ``worker``'s lane for ``future``, unless the future was cancelled
+        or failed (the broker closed) while it waited."""
+        try:
+            if not future.set_running_or_notify_cancel():
+                return
+        except RuntimeError:  # settled by close() while it waited
+            return
+        self._here.worker = worker
+        try:
+            done = work()
+        except BaseException as error:
+            _settle(future, error)
+        else:
+            _settle(future, done)
+        finally:
+            self._here.worker = None
 
     def __repr__(self) -> str:
         listed = ", ".join(f"{name}: {w.mode}" for name, w in self.workers.items())
         return f"<{type(self).__name__} {listed}>"
+
+
+def _unsendable(node: str, worker: str, why: Unbuildable) -> Unbuildable:
+    return Unbuildable(
+        f"`{node}` cannot be sent to worker `{worker}`, which rebuilds what it runs: "
+        f"{why}. Nothing has run"
+    )
+
+
+def _settle(future: Future[Done], outcome: Done | BaseException) -> None:
+    """Gives ``future`` its outcome, unless it already has one (the broker was closed)."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except InvalidStateError:
+        pass

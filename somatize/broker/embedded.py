@@ -25,7 +25,7 @@ module or registered.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from somatize.catalog import Blueprint, Catalog
@@ -46,30 +46,53 @@ class EmbeddedBroker(Broker):
 
     def __init__(self, workers: Mapping[str, Worker], *, catalog: Catalog | None = None) -> None:
         super().__init__(workers)
+        if catalog is not None and not isinstance(catalog, Catalog):
+            raise TypeError(
+                f"catalog= takes a `somatize.Catalog`, got a `{type(catalog).__name__}`; "
+                "make one with `Catalog(in_process=True)` and register on it the classes no "
+                "import can find, or leave it out"
+            )
         self.catalog = catalog if catalog is not None else Catalog(in_process=True)
         self._hosts = {name: Host(name, self.catalog) for name, w in workers.items() if w.crosses}
 
-    def _admit(self, blueprint: Blueprint) -> None:
-        self.catalog.admit(blueprint)
+    def _admit(
+        self, node: str, worker: str, blueprint: Blueprint, fingerprint: str | None, holds: bool
+    ) -> None:
+        """The worker's host builds the node now, as it will build it for the first job —
+        it keeps what it built — so a node it cannot rebuild, or one whose code there is
+        not the graph's, is refused before anything runs."""
+        self._hosts[worker].admit(blueprint.to_bytes(), fingerprint, name=node, holds=holds)
 
-    def _cross(
+    def _send(
         self, graph: Graph, node: str, worker: str, inputs: list[Any], ctx: Context, keep: bool
-    ) -> Done:
-        start = time.perf_counter_ns()
+    ) -> Callable[[], Done]:
         host = self._hosts.get(worker)
         if host is None:
-            value = graph.node(node).forward(*inputs, ctx)
-            return Done(value, (time.perf_counter_ns() - start) // 1000)
+            here = graph.node(node)
+
+            def run_here() -> Done:
+                start = time.perf_counter_ns()
+                value = here.forward(*inputs, ctx)
+                return Done(value, (time.perf_counter_ns() - start) // 1000)
+
+            return run_here
         blueprint = self._blueprint(graph, node)
-        job, sent = job_for(graph, node, worker, blueprint, inputs, ctx, keep=keep)
-        reply = host.run(job, sent)
-        carried = 0
-        if isinstance(reply, NeedState):
-            state = graph.node(node).state_bytes()
-            carried = len(state)
-            reply = host.run(job, sent, state=state)
-        assert not isinstance(reply, NeedState)
-        value = unpack(reply.codec, reply.data)
-        sizes = [len(data) for data in sent]
-        facts = crossings(graph, node, worker, sizes, len(reply.data), carried)
-        return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)
+        job, sent = job_for(
+            graph, node, worker, blueprint, inputs, ctx, keep=keep, holder=self._holder(graph)
+        )
+
+        def run_there() -> Done:
+            start = time.perf_counter_ns()
+            reply = host.run(job, sent)
+            carried = 0
+            if isinstance(reply, NeedState):
+                state = graph.node(node).state_bytes()
+                carried = len(state)
+                reply = host.run(job, sent, state=state)
+            assert not isinstance(reply, NeedState)
+            value = unpack(reply.codec, reply.data)
+            sizes = [len(data) for data in sent]
+            facts = crossings(graph, node, worker, sizes, len(reply.data), carried)
+            return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)
+
+        return run_there

@@ -33,10 +33,19 @@ bytes — once: the host loads them, works out the digest of what it loaded, and
 refuses (:class:`~somatize.broker.StateMismatch`) unless it is the digest the job
 names, so a worker never answers under a key with weights the key does not
 describe. Weights cross once per worker and state; a re-frozen node has a new
-digest, so the next job asks for the new weights. Per node name and blueprint a
-host holds the state it loaded last and lets the one before go (unless another
-node holds it): two encoders of one architecture at different weights are both
-kept loaded, and re-freezing does not pile old weights up on a worker.
+digest, so the next job asks for the new weights. Per node name, blueprint and
+graph (a job names its graph by an opaque :attr:`Job.holder`) a host holds the
+state it loaded last and lets the one before go, unless another holding names
+it; past four holdings of one blueprint, the least recently used goes first.
+Two encoders of one architecture at different weights — in one graph, or in two
+graphs that call them alike — are both kept loaded, and re-freezing does not
+pile old weights up on a worker.
+
+**Code.** A job names the fingerprint of the code the graph was built with, and a
+host refuses (:class:`~somatize.catalog.Unbuildable`, naming the node and the
+worker) a node whose class it finds written otherwise — the declaration can match
+while the code that computes the answer does not — so a worker never keeps its
+answer under a key, and a fingerprint, that describe somebody else's code.
 
 The state is asked for rather than shipped through the shared store by digest
 because a forward may have no store, or one only the client can open (a bucket
@@ -54,13 +63,14 @@ definition of how a value crosses, shared by both sides.
 from __future__ import annotations
 
 import importlib
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
-from somatize.catalog import Blueprint, Catalog
+from somatize.catalog import Blueprint, Catalog, Unbuildable, fingerprint_of
 from somatize.codecs import CODECS
 from somatize.node import Context, Node
 from somatize.store import Store, StoreError
@@ -73,6 +83,11 @@ if TYPE_CHECKING:
 __all__ = ["Host", "Job", "NeedState", "Reply", "crossings", "pack", "unpack"]
 
 Buffer = bytes | bytearray | memoryview
+
+_HOLDINGS = 4
+"""How many (node name, graph) holdings of one blueprint a host keeps states loaded for:
+enough for a few graphs sharing an encoder at other weights, few enough that graphs long
+gone let theirs go."""
 
 _CODEC_HOMES = {"arrow": "somatize.data", "tensor": "somatize.torch"}
 """Where a codec the core does not hold is registered, for a worker that has not
@@ -101,6 +116,9 @@ class Job:
     open it itself; None when there is no store or it has no address."""
     state: str | None = None
     """For a node that holds state: the digest of the state it must hold (the graph's)."""
+    holder: str = ""
+    """An opaque name of the client's graph, so two graphs whose nodes share a name and a
+    blueprint at other states each keep theirs loaded."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +149,7 @@ def job_for(
     ctx: Context,
     *,
     keep: bool,
+    holder: str = "",
 ) -> tuple[Job, list[bytes]]:
     """The job that sends ``node`` with ``inputs`` to ``worker``, and the inputs' bytes
     (each through its codec; an input with none fails, naming its edge). It names the
@@ -153,6 +172,7 @@ def job_for(
         fingerprint=graph.memory.fingerprint_of(node),
         store=address,
         state=held_state(graph, node),
+        holder=holder,
     )
     return job, [data for _, data in packed]
 
@@ -228,10 +248,51 @@ class Host:
         self.worker = worker
         self.catalog = catalog if catalog is not None else Catalog()
         self._nodes: dict[tuple[bytes, str | None], Node] = {}
-        self._held: dict[tuple[bytes, str], str] = {}
-        """(blueprint, node name) → the state loaded for it last."""
+        self._spare: dict[bytes, Node] = {}
+        """Blueprint → a node built for it ahead of its first job (:meth:`admit`) and not
+        loaded with any state yet."""
+        self._held: dict[tuple[bytes, str, str], str] = {}
+        """(blueprint, node name, holder) → the state loaded for it last, least recently
+        used first."""
         self._stores: dict[bytes, Store] = {}
         """The canonical bytes of an address → the store opened from it."""
+        self._lock = threading.Lock()
+        """Held while nodes are built or looked up: a broker admits nodes (on the caller's
+        thread) while this host runs a job (on the worker's)."""
+
+    def admit(self, blueprint: bytes, fingerprint: str | None, *, name: str, holds: bool) -> None:
+        """Builds the node ``blueprint`` describes ahead of its first job, and keeps it for
+        that job: Unbuildable when this host cannot rebuild it, or when the code it finds
+        is not the code the graph was built with (``fingerprint``). A node that ``holds``
+        state is kept aside until a job brings the state to load into it."""
+        with self._lock:
+            found = self._nodes.get((blueprint, None)) or self._spare.get(blueprint)
+            if found is None:
+                found = next((n for (b, _), n in self._nodes.items() if b == blueprint), None)
+            if found is None:
+                found = self.catalog.build(Blueprint.from_bytes(blueprint))
+                if holds:
+                    self._spare[blueprint] = found
+                else:
+                    self._nodes[(blueprint, None)] = found
+        self.same_code(found, fingerprint, name)
+
+    def same_code(self, node: Node, fingerprint: str | None, name: str) -> None:
+        """Unbuildable when ``node``, built here, is not written as the code the graph was
+        built with (its ``fingerprint``; None: not known, nothing to compare)."""
+        if fingerprint is None:
+            return
+        kind = node.implementing_class()
+        here = fingerprint_of(kind)
+        if here != fingerprint:
+            raise Unbuildable(
+                f"`{name}` on worker `{self.worker}` runs other code than the graph was built "
+                f"with: `{kind.__module__}:{kind.__qualname__}` there is written as {here}, "
+                f"and the graph's as {fingerprint}, so its answers would be kept under keys "
+                f"that name the graph's code. Nothing was kept for `{name}`. Install the same "
+                "version of the code everywhere the graph runs (in a notebook, build the graph "
+                "again after redefining a class)"
+            )
 
     def node(
         self,
@@ -240,39 +301,59 @@ class Host:
         data: Buffer | None = None,
         *,
         name: str = "",
+        holder: str = "",
     ) -> Node | None:
         """The node ``blueprint`` describes: built on first use, then kept. For a node that
         holds state, ``state`` is the digest it must hold and ``data`` that state's bytes,
         loaded into the node built here (and checked) when it is not loaded yet — None
-        when it is not and no ``data`` came. ``name`` is the node's name in its graph."""
-        found = self._nodes.get((blueprint, state))
-        if found is None:
-            if state is not None and data is None:
-                return None
-            found = self.catalog.build(Blueprint.from_bytes(blueprint))
+        when it is not and no ``data`` came. ``name`` is the node's name in its graph, and
+        ``holder`` names that graph (:attr:`Job.holder`)."""
+        with self._lock:
+            found = self._nodes.get((blueprint, state))
+            if found is None:
+                if state is not None and data is None:
+                    return None
+                found = self._spare.pop(blueprint, None) if state is not None else None
+                if found is None:
+                    found = self._build(blueprint, name)
+                if state is not None:
+                    assert data is not None
+                    try:
+                        loaded = found.load_state(memoryview(data))
+                    except StateMismatch as why:
+                        raise StateMismatch(f"`{name}` on worker `{self.worker}`: {why}") from None
+                    if loaded != state:
+                        raise state_mismatch(name, self.worker, loaded, state)
+                    found._smz.state = loaded
+                self._nodes[(blueprint, state)] = found
             if state is not None:
-                assert data is not None
-                try:
-                    loaded = found.load_state(memoryview(data))
-                except StateMismatch as why:
-                    raise StateMismatch(f"`{name}` on worker `{self.worker}`: {why}") from None
-                if loaded != state:
-                    raise state_mismatch(name, self.worker, loaded, state)
-                found._smz.state = loaded
-            self._nodes[(blueprint, state)] = found
-        if state is not None:
-            self._hold(blueprint, name, state)
-        return found
+                self._hold(blueprint, name, state, holder)
+            return found
 
-    def _hold(self, blueprint: bytes, name: str, state: str) -> None:
-        """Notes that ``name`` holds ``state``, letting go of the state it held before
-        unless another node still holds it."""
-        before = self._held.get((blueprint, name))
-        self._held[(blueprint, name)] = state
-        if before is None or before == state:
-            return
-        if before not in {held for (b, _), held in self._held.items() if b == blueprint}:
-            self._nodes.pop((blueprint, before), None)
+    def _build(self, blueprint: bytes, name: str) -> Node:
+        """A new node from ``blueprint``; Unbuildable naming the node and this worker."""
+        try:
+            return self.catalog.build(Blueprint.from_bytes(blueprint))
+        except Unbuildable as why:
+            raise Unbuildable(
+                f"`{name}` cannot be rebuilt on worker `{self.worker}`: {why}"
+            ) from None
+
+    def _hold(self, blueprint: bytes, name: str, state: str, holder: str) -> None:
+        """Notes that ``name`` of the graph ``holder`` holds ``state``, letting go of the state
+        it held before, and of the least recently used holdings past :data:`_HOLDINGS` per
+        blueprint, unless another holding still names that state."""
+        key = (blueprint, name, holder)
+        before = self._held.pop(key, None)
+        self._held[key] = state  # the most recently used last
+        released = [before] if before is not None and before != state else []
+        same = [k for k in self._held if k[0] == blueprint]
+        for old in same[: max(0, len(same) - _HOLDINGS)]:
+            released.append(self._held.pop(old))
+        still = {held for k, held in self._held.items() if k[0] == blueprint}
+        for gone in released:
+            if gone not in still:
+                self._nodes.pop((blueprint, gone), None)
 
     def open(self, address: dict[str, Any]) -> Store | None:
         """The shared store at ``address``, opened once; None when this host cannot open it
@@ -297,10 +378,11 @@ class Host:
         """Runs ``job`` on inputs ``payloads``, in the store the job names (opened here). For
         a node that holds a state this host has not loaded, :class:`NeedState` when
         ``state`` (its bytes) is not given."""
-        node = self.node(job.blueprint, job.state, state, name=job.name)
+        node = self.node(job.blueprint, job.state, state, name=job.name, holder=job.holder)
         if node is None:
             assert job.state is not None
             return NeedState(job.state)
+        self.same_code(node, job.fingerprint, job.name)
         inputs = [unpack(codec, data) for codec, data in zip(job.codecs, payloads, strict=True)]
         store = self.open(job.store) if job.store is not None else None
         ctx = Context(name=job.name, key=job.key, keys=job.keys, worker=self.worker, store=store)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ from somatize.node import Context
 
 from .base import (
     Broker,
+    BrokerClosed,
     Done,
     FailedOnWorker,
     NoRay,
@@ -91,6 +92,15 @@ class _Failure:
     message: str
 
 
+def _message(error: BaseException) -> str:
+    """What ``error`` says; a note that it could not be read when its ``str()`` raises, so
+    the client still learns what was raised and where."""
+    try:
+        return str(error)
+    except Exception as unreadable:
+        return f"(its message could not be read: str() of it raised {type(unreadable).__name__})"
+
+
 class _Actor:
     """The body of a worker's Ray actor: a :class:`Host` and a place to run it."""
 
@@ -104,13 +114,13 @@ class _Actor:
         try:
             return self.host.run(job, payloads, state=state)
         except CodecError as why:
-            return _Failure("codec", type(why).__name__, str(why))
+            return _Failure("codec", type(why).__name__, _message(why))
         except Unbuildable as why:
-            return _Failure("unbuildable", type(why).__name__, str(why))
+            return _Failure("unbuildable", type(why).__name__, _message(why))
         except StateMismatch as why:
-            return _Failure("state", type(why).__name__, str(why))
+            return _Failure("state", type(why).__name__, _message(why))
         except Exception as why:
-            return _Failure("forward", type(why).__name__, str(why))
+            return _Failure("forward", type(why).__name__, _message(why))
 
     def key_of(
         self,
@@ -177,10 +187,16 @@ class RayBroker(Broker):
         self._remote = ray.remote(_Actor)
         self._actors: dict[str, Any] = {}
         self._started: set[Any] = set()
+        self._closes = 0
+        """How many times the broker was closed: a call made before a close starts no actor."""
 
-    def actor(self, worker: str) -> Any:
-        """The Ray actor that is ``worker``, started if it is not running."""
+    def actor(self, worker: str, closes: int | None = None) -> Any:
+        """The Ray actor that is ``worker``, started if it is not running. With ``closes``
+        (how many times the broker was closed when a call was made), None when the broker
+        has been closed since: a call the close failed starts no actor."""
         with self._lock:
+            if closes is not None and closes != self._closes:
+                return None
             found = self._actors.get(worker)
             if found is None:
                 spec = self.workers[worker]
@@ -219,9 +235,10 @@ class RayBroker(Broker):
         with self._lock:
             actors, self._actors = self._actors, {}
             self._started.clear()
+            self._closes += 1
+        super().close()
         for actor in actors.values():
             ray.kill(actor)
-        super().close()
 
     def _forget(self, worker: str, actor: Any, *, kill: bool) -> None:
         with self._lock:
@@ -231,20 +248,42 @@ class RayBroker(Broker):
         if kill:
             _ray().kill(actor)
 
-    def _cross(
+    def _send(
         self, graph: Graph, node: str, worker: str, inputs: list[Any], ctx: Context, keep: bool
-    ) -> Done:
+    ) -> Callable[[], Done]:
         ray = _ray()
-        start = time.perf_counter_ns()
         blueprint = self._blueprint(graph, node)
-        job, sent = job_for(graph, node, worker, blueprint, inputs, ctx, keep=keep)
+        job, sent = job_for(
+            graph, node, worker, blueprint, inputs, ctx, keep=keep, holder=self._holder(graph)
+        )
         payloads = [ray.put(data) if len(data) > _INLINE else data for data in sent]
+        with self._lock:
+            closes = self._closes
+
+        def run() -> Done:
+            start = time.perf_counter_ns()
+            reply = self._run(graph, node, worker, job, payloads, closes)
+            value = unpack(reply.codec, reply.data)
+            sizes = [len(data) for data in sent]
+            facts = crossings(graph, node, worker, sizes, len(reply.data), reply.carried)
+            return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)
+
+        return run
+
+    def _run(
+        self, graph: Graph, node: str, worker: str, job: Job, payloads: list[Any], closes: int
+    ) -> _Carried:
+        """Runs ``job`` on ``worker``'s actor, trying again on a fresh one ``retries`` times
+        when it dies — unless the broker was closed since the call was made."""
+        ray = _ray()
         reply: Reply | NeedState | _Failure | None = None
         state: Any = None
         carried = 0
         cause = ""
         for _ in range(self.retries + 1):
-            actor = self.actor(worker)
+            actor = self.actor(worker, closes)
+            if actor is None:
+                raise BrokerClosed(node, worker)
             try:
                 if actor not in self._started:
                     try:
@@ -270,17 +309,26 @@ class RayBroker(Broker):
                 self._forget(worker, actor, kill=False)
                 cause = type(error).__name__
         if reply is None:
+            if closes != self._closes:
+                raise BrokerClosed(node, worker)
             raise WorkerLost(node, worker, self.retries + 1, cause)
         if isinstance(reply, _Failure):
             if reply.kind == "codec":
                 raise CodecError(reply.message)
             if reply.kind == "unbuildable":
-                raise Unbuildable(f"worker `{worker}` cannot rebuild `{node}`: {reply.message}")
+                raise Unbuildable(reply.message)
             if reply.kind == "state":
                 raise StateMismatch(reply.message)
             raise FailedOnWorker(node, graph.kind_of(node), worker, reply.raised, reply.message)
         assert not isinstance(reply, NeedState), "a worker handed the state asked for it again"
-        value = unpack(reply.codec, reply.data)
-        sizes = [len(data) for data in sent]
-        facts = crossings(graph, node, worker, sizes, len(reply.data), carried)
-        return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)
+        return _Carried(reply.codec, reply.data, reply.kept, carried)
+
+
+@dataclass(frozen=True)
+class _Carried:
+    """A job's answer as it came back, and the bytes of the state sent for it (0: none)."""
+
+    codec: str
+    data: bytes
+    kept: int | None
+    carried: int

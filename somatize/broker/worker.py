@@ -14,6 +14,7 @@ aside for the worker; the embedded broker has no use for them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -50,12 +51,20 @@ class Worker:
                 f"(values cross as codec bytes, as over a wire); got {self.mode!r}"
             )
         for what, amount in (("num_cpus", self.num_cpus), ("num_gpus", self.num_gpus)):
-            if amount is not None and (not isinstance(amount, (int, float)) or amount < 0):
-                raise BadWorker(f"{what} is a number ≥ 0, got {amount!r}")
-        for name, amount in self.resources.items():
-            if not isinstance(name, str) or not isinstance(amount, (int, float)) or amount < 0:
+            if amount is not None and not _an_amount(amount):
                 raise BadWorker(
-                    f"resources map names to amounts ≥ 0, got {name!r}: {amount!r}; e.g. "
+                    f"{what} is a finite number ≥ 0 (or None: the cluster's default), got "
+                    f"{amount!r}"
+                )
+        if not isinstance(self.resources, Mapping):
+            raise BadWorker(
+                f"resources map names to finite amounts ≥ 0, got {self.resources!r} (a "
+                f'`{type(self.resources).__name__}`); e.g. `resources={{"accelerator": 1}}`'
+            )
+        for name, amount in self.resources.items():
+            if not isinstance(name, str) or not _an_amount(amount):
+                raise BadWorker(
+                    f"resources map names to finite amounts ≥ 0, got {name!r}: {amount!r}; e.g. "
                     '`resources={"accelerator": 1}`'
                 )
 
@@ -69,9 +78,26 @@ class Worker:
         resources: Mapping[str, float] | None = None,
     ) -> Worker:
         """A worker that runs any node: ``Worker.generic(mode="network", num_gpus=1)``."""
-        return cls(mode, num_cpus, num_gpus, dict(resources or {}))
+        if resources is None:
+            resources = {}
+        return cls(
+            mode,
+            num_cpus,
+            num_gpus,
+            dict(resources) if isinstance(resources, Mapping) else resources,
+        )
 
     @property
     def crosses(self) -> bool:
         """Whether values reaching this worker go through their codecs."""
         return self.mode == "network"
+
+
+def _an_amount(amount: object) -> bool:
+    """Whether ``amount`` is a finite number ≥ 0 a cluster can set aside (a bool is not)."""
+    return (
+        isinstance(amount, (int, float))
+        and not isinstance(amount, bool)
+        and math.isfinite(amount)
+        and amount >= 0
+    )
