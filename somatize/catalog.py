@@ -94,9 +94,8 @@ def fingerprint_of(kind: type) -> str:
 
 
 def _fingerprint(kind: type) -> str:
-    try:
-        text = inspect.getsource(kind).encode()
-    except (OSError, TypeError):
+    text = _source_of(kind)
+    if text is None:
         pieces = []
         for name, member in sorted(vars(kind).items()):
             code = getattr(member, "__code__", None)
@@ -104,6 +103,42 @@ def _fingerprint(kind: type) -> str:
                 pieces.append(name.encode() + b"\0" + code_digest(code))
         text = b"\0".join(pieces)
     return "sha256:" + hashlib.sha256(text).hexdigest()[:16]
+
+
+def _source_of(kind: type) -> bytes | None:
+    """The source of ``kind``, when what is found is its own: the source is looked up by
+    name in the class's file, so for a class defined twice under one name (a cell run
+    again with ``exec``, a second definition further down) it may be another
+    definition's. Refused when a function written in the class's body was compiled
+    outside the source found, or none was compiled in its file while some were
+    compiled elsewhere (``exec``); functions the body took from elsewhere, and ones
+    made for it (a dataclass's ``__init__``), say nothing either way."""
+    try:
+        lines, start = inspect.getsourcelines(kind)
+        where = inspect.getsourcefile(kind)
+    except (OSError, TypeError):
+        return None
+    end = start + len(lines)
+    own = kind.__qualname__ + "."
+    here = elsewhere = False
+    for member in vars(kind).values():
+        function = getattr(member, "__func__", member)  # a staticmethod's, a classmethod's
+        try:
+            function = inspect.unwrap(function)  # what a decorator wrapped (functools.wraps)
+        except ValueError:
+            continue
+        code = getattr(function, "__code__", None)
+        if code is None or not getattr(function, "__qualname__", "").startswith(own):
+            continue
+        if code.co_filename != where:
+            elsewhere = True
+        elif start <= code.co_firstlineno < end:
+            here = True
+        else:
+            return None
+    if elsewhere and not here:
+        return None
+    return "".join(lines).encode()
 
 
 def code_digest(code: CodeType) -> bytes:

@@ -236,3 +236,18 @@ def test_fingerprint_follows_the_implementing_class() -> None:
     assert Scale().implementing_class() is Scale
     g = Graph.somatize(Standing().named("s"))
     assert g.memory.fingerprint_of("s") == fingerprint_of(Largest) != fingerprint_of(Standing)
+
+
+def test_a_class_defined_again_under_its_name_is_fingerprinted_by_its_own_code() -> None:
+    """A class defined again under the name of one in a file (a notebook cell edited and
+    run with ``exec``) is not fingerprinted by the first definition's source, which is
+    what looking its source up by name finds: its code is another."""
+    from somatize.catalog import fingerprint_of
+
+    again: dict[str, Any] = {"__name__": Largest.__module__}
+    exec(
+        "class Largest:\n    def forward(self, values, ctx):\n        return min(values)\n",
+        again,
+    )
+    assert again["Largest"].__qualname__ == Largest.__qualname__
+    assert fingerprint_of(again["Largest"]) != fingerprint_of(Largest)
