@@ -459,6 +459,8 @@ def _describe(value: Any) -> str:
 
 
 _NESTS = (list, tuple, dict)
+_OPENED = frozenset((Opaque, *_NESTS))
+"""What an input may hold that :func:`_opened` looks into."""
 
 
 def _opened(value: Any) -> Any:
@@ -471,8 +473,7 @@ def _opened(value: Any) -> Any:
     if kind not in _NESTS:
         return value
     items = value.values() if kind is dict else value
-    kinds = set(map(type, items))
-    if Opaque not in kinds and kinds.isdisjoint(_NESTS):
+    if _OPENED.isdisjoint(map(type, items)):
         return value
     opened = [_opened(item) for item in items]
     if all(map(operator.is_, opened, items)):

@@ -204,9 +204,11 @@ def check_name(name: str) -> str:
     return name
 
 
-def keys_of(keys: Iterable[str]) -> list[str]:
-    """``keys`` as a list; TypeError for a single key passed bare (a str is iterable, and
-    its characters are no keys)."""
+def keys_of(keys: Iterable[str]) -> Sequence[str]:
+    """``keys`` as a sequence (itself when it is a list or a tuple); TypeError for a single
+    key passed bare (a str is iterable, and its characters are no keys)."""
+    if type(keys) is list or type(keys) is tuple:
+        return keys
     if isinstance(keys, str):
         raise TypeError(
             f"have() takes an iterable of keys, got the single key {keys[:20]!r}…; wrap it in "
