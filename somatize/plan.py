@@ -260,15 +260,7 @@ def look_again(graph: Graph) -> None:
         if changed:
             _retaken(graph, name, node, changed)
     for name, node in unfixed.items():
-        was = memory.declaration_of(name)
-        try:
-            now = node.declaration(name)
-        except Undeclared:
-            if was is None:
-                continue  # undeclared when built, and still: refused where it is keyed
-            raise
-        if now != was:
-            memory.declared_as(name, now)
+        _declared_again(graph, name, node)
     for name, node in restated.items():
         if memory.is_frozen(name):
             state = node.restate()
@@ -290,6 +282,11 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
         )
     node.retake(changed)
     graph._kept[name] = (node, node.kept_arguments())
+    _declared_again(graph, name, node)
+
+
+def _declared_again(graph: Graph, name: str, node: Node) -> None:
+    """Tells the graph's memory what ``node`` declares now, if that changed."""
     was = graph.memory.declaration_of(name)
     try:
         now = node.declaration(name)

@@ -156,6 +156,22 @@ def weighted(weights: list[float], worker: str | None = None) -> Graph:
     )
 
 
+def napping(marker: Path, seconds: float) -> Graph:
+    """Rows, then node `a` napping ``seconds`` on worker `w1` (touching ``marker`` as it
+    starts) and node `b` queued behind it there, then their sum: a forward that waits on
+    its worker."""
+    from tests.nodes import Add, Rows
+
+    return Graph.somatize(
+        Rows().named("rows")
+        >> (
+            Nap(seconds, "a", marker=str(marker)).named("a").at("w1"),
+            Nap(0.0, "b").named("b").at("w1"),
+        )
+        >> Add().named("sum")
+    )
+
+
 class Grows(Node):
     """Appends to the list it is handed (in place, as careless code does) and answers how
     long it is now."""

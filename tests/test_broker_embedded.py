@@ -39,6 +39,7 @@ from tests.broker_nodes import (
     Three,
     Weights,
     Where,
+    napping,
     weighted,
 )
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
@@ -749,14 +750,7 @@ def test_closing_the_broker_fails_a_waiting_forward_at_once(mode: str, tmp_path:
     fails with BrokerClosed, naming a node and its worker, instead of waiting forever; the
     broker runs the next forward."""
     marker = tmp_path / "started"
-    g = Graph.somatize(
-        Rows().named("rows")
-        >> (
-            Nap(1.0, "a", marker=str(marker)).named("a").at("w1"),
-            Nap(0.0, "b").named("b").at("w1"),
-        )
-        >> Add().named("sum")
-    )
+    g = napping(marker, 1.0)
     broker = Broker.embedded({"w1": Worker.generic(mode=mode)})  # type: ignore[arg-type]
     thread, out = _forward_in_thread(g, {"at": 0, "take": 2}, broker)
     _wait_for(marker)

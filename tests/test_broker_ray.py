@@ -35,6 +35,7 @@ from tests.broker_nodes import (
     Ramp,
     Seeded,
     Where,
+    napping,
     weighted,
 )
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
@@ -541,14 +542,7 @@ def test_closing_the_broker_fails_a_waiting_forward_and_starts_no_actor(
     from somatize.broker import BrokerClosed
 
     marker = tmp_path / "started"
-    g = Graph.somatize(
-        Rows().named("rows")
-        >> (
-            Nap(30.0, "a", marker=str(marker)).named("a").at("w1"),
-            Nap(0.0, "b").named("b").at("w1"),
-        )
-        >> Add().named("sum")
-    )
+    g = napping(marker, 30.0)
     closing = Broker.ray(workers={"w1": _worker()}, retries=1)
     out: dict[str, Any] = {}
 

@@ -84,6 +84,13 @@ def test_the_digest_is_of_content_not_of_chunking() -> None:
     assert codec.digest(whole).startswith("blake3:") and len(codec.digest(whole)) == 71
 
 
+_MADE: dict[str, Any] = {
+    "table": lambda column: pyarrow.table({"n": column}),
+    "frame": lambda column: Frame(pyarrow.table({"n": column})),
+    "batch": lambda column: pyarrow.RecordBatch.from_arrays([column], names=["n"]),
+}
+"""Each kind of value the codec takes, made of one column."""
+
 BARE_AND_SLICED = {
     "no nulls": (pyarrow.array(range(10)), pyarrow.array([*range(10), None]).slice(0, 10)),
     "bits past the end": (pyarrow.array([1, None, 3]), pyarrow.array([1, None, 3, 4]).slice(0, 3)),
@@ -105,11 +112,7 @@ def test_the_digest_ignores_validity_bits_about_no_row(kind: str, case: str) -> 
     rows digest alike whether or not theirs carries one, and whatever it holds past them."""
     bare, sliced = BARE_AND_SLICED[case]
     assert sliced.buffers()[0] is not None or sliced.type.num_fields
-    made = {
-        "table": lambda column: pyarrow.table({"n": column}),
-        "frame": lambda column: Frame(pyarrow.table({"n": column})),
-        "batch": lambda column: pyarrow.RecordBatch.from_arrays([column], names=["n"]),
-    }[kind]
+    made = _MADE[kind]
     codec = ArrowCodec()
     assert made(bare).equals(made(sliced)) if kind != "frame" else made(bare) == made(sliced)
     assert codec.digest(made(bare)) == codec.digest(made(sliced))
@@ -144,11 +147,7 @@ def test_the_digest_ignores_how_the_values_are_laid_out(kind: str, case: str) ->
     """Equal rows digest alike whether they are a slice of a longer column, have bits
     set past their end, or keep their strings in one data buffer or several."""
     fresh, laid_out = LAID_OUT[case]
-    made = {
-        "table": lambda column: pyarrow.table({"n": column}),
-        "frame": lambda column: Frame(pyarrow.table({"n": column})),
-        "batch": lambda column: pyarrow.RecordBatch.from_arrays([column], names=["n"]),
-    }[kind]
+    made = _MADE[kind]
     codec = ArrowCodec()
     assert made(fresh).equals(made(laid_out)) if kind != "frame" else made(fresh) == made(laid_out)
     assert codec.digest(made(fresh)) == codec.digest(made(laid_out))
