@@ -33,12 +33,14 @@ tensor lives, so equal tensors are equal whatever the JSON writer did.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import math
 import struct
 import warnings
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -49,6 +51,7 @@ from somatize_torch.digest import DTYPES, digest_named, digest_tensor, host_byte
 __all__ = ["TENSOR", "LandedOnHost", "TensorCodec", "register"]
 
 _BY_CODE = {code: dtype for dtype, code in DTYPES.items()}
+_ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in DTYPES}
 _LEN = struct.Struct("<Q")
 _FORMAT = "somatize/tensor/1"
 _KINDS = ("tensor", "tuple", "list", "dict")
@@ -131,66 +134,32 @@ class TensorCodec(Codec):
         (size,) = _LEN.unpack(data[:8])
         if size > min(len(data) - 8, _MAX_HEADER):
             raise ValueError(f"a tensor answer's header says {size} bytes; there are not that many")
-        try:
-            header = json.loads(bytes(data[8 : 8 + size]))
-            meta = header.pop("__metadata__")
-            kind = meta["kind"]
-        except (ValueError, KeyError, TypeError) as why:
-            raise ValueError(f"the header of a tensor answer cannot be read ({why})") from None
-        if kind not in _KINDS or meta.get("format") != _FORMAT:
-            raise ValueError(f"a tensor answer of an unknown kind or format: {meta!r}")
-        names = sorted(header)
-        expected = {"tensor": ["tensor"], "dict": names}.get(kind) or sorted(
-            str(i) for i in range(len(header))
-        )
-        if not isinstance(header, dict) or names != expected:
-            raise ValueError(f"a tensor answer of kind {kind!r} holds tensors {names[:8]}")
-        devices = _devices(meta.get("devices", "{}"), names)
+        header = _header(bytes(data[8 : 8 + size]))
         body = data[8 + size :]
+        if header.end > len(body):
+            raise ValueError(
+                f"a tensor answer's header claims bytes up to {header.end}, and the answer "
+                f"holds {len(body)}: it is damaged"
+            )
         out: dict[str, torch.Tensor] = {}
-        spans: list[tuple[int, int]] = []
-        with warnings.catch_warnings():
+        with warnings.catch_warnings() if body.readonly else contextlib.nullcontext():
             # Bytes that crossed from a worker may be read-only; the tensors view them on purpose.
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
-            for name, entry in header.items():
-                out[name] = self._tensor(name, entry, body, spans)
-        spans.sort()
-        if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
-            raise ValueError("tensors of a tensor answer claim the same bytes: it is damaged")
-        for name, device in devices.items():
+            for name, dtype, shape, start, count in header.tensors:
+                out[name] = (
+                    torch.frombuffer(body, dtype=dtype, count=count, offset=start).reshape(shape)
+                    if count
+                    else torch.empty(shape, dtype=dtype)
+                )
+        for name, device in header.devices.items():
             out[name] = _to_device(out[name], device, name)
+        kind = header.kind
         if kind == "tensor":
             return out["tensor"]
         if kind == "dict":
             return out
         ordered = [out[str(i)] for i in range(len(out))]
         return tuple(ordered) if kind == "tuple" else ordered
-
-    @staticmethod
-    def _tensor(
-        name: str, entry: Any, body: memoryview, spans: list[tuple[int, int]]
-    ) -> torch.Tensor:
-        try:
-            dtype = _BY_CODE[entry["dtype"]]
-            shape = [int(n) for n in entry["shape"]]
-            start, end = (int(n) for n in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError) as why:
-            raise ValueError(f"tensor {name!r} of an answer is not described ({why})") from None
-        if any(not 0 <= n < 1 << 48 for n in shape):
-            raise ValueError(f"tensor {name!r} of an answer has shape {shape}: it is damaged")
-        count = 1
-        for n in shape:
-            count *= n
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if not 0 <= start <= end <= len(body) or end - start != count * itemsize:
-            raise ValueError(
-                f"tensor {name!r} of an answer claims bytes {start}..{end} for {count} elements "
-                f"of {entry['dtype']}, and the answer holds {len(body)}: it is damaged"
-            )
-        if count == 0:
-            return torch.empty(shape, dtype=dtype)
-        spans.append((start, end))
-        return torch.frombuffer(body, dtype=dtype, count=count, offset=start).reshape(shape)
 
     def digest(self, value: Any) -> str:
         if isinstance(value, torch.Tensor):
@@ -210,6 +179,75 @@ class TensorCodec(Codec):
         ):
             return tuple(map(stamp_of, value))
         return None
+
+
+class _Header(NamedTuple):
+    """What a tensor answer's header says, checked: its kind, each tensor's name, dtype,
+    shape, first byte and element count, where the tensors lived, and how many bytes of
+    data they need."""
+
+    kind: str
+    tensors: list[tuple[str, torch.dtype, list[int], int, int]]
+    devices: dict[str, str]
+    end: int
+
+
+_HEADERS: dict[bytes, _Header] = {}
+"""Headers read, by their bytes: the answers of one node share theirs, so a recall of many
+reads and checks each one once."""
+
+
+def _header(raw: bytes) -> _Header:
+    """The checked header whose bytes are ``raw``; ValueError when it is damaged."""
+    found = _HEADERS.get(raw)
+    if found is None:
+        found = _read_header(raw)
+        if len(_HEADERS) >= 256:
+            _HEADERS.clear()
+        _HEADERS[raw] = found
+    return found
+
+
+def _read_header(raw: bytes) -> _Header:
+    try:
+        header = json.loads(raw)
+        meta = header.pop("__metadata__")
+        kind = meta["kind"]
+    except (ValueError, KeyError, TypeError, AttributeError) as why:
+        raise ValueError(f"the header of a tensor answer cannot be read ({why})") from None
+    if kind not in _KINDS or meta.get("format") != _FORMAT:
+        raise ValueError(f"a tensor answer of an unknown kind or format: {meta!r}")
+    names = sorted(header)
+    expected = {"tensor": ["tensor"], "dict": names}.get(kind) or sorted(
+        str(i) for i in range(len(header))
+    )
+    if names != expected:
+        raise ValueError(f"a tensor answer of kind {kind!r} holds tensors {names[:8]}")
+    devices = _devices(meta.get("devices", "{}"), names)
+    tensors = []
+    spans = []
+    for name, entry in header.items():
+        try:
+            dtype = _BY_CODE[entry["dtype"]]
+            shape = [int(n) for n in entry["shape"]]
+            start, end = (int(n) for n in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as why:
+            raise ValueError(f"tensor {name!r} of an answer is not described ({why})") from None
+        if any(not 0 <= n < 1 << 48 for n in shape):
+            raise ValueError(f"tensor {name!r} of an answer has shape {shape}: it is damaged")
+        count = math.prod(shape)
+        if not 0 <= start <= end or end - start != count * _ITEMSIZE[dtype]:
+            raise ValueError(
+                f"tensor {name!r} of an answer claims bytes {start}..{end} for {count} elements "
+                f"of {entry['dtype']}: it is damaged"
+            )
+        if count:
+            spans.append((start, end))
+        tensors.append((name, dtype, shape, start, count))
+    spans.sort()
+    if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
+        raise ValueError("tensors of a tensor answer claim the same bytes: it is damaged")
+    return _Header(kind, tensors, devices, max((end for _, end in spans), default=0))
 
 
 def stamp_of(x: torch.Tensor) -> tuple[Any, ...]:
