@@ -133,41 +133,22 @@ def digest_state(module: nn.Module) -> str:
     return digest_named(_state_tensors(module), "state")
 
 
-_REGISTERED = [0]
-"""How many parameters, buffers and submodules any module of this process has been given
-(by assignment, ``register_*``, ``load_state_dict(assign=True)``) since somatize_torch
-was imported: while it stays the same, no watched module had a part replaced."""
-
-
-def _registered(*_: Any) -> None:
-    _REGISTERED[0] += 1
-
-
-_registry.register_module_parameter_registration_hook(_registered)
-_registry.register_module_buffer_registration_hook(_registered)
-_registry.register_module_module_registration_hook(_registered)
-
-
 class StateWatch:
     """Whether a module's state may have changed since it was digested, cheaply enough to
-    ask at every forward: each tensor by its version counter (bumped by every change in
-    place: ``load_state_dict``, an optimizer step), each parameter by whether it
-    requires grad (somebody unfroze it), and each parameter, buffer and submodule by
-    identity (a tensor or child replaced: a checkpoint loaded by assignment,
-    ``encoder[0] = conv``) — looked at only when some module of the process was given a
-    part since the last look, which torch tells through its registration hooks.
-    ``thorough`` also looks at each tensor's memory (``p.data = t``, a conversion of
-    the module), at every identity, and at tensors or submodules removed. A write that
-    bypasses the version counter — into ``p.data``, or by a fused optimizer kernel — or
-    a part put straight into a module's ``_parameters``, ``_buffers`` or ``_modules`` is
-    not seen per forward; digesting the state again (``redeclare``) sees it."""
+    ask at every forward: each parameter, buffer and submodule is looked at by identity
+    (a tensor or child replaced: a checkpoint loaded by assignment, ``encoder[0] =
+    conv``), each tensor by its version counter (bumped by every change in place:
+    ``load_state_dict``, an optimizer step), each parameter by whether it requires grad
+    (somebody unfroze it). ``thorough`` also looks at each tensor's memory (``p.data =
+    t``, a conversion of the module) and at tensors or submodules added or removed. A
+    write that bypasses the version counter — into ``p.data``, or by a fused optimizer
+    kernel — is not seen here; only digesting the state again sees it."""
 
     __slots__ = (
         "_grads",
         "_names",
         "_owners",
         "_params",
-        "_registered",
         "_sizes",
         "_tables",
         "_tensors",
@@ -198,24 +179,22 @@ class StateWatch:
         self._versions = tuple(map(_VERSION, self._tensors))
         self._where = tuple(map(_WHERE, self._tensors))
         self._grads = tuple(map(_GRAD, self._params))
-        self._registered = _REGISTERED[0]
 
     def changed(self, thorough: bool = False) -> bool:
         """Whether a weight, buffer or submodule changed or was replaced, or a parameter
         came to require grad (and, ``thorough``, whether a tensor's memory changed or one
         was added or removed)."""
-        if tuple(map(_VERSION, self._tensors)) != self._versions:
-            return True
-        if tuple(map(_GRAD, self._params)) != self._grads:
-            return True
-        registered = _REGISTERED[0]
-        if thorough or registered != self._registered:
-            if not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values)):
-                return True
-            self._registered = registered  # parts were given to other modules, not these
-        return thorough and (
-            tuple(map(_WHERE, self._tensors)) != self._where
-            or tuple(map(len, self._tables)) != self._sizes
+        return (
+            tuple(map(_VERSION, self._tensors)) != self._versions
+            or not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
+            or tuple(map(_GRAD, self._params)) != self._grads
+            or (
+                thorough
+                and (
+                    tuple(map(_WHERE, self._tensors)) != self._where
+                    or tuple(map(len, self._tables)) != self._sizes
+                )
+            )
         )
 
     def unfrozen(self, module: nn.Module) -> list[str]:

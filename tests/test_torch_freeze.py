@@ -225,6 +225,11 @@ def test_weights_changed_after_freezing_are_seen_at_the_next_forward(store: Stor
     encoder.linear.bias = nn.Parameter(torch.ones(4))  # then one of its own is replaced
     assert not torch.equal(g.forward(Opaque(x), store=store), replaced)
     assert g.record.outcome == {"encoder": "ran"}
+    encoder.linear.bias = None  # torch tells no hook of this one
+    without = g.forward(Opaque(x), store=store)
+    assert g.record.outcome == {"encoder": "ran"}
+    with torch.no_grad():
+        assert torch.equal(without, encoder(x))
 
 
 def _negate(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
