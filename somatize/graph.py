@@ -4,8 +4,8 @@
 also where **hash-consing** happens: a settled node — frozen, with an identity
 and a declaration that stays as it is, and a state if it holds one — is interned
 on its key parts (identity, declaration, salt, mapped, placement, and the nodes it
-reads) and on what it holds (its public attributes: equal immutable values or the
-same objects). The same frozen computation written twice is therefore one node, computed
+reads) and on what it holds (its public attributes with a canonical form, by
+value). The same frozen computation written twice is therefore one node, computed
 once; no merge pass exists, and equality of settled nodes is identity. A node
 built with a list or a dict is never interned: whoever holds the list can change
 it after the build, and two nodes equal now would then be two computations. Sharing the
@@ -67,19 +67,20 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower() or "node"
 
 
-def _held(node: Node) -> tuple[tuple[str, Any], ...]:
+def _held(node: Node) -> tuple[tuple[str, str], ...]:
     """What ``node`` holds besides what it was built with, as far as interning needs: each
-    public attribute by value when it can never change, by identity otherwise. Two nodes
-    built alike and then given other attributes (``plus.offset = 100``) compute other
-    answers, and are not one node; the same objects or equal values are."""
-    held: list[tuple[str, Any]] = []
+    public attribute with a canonical form, by that form. Two nodes built alike and then
+    given other values (``plus.offset = 100``) compute other answers, and are not one
+    node; equal values (an empty dict each, for a cache) are. Other objects — a module
+    whose weights are the node's state, a client — are not looked at."""
+    held = []
     for name, value in vars(node).items():
         if name.startswith("_"):
             continue  # a node class's own bookkeeping
-        if canonical.is_immutable(value):
+        try:
             held.append((name, canonical.hex_of(value)))
-        else:
-            held.append((name, id(value)))  # alive while the graph holds the node
+        except canonical.NotCanonical:
+            continue
     return tuple(sorted(held))
 
 
@@ -102,6 +103,9 @@ class Graph:
         """Nodes keeping constructor arguments as attributes, by name, with what they were
         handed (see :meth:`~somatize.node.Node.kept_arguments`); an interned node's other
         names too, whose nodes no longer run."""
+        self._kept_watch: tuple[list[dict[str, Any]], list[str], list[Any]] = ([], [], [])
+        """The same, flat, for one look at every forward: each node's attributes, the name
+        of each kept argument, and the object it should still be."""
         self.memory = Memory()
         self.placement = Placement()
         self.record: Record | None = None
@@ -180,10 +184,23 @@ class Graph:
             if intern is not None:
                 interned[intern] = name
             graph._add(name, node, preds, identity, declaration, undeclared)
+        graph.watch_kept()
         graph._outputs = tuple(placed[id(n)] for n in expr.outputs)
         for node in order:
             node._smz.built = True
         return graph
+
+    def watch_kept(self) -> None:
+        """Lays out :attr:`_kept` flat, for the look at every forward."""
+        held: list[dict[str, Any]] = []
+        names: list[str] = []
+        values: list[Any] = []
+        for node, arguments in self._kept.values():
+            for name, value in arguments:
+                held.append(vars(node))
+                names.append(name)
+                values.append(value)
+        self._kept_watch = (held, names, values)
 
     def _named_twice(self, name: str, node: Node) -> GraphError:
         other = self._nodes[self._aliases.get(name, name)]

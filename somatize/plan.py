@@ -24,10 +24,12 @@ for, right after its inputs run (``late``).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from somatize import canonical
 from somatize import keys as keying
 from somatize.memory import cacheable, settled, upstream
 from somatize.node import AlreadyBuilt, Node, Undeclared
@@ -254,11 +256,14 @@ def look_again(graph: Graph) -> None:
     if not unfixed and not restated and not kept:
         return
     memory = graph.memory
-    for name, (node, arguments) in kept.items():
-        held = vars(node)
-        changed = {a: held[a] for a, was in arguments if a in held and held[a] is not was}
-        if changed:
-            _retaken(graph, name, node, changed)
+    held, names, values = graph._kept_watch
+    if not all(map(operator.is_, map(dict.get, held, names), values)):
+        for name, (node, arguments) in list(kept.items()):
+            now = vars(node)
+            changed = {a: now[a] for a, was in arguments if a in now and now[a] is not was}
+            if changed:
+                _retaken(graph, name, node, changed)
+        graph.watch_kept()
     for name, node in unfixed.items():
         _declared_again(graph, name, node)
     for name, node in restated.items():
@@ -280,9 +285,16 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
             f"runs there as `{ran}` (it was one computation with it when the graph was built), "
             "so the change would not be heard. Build the graph again"
         )
-    node.retake(changed)
-    graph._kept[name] = (node, node.kept_arguments())
-    _declared_again(graph, name, node)
+    taken = {attr: value for attr, value in changed.items() if canonical.is_canonical(value)}
+    if taken:
+        node.retake(taken)
+        _declared_again(graph, name, node)
+    # What the node keeps now is what is watched from here; a value with no canonical form
+    # (the node tidying its own argument) is its own business, and is not taken.
+    graph._kept[name] = (
+        node,
+        [(attr, vars(node).get(attr, was)) for attr, was in graph._kept[name][1]],
+    )
 
 
 def _declared_again(graph: Graph, name: str, node: Node) -> None:

@@ -428,6 +428,28 @@ def test_an_argument_a_node_keeps_changed_after_building_is_keyed_as_it_is_now(
     assert g.forward([1.0], store=store) == [2.0]
     assert g.record is not None and g.record.outcome == {"scale": "recalled"}
     assert scale.declaration() == Scale(2.0).declaration()
+    left = Scale()  # an argument left to its default is kept all the same
+    g = Graph.somatize(left.named("scale").frozen().cached())
+    left.by = 5.0
+    assert g.forward([1.0], store=store) == g.forward([1.0]) == [5.0]
+
+
+class Tidies(Node):
+    """Keeps its argument, then tidies it into something with no canonical form."""
+
+    def __init__(self, path: str) -> None:
+        self.path: Any = path
+
+    def forward(self, x: Any, ctx: Any) -> str:
+        self.path = Path(self.path)
+        return self.path.name
+
+
+def test_a_node_tidying_its_own_argument_runs_on() -> None:
+    """A node that replaces an argument it keeps with something of no canonical form (a
+    path made a Path on first use) is left to it: the next forward runs as the first."""
+    g = Graph.somatize(Tidies("a/b.txt").named("tidies"))
+    assert g.forward(1) == g.forward(1) == "b.txt"
 
 
 def test_an_interned_node_changed_after_building_is_refused() -> None:
