@@ -468,10 +468,8 @@ def _opened(value: Any) -> Any:
     or inside its lists, tuples and dicts) replaced by what it wraps; ``value`` itself when
     it holds none."""
     kind = type(value)
-    if kind is Opaque:
-        return value.value
     if kind not in _NESTS:
-        return value
+        return value.value if isinstance(value, Opaque) else value
     items = value.values() if kind is dict else value
     if _OPENED.isdisjoint(map(type, items)):
         return value
