@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import random
 import re
+import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -833,3 +835,22 @@ def test_two_graphs_at_other_weights_each_send_their_weights_once() -> None:
             sent.append(len(_state_crossings(seen)))
     assert sent == [1, 1, 0, 0, 0, 0]
     assert len(broker._hosts["w1"]._nodes) == 2
+
+
+def test_a_class_redefined_runs_as_redefined_on_the_same_worker() -> None:
+    """A notebook cell defining a node's class is edited and run again: a graph built again
+    runs the new class on the worker that ran the old one, as it does without a broker."""
+    cell = types.ModuleType("tests_redefined_cell")
+    written = "class Offset(Node):\n    def forward(self, x, ctx):\n        return x + {}\n"
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    sys.modules[cell.__name__] = cell
+    try:
+        answers = []
+        for offset in (1, 1000):
+            exec(written.format(offset), {"Node": Node, **vars(cell)}, vars(cell))
+            g = Graph.somatize(cell.Offset().named("offset").at("w1"))
+            answers.append((g.forward(2, broker=broker), g.forward(2)))
+        assert answers == [(3, 3), (1002, 1002)]
+    finally:
+        del sys.modules[cell.__name__]
+        broker.close()

@@ -121,8 +121,10 @@ class BrokerClosed(SomatizeError, RuntimeError):
         self.node, self.worker = node, worker
         super().__init__(
             f"`{node}` on worker `{worker}` did not finish: the broker was closed while it "
-            f"waited for the worker or ran there, so nothing was kept for `{node}` or anything "
-            "below it. Close the broker after the forwards that use it have returned"
+            f"waited for the worker or ran there, so nothing below `{node}` ran or was kept (a "
+            f"`{node}` already running on a worker may still finish there and keep its answer, "
+            "which is whole and right). Close the broker after the forwards that use it have "
+            "returned"
         )
 
 
@@ -355,7 +357,8 @@ class Broker(abc.ABC):
     def close(self) -> None:
         """Lets the workers go; a later call starts them again. A node still waiting for
         its worker, or running there, fails at once with :class:`BrokerClosed` (one
-        already running on an embedded worker finishes on its own; its answer is dropped)."""
+        already running on an embedded worker finishes on its own: the caller is not handed
+        its answer, which the worker may still keep in the store)."""
         with self._lock:
             lanes, self._lanes = self._lanes, {}
             pending, self._pending = self._pending, {}

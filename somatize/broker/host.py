@@ -241,6 +241,12 @@ def crossings(
     return facts
 
 
+def _written_as(node: Node, fingerprint: str | None) -> bool:
+    """Whether ``node``'s code is the code ``fingerprint`` names (None: not known, taken as
+    so)."""
+    return fingerprint is None or fingerprint_of(node.implementing_class()) == fingerprint
+
+
 class Host:
     """A worker's side of network crossings: rebuilt nodes, kept loaded between jobs."""
 
@@ -269,6 +275,9 @@ class Host:
             found = self._nodes.get((blueprint, None)) or self._spare.get(blueprint)
             if found is None:
                 found = next((n for (b, _), n in self._nodes.items() if b == blueprint), None)
+            if found is not None and not _written_as(found, fingerprint):
+                self._forget(blueprint)  # built from a class since redefined (a notebook)
+                found = None
             if found is None:
                 found = self.catalog.build(Blueprint.from_bytes(blueprint))
                 if holds:
@@ -302,14 +311,19 @@ class Host:
         *,
         name: str = "",
         holder: str = "",
+        fingerprint: str | None = None,
     ) -> Node | None:
         """The node ``blueprint`` describes: built on first use, then kept. For a node that
         holds state, ``state`` is the digest it must hold and ``data`` that state's bytes,
         loaded into the node built here (and checked) when it is not loaded yet — None
         when it is not and no ``data`` came. ``name`` is the node's name in its graph, and
-        ``holder`` names that graph (:attr:`Job.holder`)."""
+        ``holder`` names that graph (:attr:`Job.holder`). A node kept from a class whose
+        code is no longer ``fingerprint`` (redefined since) is built again."""
         with self._lock:
             found = self._nodes.get((blueprint, state))
+            if found is not None and not _written_as(found, fingerprint):
+                self._forget(blueprint)  # built from a class since redefined (a notebook)
+                found = None
             if found is None:
                 if state is not None and data is None:
                     return None
@@ -329,6 +343,14 @@ class Host:
             if state is not None:
                 self._hold(blueprint, name, state, holder)
             return found
+
+    def _forget(self, blueprint: bytes) -> None:
+        """Lets go of every node kept for ``blueprint``, and of what they held."""
+        for built in [k for k in self._nodes if k[0] == blueprint]:
+            del self._nodes[built]
+        self._spare.pop(blueprint, None)
+        for holding in [k for k in self._held if k[0] == blueprint]:
+            del self._held[holding]
 
     def _build(self, blueprint: bytes, name: str) -> Node:
         """A new node from ``blueprint``; Unbuildable naming the node and this worker."""
@@ -378,7 +400,14 @@ class Host:
         """Runs ``job`` on inputs ``payloads``, in the store the job names (opened here). For
         a node that holds a state this host has not loaded, :class:`NeedState` when
         ``state`` (its bytes) is not given."""
-        node = self.node(job.blueprint, job.state, state, name=job.name, holder=job.holder)
+        node = self.node(
+            job.blueprint,
+            job.state,
+            state,
+            name=job.name,
+            holder=job.holder,
+            fingerprint=job.fingerprint,
+        )
         if node is None:
             assert job.state is not None
             return NeedState(job.state)
