@@ -291,6 +291,30 @@ def test_packed_items_recall(home: Store) -> None:
     assert bytes(fresh.recall(items[7][0])[1]) == b"item7"
 
 
+def test_recalling_a_record_again_lists_no_packs(
+    home: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch holding an answer kept alone (a row recomputed by itself) lists the store's
+    packs when it is first asked, not at every recall: on a bucket a listing is a
+    request."""
+    items = [(f"blake3:{i:064x}", [b"item"]) for i in range(3)]
+    home.keep_many(items, "plain")
+    home.keep(KEY, b"alone", "plain")
+    fresh = reopen(home)
+    listings: list[int] = []
+    listed = type(fresh)._listed_packs
+    monkeypatch.setattr(
+        type(fresh), "_listed_packs", lambda self: listings.append(1) or listed(self)
+    )
+    keys = [KEY, *(key for key, _ in items)]
+    counted = []
+    for _ in range(4):
+        got = fresh.recall_many(keys)
+        assert bytes(got[KEY][1]) == b"alone"  # type: ignore[index]
+        counted.append(len(listings))
+    assert counted[0] >= 1 and counted[1:] == counted[:1] * 3
+
+
 @pytest.mark.parametrize("size", [40, 300 << 10])  # a small pack, and one memory-mapped
 def test_borrowed_reads_are_the_same_bytes_and_leave_private_ones_private(
     home: Store, size: int

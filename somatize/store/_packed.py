@@ -307,8 +307,9 @@ class PackedHome(Store):
         out: dict[str, tuple[Answer, memoryview] | Exception] = {}
         by_pack: dict[str, list[str]] = {}
         rest: list[str] = []
-        if any(key not in self._items for key in keys):
-            self._refresh_packs()
+        items, records = self._items, self._records
+        if any(key not in items and key not in records for key in keys):
+            self._refresh_packs()  # a listing: only for keys found in no pack or record yet
         items = self._items
         for key in keys:
             pack = items.get(key)
