@@ -11,6 +11,7 @@ import pytest
 
 from somatize.cli import main
 from somatize.store import KeyMismatch, LocalStore, Store
+from somatize.store.records import NameSignedAlone, Signer
 from somatize.store.upkeep import Entry
 from tests.conftest_s3 import s3_options, s3_url
 
@@ -183,3 +184,26 @@ def test_of_two_packs_holding_a_key_the_newer_wins(tmp_path: Path, newest_listed
     fresh._listed_packs = ordered  # type: ignore[method-assign]
     answer, data = fresh.recall(key_of(1))
     assert (answer.fingerprint, bytes(data)) == ("code-v2", b"new 1")
+
+
+def test_names_signed_before_names_covered_themselves_are_reported_not_refused(
+    tmp_path: Path,
+) -> None:
+    """A signed store whose only names were signed over their digest alone, as somatize once
+    signed them: verify and gc run with the store's key, report each such name and keep its
+    blob; the name is refused until it is bound again, and then resolves."""
+    store = LocalStore(tmp_path / "store", signing_key="team")
+    digest = store.put(b"the training set")
+    signer = Signer("team")
+    old = digest.encode() + b"\nmac:" + signer.mac(digest.encode()).hex().encode()
+    (tmp_path / "store" / "names" / "data").mkdir(parents=True)
+    (tmp_path / "store" / "names" / "data" / "v1").write_bytes(old)
+    fresh = LocalStore(tmp_path / "store", signing_key="team")
+    with pytest.raises(NameSignedAlone, match=r"bound again .*store\.bind\('data/v1', digest\)"):
+        fresh.resolve("data/v1")
+    report = fresh.verify()
+    assert [(d.section, d.name) for d in report.damaged] == [("names", "data/v1")]
+    fresh.gc(grace=0)
+    assert fresh.get(digest) == b"the training set"
+    fresh.bind("data/v1", digest)
+    assert LocalStore(tmp_path / "store", signing_key="team").resolve("data/v1") == digest

@@ -19,7 +19,7 @@ from somatize.store.base import (
 )
 from somatize.store.bucket import BucketStore
 from somatize.store.local import LocalStore
-from somatize.store.records import KEY_VARIABLE, KeyMismatch, Unsigned
+from somatize.store.records import KEY_VARIABLE, KeyMismatch, NameSignedAlone, Unsigned
 from somatize.store.upkeep import Collected, Damage, Verified
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "LocalStore",
     "Missing",
     "NameNotFound",
+    "NameSignedAlone",
     "Store",
     "StoreError",
     "StoreFull",

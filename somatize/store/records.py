@@ -59,6 +59,7 @@ from somatize.store.base import (
 __all__ = [
     "KEY_VARIABLE",
     "KeyMismatch",
+    "NameSignedAlone",
     "PackIndex",
     "Signer",
     "Unsigned",
@@ -94,6 +95,12 @@ body does, and the fingerprint is a hash of that HMAC, so it signs nothing a sto
 class Unsigned(Corrupt):
     """A record, name or index without a valid signature, in a store that signs: nobody
     holding the key wrote it, so it is not trusted."""
+
+
+class NameSignedAlone(Unsigned):
+    """A name signed with the store's key over its digest alone, as somatize signed names
+    before a name's signature covered the name: it is not trusted (the file of another
+    name could have been copied over it), and is bound again to be."""
 
 
 class KeyMismatch(StoreError):
@@ -230,8 +237,25 @@ def encode_name(name: str, digest: str, signer: Signer | None) -> bytes:
 
 def decode_name(name: str, data: bytes, signer: Signer | None) -> str:
     """The digest a name's bytes point at; Corrupt (or Unsigned) otherwise — a signed file
-    written for another name included."""
-    body = _opened(f"the name `{name}`", data, signer, _bound_to(name))
+    written for another name included, and one signed before names were signed with the
+    name (:class:`NameSignedAlone`)."""
+    try:
+        body = _opened(f"the name `{name}`", data, signer, _bound_to(name))
+    except Unsigned:
+        try:
+            _opened(f"the name `{name}`", data, signer)
+        except Unsigned:
+            raise
+        except Corrupt:
+            pass
+        else:
+            raise NameSignedAlone(
+                f"the name `{name}` was signed with this store's key over its digest alone, as "
+                "an earlier somatize signed names: its signature does not cover the name, so "
+                "another name's file copied over it would pass. It is not trusted until it is "
+                f"bound again with the key (`store.bind({name!r}, digest)`)"
+            ) from None
+        raise
     text = body.decode("ascii", "replace").strip()
     try:
         return check_digest(text)

@@ -42,6 +42,7 @@ from somatize.store.base import Answer, Corrupt
 from somatize.store.records import (
     KEY_VARIABLE,
     KeyMismatch,
+    NameSignedAlone,
     PackIndex,
     Signer,
     Unsigned,
@@ -166,7 +167,12 @@ def _check_key(shelf: Shelf, read: list[_Read]) -> None:
     take every record and index for damage."""
     if shelf.signer is None:
         return
-    signed = sum(1 for r in read if r.untrusted is None and not isinstance(r.held, Corrupt))
+    signed = sum(
+        1
+        for r in read
+        if (r.untrusted is None and not isinstance(r.held, Corrupt))
+        or isinstance(r.untrusted, NameSignedAlone)  # this key's, the way names once were
+    )
     refused = [r for r in read if r.untrusted is not None]
     if refused and not signed:
         raise KeyMismatch(
