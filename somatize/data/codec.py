@@ -83,8 +83,11 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
     if validity is None:
         return column
     length = len(column)
-    if column.null_count == 0 or (
-        column.offset == 0 and length % 8 and memoryview(validity)[length // 8] >> length % 8
+    used = (length + 7) // 8
+    if (
+        column.null_count == 0
+        or validity.size > used  # a prefix of a longer column: IPC writes the rest too
+        or (length % 8 and memoryview(validity)[length // 8] >> length % 8)
     ):
         return pyarrow.concat_arrays([column])
     return column  # sliced at an offset, IPC copies the bits it needs into a cleared buffer

@@ -15,7 +15,8 @@ Names pin what they point at and are never collected. A blob nothing refers to
 is removed only once it is older than ``grace`` seconds, because a writer may
 have put it a moment ago and be about to publish the record that refers to it;
 and the store is looked at again just before, so a blob a writer put again (or
-referred to) while the collection ran is spared.
+referred to) while the collection ran is spared — on a bucket, where a put of a
+blob already there cannot touch it, only once its record is published.
 
 **Signatures do not decide what is kept.** A record, index or name that fails
 only its signature check is untrusted by readers, but it is not damaged: it
