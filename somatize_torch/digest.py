@@ -142,7 +142,9 @@ class _Memory:
 def memory_of(tensor: torch.Tensor, writable: bool = False) -> memoryview:
     """The bytes of a contiguous CPU ``tensor`` as a flat memoryview, without a copy and
     without changing the tensor; read-only unless ``writable``. The view keeps the
-    tensor alive."""
+    tensor object alive, not its memory as it is now: a tensor resized while the view is
+    held leaves it over freed memory, so callers read it at once (a hash, a write to the
+    store, a join into bytes) and hand it to nobody."""
     flat: Any = numpy.asarray(_Memory(tensor, writable))
     return memoryview(flat)
 
