@@ -276,16 +276,15 @@ def look_again(graph: Graph) -> None:
 def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> None:
     """Takes the attributes of ``node`` replaced since the build as its constructor
     arguments, and the graph's memory its declaration now."""
-    said = ", ".join(f"`{attr}`" for attr in changed)
-    if "\0" in name:  # a node interned into another, which runs in its place
-        ran = name.split("\0")[0]
-        kind = type(node).__qualname__
-        raise AlreadyBuilt(
-            f"{said} of a `{kind}` was changed after the graph was built, and that node "
-            f"runs there as `{ran}` (it was one computation with it when the graph was built), "
-            "so the change would not be heard. Build the graph again"
-        )
     taken = {attr: value for attr, value in changed.items() if canonical.is_canonical(value)}
+    if taken and "\0" in name:  # a node interned into another, which runs in its place
+        said = ", ".join(f"`{attr}`" for attr in taken)
+        raise AlreadyBuilt(
+            f"{said} of a `{type(node).__qualname__}` was changed after the graph was built, "
+            f"and that node runs there as `{name.split(chr(0))[0]}` (it was one computation "
+            "with it when the graph was built), so the change would not be heard. Build the "
+            "graph again"
+        )
     if taken:
         node.retake(taken)
         _declared_again(graph, name, node)
