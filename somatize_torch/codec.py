@@ -129,13 +129,9 @@ class TensorCodec(Codec):
 
     def decode(self, data: memoryview) -> Any:
         data = data.cast("B") if data.format != "B" or data.ndim != 1 else data
-        if len(data) < 8:
-            raise ValueError(f"{len(data)} bytes are too few for a tensor answer")
-        (size,) = _LEN.unpack(data[:8])
-        if size > min(len(data) - 8, _MAX_HEADER):
-            raise ValueError(f"a tensor answer's header says {size} bytes; there are not that many")
-        header = _header(bytes(data[8 : 8 + size]))
-        body = data[8 + size :]
+        head = _head(data)
+        header = _header(bytes(data[8:head]))
+        body = data[head:]
         if header.end > len(body):
             raise ValueError(
                 f"a tensor answer's header claims bytes up to {header.end}, and the answer "
@@ -206,6 +202,29 @@ def _header(raw: bytes) -> _Header:
             _HEADERS.clear()
         _HEADERS[raw] = found
     return found
+
+
+def _head(data: memoryview) -> int:
+    """Where the data of the tensor answer ``data`` starts: past its header's length and
+    its header. ValueError when the bytes are too few for them."""
+    if len(data) < 8:
+        raise ValueError(f"{len(data)} bytes are too few for a tensor answer")
+    size = int(_LEN.unpack(data[:8])[0])
+    if size > min(len(data) - 8, _MAX_HEADER):
+        raise ValueError(f"a tensor answer's header says {size} bytes; there are not that many")
+    return 8 + size
+
+
+def row_layout(data: memoryview) -> tuple[bytes, torch.dtype, tuple[int, ...], int]:
+    """For an answer of one tensor: the bytes before its data (its header's length and its
+    header), and that tensor's dtype, shape and byte length, read once per distinct
+    header. ValueError when the answer holds anything else, or is damaged."""
+    head = _head(data)
+    header = _header(bytes(data[8:head]))
+    if header.kind != "tensor":
+        raise ValueError("a row answer decodes to a collection of tensors, not to one row")
+    ((_, dtype, shape, _, count),) = header.tensors
+    return bytes(data[:head]), dtype, tuple(shape), count * _ITEMSIZE[dtype]
 
 
 def _read_header(raw: bytes) -> _Header:

@@ -61,7 +61,7 @@ import torch
 from somatize import Store
 from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
-from somatize_torch.codec import TENSOR
+from somatize_torch.codec import TENSOR, row_layout
 from somatize_torch.digest import host_bytes, memory_of
 
 __all__ = [
@@ -272,12 +272,6 @@ def encode_rows(rows: torch.Tensor) -> list[list[memoryview | bytes]]:
     return [[header, flat[i * size : (i + 1) * size]] for i in range(rows.shape[0])]
 
 
-_LAYOUTS: dict[bytes, tuple[torch.dtype, tuple[int, ...], int]] = {}
-"""Row header bytes → the dtype, shape and byte length of the row they describe, for
-headers decoded before."""
-_MOST_LAYOUTS = 256
-
-
 def decode_rows(datas: Sequence[memoryview]) -> torch.Tensor:
     """The rows whose ``tensor``-codec bytes are ``datas``, stacked into one host tensor.
 
@@ -286,19 +280,8 @@ def decode_rows(datas: Sequence[memoryview]) -> torch.Tensor:
     and when every row has that header and the length it implies, their data are
     copied into place in one go. Any other batch is decoded row by row. ValueError for
     bytes that are damaged."""
-    data = datas[0]
-    head = 8 + int.from_bytes(data[:8], "little") if len(data) >= 8 else 0
-    header = bytes(data[:head])
-    layout = _LAYOUTS.get(header)
-    if layout is None:
-        first = TENSOR.decode(data)
-        if not isinstance(first, torch.Tensor):
-            raise ValueError("a row answer decodes to a collection of tensors, not to one row")
-        layout = (first.dtype, tuple(first.shape), first.numel() * first.element_size())
-        if len(_LAYOUTS) >= _MOST_LAYOUTS:
-            _LAYOUTS.clear()
-        _LAYOUTS[header] = layout
-    dtype, shape, size = layout
+    header, dtype, shape, size = row_layout(datas[0])
+    head = len(header)
     count = len(datas)
     out = torch.empty((count, *shape), dtype=dtype)
     if size == 0:
