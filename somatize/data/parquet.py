@@ -49,6 +49,7 @@ one no worker can open, and such a source is refused before anything runs.
 from __future__ import annotations
 
 import bisect
+import collections
 import mmap
 import os
 import threading
@@ -94,7 +95,7 @@ def _columns_of(columns: Sequence[str] | None) -> list[str] | None:
         raise TypeError(
             f"columns= is a list of column names, got {columns!r}; e.g. `columns=['sms']`"
         )
-    twice = sorted({c for c in columns if list(columns).count(c) > 1})
+    twice = sorted(name for name, times in collections.Counter(columns).items() if times > 1)
     if twice:
         raise ValueError(
             f"columns= names {', '.join(map(repr, twice))} more than once; a frame has each "

@@ -111,6 +111,10 @@ def _digest_of(name: str) -> str:
     return "blake3:" + name.rsplit("/", 1)[-1]
 
 
+_READ = ("answers", "packs", "names")
+"""The sections whose files refer to blobs, read and decoded by upkeep."""
+
+
 def _decoded(
     section: str, name: str, data: bytes, signer: Signer | None
 ) -> tuple[Answer | PackIndex | str | Corrupt, Unsigned | None]:
@@ -150,7 +154,7 @@ def _read_all(shelf: Shelf, wrap: Progress) -> list[_Read]:
     """Every answer record, pack index and name, read and decoded (one read per section);
     :class:`KeyMismatch` when the store signs with another key than ``shelf``'s."""
     out: list[_Read] = []
-    for section in ("answers", "packs", "names"):
+    for section in _READ:
         entries = shelf._entries(section)
         found = shelf._read_many(section, [e.name for e in entries])
         for entry in wrap(entries, f"reading {section}", len(entries)):
@@ -225,7 +229,7 @@ def _referred_since(shelf: Shelf, seen: dict[tuple[str, str], Entry]) -> set[str
     """The blobs referred to by records, indexes and names written since ``seen`` was
     listed (new files, or files that changed)."""
     out: set[str] = set()
-    for section in ("answers", "packs", "names"):
+    for section in _READ:
         fresh = [e for e in shelf._entries(section) if seen.get((section, e.name)) != e]
         found = shelf._read_many(section, [e.name for e in fresh])
         for entry in fresh:
@@ -379,11 +383,11 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
             damaged(section, name, f"says blob {blob} holds {size} bytes; it holds {entry.size}")
 
     for section, entry, held_here, untrusted in read:
+        wrong = untrusted if untrusted is not None else held_here
         if section == "names":
             out.names += 1
-            if untrusted is not None or isinstance(held_here, Corrupt):
-                why = str(untrusted if untrusted is not None else held_here)
-                damaged("names", entry.name, why, aside=False)
+            if isinstance(wrong, Corrupt):
+                damaged("names", entry.name, str(wrong), aside=False)
             elif held_here not in whole:
                 damaged(
                     "names",
@@ -391,8 +395,8 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
                     f"points at blob {held_here}, which is missing or damaged",
                     False,
                 )
-        elif untrusted is not None or isinstance(held_here, Corrupt):
-            damaged(section, entry.name, str(untrusted if untrusted is not None else held_here))
+        elif isinstance(wrong, Corrupt):
+            damaged(section, entry.name, str(wrong))
         elif isinstance(held_here, Answer):
             out.records += 1
             end = held_here.size + (held_here.offset or 0)
