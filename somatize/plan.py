@@ -271,6 +271,9 @@ def look_again(graph: Graph) -> None:
             state = node.restate()
             if state is not None:
                 memory.freeze(name, state)
+                # What changed may be more than its state (a part with no weights of its
+                # own replaced: an activation), and what it declares says the rest.
+                _declared_again(graph, name, node)
 
 
 def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> None:

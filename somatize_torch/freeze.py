@@ -45,6 +45,7 @@ import dataclasses
 import enum
 import functools
 import operator
+import sys
 import types
 import warnings
 from collections.abc import Callable
@@ -272,7 +273,8 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     forward may read that neither ``repr`` nor the state shows (``self.temperature =
     2.0``, a tensor held as a plain attribute, ``self.act = F.gelu``). Numbers, strings,
     bools, None, tuples, lists and str-keyed dicts of them, dataclass instances, dtypes,
-    devices and enums are taken as they are, tensors by digest; functions (a ``forward``
+    devices and enums are taken as they are (numpy's scalars as the numbers they hold),
+    tensors and numeric numpy arrays by digest; functions (a ``forward``
     replaced on the instance too) by their code, as hooks are, built-in functions and
     classes by name, a ``functools.partial`` with the values it binds. Other objects a
     module holds, and the object a method is bound to, are not seen."""
@@ -361,6 +363,9 @@ def _setting(value: Any, depth: int = 0) -> Any:
         return str(value)
     if isinstance(value, torch.Tensor):
         return ["tensor", digest_tensor(value)]
+    numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its values
+    if numpy is not None and isinstance(value, (numpy.generic, numpy.ndarray)):
+        return _numpy_setting(numpy, value, depth)
     if depth >= 4:
         return _UNSEEN
     if isinstance(value, (tuple, list)):
@@ -378,6 +383,19 @@ def _setting(value: Any, depth: int = 0) -> Any:
             "fields": {k: v for k, v in fields.items() if v is not _UNSEEN},
         }
     return _callable(value, depth)
+
+
+def _numpy_setting(numpy: Any, value: Any, depth: int) -> Any:
+    """A numpy scalar as the plain value it holds (``np.float32(2.0)`` is no ``float``
+    subclass), a numeric array by its digest as a tensor; unseen for anything else."""
+    if isinstance(value, numpy.generic):
+        plain = value.item()
+        return _UNSEEN if isinstance(plain, numpy.generic) else _setting(plain, depth)
+    try:
+        tensor = torch.from_numpy(numpy.ascontiguousarray(value))
+    except (TypeError, ValueError):  # strings, objects: no tensor holds them
+        return _UNSEEN
+    return ["array", digest_tensor(tensor)]
 
 
 def _callable(value: Any, depth: int) -> Any:
@@ -495,10 +513,13 @@ class ModuleNode(Node):
 
     def restate(self) -> str | None:
         """Once frozen: the digest of the module's state if it changed since (a checkpoint
-        loaded, a submodule replaced; see :class:`StateWatch`), the module held frozen
-        again and the node's state set to it; None if nothing changed."""
+        loaded, a submodule replaced, the module converted to another dtype; see
+        :class:`StateWatch`, asked thoroughly), the module held frozen again and the
+        node's state set to it; None if nothing changed."""
         watch = self._watch
-        if watch is None or not watch.changed():
+        # Thoroughly: a conversion (`encoder.double()`) swaps each tensor's memory and
+        # bumps no version counter, and the answers it computes after are others.
+        if watch is None or not watch.changed(thorough=True):
             return None
         unfrozen = watch.unfrozen(self.module)
         if unfrozen:
@@ -631,6 +652,10 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
                 "declare the modules whose weights do not change (`.frozen()`, or "
                 "`wrap(model, frozen=['encoder'])`)"
             )
+    for name in chosen:  # refused before anything is held
+        _refuse_inference_tensors(name, module_of(graph.node(name)))
+    if isinstance(target, Wrapped):
+        _refuse_tied(target.model, [n for n in graph.nodes() if memory.is_frozen(n)])
     out: dict[str, str] = {}
     for name in chosen:
         node = graph.node(name)
@@ -649,3 +674,53 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
         with contextlib.suppress(Undeclared):
             memory.declared_as(name, node.declaration(name))
     return out
+
+
+def _refuse_inference_tensors(name: str, module: nn.Module | None) -> None:
+    """Refuses a module holding tensors made under ``torch.inference_mode()``: they keep
+    no version counter, so a change to them (a checkpoint loaded in place) could never
+    be seen, and the answers kept for the old weights would be recalled for the new."""
+    if module is None:
+        return
+    made = [
+        part
+        for part, tensor in [*module.named_parameters(), *module.named_buffers()]
+        if tensor.is_inference()
+    ]
+    if made:
+        shown = ", ".join(f"`{part}`" for part in made[:3])
+        more = f" and {len(made) - 3} more" if len(made) > 3 else ""
+        raise FreezeError(
+            f"`{name}` holds tensors made under `torch.inference_mode()` ({shown}{more}): "
+            "they keep no version counter, so a change to them (a checkpoint loaded in "
+            "place) could not be seen, and answers kept for the old weights would be "
+            "recalled for the new. Build or load the module outside `inference_mode` "
+            "(`torch.no_grad()` keeps gradients off as well), or clone its tensors there"
+        )
+
+
+def _refuse_tied(model: nn.Module, frozen: list[str]) -> None:
+    """Refuses freezing a parameter that a part of ``model`` left to train holds too (an
+    output layer tied to a frozen embedding): freezing turns its gradient off, and that
+    part would silently stop training."""
+    owners: dict[int, str] = {}
+    for name in frozen:
+        try:
+            part = model.get_submodule(name)
+        except AttributeError:
+            continue
+        for inner, param in part.named_parameters(remove_duplicate=False):
+            if param.requires_grad:
+                owners.setdefault(id(param), f"{name}.{inner}")
+    if not owners:
+        return
+    for where, param in model.named_parameters(remove_duplicate=False):
+        held = owners.get(id(param))
+        if held is not None and not any(where.startswith(f"{n}.") for n in frozen):
+            raise FreezeError(
+                f"`{held}` is frozen, and `{where}` is the same parameter in a part of the "
+                "model that is not (tied weights): freezing turns its gradient off, so "
+                f"`{where}` would silently stop training. Give that part its own copy "
+                f"(`nn.Parameter({where}.detach().clone())`), or turn its gradient off "
+                "yourself (`requires_grad_(False)`) if it should not train either"
+            )

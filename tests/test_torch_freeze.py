@@ -15,6 +15,7 @@ from torch import nn
 
 import somatize.torch as smt
 from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store
+from somatize_torch.freeze import settings_of
 
 
 class Encoder(nn.Module):
@@ -230,6 +231,101 @@ def test_weights_changed_after_freezing_are_seen_at_the_next_forward(store: Stor
     assert g.record.outcome == {"encoder": "ran"}
     with torch.no_grad():
         assert torch.equal(without, encoder(x))
+
+
+class Gated(nn.Module):
+    """A linear layer and an activation with no weights of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 4)
+        self.act: nn.Module = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.linear(x.to(self.linear.weight.dtype)))
+
+
+def test_a_part_without_weights_replaced_or_a_conversion_is_seen(store: Store) -> None:
+    """An activation replaced (the weights digest as they did) and the module converted
+    to another dtype (no version counter moves) after ``freeze``: the next forward runs,
+    and answers what the module answers now."""
+    torch.manual_seed(0)
+    module = Gated()
+    g = Graph.somatize(smt.ModuleNode(module).named("gated").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(3, 6))
+    g.forward(x, store=store)
+    module.act = nn.Tanh()
+    tanh = g.forward(x, store=store)
+    assert g.record is not None and g.record.outcome == {"gated": "ran"}
+    with torch.no_grad():
+        assert torch.equal(tanh, module(x.value))
+    module.double()
+    doubled = g.forward(x, store=store)
+    assert g.record.outcome == {"gated": "ran"} and doubled.dtype == torch.float64
+    assert torch.equal(g.forward(x, store=store), doubled)
+    assert g.record.outcome == {"gated": "recalled"}
+
+
+def test_numpy_scalars_a_module_keeps_are_in_its_key(store: Store) -> None:
+    """``np.float32`` and ``np.int64`` are no Python number subclasses: they are seen as
+    the numbers they hold, and a numeric array by its content."""
+    module = Scaled(1.0)
+    module.gain = np.float32(2.0)
+    module.steps = np.int64(3)
+    module.table = np.arange(4.0)
+    settings = settings_of(module)
+    assert settings["gain"] == 2.0 and settings["steps"] == 3
+    assert settings["table"][0] == "array"
+    other = Scaled(1.0)
+    other.gain, other.steps, other.table = np.float32(2.0), np.int64(3), np.arange(4.0) + 1
+    assert settings_of(other)["table"] != settings["table"]
+    answers = []
+    for gain in (np.float32(1.0), np.float32(2.0)):
+        held = Scaled(1.0)
+        held.gain = gain
+        g = Graph.somatize(smt.ModuleNode(held).named("scaled").frozen().cached())
+        smt.freeze(g)
+        g.forward(Opaque(torch.randn(3, 6)), store=store)
+        answers.append(g.record)
+    assert [r.outcome["scaled"] for r in answers if r is not None] == ["ran", "ran"]
+
+
+class Tied(nn.Module):
+    """An output layer tied to the embedding a frozen encoder holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Embedding(10, 4)
+        self.out = nn.Linear(4, 10, bias=False)
+        self.out.weight = self.encoder.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.encoder(ids))
+
+
+def test_freezing_a_weight_a_trained_part_shares_is_refused() -> None:
+    """Freezing turns a tied weight's gradient off for its other owner too: refused,
+    naming both, and nothing is held; once the other owner is off on purpose, it
+    freezes."""
+    model = Tied()
+    wrapped = smt.wrap(model, frozen=["encoder"])
+    with pytest.raises(smt.FreezeError, match=r"`encoder\.weight` is frozen.*`out\.weight`"):
+        smt.freeze(wrapped)
+    assert model.out.weight.requires_grad and not smt.is_held(model.encoder)
+    model.out.weight.requires_grad_(False)
+    assert set(smt.freeze(wrapped)) == {"encoder"}
+
+
+def test_a_module_made_under_inference_mode_is_refused() -> None:
+    """Tensors made under ``inference_mode`` keep no version counter, so a checkpoint
+    loaded into them later could not be seen: refused before anything is held."""
+    with torch.inference_mode():
+        module = Gated()
+    g = Graph.somatize(smt.ModuleNode(module).named("gated").frozen().cached())
+    with pytest.raises(smt.FreezeError, match="inference_mode"):
+        smt.freeze(g)
+    assert not smt.is_held(module) and g.memory.state_of("gated") is None
 
 
 def _negate(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
