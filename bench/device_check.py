@@ -154,7 +154,10 @@ def gbps(nbytes: int, ms: float) -> float:
 def figures(ext: Any, max_bytes: int) -> bool:
     ok = True
     free, _ = torch.cuda.mem_get_info()
-    print("\nsize      device-b3 GB/s   ms      host(copy+b3) GB/s  d2d-copy GB/s  b3/d2d")
+    print(
+        "\nsize      device-b3 GB/s   ms      host(copy+b3) GB/s  d2d-copy GB/s  b3/d2d"
+        "  device/host"
+    )
     for n, label in FIGURE_SIZES:
         if n > max_bytes or 2.2 * n > free:
             print(f"{label:8s}  skipped (limit {max_bytes} bytes, {free} free on device)")
@@ -182,7 +185,7 @@ def figures(ext: Any, max_bytes: int) -> bool:
         ratio = gbps(n, dev_ms) / gbps(n, d2d_ms)
         print(
             f"{label:8s}  {gbps(n, dev_ms):12.1f}  {dev_ms:8.3f}  {gbps(n, host_ms):14.2f}"
-            f"  {gbps(n, d2d_ms):12.1f}  {ratio:6.1%}"
+            f"  {gbps(n, d2d_ms):12.1f}  {ratio:6.1%}  {host_ms / dev_ms:10.1f}x"
             f"  {'digest ok' if match else 'DIGEST MISMATCH'}"
         )
         if n == 19 * MiB:

@@ -22,8 +22,9 @@
 //                 256 and reduced in shared memory, until one node per row is
 //                 left. The merge that produces a row's last node carries ROOT.
 //
-// A 256 MiB buffer is one leaf launch and one reduce launch; 4 GiB adds one
-// more reduce launch. Rows of at most 1 KiB finish in the leaf launch.
+// A 19 MiB buffer is one leaf launch (76 tile nodes) and one reduce launch;
+// 256 MiB and 4 GiB take two reduce launches (1,024 then 4 nodes; 16,384 then
+// 64). Rows of at most 1 KiB finish in the leaf launch.
 // Rows whose start is not 16-byte aligned (misaligned base pointer, or
 // row_bytes not a multiple of 16) take a slower path with per-thread 8-, 4-
 // or 1-byte loads.
