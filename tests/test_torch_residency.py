@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import inspect
 import logging
 import os
@@ -11,14 +12,17 @@ import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 from somatize import Store
+from somatize_torch._native import PinnedPool
 from somatize_torch.codec import TENSOR
 from somatize_torch.residency import (
     Tier,
@@ -141,6 +145,121 @@ def test_a_forked_child_keeps_its_own_rows(store: Store) -> None:
     cached.close()
 
 
+def _compute_in_child(cached: Any) -> list[str]:
+    x = rows(20, seed=8)
+    cached(x)  # no flush: the rows are still the child's writer's when it returns
+    keys: list[str] = cached.row_keys(x)
+    return keys
+
+
+def test_a_forked_child_publishes_its_rows_when_it_exits(store: Store) -> None:
+    """A forked worker that computes rows and returns without flushing publishes them as it
+    ends, though it ends with ``os._exit`` and so runs no ``atexit`` handler."""
+    cached = cache_rows(mlp(), store)
+    cached(rows(10))  # the parent's writer thread is running
+    keys = in_forked_child(_compute_in_child, cached)
+    assert Store(store.root).have(keys) == set(keys)
+    cached.close()
+
+
+class _Answers(Dataset[torch.Tensor]):
+    """Samples a cached module answers in the DataLoader worker that loads them."""
+
+    def __init__(self, cached: Any, x: torch.Tensor) -> None:
+        self.cached, self.x = cached, x
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        with torch.no_grad():
+            answer: torch.Tensor = self.cached(self.x[index : index + 1])[0]
+        return answer
+
+
+def test_rows_computed_in_dataloader_workers_are_published(store: Store) -> None:
+    """Rows computed in forked DataLoader workers are in the store once the epoch is over
+    and the workers have ended, though no worker flushed."""
+    cached = cache_rows(mlp(), store)
+    x = rows(32, seed=5)
+    loader = DataLoader(
+        _Answers(cached, x), batch_size=8, num_workers=2, multiprocessing_context="fork"
+    )
+    assert torch.allclose(torch.cat(list(loader)), truth(x), atol=1e-6)
+    keys = cached.row_keys(x)
+    assert Store(store.root).have(keys) == set(keys)
+    cached.close()
+
+
+def _writer_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name == "somatize-writer"}
+
+
+def _pools() -> int:
+    return sum(type(thing) is PinnedPool for thing in gc.get_objects())
+
+
+def test_a_dropped_cache_writes_what_it_held_and_lets_its_writer_go(store: Store) -> None:
+    """Caches dropped without a flush still publish every row they computed, and nothing
+    of theirs outlives that: their writers are collected, their threads end and their
+    staging pools are freed."""
+    gc.collect()
+    threads, pools = _writer_threads(), _pools()
+    writers: list[weakref.ref[Writer]] = []
+    keys: list[str] = []
+    for seed in range(3):
+        cached = cache_rows(mlp(), store)
+        x = rows(40, seed=seed)
+        cached(x)  # staged, not yet written: the writer waits for more rows to pack
+        keys += cached.row_keys(x)
+        assert cached._writer is not None
+        writers.append(weakref.ref(cached._writer))
+        del cached
+    gc.collect()
+    assert [writer() for writer in writers] == [None] * 3, "a dropped cache's writer lives on"
+    for thread in _writer_threads() - threads:
+        thread.join(timeout=60)
+    assert not _writer_threads() - threads
+    assert Store(store.root).have(keys) == set(keys)
+    gc.collect()
+    assert _pools() <= pools
+
+
+def test_a_writer_let_go_on_its_own_thread_writes_what_was_queued(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last reference to a writer let go on its own thread (a collection may run there)
+    neither waits on that thread nor loses the rows queued behind the write in progress."""
+    first, second = (f"blake3:{digit * 64}" for digit in "cd")
+    threads = _writer_threads()
+    holder = [Writer(store, linger=0.0)]
+    writer = weakref.ref(holder[0])
+    writing, queued, let_go = threading.Event(), threading.Event(), threading.Event()
+    keep_many = store.keep_many
+
+    def let_go_while_writing(items: Any, codec: str, fingerprint: str | None = None) -> Any:
+        writing.set()
+        assert queued.wait(timeout=30)
+        holder.clear()
+        let_go.set()
+        return keep_many(items, codec, fingerprint)
+
+    monkeypatch.setattr(store, "keep_many", let_go_while_writing)
+    holder[0].submit([first], torch.ones(1, 4))
+    assert writing.wait(timeout=30)
+    holder[0].submit([second], torch.full((1, 4), 2.0))
+    (thread,) = _writer_threads() - threads
+    queued.set()
+    assert let_go.wait(timeout=30)
+    assert writer() is None, "the writer's own thread keeps it alive"
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    monkeypatch.undo()
+    assert store.have([first, second]) == {first, second}
+    _, data = store.recall(second)
+    assert decode_rows([data])[0].tolist() == [2.0] * 4
+
+
 def test_a_failing_write_is_reported_not_swallowed(
     store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -172,10 +291,12 @@ def test_a_failing_write_is_reported_not_swallowed(
     cached.close()
 
 
-def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path) -> None:
-    """A process that computes rows and exits without flushing still publishes every one,
-    and its writer thread is stopped before the interpreter finalizes (a thread stopped
-    there inside native code can abort the process)."""
+@pytest.mark.parametrize("ending", ["kept", "dropped"])
+def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path, ending: str) -> None:
+    """A process that computes rows and exits without flushing — the cache still held, or
+    dropped just before — still publishes every one, and its writer thread is stopped
+    before the interpreter finalizes (a thread stopped there inside native code can abort
+    the process)."""
     script = SHARED + textwrap.dedent(
         f"""
         import atexit, sys, threading
@@ -189,10 +310,12 @@ def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path) -> Non
         atexit.register(writers_left)
         cached = cache_rows(mlp(), Store(sys.argv[1]))
         cached(rows(300))
+        if sys.argv[2] == "dropped":
+            del cached
         """
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "store")],
+        [sys.executable, "-c", script, str(tmp_path / "store"), ending],
         check=True,
         capture_output=True,
         text=True,
