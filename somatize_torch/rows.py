@@ -11,9 +11,10 @@ so it has the form of every other key: the **identity** is the module's class
 (``package.module:Encoder``); the **declaration** is what :class:`ModuleNode`
 declares for it (its structure as ``repr`` shows it) plus how it is called here
 — how rows are keyed and the **precision** it runs under (the input's dtype and
-the autocast dtype, since a bf16 answer is not an fp32 answer); the **state**
-is the digest of its weights and buffers (:func:`digest_state`); the **salt** is
-the caller's. The key of a row is, by default, the digest of its content
+the autocast dtype, since a bf16 answer is not an fp32 answer), and, keyed by
+index, the shape of an input row (a content key holds it in each row's digest);
+the **state** is the digest of its weights and buffers (:func:`digest_state`);
+the **salt** is the caller's. The key of a row is, by default, the digest of its content
 (:func:`digest_rows`, one call for the whole batch — any DataLoader, any
 shuffling, no change to the dataset); or, with ``key="index"``, the sample's
 index in a dataset of a given version (no hashing at all — the cheapest, and
@@ -27,7 +28,11 @@ the device tier, the host tier, then the store — one dict pass and one gather
 per tier that holds any — and runs the module only on the rows found nowhere,
 as one sub-batch, in eval mode and without gradients, then puts the output back
 together in the batch's order. The rows it computed go into the nearest memory
-tier with room and, behind the step, into the store.
+tier with room and, behind the step, into the store. Where a keying first
+computes rows, the last of them is run again alone: a module whose answer for a
+row depends on the other rows of its batch (attention along dimension 0) is
+refused (:class:`NotRowwise`), since an answer kept from one batch would be
+recalled in another.
 
 Gradients downstream are exactly as without caching: the module is frozen, so
 its output never required grad, and an input that requires grad is refused
@@ -46,10 +51,11 @@ fused optimizer kernel's write — is seen at :meth:`CachedRows.redeclare`, whic
 looks at the tensors' memory and digests the state again (``CacheFrozen`` calls
 it at every epoch's first batch). A module whose parameters come to require grad
 (somebody unfroze it to train it) is refused (:class:`Unfrozen`): a cached module
-runs without gradients. The wrapper registers the
-module's own parameters, buffers and children under their own names, so
-``state_dict()`` keys are the module's and a checkpoint loads into the
-unwrapped module. A copy (``copy.deepcopy``: an EMA or SWA model) or a pickle
+runs without gradients. The wrapper holds the module's own registries of
+parameters, buffers and children (the same dicts), so ``state_dict()`` keys are
+the module's, a checkpoint loads into the unwrapped module, and a submodule put
+into the module after it was wrapped is saved, loaded and converted through the
+wrapper too. A copy (``copy.deepcopy``: an EMA or SWA model) or a pickle
 (``torch.save`` of a model holding it) caches a copy of the module the same way
 into the same store, with memory tiers of its own. Rows computed under
 ``torch.inference_mode`` are kept like any others.
@@ -59,6 +65,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import threading
 import time
@@ -98,7 +105,7 @@ from somatize_torch.freeze import (
     unfrozen_error,
 )
 from somatize_torch.residency import Tier, Writer, decode_rows, store_lock
-from somatize_torch.wrap import CachedInputNeedsGrad, adopt
+from somatize_torch.wrap import CachedInputNeedsGrad
 
 __all__ = [
     "CachedRows",
@@ -204,7 +211,7 @@ class _Keying:
     by ``(tag, raw digest or index)`` — a tuple, hashed in nanoseconds — and only rows
     that go to the store need their full key, ``key(row)``."""
 
-    __slots__ = ("dtype", "header", "keys", "prefix", "tag", "version")
+    __slots__ = ("dtype", "header", "keys", "prefix", "rowwise", "tag", "version")
 
     def __init__(
         self, prefix: bytes, tag: int, version: str | None, header: bytes, dtype: torch.dtype
@@ -215,6 +222,9 @@ class _Keying:
         self.version = version
         self.header = header
         self.keys: dict[Any, str] = {}
+        # Whether the module was seen to answer a row alone as it did in a batch (see
+        # `CachedRows._check_rowwise`): looked at once per keying.
+        self.rowwise = False
 
     def key(self, row: Any) -> str:
         """The store key of the row named ``row`` (the raw digest of its content, or its
@@ -272,7 +282,13 @@ class CachedRows(nn.Module):
                 "version= is for key='index'; with key='content' each row is named by its own "
                 "content, so there is no dataset version to give"
             )
-        adopt(self, module)
+        # The module's own registries of children, parameters and buffers — the very dicts,
+        # not copies: `state_dict()` has the module's keys, and a conversion, a checkpoint
+        # loaded or a submodule put in (`encoder[0] = conv`), through the wrapper or the
+        # module, is one and the same change to both.
+        for registry in ("_modules", "_parameters", "_buffers", "_non_persistent_buffers_set"):
+            self.__dict__[registry] = module.__dict__[registry]
+        self._version = module._version  # what a checkpoint records for the module's layout
         object.__setattr__(self, "module", module)
         self.key_mode: KeyMode = key
         self.version = version
@@ -306,6 +322,9 @@ class CachedRows(nn.Module):
         self._named_lock = threading.Lock()
         # Deferred datasets whose answered samples were looked up in the store, per keying.
         self._seeded: set[tuple[str, int]] = set()
+        # The one Deferred without a version of its own whose rows are keyed under
+        # `version` (by its name), if any.
+        self._lent_to: str | None = None
         self._seeders: list[threading.Thread] = []
         self.named_ahead = 0  # batches named ahead, and how many of them a forward used
         self.used_ahead = 0
@@ -343,6 +362,8 @@ class CachedRows(nn.Module):
         version = self.version
         if isinstance(x, DeferredRows):
             dtype, shape = self._deferred_row(x)
+            if x.version is None and version is not None:
+                self._lend_version(x.source, version)
             version = x.version or version
         else:
             dtype, shape = x.dtype, x.shape[1:]
@@ -381,6 +402,23 @@ class CachedRows(nn.Module):
             self._keyings[tag] = found
         return found
 
+    def _lend_version(self, source: str, version: str) -> None:
+        """Lets the Deferred named ``source``, which has no version of its own, key its rows
+        under the cache's ``version`` — if it is the first to: the version names one
+        dataset, and two under it would share their indices."""
+        lent = self._lent_to
+        if lent is None:
+            self._lent_to = source
+        elif lent != source:
+            raise NeedsIndex(
+                f"a second `Deferred` without a version of its own came to this cache, which "
+                f"keys the rows of the first under its version={version!r}: under one version "
+                "sample 0 of one dataset would be recalled for sample 0 of the other (a "
+                "training and a validation set both have one). Give each Deferred its own "
+                "version, `Deferred(inputs, ..., version='val@1')` (a Deferred made again over "
+                "the same data needs one too: the cache cannot tell it is the same)"
+            )
+
     def _deferred_row(self, x: DeferredRows) -> tuple[torch.dtype, torch.Size]:
         """The dtype and shape deferred rows run in: floating-point inputs in the module's
         own floating dtype, as a trainer in true half precision converts a batch tensor
@@ -404,7 +442,13 @@ class CachedRows(nn.Module):
             precision["default"] = tag[4]
         if tag[5] is not None:
             precision["matmul"] = tag[5]
-        self._node.declared = {"rows": self.key_mode, "precision": precision}
+        declared: dict[str, Any] = {"rows": self.key_mode, "precision": precision}
+        if self.key_mode == "index":
+            # An index names a sample, not what was made of it: the same sample resized
+            # (another input shape) is another answer. A content key has the shape already
+            # (in each row's digest), so it is not named there.
+            declared["input"] = [int(size) for size in tag[2]]
+        self._node.declared = declared
         declaration = self._node.declaration()
         assert self._identity is not None  # ModuleNode.declaration refused it otherwise
         return node_prefix(self._identity, declaration, self._state, self.salt)
@@ -440,11 +484,15 @@ class CachedRows(nn.Module):
         if ``x`` is the very tensor named and unchanged since — same version counter
         (which every change in place through torch bumps), memory, layout and dtype —
         and names the rows itself otherwise, or if naming failed. Nothing is named for
-        an index-keyed cache, for a batch that requires grad or is not on the CPU, or
-        for a host batch once the cache runs on a device."""
+        an index-keyed cache, for a batch that requires grad or is not on the CPU, for a
+        host batch once the cache runs on a device, or for an inference tensor (one made
+        under ``torch.inference_mode``): it has no version counter, so a change in place
+        could not be told from no change."""
         if self.key_mode != "content" or not isinstance(x, torch.Tensor) or x.dim() == 0:
             return False
         if x.requires_grad or (self._placed and x.device != self.tiers[0].device):
+            return False
+        if x.is_inference():
             return False
         stamp = stamp_of(x)
         later = raw_rows_later(x)
@@ -501,6 +549,8 @@ class CachedRows(nn.Module):
                 "row needs the index of its own sample"
             )
         ids: list[Any] = index.tolist()
+        if len(set(ids)) < len(ids):
+            _check_repeats(x, ids)
         return ids
 
     def row_keys(
@@ -682,6 +732,8 @@ class CachedRows(nn.Module):
             sub = x
         else:
             sub = x[torch.tensor(positions, dtype=torch.long, device=x.device)]
+        # Taken before the forward, which may write into its input.
+        last = sub[-1:].clone() if not keying.rowwise and len(positions) > 1 else None
         with torch.no_grad():
             out = module(sub)
         if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != len(positions):
@@ -703,7 +755,68 @@ class CachedRows(nn.Module):
                 f"keep (it keeps {kept}). Return a dtype it keeps (`torch.view_as_real` for "
                 "complex rows), or cache in memory only (store=None)"
             )
+        if last is not None:
+            self._check_rowwise(last, out, keying)
         return out
+
+    def _check_rowwise(self, row: torch.Tensor, out: torch.Tensor, keying: _Keying) -> None:
+        """Refuses a module whose answer for a row depends on the other rows of its batch
+        (attention or a recurrence along dimension 0, statistics of the batch): an answer
+        kept from one batch would be recalled in a batch of other rows. Its last row is run
+        again alone and compared with its row in the batch — once per keying, so it costs
+        one forward of one row where a keying first computes rows. The last row, not the
+        first: along a recurrence or causal attention it is the one that sees the others.
+        Kernels round differently for a batch of another size, so the two are compared
+        within what rounding at the precision the module runs in allows."""
+        module = self.module
+        with torch.no_grad():
+            alone = module(row)
+        last = out[-1:]
+        limit = self._rounding(row, out)
+        if isinstance(alone, torch.Tensor) and alone.shape == last.shape:
+            difference = _difference(alone, last)
+            if difference <= limit:
+                keying.rowwise = True
+                return
+            got = (
+                f"an answer {difference:.3g} of its size away from its row of the batch's "
+                f"answer (rounding allows {limit:.3g})"
+            )
+        else:
+            got = f"{_describe(alone)}, not a tensor of shape {list(last.shape)}"
+        raise NotRowwise(
+            f"`{type(module).__name__}` answers a row differently alone than in a batch: the "
+            f"last of {len(out)} rows, run again on its own, came back with {got}. Its answer "
+            "for a row depends on the other rows of its batch, so an answer kept from one "
+            "batch would be recalled in a batch of other rows, wrongly. A module cached per "
+            "row takes rows along dimension 0 and answers each on its own: put the batch "
+            "first (`batch_first=True` for a transformer layer or an RNN), or cache it per "
+            "batch (`somatize.torch.wrap(module, frozen=True, cached=True)`)"
+        )
+
+    def _rounding(self, row: torch.Tensor, out: torch.Tensor) -> float:
+        """How far apart (relative to its size) one row computed in batches of two sizes
+        may be: a thousandth, or 16 units in the last place of the least precise
+        floating dtype the rows run in — the input's, the output's, the weights', the
+        autocast dtype, and TF32 or bfloat16 where float32 products may use them."""
+        device = out.device.type
+        dtypes = {row.dtype, out.dtype, *_floating_dtypes(self.module)}
+        if torch.is_autocast_enabled(device):
+            dtypes.add(torch.get_autocast_dtype(device))
+        eps = max(
+            (
+                torch.finfo(dtype).eps
+                for dtype in dtypes
+                if dtype.is_floating_point or dtype.is_complex
+            ),
+            default=0.0,
+        )
+        matmul = torch.get_float32_matmul_precision()
+        if matmul == "medium":
+            eps = max(eps, 2.0**-7)  # bfloat16 products
+        elif matmul == "high" or device != "cpu":
+            eps = max(eps, 2.0**-10)  # TF32 products (cuDNN allows them by default)
+        return max(1e-3, 16 * eps)
 
     def _admit(self, near: list[Hashable], rows: torch.Tensor) -> None:
         """Keeps rows in the nearest memory tier with room, the rest in the next one."""
@@ -822,26 +935,20 @@ class CachedRows(nn.Module):
         self.training = mode
         return self
 
+    # The registries are the module's own (see `__init__`), so what torch does to the
+    # wrapper's own tensors is done by the module, as it would be unwrapped: its overrides
+    # (a module that converts a tensor it keeps, one with extra state) take part.
+
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> CachedRows:
-        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
-        self._share()
+        self.module._apply(fn, recurse)  # type: ignore[no-untyped-call]
         self._watch = None  # a conversion: digest again
         return self
 
-    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
-        super()._load_from_state_dict(*args, **kwargs)
-        self._share()  # ``load_state_dict(assign=True)`` put new tensors here
+    def _save_to_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self.module._save_to_state_dict(*args, **kwargs)
 
-    def _share(self) -> None:
-        """The module's own parameters and buffers made those registered here again, where
-        torch replaced them on this wrapper alone (a conversion, a load that assigns)."""
-        module = self.module
-        for name in list(module._parameters):
-            if name in self._parameters:
-                module._parameters[name] = self._parameters[name]
-        for name in list(module._buffers):
-            if name in self._buffers:
-                module._buffers[name] = self._buffers[name]
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self.module._load_from_state_dict(*args, **kwargs)
 
     # -- copies
 
@@ -902,6 +1009,55 @@ def _assemble(
         assert at is not None
         out.index_copy_(0, torch.tensor(at, device=device), rows.to(device))
     return out
+
+
+def _check_repeats(x: torch.Tensor, ids: list[Any]) -> None:
+    """Refuses a batch in which one index names rows of different inputs: the answer
+    computed for one would be recalled for the other, now and in every epoch after. Only
+    the repeated rows are compared, so a batch without repeats costs nothing here."""
+    first: dict[Any, int] = {}
+    again: list[int] = []
+    for p, row in enumerate(ids):
+        if first.setdefault(row, p) != p:
+            again.append(p)
+    was = [first[ids[p]] for p in again]
+    a = x[torch.tensor(again, device=x.device)]
+    b = x[torch.tensor(was, device=x.device)]
+    differ = a != b
+    if a.is_floating_point() or a.is_complex():
+        differ &= ~(a.isnan() & b.isnan())  # the same sample loaded twice, NaN and all
+    bad = differ.reshape(len(again), -1).any(1).nonzero().flatten().tolist()
+    if not bad:
+        return
+    p = again[bad[0]]
+    raise NeedsIndex(
+        f"index= names sample {ids[p]} at rows {first[ids[p]]} and {p} of one batch, and "
+        "their inputs differ: an index must name one input, or the answer computed for one "
+        "row is recalled for the other. Pass the samples' indices in the dataset (return "
+        "them from the Dataset's __getitem__; prefill takes a loader item's last tensor for "
+        "them, and the labels of an (x, y) loader are not: pass inputs=). Inputs drawn at "
+        "random (an augmentation) are not named by their index either: key them by content "
+        "(key='content')"
+    )
+
+
+def _difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """How far ``a`` is from ``b``, relative to their size (the norm of the difference over
+    the larger norm); infinite where their non-finite values or integer values differ."""
+    if not (a.is_floating_point() or a.is_complex()):
+        return 0.0 if torch.equal(a, b) else math.inf
+    finite = torch.isfinite(a)
+    if not torch.equal(finite, torch.isfinite(b)):
+        return math.inf
+    if not bool(finite.all()):
+        if not torch.equal(a.isnan(), b.isnan()) or not torch.equal(a[a.isinf()], b[b.isinf()]):
+            return math.inf
+        a, b = a.where(finite, 0), b.where(finite, 0)
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    a, b = a.float(), b.float()
+    size = max(float(a.norm()), float(b.norm()))
+    return float((a - b).norm()) / size if size else 0.0
 
 
 def _describe(value: Any) -> str:

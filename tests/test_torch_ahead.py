@@ -250,3 +250,17 @@ def test_rows_named_before_a_fork_are_right_in_the_child(
     assert cached.name_ahead(x)
     assert in_forked_child(_forward_in_child, cached, x, timeout=60)
     assert torch.equal(cached(x), expected(cached.module, x))
+
+
+def test_a_loop_under_inference_mode_names_in_the_forward(warm: CachedRows) -> None:
+    """A loop run under ``torch.inference_mode`` (a validation loop) goes through ahead:
+    its batches are inference tensors, with no version counter to tell a change in place,
+    so none is named ahead, and each forward names its own rows and answers them right."""
+    data = images(64)
+    truth = expected(warm.module, data)
+    with torch.inference_mode():
+        for x, index in ahead(loader(data, seed=5), warm):
+            assert x.is_inference()
+            assert torch.equal(warm(x), truth[index])
+    assert warm.named_ahead == 0 and warm.used_ahead == 0
+    assert warm.stats.hit_rate == 1.0

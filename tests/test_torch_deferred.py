@@ -226,6 +226,28 @@ def test_a_training_and_a_validation_set_keep_apart(tmp_path: Path) -> None:
     assert cached.stats.computed == 2 * ROWS and cached.stats.recalled == 2 * ROWS
 
 
+def test_one_deferred_without_a_version_takes_the_caches(tmp_path: Path) -> None:
+    """A Deferred without a version of its own keys its rows under the cache's version; a
+    second one is refused before any of its rows is keyed (its sample 0 would be recalled
+    as the first's), while the first, and a Deferred with a version, go on."""
+    module = encoder()
+    train, val = images(5), images(6)
+    cached = cache_rows(module, tmp_path, key="index", version="proj@1")
+    first = Deferred(train)
+    for rows in batches(first):
+        cached(rows)
+    with pytest.raises(NeedsIndex, match="second `Deferred` without a version of its own"):
+        cached(batches(Deferred(val))[0])
+    assert cached.stats.rows == ROWS
+    for rows in batches(first):
+        with torch.no_grad():
+            assert torch.allclose(cached(rows), module(train[rows.index]), atol=1e-6)
+    for rows in batches(Deferred(val, version="val@1")):
+        with torch.no_grad():
+            assert torch.allclose(cached(rows), module(val[rows.index]), atol=1e-6)
+    assert cached.stats.computed == 2 * ROWS and cached.stats.recalled == ROWS
+
+
 @pytest.mark.parametrize("persistent", [False, True], ids=["forked", "persistent"])
 def test_workers_load_new_inputs_and_hand_over_indices(tmp_path: Path, persistent: bool) -> None:
     """In epoch 1 DataLoader workers load every input with its sample, as without the

@@ -236,7 +236,8 @@ def test_forward_hooks_are_in_the_key_by_their_code(store: Store) -> None:
     module.register_forward_hook(watcher.look)
     assert cached.redeclare() is True
     cached(x)
-    assert watcher.calls == 1 and cached.redeclare() is False
+    # The batch, and its last row alone: a new keying sees that rows are answered alone.
+    assert watcher.calls == 2 and cached.redeclare() is False
     cached.flush()
 
     same = Gain()
@@ -623,15 +624,16 @@ def test_a_row_twice_in_one_batch_runs_once(
     """Two equal rows in one batch run once, both get the answer, and it is kept once."""
     module = encoder()
     cached = cache_rows(module, store)
+    cached(images(2, seed=9))  # the last of the first rows runs once more, alone: a check
     counter = count_rows(module)
     x = images(6)
     batch = torch.cat([x, x[:2]])
     out = cached(batch)
     assert counter.rows == 6
     assert torch.equal(out[6:], out[:2])
-    assert cached.tiers[0].rows == 6
+    assert cached.tiers[0].rows == 2 + 6
     cached.flush()
-    assert cached.stats.rows_kept == 6
+    assert cached.stats.rows_kept == 2 + 6
     cached.close()
 
 
@@ -640,3 +642,118 @@ def test_an_empty_batch_gives_an_empty_answer(cached: CachedRows) -> None:
     out = cached(images(0))
     assert out.shape == (0, 8)
     assert cached.stats.batches == 0
+
+
+def test_index_keys_hold_the_input_row_shape(store: Store, tmp_path: Path) -> None:
+    """Keyed by index, the same samples at another input shape (a resize changed) are
+    other rows: nothing computed at one shape is recalled at the other, from memory or
+    from the store, and each shape recalls its own. Content keys, whose row digests hold
+    the shape, declare it nowhere else."""
+    index = torch.arange(8)
+    small, large = images(8), torch.randn(8, 3, 16, 16)
+    cached = cache_rows(encoder(), store, key="index", version="toy@1")
+    assert set(cached.row_keys(small, index)).isdisjoint(cached.row_keys(large, index))
+    cached(small, index=index)
+    assert torch.equal(cached(large, index=index), expected(cached.module, large))
+    assert cached.stats.computed == 16
+    cached.close()
+    again = cache_rows(encoder(), Store(tmp_path / "store"), key="index", version="toy@1")
+    assert torch.equal(again(large, index=index), expected(again.module, large))
+    assert torch.equal(again(small, index=index), expected(again.module, small))
+    assert again.stats.from_store == 16 and again.stats.computed == 0
+    again.close()
+    by_content = cache_rows(encoder())
+    by_content.row_keys(small)
+    precision = {"input": "F32", "autocast": None}
+    assert by_content._node.declared == {"rows": "content", "precision": precision}
+
+
+def test_indices_that_name_different_inputs_are_refused(store: Store) -> None:
+    """An index that names two rows of different inputs in one batch is refused, nothing
+    kept: prefill over an ``(x, y)`` loader takes the labels for the indices, and they
+    repeat. The same sample twice (a sampler with replacement), NaN and all, is one row."""
+    data = images(32)
+    labels = torch.arange(32) % 4
+    cached = cache_rows(encoder(), store, key="index", version="toy@1")
+    with pytest.raises(NeedsIndex, match=r"names sample 0 at rows 0 and 4 .* labels"):
+        prefill(cached, DataLoader(TensorDataset(data, labels), batch_size=16), progress=False)
+    assert cached.stats.rows == 0 and cached.tiers[0].rows == 0
+    data[3, 0, 0, 0] = float("nan")
+    index = torch.tensor([3, 5, 3, 5])
+    out = cached(data[index], index=index)
+    assert torch.equal(out[2:].nan_to_num(), out[:2].nan_to_num())
+    assert out[0].isnan().all() and cached.tiers[0].rows == 2
+    cached.close()
+
+
+class CumulativeSum(nn.Module):
+    """Each row's answer is the sum of the rows up to it: the first row's is its own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.cumsum(0)
+
+
+class InPlace(nn.Module):
+    """Doubles its input in place and returns it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(2)
+
+
+def test_a_module_that_mixes_rows_is_refused(store: Store) -> None:
+    """A module whose answer for a row depends on the rest of its batch — a transformer
+    layer whose dimension 0 is the sequence, a running sum along it — is refused with what
+    to do, and nothing is kept; the same layer with the batch first, a module that
+    writes into its input, a BatchNorm in eval and a bfloat16 one (rounding otherwise in
+    a batch of another size) are not."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0)
+    sequence = torch.randn(5, 1, 8)
+    mixing = cache_rows(layer, store)
+    with pytest.raises(NotRowwise, match=r"depends on the other rows.*batch_first=True"):
+        mixing(sequence)
+    assert mixing.tiers[0].rows == 0
+    mixing.close()
+    with pytest.raises(NotRowwise, match="last of 4 rows, run again on its own"):
+        cache_rows(CumulativeSum())(torch.randn(4, 3))
+    first = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    batch = torch.randn(6, 5, 8)
+    assert torch.allclose(cache_rows(first)(batch), expected(first, batch), atol=1e-6)
+    x = torch.randn(3, 4)
+    assert torch.equal(
+        cache_rows(InPlace(), key="index", version="x@1")(x.clone(), index=torch.arange(3)), 2 * x
+    )
+    assert torch.equal(cache_rows(encoder())(images(16)), expected(encoder(), images(16)))
+    half = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).to(torch.bfloat16)
+    rows = torch.randn(64, 64, dtype=torch.bfloat16)
+    assert cache_rows(half)(rows).shape == (64, 64)
+
+
+def test_a_submodule_put_in_after_wrapping_is_saved_loaded_and_converted() -> None:
+    """The wrapper holds the module's own parameters, buffers and submodules: one put in
+    after wrapping is in ``state_dict()`` (which loads into the plain module and answers
+    as the cache did), a checkpoint loaded through the wrapper reaches it, and so does a
+    conversion; a checkpoint records the module's own layout version."""
+    module = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
+    model = nn.ModuleDict({"encoder": cache_rows(module), "head": nn.Linear(4, 2)})
+    x = torch.randn(4, 8)
+    replacement = nn.Linear(8, 4).requires_grad_(False)
+    module[0] = replacement
+    out = model["encoder"](x)
+    saved = model.state_dict()
+    assert torch.equal(saved["encoder.0.weight"], replacement.weight)
+    plain = nn.ModuleDict(
+        {"encoder": nn.Sequential(nn.Linear(8, 4), nn.ReLU()), "head": nn.Linear(4, 2)}
+    )
+    plain.load_state_dict(saved)
+    assert torch.equal(expected(plain["encoder"], x), out)
+    halves = {k: torch.full_like(v, 0.5) for k, v in module.state_dict().items()}
+    model["encoder"].load_state_dict(halves)
+    assert torch.equal(replacement.weight, halves["0.weight"])
+    assert torch.equal(model["encoder"](x), expected(module, x))
+    model.double()
+    assert replacement.weight.dtype == torch.float64
+    assert torch.equal(model["encoder"](x.double()), expected(module, x.double()))
+    assert list(map(id, model["encoder"].parameters())) == list(map(id, module.parameters()))
+    norm = cache_rows(nn.BatchNorm1d(4))
+    assert norm.state_dict()._metadata[""]["version"] == nn.BatchNorm1d._version  # type: ignore[attr-defined]
