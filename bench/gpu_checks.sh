@@ -6,7 +6,7 @@
 #      + blake3 and a device-to-device copy, pinned vs pageable transfers;
 #   2. the test files whose CUDA tests skip elsewhere (native kernels, pinned pool, the
 #      per-row cache's device tier and its writer staging through pinned memory, deferred
-#      inputs loaded onto the device);
+#      inputs loaded onto the device, a wrapped module's answers on its input's device);
 #   3. bench/frozen_encoder.py --device cuda: the per-row benchmark with the encoders,
 #      the head and the bound on the GPU.
 #
@@ -35,6 +35,6 @@ fi
 python3 -c 'import blake3' || { echo "blake3 is missing: put its wheel in .whl/ (see above)"; exit 2; }
 failed=0
 timeout 240 python3 bench/device_check.py || failed=1
-timeout 300 python3 -m pytest -q tests/test_native_host.py tests/test_torch_residency.py tests/test_torch_deferred.py || failed=1
+timeout 300 python3 -m pytest -q tests/test_native_host.py tests/test_torch_residency.py tests/test_torch_deferred.py tests/test_torch_wrap.py || failed=1
 timeout 240 python3 bench/frozen_encoder.py --device cuda --repeats 5 || failed=1
 exit "$failed"

@@ -9,10 +9,30 @@ header plus a view of each tensor (no joined copy), and decoding builds each
 tensor with ``torch.frombuffer`` over the store's memory map, so a recalled
 19 MB batch is not copied on the host.
 
-Values it takes: one tensor, or a tuple, list or dict (str keys) of tensors —
-one level, no nesting. Every dense dtype of :data:`somatize_torch.digest.DTYPES`
-round-trips (bf16, fp16, int8, bool included), a non-contiguous tensor is
-written in C order, and a 0-dim or empty tensor keeps its shape.
+Values it takes: one tensor, or a tuple, list or dict (str keys) of tensors,
+which come back as the same kind — a dict in the order it was filled in; and,
+nested in any way, tuples, lists, str-keyed dicts, ``collections.OrderedDict``
+and namedtuples of tensors and ``None`` (``(hidden, None)``, ``(h, (a, b))``).
+A namedtuple comes back as its own class, found by its module and qualified name
+among the modules already loaded, never imported: one defined inside a function
+is refused, and one whose class is not loaded (or has other fields) where the
+answer is read is an answer that cannot be read, which the engine computes
+again. Every other type — a subclass of list or dict, a number beside a tensor
+— is refused rather than written as something else: what is recalled is what was
+computed, kind and order included. :meth:`TensorCodec.refusal` says which item
+of a value is the one refused. Every dense dtype of
+:data:`somatize_torch.digest.DTYPES` round-trips (bf16, fp16, int8, bool
+included), a non-contiguous tensor is written in C order, and a 0-dim or empty
+tensor keeps its shape.
+
+The layout of the header: a flat tuple or list names its tensors ``0``, ``1``
+…, a dict by its keys (the order it was filled in is recorded in the
+``__metadata__`` when it is not the sorted one), one tensor ``tensor``; anything
+else (``None`` in it, nesting, an ``OrderedDict``, a namedtuple) is kind
+``tree``, its tensors named ``0``, ``1`` … in the order they are met, and its
+shape — containers, keys, ``None`` and which tensor goes where — is recorded as
+JSON in the ``__metadata__``. Answers written before either was recorded read as
+they always did.
 
 Devices: where each tensor lived is recorded in the header's ``__metadata__``
 and a decoded tensor is moved back there. A CUDA tensor recalled in a process
@@ -27,8 +47,9 @@ that tensor only: the blob, and every later recall, keep the kept value.
 
 The digest of a value is not the digest of these bytes: it is
 :func:`somatize_torch.digest.digest_tensor` (one tensor) or
-:func:`~somatize_torch.digest.digest_named` (a collection), computed where each
-tensor lives, so equal tensors are equal whatever the JSON writer did.
+:func:`~somatize_torch.digest.digest_named` (a collection; a tree's under its
+shape, its dicts in sorted order), computed where each tensor lives, so equal
+tensors are equal whatever the JSON writer did or the order a dict was filled in.
 """
 
 from __future__ import annotations
@@ -38,7 +59,9 @@ import itertools
 import json
 import math
 import struct
+import sys
 import warnings
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
@@ -54,8 +77,10 @@ _BY_CODE = {code: dtype for dtype, code in DTYPES.items()}
 _ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in DTYPES}
 _LEN = struct.Struct("<Q")
 _FORMAT = "somatize/tensor/1"
-_KINDS = ("tensor", "tuple", "list", "dict")
+_KINDS = ("tensor", "tuple", "list", "dict", "tree")
 _MAX_HEADER = 100 << 20
+_MAX_DEPTH = 32
+"""How deep containers may nest in one answer."""
 
 
 class LandedOnHost(SomatizeWarning):
@@ -71,19 +96,131 @@ def _is_tensor(value: Any) -> bool:
     )
 
 
-def _named(value: Any) -> tuple[str, dict[str, torch.Tensor]]:
-    """The kind of ``value`` and its tensors by name (``tensor``; ``0``, ``1`` …; dict keys)."""
+def _is_flat(value: Any, empty: bool = False) -> bool:
+    """Whether ``value`` is a plain tuple, list or str-keyed dict of tensors — non-empty,
+    unless ``empty`` — the kinds written (and digested) as they were before nesting was."""
+    kind = type(value)
+    if kind is dict:
+        return (
+            (empty or bool(value))
+            and all(type(k) is str and k != "__metadata__" for k in value)
+            and all(_is_tensor(v) for v in value.values())
+        )
+    return (
+        (kind is tuple or kind is list) and (empty or bool(value)) and all(map(_is_tensor, value))
+    )
+
+
+def _named(value: Any) -> tuple[str, dict[str, torch.Tensor], dict[str, str]]:
+    """The kind of ``value``, its tensors by name (``tensor``; ``0``, ``1`` …; dict keys),
+    and what the header's ``__metadata__`` must say besides to rebuild it."""
     if isinstance(value, torch.Tensor):
-        return "tensor", {"tensor": value}
-    if isinstance(value, tuple):
-        return "tuple", {str(i): t for i, t in enumerate(value)}
-    if isinstance(value, list):
-        return "list", {str(i): t for i, t in enumerate(value)}
-    return "dict", dict(value)
+        return "tensor", {"tensor": value}, {}
+    if _is_flat(value):
+        if type(value) is dict:
+            keys = list(value)
+            order = {} if keys == sorted(keys) else {"order": json.dumps(keys)}
+            return "dict", dict(value), order
+        kind = "tuple" if type(value) is tuple else "list"
+        return kind, {str(i): t for i, t in enumerate(value)}, {}
+    leaves: list[torch.Tensor] = []
+    shape = _shape(value, leaves, "", 0, ordered=True)
+    tree = json.dumps(shape, separators=(",", ":"), ensure_ascii=False)
+    return "tree", {str(i): t for i, t in enumerate(leaves)}, {"tree": tree}
+
+
+class _Refused(Exception):
+    """An item of a value the codec does not write: where it is, and what it is."""
+
+    def __init__(self, where: str, what: str) -> None:
+        super().__init__(where, what)
+        self.where = where
+        self.what = what
+
+
+def _kind_name(kind: type) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _shape(value: Any, leaves: list[torch.Tensor], where: str, depth: int, ordered: bool) -> Any:
+    """The JSON shape of a nested ``value``, its tensors appended to ``leaves`` in the
+    order they are met (a dict's items in the order it was filled in when ``ordered``,
+    sorted otherwise): a tensor is its index in ``leaves``, None is null, a container is
+    ``{"tuple" | "list": [...]}``, ``{"dict" | "OrderedDict": [[key, ...], ...]}`` or
+    ``{"namedtuple": "module:qualname", "fields": [...], "items": [...]}``. _Refused
+    for anything else."""
+    if isinstance(value, torch.Tensor):
+        if not _is_tensor(value):
+            raise _Refused(where, f"a {value.layout} {value.dtype} tensor")
+        leaves.append(value)
+        return len(leaves) - 1
+    if value is None:
+        return None
+    if depth >= _MAX_DEPTH:
+        raise _Refused(where, f"nested more than {_MAX_DEPTH} containers deep")
+    kind = type(value)
+    if kind is tuple or kind is list:
+        items = [
+            _shape(v, leaves, f"{where}[{i}]", depth + 1, ordered) for i, v in enumerate(value)
+        ]
+        return {kind.__name__: items}
+    if kind is dict or kind is OrderedDict:
+        for key in value:
+            if type(key) is not str:
+                raise _Refused(f"{where}[{key!r}]", f"under a `{_kind_name(type(key))}` key")
+        keys = list(value) if ordered or kind is OrderedDict else sorted(value)
+        pairs = [[k, _shape(value[k], leaves, f"{where}[{k!r}]", depth + 1, ordered)] for k in keys]
+        return {kind.__name__: pairs}
+    fields = _named_tuple(kind) if issubclass(kind, tuple) else None
+    if fields is not None:
+        named = f"{kind.__module__}:{kind.__qualname__}"
+        if _class_at(named, fields) is not kind:
+            raise _Refused(
+                where,
+                f"a `{_kind_name(kind)}` namedtuple, whose class cannot be found again by its "
+                "name (it is defined inside a function, or another class took its name)",
+            )
+        items = [
+            _shape(v, leaves, f"{where}.{field}", depth + 1, ordered)
+            for field, v in zip(fields, value, strict=True)
+        ]
+        return {"namedtuple": named, "fields": list(fields), "items": items}
+    raise _Refused(where, f"a `{_kind_name(kind)}`")
+
+
+def _named_tuple(kind: type) -> tuple[str, ...] | None:
+    """The fields of namedtuple class ``kind``, or None when it is not one."""
+    fields = getattr(kind, "_fields", None)
+    if (
+        isinstance(fields, tuple)
+        and all(type(f) is str for f in fields)
+        and callable(getattr(kind, "_make", None))
+    ):
+        return fields
+    return None
+
+
+def _class_at(named: str, fields: Sequence[str]) -> type | None:
+    """The namedtuple class ``module:qualname`` with ``fields`` among the modules this
+    process has loaded — never importing one — or None."""
+    module, _, qualname = named.partition(":")
+    found: Any = sys.modules.get(module)
+    if found is None or "<locals>" in qualname:
+        return None
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if (
+        isinstance(found, type)
+        and issubclass(found, tuple)
+        and _named_tuple(found) == tuple(fields)
+    ):
+        return found
+    return None
 
 
 class TensorCodec(Codec):
-    """A tensor, or a tuple, list or str-keyed dict of tensors, as safetensors bytes."""
+    """A tensor, or tensors and None nested in tuples, lists, str-keyed dicts and
+    namedtuples, as safetensors bytes; see the module docstring."""
 
     name = "tensor"
     types = (torch.Tensor, tuple, list, dict)
@@ -91,16 +228,28 @@ class TensorCodec(Codec):
     def accepts(self, value: Any) -> bool:
         if isinstance(value, torch.Tensor):
             return _is_tensor(value)
-        if isinstance(value, dict):
+        if _is_flat(value):
+            return True
+        return self.refusal(value) is None
+
+    def refusal(self, value: Any) -> str | None:
+        """Why this codec does not write ``value``, naming the item refused (``item [1][0]
+        is a `builtins.int```), or None when it does."""
+        if isinstance(value, torch.Tensor):
+            return None if _is_tensor(value) else f"it is a {value.layout} {value.dtype} tensor"
+        leaves: list[torch.Tensor] = []
+        try:
+            _shape(value, leaves, "", 0, ordered=True)
+        except _Refused as refused:
             return (
-                bool(value)
-                and all(type(k) is str and k != "__metadata__" for k in value)
-                and all(_is_tensor(v) for v in value.values())
+                f"item {refused.where} is {refused.what}"
+                if refused.where
+                else f"it is {refused.what}"
             )
-        return bool(value) and all(_is_tensor(v) for v in value)
+        return None if leaves else "it holds no tensor"
 
     def encode(self, value: Any) -> Sequence[memoryview | bytes]:
-        kind, tensors = _named(value)
+        kind, tensors, shape = _named(value)
         # Larger elements first, so that every tensor starts at a multiple of its own size.
         order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
         header: dict[str, Any] = {}
@@ -119,7 +268,7 @@ class TensorCodec(Codec):
                 devices[name] = str(tensor.device)
             at += view.nbytes
             views.append(view)
-        meta = {"format": _FORMAT, "kind": kind}
+        meta = {"format": _FORMAT, "kind": kind, **shape}
         if devices:
             meta["devices"] = json.dumps(devices, sort_keys=True)
         header["__metadata__"] = meta
@@ -153,15 +302,25 @@ class TensorCodec(Codec):
         if kind == "tensor":
             return out["tensor"]
         if kind == "dict":
-            return out
+            return out if header.order is None else {k: out[k] for k in header.order}
         ordered = [out[str(i)] for i in range(len(out))]
+        if kind == "tree":
+            return _built(header.tree, ordered)
         return tuple(ordered) if kind == "tuple" else ordered
 
     def digest(self, value: Any) -> str:
         if isinstance(value, torch.Tensor):
             return digest_tensor(value)
-        kind, tensors = _named(value)
-        return digest_named(tensors, kind)
+        if _is_flat(value, empty=True):
+            kind = "dict" if type(value) is dict else type(value).__name__
+            named = dict(value) if kind == "dict" else {str(i): t for i, t in enumerate(value)}
+            return digest_named(named, kind)
+        # The shape with dicts in sorted order: equal content, equal digest, whatever
+        # order a dict was filled in.
+        leaves: list[torch.Tensor] = []
+        shape = _shape(value, leaves, "", 0, ordered=False)
+        described = json.dumps(shape, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+        return digest_named({str(i): t for i, t in enumerate(leaves)}, f"tree:{described}")
 
     def stamp(self, value: Any) -> Hashable | None:
         """The version counter (bumped by every change in place), memory, shape, strides,
@@ -179,13 +338,16 @@ class TensorCodec(Codec):
 
 class _Header(NamedTuple):
     """What a tensor answer's header says, checked: its kind, each tensor's name, dtype,
-    shape, first byte and element count, where the tensors lived, and how many bytes of
-    data they need."""
+    shape, first byte and element count, where the tensors lived, how many bytes of
+    data they need, a dict's keys in the order it was filled in (None: sorted), and the
+    shape of a tree (see :func:`_shape`)."""
 
     kind: str
     tensors: list[tuple[str, torch.dtype, list[int], int, int]]
     devices: dict[str, str]
     end: int
+    order: tuple[str, ...] | None = None
+    tree: Any = None
 
 
 _HEADERS: dict[bytes, _Header] = {}
@@ -243,6 +405,8 @@ def _read_header(raw: bytes) -> _Header:
     if names != expected:
         raise ValueError(f"a tensor answer of kind {kind!r} holds tensors {names[:8]}")
     devices = _devices(meta.get("devices", "{}"), names)
+    order = _order(meta.get("order"), names) if kind == "dict" else None
+    tree = _tree(meta.get("tree"), len(names)) if kind == "tree" else None
     tensors = []
     spans = []
     for name, entry in header.items():
@@ -266,7 +430,98 @@ def _read_header(raw: bytes) -> _Header:
     spans.sort()
     if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
         raise ValueError("tensors of a tensor answer claim the same bytes: it is damaged")
-    return _Header(kind, tensors, devices, max((end for _, end in spans), default=0))
+    return _Header(kind, tensors, devices, max((end for _, end in spans), default=0), order, tree)
+
+
+def _order(raw: Any, names: list[str]) -> tuple[str, ...] | None:
+    """The order a dict answer was filled in, as its header records it (None: sorted)."""
+    if raw is None:
+        return None
+    try:
+        order = json.loads(raw)
+    except (ValueError, TypeError) as why:
+        raise ValueError(f"the order of a dict answer cannot be read ({why})") from None
+    if not isinstance(order, list) or sorted(order) != names:
+        raise ValueError(f"the order of a dict answer names other keys than its tensors: {raw!r}")
+    return tuple(order)
+
+
+def _tree(raw: Any, count: int) -> Any:
+    """The shape of a tree answer, as its header records it, checked: every container
+    well formed, and each of its ``count`` tensors in it exactly once."""
+    try:
+        shape = json.loads(raw)
+    except (ValueError, TypeError) as why:
+        raise ValueError(f"the shape of a tensor answer cannot be read ({why})") from None
+    seen: list[int] = []
+    _check_tree(shape, seen, 0)
+    if sorted(seen) != list(range(count)):
+        raise ValueError(f"the shape of a tensor answer places tensors {seen[:8]} of {count}")
+    return shape
+
+
+def _check_tree(shape: Any, seen: list[int], depth: int) -> None:
+    if shape is None:
+        return
+    if type(shape) is int:
+        seen.append(shape)
+        return
+    bad = ValueError(f"the shape of a tensor answer is damaged at {str(shape)[:80]}")
+    if type(shape) is not dict or depth >= _MAX_DEPTH:
+        raise bad
+    if len(shape) == 1:
+        ((kind, items),) = shape.items()
+        if kind in ("tuple", "list") and type(items) is list:
+            for item in items:
+                _check_tree(item, seen, depth + 1)
+            return
+        if kind in ("dict", "OrderedDict") and type(items) is list:
+            keys = []
+            for pair in items:
+                if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str:
+                    raise bad
+                keys.append(pair[0])
+                _check_tree(pair[1], seen, depth + 1)
+            if len(set(keys)) != len(keys):
+                raise bad
+            return
+        raise bad
+    named, fields, items = (shape.get(k) for k in ("namedtuple", "fields", "items"))
+    if (
+        len(shape) != 3
+        or type(named) is not str
+        or type(fields) is not list
+        or not all(type(f) is str for f in fields)
+        or type(items) is not list
+        or len(items) != len(fields)
+    ):
+        raise bad
+    for item in items:
+        _check_tree(item, seen, depth + 1)
+
+
+def _built(shape: Any, tensors: list[torch.Tensor]) -> Any:
+    """The value of a checked tree ``shape`` whose tensors are ``tensors``."""
+    if shape is None:
+        return None
+    if type(shape) is int:
+        return tensors[shape]
+    if "namedtuple" in shape:
+        kind = _class_at(shape["namedtuple"], shape["fields"])
+        if kind is None:
+            raise ValueError(
+                f"a tensor answer is a `{shape['namedtuple']}` namedtuple with fields "
+                f"{shape['fields']}, and no such class is loaded in this process: it is not "
+                "imported to read an answer, so the answer is computed again"
+            )
+        return kind._make(_built(item, tensors) for item in shape["items"])  # type: ignore[attr-defined]
+    ((kind_name, items),) = shape.items()
+    if kind_name == "tuple":
+        return tuple(_built(item, tensors) for item in items)
+    if kind_name == "list":
+        return [_built(item, tensors) for item in items]
+    pairs = ((key, _built(item, tensors)) for key, item in items)
+    return OrderedDict(pairs) if kind_name == "OrderedDict" else dict(pairs)
 
 
 def stamp_of(x: torch.Tensor) -> tuple[Any, ...]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -74,7 +76,8 @@ def test_awkward_tensors_round_trip(tensor: torch.Tensor) -> None:
 
 
 def test_collections_round_trip() -> None:
-    """A dict, a tuple and a list of tensors come back as the same kind, in order."""
+    """A dict, a tuple and a list of tensors come back as the same kind, in order (a dict in
+    the order it was filled in)."""
     parts = (torch.randn(2, 3).half(), torch.tensor([1, 2], dtype=torch.int8), torch.tensor(True))
     named = {"z": parts[0], "a": parts[1], "m": parts[2]}
     for value in (parts, list(parts), named):
@@ -84,7 +87,152 @@ def test_collections_round_trip() -> None:
             assert all(_same(back[name], value[name]) for name in value)
         else:
             assert all(_same(b, v) for b, v in zip(back, value, strict=True))
-    assert list(smt.TENSOR.decode(_bytes(named))) == sorted(named)
+    assert list(smt.TENSOR.decode(_bytes(named))) == ["z", "a", "m"]
+
+
+Pair = collections.namedtuple("Pair", ["hidden", "pooled"])
+
+
+def _header_of(value: object) -> dict[str, Any]:
+    data = bytes(_bytes(value))
+    (size,) = struct.unpack("<Q", data[:8])
+    return dict(json.loads(data[8 : 8 + size]))
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """Equal values of the same types all the way down, dicts in the same order."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and _same(a, b)
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_alike(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_alike(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def test_flat_collections_are_written_as_before() -> None:
+    """A tensor, and a flat tuple, list or sorted dict of tensors, keep the header they were
+    written with before nesting and dict order were recorded: answers kept then read the
+    same, and a sorted dict's bytes name no order."""
+    x = torch.ones(2)
+    assert _header_of(x)["__metadata__"] == {"format": "somatize/tensor/1", "kind": "tensor"}
+    assert _header_of((x, x))["__metadata__"] == {"format": "somatize/tensor/1", "kind": "tuple"}
+    assert _header_of({"a": x, "b": x})["__metadata__"] == {
+        "format": "somatize/tensor/1",
+        "kind": "dict",
+    }
+    assert json.loads(_header_of({"b": x, "a": x})["__metadata__"]["order"]) == ["b", "a"]
+    kept_before = _patched({"b": x, "a": x * 2}, lambda h: h["__metadata__"].pop("order"))
+    assert list(smt.TENSOR.decode(kept_before)) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        (torch.ones(2, 3), None),
+        (torch.ones(2), (torch.arange(3), torch.zeros(1, 2))),
+        [torch.ones(1), [None, [torch.tensor(True)]], ()],
+        {"z": torch.ones(2), "a": [None, {"q": torch.arange(2)}], "m": None},
+        collections.OrderedDict(z=torch.ones(1), a=torch.zeros(2)),
+        Pair(torch.ones(2, 2), torch.arange(2)),
+        Pair(torch.ones(1), None),
+        {"out": Pair(torch.ones(1), (torch.zeros(1),))},
+    ],
+    ids=["none", "nested", "list", "dict", "ordered", "namedtuple", "namedtuple-none", "inside"],
+)
+def test_nested_values_come_back_as_they_were(value: Any) -> None:
+    """Tensors and None nested in tuples, lists, dicts, OrderedDicts and namedtuples come
+    back as the same types, in the same order, with the same tensors; the bytes are still
+    what a safetensors reader opens."""
+    assert smt.TENSOR.accepts(value)
+    assert CODECS.for_value(value).name == "tensor"
+    assert _alike(smt.TENSOR.decode(_bytes(value)), value)
+    safetensors.torch.load(bytes(_bytes(value)))
+
+
+def test_nested_values_digest_by_content_whatever_the_order_of_a_dict() -> None:
+    """A nested value's digest does not depend on the order its dicts were filled in, and
+    does depend on where None and each tensor stand."""
+    a, b = torch.ones(2), torch.arange(2)
+    one = {"a": (a, None), "b": b}
+    assert smt.TENSOR.digest(one) == smt.TENSOR.digest({"b": b, "a": (a, None)})
+    others = [{"a": (None, a), "b": b}, {"a": (a, None), "b": a}, {"a": [a, None], "b": b}]
+    assert len({smt.TENSOR.digest(v) for v in [one, *others]}) == 4
+
+
+def _local_pair() -> Any:
+    Local = collections.namedtuple("Local", ["x"])
+    return Local(torch.ones(1))
+
+
+class Counts(dict[str, torch.Tensor]):
+    """A dict subclass, which the codec cannot rebuild without calling its code."""
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ((torch.ones(1), 3), r"item \[1\] is a `builtins.int`"),
+        ((torch.ones(1), [None, object()]), r"item \[1\]\[1\] is a `builtins.object`"),
+        ({"a": {1: torch.ones(1)}}, r"item \['a'\]\[1\] is under a `builtins.int` key"),
+        (_local_pair(), "namedtuple, whose class cannot be found again by its name"),
+        (Counts(a=torch.ones(1)), r"it is a `[\w.]*Counts`"),
+        (collections.defaultdict(list, a=torch.ones(1)), "`collections.defaultdict`"),
+        ((None, None), "it holds no tensor"),
+    ],
+    ids=["int", "object", "int-key", "local-namedtuple", "dict-subclass", "defaultdict", "none"],
+)
+def test_what_the_codec_does_not_write_is_refused_by_item(value: Any, why: str) -> None:
+    """A value the codec cannot give back as it is — another type in it, a class it
+    cannot find again by name — is refused, never written as something else, and the
+    refusal names the item."""
+    assert not smt.TENSOR.accepts(value)
+    refusal = smt.TENSOR.refusal(value)
+    assert refusal is not None and re.search(why, refusal), refusal
+
+
+def test_a_namedtuple_whose_class_is_not_loaded_is_an_answer_that_cannot_be_read() -> None:
+    """A namedtuple answer is rebuilt from the class of its name among the modules loaded,
+    never imported; one that is not there (or has other fields) is a ValueError, which the
+    engine takes for an answer it computes again."""
+    data = bytes(_bytes(Pair(torch.ones(1), torch.zeros(1))))
+
+    def renamed(header: dict[str, Any]) -> None:
+        tree = json.loads(header["__metadata__"]["tree"])
+        tree["namedtuple"] = "somatize_not_loaded.module:Pair"
+        header["__metadata__"]["tree"] = json.dumps(tree)
+
+    with pytest.raises(ValueError, match="no such class is loaded"):
+        smt.TENSOR.decode(_patched(Pair(torch.ones(1), torch.zeros(1)), renamed))
+    assert type(smt.TENSOR.decode(memoryview(data))) is Pair
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        {"tuple": [0, 0]},
+        {"tuple": [0]},
+        {"tuple": [0, 1, 2]},
+        {"set": [0, 1]},
+        {"dict": [["a", 0], ["a", 1]]},
+        {"dict": [[1, 0], ["b", 1]]},
+        {"namedtuple": "x:Y", "fields": ["a"], "items": [0, 1]},
+        "[0, 1]",
+    ],
+    ids=["twice", "missing", "extra", "unknown", "same-key", "int-key", "fields", "not-a-shape"],
+)
+def test_a_tree_shape_that_lies_is_refused_as_damaged(tree: Any) -> None:
+    """A shape that places a tensor twice or not at all, or is not one the codec writes, is
+    a ValueError, never a wrong value."""
+    value = (torch.ones(1), (torch.zeros(1), None))
+
+    def change(header: dict[str, Any]) -> None:
+        header["__metadata__"]["tree"] = json.dumps(tree)
+
+    with pytest.raises(ValueError):
+        smt.TENSOR.decode(_patched(value, change))
 
 
 def test_layout_is_safetensors() -> None:
@@ -256,7 +404,10 @@ def test_codec_takes_tensors_and_leaves_plain_values() -> None:
     assert CODECS.for_value((torch.ones(2), torch.zeros(1))).name == "tensor"
     assert CODECS.for_value((1, 2)).name == "plain"
     assert CODECS.for_value([]).name == "plain"
-    assert not smt.TENSOR.accepts({"__metadata__": torch.ones(1)})
+    assert CODECS.for_value((None, None)).name == "plain"
+    # A key safetensors keeps for itself is written in the shape, not as a tensor's name.
+    back = smt.TENSOR.decode(_bytes({"__metadata__": torch.ones(1)}))
+    assert list(back) == ["__metadata__"] and torch.equal(back["__metadata__"], torch.ones(1))
 
 
 def test_opaque_tensor_is_keyed_by_content_dtype_and_shape() -> None:

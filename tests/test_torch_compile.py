@@ -65,3 +65,59 @@ def test_compiled_wrapped_model_equals_eager_without_recompiling(
     assert counters["stats"]["unique_graphs"] <= 2
     assert counters["frames"]["total"] <= 4
     torch._dynamo.reset()
+
+
+class Normed(nn.Module):
+    """A frozen module with a BatchNorm, whose statistics must stay put."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.norm = nn.BatchNorm1d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.linear(x))
+
+
+def test_compiled_wrapped_frozen_module_stays_in_eval_after_train(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrapped frozen module put in train mode and compiled runs in eval: its BatchNorm
+    statistics, and so its digest, stay what they were frozen at."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = Normed()
+    wrapped = smt.wrap(module, frozen=True, store=Store(tmp_path / "s"))
+    digest = smt.freeze(wrapped)["normed"]
+    wrapped.train()
+    compiled = torch.compile(wrapped)
+    x = torch.randn(8, 4) * 5 + 3
+    with torch.no_grad():
+        out = compiled(x)
+        assert torch.allclose(out, module(x), atol=1e-6)
+    assert not any(part.training for part in module.modules())
+    assert smt.digest_state(module) == digest
+    torch._dynamo.reset()
+
+
+def test_compiled_wrapped_model_runs_a_part_assigned_after_wrap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part assigned on the wrapped model after it was compiled is the one the compiled
+    model runs."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Model()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=Store(tmp_path / "s"))
+    smt.freeze(wrapped)
+    compiled = torch.compile(wrapped)
+    x = torch.randn(4, 8)
+    head = nn.Linear(8, 3)
+    with torch.no_grad():
+        compiled(x)
+        wrapped.head = head
+        expected = head(torch.relu(model.encoder(x * 2.0)) + 1.0)
+        assert torch.allclose(compiled(x), expected, atol=1e-6)
+    torch._dynamo.reset()

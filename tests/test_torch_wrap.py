@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import collections
 import inspect
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 import somatize.torch as smt
-from somatize import NotSettled, Store, Unsettled
+from somatize import NotSettled, Opaque, Store, Unsettled
+from somatize.codecs import CodecError
+from somatize.keys import node_key, node_prefix, root_key
 
 
 class Encoder(nn.Module):
@@ -284,3 +289,470 @@ def test_without_a_store_nothing_is_kept() -> None:
     wrapped(x)
     wrapped(x)
     assert wrapped.encoder.calls == 2
+
+
+# ------------------------------------------------------------------ what a cached call is keyed by
+
+
+class Tempered(nn.Module):
+    """Divides by a plain value it keeps beside its weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.temperature = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) / self.temperature
+
+
+class Holds(nn.Module):
+    """A declared encoder and a head after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def _negated(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+    return -out
+
+
+def _held(whole: bool, store: Store) -> tuple[smt.Wrapped, Holds]:
+    torch.manual_seed(0)
+    model = Holds()
+    wrapped = (
+        smt.wrap(model.encoder, frozen=True, cached=True, store=store)
+        if whole
+        else smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    )
+    smt.freeze(wrapped)
+    return wrapped, model
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
+@pytest.mark.parametrize("change", ["setting", "hook"])
+def test_a_setting_or_hook_changed_and_frozen_again_keys_anew(
+    store: Store, whole: bool, change: str
+) -> None:
+    """A plain value or a forward hook changed on a cached module is seen when `freeze`
+    runs again: the next call is keyed anew and computed, not the old answer recalled."""
+    wrapped, model = _held(whole, store)
+    x = torch.randn(3, 4)
+    before = wrapped(x)
+    if change == "setting":
+        model.encoder.temperature = 2.0
+    else:
+        model.encoder.linear.register_forward_hook(_negated)
+    smt.freeze(wrapped)
+    after = wrapped(x)
+    name = next(iter(wrapped.counts))
+    assert wrapped.counts[name] == {"ran": 2, "kept": 2}
+    with torch.no_grad():
+        assert torch.allclose(after, wrapped.model(x))
+    assert not torch.allclose(after, before)
+
+
+def test_the_precision_a_call_runs_in_keys_it_apart(store: Store) -> None:
+    """An answer computed under bf16 autocast is not recalled for a float32 call, nor the
+    other way round, and a call in torch's default precision keeps the key it had: the
+    owner graph's declaration and state, and the content of the inputs."""
+    wrapped, model = _held(False, store)
+    x = torch.randn(3, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = wrapped(x)
+    plain = wrapped(x)
+    assert plain.dtype == torch.float32
+    with torch.no_grad():
+        assert torch.allclose(plain, model(x))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(wrapped(x), low)
+    assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2, "recalled": 1}
+    memory = wrapped.graph.memory
+    identity, declaration = memory.identity_of("encoder"), memory.declaration_of("encoder")
+    assert identity is not None and declaration is not None
+    prefix = node_prefix(identity, declaration, memory.state_of("encoder"), None)
+    usual = node_key(prefix, [root_key(Opaque((x,), smt.TENSOR))])
+    wrapped(x)
+    assert wrapped.graph.record is not None
+    assert [f["key"] for f in wrapped.graph.record.facts if f["fact"] == "recalled"] == [usual]
+
+
+# ------------------------------------------------------------------ what comes back
+
+
+Pooled = collections.namedtuple("Pooled", ["hidden", "pooled"])
+
+
+class Answers(nn.Module):
+    """Answers a value of the kind it is built to."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor) -> Any:
+        h = self.linear(x)
+        if self.kind == "dict":
+            return {"zeta": h, "alpha": h.sum(-1)}
+        if self.kind == "ordered":
+            return collections.OrderedDict(zeta=h, alpha=h.sum(-1))
+        if self.kind == "namedtuple":
+            return Pooled(h, h.mean(-1))
+        if self.kind == "none":
+            return h, None
+        if self.kind == "nested":
+            return h, (h.sum(-1), [h.mean(-1), None])
+        if self.kind == "int":
+            return h, (h.sum(-1), 3)
+        if self.kind == "local":
+            local = collections.namedtuple("local", ["h"])
+            return local(h)
+        return Scores(h=h)
+
+
+class Scores(dict[str, torch.Tensor]):
+    """A dict subclass: kept, it could only come back as a plain dict."""
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same_value(p, q) for p, q in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("kind", ["dict", "ordered", "namedtuple", "none", "nested"])
+def test_an_answer_comes_back_as_it_was_computed(store: Store, kind: str) -> None:
+    """A cached module's answer is the same kind of value computed and recalled — a dict in
+    its order, a namedtuple as its class, None and nesting where they were — and is what
+    the module itself answers."""
+    torch.manual_seed(0)
+    module = Answers(kind)
+    wrapped = smt.wrap(module, frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    computed, recalled = wrapped(x), wrapped(x)
+    assert wrapped.counts["answers"] == {"ran": 1, "kept": 1, "recalled": 1}
+    with torch.no_grad():
+        assert _same_value(computed, module(x))
+    assert _same_value(recalled, computed)
+
+
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [
+        ("int", r"item \[1\]\[1\] is a `builtins.int`"),
+        ("local", "it is a .*namedtuple, whose class cannot be found again by its name"),
+        ("subclass", r"it is a `[\w.]*Scores`"),
+    ],
+    ids=["int", "local-namedtuple", "dict-subclass"],
+)
+def test_an_answer_that_cannot_come_back_as_it_is_is_refused(
+    store: Store, kind: str, why: str
+) -> None:
+    """An answer the store cannot give back as it was computed is refused when it is kept,
+    naming the item, rather than recalled as something else."""
+    wrapped = smt.wrap(Answers(kind), frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    with pytest.raises(
+        CodecError, match=f"`answers` is cached, and its answer cannot be kept: {why}"
+    ):
+        wrapped(torch.randn(3, 4))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_an_answer_is_on_the_device_of_the_input_computed_or_recalled(store: Store) -> None:
+    """An answer is put on the device of the call's first input, computed or recalled
+    alike: one kept from a call on the host is recalled onto the device a later call is
+    made on, and one a module answers on the host comes back on its input's device."""
+    wrapped = smt.wrap(Returns(ToHost()), frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4, device="cuda")
+    assert wrapped(x).device.type == "cuda"
+    assert wrapped(x).device.type == "cuda"
+    assert wrapped.counts["returns"]["recalled"] == 1
+    y = torch.randn(3, 4)
+    assert wrapped(y).device.type == "cpu"
+    assert wrapped(y.cuda()).device.type == "cuda"
+    assert wrapped.counts["returns"]["recalled"] == 2
+
+
+class ToHost(nn.Module):
+    """Answers on the host whatever device its input is on."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).cpu()
+
+
+class Returns(nn.Module):
+    """Returns what the module it holds answers."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.inner(x)
+
+
+# ------------------------------------------------------------------ what a cached module may do
+
+
+class Centres(nn.Module):
+    """Centres its input in place, then encodes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.sub_(x.mean(-1, keepdim=True))
+        return self.linear(x)
+
+
+class Residual(nn.Module):
+    """Reads its input again after the encoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Centres()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) + x
+
+
+def test_a_cached_module_that_writes_into_its_input_is_refused(store: Store) -> None:
+    """A cached module that writes into a tensor it is handed is refused before its answer
+    is kept: a recall would not repeat the write, and what reads the input after it
+    would differ between a miss and a hit."""
+    wrapped = smt.wrap(Residual(), frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    for _ in range(2):  # nothing was kept: refused again, not recalled
+        with pytest.raises(smt.WrapError, match="wrote into argument 0 it was handed, in place"):
+            wrapped(x.clone())
+
+
+class Masked(nn.Module):
+    """Takes a mask by name, and a scale only by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        h = self.linear(x)
+        h = h if mask is None else h * mask
+        return h if scale is None else h * scale
+
+
+def test_a_wrapped_module_takes_keyword_arguments(store: Store) -> None:
+    """Arguments given by name reach the module: a cached call is keyed by them in the
+    order of the signature (by name or by position, one answer), one that has no place in
+    that order is refused saying why, and a module frozen only takes any."""
+    torch.manual_seed(0)
+    module = Masked()
+    wrapped = smt.wrap(module, frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    x, mask = torch.randn(3, 4), (torch.rand(3, 4) > 0.5).float()
+    with torch.no_grad():
+        expected = module(x, mask)
+    assert torch.equal(wrapped(x, mask=mask), expected)
+    assert torch.equal(wrapped(x, mask), expected)
+    assert wrapped.counts["masked"] == {"ran": 1, "kept": 1, "recalled": 1}
+    with pytest.raises(TypeError, match="`scale` has no place in that order"):
+        wrapped(x, scale=mask)
+    frozen = smt.wrap(Masked(), frozen=True, store=store)
+    smt.freeze(frozen)
+    assert frozen(x, mask=mask, scale=mask).shape == (3, 4)
+
+
+# ------------------------------------------------------------------ train and eval
+
+
+class Drops(nn.Module):
+    """Drops out after the encoder as `self.training` says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.dropout(self.encoder(x), p=0.5, training=self.training)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("wrapped_in", ["train", "eval"])
+def test_code_that_reads_the_training_flag_follows_the_mode(store: Store, wrapped_in: str) -> None:
+    """What the model's own forward reads of `self.training` follows the mode the wrapped
+    model is in, whichever mode it was wrapped in."""
+    torch.manual_seed(0)
+    model = Drops().train(wrapped_in == "train")
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(64, 4)
+    wrapped.eval()
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), wrapped(x))
+        assert torch.allclose(wrapped(x), model(x))
+    wrapped.train()
+    assert not torch.equal(wrapped(x), wrapped(x))
+    assert not wrapped.encoder.training and wrapped.head.training
+
+
+class Normed(nn.Module):
+    """A linear layer and a BatchNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.norm = nn.BatchNorm1d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.linear(x))
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["frozen", "cached"])
+def test_train_leaves_a_wrapped_frozen_module_in_eval(store: Store, cached: bool) -> None:
+    """`train()` on a wrapped frozen module, or on a model holding one, leaves every part
+    of it in eval: nothing warns, and its statistics stay put."""
+    module = Normed()
+    holder = nn.ModuleDict({"encoder": smt.wrap(module, frozen=True, cached=cached, store=store)})
+    smt.freeze(holder["encoder"])
+    before = module.norm.running_mean.clone()
+    holder.train()
+    assert holder["encoder"].training
+    assert not any(part.training for part in module.modules())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        holder["encoder"](torch.randn(8, 4) * 5 + 3)
+    assert torch.equal(module.norm.running_mean, before)
+
+
+# ------------------------------------------------------------------ parts replaced after wrap
+
+
+class Projects(nn.Module):
+    """A declared encoder, a weight of its own and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.proj = nn.Parameter(torch.randn(4, 4))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x) @ self.proj)
+
+
+def _projects(store: Store, seed: int = 0) -> tuple[smt.Wrapped, Projects]:
+    torch.manual_seed(seed)
+    model = Projects()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    return wrapped, model
+
+
+def test_parts_replaced_after_wrap_are_the_ones_that_run(store: Store) -> None:
+    """A part replaced on the wrapped model — assigned, or loaded with `assign=True` — or
+    on the model itself is the one that runs, and the two models hold the same parts."""
+    wrapped, model = _projects(store)
+    x = torch.randn(3, 4)
+    wrapped(x)
+    wrapped.head = nn.Linear(4, 2)
+    assert model.head is wrapped.head
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+    other = _projects(store, seed=1)[1]
+    wrapped.load_state_dict(other.state_dict(), assign=True)
+    with torch.no_grad():
+        assert torch.allclose(wrapped(x), other(x))
+    model.proj = nn.Parameter(torch.eye(4))
+    with torch.no_grad():
+        assert torch.allclose(wrapped(x), model(x))
+        wrapped.double()
+        assert torch.allclose(wrapped(x.double()), model(x.double()))
+
+
+def test_replacing_a_declared_submodule_is_refused(store: Store) -> None:
+    """A declared submodule replaced after `wrap` is refused — on the wrapped model when it
+    is assigned, on the model itself at the next forward — since its node holds the one
+    it was declared with; assigning the same one again is no replacement."""
+    wrapped, model = _projects(store)
+    x = torch.randn(3, 4)
+    wrapped.encoder = wrapped.encoder
+    wrapped(x)
+    with pytest.raises(smt.WrapError, match=r"`encoder` is declared .* Wrap the model again"):
+        wrapped.encoder = Tempered()
+    with pytest.raises(smt.WrapError, match="`encoder` is declared"):
+        wrapped.add_module("encoder", Tempered())
+    assert wrapped.encoder is model.encoder
+    wrapped(x)
+    model.encoder = Tempered()
+    with pytest.raises(smt.WrapError, match=r"`encoder` is declared .* replaced after `wrap`"):
+        wrapped(x)
+
+
+class TrainsOnly(nn.Module):
+    """Branches on a tensor value in train mode only, which fx cannot trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if self.training and h.sum() > 0:
+            return h * 2
+        return h
+
+
+class TwiceInEval(nn.Module):
+    """Calls its declared encoder once in train mode and twice in eval mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h if self.training else h + self.encoder(x * 2)
+
+
+def test_a_model_traceable_in_one_mode_runs_only_in_that_mode(store: Store) -> None:
+    """A model fx can trace in eval mode only runs in eval mode; in train mode it is refused,
+    saying why, rather than running the code traced in eval mode."""
+    model = TrainsOnly().eval()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+    wrapped.train()
+    with pytest.raises(smt.WrapError, match=r"wrapped in eval mode and is run in train mode"):
+        wrapped(x)
+
+
+def test_declared_calls_that_differ_between_modes_are_refused() -> None:
+    """A forward that calls its declared submodules differently in train and eval mode is
+    refused at `wrap`: one graph cannot describe both."""
+    with pytest.raises(smt.WrapError, match=r"differently in train and eval mode"):
+        smt.wrap(TwiceInEval(), frozen=["encoder"])
