@@ -135,6 +135,11 @@ def _str(value: Any, parts: Parts, where: Where) -> None:
 
 
 def _bytes(value: Any, parts: Parts, where: Where) -> None:
+    if parts.exact and type(value) is memoryview:
+        raise NotCanonical(
+            f"{_render(where)} is a memoryview: it would be read back as bytes, another type "
+            "(and, for a view of typed items, another length). Pass `bytes(view)` instead"
+        )
     view = memoryview(value)
     if not view.c_contiguous:
         raise NotCanonical(
@@ -393,7 +398,10 @@ def _need(data: bytes, at: int, size: int) -> None:
 def decode(data: bytes | memoryview) -> Any:
     """The value whose canonical encoding is ``data``; ValueError if it is not one."""
     raw = bytes(data) if not isinstance(data, bytes) else data
-    value, at = _read(raw, 0)
+    try:
+        value, at = _read(raw, 0)
+    except RecursionError:  # written by a process allowed to nest deeper than this one
+        raise ValueError("a canonical value nested deeper than this process can read") from None
     if at != len(raw):
         raise ValueError(f"{len(raw) - at} stray bytes after a canonical value")
     return value

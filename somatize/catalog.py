@@ -70,15 +70,35 @@ def identity_of(kind: type) -> str | None:
 
     A class defined in ``__main__`` has an identity (a notebook's nodes are keyed
     like any other); one defined inside a function does not, since every call
-    makes another class under the same name.
+    makes another class under the same name; nor does a class made by ``type(...)``
+    in a function, out of functions that close over the function's values (a
+    factory's ``type("Add", (Node,), {"forward": lambda self, x, ctx: x + k})``):
+    every call makes another, and what it closes over is in no key.
     """
     explicit = kind.__dict__.get("identity")
     if isinstance(explicit, str):
         return explicit
     qualname = kind.__qualname__
-    if "<locals>" in qualname or "<lambda>" in qualname:
+    if "<locals>" in qualname or "<lambda>" in qualname or _closes_over_a_call(kind):
         return None
     return f"{kind.__module__}:{qualname}"
+
+
+def _closes_over_a_call(kind: type) -> bool:
+    """Whether a function ``kind`` holds was written inside a function and closes over
+    its values (not a decorator's wrapper, which names what it wraps, nor a method's
+    ``__class__`` cell for ``super()``)."""
+    for member in vars(kind).values():
+        function = getattr(member, "__func__", member)
+        code = getattr(function, "__code__", None)
+        if (
+            code is not None
+            and "<locals>" in getattr(function, "__qualname__", "")
+            and not hasattr(function, "__wrapped__")
+            and set(code.co_freevars) - {"__class__"}
+        ):
+            return True
+    return False
 
 
 _FINGERPRINTS: dict[type, str] = {}

@@ -61,6 +61,11 @@ class Codec(abc.ABC):
         """Whether this codec can write ``value`` (its type is already one of ``types``)."""
         return True
 
+    def refusal(self, value: Any) -> str | None:
+        """Why this codec does not write ``value`` (of one of its ``types``), naming what
+        in it is refused, or None when it says no more than that it does not."""
+        return None
+
     @abc.abstractmethod
     def encode(self, value: Any) -> Sequence[Buffer]:
         """The bytes of ``value``, as pieces written one after the other (no joining needed)."""
@@ -97,7 +102,15 @@ class Plain(Codec):
     types = (type(None), bool, int, float, str, bytes, bytearray, memoryview, list, tuple, dict)
 
     def accepts(self, value: Any) -> bool:
-        return canonical.is_canonical(value)
+        return self.refusal(value) is None
+
+    def refusal(self, value: Any) -> str | None:
+        # Exact, as answers are written: what comes back must be what was computed.
+        try:
+            canonical.parts_of(value, exact=True)
+        except canonical.NotCanonical as why:
+            return str(why)
+        return None
 
     def encode(self, value: Any) -> Sequence[Buffer]:
         # Exact: a recalled dict has the order it was computed in, a bytearray stays one.
@@ -164,13 +177,16 @@ class Codecs:
 
     def for_value(self, value: Any, where: str = "value") -> Codec:
         """The codec that writes ``value``; CodecError naming its type otherwise."""
-        for codec in self.candidates(type(value)):
+        candidates = self.candidates(type(value))
+        for codec in candidates:
             if codec.accepts(value):
                 return codec
         kind = type(value)
+        reasons = [why for why in (codec.refusal(value) for codec in candidates) if why]
+        said = f" ({'; '.join(reasons)})" if reasons else ""
         raise CodecError(
-            f"{where} is a `{kind.__module__}.{kind.__qualname__}` and no codec writes it, so it "
-            "can be neither kept in a store nor sent to a worker. Return canonical values "
+            f"{where} is a `{kind.__module__}.{kind.__qualname__}` and no codec writes it{said}, "
+            "so it can be neither kept in a store nor sent to a worker. Return canonical values "
             "(None, bool, int, float, str, bytes, lists/tuples/dicts of them), a tensor "
             "(`import somatize.torch`), an Arrow table or frame (`import somatize.data`), or "
             "register a codec for it with `somatize.CODECS.register(...)`"

@@ -213,6 +213,10 @@ class Node:
         if type(self).declare is not Node.declare:
             return True
         args, kwargs = self._smz.call
+        bound = self._bound()
+        if bound is not None:  # with its defaults, which declare() says too
+            bound.apply_defaults()
+            return canonical.is_immutable(tuple(bound.arguments.values())[1:])
         return canonical.is_immutable((args, tuple(kwargs.values())))
 
     def kept_arguments(self) -> list[tuple[str, Any]]:

@@ -24,6 +24,7 @@ for, right after its inputs run (``late``).
 
 from __future__ import annotations
 
+import numbers
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -279,7 +280,11 @@ def look_again(graph: Graph) -> None:
 def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> None:
     """Takes the attributes of ``node`` replaced since the build as its constructor
     arguments, and the graph's memory its declaration now."""
-    taken = {attr: value for attr, value in changed.items() if canonical.is_canonical(value)}
+    taken = {}
+    for attr, value in changed.items():
+        plain = _plain(value)
+        if canonical.is_canonical(plain):
+            taken[attr] = plain
     if taken and "\0" in name:  # a node interned into another, which runs in its place
         said = ", ".join(f"`{attr}`" for attr in taken)
         raise AlreadyBuilt(
@@ -288,15 +293,39 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
             "with it when the graph was built), so the change would not be heard. Build the "
             "graph again"
         )
+    if taken and any(other.startswith(f"{name}\0") for other in graph._kept):
+        said = ", ".join(f"`{attr}`" for attr in taken)
+        raise AlreadyBuilt(
+            f"{said} of `{name}` was changed after the graph was built, and another node "
+            f"built alike runs as `{name}` too (they were one computation when the graph was "
+            "built), so the change would change that one's answers as well. Build the graph "
+            "again"
+        )
     if taken:
         node.retake(taken)
         _declared_again(graph, name, node)
+        if not node.is_declaration_fixed():  # a list or a dict now: followed from here on
+            graph._unfixed[name] = node
     # What the node keeps now is what is watched from here; a value with no canonical form
     # (the node tidying its own argument) is its own business, and is not taken.
     graph._kept[name] = (
         node,
         [(attr, vars(node).get(attr, was)) for attr, was in graph._kept[name][1]],
     )
+
+
+def _plain(value: Any) -> Any:
+    """A number or a str of a subclass (numpy's ``float64``, an ``IntEnum``) or numpy's
+    integers as the plain value it stands for; anything else as it is."""
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, (int, numbers.Integral)):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    return value
 
 
 def _declared_again(graph: Graph, name: str, node: Node) -> None:

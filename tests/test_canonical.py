@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 from hypothesis import given
@@ -175,4 +176,22 @@ def test_only_values_that_cannot_change_are_immutable() -> None:
 def test_decode_refuses_broken_bytes(data: bytes) -> None:
     """Bytes that are not one whole canonical value are refused."""
     with pytest.raises(ValueError):
+        canonical.decode(data)
+
+
+def test_a_value_nested_deeper_than_this_process_reads_is_a_value_error() -> None:
+    """Bytes written by a process allowed to nest deeper are refused as bytes that cannot
+    be read here (a damaged answer, computed again), not a RecursionError."""
+    deep: list[object] = []
+    inner = deep
+    for _ in range(3000):
+        inner.append([])
+        inner = inner[0]  # type: ignore[assignment]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20000)
+    try:
+        data = canonical.encode(deep)
+    finally:
+        sys.setrecursionlimit(limit)
+    with pytest.raises(ValueError, match="nested deeper than this process can read"):
         canonical.decode(data)

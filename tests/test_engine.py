@@ -463,6 +463,108 @@ def test_an_interned_node_changed_after_building_is_refused() -> None:
         g.forward([1.0])
 
 
+def test_the_node_an_equal_one_was_interned_into_changed_after_building_is_refused() -> None:
+    """Changing the node that runs for both of two interned nodes would change the other's
+    answers too: refused, like a change to the one that does not run."""
+    first, second = Scale(2.0).named("a").frozen(), Scale(2.0).named("b").frozen()
+    g = Graph.somatize(Echo().named("rows") >> (first, second))
+    first.by = 3.0
+    with pytest.raises(AlreadyBuilt, match=r"`by` of `a` was changed .* runs as `a` too"):
+        g.forward([1.0])
+
+
+class Picks(Node):
+    """Picks the items at ``at``, an argument it keeps."""
+
+    def __init__(self, at: Any = (0,)) -> None:
+        self.at = at
+
+    def forward(self, values: list[float], ctx: Any) -> list[float]:
+        return [values[i] for i in self.at]
+
+
+class Weighs(Node):
+    """Weighs items by a dict it is built with, by default one shared by every instance."""
+
+    def __init__(self, weights: dict[str, float] = {"a": 1.0}) -> None:  # noqa: B006
+        self.weights = weights
+
+    def forward(self, x: float, ctx: Any) -> float:
+        return x * self.weights["a"]
+
+
+def test_a_list_a_node_is_given_after_building_is_followed_as_it_changes(
+    store: Store,
+) -> None:
+    """An argument replaced after the build by a list, and a mutable default, are followed
+    when they change in place, as an argument built with a list is: no answer kept before
+    the change is recalled after it."""
+    picks = Picks()
+    g = Graph.somatize(picks.named("picks").frozen().cached())
+    values = [10.0, 20.0, 30.0]
+    assert g.forward(values, store=store) == [10.0]
+    picks.at = [0, 1]
+    assert g.forward(values, store=store) == [10.0, 20.0]
+    picks.at.append(2)
+    assert g.forward(values, store=store) == [10.0, 20.0, 30.0]
+    assert g.record is not None and g.record.outcome == {"picks": "ran"}
+    weighs = Weighs()
+    g = Graph.somatize(weighs.named("weighs").frozen().cached())
+    assert g.forward(2.0, store=store) == 2.0
+    weighs.weights["a"] = 5.0
+    try:
+        assert g.forward(2.0, store=store) == 10.0
+        assert g.record is not None and g.record.outcome == {"weighs": "ran"}
+    finally:
+        weighs.weights["a"] = 1.0  # the default is every instance's
+
+
+def test_a_numpy_number_given_after_building_is_keyed_as_the_number_it_is(
+    store: Store,
+) -> None:
+    """numpy's float64 is no canonical float, and its int64 no int: replaced by one, a
+    kept argument is taken as the plain number it holds, not left out of the key."""
+    shift = Shifts(2.0)
+    g = Graph.somatize(shift.named("shift").frozen().cached())
+    assert g.forward(1.0, store=store) == 3.0
+    shift.by = np.float64(4.0)
+    assert g.forward(1.0, store=store) == 5.0
+    assert g.record is not None and g.record.outcome == {"shift": "ran"}
+    shift.by = np.int64(5)
+    assert g.forward(1.0, store=store) == 6.0
+    assert g.record.outcome == {"shift": "ran"}
+    assert shift.declaration() == Shifts(5).declaration()
+
+
+class Shifts(Node):
+    """Adds ``by``, an argument it keeps, and answers a plain float."""
+
+    def __init__(self, by: float = 1.0) -> None:
+        self.by = by
+
+    def forward(self, x: float, ctx: Any) -> float:
+        return float(x + self.by)
+
+
+class Viewed(Node):
+    """Answers a memoryview of typed items."""
+
+    def forward(self, x: Any, ctx: Any) -> memoryview:
+        return memoryview(np.arange(2, dtype=np.int32))
+
+
+def test_an_answer_that_would_come_back_as_another_type_is_refused_saying_why(
+    store: Store,
+) -> None:
+    """A memoryview would be read back as bytes (for typed items, of another length): the
+    answer is not kept, and the error says what in it is refused."""
+    g = Graph.somatize(Viewed().named("viewed").frozen().cached())
+    facts: list[dict[str, Any]] = []
+    with pytest.raises(CodecError, match=r"no codec writes it \(value is a memoryview"):
+        g.forward(1, store=store, watching=facts.append)
+    assert [f["fact"] for f in facts] == ["ran", "failed"]
+
+
 class Ordered(Node):
     """A dict whose keys are not in sorted order, holding a bytearray."""
 

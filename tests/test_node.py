@@ -251,3 +251,27 @@ def test_a_class_defined_again_under_its_name_is_fingerprinted_by_its_own_code()
     )
     assert again["Largest"].__qualname__ == Largest.__qualname__
     assert fingerprint_of(again["Largest"]) != fingerprint_of(Largest)
+
+
+def _adder(k: int) -> type[Node]:
+    """A class made at run time, its forward closing over ``k``."""
+    return type("Adder", (Node,), {"forward": lambda self, x, ctx: x + k})
+
+
+Adder = _adder(1)
+"""Bound at module level under its own name, as a notebook cell might."""
+
+
+def test_a_class_made_in_a_function_out_of_closures_has_no_identity(tmp_path: Any) -> None:
+    """``type(...)`` in a function, with methods closing over its values, makes another
+    class at every call under one name, and what they close over is in no key: such a
+    node is refused as nameless when it would be kept, rather than keyed alike."""
+    from somatize import Nameless
+    from somatize.catalog import identity_of
+
+    assert identity_of(Adder) is None and identity_of(_adder(100)) is None
+    assert identity_of(Scale) is not None  # methods using super() close over __class__ only
+    g = Graph.somatize(Adder().named("add").frozen().cached())
+    assert g.forward(5) == 6
+    with pytest.raises(Nameless, match="`add`"):
+        g.forward(5, store=str(tmp_path))
