@@ -55,11 +55,13 @@ tensors are equal whatever the JSON writer did or the order a dict was filled in
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import json
 import math
 import struct
 import sys
+import types
 import warnings
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -190,11 +192,11 @@ def _shape(value: Any, leaves: list[torch.Tensor], where: str, depth: int, order
 
 def _named_tuple(kind: type) -> tuple[str, ...] | None:
     """The fields of namedtuple class ``kind``, or None when it is not one."""
-    fields = getattr(kind, "_fields", None)
+    fields = inspect.getattr_static(kind, "_fields", None)
     if (
         isinstance(fields, tuple)
         and all(type(f) is str for f in fields)
-        and callable(getattr(kind, "_make", None))
+        and inspect.getattr_static(kind, "_make", None) is not None
     ):
         return fields
     return None
@@ -208,7 +210,11 @@ def _class_at(named: str, fields: Sequence[str]) -> type | None:
     if found is None or "<locals>" in qualname:
         return None
     for part in qualname.split("."):
-        found = getattr(found, part, None)
+        # Each step read from a module's or class's own namespace: a module's __getattr__
+        # (which may import) or a metaclass's property never runs for a name a store gave.
+        if not isinstance(found, (types.ModuleType, type)):
+            return None
+        found = vars(found).get(part)
     if (
         isinstance(found, type)
         and issubclass(found, tuple)
@@ -279,7 +285,10 @@ class TensorCodec(Codec):
     def decode(self, data: memoryview) -> Any:
         data = data.cast("B") if data.format != "B" or data.ndim != 1 else data
         head = _head(data)
-        header = _header(bytes(data[8:head]))
+        try:
+            header = _header(bytes(data[8:head]))
+        except RecursionError:  # JSON nested past what this process reads: not ours
+            raise ValueError("a tensor answer's header is nested too deep: it is damaged") from None
         body = data[head:]
         if header.end > len(body):
             raise ValueError(
@@ -305,7 +314,12 @@ class TensorCodec(Codec):
             return out if header.order is None else {k: out[k] for k in header.order}
         ordered = [out[str(i)] for i in range(len(out))]
         if kind == "tree":
-            return _built(header.tree, ordered)
+            try:
+                return _built(header.tree, ordered)
+            except RecursionError:
+                raise ValueError(
+                    "a tensor answer's shape is nested too deep: it is damaged"
+                ) from None
         return tuple(ordered) if kind == "tuple" else ordered
 
     def digest(self, value: Any) -> str:
@@ -514,7 +528,8 @@ def _built(shape: Any, tensors: list[torch.Tensor]) -> Any:
                 f"{shape['fields']}, and no such class is loaded in this process: it is not "
                 "imported to read an answer, so the answer is computed again"
             )
-        return kind._make(_built(item, tensors) for item in shape["items"])  # type: ignore[attr-defined]
+        # Made as the tuple it is, so no code of the class runs for what a store says.
+        return tuple.__new__(kind, [_built(item, tensors) for item in shape["items"]])
     ((kind_name, items),) = shape.items()
     if kind_name == "tuple":
         return tuple(_built(item, tensors) for item in items)

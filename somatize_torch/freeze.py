@@ -711,16 +711,25 @@ def _refuse_tied(model: nn.Module, frozen: list[str]) -> None:
             continue
         for inner, param in part.named_parameters(remove_duplicate=False):
             if param.requires_grad:
-                owners.setdefault(id(param), f"{name}.{inner}")
+                # By memory, not by object: `nn.Parameter(frozen.weight.data)` is another
+                # parameter over the same numbers, and training it rewrites the frozen one.
+                owners.setdefault(_memory_of(param), f"{name}.{inner}")
     if not owners:
         return
     for where, param in model.named_parameters(remove_duplicate=False):
-        held = owners.get(id(param))
+        held = owners.get(_memory_of(param)) if param.requires_grad else None
         if held is not None and not any(where.startswith(f"{n}.") for n in frozen):
             raise FreezeError(
-                f"`{held}` is frozen, and `{where}` is the same parameter in a part of the "
-                "model that is not (tied weights): freezing turns its gradient off, so "
-                f"`{where}` would silently stop training. Give that part its own copy "
-                f"(`nn.Parameter({where}.detach().clone())`), or turn its gradient off "
-                "yourself (`requires_grad_(False)`) if it should not train either"
+                f"`{held}` is frozen, and `{where}`, in a part of the model that is not, "
+                "holds the same numbers (tied weights): freezing would turn its gradient "
+                f"off if it is the same parameter, so that `{where}` silently stops "
+                "training, and training it would change the frozen weights under their "
+                f"answers otherwise. Give that part its own copy (`nn.Parameter({where}"
+                ".detach().clone())`), or turn its gradient off yourself "
+                "(`requires_grad_(False)`) if it should not train either"
             )
+
+
+def _memory_of(tensor: torch.Tensor) -> int:
+    """Where a tensor's numbers live (its storage, whatever view of it the tensor is)."""
+    return int(tensor.untyped_storage().data_ptr()) or id(tensor)

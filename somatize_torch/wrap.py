@@ -94,6 +94,7 @@ from somatize.errors import SomatizeError
 from somatize.memory import Memory, settled
 from somatize.node import Expr
 from somatize_torch.codec import TENSOR
+from somatize_torch.digest import digest_tensor
 from somatize_torch.freeze import ModuleNode, check_still, is_held
 
 __all__ = [
@@ -243,11 +244,13 @@ class _Watched:
         self.call = call
 
     def __call__(self, *args: torch.Tensor) -> Any:
-        # An inference tensor keeps no version counter; nothing can tell a write into it.
-        versions = [None if a.is_inference() else a._version for a in args]
+        # An inference tensor keeps no version counter: its content is weighed instead,
+        # before and after (on a miss only, which computes anyway).
+        versions = [digest_tensor(a) if a.is_inference() else a._version for a in args]
         out = self.call(*args)
         for index, (value, version) in enumerate(zip(args, versions, strict=True)):
-            if version is not None and value._version != version:
+            now = digest_tensor(value) if value.is_inference() else value._version
+            if now != version:
                 raise WrapError(
                     f"`{self.name}` is cached, and it wrote into argument {index} it was "
                     "handed, in place: a recalled answer would not repeat the write, so what "
@@ -268,7 +271,31 @@ class _Watched:
                 "them). Return those — make the item a tensor, or leave it out — or drop the "
                 "submodule from `cached=`"
             ) from None
+        return _unshared(out)
+
+
+def _unshared(out: Any) -> Any:
+    """``out`` with no two tensors sharing memory (``(h, h[:, 0])``): a recalled answer's
+    tensors are each their own, so a computed one's are made so too, and a write into one
+    changes the other neither on a miss nor on a hit."""
+    leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if len(leaves) < 2:
         return out
+    storages = [t.untyped_storage().data_ptr() for t in leaves]
+    if len(set(storages)) == len(storages):
+        return out
+    seen: set[int] = set()
+
+    def own(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        where = t.untyped_storage().data_ptr()
+        if where in seen:
+            return t.clone()
+        seen.add(where)
+        return t
+
+    return tree_map(own, out)
 
 
 def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
@@ -295,6 +322,9 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
                 "when the answer is computed and silently stop when it is recalled. Freeze "
                 "what feeds it, or drop it from `cached=`"
             )
+    # Asked here too, since under torch.compile the wrapped forward's own look is compiled
+    # away: a declared submodule replaced on the model is refused before it is keyed.
+    self.owner._follow()
     memory = self.owner.graph.memory
     # Weights changed since the node was frozen (a checkpoint loaded, a part replaced): it
     # is keyed by its new state and what it declares now, said to the owner's graph here
@@ -531,6 +561,8 @@ class Wrapped(nn.Module):
     _in_eval: nn.Module | None
     _untraced: Untraceable | None
     _parts: _Parts
+    _through: tuple[str, ...] = ("",)
+    """The modules traced into, by path: their training flags pick the code that runs."""
 
     def __init__(
         self,
@@ -570,7 +602,30 @@ class Wrapped(nn.Module):
     @property
     def _runner(self) -> nn.Module | None:
         """What runs the model in the mode it is in now."""
-        return self._in_train if self.training else self._in_eval
+        return self._in_train if self._mode() else self._in_eval
+
+    def _mode(self) -> bool:
+        """The mode the code traced into runs in: the training flags of the modules whose
+        forward was traced — the model's own, put in a mode directly (``model.eval()``),
+        not only through this wrapper. Where the code of the two modes differs, those
+        modules must agree: code traced in one mode would run for a part in the other."""
+        if self._in_train is self._in_eval:
+            return bool(self.model.training)
+        found = [(p, _part(self.model, p) if p else self.model) for p in self._through]
+        modes = {p: bool(m.training) for p, m in found if isinstance(m, nn.Module)}
+        if len(set(modes.values())) <= 1:
+            return next(iter(modes.values()), bool(self.model.training))
+        shown = ", ".join(
+            f"`{p or 'the model itself'}` in {'train' if t else 'eval'}"
+            for p, t in list(modes.items())[:6]
+        )
+        raise WrapError(
+            "the code fx traced reads `self.training`, and the modules it traced into are in "
+            f"different modes ({shown}): what was traced for one mode would run for a part "
+            "in the other. Put them in one mode (`model.train()` or `model.eval()`), or "
+            "declare the part that stays in another mode, so it is called whole and reads "
+            "its own mode as it runs"
+        )
 
     def train(self, mode: bool = True) -> Wrapped:
         """Puts the model in ``mode`` through its own ``train``, which leaves its frozen
@@ -664,9 +719,10 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
     if not torch.compiler.is_compiling():
         self._follow()
         self._check()
-    runner = self._in_train if self.training else self._in_eval
+    training = self._mode()
+    runner = self._in_train if training else self._in_eval
     if runner is None:
-        mode, other = ("train", "eval") if self.training else ("eval", "train")
+        mode, other = ("train", "eval") if training else ("eval", "train")
         raise WrapError(
             f"this model was wrapped in {other} mode and is run in {mode} mode, and fx could "
             f"trace its forward in {other} mode only: what it traced may not be what the "
@@ -736,19 +792,40 @@ class _Tracer(fx.Tracer):
     def __init__(self, leaves: Iterable[str]) -> None:
         super().__init__()
         self.leaves = frozenset(leaves)
+        self.through: set[str] = {""}
+        """The modules whose forward was traced into (the model's own, ``""``, included):
+        what they read of ``self.training`` is in the code."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return module_qualified_name in self.leaves or super().is_leaf_module(
             m, module_qualified_name
         )
 
+    def call_module(
+        self,
+        m: nn.Module,
+        forward: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        try:
+            name = self.path_of_module(m)
+        except NameError:  # not part of the model: fx says so itself
+            name = None
+        if name is not None and not self.is_leaf_module(m, name):
+            self.through.add(name)
+        return super().call_module(m, forward, args, kwargs)
+
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
-def _traced(model: nn.Module, leaves: Iterable[str], training: bool) -> fx.GraphModule:
+def _traced(
+    model: nn.Module, leaves: Iterable[str], training: bool
+) -> tuple[fx.GraphModule, set[str]]:
     """``model``'s forward traced with every module's training flag set to ``training``
-    (and put back after): what it reads of ``self.training`` is baked into the code."""
+    (and put back after): what it reads of ``self.training`` is baked into the code. With
+    the modules traced into."""
     modes = [(module, module.training) for module in model.modules()]
     tracer = _Tracer(leaves)
     try:
@@ -778,7 +855,7 @@ def _traced(model: nn.Module, leaves: Iterable[str], training: bool) -> fx.Graph
     finally:
         for module, was in modes:
             object.__setattr__(module, "training", was)
-    return fx.GraphModule(model, graph, type(model).__name__)
+    return fx.GraphModule(model, graph, type(model).__name__), tracer.through
 
 
 def _describe_call(node: fx.Node) -> Any:
@@ -834,7 +911,7 @@ def wrap(
 
     wrapped = Wrapped.__new__(Wrapped)
     mode = model.training
-    traced = _traced(model, declared, mode)
+    traced, through = _traced(model, declared, mode)
     first = _split(traced, model, frozen_names, cached_names, wrapped, None)
     for name in declared:
         if name not in first.targets:
@@ -846,7 +923,8 @@ def wrap(
     runners: dict[bool, nn.Module | Untraceable] = {mode: first.runner, not mode: first.runner}
     reads = list(first.reads)
     try:
-        other = _traced(model, declared, not mode)
+        other, also = _traced(model, declared, not mode)
+        through |= also
     except Untraceable as error:
         runners[not mode] = error
     else:
@@ -867,6 +945,7 @@ def wrap(
     graph = Graph.somatize(Expr(list(first.nodes.values()), first.edges, first.outputs))
     parts = _Parts(reads, first.targets)
     Wrapped.__init__(wrapped, model, runners, graph, store, parts)
+    object.__setattr__(wrapped, "_through", tuple(sorted(through)))
     return wrapped
 
 

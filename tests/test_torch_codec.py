@@ -8,6 +8,7 @@ import re
 import struct
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,38 @@ def test_a_namedtuple_whose_class_is_not_loaded_is_an_answer_that_cannot_be_read
     with pytest.raises(ValueError, match="no such class is loaded"):
         smt.TENSOR.decode(_patched(Pair(torch.ones(1), torch.zeros(1)), renamed))
     assert type(smt.TENSOR.decode(memoryview(data))) is Pair
+
+
+def test_a_class_name_an_answer_gives_is_looked_up_without_running_any_code() -> None:
+    """The class a namedtuple answer names is read from modules' and classes' own
+    namespaces: a module's ``__getattr__`` (which imports) never runs for it."""
+    lazy = types.ModuleType("somatize_lazy_module")
+    calls: list[str] = []
+    lazy.__getattr__ = calls.append  # type: ignore[method-assign]
+    sys.modules[lazy.__name__] = lazy
+
+    def renamed(header: dict[str, Any]) -> None:
+        tree = json.loads(header["__metadata__"]["tree"])
+        tree["namedtuple"] = "somatize_lazy_module:Pair"
+        header["__metadata__"]["tree"] = json.dumps(tree)
+
+    try:
+        with pytest.raises(ValueError, match="no such class is loaded"):
+            smt.TENSOR.decode(_patched(Pair(torch.ones(1), torch.zeros(1)), renamed))
+    finally:
+        del sys.modules[lazy.__name__]
+    assert calls == []
+
+
+def test_a_header_nested_past_what_is_read_is_damaged() -> None:
+    """JSON nested deeper than this process parses is a ValueError (an answer computed
+    again), not a RecursionError out of the forward."""
+
+    def deep(header: dict[str, Any]) -> None:
+        header["__metadata__"]["tree"] = "[" * 200_000 + "]" * 200_000
+
+    with pytest.raises(ValueError, match="nested too deep"):
+        smt.TENSOR.decode(_patched(Pair(torch.ones(1), torch.zeros(1)), deep))
 
 
 @pytest.mark.parametrize(

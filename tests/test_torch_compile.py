@@ -121,3 +121,24 @@ def test_compiled_wrapped_model_runs_a_part_assigned_after_wrap(
         expected = head(torch.relu(model.encoder(x * 2.0)) + 1.0)
         assert torch.allclose(compiled(x), expected, atol=1e-6)
     torch._dynamo.reset()
+
+
+def test_compiled_wrapped_model_refuses_a_declared_part_replaced_on_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A declared submodule replaced on the model itself (not on the wrapper) after it was
+    compiled is refused at the cached call, which runs eagerly: the compiled forward's
+    own look at its parts is compiled away."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    model = Model()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=Store(tmp_path / "s"))
+    smt.freeze(wrapped)
+    compiled = torch.compile(wrapped, backend="eager")
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        compiled(x)
+        model.encoder = type(model.encoder)()
+        with pytest.raises(smt.WrapError, match="`encoder` is declared"):
+            compiled(x)
+    torch._dynamo.reset()

@@ -313,6 +313,10 @@ def test_freezing_a_weight_a_trained_part_shares_is_refused() -> None:
     with pytest.raises(smt.FreezeError, match=r"`encoder\.weight` is frozen.*`out\.weight`"):
         smt.freeze(wrapped)
     assert model.out.weight.requires_grad and not smt.is_held(model.encoder)
+    other = Tied()  # another parameter over the same numbers: training it changes them
+    other.out.weight = nn.Parameter(other.encoder.weight.data)
+    with pytest.raises(smt.FreezeError, match="holds the same numbers"):
+        smt.freeze(smt.wrap(other, frozen=["encoder"]))
     model.out.weight.requires_grad_(False)
     assert set(smt.freeze(wrapped)) == {"encoder"}
 

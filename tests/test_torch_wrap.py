@@ -544,6 +544,55 @@ def test_a_cached_module_that_writes_into_its_input_is_refused(store: Store) -> 
             wrapped(x.clone())
 
 
+def test_a_write_into_an_input_made_under_inference_mode_is_refused(store: Store) -> None:
+    """Under ``inference_mode`` inputs keep no version counter: the write is seen by their
+    content, weighed again on a miss."""
+    wrapped = smt.wrap(Residual(), frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    with torch.inference_mode():
+        x = torch.randn(3, 4)
+        with pytest.raises(smt.WrapError, match="wrote into argument 0 it was handed"):
+            wrapped(x.clone())
+
+
+class Aliases(nn.Module):
+    """Answers a tensor and a view of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.linear(x)
+        return h, h[:, :2]
+
+
+class ZeroesOne(nn.Module):
+    """Writes into the first of the encoder's answers and reads the second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Aliases()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        whole, part = self.encoder(x)
+        whole.mul_(0)
+        return part.sum(-1)
+
+
+def test_the_tensors_of_an_answer_share_no_memory_computed_or_recalled(store: Store) -> None:
+    """A recalled answer's tensors are each their own; a computed one's are made so too,
+    so a write into one reaches the other neither on a miss nor on a hit."""
+    torch.manual_seed(0)
+    wrapped = smt.wrap(ZeroesOne(), frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        computed, recalled = wrapped(x), wrapped(x)
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 1}
+    assert torch.equal(computed, recalled) and bool(computed.abs().sum() > 0)
+
+
 class Masked(nn.Module):
     """Takes a mask by name, and a scale only by name."""
 
@@ -616,6 +665,47 @@ def test_code_that_reads_the_training_flag_follows_the_mode(store: Store, wrappe
     wrapped.train()
     assert not torch.equal(wrapped(x), wrapped(x))
     assert not wrapped.encoder.training and wrapped.head.training
+
+
+class Block(nn.Module):
+    """Traced into (not a leaf), and reads its own `self.training`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(self.linear(x), p=0.5, training=self.training)
+
+
+class Blocked(nn.Module):
+    """An encoder, then a block traced into."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.block = Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(self.encoder(x))
+
+
+def test_the_mode_of_the_modules_traced_into_picks_the_code(store: Store) -> None:
+    """The model put in eval directly (not through the wrapper) runs the code traced for
+    eval; modules traced into left in different modes are refused, since code traced for
+    one mode would run for a part in the other."""
+    torch.manual_seed(0)
+    model = Blocked().train()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(64, 4)
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(wrapped(x), model(x))
+    model.train()
+    model.block.eval()
+    with pytest.raises(smt.WrapError, match=r"different modes \(`the model itself` in train"):
+        wrapped(x)
 
 
 class Normed(nn.Module):
