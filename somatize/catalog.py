@@ -72,16 +72,31 @@ def identity_of(kind: type) -> str | None:
     like any other); one defined inside a function does not, since every call
     makes another class under the same name; nor does a class made by ``type(...)``
     in a function, out of functions that close over the function's values (a
-    factory's ``type("Add", (Node,), {"forward": lambda self, x, ctx: x + k})``):
-    every call makes another, and what it closes over is in no key.
+    factory's ``type("Add", (Node,), {"forward": lambda self, x, ctx: x + k})``),
+    that its module does not hold under its name: every call makes another, and what
+    it closes over is in no key. (A class its module holds, given such a function
+    later — a method patched in — keeps its name.)
     """
     explicit = kind.__dict__.get("identity")
     if isinstance(explicit, str):
         return explicit
     qualname = kind.__qualname__
-    if "<locals>" in qualname or "<lambda>" in qualname or _closes_over_a_call(kind):
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        return None
+    if _closes_over_a_call(kind) and not _held_under_its_name(kind):
         return None
     return f"{kind.__module__}:{qualname}"
+
+
+def _held_under_its_name(kind: type) -> bool:
+    """Whether ``kind``'s module holds it under its qualified name (read from namespaces,
+    so that no module ``__getattr__`` runs)."""
+    found: Any = sys.modules.get(kind.__module__)
+    for part in kind.__qualname__.split("."):
+        if not isinstance(found, (type(sys), type)):
+            return False
+        found = vars(found).get(part)
+    return found is kind
 
 
 def _closes_over_a_call(kind: type) -> bool:

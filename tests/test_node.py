@@ -258,10 +258,6 @@ def _adder(k: int) -> type[Node]:
     return type("Adder", (Node,), {"forward": lambda self, x, ctx: x + k})
 
 
-Adder = _adder(1)
-"""Bound at module level under its own name, as a notebook cell might."""
-
-
 def test_a_class_made_in_a_function_out_of_closures_has_no_identity(tmp_path: Any) -> None:
     """``type(...)`` in a function, with methods closing over its values, makes another
     class at every call under one name, and what they close over is in no key: such a
@@ -269,9 +265,28 @@ def test_a_class_made_in_a_function_out_of_closures_has_no_identity(tmp_path: An
     from somatize import Nameless
     from somatize.catalog import identity_of
 
-    assert identity_of(Adder) is None and identity_of(_adder(100)) is None
+    adder = _adder(1)
+    assert identity_of(adder) is None and identity_of(_adder(100)) is None
     assert identity_of(Scale) is not None  # methods using super() close over __class__ only
-    g = Graph.somatize(Adder().named("add").frozen().cached())
+    g = Graph.somatize(adder().named("add").frozen().cached())
     assert g.forward(5) == 6
     with pytest.raises(Nameless, match="`add`"):
         g.forward(5, store=str(tmp_path))
+
+
+def test_a_class_its_module_holds_keeps_its_name_when_a_closure_is_patched_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A method patched into a class its module holds (a test's counter, a library's
+    wrapper) leaves the class its name."""
+    from somatize.catalog import identity_of
+
+    calls: list[Any] = []
+    plain = Echo.forward
+
+    def counted(self: Echo, x: Any, ctx: Any) -> Any:
+        calls.append(x)
+        return plain(self, x, ctx)
+
+    monkeypatch.setattr(Echo, "forward", counted)
+    assert identity_of(Echo) == f"{Echo.__module__}:Echo"
