@@ -709,13 +709,17 @@ class PinnedPool:
     def _allocate(nbytes: int, pinned: bool) -> torch.Tensor:
         import torch
 
-        if pinned:
-            ext = cuda_extension()
-            if ext is not None:
-                block: torch.Tensor = ext.pinned_empty(nbytes)
-                return block
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        return torch.empty(nbytes, dtype=torch.uint8)
+        # An ordinary tensor even when asked for under `torch.inference_mode` (a validation
+        # loop's): a block made there would be an inference tensor, and a later copy into
+        # it, outside inference mode (a training step's rows), would be refused.
+        with torch.inference_mode(False):
+            if pinned:
+                ext = cuda_extension()
+                if ext is not None:
+                    block: torch.Tensor = ext.pinned_empty(nbytes)
+                    return block
+                return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            return torch.empty(nbytes, dtype=torch.uint8)
 
     def _acquire(self, nbytes: int) -> _Block:
         pinned = self._pinned_available()
@@ -792,24 +796,27 @@ class PinnedPool:
         stream after the work already queued on the current stream."""
         import torch
 
-        src = tensor.detach().resolve_conj().resolve_neg()
-        nbytes = src.numel() * src.element_size()
-        block = self._acquire(nbytes)
-        dst = block.tensor[:nbytes]
-        event: torch.cuda.Event | None = None
-        if src.is_cuda and nbytes > 0:
-            current = torch.cuda.current_stream(src.device)
-            src = src.contiguous()
-            side = self._side_stream(src.device)
-            side.wait_stream(current)
-            with torch.cuda.stream(side):
-                dst.copy_(src.reshape(-1).view(torch.uint8), non_blocking=block.pinned)
-                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                event.record(side)
-            src.record_stream(side)
-        elif nbytes > 0:
-            dst.copy_(src.contiguous().reshape(-1).view(torch.uint8))
-        result = dst.view(src.dtype).view(src.shape)
+        # Outside inference mode whatever the caller's: the blocks are reused across
+        # calls, and a view of one made under it could not be written outside it.
+        with torch.inference_mode(False):
+            src = tensor.detach().resolve_conj().resolve_neg()
+            nbytes = src.numel() * src.element_size()
+            block = self._acquire(nbytes)
+            dst = block.tensor[:nbytes]
+            event: torch.cuda.Event | None = None
+            if src.is_cuda and nbytes > 0:
+                current = torch.cuda.current_stream(src.device)
+                src = src.contiguous()
+                side = self._side_stream(src.device)
+                side.wait_stream(current)
+                with torch.cuda.stream(side):
+                    dst.copy_(src.reshape(-1).view(torch.uint8), non_blocking=block.pinned)
+                    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                    event.record(side)
+                src.record_stream(side)
+            elif nbytes > 0:
+                dst.copy_(src.contiguous().reshape(-1).view(torch.uint8))
+            result = dst.view(src.dtype).view(src.shape)
         return StagedCopy(self, result, block, event)
 
     def to_device(
@@ -845,8 +852,9 @@ class PinnedPool:
             keep = src
         else:
             block = self._acquire(nbytes)
-            staging = block.tensor[:nbytes]
-            staging.copy_(src.reshape(-1).view(torch.uint8))
+            with torch.inference_mode(False):  # a reused block, as in `to_host`
+                staging = block.tensor[:nbytes]
+                staging.copy_(src.reshape(-1).view(torch.uint8))
         side = self._side_stream(target)
         side.wait_stream(current)
         with torch.cuda.stream(side):

@@ -166,15 +166,21 @@ class Ahead(Generic[T]):
         return getattr(self.loader, name)
 
     def __iter__(self) -> Iterator[T]:
+        # The loader's iterator is made here, not at the first batch: making it may draw
+        # from the global generators (a DataLoader draws its base seed), and a loop over
+        # several loaders (Lightning's CombinedLoader) makes every iterator before it
+        # fetches from any, so a later draw would hand each loader another's numbers.
+        items = iter(self.loader)
         if not any(cache.key_mode == "content" for cache in self.caches) or self.draws:
-            yield from self.loader  # nothing to name, or fetched in order as it must be
-            return
+            return items  # nothing to name, or fetched in order as it must be
         if self.draws is None:
-            yield from self._in_order()
-            return
+            return self._in_order(items)
+        return self._ahead(items)
+
+    def _ahead(self, items: Iterator[T]) -> Iterator[T]:
+        """``items``, each fetched ``depth`` batches before it is asked for and named."""
         # Each batch fetched, with the error that naming it raised (raised at its turn).
         waiting: collections.deque[tuple[T, Exception | None]] = collections.deque()
-        items = iter(self.loader)
         failed: Exception | None = None  # raised once the batches before it are through
         # Never ahead past the loader's length: asking an exhausted DataLoader for one
         # more batch draws from its shuffling generator, so a loop that stops at the
@@ -209,10 +215,9 @@ class Ahead(Generic[T]):
             yield item
             self._learn(item)
 
-    def _in_order(self) -> Iterator[T]:
-        """The loader in order, with the generators watched around every fetch but the
+    def _in_order(self, items: Iterator[T]) -> Iterator[T]:
+        """``items`` in order, with the generators watched around every fetch but the
         first (which may draw a shuffle, as it does without fetching ahead)."""
-        items = iter(self.loader)
         count = _length(self.loader)
         fetched = 0
         while True:
@@ -230,6 +235,13 @@ class Ahead(Generic[T]):
             yield item
         if self.draws is None and fetched:
             self.draws = False  # a whole pass drew nothing: fetched ahead from now on
+
+    def drop(self, cache: CachedRows) -> None:
+        """Names no more rows for ``cache`` and lets go of it (a cache no longer used: its
+        module was put back uncached), so what it holds can be freed."""
+        self.caches = [c for c in self.caches if c is not cache]
+        for table in (self._paths, self._unused, self._used):
+            table.pop(id(cache), None)
 
     def _name(self, item: T) -> None:
         for cache in self.caches:

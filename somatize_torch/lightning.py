@@ -49,9 +49,12 @@ Why it is shaped this way:
   own position (one with ``state_dict``) is left as it is, since fetching ahead
   would put its position one batch off.
 - **A module unfrozen by a fine-tuning schedule trains uncached**: a cached
-  module runs without gradients; one whose parameters come to require grad is
-  put back as it was at the stage's next first batch, with a warning
-  (:class:`Uncached`), and trains exactly as without the callback.
+  module runs without gradients; one whose parameters come to require grad — at
+  an epoch's start or at any batch — is put back as it was before it next runs,
+  with a warning (:class:`Uncached`), and trains exactly as without the callback.
+  A named module whose parameters require grad when it is cached is frozen with
+  a warning (:class:`FrozeTrainable`), and naming everything the fit would train
+  is refused.
 - **Ranks share one store**: under DDP each rank computes and keeps its own rows
   (a store's writes are atomic and idempotent, so two ranks keeping one row is
   harmless), and at the end of each epoch every rank flushes its writes and
@@ -64,6 +67,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
@@ -81,7 +85,7 @@ from somatize_torch.rows import prefill as prefill_rows
 
 try:
     import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.callbacks import BaseFinetuning, Callback
     from lightning.pytorch.utilities import CombinedLoader
 except ImportError:  # pragma: no cover - the message is the point
     raise ImportError(
@@ -94,6 +98,7 @@ __all__ = [
     "CacheFrozenError",
     "CompiledSubmodule",
     "EpochStats",
+    "FrozeTrainable",
     "NeverHits",
     "NotASubmodule",
     "Uncached",
@@ -120,6 +125,10 @@ class NeverHits(SomatizeWarning):
 
 class Uncached(SomatizeWarning):
     """A cached submodule was unfrozen (a fine-tuning schedule), so it runs uncached."""
+
+
+class FrozeTrainable(SomatizeWarning):
+    """A submodule named to be cached had parameters that required grad: caching froze them."""
 
 
 @dataclass(frozen=True)
@@ -228,14 +237,14 @@ class CacheFrozen(Callback):
         self.ahead = ahead
         self.history: list[EpochStats] = []
         self._cached: dict[str, CachedRows] = {}
-        self._owner: nn.Module | None = None
+        self._owner: pl.LightningModule | None = None
         self._started: dict[str, float] = {}
         self._train_parts: dict[str, RowStats] = {}
         self._train_epochs = 0
         self._warned = False
         self._prefills: list[_Prefill] = []
         self._looked = True  # whether the stage under way looked at the modules again
-        self._digest = True  # whether that look digests the weights again
+        self._aheads: weakref.WeakSet[Ahead[Any]] = weakref.WeakSet()  # loaders put behind it
 
     # -- what it holds
 
@@ -283,6 +292,7 @@ class CacheFrozen(Callback):
         if self._owner is not pl_module:
             self._cached = {}
             self._owner = pl_module
+        todo: list[tuple[str, nn.Module, str, nn.Module]] = []
         for name in self.names:
             try:
                 parent, attribute, found = _locate(pl_module, name)
@@ -297,6 +307,7 @@ class CacheFrozen(Callback):
                     "(`self.encoder = somatize.torch.cache_rows(encoder, store)`)"
                 ) from None
             if isinstance(found, CachedRows):
+                found.when_unfrozen = self._unfrozen
                 self._cached[name] = found
                 continue
             if type(found).__name__ == "OptimizedModule":
@@ -306,6 +317,9 @@ class CacheFrozen(Callback):
                     "graph). Compile the model or the head around it instead: the cached "
                     f"`{name}` becomes a graph break and everything else compiles"
                 )
+            todo.append((name, parent, attribute, found))
+        self._check_trainable(trainer, pl_module, stage, todo)
+        for name, parent, attribute, found in todo:
             cached = cache_rows(
                 found,
                 self.store,
@@ -316,13 +330,66 @@ class CacheFrozen(Callback):
                 host_bytes=self.host_bytes,
                 strict=self.strict,
             )
+            # A forward that finds the module unfrozen (by a hook that runs after this
+            # callback's, at any batch) puts it back uncached instead of refusing it.
+            cached.when_unfrozen = self._unfrozen
             setattr(parent, attribute, cached)
             self._cached[name] = cached
+
+    def _check_trainable(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        stage: str,
+        todo: list[tuple[str, nn.Module, str, nn.Module]],
+    ) -> None:
+        """Says so when a module about to be cached has parameters that require grad:
+        caching freezes them, so they would not train as they do without the callback.
+        Refused when they are all that fitting would train (a head named by mistake),
+        warned otherwise (:class:`FrozeTrainable`) — unless a fine-tuning callback
+        (``BaseFinetuning``) is there, which freezes what it schedules in its own
+        ``setup`` and unfreezes it later (the module then runs uncached)."""
+        trainable = {
+            name: [n for n, p in found.named_parameters() if p.requires_grad]
+            for name, _, _, found in todo
+        }
+        trainable = {name: params for name, params in trainable.items() if params}
+        if not trainable:
+            return
+        named = {id(p) for _, _, _, found in todo for p in found.parameters()}
+        listed = "; ".join(
+            f"`{name}`: {', '.join(f'`{n}`' for n in params[:3])}"
+            + (f" and {len(params) - 3} more" if len(params) > 3 else "")
+            for name, params in trainable.items()
+        )
+        if stage == "fit" and not any(
+            p.requires_grad and id(p) not in named for p in pl_module.parameters()
+        ):
+            raise CacheFrozenError(
+                f"the modules named to be cached hold every parameter this LightningModule "
+                f"trains ({listed}): caching freezes them (a cached module runs without "
+                "gradients), so nothing would be left to train and the first backward would "
+                "fail. Name only the frozen submodules whose answers stay the same (the "
+                "encoder), not the part being trained (the head)"
+            )
+        if any(isinstance(c, BaseFinetuning) for c in getattr(trainer, "callbacks", ())):
+            return
+        warnings.warn(
+            f"parameters of modules named to be cached require grad ({listed}): caching "
+            "freezes them (requires_grad_(False), held in eval), so they do not train here "
+            "as they would without this callback. If a module is meant to train, do not "
+            "name it; if it is meant to stay frozen, freeze it before fitting "
+            "(`requires_grad_(False)`) and this warning goes. A schedule that unfreezes it "
+            "later gets it back uncached",
+            FrozeTrainable,
+            stacklevel=3,
+        )
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._train_epochs = 0
         if not self._prefills:
             return
+        self._key_as("prefill")  # an earlier stage (validate, test) may have keyed its own
         with _precision(trainer), torch.no_grad():
             for job in self._prefills:
                 self._prefill(trainer, pl_module, job)
@@ -372,8 +439,6 @@ class CacheFrozen(Callback):
             cached.reset_stats()
         self._key_as(stage)
         self._looked = False
-        # The weights are digested again once an epoch: not for the validation inside it.
-        self._digest = stage != "validate" or "train" not in self._started
 
     def _key_as(self, stage: Stage) -> None:
         if self.key == "index" and self.version is not None:
@@ -393,14 +458,27 @@ class CacheFrozen(Callback):
             if any(p.requires_grad for p in cached.module.parameters()):
                 self._uncache(pl_module, name, cached)
                 continue
-            cached.redeclare(digest=self._digest)
+            # Digested again at every stage's first batch, validation's inside a training
+            # epoch too: an epoch-start hook may write weights through `.data` (another
+            # model's for evaluation), which no watch sees; it costs one pass over the
+            # weights (a fraction of a millisecond for a small encoder, ~15 ms for 45 MB).
+            cached.redeclare()
             cached.look_up_answered()
 
     def _uncache(self, pl_module: pl.LightningModule, name: str, cached: CachedRows) -> None:
         parent, attribute, _ = _locate(pl_module, name)
         module = cached.module
+        cached.when_unfrozen = None
         cached.close()
-        release(module, pl_module.training)
+        # The loaders fetched ahead for it would hold it, and its memory tiers (GiBs), for
+        # the rest of the run.
+        for wrapper in self._aheads:
+            wrapper.drop(cached)
+        cached.forget()
+        # In the mode asked of it while it was held in eval (`self.encoder.eval()` in a hook,
+        # Lightning's `.train()`), which the cache recorded: the mode it would be in now
+        # without this callback.
+        release(module, cached.training)
         setattr(parent, attribute, module)
         del self._cached[name]
         warnings.warn(
@@ -410,6 +488,19 @@ class CacheFrozen(Callback):
             Uncached,
             stacklevel=2,
         )
+
+    def _unfrozen(self, cached: CachedRows) -> bool:
+        """Told by a cached module's forward that it found the module unfrozen (a schedule
+        that unfreezes by step, or in a hook that runs after this callback's): it is put
+        back uncached there and then, and the forward answers with the module itself.
+        False for a cache this callback no longer holds (it went on to another model):
+        the forward refuses it, as a cache of its own would."""
+        owner = self._owner
+        name = next((n for n, c in self._cached.items() if c is cached), None)
+        if owner is None or name is None:
+            return False
+        self._uncache(owner, name, cached)
+        return True
 
     def _first_batch(self, pl_module: pl.LightningModule) -> None:
         if not self._looked:
@@ -455,6 +546,7 @@ class CacheFrozen(Callback):
             else Ahead(dl, caches, check_draws=True)
             for dl in loaders
         ]
+        self._aheads.update(dl for dl in wrapped if isinstance(dl, Ahead))
         if any(new is not old for new, old in zip(wrapped, loaders, strict=True)):
             combined.flattened = wrapped
 
@@ -498,8 +590,10 @@ class CacheFrozen(Callback):
         self._begin("validate")
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if "train" in self._started:
-            self._key_as("train")  # the training epoch goes on
+        # The callback's own version again: the training epoch goes on, or the stage is
+        # over and what comes next (a fit's prefill, the module used directly) is keyed as
+        # the training data, not as this stage's.
+        self._key_as("train")
         if trainer.sanity_checking:
             self._started.pop("validate", None)
             for cached in self._cached.values():
@@ -543,6 +637,7 @@ class CacheFrozen(Callback):
         self._begin("test")
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._key_as("train")  # the callback's own version again, as after validation
         self._flush(trainer)
         self._end(trainer, "test", {})
         self._log(pl_module, trainer, "test_")
@@ -552,6 +647,7 @@ class CacheFrozen(Callback):
         self._begin("predict")
 
     def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._key_as("train")  # the callback's own version again, as after validation
         self._flush(trainer)
         self._end(trainer, "predict", {})  # Lightning logs nothing while predicting
 
@@ -601,6 +697,7 @@ class CacheFrozen(Callback):
             cached.flush()  # a checkpoint's run can be resumed from the store
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._key_as("train")  # a stage stopped before its end hook keyed its own version
         for cached in self._cached.values():
             cached.flush()
 

@@ -51,7 +51,9 @@ fused optimizer kernel's write — is seen at :meth:`CachedRows.redeclare`, whic
 looks at the tensors' memory and digests the state again (``CacheFrozen`` calls
 it at every epoch's first batch). A module whose parameters come to require grad
 (somebody unfroze it to train it) is refused (:class:`Unfrozen`): a cached module
-runs without gradients. The wrapper holds the module's own registries of
+runs without gradients — or, where :attr:`CachedRows.when_unfrozen` is set
+(``CacheFrozen`` sets it), handed to it to be put back uncached, the forward
+answering with the module itself. The wrapper holds the module's own registries of
 parameters, buffers and children (the same dicts), so ``state_dict()`` keys are
 the module's, a checkpoint loads into the unwrapped module, and a submodule put
 into the module after it was wrapped is saved, loaded and converted through the
@@ -266,6 +268,9 @@ class CachedRows(nn.Module):
         strict: bool = False,
     ) -> None:
         super().__init__()
+        # The mode asked of the wrapper is recorded (the module is held in eval), from the
+        # module's own: what it is put back in once it is no longer cached.
+        self.training = module.training
         if key not in ("content", "index"):
             raise RowsError(
                 f"key= is `content` (each row by the digest of its content) or `index` (each "
@@ -326,6 +331,10 @@ class CachedRows(nn.Module):
         # `version` (by its name), if any.
         self._lent_to: str | None = None
         self._seeders: list[threading.Thread] = []
+        # Told (with this cache) when a forward finds the module unfrozen: if it answers
+        # True it has put the module back uncached, and the forward answers with the
+        # module itself instead of refusing it (`Unfrozen`). ``CacheFrozen`` sets it.
+        self.when_unfrozen: Callable[[CachedRows], bool] | None = None
         self.named_ahead = 0  # batches named ahead, and how many of them a forward used
         self.used_ahead = 0
         self.last_input: weakref.ref[torch.Tensor] | None = None
@@ -338,13 +347,15 @@ class CachedRows(nn.Module):
         self._settle()
         return self._state
 
-    def _settle(self, again: bool = False, thorough: bool = False) -> None:
+    def _settle(self, again: bool = False, thorough: bool = False) -> bool | None:
         """Digests the state again if any weight, buffer or submodule changed or was
         replaced (see :class:`~somatize_torch.freeze.StateWatch`), or if ``again``; a new
-        state keys every row anew."""
+        state keys every row anew, and so does a new declaration under the same state (a
+        part without weights replaced: `encoder.act = nn.Tanh()`). Returns None when
+        nothing was looked at, else whether rows are keyed anew."""
         watch = self._watch
         if not again and watch is not None and not watch.changed(thorough):
-            return
+            return None
         unfrozen = watch.unfrozen(self.module) if watch is not None else []
         if unfrozen:
             raise unfrozen_error(self.module, unfrozen)
@@ -355,6 +366,19 @@ class CachedRows(nn.Module):
             self._state = state
             self._node._smz.state = state
             self._keyings.clear()
+            return True
+        # The same weights and buffers; what the watch saw may still be a part replaced
+        # whose repr, settings or hooks are in the declaration, so that is said again too
+        # (only here, where the watch fired: a forward that changed nothing pays nothing).
+        return self._redeclared()
+
+    def _redeclared(self) -> bool:
+        """Drops each keying whose prefix the module as it is now would not derive (its
+        declaration changed); returns whether there was one."""
+        stale = [tag for tag, keying in self._keyings.items() if self._prefix(tag) != keying.prefix]
+        for tag in stale:
+            del self._keyings[tag]
+        return bool(stale)
 
     def _keying(self, x: torch.Tensor | DeferredRows) -> _Keying:
         """How rows of ``x`` are keyed now: the key prefix for the precision they run in."""
@@ -462,13 +486,9 @@ class CachedRows(nn.Module):
         what is watched (into ``p.data``): if one changed since rows were keyed, rows
         are keyed anew from the next forward, and nothing kept under the old values is
         recalled for them. Returns whether one changed. ``CacheFrozen`` calls it at the
-        first batch of every epoch (digesting at the training epoch's)."""
-        state = self._state
-        self._settle(again=digest, thorough=True)
-        stale = [tag for tag, keying in self._keyings.items() if self._prefix(tag) != keying.prefix]
-        for tag in stale:
-            del self._keyings[tag]
-        return bool(stale) or self._state != state
+        first batch of every stage's epoch."""
+        settled = self._settle(again=digest, thorough=True)
+        return self._redeclared() if settled is None else settled
 
     # -- keys
 
@@ -563,16 +583,34 @@ class CachedRows(nn.Module):
     # -- forward
 
     def forward(
-        self, x: torch.Tensor | DeferredRows, index: torch.Tensor | None = None, **more: Any
+        self,
+        x: torch.Tensor | DeferredRows,
+        *beside: Any,
+        index: torch.Tensor | None = None,
+        **more: Any,
     ) -> torch.Tensor:
-        """The module's output on ``x``, row by row from the nearest copy; see the class."""
-        if more:
+        """The module's output on ``x``, row by row from the nearest copy; see the class.
+
+        ``index`` is keyword-only: a second positional argument (``encoder(x, mask)``) is
+        one the module would take, and is refused as every other argument is."""
+        if beside or more:
+            given = [f"`{k}=`" for k in more]
+            if beside:
+                count = len(beside)
+                given.insert(0, f"{count} positional argument{'s' if count > 1 else ''}")
             raise RowsError(
                 f"`{type(self.module).__name__}` is cached per row and was called with "
-                f"{', '.join(f'`{k}=`' for k in more)}: a row is keyed by its input alone (or "
+                f"{' and '.join(given)} beside its batch: a row is keyed by its input alone (or "
                 "its index), so nothing else can reach the module — answers computed with one "
                 "value would be recalled for another. Keep the value in the module (a setting "
-                "is in the key) or call the module itself"
+                "is in the key) or call the module itself; sample indices go as `index=`"
+            )
+        if index is not None and self.key_mode != "index":
+            raise RowsError(
+                f"`{type(self.module).__name__}` is cached per row keyed by content and was "
+                "called with index=: each row is named by the digest of its input, so an index "
+                "would be ignored. Call it as `cached(x)`, or key rows by sample index "
+                "(cache_rows(module, store, key='index', version=...)) to name them by it"
             )
         if isinstance(x, DeferredRows):
             if self.key_mode != "index":
@@ -588,21 +626,36 @@ class CachedRows(nn.Module):
                     "a batch from `Deferred` carries its samples' indices; call the cache as "
                     "`cached(x)`, without index="
                 )
-            deferred: torch.Tensor = _remember(self, x, None)
-            return deferred
-        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        elif not isinstance(x, torch.Tensor) or x.dim() == 0:
             raise NotRowwise(
                 f"a row-cached module is called with a batch tensor (rows along dimension 0), "
                 f"got {_describe(x)}"
             )
-        if x.requires_grad:
+        elif x.requires_grad:
             raise CachedInputNeedsGrad(
                 f"`{type(self.module).__name__}` is cached per row and the batch it is handed "
                 "requires grad: a recalled row is a leaf, so whatever produced the batch would "
                 "train on misses and silently stop on hits. Freeze what feeds it, or call the "
                 "module itself"
             )
-        out: torch.Tensor = _remember(self, x, index)
+        try:
+            out: torch.Tensor = _remember(self, x, index)
+        except Unfrozen:
+            handler = self.when_unfrozen
+            if handler is None or not handler(self):
+                raise
+            return self._uncached(x)
+        return out
+
+    def _uncached(self, x: torch.Tensor | DeferredRows) -> torch.Tensor:
+        """The module's own answer on ``x``, once :attr:`when_unfrozen` has put it back
+        uncached: run as without a cache, in the caller's grad mode, so that it trains
+        from this very batch."""
+        if isinstance(x, DeferredRows):
+            dtype = self._deferred_row(x)[0]
+            loaded = x.load()
+            x = loaded if loaded.dtype == dtype else loaded.to(dtype)
+        out: torch.Tensor = self.module(x)
         return out
 
     def _recall_or_run(
@@ -928,6 +981,16 @@ class CachedRows(nn.Module):
         if self._writer is not None:
             self._writer.close()
 
+    def forget(self) -> None:
+        """Lets go of the rows the memory tiers hold (up to their budgets: GiBs), the
+        store keys remembered and the batches named ahead — for a cache no longer used.
+        The store keeps what was written; a later forward finds rows there again."""
+        for tier in self.tiers:
+            tier.banks = []
+        self._keyings.clear()
+        with self._named_lock:
+            self._named.clear()
+
     # -- nn.Module
 
     def train(self, mode: bool = True) -> CachedRows:
@@ -1142,7 +1205,7 @@ def _inputs(batch: Any, key: KeyMode) -> tuple[torch.Tensor | DeferredRows, torc
         index = batch[-1] if key == "index" and len(batch) > 1 else None
         return batch[0], index
     if path is not None:
-        return batch[path[0]], batch.get("index")
+        return batch[path[0]], batch.get("index") if key == "index" else None
     raise TypeError(
         f"prefill cannot tell the batch tensor in a `{type(batch).__name__}` the loader "
         "yields; pass inputs=, a function from one loader item to the batch tensor (or to "
@@ -1192,7 +1255,8 @@ def prefill(
             x, index = _inputs(item, cached.key_mode)
         if device is not None:
             x = x.to(device)
-        cached(x, index=index)
+        # Rows keyed by content are named by their input: indices beside it mean nothing.
+        cached(x, index=index if cached.key_mode == "index" else None)
     cached.flush()
     after = cached.stats
     return RowStats(

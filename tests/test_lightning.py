@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import os
 import subprocess
 import sys
 import textwrap
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import BaseFinetuning, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
@@ -25,10 +27,12 @@ from somatize.torch.lightning import (
     CacheFrozenError,
     CompiledSubmodule,
     EpochStats,
+    FrozeTrainable,
     NeverHits,
     NotASubmodule,
     Uncached,
 )
+from somatize_torch.ahead import Ahead
 from somatize_torch.deferred import Deferred
 from somatize_torch.freeze import is_held
 from somatize_torch.rows import CachedRows, cache_rows
@@ -668,3 +672,242 @@ def test_bad_names_are_refused() -> None:
         CacheFrozen(None, [])
     with pytest.raises(CacheFrozenError, match="prefill needs to be told which"):
         CacheFrozen(None, ["encoder", "head"]).prefill([])
+
+
+def _unfreeze(pl_module: pl.LightningModule) -> None:
+    """What a fine-tuning schedule does: the encoder requires grad and joins the optimizer."""
+    pl_module.encoder.requires_grad_(True)
+    optimizer = pl_module.trainer.optimizers[0]
+    optimizer.add_param_group({"params": list(pl_module.encoder.parameters())})
+
+
+class _UnfreezeAtStep(pl.Callback):
+    """A schedule by step: the encoder trains from step 6, the middle of epoch 2."""
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == 6:
+            _unfreeze(pl_module)
+
+
+class UnfrozenAtStep(Finetuned):
+    """Unfreezes its encoder at step 6 in its own batch-start hook, which Lightning runs
+    after the callbacks'; it puts the encoder in eval only while frozen, so once unfrozen
+    it runs in the mode it was left in (eval)."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.global_step == 6:
+            _unfreeze(self)
+        if not any(p.requires_grad for p in self.encoder.parameters()):
+            self.encoder.eval()
+
+
+@pytest.mark.parametrize("where", ["a callback", "the module's own hook"])
+def test_an_encoder_unfrozen_at_any_batch_trains_uncached(tmp_path: Path, where: str) -> None:
+    """Unfrozen in the middle of an epoch — by a step-based schedule, or in the
+    LightningModule's own batch-start hook — the encoder is put back uncached at that very
+    batch, in the mode it would be in without the callback, with a warning, and trains
+    exactly as without the callback."""
+
+    def fit(cache: bool) -> Finetuned:
+        model = Finetuned() if where == "a callback" else UnfrozenAtStep()
+        callbacks: list[pl.Callback] = [_UnfreezeAtStep()] if where == "a callback" else []
+        if cache:
+            callbacks.append(CacheFrozen(None, ["encoder"]))
+        trainer(tmp_path, 3, callbacks=callbacks).fit(model, loader())
+        return model
+
+    with pytest.warns(Uncached, match="`encoder` was unfrozen"):
+        cached = fit(cache=True)
+    plain = fit(cache=False)
+    assert not isinstance(cached.encoder, CachedRows) and not is_held(cached.encoder)
+    assert cached.encoder.training == plain.encoder.training
+    assert not torch.equal(plain.encoder.conv.weight, Finetuned().encoder.conv.weight)
+    assert torch.equal(cached.encoder.conv.weight, plain.encoder.conv.weight)
+    assert torch.equal(cached.head.weight, plain.head.weight)
+
+
+@pytest.mark.parametrize("stage", ["validate", "test", "predict"])
+def test_a_stage_before_fit_with_a_store_leaves_fit_as_without_the_callback(
+    tmp_path: Path, stage: str
+) -> None:
+    """Validation, test or predict first (Lightning runs them under inference mode, so what
+    the cache makes then could be inference tensors), then fit with the same callback and a
+    store: fitting keeps its own rows as usual and trains as without the callback."""
+    heads = []
+    for callbacks in ([CacheFrozen(tmp_path / "store", ["encoder"])], []):
+        model = Probe()
+        first = getattr(trainer(tmp_path, 1, callbacks=callbacks), stage)
+        first(model, loader(shuffle=False, seed=2))
+        trainer(tmp_path, 2, callbacks=callbacks).fit(model, loader())
+        heads.append(model.head.weight.detach().clone())
+        if callbacks:
+            train = epochs(callbacks[0], "train")
+            assert [(e.rows.computed, e.rows.recalled) for e in train] == [
+                (SAMPLES, 0),
+                (0, SAMPLES),
+            ]
+            assert train[0].rows.rows_kept == SAMPLES
+    assert torch.equal(heads[0], heads[1])
+
+
+def test_a_stage_before_fit_leaves_the_callbacks_own_version(tmp_path: Path) -> None:
+    """Keyed by index under the callback's version, a validation run before fit keys its
+    rows under the validation version only while it runs: prefill keys the training rows
+    under the callback's own, so fitting recalls them and a later validation is answered
+    with validation samples' features (its loss is that of a run without the callback)."""
+    losses = []
+    for callbacks in ([CacheFrozen(None, ["encoder"], key="index", version="toy@1")], []):
+        model = Indexed()
+        trainer(tmp_path, 1, callbacks=callbacks, limit_val_batches=2).validate(
+            model, _indexed(2), verbose=False
+        )
+        if callbacks:
+            callback = callbacks[0]
+            assert isinstance(model.encoder, CachedRows) and model.encoder.version == "toy@1"
+            callback.prefill(_indexed(1), progress=False)
+        trainer(tmp_path, 1, callbacks=callbacks).fit(model, _indexed(1))
+        again = trainer(tmp_path, 1, callbacks=callbacks)
+        again.validate(model, _indexed(2), verbose=False)
+        losses.append(float(again.callback_metrics["val_loss"]))
+    (warm,) = epochs(callback, "prefill")
+    assert (warm.rows.computed, epochs(callback, "train")[0].rows.recalled) == (SAMPLES, SAMPLES)
+    assert losses[0] == losses[1]
+
+
+class Pair(Probe):
+    """Trains on the batches of two loaders at once, recording which samples came."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[list[int]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (xa, ya), (xb, yb) = batch["a"], batch["b"]
+        self.order.append(ya.tolist() + yb.tolist())
+        loss = nn.functional.cross_entropy(self(xa), ya)
+        return loss + nn.functional.cross_entropy(self(xb), yb)
+
+
+def test_several_training_loaders_shuffle_as_without_the_callback(tmp_path: Path) -> None:
+    """Two training loaders shuffled by torch's global generator (no generator of their
+    own) get the same batches as without the callback: each draws its shuffle's seed when
+    Lightning makes its iterator, before either is fetched from."""
+    from lightning.pytorch.utilities import CombinedLoader
+
+    orders = []
+    for callbacks in ([CacheFrozen(None, ["encoder"])], []):
+        pl.seed_everything(0)
+        loaders = {
+            name: torch.utils.data.DataLoader(
+                torch.utils.data.TensorDataset(*data(seed, samples)), batch_size=16, shuffle=True
+            )
+            for name, seed, samples in (("a", 1, SAMPLES), ("b", 4, 40))
+        }
+        model = Pair()
+        fit = trainer(tmp_path, 3, callbacks=callbacks)
+        fit.fit(model, CombinedLoader(loaders, "max_size_cycle"))
+        orders.append(model.order)
+    assert orders[0] == orders[1]
+
+
+class _Reweigh(pl.Callback):
+    """Writes the encoder's weights through ``.data`` (no version counter moves) when
+    validation starts in epoch 2: another model's weights for evaluation, say."""
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch == 1:
+            encoder = pl_module.encoder
+            module = encoder.module if isinstance(encoder, CachedRows) else encoder
+            module.conv.weight.data.mul_(2.0)
+
+
+def test_weights_written_when_validation_starts_key_its_rows_anew(tmp_path: Path) -> None:
+    """Weights written behind torch's back in ``on_validation_epoch_start`` are seen at
+    validation's first batch: that validation computes its rows with them, and its loss
+    is that of a run without the callback."""
+    losses = []
+    for callbacks in ([_Reweigh(), CacheFrozen(None, ["encoder"])], [_Reweigh()]):
+        fit = trainer(tmp_path, 2, callbacks=callbacks)
+        fit.fit(Probe(), loader(), loader(shuffle=False, seed=2))
+        losses.append(float(fit.callback_metrics["val_loss"]))
+        if len(callbacks) == 2:
+            rows = [(e.rows.computed, e.rows.recalled) for e in epochs(callbacks[1], "validate")]
+            assert rows == [(SAMPLES, 0), (SAMPLES, 0)]
+    assert losses[0] == losses[1]
+
+
+class Tuned(Probe):
+    """Fine-tunes its encoder with its head: every parameter requires grad."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder.requires_grad_(True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def test_a_named_module_that_requires_grad_is_frozen_with_a_warning(tmp_path: Path) -> None:
+    """A named submodule whose parameters require grad is frozen, as the callback does with
+    every module it caches, and a warning names its parameters, since it would have trained
+    without the callback."""
+    model = Tuned()
+    with pytest.warns(FrozeTrainable, match=r"\(`encoder`: `conv.weight`, `conv.bias`, `norm"):
+        trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])]).fit(model, loader())
+    assert not any(p.requires_grad for p in model.encoder.parameters())
+
+
+def test_naming_everything_the_fit_trains_is_refused(tmp_path: Path) -> None:
+    """Naming the head by mistake would leave nothing to train: refused at setup, saying
+    so, rather than at the first backward."""
+    callback = CacheFrozen(None, ["encoder.conv", "head"])
+    with pytest.raises(CacheFrozenError, match=r"\(`head`: `weight`, `bias`\): caching freezes"):
+        trainer(tmp_path, 1, callbacks=[callback]).fit(Probe(), loader())
+    assert Probe().head.weight.requires_grad
+
+
+class _Backbone(BaseFinetuning):
+    """A fine-tuning callback that freezes the encoder in its own ``setup``."""
+
+    def freeze_before_training(self, pl_module: pl.LightningModule) -> None:
+        self.freeze(pl_module.encoder, train_bn=False)
+
+    def finetune_function(self, pl_module: pl.LightningModule, epoch: int, optimizer: Any) -> None:
+        pass
+
+
+def test_no_warning_when_a_finetuning_callback_freezes_the_module(tmp_path: Path) -> None:
+    """A fine-tuning callback freezes what it schedules in its own ``setup`` (after this
+    callback's, when listed after it): the encoder requiring grad then is no mistake."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FrozeTrainable)
+        callbacks = [CacheFrozen(None, ["encoder"]), _Backbone()]
+        trainer(tmp_path, 1, callbacks=callbacks).fit(Tuned(), loader())
+
+
+def test_an_uncached_module_lets_go_of_its_cache(tmp_path: Path) -> None:
+    """Once its module is put back uncached, nothing holds the cache any more — not the
+    loaders fetched ahead for it — so its memory tiers are freed."""
+    seen: list[weakref.ref[CachedRows]] = []
+
+    class Grab(pl.Callback):
+        def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            if isinstance(pl_module.encoder, CachedRows):
+                seen.append(weakref.ref(pl_module.encoder))
+
+    class Unfreeze(pl.Callback):
+        def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            if trainer.current_epoch == 3:
+                pl_module.encoder.requires_grad_(True)
+
+    model = Probe()
+    callbacks = [Grab(), Unfreeze(), CacheFrozen(None, ["encoder"])]
+    with pytest.warns(Uncached):
+        fit = trainer(tmp_path, 4, callbacks=callbacks)
+        fit.fit(model, loader(), loader(shuffle=False, seed=2))
+    assert type(model.encoder) is Encoder
+    assert any(isinstance(d, Ahead) for d in fit.fit_loop._combined_loader.flattened)
+    gc.collect()
+    assert seen and seen[0]() is None

@@ -623,6 +623,21 @@ def test_pinned_pool_bounds_and_reuse() -> None:
     scalar.release()
 
 
+def test_pinned_pool_blocks_made_under_inference_mode_are_reused_outside_it() -> None:
+    """A block first asked for under ``torch.inference_mode`` (a validation loop's rows) is
+    an ordinary tensor, so a copy into it outside inference mode (a training step's rows,
+    later) works, and is the copy asked for."""
+    pool = native.PinnedPool(1 << 20)
+    with torch.inference_mode():
+        first = pool.to_host(torch.arange(100, dtype=torch.int32))
+        assert not first.wait().is_inference()
+        first.release()
+    second = pool.to_host(torch.ones(90, dtype=torch.int32))
+    assert pool.stats.reuses == 1
+    assert torch.equal(second.wait(), torch.ones(90, dtype=torch.int32))
+    second.release()
+
+
 def test_pinned_pool_to_device_on_cpu() -> None:
     pool = native.PinnedPool(1 << 20)
     t = torch.randn(4, 5)

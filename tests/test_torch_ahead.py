@@ -264,3 +264,37 @@ def test_a_loop_under_inference_mode_names_in_the_forward(warm: CachedRows) -> N
             assert torch.equal(warm(x), truth[index])
     assert warm.named_ahead == 0 and warm.used_ahead == 0
     assert warm.stats.hit_rate == 1.0
+
+
+@pytest.mark.parametrize("draws", [None, False, True])
+def test_iter_makes_the_loaders_iterator_at_once(warm: CachedRows, draws: bool | None) -> None:
+    """``iter()`` makes the loader's iterator there and then, as on the loader itself: a
+    DataLoader draws its base seed from torch's generator as its iterator is made, and a
+    loop over several loaders (Lightning's CombinedLoader) makes every iterator before it
+    fetches from any — a draw put off to the first batch would give each loader another
+    loader's numbers. Whether the pass is fetched ahead, in order, or checked for draws."""
+
+    def unseeded() -> DataLoader[tuple[torch.Tensor, ...]]:
+        return DataLoader(TensorDataset(images(64), torch.arange(64)), batch_size=16, shuffle=True)
+
+    def orders(first: Any, second: Any) -> list[list[int]]:
+        torch.manual_seed(0)
+        epochs = [iter(first), iter(second)]  # both made, then both fetched from
+        return [[int(i) for batch in epoch for i in batch[1]] for epoch in epochs]
+
+    wrapped = [Ahead(unseeded(), [warm]) for _ in range(2)]
+    for one in wrapped:
+        one.draws = draws  # None: checked in order; False: ahead; True: as the loader
+    assert orders(*wrapped) == orders(unseeded(), unseeded())
+
+
+def test_a_dropped_cache_is_named_for_no_more(warm: CachedRows) -> None:
+    """``drop`` lets go of a cache (its module was put back uncached): the loader is then
+    passed through as it is, and nothing holds the cache."""
+    batches = Ahead(loader(images(64)), [warm])
+    batches.drop(warm)
+    assert batches.caches == [] and not batches._paths
+    assert [index.tolist() for _, index in batches] == [
+        index.tolist() for _, index in loader(images(64))
+    ]
+    assert warm.named_ahead == 0

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from somatize import Store
 from somatize.keys import node_key, node_prefix
+from somatize_torch.deferred import Deferred
 from somatize_torch.digest import digest_rows
 from somatize_torch.freeze import digest_state, is_held
 from somatize_torch.rows import (
@@ -77,6 +78,9 @@ def count_rows(monkeypatch: pytest.MonkeyPatch) -> Callable[[nn.Module], Tally]:
     tallies: dict[int, Tally] = {}
     plain = nn.Sequential.forward
 
+    # A wrapper that names what it wraps: a function closing over this fixture's values
+    # would leave `nn.Sequential` without an identity (what it closes over is in no key).
+    @functools.wraps(plain)
     def forward(self: nn.Sequential, x: torch.Tensor) -> Any:
         tally = tallies.get(id(self))
         if tally is not None:
@@ -442,6 +446,93 @@ def test_other_arguments_are_refused(cached: CachedRows) -> None:
     """A row is keyed by its input alone: an argument beside it is refused, not dropped."""
     with pytest.raises(RowsError, match="`mask=`"):
         cached(images(2), mask=torch.ones(2))
+
+
+def test_a_second_positional_argument_is_refused_not_taken_for_the_index(
+    cached: CachedRows,
+) -> None:
+    """``cached(x, mask)`` — how a torch module is often called — is refused: the mask is
+    no index (that one goes by keyword), and dropping it would answer every row wrongly."""
+    with pytest.raises(RowsError, match="1 positional argument beside its batch: a row is keyed"):
+        cached(images(2), torch.ones(2, 3, 8, 8))
+    with pytest.raises(RowsError, match="2 positional arguments and `scale=`"):
+        cached(images(2), torch.ones(2), torch.ones(2), scale=2.0)
+    assert cached.stats.rows == 0
+
+
+def test_an_index_is_refused_by_a_content_keyed_cache(cached: CachedRows) -> None:
+    """A cache keyed by content names each row by its input: an index given to it would be
+    ignored, so it is refused; prefill hands it none, whatever the loader's items hold."""
+    with pytest.raises(RowsError, match="keyed by content and was called with index="):
+        cached(images(2), index=torch.arange(2))
+    items = [{"x": images(16), "index": torch.arange(16)}]
+    assert prefill(cached, items, progress=False).computed == 16
+
+
+def test_a_part_without_weights_replaced_keys_rows_anew(store: Store) -> None:
+    """An activation replaced (no weights, so the same state) is another module: the
+    forward after it computes every row with it instead of recalling the old answers."""
+    module = nn.Sequential(nn.Linear(8, 4), nn.Identity())
+    cached = cache_rows(module, store)
+    x = torch.randn(16, 8)
+    cached(x)
+    module[1] = nn.Tanh()
+    assert torch.equal(cached(x), expected(module, x))
+    assert cached.stats.computed == 2 * 16
+    assert torch.equal(cached(x), expected(module, x))
+    assert cached.stats.computed == 2 * 16  # and its rows are recalled from there on
+    cached.close()
+
+
+def test_an_unfrozen_module_is_handed_to_when_unfrozen(store: Store) -> None:
+    """With ``when_unfrozen`` set, a forward that finds the module unfrozen tells it, and
+    answers with the module itself (in the caller's grad mode) where it says it put the
+    module back uncached; where it says no, the module is refused as without it."""
+    module = encoder()
+    cached = cache_rows(module, store)
+    cached(images(4))
+    told: list[CachedRows] = []
+
+    def put_back(cache: CachedRows) -> bool:
+        told.append(cache)
+        return len(told) > 1  # no the first time, yes after
+
+    cached.when_unfrozen = put_back
+    module[0].weight.requires_grad_(True)
+    with pytest.raises(Unfrozen, match=r"`0.weight` now require grad"):
+        cached(images(4))
+    out = cached(images(4))
+    assert told == [cached, cached]
+    assert out.requires_grad  # the module ran, so its unfrozen weight trains
+    assert torch.allclose(out, expected(module, images(4)))
+    cached.close()
+
+
+def test_deferred_rows_of_an_unfrozen_module_are_loaded_for_it() -> None:
+    """A batch from `Deferred` whose module was found unfrozen and put back uncached is
+    loaded whole and handed to the module itself."""
+    module = encoder()
+    cached = cache_rows(module, key="index")
+    data = images(8)
+    (rows,) = DataLoader(Deferred(data, version="toy@1"), batch_size=8)
+    cached.when_unfrozen = lambda cache: True
+    module[0].weight.requires_grad_(True)
+    assert torch.allclose(cached(rows), expected(module, data))
+
+
+def test_forget_lets_go_of_the_rows_in_memory(store: Store) -> None:
+    """``forget`` empties the memory tiers; the store keeps what was written, and a later
+    forward recalls it from there."""
+    cached = cache_rows(encoder(), store)
+    x = images(8)
+    cached(x)
+    cached.flush()
+    assert cached.tiers[0].rows == 8
+    cached.forget()
+    assert [tier.rows for tier in cached.tiers] == [0, 0]
+    assert torch.equal(cached(x), expected(cached.module, x))
+    assert cached.stats.from_store == 8
+    cached.close()
 
 
 def test_float32_matmul_precision_is_in_the_key(store: Store) -> None:
