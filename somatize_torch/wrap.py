@@ -351,6 +351,8 @@ def _placed(out: Any, device: torch.device) -> Any:
     lies follows where the call is made, not where it was kept (a store filled on one
     GPU, or on the host, serves a model on another), and a computed one is put there too,
     so that a miss and a hit answer alike."""
+    if isinstance(out, torch.Tensor):  # the usual answer, without walking a tree
+        return out if out.device == device else out.to(device)
     leaves = tree_leaves(out)
     if all(not isinstance(t, torch.Tensor) or t.device == device for t in leaves):
         return out
