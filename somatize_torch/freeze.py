@@ -140,8 +140,9 @@ class StateWatch:
     (a tensor or child replaced: a checkpoint loaded by assignment, ``encoder[0] =
     conv``), each tensor by its version counter (bumped by every change in place:
     ``load_state_dict``, an optimizer step), each parameter by whether it requires grad
-    (somebody unfroze it). ``thorough`` also looks at each tensor's memory (``p.data =
-    t``, a conversion of the module) and at tensors or submodules added or removed. A
+    (somebody unfroze it), and each table by its length (a tensor or submodule added or
+    removed). ``thorough`` also looks at each tensor's memory (``p.data = t``, a
+    conversion of the module). A
     write that bypasses the version counter — into ``p.data``, or by a fused optimizer
     kernel — is not seen here; only digesting the state again sees it."""
 
@@ -182,20 +183,15 @@ class StateWatch:
         self._grads = tuple(map(_GRAD, self._params))
 
     def changed(self, thorough: bool = False) -> bool:
-        """Whether a weight, buffer or submodule changed or was replaced, or a parameter
-        came to require grad (and, ``thorough``, whether a tensor's memory changed or one
-        was added or removed)."""
+        """Whether a weight, buffer or submodule changed, was replaced, added or removed,
+        or a parameter came to require grad (and, ``thorough``, whether a tensor's memory
+        changed)."""
         return (
             tuple(map(_VERSION, self._tensors)) != self._versions
             or not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
+            or tuple(map(len, self._tables)) != self._sizes  # a part added (`enc.append(act)`)
             or tuple(map(_GRAD, self._params)) != self._grads
-            or (
-                thorough
-                and (
-                    tuple(map(_WHERE, self._tensors)) != self._where
-                    or tuple(map(len, self._tables)) != self._sizes
-                )
-            )
+            or (thorough and tuple(map(_WHERE, self._tensors)) != self._where)
         )
 
     def unfrozen(self, module: nn.Module) -> list[str]:

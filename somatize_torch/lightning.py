@@ -237,6 +237,7 @@ class CacheFrozen(Callback):
         self.ahead = ahead
         self.history: list[EpochStats] = []
         self._cached: dict[str, CachedRows] = {}
+        self._uncached: set[str] = set()  # put back uncached, for the model it holds now
         self._owner: pl.LightningModule | None = None
         self._started: dict[str, float] = {}
         self._train_parts: dict[str, RowStats] = {}
@@ -291,9 +292,12 @@ class CacheFrozen(Callback):
         """Puts the cached modules in place of the named submodules (once per model)."""
         if self._owner is not pl_module:
             self._cached = {}
+            self._uncached = set()
             self._owner = pl_module
         todo: list[tuple[str, nn.Module, str, nn.Module]] = []
         for name in self.names:
+            if name in self._uncached:
+                continue  # unfrozen by a schedule in an earlier fit: it trains, uncached
             try:
                 parent, attribute, found = _locate(pl_module, name)
             except NotASubmodule as missing:
@@ -349,6 +353,8 @@ class CacheFrozen(Callback):
         warned otherwise (:class:`FrozeTrainable`) — unless a fine-tuning callback
         (``BaseFinetuning``) is there, which freezes what it schedules in its own
         ``setup`` and unfreezes it later (the module then runs uncached)."""
+        if stage != "fit":
+            return  # nothing trains in validate, test or predict
         trainable = {
             name: [n for n, p in found.named_parameters() if p.requires_grad]
             for name, _, _, found in todo
@@ -362,9 +368,7 @@ class CacheFrozen(Callback):
             + (f" and {len(params) - 3} more" if len(params) > 3 else "")
             for name, params in trainable.items()
         )
-        if stage == "fit" and not any(
-            p.requires_grad and id(p) not in named for p in pl_module.parameters()
-        ):
+        if not any(p.requires_grad and id(p) not in named for p in pl_module.parameters()):
             raise CacheFrozenError(
                 f"the modules named to be cached hold every parameter this LightningModule "
                 f"trains ({listed}): caching freezes them (a cached module runs without "
@@ -481,6 +485,7 @@ class CacheFrozen(Callback):
         release(module, cached.training)
         setattr(parent, attribute, module)
         del self._cached[name]
+        self._uncached.add(name)
         warnings.warn(
             f"`{name}` was unfrozen (its parameters require grad: a fine-tuning schedule, "
             "say), so it is put back as it was and runs uncached from here on, training as "

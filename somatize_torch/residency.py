@@ -523,7 +523,10 @@ class _Backlog:
         self.store = store
         self.fingerprint = fingerprint
         self.pack_bytes = pack_bytes
-        self.linger = linger
+        # A worker process may be ended by its parent's exit (a persistent DataLoader
+        # worker is terminated, and runs no finalizer): there rows are written as they come,
+        # not gathered for a while first, so little is left unwritten when it goes.
+        self.linger = 0.0 if multiprocessing.parent_process() is not None else linger
         self.pool_bytes = pool_bytes
         self.lock = store_lock(store)
         self.pool = _pool(pool_bytes)

@@ -29,10 +29,10 @@ per tier that holds any — and runs the module only on the rows found nowhere,
 as one sub-batch, in eval mode and without gradients, then puts the output back
 together in the batch's order. The rows it computed go into the nearest memory
 tier with room and, behind the step, into the store. Where a keying first
-computes rows, the last of them is run again alone: a module whose answer for a
-row depends on the other rows of its batch (attention along dimension 0) is
-refused (:class:`NotRowwise`), since an answer kept from one batch would be
-recalled in another.
+computes rows, the first and last of them are run again, each alone: a module
+whose answer for a row depends on the other rows of its batch (attention along
+dimension 0) is refused (:class:`NotRowwise`), since an answer kept from one
+batch would be recalled in another.
 
 Gradients downstream are exactly as without caching: the module is frozen, so
 its output never required grad, and an input that requires grad is refused
@@ -329,7 +329,7 @@ class CachedRows(nn.Module):
         self._seeded: set[tuple[str, int]] = set()
         # The one Deferred without a version of its own whose rows are keyed under
         # `version` (by its name), if any.
-        self._lent_to: str | None = None
+        self._lent_to: dict[str, str] = {}  # the cache's versions, each by the Deferred lent it
         self._seeders: list[threading.Thread] = []
         # Told (with this cache) when a forward finds the module unfrozen: if it answers
         # True it has put the module back uncached, and the forward answers with the
@@ -356,7 +356,13 @@ class CachedRows(nn.Module):
         watch = self._watch
         if not again and watch is not None and not watch.changed(thorough):
             return None
-        unfrozen = watch.unfrozen(self.module) if watch is not None else []
+        # With no watch (a conversion dropped it) every parameter is looked at: one made to
+        # require grad before the conversion is unfrozen all the same.
+        unfrozen = (
+            watch.unfrozen(self.module)
+            if watch is not None
+            else [n for n, p in self.module.named_parameters() if p.requires_grad]
+        )
         if unfrozen:
             raise unfrozen_error(self.module, unfrozen)
         hold(self.module)  # a submodule put in since is held in eval too
@@ -430,10 +436,8 @@ class CachedRows(nn.Module):
         """Lets the Deferred named ``source``, which has no version of its own, key its rows
         under the cache's ``version`` — if it is the first to: the version names one
         dataset, and two under it would share their indices."""
-        lent = self._lent_to
-        if lent is None:
-            self._lent_to = source
-        elif lent != source:
+        lent = self._lent_to.setdefault(version, source)
+        if lent != source:
             raise NeedsIndex(
                 f"a second `Deferred` without a version of its own came to this cache, which "
                 f"keys the rows of the first under its version={version!r}: under one version "
@@ -786,7 +790,11 @@ class CachedRows(nn.Module):
         else:
             sub = x[torch.tensor(positions, dtype=torch.long, device=x.device)]
         # Taken before the forward, which may write into its input.
-        last = sub[-1:].clone() if not keying.rowwise and len(positions) > 1 else None
+        ends = (
+            sub[:: len(positions) - 1].clone()
+            if not keying.rowwise and len(positions) > 1
+            else None
+        )
         with torch.no_grad():
             out = module(sub)
         if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != len(positions):
@@ -808,38 +816,43 @@ class CachedRows(nn.Module):
                 f"keep (it keeps {kept}). Return a dtype it keeps (`torch.view_as_real` for "
                 "complex rows), or cache in memory only (store=None)"
             )
-        if last is not None:
-            self._check_rowwise(last, out, keying)
+        if ends is not None:
+            self._check_rowwise(ends, out, keying)
         return out
 
-    def _check_rowwise(self, row: torch.Tensor, out: torch.Tensor, keying: _Keying) -> None:
+    def _check_rowwise(self, ends: torch.Tensor, out: torch.Tensor, keying: _Keying) -> None:
         """Refuses a module whose answer for a row depends on the other rows of its batch
         (attention or a recurrence along dimension 0, statistics of the batch): an answer
-        kept from one batch would be recalled in a batch of other rows. Its last row is run
-        again alone and compared with its row in the batch — once per keying, so it costs
-        one forward of one row where a keying first computes rows. The last row, not the
-        first: along a recurrence or causal attention it is the one that sees the others.
-        Kernels round differently for a batch of another size, so the two are compared
-        within what rounding at the precision the module runs in allows."""
+        kept from one batch would be recalled in a batch of other rows. Its first and last
+        rows (``ends``) are run again, each alone, and compared with their rows in the
+        batch — once per keying, so it costs two forwards of one row where a keying first
+        computes rows. Both ends: along a recurrence or causal attention the last row sees
+        the others, along a reversed one the first does. Kernels round differently for a
+        batch of another size, so the two are compared within what rounding at the
+        precision the module runs in allows."""
         module = self.module
-        with torch.no_grad():
-            alone = module(row)
-        last = out[-1:]
-        limit = self._rounding(row, out)
-        if isinstance(alone, torch.Tensor) and alone.shape == last.shape:
-            difference = _difference(alone, last)
-            if difference <= limit:
-                keying.rowwise = True
-                return
-            got = (
-                f"an answer {difference:.3g} of its size away from its row of the batch's "
-                f"answer (rounding allows {limit:.3g})"
-            )
-        else:
-            got = f"{_describe(alone)}, not a tensor of shape {list(last.shape)}"
+        limit = self._rounding(ends, out)
+        for which, at in (("first", 0), ("last", len(out) - 1)):
+            with torch.no_grad():
+                alone = module(ends[min(at, 1) : min(at, 1) + 1])
+            row = out[at : at + 1]
+            if isinstance(alone, torch.Tensor) and alone.shape == row.shape:
+                difference = _difference(alone, row)
+                if difference <= limit:
+                    continue
+                got = (
+                    f"an answer {difference:.3g} of its size away from its row of the batch's "
+                    f"answer (rounding allows {limit:.3g})"
+                )
+            else:
+                got = f"{_describe(alone)}, not a tensor of shape {list(row.shape)}"
+            self._refuse_mixing(which, len(out), got)
+        keying.rowwise = True
+
+    def _refuse_mixing(self, which: str, rows: int, got: str) -> None:
         raise NotRowwise(
-            f"`{type(module).__name__}` answers a row differently alone than in a batch: the "
-            f"last of {len(out)} rows, run again on its own, came back with {got}. Its answer "
+            f"`{type(self.module).__name__}` answers a row differently alone than in a batch: "
+            f"the {which} of {rows} rows, run again on its own, came back with {got}. Its answer "
             "for a row depends on the other rows of its batch, so an answer kept from one "
             "batch would be recalled in a batch of other rows, wrongly. A module cached per "
             "row takes rows along dimension 0 and answers each on its own: put the batch "
@@ -1118,7 +1131,13 @@ def _difference(a: torch.Tensor, b: torch.Tensor) -> float:
         a, b = a.where(finite, 0), b.where(finite, 0)
     if a.is_complex():
         a, b = torch.view_as_real(a), torch.view_as_real(b)
-    a, b = a.float(), b.float()
+    a, b = a.double(), b.double()
+    # Scaled by the largest magnitude first, so that neither the norms nor the difference
+    # overflow (or vanish) for values far from 1.
+    scale = max(float(a.abs().max()), float(b.abs().max())) if a.numel() else 0.0
+    if not scale:
+        return 0.0
+    a, b = a / scale, b / scale
     size = max(float(a.norm()), float(b.norm()))
     return float((a - b).norm()) / size if size else 0.0
 

@@ -233,6 +233,27 @@ def test_an_encoder_unfrozen_by_a_schedule_trains_uncached(tmp_path: Path) -> No
     assert torch.equal(cached.head.weight, plain.head.weight)
 
 
+def test_an_encoder_put_back_uncached_stays_so_in_a_later_fit(tmp_path: Path) -> None:
+    """A second fit of the same model, after a schedule put its encoder back uncached,
+    leaves it as it is: not cached (and frozen) again."""
+    model = Finetuned()
+    model.backbone = model.encoder
+    callback = CacheFrozen(None, ["encoder"])
+    with pytest.warns(Uncached):
+        trainer(tmp_path, 2, callbacks=[_Unfreeze(), callback]).fit(model, loader())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FrozeTrainable)
+        trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader())
+    assert not isinstance(model.encoder, CachedRows) and model.encoder.conv.weight.requires_grad
+
+
+def test_validating_a_module_named_that_requires_grad_warns_nothing(tmp_path: Path) -> None:
+    """Nothing trains in validate or test, so freezing a named module there is no loss."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FrozeTrainable)
+        trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])]).validate(Tuned(), loader())
+
+
 class Weighted(torch.utils.data.Dataset[Any]):
     """Clean images, each with a loss weight drawn from torch's generator when fetched."""
 

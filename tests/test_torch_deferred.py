@@ -246,6 +246,11 @@ def test_one_deferred_without_a_version_takes_the_caches(tmp_path: Path) -> None
         with torch.no_grad():
             assert torch.allclose(cached(rows), module(val[rows.index]), atol=1e-6)
     assert cached.stats.computed == 2 * ROWS and cached.stats.recalled == ROWS
+    cached.version = "proj@1|validate"  # another version of the cache's (a stage's): its own
+    second = Deferred(val)
+    for rows in batches(second):
+        with torch.no_grad():
+            assert torch.allclose(cached(rows), module(val[rows.index]), atol=1e-6)
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["forked", "persistent"])

@@ -162,6 +162,23 @@ def test_a_forked_child_publishes_its_rows_when_it_exits(store: Store) -> None:
     cached.close()
 
 
+def _linger_in_child(cached: Any) -> float:
+    cached(rows(4, seed=9))
+    linger: float = cached._writer.linger
+    return linger
+
+
+def test_a_worker_process_writes_rows_as_they_come(store: Store) -> None:
+    """A worker process may be ended by its parent's exit with no chance to flush (a
+    persistent DataLoader worker is terminated): there rows are not gathered for a while
+    before they are written, as they are in the main process."""
+    cached = cache_rows(mlp(), store)
+    cached(rows(4))
+    assert cached._writer is not None and cached._writer.linger > 0
+    assert in_forked_child(_linger_in_child, cached) == 0.0
+    cached.close()
+
+
 class _Answers(Dataset[torch.Tensor]):
     """Samples a cached module answers in the DataLoader worker that loads them."""
 

@@ -240,8 +240,9 @@ def test_forward_hooks_are_in_the_key_by_their_code(store: Store) -> None:
     module.register_forward_hook(watcher.look)
     assert cached.redeclare() is True
     cached(x)
-    # The batch, and its last row alone: a new keying sees that rows are answered alone.
-    assert watcher.calls == 2 and cached.redeclare() is False
+    # The batch, and its first and last rows alone: a new keying sees that rows are
+    # answered alone.
+    assert watcher.calls == 3 and cached.redeclare() is False
     cached.flush()
 
     same = Gain()
@@ -784,6 +785,20 @@ class CumulativeSum(nn.Module):
         return x.cumsum(0)
 
 
+class ReversedSum(nn.Module):
+    """Each row's answer is the sum of the rows from it on: the last row's is its own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flip(0).cumsum(0).flip(0)
+
+
+class Huge(nn.Module):
+    """Row-wise, with answers far from 1 (their norms overflow float32)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 1e30
+
+
 class InPlace(nn.Module):
     """Doubles its input in place and returns it."""
 
@@ -807,6 +822,10 @@ def test_a_module_that_mixes_rows_is_refused(store: Store) -> None:
     mixing.close()
     with pytest.raises(NotRowwise, match="last of 4 rows, run again on its own"):
         cache_rows(CumulativeSum())(torch.randn(4, 3))
+    with pytest.raises(NotRowwise, match="first of 4 rows, run again on its own"):
+        cache_rows(ReversedSum())(torch.randn(4, 3))
+    big = torch.randn(4, 3)
+    assert torch.equal(cache_rows(Huge())(big), big * 1e30)
     first = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
     batch = torch.randn(6, 5, 8)
     assert torch.allclose(cache_rows(first)(batch), expected(first, batch), atol=1e-6)
@@ -848,3 +867,34 @@ def test_a_submodule_put_in_after_wrapping_is_saved_loaded_and_converted() -> No
     assert list(map(id, model["encoder"].parameters())) == list(map(id, module.parameters()))
     norm = cache_rows(nn.BatchNorm1d(4))
     assert norm.state_dict()._metadata[""]["version"] == nn.BatchNorm1d._version  # type: ignore[attr-defined]
+
+
+def test_a_part_added_after_wrapping_keys_rows_anew(store: Store) -> None:
+    """A submodule appended to the module (through it or through the wrapper) changes what
+    it computes: the rows are computed again, not recalled."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(4, 4))
+    cached = cache_rows(module, store)
+    x = torch.randn(8, 4)
+    cached(x)
+    module.append(nn.Tanh())
+    with torch.no_grad():
+        assert torch.equal(cached(x), module(x))
+    assert cached.stats.computed == 16
+    cached.add_module("2", nn.ReLU())
+    with torch.no_grad():
+        assert torch.equal(cached(x), module(x))
+    assert cached.stats.computed == 24
+    cached.close()
+
+
+def test_a_module_unfrozen_then_converted_is_still_refused() -> None:
+    """A conversion through the wrapper drops its watch; a parameter made to require grad
+    before it is found all the same, not taken as the new way things are."""
+    module = nn.Sequential(nn.Linear(4, 4))
+    cached = cache_rows(module)
+    cached(torch.randn(2, 4))
+    module.requires_grad_(True)
+    cached.double()
+    with pytest.raises(Unfrozen, match=r"`0.weight`, `0.bias` now require grad"):
+        cached(torch.randn(2, 4, dtype=torch.float64))
