@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
 from somatize import keys as keying
-from somatize.memory import cacheable, settled, upstream
+from somatize.memory import Memory, cacheable, settled, upstream
 from somatize.node import AlreadyBuilt, Node, Undeclared
 
 if TYPE_CHECKING:
@@ -330,7 +330,13 @@ def _plain(value: Any) -> Any:
 
 def _declared_again(graph: Graph, name: str, node: Node) -> None:
     """Tells the graph's memory what ``node`` declares now, if that changed."""
-    was = graph.memory.declaration_of(name)
+    declared_again(graph.memory, name, node)
+
+
+def declared_again(memory: Memory, name: str, node: Node) -> None:
+    """Tells ``memory`` what ``node``, known there as ``name``, declares now, if that
+    changed."""
+    was = memory.declaration_of(name)
     try:
         now = node.declaration(name)
     except Undeclared:
@@ -338,7 +344,7 @@ def _declared_again(graph: Graph, name: str, node: Node) -> None:
             return  # undeclared when built, and still: refused where it is keyed
         raise
     if now != was:
-        graph.memory.declared_as(name, now)
+        memory.declared_as(name, now)
 
 
 def _node_keys(static: Static, root: str) -> dict[str, str]:

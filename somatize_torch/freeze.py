@@ -88,13 +88,17 @@ class Unfrozen(FreezeError):
     """Parameters of a frozen, cached module came to require grad: somebody unfroze it."""
 
 
+def few(names: list[str], shown: int = 3) -> str:
+    """``names`` quoted, the first ``shown`` of them, and how many more."""
+    listed = ", ".join(f"`{name}`" for name in names[:shown])
+    return listed + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
 def unfrozen_error(module: nn.Module, names: list[str]) -> Unfrozen:
     """The refusal of ``module``, frozen and cached, whose parameters ``names`` now
     require grad."""
-    shown = ", ".join(f"`{name}`" for name in names[:3])
-    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
     return Unfrozen(
-        f"`{type(module).__name__}` is frozen and cached, and its parameters {shown}{more} "
+        f"`{type(module).__name__}` is frozen and cached, and its parameters {few(names)} "
         "now require grad: somebody unfroze it to train it, and a cached module's answers "
         "are recalled without gradients, so it would not train. Call the module itself to "
         "train it, or freeze it again (`requires_grad_(False)`) to go on caching"
@@ -684,10 +688,8 @@ def _refuse_inference_tensors(name: str, module: nn.Module | None) -> None:
         if tensor.is_inference()
     ]
     if made:
-        shown = ", ".join(f"`{part}`" for part in made[:3])
-        more = f" and {len(made) - 3} more" if len(made) > 3 else ""
         raise FreezeError(
-            f"`{name}` holds tensors made under `torch.inference_mode()` ({shown}{more}): "
+            f"`{name}` holds tensors made under `torch.inference_mode()` ({few(made)}): "
             "they keep no version counter, so a change to them (a checkpoint loaded in "
             "place) could not be seen, and answers kept for the old weights would be "
             "recalled for the new. Build or load the module outside `inference_mode` "

@@ -87,12 +87,13 @@ from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 from torch.utils._pytree import tree_leaves, tree_map
 
-from somatize import CODECS, Graph, Node, Opaque, Store, Undeclared, Unsettled, canonical
+from somatize import CODECS, Graph, Node, Opaque, Store, Unsettled, canonical
 from somatize.codecs import CodecError
 from somatize.engine import Record
 from somatize.errors import SomatizeError
-from somatize.memory import Memory, settled
+from somatize.memory import settled
 from somatize.node import Expr
+from somatize.plan import declared_again
 from somatize_torch.codec import TENSOR
 from somatize_torch.digest import digest_tensor
 from somatize_torch.freeze import ModuleNode, check_still, is_held
@@ -331,7 +332,7 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     # so that the graphs below are built for them.
     if node.restate() is not None:
         memory.freeze(name, node._smz.state)
-        _declared_again(memory, name, node)
+        declared_again(memory, name, node)
     basis = (memory.declaration_of(name), node._smz.state)
     if basis != self._basis:
         self._solos.clear()
@@ -361,19 +362,6 @@ def _placed(out: Any, device: torch.device) -> Any:
 
 _remember: Callable[..., Any] = torch.compiler.disable(_recall_or_run)  # type: ignore[no-untyped-call]
 """The one deliberate graph break per cached node: the store is asked outside compiled code."""
-
-
-def _declared_again(memory: Memory, name: str, node: ModuleNode) -> None:
-    """Says to ``memory`` what ``node`` declares now, if that changed."""
-    was = memory.declaration_of(name)
-    try:
-        now = node.declaration(name)
-    except Undeclared:
-        if was is None:
-            return  # undeclared when built, and still: refused where it is keyed
-        raise
-    if now != was:
-        memory.declared_as(name, now)
 
 
 def _precision(args: Sequence[torch.Tensor]) -> Precision:

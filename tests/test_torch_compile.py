@@ -10,6 +10,7 @@ from torch import nn
 
 import somatize.torch as smt
 from somatize import Store
+from tests.test_torch_wrap import Normed
 
 
 class Encoder(nn.Module):
@@ -65,18 +66,6 @@ def test_compiled_wrapped_model_equals_eager_without_recompiling(
     assert counters["stats"]["unique_graphs"] <= 2
     assert counters["frames"]["total"] <= 4
     torch._dynamo.reset()
-
-
-class Normed(nn.Module):
-    """A frozen module with a BatchNorm, whose statistics must stay put."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 4)
-        self.norm = nn.BatchNorm1d(4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.linear(x))
 
 
 def test_compiled_wrapped_frozen_module_stays_in_eval_after_train(
