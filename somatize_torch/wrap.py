@@ -503,6 +503,10 @@ def _table_of(owner: Any, atom: str) -> dict[str, Any] | None:
     for table in (owner._parameters, owner._buffers, owner._modules):
         if atom in table:
             return table
+    # A tensor kept as a plain attribute (`self.scale = torch.ones(4)`), which fx reads
+    # as a constant of the code by reference: replaced, the segments follow it too.
+    if isinstance(owner.__dict__.get(atom), torch.Tensor):
+        return owner.__dict__
     return None
 
 
@@ -631,6 +635,17 @@ class Wrapped(nn.Module):
         parts: _Parts | None = self.__dict__.get("_parts")
         if parts is not None and name in parts.tops:
             parts.refuse(self.model, name, value)
+        model = self.__dict__.get("model")
+        if (
+            model is not None
+            and isinstance(value, torch.Tensor)
+            and not isinstance(value, nn.Parameter)
+            and isinstance(model.__dict__.get(name), torch.Tensor)
+        ):
+            # The model's own plain tensor attribute, which the code reads: replaced there.
+            setattr(model, name, value)
+            self._follow()
+            return
         super().__setattr__(name, value)
         if isinstance(value, (nn.Module, torch.Tensor)):
             self._follow()

@@ -593,6 +593,34 @@ def test_the_tensors_of_an_answer_share_no_memory_computed_or_recalled(store: St
     assert torch.equal(computed, recalled) and bool(computed.abs().sum() > 0)
 
 
+class Scaled(nn.Module):
+    """Multiplies the encoder's answer by a tensor kept as a plain attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.scale = torch.ones(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * self.scale
+
+
+def test_a_plain_tensor_attribute_replaced_after_wrap_is_the_one_read(store: Store) -> None:
+    """A tensor the forward reads as a plain attribute, replaced on the model or on the
+    wrapped model, is the one the traced code reads."""
+    torch.manual_seed(0)
+    model = Scaled()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        model.scale = torch.zeros(4)
+        assert torch.equal(wrapped(x), model(x))
+        wrapped.scale = torch.full((4,), 3.0)
+        assert model.scale is wrapped.model.scale and float(model.scale[0]) == 3.0
+        assert torch.equal(wrapped(x), model(x))
+
+
 class Masked(nn.Module):
     """Takes a mask by name, and a scale only by name."""
 
