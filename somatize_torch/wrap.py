@@ -234,6 +234,17 @@ class _Cached(nn.Module):
             )
         return bound.args
 
+    def trimmed(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``args`` without the trailing ones that are their parameter's default itself
+        (``mask=None`` given): the call is the same without them, and keyed alike."""
+        if self._signature is None:
+            return args
+        params = list(self._signature.parameters.values())
+        end = len(args)
+        while end and end <= len(params) and args[end - 1] is params[end - 1].default:
+            end -= 1
+        return args[:end]
+
 
 class _Watched:
     """What a cached node runs on a miss: the submodule, and then a refusal of what a
@@ -308,6 +319,7 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
         return self.call(*args, **kwargs)
     if kwargs:
         args = self.bound(args, kwargs)
+    args = self.trimmed(args)
     for index, value in enumerate(args):
         if not isinstance(value, torch.Tensor):
             raise TypeError(

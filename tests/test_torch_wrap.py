@@ -656,6 +656,10 @@ def test_a_wrapped_module_takes_keyword_arguments(store: Store) -> None:
     assert wrapped.counts["masked"] == {"ran": 1, "kept": 1, "recalled": 1}
     with pytest.raises(TypeError, match="`scale` has no place in that order"):
         wrapped(x, scale=mask)
+    with torch.no_grad():  # an argument given as its default is the call without it
+        assert torch.equal(wrapped(x, mask=None), module(x))
+        assert torch.equal(wrapped(x), module(x))
+    assert wrapped.counts["masked"]["recalled"] == 2
     frozen = smt.wrap(Masked(), frozen=True, store=store)
     smt.freeze(frozen)
     assert frozen(x, mask=mask, scale=mask).shape == (3, 4)
