@@ -56,6 +56,7 @@ __all__ = [
     "blueprint_of",
     "code_digest",
     "fingerprint_of",
+    "held_at",
     "identity_of",
     "state_crosses",
 ]
@@ -89,14 +90,21 @@ def identity_of(kind: type) -> str | None:
 
 
 def _held_under_its_name(kind: type) -> bool:
-    """Whether ``kind``'s module holds it under its qualified name (read from namespaces,
-    so that no module ``__getattr__`` runs)."""
-    found: Any = sys.modules.get(kind.__module__)
-    for part in kind.__qualname__.split("."):
+    """Whether ``kind``'s module holds it under its qualified name."""
+    return held_at(kind.__module__, kind.__qualname__) is kind
+
+
+def held_at(module: str, qualname: str) -> Any:
+    """What loaded module ``module`` holds at ``qualname`` (``Outer.Inner``), or None —
+    read from module and class namespaces only: nothing is imported, and no module
+    ``__getattr__`` (which may import) or metaclass property runs for a name that came
+    from elsewhere (a store)."""
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
         if not isinstance(found, (type(sys), type)):
-            return False
+            return None
         found = vars(found).get(part)
-    return found is kind
+    return found
 
 
 def _closes_over_a_call(kind: type) -> bool:

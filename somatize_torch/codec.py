@@ -60,8 +60,6 @@ import itertools
 import json
 import math
 import struct
-import sys
-import types
 import warnings
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -70,6 +68,7 @@ from typing import Any, NamedTuple
 import torch
 
 from somatize import CODECS, Codec
+from somatize.catalog import held_at
 from somatize.errors import SomatizeWarning
 from somatize_torch.digest import DTYPES, digest_named, digest_tensor, host_bytes
 
@@ -206,15 +205,9 @@ def _class_at(named: str, fields: Sequence[str]) -> type | None:
     """The namedtuple class ``module:qualname`` with ``fields`` among the modules this
     process has loaded — never importing one — or None."""
     module, _, qualname = named.partition(":")
-    found: Any = sys.modules.get(module)
-    if found is None or "<locals>" in qualname:
+    if "<locals>" in qualname:
         return None
-    for part in qualname.split("."):
-        # Each step read from a module's or class's own namespace: a module's __getattr__
-        # (which may import) or a metaclass's property never runs for a name a store gave.
-        if not isinstance(found, (types.ModuleType, type)):
-            return None
-        found = vars(found).get(part)
+    found = held_at(module, qualname)  # no code runs for a name a store gave
     if (
         isinstance(found, type)
         and issubclass(found, tuple)

@@ -79,7 +79,7 @@ from torch import nn
 from somatize import Store
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize_torch.ahead import Ahead
-from somatize_torch.freeze import release
+from somatize_torch.freeze import few, release
 from somatize_torch.rows import DEVICE_BYTES, HOST_BYTES, CachedRows, RowStats, cache_rows
 from somatize_torch.rows import prefill as prefill_rows
 
@@ -363,11 +363,7 @@ class CacheFrozen(Callback):
         if not trainable:
             return
         named = {id(p) for _, _, _, found in todo for p in found.parameters()}
-        listed = "; ".join(
-            f"`{name}`: {', '.join(f'`{n}`' for n in params[:3])}"
-            + (f" and {len(params) - 3} more" if len(params) > 3 else "")
-            for name, params in trainable.items()
-        )
+        listed = "; ".join(f"`{name}`: {few(params)}" for name, params in trainable.items())
         if not any(p.requires_grad and id(p) not in named for p in pl_module.parameters()):
             raise CacheFrozenError(
                 f"the modules named to be cached hold every parameter this LightningModule "
