@@ -123,18 +123,16 @@ class Graph:
         graph = cls()
         order = _topological(expr)
         preds_of: dict[int, list[Node]] = {id(n): [] for n in expr.nodes}
-        seen_edges: set[tuple[int, int]] = set()
         for source, target in expr.edges:
-            if (id(source), id(target)) not in seen_edges:
-                seen_edges.add((id(source), id(target)))
-                preds_of[id(target)].append(source)
+            preds_of[id(target)].append(source)
 
         taken = graph._explicit_names(order)
         placed: dict[int, str] = {}
         interned: dict[tuple[Any, ...], str] = {}
         for node in order:
-            # One per edge, duplicates kept: two edges from nodes interned to one still
-            # hand it two arguments, and its key reads that predecessor twice.
+            # One per edge, duplicates kept: a node given twice (`(a, a) >> j`), or two
+            # nodes interned to one, hand it two arguments, and its key reads that
+            # predecessor twice.
             preds = tuple(placed[id(p)] for p in preds_of[id(node)])
             marks = node._smz
             declaration: str | None = None
@@ -185,7 +183,9 @@ class Graph:
                 interned[intern] = name
             graph._add(name, node, preds, identity, declaration, undeclared)
         graph.watch_kept()
-        graph._outputs = tuple(placed[id(n)] for n in expr.outputs)
+        # A node written twice among the outputs is one output (`(a >> j, b >> j)` ends in
+        # `j`); two nodes interned to one keep a slot each.
+        graph._outputs = tuple(placed[i] for i in dict.fromkeys(map(id, expr.outputs)))
         for node in order:
             node._smz.built = True
         return graph

@@ -38,6 +38,7 @@ as two positional arguments.
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -457,14 +458,24 @@ class Expr:
         )
 
     def beside(self, other: Expr) -> Expr:
-        """Both side by side: their nodes and edges, and the outputs of each, in order."""
+        """Both side by side: their nodes, their edges and the outputs of each, in order.
+
+        An output given twice is two outputs (``(a, a) >> j`` hands ``j`` two
+        arguments). An edge is one edge however often the piece of graph it belongs to
+        is written (``(x, x >> c)`` is ``x`` once, fed into ``c``): an edge both sides
+        hold is kept as often as the side holding it more often has it."""
         nodes = list(self.nodes)
         known = {id(n) for n in nodes}
         nodes.extend(n for n in other.nodes if id(n) not in known)
-        outputs = list(self.outputs)
-        known = {id(n) for n in outputs}
-        outputs.extend(n for n in other.outputs if id(n) not in known)
-        return Expr(nodes, self.edges + other.edges, outputs)
+        held = Counter((id(s), id(t)) for s, t in self.edges)
+        edges = list(self.edges)
+        for source, target in other.edges:
+            pair = (id(source), id(target))
+            if held[pair]:
+                held[pair] -= 1
+            else:
+                edges.append((source, target))
+        return Expr(nodes, edges, self.outputs + other.outputs)
 
     def heads(self) -> list[Node]:
         """The nodes nothing in this expression feeds: where an input comes in."""
@@ -475,7 +486,7 @@ class Expr:
         after: Expr = Expr.of(other)
         joined = self.beside(after)
         bridges = [(tail, head) for head in after.heads() for tail in self.outputs]
-        return Expr(joined.nodes, self.edges + bridges + after.edges, list(after.outputs))
+        return Expr(joined.nodes, joined.edges + bridges, list(after.outputs))
 
     def __rrshift__(self, other: Any) -> Expr:
         return Expr.of(other) >> self

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from somatize import Cycle, Graph, GraphError, Node, UnknownNode
+from somatize.plan import compile
 from tests.broker_nodes import Weighted
 from tests.nodes import Add, Echo, Largest, Rows, Scale
 
@@ -168,6 +169,28 @@ def test_interned_nodes_still_hand_one_argument_per_edge() -> None:
     assert g.predecessors("pair") == ("scale", "scale")
     assert g.successors("scale") == ("pair",)
     assert g.forward({"at": 0, "take": 2}) == [[0.0, 2.0], [0.0, 2.0]]
+
+
+def test_a_node_given_twice_is_two_arguments() -> None:
+    """`(a, a) >> j` hands `j` two arguments, as two nodes interned to one do, with the same
+    key; a piece of graph written twice is still one (its edges are not doubled)."""
+    rows = Rows().named("rows").frozen()
+    scale = Scale(2.0).frozen()
+    g = Graph.somatize(rows >> (scale, scale) >> Pair().frozen())
+    twins = Graph.somatize(rows >> (Scale(2.0).frozen(), Scale(2.0).frozen()) >> Pair().frozen())
+    assert g.predecessors("pair") == ("scale", "scale")
+    assert g.forward({"at": 0, "take": 2}) == [[0.0, 2.0], [0.0, 2.0]]
+    at = {"at": 0, "take": 2}
+    assert compile(g, at, None, g.outputs).keys == compile(twins, at, None, twins.outputs).keys
+
+    add = Add().named("add")
+    a, b = Echo("a").named("a"), Echo("b").named("b")
+    chain = a >> b
+    assert Graph.somatize((chain, chain >> add)).predecessors("add") == ("b",)
+    assert Graph.somatize(((a, a) >> add, (a, a) >> add)).predecessors("add") == ("a", "a")
+    fan_in = Graph.somatize((a >> add, b >> add))
+    assert fan_in.predecessors("add") == ("a", "b")
+    assert fan_in.outputs == ("add",)  # written twice among the outputs: one output
 
 
 def test_interned_outputs_keep_one_slot_each() -> None:
