@@ -104,6 +104,19 @@ def _columns_of(columns: Sequence[str] | None) -> list[str] | None:
     return list(columns)
 
 
+def _joined(tables: list[pyarrow.Table]) -> pyarrow.Table:
+    """The tables one after another. Tables of no columns (read with ``columns=[]``) say
+    only how many rows they hold, and Arrow's concatenation drops that; a batch made from
+    a struct array of no fields keeps it."""
+    if len(tables) == 1:
+        return tables[0]
+    if tables[0].num_columns:
+        return pyarrow.concat_tables(tables)
+    rows = sum(table.num_rows for table in tables)
+    batch = pyarrow.RecordBatch.from_struct_array(pyarrow.nulls(rows, pyarrow.struct([])))
+    return pyarrow.Table.from_batches([batch.replace_schema_metadata(tables[0].schema.metadata)])
+
+
 class _File:
     """One open Parquet file: its footer, where each row group starts, and the row
     groups it decoded last."""
@@ -167,7 +180,7 @@ class _File:
         last = bisect.bisect_left(self.starts, end) - 1
         with self.lock:
             groups = [self.group(index) for index in range(first, last + 1)]
-        table = groups[0] if len(groups) == 1 else pyarrow.concat_tables(groups)
+        table = _joined(groups)
         return table.slice(at - self.starts[first], end - at)
 
     def close(self) -> None:
@@ -513,7 +526,7 @@ class ParquetDir(_Versioned):
             if piece.num_rows:
                 pieces.append(piece)
             index += 1
-        return Frame(pieces[0] if len(pieces) == 1 else pyarrow.concat_tables(pieces))
+        return Frame(_joined(pieces))
 
     def _check(self, index: int) -> None:
         relative = self.files[index]
@@ -540,28 +553,31 @@ class ParquetDir(_Versioned):
                         handle = pyarrow.memory_map(str(self.root / relative), "r")
                         self._handles.append(handle)
                         opened.append(_File(handle, f"`{relative}`", self.columns))
+                    self._check_schemas(opened)
                 except BaseException:
                     for handle in self._handles:
                         handle.close()
                     self._handles = []
                     raise
-                # The files' own metadata (the writer, a pandas index) may differ; what a
-                # column says of itself (its unit, say) goes with its rows, so it may not.
-                schema = opened[0].schema.remove_metadata()
-                for one, relative in zip(opened, self.files, strict=True):
-                    if not one.schema.remove_metadata().equals(schema, check_metadata=True):
-                        raise NotParquet(
-                            f"`{relative}` has columns {one.schema.remove_metadata()} where "
-                            f"`{self.files[0]}` has {schema}: the files of one dataset share "
-                            "one schema. Write them with the same columns and types, or read "
-                            "the shared ones with columns=[...]"
-                        )
                 starts = [0]
                 for one in opened:
                     starts.append(starts[-1] + one.rows)
                 self._starts = starts
                 self._opened = opened
         return self._opened
+
+    def _check_schemas(self, opened: list[_File]) -> None:
+        # The files' own metadata (the writer, a pandas index) may differ; what a
+        # column says of itself (its unit, say) goes with its rows, so it may not.
+        schema = opened[0].schema.remove_metadata()
+        for one, relative in zip(opened, self.files, strict=True):
+            if not one.schema.remove_metadata().equals(schema, check_metadata=True):
+                raise NotParquet(
+                    f"`{relative}` has columns {one.schema.remove_metadata()} where "
+                    f"`{self.files[0]}` has {schema}: the files of one dataset share "
+                    "one schema. Write them with the same columns and types, or read "
+                    "the shared ones with columns=[...]"
+                )
 
     def close(self) -> None:
         """Lets go of the open files (they are opened again on the next read)."""
