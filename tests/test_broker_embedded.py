@@ -801,6 +801,24 @@ def test_a_nested_forward_on_the_same_worker_is_refused() -> None:
     assert outer.forward([1, 2], broker=broker) == [2.0, 4.0]
 
 
+def test_a_nested_forward_back_through_another_worker_is_refused() -> None:
+    """A node on w1 running a graph on w2 whose node runs a graph on w1 would wait on itself
+    through w2: refused, saying through which workers, as the direct case is."""
+    broker = Broker.embedded(
+        {"w1": Worker.generic(mode="local"), "w2": Worker.generic(mode="local")}
+    )
+    back = Graph.somatize(Echo().named("start") >> Scale().named("scale").at("w1"))
+    there = Graph.somatize(Echo().named("start") >> Nested(back, broker).named("hop").at("w2"))
+    outer = Graph.somatize(Echo().named("start") >> Nested(there, broker).named("nest").at("w1"))
+    thread, out = _forward_in_thread(outer, [1, 2], broker)
+    thread.join(10)
+    assert not thread.is_alive(), "the nested forwards wait on each other"
+    error = out.get("error")
+    assert isinstance(error, Reentrant), out
+    assert "`scale` is placed on worker `w1`, where a node waits" in str(error)
+    assert "(through `w1` → `w2`)" in str(error)
+
+
 def test_workers_and_catalogs_are_checked_when_described() -> None:
     """Resources that are not finite numbers, a map that is not one, and a catalog that is
     not a Catalog are refused where they are given, saying what is expected."""

@@ -129,8 +129,9 @@ class BrokerClosed(SomatizeError, RuntimeError):
 
 
 class Reentrant(SomatizeError, RuntimeError):
-    """A node running on a worker asked that same worker to run another node, which would
-    wait for the worker to finish the node that asks: for ever."""
+    """A node running on a worker asked that same worker to run another node — itself, or
+    through nodes on other workers that wait in turn — which would wait for the worker to
+    finish the node that asks: for ever."""
 
 
 class StateMismatch(SomatizeError, ValueError):
@@ -196,7 +197,8 @@ class Broker(abc.ABC):
         """Each call not finished yet → (node, worker), for close() to fail."""
         self._holders: weakref.WeakKeyDictionary[Graph, str] = weakref.WeakKeyDictionary()
         self._here = threading.local()
-        """On a lane's thread, the worker whose lane it is (``worker``)."""
+        """On a lane's thread, the workers busy with the node it runs: its own, and those
+        whose nodes wait for it, through the forwards they run (``held``)."""
         self._lock = threading.Lock()
         self._checked: weakref.WeakKeyDictionary[
             Graph, tuple[tuple[int, int], dict[str, Blueprint]]
@@ -318,12 +320,20 @@ class Broker(abc.ABC):
             raise ValueError(f"`{node}` is placed on no worker; the engine runs it itself")
         future: Future[Done] = Future()
         try:
-            if getattr(self._here, "worker", None) == worker:
+            held: tuple[str, ...] = getattr(self._here, "held", ())
+            if worker in held:
+                where = (
+                    "where the node asking for it already runs"
+                    if held[-1] == worker
+                    else "where a node waits for the node asking for it (through "
+                    + " → ".join(f"`{w}`" for w in held[held.index(worker) :])
+                    + ")"
+                )
                 raise Reentrant(
-                    f"`{node}` is placed on worker `{worker}`, where the node asking for it "
-                    f"already runs: a worker runs one node at a time, so `{node}` would wait "
-                    "for the node that waits for it, for ever. Place the nested graph's nodes "
-                    "on another worker of this broker, or run it with another broker"
+                    f"`{node}` is placed on worker `{worker}`, {where}: a worker runs one node "
+                    f"at a time, so `{node}` would wait for the node that waits for it, for "
+                    "ever. Place the nested graph's nodes on another worker of this broker, "
+                    "or run it with another broker"
                 )
             work = self._send(graph, node, worker, inputs, ctx, keep)
             with self._lock:
@@ -333,7 +343,7 @@ class Broker(abc.ABC):
                         max_workers=1, thread_name_prefix=f"somatize-{worker}"
                     )
                 self._pending[future] = (node, worker)
-                lane.submit(self._work, future, worker, work)
+                lane.submit(self._work, future, (*held, worker), work)
         except Exception as error:
             future.set_exception(error)
             return future
@@ -409,15 +419,15 @@ class Broker(abc.ABC):
                 found = self._holders[graph] = uuid.uuid4().hex
             return found
 
-    def _work(self, future: Future[Done], worker: str, work: Callable[[], Done]) -> None:
-        """Runs ``work`` on ``worker``'s lane for ``future``, unless the future was cancelled
-        or failed (the broker closed) while it waited."""
+    def _work(self, future: Future[Done], held: tuple[str, ...], work: Callable[[], Done]) -> None:
+        """Runs ``work`` on the lane of the last of ``held`` for ``future``, unless the
+        future was cancelled or failed (the broker closed) while it waited."""
         try:
             if not future.set_running_or_notify_cancel():
                 return
         except RuntimeError:  # settled by close() while it waited
             return
-        self._here.worker = worker
+        self._here.held = held
         try:
             done = work()
         except BaseException as error:
@@ -425,7 +435,7 @@ class Broker(abc.ABC):
         else:
             _settle(future, done)
         finally:
-            self._here.worker = None
+            self._here.held = ()
 
     def __repr__(self) -> str:
         listed = ", ".join(f"{name}: {w.mode}" for name, w in self.workers.items())
