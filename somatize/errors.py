@@ -30,7 +30,7 @@ can catch either ``SomatizeError`` or, say, ``ValueError``::
     ├── RowsError (ValueError)            somatize_torch.rows
     │   ├── NotRowwise (TypeError)
     │   └── NeedsIndex
-    └── WriteFailed (OSError)             somatize_torch.residency
+    └── WriteFailed (OSError)             somatize_torch.writer
 
 Every message says what happened, why it matters, and what to do.
 """

@@ -32,7 +32,7 @@ from somatize_torch.freeze import (
     freeze,
     is_held,
 )
-from somatize_torch.residency import Tier, WriteFailed
+from somatize_torch.residency import Tier
 from somatize_torch.rows import (
     CachedRows,
     NeedsIndex,
@@ -52,6 +52,7 @@ from somatize_torch.wrap import (
     Wrapped,
     wrap,
 )
+from somatize_torch.writer import WriteFailed
 
 register()
 

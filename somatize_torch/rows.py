@@ -86,6 +86,7 @@ from somatize.engine import Drifted
 from somatize.errors import SomatizeError
 from somatize.keys import node_key, node_prefix, root_key
 from somatize.store.base import Corrupt, Missing
+from somatize_torch._row_codec import decode_rows
 from somatize_torch.codec import TENSOR, stamp_of
 from somatize_torch.deferred import Deferred, DeferredRows
 from somatize_torch.digest import (
@@ -106,8 +107,9 @@ from somatize_torch.freeze import (
     hold,
     unfrozen_error,
 )
-from somatize_torch.residency import Tier, Writer, decode_rows, store_lock
+from somatize_torch.residency import Tier
 from somatize_torch.wrap import CachedInputNeedsGrad
+from somatize_torch.writer import Writer, store_lock
 
 __all__ = [
     "CachedRows",

@@ -23,16 +23,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from somatize import Store
 from somatize_torch._native import PinnedPool
+from somatize_torch._row_codec import decode_rows, encode_rows
 from somatize_torch.codec import TENSOR
-from somatize_torch.residency import (
-    Tier,
-    WriteFailed,
-    Writer,
-    decode_rows,
-    encode_rows,
-    store_lock,
-)
+from somatize_torch.residency import Tier
 from somatize_torch.rows import cache_rows
+from somatize_torch.writer import WriteFailed, Writer, store_lock
 from tests.forked import in_forked_child
 
 ROOT = Path(__file__).resolve().parent.parent

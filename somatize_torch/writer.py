@@ -1,0 +1,462 @@
+"""The store writer: how rows computed in a forward get to the store, behind the step.
+
+Rows computed in a forward are staged device → pinned host memory
+(``somatize_torch._native.PinnedPool`` where it is built, ``pin_memory()`` where
+CUDA is, plain host memory otherwise) and handed to a background thread (a
+:class:`Writer`'s) that keeps them in the store with ``store.keep_many`` — so the
+forward never waits on the disk (it waits only when more than ``pending_bytes``
+are still unwritten, which bounds the memory the writer holds). ``flush()`` waits
+for every row to be written; so do interpreter exit and the end of a worker
+process, and a writer that is dropped has its thread write every row it was
+given, then end. A write that fails — a full disk, a store that refuses — is
+logged when it happens and raised as :class:`WriteFailed` at the next forward or
+flush; the store publishes a pack whole or not at all, so a failure or a killed
+process never leaves a visible half-answer, only rows that a later run recomputes.
+
+One lock per store object (:func:`store_lock`) serialises calls into a store
+between the forward and the writer thread, since a store's in-memory tables are
+not meant to be changed from two threads at once. So a forward that must ask the
+store (rows in no memory tier) may wait for the one write in progress — at most
+``pack_bytes`` (16 MiB) of rows — never for the queue behind it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing.util
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from somatize import Store
+from somatize._threads import ProcessLock
+from somatize.errors import SomatizeError
+from somatize_torch._row_codec import encode_rows
+from somatize_torch.codec import TENSOR
+
+__all__ = ["WriteFailed", "Writer", "store_lock"]
+
+log = logging.getLogger("somatize.torch")
+
+_LOCKS: weakref.WeakKeyDictionary[Store, ProcessLock] = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = ProcessLock()
+
+
+def store_lock(store: Store) -> ProcessLock:
+    """The lock this module holds around every call into ``store`` (one per store object)."""
+    with _LOCKS_LOCK:
+        lock = _LOCKS.get(store)
+        if lock is None:
+            lock = _LOCKS[store] = ProcessLock()
+        return lock
+
+
+class WriteFailed(SomatizeError, OSError):
+    """Answers computed in a forward could not be written to the store."""
+
+
+# ------------------------------------------------------------------------------ the writer
+
+
+class _Staged(Protocol):
+    def wait(self) -> torch.Tensor: ...
+
+    def release(self) -> None: ...
+
+
+class _Plain:
+    """A host copy made without the pinned pool: pinned when CUDA is, plain otherwise."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.event: Any = None
+        if rows.is_cuda:
+            self.host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+            self.host.copy_(rows, non_blocking=True)
+            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self.event.record()
+        else:
+            self.host = rows.detach().clone()
+
+    def wait(self) -> torch.Tensor:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
+
+    def release(self) -> None:
+        self.event = None
+
+
+def _pool(max_bytes: int) -> Any:
+    try:
+        from somatize_torch._native import PinnedPool
+    except ImportError:
+        return None
+    return PinnedPool(max_bytes)
+
+
+_WAKE = "wake"
+"""Put in the queue to end the writer's lingering at once (a flush is waiting)."""
+
+
+@dataclass
+class _Job:
+    keys: list[str]
+    staged: _Staged
+    nbytes: int
+
+
+class Writer:
+    """Keeps rows in a store from a background thread; see the module docstring.
+
+    ``submit`` stages rows to host memory and returns at once; ``flush`` waits for
+    everything submitted and raises :class:`WriteFailed` if any of it could not be
+    written; ``check`` raises that without waiting.
+
+    The thread gathers what is submitted for up to ``linger`` seconds, or until
+    ``pack_bytes`` are waiting, and keeps it with one ``keep_many`` call: rows computed
+    over many steps land in few packs, so a later recall of a shuffled batch opens few
+    blobs. Rows staged and not yet kept are in memory only — a process killed then
+    loses them (they are computed again next time), never anything published.
+
+    Nothing that was submitted is lost when the writer is not closed: interpreter exit
+    closes it, so does the end of a ``multiprocessing`` child (a DataLoader worker),
+    which runs no ``atexit`` handler, and a writer that is dropped has its thread write
+    what it was given and end (see :class:`_Backlog`).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        fingerprint: str | None = None,
+        *,
+        pending_bytes: int = 512 << 20,
+        pack_bytes: int = 16 << 20,
+        linger: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.fingerprint = fingerprint
+        self.pending_bytes = int(pending_bytes)
+        self._dropped: weakref.finalize[[_Backlog], Writer] | None = None
+        self._begin(
+            _Backlog(
+                store,
+                fingerprint,
+                pack_bytes=int(pack_bytes),
+                linger=float(linger),
+                pool_bytes=min(self.pending_bytes, 64 << 20),
+            )
+        )
+
+    def _begin(self, backlog: _Backlog) -> None:
+        """Works through ``backlog`` from now on: at creation, and in a forked child, which
+        has none of its parent's threads and writes only what it submits itself (what the
+        parent staged is the parent's to write)."""
+        if self._dropped is not None:
+            self._dropped.detach()  # the parent's backlog, which this process never writes
+        self._backlog = backlog
+        # Not at exit: the writer may still be used there, and _close_at_exit closes it
+        # instead (a stop signal queued then would strand what is submitted after it).
+        self._dropped = weakref.finalize(self, _let_go, backlog)
+        self._dropped.atexit = False
+        atexit.register(_close_at_exit, weakref.ref(backlog))
+
+    def _own(self) -> None:
+        """Starts afresh if this is a forked child of the process that made the backlog."""
+        if self._backlog.pid != os.getpid():
+            self._begin(self._backlog.afresh())
+
+    # Settings and counts live on the backlog, which the thread reads and writes.
+
+    @property
+    def pack_bytes(self) -> int:
+        """Bytes of rows the thread gathers, at most, before one ``keep_many``."""
+        return self._backlog.pack_bytes
+
+    @pack_bytes.setter
+    def pack_bytes(self, value: int) -> None:
+        self._backlog.pack_bytes = int(value)
+
+    @property
+    def linger(self) -> float:
+        """Seconds the thread waits for more rows before it keeps what it has."""
+        return self._backlog.linger
+
+    @linger.setter
+    def linger(self, value: float) -> None:
+        self._backlog.linger = float(value)
+
+    @property
+    def kept_rows(self) -> int:
+        """Rows written to the store."""
+        return self._backlog.kept_rows
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of the answers written to the store."""
+        return self._backlog.kept_bytes
+
+    @property
+    def failed_rows(self) -> int:
+        """Rows whose write failed."""
+        return self._backlog.failed_rows
+
+    @property
+    def took_s(self) -> float:
+        """Seconds the thread spent writing."""
+        return self._backlog.took_s
+
+    def submit(self, keys: Sequence[str], rows: torch.Tensor) -> None:
+        """Stages ``rows`` (kept under ``keys``, one row each) and queues them for the store;
+        a writer closed before starts its thread again."""
+        if not keys:
+            return
+        self._own()
+        backlog = self._backlog
+        rows = rows.detach()
+        nbytes = rows.numel() * rows.element_size()
+        with backlog.changed:
+            while backlog.pending > 0 and backlog.pending + nbytes > self.pending_bytes:
+                backlog.changed.wait()
+            backlog.pending += nbytes
+            backlog.submitted += 1
+        pool = backlog.pool
+        staged: _Staged = pool.to_host(rows) if pool is not None else _Plain(rows)
+        with backlog.life:
+            backlog.closed = False
+            self._start()
+            backlog.queue.put(_Job(list(keys), staged, nbytes))
+
+    def check(self) -> None:
+        """Raises :class:`WriteFailed` for writes that failed since the last check."""
+        self._own()
+        self._backlog.check()
+
+    def drain(self) -> None:
+        """Waits until every row submitted so far has been written or has failed."""
+        self._own()
+        self._backlog.drain()
+
+    def flush(self) -> None:
+        """Waits until every row submitted so far is in the store; raises what failed."""
+        self.drain()
+        self.check()
+
+    def close(self) -> None:
+        """Flushes, then stops the thread."""
+        try:
+            self.flush()
+        finally:
+            self._backlog.stop()
+
+    def _start(self) -> None:
+        self._backlog.start()
+
+
+class _Backlog:
+    """What a writer's thread works through: the rows queued for it, the counts, the
+    failures still to report, and the thread itself.
+
+    The thread holds this and never its :class:`Writer`, so a writer nobody uses any more
+    is collected; its finalizer (:func:`_let_go`) queues the stop signal behind every row
+    it was given, and the thread writes them all, ends, and lets this backlog and its
+    staging pool go. A backlog serves the process that made it: a forked child makes its
+    own (:meth:`afresh`), since it inherits neither the thread nor a usable lock.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        fingerprint: str | None,
+        *,
+        pack_bytes: int,
+        linger: float,
+        pool_bytes: int,
+    ) -> None:
+        self.pid = os.getpid()
+        self.store = store
+        self.fingerprint = fingerprint
+        self.pack_bytes = pack_bytes
+        # A worker process may be ended by its parent's exit (a persistent DataLoader
+        # worker is terminated, and runs no finalizer): there rows are written as they come,
+        # not gathered for a while first, so little is left unwritten when it goes.
+        self.linger = 0.0 if multiprocessing.parent_process() is not None else linger
+        self.pool_bytes = pool_bytes
+        self.lock = store_lock(store)
+        self.pool = _pool(pool_bytes)
+        self.queue: queue.SimpleQueue[_Job | str | None] = queue.SimpleQueue()
+        self.changed = threading.Condition()
+        self.submitted = 0
+        self.done = 0
+        self.pending = 0
+        self.error: BaseException | None = None
+        self.lost = 0
+        self.kept_rows = 0
+        self.kept_bytes = 0
+        self.failed_rows = 0
+        self.took_s = 0.0
+        self.thread: threading.Thread | None = None
+        # Held while the thread is started and a job queued, and while it is stopped: a
+        # job is never queued behind the stop signal of a thread that is going away.
+        self.life = threading.Lock()
+        self.closed = False
+        self.hooked_to_child_exit = False
+
+    def afresh(self) -> _Backlog:
+        """A backlog for this process, a forked child: the same settings and counts so far,
+        nothing queued, no thread, and a pool and locks of its own."""
+        fresh = _Backlog(
+            self.store,
+            self.fingerprint,
+            pack_bytes=self.pack_bytes,
+            linger=self.linger,
+            pool_bytes=self.pool_bytes,
+        )
+        fresh.kept_rows, fresh.kept_bytes = self.kept_rows, self.kept_bytes
+        fresh.failed_rows, fresh.took_s = self.failed_rows, self.took_s
+        return fresh
+
+    def start(self) -> None:
+        """Starts the thread if none runs; called with ``life`` held."""
+        if self.thread is None:
+            if not self.hooked_to_child_exit:
+                # A multiprocessing child (a DataLoader worker) ends with os._exit, which
+                # runs no atexit handler, only the finalizers given an exit priority, as its
+                # target returns. Registered with the first thread rather than at creation:
+                # a child started by spawn or a forkserver unpickles its target's arguments
+                # (a cache among them) before it forgets the finalizers registered so far.
+                closing = weakref.ref(self)
+                multiprocessing.util.Finalize(
+                    self, _close_at_exit, args=(closing,), exitpriority=10
+                )
+                self.hooked_to_child_exit = True
+            thread = threading.Thread(
+                target=_run, args=(self,), name="somatize-writer", daemon=True
+            )
+            self.thread = thread
+            thread.start()
+
+    def check(self) -> None:
+        """Raises :class:`WriteFailed` for writes that failed since the last check."""
+        with self.changed:
+            error, lost = self.error, self.lost
+            self.error, self.lost = None, 0
+        if error is not None:
+            raise WriteFailed(
+                f"{lost} computed rows could not be written to {self.store!r}: "
+                f"{type(error).__name__}: {error}. They are still correct in memory for this "
+                "process, but a later run will compute them again. Free space (or fix the "
+                "store) and go on; `flush()` reports whether later writes succeed"
+            ) from error
+
+    def drain(self) -> None:
+        """Waits until every job submitted so far has been written or has failed."""
+        with self.changed:
+            if self.done < self.submitted:
+                self.queue.put(_WAKE)
+            while self.done < self.submitted:
+                self.changed.wait()
+
+    def stop(self) -> None:
+        """Stops the thread once it has written what is queued; it starts again at the
+        next submit."""
+        with self.life:
+            self.closed = True
+            if self.thread is not None:
+                self.queue.put(None)
+                self.thread.join()
+                self.thread = None
+
+    def write(self, jobs: list[_Job]) -> None:
+        """Keeps ``jobs`` with one ``keep_many`` and counts what was kept or failed."""
+        start = time.perf_counter()
+        rows = sum(len(job.keys) for job in jobs)
+        try:
+            items: list[tuple[str, Sequence[memoryview | bytes]]] = []
+            for job in jobs:
+                host = job.staged.wait()
+                items.extend(zip(job.keys, encode_rows(host), strict=True))
+            with self.lock:
+                answers = self.store.keep_many(items, TENSOR.name, self.fingerprint)
+            kept = sum(answer.size for answer in answers)
+            error: BaseException | None = None
+        except Exception as why:  # reported at the next forward or flush, never swallowed
+            error = why
+            kept = 0
+            log.error("somatize: %d computed rows could not be written: %s", rows, why)
+        finally:
+            for job in jobs:
+                job.staged.release()
+        with self.changed:
+            if error is None:
+                self.kept_rows += rows
+                self.kept_bytes += kept
+            else:
+                self.failed_rows += rows
+                self.lost += rows
+                if self.error is None:
+                    self.error = error
+            self.took_s += time.perf_counter() - start
+            self.pending -= sum(job.nbytes for job in jobs)
+            self.done += len(jobs)
+            self.changed.notify_all()
+
+
+def _run(backlog: _Backlog) -> None:
+    """The writer thread: takes jobs from the queue and writes them until the stop signal."""
+    stop = False
+    while not stop:
+        job = backlog.queue.get()
+        if not isinstance(job, _Job):
+            stop = job is None
+            continue
+        jobs = [job]
+        size = job.nbytes
+        # Linger a little for more rows, so that rows computed in many steps are packed
+        # into few blobs (a recall then reads few); a flush or close cuts it short.
+        until = time.monotonic() + backlog.linger
+        while size < backlog.pack_bytes:
+            left = until - time.monotonic()
+            try:
+                more = backlog.queue.get(timeout=left) if left > 0 else backlog.queue.get_nowait()
+            except queue.Empty:
+                break
+            if not isinstance(more, _Job):
+                stop = more is None
+                break
+            jobs.append(more)
+            size += more.nbytes
+        backlog.write(jobs)
+
+
+def _let_go(backlog: _Backlog) -> None:
+    """Called when a writer is collected: queues the stop signal behind every job it
+    submitted, so its thread writes them all and then ends. Only a put, which never
+    waits: a collection may run on any thread, the writer's own included, and at any
+    point, locks of this module held or not."""
+    backlog.queue.put(None)
+
+
+def _close_at_exit(ref: weakref.ref[_Backlog]) -> None:
+    """Writes what is staged and stops the thread: a daemon thread still running when the
+    interpreter finalizes is stopped wherever it is, which inside native code (torch, a
+    hasher) can abort the process, and one in a multiprocessing child is lost with it.
+    A backlog a forked child inherited is its parent's to write."""
+    backlog = ref()
+    if backlog is None or backlog.pid != os.getpid() or backlog.closed:
+        return
+    try:
+        try:
+            backlog.drain()
+            backlog.check()
+        finally:
+            backlog.stop()
+    except WriteFailed as why:
+        log.error("somatize: at exit, %s", why)
