@@ -1,0 +1,314 @@
+"""The call of one declared submodule, in the model partitioned at it.
+
+Where the traced code called a declared submodule, a shim stands in the partitioned
+model and holds its node: :class:`_Declared` for a frozen one, which puts back in eval
+what was set training and calls it, and :class:`_Cached` for a cached one.
+
+A cached node is asked of the store through the somatize engine, keyed by what
+it is handed::
+
+    key = H(identity, declaration, state digest, salt, H(content of its inputs))
+
+Its inputs are weighed like an ``Opaque`` tensor batch — by content, dtype and
+shape — so the same batch recalls the same answer, whatever came before it.
+(One key per batch here; one key per row is :mod:`somatize_torch.rows`.) The
+precision it runs in is part of the declaration it is keyed by whenever it is
+not torch's default — autocast on the inputs' device type, the default dtype,
+the float32 matmul precision — so an answer computed under
+``torch.autocast(dtype=torch.bfloat16)`` is never recalled for a float32 call;
+a call in the default precision keeps the key it always had.
+
+What a recalled answer could not repeat is refused when the answer is computed,
+before it is kept: an input that requires grad (a recalled answer is a leaf, so
+what produced the input would train on misses and silently stop on hits), a
+module that writes into its inputs in place (a recall would not write), an
+answer the store cannot write back as what it is. A recalled answer comes back
+as the same kind of value — a namedtuple as its class, a dict in its order — and
+on the device it was computed on, as a computed one is.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map
+
+from somatize import CODECS, Graph, Opaque, canonical
+from somatize.codecs import CodecError
+from somatize.plan import declared_again
+from somatize_torch._errors import CachedInputNeedsGrad, WrapError
+from somatize_torch.codec import TENSOR
+from somatize_torch.digest import digest_tensor
+from somatize_torch.freeze import ModuleNode, check_still, is_held
+
+if TYPE_CHECKING:
+    from somatize_torch.wrap import Wrapped
+
+
+class _Declared(nn.Module):
+    """Stands where a declared submodule is called in the partitioned model."""
+
+    node: ModuleNode
+    call: nn.Module
+
+    def __init__(self, node: ModuleNode, call: nn.Module) -> None:
+        super().__init__()
+        self.call = call
+        object.__setattr__(self, "node", node)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling() and is_held(self.node.module):
+            check_still(self.node._smz.name or "?", self.node.module)
+        return self.call(*args, **kwargs)
+
+
+Precision = tuple[tuple[str, str], ...] | None
+"""The precision a cached call runs in, where it is not torch's default (None)."""
+
+
+class _Cached(nn.Module):
+    """Stands where a cached submodule is called: the store is asked through the
+    somatize engine, outside any compiled region.
+
+    It asks through a one-node graph of its own per precision the call runs in, each
+    keyed by the declaration the owner's graph holds for the node (and the precision,
+    where it is not the default): when ``freeze`` says the node anew (a setting or a
+    hook changed), or its state changes, they are built again."""
+
+    node: ModuleNode
+    owner: Wrapped
+    call: nn.Module
+
+    def __init__(
+        self,
+        node: ModuleNode,
+        call: nn.Module,
+        owner: Wrapped,
+        signature: inspect.Signature | None = None,
+    ) -> None:
+        super().__init__()
+        self.call = call
+        object.__setattr__(self, "node", node)
+        object.__setattr__(self, "owner", owner)
+        self._signature = signature
+        self._solos: dict[Precision, Graph] = {}
+        self._basis: tuple[str | None, str | None] = (None, None)
+        """The declaration and state the graphs in ``_solos`` were built for."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return _remember(self, *args, **kwargs)
+
+    def bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """``args`` and ``kwargs`` as the arguments in the order of the module's signature:
+        a call keyed the same whether an argument is given by position or by name."""
+        name = self.node._smz.name or "?"
+        given = ", ".join(f"`{k}`" for k in kwargs)
+        if self._signature is None:
+            raise TypeError(
+                f"`{name}` is cached and was called with {given} by name, and its signature "
+                "cannot be read to put them in order: it is keyed by the tensors it is handed, "
+                "in order. Pass them by position"
+            )
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as why:
+            raise TypeError(f"`{name}` {why}") from None
+        if bound.kwargs:
+            left = ", ".join(f"`{k}`" for k in bound.kwargs)
+            raise TypeError(
+                f"`{name}` is cached, and is keyed by the tensors it is handed in the order of "
+                f"its signature; {left} has no place in that order (an argument before it is "
+                "not given, or it is keyword-only). Give every argument before it too, or "
+                "drop the module from `cached=`"
+            )
+        return bound.args
+
+    def trimmed(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``args`` without the trailing ones that are their parameter's default itself
+        (``mask=None`` given): the call is the same without them, and keyed alike."""
+        if self._signature is None:
+            return args
+        params = list(self._signature.parameters.values())
+        end = len(args)
+        while end and end <= len(params) and args[end - 1] is params[end - 1].default:
+            end -= 1
+        return args[:end]
+
+
+class _Watched:
+    """What a cached node runs on a miss: the submodule, and then a refusal of what a
+    recalled answer could not repeat, before the answer is kept — a write into an input
+    (a recall would not write it), an answer the store cannot give back as it is."""
+
+    def __init__(self, name: str, call: Callable[..., Any]) -> None:
+        self.name = name
+        self.call = call
+
+    def __call__(self, *args: torch.Tensor) -> Any:
+        # An inference tensor keeps no version counter: its content is weighed instead,
+        # before and after (on a miss only, which computes anyway).
+        versions = [digest_tensor(a) if a.is_inference() else a._version for a in args]
+        out = self.call(*args)
+        for index, (value, version) in enumerate(zip(args, versions, strict=True)):
+            now = digest_tensor(value) if value.is_inference() else value._version
+            if now != version:
+                raise WrapError(
+                    f"`{self.name}` is cached, and it wrote into argument {index} it was "
+                    "handed, in place: a recalled answer would not repeat the write, so what "
+                    "reads that argument after it would see it changed when the answer is "
+                    "computed and unchanged when it is recalled. Make the submodule work on a "
+                    "copy (`x = x.clone()` before writing into it, or an out-of-place op), or "
+                    "drop it from `cached=`"
+                )
+        try:
+            CODECS.for_value(out)
+        except CodecError:
+            why = TENSOR.refusal(out) or f"it is a `{type(out).__qualname__}`"
+            raise CodecError(
+                f"`{self.name}` is cached, and its answer cannot be kept: {why}. The store "
+                "gives back exactly what was computed, and writes tensors and None, nested in "
+                "tuples, lists, str-keyed dicts, OrderedDicts and namedtuples defined at "
+                "module level (or canonical values: numbers, strings and containers of "
+                "them). Return those — make the item a tensor, or leave it out — or drop the "
+                "submodule from `cached=`"
+            ) from None
+        return _unshared(out)
+
+
+def _unshared(out: Any) -> Any:
+    """``out`` with no two tensors sharing memory (``(h, h[:, 0])``): a recalled answer's
+    tensors are each their own, so a computed one's are made so too, and a write into one
+    changes the other neither on a miss nor on a hit."""
+    leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if len(leaves) < 2:
+        return out
+    storages = [t.untyped_storage().data_ptr() for t in leaves]
+    if len(set(storages)) == len(storages):
+        return out
+    seen: set[int] = set()
+
+    def own(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        where = t.untyped_storage().data_ptr()
+        if where in seen:
+            return t.clone()
+        seen.add(where)
+        return t
+
+    return tree_map(own, out)
+
+
+def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
+    """The cached call: refuse what cannot be keyed, then ask the engine."""
+    node = self.node
+    name = node._smz.name or "?"
+    store = self.owner.store
+    if store is None:
+        return self.call(*args, **kwargs)
+    if kwargs:
+        args = self.bound(args, kwargs)
+    args = self.trimmed(args)
+    for index, value in enumerate(args):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"`{name}` is cached and is called with a `{type(value).__name__}` as "
+                f"argument {index}: a cached submodule is keyed by the content of the "
+                "tensors it is handed, so its arguments must be tensors. Make the value a "
+                "constant of the model, or drop the submodule from `cached=`"
+            )
+        if value.requires_grad:
+            raise CachedInputNeedsGrad(
+                f"`{name}` is cached and argument {index} it is handed requires grad: a "
+                "recalled answer is a leaf, so whatever produced that argument would train "
+                "when the answer is computed and silently stop when it is recalled. Freeze "
+                "what feeds it, or drop it from `cached=`"
+            )
+    # Asked here too, since under torch.compile the wrapped forward's own look is compiled
+    # away: a declared submodule replaced on the model is refused before it is keyed.
+    self.owner._follow()
+    memory = self.owner.graph.memory
+    # Weights changed since the node was frozen (a checkpoint loaded, a part replaced): it
+    # is keyed by its new state and what it declares now, said to the owner's graph here
+    # so that the graphs below are built for them.
+    if node.restate() is not None:
+        memory.freeze(name, node._smz.state)
+        declared_again(memory, name, node)
+    basis = (memory.declaration_of(name), node._smz.state)
+    if basis != self._basis:
+        self._solos.clear()
+        self._basis = basis
+    precision = _precision(args)
+    solo = self._solos.get(precision)
+    if solo is None:
+        solo = self._solos[precision] = _solo(node, name, basis[0], precision)
+    with torch.no_grad():
+        out = solo.forward(Opaque(tuple(args), TENSOR), store=store)
+    self.owner._noted(name, solo.record)
+    return _placed(out, args[0].device) if args else out
+
+
+def _placed(out: Any, device: torch.device) -> Any:
+    """``out`` with its tensors on ``device``, the first input's: where a recalled answer
+    lies follows where the call is made, not where it was kept (a store filled on one
+    GPU, or on the host, serves a model on another), and a computed one is put there too,
+    so that a miss and a hit answer alike."""
+    if isinstance(out, torch.Tensor):  # the usual answer, without walking a tree
+        return out if out.device == device else out.to(device)
+    leaves = tree_leaves(out)
+    if all(not isinstance(t, torch.Tensor) or t.device == device for t in leaves):
+        return out
+    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, out)
+
+
+_remember: Callable[..., Any] = torch.compiler.disable(_recall_or_run)  # type: ignore[no-untyped-call]
+"""The one deliberate graph break per cached node: the store is asked outside compiled code."""
+
+
+def _precision(args: Sequence[torch.Tensor]) -> Precision:
+    """The precision a call on ``args`` runs in, named only where it is not torch's default:
+    autocast on the first argument's device type, the dtype tensors made in the forward
+    get, and how float32 products are computed (TF32) — so the usual key does not change."""
+    device = args[0].device.type if args else "cpu"
+    said: list[tuple[str, str]] = []
+    if torch.is_autocast_enabled(device):
+        said.append(("autocast", _dtype_name(torch.get_autocast_dtype(device))))
+    made = torch.get_default_dtype()
+    if made != torch.float32:
+        said.append(("default", _dtype_name(made)))
+    matmul = torch.get_float32_matmul_precision()
+    if device == "cuda" and not torch.backends.cudnn.allow_tf32:
+        matmul = f"{matmul}, cudnn without tf32"
+    if matmul != "highest":
+        said.append(("matmul", matmul))
+    return tuple(said) or None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _solo(node: ModuleNode, name: str, declaration: str | None, precision: Precision) -> Graph:
+    """The one-node graph a cached call of ``node`` is asked through: keyed by
+    ``declaration`` (the owner graph's), and by the precision too, where it is not the
+    default."""
+    solo = Graph.somatize(node)
+    # The cached call asks the node whether its state changed before each lookup, and
+    # says what changed to the owner's graph; the one-node graph need not ask again.
+    solo._restated.clear()
+    if declaration is not None:
+        said = (
+            declaration
+            if precision is None
+            else canonical.hex_of(
+                {"declaration": declaration, "precision": dict(precision)},
+                b"somatize/declaration\0",
+            )
+        )
+        if solo.memory.declaration_of(name) != said:
+            solo.memory.declared_as(name, said)
+    return solo

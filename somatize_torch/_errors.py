@@ -1,0 +1,49 @@
+"""The errors wrapping a model raises, kept below every module that raises them.
+
+:mod:`somatize_torch.wrap` exports them, and :mod:`somatize_torch` with it; they live
+here, apart, so that the modules wrapping is made of (the fx split, the cached call,
+the parts watcher) raise them without importing the wrapper that imports them::
+
+    SomatizeError
+    ├── WrapError (ValueError)
+    │   ├── UnknownSubmodule (KeyError)
+    │   └── NotCalled
+    ├── Untraceable (TypeError)
+    └── CachedInputNeedsGrad (ValueError)
+"""
+
+from __future__ import annotations
+
+from somatize.errors import SomatizeError
+
+__all__ = [
+    "CachedInputNeedsGrad",
+    "NotCalled",
+    "UnknownSubmodule",
+    "Untraceable",
+    "WrapError",
+]
+
+
+class WrapError(SomatizeError, ValueError):
+    """A model cannot be wrapped as asked, or was changed since in a way its wrapping
+    cannot follow."""
+
+
+class UnknownSubmodule(WrapError, KeyError):
+    """A declared name that is not a submodule of the model."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+class NotCalled(WrapError):
+    """A declared submodule that the model's forward never calls."""
+
+
+class Untraceable(SomatizeError, TypeError):
+    """torch.fx could not trace the model's forward."""
+
+
+class CachedInputNeedsGrad(SomatizeError, ValueError):
+    """A cached node was handed a tensor that requires grad."""

@@ -1,0 +1,146 @@
+"""Parts replaced after wrapping: the fx segments kept pointing at what the model holds.
+
+fx segments hold references to the parts they read. A submodule, parameter or
+buffer replaced since (``wrapped.head = nn.Linear(...)``,
+``load_state_dict(sd, assign=True)``) is seen when it is assigned on the wrapped
+model, and before every eager forward, and the segments are pointed at the new
+one. A declared submodule cannot be replaced — its node holds the module it was
+declared with — so that is refused: wrap the model again.
+
+The fx split lists what the segments hold (:class:`_Read`); :class:`_Parts` watches
+the tables on the way to each, so that asking whether any changed, which every eager
+forward does, costs a look by identity per entry.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from somatize_torch._errors import WrapError
+from somatize_torch.freeze import ModuleNode
+
+_MISSING: Any = object()
+
+
+class _Read(NamedTuple):
+    """A part of the model fx code holds by reference: ``holder.field`` is the model's
+    ``path``."""
+
+    holder: nn.Module
+    field: str
+    path: str
+
+
+class _Parts:
+    """The parts of the model the fx segments hold by reference, kept pointing at what the
+    model holds now, and the declared submodules, which cannot be replaced.
+
+    Whether any changed is asked cheaply — each table entry on the way to each part is
+    looked at by identity — and only then is each looked up and re-pointed."""
+
+    def __init__(self, reads: Sequence[_Read], declared: Mapping[str, ModuleNode]) -> None:
+        self.reads = list(reads)
+        self.declared = dict(declared)
+        """Declared submodules by path in the model (none when the model itself is)."""
+        self.tops = frozenset(path.split(".")[0] for path in declared)
+        self._tables: list[dict[str, Any]] = []
+        self._keys: list[str] = []
+        self._values: list[Any] = []
+
+    def watch(self, model: nn.Module) -> None:
+        """Notes the table entries on the way to every part, as they are now."""
+        seen: dict[tuple[int, str], tuple[dict[str, Any], Any]] = {}
+        for path in [*self.declared, *(read.path for read in self.reads)]:
+            owner: Any = model
+            for atom in path.split("."):
+                table = _table_of(owner, atom)
+                if table is None:  # a plain attribute: a constant of the traced code
+                    break
+                owner = table[atom]
+                seen[(id(table), atom)] = (table, owner)
+        self._tables = [table for table, _ in seen.values()]
+        self._keys = [key for _, key in seen]
+        self._values = [value for _, value in seen.values()]
+
+    def changed(self) -> bool:
+        """Whether an entry on the way to a part holds another object than it did."""
+        return not all(map(operator.is_, map(dict.get, self._tables, self._keys), self._values))
+
+    def refuse(self, model: nn.Module, name: str, value: Any) -> None:
+        """Refuses putting ``value`` in the model as ``name`` where that replaces a declared
+        submodule (or what holds one) with another object."""
+        for path, node in self.declared.items():
+            if path.split(".")[0] == name and _part(model, name) is not value:
+                raise _replaced(path, node)
+
+    def follow(self, model: nn.Module) -> None:
+        """Points every segment at the part the model holds now; WrapError when a declared
+        submodule was replaced, or a part the code reads is gone."""
+        for path, node in self.declared.items():
+            if _part(model, path) is not node.module:
+                raise _replaced(path, node)
+        for read in self.reads:
+            now = _part(model, read.path)
+            if now is _MISSING:
+                raise WrapError(
+                    f"`{read.path}` was removed from the model after `wrap`, and the model's "
+                    "forward reads it (fx traced the read into its code): there is nothing to "
+                    "run in its place. Put it back, or wrap the model again"
+                )
+            if getattr(read.holder, read.field, _MISSING) is not now:
+                _put(read.holder, read.field, now)
+        self.watch(model)
+
+
+def _replaced(path: str, node: ModuleNode) -> WrapError:
+    kind = type(node.module).__qualname__
+    return WrapError(
+        f"`{path}` is declared (frozen or cached), and was replaced after `wrap`: its node "
+        f"holds the `{kind}` it was declared with, which would go on running and be keyed "
+        "in place of the new one. Wrap the model again after replacing a declared "
+        "submodule (`somatize.torch.wrap(model, ...)`, then `freeze`), or load new weights "
+        "into it instead (`load_state_dict`)"
+    )
+
+
+def _table_of(owner: Any, atom: str) -> dict[str, Any] | None:
+    """The table of ``owner`` (a module) that registers ``atom``, or None."""
+    if not isinstance(owner, nn.Module):
+        return None
+    for table in (owner._parameters, owner._buffers, owner._modules):
+        if atom in table:
+            return table
+    # A tensor kept as a plain attribute (`self.scale = torch.ones(4)`), which fx reads
+    # as a constant of the code by reference: replaced, the segments follow it too.
+    if isinstance(owner.__dict__.get(atom), torch.Tensor):
+        return owner.__dict__
+    return None
+
+
+def _part(model: nn.Module, path: str) -> Any:
+    """What ``model`` holds at dotted ``path``, or ``_MISSING``."""
+    found: Any = model
+    for atom in path.split("."):
+        found = getattr(found, atom, _MISSING)
+        if found is _MISSING:
+            break
+    return found
+
+
+def _put(holder: nn.Module, field: str, value: Any) -> None:
+    """Puts ``value`` in ``holder`` as ``field``, in the table its kind goes in."""
+    for table in (holder._parameters, holder._buffers, holder._modules, holder.__dict__):
+        table.pop(field, None)
+    if isinstance(value, nn.Module):
+        holder._modules[field] = value
+    elif isinstance(value, nn.Parameter):
+        holder._parameters[field] = value
+    elif isinstance(value, torch.Tensor):
+        holder._buffers[field] = value
+    else:
+        object.__setattr__(holder, field, value)

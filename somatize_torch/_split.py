@@ -1,0 +1,316 @@
+"""Tracing a model with torch.fx, and cutting the traced code at its declared submodules.
+
+The model is traced by a tracer that keeps every declared submodule (and the
+standard ``torch.nn`` layers) whole, with every module's training flag set to one
+mode: fx bakes what ``forward`` reads of ``self.training`` into the code, so
+:func:`somatize_torch.wrap.wrap` traces in both. The traced graph is then
+partitioned at the declared calls, ``split_module``-style: a shim
+(:mod:`somatize_torch._cached`) stands where each declared call was and holds its
+node, and the code between them is a :class:`~somatize_torch.wrap.Segment` each,
+with who reads whom. Cut in the other mode, each declared call is given the shim of
+the same name, so one node stands for it in both. What the cut code holds of the
+model by reference is listed too, for :mod:`somatize_torch._parts` to keep pointed
+at what the model holds.
+
+**What fx cannot trace** gets :class:`Untraceable`, naming the call that
+stopped it. Declared submodules are never traced into, so declaring the part
+that holds the data-dependent code is one way out; wrapping just that
+submodule (``model.encoder = wrap(model.encoder, frozen=True, cached=True)``),
+which needs no tracing at all, is the other.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from torch import fx, nn
+from torch.fx.passes.split_module import split_module
+
+from somatize import Node
+from somatize_torch._cached import _Cached, _Declared, _Watched
+from somatize_torch._errors import Untraceable
+from somatize_torch._parts import _MISSING, _part, _Read
+from somatize_torch.freeze import ModuleNode
+
+if TYPE_CHECKING:
+    from somatize_torch.wrap import Wrapped
+
+
+class _Tracer(fx.Tracer):
+    """Keeps declared submodules and the standard ``torch.nn`` layers whole."""
+
+    def __init__(self, leaves: Iterable[str]) -> None:
+        super().__init__()
+        self.leaves = frozenset(leaves)
+        self.through: set[str] = {""}
+        """The modules whose forward was traced into (the model's own, ``""``, included):
+        what they read of ``self.training`` is in the code."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return module_qualified_name in self.leaves or super().is_leaf_module(
+            m, module_qualified_name
+        )
+
+    def call_module(
+        self,
+        m: nn.Module,
+        forward: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        try:
+            name = self.path_of_module(m)
+        except NameError:  # not part of the model: fx says so itself
+            name = None
+        if name is not None and not self.is_leaf_module(m, name):
+            self.through.add(name)
+        return super().call_module(m, forward, args, kwargs)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+_WRAPPING = frozenset(
+    os.path.join(os.path.dirname(__file__), f"{name}.py")
+    for name in ("wrap", "_errors", "_parts", "_cached", "_split")
+)
+"""The files wrapping is written in: a frame of theirs says nothing of where the model's
+forward stopped."""
+
+
+def _traced(
+    model: nn.Module, leaves: Iterable[str], training: bool
+) -> tuple[fx.GraphModule, set[str]]:
+    """``model``'s forward traced with every module's training flag set to ``training``
+    (and put back after): what it reads of ``self.training`` is baked into the code. With
+    the modules traced into."""
+    modes = [(module, module.training) for module in model.modules()]
+    tracer = _Tracer(leaves)
+    try:
+        for module, _ in modes:
+            object.__setattr__(module, "training", training)
+        graph = tracer.trace(model)
+    except Exception as error:
+        frames = [
+            f
+            for f in traceback.extract_tb(error.__traceback__)
+            if not f.filename.startswith(_TORCH_DIR) and f.filename not in _WRAPPING
+        ]
+        where = (
+            f" at {frames[-1].filename}:{frames[-1].lineno} (`{(frames[-1].line or '').strip()}`)"
+            if frames
+            else ""
+        )
+        mode = "train" if training else "eval"
+        raise Untraceable(
+            f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode{where}: "
+            f"{type(error).__name__}: {error}. Declared submodules are never traced into, so "
+            "declare the submodule that holds this code (`wrap(model, frozen=[...])`), make the "
+            "call traceable (no Python control flow on tensor values), or wrap just the "
+            "submodule you want to remember — `model.encoder = somatize.torch.wrap("
+            "model.encoder, frozen=True, cached=True)` — which needs no tracing"
+        ) from error
+    finally:
+        for module, was in modes:
+            object.__setattr__(module, "training", was)
+    return fx.GraphModule(model, graph, type(model).__name__), tracer.through
+
+
+def _describe_call(node: fx.Node) -> Any:
+    """The constant part of a declared call, as a canonical value (tensors are inputs)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, fx.Node):
+            return "<input>"
+        if isinstance(value, (tuple, list)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        return repr(value)
+
+    return {"args": plain(node.args), "kwargs": plain(node.kwargs)}
+
+
+def _calls(calls: Sequence[tuple[str, Any]]) -> str:
+    return ", ".join(f"`{name}`" for name, _ in calls) or "none"
+
+
+class _Split(NamedTuple):
+    """A traced model cut at its declared submodules."""
+
+    runner: fx.GraphModule
+    nodes: dict[str, Node]
+    edges: list[tuple[Node, Node]]
+    outputs: list[Node]
+    calls: list[tuple[str, Any]]
+    """Each declared call, in order: its node's name and its constant arguments."""
+    targets: dict[str, ModuleNode]
+    """Each declared submodule called, by path, and the node of its first call."""
+    shims: dict[str, _Cached | _Declared]
+    """What stands where each declared call was, by its node's name."""
+    reads: list[_Read]
+
+
+def _split(
+    gm: fx.GraphModule,
+    model: nn.Module,
+    frozen_names: Mapping[str, str | None],
+    cached_names: Mapping[str, str | None],
+    wrapped: Wrapped,
+    shims: Mapping[str, _Cached | _Declared] | None,
+) -> _Split:
+    """``gm`` cut at the declared submodules, ``split_module``-style. With ``shims`` (those
+    of the same model traced in the other mode), each declared call is given the shim of
+    the same name, so one node stands for it in both."""
+    # Segment is public, and named by the module it is defined in (its identity is
+    # ``somatize_torch.wrap:Segment``): it stays there, and that module imports this one.
+    from somatize_torch.wrap import Segment
+
+    calls: dict[str, int] = {}
+    part: dict[fx.Node, int] = {}
+    about: dict[int, tuple[str, str, fx.Node]] = {}
+    at = 0
+    for fx_node in gm.graph.nodes:
+        if fx_node.op == "call_module" and fx_node.target in frozen_names.keys() | cached_names:
+            target = str(fx_node.target)
+            calls[target] = calls.get(target, 0) + 1
+            name = target if calls[target] == 1 else f"{target}~{calls[target]}"
+            at += 1
+            part[fx_node] = at
+            about[at] = (name, target, fx_node)
+            at += 1
+        else:
+            part[fx_node] = at
+    qualnames: dict[str, str] = {}
+    runner = split_module(
+        gm, model, lambda n: part[n], qualname_map=qualnames, keep_original_order=True
+    )
+    reads = _reads(gm, runner, qualnames, model, set(calls))
+    made: dict[str, _Cached | _Declared] = {}
+    targets: dict[str, ModuleNode] = {}
+    said: list[tuple[str, Any]] = []
+    nodes: dict[str, Node] = {}
+    producers: dict[fx.Node, str] = {}
+    edges: list[tuple[Node, Node]] = []
+    for call in runner.graph.nodes:
+        if call.op != "call_module":
+            continue
+        index = int(str(call.target).rsplit("_", 1)[1])
+        inner = runner.get_submodule(str(call.target))
+        if index in about:
+            name, target, fx_node = about[index]
+            described = _describe_call(fx_node)
+            said.append((name, described))
+            shim = shims.get(name) if shims is not None else None
+            if shim is None:
+                shim = _shim(
+                    name,
+                    model.get_submodule(target),
+                    inner,
+                    described,
+                    wrapped,
+                    frozen=target in frozen_names,
+                    cached=(cached_names[target],) if target in cached_names else None,
+                )
+            node: Node = shim.node
+            targets.setdefault(target, shim.node)
+            made[name] = shim
+            setattr(runner, str(call.target), shim)
+        else:
+            name = f"fx_{sum(isinstance(n, Segment) for n in nodes.values())}"
+            node = Segment(getattr(inner, "code", "")).named(name)
+        nodes[name] = node
+        producers[call] = name
+        for source in _sources(call, producers):
+            edges.append((nodes[source], node))
+    outputs = [
+        nodes[source]
+        for out in runner.graph.nodes
+        if out.op == "output"
+        for source in _sources(out, producers)
+    ]
+    return _Split(
+        runner, nodes, edges, outputs or list(nodes.values())[-1:], said, targets, made, reads
+    )
+
+
+def _shim(
+    name: str,
+    module: nn.Module,
+    inner: nn.Module,
+    described: Any,
+    wrapped: Wrapped,
+    *,
+    frozen: bool,
+    cached: tuple[str | None] | None,
+) -> _Cached | _Declared:
+    """What stands where ``module`` is called as node ``name``: its node, frozen, and cached
+    with the salt in ``cached`` when that is given."""
+    node = ModuleNode(
+        module,
+        spread=True,
+        call=inner if cached is None else _Watched(name, inner),
+        declared=described,
+    )
+    node.named(name)
+    if frozen:
+        node.frozen()
+    if cached is None:
+        return _Declared(node, inner)
+    node.cached(cached[0])
+    return _Cached(node, inner, wrapped)
+
+
+def _reads(
+    gm: fx.GraphModule,
+    runner: fx.GraphModule,
+    qualnames: Mapping[str, str],
+    model: nn.Module,
+    declared: Iterable[str],
+) -> list[_Read]:
+    """The parts of ``model`` that ``runner``'s code holds by reference — those fx read as
+    attributes (``get_attr``), placed on the runner under their own path, and those each
+    segment holds under its own name (``split_module``'s ``qualnames``) — but the
+    declared submodules, which are never replaced."""
+    places = [(str(n.target), str(n.target)) for n in gm.graph.nodes if n.op == "get_attr"]
+    places += list(qualnames.items())
+    skip = set(declared)
+    found: dict[tuple[int, str], _Read] = {}
+    for where, path in places:
+        if path in skip:
+            continue
+        prefix, _, field = where.rpartition(".")
+        try:
+            holder = runner.get_submodule(prefix) if prefix else runner
+        except AttributeError:
+            continue
+        held = getattr(holder, field, _MISSING)
+        if held is not _MISSING and held is _part(model, path):
+            found.setdefault((id(holder), field), _Read(holder, field, path))
+    return list(found.values())
+
+
+def _sources(call: fx.Node, producers: Mapping[fx.Node, str]) -> list[str]:
+    """The partitions whose outputs ``call`` reads, in the order it reads them."""
+    found: list[str] = []
+
+    def visit(value: fx.Node) -> fx.Node:
+        origin = value
+        while origin.op == "call_function" and origin.target is operator.getitem:
+            first = origin.args[0]
+            if not isinstance(first, fx.Node):
+                break
+            origin = first
+        name = producers.get(origin)
+        if name is not None and name not in found:
+            found.append(name)
+        return value
+
+    fx.node.map_arg((call.args, call.kwargs), visit)
+    return found
