@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-import somatize_torch.rows as rows_module
+import somatize_torch._row_keys as row_keys
 from somatize import Store
 from somatize_torch.ahead import _UNUSED_LIMIT, Ahead, ahead
 from somatize_torch.digest import RowsLater
@@ -60,14 +60,14 @@ def test_every_forward_finds_its_rows_named_ahead(
     """Epoch 2 through ahead: the rows of every batch were named before its forward,
     which names none itself, and every answer is the encoder's."""
     in_forward = 0
-    real = rows_module.raw_rows
+    real = row_keys.raw_rows
 
     def counted(x: torch.Tensor) -> list[bytes]:
         nonlocal in_forward
         in_forward += 1
         return real(x)
 
-    monkeypatch.setattr(rows_module, "raw_rows", counted)
+    monkeypatch.setattr(row_keys, "raw_rows", counted)
     data = images(64)
     truth = expected(warm.module, data)
     for x, index in ahead(loader(data, seed=5), warm):

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import ConcatDataset, DataLoader
 
 from somatize import Store
-from somatize_torch import rows as rows_module
+from somatize_torch import _row_lookup
 from somatize_torch.deferred import Deferred, DeferredRows, NotLoadable
 from somatize_torch.rows import NeedsIndex, RowsError, cache_rows, prefill
 
@@ -149,7 +149,7 @@ def test_a_store_without_the_rows_is_looked_up_once(
 ) -> None:
     """Looking the store up for answered samples stops at the first chunk it has none of:
     a first run spends one lookup on it however large the dataset."""
-    monkeypatch.setattr(rows_module, "_SEED_CHUNK", 8)
+    monkeypatch.setattr(_row_lookup, "_SEED_CHUNK", 8)
     store = Store(tmp_path / "store")
     asked: list[int] = []
     have = store.have

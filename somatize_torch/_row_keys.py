@@ -1,0 +1,253 @@
+"""How a batch's rows are keyed: one key per row, under one state and precision.
+
+A row's key, ``H(identity, declaration, state, salt, key of the row)``, is built
+with :func:`somatize.keys.node_prefix` and :func:`~somatize.keys.node_key`, so it
+has the form of every other key: the **identity** is the module's class
+(``package.module:Encoder``); the **declaration** is what
+:class:`~somatize_torch.freeze.ModuleNode` declares for it (its structure as
+``repr`` shows it) plus how it is called here — how rows are keyed and the
+**precision** it runs under (the input's dtype and the autocast dtype, since a bf16
+answer is not an fp32 answer), and, keyed by index, the shape of an input row (a
+content key holds it in each row's digest); the **state** is the digest of its
+weights and buffers (:func:`~somatize_torch.freeze.digest_state`); the **salt** is
+the caller's. The key of a row is, by default, the digest of its content
+(:func:`~somatize_torch.digest.digest_rows`, one call for the whole batch — any
+DataLoader, any shuffling, no change to the dataset); or, with ``key="index"``, the
+sample's index in a dataset of a given version (no hashing at all — the cheapest,
+and right only as long as the version names the data exactly).
+
+All of the key but the row's own name is the same for every row run in one
+precision, so it is derived once, as a :class:`_Keying`, and dropped when the state
+or the declaration changes; a row then costs the digest of its content (or nothing,
+keyed by index), and its full key only where it goes to the store or comes from it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import nn
+
+from somatize.keys import node_key, node_prefix, root_key
+from somatize_torch._row_errors import NeedsIndex, _describe
+from somatize_torch.deferred import DeferredRows
+from somatize_torch.digest import DTYPES, raw_rows, row_digest, row_header
+
+if TYPE_CHECKING:
+    from somatize_torch.rows import CachedRows
+
+KeyMode = Literal["content", "index"]
+
+_REMEMBERED_KEYS = 1 << 20
+"""How many store keys a keying remembers (about 200 MB at most)."""
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return DTYPES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _floating_dtypes(module: nn.Module) -> dict[torch.dtype, int]:
+    """How many elements of each floating dtype a module's weights and buffers hold."""
+    held: dict[torch.dtype, int] = {}
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_floating_point():
+            held[tensor.dtype] = held.get(tensor.dtype, 0) + tensor.numel()
+    return held
+
+
+class _Keying:
+    """How rows are keyed under one state and precision.
+
+    ``tag`` names this keying inside the process, so the memory tiers can key a row
+    by ``(tag, raw digest or index)`` — a tuple, hashed in nanoseconds — and only rows
+    that go to the store need their full key, ``key(row)``."""
+
+    __slots__ = ("dtype", "header", "keys", "prefix", "rowwise", "tag", "version")
+
+    def __init__(
+        self, prefix: bytes, tag: int, version: str | None, header: bytes, dtype: torch.dtype
+    ) -> None:
+        self.dtype = dtype  # what the rows run in
+        self.prefix = prefix
+        self.tag = tag
+        self.version = version
+        self.header = header
+        self.keys: dict[Any, str] = {}
+        # Whether the module was seen to answer a row alone as it did in a batch (see
+        # `somatize_torch._rowwise._check_rowwise`): looked at once per keying.
+        self.rowwise = False
+
+    def key(self, row: Any) -> str:
+        """The store key of the row named ``row`` (the raw digest of its content, or its
+        index); remembered, for up to :data:`_REMEMBERED_KEYS` rows, so a row read from
+        the store every epoch is keyed once."""
+        found = self.keys.get(row)
+        if found is None:
+            if isinstance(row, bytes):
+                found = node_key(self.prefix, [row_digest(self.header, row)])
+            else:
+                found = node_key(self.prefix, [root_key({"dataset": self.version, "index": row})])
+            if len(self.keys) < _REMEMBERED_KEYS:
+                self.keys[row] = found
+        return found
+
+
+def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> _Keying:
+    """How rows of ``x`` are keyed now: the key prefix for the precision they run in."""
+    self._settle()
+    version = self.version
+    if isinstance(x, DeferredRows):
+        dtype, shape = _deferred_row(self, x)
+        if x.version is None and version is not None:
+            _lend_version(self, x.source, version)
+        version = x.version or version
+    else:
+        dtype, shape = x.dtype, x.shape[1:]
+    device = x.device.type
+    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    # A row is named in memory by the raw digest of its bytes (or its index), which says
+    # nothing of their dtype or shape (or dataset): one keying per row shape and dataset
+    # version keeps rows of different shapes and datasets apart.
+    autocast_name = None if autocast is None else _dtype_name(autocast)
+    # The dtype tensors made in the forward get (torch.linspace, torch.zeros): named
+    # only when it is not the usual float32, so the usual keys do not change.
+    made = torch.get_default_dtype()
+    made_name = None if made == torch.float32 else _dtype_name(made)
+    # How float32 products are computed (TF32 on a GPU): named only when not torch's
+    # defaults (full precision for matrix products, TF32 allowed to cuDNN), likewise.
+    matmul = torch.get_float32_matmul_precision()
+    matmul_name = None if matmul == "highest" else matmul
+    if device == "cuda" and not torch.backends.cudnn.allow_tf32:
+        matmul_name = f"{matmul}, cudnn without tf32"
+    tag = (_dtype_name(dtype), autocast_name, shape, version, made_name, matmul_name)
+    found = self._keyings.get(tag)
+    if found is None:
+        if self.key_mode == "index" and version is None:
+            raise NeedsIndex(
+                "key='index' keys each row by its sample index, which names a row only "
+                "within one version of the dataset, and none was given: pass version= to "
+                "the cache (e.g. the dataset's digest, 'sms/train@blake3:…') or to the "
+                "`Deferred` the rows come from. Change it whenever the data changes"
+            )
+        prefix = _prefix(self, tag)
+        number = self._tags.setdefault((prefix, tag), len(self._tags) + 1)
+        # Only content keys use the header (deferred rows are keyed by index).
+        by_content = self.key_mode == "content"
+        header = row_header(x) if by_content and isinstance(x, torch.Tensor) else b""
+        found = _Keying(prefix, number, version, header, dtype)
+        self._keyings[tag] = found
+    return found
+
+
+def _lend_version(self: CachedRows, source: str, version: str) -> None:
+    """Lets the Deferred named ``source``, which has no version of its own, key its rows
+    under the cache's ``version`` — if it is the first to: the version names one
+    dataset, and two under it would share their indices."""
+    lent = self._lent_to.setdefault(version, source)
+    if lent != source:
+        raise NeedsIndex(
+            f"a second `Deferred` without a version of its own came to this cache, which "
+            f"keys the rows of the first under its version={version!r}: under one version "
+            "sample 0 of one dataset would be recalled for sample 0 of the other (a "
+            "training and a validation set both have one). Give each Deferred its own "
+            "version, `Deferred(inputs, ..., version='val@1')` (a Deferred made again over "
+            "the same data needs one too: the cache cannot tell it is the same)"
+        )
+
+
+def _deferred_row(self: CachedRows, x: DeferredRows) -> tuple[torch.dtype, torch.Size]:
+    """The dtype and shape deferred rows run in: floating-point inputs in the module's
+    own floating dtype, as a trainer in true half precision converts a batch tensor
+    (only the cache sees these inputs, so only it can) — their own where the module
+    holds floating weights of it (a float32 scale beside a bfloat16 body holds both),
+    else the one most of its floating weights are in; others as they load."""
+    dtype, shape = x.row()
+    if dtype.is_floating_point:
+        watch = self._watch
+        if self._floats[0] is not watch or watch is None:
+            self._floats = (watch, _floating_dtypes(self.module))
+        held = self._floats[1]
+        if held and dtype not in held:
+            dtype = max(held, key=held.__getitem__)
+    return dtype, shape
+
+
+def _prefix(self: CachedRows, tag: tuple[Any, ...]) -> bytes:
+    """The key prefix of rows run in precision ``tag``, from the module as it is now."""
+    precision = {"input": tag[0], "autocast": tag[1]}
+    if tag[4] is not None:
+        precision["default"] = tag[4]
+    if tag[5] is not None:
+        precision["matmul"] = tag[5]
+    declared: dict[str, Any] = {"rows": self.key_mode, "precision": precision}
+    if self.key_mode == "index":
+        # An index names a sample, not what was made of it: the same sample resized
+        # (another input shape) is another answer. A content key has the shape already
+        # (in each row's digest), so it is not named there.
+        declared["input"] = [int(size) for size in tag[2]]
+    self._node.declared = declared
+    declaration = self._node.declaration()
+    assert self._identity is not None  # ModuleNode.declaration refused it otherwise
+    return node_prefix(self._identity, declaration, self._state, self.salt)
+
+
+def _row_ids(
+    self: CachedRows, x: torch.Tensor | DeferredRows, index: torch.Tensor | None
+) -> list[Any]:
+    """What names each row within one keying: its content digest, or its index."""
+    if isinstance(x, DeferredRows):
+        rows: list[Any] = x.index.tolist()
+        return rows
+    if self.key_mode == "content":
+        named = self._take_named(x)
+        return named if named is not None else raw_rows(x)
+    if index is None:
+        raise NeedsIndex(
+            "this cache keys rows by sample index (key='index'), and was called without "
+            "one: call it as `cached(x, index=idx)`, with the indices the Dataset's "
+            "__getitem__ was given (return them from it beside the sample)"
+        )
+    if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.is_floating_point():
+        raise NeedsIndex(
+            f"index= is a 1-d integer tensor of sample indices, one per row; got {_describe(index)}"
+        )
+    if index.shape[0] != x.shape[0]:
+        raise NeedsIndex(
+            f"index= has {index.shape[0]} indices for a batch of {x.shape[0]} rows; each "
+            "row needs the index of its own sample"
+        )
+    ids: list[Any] = index.tolist()
+    if len(set(ids)) < len(ids):
+        _check_repeats(x, ids)
+    return ids
+
+
+def _check_repeats(x: torch.Tensor, ids: list[Any]) -> None:
+    """Refuses a batch in which one index names rows of different inputs: the answer
+    computed for one would be recalled for the other, now and in every epoch after. Only
+    the repeated rows are compared, so a batch without repeats costs nothing here."""
+    first: dict[Any, int] = {}
+    again: list[int] = []
+    for p, row in enumerate(ids):
+        if first.setdefault(row, p) != p:
+            again.append(p)
+    was = [first[ids[p]] for p in again]
+    a = x[torch.tensor(again, device=x.device)]
+    b = x[torch.tensor(was, device=x.device)]
+    differ = a != b
+    if a.is_floating_point() or a.is_complex():
+        differ &= ~(a.isnan() & b.isnan())  # the same sample loaded twice, NaN and all
+    bad = differ.reshape(len(again), -1).any(1).nonzero().flatten().tolist()
+    if not bad:
+        return
+    p = again[bad[0]]
+    raise NeedsIndex(
+        f"index= names sample {ids[p]} at rows {first[ids[p]]} and {p} of one batch, and "
+        "their inputs differ: an index must name one input, or the answer computed for one "
+        "row is recalled for the other. Pass the samples' indices in the dataset (return "
+        "them from the Dataset's __getitem__; prefill takes a loader item's last tensor for "
+        "them, and the labels of an (x, y) loader are not: pass inputs=). Inputs drawn at "
+        "random (an augmentation) are not named by their index either: key them by content "
+        "(key='content')"
+    )

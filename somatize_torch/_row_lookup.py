@@ -1,0 +1,242 @@
+"""Where a forward finds its rows: the memory tiers, then the store, then the module.
+
+A forward looks its rows up nearest first (:mod:`somatize_torch.residency`):
+the device tier, the host tier, then the store — one dict pass and one gather
+per tier that holds any — and runs the module only on the rows found nowhere,
+as one sub-batch, in eval mode and without gradients
+(:mod:`somatize_torch._rowwise`), then puts the output back together in the
+batch's order. The rows it computed go into the nearest memory tier with room
+and, behind the step, into the store.
+
+Rows of a :class:`~somatize_torch.deferred.Deferred` are looked for in the store
+once more, ahead of their batches: the first time a keying meets a Deferred, the
+samples the store already answered are marked on another thread (:func:`_seed`),
+so their inputs stop coming with the samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from somatize.engine import Drifted
+from somatize.store.base import Corrupt, Missing
+from somatize_torch._row_codec import decode_rows
+from somatize_torch._row_errors import NotRowwise
+from somatize_torch._row_keys import _Keying, _keying, _row_ids
+from somatize_torch._rowwise import _compute
+from somatize_torch.codec import TENSOR
+from somatize_torch.deferred import Deferred, DeferredRows
+
+if TYPE_CHECKING:
+    from somatize_torch.rows import CachedRows
+
+log = logging.getLogger("somatize.torch")
+
+_SEED_CHUNK = 4096
+"""How many samples' keys one call to the store's ``have`` holds, looking for answered ones."""
+
+
+def _recall_or_run(
+    self: CachedRows, x: torch.Tensor | DeferredRows, index: torch.Tensor | None
+) -> torch.Tensor:
+    if self._writer is not None:
+        self._writer.check()  # here, outside what torch.compile traces
+    start = time.perf_counter()
+    if not self._placed:
+        self.tiers[0].device = x.device
+        self._placed = True
+    if isinstance(x, torch.Tensor):
+        self.last_input = weakref.ref(x)
+    keying = _keying(self, x)
+    tag = keying.tag
+    if isinstance(x, DeferredRows) and self.store is not None:
+        _seed(self, x, keying)
+    ids = _row_ids(self, x, index)
+    near = [(tag, row) for row in ids]
+    count = len(near)
+    if count == 0:
+        return _compute(self, x, [], keying)  # an empty batch: nothing to look up or keep
+    counts = self._counts
+    pieces: list[tuple[list[int] | None, torch.Tensor]] = []
+    positions: list[int] | None = None  # None: every row is still to be found
+    for tier in self.tiers:
+        if positions == [] or not tier.banks:
+            continue
+        got, rest = tier.find(near, positions)
+        for at, rows in got:
+            counts[tier.name] += len(at) if at is not None else count
+            pieces.append((at, rows))
+        positions = rest
+    if positions is None:
+        positions = list(range(count))
+    computed = 0.0
+    if positions and self.store is not None:
+        keys = {p: keying.key(ids[p]) for p in positions}
+        found = _from_store(self, keys)
+        if found is not None:
+            at, rows = found
+            counts["store"] += len(at)
+            _admit(self, [near[p] for p in at], rows)
+            pieces.append((None if len(at) == count else at, rows))
+            taken = set(at)
+            positions = [p for p in positions if p not in taken]
+    if positions:
+        began = time.perf_counter()
+        first: dict[Hashable, int] = {}
+        for p in positions:
+            first.setdefault(near[p], p)
+        once = list(first.values())  # a row that is in the batch twice runs once
+        rows = _compute(self, x, once, keying)
+        computed = time.perf_counter() - began
+        _admit(self, [near[p] for p in once], rows)
+        if self._writer is not None:
+            self._writer.submit([keying.key(ids[p]) for p in once], rows)
+        if len(once) < len(positions):
+            slot = {p: i for i, p in enumerate(once)}
+            rows = rows[torch.tensor([slot[first[near[p]]] for p in positions])]
+        elif rows.is_cuda and len(positions) == count:
+            # The writer copies these rows to the host on a side stream, after the work
+            # queued so far; a caller writing into the output in place must not race it.
+            rows = rows.clone()
+        pieces.append((None if len(positions) == count else positions, rows))
+    out = _assemble(pieces, count, x.device)
+    if isinstance(x, DeferredRows):
+        x.answered()  # their inputs need not come with the samples any more
+    counts["batches"] += 1
+    counts["rows"] += count
+    counts["computed"] += len(positions)  # rows of the batch answered by running
+    counts["compute_s"] += computed
+    counts["lookup_s"] += time.perf_counter() - start - computed
+    return out
+
+
+def _seed(self: CachedRows, x: DeferredRows, keying: _Keying) -> None:
+    """The first time rows of a Deferred come under ``keying``: marks the samples whose
+    rows the store already has as answered, on another thread, so their inputs stop
+    coming with the samples (a store filled by an earlier run leaves nothing to load
+    from the first batches on). It looks up :data:`_SEED_CHUNK` samples at a time
+    and stops at a chunk the store has none of, so a first run over a large dataset
+    spends one lookup on it."""
+    dataset = x.dataset()
+    mark = (dataset.name, keying.tag)
+    if mark in self._seeded:
+        return
+    self._seeded.add(mark)
+    seeder = threading.Thread(
+        target=_seed_from_store, args=(self, dataset, keying), name="somatize-seed", daemon=True
+    )
+    self._seeders = [t for t in self._seeders if t.is_alive()] + [seeder]
+    seeder.start()
+
+
+def _seed_from_store(self: CachedRows, dataset: Deferred, keying: _Keying) -> None:
+    store, lock = self.store, self._lock
+    assert store is not None and lock is not None
+    try:
+        todo: list[int] = (~dataset.answered).nonzero().flatten().tolist()
+        for start in range(0, len(todo), _SEED_CHUNK):
+            keys = {keying.key(i): i for i in todo[start : start + _SEED_CHUNK]}
+            with lock:
+                present = store.have(keys)
+            if not present:
+                return  # a store without these (a first run): the rest is not looked up
+            dataset.answered[[keys[key] for key in present]] = True
+    except Exception as error:  # a hint: a sample left unmarked is only loaded
+        log.debug("the store was not looked up for answered samples: %s", error)
+
+
+def _admit(self: CachedRows, near: list[Hashable], rows: torch.Tensor) -> None:
+    """Keeps rows in the nearest memory tier with room, the rest in the next one."""
+    if len(set(near)) < len(near):
+        first: dict[Hashable, int] = {}
+        for i, key in enumerate(near):
+            first.setdefault(key, i)
+        near = list(first)
+        rows = rows[torch.tensor(list(first.values()), device=rows.device)]
+    done = 0
+    for tier in self.tiers:
+        if done == len(near):
+            return
+        done += tier.admit(near[done:], rows[done:])
+
+
+def _from_store(self: CachedRows, keys: dict[int, str]) -> tuple[list[int], torch.Tensor] | None:
+    """The rows at batch positions ``keys`` (position → store key) the store has."""
+    store = self.store
+    assert store is not None and self._lock is not None
+    with self._lock:
+        present = store.have(keys.values())
+        if not present:
+            return None
+        wanted = [p for p, key in keys.items() if key in present]
+        got = store.recall_many([keys[p] for p in wanted], borrow=True)  # decoded by copy
+    at: list[int] = []
+    datas: list[memoryview] = []
+    for p in wanted:
+        item = got.get(keys[p])
+        if not isinstance(item, tuple):
+            continue  # damaged or gone since `have`: computed again
+        answer, data = item
+        if answer.codec != TENSOR.name:
+            continue
+        if answer.fingerprint not in (None, self._fingerprint):
+            if self.strict:
+                continue
+            _drifted(self, answer.fingerprint)
+        at.append(p)
+        datas.append(data)
+    if not at:
+        return None
+    try:
+        rows = decode_rows(datas)
+    except (ValueError, TypeError, Corrupt, Missing):
+        return None  # a damaged row: every row of this lookup is computed again
+    return at, rows
+
+
+def _drifted(self: CachedRows, was: str | None) -> None:
+    if self._drift_warned:
+        return
+    self._drift_warned = True
+    warnings.warn(
+        f"rows of `{type(self.module).__name__}` recalled from the store were kept by "
+        f"another version of its code ({was}, now {self._fingerprint}); they are used, "
+        "since the key (class, structure, weights) is the same. Pass strict=True to "
+        "compute them again instead",
+        Drifted,
+        stacklevel=4,
+    )
+
+
+_remember: Callable[..., Any] = torch.compiler.disable(_recall_or_run)  # type: ignore[no-untyped-call]
+"""The lookup runs outside any compiled region: a graph break at the cached module, so
+``torch.compile`` compiles what is around it (the head) once."""
+
+
+def _assemble(
+    pieces: list[tuple[list[int] | None, torch.Tensor]], count: int, device: torch.device
+) -> torch.Tensor:
+    """The rows of ``pieces`` put back in batch order on ``device``."""
+    if len(pieces) == 1 and pieces[0][0] is None:
+        rows = pieces[0][1]
+        return rows.to(device) if rows.device != device else rows
+    first = pieces[0][1]
+    out = torch.empty((count, *first.shape[1:]), dtype=first.dtype, device=device)
+    for at, rows in pieces:
+        if rows.shape[1:] != first.shape[1:] or rows.dtype != first.dtype:
+            raise NotRowwise(
+                f"rows of one batch came back as {rows.dtype} {list(rows.shape[1:])} and as "
+                f"{first.dtype} {list(first.shape[1:])}: a module cached per row must answer "
+                "every row with the same dtype and shape"
+            )
+        assert at is not None
+        out.index_copy_(0, torch.tensor(at, device=device), rows.to(device))
+    return out

@@ -1,0 +1,55 @@
+"""What a row cache did, counted in rows: :class:`RowStats`.
+
+Counted in rows, not batches, since a row is what is recalled: one batch is often
+part recalled, part computed, and the hit rate is the share of its rows found in a
+tier or the store. A forward adds to the counters :data:`_COUNTED` names (one per
+tier, by the tier's name); what the store writer kept it counts itself, behind the
+step, and :attr:`~somatize_torch.rows.CachedRows.stats` reads both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["RowStats"]
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """What a cached module did, counted in rows (cumulative until :meth:`CachedRows.reset_stats`).
+
+    ``recalled`` = ``from_device + from_host + from_store``; ``hit_rate`` is
+    ``recalled / rows``. ``bytes_kept`` and ``rows_kept`` count what the background
+    writer has written to the store so far; ``lookup_s`` is the time spent keying rows
+    and finding them (not computing them), ``compute_s`` the time the module ran.
+    """
+
+    batches: int = 0
+    rows: int = 0
+    computed: int = 0
+    from_device: int = 0
+    from_host: int = 0
+    from_store: int = 0
+    rows_kept: int = 0
+    bytes_kept: int = 0
+    rows_failed: int = 0
+    lookup_s: float = 0.0
+    compute_s: float = 0.0
+
+    @property
+    def recalled(self) -> int:
+        return self.from_device + self.from_host + self.from_store
+
+    @property
+    def hit_rate(self) -> float:
+        return self.recalled / self.rows if self.rows else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """Every counter, plus ``recalled`` and ``hit_rate``, for a logger."""
+        out: dict[str, float] = dict(asdict(self))
+        out["recalled"] = self.recalled
+        out["hit_rate"] = self.hit_rate
+        return out
+
+
+_COUNTED = ("batches", "rows", "computed", "device", "host", "store", "lookup_s", "compute_s")

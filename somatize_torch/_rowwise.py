@@ -1,0 +1,159 @@
+"""Running the module on the rows found nowhere, and the check that it answers each alone.
+
+What the module returns for a sub-batch is kept and recalled row by row, so it
+must be rows: one dense tensor, one row per input row, of a dtype a store keeps.
+And a row's answer must be the row's alone. Where a keying first computes rows,
+the first and last of them are run again, each alone: a module whose answer for a
+row depends on the other rows of its batch (attention along dimension 0) is
+refused (:class:`~somatize_torch.rows.NotRowwise`), since an answer kept from one
+batch would be recalled in another. Alone and in a batch, a row goes through
+kernels that round differently, so the two answers are compared within what
+rounding allows (:func:`_rounding`, :func:`_difference`), not for equality.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from somatize_torch._row_errors import NotRowwise, RowsError, _describe
+from somatize_torch._row_keys import _floating_dtypes, _Keying
+from somatize_torch.deferred import DeferredRows
+from somatize_torch.digest import DTYPES
+from somatize_torch.freeze import check_still
+
+if TYPE_CHECKING:
+    from somatize_torch.rows import CachedRows
+
+
+def _compute(
+    self: CachedRows, x: torch.Tensor | DeferredRows, positions: list[int], keying: _Keying
+) -> torch.Tensor:
+    module = self.module
+    check_still(type(module).__name__, module)
+    if isinstance(x, DeferredRows):
+        sub = x.load(positions)
+        if sub.dtype != keying.dtype:
+            sub = sub.to(keying.dtype)
+    elif len(positions) == x.shape[0]:
+        sub = x
+    else:
+        sub = x[torch.tensor(positions, dtype=torch.long, device=x.device)]
+    # Taken before the forward, which may write into its input.
+    ends = sub[:: len(positions) - 1].clone() if not keying.rowwise and len(positions) > 1 else None
+    with torch.no_grad():
+        out = module(sub)
+    if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != len(positions):
+        raise NotRowwise(
+            f"`{type(module).__name__}` was handed {len(positions)} rows and returned "
+            f"{_describe(out)}: a module cached per row must return one tensor with one row "
+            "per input row (batch along dimension 0). Cache it per batch instead "
+            "(`somatize.torch.wrap(module, frozen=True, cached=True)`)"
+        )
+    if out.layout != torch.strided:
+        raise NotRowwise(
+            f"`{type(module).__name__}` returned a {out.layout} tensor: rows are kept and "
+            "gathered as dense tensors. Return `out.to_dense()`"
+        )
+    if self.store is not None and out.dtype not in DTYPES:
+        kept = ", ".join(sorted(str(dtype).removeprefix("torch.") for dtype in DTYPES))
+        raise RowsError(
+            f"`{type(module).__name__}` returned rows of {out.dtype}, which a store cannot "
+            f"keep (it keeps {kept}). Return a dtype it keeps (`torch.view_as_real` for "
+            "complex rows), or cache in memory only (store=None)"
+        )
+    if ends is not None:
+        _check_rowwise(self, ends, out, keying)
+    return out
+
+
+def _check_rowwise(
+    self: CachedRows, ends: torch.Tensor, out: torch.Tensor, keying: _Keying
+) -> None:
+    """Refuses a module whose answer for a row depends on the other rows of its batch
+    (attention or a recurrence along dimension 0, statistics of the batch): an answer
+    kept from one batch would be recalled in a batch of other rows. Its first and last
+    rows (``ends``) are run again, each alone, and compared with their rows in the
+    batch — once per keying, so it costs two forwards of one row where a keying first
+    computes rows. Both ends: along a recurrence or causal attention the last row sees
+    the others, along a reversed one the first does. Kernels round differently for a
+    batch of another size, so the two are compared within what rounding at the
+    precision the module runs in allows."""
+    module = self.module
+    limit = _rounding(self, ends, out)
+    for which, at in (("first", 0), ("last", len(out) - 1)):
+        with torch.no_grad():
+            alone = module(ends[min(at, 1) : min(at, 1) + 1])
+        row = out[at : at + 1]
+        if isinstance(alone, torch.Tensor) and alone.shape == row.shape:
+            difference = _difference(alone, row)
+            if difference <= limit:
+                continue
+            got = (
+                f"an answer {difference:.3g} of its size away from its row of the batch's "
+                f"answer (rounding allows {limit:.3g})"
+            )
+        else:
+            got = f"{_describe(alone)}, not a tensor of shape {list(row.shape)}"
+        _refuse_mixing(self, which, len(out), got)
+    keying.rowwise = True
+
+
+def _refuse_mixing(self: CachedRows, which: str, rows: int, got: str) -> None:
+    raise NotRowwise(
+        f"`{type(self.module).__name__}` answers a row differently alone than in a batch: "
+        f"the {which} of {rows} rows, run again on its own, came back with {got}. Its answer "
+        "for a row depends on the other rows of its batch, so an answer kept from one "
+        "batch would be recalled in a batch of other rows, wrongly. A module cached per "
+        "row takes rows along dimension 0 and answers each on its own: put the batch "
+        "first (`batch_first=True` for a transformer layer or an RNN), or cache it per "
+        "batch (`somatize.torch.wrap(module, frozen=True, cached=True)`)"
+    )
+
+
+def _rounding(self: CachedRows, row: torch.Tensor, out: torch.Tensor) -> float:
+    """How far apart (relative to its size) one row computed in batches of two sizes
+    may be: a thousandth, or 16 units in the last place of the least precise
+    floating dtype the rows run in — the input's, the output's, the weights', the
+    autocast dtype, and TF32 or bfloat16 where float32 products may use them."""
+    device = out.device.type
+    dtypes = {row.dtype, out.dtype, *_floating_dtypes(self.module)}
+    if torch.is_autocast_enabled(device):
+        dtypes.add(torch.get_autocast_dtype(device))
+    eps = max(
+        (torch.finfo(dtype).eps for dtype in dtypes if dtype.is_floating_point or dtype.is_complex),
+        default=0.0,
+    )
+    matmul = torch.get_float32_matmul_precision()
+    if matmul == "medium":
+        eps = max(eps, 2.0**-7)  # bfloat16 products
+    elif matmul == "high" or device != "cpu":
+        eps = max(eps, 2.0**-10)  # TF32 products (cuDNN allows them by default)
+    return max(1e-3, 16 * eps)
+
+
+def _difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """How far ``a`` is from ``b``, relative to their size (the norm of the difference over
+    the larger norm); infinite where their non-finite values or integer values differ."""
+    if not (a.is_floating_point() or a.is_complex()):
+        return 0.0 if torch.equal(a, b) else math.inf
+    finite = torch.isfinite(a)
+    if not torch.equal(finite, torch.isfinite(b)):
+        return math.inf
+    if not bool(finite.all()):
+        if not torch.equal(a.isnan(), b.isnan()) or not torch.equal(a[a.isinf()], b[b.isinf()]):
+            return math.inf
+        a, b = a.where(finite, 0), b.where(finite, 0)
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    a, b = a.double(), b.double()
+    # Scaled by the largest magnitude first, so that neither the norms nor the difference
+    # overflow (or vanish) for values far from 1.
+    scale = max(float(a.abs().max()), float(b.abs().max())) if a.numel() else 0.0
+    if not scale:
+        return 0.0
+    a, b = a / scale, b / scale
+    size = max(float(a.norm()), float(b.norm()))
+    return float((a - b).norm()) / size if size else 0.0
