@@ -443,6 +443,20 @@ def test_local_mode_is_refused_for_ray(cluster: None) -> None:
         Broker.ray(workers={"w1": Worker.generic(mode="local")})
 
 
+def test_counts_and_times_that_are_not_ones_are_refused_before_ray_starts() -> None:
+    """retries is a count and the timeouts finite seconds: a bool, a negative, a NaN or an
+    infinity is refused by name, before any cluster is reached."""
+    workers = {"w1": _worker()}
+    for retries in (True, -1, 1.5):
+        with pytest.raises(ValueError, match=r"retries is a count ≥ 0"):
+            Broker.ray(workers=workers, retries=retries)  # type: ignore[arg-type]
+    for seconds in (True, 0, -1.0, float("nan"), float("inf"), "10"):
+        with pytest.raises(ValueError, match=r"timeout_s is a number of seconds > 0"):
+            Broker.ray(workers=workers, timeout_s=seconds)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"start_timeout_s is a number of seconds > 0"):
+            Broker.ray(workers=workers, start_timeout_s=seconds)  # type: ignore[arg-type]
+
+
 def test_independent_branches_on_two_ray_workers_run_at_once(broker: Any) -> None:
     """Two sleeping nodes on two actors finish in about one sleep, not two."""
     nap = 1.5

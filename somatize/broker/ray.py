@@ -169,10 +169,12 @@ class RayBroker(Broker):
                     f'worker `{name}` is `mode="local"`, and a Ray actor is another process: '
                     'values always cross it through their codecs. Describe it with `mode="network"`'
                 )
-        if not isinstance(retries, int) or retries < 0:
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ValueError(f"retries is a count ≥ 0, got {retries!r}")
-        if timeout_s is not None and not timeout_s > 0:
+        if timeout_s is not None and not _seconds(timeout_s):
             raise ValueError(f"timeout_s is a number of seconds > 0 (or None), got {timeout_s!r}")
+        if not _seconds(start_timeout_s):
+            raise ValueError(f"start_timeout_s is a number of seconds > 0, got {start_timeout_s!r}")
         ray = _ray()
         if not ray.is_initialized():
             ray.init(address=address)
@@ -306,7 +308,10 @@ class RayBroker(Broker):
                 assert self.timeout_s is not None
                 raise WorkerTimeout(node, worker, self.timeout_s) from None
             except ray.exceptions.RayActorError as error:
-                self._forget(worker, actor, kill=False)
+                # One only out of reach for now (ActorUnavailableError) may come back, and
+                # would hold its resources with nobody calling it: stopped, not just forgotten.
+                unreachable = isinstance(error, ray.exceptions.ActorUnavailableError)
+                self._forget(worker, actor, kill=unreachable)
                 cause = type(error).__name__
         if reply is None:
             if closes != self._closes:
@@ -322,6 +327,13 @@ class RayBroker(Broker):
             raise FailedOnWorker(node, graph.kind_of(node), worker, reply.raised, reply.message)
         assert not isinstance(reply, NeedState), "a worker handed the state asked for it again"
         return _Carried(reply.codec, reply.data, reply.kept, carried)
+
+
+def _seconds(value: Any) -> bool:
+    """Whether ``value`` is a finite number of seconds > 0 (not a bool)."""
+    return (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+    )
 
 
 @dataclass(frozen=True)
