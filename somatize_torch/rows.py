@@ -82,7 +82,7 @@ from somatize_torch.freeze import (
     unfrozen_error,
 )
 from somatize_torch.residency import Tier
-from somatize_torch.wrap import CachedInputNeedsGrad
+from somatize_torch.wrap import STATE_DICT_HOOKS, CachedInputNeedsGrad
 from somatize_torch.writer import Writer, store_lock
 
 __all__ = [
@@ -150,11 +150,13 @@ class CachedRows(nn.Module):
                 "version= is for key='index'; with key='content' each row is named by its own "
                 "content, so there is no dataset version to give"
             )
-        # The module's own registries of children, parameters and buffers — the very dicts,
-        # not copies: `state_dict()` has the module's keys, and a conversion, a checkpoint
-        # loaded or a submodule put in (`encoder[0] = conv`), through the wrapper or the
-        # module, is one and the same change to both.
-        for registry in ("_modules", "_parameters", "_buffers", "_non_persistent_buffers_set"):
+        # The module's own registries of children, parameters and buffers, and of the
+        # hooks `state_dict()` and `load_state_dict()` run — the very dicts, not copies:
+        # `state_dict()` has the module's keys, and a conversion, a checkpoint loaded or a
+        # submodule put in (`encoder[0] = conv`), through the wrapper or the module, is one
+        # and the same change to both.
+        shared = ("_modules", "_parameters", "_buffers", "_non_persistent_buffers_set")
+        for registry in (*shared, *STATE_DICT_HOOKS):
             self.__dict__[registry] = module.__dict__[registry]
         self._version = module._version  # what a checkpoint records for the module's layout
         object.__setattr__(self, "module", module)

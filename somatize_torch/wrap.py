@@ -108,7 +108,23 @@ class Segment(Node):
 # ------------------------------------------------------------------------------ the module
 
 
-_TABLES = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules")
+STATE_DICT_HOOKS = (
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
+"""A module's registries of the hooks ``state_dict()`` and ``load_state_dict()`` run."""
+
+_TABLES = (
+    "_parameters",
+    "_buffers",
+    "_non_persistent_buffers_set",
+    "_modules",
+    # What `state_dict()` and `load_state_dict()` run besides: the hooks registered on
+    # the model, so a checkpoint of the wrapper is one of the model, and loads as one.
+    *STATE_DICT_HOOKS,
+)
 
 
 class Wrapped(nn.Module):
@@ -142,6 +158,7 @@ class Wrapped(nn.Module):
             self.__dict__[table] = model.__dict__[table]
         object.__setattr__(self, "training", model.training)
         object.__setattr__(self, "model", model)
+        object.__setattr__(self, "_version", model._version)  # the layout a checkpoint records
         object.__setattr__(self, "graph", graph)
         object.__setattr__(self, "store", Store.of(store))
         object.__setattr__(self, "_parts", parts)
@@ -270,6 +287,15 @@ class Wrapped(nn.Module):
             else [f for f in previous.facts if f.get("node") not in (None, name)]
         )
         self.graph.record = Record([*kept, *record.facts])
+
+    # The model's own tensors are saved and loaded by the model, as unwrapped: its
+    # overrides (extra state, keys renamed on load) take part.
+
+    def _save_to_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self.model._save_to_state_dict(*args, **kwargs)
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self.model._load_from_state_dict(*args, **kwargs)
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> Wrapped:
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]

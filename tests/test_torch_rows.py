@@ -869,6 +869,27 @@ def test_a_submodule_put_in_after_wrapping_is_saved_loaded_and_converted() -> No
     assert norm.state_dict()._metadata[""]["version"] == nn.BatchNorm1d._version  # type: ignore[attr-defined]
 
 
+def test_state_dict_hooks_registered_on_the_module_run_through_the_wrapper() -> None:
+    """Hooks registered on the cached module itself run when the wrapper is saved or
+    loaded, before or after wrapping: a checkpoint is the plain module's."""
+    module = nn.Sequential(nn.Linear(4, 4))
+    module.register_state_dict_post_hook(
+        lambda m, state, prefix, meta: state.__setitem__(prefix + "tag", torch.ones(1))
+    )
+    cached = cache_rows(module)
+    seen: list[str] = []
+    cached.register_load_state_dict_pre_hook(
+        lambda m, state, prefix, *rest: seen.append(str(state.pop(prefix + "tag", None)))
+    )
+    model = nn.ModuleDict({"encoder": cached})
+    saved = model.state_dict()
+    assert list(saved) == ["encoder.0.weight", "encoder.0.bias", "encoder.tag"]
+    assert list(module.state_dict()) == ["0.weight", "0.bias", "tag"]
+    module.load_state_dict(module.state_dict())  # registered on the wrapper: the module's too
+    model.load_state_dict(saved)
+    assert seen == ["tensor([1.])", "tensor([1.])"]
+
+
 def test_a_part_added_after_wrapping_keys_rows_anew(store: Store) -> None:
     """A submodule appended to the module (through it or through the wrapper) changes what
     it computes: the rows are computed again, not recalled."""

@@ -139,6 +139,54 @@ def test_checkpoints_move_between_wrapped_and_plain(store: Store) -> None:
     assert torch.equal(wrapped.encoder.norm.running_mean, other.encoder.norm.running_mean)
 
 
+class Renamed(Model):
+    """Saves a tensor of its own (extra state) and renamed its head in layout version 2:
+    older checkpoints are mended as they load."""
+
+    _version = 2
+
+    def get_extra_state(self) -> Any:
+        return {"calibrated": torch.tensor([3.0])}
+
+    def set_extra_state(self, state: Any) -> None:
+        self.calibrated = state["calibrated"]
+
+    def _load_from_state_dict(
+        self, state_dict: Any, prefix: str, metadata: Any, *rest: Any
+    ) -> None:
+        if metadata.get("version", 1) < 2 and prefix + "old_head.weight" in state_dict:
+            for part in ("weight", "bias"):
+                state_dict[f"{prefix}head.{part}"] = state_dict.pop(f"{prefix}old_head.{part}")
+        super()._load_from_state_dict(state_dict, prefix, metadata, *rest)
+
+
+def test_a_wrapped_checkpoint_is_the_models_own_with_its_hooks_and_overrides(
+    store: Store,
+) -> None:
+    """The model's extra state, its load-time mending, its layout version and the state-dict
+    hooks registered on it run through the wrapper: checkpoints are the plain model's."""
+    torch.manual_seed(0)
+    model = Renamed()
+    model.register_state_dict_post_hook(
+        lambda module, state, prefix, meta: state.__setitem__(prefix + "tag", torch.ones(1))
+    )
+    model.register_load_state_dict_pre_hook(
+        lambda module, state, prefix, *rest: state.pop(prefix + "tag", None)
+    )
+    plain = model.state_dict()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    saved = wrapped.state_dict()
+    assert list(saved) == list(plain) and "_extra_state" in saved and "tag" in saved
+    assert saved._metadata[""]["version"] == 2  # type: ignore[attr-defined]
+    torch.manual_seed(1)
+    older = {k.replace("head.", "old_head."): v for k, v in Renamed().state_dict().items()}
+    older = collections.OrderedDict(older)
+    older._metadata = {"": {"version": 1}}  # type: ignore[attr-defined]
+    wrapped.load_state_dict(older)
+    assert torch.equal(model.head.weight, older["old_head.weight"])
+    assert torch.equal(model.calibrated, torch.tensor([3.0]))
+
+
 def test_weights_loaded_after_freezing_key_the_encoder_anew(store: Store) -> None:
     """A checkpoint loaded into a frozen, wrapped model is seen at the next forward: the
     encoder runs with the new weights, and nothing computed with the old ones is recalled."""
