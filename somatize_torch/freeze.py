@@ -6,13 +6,9 @@ making it so, in three steps for each frozen torch node:
 
 1. **settle** — digest its state, weights **and buffers** (BatchNorm running
    statistics change what it computes as much as its weights do), and record it
-   with ``g.memory.freeze(name, digest)``, so it enters the node's key. The
-   digest is :func:`somatize_torch.digest.digest_named` over the tensors by
-   name: each tensor's bytes digested where it lives, combined under a
-   canonical header of names (sorted), dtypes and shapes — the same tensors give
-   the same digest in any process, whatever order they were registered in and
-   whatever device holds them. It is never the digest of a serialised file, since
-   a serialiser may write equal tensors in more than one way;
+   with ``g.memory.freeze(name, digest)``, so it enters the node's key (what the
+   digest is, and how a change to the state is seen after, is
+   :mod:`somatize_torch._state`'s);
 2. ``requires_grad_(False)`` on its parameters;
 3. hold it in ``eval()``: an enclosing module's ``.train()`` leaves it in eval
    mode, so dropout stays off and BatchNorm statistics stay put.
@@ -41,25 +37,18 @@ Its key is the key an instance-made node of the same module and weights has.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
-import functools
-import operator
-import sys
-import types
 import warnings
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _registry  # where torch keeps its global hooks
 
 from somatize import Graph, Node, Unbuildable, Undeclared
-from somatize.catalog import code_digest, identity_of
+from somatize.catalog import identity_of
 from somatize.errors import SomatizeError, SomatizeWarning
+from somatize_torch._settings import hooks_of, settings_of
+from somatize_torch._state import StateWatch, _state_tensors, digest_state
 from somatize_torch.codec import TENSOR, LandedOnHost
-from somatize_torch.digest import digest_named, digest_tensor
 
 if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
@@ -125,90 +114,6 @@ class StateDoesNotFit(FreezeError):
     """State sent for a module does not fit the module rebuilt to receive it."""
 
 
-def _state_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    """A module's parameters and buffers (persistent or not), by name: its state."""
-    tensors: dict[str, torch.Tensor] = dict(module.named_parameters())
-    for name, buffer in module.named_buffers():
-        tensors[name] = buffer
-    return tensors
-
-
-def digest_state(module: nn.Module) -> str:
-    """``blake3:<hex>`` of a module's parameters and buffers (persistent or not), by name."""
-    return digest_named(_state_tensors(module), "state")
-
-
-class StateWatch:
-    """Whether a module's state may have changed since it was digested, cheaply enough to
-    ask at every forward: each parameter, buffer and submodule is looked at by identity
-    (a tensor or child replaced: a checkpoint loaded by assignment, ``encoder[0] =
-    conv``), each tensor by its version counter (bumped by every change in place:
-    ``load_state_dict``, an optimizer step), each parameter by whether it requires grad
-    (somebody unfroze it), and each table by its length (a tensor or submodule added or
-    removed). ``thorough`` also looks at each tensor's memory (``p.data = t``, a
-    conversion of the module). A
-    write that bypasses the version counter — into ``p.data``, or by a fused optimizer
-    kernel — is not seen here; only digesting the state again sees it."""
-
-    __slots__ = (
-        "_grads",
-        "_names",
-        "_owners",
-        "_params",
-        "_sizes",
-        "_tables",
-        "_tensors",
-        "_values",
-        "_versions",
-        "_where",
-    )
-
-    def __init__(self, module: nn.Module) -> None:
-        tables: list[dict[str, Any]] = []
-        owners: list[dict[str, Any]] = []
-        names: list[str] = []
-        values: list[Any] = []
-        for part in module.modules():
-            for table in (part._parameters, part._buffers, part._modules):
-                tables.append(table)
-                for name, value in table.items():
-                    owners.append(table)
-                    names.append(name)
-                    values.append(value)
-        self._tables = tables
-        self._sizes = tuple(map(len, tables))
-        self._owners = owners
-        self._names = names
-        self._values = values
-        self._tensors = [value for value in values if isinstance(value, torch.Tensor)]
-        self._params = [t for t in self._tensors if isinstance(t, nn.Parameter)]
-        self._versions = tuple(map(_VERSION, self._tensors))
-        self._where = tuple(map(_WHERE, self._tensors))
-        self._grads = tuple(map(_GRAD, self._params))
-
-    def changed(self, thorough: bool = False) -> bool:
-        """Whether a weight, buffer or submodule changed, was replaced, added or removed,
-        or a parameter came to require grad (and, ``thorough``, whether a tensor's memory
-        changed)."""
-        return (
-            tuple(map(_VERSION, self._tensors)) != self._versions
-            or not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
-            or tuple(map(len, self._tables)) != self._sizes  # a part added (`enc.append(act)`)
-            or tuple(map(_GRAD, self._params)) != self._grads
-            or (thorough and tuple(map(_WHERE, self._tensors)) != self._where)
-        )
-
-    def unfrozen(self, module: nn.Module) -> list[str]:
-        """The parameters of ``module`` watched here (frozen then) that now require grad."""
-        watched = set(map(id, self._params))
-        return [n for n, p in module.named_parameters() if p.requires_grad and id(p) in watched]
-
-
-_VERSION = operator.attrgetter("_version")
-_WHERE: Callable[[Any], int] = torch.Tensor.data_ptr
-_GRAD = operator.attrgetter("requires_grad")
-
-
 class _HeldInEval:
     """Stands in for a frozen module's ``train``: whatever mode is asked, it stays in eval.
 
@@ -260,171 +165,6 @@ def check_still(name: str, module: nn.Module) -> None:
         stacklevel=3,
     )
     nn.Module.train(module, False)
-
-
-_TORCH_OWN = frozenset(vars(nn.Module())) | {"_compiled_call_impl"}
-"""What torch itself keeps in every module (parameters, buffers, children, hooks, the
-training flag, what ``Module.compile`` makes): seen elsewhere in the key, or not part
-of what the module computes."""
-
-
-def settings_of(module: nn.Module) -> dict[str, Any]:
-    """The plain values each submodule keeps beside its weights, by dotted name: what a
-    forward may read that neither ``repr`` nor the state shows (``self.temperature =
-    2.0``, a tensor held as a plain attribute, ``self.act = F.gelu``). Numbers, strings,
-    bools, None, tuples, lists and str-keyed dicts of them, dataclass instances, dtypes,
-    devices and enums are taken as they are (numpy's scalars as the numbers they hold),
-    tensors and numeric numpy arrays by digest; functions (a ``forward``
-    replaced on the instance too) by their code, as hooks are, built-in functions and
-    classes by name, a ``functools.partial`` with the values it binds. Other objects a
-    module holds, and the object a method is bound to, are not seen."""
-    out: dict[str, Any] = {}
-    for prefix, sub in module.named_modules():
-        for name, value in vars(sub).items():
-            if name in _TORCH_OWN:
-                continue
-            seen = _setting(value)
-            if seen is not _UNSEEN:
-                out[f"{prefix}.{name}" if prefix else name] = seen
-    return out
-
-
-def hooks_of(module: nn.Module) -> dict[str, Any]:
-    """The forward hooks and pre-hooks that run with each submodule, by dotted name
-    (``"."`` for the module itself; torch's global ones under ``"*"``), in the order
-    they run. A hook can change what the module answers, so each is named by its code:
-    its qualified name and a digest of its bytecode (a bound method's or a callable
-    object's by its class and the method it runs). The values a hook closes over,
-    is given or keeps are not seen: a hook that counts or captures would change the
-    key as it goes."""
-    out: dict[str, Any] = {}
-    for prefix, sub in module.named_modules():
-        found = _hooks(sub._forward_pre_hooks, sub._forward_hooks)
-        if found:
-            out[prefix or "."] = found
-    everywhere = _hooks(_registry._global_forward_pre_hooks, _registry._global_forward_hooks)
-    if everywhere:
-        out["*"] = everywhere
-    return out
-
-
-def _hooks(pre: dict[int, Any], post: dict[int, Any]) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    if pre:
-        found["pre"] = [_code_of(hook) for hook in pre.values()]
-    if post:
-        found["post"] = [_code_of(hook) for hook in post.values()]
-    return found
-
-
-def _code_of(hook: Any, depth: int = 0) -> Any:
-    """What names a hook's code: a function's qualified name and bytecode digest; a
-    ``functools.partial``, bound method or callable object by the function it runs."""
-    if depth > 3:
-        return "?"
-    if isinstance(hook, functools.partial):
-        return {"partial": _code_of(hook.func, depth + 1)}
-    if isinstance(hook, types.MethodType):
-        kind = type(hook.__self__)
-        return {"method of": _name_of(kind), "runs": _code_of(hook.__func__, depth + 1)}
-    code = getattr(hook, "__code__", None)
-    if isinstance(code, types.CodeType):
-        return [_name_of(hook), "sha256:" + code_digest(code).hex()[:16]]
-    kind = type(hook)
-    call = next((vars(base)["__call__"] for base in kind.__mro__ if "__call__" in vars(base)), None)
-    runs = _code_of(call, depth + 1) if isinstance(call, types.FunctionType) else "?"
-    return {"object": _name_of(kind), "runs": runs}
-
-
-def _name_of(thing: Any) -> str:
-    return f"{getattr(thing, '__module__', '?')}:{getattr(thing, '__qualname__', '?')}"
-
-
-_UNSEEN = object()
-
-
-def _setting(value: Any, depth: int = 0) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, enum.Enum):
-        return f"{type(value).__qualname__}.{value.name}"
-    # Subclasses (numpy's float64, a str subclass) as the plain values they are.
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, bytes):
-        return bytes(value)
-    if isinstance(value, (torch.dtype, torch.device)):
-        return str(value)
-    if isinstance(value, torch.Tensor):
-        return ["tensor", digest_tensor(value)]
-    numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its values
-    if numpy is not None and isinstance(value, (numpy.generic, numpy.ndarray)):
-        return _numpy_setting(numpy, value, depth)
-    if depth >= 4:
-        return _UNSEEN
-    if isinstance(value, (tuple, list)):
-        items = [_setting(item, depth + 1) for item in value]
-        return _UNSEEN if any(item is _UNSEEN for item in items) else items
-    if isinstance(value, dict):
-        entries = {k: _setting(v, depth + 1) for k, v in value.items() if isinstance(k, str)}
-        return {k: v for k, v in entries.items() if v is not _UNSEEN}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {
-            f.name: _setting(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)
-        }
-        return {
-            "dataclass": type(value).__qualname__,
-            "fields": {k: v for k, v in fields.items() if v is not _UNSEEN},
-        }
-    return _callable(value, depth)
-
-
-def _numpy_setting(numpy: Any, value: Any, depth: int) -> Any:
-    """A numpy scalar as the plain value it holds (``np.float32(2.0)`` is no ``float``
-    subclass), a numeric array by its digest as a tensor; unseen for anything else."""
-    if isinstance(value, numpy.generic):
-        plain = value.item()
-        return _UNSEEN if isinstance(plain, numpy.generic) else _setting(plain, depth)
-    try:
-        tensor = torch.from_numpy(numpy.ascontiguousarray(value))
-    except (TypeError, ValueError):  # strings, objects: no tensor holds them
-        return _UNSEEN
-    return ["array", digest_tensor(tensor)]
-
-
-def _callable(value: Any, depth: int) -> Any:
-    """A function, class or built-in a module holds, named as what it runs (unseen for
-    anything else): a function swapped for another keys the module's answers anew."""
-    if isinstance(value, type):
-        return {"class": _name_of(value)}
-    if isinstance(value, functools.partial):
-        bound = [_setting(arg, depth + 1) for arg in value.args]
-        named = {k: _setting(v, depth + 1) for k, v in value.keywords.items()}
-        return {
-            "partial": _setting(value.func, depth + 1),
-            "args": ["?" if arg is _UNSEEN else arg for arg in bound],
-            "keywords": {k: "?" if v is _UNSEEN else v for k, v in named.items()},
-        }
-    if isinstance(value, (types.FunctionType, types.MethodType)):
-        return {"function": _code_of(value)}
-    if isinstance(value, types.BuiltinFunctionType):
-        owner = value.__self__
-        if owner is None or isinstance(owner, (type, types.ModuleType)):
-            return {"builtin": f"{value.__module__}:{value.__qualname__}"}
-        seen = _setting(owner, depth + 1)  # a tensor's method: which tensor, too
-        return {
-            "builtin": f"{_name_of(type(owner))}.{value.__name__}",
-            "of": "?" if seen is _UNSEEN else seen,
-        }
-    if isinstance(value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
-        return {"builtin": f"{_name_of(value.__objclass__)}.{value.__name__}"}
-    return _UNSEEN
 
 
 class ModuleNode(Node):

@@ -69,18 +69,11 @@ from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError, _descr
 from somatize_torch._row_keys import KeyMode, _deferred_row, _Keying, _keying, _prefix, _row_ids
 from somatize_torch._row_lookup import _remember
 from somatize_torch._row_stats import _COUNTED, RowStats
+from somatize_torch._state import StateWatch, digest_state
 from somatize_torch.codec import stamp_of
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import RowsLater, raw_rows_later
-from somatize_torch.freeze import (
-    ModuleNode,
-    StateWatch,
-    Unfrozen,
-    digest_state,
-    freeze,
-    hold,
-    unfrozen_error,
-)
+from somatize_torch.freeze import ModuleNode, Unfrozen, freeze, hold, unfrozen_error
 from somatize_torch.residency import Tier
 from somatize_torch.wrap import STATE_DICT_HOOKS, CachedInputNeedsGrad
 from somatize_torch.writer import Writer, store_lock
@@ -214,7 +207,7 @@ class CachedRows(nn.Module):
 
     def _settle(self, again: bool = False, thorough: bool = False) -> bool | None:
         """Digests the state again if any weight, buffer or submodule changed or was
-        replaced (see :class:`~somatize_torch.freeze.StateWatch`), or if ``again``; a new
+        replaced (see :class:`~somatize_torch._state.StateWatch`), or if ``again``; a new
         state keys every row anew, and so does a new declaration under the same state (a
         part without weights replaced: `encoder.act = nn.Tanh()`). Returns None when
         nothing was looked at, else whether rows are keyed anew."""
@@ -255,8 +248,8 @@ class CachedRows(nn.Module):
 
     def redeclare(self, *, digest: bool = True) -> bool:
         """Looks again at the plain values and functions the module keeps beside its
-        weights and at its forward hooks (:func:`~somatize_torch.freeze.settings_of`,
-        :func:`~somatize_torch.freeze.hooks_of`), and (unless ``digest=False``) digests
+        weights and at its forward hooks (:func:`~somatize_torch._settings.settings_of`,
+        :func:`~somatize_torch._settings.hooks_of`), and (unless ``digest=False``) digests
         its weights and buffers again — at every forward they are watched (a change in
         place, a tensor or submodule replaced), and this also sees writes that bypass
         what is watched (into ``p.data``): if one changed since rows were keyed, rows
