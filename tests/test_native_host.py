@@ -33,6 +33,9 @@ def _load_native() -> ModuleType:
 
 
 native = _load_native()
+# The modules behind it, for the state and helpers of their own that tests look at.
+native_host = importlib.import_module("somatize_torch._host_library")
+native_env = importlib.import_module("somatize_torch._native_env")
 
 MiB = 1 << 20
 
@@ -302,10 +305,10 @@ def test_rows_begun_on_the_worker_are_shared_with_the_caller(lib: ctypes.CDLL) -
 def test_lanes_without_shuffles(tmp_path: Path) -> None:
     """The build for compilers without ``__builtin_shufflevector`` (words gathered one
     at a time, rotations by shifts) gives the same digests."""
-    path = native._build_shared(
+    path = native_host._build_shared(
         tmp_path,
-        native._HOST_SOURCES,
-        (*native._HOST_FLAGS, "-DSMZ_LANES_NO_SHUFFLE"),
+        native_host._HOST_SOURCES,
+        (*native_host._HOST_FLAGS, "-DSMZ_LANES_NO_SHUFFLE"),
         "libsmz_blake3_plain",
     )
     plain = ctypes.CDLL(str(path))
@@ -325,7 +328,7 @@ def test_ready_host_library_never_waits(tmp_path: Path, monkeypatch: pytest.Monk
     fresh = tmp_path / "fresh"
     monkeypatch.setenv(native.ENV_CACHE, str(fresh))
     assert native.ready_host_library() is None
-    native._background[fresh].join(timeout=300)
+    native_host._background[fresh].join(timeout=300)
     lib = native.ready_host_library()
     assert lib is not None
     assert lib is native.host_library()
@@ -338,7 +341,7 @@ def test_ready_host_library_never_waits(tmp_path: Path, monkeypatch: pytest.Monk
         (other / built.name).write_bytes(built.read_bytes())
     monkeypatch.setenv(native.ENV_CACHE, str(other))
     assert native.ready_host_library() is not None
-    assert other not in native._background
+    assert other not in native_host._background
 
 
 def test_a_background_build_lands_after_its_process_exits(tmp_path: Path) -> None:
@@ -382,7 +385,7 @@ def test_a_failed_background_build_keeps_the_pure_path(
     monkeypatch.setenv("CXX", "false")  # found on PATH, and fails whatever it is asked
     batch = torch.randn(9, 3, 40)
     assert native.ready_host_library() is None
-    native._background[tmp_path].join(timeout=300)
+    native_host._background[tmp_path].join(timeout=300)
     assert native.ready_host_library() is None
     assert not list(tmp_path.glob("*.so"))
     assert digest_rows(batch) == [digest_tensor(row) for row in batch]
@@ -397,7 +400,7 @@ def test_a_cache_that_cannot_be_made_is_said_plainly(
     monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "file" / "cache"))
     with pytest.raises(native.NativeUnavailableError, match="set SOMATIZE_EXT_CACHE"):
         native.host_library()
-    native._build_in_background()  # logs, raises nothing
+    native_host._build_in_background()  # logs, raises nothing
 
 
 def _library_in_child() -> bool:
@@ -412,7 +415,7 @@ def test_a_child_forked_during_a_build_gets_the_library(lib: ctypes.CDLL) -> Non
     held, done = threading.Event(), threading.Event()
 
     def build() -> None:  # stands for a build on another thread, holding the lock
-        with native._lock:
+        with native_env._lock:
             held.set()
             done.wait(timeout=300)
 
@@ -524,13 +527,14 @@ def test_host_digest_input_types() -> None:
 
 @pytest.mark.slow
 def test_import_touches_neither_torch_nor_cuda(tmp_path: Path) -> None:
-    path = REPO / "somatize_torch" / "_native.py"
+    package = REPO / "somatize_torch"
     code = f"""
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("smz_native_probe", {str(path)!r})
-mod = importlib.util.module_from_spec(spec)
-sys.modules["smz_native_probe"] = mod
-spec.loader.exec_module(mod)
+import sys, types
+# The package without its __init__ (which imports torch): _native and the modules behind it.
+stub = types.ModuleType("somatize_torch")
+stub.__path__ = [{str(package)!r}]
+sys.modules["somatize_torch"] = stub
+import somatize_torch._native as mod
 assert "torch" not in sys.modules, "torch imported at import time"
 import torch
 def boom(*args, **kwargs):
@@ -713,11 +717,15 @@ def test_the_native_sources_ship_inside_the_package() -> None:
     import tomllib
 
     import somatize_torch
-    from somatize_torch import _native
+    from somatize_torch import _cuda_extension, _host_library, _native
 
     package = Path(somatize_torch.__file__).resolve().parent
     assert _native.csrc_dir() == package / "csrc"
-    needed = {*_native._HOST_SOURCES, *_native._EMU_SOURCES, *_native._CUDA_UNITS}
+    needed = {
+        *_host_library._HOST_SOURCES,
+        *_host_library._EMU_SOURCES,
+        *_cuda_extension._CUDA_UNITS,
+    }
     assert all((package / "csrc" / name).is_file() for name in needed)
     pyproject = tomllib.loads((package.parent / "pyproject.toml").read_text())
     assert "csrc/*" in pyproject["tool"]["setuptools"]["package-data"]["somatize_torch"]

@@ -1,0 +1,346 @@
+"""The host library: ``csrc/blake3_host.cpp``, a small C ABI compiled with the
+system C++ compiler and loaded through :mod:`ctypes`. It is the reference for the
+tree logic the CUDA kernels share and runs everywhere; :func:`host_digest` and
+:func:`host_digest_rows` digest host memory with it. The **kernel emulator**
+(``csrc/blake3_kernel_emu.cpp``), the CUDA kernels compiled for the host and run
+on emulated threads so that tests exercise the device code without a GPU, is
+built the same way, by the same compiler into the same cache.
+
+The fork hook is here because what a forked child must not inherit is this
+library's: a build under way, the lock it holds, the row-hashing worker.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from somatize_torch import _native_env
+from somatize_torch._native_env import (
+    DIGEST_SIZE,
+    ENV_CACHE,
+    ENV_MODE,
+    NativeDisabledError,
+    NativeUnavailableError,
+    _log_once,
+    _sources_key,
+    cache_dir,
+    csrc_dir,
+    native_mode,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    Buffer = bytes | bytearray | memoryview | torch.Tensor
+
+__all__ = [
+    "build_host_library",
+    "build_kernel_emulator",
+    "host_digest",
+    "host_digest_rows",
+    "host_library",
+    "kernel_emulator",
+    "ready_host_library",
+]
+
+_HOST_SOURCES: Final = ("blake3_tree.h", "blake3_lanes.h", "blake3_host.cpp")
+_HOST_FLAGS: Final = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-Wno-psabi")
+_EMU_SOURCES: Final = (
+    "blake3_tree.h",
+    "blake3_cuda.h",
+    "blake3_kernels.cuh",
+    "blake3_kernel_emu.cpp",
+)
+_EMU_FLAGS: Final = ("-O2", "-std=c++20", "-pthread", "-shared", "-fPIC", "-Wno-unknown-pragmas")
+
+_host_libs: dict[Path, ctypes.CDLL] = {}
+_background: dict[Path, threading.Thread] = {}
+_ready: dict[tuple[str | None, ...], ctypes.CDLL] = {}
+_background_lock = threading.Lock()
+_emulators: dict[Path, ctypes.CDLL] = {}
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with its own locks (one a parent's thread held during a build
+    would stay held), with no build under way, and with no row-hashing worker (the
+    parent's threads are not there)."""
+    global _background_lock
+    _native_env._lock = threading.RLock()
+    _background_lock = threading.Lock()
+    _background.clear()
+    for lib in _host_libs.values():
+        lib.smz_blake3_host_rows_forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _host_compiler() -> str:
+    for candidate in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if candidate and shutil.which(candidate):
+            return candidate
+    raise NativeUnavailableError("no C++ compiler found (set CXX)")
+
+
+def _build_shared(
+    directory: Path | None, sources: tuple[str, ...], flags: tuple[str, ...], stem: str
+) -> Path:
+    """Compile ``sources[-1]`` (the other names are the headers it includes) into a
+    shared library in ``directory`` unless a build of the same sources, flags and
+    compiler is already there. The compiler writes a temporary file in the same
+    directory that is then renamed into place, so concurrent builders never
+    expose a partial file."""
+    src = csrc_dir()
+    cxx = _host_compiler()
+    try:
+        version = subprocess.run(
+            [cxx, "--version"], capture_output=True, text=True, check=False, timeout=60
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NativeUnavailableError(f"cannot run {cxx}: {exc}") from exc
+    key = _sources_key(
+        src, sources, cxx, version, " ".join(flags), platform.machine(), sys.platform
+    )
+    target_dir = directory if directory is not None else cache_dir()
+    target = target_dir / f"{stem}-{key[:24]}.so"
+    if target.is_file():
+        return target
+    target_dir.mkdir(parents=True, exist_ok=True)
+    _sweep(target_dir, stem)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target_dir)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        cmd = [cxx, *flags, f"-I{src}", str(src / sources[-1]), "-o", str(tmp)]
+        if shutil.which("sh"):
+            # The shell moves the library into place itself, so that a build started in
+            # the background lands even when this process exits before it ends.
+            script = 'tmp="$1"; to="$2"; shift 2; "$@" && chmod 755 "$tmp" && mv -f "$tmp" "$to"'
+            cmd = ["sh", "-c", script, "sh", str(tmp), str(target), *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise NativeUnavailableError(
+                f"native build failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}"
+            )
+        if tmp.exists():
+            tmp.chmod(0o755)
+            os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _log_once(f"built:{target}", "built native library %s", target)
+    return target
+
+
+_STALE_BUILD_S: Final = 3600.0
+"""A temporary file of a build this old was left by a build that never ended (a
+process killed mid-compile); a build takes seconds."""
+
+
+def _sweep(directory: Path, stem: str) -> None:
+    """Removes what builds of ``stem`` killed mid-compile left in ``directory``."""
+    now = time.time()
+    for left in directory.glob(f".{stem}-*.tmp"):
+        try:
+            if now - left.stat().st_mtime > _STALE_BUILD_S:
+                left.unlink()
+        except OSError:
+            pass  # gone already, or another builder's to deal with
+
+
+def build_host_library(directory: Path | None = None) -> Path:
+    """Build the host library into ``directory`` (default :func:`cache_dir`) unless an
+    identical build is already there; return its path. Safe to run concurrently."""
+    return _build_shared(directory, _HOST_SOURCES, _HOST_FLAGS, "libsmz_blake3_host")
+
+
+def build_kernel_emulator(directory: Path | None = None) -> Path:
+    """Build the host emulation of the CUDA kernels (``blake3_kernel_emu.cpp``, C++20);
+    test support, see :func:`kernel_emulator`."""
+    return _build_shared(directory, _EMU_SOURCES, _EMU_FLAGS, "libsmz_blake3_emu")
+
+
+def _bind_host(lib: ctypes.CDLL) -> None:
+    vp, u64 = ctypes.c_void_p, ctypes.c_uint64
+    lib.smz_blake3_host_abi_version.argtypes = []
+    lib.smz_blake3_host_abi_version.restype = ctypes.c_int
+    lib.smz_blake3_host_coop_selftest.argtypes = []
+    lib.smz_blake3_host_coop_selftest.restype = ctypes.c_int
+    for name in ("smz_blake3_host", "smz_blake3_host_levelwise"):
+        fn = getattr(lib, name)
+        fn.argtypes = [vp, u64, vp]
+        fn.restype = None
+    lib.smz_blake3_host_lane_width.argtypes = []
+    lib.smz_blake3_host_lane_width.restype = ctypes.c_int
+    lib.smz_blake3_host_rows_width.argtypes = [vp, u64, u64, vp, ctypes.c_int]
+    lib.smz_blake3_host_rows_width.restype = ctypes.c_int
+    lib.smz_blake3_host_rows_begin.argtypes = [vp, u64, u64, vp]
+    lib.smz_blake3_host_rows_begin.restype = vp
+    lib.smz_blake3_host_rows_wait.argtypes = [vp, ctypes.c_int]
+    lib.smz_blake3_host_rows_wait.restype = None
+    lib.smz_blake3_host_rows_forked.argtypes = []
+    lib.smz_blake3_host_rows_forked.restype = None
+    for name in (
+        "smz_blake3_host_rows",
+        "smz_blake3_host_streaming",
+        "smz_blake3_host_emulate_rows",
+    ):
+        fn = getattr(lib, name)
+        fn.argtypes = [vp, u64, u64, vp]
+        fn.restype = None
+
+
+def host_library() -> ctypes.CDLL:
+    """The host library (built on first use, cached per cache directory).
+
+    Raises :class:`NativeDisabledError` under ``SOMATIZE_NATIVE=0`` and
+    :class:`NativeUnavailableError` when it cannot be built.
+    """
+    if native_mode() == "off":
+        _log_once("host-off", "native host library disabled by %s=0", ENV_MODE)
+        raise NativeDisabledError(f"native code disabled by {ENV_MODE}=0")
+    directory = cache_dir()
+    with _native_env._lock:
+        lib = _host_libs.get(directory)
+        if lib is None:
+            try:
+                path = build_host_library(directory)
+                lib = ctypes.CDLL(str(path))
+            except OSError as why:  # the cache not writable, the library not loadable
+                raise NativeUnavailableError(
+                    f"the native host library could not be built or loaded in {directory} "
+                    f"({why}); set {ENV_CACHE} to a writable directory"
+                ) from why
+            _bind_host(lib)
+            _host_libs[directory] = lib
+            _log_once("host-on", "native host library active: %s", path)
+    return lib
+
+
+def ready_host_library() -> ctypes.CDLL | None:
+    """The host library if it can be had without waiting for a compiler, else None.
+
+    For callers on a hot path (digesting the rows of every batch), which must not stall
+    on a first build: under the default policy the first call that finds no library
+    starts building it on a background thread and returns None, so the caller takes
+    its pure path until the build lands; later calls return it (a failed build is not
+    retried, and leaves the pure path in place). ``SOMATIZE_NATIVE=1`` builds it here,
+    and ``=0`` always returns None.
+    """
+    switches = tuple(os.environ.get(name) for name in (ENV_MODE, ENV_CACHE, "HOME"))
+    lib = _ready.get(switches)
+    if lib is not None:
+        return lib
+    mode = native_mode()
+    if mode == "off":
+        return None
+    directory = cache_dir()
+    lib = _host_libs.get(directory)
+    if lib is not None or mode == "on":
+        _ready[switches] = lib = lib if lib is not None else host_library()
+        return lib
+    with _background_lock:
+        if directory not in _background:
+            build = threading.Thread(
+                target=_build_in_background, name="somatize-native-build", daemon=True
+            )
+            _background[directory] = build
+            build.start()
+    return None
+
+
+def _build_in_background() -> None:
+    try:
+        host_library()
+    except NativeUnavailableError as exc:
+        _log_once("host-background", "native host library unavailable, pure path kept: %s", exc)
+
+
+def kernel_emulator() -> ctypes.CDLL:
+    """The CUDA kernels compiled for the host and run on emulated threads (slow;
+    for tests of the device code on machines without a GPU). Exposes
+    ``smz_blake3_emu_rows(data, rows, row_bytes, offset, max_tile_log2, out, int* width)``.
+    Follows the same switches and cache as :func:`host_library`."""
+    if native_mode() == "off":
+        raise NativeDisabledError(f"native code disabled by {ENV_MODE}=0")
+    directory = cache_dir()
+    with _native_env._lock:
+        lib = _emulators.get(directory)
+        if lib is None:
+            lib = ctypes.CDLL(str(build_kernel_emulator(directory)))
+            fn = lib.smz_blake3_emu_rows
+            vp, u64 = ctypes.c_void_p, ctypes.c_uint64
+            fn.argtypes = [vp, u64, u64, u64, ctypes.c_uint32, vp, vp]
+            fn.restype = ctypes.c_int
+            _emulators[directory] = lib
+    return lib
+
+
+def _buffer_pointer(buffer: Buffer) -> tuple[object, int, object]:
+    """(argument for a ``void*`` parameter, byte length, object to keep alive)."""
+    if isinstance(buffer, bytes):
+        return buffer, len(buffer), buffer
+    if isinstance(buffer, (bytearray, memoryview)):
+        view = memoryview(buffer)
+    else:
+        import torch
+
+        if not isinstance(buffer, torch.Tensor):
+            view = memoryview(buffer)  # any other buffer-protocol object, e.g. a NumPy array
+        else:
+            if buffer.device.type != "cpu":
+                raise ValueError(f"host digest needs a CPU tensor, got {buffer.device}")
+            if not buffer.is_contiguous():
+                raise ValueError("host digest needs a contiguous tensor")
+            nbytes = buffer.numel() * buffer.element_size()
+            return (buffer.data_ptr() if nbytes else None), nbytes, buffer
+    if not view.c_contiguous:
+        raise ValueError("host digest needs a C-contiguous buffer")
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    if view.readonly:
+        data = view.tobytes()
+        return data, len(data), data
+    array = (ctypes.c_char * view.nbytes).from_buffer(view)
+    return array, view.nbytes, (array, view)
+
+
+def host_digest(buffer: Buffer) -> bytes:
+    """BLAKE3 digest (32 bytes) of a bytes-like object or contiguous CPU tensor."""
+    lib = host_library()
+    ptr, nbytes, keep = _buffer_pointer(buffer)
+    out = ctypes.create_string_buffer(DIGEST_SIZE)
+    lib.smz_blake3_host(ptr, nbytes, out)
+    del keep
+    return out.raw
+
+
+def host_digest_rows(buffer: Buffer, rows: int, row_bytes: int) -> list[bytes]:
+    """One BLAKE3 digest per row of ``rows`` back-to-back rows of ``row_bytes`` bytes.
+
+    ``row_bytes`` may be 0 (every row is the empty input); the buffer must hold
+    exactly ``rows * row_bytes`` bytes.
+    """
+    if rows < 0 or row_bytes < 0:
+        raise ValueError("rows and row_bytes must be non-negative")
+    lib = host_library()
+    ptr, nbytes, keep = _buffer_pointer(buffer)
+    if nbytes != rows * row_bytes:
+        raise ValueError(f"buffer has {nbytes} bytes, expected {rows} x {row_bytes}")
+    if rows == 0:
+        return []
+    out = ctypes.create_string_buffer(DIGEST_SIZE * rows)
+    lib.smz_blake3_host_rows(ptr, rows, row_bytes, out)
+    del keep
+    raw = out.raw
+    return [raw[i * DIGEST_SIZE : (i + 1) * DIGEST_SIZE] for i in range(rows)]
