@@ -71,12 +71,11 @@ def identity_of(kind: type) -> str | None:
 
     A class defined in ``__main__`` has an identity (a notebook's nodes are keyed
     like any other); one defined inside a function does not, since every call
-    makes another class under the same name; nor does a class made by ``type(...)``
-    in a function, out of functions that close over the function's values (a
-    factory's ``type("Add", (Node,), {"forward": lambda self, x, ctx: x + k})``),
-    that its module does not hold under its name: every call makes another, and what
-    it closes over is in no key. (A class its module holds, given such a function
-    later — a method patched in — keeps its name.)
+    makes another class under the same name; nor does any class its module does not
+    hold under its name — one made by ``type(...)`` in a function (a factory's
+    ``type("Add", (Node,), {"k": k, "forward": ...})``), whose values (what it holds,
+    what its methods close over) are in no key and differ from call to call. (A class
+    its module holds, given a function later — a method patched in — keeps its name.)
     """
     explicit = kind.__dict__.get("identity")
     if isinstance(explicit, str):
@@ -84,7 +83,7 @@ def identity_of(kind: type) -> str | None:
     qualname = kind.__qualname__
     if "<locals>" in qualname or "<lambda>" in qualname:
         return None
-    if _closes_over_a_call(kind) and not _held_under_its_name(kind):
+    if not _held_under_its_name(kind):
         return None
     return f"{kind.__module__}:{qualname}"
 
@@ -105,23 +104,6 @@ def held_at(module: str, qualname: str) -> Any:
             return None
         found = vars(found).get(part)
     return found
-
-
-def _closes_over_a_call(kind: type) -> bool:
-    """Whether a function ``kind`` holds was written inside a function and closes over
-    its values (not a decorator's wrapper, which names what it wraps, nor a method's
-    ``__class__`` cell for ``super()``)."""
-    for member in vars(kind).values():
-        function = getattr(member, "__func__", member)
-        code = getattr(function, "__code__", None)
-        if (
-            code is not None
-            and "<locals>" in getattr(function, "__qualname__", "")
-            and not hasattr(function, "__wrapped__")
-            and set(code.co_freevars) - {"__class__"}
-        ):
-            return True
-    return False
 
 
 _FINGERPRINTS: dict[type, str] = {}

@@ -146,15 +146,22 @@ def test_unknown_worker_is_refused_before_anything_runs() -> None:
 
 
 Main = type("Main", (Echo,), {"__module__": "__main__"})
-"""A node class as if typed into a notebook or a script."""
+"""A node class as if typed into a notebook or a script (which holds it: see `in_main`)."""
 
 
-def test_a_class_in_main_is_refused_in_network_mode_with_the_advice() -> None:
-    """A class from ``__main__`` cannot be imported elsewhere: refused before anything runs,
-    saying to move it into a module or to register it."""
+@pytest.fixture
+def in_main(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``__main__`` holds `Main` under its name, as a notebook holds the classes typed in."""
+    monkeypatch.setattr(sys.modules["__main__"], "Main", Main, raising=False)
+
+
+def test_a_class_in_main_is_refused_in_network_mode_with_the_advice(in_main: None) -> None:
+    """A class from ``__main__`` cannot be imported by another process (a catalog not of
+    this process): refused before anything runs, saying to move it into a module or to
+    register it."""
     rows = Rows()
     g = Graph.somatize(rows.named("rows") >> Main().named("main").at("w1"))
-    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")}, catalog=Catalog())
     with pytest.raises(Unbuildable, match=r"`main` cannot be sent to worker `w1`.*`__main__`.*"
                        r"move the class into a module.*register it"):  # fmt: skip
         g.forward({"at": 0, "take": 2}, broker=broker)
@@ -163,7 +170,7 @@ def test_a_class_in_main_is_refused_in_network_mode_with_the_advice() -> None:
     assert g.forward({"at": 0, "take": 2}, broker=local) == [0, 1]
 
 
-def test_a_registered_main_class_crosses() -> None:
+def test_a_registered_main_class_crosses(in_main: None) -> None:
     """Registered on the broker's catalog, a class from ``__main__`` is rebuilt there."""
     g = Graph.somatize(Rows().named("rows") >> Main().named("main").at("w1"))
     catalog = Catalog()

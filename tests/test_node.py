@@ -258,15 +258,29 @@ def _adder(k: int) -> type[Node]:
     return type("Adder", (Node,), {"forward": lambda self, x, ctx: x + k})
 
 
-def test_a_class_made_in_a_function_out_of_closures_has_no_identity(tmp_path: Any) -> None:
-    """``type(...)`` in a function, with methods closing over its values, makes another
-    class at every call under one name, and what they close over is in no key: such a
-    node is refused as nameless when it would be kept, rather than keyed alike."""
+def _forward_plus_k(self: Any, x: Any, ctx: Any) -> Any:
+    return x + self.k
+
+
+def _holding(k: int) -> type[Node]:
+    """A class made at run time, holding ``k`` as a class attribute its forward reads."""
+    return type("Holding", (Node,), {"k": k, "forward": _forward_plus_k})
+
+
+def test_a_class_made_in_a_function_has_no_identity(tmp_path: Any) -> None:
+    """``type(...)`` in a function makes another class at every call under one name, out
+    of values in no key (what its methods close over, what the class holds): a class its
+    module does not hold under its name has none, and such a node is refused as nameless
+    when it would be kept, rather than keyed alike."""
     from somatize import Nameless
     from somatize.catalog import identity_of
 
     adder = _adder(1)
     assert identity_of(adder) is None and identity_of(_adder(100)) is None
+    assert identity_of(_holding(1)) is None
+    holding = Graph.somatize(_holding(1)().named("add").frozen().cached())
+    with pytest.raises(Nameless, match="`add`"):
+        holding.forward(10, store=str(tmp_path))
     assert identity_of(Scale) is not None  # methods using super() close over __class__ only
     g = Graph.somatize(adder().named("add").frozen().cached())
     assert g.forward(5) == 6

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import subprocess
 import sys
+import types
 from typing import Any
 
 import numpy as np
@@ -478,27 +479,35 @@ class Edited(nn.Module):
 """
 
 
-def _edited(body: str) -> nn.Module:
+def _edited(body: str, monkeypatch: pytest.MonkeyPatch) -> nn.Module:
     """An ``Edited`` module whose class has the same name, weights and repr whatever
-    ``body`` its forward returns: as if its file were edited between two runs."""
-    space: dict[str, Any] = {"torch": torch, "nn": nn, "__name__": "tests.edited_module"}
-    exec(_EDITED.replace("BODY", body), space)
-    module: nn.Module = space["Edited"]()
+    ``body`` its forward returns: as if its file were edited between two runs (the
+    module, loaded anew, holds the class)."""
+    loaded = types.ModuleType("tests.edited_module")
+    loaded.__dict__.update(torch=torch, nn=nn)
+    exec(_EDITED.replace("BODY", body), loaded.__dict__)
+    monkeypatch.setitem(sys.modules, loaded.__name__, loaded)
+    module: nn.Module = loaded.Edited()
     return module
 
 
-def test_an_edited_module_forward_is_recalled_as_drifted(store: Store) -> None:
+def test_an_edited_module_forward_is_recalled_as_drifted(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A module node's answer is kept beside its module class's code fingerprint: recalled
     after that class's forward was edited, it comes with a drifted fact and a warning, and
     strict mode recomputes it."""
     x = torch.ones(1, 3)
     before = Graph.somatize(
-        smt.ModuleNode(_edited("torch.relu(self.linear(x))")).named("encoder").frozen().cached()
+        smt.ModuleNode(_edited("torch.relu(self.linear(x))", monkeypatch))
+        .named("encoder")
+        .frozen()
+        .cached()
     )
     smt.freeze(before)
     before.forward(Opaque(x), store=store)
     assert before.record is not None and before.record.outcome == {"encoder": "ran"}
-    edited = _edited("self.linear(x) * 100")
+    edited = _edited("self.linear(x) * 100", monkeypatch)
     after = Graph.somatize(smt.ModuleNode(edited).named("encoder").frozen().cached())
     smt.freeze(after)
     with pytest.warns(Drifted, match="`encoder` was recalled"):
