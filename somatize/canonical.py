@@ -12,8 +12,11 @@ its payload; lengths are 8-byte big-endian. It is exact about types: ``1``,
 ``1.0`` and ``True`` are three different values, and so are ``(1, 2)`` and
 ``[1, 2]``, because a node handed one of them may well answer differently than
 when handed the other. Floats are written by their IEEE-754 bits, so ``0.0`` and
-``-0.0`` differ too. Dict entries are sorted by key, so insertion order never
-matters. Anything else is refused with :class:`NotCanonical`, and so are a value
+``-0.0`` differ too. Two things a key takes alike, on purpose: dict entries are
+sorted by key, so insertion order never matters, and bytes-like values (bytes, a
+bytearray, a contiguous memoryview) are their bytes — what a node reads of them.
+(An answer, written to be read back as it was computed, keeps both: its dicts'
+order, and a bytearray as one.) Anything else is refused with :class:`NotCanonical`, and so are a value
 that contains itself, one nested deeper than Python's recursion limit, and a
 memoryview whose bytes are not contiguous.
 
