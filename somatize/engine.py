@@ -205,6 +205,20 @@ class _Run:
             self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(why)})
             return _DAMAGED
 
+    def drifted(self, node: str, key: str | None, stacklevel: int) -> None:
+        """Says that answers of ``node`` read back were kept by another version of its code:
+        a ``drifted`` fact, and a warning for the frame ``stacklevel`` up from the caller."""
+        was, now = self.drift[node]
+        self.emit({"fact": "drifted", "node": node, "key": key, "was": was, "now": now})
+        warnings.warn(
+            f"`{node}` was recalled from an answer kept by another version of "
+            f"`{self.graph.kind_of(node)}`'s code ({was}, now {now}); the key says the "
+            "question is the same, but if the change altered what it computes, run with "
+            "strict=True to recompute, or add a salt with `.cached(salt=...)`",
+            Drifted,
+            stacklevel=stacklevel + 1,
+        )
+
     # -- running ------------------------------------------------------------------------------
 
     def call(self, node: str, inputs: Sequence[Any], ctx: Context) -> Any:
@@ -248,7 +262,12 @@ class _Run:
             self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
             raise
 
-    def run_mapped(self, plan: Plan, node: str, inputs: list[Any], ctx: Context) -> Any:
+    def run_mapped(
+        self, plan: Plan, node: str, inputs: list[Any], ctx: Context, stacklevel: int = 4
+    ) -> Any:
+        """Runs the items of mapped ``node`` whose answers are not kept, recalls the rest,
+        and says both (and drift, as :func:`_recalled` does: ``stacklevel`` is where the
+        caller's forward is, seen from here)."""
         static = plan.static
         for index, value in enumerate(inputs):
             if not isinstance(value, (list, tuple)):
@@ -312,6 +331,8 @@ class _Run:
                 self.emit({"fact": "kept", "node": node, "items": len(missing), "bytes": kept})
         if recalled:
             self.emit({"fact": "recalled", "node": node, "items": recalled, "of": count})
+        if node in self.drift:
+            self.drifted(node, plan.keys.get(node), stacklevel)
         return out
 
     def keep_items(self, node: str, answers: list[tuple[str, Any]]) -> int:
@@ -340,31 +361,13 @@ def _recalled(state: _Run, plan: Plan, node: str, stacklevel: int = 4) -> None:
     """Hands on a recalled answer, with its facts (and a warning if its code drifted)."""
     values = state.values
     static = plan.static
-    graph = state.graph
     values[node] = state.loaded[node]
     if node in static.mapped:
         state.emit({"fact": "recalled", "node": node, "items": len(values[node])})
     else:
         state.emit({"fact": "recalled", "node": node, "key": plan.keys[node]})
     if node in state.drift:
-        was, now = state.drift[node]
-        state.emit(
-            {
-                "fact": "drifted",
-                "node": node,
-                "key": plan.keys.get(node),
-                "was": was,
-                "now": now,
-            }
-        )
-        warnings.warn(
-            f"`{node}` was recalled from an answer kept by another version of "
-            f"`{graph.kind_of(node)}`'s code ({was}, now {now}); the key says the "
-            "question is the same, but if the change altered what it computes, run with "
-            "strict=True to recompute, or add a salt with `.cached(salt=...)`",
-            Drifted,
-            stacklevel=stacklevel,
-        )
+        state.drifted(node, plan.keys.get(node), stacklevel)
 
 
 def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
@@ -401,7 +404,7 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
                 worker = placement.worker_of(node)
                 ctx = Context(name=node, key=plan.keys.get(node), worker=worker, store=store)
                 if node in static.mapped:
-                    values[node] = state.run_mapped(plan, node, inputs, ctx)
+                    values[node] = state.run_mapped(plan, node, inputs, ctx, stacklevel=5)
                     continue
                 if worker is not None:
                     keep = node in static.cached and store is not None

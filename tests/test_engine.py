@@ -280,6 +280,24 @@ def test_drift_is_a_fact_and_a_warning(store: Store) -> None:
     assert seen[0]["fact"] == "drifted" and seen[0]["recomputed"] is True
 
 
+def test_drift_of_some_recalled_items_is_a_fact_and_a_warning(store: Store) -> None:
+    """A mapped node recalling some items kept by another version of its code and running
+    the rest says so with a drifted fact and a warning; strict mode recomputes those items."""
+    square = Square()
+    g = Graph.somatize(square.named("square").frozen().mapped().cached())
+    g.forward([1, 2], store=store)
+    g.memory.written_as("square", "sha256:newer")
+    seen: list[dict[str, Any]] = []
+    with pytest.warns(Drifted, match=r"`square` was recalled .* strict=True"):
+        assert g.forward([1, 2, 3], store=store, watching=seen.append) == [1, 4, 9]
+    assert [f["fact"] for f in seen] == ["ran", "kept", "recalled", "drifted", "finished"]
+    assert square.calls == [[1, 2], [3]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert g.forward([1, 2, 4], store=store, strict=True) == [1, 4, 16]
+    assert square.calls == [[1, 2], [3], [1, 2, 4]]
+
+
 def test_mapped_runs_only_missing_items(store: Store) -> None:
     """A mapped node answers item by item; only the missing items run, as one call."""
     square = Square()
