@@ -21,6 +21,11 @@ Facts are plain dicts::
     {"fact": "failed",   "node": "clean", "error": "…"}
     {"fact": "finished", "took_us": 53}
 
+A mapped node says ``items`` (and ``of``) in its ``ran``, ``kept`` and ``recalled``
+facts. Handed no items it runs, trivially and without being called: ``ran`` with
+``items`` 0. Handed something that is no list, or answering a list of another
+length than it was handed, it is ``failed``, and :class:`NodeFailed` says which.
+
 An answer that was there when the store was asked but is damaged or gone when
 read is a miss: it is reported (``corrupt``), the plan is redone without it,
 and the node runs. A wrong answer is never returned. An answer computed that
@@ -68,13 +73,15 @@ Fact = dict[str, Any]
 
 
 class NodeFailed(SomatizeError, RuntimeError):
-    """A node's forward raised; nothing was kept for it or below it."""
+    """A node's forward raised — or a mapped node could not be run item by item: what it
+    was handed, or what it answered, is no list of its items (``raised=False``, ``error``
+    saying what); nothing was kept for it or below it."""
 
-    def __init__(self, node: str, kind: str, error: BaseException) -> None:
+    def __init__(self, node: str, kind: str, error: BaseException, *, raised: bool = True) -> None:
         self.node = node
+        what = f"raised {type(error).__name__}: {error}" if raised else str(error)
         super().__init__(
-            f"`{node}` ({kind}) raised {type(error).__name__}: {error} — nothing was kept for "
-            f"`{node}` or anything below it"
+            f"`{node}` ({kind}) {what} — nothing was kept for `{node}` or anything below it"
         )
 
 
@@ -269,16 +276,27 @@ class _Run:
         and says both (and drift, as :func:`_recalled` does: ``stacklevel`` is where the
         caller's forward is, seen from here)."""
         static = plan.static
+        preds = static.preds[node]
         for index, value in enumerate(inputs):
             if not isinstance(value, (list, tuple)):
-                raise TypeError(
-                    f"`{node}` is mapped, so each input must be a list; input {index} is a "
-                    f"`{type(value).__name__}`"
+                what = f"what `{preds[index]}` answered" if preds else "the graph's input"
+                raise self.unmappable(
+                    node,
+                    TypeError(
+                        f"is mapped, so what it reads must be a list (one item per element), "
+                        f"and {what} is {_describe(value)}: make it a list of items, or drop "
+                        "`.mapped()`"
+                    ),
                 )
         lengths = {len(value) for value in inputs}
         if len(lengths) > 1:
-            raise ValueError(
-                f"`{node}` is mapped over inputs of different lengths {sorted(lengths)}"
+            said = ", ".join(f"`{p}`: {len(v)}" for p, v in zip(preds, inputs, strict=True))
+            raise self.unmappable(
+                node,
+                ValueError(
+                    f"is mapped over inputs of different lengths ({said}): a mapped node "
+                    "pairs item i of each input, so they must be equally long"
+                ),
             )
         count = lengths.pop() if lengths else 0
         keyed = node in static.cached
@@ -292,7 +310,8 @@ class _Run:
                 items = item_keys_from(static.prefix[node], columns, node)
                 plan.items[node] = items
                 assert self.store is not None
-                plan.have |= self.store.have(items)
+                if items:
+                    plan.have |= self.store.have(items)
             else:
                 items = plan.items[node]
         out: list[Any] = [None] * count
@@ -313,12 +332,12 @@ class _Run:
             ctx.keys = [items[i] for i in missing] if items is not None else None
             answers, took = self.call(node, sub, ctx)
             if not isinstance(answers, (list, tuple)) or len(answers) != len(missing):
-                raise NodeFailed(
+                raise self.unmappable(
                     node,
-                    self.graph.kind_of(node),
                     TypeError(
-                        f"a mapped node returns a list as long as its input ({len(missing)} "
-                        f"items), got {_describe(answers)}"
+                        f"answered {_describe(answers)} for the {len(missing)} items it was "
+                        "handed: a mapped node returns a list as long as its input, item i "
+                        "out from item i in"
                     ),
                 )
             self.emit(
@@ -329,11 +348,20 @@ class _Run:
             if items is not None:
                 kept = self.keep_items(node, [(items[i], out[i]) for i in missing])
                 self.emit({"fact": "kept", "node": node, "items": len(missing), "bytes": kept})
+        elif not count:  # no items: it runs, trivially, without being called
+            self.emit({"fact": "ran", "node": node, "took_us": 0, "items": 0, "of": 0})
         if recalled:
             self.emit({"fact": "recalled", "node": node, "items": recalled, "of": count})
         if node in self.drift:
             self.drifted(node, plan.keys.get(node), stacklevel)
         return out
+
+    def unmappable(self, node: str, why: Exception) -> NodeFailed:
+        """Says ``failed`` of mapped ``node``, which cannot be run item by item (``why``:
+        what it was handed, or what it answered, is no list of its items), and returns the
+        error to raise."""
+        self.emit({"fact": "failed", "node": node, "error": type(why).__name__})
+        return NodeFailed(node, self.graph.kind_of(node), why, raised=False)
 
     def keep_items(self, node: str, answers: list[tuple[str, Any]]) -> int:
         """Keeps a mapped node's item answers, grouped by codec; returns the bytes kept."""

@@ -185,7 +185,9 @@ class Plan:
     def _answered(self, node: str) -> bool:
         if node in self.static.mapped:
             items = self.items.get(node)
-            return items is not None and all(key in self.have for key in items)
+            if not items:  # handed no items, it has nothing kept to recall: it runs, trivially
+                return False
+            return all(key in self.have for key in items)
         key = self.keys.get(node)
         return key is not None and key in self.have
 

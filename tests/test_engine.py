@@ -334,6 +334,66 @@ def test_mapped_must_answer_as_many_items(store: Store) -> None:
         g.forward([1, 2], store=store)
 
 
+class Short(Node):
+    """Answers one item fewer than it was handed."""
+
+    def forward(self, items: list[int], ctx: Any) -> list[int]:
+        return items[:-1]
+
+
+@pytest.mark.parametrize(
+    ("given", "mapped", "error"),
+    [
+        ([1, 2], Short, r"`short` \(Short\) answered a list of 1 for the 2 items it was handed"),
+        (7, Square, r"`short` \(Square\) is mapped, .* what `given` answered is a `int`"),
+    ],
+    ids=["answer", "input"],
+)
+def test_a_mapped_node_that_cannot_map_fails_with_a_fact(
+    store: Store, given: Any, mapped: type[Node], error: str
+) -> None:
+    """A mapped node whose answer is not as long as what it was handed, or that is handed
+    no list, fails naming itself, with a failed fact and outcome, with a store or without;
+    nothing is kept."""
+    g = Graph.somatize(
+        Echo().named("given").frozen() >> mapped().named("short").frozen().mapped().cached()
+    )
+    for where in (store, None):
+        facts: list[dict[str, Any]] = []
+        with pytest.raises(NodeFailed, match=error):
+            g.forward(given, store=where, watching=facts.append)
+        assert [(f["fact"], f.get("node")) for f in facts] == [
+            ("ran", "given"),
+            ("failed", "short"),
+        ]
+        assert g.record is not None and g.record.outcome == {"given": "ran", "short": "failed"}
+    assert not any(p.is_file() for p in (store.root / "answers").rglob("*"))
+
+
+def test_a_mapped_node_handed_no_items_runs_on_none(store: Store) -> None:
+    """A mapped node handed an empty list runs, trivially, without being called: a ran fact
+    with no items, on every path — reading the graph's input or a computed list, with a
+    store or without, the first time and the next."""
+    square, late = Square(), Square()
+    alone = Graph.somatize(square.named("square").frozen().mapped().cached())
+    below = Graph.somatize(
+        Echo().named("given").frozen() >> late.named("square").frozen().mapped().cached()
+    )
+    for g in (alone, below, alone, below):
+        for where in (store, None):
+            assert g.forward([], store=where) == []
+            assert g.record is not None
+            assert g.record.facts[-2] == {
+                "fact": "ran",
+                "node": "square",
+                "took_us": 0,
+                "items": 0,
+                "of": 0,
+            }
+            assert g.record.outcome["square"] == "ran"
+    assert square.calls == late.calls == []
+
+
 def test_outputs_selects_other_nodes() -> None:
     """outputs= returns another node's value; what it does not need is spared."""
     g, _, _, top = _chain()
