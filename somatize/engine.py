@@ -97,12 +97,14 @@ class Record:
 
     @property
     def outcome(self) -> dict[str, str]:
-        """Node → ``ran`` | ``recalled`` | ``spared`` | ``drifted`` | ``failed``."""
+        """Node → what became of it: ``ran``, ``recalled``, ``spared``, ``drifted`` (recalled
+        from an answer kept by another version of its code; one ``strict=True`` recomputed
+        instead ``ran``, its ``drifted`` fact saying ``recomputed``) or ``failed``."""
         out: dict[str, str] = {}
         for fact in self.facts:
             kind = fact["fact"]
-            if kind in ("drifted", "failed"):  # said after `ran` or `recalled`, and wins
-                out[fact["node"]] = kind
+            if kind == "failed" or (kind == "drifted" and not fact.get("recomputed")):
+                out[fact["node"]] = kind  # said after `ran` or `recalled`, and wins
             elif kind in _OUTCOMES:
                 out.setdefault(fact["node"], kind)
         return out

@@ -280,6 +280,20 @@ def test_drift_is_a_fact_and_a_warning(store: Store) -> None:
     assert seen[0]["fact"] == "drifted" and seen[0]["recomputed"] is True
 
 
+def test_a_node_recomputed_because_its_answer_drifted_ran(store: Store) -> None:
+    """The outcome of a node whose drifted answer strict mode recomputed is ``ran`` (the
+    drifted fact stays); one recalled from a drifted answer is ``drifted``."""
+    g, _, _, _ = _chain()
+    g.forward({"at": 0, "take": 8}, store=store)
+    g.memory.written_as("top", "sha256:newer")
+    with pytest.warns(Drifted):
+        g.forward({"at": 0, "take": 8}, store=store)
+    assert g.record is not None and g.record.outcome["top"] == "drifted"
+    g.forward({"at": 0, "take": 8}, store=store, strict=True)
+    assert g.record.count("drifted") == 1
+    assert g.record.outcome == {"rows": "ran", "scale": "ran", "top": "ran"}
+
+
 def test_drift_of_some_recalled_items_is_a_fact_and_a_warning(store: Store) -> None:
     """A mapped node recalling some items kept by another version of its code and running
     the rest says so with a drifted fact and a warning; strict mode recomputes those items."""
