@@ -21,6 +21,9 @@ Facts are plain dicts::
     {"fact": "failed",   "node": "clean", "error": "…"}
     {"fact": "finished", "took_us": 53}
 
+A node is ``spared`` when it does not run because nothing asked for needs it: only
+recalled nodes read it, or it is not above the outputs asked for (``outputs=``).
+
 A mapped node says ``items`` (and ``of``) in its ``ran``, ``kept`` and ``recalled``
 facts. Handed no items it runs, trivially and without being called: ``ran`` with
 ``items`` 0. Handed something that is no list, or answering a list of another
@@ -97,7 +100,8 @@ class Record:
 
     @property
     def outcome(self) -> dict[str, str]:
-        """Node → what became of it: ``ran``, ``recalled``, ``spared``, ``drifted`` (recalled
+        """Node → what became of it: ``ran``, ``recalled``, ``spared`` (not run: not needed),
+        ``drifted`` (recalled
         from an answer kept by another version of its code; one ``strict=True`` recomputed
         instead ``ran``, its ``drifted`` fact saying ``recomputed``) or ``failed``."""
         out: dict[str, str] = {}

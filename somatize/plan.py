@@ -4,8 +4,10 @@ Planning needs no data beyond the input's key: every other part of every key is
 already known (identities, declarations, settled states, salts). So the keys of
 all cached nodes are computed first, the store is asked **once** which it has,
 and the graph is walked backward from the outputs — a cached node whose answer
-is kept is recalled and does not need its inputs; a node needed only by
-recalled nodes is spared; the rest run.
+is kept is recalled and does not need its inputs; the rest of what the outputs
+need runs; a node they do not need is spared: it does not run, because only
+recalled nodes read it, or because it is not above the outputs asked for at all
+(``outputs=`` naming a node in the middle of the graph).
 
 What does not depend on the input — the key prefixes, which nodes need keys —
 is derived once per state of the graph's memory (:class:`Static`). Every forward
@@ -155,7 +157,9 @@ class Plan:
         self.spared: list[str] = []
 
     def walk(self, outputs: Iterable[str]) -> None:
-        """Decides recall / run / spared by walking backward from ``outputs``."""
+        """Decides recall / run / spared by walking backward from ``outputs``: spared is
+        every node they do not need, whether only recalled nodes read it or none of them
+        is below it."""
         static = self.static
         cached, preds = static.cached, static.preds
         needed: set[str] = set()

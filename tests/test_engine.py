@@ -409,12 +409,15 @@ def test_a_mapped_node_handed_no_items_runs_on_none(store: Store) -> None:
 
 
 def test_outputs_selects_other_nodes() -> None:
-    """outputs= returns another node's value; what it does not need is spared."""
+    """outputs= returns another node's value; what it does not need — here what is below
+    it — does not run and is spared."""
     g, _, _, top = _chain()
     seen: list[dict[str, Any]] = []
     assert g.forward({"at": 0, "take": 3}, outputs="scale", watching=seen.append) == [0, 2, 4]
     assert top.calls == 0
     assert {"fact": "spared", "node": "top"} in seen
+    assert g.record is not None
+    assert g.record.outcome == {"rows": "ran", "scale": "ran", "top": "spared"}
 
 
 def test_answers_are_published_whole(store: Store) -> None:
