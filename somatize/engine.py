@@ -14,12 +14,19 @@ Facts are plain dicts::
     {"fact": "kept",     "node": "embed", "key": "blake3:…", "bytes": 9, "by": "w1"}
     {"fact": "recalled", "node": "widest", "key": "blake3:…"}
     {"fact": "spared",   "node": "clean"}
-    {"fact": "drifted",  "node": "widest", "key": "blake3:…", "was": "…", "now": "…"}
+    {"fact": "drifted",  "node": "widest", "key": "blake3:…", "was": "…", "now": "…",
+     "changed": ["clean"]}
     {"fact": "corrupt",  "node": "widest", "key": "blake3:…", "why": "…"}
     {"fact": "crossed",  "node": "clean", "from": "sms", "worker": "w1", "bytes": 1234,
      "way": "out"}
     {"fact": "failed",   "node": "clean", "error": "…"}
     {"fact": "finished", "took_us": 53}
+
+A ``drifted`` answer was kept with another fingerprint of the code it depends on
+(:attr:`~somatize.plan.Static.fingerprint`: its node's code and that of every
+node it reads) than the graph has now; ``changed`` names the nodes whose code
+changed, when this process worked out the fingerprint the answer was kept with
+(a notebook's cell edited and run again), and is None otherwise.
 
 A node is ``spared`` when it does not run because nothing asked for needs it: only
 recalled nodes read it, or it is not above the outputs asked for (``outputs=``).
@@ -63,7 +70,7 @@ from somatize.codecs import CODECS, Opaque
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.keys import item_key
 from somatize.node import Context
-from somatize.plan import Plan, compile, item_keys_from, look_again
+from somatize.plan import Plan, changed_code, compile, item_keys_from, look_again
 from somatize.store import Corrupt, Missing
 
 if TYPE_CHECKING:
@@ -89,7 +96,8 @@ class NodeFailed(SomatizeError, RuntimeError):
 
 
 class Drifted(SomatizeWarning):
-    """A recalled answer was kept by a different version of its node's code."""
+    """A recalled answer was kept by a different version of the code it depends on: its
+    node's, or that of a node it reads."""
 
 
 @dataclass
@@ -153,7 +161,11 @@ class _Run:
         self.facts = self.record.facts
         self.values: dict[str, Any] = {}
         self.loaded: dict[str, Any] = {}
-        self.drift: dict[str, tuple[str | None, str | None]] = {}
+        self.drift: dict[str, tuple[str | None, str]] = {}
+        """Node → the code fingerprints (kept with, now) of its drifted answers read back."""
+        self.changed: dict[tuple[str, str | None], list[str] | None] = {}
+        """(node, fingerprint kept with) → :func:`~somatize.plan.changed_code`, worked out
+        once per forward."""
 
     def emit(self, fact: Fact) -> None:
         self.facts.append(fact)
@@ -200,16 +212,9 @@ class _Run:
         answer, data = got
         if fingerprint and answer.fingerprint not in (None, fingerprint):
             if self.strict:
-                self.emit(
-                    {
-                        "fact": "drifted",
-                        "node": node,
-                        "key": key,
-                        "was": answer.fingerprint,
-                        "now": fingerprint,
-                        "recomputed": True,
-                    }
-                )
+                fact = self.drift_fact(node, key, answer.fingerprint, fingerprint)
+                fact["recomputed"] = True
+                self.emit(fact)
                 return _DAMAGED
             self.drift[node] = (answer.fingerprint, fingerprint)
         try:
@@ -218,16 +223,34 @@ class _Run:
             self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(why)})
             return _DAMAGED
 
+    def drift_fact(self, node: str, key: str | None, was: str | None, now: str) -> Fact:
+        """The ``drifted`` fact of an answer of ``node`` kept with the code fingerprint
+        ``was``, now ``now``: ``changed`` names the nodes (``node`` itself, or those it
+        reads) whose code changed, when this process can tell, else None."""
+        told = (node, was)
+        if told not in self.changed:
+            self.changed[told] = changed_code(self.graph, node, was)
+        return {
+            "fact": "drifted",
+            "node": node,
+            "key": key,
+            "was": was,
+            "now": now,
+            "changed": self.changed[told],
+        }
+
     def drifted(self, node: str, key: str | None, stacklevel: int) -> None:
-        """Says that answers of ``node`` read back were kept by another version of its code:
-        a ``drifted`` fact, and a warning for the frame ``stacklevel`` up from the caller."""
+        """Says that answers of ``node`` read back were kept by another version of the code
+        they depend on — its own, or that of a node it reads: a ``drifted`` fact, and a
+        warning for the frame ``stacklevel`` up from the caller."""
         was, now = self.drift[node]
-        self.emit({"fact": "drifted", "node": node, "key": key, "was": was, "now": now})
+        fact = self.drift_fact(node, key, was, now)
+        self.emit(fact)
         warnings.warn(
             f"`{node}` was recalled from an answer kept by another version of "
-            f"`{self.graph.kind_of(node)}`'s code ({was}, now {now}); the key says the "
-            "question is the same, but if the change altered what it computes, run with "
-            "strict=True to recompute, or add a salt with `.cached(salt=...)`",
+            f"{_whose_code(self.graph, node, fact['changed'])} ({was}, now {now}); the key "
+            "says the question is the same, but if the change altered what it computes, run "
+            "with strict=True to recompute, or add a salt with `.cached(salt=...)`",
             Drifted,
             stacklevel=stacklevel + 1,
         )
@@ -252,14 +275,14 @@ class _Run:
         took = (time.perf_counter_ns() - start) // 1000
         return value, took
 
-    def keep(self, node: str, key: str, value: Any) -> int:
+    def keep(self, node: str, key: str, value: Any, fingerprint: str | None) -> int:
+        """Keeps the answer of ``node`` under ``key``, with the ``fingerprint`` of the code
+        it depends on (:attr:`~somatize.plan.Static.fingerprint`); returns its bytes."""
         store = self.store
         assert store is not None
         with self._keeping(node):
             codec = CODECS.for_value(value, f"the answer of `{node}`")
-            answer = store.keep(
-                key, codec.encode(value), codec.name, self.graph.memory.fingerprint_of(node)
-            )
+            answer = store.keep(key, codec.encode(value), codec.name, fingerprint)
         return answer.size
 
     @contextlib.contextmanager
@@ -352,7 +375,11 @@ class _Run:
             for index, value in zip(missing, answers, strict=True):
                 out[index] = value
             if items is not None:
-                kept = self.keep_items(node, [(items[i], out[i]) for i in missing])
+                kept = self.keep_items(
+                    node,
+                    [(items[i], out[i]) for i in missing],
+                    static.fingerprint.get(node),
+                )
                 self.emit({"fact": "kept", "node": node, "items": len(missing), "bytes": kept})
         elif not count:  # no items: it runs, trivially, without being called
             self.emit({"fact": "ran", "node": node, "took_us": 0, "items": 0, "of": 0})
@@ -369,8 +396,9 @@ class _Run:
         self.emit({"fact": "failed", "node": node, "error": type(why).__name__})
         return NodeFailed(node, self.graph.kind_of(node), why, raised=False)
 
-    def keep_items(self, node: str, answers: list[tuple[str, Any]]) -> int:
-        """Keeps a mapped node's item answers, grouped by codec; returns the bytes kept."""
+    def keep_items(self, node: str, answers: list[tuple[str, Any]], fingerprint: str | None) -> int:
+        """Keeps a mapped node's item answers, grouped by codec, with the ``fingerprint`` of
+        the code they depend on; returns the bytes kept."""
         store = self.store
         assert store is not None
         groups: dict[str, list[tuple[str, Sequence[Any]]]] = {}
@@ -378,7 +406,6 @@ class _Run:
             for key, value in answers:
                 codec = CODECS.for_value(value, f"an item answer of `{node}`")
                 groups.setdefault(codec.name, []).append((key, codec.encode(value)))
-            fingerprint = self.graph.memory.fingerprint_of(node)
             return sum(
                 answer.size
                 for name, items in groups.items()
@@ -478,7 +505,7 @@ def _ran(state: _Run, plan: Plan, node: str, value: Any, took: int, kept: int | 
     if node in plan.static.cached and state.store is not None:
         key = plan.keys[node]
         if kept is None:
-            size = state.keep(node, key, value)
+            size = state.keep(node, key, value, plan.static.fingerprint.get(node))
             state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
         else:
             worker = state.graph.placement.worker_of(node)
@@ -487,6 +514,20 @@ def _ran(state: _Run, plan: Plan, node: str, value: Any, took: int, kept: int | 
 
 _DAMAGED = object()
 _OUTCOMES = frozenset(("ran", "recalled", "spared", "failed"))
+
+
+def _whose_code(graph: Graph, node: str, changed: list[str] | None) -> str:
+    """Whose code a drifted answer of ``node`` was kept by another version of, as a warning
+    says it: the nodes in ``changed``, or — not known — ``node``'s or a node's it reads."""
+    if changed is None:
+        return f"`{graph.kind_of(node)}`'s code or of the code of a node it reads"
+    said = []
+    if node in changed:
+        said.append(f"`{graph.kind_of(node)}`'s code")
+    above = [f"`{n}` (`{graph.kind_of(n)}`)" for n in changed if n != node]
+    if above:
+        said.append(f"the code of {', '.join(above)}, which it reads")
+    return " and of ".join(said)
 
 
 def _describe(value: Any) -> str:
@@ -587,7 +628,7 @@ def run(
             state.emit({"fact": "ran", "node": node, "took_us": took})
             if node in static.cached and store is not None:
                 key = plan.keys[node]
-                size = state.keep(node, key, value)
+                size = state.keep(node, key, value, static.fingerprint.get(node))
                 state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
     state.emit({"fact": "finished", "took_us": (time.perf_counter_ns() - start) // 1000})
     if len(wanted) == 1:

@@ -18,6 +18,14 @@ since ``freeze``) is asked; a change is said to the memory, which makes a new
 state — before anything is keyed or sent to a worker, with or without a store —
 so a key, and a node rebuilt on a worker, name what the node is now.
 
+The code an answer is kept with is not in its key (a cosmetic refactor would
+invalidate half a store in silence; see :mod:`somatize.memory`), and it is more
+than the node's own: the answer is what the node's code made of what the code of
+every node above it made, so an edited node upstream makes it as stale as an
+edited node itself. So the fingerprint kept beside an answer, and compared on a
+hit, covers them all (:attr:`Static.fingerprint`), worked out once per graph
+state, in the order the key reads its inputs.
+
 A mapped node reading the graph's input (or another mapped node) has its item
 keys known before anything runs. One reading a computed list learns how many
 items there are only when that list exists, so its items are keyed, and asked
@@ -26,6 +34,7 @@ for, right after its inputs run (``late``).
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 import operator
 from collections.abc import Iterable
@@ -41,7 +50,15 @@ if TYPE_CHECKING:
     from somatize.graph import Graph
     from somatize.store import Store
 
-__all__ = ["Plan", "Static", "compile", "look_again", "static_of"]
+__all__ = [
+    "Plan",
+    "Static",
+    "changed_code",
+    "code_fingerprints",
+    "compile",
+    "look_again",
+    "static_of",
+]
 
 _KNOWN_INPUTS = 256
 """How many inputs' node keys a graph state remembers (see :attr:`Static.known`)."""
@@ -61,7 +78,10 @@ class Static:
     mapped: frozenset[str]
     late: frozenset[str]
     """Mapped keyed nodes whose item count is known only once their inputs ran."""
-    fingerprint: dict[str, str | None]
+    fingerprint: dict[str, str]
+    """Each node's code and the code of every node it reads, transitively, as one digest
+    (:func:`code_fingerprints`): what an answer is kept with and compared against on a
+    hit, so that an edited node above a cached one makes its answer ``drifted``."""
     steps: tuple[tuple[str, bytes, tuple[str, ...], bool], ...] = ()
     """For each keyed node in order: its name, the fixed head of its key
     (:func:`~somatize.keys.node_head`), its predecessors, and whether its item keys are
@@ -114,16 +134,21 @@ def static_of(graph: Graph) -> Static:
         preds = graph.predecessors(node)
         if any(p not in mapped or p in late for p in preds):
             late.add(node)
+    reads = {n: graph.predecessors(n) for n in graph.nodes()}
+    written = {n: memory.fingerprint_of(n) for n in graph.nodes()}
+    fingerprint = code_fingerprints(graph.nodes(), reads, written)
+    for node in cached:
+        _remember_code(fingerprint[node], written)
     static = Static(
         version=memory.version,
         order=graph.nodes(),
-        preds={n: graph.predecessors(n) for n in graph.nodes()},
+        preds=reads,
         keyed=keyed,
         prefix=prefix,
         cached=frozenset(cached),
         mapped=mapped,
         late=frozenset(late),
-        fingerprint={n: memory.fingerprint_of(n) for n in graph.nodes()},
+        fingerprint=fingerprint,
         steps=tuple(
             (
                 n,
@@ -138,6 +163,69 @@ def static_of(graph: Graph) -> Static:
     )
     graph._static = static
     return static
+
+
+_UNWRITTEN = "unwritten"
+"""What a node with no code fingerprint (none noted in its graph's memory) contributes to
+the fingerprints of the nodes below it."""
+
+_KNOWN_CODE = 256
+"""How many fingerprints of cached nodes :func:`changed_code` remembers the code behind."""
+
+_CODE: dict[str, dict[str, str | None]] = {}
+"""A fingerprint worked out in this process for a cached node (:attr:`Static.fingerprint`)
+→ the own fingerprint of each node of the graph state it was worked out in (one dict,
+shared by that state's nodes), so that a drifted answer kept by this process — a cell of
+a notebook edited and run again — can name what changed. The last :data:`_KNOWN_CODE`
+seen are remembered; for one older, or kept by another process, drift is said without
+names."""
+
+
+def code_fingerprints(
+    order: Iterable[str],
+    preds: dict[str, tuple[str, ...]],
+    written: dict[str, str | None],
+) -> dict[str, str]:
+    """For each node of ``order`` (each after what it reads), a digest of its own code
+    fingerprint (``written``; :data:`_UNWRITTEN` when it has none) and of those worked
+    out for ``preds`` — what it reads, in the order its key reads them. The code of
+    everything an answer depends on, and neither names nor keys: one computation under
+    two names, or on another input, is kept with the same one."""
+    out: dict[str, str] = {}
+    for node in order:
+        digest = hashlib.sha256(b"somatize code 1\0")
+        digest.update((written[node] or _UNWRITTEN).encode())
+        for pred in preds[node]:
+            digest.update(b"\0" + out[pred].encode())
+        out[node] = "sha256:" + digest.hexdigest()[:16]
+    return out
+
+
+def _remember_code(fingerprint: str, written: dict[str, str | None]) -> None:
+    if fingerprint in _CODE:
+        return
+    while len(_CODE) >= _KNOWN_CODE:
+        try:  # the oldest; threads building plans at once may have taken it already
+            _CODE.pop(next(iter(_CODE)), None)
+        except (StopIteration, RuntimeError):
+            break
+    _CODE[fingerprint] = written
+
+
+def changed_code(graph: Graph, node: str, was: str | None) -> list[str] | None:
+    """The nodes, of ``node`` and those it reads (nearest first), whose code is not now
+    what it was when this process worked out the fingerprint ``was`` for ``node`` — None
+    when it did not, or when what it remembers tells nothing apart."""
+    then = _CODE.get(was) if was is not None else None
+    if then is None:
+        return None
+    memory = graph.memory
+    changed = [
+        above
+        for above in upstream(graph, node)
+        if then.get(above, _UNWRITTEN) != memory.fingerprint_of(above)
+    ]
+    return changed or None
 
 
 class Plan:

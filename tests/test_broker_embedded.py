@@ -14,7 +14,16 @@ from typing import Any
 import pytest
 import torch
 
-from somatize import Catalog, CodecError, Graph, Node, NodeFailed, Store, Unbuildable
+from somatize import (
+    Catalog,
+    CodecError,
+    Drifted,
+    Graph,
+    Node,
+    NodeFailed,
+    Store,
+    Unbuildable,
+)
 from somatize.broker import (
     BadWorker,
     Broker,
@@ -565,6 +574,26 @@ def test_a_cached_frozen_module_is_kept_by_the_worker_and_recalled(store: Store)
     second: list[dict[str, Any]] = []
     assert torch_equal(g.forward(x, store=store, broker=broker, watching=second.append), kept)
     assert [f["fact"] for f in second] == ["spared", "recalled", "finished"]
+
+
+def test_an_answer_a_worker_kept_is_kept_with_the_code_it_depends_on(store: Store) -> None:
+    """A worker keeps a cached node's answer with the client's fingerprint of its code and of
+    the code of what it reads: recalled as it is, and drifted, naming it, once a node it
+    reads is written otherwise."""
+    g = Graph.somatize(
+        Rows().named("sms").frozen() >> Scale(3.0).named("clean").frozen().cached().at("w1")
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    x = {"at": 0, "take": 4}
+    first: list[dict[str, Any]] = []
+    assert g.forward(x, store=store, broker=broker, watching=first.append) == [0, 3, 6, 9]
+    assert [f["by"] for f in first if f["fact"] == "kept"] == ["w1"]
+    assert g.forward(x, store=store, broker=broker) == [0, 3, 6, 9]
+    assert g.record is not None and g.record.outcome == {"sms": "spared", "clean": "recalled"}
+    g.memory.written_as("sms", "sha256:newer")
+    with pytest.warns(Drifted, match=r"`clean` was recalled .* the code of `sms` \(`Rows`\)"):
+        assert g.forward(x, store=store, broker=broker) == [0, 3, 6, 9]
+    assert g.record.outcome == {"sms": "spared", "clean": "drifted"}
 
 
 def torch_equal(a: Any, b: Any) -> bool:

@@ -294,6 +294,24 @@ def test_a_node_recomputed_because_its_answer_drifted_ran(store: Store) -> None:
     assert g.record.outcome == {"rows": "ran", "scale": "ran", "top": "ran"}
 
 
+def test_the_code_an_answer_is_kept_with_names_no_node(store: Store) -> None:
+    """The code fingerprint kept beside an answer covers the code of the node and of what it
+    reads, not their names: one computation under other names recalls it without drift."""
+    g, _, _, _ = _chain()
+    g.forward({"at": 0, "take": 8}, store=store)
+    other = Graph.somatize(
+        Rows().named("source").frozen()
+        >> Scale().named("double").frozen()
+        >> Largest().named("largest").frozen().cached()
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert other.forward({"at": 0, "take": 8}, store=store) == 14.0
+    assert other.record is not None and other.record.outcome["largest"] == "recalled"
+    assert plan.static_of(other).fingerprint["largest"] == plan.static_of(g).fingerprint["top"]
+    assert plan.static_of(g).fingerprint["top"] != g.memory.fingerprint_of("top")
+
+
 def test_drift_of_some_recalled_items_is_a_fact_and_a_warning(store: Store) -> None:
     """A mapped node recalling some items kept by another version of its code and running
     the rest says so with a drifted fact and a warning; strict mode recomputes those items."""

@@ -6,11 +6,12 @@ forward runs everything, the second recalls the cached node and spares the rest.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
 
-from somatize import Graph, Node, NotSettled, Store
+from somatize import Drifted, Graph, Node, NotSettled, Store
 from tests.nodes import Rows
 
 SPAM = ["win", "free", "cash", "prize"]
@@ -105,3 +106,51 @@ def test_mutable_counter_does_not_change_keys(store: Store) -> None:
     g.forward({"at": 0, "take": 2}, store=store)
     g.forward({"at": 0, "take": 2}, store=store)
     assert rows.calls == 1
+
+
+_CLEAN = """
+class Clean(Node):
+    def forward(self, messages, ctx):
+        return [[float(len(word)) for word in one.split()]TAIL for one in messages]
+"""
+
+
+def _cell(tail: str) -> type[Node]:
+    """A ``Clean`` class defined by running a notebook cell, as it reads with ``tail``: the
+    same name and module whatever its body, as when the cell is edited and run again."""
+    space: dict[str, Any] = {"Node": Node, "__name__": "tests.notebook_cell"}
+    exec(compile(_CLEAN.replace("TAIL", tail), "<cell>", "exec"), space)
+    kind: type[Node] = space["Clean"]
+    return kind
+
+
+def test_an_edited_node_above_makes_a_recalled_answer_drifted(store: Store) -> None:
+    """After the cell defining ``clean`` is edited and run again, ``widest`` below it, whose
+    key is unchanged, is recalled with a drifted fact naming ``clean`` and a warning; strict
+    mode recomputes it, and the answer kept then is recalled as it is."""
+
+    def graph(clean: type[Node]) -> Graph:
+        g = Graph.somatize(
+            Messages(2000).named("sms").frozen()
+            >> clean().named("clean").frozen()
+            >> Widest().named("widest").frozen().cached()
+        )
+        g.memory.freeze("sms", store.put(b"the dataset's bytes"))
+        return g
+
+    span = {"at": 0, "take": 64}
+    first: list[dict[str, Any]] = []
+    assert graph(_cell("")).forward(span, store=store, watching=first.append) == 12.0
+    edited = graph(_cell(" * 2"))
+    seen: list[dict[str, Any]] = []
+    with pytest.warns(Drifted, match=r"`widest` was recalled .* the code of `clean` \(`Clean`\)"):
+        assert edited.forward(span, store=store, watching=seen.append) == 12.0
+    assert [f["fact"] for f in seen] == ["spared", "spared", "recalled", "drifted", "finished"]
+    assert seen[2]["key"] == first[-2]["key"]  # the code is not in the key
+    assert seen[3]["changed"] == ["clean"]
+    assert edited.forward(span, store=store, strict=True) == 24.0
+    assert edited.record is not None and edited.record.outcome["widest"] == "ran"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert edited.forward(span, store=store) == 24.0
+    assert edited.record.outcome["widest"] == "recalled"

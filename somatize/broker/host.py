@@ -45,7 +45,10 @@ pile old weights up on a worker.
 host refuses (:class:`~somatize.catalog.Unbuildable`, naming the node and the
 worker) a node whose class it finds written otherwise — the declaration can match
 while the code that computes the answer does not — so a worker never keeps its
-answer under a key, and a fingerprint, that describe somebody else's code.
+answer under a key, and a fingerprint, that describe somebody else's code. The
+fingerprint a worker keeps an answer with is the client's (:attr:`Job.kept_with`):
+that of the node's code and of the code of every node it reads, which only the
+client's graph knows.
 
 The state is asked for rather than shipped through the shared store by digest
 because a forward may have no store, or one only the client can open (a bucket
@@ -73,6 +76,7 @@ from somatize import canonical
 from somatize.catalog import Blueprint, Catalog, Unbuildable, fingerprint_of
 from somatize.codecs import CODECS
 from somatize.node import Context, Node
+from somatize.plan import static_of
 from somatize.store import Store, StoreError
 
 from .base import StateMismatch, state_mismatch
@@ -111,6 +115,12 @@ class Job:
     keep: bool = False
     """Whether the worker keeps the answer under ``key`` in the shared store."""
     fingerprint: str | None = None
+    """The fingerprint of the node's own code, as the graph was built with it: a host
+    refuses to run a node its class is written otherwise for."""
+    kept_with: str | None = None
+    """The fingerprint the answer is kept with when the worker keeps it: the node's code and
+    the code of everything it reads, as the client's plan works it out
+    (:attr:`~somatize.plan.Static.fingerprint`) — what a recall on any client compares."""
     store: dict[str, Any] | None = None
     """The shared store's address (:meth:`~somatize.store.Store.address`), for the worker to
     open it itself; None when there is no store or it has no address."""
@@ -156,6 +166,7 @@ def job_for(
     store of ``ctx`` by its address, and asks the worker to keep the answer (``keep``)
     only when there is one."""
     address = ctx.store.address() if ctx.store is not None else None
+    keeps = keep and address is not None
     packed = [
         pack(value, where)
         for value, where in zip(inputs, edge_names(graph, node, worker), strict=True)
@@ -168,8 +179,9 @@ def job_for(
         worker=worker,
         codecs=[codec for codec, _ in packed],
         readers=list(graph.successors(node)),
-        keep=keep and address is not None,
+        keep=keeps,
         fingerprint=graph.memory.fingerprint_of(node),
+        kept_with=static_of(graph).fingerprint.get(node) if keeps else None,
         store=address,
         state=held_state(graph, node),
         holder=holder,
@@ -428,7 +440,7 @@ class Host:
         kept = None
         if job.keep and job.key is not None and store is not None:
             try:
-                kept = store.keep(job.key, data, codec, job.fingerprint).size
+                kept = store.keep(job.key, data, codec, job.kept_with).size
             except StoreError:
                 kept = None  # nothing half-written is visible; the client keeps it instead
         return Reply(codec, data, took, kept)
