@@ -6,6 +6,8 @@ forward runs everything, the second recalls the cached node and spares the rest.
 
 from __future__ import annotations
 
+import sys
+import types
 import warnings
 from typing import Any
 
@@ -115,16 +117,21 @@ class Clean(Node):
 """
 
 
-def _cell(tail: str) -> type[Node]:
+def _cell(tail: str, monkeypatch: pytest.MonkeyPatch) -> type[Node]:
     """A ``Clean`` class defined by running a notebook cell, as it reads with ``tail``: the
-    same name and module whatever its body, as when the cell is edited and run again."""
-    space: dict[str, Any] = {"Node": Node, "__name__": "tests.notebook_cell"}
-    exec(compile(_CLEAN.replace("TAIL", tail), "<cell>", "exec"), space)
-    kind: type[Node] = space["Clean"]
+    same name and module whatever its body, as when the cell is edited and run again (the
+    notebook's namespace then holds the new class under the name)."""
+    cell = types.ModuleType("tests.notebook_cell")
+    cell.Node = Node  # type: ignore[attr-defined]
+    exec(compile(_CLEAN.replace("TAIL", tail), "<cell>", "exec"), cell.__dict__)
+    monkeypatch.setitem(sys.modules, cell.__name__, cell)
+    kind: type[Node] = cell.Clean
     return kind
 
 
-def test_an_edited_node_above_makes_a_recalled_answer_drifted(store: Store) -> None:
+def test_an_edited_node_above_makes_a_recalled_answer_drifted(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """After the cell defining ``clean`` is edited and run again, ``widest`` below it, whose
     key is unchanged, is recalled with a drifted fact naming ``clean`` and a warning; strict
     mode recomputes it, and the answer kept then is recalled as it is."""
@@ -140,8 +147,8 @@ def test_an_edited_node_above_makes_a_recalled_answer_drifted(store: Store) -> N
 
     span = {"at": 0, "take": 64}
     first: list[dict[str, Any]] = []
-    assert graph(_cell("")).forward(span, store=store, watching=first.append) == 12.0
-    edited = graph(_cell(" * 2"))
+    assert graph(_cell("", monkeypatch)).forward(span, store=store, watching=first.append) == 12.0
+    edited = graph(_cell(" * 2", monkeypatch))
     seen: list[dict[str, Any]] = []
     with pytest.warns(Drifted, match=r"`widest` was recalled .* the code of `clean` \(`Clean`\)"):
         assert edited.forward(span, store=store, watching=seen.append) == 12.0
