@@ -108,6 +108,13 @@ class Memory:
         self.version += 1
         self._declarations[node] = declaration
 
+    def undeclare(self, node: NodeId) -> None:
+        """Says ``node`` no longer has a declaration anybody can write: what it was built
+        with changed after the build into something no key can hold. Its key is refused
+        where it is computed, with the reason the graph holds."""
+        self.version += 1
+        self._declarations.pop(node, None)
+
     def declaration_of(self, node: NodeId) -> str | None:
         """What it was built with, if anybody could say. Absent is no reason to refuse
         a key by itself; the key is refused where it is computed."""

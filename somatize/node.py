@@ -329,8 +329,9 @@ class Node:
             name = where or self._smz.name or kind
             raise Undeclared(
                 f"`{name}` ({kind}) cannot be keyed: its declaration (what built it) has no "
-                f"canonical form — {why}. Give `{kind}` a `declare(self)` method that returns, "
-                "as canonical values, what distinguishes one instance from another"
+                f"canonical form — {str(why).rstrip('.')}. Give `{kind}` a `declare(self)` "
+                "method that returns, as canonical values, what distinguishes one instance "
+                "from another"
             ) from None
 
     def _unsaid_by(self, unsaid: tuple[type, list[str]], where: str | None) -> Undeclared:

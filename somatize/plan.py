@@ -342,9 +342,10 @@ def look_again(graph: Graph) -> None:
     :meth:`~somatize.node.Node.is_declaration_fixed`), and the state of a frozen node
     that sees its own state changed (:meth:`~somatize.node.Node.restate`). A change makes
     a new state of the memory, so what was derived from the old one — a graph's
-    :class:`Static`, a broker's blueprints — is derived again. Run at the start of every
-    forward, before anything is keyed or sent; it costs nothing for a graph with no such
-    node."""
+    :class:`Static`, a broker's blueprints — is derived again. Nothing is refused here: a
+    node that can no longer be keyed is refused where its key is needed. Run at the start
+    of every forward, before anything is keyed or sent; it costs nothing for a graph with
+    no such node."""
     unfixed: dict[str, Node] = graph._unfixed
     restated: dict[str, Node] = graph._restated
     kept = graph._kept
@@ -423,8 +424,23 @@ def _plain(value: Any) -> Any:
 
 
 def _declared_again(graph: Graph, name: str, node: Node) -> None:
-    """Tells the graph's memory what ``node`` declares now, if that changed."""
-    declared_again(graph.memory, name, node)
+    """Tells the graph's memory what ``node`` declares now, if that changed. A node that
+    cannot be declared any more (a list it was built with given an item with no canonical
+    form) has its declaration taken back, and the graph holds why: it is refused where its
+    key is needed (:func:`static_of`), and a forward without a store, or one that keys
+    nothing it feeds, runs it as it is — the same as for a node undeclared when built."""
+    memory = graph.memory
+    was = memory.declaration_of(name)
+    try:
+        now = node.declaration(name)
+    except Undeclared as why:
+        graph._undeclared[name] = why
+        if was is not None:
+            memory.undeclare(name)
+        return
+    if now != was:
+        graph._undeclared.pop(name, None)
+        memory.declared_as(name, now)
 
 
 def declared_again(memory: Memory, name: str, node: Node) -> None:

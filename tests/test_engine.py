@@ -24,6 +24,7 @@ from somatize import (
     NodeFailed,
     Opaque,
     Store,
+    Undeclared,
     plan,
 )
 from somatize.store import LocalStore
@@ -492,6 +493,38 @@ def test_a_declared_list_changed_after_build_is_keyed_as_it_is_now(store: Store)
     seen.clear()
     assert g.forward(10, store=store, watching=seen.append) == 60.0
     assert ("recalled", "weighted") in [(f["fact"], f.get("node")) for f in seen]
+
+
+class Counts(Node):
+    """Counts the items of a list it is built with."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    def forward(self, x: Any, ctx: Any) -> int:
+        return len(self.items)
+
+
+def test_a_list_given_an_item_with_no_canonical_form_is_refused_only_where_it_is_keyed(
+    store: Store,
+) -> None:
+    """A list a node was built with, given an item with no canonical form after the build,
+    leaves a forward without a store, and one that needs no key of it, running; a forward
+    that keys it refuses it, saying which item; back to canonical, it is keyed again."""
+    items: list[Any] = [1]
+    kept = Graph.somatize(Counts(items).named("counts").frozen().cached())
+    loose = Graph.somatize(Counts(items).named("loose"))
+    assert kept.forward(0, store=store) == loose.forward(0) == 1
+    items.append(object())
+    assert kept.forward(0) == loose.forward(0) == loose.forward(0, store=store) == 2
+    for _ in range(2):
+        with pytest.raises(Undeclared, match=r"`counts` \(Counts\) cannot be keyed.*"
+                           r"value\['items'\]\[1\] is a `builtins.object`"):  # fmt: skip
+            kept.forward(0, store=store)
+    assert kept.forward(0) == 2
+    items[1] = 2
+    assert kept.forward(0, store=store) == 2
+    assert kept.record is not None and kept.record.outcome == {"counts": "ran"}
 
 
 def test_threads_forwarding_one_graph_get_their_own_answers(
