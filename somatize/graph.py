@@ -103,6 +103,9 @@ class Graph:
         """Nodes keeping constructor arguments as attributes, by name, with what they were
         handed (see :meth:`~somatize.node.Node.kept_arguments`); an interned node's other
         names too, whose nodes no longer run."""
+        self._unfollowed: dict[str, Undeclared] = {}
+        """Nodes an argument of which was replaced by what their key cannot follow, with
+        why: refused where they are keyed until it is replaced again (plan._retaken)."""
         self._kept_watch: tuple[list[dict[str, Any]], list[str], list[Any]] = ([], [], [])
         """The same, flat, for one look at every forward: each node's attributes, the name
         of each kept argument, and the object it should still be."""

@@ -224,12 +224,12 @@ class Node:
         """For a node declared by its constructor arguments (the default :meth:`declare`):
         each argument it keeps as an attribute of its parameter's name (``self.by = by``),
         with the object it was handed. The graph looks at these attributes at the start of
-        each forward: one replaced since by a canonical value (``scale.by = 3.0``) is
-        taken as the argument the node was built with (:meth:`retake`), so its key, and a
-        copy rebuilt on a worker, follow what it computes with; one replaced by something
-        else (``self.path = Path(self.path)``, a node tidying its own argument) is left
-        to the node. An attribute replaced before the graph is built is not the argument
-        any more, and is not looked at."""
+        each forward: one replaced since (``scale.by = 3.0``) is taken as the argument the
+        node was built with (:meth:`retake`), so its key, and a copy rebuilt on a worker,
+        follow what it computes with; replaced by something with no canonical form
+        (``self.path = Path(self.path)``, a node tidying its own argument), the node
+        cannot be keyed, and is refused where it is. An attribute replaced before the
+        graph is built is not the argument any more, and is not looked at."""
         if type(self).declare is not Node.declare:
             return []
         bound = self._bound()

@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import numbers
 import operator
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -374,44 +375,74 @@ def look_again(graph: Graph) -> None:
 
 def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> None:
     """Takes the attributes of ``node`` replaced since the build as its constructor
-    arguments, and the graph's memory its declaration now."""
-    taken = {}
-    for attr, value in changed.items():
-        plain = _plain(value)
-        if canonical.is_canonical(plain):
-            taken[attr] = plain
-    if taken and "\0" in name:  # a node interned into another, which runs in its place
-        said = ", ".join(f"`{attr}`" for attr in taken)
+    arguments, and the graph's memory its declaration now. One replaced by a value no key
+    can hold (a path made a ``Path``, a ``longdouble`` no float holds exactly) is taken
+    too, and the node is refused where its key is needed, naming it, until it is replaced
+    again: its key would otherwise go on naming the old value (:func:`_unkeyable`)."""
+    taken = {attr: _plain(value) for attr, value in changed.items()}
+    keyable = [attr for attr, value in taken.items() if canonical.is_canonical(value)]
+    if keyable and "\0" in name:  # a node interned into another, which runs in its place
+        said = ", ".join(f"`{attr}`" for attr in keyable)
         raise AlreadyBuilt(
             f"{said} of a `{type(node).__qualname__}` was changed after the graph was built, "
             f"and that node runs there as `{name.split(chr(0))[0]}` (it was one computation "
             "with it when the graph was built), so the change would not be heard. Build the "
             "graph again"
         )
-    if taken and any(other.startswith(f"{name}\0") for other in graph._kept):
-        said = ", ".join(f"`{attr}`" for attr in taken)
+    if keyable and any(other.startswith(f"{name}\0") for other in graph._kept):
+        said = ", ".join(f"`{attr}`" for attr in keyable)
         raise AlreadyBuilt(
             f"{said} of `{name}` was changed after the graph was built, and another node "
             f"built alike runs as `{name}` too (they were one computation when the graph was "
             "built), so the change would change that one's answers as well. Build the graph "
             "again"
         )
-    if taken:
+    if "\0" not in name:  # one interned into another is keyed, if at all, where it runs
         node.retake(taken)
+        unkeyable = [attr for attr in taken if attr not in keyable]
+        if unkeyable:
+            graph._unfollowed[name] = _unkeyable(name, node, unkeyable[0], taken[unkeyable[0]])
+        else:
+            graph._unfollowed.pop(name, None)
         _declared_again(graph, name, node)
         if not node.is_declaration_fixed():  # a list or a dict now: followed from here on
             graph._unfixed[name] = node
-    # What the node keeps now is what is watched from here; a value with no canonical form
-    # (the node tidying its own argument) is its own business, and is not taken.
+    # What the node keeps now is what is watched from here.
     graph._kept[name] = (
         node,
         [(attr, vars(node).get(attr, was)) for attr, was in graph._kept[name][1]],
     )
 
 
+def _unkeyable(name: str, node: Node, attr: str, value: Any) -> Undeclared:
+    """Why ``node`` cannot be keyed once its argument ``attr`` was replaced by ``value``,
+    which has no canonical form."""
+    kind = type(node).__qualname__
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.floating):
+        what = (
+            f"it is a `numpy.{type(value).__name__}` ({value!r}) that no float holds "
+            "exactly, and a key holds numbers only as Python's"
+        )
+    else:
+        what = "it has no canonical form"
+        try:
+            canonical.encode(value, "it")
+        except canonical.NotCanonical as why:
+            what = str(why).rstrip(".")
+    return Undeclared(
+        f"`{name}` ({kind}) cannot be keyed: `{attr}`, an argument it was built with and "
+        f"keeps, was replaced after the graph was built, and {what}. Its key would go on "
+        "naming the old value while it computes with the new one. Replace it with a value "
+        f"that has a canonical form, or build a new `{kind}` with what you mean; a node that "
+        "tidies its own argument keeps what it makes under another name (`self._path`)"
+    )
+
+
 def _plain(value: Any) -> Any:
-    """A number or a str of a subclass (numpy's ``float64``, an ``IntEnum``) or numpy's
-    integers as the plain value it stands for; anything else as it is."""
+    """A number or a str of a subclass (numpy's ``float64``, an ``IntEnum``), or a numpy
+    scalar (``float32``, ``bool_``, a ``longdouble`` a float holds exactly), as the plain
+    value it stands for; anything else as it is."""
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, (int, numbers.Integral)):
@@ -420,18 +451,31 @@ def _plain(value: Any) -> Any:
         return float(value)
     if isinstance(value, str):
         return str(value)
+    numpy = sys.modules.get("numpy")  # a numpy scalar exists only once numpy is imported
+    if numpy is not None and isinstance(value, numpy.generic):
+        held = value.item()
+        if type(held) in (bool, int, float, bytes):
+            return held
+        if isinstance(value, numpy.floating):  # a longdouble: .item() hands it back
+            near = float(value)
+            if near == value or (near != near and value != value):
+                return near
     return value
 
 
 def _declared_again(graph: Graph, name: str, node: Node) -> None:
     """Tells the graph's memory what ``node`` declares now, if that changed. A node that
     cannot be declared any more (a list it was built with given an item with no canonical
-    form) has its declaration taken back, and the graph holds why: it is refused where its
+    form, or an argument it keeps replaced by one: :func:`_retaken`) has its declaration
+    taken back, and the graph holds why: it is refused where its
     key is needed (:func:`static_of`), and a forward without a store, or one that keys
     nothing it feeds, runs it as it is — the same as for a node undeclared when built."""
     memory = graph.memory
     was = memory.declaration_of(name)
     try:
+        refused = graph._unfollowed.get(name)
+        if refused is not None:
+            raise refused
         now = node.declaration(name)
     except Undeclared as why:
         graph._undeclared[name] = why

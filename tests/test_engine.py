@@ -593,7 +593,8 @@ class Tidies(Node):
 
 def test_a_node_tidying_its_own_argument_runs_on() -> None:
     """A node that replaces an argument it keeps with something of no canonical form (a
-    path made a Path on first use) is left to it: the next forward runs as the first."""
+    path made a Path on first use) runs on where it is not keyed: the next forward without
+    a store runs as the first."""
     g = Graph.somatize(Tidies("a/b.txt").named("tidies"))
     assert g.forward(1) == g.forward(1) == "b.txt"
 
@@ -680,6 +681,60 @@ def test_a_numpy_number_given_after_building_is_keyed_as_the_number_it_is(
     assert g.forward(1.0, store=store) == 6.0
     assert g.record.outcome == {"shift": "ran"}
     assert shift.declaration() == Shifts(5).declaration()
+
+
+@pytest.mark.parametrize(
+    ("number", "plain"),
+    [
+        (np.float32(3.0), 3.0),
+        (np.float16(0.5), 0.5),
+        (np.longdouble(3.0), 3.0),
+        (np.bool_(True), True),
+        (np.uint8(3), 3),
+    ],
+    ids=["float32", "float16", "longdouble", "bool_", "uint8"],
+)
+def test_any_numpy_number_given_after_building_is_keyed_as_the_number_it_holds(
+    store: Store, number: Any, plain: Any
+) -> None:
+    """numpy's float32, float16, longdouble and bool_ are no Python numbers at all, nor
+    subclasses of one: replaced by one, a kept argument is taken as the number it holds, and
+    no answer kept for the old value is recalled."""
+    shift = Shifts(2.0)
+    g = Graph.somatize(shift.named("shift").frozen().cached())
+    assert g.forward(1.0, store=store) == 3.0
+    shift.by = number
+    assert g.forward(1.0, store=store) == 1.0 + plain
+    assert g.record is not None and g.record.outcome == {"shift": "ran"}
+    assert shift.declaration() == Shifts(plain).declaration()
+
+
+def test_an_argument_replaced_by_what_no_key_holds_is_refused_where_it_is_keyed(
+    store: Store,
+) -> None:
+    """A kept argument replaced after the build by a value with no canonical form (a
+    longdouble no float holds exactly, a ``Path``) is not left out of the key in silence: a
+    forward that keys the node refuses it, naming the argument, until it is replaced by a
+    value that has one; a forward without a store runs it."""
+    shift = Shifts(2.0)
+    g = Graph.somatize(shift.named("shift").frozen().cached())
+    assert g.forward(1.0, store=store) == 3.0
+    shift.by = np.longdouble(1) / 3
+    for _ in range(2):
+        with pytest.raises(Undeclared, match=r"`shift` \(Shifts\) cannot be keyed: `by`, an "
+                           r"argument it .* replaced after the graph was built, and it is a "
+                           r"`numpy.longdouble` .* that no float holds exactly"):  # fmt: skip
+            g.forward(1.0, store=store)
+    assert g.forward(1.0) == float(1 + np.longdouble(1) / 3)
+    shift.by = 4.0
+    assert g.forward(1.0, store=store) == 5.0
+    assert g.record is not None and g.record.outcome == {"shift": "ran"}
+    tidies = Tidies("a/b.txt")
+    g = Graph.somatize(tidies.named("tidies").frozen().cached())
+    assert g.forward(1, store=store) == "b.txt"
+    with pytest.raises(Undeclared, match=r"`path`.* is a `pathlib.\w*Path`, which has no "
+                       r"canonical form.*under another name"):  # fmt: skip
+        g.forward(1, store=store)
 
 
 class Shifts(Node):
