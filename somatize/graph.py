@@ -5,13 +5,14 @@ also where **hash-consing** happens: a settled node — frozen, with an identity
 and a declaration that stays as it is, and a state if it holds one — is interned
 on its key parts (identity, declaration, salt, mapped, placement, and the nodes it
 reads) and on what it holds (its public attributes with a canonical form, by
-value). The same frozen computation written twice is therefore one node, computed
-once; no merge pass exists, and equality of settled nodes is identity. A node
-built with a list or a dict is never interned: whoever holds the list can change
-it after the build, and two nodes equal now would then be two computations. Sharing the
-computation changes nothing for what reads it: a node gets one argument per
-edge, in order, even when two edges come from one interned node (and its key
-reads that node's key twice), and each declared output keeps its slot.
+value, in its ``__dict__`` or in ``__slots__``). The same frozen computation
+written twice is therefore one node, computed once; no merge pass exists, and
+equality of settled nodes is identity. A node built with a list or a dict is
+never interned: whoever holds the list can change it after the build, and two
+nodes equal now would then be two computations. Sharing the computation changes
+nothing for what reads it: a node gets one argument per edge, in order, even
+when two edges come from one interned node (and its key reads that node's key
+twice), and each declared output keeps its slot.
 
 Building a graph settles what was said about its nodes: the graph copies it into
 its memory and placement, and the nodes refuse to be told anything new
@@ -37,7 +38,7 @@ from somatize.catalog import fingerprint_of, identity_of
 from somatize.engine import run
 from somatize.errors import SomatizeError
 from somatize.memory import Memory
-from somatize.node import Expr, Node, Undeclared
+from somatize.node import Expr, Node, Undeclared, attributes_of, slots_of
 from somatize.placement import Placement
 from somatize.store import Store
 
@@ -74,7 +75,7 @@ def _held(node: Node) -> tuple[tuple[str, str], ...]:
     node; equal values (an empty dict each, for a cache) are. Other objects — a module
     whose weights are the node's state, a client — are not looked at."""
     held = []
-    for name, value in vars(node).items():
+    for name, value in attributes_of(node).items():
         if name.startswith("_"):
             continue  # a node class's own bookkeeping
         try:
@@ -106,9 +107,12 @@ class Graph:
         self._unfollowed: dict[str, Undeclared] = {}
         """Nodes an argument of which was replaced by what their key cannot follow, with
         why: refused where they are keyed until it is replaced again (plan._retaken)."""
-        self._kept_watch: tuple[list[dict[str, Any]], list[str], list[Any]] = ([], [], [])
+        self._kept_watch: tuple[
+            list[dict[str, Any]], list[str], list[Any], list[tuple[Any, Node, Any]]
+        ] = ([], [], [], [])
         """The same, flat, for one look at every forward: each node's attributes, the name
-        of each kept argument, and the object it should still be."""
+        of each kept argument, and the object it should still be; and for an argument kept
+        in a slot, the slot's descriptor, the node and that object."""
         self.memory = Memory()
         self.placement = Placement()
         self.record: Record | None = None
@@ -198,12 +202,17 @@ class Graph:
         held: list[dict[str, Any]] = []
         names: list[str] = []
         values: list[Any] = []
+        slotted: list[tuple[Any, Node, Any]] = []
         for node, arguments in self._kept.values():
+            slots = dict(slots_of(type(node)))
             for name, value in arguments:
+                if name in slots:
+                    slotted.append((slots[name], node, value))
+                    continue
                 held.append(vars(node))
                 names.append(name)
                 values.append(value)
-        self._kept_watch = (held, names, values)
+        self._kept_watch = (held, names, values, slotted)
 
     def _named_twice(self, name: str, node: Node) -> GraphError:
         other = self._nodes[self._aliases.get(name, name)]

@@ -46,7 +46,7 @@ from typing import Any
 from somatize import canonical
 from somatize.errors import SomatizeError
 
-__all__ = ["AlreadyBuilt", "Context", "Expr", "Node", "Undeclared"]
+__all__ = ["AlreadyBuilt", "Context", "Expr", "Node", "Undeclared", "attributes_of", "slots_of"]
 
 
 class Undeclared(SomatizeError, TypeError):
@@ -121,6 +121,48 @@ def _unsaid_in(node: Node, owner: type) -> list[str]:
         extra = [] if keyword else [name for name in kwargs if name not in takes]
         return extra or [f"{len(args)} positional arguments"]
     return []
+
+
+_SLOTS: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def slots_of(kind: type) -> tuple[tuple[str, Any], ...]:
+    """The attributes instances of ``kind`` hold in slots rather than in their ``__dict__``:
+    each name a class along its MRO declares in ``__slots__`` (but ``__dict__`` and
+    ``__weakref__``), nearest first, with the descriptor that reads it. Worked out once per
+    class; empty for most."""
+    found = _SLOTS.get(kind)
+    if found is None:
+        seen: dict[str, Any] = {}
+        for owner in kind.__mro__:
+            declared = vars(owner).get("__slots__", ())
+            for name in (declared,) if isinstance(declared, str) else declared:
+                if name in ("__dict__", "__weakref__"):
+                    continue
+                if name.startswith("__") and not name.endswith("__"):  # mangled, as Python does
+                    name = f"_{owner.__name__.lstrip('_')}{name}"
+                slot = vars(owner).get(name)
+                if name not in seen and hasattr(slot, "__get__"):
+                    seen[name] = slot
+        found = _SLOTS[kind] = tuple(seen.items())
+    return found
+
+
+def attributes_of(node: Any) -> dict[str, Any]:
+    """What ``node`` holds as attributes: its ``__dict__`` and, for a class with
+    ``__slots__``, each slot that is set (:func:`slots_of`). The ``__dict__`` itself when
+    there are no slots."""
+    held: dict[str, Any] = vars(node)
+    slots = slots_of(type(node))
+    if not slots:
+        return held
+    held = dict(held)
+    for name, slot in slots:
+        try:
+            held[name] = slot.__get__(node, type(node))
+        except AttributeError:  # not set
+            continue
+    return held
 
 
 def _parameters(kind: type) -> list[tuple[str, Any]]:
@@ -237,7 +279,7 @@ class Node:
             return []
         bound.apply_defaults()  # an argument left to its default is kept all the same
         variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-        held = vars(self)
+        held = attributes_of(self)
         return [
             (name, value)
             for name, value in list(bound.arguments.items())[1:]

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from somatize import canonical
 from somatize import keys as keying
 from somatize.memory import Memory, cacheable, settled, upstream
-from somatize.node import AlreadyBuilt, Node, Undeclared
+from somatize.node import AlreadyBuilt, Node, Undeclared, attributes_of
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -353,10 +353,12 @@ def look_again(graph: Graph) -> None:
     if not unfixed and not restated and not kept:
         return
     memory = graph.memory
-    held, names, values = graph._kept_watch
-    if not all(map(operator.is_, map(dict.get, held, names), values)):
+    held, names, values, slotted = graph._kept_watch
+    if not all(map(operator.is_, map(dict.get, held, names), values)) or (
+        slotted and not all(_in_slot(slot, node) is value for slot, node, value in slotted)
+    ):
         for name, (node, arguments) in list(kept.items()):
-            now = vars(node)
+            now = attributes_of(node)
             changed = {a: now[a] for a, was in arguments if a in now and now[a] is not was}
             if changed:
                 _retaken(graph, name, node, changed)
@@ -408,10 +410,16 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
         if not node.is_declaration_fixed():  # a list or a dict now: followed from here on
             graph._unfixed[name] = node
     # What the node keeps now is what is watched from here.
-    graph._kept[name] = (
-        node,
-        [(attr, vars(node).get(attr, was)) for attr, was in graph._kept[name][1]],
-    )
+    now = attributes_of(node)
+    graph._kept[name] = (node, [(attr, now.get(attr, was)) for attr, was in graph._kept[name][1]])
+
+
+def _in_slot(slot: Any, node: Node) -> Any:
+    """What ``node`` holds in ``slot`` (a slot's descriptor), or None when it holds nothing."""
+    try:
+        return slot.__get__(node, type(node))
+    except AttributeError:
+        return None
 
 
 def _unkeyable(name: str, node: Node, attr: str, value: Any) -> Undeclared:

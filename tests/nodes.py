@@ -82,3 +82,16 @@ class Echo(Node):
     def forward(self, value: Any, ctx: Any) -> Any:
         self.calls += 1
         return value
+
+
+class Slotted(Node):
+    """Multiplies by ``by`` and adds ``offset``, both held in slots rather than a dict."""
+
+    __slots__ = ("by", "offset")
+
+    def __init__(self, by: float = 2.0) -> None:
+        self.by = by
+        self.offset = 0.0
+
+    def forward(self, value: float, ctx: Any) -> float:
+        return float(value * self.by + self.offset)

@@ -28,7 +28,7 @@ from somatize import (
     plan,
 )
 from somatize.store import LocalStore
-from tests.nodes import Echo, Fails, Largest, Rows, Scale, Square
+from tests.nodes import Echo, Fails, Largest, Rows, Scale, Slotted, Square
 
 
 def _chain() -> tuple[Graph, Rows, Scale, Largest]:
@@ -578,6 +578,21 @@ def test_an_argument_a_node_keeps_changed_after_building_is_keyed_as_it_is_now(
     g = Graph.somatize(left.named("scale").frozen().cached())
     left.by = 5.0
     assert g.forward([1.0], store=store) == g.forward([1.0]) == [5.0]
+
+
+def test_an_argument_a_node_keeps_in_a_slot_changed_after_building_is_keyed_as_it_is_now(
+    store: Store,
+) -> None:
+    """A constructor argument kept in a slot (the class declares ``__slots__``) and
+    replaced after the build is followed as one kept in the node's dict is: the node is
+    keyed as built with the new value, and no answer kept for the old one is recalled."""
+    slotted = Slotted(2.0)
+    g = Graph.somatize(slotted.named("slotted").frozen().cached())
+    assert g.forward(1.0, store=store) == 2.0
+    slotted.by = 3.0
+    assert g.forward(1.0, store=store) == 3.0
+    assert g.record is not None and g.record.outcome == {"slotted": "ran"}
+    assert slotted.declaration() == Slotted(3.0).declaration()
 
 
 class Tidies(Node):

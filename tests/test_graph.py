@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from somatize import Cycle, Graph, GraphError, Node, UnknownNode
 from somatize.plan import compile
 from tests.broker_nodes import Weighted
-from tests.nodes import Add, Echo, Largest, Rows, Scale
+from tests.nodes import Add, Echo, Largest, Rows, Scale, Slotted
 
 
 def test_chain_builds_nodes_in_order() -> None:
@@ -158,6 +158,17 @@ def test_frozen_nodes_given_other_attributes_after_building_are_not_interned() -
     one, two = Scale(2.0).named("one").frozen(), Scale(2.0).named("two").frozen()
     one.by = two.by = 3.0
     assert Graph.somatize(rows >> (one, two)).nodes() == ("rows", "one")
+
+
+def test_frozen_nodes_differing_in_a_slot_are_not_interned() -> None:
+    """Two frozen nodes built alike whose class holds its attributes in ``__slots__``, given
+    other values there after building, compute other answers: they stay two nodes."""
+    rows = Echo().named("rows").frozen()
+    low, high = Slotted().named("low").frozen(), Slotted().named("high").frozen()
+    high.offset = 100.0
+    g = Graph.somatize(rows >> (low, high))
+    assert g.nodes() == ("rows", "low", "high")
+    assert g.forward(1.0) == (2.0, 102.0)
 
 
 def test_interned_nodes_still_hand_one_argument_per_edge() -> None:
