@@ -33,12 +33,11 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from somatize import canonical
 from somatize.catalog import fingerprint_of, identity_of
 from somatize.engine import run
 from somatize.errors import SomatizeError
 from somatize.memory import Memory
-from somatize.node import Expr, Node, Undeclared, attributes_of, slots_of
+from somatize.node import Expr, Node, Undeclared, held_by, slots_of
 from somatize.placement import Placement
 from somatize.store import Store
 
@@ -66,23 +65,6 @@ class UnknownNode(GraphError, KeyError):
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower() or "node"
-
-
-def _held(node: Node) -> tuple[tuple[str, str], ...]:
-    """What ``node`` holds besides what it was built with, as far as interning needs: each
-    public attribute with a canonical form, by that form. Two nodes built alike and then
-    given other values (``plus.offset = 100``) compute other answers, and are not one
-    node; equal values (an empty dict each, for a cache) are. Other objects — a module
-    whose weights are the node's state, a client — are not looked at."""
-    held = []
-    for name, value in attributes_of(node).items():
-        if name.startswith("_"):
-            continue  # a node class's own bookkeeping
-        try:
-            held.append((name, canonical.hex_of(value)))
-        except canonical.NotCanonical:
-            continue
-    return tuple(sorted(held))
 
 
 class Graph:
@@ -167,7 +149,7 @@ class Graph:
                     marks.mapped,
                     marks.worker,
                     preds,
-                    _held(node),
+                    held_by(node),
                 )
                 same = interned.get(intern)
                 if same is not None:

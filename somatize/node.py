@@ -46,7 +46,16 @@ from typing import Any
 from somatize import canonical
 from somatize.errors import SomatizeError
 
-__all__ = ["AlreadyBuilt", "Context", "Expr", "Node", "Undeclared", "attributes_of", "slots_of"]
+__all__ = [
+    "AlreadyBuilt",
+    "Context",
+    "Expr",
+    "Node",
+    "Undeclared",
+    "attributes_of",
+    "held_by",
+    "slots_of",
+]
 
 
 class Undeclared(SomatizeError, TypeError):
@@ -165,6 +174,23 @@ def attributes_of(node: Any) -> dict[str, Any]:
     return held
 
 
+def held_by(node: Any) -> tuple[tuple[str, str], ...]:
+    """What ``node`` holds besides what it was built with, as far as telling two nodes apart
+    needs: each public attribute with a canonical form, by that form. Two nodes built alike
+    and then given other values (``plus.offset = 100``) compute other answers, and are not
+    one node; equal values (an empty dict each, for a cache) are. Other objects — a module
+    whose weights are the node's state, a client — are not looked at."""
+    held = []
+    for name, value in attributes_of(node).items():
+        if name.startswith("_"):
+            continue  # a node class's own bookkeeping
+        try:
+            held.append((name, canonical.hex_of(value)))
+        except canonical.NotCanonical:
+            continue
+    return tuple(sorted(held))
+
+
 def _parameters(kind: type) -> list[tuple[str, Any]]:
     """The name and kind of each parameter of ``kind.__init__``, ``self`` first."""
     init = kind.__init__  # type: ignore[misc]
@@ -268,10 +294,12 @@ class Node:
         with the object it was handed. The graph looks at these attributes at the start of
         each forward: one replaced since (``scale.by = 3.0``) is taken as the argument the
         node was built with (:meth:`retake`), so its key, and a copy rebuilt on a worker,
-        follow what it computes with; replaced by something with no canonical form
-        (``self.path = Path(self.path)``, a node tidying its own argument), the node
-        cannot be keyed, and is refused where it is. An attribute replaced before the
-        graph is built is not the argument any more, and is not looked at."""
+        follow what it computes with — unless its constructor made more from it
+        (``self.factor = by * 2``) and that still holds what the old value made, or it
+        was replaced by something with no canonical form (``self.path = Path(self.path)``,
+        a node tidying its own argument): the node is then refused where it is keyed. An
+        attribute replaced before the graph is built is not the argument any more, and
+        is not looked at."""
         if type(self).declare is not Node.declare:
             return []
         bound = self._bound()

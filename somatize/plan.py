@@ -44,8 +44,10 @@ from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
 from somatize import keys as keying
+from somatize.catalog import Blueprint, Catalog, Unbuildable, identity_of
+from somatize.errors import SomatizeError
 from somatize.memory import Memory, cacheable, settled, upstream
-from somatize.node import AlreadyBuilt, Node, Undeclared, attributes_of
+from somatize.node import AlreadyBuilt, Node, Undeclared, attributes_of, held_by
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -380,7 +382,9 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
     arguments, and the graph's memory its declaration now. One replaced by a value no key
     can hold (a path made a ``Path``, a ``longdouble`` no float holds exactly) is taken
     too, and the node is refused where its key is needed, naming it, until it is replaced
-    again: its key would otherwise go on naming the old value (:func:`_unkeyable`)."""
+    again: its key would otherwise go on naming the old value (:func:`_unkeyable`). So is
+    one whose constructor made more from the old value than it keeps
+    (:func:`_made_otherwise`)."""
     taken = {attr: _plain(value) for attr, value in changed.items()}
     keyable = [attr for attr, value in taken.items() if canonical.is_canonical(value)]
     if keyable and "\0" in name:  # a node interned into another, which runs in its place
@@ -400,10 +404,18 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
             "again"
         )
     if "\0" not in name:  # one interned into another is keyed, if at all, where it runs
+        # A node holding no state is cheap to build, as a worker would; one holding state
+        # (weights) is checked against the state it is settled at instead.
+        before = None if node.holds_state else _recipe(node)
         node.retake(taken)
         unkeyable = [attr for attr in taken if attr not in keyable]
+        refused = None
         if unkeyable:
-            graph._unfollowed[name] = _unkeyable(name, node, unkeyable[0], taken[unkeyable[0]])
+            refused = _unkeyable(name, node, unkeyable[0], taken[unkeyable[0]])
+        elif before is not None:
+            refused = _made_otherwise(name, node, taken, before)
+        if refused is not None:
+            graph._unfollowed[name] = refused
         else:
             graph._unfollowed.pop(name, None)
         _declared_again(graph, name, node)
@@ -412,6 +424,92 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
     # What the node keeps now is what is watched from here.
     now = attributes_of(node)
     graph._kept[name] = (node, [(attr, now.get(attr, was)) for attr, was in graph._kept[name][1]])
+
+
+Recipe = tuple[str | None, tuple[Any, ...], dict[str, Any]]
+
+
+def _recipe(node: Node) -> Recipe | Unbuildable:
+    """How ``node`` is built (:meth:`~somatize.node.Node.recipe`), or why it cannot be."""
+    try:
+        return node.recipe()
+    except Unbuildable as why:
+        return why
+
+
+def _made_otherwise(
+    name: str, node: Node, taken: dict[str, Any], before: Recipe | Unbuildable
+) -> Undeclared | None:
+    """Why ``node``, whose arguments ``taken`` were just replaced, is not what its class
+    builds from its arguments now; None when it is.
+
+    A constructor may make more than the argument it keeps (``self.factor = by * 2``):
+    replacing the argument then leaves what was made from the old value, and the node,
+    keyed as built with the new value, would keep answers such a node does not compute
+    under that node's key, where another recalls them. So the class is built again, as a
+    worker builds it, from the arguments the node had (``before``, its recipe then) and
+    from the new ones: an attribute the two builds hold apart is made from the
+    arguments, and the node must hold what the new build holds. An attribute both builds
+    hold alike (a call counter) is the node's own business. Run once per replacement."""
+    kind = type(node).__qualname__
+    said = ", ".join(f"`{attr}`" for attr in taken)
+    built = ", ".join(f"{attr}={value!r}" for attr, value in taken.items())
+    one = len(taken) == 1
+    head = (
+        f"`{name}` ({kind}) cannot be keyed: {said}, "
+        + (
+            "an argument it was built with and keeps, was"
+            if one
+            else "arguments it was built with and keeps, were"
+        )
+        + " replaced after the graph was built"
+    )
+    fix = f"Build a new `{kind}` with the new value (`{kind}({built})`) and the graph again"
+    try:
+        if isinstance(before, Unbuildable):
+            raise before
+        old = _built_again(node, before)
+        new = _built_again(node, node.recipe())
+    except Unbuildable as why:
+        cause = why.__cause__
+        reason = f"{type(cause).__name__}: {cause}" if cause is not None else str(why)
+        return Undeclared(
+            f"{head}, and a `{kind}` could not be built again from its arguments to check "
+            f"that nothing else it holds was made from the old value ({reason}). {fix}"
+        )
+    was, fresh, now = dict(held_by(old)), dict(held_by(new)), dict(held_by(node))
+    made = [a for a in sorted(was.keys() | fresh.keys()) if was.get(a) != fresh.get(a)]
+    stale = [a for a in made if a not in taken and now.get(a) != fresh.get(a)]
+    if stale:
+        held = ", ".join(f"`{attr}`" for attr in stale)
+        return Undeclared(
+            f"{head}, and {held}, which its constructor makes from its arguments, still "
+            f"{'holds' if len(stale) == 1 else 'hold'} what was made from the old value: a "
+            f"`{kind}({built})` holds another. "
+            f"Keyed as built with the new value, it would keep answers such a node does not "
+            f"compute, under that node's key. {fix}"
+        )
+    try:
+        declared = node.declaration(name) == new.declaration(name)
+    except SomatizeError:
+        declared = True  # refused where it is keyed, for that reason
+    if not declared:
+        return Undeclared(
+            f"{head}, and a `{kind}({built})` declares something else than it does now. {fix}"
+        )
+    return None
+
+
+def _built_again(node: Node, recipe: Recipe) -> Node:
+    """A new node made by ``recipe`` in this process, of ``node``'s own class, as a worker
+    builds one (:meth:`~somatize.catalog.Catalog.build`); Unbuildable when it cannot be."""
+    maker, args, kwargs = recipe
+    kind = type(node)
+    catalog = Catalog(in_process=True)
+    identity = node._smz.identity or identity_of(kind) or f"{kind.__module__}:{kind.__qualname__}"
+    if maker is None:
+        catalog.register(kind, identity)  # this very class, even one with no stable name
+    return catalog.build(Blueprint(identity, tuple(args), dict(kwargs), None, maker))
 
 
 def _in_slot(slot: Any, node: Node) -> Any:
@@ -480,13 +578,14 @@ def _declared_again(graph: Graph, name: str, node: Node) -> None:
     nothing it feeds, runs it as it is — the same as for a node undeclared when built."""
     memory = graph.memory
     was = memory.declaration_of(name)
-    try:
-        refused = graph._unfollowed.get(name)
-        if refused is not None:
-            raise refused
-        now = node.declaration(name)
-    except Undeclared as why:
-        graph._undeclared[name] = why
+    refused = graph._unfollowed.get(name)
+    if refused is None:
+        try:
+            now = node.declaration(name)
+        except Undeclared as why:
+            refused = why.with_traceback(None)  # raised again where the node is keyed
+    if refused is not None:
+        graph._undeclared[name] = refused
         if was is not None:
             memory.undeclare(name)
         return

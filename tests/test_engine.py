@@ -595,6 +595,72 @@ def test_an_argument_a_node_keeps_in_a_slot_changed_after_building_is_keyed_as_i
     assert slotted.declaration() == Slotted(3.0).declaration()
 
 
+class Doubles(Node):
+    """Keeps its argument, and makes from it the factor its forward uses; counts its calls."""
+
+    def __init__(self, by: int) -> None:
+        self.by = by
+        self.factor = by * 2
+        self.calls = 0
+
+    def forward(self, x: int, ctx: Any) -> int:
+        self.calls += 1
+        return x * self.factor
+
+
+def test_an_argument_replaced_where_the_constructor_made_more_from_it_is_refused(
+    store: Store,
+) -> None:
+    """A kept argument replaced after the build on a node whose constructor made another
+    attribute from it would key the node as built with the new value while it computes with
+    the old one: it is refused where it is keyed, naming both and saying what to do, and no
+    answer lands under the key of a node built with the new value; replaced after that
+    attribute is made again, it is followed (what the node counts is its own business)."""
+    doubles = Doubles(2)
+    g = Graph.somatize(doubles.named("doubles").frozen().cached())
+    assert g.forward(5, store=store) == 20
+    doubles.by = 3
+    for _ in range(2):
+        with pytest.raises(Undeclared, match=r"`doubles` \(Doubles\) cannot be keyed: `by`, .* "
+                           r"replaced after the graph was built, and `factor`, which its "
+                           r"constructor makes .* Build a new `Doubles` with the new value "
+                           r"\(`Doubles\(by=3\)`\)"):  # fmt: skip
+            g.forward(5, store=store)
+    assert g.forward(5) == 20
+    fresh = Graph.somatize(Doubles(3).named("fresh").frozen().cached())
+    assert fresh.forward(5, store=store) == 30
+    assert fresh.record is not None and fresh.record.outcome == {"fresh": "ran"}
+    doubles.factor, doubles.by = 8, 4
+    assert g.forward(5, store=store) == 40
+    assert g.record is not None and g.record.outcome == {"doubles": "ran"}
+
+
+class Positive(Node):
+    """Takes only a positive ``by``."""
+
+    def __init__(self, by: int) -> None:
+        if by <= 0:
+            raise ValueError("by must be positive")
+        self.by = by
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.by
+
+
+def test_an_argument_replaced_by_what_the_constructor_refuses_is_refused_where_it_is_keyed(
+    store: Store,
+) -> None:
+    """A kept argument replaced after the build by a value its class would not be built with
+    cannot be checked against a node built with it: refused where it is keyed, saying why."""
+    positive = Positive(2)
+    g = Graph.somatize(positive.named("positive").frozen().cached())
+    assert g.forward(5, store=store) == 10
+    positive.by = -1
+    with pytest.raises(Undeclared, match=r"`positive` \(Positive\) cannot be keyed: .* could not "
+                       r"be built again .*ValueError: by must be positive"):  # fmt: skip
+        g.forward(5, store=store)
+
+
 class Tidies(Node):
     """Keeps its argument, then tidies it into something with no canonical form."""
 
