@@ -103,6 +103,14 @@ class Graph:
         self._static: Any = None
         self._unkeyed: Any = None
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Fills in a copy (``copy.deepcopy``, an unpickled graph): its nodes, copies too, are
+        in this graph, which took what was said about them, so they refuse to be told
+        anything new, as the original's do (a node copied on its own is in no graph)."""
+        vars(self).update(state)
+        for node in (*self._nodes.values(), *(node for node, _ in self._kept.values())):
+            node._smz.built = True
+
     # -- building -------------------------------------------------------------------------
 
     @classmethod

@@ -17,7 +17,9 @@ The chainable declarations (``.named``, ``.frozen``, ``.cached``, ``.mapped``,
 ``.at``) are only said here; the graph copies them into its memory and
 placement when it is built. The node holds no caching logic. Once a node is in
 a graph, what was said about it is settled: saying something else then is
-refused (:class:`AlreadyBuilt`), since that graph would go on as it was built.
+refused (:class:`AlreadyBuilt`), since that graph would go on as it was built. A
+copy of a node (``copy.copy``, ``copy.deepcopy``) starts with what was said about
+the original, as its own, and is in no graph until one is built with it.
 
 A declaration captured from the constructor holds the arguments themselves, so
 one built with a list or a dict can change after the graph is built when
@@ -40,7 +42,7 @@ from __future__ import annotations
 import inspect
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from somatize import canonical
@@ -232,6 +234,21 @@ class Node:
         self = super().__new__(cls)
         object.__setattr__(self, "_smz", Marks(call=(args, kwargs)))
         return self
+
+    def __setstate__(self, state: Any) -> None:
+        """Fills in a copy (``copy.copy``, ``copy.deepcopy``, an unpickled node): what the
+        original holds, and what was said about it — as the copy's own, so that what is said
+        to the copy afterwards (``.named("b").cached()``) leaves the original as it was. A
+        copy has joined no graph, whatever the original joined: it joins one as a node just
+        made would, and what is said to it before is what that graph takes."""
+        held, slots = state if isinstance(state, tuple) and len(state) == 2 else (state, None)
+        if held:
+            vars(self).update(held)
+        for name, value in (slots or {}).items():
+            setattr(self, name, value)
+        marks = vars(self).get("_smz")
+        if isinstance(marks, Marks):
+            object.__setattr__(self, "_smz", replace(marks, built=False))
 
     def forward(self, *inputs: Any) -> Any:
         """What this node computes: predecessors' outputs, then ``ctx``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 from typing import Any
 
 import pytest
@@ -128,6 +130,37 @@ def test_declarations_after_build_are_refused() -> None:
         with pytest.raises(AlreadyBuilt, match="build the graph again from a new `Scale`"):
             say()
     assert node._smz.salt == "v1" and node._smz.name == "scale"
+
+
+@pytest.mark.parametrize("copied", [copy.copy, copy.deepcopy], ids=["copy", "deepcopy"])
+def test_a_copy_of_a_node_has_what_was_said_about_it_as_its_own(copied: Any) -> None:
+    """A copy of a node starts with what was said about the original, and what is said to
+    it afterwards is its own: the original keeps its name and is not cached. A copy of a
+    node already in a graph is in none, and joins a new one as a node just made would."""
+    node = Scale(2.0).named("a").frozen()
+    copied(node).named("early").cached()
+    assert node._smz.name == "a" and not node._smz.cached
+    Graph.somatize(Rows().frozen() >> node)
+    twin = copied(node)
+    assert (twin._smz.name, twin._smz.frozen, twin.by) == ("a", True, 2.0)
+    twin.named("b").cached()
+    assert node._smz.name == "a" and not node._smz.cached
+    g = Graph.somatize(Rows().named("rows").frozen() >> (node, twin))
+    assert g.nodes() == ("rows", "a", "b") and g.memory.is_cached("b")
+    assert not g.memory.is_cached("a")
+    for built in (node, twin):
+        with pytest.raises(AlreadyBuilt, match="is already in a graph"):
+            built.cached(salt="v2")
+
+
+def test_a_copied_graph_holds_its_copied_nodes_as_built() -> None:
+    """The nodes of a copied graph are in that graph, which took what was said about them:
+    they refuse to be told anything new, as the original graph's do."""
+    g = Graph.somatize(Rows().named("rows").frozen() >> Scale(2.0).named("scale").frozen())
+    for again in (copy.deepcopy(g), pickle.loads(pickle.dumps(g))):
+        with pytest.raises(AlreadyBuilt, match=r"`scale` \(Scale\) is already in a graph"):
+            again.node("scale").cached()
+        assert again.forward({"at": 0, "take": 2}) == [0.0, 2.0]
 
 
 def test_declaration_is_fixed_unless_built_with_something_changeable() -> None:
