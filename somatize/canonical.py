@@ -16,9 +16,9 @@ when handed the other. Floats are written by their IEEE-754 bits, so ``0.0`` and
 sorted by key, so insertion order never matters, and bytes-like values (bytes, a
 bytearray, a contiguous memoryview) are their bytes — what a node reads of them.
 (An answer, written to be read back as it was computed, keeps both: its dicts'
-order, and a bytearray as one.) Anything else is refused with :class:`NotCanonical`, and so are a value
-that contains itself, one nested deeper than Python's recursion limit, and a
-memoryview whose bytes are not contiguous.
+order, and a bytearray as one.) Anything else is refused with :class:`NotCanonical`,
+and so are a value that contains itself, one nested deeper than Python's recursion
+limit, and a memoryview whose bytes are not contiguous.
 
 The encoding is versioned by :data:`VERSION`; the key formula mixes the version
 in, so a change here changes every key on purpose rather than by accident.
