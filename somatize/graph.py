@@ -340,7 +340,8 @@ class Graph:
         what runs and is cached is kept. ``watching`` is called with each fact, in
         order. ``broker`` runs placed nodes on their workers. ``strict`` recomputes
         an answer whose code fingerprint differs instead of warning. ``outputs``
-        asks for other nodes' values than the graph's outputs.
+        asks for other nodes' values than the graph's outputs; a node they do not need
+        is spared too.
         """
         return run(
             self,
