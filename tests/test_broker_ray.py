@@ -425,9 +425,12 @@ def test_an_answer_with_no_codec_fails_on_ray(broker: Any) -> None:
         g.forward({"at": 0, "take": 2}, broker=broker)
 
 
-def test_a_class_in_main_is_refused_before_anything_runs(broker: Any) -> None:
+def test_a_class_in_main_is_refused_before_anything_runs(
+    broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A class from ``__main__`` cannot be imported by an actor: refused with the advice."""
     main = type("Main", (Echo,), {"__module__": "__main__"})
+    monkeypatch.setattr(sys.modules["__main__"], "Main", main, raising=False)  # as typed in
     rows = Rows()
     g = Graph.somatize(rows.named("rows") >> main().named("main").at("w1"))
     with pytest.raises(Unbuildable, match=r"`main` cannot be sent.*move the class into a module"):
