@@ -183,6 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             for damage in found.damaged:
                 print(f"DAMAGED {damage.section}/{damage.name}: {damage.why}", file=out)
+            for where in found.stray:
+                print(
+                    f"stray   {where}: not named by a digest, so no blob; gc removes it", file=out
+                )
             if found.quarantined:
                 print(f"moved {len(found.quarantined)} aside into quarantine/", file=out)
             return 0 if found.ok else 1

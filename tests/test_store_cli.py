@@ -100,3 +100,13 @@ def test_a_file_url_that_is_no_store_exits_2_and_creates_nothing(
     assert not missing.exists()
     store = _store(tmp_path)
     assert main(["store", "ls", "--store", f"file://{store.root}"]) == 0
+
+
+def test_verify_lists_a_stray_file_and_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .DS_Store in blobs/ is listed as stray, and verify still exits 0: it is no damage."""
+    store = _store(tmp_path)
+    (store.root / "blobs" / ".DS_Store").write_bytes(b"Finder's")
+    assert main(["store", "verify", "--store", str(store.root)]) == 0
+    assert "stray   blobs/.DS_Store: not named by a digest" in capsys.readouterr().out

@@ -207,3 +207,32 @@ def test_names_signed_before_names_covered_themselves_are_reported_not_refused(
     assert fresh.get(digest) == b"the training set"
     fresh.bind("data/v1", digest)
     assert LocalStore(tmp_path / "store", signing_key="team").resolve("data/v1") == digest
+
+
+def _plant(home: Store, relative: str, data: bytes) -> None:
+    """Writes ``relative`` (``blobs/.DS_Store``) into the home behind the store's back."""
+    if isinstance(home, LocalStore):
+        (home.root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (home.root / relative).write_bytes(data)
+        return
+    from somatize.store import BucketStore
+
+    assert isinstance(home, BucketStore)
+    home.fs.pipe_file(f"{home.root}/{relative}", data)
+
+
+def test_a_stray_file_in_blobs_is_listed_not_fatal(home: Store) -> None:
+    """Files in blobs/ named by no digest (a .DS_Store, an NFS .nfs file) do not stop verify:
+    they are listed as stray, not as damage, and gc removes them as it removes any file
+    there nothing refers to."""
+    blob = home.keep(key_of(1), b"an answer", "plain").value
+    for stray in ("blobs/.DS_Store", "blobs/ab/.nfs0000000000001234"):
+        _plant(home, stray, b"not a blob")
+    found = _reopen(home).verify(quarantine=True)
+    assert found.ok and found.blobs == 1 and found.quarantined == []
+    assert sorted(found.stray) == ["blobs/.DS_Store", "blobs/ab/.nfs0000000000001234"]
+    _reopen(home).gc(grace=0)
+    fresh = _reopen(home)
+    listed = [e.name for e in fresh._entries("blobs")]  # type: ignore[attr-defined]
+    assert listed == [f"{blob[7:9]}/{blob[7:]}"]
+    assert bytes(fresh.recall(key_of(1))[1]) == b"an answer"

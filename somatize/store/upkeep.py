@@ -16,7 +16,10 @@ is removed only once it is older than ``grace`` seconds, because a writer may
 have put it a moment ago and be about to publish the record that refers to it;
 and the store is looked at again just before, so a blob a writer put again (or
 referred to) while the collection ran is spared — on a bucket, where a put of a
-blob already there cannot touch it, only once its record is published.
+blob already there cannot touch it, only once its record is published. A file in
+``blobs/`` named by no digest (a ``.DS_Store``, an NFS ``.nfs…`` file) is no blob:
+nothing can refer to it, so it goes as an unreferenced blob does, and checking lists
+it as stray, not as damage.
 
 **Signatures do not decide what is kept.** A record, index or name that fails
 only its signature check is untrusted by readers, but it is not damaged: it
@@ -39,7 +42,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from somatize.store.base import Answer, Corrupt
+from somatize.store.base import Answer, BadName, Corrupt, check_digest
 from somatize.store.records import (
     KEY_VARIABLE,
     KeyMismatch,
@@ -109,6 +112,19 @@ class Shelf(Protocol):
 
 def _digest_of(name: str) -> str:
     return "blake3:" + name.rsplit("/", 1)[-1]
+
+
+def _blobs_among(entries: list[Entry]) -> tuple[dict[str, Entry], list[Entry]]:
+    """The files of ``blobs/`` by the digest they are named by, and those named by none (a
+    ``.DS_Store``, an NFS ``.nfs…`` file): no blob, so nothing can refer to them."""
+    blobs: dict[str, Entry] = {}
+    stray: list[Entry] = []
+    for entry in entries:
+        try:
+            blobs[check_digest(_digest_of(entry.name))] = entry
+        except BadName:
+            stray.append(entry)
+    return blobs, stray
 
 
 _READ = ("answers", "packs", "names")
@@ -343,6 +359,9 @@ class Verified:
     damaged: list[Damage] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)
     """``section/name`` of everything moved aside."""
+    stray: list[str] = field(default_factory=list)
+    """``section/name`` of files in ``blobs/`` not named by a digest (a ``.DS_Store``): no
+    blob, so nothing refers to them and they are no damage; ``gc`` removes them."""
 
     @property
     def ok(self) -> bool:
@@ -362,7 +381,8 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
             shelf._quarantine(section, name)
             out.quarantined.append(f"{section}/{name}")
 
-    blobs = {_digest_of(e.name): e for e in shelf._entries("blobs")}
+    blobs, stray = _blobs_among(shelf._entries("blobs"))
+    out.stray = [f"blobs/{e.name}" for e in stray]
     whole: set[str] = set()
     for digest, entry in wrap(blobs.items(), "hashing blobs", len(blobs)):
         found = shelf._rehash(digest)
