@@ -258,6 +258,46 @@ def test_simulated_full_disk_is_a_clear_error(
     assert LocalStore(tmp_path / "store").have([small, key_of("big")]) == {small}
 
 
+def _read_only(*args: Any, **kwargs: Any) -> Any:
+    raise OSError(errno.EROFS, "Read-only file system")
+
+
+def _mount_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes every write, rename, removal and touch fail as on a read-only filesystem (as
+    root, permissions would not stop a write, so the refusal is simulated)."""
+    real_open = open
+
+    def opened(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if set(mode) & set("wax+"):
+            _read_only()
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr("somatize.store.local.open", opened, raising=False)
+    for name in ("utime", "unlink", "replace", "rename", "mkdir"):
+        monkeypatch.setattr(os, name, _read_only)
+
+
+def test_a_read_only_store_refuses_writes_clearly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a read-only filesystem, a keep or put of new bytes raises StoreError saying the
+    store is read-only; a put of bytes already there answers their digest, and what was
+    kept is still recalled."""
+    store = LocalStore(tmp_path / "store")
+    kept = store.keep(key_of("kept"), b"kept before", "plain")
+    _mount_read_only(monkeypatch)
+    with pytest.raises(StoreError, match="the store is read-only for this process"):
+        store.keep(key_of("new"), b"new bytes", "plain")
+    with pytest.raises(StoreError, match="the store is read-only for this process"):
+        store.put(b"new bytes")
+    with pytest.raises(StoreError, match="the store is read-only for this process"):
+        store.bind("data/v1", kept.value)
+    assert store.put(b"kept before") == kept.value
+    assert bytes(LocalStore(tmp_path / "store").recall(key_of("kept"))[1]) == b"kept before"
+    monkeypatch.undo()
+    assert LocalStore(tmp_path / "store").verify().ok
+
+
 def test_a_large_blob_hashed_while_written_is_named_by_its_content(tmp_path: Path) -> None:
     """A blob large enough to be hashed while it is written gets the digest of its bytes,
     reads back whole, and kept again leaves nothing behind in ``tmp/``."""

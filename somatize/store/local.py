@@ -240,8 +240,9 @@ class LocalStore(PackedHome):
             raise self._unwritten(temporary, target, why) from why
 
     def _unwritten(self, temporary: str, target: str | None, why: OSError) -> StoreError:
-        """The error for a write that failed; the temporary file is removed first."""
-        with contextlib.suppress(FileNotFoundError):
+        """The error for a write that failed; the temporary file is removed first (one that
+        cannot be, never written or on a read-only disk, is left to gc)."""
+        with contextlib.suppress(OSError):
             os.unlink(temporary)
         where = os.path.relpath(target, self.root) if target is not None else "a blob"
         if why.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -249,6 +250,12 @@ class LocalStore(PackedHome):
                 f"could not write {where} into {self.root}: no space left ({why.strerror}). "
                 "Nothing half-written was left and the store is as it was; free space, or "
                 "make room with `somatize store gc --max-bytes SIZE`"
+            )
+        if why.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return StoreError(
+                f"could not write {where} into {self.root}: the store is read-only for this "
+                f"process ({why.strerror}). Nothing was changed; it can still be read. Keep "
+                "answers in a store this process may write"
             )
         return StoreError(f"could not write {where} into {self.root}: {why}")
 
@@ -293,14 +300,18 @@ class LocalStore(PackedHome):
     @staticmethod
     def _already(target: str, size: int) -> bool:
         """Whether the blob at ``target`` is here whole; if so it is touched, so a gc running
-        now sees a fresh blob and leaves it for the record about to refer to it."""
+        now sees a fresh blob and leaves it for the record about to refer to it. A blob this
+        process may not touch (a read-only store, another user's file) is here all the same:
+        the touch only guards against a gc, as a bucket's put, which cannot touch, does not."""
         try:
-            if os.stat(target).st_size == size:
-                os.utime(target)
-                return True
+            if os.stat(target).st_size != size:
+                return False
+            os.utime(target)
         except FileNotFoundError:
+            return False  # not here, or removed by a gc just now: it is written afresh
+        except OSError:
             pass
-        return False
+        return True
 
     def bind(self, name: str, digest: str) -> None:
         check_name(name)
