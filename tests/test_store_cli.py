@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
 
 from somatize.cli import main, parse_size, size_of
-from somatize.store import LocalStore
+from somatize.store import LocalStore, StoreError
 
 KEY = "blake3:" + "ab" * 32
 
@@ -110,3 +112,25 @@ def test_verify_lists_a_stray_file_and_exits_0(
     (store.root / "blobs" / ".DS_Store").write_bytes(b"Finder's")
     assert main(["store", "verify", "--store", str(store.root)]) == 0
     assert "stray   blobs/.DS_Store: not named by a digest" in capsys.readouterr().out
+
+
+def test_gc_on_a_read_only_store_exits_2_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc of a store it cannot remove from (a read-only disk) raises StoreError saying so,
+    and the command line exits 2 with that one line, no traceback; the store is whole."""
+    store = _store(tmp_path)
+    unreferenced = store.put(b"nothing refers to this")
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "unlink", read_only)
+    with pytest.raises(StoreError, match=r"could not remove blobs/.*: the store is read-only"):
+        LocalStore(store.root).gc(grace=0)
+    assert main(["store", "gc", "--store", str(store.root), "--grace", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "somatize store gc: could not remove blobs/" in err and "read-only" in err
+    assert len(err.strip().splitlines()) == 1
+    monkeypatch.undo()
+    assert LocalStore(store.root).has_blob(unreferenced) and LocalStore(store.root).verify().ok

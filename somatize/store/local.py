@@ -595,7 +595,16 @@ class LocalStore(PackedHome):
     def _remove(self, section: str, names: list[str]) -> None:
         base = self._section(section)
         for name in names:
-            (base / name).unlink(missing_ok=True)
+            try:
+                (base / name).unlink(missing_ok=True)
+            except OSError as why:
+                readonly = why.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+                raise StoreError(
+                    f"could not remove {section}/{name} from {self.root}"
+                    + (": the store is read-only for this process" if readonly else "")
+                    + f" ({why.strerror}). What was removed before is gone, the rest is as it "
+                    "was; run gc where the store can be written"
+                ) from why
 
     def _quarantine(self, section: str, name: str) -> None:
         self._set_aside(str(self._section(section) / name), section, name.replace("/", "_"))
