@@ -189,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             if found.quarantined:
                 print(f"moved {len(found.quarantined)} aside into quarantine/", file=out)
+            for why in found.unmoved.values():
+                print(why, file=out)
             return 0 if found.ok else 1
         else:
             return _show(store, args.key, out)

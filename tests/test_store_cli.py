@@ -134,3 +134,33 @@ def test_gc_on_a_read_only_store_exits_2_with_a_message(
     assert len(err.strip().splitlines()) == 1
     monkeypatch.undo()
     assert LocalStore(store.root).has_blob(unreferenced) and LocalStore(store.root).verify().ok
+
+
+def test_verify_says_what_it_could_not_move_aside(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify --quarantine on a store it cannot write counts as moved only what it moved
+    (nothing), says what it could not move and why, and leaves the damage in place."""
+    store = _store(tmp_path)
+    answer = store.answer(KEY)
+    assert answer is not None
+    blob = store.blob_path(answer.value)
+    blob.write_bytes(b"y" * 3000)
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "replace", read_only)
+    found = LocalStore(store.root).verify(quarantine=True)
+    where = f"blobs/{answer.value[7:9]}/{answer.value[7:]}"
+    assert found.quarantined == [] and set(found.unmoved) == {
+        where,
+        f"answers/{KEY[7:9]}/{KEY[7:]}",
+    }
+    assert "Read-only file system" in found.unmoved[where]
+    assert main(["store", "verify", "--store", str(store.root), "--quarantine"]) == 1
+    printed = capsys.readouterr().out
+    assert "aside into quarantine/" not in printed
+    assert f"could not move {where} to quarantine/" in printed
+    assert blob.exists()
+    assert not [p for p in (store.root / "quarantine").rglob("*") if p.is_file()]

@@ -163,8 +163,9 @@ class PackedHome(Store):
         """Removes ``names`` from ``section``."""
 
     @abc.abstractmethod
-    def _quarantine(self, section: str, name: str) -> None:
-        """Moves ``section/name`` aside, so it is a miss from now on."""
+    def _quarantine(self, section: str, name: str) -> bool:
+        """Moves ``section/name`` aside, so it is a miss from now on; False if it was gone
+        already, StoreError if it could not be moved (a read-only store)."""
 
     @abc.abstractmethod
     def _rehash(self, digest: str) -> str | None:

@@ -639,12 +639,13 @@ class BucketStore(PackedHome):
             paths = [self._path(section, name) for name in names]
             self._call(f"removing from {section}", self.fs.rm, paths)
 
-    def _quarantine(self, section: str, name: str) -> None:
+    def _quarantine(self, section: str, name: str) -> bool:
         aside = self._path("quarantine", f"{section}/{name.replace('/', '_')}.{time.time_ns()}")
         if not self._atomic:  # a plain filesystem moves only into a folder that exists
             self.fs.makedirs(aside.rsplit("/", 1)[0], exist_ok=True)
         self._call(f"moving {section}/{name} aside", self.fs.mv, self._path(section, name), aside)
         self._forget_all()
+        return True
 
     def _rehash(self, digest: str) -> str | None:
         data = self._read(self._blob_path(digest), f"blob {digest}")

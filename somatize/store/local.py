@@ -396,10 +396,13 @@ class LocalStore(PackedHome):
         if self._verified.get(digest) != stamp:
             found = hash_bytes(data)
             if found != digest:
-                self._set_aside(path, "blobs", digest[7:])
+                try:
+                    self._set_aside(path, "blobs", digest[7:])
+                    fate = "was moved to quarantine/ so that it is written afresh"
+                except OSError as why:
+                    fate = f"could not be moved to quarantine/ ({why.strerror})"
                 raise Corrupt(
-                    f"blob {digest} in {self.root} hashes to {found}: it is damaged, and was "
-                    "moved to quarantine/ so that it is written afresh"
+                    f"blob {digest} in {self.root} hashes to {found}: it is damaged, and {fate}"
                 )
             self._verified[digest] = stamp
         if actual <= _MAP_ABOVE:
@@ -553,15 +556,16 @@ class LocalStore(PackedHome):
         self._verified.pop(digest, None)
         self._maps.pop(digest, None)
 
-    def _set_aside(self, path: str, section: str, label: str) -> None:
-        """Moves a damaged file to ``quarantine/<section>/<label>.<time>`` (if it is still
-        there)."""
+    def _set_aside(self, path: str, section: str, label: str) -> bool:
+        """Moves a damaged file to ``quarantine/<section>/<label>.<time>``; False if it was
+        gone already, OSError if it cannot be moved (a read-only store)."""
         aside = self.root / "quarantine" / section / f"{label}.{time.time_ns()}"
         try:
             aside.parent.mkdir(parents=True, exist_ok=True)
             os.replace(path, aside)
-        except OSError:
-            pass  # already moved or removed by another reader: either way it is gone
+        except FileNotFoundError:
+            return False  # already moved or removed by another reader: either way it is gone
+        return True
 
     # -- upkeep -------------------------------------------------------------------------------
 
@@ -606,9 +610,18 @@ class LocalStore(PackedHome):
                     "was; run gc where the store can be written"
                 ) from why
 
-    def _quarantine(self, section: str, name: str) -> None:
-        self._set_aside(str(self._section(section) / name), section, name.replace("/", "_"))
-        self._forget_all()
+    def _quarantine(self, section: str, name: str) -> bool:
+        try:
+            return self._set_aside(
+                str(self._section(section) / name), section, name.replace("/", "_")
+            )
+        except OSError as why:
+            raise StoreError(
+                f"could not move {section}/{name} to quarantine/ in {self.root} "
+                f"({why.strerror}): it is still in place"
+            ) from why
+        finally:
+            self._forget_all()
 
     def _rehash(self, digest: str) -> str | None:
         try:

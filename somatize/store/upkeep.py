@@ -32,7 +32,8 @@ take every answer for damage.
 **Checking** (:func:`check`) re-hashes every blob from scratch (not trusting what
 this process verified before) and reads every record, index and name; what does
 not match is reported, and with ``quarantine`` moved to ``quarantine/`` so it is
-a miss from then on (and can still be looked at).
+a miss from then on (and can still be looked at); what could not be moved (a
+read-only store) is reported apart, never counted as moved.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from somatize.store.base import Answer, BadName, Corrupt, check_digest
+from somatize.store.base import Answer, BadName, Corrupt, StoreError, check_digest
 from somatize.store.records import (
     KEY_VARIABLE,
     KeyMismatch,
@@ -99,7 +100,7 @@ class Shelf(Protocol):
 
     def _remove(self, section: str, names: list[str]) -> None: ...
 
-    def _quarantine(self, section: str, name: str) -> None: ...
+    def _quarantine(self, section: str, name: str) -> bool: ...
 
     def _rehash(self, digest: str) -> str | None: ...
 
@@ -359,6 +360,9 @@ class Verified:
     damaged: list[Damage] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)
     """``section/name`` of everything moved aside."""
+    unmoved: dict[str, str] = field(default_factory=dict)
+    """``section/name`` → why it could not be moved aside (a read-only store): it is still
+    in place, and still damaged."""
     stray: list[str] = field(default_factory=list)
     """``section/name`` of files in ``blobs/`` not named by a digest (a ``.DS_Store``): no
     blob, so nothing refers to them and they are no damage; ``gc`` removes them."""
@@ -378,8 +382,11 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
     def damaged(section: str, name: str, why: str, aside: bool = True) -> None:
         out.damaged.append(Damage(section, name, why))
         if quarantine and aside:
-            shelf._quarantine(section, name)
-            out.quarantined.append(f"{section}/{name}")
+            try:
+                if shelf._quarantine(section, name):
+                    out.quarantined.append(f"{section}/{name}")
+            except StoreError as why:
+                out.unmoved[f"{section}/{name}"] = str(why)
 
     blobs, stray = _blobs_among(shelf._entries("blobs"))
     out.stray = [f"blobs/{e.name}" for e in stray]
