@@ -203,3 +203,33 @@ def test_a_cache_that_cannot_be_filled_fails_nothing(tmp_path: Path) -> None:
     fresh = Store.on_bucket(store.url, cache=tmp_path / "cache", **s3_options())
     assert bytes(fresh.recall(key_of("b"))[1]) == b"kept in the bucket"
     assert bytes(fresh.get(answer.value)) == b"kept in the bucket"
+
+
+@pytest.mark.parametrize("url", ["s3", "memory"])
+def test_quarantine_of_what_vanished_meanwhile_is_no_error(url: str) -> None:
+    """verify --quarantine of a bucket whose damaged record is removed (a gc elsewhere)
+    between the listing and the move reports the damage and moves nothing, as a local
+    store does, instead of failing on the missing file."""
+    store = (
+        Store.on_bucket(s3_url(), **s3_options())
+        if url == "s3"
+        else Store.on_bucket(f"memory://somatize/{key_of('vanished')[7:19]}")
+    )
+    assert isinstance(store, BucketStore)
+    key = key_of("vanished")
+    answer = store.keep(key, b"soon dangling", "plain")
+    store.fs.rm(store._blob_path(answer.value))
+    checker = Store.on_bucket(store.url, **store.storage_options)
+    assert isinstance(checker, BucketStore)
+    listed = checker._entries
+
+    def entries(section: str) -> list[Any]:
+        found = listed(section)
+        if section == "blobs":  # verify has read the records; another process drops one
+            store.fs.rm(store._answer_path(key))
+        return found
+
+    checker._entries = entries  # type: ignore[method-assign]
+    found = checker.verify(quarantine=True)
+    assert [(d.section, d.name) for d in found.damaged] == [("answers", f"{key[7:9]}/{key[7:]}")]
+    assert found.quarantined == [] and found.unmoved == {}

@@ -641,10 +641,19 @@ class BucketStore(PackedHome):
 
     def _quarantine(self, section: str, name: str) -> bool:
         aside = self._path("quarantine", f"{section}/{name.replace('/', '_')}.{time.time_ns()}")
-        if not self._atomic:  # a plain filesystem moves only into a folder that exists
-            self.fs.makedirs(aside.rsplit("/", 1)[0], exist_ok=True)
-        self._call(f"moving {section}/{name} aside", self.fs.mv, self._path(section, name), aside)
-        self._forget_all()
+        what = f"moving {section}/{name} aside"
+        try:
+            if not self._atomic:  # a plain filesystem moves only into a folder that exists
+                self.fs.makedirs(aside.rsplit("/", 1)[0], exist_ok=True)
+            self._call(what, self.fs.mv, self._path(section, name), aside)
+        except FileNotFoundError:
+            return False  # removed meanwhile (a gc elsewhere): nothing is left to move
+        except StoreError:
+            raise
+        except OSError as why:
+            raise StoreError(f"{what} on {self.url} failed ({why}): it is still in place") from why
+        finally:
+            self._forget_all()
         return True
 
     def _rehash(self, digest: str) -> str | None:
