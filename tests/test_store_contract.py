@@ -88,6 +88,15 @@ def test_bind_and_resolve(home: Store) -> None:
     assert home.resolve("sms/train") == two
 
 
+def test_a_name_for_a_blob_not_kept_is_refused(home: Store) -> None:
+    """Binding a digest no blob is kept under is Missing, saying to put the bytes first, and
+    binds nothing: a name never points at nothing from the start."""
+    with pytest.raises(Missing, match=r"no blob .* is kept in .*Put them first"):
+        home.bind("sms/train", "blake3:" + "cd" * 32)
+    with pytest.raises(NameNotFound):
+        reopen(home).resolve("sms/train")
+
+
 @pytest.mark.parametrize("order", ["shorter first", "longer first"])
 def test_a_name_cannot_also_hold_names(home: Store, order: str) -> None:
     """`sms/train` and `sms/train/x` are refused together, in every home alike (a name is

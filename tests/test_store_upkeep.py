@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from somatize.cli import main
-from somatize.store import KeyMismatch, LocalStore, Store
+from somatize.store import KeyMismatch, LocalStore, Missing, Store
 from somatize.store.records import NameSignedAlone, Signer
 from somatize.store.upkeep import Entry
 from tests.conftest_s3 import s3_options, s3_url
@@ -236,3 +237,30 @@ def test_a_stray_file_in_blobs_is_listed_not_fatal(home: Store) -> None:
     listed = [e.name for e in fresh._entries("blobs")]  # type: ignore[attr-defined]
     assert listed == [f"{blob[7:9]}/{blob[7:]}"]
     assert bytes(fresh.recall(key_of(1))[1]) == b"an answer"
+
+
+def test_a_bind_whose_blob_a_gc_removes_meanwhile_says_so(
+    home: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blob removed (by a gc in another process) while a name is being bound to it makes
+    the bind fail loudly, saying the name points at nothing until the bytes are put again;
+    putting them again restores it."""
+    digest = home.put(b"the training set")
+    write = "_publish" if isinstance(home, LocalStore) else "_write"
+    real = getattr(home, write)
+
+    def removing_first(target: Any, pieces: Any) -> Any:
+        if "names" in str(target):  # the blob was looked for; a gc elsewhere removes it now
+            if isinstance(home, LocalStore):
+                home.blob_path(digest).unlink()
+            else:
+                home.fs.rm(home._blob_path(digest))  # type: ignore[attr-defined]
+        return real(target, pieces)
+
+    monkeypatch.setattr(home, write, removing_first)
+    with pytest.raises(Missing, match=r"removed meanwhile .* until its bytes are put again"):
+        home.bind("data/v1", digest)
+    monkeypatch.undo()
+    fresh = _reopen(home)
+    assert fresh.put(b"the training set") == digest
+    assert bytes(fresh.get(fresh.resolve("data/v1"))) == b"the training set"

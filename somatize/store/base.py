@@ -217,6 +217,24 @@ def keys_of(keys: Iterable[str]) -> Sequence[str]:
     return list(keys)
 
 
+def unbacked(name: str, digest: str, where: str) -> Missing:
+    """The refusal to bind ``name`` to ``digest``, which ``where`` keeps no blob of."""
+    return Missing(
+        f"cannot bind `{name}` to {digest}: no blob {digest} is kept in {where}, and a name "
+        "points at bytes kept in its store. Put them first: "
+        f"`store.bind({name!r}, store.put(data))`"
+    )
+
+
+def unbound(name: str, digest: str, where: str) -> Missing:
+    """The error for a bind of ``name`` whose blob ``digest`` was removed meanwhile."""
+    return Missing(
+        f"`{name}` was bound to {digest} in {where}, but the blob was removed meanwhile (a gc "
+        "in another process): the name points at nothing until its bytes are put again "
+        "(`store.put(data)` restores the blob, and the name with it)"
+    )
+
+
 def names_above(name: str) -> list[str]:
     """The names ``name`` lies under (``sms``, ``sms/train`` for ``sms/train/x``)."""
     parts = name.split("/")
@@ -365,7 +383,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def bind(self, name: str, digest: str) -> None:
-        """Points ``name`` at blob ``digest`` (replacing what it pointed at)."""
+        """Points ``name`` at blob ``digest`` (replacing what it pointed at); Missing when no
+        blob ``digest`` is kept here, or when it was removed (a gc elsewhere) while the name
+        was written."""
 
     @abc.abstractmethod
     def resolve(self, name: str) -> str:

@@ -54,6 +54,8 @@ from somatize.store.base import (
     keys_of,
     names_above,
     nested,
+    unbacked,
+    unbound,
 )
 from somatize.store.local import LocalStore
 from somatize.store.records import (
@@ -386,15 +388,27 @@ class BucketStore(PackedHome):
         return digest
 
     def bind(self, name: str, digest: str) -> None:
+        """The blob is looked for in the bucket (not the cache) before the name is written,
+        and again after: a gc that removed it meanwhile is said, not left as a name pointing
+        at nothing."""
         check_name(name)
-        check_digest(digest)
+        blob = self._blob_path(digest)
         upper = {self._path("names", n): n for n in names_above(name)}
         found = self._read_paths(list(upper)) if upper else {}
         above = next((n for path, n in upper.items() if found.get(path)), None)
         inside = f"/names/{name}/"  # listings name paths with or without the protocol
         if above is not None or any(inside in f"/{p}" for p in self._list(f"names/{name}")):
             raise nested(name, above)
+        if not self._there(blob, f"looking for blob {digest}"):
+            raise unbacked(name, digest, self.url)
         self._write(self._path("names", name), [encode_name(name, digest, self.signer)])
+        if not self._there(blob, f"looking for blob {digest}"):
+            raise unbound(name, digest, self.url)
+
+    def _there(self, path: str, what: str) -> bool:
+        """Whether the object at ``path`` is in the bucket now (not as a listing cached)."""
+        self.fs.invalidate_cache(path)
+        return bool(self._call(what, self.fs.exists, path))
 
     def _publish_record(self, answer: Answer, data: bytes) -> None:
         self._write(self._answer_path(answer.key), [data])

@@ -67,6 +67,8 @@ from somatize.store.base import (
     keys_of,
     names_above,
     nested,
+    unbacked,
+    unbound,
 )
 from somatize.store.records import (
     PackIndex,
@@ -314,13 +316,24 @@ class LocalStore(PackedHome):
         return True
 
     def bind(self, name: str, digest: str) -> None:
+        """The blob is touched first, so a gc running now spares it for the name about to
+        point at it, and looked for again once the name is written: a gc that removed it
+        meanwhile is said, not left as a name pointing at nothing."""
         check_name(name)
-        check_digest(digest)
+        blob = self._blob_file(digest)
         names = self.root / "names"
         above = next((n for n in names_above(name) if (names / n).is_file()), None)
         if above is not None or (names / name).is_dir():
             raise nested(name, above)
+        try:
+            os.utime(blob)
+        except FileNotFoundError:
+            raise unbacked(name, digest, str(self.root)) from None
+        except OSError:
+            pass  # here, and not this process's to touch (a read-only store, another user's)
         self._publish(names / name, [encode_name(name, digest, self.signer)])
+        if not os.path.exists(blob):
+            raise unbound(name, digest, str(self.root))
 
     def _publish_record(self, answer: Answer, data: bytes) -> None:
         self._publish(self._answer_file(answer.key), [data])
