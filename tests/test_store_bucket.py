@@ -233,3 +233,27 @@ def test_quarantine_of_what_vanished_meanwhile_is_no_error(url: str) -> None:
     found = checker.verify(quarantine=True)
     assert [(d.section, d.name) for d in found.damaged] == [("answers", f"{key[7:9]}/{key[7:]}")]
     assert found.quarantined == [] and found.unmoved == {}
+
+
+def test_a_reader_that_may_not_write_recalls_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reader whose writes are refused recalls past the point where it writes down when
+    answers were used: that is advice, dropped and said once at debug level."""
+    monkeypatch.setattr("somatize.store._packed.FLUSH_USES", 4)
+    url = f"memory://somatize/{key_of('read-only reader')[7:19]}"
+    writer = Store.on_bucket(url)
+    keys = [key_of(f"kept {i}") for i in range(10)]
+    for key in keys:
+        writer.keep(key, key.encode(), "plain")
+    reader = Store.on_bucket(url, backoff=0.0)
+    assert isinstance(reader, BucketStore)
+    denied = Counting(None, fail=99, error=PermissionError("AccessDenied: read-only"))
+    monkeypatch.setattr(reader.fs, "pipe_file", denied)
+    with caplog.at_level("DEBUG", logger="somatize.store.bucket"):
+        for key in keys:
+            assert bytes(reader.recall(key)[1]) == key.encode()
+        reader.close()
+    assert denied.calls >= 2
+    said = [r for r in caplog.records if "cannot be written down" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "DEBUG"

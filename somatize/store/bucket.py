@@ -23,7 +23,9 @@ Transient failures (connection resets, timeouts, throttling) are retried with
 exponential backoff and jitter; a request that keeps failing becomes a
 :class:`StoreError` that says so. When answers were used is written as small
 ``used/`` logs (a bucket cannot touch an object's time), on :meth:`close` and every
-1,024 recalls; ``gc`` merges them.
+1,024 recalls; ``gc`` merges them. That is advice: a log that cannot be written (a
+reader without write permission) is dropped, said once at debug level, and never
+fails a recall.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import random
 import time
@@ -71,6 +74,8 @@ from somatize.store.upkeep import Entry, collect
 __all__ = ["BucketStore"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
 
 _FETCH_BELOW = 32
 """Up to this many unknown keys, ``have`` fetches their records; beyond, it lists."""
@@ -174,6 +179,8 @@ class BucketStore(PackedHome):
         """Whether the pack indexes were loaded once (see :meth:`_look_at_packs`)."""
         self._logs: list[str] = []
         self._merged: dict[tuple[str, str], float] = {}
+        self._use_said = False
+        """Whether a ``used/`` log that could not be written was said (once, at debug level)."""
 
     def __repr__(self) -> str:
         return f"Store.on_bucket({self.url!r})"
@@ -633,7 +640,7 @@ class BucketStore(PackedHome):
             self._used_packs.update(
                 {f"blake3:{n}": t for (s, n), t in merged.items() if s == "packs"}
             )
-            self._flush_use()
+            self._write_use()  # written before the logs it replaces are removed
             self._call("removing used/ logs", self.fs.rm, logs)
 
     def _entries(self, section: str) -> list[Entry]:
@@ -675,12 +682,30 @@ class BucketStore(PackedHome):
         return None if data is None else hash_bytes(data)
 
     def _flush_use(self) -> None:
+        """Writes a ``used/`` log; one that cannot be written only loses advice, so it is
+        dropped rather than failing the recall that wrote it."""
+        try:
+            self._write_use()
+        except Exception as why:
+            if not self._use_said:
+                self._use_said = True
+                _log.debug(
+                    "when answers of %s were used cannot be written down (%s: %s); gc will "
+                    "not know it, and recalls go on",
+                    self.url,
+                    type(why).__name__,
+                    why,
+                )
+
+    def _write_use(self) -> None:
+        """Writes when the answers recalled since the last time were used as a ``used/``
+        log (dropped from memory whether or not the write succeeds)."""
         if not self._used and not self._used_packs:
             return
         log = json.dumps({"answers": self._used, "packs": self._used_packs}).encode()
-        self._write(self._path("used", f"{uuid.uuid4().hex}.json"), [log])
         self._used.clear()
         self._used_packs.clear()
+        self._write(self._path("used", f"{uuid.uuid4().hex}.json"), [log])
 
     def _uses(self) -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = {}
