@@ -10,10 +10,11 @@
 
 ``--store`` defaults to ``$SOMATIZE_STORE`` or ``./store``; a URL (``s3://…``)
 opens a bucket store. A directory (a path or a ``file://`` URL) must hold a store
-already: one that does not is refused (status 2), and nothing is created. Sizes
-are printed and read in human units (``10G``, ``512M``). Long operations show a
-progress bar when tqdm is installed and the output is a terminal. Exit status: 0
-when all is well, 1 when ``verify`` found damage, 2 on a usage or store error.
+already, and a bucket must exist: one that does not is refused (status 2), and
+nothing is created. Sizes are printed and read in human units (``10G``, ``512M``).
+Long operations show a progress bar when tqdm is installed and the output is a
+terminal. Exit status: 0 when all is well, 1 when ``verify`` found damage, 2 on a
+usage or store error.
 """
 
 from __future__ import annotations
@@ -73,10 +74,17 @@ def _progress(enabled: bool) -> Progress | None:
 
 def _open(where: str) -> LocalStore | BucketStore:
     """The store at ``where``; a directory (a path, or a ``file://`` URL) must hold one
-    already (``blobs/`` and ``answers/``), since every command reads a store and a
-    mistyped path should not become an empty store reported healthy."""
+    already (``blobs/`` and ``answers/``), and a bucket must exist, since every command
+    reads a store and a mistyped path should not become an empty store reported healthy."""
     if "://" in where and not where.startswith("file://"):
-        return BucketStore(where)
+        bucket = BucketStore(where)
+        missing = bucket._missing_bucket()
+        if missing is not None:
+            raise StoreError(
+                f"{where} is not a store: the bucket `{missing}` does not exist, and nothing "
+                "was created. Name an existing bucket with --store or $SOMATIZE_STORE"
+            )
+        return bucket
     root = Path(where.removeprefix("file://")).expanduser()
     if not all((root / part).is_dir() for part in ("blobs", "answers")):
         found = "there is no such directory" if not root.exists() else "it holds no store"

@@ -257,3 +257,18 @@ def test_a_reader_that_may_not_write_recalls_on(
     assert denied.calls >= 2
     said = [r for r in caplog.records if "cannot be written down" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "DEBUG"
+
+
+def test_writing_to_a_bucket_that_does_not_exist_names_it() -> None:
+    """A keep, put or bind into a bucket that does not exist is a StoreError naming the
+    bucket, not a raw FileNotFoundError; reading it finds nothing."""
+    store = Store.on_bucket("s3://no-such-bucket-somatize/prefix", backoff=0.0, **s3_options())
+    key = key_of("nowhere")
+    assert store.have([key]) == set()
+    for write in (
+        lambda: store.keep(key, b"value", "plain"),
+        lambda: store.put(b"value"),
+        lambda: store.bind("data/v1", key),
+    ):
+        with pytest.raises(StoreError, match="the bucket `no-such-bucket-somatize` does not exist"):
+            write()

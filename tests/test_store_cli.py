@@ -10,6 +10,7 @@ import pytest
 
 from somatize.cli import main, parse_size, size_of
 from somatize.store import LocalStore, StoreError
+from tests.conftest_s3 import s3_options
 
 KEY = "blake3:" + "ab" * 32
 
@@ -164,3 +165,51 @@ def test_verify_says_what_it_could_not_move_aside(
     assert f"could not move {where} to quarantine/" in printed
     assert blob.exists()
     assert not [p for p in (store.root / "quarantine").rglob("*") if p.is_file()]
+
+
+def _bare_s3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, credentials: bool) -> None:
+    """An environment whose S3 client reaches only the loopback server, with the test
+    credentials or none at all (no files, no instance metadata), and no client cached."""
+    import s3fs
+
+    endpoint = s3_options()["client_kwargs"]["endpoint_url"]
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    if credentials:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cache", {})  # a client of its own, not cached
+
+
+@pytest.mark.parametrize("command", [["ls"], ["du"], ["gc"], ["verify"], ["show", "sms/train"]])
+def test_a_bucket_that_does_not_exist_exits_2(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+) -> None:
+    """A URL naming a bucket that does not exist is refused with status 2 and a message
+    naming the bucket: it is no empty, healthy store."""
+    _bare_s3(monkeypatch, tmp_path, credentials=True)
+    where = "s3://no-such-bucket-somatize/prefix"
+    assert main(["store", *command, "--store", where]) == 2
+    err = capsys.readouterr().err
+    assert "the bucket `no-such-bucket-somatize` does not exist" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_bucket_without_credentials_exits_2_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no credentials to be found, the command line says so in one line and exits 2;
+    no traceback."""
+    _bare_s3(monkeypatch, tmp_path, credentials=False)
+    assert main(["store", "ls", "--store", "s3://somatize-tests/prefix"]) == 2
+    err = capsys.readouterr().err
+    assert "found no credentials" in err and "AWS_ACCESS_KEY_ID" in err
+    assert len(err.strip().splitlines()) == 1

@@ -110,6 +110,15 @@ def _transient(error: BaseException) -> bool:
     )
 
 
+def _no_credentials(error: BaseException) -> bool:
+    """Whether ``error`` says no credentials were found (botocore's ``NoCredentialsError``,
+    google-auth's ``DefaultCredentialsError``, …): asking again will not find them."""
+    module = type(error).__module__
+    return "Credential" in type(error).__name__ and module.startswith(
+        ("botocore", "google", "azure")
+    )
+
+
 def _mtime(info: dict[str, Any]) -> float:
     for field in ("LastModified", "last_modified", "mtime", "created", "updated"):
         value = info.get(field)
@@ -237,6 +246,8 @@ class BucketStore(PackedHome):
             try:
                 return fn(*args, **kwargs)
             except Exception as why:
+                if _no_credentials(why):
+                    raise self._uncredentialed(what, why) from why
                 if not _transient(why):
                     if isinstance(why, PermissionError):
                         raise StoreError(
@@ -253,6 +264,39 @@ class BucketStore(PackedHome):
                 time.sleep(delay * (1 + random.random()))
                 delay *= 2
         raise AssertionError("unreachable")
+
+    def _uncredentialed(self, what: str, why: BaseException) -> StoreError:
+        return StoreError(
+            f"{what} on {self.url} found no credentials ({type(why).__name__}: {why}): pass "
+            "them as storage options (`key=`, `secret=` for s3) or set them where the client "
+            "looks (for s3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+        )
+
+    def _bucket_name(self) -> str | None:
+        """The bucket the store lies in, on an object store (``s3://bucket/…``); None on a
+        filesystem (``file://``, ``memory://``), which has none."""
+        if self._protocols & {"file", "local", "memory"}:
+            return None
+        return self.root.lstrip("/").split("/", 1)[0] or None
+
+    def _missing_bucket(self) -> str | None:
+        """The name of the store's bucket when it does not exist (one request); None when it
+        does, or the home has no bucket."""
+        bucket = self._bucket_name()
+        if bucket is None:
+            return None
+        self.fs.invalidate_cache(bucket)
+        try:
+            self._call(f"looking for the bucket `{bucket}`", self.fs.info, bucket)
+        except FileNotFoundError:
+            return bucket
+        return None
+
+    def _no_bucket(self, bucket: str) -> StoreError:
+        return StoreError(
+            f"cannot write to {self.url}: the bucket `{bucket}` does not exist. Create it "
+            "first, or check the URL"
+        )
 
     def _path(self, section: str, name: str) -> str:
         return f"{self.root}/{section}/{name}"
@@ -287,9 +331,14 @@ class BucketStore(PackedHome):
             if not self._atomic:
                 self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
                 self.fs.mv(path, target)
-        except BaseException:
+        except BaseException as why:
             if not self._atomic and self.fs.exists(path):
                 self.fs.rm(path)
+            if isinstance(why, FileNotFoundError):  # on an object store: no bucket
+                bucket = self._missing_bucket()
+                if bucket is not None:
+                    raise self._no_bucket(bucket) from why
+                raise StoreError(f"writing {target} on {self.url} failed: {why}") from why
             raise
 
     def _stream(self, path: str, pieces: Sequence[Buffer], size: int) -> None:
@@ -348,6 +397,8 @@ class BucketStore(PackedHome):
                     out[path] = value
                 elif value is None or isinstance(value, _ABSENT):
                     out[path] = None
+                elif isinstance(value, BaseException) and _no_credentials(value):
+                    raise self._uncredentialed(f"reading {path}", value) from value
                 elif isinstance(value, BaseException) and _transient(value):
                     retry.append(path)
                 elif isinstance(value, BaseException):
@@ -407,7 +458,8 @@ class BucketStore(PackedHome):
         if above is not None or any(inside in f"/{p}" for p in self._list(f"names/{name}")):
             raise nested(name, above)
         if not self._there(blob, f"looking for blob {digest}"):
-            raise unbacked(name, digest, self.url)
+            bucket = self._missing_bucket()
+            raise unbacked(name, digest, self.url) if bucket is None else self._no_bucket(bucket)
         self._write(self._path("names", name), [encode_name(name, digest, self.signer)])
         if not self._there(blob, f"looking for blob {digest}"):
             raise unbound(name, digest, self.url)
