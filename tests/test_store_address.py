@@ -149,3 +149,47 @@ def test_a_store_argument_names_a_store_a_directory_or_a_bucket(tmp_path: Path) 
     assert isinstance(Store.of(f"file://{tmp_path / 'bucket'}"), BucketStore)
     with pytest.raises(TypeError, match="a bucket URL"):
         Store.of(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("retrying", "match"),
+    [
+        ({"retries": -1}, r"retries is a count ≥ 0 .* got -1"),
+        ({"retries": 2.5}, r"retries is a count ≥ 0 .* got 2\.5"),
+        ({"retries": "3"}, r"retries is a count ≥ 0 .* got '3'"),
+        ({"retries": True}, r"retries is a count ≥ 0 .* got True"),
+        ({"backoff": -0.5}, r"backoff is finite seconds ≥ 0 .* got -0\.5"),
+        ({"backoff": float("nan")}, r"backoff is finite seconds ≥ 0 .* got nan"),
+        ({"backoff": float("inf")}, r"backoff is finite seconds ≥ 0 .* got inf"),
+        ({"backoff": "0.1"}, r"backoff is finite seconds ≥ 0 .* got '0\.1'"),
+    ],
+)
+def test_retrying_that_means_nothing_is_refused(retrying: dict[str, object], match: str) -> None:
+    """A bucket store is opened only with a count of retries and finite seconds of backoff:
+    anything else is BadAddress saying what is taken, not a failure at the first request."""
+    with pytest.raises(BadAddress, match=match):
+        Store.on_bucket("memory://somatize/retrying", **retrying)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("retries", 3), ("backoff", 0.1), ("signing_key", "s3cret"), ("cache", "cache")],
+)
+def test_an_address_with_what_lies_outside_options_in_them_is_refused(
+    tmp_path: Path, option: str, value: object
+) -> None:
+    """An address whose storage options hold retries, backoff, a signing key or a cache is
+    refused, saying where each belongs; no cache is opened from one."""
+    address = {
+        "home": "bucket",
+        "url": f"file://{tmp_path / 'bucket'}",
+        "options": {option: str(tmp_path / "cache") if option == "cache" else value},
+        "retries": 5,
+        "backoff": 0.05,
+        "signed": None,
+    }
+    with pytest.raises(
+        BadAddress, match=rf"storage `options` for the filesystem only, got \['{option}'\]"
+    ):
+        Store.from_address(address, environ={})
+    assert not (tmp_path / "cache").exists()

@@ -30,7 +30,8 @@ process and stays out, and a signing key never appears — only its fingerprint
 (:class:`~somatize.store.records.KeyMismatch`), since readers would refuse what it
 wrote. A store with no such description has no address (None): one opened with
 options that are live objects, or a ``memory://`` bucket, which lives in this
-process alone.
+process alone. An address whose storage options hold a cache, a signing key, or the
+retrying that lies beside them is refused (:class:`BadAddress`).
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ class BadName(StoreError, ValueError):
 
 
 class BadAddress(StoreError, ValueError):
-    """An address that does not describe a store (see :meth:`Store.address`)."""
+    """An address that does not describe a store (see :meth:`Store.address`), or what a
+    store is opened with that could not be in one (a negative count of retries)."""
 
 
 class Missing(StoreError, KeyError):

@@ -34,6 +34,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -152,6 +153,18 @@ class BucketStore(PackedHome):
         backoff: float = 0.05,
         **storage_options: Any,
     ) -> None:
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise BadAddress(f"retries is a count ≥ 0 of requests made again, got {retries!r}")
+        if (
+            isinstance(backoff, bool)
+            or not isinstance(backoff, (int, float))
+            or not math.isfinite(backoff)
+            or backoff < 0
+        ):
+            raise BadAddress(
+                f"backoff is finite seconds ≥ 0 (waited before a retry, doubled each time), "
+                f"got {backoff!r}"
+            )
         try:
             from fsspec.core import url_to_fs
         except ImportError:  # pragma: no cover - depends on the environment
@@ -232,6 +245,14 @@ class BucketStore(PackedHome):
                 "a bucket store's address holds its `url` (with a `://`), its storage "
                 "`options` as a dict, `retries` as an int and `backoff` in seconds; make it "
                 "with `store.address()`"
+            )
+        apart = sorted(set(options) & {"cache", "signing_key", "retries", "backoff"})
+        if apart:
+            raise BadAddress(
+                f"a bucket store's address holds storage `options` for the filesystem only, got "
+                f"{apart}: `retries` and `backoff` lie beside them, and a cache or a signing "
+                "key is never in an address (each process has its own); make it with "
+                "`store.address()`"
             )
         store = cls(url, signing_key=signer, retries=retries, backoff=backoff, **options)
         store.signer = signer  # None means unsigned here, not the environment's key
