@@ -213,3 +213,17 @@ def test_a_bucket_without_credentials_exits_2_with_a_message(
     err = capsys.readouterr().err
     assert "found no credentials" in err and "AWS_ACCESS_KEY_ID" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("grace", ["-5", "nan", "inf"])
+def test_gc_refuses_a_grace_that_is_not_finite_seconds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], grace: str
+) -> None:
+    """`gc --grace` that is negative (it would remove writes in flight), NaN or infinite
+    exits 2 with a message, and the writes in flight in tmp/ are left alone."""
+    store = _store(tmp_path)
+    in_flight = store.root / "tmp" / "4242-writing.part"
+    in_flight.write_bytes(b"being written")
+    assert main(["store", "gc", "--store", str(store.root), f"--grace={grace}"]) == 2
+    assert "grace is finite seconds ≥ 0" in capsys.readouterr().err
+    assert in_flight.exists()

@@ -264,3 +264,15 @@ def test_a_bind_whose_blob_a_gc_removes_meanwhile_says_so(
     fresh = _reopen(home)
     assert fresh.put(b"the training set") == digest
     assert bytes(fresh.get(fresh.resolve("data/v1"))) == b"the training set"
+
+
+@pytest.mark.parametrize("grace", [-1.0, float("nan"), float("inf"), "60", True])
+def test_a_grace_that_is_not_finite_seconds_is_refused(tmp_path: Path, grace: object) -> None:
+    """gc's grace is finite seconds ≥ 0: a negative one (which would remove writes in flight
+    in tmp/), NaN, infinity or a non-number is refused and nothing is removed."""
+    store = LocalStore(tmp_path / "store")
+    in_flight = tmp_path / "store" / "tmp" / "4242-writing.part"
+    in_flight.write_bytes(b"being written")
+    with pytest.raises(ValueError, match="grace is finite seconds ≥ 0"):
+        store.gc(grace=grace)  # type: ignore[arg-type]
+    assert in_flight.exists()

@@ -38,6 +38,7 @@ read-only store) is reported apart, never counted as moved.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -270,6 +271,17 @@ def collect(
     (default ``grace``); see the module docstring."""
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes is a number of bytes ≥ 0, got {max_bytes}")
+    for name, seconds in (("grace", grace), ("abandoned_after", abandoned_after)):
+        if seconds is not None and (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not math.isfinite(seconds)
+            or seconds < 0
+        ):
+            raise ValueError(
+                f"{name} is finite seconds ≥ 0 (what is younger is left alone: a writer may "
+                f"be about to refer to it), got {seconds!r}"
+            )
     wrap = progress or _quiet
     shelf._flush_use()
     now = time.time()
