@@ -165,6 +165,14 @@ def test_have_of_one_key_not_in_a_list_says_so(home: Store) -> None:
         home.have(KEY)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("count", [1, 40])
+def test_have_refuses_a_key_that_is_not_a_digest(home: Store, count: int) -> None:
+    """A key that is not a digest is BadName from have(), however many keys are asked (a
+    bucket answers many from one listing, by name)."""
+    with pytest.raises(BadName, match="is not a digest"):
+        home.have([KEY] + ["blake3:" + "AB" * 32] * count)
+
+
 def test_unknown_name(home: Store) -> None:
     """Resolving a name nobody bound says how to bind it."""
     with pytest.raises(NameNotFound, match="nothing is bound to `sms/test`"):

@@ -661,6 +661,8 @@ class BucketStore(PackedHome):
                     continue
                 found.add(key)
         else:
+            for key in unknown:  # answered by name from a listing: checked as a fetch would be
+                check_digest(key)
             listed = {path.rsplit("/", 1)[-1] for path in self._list("answers")}
             found.update(key for key in unknown if key[7:] in listed)
         left = [key for key in unknown if key not in found]
