@@ -10,6 +10,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -138,6 +139,99 @@ def test_racing_writers_end_where_a_serial_run_does(tmp_path: Path) -> None:
     for key in keys[:1250]:
         assert one.answer(key).value == two.answer(key).value  # type: ignore[union-attr]
     assert one.resolve("shared/latest") == two.resolve("shared/latest")
+
+
+def test_one_store_object_shared_by_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads recalling one by one and in batches, keeping, asking have() and collecting
+    through one store object at once: no error, and every answer is the one kept."""
+    monkeypatch.setattr("somatize.store._packed.FLUSH_USES", 32)  # written down often
+    store = LocalStore(tmp_path / "store")
+    whole = {key_of(f"whole/{i}"): value_of(key_of(f"whole/{i}"), 50 + i) for i in range(100)}
+    items = {key_of(f"item/{i}"): value_of(key_of(f"item/{i}"), 20 + i) for i in range(120)}
+    for key, value in whole.items():
+        store.keep(key, value, "plain")
+    packed = list(items)
+    for at in range(0, 120, 30):
+        store.keep_many([(key, items[key]) for key in packed[at : at + 30]], "plain")
+    kept = {**whole, **items}
+    errors: list[str] = []
+
+    def hammer(work: Any, rounds: int) -> Any:
+        def run() -> None:
+            for turn in range(rounds):
+                try:
+                    work(turn)
+                except Exception as why:  # every failure is the test's finding
+                    errors.append(f"{work.__name__}: {type(why).__name__}: {why}")
+                    return
+
+        return run
+
+    def recall(turn: int) -> None:
+        for key in list(whole)[turn % 10 :: 10]:
+            if bytes(store.recall(key)[1]) != whole[key]:
+                errors.append(f"recall: wrong bytes for {key}")
+
+    def batch(turn: int) -> None:
+        got = store.recall_many(packed + list(whole)[:10], borrow=turn % 2 == 0)
+        for key, found in got.items():
+            if isinstance(found, Exception) or bytes(found[1]) != kept[key]:
+                errors.append(f"recall_many: {key}: {found!r}")
+
+    def keep(turn: int) -> None:
+        key = list(whole)[turn % 100]
+        store.keep(key, whole[key], "plain")
+        chunk = packed[(turn % 4) * 30 : (turn % 4) * 30 + 30]
+        store.keep_many([(key, items[key]) for key in chunk], "plain")
+
+    def have(turn: int) -> None:
+        if store.have(list(kept)) != set(kept):
+            errors.append("have: not every kept answer is had")
+
+    def collect(turn: int) -> None:
+        store.gc(grace=60)  # removes nothing young; lets go of all that is held in memory
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns as often as they can
+    try:
+        workers = [
+            threading.Thread(target=hammer(recall, 60)),
+            threading.Thread(target=hammer(recall, 60)),
+            threading.Thread(target=hammer(batch, 40)),
+            threading.Thread(target=hammer(keep, 20)),
+            threading.Thread(target=hammer(have, 20)),
+            threading.Thread(target=hammer(collect, 10)),
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(120)
+    finally:
+        sys.setswitchinterval(switching)
+    assert errors == []
+    assert LocalStore(tmp_path / "store").verify().ok
+
+
+def test_a_batch_read_while_a_gc_lets_go_of_the_packs_is_whole(tmp_path: Path) -> None:
+    """recall_many reads every pack it found, even when a gc in another thread lets go of
+    the store's table of packs while the batch is being read."""
+    store = LocalStore(tmp_path / "store")
+    first = [(key_of(f"first/{i}"), b"first %d" % i) for i in range(3)]
+    second = [(key_of(f"second/{i}"), b"second %d" % i) for i in range(3)]
+    store.keep_many(first, "plain")
+    store.keep_many(second, "plain")
+    reader = LocalStore(tmp_path / "store")
+    reading = reader._read_blob
+
+    def read_while_collected(digest: str, size: int | None, borrow: bool = False) -> memoryview:
+        reader._forget_all()  # what a gc running in another thread does when it is done
+        return reading(digest, size, borrow)
+
+    reader._read_blob = read_while_collected  # type: ignore[method-assign]
+    got = reader.recall_many([key for key, _ in first + second])
+    assert {key: bytes(got[key][1]) for key, _ in first + second} == dict(first + second)  # type: ignore[index]
 
 
 # -- damage ------------------------------------------------------------------------------------

@@ -21,12 +21,20 @@ recalled value written in place changes no later recall. :class:`PackedHome` hol
 that logic once; a home gives it the primitives that really differ (``_read_blob``,
 ``_publish_record``, ``_listed_packs``, ``_read_indexes``, ``_records_among``,
 ``_flush_use``).
+
+**Threads.** One store object may be shared by threads that read, write and look
+after it at once. The tables it holds in memory (pack indexes, records, small blobs)
+are changed, and walked, only under one lock (``_lock``), never held while a file is
+read or written; they are read by single lookups, which need none. When answers were
+used is noted by single stores into a dict and drained item by item when it is
+written down, so a recall that finds its answer in memory takes no lock at all.
 """
 
 from __future__ import annotations
 
 import abc
 import mmap
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -103,6 +111,10 @@ class PackedHome(Store):
     def _hold_nothing(self, where: str) -> None:
         """Starts with nothing held in memory; ``where`` names the store in messages."""
         self._where = where
+        self._lock = threading.RLock()
+        """Guards the tables that follow against threads sharing the store: taken for every
+        change and every walk over them, never across a read or write of a file. (When
+        answers were used needs none: see :meth:`_take_uses`.)"""
         self._records: OrderedDict[str, Answer] = OrderedDict()
         self._small: OrderedDict[str, bytes] = OrderedDict()
         self._small_bytes = 0
@@ -180,7 +192,27 @@ class PackedHome(Store):
 
     def _forget_blob(self, digest: str) -> None:
         """Drops what is held in memory about blob ``digest``."""
-        self._small.pop(digest, None)
+        with self._lock:
+            dropped = self._small.pop(digest, None)
+            if dropped is not None:
+                self._small_bytes -= len(dropped)
+
+    def _take_uses(self) -> tuple[dict[str, float], dict[str, float]]:
+        """When answers and packs were used since the last time (key or id → time), taken
+        out of memory to be written down. They are drained one item at a time, never
+        walked: a recall in another thread noting a use meanwhile neither breaks this nor
+        is lost (it is taken now, or the next time)."""
+        taken: list[dict[str, float]] = []
+        for used in (self._used, self._used_packs):
+            out: dict[str, float] = {}
+            while used:
+                try:
+                    key, when = used.popitem()
+                except KeyError:  # drained by another thread meanwhile
+                    break
+                out[key] = when
+            taken.append(out)
+        return taken[0], taken[1]
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -212,25 +244,27 @@ class PackedHome(Store):
     def _adopt(self, pack: PackIndex) -> None:
         """Takes ``pack`` into the table: each of its keys is found in it, unless a newer
         pack or record already answers that key."""
-        self._packs[pack.id] = pack
-        items, records = self._items, self._records
-        newer = (pack.created, pack.id)
-        for key in pack.entries:
-            held = items.get(key)
-            if held is not None and (held.created, held.id) > newer:
-                continue
-            record = records.get(key)
-            if record is not None and record.offset is None and record.created > pack.created:
-                continue
-            items[key] = pack
+        with self._lock:
+            self._packs[pack.id] = pack
+            items, records = self._items, self._records
+            newer = (pack.created, pack.id)
+            for key in pack.entries:
+                held = items.get(key)
+                if held is not None and (held.created, held.id) > newer:
+                    continue
+                record = records.get(key)
+                if record is not None and record.offset is None and record.created > pack.created:
+                    continue
+                items[key] = pack
 
     def _supersede(self, answer: Answer) -> None:
         """Remembers the record ``answer``, read or written, and lets it answer its key in
         place of an older pack's entry."""
-        self._remember(answer)
-        pack = self._items.get(answer.key)
-        if pack is not None and pack.created < answer.created:
-            del self._items[answer.key]
+        with self._lock:
+            self._remember(answer)
+            pack = self._items.get(answer.key)
+            if pack is not None and pack.created < answer.created:
+                del self._items[answer.key]
 
     def _prefer_newer_records(self, adopted: list[PackIndex]) -> None:
         """Lets the records of keys of the just ``adopted`` packs that are newer than their
@@ -255,9 +289,10 @@ class PackedHome(Store):
     # -- reading ------------------------------------------------------------------------------
 
     def _remember(self, answer: Answer) -> None:
-        self._records[answer.key] = answer
-        if len(self._records) > REMEMBERED:
-            self._records.popitem(last=False)
+        with self._lock:
+            self._records[answer.key] = answer
+            if len(self._records) > REMEMBERED:
+                self._records.popitem(last=False)
 
     def _held(self, digest: str, size: int | None, borrow: bool = False) -> memoryview | None:
         """A copy of blob ``digest`` if it is held (``size`` bytes long, unless None): the
@@ -269,13 +304,14 @@ class PackedHome(Store):
         return memoryview(held) if borrow else memoryview(bytearray(held))
 
     def _hold(self, digest: str, raw: bytes) -> None:
-        if digest in self._small:
-            return
-        self._small[digest] = raw
-        self._small_bytes += len(raw)
-        while self._small_bytes > HELD_BYTES:
-            _, dropped = self._small.popitem(last=False)
-            self._small_bytes -= len(dropped)
+        with self._lock:
+            if digest in self._small:
+                return
+            self._small[digest] = raw
+            self._small_bytes += len(raw)
+            while self._small_bytes > HELD_BYTES and self._small:
+                _, dropped = self._small.popitem(last=False)
+                self._small_bytes -= len(dropped)
 
     def recall(self, key: str) -> tuple[Answer, memoryview]:
         answer = self.answer(key)
@@ -288,6 +324,8 @@ class PackedHome(Store):
                 self._used[key] = time.time()
             else:
                 pack = self._items.get(key)
+                if pack is not None and pack.blob != answer.value:
+                    pack = None  # another thread adopted a newer pack since: not this answer's
                 whole = self._read_blob(answer.value, pack.size if pack else None)
                 if offset + answer.size > len(whole):
                     raise Corrupt(f"item {key} lies past the end of blob {answer.value}")
@@ -306,7 +344,8 @@ class PackedHome(Store):
     ) -> dict[str, tuple[Answer, memoryview] | Exception]:
         """Reads each pack's blob once for all the items asked of it."""
         out: dict[str, tuple[Answer, memoryview] | Exception] = {}
-        by_pack: dict[str, list[str]] = {}
+        # Each pack as it was found: another thread (a gc) may drop it from the table meanwhile.
+        by_pack: dict[str, tuple[PackIndex, list[str]]] = {}
         rest: list[str] = []
         items, records = self._items, self._records
         if any(key not in items and key not in records for key in keys):
@@ -316,11 +355,13 @@ class PackedHome(Store):
             pack = items.get(key)
             if pack is None:
                 rest.append(key)
-            else:
-                by_pack.setdefault(pack.id, []).append(key)
+                continue
+            group = by_pack.get(pack.id)
+            if group is None:
+                group = by_pack[pack.id] = (pack, [])
+            group[1].append(key)
         now = time.time()
-        for pack_id, members in by_pack.items():
-            pack = self._packs[pack_id]
+        for pack, members in by_pack.values():
             try:
                 whole = self._read_blob(pack.blob, pack.size, borrow)
             except (Missing, Corrupt) as why:
@@ -328,7 +369,7 @@ class PackedHome(Store):
                 for key in members:
                     out[key] = why
                 continue
-            self._used_packs[pack_id] = now
+            self._used_packs[pack.id] = now
             entries = pack.entries
             for key in members:
                 start, length = entries[key]
@@ -348,11 +389,13 @@ class PackedHome(Store):
         listed = self._listed_packs()
         if listed is None:
             return False
-        changed = False
-        for gone in [pack for pack_id, pack in self._packs.items() if pack_id not in listed]:
-            self._drop_pack(gone)
-            changed = True
-        new = {pack_id: where for pack_id, where in listed.items() if pack_id not in self._packs}
+        with self._lock:
+            gone = [pack for pack_id, pack in self._packs.items() if pack_id not in listed]
+            for pack in gone:
+                self._drop_pack(pack)
+            known = set(self._packs)
+        changed = bool(gone)
+        new = {pack_id: where for pack_id, where in listed.items() if pack_id not in known}
         if not new:
             return changed
         adopted = []
@@ -371,16 +414,19 @@ class PackedHome(Store):
         return changed
 
     def _drop_pack(self, pack: PackIndex) -> None:
-        self._packs.pop(pack.id, None)
-        for key in pack.entries:
-            if self._items.get(key) is pack:
-                del self._items[key]
-        self._forget_blob(pack.blob)
+        with self._lock:
+            self._packs.pop(pack.id, None)
+            items = self._items
+            for key in pack.entries:
+                if items.get(key) is pack:
+                    del items[key]
+            self._forget_blob(pack.blob)
 
     def _forget(self, answer: Answer) -> None:
         """Drops what is held in memory about ``answer``, whose bytes are not as recorded."""
-        self._records.pop(answer.key, None)
-        self._forget_blob(answer.value)
+        with self._lock:
+            self._records.pop(answer.key, None)
+            self._forget_blob(answer.value)
 
     # -- upkeep -------------------------------------------------------------------------------
 
@@ -406,8 +452,9 @@ class PackedHome(Store):
 
     def _forget_all(self) -> None:
         """Drops everything held in memory (after something was moved aside)."""
-        self._records.clear()
-        self._small.clear()
-        self._small_bytes = 0
-        self._packs.clear()
-        self._items.clear()
+        with self._lock:
+            self._records.clear()
+            self._small.clear()
+            self._small_bytes = 0
+            self._packs.clear()
+            self._items.clear()

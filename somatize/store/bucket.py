@@ -775,11 +775,10 @@ class BucketStore(PackedHome):
     def _write_use(self) -> None:
         """Writes when the answers recalled since the last time were used as a ``used/``
         log (dropped from memory whether or not the write succeeds)."""
-        if not self._used and not self._used_packs:
+        answers, packs = self._take_uses()
+        if not answers and not packs:
             return
-        log = json.dumps({"answers": self._used, "packs": self._used_packs}).encode()
-        self._used.clear()
-        self._used_packs.clear()
+        log = json.dumps({"answers": answers, "packs": packs}).encode()
         self._write(self._path("used", f"{uuid.uuid4().hex}.json"), [log])
 
     def _uses(self) -> dict[tuple[str, str], float]:

@@ -109,7 +109,6 @@ def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -
             # Gone meanwhile, or read-only: recency is advice, never an error.
             with contextlib.suppress(OSError):
                 os.utime(f"{root}{sep}{section}{sep}{shard}{hexed}", (when, when))
-        used.clear()
 
 
 class LocalStore(PackedHome):
@@ -422,9 +421,10 @@ class LocalStore(PackedHome):
             self._hold(digest, raw)
             return data if borrow else memoryview(bytearray(raw))  # the caller's own
         if borrow:
-            if len(self._maps) >= _MAPS_SHARED:
-                del self._maps[next(iter(self._maps))]
-            self._maps[digest] = (stamp, data)
+            with self._lock:
+                if len(self._maps) >= _MAPS_SHARED:
+                    del self._maps[next(iter(self._maps))]
+                self._maps[digest] = (stamp, data)
         return data
 
     def resolve(self, name: str) -> str:
@@ -565,9 +565,10 @@ class LocalStore(PackedHome):
         return out
 
     def _forget_blob(self, digest: str) -> None:
-        self._small.pop(digest, None)
-        self._verified.pop(digest, None)
-        self._maps.pop(digest, None)
+        with self._lock:
+            super()._forget_blob(digest)
+            self._verified.pop(digest, None)
+            self._maps.pop(digest, None)
 
     def _set_aside(self, path: str, section: str, label: str) -> bool:
         """Moves a damaged file to ``quarantine/<section>/<label>.<time>``; False if it was
@@ -647,13 +648,14 @@ class LocalStore(PackedHome):
             return None
 
     def _flush_use(self) -> None:
-        _write_uses(str(self.root), self._used, self._used_packs)
+        _write_uses(str(self.root), *self._take_uses())
 
     def _uses(self) -> dict[tuple[str, str], float]:
         return {}
 
     def _forget_all(self) -> None:
-        super()._forget_all()
-        self._verified.clear()
-        self._maps.clear()
-        self._packs_stamp = -1
+        with self._lock:
+            super()._forget_all()
+            self._verified.clear()
+            self._maps.clear()
+            self._packs_stamp = -1
