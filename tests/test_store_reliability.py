@@ -3,9 +3,11 @@ disk, hostile names and unsigned answers — never a wrong answer, never a half 
 
 from __future__ import annotations
 
+import copy
 import errno
 import multiprocessing
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -139,6 +141,17 @@ def test_racing_writers_end_where_a_serial_run_does(tmp_path: Path) -> None:
     for key in keys[:1250]:
         assert one.answer(key).value == two.answer(key).value  # type: ignore[union-attr]
     assert one.resolve("shared/latest") == two.resolve("shared/latest")
+
+
+def test_a_store_copied_or_pickled_works_apart(tmp_path: Path) -> None:
+    """A store pickled (with a model that holds it) or copied reads what was kept, and
+    keeps apart from the original, with a lock of its own."""
+    store = LocalStore(tmp_path / "store")
+    digest = store.put(b"kept before the copy")
+    for copied in (pickle.loads(pickle.dumps(store)), copy.deepcopy(store)):
+        assert bytes(copied.get(digest)) == b"kept before the copy"
+        assert copied._lock is not store._lock
+        assert bytes(store.get(copied.put(b"kept by the copy"))) == b"kept by the copy"
 
 
 def test_one_store_object_shared_by_threads(

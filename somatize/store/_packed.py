@@ -38,6 +38,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import blake3
 
@@ -107,6 +108,16 @@ class PackedHome(Store):
     signer: Signer | None
     _where: str
     """The store's location, as messages name it."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (a pickled model holding the store, a deepcopy) gets a lock of its own.
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def _hold_nothing(self, where: str) -> None:
         """Starts with nothing held in memory; ``where`` names the store in messages."""
