@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from somatize import keys as keying
+from somatize._numbers import finite
 from somatize.catalog import Blueprint, Catalog, Unbuildable
 from somatize.codecs import CodecError
 from somatize.node import Context
@@ -331,9 +332,7 @@ class RayBroker(Broker):
 
 def _seconds(value: Any) -> bool:
     """Whether ``value`` is a finite number of seconds > 0 (not a bool)."""
-    return (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
-    )
+    return finite(value) and value > 0
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ aside for the worker; the embedded broker has no use for them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from somatize._numbers import finite
 from somatize.errors import SomatizeError
 
 __all__ = ["BadWorker", "Mode", "Worker"]
@@ -95,9 +95,4 @@ class Worker:
 
 def _an_amount(amount: object) -> bool:
     """Whether ``amount`` is a finite number ≥ 0 a cluster can set aside (a bool is not)."""
-    return (
-        isinstance(amount, (int, float))
-        and not isinstance(amount, bool)
-        and math.isfinite(amount)
-        and amount >= 0
-    )
+    return finite(amount) and amount >= 0

@@ -34,7 +34,6 @@ import contextlib
 import io
 import json
 import logging
-import math
 import os
 import random
 import time
@@ -44,6 +43,7 @@ from datetime import datetime
 from typing import Any, TypeVar, cast
 
 from somatize import canonical
+from somatize._numbers import finite
 from somatize.store._packed import PackedHome, digest_of, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     Answer,
@@ -155,12 +155,7 @@ class BucketStore(PackedHome):
     ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise BadAddress(f"retries is a count ≥ 0 of requests made again, got {retries!r}")
-        if (
-            isinstance(backoff, bool)
-            or not isinstance(backoff, (int, float))
-            or not math.isfinite(backoff)
-            or backoff < 0
-        ):
+        if not (finite(backoff) and backoff >= 0):
             raise BadAddress(
                 f"backoff is finite seconds ≥ 0 (waited before a retry, doubled each time), "
                 f"got {backoff!r}"

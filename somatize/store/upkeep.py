@@ -38,12 +38,12 @@ read-only store) is reported apart, never counted as moved.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from somatize._numbers import finite
 from somatize.store.base import Answer, BadName, Corrupt, StoreError, check_digest
 from somatize.store.records import (
     KEY_VARIABLE,
@@ -272,12 +272,7 @@ def collect(
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes is a number of bytes ≥ 0, got {max_bytes}")
     for name, seconds in (("grace", grace), ("abandoned_after", abandoned_after)):
-        if seconds is not None and (
-            isinstance(seconds, bool)
-            or not isinstance(seconds, (int, float))
-            or not math.isfinite(seconds)
-            or seconds < 0
-        ):
+        if seconds is not None and not (finite(seconds) and seconds >= 0):
             raise ValueError(
                 f"{name} is finite seconds ≥ 0 (what is younger is left alone: a writer may "
                 f"be about to refer to it), got {seconds!r}"
