@@ -109,9 +109,9 @@ class Record:
     @property
     def outcome(self) -> dict[str, str]:
         """Node → what became of it: ``ran``, ``recalled``, ``spared`` (not run: not needed),
-        ``drifted`` (recalled
-        from an answer kept by another version of its code; one ``strict=True`` recomputed
-        instead ``ran``, its ``drifted`` fact saying ``recomputed``) or ``failed``."""
+        ``drifted`` (recalled from an answer kept by another version of its code; one
+        ``strict=True`` recomputed instead ``ran``, its ``drifted`` fact saying
+        ``recomputed``) or ``failed``."""
         out: dict[str, str] = {}
         for fact in self.facts:
             kind = fact["fact"]

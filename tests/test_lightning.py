@@ -202,6 +202,15 @@ class Finetuned(Probe):
         return torch.optim.SGD(self.head.parameters(), lr=self.lr)
 
 
+def _fitted(root: Path, model: Finetuned, callbacks: list[pl.Callback], cache: bool) -> Finetuned:
+    """``model`` fitted for three epochs with ``callbacks``, and with the encoder cached by
+    the callback when ``cache``."""
+    if cache:
+        callbacks = [*callbacks, CacheFrozen(None, ["encoder"])]
+    trainer(root, 3, callbacks=callbacks).fit(model, loader())
+    return model
+
+
 class _Unfreeze(pl.Callback):
     """A fine-tuning schedule: the encoder (held as ``backbone``) trains from epoch 2."""
 
@@ -218,11 +227,7 @@ def test_an_encoder_unfrozen_by_a_schedule_trains_uncached(tmp_path: Path) -> No
     def fit(cache: bool) -> Finetuned:
         model = Finetuned()
         model.backbone = model.encoder  # where the schedule finds it, cached or not
-        callbacks: list[pl.Callback] = [_Unfreeze()]
-        if cache:
-            callbacks.append(CacheFrozen(None, ["encoder"]))
-        trainer(tmp_path, 3, callbacks=callbacks).fit(model, loader())
-        return model
+        return _fitted(tmp_path, model, [_Unfreeze()], cache)
 
     with pytest.warns(Uncached, match="`encoder` was unfrozen"):
         cached = fit(cache=True)
@@ -732,12 +737,9 @@ def test_an_encoder_unfrozen_at_any_batch_trains_uncached(tmp_path: Path, where:
     exactly as without the callback."""
 
     def fit(cache: bool) -> Finetuned:
-        model = Finetuned() if where == "a callback" else UnfrozenAtStep()
-        callbacks: list[pl.Callback] = [_UnfreezeAtStep()] if where == "a callback" else []
-        if cache:
-            callbacks.append(CacheFrozen(None, ["encoder"]))
-        trainer(tmp_path, 3, callbacks=callbacks).fit(model, loader())
-        return model
+        if where == "a callback":
+            return _fitted(tmp_path, Finetuned(), [_UnfreezeAtStep()], cache)
+        return _fitted(tmp_path, UnfrozenAtStep(), [], cache)
 
     with pytest.warns(Uncached, match="`encoder` was unfrozen"):
         cached = fit(cache=True)

@@ -91,6 +91,9 @@ batch's rows are in again), so their pages are not mapped and faulted in again. 
 holds a file descriptor, so few are kept."""
 _OVERLAP = 16 << 20
 """Blobs this large are hashed while they are written, not before."""
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+"""What the filesystem says when this process may not change the store (a read-only disk,
+another user's files)."""
 
 
 def _hashers() -> ThreadPoolExecutor:
@@ -252,7 +255,7 @@ class LocalStore(PackedHome):
                 "Nothing half-written was left and the store is as it was; free space, or "
                 "make room with `somatize store gc --max-bytes SIZE`"
             )
-        if why.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        if why.errno in _READ_ONLY:
             return StoreError(
                 f"could not write {where} into {self.root}: the store is read-only for this "
                 f"process ({why.strerror}). Nothing was changed; it can still be read. Keep "
@@ -616,7 +619,7 @@ class LocalStore(PackedHome):
             try:
                 (base / name).unlink(missing_ok=True)
             except OSError as why:
-                readonly = why.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+                readonly = why.errno in _READ_ONLY
                 raise StoreError(
                     f"could not remove {section}/{name} from {self.root}"
                     + (": the store is read-only for this process" if readonly else "")
