@@ -56,6 +56,7 @@ __all__ = [
     "Undeclared",
     "attributes_of",
     "held_by",
+    "in_slot",
     "slots_of",
 ]
 
@@ -159,6 +160,19 @@ def slots_of(kind: type) -> tuple[tuple[str, Any], ...]:
     return found
 
 
+def in_slot(slot: Any, node: Any) -> Any:
+    """What ``node`` holds in ``slot`` (a descriptor :func:`slots_of` found), or
+    :data:`UNSET` when the slot is not set."""
+    try:
+        return slot.__get__(node, type(node))
+    except AttributeError:
+        return UNSET
+
+
+UNSET: Any = object()
+"""What :func:`in_slot` answers for a slot that holds nothing: no value is it."""
+
+
 def attributes_of(node: Any) -> dict[str, Any]:
     """What ``node`` holds as attributes: its ``__dict__`` and, for a class with
     ``__slots__``, each slot that is set (:func:`slots_of`). The ``__dict__`` itself when
@@ -169,10 +183,9 @@ def attributes_of(node: Any) -> dict[str, Any]:
         return held
     held = dict(held)
     for name, slot in slots:
-        try:
-            held[name] = slot.__get__(node, type(node))
-        except AttributeError:  # not set
-            continue
+        value = in_slot(slot, node)
+        if value is not UNSET:
+            held[name] = value
     return held
 
 

@@ -47,7 +47,7 @@ from somatize import keys as keying
 from somatize.catalog import Blueprint, Catalog, Unbuildable, identity_of
 from somatize.errors import SomatizeError
 from somatize.memory import Memory, cacheable, settled, upstream
-from somatize.node import AlreadyBuilt, Node, Undeclared, attributes_of, held_by
+from somatize.node import AlreadyBuilt, Node, Undeclared, attributes_of, held_by, in_slot
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -357,7 +357,7 @@ def look_again(graph: Graph) -> None:
     memory = graph.memory
     held, names, values, slotted = graph._kept_watch
     if not all(map(operator.is_, map(dict.get, held, names), values)) or (
-        slotted and not all(_in_slot(slot, node) is value for slot, node, value in slotted)
+        slotted and not all(in_slot(slot, node) is value for slot, node, value in slotted)
     ):
         for name, (node, arguments) in list(kept.items()):
             now = attributes_of(node)
@@ -510,14 +510,6 @@ def _built_again(node: Node, recipe: Recipe) -> Node:
     if maker is None:
         catalog.register(kind, identity)  # this very class, even one with no stable name
     return catalog.build(Blueprint(identity, tuple(args), dict(kwargs), None, maker))
-
-
-def _in_slot(slot: Any, node: Node) -> Any:
-    """What ``node`` holds in ``slot`` (a slot's descriptor), or None when it holds nothing."""
-    try:
-        return slot.__get__(node, type(node))
-    except AttributeError:
-        return None
 
 
 def _unkeyable(name: str, node: Node, attr: str, value: Any) -> Undeclared:
