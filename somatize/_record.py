@@ -1,0 +1,90 @@
+"""What a forward tells its caller: its facts, read as a :class:`Record`, and the error
+and warning it raises.
+
+These are what a user holds after a forward (``graph.record``, ``except NodeFailed``, a
+warnings filter on ``Drifted``), and what the drawing, the broker and the torch side
+read; the engine that emits them is the loop behind. They are re-exported by
+:mod:`somatize.engine`, their public home, whose docstring lists the facts::
+
+    NodeFailed (SomatizeError, RuntimeError)   a node's forward raised, or a mapped node
+                                               could not be run item by item
+    Drifted (SomatizeWarning)                  a recalled answer was kept by another
+                                               version of the code it depends on
+
+A record holds nothing but the facts, in order; each node's outcome, how long it took
+and what crossed to a worker are read from them when asked, so what a record says and
+what ``watching`` saw cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from somatize.errors import SomatizeError, SomatizeWarning
+
+__all__ = ["Drifted", "Fact", "NodeFailed", "Record"]
+
+Fact = dict[str, Any]
+
+
+class NodeFailed(SomatizeError, RuntimeError):
+    """A node's forward raised — or a mapped node could not be run item by item: what it
+    was handed, or what it answered, is no list of its items (``raised=False``, ``error``
+    saying what); nothing was kept for it or below it."""
+
+    def __init__(self, node: str, kind: str, error: BaseException, *, raised: bool = True) -> None:
+        self.node = node
+        what = f"raised {type(error).__name__}: {error}" if raised else str(error)
+        super().__init__(
+            f"`{node}` ({kind}) {what} — nothing was kept for `{node}` or anything below it"
+        )
+
+
+class Drifted(SomatizeWarning):
+    """A recalled answer was kept by a different version of the code it depends on: its
+    node's, or that of a node it reads."""
+
+
+@dataclass
+class Record:
+    """What happened in one forward: its facts in order, and each node's outcome."""
+
+    facts: list[Fact] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> dict[str, str]:
+        """Node → what became of it: ``ran``, ``recalled``, ``spared`` (not run: not needed),
+        ``drifted`` (recalled from an answer kept by another version of its code; one
+        ``strict=True`` recomputed instead ``ran``, its ``drifted`` fact saying
+        ``recomputed``) or ``failed``."""
+        out: dict[str, str] = {}
+        for fact in self.facts:
+            kind = fact["fact"]
+            if kind == "failed" or (kind == "drifted" and not fact.get("recomputed")):
+                out[fact["node"]] = kind  # said after `ran` or `recalled`, and wins
+            elif kind in _OUTCOMES:
+                out.setdefault(fact["node"], kind)
+        return out
+
+    @property
+    def took_us(self) -> dict[str, int]:
+        """Node → how long its forward took, for the nodes that ran."""
+        return {fact["node"]: fact["took_us"] for fact in self.facts if fact["fact"] == "ran"}
+
+    @property
+    def crossed(self) -> dict[tuple[str, str], int]:
+        """(source, target) → bytes, for values that crossed to a worker."""
+        out: dict[tuple[str, str], int] = {}
+        for fact in self.facts:
+            if fact["fact"] == "crossed" and "from" in fact:
+                edge = (fact["from"], fact["node"])
+                out[edge] = out.get(edge, 0) + fact["bytes"]
+        return out
+
+    def count(self, fact: str) -> int:
+        """How many facts of this kind were emitted."""
+        return sum(1 for one in self.facts if one["fact"] == fact)
+
+
+_OUTCOMES = frozenset(("ran", "recalled", "spared", "failed"))

@@ -1,0 +1,339 @@
+"""The state of one forward, and the steps it takes on a node: read its answers back, call
+it, keep what it answered, and run a mapped node item by item.
+
+The engine's loops (:mod:`somatize.engine`) decide what runs when; a :class:`_Run`
+takes each step and says it, every fact emitted as it happens to ``watching`` and into
+the run's :class:`~somatize.engine.Record`. A step that fails says ``failed`` before its
+error goes on to the caller.
+
+An answer that cannot be used when read back — gone, damaged, not decodable, or (with
+``strict=True``) kept by another version of its code — is ``_DAMAGED``: a miss, said in
+a fact, never a wrong answer. A drifted answer read back is noted in ``drift`` and said
+(a ``drifted`` fact and a :class:`~somatize.engine.Drifted` warning) when the node is
+handed on, so that the warning can point at the caller's forward (``stacklevel``).
+
+A mapped node's items are keyed one by one: those kept are read back, the rest run in
+one call, and what it reads and what it answers must be lists as long as each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from somatize._record import Drifted, Fact, NodeFailed, Record
+from somatize.codecs import CODECS
+from somatize.errors import SomatizeError
+from somatize.keys import item_key
+from somatize.node import Context
+from somatize.plan import Plan, changed_code, item_keys_from
+from somatize.store import Corrupt, Missing
+
+if TYPE_CHECKING:
+    from somatize.graph import Graph
+    from somatize.store import Store
+
+__all__ = ["_Run"]
+
+
+class _Run:
+    """The state of one forward."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        store: Store | None,
+        watching: Callable[[Fact], Any] | None,
+        broker: Any,
+        strict: bool,
+    ) -> None:
+        self.graph = graph
+        self.store = store
+        self.watching = watching
+        self.broker = broker
+        self.strict = strict
+        self.record = Record()
+        self.facts = self.record.facts
+        self.values: dict[str, Any] = {}
+        self.loaded: dict[str, Any] = {}
+        self.drift: dict[str, tuple[str | None, str]] = {}
+        """Node → the code fingerprints (kept with, now) of its drifted answers read back."""
+        self.changed: dict[tuple[str, str | None], list[str] | None] = {}
+        """(node, fingerprint kept with) → :func:`~somatize.plan.changed_code`, worked out
+        once per forward."""
+
+    def emit(self, fact: Fact) -> None:
+        self.facts.append(fact)
+        if self.watching is not None:
+            self.watching(fact)
+
+    # -- reading back -------------------------------------------------------------------------
+
+    def load(self, plan: Plan) -> bool:
+        """Reads every recalled answer; False (with the damaged keys dropped) if one failed."""
+        static = plan.static
+        for node in plan.recall:
+            if node in self.loaded:
+                continue
+            keys = plan.items[node] if node in static.mapped else [plan.keys[node]]
+            got = self.read(node, keys, static.fingerprint.get(node))
+            damaged = [key for key in keys if got[key] is _DAMAGED]
+            if damaged:
+                plan.have.difference_update(damaged)
+                return False
+            self.loaded[node] = [got[k] for k in keys] if node in static.mapped else got[keys[0]]
+        return True
+
+    def read(self, node: str, keys: Sequence[str], fingerprint: str | None) -> dict[str, Any]:
+        """The decoded answers under ``keys``; ``_DAMAGED`` for each that could not be used."""
+        store = self.store
+        assert store is not None
+        if len(keys) == 1:
+            key = keys[0]
+            try:
+                got: Any = store.recall(key)
+            except (Missing, Corrupt) as error:
+                got = error
+            return {key: self._decode(node, key, got, fingerprint)}
+        found = store.recall_many(keys)
+        return {key: self._decode(node, key, found.get(key), fingerprint) for key in keys}
+
+    def _decode(self, node: str, key: str, got: Any, fingerprint: str | None) -> Any:
+        """The value of one recalled answer, or ``_DAMAGED`` (with the fact that says why)."""
+        if not isinstance(got, tuple):
+            problem = got if got is not None else Missing(key)
+            self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(problem)})
+            return _DAMAGED
+        answer, data = got
+        if fingerprint and answer.fingerprint not in (None, fingerprint):
+            if self.strict:
+                fact = self.drift_fact(node, key, answer.fingerprint, fingerprint)
+                fact["recomputed"] = True
+                self.emit(fact)
+                return _DAMAGED
+            self.drift[node] = (answer.fingerprint, fingerprint)
+        try:
+            return CODECS.named(answer.codec).decode(data)
+        except (ValueError, TypeError) as why:
+            self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(why)})
+            return _DAMAGED
+
+    def drift_fact(self, node: str, key: str | None, was: str | None, now: str) -> Fact:
+        """The ``drifted`` fact of an answer of ``node`` kept with the code fingerprint
+        ``was``, now ``now``: ``changed`` names the nodes (``node`` itself, or those it
+        reads) whose code changed, when this process can tell, else None."""
+        told = (node, was)
+        if told not in self.changed:
+            self.changed[told] = changed_code(self.graph, node, was)
+        return {
+            "fact": "drifted",
+            "node": node,
+            "key": key,
+            "was": was,
+            "now": now,
+            "changed": self.changed[told],
+        }
+
+    def drifted(self, node: str, key: str | None, stacklevel: int) -> None:
+        """Says that answers of ``node`` read back were kept by another version of the code
+        they depend on — its own, or that of a node it reads: a ``drifted`` fact, and a
+        warning for the frame ``stacklevel`` up from the caller."""
+        was, now = self.drift[node]
+        fact = self.drift_fact(node, key, was, now)
+        self.emit(fact)
+        warnings.warn(
+            f"`{node}` was recalled from an answer kept by another version of "
+            f"{_whose_code(self.graph, node, fact['changed'])} ({was}, now {now}); the key "
+            "says the question is the same, but if the change altered what it computes, run "
+            "with strict=True to recompute, or add a salt with `.cached(salt=...)`",
+            Drifted,
+            stacklevel=stacklevel + 1,
+        )
+
+    # -- running ------------------------------------------------------------------------------
+
+    def call(self, node: str, inputs: Sequence[Any], ctx: Context) -> Any:
+        implementation = self.graph.node(node)
+        worker = ctx.worker
+        start = time.perf_counter_ns()
+        try:
+            if worker is not None and self.broker is not None:
+                value = self.broker.call(self.graph, node, list(inputs), ctx, self.emit)
+            else:
+                value = implementation.forward(*inputs, ctx)
+        except SomatizeError:
+            self.emit({"fact": "failed", "node": node, "error": "refused"})
+            raise
+        except Exception as error:
+            self.emit({"fact": "failed", "node": node, "error": f"{type(error).__name__}"})
+            raise NodeFailed(node, self.graph.kind_of(node), error) from error
+        took = (time.perf_counter_ns() - start) // 1000
+        return value, took
+
+    def keep(self, node: str, key: str, value: Any, fingerprint: str | None) -> int:
+        """Keeps the answer of ``node`` under ``key``, with the ``fingerprint`` of the code
+        it depends on (:attr:`~somatize.plan.Static.fingerprint`); returns its bytes."""
+        store = self.store
+        assert store is not None
+        with self._keeping(node):
+            codec = CODECS.for_value(value, f"the answer of `{node}`")
+            answer = store.keep(key, codec.encode(value), codec.name, fingerprint)
+        return answer.size
+
+    @contextlib.contextmanager
+    def _keeping(self, node: str) -> Iterator[None]:
+        """Says ``failed`` of ``node`` when its answer, computed, cannot be kept (no codec
+        writes it, the store refuses it), before the error goes on to the caller."""
+        try:
+            yield
+        except SomatizeError:
+            self.emit({"fact": "failed", "node": node, "error": "refused"})
+            raise
+        except Exception as error:
+            self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
+            raise
+
+    def run_mapped(
+        self, plan: Plan, node: str, inputs: list[Any], ctx: Context, stacklevel: int = 4
+    ) -> Any:
+        """Runs the items of mapped ``node`` whose answers are not kept, recalls the rest,
+        and says both (and drift, as :func:`somatize.engine._recalled` does: ``stacklevel``
+        is where the caller's forward is, seen from here)."""
+        static = plan.static
+        preds = static.preds[node]
+        for index, value in enumerate(inputs):
+            if not isinstance(value, (list, tuple)):
+                what = f"what `{preds[index]}` answered" if preds else "the graph's input"
+                raise self.unmappable(
+                    node,
+                    TypeError(
+                        f"is mapped, so what it reads must be a list (one item per element), "
+                        f"and {what} is {_describe(value)}: make it a list of items, or drop "
+                        "`.mapped()`"
+                    ),
+                )
+        lengths = {len(value) for value in inputs}
+        if len(lengths) > 1:
+            said = ", ".join(f"`{p}`: {len(v)}" for p, v in zip(preds, inputs, strict=True))
+            raise self.unmappable(
+                node,
+                ValueError(
+                    f"is mapped over inputs of different lengths ({said}): a mapped node "
+                    "pairs item i of each input, so they must be equally long"
+                ),
+            )
+        count = lengths.pop() if lengths else 0
+        keyed = node in static.cached
+        items: list[str] | None = None
+        if keyed:
+            if node in static.late:
+                columns = [
+                    self._item_column(plan, p, len(v))
+                    for p, v in zip(static.preds[node], inputs, strict=True)
+                ]
+                items = item_keys_from(static.prefix[node], columns, node)
+                plan.items[node] = items
+                assert self.store is not None
+                if items:
+                    plan.have |= self.store.have(items)
+            else:
+                items = plan.items[node]
+        out: list[Any] = [None] * count
+        missing = list(range(count))
+        if items is not None:
+            present = [key for key in items if key in plan.have]
+            got = self.read(node, present, static.fingerprint.get(node)) if present else {}
+            missing = []
+            for index, key in enumerate(items):
+                value = got.get(key, _DAMAGED)
+                if value is _DAMAGED:
+                    missing.append(index)
+                else:
+                    out[index] = value
+        recalled = count - len(missing)
+        if missing:
+            sub = [[value[i] for i in missing] for value in inputs]
+            ctx.keys = [items[i] for i in missing] if items is not None else None
+            answers, took = self.call(node, sub, ctx)
+            if not isinstance(answers, (list, tuple)) or len(answers) != len(missing):
+                raise self.unmappable(
+                    node,
+                    TypeError(
+                        f"answered {_describe(answers)} for the {len(missing)} items it was "
+                        "handed: a mapped node returns a list as long as its input, item i "
+                        "out from item i in"
+                    ),
+                )
+            self.emit(
+                {"fact": "ran", "node": node, "took_us": took, "items": len(missing), "of": count}
+            )
+            for index, value in zip(missing, answers, strict=True):
+                out[index] = value
+            if items is not None:
+                kept = self.keep_items(
+                    node,
+                    [(items[i], out[i]) for i in missing],
+                    static.fingerprint.get(node),
+                )
+                self.emit({"fact": "kept", "node": node, "items": len(missing), "bytes": kept})
+        elif not count:  # no items: it runs, trivially, without being called
+            self.emit({"fact": "ran", "node": node, "took_us": 0, "items": 0, "of": 0})
+        if recalled:
+            self.emit({"fact": "recalled", "node": node, "items": recalled, "of": count})
+        if node in self.drift:
+            self.drifted(node, plan.keys.get(node), stacklevel)
+        return out
+
+    def unmappable(self, node: str, why: Exception) -> NodeFailed:
+        """Says ``failed`` of mapped ``node``, which cannot be run item by item (``why``:
+        what it was handed, or what it answered, is no list of its items), and returns the
+        error to raise."""
+        self.emit({"fact": "failed", "node": node, "error": type(why).__name__})
+        return NodeFailed(node, self.graph.kind_of(node), why, raised=False)
+
+    def keep_items(self, node: str, answers: list[tuple[str, Any]], fingerprint: str | None) -> int:
+        """Keeps a mapped node's item answers, grouped by codec, with the ``fingerprint`` of
+        the code they depend on; returns the bytes kept."""
+        store = self.store
+        assert store is not None
+        groups: dict[str, list[tuple[str, Sequence[Any]]]] = {}
+        with self._keeping(node):
+            for key, value in answers:
+                codec = CODECS.for_value(value, f"an item answer of `{node}`")
+                groups.setdefault(codec.name, []).append((key, codec.encode(value)))
+            return sum(
+                answer.size
+                for name, items in groups.items()
+                for answer in store.keep_many(items, name, fingerprint)
+            )
+
+    def _item_column(self, plan: Plan, pred: str, count: int) -> list[str]:
+        if pred in plan.items:
+            return plan.items[pred]
+        return [item_key(plan.keys[pred], i) for i in range(count)]
+
+
+_DAMAGED = object()
+
+
+def _whose_code(graph: Graph, node: str, changed: list[str] | None) -> str:
+    """Whose code a drifted answer of ``node`` was kept by another version of, as a warning
+    says it: the nodes in ``changed``, or — not known — ``node``'s or a node's it reads."""
+    if changed is None:
+        return f"`{graph.kind_of(node)}`'s code or of the code of a node it reads"
+    said = []
+    if node in changed:
+        said.append(f"`{graph.kind_of(node)}`'s code")
+    above = [f"`{n}` (`{graph.kind_of(n)}`)" for n in changed if n != node]
+    if above:
+        said.append(f"the code of {', '.join(above)}, which it reads")
+    return " and of ".join(said)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a `{type(value).__name__}`"
