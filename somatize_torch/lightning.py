@@ -60,6 +60,14 @@ Why it is shaped this way:
   harmless), and at the end of each epoch every rank flushes its writes and
   waits for the others, so the next epoch's shuffle — which hands a rank rows
   another rank computed — finds them in the store.
+
+The callback's parts are modules of their own, their names re-exported here:
+finding, checking and putting back the named submodules
+(:mod:`somatize_torch._lightning_modules`), naming the next batch ahead
+(:mod:`somatize_torch._lightning_ahead`), prefill
+(:mod:`somatize_torch._lightning_prefill`), what is counted and where it goes
+(:mod:`somatize_torch._lightning_stats`), and the errors and warnings
+(:mod:`somatize_torch._lightning_errors`).
 """
 
 from __future__ import annotations
@@ -68,30 +76,46 @@ import os
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from somatize import Store
-from somatize.errors import SomatizeError, SomatizeWarning
 from somatize_torch.ahead import Ahead
-from somatize_torch.freeze import few, release
 from somatize_torch.rows import DEVICE_BYTES, HOST_BYTES, CachedRows, RowStats, cache_rows
-from somatize_torch.rows import prefill as prefill_rows
 
 try:
     import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import BaseFinetuning, Callback
-    from lightning.pytorch.utilities import CombinedLoader
+    from lightning.pytorch.callbacks import Callback
 except ImportError:  # pragma: no cover - the message is the point
     raise ImportError(
         "somatize.torch.lightning needs Lightning, which is not installed: "
         "`pip install 'somatize[lightning]'` (or `pip install 'lightning>=2.2'`)"
     ) from None
+
+# The parts import Lightning themselves: after the message above, which says how to get it.
+from somatize_torch._lightning_ahead import fetch_ahead
+from somatize_torch._lightning_errors import (
+    CacheFrozenError,
+    CompiledSubmodule,
+    FrozeTrainable,
+    NeverHits,
+    NotASubmodule,
+    Uncached,
+)
+from somatize_torch._lightning_modules import check_trainable, find, put_back
+from somatize_torch._lightning_prefill import PrefillJob, forward_context, run_prefill
+from somatize_torch._lightning_stats import (
+    EpochStats,
+    Stage,
+    log_epoch,
+    never_hit,
+    plus,
+    running_hit_rate,
+    since,
+)
 
 __all__ = [
     "CacheFrozen",
@@ -103,73 +127,6 @@ __all__ = [
     "NotASubmodule",
     "Uncached",
 ]
-
-Stage = Literal["train", "validate", "test", "predict", "prefill"]
-
-
-class CacheFrozenError(SomatizeError, ValueError):
-    """The callback was asked to cache something it cannot."""
-
-
-class NotASubmodule(CacheFrozenError, LookupError):
-    """A name given to the callback names no submodule of the LightningModule."""
-
-
-class CompiledSubmodule(CacheFrozenError, TypeError):
-    """A submodule to cache was itself compiled with ``torch.compile``."""
-
-
-class NeverHits(SomatizeWarning):
-    """A training epoch after the first recalled no row: its inputs differ every epoch."""
-
-
-class Uncached(SomatizeWarning):
-    """A cached submodule was unfrozen (a fine-tuning schedule), so it runs uncached."""
-
-
-class FrozeTrainable(SomatizeWarning):
-    """A submodule named to be cached had parameters that required grad: caching froze them."""
-
-
-@dataclass(frozen=True)
-class EpochStats:
-    """What one cached module did in one epoch of one stage.
-
-    ``epoch`` is the trainer's ``current_epoch`` (0-based); ``seconds`` the wall time
-    from the epoch's start hook to its end hook (for ``train``, validation inside the
-    epoch included); ``rows`` the module's :class:`~somatize_torch.rows.RowStats`.
-    """
-
-    stage: Stage
-    epoch: int
-    module: str
-    seconds: float
-    rows: RowStats
-
-    @property
-    def hit_rate(self) -> float:
-        return self.rows.hit_rate
-
-
-def _plus(a: RowStats, b: RowStats) -> RowStats:
-    return RowStats(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(RowStats)})
-
-
-def _unwrapped(module: nn.Module) -> nn.Module:
-    """The module a ``torch.compile`` wrapper stands for (the module itself otherwise)."""
-    inner = module._modules.get("_orig_mod")
-    if inner is not None and type(module).__name__ == "OptimizedModule":
-        return inner
-    return module
-
-
-@dataclass
-class _Prefill:
-    loader: Iterable[Any]
-    module: str
-    inputs: Callable[[Any], Any] | None
-    progress: bool
-
 
 _BAR_EVERY = 10
 """The running hit rate goes to the progress bar every this many training batches."""
@@ -243,7 +200,7 @@ class CacheFrozen(Callback):
         self._train_parts: dict[str, RowStats] = {}
         self._train_epochs = 0
         self._warned = False
-        self._prefills: list[_Prefill] = []
+        self._prefills: list[PrefillJob] = []
         self._looked = True  # whether the stage under way looked at the modules again
         self._aheads: weakref.WeakSet[Ahead[Any]] = weakref.WeakSet()  # loaders put behind it
 
@@ -284,7 +241,7 @@ class CacheFrozen(Callback):
             raise NotASubmodule(
                 f"prefill(module={module!r}): this callback caches {self.names}; name one of those"
             )
-        self._prefills.append(_Prefill(dataloader, module, inputs, progress))
+        self._prefills.append(PrefillJob(dataloader, module, inputs, progress))
 
     # -- setting up
 
@@ -298,31 +255,13 @@ class CacheFrozen(Callback):
         for name in self.names:
             if name in self._uncached:
                 continue  # unfrozen by a schedule in an earlier fit: it trains, uncached
-            try:
-                parent, attribute, found = _locate(pl_module, name)
-            except NotASubmodule as missing:
-                if type(pl_module).configure_model is pl.LightningModule.configure_model:
-                    raise
-                raise NotASubmodule(
-                    f"{missing} — this LightningModule makes modules in `configure_model()`, "
-                    "which Lightning calls after the callbacks' `setup()`, when they can no "
-                    "longer be put in place before the strategy wraps the model. Make the "
-                    "frozen encoder in `__init__`, or cache it yourself in `configure_model()` "
-                    "(`self.encoder = somatize.torch.cache_rows(encoder, store)`)"
-                ) from None
+            parent, attribute, found = find(pl_module, name)
             if isinstance(found, CachedRows):
                 found.when_unfrozen = self._unfrozen
                 self._cached[name] = found
                 continue
-            if type(found).__name__ == "OptimizedModule":
-                raise CompiledSubmodule(
-                    f"`{name}` is compiled with torch.compile, and a compiled module cannot be "
-                    "cached row by row (its rows would be looked up inside the compiled "
-                    "graph). Compile the model or the head around it instead: the cached "
-                    f"`{name}` becomes a graph break and everything else compiles"
-                )
             todo.append((name, parent, attribute, found))
-        self._check_trainable(trainer, pl_module, stage, todo)
+        check_trainable(trainer, pl_module, stage, todo)  # warns at what called this hook
         for name, parent, attribute, found in todo:
             cached = cache_rows(
                 found,
@@ -340,82 +279,17 @@ class CacheFrozen(Callback):
             setattr(parent, attribute, cached)
             self._cached[name] = cached
 
-    def _check_trainable(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        stage: str,
-        todo: list[tuple[str, nn.Module, str, nn.Module]],
-    ) -> None:
-        """Says so when a module about to be cached has parameters that require grad:
-        caching freezes them, so they would not train as they do without the callback.
-        Refused when they are all that fitting would train (a head named by mistake),
-        warned otherwise (:class:`FrozeTrainable`) — unless a fine-tuning callback
-        (``BaseFinetuning``) is there, which freezes what it schedules in its own
-        ``setup`` and unfreezes it later (the module then runs uncached)."""
-        if stage != "fit":
-            return  # nothing trains in validate, test or predict
-        trainable = {
-            name: [n for n, p in found.named_parameters() if p.requires_grad]
-            for name, _, _, found in todo
-        }
-        trainable = {name: params for name, params in trainable.items() if params}
-        if not trainable:
-            return
-        named = {id(p) for _, _, _, found in todo for p in found.parameters()}
-        listed = "; ".join(f"`{name}`: {few(params)}" for name, params in trainable.items())
-        if not any(p.requires_grad and id(p) not in named for p in pl_module.parameters()):
-            raise CacheFrozenError(
-                f"the modules named to be cached hold every parameter this LightningModule "
-                f"trains ({listed}): caching freezes them (a cached module runs without "
-                "gradients), so nothing would be left to train and the first backward would "
-                "fail. Name only the frozen submodules whose answers stay the same (the "
-                "encoder), not the part being trained (the head)"
-            )
-        if any(isinstance(c, BaseFinetuning) for c in getattr(trainer, "callbacks", ())):
-            return
-        warnings.warn(
-            f"parameters of modules named to be cached require grad ({listed}): caching "
-            "freezes them (requires_grad_(False), held in eval), so they do not train here "
-            "as they would without this callback. If a module is meant to train, do not "
-            "name it; if it is meant to stay frozen, freeze it before fitting "
-            "(`requires_grad_(False)`) and this warning goes. A schedule that unfreezes it "
-            "later gets it back uncached",
-            FrozeTrainable,
-            stacklevel=3,
-        )
-
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._train_epochs = 0
         if not self._prefills:
             return
         self._key_as("prefill")  # an earlier stage (validate, test) may have keyed its own
-        with _precision(trainer), torch.no_grad():
+        with forward_context(trainer), torch.no_grad():
             for job in self._prefills:
-                self._prefill(trainer, pl_module, job)
+                cached = self._cached[job.module]
+                self.history.append(run_prefill(trainer, pl_module, cached, job))
         self._prefills = []
         self._flush(trainer)
-
-    def _prefill(self, trainer: pl.Trainer, pl_module: pl.LightningModule, job: _Prefill) -> None:
-        started = time.perf_counter()
-        cached = self._cached[job.module]
-        loader: Iterable[Any] = job.loader
-        ranks = trainer.world_size
-        if ranks > 1:
-            loader = _share(loader, trainer.global_rank, ranks)
-        plugin = getattr(trainer, "precision_plugin", None)
-        done = prefill_rows(
-            cached,
-            loader,
-            inputs=job.inputs,
-            progress=job.progress and trainer.is_global_zero,
-            device=pl_module.device,
-            convert=getattr(plugin, "convert_input", None),  # as a training batch is
-        )
-        cached.reset_stats()
-        self.history.append(
-            EpochStats("prefill", trainer.current_epoch, job.module, _since(started), done)
-        )
 
     # -- counting, per stage
 
@@ -423,11 +297,11 @@ class CacheFrozen(Callback):
         self._started[stage] = time.perf_counter()
 
     def _end(self, trainer: pl.Trainer, stage: Stage, parts: dict[str, RowStats]) -> None:
-        seconds = _since(self._started.pop(stage, time.perf_counter()))
+        seconds = since(self._started.pop(stage, time.perf_counter()))
         for name, cached in self._cached.items():
             rows = cached.reset_stats()
             if name in parts:
-                rows = _plus(parts[name], rows)
+                rows = plus(parts[name], rows)
             self.history.append(EpochStats(stage, trainer.current_epoch, name, seconds, rows))
 
     def _fresh(self, stage: Stage) -> None:
@@ -466,20 +340,7 @@ class CacheFrozen(Callback):
             cached.look_up_answered()
 
     def _uncache(self, pl_module: pl.LightningModule, name: str, cached: CachedRows) -> None:
-        parent, attribute, _ = _locate(pl_module, name)
-        module = cached.module
-        cached.when_unfrozen = None
-        cached.close()
-        # The loaders fetched ahead for it would hold it, and its memory tiers (GiBs), for
-        # the rest of the run.
-        for wrapper in self._aheads:
-            wrapper.drop(cached)
-        cached.forget()
-        # In the mode asked of it while it was held in eval (`self.encoder.eval()` in a hook,
-        # Lightning's `.train()`), which the cache recorded: the mode it would be in now
-        # without this callback.
-        release(module, cached.training)
-        setattr(parent, attribute, module)
+        put_back(pl_module, name, cached, self._aheads)
         del self._cached[name]
         self._uncached.add(name)
         warnings.warn(
@@ -535,21 +396,8 @@ class CacheFrozen(Callback):
         """Puts ``loop``'s loaders behind :func:`~somatize_torch.ahead.ahead`, for the
         iterators Lightning makes from its next run on."""
         caches = [c for c in self._cached.values() if c.key_mode == "content"]
-        if not self.ahead or not caches or pl_module.device.type != "cpu":
-            return
-        combined = getattr(loop, "_combined_loader", None)
-        if not isinstance(combined, CombinedLoader):
-            return  # another Lightning than the one this reads: rows are named in the step
-        loaders = combined.flattened
-        wrapped = [
-            dl
-            if isinstance(dl, Ahead) or callable(getattr(dl, "state_dict", None))
-            else Ahead(dl, caches, check_draws=True)
-            for dl in loaders
-        ]
-        self._aheads.update(dl for dl in wrapped if isinstance(dl, Ahead))
-        if any(new is not old for new, old in zip(wrapped, loaders, strict=True)):
-            combined.flattened = wrapped
+        if self.ahead:
+            fetch_ahead(loop, caches, pl_module.device, self._aheads)
 
     def on_train_batch_end(
         self,
@@ -564,13 +412,7 @@ class CacheFrozen(Callback):
         last = batch_idx + 1 >= trainer.num_training_batches
         if batch_idx % _BAR_EVERY and not last:
             return  # the bar keeps showing the value logged last
-        rows = recalled = 0
-        for name, cached in self._cached.items():
-            now = cached.stats
-            before = self._train_parts.get(name)
-            rows += now.rows + (before.rows if before else 0)
-            recalled += now.recalled + (before.recalled if before else 0)
-        rate = recalled / rows if rows else 0.0
+        rate = running_hit_rate(self._cached, self._train_parts)
         pl_module.log("hit", rate, prog_bar=True, logger=False, on_step=True, on_epoch=False)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -582,7 +424,7 @@ class CacheFrozen(Callback):
             counted = cached.stats
             if training:  # validation inside a training epoch: keep what training counted
                 before = self._train_parts.get(name)
-                self._train_parts[name] = _plus(before, counted) if before else counted
+                self._train_parts[name] = plus(before, counted) if before else counted
         self._fresh("validate")
         if not trainer.sanity_checking:
             fitting = trainer.state.fn == "fit"
@@ -602,36 +444,19 @@ class CacheFrozen(Callback):
             return
         self._flush(trainer)
         self._end(trainer, "validate", {})
-        self._log(pl_module, trainer, "val_")
+        log_epoch(pl_module, trainer, "validate", self._last("validate"))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._flush(trainer)
         self._end(trainer, "train", self._train_parts)
         self._train_parts = {}
-        self._log(pl_module, trainer, "")
+        log_epoch(pl_module, trainer, "train", self._last("train"))
         self._train_epochs += 1
-        limit = trainer.limit_train_batches
-        whole = limit is None or (isinstance(limit, float) and limit >= 1.0)
-        # Epochs of a part of the data (limit_train_batches) may share no sample at all.
-        if whole and self._train_epochs >= 2 and not self._warned:
-            never = [
-                e.module
-                for e in self._last("train")
-                if e.rows.rows and e.rows.recalled == 0 and e.rows.computed
-            ]
-            if never:
+        if self._train_epochs >= 2 and not self._warned:
+            never = never_hit(trainer, self._last("train"))
+            if never is not None:
                 self._warned = True
-                warnings.warn(
-                    f"training epoch {trainer.current_epoch} recalled none of the rows of "
-                    f"{', '.join(f'`{n}`' for n in never)} from the cache, after an epoch "
-                    "that computed and kept them: its inputs differ every epoch — most likely "
-                    "a random augmentation (a random crop, flip or noise in the Dataset or "
-                    "its transform) — so every row is new and caching only costs time. Move "
-                    "the augmentation after the cached module, cache the encoder on the "
-                    "un-augmented input, or drop the callback",
-                    NeverHits,
-                    stacklevel=2,
-                )
+                warnings.warn(never, NeverHits, stacklevel=2)
 
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._fresh("test")
@@ -641,7 +466,7 @@ class CacheFrozen(Callback):
         self._key_as("train")  # the callback's own version again, as after validation
         self._flush(trainer)
         self._end(trainer, "test", {})
-        self._log(pl_module, trainer, "test_")
+        log_epoch(pl_module, trainer, "test", self._last("test"))
 
     def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._fresh("predict")
@@ -655,31 +480,6 @@ class CacheFrozen(Callback):
     def _last(self, stage: Stage) -> list[EpochStats]:
         count = len(self._cached)
         return [e for e in self.history if e.stage == stage][-count:] if count else []
-
-    def _log(self, pl_module: pl.LightningModule, trainer: pl.Trainer, prefix: str) -> None:
-        if trainer.sanity_checking or not trainer.loggers:
-            return  # with no logger, ``history`` is where the figures are
-        stage: Stage = {"": "train", "val_": "validate", "test_": "test"}[prefix]  # type: ignore[assignment]
-        ranks = trainer.world_size > 1
-        for record in self._last(stage):
-            rows = record.rows
-            metrics: list[tuple[str, float, str]] = [
-                ("hit_rate", rows.hit_rate, "mean"),
-                ("rows_computed", float(rows.computed), "sum"),
-                ("rows_recalled", float(rows.recalled), "sum"),
-                ("bytes_kept", float(rows.bytes_kept), "sum"),
-                ("lookup_s", rows.lookup_s, "mean"),
-            ]
-            for metric, value, reduce in metrics:
-                pl_module.log(
-                    f"cache/{record.module}/{prefix}{metric}",
-                    value,
-                    on_step=False,
-                    on_epoch=True,
-                    prog_bar=False,
-                    sync_dist=ranks,
-                    reduce_fx=reduce,
-                )
 
     # -- keeping
 
@@ -701,42 +501,3 @@ class CacheFrozen(Callback):
         self._key_as("train")  # a stage stopped before its end hook keyed its own version
         for cached in self._cached.values():
             cached.flush()
-
-
-def _locate(root: nn.Module, name: str) -> tuple[nn.Module, str, nn.Module]:
-    """The parent of submodule ``name``, its attribute there, and the submodule;
-    compiled modules on the way are seen through to the modules they compile."""
-    parent = root
-    atoms = name.split(".")
-    for depth, atom in enumerate(atoms):
-        parent = _unwrapped(parent)
-        child = parent._modules.get(atom)
-        if child is None:
-            where = ".".join(atoms[:depth]) or "the LightningModule"
-            known = ", ".join(f"`{n}`" for n in parent._modules) or "none"
-            raise NotASubmodule(
-                f"`{name}` names no submodule: {where} has no submodule `{atom}` (it has "
-                f"{known}). Name the frozen submodule by its dotted attribute path, as "
-                "`named_modules()` lists it"
-            )
-        if depth == len(atoms) - 1:
-            return parent, atom, child
-        parent = child
-    raise AssertionError("unreachable: a name has at least one part")
-
-
-def _share(loader: Iterable[Any], rank: int, ranks: int) -> Iterator[Any]:
-    for i, item in enumerate(loader):
-        if i % ranks == rank:
-            yield item
-
-
-def _precision(trainer: pl.Trainer) -> AbstractContextManager[Any]:
-    """The context the trainer runs a forward in (autocast under mixed precision)."""
-    plugin = getattr(trainer, "precision_plugin", None)
-    context = getattr(plugin, "forward_context", None)
-    return context() if context is not None else nullcontext()
-
-
-def _since(started: float) -> float:
-    return time.perf_counter() - started

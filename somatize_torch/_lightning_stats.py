@@ -1,0 +1,127 @@
+"""What the callback counted: :class:`EpochStats`, one per cached module, stage and epoch.
+
+Each cached module counts its rows itself (:class:`~somatize_torch.rows.RowStats`);
+:class:`~somatize_torch.lightning.CacheFrozen` reads and resets those counts at each
+epoch's end, so one record holds one epoch of one stage. Validation inside a training
+epoch is counted apart: what training counted before it is set aside and added back
+at the training epoch's end (:func:`plus`), so neither stage's figures hold the
+other's rows.
+
+The records go three ways. :attr:`CacheFrozen.history` keeps every one, with or
+without a logger. The trainer's logger gets each epoch's figures
+(:func:`log_epoch`: ``cache/<module>/hit_rate``, ``cache/<module>/val_hit_rate``, …),
+reduced across ranks under DDP (rates and times averaged, counts summed). The
+progress bar gets the training epoch's running hit rate (:func:`running_hit_rate`).
+And a training epoch after the first that recalled nothing it could have
+(:func:`never_hit`) says so once: its inputs differ every epoch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Literal
+
+from somatize_torch.rows import CachedRows, RowStats
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+__all__ = ["EpochStats", "Stage", "log_epoch", "never_hit", "plus", "running_hit_rate", "since"]
+
+Stage = Literal["train", "validate", "test", "predict", "prefill"]
+
+_PREFIX: dict[Stage, str] = {"train": "", "validate": "val_", "test": "test_"}
+"""What a stage's figures are logged as, after ``cache/<module>/``."""
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """What one cached module did in one epoch of one stage.
+
+    ``epoch`` is the trainer's ``current_epoch`` (0-based); ``seconds`` the wall time
+    from the epoch's start hook to its end hook (for ``train``, validation inside the
+    epoch included); ``rows`` the module's :class:`~somatize_torch.rows.RowStats`.
+    """
+
+    stage: Stage
+    epoch: int
+    module: str
+    seconds: float
+    rows: RowStats
+
+    @property
+    def hit_rate(self) -> float:
+        return self.rows.hit_rate
+
+
+def plus(a: RowStats, b: RowStats) -> RowStats:
+    return RowStats(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(RowStats)})
+
+
+def since(started: float) -> float:
+    return time.perf_counter() - started
+
+
+def running_hit_rate(cached: dict[str, CachedRows], parts: dict[str, RowStats]) -> float:
+    """The training epoch's hit rate so far, over every cached module: what each counted
+    since validation, plus ``parts``, what it counted before."""
+    rows = recalled = 0
+    for name, cache in cached.items():
+        now = cache.stats
+        before = parts.get(name)
+        rows += now.rows + (before.rows if before else 0)
+        recalled += now.recalled + (before.recalled if before else 0)
+    return recalled / rows if rows else 0.0
+
+
+def log_epoch(
+    pl_module: pl.LightningModule, trainer: pl.Trainer, stage: Stage, records: list[EpochStats]
+) -> None:
+    """``records``, the epoch of ``stage`` just ended, to the trainer's loggers."""
+    if trainer.sanity_checking or not trainer.loggers:
+        return  # with no logger, ``history`` is where the figures are
+    prefix = _PREFIX[stage]
+    ranks = trainer.world_size > 1
+    for record in records:
+        rows = record.rows
+        metrics: list[tuple[str, float, str]] = [
+            ("hit_rate", rows.hit_rate, "mean"),
+            ("rows_computed", float(rows.computed), "sum"),
+            ("rows_recalled", float(rows.recalled), "sum"),
+            ("bytes_kept", float(rows.bytes_kept), "sum"),
+            ("lookup_s", rows.lookup_s, "mean"),
+        ]
+        for metric, value, reduce in metrics:
+            pl_module.log(
+                f"cache/{record.module}/{prefix}{metric}",
+                value,
+                on_step=False,
+                on_epoch=True,
+                prog_bar=False,
+                sync_dist=ranks,
+                reduce_fx=reduce,
+            )
+
+
+def never_hit(trainer: pl.Trainer, records: list[EpochStats]) -> str | None:
+    """What to warn of (:class:`~somatize_torch.lightning.NeverHits`) when the training
+    epoch just ended, ``records``, recalled none of the rows of a module after an epoch
+    that computed and kept them; None otherwise, and when the epochs run over part of the
+    data (``limit_train_batches``), which two epochs may share no sample of."""
+    limit = trainer.limit_train_batches
+    whole = limit is None or (isinstance(limit, float) and limit >= 1.0)
+    if not whole:
+        return None
+    never = [e.module for e in records if e.rows.rows and e.rows.recalled == 0 and e.rows.computed]
+    if not never:
+        return None
+    return (
+        f"training epoch {trainer.current_epoch} recalled none of the rows of "
+        f"{', '.join(f'`{n}`' for n in never)} from the cache, after an epoch "
+        "that computed and kept them: its inputs differ every epoch — most likely "
+        "a random augmentation (a random crop, flip or noise in the Dataset or "
+        "its transform) — so every row is new and caching only costs time. Move "
+        "the augmentation after the cached module, cache the encoder on the "
+        "un-augmented input, or drop the callback"
+    )
