@@ -15,7 +15,7 @@ import unicodedata
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from .layout import _Arrangement
+from ._arrangement import _Arrangement
 from .model import Point
 from .style import (
     _ARROW_LEN,

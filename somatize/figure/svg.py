@@ -7,7 +7,7 @@ so that several figures can share one HTML page (a notebook) without clashing.
 
 from __future__ import annotations
 
-from .layout import _Arrangement, _Route
+from ._arrangement import _Arrangement, _Route
 from .model import Box
 from .style import (
     _ARROW_LEN,

@@ -1,0 +1,92 @@
+"""How big a box is: its name and kind fitted to its width, its badges wrapped in rows.
+
+A box shows its name, its kind and a row or more of badges (what happened to it in a
+run, its frozen state, its cached salt, mapped, the worker it is placed on). Sizes come
+from the text widths estimated in ``style``, not from a font, so a box measures the same
+with or without Pillow and both renderers agree. Every box is measured once, before it
+is placed: the widths decide how wide each column is, the heights how the rows stack,
+and the badge offsets are kept so that placing a box only has to add its corner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import Box
+from .style import (
+    _BADGE_GAP,
+    _BADGE_H,
+    _BADGE_PAD,
+    _BADGE_SIZE,
+    _BADGES_TOP,
+    _BOX_MAX_W,
+    _BOX_MIN_H,
+    _BOX_MIN_W,
+    _BOX_PAD_BOTTOM,
+    _CONTENT_MAX_W,
+    _KIND_SIZE,
+    _NAME_SIZE,
+    _PAD_X,
+    _fit,
+    _human_time,
+    _text_width,
+)
+
+
+@dataclass
+class _Measured:
+    need_w: float
+    h: float
+    label: str
+    kind_label: str
+    badges: list[tuple[str, str, float, float, float]]  # text, tone, dx, dy, w
+
+
+def _badge_texts(box: Box) -> list[tuple[str, str]]:
+    """The badges a box shows, in order, as (text, tone)."""
+    out: list[tuple[str, str]] = []
+    if box.outcome is not None:
+        text = box.outcome
+        if box.outcome == "ran" and box.took_us is not None:
+            text = f"ran {_human_time(box.took_us)}"
+        out.append((text, "outcome"))
+    state = None if box.state is None else _fit(box.state, 12, len, middle=False)
+    salt = None if box.salt is None else _fit(box.salt, 16, len, middle=False)
+    if "frozen" in box.marks:
+        out.append(("frozen" if state is None else f"frozen · {state}", "frozen"))
+    elif state is not None:
+        out.append((f"state · {state}", "frozen"))
+    if "cached" in box.marks:
+        out.append(("cached" if salt is None else f"cached · {salt}", "cached"))
+    elif salt is not None:
+        out.append((f"salt · {salt}", "cached"))
+    if "mapped" in box.marks:
+        out.append(("mapped", "mapped"))
+    if box.worker is not None:
+        out.append((f"@ {box.worker}", "at"))
+    elif "at" in box.marks:
+        out.append(("at", "at"))
+    return out
+
+
+def _measure(box: Box) -> _Measured:
+    label = _fit(box.name, _CONTENT_MAX_W, lambda s: _text_width(s, _NAME_SIZE, True))
+    kind_label = _fit(box.kind, _CONTENT_MAX_W, lambda s: _text_width(s, _KIND_SIZE), False)
+    need = max(_text_width(label, _NAME_SIZE, True), _text_width(kind_label, _KIND_SIZE))
+    badges: list[tuple[str, str, float, float, float]] = []
+    row, dx = 0, 0.0
+    for text, tone in _badge_texts(box):
+        text = _fit(text, _CONTENT_MAX_W - 2 * _BADGE_PAD, lambda s: _text_width(s, _BADGE_SIZE))
+        w = _text_width(text, _BADGE_SIZE) + 2 * _BADGE_PAD
+        if dx > 0 and dx + w > _CONTENT_MAX_W:
+            row, dx = row + 1, 0.0
+        badges.append((text, tone, dx, _BADGES_TOP + row * (_BADGE_H + _BADGE_GAP), w))
+        dx += w + _BADGE_GAP
+        need = max(need, dx - _BADGE_GAP)
+    if badges:
+        rows = row + 1
+        h = _BADGES_TOP + rows * _BADGE_H + (rows - 1) * _BADGE_GAP + _BOX_PAD_BOTTOM
+    else:
+        h = _BOX_MIN_H
+    need_w = min(_BOX_MAX_W, max(_BOX_MIN_W, need + 2 * _PAD_X))
+    return _Measured(need_w, h, label, kind_label, badges)
