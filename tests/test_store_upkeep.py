@@ -3,6 +3,7 @@ never take what is wanted; and the newest answer for a key is the one served."""
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from somatize.cli import main
-from somatize.store import KeyMismatch, LocalStore, Missing, Store
+from somatize.store import KeyMismatch, LocalStore, Missing, Store, StoreError
 from somatize.store.records import NameSignedAlone, Signer
 from somatize.store.upkeep import Entry
 from tests.conftest_s3 import s3_options, s3_url
@@ -276,3 +277,52 @@ def test_a_grace_that_is_not_finite_seconds_is_refused(tmp_path: Path, grace: ob
     with pytest.raises(ValueError, match="grace is finite seconds ≥ 0"):
         store.gc(grace=grace)  # type: ignore[arg-type]
     assert in_flight.exists()
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("folder", ["answers/00", "names/data", "packs"])
+@pytest.mark.parametrize("home", ["local", "file"])
+def test_upkeep_that_cannot_read_a_folder_stops_and_removes_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    folder: str,
+    home: str,
+) -> None:
+    """A folder of a shared store this process may not read (made by another user with
+    umask 077) is not taken for empty: gc and verify stop with StoreError naming it, the
+    command line exits 2 with that one line, and nothing is removed — the blobs of the
+    answers, packs and names it holds were not unused."""
+    root = tmp_path / "store"
+    where = str(root) if home == "local" else f"file://{root}"
+    store = Store(root) if home == "local" else Store.on_bucket(where)
+    for i in range(3):
+        store.keep(key_of(i), bytes(1000 + i), "plain")
+    store.keep_many([(key_of(100 + i), b"item %d" % i) for i in range(3)], "plain")
+    store.bind("data/v1", store.put(b"the training set"))
+    store.close()
+    before = _files(root)
+    hidden = str(root / folder)
+    scandir = os.scandir
+
+    def refusing(path: Any = ".") -> Any:
+        if os.fspath(path).rstrip("/") == hidden:
+            raise PermissionError(errno.EACCES, "Permission denied", hidden)
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    fresh = Store(root) if home == "local" else Store.on_bucket(where)
+    with pytest.raises(StoreError, match=folder):
+        fresh.gc(0, grace=0)
+    with pytest.raises(StoreError, match=folder):
+        fresh.verify()
+    command = ["store", "gc", "--store", where, "--grace", "0", "--max-bytes", "0"]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert folder in err and len(err.strip().splitlines()) == 1
+    monkeypatch.undo()
+    assert _files(root) == before
+    assert Store(root).verify().ok

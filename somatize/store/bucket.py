@@ -437,10 +437,29 @@ class BucketStore(PackedHome):
         where = f"{self.root}/{section}"
         self.fs.invalidate_cache(where)
         try:
-            found = self._call(f"listing {section}", self.fs.find, where, detail=True)
+            if self._atomic:
+                found = self._call(f"listing {section}", self.fs.find, where, detail=True)
+            else:
+                found = dict(sorted(self._call(f"listing {section}", self._walk, where).items()))
         except _ABSENT:
             return {}
         return cast(dict[str, dict[str, Any]], found)
+
+    def _walk(self, where: str) -> dict[str, dict[str, Any]]:
+        """Path → info of every file under ``where`` on a plain filesystem. A folder that
+        cannot be read fails the listing (PermissionError), where ``find`` would leave it
+        out, and gc take what it holds for unused; one gone meanwhile holds nothing."""
+        out: dict[str, dict[str, Any]] = {}
+        try:
+            listed = self.fs.ls(where, detail=True)
+        except FileNotFoundError:
+            return out
+        for info in listed:
+            if info.get("type") == "directory":
+                out.update(self._walk(info["name"]))
+            else:
+                out[info["name"]] = info
+        return out
 
     # -- writing ------------------------------------------------------------------------------
 

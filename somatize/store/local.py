@@ -590,18 +590,39 @@ class LocalStore(PackedHome):
         return self.root / section
 
     def _entries(self, section: str) -> list[Entry]:
+        """Every file of ``section``. A folder or file this process may not read (another
+        user's, made with umask 077) is a StoreError, never left out: upkeep would take what
+        it holds for unused (gc removing the blobs it refers to) or the store for whole."""
         base = self._section(section)
         out = []
-        for folder, _, files in os.walk(base):
+
+        def unlisted(why: OSError) -> None:
+            if not isinstance(why, FileNotFoundError):  # absent: nothing written there yet
+                raise self._unreadable(section, why) from why
+
+        for folder, _, files in os.walk(base, onerror=unlisted):
             for name in files:
                 path = os.path.join(folder, name)
                 try:
                     stat = os.stat(path)
                 except FileNotFoundError:
                     continue
+                except OSError as why:
+                    raise self._unreadable(section, why) from why
                 relative = os.path.relpath(path, base).replace(os.sep, "/")
                 out.append(Entry(relative, stat.st_size, stat.st_mtime))
         return out
+
+    def _unreadable(self, section: str, why: OSError) -> StoreError:
+        """The error for a file or folder of ``section`` this process cannot read."""
+        where = section
+        if why.filename is not None:
+            where = os.path.relpath(os.fsdecode(why.filename), self.root).replace(os.sep, "/")
+        return StoreError(
+            f"cannot read {where} in {self.root} ({why.strerror}): a store is looked after "
+            "whole or not at all, so nothing was changed. Run this as a user who may read "
+            "every file of the store"
+        )
 
     def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
         base = self._section(section)

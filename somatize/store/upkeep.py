@@ -19,7 +19,9 @@ referred to) while the collection ran is spared — on a bucket, where a put of 
 blob already there cannot touch it, only once its record is published. A file in
 ``blobs/`` named by no digest (a ``.DS_Store``, an NFS ``.nfs…`` file) is no blob:
 nothing can refer to it, so it goes as an unreferenced blob does, and checking lists
-it as stray, not as damage.
+it as stray, not as damage. A folder or file that cannot be read (another user's) stops
+both with :class:`StoreError`: what it holds would be taken for unused, or the store for
+whole.
 
 **Signatures do not decide what is kept.** A record, index or name that fails
 only its signature check is untrusted by readers, but it is not damaged: it
