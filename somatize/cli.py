@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0 if found.ok else 1
         else:
             return _show(store, args.key, out)
-    except (SomatizeError, ValueError) as why:
+    except (SomatizeError, ValueError, OSError) as why:  # OSError: a file it may not read
         print(f"somatize store {args.command}: {why}", file=sys.stderr)
         return 2
     finally:

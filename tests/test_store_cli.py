@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
 import errno
+import io
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -227,3 +230,56 @@ def test_gc_refuses_a_grace_that_is_not_finite_seconds(
     assert main(["store", "gc", "--store", str(store.root), f"--grace={grace}"]) == 2
     assert "grace is finite seconds ≥ 0" in capsys.readouterr().err
     assert in_flight.exists()
+
+
+def _refuse_reading(monkeypatch: pytest.MonkeyPatch, *paths: Path) -> None:
+    """Makes opening ``paths`` fail as a file of another user, mode 0600, does (as root,
+    permissions would not stop a read, so the refusal is simulated)."""
+    refused = {os.fspath(p) for p in paths}
+
+    def guarded(real: Any) -> Any:
+        def opening(file: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(file, (str, bytes, os.PathLike)) and os.fsdecode(file) in refused:
+                raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(file))
+            return real(file, *args, **kwargs)
+
+        return opening
+
+    for module, name in ((builtins, "open"), (io, "open"), (os, "open")):
+        monkeypatch.setattr(module, name, guarded(getattr(module, name)))
+
+
+@pytest.mark.parametrize("what", ["record", "blob"])
+def test_a_file_that_cannot_be_read_exits_2_with_one_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    what: str,
+) -> None:
+    """A record or blob of a shared store this user may not read (another user's, mode
+    0600) stops verify, show and (a record) gc with one line naming it and status 2 — not a
+    traceback and status 1, which says damage was found — and nothing is removed."""
+    store = _store(tmp_path)
+    answer = store.answer(KEY)
+    assert answer is not None
+    record, blob = store.answer_path(KEY), store.blob_path(answer.value)
+    target = record if what == "record" else blob
+    shown = f"{target.parent.parent.name}/{target.parent.name}/{target.name}"
+    _refuse_reading(monkeypatch, target)
+    where = str(store.root)
+    commands = [["verify"], ["show", KEY if what == "record" else answer.value]]
+    if what == "record":  # gc reads records, indexes and names; never a blob
+        commands.append(["gc", "--grace", "0"])
+    for command in commands:
+        assert main(["store", *command, "--store", where]) == 2, command
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert "Permission denied" in err and (shown in err or str(target) in err), err
+    fresh = LocalStore(store.root)
+    with pytest.raises(StoreError, match=shown):
+        fresh.verify()
+    if what == "record":
+        with pytest.raises(StoreError, match=shown):
+            fresh.answer(KEY)
+    monkeypatch.undo()
+    assert record.exists() and blob.exists() and LocalStore(store.root).verify().ok

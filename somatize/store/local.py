@@ -101,6 +101,19 @@ def _hashers() -> ThreadPoolExecutor:
     return process_pool("somatize-hash", 1)
 
 
+def _read_file(path: str) -> bytes:
+    """The bytes of the file at ``path``: two system calls and a copy for a small file
+    (a record), where a Python file object costs several times that."""
+    handle = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        chunks = []
+        while chunk := os.read(handle, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(handle)
+
+
 def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -> None:
     """Sets the file time of each record (``answers``: key → time) and pack index (``packs``:
     id → time) to when it was last used; files gone meanwhile are skipped."""
@@ -456,12 +469,15 @@ class LocalStore(PackedHome):
         return self._read_record(key)
 
     def _read_record(self, key: str) -> Answer | None:
-        """The record file of ``key``, read and checked; None if there is none."""
+        """The record file of ``key``, read and checked; None if there is none, StoreError
+        if this process may not read it."""
+        path = self._answer_file(key)
         try:
-            with open(self._answer_file(key), "rb") as handle:
-                data = handle.read()
+            data = _read_file(path)
         except FileNotFoundError:
             return None
+        except OSError as why:
+            raise self._unreadable("answers", why) from why
         answer = decode_record(key, data, self.signer)
         self._supersede(answer)
         return answer
@@ -619,19 +635,20 @@ class LocalStore(PackedHome):
         if why.filename is not None:
             where = os.path.relpath(os.fsdecode(why.filename), self.root).replace(os.sep, "/")
         return StoreError(
-            f"cannot read {where} in {self.root} ({why.strerror}): a store is looked after "
-            "whole or not at all, so nothing was changed. Run this as a user who may read "
-            "every file of the store"
+            f"cannot read {where} in {self.root} ({why.strerror}); nothing was removed or "
+            "changed. Run this as a user who may read every file of the store"
         )
 
     def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
-        base = self._section(section)
+        base = f"{self._section(section)}{os.sep}"
         out: dict[str, bytes | None] = {}
         for name in names:
             try:
-                out[name] = (base / name).read_bytes()
+                out[name] = _read_file(base + name)
             except (FileNotFoundError, IsADirectoryError):
                 out[name] = None
+            except OSError as why:
+                raise self._unreadable(section, why) from why
         return out
 
     def _remove(self, section: str, names: list[str]) -> None:
@@ -662,14 +679,17 @@ class LocalStore(PackedHome):
             self._forget_all()
 
     def _rehash(self, digest: str) -> str | None:
+        path = self._blob_file(digest)
         try:
-            with open(self._blob_file(digest), "rb") as handle:
+            with open(path, "rb") as handle:
                 if os.fstat(handle.fileno()).st_size == 0:
                     return "blake3:" + blake3.blake3(b"").hexdigest()
                 with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                     return hash_bytes(mapped)
         except FileNotFoundError:
             return None
+        except OSError as why:
+            raise self._unreadable("blobs", why) from why
 
     def _flush_use(self) -> None:
         _write_uses(str(self.root), *self._take_uses())
