@@ -14,7 +14,8 @@ already, and a bucket must exist: one that does not is refused (status 2), and
 nothing is created. Sizes are printed and read in human units (``10G``, ``512M``).
 Long operations show a progress bar when tqdm is installed and the output is a
 terminal. Exit status: 0 when all is well, 1 when ``verify`` found damage, 2 on a
-usage or store error.
+usage or store error, and 141 (quietly) when the reader of the output went away
+(``somatize store ls | head``), as for a tool stopped by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from somatize.store.upkeep import Progress, listing, survey
 __all__ = ["main", "parse_size", "size_of"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+BROKEN_PIPE = 141
+"""The exit status when the reader of the output went away (``| head``): what a shell
+shows for a tool stopped by SIGPIPE (128 + 13), as ``ls`` or ``cat`` would be."""
 
 
 def size_of(count: float) -> str:
@@ -169,6 +174,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = sys.stdout
     bar = _progress(not args.no_progress and sys.stderr.isatty())
     try:
+        status = _run(args, out, bar)
+        out.flush()  # here, so that a reader gone away is found while it can be said
+        return status
+    except BrokenPipeError:
+        _stop_writing(out)
+        return BROKEN_PIPE
+    except (SomatizeError, ValueError, OSError) as why:  # OSError: a file it may not read
+        print(f"somatize store {args.command}: {why}", file=sys.stderr)
+        return 2
+
+
+def _stop_writing(out: Any) -> None:
+    """Points ``out`` at the null device: its reader went away (``| head``), and what is
+    still buffered would fail again when the interpreter flushes it at exit."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, out.fileno())
+        finally:
+            os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass  # not a file of this process (a test's capture): nothing is flushed to it
+
+
+def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
+    """Runs the command ``args`` name; its exit status."""
+    store: LocalStore | BucketStore | None = None
+    try:
         store = _open(args.store)
         if args.command == "ls":
             _ls(store, out)
@@ -202,11 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0 if found.ok else 1
         else:
             return _show(store, args.key, out)
-    except (SomatizeError, ValueError, OSError) as why:  # OSError: a file it may not read
-        print(f"somatize store {args.command}: {why}", file=sys.stderr)
-        return 2
     finally:
-        if "store" in locals():
+        if store is not None:
             store.close()
     return 0
 

@@ -6,6 +6,8 @@ import builtins
 import errno
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from somatize.store import LocalStore, StoreError
 from tests.conftest_s3 import s3_options
 
 KEY = "blake3:" + "ab" * 32
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _store(tmp_path: Path) -> LocalStore:
@@ -283,3 +286,25 @@ def test_a_file_that_cannot_be_read_exits_2_with_one_line(
             fresh.answer(KEY)
     monkeypatch.undo()
     assert record.exists() and blob.exists() and LocalStore(store.root).verify().ok
+
+
+@pytest.mark.parametrize("command", [["ls"], ["du"], ["verify"], ["show", KEY]])
+def test_a_reader_that_goes_away_ends_it_quietly(tmp_path: Path, command: list[str]) -> None:
+    """Output into a pipe whose reader has gone (`somatize store ls | head -1`) ends the
+    command quietly with status 141, as a tool stopped by SIGPIPE ends: no traceback."""
+    store = _store(tmp_path)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before a line is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "somatize.cli", "store", *command, "--store", str(store.root)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env=dict(
+                os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+            ),
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr.decode()) == (141, "")
