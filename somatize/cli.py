@@ -52,6 +52,25 @@ def size_of(count: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _printable(text: str) -> str:
+    """``text`` safe to print on a terminal: every character that is not printable (a
+    control character, an escape sequence's start, a line break) written as its escape
+    (``\\x1b``, ``\\n``), and a byte of a file name that was not UTF-8 as ``\\xff``. What a
+    store holds (file names, a record's codec) may have been planted by anyone who can
+    write it, so it is never printed raw."""
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if char.isprintable():
+            out.append(char)
+        elif "\udc80" <= char <= "\udcff":  # a byte os.fsdecode could not decode
+            out.append(f"\\x{ord(char) - 0xDC00:02x}")
+        else:
+            out.append(repr(char)[1:-1])
+    return "".join(out)
+
+
 def parse_size(text: str) -> int:
     """Bytes in ``text``: ``1000``, ``512K``, ``1.5G``, ``10GiB``."""
     found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
@@ -110,7 +129,7 @@ def _ls(store: LocalStore | BucketStore, out: Any) -> None:
             name = entry.name.rsplit("/", 1)[-1] if section != "names" else entry.name
             label = {"answers": "answer", "packs": "pack", "names": "name"}[section]
             shown = f"blake3:{name}" if section != "names" else name
-            print(f"{label:6} {size_of(entry.size):>10}  {when}  {shown}", file=out)
+            print(f"{label:6} {size_of(entry.size):>10}  {when}  {_printable(shown)}", file=out)
 
 
 def _du(store: LocalStore | BucketStore, out: Any) -> None:
@@ -128,9 +147,9 @@ def _show(store: Store, what: str, out: Any) -> int:
             where = "" if answer.offset is None else f" at offset {answer.offset} (packed)"
             print(f"answer   {answer.key}", file=out)
             print(f"blob     {answer.value}{where}", file=out)
-            print(f"codec    {answer.codec}", file=out)
+            print(f"codec    {_printable(answer.codec)}", file=out)
             print(f"bytes    {answer.size} ({size_of(answer.size)})", file=out)
-            print(f"code     {answer.fingerprint or '-'}", file=out)
+            print(f"code     {_printable(str(answer.fingerprint or '-'))}", file=out)
             created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(answer.created))
             print(f"created  {created}", file=out)
             return 0
@@ -181,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _stop_writing(out)
         return BROKEN_PIPE
     except (SomatizeError, ValueError, OSError) as why:  # OSError: a file it may not read
-        print(f"somatize store {args.command}: {why}", file=sys.stderr)
+        print(f"somatize store {args.command}: {_printable(str(why))}", file=sys.stderr)
         return 2
 
 
@@ -223,15 +242,15 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
                 file=out,
             )
             for damage in found.damaged:
-                print(f"DAMAGED {damage.section}/{damage.name}: {damage.why}", file=out)
+                where = _printable(f"{damage.section}/{damage.name}")
+                print(f"DAMAGED {where}: {_printable(damage.why)}", file=out)
             for where in found.stray:
-                print(
-                    f"stray   {where}: not named by a digest, so no blob; gc removes it", file=out
-                )
+                why = "not named by a digest, so no blob; gc removes it"
+                print(f"stray   {_printable(where)}: {why}", file=out)
             if found.quarantined:
                 print(f"moved {len(found.quarantined)} aside into quarantine/", file=out)
             for why in found.unmoved.values():
-                print(why, file=out)
+                print(_printable(why), file=out)
             return 0 if found.ok else 1
         else:
             return _show(store, args.key, out)

@@ -308,3 +308,34 @@ def test_a_reader_that_goes_away_ends_it_quietly(tmp_path: Path, command: list[s
     finally:
         os.close(write)
     assert (done.returncode, done.stderr.decode()) == (141, "")
+
+
+def test_what_the_store_holds_is_printed_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """File names planted in a shared store, and a record's codec and fingerprint, are
+    printed with their control characters escaped (``\\x1b``, ``\\n``), and a name that is
+    not UTF-8 with its bytes escaped: nothing a store holds reaches the terminal as an
+    escape sequence, or forges a line of output."""
+    store = _store(tmp_path)
+    root = store.root
+    (root / "names" / "evil\x1b]0;PWNED\x07\x1b[2J").write_bytes(b"junk")
+    (root / "names" / "x\nanswer        1 B  2020-01-01 00:00  blake3:forged").write_bytes(b"")
+    (root / "answers" / "zz").mkdir()
+    (root / "answers" / "zz" / "\x1b[31mred").write_bytes(b"x")
+    with open(os.path.join(os.fsencode(root / "answers" / "zz"), b"bad\xffname"), "wb") as f:
+        f.write(b"x")
+    other = "blake3:" + "cd" * 32
+    store.keep(other, b"x", "plain\x1b]0;PWNED\x07", fingerprint="fp\x1b[2J")
+    for command in (["ls"], ["verify"], ["show", other]):
+        assert main(["store", *command, "--store", str(root)]) in (0, 1), command
+        printed = capsys.readouterr()
+        text = printed.out + printed.err
+        assert not {"\x1b", "\x07", "\udcff"} & set(text), (command, text)
+        lines = text.splitlines()
+        assert not [line for line in lines if line.startswith("answer") and "forged" in line]
+        if command == ["verify"]:
+            assert "answers/zz/\\x1b[31mred" in text and "answers/zz/bad\\xffname" in text
+        if command[0] == "show":
+            assert "codec    plain\\x1b]0;PWNED\\x07" in text
+            assert "code     fp\\x1b[2J" in text
