@@ -46,8 +46,9 @@ shows for a tool stopped by SIGPIPE (128 + 13), as ``ls`` or ``cat`` would be.""
 def size_of(count: float) -> str:
     """``count`` bytes in a human unit: ``1.5 MiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        rounded = f"{count:.0f}" if unit == "B" else f"{count:.1f}"
+        if abs(float(rounded)) < 1024 or unit == "TiB":  # as printed: 1023.97 KiB is 1.0 MiB
+            return f"{rounded} {unit}"
         count /= 1024
     raise AssertionError("unreachable")
 

@@ -36,6 +36,25 @@ def test_sizes_read_and_written_in_human_units() -> None:
     assert parse_size("700") == 700
 
 
+@pytest.mark.parametrize(
+    ("count", "printed"),
+    [
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        ((1 << 20) - 50, "1.0 MiB"),
+        ((1 << 20) - 1, "1.0 MiB"),
+        (1 << 20, "1.0 MiB"),
+        ((1 << 30) - 1, "1.0 GiB"),
+        ((1 << 40) - 1, "1.0 TiB"),
+        (5000 << 40, "5000.0 TiB"),
+    ],
+)
+def test_a_size_that_rounds_up_to_the_next_unit_is_printed_in_it(count: int, printed: str) -> None:
+    """A size just under a unit is printed in it once rounding reaches it: 1 MiB less a byte
+    is `1.0 MiB`, never `1024.0 KiB`."""
+    assert size_of(count) == printed
+
+
 def test_ls_du_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """ls lists the answer and the name; du sums sections; show prints a record and a name."""
     store = _store(tmp_path)
