@@ -2,7 +2,7 @@
 
 ::
 
-    somatize store ls      [--store PATH_OR_URL]      answers, packs and names
+    somatize store ls      [--store PATH_OR_URL]      answers, packs and names, and their bytes
     somatize store du      [--store PATH_OR_URL]      files and bytes per section
     somatize store gc      [--store …] [--max-bytes SIZE] [--grace SECONDS]
     somatize store verify  [--store …] [--quarantine]
@@ -31,8 +31,9 @@ from typing import Any
 
 from somatize.errors import SomatizeError
 from somatize.store import BucketStore, LocalStore, Store, StoreError
-from somatize.store.base import check_digest, check_name
-from somatize.store.upkeep import Progress, listing, survey
+from somatize.store.base import Answer, Corrupt, check_digest, check_name
+from somatize.store.records import PackIndex, decode_pack
+from somatize.store.upkeep import Progress, contents, survey
 
 __all__ = ["main", "parse_size", "size_of"]
 
@@ -122,15 +123,41 @@ def _open(where: str) -> LocalStore | BucketStore:
     return BucketStore(where) if "://" in where else LocalStore(root)
 
 
+def _when(seconds: float, shape: str = "%Y-%m-%d %H:%M") -> str:
+    """``seconds`` since the epoch as local time; as a number when they lie outside what
+    the platform's clock can show (a file's time set far off)."""
+    try:
+        return time.strftime(shape, time.localtime(seconds))
+    except (OverflowError, OSError, ValueError):
+        return f"{seconds!r}s"
+
+
 def _ls(store: LocalStore | BucketStore, out: Any) -> None:
-    for section in ("answers", "packs", "names"):
-        entries = sorted(listing(store, section), key=lambda e: e.mtime)
-        for entry in entries:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.mtime))
-            name = entry.name.rsplit("/", 1)[-1] if section != "names" else entry.name
-            label = {"answers": "answer", "packs": "pack", "names": "name"}[section]
-            shown = f"blake3:{name}" if section != "names" else name
-            print(f"{label:6} {size_of(entry.size):>10}  {when}  {_printable(shown)}", file=out)
+    """Each answer, pack and name, oldest first in each section: the bytes it holds (an
+    answer's, a pack's blob's, the blob a name points at; ``-`` when that cannot be told),
+    when it was written or last used, and what ``show`` takes to show it. Every record and
+    index is read (a small file each), and the blob of each name looked at."""
+    labels = {"answers": "answer", "packs": "pack", "names": "name"}
+    for section, label in labels.items():
+        for entry, held in sorted(contents(store, section), key=lambda found: found[0].mtime):
+            shown = entry.name if section == "names" else f"blake3:{entry.name[-64:]}"
+            size = _size_held(store, held)
+            printed = "-" if size is None else size_of(size)
+            print(f"{label:6} {printed:>10}  {_when(entry.mtime)}  {_printable(shown)}", file=out)
+
+
+def _size_held(store: Store, held: Answer | PackIndex | str | Corrupt) -> int | None:
+    """The bytes an answer holds, a pack's blob holds, or the blob a name points at does;
+    None for a file that cannot be read, or a name whose blob is not there."""
+    if isinstance(held, (Answer, PackIndex)):
+        return held.size
+    if isinstance(held, Corrupt):
+        return None
+    try:
+        with store.open_blob(held) as handle:
+            return handle.seek(0, os.SEEK_END)
+    except OSError:  # Missing, or not this user's to read: ls goes on
+        return None
 
 
 def _du(store: LocalStore | BucketStore, out: Any) -> None:
@@ -140,7 +167,7 @@ def _du(store: LocalStore | BucketStore, out: Any) -> None:
     print(f"{'total':10} {sum(found.files.values()):8} files {size_of(found.total):>12}", file=out)
 
 
-def _show(store: Store, what: str, out: Any) -> int:
+def _show(store: LocalStore | BucketStore, what: str, out: Any) -> int:
     if what.startswith("blake3:"):
         check_digest(what)
         answer = store.answer(what)
@@ -148,22 +175,37 @@ def _show(store: Store, what: str, out: Any) -> int:
             where = "" if answer.offset is None else f" at offset {answer.offset} (packed)"
             print(f"answer   {answer.key}", file=out)
             print(f"blob     {answer.value}{where}", file=out)
-            print(f"codec    {_printable(answer.codec)}", file=out)
-            print(f"bytes    {answer.size} ({size_of(answer.size)})", file=out)
-            print(f"code     {_printable(str(answer.fingerprint or '-'))}", file=out)
-            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(answer.created))
-            print(f"created  {created}", file=out)
+            _describe(answer.codec, answer.size, answer.fingerprint, answer.created, out)
+            return 0
+        index = store._read_many("packs", [what[7:]]).get(what[7:])
+        if index is not None:
+            pack = decode_pack(what, index, store.signer)
+            print(f"pack     {pack.id}", file=out)
+            print(f"blob     {pack.blob}", file=out)
+            print(f"items    {len(pack.entries)}", file=out)
+            _describe(pack.codec, pack.size, pack.fingerprint, pack.created, out)
             return 0
         if store.has_blob(what):
             with store.open_blob(what) as handle:
                 size = handle.seek(0, os.SEEK_END)
             print(f"blob     {what}  {size_of(size)}", file=out)
             return 0
-        print(f"nothing is kept under {what} (neither an answer nor a blob)", file=sys.stderr)
+        print(
+            f"nothing is kept under {what} (neither an answer, a pack nor a blob)",
+            file=sys.stderr,
+        )
         return 1
     check_name(what)
     print(f"name     {what} → {store.resolve(what)}", file=out)
     return 0
+
+
+def _describe(codec: str, size: int, code: str | None, created: float, out: Any) -> None:
+    """The lines ``show`` prints alike for an answer and a pack."""
+    print(f"codec    {_printable(codec)}", file=out)
+    print(f"bytes    {size} ({size_of(size)})", file=out)
+    print(f"code     {_printable(str(code or '-'))}", file=out)
+    print(f"created  {_when(created, '%Y-%m-%d %H:%M:%S')}", file=out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -189,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     verify = commands.add_parser("verify", parents=[common], help="re-hash and check everything")
     verify.add_argument("--quarantine", action="store_true", help="move what is damaged aside")
     show = commands.add_parser("show", parents=[common], help="what is kept under a key or name")
-    show.add_argument("key", help="an answer key, a blob digest, or a name")
+    show.add_argument("key", help="an answer key, a pack id, a blob digest, or a name")
     args = parser.parse_args(argv)
     out = sys.stdout
     bar = _progress(not args.no_progress and sys.stderr.isatty())

@@ -358,3 +358,27 @@ def test_what_the_store_holds_is_printed_escaped(
         if command[0] == "show":
             assert "codec    plain\\x1b]0;PWNED\\x07" in text
             assert "code     fp\\x1b[2J" in text
+
+
+def test_ls_says_what_each_holds_and_show_takes_what_ls_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ls prints the bytes an answer holds, a pack's blob holds and a name points at (not
+    the size of the small file that says so), and show takes every key ls prints: a pack's
+    id shows the pack."""
+    store = LocalStore(tmp_path / "store")
+    store.keep(KEY, bytes(5 << 20), "plain")
+    store.keep_many([(f"blake3:{i:064x}", [bytes(100_000)]) for i in range(50)], "plain")
+    store.bind("data/v1", store.put(bytes(3000)))
+    where = str(store.root)
+    assert main(["store", "ls", "--store", where]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    sizes = {line.split()[-1]: " ".join(line.split()[1:3]) for line in lines}
+    pack = next(line.split()[-1] for line in lines if line.startswith("pack"))
+    assert sizes == {KEY: "5.0 MiB", pack: "4.8 MiB", "data/v1": "2.9 KiB"}
+    for shown in sizes:
+        assert main(["store", "show", shown, "--store", where]) == 0, shown
+        printed = capsys.readouterr().out
+        if shown == pack:
+            assert f"pack     {pack}" in printed and "items    50" in printed
+            assert "bytes    5000000 (4.8 MiB)" in printed

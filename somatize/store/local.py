@@ -609,7 +609,7 @@ class LocalStore(PackedHome):
         """Every file of ``section``. A folder or file this process may not read (another
         user's, made with umask 077) is a StoreError, never left out: upkeep would take what
         it holds for unused (gc removing the blobs it refers to) or the store for whole."""
-        base = self._section(section)
+        base = str(self._section(section))
         out = []
 
         def unlisted(why: OSError) -> None:
@@ -617,16 +617,16 @@ class LocalStore(PackedHome):
                 raise self._unreadable(section, why) from why
 
         for folder, _, files in os.walk(base, onerror=unlisted):
+            inside = folder[len(base) + 1 :].replace(os.sep, "/")  # "ab" in answers/ab/
+            lead = f"{inside}/" if inside else ""
             for name in files:
-                path = os.path.join(folder, name)
                 try:
-                    stat = os.stat(path)
+                    stat = os.stat(f"{folder}{os.sep}{name}")
                 except FileNotFoundError:
                     continue
                 except OSError as why:
                     raise self._unreadable(section, why) from why
-                relative = os.path.relpath(path, base).replace(os.sep, "/")
-                out.append(Entry(relative, stat.st_size, stat.st_mtime))
+                out.append(Entry(lead + name, stat.st_size, stat.st_mtime))
         return out
 
     def _unreadable(self, section: str, why: OSError) -> StoreError:
@@ -635,7 +635,7 @@ class LocalStore(PackedHome):
         if why.filename is not None:
             where = os.path.relpath(os.fsdecode(why.filename), self.root).replace(os.sep, "/")
         return StoreError(
-            f"cannot read {where} in {self.root} ({why.strerror}); nothing was removed or "
+            f"cannot read {where} in {self.root} ({why.strerror or why}); nothing was removed or "
             "changed. Run this as a user who may read every file of the store"
         )
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from somatize._numbers import finite
-from somatize.store.base import Answer, BadName, Corrupt, StoreError, check_digest
+from somatize.store.base import Answer, BadName, Corrupt, StoreError, check_digest, check_name
 from somatize.store.records import (
     KEY_VARIABLE,
     KeyMismatch,
@@ -69,6 +69,7 @@ __all__ = [
     "Verified",
     "check",
     "collect",
+    "contents",
     "listing",
     "survey",
 ]
@@ -464,6 +465,31 @@ class Survey:
 def listing(shelf: Shelf, section: str) -> list[Entry]:
     """The files of one section (``answers``, ``packs``, ``names``, ``blobs``, …)."""
     return shelf._entries(section)
+
+
+def _named(section: str, name: str) -> bool:
+    """Whether ``name`` is what a file of ``section`` is named: a valid name in ``names/``,
+    a digest elsewhere."""
+    try:
+        check_name(name) if section == "names" else check_digest(_digest_of(name))
+    except BadName:
+        return False
+    return True
+
+
+def contents(shelf: Shelf, section: str) -> list[tuple[Entry, Answer | PackIndex | str | Corrupt]]:
+    """Each record, pack index or name of ``section`` (``answers``, ``packs``, ``names``)
+    and what it holds, or why it cannot be read: one listing and one read of each file.
+    Files named as none of them can be (a ``.DS_Store``) are left out. Read without the
+    signing key: this says what the store holds, not what a reader would trust."""
+    entries = [e for e in shelf._entries(section) if _named(section, e.name)]
+    found = shelf._read_many(section, [e.name for e in entries])
+    out: list[tuple[Entry, Answer | PackIndex | str | Corrupt]] = []
+    for entry in entries:
+        data = found.get(entry.name)
+        if data is not None:  # None: removed meanwhile
+            out.append((entry, _decoded(section, entry.name, data, None)[0]))
+    return out
 
 
 def survey(shelf: Shelf) -> Survey:
