@@ -405,6 +405,40 @@ def test_a_read_only_store_refuses_writes_clearly(
     assert LocalStore(tmp_path / "store").verify().ok
 
 
+def test_a_read_only_store_without_its_empty_folders_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store this process may not write that lacks its empty packs/ and tmp/ (copied by a
+    tool that drops empty folders: `aws s3 sync`, git) is opened and read, by the library
+    and by every command of the command line; a write to it says the store is read-only.
+    Once it may be written, the folders are made when a write needs them."""
+    from somatize.cli import main
+
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    kept = store.keep(key_of("kept"), b"kept before", "plain")
+    store.bind("data/v1", store.put(b"rows"))
+    store.close()
+    (root / "packs").rmdir()
+    (root / "tmp").rmdir()
+    _mount_read_only(monkeypatch)
+    fresh = LocalStore(root)
+    assert fresh.have([kept.key]) == {kept.key}
+    assert bytes(fresh.recall(kept.key)[1]) == b"kept before"
+    assert bytes(fresh.get(fresh.resolve("data/v1"))) == b"rows"
+    for command in (["ls"], ["du"], ["verify"], ["show", kept.key], ["show", "data/v1"]):
+        assert main(["store", *command, "--store", str(root)]) == 0, capsys.readouterr().err
+    with pytest.raises(StoreError, match="the store is read-only for this process"):
+        fresh.keep(key_of("new"), b"new bytes", "plain")
+    monkeypatch.undo()
+    assert not (root / "packs").exists() and not (root / "tmp").exists()
+    fresh.keep(key_of("new"), b"new bytes", "plain")
+    fresh.keep_many([(key_of(f"item {i}"), b"item %d" % i) for i in range(3)], "plain")
+    again = LocalStore(root)
+    assert again.have([key_of("new"), key_of("item 1")]) == {key_of("new"), key_of("item 1")}
+    assert again.verify().ok
+
+
 def test_a_large_blob_hashed_while_written_is_named_by_its_content(tmp_path: Path) -> None:
     """A blob large enough to be hashed while it is written gets the digest of its bytes,
     reads back whole, and kept again leaves nothing behind in ``tmp/``."""

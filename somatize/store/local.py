@@ -145,11 +145,16 @@ class LocalStore(PackedHome):
         self._resolved: str | None = None
         """The root, resolved the first time an address was asked for (once, not per job)."""
         self.signer: Signer | None = signer_from(signing_key)
-        try:
-            for part in ("blobs", "names", "answers", "packs", "tmp"):
+        for part in ("blobs", "names", "answers", "packs", "tmp"):
+            try:
                 (self.root / part).mkdir(parents=True, exist_ok=True)
-        except OSError as why:
-            raise StoreError(f"cannot use {self.root} as a store: {why}") from why
+            except OSError as why:
+                if why.errno in _READ_ONLY and self.root.is_dir():
+                    # A store this process may not write, copied without its empty folders
+                    # (`aws s3 sync`, git): it is read as it is, and a write that needs a
+                    # folder makes it then, or says the store is read-only.
+                    continue
+                raise StoreError(f"cannot use {self.root} as a store: {why}") from why
         self._blobs = f"{self.root / 'blobs'}{os.sep}"
         self._answers = f"{self.root / 'answers'}{os.sep}"
         self._packs_dir = str(self.root / "packs")
@@ -233,7 +238,7 @@ class LocalStore(PackedHome):
         stat. ``target`` names what it is for, in errors."""
         temporary = f"{self._tmp}{os.getpid()}-{uuid.uuid4().hex}.part"
         try:
-            with open(temporary, "wb") as out:
+            with self._created(temporary) as out:
                 for piece in pieces:
                     out.write(piece)
                 out.flush()
@@ -242,6 +247,15 @@ class LocalStore(PackedHome):
                 return temporary, os.fstat(out.fileno())
         except OSError as why:
             raise self._unwritten(temporary, target, why) from why
+
+    def _created(self, temporary: str) -> io.BufferedWriter:
+        """``temporary``, a new file in ``tmp/``, open for writing; ``tmp/`` is made first
+        when it is not there (a store copied without its empty folders)."""
+        try:
+            return open(temporary, "wb")
+        except FileNotFoundError:
+            os.makedirs(self._tmp, exist_ok=True)
+            return open(temporary, "wb")
 
     def _place(self, temporary: str, target: str) -> None:
         """Renames a written file of ``tmp/`` to ``target``: it appears whole or not at all."""
