@@ -100,8 +100,10 @@ def _progress(enabled: bool) -> Progress | None:
 
 def _open(where: str) -> LocalStore | BucketStore:
     """The store at ``where``; a directory (a path, or a ``file://`` URL) must hold one
-    already (``blobs/`` and ``answers/``), and a bucket must exist, since every command
-    reads a store and a mistyped path should not become an empty store reported healthy."""
+    already (``blobs/``, and ``answers/``, ``packs/`` or ``names/``: a store made through a
+    ``file://`` bucket that holds only names has no ``answers/``), and a bucket must exist,
+    since every command reads a store and a mistyped path should not become an empty store
+    reported healthy."""
     if "://" in where and not where.startswith("file://"):
         bucket = BucketStore(where)
         missing = bucket._missing_bucket()
@@ -112,13 +114,14 @@ def _open(where: str) -> LocalStore | BucketStore:
             )
         return bucket
     root = Path(where.removeprefix("file://")).expanduser()
-    if not all((root / part).is_dir() for part in ("blobs", "answers")):
+    sections = ("answers", "packs", "names")
+    if not (root / "blobs").is_dir() or not any((root / part).is_dir() for part in sections):
         found = "there is no such directory" if not root.exists() else "it holds no store"
         raise StoreError(
-            f"{where} is not a store: {found} (a store's directory holds blobs/ and "
-            "answers/), and nothing was created there. Name an existing store with --store "
-            "or $SOMATIZE_STORE; a store is made by the program that first keeps an answer "
-            "in it (`Store(path)`)"
+            f"{where} is not a store: {found} (a store's directory holds blobs/, and "
+            "answers/, packs/ or names/), and nothing was created there. Name an existing "
+            "store with --store or $SOMATIZE_STORE; a store is made by the program that first "
+            "keeps an answer in it (`Store(path)`)"
         )
     return BucketStore(where) if "://" in where else LocalStore(root)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from somatize.cli import main, parse_size, size_of
-from somatize.store import LocalStore, StoreError
+from somatize.store import LocalStore, Store, StoreError
 from tests.conftest_s3 import s3_options
 
 KEY = "blake3:" + "ab" * 32
@@ -382,3 +382,21 @@ def test_ls_says_what_each_holds_and_show_takes_what_ls_prints(
         if shown == pack:
             assert f"pack     {pack}" in printed and "items    50" in printed
             assert "bytes    5000000 (4.8 MiB)" in printed
+
+
+def test_a_file_bucket_holding_only_names_is_a_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store made through `Store.on_bucket("file://…")` that holds datasets and names but
+    no answer yet (so no answers/ folder) is a store to every command, named by its URL or
+    its path."""
+    root = tmp_path / "bucket"
+    store = Store.on_bucket(f"file://{root}")
+    store.bind("sms/train", store.put(b"a dataset"))
+    assert not (root / "answers").exists()
+    for where in (f"file://{root}", str(root)):
+        for command in (["ls"], ["du"], ["verify"], ["gc"], ["show", "sms/train"]):
+            assert main(["store", *command, "--store", where]) == 0, capsys.readouterr().err
+            printed = capsys.readouterr().out
+            if command == ["ls"]:
+                assert printed.split()[-1] == "sms/train"
