@@ -140,6 +140,31 @@ def test_verify_lists_a_stray_file_and_exits_0(
     assert "stray   blobs/.DS_Store: not named by a digest" in capsys.readouterr().out
 
 
+def test_a_stray_file_in_names_is_no_damage_and_no_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .DS_Store in names/, and a file there whose name is not UTF-8, are listed as stray
+    by verify, which exits 0, and --quarantine leaves them; gc goes on; ls lists no such
+    name (show would refuse it)."""
+    store = _store(tmp_path)
+    (store.root / "names" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    with open(os.path.join(os.fsencode(store.root / "names"), b"x\xffy"), "wb") as f:
+        f.write(b"junk")
+    where = str(store.root)
+    for command in (["verify", "--quarantine"], ["verify"]):
+        assert main(["store", *command, "--store", where]) == 0
+        printed = capsys.readouterr().out
+        assert "stray   names/.DS_Store: not a name" in printed
+        assert "stray   names/x\\xffy: not a name" in printed and "DAMAGED" not in printed
+    assert main(["store", "gc", "--store", where, "--grace", "0"]) == 0
+    assert main(["store", "ls", "--store", where]) == 0
+    assert [line.split()[-1] for line in capsys.readouterr().out.splitlines()[1:]] == [
+        KEY,
+        "sms/train",
+    ]
+    assert (store.root / "names" / ".DS_Store").exists()
+
+
 def test_gc_on_a_read_only_store_exits_2_with_a_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

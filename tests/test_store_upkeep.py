@@ -240,6 +240,33 @@ def test_a_stray_file_in_blobs_is_listed_not_fatal(home: Store) -> None:
     assert bytes(fresh.recall(key_of(1))[1]) == b"an answer"
 
 
+def test_a_stray_file_in_names_is_listed_not_damage(home: Store) -> None:
+    """Files in names/ that are no name (a .DS_Store Finder left, one in a folder of names,
+    one whose name is not UTF-8) are listed as stray by verify, not as damage it reports at
+    every run; gc goes on and leaves them, and a blob such a file points at is kept all the
+    same: nothing under names/ is collected."""
+    named = home.put(b"the training set")
+    home.bind("data/v1", named)
+    pointed = home.put(b"what an old file in names/ points at")
+    strays = ["names/.DS_Store", "names/data/.DS_Store", "names/_old"]
+    for stray in strays[:2]:
+        _plant(home, stray, b"\0\0\0\1Bud1")
+    _plant(home, strays[2], pointed.encode())
+    if isinstance(home, LocalStore):
+        with open(os.path.join(os.fsencode(home.root / "names"), b"x\xffy"), "wb") as f:
+            f.write(b"junk")
+        strays.append("names/x\udcffy")
+    found = _reopen(home).verify(quarantine=True)
+    assert found.ok and found.names == 1 and found.quarantined == []
+    assert sorted(found.stray) == sorted(strays)
+    _reopen(home).gc(0, grace=0)
+    fresh = _reopen(home)
+    listed = {e.name for e in fresh._entries("names")}  # type: ignore[attr-defined]
+    assert listed == {"data/v1"} | {s.removeprefix("names/") for s in strays}
+    assert bytes(fresh.get(fresh.resolve("data/v1"))) == b"the training set"
+    assert fresh.has_blob(pointed)
+
+
 def test_a_bind_whose_blob_a_gc_removes_meanwhile_says_so(
     home: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

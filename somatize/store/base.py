@@ -177,6 +177,13 @@ def check_digest(digest: str) -> str:
     return digest
 
 
+def _utf8(text: str) -> bytes:
+    """``text`` in UTF-8, to be measured; a lone surrogate (a byte of a file name that was
+    not UTF-8, as ``os.fsdecode`` gives it) is counted, not an error: such a name is refused
+    for its characters."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def check_name(name: str) -> str:
     """``name`` if it is a safe name: ``/``-separated segments of letters, digits and
     ``._=+@-``, none empty, none starting with a dot. BadName otherwise."""
@@ -184,13 +191,13 @@ def check_name(name: str) -> str:
         raise BadName(f"a name is a non-empty str, got {name!r}")
     if name.startswith("/"):
         raise BadName(f"name {name!r} is absolute; names are relative, like `sms/train`")
-    longest = max(name.split("/"), key=lambda part: len(part.encode()))
-    if len(longest.encode()) > NAME_SEGMENT_BYTES or len(name.encode()) > NAME_BYTES:
+    longest = max(name.split("/"), key=lambda part: len(_utf8(part)))
+    if len(_utf8(longest)) > NAME_SEGMENT_BYTES or len(_utf8(name)) > NAME_BYTES:
         raise BadName(
             f"name {name[:60]!r}… is too long: a name is a file in every home, so each "
             f"segment holds at most {NAME_SEGMENT_BYTES} bytes (its longest holds "
-            f"{len(longest.encode())}) and the whole name {NAME_BYTES} (it holds "
-            f"{len(name.encode())}); use a shorter name, or a digest of the long one"
+            f"{len(_utf8(longest))}) and the whole name {NAME_BYTES} (it holds "
+            f"{len(_utf8(name))}); use a shorter name, or a digest of the long one"
         )
     for segment in name.split("/"):
         if segment in ("", ".", ".."):

@@ -226,8 +226,9 @@ def decode_record(key: str, data: bytes, signer: Signer | None) -> Answer:
 
 def _bound_to(name: str) -> bytes:
     """What a name's signature covers besides the digest: the name itself, so that the file
-    of one name copied over another's is refused, not trusted."""
-    return b"somatize/name\0" + name.encode() + b"\0"
+    of one name copied over another's is refused, not trusted. (A file in ``names/`` whose
+    name is not UTF-8 is no name, but upkeep reads it all the same: it is not an error.)"""
+    return b"somatize/name\0" + name.encode("utf-8", "surrogatepass") + b"\0"
 
 
 def encode_name(name: str, digest: str, signer: Signer | None) -> bytes:

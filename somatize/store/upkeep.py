@@ -19,9 +19,11 @@ referred to) while the collection ran is spared — on a bucket, where a put of 
 blob already there cannot touch it, only once its record is published. A file in
 ``blobs/`` named by no digest (a ``.DS_Store``, an NFS ``.nfs…`` file) is no blob:
 nothing can refer to it, so it goes as an unreferenced blob does, and checking lists
-it as stray, not as damage. A folder or file that cannot be read (another user's) stops
-both with :class:`StoreError`: what it holds would be taken for unused, or the store for
-whole.
+it as stray, not as damage. A file in ``names/`` that is no name (a ``.DS_Store``, one
+whose name is not UTF-8) is listed as stray too; like every file there it is never
+collected, and a blob it points at is kept. A folder or file that cannot be read
+(another user's) stops both with :class:`StoreError`: what it holds would be taken for
+unused, or the store for whole.
 
 **Signatures do not decide what is kept.** A record, index or name that fails
 only its signature check is untrusted by readers, but it is not damaged: it
@@ -169,6 +171,9 @@ class _Read(NamedTuple):
     """What the file holds, or why it cannot be read."""
     untrusted: Unsigned | None
     """Why it fails the signature check, when it is otherwise whole."""
+    stray: bool = False
+    """Whether it is a file of ``names/`` that is no name (a ``.DS_Store``): listed by
+    checking, not judged; what it points at is kept all the same."""
 
 
 def _read_all(shelf: Shelf, wrap: Progress) -> list[_Read]:
@@ -181,9 +186,9 @@ def _read_all(shelf: Shelf, wrap: Progress) -> list[_Read]:
         for entry in wrap(entries, f"reading {section}", len(entries)):
             data = found.get(entry.name)
             if data is not None:  # None: removed meanwhile
-                out.append(
-                    _Read(section, entry, *_decoded(section, entry.name, data, shelf.signer))
-                )
+                held, untrusted = _decoded(section, entry.name, data, shelf.signer)
+                stray = section == "names" and not _named(section, entry.name)
+                out.append(_Read(section, entry, held, untrusted, stray))
     _check_key(shelf, out)
     return out
 
@@ -193,6 +198,7 @@ def _check_key(shelf: Shelf, read: list[_Read]) -> None:
     take every record and index for damage."""
     if shelf.signer is None:
         return
+    read = [r for r in read if not r.stray]
     signed = sum(
         1
         for r in read
@@ -290,7 +296,7 @@ def collect(
     kept = 0
     units: list[_Unit] = []
     read = _read_all(shelf, wrap)
-    for section, entry, held_here, _ in read:
+    for section, entry, held_here, *_ in read:
         blob = _blob_of(held_here)
         if section == "names":
             kept += entry.size
@@ -374,8 +380,10 @@ class Verified:
     """``section/name`` → why it could not be moved aside (a read-only store): it is still
     in place, and still damaged."""
     stray: list[str] = field(default_factory=list)
-    """``section/name`` of files in ``blobs/`` not named by a digest (a ``.DS_Store``): no
-    blob, so nothing refers to them and they are no damage; ``gc`` removes them."""
+    """``section/name`` of files that are no blob or name (a ``.DS_Store``), so no damage:
+    in ``blobs/``, not named by a digest (nothing refers to them, and ``gc`` removes them);
+    in ``names/``, not named as a name can be (nothing resolves them, and ``gc``, which
+    collects nothing there, leaves them)."""
 
     @property
     def ok(self) -> bool:
@@ -419,9 +427,11 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
         elif entry.size != size:
             damaged(section, name, f"says blob {blob} holds {size} bytes; it holds {entry.size}")
 
-    for section, entry, held_here, untrusted in read:
+    for section, entry, held_here, untrusted, stray_here in read:
         wrong = untrusted if untrusted is not None else held_here
-        if section == "names":
+        if stray_here:
+            out.stray.append(f"{section}/{entry.name}")
+        elif section == "names":
             out.names += 1
             if isinstance(wrong, Corrupt):
                 damaged("names", entry.name, str(wrong), aside=False)
