@@ -425,3 +425,19 @@ def test_a_file_bucket_holding_only_names_is_a_store(
             printed = capsys.readouterr().out
             if command == ["ls"]:
                 assert printed.split()[-1] == "sms/train"
+
+
+def test_show_of_a_record_whose_time_cannot_be_shown_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record whose `created` lies beyond what a clock can show (1e20) is damage: show
+    says it cannot be read in one line (status 2, no traceback) and verify reports it."""
+    store = _store(tmp_path)
+    path = store.answer_path(KEY)
+    path.write_text(path.read_text().replace('"created":', '"created":1e20,"was":'))
+    where = str(store.root)
+    assert main(["store", "show", KEY, "--store", where]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read" in err and len(err.strip().splitlines()) == 1
+    assert main(["store", "verify", "--store", where]) == 1
+    assert f"DAMAGED answers/{KEY[7:9]}/{KEY[7:]}" in capsys.readouterr().out

@@ -21,7 +21,7 @@ from typing import Any
 import blake3
 import pytest
 
-from somatize import BadName, Graph, NameNotFound, Store
+from somatize import BadName, Corrupt, Graph, Missing, NameNotFound, Store
 from somatize.store import LocalStore, StoreError, StoreFull, Unsigned
 from somatize.store._packed import hash_bytes
 from tests.forked import in_forked_child
@@ -290,6 +290,41 @@ def test_damaged_answer_is_recomputed_and_said(tmp_path: Path, damage: str) -> N
     third = _graph()
     assert third.forward(x, store=LocalStore(root)) == right
     assert third.record.outcome["top"] == "recalled"
+
+
+@pytest.mark.parametrize("created", ["1e20", "-1", "NaN", "Infinity", "1e400"])
+@pytest.mark.parametrize("kind", ["record", "pack"])
+def test_a_time_no_writer_could_have_written_is_damage(
+    tmp_path: Path, created: str, kind: str
+) -> None:
+    """A record or pack index whose `created` is no time a clock can show (1e20, negative,
+    NaN, infinite) is damaged, as any record that cannot be read: not had, never recalled,
+    and reported by verify."""
+    import json
+
+    store = LocalStore(tmp_path / "store")
+    key = key_of("when")
+    if kind == "record":
+        store.keep(key, b"an answer", "plain")
+        path = store.answer_path(key)
+        text = path.read_text().replace('"created":', '"created":' + created + ',"was":')
+        path.write_text(text)
+    else:
+        store.keep_many([(key, b"item one"), (key_of("other"), b"item two")], "plain")
+        (path,) = (tmp_path / "store" / "packs").iterdir()
+        line, _, table = path.read_bytes().partition(b"\n")
+        header = json.loads(line)
+        header["created"] = float(created)
+        index = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        data = index + b"\n" + table
+        path.unlink()
+        (path.parent / hash_bytes(data)[7:]).write_bytes(data)
+    fresh = LocalStore(tmp_path / "store")
+    assert fresh.have([key]) == set()
+    with pytest.raises(Corrupt if kind == "record" else Missing):
+        fresh.recall(key)
+    found = fresh.verify()
+    assert [d.section for d in found.damaged] == ["answers" if kind == "record" else "packs"]
 
 
 def test_verify_reports_and_quarantines(tmp_path: Path) -> None:

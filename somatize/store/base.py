@@ -73,6 +73,10 @@ NAME_SEGMENT_BYTES = 255
 NAME_BYTES = 1024
 """The longest name: what an object key may hold, less room for the store's prefix."""
 
+LATEST = 253402300799.0
+"""The last second of the year 9999: no time a record was written is later, and every
+platform's clock can show the times before it."""
+
 _DIGEST = re.compile(r"blake3:[0-9a-f]{64}\Z")
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+@-]*\Z")
 
@@ -155,7 +159,7 @@ class Answer:
                 codec=str(record["codec"]),
                 size=int(record["bytes"]),
                 fingerprint=record.get("fingerprint"),
-                created=float(record.get("created", 0.0)),
+                created=moment(record.get("created", 0.0)),
                 offset=None if record.get("offset") is None else int(record["offset"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as why:
@@ -168,6 +172,16 @@ class Answer:
         ):
             raise Corrupt(f"the answer record of {key} is not about {key} or names no blob")
         return answer
+
+
+def moment(value: Any) -> float:
+    """``value`` as the time something was written (seconds since the epoch); ValueError
+    for one no writer's clock could have given (negative, NaN, infinite, or beyond the
+    year 9999), which a platform's clock could not show either."""
+    seconds = float(value)
+    if not 0.0 <= seconds <= LATEST:  # False for NaN too
+        raise ValueError(f"created {seconds!r} is no time a record was written")
+    return seconds
 
 
 def check_digest(digest: str) -> str:

@@ -54,6 +54,7 @@ from somatize.store.base import (
     Corrupt,
     StoreError,
     check_digest,
+    moment,
 )
 
 __all__ = [
@@ -347,7 +348,7 @@ def decode_pack(pack_id: str, data: bytes, signer: Signer | None) -> PackIndex:
         size = int(header["bytes"])
         codec = str(header["codec"])
         fingerprint = header["fingerprint"]
-        created = float(header["created"])
+        created = moment(header["created"])
     except (ValueError, KeyError, TypeError) as why:
         raise Corrupt(f"pack index {pack_id} has a header that cannot be read ({why})") from None
     table = count * _ENTRY.size
