@@ -15,7 +15,7 @@ import pytest
 
 from somatize.cli import main, parse_size, size_of
 from somatize.store import LocalStore, Store, StoreError
-from tests.conftest_s3 import s3_options
+from tests.conftest_s3 import s3_options, s3_url
 
 KEY = "blake3:" + "ab" * 32
 REPO = Path(__file__).resolve().parent.parent
@@ -441,3 +441,24 @@ def test_show_of_a_record_whose_time_cannot_be_shown_says_so(
     assert "cannot be read" in err and len(err.strip().splitlines()) == 1
     assert main(["store", "verify", "--store", where]) == 1
     assert f"DAMAGED answers/{KEY[7:9]}/{KEY[7:]}" in capsys.readouterr().out
+
+
+def test_du_of_a_bucket_counts_its_use_logs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """du of a bucket store counts the used/ logs its readers wrote (one per reading
+    process) in a line of their own and in the total: they are files the store holds."""
+    url = s3_url()
+    options = s3_options()
+    store = Store.on_bucket(url, **options)
+    store.keep(KEY, b"x" * 100, "plain")
+    for _ in range(3):
+        reader = Store.on_bucket(url, **options)
+        reader.recall(KEY)
+        reader.close()
+    _bare_s3(monkeypatch, tmp_path, credentials=True)
+    assert main(["store", "du", "--store", url]) == 0
+    lines = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()}
+    assert lines["used"][0] == "3"
+    counted = sum(int(parts[0]) for section, parts in lines.items() if section != "total")
+    assert int(lines["total"][0]) == counted == 5  # a blob, its record, three logs

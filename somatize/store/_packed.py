@@ -52,7 +52,15 @@ from somatize.store.records import (
     encode_record,
     keep_packed,
 )
-from somatize.store.upkeep import Collected, Entry, Progress, Verified, check, collect
+from somatize.store.upkeep import (
+    SECTIONS,
+    Collected,
+    Entry,
+    Progress,
+    Verified,
+    check,
+    collect,
+)
 
 REMEMBERED = 4096
 """How many answer records a home keeps at hand for the ``recall`` that follows."""
@@ -108,6 +116,8 @@ class PackedHome(Store):
     signer: Signer | None
     _where: str
     """The store's location, as messages name it."""
+    _sections: tuple[str, ...] = SECTIONS
+    """The sections the home keeps files in."""
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (a pickled model holding the store, a deepcopy) gets a lock of its own.

@@ -70,7 +70,7 @@ from somatize.store.records import (
     encode_name,
     signer_from,
 )
-from somatize.store.upkeep import Entry, collect
+from somatize.store.upkeep import SECTIONS, Entry, collect
 
 __all__ = ["BucketStore"]
 
@@ -142,6 +142,8 @@ class BucketStore(PackedHome):
     (default ``$SOMATIZE_STORE_KEY``) signs records, names and indexes; ``retries`` and
     ``backoff`` (seconds, doubled each time) shape the retrying of transient failures;
     the rest goes to the fsspec filesystem."""
+
+    _sections: tuple[str, ...] = (*SECTIONS, "used")
 
     def __init__(
         self,

@@ -77,6 +77,7 @@ __all__ = [
 ]
 
 SECTIONS = ("blobs", "answers", "packs", "names", "tmp", "quarantine")
+"""The sections of every home; a bucket adds ``used/`` (when answers were used)."""
 
 Progress = Callable[[Iterable[Any], str, int], Iterable[Any]]
 """Wraps an iterable to show progress: ``progress(items, description, total)``."""
@@ -99,6 +100,8 @@ class Shelf(Protocol):
 
     signer: Signer | None
     _where: str
+    _sections: tuple[str, ...]
+    """The sections the home keeps files in (:data:`SECTIONS`, and those of its own)."""
 
     def _entries(self, section: str) -> list[Entry]: ...
 
@@ -503,9 +506,9 @@ def contents(shelf: Shelf, section: str) -> list[tuple[Entry, Answer | PackIndex
 
 
 def survey(shelf: Shelf) -> Survey:
-    """Files and bytes per section (one listing each)."""
+    """Files and bytes per section the home keeps (one listing each)."""
     out = Survey()
-    for section in SECTIONS:
+    for section in shelf._sections:
         entries = shelf._entries(section)
         out.files[section] = len(entries)
         out.bytes[section] = sum(e.size for e in entries)
