@@ -240,6 +240,62 @@ def test_a_stray_file_in_blobs_is_listed_not_fatal(home: Store) -> None:
     assert bytes(fresh.recall(key_of(1))[1]) == b"an answer"
 
 
+def _keeping_again_after_listing(collector: Store, writer: Store, data: bytes) -> None:
+    """Makes ``writer`` keep ``key_of(1)`` anew (``data``) right after ``collector``'s gc
+    has read the records it decides by: what a writer in another process may do then."""
+    read = collector._read_many  # type: ignore[attr-defined]
+    done: list[bool] = []
+
+    def reading(section: str, names: list[str]) -> dict[str, bytes | None]:
+        found: dict[str, bytes | None] = read(section, names)
+        if section == "answers" and not done:
+            done.append(True)
+            writer.keep(key_of(1), data, "plain")
+        return found
+
+    collector._read_many = reading  # type: ignore[attr-defined]
+
+
+def test_gc_keeps_an_answer_kept_again_after_it_listed_the_store(home: Store) -> None:
+    """gc --max-bytes drops the answers it listed, as it read them: a record a writer
+    publishes again under one of their keys after that (a fresh answer) is the writer's,
+    and stays, whole and recalled."""
+    home.keep(key_of(1), b"an old answer", "plain")
+    home.keep(key_of(2), b"another old answer", "plain")
+    collector = _reopen(home)
+    _keeping_again_after_listing(collector, _reopen(home), b"a fresh answer")
+    done = collector.gc(0, grace=0)
+    assert done.answers == 1
+    fresh = _reopen(home)
+    assert fresh.have([key_of(1), key_of(2)]) == {key_of(1)}
+    assert bytes(fresh.recall(key_of(1))[1]) == b"a fresh answer"
+    assert fresh.verify().ok
+
+
+def test_gc_puts_back_a_record_kept_again_never_over_a_newer_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record gc set aside to drop, which turned out to be kept again since it was listed,
+    is put back only where no record was published meanwhile: the newest stays."""
+    store = LocalStore(tmp_path / "store")
+    store.keep(key_of(1), b"an old answer", "plain")
+    collector = LocalStore(tmp_path / "store")
+    _keeping_again_after_listing(collector, LocalStore(tmp_path / "store"), b"a fresh answer")
+    link = os.link
+
+    def newer_first(source: Any, target: Any) -> None:
+        LocalStore(tmp_path / "store").keep(key_of(1), b"the newest answer", "plain")
+        link(source, target)
+
+    monkeypatch.setattr(os, "link", newer_first)
+    collector.gc(0, grace=0)
+    monkeypatch.undo()
+    fresh = LocalStore(tmp_path / "store")
+    assert bytes(fresh.recall(key_of(1))[1]) == b"the newest answer"
+    assert fresh.verify().ok
+    assert not list((tmp_path / "store" / "tmp").iterdir())
+
+
 def test_a_stray_file_in_names_is_listed_not_damage(home: Store) -> None:
     """Files in names/ that are no name (a .DS_Store Finder left, one in a folder of names,
     one whose name is not UTF-8) are listed as stray by verify, not as damage it reports at

@@ -196,6 +196,12 @@ class PackedHome(Store):
         """Removes ``names`` from ``section``."""
 
     @abc.abstractmethod
+    def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]:
+        """Removes each file of ``section`` named in ``listed`` that still holds the bytes
+        listed with it, leaving one published again since (a record of an answer a writer
+        kept anew under its key); the names of those removed."""
+
+    @abc.abstractmethod
     def _quarantine(self, section: str, name: str) -> bool:
         """Moves ``section/name`` aside, so it is a miss from now on; False if it was gone
         already, StoreError if it could not be moved (a read-only store)."""

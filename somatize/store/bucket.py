@@ -751,6 +751,21 @@ class BucketStore(PackedHome):
             paths = [self._path(section, name) for name in names]
             self._call(f"removing from {section}", self.fs.rm, paths)
 
+    def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]:
+        """Each file is read again and removed only if it still holds what was listed. A
+        bucket has no atomic rename, nor (on every object store) a removal that holds only
+        if the object is unchanged, so this narrows the race to one it cannot close: a
+        writer that publishes a record again between this read and the removal loses it,
+        and that answer is a miss, computed and kept again — never a wrong answer."""
+        if not listed:
+            return set()
+        paths = {self._path(section, name): name for name in listed}
+        now = self._read_paths(list(paths))
+        same = [path for path, name in paths.items() if now.get(path) == listed[name]]
+        if same:
+            self._call(f"removing from {section}", self.fs.rm, same)
+        return {paths[path] for path in same}
+
     def _quarantine(self, section: str, name: str) -> bool:
         aside = self._path("quarantine", f"{section}/{name.replace('/', '_')}.{time.time_ns()}")
         what = f"moving {section}/{name} aside"

@@ -671,13 +671,80 @@ class LocalStore(PackedHome):
             try:
                 (base / name).unlink(missing_ok=True)
             except OSError as why:
-                readonly = why.errno in _READ_ONLY
+                raise self._unremoved(section, name, why) from why
+
+    def _unremoved(self, section: str, name: str, why: OSError) -> StoreError:
+        readonly = why.errno in _READ_ONLY
+        return StoreError(
+            f"could not remove {section}/{name} from {self.root}"
+            + (": the store is read-only for this process" if readonly else "")
+            + f" ({why.strerror}). What was removed before is gone, the rest is as it "
+            "was; run gc where the store can be written"
+        )
+
+    def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]:
+        """Each file is first renamed into ``tmp/`` — atomically, so that a record a writer
+        publishes under its name from that moment on is a new file, never removed — and
+        compared there with what was listed: only one still as listed is removed. One
+        published again between the listing and the rename is put back, unless a writer
+        published a newer one meanwhile, which stays. What remains: while a record is set
+        aside its key is a miss to readers, and a gc killed in that instant leaves it in
+        ``tmp/`` (removed by a later gc) — a miss either way, recomputed, never a wrong
+        answer."""
+        gone: set[str] = set()
+        if not listed:
+            return gone
+        base = f"{self._section(section)}{os.sep}"
+        try:
+            os.makedirs(self._tmp, exist_ok=True)
+        except OSError as why:
+            raise self._unremoved(section, next(iter(listed)), why) from why
+        for name, was in listed.items():
+            path = base + name
+            aside = f"{self._tmp}{os.getpid()}-{uuid.uuid4().hex}.dropped"
+            try:
+                os.rename(path, aside)
+            except FileNotFoundError:
+                continue  # removed meanwhile (a gc elsewhere)
+            except OSError as why:
+                raise self._unremoved(section, name, why) from why
+            try:
+                # Fresh in tmp/, where a gc elsewhere removes only what is old.
+                with contextlib.suppress(OSError):
+                    os.utime(aside)
+                unchanged = _read_file(aside) == was
+            except OSError:
+                unchanged = False  # it cannot be told: it is put back
+            if unchanged:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(aside)
+                gone.add(name)
+            else:
+                self._put_back(aside, path, f"{section}/{name}")
+        return gone
+
+    def _put_back(self, aside: str, path: str, what: str) -> None:
+        """Puts a file :meth:`_drop` set aside back at ``path``, unless one was published
+        there meanwhile: that one is newer, and stays."""
+        try:
+            os.link(aside, path)  # never over a file: FileExistsError if one is there
+        except FileExistsError:
+            pass
+        except OSError:
+            # No hard links on this filesystem (some network ones): a rename puts it back,
+            # over a record a writer published in the instant since, if any — a record of
+            # the same key, so at worst an older answer, never a wrong one.
+            try:
+                os.replace(aside, path)
+            except OSError as why:
                 raise StoreError(
-                    f"could not remove {section}/{name} from {self.root}"
-                    + (": the store is read-only for this process" if readonly else "")
-                    + f" ({why.strerror}). What was removed before is gone, the rest is as it "
-                    "was; run gc where the store can be written"
+                    f"could not put {what} back in {self.root} after finding it kept again "
+                    f"while gc ran ({why.strerror}); it is at {aside}, and is a miss until it "
+                    "is moved back or the answer is kept again"
                 ) from why
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside)
 
     def _quarantine(self, section: str, name: str) -> bool:
         try:

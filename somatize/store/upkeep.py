@@ -109,6 +109,8 @@ class Shelf(Protocol):
 
     def _remove(self, section: str, names: list[str]) -> None: ...
 
+    def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]: ...
+
     def _quarantine(self, section: str, name: str) -> bool: ...
 
     def _rehash(self, digest: str) -> str | None: ...
@@ -177,6 +179,8 @@ class _Read(NamedTuple):
     stray: bool = False
     """Whether it is a file of ``names/`` that is no name (a ``.DS_Store``): listed by
     checking, not judged; what it points at is kept all the same."""
+    data: bytes = b""
+    """The bytes it held when it was read."""
 
 
 def _read_all(shelf: Shelf, wrap: Progress) -> list[_Read]:
@@ -191,7 +195,7 @@ def _read_all(shelf: Shelf, wrap: Progress) -> list[_Read]:
             if data is not None:  # None: removed meanwhile
                 held, untrusted = _decoded(section, entry.name, data, shelf.signer)
                 stray = section == "names" and not _named(section, entry.name)
-                out.append(_Read(section, entry, held, untrusted, stray))
+                out.append(_Read(section, entry, held, untrusted, stray, data))
     _check_key(shelf, out)
     return out
 
@@ -312,7 +316,7 @@ def collect(
     kept += sum(blobs[d].size for d in pinned if d in blobs)
     units.sort(key=lambda unit: unit.used, reverse=True)
     dropping = False
-    dropped: dict[str, list[str]] = {"answers": [], "packs": []}
+    dropped: dict[str, list[_Unit]] = {"answers": [], "packs": []}
     for unit in units:
         cost = unit.size + (
             blobs[unit.blob].size if unit.blob in blobs and unit.blob not in held else 0
@@ -320,19 +324,30 @@ def collect(
         if max_bytes is not None and not dropping and kept + cost > max_bytes:
             dropping = True  # strictly by recency: everything older goes too
         if dropping:
-            dropped[unit.section].append(unit.name)
-            out.freed += unit.size
+            dropped[unit.section].append(unit)
         else:
             kept += cost
             held.add(unit.blob)
-    for section, names in dropped.items():
-        shelf._remove(section, names)
-    out.answers, out.packs = len(dropped["answers"]), len(dropped["packs"])
+    # A pack index is named by the hash of its bytes: the file listed is the file removed.
+    # A record is published again under its key when the answer is kept anew, so only a
+    # record still as it was read is dropped: one a writer kept again since is the writer's.
+    shelf._remove("packs", [unit.name for unit in dropped["packs"]])
+    listed = {(r.section, r.entry.name): r.data for r in read}
+    gone = shelf._drop("answers", {u.name: listed["answers", u.name] for u in dropped["answers"]})
+    out.answers, out.packs = len(gone), len(dropped["packs"])
+    out.freed += sum(u.size for u in dropped["answers"] if u.name in gone)
+    out.freed += sum(u.size for u in dropped["packs"])
+    spared = {unit.name for unit in dropped["answers"]} - gone
     sweep = [e for d, e in blobs.items() if d not in held and now - e.mtime >= grace]
     if sweep:
         # Look again: a writer may have put one of these again (which touches it) and
-        # published a record referring to it since the store was listed.
-        seen = {(r.section, r.entry.name): r.entry for r in read}
+        # published a record referring to it since the store was listed (a record spared
+        # above is one; it is read again).
+        seen = {
+            (r.section, r.entry.name): r.entry
+            for r in read
+            if r.section != "answers" or r.entry.name not in spared
+        }
         held |= _referred_since(shelf, seen)
         now = time.time()
         again = {e.name: e for e in shelf._entries("blobs")}
@@ -430,7 +445,7 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
         elif entry.size != size:
             damaged(section, name, f"says blob {blob} holds {size} bytes; it holds {entry.size}")
 
-    for section, entry, held_here, untrusted, stray_here in read:
+    for section, entry, held_here, untrusted, stray_here, _ in read:
         wrong = untrusted if untrusted is not None else held_here
         if stray_here:
             out.stray.append(f"{section}/{entry.name}")
