@@ -409,6 +409,20 @@ def test_ls_says_what_each_holds_and_show_takes_what_ls_prints(
             assert "bytes    5000000 (4.8 MiB)" in printed
 
 
+def test_ls_lists_a_record_it_may_not_read_without_its_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ls of a shared store holding a record this user may not read (another user's, mode
+    0600) lists it with `-` for its size, and the rest as usual: it does not stop."""
+    store = _store(tmp_path)
+    other = "blake3:" + "cd" * 32
+    store.keep(other, b"y" * 5000, "plain")
+    _refuse_reading(monkeypatch, store.answer_path(KEY))
+    assert main(["store", "ls", "--store", str(store.root)]) == 0
+    sizes = {line.split()[-1]: line.split()[1] for line in capsys.readouterr().out.splitlines()}
+    assert sizes[KEY] == "-" and sizes[other] == "4.9"
+
+
 def test_a_file_bucket_holding_only_names_is_a_store(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

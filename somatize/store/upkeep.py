@@ -507,15 +507,32 @@ def _named(section: str, name: str) -> bool:
 
 def contents(shelf: Shelf, section: str) -> list[tuple[Entry, Answer | PackIndex | str | Corrupt]]:
     """Each record, pack index or name of ``section`` (``answers``, ``packs``, ``names``)
-    and what it holds, or why it cannot be read: one listing and one read of each file.
-    Files named as none of them can be (a ``.DS_Store``) are left out. Read without the
-    signing key: this says what the store holds, not what a reader would trust."""
+    and what it holds, or why it cannot be read (damaged, or not this user's to read):
+    one listing and one read of each file. Files named as none of them can be (a
+    ``.DS_Store``) are left out. Read without the signing key: this says what the store
+    holds, not what a reader would trust."""
     entries = [e for e in shelf._entries(section) if _named(section, e.name)]
-    found = shelf._read_many(section, [e.name for e in entries])
+    names = [e.name for e in entries]
+    unread: dict[str, Corrupt] = {}
+    try:
+        found = shelf._read_many(section, names)
+    except StoreError as why:
+        if not isinstance(why.__cause__, PermissionError):
+            raise
+        found = {}  # one this user may not read (another user's): each is read alone
+        for name in names:
+            try:
+                found.update(shelf._read_many(section, [name]))
+            except StoreError as alone:
+                if not isinstance(alone.__cause__, PermissionError):
+                    raise
+                unread[name] = Corrupt(str(alone))
     out: list[tuple[Entry, Answer | PackIndex | str | Corrupt]] = []
     for entry in entries:
         data = found.get(entry.name)
-        if data is not None:  # None: removed meanwhile
+        if entry.name in unread:
+            out.append((entry, unread[entry.name]))
+        elif data is not None:  # None: removed meanwhile
             out.append((entry, _decoded(section, entry.name, data, None)[0]))
     return out
 
