@@ -647,10 +647,17 @@ class LocalStore(PackedHome):
         """The error for a file or folder of ``section`` this process cannot read."""
         where = section
         if why.filename is not None:
-            where = os.path.relpath(os.fsdecode(why.filename), self.root).replace(os.sep, "/")
+            where = os.fsdecode(why.filename)
+            with contextlib.suppress(ValueError):  # on another drive: named in full
+                where = os.path.relpath(where, self.root).replace(os.sep, "/")
+        advice = (
+            " Run this as a user who may read every file of the store"
+            if isinstance(why, PermissionError)
+            else ""
+        )
         return StoreError(
-            f"cannot read {where} in {self.root} ({why.strerror or why}); nothing was removed or "
-            "changed. Run this as a user who may read every file of the store"
+            f"cannot read {where} in {self.root} ({why.strerror or why}); nothing was removed "
+            f"or changed.{advice}"
         )
 
     def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
