@@ -55,7 +55,7 @@ import copy
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -79,6 +79,7 @@ from somatize_torch.wrap import STATE_DICT_HOOKS, CachedInputNeedsGrad
 from somatize_torch.writer import Writer, store_lock
 
 __all__ = [
+    "CachedContainer",
     "CachedRows",
     "NeedsIndex",
     "NotRowwise",
@@ -152,7 +153,6 @@ class CachedRows(nn.Module):
         for registry in (*shared, *STATE_DICT_HOOKS):
             self.__dict__[registry] = module.__dict__[registry]
         self._version = module._version  # what a checkpoint records for the module's layout
-        object.__setattr__(self, "module", module)
         self.key_mode: KeyMode = key
         self.version = version
         self.salt = salt
@@ -196,6 +196,40 @@ class CachedRows(nn.Module):
         self.named_ahead = 0  # batches named ahead, and how many of them a forward used
         self.used_ahead = 0
         self.last_input: weakref.ref[torch.Tensor] | None = None
+        # Last: from here on, a setting of the module's own is written to the module (see
+        # `__setattr__`), and the wrapper's own attributes above are all in place.
+        object.__setattr__(self, "module", module)
+
+    # -- the module it stands for: only the call is cached
+
+    def __getattr__(self, name: str) -> Any:
+        """What the module holds beside its tensors and children — a plain value
+        (``encoder.out_dim``), a method (``encoder.features(x)``) — read from the module
+        itself. Only calling the wrapper is cached: a method called this way runs the
+        module, uncached (frozen and in eval all the same)."""
+        try:
+            return super().__getattr__(name)  # parameters, buffers, children: the module's
+        except AttributeError:
+            module = self.__dict__.get("module")
+            if module is None:
+                raise
+            return getattr(module, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A value the module holds itself (``encoder.gain = 2.0``) is written to the module,
+        where its forward reads it (and where the key sees it), not beside it on the
+        wrapper, where reading it back would show a value the forward never uses."""
+        module = self.__dict__.get("module")
+        if (
+            module is not None
+            and not name.startswith("_")
+            and name not in self.__dict__
+            and name in module.__dict__
+            and not hasattr(type(self), name)
+        ):
+            setattr(module, name, value)
+            return
+        super().__setattr__(name, value)
 
     # -- the state it is frozen at
 
@@ -523,6 +557,32 @@ class CachedRows(nn.Module):
         return f"rows keyed by {key}; {tiers}; store={self.store!r}"
 
 
+class CachedContainer(CachedRows):
+    """A cached module that is also a container (``nn.Sequential``, ``nn.ModuleList``,
+    ``nn.ModuleDict``, a class of one's own with ``__getitem__``): indexing, ``len``,
+    iteration and ``in`` are the module's. What they hand out is the module's own parts,
+    uncached (``cached[:-1]`` is the plain ``nn.Sequential`` of all but the last): only
+    calling the wrapper is cached."""
+
+    module: Any  # a container: indexed, measured and iterated as its class allows
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.module[index]
+
+    def __len__(self) -> int:
+        return len(self.module)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.module)
+
+    def __contains__(self, item: Any) -> bool:
+        return item in self.module
+
+
+_CONTAINER = ("__getitem__", "__len__", "__iter__")
+"""What makes a module's class a container, whose cache is a :class:`CachedContainer`."""
+
+
 def _cached_again(
     module: nn.Module, store: Store | None, options: dict[str, Any], training: bool
 ) -> CachedRows:
@@ -557,7 +617,9 @@ def cache_rows(
         raise TypeError(f"cache_rows takes an nn.Module, got a `{type(module).__name__}`")
     if isinstance(module, CachedRows):
         raise RowsError("this module is already cached per row; cache the module inside once")
-    return CachedRows(
+    container = any(hasattr(type(module), method) for method in _CONTAINER)
+    kind = CachedContainer if container else CachedRows
+    return kind(
         module,
         Store.of(store),
         key=key,

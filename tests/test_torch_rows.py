@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -708,6 +708,54 @@ def test_the_frozen_module_stays_in_eval_and_keeps_its_state_dict_keys(
     fresh = encoder(seed=2)
     fresh.load_state_dict(cached.state_dict())
     assert not any(p.requires_grad for p in cached.parameters())
+
+
+class Described(Gain):
+    """Says what it answers (a plain value) and has a method beside its forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out_dim = 3
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)
+
+
+def test_what_the_module_holds_beside_its_call_is_the_modules(store: Store) -> None:
+    """A value or a method of the module is read through the cache as from the module (a
+    method runs it uncached); a value of the module written through the cache is written
+    to the module, where its forward reads it."""
+    module = Described()
+    cached = cache_rows(module, store)
+    x = torch.randn(4, 6)
+    assert cached.out_dim == 3
+    assert torch.equal(cached.features(x), expected(module, x))
+    assert cached.stats.rows == 0  # only the call is cached
+    assert torch.equal(cached(x), expected(module, x))
+    cached.gain = 2.0
+    assert module.gain == 2.0 and "gain" not in cached.__dict__
+    assert cached.redeclare()
+    assert torch.equal(cached(x), expected(module, x))
+    with pytest.raises(AttributeError, match="no attribute 'width'"):
+        cached.width  # noqa: B018
+    assert not isinstance(cached, Iterable) and bool(cached)  # not a container
+    cached.close()
+
+
+def test_a_cached_container_indexes_and_iterates_as_the_module(store: Store) -> None:
+    """A cached ``nn.Sequential`` indexes, slices, iterates and has a length as the module
+    does; what it hands out are the module's own parts, uncached."""
+    module = encoder()
+    cached = cache_rows(module, store)
+    assert len(cached) == len(module) == 5
+    assert list(cached) == list(module) and cached[0] is module[0] and module[1] in cached
+    head = cached[:-1]
+    assert type(head) is nn.Sequential and list(head) == list(module)[:-1]
+    x = images(4)
+    assert torch.equal(head(x).flatten(1), expected(module, x))
+    assert cached.stats.rows == 0
+    assert isinstance(cached, CachedRows)
+    cached.close()
 
 
 def test_a_row_twice_in_one_batch_runs_once(
