@@ -84,7 +84,14 @@ from torch import nn
 
 from somatize import Store
 from somatize_torch.ahead import Ahead
-from somatize_torch.rows import DEVICE_BYTES, HOST_BYTES, CachedRows, RowStats, cache_rows
+from somatize_torch.rows import (
+    DEVICE_BYTES,
+    HOST_BYTES,
+    CachedRows,
+    RowStats,
+    cache_rows,
+    check_options,
+)
 
 try:
     import lightning.pytorch as pl
@@ -181,6 +188,11 @@ class CacheFrozen(Callback):
                     )
         if len(set(names)) != len(names):
             raise CacheFrozenError(f"modules= names a submodule twice: {names!r}")
+        # Refused here, not when the trainer first calls `setup()`, possibly hours later.
+        check_options(key, version, salt, device_bytes, host_bytes, strict)
+        for option, value in (("progress_bar", progress_bar), ("ahead", ahead)):
+            if not isinstance(value, bool):
+                raise CacheFrozenError(f"{option}= is True or False, got {value!r}")
         self.store: Store | None = Store.of(store)
         self.names = names
         self._state_key = f"CacheFrozen{names}"

@@ -62,6 +62,7 @@ import torch
 from torch import nn
 
 from somatize import Graph, Store
+from somatize._numbers import finite
 from somatize.catalog import fingerprint_of
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
@@ -87,6 +88,7 @@ __all__ = [
     "RowsError",
     "Unfrozen",
     "cache_rows",
+    "check_options",
     "prefill",
 ]
 
@@ -128,22 +130,7 @@ class CachedRows(nn.Module):
         # The mode asked of the wrapper is recorded (the module is held in eval), from the
         # module's own: what it is put back in once it is no longer cached.
         self.training = module.training
-        if key not in ("content", "index"):
-            raise RowsError(
-                f"key= is `content` (each row by the digest of its content) or `index` (each "
-                f"row by its sample index in a dataset version), got {key!r}"
-            )
-        if key == "index" and version is not None and (not isinstance(version, str) or not version):
-            raise NeedsIndex(
-                "key='index' keys each row by its sample index, which names a row only within "
-                f"one version of the dataset; version= is that version as a string (e.g. the "
-                f"dataset's digest, 'sms/train@blake3:…'), got {version!r}"
-            )
-        if key == "content" and version is not None:
-            raise RowsError(
-                "version= is for key='index'; with key='content' each row is named by its own "
-                "content, so there is no dataset version to give"
-            )
+        check_options(key, version, salt, device_bytes, host_bytes, strict)
         # The module's own registries of children, parameters and buffers, and of the
         # hooks `state_dict()` and `load_state_dict()` run — the very dicts, not copies:
         # `state_dict()` has the module's keys, and a conversion, a checkpoint loaded or a
@@ -555,6 +542,47 @@ class CachedRows(nn.Module):
             else f"index of {self.version or 'each Deferred'}"
         )
         return f"rows keyed by {key}; {tiers}; store={self.store!r}"
+
+
+def check_options(
+    key: object,
+    version: object,
+    salt: object,
+    device_bytes: object,
+    host_bytes: object,
+    strict: object,
+) -> None:
+    """Refuses a setting :func:`cache_rows` cannot take, naming it (so does
+    :class:`~somatize_torch.lightning.CacheFrozen`, when it is made)."""
+    if key not in ("content", "index"):
+        raise RowsError(
+            f"key= is `content` (each row by the digest of its content) or `index` (each "
+            f"row by its sample index in a dataset version), got {key!r}"
+        )
+    if key == "index" and version is not None and (not isinstance(version, str) or not version):
+        raise NeedsIndex(
+            "key='index' keys each row by its sample index, which names a row only within "
+            f"one version of the dataset; version= is that version as a string (e.g. the "
+            f"dataset's digest, 'sms/train@blake3:…'), got {version!r}"
+        )
+    if key == "content" and version is not None:
+        raise RowsError(
+            "version= is for key='index'; with key='content' each row is named by its own "
+            "content, so there is no dataset version to give"
+        )
+    if salt is not None and not isinstance(salt, str):
+        raise RowsError(
+            f"salt= is a string put into every row's key (or None), got {salt!r}: name what "
+            "it stands for as text (salt='run-2')"
+        )
+    for name, budget in (("device_bytes", device_bytes), ("host_bytes", host_bytes)):
+        if not finite(budget) or budget < 0:
+            raise RowsError(
+                f"{name}= is the memory tier's budget as a number of bytes, 0 or more (4 GiB "
+                f"is 4 << 30), got {budget!r}"
+            )
+    if not isinstance(strict, bool):
+        raise RowsError(f"strict= is True or False, got {strict!r}")
 
 
 class CachedContainer(CachedRows):

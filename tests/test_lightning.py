@@ -700,6 +700,28 @@ def test_bad_names_are_refused() -> None:
         CacheFrozen(None, ["encoder", "head"]).prefill([])
 
 
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"key": "bogus"}, "key= is `content`"),
+        ({"key": "index", "version": 3}, "version= is that version as a string"),
+        ({"version": "v1"}, "version= is for key='index'"),
+        ({"device_bytes": -1}, "device_bytes= is the memory tier's budget"),
+        ({"host_bytes": "4GB"}, "host_bytes= is the memory tier's budget"),
+        ({"salt": 5}, "salt= is a string"),
+        ({"strict": "yes"}, "strict= is True or False"),
+        ({"ahead": "no"}, "ahead= is True or False"),
+    ],
+)
+def test_bad_options_are_refused_when_the_callback_is_made(
+    options: dict[str, Any], named: str
+) -> None:
+    """Options the callback cannot use are refused when it is made, naming them, not when
+    the trainer first calls its ``setup()``."""
+    with pytest.raises(ValueError, match=named):
+        CacheFrozen(None, ["encoder"], **options)
+
+
 def _unfreeze(pl_module: pl.LightningModule) -> None:
     """What a fine-tuning schedule does: the encoder requires grad and joins the optimizer."""
     pl_module.encoder.requires_grad_(True)

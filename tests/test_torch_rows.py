@@ -634,6 +634,22 @@ def test_index_keys_need_indices_and_a_version() -> None:
         cache_rows(encoder(), key="rows")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"salt": 5}, "salt= is a string"),
+        ({"strict": "yes"}, "strict= is True or False"),
+        ({"host_bytes": "4GB"}, "host_bytes= is the memory tier's budget"),
+        ({"device_bytes": -1}, "device_bytes= is the memory tier's budget"),
+    ],
+)
+def test_settings_of_the_wrong_kind_are_refused_naming_them(
+    options: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(RowsError, match=named):
+        cache_rows(encoder(), **options)
+
+
 def test_prefill_warms_the_cache_with_a_progress_bar(
     cached: CachedRows, capsys: pytest.CaptureFixture[str]
 ) -> None:
