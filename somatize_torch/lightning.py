@@ -452,6 +452,9 @@ class CacheFrozen(Callback):
         if trainer.sanity_checking:
             self._started.pop("validate", None)
             for cached in self._cached.values():
+                # Written first: a row the writer keeps after the counts are reset would be
+                # counted as kept by training epoch 0.
+                cached.flush()
                 cached.reset_stats()
             return
         self._flush(trainer)

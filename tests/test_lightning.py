@@ -77,6 +77,16 @@ def test_epoch_two_recalls_every_row_and_logs_per_epoch(tmp_path: Path) -> None:
     assert float(logged[1]["cache/encoder/lookup_s"]) > 0
 
 
+def test_rows_of_the_sanity_check_are_not_counted_in_epoch_one(tmp_path: Path) -> None:
+    """What the sanity check's validation batches keep in the store is nobody's epoch:
+    training epoch 1 counts only the rows it kept itself."""
+    callback = CacheFrozen(tmp_path / "store", ["encoder"])
+    fit = trainer(tmp_path, 1, callbacks=[callback], num_sanity_val_steps=2)
+    fit.fit(Probe(), loader(), loader(shuffle=False, seed=2))
+    (epoch,) = epochs(callback, "train")
+    assert (epoch.rows.computed, epoch.rows.rows_kept) == (SAMPLES, SAMPLES)
+
+
 def test_the_progress_bar_shows_the_hit_rate_only_when_there_is_a_bar(tmp_path: Path) -> None:
     """With a progress bar, ``hit`` reaches it (1.0 once epoch 2 recalls everything);
     without a bar or a logger, nothing is handed to Lightning."""
