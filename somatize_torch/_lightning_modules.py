@@ -16,17 +16,23 @@ Caching freezes a module (a cached module runs without gradients), so
 refused (a head named by mistake), and a named module whose parameters require grad
 is warned of (:class:`FrozeTrainable`) unless a fine-tuning callback schedules it.
 
-A cached module whose parameters come to require grad (a fine-tuning schedule
-unfroze it) is put back by :func:`put_back`: released in the mode it would be in
-without the callback, at its attribute again, and let go by every loader fetching
-ahead for it, which would otherwise hold it and its memory tiers for the rest of
-the run.
+What ``setup()`` found is recorded (:class:`Found`): every place the module sits
+(:func:`places_of`: a module shared under two names is cached under both, by one
+cache), the mode of each of its parts and whether each parameter required grad.
+When the stage ends the module is put back as it was (:meth:`Found.put_back`), so
+the model the trainer hands back is the plain model: traced, exported, saved or
+fitted again without the callback as if it had never been cached. A module whose
+parameters come to require grad (a fine-tuning schedule unfroze it) is put back
+the same way at once (its parameters left as the schedule set them), and its cache
+let go (:func:`let_go`) by every loader fetching ahead for it, which would
+otherwise hold it and its memory tiers for the rest of the run.
 """
 
 from __future__ import annotations
 
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
@@ -40,10 +46,19 @@ from somatize_torch._lightning_errors import (
     NotASubmodule,
 )
 from somatize_torch.ahead import Ahead
-from somatize_torch.freeze import few, release
+from somatize_torch.freeze import few, is_held, release
 from somatize_torch.rows import CachedRows
 
-__all__ = ["check_trainable", "find", "locate", "put_back", "unwrapped"]
+__all__ = [
+    "Found",
+    "cached_elsewhere",
+    "check_trainable",
+    "find",
+    "let_go",
+    "locate",
+    "places_of",
+    "unwrapped",
+]
 
 
 def unwrapped(module: nn.Module) -> nn.Module:
@@ -101,6 +116,19 @@ def find(pl_module: pl.LightningModule, name: str) -> tuple[nn.Module, str, nn.M
     return parent, attribute, found
 
 
+def cached_elsewhere(name: str) -> CacheFrozenError:
+    """The refusal of submodule ``name``, found cached per row by something other than
+    the callback (``cache_rows`` in the LightningModule, another ``CacheFrozen``)."""
+    return CacheFrozenError(
+        f"`{name}` is cached per row already (a `CachedRows` made by `cache_rows` in the "
+        "LightningModule, or by another CacheFrozen callback), with options of its own — "
+        "store, key, version, salt, budgets: caching it here would leave this callback's "
+        "or those unused. Cache it in one place only: name it to one callback, or put the "
+        f"module itself back in place of its cache before fitting (`model.{name} = "
+        f"model.{name}.module`)"
+    )
+
+
 def check_trainable(
     trainer: pl.Trainer,
     pl_module: pl.LightningModule,
@@ -149,25 +177,70 @@ def check_trainable(
     )
 
 
-def put_back(
-    pl_module: pl.LightningModule,
-    name: str,
-    cached: CachedRows,
-    aheads: weakref.WeakSet[Ahead[Any]],
-) -> None:
-    """Puts the module ``cached`` holds back at ``name`` in ``pl_module``, as it was: its
-    cache closed and forgotten, and dropped by the loaders in ``aheads``."""
-    parent, attribute, _ = locate(pl_module, name)
-    module = cached.module
-    cached.when_unfrozen = None
+def places_of(root: nn.Module, module: nn.Module) -> list[tuple[nn.Module, str]]:
+    """Every place ``module`` sits in ``root``: each parent holding it, with the attribute
+    it is held as there (one module shared under two names sits in two places)."""
+    return [
+        (parent, attribute)
+        for parent in root.modules()
+        for attribute, child in parent._modules.items()
+        if child is module
+    ]
+
+
+@dataclass
+class Found:
+    """A named submodule as ``setup()`` found it: every place it sits in the LightningModule
+    (:func:`places_of`), whether it was held in eval already, the mode of each of its parts
+    and whether each of its parameters required grad — what it is put back as."""
+
+    module: nn.Module
+    places: list[tuple[nn.Module, str]]
+    held: bool
+    modes: list[tuple[nn.Module, bool]]
+    grads: list[tuple[nn.Parameter, bool]]
+
+    @classmethod
+    def at(cls, pl_module: nn.Module, module: nn.Module) -> Found:
+        """``module`` as it is now, in ``pl_module``: taken before it is cached (frozen)."""
+        return cls(
+            module,
+            places_of(pl_module, module),
+            is_held(module),
+            [(part, part.training) for part in module.modules()],
+            [(p, p.requires_grad) for p in module.parameters()],
+        )
+
+    def install(self, cached: CachedRows) -> None:
+        """Puts ``cached`` in every place the module sits."""
+        for parent, attribute in self.places:
+            setattr(parent, attribute, cached)
+
+    def put_back(self, cached: CachedRows, *, grads: bool) -> None:
+        """Puts the module back in every place ``cached`` still holds: released from its
+        hold on eval (unless it was held when found) in the mode it would be in without the
+        cache — the mode it was found in, part by part, or, if another was asked of it
+        meanwhile (``self.encoder.eval()`` in a hook), that one, as ``.train(mode)`` would
+        have put it — and, with ``grads``, each parameter requiring grad as when found."""
+        module = self.module
+        if not self.held:
+            mode = cached.training  # what was asked of it while it was held in eval
+            release(module, mode)
+            if mode == self.modes[0][1]:
+                for part, training in self.modes:
+                    part.training = training
+        if grads:
+            for parameter, required in self.grads:
+                parameter.requires_grad_(required)
+        for parent, attribute in self.places:
+            if parent._modules.get(attribute) is cached:
+                setattr(parent, attribute, module)
+
+
+def let_go(cached: CachedRows, aheads: weakref.WeakSet[Ahead[Any]]) -> None:
+    """Closes ``cached`` and lets go of its memory tiers, and has the loaders in ``aheads``
+    (which would hold it, and its memory tiers — GiBs — for the rest of the run) drop it."""
     cached.close()
-    # The loaders fetched ahead for it would hold it, and its memory tiers (GiBs), for
-    # the rest of the run.
     for wrapper in aheads:
         wrapper.drop(cached)
     cached.forget()
-    # In the mode asked of it while it was held in eval (`self.encoder.eval()` in a hook,
-    # Lightning's `.train()`), which the cache recorded: the mode it would be in now
-    # without this callback.
-    release(module, cached.training)
-    setattr(parent, attribute, module)

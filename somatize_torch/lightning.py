@@ -23,6 +23,13 @@ Why it is shaped this way:
   LightningModule's ``state_dict`` is what it was: a checkpoint written while
   the callback is active loads into the plain model, and resuming from one
   works. The cache is not in the checkpoint; the store is.
+- **It hands the model back as it found it**: when a stage ends (or fails) each
+  module is put back in every place it sat, in the mode and with the
+  ``requires_grad`` it had (or in the mode asked of it meanwhile), so the model a
+  trainer hands back is the plain model — traced, exported, saved or fitted again
+  without the callback as if it had never been cached. The callback keeps its
+  caches, and a later stage of the same model puts them back in place, memory tiers
+  and all.
 - **Every stage uses it**: train, validation, test and predict run the same
   cached module. Shuffling does not defeat it (rows, not batches, are keys);
   random augmentations do, since each epoch's inputs differ — the callback sees
@@ -112,7 +119,13 @@ from somatize_torch._lightning_errors import (
     NotASubmodule,
     Uncached,
 )
-from somatize_torch._lightning_modules import check_trainable, find, put_back
+from somatize_torch._lightning_modules import (
+    Found,
+    cached_elsewhere,
+    check_trainable,
+    find,
+    let_go,
+)
 from somatize_torch._lightning_prefill import PrefillJob, forward_context, run_prefill
 from somatize_torch._lightning_stats import (
     EpochStats,
@@ -205,7 +218,9 @@ class CacheFrozen(Callback):
         self.progress_bar = progress_bar
         self.ahead = ahead
         self.history: list[EpochStats] = []
-        self._cached: dict[str, CachedRows] = {}
+        self._cached: dict[str, CachedRows] = {}  # kept between stages of one model
+        self._found: dict[str, Found] = {}  # how each was found, while it is in place
+        self._aliases: dict[str, str] = {}  # a name of a module named before: that name
         self._uncached: set[str] = set()  # put back uncached, for the model it holds now
         self._owner: pl.LightningModule | None = None
         self._started: dict[str, float] = {}
@@ -220,7 +235,9 @@ class CacheFrozen(Callback):
 
     @property
     def cached(self) -> dict[str, CachedRows]:
-        """The cached modules by name, once ``setup`` has put them in place."""
+        """The cached modules by name, once ``setup`` has made them: in the model while a
+        stage runs, and kept by the callback between stages (the model holds its plain
+        modules then)."""
         return dict(self._cached)
 
     @property
@@ -258,25 +275,48 @@ class CacheFrozen(Callback):
     # -- setting up
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Puts the cached modules in place of the named submodules (once per model)."""
+        """Puts the cached modules in place of the named submodules, each found as it is
+        now; :meth:`teardown` puts them back. The same model again (fit, then test, then
+        fit) gets the same caches, memory tiers and all."""
         if self._owner is not pl_module:
+            self._put_back(failed=True)  # nothing, unless a stage of the last model never ended
             self._cached = {}
             self._uncached = set()
             self._owner = pl_module
+        self._aliases = {}
         todo: list[tuple[str, nn.Module, str, nn.Module]] = []
         for name in self.names:
             if name in self._uncached:
                 continue  # unfrozen by a schedule in an earlier fit: it trains, uncached
             parent, attribute, found = find(pl_module, name)
             if isinstance(found, CachedRows):
-                found.when_unfrozen = self._unfrozen
-                self._cached[name] = found
+                # Ours if still in place (a stage that ended without its teardown).
+                ours = next((n for n, c in self._cached.items() if c is found), None)
+                if ours is None or found.when_unfrozen != self._unfrozen:
+                    raise cached_elsewhere(name)
+                if ours != name:
+                    self._aliases[name] = ours
+                continue
+            named = next((n for n, _, _, m in todo if m is found), None)
+            if named is not None:
+                self._aliases[name] = named  # one module under two names: one cache
                 continue
             todo.append((name, parent, attribute, found))
         check_trainable(trainer, pl_module, stage, todo)  # warns at what called this hook
-        for name, parent, attribute, found in todo:
+        for name, _, _, found in todo:
+            self._install(pl_module, name, found)
+
+    def _install(self, pl_module: pl.LightningModule, name: str, module: nn.Module) -> None:
+        """Caches ``module`` in every place it sits in ``pl_module``, noting how it was
+        found; the cache this callback made for it before if there is one (a later stage
+        of the same model), else a new one."""
+        found = Found.at(pl_module, module)  # before it is frozen
+        cached = self._cached.get(name)
+        if cached is not None and cached.module is module:
+            cached.freeze_again()
+        else:
             cached = cache_rows(
-                found,
+                module,
                 self.store,
                 key=self.key,
                 version=self.version,
@@ -285,11 +325,12 @@ class CacheFrozen(Callback):
                 host_bytes=self.host_bytes,
                 strict=self.strict,
             )
-            # A forward that finds the module unfrozen (by a hook that runs after this
-            # callback's, at any batch) puts it back uncached instead of refusing it.
-            cached.when_unfrozen = self._unfrozen
-            setattr(parent, attribute, cached)
-            self._cached[name] = cached
+        # A forward that finds the module unfrozen (by a hook that runs after this
+        # callback's, at any batch) puts it back uncached instead of refusing it.
+        cached.when_unfrozen = self._unfrozen
+        found.install(cached)
+        self._cached[name] = cached
+        self._found[name] = found
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._train_epochs = 0
@@ -298,7 +339,7 @@ class CacheFrozen(Callback):
         self._key_as("prefill")  # an earlier stage (validate, test) may have keyed its own
         with forward_context(trainer), torch.no_grad():
             for job in self._prefills:
-                cached = self._cached[job.module]
+                cached = self._cached[self._aliases.get(job.module, job.module)]
                 self.history.append(run_prefill(trainer, pl_module, cached, job))
         self._prefills = []
         self._flush(trainer)
@@ -352,7 +393,10 @@ class CacheFrozen(Callback):
             cached.look_up_answered()
 
     def _uncache(self, pl_module: pl.LightningModule, name: str, cached: CachedRows) -> None:
-        put_back(pl_module, name, cached, self._aheads)
+        cached.when_unfrozen = None
+        # Its parameters as the schedule set them: it trains from here, as without the cache.
+        self._found.pop(name).put_back(cached, grads=False)
+        let_go(cached, self._aheads)
         del self._cached[name]
         self._uncached.add(name)
         warnings.warn(
@@ -513,6 +557,38 @@ class CacheFrozen(Callback):
             cached.flush()  # a checkpoint's run can be resumed from the store
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Flushes, and puts back each module as :meth:`setup` found it (mode and
+        ``requires_grad`` included): the model the trainer hands back is the plain model.
+        The caches are kept, memory tiers and all, for the next stage of the same model."""
         self._key_as("train")  # a stage stopped before its end hook keyed its own version
-        for cached in self._cached.values():
-            cached.flush()
+        self._put_back(failed=False)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """A stage that failed (or was interrupted) gets no teardown from Lightning: the
+        modules are put back here, and what could not be written is left (the error that
+        ended the stage is the one raised)."""
+        self._key_as("train")
+        self._put_back(failed=True)
+
+    def _put_back(self, *, failed: bool) -> None:
+        """Every module in place put back as it was found, then each cache closed (its
+        writer stopped: a later forward starts it again) and kept. What a close raises
+        (rows that could not be written) is raised once all are back, unless the stage
+        ``failed`` already."""
+        closing: list[CachedRows] = []
+        for name, found in list(self._found.items()):
+            cached = self._cached[name]
+            cached.when_unfrozen = None
+            del self._found[name]
+            found.put_back(cached, grads=True)
+            closing.append(cached)
+        errors: list[Exception] = []
+        for cached in closing:
+            try:
+                cached.close()
+            except Exception as error:
+                errors.append(error)
+        if errors and not failed:
+            raise errors[0]

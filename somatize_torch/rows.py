@@ -465,6 +465,16 @@ class CachedRows(nn.Module):
             self._kept_base = (writer.kept_rows, writer.kept_bytes, writer.failed_rows)
         return out
 
+    def freeze_again(self) -> None:
+        """Freezes the module again once it was let go (put back in a model as it was, then
+        handed to this cache once more): no gradients, held in eval, and its state digested
+        again before the next row is keyed, so a change made meanwhile (it trained) keys
+        rows anew. The mode asked of the wrapper is the module's own again; the memory
+        tiers keep what they held."""
+        self.training = self.module.training
+        hold(self.module)
+        self._watch = None
+
     def flush(self) -> None:
         """Waits until every computed row is in the store; :class:`WriteFailed` if some
         could not be written."""

@@ -59,9 +59,8 @@ def test_epoch_two_recalls_every_row_and_logs_per_epoch(tmp_path: Path) -> None:
     fit = trainer(tmp_path, 2, callbacks=[callback], logger=CSVLogger(tmp_path / "logs"))
     fit.fit(model, loader(shuffle=True))
 
-    assert isinstance(model.encoder, CachedRows)
-    assert is_held(model.encoder.module)
-    assert not any(p.requires_grad for p in model.encoder.parameters())
+    assert type(model.encoder) is Encoder and not is_held(model.encoder)  # handed back
+    assert callback.cached["encoder"].module is model.encoder
     first, second = epochs(callback, "train")
     assert (first.rows.computed, first.rows.recalled) == (SAMPLES, 0)
     assert (second.rows.computed, second.rows.recalled) == (0, SAMPLES)
@@ -128,10 +127,10 @@ def test_from_the_second_epoch_each_batch_is_named_ahead(tmp_path: Path) -> None
         callback = CacheFrozen(tmp_path / f"store-{ahead}", ["encoder"], ahead=ahead)
         fit = trainer(tmp_path / str(ahead), 3, callbacks=[callback])
         fit.fit(model, loader(shuffle=True), loader(shuffle=False, seed=2))
-        assert isinstance(model.encoder, CachedRows)
+        cached = callback.cached["encoder"]
         batches = 2 * SAMPLES // 16  # training and validation, in epoch 3
-        assert model.encoder.used_ahead == (batches if ahead else 0)
-        assert model.encoder.named_ahead == (batches if ahead else 0)
+        assert cached.used_ahead == (batches if ahead else 0)
+        assert cached.named_ahead == (batches if ahead else 0)
         assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0, 1.0]
         assert [e.hit_rate for e in epochs(callback, "validate")] == [0.0, 1.0, 1.0]
         models[ahead] = model
@@ -310,7 +309,7 @@ def test_a_loader_drawing_random_numbers_is_not_fetched_ahead(tmp_path: Path) ->
         heads.append(model.head.weight.detach().clone())
         if callbacks:
             assert [e.hit_rate for e in epochs(callbacks[0], "train")] == [0.0, 1.0, 1.0]
-            assert isinstance(model.encoder, CachedRows) and model.encoder.named_ahead == 0
+            assert callbacks[0].cached["encoder"].named_ahead == 0
     assert torch.equal(heads[0], heads[1])
 
 
@@ -487,6 +486,95 @@ def test_a_checkpoint_loads_into_the_plain_module_and_resumes(tmp_path: Path) ->
     assert epoch.rows.from_store == SAMPLES and epoch.rows.computed == 0
 
 
+class _Fails(Probe):
+    """Fails at its first training step."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        raise RuntimeError("the step failed")
+
+
+class Trained(Probe):
+    """Trains its encoder with its head, in train mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder.requires_grad_(True)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.encoder(x))
+        return out
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def test_each_stage_hands_back_the_plain_model(tmp_path: Path) -> None:
+    """When a stage ends — validate, fit, or a fit that fails — the module found is put
+    back, in the mode and with the ``requires_grad`` it had: a fit without the callback
+    after validating with it trains the encoder, and a fitted model traces, takes input
+    gradients and follows ``.train()`` as the plain model does."""
+    model = Trained()
+    fit = trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])])
+    fit.validate(model, loader(), verbose=False)
+    assert type(model.encoder) is Encoder and not is_held(model.encoder)
+    assert all(p.requires_grad for p in model.encoder.parameters())
+    assert all(part.training for part in model.encoder.modules())
+    before = model.encoder.conv.weight.detach().clone()
+    trainer(tmp_path, 1, limit_train_batches=1).fit(model, loader())
+    assert not torch.equal(model.encoder.conv.weight, before)
+
+    probe = Probe()
+    trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])]).fit(probe, loader())
+    assert type(probe.encoder) is Encoder and not is_held(probe.encoder)
+    probe.train()
+    assert probe.encoder.norm.training
+    x = data()[0][:4]
+    torch.jit.trace(nn.Sequential(probe.encoder, probe.head).eval(), x)
+    x.requires_grad_(True)
+    probe.encoder(x).sum().backward()
+    assert x.grad is not None
+
+    failing = _Fails()
+    with pytest.raises(RuntimeError, match="the step failed"):
+        trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])]).fit(failing, loader())
+    assert type(failing.encoder) is Encoder and not is_held(failing.encoder)
+
+
+def test_one_callback_keeps_its_cache_from_stage_to_stage(tmp_path: Path) -> None:
+    """Fit, test and fit again with one callback and no store: each stage puts the same
+    cache in place, its memory tiers still holding the rows, and hands the model back."""
+    callback = CacheFrozen(None, ["encoder"])
+    model = Probe()
+    trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader())
+    cached = callback.cached["encoder"]
+    trainer(tmp_path, 1, callbacks=[callback]).test(model, loader(shuffle=False), verbose=False)
+    trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader())
+    assert callback.cached["encoder"] is cached and type(model.encoder) is Encoder
+    test, again = epochs(callback, "test")[0], epochs(callback, "train")[-1]
+    assert test.rows.from_device == again.rows.from_device == SAMPLES
+
+
+def test_a_second_callback_caches_with_its_own_options(tmp_path: Path) -> None:
+    """A second callback on a model fitted with a first one caches with its own store,
+    salt and budgets; a module the LightningModule cached itself is refused, saying so."""
+    model = Probe()
+    first = CacheFrozen(tmp_path / "a", ["encoder"], salt="v1")
+    trainer(tmp_path, 1, callbacks=[first]).fit(model, loader())
+    second = CacheFrozen(tmp_path / "b", ["encoder"], salt="v2", device_bytes=0, host_bytes=0)
+    trainer(tmp_path, 1, callbacks=[second]).fit(model, loader())
+    (epoch,) = epochs(second, "train")
+    assert (epoch.rows.computed, epoch.rows.rows_kept) == (SAMPLES, SAMPLES)
+    assert second.cached["encoder"].salt == "v2"
+
+    model.encoder = cache_rows(model.encoder)  # type: ignore[assignment]
+    third = trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])])
+    with pytest.raises(CacheFrozenError, match="`encoder` is cached per row already"):
+        third.fit(model, loader())
+
+
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_mixed_precision_is_cached_and_keyed_apart(tmp_path: Path, precision: str) -> None:
     """Under mixed precision epoch 2 recalls every row, and a full-precision fit on the
@@ -590,7 +678,7 @@ def test_compiled_inner_model(tmp_path: Path) -> None:
     trainer(tmp_path, 2, callbacks=[callback]).fit(model, loader())
     assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0]
     assert graphs, "nothing was compiled"
-    assert isinstance(model.model._orig_mod.encoder, CachedRows)
+    assert callback.cached["model.encoder"].module is model.model._orig_mod.encoder
     assert "model._orig_mod.head.weight" in model.state_dict()
 
 
@@ -663,6 +751,45 @@ def test_ddp_two_processes_share_one_store(tmp_path: Path, key: str) -> None:
     else:
         keys = cache_rows(Probe().encoder).row_keys(images)
     assert store.have(keys) == set(keys)
+
+
+class Twin(Probe):
+    """Holds its encoder under a second name too, and calls it by both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.twin = self.encoder
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        with torch.no_grad():
+            features = self.encoder(x) + self.twin(x)
+        return nn.functional.cross_entropy(self.head(features), y)
+
+
+@pytest.mark.parametrize("names", [["encoder"], ["encoder", "twin"]])
+def test_a_module_under_two_names_is_cached_once_under_both(
+    tmp_path: Path, names: list[str]
+) -> None:
+    """One encoder held under two names, one named or both, is one cache in both places,
+    counted once, under the first name; both places get the encoder back."""
+    held: list[tuple[nn.Module, nn.Module]] = []
+
+    class Look(pl.Callback):
+        def on_train_batch_start(self, *args: Any) -> None:
+            held.append((args[1].encoder, args[1].twin))
+
+    callback = CacheFrozen(None, names)
+    model = Twin()
+    keys = list(model.state_dict())
+    trainer(tmp_path, 2, callbacks=[callback, Look()]).fit(model, loader())
+    assert list(callback.cached) == ["encoder"]
+    cached = callback.cached["encoder"]
+    assert all(a is cached and b is cached for a, b in held)
+    first, second = epochs(callback, "train")
+    assert (first.rows.computed, second.rows.recalled) == (SAMPLES, 2 * SAMPLES)
+    assert model.twin is model.encoder and type(model.encoder) is Encoder
+    assert list(model.state_dict()) == keys
 
 
 def test_unknown_submodule_is_refused(tmp_path: Path) -> None:
@@ -820,7 +947,7 @@ def test_a_stage_before_fit_leaves_the_callbacks_own_version(tmp_path: Path) -> 
         )
         if callbacks:
             callback = callbacks[0]
-            assert isinstance(model.encoder, CachedRows) and model.encoder.version == "toy@1"
+            assert callback.cached["encoder"].version == "toy@1"
             callback.prefill(_indexed(1), progress=False)
         trainer(tmp_path, 1, callbacks=callbacks).fit(model, _indexed(1))
         again = trainer(tmp_path, 1, callbacks=callbacks)
@@ -905,13 +1032,15 @@ class Tuned(Probe):
 
 
 def test_a_named_module_that_requires_grad_is_frozen_with_a_warning(tmp_path: Path) -> None:
-    """A named submodule whose parameters require grad is frozen, as the callback does with
-    every module it caches, and a warning names its parameters, since it would have trained
-    without the callback."""
-    model = Tuned()
+    """A named submodule whose parameters require grad is frozen while the fit runs, as the
+    callback does with every module it caches, and a warning names its parameters, since
+    it would have trained without the callback; it is handed back requiring grad."""
+    model = Trained()
+    before = model.encoder.conv.weight.detach().clone()
     with pytest.warns(FrozeTrainable, match=r"\(`encoder`: `conv.weight`, `conv.bias`, `norm"):
         trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])]).fit(model, loader())
-    assert not any(p.requires_grad for p in model.encoder.parameters())
+    assert torch.equal(model.encoder.conv.weight, before)
+    assert all(p.requires_grad for p in model.encoder.parameters())
 
 
 def test_naming_everything_the_fit_trains_is_refused(tmp_path: Path) -> None:
