@@ -10,7 +10,7 @@ and the part that finds and checks its submodules,
     └── CompiledSubmodule (TypeError)              the submodule is itself compiled
 
     NeverHits (SomatizeWarning)        a training epoch after the first recalled no row
-    Uncached (SomatizeWarning)         a cached submodule was unfrozen: it runs uncached
+    Uncached (SomatizeWarning)         a submodule unfrozen, or left to train: it runs uncached
     FrozeTrainable (SomatizeWarning)   caching froze parameters that required grad
 
 A warning, not an error, where the fit can go on: a module unfrozen trains as
@@ -50,7 +50,8 @@ class NeverHits(SomatizeWarning):
 
 
 class Uncached(SomatizeWarning):
-    """A cached submodule was unfrozen (a fine-tuning schedule), so it runs uncached."""
+    """A submodule runs uncached: a fine-tuning schedule unfroze it, or a fine-tuning
+    callback leaves it to train (or in train mode)."""
 
 
 class FrozeTrainable(SomatizeWarning):

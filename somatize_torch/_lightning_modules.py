@@ -14,7 +14,9 @@ looked up inside the compiled graph (:class:`CompiledSubmodule`).
 Caching freezes a module (a cached module runs without gradients), so
 :func:`check_trainable` looks at what the fit would train first: naming all of it is
 refused (a head named by mistake), and a named module whose parameters require grad
-is warned of (:class:`FrozeTrainable`) unless a fine-tuning callback schedules it.
+is warned of (:class:`FrozeTrainable`). Under a fine-tuning callback it looks at the
+module as that callback leaves it (:func:`freeze_first`), and leaves uncached, with
+a warning (:class:`Uncached`), one left to train or in train mode.
 
 What ``setup()`` found is recorded (:class:`Found`): every place the module sits
 (:func:`places_of`: a module shared under two names is cached under both, by one
@@ -38,12 +40,15 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import BaseFinetuning
 from torch import nn
+from torch.nn.modules.batchnorm import _NormBase
+from torch.nn.modules.dropout import _DropoutNd
 
 from somatize_torch._lightning_errors import (
     CacheFrozenError,
     CompiledSubmodule,
     FrozeTrainable,
     NotASubmodule,
+    Uncached,
 )
 from somatize_torch.ahead import Ahead
 from somatize_torch.freeze import few, is_held, release
@@ -54,6 +59,7 @@ __all__ = [
     "cached_elsewhere",
     "check_trainable",
     "find",
+    "freeze_first",
     "let_go",
     "locate",
     "places_of",
@@ -129,30 +135,66 @@ def cached_elsewhere(name: str) -> CacheFrozenError:
     )
 
 
+def tuners_of(trainer: pl.Trainer) -> list[BaseFinetuning]:
+    """The fine-tuning callbacks (``BaseFinetuning``) among the trainer's."""
+    return [c for c in getattr(trainer, "callbacks", ()) if isinstance(c, BaseFinetuning)]
+
+
+def freeze_first(trainer: pl.Trainer, callback: object, pl_module: pl.LightningModule) -> None:
+    """Has each fine-tuning callback listed after ``callback`` freeze what it schedules
+    now — what its own ``setup()``, called next, does again (Lightning calls it at every
+    stage) — so that what is cached is looked at as that callback leaves it."""
+    callbacks = list(getattr(trainer, "callbacks", ()))
+    at = next((k for k, c in enumerate(callbacks) if c is callback), -1)
+    for later in callbacks[at + 1 :]:
+        if isinstance(later, BaseFinetuning):
+            later.freeze_before_training(pl_module)
+
+
+def _moves(part: nn.Module) -> bool:
+    """Whether ``part`` computes otherwise in train mode than in eval, as it is now: a
+    norm layer with running statistics (batch statistics in train mode, and updated), a
+    dropout that drops."""
+    if not part.training:
+        return False
+    if isinstance(part, _NormBase):
+        return part.running_mean is not None
+    return isinstance(part, _DropoutNd) and part.p > 0
+
+
 def check_trainable(
     trainer: pl.Trainer,
     pl_module: pl.LightningModule,
     stage: str,
     todo: list[tuple[str, nn.Module, str, nn.Module]],
-) -> None:
-    """Says so when a module about to be cached has parameters that require grad:
-    caching freezes them, so they would not train as they do without the callback.
-    Refused when they are all that fitting would train (a head named by mistake),
-    warned otherwise (:class:`FrozeTrainable`) — unless a fine-tuning callback
-    (``BaseFinetuning``) is there, which freezes what it schedules in its own
-    ``setup`` and unfreezes it later (the module then runs uncached).
+) -> set[str]:
+    """Says so when a module about to be cached would have trained, or run in train mode,
+    without the callback — caching freezes it and holds it in eval — and returns the
+    names of those to leave uncached.
+
+    With a fine-tuning callback (``BaseFinetuning``), which freezes what it schedules and
+    unfreezes it later (the module then runs uncached), a module it leaves with
+    parameters to train (``train_bn=True`` trains BatchNorm layers), or with parts in
+    train mode that compute otherwise in eval (a fine-tuning callback puts nothing in
+    eval), is left uncached, with a warning (:class:`Uncached`): it runs as without the
+    callback. Without one, a module whose parameters require grad is frozen with a
+    warning (:class:`FrozeTrainable`), and refused when it holds all that fitting would
+    train (a head named by mistake).
 
     Called by the callback's ``setup()`` itself, so that the warning points at what
     called that hook."""
     if stage != "fit":
-        return  # nothing trains in validate, test or predict
+        return set()  # nothing trains in validate, test or predict
     trainable = {
         name: [n for n, p in found.named_parameters() if p.requires_grad]
         for name, _, _, found in todo
     }
     trainable = {name: params for name, params in trainable.items() if params}
+    tuners = tuners_of(trainer)
+    if tuners:
+        return _left_to_tuners(tuners, todo, trainable)
     if not trainable:
-        return
+        return set()
     named = {id(p) for _, _, _, found in todo for p in found.parameters()}
     listed = "; ".join(f"`{name}`: {few(params)}" for name, params in trainable.items())
     if not any(p.requires_grad and id(p) not in named for p in pl_module.parameters()):
@@ -163,8 +205,6 @@ def check_trainable(
             "fail. Name only the frozen submodules whose answers stay the same (the "
             "encoder), not the part being trained (the head)"
         )
-    if any(isinstance(c, BaseFinetuning) for c in getattr(trainer, "callbacks", ())):
-        return
     warnings.warn(
         f"parameters of modules named to be cached require grad ({listed}): caching "
         "freezes them (requires_grad_(False), held in eval), so they do not train here "
@@ -175,6 +215,40 @@ def check_trainable(
         FrozeTrainable,
         stacklevel=3,
     )
+    return set()
+
+
+def _left_to_tuners(
+    tuners: list[BaseFinetuning],
+    todo: list[tuple[str, nn.Module, str, nn.Module]],
+    trainable: dict[str, list[str]],
+) -> set[str]:
+    """The modules to cache that the fine-tuning callbacks leave to train or in train
+    mode, warned of (:class:`Uncached`)."""
+    why: dict[str, str] = {}
+    for name, _, _, found in todo:
+        moving = [part or "the module itself" for part, m in found.named_modules() if _moves(m)]
+        if name in trainable:
+            why[name] = f"its parameters {few(trainable[name])} are left to train"
+        elif moving:
+            why[name] = (
+                f"its parts {few(moving)} run in train mode (dropout drawing, BatchNorm on "
+                "batch statistics)"
+            )
+    if why:
+        listed = "; ".join(f"`{name}`: {reason}" for name, reason in why.items())
+        kinds = ", ".join(sorted({type(t).__name__ for t in tuners}))
+        warnings.warn(
+            f"left uncached under the fine-tuning callback {kinds} ({listed}): cached, it "
+            "would be frozen and held in eval, and so train or run otherwise than it does "
+            "here without this callback; uncached, it runs exactly so. To cache it, have "
+            "the fine-tuning callback freeze all of it (BackboneFinetuning's "
+            "`train_bn=False`) and put it in eval before fitting (`model.backbone.eval()`), "
+            "if that is how it is meant to run until it is unfrozen",
+            Uncached,
+            stacklevel=4,
+        )
+    return set(why)
 
 
 def places_of(root: nn.Module, module: nn.Module) -> list[tuple[nn.Module, str]]:

@@ -61,7 +61,8 @@ Why it is shaped this way:
   with a warning (:class:`Uncached`), and trains exactly as without the callback.
   A named module whose parameters require grad when it is cached is frozen with
   a warning (:class:`FrozeTrainable`), and naming everything the fit would train
-  is refused.
+  is refused; under a fine-tuning callback, one it leaves to train (or in train
+  mode) is left uncached, with a warning (:class:`Uncached`).
 - **Ranks share one store**: under DDP each rank computes and keeps its own rows
   (a store's writes are atomic and idempotent, so two ranks keeping one row is
   harmless), and at the end of each epoch every rank flushes its writes and
@@ -124,6 +125,7 @@ from somatize_torch._lightning_modules import (
     cached_elsewhere,
     check_trainable,
     find,
+    freeze_first,
     let_go,
 )
 from somatize_torch._lightning_prefill import PrefillJob, forward_context, run_prefill
@@ -284,6 +286,7 @@ class CacheFrozen(Callback):
             self._uncached = set()
             self._owner = pl_module
         self._aliases = {}
+        freeze_first(trainer, self, pl_module)  # a fine-tuning callback listed after this one
         todo: list[tuple[str, nn.Module, str, nn.Module]] = []
         for name in self.names:
             if name in self._uncached:
@@ -302,9 +305,12 @@ class CacheFrozen(Callback):
                 self._aliases[name] = named  # one module under two names: one cache
                 continue
             todo.append((name, parent, attribute, found))
-        check_trainable(trainer, pl_module, stage, todo)  # warns at what called this hook
+        left = check_trainable(trainer, pl_module, stage, todo)  # warns at what called this hook
         for name, _, _, found in todo:
-            self._install(pl_module, name, found)
+            if name not in left:
+                self._install(pl_module, name, found)
+        # What is not in place this stage (left uncached) is not kept for a later one.
+        self._cached = {n: c for n, c in self._cached.items() if n in self._found}
 
     def _install(self, pl_module: pl.LightningModule, name: str, module: nn.Module) -> None:
         """Caches ``module`` in every place it sits in ``pl_module``, noting how it was
@@ -339,7 +345,9 @@ class CacheFrozen(Callback):
         self._key_as("prefill")  # an earlier stage (validate, test) may have keyed its own
         with forward_context(trainer), torch.no_grad():
             for job in self._prefills:
-                cached = self._cached[self._aliases.get(job.module, job.module)]
+                cached = self._cached.get(self._aliases.get(job.module, job.module))
+                if cached is None:
+                    continue  # left uncached (a fine-tuning callback trains it), as warned
                 self.history.append(run_prefill(trainer, pl_module, cached, job))
         self._prefills = []
         self._flush(trainer)

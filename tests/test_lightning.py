@@ -17,11 +17,11 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import BaseFinetuning, ModelCheckpoint
+from lightning.pytorch.callbacks import BackboneFinetuning, BaseFinetuning, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
-from somatize import Store
+from somatize import SomatizeWarning, Store
 from somatize.torch.lightning import (
     CacheFrozen,
     CacheFrozenError,
@@ -1064,11 +1064,68 @@ class _Backbone(BaseFinetuning):
 
 def test_no_warning_when_a_finetuning_callback_freezes_the_module(tmp_path: Path) -> None:
     """A fine-tuning callback freezes what it schedules in its own ``setup`` (after this
-    callback's, when listed after it): the encoder requiring grad then is no mistake."""
+    callback's, when listed after it): the encoder requiring grad then is no mistake, and
+    one in eval is cached. In train mode its BatchNorm would run on batch statistics
+    without the callback: it is left uncached, saying so."""
+    model = Tuned()
+    model.encoder.eval()
     with warnings.catch_warnings():
-        warnings.simplefilter("error", FrozeTrainable)
-        callbacks = [CacheFrozen(None, ["encoder"]), _Backbone()]
-        trainer(tmp_path, 1, callbacks=callbacks).fit(Tuned(), loader())
+        warnings.simplefilter("error", SomatizeWarning)
+        callback = CacheFrozen(None, ["encoder"])
+        trainer(tmp_path, 2, callbacks=[callback, _Backbone()]).fit(model, loader())
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0]
+
+    callback = CacheFrozen(None, ["encoder"])
+    with pytest.warns(Uncached, match=r"`encoder`: its parts `norm` run in train mode"):
+        trainer(tmp_path, 1, callbacks=[callback, _Backbone()]).fit(Tuned(), loader())
+    assert not callback.cached and not callback.history
+
+
+class Backboned(Probe):
+    """A probe whose encoder is ``backbone``, where ``BackboneFinetuning`` finds it, left
+    in train mode, trained by an optimizer of whatever requires grad."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = self.encoder
+        del self.encoder
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.backbone(x))
+        return out
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr)
+
+
+@pytest.mark.parametrize("first", ["fine-tuning", "caching"])
+def test_what_a_finetuning_callback_leaves_to_train_is_left_uncached(
+    tmp_path: Path, first: str
+) -> None:
+    """``BackboneFinetuning`` (``train_bn=True``) leaves the backbone's BatchNorm to train:
+    listed before the callback or after it, the backbone is left uncached with a warning
+    naming those parameters, and trains exactly as without the callback."""
+
+    def fit(cache: bool) -> Backboned:
+        model = Backboned()
+        tuner = BackboneFinetuning(unfreeze_backbone_at_epoch=5)
+        callbacks: list[pl.Callback] = [tuner]
+        if cache:
+            callback = CacheFrozen(None, ["backbone"])
+            callbacks = [tuner, callback] if first == "fine-tuning" else [callback, tuner]
+        trainer(tmp_path, 1, callbacks=callbacks, limit_train_batches=2).fit(model, loader())
+        return model
+
+    with pytest.warns(Uncached, match=r"`backbone`: its parameters `norm.weight`, `norm.bias`"):
+        cached = fit(cache=True)
+    plain = fit(cache=False)
+    assert not torch.equal(plain.backbone.norm.weight, Backboned().backbone.norm.weight)
+    assert torch.equal(cached.backbone.norm.weight, plain.backbone.norm.weight)
+    assert torch.equal(cached.backbone.norm.running_mean, plain.backbone.norm.running_mean)
+    assert torch.equal(cached.head.weight, plain.head.weight)
 
 
 def test_an_uncached_module_lets_go_of_its_cache(tmp_path: Path) -> None:
