@@ -92,6 +92,7 @@ from torch import nn
 
 from somatize import Store
 from somatize_torch.ahead import Ahead
+from somatize_torch.deferred import Deferred
 from somatize_torch.rows import (
     DEVICE_BYTES,
     HOST_BYTES,
@@ -111,6 +112,8 @@ except ImportError:  # pragma: no cover - the message is the point
     ) from None
 
 # The parts import Lightning themselves: after the message above, which says how to get it.
+from lightning.pytorch.utilities import CombinedLoader
+
 from somatize_torch._lightning_ahead import fetch_ahead
 from somatize_torch._lightning_errors import (
     CacheFrozenError,
@@ -152,6 +155,32 @@ __all__ = [
 
 _BAR_EVERY = 10
 """The running hit rate goes to the progress bar every this many training batches."""
+
+
+def one_training_set(loop: Any, version: str) -> None:
+    """Refuses training loaders keyed by the callback's ``version`` (by sample index) when
+    there is more than one: their samples cannot be told apart (each has a sample 0). A
+    loader over a :class:`~somatize_torch.deferred.Deferred` with a version of its own
+    keys its rows under that one."""
+    combined = getattr(loop, "_combined_loader", None)
+    if not isinstance(combined, CombinedLoader):
+        return  # another Lightning than the one this reads
+    plain = [dl for dl in combined.flattened if not _versioned(dl)]
+    if len(plain) > 1:
+        raise CacheFrozenError(
+            f"key='index' with version={version!r} keys each training row by its sample "
+            f"index within the data that version names, and this fit trains on "
+            f"{len(plain)} loaders whose samples it cannot tell apart (each has a sample 0): "
+            "one loader's rows would be answered with another's. Give each loader a "
+            "`Deferred` dataset with a version of its own, or key rows by content "
+            "(key='content')"
+        )
+
+
+def _versioned(loader: Any) -> bool:
+    """Whether ``loader`` is over a Deferred dataset with a version of its own."""
+    dataset = getattr(loader, "dataset", None)
+    return isinstance(dataset, Deferred) and dataset.version is not None
 
 
 class CacheFrozen(Callback):
@@ -231,6 +260,7 @@ class CacheFrozen(Callback):
         self._warned = False
         self._prefills: list[PrefillJob] = []
         self._looked = True  # whether the stage under way looked at the modules again
+        self._stage: tuple[Stage, int] = ("train", 0)  # what rows are keyed as: stage, loader
         self._aheads: weakref.WeakSet[Ahead[Any]] = weakref.WeakSet()  # loaders put behind it
 
     # -- what it holds
@@ -375,11 +405,18 @@ class CacheFrozen(Callback):
         self._key_as(stage)
         self._looked = False
 
-    def _key_as(self, stage: Stage) -> None:
+    def _key_as(self, stage: Stage, loader: int = 0) -> None:
+        """Rows keyed by the callback's ``version`` keyed as those of loader ``loader`` of
+        ``stage``: the training data's own version, ``version|validate`` for the first
+        validation loader, ``version|validate|1`` for the second (its sample 0 is not the
+        first one's), and so on."""
+        self._stage = (stage, loader)
         if self.key == "index" and self.version is not None:
-            own = stage in ("train", "prefill")
+            version = self.version
+            if stage not in ("train", "prefill"):
+                version += f"|{stage}" + (f"|{loader}" if loader else "")
             for cached in self._cached.values():
-                cached.version = self.version if own else f"{self.version}|{stage}"
+                cached.version = version
 
     def _look(self, pl_module: pl.LightningModule) -> None:
         """At a stage's first batch — after every epoch-start hook has run, the
@@ -445,12 +482,17 @@ class CacheFrozen(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
+        stage, loader = self._stage
+        if dataloader_idx != loader:
+            self._key_as(stage, dataloader_idx)
         self._first_batch(pl_module)
 
     on_test_batch_start = on_validation_batch_start
     on_predict_batch_start = on_validation_batch_start
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.key == "index" and self.version is not None and self._cached:
+            one_training_set(trainer.fit_loop, self.version)
         self._fresh("train")
         self._train_parts = {}
         self._fetch_ahead(pl_module, trainer.fit_loop)

@@ -353,6 +353,38 @@ def test_index_keys_of_the_callbacks_version_are_kept_apart_per_stage(tmp_path: 
     assert results[0] == results[1]
 
 
+class IndexedTwice(Indexed):
+    """Validates on several loaders, keeping each one's features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[int, list[torch.Tensor]] = {}
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        x, _, index = batch
+        self.seen.setdefault(dataloader_idx, []).append(self._features(x, index))
+
+
+def test_each_evaluation_loader_keys_its_own_rows(tmp_path: Path) -> None:
+    """Keyed by index under the callback's version, two validation loaders (each with a
+    sample 0) key their rows apart: each gets its own samples' features, as without the
+    callback. Two training loaders keyed under that version are refused."""
+    features = []
+    for callbacks in ([CacheFrozen(None, ["encoder"], key="index", version="toy@1")], []):
+        model = IndexedTwice()
+        check = trainer(tmp_path, 1, callbacks=callbacks, limit_val_batches=1)
+        check.validate(model, [_indexed(2), _indexed(3)], verbose=False)
+        features.append({k: torch.cat(v) for k, v in model.seen.items()})
+    assert torch.equal(features[0][0], features[1][0])
+    assert torch.equal(features[0][1], features[1][1])
+
+    callback = CacheFrozen(None, ["encoder"], key="index", version="toy@1")
+    with pytest.raises(CacheFrozenError, match="2 loaders whose samples it cannot tell apart"):
+        trainer(tmp_path, 1, callbacks=[callback]).fit(
+            Indexed(), {"a": _indexed(1), "b": _indexed(2)}
+        )
+
+
 def test_prefill_in_true_half_precision(tmp_path: Path) -> None:
     """prefill converts its batches as the trainer's precision converts training batches."""
     callback = CacheFrozen(None, ["encoder"])
