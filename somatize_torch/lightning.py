@@ -90,7 +90,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from somatize import Store
+from somatize import Store, StoreError
 from somatize_torch.ahead import Ahead
 from somatize_torch.deferred import Deferred
 from somatize_torch.rows import (
@@ -238,6 +238,15 @@ class CacheFrozen(Callback):
             if not isinstance(value, bool):
                 raise CacheFrozenError(f"{option}= is True or False, got {value!r}")
         self.store: Store | None = Store.of(store)
+        if self.store is not None and not self.store.writable():
+            # As a store on a read-only disk with nothing in it is refused when it is opened:
+            # here, not after an epoch of work, when the rows computed cannot be written.
+            raise StoreError(
+                f"cannot use {self.store!r} as this callback's store: it is read-only for "
+                "this process, so the rows a fit computes could not be kept (the fit would "
+                "fail when it first flushes them, its work lost). Pass a store this process "
+                "may write, or store=None to keep rows in memory only"
+            )
         self.names = names
         self._state_key = f"CacheFrozen{names}"
         self.key: Literal["content", "index"] = key

@@ -21,7 +21,8 @@ from lightning.pytorch.callbacks import BackboneFinetuning, BaseFinetuning, Mode
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
-from somatize import SomatizeWarning, Store
+from somatize import SomatizeWarning, Store, StoreError
+from somatize.store.local import LocalStore
 from somatize.torch.lightning import (
     CacheFrozen,
     CacheFrozenError,
@@ -783,6 +784,18 @@ def test_ddp_two_processes_share_one_store(tmp_path: Path, key: str) -> None:
     else:
         keys = cache_rows(Probe().encoder).row_keys(images)
     assert store.have(keys) == set(keys)
+
+
+def test_a_store_this_process_cannot_write_is_refused_up_front(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store filled by an earlier run, now read-only (as an empty one on a read-only disk
+    is when it is opened), is refused when the callback is made, not after an epoch."""
+    store = tmp_path / "store"
+    trainer(tmp_path, 1, callbacks=[CacheFrozen(store, ["encoder"])]).fit(Probe(), loader())
+    monkeypatch.setattr(LocalStore, "writable", lambda self: False)
+    with pytest.raises(StoreError, match="read-only for this process"):
+        CacheFrozen(store, ["encoder"])
 
 
 class Twin(Probe):

@@ -474,6 +474,32 @@ def test_a_read_only_store_without_its_empty_folders_is_read(
     assert again.verify().ok
 
 
+def test_a_read_only_store_says_so_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``writable()`` tells a store on a read-only filesystem from one this process may
+    write, leaving nothing behind either way."""
+    store = LocalStore(tmp_path / "store")
+    assert store.writable()
+    _mount_read_only(monkeypatch)
+    assert not store.writable()
+    monkeypatch.undo()
+    assert not list((tmp_path / "store" / "tmp").iterdir())
+
+
+def test_a_read_only_store_without_tmp_is_not_writable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only store copied without its empty tmp/ is not writable: the file cannot be
+    made for want of tmp/, and tmp/ cannot be made."""
+    store = LocalStore(tmp_path / "store")
+    (tmp_path / "store" / "tmp").rmdir()
+    monkeypatch.setattr(os, "mkdir", _read_only)
+    assert not store.writable()
+    monkeypatch.undo()
+    assert store.writable()
+
+
 def test_a_large_blob_hashed_while_written_is_named_by_its_content(tmp_path: Path) -> None:
     """A blob large enough to be hashed while it is written gets the digest of its bytes,
     reads back whole, and kept again leaves nothing behind in ``tmp/``."""

@@ -488,6 +488,13 @@ class Store(abc.ABC):
     def close(self) -> None:  # noqa: B027 (optional for a home that holds nothing)
         """Writes down what is held in memory (when answers were last used)."""
 
+    def writable(self) -> bool:
+        """Whether this process may write into the store, as far as can be told without
+        keeping anything: False for a local store on a read-only disk (or in a directory
+        this process may not write to); True where it cannot be told (a bucket's
+        permissions show only when something is written)."""
+        return True
+
     # -- helpers shared by homes ---------------------------------------------------------------
 
     @staticmethod

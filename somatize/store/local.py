@@ -257,6 +257,20 @@ class LocalStore(PackedHome):
             os.makedirs(self._tmp, exist_ok=True)
             return open(temporary, "wb")
 
+    def writable(self) -> bool:
+        """An empty file is made in ``tmp/`` (and ``tmp/`` first where it is missing) and
+        removed: False if that is refused as on a read-only disk (:data:`_READ_ONLY`);
+        another failure (no inode left) says nothing of what later writes may do."""
+        probe = f"{self._tmp}{os.getpid()}-{uuid.uuid4().hex}.part"
+        try:
+            with self._created(probe):
+                pass
+        except OSError as why:
+            return why.errno not in _READ_ONLY
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+        return True
+
     def _place(self, temporary: str, target: str) -> None:
         """Renames a written file of ``tmp/`` to ``target``: it appears whole or not at all."""
         try:
