@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from somatize._record import Drifted, Fact, NodeFailed, Record
-from somatize.codecs import CODECS
+from somatize.codecs import CODECS, Unreadable
 from somatize.errors import SomatizeError
 from somatize.keys import item_key
 from somatize.node import Context
@@ -117,6 +117,9 @@ class _Run:
             self.drift[node] = (answer.fingerprint, fingerprint)
         try:
             return CODECS.named(answer.codec).decode(data)
+        except Unreadable as why:
+            self.emit({"fact": "unreadable", "node": node, "key": key, "why": str(why)})
+            return _DAMAGED
         except (ValueError, TypeError) as why:
             self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(why)})
             return _DAMAGED

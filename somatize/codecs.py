@@ -33,6 +33,7 @@ __all__ = [
     "Codecs",
     "Opaque",
     "Plain",
+    "Unreadable",
 ]
 
 Buffer = bytes | bytearray | memoryview
@@ -40,6 +41,13 @@ Buffer = bytes | bytearray | memoryview
 
 class CodecError(SomatizeError, TypeError):
     """A value no codec can write, or bytes a codec cannot read."""
+
+
+class Unreadable(ValueError):
+    """Bytes that are whole, and that this process cannot turn back into their value: a
+    class they name is not loaded here (it is never imported to read an answer). A forward
+    reads it as a miss, says so with an ``unreadable`` fact, and computes the answer again;
+    nothing is damaged, and nothing is set aside."""
 
 
 class Codec(abc.ABC):
@@ -72,7 +80,9 @@ class Codec(abc.ABC):
 
     @abc.abstractmethod
     def decode(self, data: memoryview) -> Any:
-        """The value whose bytes are ``data``. May keep a view of ``data`` (zero-copy)."""
+        """The value whose bytes are ``data``. May keep a view of ``data`` (zero-copy).
+        ValueError (or TypeError) for bytes that are damaged; :class:`Unreadable` for bytes
+        that are whole and name what this process does not have."""
 
     def digest(self, value: Any) -> str:
         """``blake3:<hex>`` of the value's content; by default, of its encoding."""

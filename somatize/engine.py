@@ -17,6 +17,7 @@ Facts are plain dicts::
     {"fact": "drifted",  "node": "widest", "key": "blake3:…", "was": "…", "now": "…",
      "changed": ["clean"]}
     {"fact": "corrupt",  "node": "widest", "key": "blake3:…", "why": "…"}
+    {"fact": "unreadable", "node": "widest", "key": "blake3:…", "why": "…"}
     {"fact": "crossed",  "node": "clean", "from": "sms", "worker": "w1", "bytes": 1234,
      "way": "out"}
     {"fact": "failed",   "node": "clean", "error": "…"}
@@ -38,9 +39,12 @@ length than it was handed, it is ``failed``, and :class:`NodeFailed` says which.
 
 An answer that was there when the store was asked but is damaged or gone when
 read is a miss: it is reported (``corrupt``), the plan is redone without it,
-and the node runs. A wrong answer is never returned. An answer computed that
-cannot be kept (no codec writes it, the store refuses it) is ``failed`` after
-``ran``, and its error goes on to the caller.
+and the node runs. So is an answer that is whole but cannot be read in this
+process (:class:`~somatize.codecs.Unreadable`: a class it names is not loaded
+here), reported as ``unreadable`` — nothing is damaged or set aside. A wrong
+answer is never returned. An answer computed that cannot be kept (no codec
+writes it, the store refuses it) is ``failed`` after ``ran``, and its error
+goes on to the caller.
 
 With a ``broker`` (:mod:`somatize.broker`) and a graph that places nodes, the
 engine speaks to it in three calls: ``broker.check(graph)`` before anything runs

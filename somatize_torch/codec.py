@@ -4,10 +4,15 @@ in place.
 A tensor answer is kept in the safetensors layout — an 8-byte little-endian
 header length, a JSON header naming each tensor's dtype, shape and byte range,
 then the raw bytes — because its reader cannot run code, any safetensors
-reader can open it, and its bytes are the tensor's own memory: encoding is a
-header plus a view of each tensor (no joined copy), and decoding builds each
-tensor with ``torch.frombuffer`` over the store's memory map, so a recalled
-19 MB batch is not copied on the host.
+reader can open it (one of the dtypes it has no name for is written under a name
+in its manner: ``C128``, ``C32``, ``F8_E4M3FNUZ``, ``F8_E5M2FNUZ``), and its bytes
+are the tensor's own memory: encoding is a header plus a view of each tensor (no
+joined copy). A recalled tensor starts 64-aligned, as torch's own CPU tensors do (CPU
+kernels round differently over memory aligned less, so a hit would not answer what the
+miss did to the last bit): a large answer's data is written 64-aligned and decoding
+builds it with ``torch.frombuffer`` over the store's memory map, so a recalled 19 MB
+batch is not copied on the host; a small one, or data aligned less (an answer kept
+before), is copied into memory torch allocated.
 
 Values it takes: one tensor, or a tuple, list or dict (str keys) of tensors,
 which come back as the same kind — a dict in the order it was filled in; and,
@@ -16,14 +21,14 @@ and namedtuples of tensors and ``None`` (``(hidden, None)``, ``(h, (a, b))``).
 A namedtuple comes back as its own class, found by its module and qualified name
 among the modules already loaded, never imported: one defined inside a function
 is refused, and one whose class is not loaded (or has other fields) where the
-answer is read is an answer that cannot be read, which the engine computes
-again. Every other type — a subclass of list or dict, a number beside a tensor
+answer is read is :class:`~somatize.codecs.Unreadable`, an answer the engine computes again (an
+``unreadable`` fact). Every other type — a subclass of list or dict, a number beside a tensor
 — is refused rather than written as something else: what is recalled is what was
 computed, kind and order included. :meth:`TensorCodec.refusal` says which item
-of a value is the one refused. Every dense dtype of
-:data:`somatize_torch.digest.DTYPES` round-trips (bf16, fp16, int8, bool
-included), a non-contiguous tensor is written in C order, and a 0-dim or empty
-tensor keeps its shape.
+of a value is the one refused. Every dtype of :data:`somatize_torch.digest.DTYPES`
+round-trips (all of whole bytes: bf16, fp16, the float8s, int8, bool, the complex ones
+included); :meth:`~TensorCodec.encode` of any other is a ``CodecError`` naming it. A
+non-contiguous tensor is written in C order, and a 0-dim or empty tensor keeps its shape.
 
 The layout of the header: a flat tuple or list names its tensors ``0``, ``1``
 …, a dict by its keys (the order it was filled in is recorded in the
@@ -67,21 +72,28 @@ from typing import Any, NamedTuple
 
 import torch
 
-from somatize import CODECS, Codec
+from somatize import CODECS, Codec, CodecError
 from somatize.catalog import held_at
+from somatize.codecs import Unreadable
 from somatize.errors import SomatizeWarning
-from somatize_torch.digest import DTYPES, digest_named, digest_tensor, host_bytes
+from somatize_torch.digest import DTYPES, digest_named, digest_tensor, host_bytes, memory_of
 
 __all__ = ["TENSOR", "LandedOnHost", "TensorCodec", "register"]
 
 _BY_CODE = {code: dtype for dtype, code in DTYPES.items()}
-_ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in DTYPES}
+_ITEMSIZE = {dtype: dtype.itemsize for dtype in DTYPES}
 _LEN = struct.Struct("<Q")
 _FORMAT = "somatize/tensor/1"
 _KINDS = ("tensor", "tuple", "list", "dict", "tree")
 _MAX_HEADER = 100 << 20
 _MAX_DEPTH = 32
 """How deep containers may nest in one answer."""
+_ALIGN = 64
+"""Where a recalled tensor's memory starts, as torch's own CPU allocations do: CPU kernels
+take another path (and may round differently) over memory aligned less."""
+_ALIGNED_ABOVE = 4096
+"""From this many bytes of data on, an answer's data starts ``_ALIGN``-aligned in its bytes
+(at most 56 bytes of padding, under 1.4%)."""
 
 
 class LandedOnHost(SomatizeWarning):
@@ -248,6 +260,9 @@ class TensorCodec(Codec):
         return None if leaves else "it holds no tensor"
 
     def encode(self, value: Any) -> Sequence[memoryview | bytes]:
+        refused = None if _is_flat(value) else self.refusal(value)
+        if refused is not None:
+            raise CodecError(f"the `tensor` codec does not write this value: {refused}")
         kind, tensors, shape = _named(value)
         # Larger elements first, so that every tensor starts at a multiple of its own size.
         order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
@@ -272,7 +287,10 @@ class TensorCodec(Codec):
             meta["devices"] = json.dumps(devices, sort_keys=True)
         header["__metadata__"] = meta
         raw = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        raw += b" " * (-(len(raw) + 8) % 8)  # the data starts 8-aligned, as safetensors writes it
+        # The data starts 8-aligned, as safetensors asks; 64-aligned when it is large, so
+        # that a memory-mapped answer is read in place with the alignment of torch's own
+        # tensors (a small one is read by copy, into memory aligned so, where it is not).
+        raw += b" " * (-(len(raw) + 8) % (_ALIGN if at >= _ALIGNED_ABOVE else 8))
         return [_LEN.pack(len(raw)) + raw, *views]
 
     def decode(self, data: memoryview) -> Any:
@@ -289,15 +307,22 @@ class TensorCodec(Codec):
                 f"holds {len(body)}: it is damaged"
             )
         out: dict[str, torch.Tensor] = {}
+        at = _address(body)
         with warnings.catch_warnings() if body.readonly else contextlib.nullcontext():
             # Bytes that crossed from a worker may be read-only; the tensors view them on purpose.
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
             for name, dtype, shape, start, count in header.tensors:
-                out[name] = (
-                    torch.frombuffer(body, dtype=dtype, count=count, offset=start).reshape(shape)
-                    if count
-                    else torch.empty(shape, dtype=dtype)
-                )
+                if not count:
+                    out[name] = torch.empty(shape, dtype=dtype)
+                elif (at + start) % _ALIGN == 0 or _moves(header.devices.get(name)):
+                    # In place: the memory is aligned as torch's own, or the tensor is
+                    # moved to its device, into memory of its own, at once.
+                    out[name] = torch.frombuffer(
+                        body, dtype=dtype, count=count, offset=start
+                    ).reshape(shape)
+                else:
+                    out[name] = _aligned(body[start : start + count * _ITEMSIZE[dtype]], dtype)
+                    out[name] = out[name].reshape(shape)
         for name, device in header.devices.items():
             out[name] = _to_device(out[name], device, name)
         kind = header.kind
@@ -516,7 +541,7 @@ def _built(shape: Any, tensors: list[torch.Tensor]) -> Any:
     if "namedtuple" in shape:
         kind = _class_at(shape["namedtuple"], shape["fields"])
         if kind is None:
-            raise ValueError(
+            raise Unreadable(
                 f"a tensor answer is a `{shape['namedtuple']}` namedtuple with fields "
                 f"{shape['fields']}, and no such class is loaded in this process: it is not "
                 "imported to read an answer, so the answer is computed again"
@@ -530,6 +555,22 @@ def _built(shape: Any, tensors: list[torch.Tensor]) -> Any:
         return [_built(item, tensors) for item in items]
     pairs = ((key, _built(item, tensors)) for key, item in items)
     return OrderedDict(pairs) if kind_name == "OrderedDict" else dict(pairs)
+
+
+def _address(body: memoryview) -> int:
+    """The address of the first byte of ``body`` (0 when it is empty)."""
+    if not body.nbytes:
+        return 0
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return int(torch.frombuffer(body, dtype=torch.uint8, count=1).data_ptr())
+
+
+def _aligned(data: memoryview, dtype: torch.dtype) -> torch.Tensor:
+    """A flat tensor of ``dtype`` holding a copy of ``data``, in memory torch allocated."""
+    flat = torch.empty(data.nbytes, dtype=torch.uint8)
+    memory_of(flat, writable=True)[:] = data
+    return flat.view(dtype)
 
 
 def stamp_of(x: torch.Tensor) -> tuple[Any, ...]:
@@ -550,6 +591,13 @@ def _devices(raw: Any, names: list[str]) -> dict[str, str]:
     except (ValueError, TypeError, RuntimeError) as why:
         raise ValueError(f"where the tensors of an answer lived cannot be read ({why})") from None
     return devices
+
+
+def _moves(device: str | None) -> bool:
+    """Whether a tensor kept from ``device`` (None: the CPU) is moved there when read."""
+    if device is None:
+        return False
+    return torch.device(device).type != "cuda" or torch.cuda.is_available()
 
 
 def _to_device(tensor: torch.Tensor, device: str, name: str) -> torch.Tensor:

@@ -97,14 +97,23 @@ DTYPES: dict[torch.dtype, str] = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
     torch.complex64: "C64",
+    torch.complex128: "C128",
+    torch.complex32: "C32",
 }
-"""Each dtype a tensor may have here, by its safetensors name."""
+"""Each dtype a tensor may have here, by its safetensors name (``C128``, ``C32`` and the
+``FNUZ`` float8s, which safetensors does not name, by a name in its manner). Left out:
+the sub-byte and bit-packed dtypes (``uint1`` … ``int7``, ``bits*``, ``float4_e2m1fn_x2``)
+and the quantized ones, whose elements are not each a whole number of bytes or not a
+value alone."""
 for _name, _code in (
     ("uint16", "U16"),
     ("uint32", "U32"),
     ("uint64", "U64"),
     ("float8_e4m3fn", "F8_E4M3"),
     ("float8_e5m2", "F8_E5M2"),
+    ("float8_e4m3fnuz", "F8_E4M3FNUZ"),
+    ("float8_e5m2fnuz", "F8_E5M2FNUZ"),
+    ("float8_e8m0fnu", "F8_E8M0"),
 ):
     if hasattr(torch, _name):
         DTYPES[getattr(torch, _name)] = _code
@@ -171,8 +180,10 @@ def _host_tensor(tensor: torch.Tensor) -> torch.Tensor:
     if not t.is_contiguous():
         t = t.contiguous()
     t = dense(t)
-    if _BIG_ENDIAN and t.element_size() > 1:  # the canonical byte order is little-endian
-        t = t.view(torch.uint8).reshape(-1, t.element_size()).flip(-1).contiguous()
+    # The canonical byte order is little-endian, a complex number's two parts each.
+    part = t.element_size() // (2 if t.is_complex() else 1)
+    if _BIG_ENDIAN and part > 1:
+        t = t.view(torch.uint8).reshape(-1, part).flip(-1).contiguous()
     return t
 
 

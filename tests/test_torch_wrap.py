@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import somatize.torch as smt
-from somatize import NotSettled, Opaque, Store, Unsettled
+from somatize import Graph, NotSettled, Opaque, Store, Unsettled
 from somatize.codecs import CodecError
 from somatize.keys import node_key, node_prefix, root_key
 
@@ -926,3 +926,35 @@ def test_declared_calls_that_differ_between_modes_are_refused() -> None:
     refused at `wrap`: one graph cannot describe both."""
     with pytest.raises(smt.WrapError, match=r"differently in train and eval mode"):
         smt.wrap(TwiceInEval(), frozen=["encoder"])
+
+
+class _Layers(nn.Module):
+    """A frozen encoder, and layers after it whose CPU kernels see its answer's memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.head(self.encoder(x)))
+
+
+def test_a_hit_answers_bit_for_bit_what_a_miss_answered(store: Store) -> None:
+    """The recalled encoder output lies in memory aligned as torch's own, so the layers
+    after it take the kernels they took on the miss: the model's answer on a hit is the
+    one it gave on the miss, to the last bit."""
+    torch.manual_seed(0)
+    wrapped = smt.wrap(_Layers(), frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(64, 4)
+    miss, hit = wrapped(x), wrapped(x)
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 1}
+    assert torch.equal(miss, hit)
+    graph = Graph.somatize(smt.ModuleNode(nn.Linear(4, 4)).named("e").frozen().cached())
+    smt.freeze(graph)
+    computed = graph.forward(Opaque(x), store=store)
+    recalled = graph.forward(Opaque(x), store=store)
+    assert graph.record is not None and graph.record.outcome["e"] == "recalled"
+    assert computed.data_ptr() % 64 == 0 and recalled.data_ptr() % 64 == 0
