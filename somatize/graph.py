@@ -89,6 +89,10 @@ class Graph:
         self._unfollowed: dict[str, Undeclared] = {}
         """Nodes an argument of which was replaced by what their key cannot follow, with
         why: refused where they are keyed until it is replaced again (plan._retaken)."""
+        self._made_stale: dict[str, Any] = {}
+        """Nodes an argument of which was replaced where their constructor made more from
+        it, with what a build from the new value holds: refused at every forward that finds
+        them holding what was made from the old value, and only then (plan.look_again)."""
         self._kept_watch: tuple[
             list[dict[str, Any]], list[str], list[Any], list[tuple[Any, Node, Any]]
         ] = ([], [], [], [])

@@ -354,6 +354,16 @@ def look_again(graph: Graph) -> None:
     kept = graph._kept
     if not unfixed and not restated and not kept:
         return
+    for name, made in graph._made_stale.items():
+        # Refused while it holds what was made from the old value, and not once it holds
+        # what a build from its arguments holds (set by hand), until they are replaced again.
+        refused = made.check()
+        if (refused is None) != (name not in graph._unfollowed):
+            if refused is None:
+                del graph._unfollowed[name]
+            else:
+                graph._unfollowed[name] = refused
+            _declared_again(graph, name, made.node)
     memory = graph.memory
     held, names, values, slotted = graph._kept_watch
     if not all(map(operator.is_, map(dict.get, held, names), values)) or (
@@ -409,11 +419,17 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
         before = None if node.holds_state else _recipe(node)
         node.retake(taken)
         unkeyable = [attr for attr in taken if attr not in keyable]
-        refused = None
+        refused: Undeclared | None = None
+        graph._made_stale.pop(name, None)
         if unkeyable:
             refused = _unkeyable(name, node, unkeyable[0], taken[unkeyable[0]])
         elif before is not None:
-            refused = _made_otherwise(name, node, taken, before)
+            made = _made_otherwise(name, node, taken, before)
+            if isinstance(made, _MadeOtherwise):
+                graph._made_stale[name] = made
+                refused = made.check()
+            else:
+                refused = made
         if refused is not None:
             graph._unfollowed[name] = refused
         else:
@@ -437,9 +453,63 @@ def _recipe(node: Node) -> Recipe | Unbuildable:
         return why
 
 
+class _MadeOtherwise:
+    """A node whose arguments ``taken`` were replaced, built again from the arguments it had
+    and from the new ones: :meth:`check` says why it does not hold what the new build holds
+    — an attribute made from its arguments (the two builds hold it apart) still holding
+    what was made from the old value, or a declaration other than the new build's — and
+    None once it does (the attribute set to what the new value makes)."""
+
+    def __init__(
+        self,
+        name: str,
+        node: Node,
+        taken: dict[str, Any],
+        head: str,
+        fix: str,
+        old: Node,
+        new: Node,
+    ) -> None:
+        self.name = name
+        self.node = node
+        self.taken = taken
+        self.head = head
+        self.fix = fix
+        self.new = new
+        was, self.fresh = dict(held_by(old)), dict(held_by(new))
+        self.made = [
+            a for a in sorted(was.keys() | self.fresh.keys()) if was.get(a) != self.fresh.get(a)
+        ]
+
+    def check(self) -> Undeclared | None:
+        name, node, kind = self.name, self.node, type(self.node).__qualname__
+        built = ", ".join(f"{attr}={value!r}" for attr, value in self.taken.items())
+        now = dict(held_by(node))
+        stale = [a for a in self.made if a not in self.taken and now.get(a) != self.fresh.get(a)]
+        if stale:
+            held = ", ".join(f"`{attr}`" for attr in stale)
+            return Undeclared(
+                f"{self.head}, and {held}, which its constructor makes from its arguments, "
+                f"still {'holds' if len(stale) == 1 else 'hold'} what was made from the old "
+                f"value: a `{kind}({built})` holds another. Keyed as built with the new value, "
+                f"it would keep answers such a node does not compute, under that node's key. "
+                f"{self.fix}"
+            )
+        try:
+            declared = node.declaration(name) == self.new.declaration(name)
+        except SomatizeError:
+            declared = True  # refused where it is keyed, for that reason
+        if not declared:
+            return Undeclared(
+                f"{self.head}, and a `{kind}({built})` declares something else than it does "
+                f"now. {self.fix}"
+            )
+        return None
+
+
 def _made_otherwise(
     name: str, node: Node, taken: dict[str, Any], before: Recipe | Unbuildable
-) -> Undeclared | None:
+) -> Undeclared | _MadeOtherwise | None:
     """Why ``node``, whose arguments ``taken`` were just replaced, is not what its class
     builds from its arguments now; None when it is.
 
@@ -450,7 +520,9 @@ def _made_otherwise(
     worker builds it, from the arguments the node had (``before``, its recipe then) and
     from the new ones: an attribute the two builds hold apart is made from the
     arguments, and the node must hold what the new build holds. An attribute both builds
-    hold alike (a call counter) is the node's own business. Run once per replacement."""
+    hold alike (a call counter) is the node's own business. Run once per replacement: what
+    it finds (a :class:`_MadeOtherwise`) is checked again at every forward, so a node given
+    what the new value makes is accepted."""
     kind = type(node).__qualname__
     said = ", ".join(f"`{attr}`" for attr in taken)
     built = ", ".join(f"{attr}={value!r}" for attr, value in taken.items())
@@ -477,27 +549,8 @@ def _made_otherwise(
             f"{head}, and a `{kind}` could not be built again from its arguments to check "
             f"that nothing else it holds was made from the old value ({reason}). {fix}"
         )
-    was, fresh, now = dict(held_by(old)), dict(held_by(new)), dict(held_by(node))
-    made = [a for a in sorted(was.keys() | fresh.keys()) if was.get(a) != fresh.get(a)]
-    stale = [a for a in made if a not in taken and now.get(a) != fresh.get(a)]
-    if stale:
-        held = ", ".join(f"`{attr}`" for attr in stale)
-        return Undeclared(
-            f"{head}, and {held}, which its constructor makes from its arguments, still "
-            f"{'holds' if len(stale) == 1 else 'hold'} what was made from the old value: a "
-            f"`{kind}({built})` holds another. "
-            f"Keyed as built with the new value, it would keep answers such a node does not "
-            f"compute, under that node's key. {fix}"
-        )
-    try:
-        declared = node.declaration(name) == new.declaration(name)
-    except SomatizeError:
-        declared = True  # refused where it is keyed, for that reason
-    if not declared:
-        return Undeclared(
-            f"{head}, and a `{kind}({built})` declares something else than it does now. {fix}"
-        )
-    return None
+    found = _MadeOtherwise(name, node, taken, head, fix, old, new)
+    return found if found.check() is not None else None
 
 
 def _built_again(node: Node, recipe: Recipe) -> Node:

@@ -635,6 +635,29 @@ def test_an_argument_replaced_where_the_constructor_made_more_from_it_is_refused
     assert g.record is not None and g.record.outcome == {"doubles": "ran"}
 
 
+def test_a_node_refused_for_what_it_made_from_an_old_value_is_accepted_once_it_holds_the_new(
+    store: Store,
+) -> None:
+    """Refused for holding what its constructor made from an argument's old value, a node
+    is accepted as soon as it holds what a build from the new value holds — set by hand,
+    with the argument left as it is — and keyed as that build: it recalls what such a node
+    kept. Made stale again, it is refused again."""
+    doubles = Doubles(2)
+    g = Graph.somatize(doubles.named("doubles").frozen().cached())
+    assert g.forward(5, store=store) == 20
+    doubles.by = 3
+    with pytest.raises(Undeclared, match="`factor`, which its constructor makes"):
+        g.forward(5, store=store)
+    fresh = Graph.somatize(Doubles(3).named("fresh").frozen().cached())
+    assert fresh.forward(5, store=store) == 30
+    doubles.factor = 6
+    assert g.forward(5, store=store) == 30
+    assert g.record is not None and g.record.outcome == {"doubles": "recalled"}
+    doubles.factor = 4
+    with pytest.raises(Undeclared, match="`factor`, which its constructor makes"):
+        g.forward(5, store=store)
+
+
 class Positive(Node):
     """Takes only a positive ``by``."""
 
