@@ -336,13 +336,38 @@ class Catalog:
                     "constructor does not make the same node from the same arguments. Install "
                     "the same version of the code everywhere the graph runs"
                 )
+        if blueprint.held is not None:
+            _check_held(blueprint, node)
         return node
+
+
+def _check_held(blueprint: Blueprint, node: Node) -> None:
+    """Unbuildable when ``node``, rebuilt from ``blueprint``, holds other values in its
+    public attributes than the original held when its graph was built."""
+    from somatize.node import held_by
+
+    was, now = dict(blueprint.held or ()), dict(held_by(node))
+    apart = sorted(a for a in was.keys() | now.keys() if was.get(a) != now.get(a))
+    if apart:
+        said = ", ".join(f"`{attr}`" for attr in apart)
+        raise Unbuildable(
+            f"`{blueprint.identity}` rebuilt here from its constructor call holds other "
+            f"values in {said} than the node in the graph held when the graph was built: "
+            "this process runs other code, or the constructor does not make the same node "
+            "from the same arguments (it draws a seed of its own, say), or the attribute "
+            "was set after the node was made (a counter that had already counted), and a "
+            "copy rebuilt from its arguments would answer otherwise. Make it from its "
+            "arguments alone (a seed an argument), or run it where the graph is called or "
+            'on a `Worker.generic(mode="local")` worker'
+        )
 
 
 @dataclass(frozen=True)
 class Blueprint:
     """What another process needs to rebuild a node: its identity, the constructor call
-    that made it, and the digest of its declaration to check the result against."""
+    that made it, and the digest of its declaration to check the result against — and
+    what the node held in its public attributes (:func:`~somatize.node.held_by`) when its
+    graph was built, which a copy rebuilt from the call must hold too."""
 
     identity: str
     args: tuple[Any, ...]
@@ -351,6 +376,9 @@ class Blueprint:
     maker: str | None = None
     """``module:Class.method`` that builds the node from the class ``identity`` names and
     the arguments, for a node that stands for another class; None: the class is the node's."""
+    held: tuple[tuple[str, str], ...] | None = None
+    """Each public attribute with a canonical form, by the digest of that form, as the
+    node held them when its graph was built; None: not checked."""
 
     def to_bytes(self) -> bytes:
         """The canonical bytes of this blueprint: what crosses a wire (worked out once)."""
@@ -358,28 +386,36 @@ class Blueprint:
 
     @cached_property
     def _bytes(self) -> bytes:
+        held = None if self.held is None else [list(pair) for pair in self.held]
         return canonical.encode(
-            [self.identity, self.args, self.kwargs, self.declaration, self.maker]
+            [self.identity, self.args, self.kwargs, self.declaration, self.maker, held]
         )
 
     @staticmethod
     def from_bytes(data: bytes | memoryview) -> Blueprint:
         """The blueprint whose bytes are ``data``; Unbuildable when they are not one."""
         try:
-            identity, args, kwargs, declaration, maker = canonical.decode(data)
+            identity, args, kwargs, declaration, maker, held = canonical.decode(data)
             if not isinstance(identity, str) or not isinstance(kwargs, dict):
                 raise ValueError("fields of the wrong types")
             if maker is not None and not isinstance(maker, str):
                 raise ValueError("a maker that is not a name")
-            return Blueprint(identity, tuple(args), dict(kwargs), declaration, maker)
+            if held is not None:
+                held = tuple((str(attr), str(digest)) for attr, digest in held)
+            return Blueprint(identity, tuple(args), dict(kwargs), declaration, maker, held)
         except (ValueError, TypeError) as why:
             raise Unbuildable(f"these bytes are not a node's blueprint ({why})") from None
 
 
-def blueprint_of(node: Node, name: str | None = None) -> Blueprint:
+def blueprint_of(
+    node: Node, name: str | None = None, held: tuple[tuple[str, str], ...] | None = None
+) -> Blueprint:
     """How another process rebuilds ``node``; Unbuildable, saying what to do, when it cannot.
 
-    ``name`` is what errors call the node (its name in a graph)."""
+    ``name`` is what errors call the node (its name in a graph); ``held``, what it held in
+    its public attributes when its graph was built, which the copy must hold too — the
+    arguments it keeps as they are now (they are followed: :meth:`Node.kept_arguments`).
+    A node that holds state is not checked so: what it holds is loaded into the copy."""
     kind = type(node)
     called = f"`{name or node._smz.name or kind.__qualname__}` ({node.kind_name()})"
     identity = node._smz.identity or identity_of(kind)
@@ -406,7 +442,23 @@ def blueprint_of(node: Node, name: str | None = None) -> Blueprint:
         declaration: str | None = node.declaration(name)
     except SomatizeError:
         declaration = None
-    return Blueprint(identity, tuple(args), dict(kwargs), declaration, maker)
+    if held is not None:
+        held = None if node.holds_state else _held_now(node, held)
+    return Blueprint(identity, tuple(args), dict(kwargs), declaration, maker, held)
+
+
+def _held_now(node: Node, held: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """``held``, what ``node`` held when its graph was built, with the arguments it keeps
+    as they are now: they are the arguments the copy is built with."""
+    from somatize.node import held_by
+
+    now = dict(held_by(node))
+    merged = dict(held)
+    for attr, _ in node.kept_arguments():
+        merged.pop(attr, None)
+        if attr in now:
+            merged[attr] = now[attr]
+    return tuple(sorted(merged.items()))
 
 
 def state_crosses(node: Node) -> bool:

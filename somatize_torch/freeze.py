@@ -276,7 +276,10 @@ class ModuleNode(Node):
 
     def load_state(self, data: memoryview) -> str:
         """Copies the tensors :meth:`state_bytes` wrote into this node's module (rebuilt
-        by :meth:`build`), holds it frozen in eval, and answers the digest of its state."""
+        by :meth:`build`), holds it frozen in eval, and answers the digest of its state. A
+        tensor sent in another floating-point (or complex) dtype than the module built here
+        holds — the client's module was converted, ``encoder.double()`` — is converted
+        here first, as ``module.to(dtype)`` would; any other difference is StateDoesNotFit."""
         with warnings.catch_warnings():
             # Where the tensors lived does not matter: they are copied into the module.
             warnings.simplefilter("ignore", LandedOnHost)
@@ -292,6 +295,8 @@ class ModuleNode(Node):
             )
         for name, tensor in mine.items():
             came = sent[name]
+            if came.shape == tensor.shape and _converted(tensor.dtype, came.dtype):
+                continue  # the client's module was converted (`.double()`): taken below
             if came.shape != tensor.shape or came.dtype != tensor.dtype:
                 raise StateDoesNotFit(
                     f"`{kind}`'s `{name}` was sent as {came.dtype} {tuple(came.shape)}, and the "
@@ -301,7 +306,10 @@ class ModuleNode(Node):
                 )
         with torch.no_grad():
             for name, tensor in mine.items():
-                tensor.copy_(sent[name])
+                came = sent[name]
+                if came.dtype != tensor.dtype:  # as `module.to(dtype)` converts it
+                    tensor.data = torch.empty_like(tensor, dtype=came.dtype)
+                tensor.copy_(came)
         hold(self.module)
         return digest_state(self.module)
 
@@ -471,3 +479,13 @@ def _refuse_tied(model: nn.Module, frozen: list[str]) -> None:
 def _memory_of(tensor: torch.Tensor) -> int:
     """Where a tensor's numbers live (its storage, whatever view of it the tensor is)."""
     return int(tensor.untyped_storage().data_ptr()) or id(tensor)
+
+
+def _converted(built: torch.dtype, sent: torch.dtype) -> bool:
+    """Whether a tensor built as ``built`` and sent as ``sent`` was converted as
+    ``module.to(dtype)`` (``.double()``, ``.half()``) converts one: floating point to
+    another floating point, complex to another complex."""
+    return built != sent and (
+        (built.is_floating_point and sent.is_floating_point)
+        or (built.is_complex and sent.is_complex)
+    )

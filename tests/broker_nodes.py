@@ -133,6 +133,13 @@ class Ramp(Node):
         return values.reshape(take, self.width) / 10
 
 
+class Doubled(Node):
+    """Its input tensor, as float64."""
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return x.double()
+
+
 class Weighted(Node):
     """Multiplies every item by the sum of ``weights``, a list the caller may change."""
 
@@ -201,6 +208,27 @@ class Seeded(Node):
 
     def forward(self, value: Any, ctx: Any) -> Any:
         return value
+
+
+class SeedsItself(Node):
+    """Draws a seed of its own into a public attribute, which it does not declare: a node
+    rebuilt from its (no) arguments holds another seed, and answers otherwise."""
+
+    def __init__(self) -> None:
+        self.seed = random.random()
+
+    def forward(self, value: float, ctx: Any) -> float:
+        return value + self.seed
+
+
+class Times(Node):
+    """Multiplies by ``k``, a public attribute its constructor sets to 1."""
+
+    def __init__(self) -> None:
+        self.k = 1
+
+    def forward(self, value: float, ctx: Any) -> float:
+        return value * self.k
 
 
 class ScaleOtherwise(Node):

@@ -36,6 +36,7 @@ from somatize.broker import (
 from somatize.catalog import Blueprint, blueprint_of
 from somatize_torch import ModuleNode, StateDoesNotFit, freeze, is_held
 from tests.broker_nodes import (
+    Doubled,
     Encoder,
     Grows,
     Holds,
@@ -46,8 +47,10 @@ from tests.broker_nodes import (
     Ramp,
     ScaleOtherwise,
     Seeded,
+    SeedsItself,
     Tagged,
     Three,
+    Times,
     Weights,
     Where,
     napping,
@@ -241,6 +244,31 @@ def test_a_rebuilt_node_that_declares_otherwise_is_refused() -> None:
     forged = Blueprint(blueprint.identity, ("u",), {}, blueprint.declaration)
     with pytest.raises(Unbuildable, match=r"rebuilt here declares .* where it was made"):
         Catalog().build(forged)
+
+
+@pytest.mark.parametrize("mode", ["embedded", "blueprint"])
+def test_a_node_whose_rebuilt_copy_holds_other_public_values_is_refused(mode: str) -> None:
+    """A constructor that draws a seed of its own into a public attribute, or a public
+    attribute set after the node was made, would make the copy a network worker rebuilds
+    from the constructor call answer otherwise: refused before anything runs, naming the
+    attribute. Built alike, the node runs there as here."""
+    times = Times()
+    times.k = 3
+    for node, attr in ((SeedsItself(), "seed"), (times, "k")):
+        g = Graph.somatize(Echo().named("s") >> node.named("n").at("w1"))
+        if mode == "blueprint":
+            blueprint = blueprint_of(node, "n", g._held["n"])
+            with pytest.raises(Unbuildable, match=rf"holds other values in `{attr}`"):
+                Catalog().build(Blueprint.from_bytes(blueprint.to_bytes()))
+            continue
+        broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+        seen: list[dict[str, Any]] = []
+        refused = rf"`n` cannot be sent .* holds other values in `{attr}` than .* Nothing has run"
+        with pytest.raises(Unbuildable, match=refused):
+            g.forward(2.0, broker=broker, watching=seen.append)
+        assert seen == []
+    g = Graph.somatize(Echo().named("s") >> Times().named("n").at("w1"))
+    assert g.forward(2.0, broker=Broker.embedded({"w1": Worker.generic(mode="network")})) == 2.0
 
 
 def test_a_cached_node_on_a_worker_is_kept_there_and_recalled(store: Store) -> None:
@@ -560,6 +588,28 @@ def test_state_that_does_not_fit_the_rebuilt_module_is_refused() -> None:
     assert torch.equal(narrow.module.linear.weight, before)
     with pytest.raises(StateDoesNotFit, match=r"names \['bias', 'weight'\].*has \["):
         narrow.load_state(memoryview(ModuleNode(torch.nn.Linear(4, 3)).state_bytes()))
+
+
+def test_a_module_converted_to_another_dtype_runs_on_a_worker_in_that_dtype() -> None:
+    """A ModuleNode.build module converted after it was built (``.double()``) and frozen
+    again runs on a network worker, whose rebuilt module takes the weights' dtypes, and
+    answers as without a broker; weights of a dtype no conversion makes are refused."""
+    enc = ModuleNode.build(Encoder, 4)
+    g = Graph.somatize(
+        Ramp(4).named("rows") >> Doubled().named("doubled") >> enc.named("enc").frozen().at("w1")
+    )
+    enc.module.double()
+    freeze(g)
+    x = {"at": 0, "take": 4}
+    here = g.forward(x)
+    there = g.forward(x, broker=Broker.embedded({"w1": Worker.generic(mode="network")}))
+    assert there.dtype == torch.float64 and torch.equal(there, here)
+    built = ModuleNode.build(Encoder, 4)
+    counted = ModuleNode.build(Encoder, 4)
+    counted.module.norm.num_batches_tracked = counted.module.norm.num_batches_tracked.double()
+    with pytest.raises(StateDoesNotFit, match=r"`norm\.num_batches_tracked` was sent as "
+                       r"torch\.float64"):  # fmt: skip
+        built.load_state(memoryview(counted.state_bytes()))
 
 
 def test_a_cached_frozen_module_is_kept_by_the_worker_and_recalled(store: Store) -> None:

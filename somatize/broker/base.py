@@ -276,7 +276,7 @@ class Broker(abc.ABC):
             if not self.workers[worker].crosses:
                 continue
             try:
-                blueprint = blueprint_of(graph.node(node), node)
+                blueprint = blueprint_of(graph.node(node), node, graph._held.get(node))
             except Unbuildable as why:
                 raise _unsendable(node, worker, why) from None
             holds = graph.holds_state(node)
