@@ -673,17 +673,18 @@ def test_an_input_that_requires_grad_is_refused(cached: CachedRows) -> None:
 
 def test_an_output_that_is_not_one_row_per_input_row_is_refused(store: Store) -> None:
     """A module that does not answer row by row is refused with what it returned, and one
-    whose rows a store cannot keep (complex128, sparse) when it runs, not when a write
+    whose rows a store cannot keep (quantized, sparse) when it runs, not when a write
     fails later."""
     summed = cache_rows(nn.Sequential(nn.Flatten(0)))
     with pytest.raises(NotRowwise, match="one row per input row"):
         summed(images(2))
-    complex_rows = cache_rows(AsDtype(torch.complex128), store)
-    with pytest.raises(RowsError, match="complex128, which a store cannot keep"):
-        complex_rows(torch.randn(2, 3))
-    assert complex_rows.tiers[0].rows == 0
-    complex_rows.close()
-    assert cache_rows(AsDtype(torch.complex128))(torch.randn(2, 3)).dtype == torch.complex128
+    quantized_rows = cache_rows(Quantized(), store)
+    with pytest.raises(RowsError, match="qint8, which a store cannot keep"):
+        quantized_rows(torch.randn(2, 3))
+    assert quantized_rows.tiers[0].rows == 0
+    quantized_rows.close()
+    kept = cache_rows(AsDtype(torch.complex128), store)  # a dtype a store keeps
+    assert kept(torch.randn(2, 3)).dtype == torch.complex128
     with pytest.raises(NotRowwise, match="to_dense"):
         cache_rows(Sparse())(torch.randn(2, 3))
 
@@ -695,6 +696,11 @@ class AsDtype(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.dtype)
+
+
+class Quantized(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
 
 
 class Sparse(nn.Module):
