@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -409,3 +410,68 @@ def test_upkeep_that_cannot_read_a_folder_stops_and_removes_nothing(
     monkeypatch.undo()
     assert _files(root) == before
     assert Store(root).verify().ok
+
+
+RACING = [
+    ("local", lambda where: LocalStore(where / "local")),
+    ("memory", lambda where: Store.on_bucket(f"memory://somatize/{uuid.uuid4().hex}")),
+    ("file", lambda where: Store.on_bucket(f"file://{where}/file")),
+]
+
+
+@pytest.mark.parametrize("meanwhile", ["packs", "blobs"])
+@pytest.mark.parametrize("make", [make for _, make in RACING], ids=[n for n, _ in RACING])
+def test_two_gcs_at_once_both_finish(tmp_path: Path, make: Any, meanwhile: str) -> None:
+    """Two gcs of one store at once (two threads, or two processes) both finish: what the
+    other removed while one ran (a pack, a record, a blob, on a bucket the used/ logs of
+    when answers were used) is gone, as both meant it to be — not an error."""
+    first = make(tmp_path)
+    for i in range(3):  # clients that each leave a note of when their answers were used
+        other = _reopen(first)
+        other.keep(key_of(10 + i), b"answer %d" % i, "plain")
+        other.keep_many([(key_of(20 + 2 * i), b"item"), (key_of(21 + 2 * i), b"%d" % i)], "plain")
+        other.recall(key_of(10 + i))
+        other.recall(key_of(20 + 2 * i))
+        other.close()
+    second = _reopen(first)
+    removing = first._remove
+    ran: list[str] = []
+
+    def remove(section: str, names: list[str]) -> None:
+        if section == meanwhile and not ran:  # the first is about to remove: the other runs
+            ran.append(section)
+            second.gc(0, grace=0)
+        removing(section, names)
+
+    first._remove = remove
+    first.gc(0, grace=0)
+    assert ran == [meanwhile]
+    fresh = _reopen(first)
+    assert fresh.have([key_of(n) for n in range(10, 26)]) == set()
+    assert fresh.verify().ok
+
+
+def test_a_record_set_aside_that_another_gc_removed_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record a local gc set aside in tmp/ to compare before dropping it, which a gc in
+    another process (grace 0) removed from tmp/ meanwhile, is gone as the first meant it
+    to be: the first gc finishes, and says it dropped it."""
+    store = LocalStore(tmp_path / "store")
+    store.keep(key_of(1), b"an answer", "plain")
+    collector = LocalStore(tmp_path / "store")
+    rename = os.rename
+
+    def renaming(source: Any, target: Any) -> None:
+        rename(source, target)
+        if str(target).endswith(".dropped"):  # set aside: a gc elsewhere runs now
+            LocalStore(tmp_path / "store").gc(grace=0)
+
+    monkeypatch.setattr(os, "rename", renaming)
+    done = collector.gc(0, grace=0)
+    monkeypatch.undo()
+    assert done.answers == 1
+    fresh = LocalStore(tmp_path / "store")
+    assert fresh.have([key_of(1)]) == set()
+    assert fresh.verify().ok
+    assert not list((tmp_path / "store" / "tmp").iterdir())

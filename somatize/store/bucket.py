@@ -196,8 +196,9 @@ class BucketStore(PackedHome):
         self._hold_nothing(url)
         self._packs_seen = False
         """Whether the pack indexes were loaded once (see :meth:`_look_at_packs`)."""
-        self._logs: list[str] = []
-        self._merged: dict[tuple[str, str], float] = {}
+        self._merging: tuple[list[str], dict[tuple[str, str], float]] | None = None
+        """The ``used/`` logs a gc read, and the times merged from them, until it replaces
+        them with one log (a pair, so that one gc never removes logs another gc read)."""
         self._use_said = False
         """Whether a ``used/`` log that could not be written was said (once, at debug level)."""
 
@@ -350,8 +351,9 @@ class BucketStore(PackedHome):
                 self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
                 self.fs.mv(path, target)
         except BaseException as why:
-            if not self._atomic and self.fs.exists(path):
-                self.fs.rm(path)
+            if not self._atomic:
+                with contextlib.suppress(OSError):  # gone already, or tidied by a gc
+                    self._rm_one(path)
             if isinstance(why, FileNotFoundError):  # on an object store: no bucket
                 bucket = self._missing_bucket()
                 if bucket is not None:
@@ -717,10 +719,11 @@ class BucketStore(PackedHome):
             # A cache holds copies only: what was dropped goes too. Its tmp/ keeps a grace:
             # another process sharing the cache may be writing there now.
             collect(self.cache, 0, 0.0, abandoned_after=max(grace, _CACHE_WRITES_GRACE))
-        logs, self._logs = self._logs, []
-        if logs:
+        with self._lock:
+            merging, self._merging = self._merging, None
+        if merging is not None and merging[0]:
             # One log of the merged times replaces the many that were read.
-            merged = self._merged
+            logs, merged = merging
             self._used.update(
                 {
                     f"blake3:{n.rsplit('/', 1)[-1]}": t
@@ -732,7 +735,7 @@ class BucketStore(PackedHome):
                 {f"blake3:{n}": t for (s, n), t in merged.items() if s == "packs"}
             )
             self._write_use()  # written before the logs it replaces are removed
-            self._call("removing used/ logs", self.fs.rm, logs)
+            self._rm("removing used/ logs", logs)
 
     def _entries(self, section: str) -> list[Entry]:
         base = f"{self.root}/{section}/".lstrip("/")
@@ -747,9 +750,7 @@ class BucketStore(PackedHome):
         return {paths[p]: data for p, data in self._read_paths(list(paths)).items()}
 
     def _remove(self, section: str, names: list[str]) -> None:
-        if names:
-            paths = [self._path(section, name) for name in names]
-            self._call(f"removing from {section}", self.fs.rm, paths)
+        self._rm(f"removing from {section}", [self._path(section, name) for name in names])
 
     def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]:
         """Each file is read again and removed only if it still holds what was listed. A
@@ -762,9 +763,25 @@ class BucketStore(PackedHome):
         paths = {self._path(section, name): name for name in listed}
         now = self._read_paths(list(paths))
         same = [path for path, name in paths.items() if now.get(path) == listed[name]]
-        if same:
-            self._call(f"removing from {section}", self.fs.rm, same)
+        self._rm(f"removing from {section}", same)
         return {paths[path] for path in same}
+
+    def _rm(self, what: str, paths: list[str]) -> None:
+        """Removes ``paths``. One already gone (a gc in another thread or process removed
+        it meanwhile) is gone, as asked: not an error."""
+        if not paths:
+            return
+        try:
+            self._call(what, self.fs.rm, paths)
+        except _ABSENT:
+            for path in paths:  # some were gone; the rest one by one
+                with contextlib.suppress(*_ABSENT):
+                    self._call(what, self._rm_one, path)
+
+    def _rm_one(self, path: str) -> None:
+        """Removes the file at ``path``; FileNotFoundError if there is none."""
+        self.fs.invalidate_cache(path)
+        self.fs.rm_file(path)
 
     def _quarantine(self, section: str, name: str) -> bool:
         aside = self._path("quarantine", f"{section}/{name.replace('/', '_')}.{time.time_ns()}")
@@ -815,7 +832,6 @@ class BucketStore(PackedHome):
     def _uses(self) -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = {}
         listed = list(self._list("used"))
-        self._logs = listed
         for data in self._read_paths(listed).values():
             try:
                 log = json.loads(data or b"{}")
@@ -827,7 +843,8 @@ class BucketStore(PackedHome):
                     out[where] = max(out.get(where, 0.0), float(when))
             except (ValueError, TypeError, AttributeError):
                 continue  # a damaged log only loses recency, which is advice
-        self._merged = out
+        with self._lock:
+            self._merging = (listed, out)
         return out
 
     def _forget_all(self) -> None:

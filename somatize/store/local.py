@@ -734,6 +734,11 @@ class LocalStore(PackedHome):
                 with contextlib.suppress(OSError):
                     os.utime(aside)
                 unchanged = _read_file(aside) == was
+            except FileNotFoundError:
+                # A gc in another process with no grace removed it from tmp/ meanwhile:
+                # it is gone, as this one meant it to be.
+                gone.add(name)
+                continue
             except OSError:
                 unchanged = False  # it cannot be told: it is put back
             if unchanged:
@@ -757,6 +762,8 @@ class LocalStore(PackedHome):
             # the same key, so at worst an older answer, never a wrong one.
             try:
                 os.replace(aside, path)
+            except FileNotFoundError:
+                return  # removed from tmp/ meanwhile (a gc elsewhere, with no grace): gone
             except OSError as why:
                 raise StoreError(
                     f"could not put {what} back in {self.root} after finding it kept again "
