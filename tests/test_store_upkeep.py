@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -475,3 +476,86 @@ def test_a_record_set_aside_that_another_gc_removed_is_gone(
     assert fresh.have([key_of(1)]) == set()
     assert fresh.verify().ok
     assert not list((tmp_path / "store" / "tmp").iterdir())
+
+
+OWN_WRITES = [
+    (home, make, when)
+    for home, make in RACING
+    for when in ("written", "put", "packed")
+    if (home, when) != ("memory", "written")  # an object store writes no file in tmp/
+]
+
+
+@pytest.mark.parametrize(
+    ("make", "when"),
+    [(make, when) for _, make, when in OWN_WRITES],
+    ids=[f"{home}-{when}" for home, _, when in OWN_WRITES],
+)
+def test_gc_with_no_grace_leaves_the_writes_of_its_own_store_object(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Any, when: str
+) -> None:
+    """A gc with grace 0 run in one thread while another thread of the same store object
+    keeps an answer leaves that keep's writes alone: its file in tmp/ about to be renamed
+    (the keep raised StoreError), and its blob put but not yet referred to by the record
+    or pack index about to be published (the answer was kept, and missing)."""
+    store = make(tmp_path)
+    ran: list[str] = []
+
+    def collecting(real: Any) -> Any:
+        def hooked(*args: Any, **kwargs: Any) -> Any:
+            if not ran:
+                ran.append(when)
+                store.gc(grace=0)  # what another thread does at this instant
+            return real(*args, **kwargs)
+
+        return hooked
+
+    if when == "written" and isinstance(store, LocalStore):
+        monkeypatch.setattr(store, "_place", collecting(store._place))
+    elif when == "written":
+        monkeypatch.setattr(store.fs, "mv", collecting(store.fs.mv))  # type: ignore[attr-defined]
+    elif when == "put":
+        monkeypatch.setattr(store, "_publish_record", collecting(store._publish_record))  # type: ignore[attr-defined]
+    else:
+        monkeypatch.setattr(store, "_publish_index", collecting(store._publish_index))  # type: ignore[attr-defined]
+    items = [(key_of(1), b"an answer kept while gc ran")]
+    if when == "packed":
+        items.append((key_of(2), b"and another item"))
+        store.keep_many(items, "plain")
+    else:
+        store.keep(*items[0], "plain")
+    monkeypatch.undo()
+    assert ran == [when]
+    fresh = _reopen(store)
+    assert {key: bytes(fresh.recall(key)[1]) for key, _ in items} == dict(items)
+    assert fresh.verify().ok
+
+
+def test_a_keep_of_a_blob_its_gc_is_removing_waits_and_writes_it_afresh(
+    tmp_path: Path,
+) -> None:
+    """A keep in one thread whose blob a gc of the same store object, in another thread, is
+    removing at that instant waits until it is removed, then writes it afresh: the answer
+    kept has its blob."""
+    store = LocalStore(tmp_path / "store")
+    content = b"bytes put long ago, referred to by nothing"
+    os.utime(store.blob_path(store.put(content)), (time.time() - 3600,) * 2)
+    removing, kept = threading.Event(), threading.Event()
+    real = store._remove
+
+    def remove(section: str, names: list[str]) -> None:
+        if section == "blobs" and names:
+            removing.set()
+            kept.wait(0.5)  # a keep that does not wait for this removal is done by now
+        real(section, names)
+
+    store._remove = remove  # type: ignore[method-assign]
+    collector = threading.Thread(target=store.gc, kwargs={"grace": 0})
+    collector.start()
+    assert removing.wait(10)
+    store.keep(key_of(1), content, "plain")
+    kept.set()
+    collector.join(10)
+    fresh = LocalStore(tmp_path / "store")
+    assert fresh.have([key_of(1)]) == {key_of(1)}
+    assert bytes(fresh.recall(key_of(1))[1]) == content

@@ -28,16 +28,25 @@ are changed, and walked, only under one lock (``_lock``), never held while a fil
 read or written; they are read by single lookups, which need none. When answers were
 used is noted by single stores into a dict and drained item by item when it is
 written down, so a recall that finds its answer in memory takes no lock at all.
+
+**Writes in flight.** A store object knows its own writes while they are made: the
+files it writes in ``tmp/``, and the blob a ``keep`` puts until the record or index
+that refers to it is published. Its ``gc`` leaves them alone whatever its ``grace``
+(which is for the writes of other processes), and a ``keep`` that puts a blob its
+``gc`` is removing at that moment waits until it is gone, and writes it afresh.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import mmap
+import os
 import threading
 import time
+import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import blake3
@@ -120,22 +129,37 @@ class PackedHome(Store):
     """The sections the home keeps files in."""
 
     def __getstate__(self) -> dict[str, Any]:
-        # A copy (a pickled model holding the store, a deepcopy) gets a lock of its own.
+        # A copy (a pickled model holding the store, a deepcopy) gets a lock of its own,
+        # and has no writes in flight.
         state = dict(self.__dict__)
-        state.pop("_lock", None)
+        for name in ("_lock", "_swept", "_writing", "_claims", "_sweeping"):
+            state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.RLock()
+        self._in_flight_nothing()
 
-    def _hold_nothing(self, where: str) -> None:
-        """Starts with nothing held in memory; ``where`` names the store in messages."""
-        self._where = where
+    def _in_flight_nothing(self) -> None:
+        """Starts with a lock of its own, and no writes or removals in flight."""
         self._lock = threading.RLock()
         """Guards the tables that follow against threads sharing the store: taken for every
         change and every walk over them, never across a read or write of a file. (When
         answers were used needs none: see :meth:`_take_uses`.)"""
+        self._swept = threading.Condition(self._lock)
+        """Said when a gc of this object has removed the blobs it was removing."""
+        self._writing: set[str] = set()
+        """Names in ``tmp/`` of files this object is writing now: its gc leaves them."""
+        self._claims: dict[str, int] = {}
+        """Blob → how many keeps of this object put it and have yet to publish what refers
+        to it: its gc leaves it."""
+        self._sweeping: dict[str, int] = {}
+        """Blob → how many gcs of this object are removing it now: a put of it waits."""
+
+    def _hold_nothing(self, where: str) -> None:
+        """Starts with nothing held in memory; ``where`` names the store in messages."""
+        self._where = where
+        self._in_flight_nothing()
         self._records: OrderedDict[str, Answer] = OrderedDict()
         self._small: OrderedDict[str, bytes] = OrderedDict()
         self._small_bytes = 0
@@ -148,6 +172,11 @@ class PackedHome(Store):
         """Id of a pack with recalled items → when, likewise."""
 
     # -- what a home provides ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _put(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str:
+        """Keeps ``data`` as a blob; its digest. The digest is claimed (:meth:`_claim`, into
+        ``claims``) as soon as it is known, before the blob is looked for."""
 
     @abc.abstractmethod
     def _read_blob(self, digest: str, size: int | None, borrow: bool = False) -> memoryview:
@@ -241,7 +270,78 @@ class PackedHome(Store):
             taken.append(out)
         return taken[0], taken[1]
 
+    # -- writes in flight ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _in_tmp(self, suffix: str) -> Iterator[str]:
+        """A name for a file in ``tmp/`` that no other writer uses; a gc of this object
+        leaves the file alone until the block ends."""
+        name = f"{os.getpid()}-{uuid.uuid4().hex}{suffix}"
+        with self._lock:
+            self._writing.add(name)
+        try:
+            yield name
+        finally:
+            with self._lock:
+                self._writing.discard(name)
+
+    @contextlib.contextmanager
+    def _keeping(self) -> Iterator[list[str]]:
+        """The blobs claimed in the block (by :meth:`_put`), which a gc of this object
+        leaves alone until the block ends: a keep publishes what refers to them in it."""
+        claims: list[str] = []
+        try:
+            yield claims
+        finally:
+            if claims:
+                with self._lock:
+                    for digest in claims:
+                        left = self._claims[digest] - 1
+                        if left:
+                            self._claims[digest] = left
+                        else:
+                            del self._claims[digest]
+
+    def _claim(self, digest: str, claims: list[str]) -> None:
+        """Claims blob ``digest`` for a write of this object (released where ``claims`` was
+        made); waits while a gc of this object is removing it, so the put that follows
+        finds it gone and writes it afresh."""
+        with self._lock:
+            while digest in self._sweeping:
+                self._swept.wait()
+            self._claims[digest] = self._claims.get(digest, 0) + 1
+        claims.append(digest)
+
+    def _own_writes(self) -> set[str]:
+        """Names in ``tmp/`` of the files this object is writing now."""
+        with self._lock:
+            return set(self._writing)
+
+    @contextlib.contextmanager
+    def _removing_blobs(self, digests: set[str]) -> Iterator[set[str]]:
+        """Those of ``digests`` no write of this object has claimed: a gc removes them in the
+        block, and a put of one of them waits until it ends."""
+        with self._lock:
+            free = {digest for digest in digests if digest not in self._claims}
+            for digest in free:
+                self._sweeping[digest] = self._sweeping.get(digest, 0) + 1
+        try:
+            yield free
+        finally:
+            with self._lock:
+                for digest in free:
+                    left = self._sweeping[digest] - 1
+                    if left:
+                        self._sweeping[digest] = left
+                    else:
+                        del self._sweeping[digest]
+                self._swept.notify_all()
+
     # -- writing ------------------------------------------------------------------------------
+
+    def put(self, data: Buffer | Sequence[Buffer]) -> str:
+        with self._keeping() as claims:
+            return self._put(data, claims)
 
     def keep(
         self,
@@ -252,9 +352,10 @@ class PackedHome(Store):
     ) -> Answer:
         check_digest(key)
         pieces = pieces_of(data)
-        digest = self.put(pieces)
-        answer = self._record(key, digest, codec, nbytes(pieces), fingerprint)
-        self._publish_record(answer, encode_record(answer, self.signer))
+        with self._keeping() as claims:  # the blob is this keep's until its record is out
+            digest = self._put(pieces, claims)
+            answer = self._record(key, digest, codec, nbytes(pieces), fingerprint)
+            self._publish_record(answer, encode_record(answer, self.signer))
         self._supersede(answer)
         return answer
 

@@ -334,9 +334,15 @@ class BucketStore(PackedHome):
     def _write(self, path: str, pieces: Sequence[Buffer]) -> None:
         """Publishes ``pieces`` at ``path`` whole: an object store's upload does that by
         itself; a plain filesystem goes through ``tmp/`` and a rename."""
-        target = path
-        if not self._atomic:
-            path = self._path("tmp", f"{os.getpid()}-{uuid.uuid4().hex}.part")
+        if self._atomic:
+            self._upload(path, path, pieces)
+            return
+        with self._in_tmp(".part") as name:
+            self._upload(self._path("tmp", name), path, pieces)
+
+    def _upload(self, path: str, target: str, pieces: Sequence[Buffer]) -> None:
+        """Writes ``pieces`` at ``path``, then (on a plain filesystem, where ``path`` is in
+        ``tmp/``) renames it to ``target``."""
         size = nbytes(pieces)
 
         def upload() -> None:
@@ -467,9 +473,10 @@ class BucketStore(PackedHome):
 
     # -- writing ------------------------------------------------------------------------------
 
-    def put(self, data: Buffer | Sequence[Buffer]) -> str:
+    def _put(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str:
         pieces = pieces_of(data)
         digest = digest_of(pieces)
+        self._claim(digest, claims)
         size = nbytes(pieces)
         path = self._blob_path(digest)
         self.fs.invalidate_cache(path)

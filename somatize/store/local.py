@@ -42,7 +42,6 @@ import io
 import mmap
 import os
 import time
-import uuid
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -227,16 +226,17 @@ class LocalStore(PackedHome):
         """Writes ``pieces`` to ``target`` through ``tmp/`` and a rename; returns the new
         file's (inode, mtime)."""
         target = os.fspath(target)
-        temporary, stat = self._write_temporary(pieces, target)
-        self._place(temporary, target)
+        with self._in_tmp(".part") as name:
+            temporary = self._tmp + name
+            stat = self._write_temporary(pieces, target, temporary)
+            self._place(temporary, target)
         return stat.st_ino, stat.st_mtime_ns
 
     def _write_temporary(
-        self, pieces: Sequence[Buffer], target: str | None
-    ) -> tuple[str, os.stat_result]:
-        """Writes ``pieces`` to a new file in ``tmp/`` (fsynced when durable); its path and
-        stat. ``target`` names what it is for, in errors."""
-        temporary = f"{self._tmp}{os.getpid()}-{uuid.uuid4().hex}.part"
+        self, pieces: Sequence[Buffer], target: str | None, temporary: str
+    ) -> os.stat_result:
+        """Writes ``pieces`` to ``temporary``, a new file in ``tmp/`` (fsynced when durable);
+        its stat. ``target`` names what it is for, in errors."""
         try:
             with self._created(temporary) as out:
                 for piece in pieces:
@@ -244,7 +244,7 @@ class LocalStore(PackedHome):
                 out.flush()
                 if self.durable:
                     os.fsync(out.fileno())
-                return temporary, os.fstat(out.fileno())
+                return os.fstat(out.fileno())
         except OSError as why:
             raise self._unwritten(temporary, target, why) from why
 
@@ -312,33 +312,37 @@ class LocalStore(PackedHome):
         finally:
             os.close(handle)
 
-    def put(self, data: Buffer | Sequence[Buffer]) -> str:
+    def _put(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str:
         pieces = pieces_of(data)
         size = nbytes(pieces)
         if size >= _OVERLAP:
-            return self._put_large(pieces, size)
+            return self._put_large(pieces, size, claims)
         digest = digest_of(pieces)
+        self._claim(digest, claims)
         target = self._blob_file(digest)
         if self._already(target, size):
             return digest
         self._verified[digest] = self._publish(target, pieces)
         return digest
 
-    def _put_large(self, pieces: Sequence[Buffer], size: int) -> str:
+    def _put_large(self, pieces: Sequence[Buffer], size: int, claims: list[str]) -> str:
         """A large blob is hashed on another thread while its bytes are written to ``tmp/``,
         and renamed to its digest's name once both are done: the hash costs no time of its
         own. Only the write is wasted when the blob turns out to be here already."""
         hashing = _hashers().submit(digest_of, pieces)
-        try:
-            temporary, stat = self._write_temporary(pieces, None)
-        finally:
-            digest = hashing.result()
-        target = self._blob_file(digest)
-        if self._already(target, size):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
-            return digest
-        self._place(temporary, target)
+        with self._in_tmp(".part") as name:
+            temporary = self._tmp + name
+            try:
+                stat = self._write_temporary(pieces, None, temporary)
+            finally:
+                digest = hashing.result()
+            self._claim(digest, claims)
+            target = self._blob_file(digest)
+            if self._already(target, size):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary)
+                return digest
+            self._place(temporary, target)
         self._verified[digest] = (stat.st_ino, stat.st_mtime_ns)
         return digest
 
@@ -715,39 +719,43 @@ class LocalStore(PackedHome):
         gone: set[str] = set()
         if not listed:
             return gone
-        base = f"{self._section(section)}{os.sep}"
         try:
             os.makedirs(self._tmp, exist_ok=True)
         except OSError as why:
             raise self._unremoved(section, next(iter(listed)), why) from why
         for name, was in listed.items():
-            path = base + name
-            aside = f"{self._tmp}{os.getpid()}-{uuid.uuid4().hex}.dropped"
-            try:
-                os.rename(path, aside)
-            except FileNotFoundError:
-                continue  # removed meanwhile (a gc elsewhere)
-            except OSError as why:
-                raise self._unremoved(section, name, why) from why
-            try:
-                # Fresh in tmp/, where a gc elsewhere removes only what is old.
-                with contextlib.suppress(OSError):
-                    os.utime(aside)
-                unchanged = _read_file(aside) == was
-            except FileNotFoundError:
-                # A gc in another process with no grace removed it from tmp/ meanwhile:
-                # it is gone, as this one meant it to be.
-                gone.add(name)
-                continue
-            except OSError:
-                unchanged = False  # it cannot be told: it is put back
-            if unchanged:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(aside)
-                gone.add(name)
-            else:
-                self._put_back(aside, path, f"{section}/{name}")
+            with self._in_tmp(".dropped") as aside:
+                if self._drop_one(section, name, was, self._tmp + aside):
+                    gone.add(name)
         return gone
+
+    def _drop_one(self, section: str, name: str, was: bytes, aside: str) -> bool:
+        """Drops ``section/name`` if it holds ``was``, setting it ``aside`` (a path in
+        ``tmp/``) first, as :meth:`_drop` says; whether it is gone."""
+        path = f"{self._section(section)}{os.sep}{name}"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False  # removed meanwhile (a gc elsewhere)
+        except OSError as why:
+            raise self._unremoved(section, name, why) from why
+        try:
+            # Fresh in tmp/, where a gc elsewhere removes only what is old.
+            with contextlib.suppress(OSError):
+                os.utime(aside)
+            unchanged = _read_file(aside) == was
+        except FileNotFoundError:
+            # A gc in another process with no grace removed it from tmp/ meanwhile: it is
+            # gone, as this one meant it to be.
+            return True
+        except OSError:
+            unchanged = False  # it cannot be told: it is put back
+        if unchanged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(aside)
+            return True
+        self._put_back(aside, path, f"{section}/{name}")
+        return False
 
     def _put_back(self, aside: str, path: str, what: str) -> None:
         """Puts a file :meth:`_drop` set aside back at ``path``, unless one was published

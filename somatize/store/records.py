@@ -42,6 +42,7 @@ import os
 import struct
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -382,7 +383,9 @@ class _Packing(Protocol):
 
     signer: Signer | None
 
-    def put(self, data: Buffer | Sequence[Buffer]) -> str: ...
+    def _keeping(self) -> AbstractContextManager[list[str]]: ...
+
+    def _put(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str: ...
 
     def keep(
         self, key: str, data: Buffer | Sequence[Buffer], codec: str, fingerprint: str | None = None
@@ -427,13 +430,14 @@ def keep_packed(
                 entries.append((key, offset, size))
                 joined.extend(parts)
                 offset += size
-            blob = home.put(joined)
-            created = time.time()
-            pack_id, index = encode_pack(
-                blob, offset, codec, fingerprint, created, entries, home.signer
-            )
-            table = {key: (start, size) for key, start, size in entries}
-            pack = PackIndex(pack_id, blob, offset, codec, fingerprint, created, table)
-            home._publish_index(pack, index)
+            with home._keeping() as claims:  # the blob is this keep's until its index is out
+                blob = home._put(joined, claims)
+                created = time.time()
+                pack_id, index = encode_pack(
+                    blob, offset, codec, fingerprint, created, entries, home.signer
+                )
+                table = {key: (start, size) for key, start, size in entries}
+                pack = PackIndex(pack_id, blob, offset, codec, fingerprint, created, table)
+                home._publish_index(pack, index)
             out.update((key, pack.answer(key)) for key in table)
     return [out[key] for key, _ in items]

@@ -12,10 +12,11 @@ were kept together and are used together). When a unit was last used is the
 later of its file's time and what the home remembers (a local store touches the
 file's time in batches; a bucket cannot, so it writes small ``used/`` logs).
 Names pin what they point at and are never collected. A blob nothing refers to
-is removed only once it is older than ``grace`` seconds, because a writer may
-have put it a moment ago and be about to publish the record that refers to it;
-and the store is looked at again just before, so a blob a writer put again (or
-referred to) while the collection ran is spared — on a bucket, where a put of a
+is removed only once it is older than ``grace`` seconds, because a writer elsewhere
+may have put it a moment ago and be about to publish the record that refers to it
+(the writes of the store object collecting are known to it, and left alone whatever
+the grace); and the store is looked at again just before, so a blob a writer put
+again (or referred to) while the collection ran is spared — on a bucket, where a put of a
 blob already there cannot touch it, only once its record is published. A file in
 ``blobs/`` named by no digest (a ``.DS_Store``, an NFS ``.nfs…`` file) is no blob:
 nothing can refer to it, so it goes as an unreferenced blob does, and checking lists
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -120,6 +122,10 @@ class Shelf(Protocol):
     def _uses(self) -> dict[tuple[str, str], float]: ...
 
     def _forget_all(self) -> None: ...
+
+    def _own_writes(self) -> set[str]: ...
+
+    def _removing_blobs(self, digests: set[str]) -> AbstractContextManager[set[str]]: ...
 
 
 def _digest_of(name: str) -> str:
@@ -358,11 +364,17 @@ def collect(
             and e.name in again
             and now - again[e.name].mtime >= grace
         ]
-    shelf._remove("blobs", [e.name for e in sweep])
+    # Never a blob a keep of this store object is putting now, whatever the grace; one
+    # put by another thread of it from now on waits until this removal is done.
+    with shelf._removing_blobs({_digest_of(e.name) for e in sweep}) as free:
+        sweep = [e for e in sweep if _digest_of(e.name) in free]
+        shelf._remove("blobs", [e.name for e in sweep])
     out.blobs = len(sweep)
     out.freed += sum(e.size for e in sweep)
     tmp_grace = grace if abandoned_after is None else abandoned_after
-    stale = [e for e in shelf._entries("tmp") if now - e.mtime >= tmp_grace]
+    writes = shelf._entries("tmp")
+    own = shelf._own_writes()  # after the listing: every write it lists was noted before
+    stale = [e for e in writes if now - e.mtime >= tmp_grace and e.name not in own]
     shelf._remove("tmp", [e.name for e in stale])
     out.abandoned = len(stale)
     out.freed += sum(e.size for e in stale)
