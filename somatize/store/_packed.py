@@ -14,7 +14,11 @@ or packed in two packs. Whatever the order a listing gives, the answer created
 last is the one served: of two packs the newer one (by ``created``, then id), and
 between a pack and a record the newer of the two — a record read supersedes an
 older pack's entry, and packs adopted are checked against the records of their
-keys (:meth:`PackedHome._records_among`, one listing, never a read per item).
+keys (:meth:`PackedHome._records_among`, one listing, never a read per item). That
+is what a store opened afresh finds; an object answers a key it already holds from
+memory, without looking again (a recall stays a lookup and a read), so an answer
+kept later by another object or process reaches it only once it lets go of what it
+holds (its gc, a miss that lists ``packs/`` again, the record pushed out of memory).
 
 What a read hands out is the caller's own memory (a held blob as a copy), so a
 recalled value written in place changes no later recall. :class:`PackedHome` holds
