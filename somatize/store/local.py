@@ -261,14 +261,15 @@ class LocalStore(PackedHome):
         """An empty file is made in ``tmp/`` (and ``tmp/`` first where it is missing) and
         removed: False if that is refused as on a read-only disk (:data:`_READ_ONLY`);
         another failure (no inode left) says nothing of what later writes may do."""
-        probe = f"{self._tmp}{os.getpid()}-{uuid.uuid4().hex}.part"
-        try:
-            with self._created(probe):
-                pass
-        except OSError as why:
-            return why.errno not in _READ_ONLY
-        with contextlib.suppress(OSError):
-            os.unlink(probe)
+        with self._in_tmp(".part") as name:
+            probe = self._tmp + name
+            try:
+                with self._created(probe):
+                    pass
+            except OSError as why:
+                return why.errno not in _READ_ONLY
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
         return True
 
     def _place(self, temporary: str, target: str) -> None:
