@@ -58,10 +58,37 @@ def listing(graph: Graph) -> str:
     return "\n".join(lines)
 
 
+def _check_record(graph: Graph, record: object) -> None:
+    """Refuse what is no record of ``graph``: another object, or the record of a graph
+    with nodes this one does not have (its colours would be another run's)."""
+    from somatize._record import Record
+
+    if not isinstance(record, Record):
+        raise TypeError(
+            f"g.figure(record) takes a Record (g.record, after a forward) or None, "
+            f"not {type(record).__name__} {record!r}"
+        )
+    named = {fact[key] for fact in record.facts for key in ("node", "from") if key in fact}
+    strangers = sorted(name for name in named if name not in graph)
+    if strangers:
+        raise ValueError(
+            f"this record speaks of node(s) {strangers} that this graph does not have: "
+            "it is the record of another graph; draw that graph with it, or this one with "
+            "its own record (g.record)"
+        )
+
+
 def figure_of(graph: Graph, record: Record | None = None) -> Figure:
-    """The figure of ``graph``, coloured by ``record`` when one is given."""
+    """The figure of ``graph``, coloured by ``record`` when one is given.
+
+    ``record`` must be a record of this graph (from any of its forwards): anything else
+    is a ``TypeError``, and a record naming nodes the graph does not have a
+    ``ValueError``.
+    """
     from somatize.figure import Arrow, Box, Figure
 
+    if record is not None:
+        _check_record(graph, record)
     memory = graph.memory
     boxes = []
     for name in graph.nodes():

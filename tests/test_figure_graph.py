@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from somatize import Graph, Store
-from tests.nodes import Echo, Largest, Rows, Scale
+from somatize import Graph, NodeFailed, Store
+from tests.nodes import Echo, Fails, Largest, Rows, Scale
 
 
 def _seed_graph() -> Graph:
@@ -83,3 +83,31 @@ def test_png_export(tmp_path: Path) -> None:
     g.figure().save(tmp_path / "g.svg")
     assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ET.parse(tmp_path / "g.svg")
+
+
+def test_figure_refuses_what_is_no_record() -> None:
+    """g.figure(x) with x neither a Record nor None is a TypeError naming what it takes."""
+    g = Graph.somatize(Rows().named("rows") >> Largest().named("top"))
+    with pytest.raises(TypeError, match=r"takes a Record.*not int"):
+        g.figure(123)  # type: ignore[arg-type]
+
+
+def test_figure_refuses_the_record_of_another_graph() -> None:
+    """A record naming nodes this graph lacks is refused, the strangers named; this graph's
+    records, from any of its forwards and with nodes left without outcome, are drawn."""
+    g = Graph.somatize(Rows().named("rows") >> Scale().named("clean") >> Largest().named("top"))
+    h = Graph.somatize(Rows().named("other") >> Scale().named("clean") >> Largest().named("widest"))
+    h.forward({"at": 0, "take": 3})
+    assert h.record is not None
+    with pytest.raises(ValueError, match=r"\['other', 'widest'\].*another graph"):
+        g.figure(h.record)
+    g.forward({"at": 0, "take": 3})
+    earlier = g.record
+    g.forward({"at": 0, "take": 4})
+    assert earlier is not None and earlier is not g.record
+    ET.fromstring(g.figure(earlier).svg())
+    broken = Graph.somatize(Rows().named("rows") >> Fails().named("boom") >> Largest().named("top"))
+    with pytest.raises(NodeFailed):
+        broken.forward({"at": 0, "take": 3})
+    assert broken.record is not None and "top" not in broken.record.outcome
+    ET.fromstring(broken.figure(broken.record).svg())
