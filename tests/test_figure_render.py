@@ -459,3 +459,19 @@ def test_svg_is_deterministic_and_ids_are_per_figure() -> None:
     other = Figure([Box("z", "Z")], []).svg()
     ids = {m.get("id") for m in parse(one).iter(f"{SVG}marker")}
     assert ids.isdisjoint({m.get("id") for m in parse(other).iter(f"{SVG}marker")})
+
+
+def test_png_scale_is_checked_and_every_accepted_scale_draws() -> None:
+    """png(scale) takes a number from 0.05 to 10 and draws at each, the smallest included;
+    another number is a ValueError and anything else a TypeError, each naming the range."""
+    pytest.importorskip("PIL")
+    fig = Figure(sms_boxes(after_run=True), sms_arrows(crossed=19_300_000), title="sms")
+    for scale in (0.05, 0.07, 0.1, 0.12, 0.15, 0.2, 0.33, 1, 4):
+        assert fig.png(scale)[:4] == b"\x89PNG"
+    assert Figure([Box("a", "A")], []).png(10)[:4] == b"\x89PNG"
+    for bad in (0, -1, 0.01, 10.5, float("nan"), float("inf"), 1e300):
+        with pytest.raises(ValueError, match=r"from 0\.05 to 10\.0"):
+            fig.png(bad)
+    for wrong in ("2", True, None, [2]):
+        with pytest.raises(TypeError, match=r"number from 0\.05 to 10\.0"):
+            fig.png(wrong)  # type: ignore[arg-type]

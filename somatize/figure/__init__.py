@@ -21,7 +21,7 @@ from pathlib import Path
 from .layout import _arrange as _arrange
 from .layout import layout
 from .model import MARKS, OUTCOMES, Arrow, Box
-from .png import _render_png
+from .png import _check_scale, _render_png
 from .svg import _render_svg
 
 __all__ = ["MARKS", "OUTCOMES", "Arrow", "Box", "Figure", "layout"]
@@ -69,8 +69,13 @@ class Figure:
         return _render_svg(self._arrangement, self._uid)
 
     def png(self, scale: float = 2.0) -> bytes:
-        """The drawing as PNG bytes, ``scale`` pixels per CSS pixel; needs Pillow."""
-        return _render_png(self._arrangement, scale)
+        """The drawing as PNG bytes, ``scale`` pixels per CSS pixel; needs Pillow.
+
+        ``scale`` is a number from 0.05 to 10: another number is a
+        ``ValueError``, anything else a ``TypeError``.
+        """
+        _check_scale(scale)
+        return _render_png(self._arrangement, float(scale))
 
     def _repr_svg_(self) -> str:
         return self.svg()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import io
 import itertools
 import math
+import numbers
 import unicodedata
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +63,24 @@ _PIL_MISSING = (
     "PNG output needs Pillow: pip install pillow "
     "(or install the extra: pip install 'somatize[figure]')"
 )
+
+
+#: The scales a PNG may be drawn at, in pixels per CSS pixel: from a thumbnail to print.
+_SCALES = (0.05, 10.0)
+
+
+def _check_scale(scale: object) -> None:
+    """Refuse a scale that is no number, or one outside ``_SCALES``."""
+    low, high = _SCALES
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(
+            f"scale must be a number from {low} to {high} (pixels per CSS pixel), "
+            f"not {type(scale).__name__} {scale!r}"
+        )
+    if not low <= float(scale) <= high:  # NaN fails this too
+        raise ValueError(
+            f"scale must be from {low} to {high} (pixels per CSS pixel), not {scale!r}"
+        )
 
 
 @lru_cache(maxsize=64)
@@ -115,6 +135,26 @@ def _simplify(pts: list[Point], tolerance: float = 0.25) -> list[Point]:
     return out
 
 
+def _frame(x0: float, y0: float, x1: float, y1: float) -> tuple[float, float, float, float]:
+    """A rectangle's corners, its far side pulled back no further than its near one: at a
+    small scale a thin frame, drawn one pixel in from its edge, would otherwise turn over."""
+    return (x0, y0, max(x0, x1), max(y0, y1))
+
+
+def _rounded_rectangle(
+    draw: ImageDraw.ImageDraw, box: Sequence[float], radius: float, **style: Any
+) -> None:
+    """Pillow's rounded rectangle in the frame ``box``, made safe by :func:`_frame`; a few
+    pixels small it is drawn square, as its corners would not show (and Pillow's pieces of
+    them, each a pixel or two, can turn over and be refused)."""
+    x0, y0, x1, y1 = _frame(*box)
+    if min(round(x1) - round(x0), round(y1) - round(y0)) < 8:
+        style.pop("corners", None)
+        draw.rectangle((x0, y0, x1, y1), **style)
+    else:
+        draw.rounded_rectangle((x0, y0, x1, y1), radius=radius, **style)
+
+
 def _rounded_outline(x0: float, y0: float, x1: float, y1: float, r: float) -> list[Point]:
     """Points round the border of a rounded rectangle, clockwise from the top-left."""
     pts: list[Point] = []
@@ -164,8 +204,7 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
         from PIL import Image, ImageDraw, ImageFont
     except ImportError as err:
         raise ImportError(_PIL_MISSING) from err
-    if not scale > 0:
-        raise ValueError(f"scale must be positive, not {scale!r}")
+    _check_scale(scale)
     final = (max(1, round(arr.width * scale)), max(1, round(arr.height * scale)))
     ss = 2 if final[0] * final[1] <= 6_000_000 else 1  # draw larger, then shrink: smooth edges
     k = scale * ss
@@ -209,8 +248,11 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
             draw.text((left, y * k - 11), s, fill=fill, font=font)
 
     def badge(s: str, fill: str, ink: str, x: float, y: float, w: float) -> None:
-        draw.rounded_rectangle(
-            [x * k, y * k, (x + w) * k, (y + _BADGE_H) * k], radius=_BADGE_H / 2 * k, fill=fill
+        _rounded_rectangle(
+            draw,
+            [x * k, y * k, (x + w) * k, (y + _BADGE_H) * k],
+            radius=_BADGE_H / 2 * k,
+            fill=fill,
         )
         text(x + w / 2, y + 11.5, s, _BADGE_SIZE, ink, anchor="ms", max_w=w - 4)
 
@@ -225,14 +267,13 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
         dashed: bool = False,
         width: float = 1.0,
     ) -> None:
-        box = [x * k, y * k, (x + w) * k - 1, (y + h) * k - 1]
+        box = _frame(x * k, y * k, (x + w) * k - 1, (y + h) * k - 1)
         if dashed:
             if fill is not None:
-                draw.rounded_rectangle(box, radius=r * k, fill=fill)
-            pts = _rounded_outline(x * k, y * k, (x + w) * k - 1, (y + h) * k - 1, r * k)
-            _dashed(draw, pts, 4 * k, 3 * k, stroke, px(width))
+                _rounded_rectangle(draw, box, radius=r * k, fill=fill)
+            _dashed(draw, _rounded_outline(*box, r * k), 4 * k, 3 * k, stroke, px(width))
         else:
-            draw.rounded_rectangle(box, radius=r * k, fill=fill, outline=stroke, width=px(width))
+            _rounded_rectangle(draw, box, radius=r * k, fill=fill, outline=stroke, width=px(width))
 
     def arrowhead(at: Point, colour: str, half: float) -> None:
         x, y = at
@@ -258,7 +299,8 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
         if r.label is not None and r.label_at is not None:
             w = _text_width(r.label, _BADGE_SIZE) + 2 * _BADGE_PAD
             x, y = r.label_at[0] - w / 2, r.label_at[1] - _BADGE_H / 2
-            draw.rounded_rectangle(
+            _rounded_rectangle(
+                draw,
                 [x * k, y * k, (x + w) * k, (y + _BADGE_H) * k],
                 radius=_BADGE_H / 2 * k,
                 fill=_BG,
@@ -311,8 +353,9 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
                     sdash = item.outcome == "spared"
                 rounded(sx, sy, sw, sh, 4, sfill, sstroke, sdash)
                 if item.kind == "frozen":
-                    draw.rounded_rectangle(
-                        [sx * k, sy * k, (sx + 4) * k, (sy + sh) * k - 1],
+                    _rounded_rectangle(
+                        draw,
+                        _frame(sx * k, sy * k, (sx + 4) * k, (sy + sh) * k - 1),
                         radius=2 * k,
                         fill=_FROZEN,
                         corners=(True, False, False, True),
