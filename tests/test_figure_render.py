@@ -374,7 +374,6 @@ def test_png_export() -> None:
         assert abs(image.size[0] / image.size[1] - width / height) < 0.01
         colours = image.convert("RGB").getcolors(1 << 24)
         assert colours is not None and len(colours) > 10  # not a blank canvas
-    assert fig._repr_png_() is not None
 
 
 def test_png_of_a_random_dag() -> None:
@@ -394,7 +393,7 @@ def test_png_of_a_random_dag() -> None:
 
 
 def test_png_without_pillow_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without Pillow, png() names the install command and _repr_png_ steps aside."""
+    """Without Pillow, png() names the install command and a notebook still shows the SVG."""
     import builtins
 
     real_import = builtins.__import__
@@ -408,8 +407,7 @@ def test_png_without_pillow_says_how_to_install_it(monkeypatch: pytest.MonkeyPat
     fig = Figure(sms_boxes(), sms_arrows())
     with pytest.raises(ImportError, match=r"pip install pillow.*somatize\[figure\]"):
         fig.png()
-    assert fig._repr_png_() is None
-    assert fig._repr_svg_().startswith("<svg")
+    assert fig._repr_mimebundle_()["image/svg+xml"].startswith("<svg")
 
 
 def test_module_imports_only_the_standard_library() -> None:
@@ -475,3 +473,23 @@ def test_png_scale_is_checked_and_every_accepted_scale_draws() -> None:
     for wrong in ("2", True, None, [2]):
         with pytest.raises(TypeError, match=r"number from 0\.05 to 10\.0"):
             fig.png(wrong)  # type: ignore[arg-type]
+
+
+def test_a_notebook_draws_the_svg_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shown in a notebook, which asks for every _repr_*_ a figure has, a figure draws its
+    SVG (with a line of text) and never its PNG, which stays one png() away."""
+
+    def no_png(self: Figure, scale: float = 2.0) -> bytes:
+        raise AssertionError("the PNG was drawn")
+
+    fig = Figure(sms_boxes(after_run=True), sms_arrows(crossed=10))
+    with monkeypatch.context() as patched:
+        patched.setattr(Figure, "png", no_png)
+        shown = {name: getattr(fig, name)() for name in dir(fig) if name.startswith("_repr_")}
+    bundle = shown["_repr_mimebundle_"]
+    assert set(bundle) == {"image/svg+xml", "text/plain"}
+    assert bundle["image/svg+xml"] == fig.svg() and bundle["text/plain"] == repr(fig)
+    assert fig._repr_mimebundle_(include={"text/plain"}) == {"text/plain": repr(fig)}
+    assert fig._repr_mimebundle_(exclude={"image/svg+xml"}) == {"text/plain": repr(fig)}
+    if importlib.util.find_spec("PIL") is not None:
+        assert fig.png()[:4] == b"\x89PNG"

@@ -7,15 +7,15 @@ them as hand-written SVG, or as PNG through Pillow when it is installed::
     fig = Figure([Box("sms", "Parquet"), Box("clean", "Clean")], [Arrow("sms", "clean")])
     fig.save("graph.svg")
 
-In Jupyter a figure shows itself (``_repr_svg_``). Only the standard library is imported
-here; Pillow is imported when a PNG is asked for.
+In Jupyter a figure shows itself as SVG (``_repr_mimebundle_``). Only the standard
+library is imported here; Pillow is imported when a PNG is asked for, and only then.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from pathlib import Path
 
 from .layout import _arrange as _arrange
@@ -77,15 +77,22 @@ class Figure:
         _check_scale(scale)
         return _render_png(self._arrangement, float(scale))
 
+    def _repr_mimebundle_(
+        self, include: Container[str] | None = None, exclude: Container[str] | None = None
+    ) -> dict[str, str]:
+        """What a notebook shows: the SVG, with a line of text for a plain console.
+
+        IPython draws every format an object offers each time it is shown, so a figure
+        offers one: the PNG, slow on a large graph, is drawn only when asked (``png()``).
+        """
+        bundle: dict[str, str] = {}
+        for mime, draw in (("image/svg+xml", self.svg), ("text/plain", self.__repr__)):
+            if (include is None or mime in include) and (exclude is None or mime not in exclude):
+                bundle[mime] = draw()
+        return bundle
+
     def _repr_svg_(self) -> str:
         return self.svg()
-
-    def _repr_png_(self) -> bytes | None:
-        try:
-            import PIL  # noqa: F401
-        except ImportError:
-            return None
-        return self.png()
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the drawing to ``path``: SVG or PNG, chosen by the suffix."""

@@ -4,6 +4,11 @@ Pillow is optional, so it is imported only when a PNG is asked for, and a missin
 Pillow says how to install it. Unless the image is very large it is drawn at twice
 the size and shrunk, which smooths its edges; text is spelled with the characters
 Pillow's built-in font can draw.
+
+Drawing takes time in proportion to the ink and the pixels: a graph of ``n`` boxes is
+about ``n`` rows tall, and a fan-out of ``n`` edges holds edges about as long, so a PNG of
+a wide fan-out grows with the square of it. That is why a notebook is shown the SVG only
+(see ``Figure._repr_mimebundle_``).
 """
 
 from __future__ import annotations
@@ -367,5 +372,7 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
     if ss != 1:
         img = img.resize(final, Image.Resampling.LANCZOS)
     buf = io.BytesIO()
-    img.save(buf, format="PNG", compress_level=3)
+    # a large image (drawn as is) is mostly white: the fastest zlib level packs it about as
+    # well, in two thirds of the time
+    img.save(buf, format="PNG", compress_level=3 if ss != 1 else 1)
     return buf.getvalue()
