@@ -12,8 +12,8 @@ read; the engine that emits them is the loop behind. They are re-exported by
                                                version of the code it depends on
 
 A record holds nothing but the facts, in order; each node's outcome, how long it took
-and what crossed to a worker are read from them when asked, so what a record says and
-what ``watching`` saw cannot disagree.
+and what crossed to or from a worker are read from them when asked, so what a record
+says and what ``watching`` saw cannot disagree.
 """
 
 from __future__ import annotations
@@ -74,7 +74,12 @@ class Record:
 
     @property
     def crossed(self) -> dict[tuple[str, str], int]:
-        """(source, target) → bytes, for values that crossed to a worker."""
+        """(source, target) → the bytes ``source``'s value crossed between this process and a
+        worker on its way to ``target``, both ways added up: out to the worker ``target``
+        runs on (``"way": "out"``) and back from the worker ``source`` ran on (``"back"``).
+        An edge between two nodes of one network worker counts both, as the value comes
+        back and goes out again. A node's state (``"state"``), the graph's input and an
+        output no node reads cross on no edge and are left out."""
         out: dict[tuple[str, str], int] = {}
         for fact in self.facts:
             if fact["fact"] == "crossed" and "from" in fact:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from somatize import Graph, NodeFailed, Store
+from somatize import Broker, Graph, NodeFailed, Store, Worker
+from somatize.figure import Figure
+from somatize.figure.style import _human_bytes
 from tests.nodes import Echo, Fails, Largest, Rows, Scale
 
 
@@ -111,3 +113,39 @@ def test_figure_refuses_the_record_of_another_graph() -> None:
         broken.forward({"at": 0, "take": 3})
     assert broken.record is not None and "top" not in broken.record.outcome
     ET.fromstring(broken.figure(broken.record).svg())
+
+
+def _edge_labels(fig: Figure) -> dict[tuple[str, str], str | None]:
+    """The label drawn on each edge of a figure, by (source, target)."""
+    return {(r.arrow.source, r.arrow.target): r.label for r in fig._arrangement.routes}
+
+
+def test_edge_labels_and_legend_say_bytes_crossed_both_ways() -> None:
+    """Edges are labelled with the bytes their value crossed to or from a worker (the
+    record's `crossed`), and the legend says so: in `rows >> s@w1 >> t@w1 >> here` the edge
+    into the worker shows what was sent, the one out of it what came back, and the one
+    between its two nodes both."""
+    g = Graph.somatize(
+        Rows().named("rows")
+        >> Scale().named("s").at("w1")
+        >> Scale(3.0).named("t").at("w1")
+        >> Largest().named("here")
+    )
+    g.forward(
+        {"at": 0, "take": 100}, broker=Broker.embedded({"w1": Worker.generic(mode="network")})
+    )
+    assert g.record is not None
+    ways: dict[tuple[str, str], dict[str, int]] = {}
+    for fact in g.record.facts:
+        if fact["fact"] == "crossed" and "from" in fact:
+            ways.setdefault((fact["from"], fact["node"]), {})[fact["way"]] = fact["bytes"]
+    assert {edge: sorted(way) for edge, way in ways.items()} == {
+        ("rows", "s"): ["out"],
+        ("s", "t"): ["back", "out"],
+        ("t", "here"): ["back"],
+    }
+    assert g.record.crossed == {edge: sum(way.values()) for edge, way in ways.items()}
+    fig = g.figure(g.record)
+    assert _edge_labels(fig) == {e: _human_bytes(n) for e, n in g.record.crossed.items()}
+    legend = [item.text for item in fig._arrangement.legend if item.kind == "crossed"]
+    assert legend == ["bytes to or from a worker"]

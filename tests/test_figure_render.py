@@ -223,7 +223,8 @@ def test_run_time_is_human(took_us: int, shown: str) -> None:
 
 
 def test_crossed_bytes_thicken_the_edge_and_are_labelled() -> None:
-    """An edge whose value crossed to a worker is drawn thicker with a human byte count."""
+    """An edge whose value crossed to or from a worker is drawn thicker with a human byte
+    count."""
     root = parse(Figure(sms_boxes(after_run=True), sms_arrows(crossed=19_300_000)).svg())
     assert "19.3 MB" in all_text(root)
     widths = sorted(
@@ -232,7 +233,7 @@ def test_crossed_bytes_thicken_the_edge_and_are_labelled() -> None:
         if p.get("class") == "edge"
     )
     assert len(widths) == 3 and widths[-1] > widths[0]
-    assert "bytes sent to a worker" in legend_text(root)
+    assert "bytes to or from a worker" in legend_text(root)
 
 
 def test_edges_have_arrowheads() -> None:

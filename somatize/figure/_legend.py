@@ -2,10 +2,10 @@
 
 A row appears only for what the figure uses, so a plain graph has no legend: under one
 caption the memory marks its boxes carry, under another, once it shows a run, every
-outcome, and the bytes sent to a worker if any were. Items flow left to right and wrap
-at the figure's width. Each item's width is measured here, from the same text widths as
-the boxes, so that the figure can be widened to hold the legend and both renderers draw
-it alike.
+outcome, and the bytes that crossed to or from a worker if any did. Items flow left to
+right and wrap at the figure's width. Each item's width is measured here, from the same
+text widths as the boxes, so that the figure can be widened to hold the legend and both
+renderers draw it alike.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _legend(
     if any(b.outcome is not None for b in boxes):
         run.extend(("outcome", o) for o in OUTCOMES)
     if any(a.crossed_bytes is not None for a in arrows):
-        run.append(("crossed", "bytes sent to a worker"))
+        run.append(("crossed", "bytes to or from a worker"))
     items: list[_LegendItem] = []
     y = top + 14 + _LEGEND_ROW / 2
     limit = width - _MARGIN

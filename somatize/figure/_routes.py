@@ -5,9 +5,9 @@ left side, so every edge reads left to right. Across the gap between two columns
 an S-curve; through a column it skips (an edge longer than one column) it runs straight
 along its dummy node, beside the boxes placed there, never through them. Edges meeting
 one side of a box are spread over ports in the order of where their other ends sit, so
-that they do not cross at the box. A label of the bytes sent to a worker goes on a curve
-between columns, out of the boxes' way, and clear of the labels placed before it; where
-it is crowded it steps down until it is clear.
+that they do not cross at the box. A label of the bytes the edge's value crossed to or
+from a worker goes on a curve between columns, out of the boxes' way, and clear of the
+labels placed before it; where it is crowded it steps down until it is clear.
 """
 
 from __future__ import annotations
