@@ -7,6 +7,7 @@ so what is shown is what will happen, not a separate description of it.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -116,13 +117,12 @@ def figure_of(graph: Graph, record: Record | None = None) -> Figure:
                 group=getattr(node, "figure_group", None),
             )
         )
+    crossed = record.crossed if record is not None else {}
     arrows = [
-        Arrow(
-            source=pred,
-            target=name,
-            crossed_bytes=record.crossed.get((pred, name)) if record is not None else None,
-        )
+        # one arrow per edge, however many times its reader reads it: the record's bytes
+        # for the edge are already those of every read
+        Arrow(source=pred, target=name, crossed_bytes=crossed.get((pred, name)), reads=reads)
         for name in graph.nodes()
-        for pred in graph.predecessors(name)
+        for pred, reads in Counter(graph.predecessors(name)).items()
     ]
     return Figure(boxes, arrows)

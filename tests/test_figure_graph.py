@@ -10,8 +10,8 @@ import pytest
 
 from somatize import Broker, Graph, NodeFailed, Store, Worker
 from somatize.figure import Figure
-from somatize.figure.style import _human_bytes
-from tests.nodes import Echo, Fails, Largest, Rows, Scale
+from somatize.figure.style import _BADGE_H, _human_bytes
+from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
 
 
 def _seed_graph() -> Graph:
@@ -149,3 +149,24 @@ def test_edge_labels_and_legend_say_bytes_crossed_both_ways() -> None:
     assert _edge_labels(fig) == {e: _human_bytes(n) for e, n in g.record.crossed.items()}
     legend = [item.text for item in fig._arrangement.legend if item.kind == "crossed"]
     assert legend == ["bytes to or from a worker"]
+
+
+@pytest.mark.parametrize("reads", [2, 6])
+def test_a_value_read_many_times_is_one_arrow_with_its_total(reads: int) -> None:
+    """A node reading one value several times on a worker is drawn with one arrow from it,
+    marked with how many times it is read and labelled with the bytes of all the reads,
+    above the legend."""
+    rows = Rows().named("rows")
+    g = Graph.somatize(tuple([rows] * reads) >> Add().named("sum").at("w1"))
+    g.forward(
+        {"at": 0, "take": 100}, broker=Broker.embedded({"w1": Worker.generic(mode="network")})
+    )
+    assert g.record is not None
+    sent = [f["bytes"] for f in g.record.facts if f["fact"] == "crossed" and "from" in f]
+    assert len(sent) == reads and g.record.crossed == {("rows", "sum"): sum(sent)}
+    fig = g.figure(g.record)
+    assert _edge_labels(fig) == {("rows", "sum"): f"×{reads} · {_human_bytes(sum(sent))}"}
+    (route,) = fig._arrangement.routes
+    assert route.label_at is not None and fig._arrangement.legend_top is not None
+    assert route.label_at[1] + _BADGE_H / 2 < fig._arrangement.legend_top
+    assert route.start[1] == route.label_at[1]  # on its edge, which runs straight here

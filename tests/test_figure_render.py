@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from somatize.figure import Arrow, Box, Figure, _arrange, layout
+from somatize.figure.style import _BADGE_H, _BADGE_PAD, _BADGE_SIZE, _text_width
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -494,3 +495,45 @@ def test_a_notebook_draws_the_svg_only(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fig._repr_mimebundle_(exclude={"image/svg+xml"}) == {"text/plain": repr(fig)}
     if importlib.util.find_spec("PIL") is not None:
         assert fig.png()[:4] == b"\x89PNG"
+
+
+def test_arrows_with_the_same_ends_are_drawn_once() -> None:
+    """Arrows with the same ends are one edge: one route, their reads and bytes added up,
+    its label on the edge and above the legend however many arrows were given."""
+    boxes = [Box("rows", "Rows"), Box("pair", "Pair", worker="w1")]
+    arrangement = _arrange(boxes, [Arrow("rows", "pair", 909)] * 6, None)
+    (route,) = arrangement.routes
+    assert route.arrow == Arrow("rows", "pair", 6 * 909, reads=6)
+    assert route.label == "×6 · 5.5 kB"
+    assert route.label_at is not None and arrangement.legend_top is not None
+    assert route.label_at[1] + _BADGE_H / 2 < arrangement.legend_top
+    once = _arrange(boxes, [Arrow("rows", "pair", 909, reads=2), Arrow("rows", "pair")], None)
+    assert [r.label for r in once.routes] == ["×3 · 909 B"]
+    plain = _arrange(boxes, [Arrow("rows", "pair", reads=2)], None)
+    assert [r.label for r in plain.routes] == ["×2"]
+    svg = Figure(boxes, [Arrow("rows", "pair", reads=2)]).svg()
+    assert [g.get("class") for g in parse(svg).iter(f"{SVG}g") if g.get("class") == "reads"]
+    with pytest.raises(ValueError, match="reads=0"):
+        Figure(boxes, [Arrow("rows", "pair", reads=0)])
+
+
+def test_crowded_labels_stay_off_boxes_and_above_the_legend() -> None:
+    """However crowded, an edge label is drawn over no box, over no other label, and above
+    the legend."""
+    for seed in (33, 41):
+        boxes, arrows = random_dag(20 + seed, seed)
+        arrows = [Arrow(a.source, a.target, 10**6 * (i + 1)) for i, a in enumerate(arrows)]
+        arrangement = _arrange(boxes, arrows, None)
+        assert arrangement.legend_top is not None
+        labels = []
+        for r in arrangement.routes:
+            assert r.label is not None and r.label_at is not None
+            w = _text_width(r.label, _BADGE_SIZE) + 2 * _BADGE_PAD
+            x, y = r.label_at
+            labels.append((x - w / 2, y - _BADGE_H / 2, x + w / 2, y + _BADGE_H / 2))
+        boxed = [(p.x, p.y, p.x + p.w, p.y + p.h) for p in arrangement.boxes]
+        for i, one in enumerate(labels):
+            assert one[3] < arrangement.legend_top
+            for other in boxed + labels[i + 1 :]:
+                apart = one[2] <= other[0] or other[2] <= one[0]
+                assert apart or one[3] <= other[1] or other[3] <= one[1]

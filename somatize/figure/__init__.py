@@ -27,11 +27,20 @@ from .svg import _render_svg
 __all__ = ["MARKS", "OUTCOMES", "Arrow", "Box", "Figure", "layout"]
 
 
+def _description(boxes: tuple[Box, ...], arrows: tuple[Arrow, ...], title: str | None) -> str:
+    """What a figure's ids are taken from: the repr of its boxes, arrows and title, with an
+    arrow read once written without ``reads=1``, so that a plain figure's ids stay put."""
+    said = [repr(a).removesuffix(", reads=1)") + ")" if a.reads == 1 else repr(a) for a in arrows]
+    listed = "(" + ", ".join(said) + ("," if len(said) == 1 else "") + ")"
+    return f"({boxes!r}, {listed}, {title!r})"
+
+
 class Figure:
     """A drawing of a pipeline graph: boxes for nodes, arrows for the values between them.
 
     The layout is computed once, when the figure is made; a cycle, a repeated box name,
-    an arrow to an unknown box, an unknown mark or an unknown outcome raise ``ValueError``.
+    an arrow to an unknown box, an unknown mark, an unknown outcome or a count of reads
+    below one raise ``ValueError``.
     """
 
     def __init__(
@@ -51,8 +60,14 @@ class Figure:
                     f"box {b.name!r} has unknown outcome {b.outcome!r}; "
                     f"outcomes are one of {list(OUTCOMES)} or None"
                 )
+        for a in self.arrows:
+            if isinstance(a.reads, bool) or not isinstance(a.reads, int) or a.reads < 1:
+                raise ValueError(
+                    f"arrow {a.source!r} -> {a.target!r} has reads={a.reads!r}; "
+                    "it is how many times the target reads the source, a whole number >= 1"
+                )
         self._arrangement = _arrange(self.boxes, self.arrows, title)
-        digest = hashlib.sha1(repr((self.boxes, self.arrows, title)).encode("utf-8"))
+        digest = hashlib.sha1(_description(self.boxes, self.arrows, title).encode("utf-8"))
         self._uid = "smz" + digest.hexdigest()[:10]
 
     def __repr__(self) -> str:

@@ -5,9 +5,10 @@ left side, so every edge reads left to right. Across the gap between two columns
 an S-curve; through a column it skips (an edge longer than one column) it runs straight
 along its dummy node, beside the boxes placed there, never through them. Edges meeting
 one side of a box are spread over ports in the order of where their other ends sit, so
-that they do not cross at the box. A label of the bytes the edge's value crossed to or
-from a worker goes on a curve between columns, out of the boxes' way, and clear of the
-labels placed before it; where it is crowded it steps down until it is clear.
+that they do not cross at the box. An edge's label (how many times it is read, if more
+than once, and the bytes its value crossed to or from a worker) goes on a curve between
+columns, out of the boxes' way, and clear of the labels placed before it; where it is
+crowded it steps down, past labels and boxes, until it is clear.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from .style import (
     _BADGE_PAD,
     _BADGE_SIZE,
     _PORT_STEP,
-    _human_bytes,
+    _edge_label,
     _text_width,
 )
+
+_Rect = tuple[float, float, float, float]  # left, top, right, bottom
 
 
 def _routes(
@@ -63,7 +66,8 @@ def _routes(
                 ports[(v, u)] = cy[v] + (0.0 if k == 1 else -span / 2 + i * span / (k - 1))
 
     routes: list[_Route] = []
-    taken: list[tuple[float, float, float, float]] = []  # byte labels placed so far
+    taken: list[_Rect] = []  # edge labels placed so far
+    boxes: list[_Rect] = [(p.x, p.y, p.x + p.w, p.y + p.h) for p in placed]
     for a in arrows:
         s, t = index[a.source], index[a.target]
         chain = chains[(s, t)]
@@ -82,10 +86,8 @@ def _routes(
             else:  # straight through a column, beside its boxes
                 segments.append((here, q, q))
             here = q
-        label = label_at = None
-        if a.crossed_bytes is not None:
-            label = _human_bytes(a.crossed_bytes)
-            label_at = _label_spot(start, segments, label, taken)
+        label = _edge_label(a)
+        label_at = None if label is None else _label_spot(start, segments, label, taken, boxes)
         routes.append(_Route(a, start, tuple(segments), label, label_at))
     return routes
 
@@ -94,9 +96,12 @@ def _label_spot(
     start: Point,
     segments: Sequence[tuple[Point, Point, Point]],
     label: str,
-    taken: list[tuple[float, float, float, float]],
+    taken: list[_Rect],
+    boxes: Sequence[_Rect],
 ) -> Point:
-    """Where on its edge a byte label goes: on a curve between columns, clear of the others."""
+    """Where on its edge a label goes: on a curve between columns, clear of the others; where
+    no spot on the edge is clear, under its first curve, below every label and box in the
+    way (the layout makes room for it above the legend)."""
     w = _text_width(label, _BADGE_SIZE) + 2 * _BADGE_PAD
     curves: list[tuple[Point, Point, Point, Point]] = []
     here = start
@@ -114,14 +119,14 @@ def _label_spot(
             u**3 * p[1] + 3 * u * u * t * c1[1] + 3 * u * t * t * c2[1] + t**3 * q[1],
         )
 
-    def rect(at: Point) -> tuple[float, float, float, float]:
+    def rect(at: Point) -> _Rect:
         return (at[0] - w / 2, at[1] - _BADGE_H / 2, at[0] + w / 2, at[1] + _BADGE_H / 2)
 
-    def clear(r: tuple[float, float, float, float]) -> bool:
-        return all(
-            r[2] + 4 <= o[0] or o[2] + 4 <= r[0] or r[3] + 4 <= o[1] or o[3] + 4 <= r[1]
-            for o in taken
-        )
+    def apart(r: _Rect, o: _Rect) -> bool:
+        return r[2] + 4 <= o[0] or o[2] + 4 <= r[0] or r[3] + 4 <= o[1] or o[3] + 4 <= r[1]
+
+    def clear(r: _Rect) -> bool:
+        return all(apart(r, o) for o in taken)
 
     for curve in order:
         for t in (0.5, 0.38, 0.62, 0.28, 0.72):
@@ -131,9 +136,11 @@ def _label_spot(
                 taken.append(r)
                 return at
     at = spot(order[0], 0.5)
-    for _ in range(len(taken) + 1):  # crowded: step down until it is clear
-        if clear(rect(at)):
+    while True:  # crowded: step down, past whatever is in the way, until it is clear
+        r = rect(at)
+        below = [o[3] for o in (*taken, *boxes) if not apart(r, o)]
+        if not below:
             break
-        at = (at[0], at[1] + _BADGE_H + 2)
+        at = (at[0], max(below) + 5 + _BADGE_H / 2)  # 5, not 4: clear of rounding too
     taken.append(rect(at))
     return at

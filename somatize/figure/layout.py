@@ -36,6 +36,7 @@ from ._rows import _place_rows
 from .model import Arrow, Box
 from .style import (
     _ARROW_LEN,
+    _BADGE_H,
     _BADGE_PAD,
     _BADGE_SIZE,
     _COL_GAP,
@@ -48,7 +49,7 @@ from .style import (
     _ROW_GAP,
     _TITLE_H,
     _TITLE_SIZE,
-    _human_bytes,
+    _edge_label,
     _text_width,
 )
 
@@ -62,18 +63,21 @@ def _arrange(boxes: Sequence[Box], arrows: Sequence[Arrow], title: str | None) -
             raise ValueError(f"two boxes are named {b.name!r}; box names must be unique")
         index[b.name] = i
     n = len(boxes)
-    pairs: list[tuple[int, int]] = []
-    seen_pairs: set[tuple[int, int]] = set()
+    # arrows with the same ends are one edge, drawn once: their reads and bytes add up
+    edges: dict[tuple[str, str], Arrow] = {}
     for a in arrows:
         for end in (a.source, a.target):
             if end not in index:
                 raise ValueError(f"arrow {a.source!r} -> {a.target!r}: no box is named {end!r}")
-        pair = (index[a.source], index[a.target])
-        if pair[0] == pair[1]:
+        if a.source == a.target:
             raise ValueError(f"the graph has a cycle: {a.source!r} feeds itself")
-        if pair not in seen_pairs:
-            seen_pairs.add(pair)
-            pairs.append(pair)
+        same = edges.get((a.source, a.target))
+        if same is not None:
+            crossed = [c for c in (same.crossed_bytes, a.crossed_bytes) if c is not None]
+            a = Arrow(a.source, a.target, sum(crossed) if crossed else None, same.reads + a.reads)
+        edges[(a.source, a.target)] = a
+    arrows = list(edges.values())
+    pairs = [(index[a.source], index[a.target]) for a in arrows]
 
     succ: list[list[int]] = [[] for _ in range(n)]
     pred: list[list[int]] = [[] for _ in range(n)]
@@ -145,9 +149,10 @@ def _arrange(boxes: Sequence[Box], arrows: Sequence[Arrow], title: str | None) -
     col_w = [w if w > 0 else 60.0 for w in col_w]
     col_gap = [_COL_GAP] * max(depth - 1, 0)
     for a in arrows:
-        if a.crossed_bytes is not None:
+        label = _edge_label(a)
+        if label is not None:
             s = index[a.source]
-            label_w = _text_width(_human_bytes(a.crossed_bytes), _BADGE_SIZE) + 2 * _BADGE_PAD
+            label_w = _text_width(label, _BADGE_SIZE) + 2 * _BADGE_PAD
             col_gap[layer[s]] = max(col_gap[layer[s]], label_w + 2 * _ARROW_LEN + 28)
     col_x = [_MARGIN]
     for li in range(depth - 1):
@@ -212,6 +217,11 @@ def _arrange(boxes: Sequence[Box], arrows: Sequence[Arrow], title: str | None) -
         col_x=col_x,
         col_w=col_w,
     )
+
+    # a label crowded off its edge steps down: the legend goes below it
+    for r in routes:
+        if r.label_at is not None:
+            content_bottom = max(content_bottom, r.label_at[1] + _BADGE_H / 2)
 
     clusters: list[_Cluster] = []
     spans: dict[str, list[float]] = {}

@@ -35,8 +35,14 @@ class Box:
 
 @dataclass(frozen=True)
 class Arrow:
-    """One edge of the graph: the value of ``source`` flows into ``target``."""
+    """One edge of the graph: the value of ``source`` flows into ``target``.
+
+    ``crossed_bytes`` is what that value crossed to or from a worker, if anything did;
+    ``reads`` how many times ``target`` reads it (``(r, r) >> pair`` reads ``r`` twice).
+    Arrows with the same ends are drawn as one, their reads and bytes added up.
+    """
 
     source: str
     target: str
     crossed_bytes: int | None = None
+    reads: int = 1

@@ -98,6 +98,7 @@ def _pil_font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
 def _pil_text(text: str) -> str:
     """Spell ``text`` with the characters Pillow's built-in font can draw."""
     text = text.replace("µ", "u").replace("→", "->").replace("—", "-").replace("–", "-")
+    text = text.replace("×", "x")
     out = []
     for ch in text:
         if ord(ch) < 128 or ch in "·…":
@@ -304,15 +305,17 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
         if r.label is not None and r.label_at is not None:
             w = _text_width(r.label, _BADGE_SIZE) + 2 * _BADGE_PAD
             x, y = r.label_at[0] - w / 2, r.label_at[1] - _BADGE_H / 2
+            crossed = r.arrow.crossed_bytes is not None
             _rounded_rectangle(
                 draw,
                 [x * k, y * k, (x + w) * k, (y + _BADGE_H) * k],
                 radius=_BADGE_H / 2 * k,
                 fill=_BG,
-                outline=_EDGE_CROSSED,
+                outline=_EDGE_CROSSED if crossed else _EDGE,
                 width=px(1),
             )
-            text(r.label_at[0], y + 11.5, r.label, _BADGE_SIZE, _EDGE_CROSSED, True, "ms")
+            ink = _EDGE_CROSSED if crossed else _MUTED
+            text(r.label_at[0], y + 11.5, r.label, _BADGE_SIZE, ink, crossed, "ms")
 
     for p in arr.boxes:
         b = p.box

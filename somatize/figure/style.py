@@ -13,7 +13,7 @@ import math
 import unicodedata
 from collections.abc import Callable
 
-from .model import Box, Point
+from .model import Arrow, Box, Point
 
 _FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif'
 
@@ -250,6 +250,15 @@ def _human_bytes(n: int) -> str:
         if value < 1000 or unit == "PB":
             return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
     raise AssertionError("unreachable")
+
+
+def _edge_label(arrow: Arrow) -> str | None:
+    """What is written on an edge: how many times it is read, if more than once (``×2``),
+    and the bytes its value crossed to or from a worker, if any did."""
+    parts = [f"×{arrow.reads}"] if arrow.reads > 1 else []
+    if arrow.crossed_bytes is not None:
+        parts.append(_human_bytes(arrow.crossed_bytes))
+    return " · ".join(parts) if parts else None
 
 
 def _box_colours(box: Box) -> tuple[str, str, bool, str, str]:

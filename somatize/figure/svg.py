@@ -198,12 +198,14 @@ def _render_svg(arr: _Arrangement, uid: str) -> str:
         if r.label is not None and r.label_at is not None:
             w = _text_width(r.label, _BADGE_SIZE) + 2 * _BADGE_PAD
             x, y = r.label_at[0] - w / 2, r.label_at[1] - _BADGE_H / 2
+            crossed = r.arrow.crossed_bytes is not None
+            what, ink, weight = ("bytes", _EDGE_CROSSED, 600) if crossed else ("reads", _MUTED, 500)
             out.append(
-                f'<g class="bytes"><rect x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" '
+                f'<g class="{what}"><rect x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" '
                 f'height="{_num(_BADGE_H)}" rx="{_num(_BADGE_H / 2)}" fill="{_BG}" '
-                f'stroke="{_EDGE_CROSSED}" stroke-width="1"/>'
+                f'stroke="{_EDGE_CROSSED if crossed else _EDGE}" stroke-width="1"/>'
                 f'<text x="{_num(r.label_at[0])}" y="{_num(y + 11.5)}" text-anchor="middle" '
-                f'font-size="{_num(_BADGE_SIZE)}" font-weight="600" fill="{_EDGE_CROSSED}">'
+                f'font-size="{_num(_BADGE_SIZE)}" font-weight="{weight}" fill="{ink}">'
                 f"{_xml(r.label)}</text></g>"
             )
 
