@@ -112,7 +112,8 @@ def figure_of(graph: Graph, record: Record | None = None) -> Figure:
                 state=_short(memory.state_of(name)),
                 salt=memory.salt_of(name),
                 worker=worker,
-                outcome=record.outcome.get(name) if record is not None else None,
+                # with a record, a node it says nothing of was never reached
+                outcome=record.outcome.get(name, "unreached") if record is not None else None,
                 took_us=record.took_us.get(name) if record is not None else None,
                 group=getattr(node, "figure_group", None),
             )

@@ -170,3 +170,27 @@ def test_a_value_read_many_times_is_one_arrow_with_its_total(reads: int) -> None
     assert route.label_at is not None and fig._arrangement.legend_top is not None
     assert route.label_at[1] + _BADGE_H / 2 < fig._arrangement.legend_top
     assert route.start[1] == route.label_at[1]  # on its edge, which runs straight here
+
+
+def test_nodes_a_failure_kept_from_running_are_drawn_not_reached() -> None:
+    """After a failure, the nodes below it are drawn as not reached (a badge, a dotted
+    border and a legend entry), not as if no record were given; with no record, and in a
+    run that reached every node, nothing says not reached."""
+    g = Graph.somatize(Rows().named("rows") >> Fails().named("boom") >> Largest().named("top"))
+    assert "not reached" not in g.figure().svg()
+    with pytest.raises(NodeFailed):
+        g.forward({"at": 0, "take": 3})
+    assert g.record is not None and g.record.outcome == {"rows": "ran", "boom": "failed"}
+    fig = g.figure(g.record)
+    drawn = {
+        p.box.name: (p.box.outcome, [b.text for b in p.badges]) for p in fig._arrangement.boxes
+    }
+    assert drawn["top"] == ("unreached", ["not reached"])
+    assert drawn["boom"] == ("failed", ["failed"])
+    legend = [item.text for item in fig._arrangement.legend if item.kind == "outcome"]
+    assert legend[-1] == "not reached"
+    assert 'stroke-dasharray="1.5 3"' in fig.svg()
+    whole = Graph.somatize(Rows().named("rows") >> Largest().named("top"))
+    whole.forward({"at": 0, "take": 3})
+    assert whole.record is not None
+    assert "not reached" not in whole.figure(whole.record).svg()

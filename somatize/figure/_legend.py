@@ -2,10 +2,10 @@
 
 A row appears only for what the figure uses, so a plain graph has no legend: under one
 caption the memory marks its boxes carry, under another, once it shows a run, every
-outcome, and the bytes that crossed to or from a worker if any did. Items flow left to
-right and wrap at the figure's width. Each item's width is measured here, from the same
-text widths as the boxes, so that the figure can be widened to hold the legend and both
-renderers draw it alike.
+outcome (not reached only where a node was not), and the bytes that crossed to or from
+a worker if any did. Items flow left to right and wrap at the figure's width. Each
+item's width is measured here, from the same text widths as the boxes, so that the
+figure can be widened to hold the legend and both renderers draw it alike.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .style import (
     _LEGEND_SAMPLE_W,
     _LEGEND_SIZE,
     _MARGIN,
+    _OUTCOME_WORDS,
     _text_width,
 )
 
@@ -42,7 +43,8 @@ def _legend(
         marks.append(("at", "placed on a worker"))
     run: list[tuple[str, str]] = []
     if any(b.outcome is not None for b in boxes):
-        run.extend(("outcome", o) for o in OUTCOMES)
+        shown = {b.outcome for b in boxes}  # not reached: only where some node was not
+        run.extend(("outcome", o) for o in OUTCOMES if o != "unreached" or o in shown)
     if any(a.crossed_bytes is not None for a in arrows):
         run.append(("crossed", "bytes to or from a worker"))
     items: list[_LegendItem] = []
@@ -55,7 +57,9 @@ def _legend(
         cap_w += 14.0
         items.append(_LegendItem("caption", caption, _MARGIN, y, cap_w))
         x = _MARGIN + cap_w
-        for kind, text in entries:
+        for kind, name in entries:
+            outcome = name if kind == "outcome" else None
+            text = _OUTCOME_WORDS.get(name, name) if outcome is not None else name
             if kind == "mapped":
                 w = _text_width("mapped", _BADGE_SIZE) + 2 * _BADGE_PAD
             elif kind == "at":
@@ -66,7 +70,6 @@ def _legend(
             if x + w > limit and x > _MARGIN + cap_w:
                 y += _LEGEND_ROW
                 x = _MARGIN + cap_w
-            outcome = text if kind == "outcome" else None
             items.append(_LegendItem(kind, text, x, y, w, outcome))
             x += w + _LEGEND_ITEM_GAP
         y += _LEGEND_ROW

@@ -26,6 +26,7 @@ from .style import (
     _CONTENT_MAX_W,
     _KIND_SIZE,
     _NAME_SIZE,
+    _OUTCOME_WORDS,
     _PAD_X,
     _fit,
     _human_time,
@@ -46,7 +47,7 @@ def _badge_texts(box: Box) -> list[tuple[str, str]]:
     """The badges a box shows, in order, as (text, tone)."""
     out: list[tuple[str, str]] = []
     if box.outcome is not None:
-        text = box.outcome
+        text = _OUTCOME_WORDS.get(box.outcome, box.outcome)
         if box.outcome == "ran" and box.took_us is not None:
             text = f"ran {_human_time(box.took_us)}"
         out.append((text, "outcome"))

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 #: The memory marks a box may carry.
 MARKS: tuple[str, ...] = ("frozen", "cached", "mapped", "at")
-#: What can have happened to a node in a run.
-OUTCOMES: tuple[str, ...] = ("ran", "recalled", "spared", "drifted", "failed")
+#: What can have happened to a node in a run; ``unreached``: nothing, as the run ended (a
+#: node failed) before it came to this one.
+OUTCOMES: tuple[str, ...] = ("ran", "recalled", "spared", "drifted", "failed", "unreached")
 
 Point = tuple[float, float]
 

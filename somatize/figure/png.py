@@ -34,6 +34,7 @@ from .style import (
     _BORDER,
     _CACHED,
     _CAPTION_SIZE,
+    _DASHES,
     _EDGE,
     _EDGE_CROSSED,
     _FROZEN,
@@ -270,14 +271,15 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
         r: float,
         fill: str | None,
         stroke: str,
-        dashed: bool = False,
+        dashes: tuple[float, float] | None = None,
         width: float = 1.0,
     ) -> None:
         box = _frame(x * k, y * k, (x + w) * k - 1, (y + h) * k - 1)
-        if dashed:
+        if dashes is not None:
             if fill is not None:
                 _rounded_rectangle(draw, box, radius=r * k, fill=fill)
-            _dashed(draw, _rounded_outline(*box, r * k), 4 * k, 3 * k, stroke, px(width))
+            on, off = dashes
+            _dashed(draw, _rounded_outline(*box, r * k), on * k, off * k, stroke, px(width))
         else:
             _rounded_rectangle(draw, box, radius=r * k, fill=fill, outline=stroke, width=px(width))
 
@@ -319,8 +321,8 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
 
     for p in arr.boxes:
         b = p.box
-        fill, stroke, dashed, name_ink, kind_ink = _box_colours(b)
-        rounded(p.x, p.y, p.w, p.h, _RADIUS, fill, stroke, dashed)
+        fill, stroke, dashes, name_ink, kind_ink = _box_colours(b)
+        rounded(p.x, p.y, p.w, p.h, _RADIUS, fill, stroke, dashes)
         if "cached" in b.marks:
             rounded(p.x + 3, p.y + 3, p.w - 6, p.h - 6, _RADIUS - 3, None, _CACHED)
         if "frozen" in b.marks:
@@ -355,10 +357,10 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
             else:
                 sx, sy = item.x, item.y - _LEGEND_SAMPLE_H / 2
                 sw, sh = _LEGEND_SAMPLE_W, _LEGEND_SAMPLE_H
-                sfill, sstroke, sdash = _BG, _BORDER, False
+                sfill, sstroke, sdash = _BG, _BORDER, None
                 if item.outcome is not None:
                     sfill, sstroke, _, _ = _OUTCOME_STYLE[item.outcome]
-                    sdash = item.outcome == "spared"
+                    sdash = _DASHES[item.outcome][0] if item.outcome in _DASHES else None
                 rounded(sx, sy, sw, sh, 4, sfill, sstroke, sdash)
                 if item.kind == "frozen":
                     _rounded_rectangle(

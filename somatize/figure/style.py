@@ -35,7 +35,17 @@ _OUTCOME_STYLE: dict[str, tuple[str, str, str, str]] = {
     "spared": ("#f8fafc", "#94a3b8", "#e2e8f0", "#475569"),
     "drifted": ("#ffe4d6", "#f4511e", "#e64a19", "#ffffff"),
     "failed": ("#fee2e2", "#ef4444", "#dc2626", "#ffffff"),
+    "unreached": ("#ffffff", "#cbd5e1", "#f1f5f9", "#64748b"),
 }
+
+#: outcome -> the dashes of its broken border (on, off): on a box, and on a legend sample
+_DASHES: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
+    "spared": ((4.0, 3.0), (3.0, 2.0)),
+    "unreached": ((1.5, 3.0), (1.0, 2.0)),
+}
+
+#: outcome -> how a badge and the legend write it, where not as its name
+_OUTCOME_WORDS: dict[str, str] = {"unreached": "not reached"}
 
 #: badge tone -> (fill, text)
 _BADGE_STYLE: dict[str, tuple[str, str]] = {
@@ -261,14 +271,15 @@ def _edge_label(arrow: Arrow) -> str | None:
     return " · ".join(parts) if parts else None
 
 
-def _box_colours(box: Box) -> tuple[str, str, bool, str, str]:
-    """Fill, stroke, dashed, name colour and kind colour of a box."""
+def _box_colours(box: Box) -> tuple[str, str, tuple[float, float] | None, str, str]:
+    """Fill, stroke, dashes of the border (None: a solid one), name colour and kind colour
+    of a box."""
     if box.outcome is None:
-        return _BG, _BORDER, False, _INK, _MUTED
+        return _BG, _BORDER, None, _INK, _MUTED
     fill, stroke, _, _ = _OUTCOME_STYLE[box.outcome]
-    if box.outcome == "spared":
-        return fill, stroke, True, _MUTED, "#94a3b8"
-    return fill, stroke, False, _INK, "#475569"
+    if box.outcome in _DASHES:  # spared or not reached: nothing ran, the box is greyed
+        return fill, stroke, _DASHES[box.outcome][0], _MUTED, "#94a3b8"
+    return fill, stroke, None, _INK, "#475569"
 
 
 def _badge_colours(tone: str, outcome: str | None) -> tuple[str, str]:

@@ -19,6 +19,7 @@ from .style import (
     _BORDER,
     _CACHED,
     _CAPTION_SIZE,
+    _DASHES,
     _EDGE,
     _EDGE_CROSSED,
     _FONT,
@@ -37,6 +38,7 @@ from .style import (
     _NAME_BASE,
     _NAME_SIZE,
     _OUTCOME_STYLE,
+    _OUTCOME_WORDS,
     _PAD_X,
     _RADIUS,
     _TITLE_SIZE,
@@ -106,7 +108,7 @@ def _tooltip(box: Box) -> str:
         lines.append(f"worker: {box.worker}")
     if box.outcome is not None:
         took = "" if box.took_us is None else f" in {_human_time(box.took_us)}"
-        lines.append(f"outcome: {box.outcome}{took}")
+        lines.append(f"outcome: {_OUTCOME_WORDS.get(box.outcome, box.outcome)}{took}")
     if box.group is not None:
         lines.append(f"group: {box.group}")
     return "\n".join(lines)
@@ -130,7 +132,9 @@ def _svg_sample(out: list[str], kind: str, x: float, cy: float, outcome: str | N
     fill, stroke, dash = _BG, _BORDER, ""
     if outcome is not None:
         fill, stroke, _, _ = _OUTCOME_STYLE[outcome]
-        dash = ' stroke-dasharray="3 2"' if outcome == "spared" else ""
+        if outcome in _DASHES:
+            on, off = _DASHES[outcome][1]
+            dash = f' stroke-dasharray="{_num(on)} {_num(off)}"'
     out.append(
         f'<rect x="{_num(x + 0.5)}" y="{_num(y + 0.5)}" width="{_num(w - 1)}" '
         f'height="{_num(h - 1)}" rx="4" fill="{fill}" stroke="{stroke}"{dash}/>'
@@ -211,8 +215,8 @@ def _render_svg(arr: _Arrangement, uid: str) -> str:
 
     for p in arr.boxes:
         b = p.box
-        fill, stroke, dashed, name_ink, kind_ink = _box_colours(b)
-        dash = ' stroke-dasharray="4 3"' if dashed else ""
+        fill, stroke, dashes, name_ink, kind_ink = _box_colours(b)
+        dash = "" if dashes is None else f' stroke-dasharray="{_num(dashes[0])} {_num(dashes[1])}"'
         out.append(f'<g class="box" data-name="{_xml(b.name)}"><title>{_xml(_tooltip(b))}</title>')
         out.append(
             f'<rect x="{_num(p.x + 0.5)}" y="{_num(p.y + 0.5)}" width="{_num(p.w - 1)}" '
