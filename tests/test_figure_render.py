@@ -537,3 +537,52 @@ def test_crowded_labels_stay_off_boxes_and_above_the_legend() -> None:
             for other in boxed + labels[i + 1 :]:
                 apart = one[2] <= other[0] or other[2] <= one[0]
                 assert apart or one[3] <= other[1] or other[3] <= one[1]
+
+
+def drawn_png_texts(fig: Figure, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every piece of text the PNG renderer writes, in order."""
+    from PIL import ImageDraw
+
+    written: list[str] = []
+    real = ImageDraw.ImageDraw.text
+
+    def text(self: Any, xy: Any, text: Any, *args: Any, **kwargs: Any) -> None:
+        written.append(text)
+        real(self, xy, text, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ImageDraw.ImageDraw, "text", text)
+        fig.png(1)
+    return written
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        [f"embedding_table_for_{what}_features_from_clickstream_v2_normalised" for what in
+         ("user", "item")],
+        [f"encoder.layers.{i}.attention.output.dense.weight_normalised" for i in range(12)],
+        ["a_long_common_beginning_that_goes_on_and_on_X_and_a_long_common_ending_too",
+         "a_long_common_beginning_that_goes_on_and_on_Y_and_a_long_common_ending_too"],
+        ["pre" + "abc" * 20, "pre" + "abc" * 21, "short", "x" * 60, "x" * 61],
+    ],
+)  # fmt: skip
+def test_boxes_of_different_names_never_show_the_same_text(
+    names: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Long names are cut to fit, but never so that two boxes read the same: where a cut
+    in the middle would make them alike, they are cut to show the part that differs, in
+    the SVG and in the PNG."""
+    fig = Figure([Box("rows", "Rows")] + [Box(n, "Scale") for n in names],
+                 [Arrow("rows", n) for n in names])  # fmt: skip
+    labels = [p.label for p in fig._arrangement.boxes]
+    assert len(set(labels)) == len(labels)
+    cut = [label for label, name in zip(labels[1:], names, strict=True) if len(name) > 40]
+    assert cut and all("…" in label for label in cut)
+    shown = {g.get("data-name"): next(t.text for t in g.iter(f"{SVG}text"))
+             for g in parse(fig.svg()).iter(f"{SVG}g") if g.get("class") == "box"}  # fmt: skip
+    assert len(set(shown.values())) == len(shown) == len(names) + 1
+    if importlib.util.find_spec("PIL") is not None:
+        written = drawn_png_texts(fig, monkeypatch)
+        drawn = [w for w in written if w not in ("Rows", "Scale")]  # no badge, no legend
+        assert len(set(drawn)) == len(drawn) == len(names) + 1

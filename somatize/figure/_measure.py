@@ -5,11 +5,13 @@ run, its frozen state, its cached salt, mapped, the worker it is placed on). Siz
 from the text widths estimated in ``style``, not from a font, so a box measures the same
 with or without Pillow and both renderers agree. Every box is measured once, before it
 is placed: the widths decide how wide each column is, the heights how the rows stack,
-and the badge offsets are kept so that placing a box only has to add its corner.
+and the badge offsets are kept so that placing a box only has to add its corner. Names
+are fitted all together, so that no two boxes show the same one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .model import Box
@@ -29,6 +31,7 @@ from .style import (
     _OUTCOME_WORDS,
     _PAD_X,
     _fit,
+    _fit_apart,
     _human_time,
     _text_width,
 )
@@ -70,8 +73,18 @@ def _badge_texts(box: Box) -> list[tuple[str, str]]:
     return out
 
 
-def _measure(box: Box) -> _Measured:
-    label = _fit(box.name, _CONTENT_MAX_W, lambda s: _text_width(s, _NAME_SIZE, True))
+def _name_labels(boxes: Sequence[Box]) -> list[str]:
+    """The name each box shows, fitted to the widest box: a long name is cut in the middle,
+    and two names that would then read the same are cut to show where they differ."""
+    return _fit_apart(
+        [b.name for b in boxes],
+        [_CONTENT_MAX_W] * len(boxes),
+        lambda s: _text_width(s, _NAME_SIZE, True),
+    )
+
+
+def _measure(box: Box, label: str) -> _Measured:
+    """A box's size and the place of its badges, ``label`` being the name it shows."""
     kind_label = _fit(box.kind, _CONTENT_MAX_W, lambda s: _text_width(s, _KIND_SIZE), False)
     need = max(_text_width(label, _NAME_SIZE, True), _text_width(kind_label, _KIND_SIZE))
     badges: list[tuple[str, str, float, float, float]] = []

@@ -30,7 +30,7 @@ from ._arrangement import _Placed as _Placed
 from ._arrangement import _Route as _Route
 from ._layering import _layers, _order
 from ._legend import _legend
-from ._measure import _measure
+from ._measure import _measure, _name_labels
 from ._routes import _routes
 from ._rows import _place_rows
 from .model import Arrow, Box
@@ -86,7 +86,7 @@ def _arrange(boxes: Sequence[Box], arrows: Sequence[Arrow], title: str | None) -
         pred[t].append(s)
     layer = _layers(n, succ, pred, names)
 
-    measured = [_measure(b) for b in boxes]
+    measured = [_measure(b, label) for b, label in zip(boxes, _name_labels(boxes), strict=True)]
     height = [m.h for m in measured]
     dummy = [False] * n
     group: list[str | None] = [b.group for b in boxes]

@@ -58,6 +58,7 @@ from .style import (
     _badge_colours,
     _box_colours,
     _fit,
+    _fit_apart,
     _stripe_path,
     _text_width,
 )
@@ -319,7 +320,15 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
             ink = _EDGE_CROSSED if crossed else _MUTED
             text(r.label_at[0], y + 11.5, r.label, _BADGE_SIZE, ink, crossed, "ms")
 
-    for p in arr.boxes:
+    # the names as the layout fitted them, fitted again to the font's own widths, and kept
+    # apart: two boxes never show the same
+    name_font = _pil_font(max(1, round(_NAME_SIZE * k)))
+    names = _fit_apart(
+        [_pil_text(p.label) for p in arr.boxes],
+        [(p.w - 2 * _PAD_X) * k for p in arr.boxes],
+        lambda t: float(name_font.getlength(t)),
+    )
+    for p, name in zip(arr.boxes, names, strict=True):
         b = p.box
         fill, stroke, dashes, name_ink, kind_ink = _box_colours(b)
         rounded(p.x, p.y, p.w, p.h, _RADIUS, fill, stroke, dashes)
@@ -328,7 +337,7 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
         if "frozen" in b.marks:
             draw.polygon([P(pt) for pt in _stripe_path(p.x, p.y, p.h)], fill=_FROZEN)
         content = p.w - 2 * _PAD_X
-        text(p.x + _PAD_X, p.y + _NAME_BASE, p.label, _NAME_SIZE, name_ink, True, max_w=content)
+        text(p.x + _PAD_X, p.y + _NAME_BASE, name, _NAME_SIZE, name_ink, True)
         text(p.x + _PAD_X, p.y + _KIND_BASE, p.kind_label, _KIND_SIZE, kind_ink, max_w=content)
         for bd in p.badges:
             bf, bt = _badge_colours(bd.tone, b.outcome)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .model import Arrow, Box, Point
 
@@ -232,6 +232,78 @@ def _fit(text: str, max_w: float, measure: Callable[[str], float], middle: bool 
         else:
             hi = mid - 1
     return cut(lo)
+
+
+def _largest(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
+    """The largest ``n`` in ``[lo, hi]`` for which ``fits(n)``, taking ``fits`` to hold up to
+    some ``n`` and not beyond (``lo`` if it holds for none)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _common_prefix(one: str, other: str) -> int:
+    """How many characters ``one`` and ``other`` begin with alike."""
+    n = 0
+    for a, b in zip(one, other, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def _fit_showing(text: str, at: int, max_w: float, measure: Callable[[str], float]) -> str:
+    """Shorten ``text`` to fit ``max_w`` keeping the character at index ``at`` in sight:
+    cut at the end if that keeps it, else at the start, else on both sides of it."""
+    if measure(text) <= max_w:
+        return text
+    n = len(text)
+    keep = _largest(0, n - 1, lambda k: measure(text[:k] + "…") <= max_w)
+    if keep > at:
+        return text[:keep] + "…"
+    tail = _largest(0, n - 1, lambda k: measure("…" + text[n - k :]) <= max_w)
+    if n - tail <= at:
+        return "…" + text[n - tail :]
+
+    def window(size: int) -> str:
+        start = min(max(0, at - size // 3), n - size)
+        return "…" + text[start : start + size] + "…"
+
+    return window(_largest(1, n - 1, lambda size: measure(window(size)) <= max_w))
+
+
+def _fit_apart(
+    texts: Sequence[str], widths: Sequence[float], measure: Callable[[str], float]
+) -> list[str]:
+    """Fit each of ``texts`` (all different) to its width as :func:`_fit` does, but never
+    two alike: where two would read the same, each is cut again to show where it differs
+    from the other; and should some still read the same, they are numbered."""
+    fitted = [_fit(t, w, measure) for t, w in zip(texts, widths, strict=True)]
+    for _ in range(3):
+        alike: dict[str, list[str]] = {}
+        for text, shown in zip(texts, fitted, strict=True):
+            alike.setdefault(shown, []).append(text)
+        if all(len(same) == 1 for same in alike.values()):
+            return fitted
+        for i, (text, shown) in enumerate(zip(texts, fitted, strict=True)):
+            others = [t for t in alike[shown] if t != text]
+            if others:
+                at = max(_common_prefix(text, t) for t in others)
+                fitted[i] = _fit_showing(text, at, widths[i], measure)
+    seen: dict[str, int] = {}
+    for shown in fitted:
+        seen[shown] = seen.get(shown, 0) + 1
+    count: dict[str, int] = {}
+    for i, shown in enumerate(fitted):
+        if seen[shown] > 1:
+            count[shown] = count.get(shown, 0) + 1
+            mark = f" #{count[shown]}"
+            fitted[i] = _fit(texts[i], widths[i] - measure(mark), measure) + mark
+    return fitted
 
 
 def _human_time(us: int) -> str:
