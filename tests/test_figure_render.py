@@ -540,14 +540,15 @@ def test_crowded_labels_stay_off_boxes_and_above_the_legend() -> None:
 
 
 def drawn_png_texts(fig: Figure, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every piece of text the PNG renderer writes, in order."""
+    """Every piece of text the PNG renderer writes on the picture, in order."""
     from PIL import ImageDraw
 
     written: list[str] = []
     real = ImageDraw.ImageDraw.text
 
     def text(self: Any, xy: Any, text: Any, *args: Any, **kwargs: Any) -> None:
-        written.append(text)
+        if self.mode == "RGB":  # not the font's glyphs, tried on a grey scratch image
+            written.append(text)
         real(self, xy, text, *args, **kwargs)
 
     with monkeypatch.context() as patched:
@@ -586,3 +587,40 @@ def test_boxes_of_different_names_never_show_the_same_text(
         written = drawn_png_texts(fig, monkeypatch)
         drawn = [w for w in written if w not in ("Rows", "Scale")]  # no badge, no legend
         assert len(set(drawn)) == len(drawn) == len(names) + 1
+
+
+def test_png_escapes_what_its_font_cannot_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PNG's built-in font draws ASCII and a few symbols: any other character is written
+    as Python's ascii() escapes it and a backslash is doubled, so that different names never
+    draw alike (no empty boxes, no accents dropped); the SVG writes them as they are."""
+    pytest.importorskip("PIL")
+
+    def pictured(a: str, b: str) -> Figure:
+        return Figure([Box(a, "Rows"), Box(b, "Top")], [Arrow(a, b)])
+
+    for one, other in [
+        (("数据", "模型"), ("清洗", "训练")),
+        (("данные", "модель"), ("очистка", "обучение")),
+        (("αβγ", "δεζ"), ("ηθι", "κλμ")),
+        (("données", "modèle"), ("donnees", "modele")),
+        (("a\\u00e9", "b"), ("aé", "b")),
+        (("🙂", "b"), ("🙃", "b")),
+    ]:
+        assert pictured(*one).png(1) != pictured(*other).png(1), (one, other)
+    fig = Figure([Box("数据", "Données"), Box("a\\b", "Top", worker="wé")], [Arrow("数据", "a\\b")])
+    assert fig.png(1) == fig.png(1)
+    written = drawn_png_texts(fig, monkeypatch)
+    for shown in ("\\u6570\\u636e", "Donn\\xe9es", "a\\\\b"):
+        assert shown in written, (shown, written)
+    assert any(w.startswith("@") and w.endswith("\\xe9") for w in written)  # cut to its badge
+    text = all_text(parse(fig.svg()))
+    assert "数据" in text and "Données" in text and "@ wé" in text
+
+
+def test_png_spells_its_own_symbols_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Times and counts the figure writes itself keep a plain spelling in the PNG (µs as us,
+    ×2 as x2) where its font lacks the symbol."""
+    pytest.importorskip("PIL")
+    boxes = [Box("a", "A", outcome="ran", took_us=850), Box("b", "B", outcome="ran", took_us=9)]
+    written = drawn_png_texts(Figure(boxes, [Arrow("a", "b", 10, reads=2)]), monkeypatch)
+    assert "ran 850 us" in written and "x2 · 10 B" in written

@@ -2,8 +2,10 @@
 
 Pillow is optional, so it is imported only when a PNG is asked for, and a missing
 Pillow says how to install it. Unless the image is very large it is drawn at twice
-the size and shrunk, which smooths its edges; text is spelled with the characters
-Pillow's built-in font can draw.
+the size and shrunk, which smooths its edges. Text is drawn in Pillow's built-in font,
+never one of the machine's, so that a PNG is the same wherever it is drawn; that font
+has ASCII and a few symbols, so any other character is written escaped, as Python's
+``ascii()`` writes it, and two different names never draw alike.
 
 Drawing takes time in proportion to the ink and the pixels: a graph of ``n`` boxes is
 about ``n`` rows tall, and a fan-out of ``n`` edges holds edges about as long, so a PNG of
@@ -17,7 +19,6 @@ import io
 import itertools
 import math
 import numbers
-import unicodedata
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -97,17 +98,50 @@ def _pil_font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     return ImageFont.load_default(size=size)
 
 
-def _pil_text(text: str) -> str:
-    """Spell ``text`` with the characters Pillow's built-in font can draw."""
-    text = text.replace("µ", "u").replace("→", "->").replace("—", "-").replace("–", "-")
-    text = text.replace("×", "x")
+#: the figure's own symbols, spelled plainly where the font lacks them (a time in µs, a
+#: count of reads ×2); what a user named is escaped instead, never spelled so
+_PLAIN = {"µ": "u", "×": "x", "→": "->", "—": "-", "–": "-", "·": "-"}
+
+
+@lru_cache(maxsize=4096)
+def _has_glyph(ch: str) -> bool:
+    """Whether Pillow's built-in font draws ``ch`` as itself rather than as the box it draws
+    for a glyph it lacks. The font is asked, not a list, and it is Pillow's own, never one
+    of the machine's: the same text draws the same wherever the same Pillow is."""
+    if " " <= ch <= "~":
+        return True
+    if ch < "\xa0":  # a control character
+        return False
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = _pil_font(20)
+    if not isinstance(font, ImageFont.FreeTypeFont):
+        return False  # the bitmap font of a Pillow without FreeType: ASCII only
+
+    def drawn(one: str) -> tuple[float, bytes]:
+        img = Image.new("L", (48, 40))
+        ImageDraw.Draw(img).text((8, 6), one, font=font, fill=255)
+        return font.getlength(one), img.tobytes()
+
+    return drawn(ch) != drawn("\uffff")  # a noncharacter: no font has it
+
+
+def _pil_text(text: str, ours: bool = False) -> str:
+    """``text`` spelled with the characters Pillow's built-in font draws: any other is
+    escaped as Python's ``ascii()`` writes it (数 as ``\\u6570``, é as ``\\xe9``) and a
+    backslash is doubled, so that two different texts are never spelled alike. In
+    ``ours``, the figure's own words, a few symbols are spelled plainly instead (µs as
+    ``us``); an ellipsis, which only a cut adds, is three dots where the font lacks it."""
     out = []
     for ch in text:
-        if ord(ch) < 128 or ch in "·…":
+        if ch != "\\" and _has_glyph(ch):
             out.append(ch)
+        elif ch == "…":
+            out.append("...")
+        elif ours and ch in _PLAIN:
+            out.append(_PLAIN[ch])
         else:
-            plain = "".join(c for c in unicodedata.normalize("NFKD", ch) if ord(c) < 128)
-            out.append(plain or ch)
+            out.append(ascii(ch)[1:-1])
     return "".join(out)
 
 
@@ -234,11 +268,12 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
         bold: bool = False,
         anchor: str = "ls",
         max_w: float | None = None,
+        ours: bool = False,
     ) -> None:
         font = _pil_font(max(1, round(size * k)))
-        s = _pil_text(s)
-        if max_w is not None:
-            s = _fit(s, max_w * k, lambda t: float(font.getlength(t)))
+        if max_w is not None:  # cut the text, then spell it: an escape is never cut in two
+            s = _fit(s, max_w * k, lambda t: float(font.getlength(_pil_text(t, ours))))
+        s = _pil_text(s, ours)
         stroke = max(1, round(0.3 * k)) if bold else 0
         if isinstance(font, ImageFont.FreeTypeFont):
             draw.text(
@@ -255,14 +290,16 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
             left = x * k - (w / 2 if anchor[0] == "m" else 0)
             draw.text((left, y * k - 11), s, fill=fill, font=font)
 
-    def badge(s: str, fill: str, ink: str, x: float, y: float, w: float) -> None:
+    def badge(
+        s: str, fill: str, ink: str, x: float, y: float, w: float, ours: bool = False
+    ) -> None:
         _rounded_rectangle(
             draw,
             [x * k, y * k, (x + w) * k, (y + _BADGE_H) * k],
             radius=_BADGE_H / 2 * k,
             fill=fill,
         )
-        text(x + w / 2, y + 11.5, s, _BADGE_SIZE, ink, anchor="ms", max_w=w - 4)
+        text(x + w / 2, y + 11.5, s, _BADGE_SIZE, ink, anchor="ms", max_w=w - 4, ours=ours)
 
     def rounded(
         x: float,
@@ -318,15 +355,15 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
                 width=px(1),
             )
             ink = _EDGE_CROSSED if crossed else _MUTED
-            text(r.label_at[0], y + 11.5, r.label, _BADGE_SIZE, ink, crossed, "ms")
+            text(r.label_at[0], y + 11.5, r.label, _BADGE_SIZE, ink, crossed, "ms", ours=True)
 
     # the names as the layout fitted them, fitted again to the font's own widths, and kept
     # apart: two boxes never show the same
     name_font = _pil_font(max(1, round(_NAME_SIZE * k)))
     names = _fit_apart(
-        [_pil_text(p.label) for p in arr.boxes],
+        [p.label for p in arr.boxes],
         [(p.w - 2 * _PAD_X) * k for p in arr.boxes],
-        lambda t: float(name_font.getlength(t)),
+        lambda t: float(name_font.getlength(_pil_text(t))),
     )
     for p, name in zip(arr.boxes, names, strict=True):
         b = p.box
@@ -341,7 +378,7 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
         text(p.x + _PAD_X, p.y + _KIND_BASE, p.kind_label, _KIND_SIZE, kind_ink, max_w=content)
         for bd in p.badges:
             bf, bt = _badge_colours(bd.tone, b.outcome)
-            badge(bd.text, bf, bt, bd.x, bd.y, bd.w)
+            badge(bd.text, bf, bt, bd.x, bd.y, bd.w, ours=bd.tone == "outcome")
 
     if arr.legend_top is not None:
         ly = arr.legend_top
@@ -349,15 +386,17 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
         for item in arr.legend:
             base = item.y + 4
             if item.kind == "caption":
-                text(item.x, base, item.text.upper(), _CAPTION_SIZE, "#94a3b8", bold=True)
+                text(item.x, base, item.text.upper(), _CAPTION_SIZE, "#94a3b8", True, ours=True)
                 continue
             text_x = item.x + _LEGEND_SAMPLE_W + 6
             if item.kind == "mapped":
-                badge("mapped", *_BADGE_STYLE["mapped"], item.x, item.y - _BADGE_H / 2, item.w)
+                badge(
+                    "mapped", *_BADGE_STYLE["mapped"], item.x, item.y - _BADGE_H / 2, item.w, True
+                )
                 continue
             if item.kind == "at":
                 bw = _text_width("@ w", _BADGE_SIZE) + 2 * _BADGE_PAD
-                badge("@ w", *_BADGE_STYLE["at"], item.x, item.y - _BADGE_H / 2, bw)
+                badge("@ w", *_BADGE_STYLE["at"], item.x, item.y - _BADGE_H / 2, bw, True)
                 text_x = item.x + bw + 6
             elif item.kind == "crossed":
                 end = (item.x + _LEGEND_SAMPLE_W - _ARROW_LEN, item.y)
@@ -381,7 +420,7 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
                     )
                 elif item.kind == "cached":
                     rounded(sx + 3, sy + 3, sw - 6, sh - 6, 2, None, _CACHED)
-            text(text_x, base, item.text, _LEGEND_SIZE, "#334155")
+            text(text_x, base, item.text, _LEGEND_SIZE, "#334155", ours=True)
 
     if ss != 1:
         img = img.resize(final, Image.Resampling.LANCZOS)
