@@ -90,6 +90,10 @@ def figure_of(graph: Graph, record: Record | None = None) -> Figure:
 
     if record is not None:
         _check_record(graph, record)
+    # read from the facts each time they are asked for: asked once, not once per node
+    outcome = record.outcome if record is not None else None
+    took_us = record.took_us if record is not None else {}
+    crossed = record.crossed if record is not None else {}
     memory = graph.memory
     boxes = []
     for name in graph.nodes():
@@ -113,12 +117,11 @@ def figure_of(graph: Graph, record: Record | None = None) -> Figure:
                 salt=memory.salt_of(name),
                 worker=worker,
                 # with a record, a node it says nothing of was never reached
-                outcome=record.outcome.get(name, "unreached") if record is not None else None,
-                took_us=record.took_us.get(name) if record is not None else None,
+                outcome=outcome.get(name, "unreached") if outcome is not None else None,
+                took_us=took_us.get(name),
                 group=getattr(node, "figure_group", None),
             )
         )
-    crossed = record.crossed if record is not None else {}
     arrows = [
         # one arrow per edge, however many times its reader reads it: the record's bytes
         # for the edge are already those of every read
