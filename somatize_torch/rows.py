@@ -52,6 +52,7 @@ into the same store, with memory tiers of its own. Rows computed under
 from __future__ import annotations
 
 import copy
+import numbers
 import os
 import threading
 import weakref
@@ -586,6 +587,8 @@ def check_options(
             "it stands for as text (salt='run-2')"
         )
     for name, budget in (("device_bytes", device_bytes), ("host_bytes", host_bytes)):
+        if isinstance(budget, numbers.Integral) and not isinstance(budget, bool):
+            budget = int(budget)  # numpy's int64 is no int, and is a number of bytes all the same
         if not finite(budget) or budget < 0:
             raise RowsError(
                 f"{name}= is the memory tier's budget as a number of bytes, 0 or more (4 GiB "

@@ -650,6 +650,15 @@ def test_settings_of_the_wrong_kind_are_refused_naming_them(
         cache_rows(encoder(), **options)
 
 
+def test_budgets_take_any_whole_number() -> None:
+    """A budget worked out with numpy (an ``int64``, which is no Python int) is a number
+    of bytes all the same."""
+    import numpy as np
+
+    cached = cache_rows(encoder(), device_bytes=np.int64(1 << 20), host_bytes=np.int64(0))
+    assert cached(images(4)).shape[0] == 4
+
+
 def test_prefill_warms_the_cache_with_a_progress_bar(
     cached: CachedRows, capsys: pytest.CaptureFixture[str]
 ) -> None:
