@@ -50,7 +50,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import blake3
@@ -299,12 +299,7 @@ class PackedHome(Store):
         finally:
             if claims:
                 with self._lock:
-                    for digest in claims:
-                        left = self._claims[digest] - 1
-                        if left:
-                            self._claims[digest] = left
-                        else:
-                            del self._claims[digest]
+                    _let_go(self._claims, claims)
 
     def _claim(self, digest: str, claims: list[str]) -> None:
         """Claims blob ``digest`` for a write of this object (released where ``claims`` was
@@ -333,12 +328,7 @@ class PackedHome(Store):
             yield free
         finally:
             with self._lock:
-                for digest in free:
-                    left = self._sweeping[digest] - 1
-                    if left:
-                        self._sweeping[digest] = left
-                    else:
-                        del self._sweeping[digest]
+                _let_go(self._sweeping, free)
                 self._swept.notify_all()
 
     # -- writing ------------------------------------------------------------------------------
@@ -590,3 +580,14 @@ class PackedHome(Store):
             self._small_bytes = 0
             self._packs.clear()
             self._items.clear()
+
+
+def _let_go(held: dict[str, int], digests: Iterable[str]) -> None:
+    """Takes one hold of each of ``digests`` off ``held`` (digest → holds), forgetting a
+    digest no one holds any more; the caller holds the store's lock."""
+    for digest in digests:
+        left = held[digest] - 1
+        if left:
+            held[digest] = left
+        else:
+            del held[digest]
