@@ -88,7 +88,7 @@ class Graph:
         names too, whose nodes no longer run."""
         self._unfollowed: dict[str, Undeclared] = {}
         """Nodes an argument of which was replaced by what their key cannot follow, with
-        why: refused where they are keyed until it is replaced again (plan._retaken)."""
+        why: refused where they are keyed until it is replaced again (_look_again._retaken)."""
         self._held: dict[str, tuple[tuple[str, str], ...]] = {}
         """Placed nodes, by name, with what they held in their public attributes when the
         graph was built (:func:`~somatize.node.held_by`): a copy a network worker rebuilds

@@ -1,0 +1,92 @@
+"""The code an answer depends on: its node's and that of every node above it, as one
+fingerprint kept beside the answer and compared on a hit.
+
+The code an answer is kept with is not in its key (a cosmetic refactor would invalidate
+half a store in silence; see :mod:`somatize.memory`), and it is more than the node's own:
+the answer is what the node's code made of what the code of every node above it made, so
+an edited node upstream makes it as stale as an edited node itself. So the fingerprint
+(:attr:`~somatize.plan.Static.fingerprint`) covers them all, in the order the key reads
+its inputs, and neither names nor keys: :func:`code_fingerprints`, worked out once per
+graph state by :func:`~somatize.plan.static_of`.
+
+A fingerprint worked out in this process is remembered with the code of each node it was
+worked out from, so a drifted answer this process kept — a notebook's cell edited and run
+again — can name the nodes whose code changed (:func:`changed_code`); one kept by another
+process, or long enough ago, is said to have drifted without names. These are re-exported
+by :mod:`somatize.plan`, their public home.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from somatize.memory import upstream
+
+if TYPE_CHECKING:
+    from somatize.graph import Graph
+
+__all__ = ["changed_code", "code_fingerprints"]
+
+_UNWRITTEN = "unwritten"
+"""What a node with no code fingerprint (none noted in its graph's memory) contributes to
+the fingerprints of the nodes below it."""
+
+_KNOWN_CODE = 256
+"""How many fingerprints of cached nodes :func:`changed_code` remembers the code behind."""
+
+_CODE: dict[str, dict[str, str | None]] = {}
+"""A fingerprint worked out in this process for a cached node
+(:attr:`~somatize.plan.Static.fingerprint`) → the own fingerprint of each node of the graph
+state it was worked out in (one dict, shared by that state's nodes), so that a drifted
+answer kept by this process — a cell of a notebook edited and run again — can name what
+changed. The last :data:`_KNOWN_CODE` seen are remembered; for one older, or kept by
+another process, drift is said without names."""
+
+
+def code_fingerprints(
+    order: Iterable[str],
+    preds: dict[str, tuple[str, ...]],
+    written: dict[str, str | None],
+) -> dict[str, str]:
+    """For each node of ``order`` (each after what it reads), a digest of its own code
+    fingerprint (``written``; :data:`_UNWRITTEN` when it has none) and of those worked
+    out for ``preds`` — what it reads, in the order its key reads them. The code of
+    everything an answer depends on, and neither names nor keys: one computation under
+    two names, or on another input, is kept with the same one."""
+    out: dict[str, str] = {}
+    for node in order:
+        digest = hashlib.sha256(b"somatize code 1\0")
+        digest.update((written[node] or _UNWRITTEN).encode())
+        for pred in preds[node]:
+            digest.update(b"\0" + out[pred].encode())
+        out[node] = "sha256:" + digest.hexdigest()[:16]
+    return out
+
+
+def _remember_code(fingerprint: str, written: dict[str, str | None]) -> None:
+    if fingerprint in _CODE:
+        return
+    while len(_CODE) >= _KNOWN_CODE:
+        try:  # the oldest; threads building plans at once may have taken it already
+            _CODE.pop(next(iter(_CODE)), None)
+        except (StopIteration, RuntimeError):
+            break
+    _CODE[fingerprint] = written
+
+
+def changed_code(graph: Graph, node: str, was: str | None) -> list[str] | None:
+    """The nodes, of ``node`` and those it reads (nearest first), whose code is not now
+    what it was when this process worked out the fingerprint ``was`` for ``node`` — None
+    when it did not, or when what it remembers tells nothing apart."""
+    then = _CODE.get(was) if was is not None else None
+    if then is None:
+        return None
+    memory = graph.memory
+    changed = [
+        above
+        for above in upstream(graph, node)
+        if then.get(above, _UNWRITTEN) != memory.fingerprint_of(above)
+    ]
+    return changed or None

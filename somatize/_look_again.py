@@ -1,0 +1,352 @@
+"""Looking at a graph again: what changed in its nodes since it was built, said to its
+memory at the start of every forward.
+
+What a node declares is taken when its graph is built, and some nodes change after: one
+built with a list or a dict, which somebody changes in place
+(:meth:`~somatize.node.Node.is_declaration_fixed`); one whose argument, kept as an
+attribute, is replaced (``scale.by = 3.0``: :meth:`~somatize.node.Node.kept_arguments`);
+a frozen node that sees its own state change (a torch module whose weights were loaded
+since ``freeze``: :meth:`~somatize.node.Node.restate`). :func:`look_again` finds each and
+says the change to the graph's memory, which makes a new state — before anything is keyed
+or sent to a worker — so a key, and a node rebuilt on a worker, name what the node is now.
+
+A replaced argument is taken as the argument the node was built with. When its key could
+not follow it — no key holds the new value, or the constructor made more from the old
+value than it keeps (``self.factor = by * 2``) and the node still holds that — the graph
+holds why, and the node is refused where its key is needed, not here, until it is
+replaced again. :func:`look_again` and :func:`declared_again` are re-exported by
+:mod:`somatize.plan`, their public home.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+import sys
+from typing import TYPE_CHECKING, Any
+
+from somatize import canonical
+from somatize.catalog import Blueprint, Catalog, Unbuildable, identity_of
+from somatize.errors import SomatizeError
+from somatize.memory import Memory
+from somatize.node import AlreadyBuilt, Node, Undeclared, attributes_of, held_by, in_slot
+
+if TYPE_CHECKING:
+    from somatize.graph import Graph
+
+__all__ = ["declared_again", "look_again"]
+
+
+def look_again(graph: Graph) -> None:
+    """Says to ``graph``'s memory what changed in its nodes since it was built: the
+    declaration of a node built with a list or a dict changed in place since (see
+    :meth:`~somatize.node.Node.is_declaration_fixed`), and the state of a frozen node
+    that sees its own state changed (:meth:`~somatize.node.Node.restate`). A change makes
+    a new state of the memory, so what was derived from the old one — a graph's
+    :class:`~somatize.plan.Static`, a broker's blueprints — is derived again. Nothing is
+    refused here: a node that can no longer be keyed is refused where its key is needed.
+    Run at the start of every forward, before anything is keyed or sent; it costs nothing
+    for a graph with no such node."""
+    unfixed: dict[str, Node] = graph._unfixed
+    restated: dict[str, Node] = graph._restated
+    kept = graph._kept
+    if not unfixed and not restated and not kept:
+        return
+    for name, made in graph._made_stale.items():
+        # Refused while it holds what was made from the old value, and not once it holds
+        # what a build from its arguments holds (set by hand), until they are replaced again.
+        refused = made.check()
+        if (refused is None) != (name not in graph._unfollowed):
+            if refused is None:
+                del graph._unfollowed[name]
+            else:
+                graph._unfollowed[name] = refused
+            _declared_again(graph, name, made.node)
+    memory = graph.memory
+    held, names, values, slotted = graph._kept_watch
+    if not all(map(operator.is_, map(dict.get, held, names), values)) or (
+        slotted and not all(in_slot(slot, node) is value for slot, node, value in slotted)
+    ):
+        for name, (node, arguments) in list(kept.items()):
+            now = attributes_of(node)
+            changed = {a: now[a] for a, was in arguments if a in now and now[a] is not was}
+            if changed:
+                _retaken(graph, name, node, changed)
+        graph.watch_kept()
+    for name, node in unfixed.items():
+        _declared_again(graph, name, node)
+    for name, node in restated.items():
+        if memory.is_frozen(name):
+            state = node.restate()
+            if state is not None:
+                memory.freeze(name, state)
+                # What changed may be more than its state (a part with no weights of its
+                # own replaced: an activation), and what it declares says the rest.
+                _declared_again(graph, name, node)
+
+
+def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> None:
+    """Takes the attributes of ``node`` replaced since the build as its constructor
+    arguments, and the graph's memory its declaration now. One replaced by a value no key
+    can hold (a path made a ``Path``, a ``longdouble`` no float holds exactly) is taken
+    too, and the node is refused where its key is needed, naming it, until it is replaced
+    again: its key would otherwise go on naming the old value (:func:`_unkeyable`). So is
+    one whose constructor made more from the old value than it keeps
+    (:func:`_made_otherwise`)."""
+    taken = {attr: _plain(value) for attr, value in changed.items()}
+    keyable = [attr for attr, value in taken.items() if canonical.is_canonical(value)]
+    if keyable and "\0" in name:  # a node interned into another, which runs in its place
+        said = ", ".join(f"`{attr}`" for attr in keyable)
+        raise AlreadyBuilt(
+            f"{said} of a `{type(node).__qualname__}` was changed after the graph was built, "
+            f"and that node runs there as `{name.split(chr(0))[0]}` (it was one computation "
+            "with it when the graph was built), so the change would not be heard. Build the "
+            "graph again"
+        )
+    if keyable and any(other.startswith(f"{name}\0") for other in graph._kept):
+        said = ", ".join(f"`{attr}`" for attr in keyable)
+        raise AlreadyBuilt(
+            f"{said} of `{name}` was changed after the graph was built, and another node "
+            f"built alike runs as `{name}` too (they were one computation when the graph was "
+            "built), so the change would change that one's answers as well. Build the graph "
+            "again"
+        )
+    if "\0" not in name:  # one interned into another is keyed, if at all, where it runs
+        # A node holding no state is cheap to build, as a worker would; one holding state
+        # (weights) is checked against the state it is settled at instead.
+        before = None if node.holds_state else _recipe(node)
+        node.retake(taken)
+        unkeyable = [attr for attr in taken if attr not in keyable]
+        refused: Undeclared | None = None
+        graph._made_stale.pop(name, None)
+        if unkeyable:
+            refused = _unkeyable(name, node, unkeyable[0], taken[unkeyable[0]])
+        elif before is not None:
+            made = _made_otherwise(name, node, taken, before)
+            if isinstance(made, _MadeOtherwise):
+                graph._made_stale[name] = made
+                refused = made.check()
+            else:
+                refused = made
+        if refused is not None:
+            graph._unfollowed[name] = refused
+        else:
+            graph._unfollowed.pop(name, None)
+        _declared_again(graph, name, node)
+        if not node.is_declaration_fixed():  # a list or a dict now: followed from here on
+            graph._unfixed[name] = node
+    # What the node keeps now is what is watched from here.
+    now = attributes_of(node)
+    graph._kept[name] = (node, [(attr, now.get(attr, was)) for attr, was in graph._kept[name][1]])
+
+
+Recipe = tuple[str | None, tuple[Any, ...], dict[str, Any]]
+
+
+def _recipe(node: Node) -> Recipe | Unbuildable:
+    """How ``node`` is built (:meth:`~somatize.node.Node.recipe`), or why it cannot be."""
+    try:
+        return node.recipe()
+    except Unbuildable as why:
+        return why
+
+
+class _MadeOtherwise:
+    """A node whose arguments ``taken`` were replaced, built again from the arguments it had
+    and from the new ones: :meth:`check` says why it does not hold what the new build holds
+    — an attribute made from its arguments (the two builds hold it apart) still holding
+    what was made from the old value, or a declaration other than the new build's — and
+    None once it does (the attribute set to what the new value makes)."""
+
+    def __init__(
+        self,
+        name: str,
+        node: Node,
+        taken: dict[str, Any],
+        head: str,
+        fix: str,
+        old: Node,
+        new: Node,
+    ) -> None:
+        self.name = name
+        self.node = node
+        self.taken = taken
+        self.head = head
+        self.fix = fix
+        self.new = new
+        was, self.fresh = dict(held_by(old)), dict(held_by(new))
+        self.made = [
+            a for a in sorted(was.keys() | self.fresh.keys()) if was.get(a) != self.fresh.get(a)
+        ]
+
+    def check(self) -> Undeclared | None:
+        name, node, kind = self.name, self.node, type(self.node).__qualname__
+        built = ", ".join(f"{attr}={value!r}" for attr, value in self.taken.items())
+        now = dict(held_by(node))
+        stale = [a for a in self.made if a not in self.taken and now.get(a) != self.fresh.get(a)]
+        if stale:
+            held = ", ".join(f"`{attr}`" for attr in stale)
+            return Undeclared(
+                f"{self.head}, and {held}, which its constructor makes from its arguments, "
+                f"still {'holds' if len(stale) == 1 else 'hold'} what was made from the old "
+                f"value: a `{kind}({built})` holds another. Keyed as built with the new value, "
+                f"it would keep answers such a node does not compute, under that node's key. "
+                f"{self.fix}"
+            )
+        try:
+            declared = node.declaration(name) == self.new.declaration(name)
+        except SomatizeError:
+            declared = True  # refused where it is keyed, for that reason
+        if not declared:
+            return Undeclared(
+                f"{self.head}, and a `{kind}({built})` declares something else than it does "
+                f"now. {self.fix}"
+            )
+        return None
+
+
+def _made_otherwise(
+    name: str, node: Node, taken: dict[str, Any], before: Recipe | Unbuildable
+) -> Undeclared | _MadeOtherwise | None:
+    """Why ``node``, whose arguments ``taken`` were just replaced, is not what its class
+    builds from its arguments now; None when it is.
+
+    A constructor may make more than the argument it keeps (``self.factor = by * 2``):
+    replacing the argument then leaves what was made from the old value, and the node,
+    keyed as built with the new value, would keep answers such a node does not compute
+    under that node's key, where another recalls them. So the class is built again, as a
+    worker builds it, from the arguments the node had (``before``, its recipe then) and
+    from the new ones: an attribute the two builds hold apart is made from the
+    arguments, and the node must hold what the new build holds. An attribute both builds
+    hold alike (a call counter) is the node's own business. Run once per replacement: what
+    it finds (a :class:`_MadeOtherwise`) is checked again at every forward, so a node given
+    what the new value makes is accepted."""
+    kind = type(node).__qualname__
+    said = ", ".join(f"`{attr}`" for attr in taken)
+    built = ", ".join(f"{attr}={value!r}" for attr, value in taken.items())
+    one = len(taken) == 1
+    head = (
+        f"`{name}` ({kind}) cannot be keyed: {said}, "
+        + (
+            "an argument it was built with and keeps, was"
+            if one
+            else "arguments it was built with and keeps, were"
+        )
+        + " replaced after the graph was built"
+    )
+    fix = f"Build a new `{kind}` with the new value (`{kind}({built})`) and the graph again"
+    try:
+        if isinstance(before, Unbuildable):
+            raise before
+        old = _built_again(node, before)
+        new = _built_again(node, node.recipe())
+    except Unbuildable as why:
+        cause = why.__cause__
+        reason = f"{type(cause).__name__}: {cause}" if cause is not None else str(why)
+        return Undeclared(
+            f"{head}, and a `{kind}` could not be built again from its arguments to check "
+            f"that nothing else it holds was made from the old value ({reason}). {fix}"
+        )
+    found = _MadeOtherwise(name, node, taken, head, fix, old, new)
+    return found if found.check() is not None else None
+
+
+def _built_again(node: Node, recipe: Recipe) -> Node:
+    """A new node made by ``recipe`` in this process, of ``node``'s own class, as a worker
+    builds one (:meth:`~somatize.catalog.Catalog.build`); Unbuildable when it cannot be."""
+    maker, args, kwargs = recipe
+    kind = type(node)
+    catalog = Catalog(in_process=True)
+    identity = node._smz.identity or identity_of(kind) or f"{kind.__module__}:{kind.__qualname__}"
+    if maker is None:
+        catalog.register(kind, identity)  # this very class, even one with no stable name
+    return catalog.build(Blueprint(identity, tuple(args), dict(kwargs), None, maker))
+
+
+def _unkeyable(name: str, node: Node, attr: str, value: Any) -> Undeclared:
+    """Why ``node`` cannot be keyed once its argument ``attr`` was replaced by ``value``,
+    which has no canonical form."""
+    kind = type(node).__qualname__
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.floating):
+        what = (
+            f"it is a `numpy.{type(value).__name__}` ({value!r}) that no float holds "
+            "exactly, and a key holds numbers only as Python's"
+        )
+    else:
+        what = "it has no canonical form"
+        try:
+            canonical.encode(value, "it")
+        except canonical.NotCanonical as why:
+            what = str(why).rstrip(".")
+    return Undeclared(
+        f"`{name}` ({kind}) cannot be keyed: `{attr}`, an argument it was built with and "
+        f"keeps, was replaced after the graph was built, and {what}. Its key would go on "
+        "naming the old value while it computes with the new one. Replace it with a value "
+        f"that has a canonical form, or build a new `{kind}` with what you mean; a node that "
+        "tidies its own argument keeps what it makes under another name (`self._path`)"
+    )
+
+
+def _plain(value: Any) -> Any:
+    """A number or a str of a subclass (numpy's ``float64``, an ``IntEnum``), or a numpy
+    scalar (``float32``, ``bool_``, a ``longdouble`` a float holds exactly), as the plain
+    value it stands for; anything else as it is."""
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, (int, numbers.Integral)):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    numpy = sys.modules.get("numpy")  # a numpy scalar exists only once numpy is imported
+    if numpy is not None and isinstance(value, numpy.generic):
+        held = value.item()
+        if type(held) in (bool, int, float, bytes):
+            return held
+        if isinstance(value, numpy.floating):  # a longdouble: .item() hands it back
+            near = float(value)
+            if near == value or (near != near and value != value):
+                return near
+    return value
+
+
+def _declared_again(graph: Graph, name: str, node: Node) -> None:
+    """Tells the graph's memory what ``node`` declares now, if that changed. A node that
+    cannot be declared any more (a list it was built with given an item with no canonical
+    form, or an argument it keeps replaced by one: :func:`_retaken`) has its declaration
+    taken back, and the graph holds why: it is refused where its
+    key is needed (:func:`~somatize.plan.static_of`), and a forward without a store, or one
+    that keys nothing it feeds, runs it as it is — the same as for a node undeclared when
+    built."""
+    memory = graph.memory
+    was = memory.declaration_of(name)
+    refused = graph._unfollowed.get(name)
+    if refused is None:
+        try:
+            now = node.declaration(name)
+        except Undeclared as why:
+            refused = why.with_traceback(None)  # raised again where the node is keyed
+    if refused is not None:
+        graph._undeclared[name] = refused
+        if was is not None:
+            memory.undeclare(name)
+        return
+    if now != was:
+        graph._undeclared.pop(name, None)
+        memory.declared_as(name, now)
+
+
+def declared_again(memory: Memory, name: str, node: Node) -> None:
+    """Tells ``memory`` what ``node``, known there as ``name``, declares now, if that
+    changed."""
+    was = memory.declaration_of(name)
+    try:
+        now = node.declaration(name)
+    except Undeclared:
+        if was is None:
+            return  # undeclared when built, and still: refused where it is keyed
+        raise
+    if now != was:
+        memory.declared_as(name, now)
