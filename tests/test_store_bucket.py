@@ -161,7 +161,7 @@ class _Interrupted:
 def test_an_interrupted_upload_publishes_nothing(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
     """A blob streamed piece by piece whose upload is interrupted leaves nothing under its
     name: no half-written object is ever visible, and the next put uploads it whole."""
-    monkeypatch.setattr("somatize.store.bucket._STREAM_ABOVE", 1000)
+    monkeypatch.setattr("somatize.store._bucket_requests._STREAM_ABOVE", 1000)
     store = (
         Store.on_bucket(s3_url(), **s3_options())
         if url == "s3"

@@ -414,7 +414,8 @@ def _mount_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
             _read_only()
         return real_open(file, mode, *args, **kwargs)
 
-    monkeypatch.setattr("somatize.store.local.open", opened, raising=False)
+    for module in ("local", "_local_files", "_local_upkeep"):  # the modules of the local store
+        monkeypatch.setattr(f"somatize.store.{module}.open", opened, raising=False)
     for name in ("utime", "unlink", "replace", "rename", "mkdir"):
         monkeypatch.setattr(os, name, _read_only)
 

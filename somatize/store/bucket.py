@@ -26,25 +26,27 @@ exponential backoff and jitter; a request that keeps failing becomes a
 1,024 recalls; ``gc`` merges them. That is advice: a log that cannot be written (a
 reader without write permission) is dropped, said once at debug level, and never
 fails a recall.
+
+This module holds the store itself: how it is opened and addressed, and how it writes
+and reads answers, through the cache in front. Its parts are the requests it makes,
+retried, and how it publishes a file whole, in :mod:`somatize.store._bucket_requests`,
+and what upkeep asks of it, with the ``used/`` logs, in
+:mod:`somatize.store._bucket_upkeep`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
-import logging
 import os
-import random
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from somatize import canonical
 from somatize._numbers import finite
-from somatize.store._packed import PackedHome, digest_of, hash_bytes, nbytes, pieces_of
+from somatize.store._bucket_upkeep import BucketShelf
+from somatize.store._packed import digest_of, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     Answer,
     BadAddress,
@@ -70,13 +72,9 @@ from somatize.store.records import (
     encode_name,
     signer_from,
 )
-from somatize.store.upkeep import SECTIONS, Entry, collect
+from somatize.store.upkeep import SECTIONS
 
 __all__ = ["BucketStore"]
-
-T = TypeVar("T")
-
-_log = logging.getLogger(__name__)
 
 _FETCH_BELOW = 32
 """Up to this many unknown keys, ``have`` fetches their records; beyond, it lists."""
@@ -84,58 +82,8 @@ _FETCH_BELOW = 32
 _HOLD_BELOW = 1 << 16
 """Blobs up to this size are held in memory once downloaded."""
 
-_STREAM_ABOVE = 16 << 20
-"""Blobs larger than this are uploaded through a file, piece by piece, not joined first."""
 
-_CACHE_WRITES_GRACE = 60.0
-"""Files in the cache's ``tmp/`` younger than this (seconds) are left by a bucket's gc: another
-process sharing the cache may be writing them."""
-
-_DEFINITE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
-_ABSENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
-"""What reading a file that is not there raises: on a plain filesystem (``file://``) a
-folder of names, or a path under a name, is not a file either."""
-_TRANSIENT_WORDS = ("Connection", "Timeout", "Throttl", "SlowDown", "ServiceUnavailable")
-
-
-def _transient(error: BaseException) -> bool:
-    """Whether ``error`` may go away if the request is made again."""
-    if isinstance(error, _DEFINITE):
-        return False
-    if isinstance(error, (OSError, ConnectionError, TimeoutError)):
-        return True
-    module = type(error).__module__
-    name = type(error).__name__
-    return module.startswith(("botocore", "aiohttp", "urllib3", "requests")) and any(
-        word in name for word in _TRANSIENT_WORDS
-    )
-
-
-def _no_credentials(error: BaseException) -> bool:
-    """Whether ``error`` says no credentials were found (botocore's ``NoCredentialsError``,
-    google-auth's ``DefaultCredentialsError``, …): asking again will not find them."""
-    module = type(error).__module__
-    return "Credential" in type(error).__name__ and module.startswith(
-        ("botocore", "google", "azure")
-    )
-
-
-def _mtime(info: dict[str, Any]) -> float:
-    for field in ("LastModified", "last_modified", "mtime", "created", "updated"):
-        value = info.get(field)
-        if isinstance(value, datetime):
-            return value.timestamp()
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                continue
-    return 0.0
-
-
-class BucketStore(PackedHome):
+class BucketStore(BucketShelf):
     """A store under ``url`` in a bucket; see the module docstring.
 
     ``cache`` is a local directory kept in front as a read-through cache; ``signing_key``
@@ -256,137 +204,7 @@ class BucketStore(PackedHome):
         store.signer = signer  # None means unsigned here, not the environment's key
         return store
 
-    # -- requests -----------------------------------------------------------------------------
-
-    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)``, retried with backoff while it fails transiently."""
-        delay = self.backoff
-        for attempt in range(self.retries + 1):
-            try:
-                return fn(*args, **kwargs)
-            except Exception as why:
-                if _no_credentials(why):
-                    raise self._uncredentialed(what, why) from why
-                if not _transient(why):
-                    if isinstance(why, PermissionError):
-                        raise StoreError(
-                            f"{what} on {self.url} was refused ({why}): check the credentials "
-                            "and the bucket's permissions"
-                        ) from why
-                    raise
-                if attempt == self.retries:
-                    raise StoreError(
-                        f"{what} on {self.url} failed {attempt + 1} times ({type(why).__name__}: "
-                        f"{why}); the bucket seems unreachable — nothing half-written is "
-                        "visible; try again later or check the endpoint"
-                    ) from why
-                time.sleep(delay * (1 + random.random()))
-                delay *= 2
-        raise AssertionError("unreachable")
-
-    def _uncredentialed(self, what: str, why: BaseException) -> StoreError:
-        return StoreError(
-            f"{what} on {self.url} found no credentials ({type(why).__name__}: {why}): pass "
-            "them as storage options (`key=`, `secret=` for s3) or set them where the client "
-            "looks (for s3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
-        )
-
-    def _bucket_name(self) -> str | None:
-        """The bucket the store lies in, on an object store (``s3://bucket/…``); None on a
-        filesystem (``file://``, ``memory://``), which has none."""
-        if self._protocols & {"file", "local", "memory"}:
-            return None
-        return self.root.lstrip("/").split("/", 1)[0] or None
-
-    def _missing_bucket(self) -> str | None:
-        """The name of the store's bucket when it does not exist (one request); None when it
-        does, or the home has no bucket."""
-        bucket = self._bucket_name()
-        if bucket is None:
-            return None
-        self.fs.invalidate_cache(bucket)
-        try:
-            self._call(f"looking for the bucket `{bucket}`", self.fs.info, bucket)
-        except FileNotFoundError:
-            return bucket
-        return None
-
-    def _no_bucket(self, bucket: str) -> StoreError:
-        return StoreError(
-            f"cannot write to {self.url}: the bucket `{bucket}` does not exist. Create it "
-            "first, or check the URL"
-        )
-
-    def _path(self, section: str, name: str) -> str:
-        return f"{self.root}/{section}/{name}"
-
-    def _blob_path(self, digest: str) -> str:
-        hexed = check_digest(digest)[7:]
-        return f"{self.root}/blobs/{hexed[:2]}/{hexed}"
-
-    def _answer_path(self, key: str) -> str:
-        hexed = check_digest(key)[7:]
-        return f"{self.root}/answers/{hexed[:2]}/{hexed}"
-
-    def _pack_path(self, pack_id: str) -> str:
-        return f"{self.root}/packs/{check_digest(pack_id)[7:]}"
-
-    def _write(self, path: str, pieces: Sequence[Buffer]) -> None:
-        """Publishes ``pieces`` at ``path`` whole: an object store's upload does that by
-        itself; a plain filesystem goes through ``tmp/`` and a rename."""
-        if self._atomic:
-            self._upload(path, path, pieces)
-            return
-        with self._in_tmp(".part") as name:
-            self._upload(self._path("tmp", name), path, pieces)
-
-    def _upload(self, path: str, target: str, pieces: Sequence[Buffer]) -> None:
-        """Writes ``pieces`` at ``path``, then (on a plain filesystem, where ``path`` is in
-        ``tmp/``) renames it to ``target``."""
-        size = nbytes(pieces)
-
-        def upload() -> None:
-            if size <= _STREAM_ABOVE:
-                self.fs.pipe_file(path, b"".join(pieces))
-            else:
-                self._stream(path, pieces, size)
-
-        try:
-            self._call(f"writing {target}", upload)
-            if not self._atomic:
-                self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-                self.fs.mv(path, target)
-        except BaseException as why:
-            if not self._atomic:
-                with contextlib.suppress(OSError):  # gone already, or tidied by a gc
-                    self._rm_one(path)
-            if isinstance(why, FileNotFoundError):  # on an object store: no bucket
-                bucket = self._missing_bucket()
-                if bucket is not None:
-                    raise self._no_bucket(bucket) from why
-                raise StoreError(f"writing {target} on {self.url} failed: {why}") from why
-            raise
-
-    def _stream(self, path: str, pieces: Sequence[Buffer], size: int) -> None:
-        """Uploads ``pieces`` to ``path`` through a file, committed only once every piece is
-        written: an upload interrupted part way is discarded (an object store's multipart
-        upload is aborted), and whatever a filesystem made visible early (``memory://``
-        shows a file as it is written) is removed, so no half-written object remains."""
-        out = self.fs.open(path, "wb", autocommit=False)
-        try:
-            for piece in pieces:
-                out.write(piece)
-            out.close()
-            out.commit()
-        except BaseException:
-            try:
-                out.discard()
-                self.fs.invalidate_cache(path)
-                if self.fs.exists(path) and int(self.fs.info(path).get("size", -1)) != size:
-                    self.fs.rm(path)
-            except Exception:
-                pass  # tidying up must not hide why the upload failed
-            raise
+    # -- writing ------------------------------------------------------------------------------
 
     @staticmethod
     def _fill_cache(fill: Callable[..., None], *args: Any) -> None:
@@ -395,83 +213,6 @@ class BucketStore(PackedHome):
         holds it, and the cache only saves requests."""
         with contextlib.suppress(StoreError):
             fill(*args)
-
-    def _read(self, path: str, what: str) -> bytes | None:
-        try:
-            return cast(bytes, self._call(f"reading {what}", self.fs.cat_file, path))
-        except _ABSENT:
-            return None
-
-    def _read_paths(self, paths: list[str]) -> dict[str, bytes | None]:
-        """Reads ``paths`` concurrently (fsspec batches them); None for each that is absent."""
-        out: dict[str, bytes | None] = {}
-        left = list(paths)
-        delay = self.backoff
-        for attempt in range(self.retries + 1):
-            if not left:
-                break
-            got = self.fs.cat(left, on_error="return") if len(left) > 1 else None
-            if got is None:
-                try:
-                    got = {left[0]: self.fs.cat_file(left[0])}
-                except Exception as why:
-                    got = {left[0]: why}
-            retry = []
-            for path in left:
-                value = got.get(path, got.get(path.lstrip("/")))
-                if isinstance(value, bytes):
-                    out[path] = value
-                elif value is None or isinstance(value, _ABSENT):
-                    out[path] = None
-                elif isinstance(value, BaseException) and _no_credentials(value):
-                    raise self._uncredentialed(f"reading {path}", value) from value
-                elif isinstance(value, BaseException) and _transient(value):
-                    retry.append(path)
-                elif isinstance(value, BaseException):
-                    raise StoreError(f"reading {path} from {self.url} failed: {value}") from value
-                else:
-                    out[path] = None
-            if retry and attempt == self.retries:
-                raise StoreError(
-                    f"reading {len(retry)} files from {self.url} kept failing; the bucket "
-                    "seems unreachable — try again later or check the endpoint"
-                )
-            if retry:
-                time.sleep(delay * (1 + random.random()))
-                delay *= 2
-            left = retry
-        return out
-
-    def _list(self, section: str) -> dict[str, dict[str, Any]]:
-        """Path → info of every object under ``section``, from a fresh listing."""
-        where = f"{self.root}/{section}"
-        self.fs.invalidate_cache(where)
-        try:
-            if self._atomic:
-                found = self._call(f"listing {section}", self.fs.find, where, detail=True)
-            else:
-                found = dict(sorted(self._call(f"listing {section}", self._walk, where).items()))
-        except _ABSENT:
-            return {}
-        return cast(dict[str, dict[str, Any]], found)
-
-    def _walk(self, where: str) -> dict[str, dict[str, Any]]:
-        """Path → info of every file under ``where`` on a plain filesystem. A folder that
-        cannot be read fails the listing (PermissionError), where ``find`` would leave it
-        out, and gc take what it holds for unused; one gone meanwhile holds nothing."""
-        out: dict[str, dict[str, Any]] = {}
-        try:
-            listed = self.fs.ls(where, detail=True)
-        except FileNotFoundError:
-            return out
-        for info in listed:
-            if info.get("type") == "directory":
-                out.update(self._walk(info["name"]))
-            else:
-                out[info["name"]] = info
-        return out
-
-    # -- writing ------------------------------------------------------------------------------
 
     def _put(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str:
         pieces = pieces_of(data)
@@ -720,139 +461,6 @@ class BucketStore(PackedHome):
         super().close()
         if self.cache is not None:
             self.cache.close()
-
-    def _collected(self, grace: float) -> None:
-        if self.cache is not None:
-            # A cache holds copies only: what was dropped goes too. Its tmp/ keeps a grace:
-            # another process sharing the cache may be writing there now.
-            collect(self.cache, 0, 0.0, abandoned_after=max(grace, _CACHE_WRITES_GRACE))
-        with self._lock:
-            merging, self._merging = self._merging, None
-        if merging is not None and merging[0]:
-            # One log of the merged times replaces the many that were read.
-            logs, merged = merging
-            self._used.update(
-                {
-                    f"blake3:{n.rsplit('/', 1)[-1]}": t
-                    for (s, n), t in merged.items()
-                    if s == "answers"
-                }
-            )
-            self._used_packs.update(
-                {f"blake3:{n}": t for (s, n), t in merged.items() if s == "packs"}
-            )
-            self._write_use()  # written before the logs it replaces are removed
-            self._rm("removing used/ logs", logs)
-
-    def _entries(self, section: str) -> list[Entry]:
-        base = f"{self.root}/{section}/".lstrip("/")
-        out = []
-        for path, info in self._list(section).items():
-            name = path.lstrip("/")[len(base) :]
-            out.append(Entry(name, int(info.get("size") or 0), _mtime(info)))
-        return out
-
-    def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
-        paths = {self._path(section, name): name for name in names}
-        return {paths[p]: data for p, data in self._read_paths(list(paths)).items()}
-
-    def _remove(self, section: str, names: list[str]) -> None:
-        self._rm(f"removing from {section}", [self._path(section, name) for name in names])
-
-    def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]:
-        """Each file is read again and removed only if it still holds what was listed. A
-        bucket has no atomic rename, nor (on every object store) a removal that holds only
-        if the object is unchanged, so this narrows the race to one it cannot close: a
-        writer that publishes a record again between this read and the removal loses it,
-        and that answer is a miss, computed and kept again — never a wrong answer."""
-        if not listed:
-            return set()
-        paths = {self._path(section, name): name for name in listed}
-        now = self._read_paths(list(paths))
-        same = [path for path, name in paths.items() if now.get(path) == listed[name]]
-        self._rm(f"removing from {section}", same)
-        return {paths[path] for path in same}
-
-    def _rm(self, what: str, paths: list[str]) -> None:
-        """Removes ``paths``. One already gone (a gc in another thread or process removed
-        it meanwhile) is gone, as asked: not an error."""
-        if not paths:
-            return
-        try:
-            self._call(what, self.fs.rm, paths)
-        except _ABSENT:
-            for path in paths:  # some were gone; the rest one by one
-                with contextlib.suppress(*_ABSENT):
-                    self._call(what, self._rm_one, path)
-
-    def _rm_one(self, path: str) -> None:
-        """Removes the file at ``path``; FileNotFoundError if there is none."""
-        self.fs.invalidate_cache(path)
-        self.fs.rm_file(path)
-
-    def _quarantine(self, section: str, name: str) -> bool:
-        aside = self._path("quarantine", f"{section}/{name.replace('/', '_')}.{time.time_ns()}")
-        what = f"moving {section}/{name} aside"
-        try:
-            if not self._atomic:  # a plain filesystem moves only into a folder that exists
-                self.fs.makedirs(aside.rsplit("/", 1)[0], exist_ok=True)
-            self._call(what, self.fs.mv, self._path(section, name), aside)
-        except FileNotFoundError:
-            return False  # removed meanwhile (a gc elsewhere): nothing is left to move
-        except StoreError:
-            raise
-        except OSError as why:
-            raise StoreError(f"{what} on {self.url} failed ({why}): it is still in place") from why
-        finally:
-            self._forget_all()
-        return True
-
-    def _rehash(self, digest: str) -> str | None:
-        data = self._read(self._blob_path(digest), f"blob {digest}")
-        return None if data is None else hash_bytes(data)
-
-    def _flush_use(self) -> None:
-        """Writes a ``used/`` log; one that cannot be written only loses advice, so it is
-        dropped rather than failing the recall that wrote it."""
-        try:
-            self._write_use()
-        except Exception as why:
-            if not self._use_said:
-                self._use_said = True
-                _log.debug(
-                    "when answers of %s were used cannot be written down (%s: %s); gc will "
-                    "not know it, and recalls go on",
-                    self.url,
-                    type(why).__name__,
-                    why,
-                )
-
-    def _write_use(self) -> None:
-        """Writes when the answers recalled since the last time were used as a ``used/``
-        log (dropped from memory whether or not the write succeeds)."""
-        answers, packs = self._take_uses()
-        if not answers and not packs:
-            return
-        log = json.dumps({"answers": answers, "packs": packs}).encode()
-        self._write(self._path("used", f"{uuid.uuid4().hex}.json"), [log])
-
-    def _uses(self) -> dict[tuple[str, str], float]:
-        out: dict[tuple[str, str], float] = {}
-        listed = list(self._list("used"))
-        for data in self._read_paths(listed).values():
-            try:
-                log = json.loads(data or b"{}")
-                for key, when in log.get("answers", {}).items():
-                    name = (f"{key[7:9]}/{key[7:]}", float(when))
-                    out[("answers", name[0])] = max(out.get(("answers", name[0]), 0.0), name[1])
-                for pack_id, when in log.get("packs", {}).items():
-                    where = ("packs", pack_id[7:])
-                    out[where] = max(out.get(where, 0.0), float(when))
-            except (ValueError, TypeError, AttributeError):
-                continue  # a damaged log only loses recency, which is advice
-        with self._lock:
-            self._merging = (listed, out)
-        return out
 
     def _forget_all(self) -> None:
         super()._forget_all()

@@ -1,0 +1,306 @@
+"""Requests to a bucket: each made again while it fails for a moment, and said plainly
+when it keeps failing; and how a file is published whole.
+
+A bucket store (:mod:`somatize.store.bucket`) reaches its files through fsspec, where
+a request costs tens of milliseconds and can fail on its own for a while: a
+connection reset, a timeout, throttling. Such a failure (:func:`_transient`) is
+retried with exponential backoff and jitter, and one that keeps failing becomes a
+:class:`~somatize.store.base.StoreError` that says so. What cannot go away is not
+retried: a file that is not there is absent (None, or nothing listed), a refusal
+says to check the credentials and the bucket's permissions, credentials not found
+say where the client looks for them, and a write to a bucket that does not exist
+says so.
+
+Reads of many files are made at once (fsspec batches them), and every listing is
+fresh: a bucket has no cheap sign that nothing changed. Object stores publish an
+object whole when its upload completes, so a write goes straight to its place (a
+large one streamed from its pieces, and committed only once every piece is
+written); on ``file://`` it goes through ``tmp/`` and a rename, as in the local
+store.
+
+:class:`BucketRequests` holds this for :class:`~somatize.store.bucket.BucketStore`,
+which opens the filesystem and sets what it declares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
+
+from somatize.store._packed import PackedHome, nbytes
+from somatize.store.base import Buffer, StoreError, check_digest
+
+T = TypeVar("T")
+
+_STREAM_ABOVE = 16 << 20
+"""Blobs larger than this are uploaded through a file, piece by piece, not joined first."""
+
+_DEFINITE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+_ABSENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+"""What reading a file that is not there raises: on a plain filesystem (``file://``) a
+folder of names, or a path under a name, is not a file either."""
+_TRANSIENT_WORDS = ("Connection", "Timeout", "Throttl", "SlowDown", "ServiceUnavailable")
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether ``error`` may go away if the request is made again."""
+    if isinstance(error, _DEFINITE):
+        return False
+    if isinstance(error, (OSError, ConnectionError, TimeoutError)):
+        return True
+    module = type(error).__module__
+    name = type(error).__name__
+    return module.startswith(("botocore", "aiohttp", "urllib3", "requests")) and any(
+        word in name for word in _TRANSIENT_WORDS
+    )
+
+
+def _no_credentials(error: BaseException) -> bool:
+    """Whether ``error`` says no credentials were found (botocore's ``NoCredentialsError``,
+    google-auth's ``DefaultCredentialsError``, …): asking again will not find them."""
+    module = type(error).__module__
+    return "Credential" in type(error).__name__ and module.startswith(
+        ("botocore", "google", "azure")
+    )
+
+
+class BucketRequests(PackedHome):
+    """The requests of a bucket store, retried, and where its files are; see the module
+    docstring."""
+
+    url: str
+    fs: Any
+    """The fsspec filesystem the bucket is reached through."""
+    root: str
+    """The store's path in ``fs``, with no ``/`` at the end."""
+    retries: int
+    backoff: float
+    _protocols: set[str]
+    _atomic: bool
+    """Whether an upload publishes a file whole by itself (an object store); if not (a
+    plain filesystem), a write goes through ``tmp/`` and a rename."""
+
+    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)``, retried with backoff while it fails transiently."""
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as why:
+                if _no_credentials(why):
+                    raise self._uncredentialed(what, why) from why
+                if not _transient(why):
+                    if isinstance(why, PermissionError):
+                        raise StoreError(
+                            f"{what} on {self.url} was refused ({why}): check the credentials "
+                            "and the bucket's permissions"
+                        ) from why
+                    raise
+                if attempt == self.retries:
+                    raise StoreError(
+                        f"{what} on {self.url} failed {attempt + 1} times ({type(why).__name__}: "
+                        f"{why}); the bucket seems unreachable — nothing half-written is "
+                        "visible; try again later or check the endpoint"
+                    ) from why
+                time.sleep(delay * (1 + random.random()))
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def _uncredentialed(self, what: str, why: BaseException) -> StoreError:
+        return StoreError(
+            f"{what} on {self.url} found no credentials ({type(why).__name__}: {why}): pass "
+            "them as storage options (`key=`, `secret=` for s3) or set them where the client "
+            "looks (for s3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+        )
+
+    def _bucket_name(self) -> str | None:
+        """The bucket the store lies in, on an object store (``s3://bucket/…``); None on a
+        filesystem (``file://``, ``memory://``), which has none."""
+        if self._protocols & {"file", "local", "memory"}:
+            return None
+        return self.root.lstrip("/").split("/", 1)[0] or None
+
+    def _missing_bucket(self) -> str | None:
+        """The name of the store's bucket when it does not exist (one request); None when it
+        does, or the home has no bucket."""
+        bucket = self._bucket_name()
+        if bucket is None:
+            return None
+        self.fs.invalidate_cache(bucket)
+        try:
+            self._call(f"looking for the bucket `{bucket}`", self.fs.info, bucket)
+        except FileNotFoundError:
+            return bucket
+        return None
+
+    def _no_bucket(self, bucket: str) -> StoreError:
+        return StoreError(
+            f"cannot write to {self.url}: the bucket `{bucket}` does not exist. Create it "
+            "first, or check the URL"
+        )
+
+    def _path(self, section: str, name: str) -> str:
+        return f"{self.root}/{section}/{name}"
+
+    def _blob_path(self, digest: str) -> str:
+        hexed = check_digest(digest)[7:]
+        return f"{self.root}/blobs/{hexed[:2]}/{hexed}"
+
+    def _answer_path(self, key: str) -> str:
+        hexed = check_digest(key)[7:]
+        return f"{self.root}/answers/{hexed[:2]}/{hexed}"
+
+    def _pack_path(self, pack_id: str) -> str:
+        return f"{self.root}/packs/{check_digest(pack_id)[7:]}"
+
+    def _write(self, path: str, pieces: Sequence[Buffer]) -> None:
+        """Publishes ``pieces`` at ``path`` whole: an object store's upload does that by
+        itself; a plain filesystem goes through ``tmp/`` and a rename."""
+        if self._atomic:
+            self._upload(path, path, pieces)
+            return
+        with self._in_tmp(".part") as name:
+            self._upload(self._path("tmp", name), path, pieces)
+
+    def _upload(self, path: str, target: str, pieces: Sequence[Buffer]) -> None:
+        """Writes ``pieces`` at ``path``, then (on a plain filesystem, where ``path`` is in
+        ``tmp/``) renames it to ``target``."""
+        size = nbytes(pieces)
+
+        def upload() -> None:
+            if size <= _STREAM_ABOVE:
+                self.fs.pipe_file(path, b"".join(pieces))
+            else:
+                self._stream(path, pieces, size)
+
+        try:
+            self._call(f"writing {target}", upload)
+            if not self._atomic:
+                self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+                self.fs.mv(path, target)
+        except BaseException as why:
+            if not self._atomic:
+                with contextlib.suppress(OSError):  # gone already, or tidied by a gc
+                    self._rm_one(path)
+            if isinstance(why, FileNotFoundError):  # on an object store: no bucket
+                bucket = self._missing_bucket()
+                if bucket is not None:
+                    raise self._no_bucket(bucket) from why
+                raise StoreError(f"writing {target} on {self.url} failed: {why}") from why
+            raise
+
+    def _stream(self, path: str, pieces: Sequence[Buffer], size: int) -> None:
+        """Uploads ``pieces`` to ``path`` through a file, committed only once every piece is
+        written: an upload interrupted part way is discarded (an object store's multipart
+        upload is aborted), and whatever a filesystem made visible early (``memory://``
+        shows a file as it is written) is removed, so no half-written object remains."""
+        out = self.fs.open(path, "wb", autocommit=False)
+        try:
+            for piece in pieces:
+                out.write(piece)
+            out.close()
+            out.commit()
+        except BaseException:
+            try:
+                out.discard()
+                self.fs.invalidate_cache(path)
+                if self.fs.exists(path) and int(self.fs.info(path).get("size", -1)) != size:
+                    self.fs.rm(path)
+            except Exception:
+                pass  # tidying up must not hide why the upload failed
+            raise
+
+    def _read(self, path: str, what: str) -> bytes | None:
+        try:
+            return cast(bytes, self._call(f"reading {what}", self.fs.cat_file, path))
+        except _ABSENT:
+            return None
+
+    def _read_paths(self, paths: list[str]) -> dict[str, bytes | None]:
+        """Reads ``paths`` concurrently (fsspec batches them); None for each that is absent."""
+        out: dict[str, bytes | None] = {}
+        left = list(paths)
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            if not left:
+                break
+            got = self.fs.cat(left, on_error="return") if len(left) > 1 else None
+            if got is None:
+                try:
+                    got = {left[0]: self.fs.cat_file(left[0])}
+                except Exception as why:
+                    got = {left[0]: why}
+            retry = []
+            for path in left:
+                value = got.get(path, got.get(path.lstrip("/")))
+                if isinstance(value, bytes):
+                    out[path] = value
+                elif value is None or isinstance(value, _ABSENT):
+                    out[path] = None
+                elif isinstance(value, BaseException) and _no_credentials(value):
+                    raise self._uncredentialed(f"reading {path}", value) from value
+                elif isinstance(value, BaseException) and _transient(value):
+                    retry.append(path)
+                elif isinstance(value, BaseException):
+                    raise StoreError(f"reading {path} from {self.url} failed: {value}") from value
+                else:
+                    out[path] = None
+            if retry and attempt == self.retries:
+                raise StoreError(
+                    f"reading {len(retry)} files from {self.url} kept failing; the bucket "
+                    "seems unreachable — try again later or check the endpoint"
+                )
+            if retry:
+                time.sleep(delay * (1 + random.random()))
+                delay *= 2
+            left = retry
+        return out
+
+    def _list(self, section: str) -> dict[str, dict[str, Any]]:
+        """Path → info of every object under ``section``, from a fresh listing."""
+        where = f"{self.root}/{section}"
+        self.fs.invalidate_cache(where)
+        try:
+            if self._atomic:
+                found = self._call(f"listing {section}", self.fs.find, where, detail=True)
+            else:
+                found = dict(sorted(self._call(f"listing {section}", self._walk, where).items()))
+        except _ABSENT:
+            return {}
+        return cast(dict[str, dict[str, Any]], found)
+
+    def _walk(self, where: str) -> dict[str, dict[str, Any]]:
+        """Path → info of every file under ``where`` on a plain filesystem. A folder that
+        cannot be read fails the listing (PermissionError), where ``find`` would leave it
+        out, and gc take what it holds for unused; one gone meanwhile holds nothing."""
+        out: dict[str, dict[str, Any]] = {}
+        try:
+            listed = self.fs.ls(where, detail=True)
+        except FileNotFoundError:
+            return out
+        for info in listed:
+            if info.get("type") == "directory":
+                out.update(self._walk(info["name"]))
+            else:
+                out[info["name"]] = info
+        return out
+
+    def _rm(self, what: str, paths: list[str]) -> None:
+        """Removes ``paths``. One already gone (a gc in another thread or process removed
+        it meanwhile) is gone, as asked: not an error."""
+        if not paths:
+            return
+        try:
+            self._call(what, self.fs.rm, paths)
+        except _ABSENT:
+            for path in paths:  # some were gone; the rest one by one
+                with contextlib.suppress(*_ABSENT):
+                    self._call(what, self._rm_one, path)
+
+    def _rm_one(self, path: str) -> None:
+        """Removes the file at ``path``; FileNotFoundError if there is none."""
+        self.fs.invalidate_cache(path)
+        self.fs.rm_file(path)

@@ -1,0 +1,179 @@
+"""What upkeep asks of a bucket store: its files listed, read, removed and moved aside,
+section by section — and the ``used/`` logs that say when answers were used.
+
+Collecting and checking are written once for every home (:mod:`somatize.store.upkeep`),
+over the primitives of a :class:`~somatize.store.upkeep.Shelf`; on a bucket each is a
+request or a batch of them. A bucket has no atomic rename, so a record is dropped only
+if it still holds what was listed when it is read again just before; what race is left,
+and why it costs at worst a miss, :meth:`BucketShelf._drop` says. A gc collects the
+cache in front too, which holds copies only.
+
+A bucket cannot touch an object's time, so when answers were used is written as small
+``used/`` logs, which ``gc`` merges and replaces with one. That is advice: a log that
+cannot be written is dropped, said once at debug level, and never fails a recall; a
+damaged one only loses recency.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from datetime import datetime
+from typing import Any
+
+from somatize.store._bucket_requests import BucketRequests
+from somatize.store._packed import hash_bytes
+from somatize.store.base import StoreError
+from somatize.store.local import LocalStore
+from somatize.store.upkeep import Entry, collect
+
+_log = logging.getLogger("somatize.store.bucket")
+"""The bucket store's logger, named after its public module."""
+
+_CACHE_WRITES_GRACE = 60.0
+"""Files in the cache's ``tmp/`` younger than this (seconds) are left by a bucket's gc: another
+process sharing the cache may be writing them."""
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    for field in ("LastModified", "last_modified", "mtime", "created", "updated"):
+        value = info.get(field)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return 0.0
+
+
+class BucketShelf(BucketRequests):
+    """The files of a bucket store as upkeep sees them (a
+    :class:`~somatize.store.upkeep.Shelf`), and its ``used/`` logs; see the module
+    docstring."""
+
+    cache: LocalStore | None
+    """The local store in front, if any: a gc collects it too."""
+    _merging: tuple[list[str], dict[tuple[str, str], float]] | None
+    _use_said: bool
+
+    def _collected(self, grace: float) -> None:
+        if self.cache is not None:
+            # A cache holds copies only: what was dropped goes too. Its tmp/ keeps a grace:
+            # another process sharing the cache may be writing there now.
+            collect(self.cache, 0, 0.0, abandoned_after=max(grace, _CACHE_WRITES_GRACE))
+        with self._lock:
+            merging, self._merging = self._merging, None
+        if merging is not None and merging[0]:
+            # One log of the merged times replaces the many that were read.
+            logs, merged = merging
+            self._used.update(
+                {
+                    f"blake3:{n.rsplit('/', 1)[-1]}": t
+                    for (s, n), t in merged.items()
+                    if s == "answers"
+                }
+            )
+            self._used_packs.update(
+                {f"blake3:{n}": t for (s, n), t in merged.items() if s == "packs"}
+            )
+            self._write_use()  # written before the logs it replaces are removed
+            self._rm("removing used/ logs", logs)
+
+    def _entries(self, section: str) -> list[Entry]:
+        base = f"{self.root}/{section}/".lstrip("/")
+        out = []
+        for path, info in self._list(section).items():
+            name = path.lstrip("/")[len(base) :]
+            out.append(Entry(name, int(info.get("size") or 0), _mtime(info)))
+        return out
+
+    def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
+        paths = {self._path(section, name): name for name in names}
+        return {paths[p]: data for p, data in self._read_paths(list(paths)).items()}
+
+    def _remove(self, section: str, names: list[str]) -> None:
+        self._rm(f"removing from {section}", [self._path(section, name) for name in names])
+
+    def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]:
+        """Each file is read again and removed only if it still holds what was listed. A
+        bucket has no atomic rename, nor (on every object store) a removal that holds only
+        if the object is unchanged, so this narrows the race to one it cannot close: a
+        writer that publishes a record again between this read and the removal loses it,
+        and that answer is a miss, computed and kept again — never a wrong answer."""
+        if not listed:
+            return set()
+        paths = {self._path(section, name): name for name in listed}
+        now = self._read_paths(list(paths))
+        same = [path for path, name in paths.items() if now.get(path) == listed[name]]
+        self._rm(f"removing from {section}", same)
+        return {paths[path] for path in same}
+
+    def _quarantine(self, section: str, name: str) -> bool:
+        aside = self._path("quarantine", f"{section}/{name.replace('/', '_')}.{time.time_ns()}")
+        what = f"moving {section}/{name} aside"
+        try:
+            if not self._atomic:  # a plain filesystem moves only into a folder that exists
+                self.fs.makedirs(aside.rsplit("/", 1)[0], exist_ok=True)
+            self._call(what, self.fs.mv, self._path(section, name), aside)
+        except FileNotFoundError:
+            return False  # removed meanwhile (a gc elsewhere): nothing is left to move
+        except StoreError:
+            raise
+        except OSError as why:
+            raise StoreError(f"{what} on {self.url} failed ({why}): it is still in place") from why
+        finally:
+            self._forget_all()
+        return True
+
+    def _rehash(self, digest: str) -> str | None:
+        data = self._read(self._blob_path(digest), f"blob {digest}")
+        return None if data is None else hash_bytes(data)
+
+    def _flush_use(self) -> None:
+        """Writes a ``used/`` log; one that cannot be written only loses advice, so it is
+        dropped rather than failing the recall that wrote it."""
+        try:
+            self._write_use()
+        except Exception as why:
+            if not self._use_said:
+                self._use_said = True
+                _log.debug(
+                    "when answers of %s were used cannot be written down (%s: %s); gc will "
+                    "not know it, and recalls go on",
+                    self.url,
+                    type(why).__name__,
+                    why,
+                )
+
+    def _write_use(self) -> None:
+        """Writes when the answers recalled since the last time were used as a ``used/``
+        log (dropped from memory whether or not the write succeeds)."""
+        answers, packs = self._take_uses()
+        if not answers and not packs:
+            return
+        log = json.dumps({"answers": answers, "packs": packs}).encode()
+        self._write(self._path("used", f"{uuid.uuid4().hex}.json"), [log])
+
+    def _uses(self) -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        listed = list(self._list("used"))
+        for data in self._read_paths(listed).values():
+            try:
+                log = json.loads(data or b"{}")
+                for key, when in log.get("answers", {}).items():
+                    name = (f"{key[7:9]}/{key[7:]}", float(when))
+                    out[("answers", name[0])] = max(out.get(("answers", name[0]), 0.0), name[1])
+                for pack_id, when in log.get("packs", {}).items():
+                    where = ("packs", pack_id[7:])
+                    out[where] = max(out.get(where, 0.0), float(when))
+            except (ValueError, TypeError, AttributeError):
+                continue  # a damaged log only loses recency, which is advice
+        with self._lock:
+            self._merging = (listed, out)
+        return out

@@ -1,0 +1,330 @@
+"""The files of a local store: where each one lives, how it is published whole, and what
+a file that cannot be written or read says.
+
+A local store (:mod:`somatize.store.local`) is a directory of files named by digest
+(``blobs/ab/<hex>``, ``answers/ab/<hex>``, ``packs/<hex>``), and every write is the
+same move: the bytes go to a new file in ``tmp/``, under a name no other writer uses,
+and are published with an atomic rename, so a reader sees the file whole or not at
+all (with ``durable=True`` the file and its directory are fsynced too). A large blob
+is hashed on another thread while its bytes are written, so the hash costs no time of
+its own; a blob already here is touched instead of written again, so a gc running now
+spares it for the record about to refer to it.
+
+A write that fails leaves nothing half-written, and says so in the store's terms: no
+space left (:class:`~somatize.store.base.StoreFull`), or a store this process may not
+change (a read-only disk, another user's files), which can still be read. A file that
+cannot be read says which, and that nothing was changed; a damaged one is moved to
+``quarantine/``.
+
+:class:`LocalFiles` holds this for :class:`~somatize.store.local.LocalStore`, which
+opens the directory and sets what it declares; its reading (:mod:`somatize.store.local`)
+and its upkeep (:mod:`somatize.store._local_upkeep`) build on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from somatize._threads import process_pool
+from somatize.store._packed import PackedHome, digest_of, nbytes, pieces_of
+from somatize.store.base import (
+    Answer,
+    Buffer,
+    StoreError,
+    StoreFull,
+    check_digest,
+    check_name,
+    names_above,
+    nested,
+    unbacked,
+    unbound,
+)
+from somatize.store.records import PackIndex, encode_name
+
+_OVERLAP = 16 << 20
+"""Blobs this large are hashed while they are written, not before."""
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+"""What the filesystem says when this process may not change the store (a read-only disk,
+another user's files)."""
+
+
+def _hashers() -> ThreadPoolExecutor:
+    """A thread that hashes large blobs while they are written, made on first use."""
+    return process_pool("somatize-hash", 1)
+
+
+def _read_file(path: str) -> bytes:
+    """The bytes of the file at ``path``: two system calls and a copy for a small file
+    (a record), where a Python file object costs several times that."""
+    handle = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        chunks = []
+        while chunk := os.read(handle, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(handle)
+
+
+class LocalFiles(PackedHome):
+    """The files of a local store: where each lives, and how it is published whole; see
+    the module docstring."""
+
+    root: Path
+    """The store's directory."""
+    durable: bool
+    """Whether every publish is fsynced."""
+    _blobs: str
+    _answers: str
+    _packs_dir: str
+    _tmp: str
+    """Where ``blobs/``, ``answers/``, ``packs/`` and ``tmp/`` are, as strings to join
+    names onto (all but ``packs/`` end in a separator)."""
+    _verified: dict[str, tuple[int, int]]
+    """Digest → (inode, mtime) of the file that was hashed and matched."""
+
+    # -- paths ------------------------------------------------------------------------------
+
+    def blob_path(self, digest: str) -> Path:
+        """Where blob ``digest`` lives (whether or not it is there)."""
+        return Path(self._blob_file(digest))
+
+    def answer_path(self, key: str) -> Path:
+        """Where the record of ``key`` lives (whether or not it is there)."""
+        return Path(self._answer_file(key))
+
+    def _blob_file(self, digest: str) -> str:
+        hexed = check_digest(digest)[7:]
+        return f"{self._blobs}{hexed[:2]}{os.sep}{hexed}"
+
+    def _answer_file(self, key: str) -> str:
+        hexed = check_digest(key)[7:]
+        return f"{self._answers}{hexed[:2]}{os.sep}{hexed}"
+
+    def _pack_file(self, pack_id: str) -> str:
+        return f"{self._packs_dir}{os.sep}{check_digest(pack_id)[7:]}"
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _publish(self, target: Path | str, pieces: Sequence[Buffer]) -> tuple[int, int]:
+        """Writes ``pieces`` to ``target`` through ``tmp/`` and a rename; returns the new
+        file's (inode, mtime)."""
+        target = os.fspath(target)
+        with self._in_tmp(".part") as name:
+            temporary = self._tmp + name
+            stat = self._write_temporary(pieces, target, temporary)
+            self._place(temporary, target)
+        return stat.st_ino, stat.st_mtime_ns
+
+    def _write_temporary(
+        self, pieces: Sequence[Buffer], target: str | None, temporary: str
+    ) -> os.stat_result:
+        """Writes ``pieces`` to ``temporary``, a new file in ``tmp/`` (fsynced when durable);
+        its stat. ``target`` names what it is for, in errors."""
+        try:
+            with self._created(temporary) as out:
+                for piece in pieces:
+                    out.write(piece)
+                out.flush()
+                if self.durable:
+                    os.fsync(out.fileno())
+                return os.fstat(out.fileno())
+        except OSError as why:
+            raise self._unwritten(temporary, target, why) from why
+
+    def _created(self, temporary: str) -> io.BufferedWriter:
+        """``temporary``, a new file in ``tmp/``, open for writing; ``tmp/`` is made first
+        when it is not there (a store copied without its empty folders)."""
+        try:
+            return open(temporary, "wb")
+        except FileNotFoundError:
+            os.makedirs(self._tmp, exist_ok=True)
+            return open(temporary, "wb")
+
+    def writable(self) -> bool:
+        """An empty file is made in ``tmp/`` (and ``tmp/`` first where it is missing) and
+        removed: False if that is refused as on a read-only disk (:data:`_READ_ONLY`);
+        another failure (no inode left) says nothing of what later writes may do."""
+        with self._in_tmp(".part") as name:
+            probe = self._tmp + name
+            try:
+                with self._created(probe):
+                    pass
+            except OSError as why:
+                return why.errno not in _READ_ONLY
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
+        return True
+
+    def _place(self, temporary: str, target: str) -> None:
+        """Renames a written file of ``tmp/`` to ``target``: it appears whole or not at all."""
+        try:
+            try:
+                os.replace(temporary, target)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.replace(temporary, target)
+            if self.durable:
+                self._sync_directory(Path(target).parent)
+        except OSError as why:
+            raise self._unwritten(temporary, target, why) from why
+
+    def _unwritten(self, temporary: str, target: str | None, why: OSError) -> StoreError:
+        """The error for a write that failed; the temporary file is removed first (one that
+        cannot be, never written or on a read-only disk, is left to gc)."""
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        where = os.path.relpath(target, self.root) if target is not None else "a blob"
+        if why.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StoreFull(
+                f"could not write {where} into {self.root}: no space left ({why.strerror}). "
+                "Nothing half-written was left and the store is as it was; free space, or "
+                "make room with `somatize store gc --max-bytes SIZE`"
+            )
+        if why.errno in _READ_ONLY:
+            return StoreError(
+                f"could not write {where} into {self.root}: the store is read-only for this "
+                f"process ({why.strerror}). Nothing was changed; it can still be read. Keep "
+                "answers in a store this process may write"
+            )
+        return StoreError(f"could not write {where} into {self.root}: {why}")
+
+    @staticmethod
+    def _sync_directory(directory: Path) -> None:
+        handle = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+
+    def _put(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str:
+        pieces = pieces_of(data)
+        size = nbytes(pieces)
+        if size >= _OVERLAP:
+            return self._put_large(pieces, size, claims)
+        digest = digest_of(pieces)
+        self._claim(digest, claims)
+        target = self._blob_file(digest)
+        if self._already(target, size):
+            return digest
+        self._verified[digest] = self._publish(target, pieces)
+        return digest
+
+    def _put_large(self, pieces: Sequence[Buffer], size: int, claims: list[str]) -> str:
+        """A large blob is hashed on another thread while its bytes are written to ``tmp/``,
+        and renamed to its digest's name once both are done: the hash costs no time of its
+        own. Only the write is wasted when the blob turns out to be here already."""
+        hashing = _hashers().submit(digest_of, pieces)
+        with self._in_tmp(".part") as name:
+            temporary = self._tmp + name
+            try:
+                stat = self._write_temporary(pieces, None, temporary)
+            finally:
+                digest = hashing.result()
+            self._claim(digest, claims)
+            target = self._blob_file(digest)
+            if self._already(target, size):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary)
+                return digest
+            self._place(temporary, target)
+        self._verified[digest] = (stat.st_ino, stat.st_mtime_ns)
+        return digest
+
+    @staticmethod
+    def _already(target: str, size: int) -> bool:
+        """Whether the blob at ``target`` is here whole; if so it is touched, so a gc running
+        now sees a fresh blob and leaves it for the record about to refer to it. A blob this
+        process may not touch (a read-only store, another user's file) is here all the same:
+        the touch only guards against a gc, as a bucket's put, which cannot touch, does not."""
+        try:
+            if os.stat(target).st_size != size:
+                return False
+            os.utime(target)
+        except FileNotFoundError:
+            return False  # not here, or removed by a gc just now: it is written afresh
+        except OSError:
+            pass
+        return True
+
+    def bind(self, name: str, digest: str) -> None:
+        """The blob is touched first, so a gc running now spares it for the name about to
+        point at it, and looked for again once the name is written: a gc that removed it
+        meanwhile is said, not left as a name pointing at nothing."""
+        check_name(name)
+        blob = self._blob_file(digest)
+        names = self.root / "names"
+        above = next((n for n in names_above(name) if (names / n).is_file()), None)
+        if above is not None or (names / name).is_dir():
+            raise nested(name, above)
+        try:
+            os.utime(blob)
+        except FileNotFoundError:
+            raise unbacked(name, digest, str(self.root)) from None
+        except OSError:
+            pass  # here, and not this process's to touch (a read-only store, another user's)
+        self._publish(names / name, [encode_name(name, digest, self.signer)])
+        if not os.path.exists(blob):
+            raise unbound(name, digest, str(self.root))
+
+    def _publish_record(self, answer: Answer, data: bytes) -> None:
+        self._publish(self._answer_file(answer.key), [data])
+
+    def _take_blob(self, digest: str, pieces: Sequence[Buffer]) -> None:
+        """Keeps blob ``digest`` whose bytes were verified elsewhere (a cache in front of a
+        bucket fills itself this way, without hashing twice)."""
+        target = self._blob_file(digest)
+        try:
+            if os.stat(target).st_size == nbytes(pieces):
+                return
+        except FileNotFoundError:
+            pass
+        self._verified[digest] = self._publish(target, pieces)
+
+    def _take_record(self, answer: Answer, data: bytes) -> None:
+        """Keeps ``data``, the record of ``answer`` read or written elsewhere (a cache in
+        front of a bucket fills itself this way); it answers its key from now on, unless
+        a newer pack does."""
+        self._publish(self._answer_file(answer.key), [data])
+        self._supersede(answer)
+
+    def _publish_index(self, pack: PackIndex, data: bytes) -> None:
+        self._publish(self._pack_file(pack.id), [data])
+        self._adopt(pack)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _set_aside(self, path: str, section: str, label: str) -> bool:
+        """Moves a damaged file to ``quarantine/<section>/<label>.<time>``; False if it was
+        gone already, OSError if it cannot be moved (a read-only store)."""
+        aside = self.root / "quarantine" / section / f"{label}.{time.time_ns()}"
+        try:
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, aside)
+        except FileNotFoundError:
+            return False  # already moved or removed by another reader: either way it is gone
+        return True
+
+    def _unreadable(self, section: str, why: OSError) -> StoreError:
+        """The error for a file or folder of ``section`` this process cannot read."""
+        where = section
+        if why.filename is not None:
+            where = os.fsdecode(why.filename)
+            with contextlib.suppress(ValueError):  # on another drive: named in full
+                where = os.path.relpath(where, self.root).replace(os.sep, "/")
+        advice = (
+            " Run this as a user who may read every file of the store"
+            if isinstance(why, PermissionError)
+            else ""
+        )
+        return StoreError(
+            f"cannot read {where} in {self.root} ({why.strerror or why}); nothing was removed "
+            f"or changed.{advice}"
+        )

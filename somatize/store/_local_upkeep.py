@@ -1,0 +1,210 @@
+"""What upkeep asks of a local store: its files listed, read, removed and moved aside,
+section by section — and when answers were used, written as the times of their files.
+
+Collecting and checking are written once for every home (:mod:`somatize.store.upkeep`),
+over the primitives of a :class:`~somatize.store.upkeep.Shelf`; in a local store they
+are plain file operations on the directory. A folder or file this process may not
+read is an error, never left out: upkeep would take what it holds for unused, or the
+store for whole. A record is dropped by renaming it into ``tmp/`` first and comparing
+it there, so one a writer publishes again under its name from that moment on is a new
+file, never removed.
+
+When an answer was last used is written as the file time of its record or pack index
+(:func:`_write_uses`), in batches, on close and when the store is let go, so a recall
+costs no extra system call; ``gc`` evicts by it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from pathlib import Path
+
+import blake3
+
+from somatize.store._local_files import _READ_ONLY, LocalFiles, _read_file
+from somatize.store._packed import hash_bytes
+from somatize.store.base import StoreError
+from somatize.store.upkeep import Entry
+
+
+def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -> None:
+    """Sets the file time of each record (``answers``: key → time) and pack index (``packs``:
+    id → time) to when it was last used; files gone meanwhile are skipped."""
+    sep = os.sep
+    for section, used in (("answers", answers), ("packs", packs)):
+        for digest, when in used.items():
+            hexed = digest[7:]
+            shard = f"{hexed[:2]}{sep}" if section == "answers" else ""
+            # Gone meanwhile, or read-only: recency is advice, never an error.
+            with contextlib.suppress(OSError):
+                os.utime(f"{root}{sep}{section}{sep}{shard}{hexed}", (when, when))
+
+
+class LocalShelf(LocalFiles):
+    """The files of a local store as upkeep sees them (a
+    :class:`~somatize.store.upkeep.Shelf`); see the module docstring."""
+
+    def _section(self, section: str) -> Path:
+        return self.root / section
+
+    def _entries(self, section: str) -> list[Entry]:
+        """Every file of ``section``. A folder or file this process may not read (another
+        user's, made with umask 077) is a StoreError, never left out: upkeep would take what
+        it holds for unused (gc removing the blobs it refers to) or the store for whole."""
+        base = str(self._section(section))
+        out = []
+
+        def unlisted(why: OSError) -> None:
+            if not isinstance(why, FileNotFoundError):  # absent: nothing written there yet
+                raise self._unreadable(section, why) from why
+
+        for folder, _, files in os.walk(base, onerror=unlisted):
+            inside = folder[len(base) + 1 :].replace(os.sep, "/")  # "ab" in answers/ab/
+            lead = f"{inside}/" if inside else ""
+            for name in files:
+                try:
+                    stat = os.stat(f"{folder}{os.sep}{name}")
+                except FileNotFoundError:
+                    continue
+                except OSError as why:
+                    raise self._unreadable(section, why) from why
+                out.append(Entry(lead + name, stat.st_size, stat.st_mtime))
+        return out
+
+    def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
+        base = f"{self._section(section)}{os.sep}"
+        out: dict[str, bytes | None] = {}
+        for name in names:
+            try:
+                out[name] = _read_file(base + name)
+            except (FileNotFoundError, IsADirectoryError):
+                out[name] = None
+            except OSError as why:
+                raise self._unreadable(section, why) from why
+        return out
+
+    def _remove(self, section: str, names: list[str]) -> None:
+        base = self._section(section)
+        for name in names:
+            try:
+                (base / name).unlink(missing_ok=True)
+            except OSError as why:
+                raise self._unremoved(section, name, why) from why
+
+    def _unremoved(self, section: str, name: str, why: OSError) -> StoreError:
+        readonly = why.errno in _READ_ONLY
+        return StoreError(
+            f"could not remove {section}/{name} from {self.root}"
+            + (": the store is read-only for this process" if readonly else "")
+            + f" ({why.strerror}). What was removed before is gone, the rest is as it "
+            "was; run gc where the store can be written"
+        )
+
+    def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]:
+        """Each file is first renamed into ``tmp/`` — atomically, so that a record a writer
+        publishes under its name from that moment on is a new file, never removed — and
+        compared there with what was listed: only one still as listed is removed. One
+        published again between the listing and the rename is put back, unless a writer
+        published a newer one meanwhile, which stays. What remains: while a record is set
+        aside its key is a miss to readers, and a gc killed in that instant leaves it in
+        ``tmp/`` (removed by a later gc) — a miss either way, recomputed, never a wrong
+        answer."""
+        gone: set[str] = set()
+        if not listed:
+            return gone
+        try:
+            os.makedirs(self._tmp, exist_ok=True)
+        except OSError as why:
+            raise self._unremoved(section, next(iter(listed)), why) from why
+        for name, was in listed.items():
+            with self._in_tmp(".dropped") as aside:
+                if self._drop_one(section, name, was, self._tmp + aside):
+                    gone.add(name)
+        return gone
+
+    def _drop_one(self, section: str, name: str, was: bytes, aside: str) -> bool:
+        """Drops ``section/name`` if it holds ``was``, setting it ``aside`` (a path in
+        ``tmp/``) first, as :meth:`_drop` says; whether it is gone."""
+        path = f"{self._section(section)}{os.sep}{name}"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False  # removed meanwhile (a gc elsewhere)
+        except OSError as why:
+            raise self._unremoved(section, name, why) from why
+        try:
+            # Fresh in tmp/, where a gc elsewhere removes only what is old.
+            with contextlib.suppress(OSError):
+                os.utime(aside)
+            unchanged = _read_file(aside) == was
+        except FileNotFoundError:
+            # A gc in another process with no grace removed it from tmp/ meanwhile: it is
+            # gone, as this one meant it to be.
+            return True
+        except OSError:
+            unchanged = False  # it cannot be told: it is put back
+        if unchanged:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(aside)
+            return True
+        self._put_back(aside, path, f"{section}/{name}")
+        return False
+
+    def _put_back(self, aside: str, path: str, what: str) -> None:
+        """Puts a file :meth:`_drop` set aside back at ``path``, unless one was published
+        there meanwhile: that one is newer, and stays."""
+        try:
+            os.link(aside, path)  # never over a file: FileExistsError if one is there
+        except FileExistsError:
+            pass
+        except OSError:
+            # No hard links on this filesystem (some network ones): a rename puts it back,
+            # over a record a writer published in the instant since, if any — a record of
+            # the same key, so at worst an older answer, never a wrong one.
+            try:
+                os.replace(aside, path)
+            except FileNotFoundError:
+                return  # removed from tmp/ meanwhile (a gc elsewhere, with no grace): gone
+            except OSError as why:
+                raise StoreError(
+                    f"could not put {what} back in {self.root} after finding it kept again "
+                    f"while gc ran ({why.strerror}); it is at {aside}, and is a miss until it "
+                    "is moved back or the answer is kept again"
+                ) from why
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside)
+
+    def _quarantine(self, section: str, name: str) -> bool:
+        try:
+            return self._set_aside(
+                str(self._section(section) / name), section, name.replace("/", "_")
+            )
+        except OSError as why:
+            raise StoreError(
+                f"could not move {section}/{name} to quarantine/ in {self.root} "
+                f"({why.strerror}): it is still in place"
+            ) from why
+        finally:
+            self._forget_all()
+
+    def _rehash(self, digest: str) -> str | None:
+        path = self._blob_file(digest)
+        try:
+            with open(path, "rb") as handle:
+                if os.fstat(handle.fileno()).st_size == 0:
+                    return "blake3:" + blake3.blake3(b"").hexdigest()
+                with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    return hash_bytes(mapped)
+        except FileNotFoundError:
+            return None
+        except OSError as why:
+            raise self._unreadable("blobs", why) from why
+
+    def _flush_use(self) -> None:
+        _write_uses(str(self.root), *self._take_uses())
+
+    def _uses(self) -> dict[tuple[str, str], float]:
+        return {}
