@@ -163,7 +163,6 @@ def main() -> None:
     example.quiet()
     torch.manual_seed(0)
     train, val = example.loaders(args.samples)
-    deferred = example.loaders(args.samples, deferred=True)  # `train.py --deferred`
     bound_train = features(train, True, train.batch_size or 64)
     bound_val = features(val, False, val.batch_size or 256)
     loading_train = features(train, True, train.batch_size or 64, images=True)
@@ -195,6 +194,9 @@ def main() -> None:
                     [index],
                 )
             )
+        # `train.py --deferred`. The loaders are made afresh each round: which samples
+        # are answered is kept on the dataset, and each round's store starts empty.
+        deferred = example.loaders(args.samples, deferred=True)
         with tempfile.TemporaryDirectory() as scratch:
             by_rows = CacheFrozen(scratch, ["encoder"], key="index")
             runs["deferred"].append(timed(example.Probe(), *deferred, args.epochs, [by_rows]))
