@@ -128,9 +128,10 @@ def reading(store: LocalStore) -> None:
 
 
 def main() -> None:
-    store = LocalStore(tempfile.mkdtemp(prefix="somatize-bench-data-"))
-    per_forward(store)
-    reading(store)
+    with tempfile.TemporaryDirectory(prefix="somatize-bench-data-") as where:
+        store = LocalStore(where)
+        per_forward(store)
+        reading(store)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A pipeline that remembers: the second forward recalls instead of computing.
 
-Run with `make demo`. Three plain-Python nodes over a generated dataset; the last
+Run with `python examples/remember.py`. Three plain-Python nodes over a generated dataset; the last
 one is frozen and cached. The first forward runs everything and keeps the
 answer; the second asks the store once, recalls the answer, and spares the two
 nodes that only it needed.
@@ -60,18 +60,21 @@ def main() -> None:
         >> widest.named("widest").frozen().cached()
     )
     print(g, end="\n\n")
-    where = tempfile.mkdtemp(prefix="somatize-demo-")
     span = {"at": 0, "take": 64}
 
-    for attempt in ("first", "second"):
-        seen: list[dict[str, object]] = []
-        start = time.perf_counter()
-        answer = g.forward(span, store=where, watching=seen.append)
-        took = (time.perf_counter() - start) * 1e3
-        print(f"{attempt} forward: {answer} in {took:.1f} ms")
-        for fact in seen:
-            print("   ", fact)
-    print(f"\nclean ran {clean.calls} time(s), widest {widest.calls}; answers kept in {where}")
+    with tempfile.TemporaryDirectory(prefix="somatize-demo-") as where:
+        for attempt in ("first", "second"):
+            seen: list[dict[str, object]] = []
+            start = time.perf_counter()
+            answer = g.forward(span, store=where, watching=seen.append)
+            took = (time.perf_counter() - start) * 1e3
+            print(f"{attempt} forward: {answer} in {took:.1f} ms")
+            for fact in seen:
+                print("   ", fact)
+        print(
+            f"\nclean ran {clean.calls} time(s), widest {widest.calls}; answers kept in {where}"
+            " (a temporary directory, removed on exit)"
+        )
 
 
 if __name__ == "__main__":
