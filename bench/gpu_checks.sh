@@ -11,13 +11,18 @@
 #      the head and the bound on the GPU.
 #
 # Run from the repository root with a python3 that has a CUDA build of torch, pytest,
-# pyarrow, safetensors and blake3:  bash bench/gpu_checks.sh
-# A machine that cannot download may lack blake3: wheels put in .whl/ beforehand (e.g.
-# `pip download blake3 -d .whl --only-binary=:all: --python-version 3.12
-# --platform manylinux2014_x86_64`) are installed from there, offline, when it is missing.
-# Each step runs even when one before it failed, under its own time limit; the exit
-# status says whether all passed. Where $OUT is set, the whole log is written there too,
-# so the figures printed first survive a long failure after them.
+# pyarrow, safetensors, numpy and blake3:  bash bench/gpu_checks.sh
+# A pre-flight checks all of them first and exits 2, naming what is missing.
+# A machine that cannot download may lack blake3: wheels put in .whl/ beforehand are
+# installed from there, offline, when it is missing. Make them here with
+#   pip download blake3 -d .whl --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux2014_x86_64
+# (the Python version of the machine that runs the checks). .whl/ is git-ignored, so
+# it is not part of a copy of the working tree: carry it to that machine by name.
+# Each step runs even when one before it failed, under its own time limit (180 + 200 +
+# 150 s, so the whole script ends within about 540 s, under a 600 s limit on one
+# command); the exit status says whether all passed. Where $OUT is set, the whole log is
+# written there too, so the figures printed first survive a long failure after them.
 set -uo pipefail
 if [ -n "${OUT:-}" ]; then
   exec > >(tee -a "$OUT/gpu_checks.log") 2>&1
@@ -25,16 +30,35 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # One cache for the CUDA extension, so the tests load what the device check built.
 export SOMATIZE_EXT_CACHE="${SOMATIZE_EXT_CACHE:-$HOME/.cache/somatize/ext}"
-python3 -c 'import torch; assert torch.cuda.is_available(), "no CUDA device here"' || exit 2
 if ! python3 -c 'import blake3' 2>/dev/null && [ -d .whl ]; then
   # Into the interpreter's environment if it may be written, else beside it.
   python3 -m pip install -q --no-index --find-links .whl blake3 2>/dev/null \
     || { python3 -m pip install -q --no-index --no-deps --target /tmp/somatize-site .whl/blake3-*.whl \
          && export PYTHONPATH="$PYTHONPATH:/tmp/somatize-site"; }
 fi
-python3 -c 'import blake3' || { echo "blake3 is missing: put its wheel in .whl/ (see above)"; exit 2; }
+# Pre-flight: everything the steps need, reported at once, before any step runs.
+python3 - <<'PY' || exit 2
+import importlib
+import sys
+
+missing = []
+for name in ("torch", "pytest", "pyarrow", "safetensors", "numpy", "blake3"):
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        missing.append(name)
+if "torch" not in missing:
+    import torch
+
+    if not torch.cuda.is_available():
+        missing.append(f"torch with CUDA (torch {torch.__version__} sees no CUDA device)")
+if missing:
+    hint = " (put its wheel in .whl/ and carry it: see the header)" if "blake3" in missing else ""
+    print(f"gpu_checks.sh cannot run: missing {', '.join(missing)}{hint}", file=sys.stderr)
+    sys.exit(2)
+PY
 failed=0
-timeout 240 python3 bench/device_check.py || failed=1
-timeout 300 python3 -m pytest -q tests/test_native_host.py tests/test_torch_residency.py tests/test_torch_deferred.py tests/test_torch_wrap.py || failed=1
-timeout 240 python3 bench/frozen_encoder.py --device cuda --repeats 5 || failed=1
+timeout 180 python3 bench/device_check.py || failed=1
+timeout 200 python3 -m pytest -q tests/test_native_host.py tests/test_torch_residency.py tests/test_torch_deferred.py tests/test_torch_wrap.py || failed=1
+timeout 150 python3 bench/frozen_encoder.py --device cuda --repeats 3 || failed=1
 exit "$failed"
