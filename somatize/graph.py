@@ -313,6 +313,11 @@ class Graph:
         """Whether ``name`` holds state a frozen declaration must be settled at."""
         return self._nodes[name].holds_state
 
+    def settles(self, name: str) -> bool:
+        """Whether ``name`` says the state it is frozen at itself (``settled_state()``, as a
+        data source does), so that ``somatize.data.settle`` settles it."""
+        return callable(getattr(self._nodes[name], "settled_state", None))
+
     def kind_of(self, name: str) -> str:
         """What ``name`` is, for people: its class (see :meth:`Node.kind_name`)."""
         return self._nodes[name].kind_name()

@@ -61,6 +61,8 @@ class Shape(Protocol):
 
     def holds_state(self, node: NodeId) -> bool: ...
 
+    def settles(self, node: NodeId) -> bool: ...
+
     def kind_of(self, node: NodeId) -> str: ...
 
 
@@ -265,17 +267,31 @@ class Nameless(MemoryError_):
 
 
 class NotSettled(MemoryError_):
-    """A node declared frozen holds state whose digest nobody has worked out."""
+    """A node declared frozen holds state whose digest nobody has worked out.
 
-    def __init__(self, node: NodeId, kind: str) -> None:
+    ``settles``: the node says its own state (``settled_state()``, as a data source
+    does), so ``somatize.data.settle`` is what settles it."""
+
+    def __init__(self, node: NodeId, kind: str, settles: bool = False) -> None:
         self.node = node
-        super().__init__(
-            f"`{node}` is declared frozen and has state, and nobody has settled it: the digest "
-            "of what it is settled at — weights, or the dataset it reads — is what puts it in "
-            f"its key, so without it two different states of `{kind}` would be kept under one "
-            "name and you would get the other one back. Call `somatize.torch.freeze(g)` before "
-            "running — or `somatize.data.settle(g)` if what it holds is a dataset"
-        )
+        if settles:
+            message = (
+                f"`{node}` is declared frozen and has state, and nobody has settled it: the "
+                "version of the dataset it reads is what puts it in its key, so without it "
+                f"two different datasets read by `{kind}` would be kept under one name and you "
+                "would get the other one's answers back. Call `somatize.data.settle(g)` before "
+                "running"
+            )
+        else:
+            message = (
+                f"`{node}` is declared frozen and has state, and nobody has settled it: the "
+                "digest of what it is settled at — weights, or the dataset it reads — is what "
+                f"puts it in its key, so without it two different states of `{kind}` would be "
+                "kept under one name and you would get the other one back. Call "
+                "`somatize.torch.freeze(g)` before running — or `somatize.data.settle(g)` if "
+                "what it holds is a dataset"
+            )
+        super().__init__(message)
 
 
 def upstream(graph: Shape, node: NodeId) -> list[NodeId]:
@@ -319,4 +335,4 @@ def settled(graph: Shape, memory: Memory, among: Iterable[NodeId] | None = None)
     whole graph) that holds state with no digest."""
     for node in graph.nodes() if among is None else among:
         if memory.is_frozen(node) and memory.state_of(node) is None and graph.holds_state(node):
-            raise NotSettled(node, graph.kind_of(node))
+            raise NotSettled(node, graph.kind_of(node), graph.settles(node))

@@ -154,8 +154,8 @@ def test_declaring_frozen_without_settling_is_refused_before_anything_runs(
     )
     said = (
         r"`sms` is declared frozen and has state, and nobody has settled it: .* two different "
-        r"states of `Parquet` would be kept under one name .* Call `somatize\.torch\.freeze\(g\)` "
-        r"before running — or `somatize\.data\.settle\(g\)` if what it holds is a dataset"
+        r"datasets read by `Parquet` would be kept under one name .* Call "
+        r"`somatize\.data\.settle\(g\)` before running"
     )
     with pytest.raises(NotSettled, match=said) as refused:
         g.forward({"at": 0, "take": 8}, store=counting.inner)

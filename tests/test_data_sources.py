@@ -83,6 +83,17 @@ def test_a_table_over_memory_written_in_place_keeps_what_it_was_made_from(
     assert answers == [28, 800]
 
 
+def test_an_unsettled_source_is_told_to_settle_not_to_freeze(store: Store) -> None:
+    """The refusal of a data source nobody settled leads with ``somatize.data.settle``, and
+    says nothing of torch, which a pipeline of data alone may not have."""
+    g = Graph.somatize(Table(_numbers(10)).named("t").frozen() >> Count().frozen().cached())
+    with pytest.raises(NotSettled) as refused:
+        g.forward({"at": 0, "take": 8}, store=store)
+    said = str(refused.value)
+    assert "Call `somatize.data.settle(g)` before running" in said
+    assert "torch" not in said
+
+
 def test_a_tables_version_is_its_content() -> None:
     """Equal tables have one version however they are chunked; other rows, another."""
     table = _numbers(100)

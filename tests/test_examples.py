@@ -38,7 +38,7 @@ def test_notebook(tmp_path: Path) -> None:
     assert "{'fact': 'spared', 'node': 'sms'}" in out
     assert "clean ran 1 time(s), widest 1" in out
     assert "another dataset, another version" in out
-    assert "Call `somatize.torch.freeze(g)`" in out
+    assert "Call `somatize.data.settle(g)`" in out
     assert "bytes crossed" in out
 
 
