@@ -297,9 +297,7 @@ class PackedHome(Store):
         try:
             yield claims
         finally:
-            if claims:
-                with self._lock:
-                    _let_go(self._claims, claims)
+            self._unclaim(claims)
 
     def _claim(self, digest: str, claims: list[str]) -> None:
         """Claims blob ``digest`` for a write of this object (released where ``claims`` was
@@ -310,6 +308,13 @@ class PackedHome(Store):
                 self._swept.wait()
             self._claims[digest] = self._claims.get(digest, 0) + 1
         claims.append(digest)
+
+    def _unclaim(self, claims: list[str]) -> None:
+        """Lets go of ``claims``, made by :meth:`_claim`: a gc of this object may remove
+        those blobs again once nothing refers to them."""
+        if claims:
+            with self._lock:
+                _let_go(self._claims, claims)
 
     def _own_writes(self) -> set[str]:
         """Names in ``tmp/`` of the files this object is writing now."""
