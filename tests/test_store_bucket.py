@@ -10,7 +10,7 @@ import blake3
 import pytest
 
 from somatize import Corrupt, Graph, Store
-from somatize.store import BucketStore, StoreError
+from somatize.store import BucketStore, LocalStore, StoreError
 from tests.conftest_s3 import s3_options, s3_url
 from tests.nodes import Largest, Rows, Scale
 
@@ -272,3 +272,60 @@ def test_writing_to_a_bucket_that_does_not_exist_names_it() -> None:
     ):
         with pytest.raises(StoreError, match="the bucket `no-such-bucket-somatize` does not exist"):
             write()
+
+
+@pytest.mark.parametrize("collector", ["cache", "bucket"])
+@pytest.mark.parametrize("when", ["kept", "packed"])
+def test_a_gc_of_the_cache_leaves_the_blob_a_keep_is_copying_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str, collector: str
+) -> None:
+    """A gc with no grace of the cache in front (its own, or the bucket's, which empties it)
+    run the instant a keep has copied its blob there but not yet the record or pack index
+    that refers to it leaves that blob, so the cache answers without the bucket."""
+    url = s3_url()
+    store = Store.on_bucket(url, cache=tmp_path / "cache", **s3_options())
+    assert isinstance(store, BucketStore) and store.cache is not None
+    cache = store.cache
+    ran: list[str] = []
+    fill = "_take_record" if when == "kept" else "_publish_index"
+    real = getattr(cache, fill)
+
+    def filling(*args: Any) -> None:
+        if not ran:
+            ran.append(fill)
+            (cache if collector == "cache" else store).gc(grace=0)  # another thread, now
+        real(*args)
+
+    monkeypatch.setattr(cache, fill, filling)
+    items = [(key_of("copied"), b"copied into the cache")]
+    if when == "packed":
+        items.append((key_of("beside"), b"packed beside it"))
+        answers = store.keep_many(items, "plain")
+    else:
+        answers = [store.keep(*items[0], "plain")]
+    monkeypatch.undo()
+    assert ran == [fill]
+    store.fs.rm(store._blob_path(answers[0].value))  # only the cache holds the blob now
+    fresh = Store.on_bucket(url, cache=tmp_path / "cache", **s3_options())
+    assert {key: bytes(fresh.recall(key)[1]) for key, _ in items} == dict(items)
+    assert LocalStore(tmp_path / "cache").verify().ok
+
+
+def test_a_keep_that_fails_lets_go_of_its_blob_in_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keep whose record cannot be written lets go of the blob it copied into the cache:
+    a gc of the cache with no grace removes it, as nothing refers to it."""
+    store = Store.on_bucket(s3_url(), cache=tmp_path / "cache", **s3_options())
+    assert isinstance(store, BucketStore) and store.cache is not None
+    real = store._write
+
+    def write(path: str, pieces: Any) -> None:
+        if "/answers/" in path:
+            raise StoreError("the record could not be written")
+        real(path, pieces)
+
+    monkeypatch.setattr(store, "_write", write)
+    with pytest.raises(StoreError, match="could not be written"):
+        store.keep(key_of("unrecorded"), b"copied, never referred to", "plain")
+    assert store.cache.gc(grace=0).blobs == 1

@@ -64,8 +64,10 @@ class BucketShelf(BucketRequests):
 
     def _collected(self, grace: float) -> None:
         if self.cache is not None:
-            # A cache holds copies only: what was dropped goes too. Its tmp/ keeps a grace:
-            # another process sharing the cache may be writing there now.
+            # A cache holds copies only: what was dropped goes too. The blobs this store's
+            # keeps are copying there are claimed in it, and left; its tmp/ keeps a grace:
+            # another process sharing the cache may be writing there now (a blob it copied
+            # whose record is not there yet goes, and it downloads that blob again).
             collect(self.cache, 0, 0.0, abandoned_after=max(grace, _CACHE_WRITES_GRACE))
         with self._lock:
             merging, self._merging = self._merging, None

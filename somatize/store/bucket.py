@@ -14,7 +14,9 @@ A bucket is shaped by what a request costs — tens of milliseconds, where a loc
 - records and small verified blobs read once are held in memory (a read hands out
   a copy, so a recalled value written in place changes no later recall); a ``cache=``
   directory in front (a :class:`LocalStore`) holds blobs, records and indexes
-  across processes, so a repeated run asks the bucket nothing it already has.
+  across processes, so a repeated run asks the bucket nothing it already has. A
+  blob copied there is claimed in it, as the store's own writes are, until the
+  record or index that refers to it is copied too: a gc of the cache leaves it.
 
 Every blob downloaded is hashed against its digest before use. Object stores
 publish an object whole when its upload completes, so writes go straight to their
@@ -214,6 +216,26 @@ class BucketStore(BucketShelf):
         with contextlib.suppress(StoreError):
             fill(*args)
 
+    def _claim(self, digest: str, claims: list[str]) -> None:
+        """Claims blob ``digest`` in the cache in front as well: a keep copies the blob there
+        before the record or index that refers to it, and a gc of the cache, which keeps no
+        grace, leaves it alone until the keep lets go of both claims (:meth:`_unclaim`)."""
+        if self.cache is None:
+            super()._claim(digest, claims)
+            return
+        cached: list[str] = []
+        self.cache._claim(digest, cached)
+        try:
+            super()._claim(digest, claims)
+        except BaseException:  # interrupted while waiting on a gc of the bucket: not claimed
+            self.cache._unclaim(cached)
+            raise
+
+    def _unclaim(self, claims: list[str]) -> None:
+        super()._unclaim(claims)
+        if self.cache is not None:
+            self.cache._unclaim(claims)
+
     def _put(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str:
         pieces = pieces_of(data)
         digest = digest_of(pieces)
@@ -329,7 +351,9 @@ class BucketStore(BucketShelf):
                 "and was moved to quarantine/ so that it is written afresh"
             )
         if self.cache is not None:
-            self._fill_cache(self.cache._take_blob, digest, [data])
+            with self.cache._keeping() as claims:  # a gc of the cache now waits, or spares it
+                self.cache._claim(digest, claims)
+                self._fill_cache(self.cache._take_blob, digest, [data])
         if len(data) <= _HOLD_BELOW:
             self._hold(digest, data)
         # The caller's own to write into, not what is held (unless it only borrows).
