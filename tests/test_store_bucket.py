@@ -3,6 +3,8 @@ downloads checked against their digest — against S3 on loopback where it matte
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -329,3 +331,26 @@ def test_a_keep_that_fails_lets_go_of_its_blob_in_the_cache(
     with pytest.raises(StoreError, match="could not be written"):
         store.keep(key_of("unrecorded"), b"copied, never referred to", "plain")
     assert store.cache.gc(grace=0).blobs == 1
+
+
+def test_a_copy_into_the_cache_of_a_blob_already_there_keeps_it_from_another_gc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keep that finds its blob in the cache already (old, referred to by nothing) touches
+    it, so a gc of the cache folder by another store object, with the default grace, run
+    before the record is copied there leaves it, as it leaves a blob just written."""
+    store = Store.on_bucket(s3_url(), cache=tmp_path / "cache", **s3_options())
+    assert isinstance(store, BucketStore) and store.cache is not None
+    content = b"left in the cache long ago"
+    old = store.cache.blob_path(store.cache.put(content))
+    os.utime(old, (time.time() - 3600,) * 2)
+    real = store.cache._take_record
+
+    def filling(*args: Any) -> None:
+        LocalStore(tmp_path / "cache").gc()  # another process, at this instant
+        real(*args)
+
+    monkeypatch.setattr(store.cache, "_take_record", filling)
+    store.keep(key_of("found there"), content, "plain")
+    monkeypatch.undo()
+    assert bytes(LocalStore(tmp_path / "cache").recall(key_of("found there"))[1]) == content

@@ -279,13 +279,13 @@ class LocalFiles(PackedHome):
 
     def _take_blob(self, digest: str, pieces: Sequence[Buffer]) -> None:
         """Keeps blob ``digest`` whose bytes were verified elsewhere (a cache in front of a
-        bucket fills itself this way, without hashing twice)."""
+        bucket fills itself this way, without hashing twice). The caller has claimed it
+        (:meth:`_claim`), as a put does, so a gc of this object leaves it until the record
+        or index that refers to it is published; one already here is touched, as a put
+        touches it, for a gc of another process."""
         target = self._blob_file(digest)
-        try:
-            if os.stat(target).st_size == nbytes(pieces):
-                return
-        except FileNotFoundError:
-            pass
+        if self._already(target, nbytes(pieces)):
+            return
         self._verified[digest] = self._publish(target, pieces)
 
     def _take_record(self, answer: Answer, data: bytes) -> None:
