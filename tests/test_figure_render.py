@@ -394,6 +394,74 @@ def test_png_of_a_random_dag() -> None:
     assert Figure(boxes, arrows).png(scale=1.0)[:4] == b"\x89PNG"
 
 
+def spanned_in(colour: str, fig: Figure, scale: float, monkeypatch: pytest.MonkeyPatch) -> float:
+    """The pixels the PNG renderer's lines, rectangles and polygons in ``colour`` span when it
+    draws ``fig`` at ``scale``: their bounding boxes (a line's widened by its width) added
+    up, at the size the picture is drawn before it is shrunk."""
+    from PIL import ImageDraw
+
+    spanned = 0.0
+
+    def spying(name: str, widened: bool) -> Any:
+        real = getattr(ImageDraw.ImageDraw, name)
+
+        def call(self: Any, xy: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal spanned
+            if kwargs.get("fill") == colour:
+                flat = [float(v) for point in xy for v in point] if isinstance(xy[0], tuple) else xy
+                xs, ys = flat[0::2], flat[1::2]
+                extra = kwargs.get("width", 1) if widened else 1
+                spanned += (max(xs) - min(xs) + extra) * (max(ys) - min(ys) + extra)
+            return real(self, xy, *args, **kwargs)
+
+        return call
+
+    with monkeypatch.context() as patched:
+        for name, widened in (("line", True), ("rectangle", False), ("polygon", False)):
+            patched.setattr(ImageDraw.ImageDraw, name, spying(name, widened))
+        fig.png(scale)
+    return spanned
+
+
+def test_a_wide_fan_out_is_drawn_in_proportion_to_its_picture(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The arrows of a wide fan-out run the height of the picture and lie on one another for
+    most of it: the PNG renderer's drawing of them spans fewer pixels than the picture has,
+    not a multiple of them growing with the fan-out's width (as drawing each arrow would)."""
+    pytest.importorskip("PIL")
+    from somatize.figure.style import _EDGE
+
+    for n in (100, 200):
+        fig = Figure([Box("rows", "Rows")] + [Box(f"scale {i}", "Scale") for i in range(n)],
+                     [Arrow("rows", f"scale {i}") for i in range(n)])  # fmt: skip
+        width, height = fig.size
+        assert width * height / 4 <= 6_000_000  # drawn at twice the size, one pixel per CSS pixel
+        assert spanned_in(_EDGE, fig, 0.5, monkeypatch) < width * height, n
+
+
+def test_steep_lines_painted_by_columns_cover_what_pillow_would() -> None:
+    """A steep line, painted a pixel column at a time, covers the pixels Pillow's own thick
+    line with curved joints covers, but for a few at its edges."""
+    pytest.importorskip("PIL")
+    from PIL import Image, ImageChops, ImageDraw
+
+    from somatize.figure.png import _draw_lines
+
+    rng = random.Random(7)
+    for width in (1, 2, 3, 5, 6, 11):
+        points = [(rng.uniform(20, 30), 10.0)]
+        for _ in range(5):
+            x, y = points[-1]
+            points.append((x + rng.uniform(0.5, 8), y + rng.uniform(300, 800)))
+        pillows, ours = Image.new("L", (80, 4200)), Image.new("L", (80, 4200))
+        ImageDraw.Draw(pillows).line(points, fill=255, width=width, joint="curve")
+        _draw_lines(ImageDraw.Draw(ours), [points], width, 255)
+        inked = pillows.histogram()[255]
+        assert abs(ours.histogram()[255] - inked) < inked / 200, width
+        assert ImageChops.difference(pillows, ours).histogram()[255] < inked / 100, width
+
+
 def test_png_without_pillow_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without Pillow, png() names the install command and a notebook still shows the SVG."""
     import builtins

@@ -7,10 +7,13 @@ never one of the machine's, so that a PNG is the same wherever it is drawn; that
 has ASCII and a few symbols, so any other character is written escaped, as Python's
 ``ascii()`` writes it, and two different names never draw alike.
 
-Drawing takes time in proportion to the ink and the pixels: a graph of ``n`` boxes is
-about ``n`` rows tall, and a fan-out of ``n`` edges holds edges about as long, so a PNG of
-a wide fan-out grows with the square of it. That is why a notebook is shown the SVG only
-(see ``Figure._repr_mimebundle_``).
+Drawing takes time in proportion to the pixels: a graph of ``n`` boxes is about ``n``
+rows tall, and so is the image. A fan-out of ``n`` edges holds edges about as long, which
+lie on one another for most of their length: their steep parts are painted together,
+each pixel once (:func:`_draw_lines`), so that they cost what shows of them, not the
+square of ``n``. Still, a graph of a thousand nodes is about a hundred million pixels at
+the default scale, seconds to draw and pack: that is why a notebook is shown the SVG
+only (see ``Figure._repr_mimebundle_``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import io
 import itertools
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -197,6 +200,103 @@ def _rounded_rectangle(
         draw.rounded_rectangle((x0, y0, x1, y1), radius=radius, **style)
 
 
+#: a segment of a line this many times as tall as it is wide (the line's width counted) is
+#: painted a pixel column at a time; a flatter one is drawn by Pillow
+_TALL = 24
+
+
+def _add_column_runs(
+    columns: dict[int, list[tuple[int, int]]],
+    a: Point,
+    b: Point,
+    r: float,
+    joints: tuple[bool, bool],
+) -> None:
+    """Add to ``columns`` what the segment from ``a`` to ``b`` drawn ``2 * r`` thick covers, a
+    pixel column at a time: for each column it crosses, the first and last row it covers
+    there. A pixel is covered when its centre is nearer the segment than ``r``; the
+    segment's ends are flat, or round where ``joints`` says it meets another. The segment
+    is steep (``a`` and ``b`` at different heights)."""
+    (ax, ay), (bx, by) = a, b
+    dx, dy = bx - ax, by - ay
+    length2 = dx * dx + dy * dy
+    slope = dy / dx if dx else 0.0
+    across = r * math.sqrt(length2) / abs(dx) if dx else 0.0  # half the line, upright
+    lean, reach = dx / dy, length2 / abs(dy)  # where its ends cut a column, and how far apart
+    ends = [end for end, joint in zip((a, b), joints, strict=True) if joint]
+    for column in range(math.ceil(min(ax, bx) - r), math.floor(max(ax, bx) + r) + 1):
+        # between the lines square to the segment through its ends ...
+        lo = ay - (column - ax) * lean
+        if dy < 0:
+            lo -= reach
+        hi = lo + reach
+        # ... and nearer its line than r
+        if dx:
+            mid = ay + (column - ax) * slope
+            if mid - across > lo:
+                lo = mid - across
+            if mid + across < hi:
+                hi = mid + across
+        elif not -r < column - ax < r:
+            hi = lo
+        for ex, ey in ends:
+            off = column - ex
+            if -r < off < r:
+                half = math.sqrt(r * r - off * off)
+                if lo >= hi:
+                    lo, hi = ey - half, ey + half
+                else:
+                    lo, hi = min(lo, ey - half), max(hi, ey + half)
+        first, last = math.ceil(lo), math.ceil(hi) - 1
+        if first <= last:
+            runs = columns.get(column)
+            if runs is None:
+                columns[column] = [(first, last)]
+            else:
+                runs.append((first, last))
+
+
+def _draw_lines(
+    draw: ImageDraw.ImageDraw, lines: Iterable[Sequence[Point]], width: int, fill: Any
+) -> None:
+    """Draw ``lines`` (polylines, in pixels) ``width`` pixels thick, as Pillow draws a line
+    with curved joints; but their steep segments are painted together, a pixel column at a
+    time, each column's rows merged first and painted once.
+
+    A thick line drawn by Pillow costs a step for each row it spans. The arrows of a wide
+    fan-out are steep, as long as the fan-out is tall and lie on one another for most of
+    their length: drawn one by one they would cost the square of the fan-out's width,
+    painted together they cost the width of their columns and the ink that shows.
+    """
+    offset = 0.5 if width % 2 == 0 else 0.0  # where Pillow centres a line this thick
+    r = width / 2
+    columns: dict[int, list[tuple[int, int]]] = {}
+    for line in lines:
+        # on the pixels Pillow would put it on: whole coordinates, and a half for an even width
+        pts = [(math.floor(x) + offset, math.floor(y) + offset) for x, y in line]
+        flat = pts[:1]
+        for i, (a, b) in enumerate(itertools.pairwise(pts)):
+            if abs(b[1] - a[1]) <= _TALL * (abs(b[0] - a[0]) + width):
+                flat.append(b)
+                continue
+            if len(flat) > 1:
+                draw.line(flat, fill=fill, width=width, joint="curve")
+            flat = [b]
+            _add_column_runs(columns, a, b, r, (i > 0, i < len(pts) - 2))
+        if len(flat) > 1:
+            draw.line(flat, fill=fill, width=width, joint="curve")
+    for column, runs in columns.items():
+        runs.sort()
+        first, last = runs[0]
+        for top, bottom in runs[1:]:
+            if top > last + 1:
+                draw.rectangle((column, first, column, last), fill=fill)
+                first, last = top, bottom
+            else:
+                last = max(last, bottom)
+        draw.rectangle((column, first, column, last), fill=fill)
+
+
 def _rounded_outline(x0: float, y0: float, x1: float, y1: float, r: float) -> list[Point]:
     """Points round the border of a rounded rectangle, clockwise from the top-left."""
     pts: list[Point] = []
@@ -331,16 +431,26 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
         rounded(c.x, c.y, c.w, c.h, 12, _GROUP_FILL, _GROUP_STROKE)
         text(c.x + 12, c.y + 17, c.label, _GROUP_SIZE, _MUTED, bold=True, max_w=c.w - 24)
 
-    for r in arr.routes:
-        crossed = r.arrow.crossed_bytes is not None
-        colour, width = (_EDGE_CROSSED, 2.75) if crossed else (_EDGE, 1.25)
-        pts: list[Point] = [r.start]
-        here = r.start
-        for c1, c2, q in r.segments:
-            pts.extend(_bezier(here, c1, c2, q) if c1 != here else [q])
-            here = q
-        draw.line(_simplify([P(p) for p in pts]), fill=colour, width=px(width), joint="curve")
-        arrowhead(here, colour, 5.0 if crossed else 3.5)
+    # the arrows, plain ones first and those that crossed to or from a worker over them:
+    # each kind's lines painted together, then their heads
+    for crossed, colour, width, half in (
+        (False, _EDGE, 1.25, 3.5),
+        (True, _EDGE_CROSSED, 2.75, 5.0),
+    ):
+        lines, heads = [], []
+        for r in arr.routes:
+            if (r.arrow.crossed_bytes is not None) != crossed:
+                continue
+            pts: list[Point] = [r.start]
+            here = r.start
+            for c1, c2, q in r.segments:
+                pts.extend(_bezier(here, c1, c2, q) if c1 != here else [q])
+                here = q
+            lines.append(_simplify([P(p) for p in pts]))
+            heads.append(here)
+        _draw_lines(draw, lines, px(width), colour)
+        for at in heads:
+            arrowhead(at, colour, half)
     for r in arr.routes:
         if r.label is not None and r.label_at is not None:
             w = _text_width(r.label, _BADGE_SIZE) + 2 * _BADGE_PAD
