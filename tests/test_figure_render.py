@@ -685,6 +685,41 @@ def test_png_escapes_what_its_font_cannot_draw(monkeypatch: pytest.MonkeyPatch) 
     assert "数据" in text and "Données" in text and "@ wé" in text
 
 
+def test_png_boxes_are_sized_for_the_names_as_it_writes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A name the PNG writes escaped gets a box as wide as its escaped text, so that it is
+    written whole where it fits the widest box and is cut in the middle, as any long name
+    is, where it does not; different names still draw differently, and the SVG, which
+    writes the names as they are, keeps its narrower boxes."""
+    pytest.importorskip("PIL")
+    from somatize.figure.png import _pil_font
+    from somatize.figure.style import _NAME_SIZE, _PAD_X
+
+    short, long = "数据处理", "用户特征嵌入表数据处理管道清洗训练模型"
+    fig = Figure([Box(short, "Rows"), Box(long, "Scale", worker="工作站"), Box("b", "Top")],
+                 [Arrow(short, long), Arrow(long, "b")])  # fmt: skip
+    written = drawn_png_texts(fig, monkeypatch)
+    assert "\\u6570\\u636e\\u5904\\u7406" in written
+    assert "@ \\u5de5\\u4f5c\\u7ad9" in written
+    cut = [w for w in written if w.startswith("\\u7528\\u6237")]
+    assert len(cut) == 1 and "…" in cut[0] and cut[0].endswith("\\u6a21\\u578b"), written
+    assert fig._png_arrangement is not None
+    short_box, long_box, _ = fig._png_arrangement.boxes
+    font = _pil_font(round(_NAME_SIZE * 2))  # fig.png(1) draws at twice the size
+    assert font.getlength(cut[0]) / 2 <= long_box.w - 2 * _PAD_X
+    assert short_box.w > fig._arrangement.boxes[0].w  # the SVG's, for the name unescaped
+    svg = all_text(parse(fig.svg()))
+    assert short in svg and "@ 工作站" in svg
+    assert fig.svg() == Figure(fig.boxes, fig.arrows).svg()
+
+    names = [f"模型{i}的嵌入表数据处理管道清洗训练" for i in "一二三"]
+    fig = Figure([Box("rows", "Rows")] + [Box(n, "Scale") for n in names],
+                 [Arrow("rows", n) for n in names])  # fmt: skip
+    drawn = [w for w in drawn_png_texts(fig, monkeypatch) if w.startswith("\\u6a21")]
+    assert len(set(drawn)) == len(drawn) == len(names), drawn
+
+
 def test_png_spells_its_own_symbols_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
     """Times and counts the figure writes itself keep a plain spelling in the PNG (µs as us,
     ×2 as x2) where its font lacks the symbol."""

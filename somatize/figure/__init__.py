@@ -18,10 +18,11 @@ import os
 from collections.abc import Container, Sequence
 from pathlib import Path
 
+from ._arrangement import _Arrangement
 from .layout import _arrange as _arrange
 from .layout import layout
 from .model import MARKS, OUTCOMES, Arrow, Box
-from .png import _check_scale, _render_png
+from .png import _check_scale, _png_arrangement, _render_png
 from .svg import _render_svg
 
 __all__ = ["MARKS", "OUTCOMES", "Arrow", "Box", "Figure", "layout"]
@@ -38,7 +39,8 @@ def _description(boxes: tuple[Box, ...], arrows: tuple[Arrow, ...], title: str |
 class Figure:
     """A drawing of a pipeline graph: boxes for nodes, arrows for the values between them.
 
-    The layout is computed once, when the figure is made; a cycle, a repeated box name,
+    The layout is computed once, when the figure is made (and the PNG's, which measures
+    names as it escapes them, on the first ``png()``); a cycle, a repeated box name,
     an arrow to an unknown box, an unknown mark, an unknown outcome or a count of reads
     below one raise ``ValueError``.
     """
@@ -67,6 +69,7 @@ class Figure:
                     "it is how many times the target reads the source, a whole number >= 1"
                 )
         self._arrangement = _arrange(self.boxes, self.arrows, title)
+        self._png_arrangement: _Arrangement | None = None  # laid out on the first png()
         digest = hashlib.sha1(_description(self.boxes, self.arrows, title).encode("utf-8"))
         self._uid = "smz" + digest.hexdigest()[:10]
 
@@ -90,7 +93,9 @@ class Figure:
         ``ValueError``, anything else a ``TypeError``.
         """
         _check_scale(scale)
-        return _render_png(self._arrangement, float(scale))
+        if self._png_arrangement is None:
+            self._png_arrangement = _png_arrangement(self.boxes, self.arrows, self.title)
+        return _render_png(self._png_arrangement, float(scale))
 
     def _repr_mimebundle_(
         self, include: Container[str] | None = None, exclude: Container[str] | None = None

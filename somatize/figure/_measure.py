@@ -3,15 +3,21 @@
 A box shows its name, its kind and a row or more of badges (what happened to it in a
 run, its frozen state, its cached salt, mapped, the worker it is placed on). Sizes come
 from the text widths estimated in ``style``, not from a font, so a box measures the same
-with or without Pillow and both renderers agree. Every box is measured once, before it
-is placed: the widths decide how wide each column is, the heights how the rows stack,
-and the badge offsets are kept so that placing a box only has to add its corner. Names
-are fitted all together, so that no two boxes show the same one.
+with or without Pillow. Every box is measured once, before it is placed: the widths
+decide how wide each column is, the heights how the rows stack, and the badge offsets
+are kept so that placing a box only has to add its corner. Names are fitted all
+together, so that no two boxes show the same one.
+
+What a user wrote (a name, a kind, a badge's state, salt or worker) is measured as the
+renderer writes it, ``spelled``: as it is for the SVG; for the PNG escaped where its font
+lacks a character (``\\u6570`` for 数, six times as wide), so that a box of the PNG holds
+what it writes, and the two renderers agree wherever nothing is escaped. The figure's
+own words are measured as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .model import Box
@@ -73,25 +79,41 @@ def _badge_texts(box: Box) -> list[tuple[str, str]]:
     return out
 
 
-def _name_labels(boxes: Sequence[Box]) -> list[str]:
-    """The name each box shows, fitted to the widest box: a long name is cut in the middle,
-    and two names that would then read the same are cut to show where they differ."""
+def _as_written(text: str) -> str:
+    """``text`` as the SVG writes it: as it is."""
+    return text
+
+
+def _name_labels(boxes: Sequence[Box], spelled: Callable[[str], str] = _as_written) -> list[str]:
+    """The name each box shows, fitted to the widest box as ``spelled`` writes it: a long
+    name is cut in the middle, and two names that would then read the same are cut to show
+    where they differ."""
     return _fit_apart(
         [b.name for b in boxes],
         [_CONTENT_MAX_W] * len(boxes),
-        lambda s: _text_width(s, _NAME_SIZE, True),
+        lambda s: _text_width(spelled(s), _NAME_SIZE, True),
     )
 
 
-def _measure(box: Box, label: str) -> _Measured:
-    """A box's size and the place of its badges, ``label`` being the name it shows."""
-    kind_label = _fit(box.kind, _CONTENT_MAX_W, lambda s: _text_width(s, _KIND_SIZE), False)
-    need = max(_text_width(label, _NAME_SIZE, True), _text_width(kind_label, _KIND_SIZE))
+def _measure(box: Box, label: str, spelled: Callable[[str], str] = _as_written) -> _Measured:
+    """A box's size and the place of its badges, ``label`` being the name it shows and
+    ``spelled`` how what the user wrote is written."""
+
+    def kind_w(s: str) -> float:
+        return _text_width(spelled(s), _KIND_SIZE)
+
+    kind_label = _fit(box.kind, _CONTENT_MAX_W, kind_w, False)
+    need = max(_text_width(spelled(label), _NAME_SIZE, True), kind_w(kind_label))
     badges: list[tuple[str, str, float, float, float]] = []
     row, dx = 0, 0.0
     for text, tone in _badge_texts(box):
-        text = _fit(text, _CONTENT_MAX_W - 2 * _BADGE_PAD, lambda s: _text_width(s, _BADGE_SIZE))
-        w = _text_width(text, _BADGE_SIZE) + 2 * _BADGE_PAD
+        ours = tone == "outcome"  # an outcome and its time: the figure's own words
+
+        def badge_w(s: str, ours: bool = ours) -> float:
+            return _text_width(s if ours else spelled(s), _BADGE_SIZE)
+
+        text = _fit(text, _CONTENT_MAX_W - 2 * _BADGE_PAD, badge_w)
+        w = badge_w(text) + 2 * _BADGE_PAD
         if dx > 0 and dx + w > _CONTENT_MAX_W:
             row, dx = row + 1, 0.0
         badges.append((text, tone, dx, _BADGES_TOP + row * (_BADGE_H + _BADGE_GAP), w))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # what a layout produces: its parts can be imported from here as well
 from ._arrangement import _Arrangement as _Arrangement
@@ -30,7 +30,7 @@ from ._arrangement import _Placed as _Placed
 from ._arrangement import _Route as _Route
 from ._layering import _layers, _order
 from ._legend import _legend
-from ._measure import _measure, _name_labels
+from ._measure import _as_written, _measure, _name_labels
 from ._routes import _routes
 from ._rows import _place_rows
 from .model import Arrow, Box
@@ -54,8 +54,14 @@ from .style import (
 )
 
 
-def _arrange(boxes: Sequence[Box], arrows: Sequence[Arrow], title: str | None) -> _Arrangement:
-    """Lay the graph out and place everything that is drawn."""
+def _arrange(
+    boxes: Sequence[Box],
+    arrows: Sequence[Arrow],
+    title: str | None,
+    spelled: Callable[[str], str] = _as_written,
+) -> _Arrangement:
+    """Lay the graph out and place everything that is drawn, measuring what the user wrote
+    (names, kinds, badges, the title) as ``spelled`` writes it: as it is for the SVG."""
     names = [b.name for b in boxes]
     index: dict[str, int] = {}
     for i, b in enumerate(boxes):
@@ -86,7 +92,8 @@ def _arrange(boxes: Sequence[Box], arrows: Sequence[Arrow], title: str | None) -
         pred[t].append(s)
     layer = _layers(n, succ, pred, names)
 
-    measured = [_measure(b, label) for b, label in zip(boxes, _name_labels(boxes), strict=True)]
+    labels = _name_labels(boxes, spelled)
+    measured = [_measure(b, label, spelled) for b, label in zip(boxes, labels, strict=True)]
     height = [m.h for m in measured]
     dummy = [False] * n
     group: list[str | None] = [b.group for b in boxes]
@@ -239,7 +246,7 @@ def _arrange(boxes: Sequence[Box], arrows: Sequence[Arrow], title: str | None) -
 
     width = max(content_w, _LEGEND_MIN_W)
     if title:
-        width = max(width, _text_width(title, _TITLE_SIZE, True) + 2 * _MARGIN)
+        width = max(width, _text_width(spelled(title), _TITLE_SIZE, True) + 2 * _MARGIN)
     legend, legend_bottom = _legend(boxes, arrows, content_bottom + 18, width)
     if legend:
         width = max(width, max(item.x + item.w for item in legend) + _MARGIN)

@@ -27,7 +27,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ._arrangement import _Arrangement
-from .model import Point
+from .layout import _arrange
+from .model import Arrow, Box, Point
 from .style import (
     _ARROW_LEN,
     _BADGE_H,
@@ -341,6 +342,19 @@ def _dashed(
                 left = on if drawing else off
 
 
+def _png_arrangement(
+    boxes: Sequence[Box], arrows: Sequence[Arrow], title: str | None
+) -> _Arrangement:
+    """The graph laid out for the PNG: what the user wrote measured as the PNG writes it
+    (escaped where its font lacks a character), so that a box is as wide as the text it
+    holds; where nothing is escaped, the same as the SVG's."""
+    try:
+        import PIL  # noqa: F401  (its font is asked which characters it draws)
+    except ImportError as err:
+        raise ImportError(_PIL_MISSING) from err
+    return _arrange(boxes, arrows, title, _pil_text)
+
+
 def _render_png(arr: _Arrangement, scale: float) -> bytes:
     try:
         from PIL import Image, ImageDraw, ImageFont
@@ -467,11 +481,12 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
             ink = _EDGE_CROSSED if crossed else _MUTED
             text(r.label_at[0], y + 11.5, r.label, _BADGE_SIZE, ink, crossed, "ms", ours=True)
 
-    # the names as the layout fitted them, fitted again to the font's own widths, and kept
+    # the names fitted to their boxes by the font's own widths, whole names cut as the
+    # layout cuts them (it sized the boxes from widths estimated a little wide), and kept
     # apart: two boxes never show the same
     name_font = _pil_font(max(1, round(_NAME_SIZE * k)))
     names = _fit_apart(
-        [p.label for p in arr.boxes],
+        [p.box.name for p in arr.boxes],
         [(p.w - 2 * _PAD_X) * k for p in arr.boxes],
         lambda t: float(name_font.getlength(_pil_text(t))),
     )
