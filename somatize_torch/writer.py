@@ -124,7 +124,9 @@ class Writer:
     ``pack_bytes`` are waiting, and keeps it with one ``keep_many`` call: rows computed
     over many steps land in few packs, so a later recall of a shuffled batch opens few
     blobs. Rows staged and not yet kept are in memory only — a process killed then
-    loses them (they are computed again next time), never anything published.
+    loses them (they are computed again next time), never anything published. A submit
+    interrupted before it queued its rows (Ctrl-C during the copy) raises that and
+    leaves them out: nothing waits for them, and nothing of them is published.
 
     Nothing that was submitted is lost when the writer is not closed: interpreter exit
     closes it, so does the end of a ``multiprocessing`` child (a DataLoader worker),
@@ -222,17 +224,39 @@ class Writer:
         backlog = self._backlog
         rows = rows.detach()
         nbytes = rows.numel() * rows.element_size()
-        with backlog.changed:
-            while backlog.pending > 0 and backlog.pending + nbytes > self.pending_bytes:
-                backlog.changed.wait()
-            backlog.pending += nbytes
-            backlog.submitted += 1
-        pool = backlog.pool
-        staged: _Staged = pool.to_host(rows) if pool is not None else _Plain(rows)
-        with backlog.life:
-            backlog.closed = False
-            self._start()
-            backlog.queue.put(_Job(list(keys), staged, nbytes))
+        # The job is counted (what a flush waits for) in the same step that queues it:
+        # an exception before that — Ctrl-C during the copy, a thread that cannot start —
+        # gives back the bytes it reserved and its staging buffer, and leaves no job that
+        # would never be done for a flush, or the interpreter's exit, to wait on.
+        reserved = queued = False
+        staged: _Staged | None = None
+        try:
+            with backlog.changed:
+                while backlog.pending > 0 and backlog.pending + nbytes > self.pending_bytes:
+                    backlog.changed.wait()
+                backlog.pending += nbytes
+                reserved = True
+            pool = backlog.pool
+            staged = pool.to_host(rows) if pool is not None else _Plain(rows)
+            job = _Job(list(keys), staged, nbytes)
+            with backlog.life:
+                backlog.closed = False
+                self._start()
+                with backlog.changed:
+                    # No Python code runs between these three: an interrupt lands before
+                    # them or after the put.
+                    backlog.submitted += 1
+                    queued = True
+                    backlog.queue.put(job)
+        except BaseException:
+            if not queued:
+                if staged is not None:
+                    staged.release()
+                if reserved:
+                    with backlog.changed:
+                        backlog.pending -= nbytes
+                        backlog.changed.notify_all()
+            raise
 
     def check(self) -> None:
         """Raises :class:`WriteFailed` for writes that failed since the last check."""

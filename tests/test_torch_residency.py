@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from somatize import Store
+from somatize_torch import writer as writer_module
 from somatize_torch._native import PinnedPool
 from somatize_torch._row_codec import decode_rows, encode_rows
 from somatize_torch.codec import TENSOR
@@ -454,6 +455,61 @@ def test_a_close_beside_a_submit_leaves_no_row_behind(
     assert decode_rows([data])[0].tolist() == [2.0] * 4
     monkeypatch.undo()
     writer.close()
+
+
+def _within(call: Any, seconds: float = 30) -> BaseException | None:
+    """What ``call()`` raised (None if nothing), run on another thread; fails the test if
+    it is still waiting after ``seconds``."""
+    raised: list[BaseException | None] = [None]
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as why:
+            raised[0] = why
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=seconds)
+    assert not thread.is_alive(), f"{call} still waits after {seconds} s"
+    return raised[0]
+
+
+@pytest.mark.parametrize("where", ["staging", "starting"])
+def test_a_submit_interrupted_before_its_rows_are_queued_leaves_nothing_to_wait_for(
+    store: Store, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A submit interrupted before it queued its rows (Ctrl-C during the copy to the host,
+    a thread that could not start) raises that, and the flush after it neither waits for
+    those rows nor publishes them; rows submitted later are written as ever."""
+    first, lost, later = (f"blake3:{digit * 64}" for digit in "abc")
+    writer = Writer(store, linger=0.0, pending_bytes=64)
+    writer.submit([first], torch.ones(1, 4))
+    writer.flush()
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    backlog = writer._backlog
+    if where == "starting":
+        writer.close()  # the next submit starts the thread again
+        monkeypatch.setattr(Writer, "_start", interrupted)
+    elif backlog.pool is not None:
+        monkeypatch.setattr(backlog.pool, "to_host", interrupted)
+    else:
+        monkeypatch.setattr(writer_module, "_Plain", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            writer.submit([lost], torch.full((1, 4), 2.0))
+        assert _within(writer.flush) is None
+        monkeypatch.undo()
+        writer.submit([later], torch.full((1, 16), 3.0))  # fits only if nothing is still counted
+        assert _within(writer.flush) is None
+        assert store.have([first, lost, later]) == {first, later}
+        assert writer.kept_rows == 2 and writer.failed_rows == 0
+        writer.close()
+    finally:
+        backlog.closed = True  # should this fail, the exit of the test run does not wait
 
 
 def test_a_tier_allocates_no_more_than_its_budget() -> None:
