@@ -8,10 +8,11 @@ forward never waits on the disk (it waits only when more than ``pending_bytes``
 are still unwritten, which bounds the memory the writer holds). ``flush()`` waits
 for every row to be written; so do interpreter exit and the end of a worker
 process, and a writer that is dropped has its thread write every row it was
-given, then end. A write that fails — a full disk, a store that refuses — is
-logged when it happens and raised as :class:`WriteFailed` at the next forward or
-flush; the store publishes a pack whole or not at all, so a failure or a killed
-process never leaves a visible half-answer, only rows that a later run recomputes.
+given, then end. A write that fails — a full disk, a store that refuses, a call
+cancelled — is logged when it happens and raised as :class:`WriteFailed` at the
+next forward or flush; the store publishes a pack whole or not at all, so a failure
+or a killed process never leaves a visible half-answer, only rows that a later run
+recomputes.
 
 One lock per store object (:func:`store_lock`) serialises calls into a store
 between the forward and the writer thread, since a store's in-memory tables are
@@ -375,7 +376,7 @@ class _Backlog:
         if error is not None:
             raise WriteFailed(
                 f"{lost} computed rows could not be written to {self.store!r}: "
-                f"{type(error).__name__}: {error}. They are still correct in memory for this "
+                f"{_said(error)}. They are still correct in memory for this "
                 "process, but a later run will compute them again. Free space (or fix the "
                 "store) and go on; `flush()` reports whether later writes succeed"
             ) from error
@@ -411,10 +412,14 @@ class _Backlog:
                 answers = self.store.keep_many(items, TENSOR.name, self.fingerprint)
             kept = sum(answer.size for answer in answers)
             error: BaseException | None = None
-        except Exception as why:  # reported at the next forward or flush, never swallowed
+        except BaseException as why:  # reported at the next forward or flush, never swallowed
+            # Whatever ended the write — an error, an async store's CancelledError, a
+            # KeyboardInterrupt or SystemExit raised by a store (no signal reaches this
+            # thread) — fails these rows only: the thread goes on, or every flush and the
+            # interpreter's exit would wait for rows no thread writes.
             error = why
             kept = 0
-            log.error("somatize: %d computed rows could not be written: %s", rows, why)
+            log.error("somatize: %d computed rows could not be written: %s", rows, _said(why))
         finally:
             for job in jobs:
                 job.staged.release()
@@ -431,6 +436,12 @@ class _Backlog:
             self.pending -= sum(job.nbytes for job in jobs)
             self.done += len(jobs)
             self.changed.notify_all()
+
+
+def _said(error: BaseException) -> str:
+    """``error`` in a message: its kind, and what it says if anything (a CancelledError or
+    a KeyboardInterrupt usually says nothing)."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def _run(backlog: _Backlog) -> None:

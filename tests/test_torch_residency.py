@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import gc
 import inspect
@@ -510,6 +511,66 @@ def test_a_submit_interrupted_before_its_rows_are_queued_leaves_nothing_to_wait_
         writer.close()
     finally:
         backlog.closed = True  # should this fail, the exit of the test run does not wait
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit, asyncio.CancelledError])
+def test_a_write_ended_by_a_base_exception_fails_like_any_other(
+    store: Store, monkeypatch: pytest.MonkeyPatch, error: type[BaseException]
+) -> None:
+    """A ``keep_many`` that raises what is no ``Exception`` (an async bucket's
+    CancelledError, a store's KeyboardInterrupt or SystemExit) fails that write as an
+    error does: flush raises WriteFailed and the thread goes on to write later rows."""
+    failed, later = (f"blake3:{digit * 64}" for digit in "de")
+
+    def ended(*args: Any, **kwargs: Any) -> Any:
+        raise error("the write was ended")
+
+    writer = Writer(store, linger=0.0)
+    monkeypatch.setattr(store, "keep_many", ended)
+    try:
+        writer.submit([failed], torch.ones(1, 4))
+        raised = _within(writer.flush)
+        assert isinstance(raised, WriteFailed), raised
+        assert isinstance(raised.__cause__, error)
+        assert "1 computed rows could not be written" in str(raised)
+        assert writer.failed_rows == 1
+        monkeypatch.undo()
+        writer.submit([later], torch.ones(1, 4))
+        assert _within(writer.flush) is None
+        assert store.have([failed, later]) == {later}
+        writer.close()
+    finally:
+        writer._backlog.closed = True  # should this fail, the exit of the test run does not wait
+
+
+def test_a_process_whose_write_was_cancelled_exits(tmp_path: Path) -> None:
+    """A process whose rows could not be written because the store's call was cancelled
+    (asyncio.CancelledError, from an async bucket) exits rather than waiting for them, and
+    says at exit that they were not written."""
+    script = SHARED + textwrap.dedent(
+        f"""
+        import asyncio, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from somatize import Store
+        from somatize_torch.rows import cache_rows
+
+        def cancelled(*args, **kwargs):
+            raise asyncio.CancelledError()
+
+        store = Store(sys.argv[1])
+        store.keep_many = cancelled
+        cached = cache_rows(mlp(), store)
+        cached(rows(16))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "16 computed rows could not be written" in done.stderr
 
 
 def test_a_tier_allocates_no_more_than_its_budget() -> None:
