@@ -220,7 +220,7 @@ class PinnedPool:
             return _Block(self._allocate(nbytes, False), pinned=False, pooled=False)
         try:
             tensor = self._allocate(nbytes, pinned)
-        except Exception:
+        except BaseException:  # an interrupt too: the bytes were never taken
             with self._lock:
                 self._held -= nbytes
                 self._in_use -= nbytes
@@ -259,22 +259,31 @@ class PinnedPool:
             src = tensor.detach().resolve_conj().resolve_neg()
             nbytes = src.numel() * src.element_size()
             block = self._acquire(nbytes)
-            dst = block.tensor[:nbytes]
             event: torch.cuda.Event | None = None
-            if src.is_cuda and nbytes > 0:
-                current = torch.cuda.current_stream(src.device)
-                src = src.contiguous()
-                side = self._side_stream(src.device)
-                side.wait_stream(current)
-                with torch.cuda.stream(side):
-                    dst.copy_(src.reshape(-1).view(torch.uint8), non_blocking=block.pinned)
-                    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                    event.record(side)
-                src.record_stream(side)
-            elif nbytes > 0:
-                dst.copy_(src.contiguous().reshape(-1).view(torch.uint8))
-            result = dst.view(src.dtype).view(src.shape)
-        return StagedCopy(self, result, block, event)
+            side: torch.cuda.Stream | None = None
+            try:
+                dst = block.tensor[:nbytes]
+                if src.is_cuda and nbytes > 0:
+                    current = torch.cuda.current_stream(src.device)
+                    src = src.contiguous()
+                    side = self._side_stream(src.device)
+                    side.wait_stream(current)
+                    with torch.cuda.stream(side):
+                        dst.copy_(src.reshape(-1).view(torch.uint8), non_blocking=block.pinned)
+                        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                        event.record(side)
+                    src.record_stream(side)
+                elif nbytes > 0:
+                    dst.copy_(src.contiguous().reshape(-1).view(torch.uint8))
+                result = dst.view(src.dtype).view(src.shape)
+                return StagedCopy(self, result, block, event)
+            except BaseException:
+                # Interrupted (Ctrl-C) or failed: the buffer goes back to the pool, once a
+                # copy queued into it with no event to wait on has finished.
+                if side is not None and event is None:
+                    side.synchronize()
+                self._release(block, event)
+                raise
 
     def to_device(
         self, host_tensor: torch.Tensor, device: torch.device | str | int | None = None

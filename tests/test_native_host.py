@@ -642,6 +642,28 @@ def test_pinned_pool_blocks_made_under_inference_mode_are_reused_outside_it() ->
     second.release()
 
 
+def test_a_copy_to_the_host_interrupted_hands_its_buffer_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``to_host`` interrupted after it took a buffer (Ctrl-C during the copy) gives the
+    buffer back to the pool, whose budget is not left spent for good."""
+    from somatize_torch import _pinned_pool
+
+    pool = native.PinnedPool(1000)
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_pinned_pool, "StagedCopy", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool.to_host(torch.arange(100, dtype=torch.int32))
+    monkeypatch.undo()
+    assert (pool.held_bytes, pool.in_use_bytes) == (400, 0)
+    again = pool.to_host(torch.ones(100, dtype=torch.int32))
+    assert pool.stats.reuses == 1
+    again.release()
+
+
 def test_pinned_pool_to_device_on_cpu() -> None:
     pool = native.PinnedPool(1 << 20)
     t = torch.randn(4, 5)
