@@ -633,3 +633,46 @@ def test_a_forked_child_reads_what_its_parent_hashed(tmp_path: Path) -> None:
     digest = store.put(os.urandom(4 << 20))
     assert hash_bytes(store.get(digest)) == digest
     assert in_forked_child(_get_in_child, str(tmp_path), digest, timeout=60) == digest
+
+
+def _keep_and_recall_in_child(store: Store, data: bytes) -> bool:
+    key = key_of("kept by a forked child")
+    store.keep(key, data, "plain")
+    packed = [(key_of(f"packed by a forked child {i}"), data[:100]) for i in range(3)]
+    store.keep_many(packed, "plain")
+    fresh = Store(store.root)
+    found = [bytes(fresh.recall(k)[1]) for k in [key] + [k for k, _ in packed]]
+    return found == [data] + [data[:100]] * 3
+
+
+@pytest.mark.parametrize("held", ["lock", "removal"])
+def test_a_child_forked_while_another_thread_holds_the_store_uses_it(
+    tmp_path: Path, held: str
+) -> None:
+    """A child forked while another thread of its parent holds the store object's lock (a
+    writer adopting the pack it published) or is removing a blob (a gc) keeps, packs and
+    recalls through that object: it waits for no thread it does not have."""
+    store = Store(tmp_path)
+    data = os.urandom(5000)
+    store.keep_many([(key_of("packed by the parent"), b"in a pack")], "plain")  # a pack held
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        if held == "lock":
+            with store._lock:
+                holding.set()
+                done.wait(timeout=120)
+        else:
+            with store._removing_blobs({hash_bytes(data)}):
+                holding.set()
+                done.wait(timeout=120)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert holding.wait(timeout=30)
+    try:
+        assert in_forked_child(_keep_and_recall_in_child, store, data, timeout=60)
+    finally:
+        done.set()
+        thread.join(timeout=30)
+    assert Store(tmp_path).recall(key_of("kept by a forked child"))[1] == data

@@ -31,7 +31,9 @@ after it at once. The tables it holds in memory (pack indexes, records, small bl
 are changed, and walked, only under one lock (``_lock``), never held while a file is
 read or written; they are read by single lookups, which need none. When answers were
 used is noted by single stores into a dict and drained item by item when it is
-written down, so a recall that finds its answer in memory takes no lock at all.
+written down, so a recall that finds its answer in memory takes no lock at all. A
+forked child (a DataLoader worker) starts each store object afresh: its own lock, and
+none of its parent's writes in flight (:func:`_after_fork_in_child`).
 
 **Writes in flight.** A store object knows its own writes while they are made: the
 files it writes in ``tmp/``, and the blob a ``keep`` puts until the record or index
@@ -49,6 +51,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -159,6 +162,7 @@ class PackedHome(Store):
         to it: its gc leaves it."""
         self._sweeping: dict[str, int] = {}
         """Blob → how many gcs of this object are removing it now: a put of it waits."""
+        _HOMES.add(self)
 
     def _hold_nothing(self, where: str) -> None:
         """Starts with nothing held in memory; ``where`` names the store in messages."""
@@ -585,6 +589,37 @@ class PackedHome(Store):
             self._small_bytes = 0
             self._packs.clear()
             self._items.clear()
+
+
+_HOMES: weakref.WeakSet[PackedHome] = weakref.WeakSet()
+"""Every store object of this process, which a forked child starts afresh."""
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) has only the thread that forked: a lock another
+    thread of its parent held (a writer adopting the pack it published) would stay held in
+    it for good, and a removal that thread was making (a gc) would be waited for for good.
+    So each store object starts afresh there: a lock of its own, and no writes or removals
+    in flight (the parent's are another process's now); one whose lock was held also lets
+    go of what it holds in memory, which that thread may have left half changed."""
+    homes = list(_HOMES)
+    torn = [home for home in homes if not _free(home._lock)]
+    for home in homes:
+        home._in_flight_nothing()
+    for home in torn:  # after every lock is afresh: a bucket's forgets its cache's too
+        home._forget_all()
+
+
+def _free(lock: threading.RLock) -> bool:
+    """Whether ``lock`` is held by no other thread."""
+    if not lock.acquire(blocking=False):
+        return False
+    lock.release()
+    return True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _let_go(held: dict[str, int], digests: Iterable[str]) -> None:
