@@ -12,15 +12,22 @@ the same name, so one node stands for it in both. What the cut code holds of the
 model by reference is listed too, for :mod:`somatize_torch._parts` to keep pointed
 at what the model holds.
 
+The modes the forward switches (``torch.no_grad()``, ``torch.autocast(...)``) are
+recorded into the traced code as it is traced (:mod:`somatize_torch._modes`), and cut
+with it: a block around a declared call is entered in the segment before it and left
+in the one after.
+
 **What fx cannot trace** gets :class:`Untraceable`, naming the call that
-stopped it. Declared submodules are never traced into, so declaring the part
-that holds the data-dependent code is one way out; wrapping just that
-submodule (``model.encoder = wrap(model.encoder, frozen=True, cached=True)``),
+stopped it — a read fx would keep at its value then (``torch.is_grad_enabled()``,
+``random.random()``) included. Declared submodules are never traced into, so
+declaring the part that holds the data-dependent code is one way out; wrapping just
+that submodule (``model.encoder = wrap(model.encoder, frozen=True, cached=True)``),
 which needs no tracing at all, is the other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import traceback
@@ -34,6 +41,7 @@ from torch.fx.passes.split_module import split_module
 from somatize import Node
 from somatize_torch._cached import _Cached, _Declared, _Watched
 from somatize_torch._errors import Untraceable
+from somatize_torch._modes import Fixed, recording
 from somatize_torch._parts import _MISSING, _part, _Read
 from somatize_torch.freeze import ModuleNode
 
@@ -76,10 +84,10 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 
 _WRAPPING = frozenset(
     os.path.join(os.path.dirname(__file__), f"{name}.py")
-    for name in ("wrap", "_errors", "_parts", "_cached", "_split")
-)
-"""The files wrapping is written in: a frame of theirs says nothing of where the model's
-forward stopped."""
+    for name in ("wrap", "_errors", "_parts", "_cached", "_split", "_modes")
+) | {contextlib.__file__}
+"""The files wrapping is written in (and the one its context managers run in): a frame
+of theirs says nothing of where the model's forward stopped."""
 
 
 def _traced(
@@ -93,7 +101,8 @@ def _traced(
     try:
         for module, _ in modes:
             object.__setattr__(module, "training", training)
-        graph = tracer.trace(model)
+        with recording(tracer):
+            graph = tracer.trace(model)
     except Exception as error:
         frames = [
             f
@@ -106,6 +115,15 @@ def _traced(
             else ""
         )
         mode = "train" if training else "eval"
+        if isinstance(error, Fixed):
+            raise Untraceable(
+                f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode"
+                f"{where}: it {error}. Declared submodules are never traced into, so declare "
+                "the submodule that holds this code, or wrap just the submodule you want to "
+                "remember — `model.encoder = somatize.torch.wrap(model.encoder, frozen=True, "
+                "cached=True)`, or `somatize.torch.cache_rows(model.encoder, ...)` — which "
+                "needs no tracing and leaves this forward to run as it is written"
+            ) from error
         raise Untraceable(
             f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode{where}: "
             f"{type(error).__name__}: {error}. Declared submodules are never traced into, so "

@@ -27,6 +27,12 @@ is traced in both modes, and where the code differs the wrapped model keeps one
 runner per mode and runs the one ``self.training`` picks. ``wrapped.train()``
 is the model's own ``train()``, which leaves frozen parts in eval.
 
+**What fx does not record.** fx records the operations a forward makes on tensors:
+the grad-mode, autocast and inference-mode blocks the forward enters are recorded
+into the code beside them, so they switch as it runs, and what fx would keep at the
+value it read while tracing (``torch.is_grad_enabled()``, ``random.random()``) is
+refused.
+
 **torch.compile.** The cache lookup is a deliberate graph break: the call into
 the store runs under ``torch.compiler.disable``, once per cached node, and reads
 nothing that changes from batch to batch, so ``torch.compile(wrapped)`` compiles
@@ -39,6 +45,8 @@ This module is the wrapper; what it is made of has a module each:
 
 - :mod:`somatize_torch._split` traces the model and cuts it at its declared
   submodules — and says what to do about what fx cannot trace;
+- :mod:`somatize_torch._modes` records, as the model is traced, the modes its
+  forward switches, and refuses what fx would fix at the value it read;
 - :mod:`somatize_torch._cached` is the call of one declared submodule: how a
   cached one is keyed, and what a recalled answer could not repeat, refused;
 - :mod:`somatize_torch._parts` keeps the segments pointing at the parts the model
@@ -70,6 +78,7 @@ from somatize_torch._errors import (
     Untraceable,
     WrapError,
 )
+from somatize_torch._modes import switches, unwinding
 from somatize_torch._parts import _part, _Parts
 from somatize_torch._split import _calls, _split, _traced
 from somatize_torch.freeze import ModuleNode
@@ -144,6 +153,9 @@ class Wrapped(nn.Module):
     _parts: _Parts
     _through: tuple[str, ...] = ("",)
     """The modules traced into, by path: their training flags pick the code that runs."""
+    _switches: bool = False
+    """Whether the code traced switches grad mode, autocast or inference mode, in blocks
+    a failed call leaves open."""
 
     def __init__(
         self,
@@ -332,6 +344,8 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
             f"in its place. Run it in {other} mode, or make it traceable in {mode} mode as "
             f"well. {self._untraced}"
         )
+    if self._switches and not torch.compiler.is_compiling():
+        return unwinding(runner, *args, **kwargs)
     return runner(*args, **kwargs)
 
 
@@ -435,12 +449,14 @@ def wrap(
             )
     runners: dict[bool, nn.Module | Untraceable] = {mode: first.runner, not mode: first.runner}
     reads = list(first.reads)
+    switching = switches(traced.graph)
     try:
         other, also = _traced(model, declared, not mode)
         through |= also
     except Untraceable as error:
         runners[not mode] = error
     else:
+        switching = switching or switches(other.graph)
         if other.code != traced.code:
             second = _split(other, model, frozen_names, cached_names, wrapped, first.shims)
             if second.calls != first.calls:
@@ -459,6 +475,7 @@ def wrap(
     parts = _Parts(reads, first.targets)
     Wrapped.__init__(wrapped, model, runners, graph, store, parts)
     object.__setattr__(wrapped, "_through", tuple(sorted(through)))
+    object.__setattr__(wrapped, "_switches", switching)
     return wrapped
 
 

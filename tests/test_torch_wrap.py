@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import random
 import warnings
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import somatize.torch as smt
 from somatize import Graph, NotSettled, Opaque, Store, Unsettled
@@ -958,3 +960,302 @@ def test_a_hit_answers_bit_for_bit_what_a_miss_answered(store: Store) -> None:
     recalled = graph.forward(Opaque(x), store=store)
     assert graph.record is not None and graph.record.outcome["e"] == "recalled"
     assert computed.data_ptr() % 64 == 0 and recalled.data_ptr() % 64 == 0
+
+
+# ------------------------------------------------------------------ what fx does not record
+
+
+class Targets(nn.Module):
+    """Computes a target without gradients beside a trainable head (an EMA teacher)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.head = nn.Linear(4, 2)
+        self.target = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.encoder(x)
+        with torch.no_grad():
+            t = self.target(h)
+        return self.head(h), t
+
+
+def test_a_block_run_without_grad_gets_no_gradient_as_in_the_model(store: Store) -> None:
+    """What the forward runs under `torch.no_grad()` gets no gradient in the wrapped model
+    either, and the grad mode it runs in is put back after the block, as it was."""
+    torch.manual_seed(0)
+    model = Targets()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(5, 4)
+    p, t = wrapped(x)
+    assert p.requires_grad and not t.requires_grad
+    (p.sum() + t.sum()).backward()
+    assert model.target.weight.grad is None and model.head.weight.grad is not None
+    assert torch.is_grad_enabled()
+    with torch.no_grad():
+        p, t = wrapped(x)
+        assert not p.requires_grad and not torch.is_grad_enabled()
+        assert torch.equal(p, model(x)[0]) and torch.equal(t, model(x)[1])
+
+
+class StopsBefore(nn.Module):
+    """Runs a trainable layer and the cached encoder after it without gradients."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(4, 4)
+        self.encoder = Tempered()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            h = self.encoder(self.pre(x))
+        return self.head(h)
+
+
+def test_a_cached_call_inside_a_no_grad_block_runs_without_grad(store: Store) -> None:
+    """A cached submodule called under the forward's own `torch.no_grad()` is handed what
+    the model hands it, a tensor that needs no grad, and is recalled the next time."""
+    torch.manual_seed(0)
+    model = StopsBefore()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    first, again = wrapped(x), wrapped(x)
+    assert torch.equal(first, again) and torch.allclose(first, model(x))
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
+class Grads(nn.Module):
+    """Turns grad mode on for a block, by context manager and by decorator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.head = nn.Linear(4, 2)
+
+    @torch.enable_grad()
+    def _graded(self, h: torch.Tensor) -> torch.Tensor:
+        return self.head(h)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = self.encoder(x)
+        with torch.set_grad_enabled(True):
+            a = self.head(h)
+        return a, self._graded(h), self.head(h)
+
+
+def test_grad_mode_turned_on_in_the_forward_follows_the_mode_of_the_call(store: Store) -> None:
+    """A block the forward runs with grad turned on gets gradients under the caller's
+    `torch.no_grad()` too, and the code after it runs in the caller's mode again."""
+    torch.manual_seed(0)
+    model = Grads()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        plain = [t.requires_grad for t in model(x)]
+        assert [t.requires_grad for t in wrapped(x)] == plain == [True, True, False]
+        assert not torch.is_grad_enabled()
+
+
+class Mixed(nn.Module):
+    """Runs its encoder and head under bf16 autocast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = self.head(self.encoder(x))
+        return out.float() + out
+
+
+def test_a_block_run_under_autocast_runs_in_its_precision(store: Store) -> None:
+    """What the forward runs under `torch.autocast` runs in that precision in the wrapped
+    model too, the cached encoder keyed by it, and autocast is off again after the call."""
+    torch.manual_seed(0)
+    model = Mixed().eval()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = model(x)
+        first, again = wrapped(x), wrapped(x)
+    assert first.dtype == expected.dtype == torch.float32
+    assert torch.equal(first, expected) and torch.equal(again, expected)
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 1}
+    assert not torch.is_autocast_enabled("cpu")
+    with torch.no_grad():
+        direct = wrapped.encoder(x)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert wrapped.encoder(x).dtype == torch.bfloat16 != direct.dtype
+
+
+class Infers(nn.Module):
+    """Computes a target under `torch.inference_mode()`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.target = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        with torch.inference_mode():
+            return self.target(h)
+
+
+def test_a_block_run_under_inference_mode_runs_in_it(store: Store) -> None:
+    """What the forward runs under `torch.inference_mode()` makes inference tensors in the
+    wrapped model too."""
+    model = Infers()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    out = wrapped(torch.randn(3, 4))
+    assert out.is_inference() and model(torch.randn(3, 4)).is_inference()
+    assert not torch.is_inference_mode_enabled()
+
+
+class Fails(nn.Module):
+    """Fails inside a no-grad block within autocast, on a batch of the wrong width."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+            return self.encoder(x) * 2
+
+
+def test_a_forward_that_fails_inside_a_block_leaves_the_modes_as_they_were(
+    store: Store,
+) -> None:
+    """A call that fails inside a no-grad or autocast block leaves grad mode and autocast
+    as they were before it, as the model's own blocks would on their way out."""
+    wrapped = smt.wrap(Fails(), frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    with pytest.raises(RuntimeError, match=r"shapes cannot be multiplied"):
+        wrapped(torch.randn(3, 5))
+    assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+    assert wrapped(torch.randn(3, 4)).dtype == torch.bfloat16
+
+
+class Checkpoints(nn.Module):
+    """Runs a trainable block through `torch.utils.checkpoint`, which reads the modes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.block = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.block, self.encoder(x), use_reentrant=False)
+
+
+def test_torch_code_that_reads_the_modes_as_it_is_traced_is_wrapped(store: Store) -> None:
+    """torch's own code that reads grad mode and autocast while it is traced keeps nothing
+    it read in the code, and is wrapped as before."""
+    model = Checkpoints()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    out = wrapped(x)
+    assert torch.equal(out, model(x))
+    out.sum().backward()
+    assert model.block.weight.grad is not None
+
+
+class ReadsGrad(nn.Module):
+    """Branches on whether grad mode is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h if torch.is_grad_enabled() else h * 0
+
+
+class ReadsAutocast(nn.Module):
+    """Casts back when autocast is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h.float() if torch.is_autocast_enabled("cpu") else h
+
+
+class LayerDrop(nn.Module):
+    """Skips its middle layer at random while training, drawing from Python's `random`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.middle = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if self.training and random.random() < 0.5:
+            return h
+        return self.middle(h)
+
+
+class DrawsTorch(nn.Module):
+    """Skips its middle layer at random while training, drawing a number from torch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.middle = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if self.training and torch.rand([]) < 0.5:
+            return h
+        return self.middle(h)
+
+
+@pytest.mark.parametrize(
+    ("model", "refused"),
+    [
+        (ReadsGrad, r"\(`return h if torch\.is_grad_enabled.*reads `torch\.is_grad_enabled\(\)`"),
+        (ReadsAutocast, r"\(`return h\.float\(\) if .*reads `torch\.is_autocast_enabled\(\)`"),
+        (LayerDrop, r"\(`if self\.training and random.*Python's `random` \(`random\.random\(\)`"),
+        (DrawsTorch, r"\(`if self\.training and torch\.rand.*torch's random number generator"),
+    ],
+    ids=["grad-mode", "autocast", "python-random", "torch-random"],
+)
+def test_a_forward_that_reads_what_fx_would_fix_is_refused(
+    model: type[nn.Module], refused: str
+) -> None:
+    """A forward that reads grad mode, autocast or a random number while it is traced is
+    refused, naming what it read and where: fx would keep the value it read then, and the
+    wrapped model would take one branch in every call."""
+    with pytest.raises(smt.Untraceable, match=rf"(?s){refused}.*wrap just the submodule"):
+        smt.wrap(model().train(), frozen=["encoder"])
+
+
+def test_a_forward_that_draws_at_random_in_train_mode_only_runs_in_eval_only(
+    store: Store,
+) -> None:
+    """A forward that draws a random number in train mode only, wrapped in eval mode, runs
+    in eval mode and is refused in train mode, saying why."""
+    model = LayerDrop().eval()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+    wrapped.train()
+    with pytest.raises(smt.WrapError, match=r"(?s)in eval mode only.*random\.random"):
+        wrapped(x)

@@ -1,0 +1,361 @@
+"""What a traced forward does besides tensor operations: the modes it switches, and
+the state it reads.
+
+torch.fx records the calls a forward makes on tensors, and nothing else. A context
+manager the forward enters is entered once, while it is traced, and left out of the
+code; a value it reads from Python (``torch.is_grad_enabled()``, ``random.random()``)
+is read once, and what it read is kept. The wrapped model would then compute with
+gradients where the model computes without, in float32 where it computes in bf16, or
+take one branch in every call, and say nothing. So while :mod:`somatize_torch._split`
+traces a model, :func:`recording`:
+
+- **records the modes the forward switches**, as calls in the traced code that switch
+  them as it runs: grad mode (``torch.no_grad()``, ``torch.enable_grad()``,
+  ``torch.set_grad_enabled(...)``, as a block, a decorator or a call), autocast
+  (``torch.autocast(...)``) and ``torch.inference_mode()``. Each block puts back, on its
+  way out, the mode it found when the call came — the caller's, not the one the model
+  was traced in — and :func:`unwinding` leaves the blocks a failed call left open, as
+  Python leaves the model's own;
+- **refuses what fx would fix** (:class:`Fixed`): a read of grad mode, autocast or
+  inference mode in the model's code; a draw from torch's random number generators for
+  no traced tensor (``torch.rand([])`` is run once and kept as a constant;
+  ``torch.rand_like(x)`` is recorded), which a dispatch mode sees whatever called it;
+  and a call of Python's ``random`` or NumPy's ``numpy.random`` functions, through
+  the module (``random.random()``). torch's own code that reads the modes as it is
+  traced (``torch.utils.checkpoint``) keeps nothing it read in the code, and is let be.
+
+Not seen: a function of ``random`` imported by name before the trace
+(``from random import random``), and a generator of the model's own
+(``random.Random(0)``). Watching those would mean watching every thread's draws.
+
+While a model is traced, the modes are recorded, not switched. Everything here watches
+the tracing thread only: the functions replaced meanwhile call through to the
+originals in every other thread, and are put back when the trace ends.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import random
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = [
+    "Fixed",
+    "enter_autocast",
+    "enter_inference_mode",
+    "leave",
+    "recording",
+    "set_grad_enabled",
+    "switches",
+    "unwinding",
+]
+
+
+class Fixed(Exception):
+    """A forward read, as it was traced, a value fx would keep as it read it then."""
+
+
+# ------------------------------------------------------------------------------ the recorded calls
+
+_here = threading.local()
+"""This thread's blocks entered and not left yet (``opened``), and, while it traces a
+model, what records it (``recorder``)."""
+
+
+def _opened() -> list[Any]:
+    opened: list[Any] | None = getattr(_here, "opened", None)
+    if opened is None:
+        opened = _here.opened = []
+    return opened
+
+
+def set_grad_enabled(mode: bool) -> None:
+    """Grad mode switched by the forward. (Not ``torch._C._set_grad_enabled`` itself:
+    ``split_module`` would rewrite that into the modes seen while tracing.)"""
+    torch._C._set_grad_enabled(mode)
+
+
+class _Entered:
+    """A block the recorded code entered, handed on to the code that leaves it: an
+    object of its own, so compiled code hands on this very block, not one made like it."""
+
+    __slots__ = ("block",)
+
+    def __init__(self, block: Any) -> None:
+        self.block = block
+        block.__enter__()
+        _opened().append(block)
+
+
+def _enter_autocast(
+    device_type: str, dtype: torch.dtype | None, enabled: bool, cache_enabled: bool | None
+) -> _Entered:
+    return _Entered(
+        torch.amp.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+    )
+
+
+def _enter_inference_mode(mode: bool) -> _Entered:
+    return _Entered(torch._C._InferenceMode(mode))
+
+
+def _leave(entered: _Entered) -> None:
+    opened = _opened()
+    if opened and opened[-1] is entered.block:
+        opened.pop()
+    entered.block.__exit__(None, None, None)
+
+
+# A block is entered in one call and left in another, with a graph break between them
+# wherever a cached node stands: compiled code makes both calls as they are. (torch.compile
+# follows grad mode itself.)
+_as_they_are: Callable[[Callable[..., Any]], Callable[..., Any]] = torch.compiler.disable
+
+enter_autocast = _as_they_are(_enter_autocast)
+"""An autocast block the forward enters, made as the forward made it."""
+enter_inference_mode = _as_they_are(_enter_inference_mode)
+"""An inference-mode block the forward enters."""
+leave = _as_they_are(_leave)
+"""Leaves a block entered by :func:`enter_autocast` or :func:`enter_inference_mode`."""
+
+
+def switches(code: fx.Graph) -> bool:
+    """Whether recorded code switches a mode."""
+    switching = (set_grad_enabled, enter_autocast, enter_inference_mode)
+    return any(n.op == "call_function" and n.target in switching for n in code.nodes)
+
+
+def unwinding(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)``; if it fails, the blocks it entered and did not leave
+    are left, innermost first, and grad mode put back as it was before the call: what
+    the model's own ``with`` blocks do on the way out. (Grad mode switched by a bare
+    ``torch.set_grad_enabled(...)`` before the failure stays switched in the model;
+    here it is put back too.)"""
+    grad = torch.is_grad_enabled()
+    opened = _opened()
+    depth = len(opened)
+    try:
+        return call(*args, **kwargs)
+    except BaseException:
+        while len(opened) > depth:
+            opened.pop().__exit__(None, None, None)
+        torch._C._set_grad_enabled(grad)
+        raise
+
+
+# ------------------------------------------------------------------------------ recording
+
+
+class _Recorder:
+    """Records into the graph ``tracer`` builds what the forward switches."""
+
+    def __init__(self, tracer: fx.Tracer) -> None:
+        self.tracer = tracer
+        self.made: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+        """The arguments each autocast block made as the forward was traced was made with."""
+        self.entered: weakref.WeakKeyDictionary[Any, list[fx.Proxy]] = weakref.WeakKeyDictionary()
+        """What each block entered and not left yet was entered as, innermost last."""
+
+    def call(self, target: Callable[..., Any], *args: Any) -> fx.Proxy:
+        return self.tracer.create_proxy("call_function", target, args, {})
+
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_GRAD_MODE = os.path.abspath(torch.autograd.grad_mode.__file__)
+_AUTOCAST = torch.amp.autocast_mode.autocast
+_AUTOCAST_MADE = inspect.signature(_AUTOCAST.__init__)
+_INFERENCE = torch.autograd.grad_mode.inference_mode
+
+
+def _caller() -> str:
+    """The file of the code that called the replaced function (three frames up: this
+    one, what the tracing thread gets instead, the replacement)."""
+    return os.path.abspath(sys._getframe(3).f_code.co_filename)
+
+
+def _switch_grad(recorder: _Recorder, original: Callable[..., Any], mode: Any) -> None:
+    recorder.call(set_grad_enabled, mode)
+
+
+def _read_grad(recorder: _Recorder, original: Callable[..., Any]) -> Any:
+    caller = _caller()
+    if caller == _GRAD_MODE:  # a grad-mode block keeping the mode it found, to put back
+        return recorder.call(original)
+    if caller.startswith(_TORCH_DIR):
+        return original()
+    raise Fixed(
+        "reads `torch.is_grad_enabled()`: fx keeps the value it read while tracing, so the "
+        "wrapped model would act on that value whatever grad mode it is called in"
+    )
+
+
+def _read(name: str, what: str) -> Callable[..., Any]:
+    def read(recorder: _Recorder, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if _caller().startswith(_TORCH_DIR):
+            return original(*args, **kwargs)
+        raise Fixed(
+            f"reads `torch.{name}()`: fx keeps the value it read while tracing, so the "
+            f"wrapped model would act on that value whatever {what} it is called in"
+        )
+
+    return read
+
+
+def _draw(name: str, source: str) -> Callable[..., Any]:
+    def draw(recorder: _Recorder, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if "seed" in name or "state" in name:
+            raise Fixed(
+                f"seeds {source} (`{name}()`): fx keeps no call to it, so the wrapped model "
+                "would never seed it"
+            )
+        raise Fixed(
+            f"draws from {source} (`{name}()`): fx keeps the value it drew while tracing, "
+            "not the call, so the wrapped model would use that value in every call"
+        )
+
+    return draw
+
+
+class _Draws(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Refuses, in the thread that traces, an operation of torch's that draws at random:
+    one fx runs as it traces (no traced tensor goes into it, so none comes out of it),
+    whose result it keeps as a constant. A draw for a traced tensor never gets here."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            raise Fixed(
+                f"draws from torch's random number generator (`{func}`) for no traced tensor "
+                "(`torch.rand([])`, a tensor made with numbers for its size): fx runs the "
+                "call once, while tracing, and keeps what it drew as a constant, so the "
+                "wrapped model would use that in every call. Draw for a tensor it is handed "
+                "(`torch.rand_like(x)`, `torch.rand(x.shape)`), which fx records"
+            )
+        return func(*args, **(kwargs or {}))
+
+
+def _autocast_made(
+    recorder: _Recorder, original: Callable[..., Any], block: Any, *args: Any, **kwargs: Any
+) -> None:
+    original(block, *args, **kwargs)
+    bound = _AUTOCAST_MADE.bind(block, *args, **kwargs)
+    bound.apply_defaults()
+    # Made again as the call comes, so what it leaves to the modes then (no dtype given:
+    # the one autocast has) is settled then.
+    recorder.made[block] = tuple(bound.arguments.values())[1:]
+
+
+def _autocast_entered(recorder: _Recorder, original: Callable[..., Any], block: Any) -> Any:
+    made = recorder.made.get(block)
+    if made is None:  # made before the trace, and settled then
+        made = (block.device, block.fast_dtype, block._enabled, block._cache_enabled)
+    recorder.entered.setdefault(block, []).append(recorder.call(enter_autocast, *made))
+    return block
+
+
+def _inference_entered(recorder: _Recorder, original: Callable[..., Any], block: Any) -> None:
+    recorder.entered.setdefault(block, []).append(recorder.call(enter_inference_mode, block.mode))
+
+
+def _left(recorder: _Recorder, original: Callable[..., Any], block: Any, *exc: Any) -> bool:
+    entered = recorder.entered.get(block)
+    if entered:
+        recorder.call(leave, entered.pop())
+    return False
+
+
+def _replacements() -> list[tuple[Any, str, Callable[..., Any]]]:
+    """Each function replaced while a thread traces: where it lives, its name, and what
+    the tracing thread gets instead."""
+    found: list[tuple[Any, str, Callable[..., Any]]] = [
+        (torch._C, "_set_grad_enabled", _switch_grad),
+        (torch, "is_grad_enabled", _read_grad),
+        (torch, "is_inference_mode_enabled", _read("is_inference_mode_enabled", "mode")),
+        (_AUTOCAST, "__init__", _autocast_made),
+        (_AUTOCAST, "__enter__", _autocast_entered),
+        (_AUTOCAST, "__exit__", _left),
+        (_INFERENCE, "__enter__", _inference_entered),
+        (_INFERENCE, "__exit__", _left),
+    ]
+    found += [
+        (torch, name, _read(name, "autocast"))
+        for name in dir(torch)
+        if name.startswith(("is_autocast_", "get_autocast_"))
+        and name.endswith(("_enabled", "_dtype"))
+    ]
+    found += [
+        (torch, name, _draw(f"torch.{name}", "torch's random number generator"))
+        for name in ("manual_seed", "seed", "set_rng_state")
+    ]
+    found += [
+        (random, name, _draw(f"random.{name}", "Python's `random`"))
+        for name in random.__all__
+        if name != "getstate" and getattr(getattr(random, name), "__self__", None) is random._inst
+    ]
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        shared = numpy_random.mtrand._rand
+        found += [
+            (numpy_random, name, _draw(f"numpy.random.{name}", "NumPy's random generator"))
+            for name in dir(numpy_random)
+            if name != "get_state" and getattr(getattr(numpy_random, name), "__self__", 0) is shared
+        ]
+    return found
+
+
+def _replaced(original: Callable[..., Any], instead: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def replaced(*args: Any, **kwargs: Any) -> Any:
+        recorder: _Recorder | None = getattr(_here, "recorder", None)
+        if recorder is None:
+            return original(*args, **kwargs)
+        return instead(recorder, original, *args, **kwargs)
+
+    return replaced
+
+
+_ABSENT = object()
+_installing = threading.RLock()
+"""Held while a thread traces: another one waits to replace what this one replaced."""
+
+
+@contextmanager
+def recording(tracer: fx.Tracer) -> Iterator[None]:
+    """While this thread traces a model with ``tracer``: the modes its forward switches
+    recorded into the trace, and what fx would fix refused (:class:`Fixed`)."""
+    with _installing:
+        replaced: list[tuple[Any, str, Any]] = []
+        outer = getattr(_here, "recorder", None)
+        try:
+            for owner, name, instead in _replacements():
+                replaced.append((owner, name, owner.__dict__.get(name, _ABSENT)))
+                setattr(owner, name, _replaced(getattr(owner, name), instead))
+            _here.recorder = _Recorder(tracer)
+            with _Draws():  # type: ignore[no-untyped-call]
+                yield
+        finally:
+            _here.recorder = outer
+            for owner, name, was in reversed(replaced):
+                if was is _ABSENT:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, was)
+    for node in list(tracer.graph.nodes):  # modes read by blocks that never put them back
+        if node.op == "call_function" and node.target is torch.is_grad_enabled and not node.users:
+            tracer.graph.erase_node(node)
