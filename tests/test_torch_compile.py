@@ -10,7 +10,7 @@ from torch import nn
 
 import somatize.torch as smt
 from somatize import Store
-from tests.test_torch_wrap import Normed
+from tests.test_torch_wrap import Mixed, Normed, Targets
 
 
 class Encoder(nn.Module):
@@ -130,4 +130,32 @@ def test_compiled_wrapped_model_refuses_a_declared_part_replaced_on_the_model(
         model.encoder = type(model.encoder)()
         with pytest.raises(smt.WrapError, match="`encoder` is declared"):
             compiled(x)
+    torch._dynamo.reset()
+
+
+def test_compiled_wrapped_model_switches_grad_mode_and_autocast_as_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled, a wrapped model still runs its forward's no-grad and autocast blocks as
+    the model does, and leaves both modes as it found them."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    targets, mixed = Targets(), Mixed().eval()
+    compiled = []
+    for i, model in enumerate((targets, mixed)):
+        wrapped = smt.wrap(
+            model, frozen=["encoder"], cached=["encoder"], store=Store(tmp_path / f"s{i}")
+        )
+        smt.freeze(wrapped)
+        compiled.append(torch.compile(wrapped, backend="eager"))
+    x = torch.randn(5, 4)
+    for _ in range(2):
+        p, t = compiled[0](x)
+        assert p.requires_grad and not t.requires_grad
+        with torch.no_grad():
+            assert torch.equal(compiled[1](x), mixed(x))
+        assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+    (p.sum() + t.sum()).backward()
+    assert targets.target.weight.grad is None and targets.head.weight.grad is not None
     torch._dynamo.reset()
