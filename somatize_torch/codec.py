@@ -55,39 +55,31 @@ The digest of a value is not the digest of these bytes: it is
 :func:`~somatize_torch.digest.digest_named` (a collection; a tree's under its
 shape, its dicts in sorted order), computed where each tensor lives, so equal
 tensors are equal whatever the JSON writer did or the order a dict was filled in.
+
+The codec's parts are modules of their own: the shape of a nested value, written,
+checked and built again (:mod:`somatize_torch._codec_tree`), and the header, read and
+checked once per distinct header (:mod:`somatize_torch._codec_header`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import itertools
 import json
-import math
-import struct
 import warnings
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from somatize import CODECS, Codec, CodecError
-from somatize.catalog import held_at
-from somatize.codecs import Unreadable
 from somatize.errors import SomatizeWarning
+from somatize_torch._codec_header import _FORMAT, _ITEMSIZE, _LEN, _head, _header
+from somatize_torch._codec_header import row_layout as row_layout
+from somatize_torch._codec_tree import _built, _is_tensor, _Refused, _shape
 from somatize_torch.digest import DTYPES, digest_named, digest_tensor, host_bytes, memory_of
 
 __all__ = ["TENSOR", "LandedOnHost", "TensorCodec", "register"]
 
-_BY_CODE = {code: dtype for dtype, code in DTYPES.items()}
-_ITEMSIZE = {dtype: dtype.itemsize for dtype in DTYPES}
-_LEN = struct.Struct("<Q")
-_FORMAT = "somatize/tensor/1"
-_KINDS = ("tensor", "tuple", "list", "dict", "tree")
-_MAX_HEADER = 100 << 20
-_MAX_DEPTH = 32
-"""How deep containers may nest in one answer."""
 _ALIGN = 64
 """Where a recalled tensor's memory starts, as torch's own CPU allocations do: CPU kernels
 take another path (and may round differently) over memory aligned less."""
@@ -98,15 +90,6 @@ _ALIGNED_ABOVE = 4096
 
 class LandedOnHost(SomatizeWarning):
     """A tensor kept on a device this process does not have was recalled onto the CPU."""
-
-
-def _is_tensor(value: Any) -> bool:
-    return (
-        isinstance(value, torch.Tensor)
-        and value.layout is torch.strided
-        and value.dtype in DTYPES
-        and not value.is_quantized
-    )
 
 
 def _is_flat(value: Any, empty: bool = False) -> bool:
@@ -140,93 +123,6 @@ def _named(value: Any) -> tuple[str, dict[str, torch.Tensor], dict[str, str]]:
     shape = _shape(value, leaves, "", 0, ordered=True)
     tree = json.dumps(shape, separators=(",", ":"), ensure_ascii=False)
     return "tree", {str(i): t for i, t in enumerate(leaves)}, {"tree": tree}
-
-
-class _Refused(Exception):
-    """An item of a value the codec does not write: where it is, and what it is."""
-
-    def __init__(self, where: str, what: str) -> None:
-        super().__init__(where, what)
-        self.where = where
-        self.what = what
-
-
-def _kind_name(kind: type) -> str:
-    return f"{kind.__module__}.{kind.__qualname__}"
-
-
-def _shape(value: Any, leaves: list[torch.Tensor], where: str, depth: int, ordered: bool) -> Any:
-    """The JSON shape of a nested ``value``, its tensors appended to ``leaves`` in the
-    order they are met (a dict's items in the order it was filled in when ``ordered``,
-    sorted otherwise): a tensor is its index in ``leaves``, None is null, a container is
-    ``{"tuple" | "list": [...]}``, ``{"dict" | "OrderedDict": [[key, ...], ...]}`` or
-    ``{"namedtuple": "module:qualname", "fields": [...], "items": [...]}``. _Refused
-    for anything else."""
-    if isinstance(value, torch.Tensor):
-        if not _is_tensor(value):
-            raise _Refused(where, f"a {value.layout} {value.dtype} tensor")
-        leaves.append(value)
-        return len(leaves) - 1
-    if value is None:
-        return None
-    if depth >= _MAX_DEPTH:
-        raise _Refused(where, f"nested more than {_MAX_DEPTH} containers deep")
-    kind = type(value)
-    if kind is tuple or kind is list:
-        items = [
-            _shape(v, leaves, f"{where}[{i}]", depth + 1, ordered) for i, v in enumerate(value)
-        ]
-        return {kind.__name__: items}
-    if kind is dict or kind is OrderedDict:
-        for key in value:
-            if type(key) is not str:
-                raise _Refused(f"{where}[{key!r}]", f"under a `{_kind_name(type(key))}` key")
-        keys = list(value) if ordered or kind is OrderedDict else sorted(value)
-        pairs = [[k, _shape(value[k], leaves, f"{where}[{k!r}]", depth + 1, ordered)] for k in keys]
-        return {kind.__name__: pairs}
-    fields = _named_tuple(kind) if issubclass(kind, tuple) else None
-    if fields is not None:
-        named = f"{kind.__module__}:{kind.__qualname__}"
-        if _class_at(named, fields) is not kind:
-            raise _Refused(
-                where,
-                f"a `{_kind_name(kind)}` namedtuple, whose class cannot be found again by its "
-                "name (it is defined inside a function, or another class took its name)",
-            )
-        items = [
-            _shape(v, leaves, f"{where}.{field}", depth + 1, ordered)
-            for field, v in zip(fields, value, strict=True)
-        ]
-        return {"namedtuple": named, "fields": list(fields), "items": items}
-    raise _Refused(where, f"a `{_kind_name(kind)}`")
-
-
-def _named_tuple(kind: type) -> tuple[str, ...] | None:
-    """The fields of namedtuple class ``kind``, or None when it is not one."""
-    fields = inspect.getattr_static(kind, "_fields", None)
-    if (
-        isinstance(fields, tuple)
-        and all(type(f) is str for f in fields)
-        and inspect.getattr_static(kind, "_make", None) is not None
-    ):
-        return fields
-    return None
-
-
-def _class_at(named: str, fields: Sequence[str]) -> type | None:
-    """The namedtuple class ``module:qualname`` with ``fields`` among the modules this
-    process has loaded — never importing one — or None."""
-    module, _, qualname = named.partition(":")
-    if "<locals>" in qualname:
-        return None
-    found = held_at(module, qualname)  # no code runs for a name a store gave
-    if (
-        isinstance(found, type)
-        and issubclass(found, tuple)
-        and _named_tuple(found) == tuple(fields)
-    ):
-        return found
-    return None
 
 
 class TensorCodec(Codec):
@@ -368,195 +264,6 @@ class TensorCodec(Codec):
         return None
 
 
-class _Header(NamedTuple):
-    """What a tensor answer's header says, checked: its kind, each tensor's name, dtype,
-    shape, first byte and element count, where the tensors lived, how many bytes of
-    data they need, a dict's keys in the order it was filled in (None: sorted), and the
-    shape of a tree (see :func:`_shape`)."""
-
-    kind: str
-    tensors: list[tuple[str, torch.dtype, list[int], int, int]]
-    devices: dict[str, str]
-    end: int
-    order: tuple[str, ...] | None = None
-    tree: Any = None
-
-
-_HEADERS: dict[bytes, _Header] = {}
-"""Headers read, by their bytes: the answers of one node share theirs, so a recall of many
-reads and checks each one once."""
-
-
-def _header(raw: bytes) -> _Header:
-    """The checked header whose bytes are ``raw``; ValueError when it is damaged."""
-    found = _HEADERS.get(raw)
-    if found is None:
-        found = _read_header(raw)
-        if len(_HEADERS) >= 256:
-            _HEADERS.clear()
-        _HEADERS[raw] = found
-    return found
-
-
-def _head(data: memoryview) -> int:
-    """Where the data of the tensor answer ``data`` starts: past its header's length and
-    its header. ValueError when the bytes are too few for them."""
-    if len(data) < 8:
-        raise ValueError(f"{len(data)} bytes are too few for a tensor answer")
-    size = int(_LEN.unpack(data[:8])[0])
-    if size > min(len(data) - 8, _MAX_HEADER):
-        raise ValueError(f"a tensor answer's header says {size} bytes; there are not that many")
-    return 8 + size
-
-
-def row_layout(data: memoryview) -> tuple[bytes, torch.dtype, tuple[int, ...], int]:
-    """For an answer of one tensor: the bytes before its data (its header's length and its
-    header), and that tensor's dtype, shape and byte length, read once per distinct
-    header. ValueError when the answer holds anything else, or is damaged."""
-    head = _head(data)
-    header = _header(bytes(data[8:head]))
-    if header.kind != "tensor":
-        raise ValueError("a row answer decodes to a collection of tensors, not to one row")
-    ((_, dtype, shape, _, count),) = header.tensors
-    return bytes(data[:head]), dtype, tuple(shape), count * _ITEMSIZE[dtype]
-
-
-def _read_header(raw: bytes) -> _Header:
-    try:
-        header = json.loads(raw)
-        meta = header.pop("__metadata__")
-        kind = meta["kind"]
-    except (ValueError, KeyError, TypeError, AttributeError) as why:
-        raise ValueError(f"the header of a tensor answer cannot be read ({why})") from None
-    if kind not in _KINDS or meta.get("format") != _FORMAT:
-        raise ValueError(f"a tensor answer of an unknown kind or format: {meta!r}")
-    names = sorted(header)
-    expected = {"tensor": ["tensor"], "dict": names}.get(kind) or sorted(
-        str(i) for i in range(len(header))
-    )
-    if names != expected:
-        raise ValueError(f"a tensor answer of kind {kind!r} holds tensors {names[:8]}")
-    devices = _devices(meta.get("devices", "{}"), names)
-    order = _order(meta.get("order"), names) if kind == "dict" else None
-    tree = _tree(meta.get("tree"), len(names)) if kind == "tree" else None
-    tensors = []
-    spans = []
-    for name, entry in header.items():
-        try:
-            dtype = _BY_CODE[entry["dtype"]]
-            shape = [int(n) for n in entry["shape"]]
-            start, end = (int(n) for n in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError) as why:
-            raise ValueError(f"tensor {name!r} of an answer is not described ({why})") from None
-        if any(not 0 <= n < 1 << 48 for n in shape):
-            raise ValueError(f"tensor {name!r} of an answer has shape {shape}: it is damaged")
-        count = math.prod(shape)
-        if not 0 <= start <= end or end - start != count * _ITEMSIZE[dtype]:
-            raise ValueError(
-                f"tensor {name!r} of an answer claims bytes {start}..{end} for {count} elements "
-                f"of {entry['dtype']}: it is damaged"
-            )
-        if count:
-            spans.append((start, end))
-        tensors.append((name, dtype, shape, start, count))
-    spans.sort()
-    if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
-        raise ValueError("tensors of a tensor answer claim the same bytes: it is damaged")
-    return _Header(kind, tensors, devices, max((end for _, end in spans), default=0), order, tree)
-
-
-def _order(raw: Any, names: list[str]) -> tuple[str, ...] | None:
-    """The order a dict answer was filled in, as its header records it (None: sorted)."""
-    if raw is None:
-        return None
-    try:
-        order = json.loads(raw)
-    except (ValueError, TypeError) as why:
-        raise ValueError(f"the order of a dict answer cannot be read ({why})") from None
-    if not isinstance(order, list) or sorted(order) != names:
-        raise ValueError(f"the order of a dict answer names other keys than its tensors: {raw!r}")
-    return tuple(order)
-
-
-def _tree(raw: Any, count: int) -> Any:
-    """The shape of a tree answer, as its header records it, checked: every container
-    well formed, and each of its ``count`` tensors in it exactly once."""
-    try:
-        shape = json.loads(raw)
-    except (ValueError, TypeError) as why:
-        raise ValueError(f"the shape of a tensor answer cannot be read ({why})") from None
-    seen: list[int] = []
-    _check_tree(shape, seen, 0)
-    if sorted(seen) != list(range(count)):
-        raise ValueError(f"the shape of a tensor answer places tensors {seen[:8]} of {count}")
-    return shape
-
-
-def _check_tree(shape: Any, seen: list[int], depth: int) -> None:
-    if shape is None:
-        return
-    if type(shape) is int:
-        seen.append(shape)
-        return
-    bad = ValueError(f"the shape of a tensor answer is damaged at {str(shape)[:80]}")
-    if type(shape) is not dict or depth >= _MAX_DEPTH:
-        raise bad
-    if len(shape) == 1:
-        ((kind, items),) = shape.items()
-        if kind in ("tuple", "list") and type(items) is list:
-            for item in items:
-                _check_tree(item, seen, depth + 1)
-            return
-        if kind in ("dict", "OrderedDict") and type(items) is list:
-            keys = []
-            for pair in items:
-                if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str:
-                    raise bad
-                keys.append(pair[0])
-                _check_tree(pair[1], seen, depth + 1)
-            if len(set(keys)) != len(keys):
-                raise bad
-            return
-        raise bad
-    named, fields, items = (shape.get(k) for k in ("namedtuple", "fields", "items"))
-    if (
-        len(shape) != 3
-        or type(named) is not str
-        or type(fields) is not list
-        or not all(type(f) is str for f in fields)
-        or type(items) is not list
-        or len(items) != len(fields)
-    ):
-        raise bad
-    for item in items:
-        _check_tree(item, seen, depth + 1)
-
-
-def _built(shape: Any, tensors: list[torch.Tensor]) -> Any:
-    """The value of a checked tree ``shape`` whose tensors are ``tensors``."""
-    if shape is None:
-        return None
-    if type(shape) is int:
-        return tensors[shape]
-    if "namedtuple" in shape:
-        kind = _class_at(shape["namedtuple"], shape["fields"])
-        if kind is None:
-            raise Unreadable(
-                f"a tensor answer is a `{shape['namedtuple']}` namedtuple with fields "
-                f"{shape['fields']}, and no such class is loaded in this process: it is not "
-                "imported to read an answer, so the answer is computed again"
-            )
-        # Made as the tuple it is, so no code of the class runs for what a store says.
-        return tuple.__new__(kind, [_built(item, tensors) for item in shape["items"]])
-    ((kind_name, items),) = shape.items()
-    if kind_name == "tuple":
-        return tuple(_built(item, tensors) for item in items)
-    if kind_name == "list":
-        return [_built(item, tensors) for item in items]
-    pairs = ((key, _built(item, tensors)) for key, item in items)
-    return OrderedDict(pairs) if kind_name == "OrderedDict" else dict(pairs)
-
-
 def _address(body: memoryview) -> int:
     """The address of the first byte of ``body`` (0 when it is empty)."""
     if not body.nbytes:
@@ -577,20 +284,6 @@ def stamp_of(x: torch.Tensor) -> tuple[Any, ...]:
     """What must be unchanged for ``x`` to hold what it held: its version counter (bumped
     by every change in place through torch), its memory, layout, dtype and device."""
     return (x._version, x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
-
-
-def _devices(raw: Any, names: list[str]) -> dict[str, str]:
-    """Where the tensors of an answer lived, by name, as the header records it."""
-    try:
-        devices = json.loads(raw)
-        if not isinstance(devices, dict) or not set(devices) <= set(names):
-            raise ValueError(f"devices {raw!r} name no tensor of the answer")
-        for device in devices.values():
-            if torch.device(device).type == "meta":  # a meta tensor holds no value
-                raise ValueError(f"device {device!r}")
-    except (ValueError, TypeError, RuntimeError) as why:
-        raise ValueError(f"where the tensors of an answer lived cannot be read ({why})") from None
-    return devices
 
 
 def _moves(device: str | None) -> bool:

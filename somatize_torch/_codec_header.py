@@ -1,0 +1,166 @@
+"""The header of a tensor answer: where its data starts and what it says, read and checked
+once per distinct header.
+
+A tensor answer opens as a safetensors file does: an 8-byte little-endian length,
+then a JSON header naming each tensor's dtype, shape and byte range, the codec's own
+facts in its ``__metadata__`` (the format, the kind of value, where the tensors
+lived, a dict's order, a tree's shape). A header is what a store hands back, so all
+it says is checked before a byte of data is read as a tensor (:func:`_read_header`):
+a known kind and format, the tensor names that kind implies, shapes and byte ranges
+that agree with their dtypes and do not overlap; a header that does not is a
+ValueError, a damaged answer.
+
+The answers of one node share their header, so a header is read and checked once
+per distinct bytes and kept (:func:`_header`); :func:`row_layout` is what a row cache
+needs to read a whole batch of one-tensor answers behind one header
+(:mod:`somatize_torch._row_codec`). The codec writes the header
+(:meth:`somatize_torch.codec.TensorCodec.encode`), with the length and format named
+here (:data:`_LEN`, :data:`_FORMAT`), so that what is written and what is read
+agree.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import struct
+from typing import Any, NamedTuple
+
+import torch
+
+from somatize_torch._codec_tree import _tree
+from somatize_torch.digest import DTYPES
+
+__all__ = ["row_layout"]
+
+_BY_CODE = {code: dtype for dtype, code in DTYPES.items()}
+_ITEMSIZE = {dtype: dtype.itemsize for dtype in DTYPES}
+_LEN = struct.Struct("<Q")
+_FORMAT = "somatize/tensor/1"
+_KINDS = ("tensor", "tuple", "list", "dict", "tree")
+_MAX_HEADER = 100 << 20
+
+
+class _Header(NamedTuple):
+    """What a tensor answer's header says, checked: its kind, each tensor's name, dtype,
+    shape, first byte and element count, where the tensors lived, how many bytes of
+    data they need, a dict's keys in the order it was filled in (None: sorted), and the
+    shape of a tree (see :func:`~somatize_torch._codec_tree._shape`)."""
+
+    kind: str
+    tensors: list[tuple[str, torch.dtype, list[int], int, int]]
+    devices: dict[str, str]
+    end: int
+    order: tuple[str, ...] | None = None
+    tree: Any = None
+
+
+_HEADERS: dict[bytes, _Header] = {}
+"""Headers read, by their bytes: the answers of one node share theirs, so a recall of many
+reads and checks each one once."""
+
+
+def _header(raw: bytes) -> _Header:
+    """The checked header whose bytes are ``raw``; ValueError when it is damaged."""
+    found = _HEADERS.get(raw)
+    if found is None:
+        found = _read_header(raw)
+        if len(_HEADERS) >= 256:
+            _HEADERS.clear()
+        _HEADERS[raw] = found
+    return found
+
+
+def _head(data: memoryview) -> int:
+    """Where the data of the tensor answer ``data`` starts: past its header's length and
+    its header. ValueError when the bytes are too few for them."""
+    if len(data) < 8:
+        raise ValueError(f"{len(data)} bytes are too few for a tensor answer")
+    size = int(_LEN.unpack(data[:8])[0])
+    if size > min(len(data) - 8, _MAX_HEADER):
+        raise ValueError(f"a tensor answer's header says {size} bytes; there are not that many")
+    return 8 + size
+
+
+def row_layout(data: memoryview) -> tuple[bytes, torch.dtype, tuple[int, ...], int]:
+    """For an answer of one tensor: the bytes before its data (its header's length and its
+    header), and that tensor's dtype, shape and byte length, read once per distinct
+    header. ValueError when the answer holds anything else, or is damaged."""
+    head = _head(data)
+    header = _header(bytes(data[8:head]))
+    if header.kind != "tensor":
+        raise ValueError("a row answer decodes to a collection of tensors, not to one row")
+    ((_, dtype, shape, _, count),) = header.tensors
+    return bytes(data[:head]), dtype, tuple(shape), count * _ITEMSIZE[dtype]
+
+
+def _read_header(raw: bytes) -> _Header:
+    try:
+        header = json.loads(raw)
+        meta = header.pop("__metadata__")
+        kind = meta["kind"]
+    except (ValueError, KeyError, TypeError, AttributeError) as why:
+        raise ValueError(f"the header of a tensor answer cannot be read ({why})") from None
+    if kind not in _KINDS or meta.get("format") != _FORMAT:
+        raise ValueError(f"a tensor answer of an unknown kind or format: {meta!r}")
+    names = sorted(header)
+    expected = {"tensor": ["tensor"], "dict": names}.get(kind) or sorted(
+        str(i) for i in range(len(header))
+    )
+    if names != expected:
+        raise ValueError(f"a tensor answer of kind {kind!r} holds tensors {names[:8]}")
+    devices = _devices(meta.get("devices", "{}"), names)
+    order = _order(meta.get("order"), names) if kind == "dict" else None
+    tree = _tree(meta.get("tree"), len(names)) if kind == "tree" else None
+    tensors = []
+    spans = []
+    for name, entry in header.items():
+        try:
+            dtype = _BY_CODE[entry["dtype"]]
+            shape = [int(n) for n in entry["shape"]]
+            start, end = (int(n) for n in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as why:
+            raise ValueError(f"tensor {name!r} of an answer is not described ({why})") from None
+        if any(not 0 <= n < 1 << 48 for n in shape):
+            raise ValueError(f"tensor {name!r} of an answer has shape {shape}: it is damaged")
+        count = math.prod(shape)
+        if not 0 <= start <= end or end - start != count * _ITEMSIZE[dtype]:
+            raise ValueError(
+                f"tensor {name!r} of an answer claims bytes {start}..{end} for {count} elements "
+                f"of {entry['dtype']}: it is damaged"
+            )
+        if count:
+            spans.append((start, end))
+        tensors.append((name, dtype, shape, start, count))
+    spans.sort()
+    if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
+        raise ValueError("tensors of a tensor answer claim the same bytes: it is damaged")
+    return _Header(kind, tensors, devices, max((end for _, end in spans), default=0), order, tree)
+
+
+def _order(raw: Any, names: list[str]) -> tuple[str, ...] | None:
+    """The order a dict answer was filled in, as its header records it (None: sorted)."""
+    if raw is None:
+        return None
+    try:
+        order = json.loads(raw)
+    except (ValueError, TypeError) as why:
+        raise ValueError(f"the order of a dict answer cannot be read ({why})") from None
+    if not isinstance(order, list) or sorted(order) != names:
+        raise ValueError(f"the order of a dict answer names other keys than its tensors: {raw!r}")
+    return tuple(order)
+
+
+def _devices(raw: Any, names: list[str]) -> dict[str, str]:
+    """Where the tensors of an answer lived, by name, as the header records it."""
+    try:
+        devices = json.loads(raw)
+        if not isinstance(devices, dict) or not set(devices) <= set(names):
+            raise ValueError(f"devices {raw!r} name no tensor of the answer")
+        for device in devices.values():
+            if torch.device(device).type == "meta":  # a meta tensor holds no value
+                raise ValueError(f"device {device!r}")
+    except (ValueError, TypeError, RuntimeError) as why:
+        raise ValueError(f"where the tensors of an answer lived cannot be read ({why})") from None
+    return devices
