@@ -20,6 +20,11 @@ All of the key but the row's own name is the same for every row run in one
 precision, so it is derived once, as a :class:`_Keying`, and dropped when the state
 or the declaration changes; a row then costs the digest of its content (or nothing,
 keyed by index), and its full key only where it goes to the store or comes from it.
+Before rows are keyed the state is settled (:func:`_settle`): digested again once its
+watch saw a weight, buffer or submodule change (the module refused if it was unfrozen
+meanwhile), and each keying whose declaration changed dropped (:func:`_redeclared`). A
+batch whose rows were named ahead of its forward (:mod:`somatize_torch._row_ahead`)
+has them taken as named.
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ import torch
 from torch import nn
 
 from somatize.keys import node_key, node_prefix, root_key
+from somatize_torch._row_ahead import _take_named
 from somatize_torch._row_errors import NeedsIndex, _describe
+from somatize_torch._state import StateWatch, digest_state
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import DTYPES, raw_rows, row_digest, row_header
+from somatize_torch.freeze import hold, unfrozen_error
 
 if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
@@ -95,7 +103,7 @@ class _Keying:
 
 def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> _Keying:
     """How rows of ``x`` are keyed now: the key prefix for the precision they run in."""
-    self._settle()
+    _settle(self)
     version = self.version
     if isinstance(x, DeferredRows):
         dtype, shape = _deferred_row(self, x)
@@ -192,6 +200,47 @@ def _prefix(self: CachedRows, tag: tuple[Any, ...]) -> bytes:
     return node_prefix(self._identity, declaration, self._state, self.salt)
 
 
+def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bool | None:
+    """Digests the state again if any weight, buffer or submodule changed or was
+    replaced (see :class:`~somatize_torch._state.StateWatch`), or if ``again``; a new
+    state keys every row anew, and so does a new declaration under the same state (a
+    part without weights replaced: `encoder.act = nn.Tanh()`). Returns None when
+    nothing was looked at, else whether rows are keyed anew."""
+    watch = self._watch
+    if not again and watch is not None and not watch.changed(thorough):
+        return None
+    # With no watch (a conversion dropped it) every parameter is looked at: one made to
+    # require grad before the conversion is unfrozen all the same.
+    unfrozen = (
+        watch.unfrozen(self.module)
+        if watch is not None
+        else [n for n, p in self.module.named_parameters() if p.requires_grad]
+    )
+    if unfrozen:
+        raise unfrozen_error(self.module, unfrozen)
+    hold(self.module)  # a submodule put in since is held in eval too
+    state = digest_state(self.module)
+    self._watch = StateWatch(self.module)
+    if state != self._state:
+        self._state = state
+        self._node._smz.state = state
+        self._keyings.clear()
+        return True
+    # The same weights and buffers; what the watch saw may still be a part replaced
+    # whose repr, settings or hooks are in the declaration, so that is said again too
+    # (only here, where the watch fired: a forward that changed nothing pays nothing).
+    return _redeclared(self)
+
+
+def _redeclared(self: CachedRows) -> bool:
+    """Drops each keying whose prefix the module as it is now would not derive (its
+    declaration changed); returns whether there was one."""
+    stale = [tag for tag, keying in self._keyings.items() if _prefix(self, tag) != keying.prefix]
+    for tag in stale:
+        del self._keyings[tag]
+    return bool(stale)
+
+
 def _row_ids(
     self: CachedRows, x: torch.Tensor | DeferredRows, index: torch.Tensor | None
 ) -> list[Any]:
@@ -200,7 +249,7 @@ def _row_ids(
         rows: list[Any] = x.index.tolist()
         return rows
     if self.key_mode == "content":
-        named = self._take_named(x)
+        named = _take_named(self, x)
         return named if named is not None else raw_rows(x)
     if index is None:
         raise NeedsIndex(

@@ -4,12 +4,16 @@ Counted in rows, not batches, since a row is what is recalled: one batch is ofte
 part recalled, part computed, and the hit rate is the share of its rows found in a
 tier or the store. A forward adds to the counters :data:`_COUNTED` names (one per
 tier, by the tier's name); what the store writer kept it counts itself, behind the
-step, and :attr:`~somatize_torch.rows.CachedRows.stats` reads both.
+step, and :attr:`~somatize_torch.rows.CachedRows.stats` reads both (:func:`_stats_of`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from somatize_torch.rows import CachedRows
 
 __all__ = ["RowStats"]
 
@@ -53,3 +57,41 @@ class RowStats:
 
 
 _COUNTED = ("batches", "rows", "computed", "device", "host", "store", "lookup_s", "compute_s")
+
+
+def _stats_of(self: CachedRows) -> RowStats:
+    """What ``self`` counted, as
+    :attr:`CachedRows.stats <somatize_torch.rows.CachedRows.stats>` says."""
+    c = self._counts
+    writer = self._writer
+    kept = (0, 0, 0)
+    if writer is not None:
+        base = self._kept_base
+        kept = (
+            writer.kept_rows - base[0],
+            writer.kept_bytes - base[1],
+            writer.failed_rows - base[2],
+        )
+    return RowStats(
+        batches=int(c["batches"]),
+        rows=int(c["rows"]),
+        computed=int(c["computed"]),
+        from_device=int(c["device"]),
+        from_host=int(c["host"]),
+        from_store=int(c["store"]),
+        rows_kept=kept[0],
+        bytes_kept=kept[1],
+        rows_failed=kept[2],
+        lookup_s=c["lookup_s"],
+        compute_s=c["compute_s"],
+    )
+
+
+def _reset_stats(self: CachedRows) -> RowStats:
+    """Starts ``self`` counting afresh; returns what it counted until now."""
+    out = self.stats
+    self._counts = dict.fromkeys(_COUNTED, 0.0)
+    writer = self._writer
+    if writer is not None:
+        self._kept_base = (writer.kept_rows, writer.kept_bytes, writer.failed_rows)
+    return out

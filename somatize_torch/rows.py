@@ -13,12 +13,17 @@ is :mod:`somatize_torch._row_keys`). Keyed by index, a batch from
 it recalls: inputs come with the samples only until a cache has answered them,
 and the cache loads itself only those it must compute and did not get.
 
-A forward looks its rows up nearest first — the device tier, the host tier, then
-the store — and runs the module only on the rows found nowhere
+A forward takes a batch and nothing else (:mod:`somatize_torch._row_calls`). It
+looks its rows up nearest first — the device tier, the host tier, then the store —
+and runs the module only on the rows found nowhere
 (:mod:`somatize_torch._row_lookup`); where a keying first computes rows, it checks
 that the module answers each row alone as it did in the batch, and refuses one
-that does not (:mod:`somatize_torch._rowwise`). What it did is counted in rows
-(:class:`RowStats`); :func:`prefill` fills a cache before training starts.
+that does not (:mod:`somatize_torch._rowwise`). Keyed by content, a batch's rows can
+be named on another thread before its forward (:meth:`CachedRows.name_ahead`,
+:mod:`somatize_torch._row_ahead`). What it did is counted in rows
+(:class:`RowStats`); :func:`prefill` fills a cache before training starts; the
+settings it takes are checked when it is made (:func:`check_options`,
+:mod:`somatize_torch._row_options`).
 
 Gradients downstream are exactly as without caching: the module is frozen, so
 its output never required grad, and an input that requires grad is refused
@@ -52,7 +57,6 @@ into the same store, with memory tiers of its own. Rows computed under
 from __future__ import annotations
 
 import copy
-import numbers
 import os
 import threading
 import weakref
@@ -63,21 +67,32 @@ import torch
 from torch import nn
 
 from somatize import Graph, Store
-from somatize._numbers import finite
 from somatize.catalog import fingerprint_of
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
-from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError, _describe
-from somatize_torch._row_keys import KeyMode, _deferred_row, _Keying, _keying, _prefix, _row_ids
+from somatize_torch._row_ahead import _name_ahead
+from somatize_torch._row_calls import _check_call
+from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError
+from somatize_torch._row_keys import (
+    KeyMode,
+    _deferred_row,
+    _Keying,
+    _keying,
+    _redeclared,
+    _row_ids,
+    _settle,
+)
 from somatize_torch._row_lookup import _remember
-from somatize_torch._row_stats import _COUNTED, RowStats
-from somatize_torch._state import StateWatch, digest_state
-from somatize_torch.codec import stamp_of
+from somatize_torch._row_options import DEVICE_BYTES as DEVICE_BYTES
+from somatize_torch._row_options import HOST_BYTES as HOST_BYTES
+from somatize_torch._row_options import check_options
+from somatize_torch._row_stats import _COUNTED, RowStats, _reset_stats, _stats_of
+from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
-from somatize_torch.digest import RowsLater, raw_rows_later
-from somatize_torch.freeze import ModuleNode, Unfrozen, freeze, hold, unfrozen_error
+from somatize_torch.digest import RowsLater
+from somatize_torch.freeze import ModuleNode, Unfrozen, freeze, hold
 from somatize_torch.residency import Tier
-from somatize_torch.wrap import STATE_DICT_HOOKS, CachedInputNeedsGrad
+from somatize_torch.wrap import STATE_DICT_HOOKS
 from somatize_torch.writer import Writer, store_lock
 
 __all__ = [
@@ -92,15 +107,6 @@ __all__ = [
     "check_options",
     "prefill",
 ]
-
-DEVICE_BYTES = 1 << 30
-"""The device tier's default byte budget."""
-
-HOST_BYTES = 4 << 30
-"""The host tier's default byte budget."""
-
-_NAMED_AHEAD = 16
-"""How many batches named ahead a cache holds for forwards to come (older ones are dropped)."""
 
 
 class CachedRows(nn.Module):
@@ -224,49 +230,8 @@ class CachedRows(nn.Module):
     @property
     def state(self) -> str:
         """The digest of the module's weights and buffers its keys are built on."""
-        self._settle()
+        _settle(self)
         return self._state
-
-    def _settle(self, again: bool = False, thorough: bool = False) -> bool | None:
-        """Digests the state again if any weight, buffer or submodule changed or was
-        replaced (see :class:`~somatize_torch._state.StateWatch`), or if ``again``; a new
-        state keys every row anew, and so does a new declaration under the same state (a
-        part without weights replaced: `encoder.act = nn.Tanh()`). Returns None when
-        nothing was looked at, else whether rows are keyed anew."""
-        watch = self._watch
-        if not again and watch is not None and not watch.changed(thorough):
-            return None
-        # With no watch (a conversion dropped it) every parameter is looked at: one made to
-        # require grad before the conversion is unfrozen all the same.
-        unfrozen = (
-            watch.unfrozen(self.module)
-            if watch is not None
-            else [n for n, p in self.module.named_parameters() if p.requires_grad]
-        )
-        if unfrozen:
-            raise unfrozen_error(self.module, unfrozen)
-        hold(self.module)  # a submodule put in since is held in eval too
-        state = digest_state(self.module)
-        self._watch = StateWatch(self.module)
-        if state != self._state:
-            self._state = state
-            self._node._smz.state = state
-            self._keyings.clear()
-            return True
-        # The same weights and buffers; what the watch saw may still be a part replaced
-        # whose repr, settings or hooks are in the declaration, so that is said again too
-        # (only here, where the watch fired: a forward that changed nothing pays nothing).
-        return self._redeclared()
-
-    def _redeclared(self) -> bool:
-        """Drops each keying whose prefix the module as it is now would not derive (its
-        declaration changed); returns whether there was one."""
-        stale = [
-            tag for tag, keying in self._keyings.items() if _prefix(self, tag) != keying.prefix
-        ]
-        for tag in stale:
-            del self._keyings[tag]
-        return bool(stale)
 
     def redeclare(self, *, digest: bool = True) -> bool:
         """Looks again at the plain values and functions the module keeps beside its
@@ -278,8 +243,8 @@ class CachedRows(nn.Module):
         are keyed anew from the next forward, and nothing kept under the old values is
         recalled for them. Returns whether one changed. ``CacheFrozen`` calls it at the
         first batch of every stage's epoch."""
-        settled = self._settle(again=digest, thorough=True)
-        return self._redeclared() if settled is None else settled
+        settled = _settle(self, again=digest, thorough=True)
+        return _redeclared(self) if settled is None else settled
 
     # -- keys
 
@@ -299,41 +264,7 @@ class CachedRows(nn.Module):
         host batch once the cache runs on a device, or for an inference tensor (one made
         under ``torch.inference_mode``): it has no version counter, so a change in place
         could not be told from no change."""
-        if self.key_mode != "content" or not isinstance(x, torch.Tensor) or x.dim() == 0:
-            return False
-        if x.requires_grad or (self._placed and x.device != self.tiers[0].device):
-            return False
-        if x.is_inference():
-            return False
-        stamp = stamp_of(x)
-        later = raw_rows_later(x)
-        if later is None:
-            return False
-        with self._named_lock:
-            named = self._named
-            while len(named) >= _NAMED_AHEAD:
-                del named[next(iter(named))]
-            named[id(x)] = (weakref.ref(x), stamp, later)
-            self.named_ahead += 1
-        return True
-
-    def _take_named(self, x: torch.Tensor) -> list[bytes] | None:
-        """The names of ``x``'s rows if they were named ahead and ``x`` is unchanged since."""
-        if not self._named:
-            return None
-        with self._named_lock:
-            found = self._named.pop(id(x), None)
-        if found is None:
-            return None
-        ref, stamp, later = found
-        if ref() is not x or stamp != stamp_of(x):
-            return None  # another tensor at the same address, or changed in place
-        try:
-            ids = later.result()
-        except Exception:  # named again in the forward, which raises what is wrong
-            return None
-        self.used_ahead += 1
-        return ids
+        return _name_ahead(self, x)
 
     def row_keys(
         self, x: torch.Tensor | DeferredRows, index: torch.Tensor | None = None
@@ -355,51 +286,7 @@ class CachedRows(nn.Module):
 
         ``index`` is keyword-only: a second positional argument (``encoder(x, mask)``) is
         one the module would take, and is refused as every other argument is."""
-        if beside or more:
-            given = [f"`{k}=`" for k in more]
-            if beside:
-                count = len(beside)
-                given.insert(0, f"{count} positional argument{'s' if count > 1 else ''}")
-            raise RowsError(
-                f"`{type(self.module).__name__}` is cached per row and was called with "
-                f"{' and '.join(given)} beside its batch: a row is keyed by its input alone (or "
-                "its index), so nothing else can reach the module — answers computed with one "
-                "value would be recalled for another. Keep the value in the module (a setting "
-                "is in the key) or call the module itself; sample indices go as `index=`"
-            )
-        if index is not None and self.key_mode != "index":
-            raise RowsError(
-                f"`{type(self.module).__name__}` is cached per row keyed by content and was "
-                "called with index=: each row is named by the digest of its input, so an index "
-                "would be ignored. Call it as `cached(x)`, or key rows by sample index "
-                "(cache_rows(module, store, key='index', version=...)) to name them by it"
-            )
-        if isinstance(x, DeferredRows):
-            if self.key_mode != "index":
-                raise RowsError(
-                    "deferred inputs (a batch from `Deferred`) name their rows by sample index "
-                    "and are loaded only for rows that are computed, so they go to a cache "
-                    "keyed by index: cache_rows(module, store, key='index'), the version given "
-                    "to the Deferred or to the cache. A content-keyed cache must read every "
-                    "input to name it"
-                )
-            if index is not None:
-                raise NeedsIndex(
-                    "a batch from `Deferred` carries its samples' indices; call the cache as "
-                    "`cached(x)`, without index="
-                )
-        elif not isinstance(x, torch.Tensor) or x.dim() == 0:
-            raise NotRowwise(
-                f"a row-cached module is called with a batch tensor (rows along dimension 0), "
-                f"got {_describe(x)}"
-            )
-        elif x.requires_grad:
-            raise CachedInputNeedsGrad(
-                f"`{type(self.module).__name__}` is cached per row and the batch it is handed "
-                "requires grad: a recalled row is a leaf, so whatever produced the batch would "
-                "train on misses and silently stop on hits. Freeze what feeds it, or call the "
-                "module itself"
-            )
+        _check_call(self, x, beside, index, more)
         try:
             out: torch.Tensor = _remember(self, x, index)
         except Unfrozen:
@@ -433,38 +320,11 @@ class CachedRows(nn.Module):
     @property
     def stats(self) -> RowStats:
         """What this cache did since it was made (or since :meth:`reset_stats`)."""
-        c = self._counts
-        writer = self._writer
-        kept = (0, 0, 0)
-        if writer is not None:
-            base = self._kept_base
-            kept = (
-                writer.kept_rows - base[0],
-                writer.kept_bytes - base[1],
-                writer.failed_rows - base[2],
-            )
-        return RowStats(
-            batches=int(c["batches"]),
-            rows=int(c["rows"]),
-            computed=int(c["computed"]),
-            from_device=int(c["device"]),
-            from_host=int(c["host"]),
-            from_store=int(c["store"]),
-            rows_kept=kept[0],
-            bytes_kept=kept[1],
-            rows_failed=kept[2],
-            lookup_s=c["lookup_s"],
-            compute_s=c["compute_s"],
-        )
+        return _stats_of(self)
 
     def reset_stats(self) -> RowStats:
         """Starts counting afresh (per epoch, say); returns what was counted until now."""
-        out = self.stats
-        self._counts = dict.fromkeys(_COUNTED, 0.0)
-        writer = self._writer
-        if writer is not None:
-            self._kept_base = (writer.kept_rows, writer.kept_bytes, writer.failed_rows)
-        return out
+        return _reset_stats(self)
 
     def freeze_again(self) -> None:
         """Freezes the module again once it was let go (put back in a model as it was, then
@@ -553,49 +413,6 @@ class CachedRows(nn.Module):
             else f"index of {self.version or 'each Deferred'}"
         )
         return f"rows keyed by {key}; {tiers}; store={self.store!r}"
-
-
-def check_options(
-    key: object,
-    version: object,
-    salt: object,
-    device_bytes: object,
-    host_bytes: object,
-    strict: object,
-) -> None:
-    """Refuses a setting :func:`cache_rows` cannot take, naming it (so does
-    :class:`~somatize_torch.lightning.CacheFrozen`, when it is made)."""
-    if key not in ("content", "index"):
-        raise RowsError(
-            f"key= is `content` (each row by the digest of its content) or `index` (each "
-            f"row by its sample index in a dataset version), got {key!r}"
-        )
-    if key == "index" and version is not None and (not isinstance(version, str) or not version):
-        raise NeedsIndex(
-            "key='index' keys each row by its sample index, which names a row only within "
-            f"one version of the dataset; version= is that version as a string (e.g. the "
-            f"dataset's digest, 'sms/train@blake3:…'), got {version!r}"
-        )
-    if key == "content" and version is not None:
-        raise RowsError(
-            "version= is for key='index'; with key='content' each row is named by its own "
-            "content, so there is no dataset version to give"
-        )
-    if salt is not None and not isinstance(salt, str):
-        raise RowsError(
-            f"salt= is a string put into every row's key (or None), got {salt!r}: name what "
-            "it stands for as text (salt='run-2')"
-        )
-    for name, budget in (("device_bytes", device_bytes), ("host_bytes", host_bytes)):
-        if isinstance(budget, numbers.Integral) and not isinstance(budget, bool):
-            budget = int(budget)  # numpy's int64 is no int, and is a number of bytes all the same
-        if not finite(budget) or budget < 0:
-            raise RowsError(
-                f"{name}= is the memory tier's budget as a number of bytes, 0 or more (4 GiB "
-                f"is 4 << 30), got {budget!r}"
-            )
-    if not isinstance(strict, bool):
-        raise RowsError(f"strict= is True or False, got {strict!r}")
 
 
 class CachedContainer(CachedRows):

@@ -1,0 +1,76 @@
+"""Rows named ahead: a batch's content keys worked out on another thread while the step
+before runs.
+
+Keyed by content, naming a batch's rows (digesting each row's bytes) is most of what
+a recall costs on a CPU, and it needs nothing of the step before. For a batch fetched
+early (:func:`somatize_torch.ahead.ahead`),
+:meth:`CachedRows.name_ahead <somatize_torch.rows.CachedRows.name_ahead>` starts it
+on another thread (:func:`_name_ahead`, over
+:func:`~somatize_torch.digest.raw_rows_later`), and the forward on that batch takes
+the names (:func:`_take_named`) instead of naming the rows itself.
+
+A name holds only for the bytes that were named, so a forward takes the names only
+for the very tensor named and unchanged since — the same version counter, memory,
+layout and dtype (:func:`~somatize_torch.codec.stamp_of`) — and names the rows itself
+otherwise; an inference tensor has no version counter, so it is never named ahead. A
+cache holds at most :data:`_NAMED_AHEAD` batches named ahead, the oldest dropped, so a
+loop that names batches it never runs holds no more than that.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING
+
+import torch
+
+from somatize_torch.codec import stamp_of
+from somatize_torch.digest import raw_rows_later
+
+if TYPE_CHECKING:
+    from somatize_torch.rows import CachedRows
+
+_NAMED_AHEAD = 16
+"""How many batches named ahead a cache holds for forwards to come (older ones are dropped)."""
+
+
+def _name_ahead(self: CachedRows, x: torch.Tensor) -> bool:
+    """Starts naming the rows of ``x`` on another thread, as
+    :meth:`CachedRows.name_ahead <somatize_torch.rows.CachedRows.name_ahead>` says;
+    returns whether it started."""
+    if self.key_mode != "content" or not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return False
+    if x.requires_grad or (self._placed and x.device != self.tiers[0].device):
+        return False
+    if x.is_inference():
+        return False
+    stamp = stamp_of(x)
+    later = raw_rows_later(x)
+    if later is None:
+        return False
+    with self._named_lock:
+        named = self._named
+        while len(named) >= _NAMED_AHEAD:
+            del named[next(iter(named))]
+        named[id(x)] = (weakref.ref(x), stamp, later)
+        self.named_ahead += 1
+    return True
+
+
+def _take_named(self: CachedRows, x: torch.Tensor) -> list[bytes] | None:
+    """The names of ``x``'s rows if they were named ahead and ``x`` is unchanged since."""
+    if not self._named:
+        return None
+    with self._named_lock:
+        found = self._named.pop(id(x), None)
+    if found is None:
+        return None
+    ref, stamp, later = found
+    if ref() is not x or stamp != stamp_of(x):
+        return None  # another tensor at the same address, or changed in place
+    try:
+        ids = later.result()
+    except Exception:  # named again in the forward, which raises what is wrong
+        return None
+    self.used_ahead += 1
+    return ids

@@ -1,0 +1,84 @@
+"""What a row-cached module is called with: a batch, and its samples' indices where rows
+are keyed by them. Anything else is refused.
+
+A row is keyed by its input alone (or by its index), so nothing else may reach the
+module: an argument beside the batch (``encoder(x, mask)``, ``encoder(x, scale=2)``)
+would be in no key, and answers computed with one value of it would be recalled for
+another. :func:`_check_call` refuses one before anything is looked up, saying what to
+do instead. It refuses as well a call that does not fit how rows are keyed: ``index=``
+to a cache keyed by content (it would be ignored), a batch from
+:class:`~somatize_torch.deferred.Deferred` to one keyed by content (such a batch names
+its rows by index and loads inputs only for those computed) or with ``index=`` beside
+it (it carries its own), and anything but a batch tensor. A batch that requires grad
+is refused too: a recalled row is a leaf, so whatever produced the batch would train
+on misses and silently stop on hits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError, _describe
+from somatize_torch.deferred import DeferredRows
+from somatize_torch.wrap import CachedInputNeedsGrad
+
+if TYPE_CHECKING:
+    from somatize_torch.rows import CachedRows
+
+
+def _check_call(
+    self: CachedRows,
+    x: torch.Tensor | DeferredRows,
+    beside: tuple[Any, ...],
+    index: torch.Tensor | None,
+    more: dict[str, Any],
+) -> None:
+    """Refuses a call of the cache with ``x``, ``index=`` and the arguments ``beside`` and
+    ``more`` that it cannot answer row by row; see the module docstring."""
+    if beside or more:
+        given = [f"`{k}=`" for k in more]
+        if beside:
+            count = len(beside)
+            given.insert(0, f"{count} positional argument{'s' if count > 1 else ''}")
+        raise RowsError(
+            f"`{type(self.module).__name__}` is cached per row and was called with "
+            f"{' and '.join(given)} beside its batch: a row is keyed by its input alone (or "
+            "its index), so nothing else can reach the module — answers computed with one "
+            "value would be recalled for another. Keep the value in the module (a setting "
+            "is in the key) or call the module itself; sample indices go as `index=`"
+        )
+    if index is not None and self.key_mode != "index":
+        raise RowsError(
+            f"`{type(self.module).__name__}` is cached per row keyed by content and was "
+            "called with index=: each row is named by the digest of its input, so an index "
+            "would be ignored. Call it as `cached(x)`, or key rows by sample index "
+            "(cache_rows(module, store, key='index', version=...)) to name them by it"
+        )
+    if isinstance(x, DeferredRows):
+        if self.key_mode != "index":
+            raise RowsError(
+                "deferred inputs (a batch from `Deferred`) name their rows by sample index "
+                "and are loaded only for rows that are computed, so they go to a cache "
+                "keyed by index: cache_rows(module, store, key='index'), the version given "
+                "to the Deferred or to the cache. A content-keyed cache must read every "
+                "input to name it"
+            )
+        if index is not None:
+            raise NeedsIndex(
+                "a batch from `Deferred` carries its samples' indices; call the cache as "
+                "`cached(x)`, without index="
+            )
+    elif not isinstance(x, torch.Tensor) or x.dim() == 0:
+        raise NotRowwise(
+            f"a row-cached module is called with a batch tensor (rows along dimension 0), "
+            f"got {_describe(x)}"
+        )
+    elif x.requires_grad:
+        raise CachedInputNeedsGrad(
+            f"`{type(self.module).__name__}` is cached per row and the batch it is handed "
+            "requires grad: a recalled row is a leaf, so whatever produced the batch would "
+            "train on misses and silently stop on hits. Freeze what feeds it, or call the "
+            "module itself"
+        )
