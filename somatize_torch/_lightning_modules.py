@@ -1,4 +1,4 @@
-"""The submodules the callback caches: found by name, checked, and put back when unfrozen.
+"""The submodules the callback caches: found by name, checked, cached in place, put back.
 
 :class:`~somatize_torch.lightning.CacheFrozen` is given dotted names
 (``"encoder"``, ``"backbone.trunk"``), as ``named_modules()`` lists them, and
@@ -18,16 +18,18 @@ is warned of (:class:`FrozeTrainable`). Under a fine-tuning callback it looks at
 module as that callback leaves it (:func:`freeze_first`), and leaves uncached, with
 a warning (:class:`Uncached`), one left to train or in train mode.
 
-What ``setup()`` found is recorded (:class:`Found`): every place the module sits
+What ``setup()`` found is recorded as it caches each module in place
+(:func:`cache_in_place`, :class:`Found`): every place the module sits
 (:func:`places_of`: a module shared under two names is cached under both, by one
 cache), the mode of each of its parts and whether each parameter required grad.
-When the stage ends the module is put back as it was (:meth:`Found.put_back`), so
-the model the trainer hands back is the plain model: traced, exported, saved or
-fitted again without the callback as if it had never been cached. A module whose
-parameters come to require grad (a fine-tuning schedule unfroze it) is put back
-the same way at once (its parameters left as the schedule set them), and its cache
-let go (:func:`let_go`) by every loader fetching ahead for it, which would
-otherwise hold it and its memory tiers for the rest of the run.
+When the stage ends the modules are put back as they were (:func:`put_back_all`,
+:meth:`Found.put_back`), so the model the trainer hands back is the plain model:
+traced, exported, saved or fitted again without the callback as if it had never been
+cached. A module whose parameters come to require grad (a fine-tuning schedule
+unfroze it) is put back the same way at once (:func:`uncache`; its parameters left
+as the schedule set them), and its cache let go (:func:`let_go`) by every loader
+fetching ahead for it, which would otherwise hold it and its memory tiers for the
+rest of the run.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import BaseFinetuning
@@ -52,10 +54,14 @@ from somatize_torch._lightning_errors import (
 )
 from somatize_torch.ahead import Ahead
 from somatize_torch.freeze import few, is_held, release
-from somatize_torch.rows import CachedRows
+from somatize_torch.rows import CachedRows, cache_rows
+
+if TYPE_CHECKING:
+    from somatize_torch.lightning import CacheFrozen
 
 __all__ = [
     "Found",
+    "cache_in_place",
     "cached_elsewhere",
     "check_trainable",
     "find",
@@ -63,6 +69,8 @@ __all__ = [
     "let_go",
     "locate",
     "places_of",
+    "put_back_all",
+    "uncache",
     "unwrapped",
 ]
 
@@ -318,3 +326,75 @@ def let_go(cached: CachedRows, aheads: weakref.WeakSet[Ahead[Any]]) -> None:
     for wrapper in aheads:
         wrapper.drop(cached)
     cached.forget()
+
+
+def cache_in_place(
+    callback: CacheFrozen, pl_module: pl.LightningModule, name: str, module: nn.Module
+) -> None:
+    """Caches ``module`` in every place it sits in ``pl_module``, noting how it was
+    found; the cache ``callback`` made for it before if there is one (a later stage
+    of the same model), else a new one."""
+    found = Found.at(pl_module, module)  # before it is frozen
+    cached = callback._cached.get(name)
+    if cached is not None and cached.module is module:
+        cached.freeze_again()
+    else:
+        cached = cache_rows(
+            module,
+            callback.store,
+            key=callback.key,
+            version=callback.version,
+            salt=callback.salt,
+            device_bytes=callback.device_bytes,
+            host_bytes=callback.host_bytes,
+            strict=callback.strict,
+        )
+    # A forward that finds the module unfrozen (by a hook that runs after this
+    # callback's, at any batch) puts it back uncached instead of refusing it.
+    cached.when_unfrozen = callback._unfrozen
+    found.install(cached)
+    callback._cached[name] = cached
+    callback._found[name] = found
+
+
+def uncache(
+    callback: CacheFrozen, pl_module: pl.LightningModule, name: str, cached: CachedRows
+) -> None:
+    """Puts ``cached``'s module back as it was found, to train uncached from here on, and
+    lets go of its cache; the warning that says so (:class:`Uncached`) points at what
+    called this."""
+    cached.when_unfrozen = None
+    # Its parameters as the schedule set them: it trains from here, as without the cache.
+    callback._found.pop(name).put_back(cached, grads=False)
+    let_go(cached, callback._aheads)
+    del callback._cached[name]
+    callback._uncached.add(name)
+    warnings.warn(
+        f"`{name}` was unfrozen (its parameters require grad: a fine-tuning schedule, "
+        "say), so it is put back as it was and runs uncached from here on, training as "
+        "without this callback; the rows kept while it was frozen stay in the store",
+        Uncached,
+        stacklevel=2,
+    )
+
+
+def put_back_all(callback: CacheFrozen, *, failed: bool) -> None:
+    """Every module ``callback`` holds in place put back as it was found, then each cache
+    closed (its writer stopped: a later forward starts it again) and kept. What a close
+    raises (rows that could not be written) is raised once all are back, unless the
+    stage ``failed`` already."""
+    closing: list[CachedRows] = []
+    for name, found in list(callback._found.items()):
+        cached = callback._cached[name]
+        cached.when_unfrozen = None
+        del callback._found[name]
+        found.put_back(cached, grads=True)
+        closing.append(cached)
+    errors: list[Exception] = []
+    for cached in closing:
+        try:
+            cached.close()
+        except Exception as error:
+            errors.append(error)
+    if errors and not failed:
+        raise errors[0]

@@ -3,15 +3,16 @@
 Each cached module counts its rows itself (:class:`~somatize_torch.rows.RowStats`);
 :class:`~somatize_torch.lightning.CacheFrozen` reads and resets those counts at each
 epoch's end, so one record holds one epoch of one stage. Validation inside a training
-epoch is counted apart: what training counted before it is set aside and added back
-at the training epoch's end (:func:`plus`), so neither stage's figures hold the
-other's rows.
+epoch is counted apart: what training counted before it is set aside
+(:func:`set_aside`) and added back at the training epoch's end (:func:`plus`), so
+neither stage's figures hold the other's rows.
 
 The records go three ways. :attr:`CacheFrozen.history` keeps every one, with or
 without a logger. The trainer's logger gets each epoch's figures
 (:func:`log_epoch`: ``cache/<module>/hit_rate``, ``cache/<module>/val_hit_rate``, …),
 reduced across ranks under DDP (rates and times averaged, counts summed). The
-progress bar gets the training epoch's running hit rate (:func:`running_hit_rate`).
+progress bar gets the training epoch's running hit rate (:func:`running_hit_rate`),
+every few batches (:func:`show_hit_rate`).
 And a training epoch after the first that recalled nothing it could have
 (:func:`never_hit`) says so once: its inputs differ every epoch.
 """
@@ -27,12 +28,25 @@ from somatize_torch.rows import CachedRows, RowStats
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-__all__ = ["EpochStats", "Stage", "log_epoch", "never_hit", "plus", "running_hit_rate", "since"]
+__all__ = [
+    "EpochStats",
+    "Stage",
+    "log_epoch",
+    "never_hit",
+    "plus",
+    "running_hit_rate",
+    "set_aside",
+    "show_hit_rate",
+    "since",
+]
 
 Stage = Literal["train", "validate", "test", "predict", "prefill"]
 
 _PREFIX: dict[Stage, str] = {"train": "", "validate": "val_", "test": "test_"}
 """What a stage's figures are logged as, after ``cache/<module>/``."""
+
+_BAR_EVERY = 10
+"""The running hit rate goes to the progress bar every this many training batches."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,35 @@ def running_hit_rate(cached: dict[str, CachedRows], parts: dict[str, RowStats]) 
         rows += now.rows + (before.rows if before else 0)
         recalled += now.recalled + (before.recalled if before else 0)
     return recalled / rows if rows else 0.0
+
+
+def show_hit_rate(
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    batch_idx: int,
+    cached: dict[str, CachedRows],
+    parts: dict[str, RowStats],
+) -> None:
+    """The training epoch's running hit rate to the progress bar, as ``hit``: every
+    :data:`_BAR_EVERY` batches and at the epoch's last, when the trainer has a bar."""
+    if not cached or trainer.progress_bar_callback is None:
+        return  # logging a value costs about a millisecond: only for a bar that shows it
+    last = batch_idx + 1 >= trainer.num_training_batches
+    if batch_idx % _BAR_EVERY and not last:
+        return  # the bar keeps showing the value logged last
+    rate = running_hit_rate(cached, parts)
+    pl_module.log("hit", rate, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+
+
+def set_aside(cached: dict[str, CachedRows], parts: dict[str, RowStats]) -> None:
+    """What each cached module counted in the training epoch until now, added to
+    ``parts``, as validation inside the epoch starts (it counts its own from there)."""
+    for cache in cached.values():
+        cache.flush()  # so the bytes training kept are counted as training's
+    for name, cache in cached.items():
+        counted = cache.stats
+        before = parts.get(name)
+        parts[name] = plus(before, counted) if before else counted
 
 
 def log_epoch(

@@ -69,8 +69,9 @@ Why it is shaped this way:
   waits for the others, so the next epoch's shuffle — which hands a rank rows
   another rank computed — finds them in the store.
 
-The callback's parts are modules of their own, their names re-exported here:
-finding, checking and putting back the named submodules
+The callback's parts are modules of their own, their names re-exported here: what
+it is given, checked (:mod:`somatize_torch._lightning_options`); finding, checking,
+caching in place and putting back the named submodules
 (:mod:`somatize_torch._lightning_modules`), naming the next batch ahead
 (:mod:`somatize_torch._lightning_ahead`), prefill
 (:mod:`somatize_torch._lightning_prefill`), what is counted and where it goes
@@ -90,17 +91,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from somatize import Store, StoreError
+from somatize import Store
 from somatize_torch.ahead import Ahead
-from somatize_torch.deferred import Deferred
-from somatize_torch.rows import (
-    DEVICE_BYTES,
-    HOST_BYTES,
-    CachedRows,
-    RowStats,
-    cache_rows,
-    check_options,
-)
+from somatize_torch.rows import DEVICE_BYTES, HOST_BYTES, CachedRows, RowStats, check_options
 
 try:
     import lightning.pytorch as pl
@@ -112,8 +105,6 @@ except ImportError:  # pragma: no cover - the message is the point
     ) from None
 
 # The parts import Lightning themselves: after the message above, which says how to get it.
-from lightning.pytorch.utilities import CombinedLoader
-
 from somatize_torch._lightning_ahead import fetch_ahead
 from somatize_torch._lightning_errors import (
     CacheFrozenError,
@@ -125,11 +116,20 @@ from somatize_torch._lightning_errors import (
 )
 from somatize_torch._lightning_modules import (
     Found,
+    cache_in_place,
     cached_elsewhere,
     check_trainable,
     find,
     freeze_first,
-    let_go,
+    put_back_all,
+    uncache,
+)
+from somatize_torch._lightning_options import (
+    check_flags,
+    module_names,
+    one_training_set,
+    prefill_module,
+    writable_store,
 )
 from somatize_torch._lightning_prefill import PrefillJob, forward_context, run_prefill
 from somatize_torch._lightning_stats import (
@@ -138,7 +138,8 @@ from somatize_torch._lightning_stats import (
     log_epoch,
     never_hit,
     plus,
-    running_hit_rate,
+    set_aside,
+    show_hit_rate,
     since,
 )
 
@@ -152,35 +153,6 @@ __all__ = [
     "NotASubmodule",
     "Uncached",
 ]
-
-_BAR_EVERY = 10
-"""The running hit rate goes to the progress bar every this many training batches."""
-
-
-def one_training_set(loop: Any, version: str) -> None:
-    """Refuses training loaders keyed by the callback's ``version`` (by sample index) when
-    there is more than one: their samples cannot be told apart (each has a sample 0). A
-    loader over a :class:`~somatize_torch.deferred.Deferred` with a version of its own
-    keys its rows under that one."""
-    combined = getattr(loop, "_combined_loader", None)
-    if not isinstance(combined, CombinedLoader):
-        return  # another Lightning than the one this reads
-    plain = [dl for dl in combined.flattened if not _versioned(dl)]
-    if len(plain) > 1:
-        raise CacheFrozenError(
-            f"key='index' with version={version!r} keys each training row by its sample "
-            f"index within the data that version names, and this fit trains on "
-            f"{len(plain)} loaders whose samples it cannot tell apart (each has a sample 0): "
-            "one loader's rows would be answered with another's. Give each loader a "
-            "`Deferred` dataset with a version of its own, or key rows by content "
-            "(key='content')"
-        )
-
-
-def _versioned(loader: Any) -> bool:
-    """Whether ``loader`` is over a Deferred dataset with a version of its own."""
-    dataset = getattr(loader, "dataset", None)
-    return isinstance(dataset, Deferred) and dataset.version is not None
 
 
 class CacheFrozen(Callback):
@@ -216,37 +188,11 @@ class CacheFrozen(Callback):
         progress_bar: bool = True,
         ahead: bool = True,
     ) -> None:
-        names = [modules] if isinstance(modules, str) else list(modules)
-        if not names or not all(isinstance(n, str) and n for n in names):
-            raise CacheFrozenError(
-                "modules= names the submodules to cache, by their dotted names in the "
-                f"LightningModule (e.g. ['encoder']); got {modules!r}"
-            )
-        for a in names:
-            for b in names:
-                if a != b and b.startswith(a + "."):
-                    raise CacheFrozenError(
-                        f"`{b}` is inside `{a}`: caching `{a}` already answers everything "
-                        f"`{b}` computes within it, and a module cannot be cached twice. "
-                        "Name one of them"
-                    )
-        if len(set(names)) != len(names):
-            raise CacheFrozenError(f"modules= names a submodule twice: {names!r}")
+        names = module_names(modules)
         # Refused here, not when the trainer first calls `setup()`, possibly hours later.
         check_options(key, version, salt, device_bytes, host_bytes, strict)
-        for option, value in (("progress_bar", progress_bar), ("ahead", ahead)):
-            if not isinstance(value, bool):
-                raise CacheFrozenError(f"{option}= is True or False, got {value!r}")
-        self.store: Store | None = Store.of(store)
-        if self.store is not None and not self.store.writable():
-            # As a store on a read-only disk with nothing in it is refused when it is opened:
-            # here, not after an epoch of work, when the rows computed cannot be written.
-            raise StoreError(
-                f"cannot use {self.store!r} as this callback's store: it is read-only for "
-                "this process, so the rows a fit computes could not be kept (the fit would "
-                "fail when it first flushes them, its work lost). Pass a store this process "
-                "may write, or store=None to keep rows in memory only"
-            )
+        check_flags(progress_bar, ahead)
+        self.store: Store | None = writable_store(store)
         self.names = names
         self._state_key = f"CacheFrozen{names}"
         self.key: Literal["content", "index"] = key
@@ -300,17 +246,7 @@ class CacheFrozen(Callback):
         ``x``); ``module`` is needed only when the callback caches more than one.
         Under DDP each rank runs its share of the batches. ``progress`` shows a bar
         (on rank 0)."""
-        if module is None:
-            if len(self.names) > 1:
-                raise CacheFrozenError(
-                    f"this callback caches {self.names}, so prefill needs to be told which "
-                    "one the loader's batches feed: prefill(loader, module='encoder')"
-                )
-            module = self.names[0]
-        if module not in self.names:
-            raise NotASubmodule(
-                f"prefill(module={module!r}): this callback caches {self.names}; name one of those"
-            )
+        module = prefill_module(self.names, module)
         self._prefills.append(PrefillJob(dataloader, module, inputs, progress))
 
     # -- setting up
@@ -320,7 +256,7 @@ class CacheFrozen(Callback):
         now; :meth:`teardown` puts them back. The same model again (fit, then test, then
         fit) gets the same caches, memory tiers and all."""
         if self._owner is not pl_module:
-            self._put_back(failed=True)  # nothing, unless a stage of the last model never ended
+            put_back_all(self, failed=True)  # nothing, unless a stage of the last model never ended
             self._cached = {}
             self._uncached = set()
             self._owner = pl_module
@@ -347,35 +283,9 @@ class CacheFrozen(Callback):
         left = check_trainable(trainer, pl_module, stage, todo)  # warns at what called this hook
         for name, _, _, found in todo:
             if name not in left:
-                self._install(pl_module, name, found)
+                cache_in_place(self, pl_module, name, found)
         # What is not in place this stage (left uncached) is not kept for a later one.
         self._cached = {n: c for n, c in self._cached.items() if n in self._found}
-
-    def _install(self, pl_module: pl.LightningModule, name: str, module: nn.Module) -> None:
-        """Caches ``module`` in every place it sits in ``pl_module``, noting how it was
-        found; the cache this callback made for it before if there is one (a later stage
-        of the same model), else a new one."""
-        found = Found.at(pl_module, module)  # before it is frozen
-        cached = self._cached.get(name)
-        if cached is not None and cached.module is module:
-            cached.freeze_again()
-        else:
-            cached = cache_rows(
-                module,
-                self.store,
-                key=self.key,
-                version=self.version,
-                salt=self.salt,
-                device_bytes=self.device_bytes,
-                host_bytes=self.host_bytes,
-                strict=self.strict,
-            )
-        # A forward that finds the module unfrozen (by a hook that runs after this
-        # callback's, at any batch) puts it back uncached instead of refusing it.
-        cached.when_unfrozen = self._unfrozen
-        found.install(cached)
-        self._cached[name] = cached
-        self._found[name] = found
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._train_epochs = 0
@@ -437,7 +347,7 @@ class CacheFrozen(Callback):
         self._looked = True
         for name, cached in list(self._cached.items()):
             if any(p.requires_grad for p in cached.module.parameters()):
-                self._uncache(pl_module, name, cached)
+                uncache(self, pl_module, name, cached)
                 continue
             # Digested again at every stage's first batch, validation's inside a training
             # epoch too: an epoch-start hook may write weights through `.data` (another
@@ -445,21 +355,6 @@ class CacheFrozen(Callback):
             # weights (a fraction of a millisecond for a small encoder, ~15 ms for 45 MB).
             cached.redeclare()
             cached.look_up_answered()
-
-    def _uncache(self, pl_module: pl.LightningModule, name: str, cached: CachedRows) -> None:
-        cached.when_unfrozen = None
-        # Its parameters as the schedule set them: it trains from here, as without the cache.
-        self._found.pop(name).put_back(cached, grads=False)
-        let_go(cached, self._aheads)
-        del self._cached[name]
-        self._uncached.add(name)
-        warnings.warn(
-            f"`{name}` was unfrozen (its parameters require grad: a fine-tuning schedule, "
-            "say), so it is put back as it was and runs uncached from here on, training as "
-            "without this callback; the rows kept while it was frozen stay in the store",
-            Uncached,
-            stacklevel=2,
-        )
 
     def _unfrozen(self, cached: CachedRows) -> bool:
         """Told by a cached module's forward that it found the module unfrozen (a schedule
@@ -471,7 +366,7 @@ class CacheFrozen(Callback):
         name = next((n for n, c in self._cached.items() if c is cached), None)
         if owner is None or name is None:
             return False
-        self._uncache(owner, name, cached)
+        uncache(self, owner, name, cached)
         return True
 
     def _first_batch(self, pl_module: pl.LightningModule) -> None:
@@ -522,24 +417,13 @@ class CacheFrozen(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if not self.progress_bar or not self._cached or trainer.progress_bar_callback is None:
-            return  # logging a value costs about a millisecond: only for a bar that shows it
-        last = batch_idx + 1 >= trainer.num_training_batches
-        if batch_idx % _BAR_EVERY and not last:
-            return  # the bar keeps showing the value logged last
-        rate = running_hit_rate(self._cached, self._train_parts)
-        pl_module.log("hit", rate, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+        if self.progress_bar:
+            show_hit_rate(trainer, pl_module, batch_idx, self._cached, self._train_parts)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         training = "train" in self._started and not trainer.sanity_checking
-        if training:
-            for cached in self._cached.values():
-                cached.flush()  # so the bytes training kept are counted as training's
-        for name, cached in self._cached.items():
-            counted = cached.stats
-            if training:  # validation inside a training epoch: keep what training counted
-                before = self._train_parts.get(name)
-                self._train_parts[name] = plus(before, counted) if before else counted
+        if training:  # validation inside a training epoch: keep what training counted
+            set_aside(self._cached, self._train_parts)
         self._fresh("validate")
         if not trainer.sanity_checking:
             fitting = trainer.state.fn == "fit"
@@ -620,7 +504,7 @@ class CacheFrozen(Callback):
         ``requires_grad`` included): the model the trainer hands back is the plain model.
         The caches are kept, memory tiers and all, for the next stage of the same model."""
         self._key_as("train")  # a stage stopped before its end hook keyed its own version
-        self._put_back(failed=False)
+        put_back_all(self, failed=False)
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
@@ -629,25 +513,4 @@ class CacheFrozen(Callback):
         modules are put back here, and what could not be written is left (the error that
         ended the stage is the one raised)."""
         self._key_as("train")
-        self._put_back(failed=True)
-
-    def _put_back(self, *, failed: bool) -> None:
-        """Every module in place put back as it was found, then each cache closed (its
-        writer stopped: a later forward starts it again) and kept. What a close raises
-        (rows that could not be written) is raised once all are back, unless the stage
-        ``failed`` already."""
-        closing: list[CachedRows] = []
-        for name, found in list(self._found.items()):
-            cached = self._cached[name]
-            cached.when_unfrozen = None
-            del self._found[name]
-            found.put_back(cached, grads=True)
-            closing.append(cached)
-        errors: list[Exception] = []
-        for cached in closing:
-            try:
-                cached.close()
-            except Exception as error:
-                errors.append(error)
-        if errors and not failed:
-            raise errors[0]
+        put_back_all(self, failed=True)

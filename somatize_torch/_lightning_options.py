@@ -1,0 +1,122 @@
+"""What :class:`~somatize_torch.lightning.CacheFrozen` is given, checked: when it is made,
+when it is told to prefill, and against a fit's training loaders.
+
+A callback is made long before it acts: the trainer first calls its ``setup()`` when
+fitting starts, possibly hours later, once the data is loaded and the model built. So
+what it can refuse from its arguments alone it refuses when it is made: names that are
+not the dotted names of distinct submodules (:func:`module_names`; one inside another
+would be cached twice), a setting :func:`~somatize_torch.rows.cache_rows` would refuse
+(:func:`~somatize_torch.rows.check_options`), a flag that is not True or False
+(:func:`check_flags`), and a store this process cannot write (:func:`writable_store`),
+where the rows a fit computes could not be kept. A prefill for a module the callback
+does not cache is refused when it is asked for (:func:`prefill_module`), not when
+fitting starts.
+
+What depends on the fit is checked once it is known: rows keyed by sample index under
+the callback's one ``version`` cannot tell the samples of two training loaders apart
+(each has a sample 0), so more than one is refused when the training epoch starts
+(:func:`one_training_set`), unless each is over a
+:class:`~somatize_torch.deferred.Deferred` with a version of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from lightning.pytorch.utilities import CombinedLoader
+
+from somatize import Store, StoreError
+from somatize_torch._lightning_errors import CacheFrozenError, NotASubmodule
+from somatize_torch.deferred import Deferred
+
+__all__ = ["check_flags", "module_names", "one_training_set", "prefill_module", "writable_store"]
+
+
+def module_names(modules: Sequence[str] | str) -> list[str]:
+    """The dotted names of the submodules to cache, ``modules`` given as one or a list,
+    each a submodule of its own (none inside another, none twice)."""
+    names = [modules] if isinstance(modules, str) else list(modules)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise CacheFrozenError(
+            "modules= names the submodules to cache, by their dotted names in the "
+            f"LightningModule (e.g. ['encoder']); got {modules!r}"
+        )
+    for a in names:
+        for b in names:
+            if a != b and b.startswith(a + "."):
+                raise CacheFrozenError(
+                    f"`{b}` is inside `{a}`: caching `{a}` already answers everything "
+                    f"`{b}` computes within it, and a module cannot be cached twice. "
+                    "Name one of them"
+                )
+    if len(set(names)) != len(names):
+        raise CacheFrozenError(f"modules= names a submodule twice: {names!r}")
+    return names
+
+
+def check_flags(progress_bar: object, ahead: object) -> None:
+    """Refuses ``progress_bar=`` or ``ahead=`` when it is not True or False."""
+    for option, value in (("progress_bar", progress_bar), ("ahead", ahead)):
+        if not isinstance(value, bool):
+            raise CacheFrozenError(f"{option}= is True or False, got {value!r}")
+
+
+def writable_store(store: Store | str | os.PathLike[str] | None) -> Store | None:
+    """The store ``store`` names (None: memory only), refused when this process cannot
+    write it."""
+    opened = Store.of(store)
+    if opened is not None and not opened.writable():
+        # As a store on a read-only disk with nothing in it is refused when it is opened:
+        # here, not after an epoch of work, when the rows computed cannot be written.
+        raise StoreError(
+            f"cannot use {opened!r} as this callback's store: it is read-only for "
+            "this process, so the rows a fit computes could not be kept (the fit would "
+            "fail when it first flushes them, its work lost). Pass a store this process "
+            "may write, or store=None to keep rows in memory only"
+        )
+    return opened
+
+
+def prefill_module(names: list[str], module: str | None) -> str:
+    """The module a prefill's batches feed, of those the callback caches, ``names``:
+    ``module``, or the only one when it is None."""
+    if module is None:
+        if len(names) > 1:
+            raise CacheFrozenError(
+                f"this callback caches {names}, so prefill needs to be told which "
+                "one the loader's batches feed: prefill(loader, module='encoder')"
+            )
+        module = names[0]
+    if module not in names:
+        raise NotASubmodule(
+            f"prefill(module={module!r}): this callback caches {names}; name one of those"
+        )
+    return module
+
+
+def one_training_set(loop: Any, version: str) -> None:
+    """Refuses training loaders keyed by the callback's ``version`` (by sample index) when
+    there is more than one: their samples cannot be told apart (each has a sample 0). A
+    loader over a :class:`~somatize_torch.deferred.Deferred` with a version of its own
+    keys its rows under that one."""
+    combined = getattr(loop, "_combined_loader", None)
+    if not isinstance(combined, CombinedLoader):
+        return  # another Lightning than the one this reads
+    plain = [dl for dl in combined.flattened if not _versioned(dl)]
+    if len(plain) > 1:
+        raise CacheFrozenError(
+            f"key='index' with version={version!r} keys each training row by its sample "
+            f"index within the data that version names, and this fit trains on "
+            f"{len(plain)} loaders whose samples it cannot tell apart (each has a sample 0): "
+            "one loader's rows would be answered with another's. Give each loader a "
+            "`Deferred` dataset with a version of its own, or key rows by content "
+            "(key='content')"
+        )
+
+
+def _versioned(loader: Any) -> bool:
+    """Whether ``loader`` is over a Deferred dataset with a version of its own."""
+    dataset = getattr(loader, "dataset", None)
+    return isinstance(dataset, Deferred) and dataset.version is not None
