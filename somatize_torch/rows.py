@@ -67,6 +67,7 @@ import torch
 from torch import nn
 
 from somatize import Graph, Store
+from somatize._threads import ProcessLock
 from somatize.catalog import fingerprint_of
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
@@ -176,7 +177,7 @@ class CachedRows(nn.Module):
         # Batches whose rows were named ahead of their forward (see `name_ahead`), by id.
         self._named: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], RowsLater]]
         self._named = {}
-        self._named_lock = threading.Lock()
+        self._named_lock = ProcessLock()  # a forked DataLoader worker gets it unheld
         # Deferred datasets whose answered samples were looked up in the store, per keying.
         self._seeded: set[tuple[str, int]] = set()
         # The one Deferred without a version of its own whose rows are keyed under
