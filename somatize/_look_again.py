@@ -14,7 +14,9 @@ A replaced argument is taken as the argument the node was built with. When its k
 not follow it — no key holds the new value, or the constructor made more from the old
 value than it keeps (``self.factor = by * 2``) and the node still holds that — the graph
 holds why, and the node is refused where its key is needed, not here, until it is
-replaced again. :func:`look_again` and :func:`declared_again` are re-exported by
+replaced again. A list or a dict changed in place is followed the same way, from the value
+the node's attributes were made from (:func:`_changed_in_place`), before the graph was
+built too. :func:`look_again` and :func:`declared_again` are re-exported by
 :mod:`somatize.plan`, their public home.
 """
 
@@ -29,7 +31,16 @@ from somatize import canonical
 from somatize.catalog import Blueprint, Catalog, Unbuildable, identity_of
 from somatize.errors import SomatizeError
 from somatize.memory import Memory
-from somatize.node import AlreadyBuilt, Node, Undeclared, attributes_of, held_by, in_slot
+from somatize.node import (
+    AlreadyBuilt,
+    Node,
+    Undeclared,
+    attributes_of,
+    copy_call,
+    declared_arguments,
+    held_by,
+    in_slot,
+)
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -59,6 +70,7 @@ def look_again(graph: Graph) -> None:
         if (refused is None) != (name not in graph._unfollowed):
             if refused is None:
                 del graph._unfollowed[name]
+                made.node._smz.made_with = made.made_with
             else:
                 graph._unfollowed[name] = refused
             _declared_again(graph, name, made.node)
@@ -74,7 +86,10 @@ def look_again(graph: Graph) -> None:
                 _retaken(graph, name, node, changed)
         graph.watch_kept()
     for name, node in unfixed.items():
-        _declared_again(graph, name, node)
+        declared = _declaration_now(graph, name, node)
+        if isinstance(declared, str):
+            _changed_in_place(graph, name, node, declared)
+        _declared_again(graph, name, node, declared)
     for name, node in restated.items():
         if memory.is_frozen(name):
             state = node.restate()
@@ -113,8 +128,13 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
         )
     if "\0" not in name:  # one interned into another is keyed, if at all, where it runs
         # A node holding no state is cheap to build, as a worker would; one holding state
-        # (weights) is checked against the state it is settled at instead.
-        before = None if node.holds_state else _recipe(node)
+        # (weights) is checked against the state it is settled at instead. What it holds
+        # was made from the call noted when it was made, where a list in it may have
+        # changed in place since.
+        made_with = node._smz.made_with
+        before: Recipe | Unbuildable | None = None
+        if not node.holds_state:
+            before = _recipe(node) if made_with is None else (None, *made_with)
         node.retake(taken)
         unkeyable = [attr for attr in taken if attr not in keyable]
         refused: Undeclared | None = None
@@ -122,7 +142,7 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
         if unkeyable:
             refused = _unkeyable(name, node, unkeyable[0], taken[unkeyable[0]])
         elif before is not None:
-            made = _made_otherwise(name, node, taken, before)
+            made = _made_otherwise(name, node, taken, before, _REPLACED)
             if isinstance(made, _MadeOtherwise):
                 graph._made_stale[name] = made
                 refused = made.check()
@@ -132,7 +152,11 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
             graph._unfollowed[name] = refused
         else:
             graph._unfollowed.pop(name, None)
-        _declared_again(graph, name, node)
+            _made_from(node)
+        declared = _declaration_now(graph, name, node)
+        if isinstance(declared, str):  # judged here: not as a change in place after
+            graph._in_place[name] = declared
+        _declared_again(graph, name, node, declared)
         if not node.is_declaration_fixed():  # a list or a dict now: followed from here on
             graph._unfixed[name] = node
     # What the node keeps now is what is watched from here.
@@ -174,6 +198,9 @@ class _MadeOtherwise:
         self.head = head
         self.fix = fix
         self.new = new
+        self.made_with = _copied(node)
+        """The call the node is keyed as built with, as it was when it was found: what its
+        attributes are made from once it holds what a build from it holds."""
         was, self.fresh = dict(held_by(old)), dict(held_by(new))
         self.made = [
             a for a in sorted(was.keys() | self.fresh.keys()) if was.get(a) != self.fresh.get(a)
@@ -205,11 +232,30 @@ class _MadeOtherwise:
         return None
 
 
+_REPLACED = (
+    "an argument it was built with and keeps, was",
+    "arguments it was built with and keeps, were",
+    "replaced after the graph was built",
+)
+"""How :func:`_made_otherwise` says that arguments a node keeps were replaced."""
+
+_IN_PLACE = (
+    "an argument it was built with, was",
+    "arguments it was built with, were",
+    "changed in place since the node was made",
+)
+"""How :func:`_made_otherwise` says that a list or a dict a node was built with changed."""
+
+
 def _made_otherwise(
-    name: str, node: Node, taken: dict[str, Any], before: Recipe | Unbuildable
+    name: str,
+    node: Node,
+    taken: dict[str, Any],
+    before: Recipe | Unbuildable,
+    how: tuple[str, str, str],
 ) -> Undeclared | _MadeOtherwise | None:
-    """Why ``node``, whose arguments ``taken`` were just replaced, is not what its class
-    builds from its arguments now; None when it is.
+    """Why ``node``, whose arguments ``taken`` were just replaced or changed in place (as
+    ``how`` says), is not what its class builds from its arguments now; None when it is.
 
     A constructor may make more than the argument it keeps (``self.factor = by * 2``):
     replacing the argument then leaves what was made from the old value, and the node,
@@ -224,17 +270,11 @@ def _made_otherwise(
     kind = type(node).__qualname__
     said = ", ".join(f"`{attr}`" for attr in taken)
     built = ", ".join(f"{attr}={value!r}" for attr, value in taken.items())
-    one = len(taken) == 1
-    head = (
-        f"`{name}` ({kind}) cannot be keyed: {said}, "
-        + (
-            "an argument it was built with and keeps, was"
-            if one
-            else "arguments it was built with and keeps, were"
-        )
-        + " replaced after the graph was built"
-    )
+    one, many, when = how
+    head = f"`{name}` ({kind}) cannot be keyed: {said}, {one if len(taken) == 1 else many} {when}"
     fix = f"Build a new `{kind}` with the new value (`{kind}({built})`) and the graph again"
+    if how is _IN_PLACE:
+        fix += ", or change a copy rather than what the node was built with"
     try:
         if isinstance(before, Unbuildable):
             raise before
@@ -312,7 +352,87 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _declared_again(graph: Graph, name: str, node: Node) -> None:
+def _declaration_now(graph: Graph, name: str, node: Node) -> str | Undeclared:
+    """What ``node`` declares now, or why it cannot be declared."""
+    try:
+        return node.declaration(name)
+    except Undeclared as why:
+        return why.with_traceback(None)  # raised again where the node is keyed
+
+
+def _changed_in_place(graph: Graph, name: str, node: Node, now: str) -> None:
+    """Refuses ``node``, built with a list or a dict changed in place since its attributes
+    were made from it (it declares ``now``), where its key is needed, when its
+    constructor made more from that value than it keeps and the node still holds what the
+    old value made (``self.total = sum(items)``): keyed as built with the list as it is, it
+    would keep answers such a node does not compute under that node's key. A node that
+    only keeps what it was built with follows it. Looked at once per declaration the node
+    is found with, as a replaced argument is (:func:`_made_otherwise`), and from the
+    declaration its attributes were made from (:attr:`~somatize.node.Marks.made_with`,
+    noted when it was made), so a change made before the graph was built is found too; a
+    node back to that value, or given what the new one makes, is followed."""
+    made_with = node._smz.made_with
+    if made_with is None or node.holds_state or graph._in_place.get(name) == now:
+        return
+    graph._in_place[name] = now
+    try:
+        was = node._declared_with(made_with)
+    except canonical.NotCanonical:
+        return
+    found: Undeclared | _MadeOtherwise | None = None
+    if was != now:
+        changed = _changed_arguments(node, made_with)
+        found = _made_otherwise(name, node, changed, (None, *made_with), _IN_PLACE)
+    graph._made_stale.pop(name, None)
+    refused: Undeclared | None
+    if isinstance(found, _MadeOtherwise):
+        graph._made_stale[name] = found
+        refused = found.check()
+    else:
+        refused = found
+    if refused is None:
+        graph._unfollowed.pop(name, None)
+        _made_from(node)
+    else:
+        graph._unfollowed[name] = refused
+
+
+def _changed_arguments(
+    node: Node, made_with: tuple[tuple[Any, ...], dict[str, Any]]
+) -> dict[str, Any]:
+    """The arguments of ``node``, by parameter name, that are other now than in
+    ``made_with``, the call its attributes were made from, with what they are now."""
+    kind = type(node)
+    was = declared_arguments(kind, *made_with)
+    now = declared_arguments(kind, *node._smz.call)
+    changed = {}
+    for attr, value in now.items():
+        try:
+            same = attr in was and canonical.encode(was[attr]) == canonical.encode(value)
+        except canonical.NotCanonical:
+            same = False
+        if not same:
+            changed[attr] = value
+    return changed
+
+
+def _copied(node: Node) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """The call that made ``node`` as it is now, its lists and dicts copied; None when it
+    holds none (an argument that cannot change in place is not looked at)."""
+    args, kwargs = node._smz.call
+    if canonical.is_immutable((args, tuple(kwargs.values()))):
+        return None
+    return copy_call(args, kwargs)
+
+
+def _made_from(node: Node) -> None:
+    """Notes that what ``node`` holds is made from the call it is keyed as built with."""
+    node._smz.made_with = _copied(node)
+
+
+def _declared_again(
+    graph: Graph, name: str, node: Node, now: str | Undeclared | None = None
+) -> None:
     """Tells the graph's memory what ``node`` declares now, if that changed. A node that
     cannot be declared any more (a list it was built with given an item with no canonical
     form, or an argument it keeps replaced by one: :func:`_retaken`) has its declaration
@@ -324,15 +444,16 @@ def _declared_again(graph: Graph, name: str, node: Node) -> None:
     was = memory.declaration_of(name)
     refused = graph._unfollowed.get(name)
     if refused is None:
-        try:
-            now = node.declaration(name)
-        except Undeclared as why:
-            refused = why.with_traceback(None)  # raised again where the node is keyed
+        if now is None:
+            now = _declaration_now(graph, name, node)
+        if isinstance(now, Undeclared):
+            refused = now
     if refused is not None:
         graph._undeclared[name] = refused
         if was is not None:
             memory.undeclare(name)
         return
+    assert isinstance(now, str)
     if now != was:
         graph._undeclared.pop(name, None)
         memory.declared_as(name, now)

@@ -97,6 +97,9 @@ class Graph:
         """Nodes an argument of which was replaced where their constructor made more from
         it, with what a build from the new value holds: refused at every forward that finds
         them holding what was made from the old value, and only then (plan.look_again)."""
+        self._in_place: dict[str, str] = {}
+        """Nodes built with a list or a dict, by name, with the declaration each was last
+        looked at with for a change in place (_look_again._changed_in_place)."""
         self._kept_watch: tuple[
             list[dict[str, Any]], list[str], list[Any], list[tuple[Any, Node, Any]]
         ] = ([], [], [], [])

@@ -24,7 +24,10 @@ the original, as its own, and is in no graph until one is built with it.
 A declaration captured from the constructor holds the arguments themselves, so
 one built with a list or a dict can change after the graph is built when
 somebody changes that list; such a node's declaration is derived again at the
-start of each forward (:meth:`Node.is_declaration_fixed`).
+start of each forward (:meth:`Node.is_declaration_fixed`). What the constructor made
+from such a list (``self.total = sum(items)``) is made from it as it was then, so the
+call is noted as it was (:attr:`Marks.made_with`) and a node whose list changed since,
+and that still holds what the old one made, is refused where it is keyed.
 
 A ``declare()`` says what distinguishes instances of the class that wrote it. A
 subclass that defines its own constructor, with other parameters than that
@@ -89,7 +92,15 @@ class Marks:
     worker: str | None = None
     built: bool = False
     """Whether a graph was built with the node; what is said about it is then settled."""
+    made_with: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    """For a node declared by its constructor arguments where one of them is a list or a
+    dict: the call its attributes were made from, its lists and dicts copied — as it was
+    when the node was made, or since found to make what the node holds. A list changed in
+    place afterwards is told apart from it (:func:`~somatize.plan.look_again`)."""
 
+
+_DECLARATION = b"somatize/declaration\0"
+"""What a declaration's digest is prefixed with, so that it is no other value's."""
 
 _SIGNATURES: dict[type, inspect.Signature | None] = {}
 
@@ -161,6 +172,62 @@ def _signature(kind: type) -> inspect.Signature | None:
     return _SIGNATURES[kind]
 
 
+def declared_arguments(kind: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What the default :meth:`Node.declare` says of a ``kind`` made by ``kind(*args,
+    **kwargs)``: the arguments by parameter name, defaults filled in."""
+    signature = _signature(kind)
+    if signature is None:
+        if args or kwargs:
+            return {"*args": tuple(args), "**kwargs": dict(kwargs)}
+        return {}
+    bound = signature.bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    out: dict[str, Any] = {}
+    for index, (name, value) in enumerate(bound.arguments.items()):
+        if index == 0:
+            continue  # self
+        how = signature.parameters[name].kind
+        if how is inspect.Parameter.VAR_POSITIONAL:
+            out["*args"] = tuple(value)
+        elif how is inspect.Parameter.VAR_KEYWORD:
+            out["**kwargs"] = dict(value)
+        else:
+            out[name] = value
+    return out
+
+
+def copy_call(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args`` and ``kwargs`` with each list, dict, tuple and bytearray in them copied, to
+    any depth, so that what is changed in place afterwards leaves the copy as it was; what
+    else they hold is shared (numbers and strings cannot change, and other objects are not
+    what a key holds)."""
+    made: dict[int, Any] = {}
+
+    def copied(value: Any) -> Any:
+        kind = type(value)
+        if kind not in (list, dict, tuple, bytearray):
+            return value
+        found = made.get(id(value))
+        if found is not None:
+            return found
+        if kind is bytearray:
+            found = bytearray(value)
+        elif kind is tuple:
+            found = tuple(copied(item) for item in value)
+        elif kind is list:
+            found = made[id(value)] = []  # noted before it is filled: it may hold itself
+            found.extend(copied(item) for item in value)
+        else:
+            found = made[id(value)] = {}
+            found.update((key, copied(item)) for key, item in value.items())
+        made[id(value)] = found
+        return found
+
+    return copied(args), copied(kwargs)
+
+
 class Node:
     """A step of a pipeline. Subclass it and write ``forward(self, x, ctx)``.
 
@@ -179,7 +246,15 @@ class Node:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Node:
         self = super().__new__(cls)
-        object.__setattr__(self, "_smz", Marks(call=(args, kwargs)))
+        marks = Marks(call=(args, kwargs))
+        if (
+            cls.declare is Node.declare
+            and cls.recipe is Node.recipe
+            and not cls.holds_state
+            and not canonical.is_immutable((args, tuple(kwargs.values())))
+        ):
+            marks.made_with = copy_call(args, kwargs)
+        object.__setattr__(self, "_smz", marks)
         return self
 
     def __setstate__(self, state: Any) -> None:
@@ -210,26 +285,7 @@ class Node:
         takes other parameters than the class that wrote the ``declare()`` it inherits
         writes its own, adding its arguments to ``super().declare()``.
         """
-        args, kwargs = self._smz.call
-        signature = _signature(type(self))
-        if signature is None:
-            if args or kwargs:
-                return {"*args": tuple(args), "**kwargs": dict(kwargs)}
-            return {}
-        bound = signature.bind(None, *args, **kwargs)
-        bound.apply_defaults()
-        out: dict[str, Any] = {}
-        for index, (name, value) in enumerate(bound.arguments.items()):
-            if index == 0:
-                continue  # self
-            kind = signature.parameters[name].kind
-            if kind is inspect.Parameter.VAR_POSITIONAL:
-                out["*args"] = tuple(value)
-            elif kind is inspect.Parameter.VAR_KEYWORD:
-                out["**kwargs"] = dict(value)
-            else:
-                out[name] = value
-        return out
+        return declared_arguments(type(self), *self._smz.call)
 
     def is_declaration_fixed(self) -> bool:
         """Whether :meth:`declare` says the same for as long as the node lives. When it
@@ -357,7 +413,7 @@ class Node:
                 raise self._unsaid_by((owner, new), where)
         declared = self.declare()
         try:
-            return canonical.hex_of(declared, b"somatize/declaration\0")
+            return canonical.hex_of(declared, _DECLARATION)
         except canonical.NotCanonical as why:
             kind = type(self).__qualname__
             name = where or self._smz.name or kind
@@ -367,6 +423,12 @@ class Node:
                 "method that returns, as canonical values, what distinguishes one instance "
                 "from another"
             ) from None
+
+    def _declared_with(self, call: tuple[tuple[Any, ...], dict[str, Any]]) -> str:
+        """``blake3:<hex>`` of what the default :meth:`declare` would say had this node been
+        made by ``call`` (``args``, ``kwargs``); NotCanonical when that has no canonical
+        form."""
+        return canonical.hex_of(declared_arguments(type(self), *call), _DECLARATION)
 
     def _unsaid_by(self, unsaid: tuple[type, list[str]], where: str | None) -> Undeclared:
         owner, new = unsaid

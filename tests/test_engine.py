@@ -658,6 +658,89 @@ def test_a_node_refused_for_what_it_made_from_an_old_value_is_accepted_once_it_h
         g.forward(5, store=store)
 
 
+class Totals(Node):
+    """Keeps the list it is built with, and makes from it the total its forward uses."""
+
+    def __init__(self, items: list[int]) -> None:
+        self.items = items
+        self.total = sum(items)
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.total
+
+
+class Settings(Node):
+    """Keeps the dict it is built with, and makes from it the factor its forward uses."""
+
+    def __init__(self, settings: dict[str, int]) -> None:
+        self.settings = settings
+        self.factor = settings["scale"] * 2
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.factor
+
+
+@pytest.mark.parametrize("when", ["after", "before"])
+def test_a_list_changed_in_place_where_the_constructor_made_more_from_it_is_refused(
+    store: Store, when: str
+) -> None:
+    """A list a node was built with, changed in place after the build or before it, where
+    the constructor made another attribute from it, would key the node as built with the
+    new list while it computes with the old total: refused where it is keyed, naming both
+    and saying what to do, and no answer lands under the key of a node built with the new
+    list; back to what it was, or given what the new list makes, it is followed."""
+    items = [1, 2]
+    totals = Totals(items)
+    if when == "before":
+        items.append(10)
+    g = Graph.somatize(totals.named("totals").frozen().cached())
+    if when == "after":
+        assert g.forward(10, store=store) == 30
+        items.append(10)
+    for _ in range(2):
+        with pytest.raises(Undeclared, match=r"`totals` \(Totals\) cannot be keyed: `items`, .* "
+                           r"changed in place since the node was made, and `total`, which its "
+                           r"constructor makes .* still holds what was made from the old value"
+                           r".* Build a new `Totals` with the new value "
+                           r"\(`Totals\(items=\[1, 2, 10\]\)`\)"):  # fmt: skip
+            g.forward(10, store=store)
+    assert g.forward(10) == 30
+    fresh = Graph.somatize(Totals([1, 2, 10]).named("fresh").frozen().cached())
+    assert fresh.forward(10, store=store) == 130
+    assert fresh.record is not None and fresh.record.outcome == {"fresh": "ran"}
+    items.pop()
+    assert g.forward(10, store=store) == 30
+    items.append(10)
+    with pytest.raises(Undeclared, match="`total`, which its constructor makes"):
+        g.forward(10, store=store)
+    totals.total = 13
+    assert g.forward(10, store=store) == 130
+    assert g.record is not None and g.record.outcome == {"totals": "recalled"}
+    items[:] = [3]
+    with pytest.raises(Undeclared, match="`total`, which its constructor makes"):
+        g.forward(10, store=store)
+
+
+def test_a_dict_changed_in_place_where_the_constructor_made_more_from_it_is_refused(
+    store: Store,
+) -> None:
+    """A dict a node was built with, changed in place after the build where the
+    constructor made another attribute from one of its values, is refused where it is
+    keyed, as a list is; a forward without a store runs it as it is."""
+    settings = {"scale": 1}
+    made = Settings(settings)
+    g = Graph.somatize(made.named("settings").frozen().cached())
+    assert g.forward(3, store=store) == 6
+    settings["scale"] = 5
+    with pytest.raises(Undeclared, match=r"`settings` \(Settings\) cannot be keyed: "
+                       r"`settings`, .* changed in place .* and `factor`, which its "
+                       r"constructor makes"):  # fmt: skip
+        g.forward(3, store=store)
+    assert g.forward(3) == 6
+    fresh = Graph.somatize(Settings({"scale": 5}).named("fresh").frozen().cached())
+    assert fresh.forward(3, store=store) == 30
+
+
 class Positive(Node):
     """Takes only a positive ``by``."""
 
