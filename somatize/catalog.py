@@ -24,7 +24,9 @@ a node is rebuilt, and refuses, saying what to do, for one that cannot be.
 
 A node that holds state (weights) is rebuilt by its constructor and then handed
 its state, when it can hand it over (:func:`state_crosses`); the broker
-(:mod:`somatize.broker.host`) carries the state and checks its digest.
+(:mod:`somatize.broker.host`) carries the state and checks its digest, and compares
+what the copy holds once that state is loaded — its state may be held in public
+attributes too, which only the state makes equal.
 
 The code fingerprint lives here too, since it is a fact about the
 implementation: a digest of the class's source (or, where the source is not to
@@ -54,6 +56,7 @@ __all__ = [
     "Catalog",
     "Unbuildable",
     "blueprint_of",
+    "check_held",
     "code_digest",
     "fingerprint_of",
     "held_at",
@@ -295,7 +298,9 @@ class Catalog:
         Unbuildable when the class cannot be found here, when it is not a node, or
         when the rebuilt node declares something else than the original did (the
         code or its arguments differ here, so its answers would be kept under a key
-        that does not describe them)."""
+        that does not describe them), or holds other values in its public attributes
+        (:func:`check_held`; one that holds state is compared once it is loaded, by
+        whoever loads it)."""
         from somatize.node import Node
 
         kind = self.resolve(blueprint.identity)
@@ -336,14 +341,15 @@ class Catalog:
                     "constructor does not make the same node from the same arguments. Install "
                     "the same version of the code everywhere the graph runs"
                 )
-        if blueprint.held is not None:
-            _check_held(blueprint, node)
+        if blueprint.held is not None and not node.holds_state:
+            check_held(blueprint, node)
         return node
 
 
-def _check_held(blueprint: Blueprint, node: Node) -> None:
-    """Unbuildable when ``node``, rebuilt from ``blueprint``, holds other values in its
-    public attributes than the original held when its graph was built."""
+def check_held(blueprint: Blueprint, node: Node) -> None:
+    """Unbuildable when ``node``, rebuilt from ``blueprint`` (and, when it holds state,
+    loaded with it), holds other values in its public attributes than the original held
+    when its graph was built."""
     from somatize.node import held_by
 
     was, now = dict(blueprint.held or ()), dict(held_by(node))
@@ -378,7 +384,8 @@ class Blueprint:
     the arguments, for a node that stands for another class; None: the class is the node's."""
     held: tuple[tuple[str, str], ...] | None = None
     """Each public attribute with a canonical form, by the digest of that form, as the
-    node held them when its graph was built; None: not checked."""
+    node held them when its graph was built; None: not checked. A copy that holds state
+    is checked once its state is loaded (:func:`check_held`)."""
 
     def to_bytes(self) -> bytes:
         """The canonical bytes of this blueprint: what crosses a wire (worked out once)."""
@@ -415,7 +422,7 @@ def blueprint_of(
     ``name`` is what errors call the node (its name in a graph); ``held``, what it held in
     its public attributes when its graph was built, which the copy must hold too — the
     arguments it keeps as they are now (they are followed: :meth:`Node.kept_arguments`).
-    A node that holds state is not checked so: what it holds is loaded into the copy."""
+    A copy of a node that holds state is checked once that state is loaded into it."""
     kind = type(node)
     called = f"`{name or node._smz.name or kind.__qualname__}` ({node.kind_name()})"
     identity = node._smz.identity or identity_of(kind)
@@ -443,7 +450,7 @@ def blueprint_of(
     except SomatizeError:
         declaration = None
     if held is not None:
-        held = None if node.holds_state else _held_now(node, held)
+        held = _held_now(node, held)
     return Blueprint(identity, tuple(args), dict(kwargs), declaration, maker, held)
 
 

@@ -3,12 +3,14 @@ process can import them."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
 from pathlib import Path
 from typing import Any
 
+import blake3
 import torch
 from torch import nn
 
@@ -229,6 +231,30 @@ class Times(Node):
 
     def forward(self, value: float, ctx: Any) -> float:
         return value * self.k
+
+
+class Listed(Node):
+    """Holds its weights, its state, as a list it hands over as JSON, and beside them a
+    public setting, ``scale``, that is no part of its state."""
+
+    holds_state = True
+
+    def __init__(self) -> None:
+        self.weights = [1.0]
+        self.scale = 1.0
+
+    def settled_state(self) -> str:
+        return "blake3:" + blake3.blake3(self.state_bytes()).hexdigest()
+
+    def state_bytes(self) -> bytes:
+        return json.dumps(self.weights).encode()
+
+    def load_state(self, data: memoryview) -> str:
+        self.weights = json.loads(bytes(data))
+        return self.settled_state()
+
+    def forward(self, value: float, ctx: Any) -> float:
+        return value * self.weights[0] * self.scale
 
 
 class ScaleOtherwise(Node):

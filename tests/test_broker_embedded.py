@@ -34,6 +34,7 @@ from somatize.broker import (
     Worker,
 )
 from somatize.catalog import Blueprint, blueprint_of
+from somatize.data import settle
 from somatize_torch import ModuleNode, StateDoesNotFit, freeze, is_held
 from tests.broker_nodes import (
     Doubled,
@@ -41,6 +42,7 @@ from tests.broker_nodes import (
     Grows,
     Holds,
     Length,
+    Listed,
     MakesBlob,
     Nap,
     Nested,
@@ -269,6 +271,27 @@ def test_a_node_whose_rebuilt_copy_holds_other_public_values_is_refused(mode: st
         assert seen == []
     g = Graph.somatize(Echo().named("s") >> Times().named("n").at("w1"))
     assert g.forward(2.0, broker=Broker.embedded({"w1": Worker.generic(mode="network")})) == 2.0
+
+
+def test_a_node_holding_state_is_compared_by_its_public_values_once_its_state_is_loaded() -> None:
+    """A node that hands its state over is compared too, once that state is loaded into the
+    copy a network worker rebuilds: weights changed before the graph was built are its
+    state, and cross; a public setting beside them given another value is refused, naming
+    it, as for a node that holds no state."""
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    listed = Listed()
+    listed.weights = [2.0]
+    g = Graph.somatize(Echo().named("s") >> listed.named("n").frozen().at("w1"))
+    settle(g)
+    assert g.forward(3.0, broker=broker) == g.forward(3.0) == 6.0
+    refused = r"`n` .* holds other values in `scale` than the node in the graph"
+    scaled = Listed()
+    scaled.scale = 5.0
+    g = Graph.somatize(Echo().named("s") >> scaled.named("n").frozen().at("w1"))
+    settle(g)
+    assert g.forward(3.0) == 15.0
+    with pytest.raises(Unbuildable, match=refused):
+        g.forward(3.0, broker=Broker.embedded({"w1": Worker.generic(mode="network")}))
 
 
 def test_a_cached_node_on_a_worker_is_kept_there_and_recalled(store: Store) -> None:

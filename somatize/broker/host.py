@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
-from somatize.catalog import Blueprint, Catalog, Unbuildable, fingerprint_of
+from somatize.catalog import Blueprint, Catalog, Unbuildable, check_held, fingerprint_of
 from somatize.codecs import CODECS
 from somatize.node import Context, Node
 from somatize.plan import static_of
@@ -351,6 +351,13 @@ class Host:
                     if loaded != state:
                         raise state_mismatch(name, self.worker, loaded, state)
                     found._smz.state = loaded
+                    # Only now: what it holds may be its state, which the build left out.
+                    try:
+                        check_held(Blueprint.from_bytes(blueprint), found)
+                    except Unbuildable as why:
+                        raise Unbuildable(
+                            f"`{name}` cannot be rebuilt on worker `{self.worker}`: {why}"
+                        ) from None
                 self._nodes[(blueprint, state)] = found
             if state is not None:
                 self._hold(blueprint, name, state, holder)
