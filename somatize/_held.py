@@ -6,7 +6,8 @@ watches the constructor arguments a node keeps as attributes
 (:meth:`~somatize.node.Node.kept_arguments`), and tells apart two nodes built alike by
 what they hold (:func:`held_by`): one given another value after it was made
 (``plus.offset = 100``) computes other answers, and a copy a worker rebuilds from the
-constructor call must hold what the original held. Each reads a node through
+constructor call must hold what the original held — less what the node changed itself
+while it ran here (:class:`Holding`). Each reads a node through
 :func:`attributes_of`, which sees a class with ``__slots__`` as it sees one without: a
 slot holds no less than the ``__dict__`` does. These are re-exported by
 :mod:`somatize.node`, their public home.
@@ -14,11 +15,23 @@ slot holds no less than the ``__dict__`` does. These are re-exported by
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from somatize import canonical
 
-__all__ = ["UNSET", "attributes_of", "held_by", "in_slot", "slots_of"]
+__all__ = [
+    "UNSET",
+    "Holding",
+    "attributes_of",
+    "held_by",
+    "holding_of",
+    "in_slot",
+    "running_here",
+    "slots_of",
+]
 
 
 _SLOTS: dict[type, tuple[tuple[str, Any], ...]] = {}
@@ -90,3 +103,90 @@ def held_by(node: Any) -> tuple[tuple[str, str], ...]:
         except canonical.NotCanonical:
             continue
     return tuple(sorted(held))
+
+
+_HOLDING = threading.Lock()
+"""Held while a :class:`Holding` is made or looked at."""
+
+
+class Holding:
+    """What a copy of a node, rebuilt elsewhere from its constructor call, must hold (a
+    network worker's): what the node held when first looked at, and each public value
+    given to it since by whoever holds it (``p.k = 5``, before the graph was built or
+    after) — but not what the node changes itself while it runs in this process (a
+    counter), which a copy running elsewhere changes on its own, as it runs there.
+
+    Told apart by when a value changes: between the node's runs here, or during one
+    (:func:`running_here`); what changes while it runs here, from another thread too, is
+    its own. One per node, whichever graphs it is in (:func:`holding_of`), looked at
+    under one lock for all."""
+
+    def __init__(self, node: Any) -> None:
+        self._owed = dict(held_by(node))
+        self._seen = dict(self._owed)
+        self._running = 0
+
+    def copied(self) -> Holding:
+        """This holding, for a copy of its node (``copy.copy``, ``copy.deepcopy``), which
+        holds what the node held, and changes on its own from then on."""
+        with _HOLDING:
+            other = Holding.__new__(Holding)
+            other._owed, other._seen, other._running = dict(self._owed), dict(self._seen), 0
+            return other
+
+    def owed(self, node: Any) -> tuple[tuple[str, str], ...]:
+        """What a copy of ``node`` must hold now (:func:`held_by`'s form)."""
+        with _HOLDING:
+            self._look(node)
+            return tuple(sorted(self._owed.items()))
+
+    def _look(self, node: Any) -> None:
+        now = dict(held_by(node))
+        if now == self._seen:
+            return
+        if not self._running:  # given by whoever holds it
+            for name in self._seen.keys() | now.keys():
+                if name not in now:
+                    self._owed.pop(name, None)
+                elif now[name] != self._seen.get(name):
+                    self._owed[name] = now[name]
+        self._seen = now
+
+    def start(self, node: Any) -> None:
+        """``node`` starts running here: what changed since it was last looked at was given
+        to it; what changes from now on, until it stops, is its own."""
+        with _HOLDING:
+            self._look(node)
+            self._running += 1
+
+    def stop(self, node: Any) -> None:
+        """``node`` stopped running here: what it holds now, as far as it changed it, is its
+        own."""
+        with _HOLDING:
+            self._running -= 1
+            self._seen = dict(held_by(node))
+
+
+def holding_of(node: Any) -> Holding:
+    """The :class:`Holding` of ``node``, made the first time it is asked for."""
+    marks = node._smz
+    found: Holding | None = marks.holding
+    if found is None:
+        with _HOLDING:
+            found = marks.holding
+            if found is None:
+                found = marks.holding = Holding(node)
+    return found
+
+
+@contextlib.contextmanager
+def running_here(node: Any) -> Iterator[None]:
+    """Runs what is inside as a run of ``node``, placed on a worker, in this process: what
+    it changes in its public attributes meanwhile is its own, not a value given to it
+    that a copy rebuilt elsewhere must hold (:class:`Holding`)."""
+    holding = holding_of(node)
+    holding.start(node)
+    try:
+        yield
+    finally:
+        holding.stop(node)

@@ -28,7 +28,7 @@ from somatize._record import Drifted, Fact, NodeFailed, Record
 from somatize.codecs import CODECS, Unreadable
 from somatize.errors import SomatizeError
 from somatize.keys import item_key
-from somatize.node import Context
+from somatize.node import Context, running_here
 from somatize.plan import Plan, changed_code, item_keys_from
 from somatize.store import Corrupt, Missing
 
@@ -165,6 +165,9 @@ class _Run:
         try:
             if worker is not None and self.broker is not None:
                 value = self.broker.call(self.graph, node, list(inputs), ctx, self.emit)
+            elif worker is not None:  # placed, run here: what it changes is its own
+                with running_here(implementation):
+                    value = implementation.forward(*inputs, ctx)
             else:
                 value = implementation.forward(*inputs, ctx)
         except SomatizeError:

@@ -22,6 +22,11 @@ class (``module:Class.method``) that is handed the class the identity names and
 the arguments, and returns the node. :meth:`~somatize.node.Node.recipe` says how
 a node is rebuilt, and refuses, saying what to do, for one that cannot be.
 
+A blueprint also carries what the node holds in its public attributes when it is
+sent (:attr:`Blueprint.held`): a copy rebuilt from the call that holds other values
+there (a setting given after the node was made) would answer otherwise, and is
+refused (:func:`check_held`).
+
 A node that holds state (weights) is rebuilt by its constructor and then handed
 its state, when it can hand it over (:func:`state_crosses`); the broker
 (:mod:`somatize.broker.host`) carries the state and checks its digest, and compares
@@ -349,7 +354,7 @@ class Catalog:
 def check_held(blueprint: Blueprint, node: Node) -> None:
     """Unbuildable when ``node``, rebuilt from ``blueprint`` (and, when it holds state,
     loaded with it), holds other values in its public attributes than the original held
-    when its graph was built."""
+    when it was sent (:attr:`Blueprint.held`)."""
     from somatize.node import held_by
 
     was, now = dict(blueprint.held or ()), dict(held_by(node))
@@ -358,13 +363,13 @@ def check_held(blueprint: Blueprint, node: Node) -> None:
         said = ", ".join(f"`{attr}`" for attr in apart)
         raise Unbuildable(
             f"`{blueprint.identity}` rebuilt here from its constructor call holds other "
-            f"values in {said} than the node in the graph held when the graph was built: "
-            "this process runs other code, or the constructor does not make the same node "
-            "from the same arguments (it draws a seed of its own, say), or the attribute "
-            "was set after the node was made (a counter that had already counted), and a "
-            "copy rebuilt from its arguments would answer otherwise. Make it from its "
-            "arguments alone (a seed an argument), or run it where the graph is called or "
-            'on a `Worker.generic(mode="local")` worker'
+            f"values in {said} than the node in the graph holds: this process runs other "
+            "code, or the constructor does not make the same node from the same arguments "
+            "(it draws a seed of its own, say), or the attribute was set after the node was "
+            "made (`p.k = 3`, a counter that had already counted), and a copy rebuilt from "
+            "its arguments would answer otherwise. Make it from its arguments alone (a seed "
+            "an argument, a setting a constructor argument), or run it where the graph is "
+            'called or on a `Worker.generic(mode="local")` worker'
         )
 
 
@@ -372,8 +377,8 @@ def check_held(blueprint: Blueprint, node: Node) -> None:
 class Blueprint:
     """What another process needs to rebuild a node: its identity, the constructor call
     that made it, and the digest of its declaration to check the result against — and
-    what the node held in its public attributes (:func:`~somatize.node.held_by`) when its
-    graph was built, which a copy rebuilt from the call must hold too."""
+    what the node holds in its public attributes (:func:`~somatize.node.held_by`) when it
+    is sent, which a copy rebuilt from the call must hold too."""
 
     identity: str
     args: tuple[Any, ...]
@@ -384,8 +389,8 @@ class Blueprint:
     the arguments, for a node that stands for another class; None: the class is the node's."""
     held: tuple[tuple[str, str], ...] | None = None
     """Each public attribute with a canonical form, by the digest of that form, as the
-    node held them when its graph was built; None: not checked. A copy that holds state
-    is checked once its state is loaded (:func:`check_held`)."""
+    node holds them when it is sent; None: not checked. A copy that holds state is
+    checked once its state is loaded (:func:`check_held`)."""
 
     def to_bytes(self) -> bytes:
         """The canonical bytes of this blueprint: what crosses a wire (worked out once)."""
@@ -419,10 +424,9 @@ def blueprint_of(
 ) -> Blueprint:
     """How another process rebuilds ``node``; Unbuildable, saying what to do, when it cannot.
 
-    ``name`` is what errors call the node (its name in a graph); ``held``, what it held in
-    its public attributes when its graph was built, which the copy must hold too — the
-    arguments it keeps as they are now (they are followed: :meth:`Node.kept_arguments`).
-    A copy of a node that holds state is checked once that state is loaded into it."""
+    ``name`` is what errors call the node (its name in a graph); ``held``, what it holds
+    in its public attributes now (:func:`~somatize.node.held_by`), which the copy must hold
+    too — a copy of a node that holds state once that state is loaded into it."""
     kind = type(node)
     called = f"`{name or node._smz.name or kind.__qualname__}` ({node.kind_name()})"
     identity = node._smz.identity or identity_of(kind)
@@ -449,23 +453,7 @@ def blueprint_of(
         declaration: str | None = node.declaration(name)
     except SomatizeError:
         declaration = None
-    if held is not None:
-        held = _held_now(node, held)
     return Blueprint(identity, tuple(args), dict(kwargs), declaration, maker, held)
-
-
-def _held_now(node: Node, held: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    """``held``, what ``node`` held when its graph was built, with the arguments it keeps
-    as they are now: they are the arguments the copy is built with."""
-    from somatize.node import held_by
-
-    now = dict(held_by(node))
-    merged = dict(held)
-    for attr, _ in node.kept_arguments():
-        merged.pop(attr, None)
-        if attr in now:
-            merged[attr] = now[attr]
-    return tuple(sorted(merged.items()))
 
 
 def state_crosses(node: Node) -> bool:

@@ -89,10 +89,6 @@ class Graph:
         self._unfollowed: dict[str, Undeclared] = {}
         """Nodes an argument of which was replaced by what their key cannot follow, with
         why: refused where they are keyed until it is replaced again (_look_again._retaken)."""
-        self._held: dict[str, tuple[tuple[str, str], ...]] = {}
-        """Placed nodes, by name, with what they held in their public attributes when the
-        graph was built (:func:`~somatize.node.held_by`): a copy a network worker rebuilds
-        from the constructor call must hold it too."""
         self._made_stale: dict[str, Any] = {}
         """Nodes an argument of which was replaced where their constructor made more from
         it, with what a build from the new value holds: refused at every forward that finds
@@ -255,8 +251,6 @@ class Graph:
             memory.declared_as(name, declaration)
         if undeclared is not None:
             self._undeclared[name] = undeclared
-        if marks.worker is not None:  # what a copy rebuilt on a worker must hold
-            self._held[name] = held_by(node)
         if not node.is_declaration_fixed():
             self._unfixed[name] = node
         if type(node).restate is not Node.restate:

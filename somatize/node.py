@@ -53,7 +53,15 @@ from typing import Any
 
 from somatize import canonical
 from somatize._held import UNSET as UNSET
-from somatize._held import attributes_of, held_by, in_slot, slots_of
+from somatize._held import (
+    Holding,
+    attributes_of,
+    held_by,
+    holding_of,
+    in_slot,
+    running_here,
+    slots_of,
+)
 from somatize.errors import SomatizeError
 
 __all__ = [
@@ -64,7 +72,9 @@ __all__ = [
     "Undeclared",
     "attributes_of",
     "held_by",
+    "holding_of",
     "in_slot",
+    "running_here",
     "slots_of",
 ]
 
@@ -92,6 +102,9 @@ class Marks:
     worker: str | None = None
     built: bool = False
     """Whether a graph was built with the node; what is said about it is then settled."""
+    holding: Holding | None = None
+    """What a copy of the node rebuilt elsewhere must hold, once asked
+    (:func:`~somatize.node.holding_of`); a copy of the node (``copy.copy``) has its own."""
     made_with: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     """For a node declared by its constructor arguments where one of them is a list or a
     dict: the call its attributes were made from, its lists and dicts copied — as it was
@@ -270,7 +283,8 @@ class Node:
             setattr(self, name, value)
         marks = vars(self).get("_smz")
         if isinstance(marks, Marks):
-            object.__setattr__(self, "_smz", replace(marks, built=False))
+            holding = marks.holding.copied() if marks.holding is not None else None
+            object.__setattr__(self, "_smz", replace(marks, built=False, holding=holding))
 
     def forward(self, *inputs: Any) -> Any:
         """What this node computes: predecessors' outputs, then ``ctx``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 import re
 import sys
@@ -35,6 +36,7 @@ from somatize.broker import (
 )
 from somatize.catalog import Blueprint, blueprint_of
 from somatize.data import settle
+from somatize.node import held_by
 from somatize_torch import ModuleNode, StateDoesNotFit, freeze, is_held
 from tests.broker_nodes import (
     Doubled,
@@ -259,7 +261,7 @@ def test_a_node_whose_rebuilt_copy_holds_other_public_values_is_refused(mode: st
     for node, attr in ((SeedsItself(), "seed"), (times, "k")):
         g = Graph.somatize(Echo().named("s") >> node.named("n").at("w1"))
         if mode == "blueprint":
-            blueprint = blueprint_of(node, "n", g._held["n"])
+            blueprint = blueprint_of(node, "n", held_by(node))
             with pytest.raises(Unbuildable, match=rf"holds other values in `{attr}`"):
                 Catalog().build(Blueprint.from_bytes(blueprint.to_bytes()))
             continue
@@ -273,18 +275,51 @@ def test_a_node_whose_rebuilt_copy_holds_other_public_values_is_refused(mode: st
     assert g.forward(2.0, broker=Broker.embedded({"w1": Worker.generic(mode="network")})) == 2.0
 
 
+def test_a_public_value_set_after_the_graph_was_built_is_refused_on_a_network_worker() -> None:
+    """A public attribute given another value after the graph was built (``p.k = 5``) is
+    compared at the start of the next forward that sends the node: refused, naming it,
+    before anything runs, where the copy a worker rebuilds would answer otherwise; set
+    back, the node runs there again. What a node changes itself while it runs here (a
+    counter, on a local worker or with no broker) is its own, and it still crosses, as a
+    copy of it does."""
+    times = Times()
+    g = Graph.somatize(Echo().named("s") >> times.named("n").at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    assert g.forward(2.0, broker=broker) == 2.0
+    times.k = 5
+    assert g.forward(2.0) == 10.0
+    seen: list[dict[str, Any]] = []
+    refused = r"`n` cannot be sent .* holds other values in `k` than the node in the graph .*"
+    with pytest.raises(Unbuildable, match=refused + "Nothing has run"):
+        g.forward(2.0, broker=broker, watching=seen.append)
+    assert seen == []
+    times.k = 1
+    assert g.forward(2.0, broker=broker) == 2.0
+    scale = Scale(3.0)
+    g = Graph.somatize(Echo().named("s") >> scale.named("n").at("w1"))
+    assert g.forward([1.0]) == [3.0]
+    here = Broker.embedded({"w1": Worker.generic(mode="local")})
+    assert g.forward([1.0], broker=here) == [3.0]
+    assert scale.calls == 2
+    assert g.forward([1.0], broker=broker) == [3.0]
+    assert copy.deepcopy(g).forward([1.0], broker=broker) == [3.0]
+
+
 def test_a_node_holding_state_is_compared_by_its_public_values_once_its_state_is_loaded() -> None:
     """A node that hands its state over is compared too, once that state is loaded into the
     copy a network worker rebuilds: weights changed before the graph was built are its
-    state, and cross; a public setting beside them given another value is refused, naming
-    it, as for a node that holds no state."""
+    state, and cross; a public setting beside them given another value, before the build or
+    after, is refused, naming it, as for a node that holds no state."""
     broker = Broker.embedded({"w1": Worker.generic(mode="network")})
     listed = Listed()
     listed.weights = [2.0]
     g = Graph.somatize(Echo().named("s") >> listed.named("n").frozen().at("w1"))
     settle(g)
     assert g.forward(3.0, broker=broker) == g.forward(3.0) == 6.0
+    listed.scale = 5.0
     refused = r"`n` .* holds other values in `scale` than the node in the graph"
+    with pytest.raises(Unbuildable, match=refused):
+        g.forward(3.0, broker=broker)
     scaled = Listed()
     scaled.scale = 5.0
     g = Graph.somatize(Echo().named("s") >> scaled.named("n").frozen().at("w1"))

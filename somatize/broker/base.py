@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of, state_crosses
 from somatize.engine import NodeFailed
 from somatize.errors import SomatizeError
-from somatize.node import Context
+from somatize.node import Context, holding_of
 
 from .worker import Worker
 
@@ -256,11 +256,24 @@ class Broker(abc.ABC):
         cannot be rebuilt on the network worker it is placed on. The blueprints it makes
         are those of the graph's memory as it is: a new state of it (a declaration said
         again because a list the node was built with changed, a state restated) makes
-        them again, so a worker never rebuilds a node as it was."""
-        version = (graph.memory.version, len(graph.placement))
+        them again, so a worker never rebuilds a node as it was. So does a node that holds
+        other public values than when its blueprint was made (``p.k = 5``, not what it
+        changed itself running here: :class:`~somatize._held.Holding`): what each holds is
+        looked at again here, at the start of every forward, which costs a digest of its
+        public attributes, next to a crossing."""
         found = self._checked.get(graph)
-        if found is not None and found[0] == version:
+        if (
+            found is not None
+            and found[0] == (graph.memory.version, len(graph.placement))
+            and all(_owed(graph, node) == made.held for node, made in found[1].items())
+        ):
             return
+        self._check(graph)
+
+    def _check(self, graph: Graph) -> None:
+        """Makes the blueprints of ``graph``'s nodes placed on network workers, refusing
+        what :meth:`check` refuses."""
+        version = (graph.memory.version, len(graph.placement))
         placed = list(graph.placement)
         unknown = [(node, worker) for node, worker in placed if worker not in self.workers]
         if unknown:
@@ -276,7 +289,7 @@ class Broker(abc.ABC):
             if not self.workers[worker].crosses:
                 continue
             try:
-                blueprint = blueprint_of(graph.node(node), node, graph._held.get(node))
+                blueprint = blueprint_of(graph.node(node), node, _owed(graph, node))
             except Unbuildable as why:
                 raise _unsendable(node, worker, why) from None
             holds = graph.holds_state(node)
@@ -406,9 +419,13 @@ class Broker(abc.ABC):
             catalog.build(blueprint)
 
     def _blueprint(self, graph: Graph, node: str) -> Blueprint:
-        """The blueprint ``check`` made for ``node`` from the graph's memory as it is now."""
-        self.check(graph)
-        return self._checked[graph][1][node]
+        """The blueprint ``check`` made for ``node`` from the graph's memory as it is now
+        (what the node holds is looked at once per forward, by ``check``, not per call)."""
+        found = self._checked.get(graph)
+        if found is None or found[0] != (graph.memory.version, len(graph.placement)):
+            self._check(graph)
+            found = self._checked[graph]
+        return found[1][node]
 
     def _holder(self, graph: Graph) -> str:
         """An opaque name of ``graph`` that its jobs carry, so a worker holds state for each
@@ -440,6 +457,12 @@ class Broker(abc.ABC):
     def __repr__(self) -> str:
         listed = ", ".join(f"{name}: {w.mode}" for name, w in self.workers.items())
         return f"<{type(self).__name__} {listed}>"
+
+
+def _owed(graph: Graph, name: str) -> tuple[tuple[str, str], ...]:
+    """What a copy of node ``name`` of ``graph``, rebuilt on a worker, must hold now."""
+    node = graph.node(name)
+    return holding_of(node).owed(node)
 
 
 def _unsendable(node: str, worker: str, why: Unbuildable) -> Unbuildable:

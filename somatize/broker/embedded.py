@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from somatize.catalog import Blueprint, Catalog
-from somatize.node import Context
+from somatize.node import Context, running_here
 
 from .base import Broker, Done
 from .host import Host, NeedState, crossings, job_for, unpack
@@ -72,7 +72,8 @@ class EmbeddedBroker(Broker):
 
             def run_here() -> Done:
                 start = time.perf_counter_ns()
-                value = here.forward(*inputs, ctx)
+                with running_here(here):  # what it changes is its own
+                    value = here.forward(*inputs, ctx)
                 return Done(value, (time.perf_counter_ns() - start) // 1000)
 
             return run_here
