@@ -37,12 +37,22 @@ _MAX_DEPTH = 32
 
 
 def _is_tensor(value: Any) -> bool:
-    return (
-        isinstance(value, torch.Tensor)
-        and value.layout is torch.strided
-        and value.dtype in DTYPES
-        and not value.is_quantized
-    )
+    return isinstance(value, torch.Tensor) and _unwritable(value) is None
+
+
+def _unwritable(value: torch.Tensor) -> str | None:
+    """What ``value`` is, when it is a tensor the codec does not write; None when it does.
+    A meta tensor has no bytes, a nested one no single shape, and a dimension past 2**48
+    is one the header's reader takes for damage."""
+    if value.is_nested:
+        return f"a nested {value.dtype} tensor"
+    if value.layout is not torch.strided or value.dtype not in DTYPES or value.is_quantized:
+        return f"a {value.layout} {value.dtype} tensor"
+    if value.is_meta:
+        return f"a {value.dtype} tensor on the meta device, which holds no values"
+    if any(n >= 1 << 48 for n in value.shape):
+        return f"a tensor of shape {tuple(value.shape)}, a dimension past 2**48"
+    return None
 
 
 class _Refused(Exception):
@@ -66,8 +76,9 @@ def _shape(value: Any, leaves: list[torch.Tensor], where: str, depth: int, order
     ``{"namedtuple": "module:qualname", "fields": [...], "items": [...]}``. _Refused
     for anything else."""
     if isinstance(value, torch.Tensor):
-        if not _is_tensor(value):
-            raise _Refused(where, f"a {value.layout} {value.dtype} tensor")
+        unwritable = _unwritable(value)
+        if unwritable is not None:
+            raise _Refused(where, unwritable)
         leaves.append(value)
         return len(leaves) - 1
     if value is None:

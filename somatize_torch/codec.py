@@ -75,7 +75,7 @@ from somatize import CODECS, Codec, CodecError
 from somatize.errors import SomatizeWarning
 from somatize_torch._codec_header import _FORMAT, _ITEMSIZE, _LEN, _head, _header
 from somatize_torch._codec_header import row_layout as row_layout
-from somatize_torch._codec_tree import _built, _is_tensor, _Refused, _shape
+from somatize_torch._codec_tree import _built, _is_tensor, _Refused, _shape, _unwritable
 from somatize_torch.digest import DTYPES, digest_named, digest_tensor, host_bytes, memory_of
 
 __all__ = ["TENSOR", "LandedOnHost", "TensorCodec", "register"]
@@ -143,7 +143,8 @@ class TensorCodec(Codec):
         """Why this codec does not write ``value``, naming the item refused (``item [1][0]
         is a `builtins.int```), or None when it does."""
         if isinstance(value, torch.Tensor):
-            return None if _is_tensor(value) else f"it is a {value.layout} {value.dtype} tensor"
+            unwritable = _unwritable(value)
+            return None if unwritable is None else f"it is {unwritable}"
         leaves: list[torch.Tensor] = []
         try:
             _shape(value, leaves, "", 0, ordered=True)

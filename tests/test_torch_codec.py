@@ -10,6 +10,7 @@ import subprocess
 import sys
 import types
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -723,3 +724,29 @@ def test_rows_are_digested_in_a_forked_child(row_path: str) -> None:
     batch = torch.randn(64, 3, 64, 64)  # 3 MB: split across threads on both paths
     assert smt.digest_rows(batch) == [smt.digest_tensor(row) for row in batch]
     assert in_forked_child(_digest_in_child) is True
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda: torch.empty(3, device="meta"), "meta device"),
+        (
+            lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+            "nested",
+        ),
+        (lambda: torch.empty(2**50, 0), "past 2\\*\\*48"),
+    ],
+)
+def test_a_tensor_the_codec_cannot_read_back_is_refused_when_written(
+    make: Callable[[], torch.Tensor], said: str
+) -> None:
+    """A meta tensor, a nested one and one with a dimension past 2**48 are not accepted, and
+    writing one is a CodecError saying what it is — where a meta or nested tensor failed
+    inside torch, and a huge empty one was written and then read back as damaged."""
+    value = make()
+    assert not smt.TENSOR.accepts(value)
+    assert not smt.TENSOR.accepts({"x": value})
+    with pytest.raises(CodecError, match=said):
+        smt.TENSOR.encode(value)
+    with pytest.raises(CodecError, match=rf"item \[1\] is .*{said}"):
+        smt.TENSOR.encode((torch.ones(1), value))
