@@ -225,7 +225,10 @@ def run_in(
     recompute = (before + timed(loader, encoded)) / 2
 
     by_index = rows_cache.cache_rows(encoder, root, key="index", version=VERSION)
-    rows_cache.prefill(by_index, loader, progress=False, device=device)  # keys differ by kind
+    # Keys differ by kind; a batch is (inputs, indices).
+    rows_cache.prefill(
+        by_index, loader, inputs=lambda b: (b[0], b[1]), progress=False, device=device
+    )
     with torch.no_grad():
         precomputed = torch.cat(
             [encoder(data[i : i + 256].to(device)) for i in range(0, count, 256)]

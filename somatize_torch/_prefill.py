@@ -6,16 +6,21 @@ flushes them to the store, so that training, in this process or a later one,
 recalls from its first batch. Handed whatever a DataLoader yields, it must find the
 batch tensor in it (and, keyed by index, the indices): :func:`batch_at` says where
 the batch tensor is, as :mod:`somatize_torch.ahead` asks too, to name the rows of
-the next batch.
+the next batch. Indices are never guessed: a tuple's other items are as likely the
+labels as the indices, and labels that do not repeat within a batch pass every check
+an index gets, so rows kept under them would be recalled for other samples. Only
+what names them says where they are: a dict's ``index``, a :class:`DeferredRows`,
+or the caller (``inputs=``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sized
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
+from somatize_torch._row_errors import NeedsIndex
 from somatize_torch._row_keys import KeyMode
 from somatize_torch._row_stats import RowStats
 from somatize_torch.deferred import DeferredRows
@@ -43,24 +48,41 @@ def batch_at(item: Any) -> tuple[Any, ...] | None:
 
 def _inputs(batch: Any, key: KeyMode) -> tuple[torch.Tensor | DeferredRows, torch.Tensor | None]:
     """The batch tensor (and, keyed by index, the indices) of what a DataLoader yields:
-    the tensor :func:`batch_at` finds, and a tuple's or list's last item or a dict's
-    ``index``; or the :class:`DeferredRows` that is the item or a tuple's first."""
+    the tensor :func:`batch_at` finds, and a dict's ``index``; or the
+    :class:`DeferredRows` that is the item or a tuple's first."""
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], DeferredRows):
         return batch[0], None
     if isinstance(batch, DeferredRows):
         return batch, None
     path = batch_at(batch)
-    if path == ():
-        return batch, None
-    if path == (0,):
-        index = batch[-1] if key == "index" and len(batch) > 1 else None
-        return batch[0], index
-    if path is not None:
-        return batch[path[0]], batch.get("index") if key == "index" else None
-    raise TypeError(
-        f"prefill cannot tell the batch tensor in a `{type(batch).__name__}` the loader "
-        "yields; pass inputs=, a function from one loader item to the batch tensor (or to "
-        "(batch, indices) for key='index')"
+    if path is None:
+        raise TypeError(
+            f"prefill cannot tell the batch tensor in a `{type(batch).__name__}` the loader "
+            "yields; pass inputs=, a function from one loader item to the batch tensor (or to "
+            "(batch, indices) for key='index')"
+        )
+    x = batch if path == () else batch[path[0]]
+    if key != "index":
+        return x, None
+    index = batch.get("index") if isinstance(batch, dict) else None
+    if index is None:
+        _refuse_unnamed(batch)
+    return x, index
+
+
+def _refuse_unnamed(batch: Any) -> NoReturn:
+    kind = f"a `{type(batch).__name__}`"
+    if isinstance(batch, dict):
+        kind = "a `dict` with no 'index'"
+    elif isinstance(batch, (tuple, list)):
+        kind = f"a `{type(batch).__name__}` of {len(batch)} items"
+    raise NeedsIndex(
+        f"prefill cannot tell the samples' indices in {kind} the loader yields, and this "
+        "cache keys rows by them (key='index'). It does not guess them from a tuple's other "
+        "items: those of an (x, y) loader are labels, and rows kept under labels would be "
+        "recalled for other samples. Say where they are: inputs=lambda item: (item[0], "
+        "item[2]) for items (x, y, index), a dict item's 'index', or load the inputs "
+        "through `Deferred`, whose batches carry their indices"
     )
 
 
@@ -76,8 +98,10 @@ def prefill(
     """Runs ``cached`` over every batch of ``loader`` so its answers are kept before
     training starts, then flushes; returns what it did. ``inputs`` turns one loader
     item into the batch tensor (or ``(batch, indices)``); by default a tensor is the
-    batch, a tuple's first item is the batch (and with ``key="index"`` its last the
-    indices), a dict's ``x`` and ``index``. ``convert`` is applied to each item first
+    batch, a tuple's first item is the batch, a dict's ``x`` and ``index``. With
+    ``key="index"`` the indices are taken only where they are named (a dict's
+    ``index``, a :class:`DeferredRows`); otherwise ``inputs`` must say where they are
+    (:class:`NeedsIndex` if it does not). ``convert`` is applied to each item first
     (as a trainer's precision converts a batch), and ``device`` moves batches there.
     ``progress`` shows a tqdm bar."""
     from somatize_torch.rows import CachedRows

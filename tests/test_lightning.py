@@ -993,7 +993,7 @@ def test_a_stage_before_fit_leaves_the_callbacks_own_version(tmp_path: Path) -> 
         if callbacks:
             callback = callbacks[0]
             assert callback.cached["encoder"].version == "toy@1"
-            callback.prefill(_indexed(1), progress=False)
+            callback.prefill(_indexed(1), inputs=lambda item: (item[0], item[2]), progress=False)
         trainer(tmp_path, 1, callbacks=callbacks).fit(model, _indexed(1))
         again = trainer(tmp_path, 1, callbacks=callbacks)
         again.validate(model, _indexed(2), verbose=False)

@@ -602,7 +602,7 @@ def test_index_keys_miss_when_the_dataset_version_changes(store: Store, tmp_path
     """Keyed by index, rows recall under the same dataset version and miss under another."""
     data = images(32)
     first = cache_rows(encoder(), store, key="index", version="sms/train@1")
-    prefill(first, loader(data), progress=False)
+    prefill(first, loader(data), inputs=lambda item: (item[0], item[1]), progress=False)
     first.close()
     again = cache_rows(encoder(), Store(tmp_path / "store"), key="index", version="sms/train@1")
     changed = cache_rows(encoder(), Store(tmp_path / "store"), key="index", version="sms/train@2")
@@ -841,19 +841,43 @@ def test_index_keys_hold_the_input_row_shape(store: Store, tmp_path: Path) -> No
 
 def test_indices_that_name_different_inputs_are_refused(store: Store) -> None:
     """An index that names two rows of different inputs in one batch is refused, nothing
-    kept: prefill over an ``(x, y)`` loader takes the labels for the indices, and they
-    repeat. The same sample twice (a sampler with replacement), NaN and all, is one row."""
+    kept: labels passed for the indices repeat. The same sample twice (a sampler with
+    replacement), NaN and all, is one row."""
     data = images(32)
     labels = torch.arange(32) % 4
     cached = cache_rows(encoder(), store, key="index", version="toy@1")
     with pytest.raises(NeedsIndex, match=r"names sample 0 at rows 0 and 4 .* labels"):
-        prefill(cached, DataLoader(TensorDataset(data, labels), batch_size=16), progress=False)
+        cached(data[:16], index=labels[:16])
     assert cached.stats.rows == 0 and cached.tiers[0].rows == 0
     data[3, 0, 0, 0] = float("nan")
     index = torch.tensor([3, 5, 3, 5])
     out = cached(data[index], index=index)
     assert torch.equal(out[2:].nan_to_num(), out[:2].nan_to_num())
     assert out[0].isnan().all() and cached.tiers[0].rows == 2
+    cached.close()
+
+
+def test_prefill_keyed_by_index_takes_no_tuple_item_for_the_indices(store: Store) -> None:
+    """Keyed by index, prefill does not take a tuple's last item for the indices: an
+    ``(x, y)`` loader's labels, never repeating within a batch, would key each row under a
+    label and be recalled for another sample. Told where they are (``inputs=``), it keeps
+    rows that the samples' indices recall."""
+    data = images(32)
+    labels = (torch.arange(32) * 7 + 3) % 16  # no label twice in a batch of 4
+    cached = cache_rows(encoder(), store, key="index", version="toy@1")
+    with pytest.raises(NeedsIndex, match=r"cannot tell the samples' indices in a `list`"):
+        prefill(cached, DataLoader(TensorDataset(data, labels), batch_size=4), progress=False)
+    with pytest.raises(NeedsIndex, match=r"a `dict` with no 'index'"):
+        prefill(cached, [{"x": data[:4]}], progress=False)
+    with pytest.raises(NeedsIndex, match=r"cannot tell the samples' indices in a `Tensor`"):
+        prefill(cached, [data[:4]], progress=False)
+    assert cached.stats.rows == 0 and cached.tiers[0].rows == 0
+    indexed = DataLoader(TensorDataset(data, labels, torch.arange(32)), batch_size=4)
+    done = prefill(cached, indexed, inputs=lambda item: (item[0], item[2]), progress=False)
+    assert done.computed == 32
+    out = cached(data, index=torch.arange(32))
+    assert cached.stats.recalled == 32
+    assert torch.allclose(out, expected(cached.module, data), atol=1e-6)
     cached.close()
 
 
