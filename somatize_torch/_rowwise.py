@@ -14,10 +14,11 @@ rounding allows (:func:`_rounding`, :func:`_difference`), not for equality.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
+from somatize.errors import SomatizeError
 from somatize_torch._row_errors import NotRowwise, RowsError, _describe
 from somatize_torch._row_keys import _floating_dtypes, _Keying
 from somatize_torch.deferred import DeferredRows
@@ -84,8 +85,14 @@ def _check_rowwise(
     module = self.module
     limit = _rounding(self, ends, out)
     for which, at in (("first", 0), ("last", len(out) - 1)):
-        with torch.no_grad():
-            alone = module(ends[min(at, 1) : min(at, 1) + 1])
+        try:
+            with torch.no_grad():
+                alone = module(ends[min(at, 1) : min(at, 1) + 1])
+        except SomatizeError:
+            raise
+        except Exception as error:
+            # It answered the batch, so what it cannot do is answer a row on its own.
+            _refuse_alone(self, which, len(out), error)
         row = out[at : at + 1]
         if isinstance(alone, torch.Tensor) and alone.shape == row.shape:
             difference = _difference(alone, row)
@@ -99,6 +106,19 @@ def _check_rowwise(
             got = f"{_describe(alone)}, not a tensor of shape {list(row.shape)}"
         _refuse_mixing(self, which, len(out), got)
     keying.rowwise = True
+
+
+def _refuse_alone(self: CachedRows, which: str, rows: int, error: Exception) -> NoReturn:
+    raise NotRowwise(
+        f"`{type(self.module).__name__}` cannot answer a row alone: the {which} of {rows} "
+        f"rows, run again on its own, raised {type(error).__name__}: {error}. A module that "
+        "answered the batch and fails on one of its rows most likely answers a row by the "
+        "other rows of its batch (statistics of the batch: a BatchNorm with "
+        "track_running_stats=False, a normalisation over dimension 0), so an answer kept "
+        "from one batch would be recalled in a batch of other rows, wrongly. A module "
+        "cached per row answers each row on its own: keep running statistics, or cache "
+        "it per batch (`somatize.torch.wrap(module, frozen=True, cached=True)`)"
+    ) from error
 
 
 def _refuse_mixing(self: CachedRows, which: str, rows: int, got: str) -> None:

@@ -942,6 +942,23 @@ def test_a_module_that_mixes_rows_is_refused(store: Store) -> None:
     assert cache_rows(half)(rows).shape == (64, 64)
 
 
+def test_a_module_that_cannot_answer_one_row_alone_is_refused(store: Store) -> None:
+    """A module that uses its batch's statistics even in eval (a BatchNorm that tracks
+    none) raises when the check runs one row alone: that is refused as not answering each
+    row on its own, naming the module and what it raised, and nothing is kept."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8, track_running_stats=False))
+    cached = cache_rows(module, store)
+    with pytest.raises(
+        NotRowwise, match=r"`Sequential` cannot answer a row alone: the first of 6 rows.*raised"
+    ) as refused:
+        cached(torch.randn(6, 4))
+    assert "Expected more than 1 value per channel" in str(refused.value)
+    assert isinstance(refused.value.__cause__, ValueError)
+    assert cached.tiers[0].rows == 0
+    cached.close()
+
+
 def test_a_submodule_put_in_after_wrapping_is_saved_loaded_and_converted() -> None:
     """The wrapper holds the module's own parameters, buffers and submodules: one put in
     after wrapping is in ``state_dict()`` (which loads into the plain module and answers
