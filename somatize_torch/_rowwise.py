@@ -137,21 +137,23 @@ def _rounding(self: CachedRows, row: torch.Tensor, out: torch.Tensor) -> float:
     """How far apart (relative to its size) one row computed in batches of two sizes
     may be: a thousandth, or 16 units in the last place of the least precise
     floating dtype the rows run in — the input's, the output's, the weights', the
-    autocast dtype, and TF32 or bfloat16 where float32 products may use them."""
+    autocast dtype, and TF32 or bfloat16 where float32 products may use them. A
+    float8 is only stored, never computed in: a value is rounded into it once, so it
+    allows 2 units (one either side of a rounding boundary); 16 of its units would be
+    more than any two answers can differ by."""
     device = out.device.type
     dtypes = {row.dtype, out.dtype, *_floating_dtypes(self.module)}
     if torch.is_autocast_enabled(device):
         dtypes.add(torch.get_autocast_dtype(device))
-    eps = max(
-        (torch.finfo(dtype).eps for dtype in dtypes if dtype.is_floating_point or dtype.is_complex),
-        default=0.0,
-    )
+    floating = [dtype for dtype in dtypes if dtype.is_floating_point or dtype.is_complex]
+    eps = max((torch.finfo(dtype).eps for dtype in floating if dtype.itemsize > 1), default=0.0)
+    stored = max((torch.finfo(dtype).eps for dtype in floating if dtype.itemsize == 1), default=0.0)
     matmul = torch.get_float32_matmul_precision()
     if matmul == "medium":
         eps = max(eps, 2.0**-7)  # bfloat16 products
     elif matmul == "high" or device != "cpu":
         eps = max(eps, 2.0**-10)  # TF32 products (cuDNN allows them by default)
-    return max(1e-3, 16 * eps)
+    return max(1e-3, 16 * eps, 2 * stored)
 
 
 def _difference(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -159,6 +161,9 @@ def _difference(a: torch.Tensor, b: torch.Tensor) -> float:
     the larger norm); infinite where their non-finite values or integer values differ."""
     if not (a.is_floating_point() or a.is_complex()):
         return 0.0 if torch.equal(a, b) else math.inf
+    if a.dtype.itemsize == 1:
+        # float8: torch tests none for finiteness; float32 holds each value exactly.
+        a, b = a.float(), b.float()
     finite = torch.isfinite(a)
     if not torch.equal(finite, torch.isfinite(b)):
         return math.inf

@@ -707,6 +707,23 @@ class AsDtype(nn.Module):
         return x.to(self.dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_rows_are_checked_kept_and_recalled(store: Store, dtype: torch.dtype) -> None:
+    """Rows of a float8 dtype (which torch cannot test for finiteness) are compared in a
+    wider one by the check that each row is answered alone: kept and recalled as they
+    are, and a module mixing its rows is still refused."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 4), AsDtype(dtype))
+    cached = cache_rows(module, store)
+    x = torch.randn(5, 8)
+    out = cached(x)
+    assert out.dtype == dtype and torch.equal(out.float(), expected(module, x).float())
+    assert torch.equal(cached(x).float(), out.float()) and cached.stats.recalled == 5
+    cached.close()
+    with pytest.raises(NotRowwise, match="last of 5 rows, run again on its own"):
+        cache_rows(nn.Sequential(CumulativeSum(), AsDtype(dtype)))(x)
+
+
 class Quantized(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
