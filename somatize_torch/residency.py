@@ -15,8 +15,12 @@ somewhere it is not, and never back to where it already is.
 preallocated tensor (a :class:`Bank`) with a dict from key to row slot, so
 recalling a whole batch is one dict pass over its keys and one ``index_select``
 — as cheap as reading precomputed features out of a tensor. A tier holds at
-most its byte budget (what its banks allocate, not only the rows they hold). It
-never evicts: in a shuffled epoch every row comes back
+most its byte budget (what its banks allocate, not only the rows they hold). A
+bank reserves room in proportion to what it holds (a first chunk of
+:data:`_FIRST_BYTES`, then twice what it has, as far as the budget leaves), and
+when rows no longer fit, the other banks give back the room they reserved and do
+not use: rows of many shapes (sequences of many lengths) fill the budget as rows
+of one shape do. It never evicts: in a shuffled epoch every row comes back
 once per epoch, and a least-recently-used policy over a working set larger than
 the budget would evict each row just before it is asked for again (no hits at
 all), whereas keeping what fits first gives ``budget / working set`` of the
@@ -48,8 +52,9 @@ __all__ = [
     "store_lock",
 ]
 
-_FIRST_ROWS = 256
-"""How many rows a bank holds when it is first made (it doubles from there, up to its budget)."""
+_FIRST_BYTES = 64 << 10
+"""How many bytes of rows a bank first has room for (at least the rows it is first
+handed); it doubles from there, as far as its tier's budget leaves."""
 
 
 # ------------------------------------------------------------------------------ memory tiers
@@ -90,16 +95,26 @@ class Bank:
         end = self.used + count
         with torch.inference_mode(False):
             if end > self.tensor.shape[0]:
-                grown = min(max(end, 2 * self.tensor.shape[0], _FIRST_ROWS), most)
-                shape = (grown, *self.row_shape)
-                bigger = torch.empty(shape, dtype=self.dtype, device=self.device)
-                bigger[: self.used].copy_(self.tensor[: self.used])
-                self.tensor = bigger
+                first = _FIRST_BYTES // self.row_bytes
+                self._resize(min(max(end, 2 * self.tensor.shape[0], first), most))
             self.tensor[self.used : end].copy_(rows, non_blocking=True)
         slots = self.slots
         for offset, key in enumerate(keys):
             slots[key] = self.used + offset
         self.used = end
+
+    def trim(self) -> int:
+        """Gives back the room reserved beyond the rows held; returns how many bytes."""
+        spare = self.allocated - self.used * self.row_bytes
+        if spare:
+            with torch.inference_mode(False):
+                self._resize(self.used)
+        return spare
+
+    def _resize(self, rows: int) -> None:
+        resized = torch.empty((rows, *self.row_shape), dtype=self.dtype, device=self.device)
+        resized[: self.used].copy_(self.tensor[: self.used])
+        self.tensor = resized
 
     def gather(self, slots: Sequence[int]) -> torch.Tensor:
         """The rows at ``slots``, in that order, as a new tensor on the bank's device."""
@@ -193,10 +208,13 @@ class Tier:
             else max(1, torch.Size(row_shape).numel() * rows.element_size())
         )
         # Rows fit in the room a bank has left, and in what the budget has not allocated.
-        spare = max(self.budget - self.allocated, 0) // row_bytes
         capacity = int(bank.tensor.shape[0]) if bank is not None else 0
         held = bank.used if bank is not None else 0
-        most = capacity + spare
+        if capacity - held + max(self.budget - self.allocated, 0) // row_bytes < len(keys):
+            for other in self.banks:  # short of room: the others give back what they do not use
+                if other is not bank:
+                    other.trim()
+        most = capacity + max(self.budget - self.allocated, 0) // row_bytes
         take = min(len(keys), most - held)
         if take <= 0:
             return 0

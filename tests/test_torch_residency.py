@@ -585,6 +585,24 @@ def test_a_tier_allocates_no_more_than_its_budget() -> None:
     assert tier.allocated <= tier.budget
 
 
+def test_rows_of_many_shapes_fill_the_budget() -> None:
+    """Banks reserve room in proportion to the rows they hold, and give back what they do
+    not use when the budget runs short: rows of 20 shapes, a quarter of the budget, are
+    all kept, and rows admitted past it fill it to within a row, never beyond."""
+    tier = Tier("device", "cpu", budget=1 << 20)
+    for length in range(1, 21):
+        keys = [(length, i) for i in range(5)]
+        assert tier.admit(keys, torch.ones(5, length, 64)) == 5
+    assert tier.rows == 100 and tier.allocated <= tier.budget
+    for step in range(10_000):
+        row = torch.ones(1, 1 + step % 20, 64)
+        if not tier.admit([("more", step)], row):
+            break
+    else:
+        raise AssertionError("a tier of 1 MiB took 10,000 rows of up to 5 KiB")
+    assert tier.budget - row.nbytes < tier.used <= tier.allocated <= tier.budget
+
+
 def test_rows_of_no_elements_are_kept_and_recalled(store: Store) -> None:
     """A module whose rows have no elements answers every batch, new or recalled."""
     empty = cache_rows(_Nothing(), store)
