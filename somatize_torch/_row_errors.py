@@ -36,6 +36,10 @@ class NeedsIndex(RowsError):
 
 
 def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor) and value.is_nested:
+        return f"a nested {value.dtype} tensor, whose rows have no one shape"
+    if isinstance(value, torch.Tensor) and value.is_meta:
+        return f"a {value.dtype} tensor on the meta device, which holds no values"
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {list(value.shape)}"
     return f"a `{type(value).__name__}`"

@@ -976,6 +976,25 @@ def test_a_module_that_cannot_answer_one_row_alone_is_refused(store: Store) -> N
     cached.close()
 
 
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda: torch.nested.nested_tensor([torch.ones(4), torch.ones(4)]), "nested"),
+        (lambda: torch.empty(2, 4, device="meta"), "meta device"),
+    ],
+)
+def test_a_batch_with_no_rows_to_read_is_refused(
+    store: Store, make: Callable[[], torch.Tensor], said: str
+) -> None:
+    """A nested batch (rows of no one shape) and a meta one (no values) are refused as no
+    batch tensor, saying what they are, where torch failed inside the keying with its own
+    error."""
+    cached = cache_rows(nn.Linear(4, 2), store)
+    with pytest.raises(NotRowwise, match=rf"called with a batch tensor.*{said}"):
+        cached(make())
+    cached.close()
+
+
 def test_a_submodule_put_in_after_wrapping_is_saved_loaded_and_converted() -> None:
     """The wrapper holds the module's own parameters, buffers and submodules: one put in
     after wrapping is in ``state_dict()`` (which loads into the plain module and answers
