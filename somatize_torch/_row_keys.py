@@ -295,8 +295,8 @@ def _check_repeats(x: torch.Tensor, ids: list[Any]) -> None:
         f"index= names sample {ids[p]} at rows {first[ids[p]]} and {p} of one batch, and "
         "their inputs differ: an index must name one input, or the answer computed for one "
         "row is recalled for the other. Pass the samples' indices in the dataset (return "
-        "them from the Dataset's __getitem__; prefill takes a loader item's last tensor for "
-        "them, and the labels of an (x, y) loader are not: pass inputs=). Inputs drawn at "
+        "them from the Dataset's __getitem__, and to prefill as a dict's `index` or "
+        "through inputs=; the labels of an (x, y) loader are not indices). Inputs drawn at "
         "random (an augmentation) are not named by their index either: key them by content "
         "(key='content')"
     )
