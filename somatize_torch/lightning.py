@@ -243,7 +243,10 @@ class CacheFrozen(Callback):
         the model is on its device, in the trainer's precision, before the first epoch)
         and flushes, so epoch 1 recalls too. ``inputs`` turns one loader item into what
         the module is handed (by default a tensor item, a tuple's first item, a dict's
-        ``x``); ``module`` is needed only when the callback caches more than one.
+        ``x``); keyed by index, it returns ``(batch, indices)`` unless the item is a dict
+        with an ``index`` or a batch from ``Deferred`` (an ``(x, y)`` item's labels are no
+        indices, and are refused). ``module`` is needed only when the callback caches
+        more than one.
         Under DDP each rank runs its share of the batches. ``progress`` shows a bar
         (on rank 0)."""
         module = prefill_module(self.names, module)
