@@ -228,6 +228,17 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
                 "when the answer is computed and silently stop when it is recalled. Freeze "
                 "what feeds it, or drop it from `cached=`"
             )
+        if type(value) is not torch.Tensor and not isinstance(value, nn.Parameter):
+            raise TypeError(
+                f"`{name}` is cached and is called with a `{type(value).__qualname__}`, a "
+                f"subclass of `torch.Tensor`, as argument {index}: a cached submodule is "
+                "keyed by the content of the tensors it is handed, not by their class or "
+                "what else they carry, and its answer is kept as plain tensors. Hand it a "
+                "plain tensor (`x.as_subclass(torch.Tensor)`), or drop it from `cached=`"
+            )
+    # A frozen parameter handed on (`self.decoder(self.queries)`) is keyed and handed as
+    # its values, as the codec weighs and writes plain tensors only.
+    args = tuple(a.detach() if isinstance(a, nn.Parameter) else a for a in args)
     # Asked here too, since under torch.compile the wrapped forward's own look is compiled
     # away: a declared submodule replaced on the model is refused before it is keyed.
     self.owner._follow()

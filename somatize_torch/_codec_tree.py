@@ -42,8 +42,25 @@ def _is_tensor(value: Any) -> bool:
 
 def _unwritable(value: torch.Tensor) -> str | None:
     """What ``value`` is, when it is a tensor the codec does not write; None when it does.
-    A meta tensor has no bytes, a nested one no single shape, and a dimension past 2**48
-    is one the header's reader takes for damage."""
+    A tensor of another class than ``torch.Tensor`` would come back as a plain one: a
+    Parameter without requires_grad, a subclass without its class and the state it
+    carries (torchvision's ``BoundingBoxes`` its format and canvas size), which no
+    reader can rebuild without running the class's code. A meta tensor has no bytes, a
+    nested one no single shape, and a dimension past 2**48 is one the header's reader
+    takes for damage."""
+    kind = type(value)
+    if kind is not torch.Tensor:
+        if issubclass(kind, torch.nn.Parameter):
+            named = "torch.nn.Parameter" if kind is torch.nn.Parameter else _kind_name(kind)
+            return (
+                f"a `{named}`, which would come back as a plain tensor that does "
+                "not require grad: hand its values, `p.detach()`"
+            )
+        return (
+            f"a `{_kind_name(kind)}`, a subclass of `torch.Tensor` that would come back as a "
+            "plain tensor, without its class and what it carries: hand a plain one, "
+            "`x.as_subclass(torch.Tensor)`, and what else it carries beside it"
+        )
     if value.is_nested:
         return f"a nested {value.dtype} tensor"
     if value.layout is not torch.strided or value.dtype not in DTYPES or value.is_quantized:

@@ -53,6 +53,13 @@ def _compute(
             "per input row (batch along dimension 0). Cache it per batch instead "
             "(`somatize.torch.wrap(module, frozen=True, cached=True)`)"
         )
+    if type(out) is not torch.Tensor:
+        raise NotRowwise(
+            f"`{type(module).__name__}` returned a `{type(out).__qualname__}`, a subclass of "
+            "`torch.Tensor`: rows are kept and gathered as plain tensors, so a row recalled "
+            "would come back without its class and what it carries. Return a plain one "
+            "(`out.as_subclass(torch.Tensor)`; `out.detach()` for a parameter)"
+        )
     if out.layout != torch.strided:
         raise NotRowwise(
             f"`{type(module).__name__}` returned a {out.layout} tensor: rows are kept and "

@@ -22,9 +22,10 @@ A namedtuple comes back as its own class, found by its module and qualified name
 among the modules already loaded, never imported: one defined inside a function
 is refused, and one whose class is not loaded (or has other fields) where the
 answer is read is :class:`~somatize.codecs.Unreadable`, an answer the engine computes again (an
-``unreadable`` fact). Every other type — a subclass of list or dict, a number beside a tensor
-— is refused rather than written as something else: what is recalled is what was
-computed, kind and order included. :meth:`TensorCodec.refusal` says which item
+``unreadable`` fact). Every other type — a subclass of list or dict, a number beside a tensor,
+a tensor subclass or an ``nn.Parameter`` (a plain tensor is what would come back) — is
+refused rather than written as something else: what is recalled is what was computed,
+kind and order included. :meth:`TensorCodec.refusal` says which item
 of a value is the one refused. Every dtype of :data:`somatize_torch.digest.DTYPES`
 round-trips (all of whole bytes: bf16, fp16, the float8s, int8, bool, the complex ones
 included); :meth:`~TensorCodec.encode` of any other is a ``CodecError`` naming it. A
@@ -247,7 +248,12 @@ class TensorCodec(Codec):
         # The shape with dicts in sorted order: equal content, equal digest, whatever
         # order a dict was filled in.
         leaves: list[torch.Tensor] = []
-        shape = _shape(value, leaves, "", 0, ordered=False)
+        try:
+            shape = _shape(value, leaves, "", 0, ordered=False)
+        except _Refused:
+            raise CodecError(
+                f"the `tensor` codec does not weigh this value: {self.refusal(value)}"
+            ) from None
         described = json.dumps(shape, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
         return digest_named({str(i): t for i, t in enumerate(leaves)}, f"tree:{described}")
 

@@ -271,8 +271,11 @@ class ModuleNode(Node):
         return digest
 
     def state_bytes(self) -> bytes:
-        """The module's parameters and buffers by name, as ``tensor`` codec bytes."""
-        return b"".join(TENSOR.encode(_state_tensors(self.module)))
+        """The module's parameters and buffers by name, as ``tensor`` codec bytes: their
+        values, detached (the codec writes plain tensors, and :meth:`load_state` copies
+        values into the module's own parameters)."""
+        state = {name: t.detach() for name, t in _state_tensors(self.module).items()}
+        return b"".join(TENSOR.encode(state))
 
     def load_state(self, data: memoryview) -> str:
         """Copies the tensors :meth:`state_bytes` wrote into this node's module (rebuilt

@@ -750,3 +750,51 @@ def test_a_tensor_the_codec_cannot_read_back_is_refused_when_written(
         smt.TENSOR.encode(value)
     with pytest.raises(CodecError, match=rf"item \[1\] is .*{said}"):
         smt.TENSOR.encode((torch.ones(1), value))
+
+
+class Boxes(torch.Tensor):
+    """A tensor subclass, as torchvision's ``tv_tensors.BoundingBoxes`` is one."""
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (
+            lambda: torch.ones(2, 4).as_subclass(Boxes),
+            r"`[\w.]*Boxes`.*as_subclass\(torch\.Tensor\)",
+        ),
+        (lambda: nn.Parameter(torch.ones(2)), r"`torch\.nn\.Parameter`.*\.detach\(\)"),
+    ],
+    ids=["subclass", "parameter"],
+)
+def test_a_tensor_of_another_class_is_refused_saying_what_to_hand_instead(
+    make: Callable[[], torch.Tensor], said: str
+) -> None:
+    """A tensor subclass or a Parameter, which would come back as a plain tensor (its class,
+    attributes and requires_grad lost), is refused by item, saying how to make it one."""
+    value = make()
+    assert not smt.TENSOR.accepts(value)
+    assert not smt.TENSOR.accepts({"x": value})
+    with pytest.raises(CodecError, match=said):
+        smt.TENSOR.encode(value)
+    with pytest.raises(CodecError, match=rf"item \[1\] is .*{said}"):
+        smt.TENSOR.encode((torch.ones(1), value))
+    with pytest.raises(CodecError, match=said):
+        Opaque(value)
+
+
+class AsBoxes(Node):
+    """Answers its input doubled, as a `Boxes`."""
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return (x * 2).as_subclass(Boxes)
+
+
+def test_a_node_answering_a_tensor_subclass_is_refused_when_kept(store: Store) -> None:
+    """A node whose answer is a tensor subclass is refused, naming the node and the class,
+    rather than recalled as a plain tensor; without a store it answers as it computed."""
+    graph = Graph.somatize(AsBoxes().named("boxes").frozen().cached())
+    x = torch.ones(3)
+    with pytest.raises(CodecError, match=r"the answer of `boxes` is a `[\w.]*Boxes`.*as_subclass"):
+        graph.forward(Opaque(x), store=store)
+    assert type(graph.forward(Opaque(x))) is Boxes

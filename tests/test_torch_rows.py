@@ -729,6 +729,25 @@ class Quantized(nn.Module):
         return torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
 
 
+class Boxes(torch.Tensor):
+    """A tensor subclass, as torchvision's ``tv_tensors.BoundingBoxes`` is one."""
+
+
+class AsBoxes(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).as_subclass(Boxes)
+
+
+def test_rows_of_a_tensor_subclass_are_refused(store: Store) -> None:
+    """A module answering a tensor subclass is refused when it runs: its rows, kept and
+    gathered as plain tensors, would come back without their class."""
+    boxes = cache_rows(AsBoxes(), store)
+    with pytest.raises(NotRowwise, match=r"returned a `Boxes`.*as_subclass\(torch\.Tensor\)"):
+        boxes(torch.randn(2, 4))
+    assert boxes.tiers[0].rows == 0
+    boxes.close()
+
+
 class Sparse(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.to_sparse()

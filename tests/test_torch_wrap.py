@@ -521,6 +521,56 @@ def test_an_answer_that_cannot_come_back_as_it_is_is_refused(
         wrapped(torch.randn(3, 4))
 
 
+class Boxes(torch.Tensor):
+    """A tensor subclass, as torchvision's ``tv_tensors.BoundingBoxes`` is one."""
+
+
+class Queries(nn.Module):
+    """Hands a frozen parameter of its own to the encoder (as DETR hands its queries)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Encoder()
+        self.queries = nn.Parameter(torch.randn(4, 6), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(self.queries) + x
+
+
+def test_a_frozen_parameter_handed_to_a_cached_module_is_keyed_by_its_values(
+    store: Store,
+) -> None:
+    """A frozen parameter handed to a cached module is weighed and handed on as its values,
+    and the answer is recalled; a tensor subclass is refused, saying what to hand."""
+    torch.manual_seed(0)
+    wrapped = smt.wrap(Queries(), frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(4, 5)
+    computed, recalled = wrapped(x), wrapped(x)
+    assert torch.equal(computed, recalled)
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 1}
+    boxed = smt.wrap(Returns(nn.Linear(5, 5)), frozen=True, cached=True, store=store)
+    smt.freeze(boxed)
+    with pytest.raises(TypeError, match=r"with a `Boxes`.*as_subclass\(torch\.Tensor\)"):
+        boxed(x.as_subclass(Boxes))
+
+
+def test_an_answer_of_a_tensor_subclass_is_refused(store: Store) -> None:
+    """A cached module answering a tensor subclass is refused when its answer is kept,
+    naming the class, rather than recalled as a plain tensor."""
+    wrapped = smt.wrap(Returns(AsBoxes()), frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    with pytest.raises(CodecError, match=r"cannot be kept: it is a `[\w.]*Boxes`, a subclass"):
+        wrapped(torch.randn(3, 4))
+
+
+class AsBoxes(nn.Module):
+    """Answers its input doubled, as a `Boxes`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).as_subclass(Boxes)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_an_answer_is_on_the_device_of_the_input_computed_or_recalled(store: Store) -> None:
     """An answer is put on the device of the call's first input, computed or recalled
