@@ -303,7 +303,9 @@ class Found:
         hold on eval (unless it was held when found) in the mode it would be in without the
         cache — the mode it was found in, part by part, or, if another was asked of it
         meanwhile (``self.encoder.eval()`` in a hook), that one, as ``.train(mode)`` would
-        have put it — and, with ``grads``, each parameter requiring grad as when found."""
+        have put it — and, with ``grads``, each parameter requiring grad as when found. The
+        cache is told (:meth:`CachedRows.hand_back`), so that, called on its own from here,
+        it holds the module frozen only while the call runs."""
         module = self.module
         if not self.held:
             mode = cached.training  # what was asked of it while it was held in eval
@@ -317,6 +319,7 @@ class Found:
         for parent, attribute in self.places:
             if parent._modules.get(attribute) is cached:
                 setattr(parent, attribute, module)
+        cached.hand_back()
 
 
 def let_go(cached: CachedRows, aheads: weakref.WeakSet[Ahead[Any]]) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -146,6 +147,26 @@ def hold(module: nn.Module) -> None:
     nn.Module.train(module, False)
     if not is_held(module):
         object.__setattr__(module, "train", _HeldInEval(module))
+
+
+@contextlib.contextmanager
+def held_while(module: nn.Module) -> Iterator[None]:
+    """:func:`hold` for the duration of a ``with`` block only: ``module`` is frozen while
+    the block runs, then left as it was found — each part in its mode, each parameter
+    requiring grad or not, held in eval only if it was."""
+    held = is_held(module)
+    modes = [(part, part.training) for part in module.modules()]
+    grads = [(parameter, parameter.requires_grad) for parameter in module.parameters()]
+    hold(module)
+    try:
+        yield
+    finally:
+        if not held:
+            release(module, modes[0][1])
+        for part, training in modes:
+            part.training = training
+        for parameter, required in grads:
+            parameter.requires_grad_(required)
 
 
 def check_still(name: str, module: nn.Module) -> None:

@@ -29,7 +29,8 @@ Why it is shaped this way:
   trainer hands back is the plain model — traced, exported, saved or fitted again
   without the callback as if it had never been cached. The callback keeps its
   caches, and a later stage of the same model puts them back in place, memory tiers
-  and all.
+  and all; called on its own meanwhile, a cache holds its module frozen only for the
+  call, and leaves it as it was.
 - **Every stage uses it**: train, validation, test and predict run the same
   cached module. Shuffling does not defeat it (rows, not batches, are keys);
   random augmentations do, since each epoch's inputs differ — the callback sees
@@ -224,7 +225,10 @@ class CacheFrozen(Callback):
     def cached(self) -> dict[str, CachedRows]:
         """The cached modules by name, once ``setup`` has made them: in the model while a
         stage runs, and kept by the callback between stages (the model holds its plain
-        modules then)."""
+        modules then). Called between stages, a cache answers as its module frozen in eval
+        would, as the module is at that call, and leaves the plain module as it was (mode,
+        ``requires_grad``): it holds it frozen for the call only
+        (:meth:`CachedRows.hand_back`)."""
         return dict(self._cached)
 
     @property

@@ -56,6 +56,7 @@ into the same store, with memory tiers of its own. Rows computed under
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import threading
@@ -91,7 +92,7 @@ from somatize_torch._row_stats import _COUNTED, RowStats, _reset_stats, _stats_o
 from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import RowsLater
-from somatize_torch.freeze import ModuleNode, Unfrozen, freeze, hold
+from somatize_torch.freeze import ModuleNode, Unfrozen, freeze, held_while, hold
 from somatize_torch.residency import Tier
 from somatize_torch.wrap import STATE_DICT_HOOKS
 from somatize_torch.writer import Writer, store_lock
@@ -188,6 +189,8 @@ class CachedRows(nn.Module):
         # True it has put the module back uncached, and the forward answers with the
         # module itself instead of refusing it (`Unfrozen`). ``CacheFrozen`` sets it.
         self.when_unfrozen: Callable[[CachedRows], bool] | None = None
+        # Whether the module is its model's again (see `hand_back`), until `freeze_again`.
+        self._handed_back = False
         self.named_ahead = 0  # batches named ahead, and how many of them a forward used
         self.used_ahead = 0
         self.last_input: weakref.ref[torch.Tensor] | None = None
@@ -231,7 +234,8 @@ class CachedRows(nn.Module):
     @property
     def state(self) -> str:
         """The digest of the module's weights and buffers its keys are built on."""
-        _settle(self)
+        with self._frozen_for_call():
+            _settle(self)
         return self._state
 
     def redeclare(self, *, digest: bool = True) -> bool:
@@ -244,8 +248,9 @@ class CachedRows(nn.Module):
         are keyed anew from the next forward, and nothing kept under the old values is
         recalled for them. Returns whether one changed. ``CacheFrozen`` calls it at the
         first batch of every stage's epoch."""
-        settled = _settle(self, again=digest, thorough=True)
-        return _redeclared(self) if settled is None else settled
+        with self._frozen_for_call():
+            settled = _settle(self, again=digest, thorough=True)
+            return _redeclared(self) if settled is None else settled
 
     # -- keys
 
@@ -271,8 +276,9 @@ class CachedRows(nn.Module):
         self, x: torch.Tensor | DeferredRows, index: torch.Tensor | None = None
     ) -> list[str]:
         """The store key of each row of ``x`` as this module, in its precision now, answers it."""
-        keying = _keying(self, x)
-        return [keying.key(row) for row in _row_ids(self, x, index)]
+        with self._frozen_for_call():
+            keying = _keying(self, x)
+            return [keying.key(row) for row in _row_ids(self, x, index)]
 
     # -- forward
 
@@ -289,7 +295,8 @@ class CachedRows(nn.Module):
         one the module would take, and is refused as every other argument is."""
         _check_call(self, x, beside, index, more)
         try:
-            out: torch.Tensor = _remember(self, x, index)
+            with self._frozen_for_call():
+                out: torch.Tensor = _remember(self, x, index)
         except Unfrozen:
             handler = self.when_unfrozen
             if handler is None or not handler(self):
@@ -336,6 +343,30 @@ class CachedRows(nn.Module):
         self.training = self.module.training
         hold(self.module)
         self._watch = None
+        self._handed_back = False
+
+    def hand_back(self) -> None:
+        """Says that the module is its model's again: put back in place of this cache as it
+        was (``CacheFrozen`` does so when a stage ends), not held in eval, perhaps in train
+        mode and requiring grad. Until :meth:`freeze_again`, a call of this cache still
+        answers as the frozen module in eval would, its state as it is now, but holds it
+        so only while the call runs, and leaves it as it found it: mode, hold and
+        ``requires_grad``."""
+        self._handed_back = True
+
+    @contextlib.contextmanager
+    def _frozen_for_call(self) -> Iterator[None]:
+        """Nothing to do while the cache holds its module. Once it is handed back, the
+        module is held frozen for the call only (:func:`~somatize_torch.freeze.held_while`)
+        and looked at whole first, as at a stage's first batch (:meth:`redeclare`): between
+        calls it is its model's, which may have trained it, written its weights through
+        ``p.data`` or with a fused optimizer, or changed a setting it reads."""
+        if not self._handed_back:
+            yield
+            return
+        with held_while(self.module):
+            _settle(self, again=True, thorough=True)
+            yield
 
     def flush(self) -> None:
         """Waits until every computed row is in the store; :class:`WriteFailed` if some

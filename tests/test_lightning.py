@@ -576,6 +576,47 @@ def test_each_stage_hands_back_the_plain_model(tmp_path: Path) -> None:
     assert type(failing.encoder) is Encoder and not is_held(failing.encoder)
 
 
+def test_the_cache_used_between_stages_leaves_the_plain_module_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """Called on its own between stages, a kept cache answers as the frozen module in eval
+    (its weights as they are now) and leaves the plain module in the model as it was: in
+    train mode, requiring grad, not held in eval, in this stage and a later one."""
+    model = Trained()
+    callback = CacheFrozen(None, ["encoder"])
+    with pytest.warns(FrozeTrainable):
+        trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader())
+    cached, encoder, x = callback.cached["encoder"], model.encoder, data()[0][:8]
+
+    def plain_answer() -> torch.Tensor:
+        with torch.no_grad():
+            answer: torch.Tensor = encoder.eval()(x)
+        encoder.train()
+        return answer
+
+    def as_it_was() -> bool:
+        return (
+            not is_held(encoder)
+            and all(p.requires_grad for p in encoder.parameters())
+            and all(part.training for part in encoder.modules())
+        )
+
+    assert torch.equal(cached(x), plain_answer()) and as_it_was()
+    assert cached.reset_stats().recalled == 8  # kept by the fit
+    with torch.no_grad():
+        encoder.conv.weight.data.mul_(2)  # it trained meanwhile, written behind torch's back
+    assert torch.equal(cached(x), plain_answer()) and as_it_was()
+    encoder.gain = 3.0
+    assert torch.equal(cached(x), plain_answer()) and as_it_was()
+    assert cached.stats.computed == 16 and cached.state and as_it_was()
+
+    trainer(tmp_path, 1, callbacks=[callback]).test(model, loader(), verbose=False)
+    assert model.encoder is encoder and as_it_was()
+    model.eval()
+    cached(x)
+    assert not any(part.training for part in encoder.modules()) and not is_held(encoder)
+
+
 def test_one_callback_keeps_its_cache_from_stage_to_stage(tmp_path: Path) -> None:
     """Fit, test and fit again with one callback and no store: each stage puts the same
     cache in place, its memory tiers still holding the rows, and hands the model back."""
