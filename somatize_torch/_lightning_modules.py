@@ -68,6 +68,7 @@ __all__ = [
     "freeze_first",
     "let_go",
     "locate",
+    "own_cache_put_back",
     "places_of",
     "put_back_all",
     "uncache",
@@ -140,6 +141,20 @@ def cached_elsewhere(name: str) -> CacheFrozenError:
         "or those unused. Cache it in one place only: name it to one callback, or put the "
         f"module itself back in place of its cache before fitting (`model.{name} = "
         f"model.{name}.module`)"
+    )
+
+
+def own_cache_put_back(name: str, ours: str) -> CacheFrozenError:
+    """The refusal of submodule ``name``, found holding the callback's own cache of
+    ``ours``, put in the model by hand after a stage handed the plain module back."""
+    return CacheFrozenError(
+        f"`{name}` holds this callback's own cache of `{ours}` (`callback.cached"
+        f"['{ours}']`), put in the model after a stage handed the plain module back. The "
+        "callback puts its cache in place itself when a stage starts and hands the module "
+        "back when it ends, so between stages the model holds the module itself: put it "
+        f"back there (`model.{name} = model.{name}.module`), and the next stage caches it "
+        "with this same cache, memory tiers and all. Called on its own, the cache answers "
+        "without being in the model"
     )
 
 

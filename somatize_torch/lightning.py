@@ -122,6 +122,7 @@ from somatize_torch._lightning_modules import (
     check_trainable,
     find,
     freeze_first,
+    own_cache_put_back,
     put_back_all,
     uncache,
 )
@@ -277,8 +278,10 @@ class CacheFrozen(Callback):
             if isinstance(found, CachedRows):
                 # Ours if still in place (a stage that ended without its teardown).
                 ours = next((n for n, c in self._cached.items() if c is found), None)
-                if ours is None or found.when_unfrozen != self._unfrozen:
+                if ours is None:
                     raise cached_elsewhere(name)
+                if found.when_unfrozen != self._unfrozen:
+                    raise own_cache_put_back(name, ours)  # by hand, between stages
                 if ours != name:
                     self._aliases[name] = ours
                 continue

@@ -649,6 +649,20 @@ def test_a_second_callback_caches_with_its_own_options(tmp_path: Path) -> None:
         third.fit(model, loader())
 
 
+def test_the_callbacks_own_cache_put_back_in_the_model_is_refused_saying_so(
+    tmp_path: Path,
+) -> None:
+    """The callback's own cache, put in the model by hand between stages, is refused as
+    this callback's, saying to put the module itself there."""
+    model, callback = Probe(), CacheFrozen(None, ["encoder"])
+    trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader())
+    model.encoder = callback.cached["encoder"]  # type: ignore[assignment]
+    with pytest.raises(
+        CacheFrozenError, match=r"own cache .*\(`model.encoder = model.encoder.module`\)"
+    ):
+        trainer(tmp_path, 1, callbacks=[callback]).test(model, loader(), verbose=False)
+
+
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_mixed_precision_is_cached_and_keyed_apart(tmp_path: Path, precision: str) -> None:
     """Under mixed precision epoch 2 recalls every row, and a full-precision fit on the
