@@ -46,7 +46,8 @@ class CompiledSubmodule(CacheFrozenError, TypeError):
 
 
 class NeverHits(SomatizeWarning):
-    """A training epoch after the first recalled no row: its inputs differ every epoch."""
+    """A training epoch after the first recalled no row: its inputs differ every epoch, or
+    the module changed since the epoch before kept its rows."""
 
 
 class Uncached(SomatizeWarning):

@@ -147,11 +147,13 @@ def log_epoch(
             )
 
 
-def never_hit(trainer: pl.Trainer, records: list[EpochStats]) -> str | None:
+def never_hit(trainer: pl.Trainer, records: list[EpochStats], changed: set[str]) -> str | None:
     """What to warn of (:class:`~somatize_torch.lightning.NeverHits`) when the training
     epoch just ended, ``records``, recalled none of the rows of a module after an epoch
     that computed and kept them; None otherwise, and when the epochs run over part of the
-    data (``limit_train_batches``), which two epochs may share no sample of."""
+    data (``limit_train_batches``), which two epochs may share no sample of. A module in
+    ``changed`` had its rows keyed anew since the epoch before ended (its weights or a
+    setting changed): that, not its inputs, is why it recalled nothing."""
     limit = trainer.limit_train_batches
     whole = limit is None or (isinstance(limit, float) and limit >= 1.0)
     if not whole:
@@ -159,12 +161,30 @@ def never_hit(trainer: pl.Trainer, records: list[EpochStats]) -> str | None:
     never = [e.module for e in records if e.rows.rows and e.rows.recalled == 0 and e.rows.computed]
     if not never:
         return None
-    return (
+    said = (
         f"training epoch {trainer.current_epoch} recalled none of the rows of "
-        f"{', '.join(f'`{n}`' for n in never)} from the cache, after an epoch "
-        "that computed and kept them: its inputs differ every epoch — most likely "
-        "a random augmentation (a random crop, flip or noise in the Dataset or "
-        "its transform) — so every row is new and caching only costs time. Move "
-        "the augmentation after the cached module, cache the encoder on the "
-        "un-augmented input, or drop the callback"
+        f"{_listed(never)} from the cache, after an epoch that computed and kept them: "
     )
+    reasons: list[str] = []
+    moved = [n for n in never if n in changed]
+    if moved:
+        reasons.append(
+            f"{_listed(moved)} changed since its rows were kept (its weights, buffers or a "
+            "setting it reads: new weights loaded at an epoch's start, say), so each row "
+            "was keyed anew and computed again, as it must be. A module that changes "
+            "every epoch gains nothing from caching: name only what stays frozen"
+        )
+    same = [n for n in never if n not in changed]
+    if same:
+        reasons.append(
+            f"the inputs of {_listed(same)} differ every epoch — most likely a random "
+            "augmentation (a random crop, flip or noise in the Dataset or its transform) — "
+            "so every row is new and caching only costs time. Move the augmentation after "
+            "the cached module, cache the encoder on the un-augmented input, or drop the "
+            "callback"
+        )
+    return said + "; ".join(reasons)
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)

@@ -225,6 +225,7 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
         self._state = state
         self._node._smz.state = state
         self._keyings.clear()
+        self.keyed_anew += 1
         return True
     # The same weights and buffers; what the watch saw may still be a part replaced
     # whose repr, settings or hooks are in the declaration, so that is said again too
@@ -238,6 +239,8 @@ def _redeclared(self: CachedRows) -> bool:
     stale = [tag for tag, keying in self._keyings.items() if _prefix(self, tag) != keying.prefix]
     for tag in stale:
         del self._keyings[tag]
+    if stale:
+        self.keyed_anew += 1
     return bool(stale)
 
 

@@ -215,6 +215,9 @@ class CacheFrozen(Callback):
         self._train_parts: dict[str, RowStats] = {}
         self._train_epochs = 0
         self._warned = False
+        self._keyed_anew: dict[
+            str, int
+        ] = {}  # each cache's count when the last training epoch ended
         self._prefills: list[PrefillJob] = []
         self._looked = True  # whether the stage under way looked at the modules again
         self._stage: tuple[Stage, int] = ("train", 0)  # what rows are keyed as: stage, loader
@@ -464,8 +467,11 @@ class CacheFrozen(Callback):
         self._train_parts = {}
         log_epoch(pl_module, trainer, "train", self._last("train"))
         self._train_epochs += 1
+        keyed = {name: cached.keyed_anew for name, cached in self._cached.items()}
+        changed = {n for n, count in keyed.items() if self._keyed_anew.get(n, count) != count}
+        self._keyed_anew = keyed
         if self._train_epochs >= 2 and not self._warned:
-            never = never_hit(trainer, self._last("train"))
+            never = never_hit(trainer, self._last("train"), changed)
             if never is not None:
                 self._warned = True
                 warnings.warn(never, NeverHits, stacklevel=2)

@@ -173,6 +173,10 @@ class CachedRows(nn.Module):
         self._writer = Writer(store, self._fingerprint) if store is not None else None
         self._lock = store_lock(store) if store is not None else None
         self._drift_warned = False
+        # How many times rows were keyed anew since the module was cached: its state or its
+        # declaration changed (weights loaded, a setting written), so no row kept before
+        # is recalled after.
+        self.keyed_anew = 0
         self._counts = dict.fromkeys(_COUNTED, 0.0)
         self._kept_base = (0, 0, 0)
         # Batches whose rows were named ahead of their forward (see `name_ahead`), by id.

@@ -690,6 +690,25 @@ def test_random_augmentation_warns_once(tmp_path: Path) -> None:
     assert [e.hit_rate for e in epochs(callback, "train")] == [0.0] * 4
 
 
+class Reloaded(Probe):
+    """Writes new encoder weights at the second epoch's start (a checkpoint loaded, say)."""
+
+    def on_train_epoch_start(self) -> None:
+        if self.current_epoch == 1:
+            with torch.no_grad():
+                self.encoder.conv.weight.mul_(2)
+
+
+def test_an_epoch_that_misses_after_a_state_change_warns_of_the_change(tmp_path: Path) -> None:
+    """An epoch that recalls nothing because the module's weights changed at its start
+    warns that the module changed, not of a random augmentation."""
+    callback = CacheFrozen(None, ["encoder"])
+    with pytest.warns(NeverHits, match="`encoder` changed since its rows were kept") as seen:
+        trainer(tmp_path, 2, callbacks=[callback]).fit(Reloaded(), loader())
+    assert not [w for w in seen if "random augmentation" in str(w.message)]
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 0.0]
+
+
 def test_no_warning_when_epochs_repeat(tmp_path: Path) -> None:
     """Clean inputs hit from epoch 2 on, and nothing warns."""
     callback = CacheFrozen(None, ["encoder"])
