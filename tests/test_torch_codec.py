@@ -726,32 +726,6 @@ def test_rows_are_digested_in_a_forked_child(row_path: str) -> None:
     assert in_forked_child(_digest_in_child) is True
 
 
-@pytest.mark.parametrize(
-    ("make", "said"),
-    [
-        (lambda: torch.empty(3, device="meta"), "meta device"),
-        (
-            lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
-            "nested",
-        ),
-        (lambda: torch.empty(2**50, 0), "past 2\\*\\*48"),
-    ],
-)
-def test_a_tensor_the_codec_cannot_read_back_is_refused_when_written(
-    make: Callable[[], torch.Tensor], said: str
-) -> None:
-    """A meta tensor, a nested one and one with a dimension past 2**48 are not accepted, and
-    writing one is a CodecError saying what it is — where a meta or nested tensor failed
-    inside torch, and a huge empty one was written and then read back as damaged."""
-    value = make()
-    assert not smt.TENSOR.accepts(value)
-    assert not smt.TENSOR.accepts({"x": value})
-    with pytest.raises(CodecError, match=said):
-        smt.TENSOR.encode(value)
-    with pytest.raises(CodecError, match=rf"item \[1\] is .*{said}"):
-        smt.TENSOR.encode((torch.ones(1), value))
-
-
 class Boxes(torch.Tensor):
     """A tensor subclass, as torchvision's ``tv_tensors.BoundingBoxes`` is one."""
 
@@ -759,19 +733,26 @@ class Boxes(torch.Tensor):
 @pytest.mark.parametrize(
     ("make", "said"),
     [
+        (lambda: torch.empty(3, device="meta"), "meta device"),
+        (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "nested"),
+        (lambda: torch.empty(2**50, 0), "past 2\\*\\*48"),
         (
             lambda: torch.ones(2, 4).as_subclass(Boxes),
             r"`[\w.]*Boxes`.*as_subclass\(torch\.Tensor\)",
         ),
         (lambda: nn.Parameter(torch.ones(2)), r"`torch\.nn\.Parameter`.*\.detach\(\)"),
     ],
-    ids=["subclass", "parameter"],
+    ids=["meta", "nested", "huge", "subclass", "parameter"],
 )
-def test_a_tensor_of_another_class_is_refused_saying_what_to_hand_instead(
+def test_a_tensor_the_codec_cannot_give_back_as_it_was_is_refused_saying_what_it_is(
     make: Callable[[], torch.Tensor], said: str
 ) -> None:
-    """A tensor subclass or a Parameter, which would come back as a plain tensor (its class,
-    attributes and requires_grad lost), is refused by item, saying how to make it one."""
+    """A meta tensor, a nested one, one with a dimension past 2**48, a tensor subclass and a
+    Parameter are not accepted, and writing one (alone, as an item, as ``Opaque``) is a
+    CodecError saying what it is and, for a subclass or a Parameter, how to make it a plain
+    tensor — where a meta or nested tensor failed inside torch, a huge empty one was read
+    back as damaged, and a subclass or Parameter came back a plain tensor (its class,
+    attributes and requires_grad lost)."""
     value = make()
     assert not smt.TENSOR.accepts(value)
     assert not smt.TENSOR.accepts({"x": value})
