@@ -53,7 +53,7 @@ from somatize_torch._lightning_errors import (
     Uncached,
 )
 from somatize_torch.ahead import Ahead
-from somatize_torch.freeze import few, is_held, release
+from somatize_torch.freeze import AsFound, few
 from somatize_torch.rows import CachedRows, cache_rows
 
 if TYPE_CHECKING:
@@ -288,25 +288,17 @@ def places_of(root: nn.Module, module: nn.Module) -> list[tuple[nn.Module, str]]
 @dataclass
 class Found:
     """A named submodule as ``setup()`` found it: every place it sits in the LightningModule
-    (:func:`places_of`), whether it was held in eval already, the mode of each of its parts
-    and whether each of its parameters required grad — what it is put back as."""
+    (:func:`places_of`), and how it was frozen or not (:class:`AsFound`) — what it is put
+    back as."""
 
     module: nn.Module
     places: list[tuple[nn.Module, str]]
-    held: bool
-    modes: list[tuple[nn.Module, bool]]
-    grads: list[tuple[nn.Parameter, bool]]
+    as_found: AsFound
 
     @classmethod
     def at(cls, pl_module: nn.Module, module: nn.Module) -> Found:
         """``module`` as it is now, in ``pl_module``: taken before it is cached (frozen)."""
-        return cls(
-            module,
-            places_of(pl_module, module),
-            is_held(module),
-            [(part, part.training) for part in module.modules()],
-            [(p, p.requires_grad) for p in module.parameters()],
-        )
+        return cls(module, places_of(pl_module, module), AsFound.take(module))
 
     def install(self, cached: CachedRows) -> None:
         """Puts ``cached`` in every place the module sits."""
@@ -314,26 +306,16 @@ class Found:
             setattr(parent, attribute, cached)
 
     def put_back(self, cached: CachedRows, *, grads: bool) -> None:
-        """Puts the module back in every place ``cached`` still holds: released from its
-        hold on eval (unless it was held when found) in the mode it would be in without the
-        cache — the mode it was found in, part by part, or, if another was asked of it
-        meanwhile (``self.encoder.eval()`` in a hook), that one, as ``.train(mode)`` would
-        have put it — and, with ``grads``, each parameter requiring grad as when found. The
-        cache is told (:meth:`CachedRows.hand_back`), so that, called on its own from here,
-        it holds the module frozen only while the call runs."""
-        module = self.module
-        if not self.held:
-            mode = cached.training  # what was asked of it while it was held in eval
-            release(module, mode)
-            if mode == self.modes[0][1]:
-                for part, training in self.modes:
-                    part.training = training
-        if grads:
-            for parameter, required in self.grads:
-                parameter.requires_grad_(required)
+        """Puts the module back in every place ``cached`` still holds, as it was found — in
+        the mode it would be in without the cache: the one asked of it while it was held
+        (``self.encoder.eval()`` in a hook) — and, with ``grads``, each parameter
+        requiring grad as when found. The cache is told (:meth:`CachedRows.hand_back`), so
+        that, called on its own from here, it holds the module frozen only while the call
+        runs."""
+        self.as_found.put_back(cached.training, grads=grads)
         for parent, attribute in self.places:
             if parent._modules.get(attribute) is cached:
-                setattr(parent, attribute, module)
+                setattr(parent, attribute, self.module)
         cached.hand_back()
 
 

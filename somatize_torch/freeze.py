@@ -37,6 +37,7 @@ Its key is the key an instance-made node of the same module and weights has.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -149,24 +150,54 @@ def hold(module: nn.Module) -> None:
         object.__setattr__(module, "train", _HeldInEval(module))
 
 
+@dataclasses.dataclass
+class AsFound:
+    """How a module was found before it was frozen, to be put back so: whether it was
+    held in eval already, the mode of each of its parts, and whether each of its
+    parameters required grad."""
+
+    module: nn.Module
+    held: bool
+    modes: list[tuple[nn.Module, bool]]
+    grads: list[tuple[nn.Parameter, bool]]
+
+    @classmethod
+    def take(cls, module: nn.Module) -> AsFound:
+        return cls(
+            module,
+            is_held(module),
+            [(part, part.training) for part in module.modules()],
+            [(parameter, parameter.requires_grad) for parameter in module.parameters()],
+        )
+
+    def put_back(self, mode: bool | None = None, *, grads: bool = True) -> None:
+        """Releases the module from its hold on eval, unless it was held when found, in
+        ``mode`` — the mode it was found in if ``None``. Put in the mode it was found in
+        (or held), its parts get their modes as found, part by part; put in another, they
+        all take it, as ``.train(mode)`` would have put them. With ``grads``, each
+        parameter requires grad as when found."""
+        found = self.modes[0][1]
+        mode = found if mode is None else mode
+        if not self.held:
+            release(self.module, mode)
+        if self.held or mode == found:
+            for part, training in self.modes:
+                part.training = training
+        if grads:
+            for parameter, required in self.grads:
+                parameter.requires_grad_(required)
+
+
 @contextlib.contextmanager
 def held_while(module: nn.Module) -> Iterator[None]:
     """:func:`hold` for the duration of a ``with`` block only: ``module`` is frozen while
-    the block runs, then left as it was found — each part in its mode, each parameter
-    requiring grad or not, held in eval only if it was."""
-    held = is_held(module)
-    modes = [(part, part.training) for part in module.modules()]
-    grads = [(parameter, parameter.requires_grad) for parameter in module.parameters()]
+    the block runs, then left as it was found (:class:`AsFound`)."""
+    found = AsFound.take(module)
     hold(module)
     try:
         yield
     finally:
-        if not held:
-            release(module, modes[0][1])
-        for part, training in modes:
-            part.training = training
-        for parameter, required in grads:
-            parameter.requires_grad_(required)
+        found.put_back()
 
 
 def check_still(name: str, module: nn.Module) -> None:
