@@ -21,12 +21,15 @@ traces a model, :func:`recording`:
   no traced tensor (``torch.rand([])`` is run once and kept as a constant;
   ``torch.rand_like(x)`` is recorded), which a dispatch mode sees whatever called it;
   and a call of Python's ``random`` or NumPy's ``numpy.random`` functions, through
-  the module (``random.random()``). torch's own code that reads the modes as it is
+  the module (``random.random()``), or imported by name into a module a class of the
+  model's is written in (``from random import random``), and a draw from a
+  ``random.Random`` of the model's own. torch's own code that reads the modes as it is
   traced (``torch.utils.checkpoint``) keeps nothing it read in the code, and is let be.
 
-Not seen: a function of ``random`` imported by name before the trace
-(``from random import random``), and a generator of the model's own
-(``random.Random(0)``). Watching those would mean watching every thread's draws.
+Not seen: a function of ``random`` imported by name into another module (a helper the
+forward calls), and a NumPy generator of the model's own (``np.random.default_rng()``,
+whose methods are compiled and cannot be replaced). Watching those would mean
+watching every call the trace makes.
 
 While a model is traced, the modes are recorded, not switched. Everything here watches
 the tracing thread only: the functions replaced meanwhile call through to the
@@ -280,9 +283,23 @@ def _left(recorder: _Recorder, original: Callable[..., Any], block: Any, *exc: A
     return False
 
 
-def _replacements() -> list[tuple[Any, str, Callable[..., Any]]]:
-    """Each function replaced while a thread traces: where it lives, its name, and what
-    the tracing thread gets instead."""
+def _homes(model: torch.nn.Module) -> set[Any]:
+    """The modules (Python's) the classes of ``model``'s parts are written in, torch's
+    own left out: where a forward finds a function it imported by name."""
+    homes = set()
+    for part in model.modules():
+        for kind in type(part).__mro__:
+            home = sys.modules.get(kind.__module__)
+            if home is not None and not os.path.abspath(
+                getattr(home, "__file__", "") or ""
+            ).startswith(_TORCH_DIR):
+                homes.add(home)
+    return homes
+
+
+def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., Any]]]:
+    """Each function replaced while a thread traces ``model``: where it lives, its name,
+    and what the tracing thread gets instead."""
     found: list[tuple[Any, str, Callable[..., Any]]] = [
         (torch._C, "_set_grad_enabled", _switch_grad),
         (torch, "is_grad_enabled", _read_grad),
@@ -308,15 +325,43 @@ def _replacements() -> list[tuple[Any, str, Callable[..., Any]]]:
         for name in random.__all__
         if name != "getstate" and getattr(getattr(random, name), "__self__", None) is random._inst
     ]
+    # A generator of the model's own: every draw of a `random.Random` comes to one of
+    # these, looked up on its class as the draw is made.
+    found += [
+        (random.Random, name, _draw(f"random.Random.{name}", "Python's `random`"))
+        for name in ("random", "getrandbits", "seed", "setstate")
+    ]
     numpy_random = sys.modules.get("numpy.random")
+    shared = numpy_random.mtrand._rand if numpy_random is not None else None
     if numpy_random is not None:
-        shared = numpy_random.mtrand._rand
         found += [
             (numpy_random, name, _draw(f"numpy.random.{name}", "NumPy's random generator"))
             for name in dir(numpy_random)
             if name != "get_state" and getattr(getattr(numpy_random, name), "__self__", 0) is shared
         ]
+    # A function of theirs imported by name (`from random import random`) into a module
+    # the model is written in.
+    for home in _homes(model) - {random, numpy_random}:
+        for name, value in list(vars(home).items()):
+            drawn = _drawn_by(value, shared)
+            if drawn is not None:
+                found.append((home, name, _draw(*drawn)))
     return found
+
+
+def _drawn_by(value: Any, shared: Any) -> tuple[str, str] | None:
+    """What ``value`` is named by and draws from, if it is a function of ``random``'s or
+    ``numpy.random``'s that draws (or seeds); None if it is anything else."""
+    try:
+        owner = getattr(value, "__self__", None)
+        name = getattr(value, "__name__", "")
+    except Exception:  # a lazy module's attribute, say: nothing of random's
+        return None
+    if isinstance(owner, random.Random) and name != "getstate":
+        return f"random.{name}", "Python's `random`"
+    if owner is not None and owner is shared and name != "get_state":
+        return f"numpy.random.{name}", "NumPy's random generator"
+    return None
 
 
 def _replaced(original: Callable[..., Any], instead: Callable[..., Any]) -> Callable[..., Any]:
@@ -336,14 +381,14 @@ _installing = threading.RLock()
 
 
 @contextmanager
-def recording(tracer: fx.Tracer) -> Iterator[None]:
-    """While this thread traces a model with ``tracer``: the modes its forward switches
+def recording(tracer: fx.Tracer, model: torch.nn.Module) -> Iterator[None]:
+    """While this thread traces ``model`` with ``tracer``: the modes its forward switches
     recorded into the trace, and what fx would fix refused (:class:`Fixed`)."""
     with _installing:
         replaced: list[tuple[Any, str, Any]] = []
         outer = getattr(_here, "recorder", None)
         try:
-            for owner, name, instead in _replacements():
+            for owner, name, instead in _replacements(model):
                 replaced.append((owner, name, owner.__dict__.get(name, _ABSENT)))
                 setattr(owner, name, _replaced(getattr(owner, name), instead))
             _here.recorder = _Recorder(tracer)

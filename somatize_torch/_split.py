@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import os
+import random
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -85,9 +86,9 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _WRAPPING = frozenset(
     os.path.join(os.path.dirname(__file__), f"{name}.py")
     for name in ("wrap", "_errors", "_parts", "_cached", "_split", "_modes")
-) | {contextlib.__file__}
-"""The files wrapping is written in (and the one its context managers run in): a frame
-of theirs says nothing of where the model's forward stopped."""
+) | {contextlib.__file__, random.__file__}
+"""The files wrapping is written in (and the ones its context managers and a refused
+draw run in): a frame of theirs says nothing of where the model's forward stopped."""
 
 
 def _traced(
@@ -101,7 +102,7 @@ def _traced(
     try:
         for module, _ in modes:
             object.__setattr__(module, "training", training)
-        with recording(tracer):
+        with recording(tracer, model):
             graph = tracer.trace(model)
     except Exception as error:
         frames = [

@@ -7,6 +7,7 @@ import inspect
 import random
 import warnings
 from pathlib import Path
+from random import random as draw_at_random
 from typing import Any
 
 import pytest
@@ -1260,6 +1261,43 @@ class LayerDrop(nn.Module):
         return self.middle(h)
 
 
+class DrawsByName(LayerDrop):
+    """LayerDrop drawing from a function of `random` imported by name."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if self.training and draw_at_random() < 0.5:
+            return h
+        return self.middle(h)
+
+
+class DrawsOwn(LayerDrop):
+    """LayerDrop drawing from a generator of its own, through one of `random`'s methods
+    written in Python (`randint` ends in a C method inside `random`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chooser = random.Random(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if self.training and self.chooser.randint(0, 1):
+            return h
+        return self.middle(h)
+
+
+class SeedsOwn(LayerDrop):
+    """Seeds a generator of its own as it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chooser = random.Random(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.chooser.seed(7)
+        return self.middle(self.encoder(x))
+
+
 class DrawsTorch(nn.Module):
     """Skips its middle layer at random while training, drawing a number from torch."""
 
@@ -1282,8 +1320,14 @@ class DrawsTorch(nn.Module):
         (ReadsAutocast, r"\(`return h\.float\(\) if .*reads `torch\.is_autocast_enabled\(\)`"),
         (LayerDrop, r"\(`if self\.training and random.*Python's `random` \(`random\.random\(\)`"),
         (DrawsTorch, r"\(`if self\.training and torch\.rand.*torch's random number generator"),
+        (
+            DrawsByName,
+            r"\(`if self\.training and draw_at_random.*Python's `random` \(`random\.random\(\)`",
+        ),
+        (DrawsOwn, r"\(`if self\.training and self\.chooser.*\(`random\.Random\.getrandbits\(\)`"),
+        (SeedsOwn, r"\(`self\.chooser\.seed\(7\)`.*seeds Python's `random`"),
     ],
-    ids=["grad-mode", "autocast", "python-random", "torch-random"],
+    ids=["grad-mode", "autocast", "python-random", "torch-random", "by-name", "own", "seeds"],
 )
 def test_a_forward_that_reads_what_fx_would_fix_is_refused(
     model: type[nn.Module], refused: str
