@@ -9,7 +9,8 @@ making it so, in three steps for each frozen torch node:
    with ``g.memory.freeze(name, digest)``, so it enters the node's key (what the
    digest is, and how a change to the state is seen after, is
    :mod:`somatize_torch._state`'s);
-2. ``requires_grad_(False)`` on its parameters;
+2. ``requires_grad_(False)`` on its parameters, and the gradients they kept dropped
+   (an optimizer made before would still move them by momentum);
 3. hold it in ``eval()``: an enclosing module's ``.train()`` leaves it in eval
    mode, so dropout stays off and BatchNorm statistics stay put.
 
@@ -143,8 +144,12 @@ def release(module: nn.Module, mode: bool) -> None:
 
 def hold(module: nn.Module) -> None:
     """Freezes ``module`` in place: no gradients, in eval, and kept in eval whatever
-    ``train()`` is asked of it (parts of it added since included)."""
+    ``train()`` is asked of it (parts of it added since included). Gradients its
+    parameters kept are dropped: an optimizer skips a parameter with none, where a zeroed
+    one (``zero_grad(set_to_none=False)``) would still be moved by momentum."""
     module.requires_grad_(False)
+    for parameter in module.parameters():
+        parameter.grad = None
     nn.Module.train(module, False)
     if not is_held(module):
         object.__setattr__(module, "train", _HeldInEval(module))
@@ -154,12 +159,12 @@ def hold(module: nn.Module) -> None:
 class AsFound:
     """How a module was found before it was frozen, to be put back so: whether it was
     held in eval already, the mode of each of its parts, and whether each of its
-    parameters required grad."""
+    parameters required grad, with the gradient it kept."""
 
     module: nn.Module
     held: bool
     modes: list[tuple[nn.Module, bool]]
-    grads: list[tuple[nn.Parameter, bool]]
+    grads: list[tuple[nn.Parameter, bool, torch.Tensor | None]]
 
     @classmethod
     def take(cls, module: nn.Module) -> AsFound:
@@ -167,15 +172,18 @@ class AsFound:
             module,
             is_held(module),
             [(part, part.training) for part in module.modules()],
-            [(parameter, parameter.requires_grad) for parameter in module.parameters()],
+            [(p, p.requires_grad, p.grad) for p in module.parameters()],
         )
 
-    def put_back(self, mode: bool | None = None, *, grads: bool = True) -> None:
+    def put_back(
+        self, mode: bool | None = None, *, grads: bool = True, gradients: bool = False
+    ) -> None:
         """Releases the module from its hold on eval, unless it was held when found, in
         ``mode`` — the mode it was found in if ``None``. Put in the mode it was found in
         (or held), its parts get their modes as found, part by part; put in another, they
         all take it, as ``.train(mode)`` would have put them. With ``grads``, each
-        parameter requires grad as when found."""
+        parameter requires grad as when found; with ``gradients``, it has the gradient it
+        kept then back."""
         found = self.modes[0][1]
         mode = found if mode is None else mode
         if not self.held:
@@ -184,20 +192,23 @@ class AsFound:
             for part, training in self.modes:
                 part.training = training
         if grads:
-            for parameter, required in self.grads:
+            for parameter, required, _ in self.grads:
                 parameter.requires_grad_(required)
+        if gradients:
+            for parameter, _, gradient in self.grads:
+                parameter.grad = gradient
 
 
 @contextlib.contextmanager
 def held_while(module: nn.Module) -> Iterator[None]:
     """:func:`hold` for the duration of a ``with`` block only: ``module`` is frozen while
-    the block runs, then left as it was found (:class:`AsFound`)."""
+    the block runs, then left as it was found (:class:`AsFound`), its gradients too."""
     found = AsFound.take(module)
     hold(module)
     try:
         yield
     finally:
-        found.put_back()
+        found.put_back(gradients=True)
 
 
 def check_still(name: str, module: nn.Module) -> None:

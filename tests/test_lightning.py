@@ -581,12 +581,16 @@ def test_the_cache_used_between_stages_leaves_the_plain_module_as_it_was(
 ) -> None:
     """Called on its own between stages, a kept cache answers as the frozen module in eval
     (its weights as they are now) and leaves the plain module in the model as it was: in
-    train mode, requiring grad, not held in eval, in this stage and a later one."""
+    train mode, requiring grad, not held in eval, in this stage and a later one; called on
+    its own, it leaves the module the gradients it kept."""
     model = Trained()
     callback = CacheFrozen(None, ["encoder"])
     with pytest.warns(FrozeTrainable):
         trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader())
     cached, encoder, x = callback.cached["encoder"], model.encoder, data()[0][:8]
+    kept = [(p, torch.ones_like(p)) for p in encoder.parameters()]  # gradients it kept
+    for parameter, gradient in kept:
+        parameter.grad = gradient
 
     def plain_answer() -> torch.Tensor:
         with torch.no_grad():
@@ -601,14 +605,17 @@ def test_the_cache_used_between_stages_leaves_the_plain_module_as_it_was(
             and all(part.training for part in encoder.modules())
         )
 
-    assert torch.equal(cached(x), plain_answer()) and as_it_was()
+    def kept_its_gradients() -> bool:
+        return all(p.grad is gradient for p, gradient in kept)
+
+    assert torch.equal(cached(x), plain_answer()) and as_it_was() and kept_its_gradients()
     assert cached.reset_stats().recalled == 8  # kept by the fit
     with torch.no_grad():
         encoder.conv.weight.data.mul_(2)  # it trained meanwhile, written behind torch's back
     assert torch.equal(cached(x), plain_answer()) and as_it_was()
     encoder.gain = 3.0
     assert torch.equal(cached(x), plain_answer()) and as_it_was()
-    assert cached.stats.computed == 16 and cached.state and as_it_was()
+    assert cached.stats.computed == 16 and cached.state and as_it_was() and kept_its_gradients()
 
     trainer(tmp_path, 1, callbacks=[callback]).test(model, loader(), verbose=False)
     assert model.encoder is encoder and as_it_was()

@@ -429,6 +429,28 @@ def test_weights_changed_any_way_are_seen(store: Store) -> None:
     cached.close()
 
 
+def test_an_optimizer_made_before_caching_leaves_the_encoder_still(store: Store) -> None:
+    """An optimizer made while the encoder trained, zeroing gradients rather than dropping
+    them, with momentum: once the encoder is cached (frozen) it no longer moves it, and
+    the second pass over the same rows recalls them all."""
+    encoder, head = nn.Linear(8, 8), nn.Linear(8, 2)
+    optimizer = torch.optim.SGD([*encoder.parameters(), *head.parameters()], lr=0.1, momentum=0.9)
+    x = torch.randn(16, 8)
+
+    def step(through: nn.Module) -> None:
+        head(through(x)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+
+    step(encoder)  # it trained one step: momentum kept, gradients zeroed
+    before = encoder.weight.detach().clone()
+    cached = cache_rows(encoder, store)
+    for _ in range(3):
+        step(cached)
+    assert torch.equal(encoder.weight, before)
+    assert cached.stats.computed == 16 and cached.stats.recalled == 32
+
+
 def test_an_unfrozen_module_is_refused_not_silently_untrained(store: Store) -> None:
     """A cached module whose parameters come to require grad (unfrozen to train it) is
     refused at the next forward: it would run without gradients and never train."""
