@@ -51,8 +51,8 @@ class NeverHits(SomatizeWarning):
 
 
 class Uncached(SomatizeWarning):
-    """A submodule runs uncached: a fine-tuning schedule unfroze it, or a fine-tuning
-    callback leaves it to train (or in train mode)."""
+    """A submodule runs uncached: a fine-tuning schedule unfroze it, a fine-tuning
+    callback leaves it to train (or in train mode), or another module replaced it."""
 
 
 class FrozeTrainable(SomatizeWarning):

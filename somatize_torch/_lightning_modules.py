@@ -71,6 +71,7 @@ __all__ = [
     "own_cache_put_back",
     "places_of",
     "put_back_all",
+    "replaced",
     "uncache",
     "unwrapped",
 ]
@@ -376,6 +377,35 @@ def uncache(
         Uncached,
         stacklevel=2,
     )
+
+
+def replaced(
+    callback: CacheFrozen, pl_module: pl.LightningModule, name: str, cached: CachedRows
+) -> bool:
+    """Whether ``name`` in ``pl_module`` is no longer ``cached`` (a hook put another
+    module there: a checkpoint loaded into a new encoder); if so, the module cached is put
+    back as it was found, its cache let go of, and a warning (:class:`Uncached`) says the
+    new one runs uncached until a later stage caches it."""
+    try:
+        now = locate(pl_module, name)[2]
+    except NotASubmodule:
+        now = None
+    if now is cached:
+        return False
+    cached.when_unfrozen = None
+    callback._found.pop(name).put_back(cached, grads=True)
+    let_go(cached, callback._aheads)
+    del callback._cached[name]
+    what = f"a `{type(now).__name__}`" if now is not None else "nothing"
+    warnings.warn(
+        f"`{name}` was replaced in the model by {what} after this callback cached it, so "
+        "it runs uncached for the rest of this stage; a later stage (another `fit`, "
+        "`validate` or `test`) caches it anew. Replace it before the stage begins (in "
+        "`setup`), or load new weights into the module in place",
+        Uncached,
+        stacklevel=2,
+    )
+    return True
 
 
 def put_back_all(callback: CacheFrozen, *, failed: bool) -> None:

@@ -60,6 +60,8 @@ Why it is shaped this way:
   module runs without gradients; one whose parameters come to require grad — at
   an epoch's start or at any batch — is put back as it was before it next runs,
   with a warning (:class:`Uncached`), and trains exactly as without the callback.
+  One replaced in the model by another module runs uncached for the rest of the
+  stage, with the same warning.
   A named module whose parameters require grad when it is cached is frozen with
   a warning (:class:`FrozeTrainable`), and naming everything the fit would train
   is refused; under a fine-tuning callback, one it leaves to train (or in train
@@ -124,6 +126,7 @@ from somatize_torch._lightning_modules import (
     freeze_first,
     own_cache_put_back,
     put_back_all,
+    replaced,
     uncache,
 )
 from somatize_torch._lightning_options import (
@@ -353,12 +356,14 @@ class CacheFrozen(Callback):
     def _look(self, pl_module: pl.LightningModule) -> None:
         """At a stage's first batch — after every epoch-start hook has run, the
         LightningModule's own and other callbacks' (a fine-tuning schedule's) — a module
-        somebody unfroze is put back uncached, and each cached one is looked at again: its
-        settings and state (one changed since keys its rows anew, see
+        somebody replaced or unfroze is put back uncached, and each cached one is looked
+        at again: its settings and state (one changed since keys its rows anew, see
         :meth:`CachedRows.redeclare`), and the store for samples of Deferred datasets other
         ranks answered."""
         self._looked = True
         for name, cached in list(self._cached.items()):
+            if replaced(self, pl_module, name, cached):
+                continue
             if any(p.requires_grad for p in cached.module.parameters()):
                 uncache(self, pl_module, name, cached)
                 continue

@@ -248,6 +248,33 @@ def test_an_encoder_unfrozen_by_a_schedule_trains_uncached(tmp_path: Path) -> No
     assert torch.equal(cached.head.weight, plain.head.weight)
 
 
+class _Swaps(Probe):
+    """Loads its encoder's next weights into a new module at the second epoch's start."""
+
+    def on_train_epoch_start(self) -> None:
+        if self.current_epoch == 1:
+            self.encoder = Encoder().requires_grad_(False)
+
+
+def test_an_encoder_replaced_at_an_epochs_start_is_said_to_run_uncached(
+    tmp_path: Path,
+) -> None:
+    """An encoder replaced by another module at an epoch's start runs uncached for the
+    rest of the fit, and a warning says so (nothing did: the second epoch computed every
+    row with no cache in sight); the module cached is given back as it was found, and
+    the next stage caches the new one."""
+    model = _Swaps()
+    first, callback = model.encoder, CacheFrozen(None, ["encoder"])
+    with pytest.warns(Uncached, match="`encoder` was replaced in the model by a `Encoder`"):
+        trainer(tmp_path, 2, callbacks=[callback]).fit(model, loader())
+    assert "encoder" not in callback.cached and len(epochs(callback, "train")) == 1
+    assert not is_held(first) and model.encoder is not first
+    new = model.encoder
+    trainer(tmp_path, 1, callbacks=[callback]).test(model, loader(), verbose=False)
+    (tested,) = epochs(callback, "test")
+    assert callback.cached["encoder"].module is new and tested.rows.computed == SAMPLES
+
+
 def test_an_encoder_put_back_uncached_stays_so_in_a_later_fit(tmp_path: Path) -> None:
     """A second fit of the same model, after a schedule put its encoder back uncached,
     leaves it as it is: not cached (and frozen) again."""
