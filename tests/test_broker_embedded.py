@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+import somatize._held as held
 from somatize import (
     Catalog,
     CodecError,
@@ -49,6 +50,7 @@ from tests.broker_nodes import (
     Nap,
     Nested,
     Ramp,
+    Remembers,
     ScaleOtherwise,
     Seeded,
     SeedsItself,
@@ -303,6 +305,27 @@ def test_a_public_value_set_after_the_graph_was_built_is_refused_on_a_network_wo
     assert scale.calls == 2
     assert g.forward([1.0], broker=broker) == [3.0]
     assert copy.deepcopy(g).forward([1.0], broker=broker) == [3.0]
+
+
+def test_a_placed_node_run_here_is_not_digested_at_each_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A placed node run in this process (no broker, or a local worker) has its public
+    values digested once, when first looked at, not at each run (a large public dict
+    made each run cost as much as digesting it); what it changed itself meanwhile — a
+    counter, a public dict it fills — is still its own, and it still crosses."""
+    looked: list[object] = []
+    digest = held.held_by
+    monkeypatch.setattr(held, "held_by", lambda node: looked.append(node) or digest(node))
+    remembers = Remembers()
+    g = Graph.somatize(Echo().named("s") >> remembers.named("n").at("w1"))
+    for value in range(5):
+        assert g.forward(float(value)) == value * 2
+    assert len(remembers.seen) == 5 and len(looked) == 1
+    assert g.forward(7.0, broker=Broker.embedded({"w1": Worker.generic(mode="network")})) == 14
+    remembers.seen = {"given": 1.0}  # given between runs: a copy would not hold it
+    with pytest.raises(Unbuildable, match=r"holds other values in `seen`"):
+        g.forward(7.0, broker=Broker.embedded({"w1": Worker.generic(mode="network")}))
 
 
 def test_a_node_holding_state_is_compared_by_its_public_values_once_its_state_is_loaded() -> None:
