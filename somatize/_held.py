@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from somatize import canonical
@@ -158,10 +158,13 @@ class Holding:
             other._own, other._running = set(self._own), 0
             return other
 
-    def owed(self, node: Any) -> tuple[tuple[str, str], ...]:
-        """What a copy of ``node`` must hold now (:func:`held_by`'s form)."""
+    def owed(self, node: Any, follows: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
+        """What a copy of ``node`` must hold now (:func:`held_by`'s form); the attributes
+        in ``follows`` as the node holds them, even as it changed them itself (arguments
+        it keeps, which the copy is rebuilt with)."""
         with _HOLDING:
             self._given(node)
+            self._own.difference_update(follows)
             now = dict(held_by(node))
             for name in self._owed.keys() | now.keys():
                 if name in self._own:

@@ -306,3 +306,14 @@ class Remembers(Node):
     def forward(self, value: float, ctx: Any) -> float:
         self.seen[str(value)] = value * 2
         return value * 2
+
+
+class Stepper(Node):
+    """Adds its step, an argument it keeps and advances itself at each run."""
+
+    def __init__(self, step: int = 0) -> None:
+        self.step = step
+
+    def forward(self, value: float, ctx: Any) -> float:
+        self.step += 1
+        return value + self.step

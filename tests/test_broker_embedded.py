@@ -54,6 +54,7 @@ from tests.broker_nodes import (
     ScaleOtherwise,
     Seeded,
     SeedsItself,
+    Stepper,
     Tagged,
     Three,
     Times,
@@ -326,6 +327,20 @@ def test_a_placed_node_run_here_is_not_digested_at_each_run(
     remembers.seen = {"given": 1.0}  # given between runs: a copy would not hold it
     with pytest.raises(Unbuildable, match=r"holds other values in `seen`"):
         g.forward(7.0, broker=Broker.embedded({"w1": Worker.generic(mode="network")}))
+
+
+def test_an_argument_a_node_advances_itself_is_what_its_copy_is_rebuilt_with() -> None:
+    """A node that advances an argument it keeps (``self.step += 1``) while it runs here
+    is rebuilt on a network worker with the argument as it is now, as its key follows it:
+    it was refused there, its copy said to hold the step it was built with while the
+    blueprint built it with the new one."""
+    stepper = Stepper()
+    g = Graph.somatize(Echo().named("s") >> stepper.named("n").at("w1"))
+    network = Broker.embedded({"w1": Worker.generic(mode="network")})
+    assert g.forward(10.0) == 11.0
+    assert g.forward(10.0, broker=network) == 12.0  # Stepper(step=1), stepping once there
+    assert g.forward(10.0, broker=Broker.embedded({"w1": Worker.generic(mode="local")})) == 12.0
+    assert g.forward(10.0, broker=network) == 13.0
 
 
 def test_a_node_holding_state_is_compared_by_its_public_values_once_its_state_is_loaded() -> None:

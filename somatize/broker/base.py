@@ -460,9 +460,12 @@ class Broker(abc.ABC):
 
 
 def _owed(graph: Graph, name: str) -> tuple[tuple[str, str], ...]:
-    """What a copy of node ``name`` of ``graph``, rebuilt on a worker, must hold now."""
+    """What a copy of node ``name`` of ``graph``, rebuilt on a worker, must hold now. An
+    argument the node keeps is the argument it is rebuilt with, changed by itself too
+    (``self.step += 1``: the graph takes it as the argument, its key follows it)."""
     node = graph.node(name)
-    return holding_of(node).owed(node)
+    kept = graph._kept.get(name)
+    return holding_of(node).owed(node, follows=[attr for attr, _ in kept[1]] if kept else ())
 
 
 def _unsendable(node: str, worker: str, why: Unbuildable) -> Unbuildable:
