@@ -60,6 +60,7 @@ from tests.broker_nodes import (
     Times,
     Weights,
     Where,
+    Window,
     napping,
     weighted,
 )
@@ -341,6 +342,19 @@ def test_an_argument_a_node_advances_itself_is_what_its_copy_is_rebuilt_with() -
     assert g.forward(10.0, broker=network) == 12.0  # Stepper(step=1), stepping once there
     assert g.forward(10.0, broker=Broker.embedded({"w1": Worker.generic(mode="local")})) == 12.0
     assert g.forward(10.0, broker=network) == 13.0
+
+
+def test_a_worker_keeps_one_copy_of_a_node_whose_list_changes_between_forwards() -> None:
+    """A node whose list changes between forwards is rebuilt from a new blueprint each time
+    on a network worker, which lets go of the copy built from the one before: it kept one
+    copy per blueprint, for good."""
+    recent: list[int] = []
+    g = Graph.somatize(Echo().named("s") >> Window(recent).named("n").at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    for item in range(10):
+        recent.append(item)
+        assert g.forward(1.0, broker=broker) == 2.0 + item
+    assert len(broker._hosts["w1"]._nodes) == 1
 
 
 def test_a_node_holding_state_is_compared_by_its_public_values_once_its_state_is_loaded() -> None:

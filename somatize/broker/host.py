@@ -272,6 +272,8 @@ class Host:
         self._held: dict[tuple[bytes, str, str], str] = {}
         """(blueprint, node name, holder) → the state loaded for it last, least recently
         used first."""
+        self._built_from: dict[tuple[str, str], bytes] = {}
+        """(node name, holder) → the blueprint its last job was built from."""
         self._stores: dict[bytes, Store] = {}
         """The canonical bytes of an address → the store opened from it."""
         self._lock = threading.Lock()
@@ -361,7 +363,19 @@ class Host:
                 self._nodes[(blueprint, state)] = found
             if state is not None:
                 self._hold(blueprint, name, state, holder)
+            self._moved(blueprint, name, holder)
             return found
+
+    def _moved(self, blueprint: bytes, name: str, holder: str) -> None:
+        """Notes that ``name`` of the graph ``holder`` is built from ``blueprint`` now: the
+        one it was built from before, if no other node of a graph is, is let go of with
+        what was built for it. (A node whose list changes between forwards has a new
+        blueprint each time, and a node was kept for each, for good.)"""
+        key = (name, holder)
+        before = self._built_from.get(key)
+        self._built_from[key] = blueprint
+        if before not in (None, blueprint) and before not in self._built_from.values():
+            self._forget(before)
 
     def _forget(self, blueprint: bytes) -> None:
         """Lets go of every node kept for ``blueprint``, and of what they held."""
