@@ -32,6 +32,7 @@ from somatize.catalog import Blueprint, Catalog, Unbuildable, identity_of
 from somatize.errors import SomatizeError
 from somatize.memory import Memory
 from somatize.node import (
+    UNSET,
     AlreadyBuilt,
     Node,
     Undeclared,
@@ -176,11 +177,18 @@ def _recipe(node: Node) -> Recipe | Unbuildable:
 
 
 class _MadeOtherwise:
-    """A node whose arguments ``taken`` were replaced, built again from the arguments it had
-    and from the new ones: :meth:`check` says why it does not hold what the new build holds
-    — an attribute made from its arguments (the two builds hold it apart) still holding
-    what was made from the old value, or a declaration other than the new build's — and
-    None once it does (the attribute set to what the new value makes)."""
+    """A node whose arguments ``taken`` were replaced or changed in place, built again from
+    the arguments it had and from the new ones: :meth:`check` says why it does not hold what
+    the new build holds — an attribute made from its arguments (the two builds hold it
+    apart) still holding what was made from the old value, or a declaration other than the
+    new build's — and None once it does (the attribute set to what the new value makes).
+
+    An attribute that is the argument itself is not looked at: a replaced argument was
+    given to the attribute of its name, and taken from there as the argument (a numpy
+    number taken as the plain one it holds), and a list or a dict changed in place is the
+    argument where the attribute holds that very object. An attribute of that name holding
+    anything else (``self.items = list(items)``, a copy) was made from the argument, and
+    still holds what the old value made."""
 
     def __init__(
         self,
@@ -191,10 +199,12 @@ class _MadeOtherwise:
         fix: str,
         old: Node,
         new: Node,
+        in_place: bool,
     ) -> None:
         self.name = name
         self.node = node
         self.taken = taken
+        self.in_place = in_place
         self.head = head
         self.fix = fix
         self.new = new
@@ -210,9 +220,14 @@ class _MadeOtherwise:
         name, node, kind = self.name, self.node, type(self.node).__qualname__
         built = ", ".join(f"{attr}={value!r}" for attr, value in self.taken.items())
         now = dict(held_by(node))
-        stale = [a for a in self.made if a not in self.taken and now.get(a) != self.fresh.get(a)]
+        stale = [a for a in self.made if not self._is_taken(a) and now.get(a) != self.fresh.get(a)]
         if stale:
-            held = ", ".join(f"`{attr}`" for attr in stale)
+            held = ", ".join(
+                f"`{attr}` (named like the argument, but not the very value it was given)"
+                if attr in self.taken
+                else f"`{attr}`"
+                for attr in stale
+            )
             return Undeclared(
                 f"{self.head}, and {held}, which its constructor makes from its arguments, "
                 f"still {'holds' if len(stale) == 1 else 'hold'} what was made from the old "
@@ -230,6 +245,14 @@ class _MadeOtherwise:
                 f"now. {self.fix}"
             )
         return None
+
+    def _is_taken(self, attr: str) -> bool:
+        """Whether ``attr`` is one of the arguments taken, not something made from one."""
+        if attr not in self.taken:
+            return False
+        if not self.in_place:
+            return True  # replaced by hand, and taken as the argument from there
+        return attributes_of(self.node).get(attr, UNSET) is self.taken[attr]
 
 
 _REPLACED = (
@@ -287,7 +310,7 @@ def _made_otherwise(
             f"{head}, and a `{kind}` could not be built again from its arguments to check "
             f"that nothing else it holds was made from the old value ({reason}). {fix}"
         )
-    found = _MadeOtherwise(name, node, taken, head, fix, old, new)
+    found = _MadeOtherwise(name, node, taken, head, fix, old, new, how is _IN_PLACE)
     return found if found.check() is not None else None
 
 

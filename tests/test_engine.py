@@ -741,6 +741,70 @@ def test_a_dict_changed_in_place_where_the_constructor_made_more_from_it_is_refu
     assert fresh.forward(3, store=store) == 30
 
 
+class Copies(Node):
+    """Keeps a copy of the list it is built with, under the parameter's own name."""
+
+    def __init__(self, items: list[int]) -> None:
+        self.items = list(items)
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * sum(self.items)
+
+
+class Picked(Node):
+    """Keeps, under the name of the dict it is built with, one value taken from it."""
+
+    def __init__(self, scale: dict[str, int]) -> None:
+        self.scale = scale["x"]
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.scale
+
+
+def _append_ten(items: list[int]) -> None:
+    items.append(10)
+
+
+def _thirteen(scale: dict[str, int]) -> None:
+    scale["x"] = 13
+
+
+@pytest.mark.parametrize(
+    ("make", "given", "change", "attr", "made"),
+    [
+        (Copies, [1, 2], _append_ten, "items", [1, 2, 10]),
+        (Picked, {"x": 3}, _thirteen, "scale", 13),
+    ],
+    ids=["a copy of a list", "a value taken from a dict"],
+)
+def test_an_attribute_named_like_an_argument_changed_in_place_but_not_it_is_refused(
+    store: Store, make: type[Node], given: Any, change: Any, attr: str, made: Any
+) -> None:
+    """An attribute named like the list or the dict a node was built with, but made from it
+    rather than the very value (a copy of it, a value taken from it), still holds what the
+    old value made once that value is changed in place: the node is refused where it is
+    keyed, naming the attribute, and no answer lands under the key of a node built with the
+    new value; given what the new value makes, it is followed."""
+    node, name = make(given), make.__name__.lower()
+    g = Graph.somatize(node.named(name).frozen().cached())
+    assert g.forward(10, store=store) == 30
+    change(given)
+    for _ in range(2):
+        with pytest.raises(Undeclared, match=rf"`{name}` \({make.__name__}\) cannot be keyed: "
+                           rf"`{attr}`, .* changed in place since the node was made, and "
+                           rf"`{attr}` \(named like the argument, but not the very value it "
+                           r"was given\), which its constructor makes .* still holds what was "
+                           r"made from the old value"):  # fmt: skip
+            g.forward(10, store=store)
+    assert g.forward(10) == 30
+    fresh = Graph.somatize(make(given).named("fresh").frozen().cached())
+    assert fresh.forward(10, store=store) == 130
+    assert fresh.record is not None and fresh.record.outcome == {"fresh": "ran"}
+    setattr(node, attr, made)
+    assert g.forward(10, store=store) == 130
+    assert g.record is not None and g.record.outcome == {name: "recalled"}
+
+
 class Positive(Node):
     """Takes only a positive ``by``."""
 
