@@ -37,10 +37,10 @@ from somatize.node import (
     Node,
     Undeclared,
     attributes_of,
-    copy_call,
     declared_arguments,
     held_by,
     in_slot,
+    noted_call,
 )
 
 if TYPE_CHECKING:
@@ -440,12 +440,10 @@ def _changed_arguments(
 
 
 def _copied(node: Node) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-    """The call that made ``node`` as it is now, its lists and dicts copied; None when it
-    holds none (an argument that cannot change in place is not looked at)."""
-    args, kwargs = node._smz.call
-    if canonical.is_immutable((args, tuple(kwargs.values()))):
-        return None
-    return copy_call(args, kwargs)
+    """The call that made ``node`` as it is now, its lists and dicts copied, those left to
+    their defaults too (:func:`~somatize.node.noted_call`); None when it holds none (an
+    argument that cannot change in place is not looked at)."""
+    return noted_call(type(node), *node._smz.call)
 
 
 def _made_from(node: Node) -> None:

@@ -24,10 +24,12 @@ the original, as its own, and is in no graph until one is built with it.
 A declaration captured from the constructor holds the arguments themselves, so
 one built with a list or a dict can change after the graph is built when
 somebody changes that list; such a node's declaration is derived again at the
-start of each forward (:meth:`Node.is_declaration_fixed`). What the constructor made
+start of each forward (:meth:`Node.is_declaration_fixed`). So can one whose list or
+dict is left to its default, which every instance shares. What the constructor made
 from such a list (``self.total = sum(items)``) is made from it as it was then, so the
-call is noted as it was (:attr:`Marks.made_with`) and a node whose list changed since,
-and that still holds what the old one made, is refused where it is keyed.
+call is noted as it was, defaults filled in (:attr:`Marks.made_with`), and a node whose
+list changed since, and that still holds what the old one made, is refused where it is
+keyed.
 
 A ``declare()`` says what distinguishes instances of the class that wrote it. A
 subclass that defines its own constructor, with other parameters than that
@@ -107,9 +109,10 @@ class Marks:
     (:func:`~somatize.node.holding_of`); a copy of the node (``copy.copy``) has its own."""
     made_with: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     """For a node declared by its constructor arguments where one of them is a list or a
-    dict: the call its attributes were made from, its lists and dicts copied — as it was
-    when the node was made, or since found to make what the node holds. A list changed in
-    place afterwards is told apart from it (:func:`~somatize.plan.look_again`)."""
+    dict, passed or left to its default: the call its attributes were made from
+    (:func:`noted_call`) — as it was when the node was made, or since found to make what
+    the node holds. A list changed in place afterwards is told apart from it
+    (:func:`~somatize.plan.look_again`)."""
 
 
 _DECLARATION = b"somatize/declaration\0"
@@ -118,6 +121,8 @@ _DECLARATION = b"somatize/declaration\0"
 _SIGNATURES: dict[type, inspect.Signature | None] = {}
 
 _UNSAID: dict[type, tuple[type, list[str], bool] | None] = {}
+
+_CHANGEABLE_DEFAULTS: dict[type, bool] = {}
 
 
 def _unsaid(kind: type) -> tuple[type, list[str], bool] | None:
@@ -209,6 +214,42 @@ def declared_arguments(kind: type, args: tuple[Any, ...], kwargs: dict[str, Any]
     return out
 
 
+def _has_changeable_defaults(kind: type) -> bool:
+    """Whether a parameter of ``kind``'s constructor defaults to something that can change
+    in place (a list, a dict), worked out once per class."""
+    if kind not in _CHANGEABLE_DEFAULTS:
+        signature = _signature(kind)
+        defaults = [] if signature is None else [p.default for p in signature.parameters.values()]
+        _CHANGEABLE_DEFAULTS[kind] = not canonical.is_immutable(
+            tuple(d for d in defaults if d is not inspect.Parameter.empty)
+        )
+    return _CHANGEABLE_DEFAULTS[kind]
+
+
+def noted_call(
+    kind: type, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """The call ``kind(*args, **kwargs)`` as :attr:`Marks.made_with` notes it: with each
+    argument left to a default that can change in place (a list or a dict, which one
+    instance may change for every other) filled in, and its lists and dicts copied
+    (:func:`copy_call`), so that a change in place afterwards leaves it as it was; None
+    when nothing in it can change in place. The call it notes is the same call: it declares
+    the same, and builds the same node."""
+    if _has_changeable_defaults(kind):
+        signature = _signature(kind)
+        assert signature is not None
+        try:
+            bound = signature.bind(None, *args, **kwargs)
+        except TypeError:
+            pass  # refused by the constructor itself
+        else:
+            bound.apply_defaults()
+            args, kwargs = tuple(bound.args[1:]), dict(bound.kwargs)
+    if canonical.is_immutable((args, tuple(kwargs.values()))):
+        return None
+    return copy_call(args, kwargs)
+
+
 def copy_call(
     args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -260,13 +301,8 @@ class Node:
     def __new__(cls, *args: Any, **kwargs: Any) -> Node:
         self = super().__new__(cls)
         marks = Marks(call=(args, kwargs))
-        if (
-            cls.declare is Node.declare
-            and cls.recipe is Node.recipe
-            and not cls.holds_state
-            and not canonical.is_immutable((args, tuple(kwargs.values())))
-        ):
-            marks.made_with = copy_call(args, kwargs)
+        if cls.declare is Node.declare and cls.recipe is Node.recipe and not cls.holds_state:
+            marks.made_with = noted_call(cls, args, kwargs)
         object.__setattr__(self, "_smz", marks)
         return self
 

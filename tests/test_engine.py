@@ -761,6 +761,53 @@ class Picked(Node):
         return x * self.scale
 
 
+class Normed(Node):
+    """Divides by the total of the dict it is built with, by default one shared by every
+    instance, and keeps both."""
+
+    def __init__(self, weights: dict[str, float] = {"a": 1.0, "b": 1.0}) -> None:  # noqa: B006
+        self.weights = weights
+        self.norm = sum(weights.values())
+
+    def forward(self, x: float, ctx: Any) -> float:
+        return x / self.norm
+
+
+@pytest.mark.parametrize("when", ["after", "before"])
+def test_a_default_changed_in_place_where_the_constructor_made_more_from_it_is_refused(
+    store: Store, when: str
+) -> None:
+    """A dict left to its default and changed in place, after the build or before it, where
+    the constructor made another attribute from it, is refused where it is keyed, as the
+    same dict passed by the caller is: no answer lands under the key of a node built with
+    the new dict. Back to what it was, it is followed; its key is the one of a node given
+    that dict."""
+    normed = Normed()
+    assert normed.declaration() == Normed({"a": 1.0, "b": 1.0}).declaration()
+    try:
+        if when == "before":
+            normed.weights["a"] = 3.0
+        g = Graph.somatize(normed.named("normed").frozen().cached())
+        if when == "after":
+            assert g.forward(10.0, store=store) == 5.0
+            normed.weights["a"] = 3.0
+        with pytest.raises(Undeclared, match=r"`normed` \(Normed\) cannot be keyed: `weights`, "
+                           r".* changed in place since the node was made, and `norm`, which its "
+                           r"constructor makes .* Build a new `Normed` with the new value "
+                           r"\(`Normed\(weights=\{'a': 3.0, 'b': 1.0\}\)`\)"):  # fmt: skip
+            g.forward(10.0, store=store)
+        assert g.forward(10.0) == 5.0
+        fresh = Graph.somatize(Normed({"a": 3.0, "b": 1.0}).named("fresh").frozen().cached())
+        assert fresh.forward(10.0, store=store) == 2.5
+        assert fresh.record is not None and fresh.record.outcome == {"fresh": "ran"}
+    finally:
+        normed.weights["a"] = 1.0  # the default is every instance's
+    assert g.forward(10.0, store=store) == 5.0
+    assert g.record is not None and g.record.outcome == {
+        "normed": "ran" if when == "before" else "recalled"
+    }
+
+
 def _append_ten(items: list[int]) -> None:
     items.append(10)
 
