@@ -427,7 +427,7 @@ def _changed_arguments(
     ``made_with``, the call its attributes were made from, with what they are now."""
     kind = type(node)
     was = declared_arguments(kind, *made_with)
-    now = declared_arguments(kind, *node._smz.call)
+    now = declared_arguments(kind, *node._call())
     changed = {}
     for attr, value in now.items():
         try:
@@ -443,7 +443,7 @@ def _copied(node: Node) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     """The call that made ``node`` as it is now, its lists and dicts copied, those left to
     their defaults too (:func:`~somatize.node.noted_call`); None when it holds none (an
     argument that cannot change in place is not looked at)."""
-    return noted_call(type(node), *node._smz.call)
+    return noted_call(type(node), *node._call())
 
 
 def _made_from(node: Node) -> None:

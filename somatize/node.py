@@ -47,9 +47,10 @@ them tell two nodes apart (:func:`held_by`) — is read in :mod:`somatize._held`
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -124,6 +125,12 @@ _UNSAID: dict[type, tuple[type, list[str], bool] | None] = {}
 
 _CHANGEABLE_DEFAULTS: dict[type, bool] = {}
 
+_FACTORIES: dict[type, dict[str, Callable[[], Any]]] = {}
+
+_FACTORY_MADE: Any = getattr(dataclasses, "_HAS_DEFAULT_FACTORY", object())
+"""The default a dataclass's generated ``__init__`` gives a field made by a
+``default_factory``: a placeholder, which it replaces by what the factory makes."""
+
 
 def _unsaid(kind: type) -> tuple[type, list[str], bool] | None:
     """For a class that defines its own ``__init__`` below the class whose ``declare()`` it
@@ -190,16 +197,45 @@ def _signature(kind: type) -> inspect.Signature | None:
     return _SIGNATURES[kind]
 
 
+def _factories(kind: type) -> dict[str, Callable[[], Any]]:
+    """For a dataclass: the ``default_factory`` of each field its constructor leaves to one
+    (the parameter's default is dataclasses' placeholder), by parameter name; empty for any
+    other class (worked out once per class)."""
+    if kind not in _FACTORIES:
+        found: dict[str, Callable[[], Any]] = {}
+        signature = _signature(kind)
+        if signature is not None and dataclasses.is_dataclass(kind):
+            factories = {f.name: f.default_factory for f in dataclasses.fields(kind)}
+            for name, parameter in signature.parameters.items():
+                factory = factories.get(name, dataclasses.MISSING)
+                if parameter.default is _FACTORY_MADE and factory is not dataclasses.MISSING:
+                    found[name] = factory
+        _FACTORIES[kind] = found
+    return _FACTORIES[kind]
+
+
+def _with_defaults(kind: type, bound: inspect.BoundArguments) -> None:
+    """Fills in ``bound``, a call of ``kind``'s constructor, with the defaults of the
+    arguments it leaves out; one left to a dataclass field's ``default_factory`` with what
+    the factory makes, as the constructor does, rather than dataclasses' placeholder."""
+    bound.apply_defaults()
+    for name, factory in _factories(kind).items():
+        if bound.arguments.get(name) is _FACTORY_MADE:
+            bound.arguments[name] = factory()
+
+
 def declared_arguments(kind: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """What the default :meth:`Node.declare` says of a ``kind`` made by ``kind(*args,
-    **kwargs)``: the arguments by parameter name, defaults filled in."""
+    **kwargs)``: the arguments by parameter name, defaults filled in — a dataclass field
+    left to its ``default_factory`` with what the factory makes, so that ``Tags()`` is
+    declared as ``Tags(tags=[])`` is."""
     signature = _signature(kind)
     if signature is None:
         if args or kwargs:
             return {"*args": tuple(args), "**kwargs": dict(kwargs)}
         return {}
     bound = signature.bind(None, *args, **kwargs)
-    bound.apply_defaults()
+    _with_defaults(kind, bound)
     out: dict[str, Any] = {}
     for index, (name, value) in enumerate(bound.arguments.items()):
         if index == 0:
@@ -230,11 +266,11 @@ def noted_call(
     kind: type, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     """The call ``kind(*args, **kwargs)`` as :attr:`Marks.made_with` notes it: with each
-    argument left to a default that can change in place (a list or a dict, which one
-    instance may change for every other) filled in, and its lists and dicts copied
-    (:func:`copy_call`), so that a change in place afterwards leaves it as it was; None
-    when nothing in it can change in place. The call it notes is the same call: it declares
-    the same, and builds the same node."""
+    argument left to a default that can change in place filled in (a list or a dict, which
+    one instance may change for every other; what a dataclass field's ``default_factory``
+    makes), and its lists and dicts copied (:func:`copy_call`), so that a change in place
+    afterwards leaves it as it was; None when nothing in it can change in place. The call it
+    notes is the same call: it declares the same, and builds the same node."""
     if _has_changeable_defaults(kind):
         signature = _signature(kind)
         assert signature is not None
@@ -243,7 +279,7 @@ def noted_call(
         except TypeError:
             pass  # refused by the constructor itself
         else:
-            bound.apply_defaults()
+            _with_defaults(kind, bound)
             args, kwargs = tuple(bound.args[1:]), dict(bound.kwargs)
     if canonical.is_immutable((args, tuple(kwargs.values()))):
         return None
@@ -335,7 +371,7 @@ class Node:
         takes other parameters than the class that wrote the ``declare()`` it inherits
         writes its own, adding its arguments to ``super().declare()``.
         """
-        return declared_arguments(type(self), *self._smz.call)
+        return declared_arguments(type(self), *self._call())
 
     def is_declaration_fixed(self) -> bool:
         """Whether :meth:`declare` says the same for as long as the node lives. When it
@@ -351,7 +387,7 @@ class Node:
         """
         if type(self).declare is not Node.declare:
             return True
-        args, kwargs = self._smz.call
+        args, kwargs = self._call()
         bound = self._bound()
         if bound is not None:  # with its defaults, which declare() says too
             bound.apply_defaults()
@@ -399,11 +435,36 @@ class Node:
         signature = _signature(type(self))
         if signature is None:
             return None
-        args, kwargs = self._smz.call
+        args, kwargs = self._call()
         try:
             return signature.bind(None, *args, **kwargs)
         except TypeError:
             return None
+
+    def _call(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The constructor call that made this node, ``(args, kwargs)``. A dataclass field
+        left to its ``default_factory`` is taken as passed, with what the node holds under
+        its name (what the factory made): that is what it computes with, changed in place
+        since or not, and what a copy rebuilt elsewhere is built with. It is noted in the
+        call the first time the call is asked for once the node holds it, and followed from
+        there as an argument passed is."""
+        call = self._smz.call
+        factories = _factories(type(self))
+        if not factories:
+            return call
+        signature = _signature(type(self))
+        assert signature is not None
+        try:
+            bound = signature.bind(None, *call[0], **call[1])
+        except TypeError:
+            return call
+        held = attributes_of(self)
+        left = {n: held[n] for n in factories if n not in bound.arguments and n in held}
+        if not left:
+            return call
+        bound.arguments.update(left)
+        self._smz.call = (tuple(bound.args[1:]), dict(bound.kwargs))
+        return self._smz.call
 
     def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
         """How another process rebuilds this node: ``(maker, args, kwargs)``.
@@ -415,7 +476,7 @@ class Node:
         ``kwargs``. A node that no other process can rebuild raises
         :class:`~somatize.catalog.Unbuildable`, saying how to make one that can be.
         """
-        args, kwargs = self._smz.call
+        args, kwargs = self._call()
         return None, tuple(args), dict(kwargs)
 
     def state_bytes(self) -> bytes:

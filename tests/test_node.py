@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -171,6 +172,48 @@ def test_declaration_is_fixed_unless_built_with_something_changeable() -> None:
     assert not Scale([1.0]).is_declaration_fixed()  # type: ignore[arg-type]
     assert not Scale(by={"a": 1}).is_declaration_fixed()  # type: ignore[arg-type]
     assert Declared([1.0]).is_declaration_fixed()
+
+
+@dataclass
+class Tagged(Node):
+    """A dataclass node: its list of tags is made by a ``default_factory``."""
+
+    tags: list[str] = field(default_factory=list)
+    scale: int = 2
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.scale + len(self.tags)
+
+
+def test_a_dataclass_field_left_to_its_default_factory_is_declared_as_what_it_made() -> None:
+    """A dataclass field left to its ``default_factory`` is declared as the value the
+    factory made for the node, as if it had been passed: ``Tagged()`` and
+    ``Tagged(tags=[])`` key alike, apart from ``Tagged(["a"])``, and the declaration is not
+    fixed, since the list the node holds can change in place."""
+    assert Tagged().declaration() == Tagged(tags=[]).declaration() == Tagged([], 2).declaration()
+    assert Tagged().declaration() != Tagged(["a"]).declaration()
+    assert Tagged().declaration() != Tagged(scale=3).declaration()
+    assert not Tagged().is_declaration_fixed()
+
+
+def test_a_list_a_dataclass_field_made_by_its_default_factory_is_followed_as_it_changes(
+    store: Store,
+) -> None:
+    """The list a ``default_factory`` made for a dataclass node, changed in place, is
+    followed as a list the caller passed is: no answer kept before the change is recalled
+    after it, a node built with the changed list recalls the one kept for it, and a copy
+    rebuilt elsewhere is built with it."""
+    tagged = Tagged()
+    g = Graph.somatize(tagged.named("tagged").frozen().cached())
+    assert g.forward(1, store=store) == 2
+    tagged.tags.append("a")
+    assert g.forward(1, store=store) == 3
+    assert g.record is not None and g.record.outcome == {"tagged": "ran"}
+    fresh = Graph.somatize(Tagged(["a"]).named("fresh").frozen().cached())
+    assert fresh.forward(1, store=store) == 3
+    assert fresh.record is not None and fresh.record.outcome == {"fresh": "recalled"}
+    _, args, kwargs = tagged.recipe()
+    assert Tagged(*args, **kwargs) == Tagged(["a"])
 
 
 class Labelled(Declared):
