@@ -275,11 +275,22 @@ def test_a_damaged_blob_is_written_afresh_by_a_recompute(home: Store) -> None:
     assert bytes(reopen(home).recall(KEY)[1]) == b"abcdef" * 100
 
 
-def test_damaged_record_is_not_had(home: Store) -> None:
-    """An answer record that cannot be read is not had."""
-    home.keep(KEY, b"abc", "plain")
-    overwrite(home, f"answers/{shard(KEY)}", b'{"somatize": 1, "key": ')
+@pytest.mark.parametrize("damage", ["cut short", "no size", "nested deep"])
+def test_damaged_record_is_not_had(home: Store, damage: str) -> None:
+    """An answer record that cannot be read is not had, and recalling it is Corrupt: one
+    cut short, one whole but for a size no count can be (``1e999``, which crashed reading
+    it), one nested deeper than a parser follows."""
+    answer = home.keep(KEY, b"abc", "plain")
+    whole = f'{{"somatize": 1, "key": "{KEY}", "value": "{answer.value}", "codec": "plain"'
+    record = {
+        "cut short": b'{"somatize": 1, "key": ',
+        "no size": f'{whole}, "bytes": 1e999}}'.encode(),
+        "nested deep": b"[" * 100_000 + b"]" * 100_000,
+    }[damage]
+    overwrite(home, f"answers/{shard(KEY)}", record)
     assert reopen(home).have([KEY]) == set()
+    with pytest.raises(Corrupt, match="cannot be read"):
+        reopen(home).recall(KEY)
 
 
 def test_have_is_one_batch_over_many(home: Store) -> None:

@@ -174,7 +174,7 @@ class BucketShelf(BucketRequests):
                 for pack_id, when in log.get("packs", {}).items():
                     where = ("packs", pack_id[7:])
                     out[where] = max(out.get(where, 0.0), float(when))
-            except (ValueError, TypeError, AttributeError):
+            except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
                 continue  # a damaged log only loses recency, which is advice
         with self._lock:
             self._merging = (listed, out)

@@ -162,8 +162,10 @@ class Answer:
                 created=moment(record.get("created", 0.0)),
                 offset=None if record.get("offset") is None else int(record["offset"]),
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as why:
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as why:
             raise Corrupt(f"the answer record of {key} cannot be read ({why})") from None
+        except RecursionError:  # nested deeper than the parser follows: no record is
+            raise Corrupt(f"the answer record of {key} cannot be read (nested too deep)") from None
         if (
             answer.key != key
             or not _DIGEST.match(answer.value)

@@ -350,8 +350,10 @@ def decode_pack(pack_id: str, data: bytes, signer: Signer | None) -> PackIndex:
         codec = str(header["codec"])
         fingerprint = header["fingerprint"]
         created = moment(header["created"])
-    except (ValueError, KeyError, TypeError) as why:
+    except (ValueError, KeyError, TypeError, OverflowError) as why:
         raise Corrupt(f"pack index {pack_id} has a header that cannot be read ({why})") from None
+    except RecursionError:  # nested deeper than the parser follows
+        raise Corrupt(f"pack index {pack_id} has a header that cannot be read (nested)") from None
     table = count * _ENTRY.size
     if len(rest) != table + (_MAC_BYTES if signed else 0):
         raise Corrupt(
