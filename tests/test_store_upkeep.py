@@ -325,6 +325,24 @@ def test_a_stray_file_in_names_is_listed_not_damage(home: Store) -> None:
     assert fresh.has_blob(pointed)
 
 
+def test_a_stray_file_in_answers_or_packs_is_listed_not_damage(home: Store) -> None:
+    """Files in answers/ and packs/ named by no digest (a .DS_Store Finder left, an NFS
+    .nfs… file) are listed as stray by verify, not as damage it reports (and quarantines)
+    at every run; gc leaves them, and the answers beside them stay whole."""
+    key = "blake3:" + "ab" * 32
+    home.keep(key, b"kept whole", "plain")
+    home.keep_many([(f"blake3:{i:064x}", [b"item"]) for i in range(3)], "plain")
+    strays = ["answers/ab/.DS_Store", "packs/.nfs0000000000a1b2c300000001"]
+    for stray in strays:
+        _plant(home, stray, b"\0\0\0\1Bud1")
+    found = _reopen(home).verify(quarantine=True)
+    assert found.ok and found.records == 1 and found.packs == 1 and found.quarantined == []
+    assert sorted(found.stray) == sorted(strays)
+    _reopen(home).gc(10**9, grace=0)
+    assert _reopen(home).verify().ok
+    assert bytes(_reopen(home).recall(key)[1]) == b"kept whole"
+
+
 def test_a_bind_whose_blob_a_gc_removes_meanwhile_says_so(
     home: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,8 +21,9 @@ blob already there cannot touch it, only once its record is published. A file in
 ``blobs/`` named by no digest (a ``.DS_Store``, an NFS ``.nfs…`` file) is no blob:
 nothing can refer to it, so it goes as an unreferenced blob does, and checking lists
 it as stray, not as damage. A file in ``names/`` that is no name (a ``.DS_Store``, one
-whose name is not UTF-8) is listed as stray too; like every file there it is never
-collected, and a blob it points at is kept. A folder or file that cannot be read
+whose name is not UTF-8), or in ``answers/`` or ``packs/`` named by no digest, is listed
+as stray too, and never collected (an NFS ``.nfs…`` file is one the server keeps for a
+file still open); a blob a stray name points at is kept. A folder or file that cannot be read
 (another user's) stops both with :class:`StoreError`: what it holds would be taken for
 unused, or the store for whole.
 
@@ -183,8 +184,8 @@ class _Read(NamedTuple):
     untrusted: Unsigned | None
     """Why it fails the signature check, when it is otherwise whole."""
     stray: bool = False
-    """Whether it is a file of ``names/`` that is no name (a ``.DS_Store``): listed by
-    checking, not judged; what it points at is kept all the same."""
+    """Whether it is named as no file of its section is (a ``.DS_Store``): listed by
+    checking, not judged; what a stray name points at is kept all the same."""
     data: bytes = b""
     """The bytes it held when it was read."""
 
@@ -200,7 +201,7 @@ def _read_all(shelf: Shelf, wrap: Progress) -> list[_Read]:
             data = found.get(entry.name)
             if data is not None:  # None: removed meanwhile
                 held, untrusted = _decoded(section, entry.name, data, shelf.signer)
-                stray = section == "names" and not _named(section, entry.name)
+                stray = not _named(section, entry.name)
                 out.append(_Read(section, entry, held, untrusted, stray, data))
     _check_key(shelf, out)
     return out
