@@ -39,7 +39,9 @@ nothing that changes from batch to batch, so ``torch.compile(wrapped)`` compiles
 the segments around it once and does not recompile per batch. The checks made
 before an eager forward (frozen parts settled, parts replaced) are not made by
 compiled code; assigning on the wrapped model and loading a checkpoint into it
-still point the segments at new parts.
+still point the segments at new parts. A model whose forward switches grad mode,
+autocast or inference mode is called through one more break: what leaves the
+blocks a failed call left open runs eagerly, the code it calls compiled.
 
 This module is the wrapper; what it is made of has a module each:
 
@@ -344,9 +346,17 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
             f"in its place. Run it in {other} mode, or make it traceable in {mode} mode as "
             f"well. {self._untraced}"
         )
-    if self._switches and not torch.compiler.is_compiling():
-        return unwinding(runner, *args, **kwargs)
+    if self._switches:
+        return _unwinding(runner, *args, **kwargs)
     return runner(*args, **kwargs)
+
+
+_not_compiled: Callable[..., Callable[..., Any]] = torch.compiler.disable
+_unwinding = _not_compiled(unwinding, recursive=False)
+""":func:`unwinding`, never compiled itself, the runner it calls compiled: so a compiled
+call that fails leaves the modes as an eager one does. (torch.compile gives up on a
+``try`` around code with graph breaks, after a failed attempt, and runs its frame eagerly
+anyway.)"""
 
 
 def _marks(graph: Graph, name: str) -> list[str]:

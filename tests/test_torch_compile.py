@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from torch import nn
 
 import somatize.torch as smt
 from somatize import Store
-from tests.test_torch_wrap import Mixed, Normed, Targets
+from tests.test_torch_wrap import Fails, FailsInferring, Mixed, Normed, Targets, _modes
 
 
 class Encoder(nn.Module):
@@ -158,4 +159,32 @@ def test_compiled_wrapped_model_switches_grad_mode_and_autocast_as_the_model(
         assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
     (p.sum() + t.sum()).backward()
     assert targets.target.weight.grad is None and targets.head.weight.grad is not None
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kind", [Fails, FailsInferring])
+def test_compiled_wrapped_model_that_fails_inside_a_block_leaves_the_modes_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: type[Fails]
+) -> None:
+    """Compiled, a call that fails inside the forward's no-grad, autocast or inference-mode
+    block leaves the modes as they were before it, as it does eagerly."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = kind()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=Store(tmp_path / "s"))
+    smt.freeze(wrapped)
+    compiled = torch.compile(wrapped, backend="eager")
+    x = torch.randn(3, 4)
+    expected = model(x)
+
+    def calls() -> None:  # in a thread of its own, so modes left switched stay there
+        assert torch.equal(compiled(x), expected)
+        with pytest.raises(RuntimeError, match=r"shapes cannot be multiplied"):
+            compiled(torch.randn(3, 5))
+        assert _modes() == (True, False, False)
+        assert torch.equal(compiled(x), expected)
+
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(calls).result()
     torch._dynamo.reset()

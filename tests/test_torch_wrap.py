@@ -1184,17 +1184,38 @@ class Fails(nn.Module):
             return self.encoder(x) * 2
 
 
+class FailsInferring(Fails):
+    """Fails inside an inference-mode block, on a batch of the wrong width."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.encoder(x) * 2
+
+
+def _modes() -> tuple[bool, bool, bool]:
+    """Grad mode, CPU autocast and inference mode, as they are now."""
+    return (
+        torch.is_grad_enabled(),
+        torch.is_autocast_enabled("cpu"),
+        torch.is_inference_mode_enabled(),
+    )
+
+
+@pytest.mark.parametrize("kind", [Fails, FailsInferring])
 def test_a_forward_that_fails_inside_a_block_leaves_the_modes_as_they_were(
-    store: Store,
+    store: Store, kind: type[Fails]
 ) -> None:
-    """A call that fails inside a no-grad or autocast block leaves grad mode and autocast
-    as they were before it, as the model's own blocks would on their way out."""
-    wrapped = smt.wrap(Fails(), frozen=["encoder"], cached=["encoder"], store=store)
+    """A call that fails inside a no-grad, autocast or inference-mode block leaves the
+    modes as they were before it, as the model's own blocks would on their way out."""
+    model = kind()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
     smt.freeze(wrapped)
     with pytest.raises(RuntimeError, match=r"shapes cannot be multiplied"):
         wrapped(torch.randn(3, 5))
-    assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-    assert wrapped(torch.randn(3, 4)).dtype == torch.bfloat16
+    assert _modes() == (True, False, False)
+    x = torch.randn(3, 4)
+    out, expected = wrapped(x), model(x)
+    assert out.dtype == expected.dtype and out.is_inference() == expected.is_inference()
 
 
 class Checkpoints(nn.Module):
