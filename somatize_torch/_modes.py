@@ -21,15 +21,19 @@ traces a model, :func:`recording`:
   no traced tensor (``torch.rand([])`` is run once and kept as a constant;
   ``torch.rand_like(x)`` is recorded), which a dispatch mode sees whatever called it;
   and a call of Python's ``random`` or NumPy's ``numpy.random`` functions, through
-  the module (``random.random()``), or imported by name into a module a class of the
-  model's is written in (``from random import random``), and a draw from a
-  ``random.Random`` of the model's own. torch's own code that reads the modes as it is
-  traced (``torch.utils.checkpoint``) keeps nothing it read in the code, and is let be.
+  the module (``random.random()``), imported by name into a module a class of the
+  model's is written in (``from random import random``), or kept by a part of the
+  model (``self.draw = random.random``); and a draw from a ``random.Random`` of the
+  model's own (or kept by a module the model is written in), one whose class draws in
+  methods of its own (``random.SystemRandom``) included. torch's own code that reads the
+  modes as it is traced (``torch.utils.checkpoint``) keeps nothing it read in the code,
+  and is let be.
 
 Not seen: a function of ``random`` imported by name into another module (a helper the
-forward calls), and a NumPy generator of the model's own (``np.random.default_rng()``,
-whose methods are compiled and cannot be replaced). Watching those would mean
-watching every call the trace makes.
+forward calls) or kept elsewhere than on a part of the model (in a list, a closure), a
+``random.SystemRandom`` found only there, and a NumPy generator of the model's own
+(``np.random.default_rng()``, whose methods are compiled and cannot be replaced).
+Watching those would mean watching every call the trace makes.
 
 While a model is traced, the modes are recorded, not switched. Everything here watches
 the tracing thread only: the functions replaced meanwhile call through to the
@@ -329,7 +333,7 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
     # these, looked up on its class as the draw is made.
     found += [
         (random.Random, name, _draw(f"random.Random.{name}", "Python's `random`"))
-        for name in ("random", "getrandbits", "seed", "setstate")
+        for name in _GENERATING
     ]
     numpy_random = sys.modules.get("numpy.random")
     shared = numpy_random.mtrand._rand if numpy_random is not None else None
@@ -340,25 +344,63 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
             if name != "get_state" and getattr(getattr(numpy_random, name), "__self__", 0) is shared
         ]
     # A function of theirs imported by name (`from random import random`) into a module
-    # the model is written in.
-    for home in _homes(model) - {random, numpy_random}:
-        for name, value in list(vars(home).items()):
+    # the model is written in, or kept by a part of the model (`self.draw = random.random`),
+    # which holds it bound and would not see it replaced where it came from.
+    holders = [*(_homes(model) - {random, numpy_random}), *model.modules()]
+    generators: dict[type[random.Random], None] = {}
+    for holder in holders:
+        for name, value in list(vars(holder).items()):
             drawn = _drawn_by(value, shared)
             if drawn is not None:
-                found.append((home, name, _draw(*drawn)))
+                found.append((holder, name, _draw(*drawn)))
+            generator = _generator_of(value)
+            if generator is not None:
+                generators[type(generator)] = None
+    # A generator whose class draws in methods of its own (`random.SystemRandom`), which
+    # those of `random.Random` replaced above never see.
+    for drawing in generators:
+        for kind in drawing.__mro__[: drawing.__mro__.index(random.Random)]:
+            made = _named(kind)
+            found += [
+                (kind, name, _draw(f"{made}.{name}", "Python's `random`"))
+                for name in _GENERATING
+                if name in vars(kind)
+            ]
     return found
+
+
+_GENERATING = ("random", "getrandbits", "seed", "setstate")
+"""The methods of a ``random.Random`` that every draw (and seeding) of it comes to."""
+
+
+def _named(kind: type) -> str:
+    """A class by the name its users write: ``random.SystemRandom``."""
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _generator_of(value: Any) -> random.Random | None:
+    """The ``random.Random`` ``value`` is, or is a method of; None if neither."""
+    try:
+        for generator in (value, getattr(value, "__self__", None)):
+            if isinstance(generator, random.Random):
+                return generator
+    except Exception:  # a lazy module's attribute, say: nothing of random's
+        pass
+    return None
 
 
 def _drawn_by(value: Any, shared: Any) -> tuple[str, str] | None:
     """What ``value`` is named by and draws from, if it is a function of ``random``'s or
-    ``numpy.random``'s that draws (or seeds); None if it is anything else."""
+    ``numpy.random``'s that draws (or seeds), or a method of a ``random.Random`` of one's
+    own; None if it is anything else."""
     try:
         owner = getattr(value, "__self__", None)
         name = getattr(value, "__name__", "")
     except Exception:  # a lazy module's attribute, say: nothing of random's
         return None
     if isinstance(owner, random.Random) and name != "getstate":
-        return f"random.{name}", "Python's `random`"
+        made = "random" if owner is random._inst else _named(type(owner))
+        return f"{made}.{name}", "Python's `random`"
     if owner is not None and owner is shared and name != "get_state":
         return f"numpy.random.{name}", "NumPy's random generator"
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import inspect
 import random
+import threading
 import warnings
 from pathlib import Path
 from random import random as draw_at_random
@@ -1319,6 +1320,72 @@ class SeedsOwn(LayerDrop):
         return self.middle(self.encoder(x))
 
 
+class KeepsDraw(LayerDrop):
+    """LayerDrop drawing through a function of `random` it keeps as an attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.draw = random.random
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if self.training and self.draw() < 0.5:
+            return h
+        return self.middle(h)
+
+
+class KeepsOwnDraw(KeepsDraw):
+    """LayerDrop drawing through the method of a generator of its own, kept as an attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.draw = random.Random(0).random
+
+
+class DrawsSystem(LayerDrop):
+    """LayerDrop drawing from a `random.SystemRandom`, which draws in methods of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chooser = random.SystemRandom()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if self.training and self.chooser.randint(0, 1):
+            return h
+        return self.middle(h)
+
+
+class DrawsInAThread(nn.Module):
+    """Draws from generators it keeps in another thread, which it waits for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.draw = random.random
+        self.chooser = random.SystemRandom()
+        self.drawn: list[float] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def draws() -> None:
+            self.drawn += [self.draw(), self.chooser.random()]
+
+        thread = threading.Thread(target=draws)
+        thread.start()
+        thread.join()
+        return self.encoder(x)
+
+
+def test_draws_in_another_thread_while_a_model_is_traced_are_made() -> None:
+    """What is replaced while a model is traced draws as ever in every other thread, and is
+    put back after."""
+    model = DrawsInAThread()
+    drawing = vars(random.SystemRandom)["random"]
+    smt.wrap(model, frozen=["encoder"])
+    assert len(model.drawn) == 4 and all(0 <= d < 1 for d in model.drawn)
+    assert model.draw == random.random and vars(random.SystemRandom)["random"] is drawing
+
+
 class DrawsTorch(nn.Module):
     """Skips its middle layer at random while training, drawing a number from torch."""
 
@@ -1347,8 +1414,25 @@ class DrawsTorch(nn.Module):
         ),
         (DrawsOwn, r"\(`if self\.training and self\.chooser.*\(`random\.Random\.getrandbits\(\)`"),
         (SeedsOwn, r"\(`self\.chooser\.seed\(7\)`.*seeds Python's `random`"),
+        (KeepsDraw, r"\(`if self\.training and self\.draw.*\(`random\.random\(\)`"),
+        (KeepsOwnDraw, r"\(`if self\.training and self\.draw.*\(`random\.Random\.random\(\)`"),
+        (
+            DrawsSystem,
+            r"\(`if self\.training and self\.chooser.*\(`random\.SystemRandom\.getrandbits",
+        ),
     ],
-    ids=["grad-mode", "autocast", "python-random", "torch-random", "by-name", "own", "seeds"],
+    ids=[
+        "grad-mode",
+        "autocast",
+        "python-random",
+        "torch-random",
+        "by-name",
+        "own",
+        "seeds",
+        "kept",
+        "own-kept",
+        "subclass",
+    ],
 )
 def test_a_forward_that_reads_what_fx_would_fix_is_refused(
     model: type[nn.Module], refused: str
