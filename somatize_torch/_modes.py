@@ -35,7 +35,8 @@ forward calls) or kept elsewhere than on a part of the model (in a list, a closu
 (``np.random.default_rng()``, whose methods are compiled and cannot be replaced).
 Watching those would mean watching every call the trace makes.
 
-While a model is traced, the modes are recorded, not switched. Everything here watches
+While a model is traced, the modes are recorded, not switched, and those it is traced in
+are those of a plain call, whichever ``wrap`` is called in. Everything here watches
 the tracing thread only: the functions replaced meanwhile call through to the
 originals in every other thread, and are put back when the trace ends.
 """
@@ -50,7 +51,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -418,17 +419,32 @@ def _replaced(original: Callable[..., Any], instead: Callable[..., Any]) -> Call
 
 
 _ABSENT = object()
+_DisableAutocast: Callable[[], Any] = torch._C._DisableAutocast
+"""Autocast off on every device (and said to be off), while it is held."""
 _installing = threading.RLock()
 """Held while a thread traces: another one waits to replace what this one replaced."""
 
 
 @contextmanager
+def _as_a_plain_call() -> Iterator[None]:
+    """The modes of a plain call: grad on, autocast and inference mode off."""
+    with torch.inference_mode(False), torch.enable_grad(), _DisableAutocast():
+        yield
+
+
+@contextmanager
 def recording(tracer: fx.Tracer, model: torch.nn.Module) -> Iterator[None]:
     """While this thread traces ``model`` with ``tracer``: the modes its forward switches
-    recorded into the trace, and what fx would fix refused (:class:`Fixed`)."""
-    with _installing:
+    recorded into the trace, and what fx would fix refused (:class:`Fixed`). The trace
+    runs in the modes of a plain call (grad on, no autocast, no inference mode), whatever
+    modes it is made in: what fx runs once as it traces and keeps (a tensor made from
+    numbers) is made as a call makes it, not as an inference tensor or in bf16."""
+    outer = getattr(_here, "recorder", None)
+    # Switched before anything is replaced, and put back after all is (inside a trace,
+    # they are those of a plain call already, and switching them would be recorded).
+    plain = _as_a_plain_call() if outer is None else nullcontext()
+    with _installing, plain:
         replaced: list[tuple[Any, str, Any]] = []
-        outer = getattr(_here, "recorder", None)
         try:
             for owner, name, instead in _replacements(model):
                 replaced.append((owner, name, owner.__dict__.get(name, _ABSENT)))

@@ -1219,6 +1219,42 @@ def test_a_forward_that_fails_inside_a_block_leaves_the_modes_as_they_were(
     assert out.dtype == expected.dtype and out.is_inference() == expected.is_inference()
 
 
+class Weighs(nn.Module):
+    """Weighs its output by a matrix it makes from numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = torch.eye(4) @ torch.tensor([1.0, 2.0, 3.0, 4.0]).diag()
+        return self.head(self.encoder(x)) @ weights
+
+
+@pytest.mark.parametrize(
+    "around",
+    [torch.no_grad, torch.inference_mode, lambda: torch.autocast("cpu", dtype=torch.bfloat16)],
+    ids=["no-grad", "inference-mode", "autocast"],
+)
+def test_the_modes_wrap_is_called_in_leave_no_mark_on_the_wrapped_model(
+    store: Store, around: Any
+) -> None:
+    """A model wrapped under `torch.no_grad()`, `torch.inference_mode()` or `torch.autocast`
+    runs, and trains, as the model does: what fx runs once as it traces (a tensor made from
+    numbers) is made as in a plain call, not as an inference tensor or in bf16."""
+    torch.manual_seed(0)
+    model = Weighs()
+    with around():
+        wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    out = wrapped(x)
+    assert torch.equal(out, model(x))
+    out.sum().backward()
+    assert model.head.weight.grad is not None
+
+
 class Checkpoints(nn.Module):
     """Runs a trainable block through `torch.utils.checkpoint`, which reads the modes."""
 
