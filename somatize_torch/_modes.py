@@ -25,9 +25,11 @@ traces a model, :func:`recording`:
   model's is written in (``from random import random``), or kept by a part of the
   model (``self.draw = random.random``); and a draw from a ``random.Random`` of the
   model's own (or kept by a module the model is written in), one whose class draws in
-  methods of its own (``random.SystemRandom``) included. torch's own code that reads the
-  modes as it is traced (``torch.utils.checkpoint``) keeps nothing it read in the code,
-  and is let be.
+  methods of its own (``random.SystemRandom``) included; and a switch of a flag of
+  torch's backends (a ``torch.nn.attention.sdpa_kernel(...)`` or
+  ``torch.backends.cudnn.flags(...)`` block, ``torch.backends.cudnn.enabled = False``),
+  which fx keeps no call to. torch's own code that reads the modes as it is traced
+  (``torch.utils.checkpoint``) keeps nothing it read in the code, and is let be.
 
 Not seen: a function of ``random`` imported by name into another module (a helper the
 forward calls) or kept elsewhere than on a part of the model (in a list, a closure), a
@@ -235,6 +237,47 @@ def _draw(name: str, source: str) -> Callable[..., Any]:
     return draw
 
 
+def _flag(name: str) -> Callable[..., Any]:
+    def flag(recorder: _Recorder, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        raise Fixed(
+            f"switches a flag of torch's backends (`{name}`, as a block of "
+            "`torch.nn.attention.sdpa_kernel(...)` or `torch.backends.*.flags(...)` does, or "
+            "a setting of `torch.backends`): fx keeps no call to it, so the wrapped model "
+            "would run with whatever flags it is called with"
+        )
+
+    return flag
+
+
+def _set_prop(
+    recorder: _Recorder, original: Callable[..., Any], prop: Any, owner: Any, value: Any
+) -> None:
+    named = [name for name, held in vars(type(owner)).items() if held is prop]
+    where = f"{getattr(owner, '__name__', 'torch.backends')}.{named[0] if named else '...'}"
+    _flag(f"{where} = {value!r}")(recorder, original)
+
+
+_FLAGS = (
+    "_set_sdp_",
+    "_set_math_sdp_",
+    "_set_cudnn_",
+    "_set_cublas_",
+    "_set_cpu_allow_",
+    "_set_mkldnn_",
+    "_set_onednn_",
+    "_set_miopen_",
+    "_set_nnpack_",
+    "_set_blas_",
+    "_set_linalg_",
+    "_set_rocm_fa_",
+    "_set_fp32_precision_",
+    "_set_float32_matmul_precision",
+    "_set_deterministic_algorithms",
+)
+"""What sets a flag of torch's backends, by the start of its name in ``torch._C``: what
+``torch.backends`` and ``sdpa_kernel`` call, looked up as they call it."""
+
+
 class _Draws(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Refuses, in the thread that traces, an operation of torch's that draws at random:
     one fx runs as it traces (no traced tensor goes into it, so none comes out of it),
@@ -321,6 +364,14 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
         if name.startswith(("is_autocast_", "get_autocast_"))
         and name.endswith(("_enabled", "_dtype"))
     ]
+    found += [
+        (torch._C, name, _flag(f"torch._C.{name}()"))
+        for name in dir(torch._C)
+        if name.startswith(_FLAGS)
+    ]
+    # A flag set as an attribute (`torch.backends.cudnn.enabled = False`), whose setter
+    # was looked up as torch was imported.
+    found.append((torch.backends.ContextProp, "__set__", _set_prop))
     found += [
         (torch, name, _draw(f"torch.{name}", "torch's random number generator"))
         for name in ("manual_seed", "seed", "set_rng_state")

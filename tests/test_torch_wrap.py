@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 import somatize.torch as smt
@@ -1422,6 +1423,28 @@ def test_draws_in_another_thread_while_a_model_is_traced_are_made() -> None:
     assert model.draw == random.random and vars(random.SystemRandom)["random"] is drawing
 
 
+class PicksKernel(nn.Module):
+    """Attends with the attention kernel it picks for a block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.encoder(x).unsqueeze(0)
+        with sdpa_kernel([SDPBackend.MATH]):
+            return nn.functional.scaled_dot_product_attention(q, q, q)
+
+
+class TurnsCudnnOff(LayerDrop):
+    """Runs its middle layer with cuDNN turned off for a block."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        with torch.backends.cudnn.flags(enabled=False):
+            return self.middle(h)
+
+
 class DrawsTorch(nn.Module):
     """Skips its middle layer at random while training, drawing a number from torch."""
 
@@ -1456,6 +1479,8 @@ class DrawsTorch(nn.Module):
             DrawsSystem,
             r"\(`if self\.training and self\.chooser.*\(`random\.SystemRandom\.getrandbits",
         ),
+        (PicksKernel, r"\(`with sdpa_kernel.*switches a flag of torch's backends"),
+        (TurnsCudnnOff, r"\(`with torch\.backends\.cudnn\.flags.*_set_cudnn_enabled"),
     ],
     ids=[
         "grad-mode",
@@ -1468,14 +1493,17 @@ class DrawsTorch(nn.Module):
         "kept",
         "own-kept",
         "subclass",
+        "sdpa-kernel",
+        "backend-flags",
     ],
 )
 def test_a_forward_that_reads_what_fx_would_fix_is_refused(
     model: type[nn.Module], refused: str
 ) -> None:
-    """A forward that reads grad mode, autocast or a random number while it is traced is
-    refused, naming what it read and where: fx would keep the value it read then, and the
-    wrapped model would take one branch in every call."""
+    """A forward that reads grad mode, autocast or a random number while it is traced, or
+    switches a flag of torch's backends, is refused, naming what it did and where: fx would
+    keep the value it read then, and the wrapped model would take one branch in every call,
+    or drop the switch."""
     with pytest.raises(smt.Untraceable, match=rf"(?s){refused}.*wrap just the submodule"):
         smt.wrap(model().train(), frozen=["encoder"])
 
