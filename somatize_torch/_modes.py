@@ -12,10 +12,11 @@ traces a model, :func:`recording`:
 - **records the modes the forward switches**, as calls in the traced code that switch
   them as it runs: grad mode (``torch.no_grad()``, ``torch.enable_grad()``,
   ``torch.set_grad_enabled(...)``, as a block, a decorator or a call), autocast
-  (``torch.autocast(...)``) and ``torch.inference_mode()``. Each block puts back, on its
-  way out, the mode it found when the call came — the caller's, not the one the model
-  was traced in — and :func:`unwinding` leaves the blocks a failed call left open, as
-  Python leaves the model's own;
+  (``torch.autocast(...)``) and ``torch.inference_mode()``, made of what each call
+  hands them where the forward makes them so (``torch.autocast(x.device.type,
+  enabled=use_amp)``). Each block puts back, on its way out, the mode it found when the
+  call came — the caller's, not the one the model was traced in — and :func:`unwinding`
+  leaves the blocks a failed call left open, as Python leaves the model's own;
 - **refuses what fx would fix** (:class:`Fixed`): a read of grad mode, autocast or
   inference mode in the model's code; a draw from torch's random number generators for
   no traced tensor (``torch.rand([])`` is run once and kept as a constant;
@@ -304,11 +305,14 @@ class _Draws(TorchDispatchMode):  # type: ignore[no-untyped-call]
 def _autocast_made(
     recorder: _Recorder, original: Callable[..., Any], block: Any, *args: Any, **kwargs: Any
 ) -> None:
-    original(block, *args, **kwargs)
     bound = _AUTOCAST_MADE.bind(block, *args, **kwargs)
     bound.apply_defaults()
+    # Made of what the forward is handed (`x.device.type`, `enabled=use_amp`), it is
+    # checked as the call comes, not here: the block traced is never entered.
+    if not any(isinstance(value, fx.Proxy) for value in bound.arguments.values()):
+        original(block, *args, **kwargs)
     # Made again as the call comes, so what it leaves to the modes then (no dtype given:
-    # the one autocast has) is settled then.
+    # the one autocast has) is settled then, and what the call hands it is used.
     recorder.made[block] = tuple(bound.arguments.values())[1:]
 
 
@@ -318,6 +322,14 @@ def _autocast_entered(recorder: _Recorder, original: Callable[..., Any], block: 
         made = (block.device, block.fast_dtype, block._enabled, block._cache_enabled)
     recorder.entered.setdefault(block, []).append(recorder.call(enter_autocast, *made))
     return block
+
+
+def _inference_made(
+    recorder: _Recorder, original: Callable[..., Any], kind: Any, mode: Any = True
+) -> Any:
+    if isinstance(mode, fx.Proxy):  # a mode the forward is handed: a block, not a decorator
+        return object.__new__(kind)
+    return original(kind, mode)
 
 
 def _inference_entered(recorder: _Recorder, original: Callable[..., Any], block: Any) -> None:
@@ -355,6 +367,7 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
         (_AUTOCAST, "__init__", _autocast_made),
         (_AUTOCAST, "__enter__", _autocast_entered),
         (_AUTOCAST, "__exit__", _left),
+        (_INFERENCE, "__new__", _inference_made),
         (_INFERENCE, "__enter__", _inference_entered),
         (_INFERENCE, "__exit__", _left),
     ]

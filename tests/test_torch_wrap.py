@@ -1174,6 +1174,41 @@ def test_a_block_run_under_inference_mode_runs_in_it(store: Store) -> None:
     assert not torch.is_inference_mode_enabled()
 
 
+class Switches(nn.Module):
+    """Runs its head under autocast, on the device of its input, and under inference mode,
+    as its caller asks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor, amp: bool = True, infer: bool = False) -> torch.Tensor:
+        h = self.encoder(x)
+        with (
+            torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp),
+            torch.inference_mode(infer),
+        ):
+            return self.head(h)
+
+
+@pytest.mark.parametrize(("amp", "infer"), [(True, False), (False, True), (False, False)])
+def test_a_block_switched_by_what_the_call_hands_the_forward_follows_it(
+    store: Store, amp: bool, infer: bool
+) -> None:
+    """An autocast or inference-mode block made of what the forward is handed (the input's
+    device, a flag) is made of what each call hands it."""
+    torch.manual_seed(0)
+    model = Switches()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    out, expected = wrapped(x, amp, infer), model(x, amp, infer)
+    assert torch.equal(out, expected) and out.dtype == expected.dtype
+    assert out.is_inference() == expected.is_inference() == infer
+    assert _modes() == (True, False, False)
+
+
 class Fails(nn.Module):
     """Fails inside a no-grad block within autocast, on a batch of the wrong width."""
 
