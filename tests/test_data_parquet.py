@@ -213,6 +213,25 @@ def test_columns_reads_only_those(store: Store) -> None:
         Parquet(store, "data/n", columns=["n", "s", "n"])
 
 
+def test_a_column_name_written_twice_is_refused_as_ambiguous(tmp_path: Path, store: Store) -> None:
+    """A file with two columns of one name is refused, naming it, when that name is read
+    (or every column is); the columns named once still read."""
+    twice = pyarrow.Table.from_arrays(
+        [pyarrow.array([1, 2]), pyarrow.array([3, 4]), pyarrow.array(["x", "y"])],
+        names=["a", "a", "b"],
+    )
+    bound(store, twice)
+    for columns in (None, ["a"], ["b", "a"]):
+        with pytest.raises(NotParquet, match=r"`data/n` .* has 2 columns named `a`.*ambiguous"):
+            Parquet(store, "data/n", columns=columns).forward({"at": 0, "take": 2}, ctx())
+    assert Parquet(store, "data/n", columns=["b"]).forward({"at": 0, "take": 2}, ctx()).column(
+        "b"
+    ) == ["x", "y"]
+    write_dir(tmp_path / "d", [twice])
+    with pytest.raises(NotParquet, match=r"`part-000\.parquet` has 2 columns named `a`"):
+        ParquetDir(tmp_path / "d").forward({"at": 0, "take": 2}, ctx())
+
+
 def test_no_columns_still_counts_the_rows_across_row_groups_and_files(
     tmp_path: Path, store: Store
 ) -> None:

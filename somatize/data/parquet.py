@@ -133,13 +133,22 @@ class _File:
             ) from None
         meta = self.file.metadata
         schema = self.file.schema_arrow
+        times = collections.Counter(schema.names)
+        for name in schema.names if columns is None else columns:
+            if not times[name]:
+                raise UnknownColumn(
+                    f"{where} has no column `{name}`; it has "
+                    f"{', '.join(f'`{n}`' for n in schema.names)}. Ask for those in columns="
+                )
+            if times[name] > 1:
+                others = [n for n in schema.names if times[n] == 1]
+                raise NotParquet(
+                    f"{where} has {times[name]} columns named `{name}`, so the name is "
+                    "ambiguous, and a frame has each column once. Write the file with one "
+                    "name for each column"
+                    + (f", or read only the others (columns={others!r})" if others else "")
+                )
         if columns is not None:
-            for name in columns:
-                if name not in schema.names:
-                    raise UnknownColumn(
-                        f"{where} has no column `{name}`; it has "
-                        f"{', '.join(f'`{n}`' for n in schema.names)}. Ask for those in columns="
-                    )
             schema = pyarrow.schema([schema.field(name) for name in columns], schema.metadata)
         self.schema = schema
         self.columns = columns
