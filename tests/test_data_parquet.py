@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import abc
+import gc
 import io
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -453,6 +455,36 @@ def test_files_of_different_schemas_are_refused(tmp_path: Path) -> None:
     write_dir(tmp_path / "units", [measured("km", "a"), measured("mi", "a")])
     with pytest.raises(NotParquet, match=r"(?s)`part-001\.parquet` has columns .*mi"):
         ParquetDir(tmp_path / "units").forward({"at": 0, "take": 4}, ctx())
+
+
+def test_a_directory_keeps_one_budget_of_decoded_groups_for_all_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Walking many files keeps at most the source's budget of decoded row groups (beyond
+    the one being read), not the last group of every file."""
+    import somatize.data.parquet as module
+
+    decoded: list[weakref.ref[pyarrow.Table]] = []
+    real = pyarrow.parquet.ParquetFile.read_row_group
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> pyarrow.Table:
+        table = real(self, *args, **kwargs)
+        decoded.append(weakref.ref(table))
+        return table
+
+    monkeypatch.setattr(pyarrow.parquet.ParquetFile, "read_row_group", counting)
+    write_dir(tmp_path / "d", [numbers(50, 50 * part).select(["n"]) for part in range(30)])
+    source = ParquetDir(tmp_path / "d")
+    group = source.forward({"at": 0, "take": 50}, ctx()).to_arrow().nbytes
+    monkeypatch.setattr(module, "_HELD_BYTES", 3 * group)
+    seen = []
+    for span in spans(source, take=20):
+        seen.extend(source.forward(span, ctx()).column("n"))
+    assert seen == list(range(1500))
+    assert len(decoded) == 30  # each group decoded once
+    gc.collect()
+    kept = [table for table in (one() for one in decoded) if table is not None]
+    assert sum(table.nbytes for table in kept) <= 4 * group
 
 
 def test_a_directory_source_is_settled_and_cached(tmp_path: Path, store: Store) -> None:

@@ -16,7 +16,9 @@ sources over the same bytes share answers.
 
 Reading is by row group, the unit a Parquet file can be read in: a span reads
 the footer once, then only the row groups it overlaps, and keeps the last ones
-it decoded so that walking a dataset span by span decodes each group once.
+it decoded so that walking a dataset span by span decodes each group once. What
+a source keeps is bounded per source (``_HELD_BYTES``, and always the last group),
+however many files it reads.
 Write datasets with row groups near the size of the spans you read them by:
 a span never reads less than one whole row group of the columns it asks for.
 
@@ -76,8 +78,8 @@ from somatize.store import Corrupt, Missing, Store
 __all__ = ["DatasetChanged", "NotParquet", "Parquet", "ParquetDir"]
 
 _HELD_BYTES = 64 << 20
-"""How many bytes of decoded row groups a source keeps for the spans that follow
-(always at least the last group it read)."""
+"""How many bytes of decoded row groups a source keeps for the spans that follow, from
+all its files together (always at least the last group it read)."""
 
 
 class NotParquet(DataError, ValueError):
@@ -117,12 +119,54 @@ def _joined(tables: list[pyarrow.Table]) -> pyarrow.Table:
     return pyarrow.Table.from_batches([batch.replace_schema_metadata(tables[0].schema.metadata)])
 
 
-class _File:
-    """One open Parquet file: its footer, where each row group starts, and the row
-    groups it decoded last."""
+class _Held:
+    """The row groups a source decoded last, from any of its files, kept for the spans
+    that follow: at most ``_HELD_BYTES`` of them together, and always the last one, so a
+    source over many files holds no more than one over a single file."""
 
-    def __init__(self, source: Any, where: str, columns: list[str] | None) -> None:
+    def __init__(self) -> None:
+        self.tables: OrderedDict[tuple[int, int], pyarrow.Table] = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple[int, int]) -> pyarrow.Table | None:
+        """Row group ``key`` (file, group), when it is kept."""
+        with self.lock:
+            found = self.tables.get(key)
+            if found is not None:
+                self.tables.move_to_end(key)
+            return found
+
+    def keep(self, key: tuple[int, int], table: pyarrow.Table) -> None:
+        """Keeps row group ``key``, letting go of the ones used least recently beyond the
+        budget."""
+        with self.lock:
+            replaced = self.tables.pop(key, None)
+            if replaced is not None:
+                self.bytes -= replaced.nbytes
+            self.tables[key] = table
+            self.bytes += table.nbytes
+            while len(self.tables) > 1 and self.bytes > _HELD_BYTES:
+                _, dropped = self.tables.popitem(last=False)
+                self.bytes -= dropped.nbytes
+
+    def clear(self) -> None:
+        with self.lock:
+            self.tables.clear()
+            self.bytes = 0
+
+
+class _File:
+    """One open Parquet file of a source: its footer and where each row group starts.
+    The groups it decodes are kept in ``held``, which all the source's files share, as
+    its file ``number``."""
+
+    def __init__(
+        self, source: Any, where: str, columns: list[str] | None, held: _Held, number: int
+    ) -> None:
         self.where = where
+        self.held = held
+        self.number = number
         try:
             self.file = pyarrow.parquet.ParquetFile(source, page_checksum_verification=True)
         except (pyarrow.ArrowException, OSError) as why:
@@ -156,14 +200,11 @@ class _File:
         for index in range(meta.num_row_groups):
             self.starts.append(self.starts[-1] + meta.row_group(index).num_rows)
         self.rows = self.starts[-1]
-        self.held: OrderedDict[int, pyarrow.Table] = OrderedDict()
-        self.held_bytes = 0
         self.lock = threading.Lock()
 
     def group(self, index: int) -> pyarrow.Table:
-        found = self.held.get(index)
+        found = self.held.get((self.number, index))
         if found is not None:
-            self.held.move_to_end(index)
             return found
         try:
             table = self.file.read_row_group(index, columns=self.columns)
@@ -173,11 +214,7 @@ class _File:
                 "damaged (a page checksum failed, or the file was cut short), and no rows of "
                 "it are handed over. Write the dataset again"
             ) from None
-        self.held[index] = table
-        self.held_bytes += table.nbytes
-        while len(self.held) > 1 and self.held_bytes > _HELD_BYTES:
-            _, dropped = self.held.popitem(last=False)
-            self.held_bytes -= dropped.nbytes
+        self.held.keep((self.number, index), table)
         return table
 
     def read(self, at: int, take: int) -> pyarrow.Table:
@@ -247,6 +284,7 @@ class Parquet(_Versioned):
         """The digest ``name`` resolved to when this source was built: its state."""
         self._file: _File | None = None
         self._handle: Any = None
+        self._held = _Held()
         self._opening = threading.Lock()
 
     def declare(self) -> dict[str, Any]:
@@ -346,7 +384,7 @@ class Parquet(_Versioned):
                 else:
                     source = store.open_blob(self.version)
                 try:
-                    self._file = _File(source, where, self.columns)
+                    self._file = _File(source, where, self.columns, self._held, 0)
                 except BaseException:
                     source.close()
                     raise
@@ -354,13 +392,15 @@ class Parquet(_Versioned):
         return self._file
 
     def close(self) -> None:
-        """Lets go of the open file (it is opened again on the next read)."""
+        """Lets go of the open file and the row groups it decoded (it is opened again on
+        the next read)."""
         with self._opening:
             if self._file is not None:
                 self._file.close()
             if self._handle is not None:
                 self._handle.close()
             self._file = self._handle = None
+            self._held.clear()
 
     def __repr__(self) -> str:
         name = self._smz.name
@@ -477,6 +517,7 @@ class ParquetDir(_Versioned):
         self._opened: list[_File] | None = None
         self._starts: list[int] = []
         self._handles: list[Any] = []
+        self._held = _Held()
         self._opening = threading.Lock()
 
     def declare(self) -> dict[str, Any]:
@@ -561,7 +602,8 @@ class ParquetDir(_Versioned):
                         self._check(index)
                         handle = pyarrow.memory_map(str(self.root / relative), "r")
                         self._handles.append(handle)
-                        opened.append(_File(handle, f"`{relative}`", self.columns))
+                        where = f"`{relative}`"
+                        opened.append(_File(handle, where, self.columns, self._held, index))
                     self._check_schemas(opened)
                 except BaseException:
                     for handle in self._handles:
@@ -589,13 +631,15 @@ class ParquetDir(_Versioned):
                 )
 
     def close(self) -> None:
-        """Lets go of the open files (they are opened again on the next read)."""
+        """Lets go of the open files and the row groups they decoded (they are opened
+        again on the next read)."""
         with self._opening:
             for one in self._opened or ():
                 one.close()
             for handle in self._handles:
                 handle.close()
             self._opened, self._handles = None, []
+            self._held.clear()
 
     def __repr__(self) -> str:
         name = self._smz.name
