@@ -487,6 +487,57 @@ def test_a_directory_keeps_one_budget_of_decoded_groups_for_all_its_files(
     assert sum(table.nbytes for table in kept) <= 4 * group
 
 
+def test_a_directory_of_more_files_than_a_process_may_open_is_read(tmp_path: Path) -> None:
+    """A directory is read with a few of its files open at a time, so one of more files
+    than the process may have open is counted and read across."""
+    resource = pytest.importorskip("resource")
+    listed = Path("/proc/self/fd")
+    if not listed.is_dir():
+        pytest.skip("the open files are listed in /proc/self/fd on Linux only")
+    write_dir(tmp_path / "d", [pyarrow.table({"n": [part]}) for part in range(300)])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = {int(fd) for fd in os.listdir(listed)}
+    limit = 0  # the lowest limit leaving 64 descriptors free: a new one takes the lowest free
+    while limit - len([fd for fd in used if fd < limit]) < 64:
+        limit += 1
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        source = ParquetDir(tmp_path / "d")
+        assert source.count_rows() == 300
+        assert source.forward({"at": 0, "take": 300}, ctx()).column("n") == list(range(300))
+        assert source.forward({"at": 250, "take": 5}, ctx()).column("n") == list(range(250, 255))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_file_replaced_after_it_was_let_go_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file the source opened, read and closed again, then replaced by another of the same
+    size and time, is refused when a span reaches it again rather than read under the old
+    version: by its path, and by the file opened again (as when it is replaced between the
+    two)."""
+    plain = {"compression": "none", "use_dictionary": False}
+    (tmp_path / "d").mkdir()
+    for part in range(40):
+        rows = pyarrow.table({"n": list(range(10 * part, 10 * part + 10))})
+        pyarrow.parquet.write_table(rows, tmp_path / "d" / f"part-{part:03d}.parquet", **plain)
+    source = ParquetDir(tmp_path / "d")
+    assert source.forward({"at": 0, "take": 400}, ctx()).column("n") == list(range(400))
+    path = tmp_path / "d" / "part-000.parquet"
+    before = path.stat()
+    replacement = pyarrow.table({"n": list(range(1, 11))})
+    pyarrow.parquet.write_table(replacement, tmp_path / "new.parquet", **plain)
+    assert (tmp_path / "new.parquet").stat().st_size == before.st_size
+    os.replace(tmp_path / "new.parquet", path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(DatasetChanged, match=r"`part-000\.parquet` under .* changed after"):
+        source.forward({"at": 0, "take": 4}, ctx())
+    monkeypatch.setattr(ParquetDir, "_check", lambda self, index: None)
+    with pytest.raises(DatasetChanged, match=r"`part-000\.parquet` under .* changed after"):
+        source.forward({"at": 0, "take": 4}, ctx())
+
+
 def test_a_directory_source_is_settled_and_cached(tmp_path: Path, store: Store) -> None:
     """A ParquetDir settles like Parquet: its version in the key, answers recalled."""
     write_dir(tmp_path / "d", [numbers(100)])

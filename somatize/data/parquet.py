@@ -35,7 +35,10 @@ meant for a bucket with ``write_page_checksum=True``.
 path order, for data that does not live in a store. Its version is worked out
 from the files' names, sizes and content digests, so any changed byte changes
 it; a file that changes after that is refused rather than read under the old
-version.
+version. It reads each file's footer once and then holds only a few files open
+(``_OPEN_FILES``), opening one again when a span reaches it, so a directory may
+hold more files than a process may have open or memory-mapped; a file opened
+again is checked to be the very file its digest was taken from.
 
 **On a network worker** (``.frozen().at("w1")``, settled), a source crosses by
 reference. The worker rebuilds it from where its bytes are found — a
@@ -81,6 +84,11 @@ _HELD_BYTES = 64 << 20
 """How many bytes of decoded row groups a source keeps for the spans that follow, from
 all its files together (always at least the last group it read)."""
 
+_OPEN_FILES = 8
+"""How many files of a ``ParquetDir`` stay open between spans. The others are opened
+again when a span reaches them: a directory may hold more files than a process may
+have open or memory-mapped."""
+
 
 class NotParquet(DataError, ValueError):
     """Bytes, a file or a directory that hold no Parquet dataset to read."""
@@ -117,6 +125,58 @@ def _joined(tables: list[pyarrow.Table]) -> pyarrow.Table:
     rows = sum(table.num_rows for table in tables)
     batch = pyarrow.RecordBatch.from_struct_array(pyarrow.nulls(rows, pyarrow.struct([])))
     return pyarrow.Table.from_batches([batch.replace_schema_metadata(tables[0].schema.metadata)])
+
+
+def _parquet_file(
+    source: Any, where: str, metadata: pyarrow.parquet.FileMetaData | None = None
+) -> pyarrow.parquet.ParquetFile:
+    """``source`` opened as Parquet (its footer read, unless ``metadata`` is it already);
+    NotParquet when it is not Parquet."""
+    try:
+        return pyarrow.parquet.ParquetFile(
+            source, metadata=metadata, page_checksum_verification=True
+        )
+    except (pyarrow.ArrowException, OSError) as why:
+        raise NotParquet(
+            f"{where} is not a Parquet file ({why}). A Parquet source reads files written "
+            "by `pyarrow.parquet.write_table` or any other Parquet writer; bind the name to "
+            "the bytes of one"
+        ) from None
+
+
+class _Footer:
+    """What a Parquet file's footer says, read once: the schema of the columns a source
+    reads from it, and the row each row group starts at. It holds no file open."""
+
+    def __init__(
+        self, file: pyarrow.parquet.ParquetFile, where: str, columns: list[str] | None
+    ) -> None:
+        self.where = where
+        self.columns = columns
+        self.metadata = file.metadata
+        schema = file.schema_arrow
+        times = collections.Counter(schema.names)
+        for name in schema.names if columns is None else columns:
+            if not times[name]:
+                raise UnknownColumn(
+                    f"{where} has no column `{name}`; it has "
+                    f"{', '.join(f'`{n}`' for n in schema.names)}. Ask for those in columns="
+                )
+            if times[name] > 1:
+                others = [n for n in schema.names if times[n] == 1]
+                raise NotParquet(
+                    f"{where} has {times[name]} columns named `{name}`, so the name is "
+                    "ambiguous, and a frame has each column once. Write the file with one "
+                    "name for each column"
+                    + (f", or read only the others (columns={others!r})" if others else "")
+                )
+        if columns is not None:
+            schema = pyarrow.schema([schema.field(name) for name in columns], schema.metadata)
+        self.schema = schema
+        self.starts = [0]
+        for index in range(self.metadata.num_row_groups):
+            self.starts.append(self.starts[-1] + self.metadata.row_group(index).num_rows)
+        self.rows = self.starts[-1]
 
 
 class _Held:
@@ -157,80 +217,50 @@ class _Held:
 
 
 class _File:
-    """One open Parquet file of a source: its footer and where each row group starts.
-    The groups it decodes are kept in ``held``, which all the source's files share, as
-    its file ``number``."""
+    """One open Parquet file of a source: what its footer says, the file and the handle
+    under it, and a lock its reads take turns on."""
 
-    def __init__(
-        self, source: Any, where: str, columns: list[str] | None, held: _Held, number: int
-    ) -> None:
-        self.where = where
-        self.held = held
-        self.number = number
-        try:
-            self.file = pyarrow.parquet.ParquetFile(source, page_checksum_verification=True)
-        except (pyarrow.ArrowException, OSError) as why:
-            raise NotParquet(
-                f"{where} is not a Parquet file ({why}). A Parquet source reads files written "
-                "by `pyarrow.parquet.write_table` or any other Parquet writer; bind the name to "
-                "the bytes of one"
-            ) from None
-        meta = self.file.metadata
-        schema = self.file.schema_arrow
-        times = collections.Counter(schema.names)
-        for name in schema.names if columns is None else columns:
-            if not times[name]:
-                raise UnknownColumn(
-                    f"{where} has no column `{name}`; it has "
-                    f"{', '.join(f'`{n}`' for n in schema.names)}. Ask for those in columns="
-                )
-            if times[name] > 1:
-                others = [n for n in schema.names if times[n] == 1]
-                raise NotParquet(
-                    f"{where} has {times[name]} columns named `{name}`, so the name is "
-                    "ambiguous, and a frame has each column once. Write the file with one "
-                    "name for each column"
-                    + (f", or read only the others (columns={others!r})" if others else "")
-                )
-        if columns is not None:
-            schema = pyarrow.schema([schema.field(name) for name in columns], schema.metadata)
-        self.schema = schema
-        self.columns = columns
-        self.starts = [0]
-        for index in range(meta.num_row_groups):
-            self.starts.append(self.starts[-1] + meta.row_group(index).num_rows)
-        self.rows = self.starts[-1]
+    def __init__(self, file: pyarrow.parquet.ParquetFile, handle: Any, footer: _Footer) -> None:
+        self.file = file
+        self.handle = handle
+        self.footer = footer
         self.lock = threading.Lock()
+        self.users = 0
+        """How many reads are using it (guarded by its source's lock): it is not closed
+        under them."""
 
-    def group(self, index: int) -> pyarrow.Table:
-        found = self.held.get((self.number, index))
+    def read(self, at: int, take: int, held: _Held, number: int) -> pyarrow.Table:
+        """Rows ``at`` to ``at + take`` of this file (fewer at its end, none past it), the
+        source's file ``number``: row groups ``held`` keeps are not decoded again."""
+        footer = self.footer
+        end = min(at + take, footer.rows)
+        if at >= end:
+            return footer.schema.empty_table()
+        first = bisect.bisect_right(footer.starts, at) - 1
+        last = bisect.bisect_left(footer.starts, end) - 1
+        with self.lock:
+            groups = [self._group(index, held, number) for index in range(first, last + 1)]
+        table = _joined(groups)
+        return table.slice(at - footer.starts[first], end - at)
+
+    def _group(self, index: int, held: _Held, number: int) -> pyarrow.Table:
+        found = held.get((number, index))
         if found is not None:
             return found
         try:
-            table = self.file.read_row_group(index, columns=self.columns)
+            table = self.file.read_row_group(index, columns=self.footer.columns)
         except (pyarrow.ArrowException, OSError) as why:
             raise Corrupt(
-                f"row group {index} of {self.where} cannot be read ({why}): its bytes are "
-                "damaged (a page checksum failed, or the file was cut short), and no rows of "
-                "it are handed over. Write the dataset again"
+                f"row group {index} of {self.footer.where} cannot be read ({why}): its bytes "
+                "are damaged (a page checksum failed, or the file was cut short), and no rows "
+                "of it are handed over. Write the dataset again"
             ) from None
-        self.held.keep((self.number, index), table)
+        held.keep((number, index), table)
         return table
-
-    def read(self, at: int, take: int) -> pyarrow.Table:
-        """Rows ``at`` to ``at + take`` of this file (fewer at its end, none past it)."""
-        end = min(at + take, self.rows)
-        if at >= end:
-            return self.schema.empty_table()
-        first = bisect.bisect_right(self.starts, at) - 1
-        last = bisect.bisect_left(self.starts, end) - 1
-        with self.lock:
-            groups = [self.group(index) for index in range(first, last + 1)]
-        table = _joined(groups)
-        return table.slice(at - self.starts[first], end - at)
 
     def close(self) -> None:
         self.file.close()
+        self.handle.close()
 
 
 class _Versioned(Node):
@@ -283,7 +313,6 @@ class Parquet(_Versioned):
         self.version: str = store.resolve(name)
         """The digest ``name`` resolved to when this source was built: its state."""
         self._file: _File | None = None
-        self._handle: Any = None
         self._held = _Held()
         self._opening = threading.Lock()
 
@@ -353,11 +382,11 @@ class Parquet(_Versioned):
 
     def count_rows(self) -> int:
         """How many rows the dataset has, from its footer (the rows are not read)."""
-        return self._open().rows
+        return self._open().footer.rows
 
     def forward(self, span: Any, ctx: Context) -> Frame:
         at, take = span_of(span, f"`{ctx.name}` (Parquet)")
-        return Frame(self._open().read(at, take))
+        return Frame(self._open().read(at, take, self._held, 0))
 
     def _open(self) -> _File:
         if self._file is not None:
@@ -384,11 +413,11 @@ class Parquet(_Versioned):
                 else:
                     source = store.open_blob(self.version)
                 try:
-                    self._file = _File(source, where, self.columns, self._held, 0)
+                    file = _parquet_file(source, where)
+                    self._file = _File(file, source, _Footer(file, where, self.columns))
                 except BaseException:
                     source.close()
                     raise
-                self._handle = source
         return self._file
 
     def close(self) -> None:
@@ -397,9 +426,7 @@ class Parquet(_Versioned):
         with self._opening:
             if self._file is not None:
                 self._file.close()
-            if self._handle is not None:
-                self._handle.close()
-            self._file = self._handle = None
+            self._file = None
             self._held.clear()
 
     def __repr__(self) -> str:
@@ -419,8 +446,10 @@ _DIGESTS: dict[tuple[Any, ...], str] = {}
 digested long enough after their last change."""
 
 
-def _stat_of(path: Path) -> tuple[Any, ...]:
-    found = os.stat(path)
+def _stat_of(path: Path, fd: int | None = None) -> tuple[Any, ...]:
+    """What says which file is at ``path`` and whether it changed; of the file open as
+    ``fd`` (opened from ``path``) when one is given."""
+    found = os.stat(path) if fd is None else os.fstat(fd)
     return (str(path), found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns,
             found.st_ctime_ns)  # fmt: skip
 
@@ -514,9 +543,11 @@ class ParquetDir(_Versioned):
             entries.append([relative, stat[3], digest])
         self.version: str = canonical.hex_of(entries, b"somatize/parquet-dir\0")
         """A digest of the files' names, sizes and contents: its state."""
-        self._opened: list[_File] | None = None
+        self._footers: list[_Footer] | None = None
         self._starts: list[int] = []
-        self._handles: list[Any] = []
+        self._files: OrderedDict[int, _File] = OrderedDict()
+        """The files open now, used least recently first: at most ``_OPEN_FILES`` of them
+        between reads."""
         self._held = _Held()
         self._opening = threading.Lock()
 
@@ -556,72 +587,114 @@ class ParquetDir(_Versioned):
 
     def count_rows(self) -> int:
         """How many rows the files hold together, from their footers."""
-        self._open()
+        self._read_footers()
         return self._starts[-1]
 
     def forward(self, span: Any, ctx: Context) -> Frame:
         at, take = span_of(span, f"`{ctx.name}` (ParquetDir)")
-        files = self._open()
+        footers = self._read_footers()
         starts = self._starts
         end = min(at + take, starts[-1])
         if at >= end:
-            return Frame(files[0].schema.empty_table())
+            return Frame(footers[0].schema.empty_table())
         first = bisect.bisect_right(starts, at) - 1
         pieces = []
         index = first
-        while index < len(files) and starts[index] < end:
+        while index < len(footers) and starts[index] < end:
             self._check(index)
             offset = starts[index]
-            piece = files[index].read(max(at - offset, 0), end - max(at, offset))
+            one = self._using(index)
+            try:
+                piece = one.read(max(at - offset, 0), end - max(at, offset), self._held, index)
+            finally:
+                self._done(one)
             if piece.num_rows:
                 pieces.append(piece)
             index += 1
         return Frame(_joined(pieces))
 
+    def _changed(self, index: int) -> DatasetChanged:
+        return DatasetChanged(
+            f"`{self.files[index]}` under {str(self.root)!r} changed after this source's "
+            "version was worked out, so its rows are no longer the ones the version names. "
+            "Build a new `ParquetDir` (and settle the graph again) to read it at its new "
+            "version"
+        )
+
     def _check(self, index: int) -> None:
-        relative = self.files[index]
         try:
-            now = _stat_of(self.root / relative)
+            now = _stat_of(self.root / self.files[index])
         except FileNotFoundError:
             now = None
         if now != self._stats[index]:
-            raise DatasetChanged(
-                f"`{relative}` under {str(self.root)!r} changed after this source's version was "
-                "worked out, so its rows are no longer the ones the version names. Build a new "
-                "`ParquetDir` (and settle the graph again) to read it at its new version"
-            )
+            raise self._changed(index)
 
-    def _open(self) -> list[_File]:
-        if self._opened is not None:
-            return self._opened
+    def _opened(self, index: int, footer: _Footer | None) -> _File:
+        """File ``index`` opened, checked to be the very file its digest was taken from (a
+        file put in its place since is refused, however alike)."""
+        relative = self.files[index]
+        path = self.root / relative
+        try:
+            handle = pyarrow.memory_map(str(path), "r")
+        except FileNotFoundError:
+            raise self._changed(index) from None
+        try:
+            if _stat_of(path, handle.fileno()) != self._stats[index]:
+                raise self._changed(index)
+            where = f"`{relative}`"
+            file = _parquet_file(handle, where, None if footer is None else footer.metadata)
+            if footer is None:
+                footer = _Footer(file, where, self.columns)
+            return _File(file, handle, footer)
+        except BaseException:
+            handle.close()
+            raise
+
+    def _read_footers(self) -> list[_Footer]:
+        """Every file's footer, each read once with the file open only while it is read."""
+        if self._footers is not None:
+            return self._footers
         with self._opening:
-            if self._opened is None:
-                opened: list[_File] = []
-                try:
-                    for index, relative in enumerate(self.files):
-                        self._check(index)
-                        handle = pyarrow.memory_map(str(self.root / relative), "r")
-                        self._handles.append(handle)
-                        where = f"`{relative}`"
-                        opened.append(_File(handle, where, self.columns, self._held, index))
-                    self._check_schemas(opened)
-                except BaseException:
-                    for handle in self._handles:
-                        handle.close()
-                    self._handles = []
-                    raise
+            if self._footers is None:
+                footers = []
+                for index in range(len(self.files)):
+                    one = self._opened(index, None)
+                    one.close()
+                    footers.append(one.footer)
+                self._check_schemas(footers)
                 starts = [0]
-                for one in opened:
-                    starts.append(starts[-1] + one.rows)
+                for footer in footers:
+                    starts.append(starts[-1] + footer.rows)
                 self._starts = starts
-                self._opened = opened
-        return self._opened
+                self._footers = footers
+        return self._footers
 
-    def _check_schemas(self, opened: list[_File]) -> None:
+    def _using(self, index: int) -> _File:
+        """File ``index`` open, and counted as used until :meth:`_done`."""
+        footers = self._read_footers()
+        with self._opening:
+            one = self._files.get(index)
+            if one is None:
+                one = self._opened(index, footers[index])
+                self._files[index] = one
+            self._files.move_to_end(index)
+            one.users += 1
+            return one
+
+    def _done(self, one: _File) -> None:
+        """Ends a use of ``one``; closes the files used least recently beyond
+        ``_OPEN_FILES`` that no read is using."""
+        with self._opening:
+            one.users -= 1
+            idle = [index for index, open_ in self._files.items() if not open_.users]
+            for index in idle[: max(len(self._files) - _OPEN_FILES, 0)]:
+                self._files.pop(index).close()
+
+    def _check_schemas(self, footers: list[_Footer]) -> None:
         # The files' own metadata (the writer, a pandas index) may differ; what a
         # column says of itself (its unit, say) goes with its rows, so it may not.
-        schema = opened[0].schema.remove_metadata()
-        for one, relative in zip(opened, self.files, strict=True):
+        schema = footers[0].schema.remove_metadata()
+        for one, relative in zip(footers, self.files, strict=True):
             if not one.schema.remove_metadata().equals(schema, check_metadata=True):
                 raise NotParquet(
                     f"`{relative}` has columns {one.schema.remove_metadata()} where "
@@ -634,11 +707,9 @@ class ParquetDir(_Versioned):
         """Lets go of the open files and the row groups they decoded (they are opened
         again on the next read)."""
         with self._opening:
-            for one in self._opened or ():
+            for one in self._files.values():
                 one.close()
-            for handle in self._handles:
-                handle.close()
-            self._opened, self._handles = None, []
+            self._files.clear()
             self._held.clear()
 
     def __repr__(self) -> str:
