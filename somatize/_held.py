@@ -109,24 +109,6 @@ _HOLDING = threading.Lock()
 """Held while a :class:`Holding` is made or looked at."""
 
 
-Mark = tuple[int, type, int]
-"""What tells, at no cost, that an attribute changed: the object it holds, that object's
-type and, for a list, dict, set, tuple or bytearray, its length."""
-
-_SIZED = (list, dict, set, tuple, bytearray)
-
-
-def marks_of(node: Any) -> dict[str, Mark]:
-    """The :data:`Mark` of each public attribute of ``node``: what :class:`Holding` looks
-    at around each run here, where a digest of every value would cost each run as much as
-    digesting them (a large public vocabulary)."""
-    return {
-        name: (id(value), type(value), len(value) if type(value) in _SIZED else -1)
-        for name, value in attributes_of(node).items()
-        if not name.startswith("_")
-    }
-
-
 class Holding:
     """What a copy of a node, rebuilt elsewhere from its constructor call, must hold (a
     network worker's): what the node held when first looked at, and each public value
@@ -135,18 +117,14 @@ class Holding:
     counter), which a copy running elsewhere changes on its own, as it runs there.
 
     Told apart by when a value changes: between the node's runs here, or during one
-    (:func:`running_here`); an attribute that changes while it runs here, from another
-    thread too, is its own from then on, until one is given it between runs. Around a
-    run only the attributes' :data:`Mark` is looked at: a value the node changes in place
-    while it runs keeping its length (``self.weights[0] = 2``) is not seen as its own, and
-    is taken as given when the node is next sent (refused if a copy would not hold it);
-    the values themselves are digested when it is sent (:meth:`owed`). One per node,
-    whichever graphs it is in (:func:`holding_of`), looked at under one lock for all."""
+    (:func:`running_here`); what changes while it runs here, from another thread too, is
+    its own. Each start and stop of a run here digests the node's public attributes (a
+    node that keeps much data does so best in private ones). One per node, whichever
+    graphs it is in (:func:`holding_of`), looked at under one lock for all."""
 
     def __init__(self, node: Any) -> None:
         self._owed = dict(held_by(node))
-        self._marks = marks_of(node)
-        self._own: set[str] = set()
+        self._seen = dict(self._owed)
         self._running = 0
 
     def copied(self) -> Holding:
@@ -154,8 +132,7 @@ class Holding:
         holds what the node held, and changes on its own from then on."""
         with _HOLDING:
             other = Holding.__new__(Holding)
-            other._owed, other._marks = dict(self._owed), dict(self._marks)
-            other._own, other._running = set(self._own), 0
+            other._owed, other._seen, other._running = dict(self._owed), dict(self._seen), 0
             return other
 
     def owed(self, node: Any, follows: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
@@ -163,50 +140,39 @@ class Holding:
         in ``follows`` as the node holds them, even as it changed them itself (arguments
         it keeps, which the copy is rebuilt with)."""
         with _HOLDING:
-            self._given(node)
-            self._own.difference_update(follows)
-            now = dict(held_by(node))
-            for name in self._owed.keys() | now.keys():
-                if name in self._own:
-                    continue
-                if name not in now:
-                    self._owed.pop(name, None)
+            self._look(node)
+            for name in follows:
+                if name in self._seen:
+                    self._owed[name] = self._seen[name]
                 else:
-                    self._owed[name] = now[name]
+                    self._owed.pop(name, None)
             return tuple(sorted(self._owed.items()))
 
-    def _given(self, node: Any) -> None:
-        """Takes what changed since the node was last looked at, between its runs here, as
-        given to it: its own no more."""
-        if self._running:
+    def _look(self, node: Any) -> None:
+        now = dict(held_by(node))
+        if now == self._seen:
             return
-        marks = marks_of(node)
-        if marks != self._marks:
-            self._own -= {
-                n for n in marks.keys() | self._marks.keys() if marks.get(n) != self._marks.get(n)
-            }
-            self._marks = marks
+        if not self._running:  # given by whoever holds it
+            for name in self._seen.keys() | now.keys():
+                if name not in now:
+                    self._owed.pop(name, None)
+                elif now[name] != self._seen.get(name):
+                    self._owed[name] = now[name]
+        self._seen = now
 
     def start(self, node: Any) -> None:
         """``node`` starts running here: what changed since it was last looked at was given
         to it; what changes from now on, until it stops, is its own."""
         with _HOLDING:
-            self._given(node)
+            self._look(node)
             self._running += 1
 
     def stop(self, node: Any) -> None:
-        """``node`` stopped running here: what it changed, as far as its marks tell, is its
+        """``node`` stopped running here: what it holds now, as far as it changed it, is its
         own."""
         with _HOLDING:
             self._running -= 1
-            marks = marks_of(node)
-            if marks != self._marks:
-                self._own |= {
-                    n
-                    for n in marks.keys() | self._marks.keys()
-                    if marks.get(n) != self._marks.get(n)
-                }
-                self._marks = marks
+            self._seen = dict(held_by(node))
 
 
 def holding_of(node: Any) -> Holding:

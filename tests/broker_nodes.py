@@ -327,3 +327,26 @@ class Window(Node):
 
     def forward(self, value: float, ctx: Any) -> float:
         return value + len(self.recent)
+
+
+class Tally(Node):
+    """Doubles a value, counting its calls in a public dict of fixed keys."""
+
+    def __init__(self) -> None:
+        self.stats = {"calls": 0}
+
+    def forward(self, value: float, ctx: Any) -> float:
+        self.stats["calls"] += 1
+        return value * 2
+
+
+class Lazy(Node):
+    """Multiplies by its first weight, setting its weights up at its first run."""
+
+    def __init__(self) -> None:
+        self.weights: list[float] | None = None
+
+    def forward(self, value: float, ctx: Any) -> float:
+        if self.weights is None:
+            self.weights = [1.0, 1.0]
+        return value * self.weights[0]

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import torch
 
-import somatize._held as held
 from somatize import (
     Catalog,
     CodecError,
@@ -44,6 +43,7 @@ from tests.broker_nodes import (
     Encoder,
     Grows,
     Holds,
+    Lazy,
     Length,
     Listed,
     MakesBlob,
@@ -56,6 +56,7 @@ from tests.broker_nodes import (
     SeedsItself,
     Stepper,
     Tagged,
+    Tally,
     Three,
     Times,
     Weights,
@@ -309,25 +310,25 @@ def test_a_public_value_set_after_the_graph_was_built_is_refused_on_a_network_wo
     assert copy.deepcopy(g).forward([1.0], broker=broker) == [3.0]
 
 
-def test_a_placed_node_run_here_is_not_digested_at_each_run(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A placed node run in this process (no broker, or a local worker) has its public
-    values digested once, when first looked at, not at each run (a large public dict
-    made each run cost as much as digesting it); what it changed itself meanwhile — a
-    counter, a public dict it fills — is still its own, and it still crosses."""
-    looked: list[object] = []
-    digest = held.held_by
-    monkeypatch.setattr(held, "held_by", lambda node: looked.append(node) or digest(node))
-    remembers = Remembers()
-    g = Graph.somatize(Echo().named("s") >> remembers.named("n").at("w1"))
-    for value in range(5):
-        assert g.forward(float(value)) == value * 2
-    assert len(remembers.seen) == 5 and len(looked) == 1
-    assert g.forward(7.0, broker=Broker.embedded({"w1": Worker.generic(mode="network")})) == 14
-    remembers.seen = {"given": 1.0}  # given between runs: a copy would not hold it
-    with pytest.raises(Unbuildable, match=r"holds other values in `seen`"):
-        g.forward(7.0, broker=Broker.embedded({"w1": Worker.generic(mode="network")}))
+def test_what_a_node_changes_in_place_itself_crosses_and_what_is_given_it_does_not() -> None:
+    """A placed node run here, with no broker and on a local worker, that changes its
+    public values in place itself (a dict of counts it keeps, a dict it fills) still
+    crosses to a network worker; one given a value in place between runs, after it had
+    set it up itself, is refused there, where the copy would compute with its own."""
+    network = Broker.embedded({"w1": Worker.generic(mode="network")})
+    local = Broker.embedded({"w1": Worker.generic(mode="local")})
+    for kind in (Tally, Remembers):
+        g = Graph.somatize(Echo().named("s") >> kind().named("n").at("w1"))
+        assert g.forward(1.0) == 2.0
+        assert g.forward(2.0, broker=local) == 4.0
+        assert g.forward(3.0, broker=network) == 6.0
+    lazy = Lazy()
+    g = Graph.somatize(Echo().named("s") >> lazy.named("n").at("w1"))
+    assert g.forward(1.0) == 1.0  # its weights set up by itself: its own
+    lazy.weights[0] = 10.0  # given, in place, between runs
+    assert g.forward(2.0) == 20.0
+    with pytest.raises(Unbuildable, match=r"holds other values in `weights`"):
+        g.forward(3.0, broker=network)
 
 
 def test_an_argument_a_node_advances_itself_is_what_its_copy_is_rebuilt_with() -> None:
