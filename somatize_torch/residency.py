@@ -98,10 +98,13 @@ class Bank:
                 first = _FIRST_BYTES // self.row_bytes
                 self._resize(min(max(end, 2 * self.tensor.shape[0], first), most))
             self.tensor[self.used : end].copy_(rows, non_blocking=True)
-        slots = self.slots
-        for offset, key in enumerate(keys):
-            slots[key] = self.used + offset
+        # The keys are recorded last, and all at once, after the rows are counted: an
+        # interrupt (Ctrl-C in a forward) before that leaves none of them here, and one
+        # between the two statements leaves rows counted that no key points at (room
+        # lost, never a wrong row). Never a key at a slot the next append writes over.
+        placed = dict(zip(keys, range(self.used, end), strict=True))
         self.used = end
+        self.slots.update(placed)
 
     def trim(self) -> int:
         """Gives back the room reserved beyond the rows held; returns how many bytes."""

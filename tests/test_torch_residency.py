@@ -603,6 +603,34 @@ def test_rows_of_many_shapes_fill_the_budget() -> None:
     assert tier.budget - row.nbytes < tier.used <= tier.allocated <= tier.budget
 
 
+class _Interrupting:
+    """A key whose hashing raises KeyboardInterrupt, as a Ctrl-C landing there would."""
+
+    def __hash__(self) -> int:
+        raise KeyboardInterrupt
+
+
+def test_rows_interrupted_while_admitted_are_never_recalled_wrong() -> None:
+    """A Ctrl-C while a tier records the keys of rows it admits leaves none of those keys
+    pointing at a row: rows admitted after are recalled as themselves, and the keys of the
+    interrupted rows are found nowhere (computed again) rather than recalled as others."""
+    tier = Tier("device", "cpu", budget=1 << 20)
+    tier.admit([("a", 0)], torch.zeros(1, 4))
+    keys: list[Any] = [("a", 1), ("a", 2), _Interrupting(), ("a", 4)]
+    with pytest.raises(KeyboardInterrupt):
+        tier.admit(keys, torch.ones(4, 4))
+    later = [("b", i) for i in range(4)]
+    assert tier.admit(later, torch.arange(16.0).reshape(4, 4) + 2) == 4
+    for bank in tier.banks:
+        assert all(slot < bank.used for slot in bank.slots.values())
+    pieces, missing = tier.find([("a", 0), ("a", 1), ("a", 2), *later])
+    assert missing == [1, 2]
+    found = {at: row for positions, got in pieces for at, row in zip(positions, got, strict=True)}
+    assert torch.equal(found[0], torch.zeros(4))
+    for i in range(4):
+        assert torch.equal(found[3 + i], torch.arange(4.0) + 4 * i + 2)
+
+
 def test_rows_of_no_elements_are_kept_and_recalled(store: Store) -> None:
     """A module whose rows have no elements answers every batch, new or recalled."""
     empty = cache_rows(_Nothing(), store)
