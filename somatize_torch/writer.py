@@ -6,9 +6,10 @@ CUDA is, plain host memory otherwise) and handed to a background thread (a
 :class:`Writer`'s) that keeps them in the store with ``store.keep_many`` — so the
 forward never waits on the disk (it waits only when more than ``pending_bytes``
 are still unwritten, which bounds the memory the writer holds). ``flush()`` waits
-for every row to be written; so do interpreter exit and the end of a worker
-process, and a writer that is dropped has its thread write every row it was
-given, then end. A write that fails — a full disk, a store that refuses, a call
+for every row to be written; so do interpreter exit (first before its thread
+pools stop taking work, then once more as an ``atexit`` handler) and the end of
+a worker process, and a writer that is dropped has its thread write every row
+it was given, then end. A write that fails — a full disk, a store that refuses, a call
 cancelled — is logged when it happens and raised as :class:`WriteFailed` at the
 next forward or flush; the store publishes a pack whole or not at all, so a failure
 or a killed process never leaves a visible half-answer, only rows that a later run
@@ -24,6 +25,8 @@ store (rows in no memory tier) may wait for the one write in progress — at mos
 from __future__ import annotations
 
 import atexit
+import contextlib
+import errno
 import logging
 import multiprocessing.util
 import os
@@ -31,7 +34,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,6 +43,7 @@ import torch
 from somatize import Store
 from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
+from somatize.store import StoreFull
 from somatize_torch._row_codec import encode_rows
 from somatize_torch.codec import TENSOR
 
@@ -169,7 +173,7 @@ class Writer:
         # instead (a stop signal queued then would strand what is submitted after it).
         self._dropped = weakref.finalize(self, _let_go, backlog)
         self._dropped.atexit = False
-        atexit.register(_close_at_exit, weakref.ref(backlog))
+        _at_exit(_close_at_exit, weakref.ref(backlog))
 
     def _own(self) -> None:
         """Starts afresh if this is a forked child of the process that made the backlog."""
@@ -374,11 +378,15 @@ class _Backlog:
             error, lost = self.error, self.lost
             self.error, self.lost = None, 0
         if error is not None:
+            full = isinstance(error, StoreFull) or (
+                isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+            )
+            remedy = "Free space (or fix the store)" if full else "Fix what it says"
             raise WriteFailed(
                 f"{lost} computed rows could not be written to {self.store!r}: "
                 f"{_said(error)}. They are still correct in memory for this "
-                "process, but a later run will compute them again. Free space (or fix the "
-                "store) and go on; `flush()` reports whether later writes succeed"
+                f"process, but a later run will compute them again. {remedy} and go on; "
+                "`flush()` reports whether later writes succeed"
             ) from error
 
     def drain(self) -> None:
@@ -477,6 +485,18 @@ def _let_go(backlog: _Backlog) -> None:
     waits: a collection may run on any thread, the writer's own included, and at any
     point, locks of this module held or not."""
     backlog.queue.put(None)
+
+
+def _at_exit(call: Callable[[weakref.ref[_Backlog]], None], ref: weakref.ref[_Backlog]) -> None:
+    """Has ``call(ref)`` run at interpreter exit twice: first before the interpreter's
+    thread pools stop taking work — ``atexit`` handlers run after, where a store that hashes
+    a large pack on a pool could not keep it and the rows would be lost — then once more
+    as an ``atexit`` handler, for rows a later handler or a thread still running submits."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        with contextlib.suppress(RuntimeError):  # the interpreter is exiting already
+            register(call, ref)
+    atexit.register(call, ref)
 
 
 def _close_at_exit(ref: weakref.ref[_Backlog]) -> None:

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import blake3
 import pytest
 
 from somatize import BadName, Corrupt, Graph, Missing, NameNotFound, Store
-from somatize.store import LocalStore, StoreError, StoreFull, Unsigned
+from somatize.store import LocalStore, StoreError, StoreFull, Unsigned, _local_files
 from somatize.store._packed import hash_bytes
 from tests.forked import in_forked_child
 from tests.nodes import Largest, Rows, Scale
@@ -509,6 +510,22 @@ def test_a_large_blob_hashed_while_written_is_named_by_its_content(tmp_path: Pat
     digest = store.put(data)
     assert digest == "blake3:" + blake3.blake3(data).hexdigest()
     assert store.put([data[:5], data[5:]]) == digest  # here already: the write is dropped
+    assert not list((tmp_path / "store" / "tmp").iterdir())
+    assert bytes(LocalStore(tmp_path / "store").get(digest)) == data
+
+
+def test_a_large_blob_kept_once_the_pools_are_shut_down_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At interpreter exit the thread pools take no more work: a blob large enough to be
+    hashed while it is written is then hashed on the calling thread, and kept whole."""
+    closed = ThreadPoolExecutor(1)
+    closed.shutdown()
+    monkeypatch.setattr(_local_files, "_hashers", lambda: closed)
+    data = os.urandom(1 << 10) * (17 << 10)  # 17 MiB
+    store = LocalStore(tmp_path / "store")
+    digest = store.put(data)
+    assert digest == "blake3:" + blake3.blake3(data).hexdigest()
     assert not list((tmp_path / "store" / "tmp").iterdir())
     assert bytes(LocalStore(tmp_path / "store").get(digest)) == data
 

@@ -290,6 +290,7 @@ def test_a_failing_write_is_reported_not_swallowed(
         cached(x)
         with pytest.raises(WriteFailed, match="16 computed rows could not be written") as caught:
             cached.flush()
+    assert "Free space" in str(caught.value)
     assert isinstance(caught.value.__cause__, OSError)
     assert caught.value.__cause__.errno == errno.ENOSPC
     assert "could not be written" in caplog.text
@@ -335,6 +336,40 @@ def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path, ending
         text=True,
     )
     assert done.stdout.strip() == "[]"
+    again = cache_rows(mlp(), Store(tmp_path / "store"))
+    x = rows(300)
+    assert torch.equal(again(x), truth(x))
+    assert again.stats.from_store == 300
+    again.close()
+
+
+def test_rows_not_flushed_are_written_at_exit_when_the_store_hashes_on_a_pool(
+    tmp_path: Path,
+) -> None:
+    """Rows still unwritten at interpreter exit, in a pack large enough that the store
+    hashes it on a thread pool, are all published: the writer is flushed before the
+    interpreter's pools stop taking work, and nothing is said to have failed."""
+    script = SHARED + textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from somatize import Store
+        from somatize.store import _local_files
+        from somatize_torch.rows import cache_rows
+
+        _local_files._OVERLAP = 1 << 10  # every pack is hashed on the pool, as 16 MiB ones are
+        cached = cache_rows(mlp(), Store(sys.argv[1]))
+        cached(rows(300))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "could not be written" not in done.stderr
     again = cache_rows(mlp(), Store(tmp_path / "store"))
     x = rows(300)
     assert torch.equal(again(x), truth(x))
@@ -533,6 +568,7 @@ def test_a_write_ended_by_a_base_exception_fails_like_any_other(
         assert isinstance(raised, WriteFailed), raised
         assert isinstance(raised.__cause__, error)
         assert "1 computed rows could not be written" in str(raised)
+        assert "Free space" not in str(raised)  # nothing says the disk is full
         assert writer.failed_rows == 1
         monkeypatch.undo()
         writer.submit([later], torch.ones(1, 4))

@@ -29,7 +29,7 @@ import io
 import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from somatize._threads import process_pool
@@ -220,14 +220,24 @@ class LocalFiles(PackedHome):
     def _put_large(self, pieces: Sequence[Buffer], size: int, claims: list[str]) -> str:
         """A large blob is hashed on another thread while its bytes are written to ``tmp/``,
         and renamed to its digest's name once both are done: the hash costs no time of its
-        own. Only the write is wasted when the blob turns out to be here already."""
-        hashing = _hashers().submit(digest_of, pieces)
+        own. Only the write is wasted when the blob turns out to be here already.
+
+        At interpreter exit the thread pools take no more work (rows a writer keeps then,
+        a flush in an ``atexit`` handler): the blob is then hashed after it is written,
+        on this thread, and kept all the same."""
+        try:
+            hashing: Future[str] | None = _hashers().submit(digest_of, pieces)
+        except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+            hashing = None
         with self._in_tmp(".part") as name:
             temporary = self._tmp + name
             try:
                 stat = self._write_temporary(pieces, None, temporary)
             finally:
-                digest = hashing.result()
+                if hashing is not None:  # its thread reads the pieces: they outlive it
+                    digest = hashing.result()
+            if hashing is None:
+                digest = digest_of(pieces)
             self._claim(digest, claims)
             target = self._blob_file(digest)
             if self._already(target, size):
