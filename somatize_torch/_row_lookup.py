@@ -96,9 +96,12 @@ def _recall_or_run(
         once = list(first.values())  # a row that is in the batch twice runs once
         rows = _compute(self, x, once, keying)
         computed = time.perf_counter() - began
-        _admit(self, [near[p] for p in once], rows)
+        # Queued for the store before they are kept in memory: a submit interrupted while
+        # it waits for the writer (Ctrl-C) leaves them in no tier either, so the forward
+        # run again computes and queues them, rather than recall them and never write them.
         if self._writer is not None:
             self._writer.submit([keying.key(ids[p]) for p in once], rows)
+        _admit(self, [near[p] for p in once], rows)
         if len(once) < len(positions):
             slot = {p: i for i, p in enumerate(once)}
             rows = rows[torch.tensor([slot[first[near[p]]] for p in positions])]

@@ -548,6 +548,29 @@ def test_a_submit_interrupted_before_its_rows_are_queued_leaves_nothing_to_wait_
         backlog.closed = True  # should this fail, the exit of the test run does not wait
 
 
+def test_a_forward_interrupted_while_it_queues_its_rows_writes_them_when_run_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C while a forward waits to queue its computed rows for the store (the writer
+    behind) leaves them in no memory tier: the forward run again computes and queues them,
+    and the flush after puts them in the store, not only in memory."""
+    cached = cache_rows(mlp(), store)
+    queue = Writer.submit
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        monkeypatch.setattr(Writer, "submit", queue)  # once
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Writer, "submit", interrupted)
+    x = rows(8)
+    with pytest.raises(KeyboardInterrupt):
+        cached(x)
+    assert torch.equal(cached(x), truth(x))
+    cached.flush()
+    assert store.have(cached.row_keys(x)) == set(cached.row_keys(x))
+    cached.close()
+
+
 @pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit, asyncio.CancelledError])
 def test_a_write_ended_by_a_base_exception_fails_like_any_other(
     store: Store, monkeypatch: pytest.MonkeyPatch, error: type[BaseException]
