@@ -4,13 +4,14 @@ A forked child (a DataLoader worker, a multiprocessing worker) inherits the pare
 memory but only the thread that forked. A pool cached for good would hand the child
 work queues with no threads behind them, and a lock that a parent's thread held at
 the fork would stay held in the child for good. Pools are therefore cached per
-process id, and a :class:`ProcessLock` starts afresh in a child.
+process id, and a :class:`ProcessLock` is made afresh in a child as it starts.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import blake3
@@ -52,19 +53,34 @@ class ProcessLock:
 
     A thread of the parent (the writer, in the middle of a keep) may hold a lock at the
     moment the process forks; in the child that thread does not exist, and a plain
-    lock would stay held there for good."""
+    lock would stay held there for good. Every one is made afresh as the child starts
+    (:func:`_after_fork_in_child`), before any thread of the child can enter it: made on
+    first entry instead, two threads entering at once could each make one, and both be
+    inside."""
 
-    __slots__ = ("_lock", "_pid")
+    __slots__ = ("__weakref__", "_lock")
 
     def __init__(self) -> None:
-        self._pid = os.getpid()
         self._lock = threading.Lock()
+        _LOCKS.add(self)
 
     def __enter__(self) -> ProcessLock:
-        if self._pid != os.getpid():
-            self._pid, self._lock = os.getpid(), threading.Lock()
         self._lock.acquire()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
+
+
+_LOCKS: weakref.WeakSet[ProcessLock] = weakref.WeakSet()
+"""Every :class:`ProcessLock` of this process, which a forked child makes afresh."""
+
+
+def _after_fork_in_child() -> None:
+    """Runs in a forked child, on its only thread, before the fork returns there."""
+    for lock in list(_LOCKS):
+        lock._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

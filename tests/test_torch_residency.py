@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from somatize import Store
+from somatize._threads import ProcessLock
 from somatize_torch import writer as writer_module
 from somatize_torch._native import PinnedPool
 from somatize_torch._row_codec import decode_rows, encode_rows
@@ -140,6 +142,42 @@ def test_a_forked_child_keeps_its_own_rows(store: Store) -> None:
     cached.flush()
     assert Store(store.root).have(keys) == set(keys)
     cached.close()
+
+
+def _two_threads_enter(lock: ProcessLock) -> tuple[bool, int]:
+    """In a forked child: whether ``lock`` was held as the child started, and how many
+    times two threads entering it at once were both inside."""
+    held = not lock._lock.acquire(blocking=False)
+    if not held:
+        lock._lock.release()
+    inside, both = [0], [0]
+    start = threading.Barrier(2)
+
+    def enter() -> None:
+        start.wait()
+        for _ in range(20):
+            with lock:
+                inside[0] += 1
+                both[0] += inside[0] > 1
+                time.sleep(0.001)
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=enter) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return held, both[0]
+
+
+def test_a_lock_held_at_a_fork_is_afresh_in_the_child_before_any_thread_enters() -> None:
+    """A ProcessLock held by the parent as it forks is unheld in the child from its start,
+    not only once a thread there enters it (two threads entering it at once could then
+    each make it afresh and both be inside): the child's threads exclude each other."""
+    lock = ProcessLock()
+    with lock:
+        held, both = in_forked_child(_two_threads_enter, lock)
+    assert (held, both) == (False, 0)
 
 
 def _compute_in_child(cached: Any) -> list[str]:
