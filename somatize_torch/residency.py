@@ -89,15 +89,19 @@ class Bank:
         return int(self.tensor.shape[0]) * self.row_bytes
 
     def append(self, keys: Sequence[Hashable], rows: torch.Tensor, most: int) -> None:
-        """Appends ``rows`` under ``keys`` (none of them already here), growing the tensor
-        geometrically up to ``most`` rows."""
+        """Appends ``rows`` (on any device) under ``keys`` (none of them already here),
+        growing the tensor geometrically up to ``most`` rows.
+
+        Rows coming to a bank in host memory from a device are copied before this returns:
+        a copy that did not wait could leave the bank reading rows the device has not yet
+        written. Rows going to a device are copied in its stream's order, as usual."""
         count = len(keys)
         end = self.used + count
         with torch.inference_mode(False):
             if end > self.tensor.shape[0]:
                 first = _FIRST_BYTES // self.row_bytes
                 self._resize(min(max(end, 2 * self.tensor.shape[0], first), most))
-            self.tensor[self.used : end].copy_(rows, non_blocking=True)
+            self.tensor[self.used : end].copy_(rows, non_blocking=self.device.type != "cpu")
         # The keys are recorded last, and all at once, after the rows are counted: an
         # interrupt (Ctrl-C in a forward) before that leaves none of them here, and one
         # between the two statements leaves rows counted that no key points at (room
@@ -224,7 +228,7 @@ class Tier:
         if bank is None:
             bank = Bank(row_shape, rows.dtype, self.device)
             self.banks.append(bank)
-        bank.append(keys[:take], rows[:take].to(self.device, non_blocking=True), most)
+        bank.append(keys[:take], rows[:take], most)
         return take
 
     def __repr__(self) -> str:

@@ -777,3 +777,29 @@ def test_on_a_gpu_epoch_two_stays_on_the_device(store: Store) -> None:
     assert fresh.stats.from_store == 64
     cached.close()
     fresh.close()
+
+
+class _SlowOnTheDevice(nn.Module):
+    """Doubles its rows after keeping the device busy a while: rows copied to the host
+    without waiting for it would be read before they are written."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.cuda._sleep(200_000_000)
+        return x * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_rows_spilled_to_the_host_tier_are_recalled_whole(store: Store) -> None:
+    """Rows computed on the GPU that do not fit in the device tier are kept in the host
+    tier as the device wrote them, however long the device takes to write them."""
+    cached = cache_rows(_SlowOnTheDevice().cuda(), None, device_bytes=4 * 1024 * 4)
+    cached(torch.randn(4, 1024, device="cuda"))  # fills the device tier; its rows are checked
+    x = torch.randn(64, 1024, device="cuda")
+    first = cached(x)  # no check waits for these: they go to the host tier as they come
+    device, host = cached.tiers
+    assert device.rows == 4 and host.rows == 64 and host.device.type == "cpu"
+    again = cached(x)
+    assert cached.stats.from_host == 64
+    assert torch.equal(first, x * 2) and torch.equal(again, x * 2)
+    cached.close()
