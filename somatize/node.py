@@ -216,19 +216,18 @@ def _factories(kind: type) -> dict[str, Callable[[], Any]]:
 
 def _with_defaults(kind: type, bound: inspect.BoundArguments) -> None:
     """Fills in ``bound``, a call of ``kind``'s constructor, with the defaults of the
-    arguments it leaves out; one left to a dataclass field's ``default_factory`` with what
-    the factory makes, as the constructor does, rather than dataclasses' placeholder."""
+    arguments it leaves out. One left to a dataclass field's ``default_factory`` keeps
+    dataclasses' placeholder, which has no canonical form: the factory is not called
+    (it may draw at random, or build a module), and what it made is known only from the
+    node that holds it (:meth:`Node._call`)."""
     bound.apply_defaults()
-    for name, factory in _factories(kind).items():
-        if bound.arguments.get(name) is _FACTORY_MADE:
-            bound.arguments[name] = factory()
 
 
 def declared_arguments(kind: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """What the default :meth:`Node.declare` says of a ``kind`` made by ``kind(*args,
-    **kwargs)``: the arguments by parameter name, defaults filled in — a dataclass field
-    left to its ``default_factory`` with what the factory makes, so that ``Tags()`` is
-    declared as ``Tags(tags=[])`` is."""
+    **kwargs)``: the arguments by parameter name, defaults filled in (a dataclass field
+    left to its ``default_factory`` as dataclasses' placeholder, see
+    :func:`_with_defaults`)."""
     signature = _signature(kind)
     if signature is None:
         if args or kwargs:
@@ -267,10 +266,10 @@ def noted_call(
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     """The call ``kind(*args, **kwargs)`` as :attr:`Marks.made_with` notes it: with each
     argument left to a default that can change in place filled in (a list or a dict, which
-    one instance may change for every other; what a dataclass field's ``default_factory``
-    makes), and its lists and dicts copied (:func:`copy_call`), so that a change in place
-    afterwards leaves it as it was; None when nothing in it can change in place. The call it
-    notes is the same call: it declares the same, and builds the same node."""
+    one instance may change for every other), and its lists and dicts copied
+    (:func:`copy_call`), so that a change in place afterwards leaves it as it was; None
+    when nothing in it can change in place. The call it notes is the same call: it
+    declares the same, and builds the same node."""
     if _has_changeable_defaults(kind):
         signature = _signature(kind)
         assert signature is not None
@@ -447,10 +446,13 @@ class Node:
         its name (what the factory made): that is what it computes with, changed in place
         since or not, and what a copy rebuilt elsewhere is built with. It is noted in the
         call the first time the call is asked for once the node holds it, and followed from
-        there as an argument passed is."""
+        there as an argument passed is — unless the class has a ``__post_init__``, which
+        may have changed it: then it is not taken, and the node cannot be keyed."""
         call = self._smz.call
         factories = _factories(type(self))
-        if not factories:
+        if not factories or getattr(type(self), "__post_init__", None) is not None:
+            # What a `__post_init__` may have made of it is no argument a call could pass
+            # (`self.cols = ["id"] + self.cols`): left to the placeholder, and refused.
             return call
         signature = _signature(type(self))
         assert signature is not None
@@ -528,6 +530,18 @@ class Node:
         except canonical.NotCanonical as why:
             kind = type(self).__qualname__
             name = where or self._smz.name or kind
+            left = (
+                [n for n, v in declared.items() if v is _FACTORY_MADE]
+                if isinstance(declared, dict)
+                else []
+            )
+            if left:
+                raise Undeclared(
+                    f"`{name}` ({kind}) cannot be keyed: it leaves `{left[0]}` to its "
+                    "`default_factory`, and its `__post_init__` may change what the factory "
+                    "made, so what it holds does not say what built it. Pass it "
+                    f"(`{kind}({left[0]}=...)`), or give `{kind}` a `declare(self)` method"
+                ) from None
             raise Undeclared(
                 f"`{name}` ({kind}) cannot be keyed: its declaration (what built it) has no "
                 f"canonical form — {str(why).rstrip('.')}. Give `{kind}` a `declare(self)` "

@@ -216,6 +216,62 @@ def test_a_list_a_dataclass_field_made_by_its_default_factory_is_followed_as_it_
     assert Tagged(*args, **kwargs) == Tagged(["a"])
 
 
+made_by_factory: list[list[str]] = []
+
+
+def _counted() -> list[str]:
+    made_by_factory.append([])
+    return made_by_factory[-1]
+
+
+@dataclass
+class Counted(Node):
+    """A dataclass node whose ``default_factory`` notes each list it makes."""
+
+    tags: list[str] = field(default_factory=_counted)
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x + len(self.tags)
+
+
+@dataclass
+class Prefixed(Node):
+    """A dataclass node whose ``__post_init__`` puts a column before those it is given."""
+
+    columns: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.columns = ["id", *self.columns]
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * len(self.columns)
+
+
+def test_a_default_factory_runs_once_per_node_and_is_not_kept_twice() -> None:
+    """Making and keying a dataclass node calls its ``default_factory`` once, as the
+    dataclass does (it ran twice: a factory drawing at random drew twice, one building a
+    module kept a second one alive)."""
+    made_by_factory.clear()
+    node = Counted()
+    node.declaration()
+    Graph.somatize(node.named("n"))
+    assert len(made_by_factory) == 1 and node.tags is made_by_factory[0]
+
+
+def test_a_default_factory_field_a_post_init_changes_is_refused_not_keyed_as_passed(
+    store: Store,
+) -> None:
+    """A field left to its ``default_factory`` in a class whose ``__post_init__`` changes
+    it is refused, saying to pass it: taken as passed, ``Prefixed()`` (columns ``id``) keyed
+    as ``Prefixed(["id"])`` (columns ``id, id``), and the second recalled the first's
+    answer. Passed, it is keyed by what was passed."""
+    with pytest.raises(Undeclared, match=r"leaves `columns` to its `default_factory`"):
+        Graph.somatize(Prefixed().named("n").frozen().cached()).forward(3, store=store)
+    assert (
+        Graph.somatize(Prefixed(["id"]).named("n").frozen().cached()).forward(3, store=store) == 6
+    )
+
+
 class Labelled(Declared):
     """Takes an argument of its own, and inherits a declare() that does not say it."""
 
