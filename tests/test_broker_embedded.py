@@ -347,15 +347,24 @@ def test_an_argument_a_node_advances_itself_is_what_its_copy_is_rebuilt_with() -
 
 def test_a_worker_keeps_one_copy_of_a_node_whose_list_changes_between_forwards() -> None:
     """A node whose list changes between forwards is rebuilt from a new blueprint each time
-    on a network worker, which lets go of the copy built from the one before: it kept one
-    copy per blueprint, for good."""
+    on a network worker, which keeps the copies built from the last two and lets go of
+    older ones: it kept one copy per blueprint, for good. A list switched back and forth
+    builds no new copy."""
     recent: list[int] = []
     g = Graph.somatize(Echo().named("s") >> Window(recent).named("n").at("w1"))
     broker = Broker.embedded({"w1": Worker.generic(mode="network")})
     for item in range(10):
         recent.append(item)
         assert g.forward(1.0, broker=broker) == 2.0 + item
-    assert len(broker._hosts["w1"]._nodes) == 1
+    host = broker._hosts["w1"]
+    assert len(host._nodes) == 2  # the one it runs now, and the one before
+    kept = set(map(id, host._nodes.values()))
+    for _ in range(3):
+        recent.pop()
+        assert g.forward(1.0, broker=broker) == 10.0
+        recent.append(9)
+        assert g.forward(1.0, broker=broker) == 11.0
+    assert set(map(id, host._nodes.values())) == kept
 
 
 def test_a_node_holding_state_is_compared_by_its_public_values_once_its_state_is_loaded() -> None:

@@ -88,6 +88,10 @@ __all__ = ["Host", "Job", "NeedState", "Reply", "crossings", "pack", "unpack"]
 
 Buffer = bytes | bytearray | memoryview
 
+_BLUEPRINTS = 2
+"""How many blueprints one node of a graph keeps what was built from on a host: the one
+it runs now and the one before (a setting switched back and forth)."""
+
 _HOLDINGS = 4
 """How many (node name, graph) holdings of one blueprint a host keeps states loaded for:
 enough for a few graphs sharing an encoder at other weights, few enough that graphs long
@@ -272,8 +276,9 @@ class Host:
         self._held: dict[tuple[bytes, str, str], str] = {}
         """(blueprint, node name, holder) → the state loaded for it last, least recently
         used first."""
-        self._built_from: dict[tuple[str, str], bytes] = {}
-        """(node name, holder) → the blueprint its last job was built from."""
+        self._built_from: dict[tuple[str, str], list[bytes]] = {}
+        """(node name, holder) → the blueprints its last jobs were built from, the most
+        recent last."""
         self._stores: dict[bytes, Store] = {}
         """The canonical bytes of an address → the store opened from it."""
         self._lock = threading.Lock()
@@ -367,15 +372,22 @@ class Host:
             return found
 
     def _moved(self, blueprint: bytes, name: str, holder: str) -> None:
-        """Notes that ``name`` of the graph ``holder`` is built from ``blueprint`` now: the
-        one it was built from before, if no other node of a graph is, is let go of with
-        what was built for it. (A node whose list changes between forwards has a new
-        blueprint each time, and a node was kept for each, for good.)"""
-        key = (name, holder)
-        before = self._built_from.get(key)
-        self._built_from[key] = blueprint
-        if before not in (None, blueprint) and before not in self._built_from.values():
-            self._forget(before)
+        """Notes that ``name`` of the graph ``holder`` is built from ``blueprint`` now. It
+        keeps what was built for the last :data:`_BLUEPRINTS` blueprints it was built from
+        (a setting switched back and forth needs no new build); one older than those, if
+        no other node of a graph was built from it lately, is let go of with what was built
+        for it. (A node whose list changes between forwards has a new blueprint each time,
+        and a node was kept for each, for good.)"""
+        lately = self._built_from.setdefault((name, holder), [])
+        if lately and lately[-1] == blueprint:
+            return
+        if blueprint in lately:
+            lately.remove(blueprint)
+        lately.append(blueprint)
+        if len(lately) > _BLUEPRINTS:
+            old = lately.pop(0)
+            if not any(old in other for other in self._built_from.values()):
+                self._forget(old)
 
     def _forget(self, blueprint: bytes) -> None:
         """Lets go of every node kept for ``blueprint``, and of what they held."""
