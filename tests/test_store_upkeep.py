@@ -343,6 +343,27 @@ def test_a_stray_file_in_answers_or_packs_is_listed_not_damage(home: Store) -> N
     assert bytes(_reopen(home).recall(key)[1]) == b"kept whole"
 
 
+def test_a_fifo_in_a_local_store_is_passed_over(tmp_path: Path) -> None:
+    """A FIFO (or a link to a device) in a local store's folders is no file of the store:
+    listing, verify and gc pass it over, where opening it waited for a writer for good; a
+    FIFO where a record is looked for is read as a damaged record, not waited on."""
+    store = LocalStore(tmp_path / "s")
+    key = "blake3:" + "ab" * 32
+    store.keep(key, b"kept", "plain")
+    root = tmp_path / "s"
+    os.mkfifo(root / "blobs" / "fifo")
+    (root / "answers" / "cd").mkdir()
+    os.mkfifo(root / "answers" / "cd" / ("cd" * 32))  # where that key's record would be
+    (root / "packs").mkdir(exist_ok=True)
+    os.symlink("/dev/zero", root / "packs" / "zero")
+    found = _reopen(store).verify()
+    assert found.ok and found.records == 1
+    _reopen(store).gc(10**9, grace=0)
+    fresh = _reopen(store)
+    assert bytes(fresh.recall(key)[1]) == b"kept"
+    assert fresh.have(["blake3:" + "cd" * 32]) == set()
+
+
 def test_a_bind_whose_blob_a_gc_removes_meanwhile_says_so(
     home: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

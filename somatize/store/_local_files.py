@@ -63,7 +63,9 @@ def _hashers() -> ThreadPoolExecutor:
 def _read_file(path: str) -> bytes:
     """The bytes of the file at ``path``: two system calls and a copy for a small file
     (a record), where a Python file object costs several times that."""
-    handle = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    # Not blocking: a FIFO put where a record is looked for reads as empty (damaged),
+    # where opening it waited for a writer for good.
+    handle = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
         chunks = []
         while chunk := os.read(handle, 1 << 16):

@@ -20,6 +20,7 @@ import contextlib
 import mmap
 import os
 from pathlib import Path
+from stat import S_ISREG
 
 import blake3
 
@@ -70,6 +71,8 @@ class LocalShelf(LocalFiles):
                     continue
                 except OSError as why:
                     raise self._unreadable(section, why) from why
+                if not S_ISREG(stat.st_mode):  # a FIFO, a device: no file of a store, and
+                    continue  # reading one would wait, or read, for good
                 out.append(Entry(lead + name, stat.st_size, stat.st_mtime))
         return out
 
