@@ -381,6 +381,15 @@ def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path, ending
     again.close()
 
 
+def _exits(script: str, store: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` run in a new interpreter over ``store``, which must exit, and cleanly."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(store)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def test_rows_not_flushed_are_written_at_exit_when_the_store_hashes_on_a_pool(
     tmp_path: Path,
 ) -> None:
@@ -400,13 +409,7 @@ def test_rows_not_flushed_are_written_at_exit_when_the_store_hashes_on_a_pool(
         cached(rows(300))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "store")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _exits(script, tmp_path / "store")
     assert "could not be written" not in done.stderr
     again = cache_rows(mlp(), Store(tmp_path / "store"))
     x = rows(300)
@@ -660,13 +663,7 @@ def test_a_process_whose_write_was_cancelled_exits(tmp_path: Path) -> None:
         cached(rows(16))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "store")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _exits(script, tmp_path / "store")
     assert "16 computed rows could not be written" in done.stderr
 
 
