@@ -15,17 +15,12 @@ somewhere it is not, and never back to where it already is.
 preallocated tensor (a :class:`Bank`) with a dict from key to row slot, so
 recalling a whole batch is one dict pass over its keys and one ``index_select``
 — as cheap as reading precomputed features out of a tensor. A tier holds at
-most its byte budget (what its banks allocate, not only the rows they hold),
-at every moment: a bank copies its rows into a larger tensor only when both fit
-in the budget, and otherwise adds a tensor (a chunk) beside it, so a bank
-holding more than half the budget is a few chunks, one gather each. A bank
-reserves room in proportion to what it holds (a first chunk of
+most its byte budget (what its banks allocate, not only the rows they hold). A
+bank reserves room in proportion to what it holds (a first chunk of
 :data:`_FIRST_BYTES`, then twice what it has, as far as the budget leaves), and
 when rows no longer fit, the other banks give back the room they reserved and do
-not use, as far as their rows can move without passing the budget (waiting in
-room another bank reserved, if need be); room that cannot is filled by rows of
-its own shape. So rows of many shapes (sequences of many lengths) fill the
-budget as rows of one shape do. It never evicts: in a shuffled epoch every row comes back
+not use: rows of many shapes (sequences of many lengths) fill the budget as rows
+of one shape do. It never evicts: in a shuffled epoch every row comes back
 once per epoch, and a least-recently-used policy over a working set larger than
 the budget would evict each row just before it is asked for again (no hits at
 all), whereas keeping what fits first gives ``budget / working set`` of the
@@ -66,59 +61,36 @@ handed); it doubles from there, as far as its tier's budget leaves."""
 
 
 class Bank:
-    """Rows of one shape and dtype in one tensor (or a few), with a dict from key to slot.
+    """Rows of one shape and dtype in one tensor, with a dict from key to row slot.
 
-    Slots are written once and never change (answers are immutable). A slot is a row of
-    the bank's chunks laid end to end: ``chunks`` holds (first slot, tensor) pairs, each
-    chunk full but the last. A bank that grows copies its rows into one larger tensor when
-    the old chunks and the new one fit in its tier's budget together, and otherwise adds a
-    chunk beside them, so the bank never holds more than the budget, even for the moment
-    of a copy; while the budget is roomy a bank is one tensor and a batch one gather.
-    Its tensors are ordinary ones even when rows come from under ``torch.inference_mode``
-    (a validation loop's), so rows computed outside it can still be appended.
+    Slots are written once and never change (answers are immutable), so a view of
+    rows already in the bank stays valid while later rows are appended. Its tensor is
+    an ordinary one even when rows come from under ``torch.inference_mode`` (a
+    validation loop's), so rows computed outside it can still be appended.
     """
 
-    __slots__ = (
-        "chunks",
-        "device",
-        "dtype",
-        "itemsize",
-        "row_bytes",
-        "row_shape",
-        "slots",
-        "used",
-    )
+    __slots__ = ("device", "dtype", "row_bytes", "row_shape", "slots", "tensor", "used")
 
     def __init__(self, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
         self.row_shape = row_shape
         self.dtype = dtype
         self.device = device
-        self.itemsize = torch.empty((), dtype=dtype).element_size()
         # At least 1, so rows of no elements are still counted against a budget.
-        self.row_bytes = max(1, torch.Size(row_shape).numel() * self.itemsize)
+        size = torch.Size(row_shape).numel() * torch.empty((), dtype=dtype).element_size()
+        self.row_bytes = max(1, size)
         self.slots: dict[Hashable, int] = {}
-        # Replaced whole, never changed in place: an interrupt leaves the old or the new.
-        self.chunks: tuple[tuple[int, torch.Tensor], ...] = ()
+        with torch.inference_mode(False):
+            self.tensor = torch.empty((0, *row_shape), dtype=dtype, device=device)
         self.used = 0
-
-    @property
-    def capacity(self) -> int:
-        """How many rows this bank has room for (held or not)."""
-        if not self.chunks:
-            return 0
-        first, tensor = self.chunks[-1]
-        return first + int(tensor.shape[0])
 
     @property
     def allocated(self) -> int:
         """Bytes of the rows this bank has room for (held or not)."""
-        return self.capacity * self.row_bytes
+        return int(self.tensor.shape[0]) * self.row_bytes
 
-    def append(self, keys: Sequence[Hashable], rows: torch.Tensor, spare: int) -> None:
+    def append(self, keys: Sequence[Hashable], rows: torch.Tensor, most: int) -> None:
         """Appends ``rows`` (on any device) under ``keys`` (none of them already here),
-        growing geometrically by at most ``spare`` rows (what the tier's budget has not
-        allocated; the rows must fit in the room the bank has and that), never holding
-        more than the budget, even for the moment of a copy.
+        growing the tensor geometrically up to ``most`` rows.
 
         Rows coming to a bank in host memory from a device are copied before this returns:
         a copy that did not wait could leave the bank reading rows the device has not yet
@@ -126,16 +98,10 @@ class Bank:
         count = len(keys)
         end = self.used + count
         with torch.inference_mode(False):
-            capacity = self.capacity
-            if end > capacity:
+            if end > self.tensor.shape[0]:
                 first = _FIRST_BYTES // self.row_bytes
-                self._grow(min(max(end, 2 * capacity, first), capacity + spare), spare, end)
-            blocking = self.device.type == "cpu"
-            for start, tensor in self.chunks:
-                lo, hi = max(self.used, start), min(end, start + int(tensor.shape[0]))
-                if lo < hi:
-                    piece = rows[lo - self.used : hi - self.used]
-                    tensor[lo - start : hi - start].copy_(piece, non_blocking=not blocking)
+                self._resize(min(max(end, 2 * self.tensor.shape[0], first), most))
+            self.tensor[self.used : end].copy_(rows, non_blocking=self.device.type != "cpu")
         # The keys are recorded last, and all at once, after the rows are counted: an
         # interrupt (Ctrl-C in a forward) before that leaves none of them here, and one
         # between the two statements leaves rows counted that no key points at (room
@@ -144,143 +110,28 @@ class Bank:
         self.used = end
         self.slots.update(placed)
 
-    def _grow(self, rows: int, spare: int, needed: int) -> None:
-        """Makes room for ``rows`` rows in all, ``needed`` of them at least, within ``spare``
-        more rows (what the budget has not allocated).
+    def trim(self) -> int:
+        """Gives back the room reserved beyond the rows held; returns how many bytes."""
+        spare = self.allocated - self.used * self.row_bytes
+        if spare:
+            with torch.inference_mode(False):
+                self._resize(self.used)
+        return spare
 
-        When the rows needed fit in ``spare`` beside the chunks they replace, they are
-        copied into one tensor, whose room to spare leaves the budget enough to copy them
-        once more (what giving that room back takes). Otherwise a chunk is added, with
-        room to spare of at most half what the budget has left: the rest is where the rows
-        of a bank giving back its room wait while they move."""
-        capacity = self.capacity
-        if needed <= spare:
-            self.chunks = ((0, self._copied(min(rows, max(needed, spare + capacity - needed)))),)
-        else:
-            added = min(rows, max(needed, capacity + spare // 2)) - capacity
-            self.chunks = (*self.chunks, (capacity, self._empty(added)))
-
-    @property
-    def reserved(self) -> int:
-        """Bytes of the room this bank reserved and holds no row in (all in its last chunk)."""
-        return (self.capacity - self.used) * self.row_bytes
-
-    @property
-    def to_move(self) -> int:
-        """Bytes of the rows this bank moves to give back its room: its last chunk's."""
-        first = self.chunks[-1][0] if self.chunks else 0
-        return (self.used - first) * self.row_bytes
-
-    def trim(self, spare: int, lenders: Sequence[Bank] = ()) -> int:
-        """Gives back the room reserved beyond the rows held, never holding more than the
-        budget meanwhile; returns how many bytes (0: nowhere to move the rows to).
-
-        The rows of the last chunk (the one with the room) move to chunks of their size:
-        as many as fit in ``spare`` bytes (what the budget has not allocated) are copied
-        beside the old chunk, and the rest wait in the room ``lenders`` (other banks)
-        reserved and do not use until the old chunk is let go. Each step leaves every bank
-        whole: a lender's room is out of its reach while lent, and the rows waiting there
-        are this bank's. Interrupted (Ctrl-C) before the end, a lender goes on without the
-        room it lent, neither used nor counted against the budget any more."""
-        reserved = self.reserved
-        if not reserved:
-            return 0
-        with torch.inference_mode(False):
-            if len(self.chunks) > 1 and self.used * self.row_bytes <= spare:
-                self.chunks = ((0, self._copied(self.used)),)  # one tensor again
-                return reserved
-            start, last = self.chunks[-1]
-            held = self.used - start
-            early = min(held, spare // self.row_bytes)  # copied beside the old chunk
-            late = held - early  # copied once it is let go, lent room holding them meanwhile
-            loans: list[tuple[Bank, int, torch.Tensor, torch.Tensor]] = []
-            short = late
-            for lender in sorted(lenders, key=lambda bank: -bank.reserved):
-                if short <= 0:
-                    break
-                lent_at, lent = lender.chunks[-1]
-                room = self._room_in(lent[lender.used - lent_at :], short)
-                if room is not None:
-                    loans.append((lender, lent_at, lent, room))
-                    short -= len(room)
-            if short > 0:
-                return 0
-            before = self.chunks[:-1]
-            kept: tuple[tuple[int, torch.Tensor], ...] = ()
-            if early:
-                fresh = self._empty(early)
-                fresh.copy_(last[:early])
-                kept = ((start, fresh),)
-            waiting: list[tuple[int, torch.Tensor]] = []
-            for lender, lent_at, lent, room in loans:
-                at = early + sum(len(rows) for _, rows in waiting)
-                room.copy_(last[at : at + len(room)])
-                waiting.append((start + at, room))
-                lender.chunks = (*lender.chunks[:-1], (lent_at, lent[: lender.used - lent_at]))
-            del last
-            self.chunks = (*before, *kept, *waiting)  # the old chunk is let go
-            if late:
-                made = self._empty(late)
-                for at, rows in waiting:
-                    made[at - start - early : at - start - early + len(rows)].copy_(rows)
-                self.chunks = (*before, *kept, (start + early, made))
-            for lender, lent_at, lent, _ in loans:
-                lender.chunks = (*lender.chunks[:-1], (lent_at, lent))
-        return reserved
-
-    def _room_in(self, free: torch.Tensor, most: int) -> torch.Tensor | None:
-        """Up to ``most`` rows of this bank laid over the bytes of ``free`` (rows of another
-        bank, holding none), or None if not one fits."""
-        raw = free.reshape(-1).view(torch.uint8)
-        pad = -raw.storage_offset() % 16  # where rows of any dtype may start
-        numel = torch.Size(self.row_shape).numel()
-        size = max(1, numel) * self.itemsize
-        fits = min(most, (int(raw.numel()) - pad) // size)
-        if fits <= 0:
-            return None
-        span = raw[pad : pad + fits * size].view(self.dtype)
-        return span[: fits * numel].view(fits, *self.row_shape)
-
-    def _empty(self, rows: int) -> torch.Tensor:
-        return torch.empty((rows, *self.row_shape), dtype=self.dtype, device=self.device)
-
-    def _copied(self, rows: int) -> torch.Tensor:
-        """A tensor of ``rows`` rows, the first of them the rows this bank holds."""
-        tensor = self._empty(rows)
-        for start, chunk in self.chunks:
-            held = min(self.used - start, int(chunk.shape[0]))
-            if held > 0:
-                tensor[start : start + held].copy_(chunk[:held])
-        return tensor
+    def _resize(self, rows: int) -> None:
+        resized = torch.empty((rows, *self.row_shape), dtype=self.dtype, device=self.device)
+        resized[: self.used].copy_(self.tensor[: self.used])
+        self.tensor = resized
 
     def gather(self, slots: Sequence[int]) -> torch.Tensor:
         """The rows at ``slots``, in that order, as a new tensor on the bank's device."""
         if not slots:
-            return self._empty(0)
+            return self.tensor[:0].clone()
         # From an array of int64, not a list: a third of the time for a batch of slots.
         index = torch.frombuffer(array.array("q", slots), dtype=torch.long)
-        if len(self.chunks) == 1:
-            return self.chunks[0][1].index_select(0, self._on_device(index))
-        # Rows in several chunks: slots ordered by chunk, each chunk's rows gathered at
-        # once, side by side, then put back in the order asked.
-        starts = torch.tensor([start for start, _ in self.chunks], dtype=torch.long)
-        which = torch.bucketize(index, starts[1:], right=True)
-        order = torch.argsort(which, stable=True)
-        local = (index - starts[which])[order]
-        counts = torch.bincount(which, minlength=len(self.chunks)).tolist()
-        rows = self._empty(len(slots))
-        at = 0
-        for (_, chunk), count in zip(self.chunks, counts, strict=True):
-            if count:
-                part = self._on_device(local[at : at + count])
-                torch.index_select(chunk, 0, part, out=rows[at : at + count])
-                at += count
-        return rows.index_select(0, self._on_device(torch.argsort(order)))
-
-    def _on_device(self, index: torch.Tensor) -> torch.Tensor:
-        if self.device.type == "cpu":
-            return index
-        return index.to(self.device, non_blocking=True)
+        if self.device.type != "cpu":
+            index = index.to(self.device, non_blocking=True)
+        return self.tensor.index_select(0, index)
 
 
 class Tier:
@@ -364,32 +215,21 @@ class Tier:
             else max(1, torch.Size(row_shape).numel() * rows.element_size())
         )
         # Rows fit in the room a bank has left, and in what the budget has not allocated.
-        capacity = bank.capacity if bank is not None else 0
+        capacity = int(bank.tensor.shape[0]) if bank is not None else 0
         held = bank.used if bank is not None else 0
-        if capacity - held + self._spare() // row_bytes < len(keys):
-            self._give_back(bank)
-        spare = self._spare() // row_bytes
-        take = min(len(keys), capacity + spare - held)
+        if capacity - held + max(self.budget - self.allocated, 0) // row_bytes < len(keys):
+            for other in self.banks:  # short of room: the others give back what they do not use
+                if other is not bank:
+                    other.trim()
+        most = capacity + max(self.budget - self.allocated, 0) // row_bytes
+        take = min(len(keys), most - held)
         if take <= 0:
             return 0
         if bank is None:
             bank = Bank(row_shape, rows.dtype, self.device)
             self.banks.append(bank)
-        bank.append(keys[:take], rows[:take], spare)
+        bank.append(keys[:take], rows[:take], most)
         return take
-
-    def _give_back(self, short: Bank | None) -> None:
-        """Short of room for the rows of ``short``: the other banks give back what they
-        reserved and do not use, those with the fewest rows to move first (what each gives
-        back is room for the next to copy more), the room every other bank reserved lent
-        for the rows that cannot be copied beside their old chunk (:meth:`Bank.trim`)."""
-        for bank in sorted((b for b in self.banks if b is not short), key=lambda b: b.to_move):
-            lenders = [other for other in self.banks if other is not bank and other.reserved]
-            bank.trim(self._spare(), lenders)
-
-    def _spare(self) -> int:
-        """Bytes of the budget its banks have not allocated."""
-        return max(self.budget - self.allocated, 0)
 
     def __repr__(self) -> str:
         return (
