@@ -50,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -125,7 +125,7 @@ _UNSAID: dict[type, tuple[type, list[str], bool] | None] = {}
 
 _CHANGEABLE_DEFAULTS: dict[type, bool] = {}
 
-_FACTORIES: dict[type, dict[str, Callable[[], Any]]] = {}
+_FACTORIES: dict[type, frozenset[str]] = {}
 
 _FACTORY_MADE: Any = getattr(dataclasses, "_HAS_DEFAULT_FACTORY", object())
 """The default a dataclass's generated ``__init__`` gives a field made by a
@@ -197,20 +197,25 @@ def _signature(kind: type) -> inspect.Signature | None:
     return _SIGNATURES[kind]
 
 
-def _factories(kind: type) -> dict[str, Callable[[], Any]]:
-    """For a dataclass: the ``default_factory`` of each field its constructor leaves to one
-    (the parameter's default is dataclasses' placeholder), by parameter name; empty for any
-    other class (worked out once per class)."""
+def _factories(kind: type) -> frozenset[str]:
+    """For a dataclass: the parameters its constructor leaves to a field's
+    ``default_factory`` (their default is dataclasses' placeholder); empty for any other
+    class (worked out once per class)."""
     if kind not in _FACTORIES:
-        found: dict[str, Callable[[], Any]] = {}
+        found: set[str] = set()
         signature = _signature(kind)
         if signature is not None and dataclasses.is_dataclass(kind):
-            factories = {f.name: f.default_factory for f in dataclasses.fields(kind)}
-            for name, parameter in signature.parameters.items():
-                factory = factories.get(name, dataclasses.MISSING)
-                if parameter.default is _FACTORY_MADE and factory is not dataclasses.MISSING:
-                    found[name] = factory
-        _FACTORIES[kind] = found
+            made = {
+                f.name
+                for f in dataclasses.fields(kind)
+                if f.default_factory is not dataclasses.MISSING
+            }
+            found = {
+                name
+                for name, parameter in signature.parameters.items()
+                if parameter.default is _FACTORY_MADE and name in made
+            }
+        _FACTORIES[kind] = frozenset(found)
     return _FACTORIES[kind]
 
 
