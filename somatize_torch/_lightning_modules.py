@@ -292,14 +292,13 @@ class Found:
     (:func:`places_of`), and how it was frozen or not (:class:`AsFound`) — what it is put
     back as."""
 
-    module: nn.Module
     places: list[tuple[nn.Module, str]]
     as_found: AsFound
 
     @classmethod
     def at(cls, pl_module: nn.Module, module: nn.Module) -> Found:
         """``module`` as it is now, in ``pl_module``: taken before it is cached (frozen)."""
-        return cls(module, places_of(pl_module, module), AsFound.take(module))
+        return cls(places_of(pl_module, module), AsFound.take(module))
 
     def install(self, cached: CachedRows) -> None:
         """Puts ``cached`` in every place the module sits."""
@@ -316,7 +315,7 @@ class Found:
         self.as_found.put_back(cached.training, grads=grads)
         for parent, attribute in self.places:
             if parent._modules.get(attribute) is cached:
-                setattr(parent, attribute, self.module)
+                setattr(parent, attribute, self.as_found.module)
         cached.hand_back()
 
 
