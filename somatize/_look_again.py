@@ -6,9 +6,11 @@ built with a list or a dict, which somebody changes in place
 (:meth:`~somatize.node.Node.is_declaration_fixed`); one whose argument, kept as an
 attribute, is replaced (``scale.by = 3.0``: :meth:`~somatize.node.Node.kept_arguments`);
 a frozen node that sees its own state change (a torch module whose weights were loaded
-since ``freeze``: :meth:`~somatize.node.Node.restate`). :func:`look_again` finds each and
-says the change to the graph's memory, which makes a new state — before anything is keyed
-or sent to a worker — so a key, and a node rebuilt on a worker, name what the node is now.
+since ``freeze``: :meth:`~somatize.node.Node.restate`) or what it declares (a setting
+given to the module since: :meth:`~somatize.node.Node.declaration_moved`).
+:func:`look_again` finds each and says the change to the graph's memory, which makes a
+new state — before anything is keyed or sent to a worker — so a key, and a node rebuilt
+on a worker, name what the node is now.
 
 A replaced argument is taken as the argument the node was built with. When its key could
 not follow it — no key holds the new value, or the constructor made more from the old
@@ -96,8 +98,9 @@ def look_again(graph: Graph) -> None:
             state = node.restate()
             if state is not None:
                 memory.freeze(name, state)
-                # What changed may be more than its state (a part with no weights of its
-                # own replaced: an activation), and what it declares says the rest.
+            # What changed may be more than its state (a part with no weights of its own
+            # replaced: an activation), and what it declares says the rest.
+            if node.declaration_moved() or state is not None:
                 _declared_again(graph, name, node)
 
 

@@ -507,6 +507,14 @@ class Node:
         cheaply (a torch module watching its tensors) says so here."""
         return None
 
+    def declaration_moved(self) -> bool:
+        """For a node settled at a state: whether what it declares may have changed since
+        this was last asked, though it was built with nothing that changed (a setting
+        given to a torch module after ``freeze``). Asked beside :meth:`restate`; a yes,
+        which may be wrong but never when a no would be, has the graph take its
+        declaration again. False by default."""
+        return False
+
     def implementing_class(self) -> type:
         """The class whose code computes this node's answers: its own, or the one it stands
         for (a torch node: its module's class). The fingerprint of that code is noted

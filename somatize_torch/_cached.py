@@ -243,11 +243,13 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     # away: a declared submodule replaced on the model is refused before it is keyed.
     self.owner._follow()
     memory = self.owner.graph.memory
-    # Weights changed since the node was frozen (a checkpoint loaded, a part replaced): it
-    # is keyed by its new state and what it declares now, said to the owner's graph here
-    # so that the graphs below are built for them.
-    if node.restate() is not None:
-        memory.freeze(name, node._smz.state)
+    # Weights changed since the node was frozen (a checkpoint loaded, a part replaced), or
+    # a setting or hook it keeps: it is keyed by its new state and what it declares now,
+    # said to the owner's graph here so that the graphs below are built for them.
+    state = node.restate()
+    if state is not None:
+        memory.freeze(name, state)
+    if node.declaration_moved() or state is not None:
         declared_again(memory, name, node)
     basis = (memory.declaration_of(name), node._smz.state)
     if basis != self._basis:

@@ -22,7 +22,9 @@ or the declaration changes; a row then costs the digest of its content (or nothi
 keyed by index), and its full key only where it goes to the store or comes from it.
 Before rows are keyed the state is settled (:func:`_settle`): digested again once its
 watch saw a weight, buffer or submodule change (the module refused if it was unfrozen
-meanwhile), and each keying whose declaration changed dropped (:func:`_redeclared`). A
+meanwhile), and each keying whose declaration changed dropped (:func:`_redeclared`) —
+looked at again too where only a setting or hook may have changed
+(:meth:`~somatize_torch.freeze.ModuleNode.declaration_moved`). A
 batch whose rows were named ahead of its forward (:mod:`somatize_torch._row_ahead`)
 has them taken as named.
 """
@@ -208,7 +210,9 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     nothing was looked at, else whether rows are keyed anew."""
     watch = self._watch
     if not again and watch is not None and not watch.changed(thorough):
-        return None
+        # The same weights; a setting given to the module since (`enc.temperature = 5.0`)
+        # or a hook registered is in the declaration.
+        return _redeclared(self) if self._node.declaration_moved() else None
     # With no watch (a conversion dropped it) every parameter is looked at: one made to
     # require grad before the conversion is unfrozen all the same.
     unfrozen = (
@@ -228,8 +232,8 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
         self.keyed_anew += 1
         return True
     # The same weights and buffers; what the watch saw may still be a part replaced
-    # whose repr, settings or hooks are in the declaration, so that is said again too
-    # (only here, where the watch fired: a forward that changed nothing pays nothing).
+    # whose repr, settings or hooks are in the declaration, so that is said again too.
+    self._node.declaration_moved()  # looked at whole now
     return _redeclared(self)
 
 

@@ -14,7 +14,7 @@ rounding allows (:func:`_rounding`, :func:`_difference`), not for equality.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
@@ -44,11 +44,23 @@ def _compute(
         sub = x[torch.tensor(positions, dtype=torch.long, device=x.device)]
     # Taken before the forward, which may write into its input.
     ends = sub[:: len(positions) - 1].clone() if not keying.rowwise and len(positions) > 1 else None
-    with torch.no_grad():
-        out = module(sub)
-    if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != len(positions):
+    try:
+        with torch.no_grad():
+            out: torch.Tensor = module(sub)
+        _check_answer(self, out, len(positions))
+        if ends is not None:
+            _check_rowwise(self, ends, out, keying)
+    finally:
+        self._node.ran()  # what its forward changed of what it keeps is its own
+    return out
+
+
+def _check_answer(self: CachedRows, out: Any, rows: int) -> None:
+    """Refuses an answer that cannot be kept and recalled row by row."""
+    module = self.module
+    if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != rows:
         raise NotRowwise(
-            f"`{type(module).__name__}` was handed {len(positions)} rows and returned "
+            f"`{type(module).__name__}` was handed {rows} rows and returned "
             f"{_describe(out)}: a module cached per row must return one tensor with one row "
             "per input row (batch along dimension 0). Cache it per batch instead "
             "(`somatize.torch.wrap(module, frozen=True, cached=True)`)"
@@ -72,9 +84,6 @@ def _compute(
             f"keep (it keeps {kept}). Return a dtype it keeps (`torch.view_as_real` for "
             "complex rows), or cache in memory only (store=None)"
         )
-    if ends is not None:
-        _check_rowwise(self, ends, out, keying)
-    return out
 
 
 def _check_rowwise(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import operator
 import sys
 import types
 from typing import Any
@@ -24,11 +25,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules import module as _registry  # where torch keeps its global hooks
+from torch.utils.hooks import RemovableHandle as _HANDLES  # it numbers every hook
 
 from somatize.catalog import code_digest
 from somatize_torch.digest import digest_tensor
 
-__all__ = ["hooks_of", "settings_of"]
+__all__ = ["SettingsWatch", "hooks_of", "settings_of"]
 
 
 _TORCH_OWN = frozenset(vars(nn.Module())) | {"_compiled_call_impl"}
@@ -56,6 +58,100 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
             if seen is not _UNSEEN:
                 out[f"{prefix}.{name}" if prefix else name] = seen
     return out
+
+
+class SettingsWatch:
+    """Whether what :func:`settings_of` and :func:`hooks_of` name may have changed since
+    the watch was taken, cheaply enough to ask at every forward: each value a part of
+    the module keeps beside torch's own is looked at by identity (``enc.temperature =
+    5.0``, ``enc.act = F.relu``), a tensor so kept by its version counter too, the
+    items of a list or dict so kept by identity (``enc.scales[0] = 2.0``), each part's
+    table of attributes by its length (a value added or removed), and each table of
+    forward hooks by its length and its newest handle (a hook registered or removed).
+    What it says may be nothing after all (the same value assigned again): it is asked
+    so that the declaration is taken again only when it may have changed. What a
+    value held deeper changes in place (an item of a list in a list, a numpy array
+    written to, an object's attribute) is not seen here; only declaring again sees it.
+
+    What a module's own forward changes (a table a rotary embedding fills as it first
+    runs, a count of its calls) is not a change of what it was asked to compute: whoever
+    runs the module takes the watch again after each run."""
+
+    __slots__ = (
+        "_deep",
+        "_hooks",
+        "_issued",
+        "_marks",
+        "_names",
+        "_owners",
+        "_sizes",
+        "_tables",
+        "_values",
+        "_was",
+    )
+
+    def __init__(self, module: nn.Module) -> None:
+        parts = [vars(part) for part in module.modules()]
+        owners: list[dict[str, Any]] = []
+        names: list[str] = []
+        values: list[Any] = []
+        for table in parts:
+            for name, value in table.items():
+                if name not in _UNWATCHED:
+                    owners.append(table)
+                    names.append(name)
+                    values.append(value)
+        hooks = [_registry._global_forward_pre_hooks, _registry._global_forward_hooks]
+        hooks += [table[kind] for table in parts for kind in _HOOK_TABLES]
+        self._owners = owners
+        self._names = names
+        self._values = values
+        self._tables: list[dict[Any, Any]] = [*parts, *hooks]
+        self._sizes = tuple(map(len, self._tables))
+        self._hooks = hooks
+        self._marks = tuple(map(_newest, hooks))
+        self._issued = _HANDLES.next_id
+        # What may change in place, looked at beyond its identity.
+        self._deep = [v for v in values if type(v) in (list, dict) or isinstance(v, torch.Tensor)]
+        self._was = tuple(map(_contents, self._deep))
+
+    def changed(self) -> bool:
+        """Whether a value a part keeps, or a forward hook, may have changed."""
+        return (
+            not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
+            or tuple(map(len, self._tables)) != self._sizes
+            # Any hook registered anywhere since: was one registered here?
+            or (
+                _HANDLES.next_id != self._issued and tuple(map(_newest, self._hooks)) != self._marks
+            )
+            or not all(map(_same, map(_contents, self._deep), self._was))
+        )
+
+
+_UNWATCHED = _TORCH_OWN | {"train"}
+"""What the watch passes over: torch's own tables, and the stand-in for ``train`` that
+holds a frozen module in eval (put there and taken away by freezing, not a setting)."""
+
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks")
+
+
+def _newest(hooks: dict[int, Any]) -> int | None:
+    return next(reversed(hooks), None)
+
+
+def _contents(value: Any) -> Any:
+    """What is looked at beside a kept value's identity: a tensor's version counter (-1
+    for an inference tensor, which keeps none), a list's items or a dict's keys and
+    values (held, so none is freed and its address taken by another)."""
+    if isinstance(value, torch.Tensor):
+        return -1 if value.is_inference() else value._version
+    return (*value, *value.values()) if type(value) is dict else tuple(value)
+
+
+def _same(now: Any, was: Any) -> bool:
+    if type(now) is int:
+        return bool(now == was)
+    return len(now) == len(was) and all(map(operator.is_, now, was))
 
 
 def hooks_of(module: nn.Module) -> dict[str, Any]:

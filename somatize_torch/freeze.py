@@ -49,7 +49,7 @@ from torch import nn
 from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize.catalog import identity_of
 from somatize.errors import SomatizeError, SomatizeWarning
-from somatize_torch._settings import hooks_of, settings_of
+from somatize_torch._settings import SettingsWatch, hooks_of, settings_of
 from somatize_torch._state import StateWatch, _state_tensors, digest_state
 from somatize_torch.codec import TENSOR, LandedOnHost
 
@@ -248,7 +248,9 @@ class ModuleNode(Node):
 
     holds_state = True
     _made: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    _built: tuple[dict[str, Any], dict[str, Any]] | None = None  # settings, hooks
     _watch: StateWatch | None = None
+    _settings: SettingsWatch | None = None
 
     def __init__(
         self,
@@ -288,6 +290,7 @@ class ModuleNode(Node):
             )
         node = cls(module(*args, **kwargs))
         node._made = (tuple(args), dict(kwargs))
+        node._built = (settings_of(node.module), hooks_of(node.module))
         return node
 
     def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
@@ -311,6 +314,7 @@ class ModuleNode(Node):
                 f"`{type(self).__qualname__}` is defined inside a function, so no other "
                 "process can find it. Define it at module level"
             )
+        _refuse_changed_since_built(self)
         args, kwargs = self._made
         return f"{maker}.build", args, kwargs
 
@@ -404,16 +408,61 @@ class ModuleNode(Node):
             declared["hooks"] = hooks
         return declared
 
+    def declaration_moved(self) -> bool:
+        """Whether a plain value or function the module keeps, or a forward hook, may have
+        changed since this was last asked (:class:`~somatize_torch._settings.SettingsWatch`;
+        yes when first asked), so that its declaration is taken again. What the module's
+        own forward changes as it runs is not a change (:meth:`ran`)."""
+        watch = self._settings
+        if watch is not None and not watch.changed():
+            return False
+        self._settings = SettingsWatch(self.module)
+        return True
+
+    def ran(self) -> None:
+        """Says that the module ran: what its forward changed of what it keeps (a table
+        filled as it first runs, a count of its calls) is not a change of its settings."""
+        if self._settings is not None:
+            self._settings = SettingsWatch(self.module)
+
     def forward(self, x: Any, ctx: Any) -> Any:
         if is_held(self.module):
             check_still(ctx.name if ctx is not None else repr(self), self.module)
-        if self.spread and isinstance(x, (tuple, list)):
-            return self.call(*x)
-        return self.call(x)
+        try:
+            if self.spread and isinstance(x, (tuple, list)):
+                return self.call(*x)
+            return self.call(x)
+        finally:
+            self.ran()
 
     def __repr__(self) -> str:
         name = self._smz.name
         return f"<ModuleNode {type(self.module).__qualname__}{f' {name!r}' if name else ''}>"
+
+
+def _refuse_changed_since_built(node: ModuleNode) -> None:
+    """Refuses to send a module whose settings or forward hooks were changed after
+    :meth:`ModuleNode.build` made it (``enc.module.temperature = 5.0``): another process
+    builds it from its class and arguments, and would compute without the change."""
+    assert node._built is not None
+    settings, hooks = settings_of(node.module), hooks_of(node.module)
+    built, hooked = node._built
+    keys = sorted(settings.keys() | built.keys())
+    changed = [key for key in keys if settings.get(key, _GONE) != built.get(key, _GONE)]
+    said = [few(changed)] if changed else []
+    if hooks != hooked:
+        said.append("its forward hooks")
+    if said:
+        kind = type(node.module).__qualname__
+        raise Unbuildable(
+            f"{' and '.join(said)} of the `{kind}` changed after `ModuleNode.build` made it, "
+            "and a worker that rebuilds it from its class and arguments would compute "
+            f"without the change. Pass the value to the constructor (`ModuleNode.build({kind}, "
+            '...)`), or place the node on a `Worker.generic(mode="local")` worker'
+        )
+
+
+_GONE = object()
 
 
 def module_of(node: Node) -> nn.Module | None:

@@ -246,9 +246,12 @@ class CachedRows(nn.Module):
         """Looks again at the plain values and functions the module keeps beside its
         weights and at its forward hooks (:func:`~somatize_torch._settings.settings_of`,
         :func:`~somatize_torch._settings.hooks_of`), and (unless ``digest=False``) digests
-        its weights and buffers again — at every forward they are watched (a change in
-        place, a tensor or submodule replaced), and this also sees writes that bypass
-        what is watched (into ``p.data``): if one changed since rows were keyed, rows
+        its weights and buffers again — at every forward both are watched (a value given
+        or a hook registered, a weight changed in place, a tensor or submodule replaced:
+        :class:`~somatize_torch._settings.SettingsWatch`,
+        :class:`~somatize_torch._state.StateWatch`), and this also sees what is not
+        watched (a write into ``p.data``, an item of a list in a list): if one changed
+        since rows were keyed, rows
         are keyed anew from the next forward, and nothing kept under the old values is
         recalled for them. Returns whether one changed. ``CacheFrozen`` calls it at the
         first batch of every stage's epoch."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from somatize import (
     Catalog,
@@ -611,6 +612,37 @@ def test_a_refrozen_module_is_loaded_again() -> None:
     assert _state_crossings(seen) == [len(enc.state_bytes())]
     (loaded,) = broker._hosts["w1"]._nodes.values()
     assert loaded._smz.state == digest
+
+
+def _negated(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return -output
+
+
+def test_a_setting_given_after_build_is_refused_on_a_network_worker() -> None:
+    """A value given to a built module, or a hook registered on it, after
+    `ModuleNode.build` made it would not be on the module a worker builds from the class
+    and arguments: the next forward is refused, naming what changed, before anything runs
+    (the worker would otherwise compute without it, under a key that says it)."""
+    g, enc, rows = _encoder_graph()
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    x = {"at": 0, "take": 5}
+    g.forward(x, broker=broker)
+    ran = rows.calls
+    enc.module.tag = 3.0
+    with pytest.raises(
+        Unbuildable, match=r"`tag` of the `Encoder` changed after `ModuleNode\.build"
+    ):
+        g.forward(x, broker=broker)
+    del enc.module.tag
+    assert torch_equal(g.forward(x, broker=broker), g.forward(x))
+    handle = enc.module.linear.register_forward_hook(_negated)
+    with pytest.raises(Unbuildable, match=r"its forward hooks of the `Encoder` changed"):
+        g.forward(x, broker=broker)
+    handle.remove()
+    assert rows.calls == ran + 2
+    local = Broker.embedded({"w1": Worker.generic(mode="local")})
+    enc.module.tag = 3.0
+    assert torch_equal(g.forward(x, broker=local), g.forward(x))
 
 
 def test_a_module_node_made_from_an_instance_is_refused_on_a_network_worker() -> None:

@@ -402,6 +402,31 @@ def test_values_a_module_keeps_beside_its_weights_are_in_its_key(store: Store) -
     hotter.close()
 
 
+def test_a_value_changed_after_freeze_is_seen_at_the_next_forward(store: Store) -> None:
+    """A plain value, a dict entry or a forward hook changed on a frozen module without
+    freezing again keys the graph's next forward anew: computed with the change, the
+    answer kept before it not recalled; the same call again is recalled."""
+    x = Opaque(torch.randn(3, 6))
+    module = Scaled(1.0)
+    g = Graph.somatize(smt.ModuleNode(module).named("scaled").frozen().cached())
+    smt.freeze(g)
+    seen = [g.forward(x, store=store)]
+    for change in (
+        lambda: setattr(module, "temperature", 2.0),
+        lambda: module.options.__setitem__("clip", 0.1),
+        lambda: module.linear.register_forward_hook(_negate),
+    ):
+        change()
+        out = g.forward(x, store=store)
+        assert g.record is not None and g.record.outcome == {"scaled": "ran"}
+        with torch.no_grad():
+            assert torch.equal(out, module(x.value))
+        assert all(not torch.equal(out, before) for before in seen)
+        assert torch.equal(g.forward(x, store=store), out)
+        assert g.record.outcome == {"scaled": "recalled"}
+        seen.append(out)
+
+
 class Activated(nn.Module):
     """Applies the function it holds: its weights and ``repr`` are the same whichever."""
 

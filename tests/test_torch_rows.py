@@ -152,10 +152,12 @@ class Gain(nn.Module):
         return out
 
 
-def test_a_setting_changed_after_rows_were_keyed_is_seen_when_redeclared(store: Store) -> None:
-    """Changing a plain value the module reads is not seen between forwards (only weights
-    are watched there); `redeclare` sees it, and every row runs again with it. With
-    nothing changed it says so, and the memory tier keeps answering."""
+def test_a_setting_changed_after_rows_were_keyed_is_seen_at_the_next_forward(
+    store: Store,
+) -> None:
+    """Changing a plain value the module reads, or a forward hook, keys every row anew at
+    the next forward, which runs them with it; `redeclare` says so too. With nothing
+    changed it says so, and the memory tier keeps answering."""
     module = Gain()
     cached = cache_rows(module, store)
     x = torch.randn(5, 6)
@@ -163,11 +165,54 @@ def test_a_setting_changed_after_rows_were_keyed_is_seen_when_redeclared(store: 
     assert cached.redeclare() is False
     assert torch.equal(cached(x), first) and cached.stats.from_device + cached.stats.from_host == 5
     module.gain = 2.0
-    assert cached.redeclare() is True
     doubled = cached(x)
     assert cached.stats.computed == 5 + 5
     assert torch.equal(doubled, expected(module, x))
     assert not torch.equal(doubled, first)
+    assert torch.equal(cached(x), doubled) and cached.stats.computed == 10
+    module.gain = 3.0
+    assert cached.redeclare() is True
+    assert torch.equal(cached(x), expected(module, x)) and cached.stats.computed == 15
+    handle = module.linear.register_forward_hook(_triple)
+    assert torch.equal(cached(x), expected(module, x)) and cached.stats.computed == 20
+    handle.remove()
+    module.gain = 1.0
+    assert torch.equal(cached(x), first) and cached.stats.computed == 20
+    cached.close()
+
+
+class Counting(Gain):
+    """Counts its calls and fills a table as it first runs: what its own forward changes
+    of what it keeps, which changes nothing it answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.table: torch.Tensor | None = None
+        self.seen: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.seen.append(x.shape[0])
+        if self.table is None:
+            self.table = torch.ones(1)
+        else:
+            self.table.mul_(1.0)  # written in place: its version moves
+        return super().forward(x) * self.table
+
+
+def test_what_a_forward_changes_of_its_own_settings_keys_nothing_anew(store: Store) -> None:
+    """A module whose forward counts its calls, appends to a list and fills a table keeps
+    its rows' keys as it runs: a batch seen before is recalled, every row of it."""
+    module = Counting()
+    cached = cache_rows(module, store)
+    x, y = torch.randn(5, 6), torch.randn(4, 6)
+    first = cached(x)
+    cached(y)
+    assert cached.stats.computed == 9
+    assert torch.equal(cached(x), first) and cached.stats.computed == 9
+    module.gain = 2.0
+    assert torch.equal(cached(x), expected(Gain(), x) * 2) and cached.stats.computed == 14
     cached.close()
 
 

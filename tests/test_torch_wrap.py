@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+import copy
 import inspect
 import random
 import threading
@@ -408,6 +410,99 @@ def test_a_setting_or_hook_changed_and_frozen_again_keys_anew(
     with torch.no_grad():
         assert torch.allclose(after, wrapped.model(x))
     assert not torch.allclose(after, before)
+
+
+class Tuned(nn.Module):
+    """Reads plain values it keeps beside its weights, and counts its calls and fills a
+    table as it first runs (its own changes, which change nothing it answers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.temperature = 1.0
+        self.scales = [1.0, 1.0]
+        self.shift = torch.zeros(4)  # a tensor, not a buffer
+        self.calls = 0
+        self.table: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.table is None or self.table.shape[0] < x.shape[0]:
+            self.table = torch.ones(x.shape[0], 1)
+        out = self.linear(x) / self.temperature * self.scales[0] + self.shift
+        return out * self.table[: x.shape[0]]
+
+
+class Tunes(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tuned()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def _retune(encoder: Tuned, change: str) -> None:
+    if change == "setting":
+        encoder.temperature = 2.0
+    elif change == "list item":
+        encoder.scales[0] = 3.0
+    elif change == "tensor in place":
+        encoder.shift.add_(1.0)
+    elif change == "hook":
+        encoder.linear.register_forward_hook(_negated)
+    elif change == "pre-hook":
+        encoder.linear.register_forward_pre_hook(_doubled_input)
+    else:
+        raise AssertionError(change)
+
+
+def _doubled_input(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor]:
+    return (args[0] * 2,)
+
+
+def _doubled_linear(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor | None:
+    return out * 2 if type(module) is nn.Linear else None
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
+@pytest.mark.parametrize(
+    "change", ["setting", "list item", "tensor in place", "hook", "pre-hook", "global hook"]
+)
+def test_a_setting_or_hook_changed_after_freeze_is_seen_at_the_next_call(
+    store: Store, whole: bool, change: str
+) -> None:
+    """A plain value or a forward hook changed on a frozen cached module, without
+    freezing again, keys the next call anew: computed with the change, not the answer
+    kept before it recalled. What the module's own forward changes as it runs (a count
+    of its calls, a table it fills) keys nothing anew: the same input again is
+    recalled."""
+    torch.manual_seed(0)
+    model = Tunes()
+    wrapped = (
+        smt.wrap(model.encoder, frozen=True, cached=True, store=store)
+        if whole
+        else smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    )
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    before = wrapped(x)
+    assert torch.equal(wrapped(x), before)
+    name = next(iter(wrapped.counts))
+    assert wrapped.counts[name] == {"ran": 1, "kept": 1, "recalled": 1}
+    with contextlib.ExitStack() as undo:
+        if change == "global hook":
+            undo.callback(nn.modules.module.register_module_forward_hook(_doubled_linear).remove)
+        else:
+            _retune(model.encoder, change)
+        after = wrapped(x)
+        assert wrapped.counts[name] == {"ran": 2, "kept": 2, "recalled": 1}
+        with torch.no_grad():  # a copy: the module run itself would count the call
+            assert torch.allclose(after, copy.deepcopy(wrapped.model)(x))
+        assert not torch.allclose(after, before)
+        assert torch.equal(wrapped(x), after)
+        assert wrapped.counts[name] == {"ran": 2, "kept": 2, "recalled": 2}
 
 
 def test_the_precision_a_call_runs_in_keys_it_apart(store: Store) -> None:
