@@ -15,9 +15,10 @@ import pyarrow.compute
 import pyarrow.parquet
 import pytest
 
+import somatize.data.parquet as parquet_module
 from somatize import Graph, NameNotFound, Node, Store, Unbuildable, Undeclared
 from somatize.broker import Broker, StateMismatch, Worker
-from somatize.catalog import blueprint_of
+from somatize.catalog import Catalog, blueprint_of, identity_of
 from somatize.data import (
     DatasetChanged,
     Frame,
@@ -28,7 +29,9 @@ from somatize.data import (
     settle,
     spans,
 )
+from somatize.keys import node_key, node_prefix, root_key
 from somatize.node import Context
+from somatize.plan import compile
 from somatize.store import Corrupt
 
 
@@ -462,7 +465,7 @@ def test_a_directory_keeps_one_budget_of_decoded_groups_for_all_its_files(
 ) -> None:
     """Walking many files keeps at most the source's budget of decoded row groups (beyond
     the one being read), not the last group of every file."""
-    import somatize.data.parquet as module
+    import somatize.data._parquet_base as module  # where the budget is read
 
     decoded: list[weakref.ref[pyarrow.Table]] = []
     real = pyarrow.parquet.ParquetFile.read_row_group
@@ -555,7 +558,7 @@ def test_a_remembered_digest_is_dropped_when_the_file_is_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An unchanged file is not hashed twice; a replaced one (same name and size) is."""
-    import somatize.data.parquet as module
+    import somatize.data.parquet_dir as module
 
     hashed: list[int] = []
     real = module._content_digest
@@ -730,3 +733,33 @@ def test_a_parquet_dir_crosses_by_its_absolute_path(
     refused += rf"are at version blake3:\w+, and the graph is settled at {settled}.*changed"
     with pytest.raises(StateMismatch, match=refused):
         changed.forward(x, store=store, broker=broker)
+
+
+def test_a_parquet_dir_keeps_the_identity_and_keys_it_had_in_the_parquet_module(
+    tmp_path: Path, store: Store
+) -> None:
+    """ParquetDir is defined in `somatize.data.parquet_dir` and keeps the identity it had when
+    `somatize.data.parquet` defined it: its answers keep their keys (pinned: the key of a
+    span of a ParquetDir at a fixed version, as it was before the class moved), and a worker
+    finds the class where the identity names it."""
+    write_dir(tmp_path / "d", [numbers(10)])
+    source = ParquetDir(tmp_path / "d")
+    assert ParquetDir.__module__ == "somatize.data.parquet_dir"
+    identity = "somatize.data.parquet:ParquetDir"
+    assert identity_of(ParquetDir) == identity
+    assert blueprint_of(source).identity == identity and blueprint_of(source).maker is None
+    assert Catalog().resolve(identity) is ParquetDir
+    assert parquet_module.ParquetDir is ParquetDir
+    source.version = "blake3:" + "0" * 64  # a version that no writer's footer decides
+    g = Graph.somatize(source.named("d").frozen().cached())
+    settle(g)
+    x = {"at": 0, "take": 64}
+    key = compile(g, x, store, g.outputs).keys["d"]
+    prefix = node_prefix(identity, source.declaration(), source.version, None)
+    assert key == node_key(prefix, [root_key(x)])
+    assert key == "blake3:87d492607992a2801798e1e8a3498dbfeaca9add77857358e0006cae935c9351"
+
+    class Own(ParquetDir):
+        pass
+
+    assert identity_of(Own) is None  # defined in a function: not the identity of its base

@@ -31,7 +31,8 @@ from somatize.data.codec import ArrowCodec
 from somatize.data.coordinate import BadCoordinate, Counted, NotACoordinate, span_of, spans
 from somatize.data.errors import DataError
 from somatize.data.frame import Frame, NoPolars, NotArrow, UnknownColumn, to_arrow
-from somatize.data.parquet import DatasetChanged, NotParquet, Parquet, ParquetDir
+from somatize.data.parquet import NotParquet, Parquet
+from somatize.data.parquet_dir import DatasetChanged, ParquetDir
 from somatize.data.settle import Settles, settle
 from somatize.data.sources import Stream, Table, TooManyRows, Unfreezable
 

@@ -11,7 +11,7 @@ and from the builtin they are::
     ├── NotArrow (TypeError)              somatize.data.frame
     ├── NoPolars (ImportError)            somatize.data.frame
     ├── NotParquet (ValueError)           somatize.data.parquet
-    ├── DatasetChanged (RuntimeError)     somatize.data.parquet
+    ├── DatasetChanged (RuntimeError)     somatize.data.parquet_dir
     ├── Unfreezable (ValueError)          somatize.data.sources
     └── TooManyRows (ValueError)          somatize.data.sources
 

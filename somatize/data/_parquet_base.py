@@ -1,0 +1,233 @@
+"""What the two Parquet sources share: a Parquet file read by row group.
+
+:class:`~somatize.data.Parquet` (a dataset in a store) and
+:class:`~somatize.data.ParquetDir` (a directory of files) read their files alike: a
+file's footer once (:class:`_Footer`), then only the row groups a span overlaps
+(:class:`_File`), keeping the groups decoded last within one budget per source
+(:class:`_Held`, ``_HELD_BYTES``). Both are :class:`_Versioned`: their rows are decided
+by their version and the columns they read. :class:`NotParquet` is public in
+:mod:`somatize.data.parquet`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow
+import pyarrow.parquet
+
+from somatize.broker import StateMismatch
+from somatize.data.errors import DataError
+from somatize.data.frame import UnknownColumn
+from somatize.node import Node
+from somatize.store import Corrupt
+
+__all__ = ["NotParquet"]
+
+_HELD_BYTES = 64 << 20
+"""How many bytes of decoded row groups a source keeps for the spans that follow, from
+all its files together (always at least the last group it read)."""
+
+
+class NotParquet(DataError, ValueError):
+    """Bytes, a file or a directory that hold no Parquet dataset to read."""
+
+
+def _columns_of(columns: Sequence[str] | None) -> list[str] | None:
+    if columns is None:
+        return None
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise TypeError(
+            f"columns= is a list of column names, got {columns!r}; e.g. `columns=['sms']`"
+        )
+    twice = sorted(name for name, times in collections.Counter(columns).items() if times > 1)
+    if twice:
+        raise ValueError(
+            f"columns= names {', '.join(map(repr, twice))} more than once; a frame has each "
+            "column once: name it once"
+        )
+    return list(columns)
+
+
+def _joined(tables: list[pyarrow.Table]) -> pyarrow.Table:
+    """The tables one after another. Tables of no columns (read with ``columns=[]``) say
+    only how many rows they hold, and Arrow's concatenation drops that; a batch made from
+    a struct array of no fields keeps it."""
+    if len(tables) == 1:
+        return tables[0]
+    if tables[0].num_columns:
+        return pyarrow.concat_tables(tables)
+    rows = sum(table.num_rows for table in tables)
+    batch = pyarrow.RecordBatch.from_struct_array(pyarrow.nulls(rows, pyarrow.struct([])))
+    return pyarrow.Table.from_batches([batch.replace_schema_metadata(tables[0].schema.metadata)])
+
+
+def _parquet_file(
+    source: Any, where: str, metadata: pyarrow.parquet.FileMetaData | None = None
+) -> pyarrow.parquet.ParquetFile:
+    """``source`` opened as Parquet (its footer read, unless ``metadata`` is it already);
+    NotParquet when it is not Parquet."""
+    try:
+        return pyarrow.parquet.ParquetFile(
+            source, metadata=metadata, page_checksum_verification=True
+        )
+    except (pyarrow.ArrowException, OSError) as why:
+        raise NotParquet(
+            f"{where} is not a Parquet file ({why}). A Parquet source reads files written "
+            "by `pyarrow.parquet.write_table` or any other Parquet writer; bind the name to "
+            "the bytes of one"
+        ) from None
+
+
+class _Footer:
+    """What a Parquet file's footer says, read once: the schema of the columns a source
+    reads from it, and the row each row group starts at. It holds no file open."""
+
+    def __init__(
+        self, file: pyarrow.parquet.ParquetFile, where: str, columns: list[str] | None
+    ) -> None:
+        self.where = where
+        self.columns = columns
+        self.metadata = file.metadata
+        schema = file.schema_arrow
+        times = collections.Counter(schema.names)
+        for name in schema.names if columns is None else columns:
+            if not times[name]:
+                raise UnknownColumn(
+                    f"{where} has no column `{name}`; it has "
+                    f"{', '.join(f'`{n}`' for n in schema.names)}. Ask for those in columns="
+                )
+            if times[name] > 1:
+                others = [n for n in schema.names if times[n] == 1]
+                raise NotParquet(
+                    f"{where} has {times[name]} columns named `{name}`, so the name is "
+                    "ambiguous, and a frame has each column once. Write the file with one "
+                    "name for each column"
+                    + (f", or read only the others (columns={others!r})" if others else "")
+                )
+        if columns is not None:
+            schema = pyarrow.schema([schema.field(name) for name in columns], schema.metadata)
+        self.schema = schema
+        self.starts = [0]
+        for index in range(self.metadata.num_row_groups):
+            self.starts.append(self.starts[-1] + self.metadata.row_group(index).num_rows)
+        self.rows = self.starts[-1]
+
+
+class _Held:
+    """The row groups a source decoded last, from any of its files, kept for the spans
+    that follow: at most ``_HELD_BYTES`` of them together, and always the last one, so a
+    source over many files holds no more than one over a single file."""
+
+    def __init__(self) -> None:
+        self.tables: OrderedDict[tuple[int, int], pyarrow.Table] = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple[int, int]) -> pyarrow.Table | None:
+        """Row group ``key`` (file, group), when it is kept."""
+        with self.lock:
+            found = self.tables.get(key)
+            if found is not None:
+                self.tables.move_to_end(key)
+            return found
+
+    def keep(self, key: tuple[int, int], table: pyarrow.Table) -> None:
+        """Keeps row group ``key``, letting go of the ones used least recently beyond the
+        budget."""
+        with self.lock:
+            replaced = self.tables.pop(key, None)
+            if replaced is not None:
+                self.bytes -= replaced.nbytes
+            self.tables[key] = table
+            self.bytes += table.nbytes
+            while len(self.tables) > 1 and self.bytes > _HELD_BYTES:
+                _, dropped = self.tables.popitem(last=False)
+                self.bytes -= dropped.nbytes
+
+    def clear(self) -> None:
+        with self.lock:
+            self.tables.clear()
+            self.bytes = 0
+
+
+class _File:
+    """One open Parquet file of a source: what its footer says, the file and the handle
+    under it, and a lock its reads take turns on."""
+
+    def __init__(self, file: pyarrow.parquet.ParquetFile, handle: Any, footer: _Footer) -> None:
+        self.file = file
+        self.handle = handle
+        self.footer = footer
+        self.lock = threading.Lock()
+        self.users = 0
+        """How many reads are using it (guarded by its source's lock): it is not closed
+        under them."""
+
+    def read(self, at: int, take: int, held: _Held, number: int) -> pyarrow.Table:
+        """Rows ``at`` to ``at + take`` of this file (fewer at its end, none past it), the
+        source's file ``number``: row groups ``held`` keeps are not decoded again."""
+        footer = self.footer
+        end = min(at + take, footer.rows)
+        if at >= end:
+            return footer.schema.empty_table()
+        first = bisect.bisect_right(footer.starts, at) - 1
+        last = bisect.bisect_left(footer.starts, end) - 1
+        with self.lock:
+            groups = [self._group(index, held, number) for index in range(first, last + 1)]
+        table = _joined(groups)
+        return table.slice(at - footer.starts[first], end - at)
+
+    def _group(self, index: int, held: _Held, number: int) -> pyarrow.Table:
+        found = held.get((number, index))
+        if found is not None:
+            return found
+        try:
+            table = self.file.read_row_group(index, columns=self.footer.columns)
+        except (pyarrow.ArrowException, OSError) as why:
+            raise Corrupt(
+                f"row group {index} of {self.footer.where} cannot be read ({why}): its bytes "
+                "are damaged (a page checksum failed, or the file was cut short), and no rows "
+                "of it are handed over. Write the dataset again"
+            ) from None
+        held.keep((number, index), table)
+        return table
+
+    def close(self) -> None:
+        self.file.close()
+        self.handle.close()
+
+
+class _Versioned(Node):
+    """A source whose rows are decided by its version (its state) and the columns it reads."""
+
+    holds_state = True
+    columns: list[str] | None
+    version: str
+
+    def settled_state(self) -> str:
+        """Its version, for ``somatize.data.settle``."""
+        return self.version
+
+    def state_bytes(self) -> bytes:
+        """Its version: a worker rebuilds the source by reference and reads the dataset
+        itself, so no rows cross."""
+        return self.version.encode()
+
+    def load_state(self, data: memoryview) -> str:
+        """Checks that this source, rebuilt on a worker, found the version the client's was
+        built at (the bytes :meth:`state_bytes` wrote), and answers it;
+        :class:`~somatize.broker.StateMismatch` when it found another."""
+        sent = bytes(data).decode("ascii", "replace")
+        if sent != self.version:
+            raise StateMismatch(self._moved(sent))
+        return self.version
+
+    def _moved(self, sent: str) -> str:
+        """Why this source, rebuilt here at its own version, is not at ``sent``."""
+        raise NotImplementedError

@@ -1,0 +1,352 @@
+"""A directory of Parquet files as one source, read by span.
+
+``ParquetDir(path)`` reads a directory of ``.parquet`` files, in path order, as
+:class:`~somatize.data.Parquet` reads a dataset in a store, for data that does not
+live in one. Its version is worked out from the files' names, sizes and content
+digests, so any changed byte changes it; a file that changes after that is refused
+rather than read under the old version. It reads each file's footer once and then
+holds only a few files open (``_OPEN_FILES``), opening one again when a span reaches
+it, so a directory may hold more files than a process may have open or
+memory-mapped; a file opened again is checked to be the very file its digest was
+taken from.
+
+On a network worker it crosses by reference, as a :class:`~somatize.data.Parquet`
+does (:mod:`somatize.data.parquet`): the worker rebuilds it from its absolute path, on
+a machine that sees the same files, and is sent only its version.
+
+The class is defined here and keeps the identity it was first given,
+``somatize.data.parquet:ParquetDir``: :mod:`somatize.data.parquet` holds it under that
+name, so the answers kept under that identity keep their keys and a worker finds the
+class where the identity says.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pyarrow
+
+from somatize import canonical
+from somatize._threads import hash_threads
+from somatize.catalog import Unbuildable
+from somatize.data._parquet_base import (
+    NotParquet,
+    _columns_of,
+    _File,
+    _Footer,
+    _Held,
+    _joined,
+    _parquet_file,
+    _Versioned,
+)
+from somatize.data.coordinate import span_of
+from somatize.data.errors import DataError
+from somatize.data.frame import Frame
+from somatize.node import Context
+
+__all__ = ["DatasetChanged", "ParquetDir"]
+
+_OPEN_FILES = 8
+"""How many files of a ``ParquetDir`` stay open between spans. The others are opened
+again when a span reaches them: a directory may hold more files than a process may
+have open or memory-mapped."""
+
+
+class DatasetChanged(DataError, RuntimeError):
+    """A file of a ``ParquetDir`` changed after its version was worked out."""
+
+
+_SAFE_AFTER_NS = 2_000_000_000
+"""A file's digest is remembered only once its last change is this far in the past,
+so a change within the file system's timestamp granularity cannot hide behind an
+unchanged size and time (the "racy" case)."""
+
+_DIGESTS: dict[tuple[Any, ...], str] = {}
+"""(path, device, inode, size, mtime, ctime) → content digest, for files that were
+digested long enough after their last change."""
+
+
+def _stat_of(path: Path, fd: int | None = None) -> tuple[Any, ...]:
+    """What says which file is at ``path`` and whether it changed; of the file open as
+    ``fd`` (opened from ``path``) when one is given."""
+    found = os.stat(path) if fd is None else os.fstat(fd)
+    return (str(path), found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns,
+            found.st_ctime_ns)  # fmt: skip
+
+
+def _content_digest(data: mmap.mmap) -> str:
+    return "blake3:" + blake3.blake3(data, max_threads=hash_threads()).hexdigest()
+
+
+def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...]]:
+    """The content digest of ``path`` and the stat it was taken at; NotParquet when the
+    file does not begin and end with Parquet's magic bytes."""
+    before = _stat_of(path)
+    known = _DIGESTS.get(before)
+    if known is not None:
+        return known, before
+    started = time.time_ns()
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size < 12:
+            raise NotParquet(
+                f"`{relative}` holds {size} bytes, too few to be a Parquet file; remove it from "
+                "the directory or write it again"
+            )
+        data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            if data[:4] != b"PAR1" or data[-4:] != b"PAR1":
+                raise NotParquet(
+                    f"`{relative}` is named like a Parquet file and is not one (no `PAR1` magic "
+                    "at its start and end): it is another format, or was cut short while being "
+                    "written. Remove it from the directory or write it again"
+                )
+            digest = _content_digest(data)
+        finally:
+            data.close()
+    after = _stat_of(path)
+    if after != before:
+        raise DatasetChanged(
+            f"`{relative}` changed while its digest was being worked out; wait until whatever "
+            "writes it has finished, then build the ParquetDir again"
+        )
+    if started - after[4] > _SAFE_AFTER_NS and started - after[5] > _SAFE_AFTER_NS:
+        _DIGESTS[after] = digest
+    return digest, after
+
+
+def _is_path(value: Any, absolute: Path) -> bool:
+    """Whether ``value`` names the directory at ``absolute``."""
+    if not isinstance(value, (str, os.PathLike)):
+        return False
+    return Path(value).expanduser().absolute() == absolute
+
+
+class ParquetDir(_Versioned):
+    """The ``.parquet`` files under directory ``path`` (recursively, in path order,
+    skipping names that start with ``.`` or ``_``) as one dataset, read by span."""
+
+    identity = "somatize.data.parquet:ParquetDir"
+    """What names the class in keys and to workers (:func:`~somatize.catalog.identity_of`):
+    the module it was defined in first, which holds it still. Answers kept under it keep
+    their keys, and a worker rebuilding the source imports it from there. A subclass has
+    an identity of its own."""
+
+    def __init__(self, path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> None:
+        root = Path(path).expanduser()
+        if not root.is_dir():
+            raise NotParquet(
+                f"{str(root)!r} is not a directory: ParquetDir reads a directory of `.parquet` "
+                "files; for one file, put it in a store and use `Parquet(store, name)`"
+            )
+        root = root.absolute()
+        self.root = root
+        """The directory, made absolute when the source was built: a later change of the
+        working directory does not move it."""
+        args, kwargs = self._smz.call
+        self._path_first = bool(args) and _is_path(args[0], root)
+        """Whether the call that made it handed the directory first (else as ``path=``, or
+        neither): told while the working directory is the one the call meant."""
+        self._path_named = _is_path(kwargs.get("path"), root)
+        self.columns = _columns_of(columns)
+        found = sorted(
+            one
+            for one in root.rglob("*.parquet")
+            if one.is_file()
+            and not any(part.startswith((".", "_")) for part in one.relative_to(root).parts)
+        )
+        if not found:
+            raise NotParquet(
+                f"there are no `.parquet` files under {str(root)!r}, so there is no dataset to "
+                "read; write some with `pyarrow.parquet.write_table`"
+            )
+        self.files = [one.relative_to(root).as_posix() for one in found]
+        entries = []
+        self._stats: list[tuple[Any, ...]] = []
+        for one, relative in zip(found, self.files, strict=True):
+            digest, stat = _file_digest(one, relative)
+            self._stats.append(stat)
+            entries.append([relative, stat[3], digest])
+        self.version: str = canonical.hex_of(entries, b"somatize/parquet-dir\0")
+        """A digest of the files' names, sizes and contents: its state."""
+        self._footers: list[_Footer] | None = None
+        self._starts: list[int] = []
+        self._files: OrderedDict[int, _File] = OrderedDict()
+        """The files open now, used least recently first: at most ``_OPEN_FILES`` of them
+        between reads."""
+        self._held = _Held()
+        self._opening = threading.Lock()
+
+    def declare(self) -> dict[str, Any]:
+        """Which columns it reads: with the version (its state), all that decides its rows.
+        A subclass that takes arguments of its own adds them to this."""
+        return {"columns": self.columns}
+
+    def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
+        """Rebuilt from the call that made it with its absolute path, on a worker that sees
+        the same files (this machine, or a shared filesystem); Unbuildable when the call did
+        not hand the path first or as ``path=``."""
+        args, kwargs = self._smz.call
+        where = str(self.root)
+        if self._path_first:
+            args = (where, *args[1:])
+        elif self._path_named:
+            kwargs = {**kwargs, "path": where}
+        else:
+            kind = type(self).__qualname__
+            raise Unbuildable(
+                f"`{kind}` was not handed its directory first or as `path=`, so a worker "
+                "cannot tell which argument to put the absolute path in. Make "
+                f"`{kind}` take the path first, as `ParquetDir(path)` does"
+            )
+        return None, tuple(args), dict(kwargs)
+
+    def _moved(self, sent: str) -> str:
+        return (
+            f"the files under {str(self.root)!r}, as this worker finds them, are at "
+            f"version {self.version}, and the graph is settled at {sent}, the version of the "
+            "files the source was built from: they changed since, or the worker sees other "
+            "files at that path. Nothing ran and nothing was kept. After changing the files, "
+            "build the `ParquetDir` again and settle the graph (`somatize.data.settle(g)`); "
+            "give the workers the same files (this machine, or a shared filesystem)"
+        )
+
+    def count_rows(self) -> int:
+        """How many rows the files hold together, from their footers."""
+        self._read_footers()
+        return self._starts[-1]
+
+    def forward(self, span: Any, ctx: Context) -> Frame:
+        at, take = span_of(span, f"`{ctx.name}` (ParquetDir)")
+        footers = self._read_footers()
+        starts = self._starts
+        end = min(at + take, starts[-1])
+        if at >= end:
+            return Frame(footers[0].schema.empty_table())
+        first = bisect.bisect_right(starts, at) - 1
+        pieces = []
+        index = first
+        while index < len(footers) and starts[index] < end:
+            self._check(index)
+            offset = starts[index]
+            one = self._using(index)
+            try:
+                piece = one.read(max(at - offset, 0), end - max(at, offset), self._held, index)
+            finally:
+                self._done(one)
+            if piece.num_rows:
+                pieces.append(piece)
+            index += 1
+        return Frame(_joined(pieces))
+
+    def _changed(self, index: int) -> DatasetChanged:
+        return DatasetChanged(
+            f"`{self.files[index]}` under {str(self.root)!r} changed after this source's "
+            "version was worked out, so its rows are no longer the ones the version names. "
+            "Build a new `ParquetDir` (and settle the graph again) to read it at its new "
+            "version"
+        )
+
+    def _check(self, index: int) -> None:
+        try:
+            now = _stat_of(self.root / self.files[index])
+        except FileNotFoundError:
+            now = None
+        if now != self._stats[index]:
+            raise self._changed(index)
+
+    def _opened(self, index: int, footer: _Footer | None) -> _File:
+        """File ``index`` opened, checked to be the very file its digest was taken from (a
+        file put in its place since is refused, however alike)."""
+        relative = self.files[index]
+        path = self.root / relative
+        try:
+            handle = pyarrow.memory_map(str(path), "r")
+        except FileNotFoundError:
+            raise self._changed(index) from None
+        try:
+            if _stat_of(path, handle.fileno()) != self._stats[index]:
+                raise self._changed(index)
+            where = f"`{relative}`"
+            file = _parquet_file(handle, where, None if footer is None else footer.metadata)
+            if footer is None:
+                footer = _Footer(file, where, self.columns)
+            return _File(file, handle, footer)
+        except BaseException:
+            handle.close()
+            raise
+
+    def _read_footers(self) -> list[_Footer]:
+        """Every file's footer, each read once with the file open only while it is read."""
+        if self._footers is not None:
+            return self._footers
+        with self._opening:
+            if self._footers is None:
+                footers = []
+                for index in range(len(self.files)):
+                    one = self._opened(index, None)
+                    one.close()
+                    footers.append(one.footer)
+                self._check_schemas(footers)
+                starts = [0]
+                for footer in footers:
+                    starts.append(starts[-1] + footer.rows)
+                self._starts = starts
+                self._footers = footers
+        return self._footers
+
+    def _using(self, index: int) -> _File:
+        """File ``index`` open, and counted as used until :meth:`_done`."""
+        footers = self._read_footers()
+        with self._opening:
+            one = self._files.get(index)
+            if one is None:
+                one = self._opened(index, footers[index])
+                self._files[index] = one
+            self._files.move_to_end(index)
+            one.users += 1
+            return one
+
+    def _done(self, one: _File) -> None:
+        """Ends a use of ``one``; closes the files used least recently beyond
+        ``_OPEN_FILES`` that no read is using."""
+        with self._opening:
+            one.users -= 1
+            idle = [index for index, open_ in self._files.items() if not open_.users]
+            for index in idle[: max(len(self._files) - _OPEN_FILES, 0)]:
+                self._files.pop(index).close()
+
+    def _check_schemas(self, footers: list[_Footer]) -> None:
+        # The files' own metadata (the writer, a pandas index) may differ; what a
+        # column says of itself (its unit, say) goes with its rows, so it may not.
+        schema = footers[0].schema.remove_metadata()
+        for one, relative in zip(footers, self.files, strict=True):
+            if not one.schema.remove_metadata().equals(schema, check_metadata=True):
+                raise NotParquet(
+                    f"`{relative}` has columns {one.schema.remove_metadata()} where "
+                    f"`{self.files[0]}` has {schema}: the files of one dataset share "
+                    "one schema. Write them with the same columns and types, or read "
+                    "the shared ones with columns=[...]"
+                )
+
+    def close(self) -> None:
+        """Lets go of the open files and the row groups they decoded (they are opened
+        again on the next read)."""
+        with self._opening:
+            for one in self._files.values():
+                one.close()
+            self._files.clear()
+            self._held.clear()
+
+    def __repr__(self) -> str:
+        name = self._smz.name
+        return f"<ParquetDir{f' {name!r}' if name else ''} {self.root} @ {self.version[7:15]}>"
