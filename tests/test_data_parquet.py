@@ -6,6 +6,7 @@ import abc
 import gc
 import io
 import os
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
@@ -584,6 +585,108 @@ def test_a_remembered_digest_is_dropped_when_the_file_is_replaced(
     assert len(hashed) == 2
 
 
+# ---------------------------------------------------------------- closed while read
+
+
+def a_source(kind: str, tmp_path: Path, store: Store) -> Parquet | ParquetDir:
+    """A source of ``kind`` over 4000 rows counting from 0 in ``n``, in row groups of 50: a
+    dataset in ``store``, or a directory of four files."""
+    if kind == "Parquet":
+        bound(store, numbers(4000).select(["n"]), row_group_size=50)
+        return Parquet(store, "data/n")
+    (tmp_path / "d").mkdir()
+    for part in range(4):
+        rows = numbers(1000, 1000 * part).select(["n"])
+        pyarrow.parquet.write_table(
+            rows, tmp_path / "d" / f"part-{part}.parquet", row_group_size=50
+        )
+    return ParquetDir(tmp_path / "d")
+
+
+def open_files(source: Parquet | ParquetDir) -> int:
+    """How many files ``source`` holds open."""
+    return len(source._files.files)
+
+
+@pytest.mark.parametrize("kind", ["Parquet", "ParquetDir"])
+def test_close_waits_for_a_span_being_read_in_another_thread(
+    kind: str, tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() called while another thread reads a span waits for that read, which answers
+    its rows from a file still open; the file is closed once the read is done, and the next
+    span opens it again."""
+    source = a_source(kind, tmp_path, store)
+    source.count_rows()
+    reading, go = threading.Event(), threading.Event()
+    real = pyarrow.parquet.ParquetFile.read_row_group
+
+    def paused(self: Any, *args: Any, **kwargs: Any) -> pyarrow.Table:
+        if not go.is_set():
+            reading.set()
+            go.wait(10)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pyarrow.parquet.ParquetFile, "read_row_group", paused)
+    answered: list[Any] = []
+
+    def read() -> None:
+        try:
+            answered.append(source.forward({"at": 10, "take": 20}, ctx()).column("n"))
+        except Exception as why:
+            answered.append(why)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert reading.wait(10)
+    closer = threading.Thread(target=source.close)
+    closer.start()
+    closer.join(0.5)
+    waited = closer.is_alive()
+    go.set()
+    reader.join(10)
+    closer.join(10)
+    assert answered == [list(range(10, 30))]
+    assert waited  # close() returned only once the read was done
+    assert open_files(source) == 0
+    assert source.forward({"at": 3990, "take": 20}, ctx()).column("n") == list(range(3990, 4000))
+
+
+@pytest.mark.parametrize("kind", ["Parquet", "ParquetDir"])
+def test_spans_read_while_another_thread_closes_the_source_are_its_rows(
+    kind: str, tmp_path: Path, store: Store
+) -> None:
+    """One thread walks the source span by span while another closes it again and again:
+    every span answers its rows, and none is refused as damaged."""
+    source = a_source(kind, tmp_path, store)
+    failed: list[BaseException] = []
+    walked = threading.Event()
+
+    def walk() -> None:
+        try:
+            for _ in range(3):
+                for span in spans(source, take=70):
+                    at = span["at"]
+                    seen = source.forward(span, ctx()).column("n")
+                    assert seen == list(range(at, min(at + 70, 4000))), span
+        except BaseException as why:
+            failed.append(why)
+        finally:
+            walked.set()
+
+    def close() -> None:
+        while not walked.is_set():
+            source.close()
+
+    threads = [threading.Thread(target=walk), threading.Thread(target=close)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failed, failed[0]
+    source.close()
+    assert open_files(source) == 0
+
+
 # ---------------------------------------------------------------- on a network worker
 
 
@@ -659,7 +762,7 @@ def test_a_parquet_source_crosses_by_reference(tmp_path: Path, store: Store) -> 
     seen: list[dict[str, Any]] = []
     broker = _network()
     assert g.forward(x, store=store, broker=broker, watching=seen.append) == 10
-    assert source._file is None  # the client's source read nothing: the worker's did
+    assert not source._files.files  # the client's source read nothing: the worker's did
     assert _kept(seen) == {
         "data": (_kept(alone)["data"][0], "w1"),
         "count": (_kept(alone)["count"][0], None),

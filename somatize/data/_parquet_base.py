@@ -4,18 +4,20 @@
 :class:`~somatize.data.ParquetDir` (a directory of files) read their files alike: a
 file's footer once (:class:`_Footer`), then only the row groups a span overlaps
 (:class:`_File`), keeping the groups decoded last within one budget per source
-(:class:`_Held`, ``_HELD_BYTES``). Both are :class:`_Versioned`: their rows are decided
-by their version and the columns they read. :class:`NotParquet` is public in
-:mod:`somatize.data.parquet`.
+(:class:`_Held`, ``_HELD_BYTES``), and they hold their files open in an
+:class:`_OpenFiles`, which closes a file only once no read uses it. Both are
+:class:`_Versioned`: their rows are decided by their version and the columns they
+read. :class:`NotParquet` is public in :mod:`somatize.data.parquet`.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow
@@ -166,8 +168,8 @@ class _File:
         self.footer = footer
         self.lock = threading.Lock()
         self.users = 0
-        """How many reads are using it (guarded by its source's lock): it is not closed
-        under them."""
+        """How many reads are using it (guarded by the lock of the :class:`_OpenFiles` that
+        holds it): it is not closed under them."""
 
     def read(self, at: int, take: int, held: _Held, number: int) -> pyarrow.Table:
         """Rows ``at`` to ``at + take`` of this file (fewer at its end, none past it), the
@@ -201,6 +203,56 @@ class _File:
     def close(self) -> None:
         self.file.close()
         self.handle.close()
+
+
+class _OpenFiles:
+    """The files a source holds open, by number, used least recently first: at most
+    ``keep`` of them between reads. A read uses a file within :meth:`using`, and a file is
+    closed only once no read uses it, by :meth:`close` too: a read in flight in another
+    thread finishes with the rows it was reading, never with a file closed under it."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.files: OrderedDict[int, _File] = OrderedDict()
+        self.lock = threading.Condition(threading.Lock())
+        """Guards :attr:`files` and each file's ``users``; notified when a file that
+        :meth:`close` let go of is closed by the last read that used it."""
+
+    @contextlib.contextmanager
+    def using(self, number: int, opened: Callable[[], _File]) -> Iterator[_File]:
+        """File ``number``, made by ``opened`` when it is not open, for the ``with`` block
+        to read; when the block ends, the files used least recently beyond ``keep`` that no
+        read uses are closed."""
+        with self.lock:
+            one = self.files.get(number)
+            if one is None:
+                one = self.files[number] = opened()
+            self.files.move_to_end(number)
+            one.users += 1
+        try:
+            yield one
+        finally:
+            with self.lock:
+                one.users -= 1
+                if not one.users and self.files.get(number) is not one:
+                    one.close()  # let go of by close() while it was being read
+                    self.lock.notify_all()
+                idle = [index for index, open_ in self.files.items() if not open_.users]
+                for index in idle[: max(len(self.files) - self.keep, 0)]:
+                    self.files.pop(index).close()
+
+    def close(self) -> None:
+        """Lets go of every file: closes those no read uses now, and waits for the reads
+        using the others to end, the last of which closes each. A read that starts
+        meanwhile opens its file again."""
+        with self.lock:
+            closing = list(self.files.values())
+            self.files.clear()
+            for one in closing:
+                if not one.users:
+                    one.close()
+            while any(one.users for one in closing):
+                self.lock.wait()
 
 
 class _Versioned(Node):

@@ -18,7 +18,9 @@ Reading is by row group, the unit a Parquet file can be read in: a span reads
 the footer once, then only the row groups it overlaps, and keeps the last ones
 it decoded so that walking a dataset span by span decodes each group once. What
 a source keeps is bounded per source (``_HELD_BYTES``, and always the last group),
-however many files it reads.
+however many files it reads. ``close()`` lets go of its open files and of the groups
+it keeps, and the next span opens them again; a span being read in another thread
+meanwhile is read to its end first (``close()`` waits for it), never from a closed file.
 Write datasets with row groups near the size of the spans you read them by:
 a span never reads less than one whole row group of the columns it asks for.
 
@@ -49,7 +51,6 @@ one no worker can open, and such a source is refused before anything runs.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,6 +63,7 @@ from somatize.data._parquet_base import (
     _File,
     _Footer,
     _Held,
+    _OpenFiles,
     _parquet_file,
     _Versioned,
 )
@@ -93,9 +95,9 @@ class Parquet(_Versioned):
         self.columns = _columns_of(columns)
         self.version: str = store.resolve(name)
         """The digest ``name`` resolved to when this source was built: its state."""
-        self._file: _File | None = None
+        self._files = _OpenFiles(1)
+        """The dataset's file, as file 0, while it is open."""
         self._held = _Held()
-        self._opening = threading.Lock()
 
     def declare(self) -> dict[str, Any]:
         """Which columns it reads: with the version (its state), all that decides its rows.
@@ -163,52 +165,49 @@ class Parquet(_Versioned):
 
     def count_rows(self) -> int:
         """How many rows the dataset has, from its footer (the rows are not read)."""
-        return self._open().footer.rows
+        with self._files.using(0, self._opened) as one:
+            return one.footer.rows
 
     def forward(self, span: Any, ctx: Context) -> Frame:
         at, take = span_of(span, f"`{ctx.name}` (Parquet)")
-        return Frame(self._open().read(at, take, self._held, 0))
+        with self._files.using(0, self._opened) as one:
+            return Frame(one.read(at, take, self._held, 0))
 
-    def _open(self) -> _File:
-        if self._file is not None:
-            return self._file
-        with self._opening:
-            if self._file is None:
-                where = f"`{self.dataset}` ({self.version})"
-                store = self.store
-                try:
-                    whole = store.local_blob(self.version)
-                except Missing:
-                    raise Missing(
-                        f"`{self.dataset}` is bound to {self.version}, and that blob is not "
-                        f"in {store}: it was removed. Put the dataset again and rebind the name"
-                    ) from None
-                except Corrupt as why:
-                    raise Corrupt(
-                        f"`{self.dataset}` cannot be read, and no rows of it are handed over: "
-                        f"{why}. Put the dataset's bytes again (`store.put`): they are kept "
-                        "under the same digest, so the name needs no rebinding"
-                    ) from None
-                if whole is not None:
-                    source: Any = pyarrow.BufferReader(pyarrow.py_buffer(whole))
-                else:
-                    source = store.open_blob(self.version)
-                try:
-                    file = _parquet_file(source, where)
-                    self._file = _File(file, source, _Footer(file, where, self.columns))
-                except BaseException:
-                    source.close()
-                    raise
-        return self._file
+    def _opened(self) -> _File:
+        """The dataset's file, opened: memory-mapped when the store keeps it whole on a
+        local disk, read in ranges otherwise."""
+        where = f"`{self.dataset}` ({self.version})"
+        store = self.store
+        try:
+            whole = store.local_blob(self.version)
+        except Missing:
+            raise Missing(
+                f"`{self.dataset}` is bound to {self.version}, and that blob is not "
+                f"in {store}: it was removed. Put the dataset again and rebind the name"
+            ) from None
+        except Corrupt as why:
+            raise Corrupt(
+                f"`{self.dataset}` cannot be read, and no rows of it are handed over: "
+                f"{why}. Put the dataset's bytes again (`store.put`): they are kept "
+                "under the same digest, so the name needs no rebinding"
+            ) from None
+        if whole is not None:
+            source: Any = pyarrow.BufferReader(pyarrow.py_buffer(whole))
+        else:
+            source = store.open_blob(self.version)
+        try:
+            file = _parquet_file(source, where)
+            return _File(file, source, _Footer(file, where, self.columns))
+        except BaseException:
+            source.close()
+            raise
 
     def close(self) -> None:
-        """Lets go of the open file and the row groups it decoded (it is opened again on
-        the next read)."""
-        with self._opening:
-            if self._file is not None:
-                self._file.close()
-            self._file = None
-            self._held.clear()
+        """Lets go of the open file and the row groups it decoded; it is opened again on
+        the next read. A read in flight in another thread finishes with its rows first:
+        this waits for it, and closes no file under it."""
+        self._files.close()
+        self._held.clear()
 
     def __repr__(self) -> str:
         name = self._smz.name

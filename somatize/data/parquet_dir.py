@@ -27,8 +27,8 @@ import mmap
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from somatize.data._parquet_base import (
     _Footer,
     _Held,
     _joined,
+    _OpenFiles,
     _parquet_file,
     _Versioned,
 )
@@ -180,9 +181,8 @@ class ParquetDir(_Versioned):
         """A digest of the files' names, sizes and contents: its state."""
         self._footers: list[_Footer] | None = None
         self._starts: list[int] = []
-        self._files: OrderedDict[int, _File] = OrderedDict()
-        """The files open now, used least recently first: at most ``_OPEN_FILES`` of them
-        between reads."""
+        self._files = _OpenFiles(_OPEN_FILES)
+        """The files open now: at most ``_OPEN_FILES`` of them between reads."""
         self._held = _Held()
         self._opening = threading.Lock()
 
@@ -238,11 +238,8 @@ class ParquetDir(_Versioned):
         while index < len(footers) and starts[index] < end:
             self._check(index)
             offset = starts[index]
-            one = self._using(index)
-            try:
+            with self._files.using(index, partial(self._opened, index, footers[index])) as one:
                 piece = one.read(max(at - offset, 0), end - max(at, offset), self._held, index)
-            finally:
-                self._done(one)
             if piece.num_rows:
                 pieces.append(piece)
             index += 1
@@ -304,27 +301,6 @@ class ParquetDir(_Versioned):
                 self._footers = footers
         return self._footers
 
-    def _using(self, index: int) -> _File:
-        """File ``index`` open, and counted as used until :meth:`_done`."""
-        footers = self._read_footers()
-        with self._opening:
-            one = self._files.get(index)
-            if one is None:
-                one = self._opened(index, footers[index])
-                self._files[index] = one
-            self._files.move_to_end(index)
-            one.users += 1
-            return one
-
-    def _done(self, one: _File) -> None:
-        """Ends a use of ``one``; closes the files used least recently beyond
-        ``_OPEN_FILES`` that no read is using."""
-        with self._opening:
-            one.users -= 1
-            idle = [index for index, open_ in self._files.items() if not open_.users]
-            for index in idle[: max(len(self._files) - _OPEN_FILES, 0)]:
-                self._files.pop(index).close()
-
     def _check_schemas(self, footers: list[_Footer]) -> None:
         # The files' own metadata (the writer, a pandas index) may differ; what a
         # column says of itself (its unit, say) goes with its rows, so it may not.
@@ -339,13 +315,11 @@ class ParquetDir(_Versioned):
                 )
 
     def close(self) -> None:
-        """Lets go of the open files and the row groups they decoded (they are opened
-        again on the next read)."""
-        with self._opening:
-            for one in self._files.values():
-                one.close()
-            self._files.clear()
-            self._held.clear()
+        """Lets go of the open files and the row groups they decoded; they are opened again
+        on the next read. A read in flight in another thread finishes with its rows first:
+        this waits for it, and closes no file under it."""
+        self._files.close()
+        self._held.clear()
 
     def __repr__(self) -> str:
         name = self._smz.name
