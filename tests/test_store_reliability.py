@@ -617,17 +617,17 @@ def test_nothing_is_unpickled(tmp_path: Path) -> None:
     assert LocalStore(store.root).have([key]) == set()
 
 
-def test_a_mapped_blob_changed_in_place_is_caught(tmp_path: Path) -> None:
-    """A large blob is mapped afresh for each read, and hashed once; bytes changed in its
+def test_a_large_blob_changed_in_place_is_caught(tmp_path: Path) -> None:
+    """A large blob is read afresh for each read, and hashed once; bytes changed in its
     file afterwards (same inode, same size, a later time) are caught by its digest at the
     next read, not returned."""
     from somatize.store import Corrupt
 
     store = LocalStore(tmp_path)
-    data = bytes(range(256)) * 1024  # 256 KiB: mapped, not read
+    data = bytes(range(256)) * 1024  # 256 KiB: read into page-aligned memory
     digest = store.put(data)
     assert bytes(store.get(digest)) == data
-    assert store.get(digest).obj is not store.get(digest).obj  # a mapping per read
+    assert store.get(digest).obj is not store.get(digest).obj  # memory of its own per read
     path = tmp_path / "blobs" / digest[7:9] / digest[7:]
     with open(path, "r+b") as handle:
         handle.seek(1000)
@@ -636,6 +636,51 @@ def test_a_mapped_blob_changed_in_place_is_caught(tmp_path: Path) -> None:
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     with pytest.raises(Corrupt, match="hashes to"):
         store.get(digest)
+
+
+def test_a_large_value_read_is_not_changed_through_its_file(tmp_path: Path) -> None:
+    """What a read of a large blob hands out is memory of the reader's own, not a map of
+    the file: the file rewritten in place after the read, its mtime put back as it was,
+    leaves what was read as it was; and the next read in the same process, which knew the
+    file as hashed, sees the write (its ctime moved) and refuses it."""
+    store = LocalStore(tmp_path)
+    data = bytes(range(256)) * 1024
+    digest = store.put(data)
+    read = store.get(digest)
+    path = tmp_path / "blobs" / digest[7:9] / digest[7:]
+    stat = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(4096)
+        handle.write(b"\xff" * 4096)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_mtime_ns == stat.st_mtime_ns
+    assert bytes(read) == data
+    with pytest.raises(Corrupt, match="hashes to"):
+        store.get(digest)
+
+
+_TRUNCATED_AFTER_READ = """
+import os, sys
+from somatize.store import LocalStore
+store = LocalStore(sys.argv[1])
+data = bytes(range(256)) * 1024
+digest = store.put(data)
+read = store.get(digest)
+os.truncate(os.path.join(sys.argv[1], "blobs", digest[7:9], digest[7:]), 0)
+print(bytes(read) == data)
+"""
+
+
+def test_a_large_value_read_outlives_its_file_truncated(tmp_path: Path) -> None:
+    """A large blob's file truncated after it was read leaves what was read whole (a map
+    of the file would fault when read, ending the process)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _TRUNCATED_AFTER_READ, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr[-2000:]
 
 
 def _get_in_child(root: str, digest: str) -> str:

@@ -75,6 +75,16 @@ def _read_file(path: str) -> bytes:
         os.close(handle)
 
 
+Stamp = tuple[int, int, int, int]
+
+
+def stamp_of(stat: os.stat_result) -> Stamp:
+    """What tells a file from itself changed: its inode, size, mtime and ctime. The
+    ctime, which no call sets back (``os.utime`` putting an mtime back moves it), moves
+    when the file is written in place."""
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
+
+
 class LocalFiles(PackedHome):
     """The files of a local store: where each lives, and how it is published whole; see
     the module docstring."""
@@ -89,8 +99,8 @@ class LocalFiles(PackedHome):
     _tmp: str
     """Where ``blobs/``, ``answers/``, ``packs/`` and ``tmp/`` are, as strings to join
     names onto (all but ``packs/`` end in a separator)."""
-    _verified: dict[str, tuple[int, int]]
-    """Digest → (inode, mtime) of the file that was hashed and matched."""
+    _verified: dict[str, Stamp]
+    """Digest → the :func:`stamp_of` the file had when it was hashed and matched."""
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -115,15 +125,13 @@ class LocalFiles(PackedHome):
 
     # -- writing ------------------------------------------------------------------------------
 
-    def _publish(self, target: Path | str, pieces: Sequence[Buffer]) -> tuple[int, int]:
-        """Writes ``pieces`` to ``target`` through ``tmp/`` and a rename; returns the new
-        file's (inode, mtime)."""
+    def _publish(self, target: Path | str, pieces: Sequence[Buffer]) -> None:
+        """Writes ``pieces`` to ``target`` through ``tmp/`` and a rename."""
         target = os.fspath(target)
         with self._in_tmp(".part") as name:
             temporary = self._tmp + name
-            stat = self._write_temporary(pieces, target, temporary)
+            self._write_temporary(pieces, target, temporary)
             self._place(temporary, target)
-        return stat.st_ino, stat.st_mtime_ns
 
     def _write_temporary(
         self, pieces: Sequence[Buffer], target: str | None, temporary: str
@@ -216,7 +224,8 @@ class LocalFiles(PackedHome):
         target = self._blob_file(digest)
         if self._already(target, size):
             return digest
-        self._verified[digest] = self._publish(target, pieces)
+        self._publish(target, pieces)
+        self._note_verified(digest, target)
         return digest
 
     def _put_large(self, pieces: Sequence[Buffer], size: int, claims: list[str]) -> str:
@@ -234,7 +243,7 @@ class LocalFiles(PackedHome):
         with self._in_tmp(".part") as name:
             temporary = self._tmp + name
             try:
-                stat = self._write_temporary(pieces, None, temporary)
+                self._write_temporary(pieces, None, temporary)
             finally:
                 if hashing is not None:  # its thread reads the pieces: they outlive it
                     digest = hashing.result()
@@ -247,8 +256,15 @@ class LocalFiles(PackedHome):
                     os.unlink(temporary)
                 return digest
             self._place(temporary, target)
-        self._verified[digest] = (stat.st_ino, stat.st_mtime_ns)
+        self._note_verified(digest, target)
         return digest
+
+    def _note_verified(self, digest: str, target: str) -> None:
+        """Notes that the blob file at ``target``, just written, holds what ``digest``
+        names, so a read of it while it keeps the same :func:`stamp_of` need not hash it
+        again. Stamped once it is in place: a rename changes a file's ctime."""
+        with contextlib.suppress(FileNotFoundError):  # gone already: a gc of another process
+            self._verified[digest] = stamp_of(os.stat(target))
 
     @staticmethod
     def _already(target: str, size: int) -> bool:
@@ -298,7 +314,8 @@ class LocalFiles(PackedHome):
         target = self._blob_file(digest)
         if self._already(target, nbytes(pieces)):
             return
-        self._verified[digest] = self._publish(target, pieces)
+        self._publish(target, pieces)
+        self._note_verified(digest, target)
 
     def _take_record(self, answer: Answer, data: bytes) -> None:
         """Keeps ``data``, the record of ``answer`` read or written elsewhere (a cache in

@@ -398,8 +398,8 @@ class Store(abc.ABC):
         a reader of parts must check what it reads (Parquet pages carry checksums)."""
 
     def local_blob(self, digest: str) -> memoryview | None:
-        """Blob ``digest`` as :meth:`get` hands it out (verified; memory-mapped when large,
-        so not copied) when this store keeps a whole copy of it on a local disk; None
+        """Blob ``digest``, verified and (when large) memory-mapped, privately, rather than
+        read into memory, when this store keeps a whole copy of it on a local disk; None
         when it does not, and only :meth:`open_blob` reads it without downloading it
         whole. Missing or Corrupt as :meth:`get`."""
         return None

@@ -20,12 +20,15 @@ to ``quarantine/`` at once, so the recompute that follows writes it afresh
 instead of trusting the damaged file.
 
 Every read hands out memory of the caller's own, so a recalled tensor written in
-place changes itself only. A large blob is memory-mapped afresh for each read,
-privately (copy on write), so it is not copied: a write into it copies the pages
-written, never reaching the file or another read. A small blob is held in memory
-once read and handed out as a copy. A reader that copies what it keeps and writes
-into nothing (a per-row cache decoding rows) may borrow instead: it is handed the
-held bytes, or a read-only mapping kept for the next such read.
+place changes itself only. A large blob is read afresh for each read, into memory
+that starts aligned as torch's own tensors do (:func:`_read_privately`), never a map
+of its file, which a write into the file in place would change under the reader; a
+whole dataset read in parts (:meth:`LocalStore.local_blob`, a Parquet source) is the
+exception, mapped privately (copy on write), so that it is not read whole into
+memory. A small blob is held in memory once read and handed out as a copy. A
+reader that copies what it keeps and writes into nothing (a per-row cache decoding
+rows) may borrow instead: it is handed the held bytes, or a read-only mapping kept
+for the next such read.
 
 Packed item answers are found through an in-memory table of every pack index,
 loaded once and refreshed from a listing of ``packs/`` only when a key is not
@@ -42,6 +45,7 @@ that say when answers were used, in :mod:`somatize.store._local_upkeep`.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import mmap
 import os
@@ -51,7 +55,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from somatize.store._local_files import _READ_ONLY, _read_file
+from somatize.store._local_files import _READ_ONLY, Stamp, _read_file, stamp_of
 from somatize.store._local_upkeep import LocalShelf, _write_uses
 from somatize.store._packed import hash_bytes
 from somatize.store.base import (
@@ -69,12 +73,38 @@ from somatize.store.records import Signer, decode_name, decode_record, signer_fr
 __all__ = ["LocalStore"]
 
 _MAP_ABOVE = 1 << 16
-"""Blobs larger than this are memory-mapped rather than read."""
+"""Blobs larger than this are read into aligned memory of their own (or, borrowed,
+memory-mapped) rather than read into bytes."""
+_ALIGN = 64
+"""Where a large blob read into memory starts: aligned as torch's CPU allocator aligns."""
 _MAPS_SHARED = 16
 """How many read-only mappings of large blobs a store keeps between reads that only
 borrow them (``recall_many(..., borrow=True)``: a per-row cache reading the pack its next
 batch's rows are in again), so their pages are not mapped and faulted in again. Each
 holds a file descriptor, so few are kept."""
+
+
+def _read_privately(handle: io.BufferedReader, size: int, digest: str) -> memoryview:
+    """The ``size`` bytes of a large blob, read into memory of the reader's own that
+    starts :data:`_ALIGN`-aligned, as torch's own tensors do (so a tensor answer, whose
+    data is written so aligned, decodes in place). Not a map of the file: a write into
+    the file in place after it was hashed (a sync that rewrites files in place) would
+    change the answer under its reader, and a truncation make reading it a fault that
+    ends the process. Nor an anonymous map: fresh pages cost a fault each, where the
+    heap hands back memory a read before let go of, at several times the speed."""
+    room = bytearray(size + _ALIGN - 1)
+    lead = -ctypes.addressof(ctypes.c_char.from_buffer(room)) % _ALIGN
+    data = memoryview(room)[lead : lead + size]
+    got = 0
+    while got < size:
+        read = handle.readinto(data[got:])
+        if not read:
+            raise Corrupt(
+                f"blob {digest} ended after {got} of its {size} bytes as it was read: it was "
+                "truncated or overwritten"
+            )
+        got += read
+    return data
 
 
 class LocalStore(LocalShelf):
@@ -109,9 +139,9 @@ class LocalStore(LocalShelf):
         self._answers = f"{self.root / 'answers'}{os.sep}"
         self._packs_dir = str(self.root / "packs")
         self._tmp = f"{self.root / 'tmp'}{os.sep}"
-        self._verified: dict[str, tuple[int, int]] = {}
+        self._verified: dict[str, Stamp] = {}
         """Digest → (inode, mtime) of the file that was hashed and matched."""
-        self._maps: dict[str, tuple[tuple[int, int], memoryview]] = {}
+        self._maps: dict[str, tuple[Stamp, memoryview]] = {}
         """Digest → (inode, mtime) of a verified large blob, and its shared read-only map."""
         self._packs_stamp = -1
         self._hold_nothing(str(self.root))
@@ -165,9 +195,11 @@ class LocalStore(LocalShelf):
         return self._read_blob(digest, None)
 
     def local_blob(self, digest: str) -> memoryview:
-        return self._read_blob(digest, None)
+        return self._read_blob(digest, None, mapped=True)
 
-    def _read_blob(self, digest: str, size: int | None, borrow: bool = False) -> memoryview:
+    def _read_blob(
+        self, digest: str, size: int | None, borrow: bool = False, mapped: bool = False
+    ) -> memoryview:
         held = self._held(digest, size, borrow)
         if held is not None:
             return held
@@ -181,16 +213,18 @@ class LocalStore(LocalShelf):
                         f"blob {digest} holds {actual} bytes where its answer says {size}: "
                         "it was truncated or overwritten"
                     )
-                stamp = (stat.st_ino, stat.st_mtime_ns)
+                stamp = stamp_of(stat)
                 if actual > _MAP_ABOVE and borrow:
                     shared = self._maps.get(digest)
                     if shared is not None and shared[0] == stamp:
                         return shared[1]  # the file hashed to its name when it was mapped
                     data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
-                elif actual > _MAP_ABOVE:
-                    # A private mapping per read: one shared between reads would carry what
+                elif actual > _MAP_ABOVE and mapped:
+                    # A private map per read: one shared between reads would carry what
                     # one caller wrote into it to the next.
                     data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
+                elif actual > _MAP_ABOVE:
+                    data = _read_privately(handle, actual, digest)
                 else:
                     raw = handle.read()
                     data = memoryview(raw)
