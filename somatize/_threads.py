@@ -56,19 +56,29 @@ class ProcessLock:
     lock would stay held there for good. Every one is made afresh as the child starts
     (:func:`_after_fork_in_child`), before any thread of the child can enter it: made on
     first entry instead, two threads entering at once could each make one, and both be
-    inside."""
+    inside.
 
-    __slots__ = ("__weakref__", "_lock")
+    The thread that forked goes on in the child, and if it was inside the lock's block it
+    leaves that block there: its leaving releases nothing (the child's lock is not held
+    by it, and may be held by another of the child's threads by then). So each lock
+    knows which thread holds it."""
+
+    __slots__ = ("__weakref__", "_holder", "_lock")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._holder: int | None = None
         _LOCKS.add(self)
 
     def __enter__(self) -> ProcessLock:
         self._lock.acquire()
+        self._holder = threading.get_ident()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._holder != threading.get_ident():
+            return  # entered in the parent before this process was forked from it
+        self._holder = None
         self._lock.release()
 
 
@@ -80,6 +90,7 @@ def _after_fork_in_child() -> None:
     """Runs in a forked child, on its only thread, before the fork returns there."""
     for lock in list(_LOCKS):
         lock._lock = threading.Lock()
+        lock._holder = None
 
 
 if hasattr(os, "register_at_fork"):

@@ -180,6 +180,61 @@ def test_a_lock_held_at_a_fork_is_afresh_in_the_child_before_any_thread_enters()
     assert (held, both) == (False, 0)
 
 
+def _leave_and_enter_again(lock: ProcessLock) -> bool:
+    """In a forked child whose forking thread held ``lock``: leaves that block, as user
+    code that forked inside it would, then has another thread enter it."""
+    entered = threading.Event()
+
+    def enter() -> None:
+        with lock:
+            entered.set()
+
+    with lock:  # entered again inside the block entered before the fork
+        pass
+    thread = threading.Thread(target=enter)
+    thread.start()
+    thread.join(timeout=10)
+    return entered.is_set() and not lock._lock.locked()
+
+
+def _forked_inside(lock: ProcessLock) -> tuple[int, bytes]:
+    """Forks while holding ``lock``; the child leaves the block and runs
+    :func:`_leave_and_enter_again`, and never returns from here. Returns the child's exit
+    status and what it wrote."""
+    read, write = os.pipe()
+    pid = -1
+    try:
+        with lock:
+            pid = os.fork()
+    except BaseException:
+        if pid == 0:  # the child failed to leave the block
+            os.write(write, b"raised")
+            os._exit(1)
+        raise
+    if pid == 0:
+        try:
+            said = b"ok" if _leave_and_enter_again(lock) else b"held"
+        except BaseException:
+            said = b"raised"
+        os.write(write, said)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read()
+    return os.waitpid(pid, 0)[1], said
+
+
+def test_a_child_forked_inside_a_lock_leaves_its_block_without_error() -> None:
+    """A thread that forks while it holds a ProcessLock goes on, in the child, inside the
+    block: leaving it there releases nothing (the child's lock is its own, unheld) instead
+    of failing with 'release unlocked lock', and the lock works there after; the parent
+    leaves its block as usual."""
+    lock = ProcessLock()
+    status, said = _forked_inside(lock)
+    assert (status, said) == (0, b"ok")
+    assert not lock._lock.locked()
+
+
 def _compute_in_child(cached: Any) -> list[str]:
     x = rows(20, seed=8)
     cached(x)  # no flush: the rows are still the child's writer's when it returns
