@@ -408,6 +408,12 @@ class ModuleNode(Node):
             declared["hooks"] = hooks
         return declared
 
+    def __setstate__(self, state: Any) -> None:
+        super().__setstate__(state)
+        # The copy's module holds its values in tables of its own, not the ones a copied
+        # watch would look at: it is watched afresh.
+        vars(self).pop("_settings", None)
+
     def declaration_moved(self) -> bool:
         """Whether a plain value or function the module keeps, or a forward hook, may have
         changed since this was last asked (:class:`~somatize_torch._settings.SettingsWatch`;

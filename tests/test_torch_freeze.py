@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import subprocess
@@ -425,6 +426,19 @@ def test_a_value_changed_after_freeze_is_seen_at_the_next_forward(store: Store) 
         assert torch.equal(g.forward(x, store=store), out)
         assert g.record.outcome == {"scaled": "recalled"}
         seen.append(out)
+    # A copy of a node (its module copied with it) is watched as its own.
+    g = Graph.somatize(smt.ModuleNode(Activated(torch.tanh)).named("act").frozen().cached())
+    smt.freeze(g)
+    first = g.forward(x, store=store)
+    twin = copy.deepcopy(g.node("act"))
+    h = Graph.somatize(twin.named("act").frozen().cached())
+    smt.freeze(h)
+    assert torch.equal(h.forward(x, store=store), first)
+    twin.module.act = torch.sigmoid
+    out = h.forward(x, store=store)
+    assert h.record is not None and h.record.outcome == {"act": "ran"}
+    with torch.no_grad():
+        assert torch.equal(out, twin.module(x.value))
 
 
 class Activated(nn.Module):
