@@ -30,6 +30,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
+from somatize._calls import declared_arguments, noted_call
 from somatize.catalog import Blueprint, Catalog, Unbuildable, identity_of
 from somatize.errors import SomatizeError
 from somatize.memory import Memory
@@ -39,10 +40,8 @@ from somatize.node import (
     Node,
     Undeclared,
     attributes_of,
-    declared_arguments,
     held_by,
     in_slot,
-    noted_call,
 )
 
 if TYPE_CHECKING:
@@ -444,7 +443,7 @@ def _changed_arguments(
 
 def _copied(node: Node) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     """The call that made ``node`` as it is now, its lists and dicts copied, those left to
-    their defaults too (:func:`~somatize.node.noted_call`); None when it holds none (an
+    their defaults too (:func:`~somatize._calls.noted_call`); None when it holds none (an
     argument that cannot change in place is not looked at)."""
     return noted_call(type(node), *node._call())
 
