@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pyarrow
@@ -193,6 +194,49 @@ def test_bytes_that_are_not_its_own_are_refused() -> None:
         writer.write_table(_table())
     with pytest.raises(CodecError, match=r"no `somatize\.kind`"):
         codec.decode(memoryview(sink.getvalue().to_pybytes()))
+
+
+def test_bytes_cut_short_or_changed_are_a_codec_error() -> None:
+    """Bytes cut short, or a message's metadata changed so that Arrow cannot read it, are
+    the codec's error (which a forward takes for a damaged answer), never an OSError."""
+    codec = ArrowCodec()
+    data = _join(codec.encode(_table()))
+    for cut in range(len(data)):
+        with contextlib.suppress(CodecError):
+            codec.decode(memoryview(data[:cut]))
+    changed = bytearray(data)
+    changed[75] ^= 0x40  # in the schema's flatbuffer
+    with pytest.raises(CodecError, match="Invalid flatbuffers message"):
+        codec.decode(memoryview(bytes(changed)))
+
+
+class MakeTable(Node):
+    """A table of strings and numbers."""
+
+    def forward(self, x: int, ctx: Any) -> pyarrow.Table:
+        return pyarrow.table({"s": ["abcdefgh", "ijklmnop"], "n": [x, x]})
+
+
+def _damaged(data: bytearray, damage: str) -> bytearray:
+    if damage == "metadata":
+        data[75] ^= 0x40
+    return data
+
+
+@pytest.mark.parametrize("damage", ["metadata"])
+def test_a_damaged_table_answer_is_computed_again(store: Store, damage: str) -> None:
+    """A kept table whose bytes are replaced by damaged ones is computed again, with a
+    `corrupt` fact, and the forward answers the right table."""
+    g = Graph.somatize(MakeTable().named("make").frozen().cached())
+    facts: list[dict[str, Any]] = []
+    right = g.forward(1, store=store, watching=facts.append)
+    key = next(f["key"] for f in facts if f["fact"] == "kept")
+    _, data = store.recall(key)
+    store.keep(key, bytes(_damaged(bytearray(data), damage)), "arrow")
+    facts.clear()
+    again = g.forward(1, store=type(store)(store.root), watching=facts.append)
+    assert [f["fact"] for f in facts][:2] == ["corrupt", "ran"]
+    assert again.equals(right) and again.column("s").to_pylist() == ["abcdefgh", "ijklmnop"]
 
 
 class Upper(Node):

@@ -158,7 +158,7 @@ class ArrowCodec(Codec):
             reader = pyarrow.ipc.open_stream(pyarrow.py_buffer(data))
             batches = list(reader)
             schema, kind = _untagged(reader.schema)
-        except (pyarrow.ArrowException, ValueError) as why:
+        except (pyarrow.ArrowException, OSError, ValueError) as why:
             raise CodecError(
                 f"these bytes are not the Arrow IPC the `arrow` codec writes ({why}); the answer "
                 "is damaged or was written by another codec"
