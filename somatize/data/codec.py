@@ -154,10 +154,21 @@ class ArrowCodec(Codec):
         return [memoryview(self._ipc(value, combined=False))]
 
     def decode(self, data: memoryview) -> Any:
+        """The value in ``data``; CodecError unless it is Arrow IPC as this codec writes it
+        whose arrays are whole: every offset, index and length in bounds, every string
+        UTF-8 (what reading them later takes on trust)."""
+        return self._read(pyarrow.py_buffer(data), checked=True)
+
+    def _read(self, buffer: pyarrow.Buffer, checked: bool) -> Any:
+        """The value in ``buffer``, checked as :meth:`decode` says when ``checked`` (not
+        when this process has just written it)."""
         try:
-            reader = pyarrow.ipc.open_stream(pyarrow.py_buffer(data))
+            reader = pyarrow.ipc.open_stream(buffer)
             batches = list(reader)
             schema, kind = _untagged(reader.schema)
+            if checked:
+                for batch in batches:
+                    batch.validate(full=True)
         except (pyarrow.ArrowException, OSError, ValueError) as why:
             raise CodecError(
                 f"these bytes are not the Arrow IPC the `arrow` codec writes ({why}); the answer "
@@ -187,4 +198,4 @@ class ArrowCodec(Codec):
         that were digested (one copy): what was digested is what it holds, whatever
         happens to the memory ``value`` was made over."""
         data = self._ipc(value, combined=True)
-        return _digest(data), self.decode(memoryview(data))
+        return _digest(data), self._read(data, checked=False)
