@@ -290,6 +290,53 @@ def test_arrays_that_do_not_hold_together_are_refused(case: str) -> None:
     assert said.startswith("refused: these bytes are not the Arrow IPC"), said
 
 
+def _stream(table: pyarrow.Table, **options: Any) -> bytes:
+    """``table`` as an Arrow IPC stream tagged as the codec tags a table, written with
+    ``options`` (of ``pyarrow.ipc.IpcWriteOptions``)."""
+    table = table.replace_schema_metadata({b"somatize.kind": b"table"})
+    sink = pyarrow.BufferOutputStream()
+    with pyarrow.ipc.new_stream(
+        sink, table.schema, options=pyarrow.ipc.IpcWriteOptions(**options)
+    ) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _messages(data: bytes) -> list[bytes]:
+    """The messages of the IPC stream ``data``, each as it is framed in a stream."""
+    messages = pyarrow.ipc.MessageReader.open_stream(pyarrow.py_buffer(data))
+    return [message.serialize().to_pybytes() for message in messages]
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4"])
+def test_compressed_buffers_are_refused_before_they_are_inflated(compression: str) -> None:
+    """The codec never compresses, and a few kilobytes compressed can claim gigabytes: a
+    stream whose batches (or dictionaries) say their buffers are compressed is refused from
+    its metadata, before anything is inflated."""
+    codec = ArrowCodec()
+    zeros = pyarrow.table({"x": pyarrow.nulls(1 << 23, "int64").fill_null(0)})
+    data = _stream(zeros, compression=compression)
+    if compression == "zstd":
+        assert len(data) < 100_000  # 64 MB of rows
+    with pytest.raises(CodecError, match="record batch message has compressed buffers"):
+        codec.decode(memoryview(data))
+    words = pyarrow.table({"d": pyarrow.array(["a", "b", "a"]).dictionary_encode()})
+    schema, squeezed, _ = _messages(_stream(words, compression=compression))
+    _, dictionary, batch = _messages(_stream(words))
+    end = b"\xff\xff\xff\xff\0\0\0\0"
+    with pytest.raises(CodecError, match="dictionary message has compressed buffers"):
+        codec.decode(memoryview(schema + squeezed + batch + end))
+    assert codec.decode(memoryview(schema + dictionary + batch + end)).equals(words)
+
+
+def test_metadata_of_another_version_is_refused() -> None:
+    """The codec writes metadata version 5; in version 4 a message could say elsewhere
+    that its buffers are compressed, so a stream in it is refused."""
+    data = _stream(_table(), metadata_version=pyarrow.ipc.MetadataVersion.V4)
+    with pytest.raises(CodecError, match="in Arrow metadata V4, not V5"):
+        ArrowCodec().decode(memoryview(data))
+
+
 class MakeTable(Node):
     """A table of strings and numbers."""
 
@@ -300,6 +347,8 @@ class MakeTable(Node):
 def _damaged(data: bytes, damage: str) -> bytes:
     if damage == "metadata":
         return data[:75] + bytes([data[75] ^ 0x40]) + data[76:]
+    if damage == "compressed":
+        return _stream(pyarrow.ipc.open_stream(data).read_all(), compression="zstd")
     offsets = struct.Struct("<3i")
     assert damage == "string offset"
     return _replaced(data, offsets.pack(0, 8, 16), offsets.pack(0, 1 << 30, 16))
@@ -320,7 +369,7 @@ def _recompute_damaged(root: str, damage: str) -> None:
     print(json.dumps({"facts": [f["fact"] for f in facts], "answer": again.to_pylist()}))
 
 
-@pytest.mark.parametrize("damage", ["metadata", "string offset"])
+@pytest.mark.parametrize("damage", ["metadata", "string offset", "compressed"])
 def test_a_damaged_table_answer_is_computed_again(tmp_path: Path, damage: str) -> None:
     """A kept table whose bytes are replaced by damaged ones is computed again, with a
     `corrupt` fact, and the forward answers the right table."""

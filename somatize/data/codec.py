@@ -20,6 +20,7 @@ one digest, which is what a key computed in two processes needs.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = ["ArrowCodec"]
 _KIND = b"somatize.kind"
 _KINDS = (b"frame", b"table", b"batch")
 _NO_FIELDS = pyarrow.struct([])
+_BATCHES = ("dictionary", "record batch")
 
 
 def _tagged(table: pyarrow.Table | pyarrow.RecordBatch, kind: bytes) -> Any:
@@ -123,6 +125,56 @@ def _digest(ipc: pyarrow.Buffer) -> str:
     return "blake3:" + hasher.hexdigest()
 
 
+def _check_messages(buffer: pyarrow.Buffer) -> None:
+    """Refuses (ValueError, OSError or an Arrow error) an IPC stream in ``buffer`` with a
+    message this codec does not write, from the messages' metadata alone, before any batch
+    is read: each in metadata version 5 (in version 4, a message can say elsewhere that
+    its buffers are compressed), and no batch whose buffers are compressed — the codec never
+    compresses, and a few bytes compressed can claim gigabytes."""
+    for message in pyarrow.ipc.MessageReader.open_stream(pyarrow.BufferReader(buffer)):
+        if message.metadata_version != pyarrow.ipc.MetadataVersion.V5:
+            version = pyarrow.ipc.MetadataVersion(message.metadata_version).name
+            raise ValueError(f"a {message.type} message is in Arrow metadata {version}, not V5")
+        if message.type in _BATCHES and _compressed(
+            memoryview(message.metadata), message.type == "dictionary"
+        ):
+            raise ValueError(f"a {message.type} message has compressed buffers")
+
+
+def _compressed(metadata: memoryview, dictionary: bool) -> bool:
+    """Whether the flatbuffer ``Message`` in ``metadata`` (verified by Arrow as it was read),
+    which heads a record batch (or a dictionary batch, whose data is one), says the batch's
+    buffers are compressed: whether its ``RecordBatch`` has a ``compression`` field. Field
+    numbers as Arrow's Message.fbs gives them."""
+    batch = _child(metadata, _integer(metadata, 0), 2)  # Message.header
+    if batch is not None and dictionary:
+        batch = _child(metadata, batch, 1)  # DictionaryBatch.data
+    return batch is not None and _field(metadata, batch, 3) is not None  # .compression
+
+
+def _integer(data: memoryview, at: int, layout: str = "<I") -> int:
+    if not 0 <= at <= len(data) - struct.calcsize(layout):
+        raise ValueError("a message's metadata points outside itself")
+    value: int = struct.unpack_from(layout, data, at)[0]
+    return value
+
+
+def _field(data: memoryview, table: int, index: int) -> int | None:
+    """Where field ``index`` of the flatbuffer table at ``table`` lies, or None if absent."""
+    vtable = table - _integer(data, table, "<i")
+    slot = 4 + 2 * index
+    if _integer(data, vtable, "<H") < slot + 2:
+        return None
+    offset = _integer(data, vtable + slot, "<H")
+    return table + offset if offset else None
+
+
+def _child(data: memoryview, table: int, index: int) -> int | None:
+    """Where the table that field ``index`` of the table at ``table`` refers to lies."""
+    at = _field(data, table, index)
+    return None if at is None else at + _integer(data, at)
+
+
 class ArrowCodec(Codec):
     """Frames, ``pyarrow.Table`` and ``pyarrow.RecordBatch`` as Arrow IPC (stream format)."""
 
@@ -155,14 +207,16 @@ class ArrowCodec(Codec):
 
     def decode(self, data: memoryview) -> Any:
         """The value in ``data``; CodecError unless it is Arrow IPC as this codec writes it
-        whose arrays are whole: every offset, index and length in bounds, every string
-        UTF-8 (what reading them later takes on trust)."""
+        (uncompressed) whose arrays are whole: every offset, index and length in bounds,
+        every string UTF-8 (what reading them later takes on trust)."""
         return self._read(pyarrow.py_buffer(data), checked=True)
 
     def _read(self, buffer: pyarrow.Buffer, checked: bool) -> Any:
         """The value in ``buffer``, checked as :meth:`decode` says when ``checked`` (not
         when this process has just written it)."""
         try:
+            if checked:
+                _check_messages(buffer)
             reader = pyarrow.ipc.open_stream(buffer)
             batches = list(reader)
             schema, kind = _untagged(reader.schema)
