@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import struct
 import subprocess
@@ -202,12 +201,13 @@ def test_bytes_that_are_not_its_own_are_refused() -> None:
 
 
 def test_bytes_cut_short_or_changed_are_a_codec_error() -> None:
-    """Bytes cut short, or a message's metadata changed so that Arrow cannot read it, are
-    the codec's error (which a forward takes for a damaged answer), never an OSError."""
+    """Bytes cut short anywhere (between two messages included), or a message's metadata
+    changed so that Arrow cannot read it, are the codec's error (which a forward takes for
+    a damaged answer), never an OSError."""
     codec = ArrowCodec()
     data = _join(codec.encode(_table()))
     for cut in range(len(data)):
-        with contextlib.suppress(CodecError):
+        with pytest.raises(CodecError, match="not the Arrow IPC the `arrow` codec writes"):
             codec.decode(memoryview(data[:cut]))
     changed = bytearray(data)
     changed[75] ^= 0x40  # in the schema's flatbuffer
@@ -337,6 +337,36 @@ def test_metadata_of_another_version_is_refused() -> None:
         ArrowCodec().decode(memoryview(data))
 
 
+@pytest.mark.parametrize(
+    "case", ["two streams", "bytes after the end", "no end", "framed before 0.15", "two schemas"]
+)
+def test_only_the_stream_the_codec_writes_is_read(case: str) -> None:
+    """One schema, dictionaries and batches, the end-of-stream marker and nothing after:
+    anything else is refused, though Arrow would read part of it (up to the first end of
+    a stream, say)."""
+    codec = ArrowCodec()
+    data = _join(codec.encode(_table()))
+    other = _join(codec.encode(_table().slice(2)))
+    messages = _messages(data)
+    changed = {
+        "two streams": data + other,
+        "bytes after the end": data + bytes(8),
+        "no end": data[:-8],
+        "framed before 0.15": _stream(_table(), use_legacy_format=True),
+        "two schemas": messages[0] + b"".join(messages) + data[-8:],
+    }[case]
+    said = {
+        "two streams": f"{len(other)} bytes follow the end of the stream",
+        "bytes after the end": "8 bytes follow the end of the stream",
+        "no end": f"stops at byte {len(data) - 8} without its end-of-stream marker",
+        "framed before 0.15": "the message at byte 0 is framed as before Arrow 0.15",
+        "two schemas": f"a schema message at byte {len(messages[0])}, where a dictionary",
+    }[case]
+    assert codec.decode(memoryview(data)).equals(_table())
+    with pytest.raises(CodecError, match=said):
+        codec.decode(memoryview(changed))
+
+
 class MakeTable(Node):
     """A table of strings and numbers."""
 
@@ -347,6 +377,8 @@ class MakeTable(Node):
 def _damaged(data: bytes, damage: str) -> bytes:
     if damage == "metadata":
         return data[:75] + bytes([data[75] ^ 0x40]) + data[76:]
+    if damage == "two streams":
+        return data + _join(ArrowCodec().encode(pyarrow.table({"s": ["other"], "n": [2]})))
     if damage == "compressed":
         return _stream(pyarrow.ipc.open_stream(data).read_all(), compression="zstd")
     offsets = struct.Struct("<3i")
@@ -369,7 +401,7 @@ def _recompute_damaged(root: str, damage: str) -> None:
     print(json.dumps({"facts": [f["fact"] for f in facts], "answer": again.to_pylist()}))
 
 
-@pytest.mark.parametrize("damage", ["metadata", "string offset", "compressed"])
+@pytest.mark.parametrize("damage", ["metadata", "string offset", "compressed", "two streams"])
 def test_a_damaged_table_answer_is_computed_again(tmp_path: Path, damage: str) -> None:
     """A kept table whose bytes are replaced by damaged ones is computed again, with a
     `corrupt` fact, and the forward answers the right table."""

@@ -38,6 +38,8 @@ _KIND = b"somatize.kind"
 _KINDS = (b"frame", b"table", b"batch")
 _NO_FIELDS = pyarrow.struct([])
 _BATCHES = ("dictionary", "record batch")
+_CONTINUATION = b"\xff\xff\xff\xff"
+_END = _CONTINUATION + b"\0\0\0\0"
 
 
 def _tagged(table: pyarrow.Table | pyarrow.RecordBatch, kind: bytes) -> Any:
@@ -125,20 +127,40 @@ def _digest(ipc: pyarrow.Buffer) -> str:
     return "blake3:" + hasher.hexdigest()
 
 
-def _check_messages(buffer: pyarrow.Buffer) -> None:
-    """Refuses (ValueError, OSError or an Arrow error) an IPC stream in ``buffer`` with a
-    message this codec does not write, from the messages' metadata alone, before any batch
-    is read: each in metadata version 5 (in version 4, a message can say elsewhere that
-    its buffers are compressed), and no batch whose buffers are compressed — the codec never
-    compresses, and a few bytes compressed can claim gigabytes."""
-    for message in pyarrow.ipc.MessageReader.open_stream(pyarrow.BufferReader(buffer)):
+def _check_stream(buffer: pyarrow.Buffer) -> None:
+    """Refuses (ValueError, OSError or an Arrow error) an IPC stream in ``buffer`` other
+    than one this codec writes, from the messages' metadata alone, before any batch is
+    read: each message framed as streams are since Arrow 0.15 and in metadata version 5 (in
+    version 4, a message can say elsewhere that its buffers are compressed); one schema,
+    then dictionaries and record batches whose buffers are not compressed — the codec never
+    compresses, and a few bytes compressed can claim gigabytes; then the end-of-stream
+    marker, and nothing after it (Arrow stops reading there: a second stream, say)."""
+    source = pyarrow.BufferReader(buffer)
+    messages = pyarrow.ipc.MessageReader.open_stream(source)
+    expected: tuple[str, ...] = ("schema",)
+    where = "the schema"
+    while True:
+        at = source.tell()
+        try:
+            message = messages.read_next_message()
+        except StopIteration:
+            break
+        if buffer.slice(at, 4).to_pybytes() != _CONTINUATION:
+            raise ValueError(f"the message at byte {at} is framed as before Arrow 0.15")
         if message.metadata_version != pyarrow.ipc.MetadataVersion.V5:
             version = pyarrow.ipc.MetadataVersion(message.metadata_version).name
             raise ValueError(f"a {message.type} message is in Arrow metadata {version}, not V5")
+        if message.type not in expected:
+            raise ValueError(f"a {message.type} message at byte {at}, where {where} goes")
         if message.type in _BATCHES and _compressed(
             memoryview(message.metadata), message.type == "dictionary"
         ):
             raise ValueError(f"a {message.type} message has compressed buffers")
+        expected, where = _BATCHES, "a dictionary or record batch"
+    if buffer.slice(at, min(len(_END), buffer.size - at)).to_pybytes() != _END:
+        raise ValueError(f"the stream stops at byte {at} without its end-of-stream marker")
+    if buffer.size > at + len(_END):
+        raise ValueError(f"{buffer.size - at - len(_END)} bytes follow the end of the stream")
 
 
 def _compressed(metadata: memoryview, dictionary: bool) -> bool:
@@ -206,9 +228,10 @@ class ArrowCodec(Codec):
         return [memoryview(self._ipc(value, combined=False))]
 
     def decode(self, data: memoryview) -> Any:
-        """The value in ``data``; CodecError unless it is Arrow IPC as this codec writes it
-        (uncompressed) whose arrays are whole: every offset, index and length in bounds,
-        every string UTF-8 (what reading them later takes on trust)."""
+        """The value in ``data``; CodecError unless it is an Arrow IPC stream as this codec
+        writes them — one schema, its dictionaries and batches, uncompressed, the end of the
+        stream and nothing after — whose arrays are whole: every offset, index and length
+        in bounds, every string UTF-8 (what reading them later takes on trust)."""
         return self._read(pyarrow.py_buffer(data), checked=True)
 
     def _read(self, buffer: pyarrow.Buffer, checked: bool) -> Any:
@@ -216,7 +239,7 @@ class ArrowCodec(Codec):
         when this process has just written it)."""
         try:
             if checked:
-                _check_messages(buffer)
+                _check_stream(buffer)
             reader = pyarrow.ipc.open_stream(buffer)
             batches = list(reader)
             schema, kind = _untagged(reader.schema)
