@@ -367,6 +367,25 @@ def test_only_the_stream_the_codec_writes_is_read(case: str) -> None:
         codec.decode(memoryview(changed))
 
 
+@pytest.mark.parametrize("where", ["column", "struct field", "dictionary of structs"])
+def test_a_name_that_is_not_utf8_is_refused(where: str) -> None:
+    """Arrow reads a field's name as bytes, and only its use fails if they are not UTF-8
+    (`column_names`, `to_pylist`): such a name, at any depth, is refused as it is decoded."""
+    inner = pyarrow.array([{"label": 1}, {"label": 2}])
+    column: Any = {
+        "column": pyarrow.array([1, 2]),
+        "struct field": inner,
+        "dictionary of structs": pyarrow.DictionaryArray.from_arrays(
+            pyarrow.array([0, 1], "int32"), inner
+        ),
+    }[where]
+    name = "label" if where == "column" else "x"
+    codec = ArrowCodec()
+    data = _replaced(_join(codec.encode(pyarrow.table({name: column}))), b"label", b"l\xe4bel")
+    with pytest.raises(CodecError, match="can't decode byte 0xe4"):
+        codec.decode(memoryview(data))
+
+
 class MakeTable(Node):
     """A table of strings and numbers."""
 

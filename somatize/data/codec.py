@@ -163,6 +163,23 @@ def _check_stream(buffer: pyarrow.Buffer) -> None:
         raise ValueError(f"{buffer.size - at - len(_END)} bytes follow the end of the stream")
 
 
+def _names(kind: pyarrow.DataType | pyarrow.Schema) -> list[str]:
+    """The names of the fields in ``kind``, at any depth; UnicodeDecodeError (a ValueError)
+    if one is not UTF-8, which Arrow leaves to whoever reads it (every use of it fails)."""
+    fields = (
+        list(kind) if isinstance(kind, pyarrow.Schema) else map(kind.field, range(kind.num_fields))
+    )
+    names = []
+    for field in fields:
+        names.append(field.name)
+        names.extend(_names(field.type))
+    if isinstance(kind, pyarrow.DictionaryType):
+        names.extend(_names(kind.value_type))
+    elif isinstance(kind, pyarrow.BaseExtensionType):
+        names.extend(_names(kind.storage_type))
+    return names
+
+
 def _compressed(metadata: memoryview, dictionary: bool) -> bool:
     """Whether the flatbuffer ``Message`` in ``metadata`` (verified by Arrow as it was read),
     which heads a record batch (or a dictionary batch, whose data is one), says the batch's
@@ -231,7 +248,7 @@ class ArrowCodec(Codec):
         """The value in ``data``; CodecError unless it is an Arrow IPC stream as this codec
         writes them — one schema, its dictionaries and batches, uncompressed, the end of the
         stream and nothing after — whose arrays are whole: every offset, index and length
-        in bounds, every string UTF-8 (what reading them later takes on trust)."""
+        in bounds, every string and name UTF-8 (what reading them later takes on trust)."""
         return self._read(pyarrow.py_buffer(data), checked=True)
 
     def _read(self, buffer: pyarrow.Buffer, checked: bool) -> Any:
@@ -244,6 +261,7 @@ class ArrowCodec(Codec):
             batches = list(reader)
             schema, kind = _untagged(reader.schema)
             if checked:
+                _names(reader.schema)
                 for batch in batches:
                     batch.validate(full=True)
         except (pyarrow.ArrowException, OSError, ValueError) as why:
