@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import pickle
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -259,10 +260,11 @@ def _graph() -> Graph:
     )
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "record"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "record", "fingerprint"])
 def test_damaged_answer_is_recomputed_and_said(tmp_path: Path, damage: str) -> None:
-    """A flipped, truncated or deleted blob, or a broken record, under a kept answer: the next
-    forward recomputes the right value and says so; the one after recalls it again."""
+    """A flipped, truncated or deleted blob, or a broken record (one whose code fingerprint
+    is not text included), under a kept answer: the next forward recomputes the right value
+    and says so; the one after recalls it again."""
     root = tmp_path / "store"
     x = {"at": 10, "take": 5}
     g = _graph()
@@ -280,6 +282,11 @@ def test_damaged_answer_is_recomputed_and_said(tmp_path: Path, damage: str) -> N
         blob.write_bytes(blob.read_bytes()[:-1])
     elif damage == "delete":
         blob.unlink()
+    elif damage == "fingerprint":
+        path = store.answer_path(key)
+        text = re.sub(r'"fingerprint":"[^"]*"', '"fingerprint":{"a":1}', path.read_text())
+        assert text != path.read_text()
+        path.write_text(text)
     else:
         store.answer_path(key).write_bytes(b'{"somatize": 1, "key"')
     again = _graph()
@@ -326,6 +333,42 @@ def test_a_time_no_writer_could_have_written_is_damage(
         fresh.recall(key)
     found = fresh.verify()
     assert [d.section for d in found.damaged] == ["answers" if kind == "record" else "packs"]
+
+
+@pytest.mark.parametrize("fingerprint", ['{"a":1}', "[1]", "7", "true", "NaN"])
+@pytest.mark.parametrize("kind", ["record", "pack"])
+def test_a_code_fingerprint_that_is_not_text_is_damage(
+    tmp_path: Path, fingerprint: str, kind: str
+) -> None:
+    """A record or pack index whose code fingerprint is not text (nor null) is damaged, as
+    any record that cannot be read: not had, never recalled (a forward would compare it,
+    and keep it as a key, as the text it is not), and reported by verify."""
+    import json
+
+    store = LocalStore(tmp_path / "store")
+    key = key_of("which code")
+    if kind == "record":
+        store.keep(key, b"an answer", "plain", fingerprint="sha256:f")
+        path = store.answer_path(key)
+        path.write_text(path.read_text().replace('"sha256:f"', fingerprint))
+    else:
+        items = [(key, b"item one"), (key_of("other"), b"item two")]
+        store.keep_many(items, "plain", fingerprint="sha256:f")
+        (path,) = (tmp_path / "store" / "packs").iterdir()
+        line, _, table = path.read_bytes().partition(b"\n")
+        header = json.loads(line)
+        header["fingerprint"] = json.loads(fingerprint)
+        index = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        data = index + b"\n" + table
+        path.unlink()
+        (path.parent / hash_bytes(data)[7:]).write_bytes(data)
+    fresh = LocalStore(tmp_path / "store")
+    assert fresh.have([key]) == set()
+    with pytest.raises(Corrupt if kind == "record" else Missing):
+        fresh.recall(key)
+    found = fresh.verify()
+    assert [d.section for d in found.damaged] == ["answers" if kind == "record" else "packs"]
+    assert "code fingerprint is a" in found.damaged[0].why
 
 
 def test_verify_reports_and_quarantines(tmp_path: Path) -> None:

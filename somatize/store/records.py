@@ -223,7 +223,21 @@ def encode_record(answer: Answer, signer: Signer | None) -> bytes:
 def decode_record(key: str, data: bytes, signer: Signer | None) -> Answer:
     """The record of ``key`` in ``data``; Corrupt (or Unsigned) unless it is whole, about
     ``key`` and, in a signing store, signed."""
-    return Answer.from_json(key, _opened(f"the answer record of {key}", data, signer))
+    answer = Answer.from_json(key, _opened(f"the answer record of {key}", data, signer))
+    try:
+        _fingerprint(answer.fingerprint)
+    except ValueError as why:
+        raise Corrupt(f"the answer record of {key} cannot be read ({why})") from None
+    return answer
+
+
+def _fingerprint(value: object) -> str | None:
+    """``value`` if it is a code fingerprint as a writer records one (text, or None when
+    none was given); ValueError otherwise (a list, an object, a number), which a reader
+    would take for one and fail on."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"its code fingerprint is a {type(value).__name__}, not text")
+    return value
 
 
 def _bound_to(name: str) -> bytes:
@@ -348,7 +362,7 @@ def decode_pack(pack_id: str, data: bytes, signer: Signer | None) -> PackIndex:
         blob = check_digest(str(header["blob"]))
         size = int(header["bytes"])
         codec = str(header["codec"])
-        fingerprint = header["fingerprint"]
+        fingerprint = _fingerprint(header["fingerprint"])
         created = moment(header["created"])
     except (ValueError, KeyError, TypeError, OverflowError) as why:
         raise Corrupt(f"pack index {pack_id} has a header that cannot be read ({why})") from None
