@@ -118,12 +118,14 @@ def _read_header(raw: bytes) -> _Header:
     for name, entry in header.items():
         try:
             dtype = _BY_CODE[entry["dtype"]]
-            shape = [int(n) for n in entry["shape"]]
-            start, end = (int(n) for n in entry["data_offsets"])
+            shape = _whole_numbers(entry["shape"], "shape")
+            start, end = _whole_numbers(entry["data_offsets"], "data_offsets", 2)
         except (KeyError, TypeError, ValueError) as why:
             raise ValueError(f"tensor {name!r} of an answer is not described ({why})") from None
-        if any(not 0 <= n < 1 << 48 for n in shape):
-            raise ValueError(f"tensor {name!r} of an answer has shape {shape}: it is damaged")
+        # A dimension past 2**48 is one the codec does not write; sizes whose product does
+        # not fit in 63 bits are strides torch cannot compute, even for a tensor of no element.
+        if any(not 0 <= n < 1 << 48 for n in shape) or _strides_overflow(shape):
+            raise ValueError(f"tensor {name!r} of an answer has shape {shape[:8]}: it is damaged")
         count = math.prod(shape)
         if not 0 <= start <= end or end - start != count * _ITEMSIZE[dtype]:
             raise ValueError(
@@ -137,6 +139,31 @@ def _read_header(raw: bytes) -> _Header:
     if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
         raise ValueError("tensors of a tensor answer claim the same bytes: it is damaged")
     return _Header(kind, tensors, devices, max((end for _, end in spans), default=0), order, tree)
+
+
+def _whole_numbers(raw: Any, what: str, length: int | None = None) -> list[int]:
+    """``raw``, a JSON list of whole numbers (of ``length`` of them, when given), as the
+    codec writes a shape or a byte range; TypeError for anything else (a string, a number
+    that is not whole, ``true``)."""
+    if (
+        type(raw) is not list
+        or not all(type(n) is int for n in raw)
+        or (length is not None and len(raw) != length)
+    ):
+        raise TypeError(f"its {what} is {str(raw)[:80]}, not a list of whole numbers")
+    return raw
+
+
+def _strides_overflow(shape: list[int]) -> bool:
+    """Whether the strides of a contiguous tensor of ``shape`` do not fit in 63 bits: the
+    first is the product of the later sizes, a size of 0 counted as 1. It stops at the
+    first product past that, however many sizes a header lists."""
+    product = 1
+    for n in shape[1:]:
+        product *= max(n, 1)
+        if product >= 1 << 63:
+            return True
+    return False
 
 
 def _order(raw: Any, names: list[str]) -> tuple[str, ...] | None:

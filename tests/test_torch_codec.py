@@ -423,13 +423,40 @@ def _devices(devices: Any) -> Any:
         _devices({"elsewhere": "cpu"}),
         _devices(["cpu"]),
         lambda h: h.update(other=h.pop("tensor")),
+        lambda h: h["tensor"].update(shape=[0] + [2**47] * 4, data_offsets=[0, 0]),
+        lambda h: h["tensor"].update(shape=[float("inf"), 4]),
+        lambda h: h["tensor"].update(data_offsets=[0, float("inf")]),
+        lambda h: h["tensor"].update(shape="34"),
+        lambda h: h["tensor"].update(shape={"12": 1}),
+        lambda h: h["tensor"].update(shape=[True, 12]),
+        lambda h: h["tensor"].update(shape=[3.0, 4.5]),
+        lambda h: h["tensor"].update(data_offsets=[0.0, 48.0]),
+        lambda h: h["tensor"].update(data_offsets="0,48"),
     ],
-    ids=["negative", "huge", "meta", "no-device", "unknown-name", "not-a-dict", "renamed"],
+    ids=[
+        "negative",
+        "huge",
+        "meta",
+        "no-device",
+        "unknown-name",
+        "not-a-dict",
+        "renamed",
+        "strides-overflow",
+        "infinite-size",
+        "infinite-offset",
+        "shape-a-string",
+        "shape-a-dict",
+        "shape-of-bools",
+        "shape-of-floats",
+        "offsets-of-floats",
+        "offsets-a-string",
+    ],
 )
 def test_a_header_that_lies_is_refused_as_damaged(change: Any) -> None:
-    """Shapes, devices and names a header lies about are a ValueError (the engine's sign of
-    a damaged answer, which it computes again), never another error or a tensor without a
-    value."""
+    """Shapes, byte ranges, devices and names a header lies about are a ValueError (the
+    engine's sign of a damaged answer, which it computes again), never another error or a
+    tensor without a value: a shape or a byte range is a list of whole numbers, as the
+    codec writes it, and not a string, floats or booleans read as numbers."""
     with pytest.raises(ValueError):
         smt.TENSOR.decode(_patched(torch.arange(12.0).reshape(3, 4), change))
 
