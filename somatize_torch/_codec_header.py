@@ -186,7 +186,10 @@ def _devices(raw: Any, names: list[str]) -> dict[str, str]:
         if not isinstance(devices, dict) or not set(devices) <= set(names):
             raise ValueError(f"devices {raw!r} name no tensor of the answer")
         for device in devices.values():
-            if torch.device(device).type == "meta":  # a meta tensor holds no value
+            # As the codec writes it, ``str(tensor.device)``: torch reads ``cuda:256`` as
+            # ``cuda:0`` and ``cuda:128`` as ``cuda:-128``. A meta tensor holds no value.
+            where = torch.device(device)
+            if where.type == "meta" or str(where) != device:
                 raise ValueError(f"device {device!r}")
     except (ValueError, TypeError, RuntimeError) as why:
         raise ValueError(f"where the tensors of an answer lived cannot be read ({why})") from None

@@ -41,10 +41,13 @@ JSON in the ``__metadata__``. Answers written before either was recorded read as
 they always did.
 
 Devices: where each tensor lived is recorded in the header's ``__metadata__``
-and a decoded tensor is moved back there. A CUDA tensor recalled in a process
-without CUDA lands on the CPU with a :class:`LandedOnHost` warning — its value
-is the same, and a run that can go on should not be stopped for where memory
-is; move it yourself, or silence the warning, if that is what you want.
+and a decoded tensor is moved back there. A tensor recalled in a process without
+its device — a CUDA tensor where there is no CUDA or fewer devices, one kept on a
+Mac (``mps``) read on Linux, any kind of device torch has no module for here —
+lands on the CPU with a :class:`LandedOnHost` warning: its value is the same, and a
+run that can go on should not be stopped for where memory is; move it yourself, or
+silence the warning, if that is what you want. A device name that is no device at
+all (or ``meta``, which holds no value) is a damaged answer.
 
 **A recalled tensor is memory of its own.** It views what the store handed
 this read alone (a private, copy-on-write map of a large blob; a copy of a small
@@ -66,6 +69,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import warnings
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -90,7 +94,8 @@ _ALIGNED_ABOVE = 4096
 
 
 class LandedOnHost(SomatizeWarning):
-    """A tensor kept on a device this process does not have was recalled onto the CPU."""
+    """A tensor kept on a device this process does not have (no CUDA, no such CUDA device,
+    an ``mps`` or ``xpu`` tensor read elsewhere) was recalled onto the CPU."""
 
 
 def _is_flat(value: Any, empty: bool = False) -> bool:
@@ -297,16 +302,37 @@ def _moves(device: str | None) -> bool:
     """Whether a tensor kept from ``device`` (None: the CPU) is moved there when read."""
     if device is None:
         return False
-    return torch.device(device).type != "cuda" or torch.cuda.is_available()
+    where = torch.device(device)
+    return where.type != "cpu" and _usable(where)
+
+
+def _usable(where: torch.device) -> bool:
+    """Whether this process has device ``where``: the CPU, or a device whose kind torch's
+    module for it (``torch.cuda``, ``torch.backends.mps``, ``torch.xpu`` …) says is
+    available, and of an index below the count of them; ``xla`` where ``torch_xla`` is
+    loaded (it is not imported to read an answer). A kind with no such module here
+    (``xla`` without it, ``hpu``, ``lazy`` …) is not usable: a tensor kept from it lands
+    on the host."""
+    if where.type == "cpu":
+        return True
+    if where.type == "xla":
+        return "torch_xla" in sys.modules
+    kind = getattr(torch, where.type, None)
+    available = getattr(torch.backends.mps if where.type == "mps" else kind, "is_available", None)
+    if not callable(available) or not available():
+        return False
+    count = getattr(kind, "device_count", None)
+    return where.index is None or where.index < (count() if callable(count) else 1)
 
 
 def _to_device(tensor: torch.Tensor, device: str, name: str) -> torch.Tensor:
     where = torch.device(device)
-    if where.type == "cuda" and not torch.cuda.is_available():
+    if where.type != "cpu" and not _usable(where):
+        index = "" if where.index is None else f" {where.index}"
         warnings.warn(
-            f"tensor {name!r} was kept from {device}, and this process has no CUDA device: it "
-            "is recalled onto the CPU with the same value. Move it with `.to(...)` if it must "
-            "be elsewhere",
+            f"tensor {name!r} was kept from {device}, and this process has no "
+            f"{where.type.upper()} device{index}: it is recalled onto the CPU with the same "
+            "value. Move it with `.to(...)` if it must be elsewhere",
             LandedOnHost,
             stacklevel=4,
         )

@@ -432,6 +432,9 @@ def _devices(devices: Any) -> Any:
         lambda h: h["tensor"].update(shape=[3.0, 4.5]),
         lambda h: h["tensor"].update(data_offsets=[0.0, 48.0]),
         lambda h: h["tensor"].update(data_offsets="0,48"),
+        _devices({"tensor": "cuda:256"}),
+        _devices({"tensor": "cuda:128"}),
+        _devices({"tensor": 0}),
     ],
     ids=[
         "negative",
@@ -450,6 +453,9 @@ def _devices(devices: Any) -> Any:
         "shape-of-floats",
         "offsets-of-floats",
         "offsets-a-string",
+        "device-index-wrapping-to-0",
+        "device-index-wrapping-negative",
+        "device-a-number",
     ],
 )
 def test_a_header_that_lies_is_refused_as_damaged(change: Any) -> None:
@@ -499,6 +505,49 @@ def test_cuda_answer_lands_on_host_with_a_warning() -> None:
     with pytest.warns(smt.LandedOnHost, match="no CUDA device"):
         back = smt.TENSOR.decode(memoryview(patched))
     assert back.device.type == "cpu" and torch.equal(back, torch.arange(3.0))
+
+
+@pytest.mark.parametrize(
+    "device", ["mps:0", "mps", "xpu:0", "mtia", "xla", "hpu", "lazy", "privateuseone", "ipu"]
+)
+def test_an_answer_kept_on_a_device_this_process_lacks_lands_on_host(device: str) -> None:
+    """A tensor kept on a device of any kind this process has not (one kept on a Mac, read
+    on Linux) is recalled onto the CPU with a LandedOnHost warning, in memory aligned as
+    torch's own, as a CUDA tensor is where there is no CUDA: never another error."""
+    kind = torch.device(device).type
+    module = torch.backends.mps if kind == "mps" else getattr(torch, kind, None)
+    if getattr(module, "is_available", lambda: False)():
+        pytest.skip(f"this process has {kind} devices")
+    value = torch.arange(12.0).reshape(3, 4)
+    with pytest.warns(smt.LandedOnHost, match=f"no {device.split(':')[0].upper()} device"):
+        back = smt.TENSOR.decode(_patched(value, _devices({"tensor": device})))
+    assert _same(back, value) and back.data_ptr() % 64 == 0
+
+
+def test_a_cuda_answer_of_a_device_past_those_present_lands_on_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tensor kept on ``cuda:3``, read where CUDA has fewer devices, lands on the CPU with
+    a LandedOnHost warning rather than failing to move there."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    value = torch.arange(3.0)
+    with pytest.warns(smt.LandedOnHost, match="no CUDA device 3"):
+        back = smt.TENSOR.decode(_patched(value, _devices({"tensor": "cuda:3"})))
+    assert _same(back, value)
+
+
+def test_an_xla_tensor_is_moved_back_where_torch_xla_is_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch has no module of its own for ``xla``: where ``torch_xla`` is loaded, a tensor
+    kept from it goes back there (never imported to find out); elsewhere it lands on host."""
+    from somatize_torch.codec import _usable
+
+    monkeypatch.delitem(sys.modules, "torch_xla", raising=False)
+    assert not _usable(torch.device("xla"))
+    monkeypatch.setitem(sys.modules, "torch_xla", types.ModuleType("torch_xla"))
+    assert _usable(torch.device("xla"))
 
 
 def test_codec_takes_tensors_and_leaves_plain_values() -> None:
