@@ -7,8 +7,8 @@ facts in its ``__metadata__`` (the format, the kind of value, where the tensors
 lived, a dict's order, a tree's shape). A header is what a store hands back, so all
 it says is checked before a byte of data is read as a tensor (:func:`_read_header`):
 a known kind and format, the tensor names that kind implies, shapes and byte ranges
-that agree with their dtypes and do not overlap; a header that does not is a
-ValueError, a damaged answer.
+(lists of whole numbers) that agree with their dtypes, do not overlap and leave no
+byte between them; a header that does not is a ValueError, a damaged answer.
 
 The answers of one node share their header, so a header is read and checked once
 per distinct bytes and kept (:func:`_header`); :func:`row_layout` is what a row cache
@@ -138,6 +138,10 @@ def _read_header(raw: bytes) -> _Header:
     spans.sort()
     if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
         raise ValueError("tensors of a tensor answer claim the same bytes: it is damaged")
+    # The codec writes the tensors' bytes one after the other from the first: a byte no
+    # tensor claims (which safetensors forbids too) is not one it wrote.
+    if spans and (spans[0][0] or any(a[1] != b[0] for a, b in itertools.pairwise(spans))):
+        raise ValueError("a tensor answer holds bytes no tensor claims: it is damaged")
     return _Header(kind, tensors, devices, max((end for _, end in spans), default=0), order, tree)
 
 

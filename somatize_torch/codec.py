@@ -204,7 +204,7 @@ class TensorCodec(Codec):
         except RecursionError:  # JSON nested past what this process reads: not ours
             raise ValueError("a tensor answer's header is nested too deep: it is damaged") from None
         body = data[head:]
-        if header.end > len(body):
+        if header.end != len(body):  # nothing is written past the last tensor's bytes
             raise ValueError(
                 f"a tensor answer's header claims bytes up to {header.end}, and the answer "
                 f"holds {len(body)}: it is damaged"

@@ -480,6 +480,24 @@ def test_two_tensors_claiming_the_same_bytes_are_refused() -> None:
         smt.TENSOR.decode(tuple_without_0)
 
 
+def test_bytes_no_tensor_claims_are_refused() -> None:
+    """The codec writes the tensors' bytes one after the other from the first, and nothing
+    after the last: bytes past them, before them or between two are damage (safetensors
+    forbids them too), never skipped."""
+    data = bytes(_bytes(torch.arange(4.0)))
+    with pytest.raises(ValueError, match="claims bytes up to 16, and the answer holds 24"):
+        smt.TENSOR.decode(memoryview(data + bytes(8)))
+    later = _patched(torch.arange(4.0), lambda h: h["tensor"].update(data_offsets=[8, 24]))
+    with pytest.raises(ValueError, match="bytes no tensor claims"):
+        smt.TENSOR.decode(memoryview(bytes(later) + bytes(8)))
+    pair = {"a": torch.zeros(4), "b": torch.ones(4)}
+    apart = _patched(pair, lambda h: h["b"].update(data_offsets=[24, 40]))
+    with pytest.raises(ValueError, match="bytes no tensor claims"):
+        smt.TENSOR.decode(memoryview(bytes(apart) + bytes(8)))
+    empty = {"a": torch.zeros(0), "b": torch.ones(2, 0)}
+    assert all(map(_same, smt.TENSOR.decode(_bytes(empty)).values(), empty.values()))
+
+
 def test_one_element_with_any_stride_is_digested_and_kept() -> None:
     """A column of a batch of one (one element, stride 5 — contiguous to torch) is digested,
     row by row too, and encoded, as the same value laid out plainly."""
