@@ -226,6 +226,8 @@ class TensorCodec(Codec):
                 else:
                     out[name] = _aligned(body[start : start + count * _ITEMSIZE[dtype]], dtype)
                     out[name] = out[name].reshape(shape)
+                if dtype is torch.bool and count:
+                    _check_bools(out[name], f"tensor {name!r} of an answer")
         for name, device in header.devices.items():
             out[name] = _to_device(out[name], device, name)
         kind = header.kind
@@ -283,6 +285,14 @@ def _address(body: memoryview) -> int:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
         return int(torch.frombuffer(body, dtype=torch.uint8, count=1).data_ptr())
+
+
+def _check_bools(tensor: torch.Tensor, what: str) -> None:
+    """ValueError when a bool ``tensor`` (not empty) read from bytes holds a byte other than
+    0 or 1: torch writes no other, and a bool of another byte answers ``t == True`` and
+    ``t.int()`` differently."""
+    if int(tensor.view(torch.uint8).max()) > 1:
+        raise ValueError(f"{what} is a bool tensor with bytes other than 0 and 1: it is damaged")
 
 
 def _aligned(data: memoryview, dtype: torch.dtype) -> torch.Tensor:

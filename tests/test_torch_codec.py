@@ -498,6 +498,21 @@ def test_bytes_no_tensor_claims_are_refused() -> None:
     assert all(map(_same, smt.TENSOR.decode(_bytes(empty)).values(), empty.values()))
 
 
+@pytest.mark.parametrize("elements", [4, 8192], ids=["copied", "in-place"])
+def test_a_bool_tensor_of_bytes_other_than_0_and_1_is_refused(elements: int) -> None:
+    """torch writes a bool as the byte 0 or 1: a bool answer holding another byte is damaged,
+    not a tensor that disagrees with itself (``t == True`` false where ``t.int()`` is 2)."""
+    value = torch.arange(elements) % 3 == 0
+    data = bytearray(_bytes(value))
+    assert _same(smt.TENSOR.decode(memoryview(bytes(data))), value)
+    data[-3] = 2
+    with pytest.raises(ValueError, match="bytes other than 0 and 1"):
+        smt.TENSOR.decode(memoryview(bytes(data)))
+    data[-3] = 255
+    with pytest.raises(ValueError, match="bytes other than 0 and 1"):
+        smt.TENSOR.decode(memoryview(bytes(data)))
+
+
 def test_one_element_with_any_stride_is_digested_and_kept() -> None:
     """A column of a batch of one (one element, stride 5 — contiguous to torch) is digested,
     row by row too, and encoded, as the same value laid out plainly."""
