@@ -11,9 +11,10 @@ a known kind and format, the tensor names that kind implies, shapes and byte ran
 byte between them; a header that does not is a ValueError, a damaged answer.
 
 The answers of one node share their header, so a header is read and checked once
-per distinct bytes and kept (:func:`_header`); :func:`row_layout` is what a row cache
-needs to read a whole batch of one-tensor answers behind one header
-(:mod:`somatize_torch._row_codec`). The codec writes the header
+per distinct bytes and kept (:func:`_header`): one of up to 64 KiB, and up to 4 MiB of
+them, so that long headers are not held once their answers are gone.
+:func:`row_layout` is what a row cache needs to read a whole batch of one-tensor
+answers behind one header (:mod:`somatize_torch._row_codec`). The codec writes the header
 (:meth:`somatize_torch.codec.TensorCodec.encode`), with the length and format named
 here (:data:`_LEN`, :data:`_FORMAT`), so that what is written and what is read
 agree.
@@ -25,6 +26,7 @@ import itertools
 import json
 import math
 import struct
+import threading
 from typing import Any, NamedTuple
 
 import torch
@@ -59,6 +61,14 @@ class _Header(NamedTuple):
 _HEADERS: dict[bytes, _Header] = {}
 """Headers read, by their bytes: the answers of one node share theirs, so a recall of many
 reads and checks each one once."""
+_HEADERS_HELD = [0]
+"""How many bytes the keys of :data:`_HEADERS` hold."""
+_HEADERS_LOCK = threading.Lock()
+_KEPT_UP_TO = 64 << 10
+"""The longest header kept: a row's, or an answer's of a few hundred tensors. A longer
+one (only a value of very many tensors writes one) is read again at each recall."""
+_KEPT_AT_MOST = (256, 4 << 20)
+"""How many headers are kept, and how many bytes of them, before they are all let go."""
 
 
 def _header(raw: bytes) -> _Header:
@@ -66,9 +76,15 @@ def _header(raw: bytes) -> _Header:
     found = _HEADERS.get(raw)
     if found is None:
         found = _read_header(raw)
-        if len(_HEADERS) >= 256:
-            _HEADERS.clear()
-        _HEADERS[raw] = found
+        if len(raw) <= _KEPT_UP_TO:
+            with _HEADERS_LOCK:
+                count, size = _KEPT_AT_MOST
+                if len(_HEADERS) >= count or _HEADERS_HELD[0] + len(raw) > size:
+                    _HEADERS.clear()
+                    _HEADERS_HELD[0] = 0
+                if raw not in _HEADERS:
+                    _HEADERS[raw] = found
+                    _HEADERS_HELD[0] += len(raw)
     return found
 
 

@@ -513,6 +513,31 @@ def test_a_bool_tensor_of_bytes_other_than_0_and_1_is_refused(elements: int) -> 
         smt.TENSOR.decode(memoryview(bytes(data)))
 
 
+def test_long_headers_are_not_held_once_their_answers_are_gone() -> None:
+    """Headers are kept, by their bytes, to be read once however many answers share them:
+    a short one only (a header padded with spaces is valid), and so many bytes of them at
+    most, so that what is held after the answers are gone stays small."""
+    from somatize_torch import _codec_header
+
+    def padded(value: torch.Tensor, spaces: int) -> memoryview:
+        data = bytes(_bytes(value))
+        (size,) = struct.unpack("<Q", data[:8])
+        raw = data[8 : 8 + size] + b" " * spaces
+        raw += b" " * (-(len(raw) + 8) % 8)
+        return memoryview(struct.pack("<Q", len(raw)) + raw + data[8 + size :])
+
+    for i in range(6):
+        assert smt.TENSOR.decode(padded(torch.full((1,), float(i)), (1 << 20) + 8 * i)) == i
+        assert all(len(raw) <= 64 << 10 for raw in _codec_header._HEADERS)
+    for i in range(100):
+        assert smt.TENSOR.decode(padded(torch.full((1,), float(i)), (60 << 10) + 8 * i)) == i
+        assert sum(map(len, _codec_header._HEADERS)) <= 4 << 20
+    short = _bytes(torch.ones(3))
+    smt.TENSOR.decode(short)
+    (size,) = struct.unpack("<Q", short[:8])
+    assert bytes(short[8 : 8 + size]) in _codec_header._HEADERS
+
+
 def test_one_element_with_any_stride_is_digested_and_kept() -> None:
     """A column of a batch of one (one element, stride 5 — contiguous to torch) is digested,
     row by row too, and encoded, as the same value laid out plainly."""
