@@ -102,12 +102,16 @@ def _head(data: memoryview) -> int:
 def row_layout(data: memoryview) -> tuple[bytes, torch.dtype, tuple[int, ...], int]:
     """For an answer of one tensor: the bytes before its data (its header's length and its
     header), and that tensor's dtype, shape and byte length, read once per distinct
-    header. ValueError when the answer holds anything else, or is damaged."""
+    header; its data is the byte length that follows, from the first. ValueError when the
+    answer holds anything else, or its header is damaged (the length of the answer is the
+    caller's to check)."""
     head = _head(data)
     header = _header(bytes(data[8:head]))
     if header.kind != "tensor":
         raise ValueError("a row answer decodes to a collection of tensors, not to one row")
-    ((_, dtype, shape, _, count),) = header.tensors
+    ((_, dtype, shape, start, count),) = header.tensors
+    if count and start:  # _read_header refuses it too: no byte before the first tensor's
+        raise ValueError(f"a row answer's data starts {start} bytes in: it is damaged")
     return bytes(data[:head]), dtype, tuple(shape), count * _ITEMSIZE[dtype]
 
 

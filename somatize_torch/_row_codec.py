@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
-from somatize_torch.codec import TENSOR, row_layout
+from somatize_torch._codec_header import _strides_overflow
+from somatize_torch.codec import TENSOR, _check_bools, row_layout
 from somatize_torch.digest import host_bytes, memory_of
 
 __all__ = ["decode_rows", "encode_rows"]
@@ -41,22 +42,40 @@ def decode_rows(datas: Sequence[memoryview]) -> torch.Tensor:
     Rows that one cache wrote share their header (it says only dtype and shape), so the
     first row's header is read by the codec — once per distinct header in the process —
     and when every row has that header and the length it implies, their data are
-    copied into place in one go. Any other batch is decoded row by row. ValueError for
-    bytes that are damaged."""
+    copied into place in one go. Any other batch is decoded row by row. Either way a
+    row is read only as the codec reads it: its header checked, its data exactly the
+    bytes the header gives it (from the first byte after the header to the last of the
+    row), a bool row's bytes 0 or 1; and nothing is allocated for a row until its bytes
+    are known to be there. ValueError for bytes that are damaged."""
     header, dtype, shape, size = row_layout(datas[0])
     head = len(header)
     count = len(datas)
-    out = torch.empty((count, *shape), dtype=dtype)
-    if size == 0:
-        return out
     if set(map(len, datas)) == {head + size} and (
         b"".join([row[:head] for row in datas]) == header * count
     ):
-        memory_of(out, writable=True)[:] = b"".join([row[head:] for row in datas])
+        # The header, checked, gives the one tensor of a row the bytes from the first of its
+        # data to the last (none is left out), and every row holds exactly those.
+        out = _stacked(count, shape, dtype)
+        if size:
+            memory_of(out, writable=True)[:] = b"".join([row[head:] for row in datas])
+            if dtype is torch.bool:
+                _check_bools(out, "a row answer")
         return out
+    stacked: torch.Tensor | None = None
     for index, row in enumerate(datas):
         one = TENSOR.decode(row)
         if not isinstance(one, torch.Tensor) or one.shape != shape or one.dtype != dtype:
             raise ValueError(f"row answer {index} is not a {dtype} row of shape {list(shape)}")
-        out[index].copy_(one)
-    return out
+        if stacked is None:  # a row is there: the rows take as many bytes as it times count
+            stacked = _stacked(count, shape, dtype)
+        stacked[index].copy_(one)
+    assert stacked is not None
+    return stacked
+
+
+def _stacked(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Memory for ``count`` rows of ``shape``; ValueError when torch cannot lay them out (a
+    row of no element whose sizes, times its count, overflow a stride)."""
+    if _strides_overflow([count, *shape]):
+        raise ValueError(f"{count} rows of shape {list(shape)[:8]} cannot be stacked: damaged")
+    return torch.empty((count, *shape), dtype=dtype)

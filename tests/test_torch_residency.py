@@ -6,9 +6,11 @@ import asyncio
 import errno
 import gc
 import inspect
+import json
 import logging
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -109,6 +111,69 @@ def test_rows_are_written_as_the_tensor_codec_writes_each_row() -> None:
     wider = b"".join(bytes(p) for p in TENSOR.encode(torch.zeros(3, 3, dtype=torch.bfloat16)))
     with pytest.raises(ValueError, match="row answer 2 is not"):
         decode_rows([datas[0], datas[1], memoryview(wider)])
+
+
+def _row(value: torch.Tensor, change: Any = None, data: bytes | None = None) -> memoryview:
+    """The codec's bytes of ``value``, its JSON header changed by ``change``, its data
+    replaced by ``data``."""
+    raw = b"".join(bytes(p) for p in TENSOR.encode(value))
+    (size,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + size])
+    if change is not None:
+        change(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-(len(text) + 8) % 8)
+    return memoryview(
+        struct.pack("<Q", len(text)) + text + (raw[8 + size :] if data is None else data)
+    )
+
+
+def test_rows_are_read_only_as_the_codec_reads_them() -> None:
+    """A batch of rows is read as the codec reads each row, never otherwise: a row whose
+    header gives its tensor other bytes than those after the header, or that holds bytes
+    past them, a bool row of a byte other than 0 or 1, rows of no element behind a damaged
+    one, are refused as damaged (a ValueError: the rows are computed again) — and the
+    codec refuses each of them alone too."""
+    row = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    body = row.numpy().tobytes()
+    later = _row(row, lambda h: h["tensor"].update(data_offsets=[8, 24]))
+    skipped = _row(row, lambda h: h["tensor"].update(data_offsets=[8, 24]), bytes(8) + body)
+    trailing = _row(row, data=body + bytes(8))
+    flags = _row(torch.tensor([True, False, True]), data=bytes([1, 2, 1]))
+    empty = _row(torch.zeros(0, 3))
+    for damaged in (later, skipped, trailing, flags):
+        with pytest.raises(ValueError):
+            TENSOR.decode(damaged)
+        with pytest.raises(ValueError):
+            decode_rows([damaged, damaged])
+        with pytest.raises(ValueError):
+            decode_rows(
+                [_row(torch.tensor([True, True, False]) if damaged is flags else row), damaged]
+            )
+    assert decode_rows([empty, empty]).shape == (2, 0, 3)
+    for damaged in (memoryview(bytes(empty) + bytes(4)), memoryview(b"damaged")):
+        with pytest.raises(ValueError):
+            decode_rows([empty, damaged])
+
+
+def test_rows_are_not_made_before_their_bytes_are_known_to_be_there() -> None:
+    """A row header claiming more bytes than the row holds is refused before anything is
+    allocated for the rows (a ValueError, not torch failing to allocate 256 GiB), and so
+    are rows of no element that torch could not stack."""
+    body = torch.arange(4.0).numpy().tobytes()
+    for elements in (2**36, 2**45):
+        claims = _row(
+            torch.arange(4.0),
+            lambda h, n=elements: h["tensor"].update(shape=[n], data_offsets=[0, 4 * n]),
+            body,
+        )
+        with pytest.raises(ValueError, match="claims bytes"):
+            decode_rows([claims])
+    # Alone, a row of shape (2**40, 2**23, 0) is a tensor torch makes; 4 of them are not.
+    flat = _row(torch.zeros(0), lambda h: h["tensor"].update(shape=[2**40, 2**23, 0]), b"")
+    assert TENSOR.decode(flat).shape == (2**40, 2**23, 0)
+    with pytest.raises(ValueError, match="cannot be stacked"):
+        decode_rows([flat] * 4)
 
 
 def test_flush_puts_every_computed_row_in_the_store(store: Store) -> None:
