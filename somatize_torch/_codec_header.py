@@ -23,7 +23,6 @@ agree.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import struct
 import threading
@@ -31,7 +30,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from somatize_torch._codec_tree import _tree
+from somatize_torch._codec_tree import _read_json, _tree
 from somatize_torch.digest import DTYPES
 
 __all__ = ["row_layout"]
@@ -117,7 +116,7 @@ def row_layout(data: memoryview) -> tuple[bytes, torch.dtype, tuple[int, ...], i
 
 def _read_header(raw: bytes) -> _Header:
     try:
-        header = json.loads(raw)
+        header = _read_json(raw)
         meta = header.pop("__metadata__")
         kind = meta["kind"]
     except (ValueError, KeyError, TypeError, AttributeError) as why:
@@ -195,7 +194,7 @@ def _order(raw: Any, names: list[str]) -> tuple[str, ...] | None:
     if raw is None:
         return None
     try:
-        order = json.loads(raw)
+        order = _read_json(raw)
     except (ValueError, TypeError) as why:
         raise ValueError(f"the order of a dict answer cannot be read ({why})") from None
     if not isinstance(order, list) or sorted(order) != names:
@@ -206,7 +205,7 @@ def _order(raw: Any, names: list[str]) -> tuple[str, ...] | None:
 def _devices(raw: Any, names: list[str]) -> dict[str, str]:
     """Where the tensors of an answer lived, by name, as the header records it."""
     try:
-        devices = json.loads(raw)
+        devices = _read_json(raw)
         if not isinstance(devices, dict) or not set(devices) <= set(names):
             raise ValueError(f"devices {raw!r} name no tensor of the answer")
         for device in devices.values():

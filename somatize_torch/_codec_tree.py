@@ -160,11 +160,25 @@ def _class_at(named: str, fields: Sequence[str]) -> type | None:
     return None
 
 
+def _read_json(raw: Any) -> Any:
+    """The JSON ``raw`` of a header, or of a string in its ``__metadata__``: ValueError for
+    an object that names a key twice, which the codec never writes (one reader keeps the
+    first, another the last)."""
+    return json.loads(raw, object_pairs_hook=_object)
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError(f"a JSON object names a key twice: {str(pairs)[:80]}")
+    return found
+
+
 def _tree(raw: Any, count: int) -> Any:
     """The shape of a tree answer, as its header records it, checked: every container
     well formed, and each of its ``count`` tensors in it exactly once."""
     try:
-        shape = json.loads(raw)
+        shape = _read_json(raw)
     except (ValueError, TypeError) as why:
         raise ValueError(f"the shape of a tensor answer cannot be read ({why})") from None
     seen: list[int] = []

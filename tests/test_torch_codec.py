@@ -467,6 +467,48 @@ def test_a_header_that_lies_is_refused_as_damaged(change: Any) -> None:
         smt.TENSOR.decode(_patched(torch.arange(12.0).reshape(3, 4), change))
 
 
+def _with_header(value: Any, edit: Callable[[str], str]) -> memoryview:
+    """The codec's bytes of ``value`` with the text of its JSON header changed by ``edit``."""
+    data = bytes(_bytes(value))
+    (size,) = struct.unpack("<Q", data[:8])
+    raw = edit(data[8 : 8 + size].decode().rstrip()).encode()
+    raw += b" " * (-(len(raw) + 8) % 8)
+    return memoryview(struct.pack("<Q", len(raw)) + raw + data[8 + size :])
+
+
+@pytest.mark.parametrize(
+    ("value", "edit"),
+    [
+        (
+            torch.arange(12.0),
+            lambda t: t[:-1] + ',"tensor":{"dtype":"F32","shape":[2,6],"data_offsets":[0,48]}}',
+        ),
+        (torch.arange(12.0), lambda t: t.replace('"shape":[12]', '"shape":[12],"shape":[3,4]')),
+        (
+            torch.arange(12.0),
+            lambda t: t.replace(
+                '"kind":"tensor"',
+                '"devices":"{\\"tensor\\":\\"meta\\",\\"tensor\\":\\"cpu\\"}","kind":"tensor"',
+            ),
+        ),
+        (
+            (torch.ones(1), None),
+            lambda t: t.replace('{\\"tuple\\":', '{\\"tuple\\":[null,0],\\"tuple\\":'),
+        ),
+    ],
+    ids=["tensor-twice", "shape-twice", "device-twice", "tree-container-twice"],
+)
+def test_a_header_naming_a_key_twice_is_refused_as_damaged(
+    value: Any, edit: Callable[[str], str]
+) -> None:
+    """The codec writes each key of a JSON object once: a header (or a string of its
+    metadata) naming one twice is damaged, not read as whichever one a JSON reader keeps."""
+    changed = _with_header(value, edit)
+    assert bytes(changed) != bytes(_bytes(value)), "the edit changed nothing"
+    with pytest.raises(ValueError):
+        smt.TENSOR.decode(changed)
+
+
 def test_two_tensors_claiming_the_same_bytes_are_refused() -> None:
     """Tensors of one answer never share memory: a header giving two the same bytes is
     damaged."""
