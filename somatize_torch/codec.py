@@ -10,9 +10,9 @@ are the tensor's own memory: encoding is a header plus a view of each tensor (no
 joined copy). A recalled tensor starts 64-aligned, as torch's own CPU tensors do (CPU
 kernels round differently over memory aligned less, so a hit would not answer what the
 miss did to the last bit): a large answer's data is written 64-aligned and decoding
-builds it with ``torch.frombuffer`` over the store's memory map, so a recalled 19 MB
-batch is not copied on the host; a small one, or data aligned less (an answer kept
-before), is copied into memory torch allocated.
+builds it with ``torch.frombuffer`` over the memory the store read it into, so a
+recalled 19 MB batch is not copied again on the host; a small one, or data aligned
+less (an answer kept before), is copied into memory torch allocated.
 
 Values it takes: one tensor, or a tuple, list or dict (str keys) of tensors,
 which come back as the same kind — a dict in the order it was filled in; and,
@@ -191,7 +191,7 @@ class TensorCodec(Codec):
         header["__metadata__"] = meta
         raw = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
         # The data starts 8-aligned, as safetensors asks; 64-aligned when it is large, so
-        # that a memory-mapped answer is read in place with the alignment of torch's own
+        # that a large answer the store read is decoded in place with the alignment of torch's own
         # tensors (a small one is read by copy, into memory aligned so, where it is not).
         raw += b" " * (-(len(raw) + 8) % (_ALIGN if at >= _ALIGNED_ABOVE else 8))
         return [_LEN.pack(len(raw)) + raw, *views]

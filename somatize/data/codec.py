@@ -2,9 +2,9 @@
 
 Arrow IPC is the buffers as they already are, behind a small header, so
 writing a frame is no encoding pass and reading one is no decoding pass: the
-decoded table's buffers point into the bytes it was read from — a memory-mapped
-blob of the local store, or the bytes that crossed to a worker. Its readers run
-no code, which is why a store may hold it. They take the arrays on trust,
+decoded table's buffers point into the bytes it was read from — the memory a
+local store read a blob into, or the bytes that crossed to a worker. Its readers
+run no code, which is why a store may hold it. They take the arrays on trust,
 though, so what is decoded is checked first: the stream must be the one the
 codec writes (uncompressed, ended, nothing after it), and its arrays are
 validated in full (offsets and indices in bounds, strings and names UTF-8) —
