@@ -64,30 +64,37 @@ class SettingsWatch:
     """Whether what :func:`settings_of` and :func:`hooks_of` name may have changed since
     the watch was taken, cheaply enough to ask at every forward: each value a part of
     the module keeps beside torch's own is looked at by identity (``enc.temperature =
-    5.0``, ``enc.act = F.relu``), a tensor so kept by its version counter too, the
-    items of a list or dict so kept by identity (``enc.scales[0] = 2.0``), each part's
-    table of attributes by its length (a value added or removed), and each table of
-    forward hooks by its length and its newest handle (a hook registered or removed).
-    What it says may be nothing after all (the same value assigned again): it is asked
-    so that the declaration is taken again only when it may have changed. What a
-    value held deeper changes in place (an item of a list in a list, a numpy array
-    written to, an object's attribute) is not seen here; only declaring again sees it.
+    5.0``, ``enc.act = F.relu``), a tensor so kept by its memory and version counter
+    too (``t.data = ...``, a write in place), the items of a list or dict so kept (an
+    ``OrderedDict`` too) by identity (``enc.scales[0] = 2.0``), each part's table of
+    attributes by its length (a value added or removed), and each table of forward
+    hooks by its length and, once any hook was registered anywhere, by its handles (a
+    hook registered, removed or put first). What it says may be nothing after all (the
+    same value assigned again): it is asked so that the declaration is taken again only
+    when it may have changed. What a value held deeper changes in place (a tensor in a
+    list, an item of a list in a list, a numpy array written to, an object's attribute)
+    is not seen here, nor a write into a tensor made under ``torch.inference_mode``,
+    which keeps no version counter; declaring again sees them (``freeze``,
+    ``redeclare()``).
 
     What a module's own forward changes (a table a rotary embedding fills as it first
     runs, a count of its calls) is not a change of what it was asked to compute: whoever
-    runs the module takes the watch again after each run."""
+    runs the module takes the watch again after each run — so a setting given from
+    another thread while the module runs may be taken for its own."""
 
     __slots__ = (
-        "_deep",
+        "_containers",
         "_hooks",
         "_issued",
+        "_items",
         "_marks",
         "_names",
         "_owners",
         "_sizes",
         "_tables",
+        "_tensors",
         "_values",
-        "_was",
+        "_written",
     )
 
     def __init__(self, module: nn.Module) -> None:
@@ -109,11 +116,13 @@ class SettingsWatch:
         self._tables: list[dict[Any, Any]] = [*parts, *hooks]
         self._sizes = tuple(map(len, self._tables))
         self._hooks = hooks
-        self._marks = tuple(map(_newest, hooks))
+        self._marks = tuple(map(tuple, hooks))
         self._issued = _HANDLES.next_id
         # What may change in place, looked at beyond its identity.
-        self._deep = [v for v in values if type(v) in (list, dict) or isinstance(v, torch.Tensor)]
-        self._was = tuple(map(_contents, self._deep))
+        self._tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        self._written = tuple(map(_written, self._tensors))
+        self._containers = [v for v in values if isinstance(v, (list, dict))]
+        self._items = tuple(map(_items, self._containers))
 
     def changed(self) -> bool:
         """Whether a value a part keeps, or a forward hook, may have changed."""
@@ -121,10 +130,9 @@ class SettingsWatch:
             not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
             or tuple(map(len, self._tables)) != self._sizes
             # Any hook registered anywhere since: was one registered here?
-            or (
-                _HANDLES.next_id != self._issued and tuple(map(_newest, self._hooks)) != self._marks
-            )
-            or not all(map(_same, map(_contents, self._deep), self._was))
+            or (_HANDLES.next_id != self._issued and tuple(map(tuple, self._hooks)) != self._marks)
+            or tuple(map(_written, self._tensors)) != self._written
+            or not all(map(_same_items, map(_items, self._containers), self._items))
         )
 
 
@@ -135,22 +143,19 @@ holds a frozen module in eval (put there and taken away by freezing, not a setti
 _HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks")
 
 
-def _newest(hooks: dict[int, Any]) -> int | None:
-    return next(reversed(hooks), None)
+def _written(tensor: torch.Tensor) -> tuple[int, int]:
+    """Where a tensor's memory is and its version counter (-1 for an inference tensor,
+    which keeps none): ``t.data = ...`` moves the one, a write in place the other."""
+    return tensor.data_ptr(), -1 if tensor.is_inference() else tensor._version
 
 
-def _contents(value: Any) -> Any:
-    """What is looked at beside a kept value's identity: a tensor's version counter (-1
-    for an inference tensor, which keeps none), a list's items or a dict's keys and
-    values (held, so none is freed and its address taken by another)."""
-    if isinstance(value, torch.Tensor):
-        return -1 if value.is_inference() else value._version
-    return (*value, *value.values()) if type(value) is dict else tuple(value)
+def _items(value: list[Any] | dict[Any, Any]) -> tuple[Any, ...]:
+    """A list's items, or a dict's keys and values, held (so that none is freed and its
+    address taken by another)."""
+    return (*value, *value.values()) if isinstance(value, dict) else tuple(value)
 
 
-def _same(now: Any, was: Any) -> bool:
-    if type(now) is int:
-        return bool(now == was)
+def _same_items(now: tuple[Any, ...], was: tuple[Any, ...]) -> bool:
     return len(now) == len(was) and all(map(operator.is_, now, was))
 
 

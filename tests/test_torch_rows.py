@@ -178,6 +178,14 @@ def test_a_setting_changed_after_rows_were_keyed_is_seen_at_the_next_forward(
     handle.remove()
     module.gain = 1.0
     assert torch.equal(cached(x), first) and cached.stats.computed == 20
+    # Two hooks, and one of them swapped for another put first: as many hooks as before,
+    # the same one last.
+    first_hook = module.linear.register_forward_hook(_triple)
+    module.linear.register_forward_hook(functools.partial(_scaled, 0.5))
+    assert torch.equal(cached(x), expected(module, x)) and cached.stats.computed == 25
+    first_hook.remove()
+    module.linear.register_forward_hook(_quintuple, prepend=True)
+    assert torch.equal(cached(x), expected(module, x)) and cached.stats.computed == 30
     cached.close()
 
 

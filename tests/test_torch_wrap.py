@@ -422,6 +422,7 @@ class Tuned(nn.Module):
         self.temperature = 1.0
         self.scales = [1.0, 1.0]
         self.shift = torch.zeros(4)  # a tensor, not a buffer
+        self.gains = collections.OrderedDict(out=1.0)
         self.calls = 0
         self.table: torch.Tensor | None = None
 
@@ -429,7 +430,7 @@ class Tuned(nn.Module):
         self.calls += 1
         if self.table is None or self.table.shape[0] < x.shape[0]:
             self.table = torch.ones(x.shape[0], 1)
-        out = self.linear(x) / self.temperature * self.scales[0] + self.shift
+        out = self.linear(x) / self.temperature * self.scales[0] * self.gains["out"] + self.shift
         return out * self.table[: x.shape[0]]
 
 
@@ -448,8 +449,12 @@ def _retune(encoder: Tuned, change: str) -> None:
         encoder.temperature = 2.0
     elif change == "list item":
         encoder.scales[0] = 3.0
+    elif change == "ordered dict item":
+        encoder.gains["out"] = 4.0
     elif change == "tensor in place":
         encoder.shift.add_(1.0)
+    elif change == "tensor data":
+        encoder.shift.data = torch.ones(4)
     elif change == "hook":
         encoder.linear.register_forward_hook(_negated)
     elif change == "pre-hook":
@@ -468,7 +473,17 @@ def _doubled_linear(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Te
 
 @pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
 @pytest.mark.parametrize(
-    "change", ["setting", "list item", "tensor in place", "hook", "pre-hook", "global hook"]
+    "change",
+    [
+        "setting",
+        "list item",
+        "ordered dict item",
+        "tensor in place",
+        "tensor data",
+        "hook",
+        "pre-hook",
+        "global hook",
+    ],
 )
 def test_a_setting_or_hook_changed_after_freeze_is_seen_at_the_next_call(
     store: Store, whole: bool, change: str
