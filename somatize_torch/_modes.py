@@ -26,17 +26,18 @@ traces a model, :func:`recording`:
   model's is written in (``from random import random``), or kept by a part of the
   model (``self.draw = random.random``); and a draw from a ``random.Random`` of the
   model's own (or kept by a module the model is written in), one whose class draws in
-  methods of its own (``random.SystemRandom``) included; and a switch of a flag of
+  methods of its own (``random.SystemRandom``) included, or from a NumPy generator a
+  part keeps (``self.rng = np.random.default_rng(0)``: stood in for where it is kept,
+  since its methods are compiled and cannot be replaced on its class); and a switch of a flag of
   torch's backends (a ``torch.nn.attention.sdpa_kernel(...)`` or
   ``torch.backends.cudnn.flags(...)`` block, ``torch.backends.cudnn.enabled = False``),
   which fx keeps no call to. torch's own code that reads the modes as it is traced
   (``torch.utils.checkpoint``) keeps nothing it read in the code, and is let be.
 
 Not seen: a function of ``random`` imported by name into another module (a helper the
-forward calls) or kept elsewhere than on a part of the model (in a list, a closure), a
-``random.SystemRandom`` found only there, and a NumPy generator of the model's own
-(``np.random.default_rng()``, whose methods are compiled and cannot be replaced).
-Watching those would mean watching every call the trace makes.
+forward calls) or kept elsewhere than on a part of the model (in a list, a closure), and
+a ``random.SystemRandom`` or a NumPy generator found only there. Watching those would
+mean watching every call the trace makes.
 
 While a model is traced, the modes are recorded, not switched, and those it is traced in
 are those of a plain call, whichever ``wrap`` is called in. Everything here watches
@@ -413,6 +414,7 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
     # which holds it bound and would not see it replaced where it came from.
     holders = [*(_homes(model) - {random, numpy_random}), *model.modules()]
     generators: dict[type[random.Random], None] = {}
+    numpy_generators = _numpy_generators(numpy_random)
     for holder in holders:
         for name, value in list(vars(holder).items()):
             drawn = _drawn_by(value, shared)
@@ -421,6 +423,10 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
             generator = _generator_of(value)
             if generator is not None:
                 generators[type(generator)] = None
+            if numpy_generators and isinstance(value, numpy_generators):
+                # Its methods are compiled, and cannot be replaced on its class: the
+                # generator is stood in for where it is kept (`self.rng`).
+                found.append((holder, name, _STANDS_IN))
     # A generator whose class draws in methods of its own (`random.SystemRandom`), which
     # those of `random.Random` replaced above never see.
     for drawing in generators:
@@ -471,7 +477,47 @@ def _drawn_by(value: Any, shared: Any) -> tuple[str, str] | None:
     return None
 
 
-def _replaced(original: Callable[..., Any], instead: Callable[..., Any]) -> Callable[..., Any]:
+def _numpy_generators(numpy_random: Any) -> tuple[type, ...]:
+    """NumPy's kinds of generator, where NumPy is imported: a model that keeps one has."""
+    if numpy_random is None:
+        return ()
+    return tuple(
+        kind
+        for kind in (getattr(numpy_random, name, None) for name in ("Generator", "RandomState"))
+        if isinstance(kind, type)
+    )
+
+
+class _Drawing:
+    """Stands in for a NumPy generator a part of a model keeps (``self.rng =
+    np.random.default_rng(0)``) while the model is traced: each of its methods is the
+    generator's, replaced as ``numpy.random``'s functions are, so a draw is refused in
+    the tracing thread and made in any other."""
+
+    def __init__(self, generator: Any) -> None:
+        self._generator = generator
+        self._kind = f"numpy.random.{type(generator).__name__}"  # as its users name it
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._generator, name)
+        if not callable(found) or name in _READING:
+            return found
+        return _replaced(found, _draw(f"{self._kind}.{name}", "NumPy's random generator"))
+
+
+_READING = frozenset({"get_state", "__getstate__", "__reduce__", "__repr__", "__str__"})
+"""The methods of a NumPy generator that read it and draw nothing."""
+
+
+_STANDS_IN = _draw("numpy.random.Generator", "NumPy's random generator")
+"""Said of a NumPy generator a part keeps: not replaced as a function is, but stood in
+for by a :class:`_Drawing`."""
+
+
+def _replaced(original: Any, instead: Callable[..., Any]) -> Any:
+    if instead is _STANDS_IN:
+        return _Drawing(original)
+
     @functools.wraps(original)
     def replaced(*args: Any, **kwargs: Any) -> Any:
         recorder: _Recorder | None = getattr(_here, "recorder", None)

@@ -13,6 +13,7 @@ from pathlib import Path
 from random import random as draw_at_random
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -1538,6 +1539,28 @@ class DrawsSystem(LayerDrop):
         return self.middle(h)
 
 
+class DrawsNumpy(LayerDrop):
+    """LayerDrop drawing from a NumPy generator of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rng = np.random.default_rng(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if self.training and self.rng.random() < 0.5:
+            return h
+        return self.middle(h)
+
+
+class DrawsNumpyState(DrawsNumpy):
+    """LayerDrop drawing from a legacy NumPy `RandomState` of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rng = np.random.RandomState(0)  # type: ignore[assignment]
+
+
 class DrawsInAThread(nn.Module):
     """Draws from generators it keeps in another thread, which it waits for."""
 
@@ -1566,6 +1589,20 @@ def test_draws_in_another_thread_while_a_model_is_traced_are_made() -> None:
     smt.wrap(model, frozen=["encoder"])
     assert len(model.drawn) == 4 and all(0 <= d < 1 for d in model.drawn)
     assert model.draw == random.random and vars(random.SystemRandom)["random"] is drawing
+
+
+def test_a_numpy_generator_a_part_keeps_is_its_own_again_after_a_trace() -> None:
+    """A NumPy generator a part keeps is stood in for only while the model is traced: put
+    back after, the very one, and drawn from as ever by a model wrapped in eval mode,
+    which never draws in its forward."""
+    model = DrawsNumpy().eval()
+    rng = model.rng
+    wrapped = smt.wrap(model, frozen=["encoder"])
+    smt.freeze(wrapped)
+    assert model.rng is rng and 0 <= model.rng.random() < 1
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
 
 
 class PicksKernel(nn.Module):
@@ -1624,6 +1661,14 @@ class DrawsTorch(nn.Module):
             DrawsSystem,
             r"\(`if self\.training and self\.chooser.*\(`random\.SystemRandom\.getrandbits",
         ),
+        (
+            DrawsNumpy,
+            r"\(`if self\.training and self\.rng.*\(`numpy\.random\.Generator\.random\(\)`",
+        ),
+        (
+            DrawsNumpyState,
+            r"\(`if self\.training and self\.rng.*\(`numpy\.random\.RandomState\.random\(\)`",
+        ),
         (PicksKernel, r"\(`with sdpa_kernel.*switches a flag of torch's backends"),
         (TurnsCudnnOff, r"\(`with torch\.backends\.cudnn\.flags.*_set_cudnn_enabled"),
     ],
@@ -1638,6 +1683,8 @@ class DrawsTorch(nn.Module):
         "kept",
         "own-kept",
         "subclass",
+        "numpy-generator",
+        "numpy-state",
         "sdpa-kernel",
         "backend-flags",
     ],
