@@ -145,7 +145,9 @@ def _refuse_mixing(self: CachedRows, which: str, rows: int, got: str) -> None:
         "batch would be recalled in a batch of other rows, wrongly. A module cached per "
         "row takes rows along dimension 0 and answers each on its own: put the batch "
         "first (`batch_first=True` for a transformer layer or an RNN), or cache it per "
-        "batch (`somatize.torch.wrap(module, frozen=True, cached=True)`)"
+        "batch (`somatize.torch.wrap(module, frozen=True, cached=True)`). A module that "
+        "draws at random as it runs (sampling noise, dropout kept on) answers no row the "
+        "same way twice, and cannot be cached at all"
     )
 
 
