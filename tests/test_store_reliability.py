@@ -308,7 +308,6 @@ def test_a_time_no_writer_could_have_written_is_damage(
     """A record or pack index whose `created` is no time a clock can show (1e20, negative,
     NaN, infinite) is damaged, as any record that cannot be read: not had, never recalled,
     and reported by verify."""
-    import json
 
     store = LocalStore(tmp_path / "store")
     key = key_of("when")
@@ -319,20 +318,28 @@ def test_a_time_no_writer_could_have_written_is_damage(
         path.write_text(text)
     else:
         store.keep_many([(key, b"item one"), (key_of("other"), b"item two")], "plain")
-        (path,) = (tmp_path / "store" / "packs").iterdir()
-        line, _, table = path.read_bytes().partition(b"\n")
-        header = json.loads(line)
-        header["created"] = float(created)
-        index = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        data = index + b"\n" + table
-        path.unlink()
-        (path.parent / hash_bytes(data)[7:]).write_bytes(data)
+        _rewrite_pack_header(tmp_path / "store", "created", float(created))
     fresh = LocalStore(tmp_path / "store")
     assert fresh.have([key]) == set()
     with pytest.raises(Corrupt if kind == "record" else Missing):
         fresh.recall(key)
     found = fresh.verify()
     assert [d.section for d in found.damaged] == ["answers" if kind == "record" else "packs"]
+
+
+def _rewrite_pack_header(root: Path, field: str, value: Any) -> None:
+    """Rewrites the one pack index in store ``root`` with ``field`` of its header set to
+    ``value``, under the name of its new bytes (as a writer that wrote it so would)."""
+    import json
+
+    (path,) = (root / "packs").iterdir()
+    line, _, table = path.read_bytes().partition(b"\n")
+    header = json.loads(line)
+    header[field] = value
+    index = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    data = index + b"\n" + table
+    path.unlink()
+    (path.parent / hash_bytes(data)[7:]).write_bytes(data)
 
 
 @pytest.mark.parametrize("fingerprint", ['{"a":1}', "[1]", "7", "true", "NaN"])
@@ -354,14 +361,7 @@ def test_a_code_fingerprint_that_is_not_text_is_damage(
     else:
         items = [(key, b"item one"), (key_of("other"), b"item two")]
         store.keep_many(items, "plain", fingerprint="sha256:f")
-        (path,) = (tmp_path / "store" / "packs").iterdir()
-        line, _, table = path.read_bytes().partition(b"\n")
-        header = json.loads(line)
-        header["fingerprint"] = json.loads(fingerprint)
-        index = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        data = index + b"\n" + table
-        path.unlink()
-        (path.parent / hash_bytes(data)[7:]).write_bytes(data)
+        _rewrite_pack_header(tmp_path / "store", "fingerprint", json.loads(fingerprint))
     fresh = LocalStore(tmp_path / "store")
     assert fresh.have([key]) == set()
     with pytest.raises(Corrupt if kind == "record" else Missing):

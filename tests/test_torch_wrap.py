@@ -378,9 +378,11 @@ def _negated(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
     return -out
 
 
-def _held(whole: bool, store: Store) -> tuple[smt.Wrapped, Holds]:
+def _held(whole: bool, store: Store, kind: type[nn.Module] = Holds) -> tuple[smt.Wrapped, Any]:
+    """A model of ``kind`` (its part ``encoder`` frozen and cached, or wrapped ``whole``),
+    frozen, and the model."""
     torch.manual_seed(0)
-    model = Holds()
+    model = kind()
     wrapped = (
         smt.wrap(model.encoder, frozen=True, cached=True, store=store)
         if whole
@@ -494,14 +496,7 @@ def test_a_setting_or_hook_changed_after_freeze_is_seen_at_the_next_call(
     kept before it recalled. What the module's own forward changes as it runs (a count
     of its calls, a table it fills) keys nothing anew: the same input again is
     recalled."""
-    torch.manual_seed(0)
-    model = Tunes()
-    wrapped = (
-        smt.wrap(model.encoder, frozen=True, cached=True, store=store)
-        if whole
-        else smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    )
-    smt.freeze(wrapped)
+    wrapped, model = _held(whole, store, Tunes)
     x = torch.randn(3, 4)
     before = wrapped(x)
     assert torch.equal(wrapped(x), before)

@@ -261,6 +261,15 @@ class _Versioned(Node):
     holds_state = True
     columns: list[str] | None
     version: str
+    _files: _OpenFiles
+    _held: _Held
+
+    def close(self) -> None:
+        """Lets go of the open files and the row groups they decoded; they are opened again
+        on the next read. A read in flight in another thread finishes with its rows first:
+        this waits for it, and closes no file under it."""
+        self._files.close()
+        self._held.clear()
 
     def settled_state(self) -> str:
         """Its version, for ``somatize.data.settle``."""

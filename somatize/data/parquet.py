@@ -202,13 +202,6 @@ class Parquet(_Versioned):
             source.close()
             raise
 
-    def close(self) -> None:
-        """Lets go of the open file and the row groups it decoded; it is opened again on
-        the next read. A read in flight in another thread finishes with its rows first:
-        this waits for it, and closes no file under it."""
-        self._files.close()
-        self._held.clear()
-
     def __repr__(self) -> str:
         name = self._smz.name
         return f"<Parquet{f' {name!r}' if name else ''} {self.dataset} @ {self.version[7:15]}>"

@@ -314,13 +314,6 @@ class ParquetDir(_Versioned):
                     "the shared ones with columns=[...]"
                 )
 
-    def close(self) -> None:
-        """Lets go of the open files and the row groups they decoded; they are opened again
-        on the next read. A read in flight in another thread finishes with its rows first:
-        this waits for it, and closes no file under it."""
-        self._files.close()
-        self._held.clear()
-
     def __repr__(self) -> str:
         name = self._smz.name
         return f"<ParquetDir{f' {name!r}' if name else ''} {self.root} @ {self.version[7:15]}>"
