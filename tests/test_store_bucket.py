@@ -4,6 +4,7 @@ downloads checked against their digest — against S3 on loopback where it matte
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import blake3
 import pytest
 
 from somatize import Corrupt, Graph, Store
-from somatize.store import BucketStore, LocalStore, StoreError
+from somatize.store import BadAddress, BucketStore, LocalStore, StoreError
 from tests.conftest_s3 import s3_options, s3_url
 from tests.nodes import Largest, Rows, Scale
 
@@ -99,6 +100,92 @@ def test_cache_in_front_serves_repeat_reads(tmp_path: Path) -> None:
     second = Store.on_bucket(url, cache=tmp_path / "cache", **s3_options())
     assert second.have([key]) == {key}
     assert bytes(second.recall(key)[1]) == b"v" * 5000
+
+
+def test_a_cache_folder_serves_one_bucket_store(tmp_path: Path) -> None:
+    """A cache folder is bound to the bucket and prefix that first use it: a store of
+    another prefix is refused it, naming both, instead of being handed an answer only the
+    first one kept; another store object of the same bucket and prefix shares it."""
+    cache = tmp_path / "cache"
+    first = Store.on_bucket(s3_url(), cache=cache, **s3_options())
+    key = key_of("kept by the first")
+    first.keep(key, b"the first's answer", "plain")
+    other = s3_url()
+    with pytest.raises(BadAddress, match="its own cache folder") as refused:
+        Store.on_bucket(other, cache=cache, **s3_options())
+    assert first.url in str(refused.value) and other in str(refused.value)
+    assert Store.on_bucket(other, **s3_options()).have([key]) == set()
+    again = Store.on_bucket(f"{first.url}/", cache=cache, **s3_options())
+    assert again.have([key]) == {key}
+    assert bytes(again.recall(key)[1]) == b"the first's answer"
+
+
+def test_a_cache_folder_made_before_binding_is_bound_to_its_first_store(tmp_path: Path) -> None:
+    """A cache folder that names no bucket store yet (made before folders were bound) keeps
+    serving: the first bucket store to use it takes it, and it is then refused to others."""
+    cache = tmp_path / "cache"
+    url = s3_url()
+    key = key_of("cached before binding")
+    Store.on_bucket(url, cache=cache, **s3_options()).keep(key, b"cached", "plain")
+    (cache / "bucket").unlink()  # as a folder made before folders were bound
+    reader = Store.on_bucket(url, cache=cache, **s3_options())
+    assert isinstance(reader, BucketStore) and reader.cache is not None
+    assert reader.cache.have([key]) == {key}
+    assert bytes(reader.recall(key)[1]) == b"cached"
+    assert (cache / "bucket").read_text() == f"{url}\n"
+    with pytest.raises(BadAddress, match=url):
+        Store.on_bucket(s3_url(), cache=cache, **s3_options())
+
+
+def test_a_cache_folder_whose_binding_was_cut_short_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache folder whose file naming its bucket store was left part written (a process
+    stopped while writing it, where there are no hard links) binds it to no store: it is
+    refused, saying which file to remove, rather than taken by whichever store comes."""
+    monkeypatch.setattr("somatize.store.bucket._MARK_WAIT", 0.05)
+    url = f"memory://somatize/{key_of('cut short')[7:19]}"
+    LocalStore(tmp_path / "cache")
+    (tmp_path / "cache" / "bucket").write_bytes(b"memory:///somatize/")
+    with pytest.raises(BadAddress, match="names no bucket store whole"):
+        Store.on_bucket(url, cache=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_stores_opening_a_new_cache_folder_at_once_bind_it_to_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, links: bool
+) -> None:
+    """Stores of several prefixes opening one new cache folder at the same moment: one binds
+    it and the others are refused; stores of that one prefix all share it. Without hard
+    links (a filesystem that has none) the folder is bound all the same."""
+    if not links:
+
+        def link(*args: Any) -> None:
+            raise PermissionError("no hard links here")
+
+        monkeypatch.setattr(os, "link", link)
+    base = f"memory://somatize/{key_of(f'binding {links}')[7:19]}"
+    urls = [f"{base}/p{i % 3}" for i in range(9)]
+    start = threading.Barrier(len(urls))
+    opened: dict[int, str] = {}
+
+    def open_one(i: int) -> None:
+        start.wait()
+        try:
+            Store.on_bucket(urls[i], cache=tmp_path / "cache")
+            opened[i] = "opened"
+        except BadAddress:
+            opened[i] = "refused"
+
+    threads = [threading.Thread(target=open_one, args=(i,)) for i in range(len(urls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    bound = (tmp_path / "cache" / "bucket").read_text()
+    winner = next(u for u in urls if bound == f"memory:///{u.removeprefix('memory://')}\n")
+    assert opened == {i: "opened" if urls[i] == winner else "refused" for i in range(len(urls))}
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.endswith(".part")] == []
 
 
 def test_damaged_download_is_refused() -> None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
@@ -83,6 +84,90 @@ _FETCH_BELOW = 32
 
 _HOLD_BELOW = 1 << 16
 """Blobs up to this size are held in memory once downloaded."""
+
+_CACHE_MARK = "bucket"
+"""The file in a cache folder naming the bucket store (its bucket and prefix) it caches."""
+
+_MARK_WAIT = 1.0
+"""Seconds a cache's mark found incomplete is waited on: another process is writing it."""
+
+
+def _read_mark(mark: str) -> str | None:
+    """What the cache mark at ``mark`` holds; None when there is none. One being written by
+    another process (no line end yet) is read again until it is whole, for a moment."""
+    until = time.monotonic() + _MARK_WAIT
+    while True:
+        try:
+            with open(mark, "rb") as handle:
+                data = handle.read(1 << 16)
+        except FileNotFoundError:
+            return None
+        except OSError as why:
+            raise StoreError(f"cannot read {mark}, which binds its cache folder: {why}") from why
+        if data.endswith(b"\n") or time.monotonic() > until:
+            return data.decode("utf-8", "replace")
+        time.sleep(0.01)
+
+
+def _write_mark(mark: str, address: str) -> bool:
+    """Writes the cache mark at ``mark`` naming ``address``, whole, unless one is there
+    already (written by another process meanwhile); False when the folder cannot be
+    written (a read-only cache)."""
+    data = f"{address}\n".encode()
+    try:
+        fd, part = tempfile.mkstemp(
+            prefix=f".{_CACHE_MARK}.", suffix=".part", dir=os.path.dirname(mark)
+        )
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        try:
+            os.link(part, mark)  # published whole, and never over another's
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links: made only if absent
+            try:
+                made = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return True
+            try:
+                with os.fdopen(made, "wb") as handle:
+                    handle.write(data)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(mark)  # this process's own, never whole
+                raise
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+    return True
+
+
+def _bind_cache(cache: LocalStore, address: str) -> None:
+    """Binds the cache folder of ``cache`` to the bucket store at ``address``: a folder not
+    yet bound (new, or made before folders were bound) is bound now; one bound to another
+    address is refused with :class:`BadAddress`, since its answers are another store's."""
+    mark = os.path.join(cache.root, _CACHE_MARK)
+    bound = _read_mark(mark)
+    if bound is None and _write_mark(mark, address):
+        bound = _read_mark(mark)
+    if bound is None or bound == f"{address}\n":
+        return
+    if not bound.endswith("\n"):
+        raise BadAddress(
+            f"the cache folder {cache.root} names no bucket store whole in {mark} (a process "
+            f"was stopped while writing it): remove that file if the folder caches "
+            f"{address!r} alone, or give this store a cache folder of its own"
+        )
+    raise BadAddress(
+        f"the cache folder {cache.root} is bound to the bucket store {bound[:-1]!r} (it holds "
+        f"that store's answers, found by key alone), not to {address!r}: give each bucket "
+        "store (each bucket and prefix) its own cache folder"
+    )
 
 
 class BucketStore(BucketShelf):
@@ -143,6 +228,8 @@ class BucketStore(BucketShelf):
         self.cache: LocalStore | None = (
             LocalStore(cache, signing_key=self.signer) if cache is not None else None
         )
+        if self.cache is not None:
+            _bind_cache(self.cache, self.fs.unstrip_protocol(self.root))
         self._hold_nothing(url)
         self._packs_seen = False
         """Whether the pack indexes were loaded once (see :meth:`_look_at_packs`)."""
