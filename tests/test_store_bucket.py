@@ -3,16 +3,20 @@ downloads checked against their digest — against S3 on loopback where it matte
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import blake3
 import pytest
+from moto.core.authorization import enable_iam_authentication
 
 from somatize import Corrupt, Graph, Store
+from somatize.cli import main
 from somatize.store import BadAddress, BucketStore, LocalStore, StoreError
 from tests.conftest_s3 import s3_options, s3_url
 from tests.nodes import Largest, Rows, Scale
@@ -20,6 +24,46 @@ from tests.nodes import Largest, Rows, Scale
 
 def key_of(label: str) -> str:
     return "blake3:" + blake3.blake3(label.encode()).hexdigest()
+
+
+READS = ["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation", "s3:HeadBucket"]
+"""What a user who may only read a bucket may do (the loopback server names looking for a
+bucket ``HeadBucket``)."""
+
+
+def user(actions: list[str]) -> dict[str, Any]:
+    """Storage options of a new user of the loopback server who may do only ``actions``;
+    the server holds users to what they may do inside ``enable_iam_authentication()``."""
+    import boto3
+
+    endpoint = s3_options()["client_kwargs"]["endpoint_url"]
+    iam = boto3.client(
+        "iam",
+        endpoint_url=endpoint,
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+        region_name="us-east-1",
+    )
+    name = f"user-{uuid.uuid4().hex[:12]}"
+    iam.create_user(UserName=name)
+    allowed = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}],
+    }
+    iam.put_user_policy(UserName=name, PolicyName="only", PolicyDocument=json.dumps(allowed))
+    made = iam.create_access_key(UserName=name)["AccessKey"]
+    return {
+        "key": made["AccessKeyId"],
+        "secret": made["SecretAccessKey"],
+        "client_kwargs": {"endpoint_url": endpoint},
+    }
+
+
+def objects(store: Store) -> dict[str, bytes]:
+    """Every object under ``store``'s prefix and what it holds, read afresh."""
+    assert isinstance(store, BucketStore)
+    store.fs.invalidate_cache()
+    return {path: store.fs.cat_file(path) for path in store.fs.find(store.root)}
 
 
 class Counting:
@@ -441,3 +485,53 @@ def test_a_copy_into_the_cache_of_a_blob_already_there_keeps_it_from_another_gc(
     store.keep(key_of("found there"), content, "plain")
     monkeypatch.undo()
     assert bytes(LocalStore(tmp_path / "cache").recall(key_of("found there"))[1]) == content
+
+
+def test_a_gc_whose_deletes_are_refused_says_so() -> None:
+    """A gc with credentials that may read but not delete removes nothing and says so,
+    instead of counting as removed what is still there; one that may delete removes what
+    it counts."""
+    admin, reader = user(["s3:*"]), user(READS)
+    url = s3_url()
+    with enable_iam_authentication():
+        writer = Store.on_bucket(url, **admin)
+        writer.keep(key_of("kept"), b"an answer", "plain")
+        writer.put(b"referred to by nothing")
+        before = objects(writer)
+        with pytest.raises(StoreError, match="may not delete") as refused:
+            Store.on_bucket(url, **reader, retries=1, backoff=0.0).gc(0, grace=0)
+        assert "could not be removed" in str(refused.value)
+        assert objects(writer) == before
+        done = Store.on_bucket(url, **admin).gc(0, grace=0)
+        assert (done.answers, done.blobs) == (1, 2)
+        assert not [p for p in objects(writer) if "/answers/" in p or "/blobs/" in p]
+
+
+def test_the_command_line_says_a_gc_whose_deletes_are_refused_removed_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`somatize store gc` with credentials that may not delete exits 2 with one line saying
+    so, and prints no count of what it removed."""
+    import s3fs
+
+    admin, reader = user(["s3:*"]), user(READS)
+    url = s3_url()
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", admin["client_kwargs"]["endpoint_url"])
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", reader["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", reader["secret"])
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cache", {})  # a client of its own, not cached
+    with enable_iam_authentication():
+        writer = Store.on_bucket(url, **admin)
+        writer.keep(key_of("kept"), b"an answer", "plain")
+        before = objects(writer)
+        assert main(["store", "gc", "--store", url, "--max-bytes", "0", "--grace", "0"]) == 2
+        assert objects(writer) == before
+    out, err = capsys.readouterr()
+    assert "dropped" not in out and "freed" not in out
+    assert "could not be removed" in err and len(err.strip().splitlines()) == 1

@@ -38,6 +38,11 @@ T = TypeVar("T")
 _STREAM_ABOVE = 16 << 20
 """Blobs larger than this are uploaded through a file, piece by piece, not joined first."""
 
+_DELETE_AT_ONCE = 1000
+"""The most keys one bulk delete of S3 takes."""
+_DELETE_AGAIN = {"InternalError", "SlowDown", "ServiceUnavailable", "RequestTimeout"}
+"""Why S3 did not delete a key in a bulk delete, when asking again may do it."""
+
 _DEFINITE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 _ABSENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 """What reading a file that is not there raises: on a plain filesystem (``file://``) a
@@ -290,8 +295,12 @@ class BucketRequests(PackedHome):
 
     def _rm(self, what: str, paths: list[str]) -> None:
         """Removes ``paths``. One already gone (a gc in another thread or process removed
-        it meanwhile) is gone, as asked: not an error."""
+        it meanwhile) is gone, as asked: not an error. One that could not be removed (a
+        delete refused) is a :class:`StoreError` saying so, never taken as removed."""
         if not paths:
+            return
+        if "s3" in self._protocols and hasattr(self.fs, "call_s3"):
+            self._delete_objects(what, paths)
             return
         try:
             self._call(what, self.fs.rm, paths)
@@ -299,6 +308,61 @@ class BucketRequests(PackedHome):
             for path in paths:  # some were gone; the rest one by one
                 with contextlib.suppress(*_ABSENT):
                     self._call(what, self._rm_one, path)
+
+    def _delete_objects(self, what: str, paths: list[str]) -> None:
+        """Removes ``paths`` from S3 a thousand at a time. A bulk delete answers for each key
+        (s3fs's ``rm`` drops what it says): a key that could not be deleted for a moment is
+        asked again; one refused (``AccessDenied``: credentials that may read or write but
+        not delete) or failing otherwise is said, never taken as removed."""
+        delay = self.backoff
+        left = list(paths)
+        for attempt in range(self.retries + 1):
+            failed: dict[str, tuple[str, str]] = {}
+            for start in range(0, len(left), _DELETE_AT_ONCE):
+                failed.update(self._delete_some(what, left[start : start + _DELETE_AT_ONCE]))
+            again = [path for path, (code, _) in failed.items() if code in _DELETE_AGAIN]
+            if len(again) < len(failed) or (again and attempt == self.retries):
+                raise self._undeleted(what, failed, len(paths))
+            if not again:
+                return
+            time.sleep(delay * (1 + random.random()))
+            delay *= 2
+            left = again
+
+    def _delete_some(self, what: str, paths: list[str]) -> dict[str, tuple[str, str]]:
+        """One bulk delete of ``paths`` (in one bucket, at most a thousand); path → (code,
+        message) of each key the bucket did not delete. A key already gone is deleted."""
+        failed: dict[str, tuple[str, str]] = {}
+        by_bucket: dict[str, dict[str, str]] = {}
+        for path in paths:
+            bucket, key = self.fs.split_path(path)[:2]
+            by_bucket.setdefault(bucket, {})[key] = path
+        for bucket, keys in by_bucket.items():
+            asked = {"Objects": [{"Key": key} for key in keys], "Quiet": True}
+            try:
+                answer = self._call(
+                    what, self.fs.call_s3, "delete_objects", Bucket=bucket, Delete=asked
+                )
+            finally:
+                for path in keys.values():
+                    self.fs.invalidate_cache(path)
+            for error in answer.get("Errors") or []:
+                code = str(error.get("Code", ""))
+                path = keys.get(str(error.get("Key")), f"{bucket}/{error.get('Key')}")
+                if code != "NoSuchKey":
+                    failed[path] = (code, str(error.get("Message", "")))
+        return failed
+
+    def _undeleted(self, what: str, failed: dict[str, tuple[str, str]], asked: int) -> StoreError:
+        path, (code, message) = next(iter(failed.items()))
+        refused = code == "AccessDenied"
+        return StoreError(
+            f"{what} on {self.url}: {len(failed)} of {asked} files could not be removed "
+            f"({path}: {code} {message})"
+            + (": these credentials may not delete there" if refused else "")
+            + ". What was removed before is gone, the rest is as it was; run it again"
+            + (" with credentials that may delete" if refused else " later")
+        )
 
     def _rm_one(self, path: str) -> None:
         """Removes the file at ``path``; FileNotFoundError if there is none."""
