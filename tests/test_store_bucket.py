@@ -535,3 +535,53 @@ def test_the_command_line_says_a_gc_whose_deletes_are_refused_removed_nothing(
     out, err = capsys.readouterr()
     assert "dropped" not in out and "freed" not in out
     assert "could not be removed" in err and len(err.strip().splitlines()) == 1
+
+
+WRITES = ["s3:GetObject", "s3:PutObject", "s3:ListBucket", "s3:HeadBucket"]
+"""What a user who may read and write a bucket, but not delete, may do."""
+
+
+def damaged_in_place(url: str, admin: dict[str, Any], key: str) -> str:
+    """Keeps an answer under ``key`` at ``url``, then damages its blob there at its full
+    size; the blob's name in ``blobs/``."""
+    answer = Store.on_bucket(url, **admin).keep(key, b"hello world", "plain")
+    bucket = Store.on_bucket(url, **admin)
+    assert isinstance(bucket, BucketStore)
+    bucket.fs.pipe_file(bucket._blob_path(answer.value), b"HELLO WORLD")
+    return f"{answer.value[7:9]}/{answer.value[7:]}"
+
+
+@pytest.mark.parametrize("found_by", ["recall", "verify"])
+def test_a_damaged_blob_that_cannot_be_moved_aside_is_written_over(found_by: str) -> None:
+    """With credentials that may write but not delete, a damaged blob cannot be moved to
+    quarantine/ (a copy, then a delete): a recall that finds it says it is still in place,
+    never that it moved, and a keep of its bytes again through the store object that found
+    it (the recompute) writes over it, so the next recall is whole."""
+    admin, writes = user(["s3:*"]), user(WRITES)
+    url = s3_url()
+    key = key_of("damaged in place")
+    with enable_iam_authentication():
+        damaged_in_place(url, admin, key)
+        finder = Store.on_bucket(url, **writes)
+        if found_by == "recall":
+            with pytest.raises(Corrupt, match="still in place") as damaged:
+                finder.recall(key)
+            assert "was moved to quarantine" not in str(damaged.value)
+        else:
+            assert not finder.verify(quarantine=True).ok
+        finder.keep(key, b"hello world", "plain")
+        assert bytes(Store.on_bucket(url, **writes).recall(key)[1]) == b"hello world"
+        assert Store.on_bucket(url, **admin).verify().ok
+
+
+def test_verify_lists_a_damaged_blob_it_could_not_move_as_unmoved() -> None:
+    """verify --quarantine with credentials that may not delete reports a damaged blob as
+    not moved, with why, never as moved to quarantine/."""
+    admin, writes = user(["s3:*"]), user(WRITES)
+    url = s3_url()
+    with enable_iam_authentication():
+        name = damaged_in_place(url, admin, key_of("damaged in place"))
+        found = Store.on_bucket(url, **writes).verify(quarantine=True)
+    assert ("blobs", name) in [(d.section, d.name) for d in found.damaged]
+    assert found.quarantined == []
+    assert "may not delete there, so it is still in place" in found.unmoved[f"blobs/{name}"]

@@ -61,6 +61,9 @@ class BucketShelf(BucketRequests):
     """The local store in front, if any: a gc collects it too."""
     _merging: tuple[list[str], dict[tuple[str, str], float]] | None
     _use_said: bool
+    _damaged: set[str]
+    """The blobs this store object found damaged: a put of one writes it afresh, not
+    trusting the object of the right size there (which a move aside may have left)."""
 
     def _collected(self, grace: float) -> None:
         if self.cache is not None:
@@ -118,20 +121,56 @@ class BucketShelf(BucketRequests):
 
     def _quarantine(self, section: str, name: str) -> bool:
         aside = self._path("quarantine", f"{section}/{name.replace('/', '_')}.{time.time_ns()}")
-        what = f"moving {section}/{name} aside"
+        if section == "blobs":  # a keep of it through this store object writes it afresh
+            self._damaged.add(f"blake3:{name.rsplit('/', 1)[-1]}")
         try:
-            if not self._atomic:  # a plain filesystem moves only into a folder that exists
-                self.fs.makedirs(aside.rsplit("/", 1)[0], exist_ok=True)
-            self._call(what, self.fs.mv, self._path(section, name), aside)
+            self._move(self._path(section, name), aside, f"moving {section}/{name} aside")
         except FileNotFoundError:
             return False  # removed meanwhile (a gc elsewhere): nothing is left to move
-        except StoreError:
-            raise
-        except OSError as why:
-            raise StoreError(f"{what} on {self.url} failed ({why}): it is still in place") from why
         finally:
             self._forget_all()
         return True
+
+    def _move(self, source: str, target: str, what: str) -> None:
+        """Moves the file at ``source`` to ``target``: FileNotFoundError when there is none;
+        :class:`StoreError` when it could not be moved, saying that it is still in place.
+        An object store has no rename: the object is copied, then deleted where it was,
+        and only a delete that succeeded makes it moved (one refused, by credentials that
+        may write but not delete, leaves it in place, and the copy is taken back when it
+        can be)."""
+        try:
+            if not self._atomic:  # a plain filesystem renames, into a folder that exists
+                self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+                self._call(what, self.fs.mv, source, target)
+                return
+            self._call(what, self.fs.cp_file, source, target)
+        except FileNotFoundError:
+            raise
+        except StoreError as why:
+            raise StoreError(f"{why}; it is still in place") from why
+        except OSError as why:
+            raise StoreError(f"{what} on {self.url} failed ({why}): it is still in place") from why
+        try:
+            self._call(what, self._rm_one, source)
+        except FileNotFoundError:
+            pass  # removed meanwhile (a gc elsewhere): gone all the same
+        except (OSError, StoreError) as why:
+            cause = why.__cause__ if isinstance(why, StoreError) and why.__cause__ else why
+            refused = isinstance(cause, PermissionError)
+            try:
+                self._rm_one(target)
+                copy = ""
+            except Exception:
+                copy = f"; a copy of it is left at {target}"
+            raise StoreError(
+                f"{what} on {self.url} failed: it was copied, but deleting it where it is "
+                + (
+                    f"was refused ({cause}): these credentials may not delete there"
+                    if refused
+                    else f"failed ({cause})"
+                )
+                + f", so it is still in place{copy}"
+            ) from why
 
     def _rehash(self, digest: str) -> str | None:
         data = self._read(self._blob_path(digest), f"blob {digest}")

@@ -238,6 +238,7 @@ class BucketStore(BucketShelf):
         them with one log (a pair, so that one gc never removes logs another gc read)."""
         self._use_said = False
         """Whether a ``used/`` log that could not be written was said (once, at debug level)."""
+        self._damaged: set[str] = set()
 
     def __repr__(self) -> str:
         return f"Store.on_bucket({self.url!r})"
@@ -330,13 +331,15 @@ class BucketStore(BucketShelf):
         size = nbytes(pieces)
         path = self._blob_path(digest)
         self.fs.invalidate_cache(path)
-        try:
-            there = self._call(f"looking for blob {digest}", self.fs.info, path)
-            if int(there.get("size", -1)) == size:
-                return digest
-        except FileNotFoundError:
-            pass
+        if digest not in self._damaged:  # one found damaged is written over, whatever its size
+            try:
+                there = self._call(f"looking for blob {digest}", self.fs.info, path)
+                if int(there.get("size", -1)) == size:
+                    return digest
+            except FileNotFoundError:
+                pass
         self._write(path, pieces)
+        self._damaged.discard(digest)
         if self.cache is not None:
             self._fill_cache(self.cache._take_blob, digest, pieces)
         return digest
@@ -432,10 +435,16 @@ class BucketStore(BucketShelf):
             )
         found = hash_bytes(data)
         if found != digest:
-            self._set_aside(digest)
+            unmoved = self._set_aside(digest)
+            if unmoved is None:
+                raise Corrupt(
+                    f"blob {digest} downloaded from {self.url} hashes to {found}: it is "
+                    "damaged, and was moved to quarantine/ so that it is written afresh"
+                )
             raise Corrupt(
                 f"blob {digest} downloaded from {self.url} hashes to {found}: it is damaged, "
-                "and was moved to quarantine/ so that it is written afresh"
+                f"and {unmoved}. This store object writes it afresh when these bytes are kept "
+                "again"
             )
         if self.cache is not None:
             with self.cache._keeping() as claims:  # a gc of the cache now waits, or spares it
@@ -446,17 +455,23 @@ class BucketStore(BucketShelf):
         # The caller's own to write into, not what is held (unless it only borrows).
         return memoryview(data) if borrow else memoryview(bytearray(data))
 
-    def _set_aside(self, digest: str) -> None:
+    def _set_aside(self, digest: str) -> str | None:
         """Moves damaged blob ``digest`` to ``quarantine/blobs/``, so a recompute's put finds
-        it absent and uploads it afresh (put trusts an object of the right size)."""
+        it absent and uploads it afresh; None when it is gone from its place (moved, or
+        moved or removed by another reader), or why it could not be moved (credentials that
+        may not delete): then it is still there, and this store object's next put of it
+        writes over it."""
+        self._damaged.add(digest)
         aside = self._path("quarantine", f"blobs/{digest[7:]}.{time.time_ns()}")
         try:
-            if not self._atomic:  # a plain filesystem moves only into a folder that exists
-                self.fs.makedirs(aside.rsplit("/", 1)[0], exist_ok=True)
-            self._call(f"moving blob {digest} aside", self.fs.mv, self._blob_path(digest), aside)
-        except (OSError, StoreError):
+            self._move(self._blob_path(digest), aside, f"moving blob {digest} aside")
+        except FileNotFoundError:
             pass  # already moved or removed by another reader: either way it is gone
-        self.fs.invalidate_cache(self._blob_path(digest))
+        except StoreError as why:
+            return str(why)
+        finally:
+            self.fs.invalidate_cache(self._blob_path(digest))
+        return None
 
     def resolve(self, name: str) -> str:
         check_name(name)
