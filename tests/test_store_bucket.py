@@ -585,3 +585,39 @@ def test_verify_lists_a_damaged_blob_it_could_not_move_as_unmoved() -> None:
     assert ("blobs", name) in [(d.section, d.name) for d in found.damaged]
     assert found.quarantined == []
     assert "may not delete there, so it is still in place" in found.unmoved[f"blobs/{name}"]
+
+
+def test_gc_aborts_the_uploads_of_its_blobs_left_incomplete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An upload of a blob left incomplete (its abort could not reach the server) is aborted
+    by a gc of the store once nothing was added to it for a day, and counted as an abandoned
+    write; one given a part more recently (it may be going on) is left, and so is another
+    prefix's."""
+    store, other = (Store.on_bucket(s3_url(), **s3_options()) for _ in range(2))
+    assert isinstance(store, BucketStore) and isinstance(other, BucketStore)
+    client = store.fs
+
+    def begun(at: BucketStore, label: str) -> Any:
+        upload = at.fs.open(
+            at._blob_path(key_of(label)), "wb", block_size=5 << 20, autocommit=False
+        )
+        upload.write(b"p" * (5 << 20))
+        upload.flush()  # one part given; never completed, never aborted
+        return upload
+
+    def uploads() -> list[str]:
+        listed = client.call_s3("list_multipart_uploads", Bucket="somatize-tests")
+        return sorted(u["Key"] for u in listed.get("Uploads") or [] if "/blobs/" in u["Key"])
+
+    files = [begun(store, "left"), begun(other, "elsewhere")]  # held open, as left
+    ours = store._blob_path(key_of("left")).split("/", 1)[1]
+    theirs = other._blob_path(key_of("elsewhere")).split("/", 1)[1]
+    assert {ours, theirs} <= set(uploads())
+    assert store.gc(grace=0).abandoned == 0  # a part given a moment ago: perhaps going on
+    assert ours in uploads()
+    monkeypatch.setattr("somatize.store._bucket_upkeep._UPLOADS_GRACE", 0.0, raising=False)
+    done = store.gc(grace=0)
+    assert (done.abandoned, done.freed) == (1, 5 << 20)
+    assert ours not in uploads() and theirs in uploads()
+    files[1].discard()  # the other prefix's, tidied

@@ -8,6 +8,9 @@ if it still holds what was listed when it is read again just before; what race i
 and why it costs at worst a miss, :meth:`BucketShelf._drop` says. A gc collects the
 cache in front too, which holds copies only.
 
+On S3 a gc also aborts the uploads of its blobs left incomplete (an upload whose own
+abort could not reach the server), once nothing was added to one for a day.
+
 A bucket cannot touch an object's time, so when answers were used is written as small
 ``used/`` logs, which ``gc`` merges and replaces with one. That is advice: a log that
 cannot be written is dropped, said once at debug level, and never fails a recall; a
@@ -27,7 +30,7 @@ from somatize.store._bucket_requests import BucketRequests
 from somatize.store._packed import hash_bytes
 from somatize.store.base import StoreError
 from somatize.store.local import LocalStore
-from somatize.store.upkeep import Entry, collect
+from somatize.store.upkeep import Collected, Entry, Progress, collect
 
 _log = logging.getLogger("somatize.store.bucket")
 """The bucket store's logger, named after its public module."""
@@ -35,6 +38,11 @@ _log = logging.getLogger("somatize.store.bucket")
 _CACHE_WRITES_GRACE = 60.0
 """Files in the cache's ``tmp/`` younger than this (seconds) are left by a bucket's gc: another
 process sharing the cache may be writing them."""
+
+_UPLOADS_GRACE = 24 * 3600.0
+"""Seconds since an incomplete upload to S3 was begun or last given a part before a gc
+aborts it (gc's grace, when longer): until then it may be another process's upload,
+still going, slowly."""
 
 
 def _mtime(info: dict[str, Any]) -> float:
@@ -64,6 +72,101 @@ class BucketShelf(BucketRequests):
     _damaged: set[str]
     """The blobs this store object found damaged: a put of one writes it afresh, not
     trusting the object of the right size there (which a move aside may have left)."""
+
+    def gc(
+        self,
+        max_bytes: int | None = None,
+        *,
+        grace: float = 60.0,
+        progress: Progress | None = None,
+    ) -> Collected:
+        done = super().gc(max_bytes, grace=grace, progress=progress)
+        aborted, freed = self._abort_uploads(max(grace, _UPLOADS_GRACE))
+        done.abandoned += aborted
+        done.freed += freed
+        return done
+
+    def _abort_uploads(self, after: float) -> tuple[int, int]:
+        """Aborts the uploads to S3 of this store's blobs left incomplete (one interrupted
+        when the server could not be reached, not even to abort it) that were begun or
+        last given a part more than ``after`` seconds ago; how many, and the bytes of their
+        parts. Best effort: credentials that may not list or abort uploads leave them
+        (said at debug level) to a lifecycle rule of the bucket."""
+        if not ("s3" in self._protocols and hasattr(self.fs, "call_s3")):
+            return 0, 0
+        bucket, prefix = self.fs.split_path(self.root)[:2]
+        where = f"{prefix}/blobs/" if prefix else "blobs/"
+        aborted = freed = 0
+        try:
+            for upload in self._uploads(bucket, where):
+                try:
+                    sizes, last = self._parts(bucket, upload)
+                    begun = _mtime({"LastModified": upload.get("Initiated")})
+                    if time.time() - max(last, begun) < after:
+                        continue
+                    self._call(
+                        "aborting an upload left incomplete",
+                        self.fs.call_s3,
+                        "abort_multipart_upload",
+                        Bucket=bucket,
+                        Key=upload["Key"],
+                        UploadId=upload["UploadId"],
+                    )
+                except FileNotFoundError:
+                    continue  # completed or aborted meanwhile
+                aborted += 1
+                freed += sizes
+        except (OSError, KeyError) as why:
+            _log.debug(
+                "uploads to %s left incomplete were not all aborted (%s: %s); a lifecycle "
+                "rule of the bucket for incomplete multipart uploads removes them",
+                self.url,
+                type(why).__name__,
+                why,
+            )
+        return aborted, freed
+
+    def _uploads(self, bucket: str, where: str) -> list[dict[str, Any]]:
+        """The incomplete uploads to S3 of keys under ``where`` in ``bucket``."""
+        out: list[dict[str, Any]] = []
+        markers: dict[str, str] = {}
+        while True:
+            page = self._call(
+                "listing uploads left incomplete",
+                self.fs.call_s3,
+                "list_multipart_uploads",
+                Bucket=bucket,
+                Prefix=where,
+                **markers,
+            )
+            out.extend(page.get("Uploads") or [])
+            if not page.get("IsTruncated"):
+                return out
+            markers = {
+                "KeyMarker": page["NextKeyMarker"],
+                "UploadIdMarker": page["NextUploadIdMarker"],
+            }
+
+    def _parts(self, bucket: str, upload: dict[str, Any]) -> tuple[int, float]:
+        """The bytes of the parts ``upload`` was given, and when the last was given."""
+        size, last = 0, 0.0
+        marker: dict[str, Any] = {}
+        while True:
+            page = self._call(
+                "listing the parts of an upload left incomplete",
+                self.fs.call_s3,
+                "list_parts",
+                Bucket=bucket,
+                Key=upload["Key"],
+                UploadId=upload["UploadId"],
+                **marker,
+            )
+            for part in page.get("Parts") or []:
+                size += int(part.get("Size") or 0)
+                last = max(last, _mtime(part))
+            if not page.get("IsTruncated"):
+                return size, last
+            marker = {"PartNumberMarker": page["NextPartNumberMarker"]}
 
     def _collected(self, grace: float) -> None:
         if self.cache is not None:
