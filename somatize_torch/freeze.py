@@ -450,7 +450,8 @@ def _refuse_changed_since_built(node: ModuleNode) -> None:
     """Refuses to send a module whose settings or forward hooks were changed after
     :meth:`ModuleNode.build` made it (``enc.module.temperature = 5.0``): another process
     builds it from its class and arguments, and would compute without the change."""
-    assert node._built is not None
+    if node._built is None:
+        return
     settings, hooks = settings_of(node.module), hooks_of(node.module)
     built, hooked = node._built
     keys = sorted(settings.keys() | built.keys())
