@@ -231,6 +231,11 @@ def _setting(value: Any, depth: int = 0) -> Any:
         return bytes(value)
     if isinstance(value, (torch.dtype, torch.device)):
         return str(value)
+    if isinstance(value, nn.Parameter):
+        # A parameter is state, digested with the others (an RNN keeps its own in a list,
+        # `_flat_weights`): named here too, it would key the module by its weights twice,
+        # and a module rebuilt from its class, before its weights are loaded, otherwise.
+        return _UNSEEN
     if isinstance(value, torch.Tensor):
         return ["tensor", digest_tensor(value)]
     numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its values

@@ -121,6 +121,19 @@ class Encoder(nn.Module):
         return self.norm(self.linear(x)) * self.scale
 
 
+class Recurrent(nn.Module):
+    """An LSTM over each row's values, answering its last hidden state: an RNN keeps its
+    parameters in a plain list too (``_flat_weights``)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(1, hidden, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.rnn(x.unsqueeze(-1))[0][:, -1]
+        return out
+
+
 class Ramp(Node):
     """Rows ``at`` to ``at + take`` of a fixed float matrix ``width`` columns wide."""
 

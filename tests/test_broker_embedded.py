@@ -51,6 +51,7 @@ from tests.broker_nodes import (
     Nap,
     Nested,
     Ramp,
+    Recurrent,
     Remembers,
     ScaleOtherwise,
     Seeded,
@@ -594,6 +595,20 @@ def test_a_frozen_module_crosses_once_and_stays_loaded() -> None:
     (loaded,) = broker._hosts["w1"]._nodes.values()
     assert loaded is not enc and loaded._smz.state == g.memory.state_of("enc")
     assert is_held(loaded.module) and not any(p.requires_grad for p in loaded.module.parameters())
+
+
+def test_a_recurrent_module_runs_on_a_network_worker() -> None:
+    """A frozen LSTM built rebuildably answers on a network worker as here: the parameters
+    it keeps in a plain list beside its registered ones are its state, not a setting that
+    the worker's module, built from its class before its weights are loaded, would
+    declare otherwise."""
+    rows = Ramp(4)
+    enc = ModuleNode.build(Recurrent, 3)
+    g = Graph.somatize(rows.named("rows") >> enc.named("enc").frozen().at("w1"))
+    freeze(g)
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    x = {"at": 0, "take": 5}
+    assert torch_equal(g.forward(x, broker=broker), g.forward(x))
 
 
 def test_a_refrozen_module_is_loaded_again() -> None:
