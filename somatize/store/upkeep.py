@@ -241,7 +241,8 @@ class Collected:
     blobs: int = 0
     """Blobs removed because nothing referred to them any more."""
     abandoned: int = 0
-    """Leftovers of interrupted writes removed from ``tmp/``."""
+    """Leftovers of interrupted writes removed: files in ``tmp/``, and on S3 this store's
+    multipart uploads left incomplete under ``blobs/``."""
     freed: int = 0
     """Bytes removed."""
     kept: int = 0
