@@ -319,12 +319,20 @@ def test_a_time_no_writer_could_have_written_is_damage(
     else:
         store.keep_many([(key, b"item one"), (key_of("other"), b"item two")], "plain")
         _rewrite_pack_header(tmp_path / "store", "created", float(created))
-    fresh = LocalStore(tmp_path / "store")
+    _refused_as_damaged(tmp_path / "store", key, kind)
+
+
+def _refused_as_damaged(root: Path, key: str, kind: str) -> list[Any]:
+    """Checks that a store at ``root`` opened afresh does not have ``key``, whose record
+    (or, for ``kind`` "pack", pack index) is damaged, never recalls it, and that verify
+    reports that record or index damaged; answers what verify found damaged."""
+    fresh = LocalStore(root)
     assert fresh.have([key]) == set()
     with pytest.raises(Corrupt if kind == "record" else Missing):
         fresh.recall(key)
     found = fresh.verify()
     assert [d.section for d in found.damaged] == ["answers" if kind == "record" else "packs"]
+    return found.damaged
 
 
 def _rewrite_pack_header(root: Path, field: str, value: Any) -> None:
@@ -362,13 +370,8 @@ def test_a_code_fingerprint_that_is_not_text_is_damage(
         items = [(key, b"item one"), (key_of("other"), b"item two")]
         store.keep_many(items, "plain", fingerprint="sha256:f")
         _rewrite_pack_header(tmp_path / "store", "fingerprint", json.loads(fingerprint))
-    fresh = LocalStore(tmp_path / "store")
-    assert fresh.have([key]) == set()
-    with pytest.raises(Corrupt if kind == "record" else Missing):
-        fresh.recall(key)
-    found = fresh.verify()
-    assert [d.section for d in found.damaged] == ["answers" if kind == "record" else "packs"]
-    assert "code fingerprint is a" in found.damaged[0].why
+    damaged = _refused_as_damaged(tmp_path / "store", key, kind)
+    assert "code fingerprint is a" in damaged[0].why
 
 
 def test_verify_reports_and_quarantines(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -128,45 +129,44 @@ class BucketShelf(BucketRequests):
 
     def _uploads(self, bucket: str, where: str) -> list[dict[str, Any]]:
         """The incomplete uploads to S3 of keys under ``where`` in ``bucket``."""
-        out: list[dict[str, Any]] = []
-        markers: dict[str, str] = {}
-        while True:
-            page = self._call(
-                "listing uploads left incomplete",
-                self.fs.call_s3,
-                "list_multipart_uploads",
-                Bucket=bucket,
-                Prefix=where,
-                **markers,
-            )
-            out.extend(page.get("Uploads") or [])
-            if not page.get("IsTruncated"):
-                return out
-            markers = {
-                "KeyMarker": page["NextKeyMarker"],
-                "UploadIdMarker": page["NextUploadIdMarker"],
-            }
+        pages = self._pages(
+            "listing uploads left incomplete",
+            "list_multipart_uploads",
+            ("KeyMarker", "UploadIdMarker"),
+            Bucket=bucket,
+            Prefix=where,
+        )
+        return [upload for page in pages for upload in page.get("Uploads") or []]
 
     def _parts(self, bucket: str, upload: dict[str, Any]) -> tuple[int, float]:
         """The bytes of the parts ``upload`` was given, and when the last was given."""
         size, last = 0, 0.0
-        marker: dict[str, Any] = {}
-        while True:
-            page = self._call(
-                "listing the parts of an upload left incomplete",
-                self.fs.call_s3,
-                "list_parts",
-                Bucket=bucket,
-                Key=upload["Key"],
-                UploadId=upload["UploadId"],
-                **marker,
-            )
+        for page in self._pages(
+            "listing the parts of an upload left incomplete",
+            "list_parts",
+            ("PartNumberMarker",),
+            Bucket=bucket,
+            Key=upload["Key"],
+            UploadId=upload["UploadId"],
+        ):
             for part in page.get("Parts") or []:
                 size += int(part.get("Size") or 0)
                 last = max(last, _mtime(part))
+        return size, last
+
+    def _pages(
+        self, what: str, operation: str, markers: tuple[str, ...], **asked: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Each page S3 answers a listing ``operation`` with, asked again from where the
+        page before ended (its ``Next…`` of each of ``markers``) while it says there is
+        more."""
+        going_on: dict[str, Any] = {}
+        while True:
+            page: dict[str, Any] = self._call(what, self.fs.call_s3, operation, **asked, **going_on)
+            yield page
             if not page.get("IsTruncated"):
-                return size, last
-            marker = {"PartNumberMarker": page["NextPartNumberMarker"]}
+                return
+            going_on = {marker: page[f"Next{marker}"] for marker in markers}
 
     def _collected(self, grace: float) -> None:
         if self.cache is not None:
