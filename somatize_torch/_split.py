@@ -44,6 +44,7 @@ from somatize_torch._cached import _Cached, _Declared, _Watched
 from somatize_torch._errors import Untraceable
 from somatize_torch._modes import Fixed, recording
 from somatize_torch._parts import _MISSING, _part, _Read
+from somatize_torch._values import Read, reading
 from somatize_torch.freeze import ModuleNode
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 
 _WRAPPING = frozenset(
     os.path.join(os.path.dirname(__file__), f"{name}.py")
-    for name in ("wrap", "_errors", "_parts", "_cached", "_split", "_modes")
+    for name in ("wrap", "_errors", "_parts", "_cached", "_split", "_modes", "_values")
 ) | {contextlib.__file__, random.__file__}
 """The files wrapping is written in (and the ones its context managers and a refused
 draw run in): a frame of theirs says nothing of where the model's forward stopped."""
@@ -93,16 +94,17 @@ draw run in): a frame of theirs says nothing of where the model's forward stoppe
 
 def _traced(
     model: nn.Module, leaves: Iterable[str], training: bool
-) -> tuple[fx.GraphModule, set[str]]:
+) -> tuple[fx.GraphModule, set[str], list[Read]]:
     """``model``'s forward traced with every module's training flag set to ``training``
     (and put back after): what it reads of ``self.training`` is baked into the code. With
-    the modules traced into."""
+    the modules traced into, and the plain values the trace read from the model, which
+    are baked into the code too."""
     modes = [(module, module.training) for module in model.modules()]
     tracer = _Tracer(leaves)
     try:
         for module, _ in modes:
             object.__setattr__(module, "training", training)
-        with recording(tracer, model):
+        with recording(tracer, model), reading(model) as reads:
             graph = tracer.trace(model)
     except Exception as error:
         frames = [
@@ -136,7 +138,7 @@ def _traced(
     finally:
         for module, was in modes:
             object.__setattr__(module, "training", was)
-    return fx.GraphModule(model, graph, type(model).__name__), tracer.through
+    return fx.GraphModule(model, graph, type(model).__name__), tracer.through, reads
 
 
 def _describe_call(node: fx.Node) -> Any:

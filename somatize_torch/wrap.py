@@ -31,7 +31,8 @@ is the model's own ``train()``, which leaves frozen parts in eval.
 the grad-mode, autocast and inference-mode blocks the forward enters are recorded
 into the code beside them, so they switch as it runs, and what fx would keep at the
 value it read while tracing (``torch.is_grad_enabled()``, ``random.random()``) is
-refused.
+refused. A plain value read from the model (``self.temperature``) is traced as the
+value it had: changed after wrapping, the next call is refused.
 
 **torch.compile.** The cache lookup is a deliberate graph break: the call into
 the store runs under ``torch.compiler.disable``, once per cached node, and reads
@@ -54,6 +55,8 @@ This module is the wrapper; what it is made of has a module each:
 - :mod:`somatize_torch._parts` keeps the segments pointing at the parts the model
   holds now, a part replaced after wrapping included, and refuses replacing a
   declared submodule;
+- :mod:`somatize_torch._values` notes the plain values the trace read from the model,
+  and refuses a call once one changed;
 - :mod:`somatize_torch._errors` holds the errors, exported here.
 """
 
@@ -83,6 +86,7 @@ from somatize_torch._errors import (
 from somatize_torch._modes import switches, unwinding
 from somatize_torch._parts import _part, _Parts
 from somatize_torch._split import _calls, _split, _traced
+from somatize_torch._values import Values
 from somatize_torch.freeze import ModuleNode
 
 __all__ = [
@@ -158,6 +162,9 @@ class Wrapped(nn.Module):
     _switches: bool = False
     """Whether the code traced switches grad mode, autocast or inference mode, in blocks
     a failed call leaves open."""
+    _values: Values = Values((), "")
+    """The plain values the code traced read from the model (none when nothing was
+    traced): changed, the code would not be the model's."""
 
     def __init__(
         self,
@@ -238,6 +245,11 @@ class Wrapped(nn.Module):
         if parts is not None and name in parts.tops:
             parts.refuse(self.model, name, value)
         model = self.__dict__.get("model")
+        if model is not None and name in self._values.names:
+            # A value the code read from the model is the model's: changed there, the next
+            # call says it is not what the code was traced with.
+            setattr(model, name, value)
+            return
         if (
             model is not None
             and isinstance(value, torch.Tensor)
@@ -334,6 +346,7 @@ class Wrapped(nn.Module):
 def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
     if not torch.compiler.is_compiling():
         self._follow()
+        self._values.check()
         self._check()
     training = self._mode()
     runner = self._in_train if training else self._in_eval
@@ -448,7 +461,7 @@ def wrap(
 
     wrapped = Wrapped.__new__(Wrapped)
     mode = model.training
-    traced, through = _traced(model, declared, mode)
+    traced, through, read = _traced(model, declared, mode)
     first = _split(traced, model, frozen_names, cached_names, wrapped, None)
     for name in declared:
         if name not in first.targets:
@@ -461,8 +474,9 @@ def wrap(
     reads = list(first.reads)
     switching = switches(traced.graph)
     try:
-        other, also = _traced(model, declared, not mode)
+        other, also, read_too = _traced(model, declared, not mode)
         through |= also
+        read += read_too
     except Untraceable as error:
         runners[not mode] = error
     else:
@@ -486,6 +500,7 @@ def wrap(
     Wrapped.__init__(wrapped, model, runners, graph, store, parts)
     object.__setattr__(wrapped, "_through", tuple(sorted(through)))
     object.__setattr__(wrapped, "_switches", switching)
+    object.__setattr__(wrapped, "_values", Values(read, type(model).__qualname__))
     return wrapped
 
 

@@ -11,7 +11,7 @@ import threading
 import warnings
 from pathlib import Path
 from random import random as draw_at_random
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -828,6 +828,121 @@ def test_a_plain_tensor_attribute_replaced_after_wrap_is_the_one_read(store: Sto
         wrapped.scale = torch.full((4,), 3.0)
         assert model.scale is wrapped.model.scale and float(model.scale[0]) == 3.0
         assert torch.equal(wrapped(x), model(x))
+
+
+class Settled(nn.Module):
+    """Reads plain values it keeps, and a block's, between its declared encoder and its
+    head; keeps one it never reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.block = nn.Sequential(nn.Linear(4, 4))
+        self.block.gain = 2.0  # type: ignore[assignment]
+        self.temperature = 2.0
+        self.act = torch.relu
+        self.scales = [1.0, 3.0]
+        self.step = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.encoder(x)) / self.temperature * self.scales[1]
+        return self.block(h) * self.block.gain
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda m: setattr(m, "temperature", 0.5), r"`temperature` was 2\.0 .* is 0\.5 now"),
+        (lambda m: m.scales.__setitem__(1, 1.0), r"`scales` was \[1\.0, 3\.0\] .* \[1\.0, 1\.0\]"),
+        (lambda m: setattr(m, "act", torch.tanh), r"`act` was `torch\.relu` .* `torch\.tanh`"),
+        (lambda m: setattr(m.block, "gain", 3.0), r"`block\.gain` was 2\.0"),
+        (lambda m: delattr(m, "temperature"), r"`temperature` was 2\.0 .* was removed"),
+    ],
+    ids=["number", "list item", "function", "traced-into part", "removed"],
+)
+def test_a_plain_value_the_forward_read_changed_after_wrap_is_refused(
+    store: Store, change: Any, named: str
+) -> None:
+    """fx traces a plain value the forward reads from the model into the code as the value
+    it had: changed after `wrap`, the wrapped model would compute with the old one, so
+    the next call is refused, naming it; put back as it was, the call runs."""
+    torch.manual_seed(0)
+    model = Settled()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    assert type(model) is Settled and type(model.block) is nn.Sequential
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = model(x)
+        change(model)
+        with pytest.raises(smt.WrapError, match=named + ".*Wrap the model again"):
+            wrapped(x)
+        model.temperature, model.act, model.scales[1], model.block.gain = 2.0, torch.relu, 3.0, 2.0
+        assert torch.equal(wrapped(x), expected)
+        again = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+        smt.freeze(again)
+        change(model)
+        with pytest.raises(smt.WrapError, match=named):
+            again(x)
+
+
+def test_a_value_the_forward_does_not_read_changes_freely(store: Store) -> None:
+    """A value the model keeps and its forward never reads, or one given again as it was,
+    changes nothing the wrapped model runs; one given to the wrapped model is given to the
+    model, and is refused at the next call when the code read it."""
+    torch.manual_seed(0)
+    model = Settled()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        model.step = 7
+        model.temperature = float("2.0")  # another float object, the same value
+        model.scales = [1.0, 3.0]
+        assert torch.equal(wrapped(x), model(x))
+        wrapped.temperature = 4.0
+        assert model.temperature == 4.0
+        with pytest.raises(smt.WrapError, match=r"`temperature` was 2\.0"):
+            wrapped(x)
+
+
+class Registers(nn.Module):
+    """Keeps a registry of its subclasses, which subclassing it fills."""
+
+    known: ClassVar[list[type]] = []
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        Registers.known.append(cls)
+
+
+class Registered(Registers):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.gain = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * self.gain
+
+
+def test_tracing_leaves_the_model_s_classes_as_they_were(store: Store) -> None:
+    """The values a trace reads are noted without changing what a class holds: a class
+    that runs code when subclassed sees no new subclass (its values go unwatched), and
+    every module has its own class back after a trace, a failed one too."""
+    before = list(Registers.known)
+    model = Registered()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    assert Registers.known == before and type(model) is Registered
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+    failing = Model()
+    failing.encoder = Untraceable()  # type: ignore[assignment]
+    with pytest.raises(smt.Untraceable):
+        smt.wrap(failing, frozen=["head"])
+    assert type(failing) is Model and type(failing.encoder) is Untraceable
 
 
 class Masked(nn.Module):
