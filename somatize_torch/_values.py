@@ -12,12 +12,14 @@ wrapped again, or the value kept in a buffer, which the code reads as it runs.
 
 Tensors and submodules are not noted here: the code reads them by reference, and
 :mod:`somatize_torch._parts` keeps it pointed at what the model holds. Nor is what a
-value holds deeper (an attribute of a config object the model keeps), a global the
-forward reads, or what compiled code runs: those are traced as they were, unseen.
+value holds deeper (an attribute of a config object the model keeps, a numpy array
+written in place), a global the forward reads, or what compiled code runs: those are
+traced as they were, unseen.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import copy
 import operator
@@ -90,7 +92,7 @@ def reading(model: nn.Module) -> Iterator[list[Read]]:
 def _noting(kind: type, note: Any) -> type | None:
     """A subclass of ``kind`` whose attribute reads ``note`` each plain value an instance
     keeps as its own, or None where subclassing ``kind`` runs code of its own."""
-    if type(kind) is not type or any(
+    if type(kind) not in (type, abc.ABCMeta) or any(
         "__init_subclass__" in vars(base) for base in kind.__mro__[:-1]
     ):
         return None
