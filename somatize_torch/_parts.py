@@ -5,7 +5,8 @@ buffer replaced since (``wrapped.head = nn.Linear(...)``,
 ``load_state_dict(sd, assign=True)``) is seen when it is assigned on the wrapped
 model, and before every eager forward, and the segments are pointed at the new
 one. A declared submodule cannot be replaced — its node holds the module it was
-declared with — so that is refused: wrap the model again.
+declared with — nor one whose forward was traced into the code, which runs what that
+forward did then: that is refused: wrap the model again.
 
 The fx split lists what the segments hold (:class:`_Read`); :class:`_Parts` watches
 the tables on the way to each, so that asking whether any changed, which every eager
@@ -43,11 +44,19 @@ class _Parts:
     Whether any changed is asked cheaply — each table entry on the way to each part is
     looked at by identity — and only then is each looked up and re-pointed."""
 
-    def __init__(self, reads: Sequence[_Read], declared: Mapping[str, ModuleNode]) -> None:
+    def __init__(
+        self,
+        reads: Sequence[_Read],
+        declared: Mapping[str, ModuleNode],
+        traced: Mapping[str, nn.Module] | None = None,
+    ) -> None:
         self.reads = list(reads)
         self.declared = dict(declared)
         """Declared submodules by path in the model (none when the model itself is)."""
-        self.tops = frozenset(path.split(".")[0] for path in declared)
+        self.traced = dict(traced or {})
+        """The submodules whose forward was traced into the code, by path: the code runs
+        what their forward did, so they cannot be replaced either."""
+        self.tops = frozenset(path.split(".")[0] for path in [*declared, *self.traced])
         self._tables: list[dict[str, Any]] = []
         self._keys: list[str] = []
         self._values: list[Any] = []
@@ -55,7 +64,7 @@ class _Parts:
     def watch(self, model: nn.Module) -> None:
         """Notes the table entries on the way to every part, as they are now."""
         seen: dict[tuple[int, str], tuple[dict[str, Any], Any]] = {}
-        for path in [*self.declared, *(read.path for read in self.reads)]:
+        for path in [*self.declared, *self.traced, *(read.path for read in self.reads)]:
             owner: Any = model
             for atom in path.split("."):
                 table = _table_of(owner, atom)
@@ -77,6 +86,9 @@ class _Parts:
         for path, node in self.declared.items():
             if path.split(".")[0] == name and _part(model, name) is not value:
                 raise _replaced(path, node)
+        for path, module in self.traced.items():
+            if path.split(".")[0] == name and _part(model, name) is not value:
+                raise _retraced(path, module)
 
     def follow(self, model: nn.Module) -> None:
         """Points every segment at the part the model holds now; WrapError when a declared
@@ -84,6 +96,9 @@ class _Parts:
         for path, node in self.declared.items():
             if _part(model, path) is not node.module:
                 raise _replaced(path, node)
+        for path, module in self.traced.items():
+            if _part(model, path) is not module:
+                raise _retraced(path, module)
         for read in self.reads:
             now = _part(model, read.path)
             if now is _MISSING:
@@ -105,6 +120,16 @@ def _replaced(path: str, node: ModuleNode) -> WrapError:
         "in place of the new one. Wrap the model again after replacing a declared "
         "submodule (`somatize.torch.wrap(model, ...)`, then `freeze`), or load new weights "
         "into it instead (`load_state_dict`)"
+    )
+
+
+def _retraced(path: str, module: nn.Module) -> WrapError:
+    kind = type(module).__qualname__
+    return WrapError(
+        f"`{path}` was traced into (its `{kind}.forward` is part of the code `wrap` traced, "
+        "which runs what it did then, with the values it read), and was replaced after "
+        "`wrap`: the new one's own code and values would not run. Wrap the model again "
+        "after replacing it, or load new weights into it instead (`load_state_dict`)"
     )
 
 

@@ -44,7 +44,7 @@ from somatize_torch._cached import _Cached, _Declared, _Watched
 from somatize_torch._errors import Untraceable
 from somatize_torch._modes import Fixed, recording
 from somatize_torch._parts import _MISSING, _part, _Read
-from somatize_torch._values import Read, reading
+from somatize_torch._values import Noted, reading
 from somatize_torch.freeze import ModuleNode
 
 if TYPE_CHECKING:
@@ -93,18 +93,29 @@ draw run in): a frame of theirs says nothing of where the model's forward stoppe
 
 
 def _traced(
-    model: nn.Module, leaves: Iterable[str], training: bool
-) -> tuple[fx.GraphModule, set[str], list[Read]]:
+    model: nn.Module, leaves: Iterable[str], training: bool, frozen: Iterable[str] = ()
+) -> tuple[fx.GraphModule, set[str], Noted]:
     """``model``'s forward traced with every module's training flag set to ``training``
-    (and put back after): what it reads of ``self.training`` is baked into the code. With
-    the modules traced into, and the plain values the trace read from the model, which
-    are baked into the code too."""
+    (and put back after) — but the ``frozen`` submodules', which are in eval whenever
+    they run: what it reads of ``self.training`` is baked into the code. With the
+    modules traced into, and what the trace read from the model beyond its tensors
+    (the modules whose training flag it read among it), which is baked into the code
+    too."""
+    if "forward" in vars(model):
+        raise Untraceable(
+            f"this `{type(model).__qualname__}` has a `forward` of its own, given to it in "
+            "place of its class's (by a library that wraps it for mixed precision, or by "
+            "hand): torch.fx traces the class's `forward`, so the wrapped model would not run "
+            "the one it calls. Wrap the module before its `forward` is replaced, or wrap "
+            "its parts"
+        )
+    held_eval = {id(module) for path in frozen for module in model.get_submodule(path).modules()}
     modes = [(module, module.training) for module in model.modules()]
     tracer = _Tracer(leaves)
     try:
         for module, _ in modes:
-            object.__setattr__(module, "training", training)
-        with recording(tracer, model), reading(model) as reads:
+            object.__setattr__(module, "training", training and id(module) not in held_eval)
+        with recording(tracer, model), reading(model) as noted:
             graph = tracer.trace(model)
     except Exception as error:
         frames = [
@@ -138,7 +149,22 @@ def _traced(
     finally:
         for module, was in modes:
             object.__setattr__(module, "training", was)
-    return fx.GraphModule(model, graph, type(model).__name__), tracer.through, reads
+    if noted.wrote:
+        wrote, _ = next(iter(noted.wrote.values()))
+        path, name = wrote.read.path, wrote.read.name
+        raise Untraceable(
+            f"`{type(model).__qualname__}.forward` assigns `{f'{path}.{name}' if path else name}` "
+            f"as it runs (at {wrote.where}): torch.fx runs the forward's Python once, as it "
+            "traces, and keeps only what it does to tensors, so the wrapped model would never "
+            "assign it (what the trace assigned is put back). Declared submodules are never "
+            "traced into, so declare the submodule that does this, keep the value in a "
+            "buffer written in place (`self.count.add_(1)`), or wrap just the submodule you "
+            "want to remember — `model.encoder = somatize.torch.wrap(model.encoder, "
+            "frozen=True, cached=True)` — which needs no tracing"
+        )
+    for key in held_eval & noted.modes.keys():  # in eval whenever they run: read right
+        del noted.modes[key]
+    return fx.GraphModule(model, graph, type(model).__name__), tracer.through, noted
 
 
 def _describe_call(node: fx.Node) -> Any:
@@ -193,6 +219,7 @@ def _split(
     # ``somatize_torch.wrap:Segment``): it stays there, and that module imports this one.
     from somatize_torch.wrap import Segment
 
+    _through_a_call(gm)
     calls: dict[str, int] = {}
     part: dict[fx.Node, int] = {}
     about: dict[int, tuple[str, str, fx.Node]] = {}
@@ -259,6 +286,25 @@ def _split(
     return _Split(
         runner, nodes, edges, outputs or list(nodes.values())[-1:], said, targets, made, reads
     )
+
+
+def _through_a_call(gm: fx.GraphModule) -> None:
+    """Makes what the forward returns as it is held (``return h, self.scale``) pass
+    through a call of :func:`_held`: a part handed straight to the output belongs to no
+    segment, and cutting the code would find nothing that computes it."""
+    output = next(node for node in gm.graph.nodes if node.op == "output")
+    held = {node for node in output.all_input_nodes if node.op == "get_attr"}
+    if not held:
+        return
+    with gm.graph.inserting_before(output):
+        passed = {node: gm.graph.call_function(_held, (node,)) for node in held}
+    output.args = fx.node.map_arg(output.args, lambda node: passed.get(node, node))
+    gm.recompile()
+
+
+def _held(value: Any) -> Any:
+    """``value`` itself: what the forward returns as the model holds it."""
+    return value
 
 
 def _shim(

@@ -1,31 +1,41 @@
-"""Plain values the traced code read from the model: watched, and refused once changed.
+"""What the traced code read from the model beyond its tensors: watched, and refused
+once changed.
 
 fx runs ``forward`` once as it traces, with proxies for tensors only: a plain value
 the forward reads from the model — ``self.temperature``, a function kept as
 ``self.act``, a list of scales, a flag — is traced into the code as the value it had
-then. Changed after ``wrap``, the model would compute with the new value and the
-wrapped one with the old, silently. So the values each module's attributes give
-while it is traced are noted (:func:`reading`), and :class:`Values` looks at each
-before every eager forward — by identity, and a list's, dict's or set's items too —
-and refuses the call once one changed (``WrapError``, naming it): the model is
-wrapped again, or the value kept in a buffer, which the code reads as it runs.
+then, and so is the absence of one (``getattr(self, "gain", 1.0)``), a value the
+class gives (``scale = 2.0`` in its body) and what a module's training flag said.
+Changed after ``wrap``, the model would compute with the new value and the wrapped
+one with the old, silently. So what each module's attributes give while it is traced
+is noted (:func:`reading`), and :class:`Values` looks at it before every eager
+forward — by identity, a list's, dict's or set's items too — and refuses the call
+once one changed (``WrapError``, naming it): the model is wrapped again, or the
+value kept in a buffer, which the code reads as it runs.
+
+The trace must not change the model either: the code fx keeps does not do what the
+forward's Python did as it was traced. A forward that assigns an attribute
+(``self.initialized = True``, ``self.features = h``) is refused (``Untraceable``),
+and what it assigned is put back.
 
 Tensors and submodules are not noted here: the code reads them by reference, and
 :mod:`somatize_torch._parts` keeps it pointed at what the model holds. Nor is what a
 value holds deeper (an attribute of a config object the model keeps, a numpy array
-written in place), a global the forward reads, or what compiled code runs: those are
-traced as they were, unseen.
+written in place), a value read through ``self.__dict__`` or ``vars(self)``, a
+global the forward reads, or what compiled code runs: those are traced as they were,
+unseen.
 """
 
 from __future__ import annotations
 
-import abc
 import contextlib
-import copy
+import math
 import operator
+import os
 import reprlib
+import sys
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -39,6 +49,10 @@ _ABSENT: Any = object()
 _SHOWN = reprlib.Repr()
 _SHOWN.maxstring = _SHOWN.maxother = 60
 
+_TABLES = ("_parameters", "_buffers", "_modules")
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
 
 class Read(NamedTuple):
     """``name`` of ``module``, which is ``path`` in the model (``""`` for the model)."""
@@ -48,152 +62,275 @@ class Read(NamedTuple):
     name: str
 
 
-@contextlib.contextmanager
-def reading(model: nn.Module) -> Iterator[list[Read]]:
-    """While in the block, the plain values read from ``model``'s modules' own
-    attributes are noted, in the list it gives, once each.
+class Wrote(NamedTuple):
+    """``name`` of ``module`` assigned as the forward was traced, at ``where``."""
 
-    Each module is given, for the block, a subclass of its class that notes what is
-    read (same name, same module, nothing else changed), and its class back after.
-    A module whose class cannot be so stood in for — a class that runs code when
-    subclassed (``__init_subclass__``, a metaclass of its own), or whose instances
-    cannot change class — is not watched."""
-    paths = {id(module): path for path, module in model.named_modules()}
-    noted: dict[tuple[int, str], Read] = {}
+    read: Read
+    where: str
 
-    def note(module: nn.Module, name: str) -> None:
+
+class Noted:
+    """What a trace read from the model's modules, and what it assigned."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.paths = {id(module): path for path, module in model.named_modules()}
+        self.own: dict[tuple[int, str], Read] = {}
+        """Values a module keeps as its own attributes."""
+        self.elsewhere: dict[tuple[int, str], tuple[Read, Any]] = {}
+        """Names read that a module does not keep itself, with what the class gave
+        (``_ABSENT`` where nothing did): the class's value, a method, a default."""
+        self.modes: dict[int, Read] = {}
+        """Modules whose training flag was read."""
+        self.wrote: dict[tuple[int, str], tuple[Wrote, Any]] = {}
+        """Attributes assigned, with what each held before (in its table)."""
+
+    def read(self, module: nn.Module, name: str, own: dict[str, Any], value: Any) -> None:
+        path = self.paths.get(id(module))
+        if path is None:
+            return
         key = (id(module), name)
-        if key not in noted and id(module) in paths:
-            noted[key] = Read(paths[id(module)], module, name)
+        if name == "training":
+            self.modes.setdefault(id(module), Read(path, module, name))
+        elif name in own:
+            if own[name] is value and not isinstance(value, (torch.Tensor, nn.Module)):
+                self.own.setdefault(key, Read(path, module, name))
+        elif key not in self.elsewhere and not any(name in own[t] for t in _TABLES):
+            self.elsewhere[key] = (Read(path, module, name), _class_value(type(module), name))
 
-    stand_ins: dict[type, type | None] = {}
-    swapped: list[tuple[nn.Module, type]] = []
-    found: list[Read] = []
+    def write(self, module: nn.Module, name: str) -> None:
+        path = self.paths.get(id(module))
+        key = (id(module), name)
+        if path is None or key in self.wrote:
+            return
+        frame = sys._getframe(2)
+        if frame.f_code.co_filename.startswith(_TORCH_DIR):
+            return  # fx keeping a constant the code makes (`torch.tensor(self.offsets)`)
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        held = vars(module)
+        was = [held.get(name, _ABSENT)] + [held[t].get(name, _ABSENT) for t in _TABLES]
+        self.wrote[key] = (Wrote(Read(path, module, name), where), was)
+
+    def merge(self, other: Noted) -> None:
+        """Takes in what another trace of the same model read."""
+        for key, read in other.own.items():
+            self.own.setdefault(key, read)
+        for key, found in other.elsewhere.items():
+            self.elsewhere.setdefault(key, found)
+        for at, mode in other.modes.items():
+            self.modes.setdefault(at, mode)
+
+    def put_back(self) -> None:
+        """Puts back what the trace assigned."""
+        for written, was in self.wrote.values():
+            module, name = written.read.module, written.read.name
+            held = vars(module)
+            for table, value in zip([held, *(held[t] for t in _TABLES)], was, strict=True):
+                if value is _ABSENT:
+                    table.pop(name, None)
+                else:
+                    table[name] = value
+
+
+@contextlib.contextmanager
+def reading(model: nn.Module) -> Iterator[Noted]:
+    """While in the block, what is read from ``model``'s modules' attributes and what is
+    assigned to them is noted; after it, what was assigned is put back.
+
+    Each module's class is given, for the block, an attribute lookup and an
+    assignment that note what they do (the classes themselves, so a module's class is
+    what it was: ``type(self) is Block`` holds), and what it had after. A class that
+    cannot be given them (one written in C) is not watched."""
+    noted = Noted(model)
+    kinds = list(dict.fromkeys(type(module) for module in model.modules()))
+    # What each class's lookup and assignment were, before any was replaced: a class
+    # that inherits them from another one replaced here calls the original.
+    before = [
+        (
+            kind,
+            vars(kind).get("__getattribute__", _ABSENT),
+            vars(kind).get("__setattr__", _ABSENT),
+            cast("Callable[[Any, str], Any]", kind.__getattribute__),
+            cast("Callable[[Any, str, Any], None]", kind.__setattr__),
+        )
+        for kind in kinds
+    ]
+    replaced: list[tuple[type, Any, Any]] = []
     try:
-        for module in model.modules():
-            kind = type(module)
-            if kind not in stand_ins:
-                stand_ins[kind] = _noting(kind, note)
-            stand_in = stand_ins[kind]
-            if stand_in is None:
-                continue
+        for kind, own_read, own_write, read, write in before:
             try:
-                module.__class__ = stand_in
+                kind.__getattribute__ = _noting_reads(read, noted)  # type: ignore[method-assign]
+                kind.__setattr__ = _noting_writes(write, noted)  # type: ignore[method-assign,assignment]
             except TypeError:
+                _put(kind, "__getattribute__", own_read)
                 continue
-            swapped.append((module, kind))
-        yield found
+            replaced.append((kind, own_read, own_write))
+        yield noted
     finally:
-        for module, kind in swapped:
-            module.__class__ = kind
-        found.extend(noted.values())
+        for kind, own_read, own_write in reversed(replaced):
+            _put(kind, "__getattribute__", own_read)
+            _put(kind, "__setattr__", own_write)
+        noted.put_back()
 
 
-def _noting(kind: type, note: Any) -> type | None:
-    """A subclass of ``kind`` whose attribute reads ``note`` each plain value an instance
-    keeps as its own, or None where subclassing ``kind`` runs code of its own."""
-    if type(kind) not in (type, abc.ABCMeta) or any(
-        "__init_subclass__" in vars(base) for base in kind.__mro__[:-1]
-    ):
-        return None
-    read = cast("Callable[[Any, str], Any]", kind.__getattribute__)
+def _put(kind: type, name: str, value: Any) -> None:
+    if value is _ABSENT:
+        if name in vars(kind):
+            delattr(kind, name)
+    else:
+        setattr(kind, name, value)
 
+
+def _noting_reads(read: Callable[[Any, str], Any], noted: Noted) -> Callable[[Any, str], Any]:
     def __getattribute__(self: Any, name: str) -> Any:
-        value = read(self, name)
-        if name not in _UNNOTED and not (name.startswith("__") and name.endswith("__")):
-            own = read(self, "__dict__")
-            if own.get(name, _ABSENT) is value and not isinstance(value, (torch.Tensor, nn.Module)):
-                note(self, name)
+        if (
+            name in _UNNOTED
+            or (name.startswith("__") and name.endswith("__"))
+            or sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIR)  # torch's own
+        ):
+            return read(self, name)
+        own = read(self, "__dict__")
+        try:
+            value = read(self, name)
+        except AttributeError:
+            noted.read(self, name, own, _ABSENT)
+            raise
+        noted.read(self, name, own, value)
         return value
 
-    try:
-        return type(
-            kind.__name__,
-            (kind,),
-            {
-                "__getattribute__": __getattribute__,
-                "__module__": kind.__module__,
-                "__qualname__": kind.__qualname__,
-                "__slots__": (),
-            },
-        )
-    except TypeError:
-        return None
+    return __getattribute__
 
 
-_UNNOTED = _TORCH_OWN | {"train"}
-"""torch's own tables and flag (the training flag picks the code that runs, see
-``Wrapped._mode``), and the stand-in for ``train`` freezing puts on a frozen module."""
+def _noting_writes(
+    write: Callable[[Any, str, Any], None], noted: Noted
+) -> Callable[[Any, str, Any], None]:
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        noted.write(self, name)
+        write(self, name, value)
+
+    return __setattr__
+
+
+def _class_value(kind: type, name: str) -> Any:
+    """What ``kind`` holds as ``name`` itself (or a class it comes from), or ``_ABSENT``."""
+    for base in kind.__mro__:
+        if name in vars(base):
+            return vars(base)[name]
+    return _ABSENT
+
+
+_UNNOTED = _TORCH_OWN - {"training"} | {"train", "forward"}
+"""torch's own tables; the stand-in for ``train`` freezing puts on a frozen module; and
+``forward``, which calling any module reads (one replaced on an instance is in the
+fingerprint of nothing the trace made, and is refused for the model itself)."""
 
 
 class Values:
-    """The plain values the traced code read, as the model holds them now; asking
-    whether any changed, which every eager forward does, costs a look by identity per
-    value (and per item of a list, dict or set)."""
+    """What the traced code read, as the model holds it now; asking whether any changed,
+    which every eager forward does, costs a look by identity per value (and per item of a
+    list, dict or set) and one per name the modules did not hold themselves."""
 
-    def __init__(self, reads: Iterable[Read], model: str) -> None:
+    def __init__(self, noted: Noted | None, model: str) -> None:
         self.model = model
         """The model's class, for messages."""
         self.reads: list[Read] = []
-        self._tables: list[dict[str, Any]] = []
-        self._names: list[str] = []
         self._values: list[Any] = []
         self._containers: list[int] = []
         self._items: list[tuple[Any, ...]] = []
-        for read in {(id(read.module), read.name): read for read in reads}.values():
-            table = vars(read.module)
-            value = table.get(read.name, _ABSENT)
+        self._copies: dict[int, Any] = {}
+        self._elsewhere: list[tuple[Read, Any]] = []
+        if noted is None:
+            return
+        for read in noted.own.values():
+            value = vars(read.module).get(read.name, _ABSENT)
             if value is _ABSENT or isinstance(value, (torch.Tensor, nn.Module)):
                 continue
             self.reads.append(read)
-            self._tables.append(table)
-            self._names.append(read.name)
             self._values.append(value)
             if isinstance(value, (list, dict, set)):
                 self._containers.append(len(self._values) - 1)
                 self._items.append(_items(value))
-        self._copies = {i: _copy(self._values[i]) for i in self._containers}
+                self._copies[len(self._values) - 1] = _copy(value)
+        self._elsewhere = list(noted.elsewhere.values())
 
     @property
     def names(self) -> frozenset[str]:
         """The names read from the model itself."""
-        return frozenset(read.name for read in self.reads if not read.path)
+        return frozenset(
+            read.name for read in [*self.reads, *(r for r, _ in self._elsewhere)] if not read.path
+        )
 
     def check(self) -> None:
-        """WrapError when a value the code read holds another value now; a value put
-        back equal (the same number assigned again) is taken as it is."""
-        if all(map(operator.is_, map(dict.get, self._tables, self._names), self._values)) and all(
-            map(_same_items, (_items(self._values[i]) for i in self._containers), self._items)
+        """WrapError when something the code read holds another value now; a value put
+        back as it was (the same number assigned again) is taken as it is."""
+        if (
+            all(map(operator.is_, map(_own, self.reads), self._values))
+            and all(
+                map(_same_items, (_items(self._values[i]) for i in self._containers), self._items)
+            )
+            and not any(_held(read) for read, _ in self._elsewhere)
+            and all(_class_value(type(r.module), r.name) is v for r, v in self._elsewhere)
         ):
             return
         for i, read in enumerate(self.reads):
             was = self._values[i]
-            now = self._tables[i].get(read.name, _ABSENT)
+            now = _own(read)
             if i in self._copies:
                 slot = self._containers.index(i)
                 if now is was and _same_items(_items(now), self._items[slot]):
                     continue
-                if not _equal(now, self._copies[i]):
+                if not _same(now, self._copies[i]):
                     raise self._changed(read, self._copies[i], now)
                 self._values[i] = now
                 self._items[slot] = _items(now)
                 self._copies[i] = _copy(now)
             elif now is not was:
-                if not _equal(now, was):
+                if not _same(now, was):
                     raise self._changed(read, was, now)
                 self._values[i] = now
+        for read, was in self._elsewhere:
+            now = _held(read)
+            if now is not None:
+                raise self._changed(read, was, now[0], given=True)
+            value = _class_value(type(read.module), read.name)
+            if value is not was:
+                raise self._changed(read, was, value, given=False)
 
-    def _changed(self, read: Read, was: Any, now: Any) -> WrapError:
+    def _changed(self, read: Read, was: Any, now: Any, given: bool | None = None) -> WrapError:
         where = f"{read.path}.{read.name}" if read.path else read.name
-        became = "was removed" if now is _ABSENT else f"is {_shown(now)} now"
+        kind = type(read.module).__qualname__
+        if given is None:
+            before = f"was {_shown(was)}"
+        elif was is _ABSENT:
+            before = f"was not set (the `{kind}` had no `{read.name}`)"
+        else:
+            before = f"was {_shown(was)}, as the class `{kind}` gives it,"
+        if now is _ABSENT:
+            became = "was removed"
+        elif given:
+            became = f"is given {_shown(now)} now"
+        else:
+            became = f"is {_shown(now)} now"
         return WrapError(
-            f"`{where}` was {_shown(was)} when `wrap` traced `{self.model}.forward`, "
-            f"which read it, and {became}: fx traced the value it read into the code the "
-            "wrapped model runs, which would go on computing with the old one. Wrap the model "
-            "again after changing it (`somatize.torch.wrap(model, ...)`, then `freeze`), or "
-            "keep the value in a buffer (`self.register_buffer(...)`), which the code reads "
-            "as it runs"
+            f"`{where}` {before} when `wrap` traced `{self.model}.forward`, which read it, and "
+            f"{became}: fx traced what it read into the code the wrapped model runs, which "
+            "would go on computing with the old value. Wrap the model again after changing it "
+            "(`somatize.torch.wrap(model, ...)`, then `freeze`), or keep the value in a buffer "
+            "(`self.register_buffer(...)`), which the code reads as it runs"
         )
+
+
+def _own(read: Read) -> Any:
+    return vars(read.module).get(read.name, _ABSENT)
+
+
+def _held(read: Read) -> tuple[Any] | None:
+    """What ``read.module`` holds as ``read.name`` itself now — an attribute, a
+    parameter, a buffer, a submodule — or None."""
+    held = vars(read.module)
+    for table in (held, *(held[t] for t in _TABLES)):
+        if read.name in table:
+            return (table[read.name],)
+    return None
 
 
 def _shown(value: Any) -> str:
@@ -218,16 +355,31 @@ def _same_items(now: tuple[Any, ...], was: tuple[Any, ...]) -> bool:
 
 def _copy(value: Any) -> Any:
     """A list, dict or set as it is now: its items are what the code read."""
-    return copy.copy(value)
+    return type(value)(value) if type(value) in (list, dict, set) else value.copy()
 
 
-def _equal(now: Any, was: Any) -> bool:
-    """Whether ``now`` is the value ``was`` was: of the same type and equal (a value
-    whose comparison fails or is not a bool is taken as another)."""
-    if now is _ABSENT or type(now) is not type(was):
-        return False
-    if isinstance(now, float) and now != now and was != was:  # NaN again
+def _same(now: Any, was: Any, depth: int = 0) -> bool:
+    """Whether ``now`` computes as ``was`` does: the same type and the same value, item
+    by item, in order — so ``-0.0`` is not ``0.0``, ``4`` is not ``4.0``, a NaN is a NaN
+    and a dict reordered is another dict. What compares otherwise (an array, whose
+    comparison is no one bool) is taken as another value."""
+    if now is was:
         return True
+    if now is _ABSENT or type(now) is not type(was) or depth > 8:
+        return False
+    if isinstance(now, float):
+        if math.isnan(now) or math.isnan(was):
+            return math.isnan(now) and math.isnan(was)
+        return now == was and math.copysign(1.0, now) == math.copysign(1.0, was)
+    if isinstance(now, (list, tuple)):
+        return len(now) == len(was) and all(
+            _same(a, b, depth + 1) for a, b in zip(now, was, strict=True)
+        )
+    if isinstance(now, dict):
+        return len(now) == len(was) and all(
+            _same(k, j, depth + 1) and _same(v, w, depth + 1)
+            for (k, v), (j, w) in zip(now.items(), was.items(), strict=True)
+        )
     try:
         return bool(now == was)
     except Exception:  # an array's comparison, which is no one bool

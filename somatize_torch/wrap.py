@@ -162,7 +162,7 @@ class Wrapped(nn.Module):
     _switches: bool = False
     """Whether the code traced switches grad mode, autocast or inference mode, in blocks
     a failed call leaves open."""
-    _values: Values = Values((), "")
+    _values: Values = Values(None, "")
     """The plain values the code traced read from the model (none when nothing was
     traced): changed, the code would not be the model's."""
 
@@ -223,7 +223,8 @@ class Wrapped(nn.Module):
             for p, t in list(modes.items())[:6]
         )
         raise WrapError(
-            "the code fx traced reads `self.training`, and the modules it traced into are in "
+            "the code fx traced reads `self.training`, and the modules it traced into or read "
+            "the flag of are in "
             f"different modes ({shown}): what was traced for one mode would run for a part "
             "in the other. Put them in one mode (`model.train()` or `model.eval()`), or "
             "declare the part that stays in another mode, so it is called whole and reads "
@@ -287,6 +288,12 @@ class Wrapped(nn.Module):
         loaded = super().load_state_dict(state_dict, strict, assign)
         self._follow()  # assigned tensors replace those the segments hold
         return loaded
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[no-untyped-call]
+        # A copy's tables are its own: what it watched of the model's were those of the
+        # model copied, which a copied module does not keep (it fills a table of its own).
+        self._parts.watch(self.model)
 
     def _follow(self) -> None:
         """Points the fx segments at the parts the model holds now, if any was replaced."""
@@ -461,7 +468,7 @@ def wrap(
 
     wrapped = Wrapped.__new__(Wrapped)
     mode = model.training
-    traced, through, read = _traced(model, declared, mode)
+    traced, through, read = _traced(model, declared, mode, frozen_names)
     first = _split(traced, model, frozen_names, cached_names, wrapped, None)
     for name in declared:
         if name not in first.targets:
@@ -474,9 +481,9 @@ def wrap(
     reads = list(first.reads)
     switching = switches(traced.graph)
     try:
-        other, also, read_too = _traced(model, declared, not mode)
+        other, also, read_too = _traced(model, declared, not mode, frozen_names)
         through |= also
-        read += read_too
+        read.merge(read_too)
     except Untraceable as error:
         runners[not mode] = error
     else:
@@ -496,9 +503,13 @@ def wrap(
             runners[not mode] = second.runner
             reads += second.reads
     graph = Graph.somatize(Expr(list(first.nodes.values()), first.edges, first.outputs))
-    parts = _Parts(reads, first.targets)
+    traced_into = {path: model.get_submodule(path) for path in sorted(through) if path}
+    parts = _Parts(reads, first.targets, traced_into)
     Wrapped.__init__(wrapped, model, runners, graph, store, parts)
-    object.__setattr__(wrapped, "_through", tuple(sorted(through)))
+    # The modules whose training flag the code holds: those traced into, and those whose
+    # flag it read.
+    flags = through | {read.path for read in read.modes.values()}
+    object.__setattr__(wrapped, "_through", tuple(sorted(flags)))
     object.__setattr__(wrapped, "_switches", switching)
     object.__setattr__(wrapped, "_values", Values(read, type(model).__qualname__))
     return wrapped

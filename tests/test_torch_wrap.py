@@ -8,6 +8,7 @@ import copy
 import inspect
 import random
 import threading
+import types
 import warnings
 from pathlib import Path
 from random import random as draw_at_random
@@ -945,6 +946,272 @@ def test_tracing_leaves_the_model_s_classes_as_they_were(store: Store) -> None:
     assert type(failing) is Model and type(failing.encoder) is Untraceable
 
 
+class Checks(nn.Module):
+    """Branches on its own class, as a base class's forward may."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 2 if type(self) is Checks else h
+
+
+def test_the_trace_sees_the_model_s_own_class(store: Store) -> None:
+    """What is read from the model while it is traced is noted without giving its modules
+    another class: a forward that looks at its class traces as it runs."""
+    model = Checks()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model.encoder(x) * 2)
+    assert "__getattribute__" not in vars(Checks) and "__setattr__" not in vars(Checks)
+
+
+class InitialisesOnce(nn.Module):
+    """Sets its shift from the first batch it sees, then never again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.register_buffer("shift", torch.zeros(4))
+        self.initialized = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if not self.initialized:
+            self.shift.copy_(h.mean(0))
+            self.initialized = True
+        return h - self.shift
+
+
+class KeepsFeatures(nn.Module):
+    """Keeps what its encoder answered on itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.features = self.encoder(x)
+        return self.features * 2
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"), [(InitialisesOnce, "initialized"), (KeepsFeatures, "features")]
+)
+def test_a_forward_that_assigns_to_the_model_is_refused_and_left_as_it_was(
+    store: Store, kind: type[nn.Module], named: str
+) -> None:
+    """fx keeps what a forward does to tensors, not what its Python assigns: the wrapped
+    model would never assign it (and the trace would have used up a first-batch
+    initialisation), so it is refused, naming the line, and the model is as it was."""
+    model = kind()
+    before = dict(vars(model))
+    with pytest.raises(
+        smt.Untraceable, match=f"assigns `{named}` as it runs \\(at .*test_torch_wrap"
+    ):
+        smt.wrap(model, frozen=["encoder"], store=store)
+    assert vars(model).keys() == before.keys()
+    assert all(vars(model)[k] is v for k, v in before.items())
+
+
+class Defaults(nn.Module):
+    """Reads a gain it may not have, and a scale its class gives."""
+
+    scale = 2.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * getattr(self, "gain", 1.0) * self.scale
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda m: setattr(m, "gain", 3.0), r"`gain` was not set .* is given 3\.0 now"),
+        (lambda m: m.register_buffer("gain", torch.tensor(3.0)), r"`gain` was not set"),
+        (lambda m: setattr(m, "scale", 5.0), r"`scale` was 2\.0, as the class .* given 5\.0"),
+        (lambda m: setattr(type(m), "scale", 7.0), r"`scale` was 2\.0, as the class .* 7\.0 now"),
+    ],
+    ids=["absent, then set", "absent, then a buffer", "class value shadowed", "class value"],
+)
+def test_what_the_model_did_not_hold_itself_is_watched_too(
+    store: Store, change: Any, named: str
+) -> None:
+    """A default the forward took for an attribute the model lacked, and a value its class
+    gave, are traced into the code as well: given another after `wrap`, the call is
+    refused."""
+    model = Defaults()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 4)
+    try:
+        with torch.no_grad():
+            assert torch.equal(wrapped(x), model(x))
+        change(model)
+        with pytest.raises(smt.WrapError, match=named):
+            wrapped(x)
+    finally:
+        Defaults.scale = 2.0
+
+
+class Stepped(nn.Module):
+    """Traces into a block of its own, which reads a gain it keeps."""
+
+    def __init__(self, gain: float = 2.0) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.block = Settled().block
+        self.block.gain = gain  # type: ignore[assignment]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(self.encoder(x)) * self.block.gain
+
+
+@pytest.mark.parametrize("where", ["model", "wrapped"])
+def test_a_submodule_traced_into_cannot_be_replaced(store: Store, where: str) -> None:
+    """The code of a submodule whose forward was traced into is part of the wrapped
+    model's, run with the values it read: replacing the submodule (on the model or on
+    the wrapped model) is refused, as a declared one is."""
+    model = Stepped()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    other = Stepped(3.0).block
+    with pytest.raises(smt.WrapError, match="`block` was traced into"):
+        (model if where == "model" else wrapped).block = other
+        wrapped(torch.randn(2, 4))
+
+
+class ReadsFlags(nn.Module):
+    """Adds noise while its head trains; scales up while its encoder trains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if self.encoder.training:
+            h = h * 100
+        if self.head.training:
+            h = h + 1.0
+        return self.head(h)
+
+
+def test_a_training_flag_the_forward_reads_of_a_part_it_calls_whole_is_kept_right(
+    store: Store,
+) -> None:
+    """The code holds what the forward read of a part's training flag: a frozen encoder,
+    in eval whenever it runs, is read so; a layer put in another mode than the model is
+    refused, as a part traced into is."""
+    torch.manual_seed(0)
+    model = ReadsFlags()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    wrapped.train()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        model.head.eval()
+        with pytest.raises(smt.WrapError, match="`head` in eval"):
+            wrapped(x)
+
+
+class Ordered(nn.Module):
+    """Sums weighted copies of its encoder's answer, in the order of a dict of weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.weights = {"a": 1.0, "b": 0.0}
+        self.steps = (4.0,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        first = next(iter(self.weights.values()))
+        return h * first + torch.arange(self.steps[0]).sum()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: setattr(m, "weights", {"b": 0.0, "a": 1.0}),
+        lambda m: setattr(m, "steps", (4,)),
+        lambda m: m.weights.__setitem__("a", -0.0) or m.weights.__setitem__("a", 1),
+    ],
+    ids=["dict reordered", "float to int", "int in place of float"],
+)
+def test_a_value_equal_but_computing_otherwise_is_another_value(store: Store, change: Any) -> None:
+    """Values are the same only when of one type, item by item, in order: a dict
+    reordered, `4` for `4.0` compare equal, and compute otherwise."""
+    model = Ordered()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    change(model)
+    with pytest.raises(smt.WrapError, match="when `wrap` traced"):
+        wrapped(torch.randn(2, 4))
+
+
+def test_a_forward_given_to_the_model_itself_is_refused() -> None:
+    """fx traces a class's `forward`: one given to the model in its place (as a library
+    that wraps it for mixed precision does) would not be what runs."""
+    model = Holds()
+    model.forward = types.MethodType(lambda self, x: self.head(x), model)  # type: ignore[method-assign]
+    with pytest.raises(smt.Untraceable, match="has a `forward` of its own"):
+        smt.wrap(model, frozen=["encoder"])
+
+
+class HandsBack(nn.Module):
+    """Returns a buffer, a tensor it keeps and a tensor made from numbers beside its answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.register_buffer("shift", torch.ones(4))
+        self.scale = torch.full((4,), 2.0)
+        self.offsets = [0, 1]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.encoder(x), self.shift, self.scale, torch.tensor(self.offsets)
+
+
+def test_a_forward_returning_what_the_model_holds_is_wrapped(store: Store) -> None:
+    """What the forward returns as the model holds it — a buffer, a tensor kept as an
+    attribute, a constant — comes back as the plain model's does: the very tensors."""
+    model = HandsBack()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        answer, shift, scale, offsets = wrapped(x)
+        assert torch.equal(answer, model.encoder(x))
+    assert shift is model.shift and scale is model.scale
+    assert offsets.tolist() == [0, 1]
+
+
+def test_a_copied_wrapped_model_watches_its_own_model(store: Store) -> None:
+    """A deep copy of a wrapped model watches the copied model: a value the code read,
+    changed there, is refused; a tensor attribute replaced there is the one read."""
+    x = torch.randn(2, 4)
+    settled = copy.deepcopy(smt.wrap(Settled(), frozen=["encoder"], store=store))
+    scaled = copy.deepcopy(smt.wrap(Scaled(), frozen=["encoder"], store=store))
+    for copied in (settled, scaled):
+        smt.freeze(copied)
+    with torch.no_grad():
+        scaled.model.scale = torch.full((4,), 3.0)
+        assert torch.equal(scaled(x), scaled.model(x))
+        settled.model.temperature = 0.5
+        with pytest.raises(smt.WrapError, match=r"`temperature` was 2\.0"):
+            settled(x)
+
+
 class Masked(nn.Module):
     """Takes a mask by name, and a scale only by name."""
 
@@ -1683,7 +1950,7 @@ class DrawsInAThread(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         def draws() -> None:
-            self.drawn += [self.draw(), self.chooser.random()]
+            self.drawn.extend([self.draw(), self.chooser.random()])
 
         thread = threading.Thread(target=draws)
         thread.start()
