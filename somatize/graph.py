@@ -113,10 +113,14 @@ class Graph:
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Fills in a copy (``copy.deepcopy``, an unpickled graph): its nodes, copies too, are
         in this graph, which took what was said about them, so they refuse to be told
-        anything new, as the original's do (a node copied on its own is in no graph)."""
+        anything new, as the original's do (a node copied on its own is in no graph). The
+        attributes it watches for a replaced argument are the copied nodes' own: a node's
+        ``__dict__`` is filled in afresh when it is copied, not the dict the original's watch
+        was copied to."""
         vars(self).update(state)
         for node in (*self._nodes.values(), *(node for node, _ in self._kept.values())):
             node._smz.built = True
+        self.watch_kept()
 
     # -- building -------------------------------------------------------------------------
 

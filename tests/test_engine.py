@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import os
+import pickle
 import sys
 import threading
 import warnings
@@ -593,6 +595,25 @@ def test_an_argument_a_node_keeps_in_a_slot_changed_after_building_is_keyed_as_i
     assert g.forward(1.0, store=store) == 3.0
     assert g.record is not None and g.record.outcome == {"slotted": "ran"}
     assert slotted.declaration() == Slotted(3.0).declaration()
+
+
+@pytest.mark.parametrize("copied", ["deepcopy", "pickle"])
+def test_an_argument_kept_by_a_node_of_a_copied_graph_is_followed_on_the_copy(
+    store: Store, copied: str
+) -> None:
+    """A copied graph (``copy.deepcopy``, a pickle round trip) follows an argument its own
+    node keeps as the original does: replaced on the copy, it keys the node as built with
+    the new value, and the original is left as it was."""
+    g = Graph.somatize(Echo().named("rows").frozen() >> Scale(2).named("scale").frozen().cached())
+    assert g.forward([1.0], store=store) == [2.0]
+    again: Graph = copy.deepcopy(g) if copied == "deepcopy" else pickle.loads(pickle.dumps(g))
+    again.node("scale").by = 3  # type: ignore[attr-defined]
+    assert again.forward([1.0], store=store) == again.forward([1.0]) == [3.0]
+    assert again.record is not None and again.record.outcome["scale"] == "ran"
+    assert g.forward([1.0], store=store) == [2.0]
+    assert g.record is not None and g.record.outcome["scale"] == "recalled"
+    g.node("scale").by = 5  # type: ignore[attr-defined]
+    assert g.forward([1.0], store=store) == [5.0]
 
 
 class Doubles(Node):
