@@ -8,9 +8,10 @@ from pathlib import Path
 import blake3
 import pytest
 
-from somatize import canonical
+from somatize import Graph, canonical
 from somatize.store import BadAddress, BucketStore, KeyMismatch, LocalStore, Store
 from tests.conftest_s3 import s3_options, s3_url
+from tests.nodes import Echo
 
 KEY = "SOMATIZE_STORE_KEY"
 
@@ -149,6 +150,19 @@ def test_a_store_argument_names_a_store_a_directory_or_a_bucket(tmp_path: Path) 
     assert isinstance(Store.of(f"file://{tmp_path / 'bucket'}"), BucketStore)
     with pytest.raises(TypeError, match="a bucket URL"):
         Store.of(42)  # type: ignore[arg-type]
+
+
+def test_an_empty_store_path_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty path names no directory (``Path("")`` is the current one): ``store=""``,
+    ``Store("")`` and ``Store.of("")`` are refused, saying what to pass, and nothing is made
+    in the current directory."""
+    monkeypatch.chdir(tmp_path)
+    g = Graph.somatize(Echo().named("e").frozen().cached())
+    for opened in (lambda: g.forward(1, store=""), lambda: Store(""), lambda: Store.of("")):
+        with pytest.raises(BadAddress, match=r"non-empty path, got ''.*current directory"):
+            opened()
+    assert list(tmp_path.iterdir()) == []
+    assert Store.of(".") is not None and (tmp_path / "blobs").is_dir()  # said, it is taken
 
 
 @pytest.mark.parametrize(

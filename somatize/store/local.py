@@ -120,6 +120,14 @@ class LocalStore(LocalShelf):
         durable: bool = False,
         signing_key: str | bytes | Signer | None = None,
     ) -> None:
+        if isinstance(path, str) and not path:
+            # Path("") is the current directory: a store there would mix its folders with
+            # whatever else the directory holds, wherever the program happens to run.
+            raise BadAddress(
+                "a store's directory is named by a non-empty path, got '' (which would open "
+                "a store in the current directory); pass the directory, `'.'` if that is "
+                "what you mean, or `store=None` to keep and recall nothing"
+            )
         self.root = Path(path).expanduser()
         self.durable = durable
         self._resolved: str | None = None
