@@ -51,6 +51,7 @@ too, and which of them tell two nodes apart (:func:`held_by`) — is read in
 from __future__ import annotations
 
 import inspect
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -125,6 +126,11 @@ class Marks:
     (:func:`~somatize._calls.noted_call`) — as it was when the node was made, or since
     found to make what the node holds. A list changed in place afterwards is told apart
     from it (:func:`~somatize.plan.look_again`)."""
+
+
+def _printable(char: str) -> bool:
+    """Whether ``char`` may be in a node's name: anything but a control character."""
+    return unicodedata.category(char) != "Cc"
 
 
 _DECLARATION = b"somatize/declaration\0"
@@ -415,8 +421,11 @@ class Node:
     def named(self, name: str) -> Node:
         """Calls this node ``name`` in facts, errors and figures. Not part of its key:
         one computation under two names shares answers."""
-        if not isinstance(name, str) or not name or any(c in name for c in "\n\r\t"):
-            raise ValueError(f"a node name is a non-empty single-line str, got {name!r}")
+        if not isinstance(name, str) or not name or not all(map(_printable, name)):
+            raise ValueError(
+                "a node name is a non-empty str with no control characters (a newline, a tab, "
+                f"NUL: facts, errors and figures show it as one line), got {name!r}"
+            )
         self._settled(f".named({name!r})", name != self._smz.name)
         self._smz.name = name
         return self

@@ -85,6 +85,17 @@ def test_bad_declarations_refused(call: Any, error: type[Exception]) -> None:
         call(Echo())
 
 
+@pytest.mark.parametrize("name", ["scale\0v2", "a\x1bb", "tab\there", "del\x7f", "c1\x85"])
+def test_a_name_with_a_control_character_is_refused_saying_so(name: str) -> None:
+    """A node name holding a control character (NUL, an escape, a tab…) is refused when it
+    is said, naming what a name may hold, rather than accepted and misread later; a name
+    with spaces or letters of any script is a name."""
+    with pytest.raises(ValueError, match=r"a node name is a non-empty str with no control "):
+        Echo().named(name)
+    for fine in ("scale v2", "échelle·2", "名前"):
+        assert Echo().named(fine)._smz.name == fine
+
+
 def test_chain_fan_out_and_fan_in() -> None:
     """`>>` chains, a tuple after `>>` fans out, a tuple before it fans in, in order."""
     rows, a, b, add = Rows(), Scale(1.0), Scale(2.0), Largest()
