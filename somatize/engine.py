@@ -235,46 +235,51 @@ def run(
     if broker is not None:
         broker.check(graph)
     state = _Run(graph, store, watching, broker, strict)
-    graph.record = state.record
-    plan = compile(graph, x, store, wanted)
-    if store is not None:
-        while not state.load(plan):
-            plan.walk(wanted)
-    value_of = _opened(x)
-    static = plan.static
-    running = set(plan.run)
-    recalled = set(plan.recall)
-    values = state.values
-    placement = graph.placement
-    if broker is not None and len(placement):
-        _flow(state, plan, value_of, store)
-    else:
-        for node in static.order:
-            if node in recalled:
-                _recalled(state, plan, node)
-                continue
-            if node not in running:
-                state.emit({"fact": "spared", "node": node})
-                continue
-            preds = static.preds[node]
-            inputs = [values[p] for p in preds] if preds else [value_of]
-            ctx = Context(
-                name=node,
-                key=plan.keys.get(node),
-                worker=placement.worker_of(node),
-                store=store,
-            )
-            if node in static.mapped:
-                values[node] = state.run_mapped(plan, node, inputs, ctx)
-                continue
-            value, took = state.call(node, inputs, ctx)
-            values[node] = value
-            state.emit({"fact": "ran", "node": node, "took_us": took})
-            if node in static.cached and store is not None:
-                key = plan.keys[node]
-                size = state.keep(node, key, value, static.fingerprint.get(node))
-                state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
-    state.emit({"fact": "finished", "took_us": (time.perf_counter_ns() - start) // 1000})
+    try:
+        plan = compile(graph, x, store, wanted)
+        if store is not None:
+            while not state.load(plan):
+                plan.walk(wanted)
+        value_of = _opened(x)
+        static = plan.static
+        running = set(plan.run)
+        recalled = set(plan.recall)
+        values = state.values
+        placement = graph.placement
+        if broker is not None and len(placement):
+            _flow(state, plan, value_of, store)
+        else:
+            for node in static.order:
+                if node in recalled:
+                    _recalled(state, plan, node)
+                    continue
+                if node not in running:
+                    state.emit({"fact": "spared", "node": node})
+                    continue
+                preds = static.preds[node]
+                inputs = [values[p] for p in preds] if preds else [value_of]
+                ctx = Context(
+                    name=node,
+                    key=plan.keys.get(node),
+                    worker=placement.worker_of(node),
+                    store=store,
+                )
+                if node in static.mapped:
+                    values[node] = state.run_mapped(plan, node, inputs, ctx)
+                    continue
+                value, took = state.call(node, inputs, ctx)
+                values[node] = value
+                state.emit({"fact": "ran", "node": node, "took_us": took})
+                if node in static.cached and store is not None:
+                    key = plan.keys[node]
+                    size = state.keep(node, key, value, static.fingerprint.get(node))
+                    state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
+        state.emit({"fact": "finished", "took_us": (time.perf_counter_ns() - start) // 1000})
+    finally:
+        # The record of the forward that ended last, as it ends: one a node's forward started
+        # on this graph (re-entering it), or another thread's, may end before this one.
+        graph.record = state.record
+
     if len(wanted) == 1:
         return values[wanted[0]]
     return tuple(values[name] for name in wanted)

@@ -105,7 +105,9 @@ class Graph:
         self.memory = Memory()
         self.placement = Placement()
         self.record: Record | None = None
-        """What happened in the last forward, or None before the first."""
+        """What happened in the forward that ended last, or None before the first: set as a
+        forward ends, or fails, so a forward that a node's forward started on this graph, or
+        one another thread started later and that ended first, does not stand for it."""
         self._stores: dict[str, Store] = {}
         self._static: Any = None
         self._unkeyed: Any = None

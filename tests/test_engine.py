@@ -529,6 +529,55 @@ def test_a_list_given_an_item_with_no_canonical_form_is_refused_only_where_it_is
     assert kept.record is not None and kept.record.outcome == {"counts": "ran"}
 
 
+class Recurses(Node):
+    """Counts down by forwarding the graph it is in again (``graph``, given after the
+    build), with the store it was handed."""
+
+    graph: Graph
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return self.graph.forward(x - 1, store=ctx.store) + 1 if x > 0 else 0
+
+
+class Waits(Node):
+    """Hands its input on; input ``"slow"`` waits until ``go`` is set."""
+
+    go = threading.Event()
+
+    def forward(self, x: str, ctx: Any) -> str:
+        if x == "slow":
+            assert self.go.wait(10)
+        return x
+
+
+def test_the_record_of_a_graph_is_that_of_the_forward_that_ended_last(store: Store) -> None:
+    """``g.record`` is what happened in the forward that ended last: the outer one, when a
+    node's forward forwards its own graph again; of two threads, the one that ends second,
+    though it started first; and one that failed, which ended last."""
+    recurses = Recurses()
+    g = Graph.somatize(Echo().named("src").frozen() >> recurses.named("down").frozen().cached())
+    recurses.graph = g
+    for _ in range(2):  # kept, then recalled
+        seen: list[dict[str, Any]] = []
+        assert g.forward(3, store=store, watching=seen.append) == 3
+        assert g.record is not None and g.record.facts == seen
+    waits = Graph.somatize(Waits().named("waits"))
+    slow: list[dict[str, Any]] = []
+    first = threading.Thread(target=lambda: waits.forward("slow", watching=slow.append))
+    Waits.go.clear()
+    first.start()
+    try:
+        assert waits.forward("fast") == "fast"
+        assert waits.record is not None and waits.record.outcome == {"waits": "ran"}
+    finally:
+        Waits.go.set()
+        first.join()
+    assert slow and waits.record is not None and waits.record.facts == slow
+    with pytest.raises(NodeFailed):
+        g.forward("x", store=store)
+    assert g.record is not None and g.record.outcome == {"src": "ran", "down": "failed"}
+
+
 def test_threads_forwarding_one_graph_get_their_own_answers(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
