@@ -354,26 +354,27 @@ def _unkeyable(name: str, node: Node, attr: str, value: Any) -> Undeclared:
 
 
 def _plain(value: Any) -> Any:
-    """A number or a str of a subclass (numpy's ``float64``, an ``IntEnum``), or a numpy
-    scalar (``float32``, ``bool_``, a ``longdouble`` a float holds exactly), as the plain
-    value it stands for; anything else as it is."""
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, (int, numbers.Integral)):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        return str(value)
+    """A numpy scalar (``float64``, ``float32``, ``bool_``, a ``longdouble`` a float holds
+    exactly), or an integral number of another library, as the plain number it stands for;
+    anything else as it is. A subclass of ``int``, ``float`` or ``str`` of any other kind (an
+    enum member: ``Mode.UP``, whose ``str()`` is ``"Mode.UP"``, not its value) is left as
+    it is, and has no canonical form: the node is refused where it is keyed, as one built
+    with it is, rather than keyed as a value it may not compute like."""
+    kind = type(value)
+    if kind in (bool, int, float, str):
+        return value
     numpy = sys.modules.get("numpy")  # a numpy scalar exists only once numpy is imported
     if numpy is not None and isinstance(value, numpy.generic):
         held = value.item()
-        if type(held) in (bool, int, float, bytes):
+        if type(held) in (bool, int, float, str, bytes):
             return held
         if isinstance(value, numpy.floating):  # a longdouble: .item() hands it back
             near = float(value)
             if near == value or (near != near and value != value):
                 return near
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, (int, float, str)):
+        return int(value)
     return value
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import enum
 import os
 import pickle
 import sys
@@ -1075,6 +1076,58 @@ def test_any_numpy_number_given_after_building_is_keyed_as_the_number_it_holds(
     assert g.forward(1.0, store=store) == 1.0 + plain
     assert g.record is not None and g.record.outcome == {"shift": "ran"}
     assert shift.declaration() == Shifts(plain).declaration()
+
+
+class Mode(str, enum.Enum):
+    """A str enum: equal to its value, but its ``str()`` is ``"Mode.UP"``."""
+
+    UP = "upper"
+
+
+class Level(enum.IntEnum):
+    """An int enum."""
+
+    HIGH = 3
+
+
+class Cases(Node):
+    """Upper-cases its input when ``mode`` is ``"upper"``, an argument it keeps."""
+
+    def __init__(self, mode: Any = "lower") -> None:
+        self.mode = mode
+
+    def forward(self, x: str, ctx: Any) -> str:
+        return x.upper() if self.mode == "upper" else f"{x.lower()}:{self.mode}"
+
+
+@pytest.mark.parametrize("member", [Mode.UP, Level.HIGH], ids=["str enum", "int enum"])
+def test_an_argument_replaced_by_an_enum_member_is_refused_as_a_node_built_with_one_is(
+    store: Store, member: Any
+) -> None:
+    """An enum member, a str or an int one too, has no canonical form: a node built with one
+    cannot be keyed, and one whose kept argument is replaced by one after the build is
+    refused where it is keyed, naming it — not keyed as its ``str()`` (``"Mode.UP"``), nor
+    as the value it stands for, which it may not compute like. Replaced by the plain value,
+    it is keyed as a node built with that."""
+    with pytest.raises(Undeclared, match=r"no canonical form"):
+        Cases(member).declaration()
+    cases = Cases()
+    g = Graph.somatize(cases.named("cases").frozen().cached())
+    assert g.forward("Ab", store=store) == "ab:lower"
+    cases.mode = member
+    for _ in range(2):
+        with pytest.raises(Undeclared, match=rf"`cases` \(Cases\) cannot be keyed: `mode`, .* "
+                           rf"replaced after the graph was built, .*`[\w.]*{type(member).__name__}`"
+                           r", which has no canonical form"):  # fmt: skip
+            g.forward("Ab", store=store)
+    computes = g.forward("Ab")
+    cases.mode = member.value
+    assert g.forward("Ab", store=store) == computes
+    assert g.record is not None and g.record.outcome == {"cases": "ran"}
+    assert cases.declaration() == Cases(member.value).declaration()
+    named = Graph.somatize(Cases(str(member)).named("named").frozen().cached())
+    assert named.forward("Ab", store=store) == f"ab:{member}"
+    assert named.record is not None and named.record.outcome == {"named": "ran"}
 
 
 def test_an_argument_replaced_by_what_no_key_holds_is_refused_where_it_is_keyed(
