@@ -26,6 +26,7 @@ __all__ = [
     "UNSET",
     "Holding",
     "attributes_of",
+    "digest_of",
     "held_by",
     "holding_of",
     "in_slot",
@@ -98,11 +99,21 @@ def held_by(node: Any) -> tuple[tuple[str, str], ...]:
     for name, value in attributes_of(node).items():
         if name.startswith("_"):
             continue  # a node class's own bookkeeping
-        try:
-            held.append((name, canonical.hex_of(value)))
-        except canonical.NotCanonical:
-            continue
+        digest = digest_of(value)
+        if digest is not None:
+            held.append((name, digest))
     return tuple(sorted(held))
+
+
+def digest_of(value: Any) -> str | None:
+    """The digest :func:`held_by` tells an attribute holding ``value`` by: that of its
+    canonical form, or None when it has none (or is :data:`UNSET`)."""
+    if value is UNSET:
+        return None
+    try:
+        return canonical.hex_of(value)
+    except canonical.NotCanonical:
+        return None
 
 
 _HOLDING = threading.Lock()

@@ -16,10 +16,13 @@ A replaced argument is taken as the argument the node was built with. When its k
 not follow it — no key holds the new value, or the constructor made more from the old
 value than it keeps (``self.factor = by * 2``) and the node still holds that — the graph
 holds why, and the node is refused where its key is needed, not here, until it is
-replaced again. A list or a dict changed in place is followed the same way, from the value
-the node's attributes were made from (:func:`_changed_in_place`), before the graph was
-built too. :func:`look_again` and :func:`declared_again` are re-exported by
-:mod:`somatize.plan`, their public home.
+replaced again. An attribute named like a parameter that is not the argument itself
+(``self.by = float(by)``: made from it) is not taken as one: replaced by what the node did
+not hold when the graph was built, nor a build from its arguments holds, it has the node
+refused the same way (:func:`_looked_at_named_like`). A list or a dict changed in place is
+followed as a replaced argument is, from the value the node's attributes were made from
+(:func:`_changed_in_place`), before the graph was built too. :func:`look_again` and
+:func:`declared_again` are re-exported by :mod:`somatize.plan`, their public home.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from somatize.node import (
     Node,
     Undeclared,
     attributes_of,
+    digest_of,
     held_by,
     in_slot,
 )
@@ -63,7 +67,8 @@ def look_again(graph: Graph) -> None:
     unfixed: dict[str, Node] = graph._unfixed
     restated: dict[str, Node] = graph._restated
     kept = graph._kept
-    if not unfixed and not restated and not kept:
+    named_like = graph._named_like
+    if not unfixed and not restated and not kept and not named_like:
         return
     for name, made in graph._made_stale.items():
         # Refused while it holds what was made from the old value, and not once it holds
@@ -81,11 +86,15 @@ def look_again(graph: Graph) -> None:
     if not all(map(operator.is_, map(dict.get, held, names), values)) or (
         slotted and not all(in_slot(slot, node) is value for slot, node, value in slotted)
     ):
+        retaken = set()
         for name, (node, arguments) in list(kept.items()):
             now = attributes_of(node)
             changed = {a: now[a] for a, was in arguments if a in now and now[a] is not was}
             if changed:
                 _retaken(graph, name, node, changed)
+                retaken.add(name)
+        for name, (node, like) in list(named_like.items()):
+            _looked_at_named_like(graph, name, node, like, name in retaken)
         graph.watch_kept()
     for name, node in unfixed.items():
         declared = _declaration_now(graph, name, node)
@@ -113,22 +122,8 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
     (:func:`_made_otherwise`)."""
     taken = {attr: _plain(value) for attr, value in changed.items()}
     keyable = [attr for attr, value in taken.items() if canonical.is_canonical(value)]
-    if keyable and "\0" in name:  # a node interned into another, which runs in its place
-        said = ", ".join(f"`{attr}`" for attr in keyable)
-        raise AlreadyBuilt(
-            f"{said} of a `{type(node).__qualname__}` was changed after the graph was built, "
-            f"and that node runs there as `{name.split(chr(0))[0]}` (it was one computation "
-            "with it when the graph was built), so the change would not be heard. Build the "
-            "graph again"
-        )
-    if keyable and any(other.startswith(f"{name}\0") for other in graph._kept):
-        said = ", ".join(f"`{attr}`" for attr in keyable)
-        raise AlreadyBuilt(
-            f"{said} of `{name}` was changed after the graph was built, and another node "
-            f"built alike runs as `{name}` too (they were one computation when the graph was "
-            "built), so the change would change that one's answers as well. Build the graph "
-            "again"
-        )
+    if keyable:
+        _refuse_interned(graph, name, node, keyable)
     if "\0" not in name:  # one interned into another is keyed, if at all, where it runs
         # A node holding no state is cheap to build, as a worker would; one holding state
         # (weights) is checked against the state it is settled at instead. What it holds
@@ -165,6 +160,97 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
     # What the node keeps now is what is watched from here.
     now = attributes_of(node)
     graph._kept[name] = (node, [(attr, now.get(attr, was)) for attr, was in graph._kept[name][1]])
+
+
+def _refuse_interned(graph: Graph, name: str, node: Node, attrs: list[str]) -> None:
+    """Refuses ``attrs`` of ``node``, known to ``graph`` as ``name``, changed after the build
+    when the node is one computation with another: interned into it (it does not run), or
+    the one another was interned into (the change would be that one's too)."""
+    said = ", ".join(f"`{attr}`" for attr in attrs)
+    if "\0" in name:  # a node interned into another, which runs in its place
+        raise AlreadyBuilt(
+            f"{said} of a `{type(node).__qualname__}` was changed after the graph was built, "
+            f"and that node runs there as `{name.split(chr(0))[0]}` (it was one computation "
+            "with it when the graph was built), so the change would not be heard. Build the "
+            "graph again"
+        )
+    others = (*graph._kept, *graph._named_like)
+    if any(other.startswith(f"{name}\0") for other in others):
+        raise AlreadyBuilt(
+            f"{said} of `{name}` was changed after the graph was built, and another node "
+            f"built alike runs as `{name}` too (they were one computation when the graph was "
+            "built), so the change would change that one's answers as well. Build the graph "
+            "again"
+        )
+
+
+def _looked_at_named_like(
+    graph: Graph,
+    name: str,
+    node: Node,
+    like: list[tuple[str, Any, str | None]],
+    retaken: bool,
+) -> None:
+    """Looks at the attributes of ``node`` named like a constructor parameter but not the
+    argument (:meth:`~somatize.node.Node.named_like_arguments`): ``like``, each with the
+    object last seen and the digest of what it held when the graph was built. One replaced
+    since is not taken as the argument — it was made from it (``self.by = float(by)``), or
+    given before the build — and the node's key names what it was built with: it holds
+    what it held then (by canonical form), or what a build from the arguments it is keyed
+    as built with holds (a node holding no state, built again as a worker would), or the
+    node is refused where it is keyed, naming it, until it does. Looked at when one of them
+    was replaced, when an argument the node keeps was (``retaken``), and while refused."""
+    now = attributes_of(node)
+    replaced = any(now.get(attr, UNSET) is not was for attr, was, _ in like)
+    if not replaced and not retaken and name not in graph._remade:
+        return
+    stale = [attr for attr, _, digest in like if digest_of(now.get(attr, UNSET)) != digest]
+    if stale and not node.holds_state:
+        try:
+            fresh = dict(held_by(_built_again(node, node.recipe())))
+        except Unbuildable:
+            pass  # not checked against a build: refused, as it holds what it did not
+        else:
+            stale = [a for a in stale if digest_of(now.get(a, UNSET)) != fresh.get(a)]
+    if stale:
+        _refuse_interned(graph, name, node, stale)
+    graph._named_like[name] = (node, [(a, now.get(a, UNSET), d) for a, _, d in like])
+    if "\0" in name:
+        return
+    refused = _remade(name, node, stale) if stale else None
+    if refused is None and graph._remade.pop(name, None) is None:
+        return
+    if refused is not None:
+        graph._remade[name] = refused
+    _declared_again(graph, name, node)
+
+
+def _remade(name: str, node: Node, stale: list[str]) -> Undeclared:
+    """Why ``node`` cannot be keyed while its attributes ``stale``, named like a constructor
+    parameter but not the argument, hold what it was not built with."""
+    kind = type(node).__qualname__
+    said = ", ".join(f"`{attr}`" for attr in stale)
+    one = len(stale) == 1
+    built = ", ".join(
+        f"{attr}={value!r}" for attr, value in declared_arguments(type(node), *node._call()).items()
+    )
+    keyed = f"the node is keyed as a `{kind}({built})`"
+    if node.holds_state:
+        holds = f"{keyed}, and {'it holds' if one else 'they hold'} other than when it was built"
+    else:
+        holds = f"{keyed}, which holds {'another' if one else 'others'}"
+    return Undeclared(
+        f"`{name}` ({kind}) cannot be keyed: {said} {'was' if one else 'were'} replaced after "
+        f"the graph was built, and {'is' if one else 'are'} named like "
+        f"{'an argument' if one else 'arguments'} of its constructor but not the very value "
+        "it was given (made from it, or given before the build), so "
+        f"{'it is not taken as the argument' if one else 'they are not taken as the arguments'}"
+        f": {holds}. Keyed so, it would keep answers such a node "
+        f"does not compute, under that node's key. Build a new `{kind}` with the value you "
+        f"mean (`{kind}({stale[0]}=...)`) and the graph again, or give {said} back what "
+        f"{'it' if one else 'they'} held; a node that tidies an argument as it keeps it "
+        "keeps what it makes under another name (`self._by`)"
+    )
 
 
 Recipe = tuple[str | None, tuple[Any, ...], dict[str, Any]]
@@ -466,7 +552,7 @@ def _declared_again(
     built."""
     memory = graph.memory
     was = memory.declaration_of(name)
-    refused = graph._unfollowed.get(name)
+    refused = graph._unfollowed.get(name) or graph._remade.get(name)
     if refused is None:
         if now is None:
             now = _declaration_now(graph, name, node)

@@ -37,7 +37,7 @@ from somatize.catalog import fingerprint_of, identity_of
 from somatize.engine import run
 from somatize.errors import SomatizeError
 from somatize.memory import Memory
-from somatize.node import Expr, Node, Undeclared, held_by, slots_of
+from somatize.node import Expr, Node, Undeclared, digest_of, held_by, slots_of
 from somatize.placement import Placement
 from somatize.store import Store
 
@@ -86,6 +86,15 @@ class Graph:
         """Nodes keeping constructor arguments as attributes, by name, with what they were
         handed (see :meth:`~somatize.node.Node.kept_arguments`); an interned node's other
         names too, whose nodes no longer run."""
+        self._named_like: dict[str, tuple[Node, list[tuple[str, Any, str | None]]]] = {}
+        """Nodes holding attributes named like a constructor parameter that are not the
+        argument (see :meth:`~somatize.node.Node.named_like_arguments`), by name, an interned
+        node's other names too: each attribute with the object it holds, and the canonical
+        digest of what it held when the graph was built (None when it had none)."""
+        self._remade: dict[str, Undeclared] = {}
+        """Nodes such an attribute of which was replaced by what neither it held when the
+        graph was built nor a build from the node's arguments holds, with why: refused where
+        they are keyed until it holds one of them again (_look_again._looked_at_named_like)."""
         self._unfollowed: dict[str, Undeclared] = {}
         """Nodes an argument of which was replaced by what their key cannot follow, with
         why: refused where they are keyed until it is replaced again (_look_again._retaken)."""
@@ -120,7 +129,11 @@ class Graph:
         ``__dict__`` is filled in afresh when it is copied, not the dict the original's watch
         was copied to."""
         vars(self).update(state)
-        for node in (*self._nodes.values(), *(node for node, _ in self._kept.values())):
+        for node in (
+            *self._nodes.values(),
+            *(node for node, _ in self._kept.values()),
+            *(node for node, _ in self._named_like.values()),
+        ):
             node._smz.built = True
         self.watch_kept()
 
@@ -184,6 +197,12 @@ class Graph:
                     kept = node.kept_arguments()
                     if kept:  # changed later, it would not be heard: it no longer runs
                         graph._kept[f"{same}\0{len(graph._kept)}"] = (node, kept)
+                    like = node.named_like_arguments()
+                    if like:
+                        graph._named_like[f"{same}\0{len(graph._named_like)}"] = (
+                            node,
+                            _watched(like),
+                        )
                     continue
             name = marks.name if marks.name else graph._derived_name(node, taken)
             if name in graph._nodes or name in graph._aliases:
@@ -206,7 +225,11 @@ class Graph:
         names: list[str] = []
         values: list[Any] = []
         slotted: list[tuple[Any, Node, Any]] = []
-        for node, arguments in self._kept.values():
+        watched = [
+            *self._kept.values(),
+            *((node, [(a, v) for a, v, _ in like]) for node, like in self._named_like.values()),
+        ]
+        for node, arguments in watched:
             slots = dict(slots_of(type(node)))
             for name, value in arguments:
                 if name in slots:
@@ -264,6 +287,9 @@ class Graph:
         kept = node.kept_arguments()
         if kept:
             self._kept[name] = (node, kept)
+        like = node.named_like_arguments()
+        if like:
+            self._named_like[name] = (node, _watched(like))
         if marks.frozen:
             memory.freeze(name, marks.state)
         if marks.cached:
@@ -398,6 +424,12 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"<Graph of {len(self._nodes)} nodes: {', '.join(self._nodes)}>"
+
+
+def _watched(like: list[tuple[str, Any]]) -> list[tuple[str, Any, str | None]]:
+    """Attributes named like an argument (``(name, value)``), each with the canonical digest
+    of its value, or None when it has none."""
+    return [(name, value, digest_of(value)) for name, value in like]
 
 
 def _topological(expr: Expr) -> list[Node]:

@@ -71,6 +71,7 @@ from somatize._held import UNSET as UNSET
 from somatize._held import (
     Holding,
     attributes_of,
+    digest_of,
     held_by,
     holding_of,
     in_slot,
@@ -86,6 +87,7 @@ __all__ = [
     "Node",
     "Undeclared",
     "attributes_of",
+    "digest_of",
     "held_by",
     "holding_of",
     "in_slot",
@@ -223,8 +225,9 @@ class Node:
         (``self.factor = by * 2``) and that still holds what the old value made, or it
         was replaced by something with no canonical form (``self.path = Path(self.path)``,
         a node tidying its own argument): the node is then refused where it is keyed. An
-        attribute replaced before the graph is built is not the argument any more, and
-        is not looked at."""
+        attribute replaced before the graph is built, or made from the argument rather than
+        the very object (``self.by = float(by)``), is not the argument: it is looked at as
+        :meth:`named_like_arguments` says."""
         if type(self).declare is not Node.declare:
             return []
         bound = self._bound()
@@ -239,6 +242,32 @@ class Node:
             if bound.signature.parameters[name].kind not in variadic
             and name in held
             and held[name] is value
+        ]
+
+    def named_like_arguments(self) -> list[tuple[str, Any]]:
+        """For a node declared by its constructor arguments (the default :meth:`declare`):
+        each public attribute named like one of its constructor's parameters that is not
+        the argument it was handed — made from it (``self.by = float(by)``, ``self.items =
+        list(items)``), or given before the graph was built — with what it holds. It is not
+        taken as the argument: the graph looks at it at the start of each forward, and one
+        replaced since the build by a value that is neither what it held then nor what a
+        build from the node's arguments holds is refused where the node is keyed, since its
+        key would go on naming what it was built with (see :meth:`kept_arguments`)."""
+        if type(self).declare is not Node.declare:
+            return []
+        bound = self._bound()
+        if bound is None:
+            return []
+        bound.apply_defaults()
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        held = attributes_of(self)
+        return [
+            (name, held[name])
+            for name, value in list(bound.arguments.items())[1:]
+            if bound.signature.parameters[name].kind not in variadic
+            and not name.startswith("_")
+            and name in held
+            and held[name] is not value
         ]
 
     def retake(self, values: dict[str, Any]) -> None:

@@ -923,6 +923,75 @@ def test_an_attribute_named_like_an_argument_changed_in_place_but_not_it_is_refu
     assert g.record is not None and g.record.outcome == {name: "recalled"}
 
 
+class Floats(Node):
+    """Multiplies by ``by``, which it keeps as a float, whatever number it is handed."""
+
+    def __init__(self, by: float) -> None:
+        self.by = float(by)
+
+    def forward(self, x: float, ctx: Any) -> float:
+        return x * self.by
+
+
+def test_an_attribute_made_from_an_argument_and_replaced_after_building_is_refused(
+    store: Store,
+) -> None:
+    """An attribute named like a constructor argument but not the very value (``self.by =
+    float(by)`` handed an int), replaced after the build, is not taken as the argument —
+    nor left out in silence, the node keyed as built with the old one: it is refused where
+    it is keyed, naming it and saying what to do, until it holds again what it held when the
+    graph was built, or what a build from its arguments holds. Handed a float, the attribute
+    is the argument and is followed, as before; so whatever number the node is built with,
+    no answer of the old value is recalled for the new one."""
+    floats = Floats(2)
+    g = Graph.somatize(floats.named("floats").frozen().cached())
+    assert g.forward(10.0, store=store) == 20.0
+    floats.by = 3.0
+    for _ in range(2):
+        with pytest.raises(Undeclared, match=r"`floats` \(Floats\) cannot be keyed: `by` was "
+                           r"replaced after the graph was built, and is named like an argument "
+                           r"of its constructor but not the very value it was given .* keyed as "
+                           r"a `Floats\(by=2\)`, which holds another\. .* Build a new `Floats` "
+                           r"with the value you mean"):  # fmt: skip
+            g.forward(10.0, store=store)
+    assert g.forward(10.0) == 30.0
+    floats.by = 2.0  # what it held: another float object, equal
+    assert g.forward(10.0, store=store) == 20.0
+    assert g.record is not None and g.record.outcome == {"floats": "recalled"}
+    follows = Floats(2.0)
+    g = Graph.somatize(follows.named("follows").frozen().cached())
+    assert g.forward(10.0, store=store) == 20.0
+    follows.by = 3.0
+    assert g.forward(10.0, store=store) == 30.0
+    assert g.record is not None and g.record.outcome == {"follows": "ran"}
+    early = Scale(2.0)
+    early.by = 5.0  # before the build: not the argument, and not in its key
+    g = Graph.somatize(early.named("early").frozen().cached())
+    assert g.forward([1.0]) == [5.0]
+    early.by = 6.0
+    with pytest.raises(Undeclared, match=r"`early` \(Scale\) cannot be keyed: `by` was replaced"):
+        g.forward([1.0], store=store)
+    early.by = 2.0  # what a Scale(2.0) holds: keyed as one
+    assert g.forward([1.0], store=store) == [2.0]
+    assert g.record is not None and g.record.outcome == {"early": "ran"}
+
+
+def test_an_attribute_made_from_an_argument_of_an_interned_node_changed_is_refused() -> None:
+    """Two equal frozen nodes are one computation: an attribute made from an argument
+    replaced on either after the build could not be heard, or would be heard by both, and
+    is refused, as a replaced argument is."""
+    first, second = Floats(2).named("a").frozen(), Floats(2).named("b").frozen()
+    g = Graph.somatize(Echo().named("rows") >> (first, second))
+    assert g.forward(1.0) == (2.0, 2.0)
+    second.by = 5.0
+    with pytest.raises(AlreadyBuilt, match=r"`by` of a `Floats` was changed .* runs there as `a`"):
+        g.forward(1.0)
+    second.by = 2.0
+    first.by = 3.0
+    with pytest.raises(AlreadyBuilt, match=r"`by` of `a` was changed .* runs as `a` too"):
+        g.forward(1.0)
+
+
 class Positive(Node):
     """Takes only a positive ``by``."""
 
