@@ -34,20 +34,34 @@ what the copy holds once that state is loaded — its state may be held in publi
 attributes too, which only the state makes equal.
 
 The code fingerprint lives here too, since it is a fact about the
-implementation: a digest of the class's source (or, where the source is not to
-be had, of its compiled code, digested so that every process agrees on it). It is
-metadata, never part of a key.
+implementation (:func:`fingerprint_of`). It is metadata, never part of a key. A class
+is read as it was loaded, not as its file reads now: each of its functions by its
+source where the file, compiled now, still makes the code that runs (which keeps a
+fingerprint the same across Python versions), else by that code (a class typed into
+an interpreter, a file edited since it was imported), digested alike in every
+process; with its plain values (numbers, strings, tuples of them) and the functions'
+defaults. Its functions' code is followed into their module, one module only: the
+plain functions defined there that they name (and those these name) and the plain
+constants. A module or class from elsewhere, a list or dict held at module level, a
+callable that is not a plain function (a decorated helper), a value the code reads
+from an object are not seen.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import hashlib
 import importlib
 import inspect
+import linecache
 import sys
+import textwrap
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
-from types import CodeType
+from types import CodeType, FunctionType
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
@@ -114,64 +128,210 @@ def held_at(module: str, qualname: str) -> Any:
     return found
 
 
-_FINGERPRINTS: dict[type, str] = {}
+_FINGERPRINTS: weakref.WeakKeyDictionary[type, bytes] = weakref.WeakKeyDictionary()
+"""A class → the digest of what its own body holds (:func:`_written`), worked out once."""
+
+_FUNCTIONS: weakref.WeakKeyDictionary[FunctionType, bytes] = weakref.WeakKeyDictionary()
+"""A function → the digest of its code (:func:`_function_bytes`), worked out once."""
 
 
 def fingerprint_of(kind: type) -> str:
-    """A digest of how ``kind`` is written: its source, or its code when the source is
-    not available (a class typed into an interpreter). Worked out once per class."""
+    """A digest of how ``kind`` is written, by its code as it was loaded: the source of
+    each of its functions, where the source found still compiles to the code that runs,
+    else that code — the plain values it holds (numbers, strings, tuples of them), and
+    the helpers its functions name in their module: the plain functions defined there
+    (followed on to the ones they name) and the plain values. The same in every process
+    running the same code. Worked out once per class, when first asked: a module constant
+    rebound after that is seen once the class is defined again."""
+    name = f"{kind.__module__}:{kind.__qualname__}".encode()
+    digest = hashlib.sha256(b"somatize code 2\0")
+    digest.update(len(name).to_bytes(8, "little") + name + _written(kind))
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def _written(kind: type) -> bytes:
+    """The digest of what ``kind``'s own body holds: each function (by
+    :func:`_function_bytes`), each plain value, and what its functions name in their
+    module (:func:`_named`). A dataclass is said by its fields, not by the methods made
+    for it (whose code is the Python version's as much as the class's)."""
     found = _FINGERPRINTS.get(kind)
-    if found is None:
-        found = _FINGERPRINTS[kind] = _fingerprint(kind)
+    if found is not None:
+        return found
+    digest = hashlib.sha256()
+    made = "__dataclass_params__" in vars(kind)
+    if made:
+        _put(digest, b"fields", *(field.name.encode() for field in dataclasses.fields(kind)))
+    functions: list[FunctionType] = []
+    for name, member in sorted(vars(kind).items(), key=lambda item: item[0]):
+        held = _functions_in(member)
+        if made and _dunder(name):  # made for the dataclass from a text of its own
+            held = [f for f in held if f.__code__.co_filename != "<string>"]
+        for function in held:
+            _put(digest, b"def " + name.encode(), _function_bytes(function))
+        functions += held
+        if not held and not _dunder(name) and _plain(member):
+            _put(digest, b"let " + name.encode(), _constant_bytes(member))
+    for label, piece in _named(functions):
+        _put(digest, label, piece)
+    found = _FINGERPRINTS[kind] = digest.digest()
     return found
 
 
-def _fingerprint(kind: type) -> str:
-    text = _source_of(kind)
-    if text is None:
-        pieces = []
-        for name, member in sorted(vars(kind).items()):
-            code = getattr(member, "__code__", None)
-            if code is not None:
-                pieces.append(name.encode() + b"\0" + code_digest(code))
-        text = b"\0".join(pieces)
-    return "sha256:" + hashlib.sha256(text).hexdigest()[:16]
+def _put(digest: Any, *pieces: bytes) -> None:
+    for piece in pieces:
+        digest.update(len(piece).to_bytes(8, "little") + piece)
 
 
-def _source_of(kind: type) -> bytes | None:
-    """The source of ``kind``, when what is found is its own: the source is looked up by
-    name in the class's file, so for a class defined twice under one name (a cell run
-    again with ``exec``, a second definition further down) it may be another
-    definition's. Refused when a function written in the class's body was compiled
-    outside the source found, or none was compiled in its file while some were
-    compiled elsewhere (``exec``); functions the body took from elsewhere, and ones
-    made for it (a dataclass's ``__init__``), say nothing either way."""
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is a plain constant: None, a number, a string, bytes, or a tuple
+    or frozenset of them."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(_plain(member) for member in value)
+    return False
+
+
+def _functions_in(member: Any) -> list[FunctionType]:
+    """The plain functions a class attribute runs: itself, what a static or class method,
+    a property or a cached property holds, each unwrapped from a decorator that says what
+    it wraps (``functools.wraps``)."""
+    if isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    if isinstance(member, functools.cached_property):
+        member = member.func
+    held = [member.fget, member.fset, member.fdel] if isinstance(member, property) else [member]
+    out: list[FunctionType] = []
+    for function in held:
+        with contextlib.suppress(ValueError):  # a decorator that wraps itself
+            function = inspect.unwrap(function) if function is not None else None
+        if isinstance(function, FunctionType):
+            out.append(function)
+    return out
+
+
+def _function_bytes(function: FunctionType) -> bytes:
+    """How ``function`` is written: its source where the source found compiles to its
+    code (the file may have been edited since it was loaded), else its code (digested
+    alike in every process running the Python version), and its default values."""
+    found = _FUNCTIONS.get(function)
+    if found is not None:
+        return found
+    source = _source_of(function)
+    digest = hashlib.sha256()
+    if source is not None:
+        _put(digest, b"source", source)
+    else:
+        _put(digest, b"code", _code_bytes(function.__code__))
+    defaults = function.__defaults__ or ()
+    kwdefaults = sorted((function.__kwdefaults__ or {}).items())
+    _put(digest, b"defaults", *map(_value_bytes, defaults))
+    _put(digest, b"keywords", *(n.encode() + b"\0" + _value_bytes(v) for n, v in kwdefaults))
+    found = _FUNCTIONS[function] = digest.digest()
+    return found
+
+
+def _value_bytes(value: Any) -> bytes:
+    """A value as the same bytes in every process: a plain one by what it is, any other
+    by its type."""
+    if _plain(value):
+        return _constant_bytes(value)
+    kind = type(value)
+    return f"a {kind.__module__}:{kind.__qualname__}".encode()
+
+
+def _code_bytes(code: CodeType) -> bytes:
+    """:func:`code_digest`, and how the code is called: its arguments and flags."""
+    shape = (
+        code.co_argcount,
+        code.co_posonlyargcount,
+        code.co_kwonlyargcount,
+        code.co_flags,
+        code.co_varnames,
+    )
+    return code_digest(code) + repr(shape).encode()
+
+
+def _source_of(function: FunctionType) -> bytes | None:
+    """The source of ``function`` as its file reads now, when the file, compiled now, makes
+    the code the function runs at the same line — None when it does not (the file was
+    edited since it was loaded, another definition is found there) or cannot be found (a
+    function typed into an interpreter). The whole file is compiled, since how a line
+    compiles depends on what is around it (its class, its module's imports)."""
+    code = function.__code__
     try:
-        lines, start = inspect.getsourcelines(kind)
-        where = inspect.getsourcefile(kind)
-    except (OSError, TypeError):
+        lines, _ = inspect.getsourcelines(function)  # reads the file as it is now
+    except (OSError, TypeError, SyntaxError):
         return None
-    end = start + len(lines)
-    own = kind.__qualname__ + "."
-    here = elsewhere = False
-    for member in vars(kind).values():
-        function = getattr(member, "__func__", member)  # a staticmethod's, a classmethod's
-        try:
-            function = inspect.unwrap(function)  # what a decorator wrapped (functools.wraps)
-        except ValueError:
-            continue
-        code = getattr(function, "__code__", None)
-        if code is None or not getattr(function, "__qualname__", "").startswith(own):
-            continue
-        if code.co_filename != where:
-            elsewhere = True
-        elif start <= code.co_firstlineno < end:
-            here = True
-        else:
-            return None
-    if elsewhere and not here:
+    if (code.co_name, code.co_firstlineno, _code_bytes(code)) not in _compiled(code.co_filename):
         return None
-    return "".join(lines).encode()
+    return textwrap.dedent("".join(lines)).encode()
+
+
+_FILES: dict[str, tuple[bytes, frozenset[tuple[str, int, bytes]]]] = {}
+"""A source file → the digest of its text when it was compiled last, and the code compiled
+from it."""
+
+
+def _compiled(filename: str) -> frozenset[tuple[str, int, bytes]]:
+    """Each code object ``filename`` compiles to as it reads now (as :mod:`linecache`
+    holds it): its name, its first line and :func:`_code_bytes`."""
+    text = "".join(linecache.getlines(filename))
+    read = hashlib.sha256(text.encode(errors="surrogatepass")).digest()
+    found = _FILES.get(filename)
+    if found is not None and found[0] == read:
+        return found[1]
+    shapes: set[tuple[str, int, bytes]] = set()
+    try:
+        codes = [compile(text, filename, "exec", dont_inherit=True)]
+    except (SyntaxError, ValueError):
+        codes = []
+    while codes:
+        at = codes.pop()
+        shapes.add((at.co_name, at.co_firstlineno, _code_bytes(at)))
+        codes += (c for c in at.co_consts if isinstance(c, CodeType))
+    _FILES[filename] = (read, frozenset(shapes))
+    return _FILES[filename][1]
+
+
+def _named(functions: list[FunctionType]) -> list[tuple[bytes, bytes]]:
+    """What ``functions`` name in their module, and what the functions found there name in
+    turn: each plain function defined in that module (by :func:`_function_bytes`) and each
+    plain value, by ``module:name``. Nothing is followed out of the module a function was
+    defined in: no module, no class, no function defined elsewhere."""
+    out: dict[bytes, bytes] = {}
+    seen = set(map(id, functions))
+    queue = list(functions)
+    while queue:
+        function = queue.pop()
+        module, space = function.__module__, function.__globals__
+        for name in sorted(_names_in(function.__code__)):
+            if name not in space:
+                continue
+            value = space[name]
+            label = f"{module}:{name}".encode()
+            if isinstance(value, FunctionType):
+                if value.__module__ != module or id(value) in seen:
+                    continue
+                seen.add(id(value))
+                out[b"uses " + label] = _function_bytes(value)
+                queue.append(value)
+            elif _plain(value):
+                out[b"reads " + label] = _constant_bytes(value)
+    return sorted(out.items())
+
+
+def _names_in(code: CodeType) -> set[str]:
+    """The global and attribute names ``code`` uses, and its nested code too."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            names |= _names_in(constant)
+    return names
 
 
 def code_digest(code: CodeType) -> bytes:

@@ -1,0 +1,164 @@
+"""The code fingerprint kept beside an answer: what it covers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from somatize.catalog import fingerprint_of
+
+_MODULE = "tests.fingerprinted"
+
+
+def _load(path: Path, text: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The module ``text`` makes, loaded from ``path`` (written first) under one name
+    whatever it holds: as when a file is edited between two runs."""
+    _write(path, text)
+    loaded = types.ModuleType(_MODULE)
+    loaded.__file__ = str(path)
+    exec(compile(text, str(path), "exec"), loaded.__dict__)
+    monkeypatch.setitem(sys.modules, _MODULE, loaded)
+    return loaded
+
+
+_WRITES = [0]
+
+
+def _write(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path``, each time with a later modification time, so what
+    caches the file's lines sees that it changed."""
+    path.write_text(textwrap.dedent(text))
+    _WRITES[0] += 1
+    stamp = 1_700_000_000_000_000_000 + _WRITES[0] * 1_000_000_000
+    os.utime(path, ns=(stamp, stamp))
+
+
+_ADD = """
+from somatize import Node
+
+class Add(Node):
+    def forward(self, x, ctx):
+        return x + STEP
+"""
+
+
+def test_a_file_edited_after_it_was_loaded_does_not_name_the_code_that_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class whose file was edited after it was loaded is fingerprinted by the code it
+    runs, not by the file as it reads now: not as the edited class is."""
+    path = tmp_path / "fingerprinted.py"
+    running = _load(path, _ADD.replace("STEP", "1"), monkeypatch).Add
+    _write(path, _ADD.replace("STEP", "100"))  # edited while the old code runs
+    was = fingerprint_of(running)
+    edited = _load(path, _ADD.replace("STEP", "100"), monkeypatch).Add
+    assert fingerprint_of(edited) != was
+    _write(path, _ADD.replace("STEP", "1"))
+    assert fingerprint_of(_load(path, _ADD.replace("STEP", "1"), monkeypatch).Add) != (
+        fingerprint_of(edited)
+    )
+
+
+_HELPED = """
+import math
+from somatize import Node
+
+FACTOR = 5
+OFFSET = 7
+NAMES = ("a", "b")
+
+def _inner(x):
+    return x + OFFSET
+
+def helper(x):
+    return _inner(x) * 2
+
+def unused(x):
+    return x - 1
+
+class UsesConst(Node):
+    def forward(self, x, ctx):
+        return x * FACTOR + len(NAMES) + math.floor(0.5)
+
+class UsesHelper(Node):
+    def forward(self, x, ctx):
+        return helper(x)
+"""
+
+
+def test_module_helpers_and_constants_a_node_names_are_in_its_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plain functions and constants of its module that a node's code names — and
+    those the functions name in turn — are in its fingerprint; the rest of the module
+    is not."""
+    path = tmp_path / "fingerprinted.py"
+
+    def fingerprints(old: str = "", new: str = "") -> tuple[str, str]:
+        loaded = _load(path, _HELPED.replace(old, new) if old else _HELPED, monkeypatch)
+        return fingerprint_of(loaded.UsesConst), fingerprint_of(loaded.UsesHelper)
+
+    const, helped = fingerprints()
+    factor = fingerprints("FACTOR = 5", "FACTOR = 6")
+    assert factor[0] != const and factor[1] == helped
+    offset = fingerprints("OFFSET = 7", "OFFSET = 8")  # named by a helper's helper
+    assert offset[0] == const and offset[1] != helped
+    inner = fingerprints("x + OFFSET", "x + OFFSET + 0")
+    assert inner[0] == const and inner[1] != helped
+    assert fingerprints("x - 1", "x - 2") == (const, helped)  # a function nothing names
+    assert fingerprints() == (const, helped)
+
+
+_EVERYWHERE = """
+import dataclasses
+from somatize import Node
+
+LETTERS = frozenset({"a", "b", "c", "d"})
+
+def kept(xs):
+    return [x for x in xs if x not in LETTERS]
+
+class Base(Node):
+    scale = 2.5
+
+    def forward(self, xs, ctx):
+        return sum(len(x) for x in kept(xs)) * self.scale
+
+@dataclasses.dataclass
+class Total(Base):
+    offset: int = 3
+
+    @property
+    def shifted(self):
+        return self.offset + 1
+
+print(__import__("somatize.catalog").catalog.fingerprint_of(Total))
+"""
+
+
+def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
+    """A class, what it inherits and what it names, read from its file, has one fingerprint
+    in every process running that code."""
+    path = tmp_path / "everywhere.py"
+    _write(path, _EVERYWHERE)
+    root = str(Path(__file__).resolve().parent.parent)
+    found = set()
+    for seed in ("1", "2"):
+        environment = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": root}
+        done = subprocess.run(
+            [sys.executable, str(path)],
+            capture_output=True,
+            text=True,
+            env=environment,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        found.add(done.stdout.strip())
+    assert len(found) == 1 and found.pop().startswith("sha256:")
