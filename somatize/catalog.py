@@ -34,17 +34,20 @@ what the copy holds once that state is loaded — its state may be held in publi
 attributes too, which only the state makes equal.
 
 The code fingerprint lives here too, since it is a fact about the
-implementation (:func:`fingerprint_of`). It is metadata, never part of a key. A class
-is read as it was loaded, not as its file reads now: each of its functions by its
-source where the file, compiled now, still makes the code that runs (which keeps a
-fingerprint the same across Python versions), else by that code (a class typed into
-an interpreter, a file edited since it was imported), digested alike in every
-process; with its plain values (numbers, strings, tuples of them) and the functions'
-defaults. Its functions' code is followed into their module, one module only: the
-plain functions defined there that they name (and those these name) and the plain
-constants. A module or class from elsewhere, a list or dict held at module level, a
-callable that is not a plain function (a decorated helper), a value the code reads
-from an object are not seen.
+implementation (:func:`fingerprint_of`). It is metadata, never part of a key. It
+covers the class and every class it inherits from, short of the library's (``Node``,
+the standard library's, torch's — a torch upgrade does not make every answer
+drifted; another package's classes count, so its upgrade does), and for a torch node
+the classes of its module's submodules too. Each class is read as it was loaded, not
+as its file reads now: each of its functions by its source where the file, compiled
+now, still makes the code that runs (which keeps a fingerprint the same across Python
+versions), else by that code (a class typed into an interpreter, a file edited since
+it was imported), digested alike in every process; with its plain values (numbers,
+strings, tuples of them) and the functions' defaults. Its functions' code is followed
+into their module, one module only: the plain functions defined there that they
+name (and those these name) and the plain constants. A module or class from
+elsewhere, a list or dict held at module level, a callable that is not a plain
+function (a decorated helper), a value the code reads from an object are not seen.
 """
 
 from __future__ import annotations
@@ -134,19 +137,41 @@ _FINGERPRINTS: weakref.WeakKeyDictionary[type, bytes] = weakref.WeakKeyDictionar
 _FUNCTIONS: weakref.WeakKeyDictionary[FunctionType, bytes] = weakref.WeakKeyDictionary()
 """A function → the digest of its code (:func:`_function_bytes`), worked out once."""
 
+_LEFT_OUT = frozenset({"torch"})
+"""Packages whose classes no fingerprint covers, besides the standard library's: the
+library a node is written against, not the node's code — an upgrade of torch does not
+make every answer drifted."""
 
-def fingerprint_of(kind: type) -> str:
-    """A digest of how ``kind`` is written, by its code as it was loaded: the source of
-    each of its functions, where the source found still compiles to the code that runs,
-    else that code — the plain values it holds (numbers, strings, tuples of them), and
-    the helpers its functions name in their module: the plain functions defined there
-    (followed on to the ones they name) and the plain values. The same in every process
-    running the same code. Worked out once per class, when first asked: a module constant
-    rebound after that is seen once the class is defined again."""
-    name = f"{kind.__module__}:{kind.__qualname__}".encode()
+
+def fingerprint_of(*kinds: type) -> str:
+    """A digest of how the classes ``kinds`` are written: each of them and every class
+    they inherit from, short of the library's (:class:`~somatize.node.Node`, classes of
+    the standard library and of torch), each by its code as it was loaded — the source
+    of each of its functions, where the source found still compiles to the code that
+    runs, else that code — the plain values it holds (numbers, strings, tuples of them),
+    and the helpers its functions name in their module: the plain functions defined
+    there (followed on to the ones they name) and the plain values. The same in every
+    process running the same code. Each class is worked out once, when first asked: a
+    module constant rebound after that is seen once the class is defined again."""
+    lineage: dict[type, None] = {}
+    for kind in kinds:
+        for above in kind.__mro__:
+            if not _left_out(above):
+                lineage[above] = None
+    entries = sorted((f"{k.__module__}:{k.__qualname__}".encode(), _written(k)) for k in lineage)
     digest = hashlib.sha256(b"somatize code 2\0")
-    digest.update(len(name).to_bytes(8, "little") + name + _written(kind))
+    for name, written in entries:
+        digest.update(len(name).to_bytes(8, "little") + name + written)
     return "sha256:" + digest.hexdigest()[:16]
+
+
+def _left_out(kind: type) -> bool:
+    """Whether ``kind`` is the library's rather than the node's: Node, a class of the
+    standard library (``object``), or one of a package of :data:`_LEFT_OUT`."""
+    from somatize.node import Node
+
+    top = kind.__module__.partition(".")[0]
+    return kind is Node or top in sys.stdlib_module_names or top in _LEFT_OUT
 
 
 def _written(kind: type) -> bytes:

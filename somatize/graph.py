@@ -296,7 +296,7 @@ class Graph:
             memory.cache(name, marks.salt)
         if marks.mapped:
             memory.map(name)
-        memory.written_as(name, fingerprint_of(node.implementing_class()))
+        memory.written_as(name, fingerprint_of(*node.implementing_classes()))
         if marks.worker is not None:
             self.placement.place(name, marks.worker)
 

@@ -15,12 +15,12 @@ collide in a shared store; the **declaration** is in for the same reason one
 step down, since ``Embed(512)`` and ``Embed(64)`` are one class and two answers.
 The **fingerprint** of the code is deliberately not: a cosmetic refactor would
 invalidate half the store in silence, so it is kept beside the answer and
-compared on a hit. It is the fingerprint of the class that does the node's work
-(``Node.implementing_class``), which for a node standing for another class — a
-torch module's — is that class; what is kept beside an answer also covers the
-fingerprints of the nodes it reads (:mod:`somatize.plan`), since an answer is as
-stale after an edit above it as after an edit of its own node. The line runs
-between what the caller *said* and how it is *written*: only the first can be
+compared on a hit. It is the fingerprint of the classes that do the node's work
+(``Node.implementing_classes``), which for a node standing for another class — a
+torch module's — are that class and its submodules'; what is kept beside an answer
+also covers the fingerprints of the nodes it reads (:mod:`somatize.plan`), since an
+answer is as stale after an edit above it as after an edit of its own node. The line
+runs between what the caller *said* and how it is *written*: only the first can be
 pinned down identically in every process, which a key computed on a client and
 again on a worker must be.
 

@@ -365,6 +365,13 @@ class Node:
         beside each answer kept, and compared when the answer is recalled."""
         return type(self)
 
+    def implementing_classes(self) -> tuple[type, ...]:
+        """Every class whose code computes this node's answers: :meth:`implementing_class`,
+        and for a node made of parts of other classes (a torch module's submodules) those
+        too. The code fingerprint noted beside each answer covers them all, and the
+        classes they inherit from (:func:`~somatize.catalog.fingerprint_of`)."""
+        return (self.implementing_class(),)
+
     def kind_name(self) -> str:
         """What this node is called in listings, figures and messages: its class, or what
         it stands for (a torch node says its module's class)."""

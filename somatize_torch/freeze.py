@@ -65,6 +65,7 @@ __all__ = [
     "StateDoesNotFit",
     "StillChanging",
     "Unfrozen",
+    "classes_of",
     "digest_state",
     "freeze",
     "is_held",
@@ -389,6 +390,9 @@ class ModuleNode(Node):
     def implementing_class(self) -> type:
         return type(self.module)
 
+    def implementing_classes(self) -> tuple[type, ...]:
+        return classes_of(self.module)
+
     def declare(self) -> Any:
         kind = type(self.module)
         if identity_of(kind) is None:
@@ -479,6 +483,14 @@ def module_of(node: Node) -> nn.Module | None:
     if isinstance(node, nn.Module):
         return node
     return None
+
+
+def classes_of(module: nn.Module) -> tuple[type, ...]:
+    """The classes whose code computes what ``module`` answers: its own and those of its
+    submodules, each once, in the order ``modules()`` finds them. The code fingerprint of
+    a torch node covers them all (torch's own classes left out, by
+    :func:`~somatize.catalog.fingerprint_of`), so an edited block of a model is seen."""
+    return tuple(dict.fromkeys(type(part) for part in module.modules()))
 
 
 def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:

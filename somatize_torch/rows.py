@@ -92,7 +92,7 @@ from somatize_torch._row_stats import _COUNTED, RowStats, _reset_stats, _stats_o
 from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import RowsLater
-from somatize_torch.freeze import ModuleNode, Unfrozen, freeze, held_while, hold
+from somatize_torch.freeze import ModuleNode, Unfrozen, classes_of, freeze, held_while, hold
 from somatize_torch.residency import Tier
 from somatize_torch.wrap import STATE_DICT_HOOKS
 from somatize_torch.writer import Writer, store_lock
@@ -169,7 +169,7 @@ class CachedRows(nn.Module):
         # The memory tiers' name for each keying ever made here, so a keying made again
         # (a setting changed and changed back) finds the rows it kept in memory.
         self._tags: dict[tuple[bytes, tuple[Any, ...]], int] = {}
-        self._fingerprint = fingerprint_of(type(module))
+        self._fingerprint = fingerprint_of(*classes_of(module))
         self._writer = Writer(store, self._fingerprint) if store is not None else None
         self._lock = store_lock(store) if store is not None else None
         self._drift_warned = False

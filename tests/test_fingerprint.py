@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from somatize import Drifted, Graph, Node, Store
 from somatize.catalog import fingerprint_of
 
 _MODULE = "tests.fingerprinted"
@@ -38,6 +39,54 @@ def _write(path: Path, text: str) -> None:
     _WRITES[0] += 1
     stamp = 1_700_000_000_000_000_000 + _WRITES[0] * 1_000_000_000
     os.utime(path, ns=(stamp, stamp))
+
+
+_BASES = """
+from somatize import Node
+
+class Src(Node):
+    def forward(self, x, ctx):
+        return x
+
+class Base(Node):
+    def forward(self, x, ctx):
+        return x + STEP
+
+class Inherits(Base):
+    pass
+"""
+
+
+def test_an_edited_base_class_makes_a_recalled_answer_drifted(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fingerprint of a node covers the classes it inherits from: an answer kept before
+    the ``forward`` it inherits was edited is recalled as drifted."""
+    path = tmp_path / "fingerprinted.py"
+
+    def graph(step: int) -> Graph:
+        loaded = _load(path, _BASES.replace("STEP", str(step)), monkeypatch)
+        return Graph.somatize(
+            loaded.Src().named("src").frozen() >> loaded.Inherits().named("top").frozen().cached()
+        )
+
+    assert graph(1).forward(1, store=store) == 2
+    edited = graph(2)
+    with pytest.warns(Drifted, match="`top` was recalled"):
+        assert edited.forward(1, store=store) == 2
+    assert edited.record is not None and edited.record.outcome["top"] == "drifted"
+    assert edited.forward(1, store=store, strict=True) == 3
+
+
+def test_the_library_s_classes_are_not_in_a_fingerprint() -> None:
+    """Node and the standard library's classes are left out of what a fingerprint covers."""
+
+    class Plain(Node):
+        def forward(self, x: Any, ctx: Any) -> Any:
+            return x
+
+    assert fingerprint_of(Plain) == fingerprint_of(Plain, Node, object, dict)
+    assert fingerprint_of(Plain) != fingerprint_of(Node)
 
 
 _ADD = """

@@ -556,3 +556,50 @@ def test_an_edited_module_forward_is_recalled_as_drifted(
     assert after.record.count("ran") == 1
     with torch.no_grad():
         assert torch.equal(fresh, edited(x))
+
+
+_BLOCKS = """
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return BODY
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.Sequential(Block(), Block())
+
+    def forward(self, x):
+        return self.blocks(x)
+"""
+
+
+def test_an_edited_submodule_class_is_in_a_module_node_s_fingerprint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A module node's code fingerprint covers the classes of its submodules, so an edited
+    block of a model is seen; torch's own classes are left out of it."""
+    from somatize.catalog import fingerprint_of
+
+    def stack(body: str) -> nn.Module:
+        loaded = types.ModuleType("tests.stacked_module")
+        loaded.__dict__.update(torch=torch, nn=nn)
+        exec(_BLOCKS.replace("BODY", body), loaded.__dict__)
+        monkeypatch.setitem(sys.modules, loaded.__name__, loaded)
+        module: nn.Module = loaded.Stack()
+        return module
+
+    def noted(module: nn.Module) -> str | None:
+        g = Graph.somatize(smt.ModuleNode(module).named("stack"))
+        return g.memory.fingerprint_of("stack")
+
+    before, edited = stack("torch.relu(self.linear(x))"), stack("self.linear(x)")
+    assert noted(before) != noted(edited)
+    assert noted(before) == noted(stack("torch.relu(self.linear(x))"))
+    block = type(before.get_submodule("blocks.0"))
+    assert noted(before) == fingerprint_of(type(before), block)
+    assert fingerprint_of(block) == fingerprint_of(block, nn.Linear, nn.Sequential)

@@ -260,7 +260,7 @@ def crossings(
 def _written_as(node: Node, fingerprint: str | None) -> bool:
     """Whether ``node``'s code is the code ``fingerprint`` names (None: not known, taken as
     so)."""
-    return fingerprint is None or fingerprint_of(node.implementing_class()) == fingerprint
+    return fingerprint is None or fingerprint_of(*node.implementing_classes()) == fingerprint
 
 
 class Host:
@@ -311,7 +311,7 @@ class Host:
         if fingerprint is None:
             return
         kind = node.implementing_class()
-        here = fingerprint_of(kind)
+        here = fingerprint_of(*node.implementing_classes())
         if here != fingerprint:
             raise Unbuildable(
                 f"`{name}` on worker `{self.worker}` runs other code than the graph was built "
