@@ -10,9 +10,10 @@ its inputs, and neither names nor keys: :func:`code_fingerprints`, worked out on
 graph state by :func:`~somatize.plan.static_of`.
 
 A fingerprint worked out in this process is remembered with the code of each node it was
-worked out from, so a drifted answer this process kept — a notebook's cell edited and run
-again — can name the nodes whose code changed (:func:`changed_code`); one kept by another
-process, or long enough ago, is said to have drifted without names. These are re-exported
+worked out from (the node's own fingerprint and those of what it reads, by position, not
+by name), so a drifted answer this process kept — a notebook's cell edited and run again —
+can name the nodes whose code changed (:func:`changed_code`); one kept by another process,
+or long enough ago, is said to have drifted without names. These are re-exported
 by :mod:`somatize.plan`, their public home.
 """
 
@@ -33,16 +34,16 @@ _UNWRITTEN = "unwritten"
 """What a node with no code fingerprint (none noted in its graph's memory) contributes to
 the fingerprints of the nodes below it."""
 
-_KNOWN_CODE = 256
-"""How many fingerprints of cached nodes :func:`changed_code` remembers the code behind."""
+_KNOWN_CODE = 4096
+"""How many fingerprints :func:`changed_code` remembers the code behind."""
 
-_CODE: dict[str, dict[str, str | None]] = {}
-"""A fingerprint worked out in this process for a cached node
-(:attr:`~somatize.plan.Static.fingerprint`) → the own fingerprint of each node of the graph
-state it was worked out in (one dict, shared by that state's nodes), so that a drifted
-answer kept by this process — a cell of a notebook edited and run again — can name what
-changed. The last :data:`_KNOWN_CODE` seen are remembered; for one older, or kept by
-another process, drift is said without names."""
+_CODE: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+"""A fingerprint worked out in this process for a node (:attr:`~somatize.plan.Static.fingerprint`)
+→ what it was worked out from: the node's own fingerprint, and those worked out for what it
+reads, in order. So a drifted answer kept by this process — a cell of a notebook edited and
+run again — can name what changed, by following the fingerprint it was kept with down the
+nodes it reads, whatever they were called then. The last :data:`_KNOWN_CODE` seen are
+remembered; for one older, or kept by another process, drift is said without names."""
 
 
 def code_fingerprints(
@@ -65,28 +66,54 @@ def code_fingerprints(
     return out
 
 
-def _remember_code(fingerprint: str, written: dict[str, str | None]) -> None:
-    if fingerprint in _CODE:
-        return
-    while len(_CODE) >= _KNOWN_CODE:
-        try:  # the oldest; threads building plans at once may have taken it already
-            _CODE.pop(next(iter(_CODE)), None)
-        except (StopIteration, RuntimeError):
-            break
-    _CODE[fingerprint] = written
+def _remember_code(
+    fingerprint: dict[str, str],
+    preds: dict[str, tuple[str, ...]],
+    written: dict[str, str | None],
+) -> None:
+    """Remembers what each of ``fingerprint`` (:func:`code_fingerprints` of a graph state)
+    was worked out from."""
+    for node, worked_out in fingerprint.items():
+        if worked_out in _CODE:
+            continue
+        while len(_CODE) >= _KNOWN_CODE:
+            try:  # the oldest; threads building plans at once may have taken it already
+                _CODE.pop(next(iter(_CODE)), None)
+            except (StopIteration, RuntimeError):
+                break
+        _CODE[worked_out] = (written[node], tuple(fingerprint[p] for p in preds[node]))
 
 
 def changed_code(graph: Graph, node: str, was: str | None) -> list[str] | None:
     """The nodes, of ``node`` and those it reads (nearest first), whose code is not now
     what it was when this process worked out the fingerprint ``was`` for ``node`` — None
-    when it did not, or when what it remembers tells nothing apart."""
-    then = _CODE.get(was) if was is not None else None
-    if then is None:
+    when it did not, or when what it remembers does not reach far enough to tell.
+
+    ``was`` is followed down what the node reads, position by position, as the node's
+    key reads them (the answer is recalled under the same key, so what it reads is read
+    in the same shape); where a fingerprint worked out now is the one worked out then,
+    nothing above it changed. Names do not count: the fingerprint may have been worked
+    out in another graph, whose nodes were called otherwise."""
+    if was is None:
         return None
     memory = graph.memory
-    changed = [
-        above
-        for above in upstream(graph, node)
-        if then.get(above, _UNWRITTEN) != memory.fingerprint_of(above)
-    ]
-    return changed or None
+    order = graph.nodes()
+    preds = {n: graph.predecessors(n) for n in order}
+    written = {n: memory.fingerprint_of(n) for n in order}
+    now = code_fingerprints(order, preds, written)
+    changed: set[str] = set()
+    seen: set[tuple[str, str]] = set()
+    walk = [(node, was)]
+    while walk:
+        at, then = walk.pop()
+        if now[at] == then or (at, then) in seen:
+            continue
+        seen.add((at, then))
+        remembered = _CODE.get(then)
+        if remembered is None or len(remembered[1]) != len(preds[at]):
+            return None
+        own, above = remembered
+        if (own or _UNWRITTEN) != (written[at] or _UNWRITTEN):
+            changed.add(at)
+        walk += zip(preds[at], above, strict=True)
+    return [n for n in upstream(graph, node) if n in changed] or None

@@ -141,8 +141,8 @@ def static_of(graph: Graph) -> Static:
     reads = {n: graph.predecessors(n) for n in graph.nodes()}
     written = {n: memory.fingerprint_of(n) for n in graph.nodes()}
     fingerprint = code_fingerprints(graph.nodes(), reads, written)
-    for node in cached:
-        _remember_code(fingerprint[node], written)
+    if cached:
+        _remember_code(fingerprint, reads, written)
     static = Static(
         version=memory.version,
         order=graph.nodes(),

@@ -1,4 +1,4 @@
-"""The code fingerprint kept beside an answer: what it covers."""
+"""The code fingerprint kept beside an answer: what it covers, and what a drift names."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import types
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,50 @@ def test_module_helpers_and_constants_a_node_names_are_in_its_fingerprint(
     assert inner[0] == const and inner[1] != helped
     assert fingerprints("x - 1", "x - 2") == (const, helped)  # a function nothing names
     assert fingerprints() == (const, helped)
+
+
+_CELL = """
+from somatize import Node
+
+class Src(Node):
+    def forward(self, x, ctx):
+        return x
+
+class Add(Node):
+    def forward(self, x, ctx):
+        return x + STEP
+"""
+
+
+def _cell(step: int, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A notebook cell defining ``Src`` and ``Add``, run with ``Add`` adding ``step``."""
+    cell = types.ModuleType("tests.fingerprint_cell")
+    exec(compile(_CELL.replace("STEP", str(step)), "<cell>", "exec"), cell.__dict__)
+    monkeypatch.setitem(sys.modules, cell.__name__, cell)
+    return cell
+
+
+def test_a_drift_names_the_nodes_whose_code_changed_whatever_they_were_called(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The nodes a drifted fact names are those whose code changed, though the fingerprint
+    the answer was kept with was first worked out in a graph whose nodes had other
+    names."""
+    cell = _cell(1, monkeypatch)
+    other = Graph.somatize(
+        cell.Src().named("load").frozen() >> cell.Add().named("plus").frozen().cached()
+    )
+    other.forward(5, store=str(tmp_path / "elsewhere"))
+    kept = Graph.somatize(cell.Src().frozen() >> cell.Add().frozen().cached())
+    assert kept.forward(5, store=store) == 6
+    cell = _cell(2, monkeypatch)
+    edited = Graph.somatize(cell.Src().frozen() >> cell.Add().frozen().cached())
+    seen: list[dict[str, Any]] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Drifted)
+        assert edited.forward(5, store=store, watching=seen.append) == 6
+    drifted = [fact for fact in seen if fact["fact"] == "drifted"]
+    assert [fact["changed"] for fact in drifted] == [["add"]]
 
 
 _EVERYWHERE = """
