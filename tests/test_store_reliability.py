@@ -784,3 +784,74 @@ def test_a_child_forked_while_another_thread_holds_the_store_uses_it(
         done.set()
         thread.join(timeout=30)
     assert Store(tmp_path).recall(key_of("kept by a forked child"))[1] == data
+
+
+# -- files planted where a store keeps its own ------------------------------------------------
+
+
+def _read_what_was_planted(root: str, key: str, digest: str, pack: str) -> list[str]:
+    """What each reader of the signed store at ``root`` says of the devices and FIFOs
+    planted there, read in a child that may not grow past a GiB more: a read to the end of
+    ``/dev/zero`` fails it (MemoryError) rather than fill the machine."""
+    import resource
+
+    with open("/proc/self/status") as status:
+        size = next(int(line.split()[1]) << 10 for line in status if line.startswith("VmSize"))
+    resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 30), resource.RLIM_INFINITY))
+
+    def said(call: Any) -> str:
+        try:
+            return repr(call())
+        except Exception as why:  # what a reader says: the test compares it
+            return type(why).__name__
+
+    def fresh() -> LocalStore:
+        return LocalStore(root, signing_key="team secret")
+
+    return [
+        said(lambda: fresh().have([key])),
+        said(lambda: fresh().recall(key)),
+        said(lambda: fresh().resolve("zero")),
+        said(lambda: fresh().resolve("fifo")),
+        said(lambda: fresh().get(digest)),
+        said(lambda: fresh().get(pack)),
+        said(lambda: fresh().have([key_of("looked for among the packs")])),
+        said(lambda: fresh().verify().records),
+        said(lambda: fresh().gc(10**9, grace=0).answers),
+    ]
+
+
+def test_a_device_or_fifo_planted_in_a_store_is_damage_never_read(tmp_path: Path) -> None:
+    """A symlink to ``/dev/zero`` or a FIFO planted where a record, name, blob or pack index
+    is looked for, in a signed store, is no file a store writes: readers take it as
+    damage or absence (the record a miss, the name unbound, the blob Corrupt), never wait
+    on it or read it to no end; verify and gc pass it over."""
+    root = tmp_path / "store"
+    store = LocalStore(root, signing_key="team secret")
+    store.keep(key_of("whole"), b"a whole answer", "plain")
+    key = "blake3:" + "ab" * 32
+    (root / "answers" / "ab").mkdir()
+    os.symlink("/dev/zero", root / "answers" / "ab" / ("ab" * 32))
+    os.symlink("/dev/zero", root / "names" / "zero")
+    os.mkfifo(root / "names" / "fifo")
+    digest, pack = "blake3:" + "cd" * 32, "blake3:" + "ef" * 32
+    (root / "blobs" / "cd").mkdir()
+    os.symlink("/dev/zero", root / "blobs" / "cd" / ("cd" * 32))
+    (root / "blobs" / "ef").mkdir()
+    os.mkfifo(root / "blobs" / "ef" / ("ef" * 32))
+    os.symlink("/dev/zero", root / "packs" / ("01" * 32))
+    said = in_forked_child(_read_what_was_planted, str(root), key, digest, pack, timeout=30)
+    assert said == [
+        "set()",
+        "Corrupt",
+        "NameNotFound",
+        "NameNotFound",
+        "Corrupt",
+        "Corrupt",
+        "set()",
+        "1",
+        "0",
+    ]
+    assert bytes(LocalStore(root, signing_key="team secret").recall(key_of("whole"))[1]) == (
+        b"a whole answer"
+    )

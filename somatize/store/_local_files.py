@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from stat import S_ISDIR, S_ISREG
 
 from somatize._threads import process_pool
 from somatize.store._packed import PackedHome, digest_of, nbytes, pieces_of
@@ -60,17 +61,57 @@ def _hashers() -> ThreadPoolExecutor:
     return process_pool("somatize-hash", 1)
 
 
-def _read_file(path: str) -> bytes:
-    """The bytes of the file at ``path``: two system calls and a copy for a small file
-    (a record), where a Python file object costs several times that."""
-    # Not blocking: a FIFO put where a record is looked for reads as empty (damaged),
-    # where opening it waited for a writer for good.
+SMALL_FILE = 16 << 20
+"""No record or name a store writes is this large: one that is (a file planted there)
+is damage, never read whole into memory."""
+
+
+class NotAFile(OSError):
+    """What is at a path is no file a store writes: not a regular file (a FIFO, a device,
+    a symlink to ``/dev/zero``), or larger than any file of its kind. Reading it would
+    wait, or read, for good; readers take it as damage or absence."""
+
+
+def _open_regular(path: str) -> tuple[int, os.stat_result]:
+    """A descriptor of the file at ``path``, opened without blocking (a FIFO would wait for
+    a writer for good), and its stat: NotAFile, closed, if it is no regular file. A
+    symlink to a regular file is followed, as every read of the store follows it."""
     handle = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
-        chunks = []
-        while chunk := os.read(handle, 1 << 16):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        stat = os.fstat(handle)
+        if S_ISDIR(stat.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not S_ISREG(stat.st_mode):
+            raise NotAFile(errno.EINVAL, "not a regular file (a FIFO, a device)", path)
+    except BaseException:
+        os.close(handle)
+        raise
+    return handle, stat
+
+
+def _read_open(handle: int, size: int) -> bytes:
+    """At most ``size`` bytes from ``handle``, from where it is: fewer only if the file ends
+    first (truncated meanwhile)."""
+    chunks = []
+    left = size
+    while left > 0 and (chunk := os.read(handle, min(left, 1 << 20))):
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_file(path: str, cap: int | None = SMALL_FILE) -> bytes:
+    """The bytes of the file at ``path`` (a record, a name, a pack index), at most its size
+    when opened: two system calls and a copy for a small file, where a Python file object
+    costs several times that. NotAFile for what is no regular file, or (``cap``) larger
+    than any file of its kind; FileNotFoundError, IsADirectoryError as the system says."""
+    handle, stat = _open_regular(path)
+    try:
+        if cap is not None and stat.st_size > cap:
+            raise NotAFile(
+                errno.EFBIG, f"{stat.st_size} bytes, more than any such file holds", path
+            )
+        return _read_open(handle, stat.st_size)
     finally:
         os.close(handle)
 

@@ -24,7 +24,14 @@ from stat import S_ISREG
 
 import blake3
 
-from somatize.store._local_files import _READ_ONLY, LocalFiles, _read_file
+from somatize.store._local_files import (
+    _READ_ONLY,
+    SMALL_FILE,
+    LocalFiles,
+    NotAFile,
+    _open_regular,
+    _read_file,
+)
 from somatize.store._packed import hash_bytes
 from somatize.store.base import StoreError
 from somatize.store.upkeep import Entry
@@ -78,12 +85,17 @@ class LocalShelf(LocalFiles):
 
     def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
         base = f"{self._section(section)}{os.sep}"
+        cap = None if section == "packs" else SMALL_FILE
         out: dict[str, bytes | None] = {}
         for name in names:
             try:
-                out[name] = _read_file(base + name)
+                out[name] = _read_file(base + name, cap)
             except (FileNotFoundError, IsADirectoryError):
                 out[name] = None
+            except NotAFile:
+                # No file a store writes (one larger than any record, a FIFO put there
+                # since it was listed): read as nothing, which is damage.
+                out[name] = b""
             except OSError as why:
                 raise self._unreadable(section, why) from why
         return out
@@ -141,7 +153,7 @@ class LocalShelf(LocalFiles):
             # Fresh in tmp/, where a gc elsewhere removes only what is old.
             with contextlib.suppress(OSError):
                 os.utime(aside)
-            unchanged = _read_file(aside) == was
+            unchanged = _read_file(aside, None) == was
         except FileNotFoundError:
             # A gc in another process with no grace removed it from tmp/ meanwhile: it is
             # gone, as this one meant it to be.
@@ -196,15 +208,22 @@ class LocalShelf(LocalFiles):
     def _rehash(self, digest: str) -> str | None:
         path = self._blob_file(digest)
         try:
-            with open(path, "rb") as handle:
-                if os.fstat(handle.fileno()).st_size == 0:
-                    return "blake3:" + blake3.blake3(b"").hexdigest()
-                with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                    return hash_bytes(mapped)
-        except FileNotFoundError:
+            handle, stat = _open_regular(path)
+        except (FileNotFoundError, NotAFile, IsADirectoryError):
+            # Removed meanwhile, or no file (a FIFO put there since it was listed, which
+            # a listing leaves out too): no blob is here.
             return None
         except OSError as why:
             raise self._unreadable("blobs", why) from why
+        try:
+            if stat.st_size == 0:
+                return "blake3:" + blake3.blake3(b"").hexdigest()
+            with mmap.mmap(handle, 0, access=mmap.ACCESS_READ) as mapped:
+                return hash_bytes(mapped)
+        except OSError as why:
+            raise self._unreadable("blobs", why) from why
+        finally:
+            os.close(handle)
 
     def _flush_use(self) -> None:
         _write_uses(str(self.root), *self._take_uses())

@@ -55,7 +55,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from somatize.store._local_files import _READ_ONLY, Stamp, _read_file, stamp_of
+from somatize.store._local_files import (
+    _READ_ONLY,
+    NotAFile,
+    Stamp,
+    _open_regular,
+    _read_file,
+    _read_open,
+    stamp_of,
+)
 from somatize.store._local_upkeep import LocalShelf, _write_uses
 from somatize.store._packed import hash_bytes
 from somatize.store.base import (
@@ -195,9 +203,25 @@ class LocalStore(LocalShelf):
 
     def open_blob(self, digest: str) -> io.BufferedReader:
         try:
-            return open(self._blob_file(digest), "rb")  # the caller closes it
+            handle, _ = _open_regular(self._blob_file(digest))
         except FileNotFoundError:
             raise Missing(f"blob {digest} is not in {self.root}") from None
+        except NotAFile as why:
+            raise self._no_blob(digest, why) from None
+        return open(handle, "rb")  # the caller closes it
+
+    def _no_blob(self, digest: str, why: OSError) -> Corrupt:
+        """What a read of blob ``digest`` says when what is at its path is no file (a FIFO,
+        a device): damage, never read, moved to ``quarantine/`` as a damaged blob is."""
+        try:
+            self._set_aside(self._blob_file(digest), "blobs", digest[7:])
+            fate = "was moved to quarantine/ so that it is written afresh"
+        except OSError as unmoved:
+            fate = f"could not be moved to quarantine/ ({unmoved.strerror})"
+        return Corrupt(
+            f"blob {digest} in {self.root} is no file a store writes ({why.strerror}): it "
+            f"is damaged, was not read, and {fate}"
+        )
 
     def get(self, digest: str) -> memoryview:
         return self._read_blob(digest, None)
@@ -213,8 +237,13 @@ class LocalStore(LocalShelf):
             return held
         path = self._blob_file(digest)
         try:
-            with open(path, "rb") as handle:
-                stat = os.fstat(handle.fileno())
+            opened, stat = _open_regular(path)
+        except FileNotFoundError:
+            raise Missing(f"blob {digest} is not in {self.root}") from None
+        except (NotAFile, IsADirectoryError) as why:
+            raise self._no_blob(digest, why) from None
+        try:
+            with open(opened, "rb") as handle:
                 actual = stat.st_size
                 if size is not None and actual != size:
                     raise Corrupt(
@@ -234,7 +263,12 @@ class LocalStore(LocalShelf):
                 elif actual > _MAP_ABOVE:
                     data = _read_privately(handle, actual, digest)
                 else:
-                    raw = handle.read()
+                    raw = _read_open(opened, actual)
+                    if len(raw) != actual:
+                        raise Corrupt(
+                            f"blob {digest} ended after {len(raw)} of its {actual} bytes as "
+                            "it was read: it was truncated or overwritten"
+                        )
                     data = memoryview(raw)
         except FileNotFoundError:
             raise Missing(f"blob {digest} is not in {self.root}") from None
@@ -263,10 +297,15 @@ class LocalStore(LocalShelf):
     def resolve(self, name: str) -> str:
         check_name(name)
         try:
-            data = (self.root / "names" / name).read_bytes()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            data = _read_file(str(self.root / "names" / name))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, NotAFile) as why:
+            planted = (
+                f" (names/{name} is no file a store writes: {why.strerror})"
+                if isinstance(why, NotAFile)
+                else ""
+            )
             raise NameNotFound(
-                f"nothing is bound to `{name}` in {self.root}; bind it first with "
+                f"nothing is bound to `{name}` in {self.root}{planted}; bind it first with "
                 f"`store.bind({name!r}, store.put(data))`"
             ) from None
         return decode_name(name, data, self.signer)
@@ -293,6 +332,11 @@ class LocalStore(LocalShelf):
             data = _read_file(path)
         except FileNotFoundError:
             return None
+        except (NotAFile, IsADirectoryError) as why:
+            raise Corrupt(
+                f"the answer record of {key} in {self.root} is no file a store writes "
+                f"({why.strerror}): it is damaged, and was not read"
+            ) from None
         except OSError as why:
             raise self._unreadable("answers", why) from why
         answer = decode_record(key, data, self.signer)
@@ -384,20 +428,19 @@ class LocalStore(LocalShelf):
                 shards[hexed[:2]] = listed
             if hexed in listed:
                 try:
-                    with open(self._answer_file(key), "rb") as handle:
-                        out[key] = handle.read()
-                except FileNotFoundError:
-                    continue  # removed meanwhile
+                    out[key] = _read_file(self._answer_file(key))
+                except (FileNotFoundError, IsADirectoryError, NotAFile):
+                    continue  # removed meanwhile, or no record (a FIFO planted there)
         return out
 
     def _read_indexes(self, wanted: dict[str, str]) -> dict[str, bytes | None]:
         out: dict[str, bytes | None] = {}
         for pack_id in wanted:
             try:
-                with open(self._pack_file(pack_id), "rb") as handle:
-                    out[pack_id] = handle.read()
-            except (FileNotFoundError, ValueError):
-                out[pack_id] = None  # gone meanwhile, or not an index's name: a miss
+                out[pack_id] = _read_file(self._pack_file(pack_id), None)
+            except (FileNotFoundError, IsADirectoryError, NotAFile, ValueError):
+                # Gone meanwhile, not an index's name, or no index (a FIFO): a miss.
+                out[pack_id] = None
         return out
 
     def _forget_blob(self, digest: str) -> None:
