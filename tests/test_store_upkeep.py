@@ -111,6 +111,62 @@ def test_gc_spares_a_blob_put_again_while_it_ran(tmp_path: Path) -> None:
     assert path.exists() and fresh.have([key_of(9)]) == {key_of(9)}
 
 
+@pytest.mark.parametrize("when", ["after its last look", "as it removes the blob"])
+def test_gc_spares_a_blob_put_again_and_referred_to_after_its_last_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A writer that puts an old unreferenced blob again (touching it) and publishes a record
+    referring to it after gc's last look, or in the instant gc removes it, keeps it: gc sets
+    each blob aside before it removes it and puts back one touched since its last look, and
+    a writer touching it once it is aside finds it gone and writes it afresh."""
+    collector, writer = LocalStore(tmp_path / "store"), LocalStore(tmp_path / "store")
+    content = b"the same deterministic answer" * 100
+    evicted = collector.keep(key_of(1), content, "plain")
+    path = collector.blob_path(evicted.value)
+    for old in (path, collector.answer_path(key_of(1))):
+        os.utime(old, (time.time() - 3600,) * 2)
+    kept: list[str] = []
+
+    def keep_again() -> None:
+        if not kept:
+            kept.append(writer.keep(key_of(2), content, "plain").value)
+
+    if when == "after its last look":
+        listed, looks = collector._entries, []
+
+        def entries(section: str) -> list[Entry]:
+            found = listed(section)
+            if section == "blobs":
+                looks.append(section)
+                if len(looks) == 2:
+                    keep_again()
+            return found
+
+        collector._entries = entries  # type: ignore[method-assign]
+    else:
+        rename, unlink = os.rename, os.unlink
+
+        def renaming(source: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+            rename(source, target, *args, **kwargs)
+            if os.fspath(source) == str(path):
+                keep_again()  # the blob is aside now
+
+        def unlinking(target: Any, *args: Any, **kwargs: Any) -> None:
+            if os.fspath(target) == str(path):
+                keep_again()
+            unlink(target, *args, **kwargs)
+
+        monkeypatch.setattr(os, "rename", renaming)
+        monkeypatch.setattr(os, "unlink", unlinking)
+    done = collector.gc(max_bytes=0, grace=60)
+    monkeypatch.undo()
+    assert kept == [evicted.value] and done.answers == 1
+    fresh = LocalStore(tmp_path / "store")
+    assert fresh.have([key_of(2)]) == {key_of(2)}
+    assert bytes(fresh.recall(key_of(2))[1]) == content
+    assert LocalStore(tmp_path / "store").verify().ok
+
+
 HOMES = [
     ("local", lambda where: LocalStore(where / "local")),
     ("s3", lambda where: Store.on_bucket(s3_url(), **s3_options())),
@@ -474,7 +530,7 @@ def test_two_gcs_at_once_both_finish(tmp_path: Path, make: Any, meanwhile: str) 
         other.recall(key_of(20 + 2 * i))
         other.close()
     second = _reopen(first)
-    removing = first._remove
+    removing, sweeping = first._remove, first._sweep
     ran: list[str] = []
 
     def remove(section: str, names: list[str]) -> None:
@@ -483,7 +539,15 @@ def test_two_gcs_at_once_both_finish(tmp_path: Path, make: Any, meanwhile: str) 
             second.gc(0, grace=0)
         removing(section, names)
 
+    def sweep(entries: list[Entry]) -> list[Entry]:
+        if not ran:  # the first is about to remove blobs: the other runs
+            ran.append("blobs")
+            second.gc(0, grace=0)
+        return sweeping(entries)  # type: ignore[no-any-return]
+
     first._remove = remove
+    if meanwhile == "blobs":
+        first._sweep = sweep
     first.gc(0, grace=0)
     assert ran == [meanwhile]
     fresh = _reopen(first)
@@ -580,15 +644,15 @@ def test_a_keep_of_a_blob_its_gc_is_removing_waits_and_writes_it_afresh(
     content = b"bytes put long ago, referred to by nothing"
     os.utime(store.blob_path(store.put(content)), (time.time() - 3600,) * 2)
     removing, kept = threading.Event(), threading.Event()
-    real = store._remove
+    real = store._sweep
 
-    def remove(section: str, names: list[str]) -> None:
-        if section == "blobs" and names:
+    def sweep(entries: list[Entry]) -> list[Entry]:
+        if entries:
             removing.set()
             kept.wait(0.5)  # a keep that does not wait for this removal is done by now
-        real(section, names)
+        return real(entries)
 
-    store._remove = remove  # type: ignore[method-assign]
+    store._sweep = sweep  # type: ignore[method-assign]
     collector = threading.Thread(target=store.gc, kwargs={"grace": 0})
     collector.start()
     assert removing.wait(10)

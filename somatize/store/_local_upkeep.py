@@ -108,6 +108,56 @@ class LocalShelf(LocalFiles):
             except OSError as why:
                 raise self._unremoved(section, name, why) from why
 
+    def _sweep(self, entries: list[Entry]) -> list[Entry]:
+        """Each blob is renamed into ``tmp/`` first and looked at there: one whose time moved
+        since ``entries`` listed it — a writer put it again (:meth:`_already` touches it),
+        about to refer to it — is put back; only one left as listed is removed. A writer
+        that touches it from the rename on finds it gone, and writes it afresh. What
+        remains: while a blob is aside, a recall of a record published in that instant
+        referring to it is a miss, recomputed — never a record left pointing at nothing."""
+        gone: list[Entry] = []
+        if not entries:
+            return gone
+        try:
+            os.makedirs(self._tmp, exist_ok=True)
+        except OSError as why:
+            raise self._unremoved("blobs", entries[0].name, why) from why
+        for entry in entries:
+            with self._in_tmp(".swept") as aside:
+                if self._sweep_one(entry, self._tmp + aside):
+                    gone.append(entry)
+        return gone
+
+    def _sweep_one(self, entry: Entry, aside: str) -> bool:
+        """Removes the blob ``entry`` names unless its time moved since it was listed,
+        setting it ``aside`` (a path in ``tmp/``) first, as :meth:`_sweep` says."""
+        path = f"{self._blobs}{entry.name.replace('/', os.sep)}"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False  # removed meanwhile (a gc elsewhere)
+        except OSError as why:
+            raise self._unremoved("blobs", entry.name, why) from why
+        try:
+            # The rename moved its ctime; its mtime moves only when a writer touches it.
+            touched = os.stat(aside).st_mtime != entry.mtime
+        except FileNotFoundError:
+            return True  # removed from tmp/ meanwhile by a gc elsewhere with no grace
+        if not touched:
+            try:
+                os.unlink(aside)
+            except FileNotFoundError:
+                pass
+            except OSError as why:
+                # Renamed, yet not removable: it goes back where it was (the same bytes as
+                # any a writer put there since, since a blob is named by them).
+                with contextlib.suppress(OSError):
+                    os.replace(aside, path)
+                raise self._unremoved("blobs", entry.name, why) from why
+            return True
+        self._put_back(aside, path, f"blobs/{entry.name}")
+        return False
+
     def _unremoved(self, section: str, name: str, why: OSError) -> StoreError:
         readonly = why.errno in _READ_ONLY
         return StoreError(

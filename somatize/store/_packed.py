@@ -232,6 +232,12 @@ class PackedHome(Store):
     def _remove(self, section: str, names: list[str]) -> None:
         """Removes ``names`` from ``section``."""
 
+    def _sweep(self, entries: list[Entry]) -> list[Entry]:
+        """Removes the unreferenced blobs ``entries`` (as a gc's last look listed them);
+        those removed. A home that can tell a blob touched since (a local store) leaves it."""
+        self._remove("blobs", [entry.name for entry in entries])
+        return entries
+
     @abc.abstractmethod
     def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]:
         """Removes each file of ``section`` named in ``listed`` that still holds the bytes

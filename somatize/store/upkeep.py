@@ -112,6 +112,8 @@ class Shelf(Protocol):
 
     def _remove(self, section: str, names: list[str]) -> None: ...
 
+    def _sweep(self, entries: list[Entry]) -> list[Entry]: ...
+
     def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]: ...
 
     def _quarantine(self, section: str, name: str) -> bool: ...
@@ -359,8 +361,8 @@ def collect(
         held |= _referred_since(shelf, seen)
         now = time.time()
         again = {e.name: e for e in shelf._entries("blobs")}
-        sweep = [
-            e
+        sweep = [  # each as this last look found it
+            again[e.name]
             for e in sweep
             if _digest_of(e.name) not in held
             and e.name in again
@@ -370,7 +372,7 @@ def collect(
     # put by another thread of it from now on waits until this removal is done.
     with shelf._removing_blobs({_digest_of(e.name) for e in sweep}) as free:
         sweep = [e for e in sweep if _digest_of(e.name) in free]
-        shelf._remove("blobs", [e.name for e in sweep])
+        sweep = shelf._sweep(sweep)  # one a writer touched since the last look is left
     out.blobs = len(sweep)
     out.freed += sum(e.size for e in sweep)
     tmp_grace = grace if abandoned_after is None else abandoned_after
