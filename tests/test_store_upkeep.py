@@ -167,6 +167,76 @@ def test_gc_spares_a_blob_put_again_and_referred_to_after_its_last_look(
     assert LocalStore(tmp_path / "store").verify().ok
 
 
+@pytest.mark.parametrize("writer", ["keeps it again", "does not"])
+def test_verify_while_gc_evicts_and_a_writer_keeps_again_finds_no_damage(
+    tmp_path: Path, writer: str
+) -> None:
+    """verify --quarantine that read a record before a gc elsewhere evicted it (record and
+    blob), and while a writer kept that answer again, finds the store whole: what it judged
+    damaged is read again before it is told, gone (no damage) or kept anew (whole), and the
+    writer's fresh record is never moved aside."""
+    root = tmp_path / "store"
+    keeper, collector, checker = LocalStore(root), LocalStore(root), LocalStore(root)
+    content = b"answer bytes" * 10
+    evicted = keeper.keep(key_of(1), content, "plain")
+    keeper.keep(key_of(2), b"another answer, used lately", "plain")
+    for old in (keeper.blob_path(evicted.value), keeper.answer_path(key_of(1))):
+        os.utime(old, (time.time() - 3600,) * 2)
+    listed, rehash = checker._entries, checker._rehash
+    ran: list[str] = []
+
+    def entries(section: str) -> list[Entry]:
+        if section == "blobs" and not ran:  # verify has read the records: a gc evicts one
+            ran.append("gc")
+            assert collector.gc(max_bytes=200, grace=60).answers == 2
+        return listed(section)
+
+    def rehashing(digest: str) -> str | None:
+        if writer == "keeps it again" and ran == ["gc"]:  # while verify hashes the blobs
+            ran.append("kept")
+            keeper.keep(key_of(1), content, "plain")
+        return rehash(digest)
+
+    checker._entries = entries  # type: ignore[method-assign]
+    checker._rehash = rehashing  # type: ignore[method-assign]
+    found = checker.verify(quarantine=True)
+    assert ran == (["gc", "kept"] if writer == "keeps it again" else ["gc"])
+    assert found.ok and found.damaged == [] and found.quarantined == []
+    fresh = LocalStore(root)
+    kept = {key_of(1)} if writer == "keeps it again" else set()
+    assert fresh.have([key_of(1)]) == kept and fresh.verify().ok
+
+
+def test_verify_puts_back_a_record_kept_anew_as_it_moves_it_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record verify found damaged (its blob gone) that a writer keeps anew in the instant
+    verify moves it to quarantine/ is put back: verify moves a record aside, compares it
+    with what it judged, and leaves one that changed."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    content = b"an answer whose blob was lost"
+    answer = store.keep(key_of(1), content, "plain")
+    store.blob_path(answer.value).unlink()
+    record = str(store.answer_path(key_of(1)))
+    replace, kept = os.replace, []
+
+    def replacing(source: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        if os.fspath(source) == record and "quarantine" in os.fspath(target) and not kept:
+            kept.append("anew")  # a writer recomputes it and keeps it, at this instant
+            time.sleep(0.01)  # a record written later: its time differs
+            LocalStore(root).keep(key_of(1), content, "plain")
+        replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replacing)
+    found = LocalStore(root).verify(quarantine=True)
+    monkeypatch.undo()
+    assert kept == ["anew"]
+    assert found.quarantined == [] and found.damaged == []
+    fresh = LocalStore(root)
+    assert bytes(fresh.recall(key_of(1))[1]) == content and fresh.verify().ok
+
+
 HOMES = [
     ("local", lambda where: LocalStore(where / "local")),
     ("s3", lambda where: Store.on_bucket(s3_url(), **s3_options())),

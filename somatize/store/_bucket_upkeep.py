@@ -222,7 +222,16 @@ class BucketShelf(BucketRequests):
         self._rm(f"removing from {section}", same)
         return {paths[path] for path in same}
 
-    def _quarantine(self, section: str, name: str) -> bool:
+    def _quarantine(self, section: str, name: str, was: bytes | None = None) -> bool | None:
+        """Given ``was``, the file is read again first and left if it changed: a bucket has
+        no atomic rename, so a writer that publishes it anew between that read and the
+        move still loses it to quarantine/ (a miss, recomputed)."""
+        if was is not None:
+            now = self._read_many(section, [name]).get(name)
+            if now is None:
+                return False
+            if now != was:
+                return None
         aside = self._path("quarantine", f"{section}/{name.replace('/', '_')}.{time.time_ns()}")
         if section == "blobs":  # a keep of it through this store object writes it afresh
             self._damaged.add(f"blake3:{name.rsplit('/', 1)[-1]}")

@@ -371,16 +371,16 @@ class LocalFiles(PackedHome):
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _set_aside(self, path: str, section: str, label: str) -> bool:
-        """Moves a damaged file to ``quarantine/<section>/<label>.<time>``; False if it was
-        gone already, OSError if it cannot be moved (a read-only store)."""
+    def _set_aside(self, path: str, section: str, label: str) -> str | None:
+        """Moves a damaged file to ``quarantine/<section>/<label>.<time>``, and says where;
+        None if it was gone already, OSError if it cannot be moved (a read-only store)."""
         aside = self.root / "quarantine" / section / f"{label}.{time.time_ns()}"
         try:
             aside.parent.mkdir(parents=True, exist_ok=True)
             os.replace(path, aside)
         except FileNotFoundError:
-            return False  # already moved or removed by another reader: either way it is gone
-        return True
+            return None  # already moved or removed by another reader: either way it is gone
+        return str(aside)
 
     def _unreadable(self, section: str, why: OSError) -> StoreError:
         """The error for a file or folder of ``section`` this process cannot read."""

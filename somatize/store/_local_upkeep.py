@@ -235,18 +235,20 @@ class LocalShelf(LocalFiles):
             except OSError as why:
                 raise StoreError(
                     f"could not put {what} back in {self.root} after finding it kept again "
-                    f"while gc ran ({why.strerror}); it is at {aside}, and is a miss until it "
+                    f"meanwhile ({why.strerror}); it is at {aside}, and is a miss until it "
                     "is moved back or the answer is kept again"
                 ) from why
             return
         with contextlib.suppress(FileNotFoundError):
             os.unlink(aside)
 
-    def _quarantine(self, section: str, name: str) -> bool:
+    def _quarantine(self, section: str, name: str, was: bytes | None = None) -> bool | None:
+        """Given ``was``, the file is moved aside and compared there: one a writer published
+        anew since it was judged is put back (never over one published since), and None
+        said."""
+        path = str(self._section(section) / name)
         try:
-            return self._set_aside(
-                str(self._section(section) / name), section, name.replace("/", "_")
-            )
+            moved = self._set_aside(path, section, name.replace("/", "_"))
         except OSError as why:
             raise StoreError(
                 f"could not move {section}/{name} to quarantine/ in {self.root} "
@@ -254,6 +256,18 @@ class LocalShelf(LocalFiles):
             ) from why
         finally:
             self._forget_all()
+        if moved is None or was is None:
+            return moved is not None
+        try:
+            unchanged = _read_file(moved, None) == was
+        except FileNotFoundError:
+            return True  # moved on from quarantine/ by hand meanwhile
+        except OSError:
+            unchanged = False  # it cannot be told: it is put back
+        if unchanged:
+            return True
+        self._put_back(moved, path, f"{section}/{name}")
+        return None
 
     def _rehash(self, digest: str) -> str | None:
         path = self._blob_file(digest)

@@ -245,9 +245,11 @@ class PackedHome(Store):
         kept anew under its key); the names of those removed."""
 
     @abc.abstractmethod
-    def _quarantine(self, section: str, name: str) -> bool:
+    def _quarantine(self, section: str, name: str, was: bytes | None = None) -> bool | None:
         """Moves ``section/name`` aside, so it is a miss from now on; False if it was gone
-        already, StoreError if it could not be moved (a read-only store)."""
+        already, StoreError if it could not be moved (a read-only store). Given ``was``
+        (what it held when it was judged), one that holds other bytes now (kept anew
+        since) is left in place, and None said."""
 
     @abc.abstractmethod
     def _rehash(self, digest: str) -> str | None:

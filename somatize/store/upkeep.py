@@ -39,7 +39,9 @@ take every answer for damage.
 this process verified before) and reads every record, index and name; what does
 not match is reported, and with ``quarantine`` moved to ``quarantine/`` so it is
 a miss from then on (and can still be looked at); what could not be moved (a
-read-only store) is reported apart, never counted as moved.
+read-only store) is reported apart, never counted as moved. What it judged damaged
+is read again (and its blob looked for again) before it is reported: a gc or a
+writer elsewhere may have removed it, or kept it anew, since it was read.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ class Shelf(Protocol):
 
     def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]: ...
 
-    def _quarantine(self, section: str, name: str) -> bool: ...
+    def _quarantine(self, section: str, name: str, was: bytes | None = None) -> bool | None: ...
 
     def _rehash(self, digest: str) -> str | None: ...
 
@@ -431,14 +433,20 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
     out = Verified()
     read = _read_all(shelf, wrap)  # first: a wrong key is refused before anything moves
 
-    def damaged(section: str, name: str, why: str, aside: bool = True) -> None:
-        out.damaged.append(Damage(section, name, why))
-        if quarantine and aside:
+    def damaged(section: str, name: str, why: str, was: bytes | None = None) -> None:
+        """Reports ``section/name``; with ``quarantine`` moves it aside (a name stays: it
+        is told, never moved) — only while it holds ``was``, when that is given."""
+        if quarantine and section != "names":
             try:
-                if shelf._quarantine(section, name):
+                moved = shelf._quarantine(section, name, was)
+            except StoreError as unmoved:
+                out.unmoved[f"{section}/{name}"] = str(unmoved)
+            else:
+                if moved is None:
+                    return  # kept anew in the instant since it was read again: not judged
+                if moved:
                     out.quarantined.append(f"{section}/{name}")
-            except StoreError as why:
-                out.unmoved[f"{section}/{name}"] = str(why)
+        out.damaged.append(Damage(section, name, why))
 
     blobs, stray = _blobs_among(shelf._entries("blobs"))
     out.stray = [f"blobs/{e.name}" for e in stray]
@@ -453,41 +461,72 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
             whole.add(digest)
         else:
             damaged("blobs", entry.name, f"hashes to {found}")
+    unwhole: set[str] = set()
 
-    def refers(section: str, name: str, blob: str, size: int) -> None:
+    def whole_now(blob: str) -> bool:
+        """Whether blob ``blob`` is whole, hashing again one that was not when the blobs
+        were hashed: a writer may have put it (again) since."""
+        if blob in whole:
+            return True
+        if blob not in unwhole:
+            if shelf._rehash(blob) == blob:
+                whole.add(blob)
+                return True
+            unwhole.add(blob)
+        return False
+
+    def judged(
+        section: str,
+        name: str,
+        held: Answer | PackIndex | str | Corrupt,
+        untrusted: Unsigned | None,
+        again: bool = False,
+    ) -> str | None:
+        """Why the file ``section/name``, holding ``held``, is damage; None if it is whole.
+        Judged against the blobs as they were hashed, or ``again`` as they are now."""
+        wrong = untrusted if untrusted is not None else held
+        if isinstance(wrong, Corrupt):
+            return str(wrong)
+        blob = _blob_of(held)
+        assert blob is not None and not isinstance(held, Corrupt)
+        here = whole_now(blob) if again else blob in whole
+        if isinstance(held, str):
+            return None if here else f"points at blob {blob}, which is missing or damaged"
         entry = blobs.get(blob)
-        if blob not in whole or entry is None:
-            damaged(section, name, f"refers to blob {blob}, which is missing or damaged")
-        elif entry.size != size:
-            damaged(section, name, f"says blob {blob} holds {size} bytes; it holds {entry.size}")
+        size = entry.size if entry is not None else None  # None: put since it was listed
+        if isinstance(held, Answer) and held.offset is not None:
+            end = held.size + held.offset
+            if not here or (size is not None and size < end):
+                return f"refers past blob {blob}"
+        elif not here:
+            return f"refers to blob {blob}, which is missing or damaged"
+        elif size is not None and size != held.size:
+            return f"says blob {blob} holds {held.size} bytes; it holds {size}"
+        return None
 
     for section, entry, held_here, untrusted, stray_here, _ in read:
-        wrong = untrusted if untrusted is not None else held_here
         if stray_here:
             out.stray.append(f"{section}/{entry.name}")
-        elif section == "names":
+            continue
+        whole_file = untrusted is None and not isinstance(held_here, Corrupt)
+        if section == "names":
             out.names += 1
-            if isinstance(wrong, Corrupt):
-                damaged("names", entry.name, str(wrong), aside=False)
-            elif held_here not in whole:
-                damaged(
-                    "names",
-                    entry.name,
-                    f"points at blob {held_here}, which is missing or damaged",
-                    False,
-                )
-        elif isinstance(wrong, Corrupt):
-            damaged(section, entry.name, str(wrong))
-        elif isinstance(held_here, Answer):
+        elif whole_file and isinstance(held_here, Answer):
             out.records += 1
-            end = held_here.size + (held_here.offset or 0)
-            if held_here.offset is None:
-                refers(section, entry.name, held_here.value, held_here.size)
-            elif held_here.value not in whole or blobs[held_here.value].size < end:
-                damaged(section, entry.name, f"refers past blob {held_here.value}")
-        elif isinstance(held_here, PackIndex):
+        elif whole_file and isinstance(held_here, PackIndex):
             out.packs += 1
-            refers(section, entry.name, held_here.blob, held_here.size)
+        why = judged(section, entry.name, held_here, untrusted)
+        if why is None:
+            continue
+        # Read again before it is told: a gc elsewhere may have removed it and its blob
+        # since it was read (no damage: it is gone), or a writer kept it anew, or put its
+        # blob again (judged as it is now).
+        now = shelf._read_many(section, [entry.name]).get(entry.name)
+        if now is None:
+            continue
+        why = judged(section, entry.name, *_decoded(section, entry.name, now, shelf.signer), True)
+        if why is not None:
+            damaged(section, entry.name, why, now)
     out.abandoned = len(shelf._entries("tmp"))
     shelf._forget_all()
     return out
