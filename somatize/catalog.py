@@ -388,6 +388,12 @@ def _constant_bytes(value: Any) -> bytes:
     return f"{type(value).__name__} {value!r}".encode()
 
 
+def _dotted(name: str) -> bool:
+    """Whether ``name`` is identifiers joined by dots (``pkg.mod``, ``Outer.Inner``): what
+    the module and the qualname of an identity are."""
+    return all(part.isidentifier() for part in name.split("."))
+
+
 def _lookup(module: Any, qualname: str) -> Any:
     found = module
     for part in qualname.split("."):
@@ -427,8 +433,11 @@ class Catalog:
         if registered is not None:
             return registered
         module_name, _, qualname = identity.partition(":")
-        if not qualname:
-            raise Unbuildable(f"`{identity}` is not of the form `module:qualname`")
+        if not _dotted(module_name) or not _dotted(qualname):
+            raise Unbuildable(
+                f"`{identity}` is not of the form `module:qualname` (each a dotted name of "
+                "identifiers, with no leading dot)"
+            )
         if module_name == "__main__":
             main = sys.modules.get("__main__") if self.in_process else None
             found_here = _lookup(main, qualname) if main is not None else None
@@ -441,7 +450,7 @@ class Catalog:
             )
         try:
             found: Any = importlib.import_module(module_name)
-        except ImportError as error:
+        except (ImportError, ValueError, TypeError) as error:
             raise Unbuildable(
                 f"`{identity}` cannot be rebuilt here: importing `{module_name}` failed ({error})"
             ) from error
