@@ -291,12 +291,16 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
                 where = _printable(f"{damage.section}/{damage.name}")
                 print(f"DAMAGED {where}: {_printable(damage.why)}", file=out)
             for where in found.stray:
-                why = (
-                    "not a name (a name's segments are letters, digits and `._=+@-`), so "
-                    "nothing resolves it; gc leaves it"
-                    if where.startswith("names/")
-                    else "not named by a digest, so no blob; gc removes it"
-                )
+                if where.startswith("names/"):
+                    why = (
+                        "not a name (a name's segments are letters, digits and `._=+@-`), "
+                        "so nothing resolves it; gc leaves it"
+                    )
+                elif where.startswith("blobs/"):
+                    why = "not named by a digest, so no blob; gc removes it"
+                else:
+                    kind = "record" if where.startswith("answers/") else "pack index"
+                    why = f"not named by a digest, so no {kind}; gc leaves it"
                 print(f"stray   {_printable(where)}: {why}", file=out)
             if found.quarantined:
                 print(f"moved {len(found.quarantined)} aside into quarantine/", file=out)

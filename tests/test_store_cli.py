@@ -140,6 +140,26 @@ def test_verify_lists_a_stray_file_and_exits_0(
     assert "stray   blobs/.DS_Store: not named by a digest" in capsys.readouterr().out
 
 
+def test_verify_says_gc_leaves_a_stray_file_in_answers_or_packs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .DS_Store in answers/ or packs/ is listed as stray with what gc does of it: it leaves
+    it (only a stray in blobs/ is removed), as gc then does."""
+    store = _store(tmp_path)
+    strays = [store.root / "answers" / KEY[7:9] / ".DS_Store", store.root / "packs" / ".DS_Store"]
+    for stray in strays:
+        stray.parent.mkdir(exist_ok=True)
+        stray.write_bytes(b"Finder's")
+    where = str(store.root)
+    assert main(["store", "verify", "--store", where]) == 0
+    printed = capsys.readouterr().out
+    assert f"stray   answers/{KEY[7:9]}/.DS_Store: not named by a digest, so no record; " in printed
+    assert "stray   packs/.DS_Store: not named by a digest, so no pack index; " in printed
+    assert "gc removes" not in printed and printed.count("gc leaves it") == 2
+    assert main(["store", "gc", "--store", where, "--grace", "0"]) == 0
+    assert all(stray.exists() for stray in strays)
+
+
 def test_a_stray_file_in_names_is_no_damage_and_no_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
