@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from somatize.errors import SomatizeError
-from somatize.store import BucketStore, LocalStore, Store, StoreError
+from somatize.store import BucketStore, LocalStore, StoreError
 from somatize.store.base import Answer, Corrupt, check_digest, check_name
 from somatize.store.records import PackIndex, decode_pack
-from somatize.store.upkeep import Progress, contents, survey
+from somatize.store.upkeep import Progress, contents, listing, survey
 
 __all__ = ["main", "parse_size", "size_of"]
 
@@ -137,30 +137,31 @@ def _when(seconds: float, shape: str = "%Y-%m-%d %H:%M") -> str:
 
 def _ls(store: LocalStore | BucketStore, out: Any) -> None:
     """Each answer, pack and name, oldest first in each section: the bytes it holds (an
-    answer's, a pack's blob's, the blob a name points at; ``-`` when that cannot be told),
-    when it was written or last used, and what ``show`` takes to show it. Every record and
-    index is read (a small file each), and the blob of each name looked at."""
+    answer's, a pack's blob's, the blob a name points at; ``-`` when that cannot be told,
+    or its blob is not there), when it was written or last used, and what ``show`` takes to
+    show it. Every record and index is read (a small file each), and ``blobs/`` listed
+    once, for the blobs they refer to."""
+    blobs = {f"blake3:{e.name.rsplit('/', 1)[-1]}": e.size for e in listing(store, "blobs")}
     labels = {"answers": "answer", "packs": "pack", "names": "name"}
     for section, label in labels.items():
         for entry, held in sorted(contents(store, section), key=lambda found: found[0].mtime):
             shown = entry.name if section == "names" else f"blake3:{entry.name[-64:]}"
-            size = _size_held(store, held)
+            size = _size_held(blobs, held)
             printed = "-" if size is None else size_of(size)
             print(f"{label:6} {printed:>10}  {_when(entry.mtime)}  {_printable(shown)}", file=out)
 
 
-def _size_held(store: Store, held: Answer | PackIndex | str | Corrupt) -> int | None:
-    """The bytes an answer holds, a pack's blob holds, or the blob a name points at does;
-    None for a file that cannot be read, or a name whose blob is not there."""
-    if isinstance(held, (Answer, PackIndex)):
-        return held.size
+def _size_held(blobs: dict[str, int], held: Answer | PackIndex | str | Corrupt) -> int | None:
+    """The bytes an answer holds, a pack's blob holds, or the blob a name points at does,
+    ``blobs`` being the size of each blob listed; None for a file that cannot be read, or
+    one whose blob is not there."""
     if isinstance(held, Corrupt):
         return None
-    try:
-        with store.open_blob(held) as handle:
-            return handle.seek(0, os.SEEK_END)
-    except OSError:  # Missing, or not this user's to read: ls goes on
-        return None
+    if isinstance(held, Answer):
+        return held.size if held.value in blobs else None
+    if isinstance(held, PackIndex):
+        return held.size if held.blob in blobs else None
+    return blobs.get(held)
 
 
 def _du(store: LocalStore | BucketStore, out: Any) -> None:

@@ -160,6 +160,25 @@ def test_verify_says_gc_leaves_a_stray_file_in_answers_or_packs(
     assert all(stray.exists() for stray in strays)
 
 
+def test_ls_shows_no_size_for_an_answer_or_pack_whose_blob_is_gone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ls prints `-` for the bytes of an answer or pack whose blob is gone, as for a name:
+    never the size its record says, as if it were whole."""
+    store = _store(tmp_path)
+    answer = store.answer(KEY)
+    assert answer is not None
+    (pack,) = store.keep_many([(f"blake3:{i:064x}", b"item %d" % i) for i in range(3)], "plain")[:1]
+    for blob in {answer.value, pack.value}:
+        store.blob_path(blob).unlink()
+    assert main(["store", "ls", "--store", str(store.root)]) == 0
+    rows = {line.split()[-1]: line.split() for line in capsys.readouterr().out.splitlines()}
+    assert rows[KEY][1] == "-"
+    (pack_row,) = [row for row in rows.values() if row[0] == "pack"]
+    assert pack_row[1] == "-"
+    assert rows["sms/train"][1:3] == ["4", "B"]
+
+
 def test_a_stray_file_in_names_is_no_damage_and_no_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
