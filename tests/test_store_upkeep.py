@@ -237,6 +237,27 @@ def test_verify_puts_back_a_record_kept_anew_as_it_moves_it_aside(
     assert bytes(fresh.recall(key_of(1))[1]) == content and fresh.verify().ok
 
 
+def test_a_store_whose_blobs_are_on_another_filesystem_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """blobs/ symlinked to another disk cannot take a file renamed from tmp/ (EXDEV): a keep
+    fails with a StoreError saying the store's folders must be on one filesystem, and leaves
+    nothing in tmp/."""
+    store = LocalStore(tmp_path / "store")
+    replace = os.replace
+
+    def across(source: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        if f"{os.sep}blobs{os.sep}" in os.fspath(target):
+            raise OSError(errno.EXDEV, "Invalid cross-device link", os.fspath(source))
+        replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", across)
+    with pytest.raises(StoreError, match=r"on different filesystems.*must all be on one"):
+        store.keep(key_of(1), b"an answer", "plain")
+    monkeypatch.undo()
+    assert list((tmp_path / "store" / "tmp").iterdir()) == []
+
+
 HOMES = [
     ("local", lambda where: LocalStore(where / "local")),
     ("s3", lambda where: Store.on_bucket(s3_url(), **s3_options())),

@@ -56,6 +56,15 @@ _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 another user's files)."""
 
 
+ONE_FILESYSTEM = (
+    "tmp/ and the folder it is published into are on different filesystems (a folder of "
+    "the store, blobs/ say, is a symlink to another disk), and a file cannot be renamed "
+    "from one to another. Nothing was changed. A store's folders must all be on one "
+    "filesystem: move or link the store's whole directory instead"
+)
+"""What a write or a move says when a rename would cross filesystems (EXDEV)."""
+
+
 def _hashers() -> ThreadPoolExecutor:
     """A thread that hashes large blobs while they are written, made on first use."""
     return process_pool("somatize-hash", 1)
@@ -245,6 +254,8 @@ class LocalFiles(PackedHome):
                 f"process ({why.strerror}). Nothing was changed; it can still be read. Keep "
                 "answers in a store this process may write"
             )
+        if why.errno == errno.EXDEV:
+            return StoreError(f"could not write {where} into {self.root}: {ONE_FILESYSTEM}")
         return StoreError(f"could not write {where} into {self.root}: {why}")
 
     @staticmethod

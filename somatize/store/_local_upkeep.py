@@ -17,6 +17,7 @@ costs no extra system call; ``gc`` evicts by it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 from pathlib import Path
@@ -26,6 +27,7 @@ import blake3
 
 from somatize.store._local_files import (
     _READ_ONLY,
+    ONE_FILESYSTEM,
     SMALL_FILE,
     LocalFiles,
     NotAFile,
@@ -159,6 +161,11 @@ class LocalShelf(LocalFiles):
         return False
 
     def _unremoved(self, section: str, name: str, why: OSError) -> StoreError:
+        if why.errno == errno.EXDEV:
+            return StoreError(
+                f"could not remove {section}/{name} from {self.root} through tmp/: "
+                f"{ONE_FILESYSTEM}; what was removed before is gone"
+            )
         readonly = why.errno in _READ_ONLY
         return StoreError(
             f"could not remove {section}/{name} from {self.root}"
