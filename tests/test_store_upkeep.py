@@ -15,6 +15,7 @@ import pytest
 
 from somatize.cli import main
 from somatize.store import KeyMismatch, LocalStore, Missing, Store, StoreError
+from somatize.store._packed import hash_bytes
 from somatize.store.records import NameSignedAlone, Signer
 from somatize.store.upkeep import Entry
 from tests.conftest_s3 import s3_options, s3_url
@@ -235,6 +236,34 @@ def test_verify_puts_back_a_record_kept_anew_as_it_moves_it_aside(
     assert found.quarantined == [] and found.damaged == []
     fresh = LocalStore(root)
     assert bytes(fresh.recall(key_of(1))[1]) == content and fresh.verify().ok
+
+
+def test_a_shard_folder_symlinked_elsewhere_is_walked_as_readers_follow_it(
+    tmp_path: Path,
+) -> None:
+    """A folder of blobs/ that is a symlink to a folder elsewhere on the disk (moved to make
+    room) is walked by upkeep as readers follow it: verify counts and hashes its blobs and
+    finds the store whole, gc keeps what is referred to and removes what is not; a link
+    back to a folder already walked is passed over, never walked in a loop."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    answer = store.keep(key_of(1), b"kept in a shard moved elsewhere", "plain")
+    shard = store.blob_path(answer.value).parent
+    number = 0  # bytes whose blob lies in that shard too, referred to by nothing
+    while hash_bytes(b"%d" % number)[7:9] != answer.value[7:9]:
+        number += 1
+    unreferenced = store.put(b"%d" % number)
+    elsewhere = tmp_path / "elsewhere"
+    shard.rename(elsewhere)
+    shard.symlink_to(elsewhere, target_is_directory=True)
+    (elsewhere / "loop").symlink_to(root / "blobs", target_is_directory=True)
+    found = LocalStore(root).verify(quarantine=True)
+    assert found.ok and found.blobs == 2 and found.records == 1 and found.quarantined == []
+    done = LocalStore(root).gc(grace=0)
+    assert done.blobs == 1 and not LocalStore(root).has_blob(unreferenced)
+    fresh = LocalStore(root)
+    assert fresh.have([key_of(1)]) == {key_of(1)}
+    assert bytes(fresh.recall(key_of(1))[1]) == b"kept in a shard moved elsewhere"
 
 
 def test_a_store_whose_blobs_are_on_another_filesystem_says_so(

@@ -70,7 +70,21 @@ class LocalShelf(LocalFiles):
             if not isinstance(why, FileNotFoundError):  # absent: nothing written there yet
                 raise self._unreadable(section, why) from why
 
-        for folder, _, files in os.walk(base, onerror=unlisted):
+        # A folder symlinked elsewhere (a shard moved to make room) is walked, as readers
+        # follow it; one reached twice (a link to a folder already walked) is not.
+        walked: set[tuple[int, int]] = set()
+        for folder, folders, files in os.walk(base, onerror=unlisted, followlinks=True):
+            try:
+                here = os.stat(folder)
+            except FileNotFoundError:
+                folders[:] = []
+                continue
+            except OSError as why:
+                raise self._unreadable(section, why) from why
+            if (here.st_dev, here.st_ino) in walked:
+                folders[:] = []
+                continue
+            walked.add((here.st_dev, here.st_ino))
             inside = folder[len(base) + 1 :].replace(os.sep, "/")  # "ab" in answers/ab/
             lead = f"{inside}/" if inside else ""
             for name in files:
