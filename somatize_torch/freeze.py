@@ -382,6 +382,9 @@ class ModuleNode(Node):
                     tensor.data = torch.empty_like(tensor, dtype=came.dtype)
                 tensor.copy_(came)
         hold(self.module)
+        # Watched from here, so a worker sees its forward change the state it loaded (a
+        # buffer it counts in): :meth:`restate` says so, cheaply when nothing changed.
+        self._watch = StateWatch(self.module)
         return digest_state(self.module)
 
     def kind_name(self) -> str:

@@ -121,6 +121,20 @@ class Encoder(nn.Module):
         return self.norm(self.linear(x)) * self.scale
 
 
+class Counting(nn.Module):
+    """Counts its calls in a buffer its forward updates, and adds the count to its answer
+    (as a running statistic or a step would)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, 1)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.linear(x) + self.calls
+
+
 class Recurrent(nn.Module):
     """An LSTM over each row's values, answering its last hidden state: an RNN keeps its
     parameters in a plain list too (``_flat_weights``)."""

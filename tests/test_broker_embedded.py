@@ -40,6 +40,7 @@ from somatize.data import settle
 from somatize.node import held_by
 from somatize_torch import ModuleNode, StateDoesNotFit, freeze, is_held
 from tests.broker_nodes import (
+    Counting,
     Doubled,
     Encoder,
     Grows,
@@ -345,6 +346,63 @@ def test_an_argument_a_node_advances_itself_is_what_its_copy_is_rebuilt_with() -
     assert g.forward(10.0, broker=network) == 12.0  # Stepper(step=1), stepping once there
     assert g.forward(10.0, broker=Broker.embedded({"w1": Worker.generic(mode="local")})) == 12.0
     assert g.forward(10.0, broker=network) == 13.0
+
+
+def test_a_copy_that_changes_its_arguments_as_it_runs_is_built_again(store: Store) -> None:
+    """A node that advances an argument it keeps (``self.step += 1``) on a network worker
+    answers each job as the node its key names: the copy that stepped is let go of and the
+    next job, naming the same blueprint, is run by a copy built again. It went on with the
+    stepped copy, and kept its answer under the key of the node that had not stepped."""
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+
+    def graph(placed: bool) -> Graph:
+        node = Stepper().named("n").frozen().cached()
+        return Graph.somatize(Echo().named("s").frozen() >> (node.at("w1") if placed else node))
+
+    g = graph(placed=True)
+    assert g.forward(10.0, broker=broker) == 11.0
+    seen: list[dict[str, Any]] = []
+    assert g.forward(10.0, broker=broker, store=store, watching=seen.append) == 11.0
+    assert [f["fact"] for f in seen if f.get("node") == "n" and f["fact"] != "crossed"] == [
+        "ran",
+        "kept",
+    ]
+    assert graph(placed=False).forward(10.0) == 11.0  # what a Stepper(step=0) answers
+    assert graph(placed=False).forward(10.0, store=store) == 11.0  # and what was kept
+    assert g.forward(10.0, broker=broker) == 11.0
+
+
+def test_a_module_that_changes_its_state_as_it_runs_is_loaded_again(store: Store) -> None:
+    """A frozen module whose forward updates a buffer (a count of its calls) on a network
+    worker answers each job from the state the graph is frozen at, as the module does in
+    this process at that state: the copy that changed is let go of and the state is loaded
+    again for the next job. The worker went on with the changed copy, and kept what it
+    answered under the key of the state it was sent."""
+    torch.manual_seed(0)
+    enc = ModuleNode.build(Counting, 3)
+    g = Graph.somatize(
+        Ramp(3).named("rows").frozen() >> enc.named("enc").frozen().cached().at("w1")
+    )
+    freeze(g)
+    torch.manual_seed(0)
+    fresh = Graph.somatize(
+        Ramp(3).named("rows").frozen()
+        >> ModuleNode.build(Counting, 3).named("enc").frozen().cached()
+    )
+    freeze(fresh)
+    assert fresh.memory.state_of("enc") == g.memory.state_of("enc")
+    x = {"at": 0, "take": 2}
+    expected = copy.deepcopy(fresh).forward(x)  # a module at the frozen state, run once
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    sent = []
+    for keeping in (None, store, store):
+        seen: list[dict[str, Any]] = []
+        assert torch_equal(
+            g.forward(x, broker=broker, store=keeping, watching=seen.append), expected
+        )
+        sent.append(_state_crossings(seen))
+    assert sent[:2] == [[len(enc.state_bytes())]] * 2 and sent[2] == []  # the third recalled
+    assert torch_equal(fresh.forward(x, store=store), expected)
 
 
 def test_a_worker_keeps_one_copy_of_a_node_whose_list_changes_between_forwards() -> None:

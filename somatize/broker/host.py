@@ -50,6 +50,14 @@ fingerprint a worker keeps an answer with is the client's (:attr:`Job.kept_with`
 that of the node's code and of the code of every node it reads, which only the
 client's graph knows.
 
+**Copies that change.** A copy starts each job as the job's blueprint and state
+describe it. One that changed itself as it ran — a public value it holds
+(:func:`~somatize.node.held_by`, looked at before and after the job) or its state (its
+:meth:`~somatize.node.Node.restate`) — answered from what the job's key names, as in
+the client's process, where a key names a node as it is when its run starts; but it is
+not that node any more, so it is let go of, and the next job builds (and loads) it
+again.
+
 The state is asked for rather than shipped through the shared store by digest
 because a forward may have no store, or one only the client can open (a bucket
 whose options the workers lack), and weights are not answers: no key names them,
@@ -75,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 from somatize import canonical
 from somatize.catalog import Blueprint, Catalog, Unbuildable, check_held, fingerprint_of
 from somatize.codecs import CODECS
-from somatize.node import Context, Node
+from somatize.node import Context, Node, held_by
 from somatize.plan import static_of
 from somatize.store import Store, StoreError
 
@@ -371,6 +379,33 @@ class Host:
             self._moved(blueprint, name, holder)
             return found
 
+    def _look_again(
+        self, node: Node, before: tuple[tuple[str, str], ...], state: str | None
+    ) -> None:
+        """Lets go of ``node``, which just ran a job, when it changed itself as it ran: a
+        public value it holds (``self.step += 1``: :func:`~somatize.node.held_by`, as it was
+        ``before`` the job) or, for a node that holds ``state``, its state (a buffer its
+        forward updates, seen by :meth:`~somatize.node.Node.restate`). The answer of that
+        job was computed from the node as the job's key names it — as in the client's
+        process, where a key names the node as it is when a run starts — but the next job
+        names the same blueprint and state, and the copy is not that node any more: it is
+        built (and loaded) again for the next job, which the client cannot tell it to."""
+        changed = held_by(node) != before
+        if not changed and state is not None:
+            try:
+                now = node.restate()
+            except Exception:
+                changed = True  # whatever it holds now, it is not what was loaded
+            else:
+                changed = now is not None and now != state
+        if not changed:
+            return
+        with self._lock:
+            for built in [k for k, kept in self._nodes.items() if kept is node]:
+                del self._nodes[built]
+            for blueprint in [b for b, kept in self._spare.items() if kept is node]:
+                del self._spare[blueprint]
+
     def _moved(self, blueprint: bytes, name: str, holder: str) -> None:
         """Notes that ``name`` of the graph ``holder`` is built from ``blueprint`` now. It
         keeps what was built for the last :data:`_BLUEPRINTS` blueprints it was built from
@@ -460,8 +495,12 @@ class Host:
         inputs = [unpack(codec, data) for codec, data in zip(job.codecs, payloads, strict=True)]
         store = self.open(job.store) if job.store is not None else None
         ctx = Context(name=job.name, key=job.key, keys=job.keys, worker=self.worker, store=store)
+        before = held_by(node)
         start = time.perf_counter_ns()
-        value = node.forward(*inputs, ctx)
+        try:
+            value = node.forward(*inputs, ctx)
+        finally:
+            self._look_again(node, before, job.state)
         took = (time.perf_counter_ns() - start) // 1000
         if job.readers:
             where = f"the answer of `{job.name}`, crossing back from worker `{self.worker}` to " + (
