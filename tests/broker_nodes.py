@@ -169,6 +169,13 @@ class Doubled(Node):
         return x.double()
 
 
+class Doubled2(Node):
+    """Twice each tensor of ``{"y": [tensors]}``."""
+
+    def forward(self, value: dict[str, list[torch.Tensor]], ctx: Any) -> Any:
+        return {"y": [t * 2 for t in value["y"]]}
+
+
 class Weighted(Node):
     """Multiplies every item by the sum of ``weights``, a list the caller may change."""
 

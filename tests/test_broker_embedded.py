@@ -30,6 +30,7 @@ from somatize.broker import (
     BadWorker,
     Broker,
     BrokerClosed,
+    GradientLost,
     Reentrant,
     StateMismatch,
     UnknownWorker,
@@ -42,6 +43,7 @@ from somatize_torch import ModuleNode, StateDoesNotFit, freeze, is_held
 from tests.broker_nodes import (
     Counting,
     Doubled,
+    Doubled2,
     Encoder,
     Grows,
     Holds,
@@ -346,6 +348,43 @@ def test_an_argument_a_node_advances_itself_is_what_its_copy_is_rebuilt_with() -
     assert g.forward(10.0, broker=network) == 12.0  # Stepper(step=1), stepping once there
     assert g.forward(10.0, broker=Broker.embedded({"w1": Worker.generic(mode="local")})) == 12.0
     assert g.forward(10.0, broker=network) == 13.0
+
+
+class _Trains(Node):
+    """Multiplies its input by a trainable weight, here."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    def declare(self) -> dict[str, Any]:
+        return {}
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> Any:
+        return {"y": [x * self.weight]}  # nested: looked into as the codec does
+
+
+def test_a_tensor_that_requires_grad_is_refused_crossing_to_a_network_worker() -> None:
+    """A tensor that requires grad, crossing to a network worker, is refused, naming the
+    edge and saying what to do: the worker is sent its values alone, and the gradient
+    through the node placed there was lost without a word. A local worker, a detached
+    tensor and a forward under ``torch.no_grad()`` cross as before."""
+    weight = nn.Parameter(torch.ones(3))
+
+    def graph(w: torch.Tensor = weight) -> Graph:
+        return Graph.somatize(_Trains(w).named("t") >> Doubled2().named("d").at("w1"))
+
+    x = torch.arange(3.0)
+    network = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with pytest.raises(GradientLost, match=r"`t` → `d` \(to worker `w1`\) .*requires grad.*"
+                       r"mode=\"local\"\)`.*`\.detach\(\)`.*`torch\.no_grad\(\)`"):  # fmt: skip
+        graph().forward(x, broker=network)
+    local = Broker.embedded({"w1": Worker.generic(mode="local")})
+    out = graph().forward(x, broker=local)
+    out["y"][0].sum().backward()
+    assert weight.grad is not None and weight.grad.tolist() == [0.0, 2.0, 4.0]
+    with torch.no_grad():
+        assert graph().forward(x, broker=network)["y"][0].tolist() == [0.0, 2.0, 4.0]
+    assert graph(weight.detach()).forward(x, broker=network)["y"][0].tolist() == [0.0, 2.0, 4.0]
 
 
 def test_a_copy_that_changes_its_arguments_as_it_runs_is_built_again(store: Store) -> None:

@@ -27,6 +27,7 @@ Errors::
     ├── WorkerTimeout (TimeoutError) the worker did not answer in time
     ├── NoRay (ImportError)          Broker.ray without ray installed
     ├── StateMismatch (ValueError)   a worker loaded state of another digest than the graph's
+    ├── GradientLost (ValueError)    a tensor that requires grad would cross to a network worker
     ├── BrokerClosed (RuntimeError)  the broker was closed while a node waited for its worker
     ├── Reentrant (RuntimeError)     a node asked the worker it runs on to run another node
     └── NodeFailed                   (somatize.engine)
@@ -62,6 +63,7 @@ __all__ = [
     "BrokerClosed",
     "Done",
     "FailedOnWorker",
+    "GradientLost",
     "NoRay",
     "Reentrant",
     "StateMismatch",
@@ -136,6 +138,11 @@ class Reentrant(SomatizeError, RuntimeError):
 
 class StateMismatch(SomatizeError, ValueError):
     """A worker loaded state whose digest is not the one the graph is frozen at."""
+
+
+class GradientLost(SomatizeError, ValueError):
+    """A tensor that requires grad would cross to a network worker, which is sent its values
+    alone: the gradient through the node placed there would be lost without a word."""
 
 
 def state_mismatch(node: str, worker: str, loaded: str, frozen: str) -> StateMismatch:

@@ -74,6 +74,7 @@ definition of how a value crosses, shared by both sides.
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -87,7 +88,7 @@ from somatize.node import Context, Node, held_by
 from somatize.plan import static_of
 from somatize.store import Store, StoreError
 
-from .base import StateMismatch, state_mismatch
+from .base import GradientLost, StateMismatch, state_mismatch
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -179,10 +180,11 @@ def job_for(
     only when there is one."""
     address = ctx.store.address() if ctx.store is not None else None
     keeps = keep and address is not None
-    packed = [
-        pack(value, where)
-        for value, where in zip(inputs, edge_names(graph, node, worker), strict=True)
-    ]
+    edges = edge_names(graph, node, worker)
+    for value, where in zip(inputs, edges, strict=True):
+        if _needs_grad(value):
+            raise gradient_lost(node, worker, where)
+    packed = [pack(value, where) for value, where in zip(inputs, edges, strict=True)]
     job = Job(
         blueprint=blueprint.to_bytes(),
         name=node,
@@ -199,6 +201,44 @@ def job_for(
         holder=holder,
     )
     return job, [data for _, data in packed]
+
+
+def _needs_grad(value: Any) -> bool:
+    """Whether ``value`` is, or holds in its tuples, lists and dicts, a tensor that requires
+    grad while grad mode is on: one whose gradient a crossing would cut (no torch imported:
+    no tensor)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.is_grad_enabled():
+        return False
+    tensor = torch.Tensor
+    if isinstance(value, tensor):
+        return bool(value.requires_grad)
+    if not isinstance(value, (tuple, list, dict)):
+        return False
+    looked = [value]
+    while looked:
+        item = looked.pop()
+        if isinstance(item, tensor):
+            if item.requires_grad:
+                return True
+        elif isinstance(item, (tuple, list)):
+            looked.extend(item)
+        elif isinstance(item, dict):
+            looked.extend(item.values())
+    return False
+
+
+def gradient_lost(node: str, worker: str, where: str) -> GradientLost:
+    """The refusal of a tensor that requires grad, ``where`` it would cross to ``worker``."""
+    return GradientLost(
+        f"{where} is or holds a tensor that requires grad, and a network worker is sent "
+        f"values alone: the gradient would not flow back through `{node}` to what made the "
+        f"tensor, and a backward pass here would miss that path without a word. Nothing "
+        f"was sent to `{worker}`. To train through `{node}`, place it on a "
+        '`Worker.generic(mode="local")` worker or leave it where the graph is called; where '
+        "no gradient is meant to pass, detach the tensor on purpose (`.detach()`) or run the "
+        "forward under `torch.no_grad()`"
+    )
 
 
 def held_state(graph: Graph, node: str) -> str | None:
