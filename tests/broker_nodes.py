@@ -317,6 +317,38 @@ class Nested(Node):
         return self.inner.forward(value, broker=self.broker)
 
 
+def _unpickled(marker: str) -> RuntimeError:
+    Path(marker).touch()
+    return RuntimeError("unpickled")
+
+
+class Abort(BaseException):
+    """A BaseException of a node's own that, unpickled, touches ``marker``."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__("stop right there")
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (_unpickled, (self.marker,))
+
+
+class RaisesBase(Node):
+    """Raises a BaseException: an :class:`Abort` (touching ``marker`` when unpickled), a
+    ``KeyboardInterrupt``, or ``SystemExit``, as ``kind`` says."""
+
+    def __init__(self, kind: str, marker: str = "") -> None:
+        self.kind = kind
+        self.marker = marker
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        if self.kind == "abort":
+            raise Abort(self.marker)
+        if self.kind == "interrupt":
+            raise KeyboardInterrupt("interrupted")
+        raise SystemExit(3)
+
+
 class Unprintable(Exception):
     """An exception whose message cannot be read: ``str()`` of it raises."""
 

@@ -31,6 +31,7 @@ from tests.broker_nodes import (
     Length,
     MakesBlob,
     Nap,
+    RaisesBase,
     RaisesUnprintable,
     Ramp,
     Seeded,
@@ -416,6 +417,34 @@ def test_what_a_node_raises_on_a_worker_is_named(broker: Any) -> None:
     with pytest.raises(FailedOnWorker, match=r"`fails` \(Fails\) raised ZeroDivisionError on "
                        r"worker `w2`: on purpose"):  # fmt: skip
         g.forward({"at": 0, "take": 2}, broker=broker)
+
+
+def test_a_base_exception_a_node_raises_on_a_worker_is_named_not_carried(
+    broker: Any, tmp_path: Path
+) -> None:
+    """A node raising a BaseException on an actor — a KeyboardInterrupt, a class of its
+    own — is FailedOnWorker naming its type and message, and nothing it raised is
+    unpickled here (one of them touches a file when it is); a KeyboardInterrupt came back
+    as Ray's own cancellation, and the other was unpickled in the client. ``sys.exit()``
+    ends the actor: WorkerLost, and the next call starts it afresh."""
+    marker = tmp_path / "unpickled"
+    g = Graph.somatize(
+        Rows().named("rows") >> RaisesBase("abort", str(marker)).named("abort").at("w2")
+    )
+    with pytest.raises(FailedOnWorker, match=r"`abort` \(RaisesBase\) raised Abort on worker "
+                       r"`w2`: stop right there"):  # fmt: skip
+        g.forward({"at": 0, "take": 2}, broker=broker)
+    assert not marker.exists()
+    g = Graph.somatize(Rows().named("rows") >> RaisesBase("interrupt").named("stop").at("w2"))
+    with pytest.raises(
+        FailedOnWorker, match=r"raised KeyboardInterrupt on worker `w2`: interrupted"
+    ):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+    g = Graph.somatize(Rows().named("rows") >> RaisesBase("exit").named("exit").at("w2"))
+    with pytest.raises(WorkerLost, match=r"`exit` was running on worker `w2` when the worker died"):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+    ok = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w2"))
+    assert ok.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
 
 
 def test_an_answer_with_no_codec_fails_on_ray(broker: Any) -> None:

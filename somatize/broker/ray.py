@@ -120,7 +120,15 @@ class _Actor:
             return _Failure("unbuildable", type(why).__name__, _message(why))
         except StateMismatch as why:
             return _Failure("state", type(why).__name__, _message(why))
-        except Exception as why:
+        except SystemExit:
+            # The node, or Ray stopping the actor (`ray.actor.exit_actor()`), ends the
+            # process, as it would end the client's: the worker is lost, and started afresh.
+            raise
+        except BaseException as why:
+            if isinstance(why, _ray().exceptions.AsyncioActorExit):
+                raise  # Ray's own signal to stop the actor
+            # Named, never carried: what the node raised (a KeyboardInterrupt, a class of
+            # its own) is not pickled back for the client to unpickle.
             return _Failure("forward", type(why).__name__, _message(why))
 
     def key_of(
