@@ -1169,6 +1169,52 @@ def test_a_nested_forward_back_through_another_worker_is_refused() -> None:
     assert "(through `w1` → `w2`)" in str(error)
 
 
+class _MeetThenNest(Node):
+    """Waits until ``meeting`` is met (both branches running on their workers), then runs
+    ``inner`` with ``broker`` from inside its forward."""
+
+    def __init__(self, inner: Graph, broker: Broker, meeting: threading.Barrier) -> None:
+        self.inner, self.broker, self.meeting = inner, broker, meeting
+
+    def declare(self) -> dict[str, Any]:
+        return {}
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        self.meeting.wait(10)
+        return self.inner.forward(value, broker=self.broker)
+
+
+def test_two_workers_whose_nodes_run_graphs_on_each_other_are_refused_not_stuck() -> None:
+    """Two branches of one forward, running at once, a node on w1 running a graph on w2 and
+    a node on w2 one on w1, would each wait for the other for ever — each on another worker
+    than its own, so what one thread asked did not show it. The call that would close the
+    circle is refused (Reentrant), naming the workers; it hung."""
+    broker = Broker.embedded(
+        {"w1": Worker.generic(mode="local"), "w2": Worker.generic(mode="local")}
+    )
+    meeting = threading.Barrier(2)
+    on_w2 = Graph.somatize(Echo().named("i0") >> Scale().named("i1").at("w2"))
+    on_w1 = Graph.somatize(Echo().named("j0") >> Scale().named("j1").at("w1"))
+    g = Graph.somatize(
+        Echo().named("s")
+        >> (
+            _MeetThenNest(on_w2, broker, meeting).named("a").at("w1"),
+            _MeetThenNest(on_w1, broker, meeting).named("b").at("w2"),
+        )
+        >> Add().named("both")
+    )
+    thread, out = _forward_in_thread(g, [1, 2], broker)
+    thread.join(15)
+    assert not thread.is_alive(), "the two workers wait on each other"
+    error = out.get("error")
+    assert isinstance(error, Reentrant), out
+    said = r"`[ij]1` is placed on worker `w.`, whose node waits for the node asking for it"
+    assert re.search(said + r", on `w.` \(through `w.` → `w.`\)", str(error))
+    alone = _MeetThenNest(on_w2, broker, threading.Barrier(1))
+    one = Graph.somatize(Echo().named("s") >> alone.named("a").at("w1"))
+    assert one.forward([1, 2], broker=broker) == [2.0, 4.0]  # nothing left waiting
+
+
 def test_workers_and_catalogs_are_checked_when_described() -> None:
     """Resources that are not finite numbers, a map that is not one, and a catalog that is
     not a Catalog are refused where they are given, saying what is expected."""

@@ -16,8 +16,10 @@ The engine speaks to a broker in three calls:
   for the places that need an answer at once (the items of a mapped node).
 
 Each worker has one lane — a thread that carries its calls one after another,
-as a Ray actor does — so a worker never runs two nodes at once, and two workers
-never wait on each other.
+as a Ray actor does — so a worker never runs two nodes at once. A node on a lane
+may run another graph with the broker (a nested forward); the broker notes which
+worker waits on which (``_waits``), and refuses (:class:`Reentrant`) a call that
+would close a circle of workers waiting on each other, which would wait for ever.
 
 Errors::
 
@@ -131,9 +133,9 @@ class BrokerClosed(SomatizeError, RuntimeError):
 
 
 class Reentrant(SomatizeError, RuntimeError):
-    """A node running on a worker asked that same worker to run another node — itself, or
-    through nodes on other workers that wait in turn — which would wait for the worker to
-    finish the node that asks: for ever."""
+    """A node running on a worker asked a worker to run another node that would wait for
+    the node that asks: its own worker, or one whose node waits for it — through the
+    graphs it runs, or running at the same time on another branch — for ever."""
 
 
 class StateMismatch(SomatizeError, ValueError):
@@ -206,6 +208,10 @@ class Broker(abc.ABC):
         self._here = threading.local()
         """On a lane's thread, the workers busy with the node it runs: its own, and those
         whose nodes wait for it, through the forwards they run (``held``)."""
+        self._waits: dict[str, dict[str, int]] = {}
+        """Worker → the workers it waits on: how many calls the node running on it (or
+        nodes below it, through the forwards they run) submitted to each and that have not
+        finished. A call that would close a cycle here would wait for ever (``Reentrant``)."""
         self._lock = threading.Lock()
         self._checked: weakref.WeakKeyDictionary[
             Graph, tuple[tuple[int, int], dict[str, Blueprint]]
@@ -356,7 +362,23 @@ class Broker(abc.ABC):
                     "or run it with another broker"
                 )
             work = self._send(graph, node, worker, inputs, ctx, keep)
+            asker = held[-1] if held else None
             with self._lock:
+                if asker is not None:
+                    cycle = self._path(worker, asker)
+                    if cycle is not None:
+                        raise Reentrant(
+                            f"`{node}` is placed on worker `{worker}`, whose node waits for "
+                            f"the node asking for it, on `{asker}` (through "
+                            + " → ".join(f"`{w}`" for w in cycle)
+                            + f"): a worker runs one node at a time, so `{node}` would wait "
+                            "for a node that waits for it, for ever. Place the nested graphs' "
+                            "nodes so that no two workers run graphs on each other, or run "
+                            "one with another broker"
+                        )
+                    waits = self._waits.setdefault(asker, {})
+                    waits[worker] = waits.get(worker, 0) + 1
+                    future.add_done_callback(lambda _: self._waited(asker, worker))
                 lane = self._lanes.get(worker)
                 if lane is None:
                     lane = self._lanes[worker] = ThreadPoolExecutor(
@@ -433,6 +455,36 @@ class Broker(abc.ABC):
             self._check(graph)
             found = self._checked[graph]
         return found[1][node]
+
+    def _path(self, start: str, end: str) -> list[str] | None:
+        """The workers from ``start`` to ``end`` that each wait on the next (:attr:`_waits`),
+        or None when ``start`` waits on ``end`` through none. Called under the lock."""
+        before: dict[str, str] = {start: start}
+        looking = [start]
+        while looking:
+            here = looking.pop()
+            if here == end:
+                path = [here]
+                while path[-1] != start:
+                    path.append(before[path[-1]])
+                return path[::-1]
+            for there, count in self._waits.get(here, {}).items():
+                if count and there not in before:
+                    before[there] = here
+                    looking.append(there)
+        return None
+
+    def _waited(self, asker: str, worker: str) -> None:
+        """A call a node on ``asker`` submitted to ``worker`` finished."""
+        with self._lock:
+            waits = self._waits.get(asker)
+            if waits is None or worker not in waits:
+                return
+            waits[worker] -= 1
+            if not waits[worker]:
+                del waits[worker]
+            if not waits:
+                del self._waits[asker]
 
     def _holder(self, graph: Graph) -> str:
         """An opaque name of ``graph`` that its jobs carry, so a worker holds state for each
