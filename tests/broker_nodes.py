@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,33 @@ class Nap(Node):
         if self.marker:
             Path(self.marker).touch()
         time.sleep(self.seconds)
+        return value
+
+
+RUNNING = {"now": 0, "most": 0}
+"""How many :class:`Overlap` nodes run at this moment, and the most that ever ran at once."""
+_RUNNING = threading.Lock()
+
+
+class Overlap(Node):
+    """Counts itself running in :data:`RUNNING` for ``seconds`` (touching ``marker`` first,
+    when given), then hands its input on."""
+
+    def __init__(self, seconds: float, marker: str = "") -> None:
+        self.seconds = seconds
+        self.marker = marker
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        with _RUNNING:
+            RUNNING["now"] += 1
+            RUNNING["most"] = max(RUNNING["most"], RUNNING["now"])
+        try:
+            if self.marker:
+                Path(self.marker).touch()
+            time.sleep(self.seconds)
+        finally:
+            with _RUNNING:
+                RUNNING["now"] -= 1
         return value
 
 

@@ -40,6 +40,7 @@ from somatize.catalog import Blueprint, blueprint_of
 from somatize.data import settle
 from somatize.node import held_by
 from somatize_torch import ModuleNode, StateDoesNotFit, freeze, is_held
+from tests import broker_nodes
 from tests.broker_nodes import (
     Counting,
     Doubled,
@@ -53,6 +54,7 @@ from tests.broker_nodes import (
     MakesBlob,
     Nap,
     Nested,
+    Overlap,
     Ramp,
     Recurrent,
     Remembers,
@@ -1112,6 +1114,25 @@ def test_closing_the_broker_fails_a_waiting_forward_at_once(mode: str, tmp_path:
     assert isinstance(out.get("error"), BrokerClosed), out
     assert re.search(r"`[ab]` on worker `w1`.*closed", str(out["error"]))
     assert g.forward({"at": 0, "take": 2}, broker=broker) == 2.0
+
+
+@pytest.mark.parametrize("mode", ["local", "network"])
+def test_after_close_a_worker_still_runs_one_node_at_a_time(mode: str, tmp_path: Path) -> None:
+    """A node still running on an embedded worker when the broker is closed finishes on its
+    own, and the worker starts the next forward's node only once it has: each worker runs
+    one node at a time. The next node ran beside it, on a lane of its own."""
+    broker_nodes.RUNNING.update(now=0, most=0)
+    marker = tmp_path / "started"
+    slow = Graph.somatize(Echo().named("s") >> Overlap(0.5, str(marker)).named("slow").at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode=mode)})  # type: ignore[arg-type]
+    thread, out = _forward_in_thread(slow, 1, broker)
+    _wait_for(marker)
+    broker.close()
+    thread.join(10)
+    assert isinstance(out.get("error"), BrokerClosed), out
+    quick = Graph.somatize(Echo().named("s") >> Overlap(0.0).named("quick").at("w1"))
+    assert quick.forward(2, broker=broker) == 2
+    assert broker_nodes.RUNNING == {"now": 0, "most": 1}
 
 
 def test_a_node_no_worker_can_rebuild_is_refused_before_anything_runs(store: Store) -> None:

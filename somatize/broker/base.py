@@ -202,6 +202,9 @@ class Broker(abc.ABC):
                 )
         self.workers: dict[str, Worker] = dict(workers)
         self._lanes: dict[str, ThreadPoolExecutor] = {}
+        self._retired: dict[str, list[ThreadPoolExecutor]] = {}
+        """Worker → lanes :meth:`close` let go of, whose node may still be running: the
+        worker's next lane starts once they are idle, so it never runs two nodes at once."""
         self._pending: dict[Future[Done], tuple[str, str]] = {}
         """Each call not finished yet → (node, worker), for close() to fail."""
         self._holders: weakref.WeakKeyDictionary[Graph, str] = weakref.WeakKeyDictionary()
@@ -384,6 +387,9 @@ class Broker(abc.ABC):
                     lane = self._lanes[worker] = ThreadPoolExecutor(
                         max_workers=1, thread_name_prefix=f"somatize-{worker}"
                     )
+                    retired = self._retired.pop(worker, None)
+                    if retired:
+                        lane.submit(_idle, retired)  # before anything else on this lane
                 self._pending[future] = (node, worker)
                 lane.submit(self._work, future, (*held, worker), work)
         except Exception as error:
@@ -410,10 +416,13 @@ class Broker(abc.ABC):
         """Lets the workers go; a later call starts them again. A node still waiting for
         its worker, or running there, fails at once with :class:`BrokerClosed` (one
         already running on an embedded worker finishes on its own: the caller is not handed
-        its answer, which the worker may still keep in the store)."""
+        its answer, which the worker may still keep in the store, and the worker starts
+        its next node once it has)."""
         with self._lock:
             lanes, self._lanes = self._lanes, {}
             pending, self._pending = self._pending, {}
+            for worker, lane in lanes.items():
+                self._retired.setdefault(worker, []).append(lane)
         for lane in lanes.values():
             lane.shutdown(wait=False, cancel_futures=True)
         for future, (node, worker) in pending.items():
@@ -532,6 +541,12 @@ def _unsendable(node: str, worker: str, why: Unbuildable) -> Unbuildable:
         f"`{node}` cannot be sent to worker `{worker}`, which rebuilds what it runs: "
         f"{why}. Nothing has run"
     )
+
+
+def _idle(retired: list[ThreadPoolExecutor]) -> None:
+    """Returns once every lane of ``retired`` has finished what it was running."""
+    for lane in retired:
+        lane.shutdown(wait=True)
 
 
 def _settle(future: Future[Done], outcome: Done | BaseException) -> None:
