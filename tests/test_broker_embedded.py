@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import gc
 import random
 import re
 import sys
 import threading
 import time
 import types
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -1133,6 +1135,27 @@ def test_after_close_a_worker_still_runs_one_node_at_a_time(mode: str, tmp_path:
     quick = Graph.somatize(Echo().named("s") >> Overlap(0.0).named("quick").at("w1"))
     assert quick.forward(2, broker=broker) == 2
     assert broker_nodes.RUNNING == {"now": 0, "most": 1}
+
+
+def test_closing_an_embedded_broker_lets_go_of_the_nodes_and_weights_it_loaded() -> None:
+    """``close()`` lets go of what the network workers rebuilt and loaded (a frozen
+    module's weights): the next forward builds the node again and sends its weights again.
+    The hosts kept them for good."""
+    g, enc, _ = _encoder_graph()
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    x = {"at": 0, "take": 5}
+    seen: list[dict[str, Any]] = []
+    g.forward(x, broker=broker, watching=seen.append)
+    assert _state_crossings(seen) == [len(enc.state_bytes())]
+    (loaded,) = broker._hosts["w1"]._nodes.values()
+    gone = weakref.ref(loaded)
+    del loaded
+    broker.close()
+    gc.collect()
+    assert gone() is None, "the closed broker still holds the module it loaded"
+    seen.clear()
+    assert torch_equal(g.forward(x, broker=broker, watching=seen.append), g.forward(x))
+    assert _state_crossings(seen) == [len(enc.state_bytes())]
 
 
 def test_a_node_no_worker_can_rebuild_is_refused_before_anything_runs(store: Store) -> None:

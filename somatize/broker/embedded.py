@@ -55,6 +55,15 @@ class EmbeddedBroker(Broker):
         self.catalog = catalog if catalog is not None else Catalog(in_process=True)
         self._hosts = {name: Host(name, self.catalog) for name, w in workers.items() if w.crosses}
 
+    def close(self) -> None:
+        """Lets the workers go, as :meth:`Broker.close` says, and the nodes their hosts
+        rebuilt and loaded with them (weights included): the next forward builds them
+        again on fresh hosts, and sends their state again. A node still running finishes
+        on the host it started on."""
+        with self._lock:
+            self._hosts = {name: Host(name, self.catalog) for name in self._hosts}
+        super().close()
+
     def _admit(
         self, node: str, worker: str, blueprint: Blueprint, fingerprint: str | None, holds: bool
     ) -> None:
