@@ -572,6 +572,26 @@ def test_workers_are_described_honestly() -> None:
         Broker.embedded({"w1": "gpu"})  # type: ignore[dict-item]
 
 
+def test_a_worker_is_hashable_and_its_resources_stay_as_checked() -> None:
+    """A worker is a frozen value: it hashes (a set of workers, a key in a dict), equal
+    descriptions are equal, and its resources are copied when it is made and cannot be
+    changed after they were checked. It was unhashable, and a negative amount could be
+    written into its resources after the check."""
+    given = {"accelerator": 1}
+    worker = Worker.generic(mode="network", num_gpus=1, resources=given)
+    given["accelerator"] = -5
+    assert worker.resources == {"accelerator": 1} and worker.resources["accelerator"] == 1
+    with pytest.raises(TypeError):
+        worker.resources["accelerator"] = -5  # type: ignore[index]
+    same = Worker.generic(mode="network", num_gpus=1, resources={"accelerator": 1})
+    assert worker == same and hash(worker) == hash(same)
+    assert len({worker, same, Worker.generic()}) == 2
+    assert dict(worker.resources) == {"accelerator": 1}
+    assert Worker("network", None, None, {"a": 2.0}).resources == {"a": 2.0}
+    with pytest.raises(BadWorker, match=r"resources map names to finite amounts"):
+        Worker.generic(resources={"a": -1})
+
+
 def test_the_seed_cells_with_parquet(tmp_path: Path) -> None:
     """Seed 001's last cells: rows read here, cleaned on a network worker, same answer."""
     data = pytest.importorskip("somatize.data")

@@ -9,25 +9,58 @@ node from its blueprint on the other side, exactly as if a wire were between
 them — which is what a Ray worker always does, so a graph that runs with
 network workers in one process runs on a cluster too. The resources
 (``num_cpus``, ``num_gpus``, custom ``resources``) are what a cluster must set
-aside for the worker; the embedded broker has no use for them.
+aside for the worker; the embedded broker has no use for them. A worker is a
+frozen value: it hashes, and its resources are copied when it is made and cannot
+be changed after they were checked (:class:`Resources`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from somatize._numbers import finite
 from somatize.errors import SomatizeError
 
-__all__ = ["BadWorker", "Mode", "Worker"]
+__all__ = ["BadWorker", "Mode", "Resources", "Worker"]
 
 Mode = Literal["local", "network"]
 
 
 class BadWorker(SomatizeError, ValueError):
     """A worker described with a mode or resources that cannot be honoured."""
+
+
+class Resources(Mapping[str, float]):
+    """A worker's custom resources: a mapping of names to amounts, copied when it is made
+    and never changed after, so a :class:`Worker` can be hashed and what was checked is
+    what a cluster is asked for. Equal to a dict of the same items."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, float] | None = None) -> None:
+        self._items: dict[str, float] = dict(items or {})
+
+    def __getitem__(self, name: str) -> float:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, Mapping):
+            return self._items == dict(other.items())
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self._items)
 
 
 @dataclass(frozen=True)
@@ -41,8 +74,9 @@ class Worker:
     """CPUs a cluster sets aside for the worker (its default when None)."""
     num_gpus: float | None = None
     """GPUs a cluster sets aside for the worker (none when None)."""
-    resources: Mapping[str, float] = field(default_factory=dict)
-    """Custom resources a cluster must find on the machine the worker lands on."""
+    resources: Mapping[str, float] = field(default_factory=Resources)
+    """Custom resources a cluster must find on the machine the worker lands on, kept as
+    :class:`Resources` (a mapping that cannot be changed after it was checked)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("local", "network"):
@@ -61,6 +95,8 @@ class Worker:
                 f"resources map names to finite amounts ≥ 0, got {self.resources!r} (a "
                 f'`{type(self.resources).__name__}`); e.g. `resources={{"accelerator": 1}}`'
             )
+        if not isinstance(self.resources, Resources):  # copied, then checked: for good
+            object.__setattr__(self, "resources", Resources(self.resources))
         for name, amount in self.resources.items():
             if not isinstance(name, str) or not _an_amount(amount):
                 raise BadWorker(
