@@ -35,6 +35,7 @@ from tests.broker_nodes import (
     RaisesUnprintable,
     Ramp,
     Seeded,
+    Stepper,
     Where,
     napping,
     weighted,
@@ -157,6 +158,23 @@ def _encoder_graph() -> tuple[Graph, ModuleNode]:
 def _state_crossings(facts: list[dict[str, Any]]) -> list[int]:
     """The bytes of every state that crossed to a worker, in order."""
     return [f["bytes"] for f in facts if f["fact"] == "crossed" and f["way"] == "state"]
+
+
+def test_a_copy_that_changes_itself_on_a_ray_worker_is_built_again(
+    broker: Any, store: Store
+) -> None:
+    """A node that advances an argument it keeps (``self.step += 1``) on an actor answers
+    each job as the node its key names, the copy that stepped built again: the actor went
+    on with it, and kept its answer under the key of the node that had not stepped."""
+
+    def graph(placed: bool) -> Graph:
+        node = Stepper().named("n").frozen().cached()
+        return Graph.somatize(Echo().named("s").frozen() >> (node.at("w1") if placed else node))
+
+    g = graph(placed=True)
+    assert g.forward(10.0, broker=broker) == 11.0
+    assert g.forward(10.0, broker=broker, store=store) == 11.0
+    assert graph(placed=False).forward(10.0, store=store) == 11.0 == graph(False).forward(10.0)
 
 
 def test_a_frozen_module_on_a_ray_worker(broker: Any, store: Store) -> None:
