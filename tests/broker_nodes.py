@@ -33,6 +33,28 @@ class Nap(Node):
         return value
 
 
+class Meet(Node):
+    """Leaves a mark named ``tag`` in ``folder``, then waits up to ``seconds`` for the mark
+    of ``other`` there, and hands its input on: two of them meet only when they run at
+    once (run one after the other, the first waits in vain and raises)."""
+
+    def __init__(self, folder: str, tag: str, other: str, seconds: float = 60.0) -> None:
+        self.folder = folder
+        self.tag = tag
+        self.other = other
+        self.seconds = seconds
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        Path(self.folder, self.tag).touch()
+        waited = 0.0
+        while not Path(self.folder, self.other).exists():
+            if waited > self.seconds:
+                raise TimeoutError(f"`{self.tag}` never met `{self.other}`: they ran apart")
+            time.sleep(0.02)
+            waited += 0.02
+        return value
+
+
 RUNNING = {"now": 0, "most": 0}
 """How many :class:`Overlap` nodes run at this moment, and the most that ever ran at once."""
 _RUNNING = threading.Lock()
