@@ -823,6 +823,44 @@ def test_rows_of_a_tensor_subclass_are_refused(store: Store) -> None:
     boxes.close()
 
 
+class IntoItsBuffer(nn.Module):
+    """Writes its answer into a buffer it keeps and answers with a view of it, as a
+    module captured in a CUDA graph or one with a preallocated output does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3)
+        self.answer = torch.zeros(64, 3)  # kept beside its state, as a CUDA graph keeps it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.answer[: x.shape[0]] = self.lin(x)
+        return self.answer[: x.shape[0]]
+
+
+def test_a_module_answering_into_its_own_buffer_keeps_each_rows_answer(
+    store: Store,
+) -> None:
+    """The check that runs rows again alone writes into the buffer the batch's answer is a
+    view of: what is returned, kept in memory and written to the store is each row's own
+    answer all the same."""
+    module = IntoItsBuffer()
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        truth = module.lin(x)
+    cached = cache_rows(module, store)
+    torch.testing.assert_close(cached(x), truth)
+    cached.flush()
+    torch.testing.assert_close(cached(x), truth)  # from memory
+    assert cached.stats.from_device == 5
+    again = IntoItsBuffer()
+    fresh = cache_rows(again, store)
+    torch.testing.assert_close(fresh(x).clone(), truth)
+    assert fresh.stats.from_store == 5
+    cached.close()
+    fresh.close()
+
+
 class Sparse(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.to_sparse()
