@@ -51,8 +51,9 @@ def _recall_or_run(
         self._writer.check()  # here, outside what torch.compile traces
     start = time.perf_counter()
     if not self._placed:
-        self.tiers[0].device = x.device
-        self._placed = True
+        with self._tiers_lock:
+            self.tiers[0].device = x.device
+            self._placed = True
     if isinstance(x, torch.Tensor):
         self.last_input = weakref.ref(x)
     keying = _keying(self, x)
@@ -67,14 +68,18 @@ def _recall_or_run(
     counts = self._counts
     pieces: list[tuple[list[int] | None, torch.Tensor]] = []
     positions: list[int] | None = None  # None: every row is still to be found
-    for tier in self.tiers:
-        if positions == [] or not tier.banks:
-            continue
-        got, rest = tier.find(near, positions)
-        for at, rows in got:
-            counts[tier.name] += len(at) if at is not None else count
-            pieces.append((at, rows))
-        positions = rest
+    # The tiers are looked up and admitted to under the cache's lock: a cache called from
+    # two threads at once (a threaded server) would otherwise gather from a bank another
+    # thread is growing, or admit rows into slots the other is writing.
+    with self._tiers_lock:
+        for tier in self.tiers:
+            if positions == [] or not tier.banks:
+                continue
+            got, rest = tier.find(near, positions)
+            for at, rows in got:
+                counts[tier.name] += len(at) if at is not None else count
+                pieces.append((at, rows))
+            positions = rest
     if positions is None:
         positions = list(range(count))
     computed = 0.0
@@ -83,7 +88,8 @@ def _recall_or_run(
         found = _from_store(self, keys)
         if found is not None:
             at, rows = found
-            counts["store"] += len(at)
+            with self._tiers_lock:
+                counts["store"] += len(at)
             _admit(self, [near[p] for p in at], rows)
             pieces.append((None if len(at) == count else at, rows))
             taken = set(at)
@@ -113,11 +119,12 @@ def _recall_or_run(
     out = _assemble(pieces, count, x.device)
     if isinstance(x, DeferredRows):
         x.answered()  # their inputs need not come with the samples any more
-    counts["batches"] += 1
-    counts["rows"] += count
-    counts["computed"] += len(positions)  # rows of the batch answered by running
-    counts["compute_s"] += computed
-    counts["lookup_s"] += time.perf_counter() - start - computed
+    with self._tiers_lock:
+        counts["batches"] += 1
+        counts["rows"] += count
+        counts["computed"] += len(positions)  # rows of the batch answered by running
+        counts["compute_s"] += computed
+        counts["lookup_s"] += time.perf_counter() - start - computed
     return out
 
 
@@ -157,18 +164,23 @@ def _seed_from_store(self: CachedRows, dataset: Deferred, keying: _Keying) -> No
 
 
 def _admit(self: CachedRows, near: list[Hashable], rows: torch.Tensor) -> None:
-    """Keeps rows in the nearest memory tier with room, the rest in the next one."""
-    if len(set(near)) < len(near):
+    """Keeps rows in the nearest memory tier with room, the rest in the next one: each
+    once, and none that a tier holds already (another thread, calling the cache at the
+    same time, may have admitted it since this one looked)."""
+    with self._tiers_lock:
+        banks = [bank.slots for tier in self.tiers for bank in tier.banks]
         first: dict[Hashable, int] = {}
         for i, key in enumerate(near):
-            first.setdefault(key, i)
-        near = list(first)
-        rows = rows[torch.tensor(list(first.values()), device=rows.device)]
-    done = 0
-    for tier in self.tiers:
-        if done == len(near):
-            return
-        done += tier.admit(near[done:], rows[done:])
+            if key not in first and not any(key in slots for slots in banks):
+                first[key] = i
+        if len(first) < len(near):
+            near = list(first)
+            rows = rows[torch.tensor(list(first.values()), dtype=torch.long, device=rows.device)]
+        done = 0
+        for tier in self.tiers:
+            if done == len(near):
+                return
+            done += tier.admit(near[done:], rows[done:])
 
 
 def _from_store(self: CachedRows, keys: dict[int, str]) -> tuple[list[int], torch.Tensor] | None:

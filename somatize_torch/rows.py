@@ -155,6 +155,11 @@ class CachedRows(nn.Module):
         self.strict = strict
         self.store = store
         self.tiers = [Tier("device", "cpu", device_bytes), Tier("host", "cpu", host_bytes)]
+        # Held while the tiers are looked up, admitted to or emptied, and while the counts
+        # move: one cache may be called from several threads at once. A plain lock (a hit
+        # takes it twice), made afresh in a forked child (`_fresh_locks`).
+        self._tiers_lock = threading.Lock()
+        _CACHES.add(self)
         self._placed = False
         self._node = ModuleNode(module)
         self._node.named(type(module).__name__).frozen()
@@ -391,8 +396,9 @@ class CachedRows(nn.Module):
         """Lets go of the rows the memory tiers hold (up to their budgets: GiBs), the
         store keys remembered and the batches named ahead — for a cache no longer used.
         The store keeps what was written; a later forward finds rows there again."""
-        for tier in self.tiers:
-            tier.banks = []
+        with self._tiers_lock:
+            for tier in self.tiers:
+                tier.banks = []
         self._keyings.clear()
         with self._named_lock:
             self._named.clear()
@@ -474,6 +480,22 @@ class CachedContainer(CachedRows):
 
     def __contains__(self, item: Any) -> bool:
         return item in self.module
+
+
+_CACHES: weakref.WeakSet[CachedRows] = weakref.WeakSet()
+"""Every cache of this process, whose tiers' lock a forked child makes afresh."""
+
+
+def _fresh_locks() -> None:
+    """In a forked child (a DataLoader worker), before the fork returns there: a thread of
+    the parent may have held a cache's tiers' lock at the fork, and does not exist here.
+    A block the forking thread itself was in releases the lock it took, not this one."""
+    for cache in list(_CACHES):
+        cache._tiers_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks)
 
 
 _CONTAINER = ("__getitem__", "__len__", "__iter__")

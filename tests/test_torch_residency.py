@@ -920,3 +920,40 @@ def test_on_a_gpu_rows_spilled_to_the_host_tier_are_recalled_whole(store: Store)
     assert cached.stats.from_host == 64
     assert torch.equal(first, x * 2) and torch.equal(again, x * 2)
     cached.close()
+
+
+def test_one_cache_called_from_two_threads_recalls_each_rows_own_answer() -> None:
+    """Two threads calling one cache at once (a threaded server): the tiers are looked up
+    and grown under the cache's lock, so no row is kept at a slot the other thread writes,
+    nothing raises, and every row recalled afterwards is the module's answer for it."""
+    module = nn.Sequential(nn.Linear(16, 256))
+    cached = cache_rows(module, device_bytes=1 << 30, host_bytes=0)
+    cached(rows(4))
+    raised: list[BaseException] = []
+    batches = {seed: [rows(128, seed * 100 + i) for i in range(16)] for seed in (1, 2)}
+
+    def work(seed: int) -> None:
+        try:
+            for x in batches[seed]:
+                cached(x)
+        except BaseException as error:  # seen in the test's thread, below
+            raised.append(error)
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads switch often: the window a race needs is small
+    try:
+        threads = [threading.Thread(target=work, args=(seed,)) for seed in batches]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switching)
+    assert raised == []
+    before = cached.stats.computed
+    for xs in batches.values():
+        for x in xs:
+            with torch.no_grad():
+                torch.testing.assert_close(cached(x), module(x))
+    assert cached.stats.computed == before  # all of them from memory
+    assert cached.tiers[0].rows == 4 + 2 * 16 * 128
