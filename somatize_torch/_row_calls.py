@@ -9,7 +9,9 @@ do instead. It refuses as well a call that does not fit how rows are keyed: ``in
 to a cache keyed by content (it would be ignored), a batch from
 :class:`~somatize_torch.deferred.Deferred` to one keyed by content (such a batch names
 its rows by index and loads inputs only for those computed) or with ``index=`` beside
-it (it carries its own), and anything but a batch tensor. A batch that requires grad
+it (it carries its own), and anything but a batch tensor — a subclass of
+``torch.Tensor`` too (a row is keyed by its content, never its class); a frozen
+``nn.Parameter`` is handed on as its values. A batch that requires grad
 is refused too: a recalled row is a leaf, so whatever produced the batch would train
 on misses and silently stop on hits.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError, _describe
 from somatize_torch.deferred import DeferredRows
@@ -74,6 +77,15 @@ def _check_call(
         raise NotRowwise(
             f"a row-cached module is called with a batch tensor (rows along dimension 0), "
             f"got {_describe(x)}"
+        )
+    elif type(x) is not torch.Tensor and not isinstance(x, nn.Parameter):
+        raise NotRowwise(
+            f"`{type(self.module).__name__}` is cached per row and was handed a "
+            f"`{type(x).__qualname__}`, a subclass of `torch.Tensor`: a row is keyed by its "
+            "content alone, not by its class or what else it carries, so a module that "
+            "answers a subclass otherwise (a mask and an image of the same values) would "
+            "be answered from another class's rows. Hand it a plain tensor "
+            "(`x.as_subclass(torch.Tensor)`), or call the module itself"
         )
     elif x.requires_grad:
         raise CachedInputNeedsGrad(

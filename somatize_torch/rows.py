@@ -306,6 +306,8 @@ class CachedRows(nn.Module):
         ``index`` is keyword-only: a second positional argument (``encoder(x, mask)``) is
         one the module would take, and is refused as every other argument is."""
         _check_call(self, x, beside, index, more)
+        if isinstance(x, nn.Parameter):
+            x = x.detach()  # a frozen parameter handed on: keyed and run as its values
         try:
             with self._frozen_for_call():
                 out: torch.Tensor = _remember(self, x, index)

@@ -823,6 +823,28 @@ def test_rows_of_a_tensor_subclass_are_refused(store: Store) -> None:
     boxes.close()
 
 
+class Mask(torch.Tensor):
+    """A tensor subclass a module may answer otherwise than a plain tensor of its values
+    (torchvision's ``tv_tensors.Mask`` beside an ``Image``)."""
+
+
+def test_a_batch_of_a_tensor_subclass_is_refused(store: Store) -> None:
+    """A row is keyed by its content, not its class: a subclass is refused before anything
+    is looked up or run, saying how to hand it on as a plain tensor; a frozen parameter
+    handed on is keyed and run as its values."""
+    cached = cache_rows(nn.Linear(4, 2), store)
+    data = torch.randn(3, 4)
+    with pytest.raises(NotRowwise, match=r"handed a `Mask`.*as_subclass\(torch\.Tensor\)"):
+        cached(data.as_subclass(Mask))
+    assert cached.stats.batches == 0 and cached.tiers[0].rows == 0
+    answer = cached(nn.Parameter(data, requires_grad=False))
+    assert type(answer) is torch.Tensor
+    torch.testing.assert_close(answer, expected(cached.module, data))
+    cached(data)
+    assert cached.stats.recalled == 3
+    cached.close()
+
+
 class IntoItsBuffer(nn.Module):
     """Writes its answer into a buffer it keeps and answers with a view of it, as a
     module captured in a CUDA graph or one with a preallocated output does."""
