@@ -149,9 +149,9 @@ class CachedRows(nn.Module):
         for registry in (*shared, *STATE_DICT_HOOKS):
             self.__dict__[registry] = module.__dict__[registry]
         self._version = module._version  # what a checkpoint records for the module's layout
-        self.key_mode: KeyMode = key
+        self._key_mode: KeyMode = key
         self.version = version
-        self.salt = salt
+        self._salt = salt
         self.strict = strict
         self.store = store
         self.tiers = [Tier("device", "cpu", device_bytes), Tier("host", "cpu", host_bytes)]
@@ -237,6 +237,26 @@ class CachedRows(nn.Module):
             setattr(module, name, value)
             return
         super().__setattr__(name, value)
+
+    # -- how rows are keyed: fixed when the cache is made
+
+    @property
+    def key_mode(self) -> KeyMode:
+        """How rows are named: ``"content"`` (the digest of each row) or ``"index"``."""
+        return self._key_mode
+
+    @key_mode.setter
+    def key_mode(self, value: Any) -> None:
+        _fixed("key_mode", "key", value)
+
+    @property
+    def salt(self) -> str | None:
+        """The caller's salt, part of every row's key."""
+        return self._salt
+
+    @salt.setter
+    def salt(self, value: Any) -> None:
+        _fixed("salt", "salt", value)
 
     # -- the state it is frozen at
 
@@ -460,6 +480,15 @@ class CachedRows(nn.Module):
             else f"index of {self.version or 'each Deferred'}"
         )
         return f"rows keyed by {key}; {tiers}; store={self.store!r}"
+
+
+def _fixed(name: str, option: str, value: Any) -> None:
+    raise AttributeError(
+        f"`{name}` of a row cache is fixed when it is made: rows already keyed, in memory "
+        "and named ahead, are keyed under the one it was made with, so a new value would be "
+        f"ignored by some and mixed with the old by others. Make a new cache for it: "
+        f"`cache_rows(cached.module, cached.store, {option}={value!r}, ...)`"
+    )
 
 
 class CachedContainer(CachedRows):

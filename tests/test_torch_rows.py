@@ -709,6 +709,27 @@ def test_index_keys_need_indices_and_a_version() -> None:
         cache_rows(encoder(), key="rows")  # type: ignore[arg-type]
 
 
+def test_how_rows_are_keyed_is_fixed_when_the_cache_is_made(store: Store) -> None:
+    """A salt or a key mode written after rows were keyed would be ignored by the keyings
+    made already (a salt never changed a row's key) or would mix the keys (rows keyed by
+    index without a version): both are refused, naming what to do, and the cache answers
+    as it was made."""
+    cached = cache_rows(nn.Linear(4, 2), store, salt="v1")
+    x = torch.randn(6, 4)
+    cached(x)
+    keys = cached.row_keys(x)
+    with pytest.raises(AttributeError, match=r"`salt` of a row cache is fixed.*salt='v2'"):
+        cached.salt = "v2"
+    with pytest.raises(AttributeError, match=r"`key_mode` of a row cache is fixed.*key='index'"):
+        cached.key_mode = "index"
+    assert (cached.salt, cached.key_mode) == ("v1", "content")
+    assert cached.row_keys(x) == keys
+    salted = cache_rows(cached.module, store, salt="v2")
+    assert salted.row_keys(x) != keys
+    cached.close()
+    salted.close()
+
+
 @pytest.mark.parametrize(
     ("options", "named"),
     [
