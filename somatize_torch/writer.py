@@ -11,7 +11,9 @@ pools stop taking work, then once more as an ``atexit`` handler) and the end of
 a worker process, and a writer that is dropped has its thread write every row
 it was given, then end. A write that fails — a full disk, a store that refuses, a call
 cancelled — is logged when it happens and raised as :class:`WriteFailed` at the
-next forward or flush; the store publishes a pack whole or not at all, so a failure
+next forward (once) and at every flush that waited for its rows (on any thread), or
+the next flush if none did; a flush after that, waiting for no rows that failed,
+returns. The store publishes a pack whole or not at all, so a failure
 or a killed process never leaves a visible half-answer, only rows that a later run
 recomputes.
 
@@ -116,6 +118,20 @@ class _Job:
     keys: list[str]
     staged: _Staged
     nbytes: int
+    seq: int = 0  # its place among the jobs submitted (from 1), given as it is queued
+
+
+@dataclass
+class _Failure:
+    """One write that failed: its jobs (``first`` to ``last``, consecutive, since one
+    thread writes them in order), how many rows, why, and whether a forward or a flush
+    has raised it yet."""
+
+    first: int
+    last: int
+    rows: int
+    error: BaseException
+    reported: bool = False
 
 
 class Writer:
@@ -248,6 +264,7 @@ class Writer:
                 backlog.closed = False
                 self._start()
                 with backlog.changed:
+                    job.seq = backlog.submitted + 1
                     # No Python code runs between these three: an interrupt lands before
                     # them or after the put.
                     backlog.submitted += 1
@@ -264,7 +281,8 @@ class Writer:
             raise
 
     def check(self) -> None:
-        """Raises :class:`WriteFailed` for writes that failed since the last check."""
+        """Raises :class:`WriteFailed` for writes that failed and that no forward or flush
+        has raised yet."""
         self._own()
         self._backlog.check()
 
@@ -274,9 +292,12 @@ class Writer:
         self._backlog.drain()
 
     def flush(self) -> None:
-        """Waits until every row submitted so far is in the store; raises what failed."""
-        self.drain()
-        self.check()
+        """Waits until every row submitted so far is in the store; raises
+        :class:`WriteFailed` if a row it waited for failed, or a failure no forward or
+        flush raised yet. Each flush waiting for rows that failed raises, on every thread;
+        a later flush, waiting for none that failed, does not."""
+        self._own()
+        self._backlog.flush()
 
     def close(self) -> None:
         """Flushes, then stops the thread."""
@@ -325,8 +346,9 @@ class _Backlog:
         self.submitted = 0
         self.done = 0
         self.pending = 0
-        self.error: BaseException | None = None
-        self.lost = 0
+        # Writes that failed, until every flush that waited for them has raised them.
+        self.failures: list[_Failure] = []
+        self.flushing: list[int] = []  # for each flush waiting: the jobs done as it began
         self.kept_rows = 0
         self.kept_bytes = 0
         self.failed_rows = 0
@@ -373,28 +395,77 @@ class _Backlog:
             thread.start()
 
     def check(self) -> None:
-        """Raises :class:`WriteFailed` for writes that failed since the last check."""
+        """Raises :class:`WriteFailed` for writes that failed and that no forward or flush
+        has raised yet."""
         with self.changed:
-            error, lost = self.error, self.lost
-            self.error, self.lost = None, 0
-        if error is not None:
-            full = isinstance(error, StoreFull) or (
-                isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
-            )
-            remedy = "Free space (or fix the store)" if full else "Fix what it says"
-            raise WriteFailed(
-                f"{lost} computed rows could not be written to {self.store!r}: "
-                f"{_said(error)}. They are still correct in memory for this "
-                f"process, but a later run will compute them again. {remedy} and go on; "
-                "`flush()` reports whether later writes succeed"
-            ) from error
+            failed = [failure for failure in self.failures if not failure.reported]
+            self._reported(failed)
+        self._raise(failed)
+
+    def flush(self) -> None:
+        """Waits for every job submitted so far, then raises :class:`WriteFailed` for those
+        of them that failed and for failures not raised yet. Two flushes waiting for the
+        same failed rows (on two threads) both raise; a flush after one that raised, and
+        waiting for no failed rows itself, does not."""
+        with self.changed:
+            began = self.done  # jobs 1..began were through before this flush began
+            target = self.submitted
+            unreported = [failure for failure in self.failures if not failure.reported]
+            self.flushing.append(began)
+        try:
+            self._wait_for(target)
+        finally:
+            with self.changed:
+                self.flushing.remove(began)
+                waited = [
+                    failure
+                    for failure in self.failures
+                    if failure.last > began and failure.first <= target
+                ]
+                failed = [*unreported, *(f for f in waited if f not in unreported)]
+                self._reported(failed)
+        self._raise(failed)
+
+    def _reported(self, failed: list[_Failure]) -> None:
+        """Marks ``failed`` raised, and forgets the failures raised that no flush under way
+        waited for; called with ``changed`` held."""
+        for failure in failed:
+            failure.reported = True
+        oldest = min(self.flushing, default=None)
+        self.failures = [
+            failure
+            for failure in self.failures
+            if not failure.reported or (oldest is not None and failure.last > oldest)
+        ]
+
+    def _raise(self, failed: list[_Failure]) -> None:
+        if not failed:
+            return
+        error = failed[0].error
+        lost = sum(failure.rows for failure in failed)
+        full = isinstance(error, StoreFull) or (
+            isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+        )
+        remedy = "Free space (or fix the store)" if full else "Fix what it says"
+        raise WriteFailed(
+            f"{lost} computed rows could not be written to {self.store!r}: "
+            f"{_said(error)}. They are still correct in memory for this "
+            f"process, but a later run will compute them again. {remedy} and go on; "
+            "`flush()` reports whether later writes succeed"
+        ) from error
 
     def drain(self) -> None:
         """Waits until every job submitted so far has been written or has failed."""
         with self.changed:
-            if self.done < self.submitted:
+            target = self.submitted
+        self._wait_for(target)
+
+    def _wait_for(self, target: int) -> None:
+        """Waits until jobs 1 to ``target`` have been written or have failed."""
+        with self.changed:
+            if self.done < target:
                 self.queue.put(_WAKE)
-            while self.done < self.submitted:
+            while self.done < target:
                 self.changed.wait()
 
     def stop(self) -> None:
@@ -437,9 +508,7 @@ class _Backlog:
                 self.kept_bytes += kept
             else:
                 self.failed_rows += rows
-                self.lost += rows
-                if self.error is None:
-                    self.error = error
+                self.failures.append(_Failure(jobs[0].seq, jobs[-1].seq, rows, error))
             self.took_s += time.perf_counter() - start
             self.pending -= sum(job.nbytes for job in jobs)
             self.done += len(jobs)
@@ -509,8 +578,7 @@ def _close_at_exit(ref: weakref.ref[_Backlog]) -> None:
         return
     try:
         try:
-            backlog.drain()
-            backlog.check()
+            backlog.flush()
         finally:
             backlog.stop()
     except WriteFailed as why:

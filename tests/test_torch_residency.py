@@ -464,6 +464,69 @@ def test_a_failing_write_is_reported_not_swallowed(
     cached.close()
 
 
+def test_every_flush_that_waited_for_a_failed_write_raises_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads flushing while a write fails both raise it (neither takes it from the
+    other); a flush after that, waiting for no rows that failed, returns, and so does a
+    forward; a flush waiting for a write that fails later raises that one."""
+    begun, fail = threading.Event(), threading.Event()
+
+    def full_once_told(*args: Any, **kwargs: Any) -> Any:
+        begun.set()
+        assert fail.wait(timeout=60)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    keep_many = store.keep_many
+    monkeypatch.setattr(store, "keep_many", full_once_told)
+    cached = cache_rows(mlp(), store)
+    writer = cached._writer
+    assert writer is not None
+    cached(rows(16))
+    said: dict[str, str] = {}
+
+    def flush(name: str) -> None:
+        try:
+            cached.flush()
+        except WriteFailed:
+            said[name] = "WriteFailed"
+        else:
+            said[name] = "returned"
+
+    # A flush wakes the writer (a put into its queue) holding the lock it then waits on:
+    # once two have, both are waiting for the write.
+    backlog = writer._backlog
+    queued, woken = backlog.queue, []
+
+    class Counted:
+        def put(self, item: Any) -> None:
+            woken.append(item)
+            queued.put(item)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(queued, name)
+
+    monkeypatch.setattr(backlog, "queue", Counted())
+    flushers = [threading.Thread(target=flush, args=(name,)) for name in "AB"]
+    for thread in flushers:
+        thread.start()
+    assert begun.wait(timeout=60)
+    while len(woken) < 2:
+        time.sleep(0.01)
+    fail.set()
+    for thread in flushers:
+        thread.join(timeout=60)
+    assert said == {"A": "WriteFailed", "B": "WriteFailed"}
+    cached.flush()  # it waited for no rows that failed: raised already
+    cached(rows(4, seed=2))  # a forward: raised already
+    with pytest.raises(WriteFailed, match="4 computed rows could not be written"):
+        cached.flush()  # the rows of the forward just before failed too
+    monkeypatch.setattr(store, "keep_many", keep_many)
+    cached(rows(4, seed=3))
+    cached.flush()
+    cached.close()
+
+
 @pytest.mark.parametrize("ending", ["kept", "dropped"])
 def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path, ending: str) -> None:
     """A process that computes rows and exits without flushing — the cache still held, or
