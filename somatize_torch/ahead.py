@@ -45,6 +45,19 @@ only a loader that drew nothing from them is fetched ahead in the passes after
 (:class:`~somatize_torch.lightning.CacheFrozen` does this). Loaders with workers
 draw in the workers, so they are fetched ahead.
 
+A loader that hands out its batches in memory it fills again for the next (one
+preallocated buffer, refilled in place) cannot be fetched ahead: the batch waiting
+for the loop would change under it, and the loop would get the next batch's inputs
+beside its own labels. So the first batches (``depth`` of them, after the first) are
+fetched in order, each compared with the ones the loop took before it: a loader that
+wrote into one (its version counter moved) or handed out another tensor over its
+memory (``torch.from_numpy`` of one buffer, each time) is fetched in order from then
+on (:attr:`Ahead.reuses`, logged at info), and only one that did neither is fetched
+ahead — still compared at every fetch, with a warning, and in order from then on, if
+it refills a batch later. What it cannot see: the very tensor handed out again after
+a write behind torch's back (through ``x.numpy()``), which looks like a constant
+handed with every batch.
+
 An error from the loader, or from ``inputs=``, is raised in the loop at the batch
 where it happened, after the batches before it; naming that fails on the other
 thread is done again in the forward, which raises what is wrong. :class:`Ahead`
@@ -101,6 +114,60 @@ def _at(item: Any, path: Path) -> Any:
     return item
 
 
+_Stamp = tuple[torch.Tensor, int | None, tuple[str, int, int] | None]
+"""A tensor of an item, its version counter (None for an inference tensor, which has
+none) and the bytes of memory it spans."""
+
+
+def _span(tensor: torch.Tensor) -> tuple[str, int, int] | None:
+    """The device and the range of addresses ``tensor``'s elements lie in; None where it
+    has no plain memory to say (sparse, meta, no elements)."""
+    if tensor.layout != torch.strided or tensor.is_meta or tensor.numel() == 0:
+        return None
+    try:
+        start = tensor.data_ptr()
+    except RuntimeError:
+        return None
+    last = sum(
+        (size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
+    )
+    return (str(tensor.device), start, start + (last + 1) * tensor.element_size())
+
+
+def _stamps(items: Iterable[Any]) -> list[_Stamp]:
+    return [
+        (tensor, None if tensor.is_inference() else tensor._version, _span(tensor))
+        for item in items
+        for _, tensor in _tensors(item)
+    ]
+
+
+def _refilled(stamps: list[_Stamp], item: Any) -> bool:
+    """Whether fetching ``item`` changed the tensors ``stamps`` were taken of: written
+    through torch (their version counter moved), or handed out again as another tensor
+    over the same memory (a loader filling one buffer and wrapping it anew each time). The
+    very tensor handed out again unchanged is a constant the loader gives every item."""
+    if not stamps:
+        return False
+    fresh = [(tensor, _span(tensor)) for _, tensor in _tensors(item)]
+    for tensor, version, span in stamps:
+        if version is not None and tensor._version != version:
+            return True
+        for new, at in fresh:
+            if new is tensor:
+                if version is None:
+                    return True  # an inference tensor, which cannot say if it changed
+            elif (
+                span is not None
+                and at is not None
+                and at[0] == span[0]
+                and at[1] < span[2]
+                and span[1] < at[2]
+            ):
+                return True
+    return False
+
+
 def _draws() -> tuple[Any, ...]:
     """Where the process's global random generators stand: torch's, ``random``'s, and
     numpy's where numpy is imported."""
@@ -151,6 +218,11 @@ class Ahead(Generic[T]):
         # Whether fetching draws random numbers in this process: None until a pass in
         # order has shown it (with check_draws), False when it is not asked.
         self.draws: bool | None = None if check_draws else False
+        # Whether the loader hands its batches out in memory it fills again for the next
+        # (one buffer, refilled in place): None until the first batches fetched in order
+        # have shown it; then fetched in order, as a batch fetched early would change the
+        # one the loop is about to use.
+        self.reuses: bool | None = None
         # Where each cache's input sits in a loader item, once a step has shown it; how
         # many batches were named for it since a forward last used names made here.
         self._paths: dict[int, Path] = {}
@@ -161,7 +233,14 @@ class Ahead(Generic[T]):
         return len(self.loader)  # type: ignore[arg-type]  # TypeError for an unsized loader, as len() gives
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("loader", "caches", "inputs", "depth", "draws"):
+        if name.startswith("__") or name in (
+            "loader",
+            "caches",
+            "inputs",
+            "depth",
+            "draws",
+            "reuses",
+        ):
             raise AttributeError(name)
         return getattr(self.loader, name)
 
@@ -171,7 +250,11 @@ class Ahead(Generic[T]):
         # several loaders (Lightning's CombinedLoader) makes every iterator before it
         # fetches from any, so a later draw would hand each loader another's numbers.
         items = iter(self.loader)
-        if not any(cache.key_mode == "content" for cache in self.caches) or self.draws:
+        if (
+            not any(cache.key_mode == "content" for cache in self.caches)
+            or self.draws
+            or self.reuses
+        ):
             return items  # nothing to name, or fetched in order as it must be
         if self.draws is None:
             return self._in_order(items)
@@ -187,10 +270,18 @@ class Ahead(Generic[T]):
         # length (as Lightning's does) would see other shuffles in the epochs after.
         count = _length(self.loader)
         fetched = 0
+        # The last batches the loop took (as many as are fetched ahead): until the loader
+        # is known not to refill their memory for the next, batches are fetched in order
+        # and compared with them (see `reuses`).
+        taken: collections.deque[T] = collections.deque(maxlen=self.depth)
         while True:
             while failed is None and len(waiting) <= self.depth:
                 if waiting and count is not None and fetched >= count:
                     break  # past the length only when the loop asks for it
+                if waiting and self.reuses is not False:
+                    break  # in order until the loader is known to hand out fresh memory
+                ahead_of = _stamps(item for item, _ in waiting)
+                behind = _stamps(taken)
                 try:
                     item = next(items)
                 except StopIteration:
@@ -199,6 +290,7 @@ class Ahead(Generic[T]):
                     failed = error
                     break
                 fetched += 1
+                self._look_for_reuse(ahead_of, behind, item, len(taken))
                 try:
                     self._name(item)
                 except Exception as naming:
@@ -213,20 +305,50 @@ class Ahead(Generic[T]):
             if raised is not None:
                 raise raised
             yield item
+            taken.append(item)
             self._learn(item)
+
+    def _look_for_reuse(
+        self, ahead_of: list[_Stamp], behind: list[_Stamp], item: T, taken: int
+    ) -> None:
+        """Says from ``item``, just fetched, whether the loader refills the memory of the
+        batches before it: those still waiting for the loop (``ahead_of``) or the last
+        ``taken`` ones it took (``behind``)."""
+        if self.reuses:
+            return
+        if _refilled(ahead_of, item):
+            self.reuses = True
+            log.warning(
+                "the loader refilled the memory of a batch fetched ahead with the next one "
+                "(it hands out its buffers again, filled in place) after the first batches "
+                "had not: the loop gets that batch changed. Fetched in order from now on; "
+                "fetch ahead only a loader that hands out fresh tensors"
+            )
+        elif _refilled(behind, item):
+            self.reuses = True
+            log.info(
+                "the loader hands out its batches in memory it fills again for the next "
+                "batch: fetched in order, not ahead"
+            )
+        elif self.reuses is None and taken >= self.depth:
+            self.reuses = False  # as many batches as are fetched ahead stayed as they were
 
     def _in_order(self, items: Iterator[T]) -> Iterator[T]:
         """``items`` in order, with the generators watched around every fetch but the
         first (which may draw a shuffle, as it does without fetching ahead)."""
         count = _length(self.loader)
         fetched = 0
+        taken: collections.deque[T] = collections.deque(maxlen=self.depth)
         while True:
             before = _draws() if fetched else None
+            behind = _stamps(taken)
             try:
                 item = next(items)
             except StopIteration:
                 break
             fetched += 1
+            self._look_for_reuse([], behind, item, len(taken))
+            taken.append(item)
             if before is not None and _draws() != before:
                 self.draws = True
                 log.debug("the loader draws random numbers as it fetches: fetched in order")

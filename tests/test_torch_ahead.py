@@ -119,8 +119,10 @@ def test_which_tensor_is_the_input_is_learned_from_the_steps(warm: CachedRows) -
     items = DataLoader(Labelled(data), batch_size=8, shuffle=True)
     for item in ahead(items, warm):
         assert torch.equal(warm(item["image"]), truth[item["index"]])
-    # The two batches fetched before the first step could not be named; the rest were.
-    assert warm.used_ahead == 8 - 2
+    # The batch fetched before the first step could not be named; the rest were. (The
+    # second is fetched after it: a first pass fetches in order until the loader is seen
+    # to hand out fresh memory.)
+    assert warm.used_ahead == 8 - 1
 
 
 def test_inputs_says_which_tensor_outright(warm: CachedRows) -> None:
@@ -325,3 +327,70 @@ def test_a_dropped_cache_is_named_for_no_more(warm: CachedRows) -> None:
         index.tolist() for _, index in loader(images(64))
     ]
     assert warm.named_ahead == 0
+
+
+class Refilling:
+    """A loader that hands out one buffer, filled again in place for every batch: through
+    torch (``copy_``), or behind its back (numpy), wrapped as a new tensor each time."""
+
+    def __init__(self, data: torch.Tensor, how: str) -> None:
+        self.data, self.how = data, how
+        self.buffer = torch.empty(16, *data.shape[1:])
+
+    def __len__(self) -> int:
+        return self.data.shape[0] // 16
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for k in range(len(self)):
+            rows = self.data[16 * k : 16 * (k + 1)]
+            if self.how == "torch":
+                self.buffer.copy_(rows)
+                yield self.buffer, torch.arange(16 * k, 16 * (k + 1))
+            else:
+                self.buffer.numpy()[...] = rows.numpy()
+                yield torch.from_numpy(self.buffer.numpy()), torch.arange(16 * k, 16 * (k + 1))
+
+
+@pytest.mark.parametrize("how", ["torch", "numpy"])
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_loader_refilling_one_buffer_is_fetched_in_order(
+    warm: CachedRows, how: str, depth: int
+) -> None:
+    """A loader that fills the batch it handed out again for the next: fetching ahead would
+    hand the loop the next batch's inputs with this batch's labels. The first batches are
+    fetched in order and seen to share memory, and every batch of every pass is the
+    loader's own."""
+    data = images(64)
+    truth = expected(warm.module, data)
+    batches = ahead(Refilling(data, how), warm, depth=depth)
+    for _ in range(2):
+        for x, index in batches:
+            torch.testing.assert_close(x, data[index])
+            torch.testing.assert_close(warm(x), truth[index])
+    assert batches.reuses is True
+
+
+def test_a_loader_of_fresh_or_constant_tensors_is_fetched_ahead(warm: CachedRows) -> None:
+    """Slices of one tensor (memory that is never filled again) and a tensor handed in every
+    item unchanged are no refilled buffer: batches are fetched and named ahead."""
+    data = images(64)
+    constant = torch.ones(3)
+
+    def slices() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        for k in range(4):
+            yield data[16 * k : 16 * (k + 1)], torch.arange(16 * k, 16 * (k + 1)), constant
+
+    class Slices:
+        def __len__(self) -> int:
+            return 4
+
+        def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+            return slices()
+
+    batches = ahead(Slices(), warm)
+    for _ in range(2):
+        for x, index, _ in batches:
+            assert torch.equal(x, data[index])
+            warm(x)
+    assert batches.reuses is False
+    assert warm.used_ahead == 8
