@@ -139,7 +139,9 @@ def reading(model: nn.Module) -> Iterator[Noted]:
     Each module's class is given, for the block, an attribute lookup and an
     assignment that note what they do (the classes themselves, so a module's class is
     what it was: ``type(self) is Block`` holds), and what it had after. A class that
-    cannot be given them (one written in C) is not watched."""
+    cannot be given them (one written in C) is not watched. It is entered inside
+    :func:`~somatize_torch._modes.recording`, which lets one trace run at a time: two
+    replacing one class's lookup at once would each put back what the other installed."""
     noted = Noted(model)
     kinds = list(dict.fromkeys(type(module) for module in model.modules()))
     # What each class's lookup and assignment were, before any was replaced: a class

@@ -8,6 +8,7 @@ import copy
 import inspect
 import random
 import threading
+import time
 import types
 import warnings
 from pathlib import Path
@@ -968,6 +969,49 @@ def test_the_trace_sees_the_model_s_own_class(store: Store) -> None:
     with torch.no_grad():
         assert torch.equal(wrapped(x), model.encoder(x) * 2)
     assert "__getattribute__" not in vars(Checks) and "__setattr__" not in vars(Checks)
+
+
+_A_TRACING, _B_TRACING = threading.Event(), threading.Event()
+
+
+class TracedFirst(nn.Module):
+    """Says it is being traced, then waits a while for the other model's trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _A_TRACING.set()
+        _B_TRACING.wait(1.0)
+        return self.encoder(x)
+
+
+class TracedSecond(nn.Module):
+    """Says it is being traced, then lets the other model's trace end first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _B_TRACING.set()
+        time.sleep(0.5)
+        return self.encoder(x)
+
+
+def test_models_wrapped_on_two_threads_at_once_leave_their_classes_as_they_were() -> None:
+    """Two models sharing a class, wrapped on two threads at once, are traced one after
+    the other: neither puts back over the class what the other's trace put there."""
+    _A_TRACING.clear()
+    _B_TRACING.clear()
+    first = threading.Thread(target=lambda: smt.wrap(TracedFirst(), frozen=["encoder"]))
+    first.start()
+    assert _A_TRACING.wait(30)
+    smt.wrap(TracedSecond(), frozen=["encoder"])
+    first.join()
+    for kind in (Tempered, TracedFirst, TracedSecond, nn.Linear):
+        assert "__getattribute__" not in vars(kind) and "__setattr__" not in vars(kind)
 
 
 class InitialisesOnce(nn.Module):
