@@ -866,3 +866,32 @@ def test_a_parquet_dir_keeps_the_identity_and_keys_it_had_in_the_parquet_module(
         pass
 
     assert identity_of(Own) is None  # defined in a function: not the identity of its base
+
+
+def test_a_file_rewritten_in_place_while_a_span_is_read_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file rewritten in place (same size) after the check that precedes a read, while the
+    rows are read from it, is refused: the rows read may be the new ones, and are not handed
+    over under the old version."""
+    plain = {"compression": "none", "use_dictionary": False}
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d" / "part-000.parquet"
+    pyarrow.parquet.write_table(pyarrow.table({"n": [1] * 10}), path, **plain)
+    source = ParquetDir(tmp_path / "d")
+    assert source.forward({"at": 0, "take": 4}, ctx()).column("n") == [1] * 4
+    source.close()
+    other = parquet_bytes(pyarrow.table({"n": [2] * 10}), **plain)
+    assert len(other) == path.stat().st_size
+    reading = parquet_module._File.read
+
+    def rewritten_while_read(self: Any, *args: Any) -> Any:
+        with open(path, "r+b") as handle:
+            handle.write(other)
+        later = path.stat().st_mtime_ns + 5_000_000_000
+        os.utime(path, ns=(later, later))  # past any timestamp granularity
+        return reading(self, *args)
+
+    monkeypatch.setattr(parquet_module._File, "read", rewritten_while_read)
+    with pytest.raises(DatasetChanged, match="changed after this source's version"):
+        source.forward({"at": 0, "take": 4}, ctx())

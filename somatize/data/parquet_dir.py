@@ -240,6 +240,9 @@ class ParquetDir(_Versioned):
             offset = starts[index]
             with self._files.using(index, partial(self._opened, index, footers[index])) as one:
                 piece = one.read(max(at - offset, 0), end - max(at, offset), self._held, index)
+            # Again after the read: a file rewritten in place while it was being read (its
+            # time moves before its bytes do) may have handed over some of its new rows.
+            self._check(index)
             if piece.num_rows:
                 pieces.append(piece)
             index += 1
