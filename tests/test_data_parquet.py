@@ -895,3 +895,30 @@ def test_a_file_rewritten_in_place_while_a_span_is_read_is_refused(
     monkeypatch.setattr(parquet_module._File, "read", rewritten_while_read)
     with pytest.raises(DatasetChanged, match="changed after this source's version"):
         source.forward({"at": 0, "take": 4}, ctx())
+
+
+def _write_through_numpy(frame: Frame, name: str) -> None:
+    """Writes into the memory under column ``name`` of ``frame`` through numpy."""
+    import numpy
+
+    chunk = frame.to_arrow().column(name).chunks[0]
+    values = numpy.frombuffer(chunk.buffers()[1], dtype=numpy.int64)
+    values[chunk.offset : chunk.offset + len(chunk)] *= 10
+
+
+@pytest.mark.parametrize("kind", ["store", "directory"])
+def test_the_rows_a_source_keeps_cannot_be_written_in_place(
+    kind: str, tmp_path: Path, store: Store
+) -> None:
+    """The row groups a source keeps, and hands out slices of, are in memory a write through
+    numpy is refused on: a node cannot change the rows the next span of the version brings."""
+    if kind == "store":
+        bound(store, numbers(8))
+        source: Any = Parquet(store, "data/n")
+    else:
+        write_dir(tmp_path / "d", [numbers(8)])
+        source = ParquetDir(tmp_path / "d")
+    frame = source.forward({"at": 0, "take": 4}, ctx())
+    with pytest.raises(ValueError, match="read-only"):
+        _write_through_numpy(frame, "n")
+    assert source.forward({"at": 0, "take": 4}, ctx()).column("n") == [0, 1, 2, 3]

@@ -243,3 +243,16 @@ def test_settle_uses_one_protocol_for_every_kind_of_state() -> None:
     g = Graph.somatize(Weights(digest).named("w").frozen())
     assert settle(g) == {"w": digest}
     assert g.memory.state_of("w") == digest
+
+
+def test_a_tables_rows_cannot_be_written_in_place() -> None:
+    """The copy a Table source holds, and hands out slices of, is in memory a write through
+    numpy is refused on: a node cannot change the rows its version names."""
+    import numpy
+
+    source = Table(pyarrow.table({"n": list(range(8))}))
+    chunk = source.forward({"at": 0, "take": 4}, Context(name="t")).to_arrow().column("n").chunks[0]
+    values = numpy.frombuffer(chunk.buffers()[1], dtype=numpy.int64)
+    with pytest.raises(ValueError, match="read-only"):
+        values[chunk.offset : chunk.offset + len(chunk)] *= 10
+    assert source.forward({"at": 0, "take": 4}, Context(name="t")).column("n") == [0, 1, 2, 3]

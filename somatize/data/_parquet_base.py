@@ -24,6 +24,7 @@ import pyarrow
 import pyarrow.parquet
 
 from somatize.broker import StateMismatch
+from somatize.data.codec import read_only
 from somatize.data.errors import DataError
 from somatize.data.frame import UnknownColumn
 from somatize.node import Node
@@ -197,6 +198,7 @@ class _File:
                 "are damaged (a page checksum failed, or the file was cut short), and no rows "
                 "of it are handed over. Write the dataset again"
             ) from None
+        table = read_only(table)  # a node writing into a column cannot change the rows kept
         held.keep((number, index), table)
         return table
 

@@ -297,4 +297,25 @@ class ArrowCodec(Codec):
         that were digested (one copy): what was digested is what it holds, whatever
         happens to the memory ``value`` was made over."""
         data = self._ipc(value, combined=True)
-        return _digest(data), self._read(data, checked=False)
+        return _digest(data), self._read(_read_only(data), checked=False)
+
+
+def _read_only(buffer: pyarrow.Buffer) -> pyarrow.Buffer:
+    """``buffer``'s memory as a buffer that cannot be written through (no copy): the arrays
+    read from it refuse a write through numpy, as those recalled from a store do."""
+    return pyarrow.py_buffer(memoryview(buffer).toreadonly())
+
+
+_HOLDER = ArrowCodec()
+
+
+def read_only(table: pyarrow.Table) -> pyarrow.Table:
+    """``table`` copied once into memory that its arrays cannot be written through: what a
+    source keeps and hands out slices of (a row group it decoded) is not changed in place by
+    a node that writes into the numpy array over a column, which would change the rows
+    handed out for a span under the same version."""
+    if any(column.num_chunks > 1 for column in table.columns):
+        table = table.combine_chunks()
+    held = _HOLDER._read(_read_only(_HOLDER._ipc(table, combined=False)), checked=False)
+    assert isinstance(held, pyarrow.Table)
+    return held
