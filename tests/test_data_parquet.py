@@ -853,7 +853,7 @@ def test_a_parquet_dir_keeps_the_identity_and_keys_it_had_in_the_parquet_module(
     assert blueprint_of(source).identity == identity and blueprint_of(source).maker is None
     assert Catalog().resolve(identity) is ParquetDir
     assert parquet_module.ParquetDir is ParquetDir
-    source.version = "blake3:" + "0" * 64  # a version that no writer's footer decides
+    source._version = "blake3:" + "0" * 64  # a version that no writer's footer decides
     g = Graph.somatize(source.named("d").frozen().cached())
     settle(g)
     x = {"at": 0, "take": 64}
@@ -922,3 +922,33 @@ def test_the_rows_a_source_keeps_cannot_be_written_in_place(
     with pytest.raises(ValueError, match="read-only"):
         _write_through_numpy(frame, "n")
     assert source.forward({"at": 0, "take": 4}, ctx()).column("n") == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("kind", ["store", "directory"])
+def test_columns_and_version_are_fixed_when_a_source_is_built(
+    kind: str, tmp_path: Path, store: Store
+) -> None:
+    """What a source is keyed by cannot be changed after it is built: its columns are a
+    tuple, and neither they nor its version can be set; its key is the one it always was
+    (pinned, at a fixed version: the declared columns are still a list)."""
+    table = pyarrow.table({"n": [1, 2], "s": ["a", "b"]})
+    if kind == "store":
+        bound(store, table)
+        source: Any = Parquet(store, "data/n", columns=["n"])
+        pinned = "blake3:65f20ab62bb5645a5284f652416b82654bb16e99968087d98af105a5b1dde266"
+    else:
+        write_dir(tmp_path / "d", [table])
+        source = ParquetDir(tmp_path / "d", columns=["n"])
+        pinned = "blake3:28efc6824eb72666fa97ed4d22b484814adae85294d6a8f5cd54dfdf3a90819d"
+    assert source.columns == ("n",)
+    with pytest.raises(AttributeError):
+        source.columns.append("s")
+    with pytest.raises(AttributeError, match=r"is fixed when it is built.*Build a new"):
+        source.columns = ["s"]
+    with pytest.raises(AttributeError, match=r"is fixed when it is built.*Build a new"):
+        source.version = "blake3:" + "1" * 64
+    assert source.forward({"at": 0, "take": 2}, ctx()).columns == ["n"]
+    source._version = "blake3:" + "0" * 64  # a version that no writer's footer decides
+    g = Graph.somatize(source.named("d").frozen().cached())
+    settle(g)
+    assert compile(g, {"at": 0, "take": 64}, store, g.outputs).keys["d"] == pinned

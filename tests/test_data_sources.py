@@ -256,3 +256,14 @@ def test_a_tables_rows_cannot_be_written_in_place() -> None:
     with pytest.raises(ValueError, match="read-only"):
         values[chunk.offset : chunk.offset + len(chunk)] *= 10
     assert source.forward({"at": 0, "take": 4}, Context(name="t")).column("n") == [0, 1, 2, 3]
+
+
+def test_a_tables_rows_and_version_are_fixed_when_it_is_built() -> None:
+    """Neither the table a Table source reads nor its version can be set after it is built:
+    the key of what is kept below it would no longer name the rows read."""
+    source = Table(pyarrow.table({"n": list(range(8))}))
+    with pytest.raises(AttributeError, match=r"is fixed when it is built.*Build a new"):
+        source.table = pyarrow.table({"n": [9]})
+    with pytest.raises(AttributeError, match=r"is fixed when it is built.*Build a new"):
+        source.version = "blake3:" + "1" * 64
+    assert source.forward({"at": 0, "take": 2}, Context(name="t")).column("n") == [0, 1]

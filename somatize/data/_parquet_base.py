@@ -41,7 +41,7 @@ class NotParquet(DataError, ValueError):
     """Bytes, a file or a directory that hold no Parquet dataset to read."""
 
 
-def _columns_of(columns: Sequence[str] | None) -> list[str] | None:
+def _columns_of(columns: Sequence[str] | None) -> tuple[str, ...] | None:
     if columns is None:
         return None
     if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
@@ -54,7 +54,7 @@ def _columns_of(columns: Sequence[str] | None) -> list[str] | None:
             f"columns= names {', '.join(map(repr, twice))} more than once; a frame has each "
             "column once: name it once"
         )
-    return list(columns)
+    return tuple(columns)
 
 
 def _joined(tables: list[pyarrow.Table]) -> pyarrow.Table:
@@ -92,10 +92,10 @@ class _Footer:
     reads from it, and the row each row group starts at. It holds no file open."""
 
     def __init__(
-        self, file: pyarrow.parquet.ParquetFile, where: str, columns: list[str] | None
+        self, file: pyarrow.parquet.ParquetFile, where: str, columns: Sequence[str] | None
     ) -> None:
         self.where = where
-        self.columns = columns
+        self.columns = None if columns is None else list(columns)
         self.metadata = file.metadata
         schema = file.schema_arrow
         times = collections.Counter(schema.names)
@@ -261,10 +261,44 @@ class _Versioned(Node):
     """A source whose rows are decided by its version (its state) and the columns it reads."""
 
     holds_state = True
-    columns: list[str] | None
-    version: str
+    _columns: tuple[str, ...] | None
+    _version: str
     _files: _OpenFiles
     _held: _Held
+
+    @property
+    def columns(self) -> tuple[str, ...] | None:
+        """The columns it reads (None: all of them), fixed when it is built: they are in the
+        key of every answer below it."""
+        return self._columns
+
+    @columns.setter
+    def columns(self, value: Any) -> None:
+        raise AttributeError(self._fixed("columns", "columns=[...]"))
+
+    @property
+    def version(self) -> str:
+        """The version it reads, worked out when it is built: its state."""
+        return self._version
+
+    @version.setter
+    def version(self, value: Any) -> None:
+        raise AttributeError(self._fixed("version", "the dataset as it is now"))
+
+    def _fixed(self, what: str, how: str) -> str:
+        kind = type(self).__name__
+        return (
+            f"the `{what}` of a {kind} source is fixed when it is built: a graph keys what it "
+            f"keeps below the source by it, so changing it in place would read other rows "
+            f"under the keys of these. Build a new `{kind}` (with {how}) and a graph on it, "
+            "and settle that (`somatize.data.settle(g)`)"
+        )
+
+    def _declared_columns(self) -> dict[str, Any]:
+        columns = self._columns
+        # A list, as the columns always were: a tuple has another canonical form, so
+        # another key.
+        return {"columns": None if columns is None else list(columns)}
 
     def close(self) -> None:
         """Lets go of the open files and the row groups they decoded; they are opened again

@@ -92,8 +92,8 @@ class Parquet(_Versioned):
             )
         self.store = store
         self.dataset = name
-        self.columns = _columns_of(columns)
-        self.version: str = store.resolve(name)
+        self._columns = _columns_of(columns)
+        self._version = store.resolve(name)
         """The digest ``name`` resolved to when this source was built: its state."""
         self._files = _OpenFiles(1)
         """The dataset's file, as file 0, while it is open."""
@@ -102,7 +102,7 @@ class Parquet(_Versioned):
     def declare(self) -> dict[str, Any]:
         """Which columns it reads: with the version (its state), all that decides its rows.
         A subclass that takes arguments of its own adds them to this."""
-        return {"columns": self.columns}
+        return self._declared_columns()
 
     @classmethod
     def reopened(

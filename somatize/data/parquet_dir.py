@@ -158,7 +158,7 @@ class ParquetDir(_Versioned):
         """Whether the call that made it handed the directory first (else as ``path=``, or
         neither): told while the working directory is the one the call meant."""
         self._path_named = _is_path(kwargs.get("path"), root)
-        self.columns = _columns_of(columns)
+        self._columns = _columns_of(columns)
         found = sorted(
             one
             for one in root.rglob("*.parquet")
@@ -177,7 +177,7 @@ class ParquetDir(_Versioned):
             digest, stat = _file_digest(one, relative)
             self._stats.append(stat)
             entries.append([relative, stat[3], digest])
-        self.version: str = canonical.hex_of(entries, b"somatize/parquet-dir\0")
+        self._version = canonical.hex_of(entries, b"somatize/parquet-dir\0")
         """A digest of the files' names, sizes and contents: its state."""
         self._footers: list[_Footer] | None = None
         self._starts: list[int] = []
@@ -189,7 +189,7 @@ class ParquetDir(_Versioned):
     def declare(self) -> dict[str, Any]:
         """Which columns it reads: with the version (its state), all that decides its rows.
         A subclass that takes arguments of its own adds them to this."""
-        return {"columns": self.columns}
+        return self._declared_columns()
 
     def recipe(self) -> tuple[str | None, tuple[Any, ...], dict[str, Any]]:
         """Rebuilt from the call that made it with its absolute path, on a worker that sees

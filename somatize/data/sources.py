@@ -55,11 +55,35 @@ class Table(Node):
 
     def __init__(self, table: Any) -> None:
         version, held = _DIGESTER.held(to_arrow(table))
-        self.table: pyarrow.Table = to_arrow(held)
+        self._table: pyarrow.Table = to_arrow(held)
+        self._version: str = version
+
+    @property
+    def table(self) -> pyarrow.Table:
         """A copy of the table as it was when this source was made: the memory of the one
         handed in may be shared with a numpy array or a DataFrame, and written in place."""
-        self.version: str = version
+        return self._table
+
+    @table.setter
+    def table(self, value: Any) -> None:
+        raise AttributeError(self._fixed("table"))
+
+    @property
+    def version(self) -> str:
         """The content digest of the table: its state."""
+        return self._version
+
+    @version.setter
+    def version(self, value: Any) -> None:
+        raise AttributeError(self._fixed("version"))
+
+    def _fixed(self, what: str) -> str:
+        return (
+            f"the `{what}` of a Table source is fixed when it is built: a graph keys what it "
+            "keeps below the source by its version, so changing it in place would read other "
+            "rows under the keys of these. Build a new `Table(table)` and a graph on it, and "
+            "settle that (`somatize.data.settle(g)`)"
+        )
 
     def declare(self) -> dict[str, Any]:
         """Nothing: what decides its rows is its content, which is its state."""
