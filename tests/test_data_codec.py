@@ -486,3 +486,37 @@ def test_an_opaque_table_over_memory_refilled_in_place_is_weighed_again(store: S
     assert g.forward(batch, store=store) == 6
     values[:] = 10
     assert g.forward(batch, store=store) == 40
+
+
+class _PickledObjects(pyarrow.ExtensionType):
+    """An extension type defined in Python whose values turn into Python by unpickling, as
+    some libraries register."""
+
+    def __init__(self) -> None:
+        super().__init__(pyarrow.large_binary(), "somatize.test.codec-pickled")
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return b""
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage: Any, serialized: bytes) -> _PickledObjects:
+        return cls()
+
+
+def test_an_answer_with_an_extension_type_defined_in_python_is_refused() -> None:
+    """Bytes read back with a column of an extension type registered in the process are a
+    CodecError (its values would turn into Python by that code); pyarrow's own extension
+    types decode."""
+    kind = _PickledObjects()
+    storage = pyarrow.array([b"\x80\x04N."], pyarrow.large_binary())
+    codec = ArrowCodec()
+    pyarrow.register_extension_type(kind)
+    try:
+        frame = Frame(pyarrow.table({"obj": kind.wrap_array(storage)}))
+        data = _join(codec.encode(frame))
+        with pytest.raises(CodecError, match=r"`obj`: somatize\.test\.codec-pickled"):
+            codec.decode(memoryview(data))
+    finally:
+        pyarrow.unregister_extension_type("somatize.test.codec-pickled")
+    uuids = Frame(pyarrow.table({"id": pyarrow.array([b"0123456789abcdef"], pyarrow.uuid())}))
+    assert codec.decode(memoryview(_join(codec.encode(uuids)))) == uuids

@@ -952,3 +952,49 @@ def test_columns_and_version_are_fixed_when_a_source_is_built(
     g = Graph.somatize(source.named("d").frozen().cached())
     settle(g)
     assert compile(g, {"at": 0, "take": 64}, store, g.outputs).keys["d"] == pinned
+
+
+class _PickledObjects(pyarrow.ExtensionType):
+    """An extension type defined in Python whose values turn into Python by unpickling, as
+    some libraries register."""
+
+    def __init__(self) -> None:
+        super().__init__(pyarrow.large_binary(), "somatize.test.pickled")
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return b""
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage: Any, serialized: bytes) -> _PickledObjects:
+        return cls()
+
+
+@pytest.fixture
+def pickled_type() -> Any:
+    kind = _PickledObjects()
+    pyarrow.register_extension_type(kind)
+    yield kind
+    pyarrow.unregister_extension_type("somatize.test.pickled")
+
+
+def test_a_column_of_an_extension_type_defined_in_python_is_refused(
+    pickled_type: Any, store: Store
+) -> None:
+    """A dataset with a column of an extension type some code in the process registered is
+    refused when read (its values would turn into Python by that code), unless the column
+    is left out; pyarrow's own extension types are read."""
+    storage = pyarrow.array([b"\x80\x04N."], pyarrow.large_binary())
+    table = pyarrow.table({"obj": pickled_type.wrap_array(storage), "n": [1]})
+    bound(store, table)
+    with pytest.raises(NotParquet, match=r"`obj`: somatize\.test\.pickled"):
+        Parquet(store, "data/n").forward({"at": 0, "take": 1}, ctx())
+    assert Parquet(store, "data/n", columns=["n"]).forward({"at": 0, "take": 1}, ctx()).column(
+        "n"
+    ) == [1]
+    nested = pyarrow.StructArray.from_arrays([pickled_type.wrap_array(storage)], ["inner"])
+    bound(store, pyarrow.table({"outer": nested}), "data/nested")
+    with pytest.raises(NotParquet, match=r"`outer\.inner`: somatize\.test\.pickled"):
+        Parquet(store, "data/nested").forward({"at": 0, "take": 1}, ctx())
+    uuids = pyarrow.array([b"0123456789abcdef"], pyarrow.uuid())
+    bound(store, pyarrow.table({"id": uuids}), "data/uuid")
+    assert len(Parquet(store, "data/uuid").forward({"at": 0, "take": 1}, ctx())) == 1

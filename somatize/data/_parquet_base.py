@@ -26,7 +26,7 @@ import pyarrow.parquet
 from somatize.broker import StateMismatch
 from somatize.data.codec import read_only
 from somatize.data.errors import DataError
-from somatize.data.frame import UnknownColumn
+from somatize.data.frame import UnknownColumn, python_extensions
 from somatize.node import Node
 from somatize.store import Corrupt
 
@@ -115,6 +115,15 @@ class _Footer:
                 )
         if columns is not None:
             schema = pyarrow.schema([schema.field(name) for name in columns], schema.metadata)
+        foreign = python_extensions(schema)
+        if foreign:
+            raise NotParquet(
+                f"{where} has a column of an extension type defined in Python "
+                f"({'; '.join(foreign)}): its values turn into Python by code this process "
+                "registered, which may unpickle them, so a source reads no such column. "
+                "Leave it out (columns=[...]), or write it as its plain Arrow type "
+                "(`column.storage`)"
+            )
         self.schema = schema
         self.starts = [0]
         for index in range(self.metadata.num_row_groups):

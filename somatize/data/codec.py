@@ -34,7 +34,7 @@ import pyarrow.ipc
 
 from somatize._threads import hash_threads
 from somatize.codecs import Codec, CodecError
-from somatize.data.frame import Frame
+from somatize.data.frame import Frame, python_extensions
 
 __all__ = ["ArrowCodec"]
 
@@ -266,6 +266,14 @@ class ArrowCodec(Codec):
             schema, kind = _untagged(reader.schema)
             if checked:
                 _names(reader.schema)
+                foreign = python_extensions(reader.schema)
+                if foreign:
+                    raise ValueError(
+                        f"a column is of an extension type defined in Python "
+                        f"({'; '.join(foreign)}), whose values turn into Python by code "
+                        "this process registered, which may unpickle them; the codec "
+                        "reads no such column"
+                    )
                 for batch in batches:
                     batch.validate(full=True)
         except (pyarrow.ArrowException, OSError, ValueError) as why:

@@ -26,6 +26,34 @@ from somatize.data.errors import DataError
 __all__ = ["Frame", "NoPolars", "NotArrow", "UnknownColumn", "to_arrow"]
 
 
+def python_extensions(schema: pyarrow.Schema) -> list[str]:
+    """The fields of ``schema``, at any depth, whose type is an extension type defined in
+    Python (a ``pyarrow.ExtensionType`` registered in this process), each as
+    ``field: extension name``. Such a type's values turn into Python by whatever code
+    registered it, which may be ``pickle.load``: what is read from a store may have none.
+    pyarrow's own extension types (``arrow.uuid``, ``arrow.fixed_shape_tensor`` ...) are
+    not among them."""
+    found: list[str] = []
+
+    def walk(kind: pyarrow.DataType, where: str) -> None:
+        if isinstance(kind, pyarrow.ExtensionType):
+            found.append(f"`{where}`: {kind.extension_name}")
+            return
+        if isinstance(kind, pyarrow.BaseExtensionType):
+            walk(kind.storage_type, where)
+        elif isinstance(kind, pyarrow.DictionaryType):
+            walk(kind.index_type, where)
+            walk(kind.value_type, where)
+        else:
+            for index in range(kind.num_fields):
+                field = kind.field(index)
+                walk(field.type, f"{where}.{field.name}")
+
+    for field in schema:
+        walk(field.type, field.name)
+    return found
+
+
 class UnknownColumn(DataError, KeyError):
     """A column the frame does not have."""
 
