@@ -998,3 +998,40 @@ def test_a_column_of_an_extension_type_defined_in_python_is_refused(
     uuids = pyarrow.array([b"0123456789abcdef"], pyarrow.uuid())
     bound(store, pyarrow.table({"id": uuids}), "data/uuid")
     assert len(Parquet(store, "data/uuid").forward({"at": 0, "take": 1}, ctx())) == 1
+
+
+@pytest.mark.parametrize("kind", ["store", "directory"])
+def test_a_source_is_copied_and_pickled_without_its_open_files(
+    kind: str, tmp_path: Path, store: Store
+) -> None:
+    """A source that has read a span (a file open, row groups kept) is copied, deep-copied and
+    pickled; the copy shares no open file, kept group or lock with the original, reads the
+    same rows, and a directory's copy still checks that its files are the ones its version
+    names."""
+    import copy
+    import pickle
+
+    if kind == "store":
+        bound(store, numbers(100))
+        source: Any = Parquet(store, "data/n")
+    else:
+        write_dir(tmp_path / "d", [numbers(50), numbers(50, 50)])
+        source = ParquetDir(tmp_path / "d")
+    g = Graph.somatize(source.named("s").frozen() >> Count().named("c").frozen().cached())
+    settle(g)
+    assert g.forward({"at": 0, "take": 10}, store=store) == 10
+    copies = [copy.copy(source), copy.deepcopy(source), pickle.loads(pickle.dumps(source))]
+    for one in copies:
+        assert one._files is not source._files and one._held is not source._held
+        assert one.version == source.version
+        assert one.forward({"at": 45, "take": 10}, ctx()).column("n") == list(range(45, 55))
+        one.close()
+    assert source.forward({"at": 45, "take": 10}, ctx()).column("n") == list(range(45, 55))
+    again = pickle.loads(pickle.dumps(g))
+    assert again.forward({"at": 0, "take": 10}, store=store) == 10
+    if kind == "directory":
+        path = tmp_path / "d" / "part-001.parquet"
+        pyarrow.parquet.write_table(numbers(50, 7), path)
+        os.utime(path, ns=(1, 1))
+        with pytest.raises(DatasetChanged):
+            copy.deepcopy(source).forward({"at": 60, "take": 4}, ctx())

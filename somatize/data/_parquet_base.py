@@ -309,6 +309,25 @@ class _Versioned(Node):
         # another key.
         return {"columns": None if columns is None else list(columns)}
 
+    _UNSHARED: tuple[str, ...] = ("_files", "_held")
+    """What a copy does not take: open files, the row groups decoded from them, and locks.
+    A copy (``copy.copy``, ``copy.deepcopy``, a pickled source) starts with none
+    (:meth:`_fresh`), and opens its files again when it reads them."""
+
+    def _fresh(self) -> None:
+        """Makes the holders a source starts with: no file open, no row group kept."""
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(vars(self))
+        for name in self._UNSHARED:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: Any) -> None:
+        super().__setstate__(state)
+        self._fresh()
+
     def close(self) -> None:
         """Lets go of the open files and the row groups they decoded; they are opened again
         on the next read. A read in flight in another thread finishes with its rows first:

@@ -95,6 +95,9 @@ class Parquet(_Versioned):
         self._columns = _columns_of(columns)
         self._version = store.resolve(name)
         """The digest ``name`` resolved to when this source was built: its state."""
+        self._fresh()
+
+    def _fresh(self) -> None:
         self._files = _OpenFiles(1)
         """The dataset's file, as file 0, while it is open."""
         self._held = _Held()

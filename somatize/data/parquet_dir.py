@@ -179,6 +179,13 @@ class ParquetDir(_Versioned):
             entries.append([relative, stat[3], digest])
         self._version = canonical.hex_of(entries, b"somatize/parquet-dir\0")
         """A digest of the files' names, sizes and contents: its state."""
+        self._fresh()
+
+    _UNSHARED = ("_files", "_held", "_opening", "_footers", "_starts")
+    """What a copy does not take; it keeps ``_stats``, so it checks that its files are
+    still the ones its version was worked out from, as the original does."""
+
+    def _fresh(self) -> None:
         self._footers: list[_Footer] | None = None
         self._starts: list[int] = []
         self._files = _OpenFiles(_OPEN_FILES)
