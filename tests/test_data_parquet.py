@@ -1035,3 +1035,21 @@ def test_a_source_is_copied_and_pickled_without_its_open_files(
         os.utime(path, ns=(1, 1))
         with pytest.raises(DatasetChanged):
             copy.deepcopy(source).forward({"at": 60, "take": 4}, ctx())
+
+
+def test_a_blob_removed_after_the_name_was_rebound_says_both_ways_on(store: Store) -> None:
+    """A source built before its name was rebound, whose blob was then collected, says which
+    blob it was built at and what the name is bound to now, and offers both: put the bytes
+    again, or build the source again."""
+    from somatize.store import Missing
+
+    old = bound(store, numbers(100))
+    source = Parquet(store, "data/n")
+    new = bound(store, numbers(50))
+    store.gc(grace=0)
+    with pytest.raises(Missing) as why:
+        source.forward({"at": 0, "take": 8}, ctx())
+    said = str(why.value)
+    assert f"was bound to {old} when this source was built" in said
+    assert f"is bound to {new} now" in said
+    assert "put the same bytes again" in said and "build the source again" in said

@@ -184,10 +184,7 @@ class Parquet(_Versioned):
         try:
             whole = store.local_blob(self.version)
         except Missing:
-            raise Missing(
-                f"`{self.dataset}` is bound to {self.version}, and that blob is not "
-                f"in {store}: it was removed. Put the dataset again and rebind the name"
-            ) from None
+            raise Missing(self._removed()) from None
         except Corrupt as why:
             raise Corrupt(
                 f"`{self.dataset}` cannot be read, and no rows of it are handed over: "
@@ -204,6 +201,28 @@ class Parquet(_Versioned):
         except BaseException:
             source.close()
             raise
+
+    def _removed(self) -> str:
+        """Why the blob this source was built at cannot be read, and the two ways on."""
+        try:
+            now = self.store.resolve(self.dataset)
+        except (KeyError, OSError, ValueError):
+            now = None
+        bound = (
+            "is still bound to it"
+            if now == self.version
+            else "is bound to nothing now"
+            if now is None
+            else f"is bound to {now} now"
+        )
+        return (
+            f"`{self.dataset}` was bound to {self.version} when this source was built, and "
+            f"that blob is not in {self.store}: it was removed (the name {bound}). To read "
+            "that version, put the same bytes again (`store.put(data)`: they are kept under "
+            "the same digest, and the graph needs nothing else); to read what the name is "
+            f"bound to now, build the source again (`Parquet(store, {self.dataset!r})`) and "
+            "settle the graph on it (`somatize.data.settle(g)`)"
+        )
 
     def __repr__(self) -> str:
         name = self._smz.name
