@@ -97,3 +97,10 @@ def test_spans_refuses_what_it_cannot_walk() -> None:
         list(spans(42))
     with pytest.raises(NotACoordinate, match="which has no length"):
         list(spans(NoLength()))
+
+
+def test_spans_refuses_a_graph_and_says_to_pass_its_source() -> None:
+    """A graph is handed coordinates but is not the source: spans() says to pass the node."""
+    g = Graph.somatize(Table(pyarrow.table({"n": list(range(10))})).named("t"))
+    with pytest.raises(NotACoordinate, match=r"got a Graph.*Pass the source node"):
+        list(spans(g, take=4))

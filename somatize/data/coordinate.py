@@ -109,6 +109,15 @@ def spans(source: Any, take: int = 64, at: int = 0) -> Iterator[dict[str, int]]:
     price of reading each span once here.
     """
     span_of({"at": at, "take": take}, "spans()")
+    from somatize.graph import Graph
+
+    if isinstance(source, Graph):
+        raise NotACoordinate(
+            "spans() walks a source node, and got a Graph: a graph is handed coordinates but "
+            "does not say where its dataset ends. Pass the source node the graph reads from "
+            "(`spans(source, take)`, the Parquet, ParquetDir or Table you built it with), "
+            "and hand each coordinate to the graph (`g.forward(span)`)"
+        )
     if isinstance(source, Counted):
         rows = source.count_rows()
         for start in range(at, rows, take):
