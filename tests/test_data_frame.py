@@ -79,3 +79,22 @@ def test_to_arrow_takes_tabular_values() -> None:
     for one in (column, pyarrow.chunked_array([column])):
         with pytest.raises(NotArrow, match=r"not a table .*pyarrow\.table\(\{'x': column\}\)"):
             to_arrow(one)
+
+
+def test_a_column_name_held_twice_is_refused_clearly() -> None:
+    """A frame over a table holding a name twice refuses that name, and its rows, by saying
+    so; a Table source refuses such a table when it is built."""
+    from somatize.data import AmbiguousColumn, Table
+
+    table = pyarrow.Table.from_arrays(
+        [pyarrow.array([1]), pyarrow.array([2]), pyarrow.array([3])], names=["a", "a", "b"]
+    )
+    frame = Frame(table)
+    with pytest.raises(AmbiguousColumn, match="more than one column named `a`"):
+        frame.column("a")
+    with pytest.raises(AmbiguousColumn, match="more than one column named `a`"):
+        list(frame.rows())
+    assert frame.column("b") == [3]
+    with pytest.raises(AmbiguousColumn, match=r"keep only the others \(`table.select\(\['b'\]\)`"):
+        Table(table)
+    assert issubclass(AmbiguousColumn, ValueError)

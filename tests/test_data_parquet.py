@@ -1053,3 +1053,30 @@ def test_a_blob_removed_after_the_name_was_rebound_says_both_ways_on(store: Stor
     assert f"was bound to {old} when this source was built" in said
     assert f"is bound to {new} now" in said
     assert "put the same bytes again" in said and "build the source again" in said
+
+
+def test_files_differing_only_by_parquet_field_ids_are_one_dataset(tmp_path: Path) -> None:
+    """Field ids a writer numbered the columns by (Spark, Iceberg) say nothing of the rows:
+    files that differ only by them are read as one dataset; any other column metadata must
+    still agree."""
+    (tmp_path / "d").mkdir()
+    with_id = pyarrow.schema(
+        [pyarrow.field("n", pyarrow.int64(), metadata={"PARQUET:field_id": "1"})]
+    )
+    pyarrow.parquet.write_table(
+        pyarrow.table({"n": [1, 2]}, schema=with_id), tmp_path / "d" / "a.parquet"
+    )
+    pyarrow.parquet.write_table(pyarrow.table({"n": [3, 4]}), tmp_path / "d" / "b.parquet")
+    assert ParquetDir(tmp_path / "d").forward({"at": 0, "take": 4}, ctx()).column("n") == [
+        1,
+        2,
+        3,
+        4,
+    ]
+    assert ParquetDir(tmp_path / "d", columns=["n"]).count_rows() == 4
+    unit = pyarrow.schema([pyarrow.field("n", pyarrow.int64(), metadata={"unit": "m"})])
+    pyarrow.parquet.write_table(
+        pyarrow.table({"n": [5]}, schema=unit), tmp_path / "d" / "c.parquet"
+    )
+    with pytest.raises(NotParquet, match="share one schema"):
+        ParquetDir(tmp_path / "d").count_rows()

@@ -30,7 +30,7 @@ from somatize.codecs import CODECS
 from somatize.data.codec import ArrowCodec
 from somatize.data.coordinate import BadCoordinate, Counted, NotACoordinate, span_of, spans
 from somatize.data.errors import DataError
-from somatize.data.frame import Frame, NoPolars, NotArrow, UnknownColumn, to_arrow
+from somatize.data.frame import AmbiguousColumn, Frame, NoPolars, NotArrow, UnknownColumn, to_arrow
 from somatize.data.parquet import NotParquet, Parquet
 from somatize.data.parquet_dir import DatasetChanged, ParquetDir
 from somatize.data.settle import Settles, settle
@@ -39,6 +39,7 @@ from somatize.data.sources import Stream, Table, TooManyRows, Unfreezable
 CODECS.register(ArrowCodec())
 
 __all__ = [
+    "AmbiguousColumn",
     "ArrowCodec",
     "BadCoordinate",
     "Counted",

@@ -23,7 +23,7 @@ import pyarrow
 
 from somatize.data.errors import DataError
 
-__all__ = ["Frame", "NoPolars", "NotArrow", "UnknownColumn", "to_arrow"]
+__all__ = ["AmbiguousColumn", "Frame", "NoPolars", "NotArrow", "UnknownColumn", "to_arrow"]
 
 
 def python_extensions(schema: pyarrow.Schema) -> list[str]:
@@ -52,6 +52,33 @@ def python_extensions(schema: pyarrow.Schema) -> list[str]:
     for field in schema:
         walk(field.type, field.name)
     return found
+
+
+class AmbiguousColumn(DataError, ValueError):
+    """A column name a table holds more than once, asked for by name (or the table handed to
+    a source that reads columns by name)."""
+
+
+def twice_named(table: pyarrow.Table | pyarrow.Schema) -> list[str]:
+    """The column names ``table`` holds more than once, in order."""
+    names = table.names if isinstance(table, pyarrow.Schema) else table.column_names
+    seen: set[str] = set()
+    twice: list[str] = []
+    for name in names:
+        if name in seen and name not in twice:
+            twice.append(name)
+        seen.add(name)
+    return twice
+
+
+def _ambiguous(twice: list[str], names: list[str]) -> AmbiguousColumn:
+    others = [name for name in names if name not in twice]
+    return AmbiguousColumn(
+        f"this table has more than one column named {', '.join(f'`{n}`' for n in twice)}, "
+        "so the name is ambiguous, and a frame has each column once. Rename them "
+        "(`table.rename_columns([...])`)"
+        + (f" or keep only the others (`table.select({others!r})`)" if others else "")
+    )
 
 
 class UnknownColumn(DataError, KeyError):
@@ -107,11 +134,17 @@ class Frame:
                 f"this frame has no column `{name}`; it has {known}. A source that reads only "
                 "some columns (`Parquet(..., columns=[...])`) hands on only those"
             )
+        twice = twice_named(self._table)
+        if name in twice:
+            raise _ambiguous([name], self._table.column_names)
         values: list[Any] = self._table.column(name).to_pylist()
         return values
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Each row as a dict of plain Python values."""
+        twice = twice_named(self._table)
+        if twice:
+            raise _ambiguous(twice, self._table.column_names)
         return iter(self._table.to_pylist())
 
     def to_arrow(self) -> pyarrow.Table:

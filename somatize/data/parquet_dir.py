@@ -125,6 +125,21 @@ def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...]]:
     return digest, after
 
 
+_FIELD_ID = b"PARQUET:field_id"
+
+
+def _alike(one: pyarrow.Schema, other: pyarrow.Schema) -> bool:
+    """Whether two files' schemas are one dataset's: the same names and types, and what
+    each column says of itself the same, but for the field ids a writer numbered them by."""
+    if not one.equals(other, check_metadata=False):
+        return False
+    for mine, theirs in zip(one, other, strict=True):
+        said = {k: v for k, v in (mine.metadata or {}).items() if k != _FIELD_ID}
+        if said != {k: v for k, v in (theirs.metadata or {}).items() if k != _FIELD_ID}:
+            return False
+    return True
+
+
 def _is_path(value: Any, absolute: Path) -> bool:
     """Whether ``value`` names the directory at ``absolute``."""
     if not isinstance(value, (str, os.PathLike)):
@@ -313,10 +328,12 @@ class ParquetDir(_Versioned):
 
     def _check_schemas(self, footers: list[_Footer]) -> None:
         # The files' own metadata (the writer, a pandas index) may differ; what a
-        # column says of itself (its unit, say) goes with its rows, so it may not.
+        # column says of itself (its unit, say) goes with its rows, so it may not. The
+        # field ids a Parquet writer numbers columns by (Spark's, Iceberg's) say nothing
+        # of the rows, and may.
         schema = footers[0].schema.remove_metadata()
         for one, relative in zip(footers, self.files, strict=True):
-            if not one.schema.remove_metadata().equals(schema, check_metadata=True):
+            if not _alike(one.schema.remove_metadata(), schema):
                 raise NotParquet(
                     f"`{relative}` has columns {one.schema.remove_metadata()} where "
                     f"`{self.files[0]}` has {schema}: the files of one dataset share "

@@ -28,7 +28,7 @@ from somatize.catalog import Unbuildable
 from somatize.data.codec import ArrowCodec
 from somatize.data.coordinate import NotACoordinate, span_of
 from somatize.data.errors import DataError
-from somatize.data.frame import Frame, to_arrow
+from somatize.data.frame import Frame, _ambiguous, to_arrow, twice_named
 from somatize.node import Context, Node
 
 __all__ = ["Stream", "Table", "TooManyRows", "Unfreezable"]
@@ -54,6 +54,9 @@ class Table(Node):
     holds_state = True
 
     def __init__(self, table: Any) -> None:
+        twice = twice_named(to_arrow(table))
+        if twice:
+            raise _ambiguous(twice, to_arrow(table).column_names)
         version, held = _DIGESTER.held(to_arrow(table))
         self._table: pyarrow.Table = to_arrow(held)
         self._version: str = version
