@@ -520,3 +520,32 @@ def test_an_answer_with_an_extension_type_defined_in_python_is_refused() -> None
         pyarrow.unregister_extension_type("somatize.test.codec-pickled")
     uuids = Frame(pyarrow.table({"id": pyarrow.array([b"0123456789abcdef"], pyarrow.uuid())}))
     assert codec.decode(memoryview(_join(codec.encode(uuids)))) == uuids
+
+
+def test_read_only_keeps_the_rows_and_refuses_writes() -> None:
+    """What a source keeps is its rows as they were, over buffers nothing writes through:
+    flat columns (sliced, with nulls) as they are, other columns copied once."""
+    from decimal import Decimal
+
+    from somatize.data.codec import read_only
+
+    table = pyarrow.table(
+        {
+            "n": [1, None, 3, 4],
+            "s": ["x", None, "zz", "w"],
+            "d": pyarrow.array(
+                [Decimal("1.5"), None, Decimal(2), Decimal(3)], pyarrow.decimal128(5, 2)
+            ),
+            "b": [True, False, None, True],
+            "l": [[1], [2], [], None],
+            "e": pyarrow.array(["a", "b", "a", "c"]).dictionary_encode(),
+        },
+        metadata={"k": "v"},
+    ).slice(1)
+    for one in (table, table.select(["n", "s", "d", "b"])):
+        held = read_only(one)
+        held.validate(full=True)
+        assert held.equals(one) and held.schema.equals(one.schema, check_metadata=True)
+        for column in held.columns:
+            for chunk in column.chunks:
+                assert not any(b.is_mutable for b in chunk.buffers() if b is not None)

@@ -317,11 +317,47 @@ def _read_only(buffer: pyarrow.Buffer) -> pyarrow.Buffer:
 _HOLDER = ArrowCodec()
 
 
+def _flat(kind: pyarrow.DataType) -> bool:
+    """Whether an array of ``kind`` is its own buffers alone: no children, no dictionary, no
+    buffers beyond those its type says."""
+    types = pyarrow.types
+    return not isinstance(kind, pyarrow.BaseExtensionType) and (
+        (types.is_primitive(kind) and not types.is_null(kind))
+        or types.is_binary(kind)
+        or types.is_string(kind)
+        or types.is_large_binary(kind)
+        or types.is_large_string(kind)
+        or types.is_fixed_size_binary(kind)
+        or types.is_decimal(kind)
+    )
+
+
 def read_only(table: pyarrow.Table) -> pyarrow.Table:
-    """``table`` copied once into memory that its arrays cannot be written through: what a
-    source keeps and hands out slices of (a row group it decoded) is not changed in place by
-    a node that writes into the numpy array over a column, which would change the rows
-    handed out for a span under the same version."""
+    """``table`` over memory that its arrays cannot be written through: what a source keeps
+    and hands out slices of (a row group it decoded) is not changed in place by a node that
+    writes into the numpy array over a column, which would change the rows handed out for a
+    span under the same version. Columns of flat types (numbers, strings, binary) are their
+    own buffers seen read-only, with no copy; a table with any other column (nested, a
+    dictionary) is copied once."""
+    if all(_flat(field.type) for field in table.schema):
+        columns = [
+            pyarrow.chunked_array(
+                [
+                    pyarrow.Array.from_buffers(
+                        chunk.type,
+                        len(chunk),
+                        [None if one is None else _read_only(one) for one in chunk.buffers()],
+                        chunk.null_count,
+                        chunk.offset,
+                    )
+                    for chunk in column.chunks
+                ],
+                type=column.type,
+            )
+            for column in table.columns
+        ]
+        if columns:
+            return pyarrow.Table.from_arrays(columns, schema=table.schema)
     if any(column.num_chunks > 1 for column in table.columns):
         table = table.combine_chunks()
     held = _HOLDER._read(_read_only(_HOLDER._ipc(table, combined=False)), checked=False)
