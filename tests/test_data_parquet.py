@@ -1080,3 +1080,58 @@ def test_files_differing_only_by_parquet_field_ids_are_one_dataset(tmp_path: Pat
     )
     with pytest.raises(NotParquet, match="share one schema"):
         ParquetDir(tmp_path / "d").count_rows()
+
+
+_CUT_SHORT = """
+import os, pathlib, sys, tempfile
+import pyarrow, pyarrow.parquet
+from somatize import Store
+from somatize.data import Parquet, ParquetDir
+from somatize.node import Context
+from somatize.store import Corrupt
+
+kind = sys.argv[1]
+table = pyarrow.table({"n": list(range(400_000))})
+where = pathlib.Path(tempfile.mkdtemp())
+if kind == "store":
+    store = Store(where / "store")
+    sink = pyarrow.BufferOutputStream()
+    pyarrow.parquet.write_table(table, sink, row_group_size=20_000, compression="none")
+    digest = store.put(sink.getvalue().to_pybytes())
+    store.bind("d", digest)
+    source = Parquet(store, "d")
+    path = store.blob_path(digest)
+else:
+    (where / "d").mkdir()
+    path = where / "d" / "a.parquet"
+    pyarrow.parquet.write_table(table, path, row_group_size=20_000, compression="none")
+    source = ParquetDir(where / "d")
+    ParquetDir._check = lambda self, index: None  # the file cut short between check and read
+assert source.forward({"at": 0, "take": 5}, Context(name="s")).column("n") == list(range(5))
+os.truncate(path, os.stat(path).st_size // 2)
+try:
+    source.forward({"at": 390_000, "take": 5}, Context(name="s"))
+except Corrupt:
+    print("refused")
+"""
+
+
+@pytest.mark.parametrize("kind", ["store", "directory"])
+def test_a_dataset_cut_short_on_disk_while_open_is_corrupt_not_a_crash(
+    kind: str, tmp_path: Path
+) -> None:
+    """A dataset file truncated on disk after a source opened it is read through a file, not a
+    memory map: a row group past its new end is Corrupt, where a map would kill the process
+    (SIGBUS)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _CUT_SHORT, kind],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "refused"

@@ -25,10 +25,12 @@ Write datasets with row groups near the size of the spans you read them by:
 a span never reads less than one whole row group of the columns it asks for.
 
 A dataset kept whole on a local disk — in a local store, or in the cache in front
-of a bucket — is memory-mapped and verified against its digest the first time a
-process opens it (:meth:`~somatize.store.Store.local_blob`; the store remembers
-it), so a damaged byte is :class:`~somatize.store.Corrupt`, the blob is moved to
-quarantine, and no rows of it are read. From any other store (a bucket with no
+of a bucket — is verified against its digest the first time a process opens it
+(:meth:`~somatize.store.Store.local_blob`; the store remembers it), so a damaged
+byte is :class:`~somatize.store.Corrupt`, the blob is moved to quarantine, and no
+rows of it are read; its row groups are then read through a file, not a memory map,
+so a blob cut short on disk while it is open is a short read (Corrupt), not a
+crash (SIGBUS). From any other store (a bucket with no
 copy in a cache) it is read in ranges through ``store.open_blob`` and is not
 hashed whole: only pages that carry checksums are checked, so write a dataset
 meant for a bucket with ``write_page_checksum=True``.
@@ -51,6 +53,8 @@ one no worker can open, and such a source is refused before anything runs.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 from collections.abc import Sequence
 from typing import Any
 
@@ -177,8 +181,9 @@ class Parquet(_Versioned):
             return Frame(one.read(at, take, self._held, 0))
 
     def _opened(self) -> _File:
-        """The dataset's file, opened: memory-mapped when the store keeps it whole on a
-        local disk, read in ranges otherwise."""
+        """The dataset's file, opened: verified and read through a file when the store
+        keeps it whole on a local disk (in memory when it is small), read in ranges
+        otherwise."""
         where = f"`{self.dataset}` ({self.version})"
         store = self.store
         try:
@@ -191,8 +196,19 @@ class Parquet(_Versioned):
                 f"{why}. Put the dataset's bytes again (`store.put`): they are kept "
                 "under the same digest, so the name needs no rebinding"
             ) from None
-        if whole is not None:
-            source: Any = pyarrow.BufferReader(pyarrow.py_buffer(whole))
+        if whole is not None and isinstance(whole.obj, mmap.mmap):
+            # Verified; read through a file rather than the map: a blob cut short on disk
+            # while it is open (another tool, a full disk) is then a short read, Corrupt,
+            # where a page of the map past its new end would kill the process (SIGBUS).
+            mapped = whole.obj
+            whole.release()
+            with contextlib.suppress(BufferError):  # a view of it still held elsewhere
+                mapped.close()
+            holder = getattr(store, "cache", None)
+            holder = holder if isinstance(holder, Store) else store  # where the copy is
+            source: Any = pyarrow.PythonFile(holder.open_blob(self.version), mode="r")
+        elif whole is not None:
+            source = pyarrow.BufferReader(pyarrow.py_buffer(whole))  # read into memory
         else:
             source = store.open_blob(self.version)
         try:

@@ -6,8 +6,9 @@ live in one. Its version is worked out from the files' names, sizes and content
 digests, so any changed byte changes it; a file that changes after that is refused
 rather than read under the old version. It reads each file's footer once and then
 holds only a few files open (``_OPEN_FILES``), opening one again when a span reaches
-it, so a directory may hold more files than a process may have open or
-memory-mapped; a file opened again is checked to be the very file its digest was
+it, so a directory may hold more files than a process may have open; it reads them
+through files, not memory maps, so a file cut short while open is a short read; a
+file opened again is checked to be the very file its digest was
 taken from.
 
 On a network worker it crosses by reference, as a :class:`~somatize.data.Parquet`
@@ -59,7 +60,7 @@ __all__ = ["DatasetChanged", "ParquetDir"]
 _OPEN_FILES = 8
 """How many files of a ``ParquetDir`` stay open between spans. The others are opened
 again when a span reaches them: a directory may hold more files than a process may
-have open or memory-mapped."""
+have open."""
 
 
 class DatasetChanged(DataError, RuntimeError):
@@ -292,7 +293,10 @@ class ParquetDir(_Versioned):
         relative = self.files[index]
         path = self.root / relative
         try:
-            handle = pyarrow.memory_map(str(path), "r")
+            # A file, not a memory map: one cut short while it is open is then a short
+            # read (Corrupt, or DatasetChanged when its stat is checked), where a page of a
+            # map past its new end would kill the process (SIGBUS).
+            handle = pyarrow.OSFile(str(path), "r")
         except FileNotFoundError:
             raise self._changed(index) from None
         try:
