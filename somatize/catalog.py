@@ -52,6 +52,7 @@ function (a decorated helper), a value the code reads from an object are not see
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import functools
@@ -195,7 +196,8 @@ def _written(kind: type) -> bytes:
             _put(digest, b"def " + name.encode(), _function_bytes(function))
         functions += held
         if not held and not _dunder(name) and _plain(member):
-            _put(digest, b"let " + name.encode(), _constant_bytes(member))
+            assigned = _assigned(_class_body(kind), name, member)
+            _put(digest, b"let " + name.encode(), assigned or _constant_bytes(member))
     for label, piece in _named(functions):
         _put(digest, label, piece)
     found = _FINGERPRINTS[kind] = digest.digest()
@@ -297,19 +299,19 @@ def _source_of(function: FunctionType) -> bytes | None:
     return textwrap.dedent("".join(lines)).encode()
 
 
-_FILES: dict[str, tuple[bytes, frozenset[tuple[str, int, bytes]]]] = {}
-"""A source file → the digest of its text when it was compiled last, and the code compiled
-from it."""
+_FILES: dict[str, tuple[list[str], frozenset[tuple[str, int, bytes]]]] = {}
+"""A source file → its lines as :mod:`linecache` held them when it was compiled last, and
+the code compiled from them."""
 
 
 def _compiled(filename: str) -> frozenset[tuple[str, int, bytes]]:
     """Each code object ``filename`` compiles to as it reads now (as :mod:`linecache`
     holds it): its name, its first line and :func:`_code_bytes`."""
-    text = "".join(linecache.getlines(filename))
-    read = hashlib.sha256(text.encode(errors="surrogatepass")).digest()
+    lines = linecache.getlines(filename)
     found = _FILES.get(filename)
-    if found is not None and found[0] == read:
+    if found is not None and found[0] is lines:  # linecache reads a changed file anew
         return found[1]
+    text = "".join(lines)
     shapes: set[tuple[str, int, bytes]] = set()
     try:
         codes = [compile(text, filename, "exec", dont_inherit=True)]
@@ -319,7 +321,7 @@ def _compiled(filename: str) -> frozenset[tuple[str, int, bytes]]:
         at = codes.pop()
         shapes.add((at.co_name, at.co_firstlineno, _code_bytes(at)))
         codes += (c for c in at.co_consts if isinstance(c, CodeType))
-    _FILES[filename] = (read, frozenset(shapes))
+    _FILES[filename] = (lines, frozenset(shapes))
     return _FILES[filename][1]
 
 
@@ -346,8 +348,77 @@ def _named(functions: list[FunctionType]) -> list[tuple[bytes, bytes]]:
                 out[b"uses " + label] = _function_bytes(value)
                 queue.append(value)
             elif _plain(value):
-                out[b"reads " + label] = _constant_bytes(value)
+                assigned = _assigned(_module_body(module), name, value)
+                if assigned is not None:
+                    out[b"reads " + label] = assigned
     return sorted(out.items())
+
+
+def _assigned(body: list[ast.stmt] | None, name: str, value: Any) -> bytes | None:
+    """What names the value ``name`` holds, as it is assigned in ``body`` (a module's or a
+    class's statements): a literal (``FACTOR = 2``) by the value it holds now, which is
+    the same in every process; one computed as the module loads (``HERE =
+    os.path.dirname(__file__)``, a value read from the environment) by how it is
+    computed, the same wherever the code is, whatever it makes there. None where
+    nothing in ``body`` assigns it (it came from elsewhere), or ``body`` is not known."""
+    if body is None:
+        return None
+    made: ast.expr | None = None
+    for statement in body:
+        if (
+            isinstance(statement, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in statement.targets)
+        ) or (
+            isinstance(statement, ast.AnnAssign)
+            and isinstance(statement.target, ast.Name)
+            and statement.target.id == name
+            and statement.value is not None
+        ):
+            made = statement.value
+    if made is None:
+        return None
+    try:
+        ast.literal_eval(made)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return b"made by " + ast.unparse(made).encode()
+    return _constant_bytes(value)
+
+
+_TREES: dict[str, tuple[list[str], ast.Module | None]] = {}
+"""A source file → its lines as :mod:`linecache` held them when it was parsed last, and
+what they parse to."""
+
+
+def _tree(filename: str) -> ast.Module | None:
+    lines = linecache.getlines(filename)
+    found = _TREES.get(filename)
+    if found is not None and found[0] is lines:
+        return found[1]
+    try:
+        tree: ast.Module | None = ast.parse("".join(lines)) if lines else None
+    except (SyntaxError, ValueError):
+        tree = None
+    _TREES[filename] = (lines, tree)
+    return tree
+
+
+def _module_body(module: str) -> list[ast.stmt] | None:
+    """The top-level statements of loaded module ``module``'s source, or None."""
+    filename = getattr(sys.modules.get(module), "__file__", None)
+    tree = _tree(filename) if isinstance(filename, str) else None
+    return None if tree is None else tree.body
+
+
+def _class_body(kind: type) -> list[ast.stmt] | None:
+    """The statements of ``kind``'s body in its module's source, found by its qualified
+    name (a class defined inside a function is not found), or None."""
+    body = _module_body(kind.__module__)
+    for part in kind.__qualname__.split("."):
+        if body is None:
+            return None
+        classes = [s for s in body if isinstance(s, ast.ClassDef) and s.name == part]
+        body = classes[-1].body if classes else None
+    return body
 
 
 def _names_in(code: CodeType) -> set[str]:

@@ -212,9 +212,12 @@ def test_a_drift_names_the_nodes_whose_code_changed_whatever_they_were_called(
 
 _EVERYWHERE = """
 import dataclasses
+import os
 from somatize import Node
 
 LETTERS = frozenset({"a", "b", "c", "d"})
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEVICE = "cuda" if os.environ.get("ON_A_GPU") else "cpu"
 
 def kept(xs):
     return [x for x in xs if x not in LETTERS]
@@ -222,7 +225,10 @@ def kept(xs):
 class Base(Node):
     scale = 2.5
 
+    root = os.path.expanduser("~")
+
     def forward(self, xs, ctx):
+        assert HERE and DEVICE and self.root
         return sum(len(x) for x in kept(xs)) * self.scale
 
 @dataclasses.dataclass
@@ -239,13 +245,22 @@ print(__import__("somatize.catalog").catalog.fingerprint_of(Total))
 
 def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     """A class, what it inherits and what it names, read from its file, has one fingerprint
-    in every process running that code."""
-    path = tmp_path / "everywhere.py"
-    _write(path, _EVERYWHERE)
+    in every process running that code — wherever the file is, whatever the environment
+    makes of the values its module computes as it loads (a path, a device read from the
+    environment), which are named by how they are computed."""
     root = str(Path(__file__).resolve().parent.parent)
     found = set()
-    for seed in ("1", "2"):
-        environment = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": root}
+    for seed, where, gpu in (("1", "here", ""), ("2", "there", "1")):
+        path = tmp_path / where / "everywhere.py"
+        path.parent.mkdir()
+        _write(path, _EVERYWHERE)
+        environment = {
+            **os.environ,
+            "PYTHONHASHSEED": seed,
+            "PYTHONPATH": root,
+            "ON_A_GPU": gpu,
+            "HOME": str(tmp_path / where),
+        }
         done = subprocess.run(
             [sys.executable, str(path)],
             capture_output=True,
