@@ -204,7 +204,10 @@ def _looked_at_named_like(
     replaced = any(now.get(attr, UNSET) is not was for attr, was, _ in like)
     if not replaced and not retaken and name not in graph._remade:
         return
-    stale = [attr for attr, _, digest in like if digest_of(now.get(attr, UNSET)) != digest]
+    # One that holds what has no canonical form now (a model the node loads on first use
+    # in place of None) is not compared: no key could name it, as a node's attributes go.
+    seen = {attr: digest_of(now.get(attr, UNSET)) for attr, _, _ in like}
+    stale = [attr for attr, _, digest in like if seen[attr] is not None and seen[attr] != digest]
     if stale and not node.holds_state:
         try:
             fresh = dict(held_by(_built_again(node, node.recipe())))

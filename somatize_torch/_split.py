@@ -82,7 +82,7 @@ class _Tracer(fx.Tracer):
         return super().call_module(m, forward, args, kwargs)
 
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 _WRAPPING = frozenset(
     os.path.join(os.path.dirname(__file__), f"{name}.py")

@@ -51,7 +51,7 @@ _SHOWN.maxstring = _SHOWN.maxother = 60
 
 _TABLES = ("_parameters", "_buffers", "_modules")
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 class Read(NamedTuple):

@@ -435,6 +435,32 @@ class Stepper(Node):
         return value + self.step
 
 
+LOADED: list[str] = []
+"""Each model :class:`LoadsOnFirstUse` loaded, in this process."""
+
+
+class Doubler:
+    """A model that is no value: it has no canonical form."""
+
+    def __call__(self, value: float) -> float:
+        return value * 2
+
+
+class LoadsOnFirstUse(Node):
+    """Loads the model ``model`` names as it first runs, keeping it where None was; the
+    model has no canonical form."""
+
+    def __init__(self, model: str = "small") -> None:
+        self.name = model
+        self.model: Doubler | None = None
+
+    def forward(self, value: float, ctx: Any) -> float:
+        if self.model is None:
+            LOADED.append(self.name)
+            self.model = Doubler()
+        return self.model(value)
+
+
 class Window(Node):
     """Adds how many items the list it was built with holds now; it keeps the list."""
 

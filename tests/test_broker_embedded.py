@@ -44,6 +44,7 @@ from somatize.node import held_by
 from somatize_torch import ModuleNode, StateDoesNotFit, freeze, is_held
 from tests import broker_nodes
 from tests.broker_nodes import (
+    LOADED,
     Counting,
     Doubled,
     Doubled2,
@@ -53,6 +54,7 @@ from tests.broker_nodes import (
     Lazy,
     Length,
     Listed,
+    LoadsOnFirstUse,
     MakesBlob,
     Nap,
     Nested,
@@ -413,6 +415,26 @@ def test_a_copy_that_changes_its_arguments_as_it_runs_is_built_again(store: Stor
     assert graph(placed=False).forward(10.0) == 11.0  # what a Stepper(step=0) answers
     assert graph(placed=False).forward(10.0, store=store) == 11.0  # and what was kept
     assert g.forward(10.0, broker=broker) == 11.0
+
+
+def test_a_node_loading_a_model_on_first_use_loads_it_once_on_a_worker(
+    store: Store,
+) -> None:
+    """A copy that fills an attribute as it first runs (a model loaded where None was,
+    with no canonical form) has not changed what it computes: it is kept for the next
+    job, not built (and loaded) again for each. Nor is it refused in this process, where
+    `model` is named like its constructor's argument and is not the argument."""
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    LOADED.clear()
+    g = Graph.somatize(
+        Echo().named("s").frozen() >> LoadsOnFirstUse().named("e").frozen().cached().at("w1")
+    )
+    assert [g.forward(float(i), broker=broker) for i in range(4)] == [0.0, 2.0, 4.0, 6.0]
+    assert LOADED == ["small"]
+    here = Graph.somatize(
+        Echo().named("s").frozen() >> LoadsOnFirstUse().named("e").frozen().cached()
+    )
+    assert [here.forward(float(i), store=store) for i in range(3)] == [0.0, 2.0, 4.0]
 
 
 def test_a_module_that_changes_its_state_as_it_runs_is_loaded_again(store: Store) -> None:

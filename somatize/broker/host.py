@@ -430,7 +430,10 @@ class Host:
         process, where a key names the node as it is when a run starts — but the next job
         names the same blueprint and state, and the copy is not that node any more: it is
         built (and loaded) again for the next job, which the client cannot tell it to."""
-        changed = held_by(node) != before
+        held = dict(held_by(node))
+        # A value that changed; not one that appeared or lost its canonical form as the
+        # node ran (a client or a model it loads on first use, in place of None).
+        changed = any(name in held and held[name] != digest for name, digest in before)
         if not changed and state is not None:
             try:
                 now = node.restate()
