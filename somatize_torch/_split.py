@@ -35,7 +35,6 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
@@ -44,7 +43,7 @@ from somatize_torch._cached import _Cached, _Declared, _Watched
 from somatize_torch._errors import Untraceable
 from somatize_torch._modes import Fixed, recording
 from somatize_torch._parts import _MISSING, _part, _Read
-from somatize_torch._values import Noted, reading
+from somatize_torch._values import Noted, in_torch, reading
 from somatize_torch.freeze import ModuleNode
 
 if TYPE_CHECKING:
@@ -81,8 +80,6 @@ class _Tracer(fx.Tracer):
             self.through.add(name)
         return super().call_module(m, forward, args, kwargs)
 
-
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 _WRAPPING = frozenset(
     os.path.join(os.path.dirname(__file__), f"{name}.py")
@@ -121,7 +118,7 @@ def _traced(
         frames = [
             f
             for f in traceback.extract_tb(error.__traceback__)
-            if not f.filename.startswith(_TORCH_DIR) and f.filename not in _WRAPPING
+            if not in_torch(f.filename) and f.filename not in _WRAPPING
         ]
         where = (
             f" at {frames[-1].filename}:{frames[-1].lineno} (`{(frames[-1].line or '').strip()}`)"

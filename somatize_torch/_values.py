@@ -54,6 +54,12 @@ _TABLES = ("_parameters", "_buffers", "_modules")
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
+def in_torch(filename: str) -> bool:
+    """Whether code in ``filename`` is torch's own: in torch's folder — not in a package
+    beside it whose name begins as torch's does (``torchvision``), which is a model's."""
+    return filename.startswith(_TORCH_DIR)
+
+
 class Read(NamedTuple):
     """``name`` of ``module``, which is ``path`` in the model (``""`` for the model)."""
 
@@ -103,7 +109,7 @@ class Noted:
         if path is None or key in self.wrote:
             return
         frame = sys._getframe(2)
-        if frame.f_code.co_filename.startswith(_TORCH_DIR):
+        if in_torch(frame.f_code.co_filename):
             return  # fx keeping a constant the code makes (`torch.tensor(self.offsets)`)
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         held = vars(module)
@@ -187,7 +193,7 @@ def _noting_reads(read: Callable[[Any, str], Any], noted: Noted) -> Callable[[An
         if (
             name in _UNNOTED
             or (name.startswith("__") and name.endswith("__"))
-            or sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIR)  # torch's own
+            or in_torch(sys._getframe(1).f_code.co_filename)
         ):
             return read(self, name)
         own = read(self, "__dict__")

@@ -6,6 +6,7 @@ import collections
 import contextlib
 import copy
 import inspect
+import os
 import random
 import threading
 import time
@@ -26,6 +27,7 @@ import somatize.torch as smt
 from somatize import Graph, NotSettled, Opaque, Store, Unsettled
 from somatize.codecs import CodecError
 from somatize.keys import node_key, node_prefix, root_key
+from somatize_torch._values import in_torch
 
 
 class Encoder(nn.Module):
@@ -1012,6 +1014,16 @@ def test_models_wrapped_on_two_threads_at_once_leave_their_classes_as_they_were(
     first.join()
     for kind in (Tempered, TracedFirst, TracedSecond, nn.Linear):
         assert "__getattribute__" not in vars(kind) and "__setattr__" not in vars(kind)
+
+
+def test_only_torch_s_own_folder_is_torch_s_code() -> None:
+    """What torch's own code reads of a module while it is traced is not the forward's; a
+    package installed beside torch whose name begins as torch's (torchvision, torchaudio)
+    is a model's code, and what it reads is watched."""
+    beside = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
+    assert in_torch(os.path.abspath(nn.modules.linear.__file__))
+    assert not in_torch(os.path.join(beside, "torchvision", "models", "resnet.py"))
+    assert not in_torch(os.path.join(beside, "torch_geometric", "nn", "conv.py"))
 
 
 class InitialisesOnce(nn.Module):
