@@ -1256,10 +1256,12 @@ def test_a_copied_wrapped_model_watches_its_own_model(store: Store) -> None:
     """A deep copy of a wrapped model watches the copied model: a value the code read,
     changed there, is refused; a tensor attribute replaced there is the one read."""
     x = torch.randn(2, 4)
-    settled = copy.deepcopy(smt.wrap(Settled(), frozen=["encoder"], store=store))
-    scaled = copy.deepcopy(smt.wrap(Scaled(), frozen=["encoder"], store=store))
-    for copied in (settled, scaled):
-        smt.freeze(copied)
+    originals = [smt.wrap(kind(), frozen=["encoder"], store=store) for kind in (Settled, Scaled)]
+    for original in originals:
+        smt.freeze(original)
+        with torch.no_grad():
+            original(x)  # what a call looks at is worked out: the copy works out its own
+    settled, scaled = map(copy.deepcopy, originals)
     with torch.no_grad():
         scaled.model.scale = torch.full((4,), 3.0)
         assert torch.equal(scaled(x), scaled.model(x))
