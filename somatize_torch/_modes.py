@@ -184,6 +184,14 @@ class _Recorder:
 
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def in_torch(filename: str) -> bool:
+    """Whether code in ``filename`` is torch's own: in torch's folder — not in a package
+    beside it whose name begins as torch's does (``torchvision``), which is a model's."""
+    return filename.startswith(_TORCH_DIR)
+
+
 _GRAD_MODE = os.path.abspath(torch.autograd.grad_mode.__file__)
 _AUTOCAST = torch.amp.autocast_mode.autocast
 _AUTOCAST_MADE = inspect.signature(_AUTOCAST.__init__)
@@ -204,7 +212,7 @@ def _read_grad(recorder: _Recorder, original: Callable[..., Any]) -> Any:
     caller = _caller()
     if caller == _GRAD_MODE:  # a grad-mode block keeping the mode it found, to put back
         return recorder.call(original)
-    if caller.startswith(_TORCH_DIR):
+    if in_torch(caller):
         return original()
     raise Fixed(
         "reads `torch.is_grad_enabled()`: fx keeps the value it read while tracing, so the "
@@ -214,7 +222,7 @@ def _read_grad(recorder: _Recorder, original: Callable[..., Any]) -> Any:
 
 def _read(name: str, what: str) -> Callable[..., Any]:
     def read(recorder: _Recorder, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if _caller().startswith(_TORCH_DIR):
+        if in_torch(_caller()):
             return original(*args, **kwargs)
         raise Fixed(
             f"reads `torch.{name}()`: fx keeps the value it read while tracing, so the "
@@ -351,9 +359,9 @@ def _homes(model: torch.nn.Module) -> set[Any]:
     for part in model.modules():
         for kind in type(part).__mro__:
             home = sys.modules.get(kind.__module__)
-            if home is not None and not os.path.abspath(
-                getattr(home, "__file__", "") or ""
-            ).startswith(_TORCH_DIR):
+            if home is not None and not in_torch(
+                os.path.abspath(getattr(home, "__file__", "") or "")
+            ):
                 homes.add(home)
     return homes
 

@@ -149,8 +149,8 @@ def _written(tensor: torch.Tensor) -> tuple[int, int]:
     return tensor.data_ptr(), -1 if tensor.is_inference() else tensor._version
 
 
-def _items(value: list[Any] | dict[Any, Any]) -> tuple[Any, ...]:
-    """A list's items, or a dict's keys and values, held (so that none is freed and its
+def _items(value: list[Any] | dict[Any, Any] | set[Any]) -> tuple[Any, ...]:
+    """A list's or set's items, or a dict's keys and values, held (so that none is freed and its
     address taken by another)."""
     return (*value, *value.values()) if isinstance(value, dict) else tuple(value)
 

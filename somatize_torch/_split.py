@@ -41,9 +41,9 @@ from torch.fx.passes.split_module import split_module
 from somatize import Node
 from somatize_torch._cached import _Cached, _Declared, _Watched
 from somatize_torch._errors import Untraceable
-from somatize_torch._modes import Fixed, recording
+from somatize_torch._modes import Fixed, in_torch, recording
 from somatize_torch._parts import _MISSING, _part, _Read
-from somatize_torch._values import Noted, in_torch, reading
+from somatize_torch._values import Noted, reading
 from somatize_torch.freeze import ModuleNode
 
 if TYPE_CHECKING:

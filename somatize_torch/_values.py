@@ -29,9 +29,9 @@ unseen.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import operator
-import os
 import reprlib
 import sys
 import types
@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from somatize_torch._errors import WrapError
-from somatize_torch._settings import _TORCH_OWN
+from somatize_torch._modes import in_torch
+from somatize_torch._settings import _TORCH_OWN, _items, _same_items
 
 _ABSENT: Any = object()
 
@@ -50,14 +51,6 @@ _SHOWN = reprlib.Repr()
 _SHOWN.maxstring = _SHOWN.maxother = 60
 
 _TABLES = ("_parameters", "_buffers", "_modules")
-
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-
-
-def in_torch(filename: str) -> bool:
-    """Whether code in ``filename`` is torch's own: in torch's folder — not in a package
-    beside it whose name begins as torch's does (``torchvision``), which is a model's."""
-    return filename.startswith(_TORCH_DIR)
 
 
 class Read(NamedTuple):
@@ -393,19 +386,9 @@ def _shown(value: Any) -> str:
     return _SHOWN.repr(value)
 
 
-def _items(value: Any) -> tuple[Any, ...]:
-    """A list's or set's items, or a dict's keys and values, held (so that none is freed
-    and its address taken by another)."""
-    return (*value, *value.values()) if isinstance(value, dict) else tuple(value)
-
-
-def _same_items(now: tuple[Any, ...], was: tuple[Any, ...]) -> bool:
-    return len(now) == len(was) and all(map(operator.is_, now, was))
-
-
 def _copy(value: Any) -> Any:
     """A list, dict or set as it is now: its items are what the code read."""
-    return type(value)(value) if type(value) in (list, dict, set) else value.copy()
+    return copy.copy(value)
 
 
 def _same(now: Any, was: Any, depth: int = 0) -> bool:

@@ -27,7 +27,7 @@ import somatize.torch as smt
 from somatize import Graph, NotSettled, Opaque, Store, Unsettled
 from somatize.codecs import CodecError
 from somatize.keys import node_key, node_prefix, root_key
-from somatize_torch._values import in_torch
+from somatize_torch._modes import in_torch
 
 
 class Encoder(nn.Module):
