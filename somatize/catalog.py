@@ -294,35 +294,57 @@ def _source_of(function: FunctionType) -> bytes | None:
         lines, _ = inspect.getsourcelines(function)  # reads the file as it is now
     except (OSError, TypeError, SyntaxError):
         return None
-    if (code.co_name, code.co_firstlineno, _code_bytes(code)) not in _compiled(code.co_filename):
+    if (code.co_name, code.co_firstlineno, _code_bytes(code)) not in _source_file(
+        code.co_filename
+    ).compiled:
         return None
     return textwrap.dedent("".join(lines)).encode()
 
 
-_FILES: dict[str, tuple[list[str], frozenset[tuple[str, int, bytes]]]] = {}
-"""A source file → its lines as :mod:`linecache` held them when it was compiled last, and
-the code compiled from them."""
+class _Source:
+    """A source file as :mod:`linecache` holds its lines: what they compile to and what
+    they parse to, each worked out once, when first asked."""
+
+    def __init__(self, filename: str, lines: list[str]) -> None:
+        self.filename = filename
+        self.lines = lines
+        self.text = "".join(lines)
+
+    @cached_property
+    def compiled(self) -> frozenset[tuple[str, int, bytes]]:
+        """Each code object the file compiles to: its name, its first line and
+        :func:`_code_bytes`."""
+        shapes: set[tuple[str, int, bytes]] = set()
+        try:
+            codes = [compile(self.text, self.filename, "exec", dont_inherit=True)]
+        except (SyntaxError, ValueError):
+            codes = []
+        while codes:
+            at = codes.pop()
+            shapes.add((at.co_name, at.co_firstlineno, _code_bytes(at)))
+            codes += (c for c in at.co_consts if isinstance(c, CodeType))
+        return frozenset(shapes)
+
+    @cached_property
+    def tree(self) -> ast.Module | None:
+        """What the file parses to, or None."""
+        try:
+            return ast.parse(self.text) if self.lines else None
+        except (SyntaxError, ValueError):
+            return None
 
 
-def _compiled(filename: str) -> frozenset[tuple[str, int, bytes]]:
-    """Each code object ``filename`` compiles to as it reads now (as :mod:`linecache`
-    holds it): its name, its first line and :func:`_code_bytes`."""
+_SOURCES: dict[str, _Source] = {}
+"""A source file → what was worked out from its lines, while :mod:`linecache` holds those
+same lines (it reads a file changed since anew)."""
+
+
+def _source_file(filename: str) -> _Source:
     lines = linecache.getlines(filename)
-    found = _FILES.get(filename)
-    if found is not None and found[0] is lines:  # linecache reads a changed file anew
-        return found[1]
-    text = "".join(lines)
-    shapes: set[tuple[str, int, bytes]] = set()
-    try:
-        codes = [compile(text, filename, "exec", dont_inherit=True)]
-    except (SyntaxError, ValueError):
-        codes = []
-    while codes:
-        at = codes.pop()
-        shapes.add((at.co_name, at.co_firstlineno, _code_bytes(at)))
-        codes += (c for c in at.co_consts if isinstance(c, CodeType))
-    _FILES[filename] = (lines, frozenset(shapes))
-    return _FILES[filename][1]
+    found = _SOURCES.get(filename)
+    if found is None or found.lines is not lines:
+        found = _SOURCES[filename] = _Source(filename, lines)
+    return found
 
 
 def _named(functions: list[FunctionType]) -> list[tuple[bytes, bytes]]:
@@ -384,28 +406,10 @@ def _assigned(body: list[ast.stmt] | None, name: str, value: Any) -> bytes | Non
     return _constant_bytes(value)
 
 
-_TREES: dict[str, tuple[list[str], ast.Module | None]] = {}
-"""A source file → its lines as :mod:`linecache` held them when it was parsed last, and
-what they parse to."""
-
-
-def _tree(filename: str) -> ast.Module | None:
-    lines = linecache.getlines(filename)
-    found = _TREES.get(filename)
-    if found is not None and found[0] is lines:
-        return found[1]
-    try:
-        tree: ast.Module | None = ast.parse("".join(lines)) if lines else None
-    except (SyntaxError, ValueError):
-        tree = None
-    _TREES[filename] = (lines, tree)
-    return tree
-
-
 def _module_body(module: str) -> list[ast.stmt] | None:
     """The top-level statements of loaded module ``module``'s source, or None."""
     filename = getattr(sys.modules.get(module), "__file__", None)
-    tree = _tree(filename) if isinstance(filename, str) else None
+    tree = _source_file(filename).tree if isinstance(filename, str) else None
     return None if tree is None else tree.body
 
 
