@@ -148,12 +148,8 @@ class LocalShelf(LocalFiles):
         """Removes the blob ``entry`` names unless its time moved since it was listed,
         setting it ``aside`` (a path in ``tmp/``) first, as :meth:`_sweep` says."""
         path = f"{self._blobs}{entry.name.replace('/', os.sep)}"
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return False  # removed meanwhile (a gc elsewhere)
-        except OSError as why:
-            raise self._unremoved("blobs", entry.name, why) from why
+        if not self._into_tmp("blobs", entry.name, path, aside):
+            return False
         try:
             # The rename moved its ctime; its mtime moves only when a writer touches it.
             touched = os.stat(aside).st_mtime != entry.mtime
@@ -173,6 +169,18 @@ class LocalShelf(LocalFiles):
             return True
         self._put_back(aside, path, f"blobs/{entry.name}")
         return False
+
+    def _into_tmp(self, section: str, name: str, path: str, aside: str) -> bool:
+        """Renames ``section/name`` (at ``path``) to ``aside`` in ``tmp/``, to be looked at
+        there before it is removed; False when it was gone already (removed meanwhile, by a
+        gc elsewhere)."""
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        except OSError as why:
+            raise self._unremoved(section, name, why) from why
+        return True
 
     def _unremoved(self, section: str, name: str, why: OSError) -> StoreError:
         if why.errno == errno.EXDEV:
@@ -214,12 +222,8 @@ class LocalShelf(LocalFiles):
         """Drops ``section/name`` if it holds ``was``, setting it ``aside`` (a path in
         ``tmp/``) first, as :meth:`_drop` says; whether it is gone."""
         path = f"{self._section(section)}{os.sep}{name}"
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return False  # removed meanwhile (a gc elsewhere)
-        except OSError as why:
-            raise self._unremoved(section, name, why) from why
+        if not self._into_tmp(section, name, path, aside):
+            return False
         try:
             # Fresh in tmp/, where a gc elsewhere removes only what is old.
             with contextlib.suppress(OSError):
