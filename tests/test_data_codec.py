@@ -503,10 +503,20 @@ class _PickledObjects(pyarrow.ExtensionType):
         return cls()
 
 
-def test_an_answer_with_an_extension_type_defined_in_python_is_refused() -> None:
+class _Objects(Node):
+    """Answers a frame with a column of an extension type defined in Python."""
+
+    def forward(self, x: Any, ctx: Any) -> Frame:
+        kind = _PickledObjects()
+        storage = pyarrow.array([b"\x80\x04N."], pyarrow.large_binary())
+        return Frame(pyarrow.table({"obj": kind.wrap_array(storage)}))
+
+
+def test_an_answer_with_an_extension_type_defined_in_python_is_refused(store: Store) -> None:
     """Bytes read back with a column of an extension type registered in the process are a
-    CodecError (its values would turn into Python by that code); pyarrow's own extension
-    types decode."""
+    CodecError (its values would turn into Python by that code), and such an answer is not
+    written: keeping it is refused, naming the column, rather than kept to be refused at
+    every recall; pyarrow's own extension types are written and decode."""
     kind = _PickledObjects()
     storage = pyarrow.array([b"\x80\x04N."], pyarrow.large_binary())
     codec = ArrowCodec()
@@ -516,6 +526,14 @@ def test_an_answer_with_an_extension_type_defined_in_python_is_refused() -> None
         data = _join(codec.encode(frame))
         with pytest.raises(CodecError, match=r"`obj`: somatize\.test\.codec-pickled"):
             codec.decode(memoryview(data))
+        g = Graph.somatize(_Objects().named("objects").frozen().cached())
+        with pytest.raises(CodecError, match=r"the answer of `objects` is a `somatize\.data\."
+                           r"frame\.Frame` and no codec writes it \(a column is of an "
+                           r"extension type defined in Python \(`obj`: "
+                           r"somatize\.test\.codec-pickled\)"):  # fmt: skip
+            g.forward(None, store=store)
+        assert g.record is not None
+        assert [f["fact"] for f in g.record.facts].count("kept") == 0
     finally:
         pyarrow.unregister_extension_type("somatize.test.codec-pickled")
     uuids = Frame(pyarrow.table({"id": pyarrow.array([b"0123456789abcdef"], pyarrow.uuid())}))

@@ -224,6 +224,21 @@ class ArrowCodec(Codec):
     name = "arrow"
     types = (Frame, pyarrow.Table, pyarrow.RecordBatch)
 
+    def accepts(self, value: Any) -> bool:
+        return not python_extensions(value.schema)
+
+    def refusal(self, value: Any) -> str | None:
+        """Why a value is not written: a column of an extension type defined in Python,
+        which no reader may turn back into Python (:meth:`decode` refuses it)."""
+        foreign = python_extensions(value.schema)
+        if not foreign:
+            return None
+        return (
+            f"a column is of an extension type defined in Python ({'; '.join(foreign)}), whose "
+            "values only the code that registered it turns back into Python, maybe by "
+            "unpickling: cast it to its storage type (`column.storage`) first"
+        )
+
     def _ipc(self, value: Any, combined: bool) -> pyarrow.Buffer:
         if isinstance(value, Frame):
             table, kind = value.to_arrow(), b"frame"
