@@ -193,9 +193,9 @@ def _looked_at_named_like(
 ) -> None:
     """Looks at the attributes of ``node`` named like a constructor parameter but not the
     argument (:meth:`~somatize.node.Node.named_like_arguments`): ``like``, each with the
-    object last seen and the digest of what it held when the graph was built. One replaced
-    since is not taken as the argument — it was made from it (``self.by = float(by)``), or
-    given before the build — and the node's key names what it was built with: it holds
+    object last seen and the digest of what its constructor left there. One replaced since
+    is not taken as the argument — it was made from it (``self.by = float(by)``), or given
+    by no constructor — and the node's key names what it was built with: it holds
     what it held then (by canonical form), or what a build from the arguments it is keyed
     as built with holds (a node holding no state, built again as a worker would), or the
     node is refused where it is keyed, naming it, until it does. Looked at when one of them
@@ -244,9 +244,9 @@ def _remade(name: str, node: Node, stale: list[str]) -> Undeclared:
         holds = f"{keyed}, which holds {'another' if one else 'others'}"
     return Undeclared(
         f"`{name}` ({kind}) cannot be keyed: {said} {'was' if one else 'were'} replaced after "
-        f"the graph was built, and {'is' if one else 'are'} named like "
+        f"the node was made, and {'is' if one else 'are'} named like "
         f"{'an argument' if one else 'arguments'} of its constructor but not the very value "
-        "it was given (made from it, or given before the build), so "
+        "it was given (made from it, or given by no constructor), so "
         f"{'it is not taken as the argument' if one else 'they are not taken as the arguments'}"
         f": {holds}. Keyed so, it would keep answers such a node "
         f"does not compute, under that node's key. Build a new `{kind}` with the value you "
@@ -349,7 +349,7 @@ class _MadeOtherwise:
 _REPLACED = (
     "an argument it was built with and keeps, was",
     "arguments it was built with and keeps, were",
-    "replaced after the graph was built",
+    "replaced after the node was made",
 )
 """How :func:`_made_otherwise` says that arguments a node keeps were replaced."""
 
@@ -435,7 +435,7 @@ def _unkeyable(name: str, node: Node, attr: str, value: Any) -> Undeclared:
             what = str(why).rstrip(".")
     return Undeclared(
         f"`{name}` ({kind}) cannot be keyed: `{attr}`, an argument it was built with and "
-        f"keeps, was replaced after the graph was built, and {what}. Its key would go on "
+        f"keeps, was replaced after the node was made, and {what}. Its key would go on "
         "naming the old value while it computes with the new one. Replace it with a value "
         f"that has a canonical form, or build a new `{kind}` with what you mean; a node that "
         "tidies its own argument keeps what it makes under another name (`self._path`)"

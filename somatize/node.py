@@ -51,10 +51,12 @@ too, and which of them tell two nodes apart (:func:`held_by`) — is read in
 from __future__ import annotations
 
 import inspect
+import sys
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from types import FrameType
 from typing import Any
 
 from somatize import canonical
@@ -128,6 +130,14 @@ class Marks:
     (:func:`~somatize._calls.noted_call`) — as it was when the node was made, or since
     found to make what the node holds. A list changed in place afterwards is told apart
     from it (:func:`~somatize.plan.look_again`)."""
+    replaced: dict[str, Any] = field(default_factory=dict)
+    """For a node declared by its constructor arguments: each public attribute named like
+    a constructor parameter that was given a value after the constructor ran and before a
+    graph was built with the node (``s = Scale(2.0); s.by = 5.0``), with what the
+    constructor had left there (:data:`UNSET` when nothing). The graph looks at the node
+    as the constructor made it, so a value given then is followed as one given after the
+    build is (:meth:`Node.kept_arguments`); an attribute drops out once taken as the
+    argument (:meth:`Node.retake`)."""
 
 
 def _printable(char: str) -> bool:
@@ -177,7 +187,41 @@ class Node:
         marks = vars(self).get("_smz")
         if isinstance(marks, Marks):
             holding = marks.holding.copied() if marks.holding is not None else None
-            object.__setattr__(self, "_smz", replace(marks, built=False, holding=holding))
+            copied = replace(marks, built=False, holding=holding, replaced=dict(marks.replaced))
+            object.__setattr__(self, "_smz", copied)
+            if copied.replaced:
+                self._same_as_made()
+
+    def _same_as_made(self) -> None:
+        """In a copy carried through bytes (unpickled), where a number the constructor kept
+        and the argument it was handed arrive as two objects: takes what the constructor
+        left under a name given another value since (:attr:`Marks.replaced`) as the very
+        argument when it holds the same value, as it did in the original."""
+        bound = self._bound()
+        if bound is None:
+            return
+        bound.apply_defaults()
+        replaced = self._smz.replaced
+        for name, was in replaced.items():
+            argument = bound.arguments.get(name, UNSET)
+            digest = digest_of(was) if was is not argument else None
+            if digest is not None and digest == digest_of(argument):
+                replaced[name] = argument
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Sets an attribute, noting, for a node declared by its constructor arguments and
+        in no graph yet, what the constructor left under a parameter's name given another
+        value from outside it (:attr:`Marks.replaced`)."""
+        marks = vars(self).get("_smz")
+        if (
+            isinstance(marks, Marks)
+            and not marks.built
+            and name not in marks.replaced
+            and name in _parameters(type(self))
+            and not _being_made(self)
+        ):
+            marks.replaced[name] = attributes_of(self).get(name, UNSET)
+        super().__setattr__(name, value)
 
     def forward(self, *inputs: Any) -> Any:
         """What this node computes: predecessors' outputs, then ``ctx``."""
@@ -219,14 +263,15 @@ class Node:
         """For a node declared by its constructor arguments (the default :meth:`declare`):
         each argument it keeps as an attribute of its parameter's name (``self.by = by``),
         with the object it was handed. The graph looks at these attributes at the start of
-        each forward: one replaced since (``scale.by = 3.0``) is taken as the argument the
-        node was built with (:meth:`retake`), so its key, and a copy rebuilt on a worker,
-        follow what it computes with — unless its constructor made more from it
-        (``self.factor = by * 2``) and that still holds what the old value made, or it
-        was replaced by something with no canonical form (``self.path = Path(self.path)``,
-        a node tidying its own argument): the node is then refused where it is keyed. An
-        attribute replaced before the graph is built, or made from the argument rather than
-        the very object (``self.by = float(by)``), is not the argument: it is looked at as
+        each forward as the constructor left them: one replaced since (``scale.by = 3.0``,
+        after the build or before it, from outside the constructor: :attr:`Marks.replaced`)
+        is taken as the argument the node was built with (:meth:`retake`), so its key, and
+        a copy rebuilt on a worker, follow what it computes with — unless its constructor
+        made more from it (``self.factor = by * 2``) and that still holds what the old
+        value made, or it was replaced by something with no canonical form (``self.path =
+        Path(self.path)``, a node tidying its own argument): the node is then refused where
+        it is keyed. An attribute made from the argument rather than the very object
+        (``self.by = float(by)``) is not the argument: it is looked at as
         :meth:`named_like_arguments` says."""
         if type(self).declare is not Node.declare:
             return []
@@ -235,7 +280,7 @@ class Node:
             return []
         bound.apply_defaults()  # an argument left to its default is kept all the same
         variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-        held = attributes_of(self)
+        held = self._held_as_made()
         return [
             (name, value)
             for name, value in list(bound.arguments.items())[1:]
@@ -248,9 +293,9 @@ class Node:
         """For a node declared by its constructor arguments (the default :meth:`declare`):
         each public attribute named like one of its constructor's parameters that is not
         the argument it was handed — made from it (``self.by = float(by)``, ``self.items =
-        list(items)``), or given before the graph was built — with what it holds. It is not
-        taken as the argument: the graph looks at it at the start of each forward, and one
-        replaced since the build by a value that is neither what it held then nor what a
+        list(items)``), or given by no constructor — with what the constructor left there.
+        It is not taken as the argument: the graph looks at it at the start of each forward,
+        and one replaced since by a value that is neither what it held then nor what a
         build from the node's arguments holds is refused where the node is keyed, since its
         key would go on naming what it was built with (see :meth:`kept_arguments`)."""
         if type(self).declare is not Node.declare:
@@ -260,7 +305,7 @@ class Node:
             return []
         bound.apply_defaults()
         variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-        held = attributes_of(self)
+        held = self._held_as_made()
         return [
             (name, held[name])
             for name, value in list(bound.arguments.items())[1:]
@@ -278,6 +323,17 @@ class Node:
             return
         bound.arguments.update(values)
         self._smz.call = (tuple(bound.args[1:]), dict(bound.kwargs))
+        for name in values:
+            self._smz.replaced.pop(name, None)
+
+    def _held_as_made(self) -> dict[str, Any]:
+        """What the node holds as attributes, but as its constructor left those given
+        another value before a graph was built with it (:attr:`Marks.replaced`): what the
+        graph starts to watch from, so that such a value is followed as one given after."""
+        held = attributes_of(self)
+        if not self._smz.replaced:
+            return held
+        return {**held, **self._smz.replaced}
 
     def _bound(self) -> inspect.BoundArguments | None:
         signature = _signature(type(self))
@@ -595,3 +651,43 @@ class Context:
     """Where it runs, when it is placed."""
     store: Any = None
     """The store of this forward, or None."""
+
+
+_PARAMETERS: dict[type, frozenset[str]] = {}
+
+
+def _parameters(kind: type[Node]) -> frozenset[str]:
+    """The public names of the parameters ``kind``'s constructor takes one by one, for a
+    class declared by them (the default :meth:`Node.declare`); empty for any other.
+    Worked out once per class."""
+    found = _PARAMETERS.get(kind)
+    if found is None:
+        signature = _signature(kind) if kind.declare is Node.declare else None
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        found = _PARAMETERS[kind] = frozenset(
+            name
+            for name, parameter in list((signature.parameters if signature else {}).items())[1:]
+            if parameter.kind not in variadic and not name.startswith("_")
+        )
+    return found
+
+
+_MAKING = frozenset({"__init__", "__post_init__", "__setstate__"})
+"""The methods that make a node, or fill one in: what they set is what it was made with."""
+
+
+def _being_made(node: Node) -> bool:
+    """Whether an attribute set on ``node`` now is set while the node is made: by one of
+    its own constructors (a dataclass's ``__post_init__``, a copy's ``__setstate__``), or
+    by what one of them calls."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if (
+            code.co_name in _MAKING
+            and code.co_argcount
+            and frame.f_locals.get(code.co_varnames[0]) is node
+        ):
+            return True
+        frame = frame.f_back
+    return False

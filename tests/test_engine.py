@@ -693,7 +693,7 @@ def test_an_argument_replaced_where_the_constructor_made_more_from_it_is_refused
     doubles.by = 3
     for _ in range(2):
         with pytest.raises(Undeclared, match=r"`doubles` \(Doubles\) cannot be keyed: `by`, .* "
-                           r"replaced after the graph was built, and `factor`, which its "
+                           r"replaced after the node was made, and `factor`, which its "
                            r"constructor makes .* Build a new `Doubles` with the new value "
                            r"\(`Doubles\(by=3\)`\)"):  # fmt: skip
             g.forward(5, store=store)
@@ -949,7 +949,7 @@ def test_an_attribute_made_from_an_argument_and_replaced_after_building_is_refus
     floats.by = 3.0
     for _ in range(2):
         with pytest.raises(Undeclared, match=r"`floats` \(Floats\) cannot be keyed: `by` was "
-                           r"replaced after the graph was built, and is named like an argument "
+                           r"replaced after the node was made, and is named like an argument "
                            r"of its constructor but not the very value it was given .* keyed as "
                            r"a `Floats\(by=2\)`, which holds another\. .* Build a new `Floats` "
                            r"with the value you mean"):  # fmt: skip
@@ -964,16 +964,80 @@ def test_an_attribute_made_from_an_argument_and_replaced_after_building_is_refus
     follows.by = 3.0
     assert g.forward(10.0, store=store) == 30.0
     assert g.record is not None and g.record.outcome == {"follows": "ran"}
-    early = Scale(2.0)
-    early.by = 5.0  # before the build: not the argument, and not in its key
+    early = Floats(2)
+    early.by = 5.0  # before the build: refused as after it, not keyed as `Floats(2)`
     g = Graph.somatize(early.named("early").frozen().cached())
-    assert g.forward([1.0]) == [5.0]
-    early.by = 6.0
-    with pytest.raises(Undeclared, match=r"`early` \(Scale\) cannot be keyed: `by` was replaced"):
-        g.forward([1.0], store=store)
-    early.by = 2.0  # what a Scale(2.0) holds: keyed as one
+    with pytest.raises(Undeclared, match=r"`early` \(Floats\) cannot be keyed: `by` was replaced"):
+        g.forward(1.0, store=store)
+    early.by = 2.0  # what a Floats(2) holds: keyed as one
+    assert g.forward(10.0, store=store) == 20.0
+    assert g.record is not None and g.record.outcome == {"early": "recalled"}
+
+
+class SetsUp(Node):
+    """Keeps its argument through a helper its constructor calls."""
+
+    def __init__(self, by: float) -> None:
+        self._set_up(by)
+
+    def _set_up(self, by: float) -> None:
+        self.by = by
+
+    def forward(self, values: list[float], ctx: Any) -> list[float]:
+        return [v * self.by for v in values]
+
+
+class Builds:
+    """Makes a node, then gives it another value than it was made with."""
+
+    def __init__(self) -> None:
+        self.scale = SetsUp(2.0)
+        self.scale.by = 7.0
+
+
+@pytest.mark.parametrize("copied", ["as made", "deepcopy", "pickle"])
+def test_an_argument_replaced_before_the_build_is_taken_as_the_argument(
+    store: Store, copied: str
+) -> None:
+    """An argument a node keeps, given another value after the node was made and before a
+    graph was built with it (``s = Scale(2.0); s.by = 5.0``), is taken as the argument the
+    node is built with, as one replaced after the build is: the node computes with 5.0 and
+    was keyed as a ``Scale(2.0)``, recalling that node's answers. What the constructor
+    sets, through a helper too, is what it was made with; what another object's
+    constructor sets is not. A node whose constructor made more from the old value is
+    refused where it is keyed; two such nodes are not one computation."""
+    rows = Echo().named("rows").frozen()
+    g = Graph.somatize(rows >> Scale(2.0).named("scale").frozen().cached())
     assert g.forward([1.0], store=store) == [2.0]
-    assert g.record is not None and g.record.outcome == {"early": "ran"}
+
+    def made(node: Node) -> Node:
+        if copied == "deepcopy":
+            return copy.deepcopy(node)
+        return pickle.loads(pickle.dumps(node)) if copied == "pickle" else node
+
+    early = Scale(2.0)
+    early.by = 5.0
+    g = Graph.somatize(rows >> made(early).named("scale").frozen().cached())
+    assert g.forward([1.0], store=store) == [5.0]
+    assert g.record is not None and g.record.outcome["scale"] == "ran"
+    helped = SetsUp(2.0)
+    g = Graph.somatize(rows >> made(helped).named("helped").frozen().cached())
+    assert g.forward([1.0], store=store) == [2.0]
+    assert g.node("helped").declaration() == SetsUp(2.0).declaration()
+    g = Graph.somatize(rows >> made(Builds().scale).named("built").frozen().cached())
+    assert g.forward([1.0], store=store) == [7.0]
+    assert g.node("built").declaration() == SetsUp(7.0).declaration()
+    doubles = Doubles(2)
+    doubles.by = 3
+    g = Graph.somatize(rows >> made(doubles).named("doubles").frozen().cached())
+    with pytest.raises(Undeclared, match=r"`doubles` \(Doubles\) cannot be keyed: `by`, an "
+                       r"argument it was built with and keeps, was replaced after the node was "
+                       r"made, and `factor`"):  # fmt: skip
+        g.forward(1, store=store)
+    first, second = SetsUp(2.0), SetsUp(2.0)
+    first.by = second.by = 4.0
+    g = Graph.somatize(rows >> (made(first).frozen().cached(), made(second).frozen().cached()))
+    assert g.forward([1.0], store=store) == ([4.0], [4.0])
 
 
 def test_an_attribute_made_from_an_argument_of_an_interned_node_changed_is_refused() -> None:
@@ -1186,7 +1250,7 @@ def test_an_argument_replaced_by_an_enum_member_is_refused_as_a_node_built_with_
     cases.mode = member
     for _ in range(2):
         with pytest.raises(Undeclared, match=rf"`cases` \(Cases\) cannot be keyed: `mode`, .* "
-                           rf"replaced after the graph was built, .*`[\w.]*{type(member).__name__}`"
+                           rf"replaced after the node was made, .*`[\w.]*{type(member).__name__}`"
                            r", which has no canonical form"):  # fmt: skip
             g.forward("Ab", store=store)
     computes = g.forward("Ab")
@@ -1212,7 +1276,7 @@ def test_an_argument_replaced_by_what_no_key_holds_is_refused_where_it_is_keyed(
     shift.by = np.longdouble(1) / 3
     for _ in range(2):
         with pytest.raises(Undeclared, match=r"`shift` \(Shifts\) cannot be keyed: `by`, an "
-                           r"argument it .* replaced after the graph was built, and it is a "
+                           r"argument it .* replaced after the node was made, and it is a "
                            r"`numpy.longdouble` .* that no float holds exactly"):  # fmt: skip
             g.forward(1.0, store=store)
     assert g.forward(1.0) == float(1 + np.longdouble(1) / 3)

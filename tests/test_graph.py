@@ -148,7 +148,9 @@ def test_frozen_nodes_built_with_equal_lists_are_not_interned() -> None:
 
 def test_frozen_nodes_given_other_attributes_after_building_are_not_interned() -> None:
     """Two frozen nodes built alike and then given other attributes compute other answers:
-    they stay two nodes; given equal values, they are one."""
+    they stay two nodes; given equal values, they are one — but where a value is given to an
+    argument the node keeps, taken as that argument at the first forward: such nodes are
+    never interned, as one whose declaration is derived again is not."""
     rows = Rows().named("rows").frozen()
     low, high = Scale(2.0).named("low").frozen(), Scale(2.0).named("high").frozen()
     high.by = 10.0
@@ -157,7 +159,12 @@ def test_frozen_nodes_given_other_attributes_after_building_are_not_interned() -
     assert g.forward({"at": 1, "take": 2}) == ([2.0, 4.0], [10.0, 20.0])
     one, two = Scale(2.0).named("one").frozen(), Scale(2.0).named("two").frozen()
     one.by = two.by = 3.0
-    assert Graph.somatize(rows >> (one, two)).nodes() == ("rows", "one")
+    g = Graph.somatize(rows >> (one, two))
+    assert g.nodes() == ("rows", "one", "two")
+    assert g.forward({"at": 1, "take": 2}) == ([3.0, 6.0], [3.0, 6.0])
+    one, two = Slotted().named("one").frozen(), Slotted().named("two").frozen()
+    one.offset = two.offset = 100.0
+    assert Graph.somatize(Echo().named("echo").frozen() >> (one, two)).nodes() == ("echo", "one")
 
 
 def test_frozen_nodes_differing_in_a_slot_are_not_interned() -> None:
