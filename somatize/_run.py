@@ -66,9 +66,11 @@ class _Run:
         once per forward."""
 
     def emit(self, fact: Fact) -> None:
+        """Puts ``fact`` in the record and hands ``watching`` a copy of it: what a watcher
+        does to the fact it is handed does not change what the record says happened."""
         self.facts.append(fact)
         if self.watching is not None:
-            self.watching(fact)
+            self.watching(_copy_of(fact))
 
     # -- reading back -------------------------------------------------------------------------
 
@@ -323,6 +325,13 @@ class _Run:
 
 
 _DAMAGED = object()
+
+
+def _copy_of(fact: Fact) -> Fact:
+    """A copy of ``fact`` that shares nothing it could change with it. A fact's values are
+    strings, numbers, booleans and None, or a list of node names (a ``drifted`` fact's
+    ``changed``), copied too."""
+    return {name: list(value) if isinstance(value, list) else value for name, value in fact.items()}
 
 
 def _whose_code(graph: Graph, node: str, changed: list[str] | None) -> str:

@@ -265,6 +265,27 @@ def test_what_watches_and_what_brokers_are_checked_before_anything_runs(store: S
     assert scale.calls == 0
 
 
+def test_a_watcher_that_edits_its_facts_leaves_the_record_as_it_happened(store: Store) -> None:
+    """``watching`` is handed a copy of each fact: a watcher that edits what it is handed
+    does not change the record (nor the outcome and figure read from it)."""
+    g, _, _, _ = _chain()
+
+    def edit(fact: dict[str, Any]) -> None:
+        fact["fact"] = "edited"
+        fact.pop("node", None)
+
+    assert g.forward({"at": 0, "take": 8}, store=store, watching=edit) == 14.0
+    assert g.record is not None
+    assert [(f["fact"], f.get("node")) for f in g.record.facts] == [
+        ("ran", "rows"),
+        ("ran", "scale"),
+        ("ran", "top"),
+        ("kept", "top"),
+        ("finished", None),
+    ]
+    assert g.record.outcome == {"rows": "ran", "scale": "ran", "top": "ran"}
+
+
 def test_drift_is_a_fact_and_a_warning(store: Store) -> None:
     """A hit kept by another version of the code is recalled with a drifted fact and a
     warning; strict mode recomputes instead."""

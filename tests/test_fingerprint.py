@@ -210,6 +210,31 @@ def test_a_drift_names_the_nodes_whose_code_changed_whatever_they_were_called(
     assert [fact["changed"] for fact in drifted] == [["add"]]
 
 
+def test_a_watcher_that_edits_the_nodes_a_drift_names_leaves_the_record_as_it_happened(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list of changed nodes in the ``drifted`` fact ``watching`` is handed is its own:
+    emptying it leaves the record's fact naming them."""
+    cell = _cell(1, monkeypatch)
+    kept = Graph.somatize(cell.Src().frozen() >> cell.Add().frozen().cached())
+    assert kept.forward(5, store=store) == 6
+    cell = _cell(2, monkeypatch)
+    edited = Graph.somatize(cell.Src().frozen() >> cell.Add().frozen().cached())
+    handed: list[list[str]] = []
+
+    def empty(fact: dict[str, Any]) -> None:
+        if fact["fact"] == "drifted":
+            handed.append(fact["changed"])
+            fact["changed"].clear()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Drifted)
+        assert edited.forward(5, store=store, watching=empty) == 6
+    assert handed == [[]]
+    assert edited.record is not None
+    assert [f["changed"] for f in edited.record.facts if f["fact"] == "drifted"] == [["add"]]
+
+
 _EVERYWHERE = """
 import dataclasses
 import os
