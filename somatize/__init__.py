@@ -17,7 +17,7 @@ tensor side.
 from somatize.broker import Broker, Worker
 from somatize.catalog import Catalog, Unbuildable
 from somatize.codecs import CODECS, Codec, CodecError, Codecs, Opaque
-from somatize.engine import Drifted, NodeFailed, Record
+from somatize.engine import Drifted, NodeFailed, Record, WatcherFailed
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.graph import Cycle, Graph, GraphError, UnknownNode
 from somatize.memory import Memory, Nameless, NotSettled, Unsettled, cacheable
@@ -62,6 +62,7 @@ __all__ = [
     "Undeclared",
     "UnknownNode",
     "Unsettled",
+    "WatcherFailed",
     "Worker",
     "cacheable",
 ]

@@ -8,6 +8,9 @@ read; the engine that emits them is the loop behind. They are re-exported by
 
     NodeFailed (SomatizeError, RuntimeError)   a node's forward raised, or a mapped node
                                                could not be run item by item
+    WatcherFailed (SomatizeError, RuntimeError)
+                                               the ``watching`` callback raised; the
+                                               forward finished without it
     Drifted (SomatizeWarning)                  a recalled answer was kept by another
                                                version of the code it depends on
 
@@ -23,7 +26,7 @@ from typing import Any
 
 from somatize.errors import SomatizeError, SomatizeWarning
 
-__all__ = ["Drifted", "Fact", "NodeFailed", "Record"]
+__all__ = ["Drifted", "Fact", "NodeFailed", "Record", "WatcherFailed"]
 
 Fact = dict[str, Any]
 
@@ -39,6 +42,30 @@ class NodeFailed(SomatizeError, RuntimeError):
         super().__init__(
             f"`{node}` ({kind}) {what} — nothing was kept for `{node}` or anything below it"
         )
+
+
+class WatcherFailed(SomatizeError, RuntimeError):
+    """The ``watching`` callback raised on ``fact``. It was not called again, and the
+    forward went on without it: what it ran was kept as usual, ``graph.record`` holds
+    every fact, and ``value`` is what the forward would have returned. The callback's
+    own error is the cause (``__cause__``)."""
+
+    def __init__(self, fact: Fact, error: Exception, value: Any) -> None:
+        self.fact = fact
+        self.value = value
+        super().__init__(
+            f"the watching= callback raised {type(error).__name__} ({error}) when handed "
+            f"{fact_named(fact)}; it was not called again, and the forward finished without "
+            "it, keeping what it keeps: graph.record holds every fact, and this error's "
+            "`value` is the forward's answer. Fix the callback, or catch WatcherFailed and "
+            "take its `value`"
+        )
+
+
+def fact_named(fact: Fact) -> str:
+    """``fact`` as a message names it: "the `ran` fact of `clean`"."""
+    node = fact.get("node")
+    return f"the `{fact['fact']}` fact" + (f" of `{node}`" if node is not None else "")
 
 
 class Drifted(SomatizeWarning):

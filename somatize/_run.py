@@ -19,12 +19,13 @@ one call, and what it reads and what it answers must be lists as long as each ot
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from somatize._record import Drifted, Fact, NodeFailed, Record
+from somatize._record import Drifted, Fact, NodeFailed, Record, WatcherFailed, fact_named
 from somatize.codecs import CODECS, Unreadable
 from somatize.errors import SomatizeError
 from somatize.keys import item_key
@@ -64,13 +65,39 @@ class _Run:
         self.changed: dict[tuple[str, str | None], list[str] | None] = {}
         """(node, fingerprint kept with) → :func:`~somatize.plan.changed_code`, worked out
         once per forward."""
+        self.watcher_failed: tuple[Fact, Exception] | None = None
+        """The fact ``watching`` raised on, and its error; it is not called again."""
 
     def emit(self, fact: Fact) -> None:
         """Puts ``fact`` in the record and hands ``watching`` a copy of it: what a watcher
-        does to the fact it is handed does not change what the record says happened."""
+        does to the fact it is handed does not change what the record says happened.
+
+        A watcher that raises is not called again, and the forward goes on without it, so
+        that what it computes is not lost to it; :meth:`watcher_said` says so at the end."""
         self.facts.append(fact)
         if self.watching is not None:
-            self.watching(_copy_of(fact))
+            try:
+                self.watching(_copy_of(fact))
+            except Exception as error:
+                self.watching = None
+                self.watcher_failed = (_copy_of(fact), error)
+
+    def watcher_said(self, value: Any) -> None:
+        """Raises :class:`~somatize.engine.WatcherFailed` if the watcher raised during a
+        forward that finished with ``value``."""
+        if self.watcher_failed is not None:
+            fact, error = self.watcher_failed
+            raise WatcherFailed(fact, error, value) from error
+
+    def watcher_noted(self, failure: BaseException) -> None:
+        """Notes on ``failure``, the error a forward ends with, that the watcher had raised
+        before it (where exceptions take notes: Python 3.11 and later)."""
+        if self.watcher_failed is not None and sys.version_info >= (3, 11):
+            fact, error = self.watcher_failed
+            failure.add_note(
+                f"The watching= callback had raised {type(error).__name__} ({error}) when "
+                f"handed {fact_named(fact)}, and was not called again."
+            )
 
     # -- reading back -------------------------------------------------------------------------
 

@@ -46,6 +46,14 @@ answer is never returned. An answer computed that cannot be kept (no codec
 writes it, the store refuses it) is ``failed`` after ``ran``, and its error
 goes on to the caller.
 
+A ``watching`` callback that raises is not called again, and the forward goes on
+without it: what runs is kept as usual, the record holds every fact, and the
+forward then raises :class:`WatcherFailed`, naming the fact the callback raised
+on, from the callback's error, with the forward's answer as its ``value``. A
+watcher's error never costs an answer computed. If the forward fails of itself
+after that, its own error is raised, with a note (Python 3.11 and later) saying
+that the watcher had raised.
+
 With a ``broker`` (:mod:`somatize.broker`) and a graph that places nodes, the
 engine speaks to it in three calls: ``broker.check(graph)`` before anything runs
 (an unknown worker, or a node its worker cannot rebuild, is refused there);
@@ -59,9 +67,10 @@ and their facts come in the order things finish. Without a broker, or with no
 node placed, the loop is the plain one, in order.
 
 This module holds the loops; its parts are what a forward tells its caller —
-:class:`Record`, :class:`NodeFailed`, :class:`Drifted` — in :mod:`somatize._record`,
-and the state of one forward with the steps it takes on a node (reading answers back,
-calling it, keeping its answer, running a mapped node's items) in :mod:`somatize._run`.
+:class:`Record`, :class:`NodeFailed`, :class:`WatcherFailed`, :class:`Drifted` — in
+:mod:`somatize._record`, and the state of one forward with the steps it takes on a
+node (reading answers back, calling it, keeping its answer, running a mapped node's
+items) in :mod:`somatize._run`.
 """
 
 from __future__ import annotations
@@ -72,7 +81,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TYPE_CHECKING, Any
 
-from somatize._record import Drifted, Fact, NodeFailed, Record
+from somatize._record import Drifted, Fact, NodeFailed, Record, WatcherFailed
 from somatize._run import _describe, _Run
 from somatize.codecs import Opaque
 from somatize.errors import SomatizeError
@@ -83,7 +92,7 @@ if TYPE_CHECKING:
     from somatize.graph import Graph
     from somatize.store import Store
 
-__all__ = ["Drifted", "NodeFailed", "Record", "run"]
+__all__ = ["Drifted", "NodeFailed", "Record", "WatcherFailed", "run"]
 
 
 def _recalled(state: _Run, plan: Plan, node: str, stacklevel: int = 4) -> None:
@@ -275,11 +284,14 @@ def run(
                     size = state.keep(node, key, value, static.fingerprint.get(node))
                     state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
         state.emit({"fact": "finished", "took_us": (time.perf_counter_ns() - start) // 1000})
+    except BaseException as failure:
+        state.watcher_noted(failure)
+        raise
     finally:
         # The record of the forward that ended last, as it ends: one a node's forward started
         # on this graph (re-entering it), or another thread's, may end before this one.
         graph.record = state.record
 
-    if len(wanted) == 1:
-        return values[wanted[0]]
-    return tuple(values[name] for name in wanted)
+    value = values[wanted[0]] if len(wanted) == 1 else tuple(values[name] for name in wanted)
+    state.watcher_said(value)
+    return value

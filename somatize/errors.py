@@ -21,6 +21,7 @@ can catch either ``SomatizeError`` or, say, ``ValueError``::
     │   └── Corrupt
     ├── NodeFailed (RuntimeError)         somatize.engine
     │   └── FailedOnWorker                somatize.broker
+    ├── WatcherFailed (RuntimeError)      somatize.engine
     ├── Unbuildable (LookupError)         somatize.catalog
     ├── UnknownWorker (ValueError)        somatize.broker
     ├── BadWorker (ValueError)

@@ -382,11 +382,12 @@ class Graph:
 
         With a ``store`` (a :class:`~somatize.Store`, a directory or a bucket URL), cached nodes
         whose answers are kept are recalled and what only they needed is spared;
-        what runs and is cached is kept. ``watching`` is called with each fact, in
-        order. ``broker`` runs placed nodes on their workers. ``strict`` recomputes
-        an answer whose code fingerprint differs instead of warning. ``outputs``
-        asks for other nodes' values than the graph's outputs; a node they do not need
-        is spared too.
+        what runs and is cached is kept. ``watching`` is called with a copy of each fact,
+        in order; if it raises, the forward finishes without it, keeping what it runs,
+        then raises :class:`~somatize.WatcherFailed`. ``broker`` runs placed nodes on
+        their workers. ``strict`` recomputes an answer whose code fingerprint differs
+        instead of warning. ``outputs`` asks for other nodes' values than the graph's
+        outputs; a node they do not need is spared too.
         """
         return run(
             self,

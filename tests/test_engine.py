@@ -28,6 +28,7 @@ from somatize import (
     Opaque,
     Store,
     Undeclared,
+    WatcherFailed,
     plan,
 )
 from somatize.store import LocalStore
@@ -284,6 +285,53 @@ def test_a_watcher_that_edits_its_facts_leaves_the_record_as_it_happened(store: 
         ("finished", None),
     ]
     assert g.record.outcome == {"rows": "ran", "scale": "ran", "top": "ran"}
+
+
+def test_a_watcher_that_raises_costs_no_answer(store: Store) -> None:
+    """A watcher that raises is not called again; the forward finishes without it, keeping
+    what it computed, then raises WatcherFailed naming the fact, from the watcher's error,
+    with the forward's answer as its value."""
+    g, _, _, top = _chain()
+    handed: list[str] = []
+
+    def breaks(fact: dict[str, Any]) -> None:
+        handed.append(fact["fact"])
+        if fact["fact"] == "ran" and fact["node"] == "top":
+            raise RuntimeError("watcher broke")
+
+    with pytest.raises(
+        WatcherFailed,
+        match=r"raised RuntimeError \(watcher broke\) when handed the `ran` fact of `top`",
+    ) as failed:
+        g.forward({"at": 0, "take": 8}, store=store, watching=breaks)
+    assert isinstance(failed.value.__cause__, RuntimeError)
+    assert failed.value.value == 14.0
+    assert failed.value.fact["fact"] == "ran" and failed.value.fact["node"] == "top"
+    assert handed == ["ran", "ran", "ran"]
+    assert g.record is not None
+    assert [f["fact"] for f in g.record.facts] == ["ran", "ran", "ran", "kept", "finished"]
+    seen: list[dict[str, Any]] = []
+    assert g.forward({"at": 0, "take": 8}, store=store, watching=seen.append) == 14.0
+    assert [f["fact"] for f in seen] == ["spared", "spared", "recalled", "finished"]
+    assert top.calls == 1
+
+
+def test_a_forward_that_fails_after_its_watcher_raised_says_both(store: Store) -> None:
+    """A forward that fails after its watcher raised raises its own error, with a note
+    (where exceptions take notes) that the watcher had raised."""
+    g = Graph.somatize(Rows().named("rows").frozen() >> Fails().named("boom").frozen())
+
+    def breaks(fact: dict[str, Any]) -> None:
+        raise RuntimeError("watcher broke")
+
+    with pytest.raises(NodeFailed, match="`boom`") as failed:
+        g.forward({"at": 0, "take": 3}, store=store, watching=breaks)
+    assert isinstance(failed.value.__cause__, ZeroDivisionError)
+    if sys.version_info >= (3, 11):
+        assert failed.value.__notes__ == [
+            "The watching= callback had raised RuntimeError (watcher broke) when handed the "
+            "`ran` fact of `rows`, and was not called again."
+        ]
 
 
 def test_drift_is_a_fact_and_a_warning(store: Store) -> None:

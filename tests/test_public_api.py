@@ -17,7 +17,8 @@ def test_public_names() -> None:
             "GraphError", "Memory",
             "Missing", "NameNotFound", "Nameless", "Node", "NodeFailed", "NotSettled", "Opaque",
             "Placement", "Record", "SomatizeError", "SomatizeWarning", "Store", "StoreError",
-            "Unbuildable", "Undeclared", "UnknownNode", "Unsettled", "Worker", "cacheable",
+            "Unbuildable", "Undeclared", "UnknownNode", "Unsettled", "WatcherFailed", "Worker",
+            "cacheable",
         ]
     )  # fmt: skip
     for name in somatize.__all__:
