@@ -4,6 +4,7 @@ never a signing key, and a store opened from it reaches the same answers."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import blake3
 import pytest
@@ -163,6 +164,29 @@ def test_an_empty_store_path_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
             opened()
     assert list(tmp_path.iterdir()) == []
     assert Store.of(".") is not None and (tmp_path / "blobs").is_dir()  # said, it is taken
+
+
+@pytest.mark.parametrize(
+    ("opened", "match"),
+    [
+        (lambda: Store(None), r"str or an os\.PathLike.* got a `NoneType`; to keep and recall"),
+        (lambda: Store(123), r"str or an os\.PathLike.* got a `int`"),
+        (lambda: Store(path=b"features"), r"str or an os\.PathLike.* got a `bytes`"),
+        (lambda: LocalStore(None), r"str or an os\.PathLike.* got a `NoneType`"),
+        (lambda: Store(), r"was given neither: pass one"),
+        (lambda: Store(durable=True), r"was given neither: pass one"),
+    ],
+    ids=["none", "int", "bytes", "local-none", "nothing", "options-only"],
+)
+def test_a_store_opened_at_no_path_is_refused_saying_what_it_takes(
+    opened: Any, match: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store opened at something that is no str or os.PathLike, or at nothing, is refused
+    with a TypeError saying what it takes, as ``store=`` is, and nothing is made."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match=match):
+        opened()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(

@@ -288,6 +288,12 @@ class Store(abc.ABC):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Store:
         if cls is Store:
+            if not args and "path" not in kwargs and "url" not in kwargs:
+                raise TypeError(
+                    "Store(...) opens the store at a directory or a bucket URL "
+                    "(s3://bucket/prefix), and was given neither: pass one, e.g. "
+                    "`Store('features/')`"
+                )
             where = args[0] if args else kwargs.get("path", kwargs.get("url"))
             if isinstance(where, str) and "://" in where:
                 from somatize.store.bucket import BucketStore

@@ -128,6 +128,16 @@ class LocalStore(LocalShelf):
         durable: bool = False,
         signing_key: str | bytes | Signer | None = None,
     ) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            none = (
+                "; to keep and recall nothing, run the graph without a store (store=None)"
+                if path is None
+                else ""
+            )
+            raise TypeError(
+                "a store is opened at a directory, named by a str or an os.PathLike, or at a "
+                f"bucket URL (s3://bucket/prefix), got a `{type(path).__name__}`{none}"
+            )
         if isinstance(path, str) and not path:
             # Path("") is the current directory: a store there would mix its folders with
             # whatever else the directory holds, wherever the program happens to run.
