@@ -27,7 +27,6 @@ followed as a replaced argument is, from the value the node's attributes were ma
 
 from __future__ import annotations
 
-import numbers
 import operator
 import sys
 from typing import TYPE_CHECKING, Any
@@ -115,12 +114,12 @@ def look_again(graph: Graph) -> None:
 def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> None:
     """Takes the attributes of ``node`` replaced since the build as its constructor
     arguments, and the graph's memory its declaration now. One replaced by a value no key
-    can hold (a path made a ``Path``, a ``longdouble`` no float holds exactly) is taken
-    too, and the node is refused where its key is needed, naming it, until it is replaced
-    again: its key would otherwise go on naming the old value (:func:`_unkeyable`). So is
+    can hold (a path made a ``Path``, a numpy number, an enum member) is taken too, and the
+    node is refused where its key is needed, naming it, until it is replaced again: its key
+    would otherwise go on naming the old value (:func:`_unkeyable`). So is
     one whose constructor made more from the old value than it keeps
     (:func:`_made_otherwise`)."""
-    taken = {attr: _plain(value) for attr, value in changed.items()}
+    taken = dict(changed)
     keyable = [attr for attr, value in taken.items() if canonical.is_canonical(value)]
     if keyable:
         _refuse_interned(graph, name, node, keyable)
@@ -275,11 +274,10 @@ class _MadeOtherwise:
     new build's — and None once it does (the attribute set to what the new value makes).
 
     An attribute that is the argument itself is not looked at: a replaced argument was
-    given to the attribute of its name, and taken from there as the argument (a numpy
-    number taken as the plain one it holds), and a list or a dict changed in place is the
-    argument where the attribute holds that very object. An attribute of that name holding
-    anything else (``self.items = list(items)``, a copy) was made from the argument, and
-    still holds what the old value made."""
+    given to the attribute of its name, and taken from there as the argument, and a list
+    or a dict changed in place is the argument where the attribute holds that very object.
+    An attribute of that name holding anything else (``self.items = list(items)``, a copy)
+    was made from the argument, and still holds what the old value made."""
 
     def __init__(
         self,
@@ -421,12 +419,15 @@ def _unkeyable(name: str, node: Node, attr: str, value: Any) -> Undeclared:
     """Why ``node`` cannot be keyed once its argument ``attr`` was replaced by ``value``,
     which has no canonical form."""
     kind = type(node).__qualname__
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(value, numpy.floating):
+    fix = "Replace it with a value that has a canonical form"
+    numpy = sys.modules.get("numpy")  # a numpy number exists only once numpy is imported
+    if numpy is not None and isinstance(value, numpy.generic):
         what = (
-            f"it is a `numpy.{type(value).__name__}` ({value!r}) that no float holds "
-            "exactly, and a key holds numbers only as Python's"
+            f"it is a `numpy.{type(value).__name__}` ({value!r}), which computes as numpy's "
+            "own type does (a float32's rounding, an int64's overflow, `~` of a bool_), not as "
+            "the Python number it holds, and a key holds numbers only as Python's"
         )
+        fix = "Replace it with the Python number (`float(x)`, `int(x)` or `bool(x)`)"
     else:
         what = "it has no canonical form"
         try:
@@ -436,35 +437,10 @@ def _unkeyable(name: str, node: Node, attr: str, value: Any) -> Undeclared:
     return Undeclared(
         f"`{name}` ({kind}) cannot be keyed: `{attr}`, an argument it was built with and "
         f"keeps, was replaced after the node was made, and {what}. Its key would go on "
-        "naming the old value while it computes with the new one. Replace it with a value "
-        f"that has a canonical form, or build a new `{kind}` with what you mean; a node that "
-        "tidies its own argument keeps what it makes under another name (`self._path`)"
+        f"naming the old value while it computes with the new one. {fix}, or build a new "
+        f"`{kind}` with what you mean; a node that tidies its own argument keeps what it "
+        "makes under another name (`self._path`)"
     )
-
-
-def _plain(value: Any) -> Any:
-    """A numpy scalar (``float64``, ``float32``, ``bool_``, a ``longdouble`` a float holds
-    exactly), or an integral number of another library, as the plain number it stands for;
-    anything else as it is. A subclass of ``int``, ``float`` or ``str`` of any other kind (an
-    enum member: ``Mode.UP``, whose ``str()`` is ``"Mode.UP"``, not its value) is left as
-    it is, and has no canonical form: the node is refused where it is keyed, as one built
-    with it is, rather than keyed as a value it may not compute like."""
-    kind = type(value)
-    if kind in (bool, int, float, str):
-        return value
-    numpy = sys.modules.get("numpy")  # a numpy scalar exists only once numpy is imported
-    if numpy is not None and isinstance(value, numpy.generic):
-        held = value.item()
-        if type(held) in (bool, int, float, str, bytes):
-            return held
-        if isinstance(value, numpy.floating):  # a longdouble: .item() hands it back
-            near = float(value)
-            if near == value or (near != near and value != value):
-                return near
-        return value
-    if isinstance(value, numbers.Integral) and not isinstance(value, (int, float, str)):
-        return int(value)
-    return value
 
 
 def _declaration_now(graph: Graph, name: str, node: Node) -> str | Undeclared:

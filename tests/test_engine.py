@@ -1237,45 +1237,46 @@ def test_a_list_a_node_is_given_after_building_is_followed_as_it_changes(
         weighs.weights["a"] = 1.0  # the default is every instance's
 
 
-def test_a_numpy_number_given_after_building_is_keyed_as_the_number_it_is(
-    store: Store,
-) -> None:
-    """numpy's float64 is no canonical float, and its int64 no int: replaced by one, a
-    kept argument is taken as the plain number it holds, not left out of the key."""
-    shift = Shifts(2.0)
-    g = Graph.somatize(shift.named("shift").frozen().cached())
-    assert g.forward(1.0, store=store) == 3.0
-    shift.by = np.float64(4.0)
-    assert g.forward(1.0, store=store) == 5.0
-    assert g.record is not None and g.record.outcome == {"shift": "ran"}
-    shift.by = np.int64(5)
-    assert g.forward(1.0, store=store) == 6.0
-    assert g.record.outcome == {"shift": "ran"}
-    assert shift.declaration() == Shifts(5).declaration()
-
-
 @pytest.mark.parametrize(
-    ("number", "plain"),
+    ("number", "plain", "x"),
     [
-        (np.float32(3.0), 3.0),
-        (np.float16(0.5), 0.5),
-        (np.longdouble(3.0), 3.0),
-        (np.bool_(True), True),
-        (np.uint8(3), 3),
+        (np.float32(0.1), 0.1, 1.0),
+        (np.float64(4.0), 4.0, 1.0),
+        (np.longdouble(3.0), 3.0, 1.0),
+        (np.bool_(True), True, 1.0),
+        (np.int64(2**62), 2**62, 2**62),
+        (np.uint8(3), 3, 1.0),
     ],
-    ids=["float32", "float16", "longdouble", "bool_", "uint8"],
+    ids=["float32", "float64", "longdouble", "bool_", "int64", "uint8"],
 )
-def test_any_numpy_number_given_after_building_is_keyed_as_the_number_it_holds(
-    store: Store, number: Any, plain: Any
+def test_an_argument_replaced_by_a_numpy_number_is_refused_as_a_node_built_with_one_is(
+    store: Store, number: Any, plain: Any, x: Any
 ) -> None:
-    """numpy's float32, float16, longdouble and bool_ are no Python numbers at all, nor
-    subclasses of one: replaced by one, a kept argument is taken as the number it holds, and
-    no answer kept for the old value is recalled."""
+    """A numpy number computes as numpy's type does (a float32's rounding, an int64's
+    overflow), not as the Python number it holds, and has no canonical form: a node built
+    with one cannot be keyed, and one whose kept argument is replaced by one after the
+    build is refused where it is keyed, saying to pass the Python number — not keyed as
+    that number, under whose key it would keep what it computes otherwise. A forward
+    without a store runs it; replaced by the Python number, it is keyed as a node built
+    with that."""
+    with pytest.raises(Undeclared, match=r"no canonical form"):
+        Shifts(number).declaration()
     shift = Shifts(2.0)
     g = Graph.somatize(shift.named("shift").frozen().cached())
     assert g.forward(1.0, store=store) == 3.0
     shift.by = number
-    assert g.forward(1.0, store=store) == 1.0 + plain
+    for _ in range(2):
+        with pytest.raises(Undeclared, match=r"`shift` \(Shifts\) cannot be keyed: `by`, .* "
+                           r"replaced after the node was made, and it is a "
+                           rf"`numpy\.{type(number).__name__}` .* computes as numpy's own type "
+                           r"does .* Replace it with the Python number "
+                           r"\(`float\(x\)`, `int\(x\)` or `bool\(x\)`\)"):  # fmt: skip
+            g.forward(x, store=store)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        assert g.forward(x) == float(x + number)
+    shift.by = plain
+    assert g.forward(x, store=store) == float(x + plain)
     assert g.record is not None and g.record.outcome == {"shift": "ran"}
     assert shift.declaration() == Shifts(plain).declaration()
 
@@ -1336,9 +1337,9 @@ def test_an_argument_replaced_by_what_no_key_holds_is_refused_where_it_is_keyed(
     store: Store,
 ) -> None:
     """A kept argument replaced after the build by a value with no canonical form (a
-    longdouble no float holds exactly, a ``Path``) is not left out of the key in silence: a
-    forward that keys the node refuses it, naming the argument, until it is replaced by a
-    value that has one; a forward without a store runs it."""
+    longdouble, a ``Path``) is not left out of the key in silence: a forward that keys the
+    node refuses it, naming the argument, until it is replaced by a value that has one; a
+    forward without a store runs it."""
     shift = Shifts(2.0)
     g = Graph.somatize(shift.named("shift").frozen().cached())
     assert g.forward(1.0, store=store) == 3.0
@@ -1346,7 +1347,7 @@ def test_an_argument_replaced_by_what_no_key_holds_is_refused_where_it_is_keyed(
     for _ in range(2):
         with pytest.raises(Undeclared, match=r"`shift` \(Shifts\) cannot be keyed: `by`, an "
                            r"argument it .* replaced after the node was made, and it is a "
-                           r"`numpy.longdouble` .* that no float holds exactly"):  # fmt: skip
+                           r"`numpy.longdouble` .* holds numbers only as Python's"):  # fmt: skip
             g.forward(1.0, store=store)
     assert g.forward(1.0) == float(1 + np.longdouble(1) / 3)
     shift.by = 4.0
