@@ -57,7 +57,9 @@ def _unsaid(kind: type) -> tuple[type, list[str], bool] | None:
     if owner is not Node and mro.index(made_by) < mro.index(owner):
         theirs = {name for name, _ in _parameters(owner)}
         passed = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-        parameters = _parameters(kind)[1:]
+        parameters = _parameters(kind)
+        if parameters[0][1] is not inspect.Parameter.VAR_POSITIONAL:
+            parameters = parameters[1:]  # self; one that names none has it in its *args
         new = [name for name, how in parameters if how not in passed and name not in theirs]
         variadic = any(how in passed for _, how in parameters)
         if new or variadic:
@@ -150,9 +152,7 @@ def declared_arguments(kind: type, args: tuple[Any, ...], kwargs: dict[str, Any]
     bound = signature.bind(None, *args, **kwargs)
     _with_defaults(kind, bound)
     out: dict[str, Any] = {}
-    for index, (name, value) in enumerate(bound.arguments.items()):
-        if index == 0:
-            continue  # self
+    for name, value in arguments_of(bound).items():
         how = signature.parameters[name].kind
         if how is inspect.Parameter.VAR_POSITIONAL:
             out["*args"] = tuple(value)
@@ -160,6 +160,19 @@ def declared_arguments(kind: type, args: tuple[Any, ...], kwargs: dict[str, Any]
             out["**kwargs"] = dict(value)
         else:
             out[name] = value
+    return out
+
+
+def arguments_of(bound: inspect.BoundArguments) -> dict[str, Any]:
+    """The arguments of ``bound``, a constructor call bound with ``None`` in the place of
+    ``self``, by parameter name, without ``self``. A constructor that names no ``self``
+    (``__init__(*args, **kwargs)``) is handed it as the first of its ``*args``, which is
+    dropped from there: the arguments the call passed are the rest."""
+    arguments = iter(bound.arguments.items())
+    first, value = next(arguments)
+    out = dict(arguments)
+    if bound.signature.parameters[first].kind is inspect.Parameter.VAR_POSITIONAL:
+        out = {first: tuple(value[1:]), **out}
     return out
 
 

@@ -66,6 +66,7 @@ from somatize._calls import (
     _signature,
     _unsaid,
     _unsaid_in,
+    arguments_of,
     declared_arguments,
     noted_call,
 )
@@ -256,7 +257,7 @@ class Node:
         bound = self._bound()
         if bound is not None:  # with its defaults, which declare() says too
             bound.apply_defaults()
-            return canonical.is_immutable(tuple(bound.arguments.values())[1:])
+            return canonical.is_immutable(tuple(arguments_of(bound).values()))
         return canonical.is_immutable((args, tuple(kwargs.values())))
 
     def kept_arguments(self) -> list[tuple[str, Any]]:

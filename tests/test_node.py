@@ -185,6 +185,36 @@ def test_declaration_is_fixed_unless_built_with_something_changeable() -> None:
     assert Declared([1.0]).is_declaration_fixed()
 
 
+class Unnamed(Node):
+    """Names no ``self``: its constructor takes ``*args``, ``self`` the first of them."""
+
+    def __init__(*args: Any) -> None:
+        self, k = args
+        self.k = k
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return int(x * self.k)
+
+
+def test_a_constructor_that_names_no_self_is_declared_by_every_argument_passed(
+    tmp_path: Any,
+) -> None:
+    """``__init__(*args)`` is handed ``self`` as the first of its ``*args``: what is
+    declared is the rest, all of it, so two nodes built with other arguments are keyed
+    apart (the answer of one is not recalled for the other), and one built with a list is
+    followed as it changes."""
+    assert Unnamed(1).declare() == {"*args": (1,)}
+    assert Unnamed(1).declaration() != Unnamed(5).declaration()
+    assert Unnamed(5).declaration() == Unnamed(5).declaration()
+    assert Unnamed(5).is_declaration_fixed()
+    assert not Unnamed([5]).is_declaration_fixed()
+    store = Store(tmp_path / "store")
+    for k in (1, 5):
+        g = Graph.somatize(Unnamed(k).named("unnamed").frozen().cached())
+        assert g.forward(10, store=store) == 10 * k
+        assert g.record is not None and g.record.outcome == {"unnamed": "ran"}
+
+
 @dataclass
 class Tagged(Node):
     """A dataclass node: its list of tags is made by a ``default_factory``."""
