@@ -6,9 +6,10 @@ A node is declared, by default, by the arguments it was made with
 here against the signature of its class's ``__init__``: by parameter name, defaults filled
 in (:func:`declared_arguments`). A dataclass field left to its ``default_factory`` keeps
 dataclasses' placeholder, since the factory is not called (:func:`_factories`). A call
-that holds a list or a dict, passed or left to a default that every instance shares, is
-noted as it was, copied (:func:`noted_call`, :func:`copy_call`), so that a change in place
-afterwards is told apart from it. A class that defines its own constructor below the
+that holds a list, a dict or bytes that can change (a bytearray, a memoryview), passed or
+left to a default that every instance shares, is noted as it was, copied
+(:func:`noted_call`, :func:`copy_call`), so that a change in place afterwards is told
+apart from it. A class that defines its own constructor below the
 class whose ``declare()`` it inherits may take arguments that ``declare()`` does not say
 (:func:`_unsaid`). What is worked out of a class is worked out once and remembered.
 :class:`~somatize.node.Node` reads its call through these, and :mod:`somatize._look_again`
@@ -215,21 +216,24 @@ def noted_call(
 def copy_call(
     args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``args`` and ``kwargs`` with each list, dict, tuple and bytearray in them copied, to
-    any depth, so that what is changed in place afterwards leaves the copy as it was; what
-    else they hold is shared (numbers and strings cannot change, and other objects are not
-    what a key holds)."""
+    """``args`` and ``kwargs`` with each list, dict, tuple, bytearray and memoryview in them
+    copied, to any depth, so that what is changed in place afterwards leaves the copy as it
+    was (a memoryview, whose buffer may be written through another name, as a view of its
+    own copy of the bytes: :func:`_copied_view`); what else they hold is shared (numbers
+    and strings cannot change, and other objects are not what a key holds)."""
     made: dict[int, Any] = {}
 
     def copied(value: Any) -> Any:
         kind = type(value)
-        if kind not in (list, dict, tuple, bytearray):
+        if kind not in (list, dict, tuple, bytearray, memoryview):
             return value
         found = made.get(id(value))
         if found is not None:
             return found
         if kind is bytearray:
             found = bytearray(value)
+        elif kind is memoryview:
+            found = _copied_view(value)
         elif kind is tuple:
             found = tuple(copied(item) for item in value)
         elif kind is list:
@@ -242,3 +246,17 @@ def copy_call(
         return found
 
     return copied(args), copied(kwargs)
+
+
+def _copied_view(view: memoryview) -> Any:
+    """A memoryview over a copy of ``view``'s bytes, in C order, of its format and shape,
+    and read-only when it is; the bytes themselves when the view is of a format a
+    memoryview cannot be cast to (a struct, an explicit byte order), which a key holds
+    alike (:mod:`somatize.canonical`)."""
+    data = view.tobytes()
+    try:
+        # typeshed takes a format only as one of the literals it lists
+        copy: Any = memoryview(bytearray(data)).cast(view.format, view.shape)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return data
+    return copy.toreadonly() if view.readonly else copy

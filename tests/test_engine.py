@@ -861,6 +861,40 @@ def test_a_list_changed_in_place_where_the_constructor_made_more_from_it_is_refu
         g.forward(10, store=store)
 
 
+class Sums(Node):
+    """Keeps the buffer it is built with, and makes from it the total its forward uses."""
+
+    def __init__(self, buffer: Any) -> None:
+        self.buffer = buffer
+        self.total = sum(buffer)
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x + self.total
+
+
+@pytest.mark.parametrize("wrap", [lambda raw: raw, memoryview], ids=["bytearray", "memoryview"])
+def test_bytes_changed_in_place_where_the_constructor_made_more_from_them_are_refused(
+    store: Store, wrap: Any
+) -> None:
+    """A bytearray a node was built with, or a memoryview over one, whose bytes change in
+    place after the build, where the constructor made another attribute from them, is
+    refused where it is keyed: the call is noted with a copy of the bytes, so the change
+    is told apart from what the node was made from, and no answer lands under the key of a
+    node built with the new bytes."""
+    raw = bytearray(b"\x01\x02")
+    g = Graph.somatize(Sums(wrap(raw)).named("sums").frozen().cached())
+    assert g.forward(0, store=store) == 3
+    raw[0] = 100
+    with pytest.raises(Undeclared, match=r"`sums` \(Sums\) cannot be keyed: `buffer`, .* "
+                       r"changed in place since the node was made, and `total`, which its "
+                       r"constructor makes"):  # fmt: skip
+        g.forward(0, store=store)
+    assert g.forward(0) == 3
+    fresh = Graph.somatize(Sums(bytes(raw)).named("fresh").frozen().cached())
+    assert fresh.forward(0, store=store) == 102
+    assert fresh.record is not None and fresh.record.outcome == {"fresh": "ran"}
+
+
 def test_a_dict_changed_in_place_where_the_constructor_made_more_from_it_is_refused(
     store: Store,
 ) -> None:
