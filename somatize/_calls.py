@@ -251,8 +251,9 @@ def copy_call(
 def _copied_view(view: memoryview) -> Any:
     """A memoryview over a copy of ``view``'s bytes, in C order, of its format and shape,
     and read-only when it is; the bytes themselves when the view is of a format a
-    memoryview cannot be cast to (a struct, an explicit byte order), which a key holds
-    alike (:mod:`somatize.canonical`)."""
+    memoryview cannot be cast to (a struct, an explicit byte order), with which the node
+    has no key (:mod:`somatize.canonical`) and the note tells a change in place all the
+    same."""
     data = view.tobytes()
     try:
         # typeshed takes a format only as one of the literals it lists

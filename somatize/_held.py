@@ -107,12 +107,17 @@ def held_by(node: Any) -> tuple[tuple[str, str], ...]:
 
 def digest_of(value: Any) -> str | None:
     """The digest :func:`held_by` tells an attribute holding ``value`` by: that of its
-    canonical form, or None when it has none (or is :data:`UNSET`)."""
+    canonical form, or None when it has none (or is :data:`UNSET`). A memoryview of other
+    than bytes in one dimension (typed items, several dimensions), which has none, is told
+    by its format, its shape and its bytes."""
     if value is UNSET:
         return None
     try:
         return canonical.hex_of(value)
     except canonical.NotCanonical:
+        if type(value) is memoryview:
+            view = (value.format, value.shape, value.tobytes())
+            return canonical.hex_of(view, b"somatize/memoryview\0")
         return None
 
 

@@ -14,11 +14,15 @@ its payload; lengths are 8-byte big-endian. It is exact about types: ``1``,
 when handed the other. Floats are written by their IEEE-754 bits, so ``0.0`` and
 ``-0.0`` differ too. Two things a key takes alike, on purpose: dict entries are
 sorted by key, so insertion order never matters, and bytes-like values (bytes, a
-bytearray, a contiguous memoryview) are their bytes — what a node reads of them.
+bytearray, a contiguous one-dimensional memoryview of unsigned bytes, format ``'B'``)
+are their bytes — what a node reads of them: the same length, the same items.
 (An answer, written to be read back as it was computed, keeps both: its dicts'
 order, and a bytearray as one.) Anything else is refused with :class:`NotCanonical`,
 and so are a value that contains itself, one nested deeper than Python's recursion
-limit, and a memoryview whose bytes are not contiguous.
+limit, a memoryview whose bytes are not contiguous, and a memoryview of anything but
+bytes in one dimension — of typed items (``'i'``, ``'f'``), signed bytes (``'b'``),
+characters (``'c'``), or in several dimensions — whose length and items are not those
+of its bytes.
 
 The encoding is versioned by :data:`VERSION`; the key formula mixes the version
 in, so a change here changes every key on purpose rather than by accident.
@@ -144,6 +148,14 @@ def _bytes(value: Any, parts: Parts, where: Where) -> None:
             "(and, for a view of typed items, another length). Pass `bytes(view)` instead"
         )
     view = memoryview(value)
+    if view.format != "B" or view.ndim != 1:
+        raise NotCanonical(
+            f"{_render(where)} is a memoryview of format {view.format!r} and shape "
+            f"{view.shape}, not one of bytes (format 'B') in one dimension: a node reads "
+            "another length and other items from it than from its bytes, so it cannot be "
+            "keyed as them. Pass `bytes(view)` or `view.cast('B')` (its bytes), or "
+            "`view.tolist()` (its items)"
+        )
     if not view.c_contiguous:
         raise NotCanonical(
             f"{_render(where)} is a memoryview that is not contiguous (a strided slice, a "

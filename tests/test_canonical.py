@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import math
 import sys
 
@@ -152,6 +153,33 @@ def test_values_that_cannot_be_written_whole_are_refused(value: object, fragment
     with pytest.raises(NotCanonical, match=fragment):
         canonical.encode(value, "input")
     assert not canonical.is_canonical(value)
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        memoryview(array.array("i", [1, 2])),
+        memoryview(array.array("f", [1.0])),
+        memoryview(b"abcd").cast("B", [2, 2]),
+        memoryview(b"\xff").cast("b"),
+        memoryview(b"ab").cast("c"),
+    ],
+    ids=["int32", "float32", "two-dimensional", "signed-bytes", "chars"],
+)
+def test_a_memoryview_of_other_than_bytes_in_one_dimension_is_refused(view: memoryview) -> None:
+    """A memoryview of typed items, of signed bytes or characters, or in several dimensions
+    has another length or other items than its bytes, which a node reads of it: it is
+    refused, saying to pass the bytes or the items, not keyed as its bytes. Its bytes, or
+    a view of them cast to bytes, are keyed as bytes."""
+    assert len(view) != len(bytes(view)) or list(view) != list(bytes(view))
+    with pytest.raises(NotCanonical, match=rf"input\[0\] is a memoryview of format "
+                       rf"'{view.format}' and shape \({view.shape[0]},.* Pass `bytes\(view\)`"
+                       r" or `view.cast\('B'\)`"):  # fmt: skip
+        canonical.encode([view], "input")
+    assert not canonical.is_canonical(view)
+    flat = view.cast("B")
+    assert canonical.encode(flat) == canonical.encode(bytes(view))
+    assert canonical.encode(memoryview(bytearray(b"ab"))) == canonical.encode(b"ab")
 
 
 def test_enums_and_subclasses_are_not_silently_accepted() -> None:
