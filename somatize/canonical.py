@@ -226,18 +226,41 @@ def _write(value: Any, parts: Parts, where: Where) -> None:
         if parts.weighs and _weighed(value, parts):
             return
         kind = type(value)
+        if _is_scalar(value):
+            advice = (
+                " It holds one number, and computes as its library's type does: pass the "
+                "Python number, `int(x)`, `float(x)` or `x.item()`"
+            )
+        elif parts.weighs:
+            advice = " Wrap the value in `somatize.Opaque(value)` so its codec digests it"
+        else:
+            advice = ""
         raise NotCanonical(
             f"{_render(where)} is a `{kind.__module__}.{kind.__qualname__}`, which "
             "has no canonical form: a key must be written identically by every process, and only "
             "None, bool, int, float, str, bytes and lists, tuples and str-keyed dicts of them "
-            "can be."
-            + (
-                " Wrap the value in `somatize.Opaque(value)` so its codec digests it"
-                if parts.weighs
-                else ""
-            )
+            f"can be.{advice}"
         )
     writer(value, parts, where)
+
+
+def _is_scalar(value: Any) -> bool:
+    """Whether ``value`` is one real number (or bool) of numpy or torch: a numpy scalar, a
+    numpy array or a torch tensor of no dimensions. Either library is looked at only once
+    it is imported: this module imports neither."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        if isinstance(value, numpy.ndarray) and value.ndim == 0:
+            value = value[()]
+        if isinstance(value, (numpy.integer, numpy.floating, numpy.bool_)):
+            return True
+    torch = sys.modules.get("torch")
+    return (
+        torch is not None
+        and isinstance(value, torch.Tensor)
+        and value.dim() == 0
+        and not value.is_complex()
+    )
 
 
 def _weighed(value: Any, parts: Parts) -> bool:

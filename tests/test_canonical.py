@@ -6,6 +6,7 @@ import array
 import math
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -180,6 +181,32 @@ def test_a_memoryview_of_other_than_bytes_in_one_dimension_is_refused(view: memo
     flat = view.cast("B")
     assert canonical.encode(flat) == canonical.encode(bytes(view))
     assert canonical.encode(memoryview(bytearray(b"ab"))) == canonical.encode(b"ab")
+
+
+@pytest.mark.parametrize(
+    "number",
+    [np.int64(0), np.float32(0.5), np.bool_(True), np.array(5), np.array(2.5)],
+    ids=["int64", "float32", "bool_", "0-d int array", "0-d float array"],
+)
+def test_a_numpy_number_is_refused_saying_to_pass_the_python_number(number: object) -> None:
+    """A numpy scalar or a numpy array of no dimensions, given where a canonical value is
+    needed (a graph's input), is refused saying to pass the Python number it holds — not
+    to wrap it in ``Opaque``, which no codec writes for it."""
+    with pytest.raises(NotCanonical, match=r"input\['at'\] is a `numpy\.\w+`.* pass the Python "
+                       r"number, `int\(x\)`, `float\(x\)` or `x.item\(\)`$"):  # fmt: skip
+        canonical.parts_of({"at": number}, "input", weighs=True)
+    with pytest.raises(NotCanonical, match=r"Opaque"):
+        canonical.parts_of({"at": np.arange(2)}, "input", weighs=True)
+
+
+def test_a_torch_tensor_of_no_dimensions_is_refused_saying_to_pass_the_python_number() -> None:
+    """A torch tensor of no dimensions is one number: refused saying to pass it as
+    ``x.item()``; one of more dimensions is to be wrapped in ``Opaque``."""
+    torch = pytest.importorskip("torch")
+    with pytest.raises(NotCanonical, match=r"`torch\.Tensor`.* `x.item\(\)`$"):
+        canonical.parts_of({"at": torch.tensor(0)}, "input", weighs=True)
+    with pytest.raises(NotCanonical, match=r"`torch\.Tensor`.*Opaque"):
+        canonical.parts_of({"at": torch.arange(2)}, "input", weighs=True)
 
 
 def test_enums_and_subclasses_are_not_silently_accepted() -> None:
