@@ -662,15 +662,18 @@ class Blueprint:
     checked once its state is loaded (:func:`check_held`)."""
 
     def to_bytes(self) -> bytes:
-        """The canonical bytes of this blueprint: what crosses a wire (worked out once)."""
+        """The bytes of this blueprint: what crosses a wire (worked out once). They are
+        canonical bytes written exact, so that the arguments come back as they were made:
+        each dict in the order it was built in, a bytearray as one — a node reads both
+        (``for name in order``), and a copy built from them sorted or turned to bytes
+        would compute otherwise. (A key takes them alike; a blueprint's bytes are no key.)"""
         return self._bytes
 
     @cached_property
     def _bytes(self) -> bytes:
         held = None if self.held is None else [list(pair) for pair in self.held]
-        return canonical.encode(
-            [self.identity, self.args, self.kwargs, self.declaration, self.maker, held]
-        )
+        fields = [self.identity, self.args, self.kwargs, self.declaration, self.maker, held]
+        return b"".join(canonical.parts_of(fields, "a blueprint", exact=True))
 
     @staticmethod
     def from_bytes(data: bytes | memoryview) -> Blueprint:
@@ -710,7 +713,7 @@ def blueprint_of(
     except Unbuildable as why:
         raise Unbuildable(f"{called} cannot be rebuilt in another process: {why}") from None
     try:
-        canonical.encode([tuple(args), dict(kwargs)])
+        canonical.parts_of([tuple(args), dict(kwargs)], exact=True)
     except canonical.NotCanonical as why:
         raise Unbuildable(
             f"{called} cannot be rebuilt in another process: it was constructed with "

@@ -492,3 +492,15 @@ class Lazy(Node):
         if self.weights is None:
             self.weights = [1.0, 1.0]
         return value * self.weights[0]
+
+
+class Picks(Node):
+    """Answers the items of its input at the names of ``order``, in the order the dict it is
+    built with holds them, and the type of ``raw``, a buffer it is built with."""
+
+    def __init__(self, order: dict[str, int], raw: Any = b"") -> None:
+        self.order = order
+        self.raw = raw
+
+    def forward(self, value: dict[str, Any], ctx: Any) -> list[Any]:
+        return [[value[name] for name in self.order], type(self.raw).__name__]

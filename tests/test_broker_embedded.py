@@ -59,6 +59,7 @@ from tests.broker_nodes import (
     Nap,
     Nested,
     Overlap,
+    Picks,
     Ramp,
     Recurrent,
     Remembers,
@@ -256,6 +257,26 @@ def test_a_custom_declare_crosses_through_the_constructor_call() -> None:
     g = Graph.somatize(Rows().named("rows") >> Tagged("t", verbose=True).at("w1"))
     broker = Broker.embedded({"w1": Worker.generic(mode="network")})
     assert g.forward({"at": 0, "take": 4}, broker=broker) == ["t", 4]
+
+
+def test_a_node_is_rebuilt_on_a_network_worker_with_its_arguments_as_they_were_made() -> None:
+    """A dict a node is built with crosses to a network worker in the order it was built
+    in, and a bytearray as one, so the copy rebuilt there computes as the node does (it
+    reads the dict's order); its key takes dicts in any order alike, as before. A memoryview,
+    which would come back as bytes, is refused, saying to pass its bytes."""
+    made = Picks({"z": 1, "a": 2}, bytearray(b"ab"))
+    assert made.declaration() == Picks({"a": 2, "z": 1}, bytearray(b"ab")).declaration()
+    again = Blueprint.from_bytes(blueprint_of(made, "picks").to_bytes())
+    assert list(again.args[0]) == ["z", "a"] and type(again.args[1]) is bytearray
+    g = Graph.somatize(made.named("picks").at("w1"))
+    network = Broker.embedded({"w1": Worker.generic(mode="network")})
+    value = {"a": "A", "z": "Z"}
+    assert g.forward(value, broker=network) == g.forward(value) == [["Z", "A"], "bytearray"]
+    viewed = Graph.somatize(Picks({}, memoryview(b"ab")).named("viewed").at("w1"))
+    with pytest.raises(Unbuildable, match=r"`viewed` \(Picks\) cannot be rebuilt in another "
+                       r"process: .* is a memoryview: it would be read back as bytes.* "
+                       r"Pass `bytes\(view\)`"):  # fmt: skip
+        viewed.forward(value, broker=network)
 
 
 def test_a_rebuilt_node_that_declares_otherwise_is_refused() -> None:
