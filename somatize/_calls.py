@@ -33,11 +33,28 @@ _UNSAID: dict[type, tuple[type, list[str], bool] | None] = {}
 
 _CHANGEABLE_DEFAULTS: dict[type, bool] = {}
 
+_OWN_NEW: dict[type, type | None] = {}
+
 _FACTORIES: dict[type, frozenset[str]] = {}
 
 _FACTORY_MADE: Any = getattr(dataclasses, "_HAS_DEFAULT_FACTORY", object())
 """The default a dataclass's generated ``__init__`` gives a field made by a
 ``default_factory``: a placeholder, which it replaces by what the factory makes."""
+
+
+def own_new(kind: type) -> type | None:
+    """The class below :class:`~somatize.node.Node` in ``kind``'s MRO that defines its own
+    ``__new__``, or None when none does (worked out once per class). The call a node was
+    made with is what ``Node.__new__`` is handed, and such a ``__new__`` hands it what it
+    will: nothing (``super().__new__(cls)``), or other arguments. Nothing tells whether it
+    passes on the call as it was made, so for such a class the call is not known."""
+    if kind not in _OWN_NEW:
+        from somatize.node import Node  # not at import time: somatize.node imports this module
+
+        mro = kind.__mro__
+        below = mro[: mro.index(Node)] if Node in mro else ()
+        _OWN_NEW[kind] = next((c for c in below if "__new__" in vars(c)), None)
+    return _OWN_NEW[kind]
 
 
 def _unsaid(kind: type) -> tuple[type, list[str], bool] | None:

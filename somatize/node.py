@@ -35,7 +35,10 @@ A ``declare()`` says what distinguishes instances of the class that wrote it. A
 subclass that defines its own constructor, with other parameters than that
 class's, has arguments the ``declare()`` it inherits may not say: it cannot be
 keyed (:class:`Undeclared`) until it writes a ``declare()`` of its own that adds
-them to ``super().declare()``.
+them to ``super().declare()``. The call a node is made with is what ``Node.__new__`` is
+handed, so a class that defines its own ``__new__`` (which may hand it nothing) is not
+declared by its call, nor rebuilt from it, until it writes ``declare()`` (and
+``recipe()``).
 
 Chaining: ``a >> b`` feeds ``a`` into ``b``; a tuple fans out or in —
 ``a >> (b, c)`` feeds ``a`` to both, ``(a, b) >> c`` hands ``c`` both outputs
@@ -69,6 +72,7 @@ from somatize._calls import (
     arguments_of,
     declared_arguments,
     noted_call,
+    own_new,
 )
 from somatize._held import UNSET as UNSET
 from somatize._held import (
@@ -169,7 +173,12 @@ class Node:
     def __new__(cls, *args: Any, **kwargs: Any) -> Node:
         self = super().__new__(cls)
         marks = Marks(call=(args, kwargs))
-        if cls.declare is Node.declare and cls.recipe is Node.recipe and not cls.holds_state:
+        if (
+            cls.declare is Node.declare
+            and cls.recipe is Node.recipe
+            and not cls.holds_state
+            and own_new(cls) is None
+        ):
             marks.made_with = noted_call(cls, args, kwargs)
         object.__setattr__(self, "_smz", marks)
         return self
@@ -235,9 +244,44 @@ class Node:
         in. Override it when the constructor takes something with no canonical
         form (return what, of it, decides the answers). A subclass whose constructor
         takes other parameters than the class that wrote the ``declare()`` it inherits
-        writes its own, adding its arguments to ``super().declare()``.
+        writes its own, adding its arguments to ``super().declare()``. So does a class that
+        defines its own ``__new__``: the call it was made with is not known
+        (:func:`~somatize._calls.own_new`), and it is :class:`Undeclared` until it does.
         """
-        return declared_arguments(type(self), *self._call())
+        return self._declared_by_call(None)
+
+    def _declared_by_call(self, where: str | None) -> dict[str, Any]:
+        """What the default :meth:`declare` says: the arguments of the call that made this
+        node, by parameter name; :class:`Undeclared` when that call is not known."""
+        kind = type(self)
+        name = where or self._smz.name or kind.__qualname__
+        owner = own_new(kind)
+        if owner is not None:
+            raise Undeclared(
+                f"`{name}` ({kind.__qualname__}) cannot be keyed: `{owner.__qualname__}` "
+                "defines its own `__new__`, and the call a node is made with is noted from "
+                "what that `__new__` hands `Node.__new__` — nothing, for "
+                "`super().__new__(cls)` — so the arguments it was built with are not known, "
+                f"and two `{kind.__qualname__}`s built with different ones could share one "
+                "key. Passing `*args, **kwargs` on to `super().__new__` is not enough: "
+                f"nothing can tell that it does. Give `{kind.__qualname__}` a "
+                "`declare(self)` method that returns, as canonical values, what "
+                "distinguishes one instance from another, or drop its `__new__`"
+            )
+        args, kwargs = self._call()
+        try:
+            return declared_arguments(kind, args, kwargs)
+        except TypeError as why:  # the call does not bind to the constructor's signature
+            said = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+            raise Undeclared(
+                f"`{name}` ({kind.__qualname__}) cannot be keyed: the call it is noted as "
+                f"made with, `{kind.__qualname__}({said})`, does not fit its constructor, "
+                f"`__init__{_signature(kind)}` ({why}), so the arguments it was built with "
+                "are not known: what `Node.__new__` was handed is not what `__init__` was "
+                f"(a metaclass passed on other arguments). Give `{kind.__qualname__}` a "
+                "`declare(self)` method that returns, as canonical values, what "
+                "distinguishes one instance from another"
+            ) from None
 
     def is_declaration_fixed(self) -> bool:
         """Whether :meth:`declare` says the same for as long as the node lives. When it
@@ -251,8 +295,8 @@ class Node:
         word when the graph is built (and by whoever settles it); override this to answer
         False when what it declares can change while the graph is in use.
         """
-        if type(self).declare is not Node.declare:
-            return True
+        if type(self).declare is not Node.declare or own_new(type(self)) is not None:
+            return True  # taken at its word, or undeclared (nothing to follow)
         args, kwargs = self._call()
         bound = self._bound()
         if bound is not None:  # with its defaults, which declare() says too
@@ -274,7 +318,7 @@ class Node:
         it is keyed. An attribute made from the argument rather than the very object
         (``self.by = float(by)``) is not the argument: it is looked at as
         :meth:`named_like_arguments` says."""
-        if type(self).declare is not Node.declare:
+        if type(self).declare is not Node.declare or own_new(type(self)) is not None:
             return []
         bound = self._bound()
         if bound is None:
@@ -299,7 +343,7 @@ class Node:
         and one replaced since by a value that is neither what it held then nor what a
         build from the node's arguments holds is refused where the node is keyed, since its
         key would go on naming what it was built with (see :meth:`kept_arguments`)."""
-        if type(self).declare is not Node.declare:
+        if type(self).declare is not Node.declare or own_new(type(self)) is not None:
             return []
         bound = self._bound()
         if bound is None:
@@ -382,8 +426,22 @@ class Node:
         identity is that class's) names a maker, ``module:Class.method`` — a classmethod
         of a node class that is handed the class the identity names, then ``args`` and
         ``kwargs``. A node that no other process can rebuild raises
-        :class:`~somatize.catalog.Unbuildable`, saying how to make one that can be.
+        :class:`~somatize.catalog.Unbuildable`, saying how to make one that can be: by
+        default, one whose class defines its own ``__new__``, since the call it was made
+        with is not known (:func:`~somatize._calls.own_new`).
         """
+        owner = own_new(type(self))
+        if owner is not None:
+            from somatize.catalog import Unbuildable  # the catalog builds nodes: it is above
+
+            raise Unbuildable(
+                f"`{owner.__qualname__}` defines its own `__new__`, so the call it was made "
+                "with is not known (the call a node is made with is noted from what that "
+                "`__new__` hands `Node.__new__`), and a copy built from the call noted could "
+                f"be another node. Give `{type(self).__qualname__}` a `recipe(self)` method "
+                "that says how to build it, or run it where the graph is called or on a "
+                '`Worker.generic(mode="local")` worker'
+            )
         args, kwargs = self._call()
         return None, tuple(args), dict(kwargs)
 
@@ -445,7 +503,10 @@ class Node:
                 new = _unsaid_in(self, owner)
             if new:
                 raise self._unsaid_by((owner, new), where)
-        declared = self.declare()
+        if type(self).declare is Node.declare:
+            declared: Any = self._declared_by_call(where)  # named as ``where`` says
+        else:
+            declared = self.declare()
         try:
             return canonical.hex_of(declared, _DECLARATION)
         except canonical.NotCanonical as why:

@@ -215,6 +215,96 @@ def test_a_constructor_that_names_no_self_is_declared_by_every_argument_passed(
         assert g.record is not None and g.record.outcome == {"unnamed": "ran"}
 
 
+class Registered(Node):
+    """Defines its own ``__new__``, which hands ``Node.__new__`` none of the arguments."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Registered:
+        return super().__new__(cls)  # type: ignore[return-value]
+
+    def __init__(self, k: int = 1) -> None:
+        self.k = k
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.k
+
+
+class PassesOn(Node):
+    """Defines its own ``__new__``, which passes on what it is handed."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> PassesOn:
+        return super().__new__(cls, *args, **kwargs)  # type: ignore[return-value]
+
+    def __init__(self, k: int = 1) -> None:
+        self.k = k
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.k
+
+
+class Said(Registered):
+    """Defines its own ``__new__`` below, and says what distinguishes it."""
+
+    def declare(self) -> Any:
+        return {"k": self.k}
+
+
+def test_a_node_whose_class_defines_its_own_new_is_undeclared_until_it_says_declare(
+    tmp_path: Any,
+) -> None:
+    """A class that defines its own ``__new__`` hands ``Node.__new__``, which notes the call
+    a node is made with, what it will (nothing, for ``super().__new__(cls)``), and nothing
+    tells whether it passes on the call as made: such a node is undeclared, so two built
+    with different arguments never share a key. It runs without a store, is refused where
+    it is keyed, and is not rebuilt from the call on another process; with a ``declare()``
+    of its own it is keyed."""
+    from somatize.catalog import Unbuildable, blueprint_of
+
+    for made in (Registered(k=5), Registered(5), PassesOn(k=5)):
+        with pytest.raises(Undeclared, match=r"defines its own `__new__`.* Passing `\*args, "
+                           r"\*\*kwargs` on .* is not enough.* `declare\(self\)`"):  # fmt: skip
+            made.declaration()
+        assert made.is_declaration_fixed() and made.kept_arguments() == []
+        with pytest.raises(Unbuildable, match=r"defines its own `__new__`.*`recipe\(self\)`"):
+            blueprint_of(made)
+    g = Graph.somatize(Registered(k=5).named("registered").frozen().cached())
+    assert g.forward(10) == 50
+    with pytest.raises(Undeclared, match=r"`registered` \(Registered\) cannot be keyed: "
+                       r"`Registered` defines its own `__new__`"):  # fmt: skip
+        g.forward(10, store=Store(tmp_path / "store"))
+    assert Said(k=5).declaration() != Said(k=1).declaration()
+
+
+class Dropping(type):
+    """Hands ``__new__`` none of the arguments it hands ``__init__``."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        made = cls.__new__(cls)
+        made.__init__(*args, **kwargs)
+        return made
+
+
+class Metaed(Node, metaclass=Dropping):
+    """Made through a metaclass that hands ``Node.__new__`` another call."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.k
+
+
+def test_a_call_that_does_not_fit_the_constructor_is_undeclared_not_a_bare_type_error() -> None:
+    """A node noted as made with a call its constructor does not take (its metaclass handed
+    ``Node.__new__`` other arguments) is undeclared, saying so, rather than failing with
+    the ``TypeError`` of binding the call; a graph built with it runs it without a store."""
+    with pytest.raises(Undeclared, match=r"`metaed` \(Metaed\) cannot be keyed: the call it is "
+                       r"noted as made with, `Metaed\(\)`, does not fit its constructor, "
+                       r"`__init__\(self, k: 'int'\) -> 'None'` \(missing a required "
+                       r"argument: 'k'\)"):  # fmt: skip
+        Metaed(3).named("metaed").declaration()
+    assert Graph.somatize(Metaed(3).named("metaed").frozen().cached()).forward(2) == 6
+
+
 @dataclass
 class Tagged(Node):
     """A dataclass node: its list of tags is made by a ``default_factory``."""
