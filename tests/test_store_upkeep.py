@@ -567,6 +567,40 @@ def test_a_bind_whose_blob_a_gc_removes_meanwhile_says_so(
     assert bytes(fresh.get(fresh.resolve("data/v1"))) == b"the training set"
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_bind_while_gc_has_its_blob_set_aside_waits_for_it_to_come_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A gc sets an old blob aside in tmp/ to look at before removing it, and puts it back
+    when it was touched since (put again by whoever is about to bind it). A bind that
+    looks for the blob in that moment — before writing the name, or after — finds it
+    back, rather than saying it is missing."""
+    store = LocalStore(tmp_path / "store")
+    digest = store.put(b"the training set")
+    blob = store.blob_path(digest)
+    aside = tmp_path / "aside"
+
+    def set_aside() -> None:
+        os.rename(blob, aside)
+        threading.Timer(0.03, os.rename, (aside, blob)).start()
+
+    if when == "before":
+        set_aside()
+    else:
+        real = store._publish
+
+        def setting_aside(target: Any, pieces: Any) -> Any:
+            done = real(target, pieces)
+            if "names" in str(target):
+                set_aside()
+            return done
+
+        monkeypatch.setattr(store, "_publish", setting_aside)
+    store.bind("data/v1", digest)
+    monkeypatch.undo()
+    assert bytes(store.get(store.resolve("data/v1"))) == b"the training set"
+
+
 @pytest.mark.parametrize("grace", [-1.0, float("nan"), float("inf"), "60", True])
 def test_a_grace_that_is_not_finite_seconds_is_refused(tmp_path: Path, grace: object) -> None:
     """gc's grace is finite seconds ≥ 0: a negative one (which would remove writes in flight

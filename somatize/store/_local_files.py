@@ -344,14 +344,10 @@ class LocalFiles(PackedHome):
         above = next((n for n in names_above(name) if (names / n).is_file()), None)
         if above is not None or (names / name).is_dir():
             raise nested(name, above)
-        try:
-            os.utime(blob)
-        except FileNotFoundError:
-            raise unbacked(name, digest, str(self.root)) from None
-        except OSError:
-            pass  # here, and not this process's to touch (a read-only store, another user's)
+        if not _touched(blob):
+            raise unbacked(name, digest, str(self.root))
         self._publish(names / name, [encode_name(name, digest, self.signer)])
-        if not os.path.exists(blob):
+        if not _appears(blob):
             raise unbound(name, digest, str(self.root))
 
     def _publish_record(self, answer: Answer, data: bytes) -> None:
@@ -409,3 +405,34 @@ class LocalFiles(PackedHome):
             f"cannot read {where} in {self.root} ({why.strerror or why}); nothing was removed "
             f"or changed.{advice}"
         )
+
+
+_SET_ASIDE_PAUSES = (0.0, 0.01, 0.05, 0.25)
+"""How long a bind looks again for a blob it does not find (seconds, one after another): a
+gc sets an old blob aside in ``tmp/`` to look at before removing it, and puts one touched
+since it listed it back, so a blob put again just before may be away for that moment."""
+
+
+def _appears(path: str) -> bool:
+    """Whether the file at ``path`` is there, or is back within :data:`_SET_ASIDE_PAUSES`."""
+    for pause in _SET_ASIDE_PAUSES:
+        time.sleep(pause)
+        if os.path.exists(path):
+            return True
+    return False
+
+
+def _touched(path: str) -> bool:
+    """Touches the file at ``path``, so a gc running now spares it; False when it is not
+    there, nor back within :data:`_SET_ASIDE_PAUSES`. One here that this process may not
+    touch (a read-only store, another user's) counts as touched."""
+    for pause in _SET_ASIDE_PAUSES:
+        time.sleep(pause)
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return True
+        return True
+    return False
