@@ -59,7 +59,9 @@ a write behind torch's back (through ``x.numpy()``), which looks like a constant
 handed with every batch.
 
 An error from the loader, or from ``inputs=``, is raised in the loop at the batch
-where it happened, after the batches before it; naming that fails on the other
+where it happened, after the batches before it, and the next batch comes at the next
+``next()`` as from the loader's own iterator (a loop that skips a sample that fails to
+load goes on with the rest of the epoch); naming that fails on the other
 thread is done again in the forward, which raises what is wrong. :class:`Ahead`
 passes ``len()`` and any attribute (``sampler``, ``dataset``, …) through to the
 loader, so code that inspects a DataLoader still works on it. With no
@@ -257,56 +259,8 @@ class Ahead(Generic[T]):
         ):
             return items  # nothing to name, or fetched in order as it must be
         if self.draws is None:
-            return self._in_order(items)
-        return self._ahead(items)
-
-    def _ahead(self, items: Iterator[T]) -> Iterator[T]:
-        """``items``, each fetched ``depth`` batches before it is asked for and named."""
-        # Each batch fetched, with the error that naming it raised (raised at its turn).
-        waiting: collections.deque[tuple[T, Exception | None]] = collections.deque()
-        failed: Exception | None = None  # raised once the batches before it are through
-        # Never ahead past the loader's length: asking an exhausted DataLoader for one
-        # more batch draws from its shuffling generator, so a loop that stops at the
-        # length (as Lightning's does) would see other shuffles in the epochs after.
-        count = _length(self.loader)
-        fetched = 0
-        # The last batches the loop took (as many as are fetched ahead): until the loader
-        # is known not to refill their memory for the next, batches are fetched in order
-        # and compared with them (see `reuses`).
-        taken: collections.deque[T] = collections.deque(maxlen=self.depth)
-        while True:
-            while failed is None and len(waiting) <= self.depth:
-                if waiting and count is not None and fetched >= count:
-                    break  # past the length only when the loop asks for it
-                if waiting and self.reuses is not False:
-                    break  # in order until the loader is known to hand out fresh memory
-                ahead_of = _stamps(item for item, _ in waiting)
-                behind = _stamps(taken)
-                try:
-                    item = next(items)
-                except StopIteration:
-                    break
-                except Exception as error:
-                    failed = error
-                    break
-                fetched += 1
-                self._look_for_reuse(ahead_of, behind, item, len(taken))
-                try:
-                    self._name(item)
-                except Exception as naming:
-                    waiting.append((item, naming))
-                else:
-                    waiting.append((item, None))
-            if not waiting:
-                if failed is not None:
-                    raise failed
-                return
-            item, raised = waiting.popleft()
-            if raised is not None:
-                raise raised
-            yield item
-            taken.append(item)
-            self._learn(item)
+            return _InOrder(self, items)
+        return _Fetching(self, items)
 
     def _look_for_reuse(
         self, ahead_of: list[_Stamp], behind: list[_Stamp], item: T, taken: int
@@ -332,31 +286,6 @@ class Ahead(Generic[T]):
             )
         elif self.reuses is None and taken >= self.depth:
             self.reuses = False  # as many batches as are fetched ahead stayed as they were
-
-    def _in_order(self, items: Iterator[T]) -> Iterator[T]:
-        """``items`` in order, with the generators watched around every fetch but the
-        first (which may draw a shuffle, as it does without fetching ahead)."""
-        count = _length(self.loader)
-        fetched = 0
-        taken: collections.deque[T] = collections.deque(maxlen=self.depth)
-        while True:
-            before = _draws() if fetched else None
-            behind = _stamps(taken)
-            try:
-                item = next(items)
-            except StopIteration:
-                break
-            fetched += 1
-            self._look_for_reuse([], behind, item, len(taken))
-            taken.append(item)
-            if before is not None and _draws() != before:
-                self.draws = True
-                log.debug("the loader draws random numbers as it fetches: fetched in order")
-            if self.draws is None and count is not None and fetched >= count:
-                self.draws = False  # a whole pass drew nothing (a loop may stop at its length)
-            yield item
-        if self.draws is None and fetched:
-            self.draws = False  # a whole pass drew nothing: fetched ahead from now on
 
     def drop(self, cache: CachedRows) -> None:
         """Names no more rows for ``cache`` and lets go of it (a cache no longer used: its
@@ -407,6 +336,120 @@ class Ahead(Generic[T]):
                         self._paths[id(cache)] = path
                         self._unused[id(cache)] = 0  # a new guess gets a new chance
                     break
+
+
+class _InOrder(Iterator[T]):
+    """A pass over the loader in order, with the generators watched around every fetch but
+    the first (which may draw a shuffle, as it does without fetching ahead). An error from
+    the loader is raised and the pass goes on at the next call, as on the loader's own
+    iterator."""
+
+    def __init__(self, ahead: Ahead[T], items: Iterator[T]) -> None:
+        self.ahead = ahead
+        self.items = items
+        self.count = _length(ahead.loader)
+        self.fetched = 0
+        self.taken: collections.deque[T] = collections.deque(maxlen=ahead.depth)
+        self.done = False
+
+    def __next__(self) -> T:
+        if self.done:
+            raise StopIteration
+        before = _draws() if self.fetched else None
+        behind = _stamps(self.taken)
+        try:
+            item = next(self.items)
+        except StopIteration:
+            self.done = True
+            if self.ahead.draws is None and self.fetched:
+                self.ahead.draws = False  # a whole pass drew nothing: fetched ahead from now on
+            raise
+        except Exception:
+            self._counted(before)  # the batch that failed took its place, and may have drawn
+            raise
+        self._counted(before)
+        self.ahead._look_for_reuse([], behind, item, len(self.taken))
+        self.taken.append(item)
+        return item
+
+    def _counted(self, before: tuple[Any, ...] | None) -> None:
+        ahead = self.ahead
+        self.fetched += 1
+        if before is not None and _draws() != before:
+            ahead.draws = True
+            log.debug("the loader draws random numbers as it fetches: fetched in order")
+        if ahead.draws is None and self.count is not None and self.fetched >= self.count:
+            ahead.draws = False  # a whole pass drew nothing (a loop may stop at its length)
+
+
+class _Fetching(Iterator[T]):
+    """A pass over the loader, each batch fetched ``depth`` batches before it is asked for
+    and named meanwhile. An error from the loader (or from ``inputs=``) is raised at its
+    batch's turn and the pass goes on at the next call, as on the loader's own iterator: a
+    loop that skips a sample that fails to load loses nothing after it."""
+
+    def __init__(self, ahead: Ahead[T], items: Iterator[T]) -> None:
+        self.ahead = ahead
+        self.items = items
+        # Each batch fetched, with the error that naming it raised (raised at its turn).
+        self.waiting: collections.deque[tuple[T, Exception | None]] = collections.deque()
+        self.failed: Exception | None = None  # raised once the batches before it are through
+        self.done = False  # the loader's iterator is exhausted
+        # Never ahead past the loader's length: asking an exhausted DataLoader for one
+        # more batch draws from its shuffling generator, so a loop that stops at the
+        # length (as Lightning's does) would see other shuffles in the epochs after.
+        self.count = _length(ahead.loader)
+        self.fetched = 0
+        # The last batches the loop took (as many as are fetched ahead): until the loader
+        # is known not to refill their memory for the next, batches are fetched in order
+        # and compared with them (see `reuses`).
+        self.taken: collections.deque[T] = collections.deque(maxlen=ahead.depth)
+        self.handed: list[T] = []  # the batch handed out last, learned from at the next call
+
+    def __next__(self) -> T:
+        if self.handed:
+            item = self.handed.pop()
+            self.taken.append(item)
+            self.ahead._learn(item)
+        self._fetch()
+        if not self.waiting:
+            if self.failed is not None:
+                failed, self.failed = self.failed, None
+                raise failed
+            raise StopIteration
+        item, raised = self.waiting.popleft()
+        if raised is not None:
+            raise raised
+        self.handed.append(item)
+        return item
+
+    def _fetch(self) -> None:
+        """Fetches (and names) batches until ``depth`` of them wait beyond the next."""
+        ahead = self.ahead
+        while not self.done and self.failed is None and len(self.waiting) <= ahead.depth:
+            if self.waiting and self.count is not None and self.fetched >= self.count:
+                break  # past the length only when the loop asks for it
+            if self.waiting and ahead.reuses is not False:
+                break  # in order until the loader is known to hand out fresh memory
+            ahead_of = _stamps(item for item, _ in self.waiting)
+            behind = _stamps(self.taken)
+            try:
+                item = next(self.items)
+            except StopIteration:
+                self.done = True
+                break
+            except Exception as error:
+                self.fetched += 1  # the batch that failed took its place in the loader
+                self.failed = error
+                break
+            self.fetched += 1
+            ahead._look_for_reuse(ahead_of, behind, item, len(self.taken))
+            try:
+                ahead._name(item)
+            except Exception as naming:
+                self.waiting.append((item, naming))
+            else:
+                self.waiting.append((item, None))
 
 
 def ahead(

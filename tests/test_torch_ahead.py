@@ -166,6 +166,68 @@ def test_a_loader_error_is_raised_in_the_loop_after_the_batches_before_it(
     assert seen == 5
 
 
+def _skipping(batches: Any, cached: CachedRows) -> tuple[list[torch.Tensor], list[str]]:
+    """A pass that skips every batch the loader fails on, as a loop over a loader with a
+    corrupt sample does."""
+    taken: list[torch.Tensor] = []
+    skipped: list[str] = []
+    fetching = iter(batches)
+    while True:
+        try:
+            x = next(fetching)
+        except StopIteration:
+            return taken, skipped
+        except KeyError as why:
+            skipped.append(str(why))
+            continue
+        cached(x)
+        taken.append(x)
+
+
+@pytest.mark.parametrize("draws", [None, False])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loop_that_skips_a_batch_the_loader_fails_on_gets_every_other_batch(
+    warm: CachedRows, workers: int, draws: bool | None
+) -> None:
+    """After a loader error the pass goes on at the next ``next()``, as on the loader's own
+    iterator: a loop that skips a corrupt sample gets the same batches as without ahead,
+    whether the pass is fetched ahead or in order with its draws watched."""
+
+    def failing() -> DataLoader[torch.Tensor]:
+        return DataLoader(Failing(images(16), bad=5), batch_size=2, num_workers=workers)
+
+    wrapped = Ahead(failing(), [warm])
+    wrapped.draws = draws
+    taken, skipped = _skipping(wrapped, warm)
+    plain, plain_skipped = _skipping(failing(), warm)
+    assert skipped == plain_skipped and len(skipped) == 1
+    assert len(taken) == 7 and all(torch.equal(a, b) for a, b in zip(taken, plain, strict=True))
+
+
+def test_after_an_inputs_error_the_next_batch_comes(warm: CachedRows) -> None:
+    """An error from ``inputs=`` costs its batch only: the next ``next()`` hands out the
+    batch after it."""
+    calls = 0
+
+    def second_fails(item: Any) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise LookupError("this item has no image")
+        x: torch.Tensor = item[0]
+        return x
+
+    data = images(64)
+    fetching = iter(ahead(loader(data, seed=2), warm, inputs=second_fails))
+    indices = [next(fetching)[1]]
+    with pytest.raises(LookupError, match="no image"):
+        next(fetching)
+    indices += [index for _, index in fetching]
+    order = [index for _, index in loader(data, seed=2)]
+    assert len(indices) == 3
+    assert all(torch.equal(a, b) for a, b in zip(indices, order[:1] + order[2:], strict=True))
+
+
 def test_an_inputs_error_is_raised_in_the_loop_at_its_batch(warm: CachedRows) -> None:
     fetched = 0
 
