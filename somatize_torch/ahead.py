@@ -61,8 +61,9 @@ handed with every batch.
 An error from the loader, or from ``inputs=``, is raised in the loop at the batch
 where it happened, after the batches before it, and the next batch comes at the next
 ``next()`` as from the loader's own iterator (a loop that skips a sample that fails to
-load goes on with the rest of the epoch); naming that fails on the other
-thread is done again in the forward, which raises what is wrong. :class:`Ahead`
+load goes on with the rest of the epoch). Naming that fails, as it starts or on the
+other thread, costs no batch: the batch is handed out all the same, and its forward
+names the rows itself, raising what is wrong with them if anything is. :class:`Ahead`
 passes ``len()`` and any attribute (``sampler``, ``dataset``, …) through to the
 loader, so code that inspects a DataLoader still works on it. With no
 content-keyed cache to name for it is the loader itself.
@@ -304,8 +305,23 @@ class Ahead(Generic[T]):
             unused = self._unused.get(key, 0)
             if unused > self.depth + _UNUSED_LIMIT:
                 continue
-            x = self._input(item, cache)
-            if isinstance(x, torch.Tensor) and cache.name_ahead(x):
+            x = self._input(item, cache)  # an error of inputs= is the loop's, at this batch
+            if not isinstance(x, torch.Tensor):
+                continue
+            try:
+                started = cache.name_ahead(x)
+            except Exception as why:
+                # Not this batch's loss: its forward names the rows itself and says what
+                # is wrong with them, if anything is. Counted as a name not used, so a
+                # cache whose batches cannot be named ahead is no longer named for.
+                log.debug(
+                    "naming a batch ahead for `%s` failed (%s: %s); its forward names it",
+                    type(cache.module).__name__,
+                    type(why).__name__,
+                    why,
+                )
+                started = True
+            if started:
                 self._unused[key] = unused + 1
                 if unused + 1 > self.depth + _UNUSED_LIMIT:
                     log.debug(
@@ -391,7 +407,7 @@ class _Fetching(Iterator[T]):
     def __init__(self, ahead: Ahead[T], items: Iterator[T]) -> None:
         self.ahead = ahead
         self.items = items
-        # Each batch fetched, with the error that naming it raised (raised at its turn).
+        # Each batch fetched, with the error ``inputs=`` raised on it (raised at its turn).
         self.waiting: collections.deque[tuple[T, Exception | None]] = collections.deque()
         self.failed: Exception | None = None  # raised once the batches before it are through
         self.done = False  # the loader's iterator is exhausted
@@ -446,8 +462,8 @@ class _Fetching(Iterator[T]):
             ahead._look_for_reuse(ahead_of, behind, item, len(self.taken))
             try:
                 ahead._name(item)
-            except Exception as naming:
-                self.waiting.append((item, naming))
+            except Exception as chosen:  # from inputs=: naming itself raises nothing here
+                self.waiting.append((item, chosen))
             else:
                 self.waiting.append((item, None))
 

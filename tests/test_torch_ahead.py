@@ -262,6 +262,42 @@ def test_naming_that_fails_on_the_other_thread_is_done_in_the_forward(
     assert warm.stats.hit_rate == 1.0
 
 
+def test_naming_that_fails_as_it_starts_costs_no_batch(
+    warm: CachedRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch whose naming ahead raises is handed out all the same, and its forward names
+    its rows itself: the loop gets every batch and every answer is the encoder's."""
+
+    def fails(self: CachedRows, x: torch.Tensor) -> bool:
+        raise RuntimeError("these rows cannot be named here")
+
+    monkeypatch.setattr(CachedRows, "name_ahead", fails)
+    data = images(64)
+    truth = expected(warm.module, data)
+    seen = 0
+    for x, index in ahead(loader(data, seed=5), warm):
+        assert torch.equal(warm(x), truth[index])
+        seen += 1
+    assert seen == 4 and warm.stats.hit_rate == 1.0
+
+
+def test_an_item_whose_first_tensor_is_sparse_comes_through(warm: CachedRows) -> None:
+    """Items of a sparse tensor then the cache's input: before the first step the sparse
+    tensor is the guess, which cannot be named ahead; the loop gets every item all the
+    same, and the input is learned from the step."""
+    data = images(64)
+    truth = expected(warm.module, data)
+    items = [
+        (torch.eye(16).to_sparse(), data[16 * k : 16 * (k + 1)], torch.arange(16 * k, 16 * (k + 1)))
+        for k in range(4)
+    ]
+    seen = 0
+    for _, x, index in ahead(items, warm):
+        assert torch.equal(warm(x), truth[index])
+        seen += 1
+    assert seen == 4
+
+
 def test_leaving_the_loop_early_and_iterating_again(warm: CachedRows) -> None:
     data = images(64)
     batches = ahead(loader(data), warm)
