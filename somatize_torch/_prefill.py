@@ -28,7 +28,19 @@ from somatize_torch.deferred import DeferredRows
 if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
 
-__all__ = ["batch_at", "prefill"]
+__all__ = ["batch_at", "length_of", "prefill"]
+
+
+def length_of(loader: Iterable[Any]) -> int | None:
+    """How many batches ``loader`` holds, None where it cannot say: an iterable with no
+    ``len()``, or a DataLoader over an IterableDataset without a length (a DataLoader
+    always has ``__len__``, which raises TypeError there)."""
+    if not isinstance(loader, Sized):
+        return None
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def batch_at(item: Any) -> tuple[Any, ...] | None:
@@ -120,8 +132,9 @@ def prefill(
                 "prefill(progress=True) shows a progress bar with tqdm, which is not installed: "
                 "`pip install tqdm`, or pass progress=False"
             ) from None
-        total = len(loader) if isinstance(loader, Sized) else None
-        items = tqdm(loader, total=total, desc=f"prefill {type(cached.module).__name__}")
+        items = tqdm(
+            loader, total=length_of(loader), desc=f"prefill {type(cached.module).__name__}"
+        )
     for item in items:
         if convert is not None:
             item = convert(item)

@@ -75,11 +75,12 @@ import collections
 import logging
 import random
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 import torch
 
+from somatize_torch._prefill import length_of
 from somatize_torch.rows import CachedRows, batch_at
 
 __all__ = ["Ahead", "ahead"]
@@ -180,15 +181,6 @@ def _draws() -> tuple[Any, ...]:
         _, keys, position, has_gauss, gauss = numpy.random.get_state()
         state = (keys.tobytes(), position, has_gauss, gauss)
     return (torch.random.get_rng_state().numpy().tobytes(), random.getstate(), state)
-
-
-def _length(loader: Iterable[Any]) -> int | None:
-    if not isinstance(loader, Sized):
-        return None
-    try:
-        return len(loader)
-    except TypeError:  # a DataLoader over an IterableDataset without a length
-        return None
 
 
 class Ahead(Generic[T]):
@@ -363,7 +355,7 @@ class _InOrder(Iterator[T]):
     def __init__(self, ahead: Ahead[T], items: Iterator[T]) -> None:
         self.ahead = ahead
         self.items = items
-        self.count = _length(ahead.loader)
+        self.count = length_of(ahead.loader)
         self.fetched = 0
         self.taken: collections.deque[T] = collections.deque(maxlen=ahead.depth)
         self.done = False
@@ -414,7 +406,7 @@ class _Fetching(Iterator[T]):
         # Never ahead past the loader's length: asking an exhausted DataLoader for one
         # more batch draws from its shuffling generator, so a loop that stops at the
         # length (as Lightning's does) would see other shuffles in the epochs after.
-        self.count = _length(ahead.loader)
+        self.count = length_of(ahead.loader)
         self.fetched = 0
         # The last batches the loop took (as many as are fetched ahead): until the loader
         # is known not to refill their memory for the next, batches are fetched in order

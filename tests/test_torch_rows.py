@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from somatize import Store
 from somatize.keys import node_key, node_prefix
@@ -768,6 +768,26 @@ def test_prefill_warms_the_cache_with_a_progress_bar(
     for x, _ in loader(data, seed=2):
         cached(x)
     assert cached.stats.from_device == 48
+
+
+class _Stream(IterableDataset[torch.Tensor]):
+    """Samples with no length: a DataLoader over it has ``__len__``, which raises."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data = data
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self.data)
+
+
+def test_prefill_over_a_loader_of_no_length_shows_a_bar_with_no_total(
+    cached: CachedRows, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A DataLoader over an IterableDataset cannot say its length (``len()`` raises
+    TypeError): prefill's bar counts the batches without a total."""
+    done = prefill(cached, DataLoader(_Stream(images(48)), batch_size=16))
+    assert (done.rows, done.computed) == (48, 48)
+    assert "3it" in capsys.readouterr().err
 
 
 def test_an_input_that_requires_grad_is_refused(cached: CachedRows) -> None:
