@@ -43,7 +43,10 @@ keeps a run exactly as without it: the first pass over the loader is fetched in
 order while torch's, ``random``'s and numpy's global generators are watched, and
 only a loader that drew nothing from them is fetched ahead in the passes after
 (:class:`~somatize_torch.lightning.CacheFrozen` does this). Loaders with workers
-draw in the workers, so they are fetched ahead.
+draw in the workers, so they are fetched ahead. What a pass shows about a loader
+(whether it draws, whether it refills its batches, below) is kept for that loader
+while it lives, so ``ahead(loader, ...)`` made anew each epoch learns it once, as
+one :class:`Ahead` used for every epoch does.
 
 A loader that hands out its batches in memory it fills again for the next (one
 preallocated buffer, refilled in place) cannot be fetched ahead: the batch waiting
@@ -72,10 +75,13 @@ content-keyed cache to name for it is the loader itself.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import random
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -183,6 +189,45 @@ def _draws() -> tuple[Any, ...]:
     return (torch.random.get_rng_state().numpy().tobytes(), random.getstate(), state)
 
 
+@dataclass
+class _Findings:
+    """What passes over a loader have shown about it (see :class:`Ahead`'s ``draws`` and
+    ``reuses``), kept for the loader rather than for one :class:`Ahead`: a loop that
+    makes ``ahead(loader, ...)`` anew each epoch learns it in the first."""
+
+    draws: bool | None = None
+    reuses: bool | None = None
+
+
+_FINDINGS: dict[int, tuple[weakref.ref[Any], _Findings]] = {}
+"""The findings of each live loader passed to :class:`Ahead`, by identity (a loader's own
+``==`` says nothing about its batches); an entry goes with its loader."""
+
+
+def _findings_of(loader: Any) -> _Findings:
+    """What is known of ``loader``, shared by every :class:`Ahead` over it; one of its own
+    for a loader that takes no weak reference (a list), whose findings are its Ahead's."""
+    key = id(loader)
+    known = _FINDINGS.get(key)
+    if known is not None and known[0]() is loader:
+        return known[1]
+    found = _Findings()
+    try:
+        ref = weakref.ref(loader, functools.partial(_lost, key))
+    except TypeError:
+        return found
+    _FINDINGS[key] = (ref, found)
+    return found
+
+
+def _lost(key: int, ref: weakref.ref[Any]) -> None:
+    """A loader is gone: its findings go with it (an entry made since for another loader
+    at the same address stays)."""
+    known = _FINDINGS.get(key)
+    if known is not None and known[0] is ref:
+        del _FINDINGS[key]
+
+
 class Ahead(Generic[T]):
     """``loader``, fetched ``depth`` batches ahead, with each batch's rows named for
     ``caches`` on another thread meanwhile; see the module docstring."""
@@ -210,14 +255,16 @@ class Ahead(Generic[T]):
         self.caches = list(caches)
         self.inputs = inputs
         self.depth = depth
+        # What earlier passes over this loader showed, through this Ahead or another.
+        self._found = _findings_of(loader)
         # Whether fetching draws random numbers in this process: None until a pass in
         # order has shown it (with check_draws), False when it is not asked.
-        self.draws: bool | None = None if check_draws else False
+        self.draws: bool | None = self._found.draws if check_draws else False
         # Whether the loader hands its batches out in memory it fills again for the next
         # (one buffer, refilled in place): None until the first batches fetched in order
         # have shown it; then fetched in order, as a batch fetched early would change the
         # one the loop is about to use.
-        self.reuses: bool | None = None
+        self.reuses: bool | None = self._found.reuses
         # Where each cache's input sits in a loader item, once a step has shown it; how
         # many batches were named for it since a forward last used names made here.
         self._paths: dict[int, Path] = {}
@@ -245,6 +292,10 @@ class Ahead(Generic[T]):
         # several loaders (Lightning's CombinedLoader) makes every iterator before it
         # fetches from any, so a later draw would hand each loader another's numbers.
         items = iter(self.loader)
+        if self.draws is None:
+            self.draws = self._found.draws  # shown since by another Ahead over the loader
+        if self.reuses is None:
+            self.reuses = self._found.reuses
         if (
             not any(cache.key_mode == "content" for cache in self.caches)
             or self.draws
@@ -264,7 +315,7 @@ class Ahead(Generic[T]):
         if self.reuses:
             return
         if _refilled(ahead_of, item):
-            self.reuses = True
+            self._saw_reuse(True)
             log.warning(
                 "the loader refilled the memory of a batch fetched ahead with the next one "
                 "(it hands out its buffers again, filled in place) after the first batches "
@@ -272,13 +323,19 @@ class Ahead(Generic[T]):
                 "fetch ahead only a loader that hands out fresh tensors"
             )
         elif _refilled(behind, item):
-            self.reuses = True
+            self._saw_reuse(True)
             log.info(
                 "the loader hands out its batches in memory it fills again for the next "
                 "batch: fetched in order, not ahead"
             )
         elif self.reuses is None and taken >= self.depth:
-            self.reuses = False  # as many batches as are fetched ahead stayed as they were
+            self._saw_reuse(False)  # as many batches as are fetched ahead stayed as they were
+
+    def _saw_reuse(self, reuses: bool) -> None:
+        self.reuses = self._found.reuses = reuses
+
+    def _saw_draws(self, draws: bool) -> None:
+        self.draws = self._found.draws = draws
 
     def drop(self, cache: CachedRows) -> None:
         """Names no more rows for ``cache`` and lets go of it (a cache no longer used: its
@@ -370,7 +427,7 @@ class _InOrder(Iterator[T]):
         except StopIteration:
             self.done = True
             if self.ahead.draws is None and self.fetched:
-                self.ahead.draws = False  # a whole pass drew nothing: fetched ahead from now on
+                self.ahead._saw_draws(False)  # a whole pass drew nothing: ahead from now on
             raise
         except Exception:
             self._counted(before)  # the batch that failed took its place, and may have drawn
@@ -384,10 +441,10 @@ class _InOrder(Iterator[T]):
         ahead = self.ahead
         self.fetched += 1
         if before is not None and _draws() != before:
-            ahead.draws = True
+            ahead._saw_draws(True)
             log.debug("the loader draws random numbers as it fetches: fetched in order")
         if ahead.draws is None and self.count is not None and self.fetched >= self.count:
-            ahead.draws = False  # a whole pass drew nothing (a loop may stop at its length)
+            ahead._saw_draws(False)  # a whole pass drew nothing (a loop may stop at its length)
 
 
 class _Fetching(Iterator[T]):

@@ -427,6 +427,57 @@ def test_a_dropped_cache_is_named_for_no_more(warm: CachedRows) -> None:
     assert warm.named_ahead == 0
 
 
+class Counting:
+    """Slices of one tensor (fresh batches), counting the fetches; each draws from torch's
+    generator as it is fetched where ``draws``."""
+
+    def __init__(self, data: torch.Tensor, draws: bool) -> None:
+        self.data, self.draws = data, draws
+        self.fetched = 0
+
+    def __len__(self) -> int:
+        return self.data.shape[0] // 16
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for k in range(len(self)):
+            if self.draws:
+                torch.rand(())
+            self.fetched += 1
+            yield self.data[16 * k : 16 * (k + 1)]
+
+
+@pytest.mark.parametrize("draws", [False, True])
+def test_check_draws_holds_for_a_loader_wrapped_anew_each_epoch(
+    warm: CachedRows, draws: bool
+) -> None:
+    """``ahead(loader, cache, check_draws=True)`` made anew every epoch, as a loop written
+    with ahead in it is: the first epoch is fetched in order, and the epochs after it are
+    fetched ahead for a loader that drew nothing, in order for one that drew."""
+    batches = Counting(images(64), draws)
+    early = []  # per epoch: how many batches were fetched beyond each one the loop got
+    for _ in range(3):
+        batches.fetched = 0
+        beyond = []
+        for step, x in enumerate(ahead(batches, warm, check_draws=True)):
+            beyond.append(batches.fetched - (step + 1))
+            warm(x)
+        early.append(max(beyond))
+    assert early == ([0, 0, 0] if draws else [0, 1, 1])
+
+
+def test_what_is_known_of_a_loader_goes_with_it(warm: CachedRows) -> None:
+    """The findings kept for a loader across its Aheads are let go with the loader."""
+    from somatize_torch.ahead import _FINDINGS
+
+    batches = Counting(images(32), draws=False)
+    for x in ahead(batches, warm, check_draws=True):
+        warm(x)
+    assert id(batches) in _FINDINGS
+    gone = id(batches)
+    del batches, x
+    assert gone not in _FINDINGS
+
+
 class Refilling:
     """A loader that hands out one buffer, filled again in place for every batch: through
     torch (``copy_``), or behind its back (numpy), wrapped as a new tensor each time."""
