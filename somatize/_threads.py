@@ -81,6 +81,12 @@ class ProcessLock:
         self._holder = None
         self._lock.release()
 
+    def held_here(self) -> bool:
+        """Whether the calling thread is inside the lock's block: code a garbage collection
+        runs (a finalizer) may interrupt that block on its own thread, and must not wait
+        for the lock there, which would never be let go."""
+        return self._holder == threading.get_ident()
+
 
 _LOCKS: weakref.WeakSet[ProcessLock] = weakref.WeakSet()
 """Every :class:`ProcessLock` of this process, which a forked child makes afresh."""

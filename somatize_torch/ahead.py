@@ -33,7 +33,8 @@ step, a tensor item, or a tuple's or list's first tensor, or a dict's ``x`` or
 ``input``. ``inputs=`` says it outright. A cache whose forwards never use the names
 made for it (the loop feeds it something the loader did not yield, or changes the
 batch first) is no longer named for after a few batches, so the thread does not
-spend a core for nothing.
+spend a core for nothing; and the names no forward took are let go when the pass
+ends, so the cache holds none of those batches after the loop.
 
 Fetching a batch early moves whatever random numbers the loader draws in this
 process (a Dataset drawing a crop or a weight with ``torch.rand``, without
@@ -87,6 +88,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from somatize_torch._prefill import length_of
+from somatize_torch._row_ahead import _NAMED_AHEAD
 from somatize_torch.rows import CachedRows, batch_at
 
 __all__ = ["Ahead", "ahead"]
@@ -100,6 +102,9 @@ _UNUSED_LIMIT = 4
 after which the thread stops naming for it."""
 
 Path = tuple[Any, ...]
+
+_Name = tuple[CachedRows, int, weakref.ref[torch.Tensor]]
+"""A batch named ahead for a cache: the cache, the tensor's id and a weak reference to it."""
 
 
 def _tensors(item: Any, path: Path = (), depth: int = 3) -> Iterator[tuple[Path, torch.Tensor]]:
@@ -344,7 +349,9 @@ class Ahead(Generic[T]):
         for table in (self._paths, self._unused, self._used):
             table.pop(id(cache), None)
 
-    def _name(self, item: T) -> None:
+    def _name(self, item: T, names: list[_Name]) -> None:
+        """Starts naming ``item``'s input for every cache, adding each tensor named to
+        ``names``."""
         for cache in self.caches:
             key = id(cache)
             seen = self._used.get(key)
@@ -359,6 +366,8 @@ class Ahead(Generic[T]):
                 continue
             try:
                 started = cache.name_ahead(x)
+                if started:
+                    names.append((cache, id(x), weakref.ref(x)))
             except Exception as why:
                 # Not this batch's loss: its forward names the rows itself and says what
                 # is wrong with them, if anything is. Counted as a name not used, so a
@@ -451,13 +460,26 @@ class _Fetching(Iterator[T]):
     """A pass over the loader, each batch fetched ``depth`` batches before it is asked for
     and named meanwhile. An error from the loader (or from ``inputs=``) is raised at its
     batch's turn and the pass goes on at the next call, as on the loader's own iterator: a
-    loop that skips a sample that fails to load loses nothing after it."""
+    loop that skips a sample that fails to load loses nothing after it.
+
+    A cache holds each batch named ahead until its forward takes the names. The names no
+    forward will take are let go as the pass ends: all but the last batch's once the
+    loader is exhausted (a loop may fetch the next batch before it runs the step, as
+    Lightning's does), and all of them when the pass is closed or collected (a loop
+    left early, or over)."""
 
     def __init__(self, ahead: Ahead[T], items: Iterator[T]) -> None:
         self.ahead = ahead
         self.items = items
-        # Each batch fetched, with the error ``inputs=`` raised on it (raised at its turn).
-        self.waiting: collections.deque[tuple[T, Exception | None]] = collections.deque()
+        # Each batch fetched, with the error ``inputs=`` raised on it (raised at its turn)
+        # and the names started for it.
+        self.waiting: collections.deque[tuple[T, Exception | None, list[_Name]]]
+        self.waiting = collections.deque()
+        # The names started for the batches handed out, each with the batch's number: a
+        # cache holds no more batches named ahead than the last of these.
+        most = _NAMED_AHEAD * max(1, len(ahead.caches))
+        self.named: collections.deque[tuple[int, _Name]] = collections.deque(maxlen=most)
+        self.handed_out = 0
         self.failed: Exception | None = None  # raised once the batches before it are through
         self.done = False  # the loader's iterator is exhausted
         # Never ahead past the loader's length: asking an exhausted DataLoader for one
@@ -481,12 +503,32 @@ class _Fetching(Iterator[T]):
             if self.failed is not None:
                 failed, self.failed = self.failed, None
                 raise failed
+            last = self.handed_out  # that batch's step may be still to come
+            while self.named and self.named[0][0] != last:
+                _let_go([self.named.popleft()[1]])
             raise StopIteration
-        item, raised = self.waiting.popleft()
+        item, raised, names = self.waiting.popleft()
         if raised is not None:
+            _let_go(names)
             raise raised
         self.handed.append(item)
+        self.handed_out += 1
+        self.named.extend((self.handed_out, name) for name in names)
         return item
+
+    def close(self) -> None:
+        """Ends the pass, as a generator's ``close`` does: the batches fetched and not
+        handed out are dropped, and every name no forward has taken is let go."""
+        self.done = True
+        self.failed = None
+        self.handed.clear()
+        _let_go([name for _, name in self.named])
+        self.named.clear()
+        while self.waiting:
+            _let_go(self.waiting.popleft()[2])
+
+    def __del__(self) -> None:
+        self.close()
 
     def _fetch(self) -> None:
         """Fetches (and names) batches until ``depth`` of them wait beyond the next."""
@@ -496,7 +538,7 @@ class _Fetching(Iterator[T]):
                 break  # past the length only when the loop asks for it
             if self.waiting and ahead.reuses is not False:
                 break  # in order until the loader is known to hand out fresh memory
-            ahead_of = _stamps(item for item, _ in self.waiting)
+            ahead_of = _stamps(item for item, _, _ in self.waiting)
             behind = _stamps(self.taken)
             try:
                 item = next(self.items)
@@ -509,12 +551,28 @@ class _Fetching(Iterator[T]):
                 break
             self.fetched += 1
             ahead._look_for_reuse(ahead_of, behind, item, len(self.taken))
+            names: list[_Name] = []
             try:
-                ahead._name(item)
+                ahead._name(item, names)
             except Exception as chosen:  # from inputs=: naming itself raises nothing here
-                self.waiting.append((item, chosen))
+                self.waiting.append((item, chosen, names))
             else:
-                self.waiting.append((item, None))
+                self.waiting.append((item, None, names))
+
+
+def _let_go(names: list[_Name]) -> None:
+    """Drops the names a cache holds for these batches, where no forward has taken them, so
+    that the cache no longer holds the batches. Safe in a finalizer: a cache whose lock
+    this thread is inside already (a collection run in the middle of its block) keeps
+    them, still at most as many as it ever holds."""
+    for cache, key, ref in names:
+        lock = cache._named_lock
+        if lock.held_here():
+            continue
+        with lock:
+            found = cache._named.get(key)
+            if found is not None and found[0]() is ref():
+                del cache._named[key]
 
 
 def ahead(

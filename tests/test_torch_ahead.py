@@ -309,6 +309,58 @@ def test_leaving_the_loop_early_and_iterating_again(warm: CachedRows) -> None:
     assert len(again) == 4 and warm.stats.hit_rate == 1.0
 
 
+def test_names_no_forward_takes_are_let_go_when_the_pass_ends(warm: CachedRows) -> None:
+    """A loop that feeds the cache another tensor than the batch (normalized, moved) never
+    takes the names made ahead: the cache holds none of those batches once the loop is
+    over, left early, or closed; an exhausted pass still held keeps only its last batch's."""
+    data = images(256)
+    batches = DataLoader(TensorDataset(data), batch_size=16)
+    for (x,) in ahead(batches, warm):
+        warm(x * 1.0)
+    assert warm.named_ahead > 0 and warm.used_ahead == 0
+    assert not warm._named
+    for step, (x,) in enumerate(ahead(batches, warm)):
+        warm(x * 1.0)
+        if step == 1:
+            break
+    assert not warm._named
+    fetching = iter(ahead(batches, warm))
+    for _ in range(3):
+        next(fetching)
+    assert warm._named
+    fetching.close()  # type: ignore[attr-defined]  # a pass closes as a generator does
+    assert not warm._named
+    fetching = iter(ahead(loader(images(64)), warm))  # few enough to be named all
+    kept = [x for x, _ in fetching]
+    assert list(warm._named) == [id(kept[-1])]
+
+
+def test_a_pass_collected_inside_the_names_lock_does_not_wait_for_it(warm: CachedRows) -> None:
+    """A pass collected while its own thread is inside the cache's lock over the names (a
+    collection run in the middle of that block) leaves them, where waiting for the lock
+    would hang for good."""
+    fetching = iter(ahead(loader(images(64)), warm))
+    next(fetching)
+    with warm._named_lock:
+        del fetching
+    assert warm._named
+
+
+def test_a_loop_that_fetches_before_its_step_finds_every_batch_named(warm: CachedRows) -> None:
+    """A loop that asks for the next batch before it runs the step (Lightning's fetches
+    one ahead) runs its last step after the pass is exhausted: that batch's names are
+    kept for it."""
+    fetching = iter(ahead(loader(images(64)), warm))
+    x, _ = next(fetching)
+    while True:
+        after = next(fetching, None)
+        warm(x)
+        if after is None:
+            break
+        x, _ = after
+    assert warm.used_ahead == 4
+
+
 def test_an_index_keyed_cache_has_nothing_named(store: Store) -> None:
     data = images(32)
     by_index = cache_rows(encoder(), store, key="index", version="images@1")
