@@ -435,6 +435,7 @@ class _InOrder(Iterator[T]):
             item = next(self.items)
         except StopIteration:
             self.done = True
+            self.items = iter(())
             if self.ahead.draws is None and self.fetched:
                 self.ahead._saw_draws(False)  # a whole pass drew nothing: ahead from now on
             raise
@@ -445,6 +446,11 @@ class _InOrder(Iterator[T]):
         self.ahead._look_for_reuse([], behind, item, len(self.taken))
         self.taken.append(item)
         return item
+
+    def close(self) -> None:
+        """Ends the pass, as a generator's ``close`` does, and lets the loader's iterator go."""
+        self.done = True
+        self.items = iter(())
 
     def _counted(self, before: tuple[Any, ...] | None) -> None:
         ahead = self.ahead
@@ -520,6 +526,7 @@ class _Fetching(Iterator[T]):
         """Ends the pass, as a generator's ``close`` does: the batches fetched and not
         handed out are dropped, and every name no forward has taken is let go."""
         self.done = True
+        self.items = iter(())  # the loader's iterator goes (a DataLoader's workers with it)
         self.failed = None
         self.handed.clear()
         _let_go([name for _, name in self.named])
@@ -544,6 +551,7 @@ class _Fetching(Iterator[T]):
                 item = next(self.items)
             except StopIteration:
                 self.done = True
+                self.items = iter(())
                 break
             except Exception as error:
                 self.fetched += 1  # the batch that failed took its place in the loader

@@ -361,6 +361,38 @@ def test_a_loop_that_fetches_before_its_step_finds_every_batch_named(warm: Cache
     assert warm.used_ahead == 4
 
 
+@pytest.mark.parametrize("draws", [None, False])
+def test_a_pass_closed_or_over_lets_the_loaders_iterator_go(
+    warm: CachedRows, draws: bool | None
+) -> None:
+    """A pass closed early, or run to its end, lets go of the loader's iterator (a
+    DataLoader's workers end with it), as a generator over it does."""
+    data = images(64)
+    ended: list[int] = []
+
+    class Tracked:
+        def __len__(self) -> int:
+            return 4
+
+        def __iter__(self) -> Iterator[torch.Tensor]:
+            try:
+                for k in range(4):
+                    yield data[16 * k : 16 * (k + 1)]
+            finally:
+                ended.append(1)
+
+    batches = Ahead(Tracked(), [warm])
+    batches.draws = draws
+    fetching = iter(batches)
+    warm(next(fetching))
+    fetching.close()  # type: ignore[attr-defined]  # a pass closes as a generator does
+    assert ended == [1]
+    fetching = iter(batches)
+    for x in fetching:
+        warm(x)
+    assert ended == [1, 1]
+
+
 def test_an_index_keyed_cache_has_nothing_named(store: Store) -> None:
     data = images(32)
     by_index = cache_rows(encoder(), store, key="index", version="images@1")
