@@ -202,6 +202,15 @@ class _Findings:
 
     draws: bool | None = None
     reuses: bool | None = None
+    fresh_for: int = 0  # the most batches ahead over which no refill was seen
+
+    def reuses_at(self, depth: int) -> bool | None:
+        """Whether the loader refills its batches, as far as it was seen for fetching
+        ``depth`` batches ahead: no refill seen over fewer batches (a loader taking turns
+        between two buffers refills the one before last) says nothing."""
+        if self.reuses is False and self.fresh_for < depth:
+            return None
+        return self.reuses
 
 
 _FINDINGS: dict[int, tuple[weakref.ref[Any], _Findings]] = {}
@@ -269,7 +278,7 @@ class Ahead(Generic[T]):
         # (one buffer, refilled in place): None until the first batches fetched in order
         # have shown it; then fetched in order, as a batch fetched early would change the
         # one the loop is about to use.
-        self.reuses: bool | None = self._found.reuses
+        self.reuses: bool | None = self._found.reuses_at(depth)
         # Where each cache's input sits in a loader item, once a step has shown it; how
         # many batches were named for it since a forward last used names made here.
         self._paths: dict[int, Path] = {}
@@ -300,7 +309,7 @@ class Ahead(Generic[T]):
         if self.draws is None:
             self.draws = self._found.draws  # shown since by another Ahead over the loader
         if self.reuses is None:
-            self.reuses = self._found.reuses
+            self.reuses = self._found.reuses_at(self.depth)
         if (
             not any(cache.key_mode == "content" for cache in self.caches)
             or self.draws
@@ -337,7 +346,12 @@ class Ahead(Generic[T]):
             self._saw_reuse(False)  # as many batches as are fetched ahead stayed as they were
 
     def _saw_reuse(self, reuses: bool) -> None:
-        self.reuses = self._found.reuses = reuses
+        found = self._found
+        self.reuses = reuses
+        if reuses or found.reuses is None:
+            found.reuses = reuses
+        if not reuses:
+            found.fresh_for = max(found.fresh_for, self.depth)
 
     def _saw_draws(self, draws: bool) -> None:
         self.draws = self._found.draws = draws

@@ -549,6 +549,17 @@ def test_check_draws_holds_for_a_loader_wrapped_anew_each_epoch(
     assert early == ([0, 0, 0] if draws else [0, 1, 1])
 
 
+def test_a_loader_seen_fresh_is_checked_again_deeper(warm: CachedRows) -> None:
+    """A loader seen handing out fresh batches over one batch fetched ahead is known so to
+    every Ahead over it that fetches one ahead; one that fetches further ahead checks it
+    again (a loader taking turns between a few buffers refills them only further back)."""
+    batches = Counting(images(64), draws=False)
+    for x in ahead(batches, warm):
+        warm(x)
+    assert ahead(batches, warm).reuses is False
+    assert ahead(batches, warm, depth=2).reuses is None
+
+
 def test_what_is_known_of_a_loader_goes_with_it(warm: CachedRows) -> None:
     """The findings kept for a loader across its Aheads are let go with the loader."""
     from somatize_torch.ahead import _FINDINGS
