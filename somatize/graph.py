@@ -173,7 +173,7 @@ class Graph:
                 and declaration is not None
                 and (not node.holds_state or marks.state is not None)
                 and node.is_declaration_fixed()
-                and not marks.replaced  # its declaration follows at the first forward
+                and not node.replaced_since_made()  # its declaration follows at the first forward
             ):
                 intern = (
                     identity,

@@ -53,13 +53,14 @@ too, and which of them tell two nodes apart (:func:`held_by`) — is read in
 
 from __future__ import annotations
 
+import functools
 import inspect
-import sys
+import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from types import FrameType
+from types import FunctionType
 from typing import Any
 
 from somatize import canonical
@@ -135,14 +136,19 @@ class Marks:
     (:func:`~somatize._calls.noted_call`) — as it was when the node was made, or since
     found to make what the node holds. A list changed in place afterwards is told apart
     from it (:func:`~somatize.plan.look_again`)."""
-    replaced: dict[str, Any] = field(default_factory=dict)
-    """For a node declared by its constructor arguments: each public attribute named like
-    a constructor parameter that was given a value after the constructor ran and before a
-    graph was built with the node (``s = Scale(2.0); s.by = 5.0``), with what the
-    constructor had left there (:data:`UNSET` when nothing). The graph looks at the node
-    as the constructor made it, so a value given then is followed as one given after the
-    build is (:meth:`Node.kept_arguments`); an attribute drops out once taken as the
-    argument (:meth:`Node.retake`)."""
+    made: dict[str, Any] | None = None
+    """Once its constructor has returned: what the node held then under each name of a
+    parameter of its constructor (for a node declared by its constructor arguments; for
+    any other, nothing). A graph looks at the node from there, so a value given to such an
+    attribute before the graph is built (``s = Scale(2.0); s.by = 5.0``, through
+    ``vars(s)`` too, or calling ``__init__`` again) is followed as one given after the build
+    is (:meth:`Node.kept_arguments`). None while the node is being made, and for a class
+    whose constructor is not its own (:func:`_watch_making`) or whose metaclass has a
+    ``__call__`` of its own (which may do more once the constructor returns): the node is
+    looked at as it is when the graph is built."""
+    making: int = 0
+    """How many of the node's own constructors are running (one calls another through
+    ``super().__init__``): it is made when the outermost returns."""
 
 
 def _printable(char: str) -> bool:
@@ -172,15 +178,10 @@ class Node:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Node:
         self = super().__new__(cls)
-        marks = Marks(call=(args, kwargs))
-        if (
-            cls.declare is Node.declare
-            and cls.recipe is Node.recipe
-            and not cls.holds_state
-            and own_new(cls) is None
-        ):
-            marks.made_with = noted_call(cls, args, kwargs)
+        marks = Marks()
+        _note_call(cls, marks, args, kwargs)
         object.__setattr__(self, "_smz", marks)
+        _watch_making(cls)
         return self
 
     def __setstate__(self, state: Any) -> None:
@@ -197,41 +198,33 @@ class Node:
         marks = vars(self).get("_smz")
         if isinstance(marks, Marks):
             holding = marks.holding.copied() if marks.holding is not None else None
-            copied = replace(marks, built=False, holding=holding, replaced=dict(marks.replaced))
+            made = dict(marks.made) if marks.made is not None else None
+            copied = replace(marks, built=False, holding=holding, made=made, making=0)
             object.__setattr__(self, "_smz", copied)
-            if copied.replaced:
-                self._same_as_made()
+            if made:
+                self._same_as_made(made)
 
-    def _same_as_made(self) -> None:
+    def _same_as_made(self, made: dict[str, Any]) -> None:
         """In a copy carried through bytes (unpickled), where a number the constructor kept
-        and the argument it was handed arrive as two objects: takes what the constructor
-        left under a name given another value since (:attr:`Marks.replaced`) as the very
-        argument when it holds the same value, as it did in the original."""
+        and the argument it was handed arrive as two objects, and so does what the node
+        holds under that name: takes each, when it holds the argument's value, as the very
+        argument, as it was in the original (a number cannot change in place, so which
+        object holds it is not seen otherwise)."""
         bound = self._bound()
         if bound is None:
             return
         bound.apply_defaults()
-        replaced = self._smz.replaced
-        for name, was in replaced.items():
+        held = vars(self)
+        for name, was in made.items():
             argument = bound.arguments.get(name, UNSET)
-            digest = digest_of(was) if was is not argument else None
-            if digest is not None and digest == digest_of(argument):
-                replaced[name] = argument
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        """Sets an attribute, noting, for a node declared by its constructor arguments and
-        in no graph yet, what the constructor left under a parameter's name given another
-        value from outside it (:attr:`Marks.replaced`)."""
-        marks = vars(self).get("_smz")
-        if (
-            isinstance(marks, Marks)
-            and not marks.built
-            and name not in marks.replaced
-            and name in _parameters(type(self))
-            and not _being_made(self)
-        ):
-            marks.replaced[name] = attributes_of(self).get(name, UNSET)
-        super().__setattr__(name, value)
+            if was is argument or type(argument) not in _ATOMIC:
+                continue
+            digest = digest_of(argument)
+            if type(was) is type(argument) and digest_of(was) == digest:
+                made[name] = argument
+            now = held.get(name, UNSET)
+            if now is not argument and type(now) is type(argument) and digest_of(now) == digest:
+                held[name] = argument
 
     def forward(self, *inputs: Any) -> Any:
         """What this node computes: predecessors' outputs, then ``ctx``."""
@@ -309,7 +302,7 @@ class Node:
         each argument it keeps as an attribute of its parameter's name (``self.by = by``),
         with the object it was handed. The graph looks at these attributes at the start of
         each forward as the constructor left them: one replaced since (``scale.by = 3.0``,
-        after the build or before it, from outside the constructor: :attr:`Marks.replaced`)
+        after the build or before it, once the constructor returned: :attr:`Marks.made`)
         is taken as the argument the node was built with (:meth:`retake`), so its key, and
         a copy rebuilt on a worker, follow what it computes with — unless its constructor
         made more from it (``self.factor = by * 2``) and that still holds what the old
@@ -368,17 +361,30 @@ class Node:
             return
         bound.arguments.update(values)
         self._smz.call = (tuple(bound.args[1:]), dict(bound.kwargs))
-        for name in values:
-            self._smz.replaced.pop(name, None)
+        made = self._smz.made
+        if made is not None:  # what it holds is what it is made with from here
+            made.update((name, value) for name, value in values.items() if name in made)
 
     def _held_as_made(self) -> dict[str, Any]:
-        """What the node holds as attributes, but as its constructor left those given
-        another value before a graph was built with it (:attr:`Marks.replaced`): what the
-        graph starts to watch from, so that such a value is followed as one given after."""
+        """What the node holds as attributes, but under its constructor's parameter names
+        what it held when its constructor returned (:attr:`Marks.made`): what the graph
+        starts to watch from, so that a value given since is followed as one given after
+        the build is."""
         held = attributes_of(self)
-        if not self._smz.replaced:
+        made = self._smz.made
+        if made is None:
             return held
-        return {**held, **self._smz.replaced}
+        names = _parameter_names(type(self))
+        return {**{k: v for k, v in held.items() if k not in names}, **made}
+
+    def replaced_since_made(self) -> bool:
+        """Whether an attribute named like a constructor parameter holds other than what the
+        constructor left there (:attr:`Marks.made`)."""
+        made = self._smz.made
+        if not made:
+            return False
+        held = attributes_of(self)
+        return any(held.get(name, UNSET) is not value for name, value in made.items())
 
     def _bound(self) -> inspect.BoundArguments | None:
         signature = _signature(type(self))
@@ -715,41 +721,116 @@ class Context:
     """The store of this forward, or None."""
 
 
-_PARAMETERS: dict[type, frozenset[str]] = {}
+_ATOMIC = (int, float, complex, str, bytes, bool, type(None))
+"""Values that cannot change in place, which a pickle carries as a new object each time."""
 
 
-def _parameters(kind: type[Node]) -> frozenset[str]:
-    """The public names of the parameters ``kind``'s constructor takes one by one, for a
-    class declared by them (the default :meth:`Node.declare`); empty for any other.
-    Worked out once per class."""
-    found = _PARAMETERS.get(kind)
+_PARAMETER_NAMES: dict[type, frozenset[str]] = {}
+
+
+def _parameter_names(kind: type[Node]) -> frozenset[str]:
+    """The names of the parameters ``kind``'s constructor takes one by one, for a class
+    declared by them (the default :meth:`Node.declare`); empty for any other. Worked out
+    once per class."""
+    found = _PARAMETER_NAMES.get(kind)
     if found is None:
         signature = _signature(kind) if kind.declare is Node.declare else None
         variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-        found = _PARAMETERS[kind] = frozenset(
+        found = _PARAMETER_NAMES[kind] = frozenset(
             name
             for name, parameter in list((signature.parameters if signature else {}).items())[1:]
-            if parameter.kind not in variadic and not name.startswith("_")
+            if parameter.kind not in variadic
         )
     return found
 
 
-_MAKING = frozenset({"__init__", "__post_init__", "__setstate__"})
-"""The methods that make a node, or fill one in: what they set is what it was made with."""
+def _note_call(
+    kind: type[Node], marks: Marks, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Notes ``args`` and ``kwargs`` as the call that made a node of ``kind`` (and, for one
+    declared by them, the call its attributes are made from: :attr:`Marks.made_with`)."""
+    marks.call = (args, kwargs)
+    if (
+        kind.declare is Node.declare
+        and kind.recipe is Node.recipe
+        and not kind.holds_state
+        and own_new(kind) is None
+    ):
+        marks.made_with = noted_call(kind, args, kwargs)
 
 
-def _being_made(node: Node) -> bool:
-    """Whether an attribute set on ``node`` now is set while the node is made: by one of
-    its own constructors (a dataclass's ``__post_init__``, a copy's ``__setstate__``), or
-    by what one of them calls."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
-        code = frame.f_code
+_MAKERS: dict[type, type | None] = {}
+_MAKERS_LOCK = threading.Lock()
+
+
+def _watch_making(kind: type[Node]) -> None:
+    """Makes sure the constructor of ``kind`` says when a node is made (:attr:`Marks.made`):
+    the ``__init__`` it runs, when a class of nodes defines it (a dataclass too), is
+    wrapped, once, in one that notes what the node holds when the outermost returns, and
+    the call it was handed (what ``Node.__new__`` was handed may be other: a metaclass
+    that calls ``__init__`` itself). A constructor of a class that is not a node (a
+    mixin's, ``torch.nn.Module``'s) is not touched: its nodes are looked at as they are
+    when a graph is built."""
+    if kind.declare is not Node.declare:
+        return
+    owner = _MAKERS.get(kind, Node)
+    if owner is Node:
+        found = next((c for c in kind.__mro__ if "__init__" in vars(c)), None)
+        owner = _MAKERS[kind] = (
+            found if found is not None and found is not Node and issubclass(found, Node) else None
+        )
+    if owner is None:
+        return
+    init = vars(owner).get("__init__")
+    if not isinstance(init, FunctionType) or getattr(init, "_smz_making", False):
+        return
+    with _MAKERS_LOCK:
+        init = vars(owner).get("__init__")
+        if isinstance(init, FunctionType) and not getattr(init, "_smz_making", False):
+            type.__setattr__(owner, "__init__", _making(init, owner))
+
+
+def _making(init: Callable[..., None], owner: type) -> Callable[..., None]:
+    """``init``, the constructor of ``owner``, a class of nodes, noting when a node whose
+    constructor it is (:func:`_watch_making`) is made. Run for another (a subclass's own
+    constructor, or a mixin's, calling it through ``super().__init__``), it is ``init``."""
+
+    @functools.wraps(init)
+    def __init__(self: Node, *args: Any, **kwargs: Any) -> None:
+        marks = vars(self).get("_smz")
         if (
-            code.co_name in _MAKING
-            and code.co_argcount
-            and frame.f_locals.get(code.co_varnames[0]) is node
+            not isinstance(marks, Marks)
+            or marks.made is not None  # made already: called again, it changes the node
+            or _MAKERS.get(type(self)) is not owner
         ):
-            return True
-        frame = frame.f_back
-    return False
+            init(self, *args, **kwargs)
+            return
+        if not marks.making and not _same_call(marks.call, args, kwargs):
+            _note_call(type(self), marks, args, kwargs)
+        marks.making += 1
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            marks.making -= 1
+        if not marks.making and type(type(self)).__call__ is type.__call__:
+            # (A metaclass of its own may do more once the constructor returns: the node is
+            # then looked at as it is when a graph is built.)
+            held = attributes_of(self)
+            names = _parameter_names(type(self))
+            marks.made = {name: held[name] for name in names if name in held}
+
+    __init__._smz_making = True  # type: ignore[attr-defined]
+    return __init__
+
+
+def _same_call(
+    call: tuple[tuple[Any, ...], dict[str, Any]], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> bool:
+    """Whether ``args`` and ``kwargs`` are the very objects of ``call``."""
+    was, named = call
+    return (
+        len(was) == len(args)
+        and all(a is b for a, b in zip(was, args, strict=True))
+        and named.keys() == kwargs.keys()
+        and all(named[k] is kwargs[k] for k in named)
+    )

@@ -1143,6 +1143,76 @@ def test_an_argument_replaced_before_the_build_is_taken_as_the_argument(
     assert g.forward([1.0], store=store) == ([4.0], [4.0])
 
 
+@pytest.mark.parametrize("how", ["dict", "object", "init again"])
+def test_an_argument_given_another_value_past_setattr_before_the_build_is_followed(
+    store: Store, how: str
+) -> None:
+    """What the node holds when its constructor returns is what the graph looks at it
+    from: a value given before the build through its ``__dict__``, past ``__setattr__``,
+    or by calling ``__init__`` again is followed as one given by assignment is."""
+    rows = Echo().named("rows").frozen()
+    g = Graph.somatize(rows >> Scale(2.0).named("scale").frozen().cached())
+    assert g.forward([1.0], store=store) == [2.0]
+    early = Scale(2.0)
+    if how == "dict":
+        vars(early).update(by=5.0)
+    elif how == "object":
+        object.__setattr__(early, "by", 5.0)
+    else:
+        early.__init__(5.0)  # type: ignore[misc]
+    g = Graph.somatize(rows >> early.named("scale").frozen().cached())
+    assert g.forward([1.0], store=store) == [5.0]
+    assert g.node("scale").declaration() == Scale(5.0).declaration()
+
+
+def test_an_argument_of_an_unpickled_node_given_another_value_is_followed(
+    store: Store,
+) -> None:
+    """An unpickled node holds the number it was made with as a new object, apart from
+    the argument noted in its call: it is taken as the argument all the same, so a value
+    given after the build is followed as on the original, not refused."""
+    rows = Echo().named("rows").frozen()
+    carried = pickle.loads(pickle.dumps(Scale(2.0)))
+    g = Graph.somatize(rows >> carried.named("scale").frozen().cached())
+    assert g.forward([1.0], store=store) == [2.0]
+    carried.by = 5.0
+    assert g.forward([1.0], store=store) == [5.0]
+
+
+class _CallsInit(type):
+    """A metaclass that makes its instances itself: ``__new__`` handed nothing, then
+    ``__init__`` handed the call."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        made = cls.__new__(cls)
+        made.__init__(*args, **kwargs)
+        return made
+
+
+class MadeByMeta(Node, metaclass=_CallsInit):
+    """Multiplies by ``by``; made by a metaclass that hands ``__new__`` nothing."""
+
+    def __init__(self, by: float = 1.0) -> None:
+        self.by = by
+
+    def forward(self, values: list[float], ctx: Any) -> list[float]:
+        return [v * self.by for v in values]
+
+
+def test_a_node_whose_metaclass_hands_its_constructor_the_call_is_declared_by_it(
+    store: Store,
+) -> None:
+    """A node is declared by the call its constructor is handed, where its ``__new__`` is
+    handed another (a metaclass that calls ``__init__`` itself): ``MadeByMeta(5.0)`` is not
+    keyed as ``MadeByMeta()``."""
+    rows = Echo().named("rows").frozen()
+    g = Graph.somatize(rows >> MadeByMeta(5.0).named("made").frozen().cached())
+    assert g.forward([1.0], store=store) == [5.0]
+    g = Graph.somatize(rows >> MadeByMeta().named("made").frozen().cached())
+    assert g.forward([1.0], store=store) == [1.0]
+    assert g.record is not None and g.record.outcome["made"] == "ran"
+
+
 def test_an_attribute_made_from_an_argument_of_an_interned_node_changed_is_refused() -> None:
     """Two equal frozen nodes are one computation: an attribute made from an argument
     replaced on either after the build could not be heard, or would be heard by both, and

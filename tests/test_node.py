@@ -293,16 +293,74 @@ class Metaed(Node, metaclass=Dropping):
         return x * self.k
 
 
+class Keeps:
+    """A mixin whose constructor keeps ``k``: not a node's own constructor."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+
+class MixedIn(Keeps, Node, metaclass=Dropping):
+    """Made through a metaclass that hands ``Node.__new__`` another call, by a mixin's
+    constructor."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.k
+
+
 def test_a_call_that_does_not_fit_the_constructor_is_undeclared_not_a_bare_type_error() -> None:
-    """A node noted as made with a call its constructor does not take (its metaclass handed
-    ``Node.__new__`` other arguments) is undeclared, saying so, rather than failing with
-    the ``TypeError`` of binding the call; a graph built with it runs it without a store."""
-    with pytest.raises(Undeclared, match=r"`metaed` \(Metaed\) cannot be keyed: the call it is "
-                       r"noted as made with, `Metaed\(\)`, does not fit its constructor, "
+    """A node is declared by the call its own constructor is handed, whatever its metaclass
+    handed ``Node.__new__``. One whose constructor is a mixin's, noted as made with a call
+    that constructor does not take, is undeclared, saying so, rather than failing with the
+    ``TypeError`` of binding the call; a graph built with it runs it without a store."""
+    assert Metaed(3).declaration() == Metaed(k=3).declaration() != Metaed(4).declaration()
+    with pytest.raises(Undeclared, match=r"`mixed` \(MixedIn\) cannot be keyed: the call it is "
+                       r"noted as made with, `MixedIn\(\)`, does not fit its constructor, "
                        r"`__init__\(self, k: 'int'\) -> 'None'` \(missing a required "
                        r"argument: 'k'\)"):  # fmt: skip
-        Metaed(3).named("metaed").declaration()
-    assert Graph.somatize(Metaed(3).named("metaed").frozen().cached()).forward(2) == 6
+        MixedIn(3).named("mixed").declaration()
+    assert Graph.somatize(MixedIn(3).named("mixed").frozen().cached()).forward(2) == 6
+
+
+class Base(Node):
+    """Keeps ``k``."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.k
+
+
+class Fronted:
+    """A mixin whose constructor takes two arguments and hands the next one of them."""
+
+    def __init__(self, k: int, extra: int) -> None:
+        super().__init__(k)  # type: ignore[call-arg]
+        self.extra = extra
+
+
+class FrontedBase(Fronted, Base):
+    """A node made by a mixin's constructor, which calls a node class's constructor."""
+
+
+class Shrunk(Base):
+    """Its own constructor hands the one it inherits another argument."""
+
+    def __init__(self, k: int, by: int = 2) -> None:
+        super().__init__(k * by)
+
+
+def test_a_constructor_called_through_super_does_not_change_the_call_a_node_was_made_with() -> (
+    None
+):
+    """What a node class's constructor notes of the call and of what the node holds, it
+    notes only as the node's own constructor: called from a subclass's or a mixin's
+    through ``super().__init__``, with other arguments, it leaves the call as made."""
+    Base(1)  # its constructor is the one that notes, from here on, for a Base
+    assert FrontedBase(3, 4).declaration() != FrontedBase(3, 5).declaration()
+    assert Shrunk(3, by=2).declaration() != Shrunk(3, by=3).declaration()
+    assert Shrunk(3, by=2).declaration() != Shrunk(6, by=1).declaration()
 
 
 @dataclass
