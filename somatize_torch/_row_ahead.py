@@ -23,9 +23,10 @@ import weakref
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from somatize_torch.codec import stamp_of
-from somatize_torch.digest import raw_rows_later
+from somatize_torch.digest import DTYPES, raw_rows_later
 
 if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
@@ -38,7 +39,7 @@ def _name_ahead(self: CachedRows, x: torch.Tensor) -> bool:
     """Starts naming the rows of ``x`` on another thread, as
     :meth:`CachedRows.name_ahead <somatize_torch.rows.CachedRows.name_ahead>` says;
     returns whether it started."""
-    if self.key_mode != "content" or not isinstance(x, torch.Tensor) or x.dim() == 0:
+    if self.key_mode != "content" or not _nameable(x):
         return False
     if x.requires_grad or (self._placed and x.device != self.tiers[0].device):
         return False
@@ -55,6 +56,22 @@ def _name_ahead(self: CachedRows, x: torch.Tensor) -> bool:
         named[id(x)] = (weakref.ref(x), stamp, later)
         self.named_ahead += 1
     return True
+
+
+def _nameable(x: object) -> bool:
+    """Whether ``x`` is a batch the forward would key by content: a plain tensor (or a
+    parameter) with rows, of a dtype and layout digested here, that holds its values in
+    memory. What the forward refuses (a nested tensor, a subclass, a tensor whose storage
+    was freed) is not named ahead, so that the refusal comes from the forward."""
+    if not isinstance(x, torch.Tensor):
+        return False
+    if type(x) is not torch.Tensor and not isinstance(x, nn.Parameter):
+        return False
+    if x.is_nested or x.is_meta or x.dim() == 0 or x.layout is not torch.strided:
+        return False
+    if x.dtype not in DTYPES:
+        return False
+    return x.numel() == 0 or x.data_ptr() != 0
 
 
 def _take_named(self: CachedRows, x: torch.Tensor) -> list[bytes] | None:

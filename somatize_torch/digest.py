@@ -139,6 +139,7 @@ class _Memory:
     __slots__ = ("__array_interface__", "tensor")
 
     def __init__(self, tensor: torch.Tensor, writable: bool) -> None:
+        _check_holds_data(tensor)
         self.tensor = tensor
         self.__array_interface__ = {
             "data": (tensor.data_ptr(), not writable),
@@ -156,6 +157,22 @@ def memory_of(tensor: torch.Tensor, writable: bool = False) -> memoryview:
     store, a join into bytes) and hand it to nobody."""
     flat: Any = numpy.asarray(_Memory(tensor, writable))
     return memoryview(flat)
+
+
+def _check_holds_data(tensor: torch.Tensor) -> None:
+    """Refuses a tensor with elements but no memory to read them from: torch answers a
+    data pointer of 0 for a nested tensor, for a wrapper subclass (one whose values live
+    in tensors it holds) and for a tensor whose storage was freed (resized to 0), and
+    reading there would fail or read another thing's memory."""
+    if tensor.numel() > 0 and tensor.data_ptr() == 0:
+        kind = "" if type(tensor) is torch.Tensor else f" (a `{type(tensor).__qualname__}`)"
+        raise TypeError(
+            f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)}{kind} holds no data in "
+            "memory: a nested tensor, a "
+            "wrapper subclass, or freed storage. Digest a plain tensor that holds its values "
+            "(`x.as_subclass(torch.Tensor)` for a subclass with storage of its own, "
+            "`x.unbind()` for a nested one, the unsharded tensor for freed storage)"
+        )
 
 
 def dense(t: torch.Tensor) -> torch.Tensor:
@@ -184,6 +201,7 @@ def _host_tensor(tensor: torch.Tensor) -> torch.Tensor:
     part = t.element_size() // (2 if t.is_complex() else 1)
     if _BIG_ENDIAN and part > 1:
         t = t.view(torch.uint8).reshape(-1, part).flip(-1).contiguous()
+    _check_holds_data(t)
     return t
 
 
@@ -223,6 +241,12 @@ def raw_digest(tensor: torch.Tensor) -> bytes:
 
 
 def _dtype_code(tensor: torch.Tensor) -> str:
+    if tensor.is_nested:
+        raise TypeError(
+            f"a nested {tensor.dtype} tensor cannot be digested or written: its rows have no "
+            "one shape, so it has no one canonical byte layout. Digest each of its "
+            "`x.unbind()`, or pad it (`torch.nested.to_padded_tensor`)"
+        )
     code = DTYPES.get(tensor.dtype)
     if code is None:
         known = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
@@ -267,11 +291,7 @@ def raw_rows(tensor: torch.Tensor) -> list[bytes]:
     :func:`digest_tensor`. Per-sample caches key rows in memory by the raw digest and
     spend the second hash only on rows that go to the store.
     """
-    if tensor.dim() == 0:
-        raise ValueError(
-            "rows are digested in a batch (a tensor with at least one dimension), got a 0-dim "
-            "tensor; use digest_tensor for a single value"
-        )
+    _check_batch(tensor)
     rows = int(tensor.shape[0])
     raws = _device_raw_rows(tensor)
     if raws is not None:
@@ -282,6 +302,18 @@ def raw_rows(tensor: torch.Tensor) -> list[bytes]:
         return _native_rows(lib.smz_blake3_host_rows, host, rows)
     view = host_bytes(tensor)
     return _hash_rows(view, rows, view.nbytes // rows if rows else 0)
+
+
+def _check_batch(tensor: torch.Tensor) -> None:
+    """Refuses what has no rows to digest: a 0-dim tensor, a dtype or layout without one
+    canonical byte layout, a nested tensor, a tensor that holds no data in memory."""
+    _dtype_code(tensor)
+    if tensor.dim() == 0:
+        raise ValueError(
+            "rows are digested in a batch (a tensor with at least one dimension), got a 0-dim "
+            "tensor; use digest_tensor for a single value"
+        )
+    _check_holds_data(tensor)
 
 
 class RowsLater:
@@ -325,13 +357,15 @@ class RowsLater:
 
 def raw_rows_later(tensor: torch.Tensor) -> RowsLater | None:
     """Starts computing :func:`raw_rows` of a CPU tensor on another thread and returns at
-    once; None for a tensor on a device (hashed there, fast) or a 0-dim one.
+    once; None for a tensor on a device (hashed there, fast) or a 0-dim one. A tensor
+    whose rows cannot be digested is refused as :func:`raw_rows` refuses it.
 
     With the native host library the rows are hashed on a thread of its own that never
     takes the GIL, so the caller's Python (a training step) runs beside it at full
     speed; without it, on one thread of a pool, with the ``blake3`` package."""
     if tensor.dim() == 0 or tensor.device.type != "cpu":
         return None
+    _check_batch(tensor)
     rows = int(tensor.shape[0])
     host = _host_tensor(tensor)
     later = RowsLater(host, rows)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import somatize_torch._row_keys as row_keys
@@ -435,6 +436,32 @@ def test_rows_named_before_a_fork_are_right_in_the_child(
     assert cached.name_ahead(x)
     assert in_forked_child(_forward_in_child, cached, x, timeout=60)
     assert torch.equal(cached(x), expected(cached.module, x))
+
+
+@pytest.mark.parametrize("kind", ["jagged nested", "wrapper subclass", "freed storage"])
+def test_a_batch_the_forward_refuses_is_not_named_ahead(kind: str) -> None:
+    """A batch the forward refuses (a nested tensor, a subclass) or cannot read (storage
+    freed) is not named ahead, with the native library loaded or not: the forward says
+    what is wrong."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    from somatize_torch import _native
+
+    if kind == "jagged nested":
+        x = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)], layout=torch.jagged)
+    elif kind == "wrapper subclass":
+        values = torch.randn(3, 4)
+        x = TwoTensor(values, values.clone())
+    else:
+        x = torch.randn(8, 4)
+        x.untyped_storage().resize_(0)
+    cached = cache_rows(nn.Linear(4, 2), None)
+    lib = _native.host_library()  # loaded (built if need be), as after a background build
+    assert lib is not None
+    assert cached.name_ahead(x) is False
+    assert cached.named_ahead == 0
+    with pytest.raises(TypeError):
+        cached(x)
 
 
 def _hold(lock: Any, held: threading.Event, done: threading.Event) -> None:

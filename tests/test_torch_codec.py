@@ -784,6 +784,39 @@ def test_rows_named_on_another_thread_are_the_rows_digests(row_path: str) -> Non
     assert raw_rows_later(torch.randn(4, 4, device="meta")) is None
 
 
+def _without_data() -> dict[str, torch.Tensor]:
+    """Tensors with elements and no memory of their own to read them from: torch answers
+    a data pointer of 0 for each."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    values = torch.randn(3, 4)
+    freed = torch.randn(8, 1024)
+    freed.untyped_storage().resize_(0)
+    return {
+        "jagged nested": torch.nested.nested_tensor(
+            [torch.randn(2, 4), torch.randn(3, 4)], layout=torch.jagged
+        ),
+        "strided nested": torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)]),
+        "wrapper subclass": TwoTensor(values, values.clone()),
+        "freed storage": freed,
+    }
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize(
+    "kind", ["jagged nested", "strided nested", "wrapper subclass", "freed storage"]
+)
+def test_a_tensor_without_data_in_memory_is_refused_plainly(row_path: str, kind: str) -> None:
+    """A nested tensor, a wrapper subclass and a tensor whose storage was freed are refused
+    with a TypeError that says so, by every digest and on both paths: none is read at
+    address 0."""
+    tensor = _without_data()[kind]
+    fragment = "nested .* tensor cannot be digested" if "nested" in kind else "holds no data"
+    for digest in (raw_rows, raw_rows_later, smt.digest_rows, smt.digest_tensor):
+        with pytest.raises(TypeError, match=fragment):
+            digest(tensor)
+
+
 def test_a_batch_dropped_while_its_rows_are_named_is_kept_until_they_are(row_path: str) -> None:
     """The thread reads memory the handle keeps alive: dropping both the batch and the
     handle before the result waits for the thread instead of freeing what it reads."""
