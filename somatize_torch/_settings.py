@@ -45,7 +45,8 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     2.0``, a tensor held as a plain attribute, ``self.act = F.gelu``). Numbers, strings,
     bools, None, tuples, lists and str-keyed dicts of them, dataclass instances, dtypes,
     devices and enums are taken as they are (numpy's scalars as the numbers they hold),
-    tensors and numeric numpy arrays by digest; functions (a ``forward``
+    tensors and numeric numpy arrays by digest (a tensor of a subclass by its class and
+    the attributes it keeps too); functions (a ``forward``
     replaced on the instance too) by their code, as hooks are, built-in functions and
     classes by name, a ``functools.partial`` with the values it binds. Other objects a
     module holds, and the object a method is bound to, are not seen."""
@@ -237,6 +238,8 @@ def _setting(value: Any, depth: int = 0) -> Any:
         # and a module rebuilt from its class, before its weights are loaded, otherwise.
         return _UNSEEN
     if isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor:
+            return _subclass_setting(value, depth)
         return ["tensor", digest_tensor(value)]
     numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its values
     if numpy is not None and isinstance(value, (numpy.generic, numpy.ndarray)):
@@ -258,6 +261,30 @@ def _setting(value: Any, depth: int = 0) -> Any:
             "fields": {k: v for k, v in fields.items() if v is not _UNSEEN},
         }
     return _callable(value, depth)
+
+
+def _subclass_setting(value: torch.Tensor, depth: int) -> Any:
+    """A tensor of a subclass of ``torch.Tensor``, named by its class as well as its
+    values, since a forward may answer one class otherwise than another holding the same
+    values (boxes in one convention or another), and by the attributes it keeps, each
+    named as a dataclass's fields are. A wrapper subclass, whose values live in the
+    tensors it holds (those ``__tensor_flatten__`` names), is named by those."""
+    flatten = getattr(value, "__tensor_flatten__", None)
+    inner, context = flatten() if callable(flatten) else ((), None)
+    held = {k: _setting(v, depth + 1) for k, v in vars(value).items() if k not in inner}
+    named: dict[str, Any] = {
+        "tensor of": _name_of(type(value)),
+        "attributes": {k: v for k, v in held.items() if v is not _UNSEEN},
+    }
+    if callable(flatten):
+        seen = {name: _setting(getattr(value, name), depth + 1) for name in inner}
+        named["dtype"], named["shape"] = str(value.dtype), list(value.shape)
+        named["inner"] = {k: "?" if v is _UNSEEN else v for k, v in seen.items()}
+        context = _setting(context, depth + 1)
+        named["context"] = "?" if context is _UNSEEN else context
+    else:
+        named["values"] = digest_tensor(value.as_subclass(torch.Tensor))
+    return named
 
 
 def _numpy_setting(numpy: Any, value: Any, depth: int) -> Any:

@@ -189,6 +189,47 @@ def test_a_setting_changed_after_rows_were_keyed_is_seen_at_the_next_forward(
     cached.close()
 
 
+class Corners(torch.Tensor):
+    """Boxes given by two corners."""
+
+
+class Centred(torch.Tensor):
+    """Boxes given by their centre, width and height."""
+
+
+class Boxed(nn.Module):
+    """Answers by the class of the boxes it holds as well as by their values."""
+
+    def __init__(self, box: torch.Tensor) -> None:
+        super().__init__()
+        self.box = box
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sign = 1.0 if isinstance(self.box, Corners) else -1.0
+        return x * sign + self.box.as_subclass(torch.Tensor).sum()
+
+
+def test_a_tensor_setting_of_another_subclass_keys_rows_anew(store: Store) -> None:
+    """Two modules holding the same values as tensors of different subclasses, which the
+    forward tells apart, key their rows apart: neither is answered with the other's rows.
+    So do two holding the same subclass with other attributes."""
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    x = torch.randn(3, 4)
+    corners = cache_rows(Boxed(values.as_subclass(Corners)), store)
+    corners(x)
+    corners.flush()
+    centred = Boxed(values.as_subclass(Centred))
+    cached = cache_rows(centred, store)
+    assert torch.equal(cached(x), expected(centred, x))
+    assert cached.stats.computed == 3
+    assert cached.row_keys(x) != corners.row_keys(x)
+    tagged = values.as_subclass(Corners)
+    tagged.convention = "xyxy"  # type: ignore[attr-defined]
+    assert cache_rows(Boxed(tagged), None).row_keys(x) != corners.row_keys(x)
+    corners.close()
+    cached.close()
+
+
 class Counting(Gain):
     """Counts its calls and fills a table as it first runs: what its own forward changes
     of what it keeps, which changes nothing it answers."""
