@@ -244,7 +244,13 @@ def ready_host_library() -> ctypes.CDLL | None:
     mode = native_mode()
     if mode == "off":
         return None
-    directory = cache_dir()
+    try:
+        directory = cache_dir()
+    except NativeUnavailableError as exc:
+        if mode == "on":
+            raise
+        _log_once("host-no-cache", "native host library unavailable, pure path kept: %s", exc)
+        return None
     lib = _host_libs.get(directory)
     if lib is not None or mode == "on":
         _ready[switches] = lib = lib if lib is not None else host_library()

@@ -14,7 +14,8 @@ The environment variable ``SOMATIZE_NATIVE`` selects the policy: ``1`` forces
 native code (building it or raising :class:`NativeUnavailableError`), ``0``
 disables it (:func:`cuda_extension` returns ``None``, :func:`host_library`
 raises), anything else tries and quietly falls back. Builds are cached under
-``$SOMATIZE_EXT_CACHE`` or ``~/.cache/somatize/ext``, keyed by a digest of the
+``$SOMATIZE_EXT_CACHE`` or ``~/.cache/somatize/ext`` (with no home directory,
+``somatize-<uid>/ext`` in the temporary directory), keyed by a digest of the
 sources and the toolchain.
 
 Importing this module touches neither torch nor CUDA; every check runs lazily

@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
+import tempfile
 import threading
 from pathlib import Path
 from typing import Final
@@ -76,11 +78,46 @@ def csrc_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    """Build cache: ``$SOMATIZE_EXT_CACHE`` or ``~/.cache/somatize/ext``."""
+    """Build cache: ``$SOMATIZE_EXT_CACHE`` or ``~/.cache/somatize/ext``; in a process with
+    no home directory (a container run as a user it has no entry for, without ``HOME``),
+    ``somatize-<uid>/ext`` in the system's temporary directory (:func:`_own_temp`).
+
+    Raises :class:`NativeUnavailableError` where none of these can be had."""
     configured = os.environ.get(ENV_CACHE)
     if configured:
         return Path(configured).expanduser()
-    return Path.home() / ".cache" / "somatize" / "ext"
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError, OSError):  # no HOME, and no entry for this user
+        return _own_temp() / "ext"
+    return home / ".cache" / "somatize" / "ext"
+
+
+def _own_temp() -> Path:
+    """``somatize-<uid>`` in the system's temporary directory, made if need be, and only
+    if this user owns it and nobody else may write to it: a library loaded from a folder
+    another user may write to would run their code."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    folder = Path(tempfile.gettempdir()) / ("somatize" if uid is None else f"somatize-{uid}")
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        found = folder.lstat()
+    except OSError as exc:
+        raise NativeUnavailableError(
+            f"there is no home directory to cache native builds in, and {folder} cannot be "
+            f"made ({exc}); set {ENV_CACHE} to a writable directory"
+        ) from exc
+    if (
+        not stat.S_ISDIR(found.st_mode)
+        or (uid is not None and found.st_uid != uid)
+        or found.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        raise NativeUnavailableError(
+            f"there is no home directory to cache native builds in, and {folder} is not a "
+            "folder of this user's that nobody else may write to, so a library found there "
+            f"is not loaded; set {ENV_CACHE} to a directory of this user's"
+        )
+    return folder
 
 
 def _sources_key(src: Path, names: tuple[str, ...], *extra: str) -> str:

@@ -403,6 +403,61 @@ def test_a_cache_that_cannot_be_made_is_said_plainly(
     native_host._build_in_background()  # logs, raises nothing
 
 
+def _homeless(monkeypatch: pytest.MonkeyPatch, temp: Path) -> None:
+    """A process with no home directory (no ``HOME``, no entry for its user), whose
+    temporary directory is ``temp``."""
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.delenv(native.ENV_CACHE, raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    monkeypatch.setattr(native_env.tempfile, "gettempdir", lambda: str(temp))
+    monkeypatch.setattr(native_host, "_ready", {})  # what was found under another temp
+
+
+def test_with_no_home_builds_are_cached_in_a_temporary_folder_of_the_users_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no home directory the cache is ``somatize-<uid>/ext`` in the temporary
+    directory, made for this user alone, and rows are digested (by the package until the
+    library is built there, then by the library)."""
+    from somatize_torch.digest import digest_rows, digest_tensor
+
+    _homeless(monkeypatch, tmp_path)
+    expected = tmp_path / f"somatize-{os.getuid()}" / "ext"
+    assert native.cache_dir() == expected
+    assert (expected.parent.stat().st_mode & 0o777) == 0o700
+    batch = torch.randn(5, 7)
+    assert digest_rows(batch) == [digest_tensor(row) for row in batch]
+    native_host._background[expected].join(timeout=300)
+    assert native.ready_host_library() is not None
+    assert digest_rows(batch) == [digest_tensor(row) for row in batch]
+
+
+def test_with_no_home_a_temporary_folder_others_may_write_to_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``somatize-<uid>`` folder that others may write to (made by someone else to plant
+    a library) is not used: the library is unavailable, said plainly, and rows are
+    digested by the package."""
+    from somatize_torch.digest import digest_rows, digest_tensor
+
+    _homeless(monkeypatch, tmp_path)
+    planted = tmp_path / f"somatize-{os.getuid()}"
+    planted.mkdir()
+    planted.chmod(0o777)
+    with pytest.raises(native.NativeUnavailableError, match="nobody else may write"):
+        native.cache_dir()
+    assert native.ready_host_library() is None
+    batch = torch.randn(5, 7)
+    assert digest_rows(batch) == [digest_tensor(row) for row in batch]
+    monkeypatch.setenv(native.ENV_MODE, "1")
+    with pytest.raises(native.NativeUnavailableError, match=native.ENV_CACHE):
+        native.ready_host_library()
+
+
 def _library_in_child() -> bool:
     return native.host_library() is not None
 
