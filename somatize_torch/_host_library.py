@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+import blake3
+
 from somatize_torch import _native_env
 from somatize_torch._native_env import (
     DIGEST_SIZE,
@@ -93,14 +95,60 @@ def _host_compiler() -> str:
     raise NativeUnavailableError("no C++ compiler found (set CXX)")
 
 
+_LAND: Final = """
+import os, subprocess, sys
+import blake3
+tmp, to, *cmd = sys.argv[1:]
+code = subprocess.run(cmd).returncode
+if code:
+    sys.exit(code)
+with open(tmp, "rb") as f:
+    data = f.read()
+    os.fsync(f.fileno())
+os.chmod(tmp, 0o755)
+os.replace(tmp, to)
+folder = os.open(os.path.dirname(to), os.O_RDONLY)
+side = tmp + ".ok"
+with open(side, "w") as f:
+    f.write("%d %s\\n" % (len(data), blake3.blake3(data).hexdigest()))
+    f.flush()
+    os.fsync(f.fileno())
+os.replace(side, to + ".ok")
+os.fsync(folder)
+os.close(folder)
+"""
+"""Run in a process of its own after the compiler: makes the library durable (its bytes
+on disk before its name is), moves it into place, then writes beside it the record that
+says it is whole (:func:`_intact`), so that a build started in the background lands,
+whole, even when the process that started it exits before it ends."""
+
+
+def _record_of(library: Path) -> Path:
+    """Where the record of ``library``'s size and BLAKE3 digest is kept."""
+    return library.with_name(library.name + ".ok")
+
+
+def _intact(library: Path) -> bool:
+    """Whether ``library`` is there and is, to the byte, what its build wrote: the size and
+    BLAKE3 digest recorded beside it after it landed. Loading a library cut short (a crash
+    before its bytes reached the disk, a full disk) would kill the process (SIGBUS), so
+    one without its record, or differing from it, is built again."""
+    try:
+        record = _record_of(library).read_text().split()
+        data = library.read_bytes()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return record == [str(len(data)), blake3.blake3(data).hexdigest()]
+
+
 def _build_shared(
     directory: Path | None, sources: tuple[str, ...], flags: tuple[str, ...], stem: str
 ) -> Path:
     """Compile ``sources[-1]`` (the other names are the headers it includes) into a
-    shared library in ``directory`` unless a build of the same sources, flags and
-    compiler is already there. The compiler writes a temporary file in the same
-    directory that is then renamed into place, so concurrent builders never
-    expose a partial file."""
+    shared library in ``directory`` unless a whole build of the same sources, flags and
+    compiler is already there (:func:`_intact`). The compiler writes a temporary file in
+    the same directory that is then synced and renamed into place (:data:`_LAND`), so
+    concurrent builders never expose a partial file, and a crash never leaves one."""
     src = csrc_dir()
     cxx = _host_compiler()
     try:
@@ -114,7 +162,7 @@ def _build_shared(
     )
     target_dir = directory if directory is not None else cache_dir()
     target = target_dir / f"{stem}-{key[:24]}.so"
-    if target.is_file():
+    if _intact(target):
         return target
     target_dir.mkdir(parents=True, exist_ok=True)
     _sweep(target_dir, stem)
@@ -122,22 +170,21 @@ def _build_shared(
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        cmd = [cxx, *flags, f"-I{src}", str(src / sources[-1]), "-o", str(tmp)]
-        if shutil.which("sh"):
-            # The shell moves the library into place itself, so that a build started in
-            # the background lands even when this process exits before it ends.
-            script = 'tmp="$1"; to="$2"; shift 2; "$@" && chmod 755 "$tmp" && mv -f "$tmp" "$to"'
-            cmd = ["sh", "-c", script, "sh", str(tmp), str(target), *cmd]
+        compile_ = [cxx, *flags, f"-I{src}", str(src / sources[-1]), "-o", str(tmp)]
+        cmd = [sys.executable, "-c", _LAND, str(tmp), str(target), *compile_]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise NativeUnavailableError(
-                f"native build failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}"
+                f"native build failed ({' '.join(compile_)}):\n{proc.stderr[-4000:]}"
             )
-        if tmp.exists():
-            tmp.chmod(0o755)
-            os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.ok").unlink(missing_ok=True)
+    if not _intact(target):
+        raise NativeUnavailableError(
+            f"the native build of {target} did not land whole (another build may have "
+            "replaced it meanwhile); it is built again next time"
+        )
     _log_once(f"built:{target}", "built native library %s", target)
     return target
 
@@ -150,7 +197,7 @@ process killed mid-compile); a build takes seconds."""
 def _sweep(directory: Path, stem: str) -> None:
     """Removes what builds of ``stem`` killed mid-compile left in ``directory``."""
     now = time.time()
-    for left in directory.glob(f".{stem}-*.tmp"):
+    for left in [*directory.glob(f".{stem}-*.tmp"), *directory.glob(f".{stem}-*.tmp.ok")]:
         try:
             if now - left.stat().st_mtime > _STALE_BUILD_S:
                 left.unlink()

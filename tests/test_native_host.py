@@ -149,6 +149,39 @@ def test_a_build_sweeps_what_killed_builds_left(tmp_path: Path) -> None:
     assert fresh.exists() and other.exists()
 
 
+_DIGEST_IN_A_CHILD = (
+    "import sys, torch\n"
+    "from somatize_torch import _native\n"
+    "from somatize_torch.digest import digest_rows, digest_tensor\n"
+    "assert _native.host_library() is not None\n"
+    "t = torch.randn(4, 300)\n"
+    "assert digest_rows(t) == [digest_tensor(row) for row in t]\n"
+)
+
+
+@pytest.mark.parametrize("damage", ["cut short", "no record"])
+def test_a_cached_library_not_whole_is_built_again(tmp_path: Path, damage: str) -> None:
+    """A cached library cut short (its bytes lost in a crash after it was renamed into
+    place), or one with no record of what its build wrote, is built again before it is
+    loaded, where loading it killed the process."""
+    built = native.build_host_library(tmp_path)
+    record = built.with_name(built.name + ".ok")
+    whole = built.read_bytes()
+    assert record.read_text().split() == [str(len(whole)), blake3.blake3(whole).hexdigest()]
+    if damage == "cut short":
+        built.write_bytes(whole[:20000])
+    else:
+        record.unlink()
+    env = dict(os.environ, SOMATIZE_EXT_CACHE=str(tmp_path), SOMATIZE_NATIVE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", _DIGEST_IN_A_CHILD], env=env, capture_output=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    rebuilt = built.read_bytes()
+    assert record.read_text().split() == [str(len(rebuilt)), blake3.blake3(rebuilt).hexdigest()]
+
+
 @pytest.mark.slow
 def test_concurrent_builds_are_atomic(tmp_path: Path) -> None:
     target = tmp_path / "concurrent"
@@ -168,7 +201,7 @@ def test_concurrent_builds_are_atomic(tmp_path: Path) -> None:
         t.join()
     assert not errors
     assert len(set(results)) == 1
-    assert [p.name for p in target.iterdir()] == [results[0].name]
+    assert sorted(p.name for p in target.iterdir()) == [results[0].name, results[0].name + ".ok"]
     loaded = ctypes.CDLL(str(results[0]))
     out = ctypes.create_string_buffer(32)
     loaded.smz_blake3_host(b"abc", ctypes.c_uint64(3), out)
