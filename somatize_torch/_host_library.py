@@ -12,6 +12,7 @@ library's: a build under way, the lock it holds, the row-hashing worker.
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import os
 import platform
@@ -260,18 +261,66 @@ def host_library() -> ctypes.CDLL:
     with _native_env._lock:
         lib = _host_libs.get(directory)
         if lib is None:
-            try:
-                path = build_host_library(directory)
-                lib = ctypes.CDLL(str(path))
-            except OSError as why:  # the cache not writable, the library not loadable
-                raise NativeUnavailableError(
-                    f"the native host library could not be built or loaded in {directory} "
-                    f"({why}); set {ENV_CACHE} to a writable directory"
-                ) from why
-            _bind_host(lib)
+            lib = _load_host(directory)
             _host_libs[directory] = lib
-            _log_once("host-on", "native host library active: %s", path)
     return lib
+
+
+def _load_host(directory: Path) -> ctypes.CDLL:
+    """The host library built (or found) in ``directory``, loaded and bound. A cached
+    library that will not load, or lacks a function it should have (a damaged or a
+    foreign file), is removed and built again, once."""
+    path = _built_host(directory)
+    try:
+        return _open_host(path)
+    except NativeUnavailableError as exc:
+        _log_once(f"host-bad:{path}", "%s; it is removed and built again", exc)
+    for stale in (path, _record_of(path)):
+        stale.unlink(missing_ok=True)
+    path = _built_host(directory)
+    try:
+        return _open_host(path)
+    except NativeUnavailableError as exc:
+        raise NativeUnavailableError(f"{exc}, even when built afresh") from exc
+
+
+def _built_host(directory: Path) -> Path:
+    try:
+        return build_host_library(directory)
+    except OSError as why:  # the cache not writable
+        raise NativeUnavailableError(
+            f"the native host library could not be built in {directory} ({why}); set "
+            f"{ENV_CACHE} to a writable directory"
+        ) from why
+
+
+def _open_host(path: Path) -> ctypes.CDLL:
+    """The library at ``path``, loaded and bound; :class:`NativeUnavailableError` naming
+    the file where it will not load or lacks a function of the host library (which is
+    then let go of, so that a library built again at that name is loaded afresh)."""
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as why:
+        raise NativeUnavailableError(
+            f"the native host library {path} cannot be loaded ({why})"
+        ) from why
+    try:
+        _bind_host(lib)
+    except AttributeError as why:
+        _unload(lib)
+        raise NativeUnavailableError(
+            f"{path} is not the native host library it is named for: {why}"
+        ) from None
+    _log_once("host-on", "native host library active: %s", path)
+    return lib
+
+
+def _unload(lib: ctypes.CDLL) -> None:
+    """Lets go of a library loaded by mistake: while it stays loaded, loading its path
+    again answers the same library, whatever the file there is now."""
+    close = getattr(_ctypes, "dlclose", None)  # POSIX only
+    if close is not None:
+        close(lib._handle)
 
 
 def ready_host_library() -> ctypes.CDLL | None:

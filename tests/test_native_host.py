@@ -182,6 +182,86 @@ def test_a_cached_library_not_whole_is_built_again(tmp_path: Path, damage: str) 
     assert record.read_text().split() == [str(len(rebuilt)), blake3.blake3(rebuilt).hexdigest()]
 
 
+def _put_in_place(library: Path, data: bytes) -> None:
+    """``data`` at ``library``, with the record a build would have written for it."""
+    library.write_bytes(data)
+    library.with_name(library.name + ".ok").write_text(
+        f"{len(data)} {blake3.blake3(data).hexdigest()}\n"
+    )
+
+
+def _foreign_library(tmp_path: Path) -> bytes:
+    """A shared library that loads and has none of the host library's functions."""
+    source = tmp_path / "other.cpp"
+    source.write_text('extern "C" int smz_other(void) { return 1; }\n')
+    out = tmp_path / "other.so"
+    compiler = native_host._host_compiler()
+    subprocess.run([compiler, "-shared", "-fPIC", str(source), "-o", str(out)], check=True)
+    return out.read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["not a library", "another library"])
+def test_a_cached_library_that_will_not_load_is_built_again(tmp_path: Path, kind: str) -> None:
+    """A cached file that matches its record and still will not load, or loads and lacks
+    the host library's functions, is removed and built again, and the library works."""
+    cache = tmp_path / "cache"
+    built = native.build_host_library(cache)
+    bad = b"not a library" if kind == "not a library" else _foreign_library(tmp_path)
+    _put_in_place(built, bad)
+    env = dict(os.environ, SOMATIZE_EXT_CACHE=str(cache), SOMATIZE_NATIVE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", _DIGEST_IN_A_CHILD], env=env, capture_output=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert built.read_bytes() != bad
+
+
+def test_a_library_that_will_not_load_even_built_afresh_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library that will not load even when built again is the library being
+    unavailable, said with the file's name (not as a cache to be made writable); the
+    background build keeps the pure path, raising nothing."""
+    bad = tmp_path / "libsmz_blake3_host-bad.so"
+
+    def build(directory: Path | None = None) -> Path:
+        _put_in_place(bad, b"not a library")
+        return bad
+
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path))
+    monkeypatch.setattr(native_host, "build_host_library", build)
+    with pytest.raises(native.NativeUnavailableError, match="built afresh") as raised:
+        native.host_library()
+    assert str(bad) in str(raised.value) and native.ENV_CACHE not in str(raised.value)
+    native_host._build_in_background()  # logs, raises nothing
+
+
+def test_a_function_missing_from_a_library_is_said_naming_the_file(tmp_path: Path) -> None:
+    """A library that loads and lacks a function of the host library is refused as
+    unavailable, naming the file, where binding it raised a bare AttributeError."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from somatize_torch import _host_library, _native\n"
+        "try:\n"
+        "    _host_library._open_host(Path(sys.argv[1]))\n"
+        "except _native.NativeUnavailableError as exc:\n"
+        "    assert sys.argv[1] in str(exc) and 'smz_blake3_host' in str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('bound')\n"
+    )
+    foreign = tmp_path / "libsmz_blake3_host-foreign.so"
+    foreign.write_bytes(_foreign_library(tmp_path))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(foreign)], env=env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
 @pytest.mark.slow
 def test_concurrent_builds_are_atomic(tmp_path: Path) -> None:
     target = tmp_path / "concurrent"
