@@ -70,6 +70,10 @@ _host_libs: dict[Path, ctypes.CDLL] = {}
 _background: dict[Path, threading.Thread] = {}
 _ready: dict[tuple[str | None, ...], ctypes.CDLL] = {}
 _background_lock = threading.Lock()
+_build_lock = threading.Lock()
+"""Held while this process builds or loads a host build (one at a time). Not the lock
+the CUDA extension takes (``_native_env._lock``), which is taken only to publish what
+was built, so that the CUDA path never waits for a host compile."""
 _emulators: dict[Path, ctypes.CDLL] = {}
 
 
@@ -77,9 +81,10 @@ def _after_fork_in_child() -> None:
     """A forked child starts with its own locks (one a parent's thread held during a build
     would stay held), with no build under way, and with no row-hashing worker (the
     parent's threads are not there)."""
-    global _background_lock
+    global _background_lock, _build_lock
     _native_env._lock = threading.RLock()
     _background_lock = threading.Lock()
+    _build_lock = threading.Lock()
     _background.clear()
     for lib in _host_libs.values():
         lib.smz_blake3_host_rows_forked()
@@ -96,11 +101,25 @@ def _host_compiler() -> str:
     raise NativeUnavailableError("no C++ compiler found (set CXX)")
 
 
+_COMPILE_S: Final = 600.0
+"""How long a compile may run before it is stopped and the library taken as unavailable:
+a build takes seconds, and one that hangs (a compiler waiting on a lock, a full disk
+retried) must not hold a process's first batches for good."""
+
 _LAND: Final = """
-import os, subprocess, sys
+import os, signal, subprocess, sys
 import blake3
-tmp, to, *cmd = sys.argv[1:]
-code = subprocess.run(cmd).returncode
+tmp, to, limit, *cmd = sys.argv[1:]
+compiler = subprocess.Popen(cmd, start_new_session=True)
+try:
+    code = compiler.wait(timeout=float(limit))
+except BaseException as exc:
+    os.killpg(compiler.pid, signal.SIGKILL)  # the compiler and what it runs
+    compiler.wait()
+    if not isinstance(exc, subprocess.TimeoutExpired):
+        raise
+    sys.stderr.write("the compiler ran past %s s and was stopped\\n" % limit)
+    sys.exit(124)
 if code:
     sys.exit(code)
 with open(tmp, "rb") as f:
@@ -172,8 +191,16 @@ def _build_shared(
     tmp = Path(tmp_name)
     try:
         compile_ = [cxx, *flags, f"-I{src}", str(src / sources[-1]), "-o", str(tmp)]
-        cmd = [sys.executable, "-c", _LAND, str(tmp), str(target), *compile_]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        limit = str(_COMPILE_S)
+        cmd = [sys.executable, "-c", _LAND, str(tmp), str(target), limit, *compile_]
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, check=False, timeout=_COMPILE_S + 60
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise NativeUnavailableError(
+                f"native build ran past {_COMPILE_S:.0f} s and was stopped ({' '.join(compile_)})"
+            ) from exc
         if proc.returncode != 0:
             raise NativeUnavailableError(
                 f"native build failed ({' '.join(compile_)}):\n{proc.stderr[-4000:]}"
@@ -258,11 +285,15 @@ def host_library() -> ctypes.CDLL:
         _log_once("host-off", "native host library disabled by %s=0", ENV_MODE)
         raise NativeDisabledError(f"native code disabled by {ENV_MODE}=0")
     directory = cache_dir()
-    with _native_env._lock:
+    lib = _host_libs.get(directory)
+    if lib is not None:
+        return lib
+    with _build_lock:
         lib = _host_libs.get(directory)
         if lib is None:
             lib = _load_host(directory)
-            _host_libs[directory] = lib
+            with _native_env._lock:
+                _host_libs[directory] = lib
     return lib
 
 
@@ -376,7 +407,7 @@ def kernel_emulator() -> ctypes.CDLL:
     if native_mode() == "off":
         raise NativeDisabledError(f"native code disabled by {ENV_MODE}=0")
     directory = cache_dir()
-    with _native_env._lock:
+    with _build_lock:
         lib = _emulators.get(directory)
         if lib is None:
             lib = ctypes.CDLL(str(build_kernel_emulator(directory)))
@@ -384,7 +415,8 @@ def kernel_emulator() -> ctypes.CDLL:
             vp, u64 = ctypes.c_void_p, ctypes.c_uint64
             fn.argtypes = [vp, u64, u64, u64, ctypes.c_uint32, vp, vp]
             fn.restype = ctypes.c_int
-            _emulators[directory] = lib
+            with _native_env._lock:
+                _emulators[directory] = lib
     return lib
 
 

@@ -571,6 +571,44 @@ def test_with_no_home_a_temporary_folder_others_may_write_to_is_not_used(
         native.ready_host_library()
 
 
+def test_a_host_build_holds_no_lock_the_cuda_path_takes_and_is_stopped_if_it_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the host library compiles, the lock the CUDA extension takes is free (its
+    first digest does not wait for a host compile); a compile that runs past its time is
+    stopped, and the library is unavailable, said plainly."""
+    hanging = tmp_path / "hanging-c++"
+    hanging.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && { echo hanging 1.0; exit 0; }\nexec sleep 60\n'
+    )
+    hanging.chmod(0o755)
+    monkeypatch.setenv("CXX", str(hanging))
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.setattr(native_host, "_COMPILE_S", 3.0)
+    failed: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            native.host_library()
+        except BaseException as exc:
+            failed.append(exc)
+
+    builder = threading.Thread(target=build)
+    started = time.monotonic()
+    builder.start()
+    for _ in range(200):
+        if list((tmp_path / "cache").glob(".*.tmp")):
+            break
+        time.sleep(0.05)
+    assert builder.is_alive()
+    assert native_env._lock.acquire(timeout=1)  # the CUDA path's lock, free mid-compile
+    native_env._lock.release()
+    builder.join(timeout=120)
+    assert time.monotonic() - started < 30
+    assert len(failed) == 1 and isinstance(failed[0], native.NativeUnavailableError)
+    assert "ran past" in str(failed[0])
+
+
 def _library_in_child() -> bool:
     return native.host_library() is not None
 
@@ -583,7 +621,7 @@ def test_a_child_forked_during_a_build_gets_the_library(lib: ctypes.CDLL) -> Non
     held, done = threading.Event(), threading.Event()
 
     def build() -> None:  # stands for a build on another thread, holding the lock
-        with native_env._lock:
+        with native_host._build_lock, native_env._lock:
             held.set()
             done.wait(timeout=300)
 
