@@ -12,7 +12,9 @@ the names (:func:`_take_named`) instead of naming the rows itself.
 A name holds only for the bytes that were named, so a forward takes the names only
 for the very tensor named and unchanged since — the same version counter, memory,
 layout and dtype (:func:`~somatize_torch.codec.stamp_of`) — and names the rows itself
-otherwise; an inference tensor has no version counter, so it is never named ahead. A
+otherwise. A write torch does not count (into ``x.data``, through ``x.numpy()`` or
+DLPack) moves none of these, so it is not seen: a batch is to be written before it is
+named. An inference tensor has no version counter, so it is never named ahead. A
 cache holds at most :data:`_NAMED_AHEAD` batches named ahead, the oldest dropped, so a
 loop that names batches it never runs holds no more than that.
 """

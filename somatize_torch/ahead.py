@@ -21,10 +21,12 @@ itself runs on the loop's thread, as without :func:`ahead`.
 
 The names are used only for the very tensor they were made from, unchanged
 since (its version counter, which every change in place through torch bumps, its
-memory and layout): a batch the loop changes, replaces or moves to another
-device is named again at its forward, so nothing stale is ever recalled. A change
-made behind torch's back — writing through ``x.numpy()`` or ``x.data`` — is not
-seen; don't write into a batch that way between the loader and the cached module.
+memory and layout): a batch the loop changes through torch, replaces or moves to
+another device is named again at its forward. A change made behind torch's back —
+writing into ``x.data``, through ``x.numpy()`` or a DLPack view — moves no version
+counter and is not seen: the forward would take the names of what the batch held
+before. Don't write into a batch that way between the loader and the cached module;
+write into a ``clone()`` and hand the forward that.
 
 Which tensor of a loader item is the cached module's input is learned: after each
 step, the tensor of the item that a cache was last called with (found by identity

@@ -297,7 +297,10 @@ class CachedRows(nn.Module):
         (:func:`~somatize_torch.digest.raw_rows_later`). A forward uses the names only
         if ``x`` is the very tensor named and unchanged since — same version counter
         (which every change in place through torch bumps), memory, layout and dtype —
-        and names the rows itself otherwise, or if naming failed. Nothing is named for
+        and names the rows itself otherwise, or if naming failed. A write that moves no
+        version counter (into ``x.data``, through ``x.numpy()`` or DLPack) after naming
+        is not seen, and the forward takes the names of what ``x`` held before: write
+        before naming, or into a ``clone()``. Nothing is named for
         an index-keyed cache, for a batch that requires grad or is not on the CPU, for a
         host batch once the cache runs on a device, or for an inference tensor (one made
         under ``torch.inference_mode``): it has no version counter, so a change in place
