@@ -302,9 +302,10 @@ class CachedRows(nn.Module):
         is not seen, and the forward takes the names of what ``x`` held before: write
         before naming, or into a ``clone()``. Nothing is named for
         an index-keyed cache, for a batch that requires grad or is not on the CPU, for a
-        host batch once the cache runs on a device, or for an inference tensor (one made
-        under ``torch.inference_mode``): it has no version counter, so a change in place
-        could not be told from no change."""
+        host batch once the cache runs on a device, for a batch the forward refuses (a
+        nested tensor, a subclass of ``torch.Tensor``) or cannot read (its storage freed),
+        or for an inference tensor (one made under ``torch.inference_mode``): it has no
+        version counter, so a change in place could not be told from no change."""
         return _name_ahead(self, x)
 
     def row_keys(
