@@ -114,7 +114,10 @@ compiler = subprocess.Popen(cmd, start_new_session=True)
 try:
     code = compiler.wait(timeout=float(limit))
 except BaseException as exc:
-    os.killpg(compiler.pid, signal.SIGKILL)  # the compiler and what it runs
+    try:
+        os.killpg(compiler.pid, signal.SIGKILL)  # the compiler and what it runs
+    except ProcessLookupError:
+        pass
     compiler.wait()
     if not isinstance(exc, subprocess.TimeoutExpired):
         raise
@@ -171,6 +174,11 @@ def _build_shared(
     concurrent builders never expose a partial file, and a crash never leaves one."""
     src = csrc_dir()
     cxx = _host_compiler()
+    if not sys.executable:
+        raise NativeUnavailableError(
+            "the native build runs under a Python interpreter, and this process names none "
+            "(sys.executable is empty)"
+        )
     try:
         version = subprocess.run(
             [cxx, "--version"], capture_output=True, text=True, check=False, timeout=60
@@ -200,6 +208,10 @@ def _build_shared(
         except subprocess.TimeoutExpired as exc:
             raise NativeUnavailableError(
                 f"native build ran past {_COMPILE_S:.0f} s and was stopped ({' '.join(compile_)})"
+            ) from exc
+        except OSError as exc:  # no interpreter to run it under (an embedded Python)
+            raise NativeUnavailableError(
+                f"the native build cannot be run under {sys.executable!r}: {exc}"
             ) from exc
         if proc.returncode != 0:
             raise NativeUnavailableError(

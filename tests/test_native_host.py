@@ -609,6 +609,20 @@ def test_a_host_build_holds_no_lock_the_cuda_path_takes_and_is_stopped_if_it_han
     assert "ran past" in str(failed[0])
 
 
+@pytest.mark.parametrize("interpreter", ["", "missing-python"])
+def test_a_build_with_no_interpreter_to_run_under_is_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interpreter: str
+) -> None:
+    """The build runs under this Python; where the process names none, or one that cannot
+    be run (an embedded interpreter), the library is unavailable, said plainly, and not a
+    cache to be made writable."""
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / interpreter) if interpreter else "")
+    with pytest.raises(native.NativeUnavailableError, match=r"interpreter|cannot be run under"):
+        native.host_library()
+    native_host._build_in_background()  # logs, raises nothing
+
+
 def _library_in_child() -> bool:
     return native.host_library() is not None
 
