@@ -351,9 +351,7 @@ class Shrunk(Base):
         super().__init__(k * by)
 
 
-def test_a_constructor_called_through_super_does_not_change_the_call_a_node_was_made_with() -> (
-    None
-):
+def test_a_constructor_called_through_super_leaves_the_call_a_node_was_made_with() -> None:
     """What a node class's constructor notes of the call and of what the node holds, it
     notes only as the node's own constructor: called from a subclass's or a mixin's
     through ``super().__init__``, with other arguments, it leaves the call as made."""
