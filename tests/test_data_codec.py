@@ -540,6 +540,23 @@ def test_an_answer_with_an_extension_type_defined_in_python_is_refused(store: St
     assert codec.decode(memoryview(_join(codec.encode(uuids)))) == uuids
 
 
+def test_a_column_whose_metadata_names_an_extension_type_is_refused(store: Store) -> None:
+    """A column of a plain type whose field metadata names an extension type other than
+    pyarrow's own is read as that type where the name is registered, by its code: it is
+    neither kept nor read back, whether the name is registered here or not."""
+    field = pyarrow.field(
+        "a", pyarrow.int64(), metadata={b"ARROW:extension:name": b"somatize.test.named"}
+    )
+    table = pyarrow.table([pyarrow.array([1, 2, 3])], schema=pyarrow.schema([field]))
+    with pytest.raises(CodecError, match=r"`a`: somatize\.test\.named \(named in its metadata\)"):
+        CODECS.for_value(table)
+    with pytest.raises(CodecError, match=r"`a`: somatize\.test\.named"):
+        ArrowCodec().decode(memoryview(_join(ArrowCodec().encode(table))))
+    own = pyarrow.field("b", pyarrow.int64(), metadata={b"ARROW:extension:name": b"arrow.x"})
+    plain = pyarrow.table([pyarrow.array([1])], schema=pyarrow.schema([own]))
+    assert CODECS.for_value(plain).name == "arrow"
+
+
 def test_read_only_keeps_the_rows_and_refuses_writes() -> None:
     """What a source keeps is its rows as they were, over buffers nothing writes through:
     flat columns (sliced, with nulls) as they are, other columns copied once."""

@@ -32,10 +32,16 @@ def python_extensions(schema: pyarrow.Schema) -> list[str]:
     ``field: extension name``. Such a type's values turn into Python by whatever code
     registered it, which may be ``pickle.load``: what is read from a store may have none.
     pyarrow's own extension types (``arrow.uuid``, ``arrow.fixed_shape_tensor`` ...) are
-    not among them."""
+    not among them, nor is a field of a plain type — but one that carries the metadata
+    naming an extension type other than pyarrow's own (``ARROW:extension:name``), which a
+    reader where that name is registered reads as that type, is among them too."""
     found: list[str] = []
 
-    def walk(kind: pyarrow.DataType, where: str) -> None:
+    def walk(kind: pyarrow.DataType, where: str, metadata: Any = None) -> None:
+        named = (metadata or {}).get(b"ARROW:extension:name")
+        if named is not None and not named.startswith(b"arrow."):
+            found.append(f"`{where}`: {named.decode(errors='replace')} (named in its metadata)")
+            return
         if isinstance(kind, pyarrow.ExtensionType):
             found.append(f"`{where}`: {kind.extension_name}")
             return
@@ -47,10 +53,10 @@ def python_extensions(schema: pyarrow.Schema) -> list[str]:
         else:
             for index in range(kind.num_fields):
                 field = kind.field(index)
-                walk(field.type, f"{where}.{field.name}")
+                walk(field.type, f"{where}.{field.name}", field.metadata)
 
     for field in schema:
-        walk(field.type, field.name)
+        walk(field.type, field.name, field.metadata)
     return found
 
 
