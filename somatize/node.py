@@ -317,14 +317,9 @@ class Node:
         if bound is None:
             return []
         bound.apply_defaults()  # an argument left to its default is kept all the same
-        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
         held = self._held_as_made()
         return [
-            (name, value)
-            for name, value in list(bound.arguments.items())[1:]
-            if bound.signature.parameters[name].kind not in variadic
-            and name in held
-            and held[name] is value
+            (name, value) for name, value in _by_name(bound) if name in held and held[name] is value
         ]
 
     def named_like_arguments(self) -> list[tuple[str, Any]]:
@@ -342,15 +337,11 @@ class Node:
         if bound is None:
             return []
         bound.apply_defaults()
-        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
         held = self._held_as_made()
         return [
             (name, held[name])
-            for name, value in list(bound.arguments.items())[1:]
-            if bound.signature.parameters[name].kind not in variadic
-            and not name.startswith("_")
-            and name in held
-            and held[name] is not value
+            for name, value in _by_name(bound)
+            if not name.startswith("_") and name in held and held[name] is not value
         ]
 
     def retake(self, values: dict[str, Any]) -> None:
@@ -359,7 +350,15 @@ class Node:
         bound = self._bound()
         if bound is None:
             return
-        bound.arguments.update(values)
+        parameters = bound.signature.parameters
+        for name, value in values.items():
+            if name in parameters:
+                bound.arguments[name] = value
+            else:  # one of the keyword arguments a `**kwargs` took
+                taken = next((n for n, p in parameters.items() if p.kind is p.VAR_KEYWORD), None)
+                if taken is None:
+                    raise ValueError(f"{type(self).__qualname__} takes no argument `{name}`")
+                bound.arguments[taken] = {**bound.arguments.get(taken, {}), name: value}
         self._smz.call = (tuple(bound.args[1:]), dict(bound.kwargs))
         made = self._smz.made
         if made is not None:  # what it holds is what it is made with from here
@@ -374,8 +373,17 @@ class Node:
         made = self._smz.made
         if made is None:
             return held
-        names = _parameter_names(type(self))
+        names = self._argument_names()
         return {**{k: v for k, v in held.items() if k not in names}, **made}
+
+    def _argument_names(self) -> frozenset[str]:
+        """The names the node's constructor call gives an argument under, one by one: its
+        parameters' (for a class declared by them), and those its ``**kwargs`` took."""
+        names, keywords = _parameter_names(type(self))
+        bound = self._bound() if keywords else None
+        if bound is None:
+            return names
+        return names | {name for name, _ in _by_name(bound)}
 
     def replaced_since_made(self) -> bool:
         """Whether an attribute named like a constructor parameter holds other than what the
@@ -725,21 +733,35 @@ _ATOMIC = (int, float, complex, str, bytes, bool, type(None))
 """Values that cannot change in place, which a pickle carries as a new object each time."""
 
 
-_PARAMETER_NAMES: dict[type, frozenset[str]] = {}
+_PARAMETER_NAMES: dict[type, tuple[frozenset[str], bool]] = {}
 
 
-def _parameter_names(kind: type[Node]) -> frozenset[str]:
+def _by_name(bound: inspect.BoundArguments) -> list[tuple[str, Any]]:
+    """The arguments of ``bound``, a constructor call (bound with ``None`` for ``self``),
+    one by one: each parameter's but ``self`` and a ``*args``, and each of those its
+    ``**kwargs`` took, under its keyword."""
+    out: list[tuple[str, Any]] = []
+    for index, (name, value) in enumerate(bound.arguments.items()):
+        how = bound.signature.parameters[name].kind
+        if how is inspect.Parameter.VAR_KEYWORD:
+            out += [(key, item) for key, item in value.items() if isinstance(key, str)]
+        elif index and how is not inspect.Parameter.VAR_POSITIONAL:
+            out.append((name, value))
+    return out
+
+
+def _parameter_names(kind: type[Node]) -> tuple[frozenset[str], bool]:
     """The names of the parameters ``kind``'s constructor takes one by one, for a class
-    declared by them (the default :meth:`Node.declare`); empty for any other. Worked out
-    once per class."""
+    declared by them (the default :meth:`Node.declare`; none for any other), and whether
+    it takes ``**kwargs`` too. Worked out once per class."""
     found = _PARAMETER_NAMES.get(kind)
     if found is None:
         signature = _signature(kind) if kind.declare is Node.declare else None
+        parameters = list(signature.parameters.values())[1:] if signature is not None else []
         variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-        found = _PARAMETER_NAMES[kind] = frozenset(
-            name
-            for name, parameter in list((signature.parameters if signature else {}).items())[1:]
-            if parameter.kind not in variadic
+        found = _PARAMETER_NAMES[kind] = (
+            frozenset(p.name for p in parameters if p.kind not in variadic),
+            any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters),
         )
     return found
 
@@ -816,7 +838,7 @@ def _making(init: Callable[..., None], owner: type) -> Callable[..., None]:
             # (A metaclass of its own may do more once the constructor returns: the node is
             # then looked at as it is when a graph is built.)
             held = attributes_of(self)
-            names = _parameter_names(type(self))
+            names = self._argument_names()
             marks.made = {name: held[name] for name in names if name in held}
 
     __init__._smz_making = True  # type: ignore[attr-defined]

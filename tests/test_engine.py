@@ -1179,6 +1179,37 @@ def test_an_argument_of_an_unpickled_node_given_another_value_is_followed(
     assert g.forward([1.0], store=store) == [5.0]
 
 
+class Configured(Node):
+    """Keeps each keyword argument it is handed as an attribute of its name."""
+
+    def __init__(self, **settings: Any) -> None:
+        for name, value in settings.items():
+            setattr(self, name, value)
+
+    def forward(self, values: list[float], ctx: Any) -> list[float]:
+        return [v * self.by for v in values]
+
+
+def test_a_keyword_argument_a_node_keeps_given_another_value_is_followed(store: Store) -> None:
+    """An argument a constructor's ``**kwargs`` took and the node keeps under its keyword
+    is followed as a named parameter's is, given another value after the build or before
+    it: the node is keyed as built with that value."""
+    rows = Echo().named("rows").frozen()
+    configured = Configured(by=2.0)
+    g = Graph.somatize(rows >> configured.named("configured").frozen().cached())
+    assert g.forward([1.0], store=store) == [2.0]
+    configured.by = 5.0  # type: ignore[attr-defined]
+    assert g.forward([1.0], store=store) == [5.0]
+    assert g.node("configured").declaration() == Configured(by=5.0).declaration()
+    early = Configured(by=2.0)
+    early.by = 6.0  # type: ignore[attr-defined]
+    g = Graph.somatize(rows >> early.named("configured").frozen().cached())
+    assert g.forward([1.0], store=store) == [6.0]
+    assert Graph.somatize(rows >> Configured(by=2.0).named("configured").frozen().cached()).forward(
+        [1.0], store=store
+    ) == [2.0]
+
+
 class _CallsInit(type):
     """A metaclass that makes its instances itself: ``__new__`` handed nothing, then
     ``__init__`` handed the call."""
