@@ -44,7 +44,8 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     forward may read that neither ``repr`` nor the state shows (``self.temperature =
     2.0``, a tensor held as a plain attribute, ``self.act = F.gelu``). Numbers, strings,
     bools, None, tuples, lists and str-keyed dicts of them, dataclass instances, dtypes,
-    devices and enums are taken as they are (numpy's scalars as the numbers they hold),
+    devices and enums are taken as they are (numpy's scalars as the numbers they hold, of
+    their numpy type),
     tensors and numeric numpy arrays by digest (a tensor of a subclass by its class and
     the attributes it keeps too); functions (a ``forward``
     replaced on the instance too) by their code, as hooks are, built-in functions and
@@ -288,11 +289,15 @@ def _subclass_setting(value: torch.Tensor, depth: int) -> Any:
 
 
 def _numpy_setting(numpy: Any, value: Any, depth: int) -> Any:
-    """A numpy scalar as the plain value it holds (``np.float32(2.0)`` is no ``float``
-    subclass), a numeric array by its digest as a tensor; unseen for anything else."""
+    """A numpy scalar as the plain value it holds and its numpy type (``np.float32(0.1)``
+    is no ``float``, and Python's arithmetic with it is float32's: ``np.float32(0.1) * 3``
+    is not ``0.1 * 3``, nor ``~np.bool_(True)`` ``~True``), a numeric array by its digest as
+    a tensor; unseen for anything else."""
     if isinstance(value, numpy.generic):
         plain = value.item()
-        return _UNSEEN if isinstance(plain, numpy.generic) else _setting(plain, depth)
+        if isinstance(plain, numpy.generic):
+            return _UNSEEN
+        return ["numpy", value.dtype.name, _setting(plain, depth)]
     try:
         tensor = torch.from_numpy(numpy.ascontiguousarray(value))
     except (TypeError, ValueError):  # strings, objects: no tensor holds them

@@ -271,13 +271,18 @@ def test_a_part_without_weights_replaced_or_a_conversion_is_seen(store: Store) -
 
 def test_numpy_scalars_a_module_keeps_are_in_its_key(store: Store) -> None:
     """``np.float32`` and ``np.int64`` are no Python number subclasses: they are seen as
-    the numbers they hold, and a numeric array by its content."""
+    the numbers they hold, of their numpy type (Python's arithmetic with a float32 is
+    float32's), and a numeric array by its content."""
     module = Scaled(1.0)
     module.gain = np.float32(2.0)
     module.steps = np.int64(3)
     module.table = np.arange(4.0)
     settings = settings_of(module)
-    assert settings["gain"] == 2.0 and settings["steps"] == 3
+    assert settings["gain"] == ["numpy", "float32", 2.0]
+    assert settings["steps"] == ["numpy", "int64", 3]
+    plain = Scaled(1.0)
+    plain.gain, plain.steps, plain.table = 2.0, 3, np.arange(4.0)
+    assert settings_of(plain)["gain"] == 2.0 and settings_of(plain)["steps"] == 3
     assert settings["table"][0] == "array"
     other = Scaled(1.0)
     other.gain, other.steps, other.table = np.float32(2.0), np.int64(3), np.arange(4.0) + 1
