@@ -589,7 +589,7 @@ def test_a_loader_seen_fresh_is_checked_again_deeper(warm: CachedRows) -> None:
 
 def test_what_is_known_of_a_loader_goes_with_it(warm: CachedRows) -> None:
     """The findings kept for a loader across its Aheads are let go with the loader."""
-    from somatize_torch.ahead import _FINDINGS
+    from somatize_torch._ahead_passes import _FINDINGS
 
     batches = Counting(images(32), draws=False)
     for x in ahead(batches, warm, check_draws=True):
