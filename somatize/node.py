@@ -137,15 +137,15 @@ class Marks:
     found to make what the node holds. A list changed in place afterwards is told apart
     from it (:func:`~somatize.plan.look_again`)."""
     made: dict[str, Any] | None = None
-    """Once its constructor has returned: what the node held then under each name of a
-    parameter of its constructor (for a node declared by its constructor arguments; for
-    any other, nothing). A graph looks at the node from there, so a value given to such an
-    attribute before the graph is built (``s = Scale(2.0); s.by = 5.0``, through
-    ``vars(s)`` too, or calling ``__init__`` again) is followed as one given after the build
-    is (:meth:`Node.kept_arguments`). None while the node is being made, and for a class
-    whose constructor is not its own (:func:`_watch_making`) or whose metaclass has a
-    ``__call__`` of its own (which may do more once the constructor returns): the node is
-    looked at as it is when the graph is built."""
+    """Once its constructor has returned: what the node held then under the name of each
+    argument of its call (each parameter's, and each keyword a ``**kwargs`` took), for a
+    node declared by its constructor arguments. A graph looks at the node from there, so a
+    value given to such an attribute before the graph is built (``s = Scale(2.0); s.by =
+    5.0``, through ``vars(s)`` too, or calling ``__init__`` again) is followed as one given
+    after the build is (:meth:`Node.kept_arguments`). None while the node is being made;
+    for a class whose constructor does not say when it returns (a mixin's, or one whose
+    metaclass has a ``__call__`` of its own: :func:`_watch_making`), worked out at the
+    build (:meth:`Node._as_constructed`)."""
     making: int = 0
     """How many of the node's own constructors are running (one calls another through
     ``super().__init__``): it is made when the outermost returns."""
@@ -214,9 +214,10 @@ class Node:
         if bound is None:
             return
         bound.apply_defaults()
+        arguments = dict(_by_name(bound))
         held = vars(self)
         for name, was in made.items():
-            argument = bound.arguments.get(name, UNSET)
+            argument = arguments.get(name, UNSET)
             if was is argument or type(argument) not in _ATOMIC:
                 continue
             digest = digest_of(argument)
@@ -351,8 +352,9 @@ class Node:
         if bound is None:
             return
         parameters = bound.signature.parameters
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
         for name, value in values.items():
-            if name in parameters:
+            if name in parameters and parameters[name].kind not in variadic:
                 bound.arguments[name] = value
             else:  # one of the keyword arguments a `**kwargs` took
                 taken = next((n for n, p in parameters.items() if p.kind is p.VAR_KEYWORD), None)
@@ -370,11 +372,43 @@ class Node:
         starts to watch from, so that a value given since is followed as one given after
         the build is."""
         held = attributes_of(self)
-        made = self._smz.made
+        made = self._as_constructed()
         if made is None:
             return held
         names = self._argument_names()
         return {**{k: v for k, v in held.items() if k not in names}, **made}
+
+    def _as_constructed(self) -> dict[str, Any] | None:
+        """What the node held when it was made (:attr:`Marks.made`), under its arguments'
+        names. For a node whose constructor does not say so (a mixin's, a class whose
+        metaclass has a ``__call__`` of its own: :func:`_watch_making`), and which holds no
+        state (cheap to build, as a worker would), worked out once, before a graph is built
+        with it, by building one from its call: what it holds that the build holds too (by
+        canonical form) is as made, and where they differ, what the build holds is what it
+        was made with — so that a value given before the build is followed all the same.
+        None where that cannot be told: the node is looked at as it is at the build."""
+        marks = self._smz
+        if marks.made is not None or marks.built or self.holds_state:
+            return marks.made
+        if type(self).declare is not Node.declare or own_new(type(self)) is not None:
+            return None
+        from somatize._look_again import _built_again  # which imports this module
+
+        try:
+            fresh = attributes_of(_built_again(self, self.recipe()))
+        except Exception:  # a constructor that cannot be run again here: as it is
+            return None
+        held = attributes_of(self)
+        made: dict[str, Any] = {}
+        for name in self._argument_names():
+            if name not in fresh:
+                continue
+            now, built = held.get(name, UNSET), fresh[name]
+            digest = digest_of(now)
+            unchanged = now is built or (digest is not None and digest == digest_of(built))
+            made[name] = now if unchanged else built
+        marks.made = made
+        return made
 
     def _argument_names(self) -> frozenset[str]:
         """The names the node's constructor call gives an argument under, one by one: its
@@ -388,7 +422,7 @@ class Node:
     def replaced_since_made(self) -> bool:
         """Whether an attribute named like a constructor parameter holds other than what the
         constructor left there (:attr:`Marks.made`)."""
-        made = self._smz.made
+        made = self._as_constructed()
         if not made:
             return False
         held = attributes_of(self)
@@ -790,17 +824,18 @@ def _watch_making(kind: type[Node]) -> None:
     the ``__init__`` it runs, when a class of nodes defines it (a dataclass too), is
     wrapped, once, in one that notes what the node holds when the outermost returns, and
     the call it was handed (what ``Node.__new__`` was handed may be other: a metaclass
-    that calls ``__init__`` itself). A constructor of a class that is not a node (a
-    mixin's, ``torch.nn.Module``'s) is not touched: its nodes are looked at as they are
-    when a graph is built."""
+    that calls ``__init__`` itself). Only where every constructor along the class's MRO
+    is a node class's: one that is not (a mixin's, ``torch.nn.Module``'s) is not touched,
+    nor is a node class's that such a class may reach through ``super().__init__`` (a
+    library that walks its constructors' frames would meet the wrapper's), and a node of
+    such a class is looked at as a build from its call makes it (:meth:`Node._as_constructed`)."""
     if kind.declare is not Node.declare:
         return
     owner = _MAKERS.get(kind, Node)
     if owner is Node:
-        found = next((c for c in kind.__mro__ if "__init__" in vars(c)), None)
-        owner = _MAKERS[kind] = (
-            found if found is not None and found is not Node and issubclass(found, Node) else None
-        )
+        makers = [c for c in kind.__mro__ if "__init__" in vars(c) and c is not object]
+        pure = all(issubclass(c, Node) for c in makers)
+        owner = _MAKERS[kind] = makers[0] if pure and makers and makers[0] is not Node else None
     if owner is None:
         return
     init = vars(owner).get("__init__")
@@ -838,7 +873,9 @@ def _making(init: Callable[..., None], owner: type) -> Callable[..., None]:
             # (A metaclass of its own may do more once the constructor returns: the node is
             # then looked at as it is when a graph is built.)
             held = attributes_of(self)
-            names = self._argument_names()
+            names, keywords = _parameter_names(type(self))
+            if keywords:  # and the keywords its **kwargs took: those not a parameter's
+                names = names | {k for k in marks.call[1] if isinstance(k, str)}
             marks.made = {name: held[name] for name in names if name in held}
 
     __init__._smz_making = True  # type: ignore[attr-defined]

@@ -220,7 +220,10 @@ def _setting(value: Any, depth: int = 0) -> Any:
         return None
     if isinstance(value, enum.Enum):
         return f"{type(value).__qualname__}.{value.name}"
-    # Subclasses (numpy's float64, a str subclass) as the plain values they are.
+    numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its values
+    if numpy is not None and isinstance(value, (numpy.generic, numpy.ndarray)):
+        return _numpy_setting(numpy, value, depth)  # numpy's float64 too, a float subclass
+    # Subclasses (a str subclass, an int one) as the plain values they are.
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
@@ -242,9 +245,6 @@ def _setting(value: Any, depth: int = 0) -> Any:
         if type(value) is not torch.Tensor:
             return _subclass_setting(value, depth)
         return ["tensor", digest_tensor(value)]
-    numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its values
-    if numpy is not None and isinstance(value, (numpy.generic, numpy.ndarray)):
-        return _numpy_setting(numpy, value, depth)
     if depth >= 4:
         return _UNSEEN
     if isinstance(value, (tuple, list)):

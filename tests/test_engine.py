@@ -1210,6 +1210,66 @@ def test_a_keyword_argument_a_node_keeps_given_another_value_is_followed(store: 
     ) == [2.0]
 
 
+class KeepsBy:
+    """A mixin whose constructor keeps ``by``: not a node class's."""
+
+    def __init__(self, by: float) -> None:
+        self.by = by
+
+
+class MixedScale(KeepsBy, Node):
+    """Multiplies by ``by``, kept by a mixin's constructor."""
+
+    def forward(self, values: list[float], ctx: Any) -> list[float]:
+        return [v * self.by for v in values]
+
+
+def test_an_argument_a_mixin_keeps_given_another_value_before_the_build_is_followed(
+    store: Store,
+) -> None:
+    """A node made by a constructor that is not a node class's own (a mixin's) does not say
+    when it is made: what it holds is told apart from what a build from its call holds,
+    once, at the build, so a value given before is followed as one given after is."""
+    rows = Echo().named("rows").frozen()
+    g = Graph.somatize(rows >> MixedScale(2.0).named("mixed").frozen().cached())
+    assert g.forward([1.0], store=store) == [2.0]
+    early = MixedScale(2.0)
+    early.by = 5.0
+    g = Graph.somatize(rows >> early.named("mixed").frozen().cached())
+    assert g.forward([1.0], store=store) == [5.0]
+    assert g.node("mixed").declaration() == MixedScale(5.0).declaration()
+
+
+class KeywordSettings(Node):
+    """Keeps each keyword argument under its keyword; reads the one named ``settings``."""
+
+    def __init__(self, **settings: Any) -> None:
+        for name, value in settings.items():
+            setattr(self, name, value)
+
+    def forward(self, values: list[float], ctx: Any) -> list[float]:
+        return [v * self.settings for v in values]
+
+
+def test_a_keyword_named_as_the_kwargs_parameter_given_another_value_is_followed(
+    store: Store,
+) -> None:
+    """A keyword a ``**settings`` took named ``settings`` too is one of its arguments, not
+    the parameter: replaced, it is taken as that argument (it replaced the whole of them,
+    and every forward failed)."""
+    rows = Echo().named("rows").frozen()
+    node = KeywordSettings(settings=2.0)
+    g = Graph.somatize(rows >> node.named("settings").frozen().cached())
+    assert g.forward([1.0], store=store) == [2.0]
+    node.settings = 5.0  # type: ignore[attr-defined]
+    assert g.forward([1.0], store=store) == [5.0]
+    assert g.node("settings").declaration() == KeywordSettings(settings=5.0).declaration()
+    carried = pickle.loads(pickle.dumps(Configured(by=2.0)))
+    g = Graph.somatize(rows >> carried.named("configured").frozen().cached())
+    carried.by = 6.0  # type: ignore[attr-defined]
+    assert g.forward([1.0], store=store) == [6.0]
+
+
 class _CallsInit(type):
     """A metaclass that makes its instances itself: ``__new__`` handed nothing, then
     ``__init__`` handed the call."""

@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import BackboneFinetuning, BaseFinetuning, Mode
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
-from somatize import SomatizeWarning, Store, StoreError
+from somatize import Node, SomatizeWarning, Store, StoreError
 from somatize.store.local import LocalStore
 from somatize.torch.lightning import (
     CacheFrozen,
@@ -1305,3 +1305,30 @@ def test_an_uncached_module_lets_go_of_its_cache(tmp_path: Path) -> None:
     assert any(isinstance(d, Ahead) for d in fit.fit_loop._combined_loader.flattened)
     gc.collect()
     assert seen and seen[0]() is None
+
+
+class _HyperNode(Node, pl.LightningModule):
+    """A node that is a LightningModule, saving its constructor's arguments."""
+
+    def __init__(self, lr: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        return x
+
+
+class _WiderHyperNode(_HyperNode):
+    """Adds an argument of its own, saved with its parent's."""
+
+    def __init__(self, lr: float = 0.1, width: int = 8) -> None:
+        super().__init__(lr)
+
+
+def test_a_node_that_is_a_lightning_module_saves_every_constructor_argument() -> None:
+    """``save_hyperparameters`` reads the arguments of each constructor along the chain
+    from their frames: a node class's constructor is left as written where the chain
+    holds another library's, so a subclass's arguments are saved whether or not a node
+    of its parent class was made first."""
+    _HyperNode(0.3)
+    assert dict(_WiderHyperNode(0.2, width=16).hparams) == {"lr": 0.2, "width": 16}

@@ -280,6 +280,8 @@ def test_numpy_scalars_a_module_keeps_are_in_its_key(store: Store) -> None:
     settings = settings_of(module)
     assert settings["gain"] == ["numpy", "float32", 2.0]
     assert settings["steps"] == ["numpy", "int64", 3]
+    module.gain = np.float64(2.0)  # a float subclass, which divides by zero otherwise
+    assert settings_of(module)["gain"] == ["numpy", "float64", 2.0]
     plain = Scaled(1.0)
     plain.gain, plain.steps, plain.table = 2.0, 3, np.arange(4.0)
     assert settings_of(plain)["gain"] == 2.0 and settings_of(plain)["steps"] == 3
