@@ -1240,12 +1240,8 @@ def test_an_argument_a_mixin_keeps_given_another_value_before_the_build_is_follo
     assert g.node("mixed").declaration() == MixedScale(5.0).declaration()
 
 
-class KeywordSettings(Node):
+class KeywordSettings(Configured):
     """Keeps each keyword argument under its keyword; reads the one named ``settings``."""
-
-    def __init__(self, **settings: Any) -> None:
-        for name, value in settings.items():
-            setattr(self, name, value)
 
     def forward(self, values: list[float], ctx: Any) -> list[float]:
         return [v * self.settings for v in values]
