@@ -149,6 +149,9 @@ class Marks:
     making: int = 0
     """How many of the node's own constructors are running (one calls another through
     ``super().__init__``): it is made when the outermost returns."""
+    unmade: bool = False
+    """Whether a build from its call, to tell what it was made with, failed
+    (:meth:`Node._as_constructed`): it is not tried again."""
 
 
 def _printable(char: str) -> bool:
@@ -388,19 +391,24 @@ class Node:
         was made with — so that a value given before the build is followed all the same.
         None where that cannot be told: the node is looked at as it is at the build."""
         marks = self._smz
-        if marks.made is not None or marks.built or self.holds_state:
+        if marks.made is not None or marks.built or marks.unmade or self.holds_state:
             return marks.made
         if type(self).declare is not Node.declare or own_new(type(self)) is not None:
             return None
+        names = self._argument_names()
+        if not names:
+            marks.made = {}
+            return marks.made
         from somatize._look_again import _built_again  # which imports this module
 
         try:
             fresh = attributes_of(_built_again(self, self.recipe()))
         except Exception:  # a constructor that cannot be run again here: as it is
+            marks.unmade = True
             return None
         held = attributes_of(self)
         made: dict[str, Any] = {}
-        for name in self._argument_names():
+        for name in names:
             if name not in fresh:
                 continue
             now, built = held.get(name, UNSET), fresh[name]
