@@ -15,6 +15,7 @@ import pytest
 import somatize.data
 from somatize import CODECS, CodecError, Graph, Node, Opaque, Store
 from somatize.data import ArrowCodec, Frame, Table
+from tests.arrow_types import PickledObjects
 
 
 def _table() -> pyarrow.Table:
@@ -488,26 +489,11 @@ def test_an_opaque_table_over_memory_refilled_in_place_is_weighed_again(store: S
     assert g.forward(batch, store=store) == 40
 
 
-class _PickledObjects(pyarrow.ExtensionType):
-    """An extension type defined in Python whose values turn into Python by unpickling, as
-    some libraries register."""
-
-    def __init__(self) -> None:
-        super().__init__(pyarrow.large_binary(), "somatize.test.codec-pickled")
-
-    def __arrow_ext_serialize__(self) -> bytes:
-        return b""
-
-    @classmethod
-    def __arrow_ext_deserialize__(cls, storage: Any, serialized: bytes) -> _PickledObjects:
-        return cls()
-
-
 class _Objects(Node):
     """Answers a frame with a column of an extension type defined in Python."""
 
     def forward(self, x: Any, ctx: Any) -> Frame:
-        kind = _PickledObjects()
+        kind = PickledObjects()
         storage = pyarrow.array([b"\x80\x04N."], pyarrow.large_binary())
         return Frame(pyarrow.table({"obj": kind.wrap_array(storage)}))
 
@@ -517,25 +503,25 @@ def test_an_answer_with_an_extension_type_defined_in_python_is_refused(store: St
     CodecError (its values would turn into Python by that code), and such an answer is not
     written: keeping it is refused, naming the column, rather than kept to be refused at
     every recall; pyarrow's own extension types are written and decode."""
-    kind = _PickledObjects()
+    kind = PickledObjects()
     storage = pyarrow.array([b"\x80\x04N."], pyarrow.large_binary())
     codec = ArrowCodec()
     pyarrow.register_extension_type(kind)
     try:
         frame = Frame(pyarrow.table({"obj": kind.wrap_array(storage)}))
         data = _join(codec.encode(frame))
-        with pytest.raises(CodecError, match=r"`obj`: somatize\.test\.codec-pickled"):
+        with pytest.raises(CodecError, match=r"`obj`: somatize\.test\.pickled"):
             codec.decode(memoryview(data))
         g = Graph.somatize(_Objects().named("objects").frozen().cached())
         with pytest.raises(CodecError, match=r"the answer of `objects` is a `somatize\.data\."
                            r"frame\.Frame` and no codec writes it \(a column is of an "
                            r"extension type defined in Python \(`obj`: "
-                           r"somatize\.test\.codec-pickled\)"):  # fmt: skip
+                           r"somatize\.test\.pickled\)"):  # fmt: skip
             g.forward(None, store=store)
         assert g.record is not None
         assert [f["fact"] for f in g.record.facts].count("kept") == 0
     finally:
-        pyarrow.unregister_extension_type("somatize.test.codec-pickled")
+        pyarrow.unregister_extension_type(PickledObjects.name)
     uuids = Frame(pyarrow.table({"id": pyarrow.array([b"0123456789abcdef"], pyarrow.uuid())}))
     assert codec.decode(memoryview(_join(codec.encode(uuids)))) == uuids
 

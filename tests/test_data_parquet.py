@@ -34,6 +34,7 @@ from somatize.keys import node_key, node_prefix, root_key
 from somatize.node import Context
 from somatize.plan import compile
 from somatize.store import Corrupt
+from tests.arrow_types import PickledObjects
 
 
 class CountingFile(io.RawIOBase):
@@ -954,27 +955,12 @@ def test_columns_and_version_are_fixed_when_a_source_is_built(
     assert compile(g, {"at": 0, "take": 64}, store, g.outputs).keys["d"] == pinned
 
 
-class _PickledObjects(pyarrow.ExtensionType):
-    """An extension type defined in Python whose values turn into Python by unpickling, as
-    some libraries register."""
-
-    def __init__(self) -> None:
-        super().__init__(pyarrow.large_binary(), "somatize.test.pickled")
-
-    def __arrow_ext_serialize__(self) -> bytes:
-        return b""
-
-    @classmethod
-    def __arrow_ext_deserialize__(cls, storage: Any, serialized: bytes) -> _PickledObjects:
-        return cls()
-
-
 @pytest.fixture
 def pickled_type() -> Any:
-    kind = _PickledObjects()
+    kind = PickledObjects()
     pyarrow.register_extension_type(kind)
     yield kind
-    pyarrow.unregister_extension_type("somatize.test.pickled")
+    pyarrow.unregister_extension_type(PickledObjects.name)
 
 
 def test_a_column_of_an_extension_type_defined_in_python_is_refused(
