@@ -42,7 +42,7 @@ from somatize.codecs import CodecError
 from somatize.plan import declared_again
 from somatize_torch._errors import CachedInputNeedsGrad, WrapError
 from somatize_torch.codec import TENSOR
-from somatize_torch.digest import digest_tensor
+from somatize_torch.digest import digest_tensor, plain
 from somatize_torch.freeze import ModuleNode, check_still, is_held
 
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
                 "when the answer is computed and silently stop when it is recalled. Freeze "
                 "what feeds it, or drop it from `cached=`"
             )
-        if type(value) is not torch.Tensor and not isinstance(value, nn.Parameter):
+        if not plain(value):
             raise TypeError(
                 f"`{name}` is cached and is called with a `{type(value).__qualname__}`, a "
                 f"subclass of `torch.Tensor`, as argument {index}: a cached submodule is "

@@ -25,10 +25,9 @@ import weakref
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from somatize_torch.codec import stamp_of
-from somatize_torch.digest import DTYPES, raw_rows_later
+from somatize_torch.digest import DTYPES, plain, raw_rows_later
 
 if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
@@ -67,7 +66,7 @@ def _nameable(x: object) -> bool:
     was freed) is not named ahead, so that the refusal comes from the forward."""
     if not isinstance(x, torch.Tensor):
         return False
-    if type(x) is not torch.Tensor and not isinstance(x, nn.Parameter):
+    if not plain(x):
         return False
     if x.is_nested or x.is_meta or x.dim() == 0 or x.layout is not torch.strided:
         return False

@@ -21,10 +21,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError, _describe
 from somatize_torch.deferred import DeferredRows
+from somatize_torch.digest import plain
 from somatize_torch.wrap import CachedInputNeedsGrad
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def _check_call(
             f"a row-cached module is called with a batch tensor (rows along dimension 0), "
             f"got {_describe(x)}"
         )
-    elif type(x) is not torch.Tensor and not isinstance(x, nn.Parameter):
+    elif not plain(x):
         raise NotRowwise(
             f"`{type(self.module).__name__}` is cached per row and was handed a "
             f"`{type(x).__qualname__}`, a subclass of `torch.Tensor`: a row is keyed by its "

@@ -60,6 +60,7 @@ __all__ = [
     "digest_tensor",
     "host_bytes",
     "memory_of",
+    "plain",
     "raw_digest",
     "raw_rows",
     "raw_rows_later",
@@ -119,6 +120,13 @@ for _name, _code in (
         DTYPES[getattr(torch, _name)] = _code
 
 _BIG_ENDIAN = sys.byteorder != "little"
+
+
+def plain(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is named by its content alone: a ``torch.Tensor`` itself or a
+    parameter, not a subclass, whose class and what else it carries a module may read
+    (its digest says neither)."""
+    return type(tensor) is torch.Tensor or isinstance(tensor, torch.nn.Parameter)
 
 
 def host_bytes(tensor: torch.Tensor) -> memoryview:
