@@ -422,10 +422,9 @@ class Node:
         """The names the node's constructor call gives an argument under, one by one: its
         parameters' (for a class declared by them), and those its ``**kwargs`` took."""
         names, keywords = _parameter_names(type(self))
-        bound = self._bound() if keywords else None
-        if bound is None:
+        if not keywords:
             return names
-        return names | {name for name, _ in _by_name(bound)}
+        return names | {name for name in self._smz.call[1] if isinstance(name, str)}
 
     def replaced_since_made(self) -> bool:
         """Whether an attribute named like a constructor parameter holds other than what the
@@ -881,9 +880,7 @@ def _making(init: Callable[..., None], owner: type) -> Callable[..., None]:
             # (A metaclass of its own may do more once the constructor returns: the node is
             # then looked at as it is when a graph is built.)
             held = attributes_of(self)
-            names, keywords = _parameter_names(type(self))
-            if keywords:  # and the keywords its **kwargs took: those not a parameter's
-                names = names | {k for k in marks.call[1] if isinstance(k, str)}
+            names = self._argument_names()
             marks.made = {name: held[name] for name in names if name in held}
 
     __init__._smz_making = True  # type: ignore[attr-defined]

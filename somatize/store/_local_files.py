@@ -28,7 +28,7 @@ import errno
 import io
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from stat import S_ISDIR, S_ISREG
@@ -344,10 +344,10 @@ class LocalFiles(PackedHome):
         above = next((n for n in names_above(name) if (names / n).is_file()), None)
         if above is not None or (names / name).is_dir():
             raise nested(name, above)
-        if not _touched(blob):
+        if not _soon(lambda: _touched(blob)):
             raise unbacked(name, digest, str(self.root))
         self._publish(names / name, [encode_name(name, digest, self.signer)])
-        if not _appears(blob):
+        if not _soon(lambda: os.path.exists(blob)):
             raise unbound(name, digest, str(self.root))
 
     def _publish_record(self, answer: Answer, data: bytes) -> None:
@@ -413,26 +413,23 @@ gc sets an old blob aside in ``tmp/`` to look at before removing it, and puts on
 since it listed it back, so a blob put again just before may be away for that moment."""
 
 
-def _appears(path: str) -> bool:
-    """Whether the file at ``path`` is there, or is back within :data:`_SET_ASIDE_PAUSES`."""
+def _soon(found: Callable[[], bool]) -> bool:
+    """Whether ``found()`` holds, now or within :data:`_SET_ASIDE_PAUSES`."""
     for pause in _SET_ASIDE_PAUSES:
         time.sleep(pause)
-        if os.path.exists(path):
+        if found():
             return True
     return False
 
 
 def _touched(path: str) -> bool:
     """Touches the file at ``path``, so a gc running now spares it; False when it is not
-    there, nor back within :data:`_SET_ASIDE_PAUSES`. One here that this process may not
-    touch (a read-only store, another user's) counts as touched."""
-    for pause in _SET_ASIDE_PAUSES:
-        time.sleep(pause)
-        try:
-            os.utime(path)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return True
-        return True
-    return False
+    there. One here that this process may not touch (a read-only store, another user's)
+    counts as touched."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    return True
