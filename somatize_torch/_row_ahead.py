@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from somatize_torch.codec import stamp_of
-from somatize_torch.digest import DTYPES, plain, raw_rows_later
+from somatize_torch.digest import check_batch, plain, raw_rows_later
 
 if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
@@ -64,15 +64,13 @@ def _nameable(x: object) -> bool:
     parameter) with rows, of a dtype and layout digested here, that holds its values in
     memory. What the forward refuses (a nested tensor, a subclass, a tensor whose storage
     was freed) is not named ahead, so that the refusal comes from the forward."""
-    if not isinstance(x, torch.Tensor):
+    if not isinstance(x, torch.Tensor) or not plain(x) or x.is_meta:
         return False
-    if not plain(x):
+    try:
+        check_batch(x)
+    except (TypeError, ValueError):
         return False
-    if x.is_nested or x.is_meta or x.dim() == 0 or x.layout is not torch.strided:
-        return False
-    if x.dtype not in DTYPES:
-        return False
-    return x.numel() == 0 or x.data_ptr() != 0
+    return True
 
 
 def _take_named(self: CachedRows, x: torch.Tensor) -> list[bytes] | None:

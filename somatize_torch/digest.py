@@ -55,6 +55,7 @@ __all__ = [
     "DIGEST_VERSION",
     "DTYPES",
     "RowsLater",
+    "check_batch",
     "digest_named",
     "digest_rows",
     "digest_tensor",
@@ -299,7 +300,7 @@ def raw_rows(tensor: torch.Tensor) -> list[bytes]:
     :func:`digest_tensor`. Per-sample caches key rows in memory by the raw digest and
     spend the second hash only on rows that go to the store.
     """
-    _check_batch(tensor)
+    check_batch(tensor)
     rows = int(tensor.shape[0])
     raws = _device_raw_rows(tensor)
     if raws is not None:
@@ -312,7 +313,7 @@ def raw_rows(tensor: torch.Tensor) -> list[bytes]:
     return _hash_rows(view, rows, view.nbytes // rows if rows else 0)
 
 
-def _check_batch(tensor: torch.Tensor) -> None:
+def check_batch(tensor: torch.Tensor) -> None:
     """Refuses what has no rows to digest: a 0-dim tensor, a dtype or layout without one
     canonical byte layout, a nested tensor, a tensor that holds no data in memory."""
     _dtype_code(tensor)
@@ -373,7 +374,7 @@ def raw_rows_later(tensor: torch.Tensor) -> RowsLater | None:
     speed; without it, on one thread of a pool, with the ``blake3`` package."""
     if tensor.dim() == 0 or tensor.device.type != "cpu":
         return None
-    _check_batch(tensor)
+    check_batch(tensor)
     rows = int(tensor.shape[0])
     host = _host_tensor(tensor)
     later = RowsLater(host, rows)
