@@ -235,10 +235,16 @@ def run(
             f"watching= takes a function called with each fact (`facts.append`, `print`), "
             f"got {_describe(watching)}"
         )
-    if broker is not None and not callable(getattr(broker, "check", None)):
+    if broker is not None and (
+        isinstance(broker, type) or not callable(getattr(broker, "check", None))
+    ):
         raise TypeError(
             "broker= takes a somatize Broker (`Broker.embedded({...})`, `Broker.ray(...)`), "
-            f"got {_describe(broker)}"
+            + (
+                f"got the class `{broker.__name__}` itself: make one"
+                if isinstance(broker, type)
+                else f"got {_describe(broker)}"
+            )
         )
     look_again(graph)
     if broker is not None:

@@ -435,6 +435,28 @@ class Stepper(Node):
         return value + self.step
 
 
+class Seen(Node):
+    """Adds how many times it ran before, counted in a public attribute its constructor
+    does not make: the attribute appears as it first runs."""
+
+    def forward(self, value: float, ctx: Any) -> float:
+        seen = getattr(self, "seen", 0)
+        self.seen = seen + 1
+        return value + seen
+
+
+class Exits(nn.Module):
+    """Ends the process it runs in (a worker running out of memory on its first forward
+    after loading its weights)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        os._exit(3)
+
+
 LOADED: list[str] = []
 """Each model :class:`LoadsOnFirstUse` loaded, in this process."""
 

@@ -6,6 +6,7 @@ import copy
 import gc
 import random
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -66,6 +67,7 @@ from tests.broker_nodes import (
     ScaleOtherwise,
     Seeded,
     SeedsItself,
+    Seen,
     Stepper,
     Tagged,
     Tally,
@@ -436,6 +438,34 @@ def test_a_copy_that_changes_its_arguments_as_it_runs_is_built_again(store: Stor
     assert graph(placed=False).forward(10.0) == 11.0  # what a Stepper(step=0) answers
     assert graph(placed=False).forward(10.0, store=store) == 11.0  # and what was kept
     assert g.forward(10.0, broker=broker) == 11.0
+
+
+def test_a_copy_that_counts_in_an_attribute_it_makes_answers_as_its_first() -> None:
+    """A node counting its runs in a public attribute its constructor does not make
+    (``self.seen = seen + 1``) answers every forward on a network worker as it answers its
+    first, as docs/broker.md says: the copy that made the attribute is built again. It was
+    kept (an attribute that appeared was not a change), and answers went 100, 101, 100."""
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    g = Graph.somatize(Echo().named("s") >> Seen().named("n").at("w1"))
+    assert [g.forward(100.0, broker=broker) for _ in range(4)] == [100.0] * 4
+    here = Graph.somatize(Echo().named("s") >> Seen().named("n"))
+    assert [here.forward(100.0) for _ in range(3)] == [100.0, 101.0, 102.0]
+
+
+def test_a_worker_packs_a_tensor_its_node_made_from_canonical_inputs() -> None:
+    """A worker process that never imported ``somatize.torch`` (a Ray actor handed a list)
+    packs a tensor its node made, as this process would: no codec wrote it there."""
+    code = (
+        "import sys, torch\n"
+        "from somatize.broker.host import pack\n"
+        "assert 'somatize.torch' not in sys.modules and 'somatize_torch' not in sys.modules\n"
+        "print(pack(torch.tensor([1.0, 2.0]), 'the answer')[0])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["tensor"]
 
 
 def test_a_node_loading_a_model_on_first_use_loads_it_once_on_a_worker(

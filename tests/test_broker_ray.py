@@ -28,6 +28,7 @@ from somatize.keys import root_key
 from somatize_torch import ModuleNode, freeze
 from tests.broker_nodes import (
     Encoder,
+    Exits,
     Length,
     MakesBlob,
     Meet,
@@ -461,6 +462,22 @@ def test_a_base_exception_a_node_raises_on_a_worker_is_named_not_carried(
         g.forward({"at": 0, "take": 2}, broker=broker)
     g = Graph.somatize(Rows().named("rows") >> RaisesBase("exit").named("exit").at("w2"))
     with pytest.raises(WorkerLost, match=r"`exit` was running on worker `w2` when the worker died"):
+        g.forward({"at": 0, "take": 2}, broker=broker)
+    ok = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w2"))
+    assert ok.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
+
+
+def test_a_worker_dying_once_it_was_handed_a_state_is_lost(broker: Any) -> None:
+    """An actor that asks for a frozen module's state and dies running it (out of memory on
+    its first forward) is WorkerLost, as one dying on its first call is: the state it
+    asked for was taken for its answer (an assertion, or an AttributeError under ``-O``)."""
+    g = Graph.somatize(
+        Ramp(4).named("rows") >> ModuleNode.build(Exits, 4).named("exits").frozen().at("w2")
+    )
+    freeze(g)
+    with pytest.raises(
+        WorkerLost, match=r"`exits` was running on worker `w2` when the worker died"
+    ):
         g.forward({"at": 0, "take": 2}, broker=broker)
     ok = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w2"))
     assert ok.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]

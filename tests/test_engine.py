@@ -31,6 +31,7 @@ from somatize import (
     WatcherFailed,
     plan,
 )
+from somatize.broker import Broker
 from somatize.store import LocalStore
 from tests.nodes import Echo, Fails, Largest, Rows, Scale, Slotted, Square
 
@@ -263,6 +264,8 @@ def test_what_watches_and_what_brokers_are_checked_before_anything_runs(store: S
         g.forward([1.0], store=store, watching="facts")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"broker= takes a somatize Broker .* got a `str`"):
         g.forward([1.0], store=store, broker="w1")
+    with pytest.raises(TypeError, match=r"broker= takes .* got the class `Broker` itself"):
+        g.forward([1.0], store=store, broker=Broker)
     assert scale.calls == 0
 
 

@@ -110,6 +110,11 @@ _CODEC_HOMES = {"arrow": "somatize.data", "tensor": "somatize.torch"}
 """Where a codec the core does not hold is registered, for a worker that has not
 imported it yet."""
 
+_CODEC_LIBRARIES = {"arrow": "pyarrow", "tensor": "torch"}
+"""The library whose values each codec of :data:`_CODEC_HOMES` writes: a process that
+holds such a value has imported it, and a worker whose node made one (a tensor from a list)
+may never have imported the codec's home."""
+
 
 @dataclass(frozen=True)
 class Job:
@@ -248,7 +253,12 @@ def held_state(graph: Graph, node: str) -> str | None:
 
 
 def pack(value: Any, where: str) -> tuple[str, bytes]:
-    """``value`` as (codec name, bytes); CodecError naming its type and ``where`` otherwise."""
+    """``value`` as (codec name, bytes); CodecError naming its type and ``where`` otherwise.
+    A codec not registered yet whose library is loaded is registered first, so a worker
+    packs what the client's process would."""
+    for name, home in _CODEC_HOMES.items():
+        if name not in CODECS and _CODEC_LIBRARIES[name] in sys.modules:
+            importlib.import_module(home)
     codec = CODECS.for_value(value, where)
     return codec.name, b"".join(codec.encode(value))
 
@@ -430,10 +440,11 @@ class Host:
         process, where a key names the node as it is when a run starts — but the next job
         names the same blueprint and state, and the copy is not that node any more: it is
         built (and loaded) again for the next job, which the client cannot tell it to."""
-        held = dict(held_by(node))
-        # A value that changed; not one that appeared or lost its canonical form as the
-        # node ran (a client or a model it loads on first use, in place of None).
-        changed = any(name in held and held[name] != digest for name, digest in before)
+        # A value that changed, or one that appeared (`self.seen = 1`, which the next job's
+        # node never held); not one that lost its canonical form as the node ran (a client
+        # or a model it loads on first use, in place of None).
+        was = dict(before)
+        changed = any(was.get(name) != digest for name, digest in held_by(node))
         if not changed and state is not None:
             try:
                 now = node.restate()

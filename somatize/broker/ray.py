@@ -305,12 +305,15 @@ class RayBroker(Broker):
                             node, worker, self.start_timeout_s, starting=True
                         ) from None
                     self._started.add(actor)
-                reply = ray.get(actor.run.remote(job, state, *payloads), timeout=self.timeout_s)
-                if isinstance(reply, NeedState):
+                first = ray.get(actor.run.remote(job, state, *payloads), timeout=self.timeout_s)
+                if isinstance(first, NeedState):
                     if state is None:
                         data = graph.node(node).state_bytes()
                         state, carried = ray.put(data), len(data)
-                    reply = ray.get(actor.run.remote(job, state, *payloads), timeout=self.timeout_s)
+                    # set only once it comes back: an actor that dies loading the state
+                    # leaves no reply, and is lost as one dying on its first call is
+                    first = ray.get(actor.run.remote(job, state, *payloads), timeout=self.timeout_s)
+                reply = first
                 break
             except ray.exceptions.GetTimeoutError:
                 self._forget(worker, actor, kill=True)
