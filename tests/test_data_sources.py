@@ -13,6 +13,7 @@ from somatize.data import (
     BadCoordinate,
     Frame,
     NotACoordinate,
+    NotADigest,
     Stream,
     Table,
     TooManyRows,
@@ -243,6 +244,28 @@ def test_settle_uses_one_protocol_for_every_kind_of_state() -> None:
     g = Graph.somatize(Weights(digest).named("w").frozen())
     assert settle(g) == {"w": digest}
     assert g.memory.state_of("w") == digest
+
+
+def test_settle_refuses_what_is_not_a_graph() -> None:
+    """settle() of an expression or a node is a TypeError that says to build the graph."""
+    expr = Table(_numbers(3)).named("t").frozen() >> Echo().named("e")
+    for wrong in (expr, Table(_numbers(3)), None):
+        with pytest.raises(TypeError, match="settle takes a somatize Graph, got a `"):
+            settle(wrong)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "state", [None, "", 123, "not-a-digest", "blake3:" + "A" * 64, ("blake3:" + "0" * 64).encode()]
+)
+def test_a_state_that_is_not_a_digest_is_refused_naming_the_node(state: Any) -> None:
+    """A settled_state() answering anything but a `blake3:<64 hex>` str is refused, naming
+    the node, and settles nothing."""
+    good = Table(_numbers(3))
+    g = Graph.somatize(good.named("t").frozen() >> Weights(state).named("w").frozen())
+    with pytest.raises(NotADigest, match=r"`w`\.settled_state\(\) \(a `Weights`\) answered"):
+        settle(g)
+    assert g.memory.state_of("t") is None
+    assert g.memory.state_of("w") is None
 
 
 def test_a_tables_rows_cannot_be_written_in_place() -> None:

@@ -33,7 +33,7 @@ from somatize.data.errors import DataError
 from somatize.data.frame import AmbiguousColumn, Frame, NoPolars, NotArrow, UnknownColumn, to_arrow
 from somatize.data.parquet import NotParquet, Parquet
 from somatize.data.parquet_dir import DatasetChanged, ParquetDir
-from somatize.data.settle import Settles, settle
+from somatize.data.settle import NotADigest, Settles, settle
 from somatize.data.sources import Stream, Table, TooManyRows, Unfreezable
 
 CODECS.register(ArrowCodec())
@@ -48,6 +48,7 @@ __all__ = [
     "Frame",
     "NoPolars",
     "NotACoordinate",
+    "NotADigest",
     "NotArrow",
     "NotParquet",
     "Parquet",

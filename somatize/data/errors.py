@@ -12,6 +12,7 @@ and from the builtin they are::
     ├── NoPolars (ImportError)            somatize.data.frame
     ├── NotParquet (ValueError)           somatize.data.parquet
     ├── DatasetChanged (RuntimeError)     somatize.data.parquet_dir
+    ├── NotADigest (TypeError)            somatize.data.settle
     ├── Unfreezable (ValueError)          somatize.data.sources
     └── TooManyRows (ValueError)          somatize.data.sources
 

@@ -16,12 +16,20 @@ them handed back for the other.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+import re
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from somatize.graph import Graph
+from somatize.data.errors import DataError
+from somatize.graph import Graph
 
-__all__ = ["Settles", "settle"]
+__all__ = ["NotADigest", "Settles", "settle"]
+
+_DIGEST = re.compile(r"blake3:[0-9a-f]{64}")
+
+
+class NotADigest(DataError, TypeError):
+    """A ``settled_state()`` that answered something other than a ``blake3:<64 hex>``
+    digest."""
 
 
 @runtime_checkable
@@ -42,11 +50,32 @@ def settle(g: Graph) -> dict[str, str]:
     declaring them frozen is the graph's half. Settling changes the graph's
     memory, so the keys of its next forward are worked out again.
     """
+    if not isinstance(g, Graph):
+        raise TypeError(
+            f"settle takes a somatize Graph, got a `{type(g).__name__}`. Build the graph "
+            "first: `g = Graph.somatize(source.named(...).frozen() >> ...)`, then "
+            "`settle(g)`"
+        )
     done: dict[str, str] = {}
     memory = g.memory
     for name, node in g.items():
         if memory.is_frozen(name) and isinstance(node, Settles):
-            state = node.settled_state()
-            memory.freeze(name, state)
-            done[name] = state
+            done[name] = _checked(name, node, node.settled_state())
+    for name, state in done.items():  # all or nothing: none is settled if one answers wrong
+        memory.freeze(name, state)
     return done
+
+
+def _checked(name: str, node: Any, state: Any) -> str:
+    """``state``, when it is a digest as keys write them; NotADigest naming ``name``
+    otherwise."""
+    if isinstance(state, str) and _DIGEST.fullmatch(state):
+        return state
+    raise NotADigest(
+        f"`{name}`.settled_state() (a `{type(node).__qualname__}`) answered {state!r}, a "
+        f"`{type(state).__name__}`, where the digest of its state is expected: a str "
+        "`blake3:` and 64 lowercase hex digits. The digest goes into the key of everything "
+        "below the node, so anything else would key two states alike. Make "
+        "`settled_state()` return the blake3 digest of the state, e.g. "
+        '`"blake3:" + blake3.blake3(data).hexdigest()`'
+    )
