@@ -8,6 +8,7 @@ import io
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -556,34 +557,117 @@ def test_a_directory_source_is_settled_and_cached(tmp_path: Path, store: Store) 
     assert count.calls == 1
 
 
-def test_a_remembered_digest_is_dropped_when_the_file_is_replaced(
+def test_a_directory_built_again_hashes_its_files_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An unchanged file is not hashed twice; a replaced one (same name and size) is."""
+    """A file rewritten in a way that leaves its stat as it was (through a shared memory
+    map) gives a ParquetDir built after it the new version: no digest is taken on trust
+    from an earlier build."""
     import somatize.data.parquet_dir as module
 
-    hashed: list[int] = []
-    real = module._content_digest
-
-    def counting(data: Any) -> str:
-        hashed.append(1)
-        return real(data)
-
-    monkeypatch.setattr(module, "_SAFE_AFTER_NS", -(10**18))  # remember even fresh files
-    monkeypatch.setattr(module, "_content_digest", counting)
+    # Times left out of the stat, as a write through a map that is already dirty leaves
+    # them; and any digest remembered, however recent the file.
+    monkeypatch.setattr(module, "_SAFE_AFTER_NS", -(10**18), raising=False)
+    real = module._stat_of
+    monkeypatch.setattr(module, "_stat_of", lambda *a: (*real(*a)[:4], 0, 0))
     plain = {"compression": "none", "use_dictionary": False}
     (tmp_path / "d").mkdir()
     path = tmp_path / "d" / "part-000.parquet"
-    pyarrow.parquet.write_table(pyarrow.table({"n": list(range(100))}), path, **plain)
-    first = ParquetDir(tmp_path / "d").version
-    assert ParquetDir(tmp_path / "d").version == first
-    assert len(hashed) == 1
-    replacement = pyarrow.table({"n": list(range(1, 101))})
-    pyarrow.parquet.write_table(replacement, tmp_path / "new.parquet", **plain)
-    assert (tmp_path / "new.parquet").stat().st_size == path.stat().st_size
-    os.replace(tmp_path / "new.parquet", path)
-    assert ParquetDir(tmp_path / "d").version != first
-    assert len(hashed) == 2
+    pyarrow.parquet.write_table(pyarrow.table({"n": [1] * 10}), path, **plain)
+    first = ParquetDir(tmp_path / "d")
+    other = parquet_bytes(pyarrow.table({"n": [2] * 10}), **plain)
+    assert len(other) == path.stat().st_size
+    with open(path, "r+b") as handle:
+        handle.write(other)
+    again = ParquetDir(tmp_path / "d")
+    assert again.version != first.version
+    assert again.forward({"at": 0, "take": 3}, ctx()).column("n") == [2, 2, 2]
+
+
+def test_a_file_that_vanishes_while_the_version_is_worked_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file removed between the listing and its hashing is DatasetChanged, naming it."""
+    import somatize.data.parquet_dir as module
+
+    write_dir(tmp_path / "d", [numbers(10), numbers(10, 10)])
+    real = module._file_digest
+
+    def racing(path: Path, relative: str) -> Any:
+        if relative == "part-001.parquet":
+            os.remove(path)  # another process rewriting the directory
+        return real(path, relative)
+
+    monkeypatch.setattr(module, "_file_digest", racing)
+    with pytest.raises(DatasetChanged, match=r"`part-001\.parquet` disappeared while the version"):
+        ParquetDir(tmp_path / "d")
+
+
+def _forked(target: Callable[[], str]) -> tuple[int, int]:
+    """Starts ``target`` in a forked child; returns its pid and the pipe its answer (or the
+    error it raised, as ``raised <type>: <message>``) comes back on."""
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(reading)
+        try:
+            said = target()
+        except BaseException as why:  # every failure goes to the parent
+            said = f"raised {type(why).__name__}: {why}"
+        os.write(writing, said.encode())
+        os._exit(0)
+    os.close(writing)
+    return pid, reading
+
+
+def _answer(pid: int, reading: int) -> str:
+    """What the child ``pid`` said; how it ended, when it was killed or failed."""
+    with os.fdopen(reading, "rb") as pipe:
+        said = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return said if os.WEXITSTATUS(status) == 0 else f"exited {os.WEXITSTATUS(status)}"
+
+
+def _cut_short_when_hashed(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    """The next blake3 hasher made cuts ``path`` to 4096 bytes first: the file is cut short
+    while it is being hashed."""
+    import blake3
+
+    real = blake3.blake3
+
+    def cutting(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(blake3, "blake3", real)
+        os.truncate(path, 4096)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(blake3, "blake3", cutting)
+
+
+def _big_table() -> pyarrow.Table:
+    return pyarrow.table({"x": [float(i) for i in range(200_000)]})  # 1.6 MB, uncompressed
+
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+@needs_fork
+def test_a_file_cut_short_while_the_version_is_worked_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file cut short while ParquetDir hashes it is DatasetChanged, not a crash (SIGBUS)."""
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d" / "part-000.parquet"
+    pyarrow.parquet.write_table(_big_table(), path, compression="none")
+
+    def build() -> str:
+        _cut_short_when_hashed(monkeypatch, path)
+        ParquetDir(tmp_path / "d")
+        return "built"
+
+    said = _answer(*_forked(build))
+    assert said.startswith("raised DatasetChanged: `part-000.parquet` changed while its digest")
 
 
 # ---------------------------------------------------------------- closed while read

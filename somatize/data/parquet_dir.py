@@ -24,10 +24,8 @@ class where the identity says.
 from __future__ import annotations
 
 import bisect
-import mmap
 import os
 import threading
-import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -67,14 +65,9 @@ class DatasetChanged(DataError, RuntimeError):
     """A file of a ``ParquetDir`` changed after its version was worked out."""
 
 
-_SAFE_AFTER_NS = 2_000_000_000
-"""A file's digest is remembered only once its last change is this far in the past,
-so a change within the file system's timestamp granularity cannot hide behind an
-unchanged size and time (the "racy" case)."""
-
-_DIGESTS: dict[tuple[Any, ...], str] = {}
-"""(path, device, inode, size, mtime, ctime) → content digest, for files that were
-digested long enough after their last change."""
+_CHUNK = 8 << 20
+"""How many bytes of a file are read and hashed at a time while its version is worked
+out."""
 
 
 def _stat_of(path: Path, fd: int | None = None) -> tuple[Any, ...]:
@@ -85,45 +78,65 @@ def _stat_of(path: Path, fd: int | None = None) -> tuple[Any, ...]:
             found.st_ctime_ns)  # fmt: skip
 
 
-def _content_digest(data: mmap.mmap) -> str:
-    return "blake3:" + blake3.blake3(data, max_threads=hash_threads()).hexdigest()
+def _vanished(relative: str) -> DatasetChanged:
+    return DatasetChanged(
+        f"`{relative}` disappeared while the version was being worked out (something is "
+        "rewriting the directory); wait until it has finished, then build the ParquetDir again"
+    )
+
+
+def _cut_short(relative: str) -> DatasetChanged:
+    return DatasetChanged(
+        f"`{relative}` changed while its digest was being worked out; wait until whatever "
+        "writes it has finished, then build the ParquetDir again"
+    )
 
 
 def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...]]:
     """The content digest of ``path`` and the stat it was taken at; NotParquet when the
-    file does not begin and end with Parquet's magic bytes."""
-    before = _stat_of(path)
-    known = _DIGESTS.get(before)
-    if known is not None:
-        return known, before
-    started = time.time_ns()
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
+    file does not begin and end with Parquet's magic bytes, DatasetChanged when it
+    changes or disappears meanwhile.
+
+    Every build hashes every file afresh: a file written in place through a shared memory
+    map may keep its size and times, so a digest remembered by its stat could name bytes
+    it no longer holds. The file is read, not mapped: one cut short while it is hashed is
+    a short read (DatasetChanged), where a page of a map past its new end would kill the
+    process (SIGBUS)."""
+    try:
+        before = _stat_of(path)
+        handle = open(path, "rb")  # noqa: SIM115 -- closed by the `with` below
+    except FileNotFoundError:
+        raise _vanished(relative) from None
+    with handle:
+        fd = handle.fileno()
+        size = os.fstat(fd).st_size
         if size < 12:
             raise NotParquet(
                 f"`{relative}` holds {size} bytes, too few to be a Parquet file; remove it from "
                 "the directory or write it again"
             )
-        data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            if data[:4] != b"PAR1" or data[-4:] != b"PAR1":
-                raise NotParquet(
-                    f"`{relative}` is named like a Parquet file and is not one (no `PAR1` magic "
-                    "at its start and end): it is another format, or was cut short while being "
-                    "written. Remove it from the directory or write it again"
-                )
-            digest = _content_digest(data)
-        finally:
-            data.close()
-    after = _stat_of(path)
+        if os.pread(fd, 4, 0) != b"PAR1" or os.pread(fd, 4, size - 4) != b"PAR1":
+            raise NotParquet(
+                f"`{relative}` is named like a Parquet file and is not one (no `PAR1` magic "
+                "at its start and end): it is another format, or was cut short while being "
+                "written. Remove it from the directory or write it again"
+            )
+        hasher = blake3.blake3(max_threads=hash_threads())
+        room = memoryview(bytearray(min(_CHUNK, size)))
+        done = 0
+        while done < size:
+            got = handle.readinto(room[: min(len(room), size - done)])
+            if not got:
+                raise _cut_short(relative)
+            hasher.update(room[:got])
+            done += got
+    try:
+        after = _stat_of(path)
+    except FileNotFoundError:
+        raise _vanished(relative) from None
     if after != before:
-        raise DatasetChanged(
-            f"`{relative}` changed while its digest was being worked out; wait until whatever "
-            "writes it has finished, then build the ParquetDir again"
-        )
-    if started - after[4] > _SAFE_AFTER_NS and started - after[5] > _SAFE_AFTER_NS:
-        _DIGESTS[after] = digest
-    return digest, after
+        raise _cut_short(relative)
+    return "blake3:" + hasher.hexdigest(), after
 
 
 _FIELD_ID = b"PARQUET:field_id"
