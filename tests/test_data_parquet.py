@@ -670,6 +670,26 @@ def test_a_file_cut_short_while_the_version_is_worked_out(
     assert said.startswith("raised DatasetChanged: `part-000.parquet` changed while its digest")
 
 
+@needs_fork
+def test_a_blob_cut_short_while_it_is_first_verified_is_corrupt(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dataset in a local store cut short while its first read verifies it is Corrupt, not
+    a crash (SIGBUS)."""
+    digest = bound(store, _big_table(), compression="none")
+    source = Parquet(store, "data/n")
+    path = store.blob_path(digest)
+    assert path.stat().st_size > 1 << 20
+
+    def count() -> str:
+        _cut_short_when_hashed(monkeypatch, path)
+        return str(source.count_rows())
+
+    said = _answer(*_forked(count))
+    assert said.startswith("raised Corrupt: `data/n` cannot be read"), said
+    assert "ended after" in said
+
+
 # ---------------------------------------------------------------- closed while read
 
 

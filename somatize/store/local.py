@@ -25,10 +25,11 @@ that starts aligned as torch's own tensors do (:func:`_read_privately`), never a
 of its file, which a write into the file in place would change under the reader; a
 whole dataset read in parts (:meth:`LocalStore.local_blob`, a Parquet source) is the
 exception, mapped privately (copy on write), so that it is not read whole into
-memory. A small blob is held in memory once read and handed out as a copy. A
-reader that copies what it keeps and writes into nothing (a per-row cache decoding
-rows) may borrow instead: it is handed the held bytes, or a read-only mapping kept
-for the next such read.
+memory, and verified through reads of its file, not the map, so that one cut short
+meanwhile is Corrupt, not a fault that ends the process. A small blob is held in
+memory once read and handed out as a copy. A reader that copies what it keeps and
+writes into nothing (a per-row cache decoding rows) may borrow instead: it is handed
+the held bytes, or a read-only mapping kept for the next such read.
 
 Packed item answers are found through an in-memory table of every pack index,
 loaded once and refreshed from a listing of ``packs/`` only when a key is not
@@ -55,6 +56,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import blake3
+
+from somatize._threads import hash_threads
 from somatize.store._local_files import (
     _READ_ONLY,
     NotAFile,
@@ -83,6 +87,9 @@ __all__ = ["LocalStore"]
 _MAP_ABOVE = 1 << 16
 """Blobs larger than this are read into aligned memory of their own (or, borrowed,
 memory-mapped) rather than read into bytes."""
+_HASH_PART = 8 << 20
+"""How many bytes of a blob that is mapped (:meth:`LocalStore.local_blob`) are read and
+hashed at a time when it is verified."""
 _ALIGN = 64
 """Where a large blob read into memory starts: aligned as torch's CPU allocator aligns."""
 _MAPS_SHARED = 16
@@ -113,6 +120,24 @@ def _read_privately(handle: io.BufferedReader, size: int, digest: str) -> memory
             )
         got += read
     return data
+
+
+def _hash_read(handle: io.BufferedReader, size: int, digest: str) -> str:
+    """The digest of the ``size`` bytes of blob ``digest`` from ``handle``, read a part at
+    a time into one buffer; Corrupt when the file ends sooner."""
+    hasher = blake3.blake3(max_threads=hash_threads())
+    room = memoryview(bytearray(min(size, _HASH_PART)))
+    got = 0
+    while got < size:
+        read = handle.readinto(room[: min(len(room), size - got)])
+        if not read:
+            raise Corrupt(
+                f"blob {digest} ended after {got} of its {size} bytes as it was hashed: it was "
+                "truncated or overwritten"
+            )
+        hasher.update(room[:read])
+        got += read
+    return "blake3:" + hasher.hexdigest()
 
 
 class LocalStore(LocalShelf):
@@ -246,6 +271,7 @@ class LocalStore(LocalShelf):
         if held is not None:
             return held
         path = self._blob_file(digest)
+        found = ""
         try:
             opened, stat = _open_regular(path)
         except FileNotFoundError:
@@ -267,6 +293,11 @@ class LocalStore(LocalShelf):
                         return shared[1]  # the file hashed to its name when it was mapped
                     data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
                 elif actual > _MAP_ABOVE and mapped:
+                    if self._verified.get(digest) != stamp:
+                        # Hashed through reads, not the map: a blob cut short meanwhile is
+                        # then a short read (Corrupt), where a page of the map past its new
+                        # end would kill the process (SIGBUS).
+                        found = _hash_read(handle, actual, digest)
                     # A private map per read: one shared between reads would carry what
                     # one caller wrote into it to the next.
                     data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
@@ -283,7 +314,7 @@ class LocalStore(LocalShelf):
         except FileNotFoundError:
             raise Missing(f"blob {digest} is not in {self.root}") from None
         if self._verified.get(digest) != stamp:
-            found = hash_bytes(data)
+            found = found or hash_bytes(data)
             if found != digest:
                 try:
                     self._set_aside(path, "blobs", digest[7:])
