@@ -9,6 +9,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -688,6 +689,35 @@ def test_a_blob_cut_short_while_it_is_first_verified_is_corrupt(
     said = _answer(*_forked(count))
     assert said.startswith("raised Corrupt: `data/n` cannot be read"), said
     assert "ended after" in said
+
+
+@needs_fork
+def test_forked_children_read_the_rows_of_their_own_spans(store: Store) -> None:
+    """A dataset opened in a parent (its rows counted, as spans() does) and read at once in
+    forked children, as DataLoader workers read it, hands every process the rows it asked
+    for: a child opens a file of its own, and no process reads at another's position."""
+    rows = 40_000
+    table = pyarrow.table({"n": list(range(rows)), "m": [3 * v for v in range(rows)]})
+    bound(store, table, row_group_size=200, compression="none", use_dictionary=False)
+    source = Parquet(store, "data/n")
+    assert source.count_rows() == rows  # the parent holds the file open now
+
+    def walk(seed: int) -> str:
+        inherited = len(source._files.files) + len(source._held.tables)
+        wrong = 0
+        for step in range(300):
+            at = (seed * 7919 + step * 104_729) % (rows - 5)
+            source._held.clear()  # every span decoded, not kept from the one before
+            frame = source.forward({"at": at, "take": 5}, ctx())
+            expected = list(range(at, at + 5))
+            if frame.column("n") != expected or frame.column("m") != [3 * v for v in expected]:
+                wrong += 1
+        return f"inherited {inherited}, wrong {wrong}"
+
+    children = [_forked(partial(walk, seed)) for seed in range(1, 4)]
+    assert walk(0) == "inherited 1, wrong 0"  # the parent, reading meanwhile, keeps its own
+    for child in children:
+        assert _answer(*child) == "inherited 0, wrong 0"
 
 
 # ---------------------------------------------------------------- closed while read

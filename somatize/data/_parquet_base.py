@@ -5,7 +5,10 @@
 file's footer once (:class:`_Footer`), then only the row groups a span overlaps
 (:class:`_File`), keeping the groups decoded last within one budget per source
 (:class:`_Held`, ``_HELD_BYTES``), and they hold their files open in an
-:class:`_OpenFiles`, which closes a file only once no read uses it. Both are
+:class:`_OpenFiles`, which closes a file only once no read uses it. Open files and kept
+groups belong to the process that opened them: a forked child (a DataLoader worker)
+starts with none and opens its own, so no two processes read through one file position,
+and no lock another thread held at the fork is waited on. Both are
 :class:`_Versioned`: their rows are decided by their version and the columns they
 read. :class:`NotParquet` is public in :mod:`somatize.data.parquet`.
 """
@@ -15,7 +18,10 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import io
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -35,6 +41,21 @@ __all__ = ["NotParquet"]
 _HELD_BYTES = 64 << 20
 """How many bytes of decoded row groups a source keeps for the spans that follow, from
 all its files together (always at least the last group it read)."""
+
+
+_PER_PROCESS: weakref.WeakSet[_Held | _OpenFiles] = weakref.WeakSet()
+"""Every holder of open files and decoded groups in this process, for a forked child to
+forget (:func:`_forget_in_child`)."""
+
+
+def _forget_in_child() -> None:
+    """Run in a forked child: every holder lets go of what the parent held, without closing
+    the parent's files, so the child opens files of its own and takes locks of its own."""
+    for holder in list(_PER_PROCESS):
+        holder.forget()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class NotParquet(DataError, ValueError):
@@ -87,6 +108,52 @@ def _parquet_file(
         ) from None
 
 
+class _Positioned(io.RawIOBase):
+    """A file read only at positions (``pread``), for ``pyarrow.PythonFile``: where it is
+    is this object's own, not the descriptor's offset, which a forked process shares."""
+
+    def __init__(self, handle: io.RawIOBase | io.BufferedIOBase) -> None:
+        super().__init__()
+        self.handle = handle
+        self.fd = handle.fileno()
+        self.size = os.fstat(self.fd).st_size
+        self.at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def tell(self) -> int:
+        return self.at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.at, io.SEEK_END: self.size}[whence]
+        self.at = base + offset
+        return self.at
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0:
+            size = max(self.size - self.at, 0)
+        data = os.pread(self.fd, size, self.at)
+        self.at += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(memoryview(buffer)))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.handle.close()
+        super().close()
+
+
 class _Footer:
     """What a Parquet file's footer says, read once: the schema of the columns a source
     reads from it, and the row each row group starts at. It holds no file open."""
@@ -137,6 +204,11 @@ class _Held:
     source over many files holds no more than one over a single file."""
 
     def __init__(self) -> None:
+        self.forget()
+        _PER_PROCESS.add(self)
+
+    def forget(self) -> None:
+        """Starts empty, with a lock of its own (also in a forked child)."""
         self.tables: OrderedDict[tuple[int, int], pyarrow.Table] = OrderedDict()
         self.bytes = 0
         self.lock = threading.Lock()
@@ -224,6 +296,14 @@ class _OpenFiles:
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
+        self.forget()
+        _PER_PROCESS.add(self)
+
+    def forget(self) -> None:
+        """Holds no file, with a lock of its own. The files held before are dropped without
+        waiting for the reads using them: in a forked child those are the parent's threads'
+        reads, which never end there, and dropping a file closes only the child's copy of its
+        descriptor."""
         self.files: OrderedDict[int, _File] = OrderedDict()
         self.lock = threading.Condition(threading.Lock())
         """Guards :attr:`files` and each file's ``users``; notified when a file that

@@ -69,6 +69,7 @@ from somatize.data._parquet_base import (
     _Held,
     _OpenFiles,
     _parquet_file,
+    _Positioned,
     _Versioned,
 )
 from somatize.data.coordinate import span_of
@@ -206,7 +207,10 @@ class Parquet(_Versioned):
                 mapped.close()
             holder = getattr(store, "cache", None)
             holder = holder if isinstance(holder, Store) else store  # where the copy is
-            source: Any = pyarrow.PythonFile(holder.open_blob(self.version), mode="r")
+            # Read at positions: a process forked while it is open (a DataLoader worker)
+            # shares the descriptor's offset, never this file's.
+            positioned = _Positioned(holder.open_blob(self.version))
+            source: Any = pyarrow.PythonFile(positioned, mode="r")
         elif whole is not None:
             source = pyarrow.BufferReader(pyarrow.py_buffer(whole))  # read into memory
         else:
