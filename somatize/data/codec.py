@@ -19,7 +19,10 @@ The digest is BLAKE3 over the IPC bytes of the value with its chunks combined
 and its validity bitmaps bare (none on a column with no nulls, no bits set past
 a column's end): equal content laid out in different chunks (a table read in
 two pieces, or in one), or sliced from a column that had nulls elsewhere, has
-one digest, which is what a key computed in two processes needs.
+one digest, which is what a key computed in two processes needs. Dictionary and
+dense union columns are written as they are: a slice of one keeps the whole
+dictionary, or its union's children whole, so it digests apart from the same rows
+laid out otherwise (a cache miss, never a wrong answer).
 """
 
 from __future__ import annotations
