@@ -99,6 +99,19 @@ def test_a_signed_address_carries_a_fingerprint_never_the_key(tmp_path: Path) ->
     assert again["signed"] == address["signed"]
 
 
+@pytest.mark.parametrize("key", [5, True, 1.5, ["s3cret"]])
+def test_a_signing_key_that_is_no_str_or_bytes_is_refused(tmp_path: Path, key: Any) -> None:
+    """A signing key is a secret's text or bytes: an int read from a config file unquoted
+    is refused, naming its type, not taken as that many zero bytes (``bytes(5)``)."""
+    kind = type(key).__name__
+    with pytest.raises(TypeError, match=rf"signing key is a str or bytes, got {kind}"):
+        LocalStore(tmp_path / "store", signing_key=key)
+    with pytest.raises(TypeError, match=rf"signing key is a str or bytes, got {kind}"):
+        Store.on_bucket("memory://somatize/keyed", signing_key=key)
+    raw = LocalStore(tmp_path / "raw", signing_key=bytearray(b"s3cret")).address()
+    assert raw is not None and raw == LocalStore(tmp_path / "raw", signing_key="s3cret").address()
+
+
 def test_a_signed_store_opens_only_with_its_key(tmp_path: Path) -> None:
     """Opened from its address, a signed store signs with the key of the environment, only
     when it is the store's key: what it keeps the signed store accepts. Without the key,

@@ -118,7 +118,15 @@ class Signer:
     __slots__ = ("_key",)
 
     def __init__(self, key: str | bytes) -> None:
-        raw = key.encode() if isinstance(key, str) else bytes(key)
+        if isinstance(key, str):
+            raw = key.encode()
+        elif isinstance(key, (bytes, bytearray, memoryview)):
+            raw = bytes(key)
+        else:  # bytes(5) would be five zero bytes, bytes(True) one: a key nobody meant
+            raise TypeError(
+                f"a store signing key is a str or bytes, got {type(key).__name__}; pass the "
+                "secret itself (quote a number read from a config file)"
+            )
         if not raw:
             raise ValueError(
                 "a store signing key is empty; pass a non-empty secret (or unset "
