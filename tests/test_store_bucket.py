@@ -19,6 +19,7 @@ from somatize import Corrupt, Graph, Store
 from somatize.cli import main
 from somatize.store import BadAddress, BucketStore, LocalStore, StoreError
 from tests.conftest_s3 import s3_options, s3_url
+from tests.forked import in_forked_child
 from tests.nodes import Largest, Rows, Scale
 
 
@@ -260,6 +261,26 @@ def test_graph_runs_against_a_bucket() -> None:
     assert second.forward(x, store=Store.on_bucket(url, **s3_options())) == value
     assert second.record.outcome["top"] == "recalled"
     assert second.record.outcome["rows"] == "spared"
+
+
+def _use_in_child(store: Store, kept: str, new: str) -> tuple[set[str], bytes, bool]:
+    found = store.have([kept])
+    value = bytes(store.recall(kept)[1])
+    store.keep(new, b"kept by the child", "plain")
+    return found, value, store.have([new]) == {new}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_uses_the_bucket_store_its_parent_used() -> None:
+    """A child forked from a process that used a bucket store (a DataLoader worker) uses it
+    too: it opens the filesystem afresh, since the parent's async client refuses every
+    request made in another process."""
+    store = Store.on_bucket(s3_url(), **s3_options())
+    kept, new = key_of("kept by the parent"), key_of("kept by the child")
+    store.keep(kept, b"kept by the parent", "plain")
+    found, value, seen = in_forked_child(_use_in_child, store, kept, new, timeout=60)
+    assert (found, value, seen) == ({kept}, b"kept by the parent", True)
+    assert bytes(store.recall(new)[1]) == b"kept by the child"
 
 
 def test_store_of_a_url_is_a_bucket() -> None:

@@ -25,6 +25,7 @@ which opens the filesystem and sets what it declares.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -77,8 +78,6 @@ class BucketRequests(PackedHome):
     docstring."""
 
     url: str
-    fs: Any
-    """The fsspec filesystem the bucket is reached through."""
     root: str
     """The store's path in ``fs``, with no ``/`` at the end."""
     retries: int
@@ -87,6 +86,26 @@ class BucketRequests(PackedHome):
     _atomic: bool
     """Whether an upload publishes a file whole by itself (an object store); if not (a
     plain filesystem), a write goes through ``tmp/`` and a rename."""
+    _fs: Any = None
+    _fs_pid: int = -1
+    """The process :attr:`fs` was opened in."""
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem the bucket is reached through; opened afresh in a process
+        forked from the one that opened it (a DataLoader worker): an async client (s3fs's)
+        serves only the process that made it, and refuses every request in a child."""
+        if self._fs_pid != os.getpid():
+            self.fs = self._open_fs()
+        return self._fs
+
+    @fs.setter
+    def fs(self, fs: Any) -> None:
+        self._fs, self._fs_pid = fs, os.getpid()
+
+    def _open_fs(self) -> Any:
+        """The filesystem of the store's URL, opened as :attr:`fs` was."""
+        raise NotImplementedError
 
     def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)``, retried with backoff while it fails transiently."""

@@ -243,6 +243,11 @@ class BucketStore(BucketShelf):
     def __repr__(self) -> str:
         return f"Store.on_bucket({self.url!r})"
 
+    def _open_fs(self) -> Any:
+        from fsspec.core import url_to_fs
+
+        return url_to_fs(self.url, **self.storage_options)[0]
+
     # -- address ------------------------------------------------------------------------------
 
     def address(self) -> dict[str, Any] | None:
