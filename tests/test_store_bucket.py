@@ -89,9 +89,9 @@ def test_have_on_many_keys_lists_instead_of_asking_each(monkeypatch: pytest.Monk
         store.keep(key, b"v", "plain")
     fresh = Store.on_bucket(store.url, **s3_options())
     assert isinstance(fresh, BucketStore)
-    finds, cats = Counting(fresh.fs.find), Counting(fresh.fs.cat)
+    finds, cats = Counting(fresh.fs.find), Counting(fresh.fs._cat_file)
     monkeypatch.setattr(fresh.fs, "find", finds)
-    monkeypatch.setattr(fresh.fs, "cat", cats)
+    monkeypatch.setattr(fresh.fs, "_cat_file", cats)
     asked = kept + [key_of(f"absent{i}") for i in range(160)]
     assert fresh.have(asked) == set(kept)
     assert finds.calls <= 2 and cats.calls == 0
@@ -281,6 +281,26 @@ def test_a_forked_child_uses_the_bucket_store_its_parent_used() -> None:
     found, value, seen = in_forked_child(_use_in_child, store, kept, new, timeout=60)
     assert (found, value, seen) == ({kept}, b"kept by the parent", True)
     assert bytes(store.recall(new)[1]) == b"kept by the child"
+
+
+@pytest.mark.parametrize("home", ["s3", "memory"])
+def test_a_prefix_holding_pattern_characters_is_a_plain_path(home: str) -> None:
+    """A store under ``exp[lr=0.1]*?/`` (legal in a bucket's keys) reads, checks and
+    collects what it keeps: its paths are read and removed as they are, never expanded as
+    patterns (which matched nothing, and failed every batched read)."""
+    where = f"{uuid.uuid4().hex[:8]}/exp[lr=0.1]*?"
+    url, options = (
+        (f"{s3_url()}/{where}", s3_options()) if home == "s3" else (f"memory://b/{where}", {})
+    )
+    one, two = key_of("one"), key_of("two")
+    store = Store.on_bucket(url, **options)
+    store.keep(one, b"one", "plain")
+    store.keep(two, b"two", "plain")
+    assert Store.on_bucket(url, **options).have([one, two]) == {one, two}
+    assert Store.on_bucket(url, **options).verify().ok
+    done = Store.on_bucket(url, **options).gc(max_bytes=0, grace=0)
+    assert (done.answers, done.blobs) == (2, 2)
+    assert Store.on_bucket(url, **options).have([one, two]) == set()
 
 
 def test_store_of_a_url_is_a_bucket() -> None:

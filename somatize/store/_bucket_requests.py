@@ -11,7 +11,7 @@ says to check the credentials and the bucket's permissions, credentials not foun
 say where the client looks for them, and a write to a bucket that does not exist
 says so.
 
-Reads of many files are made at once (fsspec batches them), and every listing is
+Reads of many files are made at once (a batch at a time), and every listing is
 fresh: a bucket has no cheap sign that nothing changed. Object stores publish an
 object whole when its upload completes, so a write goes straight to its place (a
 large one streamed from its pieces, and committed only once every piece is
@@ -24,6 +24,7 @@ which opens the filesystem and sets what it declares.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import random
@@ -39,6 +40,9 @@ T = TypeVar("T")
 _STREAM_ABOVE = 16 << 20
 """Blobs larger than this are uploaded through a file, piece by piece, not joined first."""
 
+_READ_AT_ONCE = 128
+"""The most files read at once (as fsspec batches its own reads)."""
+
 _DELETE_AT_ONCE = 1000
 """The most keys one bulk delete of S3 takes."""
 _DELETE_AGAIN = {"InternalError", "SlowDown", "ServiceUnavailable", "RequestTimeout"}
@@ -48,6 +52,9 @@ _DEFINITE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirector
 _ABSENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 """What reading a file that is not there raises: on a plain filesystem (``file://``) a
 folder of names, or a path under a name, is not a file either."""
+_GLOB = set("*?[")
+"""What fsspec takes a path holding for a pattern, where it expands paths (``rm``, ``cat``
+of a list): a store's prefix may hold them (``exp[lr=0.1]``); its names and digests never."""
 _TRANSIENT_WORDS = ("Connection", "Timeout", "Throttl", "SlowDown", "ServiceUnavailable")
 
 
@@ -232,7 +239,7 @@ class BucketRequests(PackedHome):
                 out.discard()
                 self.fs.invalidate_cache(path)
                 if self.fs.exists(path) and int(self.fs.info(path).get("size", -1)) != size:
-                    self.fs.rm(path)
+                    self._rm_one(path)
             except Exception:
                 pass  # tidying up must not hide why the upload failed
             raise
@@ -244,22 +251,17 @@ class BucketRequests(PackedHome):
             return None
 
     def _read_paths(self, paths: list[str]) -> dict[str, bytes | None]:
-        """Reads ``paths`` concurrently (fsspec batches them); None for each that is absent."""
+        """Reads ``paths`` concurrently (a batch at a time); None for each that is absent."""
         out: dict[str, bytes | None] = {}
         left = list(paths)
         delay = self.backoff
         for attempt in range(self.retries + 1):
             if not left:
                 break
-            got = self.fs.cat(left, on_error="return") if len(left) > 1 else None
-            if got is None:
-                try:
-                    got = {left[0]: self.fs.cat_file(left[0])}
-                except Exception as why:
-                    got = {left[0]: why}
+            got = self._cat_each(left)
             retry = []
             for path in left:
-                value = got.get(path, got.get(path.lstrip("/")))
+                value = got.get(path)
                 if isinstance(value, bytes):
                     out[path] = value
                 elif value is None or isinstance(value, _ABSENT):
@@ -281,6 +283,36 @@ class BucketRequests(PackedHome):
                 time.sleep(delay * (1 + random.random()))
                 delay *= 2
             left = retry
+        return out
+
+    def _cat_each(self, paths: list[str]) -> dict[str, bytes | BaseException]:
+        """Each of ``paths`` read, or why it could not be: concurrently on an async
+        filesystem (s3fs), a batch at a time. Each path is read as it is, never taken for a
+        pattern, as ``fs.cat`` of a list takes one: a store under ``exp[lr=0.1]/`` has
+        ``[``, ``*`` or ``?`` in every path."""
+        fs = self.fs
+        if len(paths) > 1 and getattr(fs, "async_impl", False) and hasattr(fs, "_cat_file"):
+            from fsspec.asyn import sync
+
+            async def each(path: str) -> bytes | BaseException:
+                try:
+                    return cast(bytes, await fs._cat_file(path))
+                except Exception as why:
+                    return why
+
+            async def all_of(batch: list[str]) -> list[bytes | BaseException]:
+                return list(await asyncio.gather(*(each(path) for path in batch)))
+
+            got: list[bytes | BaseException] = []
+            for start in range(0, len(paths), _READ_AT_ONCE):
+                got += sync(fs.loop, all_of, paths[start : start + _READ_AT_ONCE])
+            return dict(zip(paths, got, strict=True))
+        out: dict[str, bytes | BaseException] = {}
+        for path in paths:
+            try:
+                out[path] = fs.cat_file(path)
+            except Exception as why:
+                out[path] = why
         return out
 
     def _list(self, section: str) -> dict[str, dict[str, Any]]:
@@ -320,6 +352,11 @@ class BucketRequests(PackedHome):
             return
         if "s3" in self._protocols and hasattr(self.fs, "call_s3"):
             self._delete_objects(what, paths)
+            return
+        if any(_GLOB & set(path) for path in paths):  # fs.rm would take them for patterns
+            for path in paths:
+                with contextlib.suppress(*_ABSENT):
+                    self._call(what, self._rm_one, path)
             return
         try:
             self._call(what, self.fs.rm, paths)
