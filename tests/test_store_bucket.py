@@ -303,6 +303,24 @@ def test_a_prefix_holding_pattern_characters_is_a_plain_path(home: str) -> None:
     assert Store.on_bucket(url, **options).have([one, two]) == set()
 
 
+def test_a_signed_gc_empties_a_cache_holding_what_another_key_signed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signed bucket store's gc, whose cache folder holds only records a process without
+    the key copied there, collects the bucket and then the cache (copies only), not
+    refusing it for its key after the bucket's gc is done; and so does the next gc."""
+    monkeypatch.delenv("SOMATIZE_STORE_KEY", raising=False)
+    url, cache = s3_url(), tmp_path / "cache"
+    Store.on_bucket(url, signing_key="team", **s3_options()).keep(key_of("a"), b"a", "plain")
+    unsigned = Store.on_bucket(url, cache=cache, **s3_options())
+    unsigned.keep(key_of("b"), b"b", "plain")
+    unsigned.close()
+    for _ in range(2):
+        done = Store.on_bucket(url, cache=cache, signing_key="team", **s3_options()).gc(grace=0)
+        assert done.answers == 0
+    assert not LocalStore(cache).have([key_of("a")])
+
+
 def test_store_of_a_url_is_a_bucket() -> None:
     """Store("memory://…") opens a bucket store, as Store(path) opens a directory."""
     assert isinstance(Store("memory://somatize/plain"), BucketStore)

@@ -173,8 +173,17 @@ class BucketShelf(BucketRequests):
             # A cache holds copies only: what was dropped goes too. The blobs this store's
             # keeps are copying there are claimed in it, and left; its tmp/ keeps a grace:
             # another process sharing the cache may be writing there now (a blob it copied
-            # whose record is not there yet goes, and it downloads that blob again).
-            collect(self.cache, 0, 0.0, abandoned_after=max(grace, _CACHE_WRITES_GRACE))
+            # whose record is not there yet goes, and it downloads that blob again). Its
+            # key is not checked: the bucket's gc is done by now, and what the cache holds
+            # signed with another key (a process without this key sharing the folder) is
+            # no answer of this store's, refused when read, never a reason to stop.
+            collect(
+                self.cache,
+                0,
+                0.0,
+                abandoned_after=max(grace, _CACHE_WRITES_GRACE),
+                check_key=False,
+            )
         with self._lock:
             merging, self._merging = self._merging, None
         if merging is not None and merging[0]:

@@ -194,9 +194,10 @@ class _Read(NamedTuple):
     """The bytes it held when it was read."""
 
 
-def _read_all(shelf: Shelf, wrap: Progress) -> list[_Read]:
+def _read_all(shelf: Shelf, wrap: Progress, check_key: bool = True) -> list[_Read]:
     """Every answer record, pack index and name, read and decoded (one read per section);
-    :class:`KeyMismatch` when the store signs with another key than ``shelf``'s."""
+    :class:`KeyMismatch` when the store signs with another key than ``shelf``'s (unless
+    not ``check_key``)."""
     out: list[_Read] = []
     for section in _READ:
         entries = shelf._entries(section)
@@ -207,7 +208,8 @@ def _read_all(shelf: Shelf, wrap: Progress) -> list[_Read]:
                 held, untrusted = _decoded(section, entry.name, data, shelf.signer)
                 stray = not _named(section, entry.name)
                 out.append(_Read(section, entry, held, untrusted, stray, data))
-    _check_key(shelf, out)
+    if check_key:
+        _check_key(shelf, out)
     return out
 
 
@@ -293,10 +295,12 @@ def collect(
     grace: float,
     progress: Progress | None = None,
     abandoned_after: float | None = None,
+    check_key: bool = True,
 ) -> Collected:
     """Drops least-recently-used answers down to ``max_bytes``, then unreferenced blobs
     older than ``grace`` seconds and abandoned writes older than ``abandoned_after``
-    (default ``grace``); see the module docstring."""
+    (default ``grace``); see the module docstring. Not ``check_key``: what another key
+    signed is not refused (a cache of copies only, emptied whatever signed them)."""
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes is a number of bytes ≥ 0, got {max_bytes}")
     for name, seconds in (("grace", grace), ("abandoned_after", abandoned_after)):
@@ -314,7 +318,7 @@ def collect(
     pinned: set[str] = set()
     kept = 0
     units: list[_Unit] = []
-    read = _read_all(shelf, wrap)
+    read = _read_all(shelf, wrap, check_key)
     for section, entry, held_here, *_ in read:
         blob = _blob_of(held_here)
         if section == "names":
