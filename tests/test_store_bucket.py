@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -319,6 +320,36 @@ def test_a_signed_gc_empties_a_cache_holding_what_another_key_signed(
         done = Store.on_bucket(url, cache=cache, signing_key="team", **s3_options()).gc(grace=0)
         assert done.answers == 0
     assert not LocalStore(cache).have([key_of("a")])
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("s3://My_Bucket!/features", "names the bucket `My_Bucket!`, which S3 cannot have"),
+        ("s3://ab/features", "names the bucket `ab`, which S3 cannot have"),
+        ("s3://", "names no bucket"),
+    ],
+)
+def test_an_s3_url_naming_no_bucket_s3_can_have_is_refused_at_open(
+    url: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An S3 URL whose bucket's name S3 cannot have is refused when the store is opened,
+    not by every request after; the command line says so in one line and exits 2."""
+    with pytest.raises(BadAddress, match=re.escape(said)):
+        Store.on_bucket(url, **s3_options())
+    assert main(["store", "gc", "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_mistyped_storage_option_is_a_bad_address() -> None:
+    """A storage option the client does not take (``endpoint=`` for ``endpoint_url``)
+    fails the first request with a BadAddress naming the URL, not the client's TypeError."""
+    options = {**s3_options(), "endpoint": "http://127.0.0.1:1"}
+    store = Store.on_bucket(s3_url(), **options)
+    for call in (lambda: store.have([key_of("a"), key_of("b")]), lambda: store.put(b"x")):
+        with pytest.raises(BadAddress, match=rf"on {re.escape(store.url)} could not be asked"):
+            call()
 
 
 def test_store_of_a_url_is_a_bucket() -> None:

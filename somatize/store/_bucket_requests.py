@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from somatize.store._packed import PackedHome, nbytes
-from somatize.store.base import Buffer, StoreError, check_digest
+from somatize.store.base import BadAddress, Buffer, StoreError, check_digest
 
 T = TypeVar("T")
 
@@ -80,6 +80,17 @@ def _no_credentials(error: BaseException) -> bool:
     )
 
 
+def _misaddressed(error: BaseException) -> bool:
+    """Whether ``error`` says the request could not be made as asked, whatever is asked
+    again: botocore's ``ParamValidationError`` (a bucket's name S3 cannot have), or a
+    TypeError of the client made from a mistyped storage option (``endpoint=``)."""
+    if isinstance(error, TypeError):
+        return True
+    return type(error).__name__ == "ParamValidationError" and type(error).__module__.startswith(
+        "botocore"
+    )
+
+
 class BucketRequests(PackedHome):
     """The requests of a bucket store, retried, and where its files are; see the module
     docstring."""
@@ -123,6 +134,8 @@ class BucketRequests(PackedHome):
             except Exception as why:
                 if _no_credentials(why):
                     raise self._uncredentialed(what, why) from why
+                if _misaddressed(why):
+                    raise self._misaddressed(what, why) from why
                 if not _transient(why):
                     if isinstance(why, PermissionError):
                         raise StoreError(
@@ -145,6 +158,14 @@ class BucketRequests(PackedHome):
             f"{what} on {self.url} found no credentials ({type(why).__name__}: {why}): pass "
             "them as storage options (`key=`, `secret=` for s3) or set them where the client "
             "looks (for s3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+        )
+
+    def _misaddressed(self, what: str, why: BaseException) -> BadAddress:
+        return BadAddress(
+            f"{what} on {self.url} could not be asked ({type(why).__name__}: {why}): the "
+            "client takes neither this URL nor these storage options; check the bucket's name "
+            "and the options' names (for s3 an endpoint is "
+            "`client_kwargs={'endpoint_url': ...}`)"
         )
 
     def _bucket_name(self) -> str | None:
@@ -268,6 +289,8 @@ class BucketRequests(PackedHome):
                     out[path] = None
                 elif isinstance(value, BaseException) and _no_credentials(value):
                     raise self._uncredentialed(f"reading {path}", value) from value
+                elif isinstance(value, BaseException) and _misaddressed(value):
+                    raise self._misaddressed(f"reading {path}", value) from value
                 elif isinstance(value, BaseException) and _transient(value):
                     retry.append(path)
                 elif isinstance(value, BaseException):

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -90,6 +91,28 @@ _CACHE_MARK = "bucket"
 
 _MARK_WAIT = 1.0
 """Seconds a cache's mark found incomplete is waited on: another process is writing it."""
+
+
+_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+"""What S3 takes for a bucket's name: 3 to 63 lowercase letters, digits, dots and hyphens,
+starting and ending with a letter or digit."""
+
+
+def _check_bucket(url: str, bucket: str) -> None:
+    """Refuses an S3 URL that names no bucket S3 can have, before any request: S3 would
+    refuse every one of them, as a parameter it cannot send."""
+    if bucket.startswith("arn:"):  # an access point, named by its ARN
+        return
+    if not bucket:
+        raise BadAddress(
+            f"{url!r} names no bucket: an S3 store lies in one, as `s3://bucket/prefix`"
+        )
+    if not _S3_BUCKET.fullmatch(bucket) or ".." in bucket:
+        raise BadAddress(
+            f"{url!r} names the bucket `{bucket}`, which S3 cannot have: a bucket's name is 3 "
+            "to 63 lowercase letters, digits, dots and hyphens, starting and ending with a "
+            "letter or digit"
+        )
 
 
 def _read_mark(mark: str) -> str | None:
@@ -216,6 +239,8 @@ class BucketStore(BucketShelf):
         self.root = str(root).rstrip("/")
         protocol = self.fs.protocol
         self._protocols = set((protocol,) if isinstance(protocol, str) else protocol)
+        if self._protocols & {"s3", "s3a"}:
+            _check_bucket(url, self.root.lstrip("/").split("/", 1)[0])
         self._atomic = not self._protocols & {"file", "local"}
         if not self._atomic:  # writes go through tmp/, which a fresh directory lacks
             try:
