@@ -18,7 +18,14 @@ from moto.core.authorization import enable_iam_authentication
 
 from somatize import Corrupt, Graph, Store
 from somatize.cli import main
-from somatize.store import BadAddress, BucketStore, LocalStore, StoreError
+from somatize.store import (
+    BadAddress,
+    BadName,
+    BucketStore,
+    LocalStore,
+    NameNotFound,
+    StoreError,
+)
 from tests.conftest_s3 import s3_options, s3_url
 from tests.forked import in_forked_child
 from tests.nodes import Largest, Rows, Scale
@@ -350,6 +357,32 @@ def test_a_mistyped_storage_option_is_a_bad_address() -> None:
     for call in (lambda: store.have([key_of("a"), key_of("b")]), lambda: store.put(b"x")):
         with pytest.raises(BadAddress, match=rf"on {re.escape(store.url)} could not be asked"):
             call()
+
+
+@pytest.mark.parametrize(("mine", "theirs"), [("d", "d/small"), ("d/small", "d")])
+def test_a_name_and_a_name_under_it_bound_at_once_are_never_both_bound(
+    monkeypatch: pytest.MonkeyPatch, mine: str, theirs: str
+) -> None:
+    """Another process binding a name above or under this bind's, after this bind looked
+    and before it wrote, makes it take its own name back and refuse: the bucket never holds
+    a name with names under it."""
+    url = s3_url()
+    store, other = Store.on_bucket(url, **s3_options()), Store.on_bucket(url, **s3_options())
+    assert isinstance(store, BucketStore)
+    digest = store.put(b"a dataset's bytes")
+    write = store._write
+
+    def meanwhile(path: str, pieces: Any) -> None:
+        other.bind(theirs, digest)  # it looks before this bind writes: it finds nothing
+        write(path, pieces)
+
+    monkeypatch.setattr(store, "_write", meanwhile)
+    with pytest.raises(BadName, match=r"would lie under it|names are bound under"):
+        store.bind(mine, digest)
+    fresh = Store.on_bucket(url, **s3_options())
+    assert fresh.resolve(theirs) == digest
+    with pytest.raises(NameNotFound):
+        fresh.resolve(mine)
 
 
 def test_store_of_a_url_is_a_bucket() -> None:

@@ -54,6 +54,7 @@ from somatize.store._packed import digest_of, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     Answer,
     BadAddress,
+    BadName,
     Buffer,
     Corrupt,
     Missing,
@@ -377,21 +378,37 @@ class BucketStore(BucketShelf):
     def bind(self, name: str, digest: str) -> None:
         """The blob is looked for in the bucket (not the cache) before the name is written,
         and again after: a gc that removed it meanwhile is said, not left as a name pointing
-        at nothing."""
+        at nothing. Names above it and under it are looked for before too, and again after:
+        a bucket cannot write a name only if no such name is there, so one bound by another
+        process meanwhile (``sms/train/small`` while this binds ``sms/train``) makes this
+        bind take its name back and refuse (both may be refused; never both bound)."""
         check_name(name)
         blob = self._blob_path(digest)
+        clash = self._nesting(name)
+        if clash is not None:
+            raise clash
+        if not self._there(blob, f"looking for blob {digest}"):
+            bucket = self._missing_bucket()
+            raise unbacked(name, digest, self.url) if bucket is None else self._no_bucket(bucket)
+        data = encode_name(name, digest, self.signer)
+        self._write(self._path("names", name), [data])
+        clash = self._nesting(name)
+        if clash is not None:
+            self._drop("names", {name: data})  # its own, unless bound again meanwhile
+            raise clash
+        if not self._there(blob, f"looking for blob {digest}"):
+            raise unbound(name, digest, self.url)
+
+    def _nesting(self, name: str) -> BadName | None:
+        """The refusal of ``name`` when a name above it, or names under it, are bound now;
+        None when there are none."""
         upper = {self._path("names", n): n for n in names_above(name)}
         found = self._read_paths(list(upper)) if upper else {}
         above = next((n for path, n in upper.items() if found.get(path)), None)
         inside = f"/names/{name}/"  # listings name paths with or without the protocol
         if above is not None or any(inside in f"/{p}" for p in self._list(f"names/{name}")):
-            raise nested(name, above)
-        if not self._there(blob, f"looking for blob {digest}"):
-            bucket = self._missing_bucket()
-            raise unbacked(name, digest, self.url) if bucket is None else self._no_bucket(bucket)
-        self._write(self._path("names", name), [encode_name(name, digest, self.signer)])
-        if not self._there(blob, f"looking for blob {digest}"):
-            raise unbound(name, digest, self.url)
+            return nested(name, above)
+        return None
 
     def _there(self, path: str, what: str) -> bool:
         """Whether the object at ``path`` is in the bucket now (not as a listing cached)."""
