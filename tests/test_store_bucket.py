@@ -385,6 +385,37 @@ def test_a_name_and_a_name_under_it_bound_at_once_are_never_both_bound(
         fresh.resolve(mine)
 
 
+def _logged(store: BucketStore) -> set[str]:
+    """The keys and pack ids ``store``'s ``used/`` logs hold times of."""
+    store.fs.invalidate_cache()
+    out: set[str] = set()
+    for path in store.fs.find(f"{store.root}/used"):
+        log = json.loads(store.fs.cat_file(path))
+        out |= set(log.get("answers", {})) | set(log.get("packs", {}))
+    return out
+
+
+def test_a_gc_keeps_the_use_times_of_what_it_kept_alone() -> None:
+    """The ``used/`` log a gc writes in place of those it merged holds the times of the
+    answers it kept, not of those it dropped: the logs do not grow with every key ever
+    recalled."""
+    url = s3_url()
+    dropped, kept = key_of("dropped"), key_of("kept")
+    store = Store.on_bucket(url, **s3_options())
+    store.keep(dropped, b"dropped", "plain")
+    store.recall(dropped)
+    store.close()
+    gc = Store.on_bucket(url, **s3_options())
+    assert isinstance(gc, BucketStore)
+    assert gc.gc(max_bytes=0, grace=0).answers == 1
+    assert _logged(gc) == set()
+    store.keep(kept, b"kept", "plain")
+    store.recall(kept)
+    store.close()
+    assert gc.gc(grace=0).answers == 0
+    assert _logged(gc) == {kept}
+
+
 def test_store_of_a_url_is_a_bucket() -> None:
     """Store("memory://…") opens a bucket store, as Store(path) opens a directory."""
     assert isinstance(Store("memory://somatize/plain"), BucketStore)

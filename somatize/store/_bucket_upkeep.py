@@ -12,9 +12,9 @@ On S3 a gc also aborts the uploads of its blobs left incomplete (an upload whose
 abort could not reach the server), once nothing was added to one for a day.
 
 A bucket cannot touch an object's time, so when answers were used is written as small
-``used/`` logs, which ``gc`` merges and replaces with one. That is advice: a log that
-cannot be written is dropped, said once at debug level, and never fails a recall; a
-damaged one only loses recency.
+``used/`` logs, which ``gc`` merges and replaces with one, of the answers and packs it
+kept. That is advice: a log that cannot be written is dropped, said once at debug
+level, and never fails a recall; a damaged one only loses recency.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -61,6 +61,11 @@ def _mtime(info: dict[str, Any]) -> float:
     return 0.0
 
 
+_Merging = tuple[list[str], dict[tuple[str, str], float], set[tuple[str, str]]]
+"""What a gc merges: the ``used/`` logs it read, the times merged from them, and the
+answers and packs it found listed and has not removed (whose times it keeps)."""
+
+
 class BucketShelf(BucketRequests):
     """The files of a bucket store as upkeep sees them (a
     :class:`~somatize.store.upkeep.Shelf`), and its ``used/`` logs; see the module
@@ -68,7 +73,7 @@ class BucketShelf(BucketRequests):
 
     cache: LocalStore | None
     """The local store in front, if any: a gc collects it too."""
-    _merging: tuple[list[str], dict[tuple[str, str], float]] | None
+    _merging: _Merging | None
     _use_said: bool
     _damaged: set[str]
     """The blobs this store object found damaged: a put of one writes it afresh, not
@@ -187,8 +192,10 @@ class BucketShelf(BucketRequests):
         with self._lock:
             merging, self._merging = self._merging, None
         if merging is not None and merging[0]:
-            # One log of the merged times replaces the many that were read.
-            logs, merged = merging
+            # One log of the merged times replaces the many that were read: the times of
+            # what this gc kept, not of what it dropped (or found gone).
+            logs, times, kept = merging
+            merged = {where: t for where, t in times.items() if where in kept}
             self._used.update(
                 {
                     f"blake3:{n.rsplit('/', 1)[-1]}": t
@@ -208,7 +215,16 @@ class BucketShelf(BucketRequests):
         for path, info in self._list(section).items():
             name = path.lstrip("/")[len(base) :]
             out.append(Entry(name, int(info.get("size") or 0), _mtime(info)))
+        merging = self._merging
+        if merging is not None and section in ("answers", "packs"):
+            merging[2].update((section, entry.name) for entry in out)
         return out
+
+    def _removed(self, section: str, names: Iterable[str]) -> None:
+        """Notes that a gc removed ``names`` from ``section``: their times are not kept."""
+        merging = self._merging
+        if merging is not None:
+            merging[2].difference_update((section, name) for name in names)
 
     def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
         paths = {self._path(section, name): name for name in names}
@@ -216,6 +232,7 @@ class BucketShelf(BucketRequests):
 
     def _remove(self, section: str, names: list[str]) -> None:
         self._rm(f"removing from {section}", [self._path(section, name) for name in names])
+        self._removed(section, names)
 
     def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]:
         """Each file is read again and removed only if it still holds what was listed. A
@@ -229,7 +246,9 @@ class BucketShelf(BucketRequests):
         now = self._read_paths(list(paths))
         same = [path for path, name in paths.items() if now.get(path) == listed[name]]
         self._rm(f"removing from {section}", same)
-        return {paths[path] for path in same}
+        gone = {paths[path] for path in same}
+        self._removed(section, gone)
+        return gone
 
     def _quarantine(self, section: str, name: str, was: bytes | None = None) -> bool | None:
         """Given ``was``, the file is read again first and left if it changed: a bucket has
@@ -337,5 +356,5 @@ class BucketShelf(BucketRequests):
             except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
                 continue  # a damaged log only loses recency, which is advice
         with self._lock:
-            self._merging = (listed, out)
+            self._merging = (listed, out, set())
         return out

@@ -49,7 +49,7 @@ from typing import Any, cast
 
 from somatize import canonical
 from somatize._numbers import finite
-from somatize.store._bucket_upkeep import BucketShelf
+from somatize.store._bucket_upkeep import BucketShelf, _Merging
 from somatize.store._packed import digest_of, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     Answer,
@@ -259,9 +259,10 @@ class BucketStore(BucketShelf):
         self._hold_nothing(url)
         self._packs_seen = False
         """Whether the pack indexes were loaded once (see :meth:`_look_at_packs`)."""
-        self._merging: tuple[list[str], dict[tuple[str, str], float]] | None = None
-        """The ``used/`` logs a gc read, and the times merged from them, until it replaces
-        them with one log (a pair, so that one gc never removes logs another gc read)."""
+        self._merging: _Merging | None = None
+        """The ``used/`` logs a gc read, the times merged from them, and the answers and
+        packs it kept, until it replaces the logs with one (together, so that one gc never
+        removes logs another gc read)."""
         self._use_said = False
         """Whether a ``used/`` log that could not be written was said (once, at debug level)."""
         self._damaged: set[str] = set()
