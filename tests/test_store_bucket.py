@@ -291,15 +291,14 @@ def test_a_forked_child_uses_the_bucket_store_its_parent_used() -> None:
     assert bytes(store.recall(new)[1]) == b"kept by the child"
 
 
-@pytest.mark.parametrize("home", ["s3", "memory"])
-def test_a_prefix_holding_pattern_characters_is_a_plain_path(home: str) -> None:
+@pytest.mark.parametrize("home", ["s3", "memory", "file"])
+def test_a_prefix_holding_pattern_characters_is_a_plain_path(home: str, tmp_path: Path) -> None:
     """A store under ``exp[lr=0.1]*?/`` (legal in a bucket's keys) reads, checks and
     collects what it keeps: its paths are read and removed as they are, never expanded as
     patterns (which matched nothing, and failed every batched read)."""
     where = f"{uuid.uuid4().hex[:8]}/exp[lr=0.1]*?"
-    url, options = (
-        (f"{s3_url()}/{where}", s3_options()) if home == "s3" else (f"memory://b/{where}", {})
-    )
+    homes = {"memory": f"memory://b/{where}", "file": f"file://{tmp_path}/{where}"}
+    url, options = (f"{s3_url()}/{where}", s3_options()) if home == "s3" else (homes[home], {})
     one, two = key_of("one"), key_of("two")
     store = Store.on_bucket(url, **options)
     store.keep(one, b"one", "plain")
