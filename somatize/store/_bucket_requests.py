@@ -82,10 +82,11 @@ def _no_credentials(error: BaseException) -> bool:
 
 def _misaddressed(error: BaseException) -> bool:
     """Whether ``error`` says the request could not be made as asked, whatever is asked
-    again: botocore's ``ParamValidationError`` (a bucket's name S3 cannot have), or a
-    TypeError of the client made from a mistyped storage option (``endpoint=``)."""
+    again: botocore's ``ParamValidationError`` (a bucket's name S3 cannot have), or the
+    TypeError of a client made from a mistyped storage option (``endpoint=``: "got an
+    unexpected keyword argument"); no other TypeError, which is a fault of code."""
     if isinstance(error, TypeError):
-        return True
+        return "unexpected keyword argument" in str(error)
     return type(error).__name__ == "ParamValidationError" and type(error).__module__.startswith(
         "botocore"
     )
