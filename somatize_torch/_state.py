@@ -17,6 +17,7 @@ settles a frozen module at this digest, re-exports both.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -48,17 +49,28 @@ class StateWatch:
     (a tensor or child replaced: a checkpoint loaded by assignment, ``encoder[0] =
     conv``), each tensor by its version counter (bumped by every change in place:
     ``load_state_dict``, an optimizer step), each parameter by whether it requires grad
-    (somebody unfroze it), and each table by its length (a tensor or submodule added or
-    removed). ``thorough`` also looks at each tensor's memory (``p.data = t``, a
-    conversion of the module). A
-    write that bypasses the version counter — into ``p.data``, or by a fused optimizer
-    kernel — is not seen here; only digesting the state again sees it."""
+    (somebody unfroze it) and by the gradient it holds (a backward reached it, so an
+    optimizer may have stepped it: a fused one, ``AdamW(fused=True)``, bumps no version
+    counter), and each table by its length (a tensor or submodule added or removed).
+    ``thorough`` also looks at each tensor's memory (``p.data = t``, a conversion of the
+    module, ``.half()`` then ``.float()`` included): the memory a tensor held when
+    watched is weakly referenced, so its address cannot be taken for the same memory
+    once it was let go and given to another tensor. Once :meth:`unfrozen` found a
+    parameter requiring grad, the watch says changed until it is made anew: what trained
+    the module meanwhile may have bypassed every counter. A write that bypasses the
+    version counter while no gradient is left behind — into ``p.data``, or a fused
+    optimizer whose gradients were dropped after its step — is not seen here; only
+    digesting the state again sees it."""
 
     __slots__ = (
-        "_grads",
+        "_doubted",
+        "_gradients",
+        "_memory",
+        "_named",
         "_names",
         "_owners",
         "_params",
+        "_requires",
         "_sizes",
         "_tables",
         "_tensors",
@@ -88,26 +100,89 @@ class StateWatch:
         self._params = [t for t in self._tensors if isinstance(t, nn.Parameter)]
         self._versions = tuple(map(_VERSION, self._tensors))
         self._where = tuple(map(_WHERE, self._tensors))
-        self._grads = tuple(map(_GRAD, self._params))
+        self._memory = _Memory(self._tensors)
+        self._requires = tuple(map(_REQUIRES, self._params))
+        self._gradients = tuple(map(_GRADIENT, self._params))
+        self._doubted = False
+        self._named = frozenset(name for name, _ in module.named_parameters())
 
     def changed(self, thorough: bool = False) -> bool:
         """Whether a weight, buffer or submodule changed, was replaced, added or removed,
-        or a parameter came to require grad (and, ``thorough``, whether a tensor's memory
-        changed)."""
+        or a parameter came to require grad or got a gradient (and, ``thorough``, whether
+        a tensor's memory changed)."""
         return (
-            tuple(map(_VERSION, self._tensors)) != self._versions
+            self._doubted
+            or tuple(map(_VERSION, self._tensors)) != self._versions
             or not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
             or tuple(map(len, self._tables)) != self._sizes  # a part added (`enc.append(act)`)
-            or tuple(map(_GRAD, self._params)) != self._grads
-            or (thorough and tuple(map(_WHERE, self._tensors)) != self._where)
+            or tuple(map(_REQUIRES, self._params)) != self._requires
+            or not all(map(operator.is_, map(_GRADIENT, self._params), self._gradients))
+            or (
+                thorough
+                and (tuple(map(_WHERE, self._tensors)) != self._where or self._memory.let_go())
+            )
         )
 
     def unfrozen(self, module: nn.Module) -> list[str]:
-        """The parameters of ``module`` watched here (frozen then) that now require grad."""
+        """The parameters of ``module`` (frozen when watched) that now require grad: those
+        unfrozen since, and those that train under a name no parameter had then (an
+        adapter put in). One that took the place of a parameter of its name (``encoder.
+        linear = nn.Linear(6, 4)``) is new weights, frozen as the module is. When there are
+        some, the watch says changed from now on (see the class docstring)."""
         watched = set(map(id, self._params))
-        return [n for n, p in module.named_parameters() if p.requires_grad and id(p) in watched]
+        names = [
+            n
+            for n, p in module.named_parameters()
+            if p.requires_grad and (id(p) in watched or n not in self._named)
+        ]
+        if names:
+            self._doubted = True
+        return names
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy watches the copy's tensors, whose memory is other: it says changed, so
+        # that the copy is digested again and watched afresh.
+        state = {name: getattr(self, name) for name in self.__slots__ if name != "_memory"}
+        state["_doubted"] = True
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._memory = _Memory([])
+
+
+class _Memory:
+    """Weak references to the memory (the storages) of tensors: whether one was let go.
+
+    A weak reference keeps a storage's record, not its bytes, so the watched memory is
+    freed as it would be unwatched; but an address seen again is the same memory only
+    while the memory first seen there was not let go."""
+
+    __slots__ = ("_refs",)
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        refs: list[int] = []
+        for tensor in tensors:
+            try:
+                refs.append(int(tensor.untyped_storage()._weak_ref()))  # type: ignore[call-overload]
+            except (RuntimeError, NotImplementedError, TypeError):
+                continue  # no storage of its own (sparse, a wrapper subclass)
+        self._refs = refs
+
+    def let_go(self) -> bool:
+        return any(map(_EXPIRED, self._refs))
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit torch may be gone
+            for ref in self._refs:
+                _FREE(ref)
+            self._refs = []
 
 
 _VERSION = operator.attrgetter("_version")
 _WHERE: Callable[[Any], int] = torch.Tensor.data_ptr
-_GRAD = operator.attrgetter("requires_grad")
+_REQUIRES = operator.attrgetter("requires_grad")
+_GRADIENT = operator.attrgetter("grad")
+_EXPIRED: Callable[[int], bool] = torch.UntypedStorage._expired  # type: ignore[assignment]
+_FREE: Callable[[int], None] = torch.UntypedStorage._free_weak_ref

@@ -89,12 +89,14 @@ def few(names: list[str], shown: int = 3) -> str:
 
 def unfrozen_error(module: nn.Module, names: list[str]) -> Unfrozen:
     """The refusal of ``module``, frozen and cached, whose parameters ``names`` now
-    require grad."""
+    require grad: unfrozen since it was frozen, or added to it since (an adapter)."""
     return Unfrozen(
         f"`{type(module).__name__}` is frozen and cached, and its parameters {few(names)} "
-        "now require grad: somebody unfroze it to train it, and a cached module's answers "
-        "are recalled without gradients, so it would not train. Call the module itself to "
-        "train it, or freeze it again (`requires_grad_(False)`) to go on caching"
+        "now require grad: somebody unfroze it, or put trainable parameters into it (an "
+        "adapter), to train it, and a cached module's answers are recalled without "
+        "gradients, so it would not train. Call the module itself to train it, or freeze "
+        "them again (`requires_grad_(False)`) to go on caching: its weights are then "
+        "digested again, so what training changed meanwhile is keyed anew"
     )
 
 

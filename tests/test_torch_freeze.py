@@ -269,6 +269,131 @@ def test_a_part_without_weights_replaced_or_a_conversion_is_seen(store: Store) -
     assert g.record.outcome == {"gated": "recalled"}
 
 
+class Square(nn.Module):
+    """One linear layer without a bias, 32 wide (its weight a 4 KiB block of memory)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def _fused_steps(module: nn.Module, drop: bool) -> None:
+    """Three steps of a fused AdamW on ``module`` (no version counter moves), its
+    gradients dropped after the last one if ``drop``."""
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.1, fused=True)
+    for _ in range(3):
+        optimizer.zero_grad()
+        module(torch.randn(4, 32)).pow(2).sum().backward()
+        optimizer.step()
+    if drop:
+        optimizer.zero_grad()
+
+
+def test_weights_a_fused_optimizer_stepped_are_seen_once_frozen_again(store: Store) -> None:
+    """A frozen, cached module unfrozen, stepped by a fused optimizer (which moves no
+    version counter) and frozen again answers with its new weights: the gradients the
+    steps left are seen; and once a forward refused it unfrozen, it is digested again
+    when frozen again, even with its gradients dropped."""
+    torch.manual_seed(0)
+    module = Square()
+    g = Graph.somatize(smt.ModuleNode(module).named("square").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(4, 32))
+    g.forward(x, store=store)
+    module.requires_grad_(True)
+    _fused_steps(module, drop=False)
+    module.requires_grad_(False)
+    stepped = g.forward(x, store=store)
+    assert g.record is not None and g.record.outcome == {"square": "ran"}
+    with torch.no_grad():
+        assert torch.equal(stepped, module(x.value))
+    module.requires_grad_(True)
+    with pytest.raises(smt.Unfrozen, match=r"freeze them again .* digested again"):
+        g.forward(x, store=store)
+    _fused_steps(module, drop=True)
+    module.requires_grad_(False)
+    again = g.forward(x, store=store)
+    assert g.record.outcome == {"square": "ran"}
+    with torch.no_grad():
+        assert torch.equal(again, module(x.value)) and not torch.equal(again, stepped)
+
+
+def test_a_round_trip_through_half_precision_is_seen(store: Store) -> None:
+    """A module converted to half precision and back has rounded weights, often in the
+    very memory it had before (the allocator hands the freed block back) and no version
+    counter moved: the next forward runs, and answers what the module answers now."""
+    torch.manual_seed(0)
+    module = Square()
+    g = Graph.somatize(smt.ModuleNode(module).named("square").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(4, 32))
+    for dtype in (torch.float16, torch.bfloat16):
+        before = g.forward(x, store=store)
+        module.to(dtype).float()
+        after = g.forward(x, store=store)
+        assert g.record is not None and g.record.outcome == {"square": "ran"}
+        with torch.no_grad():
+            assert torch.equal(after, module(x.value)) and not torch.equal(after, before)
+
+
+def test_other_memory_at_the_same_address_is_seen(store: Store) -> None:
+    """A weight given other memory (``p.data = t``) at the address its old memory, let
+    go, had — here the same numpy buffer, taken as a new tensor after it was rewritten —
+    is seen at the next forward: an equal address is not taken for the same memory."""
+    torch.manual_seed(0)
+    module = Square()
+    buffer = module.linear.weight.detach().numpy().copy()
+    module.linear.weight.data = torch.from_numpy(buffer)
+    g = Graph.somatize(smt.ModuleNode(module).named("square").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(4, 32))
+    before = g.forward(x, store=store)
+    address = module.linear.weight.data_ptr()
+    buffer *= 2
+    module.linear.weight.data = torch.from_numpy(buffer)
+    assert module.linear.weight.data_ptr() == address
+    after = g.forward(x, store=store)
+    assert g.record is not None and g.record.outcome == {"square": "ran"}
+    with torch.no_grad():
+        assert torch.equal(after, module(x.value)) and torch.allclose(after, 2 * before)
+
+
+class Adapted(nn.Module):
+    """A layer and a trainable adapter beside it, as LoRA libraries put one in."""
+
+    def __init__(self, base: nn.Module) -> None:
+        super().__init__()
+        self.base = base
+        self.delta = nn.Linear(32, 32, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.delta(x)
+
+
+def test_a_trainable_adapter_put_into_a_frozen_module_is_refused(store: Store) -> None:
+    """Trainable parameters put into a frozen, cached module after ``freeze`` under new
+    names are refused by name, as an unfrozen one is, not silently frozen; frozen
+    themselves, the module is keyed by its new state."""
+    torch.manual_seed(0)
+    module = Square()
+    g = Graph.somatize(smt.ModuleNode(module).named("square").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(4, 32))
+    g.forward(x, store=store)
+    module.linear = Adapted(module.linear)
+    with pytest.raises(smt.Unfrozen, match=r"`linear.delta.weight` now require grad"):
+        g.forward(x, store=store)
+    assert module.linear.delta.weight.requires_grad
+    module.linear.delta.requires_grad_(False)
+    adapted = g.forward(x, store=store)
+    assert g.record is not None and g.record.outcome == {"square": "ran"}
+    with torch.no_grad():
+        assert torch.equal(adapted, module(x.value))
+
+
 def test_numpy_scalars_a_module_keeps_are_in_its_key(store: Store) -> None:
     """``np.float32`` and ``np.int64`` are no Python number subclasses: they are seen as
     the numbers they hold, of their numpy type (Python's arithmetic with a float32 is
