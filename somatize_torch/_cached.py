@@ -142,11 +142,13 @@ class _Cached(nn.Module):
 class _Watched:
     """What a cached node runs on a miss: the submodule, and then a refusal of what a
     recalled answer could not repeat, before the answer is kept — a write into an input
-    (a recall would not write it), an answer the store cannot give back as it is."""
+    (a recall would not write it), an answer the store cannot give back as it is — and
+    the answer made its own memory, as a recalled one is."""
 
-    def __init__(self, name: str, call: Callable[..., Any]) -> None:
+    def __init__(self, name: str, call: Callable[..., Any], module: nn.Module) -> None:
         self.name = name
         self.call = call
+        self.module = module
 
     def __call__(self, *args: torch.Tensor) -> Any:
         # An inference tensor keeps no version counter: its content is weighed instead,
@@ -176,31 +178,48 @@ class _Watched:
                 "them). Return those — make the item a tensor, or leave it out — or drop the "
                 "submodule from `cached=`"
             ) from None
-        return _unshared(out)
+        return _unshared(out, args, self.module)
 
 
-def _unshared(out: Any) -> Any:
-    """``out`` with no two tensors sharing memory (``(h, h[:, 0])``): a recalled answer's
-    tensors are each their own, so a computed one's are made so too, and a write into one
-    changes the other neither on a miss nor on a hit."""
+def _unshared(out: Any, args: Sequence[torch.Tensor], module: nn.Module) -> Any:
+    """``out`` with each tensor in memory of its own: none shared with another
+    (``(h, h[:, 0])``), with an argument (an answer that is its input, or a view of it:
+    ``x.flatten(1)``) or with the module's parameters and buffers. A recalled answer's
+    tensors are each their own, so a computed one's are made so too (copied), and a
+    write into one changes nothing else, neither on a miss nor on a hit. Asked on a
+    miss only, which computes anyway."""
     leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-    if len(leaves) < 2:
+    if not leaves:
         return out
-    storages = [t.untyped_storage().data_ptr() for t in leaves]
-    if len(set(storages)) == len(storages):
+    held = {_memory(t) for t in args}
+    held.update(map(_memory, module.parameters()))
+    held.update(map(_memory, module.buffers()))
+    held.discard(0)
+    wheres = [_memory(t) for t in leaves]
+    if len(set(wheres)) == len(wheres) and held.isdisjoint(wheres):
         return out
-    seen: set[int] = set()
+    seen = held
 
     def own(t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
             return t
-        where = t.untyped_storage().data_ptr()
+        where = _memory(t)
         if where in seen:
             return t.clone()
-        seen.add(where)
+        if where:
+            seen.add(where)
         return t
 
     return tree_map(own, out)
+
+
+def _memory(t: torch.Tensor) -> int:
+    """Where a tensor's numbers live (its storage, whatever view of it the tensor is); 0
+    for none (an empty tensor, one without a storage of its own)."""
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return 0
 
 
 def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:

@@ -319,7 +319,7 @@ def _shim(
     node = ModuleNode(
         module,
         spread=True,
-        call=inner if cached is None else _Watched(name, inner),
+        call=inner if cached is None else _Watched(name, inner, module),
         declared=described,
     )
     node.named(name)

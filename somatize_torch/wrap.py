@@ -527,7 +527,7 @@ def _whole(
     node = ModuleNode(
         model,
         spread=True,
-        call=_Watched(name, model) if cached else None,
+        call=_Watched(name, model, model) if cached else None,
         declared={"args": "<inputs>"},
     )
     node.named(name)

@@ -806,6 +806,52 @@ def test_the_tensors_of_an_answer_share_no_memory_computed_or_recalled(store: St
     assert torch.equal(computed, recalled) and bool(computed.abs().sum() > 0)
 
 
+class Flat(nn.Module):
+    """Answers a view of its input, or its own weight as it holds it (``hand=True``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4))
+        self.hand = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight.detach() if self.hand else x.flatten(1)
+
+
+class Doubles(nn.Module):
+    """Writes into the encoder's answer, then reads its input too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Flat()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        h.mul_(2)
+        return h.sum() + x.sum()
+
+
+def test_an_answer_sharing_memory_with_an_input_or_the_weights_is_copied(store: Store) -> None:
+    """An answer that is a view of the input, or the module's own weight, is copied when
+    computed, as a recalled one is its own: a write into it changes neither the input nor
+    the weight, and a miss and a hit answer alike."""
+    wrapped = smt.wrap(Doubles(), frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.ones(3, 2, 2)
+    with torch.no_grad():
+        computed, recalled = wrapped(x), wrapped(x.clone())
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 1}
+    assert torch.equal(computed, recalled) and torch.equal(x, torch.ones(3, 2, 2))
+    encoder = Flat()
+    encoder.hand = True
+    whole = smt.wrap(encoder, frozen=True, cached=True, store=store)
+    smt.freeze(whole)
+    with torch.no_grad():
+        whole(torch.zeros(2)).mul_(3)
+        assert torch.equal(encoder.weight, torch.ones(4))
+        assert torch.equal(whole(torch.zeros(2)), torch.ones(4))
+
+
 class Scaled(nn.Module):
     """Multiplies the encoder's answer by a tensor kept as a plain attribute."""
 
