@@ -407,19 +407,34 @@ def _own_signature(model: nn.Module) -> inspect.Signature | None:
 
 
 def _names(what: Names, model: nn.Module, kind: str) -> dict[str, str | None]:
-    """Declared qualified names → salt (None for none), checked against ``model``."""
+    """Declared qualified names → salt (None for none), checked against ``model``. The
+    model itself is ``True``, or, in ``cached=``, ``""`` mapped to its salt."""
     if what is True:
         return {"": None}
     if what is False or what is None:
         return {}
     if isinstance(what, str):
-        found: dict[str, str | None] = {what: None}
+        pairs: list[tuple[Any, Any]] = [(what, None)]
     elif isinstance(what, Mapping):
-        found = dict(what)
+        if kind != "cached":
+            raise TypeError(_takes(kind, "got a dict: a salt goes with the name in `cached=`"))
+        pairs = list(what.items())
+    elif isinstance(what, (Sequence, set, frozenset)):
+        pairs = [(name, None) for name in what]
     else:
-        found = dict.fromkeys(what)
+        raise TypeError(_takes(kind, f"got a `{type(what).__name__}`"))
+    for name, salt in pairs:
+        if not isinstance(name, str):
+            raise TypeError(_takes(kind, f"got `{name!r}`, a `{type(name).__name__}`"))
+        if salt is not None and not isinstance(salt, str):
+            raise TypeError(
+                _takes(kind, f"got the salt `{salt!r}` for `{name}`, a `{type(salt).__name__}`")
+            )
+    found: dict[str, str | None] = dict(pairs)
     known = dict(model.named_modules())
     for name in found:
+        if name == "" and isinstance(what, Mapping):
+            continue  # the model itself, with its salt
         if name not in known or name == "":
             near = [n for n in known if n and (name in n or n in name)][:5] or [
                 n for n in known if n and "." not in n
@@ -430,6 +445,22 @@ def _names(what: Names, model: nn.Module, kind: str) -> dict[str, str | None]:
                 "submodules by their qualified path, as `named_modules()` gives it"
             )
     return found
+
+
+def _takes(kind: str, got: str) -> str:
+    """What ``frozen=`` or ``cached=`` takes, and what it got instead."""
+    if kind == "cached":
+        takes = (
+            '`True` (the model itself), a submodule\'s qualified path (`"encoder"`), a list '
+            'of them, or a dict of them to their salts (`{"encoder": "v2"}`; `{"": "v2"}` '
+            "for the model itself)"
+        )
+    else:
+        takes = (
+            '`True` (the model itself), a submodule\'s qualified path (`"encoder"`) or a '
+            "list of them"
+        )
+    return f"`{kind}=` takes {takes}; {got}"
 
 
 def wrap(
@@ -444,7 +475,8 @@ def wrap(
     ``frozen`` and ``cached`` name submodules by qualified path (``"encoder"``,
     ``["backbone.stem", "encoder"]``); ``cached`` may map a name to a salt
     (``{"encoder": "v2"}``). ``True`` declares the model itself, which is then
-    not traced: ``wrap(encoder, frozen=True, cached=True)`` works for any module.
+    not traced: ``wrap(encoder, frozen=True, cached=True)`` works for any module, and
+    ``cached={"": "v2"}`` caches it with a salt.
     A cached submodule must be frozen too. ``store`` is a :class:`somatize.Store`
     or a directory; without one, nothing is kept.
     """

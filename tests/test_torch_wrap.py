@@ -852,6 +852,43 @@ def test_an_answer_sharing_memory_with_an_input_or_the_weights_is_copied(store: 
         assert torch.equal(whole(torch.zeros(2)), torch.ones(4))
 
 
+def test_a_module_wrapped_whole_takes_a_salt(store: Store) -> None:
+    """``cached={"": salt}`` caches a module wrapped whole under its salt: the same
+    weights and batch under another salt are computed again, not recalled."""
+    torch.manual_seed(0)
+    encoder = nn.Linear(4, 4)
+    x = torch.randn(3, 4)
+    plain = smt.wrap(encoder, frozen=True, cached=True, store=store)
+    salted = smt.wrap(encoder, frozen=True, cached={"": "v2"}, store=store)
+    smt.freeze(plain)
+    smt.freeze(salted)
+    with torch.no_grad():
+        assert torch.equal(plain(x), salted(x))
+        salted(x)
+    assert plain.counts["linear"] == {"ran": 1, "kept": 1}
+    assert salted.counts["linear"] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        ({"frozen": [1]}, r"`frozen=` takes .*; got `1`, a `int`"),
+        ({"frozen": 1}, r"`frozen=` takes .*; got a `int`"),
+        ({"frozen": {"encoder": "x"}}, r"`frozen=` takes .*a salt goes with the name in `cached="),
+        ({"cached": {"encoder": 2}}, r"`cached=` takes .*got the salt `2` for `encoder`"),
+    ],
+)
+def test_declarations_other_than_names_are_refused_saying_what_is_taken(
+    given: dict[str, Any], match: str
+) -> None:
+    """``frozen=`` and ``cached=`` given something else than ``True``, names or (in
+    ``cached=``) names mapped to salts are refused, naming the argument and what it
+    takes, rather than failing deep inside or dropping a salt."""
+    declared: dict[str, Any] = {"frozen": ["encoder"], "cached": ["encoder"], **given}
+    with pytest.raises(TypeError, match=match):
+        smt.wrap(_model(), **declared)
+
+
 class Scaled(nn.Module):
     """Multiplies the encoder's answer by a tensor kept as a plain attribute."""
 
