@@ -8,7 +8,7 @@ list. The S3 home talks to a real S3-compatible server on loopback.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -317,6 +317,22 @@ def test_packed_items_recall(home: Store) -> None:
         answer, data = got[key]  # type: ignore[misc]
         assert bytes(data) == f"item{index}".encode() and answer.fingerprint == "fp"
     assert bytes(fresh.recall(items[7][0])[1]) == b"item7"
+
+
+def test_keep_many_takes_iterators_of_items_and_of_pieces(home: Store) -> None:
+    """Items given by a generator, each with its pieces given by a generator (alone,
+    packed, or large enough to be kept on its own), are kept with all their bytes."""
+
+    def pieces(i: int) -> Iterator[bytes]:
+        return (piece for piece in [f"item {i} ".encode(), b"payload" * (1 + (i == 3) * 200_000)])
+
+    keys = [f"blake3:{i:064x}" for i in range(4)]
+    answers = home.keep_many(((keys[0], pieces(0)) for _ in [0]), "plain")
+    answers += home.keep_many(((key, pieces(i)) for i, key in enumerate(keys) if i), "plain")
+    assert [answer.key for answer in answers] == keys
+    fresh = reopen(home)
+    for i, key in enumerate(keys):
+        assert bytes(fresh.recall(key)[1]) == b"".join(pieces(i))
 
 
 def test_recalling_a_record_again_lists_no_packs(

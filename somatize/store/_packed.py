@@ -378,7 +378,10 @@ class PackedHome(Store):
     ) -> list[Answer]:
         """Keeps item answers packed: one blob and one index per up to 64 MiB of small
         items; an item of 1 MiB or more is kept on its own."""
-        return keep_packed(self, items, codec, fingerprint)
+        # Listed, and each item's pieces too, before anything is measured or written: an
+        # item given as an iterator of pieces (a generator) would be used up by measuring it.
+        listed = [(key, pieces_of(data)) for key, data in items]
+        return keep_packed(self, listed, codec, fingerprint)
 
     def _adopt(self, pack: PackIndex) -> None:
         """Takes ``pack`` into the table: each of its keys is found in it, unless a newer

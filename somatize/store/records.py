@@ -420,19 +420,19 @@ class _Packing(Protocol):
 
 def keep_packed(
     home: _Packing,
-    items: Sequence[tuple[str, Buffer | Sequence[Buffer]]],
+    items: Sequence[tuple[str, Sequence[Buffer]]],
     codec: str,
     fingerprint: str | None,
 ) -> list[Answer]:
-    """Keeps ``items`` (key, bytes) in ``home`` as packs: small items together, one blob
-    and one index per up to :data:`PACK_BYTES`; large or lone items as plain answers. The
-    blob is published before the index that refers to it."""
+    """Keeps ``items`` (key, its bytes as the flat pieces ``pieces_of`` makes of them, in
+    a list: they are measured before they are written) in ``home`` as packs: small items
+    together, one blob and one index per up to :data:`PACK_BYTES`; large or lone items as
+    plain answers. The blob is published before the index that refers to it."""
     chunks: list[list[tuple[str, Sequence[Buffer], int]]] = [[]]
     filled = 0
     out: dict[str, Answer] = {}
-    for key, data in items:
+    for key, pieces in items:
         check_digest(key)
-        pieces = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
         size = sum(memoryview(p).nbytes for p in pieces)
         if size >= PACK_ITEM_BELOW:
             out[key] = home.keep(key, pieces, codec, fingerprint)
