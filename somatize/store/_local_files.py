@@ -236,11 +236,12 @@ class LocalFiles(PackedHome):
         except OSError as why:
             raise self._unwritten(temporary, target, why) from why
 
-    def _unwritten(self, temporary: str, target: str | None, why: OSError) -> StoreError:
-        """The error for a write that failed; the temporary file is removed first (one that
-        cannot be, never written or on a read-only disk, is left to gc)."""
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+    def _unwritten(self, temporary: str | None, target: str | None, why: OSError) -> StoreError:
+        """The error for a write that failed; the temporary file, if any, is removed first
+        (one that cannot be, never written or on a read-only disk, is left to gc)."""
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
         where = os.path.relpath(target, self.root) if target is not None else "a blob"
         if why.errno in (errno.ENOSPC, errno.EDQUOT):
             return StoreFull(
@@ -274,7 +275,7 @@ class LocalFiles(PackedHome):
         digest = digest_of(pieces)
         self._claim(digest, claims)
         target = self._blob_file(digest)
-        if self._already(target, size):
+        if self._already(target, size, None):
             return digest
         self._publish(target, pieces)
         self._note_verified(digest, target)
@@ -303,7 +304,7 @@ class LocalFiles(PackedHome):
                 digest = digest_of(pieces)
             self._claim(digest, claims)
             target = self._blob_file(digest)
-            if self._already(target, size):
+            if self._already(target, size, temporary):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temporary)
                 return digest
@@ -318,20 +319,27 @@ class LocalFiles(PackedHome):
         with contextlib.suppress(FileNotFoundError):  # gone already: a gc of another process
             self._verified[digest] = stamp_of(os.stat(target))
 
-    @staticmethod
-    def _already(target: str, size: int) -> bool:
+    def _already(self, target: str, size: int, temporary: str | None) -> bool:
         """Whether the blob at ``target`` is here whole; if so it is touched, so a gc running
         now sees a fresh blob and leaves it for the record about to refer to it. A blob this
         process may not touch (a read-only store, another user's file) is here all the same:
-        the touch only guards against a gc, as a bucket's put, which cannot touch, does not."""
+        the touch only guards against a gc, as a bucket's put, which cannot touch, does not.
+        One that cannot be looked at (a folder of its path this process may not search, a
+        file where a folder should be) is not taken for here: that is StoreError, as the
+        write would be, and ``temporary`` (the blob written in ``tmp/``) is removed."""
         try:
             if os.stat(target).st_size != size:
                 return False
+        except FileNotFoundError:
+            return False
+        except OSError as why:
+            raise self._unwritten(temporary, target, why) from why
+        try:
             os.utime(target)
         except FileNotFoundError:
-            return False  # not here, or removed by a gc just now: it is written afresh
+            return False  # removed by a gc just now: it is written afresh
         except OSError:
-            pass
+            pass  # here, but not this process's to touch
         return True
 
     def bind(self, name: str, digest: str) -> None:
@@ -344,7 +352,11 @@ class LocalFiles(PackedHome):
         above = next((n for n in names_above(name) if (names / n).is_file()), None)
         if above is not None or (names / name).is_dir():
             raise nested(name, above)
-        if not _soon(lambda: _touched(blob)):
+        try:
+            touched = _soon(lambda: _touched(blob))
+        except OSError as why:
+            raise self._unreadable("blobs", why) from why
+        if not touched:
             raise unbacked(name, digest, str(self.root))
         self._publish(names / name, [encode_name(name, digest, self.signer)])
         if not _soon(lambda: os.path.exists(blob)):
@@ -360,7 +372,7 @@ class LocalFiles(PackedHome):
         or index that refers to it is published; one already here is touched, as a put
         touches it, for a gc of another process."""
         target = self._blob_file(digest)
-        if self._already(target, nbytes(pieces)):
+        if self._already(target, nbytes(pieces), None):
             return
         self._publish(target, pieces)
         self._note_verified(digest, target)
@@ -425,11 +437,15 @@ def _soon(found: Callable[[], bool]) -> bool:
 def _touched(path: str) -> bool:
     """Touches the file at ``path``, so a gc running now spares it; False when it is not
     there. One here that this process may not touch (a read-only store, another user's)
-    counts as touched."""
+    counts as touched; OSError when whether it is here cannot be told (a folder of its
+    path this process may not search, a file where a folder should be)."""
     try:
         os.utime(path)
     except FileNotFoundError:
         return False
     except OSError:
-        pass
+        try:
+            os.stat(path)  # here, and only the touch refused? Raises if it cannot be seen
+        except FileNotFoundError:
+            return False
     return True
