@@ -179,6 +179,29 @@ def test_an_empty_store_path_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
     assert Store.of(".") is not None and (tmp_path / "blobs").is_dir()  # said, it is taken
 
 
+def test_a_store_opened_by_a_relative_path_stays_where_it_was_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store opened by a relative path is the directory that path named when it was
+    opened: a later change of the working directory moves none of its reads or writes."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    store = LocalStore("st")
+    key = key_of("kept")
+    store.keep(key, b"kept before", "plain")
+    monkeypatch.chdir(tmp_path / "b")
+    assert store.have([key]) == {key}
+    store.keep(key_of("after"), b"kept after", "plain")
+    assert store.root == tmp_path / "a" / "st"
+    assert store.address()["root"] == str((tmp_path / "a" / "st").resolve())
+    assert list((tmp_path / "b").iterdir()) == []
+    assert LocalStore(tmp_path / "a" / "st").have([key, key_of("after")]) == {
+        key,
+        key_of("after"),
+    }
+
+
 @pytest.mark.parametrize(
     ("opened", "match"),
     [

@@ -171,7 +171,9 @@ class LocalStore(LocalShelf):
                 "a store in the current directory); pass the directory, `'.'` if that is "
                 "what you mean, or `store=None` to keep and recall nothing"
             )
-        self.root = Path(path).expanduser()
+        # Anchored now: a relative path would otherwise follow a later `os.chdir`, and
+        # keep answers in (and look for them in) another directory from then on.
+        self.root = Path(path).expanduser().absolute()
         self.durable = durable
         self._resolved: str | None = None
         """The root, resolved the first time an address was asked for (once, not per job)."""
