@@ -84,3 +84,73 @@ def test_put_keep_and_bind_where_a_blob_cannot_be_looked_at_fail(
         store.bind("ds/v1", digest)
     assert not (store.root / "names" / "ds" / "v1").exists()
     assert os.listdir(store.root / "tmp") == []
+
+
+def _a_store_with_everything(root: Path) -> tuple[LocalStore, list[str], str]:
+    """A store holding an answer alone, two packed, and a name; its keys, and the digest
+    of the named blob."""
+    store = LocalStore(root)
+    keys = [f"blake3:{i:064x}" for i in range(1, 4)]
+    store.keep(keys[0], b"one" * 10, "plain")
+    store.keep_many([(keys[1], b"two"), (keys[2], b"three")], "plain")
+    named = store.put(b"dataset")
+    store.bind("ds/v1", named)
+    return store, keys, named
+
+
+def test_a_blob_or_name_this_process_may_not_read_is_a_store_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blob or name of another user (0600) is a StoreError saying which file, that
+    nothing was changed and who may read it, from every read; recall_many hands it back
+    per key, as it does Missing and Corrupt, rather than raising for the whole batch."""
+    _, keys, named = _a_store_with_everything(tmp_path / "store")
+    _refusing(monkeypatch, tmp_path / "store" / "blobs", ("open",))
+    _refusing(monkeypatch, tmp_path / "store" / "names", ("open",))
+    fresh = LocalStore(tmp_path / "store")
+    assert fresh.have(keys) == set(keys)  # here: only reading them is refused
+    unreadable = r"cannot read blobs/\w\w/\w{64} in .*Permission denied.*nothing was removed"
+    for read in (
+        lambda: fresh.recall(keys[0]),
+        lambda: fresh.recall(keys[1]),
+        lambda: fresh.get(named),
+        lambda: fresh.open_blob(named),
+    ):
+        with pytest.raises(StoreError, match=unreadable):
+            read()
+    got = fresh.recall_many(keys)
+    assert all(isinstance(got[key], StoreError) for key in keys)
+    with pytest.raises(StoreError, match=r"cannot read names/ds/v1 in .*may read every file"):
+        fresh.resolve("ds/v1")
+    assert fresh.have(keys) == set(keys)  # nothing was forgotten or set aside
+    assert not (tmp_path / "store" / "quarantine").exists()
+
+
+def test_have_where_a_blob_cannot_be_looked_at_is_a_store_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where whether a blob is here cannot be told (its folder another user's, or a file
+    where the folder should be), have says StoreError naming it, never a raw OSError."""
+    store, keys, _ = _a_store_with_everything(tmp_path / "store")
+    digest = store.answer(keys[0]).value  # type: ignore[union-attr]
+    _blob_shard_is_a_file(store, digest, monkeypatch)
+    fresh = LocalStore(tmp_path / "store")
+    with pytest.raises(StoreError, match=r"cannot read blobs/.*Not a directory"):
+        fresh.have([keys[0]])
+    with pytest.raises(StoreError, match=r"cannot read blobs/.*Not a directory"):
+        fresh.recall(keys[0])
+
+
+def test_a_forward_over_an_unreadable_answer_says_store_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forward whose kept answer this process may not read fails with StoreError naming
+    the file, as for a record it may not read, not with a raw PermissionError."""
+    from somatize import Graph, Store
+    from tests.nodes import Scale
+
+    graph = Graph.somatize(Scale(3.0).named("s").frozen().cached())
+    assert graph.forward([1.0, 2.0], store=Store(tmp_path / "store")) == [3.0, 6.0]
+    _refusing(monkeypatch, tmp_path / "store" / "blobs", ("open",))
+    with pytest.raises(StoreError, match="cannot read blobs/"):
+        graph.forward([1.0, 2.0], store=Store(tmp_path / "store"))

@@ -59,7 +59,7 @@ from typing import Any
 import blake3
 
 from somatize._threads import hash_threads
-from somatize.store.base import Answer, Buffer, Corrupt, Missing, Store, check_digest
+from somatize.store.base import Answer, Buffer, Corrupt, Missing, Store, StoreError, check_digest
 from somatize.store.records import (
     PackIndex,
     Signer,
@@ -511,6 +511,10 @@ class PackedHome(Store):
                 for key in members:
                     out[key] = why
                 continue
+            except StoreError as why:  # here, but not for this process to read
+                for key in members:
+                    out[key] = why
+                continue
             self._used_packs[pack.id] = now
             entries = pack.entries
             for key in members:
@@ -519,7 +523,7 @@ class PackedHome(Store):
         for key in rest:
             try:
                 out[key] = self.recall(key)
-            except (Missing, Corrupt) as why:
+            except StoreError as why:
                 out[key] = why
         if len(self._used) + len(self._used_packs) >= FLUSH_USES:
             self._flush_use()

@@ -461,7 +461,8 @@ class Store(abc.ABC):
         self, keys: Sequence[str], *, borrow: bool = False
     ) -> dict[str, tuple[Answer, memoryview] | Exception]:
         """The answers under ``keys``: each one's record and bytes, or the error (Missing,
-        Corrupt) that kept it from being read. A home that packs items reads each
+        Corrupt, or another StoreError: a file this process may not read) that kept it
+        from being read. A home that packs items reads each
         pack once. ``borrow`` is for a caller that copies what it keeps and writes into
         nothing it is handed: the bytes may then be memory other reads share (a pack's
         mapping kept between reads, which the next batch's rows do not map again)."""
@@ -469,7 +470,7 @@ class Store(abc.ABC):
         for key in keys:
             try:
                 out[key] = self.recall(key)
-            except (Missing, Corrupt) as why:
+            except StoreError as why:
                 out[key] = why
         return out
 

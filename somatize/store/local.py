@@ -243,8 +243,10 @@ class LocalStore(LocalShelf):
             handle, _ = _open_regular(self._blob_file(digest))
         except FileNotFoundError:
             raise Missing(f"blob {digest} is not in {self.root}") from None
-        except NotAFile as why:
+        except (NotAFile, IsADirectoryError) as why:
             raise self._no_blob(digest, why) from None
+        except OSError as why:
+            raise self._unreadable("blobs", why) from why
         return open(handle, "rb")  # the caller closes it
 
     def _no_blob(self, digest: str, why: OSError) -> Corrupt:
@@ -280,6 +282,8 @@ class LocalStore(LocalShelf):
             raise Missing(f"blob {digest} is not in {self.root}") from None
         except (NotAFile, IsADirectoryError) as why:
             raise self._no_blob(digest, why) from None
+        except OSError as why:  # another user's (EACCES), a file where a folder should be
+            raise self._unreadable("blobs", why) from why
         try:
             with open(opened, "rb") as handle:
                 actual = stat.st_size
@@ -351,6 +355,8 @@ class LocalStore(LocalShelf):
                 f"nothing is bound to `{name}` in {self.root}{planted}; bind it first with "
                 f"`store.bind({name!r}, store.put(data))`"
             ) from None
+        except OSError as why:
+            raise self._unreadable("names", why) from why
         return decode_name(name, data, self.signer)
 
     def answer(self, key: str) -> Answer | None:
@@ -444,6 +450,8 @@ class LocalStore(LocalShelf):
             return os.stat(f"{self._blobs}{hexed[:2]}{os.sep}{hexed}").st_size == size
         except FileNotFoundError:
             return False
+        except OSError as why:  # its folder another user's (EACCES), or a file (ENOTDIR)
+            raise self._unreadable("blobs", why) from why
 
     def _listed_packs(self) -> dict[str, str] | None:
         try:
