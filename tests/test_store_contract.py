@@ -335,6 +335,34 @@ def test_keep_many_takes_iterators_of_items_and_of_pieces(home: Store) -> None:
         assert bytes(fresh.recall(key)[1]) == b"".join(pieces(i))
 
 
+@pytest.mark.parametrize(
+    ("codec", "fingerprint", "match"),
+    [
+        (None, None, r"codec is named by a str .* got None that is a NoneType"),
+        (5, None, r"codec is named by a str .* got 5 that is a int"),
+        ("plain", 5, r"code fingerprint is a str, or None for none, got 5 that is a int"),
+        ("plain", b"fp", r"code fingerprint is a str, .* got b'fp' that is a bytes"),
+    ],
+    ids=["codec-none", "codec-int", "fingerprint-int", "fingerprint-bytes"],
+)
+def test_a_codec_or_fingerprint_that_is_not_text_is_refused_before_a_write(
+    home: Store, codec: object, fingerprint: object, match: str
+) -> None:
+    """keep and keep_many (alone or packed) refuse a codec or code fingerprint that is not
+    text with a TypeError, and keep nothing, where a record holding one would be taken
+    for damage by every reader."""
+    keys = [f"blake3:{i:064x}" for i in range(3)]
+    for keeping in (
+        lambda: home.keep(keys[0], b"answer", codec, fingerprint),  # type: ignore[arg-type]
+        lambda: home.keep_many([(keys[0], b"a")], codec, fingerprint),  # type: ignore[arg-type]
+        lambda: home.keep_many([(keys[1], b"a"), (keys[2], b"b")], codec, fingerprint),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError, match=match):
+            keeping()
+    assert reopen(home).have(keys) == set()
+    assert not home.have(keys)
+
+
 def test_recalling_a_record_again_lists_no_packs(
     home: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

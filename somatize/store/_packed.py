@@ -59,7 +59,16 @@ from typing import Any
 import blake3
 
 from somatize._threads import hash_threads
-from somatize.store.base import Answer, Buffer, Corrupt, Missing, Store, StoreError, check_digest
+from somatize.store.base import (
+    Answer,
+    Buffer,
+    Corrupt,
+    Missing,
+    Store,
+    StoreError,
+    check_digest,
+    check_labels,
+)
 from somatize.store.records import (
     PackIndex,
     Signer,
@@ -362,6 +371,7 @@ class PackedHome(Store):
         fingerprint: str | None = None,
     ) -> Answer:
         check_digest(key)
+        check_labels(codec, fingerprint)
         pieces = pieces_of(data)
         with self._keeping() as claims:  # the blob is this keep's until its record is out
             digest = self._put(pieces, claims)

@@ -193,6 +193,22 @@ def check_digest(digest: str) -> str:
     return digest
 
 
+def check_labels(codec: object, fingerprint: object) -> None:
+    """Refuses, before anything is written, a codec or code fingerprint that is not text:
+    a record holding one is what every reader takes for damage (and a codec of None
+    would read back as the text 'None')."""
+    if not isinstance(codec, str):
+        raise TypeError(
+            f"an answer's codec is named by a str (the name of the codec its bytes are "
+            f"decoded with, 'plain' say), got {codec!r} that is a {type(codec).__name__}"
+        )
+    if fingerprint is not None and not isinstance(fingerprint, str):
+        raise TypeError(
+            "an answer's code fingerprint is a str, or None for none, got "
+            f"{fingerprint!r} that is a {type(fingerprint).__name__}"
+        )
+
+
 def _utf8(text: str) -> bytes:
     """``text`` in UTF-8, to be measured; a lone surrogate (a byte of a file name that was
     not UTF-8, as ``os.fsdecode`` gives it) is counted, not an error: such a name is refused
@@ -508,6 +524,7 @@ class Store(abc.ABC):
 
     @staticmethod
     def _record(key: str, digest: str, codec: str, size: int, fingerprint: str | None) -> Answer:
+        check_labels(codec, fingerprint)
         return Answer(
             key=key,
             value=digest,
