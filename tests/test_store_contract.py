@@ -158,6 +158,34 @@ def test_put_takes_any_contiguous_buffer(home: Store) -> None:
     assert bytes(home.get(home.put([grid, values]))) == bytes(range(12)) + values.tobytes()
 
 
+def test_any_buffer_is_one_piece_never_iterated(home: Store) -> None:
+    """An object with the buffer protocol that is not bytes (an ``array.array``, an
+    ``mmap``) is kept as the one run of bytes it holds, by put, keep and keep_many alike,
+    not taken for an iterable of pieces; a buffer that is not contiguous, or a piece that
+    is no buffer, is a TypeError saying so."""
+    import array
+    import mmap
+
+    octets = array.array("B", b"abcdef")
+    values = array.array("d", [1.0, 2.0])
+    mapped = mmap.mmap(-1, 1 << 20)
+    mapped.write(b"z" * (1 << 20))
+    for data in (octets, values, mapped):
+        digest = home.put(data)  # type: ignore[arg-type]
+        assert bytes(home.get(digest)) == bytes(data)
+    home.keep(KEY, values, "plain")  # type: ignore[arg-type]
+    assert bytes(reopen(home).recall(KEY)[1]) == values.tobytes()
+    keys = [f"blake3:{i:064x}" for i in range(2)]
+    home.keep_many([(keys[0], octets), (keys[1], values)], "plain")  # type: ignore[list-item]
+    fresh = reopen(home)
+    assert [bytes(fresh.recall(key)[1]) for key in keys] == [b"abcdef", values.tobytes()]
+    strided = memoryview(bytearray(range(12)))[::2]
+    with pytest.raises(TypeError, match="not contiguous"):
+        home.put(strided)
+    with pytest.raises(TypeError, match="got a piece that is a `str`"):
+        home.put([b"ab", "cd"])  # type: ignore[list-item]
+
+
 def test_have_of_one_key_not_in_a_list_says_so(home: Store) -> None:
     """have() takes keys; a single key string passed bare is a TypeError saying to wrap
     it, not a complaint about its characters."""

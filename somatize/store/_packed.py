@@ -99,22 +99,39 @@ FLUSH_USES = 1024
 
 def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
     """``data`` as the pieces written one after another, each a flat run of bytes (a
-    typed or shaped memoryview, of float64 values say, is taken as its bytes)."""
+    typed or shaped buffer, of float64 values say, is taken as its bytes). Any object
+    with the buffer protocol (bytes, an ``array.array``, a numpy array, an ``mmap``) is
+    one piece, never iterated (an mmap would be one byte per piece); anything else is
+    an iterable of pieces."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         return (_flat(data),)
-    return [_flat(piece) for piece in data]
+    try:
+        view = memoryview(data)  # type: ignore[arg-type]  # a buffer the types do not name
+    except TypeError:
+        return [_flat(piece) for piece in data]
+    return (_flat(view),)
 
 
 def _flat(piece: Buffer) -> Buffer:
-    if not isinstance(piece, memoryview) or (piece.format == "B" and piece.ndim == 1):
+    if isinstance(piece, (bytes, bytearray)):
         return piece
-    if not piece.c_contiguous:
+    try:
+        view = memoryview(piece)
+    except TypeError:
         raise TypeError(
-            "a store keeps contiguous bytes, got a memoryview that is not contiguous "
-            f"(shape {piece.shape}, strides {piece.strides}); pass a contiguous copy "
+            "a store keeps bytes, or an iterable of pieces that are each bytes (any "
+            f"contiguous buffer: bytearray, memoryview, array.array), got a piece that is a "
+            f"`{type(piece).__name__}`"
+        ) from None
+    if not view.c_contiguous:
+        raise TypeError(
+            "a store keeps contiguous bytes, got a buffer that is not contiguous "
+            f"(shape {view.shape}, strides {view.strides}); pass a contiguous copy "
             "(`bytes(view)`, or `.contiguous()` for a tensor)"
         )
-    return piece.cast("B")
+    if view.format == "B" and view.ndim == 1:
+        return view
+    return view.cast("B")
 
 
 def nbytes(pieces: Sequence[Buffer]) -> int:
