@@ -613,6 +613,22 @@ def test_a_grace_that_is_not_finite_seconds_is_refused(tmp_path: Path, grace: ob
     assert in_flight.exists()
 
 
+@pytest.mark.parametrize("max_bytes", [-1, float("nan"), float("inf"), "100", [1], True])
+def test_a_max_bytes_that_is_not_a_number_of_bytes_is_refused(
+    tmp_path: Path, max_bytes: object
+) -> None:
+    """gc's max_bytes is a finite number ≥ 0 (or None): a negative one, NaN (which compared
+    as no limit), infinity, text, a list or True (which counted as one byte) is refused
+    saying so, and no answer is dropped."""
+    store = LocalStore(tmp_path / "store")
+    keys = [f"blake3:{i:064x}" for i in range(3)]
+    for key in keys:
+        store.keep(key, bytes(1000), "plain")
+    with pytest.raises(ValueError, match="max_bytes is a finite number of bytes ≥ 0"):
+        store.gc(max_bytes=max_bytes, grace=0)  # type: ignore[arg-type]
+    assert LocalStore(tmp_path / "store").have(keys) == set(keys)
+
+
 def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 

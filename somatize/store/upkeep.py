@@ -301,8 +301,11 @@ def collect(
     older than ``grace`` seconds and abandoned writes older than ``abandoned_after``
     (default ``grace``); see the module docstring. Not ``check_key``: what another key
     signed is not refused (a cache of copies only, emptied whatever signed them)."""
-    if max_bytes is not None and max_bytes < 0:
-        raise ValueError(f"max_bytes is a number of bytes ≥ 0, got {max_bytes}")
+    if max_bytes is not None and not (finite(max_bytes) and max_bytes >= 0):
+        raise ValueError(
+            "max_bytes is a finite number of bytes ≥ 0 (what is left after the least "
+            f"recently used answers are dropped), or None to drop none, got {max_bytes!r}"
+        )
     for name, seconds in (("grace", grace), ("abandoned_after", abandoned_after)):
         if seconds is not None and not (finite(seconds) and seconds >= 0):
             raise ValueError(
