@@ -9,6 +9,7 @@ process id, and a :class:`ProcessLock` is made afresh in a child as it starts.
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import weakref
@@ -16,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import blake3
 
-__all__ = ["ProcessLock", "hash_threads", "process_pool"]
+__all__ = ["ProcessLock", "hash_read", "hash_threads", "process_pool"]
 
 _pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
 
@@ -34,6 +35,27 @@ def hash_threads() -> int:
     if _HASHING_PID is None:
         _HASHING_PID = pid
     return blake3.blake3.AUTO if pid == _HASHING_PID else 1
+
+
+_HASH_PART = 8 << 20
+"""How many bytes of a file :func:`hash_read` reads and hashes at a time."""
+
+
+def hash_read(handle: io.RawIOBase | io.BufferedIOBase, size: int) -> str | None:
+    """The BLAKE3 digest (``blake3:…``) of the next ``size`` bytes of ``handle``, read a
+    part at a time into one buffer; None when the file ends sooner (it was cut short).
+    Read, not mapped: a file cut short while it is hashed is then a short read, where a
+    page of a map past its new end would end the process (SIGBUS)."""
+    hasher = blake3.blake3(max_threads=hash_threads())
+    room = memoryview(bytearray(min(size, _HASH_PART)))
+    got = 0
+    while got < size:
+        read = handle.readinto(room[: min(len(room), size - got)])
+        if not read:
+            return None
+        hasher.update(room[:read])
+        got += read
+    return "blake3:" + hasher.hexdigest()
 
 
 def process_pool(name: str, workers: int) -> ThreadPoolExecutor:

@@ -31,11 +31,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import blake3
 import pyarrow
 
 from somatize import canonical
-from somatize._threads import hash_threads
+from somatize._threads import hash_read
 from somatize.catalog import Unbuildable
 from somatize.data._parquet_base import (
     NotParquet,
@@ -63,11 +62,6 @@ have open."""
 
 class DatasetChanged(DataError, RuntimeError):
     """A file of a ``ParquetDir`` changed after its version was worked out."""
-
-
-_CHUNK = 8 << 20
-"""How many bytes of a file are read and hashed at a time while its version is worked
-out."""
 
 
 def _stat_of(path: Path, fd: int | None = None) -> tuple[Any, ...]:
@@ -121,22 +115,16 @@ def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...]]:
                 "at its start and end): it is another format, or was cut short while being "
                 "written. Remove it from the directory or write it again"
             )
-        hasher = blake3.blake3(max_threads=hash_threads())
-        room = memoryview(bytearray(min(_CHUNK, size)))
-        done = 0
-        while done < size:
-            got = handle.readinto(room[: min(len(room), size - done)])
-            if not got:
-                raise _cut_short(relative)
-            hasher.update(room[:got])
-            done += got
+        digest = hash_read(handle, size)
+        if digest is None:
+            raise _cut_short(relative)
     try:
         after = _stat_of(path)
     except FileNotFoundError:
         raise _vanished(relative) from None
     if after != before:
         raise _cut_short(relative)
-    return "blake3:" + hasher.hexdigest(), after
+    return digest, after
 
 
 _FIELD_ID = b"PARQUET:field_id"

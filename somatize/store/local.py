@@ -56,9 +56,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import blake3
-
-from somatize._threads import hash_threads
+from somatize._threads import hash_read
 from somatize.store._local_files import (
     _READ_ONLY,
     NotAFile,
@@ -87,9 +85,6 @@ __all__ = ["LocalStore"]
 _MAP_ABOVE = 1 << 16
 """Blobs larger than this are read into aligned memory of their own (or, borrowed,
 memory-mapped) rather than read into bytes."""
-_HASH_PART = 8 << 20
-"""How many bytes of a blob that is mapped (:meth:`LocalStore.local_blob`) are read and
-hashed at a time when it is verified."""
 _ALIGN = 64
 """Where a large blob read into memory starts: aligned as torch's CPU allocator aligns."""
 _MAPS_SHARED = 16
@@ -120,24 +115,6 @@ def _read_privately(handle: io.BufferedReader, size: int, digest: str) -> memory
             )
         got += read
     return data
-
-
-def _hash_read(handle: io.BufferedReader, size: int, digest: str) -> str:
-    """The digest of the ``size`` bytes of blob ``digest`` from ``handle``, read a part at
-    a time into one buffer; Corrupt when the file ends sooner."""
-    hasher = blake3.blake3(max_threads=hash_threads())
-    room = memoryview(bytearray(min(size, _HASH_PART)))
-    got = 0
-    while got < size:
-        read = handle.readinto(room[: min(len(room), size - got)])
-        if not read:
-            raise Corrupt(
-                f"blob {digest} ended after {got} of its {size} bytes as it was hashed: it was "
-                "truncated or overwritten"
-            )
-        hasher.update(room[:read])
-        got += read
-    return "blake3:" + hasher.hexdigest()
 
 
 class LocalStore(LocalShelf):
@@ -301,9 +278,14 @@ class LocalStore(LocalShelf):
                 elif actual > _MAP_ABOVE and mapped:
                     if self._verified.get(digest) != stamp:
                         # Hashed through reads, not the map: a blob cut short meanwhile is
-                        # then a short read (Corrupt), where a page of the map past its new
-                        # end would kill the process (SIGBUS).
-                        found = _hash_read(handle, actual, digest)
+                        # then Corrupt, not a fault that ends the process.
+                        read = hash_read(handle, actual)
+                        if read is None:
+                            raise Corrupt(
+                                f"blob {digest} ended before its {actual} bytes as it was "
+                                "hashed: it was truncated or overwritten"
+                            )
+                        found = read
                     # A private map per read: one shared between reads would carry what
                     # one caller wrote into it to the next.
                     data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
