@@ -8,7 +8,6 @@ import io
 import os
 import threading
 import weakref
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from somatize.node import Context
 from somatize.plan import compile
 from somatize.store import Corrupt
 from tests.arrow_types import PickledObjects
+from tests.forked import answer_of, cut_short_when_hashed, forked, in_forked_child, needs_fork
 
 
 class CountingFile(io.RawIOBase):
@@ -604,53 +604,8 @@ def test_a_file_that_vanishes_while_the_version_is_worked_out(
         ParquetDir(tmp_path / "d")
 
 
-def _forked(target: Callable[[], str]) -> tuple[int, int]:
-    """Starts ``target`` in a forked child; returns its pid and the pipe its answer (or the
-    error it raised, as ``raised <type>: <message>``) comes back on."""
-    reading, writing = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.close(reading)
-        try:
-            said = target()
-        except BaseException as why:  # every failure goes to the parent
-            said = f"raised {type(why).__name__}: {why}"
-        os.write(writing, said.encode())
-        os._exit(0)
-    os.close(writing)
-    return pid, reading
-
-
-def _answer(pid: int, reading: int) -> str:
-    """What the child ``pid`` said; how it ended, when it was killed or failed."""
-    with os.fdopen(reading, "rb") as pipe:
-        said = pipe.read().decode()
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        return f"killed by signal {os.WTERMSIG(status)}"
-    return said if os.WEXITSTATUS(status) == 0 else f"exited {os.WEXITSTATUS(status)}"
-
-
-def _cut_short_when_hashed(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
-    """The next blake3 hasher made cuts ``path`` to 4096 bytes first: the file is cut short
-    while it is being hashed."""
-    import blake3
-
-    real = blake3.blake3
-
-    def cutting(*args: Any, **kwargs: Any) -> Any:
-        monkeypatch.setattr(blake3, "blake3", real)
-        os.truncate(path, 4096)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(blake3, "blake3", cutting)
-
-
 def _big_table() -> pyarrow.Table:
     return pyarrow.table({"x": [float(i) for i in range(200_000)]})  # 1.6 MB, uncompressed
-
-
-needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 
 @needs_fork
@@ -663,11 +618,11 @@ def test_a_file_cut_short_while_the_version_is_worked_out(
     pyarrow.parquet.write_table(_big_table(), path, compression="none")
 
     def build() -> str:
-        _cut_short_when_hashed(monkeypatch, path)
+        cut_short_when_hashed(monkeypatch, path)
         ParquetDir(tmp_path / "d")
         return "built"
 
-    said = _answer(*_forked(build))
+    said = answer_of(*forked(build))
     assert said.startswith("raised DatasetChanged: `part-000.parquet` changed while its digest")
 
 
@@ -683,12 +638,32 @@ def test_a_blob_cut_short_while_it_is_first_verified_is_corrupt(
     assert path.stat().st_size > 1 << 20
 
     def count() -> str:
-        _cut_short_when_hashed(monkeypatch, path)
+        cut_short_when_hashed(monkeypatch, path)
         return str(source.count_rows())
 
-    said = _answer(*_forked(count))
+    said = answer_of(*forked(count))
     assert said.startswith("raised Corrupt: `data/n` cannot be read"), said
     assert "as it was hashed" in said
+
+
+def _rows_of(source: ParquetDir) -> int:
+    return source.count_rows()
+
+
+@needs_fork
+def test_a_parquet_dir_forked_while_its_footers_are_read_reads_them_in_the_child(
+    tmp_path: Path,
+) -> None:
+    """A ParquetDir forked while a thread of the parent reads its footers (holding the lock
+    that guards them) reads them in the child, where that thread is not: the child made
+    the lock afresh (it waited for good on the parent's)."""
+    (tmp_path / "d").mkdir()
+    for i in range(3):
+        pyarrow.parquet.write_table(pyarrow.table({"a": [i] * 5}), tmp_path / "d" / f"p{i}.parquet")
+    source = ParquetDir(tmp_path / "d")
+    with source._opening:  # as the parent's reading thread holds it at the fork
+        assert in_forked_child(_rows_of, source, timeout=30) == 15
+    assert source.count_rows() == 15
 
 
 @needs_fork
@@ -714,10 +689,10 @@ def test_forked_children_read_the_rows_of_their_own_spans(store: Store) -> None:
                 wrong += 1
         return f"inherited {inherited}, wrong {wrong}"
 
-    children = [_forked(partial(walk, seed)) for seed in range(1, 4)]
+    children = [forked(partial(walk, seed)) for seed in range(1, 4)]
     assert walk(0) == "inherited 1, wrong 0"  # the parent, reading meanwhile, keeps its own
     for child in children:
-        assert _answer(*child) == "inherited 0, wrong 0"
+        assert answer_of(*child) == "inherited 0, wrong 0"
 
 
 # ---------------------------------------------------------------- closed while read

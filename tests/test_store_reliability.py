@@ -26,7 +26,7 @@ import pytest
 from somatize import BadName, Corrupt, Graph, Missing, NameNotFound, Store
 from somatize.store import LocalStore, StoreError, StoreFull, Unsigned, _local_files
 from somatize.store._packed import hash_bytes
-from tests.forked import in_forked_child
+from tests.forked import answer_of, cut_short_when_hashed, forked, in_forked_child, needs_fork
 from tests.nodes import Largest, Rows, Scale
 
 
@@ -855,3 +855,25 @@ def test_a_device_or_fifo_planted_in_a_store_is_damage_never_read(tmp_path: Path
     assert bytes(LocalStore(root, signing_key="team secret").recall(key_of("whole"))[1]) == (
         b"a whole answer"
     )
+
+
+@needs_fork
+def test_a_pack_cut_short_while_a_borrowed_read_first_verifies_it_is_corrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pack a per-row cache borrows (read by a map it keeps), cut short while its first
+    read in a process hashes it, is Corrupt for each item in it, not a crash (SIGBUS):
+    it is hashed through reads before it is mapped."""
+    store = LocalStore(tmp_path / "s")
+    items = [(f"blake3:{i:064x}", [bytes([i]) * (300 << 10)]) for i in range(3)]
+    store.keep_many(items, "plain")
+    keys = [key for key, _ in items]
+    pack = max((tmp_path / "s" / "blobs").rglob("*"), key=lambda p: p.stat().st_size)
+    assert pack.stat().st_size >= 3 * (300 << 10)
+
+    def borrow() -> str:
+        cut_short_when_hashed(monkeypatch, pack)
+        got = LocalStore(tmp_path / "s").recall_many(keys, borrow=True)
+        return " ".join(type(got[key]).__name__ for key in keys)
+
+    assert answer_of(*forked(borrow)) == "Corrupt Corrupt Corrupt"

@@ -274,8 +274,7 @@ class LocalStore(LocalShelf):
                     shared = self._maps.get(digest)
                     if shared is not None and shared[0] == stamp:
                         return shared[1]  # the file hashed to its name when it was mapped
-                    data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
-                elif actual > _MAP_ABOVE and mapped:
+                if actual > _MAP_ABOVE and (borrow or mapped):
                     if self._verified.get(digest) != stamp:
                         # Hashed through reads, not the map: a blob cut short meanwhile is
                         # then Corrupt, not a fault that ends the process.
@@ -286,9 +285,11 @@ class LocalStore(LocalShelf):
                                 "hashed: it was truncated or overwritten"
                             )
                         found = read
-                    # A private map per read: one shared between reads would carry what
+                    # Borrowed: one read-only map, kept for the next such read. Mapped: a
+                    # private map per read, as one shared between reads would carry what
                     # one caller wrote into it to the next.
-                    data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY))
+                    access = mmap.ACCESS_READ if borrow else mmap.ACCESS_COPY
+                    data = memoryview(mmap.mmap(handle.fileno(), 0, access=access))
                 elif actual > _MAP_ABOVE:
                     data = _read_privately(handle, actual, digest)
                 else:
