@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import os
-import threading
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 import pyarrow
 
 from somatize import canonical
-from somatize._threads import hash_read
+from somatize._threads import ProcessLock, hash_read
 from somatize.catalog import Unbuildable
 from somatize.data._parquet_base import (
     NotParquet,
@@ -208,7 +207,7 @@ class ParquetDir(_Versioned):
         self._files = _OpenFiles(_OPEN_FILES)
         """The files open now: at most ``_OPEN_FILES`` of them between reads."""
         self._held = _Held()
-        self._opening = threading.Lock()
+        self._opening = ProcessLock()  # afresh in a forked child, unheld
 
     def declare(self) -> dict[str, Any]:
         """Which columns it reads: with the version (its state), all that decides its rows.
