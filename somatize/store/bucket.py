@@ -94,25 +94,27 @@ _MARK_WAIT = 1.0
 """Seconds a cache's mark found incomplete is waited on: another process is writing it."""
 
 
-_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-"""What S3 takes for a bucket's name: 3 to 63 lowercase letters, digits, dots and hyphens,
-starting and ending with a letter or digit."""
+_S3_BUCKET = re.compile(r"[a-zA-Z0-9._-]{1,255}")
+"""What an S3 client sends as a bucket's name: letters, digits, dots, hyphens and
+underscores. Buckets made now take fewer (3 to 63 lowercase letters, digits, dots and
+hyphens), but older buckets and S3-compatible servers hold others (`Legacy_Bucket`), and
+those are reached as they are."""
 
 
 def _check_bucket(url: str, bucket: str) -> None:
-    """Refuses an S3 URL that names no bucket S3 can have, before any request: S3 would
-    refuse every one of them, as a parameter it cannot send."""
+    """Refuses an S3 URL that names no bucket an S3 client can ask for, before any
+    request: the client would refuse every one of them, as a parameter it cannot send."""
     if bucket.startswith("arn:"):  # an access point, named by its ARN
         return
     if not bucket:
         raise BadAddress(
             f"{url!r} names no bucket: an S3 store lies in one, as `s3://bucket/prefix`"
         )
-    if not _S3_BUCKET.fullmatch(bucket) or ".." in bucket:
+    if not _S3_BUCKET.fullmatch(bucket):
         raise BadAddress(
-            f"{url!r} names the bucket `{bucket}`, which S3 cannot have: a bucket's name is 3 "
-            "to 63 lowercase letters, digits, dots and hyphens, starting and ending with a "
-            "letter or digit"
+            f"{url!r} names the bucket `{bucket}`, which S3 cannot have: a bucket's name is "
+            "letters, digits, dots, hyphens and underscores (one made now: 3 to 63 lowercase "
+            "letters, digits, dots and hyphens)"
         )
 
 
