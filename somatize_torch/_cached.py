@@ -184,16 +184,24 @@ class _Watched:
 def _unshared(out: Any, args: Sequence[torch.Tensor], module: nn.Module) -> Any:
     """``out`` with each tensor in memory of its own: none shared with another
     (``(h, h[:, 0])``), with an argument (an answer that is its input, or a view of it:
-    ``x.flatten(1)``) or with the module's parameters and buffers. A recalled answer's
-    tensors are each their own, so a computed one's are made so too (copied), and a
-    write into one changes nothing else, neither on a miss nor on a hit. Asked on a
-    miss only, which computes anyway."""
+    ``x.flatten(1)``) or with what the module holds: its parameters, buffers and tensors
+    kept as plain attributes (``self.table``) of it and its submodules. A recalled
+    answer's tensors are each their own, so a computed one's are made so too (copied),
+    and a write into one changes nothing else, neither on a miss nor on a hit. Asked on
+    a miss only, which computes anyway. A tensor held elsewhere (a global) is not known
+    here."""
     leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     if not leaves:
         return out
     held = {_memory(t) for t in args}
     held.update(map(_memory, module.parameters()))
     held.update(map(_memory, module.buffers()))
+    held.update(
+        _memory(value)
+        for part in module.modules()
+        for value in vars(part).values()
+        if isinstance(value, torch.Tensor)
+    )
     held.discard(0)
     wheres = [_memory(t) for t in leaves]
     if len(set(wheres)) == len(wheres) and held.isdisjoint(wheres):
