@@ -65,7 +65,7 @@ from __future__ import annotations
 import inspect
 import os
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -100,7 +100,7 @@ __all__ = [
     "wrap",
 ]
 
-Names = bool | str | Sequence[str] | Mapping[str, str | None]
+Names = bool | str | Iterable[str] | Mapping[str, str | None]
 
 
 # ------------------------------------------------------------------------------ nodes
@@ -416,11 +416,11 @@ def _names(what: Names, model: nn.Module, kind: str) -> dict[str, str | None]:
     if isinstance(what, str):
         pairs: list[tuple[Any, Any]] = [(what, None)]
     elif isinstance(what, Mapping):
-        if kind != "cached":
-            raise TypeError(_takes(kind, "got a dict: a salt goes with the name in `cached=`"))
         pairs = list(what.items())
-    elif isinstance(what, (Sequence, set, frozenset)):
-        pairs = [(name, None) for name in what]
+        if kind != "cached" and any(salt is not None for _, salt in pairs):
+            raise TypeError(_takes(kind, "got a dict of salts: a salt goes in `cached=`"))
+    elif isinstance(what, Iterable) and not isinstance(what, (bytes, bytearray)):
+        pairs = [(name, None) for name in what]  # a list, a set, `salts.keys()`, a generator
     else:
         raise TypeError(_takes(kind, f"got a `{type(what).__name__}`"))
     for name, salt in pairs:

@@ -852,6 +852,32 @@ def test_an_answer_sharing_memory_with_an_input_or_the_weights_is_copied(store: 
         assert torch.equal(whole(torch.zeros(2)), torch.ones(4))
 
 
+class Table(nn.Module):
+    """Answers a table it keeps as a plain attribute, not a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.zeros(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.table
+
+
+def test_an_answer_that_is_a_tensor_the_module_keeps_as_an_attribute_is_copied(
+    store: Store,
+) -> None:
+    """A module answering a tensor it keeps as a plain attribute hands back a copy when it
+    computes, as when it recalls: a write into the answer leaves the table as it was (it
+    changed the table, and every later answer, on a miss only)."""
+    module = Table()
+    whole = smt.wrap(module, frozen=True, cached=True, store=store)
+    smt.freeze(whole)
+    with torch.no_grad():
+        whole(torch.ones(1)).add_(5)
+        assert torch.equal(module.table, torch.zeros(3))
+        assert torch.equal(whole(torch.ones(1)), torch.zeros(3))
+
+
 def test_a_module_wrapped_whole_takes_a_salt(store: Store) -> None:
     """``cached={"": salt}`` caches a module wrapped whole under its salt: the same
     weights and batch under another salt are computed again, not recalled."""
@@ -874,7 +900,10 @@ def test_a_module_wrapped_whole_takes_a_salt(store: Store) -> None:
     [
         ({"frozen": [1]}, r"`frozen=` takes .*; got `1`, a `int`"),
         ({"frozen": 1}, r"`frozen=` takes .*; got a `int`"),
-        ({"frozen": {"encoder": "x"}}, r"`frozen=` takes .*a salt goes with the name in `cached="),
+        (
+            {"frozen": {"encoder": "x"}},
+            r"`frozen=` takes .*a dict of salts: a salt goes in `cached=",
+        ),
         ({"cached": {"encoder": 2}}, r"`cached=` takes .*got the salt `2` for `encoder`"),
     ],
 )
@@ -887,6 +916,22 @@ def test_declarations_other_than_names_are_refused_saying_what_is_taken(
     declared: dict[str, Any] = {"frozen": ["encoder"], "cached": ["encoder"], **given}
     with pytest.raises(TypeError, match=match):
         smt.wrap(_model(), **declared)
+
+
+def test_declarations_are_names_from_any_iterable(store: Store) -> None:
+    """Names come from any iterable of them, as from a list: a dict's keys, a generator,
+    a dict to no salt in ``frozen=``."""
+    x = torch.randn(4, 6)
+    salts = {"encoder": "v2"}
+    seen = []
+    for frozen in (salts.keys(), (n for n in ["encoder"]), {"encoder": None}):
+        wrapped = smt.wrap(_model(), frozen=frozen, cached=salts, store=store)
+        smt.freeze(wrapped)
+        with torch.no_grad():
+            wrapped(x)
+        assert wrapped.graph.record is not None
+        seen.append(wrapped.graph.record.outcome["encoder"])
+    assert seen == ["ran", "recalled", "recalled"]
 
 
 class Scaled(nn.Module):
