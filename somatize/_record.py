@@ -105,8 +105,10 @@ class Record:
         worker on its way to ``target``, both ways added up: out to the worker ``target``
         runs on (``"way": "out"``) and back from the worker ``source`` ran on (``"back"``).
         An edge between two nodes of one network worker counts both, as the value comes
-        back and goes out again. A node's state (``"state"``), the graph's input and an
-        output no node reads cross on no edge and are left out."""
+        back and goes out again. An answer read by several nodes came back once: its
+        bytes are on the edge to its first reader, the others' 0. A node's state
+        (``"state"``), the graph's input and an output no node reads cross on no edge and
+        are left out."""
         out: dict[tuple[str, str], int] = {}
         for fact in self.facts:
             if fact["fact"] == "crossed" and "from" in fact:

@@ -151,6 +151,31 @@ def test_edge_labels_and_legend_say_bytes_crossed_both_ways() -> None:
     assert legend == ["bytes to or from a worker"]
 
 
+def test_an_answer_read_by_several_nodes_is_counted_once() -> None:
+    """An answer made on a network worker and read by three nodes comes back once: its
+    bytes are on the edge to its first reader and the others say 0, so the record, its
+    facts and the figure's labels add up to what crossed, as with one reader."""
+
+    def back(readers: int) -> tuple[list[int], dict[tuple[str, str], int]]:
+        g = Graph.somatize(
+            Rows().named("rows").at("w1")
+            >> tuple(Scale(float(i)).named(f"r{i}") for i in range(readers))
+        )
+        g.forward(
+            {"at": 0, "take": 100}, broker=Broker.embedded({"w1": Worker.generic(mode="network")})
+        )
+        assert g.record is not None
+        facts = g.record.facts
+        way = [f for f in facts if f["fact"] == "crossed" and f["way"] == "back"]
+        return [f["bytes"] for f in way], g.record.crossed
+
+    (alone,), crossed = back(1)
+    assert crossed == {("rows", "r0"): alone}
+    facts, crossed = back(3)
+    assert facts == [alone, 0, 0]
+    assert crossed == {("rows", "r0"): alone, ("rows", "r1"): 0, ("rows", "r2"): 0}
+
+
 @pytest.mark.parametrize("reads", [2, 6])
 def test_a_value_read_many_times_is_one_arrow_with_its_total(reads: int) -> None:
     """A node reading one value several times on a worker is drawn with one arrow from it,

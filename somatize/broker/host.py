@@ -283,7 +283,9 @@ def crossings(
 ) -> list[dict[str, Any]]:
     """The ``crossed`` facts of one call: the node's state when it was sent (``"way":
     "state"``, on no edge), one per input sent, on the edge it came by (none for the
-    graph's input), and the answer's bytes on each edge that reads it."""
+    graph's input), and one per edge that reads the answer. The answer came back once,
+    however many nodes read it, so its bytes are on the edge to its first reader and the
+    edges to the others say 0: added up, the facts are the bytes that crossed."""
     facts: list[dict[str, Any]] = []
     if state:
         facts.append(
@@ -297,14 +299,14 @@ def crossings(
         fact.update(worker=worker, bytes=size, way="out")
         facts.append(fact)
     readers = graph.successors(node)
-    for reader in readers:
+    for index, reader in enumerate(readers):
         facts.append(
             {
                 "fact": "crossed",
                 "node": reader,
                 "from": node,
                 "worker": worker,
-                "bytes": back,
+                "bytes": back if index == 0 else 0,
                 "way": "back",
             }
         )
