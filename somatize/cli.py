@@ -9,13 +9,14 @@
     somatize store show KEY_OR_NAME [--store …]
 
 ``--store`` defaults to ``$SOMATIZE_STORE`` or ``./store``; a URL (``s3://…``)
-opens a bucket store. A directory (a path or a ``file://`` URL) must hold a store
-already, and a bucket must exist: one that does not is refused (status 2), and
-nothing is created. Sizes are printed and read in human units (``10G``, ``512M``).
-Long operations show a progress bar when tqdm is installed and the output is a
-terminal. Exit status: 0 when all is well, 1 when ``verify`` found damage, 2 on a
-usage or store error, and 141 (quietly) when the reader of the output went away
-(``somatize store ls | head``), as for a tool stopped by SIGPIPE.
+opens a bucket store. A directory (a path, or a ``file://`` or ``local://`` URL) must
+hold a store already, and a bucket must exist: one that does not is refused (status 2),
+and nothing is created; so is ``memory://``, which no other process can see. Sizes are
+printed and read in human units (``10G``, ``512M``). Long operations show a progress bar
+when tqdm is installed and the output is a terminal. Exit status: 0 when all is well, 1
+when ``verify`` found damage, 2 on a usage or store error (a closed output, ``>&-``,
+too), and 141 (quietly) when the reader of the output went away (``somatize store ls |
+head``), as for a tool stopped by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -98,13 +99,35 @@ def _progress(enabled: bool) -> Progress | None:
     return bar
 
 
+def _protocols_of(where: str) -> set[str]:
+    """Every name of the filesystem that URL ``where`` is on (``local://`` is fsspec's
+    other name for ``file://``), the last of a chain (``simplecache::file://…``); empty
+    when fsspec does not know it (opening it says why)."""
+    scheme = where.rsplit("::", 1)[-1].split("://", 1)[0]
+    try:
+        from fsspec.registry import get_filesystem_class
+
+        protocol = get_filesystem_class(scheme).protocol
+    except (ImportError, ValueError):
+        return set()
+    return {protocol} if isinstance(protocol, str) else set(protocol)
+
+
 def _open(where: str) -> LocalStore | BucketStore:
-    """The store at ``where``; a directory (a path, or a ``file://`` URL) must hold one
-    already (``blobs/``, and ``answers/``, ``packs/`` or ``names/``: a store made through a
-    ``file://`` bucket that holds only names has no ``answers/``), and a bucket must exist,
-    since every command reads a store and a mistyped path should not become an empty store
-    reported healthy."""
-    if "://" in where and not where.startswith("file://"):
+    """The store at ``where``; a directory (a path, or a ``file://`` or ``local://`` URL)
+    must hold one already (``blobs/``, and ``answers/``, ``packs/`` or ``names/``: a store
+    made through a ``file://`` bucket that holds only names has no ``answers/``), and a
+    bucket must exist, since every command reads a store and a mistyped path should not
+    become an empty store reported healthy. A ``memory://`` store lives in one process, so
+    a command line never finds one there."""
+    protocols = _protocols_of(where) if "://" in where else {"file"}
+    if "memory" in protocols:
+        raise StoreError(
+            f"{where} is not a store: memory:// lives in the process that made it, so a "
+            "command line finds none there, and nothing was created. Name a directory or a "
+            "bucket with --store or $SOMATIZE_STORE"
+        )
+    if not protocols & {"file", "local"}:
         bucket = BucketStore(where)
         missing = bucket._missing_bucket()
         if missing is not None:
@@ -113,7 +136,15 @@ def _open(where: str) -> LocalStore | BucketStore:
                 "was created. Name an existing bucket with --store or $SOMATIZE_STORE"
             )
         return bucket
-    root = Path(where.removeprefix("file://")).expanduser()
+    path = where.rsplit("::", 1)[-1].split("://", 1)[-1]
+    try:
+        root = Path(path).expanduser()
+    except RuntimeError:  # ~user names no user this system knows, or no home is known
+        raise StoreError(
+            f"{where} is not a store: `{path.split('/', 1)[0]}` names no home directory "
+            "this system knows, and nothing was created. Name an existing store with "
+            "--store or $SOMATIZE_STORE"
+        ) from None
     sections = ("answers", "packs", "names")
     if not (root / "blobs").is_dir() or not any((root / part).is_dir() for part in sections):
         found = "there is no such directory" if not root.exists() else "it holds no store"
@@ -238,6 +269,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     show.add_argument("key", help="an answer key, a pack id, a blob digest, or a name")
     args = parser.parse_args(argv)
     out = sys.stdout
+    if out is None:  # started with its output closed (`>&-`): nothing could be said
+        print(
+            f"somatize store {args.command}: the standard output is closed, so nothing "
+            "could be printed; nothing was done",
+            file=sys.stderr,
+        )
+        return 2
     bar = _progress(not args.no_progress and sys.stderr.isatty())
     try:
         status = _run(args, out, bar)

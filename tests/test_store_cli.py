@@ -130,6 +130,54 @@ def test_a_file_url_that_is_no_store_exits_2_and_creates_nothing(
     assert main(["store", "ls", "--store", f"file://{store.root}"]) == 0
 
 
+@pytest.mark.parametrize("scheme", ["local://", "simplecache::file://"])
+def test_every_url_of_a_local_directory_that_is_no_store_exits_2_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scheme: str
+) -> None:
+    """fsspec's other names for a local directory (`local://`, or `file://` at the end of
+    a chain) are refused as `file://` is when they hold no store, and nothing is created;
+    one that holds a store opens."""
+    missing = tmp_path / "typo"
+    for command in (["ls"], ["du"], ["verify"]):
+        assert main(["store", *command, "--store", f"{scheme}{missing}"]) == 2
+        assert "is not a store: there is no such directory" in capsys.readouterr().err
+    assert not missing.exists()
+    store = _store(tmp_path)
+    assert main(["store", "ls", "--store", f"{scheme}{store.root}"]) == 0
+
+
+def test_a_memory_url_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """`memory://` lives in one process, so the command line refuses it rather than
+    report the empty store it would make there."""
+    assert main(["store", "ls", "--store", "memory://somatize-cli-test"]) == 2
+    assert "memory:// lives in the process that made it" in capsys.readouterr().err
+
+
+def test_a_home_of_no_known_user_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--store ~nosuchuser/x` names a home no user has: status 2 and one line, not a
+    traceback."""
+    assert main(["store", "ls", "--store", "~somatize_no_such_user/x"]) == 2
+    err = capsys.readouterr().err
+    assert "`~somatize_no_such_user` names no home directory" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_a_closed_standard_output_exits_2_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started with its output closed (`>&-`, where Python's sys.stdout is None), a
+    command does nothing and says so on stderr with status 2."""
+    store = _store(tmp_path)
+    monkeypatch.setattr(sys, "stdout", None)
+    assert (
+        main(["store", "gc", "--max-bytes", "0", "--grace", "0", "--store", str(store.root)]) == 2
+    )
+    assert "the standard output is closed" in capsys.readouterr().err
+    assert store.answer(KEY) is not None
+
+
 def test_verify_lists_a_stray_file_and_exits_0(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
