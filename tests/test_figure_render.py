@@ -165,6 +165,24 @@ def test_control_characters_do_not_break_the_xml() -> None:
     parse(Figure([Box("bell\x07", "Ctl\x00")], []).svg())
 
 
+def test_names_differing_in_spaces_or_unwritable_characters_read_apart() -> None:
+    """Two boxes never read the same in the SVG: its text keeps runs of spaces and spaces
+    at a name's ends (`xml:space="preserve"`, `white-space:pre`), and names that differ
+    only in characters XML cannot hold (lone surrogates, written U+FFFD) or in a tab and a
+    space (shown alike) are numbered apart."""
+    names = ["load data", "load  data", " x", "x", "\ud800y", "\udc00y", "a\tb", "a b"]
+    fig = Figure([Box(n, "K") for n in names], [])
+    svg = fig.svg()
+    root = ET.fromstring(svg)
+    assert root.get("{http://www.w3.org/XML/1998/namespace}space") == "preserve"
+    assert "white-space:pre" in (root.get("style") or "")
+    shown = [p.label for p in fig._arrangement.boxes]
+    written = [label.replace("\t", " ") for label in shown]
+    written = ["".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in w) for w in written]
+    assert len(set(written)) == len(names), shown
+    assert shown[:4] == names[:4]
+
+
 def test_long_names_are_truncated_with_the_full_name_in_a_tooltip() -> None:
     """A very long name is drawn shortened with an ellipsis and kept whole in <title>."""
     long = "encoder.layers.11.attention.output.dense." + "x" * 80

@@ -80,8 +80,18 @@ def _badge_texts(box: Box) -> list[tuple[str, str]]:
 
 
 def _as_written(text: str) -> str:
-    """``text`` as the SVG writes it: as it is."""
-    return text
+    """``text`` as the SVG shows it: as it is, but for a tab or a line break, shown as a
+    space, and any other character XML 1.0 cannot hold (a control character, a lone
+    surrogate, U+FFFE, U+FFFF), written as U+FFFD."""
+    if text.isprintable():
+        return text
+    return "".join(ch if _xml_holds(ch) else " " if ch in "\t\n" else "\ufffd" for ch in text)
+
+
+def _xml_holds(ch: str) -> bool:
+    """Whether XML 1.0 holds ``ch`` as it is, the tab and the line break aside."""
+    code = ord(ch)
+    return not (code < 32 or 0xD800 <= code <= 0xDFFF or code in (0xFFFE, 0xFFFF))
 
 
 def _name_labels(boxes: Sequence[Box], spelled: Callable[[str], str] = _as_written) -> list[str]:
@@ -92,6 +102,7 @@ def _name_labels(boxes: Sequence[Box], spelled: Callable[[str], str] = _as_writt
         [b.name for b in boxes],
         [_CONTENT_MAX_W] * len(boxes),
         lambda s: _text_width(spelled(s), _NAME_SIZE, True),
+        spelled,
     )
 
 

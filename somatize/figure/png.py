@@ -489,6 +489,7 @@ def _render_png(arr: _Arrangement, scale: float) -> bytes:
         [p.box.name for p in arr.boxes],
         [(p.w - 2 * _PAD_X) * k for p in arr.boxes],
         lambda t: float(name_font.getlength(_pil_text(t))),
+        _pil_text,
     )
     for p, name in zip(arr.boxes, names, strict=True):
         b = p.box

@@ -277,31 +277,37 @@ def _fit_showing(text: str, at: int, max_w: float, measure: Callable[[str], floa
 
 
 def _fit_apart(
-    texts: Sequence[str], widths: Sequence[float], measure: Callable[[str], float]
+    texts: Sequence[str],
+    widths: Sequence[float],
+    measure: Callable[[str], float],
+    spelled: Callable[[str], str] = lambda text: text,
 ) -> list[str]:
     """Fit each of ``texts`` (all different) to its width as :func:`_fit` does, but never
-    two alike: where two would read the same, each is cut again to show where it differs
-    from the other; and should some still read the same, they are numbered."""
+    two alike as ``spelled`` writes them (the SVG writes every character XML cannot hold,
+    a lone surrogate, as U+FFFD; the PNG an ellipsis its font lacks as three dots): where
+    two would read the same, each is cut again to show where it differs from the other;
+    and should some still read the same, they are numbered."""
     fitted = [_fit(t, w, measure) for t, w in zip(texts, widths, strict=True)]
     for _ in range(3):
         alike: dict[str, list[str]] = {}
         for text, shown in zip(texts, fitted, strict=True):
-            alike.setdefault(shown, []).append(text)
+            alike.setdefault(spelled(shown), []).append(text)
         if all(len(same) == 1 for same in alike.values()):
             return fitted
         for i, (text, shown) in enumerate(zip(texts, fitted, strict=True)):
-            others = [t for t in alike[shown] if t != text]
+            others = [t for t in alike[spelled(shown)] if t != text]
             if others:
                 at = max(_common_prefix(text, t) for t in others)
                 fitted[i] = _fit_showing(text, at, widths[i], measure)
     seen: dict[str, int] = {}
     for shown in fitted:
-        seen[shown] = seen.get(shown, 0) + 1
+        seen[spelled(shown)] = seen.get(spelled(shown), 0) + 1
     count: dict[str, int] = {}
     for i, shown in enumerate(fitted):
-        if seen[shown] > 1:
-            count[shown] = count.get(shown, 0) + 1
-            mark = f" #{count[shown]}"
+        key = spelled(shown)
+        if seen[key] > 1:
+            count[key] = count.get(key, 0) + 1
+            mark = f" #{count[key]}"
             fitted[i] = _fit(texts[i], widths[i] - measure(mark), measure) + mark
     return fitted
 

@@ -157,7 +157,9 @@ def _render_svg(arr: _Arrangement, uid: str) -> str:
     out: list[str] = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_num(W)}" height="{_num(H)}" '
         f'viewBox="0 0 {_num(W)} {_num(H)}" font-family=\'{_FONT}\' font-size="12" '
-        f'role="img" aria-label="{_xml(arr.title or "pipeline graph")}">'
+        f'role="img" aria-label="{_xml(arr.title or "pipeline graph")}" '
+        # text as written: a run of spaces, or one at a name's end, is no other name's
+        'xml:space="preserve" style="white-space:pre">'
     ]
     if arr.title:
         out.append(f"<title>{_xml(arr.title)}</title>")
