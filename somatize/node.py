@@ -673,8 +673,11 @@ class Node:
 
     def at(self, worker: str) -> Node:
         """Places this node on ``worker`` (a name the broker knows)."""
-        if not isinstance(worker, str) or not worker:
-            raise ValueError(f"a worker is named by a non-empty str, got {worker!r}")
+        if not isinstance(worker, str) or not worker or not all(map(_printable, worker)):
+            raise ValueError(
+                "a worker is named by a non-empty str with no control characters (a newline, "
+                f"a tab, an escape: facts, errors and figures show it as one line), got {worker!r}"
+            )
         self._settled(f".at({worker!r})", worker != self._smz.worker)
         self._smz.worker = worker
         return self

@@ -96,6 +96,15 @@ def test_a_name_with_a_control_character_is_refused_saying_so(name: str) -> None
         assert Echo().named(fine)._smz.name == fine
 
 
+@pytest.mark.parametrize("worker", ["w1]\n  fake  Forged", "\x1b[2J", "w\t1", "w\x00"])
+def test_a_worker_name_with_a_control_character_is_refused_saying_so(worker: str) -> None:
+    """A worker name, shown beside the node's name in `print(g)`, facts and figures, holds
+    no control character either: a line break in it would forge a line of `print(g)`."""
+    with pytest.raises(ValueError, match=r"a worker is named by a non-empty str with no control"):
+        Echo().at(worker)
+    assert Echo().at("gpu 0·名前")._smz.worker == "gpu 0·名前"
+
+
 def test_chain_fan_out_and_fan_in() -> None:
     """`>>` chains, a tuple after `>>` fans out, a tuple before it fans in, in order."""
     rows, a, b, add = Rows(), Scale(1.0), Scale(2.0), Largest()
