@@ -119,7 +119,7 @@ def figure_of(graph: Graph, record: Record | None = None) -> Figure:
                 # with a record, a node it says nothing of was never reached
                 outcome=outcome.get(name, "unreached") if outcome is not None else None,
                 took_us=took_us.get(name),
-                group=getattr(node, "figure_group", None),
+                group=_group_of(node),
             )
         )
     arrows = [
@@ -130,3 +130,11 @@ def figure_of(graph: Graph, record: Record | None = None) -> Figure:
         for pred, reads in Counter(graph.predecessors(name)).items()
     ]
     return Figure(boxes, arrows)
+
+
+def _group_of(node: object) -> str | None:
+    """The group a node's box is drawn in: its ``figure_group``, when that is a str. The
+    attribute is the figure's own, not a declaration; anything else a node holds under that
+    name (a list of its own) is its business, and draws no group."""
+    group = getattr(node, "figure_group", None)
+    return group if isinstance(group, str) else None

@@ -219,3 +219,18 @@ def test_nodes_a_failure_kept_from_running_are_drawn_not_reached() -> None:
     whole.forward({"at": 0, "take": 3})
     assert whole.record is not None
     assert "not reached" not in whole.figure(whole.record).svg()
+
+
+def test_a_figure_group_that_is_no_str_draws_no_group() -> None:
+    """`figure_group` groups a node's box when it is a str; a node that holds something
+    else under that name (a list of its own) is drawn outside any group, not refused."""
+
+    class Grouped(Echo):
+        def __init__(self, group: object) -> None:
+            self.figure_group = group
+
+    g = Graph.somatize(
+        Echo().named("src") >> (Grouped(["encoders"]).named("enc"), Grouped("heads").named("head"))
+    )
+    groups = {box.name: box.group for box in g.figure().boxes}
+    assert groups == {"src": None, "enc": None, "head": "heads"}
