@@ -37,8 +37,9 @@ def hash_threads() -> int:
     return blake3.blake3.AUTO if pid == _HASHING_PID else 1
 
 
-_HASH_PART = 8 << 20
-"""How many bytes of a file :func:`hash_read` reads and hashes at a time."""
+_HASH_PART = 1 << 20
+"""How many bytes of a file :func:`hash_read` reads and hashes at a time: a buffer that
+stays in the processor's cache is filled and hashed faster than a larger one."""
 
 
 def hash_read(handle: io.RawIOBase | io.BufferedIOBase, size: int) -> str | None:
