@@ -280,6 +280,17 @@ class Square(nn.Module):
         return self.linear(x)
 
 
+def _frozen_square(module: Square | None = None) -> tuple[Square, Graph, Opaque]:
+    """A :class:`Square` (seeded, or ``module``), cached in a graph frozen at it, and an
+    input for it."""
+    if module is None:
+        torch.manual_seed(0)
+        module = Square()
+    g = Graph.somatize(smt.ModuleNode(module).named("square").frozen().cached())
+    smt.freeze(g)
+    return module, g, Opaque(torch.randn(4, 32))
+
+
 def _fused_steps(module: nn.Module, drop: bool) -> None:
     """Three steps of a fused AdamW on ``module`` (no version counter moves), its
     gradients dropped after the last one if ``drop``."""
@@ -297,11 +308,7 @@ def test_weights_a_fused_optimizer_stepped_are_seen_once_frozen_again(store: Sto
     version counter) and frozen again answers with its new weights: the gradients the
     steps left are seen; and once a forward refused it unfrozen, it is digested again
     when frozen again, even with its gradients dropped."""
-    torch.manual_seed(0)
-    module = Square()
-    g = Graph.somatize(smt.ModuleNode(module).named("square").frozen().cached())
-    smt.freeze(g)
-    x = Opaque(torch.randn(4, 32))
+    module, g, x = _frozen_square()
     g.forward(x, store=store)
     module.requires_grad_(True)
     _fused_steps(module, drop=False)
@@ -325,11 +332,7 @@ def test_a_round_trip_through_half_precision_is_seen(store: Store) -> None:
     """A module converted to half precision and back has rounded weights, often in the
     very memory it had before (the allocator hands the freed block back) and no version
     counter moved: the next forward runs, and answers what the module answers now."""
-    torch.manual_seed(0)
-    module = Square()
-    g = Graph.somatize(smt.ModuleNode(module).named("square").frozen().cached())
-    smt.freeze(g)
-    x = Opaque(torch.randn(4, 32))
+    module, g, x = _frozen_square()
     for dtype in (torch.float16, torch.bfloat16):
         before = g.forward(x, store=store)
         module.to(dtype).float()
@@ -347,9 +350,7 @@ def test_other_memory_at_the_same_address_is_seen(store: Store) -> None:
     module = Square()
     buffer = module.linear.weight.detach().numpy().copy()
     module.linear.weight.data = torch.from_numpy(buffer)
-    g = Graph.somatize(smt.ModuleNode(module).named("square").frozen().cached())
-    smt.freeze(g)
-    x = Opaque(torch.randn(4, 32))
+    module, g, x = _frozen_square(module)
     before = g.forward(x, store=store)
     address = module.linear.weight.data_ptr()
     buffer *= 2
@@ -377,11 +378,7 @@ def test_a_trainable_adapter_put_into_a_frozen_module_is_refused(store: Store) -
     """Trainable parameters put into a frozen, cached module after ``freeze`` under new
     names are refused by name, as an unfrozen one is, not silently frozen; frozen
     themselves, the module is keyed by its new state."""
-    torch.manual_seed(0)
-    module = Square()
-    g = Graph.somatize(smt.ModuleNode(module).named("square").frozen().cached())
-    smt.freeze(g)
-    x = Opaque(torch.randn(4, 32))
+    module, g, x = _frozen_square()
     g.forward(x, store=store)
     module.linear = Adapted(module.linear)
     with pytest.raises(smt.Unfrozen, match=r"`linear.delta.weight` now require grad"):
