@@ -154,9 +154,14 @@ class Marks:
     (:meth:`Node._as_constructed`): it is not tried again."""
 
 
-def _printable(char: str) -> bool:
-    """Whether ``char`` may be in a node's name: anything but a control character."""
-    return unicodedata.category(char) != "Cc"
+def _one_line(name: object) -> bool:
+    """Whether ``name`` may name a node or a worker: a non-empty str with no control
+    character, as facts, errors and figures show it on one line."""
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and all(unicodedata.category(char) != "Cc" for char in name)
+    )
 
 
 _DECLARATION = b"somatize/declaration\0"
@@ -630,7 +635,7 @@ class Node:
     def named(self, name: str) -> Node:
         """Calls this node ``name`` in facts, errors and figures. Not part of its key:
         one computation under two names shares answers."""
-        if not isinstance(name, str) or not name or not all(map(_printable, name)):
+        if not _one_line(name):
             raise ValueError(
                 "a node name is a non-empty str with no control characters (a newline, a tab, "
                 f"NUL: facts, errors and figures show it as one line), got {name!r}"
@@ -673,7 +678,7 @@ class Node:
 
     def at(self, worker: str) -> Node:
         """Places this node on ``worker`` (a name the broker knows)."""
-        if not isinstance(worker, str) or not worker or not all(map(_printable, worker)):
+        if not _one_line(worker):
             raise ValueError(
                 "a worker is named by a non-empty str with no control characters (a newline, "
                 f"a tab, an escape: facts, errors and figures show it as one line), got {worker!r}"
