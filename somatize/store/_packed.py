@@ -405,6 +405,7 @@ class PackedHome(Store):
     ) -> list[Answer]:
         """Keeps item answers packed: one blob and one index per up to 64 MiB of small
         items; an item of 1 MiB or more is kept on its own."""
+        check_labels(codec, fingerprint)
         # Listed, and each item's pieces too, before anything is measured or written: an
         # item given as an iterator of pieces (a generator) would be used up by measuring it.
         listed = [(key, pieces_of(data)) for key, data in items]

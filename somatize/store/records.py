@@ -55,7 +55,6 @@ from somatize.store.base import (
     Corrupt,
     StoreError,
     check_digest,
-    check_labels,
     moment,
 )
 
@@ -335,7 +334,6 @@ def encode_pack(
     signer: Signer | None,
 ) -> tuple[str, bytes]:
     """The id and bytes of the index of a pack of ``entries`` (key, offset, length)."""
-    check_labels(codec, fingerprint)
     header = {
         "somatize": RECORD_VERSION,
         "pack": PACK_VERSION,
@@ -430,7 +428,6 @@ def keep_packed(
     a list: they are measured before they are written) in ``home`` as packs: small items
     together, one blob and one index per up to :data:`PACK_BYTES`; large or lone items as
     plain answers. The blob is published before the index that refers to it."""
-    check_labels(codec, fingerprint)
     chunks: list[list[tuple[str, Sequence[Buffer], int]]] = [[]]
     filled = 0
     out: dict[str, Answer] = {}
