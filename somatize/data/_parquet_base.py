@@ -55,7 +55,8 @@ def _forget_in_child() -> None:
         holder.forget()
 
 
-os.register_at_fork(after_in_child=_forget_in_child)
+if hasattr(os, "register_at_fork"):  # no fork where there is none (Windows)
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class NotParquet(DataError, ValueError):
