@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+LIMIT_S = 300
 
 
 def _blocks() -> list[tuple[str, str]]:
@@ -22,15 +25,109 @@ def _blocks() -> list[tuple[str, str]]:
     return found
 
 
-@pytest.mark.parametrize(("where", "code"), _blocks(), ids=[w for w, _ in _blocks()])
-def test_documented_code_runs(where: str, code: str, tmp_path: Path) -> None:
-    """The block runs to the end in a fresh interpreter, in an empty directory."""
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+_FORKS = r"""
+import gc, json, os, signal, sys, types
+import lightning.pytorch, numpy, pyarrow.parquet, torch  # imported once, for every block
+
+gc.freeze()  # what the imports made is not looked over (and so copied) by each child
+
+for line in sys.stdin:
+    job = json.loads(line)
+    child = os.fork()
+    if child == 0:
+        break
+    _, status = os.waitpid(child, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
+else:
+    sys.exit(0)
+
+# The child runs the block as `python -c` would: in its own directory, as `__main__`,
+# its output in a file, and to the interpreter's ordinary exit (atexit handlers run).
+os.chdir(job["cwd"])
+log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+os.dup2(log, 1)
+os.dup2(log, 2)
+os.close(log)
+nothing = os.open(os.devnull, os.O_RDONLY)
+os.dup2(nothing, 0)
+os.close(nothing)
+signal.alarm(job["limit"])
+sys.argv = ["-c"]
+main = types.ModuleType("__main__")
+sys.modules["__main__"] = main
+exec(compile(job["code"], "<string>", "exec"), main.__dict__)
+"""
+"""A process that imports the heavy libraries the blocks use (not somatize), then forks
+a child per block: each block starts as a fresh interpreter would, less the seconds
+those imports take."""
+
+
+@pytest.fixture(scope="module")
+def forks() -> Iterator[subprocess.Popen[str]]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", _FORKS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    assert done.returncode == 0, f"{where} failed:\n{done.stderr[-3000:]}"
+    yield process
+    assert process.stdin is not None
+    process.stdin.close()
+    process.wait(timeout=60)
+
+
+def _run(
+    forks: subprocess.Popen[str], code: str, where: Path, limit: int = LIMIT_S
+) -> tuple[int, str]:
+    """How the block ``code`` exits when run in ``where`` (empty) for at most ``limit``
+    seconds, and what it wrote."""
+    assert forks.stdin is not None and forks.stdout is not None
+    cwd = where / "run"
+    cwd.mkdir()
+    log = where / "output.log"
+    job = {"code": code, "cwd": str(cwd), "log": str(log), "limit": limit}
+    forks.stdin.write(json.dumps(job) + "\n")
+    forks.stdin.flush()
+    answer = forks.stdout.readline()
+    assert answer, f"the process running the blocks ended (exit code {forks.wait()})"
+    return int(answer), log.read_text(errors="replace")
+
+
+@pytest.mark.parametrize(("where", "code"), _blocks(), ids=[w for w, _ in _blocks()])
+def test_documented_code_runs(
+    where: str, code: str, forks: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    """The block runs to the end as a script of its own, in an empty directory."""
+    code_, output = _run(forks, code, tmp_path)
+    assert code_ == 0, f"{where} failed (exit code {code_}):\n{output[-3000:]}"
 
 
 def test_there_is_documented_code() -> None:
     """The README shows code, so the test above checks something."""
     assert any(where.startswith("README.md") for where, _ in _blocks())
+
+
+@pytest.mark.parametrize(
+    ("code", "ends"),
+    [
+        ("import os\nassert os.listdir() == []\nprint('in', os.getcwd())", 0),
+        ("import somatize\nx = 1\nraise ValueError('no')", 1),
+        ("import sys\nsys.exit(3)", 3),
+        ("import atexit, sys\natexit.register(lambda: sys.stderr.write('at exit'))", 0),
+        ("class Here: pass\nimport pickle\nassert pickle.loads(pickle.dumps(Here()))", 0),
+        ("import time\ntime.sleep(60)", -14),
+    ],
+    ids=["fresh directory", "raises", "exits", "atexit runs", "main module", "cut off"],
+)
+def test_blocks_run_as_scripts(
+    code: str,
+    ends: int,
+    forks: subprocess.Popen[str],
+    tmp_path: Path,
+) -> None:
+    """The runner reports how a block ended and what it wrote, as `python -c` would."""
+    code_, output = _run(forks, code, tmp_path, limit=2 if "sleep" in code else LIMIT_S)
+    assert code_ == ends, output
+    if ends == 1:
+        assert "ValueError: no" in output
+    if "atexit" in code:
+        assert output == "at exit"
+    if "getcwd" in code:
+        assert output.strip() == f"in {tmp_path / 'run'}"
