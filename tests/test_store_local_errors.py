@@ -126,6 +126,34 @@ def test_a_blob_or_name_this_process_may_not_read_is_a_store_error_naming_it(
     assert not (tmp_path / "store" / "quarantine").exists()
 
 
+@pytest.mark.parametrize(
+    ("under", "call", "said"),
+    [
+        ("", "listdir", r"cannot read packs in "),
+        ("packs", "open", r"cannot read packs/\w{64} in "),
+        ("answers", "listdir", r"cannot read answers/00 in "),
+    ],
+    ids=["pack folder", "pack index", "answer folder"],
+)
+def test_packs_and_records_that_cannot_be_listed_or_read_are_a_store_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, under: str, call: str, said: str
+) -> None:
+    """Where the packs folder cannot be listed, a pack's index cannot be read, or the
+    folder of records of packed keys cannot be listed (another user's), a fresh store's
+    have and recall say StoreError naming it, never a raw PermissionError, and take
+    nothing for gone."""
+    _, keys, _ = _a_store_with_everything(tmp_path / "store")
+    with monkeypatch.context() as refused:
+        _refusing(refused, tmp_path / "store" / under if under else tmp_path / "store", (call,))
+        fresh = LocalStore(tmp_path / "store")
+        for read in (lambda: fresh.have(keys), lambda: fresh.recall(keys[1])):
+            with pytest.raises(StoreError, match=said + r".*Permission denied.*nothing was"):
+                read()
+    assert fresh.have(keys) == set(keys)
+    assert bytes(fresh.recall(keys[1])[1]) == b"two"
+    assert not (tmp_path / "store" / "quarantine").exists()
+
+
 def test_have_where_a_blob_cannot_be_looked_at_is_a_store_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

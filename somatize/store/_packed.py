@@ -584,7 +584,14 @@ class PackedHome(Store):
             self._copy_index(pack, data)
             adopted.append(pack)
             changed = True
-        self._prefer_newer_records(adopted)
+        try:
+            self._prefer_newer_records(adopted)
+        except BaseException:
+            # Adopted again at the next look, when newer records can be read (until
+            # then a pack could answer a key a newer record answers).
+            for pack in adopted:
+                self._drop_pack(pack)
+            raise
         return changed
 
     def _drop_pack(self, pack: PackIndex) -> None:

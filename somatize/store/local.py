@@ -439,13 +439,16 @@ class LocalStore(LocalShelf):
     def _listed_packs(self) -> dict[str, str] | None:
         try:
             stamp = os.stat(self._packs_dir).st_mtime_ns
+            # A directory time only moves on the clock's tick: trust it only once it is old.
+            if stamp == self._packs_stamp and time.time_ns() - stamp > 2_000_000_000:
+                return None
+            listed = os.listdir(self._packs_dir)
         except FileNotFoundError:
             return None
-        # A directory time only moves on the clock's tick: trust it only once it is old.
-        if stamp == self._packs_stamp and time.time_ns() - stamp > 2_000_000_000:
-            return None
+        except OSError as why:  # another user's folder (EACCES), a file (ENOTDIR)
+            raise self._unreadable("packs", why) from why
         self._packs_stamp = stamp
-        return {"blake3:" + name: name for name in os.listdir(self._packs_dir)}
+        return {"blake3:" + name: name for name in listed}
 
     def _records_among(self, keys: Sequence[str]) -> dict[str, bytes]:
         """One listing per shard the keys fall in; reads only the records found there."""
@@ -459,12 +462,16 @@ class LocalStore(LocalShelf):
                     listed = set(os.listdir(f"{self._answers}{hexed[:2]}"))
                 except (FileNotFoundError, NotADirectoryError):
                     listed = set()
+                except OSError as why:  # another user's folder (EACCES)
+                    raise self._unreadable("answers", why) from why
                 shards[hexed[:2]] = listed
             if hexed in listed:
                 try:
                     out[key] = _read_file(self._answer_file(key))
                 except (FileNotFoundError, IsADirectoryError, NotAFile):
                     continue  # removed meanwhile, or no record (a FIFO planted there)
+                except OSError as why:
+                    raise self._unreadable("answers", why) from why
         return out
 
     def _read_indexes(self, wanted: dict[str, str]) -> dict[str, bytes | None]:
@@ -475,6 +482,8 @@ class LocalStore(LocalShelf):
             except (FileNotFoundError, IsADirectoryError, NotAFile, ValueError):
                 # Gone meanwhile, not an index's name, or no index (a FIFO): a miss.
                 out[pack_id] = None
+            except OSError as why:
+                raise self._unreadable("packs", why) from why
         return out
 
     def _forget_blob(self, digest: str) -> None:
