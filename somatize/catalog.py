@@ -132,8 +132,17 @@ def held_at(module: str, qualname: str) -> Any:
     return found
 
 
-_FINGERPRINTS: weakref.WeakKeyDictionary[type, bytes] = weakref.WeakKeyDictionary()
-"""A class → the digest of what its own body holds (:func:`_written`), worked out once."""
+Looked = tuple[tuple[dict[str, Any], str, str, Any], ...]
+"""Each global name a fingerprint looked up: the namespace it looked in, that module's
+name, the name, and what it found there (:func:`_found_as`)."""
+
+_ABSENT = object()
+_OTHER = object()
+
+_FINGERPRINTS: weakref.WeakKeyDictionary[type, tuple[bytes, Looked]] = weakref.WeakKeyDictionary()
+"""A class → the digest of what its own body holds (:func:`_written`) and the module
+names it looked up for it, worked out again when one of those names holds another
+helper or value (a notebook's cell run again)."""
 
 _FUNCTIONS: weakref.WeakKeyDictionary[FunctionType, bytes] = weakref.WeakKeyDictionary()
 """A function → the digest of its code (:func:`_function_bytes`), worked out once."""
@@ -152,8 +161,10 @@ def fingerprint_of(*kinds: type) -> str:
     runs, else that code — the plain values it holds (numbers, strings, tuples of them),
     and the helpers its functions name in their module: the plain functions defined
     there (followed on to the ones they name) and the plain values. The same in every
-    process running the same code. Each class is worked out once, when first asked: a
-    module constant rebound after that is seen once the class is defined again."""
+    process running the same code. Each class is worked out once, when first asked, and
+    again when a name its functions look up in their module holds another helper or value
+    since (a notebook's cell run again); a method set on the class after that is seen
+    once the class is defined again."""
     lineage: dict[type, None] = {}
     for kind in kinds:
         for above in kind.__mro__:
@@ -181,8 +192,8 @@ def _written(kind: type) -> bytes:
     module (:func:`_named`). A dataclass is said by its fields, not by the methods made
     for it (whose code is the Python version's as much as the class's)."""
     found = _FINGERPRINTS.get(kind)
-    if found is not None:
-        return found
+    if found is not None and all(_still(*name) for name in found[1]):
+        return found[0]
     digest = hashlib.sha256()
     made = "__dataclass_params__" in vars(kind)
     if made:
@@ -198,10 +209,20 @@ def _written(kind: type) -> bytes:
         if not held and not _dunder(name) and _plain(member):
             assigned = _assigned(_class_body(kind), name, member)
             _put(digest, b"let " + name.encode(), assigned or _constant_bytes(member))
-    for label, piece in _named(functions):
+    named, looked = _named(functions)
+    for label, piece in named:
         _put(digest, label, piece)
-    found = _FINGERPRINTS[kind] = digest.digest()
-    return found
+    _FINGERPRINTS[kind] = (digest.digest(), looked)
+    return digest.digest()
+
+
+def _still(space: dict[str, Any], module: str, name: str, was: Any) -> bool:
+    """Whether ``name`` in the namespace ``space`` of ``module`` holds what a fingerprint
+    found there (:data:`Looked`)."""
+    now = space.get(name, _ABSENT)
+    if was is _OTHER:
+        return now is not _ABSENT and _found_as(now, module) is _OTHER
+    return now is was
 
 
 def _put(digest: Any, *pieces: bytes) -> None:
@@ -347,12 +368,14 @@ def _source_file(filename: str) -> _Source:
     return found
 
 
-def _named(functions: list[FunctionType]) -> list[tuple[bytes, bytes]]:
+def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Looked]:
     """What ``functions`` name in their module, and what the functions found there name in
     turn: each plain function defined in that module (by :func:`_function_bytes`) and each
     plain value, by ``module:name``. Nothing is followed out of the module a function was
-    defined in: no module, no class, no function defined elsewhere."""
+    defined in: no module, no class, no function defined elsewhere. Also each name looked
+    up, and what it held (:data:`Looked`)."""
     out: dict[bytes, bytes] = {}
+    looked: list[tuple[dict[str, Any], str, str, Any]] = []
     seen = set(map(id, functions))
     queue = list(functions)
     while queue:
@@ -360,8 +383,10 @@ def _named(functions: list[FunctionType]) -> list[tuple[bytes, bytes]]:
         module, space = function.__module__, function.__globals__
         for name in sorted(_names_in(function.__code__)):
             if name not in space:
+                looked.append((space, module, name, _ABSENT))
                 continue
             value = space[name]
+            looked.append((space, module, name, _found_as(value, module)))
             label = f"{module}:{name}".encode()
             if isinstance(value, FunctionType):
                 if value.__module__ != module or id(value) in seen:
@@ -373,7 +398,16 @@ def _named(functions: list[FunctionType]) -> list[tuple[bytes, bytes]]:
                 assigned = _assigned(_module_body(module), name, value)
                 if assigned is not None:
                     out[b"reads " + label] = assigned
-    return sorted(out.items())
+    return sorted(out.items()), tuple(looked)
+
+
+def _found_as(value: Any, module: str) -> Any:
+    """What :data:`Looked` notes of ``value``, found under a name of ``module``: the value
+    itself where a fingerprint depends on it (a plain function defined there, a plain
+    value), else :data:`_OTHER` (a module, a class, a function from elsewhere)."""
+    if isinstance(value, FunctionType):
+        return value if value.__module__ == module else _OTHER
+    return value if _plain(value) else _OTHER
 
 
 def _assigned(body: list[ast.stmt] | None, name: str, value: Any) -> bytes | None:

@@ -166,6 +166,33 @@ def test_module_helpers_and_constants_a_node_names_are_in_its_fingerprint(
     assert fingerprints() == (const, helped)
 
 
+def test_a_helper_or_constant_rebound_after_its_class_was_fingerprinted_is_seen(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook's cell run again rebinds a helper or a constant that a node's code
+    names, its class staying as it was: a graph built after that says the recalled
+    answer drifted, and strict=True computes it with the helper as it is now."""
+    loaded = _load(tmp_path / "fingerprinted.py", _HELPED, monkeypatch)
+    const, helped = fingerprint_of(loaded.UsesConst), fingerprint_of(loaded.UsesHelper)
+    monkeypatch.setattr(loaded, "FACTOR", 6)
+    assert fingerprint_of(loaded.UsesConst) != const
+    monkeypatch.setattr(loaded, "FACTOR", 5)
+    assert fingerprint_of(loaded.UsesConst) == const
+    assert fingerprint_of(loaded.UsesHelper) == helped
+
+    def graph() -> Graph:
+        return Graph.somatize(loaded.UsesHelper().named("use").frozen().cached())
+
+    assert graph().forward(5, store=store) == 24
+    exec("def _inner(x):\n    return x + OFFSET + 100\n", loaded.__dict__)  # rebound
+    assert fingerprint_of(loaded.UsesHelper) != helped
+    seen: list[dict[str, Any]] = []
+    with pytest.warns(Drifted):
+        assert graph().forward(5, store=store, watching=seen.append) == 24
+    assert [fact["changed"] for fact in seen if fact["fact"] == "drifted"] == [["use"]]
+    assert graph().forward(5, store=store, strict=True) == 224
+
+
 _CELL = """
 from somatize import Node
 
