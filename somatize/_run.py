@@ -205,6 +205,9 @@ class _Run:
         except Exception as error:
             self.emit({"fact": "failed", "node": node, "error": f"{type(error).__name__}"})
             raise NodeFailed(node, self.graph.kind_of(node), error) from error
+        except BaseException as error:  # KeyboardInterrupt, SystemExit: said, and let go
+            self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
+            raise
         took = (time.perf_counter_ns() - start) // 1000
         return value, took
 
@@ -227,7 +230,7 @@ class _Run:
         except SomatizeError:
             self.emit({"fact": "failed", "node": node, "error": "refused"})
             raise
-        except Exception as error:
+        except BaseException as error:
             self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
             raise
 

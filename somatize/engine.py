@@ -246,11 +246,11 @@ def run(
                 else f"got {_describe(broker)}"
             )
         )
-    look_again(graph)
-    if broker is not None:
-        broker.check(graph)
     state = _Run(graph, store, watching, broker, strict)
     try:
+        look_again(graph)
+        if broker is not None:
+            broker.check(graph)
         plan = compile(graph, x, store, wanted)
         if store is not None:
             while not state.load(plan):

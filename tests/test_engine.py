@@ -29,9 +29,10 @@ from somatize import (
     Store,
     Undeclared,
     WatcherFailed,
+    Worker,
     plan,
 )
-from somatize.broker import Broker
+from somatize.broker import Broker, UnknownWorker
 from somatize.store import LocalStore
 from tests.nodes import Echo, Fails, Largest, Rows, Scale, Slotted, Square
 
@@ -649,6 +650,35 @@ def test_the_record_of_a_graph_is_that_of_the_forward_that_ended_last(store: Sto
     with pytest.raises(NodeFailed):
         g.forward("x", store=store)
     assert g.record is not None and g.record.outcome == {"src": "ran", "down": "failed"}
+
+
+class Interrupted(Node):
+    """Interrupted as it runs (Ctrl-C)."""
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        raise KeyboardInterrupt
+
+
+def test_a_forward_refused_before_it_runs_or_interrupted_says_so_in_its_record() -> None:
+    """A forward refused before any node runs (a node placed on a worker its broker does
+    not know) leaves a record of its own, where nothing ran, not the last forward's; a
+    node interrupted (KeyboardInterrupt) says ``failed`` before the interrupt goes on."""
+    g = Graph.somatize(Echo().named("src") >> Echo().named("far").at("w1"))
+    assert g.forward(1) == 1
+    assert g.record is not None and g.record.outcome == {"src": "ran", "far": "ran"}
+    broker = Broker.embedded({"w2": Worker.generic(mode="local")})
+    try:
+        with pytest.raises(UnknownWorker):
+            g.forward(2, broker=broker)
+    finally:
+        broker.close()
+    assert g.record is not None and g.record.facts == []
+    h = Graph.somatize(Echo().named("src") >> Interrupted().named("stop"))
+    seen: list[dict[str, Any]] = []
+    with pytest.raises(KeyboardInterrupt):
+        h.forward(1, watching=seen.append)
+    assert {"fact": "failed", "node": "stop", "error": "KeyboardInterrupt"} in seen
+    assert h.record is not None and h.record.outcome == {"src": "ran", "stop": "failed"}
 
 
 def test_threads_forwarding_one_graph_get_their_own_answers(
