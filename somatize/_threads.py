@@ -4,14 +4,14 @@ A forked child (a DataLoader worker, a multiprocessing worker) inherits the pare
 memory but only the thread that forked. A pool cached for good would hand the child
 work queues with no threads behind them, and a lock that a parent's thread held at
 the fork would stay held in the child for good. Pools are therefore cached per
-process id, and a :class:`ProcessLock` is made afresh in a child as it starts.
+process id, and a :class:`ProcessLock` is made unheld in a child as it starts.
 """
 
 from __future__ import annotations
 
+import _thread
 import io
 import os
-import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
@@ -71,55 +71,43 @@ def process_pool(name: str, workers: int) -> ThreadPoolExecutor:
     return pool
 
 
-class ProcessLock:
-    """A lock that a forked child gets afresh, unheld.
+class ProcessLock(_thread.RLock):  # type: ignore[misc]  # final only in the stubs
+    """A lock that a forked child gets unheld, unless the thread that forked holds it.
 
     A thread of the parent (the writer, in the middle of a keep) may hold a lock at the
-    moment the process forks; in the child that thread does not exist, and a plain
-    lock would stay held there for good. Every one is made afresh as the child starts
-    (:func:`_after_fork_in_child`), before any thread of the child can enter it: made on
-    first entry instead, two threads entering at once could each make one, and both be
-    inside.
+    moment the process forks; in the child that thread does not exist, and a plain lock
+    would stay held there for good. Each is made unheld again as the child starts
+    (:func:`_after_fork_in_child`), before any thread of the child can enter it — but
+    one held by the thread that forked, which goes on in the child and leaves its block
+    there, releasing it.
 
-    The thread that forked goes on in the child, and if it was inside the lock's block it
-    leaves that block there: its leaving releases nothing (the child's lock is not held
-    by it, and may be held by another of the child's threads by then). So each lock
-    knows which thread holds it."""
+    Entering and leaving are the lock's own (C), not Python code: an interrupt (Ctrl-C)
+    lands before a ``with`` block holds it or inside the block, never between taking
+    the lock and the block that gives it back, which would leave it held for good. A
+    thread that holds it may enter it again (it is re-entrant) but none does; code a
+    garbage collection runs asks :meth:`held_here` first."""
 
-    __slots__ = ("__weakref__", "_holder", "_lock")
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._holder: int | None = None
+        super().__init__()
         _LOCKS.add(self)
 
-    def __enter__(self) -> ProcessLock:
-        self._lock.acquire()
-        self._holder = threading.get_ident()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._holder != threading.get_ident():
-            return  # entered in the parent before this process was forked from it
-        self._holder = None
-        self._lock.release()
-
     def held_here(self) -> bool:
-        """Whether the calling thread is inside the lock's block: code a garbage collection
-        runs (a finalizer) may interrupt that block on its own thread, and must not wait
-        for the lock there, which would never be let go."""
-        return self._holder == threading.get_ident()
+        """Whether the calling thread holds the lock: code a garbage collection runs (a
+        finalizer) may interrupt its block on that thread, and must not enter it there."""
+        return bool(self._is_owned())  # type: ignore[attr-defined]
 
 
 _LOCKS: weakref.WeakSet[ProcessLock] = weakref.WeakSet()
-"""Every :class:`ProcessLock` of this process, which a forked child makes afresh."""
+"""Every :class:`ProcessLock` of this process, which a forked child makes unheld."""
 
 
 def _after_fork_in_child() -> None:
     """Runs in a forked child, on its only thread, before the fork returns there."""
     for lock in list(_LOCKS):
-        lock._lock = threading.Lock()
-        lock._holder = None
+        if not lock.held_here():
+            lock._at_fork_reinit()  # type: ignore[attr-defined]
 
 
 if hasattr(os, "register_at_fork"):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import inspect
 import json
 import logging
 import os
+import random
 import signal
 import struct
 import subprocess
@@ -17,6 +19,7 @@ import textwrap
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -196,13 +199,34 @@ def _keep_in_child(cached: Any) -> list[str]:
     return keys
 
 
+@contextlib.contextmanager
+def _held_by_another_thread(lock: ProcessLock) -> Iterator[None]:
+    """``lock`` held by a thread of this process other than the caller (as the writer
+    holds the store's lock while it keeps rows) until the block ends."""
+    taken, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            taken.set()
+            done.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    taken.wait()
+    try:
+        yield
+    finally:
+        done.set()
+        holder.join()
+
+
 def test_a_forked_child_keeps_its_own_rows(store: Store) -> None:
     """A child forked while the parent's writer thread runs and the store's lock is held
-    (here by the parent itself) computes, keeps and flushes its own rows: it neither
-    waits for the parent's thread nor for a lock no thread of its own holds."""
+    by another of the parent's threads computes, keeps and flushes its own rows: it
+    neither waits for the parent's thread nor for a lock no thread of its own holds."""
     cached = cache_rows(mlp(), store)
     cached(rows(10))  # the writer thread is running now
-    with store_lock(cached.store):
+    with _held_by_another_thread(store_lock(cached.store)):
         keys = in_forked_child(_keep_in_child, cached)
     cached.flush()
     assert Store(store.root).have(keys) == set(keys)
@@ -212,9 +236,7 @@ def test_a_forked_child_keeps_its_own_rows(store: Store) -> None:
 def _two_threads_enter(lock: ProcessLock) -> tuple[bool, int]:
     """In a forked child: whether ``lock`` was held as the child started, and how many
     times two threads entering it at once were both inside."""
-    held = not lock._lock.acquire(blocking=False)
-    if not held:
-        lock._lock.release()
+    held = not _unheld(lock)
     inside, both = [0], [0]
     start = threading.Barrier(2)
 
@@ -235,12 +257,57 @@ def _two_threads_enter(lock: ProcessLock) -> tuple[bool, int]:
     return held, both[0]
 
 
-def test_a_lock_held_at_a_fork_is_afresh_in_the_child_before_any_thread_enters() -> None:
-    """A ProcessLock held by the parent as it forks is unheld in the child from its start,
-    not only once a thread there enters it (two threads entering it at once could then
-    each make it afresh and both be inside): the child's threads exclude each other."""
+def _unheld(lock: ProcessLock) -> bool:
+    """Whether another thread can take ``lock`` at once (no thread holds it)."""
+    taken: list[bool] = []
+
+    def take() -> None:
+        taken.append(lock.acquire(blocking=False))
+        if taken[0]:
+            lock.release()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join()
+    return taken == [True]
+
+
+def test_an_interrupt_never_leaves_a_process_lock_held() -> None:
+    """A KeyboardInterrupt (Ctrl-C) landing at any moment of blocks that enter and leave a
+    ProcessLock leaves it unheld, where one landing between taking the lock and entering
+    the block, or between leaving it and letting go, left it held for good (every later
+    store call, flush and the exit's flush waited on it)."""
     lock = ProcessLock()
-    with lock:
+
+    def interrupt(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGALRM, interrupt)
+    draw = random.Random(0)
+    try:
+        for _ in range(300):
+            try:
+                signal.setitimer(signal.ITIMER_REAL, draw.uniform(1e-6, 2e-4))
+                try:
+                    while True:
+                        with lock:
+                            pass
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            except KeyboardInterrupt:
+                pass
+            assert not lock.held_here() and _unheld(lock)
+    finally:
+        signal.signal(signal.SIGALRM, before)
+
+
+def test_a_lock_held_at_a_fork_is_afresh_in_the_child_before_any_thread_enters() -> None:
+    """A ProcessLock held by another of the parent's threads as it forks is unheld in the
+    child from its start, not only once a thread there enters it (two threads entering it
+    at once could then each make it afresh and both be inside): the child's threads
+    exclude each other."""
+    lock = ProcessLock()
+    with _held_by_another_thread(lock):
         held, both = in_forked_child(_two_threads_enter, lock)
     assert (held, both) == (False, 0)
 
@@ -259,7 +326,7 @@ def _leave_and_enter_again(lock: ProcessLock) -> bool:
     thread = threading.Thread(target=enter)
     thread.start()
     thread.join(timeout=10)
-    return entered.is_set() and not lock._lock.locked()
+    return entered.is_set() and _unheld(lock)
 
 
 def _forked_inside(lock: ProcessLock) -> tuple[int, bytes]:
@@ -291,13 +358,13 @@ def _forked_inside(lock: ProcessLock) -> tuple[int, bytes]:
 
 def test_a_child_forked_inside_a_lock_leaves_its_block_without_error() -> None:
     """A thread that forks while it holds a ProcessLock goes on, in the child, inside the
-    block: leaving it there releases nothing (the child's lock is its own, unheld) instead
-    of failing with 'release unlocked lock', and the lock works there after; the parent
-    leaves its block as usual."""
+    block, holding the lock there too (no other thread of the child enters meanwhile):
+    leaving the block lets it go without error, and the lock works there after; the
+    parent leaves its block as usual."""
     lock = ProcessLock()
     status, said = _forked_inside(lock)
     assert (status, said) == (0, b"ok")
-    assert not lock._lock.locked()
+    assert _unheld(lock)
 
 
 def _compute_in_child(cached: Any) -> list[str]:
