@@ -209,8 +209,9 @@ class Writer:
 
     @property
     def linger(self) -> float:
-        """Seconds the thread waits for more rows before it keeps what it has."""
-        return self._backlog.linger
+        """Seconds the thread waits for more rows before it keeps what it has: none in a
+        worker process (:attr:`_Backlog.gathering`)."""
+        return self._backlog.gathering
 
     @linger.setter
     def linger(self, value: float) -> None:
@@ -334,10 +335,7 @@ class _Backlog:
         self.store = store
         self.fingerprint = fingerprint
         self.pack_bytes = pack_bytes
-        # A worker process may be ended by its parent's exit (a persistent DataLoader
-        # worker is terminated, and runs no finalizer): there rows are written as they come,
-        # not gathered for a while first, so little is left unwritten when it goes.
-        self.linger = 0.0 if multiprocessing.parent_process() is not None else linger
+        self.linger = linger  # as asked; see `gathering`
         self.pool_bytes = pool_bytes
         self.lock = store_lock(store)
         self.pool = _pool(pool_bytes)
@@ -359,6 +357,15 @@ class _Backlog:
         self.life = threading.Lock()
         self.closed = False
         self.hooked_to_child_exit = False
+
+    @property
+    def gathering(self) -> float:
+        """Seconds rows are gathered before they are written: ``linger``, but none in a
+        worker process, which its parent's exit may end (a persistent DataLoader worker
+        is terminated, and runs no finalizer), so that little is left unwritten when it
+        goes. Asked as the thread runs: a child started by spawn or a forkserver makes
+        the caches it is handed before it knows it has a parent."""
+        return 0.0 if multiprocessing.parent_process() is not None else self.linger
 
     def afresh(self) -> _Backlog:
         """A backlog for this process, a forked child: the same settings and counts so far,
@@ -533,7 +540,7 @@ def _run(backlog: _Backlog) -> None:
         size = job.nbytes
         # Linger a little for more rows, so that rows computed in many steps are packed
         # into few blobs (a recall then reads few); a flush or close cuts it short.
-        until = time.monotonic() + backlog.linger
+        until = time.monotonic() + backlog.gathering
         while size < backlog.pack_bytes:
             left = until - time.monotonic()
             try:

@@ -16,7 +16,13 @@ import pytest
 def in_forked_child(target: Callable[..., Any], *args: Any, timeout: float = 120) -> Any:
     """What ``target(*args)`` returns in a forked child; fails the test if the child hangs
     past ``timeout`` seconds or dies. ``target`` must be a module-level function."""
-    context = multiprocessing.get_context("fork")
+    return in_child("fork", target, *args, timeout=timeout)
+
+
+def in_child(method: str, target: Callable[..., Any], *args: Any, timeout: float = 120) -> Any:
+    """:func:`in_forked_child`, the child started by ``method`` (``fork``, ``spawn``,
+    ``forkserver``): a spawned child imports ``target``'s module and unpickles ``args``."""
+    context = multiprocessing.get_context(method)
     results = context.Queue()
     child = context.Process(target=_run, args=(target, args, results))
     child.start()

@@ -37,7 +37,7 @@ from somatize_torch.codec import TENSOR
 from somatize_torch.residency import Tier
 from somatize_torch.rows import cache_rows
 from somatize_torch.writer import WriteFailed, Writer, store_lock
-from tests.forked import in_forked_child
+from tests.forked import in_child, in_forked_child
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -398,6 +398,15 @@ def test_a_worker_process_writes_rows_as_they_come(store: Store) -> None:
     cached(rows(4))
     assert cached._writer is not None and cached._writer.linger > 0
     assert in_forked_child(_linger_in_child, cached) == 0.0
+    cached.close()
+
+
+def test_a_spawned_worker_process_writes_rows_as_they_come(store: Store) -> None:
+    """So does a worker started by spawn, whose cache is made as the child unpickles what
+    it is handed, before it knows it has a parent: there rows were gathered for a second,
+    and a quarter of what a persistent worker computed was lost at its parent's exit."""
+    cached = cache_rows(mlp(), store)
+    assert in_child("spawn", _linger_in_child, cached) == 0.0
     cached.close()
 
 
