@@ -264,7 +264,13 @@ def _row_ids(
             "one: call it as `cached(x, index=idx)`, with the indices the Dataset's "
             "__getitem__ was given (return them from it beside the sample)"
         )
-    if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.is_floating_point():
+    if (
+        not isinstance(index, torch.Tensor)
+        or index.dim() != 1
+        or index.is_floating_point()
+        or index.is_complex()
+        or index.dtype == torch.bool  # True would name sample 1: a mask is no index
+    ):
         raise NeedsIndex(
             f"index= is a 1-d integer tensor of sample indices, one per row; got {_describe(index)}"
         )
@@ -274,6 +280,12 @@ def _row_ids(
             "row needs the index of its own sample"
         )
     ids: list[Any] = index.tolist()
+    if ids and min(ids) < 0:
+        raise NeedsIndex(
+            f"index= holds {min(ids)}: indices name samples by their place in the dataset, "
+            "from 0 (-1 would name the last one as the dataset stands, and another when it "
+            "grows)"
+        )
     if len(set(ids)) < len(ids):
         _check_repeats(x, ids)
     return ids

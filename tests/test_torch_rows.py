@@ -733,8 +733,9 @@ def test_index_keys_miss_when_the_dataset_version_changes(store: Store, tmp_path
 
 def test_index_keys_need_indices_and_a_version() -> None:
     """An index-keyed cache refuses a version that is not a string, to key rows without a
-    version (it may come from a `Deferred` instead), and calls without indices or with
-    indices that do not match the batch."""
+    version (it may come from a `Deferred` instead), and calls without indices, with
+    indices that do not match the batch, with a mask or complex numbers for indices, or
+    with a negative index."""
     with pytest.raises(NeedsIndex, match="as a string"):
         cache_rows(encoder(), key="index", version="")
     unversioned = cache_rows(encoder(), key="index")
@@ -746,6 +747,12 @@ def test_index_keys_need_indices_and_a_version() -> None:
         cached(images(4))
     with pytest.raises(NeedsIndex, match="3 indices for a batch of 4"):
         cached(images(4), index=torch.arange(3))
+    for mask in (torch.ones(4, dtype=torch.bool), torch.arange(4) * 1j):
+        with pytest.raises(NeedsIndex, match="1-d integer tensor"):
+            cached(images(4), index=mask)  # True would have named sample 1
+    with pytest.raises(NeedsIndex, match="holds -1"):
+        cached(images(4), index=torch.tensor([0, 1, 2, -1]))
+    assert cached.stats.rows == 0
     with pytest.raises(RowsError, match="key= is `content`"):
         cache_rows(encoder(), key="rows")  # type: ignore[arg-type]
 
