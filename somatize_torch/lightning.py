@@ -368,9 +368,10 @@ class CacheFrozen(Callback):
                 uncache(self, pl_module, name, cached)
                 continue
             # Digested again at every stage's first batch, validation's inside a training
-            # epoch too: an epoch-start hook may write weights through `.data` (another
-            # model's for evaluation), which no watch sees; it costs one pass over the
-            # weights (a fraction of a millisecond for a small encoder, ~15 ms for 45 MB).
+            # epoch too, and training's again after it: an epoch-start or -end hook may write
+            # weights through `.data` (another model's for evaluation, then the training
+            # weights back), which no watch sees; it costs one pass over the weights (a
+            # fraction of a millisecond for a small encoder, ~15 ms for 45 MB).
             cached.redeclare()
             cached.look_up_answered()
 
@@ -454,6 +455,12 @@ class CacheFrozen(Callback):
         # over and what comes next (a fit's prefill, the module used directly) is keyed as
         # the training data, not as this stage's.
         self._key_as("train")
+        if "train" in self._started and not trainer.sanity_checking:
+            # Validation inside a training epoch: its end hooks may put the training weights
+            # back through `.data` (as weight-averaging callbacks do), which no watch sees;
+            # the modules are looked at again at the next training batch, or the rest of the
+            # epoch would be keyed as the evaluation weights.
+            self._looked = False
         if trainer.sanity_checking:
             self._started.pop("validate", None)
             for cached in self._cached.values():

@@ -1173,6 +1173,44 @@ def test_weights_written_when_validation_starts_key_its_rows_anew(tmp_path: Path
     assert losses[0] == losses[1]
 
 
+class _SwapForEvaluation(pl.Callback):
+    """Puts evaluation weights in the encoder through ``.data`` when validation starts and
+    the training weights back the same way when it ends, as Lightning's weight-averaging
+    callbacks swap models."""
+
+    def _weights(self, pl_module: pl.LightningModule) -> list[torch.Tensor]:
+        encoder = pl_module.encoder
+        module = encoder.module if isinstance(encoder, CachedRows) else encoder
+        return list(module.parameters())
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.kept = [p.data.clone() for p in self._weights(pl_module)]
+        for p in self._weights(pl_module):
+            p.data.copy_(p.data * 0.5 + 0.05)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for p, kept in zip(self._weights(pl_module), self.kept, strict=True):
+            p.data.copy_(kept)
+
+
+def test_training_after_validation_inside_its_epoch_keys_rows_as_the_training_weights(
+    tmp_path: Path,
+) -> None:
+    """Training weights put back through ``.data`` when a validation inside the epoch ends
+    are seen at the next training batch: the rest of the epoch is neither recalled from nor
+    kept under the evaluation weights' rows, and the head trains as without the callback."""
+    heads = []
+    for callbacks in (
+        [_SwapForEvaluation(), CacheFrozen(None, ["encoder"])],
+        [_SwapForEvaluation()],
+    ):
+        model = Probe()
+        fit = trainer(tmp_path, 2, callbacks=callbacks, val_check_interval=0.5)
+        fit.fit(model, loader(), loader(shuffle=False))
+        heads.append(model.head.weight.detach().clone())
+    assert torch.equal(heads[0], heads[1])
+
+
 class Tuned(Probe):
     """Fine-tunes its encoder with its head: every parameter requires grad."""
 
