@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -542,7 +542,7 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
     for name in chosen:  # refused before anything is held
         _refuse_inference_tensors(name, module_of(graph.node(name)))
     if isinstance(target, Wrapped):
-        _refuse_tied(target.model, [n for n in graph.nodes() if memory.is_frozen(n)])
+        refuse_tied(target.model, [n for n in graph.nodes() if memory.is_frozen(n)])
     out: dict[str, str] = {}
     for name in chosen:
         node = graph.node(name)
@@ -584,27 +584,39 @@ def _refuse_inference_tensors(name: str, module: nn.Module | None) -> None:
         )
 
 
-def _refuse_tied(model: nn.Module, frozen: list[str]) -> None:
-    """Refuses freezing a parameter that a part of ``model`` left to train holds too (an
-    output layer tied to a frozen embedding): freezing turns its gradient off, and that
-    part would silently stop training."""
-    owners: dict[int, str] = {}
+def refuse_tied(
+    model: nn.Module, frozen: list[str], error: Callable[[str], Exception] = FreezeError
+) -> None:
+    """Refuses freezing the parts ``frozen`` of ``model`` when a part left to train holds a
+    parameter over the same numbers (an output layer tied to a frozen embedding):
+    freezing turns the gradient of the very same parameter off, and that part would
+    silently stop training; another parameter over the same memory rewrites the frozen
+    weights under their answers as it trains. A frozen part is found wherever it sits
+    (one module under two names is frozen under both)."""
+    parts = set()
     for name in frozen:
         try:
-            part = model.get_submodule(name)
+            parts.add(id(model.get_submodule(name)))
         except AttributeError:
             continue
-        for inner, param in part.named_parameters(remove_duplicate=False):
-            if param.requires_grad:
-                # By memory, not by object: `nn.Parameter(frozen.weight.data)` is another
-                # parameter over the same numbers, and training it rewrites the frozen one.
-                owners.setdefault(_memory_of(param), f"{name}.{inner}")
-    if not owners:
+    within = [path for path, m in model.named_modules(remove_duplicate=False) if id(m) in parts]
+    if not within:
         return
+    if "" in within:
+        return  # the whole model is frozen: nothing else trains
+    trained: list[tuple[str, nn.Parameter]] = []
+    owners: dict[int, str] = {}
     for where, param in model.named_parameters(remove_duplicate=False):
-        held = owners.get(_memory_of(param)) if param.requires_grad else None
-        if held is not None and not any(where.startswith(f"{n}.") for n in frozen):
-            raise FreezeError(
+        if any(where.startswith(f"{path}.") for path in within):
+            # By memory, not by object: `nn.Parameter(frozen.weight.data)` is another
+            # parameter over the same numbers, and training it rewrites the frozen one.
+            owners.setdefault(_memory_of(param), where)
+        elif param.requires_grad:
+            trained.append((where, param))
+    for where, param in trained:
+        held = owners.get(_memory_of(param))
+        if held is not None:
+            raise error(
                 f"`{held}` is frozen, and `{where}`, in a part of the model that is not, "
                 "holds the same numbers (tied weights): freezing would turn its gradient "
                 f"off if it is the same parameter, so that `{where}` silently stops "

@@ -96,6 +96,7 @@ from torch import nn
 
 from somatize import Store
 from somatize_torch.ahead import Ahead
+from somatize_torch.freeze import refuse_tied
 from somatize_torch.rows import DEVICE_BYTES, HOST_BYTES, CachedRows, RowStats, check_options
 
 try:
@@ -297,6 +298,9 @@ class CacheFrozen(Callback):
                 continue
             todo.append((name, parent, attribute, found))
         left = check_trainable(trainer, pl_module, stage, todo)  # warns at what called this hook
+        if stage == "fit":  # nothing trains in validate, test or predict
+            caching = [name for name, _, _, _ in todo if name not in left] + list(self._found)
+            refuse_tied(pl_module, caching, CacheFrozenError)
         for name, _, _, found in todo:
             if name not in left:
                 cache_in_place(self, pl_module, name, found)

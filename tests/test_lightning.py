@@ -1243,6 +1243,37 @@ def test_naming_everything_the_fit_trains_is_refused(tmp_path: Path) -> None:
     assert Probe().head.weight.requires_grad
 
 
+class TiedHead(Probe):
+    """A head whose weight holds the frozen encoder's numbers: the very same parameter, or
+    another one over the same memory (``nn.Parameter(weight.data)``)."""
+
+    def __init__(self, same: bool) -> None:
+        super().__init__()
+        self.tied = nn.Conv2d(3, 8, 3, 2, 1)
+        weight = self.encoder.conv.weight
+        self.tied.weight = weight if same else nn.Parameter(weight.data)
+        self.tied.weight.requires_grad_(True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([*self.head.parameters(), self.tied.weight], lr=self.lr)
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same-parameter", "same-memory"])
+def test_a_cached_weight_a_trained_part_shares_is_refused(tmp_path: Path, same: bool) -> None:
+    """A trained part holding the cached encoder's numbers would either stop training
+    (the very same parameter, frozen by caching) or rewrite the weights under their
+    cached rows (another parameter over the same memory): refused at setup, naming both,
+    and the model is left as it was."""
+    model = TiedHead(same)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FrozeTrainable)  # the same parameter requires grad
+        with pytest.raises(
+            CacheFrozenError, match=r"`encoder\.conv\.weight` is frozen.*`tied\.weight`"
+        ):
+            trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])]).fit(model, loader())
+    assert model.tied.weight.requires_grad and isinstance(model.encoder, Encoder)
+
+
 class _Backbone(BaseFinetuning):
     """A fine-tuning callback that freezes the encoder in its own ``setup``."""
 

@@ -452,6 +452,16 @@ def test_freezing_a_weight_a_trained_part_shares_is_refused() -> None:
     assert set(smt.freeze(wrapped)) == {"encoder"}
 
 
+def test_a_frozen_weight_a_trained_parameter_shares_memory_with_is_refused() -> None:
+    """A part frozen before wrapping still has its numbers rewritten by a trained parameter
+    over the same memory: refused, naming both."""
+    model = Tied()
+    model.encoder.requires_grad_(False)
+    model.out.weight = nn.Parameter(model.encoder.weight.data)
+    with pytest.raises(smt.FreezeError, match=r"`encoder\.weight` is frozen.*`out\.weight`"):
+        smt.freeze(smt.wrap(model, frozen=["encoder"]))
+
+
 def test_a_module_made_under_inference_mode_is_refused() -> None:
     """Tensors made under ``inference_mode`` keep no version counter, so a checkpoint
     loaded into them later could not be seen: refused before anything is held."""
