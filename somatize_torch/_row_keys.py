@@ -42,7 +42,7 @@ from somatize_torch._row_errors import NeedsIndex, _describe
 from somatize_torch._state import StateWatch, digest_state
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import DTYPES, raw_rows, row_digest, row_header
-from somatize_torch.freeze import hold, unfrozen_error
+from somatize_torch.freeze import hold, refuse_inference_tensors, unfrozen_error
 
 if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
@@ -222,6 +222,9 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     )
     if unfrozen:
         raise unfrozen_error(self.module, unfrozen)
+    # Tensors put in since (`load_state_dict(..., assign=True)`) keep a version counter,
+    # or no later change to them could be seen.
+    refuse_inference_tensors(type(self.module).__name__, self.module)
     hold(self.module)  # a submodule put in since is held in eval too
     state = digest_state(self.module)
     self._watch = StateWatch(self.module)

@@ -334,6 +334,9 @@ class ModuleNode(Node):
         unfrozen = watch.unfrozen(self.module)
         if unfrozen:
             raise unfrozen_error(self.module, unfrozen)
+        # Tensors put in since (`load_state_dict(..., assign=True)`) are looked at as
+        # freezing looked at the first ones; only on a change, so it costs nothing otherwise.
+        refuse_inference_tensors(type(self.module).__name__, self.module)
         hold(self.module)
         digest = digest_state(self.module)
         self._watch = StateWatch(self.module)
@@ -540,7 +543,7 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
                 "`wrap(model, frozen=['encoder'])`)"
             )
     for name in chosen:  # refused before anything is held
-        _refuse_inference_tensors(name, module_of(graph.node(name)))
+        refuse_inference_tensors(name, module_of(graph.node(name)))
     if isinstance(target, Wrapped):
         refuse_tied(target.model, [n for n in graph.nodes() if memory.is_frozen(n)])
     out: dict[str, str] = {}
@@ -563,7 +566,7 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
     return out
 
 
-def _refuse_inference_tensors(name: str, module: nn.Module | None) -> None:
+def refuse_inference_tensors(name: str, module: nn.Module | None) -> None:
     """Refuses a module holding tensors made under ``torch.inference_mode()``: they keep
     no version counter, so a change to them (a checkpoint loaded in place) could never
     be seen, and the answers kept for the old weights would be recalled for the new."""
@@ -580,7 +583,10 @@ def _refuse_inference_tensors(name: str, module: nn.Module | None) -> None:
             "they keep no version counter, so a change to them (a checkpoint loaded in "
             "place) could not be seen, and answers kept for the old weights would be "
             "recalled for the new. Build or load the module outside `inference_mode` "
-            "(`torch.no_grad()` keeps gradients off as well), or clone its tensors there"
+            "(`torch.no_grad()` keeps gradients off as well), or clone its tensors there "
+            "(a checkpoint made under `inference_mode` and put in with `load_state_dict("
+            "..., assign=True)`: load it without `assign`, which copies into the module's "
+            "own tensors)"
         )
 
 

@@ -17,7 +17,7 @@ from somatize import Store
 from somatize.keys import node_key, node_prefix
 from somatize_torch.deferred import Deferred
 from somatize_torch.digest import digest_rows
-from somatize_torch.freeze import digest_state, is_held
+from somatize_torch.freeze import FreezeError, digest_state, is_held
 from somatize_torch.rows import (
     CachedRows,
     NeedsIndex,
@@ -1318,3 +1318,19 @@ def test_a_module_unfrozen_then_converted_is_still_refused() -> None:
     cached.double()
     with pytest.raises(Unfrozen, match=r"`0.weight`, `0.bias` now require grad"):
         cached(torch.randn(2, 4, dtype=torch.float64))
+
+
+def test_inference_tensors_put_in_a_cached_module_are_refused(store: Store) -> None:
+    """Tensors made under ``inference_mode`` and put in after caching (a checkpoint loaded
+    with ``assign=True``) keep no version counter, so a later write into them could not
+    be seen: refused at the next call, as freezing refuses them."""
+    encoder = nn.Linear(4, 4)
+    cached = cache_rows(encoder, store)
+    x = torch.randn(3, 4)
+    cached(x)
+    with torch.inference_mode():
+        checkpoint = {k: torch.randn_like(v) for k, v in encoder.state_dict().items()}
+    cached.load_state_dict(checkpoint, assign=True)
+    for _ in range(2):  # nothing was taken in: refused again
+        with pytest.raises(FreezeError, match=r"inference_mode\(\)` \(`weight`, `bias`\)"):
+            cached(x)

@@ -768,6 +768,37 @@ def test_a_write_into_an_input_made_under_inference_mode_is_refused(store: Store
             wrapped(x.clone())
 
 
+class Probed(nn.Module):
+    """A linear head on a linear encoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def test_inference_tensors_put_in_a_frozen_module_are_refused(store: Store) -> None:
+    """Tensors made under ``inference_mode`` and put in after freezing (a checkpoint loaded
+    with ``assign=True``) keep no version counter, so a later write into them could not
+    be seen: refused at the next forward, as freezing refuses them, saying how to load."""
+    model = Probed()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    wrapped(x)
+    with torch.inference_mode():
+        checkpoint = {k: torch.randn_like(v) for k, v in model.encoder.state_dict().items()}
+    model.encoder.load_state_dict(checkpoint, assign=True)
+    for _ in range(2):  # nothing was taken in: refused again
+        with pytest.raises(
+            smt.FreezeError, match=r"inference_mode\(\)` \(`weight`, `bias`\).*without `assign`"
+        ):
+            wrapped(x)
+
+
 class Aliases(nn.Module):
     """Answers a tensor and a view of it."""
 
