@@ -30,16 +30,25 @@ unfroze it) is put back the same way at once (:func:`uncache`; its parameters le
 as the schedule set them), and its cache let go (:func:`let_go`) by every loader
 fetching ahead for it, which would otherwise hold it and its memory tiers for the
 rest of the run.
+
+A module that runs uncached — put back, replaced, or left uncached at ``setup()`` —
+is still called as its cache would be: with a batch of
+:class:`~somatize_torch.deferred.DeferredRows` (from a ``Deferred`` dataset) and
+``index=`` (for index keys). While the stage runs it loads such a batch and drops
+``index`` itself (:func:`pass_through`, a forward pre-hook, removed when the stage
+ends), so it trains exactly as without the callback on the inputs themselves.
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import BaseFinetuning
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
@@ -52,7 +61,9 @@ from somatize_torch._lightning_errors import (
     NotASubmodule,
     Uncached,
 )
+from somatize_torch._row_keys import _floating_dtypes
 from somatize_torch.ahead import Ahead
+from somatize_torch.deferred import DeferredRows
 from somatize_torch.freeze import AsFound, few
 from somatize_torch.rows import CachedRows, cache_rows
 
@@ -69,6 +80,7 @@ __all__ = [
     "let_go",
     "locate",
     "own_cache_put_back",
+    "pass_through",
     "places_of",
     "put_back_all",
     "replaced",
@@ -366,6 +378,7 @@ def uncache(
     cached.when_unfrozen = None
     # Its parameters as the schedule set them: it trains from here, as without the cache.
     callback._found.pop(name).put_back(cached, grads=False)
+    pass_through(callback, cached.module)
     let_go(cached, callback._aheads)
     del callback._cached[name]
     callback._uncached.add(name)
@@ -393,6 +406,8 @@ def replaced(
         return False
     cached.when_unfrozen = None
     callback._found.pop(name).put_back(cached, grads=True)
+    if now is not None:
+        pass_through(callback, now)
     let_go(cached, callback._aheads)
     del callback._cached[name]
     what = f"a `{type(now).__name__}`" if now is not None else "nothing"
@@ -412,6 +427,9 @@ def put_back_all(callback: CacheFrozen, *, failed: bool) -> None:
     closed (its writer stopped: a later forward starts it again) and kept. What a close
     raises (rows that could not be written) is raised once all are back, unless the
     stage ``failed`` already."""
+    for handle in callback._passes.values():
+        handle.remove()
+    callback._passes = {}
     closing: list[CachedRows] = []
     for name, found in list(callback._found.items()):
         cached = callback._cached[name]
@@ -427,3 +445,45 @@ def put_back_all(callback: CacheFrozen, *, failed: bool) -> None:
             errors.append(error)
     if errors and not failed:
         raise errors[0]
+
+
+def pass_through(callback: CacheFrozen, module: nn.Module) -> None:
+    """Has ``module``, running uncached until the stage ends, take what its cache would
+    have been handed: a batch of :class:`DeferredRows` is loaded (in the module's
+    floating dtype, as the cache loads it) and ``index=`` dropped unless the module's
+    own forward takes it. Removed by :func:`put_back_all`, so the model handed back
+    holds no hook of the callback's."""
+    if id(module) in callback._passes:
+        return
+    try:
+        forward = inspect.signature(module.forward).parameters.values()
+        takes_index = any(p.name == "index" or p.kind is p.VAR_KEYWORD for p in forward)
+    except (TypeError, ValueError):  # no signature to read: passed on as it came
+        takes_index = True
+
+    def load(
+        module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        dropped = "index" in kwargs and not takes_index
+        if not (dropped or (args and isinstance(args[0], DeferredRows))):
+            return None
+        if args and isinstance(args[0], DeferredRows):
+            args = (_loaded(module, args[0]), *args[1:])
+        if dropped:
+            kwargs = {k: v for k, v in kwargs.items() if k != "index"}
+        return args, kwargs
+
+    callback._passes[id(module)] = module.register_forward_pre_hook(
+        load, with_kwargs=True, prepend=True
+    )
+
+
+def _loaded(module: nn.Module, rows: DeferredRows) -> torch.Tensor:
+    """The inputs of ``rows``, floating-point ones in ``module``'s floating dtype where it
+    holds none of theirs (as a trainer in true half precision converts a batch)."""
+    loaded = rows.load()
+    if loaded.is_floating_point():
+        held = _floating_dtypes(module)
+        if held and loaded.dtype not in held:
+            return loaded.to(max(held, key=held.__getitem__))
+    return loaded

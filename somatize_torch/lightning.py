@@ -84,6 +84,7 @@ caching in place and putting back the named submodules
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -93,6 +94,7 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from somatize import Store
 from somatize_torch.ahead import Ahead
@@ -125,7 +127,9 @@ from somatize_torch._lightning_modules import (
     check_trainable,
     find,
     freeze_first,
+    locate,
     own_cache_put_back,
+    pass_through,
     put_back_all,
     replaced,
     uncache,
@@ -226,6 +230,7 @@ class CacheFrozen(Callback):
         self._looked = True  # whether the stage under way looked at the modules again
         self._stage: tuple[Stage, int] = ("train", 0)  # what rows are keyed as: stage, loader
         self._aheads: weakref.WeakSet[Ahead[Any]] = weakref.WeakSet()  # loaders put behind it
+        self._passes: dict[int, RemovableHandle] = {}  # uncached modules loading Deferred rows
 
     # -- what it holds
 
@@ -280,7 +285,10 @@ class CacheFrozen(Callback):
         todo: list[tuple[str, nn.Module, str, nn.Module]] = []
         for name in self.names:
             if name in self._uncached:
-                continue  # unfrozen by a schedule in an earlier fit: it trains, uncached
+                # Unfrozen by a schedule in an earlier fit: it trains, uncached.
+                with contextlib.suppress(NotASubmodule):
+                    pass_through(self, locate(pl_module, name)[2])
+                continue
             parent, attribute, found = find(pl_module, name)
             if isinstance(found, CachedRows):
                 # Ours if still in place (a stage that ended without its teardown).
@@ -302,7 +310,9 @@ class CacheFrozen(Callback):
             caching = [name for name, _, _, _ in todo if name not in left] + list(self._found)
             refuse_tied(pl_module, caching, CacheFrozenError)
         for name, _, _, found in todo:
-            if name not in left:
+            if name in left:
+                pass_through(self, found)
+            else:
                 cache_in_place(self, pl_module, name, found)
         # What is not in place this stage (left uncached) is not kept for a later one.
         self._cached = {n: c for n, c in self._cached.items() if n in self._found}

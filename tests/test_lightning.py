@@ -1376,6 +1376,92 @@ def test_an_uncached_module_lets_go_of_its_cache(tmp_path: Path) -> None:
     assert seen and seen[0]() is None
 
 
+def _deferred(seed: int = 1) -> torch.utils.data.DataLoader[Any]:
+    """:func:`loader`'s samples in its order, from a ``Deferred`` dataset."""
+    images, labels = data(seed)
+    return torch.utils.data.DataLoader(
+        Deferred(images, labels, version=f"deferred@{seed}"),
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(7),
+    )
+
+
+class _UnfreezeEncoder(pl.Callback):
+    """A fine-tuning schedule by epoch: the encoder trains from epoch 2."""
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch == 1:
+            _unfreeze(pl_module)
+
+
+@pytest.mark.parametrize("when", ["an epoch's start", "a batch", "setup", "a later fit"])
+def test_a_module_running_uncached_takes_deferred_rows(tmp_path: Path, when: str) -> None:
+    """Handed batches of a ``Deferred`` dataset, an encoder that runs uncached — unfrozen at
+    an epoch's start or at a batch, left to train by a fine-tuning callback at setup, or
+    unfrozen in an earlier fit — loads their inputs itself and trains exactly as without
+    the callback on the inputs; the model handed back holds no hook of the callback's."""
+
+    def fit(cache: bool) -> pl.LightningModule:
+        callbacks: list[pl.Callback] = []
+        model: pl.LightningModule = Finetuned()
+        if when == "setup":
+            model = Backboned()
+            callbacks = [BackboneFinetuning(unfreeze_backbone_at_epoch=5)]
+        elif when == "a batch":
+            callbacks = [_UnfreezeAtStep()]
+        else:
+            callbacks = [_UnfreezeEncoder()]
+        count = 1 if when == "setup" else 3
+        if cache:
+            name = "backbone" if when == "setup" else "encoder"
+            callbacks.append(CacheFrozen(None, [name], key="index"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Uncached)  # said so, as tested elsewhere
+            run = trainer(tmp_path, count, callbacks=callbacks, limit_train_batches=4)
+            run.fit(model, _deferred() if cache else loader())
+            if when == "a later fit":
+                run = trainer(tmp_path, 4, callbacks=callbacks, limit_train_batches=4)
+                run.fit(model, _deferred() if cache else loader())
+        return model
+
+    cached, plain = fit(cache=True), fit(cache=False)
+    for (name, mine), theirs in zip(cached.named_parameters(), plain.parameters(), strict=True):
+        assert torch.equal(mine, theirs), name
+    assert all(not m._forward_pre_hooks for m in cached.modules())
+
+
+class IndexedAlways(Finetuned):
+    """Calls its encoder by sample index whenever the callback caches it."""
+
+    def __init__(self, cached: bool) -> None:
+        super().__init__()
+        self.cached = cached
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y, index = batch
+        features = self.encoder(x, index=index) if self.cached else self.encoder(x)
+        return nn.functional.cross_entropy(self.head(features), y)
+
+
+def test_a_module_running_uncached_takes_the_index_its_cache_took(tmp_path: Path) -> None:
+    """Called as its cache was (``encoder(x, index=idx)``), an encoder unfrozen at an
+    epoch's start runs on ``x`` alone and trains exactly as without the callback."""
+    models = []
+    for cached in (True, False):
+        callbacks: list[pl.Callback] = [_UnfreezeEncoder()]
+        if cached:
+            callbacks.append(CacheFrozen(None, ["encoder"], key="index", version="toy@1"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Uncached)  # said so, as tested elsewhere
+            trainer(tmp_path, 2, callbacks=callbacks).fit(
+                model := IndexedAlways(cached), _indexed(1)
+            )
+        models.append(model)
+    for mine, theirs in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+
+
 class _HyperNode(Node, pl.LightningModule):
     """A node that is a LightningModule, saving its constructor's arguments."""
 
