@@ -83,6 +83,7 @@ from somatize_torch._row_keys import (
     _redeclared,
     _row_ids,
     _settle,
+    _share_registries,
 )
 from somatize_torch._row_lookup import _remember
 from somatize_torch._row_options import DEVICE_BYTES as DEVICE_BYTES
@@ -94,7 +95,6 @@ from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import RowsLater
 from somatize_torch.freeze import ModuleNode, Unfrozen, classes_of, freeze, held_while, hold
 from somatize_torch.residency import Tier
-from somatize_torch.wrap import STATE_DICT_HOOKS
 from somatize_torch.writer import Writer, store_lock
 
 __all__ = [
@@ -140,14 +140,7 @@ class CachedRows(nn.Module):
         # module's own: what it is put back in once it is no longer cached.
         self.training = module.training
         check_options(key, version, salt, device_bytes, host_bytes, strict)
-        # The module's own registries of children, parameters and buffers, and of the
-        # hooks `state_dict()` and `load_state_dict()` run — the very dicts, not copies:
-        # `state_dict()` has the module's keys, and a conversion, a checkpoint loaded or a
-        # submodule put in (`encoder[0] = conv`), through the wrapper or the module, is one
-        # and the same change to both.
-        shared = ("_modules", "_parameters", "_buffers", "_non_persistent_buffers_set")
-        for registry in (*shared, *STATE_DICT_HOOKS):
-            self.__dict__[registry] = module.__dict__[registry]
+        _share_registries(self, module)  # the module's own dicts of parts, not copies
         self._version = module._version  # what a checkpoint records for the module's layout
         self._key_mode: KeyMode = key
         self.version = version
@@ -515,6 +508,18 @@ class CachedContainer(CachedRows):
 
     def __contains__(self, item: Any) -> bool:
         return item in self.module
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """``cached[i] = part`` is ``module[i] = part``: a part put in is seen before the
+        next row is keyed, as any submodule replaced is."""
+        self.module[index] = value
+        _share_registries(self, self.module)
+
+    def __delitem__(self, index: Any) -> None:
+        """``del cached[i]`` is ``del module[i]``, seen as :meth:`__setitem__` is."""
+        del self.module[index]
+        # `nn.Sequential` and `nn.ModuleList` renumber into a new dict of children.
+        _share_registries(self, self.module)
 
 
 _CACHES: weakref.WeakSet[CachedRows] = weakref.WeakSet()

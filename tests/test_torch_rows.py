@@ -601,6 +601,30 @@ def test_a_part_without_weights_replaced_keys_rows_anew(store: Store) -> None:
     cached.close()
 
 
+def test_parts_put_in_or_removed_through_a_cached_container_key_rows_anew(
+    store: Store,
+) -> None:
+    """``cached[i] = part`` and ``del cached[i]`` are the container's own, and so is ``del``
+    on the container itself: each forward after computes with the module as it is now,
+    and the cache's children and ``state_dict()`` stay the module's."""
+    module = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 3))
+    cached = cache_rows(module, store)
+    x = torch.randn(16, 8)
+    cached(x)
+    cached[1] = nn.Tanh()
+    assert module[1] is cached[1] and isinstance(module[1], nn.Tanh)
+    assert torch.equal(cached(x), expected(module, x))
+    del cached[2]
+    assert len(cached) == len(module) == 2
+    assert torch.equal(cached(x), expected(module, x))
+    del module[1]
+    assert torch.equal(cached(x), expected(module, x))
+    assert list(cached.children()) == list(module.children())
+    assert cached.state_dict().keys() == module.state_dict().keys()
+    assert cached.stats.computed == 4 * 16
+    cached.close()
+
+
 def test_an_unfrozen_module_is_handed_to_when_unfrozen(store: Store) -> None:
     """With ``when_unfrozen`` set, a forward that finds the module unfrozen tells it, and
     answers with the module itself (in the caller's grad mode) where it says it put the
