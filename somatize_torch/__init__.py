@@ -6,7 +6,8 @@ the ``tensor`` codec (:mod:`somatize_torch.codec`) and initialises no CUDA.
 
 - :func:`wrap` — a model whose declared submodules are somatize nodes;
 - :func:`freeze` — settles frozen torch nodes: digests weights and buffers,
-  turns off their gradients, holds them in eval;
+  turns off their gradients, holds them in eval (:func:`release` lets go of
+  a module unfrozen to train it);
 - :func:`cache_rows` — per-sample caching of a frozen encoder, with memory tiers
   and a background writer, and :func:`prefill` to warm it;
 - :class:`Deferred` — a dataset whose inputs an index-keyed cache loads only for
@@ -31,6 +32,7 @@ from somatize_torch.freeze import (
     digest_state,
     freeze,
     is_held,
+    release,
 )
 from somatize_torch.residency import Tier
 from somatize_torch.rows import (
@@ -94,5 +96,6 @@ __all__ = [
     "freeze",
     "is_held",
     "prefill",
+    "release",
     "wrap",
 ]

@@ -70,6 +70,7 @@ __all__ = [
     "freeze",
     "is_held",
     "module_of",
+    "release",
 ]
 
 
@@ -94,9 +95,12 @@ def unfrozen_error(module: nn.Module, names: list[str]) -> Unfrozen:
         f"`{type(module).__name__}` is frozen and cached, and its parameters {few(names)} "
         "now require grad: somebody unfroze it, or put trainable parameters into it (an "
         "adapter), to train it, and a cached module's answers are recalled without "
-        "gradients, so it would not train. Call the module itself to train it, or freeze "
-        "them again (`requires_grad_(False)`) to go on caching: its weights are then "
-        "digested again, so what training changed meanwhile is keyed anew"
+        "gradients, so it would not train. To train it, release it "
+        "(`somatize.torch.release(module)`: freezing holds it in eval, so `.train()` "
+        "alone leaves BatchNorm on its running statistics and dropout off) and call the "
+        "module itself, not the cache; or freeze them again (`requires_grad_(False)`) to "
+        "go on caching: its weights are then digested again, so what training changed "
+        "meanwhile is keyed anew"
     )
 
 
@@ -137,9 +141,25 @@ def is_held(module: nn.Module) -> bool:
     return isinstance(module.__dict__.get("train"), _HeldInEval)
 
 
-def release(module: nn.Module, mode: bool) -> None:
-    """Undoes :func:`hold`'s hold on eval (gradients are the caller's to turn on): the
-    module's ``train`` is its class's again, and it is put in ``mode``."""
+def release(module: nn.Module, mode: bool = True) -> None:
+    """Undoes :func:`freeze`'s hold on eval of ``module`` (one unfrozen to train it):
+    ``train()`` is its class's again, and it is put in ``mode``, train mode by default.
+    Gradients are the caller's to turn on (``requires_grad_(True)``). Frozen again
+    (``requires_grad_(False)``), the next forward of its cache or wrapped model holds it
+    in eval again and digests its weights anew."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"release takes an nn.Module (a frozen module unfrozen to train it), got a "
+            f"`{type(module).__name__}`"
+        )
+    from somatize_torch.rows import CachedRows  # rows builds on this module
+
+    if isinstance(module, CachedRows):
+        raise TypeError(
+            "release takes the module itself, not its row cache: the cache holds it frozen "
+            "while it caches, and calling it trains nothing. Release the module and call "
+            "it to train it: `somatize.torch.release(cached.module)`"
+        )
     if is_held(module):
         del module.__dict__["train"]
     module.train(mode)

@@ -225,6 +225,40 @@ def test_an_encoder_unfrozen_after_freezing_is_refused(store: Store) -> None:
     assert wrapped.encoder.linear.weight.requires_grad
 
 
+def test_an_unfrozen_encoder_released_trains_and_freezes_again(store: Store) -> None:
+    """The refusal of an unfrozen encoder says how to train it: released, it takes
+    ``train()`` again (its BatchNorm updates); frozen again, the next forward holds it in
+    eval and answers with the weights it has now."""
+    wrapped = _wrapped(store)
+    encoder = wrapped.encoder
+    x = torch.randn(4, 6)
+    wrapped(x)
+    encoder.requires_grad_(True)
+    with pytest.raises(smt.Unfrozen, match=r"`somatize\.torch\.release\(module\)`"):
+        wrapped(x)
+    wrapped.train()
+    assert not encoder.training  # held: `train()` alone leaves it in eval
+    smt.release(encoder)
+    assert encoder.training and encoder.norm.training and not smt.is_held(encoder)
+    before = encoder.norm.running_mean.clone()
+    encoder(x - wrapped.model.shift).sum().backward()
+    assert not torch.equal(encoder.norm.running_mean, before)
+    encoder.requires_grad_(False)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), wrapped.model.eval()(x))
+    assert smt.is_held(encoder) and not encoder.training
+
+
+def test_release_refuses_what_it_cannot_release(store: Store) -> None:
+    """``release`` takes a module, and the module of a row cache, not the cache: each
+    refused saying what to pass."""
+    with pytest.raises(TypeError, match=r"release takes an nn\.Module"):
+        smt.release("encoder")  # type: ignore[arg-type]
+    cached = smt.cache_rows(nn.Linear(4, 4), store)
+    with pytest.raises(TypeError, match=r"release\(cached\.module\)"):
+        smt.release(cached)
+
+
 def test_second_forward_on_the_same_batch_recalls_the_encoder(store: Store) -> None:
     """The encoder runs once per distinct batch; the same batch again is recalled, equal."""
     wrapped = _wrapped(store)
