@@ -453,8 +453,8 @@ def pass_through(callback: CacheFrozen, module: nn.Module) -> None:
     floating dtype, as the cache loads it) and ``index=`` dropped unless the module's
     own forward takes it. Removed by :func:`put_back_all`, so the model handed back
     holds no hook of the callback's."""
-    if id(module) in callback._passes:
-        return
+    if id(module) in callback._passes or isinstance(module, CachedRows):
+        return  # a row cache (one put in place of the module) takes its batches itself
     try:
         forward = inspect.signature(module.forward).parameters.values()
         takes_index = any(p.name == "index" or p.kind is p.VAR_KEYWORD for p in forward)

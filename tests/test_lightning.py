@@ -1431,6 +1431,35 @@ def test_a_module_running_uncached_takes_deferred_rows(tmp_path: Path, when: str
     assert all(not m._forward_pre_hooks for m in cached.modules())
 
 
+class _SwapsForItsOwnCache(Probe):
+    """Puts a row cache of its own, keyed by index, in place of its encoder at the second
+    epoch's start."""
+
+    def on_train_epoch_start(self) -> None:
+        if self.current_epoch == 1:
+            self.own = cache_rows(Encoder().requires_grad_(False), None, key="index")
+            self.encoder = self.own
+
+
+def test_a_row_cache_put_in_place_of_the_encoder_takes_deferred_rows_itself(
+    tmp_path: Path,
+) -> None:
+    """A row cache put in place of the cached encoder takes the batches of a ``Deferred``
+    dataset as they come, loading only the rows it computes: nothing is loaded for it."""
+    images, labels = data(1)
+    counted = _Counted(images)
+    deferred = torch.utils.data.DataLoader(
+        Deferred(counted, labels, version="own@1"), batch_size=16
+    )
+    model = _SwapsForItsOwnCache()
+    with pytest.warns(Uncached, match="replaced in the model by a `CachedRows`"):
+        trainer(tmp_path, 3, callbacks=[CacheFrozen(None, ["encoder"], key="index")]).fit(
+            model, deferred
+        )
+    assert model.own.stats.computed == SAMPLES and model.own.stats.recalled == SAMPLES
+    assert counted.loaded == 2 * SAMPLES  # once for each cache: none loaded twice by one
+
+
 class IndexedAlways(Finetuned):
     """Calls its encoder by sample index whenever the callback caches it."""
 
