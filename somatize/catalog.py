@@ -55,6 +55,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import dis
 import functools
 import hashlib
 import importlib
@@ -132,9 +133,11 @@ def held_at(module: str, qualname: str) -> Any:
     return found
 
 
-Looked = tuple[tuple[dict[str, Any], str, str, Any], ...]
-"""Each global name a fingerprint looked up: the namespace it looked in, that module's
-name, the name, and what it found there (:func:`_found_as`)."""
+Looked = tuple[tuple["weakref.ref[FunctionType]", str, str, Any], ...]
+"""Each global name a fingerprint looked up: a function that reads it (in whose namespace
+it was looked up), that module's name, the name, and what it found there
+(:func:`_found_as`). The functions are held weakly, so that what a class's fingerprint
+notes keeps neither the class nor its module alive."""
 
 _ABSENT = object()
 _OTHER = object()
@@ -160,7 +163,8 @@ def fingerprint_of(*kinds: type) -> str:
     of each of its functions, where the source found still compiles to the code that
     runs, else that code — the plain values it holds (numbers, strings, tuples of them),
     and the helpers its functions name in their module: the plain functions defined
-    there (followed on to the ones they name) and the plain values. The same in every
+    there (followed on to the ones they name) and the plain values, but those these
+    functions assign (``global``: the module's state as it runs). The same in every
     process running the same code. Each class is worked out once, when first asked, and
     again when a name its functions look up in their module holds another helper or value
     since (a notebook's cell run again); a method set on the class after that is seen
@@ -216,10 +220,16 @@ def _written(kind: type) -> bytes:
     return digest.digest()
 
 
-def _still(space: dict[str, Any], module: str, name: str, was: Any) -> bool:
-    """Whether ``name`` in the namespace ``space`` of ``module`` holds what a fingerprint
-    found there (:data:`Looked`)."""
-    now = space.get(name, _ABSENT)
+def _still(reader: weakref.ref[FunctionType], module: str, name: str, was: Any) -> bool:
+    """Whether ``name``, in the namespace of the function ``reader``, holds what a
+    fingerprint found there (:data:`Looked`); False once that function is gone."""
+    function = reader()
+    if function is None:
+        return False
+    now = function.__globals__.get(name, _ABSENT)
+    if isinstance(was, weakref.ref):
+        held = was()
+        return held is not None and now is held
     if was is _OTHER:
         return now is not _ABSENT and _found_as(now, module) is _OTHER
     return now is was
@@ -373,40 +383,61 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     turn: each plain function defined in that module (by :func:`_function_bytes`) and each
     plain value, by ``module:name``. Nothing is followed out of the module a function was
     defined in: no module, no class, no function defined elsewhere. Also each name looked
-    up, and what it held (:data:`Looked`)."""
-    out: dict[bytes, bytes] = {}
-    looked: list[tuple[dict[str, Any], str, str, Any]] = []
+    up, and what it held (:data:`Looked`). A name these functions assign (``global
+    CALLS; CALLS += 1``, a table loaded on first use) is the module's state as it runs,
+    not its code: neither."""
+    out: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+    looked: dict[tuple[str, str], tuple[weakref.ref[FunctionType], str, str, Any]] = {}
+    stored: set[tuple[str, str]] = set()
     seen = set(map(id, functions))
     queue = list(functions)
     while queue:
         function = queue.pop()
         module, space = function.__module__, function.__globals__
+        reader = weakref.ref(function)
+        stored.update((module, name) for name in _stored_in(function.__code__))
         for name in sorted(_names_in(function.__code__)):
+            place = (module, name)
             if name not in space:
-                looked.append((space, module, name, _ABSENT))
+                looked.setdefault(place, (reader, module, name, _ABSENT))
                 continue
             value = space[name]
-            looked.append((space, module, name, _found_as(value, module)))
+            looked.setdefault(place, (reader, module, name, _found_as(value, module)))
             label = f"{module}:{name}".encode()
             if isinstance(value, FunctionType):
                 if value.__module__ != module or id(value) in seen:
                     continue
                 seen.add(id(value))
-                out[b"uses " + label] = _function_bytes(value)
+                out[place] = (b"uses " + label, _function_bytes(value))
                 queue.append(value)
             elif _plain(value):
                 assigned = _assigned(_module_body(module), name, value)
                 if assigned is not None:
-                    out[b"reads " + label] = assigned
-    return sorted(out.items()), tuple(looked)
+                    out[place] = (b"reads " + label, assigned)
+    named = sorted(piece for place, piece in out.items() if place not in stored)
+    return named, tuple(entry for place, entry in looked.items() if place not in stored)
+
+
+def _stored_in(code: CodeType) -> set[str]:
+    """The global names ``code`` assigns or deletes, and its nested code too."""
+    names = {
+        step.argval
+        for step in dis.get_instructions(code)
+        if step.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")
+    }
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            names |= _stored_in(constant)
+    return names
 
 
 def _found_as(value: Any, module: str) -> Any:
-    """What :data:`Looked` notes of ``value``, found under a name of ``module``: the value
-    itself where a fingerprint depends on it (a plain function defined there, a plain
-    value), else :data:`_OTHER` (a module, a class, a function from elsewhere)."""
+    """What :data:`Looked` notes of ``value``, found under a name of ``module``: where a
+    fingerprint depends on it, the value itself (a plain value) or a weak reference to
+    it (a plain function defined there); else :data:`_OTHER` (a module, a class, a
+    function from elsewhere)."""
     if isinstance(value, FunctionType):
-        return value if value.__module__ == module else _OTHER
+        return weakref.ref(value) if value.__module__ == module else _OTHER
     return value if _plain(value) else _OTHER
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import textwrap
 import types
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +193,56 @@ def test_a_helper_or_constant_rebound_after_its_class_was_fingerprinted_is_seen(
         assert graph().forward(5, store=store, watching=seen.append) == 24
     assert [fact["changed"] for fact in seen if fact["fact"] == "drifted"] == [["use"]]
     assert graph().forward(5, store=store, strict=True) == 224
+
+
+_STATEFUL = """
+from somatize import Node
+
+CALLS = 0
+_TABLE = None
+
+def _table():
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = {"scale": 3}
+    return _TABLE
+
+class Counts(Node):
+    def forward(self, x, ctx):
+        global CALLS
+        CALLS += 1
+        return x * _table()["scale"]
+"""
+
+
+def test_module_state_a_node_s_code_assigns_is_not_code(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A counter a node's forward moves and a table a helper loads on first use are the
+    module's state, not its code: a graph built after a forward moved them recalls what
+    the first kept, not drifted, and the fingerprint is the one a fresh process gets."""
+    loaded = _load(tmp_path / "fingerprinted.py", _STATEFUL, monkeypatch)
+    first = fingerprint_of(loaded.Counts)
+    assert Graph.somatize(loaded.Counts().named("n").frozen().cached()).forward(2, store=store) == 6
+    assert (loaded.CALLS, loaded._TABLE) == (1, {"scale": 3})
+    assert fingerprint_of(loaded.Counts) == first
+    again = Graph.somatize(loaded.Counts().named("n").frozen().cached())
+    seen: list[dict[str, Any]] = []
+    assert again.forward(2, store=store, watching=seen.append) == 6
+    assert [fact["fact"] for fact in seen] == ["recalled", "finished"]
+
+
+def test_a_fingerprinted_class_is_not_kept_alive_by_what_its_fingerprint_noted() -> None:
+    """A class fingerprinted from a namespace of its own (a plugin run with ``runpy``, a
+    module loaded again) goes with that namespace: what its fingerprint notes about the
+    module names its code looks up holds neither."""
+    space: dict[str, Any] = {"__name__": "tests.fingerprint_plugin"}
+    exec(compile(_HELPED, "<plugin>", "exec"), space)
+    kind = weakref.ref(space["UsesHelper"])
+    fingerprint_of(space["UsesHelper"], space["UsesConst"])
+    del space
+    gc.collect()
+    assert kind() is None
 
 
 _CELL = """
