@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -141,8 +142,11 @@ def test_packs_and_records_that_cannot_be_listed_or_read_are_a_store_error(
     """Where the packs folder cannot be listed, a pack's index cannot be read, or the
     folder of records of packed keys cannot be listed (another user's), a fresh store's
     have and recall say StoreError naming it, never a raw PermissionError, and take
-    nothing for gone."""
+    nothing for gone: once it may, it finds every answer, though the packs folder did
+    not change since (its time an hour old, which a look takes as listed already)."""
     _, keys, _ = _a_store_with_everything(tmp_path / "store")
+    hour_ago = time.time() - 3600
+    os.utime(tmp_path / "store" / "packs", (hour_ago, hour_ago))
     with monkeypatch.context() as refused:
         _refusing(refused, tmp_path / "store" / under if under else tmp_path / "store", (call,))
         fresh = LocalStore(tmp_path / "store")

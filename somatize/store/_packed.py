@@ -563,6 +563,19 @@ class PackedHome(Store):
         listed = self._listed_packs()
         if listed is None:
             return False
+        try:
+            return self._take_listing(listed)
+        except BaseException:
+            self._list_again()  # what this look could not take is looked for at the next
+            raise
+
+    def _list_again(self) -> None:
+        """Has the next look list ``packs/`` afresh, though the listing may not have
+        changed since this one (as :meth:`_listed_packs` would say)."""
+
+    def _take_listing(self, listed: dict[str, str]) -> bool:
+        """Adopts the packs of ``listed`` (:meth:`_listed_packs`) not adopted yet, and drops
+        those gone from it; True if anything changed."""
         with self._lock:
             gone = [pack for pack_id, pack in self._packs.items() if pack_id not in listed]
             for pack in gone:

@@ -450,6 +450,9 @@ class LocalStore(LocalShelf):
         self._packs_stamp = stamp
         return {"blake3:" + name: name for name in listed}
 
+    def _list_again(self) -> None:
+        self._packs_stamp = -1
+
     def _records_among(self, keys: Sequence[str]) -> dict[str, bytes]:
         """One listing per shard the keys fall in; reads only the records found there."""
         shards: dict[str, set[str]] = {}
