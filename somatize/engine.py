@@ -165,6 +165,9 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
                 except Exception as error:
                     state.emit({"fact": "failed", "node": node, "error": type(error).__name__})
                     raise NodeFailed(node, graph.kind_of(node), error) from error
+                except BaseException as error:  # KeyboardInterrupt: said, and let go
+                    state.emit({"fact": "failed", "node": node, "error": type(error).__name__})
+                    raise
                 for fact in outcome.facts:
                     state.emit(fact)
                 _ran(state, plan, node, outcome.value, outcome.took_us, outcome.kept)
@@ -224,30 +227,9 @@ def run(
 ) -> Any:
     """One forward of ``graph`` on ``x``; see the module docstring."""
     start = time.perf_counter_ns()
-    if outputs is None:
-        wanted = graph.outputs
-    elif isinstance(outputs, str):
-        wanted = (graph.resolve(outputs),)
-    else:
-        wanted = tuple(graph.resolve(name) for name in outputs)
-    if watching is not None and not callable(watching):
-        raise TypeError(
-            f"watching= takes a function called with each fact (`facts.append`, `print`), "
-            f"got {_describe(watching)}"
-        )
-    if broker is not None and (
-        isinstance(broker, type) or not callable(getattr(broker, "check", None))
-    ):
-        raise TypeError(
-            "broker= takes a somatize Broker (`Broker.embedded({...})`, `Broker.ray(...)`), "
-            + (
-                f"got the class `{broker.__name__}` itself: make one"
-                if isinstance(broker, type)
-                else f"got {_describe(broker)}"
-            )
-        )
     state = _Run(graph, store, watching, broker, strict)
     try:
+        wanted = _wanted(graph, outputs, watching, broker)
         look_again(graph)
         if broker is not None:
             broker.check(graph)
@@ -301,3 +283,30 @@ def run(
     value = values[wanted[0]] if len(wanted) == 1 else tuple(values[name] for name in wanted)
     state.watcher_said(value)
     return value
+
+
+def _wanted(
+    graph: Graph, outputs: str | Sequence[str] | None, watching: Any, broker: Any
+) -> tuple[str, ...]:
+    """The nodes whose answers a forward returns, once its arguments are checked."""
+    if watching is not None and not callable(watching):
+        raise TypeError(
+            f"watching= takes a function called with each fact (`facts.append`, `print`), "
+            f"got {_describe(watching)}"
+        )
+    if broker is not None and (
+        isinstance(broker, type) or not callable(getattr(broker, "check", None))
+    ):
+        raise TypeError(
+            "broker= takes a somatize Broker (`Broker.embedded({...})`, `Broker.ray(...)`), "
+            + (
+                f"got the class `{broker.__name__}` itself: make one"
+                if isinstance(broker, type)
+                else f"got {_describe(broker)}"
+            )
+        )
+    if outputs is None:
+        return graph.outputs
+    if isinstance(outputs, str):
+        return (graph.resolve(outputs),)
+    return tuple(graph.resolve(name) for name in outputs)

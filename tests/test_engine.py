@@ -33,6 +33,7 @@ from somatize import (
     plan,
 )
 from somatize.broker import Broker, UnknownWorker
+from somatize.graph import UnknownNode
 from somatize.store import LocalStore
 from tests.nodes import Echo, Fails, Largest, Rows, Scale, Slotted, Square
 
@@ -673,12 +674,23 @@ def test_a_forward_refused_before_it_runs_or_interrupted_says_so_in_its_record()
     finally:
         broker.close()
     assert g.record is not None and g.record.facts == []
-    h = Graph.somatize(Echo().named("src") >> Interrupted().named("stop"))
-    seen: list[dict[str, Any]] = []
-    with pytest.raises(KeyboardInterrupt):
-        h.forward(1, watching=seen.append)
-    assert {"fact": "failed", "node": "stop", "error": "KeyboardInterrupt"} in seen
-    assert h.record is not None and h.record.outcome == {"src": "ran", "stop": "failed"}
+    for refused in ({"outputs": "nope"}, {"watching": 3}):  # its own arguments
+        assert g.forward(1) == 1
+        with pytest.raises((UnknownNode, TypeError)):
+            g.forward(1, **refused)
+        assert g.record is not None and g.record.facts == []
+    for where in (None, "w1"):  # run here, and by a broker's worker
+        stop = Interrupted().named("stop")
+        h = Graph.somatize(Echo().named("src") >> (stop.at(where) if where else stop))
+        seen: list[dict[str, Any]] = []
+        broker = Broker.embedded({"w1": Worker.generic(mode="local")})
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                h.forward(1, watching=seen.append, broker=broker)
+        finally:
+            broker.close()
+        assert {"fact": "failed", "node": "stop", "error": "KeyboardInterrupt"} in seen
+        assert h.record is not None and h.record.outcome == {"src": "ran", "stop": "failed"}
 
 
 def test_threads_forwarding_one_graph_get_their_own_answers(
