@@ -163,8 +163,9 @@ def fingerprint_of(*kinds: type) -> str:
     of each of its functions, where the source found still compiles to the code that
     runs, else that code — the plain values it holds (numbers, strings, tuples of them),
     and the helpers its functions name in their module: the plain functions defined
-    there (followed on to the ones they name) and the plain values, but those these
-    functions assign (``global``: the module's state as it runs). The same in every
+    there (followed on to the ones they name) and the plain values, those these
+    functions assign (``global``: the module's state as it runs) as the module's text
+    assigns them. The same in every
     process running the same code. Each class is worked out once, when first asked, and
     again when a name its functions look up in their module holds another helper or value
     since (a notebook's cell run again); a method set on the class after that is seen
@@ -384,8 +385,9 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     plain value, by ``module:name``. Nothing is followed out of the module a function was
     defined in: no module, no class, no function defined elsewhere. Also each name looked
     up, and what it held (:data:`Looked`). A name these functions assign (``global
-    CALLS; CALLS += 1``, a table loaded on first use) is the module's state as it runs,
-    not its code: neither."""
+    CALLS; CALLS += 1``, a table loaded on first use) is the module's state as it runs:
+    it is taken as the module's text assigns it (``CALLS = 0``), not by what it holds,
+    and not looked at again."""
     out: dict[tuple[str, str], tuple[bytes, bytes]] = {}
     looked: dict[tuple[str, str], tuple[weakref.ref[FunctionType], str, str, Any]] = {}
     stored: set[tuple[str, str]] = set()
@@ -414,8 +416,12 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 assigned = _assigned(_module_body(module), name, value)
                 if assigned is not None:
                     out[place] = (b"reads " + label, assigned)
-    named = sorted(piece for place, piece in out.items() if place not in stored)
-    return named, tuple(entry for place, entry in looked.items() if place not in stored)
+    named = [piece for place, piece in out.items() if place not in stored]
+    for module, name in stored & looked.keys():
+        made = _assignment(_module_body(module), name)
+        if made is not None:
+            named.append((f"state {module}:{name}".encode(), ast.unparse(made).encode()))
+    return sorted(named), tuple(entry for place, entry in looked.items() if place not in stored)
 
 
 def _stored_in(code: CodeType) -> set[str]:
@@ -448,10 +454,21 @@ def _assigned(body: list[ast.stmt] | None, name: str, value: Any) -> bytes | Non
     os.path.dirname(__file__)``, a value read from the environment) by how it is
     computed, the same wherever the code is, whatever it makes there. None where
     nothing in ``body`` assigns it (it came from elsewhere), or ``body`` is not known."""
-    if body is None:
+    made = _assignment(body, name)
+    if made is None:
         return None
+    try:
+        ast.literal_eval(made)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return b"made by " + ast.unparse(made).encode()
+    return _constant_bytes(value)
+
+
+def _assignment(body: list[ast.stmt] | None, name: str) -> ast.expr | None:
+    """The value the last assignment to ``name`` in ``body`` gives it; None where there is
+    none, or ``body`` is not known."""
     made: ast.expr | None = None
-    for statement in body:
+    for statement in body or ():
         if (
             isinstance(statement, ast.Assign)
             and any(isinstance(t, ast.Name) and t.id == name for t in statement.targets)
@@ -462,13 +479,7 @@ def _assigned(body: list[ast.stmt] | None, name: str, value: Any) -> bytes | Non
             and statement.value is not None
         ):
             made = statement.value
-    if made is None:
-        return None
-    try:
-        ast.literal_eval(made)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return b"made by " + ast.unparse(made).encode()
-    return _constant_bytes(value)
+    return made
 
 
 def _module_body(module: str) -> list[ast.stmt] | None:

@@ -219,8 +219,9 @@ def test_module_state_a_node_s_code_assigns_is_not_code(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A counter a node's forward moves and a table a helper loads on first use are the
-    module's state, not its code: a graph built after a forward moved them recalls what
-    the first kept, not drifted, and the fingerprint is the one a fresh process gets."""
+    module's state, taken as the module's text assigns them: a graph built after a
+    forward moved them recalls what the first kept, not drifted (the fingerprint is the
+    one a fresh process gets), and another value written in the text is a drift."""
     loaded = _load(tmp_path / "fingerprinted.py", _STATEFUL, monkeypatch)
     first = fingerprint_of(loaded.Counts)
     assert Graph.somatize(loaded.Counts().named("n").frozen().cached()).forward(2, store=store) == 6
@@ -230,6 +231,11 @@ def test_module_state_a_node_s_code_assigns_is_not_code(
     seen: list[dict[str, Any]] = []
     assert again.forward(2, store=store, watching=seen.append) == 6
     assert [fact["fact"] for fact in seen] == ["recalled", "finished"]
+    # Taken as the module's text assigns it: another value written there is other code.
+    edited = _load(
+        tmp_path / "fingerprinted.py", _STATEFUL.replace("CALLS = 0", "CALLS = 5"), monkeypatch
+    )
+    assert fingerprint_of(edited.Counts) != first
 
 
 def test_a_fingerprinted_class_is_not_kept_alive_by_what_its_fingerprint_noted() -> None:
