@@ -631,16 +631,17 @@ def refuse_tied(
     if "" in within:
         return  # the whole model is frozen: nothing else trains
     trained: list[tuple[str, nn.Parameter]] = []
-    owners: dict[int, str] = {}
+    owners: list[tuple[tuple[int, int, int], str]] = []
     for where, param in model.named_parameters(remove_duplicate=False):
         if any(where.startswith(f"{path}.") for path in within):
             # By memory, not by object: `nn.Parameter(frozen.weight.data)` is another
             # parameter over the same numbers, and training it rewrites the frozen one.
-            owners.setdefault(_memory_of(param), where)
+            owners.append((_memory_of(param), where))
         elif param.requires_grad:
             trained.append((where, param))
     for where, param in trained:
-        held = owners.get(_memory_of(param))
+        span = _memory_of(param)
+        held = next((owner for memory, owner in owners if _overlap(memory, span)), None)
         if held is not None:
             raise error(
                 f"`{held}` is frozen, and `{where}`, in a part of the model that is not, "
@@ -653,9 +654,25 @@ def refuse_tied(
             )
 
 
-def _memory_of(tensor: torch.Tensor) -> int:
-    """Where a tensor's numbers live (its storage, whatever view of it the tensor is)."""
-    return int(tensor.untyped_storage().data_ptr()) or id(tensor)
+def _memory_of(tensor: torch.Tensor) -> tuple[int, int, int]:
+    """Where a tensor's numbers live: its storage and the bytes of it that the tensor
+    spans, whatever view of it the tensor is (an empty tensor spans none)."""
+    storage = int(tensor.untyped_storage().data_ptr()) or id(tensor)
+    if tensor.numel() == 0:
+        return storage, 0, 0
+    size = tensor.element_size()
+    low = high = int(tensor.storage_offset())
+    for extent, stride in zip(map(int, tensor.shape), map(int, tensor.stride()), strict=True):
+        if stride < 0:
+            low += (extent - 1) * stride
+        else:
+            high += (extent - 1) * stride
+    return storage, low * size, (high + 1) * size
+
+
+def _overlap(one: tuple[int, int, int], other: tuple[int, int, int]) -> bool:
+    """Whether two spans of memory (as ``_memory_of`` gives them) share a byte."""
+    return one[0] == other[0] and one[1] < other[2] and other[1] < one[2]
 
 
 def _converted(built: torch.dtype, sent: torch.dtype) -> bool:

@@ -462,6 +462,23 @@ def test_a_frozen_weight_a_trained_parameter_shares_memory_with_is_refused() -> 
         smt.freeze(smt.wrap(model, frozen=["encoder"]))
 
 
+def test_parameters_over_separate_parts_of_one_buffer_are_not_tied() -> None:
+    """Parameters that are separate views of one flat buffer share no numbers: freezing
+    one part leaves the other training; a view that overlaps a frozen one is refused."""
+    model = Tied()
+    flat = torch.zeros(80)
+    model.encoder.weight = nn.Parameter(flat[:40].view(10, 4))
+    model.out.weight = nn.Parameter(flat[40:].view(10, 4))
+    assert set(smt.freeze(smt.wrap(model, frozen=["encoder"]))) == {"encoder"}
+    assert model.out.weight.requires_grad
+    other = Tied()
+    flat = torch.zeros(80)
+    other.encoder.weight = nn.Parameter(flat[:40].view(10, 4))
+    other.out.weight = nn.Parameter(flat[36:76].view(10, 4))  # one row in common
+    with pytest.raises(smt.FreezeError, match=r"`encoder\.weight` is frozen.*`out\.weight`"):
+        smt.freeze(smt.wrap(other, frozen=["encoder"]))
+
+
 def test_a_module_made_under_inference_mode_is_refused() -> None:
     """Tensors made under ``inference_mode`` keep no version counter, so a checkpoint
     loaded into them later could not be seen: refused before anything is held."""
