@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize.catalog import identity_of
@@ -633,6 +634,8 @@ def refuse_tied(
     trained: list[tuple[str, nn.Parameter]] = []
     owners: list[tuple[tuple[int, int, int], str]] = []
     for where, param in model.named_parameters(remove_duplicate=False):
+        if is_lazy(param):
+            continue  # not made yet (`nn.LazyLinear`): it holds no numbers to share
         if any(where.startswith(f"{path}.") for path in within):
             # By memory, not by object: `nn.Parameter(frozen.weight.data)` is another
             # parameter over the same numbers, and training it rewrites the frozen one.

@@ -479,6 +479,15 @@ def test_parameters_over_separate_parts_of_one_buffer_are_not_tied() -> None:
         smt.freeze(smt.wrap(other, frozen=["encoder"]))
 
 
+def test_a_lazy_parameter_left_to_train_does_not_stop_freezing() -> None:
+    """A parameter not made yet (``nn.LazyLinear``) holds no numbers to share: the
+    frozen part beside it freezes."""
+    model = Tied()
+    model.out = nn.LazyLinear(10, bias=False)
+    assert set(smt.freeze(smt.wrap(model, frozen=["encoder"]))) == {"encoder"}
+    assert smt.is_held(model.encoder)
+
+
 def test_a_module_made_under_inference_mode_is_refused() -> None:
     """Tensors made under ``inference_mode`` keep no version counter, so a checkpoint
     loaded into them later could not be seen: refused before anything is held."""
