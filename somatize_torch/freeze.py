@@ -615,7 +615,8 @@ def refuse_tied(
     model: nn.Module, frozen: list[str], error: Callable[[str], Exception] = FreezeError
 ) -> None:
     """Refuses freezing the parts ``frozen`` of ``model`` when a part left to train holds a
-    parameter over the same numbers (an output layer tied to a frozen embedding):
+    parameter over the same numbers as a frozen parameter or buffer (an output layer
+    tied to a frozen embedding):
     freezing turns the gradient of the very same parameter off, and that part would
     silently stop training; another parameter over the same memory rewrites the frozen
     weights under their answers as it trains. A frozen part is found wherever it sits
@@ -642,6 +643,11 @@ def refuse_tied(
             owners.append((_memory_of(param), where))
         elif param.requires_grad:
             trained.append((where, param))
+    for where, buffer in model.named_buffers(remove_duplicate=False):
+        # A parameter over a frozen part's statistics (a BatchNorm's running mean)
+        # rewrites them as it trains, as it would the frozen weights.
+        if not is_lazy(buffer) and any(where.startswith(f"{path}.") for path in within):
+            owners.append((_memory_of(buffer), where))
     for where, param in trained:
         span = _memory_of(param)
         held = next((owner for memory, owner in owners if _overlap(memory, span)), None)

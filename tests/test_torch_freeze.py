@@ -488,6 +488,17 @@ def test_a_lazy_parameter_left_to_train_does_not_stop_freezing() -> None:
     assert smt.is_held(model.encoder)
 
 
+def test_a_trained_parameter_over_a_frozen_buffer_is_refused() -> None:
+    """A parameter left to train over the memory of a frozen part's buffer (its
+    statistics) rewrites them under their answers as it trains: refused, naming both."""
+    model = Tied()
+    model.encoder.register_buffer("mean", torch.zeros(4))
+    model.shift = nn.Parameter(model.encoder.mean.data)
+    with pytest.raises(smt.FreezeError, match=r"`encoder\.mean` is frozen.*`shift`"):
+        smt.freeze(smt.wrap(model, frozen=["encoder"]))
+    assert not smt.is_held(model.encoder)
+
+
 def test_a_module_made_under_inference_mode_is_refused() -> None:
     """Tensors made under ``inference_mode`` keep no version counter, so a checkpoint
     loaded into them later could not be seen: refused before anything is held."""
