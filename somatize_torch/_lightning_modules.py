@@ -450,9 +450,9 @@ def put_back_all(callback: CacheFrozen, *, failed: bool) -> None:
 def pass_through(callback: CacheFrozen, module: nn.Module) -> None:
     """Has ``module``, running uncached until the stage ends, take what its cache would
     have been handed: a batch of :class:`DeferredRows` is loaded (in the module's
-    floating dtype, as the cache loads it) and ``index=`` dropped unless the module's
-    own forward takes it. Removed by :func:`put_back_all`, so the model handed back
-    holds no hook of the callback's."""
+    floating dtype, as the cache loads it), by place or by name, and ``index=`` dropped
+    unless the module's own forward takes it. Removed by :func:`put_back_all`, so the
+    model handed back holds no hook of the callback's."""
     if id(module) in callback._passes or isinstance(module, CachedRows):
         return  # a row cache (one put in place of the module) takes its batches itself
     try:
@@ -465,10 +465,13 @@ def pass_through(callback: CacheFrozen, module: nn.Module) -> None:
         module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         dropped = "index" in kwargs and not takes_index
-        if not (dropped or (args and isinstance(args[0], DeferredRows))):
+        named = [k for k, v in kwargs.items() if isinstance(v, DeferredRows)]
+        if not (dropped or named or (args and isinstance(args[0], DeferredRows))):
             return None
         if args and isinstance(args[0], DeferredRows):
             args = (_loaded(module, args[0]), *args[1:])
+        if named:  # handed by name (`self.encoder(x=rows)`) as well as by place
+            kwargs = {k: _loaded(module, v) if k in named else v for k, v in kwargs.items()}
         if dropped:
             kwargs = {k: v for k, v in kwargs.items() if k != "index"}
         return args, kwargs

@@ -1431,6 +1431,31 @@ def test_a_module_running_uncached_takes_deferred_rows(tmp_path: Path, when: str
     assert all(not m._forward_pre_hooks for m in cached.modules())
 
 
+class _ByName(Finetuned):
+    """Hands its encoder the batch by name."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x=x))
+
+
+def test_a_module_running_uncached_takes_deferred_rows_by_name(tmp_path: Path) -> None:
+    """Handed a batch of a ``Deferred`` dataset by name (``encoder(x=rows)``), an encoder
+    unfrozen at an epoch's start loads the inputs itself and trains exactly as without
+    the callback on the inputs."""
+    models = []
+    for cached in (True, False):
+        callbacks: list[pl.Callback] = [_UnfreezeEncoder()]
+        if cached:
+            callbacks.append(CacheFrozen(None, ["encoder"], key="index"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Uncached)  # said so, as tested elsewhere
+            run = trainer(tmp_path, 2, callbacks=callbacks, limit_train_batches=4)
+            run.fit(model := _ByName(), _deferred() if cached else loader())
+        models.append(model)
+    for mine, theirs in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+
+
 class _SwapsForItsOwnCache(Probe):
     """Puts a row cache of its own, keyed by index, in place of its encoder at the second
     epoch's start."""
