@@ -460,11 +460,36 @@ def pass_through(callback: CacheFrozen, module: nn.Module) -> None:
         takes_index = any(p.name == "index" or p.kind is p.VAR_KEYWORD for p in forward)
     except (TypeError, ValueError):  # no signature to read: passed on as it came
         takes_index = True
+    callback._passes[id(module)] = module.register_forward_pre_hook(
+        PassThrough(takes_index), with_kwargs=True, prepend=True
+    )
 
-    def load(
-        module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+
+class PassThrough:
+    """The forward pre-hook :func:`pass_through` puts on a module running uncached. A
+    copy of it (the module deep-copied, pickled or saved mid-stage: an EMA of the model)
+    does nothing, so a copy never loads rows for a stage that is not its own; the
+    callback removes the original when the stage ends."""
+
+    def __init__(self, takes_index: bool, acting: bool = True) -> None:
+        self.takes_index = takes_index
+        self.acting = acting
+
+    def __reduce__(self) -> tuple[type[PassThrough], tuple[bool, bool]]:
+        return PassThrough, (self.takes_index, False)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PassThrough:
+        return PassThrough(self.takes_index, acting=False)
+
+    def __copy__(self) -> PassThrough:
+        return PassThrough(self.takes_index, acting=False)
+
+    def __call__(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        dropped = "index" in kwargs and not takes_index
+        if not self.acting:
+            return None
+        dropped = "index" in kwargs and not self.takes_index
         named = [k for k, v in kwargs.items() if isinstance(v, DeferredRows)]
         if not (dropped or named or (args and isinstance(args[0], DeferredRows))):
             return None
@@ -475,10 +500,6 @@ def pass_through(callback: CacheFrozen, module: nn.Module) -> None:
         if dropped:
             kwargs = {k: v for k, v in kwargs.items() if k != "index"}
         return args, kwargs
-
-    callback._passes[id(module)] = module.register_forward_pre_hook(
-        load, with_kwargs=True, prepend=True
-    )
 
 
 def _loaded(module: nn.Module, rows: DeferredRows) -> torch.Tensor:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import gc
+import io
 import json
 import os
 import subprocess
@@ -1454,6 +1456,49 @@ def test_a_module_running_uncached_takes_deferred_rows_by_name(tmp_path: Path) -
         models.append(model)
     for mine, theirs in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.equal(mine, theirs)
+
+
+class _CopiesMidStage(pl.Callback):
+    """Saves the model, and copies its backbone, at the stage's first batch."""
+
+    def __init__(self) -> None:
+        self.saved: pl.LightningModule | None = None
+        self.copied: nn.Module | None = None
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if batch_idx == 0:
+            held = io.BytesIO()
+            torch.save(pl_module, held)
+            held.seek(0)
+            self.saved = torch.load(held, weights_only=False)
+            self.copied = copy.deepcopy(pl_module.backbone)
+
+
+def test_a_model_saved_or_copied_mid_stage_carries_a_pass_through_that_does_nothing(
+    tmp_path: Path,
+) -> None:
+    """A model running a module uncached saves and copies mid-stage; the copies carry the
+    pass-through, which does nothing for them (``index=`` is passed on as it came), and
+    answer alike."""
+    model = Backboned()
+    copies = _CopiesMidStage()
+    callbacks = [BackboneFinetuning(unfreeze_backbone_at_epoch=5), copies]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Uncached)  # said so, as tested elsewhere
+        trainer(tmp_path, 1, callbacks=[*callbacks, CacheFrozen(None, ["backbone"])]).fit(
+            model, loader()
+        )
+    assert copies.saved is not None and copies.copied is not None
+    x = data()[0][:4]
+    for backbone in (copies.saved.backbone, copies.copied):
+        hooks = list(backbone._forward_pre_hooks.values())
+        assert len(hooks) == 1
+        assert hooks[0](backbone, (x,), {"index": torch.arange(4)}) is None
+        backbone.eval()
+    saved, copied = copies.saved.backbone(x), copies.copied(x)
+    torch.testing.assert_close(saved, copied, rtol=0, atol=0)
 
 
 class _SwapsForItsOwnCache(Probe):
