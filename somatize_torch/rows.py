@@ -438,10 +438,18 @@ class CachedRows(nn.Module):
         self._watch = None  # a conversion: digest again
         return self
 
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's state dict, under its keys as they are now: a registry the module
+        made anew since the last row (``del encoder[1]`` on the module itself) is taken up
+        first, as the next forward would."""
+        _share_registries(self, self.module)
+        return super().state_dict(*args, **kwargs)
+
     def _save_to_state_dict(self, *args: Any, **kwargs: Any) -> None:
         self.module._save_to_state_dict(*args, **kwargs)
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        _share_registries(self, self.module)  # its children are loaded next, by these keys
         self.module._load_from_state_dict(*args, **kwargs)
 
     # -- copies

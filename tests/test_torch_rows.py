@@ -625,6 +625,26 @@ def test_parts_put_in_or_removed_through_a_cached_container_key_rows_anew(
     cached.close()
 
 
+def test_a_part_removed_from_the_module_itself_is_gone_from_the_caches_state_dict(
+    store: Store,
+) -> None:
+    """``del module[i]`` on the cached module itself, with no forward since: the cache's
+    ``state_dict()``, its own or a parent's, has the module's keys as they are now, and
+    a checkpoint of that layout loads back through the cache."""
+    module = nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 4), nn.Linear(4, 3))
+    parent = nn.Module()
+    parent.enc = cache_rows(module, store)
+    parent.enc(torch.randn(16, 8))
+    del module[0]
+    assert parent.enc.state_dict().keys() == module.state_dict().keys()
+    assert parent.state_dict().keys() == {f"enc.{k}" for k in module.state_dict()}
+    fresh = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 3))
+    del module[1]
+    parent.load_state_dict({f"enc.{k}": v for k, v in fresh[:1].state_dict().items()})
+    assert torch.equal(module[0].weight, fresh[0].weight)
+    parent.enc.close()
+
+
 def test_an_unfrozen_module_is_handed_to_when_unfrozen(store: Store) -> None:
     """With ``when_unfrozen`` set, a forward that finds the module unfrozen tells it, and
     answers with the module itself (in the caller's grad mode) where it says it put the
