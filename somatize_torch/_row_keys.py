@@ -43,7 +43,7 @@ from somatize_torch._state import StateWatch, digest_state
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import DTYPES, raw_rows, row_digest, row_header
 from somatize_torch.freeze import hold, refuse_inference_tensors, unfrozen_error
-from somatize_torch.wrap import STATE_DICT_HOOKS
+from somatize_torch.wrap import REGISTRIES
 
 if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
@@ -203,10 +203,6 @@ def _prefix(self: CachedRows, tag: tuple[Any, ...]) -> bytes:
     return node_prefix(self._identity, declaration, self._state, self.salt)
 
 
-_SHARED = ("_modules", "_parameters", "_buffers", "_non_persistent_buffers_set")
-"""The module's registries a cache holds as its own (with the state-dict hooks)."""
-
-
 def _share_registries(cached: CachedRows, module: nn.Module) -> None:
     """Has ``cached`` hold ``module``'s own registries of children, parameters and buffers,
     and of the hooks ``state_dict()`` and ``load_state_dict()`` run — the very dicts, not
@@ -214,7 +210,7 @@ def _share_registries(cached: CachedRows, module: nn.Module) -> None:
     or a submodule put in (``encoder[0] = conv``), through the cache or the module, is one
     and the same change to both. Done again where the module makes a registry anew
     (``del encoder[1]`` renumbers its children into a new dict)."""
-    for registry in (*_SHARED, *STATE_DICT_HOOKS):
+    for registry in REGISTRIES:
         cached.__dict__[registry] = module.__dict__[registry]
 
 

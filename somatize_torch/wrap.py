@@ -123,23 +123,20 @@ class Segment(Node):
 # ------------------------------------------------------------------------------ the module
 
 
-STATE_DICT_HOOKS = (
-    "_state_dict_hooks",
-    "_state_dict_pre_hooks",
-    "_load_state_dict_pre_hooks",
-    "_load_state_dict_post_hooks",
-)
-"""A module's registries of the hooks ``state_dict()`` and ``load_state_dict()`` run."""
-
-_TABLES = (
+REGISTRIES = (
     "_parameters",
     "_buffers",
     "_non_persistent_buffers_set",
     "_modules",
     # What `state_dict()` and `load_state_dict()` run besides: the hooks registered on
     # the model, so a checkpoint of the wrapper is one of the model, and loads as one.
-    *STATE_DICT_HOOKS,
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
 )
+"""A module's registries of parts and of state-dict hooks that a module standing for it
+(a wrapped model, a row cache) holds as its own: the very dicts, not copies."""
 
 
 class Wrapped(nn.Module):
@@ -175,7 +172,7 @@ class Wrapped(nn.Module):
         parts: _Parts,
     ) -> None:
         super().__init__()
-        for table in _TABLES:
+        for table in REGISTRIES:
             self.__dict__[table] = model.__dict__[table]
         object.__setattr__(self, "training", model.training)
         object.__setattr__(self, "model", model)
