@@ -133,11 +133,11 @@ def held_at(module: str, qualname: str) -> Any:
     return found
 
 
-Looked = tuple[tuple["weakref.ref[FunctionType]", str, str, Any], ...]
-"""Each global name a fingerprint looked up: a function that reads it (in whose namespace
-it was looked up), that module's name, the name, and what it found there
-(:func:`_found_as`). The functions are held weakly, so that what a class's fingerprint
-notes keeps neither the class nor its module alive."""
+Looked = tuple[tuple["weakref.ref[FunctionType]", str, Any], ...]
+"""Each global name a fingerprint looked up: a function that reads it (in whose module
+it was looked up), the name, and what it found there (:func:`_found_as`). The functions
+are held weakly, so that what a class's fingerprint notes keeps neither the class nor
+its module alive."""
 
 _ABSENT = object()
 _OTHER = object()
@@ -217,11 +217,12 @@ def _written(kind: type) -> bytes:
     named, looked = _named(functions)
     for label, piece in named:
         _put(digest, label, piece)
-    _FINGERPRINTS[kind] = (digest.digest(), looked)
-    return digest.digest()
+    written = digest.digest()
+    _FINGERPRINTS[kind] = (written, looked)
+    return written
 
 
-def _still(reader: weakref.ref[FunctionType], module: str, name: str, was: Any) -> bool:
+def _still(reader: weakref.ref[FunctionType], name: str, was: Any) -> bool:
     """Whether ``name``, in the namespace of the function ``reader``, holds what a
     fingerprint found there (:data:`Looked`); False once that function is gone."""
     function = reader()
@@ -232,7 +233,7 @@ def _still(reader: weakref.ref[FunctionType], module: str, name: str, was: Any) 
         held = was()
         return held is not None and now is held
     if was is _OTHER:
-        return now is not _ABSENT and _found_as(now, module) is _OTHER
+        return now is not _ABSENT and _found_as(now, function.__module__) is _OTHER
     return now is was
 
 
@@ -389,7 +390,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     it is taken as the module's text assigns it (``CALLS = 0``), not by what it holds,
     and not looked at again."""
     out: dict[tuple[str, str], tuple[bytes, bytes]] = {}
-    looked: dict[tuple[str, str], tuple[weakref.ref[FunctionType], str, str, Any]] = {}
+    looked: dict[tuple[str, str], tuple[weakref.ref[FunctionType], str, Any]] = {}
     stored: set[tuple[str, str]] = set()
     seen = set(map(id, functions))
     queue = list(functions)
@@ -401,10 +402,10 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
         for name in sorted(_names_in(function.__code__)):
             place = (module, name)
             if name not in space:
-                looked.setdefault(place, (reader, module, name, _ABSENT))
+                looked.setdefault(place, (reader, name, _ABSENT))
                 continue
             value = space[name]
-            looked.setdefault(place, (reader, module, name, _found_as(value, module)))
+            looked.setdefault(place, (reader, name, _found_as(value, module)))
             label = f"{module}:{name}".encode()
             if isinstance(value, FunctionType):
                 if value.__module__ != module or id(value) in seen:
