@@ -61,7 +61,7 @@ from somatize_torch._lightning_errors import (
     NotASubmodule,
     Uncached,
 )
-from somatize_torch._row_keys import _floating_dtypes
+from somatize_torch._row_keys import _floating_dtypes, _run_in
 from somatize_torch.ahead import Ahead
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.freeze import AsFound, few
@@ -506,8 +506,6 @@ def _loaded(module: nn.Module, rows: DeferredRows) -> torch.Tensor:
     """The inputs of ``rows``, floating-point ones in ``module``'s floating dtype where it
     holds none of theirs (as a trainer in true half precision converts a batch)."""
     loaded = rows.load()
-    if loaded.is_floating_point():
-        held = _floating_dtypes(module)
-        if held and loaded.dtype not in held:
-            return loaded.to(max(held, key=held.__getitem__))
-    return loaded
+    if not loaded.is_floating_point():
+        return loaded
+    return loaded.to(_run_in(loaded.dtype, _floating_dtypes(module)))

@@ -178,10 +178,15 @@ def _deferred_row(self: CachedRows, x: DeferredRows) -> tuple[torch.dtype, torch
         watch = self._watch
         if self._floats[0] is not watch or watch is None:
             self._floats = (watch, _floating_dtypes(self.module))
-        held = self._floats[1]
-        if held and dtype not in held:
-            dtype = max(held, key=held.__getitem__)
+        dtype = _run_in(dtype, self._floats[1])
     return dtype, shape
+
+
+def _run_in(dtype: torch.dtype, held: dict[torch.dtype, int]) -> torch.dtype:
+    """The dtype floating-point inputs of ``dtype`` run in, in a module holding floating
+    weights of the dtypes ``held`` (:func:`_floating_dtypes`): their own where it is
+    among them, else the one most of its floating weights are in."""
+    return max(held, key=held.__getitem__) if held and dtype not in held else dtype
 
 
 def _prefix(self: CachedRows, tag: tuple[Any, ...]) -> bytes:
