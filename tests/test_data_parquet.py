@@ -346,6 +346,43 @@ def test_a_damaged_dataset_in_a_local_store_is_corrupt_and_nothing_below_is_kept
     assert not [p for p in (tmp_path / "store" / "answers").rglob("*") if p.is_file()]
 
 
+def test_a_dataset_damaged_in_place_after_it_was_opened_is_corrupt_and_nothing_is_kept(
+    tmp_path: Path,
+) -> None:
+    """A blob changed in place (same size) after a source verified and opened it is caught
+    before its row groups are read: Corrupt, the blob quarantined, and no answer kept under
+    the version's key."""
+    store = Store(tmp_path / "store")
+    table = pyarrow.table({"n": pyarrow.array(range(40_000), pyarrow.int64())})
+    data = parquet_bytes(table, row_group_size=10_000, compression="none", use_dictionary=False)
+    digest = store.put(data)
+    store.bind("data/n", digest)
+    g = Graph.somatize(Parquet(store, "data/n").named("n").frozen() >> Total().frozen().cached())
+    settle(g)
+    assert g.forward({"at": 0, "take": 10}, store=store) == 45  # opens the blob
+    at = data.find((35_000).to_bytes(8, "little"))
+    with open(store.blob_path(digest), "r+b") as handle:
+        handle.seek(at)
+        handle.write((777).to_bytes(8, "little"))
+    with pytest.raises(Corrupt, match=r"`data/n`.*changed"):
+        g.forward({"at": 35_000, "take": 1}, store=store)
+    assert not store.blob_path(digest).exists()
+    assert len(list((tmp_path / "store" / "quarantine" / "blobs").iterdir())) == 1
+    assert len([p for p in (tmp_path / "store" / "answers").rglob("*") if p.is_file()]) == 1
+
+
+def test_a_dataset_touched_after_it_was_opened_is_read_on(store: Store) -> None:
+    """A blob whose file times moved while a source has it open (a ``put`` of the same
+    bytes touches it) hashes to its digest again, and its rows are read on."""
+    table = pyarrow.table({"n": pyarrow.array(range(40_000), pyarrow.int64())})
+    data = parquet_bytes(table, row_group_size=10_000, compression="none", use_dictionary=False)
+    store.bind("data/n", store.put(data))
+    source = Parquet(store, "data/n")
+    assert source.forward({"at": 0, "take": 2}, ctx()).column("n") == [0, 1]
+    os.utime(store.blob_path(store.resolve("data/n")), ns=(1, 1))
+    assert source.forward({"at": 35_000, "take": 2}, ctx()).column("n") == [35_000, 35_001]
+
+
 def test_a_damaged_copy_in_a_buckets_cache_is_set_aside_and_the_bucket_read(
     tmp_path: Path,
 ) -> None:

@@ -245,10 +245,21 @@ class _File:
     """One open Parquet file of a source: what its footer says, the file and the handle
     under it, and a lock its reads take turns on."""
 
-    def __init__(self, file: pyarrow.parquet.ParquetFile, handle: Any, footer: _Footer) -> None:
+    def __init__(
+        self,
+        file: pyarrow.parquet.ParquetFile,
+        handle: Any,
+        footer: _Footer,
+        unchanged: Callable[[], bool] | None = None,
+    ) -> None:
         self.file = file
         self.handle = handle
         self.footer = footer
+        self.unchanged = unchanged
+        """Checks, around each row group read, that the file is still the one that was
+        verified: False when it is, True when it had changed and was verified again (what
+        was read meanwhile is read again), Corrupt when it is damaged. None where the
+        source checks the file itself (a ``ParquetDir``)."""
         self.lock = threading.Lock()
         self.users = 0
         """How many reads are using it (guarded by the lock of the :class:`_OpenFiles` that
@@ -272,17 +283,34 @@ class _File:
         found = held.get((number, index))
         if found is not None:
             return found
-        try:
-            table = self.file.read_row_group(index, columns=self.footer.columns)
-        except (pyarrow.ArrowException, OSError) as why:
-            raise Corrupt(
-                f"row group {index} of {self.footer.where} cannot be read ({why}): its bytes "
-                "are damaged (a page checksum failed, or the file was cut short), and no rows "
-                "of it are handed over. Write the dataset again"
-            ) from None
+        table = self._read_group(index)
         table = read_only(table)  # a node writing into a column cannot change the rows kept
         held.keep((number, index), table)
         return table
+
+    def _read_group(self, index: int) -> pyarrow.Table:
+        """Row group ``index`` decoded, read between two checks that the file is unchanged:
+        a file written in place while it was read may have handed over some new bytes."""
+        unchanged = self.unchanged
+        for _ in range(3):
+            if unchanged is not None:
+                unchanged()
+            try:
+                table = self.file.read_row_group(index, columns=self.footer.columns)
+            except (pyarrow.ArrowException, OSError) as why:
+                if unchanged is not None:
+                    unchanged()  # damage the file's own checks could not name: say that
+                raise Corrupt(
+                    f"row group {index} of {self.footer.where} cannot be read ({why}): its "
+                    "bytes are damaged (a page checksum failed, or the file was cut short), "
+                    "and no rows of it are handed over. Write the dataset again"
+                ) from None
+            if unchanged is None or not unchanged():
+                return table
+        raise Corrupt(
+            f"{self.footer.where} kept changing on disk while row group {index} was read, so "
+            "no rows of it are handed over. Stop whatever writes into the store's files"
+        )
 
     def close(self) -> None:
         self.file.close()

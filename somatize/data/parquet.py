@@ -28,7 +28,10 @@ A dataset kept whole on a local disk — in a local store, or in the cache in fr
 of a bucket — is verified against its digest the first time a process opens it
 (:meth:`~somatize.store.Store.local_blob`; the store remembers it), so a damaged
 byte is :class:`~somatize.store.Corrupt`, the blob is moved to quarantine, and no
-rows of it are read; its row groups are then read through a file, not a memory map,
+rows of it are read. The open file is checked against the stamp it was verified at
+around each row group read (:class:`_Unchanged`), so one written in place later is
+hashed again, and Corrupt when damaged, rather than read unchecked for as long as
+the source lives. Its row groups are read through a file, not a memory map,
 so a blob cut short on disk while it is open is a short read (Corrupt), not a
 crash (SIGBUS). From any other store (a bucket with no
 copy in a cache) it is read in ranges through ``store.open_blob`` and is not
@@ -54,12 +57,15 @@ one no worker can open, and such a source is refused before anything runs.
 from __future__ import annotations
 
 import contextlib
+import io
 import mmap
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow
 
+from somatize._threads import hash_read
 from somatize.catalog import Unbuildable, identity_of
 from somatize.data._parquet_base import (
     NotParquet,
@@ -79,6 +85,73 @@ from somatize.node import Context
 from somatize.store import Corrupt, Missing, Store
 
 __all__ = ["DatasetChanged", "NotParquet", "Parquet", "ParquetDir"]
+
+
+_Stamp = tuple[int, int, int, int]
+
+
+def _stamp_of(fd: int) -> _Stamp:
+    """What tells the file open as ``fd`` from itself changed, as a local store stamps a blob
+    it verified: its inode, size, mtime and ctime (which moves whenever it is written)."""
+    found = os.fstat(fd)
+    return found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns
+
+
+def _let_go(whole: memoryview) -> None:
+    """Releases a blob :meth:`~somatize.store.Store.local_blob` handed over, and its map."""
+    mapped = whole.obj
+    whole.release()
+    if isinstance(mapped, mmap.mmap):
+        with contextlib.suppress(BufferError):  # a view of it still held elsewhere
+            mapped.close()
+
+
+class _Unchanged:
+    """Whether a dataset's blob, open for reading, is still the file the store verified.
+
+    A source reads row groups from its open blob for as long as it lives, long after the
+    store hashed it: a blob written in place meanwhile (same size) would hand over rows
+    its digest does not name, and the answers below would be kept under the version's key.
+    So each read is checked against the stamp the store verified the blob at (one
+    ``fstat``). A blob whose stamp moved is hashed again through the open file: intact (a
+    ``put`` of the same bytes touches it), it is read on under its new stamp; damaged, it is
+    Corrupt, and the store is asked to verify it again, which moves it to quarantine."""
+
+    def __init__(self, source: Parquet, holder: Store, fd: int) -> None:
+        self.source = source
+        self.fd = fd
+        # The store's own record of the stamp it hashed the blob at. A store that keeps
+        # none has the open file hashed at the first check.
+        verified: dict[str, _Stamp] = getattr(holder, "_verified", {})
+        self.stamp = verified.get(source.version)
+
+    def __call__(self) -> bool:
+        """False when the file is as verified; True when it changed and hashed to its
+        digest again; Corrupt when it does not."""
+        now = _stamp_of(self.fd)
+        if now == self.stamp:
+            return False
+        # At positions, as the rows are read: the descriptor's offset is left alone.
+        with _Positioned(io.FileIO(self.fd, "rb", closefd=False)) as reader:
+            found = hash_read(reader, now[1])
+        steady = _stamp_of(self.fd) == now
+        if found == self.source.version and steady:
+            self.stamp = now
+            return True
+        self.source._verify_again()
+        said = (
+            "was cut short"
+            if found is None
+            else "kept changing while it was hashed again"
+            if found == self.source.version
+            else f"hashes to {found}"
+        )
+        raise Corrupt(
+            f"`{self.source.dataset}` ({self.source.version}) changed on disk after it was "
+            f"verified and opened, and {said}: no rows of it are handed over, and nothing "
+            "below the source is kept. Put the dataset's bytes again (`store.put`): they "
+            "are kept under the same digest, so the name needs no rebinding"
+        )
 
 
 class Parquet(_Versioned):
@@ -178,8 +251,14 @@ class Parquet(_Versioned):
 
     def forward(self, span: Any, ctx: Context) -> Frame:
         at, take = span_of(span, f"`{ctx.name}` (Parquet)")
-        with self._files.using(0, self._opened) as one:
-            return Frame(one.read(at, take, self._held, 0))
+        try:
+            with self._files.using(0, self._opened) as one:
+                return Frame(one.read(at, take, self._held, 0))
+        except Corrupt:
+            # The file open is damaged, or gone to quarantine: the next span opens the
+            # dataset afresh, and finds whether it was put again.
+            self._files.close()
+            raise
 
     def _opened(self) -> _File:
         """The dataset's file, opened: verified and read through a file when the store
@@ -201,26 +280,39 @@ class Parquet(_Versioned):
             # Verified; read through a file rather than the map: a blob cut short on disk
             # while it is open (another tool, a full disk) is then a short read, Corrupt,
             # where a page of the map past its new end would kill the process (SIGBUS).
-            mapped = whole.obj
-            whole.release()
-            with contextlib.suppress(BufferError):  # a view of it still held elsewhere
-                mapped.close()
+            _let_go(whole)
             holder = getattr(store, "cache", None)
             holder = holder if isinstance(holder, Store) else store  # where the copy is
             # Read at positions: a process forked while it is open (a DataLoader worker)
             # shares the descriptor's offset, never this file's.
             positioned = _Positioned(holder.open_blob(self.version))
             source: Any = pyarrow.PythonFile(positioned, mode="r")
+            unchanged: _Unchanged | None = _Unchanged(self, holder, positioned.fd)
         elif whole is not None:
             source = pyarrow.BufferReader(pyarrow.py_buffer(whole))  # read into memory
+            unchanged = None
         else:
             source = store.open_blob(self.version)
+            unchanged = None
         try:
+            if unchanged is not None:
+                unchanged()  # the file opened is the one verified
             file = _parquet_file(source, where)
-            return _File(file, source, _Footer(file, where, self.columns))
+            footer = _Footer(file, where, self.columns)
+            if unchanged is not None:
+                unchanged()  # and the footer was read from it
+            return _File(file, source, footer, unchanged)
         except BaseException:
             source.close()
             raise
+
+    def _verify_again(self) -> None:
+        """Has the store verify the dataset's blob again, so that it moves a damaged one to
+        quarantine as it does any damaged blob; what it finds is not raised here."""
+        with contextlib.suppress(Missing, Corrupt, OSError):
+            whole = self.store.local_blob(self.version)
+            if whole is not None:
+                _let_go(whole)
 
     def _removed(self) -> str:
         """Why the blob this source was built at cannot be read, and the two ways on."""
