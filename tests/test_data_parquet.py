@@ -17,6 +17,7 @@ import pyarrow.compute
 import pyarrow.parquet
 import pytest
 
+import somatize.data._parquet_base as parquet_base
 import somatize.data.parquet as parquet_module
 from somatize import Graph, NameNotFound, Node, Store, Unbuildable, Undeclared
 from somatize.broker import Broker, StateMismatch, Worker
@@ -220,6 +221,39 @@ def test_columns_reads_only_those(store: Store) -> None:
         Parquet(store, "data/n", columns=["label"]).forward({"at": 0, "take": 2}, ctx())
     with pytest.raises(ValueError, match=r"columns= names 'n' more than once"):
         Parquet(store, "data/n", columns=["n", "s", "n"])
+
+
+@pytest.mark.parametrize("kind", ["store", "directory"])
+def test_a_dotted_column_name_reads_that_column_only(
+    kind: str, tmp_path: Path, store: Store
+) -> None:
+    """A column named ``a.b`` beside a struct column ``a`` with a field ``b`` is read alone:
+    columns are picked out by their place in the file, not by Parquet's dotted leaf paths."""
+    table = pyarrow.table({"a": pyarrow.array([{"b": "x"}, {"b": "y"}]), "a.b": [1, 2]})
+    if kind == "store":
+        bound(store, table)
+        make: Any = partial(Parquet, store, "data/n")
+    else:
+        write_dir(tmp_path / "d", [table, table])
+        make = partial(ParquetDir, tmp_path / "d")
+    dotted = make(columns=["a.b"]).forward({"at": 0, "take": 2}, ctx())
+    assert dotted.columns == ["a.b"]
+    assert dotted.column("a.b") == [1, 2]
+    both = make(columns=["a.b", "a"]).forward({"at": 1, "take": 2}, ctx())
+    assert both.columns == ["a.b", "a"]
+    assert both.column("a") == [{"b": "y"}] + ([{"b": "x"}] if kind == "directory" else [])
+    assert make(columns=["a"]).forward({"at": 0, "take": 2}, ctx()).columns == ["a"]
+
+
+def test_a_row_group_read_as_other_columns_than_declared_is_refused(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows read with columns other than the footer declares for them are refused, not
+    handed on under the declared ones."""
+    bound(store, numbers(4))
+    monkeypatch.setattr(parquet_base, "_leaves_of", lambda *args: [0])  # `n`, not `s`
+    with pytest.raises(NotParquet, match=r"row group 0 of `data/n`.*was read as columns"):
+        Parquet(store, "data/n", columns=["s"]).forward({"at": 0, "take": 2}, ctx())
 
 
 def test_a_column_name_written_twice_is_refused_as_ambiguous(tmp_path: Path, store: Store) -> None:
@@ -509,14 +543,14 @@ def test_a_directory_keeps_one_budget_of_decoded_groups_for_all_its_files(
     import somatize.data._parquet_base as module  # where the budget is read
 
     decoded: list[weakref.ref[pyarrow.Table]] = []
-    real = pyarrow.parquet.ParquetFile.read_row_group
+    real = parquet_base._File._decode
 
     def counting(self: Any, *args: Any, **kwargs: Any) -> pyarrow.Table:
         table = real(self, *args, **kwargs)
         decoded.append(weakref.ref(table))
         return table
 
-    monkeypatch.setattr(pyarrow.parquet.ParquetFile, "read_row_group", counting)
+    monkeypatch.setattr(parquet_base._File, "_decode", counting)
     write_dir(tmp_path / "d", [numbers(50, 50 * part).select(["n"]) for part in range(30)])
     source = ParquetDir(tmp_path / "d")
     group = source.forward({"at": 0, "take": 50}, ctx()).to_arrow().nbytes
@@ -765,7 +799,7 @@ def test_close_waits_for_a_span_being_read_in_another_thread(
     source = a_source(kind, tmp_path, store)
     source.count_rows()
     reading, go = threading.Event(), threading.Event()
-    real = pyarrow.parquet.ParquetFile.read_row_group
+    real = parquet_base._File._decode
 
     def paused(self: Any, *args: Any, **kwargs: Any) -> pyarrow.Table:
         if not go.is_set():
@@ -773,7 +807,7 @@ def test_close_waits_for_a_span_being_read_in_another_thread(
             go.wait(10)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(pyarrow.parquet.ParquetFile, "read_row_group", paused)
+    monkeypatch.setattr(parquet_base._File, "_decode", paused)
     answered: list[Any] = []
 
     def read() -> None:

@@ -155,6 +155,43 @@ class _Positioned(io.RawIOBase):
         super().close()
 
 
+def _leaf_count(kind: pyarrow.DataType) -> int:
+    """How many Parquet leaf columns a column of type ``kind`` is written as."""
+    if pyarrow.types.is_dictionary(kind):
+        return 1
+    if isinstance(kind, pyarrow.ExtensionType):
+        return _leaf_count(kind.storage_type)
+    if pyarrow.types.is_map(kind):
+        return _leaf_count(kind.key_type) + _leaf_count(kind.item_type)
+    if pyarrow.types.is_nested(kind):  # a struct, a list of any kind: its children's leaves
+        return sum(_leaf_count(kind.field(index).type) for index in range(kind.num_fields))
+    return 1
+
+
+def _leaves_of(
+    file: pyarrow.parquet.ParquetFile,
+    schema: pyarrow.Schema,
+    columns: Sequence[str],
+    where: str,
+) -> list[int]:
+    """The leaf columns of ``file`` (whose Arrow schema is ``schema``) that hold the
+    top-level ``columns``, in their order."""
+    starts = [0]
+    for field in schema:
+        starts.append(starts[-1] + _leaf_count(field.type))
+    if starts[-1] != file.metadata.num_columns:
+        raise NotParquet(
+            f"{where} has {file.metadata.num_columns} leaf columns where its Arrow schema "
+            f"({', '.join(schema.names)}) makes {starts[-1]}, so which of them hold a column "
+            "cannot be told. Read it whole (columns=None), or write it again with pyarrow"
+        )
+    leaves: list[int] = []
+    for name in columns:
+        index = schema.get_field_index(name)
+        leaves.extend(range(starts[index], starts[index + 1]))
+    return leaves
+
+
 class _Footer:
     """What a Parquet file's footer says, read once: the schema of the columns a source
     reads from it, and the row each row group starts at. It holds no file open."""
@@ -163,7 +200,6 @@ class _Footer:
         self, file: pyarrow.parquet.ParquetFile, where: str, columns: Sequence[str] | None
     ) -> None:
         self.where = where
-        self.columns = None if columns is None else list(columns)
         self.metadata = file.metadata
         schema = file.schema_arrow
         times = collections.Counter(schema.names)
@@ -181,6 +217,10 @@ class _Footer:
                     "name for each column"
                     + (f", or read only the others (columns={others!r})" if others else "")
                 )
+        self.leaves = None if columns is None else _leaves_of(file, schema, columns, where)
+        """The file's leaf columns that hold ``columns``, in their order (None: all). A read
+        selects by them, not by name: Parquet names a leaf by its dotted path, so a name such
+        as ``a.b`` also picks out field ``b`` of a struct column ``a``."""
         if columns is not None:
             schema = pyarrow.schema([schema.field(name) for name in columns], schema.metadata)
         foreign = python_extensions(schema)
@@ -296,7 +336,7 @@ class _File:
             if unchanged is not None:
                 unchanged()
             try:
-                table = self.file.read_row_group(index, columns=self.footer.columns)
+                table = self._decode(index)
             except (pyarrow.ArrowException, OSError) as why:
                 if unchanged is not None:
                     unchanged()  # damage the file's own checks could not name: say that
@@ -306,11 +346,30 @@ class _File:
                     "and no rows of it are handed over. Write the dataset again"
                 ) from None
             if unchanged is None or not unchanged():
-                return table
+                return self._declared(table, index)
         raise Corrupt(
             f"{self.footer.where} kept changing on disk while row group {index} was read, so "
             "no rows of it are handed over. Stop whatever writes into the store's files"
         )
+
+    def _decode(self, index: int) -> pyarrow.Table:
+        """Row group ``index``, its columns picked out by their leaves."""
+        return self.file.reader.read_row_group(
+            index, column_indices=self.footer.leaves, use_threads=True
+        )
+
+    def _declared(self, table: pyarrow.Table, index: int) -> pyarrow.Table:
+        """``table``, read from row group ``index``, when it has the columns the footer
+        declares; NotParquet when it has others."""
+        schema = self.footer.schema
+        if not table.schema.equals(schema, check_metadata=True):
+            raise NotParquet(
+                f"row group {index} of {self.footer.where} was read as columns "
+                f"{table.schema} where the file's schema, for the columns asked for, says "
+                f"{schema}: no rows of it are handed over. Read it whole (columns=None), or "
+                "write it again with pyarrow"
+            )
+        return table
 
     def close(self) -> None:
         self.file.close()
