@@ -535,6 +535,32 @@ def test_files_of_different_schemas_are_refused(tmp_path: Path) -> None:
         ParquetDir(tmp_path / "units").forward({"at": 0, "take": 4}, ctx())
 
 
+def test_files_whose_nested_fields_say_other_things_are_refused(tmp_path: Path) -> None:
+    """What a field inside a struct, list or map column says of itself (its unit) goes with
+    its rows as a top-level column's does: files that differ in it are not one dataset."""
+
+    def distance(unit: str) -> pyarrow.Field:
+        return pyarrow.field("dist", pyarrow.float64(), metadata={"unit": unit})
+
+    kinds = {
+        "struct": lambda unit: pyarrow.struct([distance(unit)]),
+        "list": lambda unit: pyarrow.list_(distance(unit)),
+        "map": lambda unit: pyarrow.map_(pyarrow.string(), distance(unit)),
+    }
+    values = {"struct": {"dist": 1.0}, "list": [1.0], "map": [("a", 1.0)]}
+    for name, kind in kinds.items():
+
+        def table(unit: str, name: str = name, kind: Any = kind) -> pyarrow.Table:
+            schema = pyarrow.schema([pyarrow.field("p", kind(unit))])
+            return pyarrow.table({"p": pyarrow.array([values[name]], kind(unit))}, schema=schema)
+
+        write_dir(tmp_path / name / "same", [table("m"), table("m")])
+        assert len(ParquetDir(tmp_path / name / "same").forward({"at": 0, "take": 4}, ctx())) == 2
+        write_dir(tmp_path / name / "units", [table("m"), table("km")])
+        with pytest.raises(NotParquet, match=r"`part-001\.parquet` has columns"):
+            ParquetDir(tmp_path / name / "units").forward({"at": 0, "take": 4}, ctx())
+
+
 def test_a_directory_keeps_one_budget_of_decoded_groups_for_all_its_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -131,14 +131,33 @@ _FIELD_ID = b"PARQUET:field_id"
 
 def _alike(one: pyarrow.Schema, other: pyarrow.Schema) -> bool:
     """Whether two files' schemas are one dataset's: the same names and types, and what
-    each column says of itself the same, but for the field ids a writer numbered them by."""
+    each column, and each field within one, says of itself the same, but for the field ids
+    a writer numbered them by."""
     if not one.equals(other, check_metadata=False):
         return False
-    for mine, theirs in zip(one, other, strict=True):
-        said = {k: v for k, v in (mine.metadata or {}).items() if k != _FIELD_ID}
-        if said != {k: v for k, v in (theirs.metadata or {}).items() if k != _FIELD_ID}:
-            return False
-    return True
+    return all(_said_alike(mine, theirs) for mine, theirs in zip(one, other, strict=True))
+
+
+def _said_alike(mine: pyarrow.Field, theirs: pyarrow.Field) -> bool:
+    """Whether two fields of one type say the same of themselves, and so do the fields
+    within them (of a struct, a list, a map; of a dictionary's values, an extension's
+    storage), but for their field ids."""
+    said = {k: v for k, v in (mine.metadata or {}).items() if k != _FIELD_ID}
+    if said != {k: v for k, v in (theirs.metadata or {}).items() if k != _FIELD_ID}:
+        return False
+    return all(
+        _said_alike(inner, outer)
+        for inner, outer in zip(_within(mine.type), _within(theirs.type), strict=True)
+    )
+
+
+def _within(kind: pyarrow.DataType) -> list[pyarrow.Field]:
+    """The fields within a column of type ``kind``."""
+    if pyarrow.types.is_dictionary(kind):
+        return _within(kind.value_type)
+    if isinstance(kind, pyarrow.ExtensionType):
+        return _within(kind.storage_type)
+    return [kind.field(index) for index in range(kind.num_fields)]
 
 
 def _is_path(value: Any, absolute: Path) -> bool:
