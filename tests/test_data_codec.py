@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow
+import pyarrow.compute
 import pytest
 
 import somatize.data
@@ -164,6 +165,29 @@ def test_the_digest_ignores_how_the_values_are_laid_out(kind: str, case: str) ->
     last = {pyarrow.bool_(): False, pyarrow.int64(): -1}.get(fresh.type, "z")
     other = pyarrow.array([*fresh.to_pylist()[:-1], last], fresh.type)
     assert codec.digest(made(fresh)) != codec.digest(made(other))
+
+
+@pytest.mark.parametrize("kind", ["table", "frame", "batch"])
+def test_the_digest_ignores_where_runs_are_split(kind: str) -> None:
+    """A run-end-encoded column digests by its rows: encoded afresh, sliced from a longer
+    one, or in chunks that split a run, equal rows digest alike."""
+    encode = pyarrow.compute.run_end_encode
+    longer = encode(pyarrow.array([1, 1, 1, 1, 2, 2, None, 3, 3, 3]))
+    fresh = encode(pyarrow.array([1, 2, 2, None, 3]))
+    split = [longer.slice(3, 2), longer.slice(5, 3)]
+    codec = ArrowCodec()
+    made = _MADE[kind]
+    laid_out = [made(longer.slice(3, 5))]
+    if kind == "batch":
+        laid_out.append(made(pyarrow.concat_arrays(split)))
+    else:
+        chunked = pyarrow.table({"n": pyarrow.chunked_array(split)})
+        laid_out.append(chunked if kind == "table" else Frame(chunked))
+    for one in laid_out:
+        assert codec.digest(one) == codec.digest(made(fresh))
+    assert codec.digest(made(fresh)) != codec.digest(made(encode(pyarrow.array([1, 2, 2, 3, 3]))))
+    zeros = [encode(pyarrow.array([0.0, -0.0])), encode(pyarrow.array([0.0, 0.0]))]
+    assert len({codec.digest(made(one)) for one in zeros}) == 2  # -0.0 is a value of its own
 
 
 def test_empty_values_round_trip() -> None:

@@ -19,7 +19,9 @@ The digest is BLAKE3 over the IPC bytes of the value with its chunks combined
 and its validity bitmaps bare (none on a column with no nulls, no bits set past
 a column's end): equal content laid out in different chunks (a table read in
 two pieces, or in one), or sliced from a column that had nulls elsewhere, has
-one digest, which is what a key computed in two processes needs. Dictionary and
+one digest, which is what a key computed in two processes needs; a run-end-encoded
+column keeps only the runs of its rows, and a run split at a chunk's end is joined
+again. Dictionary and
 dense union columns are written as they are: a slice of one keeps the whole
 dictionary, or its union's children whole, so it digests apart from the same rows
 laid out otherwise (a cache miss, never a wrong answer).
@@ -33,6 +35,7 @@ from typing import Any
 
 import blake3
 import pyarrow
+import pyarrow.compute
 import pyarrow.ipc
 
 from somatize._threads import hash_threads
@@ -78,6 +81,8 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
     nothing is null, no bits set past its end. A slice of a column keeps the bitmap of the
     whole, and IPC writes what it finds; rebuilding (one copy) writes them the one way."""
     kind = column.type
+    if getattr(pyarrow.types, "is_run_end_encoded", lambda _: False)(kind):
+        return _runs(column)
     if _is_view(kind):  # its strings are in whichever data buffers the chunks put them
         base = (
             pyarrow.large_binary() if pyarrow.types.is_binary_view(kind) else pyarrow.large_string()
@@ -102,6 +107,47 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
     ):
         return pyarrow.concat_arrays([column])
     return column  # sliced at an offset, IPC copies the bits it needs into a cleared buffer
+
+
+def _runs(column: Any) -> pyarrow.Array:
+    """Run-end-encoded ``column`` with its runs laid out one way: only the runs of its
+    rows, their ends counted from its first row, and a run that chunks split joined again.
+    A slice keeps the run ends of the column it was cut from, and combining chunks keeps
+    a run split at a chunk's end as two, where encoding the rows afresh makes one."""
+    kind = column.type
+    first, count = column.find_physical_offset(), column.find_physical_length()
+    ends = column.run_ends.slice(first, count)
+    values = column.values.slice(first, count)
+    ends = pyarrow.compute.min_element_wise(
+        pyarrow.compute.subtract(ends.cast(pyarrow.int64()), column.offset), len(column)
+    )
+    if count > 1:
+        same = _same_as_next(values)
+        if same is not None:
+            last = pyarrow.concat_arrays([pyarrow.compute.invert(same), pyarrow.array([True])])
+            ends, values = ends.filter(last), values.filter(last)
+    return pyarrow.RunEndEncodedArray.from_arrays(
+        ends.cast(kind.run_end_type), _bare(values), type=kind
+    )
+
+
+_AS_BITS = {16: pyarrow.int16(), 32: pyarrow.int32(), 64: pyarrow.int64()}
+
+
+def _same_as_next(values: pyarrow.Array) -> pyarrow.Array | None:
+    """Whether each of ``values`` but the last is the one after it: both null, or equal bit
+    for bit, as encoding compares them (a float ``-0.0`` is not ``0.0``, a NaN is itself).
+    None for values that cannot be compared (nested ones): their runs stay as they are,
+    which digests apart from the rows encoded afresh (a miss, never a wrong answer)."""
+    if pyarrow.types.is_floating(values.type):
+        values = values.view(_AS_BITS[values.type.bit_width])
+    before, after = values.slice(0, len(values) - 1), values.slice(1)
+    try:
+        equal = pyarrow.compute.equal(before, after)
+    except pyarrow.ArrowNotImplementedError:
+        return None
+    both_null = pyarrow.compute.and_(before.is_null(), after.is_null())
+    return pyarrow.compute.or_(equal.fill_null(False), both_null)
 
 
 def _is_view(kind: pyarrow.DataType) -> bool:
