@@ -116,9 +116,10 @@ def _protocols_of(where: str) -> set[str]:
 def _open(where: str) -> LocalStore | BucketStore:
     """The store at ``where``; a directory (a path, or a ``file://`` or ``local://`` URL)
     must hold one already (``blobs/``, and ``answers/``, ``packs/`` or ``names/``: a store
-    made through a ``file://`` bucket that holds only names has no ``answers/``), and a
-    bucket must exist, since every command reads a store and a mistyped path should not
-    become an empty store reported healthy. A ``memory://`` store lives in one process, so
+    made through a ``file://`` bucket that holds only names has no ``answers/``), and so
+    must a bucket's prefix, in a bucket that exists, since every command reads a store and
+    a mistyped path should not become an empty store reported healthy (nor a gc remove a
+    user's files). A ``memory://`` store lives in one process, so
     a command line never finds one there."""
     protocols = _protocols_of(where) if "://" in where else {"file"}
     if "memory" in protocols:
@@ -134,6 +135,13 @@ def _open(where: str) -> LocalStore | BucketStore:
             raise StoreError(
                 f"{where} is not a store: the bucket `{missing}` does not exist, and nothing "
                 "was created. Name an existing bucket with --store or $SOMATIZE_STORE"
+            )
+        if not bucket._holds_store():
+            raise StoreError(
+                f"{where} is not a store: it holds no store (a store's prefix holds blobs/, "
+                "and answers/, packs/ or names/), and nothing was changed there: what lies "
+                "there is not a store's to collect. Name an existing store with --store or "
+                "$SOMATIZE_STORE"
             )
         return bucket
     path = where.rsplit("::", 1)[-1].split("://", 1)[-1]
@@ -336,10 +344,11 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
                         "so nothing resolves it; gc leaves it"
                     )
                 elif where.startswith("blobs/"):
-                    why = "not named by a digest, so no blob; gc removes it"
+                    swept = "removes" if store._sweeps_strays else "leaves (a bucket's prefix)"
+                    why = f"not named by a digest where it lies, so no blob; gc {swept} it"
                 else:
                     kind = "record" if where.startswith("answers/") else "pack index"
-                    why = f"not named by a digest, so no {kind}; gc leaves it"
+                    why = f"not named by a digest where it lies, so no {kind}; gc leaves it"
                 print(f"stray   {_printable(where)}: {why}", file=out)
             if found.quarantined:
                 print(f"moved {len(found.quarantined)} aside into quarantine/", file=out)

@@ -785,3 +785,84 @@ def test_gc_aborts_the_uploads_of_its_blobs_left_incomplete(
     assert (done.abandoned, done.freed) == (1, 5 << 20)
     assert ours not in uploads() and theirs in uploads()
     files[1].discard()  # the other prefix's, tidied
+
+
+def _planted(url: str, keys: list[str]) -> Any:
+    """The filesystem of the test bucket, with a user's file at each of ``keys`` under
+    ``url``."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_options())
+    for key in keys:
+        fs.pipe_file(f"{url[5:]}/{key}", b"a user's file " + key.encode())
+    return fs
+
+
+USERS_FILES = [
+    "tmp/report.csv",
+    "tmp/run1/model.pt",
+    "blobs/README.txt",
+    "blobs/images/cat.png",
+    f"blobs/ab/{'cd' * 32}",  # named by a digest, in the folder of another
+    "data/keep.me",
+]
+"""Files a user may keep under a bucket prefix, where a store's sections would lie."""
+
+
+def test_gc_of_a_bucket_store_removes_only_files_laid_out_as_its_own() -> None:
+    """On an object store gc leaves tmp/ alone (the store writes nothing there) and, in
+    blobs/, every file not laid out as a blob is (blobs/<2 hex>/<64 hex>): a user's files
+    under the prefix, and a whole store under its tmp/, are left whole."""
+    url = s3_url()
+    fs = _planted(url, USERS_FILES)
+    inner = Store.on_bucket(f"{url}/tmp/scratch", **s3_options())
+    inner.keep(key_of("inner"), b"the inner store's answer", "plain")
+    inner.bind("ds", inner.put(b"the inner store's dataset"))
+    outer = Store.on_bucket(url, **s3_options())
+    outer.keep(key_of("outer"), b"the outer store's answer", "plain")
+    outer.put(b"nothing refers to this")
+    done = outer.gc(grace=0)
+    assert (done.blobs, done.abandoned) == (1, 0)
+    for key in USERS_FILES:
+        assert fs.cat_file(f"{url[5:]}/{key}") == b"a user's file " + key.encode()
+    again = Store.on_bucket(f"{url}/tmp/scratch", **s3_options())
+    assert bytes(again.recall(key_of("inner"))[1]) == b"the inner store's answer"
+    assert bytes(again.get(again.resolve("ds"))) == b"the inner store's dataset"
+
+
+def _cli_s3(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An environment whose S3 client (the command line's) reaches the loopback server."""
+    import s3fs
+
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_options()["client_kwargs"]["endpoint_url"])
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cache", {})  # a client of its own, not cached
+
+
+@pytest.mark.parametrize("command", [["gc", "--grace", "0", "--max-bytes", "0"], ["verify"]])
+def test_the_command_line_refuses_a_bucket_prefix_holding_no_store(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+) -> None:
+    """A bucket prefix that holds no store (no blobs/ beside answers/, packs/ or names/) is
+    refused with status 2, as a directory holding none is, and a user's files there are
+    left whole; a prefix holding a store is taken."""
+    url = s3_url()
+    fs = _planted(url, USERS_FILES)
+    _cli_s3(monkeypatch, tmp_path)
+    assert main(["store", *command, "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert "holds no store" in err and len(err.strip().splitlines()) == 1
+    assert len(fs.find(url[5:])) == len(USERS_FILES)
+    store = Store.on_bucket(url, **s3_options())
+    store.keep(key_of("kept"), b"an answer", "plain")
+    assert main(["store", *command, "--store", url]) == 0

@@ -201,8 +201,14 @@ def test_verify_says_gc_leaves_a_stray_file_in_answers_or_packs(
     where = str(store.root)
     assert main(["store", "verify", "--store", where]) == 0
     printed = capsys.readouterr().out
-    assert f"stray   answers/{KEY[7:9]}/.DS_Store: not named by a digest, so no record; " in printed
-    assert "stray   packs/.DS_Store: not named by a digest, so no pack index; " in printed
+    assert (
+        f"stray   answers/{KEY[7:9]}/.DS_Store: not named by a digest where it lies, so no record; "
+        in printed
+    )
+    assert (
+        "stray   packs/.DS_Store: not named by a digest where it lies, so no pack index; "
+        in printed
+    )
     assert "gc removes" not in printed and printed.count("gc leaves it") == 2
     assert main(["store", "gc", "--store", where, "--grace", "0"]) == 0
     assert all(stray.exists() for stray in strays)

@@ -402,19 +402,22 @@ def _plant(home: Store, relative: str, data: bytes) -> None:
 
 
 def test_a_stray_file_in_blobs_is_listed_not_fatal(home: Store) -> None:
-    """Files in blobs/ named by no digest (a .DS_Store, an NFS .nfs file) do not stop verify:
-    they are listed as stray, not as damage, and gc removes them as it removes any file
-    there nothing refers to."""
+    """Files in blobs/ not laid out as blobs are (a .DS_Store, an NFS .nfs file, a digest in
+    another's folder) do not stop verify: they are listed as stray, not as damage; gc removes
+    them from a local store as it removes any file there nothing refers to, and leaves them
+    under a bucket's prefix, where they are a user's."""
     blob = home.keep(key_of(1), b"an answer", "plain").value
-    for stray in ("blobs/.DS_Store", "blobs/ab/.nfs0000000000001234"):
+    strays = ["blobs/.DS_Store", "blobs/ab/.nfs0000000000001234", f"blobs/ab/{'cd' * 32}"]
+    for stray in strays:
         _plant(home, stray, b"not a blob")
     found = _reopen(home).verify(quarantine=True)
     assert found.ok and found.blobs == 1 and found.quarantined == []
-    assert sorted(found.stray) == ["blobs/.DS_Store", "blobs/ab/.nfs0000000000001234"]
+    assert sorted(found.stray) == sorted(strays)
     _reopen(home).gc(grace=0)
     fresh = _reopen(home)
     listed = [e.name for e in fresh._entries("blobs")]  # type: ignore[attr-defined]
-    assert listed == [f"{blob[7:9]}/{blob[7:]}"]
+    left = [] if isinstance(home, LocalStore) else [s.removeprefix("blobs/") for s in strays]
+    assert sorted(listed) == sorted([f"{blob[7:9]}/{blob[7:]}", *left])
     assert bytes(fresh.recall(key_of(1))[1]) == b"an answer"
 
 

@@ -46,6 +46,13 @@ aborts it (gc's grace, when longer): until then it may be another process's uplo
 still going, slowly."""
 
 
+_DEPTHS = {"blobs": 1}
+"""How many folders down its section each file a bucket store writes lies
+(``blobs/ab/<hex>``); a file deeper is none of the store's (a user's folder under the
+prefix). A blob's folder may also hold a file at the top (a ``.DS_Store``), listed as
+stray."""
+
+
 def _mtime(info: dict[str, Any]) -> float:
     for field in ("LastModified", "last_modified", "mtime", "created", "updated"):
         value = info.get(field)
@@ -210,15 +217,37 @@ class BucketShelf(BucketRequests):
             self._rm("removing used/ logs", logs)
 
     def _entries(self, section: str) -> list[Entry]:
+        """The files of ``section`` the store could have written there, at their depth (see
+        :data:`_DEPTHS`). On an object store ``tmp/`` holds none: writes go straight to
+        their place, and what lies there is a user's (or another store's, under this
+        one's prefix)."""
+        if section == "tmp" and self._atomic:
+            return []
         base = f"{self.root}/{section}/".lstrip("/")
+        depth = _DEPTHS.get(section)
         out = []
         for path, info in self._list(section).items():
             name = path.lstrip("/")[len(base) :]
+            if depth is not None and name.count("/") > depth:
+                continue
+            if section != "blobs" and depth is not None and name.count("/") < depth:
+                continue
             out.append(Entry(name, int(info.get("size") or 0), _mtime(info)))
         merging = self._merging
         if merging is not None and section in ("answers", "packs"):
             merging[2].update((section, entry.name) for entry in out)
         return out
+
+    def _holds_store(self) -> bool:
+        """Whether the prefix holds a store, as a local store's directory does: ``blobs/``,
+        and ``answers/``, ``packs/`` or ``names/`` (one listing of the prefix)."""
+        self.fs.invalidate_cache(self.root)
+        try:
+            listed = self._call(f"listing {self.url}", self.fs.ls, self.root, detail=False)
+        except FileNotFoundError:
+            return False
+        here = {str(path).rstrip("/").rsplit("/", 1)[-1] for path in listed}
+        return "blobs" in here and bool(here & {"answers", "packs", "names"})
 
     def _removed(self, section: str, names: Iterable[str]) -> None:
         """Notes that a gc removed ``names`` from ``section``: their times are not kept."""

@@ -160,6 +160,9 @@ class PackedHome(Store):
     """The store's location, as messages name it."""
     _sections: tuple[str, ...] = SECTIONS
     """The sections the home keeps files in."""
+    _sweeps_strays: bool = True
+    """Whether gc removes the files of ``blobs/`` not laid out as blobs (see
+    :mod:`somatize.store.upkeep`)."""
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (a pickled model holding the store, a deepcopy) gets a lock of its own,

@@ -245,6 +245,7 @@ class BucketStore(BucketShelf):
         if self._protocols & {"s3", "s3a"}:
             _check_bucket(url, self.root.lstrip("/").split("/", 1)[0])
         self._atomic = not self._protocols & {"file", "local"}
+        self._sweeps_strays = not self._atomic  # under a bucket's prefix they are a user's
         if not self._atomic:  # writes go through tmp/, which a fresh directory lacks
             try:
                 self.fs.makedirs(self._path("tmp", ""), exist_ok=True)

@@ -18,12 +18,15 @@ may have put it a moment ago and be about to publish the record that refers to i
 the grace); and the store is looked at again just before, so a blob a writer put
 again (or referred to) while the collection ran is spared — on a bucket, where a put of a
 blob already there cannot touch it, only once its record is published. A file in
-``blobs/`` named by no digest (a ``.DS_Store``, an NFS ``.nfs…`` file) is no blob:
-nothing can refer to it, so it goes as an unreferenced blob does, and checking lists
-it as stray, not as damage. A file in ``names/`` that is no name (a ``.DS_Store``, one
-whose name is not UTF-8), or in ``answers/`` or ``packs/`` named by no digest, is listed
-as stray too, and never collected (an NFS ``.nfs…`` file is one the server keeps for a
-file still open); a blob a stray name points at is kept. A folder or file that cannot be read
+``blobs/`` not laid out as a blob is (``blobs/<2 hex>/<64 hex>``, the folder its first
+two: a ``.DS_Store``, an NFS ``.nfs…`` file) is no blob: nothing can refer to it, so in a
+local store it goes as an unreferenced blob does, and checking lists it as stray, not as
+damage. Under an object store's prefix such a file is a user's (the prefix is a folder
+anyone may write in, and a store may lie inside another's sections), so gc leaves it.
+A file in ``names/`` that is no name (a ``.DS_Store``, one whose name is not UTF-8), or in
+``answers/`` or ``packs/`` not laid out as a record or an index is, is listed as stray
+too, and never collected (an NFS ``.nfs…`` file is one the server keeps for a file still
+open); a blob a stray name points at is kept. A folder or file that cannot be read
 (another user's) stops both with :class:`StoreError`: what it holds would be taken for
 unused, or the store for whole.
 
@@ -53,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from somatize._numbers import finite
-from somatize.store.base import Answer, BadName, Corrupt, StoreError, check_digest, check_name
+from somatize.store.base import Answer, BadName, Corrupt, StoreError, check_name
 from somatize.store.records import (
     KEY_VARIABLE,
     KeyMismatch,
@@ -107,6 +110,9 @@ class Shelf(Protocol):
     _where: str
     _sections: tuple[str, ...]
     """The sections the home keeps files in (:data:`SECTIONS`, and those of its own)."""
+    _sweeps_strays: bool
+    """Whether gc removes the files of ``blobs/`` not laid out as blobs (a local store's
+    ``.DS_Store``); not under an object store's prefix, where they are a user's."""
 
     def _entries(self, section: str) -> list[Entry]: ...
 
@@ -137,15 +143,28 @@ def _digest_of(name: str) -> str:
     return "blake3:" + name.rsplit("/", 1)[-1]
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def _laid_out(section: str, name: str) -> bool:
+    """Whether ``name`` is where a file of ``section`` named by a digest lies: ``<2 hex>/<64
+    hex>`` in ``blobs/`` and ``answers/`` (the folder the digest's first two), ``<64 hex>``
+    in ``packs/``."""
+    hexed = name.rsplit("/", 1)[-1]
+    if len(hexed) != 64 or not _HEX.issuperset(hexed):
+        return False
+    return name == (hexed if section == "packs" else f"{hexed[:2]}/{hexed}")
+
+
 def _blobs_among(entries: list[Entry]) -> tuple[dict[str, Entry], list[Entry]]:
-    """The files of ``blobs/`` by the digest they are named by, and those named by none (a
-    ``.DS_Store``, an NFS ``.nfs…`` file): no blob, so nothing can refer to them."""
+    """The files of ``blobs/`` by the digest they are named by, and those not laid out as a
+    blob is (a ``.DS_Store``, an NFS ``.nfs…`` file): no blob, so nothing can refer to them."""
     blobs: dict[str, Entry] = {}
     stray: list[Entry] = []
     for entry in entries:
-        try:
-            blobs[check_digest(_digest_of(entry.name))] = entry
-        except BadName:
+        if _laid_out("blobs", entry.name):
+            blobs[_digest_of(entry.name)] = entry
+        else:
             stray.append(entry)
     return blobs, stray
 
@@ -316,7 +335,9 @@ def collect(
     shelf._flush_use()
     now = time.time()
     uses = shelf._uses()
-    blobs = {_digest_of(e.name): e for e in shelf._entries("blobs")}
+    laid, strays = _blobs_among(shelf._entries("blobs"))
+    blobs = {_digest_of(e.name): e for e in strays} if shelf._sweeps_strays else {}
+    blobs.update(laid)
     out = Collected()
     pinned: set[str] = set()
     kept = 0
@@ -560,8 +581,10 @@ def listing(shelf: Shelf, section: str) -> list[Entry]:
 def _named(section: str, name: str) -> bool:
     """Whether ``name`` is what a file of ``section`` is named: a valid name in ``names/``,
     a digest elsewhere."""
+    if section != "names":
+        return _laid_out(section, name)
     try:
-        check_name(name) if section == "names" else check_digest(_digest_of(name))
+        check_name(name)
     except BadName:
         return False
     return True
