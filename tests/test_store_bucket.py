@@ -866,3 +866,33 @@ def test_the_command_line_refuses_a_bucket_prefix_holding_no_store(
     store = Store.on_bucket(url, **s3_options())
     store.keep(key_of("kept"), b"an answer", "plain")
     assert main(["store", *command, "--store", url]) == 0
+
+
+def test_a_store_inside_another_stores_section_is_none_of_its_own() -> None:
+    """A store whose prefix lies inside another's answers/, packs/ or used/ is none of the
+    other's: not counted by its have, checked by its verify, nor collected by its gc."""
+    url = s3_url()
+    outer = Store.on_bucket(url, **s3_options())
+    outer.keep(key_of("outer"), b"the outer store's answer", "plain")
+    inner_keys = {}
+    for section in ("answers", "packs/old", "used/x"):
+        inner = Store.on_bucket(f"{url}/{section}", **s3_options())
+        inner_keys[section] = key_of(section)
+        inner.keep(inner_keys[section], f"kept in {section}".encode(), "plain")
+        inner.keep_many([(key_of(f"{section} item"), b"an item")], "plain")
+        inner.bind("ds", inner.put(b"a dataset"))
+        inner.recall(inner_keys[section])
+        inner.close()  # its used/ log written
+    asked = [key_of("outer"), *inner_keys.values()] + [key_of(f"no {i}") for i in range(40)]
+    fresh = Store.on_bucket(url, **s3_options())
+    assert fresh.have(asked) == {key_of("outer")}
+    found = Store.on_bucket(url, **s3_options()).verify()
+    assert found.ok and (found.records, found.packs, found.names) == (1, 0, 0)
+    assert found.stray == []
+    Store.on_bucket(url, **s3_options()).gc(grace=0)
+    for section, key in inner_keys.items():
+        again = Store.on_bucket(f"{url}/{section}", **s3_options())
+        assert bytes(again.recall(key)[1]) == f"kept in {section}".encode()
+        assert again.have([key_of(f"{section} item")]) == {key_of(f"{section} item")}
+        assert bytes(again.get(again.resolve("ds"))) == b"a dataset"
+        assert len(again._list("used")) == 1  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -46,11 +47,16 @@ aborts it (gc's grace, when longer): until then it may be another process's uplo
 still going, slowly."""
 
 
-_DEPTHS = {"blobs": 1}
+_DEPTHS = {"blobs": 1, "answers": 1, "packs": 0, "used": 0, "quarantine": 1}
 """How many folders down its section each file a bucket store writes lies
-(``blobs/ab/<hex>``); a file deeper is none of the store's (a user's folder under the
-prefix). A blob's folder may also hold a file at the top (a ``.DS_Store``), listed as
-stray."""
+(``answers/ab/<hex>``, ``packs/<hex>``); names lie at any depth. A file deeper is none of
+the store's: a store whose prefix lies inside this one's section (``…/answers/old``), or a
+user's folder under the prefix. A blob's folder may also hold a file at the top (a
+``.DS_Store``), listed as stray."""
+
+_SHARDED = ("blobs", "answers")
+"""The sections whose files lie in a folder named by their digest's first two hex digits."""
+_HEX2 = re.compile(r"[0-9a-f]{2}/")
 
 
 def _mtime(info: dict[str, Any]) -> float:
@@ -223,19 +229,30 @@ class BucketShelf(BucketRequests):
         one's prefix)."""
         if section == "tmp" and self._atomic:
             return []
-        base = f"{self.root}/{section}/".lstrip("/")
-        depth = _DEPTHS.get(section)
-        out = []
-        for path, info in self._list(section).items():
-            name = path.lstrip("/")[len(base) :]
-            if depth is not None and name.count("/") > depth:
-                continue
-            if section != "blobs" and depth is not None and name.count("/") < depth:
-                continue
-            out.append(Entry(name, int(info.get("size") or 0), _mtime(info)))
+        out = [
+            Entry(name, int(info.get("size") or 0), _mtime(info))
+            for name, info in self._listed(section).items()
+        ]
         merging = self._merging
         if merging is not None and section in ("answers", "packs"):
             merging[2].update((section, entry.name) for entry in out)
+        return out
+
+    def _listed(self, section: str) -> dict[str, dict[str, Any]]:
+        """Name in ``section`` → info of each file listed there at the depth the store
+        writes its files (see :data:`_DEPTHS`); one fresh listing."""
+        base = f"{self.root}/{section}/".lstrip("/")
+        depth = _DEPTHS.get(section)
+        out = {}
+        for path, info in self._list(section).items():
+            name = path.lstrip("/")[len(base) :]
+            if depth is not None and name.count("/") > depth:
+                continue  # another store's, inside this one's section, or a user's folder
+            if depth is not None and section != "blobs" and name.count("/") < depth:
+                continue
+            if section in _SHARDED and "/" in name and not _HEX2.fullmatch(name[:3]):
+                continue  # a folder no digest's first two name: another store's section
+            out[name] = info
         return out
 
     def _holds_store(self) -> bool:
@@ -372,7 +389,7 @@ class BucketShelf(BucketRequests):
 
     def _uses(self) -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = {}
-        listed = list(self._list("used"))
+        listed = [self._path("used", name) for name in self._listed("used")]
         for data in self._read_paths(listed).values():
             try:
                 log = json.loads(data or b"{}")

@@ -606,7 +606,7 @@ class BucketStore(BucketShelf):
         else:
             for key in unknown:  # answered by name from a listing: checked as a fetch would be
                 check_digest(key)
-            listed = {path.rsplit("/", 1)[-1] for path in self._list("answers")}
+            listed = {name.rsplit("/", 1)[-1] for name in self._listed("answers")}
             found.update(key for key in unknown if key[7:] in listed)
         left = [key for key in unknown if key not in found]
         if left and not looked and self._refresh_packs():
@@ -615,14 +615,14 @@ class BucketStore(BucketShelf):
 
     def _listed_packs(self) -> dict[str, str]:
         """One listing, never None: a bucket has no cheap sign that nothing changed."""
-        return {"blake3:" + path.rsplit("/", 1)[-1]: path for path in self._list("packs")}
+        return {"blake3:" + name: self._path("packs", name) for name in self._listed("packs")}
 
     def _records_among(self, keys: Sequence[str]) -> dict[str, bytes]:
         """A few keys' records are read at once; for many, one listing of ``answers/`` says
         which to read."""
         wanted = list(keys)
         if len(wanted) > _FETCH_BELOW:
-            listed = {path.rsplit("/", 1)[-1] for path in self._list("answers")}
+            listed = {name.rsplit("/", 1)[-1] for name in self._listed("answers")}
             wanted = [key for key in wanted if key[7:] in listed]
         paths = {self._answer_path(key): key for key in wanted}
         got = self._read_paths(list(paths)) if paths else {}
