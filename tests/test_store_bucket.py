@@ -896,3 +896,49 @@ def test_a_store_inside_another_stores_section_is_none_of_its_own() -> None:
         assert again.have([key_of(f"{section} item")]) == {key_of(f"{section} item")}
         assert bytes(again.get(again.resolve("ds"))) == b"a dataset"
         assert len(again._list("used")) == 1  # type: ignore[attr-defined]
+
+
+def _dropping_server() -> tuple[str, list[int], Any]:
+    """An endpoint that takes each connection and closes it unanswered, counting them."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    taken = [0]
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            taken[0] += 1
+            connection.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", taken, listener
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_request_to_s3_is_made_as_often_as_retries_says(retries: int) -> None:
+    """A request that keeps failing is made 1 + `retries` times: the store's retrying is
+    the only one, not multiplied by the retries of s3fs and botocore (five each), so a
+    refused endpoint is said at once."""
+    endpoint, taken, listener = _dropping_server()
+    try:
+        store = Store.on_bucket(
+            f"s3://somatize-tests/{uuid.uuid4().hex[:12]}",
+            key="x",
+            secret="x",
+            client_kwargs={"endpoint_url": endpoint},
+            retries=retries,
+            backoff=0.0,
+        )
+        with pytest.raises(StoreError, match=f"failed {retries + 1} times"):
+            store.resolve("anything")
+    finally:
+        listener.close()
+    # The HTTP client opens a second connection to send a request whose connection was
+    # closed unanswered once more (as HTTP/1.1 allows for one that may be repeated).
+    assert retries + 1 <= taken[0] <= 2 * (retries + 1)

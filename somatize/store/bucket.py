@@ -118,6 +118,29 @@ def _check_bucket(url: str, bucket: str) -> None:
         )
 
 
+def _on_s3(url: str) -> bool:
+    """Whether ``url`` names a store on S3 (``s3://``, ``s3a://``)."""
+    return url.split("://", 1)[0] in ("s3", "s3a")
+
+
+def _opened_with(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options the filesystem of ``url`` is opened with: ``storage_options``, and on S3
+    the client's own retrying of a request turned off unless they (or ``AWS_MAX_ATTEMPTS``)
+    set it. A store's ``retries`` and ``backoff`` then say alone how often a request that
+    keeps failing is made: botocore's retries, and s3fs's around them, would each make it
+    five times for every one of the store's (a refused endpoint took half a minute)."""
+    options = dict(storage_options)
+    if not _on_s3(url):
+        return options
+    config = options.get("config_kwargs")
+    if isinstance(config, Mapping) and "retries" in config:
+        return options
+    chosen = "AWS_MAX_ATTEMPTS" in os.environ
+    if not chosen and (config is None or isinstance(config, Mapping)):
+        options["config_kwargs"] = {**(config or {}), "retries": {"total_max_attempts": 1}}
+    return options
+
+
 def _read_mark(mark: str) -> str | None:
     """What the cache mark at ``mark`` holds; None when there is none. One being written by
     another process (no line end yet) is read again until it is whole, for a moment."""
@@ -233,7 +256,8 @@ class BucketStore(BucketShelf):
         self.storage_options = storage_options
         """What the filesystem was opened with (to open the same store again)."""
         try:
-            self.fs, root = url_to_fs(url, **storage_options)
+            fs, root = url_to_fs(url, **_opened_with(url, storage_options))
+            self.fs = self._without_own_retries(fs)
         except (ImportError, ValueError) as why:
             raise StoreError(
                 f"cannot open {url} as a bucket store: {why}. For s3:// install s3fs "
@@ -276,7 +300,15 @@ class BucketStore(BucketShelf):
     def _open_fs(self) -> Any:
         from fsspec.core import url_to_fs
 
-        return url_to_fs(self.url, **self.storage_options)[0]
+        fs = url_to_fs(self.url, **_opened_with(self.url, self.storage_options))[0]
+        return self._without_own_retries(fs)
+
+    def _without_own_retries(self, fs: Any) -> Any:
+        """``fs``, making each request once where it would retry it itself (s3fs: five
+        times), so that ``retries`` says how often it is made; see :func:`_opened_with`."""
+        if _on_s3(self.url) and hasattr(fs, "retries"):
+            fs.retries = 1
+        return fs
 
     # -- address ------------------------------------------------------------------------------
 
