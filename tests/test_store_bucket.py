@@ -173,6 +173,23 @@ def test_a_cache_folder_serves_one_bucket_store(tmp_path: Path) -> None:
     assert bytes(again.recall(key)[1]) == b"the first's answer"
 
 
+def test_a_cache_folder_serves_one_endpoint(tmp_path: Path) -> None:
+    """A cache folder is bound to the server too: the same bucket and prefix reached
+    through another endpoint (another S3-compatible server, for all the cache can tell) is
+    refused it, naming both endpoints, instead of being handed answers it never kept."""
+    cache = tmp_path / "cache"
+    url = s3_url()
+    first = Store.on_bucket(url, cache=cache, **s3_options())
+    first.keep(key_of("kept on the first server"), b"an answer", "plain")
+    endpoint = s3_options()["client_kwargs"]["endpoint_url"]
+    elsewhere = endpoint.replace("127.0.0.1", "localhost")
+    with pytest.raises(BadAddress, match="its own cache folder") as refused:
+        Store.on_bucket(url, cache=cache, key="x", secret="x", endpoint_url=elsewhere)
+    assert endpoint in str(refused.value) and elsewhere in str(refused.value)
+    again = Store.on_bucket(url, cache=cache, key="x", secret="x", endpoint_url=endpoint)
+    assert again.have([key_of("kept on the first server")]) == {key_of("kept on the first server")}
+
+
 def test_a_cache_folder_made_before_binding_is_bound_to_its_first_store(tmp_path: Path) -> None:
     """A cache folder that names no bucket store yet (made before folders were bound) keeps
     serving: the first bucket store to use it takes it, and it is then refused to others."""
@@ -185,7 +202,8 @@ def test_a_cache_folder_made_before_binding_is_bound_to_its_first_store(tmp_path
     assert isinstance(reader, BucketStore) and reader.cache is not None
     assert reader.cache.have([key]) == {key}
     assert bytes(reader.recall(key)[1]) == b"cached"
-    assert (cache / "bucket").read_text() == f"{url}\n"
+    endpoint = s3_options()["client_kwargs"]["endpoint_url"]
+    assert (cache / "bucket").read_text() == f"{url} at {endpoint}\n"
     with pytest.raises(BadAddress, match=url):
         Store.on_bucket(s3_url(), cache=cache, **s3_options())
 

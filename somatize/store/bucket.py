@@ -88,7 +88,8 @@ _HOLD_BELOW = 1 << 16
 """Blobs up to this size are held in memory once downloaded."""
 
 _CACHE_MARK = "bucket"
-"""The file in a cache folder naming the bucket store (its bucket and prefix) it caches."""
+"""The file in a cache folder naming the bucket store it caches: its bucket and prefix, and
+the server, when the options name one (``s3://bkt/pre at http://host:9000``)."""
 
 _MARK_WAIT = 1.0
 """Seconds a cache's mark found incomplete is waited on: another process is writing it."""
@@ -139,6 +140,22 @@ def _opened_with(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]
     if not chosen and (config is None or isinstance(config, Mapping)):
         options["config_kwargs"] = {**(config or {}), "retries": {"total_max_attempts": 1}}
     return options
+
+
+def _server_of(url: str, storage_options: Mapping[str, Any]) -> str | None:
+    """The server the bucket is reached at, where the options name one (an S3-compatible
+    server's ``endpoint_url``, given as an option or in ``client_kwargs``; an Azure
+    ``account_name``) or, on S3, the environment does (``AWS_ENDPOINT_URL_S3``,
+    ``AWS_ENDPOINT_URL``); None for the default one."""
+    client = storage_options.get("client_kwargs")
+    for option in ("endpoint_url", "account_name"):
+        for given in (storage_options, client if isinstance(client, Mapping) else {}):
+            value = given.get(option)
+            if value:
+                return str(value)
+    if _on_s3(url):
+        return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return None
 
 
 def _read_mark(mark: str) -> str | None:
@@ -215,7 +232,7 @@ def _bind_cache(cache: LocalStore, address: str) -> None:
     raise BadAddress(
         f"the cache folder {cache.root} is bound to the bucket store {bound[:-1]!r} (it holds "
         f"that store's answers, found by key alone), not to {address!r}: give each bucket "
-        "store (each bucket and prefix) its own cache folder"
+        "store (each bucket and prefix, on each server) its own cache folder"
     )
 
 
@@ -282,7 +299,11 @@ class BucketStore(BucketShelf):
             LocalStore(cache, signing_key=self.signer) if cache is not None else None
         )
         if self.cache is not None:
-            _bind_cache(self.cache, self.fs.unstrip_protocol(self.root))
+            # The bucket and prefix, and the server: the same bucket's name on another
+            # S3-compatible server is another bucket, whose answers the cache must not hand.
+            address = self.fs.unstrip_protocol(self.root)
+            server = _server_of(url, storage_options)
+            _bind_cache(self.cache, address if server is None else f"{address} at {server}")
         self._hold_nothing(url)
         self._packs_seen = False
         """Whether the pack indexes were loaded once (see :meth:`_look_at_packs`)."""
