@@ -960,3 +960,21 @@ def test_a_request_to_s3_is_made_as_often_as_retries_says(retries: int) -> None:
     # The HTTP client opens a second connection to send a request whose connection was
     # closed unanswered once more (as HTTP/1.1 allows for one that may be repeated).
     assert retries + 1 <= taken[0] <= 2 * (retries + 1)
+
+
+def test_folder_markers_in_a_bucket_are_no_files_of_the_store() -> None:
+    """Zero-byte keys ending in "/" (what the S3 console's "Create folder" writes) are no
+    files of the store: a marker `names/ds/` does not stop `ds` from being bound, and
+    verify lists none of them as stray."""
+    url = s3_url()
+    store = Store.on_bucket(url, **s3_options())
+    assert isinstance(store, BucketStore)
+    store.keep(key_of("kept"), b"an answer", "plain")
+    bucket, prefix = store.fs.split_path(store.root)[:2]
+    for folder in ("", "answers/", "answers/00/", "blobs/", "blobs/ab/", "names/", "names/ds/"):
+        store.fs.call_s3("put_object", Bucket=bucket, Key=f"{prefix}/{folder}", Body=b"")
+    fresh = Store.on_bucket(url, **s3_options())
+    fresh.bind("ds", fresh.put(b"a dataset"))
+    assert bytes(fresh.get(fresh.resolve("ds"))) == b"a dataset"
+    found = Store.on_bucket(url, **s3_options()).verify()
+    assert found.ok and found.stray == [] and (found.records, found.names) == (1, 1)

@@ -122,6 +122,22 @@ def test_a_name_cannot_also_hold_names(home: Store, order: str) -> None:
     again.bind("sms/train-x", digest)  # beside it, as the message says
 
 
+def test_a_name_refused_for_the_names_under_it_is_told_one_that_can_be_bound(
+    home: Store,
+) -> None:
+    """A name refused because names are bound under it is told another it can take (in
+    that folder, beside them), never itself again; one refused because it would lie under
+    a name is told one beside that name."""
+    digest = home.put(b"rows")
+    home.bind("sms/train", digest)
+    with pytest.raises(BadName, match="cannot also hold names under it") as refused:
+        home.bind("sms", digest)
+    assert "(`sms`)" not in str(refused.value) and "(`sms/all`)" in str(refused.value)
+    home.bind("sms/all", digest)
+    with pytest.raises(BadName, match=r"\(`sms/train-x`\)"):
+        home.bind("sms/train/x", digest)
+
+
 def test_names_side_by_side_and_a_folder_of_names(home: Store) -> None:
     """Two names in one folder are both bound; a folder of names resolves to nothing
     (NameNotFound), and a name two levels under a name is refused (BadName)."""

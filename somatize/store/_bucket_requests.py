@@ -340,7 +340,9 @@ class BucketRequests(PackedHome):
         return out
 
     def _list(self, section: str) -> dict[str, dict[str, Any]]:
-        """Path → info of every object under ``section``, from a fresh listing."""
+        """Path → info of every object under ``section``, from a fresh listing. A folder
+        marker (a zero-byte key ending in ``/``, what the S3 console's "Create folder"
+        writes) is no file: it is left out."""
         where = f"{self.root}/{section}"
         self.fs.invalidate_cache(where)
         try:
@@ -350,7 +352,11 @@ class BucketRequests(PackedHome):
                 found = dict(sorted(self._call(f"listing {section}", self._walk, where).items()))
         except _ABSENT:
             return {}
-        return cast(dict[str, dict[str, Any]], found)
+        return {
+            path: info
+            for path, info in cast(dict[str, dict[str, Any]], found).items()
+            if not path.endswith("/") and info.get("type") != "directory"
+        }
 
     def _walk(self, where: str) -> dict[str, dict[str, Any]]:
         """Path → info of every file under ``where`` on a plain filesystem. A folder that

@@ -286,15 +286,17 @@ def nested(name: str, above: str | None) -> BadName:
     """The refusal of ``name``, which lies under the name ``above`` (or, for None, has
     names under it): a name is one file under ``names/``, in every home alike, so it cannot
     also be a folder of names."""
-    clash = (
-        f"`{above}` is a name, and `{name}` would lie under it"
-        if above is not None
-        else f"names are bound under `{name}/`"
-    )
+    if above is not None:
+        clash = f"`{above}` is a name, and `{name}` would lie under it"
+        # beside that name: `sms/train-x` for `sms/train/x` under `sms/train`
+        instead = f"Name it beside `{above}` instead (`{above}-{name[len(above) + 1 :]}`)"
+    else:
+        clash = f"names are bound under `{name}/`"
+        instead = f"Bind it in that folder instead, beside them (`{name}/all`)"
     return BadName(
         f"`{name}` cannot be bound: {clash}. A name is one file under names/ (in every "
         "home, so a store can move between them), so it cannot also hold names under it. "
-        f"Name it beside instead (`{name.replace('/', '-')}`), or under a prefix no name uses"
+        f"{instead}, or under a prefix no name uses"
     )
 
 
