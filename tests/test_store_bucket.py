@@ -978,3 +978,18 @@ def test_folder_markers_in_a_bucket_are_no_files_of_the_store() -> None:
     assert bytes(fresh.get(fresh.resolve("ds"))) == b"a dataset"
     found = Store.on_bucket(url, **s3_options()).verify()
     assert found.ok and found.stray == [] and (found.records, found.names) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"client_kwargs": {"endpoint_url": "notaurl"}},
+        {"endpoint_url": "localhost:9000"},
+        {"client_kwargs": {"endpoint_url": "http://"}},
+    ],
+)
+def test_an_endpoint_that_is_no_url_is_refused_at_open(options: dict[str, Any]) -> None:
+    """An endpoint that is no http(s) URL with a host is refused when the store is opened,
+    naming the option, not by a ValueError from the client at the first request."""
+    with pytest.raises(BadAddress, match="endpoint_url"):
+        Store.on_bucket(s3_url(), key="x", secret="x", **options).have([key_of("any")])

@@ -46,6 +46,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from somatize import canonical
 from somatize._numbers import finite
@@ -156,6 +157,27 @@ def _server_of(url: str, storage_options: Mapping[str, Any]) -> str | None:
     if _on_s3(url):
         return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return None
+
+
+def _check_endpoint(url: str, storage_options: Mapping[str, Any]) -> None:
+    """Refuses an S3 endpoint that is no http(s) URL with a host, naming the option, before
+    any request: the client would raise a bare ValueError at the first one."""
+    if not _on_s3(url):
+        return
+    client = storage_options.get("client_kwargs")
+    given = [("endpoint_url", storage_options.get("endpoint_url"))]
+    if isinstance(client, Mapping):
+        given.append(("client_kwargs['endpoint_url']", client.get("endpoint_url")))
+    for option, value in given:
+        if value is None:
+            continue
+        parts = urlsplit(value) if isinstance(value, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise BadAddress(
+                f"{option} is {value!r}, which is no endpoint: an S3-compatible server is "
+                "reached at an http(s) URL with a host, as `http://localhost:9000` or "
+                "`https://s3.example.com`"
+            )
 
 
 def _read_mark(mark: str) -> str | None:
@@ -285,6 +307,7 @@ class BucketStore(BucketShelf):
         self._protocols = set((protocol,) if isinstance(protocol, str) else protocol)
         if self._protocols & {"s3", "s3a"}:
             _check_bucket(url, self.root.lstrip("/").split("/", 1)[0])
+            _check_endpoint(url, storage_options)
         self._atomic = not self._protocols & {"file", "local"}
         self._sweeps_strays = not self._atomic  # under a bucket's prefix they are a user's
         if not self._atomic:  # writes go through tmp/, which a fresh directory lacks
