@@ -993,3 +993,20 @@ def test_an_endpoint_that_is_no_url_is_refused_at_open(options: dict[str, Any]) 
     naming the option, not by a ValueError from the client at the first request."""
     with pytest.raises(BadAddress, match="endpoint_url"):
         Store.on_bucket(s3_url(), key="x", secret="x", **options).have([key_of("any")])
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("s3:///features", "names no bucket"),
+        ("s3://somatize-tests//features", "empty, `.` or `..`"),
+        ("s3://somatize-tests/./features", "empty, `.` or `..`"),
+        ("s3://somatize-tests/features/..", "empty, `.` or `..`"),
+    ],
+)
+def test_an_s3_url_whose_path_is_not_plain_is_refused_at_open(url: str, said: str) -> None:
+    """An S3 URL naming no bucket before its prefix, or whose prefix holds an empty, `.` or
+    `..` segment, is refused when the store is opened: the client would write into
+    another bucket or another prefix than the URL seems to say."""
+    with pytest.raises(BadAddress, match=re.escape(said)):
+        Store.on_bucket(url, **s3_options()).put(b"where")

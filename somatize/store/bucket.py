@@ -159,6 +159,25 @@ def _server_of(url: str, storage_options: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _check_s3_path(url: str) -> None:
+    """Refuses an S3 URL that names no bucket before its prefix (``s3:///pre``, which the
+    client reads as the bucket ``pre``), or whose prefix holds an empty, ``.`` or ``..``
+    segment (``s3://bkt//pre``): S3 takes such a key as it is, so the store would lie
+    elsewhere than the URL seems to say. One ``/`` at the end is the same prefix."""
+    bucket, _, prefix = url.split("://", 1)[1].partition("/")
+    _check_bucket(url, bucket)
+    if not prefix:
+        return
+    segments = prefix.removesuffix("/").split("/")
+    odd = next((s for s in segments if s in ("", ".", "..")), None)
+    if odd is not None:
+        raise BadAddress(
+            f"{url!r} holds a segment that is empty, `.` or `..` ({odd!r}) in its prefix: S3 "
+            "keeps such a key as it is, in another prefix than the URL seems to say. Spell "
+            "the prefix plainly (`s3://bucket/a/b`)"
+        )
+
+
 def _check_endpoint(url: str, storage_options: Mapping[str, Any]) -> None:
     """Refuses an S3 endpoint that is no http(s) URL with a host, naming the option, before
     any request: the client would raise a bare ValueError at the first one."""
@@ -306,6 +325,8 @@ class BucketStore(BucketShelf):
         protocol = self.fs.protocol
         self._protocols = set((protocol,) if isinstance(protocol, str) else protocol)
         if self._protocols & {"s3", "s3a"}:
+            if "://" in url and "::" not in url:
+                _check_s3_path(url)
             _check_bucket(url, self.root.lstrip("/").split("/", 1)[0])
             _check_endpoint(url, storage_options)
         self._atomic = not self._protocols & {"file", "local"}
