@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.modules import module as _registry  # where torch keeps its global hooks
 from torch.utils.hooks import RemovableHandle as _HANDLES  # it numbers every hook
 
+from somatize import canonical
 from somatize.catalog import code_digest
 from somatize_torch.digest import digest_tensor
 
@@ -43,9 +44,10 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     """The plain values each submodule keeps beside its weights, by dotted name: what a
     forward may read that neither ``repr`` nor the state shows (``self.temperature =
     2.0``, a tensor held as a plain attribute, ``self.act = F.gelu``). Numbers, strings,
-    bools, None, tuples, lists and str-keyed dicts of them, dataclass instances, dtypes,
-    devices and enums are taken as they are (numpy's scalars as the numbers they hold, of
-    their numpy type),
+    bools, None, tuples, lists and dicts of them (keyed by any of these), dataclass
+    instances, dtypes, devices and enums are taken as they are, each kind named apart
+    from the others (a tuple from a list, an enum member from the string of its name),
+    numpy's scalars as the numbers they hold, of their numpy type,
     tensors and numeric numpy arrays by digest (a tensor of a subclass by its class and
     the attributes it keeps too); functions (a ``forward``
     replaced on the instance too) by their code, as hooks are, built-in functions and
@@ -216,10 +218,15 @@ _UNSEEN = object()
 
 
 def _setting(value: Any, depth: int = 0) -> Any:
+    """What names ``value`` in a key. Plain values are themselves, a list a list and a tuple
+    a tuple of what names their items (the canonical form tells the two apart); every
+    other kind is a dict that says what kind it is (``{"enum": ...}``, ``{"dict": ...}``),
+    so that no two kinds a forward can tell apart are named alike: a member of an enum
+    and the string of its name, a dtype and its string, a dict and an ``OrderedDict``."""
     if value is None:
         return None
     if isinstance(value, enum.Enum):
-        return f"{type(value).__qualname__}.{value.name}"
+        return {"enum": [_name_of(type(value)), value.name]}
     numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its values
     if numpy is not None and isinstance(value, (numpy.generic, numpy.ndarray)):
         return _numpy_setting(numpy, value, depth)  # numpy's float64 too, a float subclass
@@ -234,8 +241,10 @@ def _setting(value: Any, depth: int = 0) -> Any:
         return str(value)
     if isinstance(value, bytes):
         return bytes(value)
-    if isinstance(value, (torch.dtype, torch.device)):
-        return str(value)
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value)}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
     if isinstance(value, nn.Parameter):
         # A parameter is state, digested with the others (an RNN keeps its own in a list,
         # `_flat_weights`): named here too, it would key the module by its weights twice,
@@ -244,24 +253,56 @@ def _setting(value: Any, depth: int = 0) -> Any:
     if isinstance(value, torch.Tensor):
         if type(value) is not torch.Tensor:
             return _subclass_setting(value, depth)
-        return ["tensor", digest_tensor(value)]
+        return {"tensor": digest_tensor(value)}
     if depth >= 4:
         return _UNSEEN
-    if isinstance(value, (tuple, list)):
-        items = [_setting(item, depth + 1) for item in value]
-        return _UNSEEN if any(item is _UNSEEN for item in items) else items
-    if isinstance(value, dict):
-        entries = {k: _setting(v, depth + 1) for k, v in value.items() if isinstance(k, str)}
-        return {k: v for k, v in entries.items() if v is not _UNSEEN}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if isinstance(value, (tuple, list, dict)) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    ):
+        return _container(value, depth + 1)
+    return _callable(value, depth)
+
+
+def _container(value: Any, depth: int) -> Any:
+    """A list, tuple, dict or dataclass instance by what names its items. A dict is named
+    by its entries, whatever its keys (``{0: 1.0}``, ``{(1, 2): ...}``), each key named
+    as a value is, in the order of their canonical encodings (as a key takes a dict of
+    str keys: insertion order never matters). A subclass (a namedtuple, an
+    ``OrderedDict``) says its class too."""
+    kind = type(value)
+    if dataclasses.is_dataclass(value):
         fields = {
-            f.name: _setting(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)
+            f.name: _setting(getattr(value, f.name), depth) for f in dataclasses.fields(value)
         }
         return {
-            "dataclass": type(value).__qualname__,
+            "dataclass": _name_of(kind),
             "fields": {k: v for k, v in fields.items() if v is not _UNSEEN},
         }
-    return _callable(value, depth)
+    named: dict[str, Any]
+    plain: type
+    if isinstance(value, dict):
+        entries = [[_setting(k, depth), _setting(v, depth)] for k, v in value.items()]
+        seen = [entry for entry in entries if all(part is not _UNSEEN for part in entry)]
+        named, plain = {"dict": sorted(seen, key=_order)}, dict
+    else:
+        items = [_setting(item, depth) for item in value]
+        if any(item is _UNSEEN for item in items):
+            return _UNSEEN
+        if kind is list:
+            return items
+        if kind is tuple:
+            return tuple(items)
+        plain = tuple if isinstance(value, tuple) else list
+        named = {plain.__name__: items}
+    if kind is not plain:
+        named["class"] = _name_of(kind)
+    return named
+
+
+def _order(entry: list[Any]) -> bytes:
+    """Where a dict's entry goes among its others: by its key's canonical encoding, which is
+    the same in every process (a hash is not)."""
+    return canonical.encode(entry[0])
 
 
 def _subclass_setting(value: torch.Tensor, depth: int) -> Any:
@@ -297,12 +338,12 @@ def _numpy_setting(numpy: Any, value: Any, depth: int) -> Any:
         plain = value.item()
         if isinstance(plain, numpy.generic):
             return _UNSEEN
-        return ["numpy", value.dtype.name, _setting(plain, depth)]
+        return {"numpy": [value.dtype.name, _setting(plain, depth)]}
     try:
         tensor = torch.from_numpy(numpy.ascontiguousarray(value))
     except (TypeError, ValueError):  # strings, objects: no tensor holds them
         return _UNSEEN
-    return ["array", digest_tensor(tensor)]
+    return {"array": digest_tensor(tensor)}
 
 
 def _callable(value: Any, depth: int) -> Any:
