@@ -28,6 +28,7 @@ from torch.nn.modules import module as _registry  # where torch keeps its global
 from torch.utils.hooks import RemovableHandle as _HANDLES  # it numbers every hook
 
 from somatize import canonical
+from somatize.canonical import NotCanonical
 from somatize.catalog import code_digest
 from somatize_torch.digest import digest_tensor
 
@@ -52,15 +53,27 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     the attributes it keeps too); functions (a ``forward``
     replaced on the instance too) by their code, as hooks are, built-in functions and
     classes by name, a ``functools.partial`` with the values it binds. Other objects a
-    module holds, and the object a method is bound to, are not seen."""
+    module holds, and the object a method is bound to, are not seen; one held inside a
+    container is named by its type alone (``{"unseen": "module:Class"}``), so that the
+    container's other items still key it. A container is followed however deep it is
+    nested (one that holds itself names where it refers back to, ``{"cycle": 1}``); one
+    nested deeper than Python's recursion limit is refused."""
     out: dict[str, Any] = {}
     for prefix, sub in module.named_modules():
         for name, value in vars(sub).items():
             if name in _TORCH_OWN:
                 continue
-            seen = _setting(value)
+            where = f"{prefix}.{name}" if prefix else name
+            try:
+                seen = _setting(value, ())
+            except RecursionError:
+                raise NotCanonical(
+                    f"`{where}` is nested deeper than Python's recursion limit "
+                    f"({sys.getrecursionlimit()}) lets it be followed, so the module cannot be "
+                    "keyed by it. Keep it flatter, or somewhere other than on the module"
+                ) from None
             if seen is not _UNSEEN:
-                out[f"{prefix}.{name}" if prefix else name] = seen
+                out[where] = seen
     return out
 
 
@@ -215,9 +228,14 @@ def _name_of(thing: Any) -> str:
 
 
 _UNSEEN = object()
+"""What :func:`_setting` says of a value it cannot name the same way in every process."""
+
+Path = tuple[int, ...]
+"""The containers a value is held in, outermost first, by ``id``: one met again inside
+itself is named by where it refers back to, not followed for ever."""
 
 
-def _setting(value: Any, depth: int = 0) -> Any:
+def _setting(value: Any, path: Path) -> Any:
     """What names ``value`` in a key. Plain values are themselves, a list a list and a tuple
     a tuple of what names their items (the canonical form tells the two apart); every
     other kind is a dict that says what kind it is (``{"enum": ...}``, ``{"dict": ...}``),
@@ -229,7 +247,7 @@ def _setting(value: Any, depth: int = 0) -> Any:
         return {"enum": [_name_of(type(value)), value.name]}
     numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its values
     if numpy is not None and isinstance(value, (numpy.generic, numpy.ndarray)):
-        return _numpy_setting(numpy, value, depth)  # numpy's float64 too, a float subclass
+        return _numpy_setting(numpy, value, path)  # numpy's float64 too, a float subclass
     # Subclasses (a str subclass, an int one) as the plain values they are.
     if isinstance(value, bool):
         return bool(value)
@@ -252,18 +270,26 @@ def _setting(value: Any, depth: int = 0) -> Any:
         return _UNSEEN
     if isinstance(value, torch.Tensor):
         if type(value) is not torch.Tensor:
-            return _subclass_setting(value, depth)
+            return _subclass_setting(value, path)
         return {"tensor": digest_tensor(value)}
-    if depth >= 4:
-        return _UNSEEN
     if isinstance(value, (tuple, list, dict)) or (
         dataclasses.is_dataclass(value) and not isinstance(value, type)
     ):
-        return _container(value, depth + 1)
-    return _callable(value, depth)
+        if id(value) in path:
+            return {"cycle": len(path) - path.index(id(value))}
+        return _container(value, (*path, id(value)))
+    return _callable(value, path)
 
 
-def _container(value: Any, depth: int) -> Any:
+def _item(value: Any, path: Path) -> Any:
+    """What names an item held in a container: a value that cannot be named is named by
+    its type, so that the container, its length and its other items still key the
+    module (dropped, a change beside it would go unseen)."""
+    seen = _setting(value, path)
+    return {"unseen": _name_of(type(value))} if seen is _UNSEEN else seen
+
+
+def _container(value: Any, path: Path) -> Any:
     """A list, tuple, dict or dataclass instance by what names its items. A dict is named
     by its entries, whatever its keys (``{0: 1.0}``, ``{(1, 2): ...}``), each key named
     as a value is, in the order of their canonical encodings (as a key takes a dict of
@@ -271,23 +297,15 @@ def _container(value: Any, depth: int) -> Any:
     ``OrderedDict``) says its class too."""
     kind = type(value)
     if dataclasses.is_dataclass(value):
-        fields = {
-            f.name: _setting(getattr(value, f.name), depth) for f in dataclasses.fields(value)
-        }
-        return {
-            "dataclass": _name_of(kind),
-            "fields": {k: v for k, v in fields.items() if v is not _UNSEEN},
-        }
+        fields = {f.name: _item(getattr(value, f.name), path) for f in dataclasses.fields(value)}
+        return {"dataclass": _name_of(kind), "fields": fields}
     named: dict[str, Any]
     plain: type
     if isinstance(value, dict):
-        entries = [[_setting(k, depth), _setting(v, depth)] for k, v in value.items()]
-        seen = [entry for entry in entries if all(part is not _UNSEEN for part in entry)]
-        named, plain = {"dict": sorted(seen, key=_order)}, dict
+        entries = [[_item(k, path), _item(v, path)] for k, v in value.items()]
+        named, plain = {"dict": sorted(entries, key=_order)}, dict
     else:
-        items = [_setting(item, depth) for item in value]
-        if any(item is _UNSEEN for item in items):
-            return _UNSEEN
+        items = [_item(item, path) for item in value]
         if kind is list:
             return items
         if kind is tuple:
@@ -305,7 +323,7 @@ def _order(entry: list[Any]) -> bytes:
     return canonical.encode(entry[0])
 
 
-def _subclass_setting(value: torch.Tensor, depth: int) -> Any:
+def _subclass_setting(value: torch.Tensor, path: Path) -> Any:
     """A tensor of a subclass of ``torch.Tensor``, named by its class as well as its
     values, since a forward may answer one class otherwise than another holding the same
     values (boxes in one convention or another), and by the attributes it keeps, each
@@ -313,23 +331,18 @@ def _subclass_setting(value: torch.Tensor, depth: int) -> Any:
     tensors it holds (those ``__tensor_flatten__`` names), is named by those."""
     flatten = getattr(value, "__tensor_flatten__", None)
     inner, context = flatten() if callable(flatten) else ((), None)
-    held = {k: _setting(v, depth + 1) for k, v in vars(value).items() if k not in inner}
-    named: dict[str, Any] = {
-        "tensor of": _name_of(type(value)),
-        "attributes": {k: v for k, v in held.items() if v is not _UNSEEN},
-    }
+    held = {k: _item(v, path) for k, v in vars(value).items() if k not in inner}
+    named: dict[str, Any] = {"tensor of": _name_of(type(value)), "attributes": held}
     if callable(flatten):
-        seen = {name: _setting(getattr(value, name), depth + 1) for name in inner}
         named["dtype"], named["shape"] = str(value.dtype), list(value.shape)
-        named["inner"] = {k: "?" if v is _UNSEEN else v for k, v in seen.items()}
-        context = _setting(context, depth + 1)
-        named["context"] = "?" if context is _UNSEEN else context
+        named["inner"] = {name: _item(getattr(value, name), path) for name in inner}
+        named["context"] = _item(context, path)
     else:
         named["values"] = digest_tensor(value.as_subclass(torch.Tensor))
     return named
 
 
-def _numpy_setting(numpy: Any, value: Any, depth: int) -> Any:
+def _numpy_setting(numpy: Any, value: Any, path: Path) -> Any:
     """A numpy scalar as the plain value it holds and its numpy type (``np.float32(0.1)``
     is no ``float``, and Python's arithmetic with it is float32's: ``np.float32(0.1) * 3``
     is not ``0.1 * 3``, nor ``~np.bool_(True)`` ``~True``), a numeric array by its digest as
@@ -338,7 +351,7 @@ def _numpy_setting(numpy: Any, value: Any, depth: int) -> Any:
         plain = value.item()
         if isinstance(plain, numpy.generic):
             return _UNSEEN
-        return {"numpy": [value.dtype.name, _setting(plain, depth)]}
+        return {"numpy": [value.dtype.name, _setting(plain, path)]}
     try:
         tensor = torch.from_numpy(numpy.ascontiguousarray(value))
     except (TypeError, ValueError):  # strings, objects: no tensor holds them
@@ -346,18 +359,16 @@ def _numpy_setting(numpy: Any, value: Any, depth: int) -> Any:
     return {"array": digest_tensor(tensor)}
 
 
-def _callable(value: Any, depth: int) -> Any:
+def _callable(value: Any, path: Path) -> Any:
     """A function, class or built-in a module holds, named as what it runs (unseen for
     anything else): a function swapped for another keys the module's answers anew."""
     if isinstance(value, type):
         return {"class": _name_of(value)}
     if isinstance(value, functools.partial):
-        bound = [_setting(arg, depth + 1) for arg in value.args]
-        named = {k: _setting(v, depth + 1) for k, v in value.keywords.items()}
         return {
-            "partial": _setting(value.func, depth + 1),
-            "args": ["?" if arg is _UNSEEN else arg for arg in bound],
-            "keywords": {k: "?" if v is _UNSEEN else v for k, v in named.items()},
+            "partial": _item(value.func, path),
+            "args": [_item(arg, path) for arg in value.args],
+            "keywords": {k: _item(v, path) for k, v in value.keywords.items()},
         }
     if isinstance(value, (types.FunctionType, types.MethodType)):
         return {"function": _code_of(value)}
@@ -365,10 +376,9 @@ def _callable(value: Any, depth: int) -> Any:
         owner = value.__self__
         if owner is None or isinstance(owner, (type, types.ModuleType)):
             return {"builtin": f"{value.__module__}:{value.__qualname__}"}
-        seen = _setting(owner, depth + 1)  # a tensor's method: which tensor, too
-        return {
+        return {  # a tensor's method: which tensor, too
             "builtin": f"{_name_of(type(owner))}.{value.__name__}",
-            "of": "?" if seen is _UNSEEN else seen,
+            "of": _item(owner, path),
         }
     if isinstance(value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         return {"builtin": f"{_name_of(value.__objclass__)}.{value.__name__}"}

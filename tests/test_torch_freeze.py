@@ -19,6 +19,7 @@ from torch import nn
 
 import somatize.torch as smt
 from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store
+from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
 
 
@@ -479,6 +480,40 @@ def _replaced_is_seen(before: Any, after: Any, store: Store) -> None:
     assert not torch.equal(out, first)
 
 
+def test_a_setting_nested_at_any_depth_is_in_its_key(store: Store) -> None:
+    """A config nested five levels deep keys apart from one that differs at the bottom; a
+    list holding itself is named by where it refers back to, the same each time; one
+    nested deeper than Python can follow is refused."""
+
+    def config(scale: float) -> dict[str, Any]:
+        return {"model": {"enc": {"layers": [{"scale": scale}]}}}
+
+    assert _held(config(1.0)) != _held(config(100.0))
+    module = Held(1.0)
+    module.config = config(1.0)
+    g = Graph.somatize(smt.ModuleNode(module).named("held").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(3, 6))
+    g.forward(x, store=store)
+    module.config = config(100.0)
+    smt.freeze(g)
+    g.forward(x, store=store)
+    assert g.record is not None and g.record.outcome == {"held": "ran"}
+    looped: list[Any] = [1.0]
+    looped.append(looped)
+    again: list[Any] = [1.0]
+    again.append(again)
+    other: list[Any] = [3.0]
+    other.append(other)
+    assert _held(looped) == _held(again) != _held(other)
+    assert _held(looped) != _held([1.0, [1.0]])
+    nested: list[Any] = []
+    for _ in range(sys.getrecursionlimit() * 2):
+        nested = [nested]
+    with pytest.raises(NotCanonical, match=r"`held` is nested deeper"):
+        _held(nested)
+
+
 def test_a_dict_keyed_by_other_than_strings_is_in_its_key(store: Store) -> None:
     """A dict keyed by ints, floats or tuples keys apart by its entries, telling apart keys
     of different types (``1``, ``"1"``, ``1.0``, ``(1,)``) and taking its entries in an
@@ -512,6 +547,17 @@ def test_values_of_different_kinds_key_apart() -> None:
     ]
     for one, other in pairs:
         assert _held(one) != _held(other), (one, other)
+
+
+def test_an_item_that_cannot_be_named_keeps_its_container_in_the_key() -> None:
+    """A list, dict or dataclass holding an object that has no name of its own is still
+    named by its other items, the object by its type: another value beside it keys apart,
+    and so does another type in its place."""
+    assert _held([1.0, object()]) != _held([3.0, object()])
+    assert _held([1.0, object()]) == _held([1.0, object()])
+    assert _held([1.0, object()]) != _held([1.0, Box])
+    assert _held({"a": 1.0, "b": object()}) != _held({"a": 1.0})
+    assert _held(Box(object())) != _held(Box(None))  # type: ignore[arg-type]
 
 
 class Tied(nn.Module):
