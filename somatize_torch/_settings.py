@@ -345,18 +345,25 @@ def _subclass_setting(value: torch.Tensor, path: Path) -> Any:
 def _numpy_setting(numpy: Any, value: Any, path: Path) -> Any:
     """A numpy scalar as the plain value it holds and its numpy type (``np.float32(0.1)``
     is no ``float``, and Python's arithmetic with it is float32's: ``np.float32(0.1) * 3``
-    is not ``0.1 * 3``, nor ``~np.bool_(True)`` ``~True``), a numeric array by its digest as
-    a tensor; unseen for anything else."""
+    is not ``0.1 * 3``, nor ``~np.bool_(True)`` ``~True``), a ``datetime64`` or
+    ``timedelta64`` as its count of units (its type names the unit), a numeric array by
+    its dtype and its digest as a tensor (one in another byte order turned to this
+    machine's first, as torch holds none other); unseen for anything else."""
     if isinstance(value, numpy.generic):
+        if isinstance(value, (numpy.datetime64, numpy.timedelta64)):
+            # Its Python value is a date, a time, an int or None, by its unit.
+            return {"numpy": [value.dtype.name, int(value.astype(numpy.int64))]}
         plain = value.item()
-        if isinstance(plain, numpy.generic):
-            return _UNSEEN
-        return {"numpy": [value.dtype.name, _setting(plain, path)]}
+        seen = _UNSEEN if isinstance(plain, numpy.generic) else _setting(plain, path)
+        return _UNSEEN if seen is _UNSEEN else {"numpy": [value.dtype.name, seen]}
+    array = numpy.ascontiguousarray(value)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
     try:
-        tensor = torch.from_numpy(numpy.ascontiguousarray(value))
+        tensor = torch.from_numpy(array)
     except (TypeError, ValueError):  # strings, objects: no tensor holds them
         return _UNSEEN
-    return {"array": digest_tensor(tensor)}
+    return {"array": [value.dtype.str, digest_tensor(tensor)]}
 
 
 def _callable(value: Any, path: Path) -> Any:

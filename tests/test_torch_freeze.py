@@ -549,6 +549,23 @@ def test_values_of_different_kinds_key_apart() -> None:
         assert _held(one) != _held(other), (one, other)
 
 
+def test_a_numpy_array_in_another_byte_order_is_in_its_key() -> None:
+    """A big-endian array is named by its values as a native one is, and by its dtype."""
+    big = np.array([1.0], dtype=">f8")
+    assert _held(big) != "unseen"
+    assert _held(big) != _held(np.array([3.0], dtype=">f8"))
+    assert _held(big) != _held(np.array([1.0], dtype=">f4"))
+
+
+def test_a_numpy_scalar_holding_no_python_number_is_in_its_key(store: Store) -> None:
+    """A ``datetime64`` is named by its count of units and its unit; kept by a module, it
+    keys it, its replacement anew."""
+    day = np.datetime64("2020-01-01")
+    assert _held(day) != _held(np.datetime64("2020-01-03"))
+    assert _held(day) != _held(np.datetime64("2020-01-01T00:00"))
+    _replaced_is_seen(day, np.datetime64("2020-01-03"), store)
+
+
 def test_an_item_that_cannot_be_named_keeps_its_container_in_the_key() -> None:
     """A list, dict or dataclass holding an object that has no name of its own is still
     named by its other items, the object by its type: another value beside it keys apart,
