@@ -15,7 +15,9 @@ what it is in this one.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import enum
+import fractions
 import functools
 import operator
 import sys
@@ -45,19 +47,19 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     """The plain values each submodule keeps beside its weights, by dotted name: what a
     forward may read that neither ``repr`` nor the state shows (``self.temperature =
     2.0``, a tensor held as a plain attribute, ``self.act = F.gelu``). Numbers, strings,
-    bools, None, tuples, lists and dicts of them (keyed by any of these), dataclass
-    instances, dtypes, devices and enums are taken as they are, each kind named apart
-    from the others (a tuple from a list, an enum member from the string of its name),
-    numpy's scalars as the numbers they hold, of their numpy type,
-    tensors and numeric numpy arrays by digest (a tensor of a subclass by its class and
-    the attributes it keeps too); functions (a ``forward``
-    replaced on the instance too) by their code, as hooks are, built-in functions and
-    classes by name, a ``functools.partial`` with the values it binds. Other objects a
-    module holds, and the object a method is bound to, are not seen; one held inside a
-    container is named by its type alone (``{"unseen": "module:Class"}``), so that the
-    container's other items still key it. A container is followed however deep it is
-    nested (one that holds itself names where it refers back to, ``{"cycle": 1}``); one
-    nested deeper than Python's recursion limit is refused."""
+    bools, None, complex numbers, fractions, decimals, ranges, tuples, lists, sets and
+    dicts of them (keyed by any of these), dataclass instances, dtypes, devices and
+    enums are taken as they are, each kind named apart from the others (a tuple from a
+    list, an enum member from the string of its name), numpy's scalars as the numbers
+    they hold, of their numpy type, tensors and numeric numpy arrays by digest (a tensor
+    of a subclass by its class and the attributes it keeps too); functions (a
+    ``forward`` replaced on the instance too) by their code, as hooks are, built-in
+    functions and classes by name, a ``functools.partial`` with the values it binds.
+    Other objects a module holds, and the object a method is bound to, are not seen; one
+    held inside a container is named by its type alone (``{"unseen": "module:Class"}``),
+    so that the container's other items still key it. A container is followed however
+    deep it is nested (one that holds itself names where it refers back to, ``{"cycle":
+    1}``); one nested deeper than Python's recursion limit is refused."""
     out: dict[str, Any] = {}
     for prefix, sub in module.named_modules():
         for name, value in vars(sub).items():
@@ -82,7 +84,7 @@ class SettingsWatch:
     the watch was taken, cheaply enough to ask at every forward: each value a part of
     the module keeps beside torch's own is looked at by identity (``enc.temperature =
     5.0``, ``enc.act = F.relu``), a tensor so kept by its memory and version counter
-    too (``t.data = ...``, a write in place), the items of a list or dict so kept (an
+    too (``t.data = ...``, a write in place), the items of a list, set or dict so kept (an
     ``OrderedDict`` too) by identity (``enc.scales[0] = 2.0``), each part's table of
     attributes by its length (a value added or removed), and each table of forward
     hooks by its length and, once any hook was registered anywhere, by its handles (a
@@ -138,7 +140,7 @@ class SettingsWatch:
         # What may change in place, looked at beyond its identity.
         self._tensors = [v for v in values if isinstance(v, torch.Tensor)]
         self._written = tuple(map(_written, self._tensors))
-        self._containers = [v for v in values if isinstance(v, (list, dict))]
+        self._containers = [v for v in values if isinstance(v, (list, dict, set))]
         self._items = tuple(map(_items, self._containers))
 
     def changed(self) -> bool:
@@ -259,6 +261,16 @@ def _setting(value: Any, path: Path) -> Any:
         return str(value)
     if isinstance(value, bytes):
         return bytes(value)
+    if isinstance(value, bytearray):
+        return {"bytearray": bytes(value)}
+    if isinstance(value, complex):
+        return {"complex": [value.real, value.imag]}
+    if isinstance(value, fractions.Fraction):
+        return {"fraction": [value.numerator, value.denominator]}
+    if isinstance(value, decimal.Decimal):
+        return {"decimal": str(value)}  # exact: its digits and exponent
+    if isinstance(value, range):
+        return {"range": [value.start, value.stop, value.step]}
     if isinstance(value, torch.dtype):
         return {"dtype": str(value)}
     if isinstance(value, torch.device):
@@ -272,7 +284,7 @@ def _setting(value: Any, path: Path) -> Any:
         if type(value) is not torch.Tensor:
             return _subclass_setting(value, path)
         return {"tensor": digest_tensor(value)}
-    if isinstance(value, (tuple, list, dict)) or (
+    if isinstance(value, (tuple, list, dict, set, frozenset)) or (
         dataclasses.is_dataclass(value) and not isinstance(value, type)
     ):
         if id(value) in path:
@@ -290,11 +302,12 @@ def _item(value: Any, path: Path) -> Any:
 
 
 def _container(value: Any, path: Path) -> Any:
-    """A list, tuple, dict or dataclass instance by what names its items. A dict is named
-    by its entries, whatever its keys (``{0: 1.0}``, ``{(1, 2): ...}``), each key named
-    as a value is, in the order of their canonical encodings (as a key takes a dict of
-    str keys: insertion order never matters). A subclass (a namedtuple, an
-    ``OrderedDict``) says its class too."""
+    """A list, tuple, dict, set or dataclass instance by what names its items. A dict is
+    named by its entries, whatever their keys (``{0: 1.0}``, ``{(1, 2): ...}``), each
+    key named as a value is, in the order of their canonical encodings (as a key takes a
+    dict of str keys: insertion order never matters); a set by its items in that order,
+    which is the same in every process (the order of their hashes is not). A subclass (a
+    namedtuple, an ``OrderedDict``) says its class too."""
     kind = type(value)
     if dataclasses.is_dataclass(value):
         fields = {f.name: _item(getattr(value, f.name), path) for f in dataclasses.fields(value)}
@@ -304,6 +317,11 @@ def _container(value: Any, path: Path) -> Any:
     if isinstance(value, dict):
         entries = [[_item(k, path), _item(v, path)] for k, v in value.items()]
         named, plain = {"dict": sorted(entries, key=_order)}, dict
+    elif isinstance(value, (set, frozenset)):
+        plain = frozenset if isinstance(value, frozenset) else set
+        named = {
+            plain.__name__: sorted((_item(item, path) for item in value), key=canonical.encode)
+        }
     else:
         items = [_item(item, path) for item in value]
         if kind is list:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import decimal
 import enum
+import fractions
 import functools
 import subprocess
 import sys
@@ -555,6 +557,39 @@ def test_a_numpy_array_in_another_byte_order_is_in_its_key() -> None:
     assert _held(big) != "unseen"
     assert _held(big) != _held(np.array([3.0], dtype=">f8"))
     assert _held(big) != _held(np.array([1.0], dtype=">f4"))
+
+
+def test_numbers_sets_and_ranges_a_module_keeps_are_in_its_key(store: Store) -> None:
+    """A complex number, a fraction, a decimal, a set and a range are each named by what
+    they hold and their kind; a set's items are named in an order of their own, not of
+    their hashes (which differ from one process to the next); one replaced after freeze,
+    or a set added to, is seen at the next forward."""
+    pairs = [
+        (1 + 0j, 3 + 0j),
+        (1 + 0j, 1.0),
+        (fractions.Fraction(1, 3), fractions.Fraction(2, 3)),
+        (fractions.Fraction(1), 1),
+        (decimal.Decimal(1), decimal.Decimal(3)),
+        (decimal.Decimal("1.0"), 1.0),
+        ({1}, {1, 2, 3}),
+        ({1}, frozenset({1})),
+        ({1}, [1]),
+        (range(1), range(3)),
+        (range(3), [0, 1, 2]),
+    ]
+    for one, other in pairs:
+        assert "unseen" != _held(one) != _held(other), (one, other)
+    assert _held({"c", "a", "b"}) == {"set": ["a", "b", "c"]}
+    for one, other in [*pairs[0:7:2], pairs[9]]:
+        _replaced_is_seen(one, other, store)
+    module = Held({4, 5})
+    g = Graph.somatize(smt.ModuleNode(module).named("held").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(3, 6))
+    first = g.forward(x, store=store)
+    module.held.add(6)  # in place: seen as an item of a list or dict is
+    assert not torch.equal(g.forward(x, store=store), first)
+    assert g.record is not None and g.record.outcome == {"held": "ran"}
 
 
 def test_a_numpy_scalar_holding_no_python_number_is_in_its_key(store: Store) -> None:
