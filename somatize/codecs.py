@@ -222,7 +222,9 @@ class Opaque:
     whose memory may be a numpy array's) is weighed again at every use, so one
     ``Opaque`` wrapped around a buffer that is refilled in place keys each forward by
     what it holds then. An ``Opaque`` may also stand inside a list, tuple or dict
-    input: each is keyed by its content and handed to the nodes unwrapped.
+    input: each is keyed by its content and handed to the nodes unwrapped. A codec
+    given, by name or as itself, must take the value as it would be picked for it (one
+    of its types, and ``accepts``): a CodecError with its refusal otherwise.
     A tensor written behind torch's back (through ``.data``, ``.numpy()`` or DLPack)
     keeps its version counter: wrap a new ``Opaque`` after such a write.
     """
@@ -233,6 +235,8 @@ class Opaque:
         self.value = value
         if isinstance(codec, str):
             codec = CODECS.named(codec)
+        if codec is not None:
+            _check_takes(codec, value)
         self.codec = codec if codec is not None else CODECS.for_value(value, "the Opaque value")
         self._weighed: tuple[Any, Codec, Hashable, str] | None = None
         """The value and codec last weighed, the stamp it had then, and its digest."""
@@ -257,3 +261,26 @@ class Opaque:
 
     def __repr__(self) -> str:
         return f"Opaque({type(self.value).__name__}, codec={self.codec.name!r})"
+
+
+def _check_takes(codec: Codec, value: Any) -> None:
+    """CodecError when ``codec``, given to weigh ``value``, would not pick it: ``value`` is
+    of none of its types, or ``accepts`` says no. Named or not, a codec weighs only what it
+    writes; a tensor subclass weighed by its values alone would key two values that carry
+    other state (a box format) alike."""
+    kind = type(value)
+    named = f"`{kind.__module__}.{kind.__qualname__}`"
+    if not isinstance(value, codec.types):
+        takes = ", ".join(f"{t.__module__}.{t.__qualname__}" for t in codec.types) or "nothing"
+        raise CodecError(
+            f"the Opaque value is a {named}, and the `{codec.name}` codec it is given takes "
+            f"{takes}: hand it a value of those types, or leave the codec out "
+            "(`Opaque(value)`) so that the one that writes the value is picked"
+        )
+    if not codec.accepts(value):
+        why = codec.refusal(value)
+        said = f": {why}" if why else ""
+        raise CodecError(
+            f"the Opaque value is a {named} the `{codec.name}` codec it is given does not "
+            f"weigh{said}"
+        )

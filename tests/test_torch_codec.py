@@ -972,6 +972,39 @@ def test_a_tensor_the_codec_cannot_give_back_as_it_was_is_refused_saying_what_it
         smt.TENSOR.encode((torch.ones(1), value))
     with pytest.raises(CodecError, match=said):
         Opaque(value)
+    for codec in ("tensor", smt.TENSOR):  # the codec named, or given, refuses it as well
+        with pytest.raises(CodecError, match=rf"`tensor` codec.*{said}"):
+            Opaque(value, codec)
+
+
+def test_an_opaque_given_a_codec_is_refused_a_value_that_codec_does_not_take() -> None:
+    """``Opaque(value, codec)`` asks the codec as ``Opaque(value)`` does: a value not of its
+    types is a CodecError naming both, where a string was weighed as nothing a tensor codec
+    reads."""
+    with pytest.raises(CodecError, match=r"`builtins\.str`.*`tensor` codec.*torch\.Tensor"):
+        Opaque("a string", "tensor")
+    assert Opaque(torch.ones(2), "tensor").digest == Opaque(torch.ones(2)).digest
+
+
+class WidthOf(Node):
+    """The width of the first box, by the box format the tensor carries."""
+
+    def forward(self, boxes: Any, ctx: Any) -> float:
+        first = boxes[0]
+        return float(first[2] - first[0]) if boxes.fmt == "xyxy" else float(first[2])
+
+
+def test_a_subclass_handed_with_the_codec_named_is_not_keyed_by_its_values_alone(
+    store: Store,
+) -> None:
+    """Two boxes of the same values and other formats, each handed as ``Opaque(boxes,
+    "tensor")``, are refused rather than keyed alike: the second recalled the first's
+    width."""
+    g = Graph.somatize(WidthOf().named("width").frozen().cached())
+    boxes = torch.tensor([[10.0, 0.0, 30.0, 5.0]]).as_subclass(Boxes)
+    boxes.fmt = "xyxy"  # type: ignore[attr-defined]
+    with pytest.raises(CodecError, match="Boxes"):
+        g.forward(Opaque(boxes, "tensor"), store=store)
 
 
 class AsBoxes(Node):
