@@ -26,10 +26,13 @@ answer is read is :class:`~somatize.codecs.Unreadable`, an answer the engine com
 a tensor subclass or an ``nn.Parameter`` (a plain tensor is what would come back) — is
 refused rather than written as something else: what is recalled is what was computed,
 kind and order included. :meth:`TensorCodec.refusal` says which item
-of a value is the one refused. Every dtype of :data:`somatize_torch.digest.DTYPES`
-round-trips (all of whole bytes: bf16, fp16, the float8s, int8, bool, the complex ones
-included); :meth:`~TensorCodec.encode` of any other is a ``CodecError`` naming it. A
-non-contiguous tensor is written in C order, and a 0-dim or empty tensor keeps its shape.
+of a value is the one refused. A tensor that requires grad is neither written nor
+weighed (a ``CodecError``): it would come back a leaf, and the gradient through what
+made it would stop on a recall where it flowed on a miss. Every dtype of
+:data:`somatize_torch.digest.DTYPES` round-trips (all of whole bytes: bf16, fp16, the
+float8s, int8, bool, the complex ones included); :meth:`~TensorCodec.encode` of any
+other is a ``CodecError`` naming it. A non-contiguous tensor is written in C order, and a
+0-dim or empty tensor keeps its shape.
 
 The layout of the header: a flat tuple or list names its tensors ``0``, ``1``
 …, a dict by its keys (the order it was filled in is recorded in the
@@ -167,6 +170,7 @@ class TensorCodec(Codec):
         if refused is not None:
             raise CodecError(f"the `tensor` codec does not write this value: {refused}")
         kind, tensors, shape = _named(value)
+        _refuse_grad(kind, tensors, "write")
         # Larger elements first, so that every tensor starts at a multiple of its own size.
         order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
         header: dict[str, Any] = {}
@@ -247,10 +251,12 @@ class TensorCodec(Codec):
 
     def digest(self, value: Any) -> str:
         if isinstance(value, torch.Tensor):
+            _refuse_grad("tensor", {"tensor": value}, "weigh")
             return digest_tensor(value)
         if _is_flat(value, empty=True):
             kind = "dict" if type(value) is dict else type(value).__name__
             named = dict(value) if kind == "dict" else {str(i): t for i, t in enumerate(value)}
+            _refuse_grad(kind, named, "weigh")
             return digest_named(named, kind)
         # The shape with dicts in sorted order: equal content, equal digest, whatever
         # order a dict was filled in.
@@ -262,20 +268,58 @@ class TensorCodec(Codec):
                 f"the `tensor` codec does not weigh this value: {self.refusal(value)}"
             ) from None
         described = json.dumps(shape, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-        return digest_named({str(i): t for i, t in enumerate(leaves)}, f"tree:{described}")
+        named = {str(i): t for i, t in enumerate(leaves)}
+        _refuse_grad("tree", named, "weigh")
+        return digest_named(named, f"tree:{described}")
 
     def stamp(self, value: Any) -> Hashable | None:
         """The version counter (bumped by every change in place), memory, shape, strides,
         dtype and device of a tensor, or of each tensor of a tuple; None for a list or a
-        dict, whose items can be replaced, and for an inference tensor, which has no
-        version counter."""
+        dict, whose items can be replaced, for an inference tensor, which has no version
+        counter, and for a tensor that requires grad, which is refused at each weighing
+        (turning it on moves no version counter)."""
         if isinstance(value, torch.Tensor):
-            return None if value.is_inference() else stamp_of(value)
+            return None if value.is_inference() or value.requires_grad else stamp_of(value)
         if type(value) is tuple and all(
-            isinstance(t, torch.Tensor) and not t.is_inference() for t in value
+            isinstance(t, torch.Tensor) and not t.is_inference() and not t.requires_grad
+            for t in value
         ):
             return tuple(map(stamp_of, value))
         return None
+
+
+def _refuse_grad(kind: str, tensors: dict[str, torch.Tensor], action: str) -> None:
+    """CodecError when a tensor of a value of ``kind`` (its ``tensors`` by name) requires
+    grad. A written one would come back a leaf that does not, and a weighed one keys an
+    answer that would: either way the gradient through what made the tensor flows when the
+    answer is computed and silently stops when it is recalled."""
+    named = next((name for name, t in tensors.items() if t.requires_grad), None)
+    if named is None:
+        return
+    what = f"{_which(kind, named)} a tensor that requires grad"
+    do = (
+        "Compute it under `torch.no_grad()`, or `.detach()` it, where no gradient is meant to "
+        "pass; or do not cache a node that is trained through"
+        if action == "write"
+        else "Hand its values (`x.detach()`) where no gradient is meant to reach what made it; "
+        "or do not cache the nodes it is handed to"
+    )
+    raise CodecError(
+        f"the `tensor` codec does not {action} this value: {what}, and a recalled answer is a "
+        "leaf, so the gradient through what made it would flow when the answer is computed "
+        f"and silently stop when it is recalled. {do}"
+    )
+
+
+def _which(kind: str, name: str) -> str:
+    """How a refusal names tensor ``name`` of a value of ``kind``: ``it is``, ``item [1]
+    is``, or, in a tree, whose tensors are named by the order they are met, ``an item of
+    it is``."""
+    if kind == "tensor":
+        return "it is"
+    if kind == "tree":
+        return "an item of it is"
+    return f"item [{name!r}] is" if kind == "dict" else f"item [{name}] is"
 
 
 def _address(body: memoryview) -> int:
