@@ -31,8 +31,9 @@ weighed (a ``CodecError``): it would come back a leaf, and the gradient through 
 made it would stop on a recall where it flowed on a miss. Every dtype of
 :data:`somatize_torch.digest.DTYPES` round-trips (all of whole bytes: bf16, fp16, the
 float8s, int8, bool, the complex ones included); :meth:`~TensorCodec.encode` of any
-other is a ``CodecError`` naming it. A non-contiguous tensor is written in C order, and a
-0-dim or empty tensor keeps its shape.
+other is a ``CodecError`` naming it, as is that of a bool tensor holding a byte other
+than 0 or 1, which the reader would take for damage. A non-contiguous tensor is
+written in C order, and a 0-dim or empty tensor keeps its shape.
 
 The layout of the header: a flat tuple or list names its tensors ``0``, ``1``
 …, a dict by its keys (the order it was filled in is recorded in the
@@ -179,6 +180,8 @@ class TensorCodec(Codec):
         at = 0
         for name in order:
             tensor = tensors[name]
+            if tensor.dtype is torch.bool:
+                _refuse_bools(kind, name, tensor)
             view = host_bytes(tensor)
             header[name] = {
                 "dtype": DTYPES[tensor.dtype],
@@ -320,6 +323,19 @@ def _which(kind: str, name: str) -> str:
     if kind == "tree":
         return "an item of it is"
     return f"item [{name!r}] is" if kind == "dict" else f"item [{name}] is"
+
+
+def _refuse_bools(kind: str, name: str, tensor: torch.Tensor) -> None:
+    """CodecError when bool ``tensor`` holds a byte other than 0 or 1 (a uint8 mask viewed as
+    bool): torch writes no other, so the reader takes such bytes for damage, and an answer
+    written with them would be computed again at every read."""
+    if tensor.numel() and int(tensor.view(torch.uint8).max()) > 1:
+        raise CodecError(
+            f"the `tensor` codec does not write this value: {_which(kind, name)} a bool tensor "
+            "holding bytes other than 0 and 1 (bytes viewed as bool, `mask.view(torch.bool)`), "
+            "which torch never writes and which would read back as damaged. Make the bool by "
+            "a comparison (`mask != 0`)"
+        )
 
 
 def _address(body: memoryview) -> int:

@@ -616,6 +616,29 @@ def test_a_bool_tensor_of_bytes_other_than_0_and_1_is_refused(elements: int) -> 
         smt.TENSOR.decode(memoryview(bytes(data)))
 
 
+class Bits(Node):
+    """Bit 2 of each byte, as a uint8 mask viewed as bool: bytes 0 and 4."""
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return (x & 4).view(torch.bool)
+
+
+def test_a_bool_tensor_of_bytes_other_than_0_and_1_is_not_written(store: Store) -> None:
+    """A bool answer holding a byte torch never writes (a uint8 mask viewed as bool) is a
+    CodecError when it is written, alone or as an item, saying how to make a bool of it:
+    it was kept, and every later forward read it as damaged and computed it again."""
+    fours = (torch.tensor([4, 5, 0, 1], dtype=torch.uint8) & 4).view(torch.bool)
+    with pytest.raises(CodecError, match=r"it is a bool tensor .*bytes other than 0 and 1"):
+        smt.TENSOR.encode(fours)
+    with pytest.raises(CodecError, match=r"item \[1\] is a bool tensor .*`mask != 0`"):
+        smt.TENSOR.encode((torch.ones(1), fours))
+    g = Graph.somatize(Bits().named("bits").frozen().cached())
+    with pytest.raises(CodecError, match="bytes other than 0 and 1"):
+        g.forward(Opaque(torch.tensor([4, 5, 0, 1], dtype=torch.uint8)), store=store)
+    made = fours != 0
+    assert _same(smt.TENSOR.decode(_bytes(made)), made)
+
+
 def test_long_headers_are_not_held_once_their_answers_are_gone() -> None:
     """Headers are kept, by their bytes, to be read once however many answers share them:
     a short one only (a header padded with spaces is valid), and so many bytes of them at
