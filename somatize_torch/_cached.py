@@ -5,7 +5,7 @@ model and holds its node: :class:`_Declared` for a frozen one, which puts back i
 what was set training and calls it, and :class:`_Cached` for a cached one.
 
 A cached node is asked of the store through the somatize engine, keyed by what
-it is handed::
+it is handed (tensors, and None for an optional argument not given, where it stands)::
 
     key = H(identity, declaration, state digest, salt, H(content of its inputs))
 
@@ -104,7 +104,8 @@ class _Cached(nn.Module):
 
     def bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """``args`` and ``kwargs`` as the arguments in the order of the module's signature:
-        a call keyed the same whether an argument is given by position or by name."""
+        a call keyed the same whether an argument is given by position or by name, one
+        whose default is None left out before one given by name as None."""
         name = self.node._smz.name or "?"
         given = ", ".join(f"`{k}`" for k in kwargs)
         if self._signature is None:
@@ -117,15 +118,33 @@ class _Cached(nn.Module):
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as why:
             raise TypeError(f"`{name}` {why}") from None
-        if bound.kwargs:
-            left = ", ".join(f"`{k}`" for k in bound.kwargs)
+        if not bound.kwargs:
+            return bound.args
+        # An optional argument left out before one given by name (`w(x, scale=s)` of
+        # `forward(x, mask=None, scale=None)`) is handed as its default, None, as it would
+        # be: the call is `w(x, None, s)`.
+        arguments = bound.arguments
+        ordered: list[Any] = []
+        for param in self._signature.parameters.values():
+            if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+                break
+            if param.name in arguments:
+                ordered.append(arguments[param.name])
+            elif param.default is None:
+                ordered.append(None)
+            else:
+                break
+        placed = {p for p, _ in zip(self._signature.parameters, ordered, strict=False)}
+        left = [k for k in arguments if k not in placed]
+        if left:
+            said = ", ".join(f"`{k}`" for k in left)
             raise TypeError(
                 f"`{name}` is cached, and is keyed by the tensors it is handed in the order of "
-                f"its signature; {left} has no place in that order (an argument before it is "
-                "not given, or it is keyword-only). Give every argument before it too, or "
-                "drop the module from `cached=`"
+                f"its signature; {said} has no place in that order (an argument before it is "
+                "not given and has a default other than None, or it is keyword-only). Give "
+                "every argument before it too, or drop the module from `cached=`"
             )
-        return bound.args
+        return tuple(ordered)
 
     def trimmed(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """``args`` without the trailing ones that are their parameter's default itself
@@ -150,14 +169,13 @@ class _Watched:
         self.call = call
         self.module = module
 
-    def __call__(self, *args: torch.Tensor) -> Any:
+    def __call__(self, *args: torch.Tensor | None) -> Any:
         # An inference tensor keeps no version counter: its content is weighed instead,
         # before and after (on a miss only, which computes anyway).
-        versions = [digest_tensor(a) if a.is_inference() else a._version for a in args]
+        versions = [_version(a) for a in args]
         out = self.call(*args)
         for index, (value, version) in enumerate(zip(args, versions, strict=True)):
-            now = digest_tensor(value) if value.is_inference() else value._version
-            if now != version:
+            if _version(value) != version:
                 raise WrapError(
                     f"`{self.name}` is cached, and it wrote into argument {index} it was "
                     "handed, in place: a recalled answer would not repeat the write, so what "
@@ -178,7 +196,15 @@ class _Watched:
                 "them). Return those — make the item a tensor, or leave it out — or drop the "
                 "submodule from `cached=`"
             ) from None
-        return _unshared(out, args, self.module)
+        return _unshared(out, [a for a in args if a is not None], self.module)
+
+
+def _version(value: torch.Tensor | None) -> Any:
+    """What changes when ``value`` is written in place: its version counter, or for an
+    inference tensor, which keeps none, its digest; None for an argument not given."""
+    if value is None:
+        return None
+    return digest_tensor(value) if value.is_inference() else value._version
 
 
 def _unshared(out: Any, args: Sequence[torch.Tensor], module: nn.Module) -> Any:
@@ -241,12 +267,14 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
         args = self.bound(args, kwargs)
     args = self.trimmed(args)
     for index, value in enumerate(args):
+        if value is None:  # an optional argument not given: keyed as None, where it stands
+            continue
         if not isinstance(value, torch.Tensor):
             raise TypeError(
                 f"`{name}` is cached and is called with a `{type(value).__name__}` as "
                 f"argument {index}: a cached submodule is keyed by the content of the "
-                "tensors it is handed, so its arguments must be tensors. Make the value a "
-                "constant of the model, or drop the submodule from `cached=`"
+                "tensors it is handed, so its arguments must be tensors (or None). Make the "
+                "value a constant of the model, or drop the submodule from `cached=`"
             )
         if value.requires_grad:
             raise CachedInputNeedsGrad(
@@ -266,6 +294,7 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     # A frozen parameter handed on (`self.decoder(self.queries)`) is keyed and handed as
     # its values, as the codec weighs and writes plain tensors only.
     args = tuple(a.detach() if isinstance(a, nn.Parameter) else a for a in args)
+    tensors = [a for a in args if a is not None]
     # Asked here too, since under torch.compile the wrapped forward's own look is compiled
     # away: a declared submodule replaced on the model is refused before it is keyed.
     self.owner._follow()
@@ -282,14 +311,14 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     if basis != self._basis:
         self._solos.clear()
         self._basis = basis
-    precision = _precision(args)
+    precision = _precision(tensors)
     solo = self._solos.get(precision)
     if solo is None:
         solo = self._solos[precision] = _solo(node, name, basis[0], precision)
     with torch.no_grad():
         out = solo.forward(Opaque(tuple(args), TENSOR), store=store)
     self.owner._noted(name, solo.record)
-    return _placed(out, args[0].device) if args else out
+    return _placed(out, tensors[0].device) if tensors else out
 
 
 def _placed(out: Any, device: torch.device) -> Any:

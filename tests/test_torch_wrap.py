@@ -1507,6 +1507,43 @@ def test_a_wrapped_module_takes_keyword_arguments(store: Store) -> None:
     assert frozen(x, mask=mask, scale=mask).shape == (3, 4)
 
 
+class Attends(nn.Module):
+    """Takes an optional mask, then an optional scale, as attention modules do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        h = self.linear(x)
+        h = h if mask is None else h * mask
+        return h if scale is None else h * scale
+
+
+def test_a_cached_module_takes_none_for_an_optional_argument(store: Store) -> None:
+    """A cached module is handed None for an optional argument before one given (by
+    position, or left out before one given by name), and is keyed by which arguments are
+    None: where both calls were refused, the second telling to make None a constant of
+    the model. The same tensor as a mask or as a scale is another answer."""
+    torch.manual_seed(0)
+    module = Attends()
+    wrapped = smt.wrap(module, frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    x, s = torch.randn(3, 4), torch.full((3, 4), 2.0)
+    with torch.no_grad():
+        scaled, masked = module(x, None, s), module(x, s)
+    assert torch.equal(wrapped(x, None, s), scaled)
+    assert torch.equal(wrapped(x, scale=s), scaled)
+    assert torch.equal(wrapped(x, s), masked)
+    assert torch.equal(wrapped(x, s, None), masked)
+    assert wrapped.counts["attends"] == {"ran": 2, "kept": 2, "recalled": 2}
+
+
 # ------------------------------------------------------------------ train and eval
 
 
