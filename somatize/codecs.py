@@ -225,8 +225,10 @@ class Opaque:
     input: each is keyed by its content and handed to the nodes unwrapped. A codec
     given, by name or as itself, must take the value as it would be picked for it (one
     of its types, and ``accepts``): a CodecError with its refusal otherwise.
-    A tensor written behind torch's back (through ``.data``, ``.numpy()`` or DLPack)
-    keeps its version counter: wrap a new ``Opaque`` after such a write.
+    A tensor written behind torch's back (through ``.data``, ``.numpy()`` or DLPack,
+    into its storage with ``x.untyped_storage().copy_(...)`` or ``.fill_(...)``, or
+    through another tensor ``set_`` onto that storage) keeps its version counter: wrap a
+    new ``Opaque`` after such a write.
     """
 
     __slots__ = ("_weighed", "codec", "value")
