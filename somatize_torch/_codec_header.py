@@ -4,7 +4,8 @@ once per distinct header.
 A tensor answer opens as a safetensors file does: an 8-byte little-endian length,
 then a JSON header naming each tensor's dtype, shape and byte range, the codec's own
 facts in its ``__metadata__`` (the format, the kind of value, where the tensors
-lived, a dict's order, a tree's shape). A header is what a store hands back, so all
+lived, a dict's order, a tree's shape, the order of the dims of a tensor kept in the
+order of its memory). A header is what a store hands back, so all
 it says is checked before a byte of data is read as a tensor (:func:`_read_header`):
 a known kind and format, the tensor names that kind implies, shapes and byte ranges
 (lists of whole numbers) that agree with their dtypes, do not overlap and leave no
@@ -46,8 +47,10 @@ _MAX_HEADER = 100 << 20
 class _Header(NamedTuple):
     """What a tensor answer's header says, checked: its kind, each tensor's name, dtype,
     shape, first byte and element count, where the tensors lived, how many bytes of
-    data they need, a dict's keys in the order it was filled in (None: sorted), and the
-    shape of a tree (see :func:`~somatize_torch._codec_tree._shape`)."""
+    data they need, a dict's keys in the order it was filled in (None: sorted), the
+    shape of a tree (see :func:`~somatize_torch._codec_tree._shape`), and, for each
+    tensor kept in the order of its memory, the permutation of its dims that gives it
+    back (None: all in C order)."""
 
     kind: str
     tensors: list[tuple[str, torch.dtype, list[int], int, int]]
@@ -55,6 +58,7 @@ class _Header(NamedTuple):
     end: int
     order: tuple[str, ...] | None = None
     tree: Any = None
+    dims: dict[str, list[int]] | None = None
 
 
 _HEADERS: dict[bytes, _Header] = {}
@@ -109,6 +113,8 @@ def row_layout(data: memoryview) -> tuple[bytes, torch.dtype, tuple[int, ...], i
     if header.kind != "tensor":
         raise ValueError("a row answer decodes to a collection of tensors, not to one row")
     ((_, dtype, shape, start, count),) = header.tensors
+    if header.dims:  # the row codec writes rows in C order
+        raise ValueError("a row answer is kept in another order of its dims than a row's")
     if count and start:  # _read_header refuses it too: no byte before the first tensor's
         raise ValueError(f"a row answer's data starts {start} bytes in: it is damaged")
     return bytes(data[:head]), dtype, tuple(shape), count * _ITEMSIZE[dtype]
@@ -130,6 +136,7 @@ def _read_header(raw: bytes) -> _Header:
     if names != expected:
         raise ValueError(f"a tensor answer of kind {kind!r} holds tensors {names[:8]}")
     devices = _devices(meta.get("devices", "{}"), names)
+    dims = _dims(meta.get("dims", "{}"), header)
     order = _order(meta.get("order"), names) if kind == "dict" else None
     tree = _tree(meta.get("tree"), len(names)) if kind == "tree" else None
     tensors = []
@@ -161,7 +168,8 @@ def _read_header(raw: bytes) -> _Header:
     # tensor claims (which safetensors forbids too) is not one it wrote.
     if spans and (spans[0][0] or any(a[1] != b[0] for a, b in itertools.pairwise(spans))):
         raise ValueError("a tensor answer holds bytes no tensor claims: it is damaged")
-    return _Header(kind, tensors, devices, max((end for _, end in spans), default=0), order, tree)
+    end = max((end for _, end in spans), default=0)
+    return _Header(kind, tensors, devices, end, order, tree, dims)
 
 
 def _whole_numbers(raw: Any, what: str, length: int | None = None) -> list[int]:
@@ -200,6 +208,30 @@ def _order(raw: Any, names: list[str]) -> tuple[str, ...] | None:
     if not isinstance(order, list) or sorted(order) != names:
         raise ValueError(f"the order of a dict answer names other keys than its tensors: {raw!r}")
     return tuple(order)
+
+
+def _dims(raw: Any, header: dict[str, Any]) -> dict[str, list[int]] | None:
+    """The order the dims of each tensor kept in memory order are put back in, by name, as
+    the header records it (a permutation of its dims; none for a tensor kept in C order,
+    and for an answer written before the order was kept)."""
+    try:
+        dims = _read_json(raw)
+        if not isinstance(dims, dict) or not set(dims) <= set(header):
+            raise ValueError(f"{raw!r} names no tensor of the answer")
+        for name, back in dims.items():
+            shape = header[name].get("shape") if isinstance(header[name], dict) else None
+            if (
+                type(back) is not list
+                or not all(type(d) is int for d in back)
+                or type(shape) is not list
+                or sorted(back) != list(range(len(shape)))
+            ):
+                raise ValueError(f"{str(back)[:80]} is no order of the dims of {name!r}")
+    except (ValueError, TypeError) as why:
+        raise ValueError(
+            f"the order of the dims of a tensor answer cannot be read ({why})"
+        ) from None
+    return dims or None
 
 
 def _devices(raw: Any, names: list[str]) -> dict[str, str]:

@@ -30,7 +30,8 @@ def encode_rows(rows: torch.Tensor) -> list[list[memoryview | bytes]]:
     row's dtype and shape, which all rows share."""
     if rows.shape[0] == 0:
         return []
-    header = bytes(TENSOR.encode(rows[0])[0])
+    # The rows are written in C order (a channels_last batch too): so is the header's row.
+    header = bytes(TENSOR.encode(rows[0].contiguous())[0])
     flat = host_bytes(rows)
     size = flat.nbytes // rows.shape[0]
     return [[header, flat[i * size : (i + 1) * size]] for i in range(rows.shape[0])]

@@ -32,8 +32,13 @@ made it would stop on a recall where it flowed on a miss. Every dtype of
 :data:`somatize_torch.digest.DTYPES` round-trips (all of whole bytes: bf16, fp16, the
 float8s, int8, bool, the complex ones included); :meth:`~TensorCodec.encode` of any
 other is a ``CodecError`` naming it, as is that of a bool tensor holding a byte other
-than 0 or 1, which the reader would take for damage. A non-contiguous tensor is
-written in C order, and a 0-dim or empty tensor keeps its shape.
+than 0 or 1, which the reader would take for damage. A tensor dense in memory in
+another order of its dims than C order (channels_last, a transpose) is written as its
+memory holds it, with no copy — its dims in that order in the header, so a safetensors
+reader reads it right, and the order to put them back in under ``dims`` in the
+``__metadata__`` — and comes back with the strides it had, so a kernel that picks its
+path by memory format (a conv) answers the same bits on a hit as on a miss; any other
+non-contiguous tensor is written in C order. A 0-dim or empty tensor keeps its shape.
 
 The layout of the header: a flat tuple or list names its tensors ``0``, ``1``
 …, a dict by its keys (the order it was filled in is recorded in the
@@ -178,14 +183,18 @@ class TensorCodec(Codec):
         devices: dict[str, str] = {}
         views: list[memoryview] = []
         at = 0
+        dims: dict[str, list[int]] = {}
         for name in order:
             tensor = tensors[name]
             if tensor.dtype is torch.bool:
                 _refuse_bools(kind, name, tensor)
-            view = host_bytes(tensor)
+            stored, back = _memory_order(tensor)
+            if back is not None:
+                dims[name] = back
+            view = host_bytes(stored)
             header[name] = {
                 "dtype": DTYPES[tensor.dtype],
-                "shape": list(tensor.shape),
+                "shape": list(stored.shape),
                 "data_offsets": [at, at + view.nbytes],
             }
             if tensor.device.type != "cpu":
@@ -195,6 +204,8 @@ class TensorCodec(Codec):
         meta = {"format": _FORMAT, "kind": kind, **shape}
         if devices:
             meta["devices"] = json.dumps(devices, sort_keys=True)
+        if dims:
+            meta["dims"] = json.dumps(dims, sort_keys=True, separators=(",", ":"))
         header["__metadata__"] = meta
         raw = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
         # The data starts 8-aligned, as safetensors asks; 64-aligned when it is large, so
@@ -235,6 +246,8 @@ class TensorCodec(Codec):
                     out[name] = out[name].reshape(shape)
                 if dtype is torch.bool and count:
                     _check_bools(out[name], f"tensor {name!r} of an answer")
+                if header.dims and name in header.dims:  # kept in memory order: no copy
+                    out[name] = out[name].permute(header.dims[name])
         for name, device in header.devices.items():
             out[name] = _to_device(out[name], device, name)
         kind = header.kind
@@ -312,6 +325,26 @@ def _refuse_grad(kind: str, tensors: dict[str, torch.Tensor], action: str) -> No
         "leaf, so the gradient through what made it would flow when the answer is computed "
         f"and silently stop when it is recalled. {do}"
     )
+
+
+def _memory_order(tensor: torch.Tensor) -> tuple[torch.Tensor, list[int] | None]:
+    """``tensor`` as it is written: itself when it is C-contiguous, or not dense; a dense
+    one in another order of its dims (channels_last, a transpose) with its dims in the
+    order of its memory — a contiguous view, so it is written with no copy — and the
+    permutation that gives ``tensor`` back, with its strides, from what is read. A
+    recalled answer then has the strides the computed one had, and a kernel reading it
+    (a conv, which picks its path by memory format) answers the same bits."""
+    if tensor.is_contiguous() or tensor.dim() < 2:
+        return tensor, None
+    strides = tensor.stride()
+    order = sorted(range(tensor.dim()), key=lambda d: (-strides[d], d))
+    stored = tensor.permute(order)
+    if not stored.is_contiguous():  # overlapping, or with gaps: written in C order
+        return tensor, None
+    back = [0] * len(order)
+    for place, dim in enumerate(order):
+        back[dim] = place
+    return stored, back
 
 
 def _which(kind: str, name: str) -> str:

@@ -142,6 +142,56 @@ def test_a_cached_node_handed_or_answering_a_tensor_that_requires_grad_is_refuse
     assert trained.record is not None and trained.record.outcome == {"trained": "failed"}
 
 
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        torch.randn(2, 3, 2, 4, 5).to(memory_format=torch.channels_last_3d),
+        torch.arange(12.0).reshape(3, 4).t(),
+        torch.randn(4, 3, 2).permute(2, 0, 1),
+    ],
+    ids=["channels_last", "channels_last_3d", "transposed", "permuted"],
+)
+def test_a_dense_tensor_in_another_dim_order_comes_back_with_its_strides(
+    tensor: torch.Tensor,
+) -> None:
+    """A tensor whose memory is dense in another order of its dims (channels_last, a
+    transpose) is written in memory order, with no copy, and comes back with the strides
+    it had, where it came back C-contiguous and a conv reading it answered other last
+    bits; a safetensors reader reads the dims in memory order. Its digest is its C-order
+    content's, as before."""
+    pieces = smt.TENSOR.encode(tensor)
+    assert np.frombuffer(pieces[1], dtype=np.uint8).ctypes.data == tensor.data_ptr()
+    back = smt.TENSOR.decode(_bytes(tensor))
+    assert _same(back, tensor) and back.stride() == tensor.stride()
+    order = sorted(range(tensor.dim()), key=lambda d: -tensor.stride(d))
+    read = safetensors.torch.load(bytes(_bytes(tensor)))["tensor"]
+    assert torch.equal(read, tensor.permute(order))
+    assert smt.TENSOR.digest(tensor) == smt.TENSOR.digest(tensor.contiguous())
+
+
+class Cloned(Node):
+    """A copy of its input, in the input's memory format."""
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return x.clone()
+
+
+def test_a_channels_last_answer_is_recalled_channels_last(store: Store) -> None:
+    """A cached node's channels_last answer is recalled channels_last, so a conv reading it
+    answers the same bits on a hit as on a miss; where it came back C-contiguous."""
+    torch.manual_seed(0)
+    g = Graph.somatize(Cloned().named("cloned").frozen().cached())
+    x = torch.randn(2, 8, 10, 10).to(memory_format=torch.channels_last)
+    conv = nn.Conv2d(8, 8, 3)
+    computed = g.forward(Opaque(x), store=store)
+    recalled = g.forward(Opaque(x), store=store)
+    assert g.record is not None and g.record.outcome == {"cloned": "recalled"}
+    assert recalled.stride() == computed.stride() == x.stride()
+    with torch.no_grad():
+        assert torch.equal(conv(recalled), conv(computed))
+
+
 def test_collections_round_trip() -> None:
     """A dict, a tuple and a list of tensors come back as the same kind, in order (a dict in
     the order it was filled in)."""
@@ -496,6 +546,10 @@ def _devices(devices: Any) -> Any:
         _devices({"tensor": "cuda:256"}),
         _devices({"tensor": "cuda:128"}),
         _devices({"tensor": 0}),
+        lambda h: h["__metadata__"].update(dims=json.dumps({"tensor": [0, 0]})),
+        lambda h: h["__metadata__"].update(dims=json.dumps({"tensor": [1, 0, 2]})),
+        lambda h: h["__metadata__"].update(dims=json.dumps({"other": [1, 0]})),
+        lambda h: h["__metadata__"].update(dims="[1, 0]"),
     ],
     ids=[
         "negative",
@@ -517,6 +571,10 @@ def _devices(devices: Any) -> Any:
         "device-index-wrapping-to-0",
         "device-index-wrapping-negative",
         "device-a-number",
+        "dims-repeated",
+        "dims-too-many",
+        "dims-of-no-tensor",
+        "dims-not-a-dict",
     ],
 )
 def test_a_header_that_lies_is_refused_as_damaged(change: Any) -> None:
