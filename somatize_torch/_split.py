@@ -51,14 +51,33 @@ if TYPE_CHECKING:
 
 
 class _Tracer(fx.Tracer):
-    """Keeps declared submodules and the standard ``torch.nn`` layers whole."""
+    """Keeps declared submodules and the standard ``torch.nn`` layers whole, and reads the
+    model's tensors as the code runs.
+
+    fx's own tracer hands the forward a buffer, or a tensor kept as a plain attribute, as
+    the tensor itself: what the forward computes from them alone
+    (``self.std.clamp(min=1e-3)``, ``self.temperature.item()``) it computes once, as it
+    traces, and keeps the answer as a constant, which a checkpoint loaded later never
+    reaches. Here both are read in the code (``get_attr``), so that is computed as it
+    runs; a branch on what one holds (``if self.flag:``) is then refused, as a branch on
+    an input is."""
 
     def __init__(self, leaves: Iterable[str]) -> None:
         super().__init__()
+        self.proxy_buffer_attributes = True
         self.leaves = frozenset(leaves)
         self.through: set[str] = {""}
         """The modules whose forward was traced into (the model's own, ``""``, included):
         what they read of ``self.training`` is in the code."""
+        self._held: dict[str, fx.Proxy] = {}
+
+    def held(self, path: str) -> fx.Proxy:
+        """The read, in the code, of the tensor the model keeps as a plain attribute at
+        ``path``."""
+        found = self._held.get(path)
+        if found is None:
+            found = self._held[path] = self.create_proxy("get_attr", path, (), {})
+        return found
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return module_qualified_name in self.leaves or super().is_leaf_module(
@@ -112,7 +131,7 @@ def _traced(
     try:
         for module, _ in modes:
             object.__setattr__(module, "training", training and id(module) not in held_eval)
-        with recording(tracer, model), reading(model) as noted:
+        with recording(tracer, model), reading(model, tracer.held) as noted:
             graph = tracer.trace(model)
     except Exception as error:
         frames = [

@@ -131,9 +131,11 @@ class Noted:
 
 
 @contextlib.contextmanager
-def reading(model: nn.Module) -> Iterator[Noted]:
+def reading(model: nn.Module, held: Callable[[str], Any] | None = None) -> Iterator[Noted]:
     """While in the block, what is read from ``model``'s modules' attributes and what is
-    assigned to them is noted; after it, what was assigned is put back.
+    assigned to them is noted; after it, what was assigned is put back. With ``held``, a
+    tensor a module keeps as a plain attribute reads as what ``held`` makes of its path in
+    the model (the tracer's read of it in the code).
 
     Each module's class is given, for the block, an attribute lookup and an
     assignment that note what they do (the classes themselves, so a module's class is
@@ -159,7 +161,7 @@ def reading(model: nn.Module) -> Iterator[Noted]:
     try:
         for kind, own_read, own_write, read, write in before:
             try:
-                kind.__getattribute__ = _noting_reads(read, noted)  # type: ignore[method-assign]
+                kind.__getattribute__ = _noting_reads(read, noted, held)  # type: ignore[method-assign]
                 kind.__setattr__ = _noting_writes(write, noted)  # type: ignore[method-assign,assignment]
             except TypeError:
                 _put(kind, "__getattribute__", own_read)
@@ -181,7 +183,9 @@ def _put(kind: type, name: str, value: Any) -> None:
         setattr(kind, name, value)
 
 
-def _noting_reads(read: Callable[[Any, str], Any], noted: Noted) -> Callable[[Any, str], Any]:
+def _noting_reads(
+    read: Callable[[Any, str], Any], noted: Noted, held: Callable[[str], Any] | None
+) -> Callable[[Any, str], Any]:
     def __getattribute__(self: Any, name: str) -> Any:
         if (
             name in _UNNOTED
@@ -196,6 +200,10 @@ def _noting_reads(read: Callable[[Any, str], Any], noted: Noted) -> Callable[[An
             noted.read(self, name, own, _ABSENT)
             raise
         noted.read(self, name, own, value)
+        if held is not None and isinstance(value, torch.Tensor) and own.get(name) is value:
+            path = noted.paths.get(id(self))
+            if path is not None:
+                return held(f"{path}.{name}" if path else name)
         return value
 
     return __getattribute__

@@ -1027,6 +1027,64 @@ def test_a_plain_tensor_attribute_replaced_after_wrap_is_the_one_read(store: Sto
         assert torch.equal(wrapped(x), model(x))
 
 
+class Normalises(nn.Module):
+    """Computes with its buffers and a plain tensor attribute among themselves, before
+    they meet the input: statistics clamped, a temperature read as a number."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.register_buffer("std", torch.ones(4))
+        self.register_buffer("temperature", torch.tensor(2.0))
+        self.offset = torch.zeros(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x) / self.std.clamp(min=1e-3)
+        return h / self.temperature.item() + self.offset * 2
+
+
+def test_buffers_the_forward_computes_with_are_read_as_it_runs(store: Store) -> None:
+    """What the forward computes from buffers and plain tensor attributes alone is
+    computed as the wrapped model runs, not kept from the trace: a checkpoint loaded in
+    place, or a buffer written in place, is the one the next call computes with."""
+    torch.manual_seed(0)
+    model = Normalises()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        state = wrapped.state_dict()
+        state["std"], state["temperature"] = torch.full((4,), 4.0), torch.tensor(10.0)
+        wrapped.load_state_dict(state)
+        assert float(model.temperature) == 10.0
+        assert torch.equal(wrapped(x), model(x))
+        model.offset.fill_(3.0)
+        assert torch.equal(wrapped(x), model(x))
+
+
+class BranchesOnABuffer(nn.Module):
+    """Takes a branch by what a buffer holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.register_buffer("use_bias", torch.tensor(True))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if self.use_bias:
+            h = h + 1
+        return h
+
+
+def test_a_branch_on_what_a_buffer_holds_is_refused() -> None:
+    """A branch on a buffer's value would be taken once, as fx traces: `wrap` refuses it,
+    naming the line, rather than keep the branch the buffer picked then."""
+    with pytest.raises(smt.Untraceable, match=r"`if self\.use_bias:`"):
+        smt.wrap(BranchesOnABuffer(), frozen=["encoder"])
+
+
 class Settled(nn.Module):
     """Reads plain values it keeps, and a block's, between its declared encoder and its
     head; keeps one it never reads."""
