@@ -49,6 +49,7 @@ class _Parts:
         reads: Sequence[_Read],
         declared: Mapping[str, ModuleNode],
         traced: Mapping[str, nn.Module] | None = None,
+        children: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.reads = list(reads)
         self.declared = dict(declared)
@@ -56,10 +57,16 @@ class _Parts:
         self.traced = dict(traced or {})
         """The submodules whose forward was traced into the code, by path: the code runs
         what their forward did, so they cannot be replaced either."""
+        self.children = dict(children or {})
+        """The names of the children each module the code went through held, by its path:
+        fx unrolls a loop over a container (``for layer in self.layers``) as it traces, so
+        a child added or removed since would not run as the model runs it."""
         self.tops = frozenset(path.split(".")[0] for path in [*declared, *self.traced])
         self._tables: list[dict[str, Any]] = []
         self._keys: list[str] = []
         self._values: list[Any] = []
+        self._held: list[dict[str, Any]] = []
+        self._names: list[tuple[str, ...]] = []
 
     def watch(self, model: nn.Module) -> None:
         """Notes the table entries on the way to every part, as they are now."""
@@ -75,10 +82,16 @@ class _Parts:
         self._tables = [table for table, _ in seen.values()]
         self._keys = [key for _, key in seen]
         self._values = [value for _, value in seen.values()]
+        held = [(_part(model, path), names) for path, names in self.children.items()]
+        self._held = [part._modules for part, _ in held if isinstance(part, nn.Module)]
+        self._names = [names for part, names in held if isinstance(part, nn.Module)]
 
     def changed(self) -> bool:
-        """Whether an entry on the way to a part holds another object than it did."""
-        return not all(map(operator.is_, map(dict.get, self._tables, self._keys), self._values))
+        """Whether an entry on the way to a part holds another object than it did, or a
+        module the code went through holds other children."""
+        return not all(
+            map(operator.is_, map(dict.get, self._tables, self._keys), self._values)
+        ) or not all(map(operator.eq, map(tuple, self._held), self._names))
 
     def refuse(self, model: nn.Module, name: str, value: Any) -> None:
         """Refuses putting ``value`` in the model as ``name`` where that replaces a declared
@@ -99,6 +112,11 @@ class _Parts:
         for path, module in self.traced.items():
             if _part(model, path) is not module:
                 raise _retraced(path, module)
+        for path, names in self.children.items():
+            held = _part(model, path)
+            now = tuple(held._modules) if isinstance(held, nn.Module) else ()
+            if now != names:
+                raise _regrown(path, names, now)
         for read in self.reads:
             now = _part(model, read.path)
             if now is _MISSING:
@@ -133,6 +151,22 @@ def _retraced(path: str, module: nn.Module) -> WrapError:
     )
 
 
+def _regrown(path: str, was: tuple[str, ...], now: tuple[str, ...]) -> WrapError:
+    def shown(names: tuple[str, ...]) -> str:
+        listed = ", ".join(f"`{name}`" for name in names[:8])
+        return (listed + (f" and {len(names) - 8} more" if len(names) > 8 else "")) or "none"
+
+    return WrapError(
+        f"`{path or 'the model'}` held the children {shown(was)} when `wrap` traced the "
+        f"forward, which went through it, and holds {shown(now)} now: fx unrolled what the "
+        "forward did with them into the code the wrapped model runs (a loop over a "
+        "container runs the layers it held then), so a child added or removed would not "
+        "run as the model runs it. Wrap the model again after changing it "
+        "(`somatize.torch.wrap(model, ...)`, then `freeze`); a child replaced by another "
+        "under the same name is the one that runs"
+    )
+
+
 def _table_of(owner: Any, atom: str) -> dict[str, Any] | None:
     """The table of ``owner`` (a module) that registers ``atom``, or None."""
     if not isinstance(owner, nn.Module):
@@ -148,7 +182,10 @@ def _table_of(owner: Any, atom: str) -> dict[str, Any] | None:
 
 
 def _part(model: nn.Module, path: str) -> Any:
-    """What ``model`` holds at dotted ``path``, or ``_MISSING``."""
+    """What ``model`` holds at dotted ``path`` (the model itself at ``""``), or
+    ``_MISSING``."""
+    if not path:
+        return model
     found: Any = model
     for atom in path.split("."):
         found = getattr(found, atom, _MISSING)

@@ -80,6 +80,9 @@ class Noted:
         (``_ABSENT`` where nothing did): the class's value, a method, a default."""
         self.modes: dict[int, Read] = {}
         """Modules whose training flag was read."""
+        self.children: dict[int, str] = {}
+        """Submodules the forward read (``self.layers``), by path: fx unrolls a loop over
+        what one holds, so the children each holds are the code's."""
         self.wrote: dict[tuple[int, str], tuple[Wrote, Any]] = {}
         """Attributes assigned, with what each held before (in its table)."""
 
@@ -88,13 +91,25 @@ class Noted:
         if path is None:
             return
         key = (id(module), name)
+        if name in _LISTING:
+            self.listing(module)
         if name == "training":
             self.modes.setdefault(id(module), Read(path, module, name))
+        elif name in own["_modules"]:
+            child = self.paths.get(id(own["_modules"][name]))
+            if child is not None:
+                self.children.setdefault(id(own["_modules"][name]), child)
         elif name in own:
             if own[name] is value and not isinstance(value, (torch.Tensor, nn.Module)):
                 self.own.setdefault(key, Read(path, module, name))
         elif key not in self.elsewhere and not any(name in own[t] for t in _TABLES):
             self.elsewhere[key] = (Read(path, module, name), _class_value(type(module), name))
+
+    def listing(self, module: nn.Module) -> None:
+        """Notes that the forward went through ``module``'s children."""
+        path = self.paths.get(id(module))
+        if path is not None:
+            self.children.setdefault(id(module), path)
 
     def write(self, module: nn.Module, name: str) -> None:
         path = self.paths.get(id(module))
@@ -117,6 +132,8 @@ class Noted:
             self.elsewhere.setdefault(key, found)
         for at, mode in other.modes.items():
             self.modes.setdefault(at, mode)
+        for at, child in other.children.items():
+            self.children.setdefault(at, child)
 
     def put_back(self) -> None:
         """Puts back what the trace assigned."""
@@ -192,6 +209,8 @@ def _noting_reads(
             or (name.startswith("__") and name.endswith("__"))
             or in_torch(sys._getframe(1).f_code.co_filename)
         ):
+            if name == "_modules" and not in_torch(sys._getframe(1).f_code.co_filename):
+                noted.listing(self)
             return read(self, name)
         own = read(self, "__dict__")
         try:
@@ -226,6 +245,10 @@ def _class_value(kind: type, name: str) -> Any:
             return vars(base)[name]
     return _ABSENT
 
+
+_LISTING = frozenset(["_modules", "children", "named_children", "modules", "named_modules"])
+"""What a forward reads to go through a module's children (``for m in self.children()``):
+the children that module holds are the code's then."""
 
 _UNNOTED = _TORCH_OWN - {"training"} | {"train", "forward"}
 """torch's own tables; the stand-in for ``train`` freezing puts on a frozen module; and

@@ -533,7 +533,13 @@ def wrap(
             reads += second.reads
     graph = Graph.somatize(Expr(list(first.nodes.values()), first.edges, first.outputs))
     traced_into = {path: model.get_submodule(path) for path in sorted(through) if path}
-    parts = _Parts(reads, first.targets, traced_into)
+    went = sorted({*read.children.values(), *traced_into})
+    children = {
+        path: tuple(model.get_submodule(path)._modules)
+        for path in went
+        if not any(path == name or path.startswith(name + ".") for name in declared)
+    }
+    parts = _Parts(reads, first.targets, traced_into, children)
     Wrapped.__init__(wrapped, model, runners, graph, store, parts)
     # The modules whose training flag the code holds: those traced into, and those whose
     # flag it read.

@@ -1751,6 +1751,75 @@ def test_parts_replaced_after_wrap_are_the_ones_that_run(store: Store) -> None:
         assert torch.allclose(wrapped(x.double()), model(x.double()))
 
 
+class Stacked(nn.Module):
+    """Runs the layers its containers hold: a list, a sequence and a dict of them, and a
+    block of its own that goes through its children."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.layers = nn.ModuleList([nn.Linear(4, 4)])
+        self.seq = nn.Sequential(nn.Linear(4, 4))
+        self.blocks = nn.ModuleDict({"first": nn.Linear(4, 4)})
+        self.chain = Chained()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        for layer in self.layers:
+            h = layer(h)
+        for name in self.blocks:
+            h = self.blocks[name](h)
+        return self.chain(self.seq(h))
+
+
+class Chained(nn.Module):
+    """Runs its children in turn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for child in self.children():
+            x = child(x)
+        return x
+
+
+@pytest.mark.parametrize(
+    ("grow", "named"),
+    [
+        (lambda m: m.layers.append(nn.Linear(4, 4)), "layers"),
+        (lambda m: m.seq.append(nn.ReLU()), "seq"),
+        (lambda m: m.blocks.__setitem__("second", nn.Linear(4, 4)), "blocks"),
+        (lambda m: m.layers.__delitem__(0), "layers"),
+        (lambda m: setattr(m, "layers", nn.ModuleList([nn.Linear(4, 4)] * 2)), "layers"),
+        (lambda m: setattr(m.chain, "b", nn.Linear(4, 4)), "chain"),
+    ],
+    ids=["list appended", "sequence appended", "dict added to", "removed", "replaced", "child"],
+)
+def test_a_container_the_forward_ran_through_changed_after_wrap_is_refused(
+    store: Store, grow: Any, named: str
+) -> None:
+    """fx unrolls a loop over a container as it traces: a layer added to or removed from
+    a container the forward went through after `wrap` would not run as the model runs
+    it, so the next call is refused, naming the container; a layer replaced in place is
+    the one that runs."""
+    torch.manual_seed(0)
+    model = Stacked()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        wrapped(x)
+        model.layers[0] = nn.Linear(4, 4)
+        assert torch.equal(wrapped(x), model(x))
+        wrapped.extra = nn.Linear(4, 4)  # the model's forward never reads it
+        assert torch.equal(wrapped(x), model(x))
+        grow(model)
+        with pytest.raises(smt.WrapError, match=f"`{named}` held .*Wrap the model again"):
+            wrapped(x)
+
+
 def test_replacing_a_declared_submodule_is_refused(store: Store) -> None:
     """A declared submodule replaced after `wrap` is refused — on the wrapped model when it
     is assigned, on the model itself at the next forward — since its node holds the one
