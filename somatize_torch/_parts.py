@@ -50,6 +50,7 @@ class _Parts:
         declared: Mapping[str, ModuleNode],
         traced: Mapping[str, nn.Module] | None = None,
         children: Mapping[str, tuple[str, ...]] | None = None,
+        hooks: Mapping[str, Hooks] | None = None,
     ) -> None:
         self.reads = list(reads)
         self.declared = dict(declared)
@@ -61,12 +62,22 @@ class _Parts:
         """The names of the children each module the code went through held, by its path:
         fx unrolls a loop over a container (``for layer in self.layers``) as it traces, so
         a child added or removed since would not run as the model runs it."""
+        self.hooks = dict(hooks or {})
+        """The hooks and the ``forward`` of its own each module whose forward fx ran
+        (the model's own, ``""``, included) had, by its path: fx calls that forward
+        itself, so a hook or a ``forward`` given to it since would not run."""
         self.tops = frozenset(path.split(".")[0] for path in [*declared, *self.traced])
         self._tables: list[dict[str, Any]] = []
         self._keys: list[str] = []
         self._values: list[Any] = []
         self._held: list[dict[str, Any]] = []
         self._names: list[tuple[str, ...]] = []
+        self._hooked: list[dict[Any, Any]] = []
+        self._hook_keys: list[tuple[Any, ...]] = [
+            keys for hooks in self.hooks.values() for keys in hooks[:-1]
+        ]
+        self._owns: list[dict[str, Any]] = []
+        self._forwards = [hooks[-1] for hooks in self.hooks.values()]
 
     def watch(self, model: nn.Module) -> None:
         """Notes the table entries on the way to every part, as they are now."""
@@ -85,13 +96,20 @@ class _Parts:
         held = [(_part(model, path), names) for path, names in self.children.items()]
         self._held = [part._modules for part, _ in held if isinstance(part, nn.Module)]
         self._names = [names for part, names in held if isinstance(part, nn.Module)]
+        ran = [_part(model, path) for path in self.hooks]
+        self._hooked = [getattr(module, table, {}) for module in ran for table in _HOOKS]
+        self._owns = [getattr(module, "__dict__", {}) for module in ran]
 
     def changed(self) -> bool:
-        """Whether an entry on the way to a part holds another object than it did, or a
-        module the code went through holds other children."""
-        return not all(
-            map(operator.is_, map(dict.get, self._tables, self._keys), self._values)
-        ) or not all(map(operator.eq, map(tuple, self._held), self._names))
+        """Whether an entry on the way to a part holds another object than it did, a
+        module the code went through holds other children, or one whose forward fx ran
+        has other hooks or another ``forward`` of its own."""
+        return (
+            not all(map(operator.is_, map(dict.get, self._tables, self._keys), self._values))
+            or not all(map(operator.eq, map(tuple, self._held), self._names))
+            or not all(map(operator.eq, map(tuple, self._hooked), self._hook_keys))
+            or not all(map(operator.is_, map(_own_forward, self._owns), self._forwards))
+        )
 
     def refuse(self, model: nn.Module, name: str, value: Any) -> None:
         """Refuses putting ``value`` in the model as ``name`` where that replaces a declared
@@ -117,6 +135,10 @@ class _Parts:
             now = tuple(held._modules) if isinstance(held, nn.Module) else ()
             if now != names:
                 raise _regrown(path, names, now)
+        for path, was in self.hooks.items():
+            module = _part(model, path)
+            if isinstance(module, nn.Module) and hooks_of(module) != was:
+                raise _hooked(path, module, was)
         for read in self.reads:
             now = _part(model, read.path)
             if now is _MISSING:
@@ -149,6 +171,53 @@ def _retraced(path: str, module: nn.Module) -> WrapError:
         "`wrap`: the new one's own code and values would not run. Wrap the model again "
         "after replacing it, or load new weights into it instead (`load_state_dict`)"
     )
+
+
+Hooks = tuple[Any, ...]
+"""The keys of a module's tables of forward and backward hooks and pre-hooks, and the
+``forward`` it was given of its own (None for none: a copy keeps None as it is)."""
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_HOOK_KINDS = ("forward hooks", "forward pre-hooks", "backward hooks", "backward pre-hooks")
+
+
+def hooks_of(module: nn.Module) -> Hooks:
+    """What of ``module``'s hooks and own ``forward`` a call of it runs, as :data:`Hooks`."""
+    tables = [tuple(getattr(module, table, {})) for table in _HOOKS]
+    return (*tables, _own_forward(vars(module)))
+
+
+def _own_forward(held: dict[str, Any]) -> Any:
+    return held.get("forward")
+
+
+def hooked_error(path: str, kinds: str, was: str) -> WrapError:
+    """The refusal of a module whose forward fx ran that has hooks (``kinds``) it did
+    not have when it was traced (``was`` says when)."""
+    where = f"`{path}`" if path else "the model"
+    return WrapError(
+        f"{where} has {kinds} {was}: fx calls the forward of the model and of each block "
+        "it traces into itself, without their hooks, so the wrapped model would not run "
+        "them. Register a hook on the model on the wrapped model instead "
+        "(`wrapped.register_forward_hook(...)`, which runs it); for a block traced into, "
+        "register it before `wrap` (it is traced with the block's forward), or declare "
+        "the block. Wrap the model again after changing its hooks "
+        "(`somatize.torch.wrap(model, ...)`, then `freeze`)"
+    )
+
+
+def _hooked(path: str, module: nn.Module, was: Hooks) -> WrapError:
+    now = hooks_of(module)
+    if now[-1] is not was[-1]:
+        where = f"`{path}`" if path else "the model"
+        return WrapError(
+            f"{where} has a `forward` of its own given to it after `wrap` (in place of "
+            "the one traced into the code, by a library that wraps it or by hand): the "
+            "wrapped model runs what was traced, not the new one. Wrap the model again "
+            "after replacing it (`somatize.torch.wrap(model, ...)`, then `freeze`)"
+        )
+    kinds = [kind for kind, a, b in zip(_HOOK_KINDS, now, was, strict=False) if a != b]
+    return hooked_error(path, " and ".join(kinds), "it did not have when `wrap` traced it")
 
 
 def _regrown(path: str, was: tuple[str, ...], now: tuple[str, ...]) -> WrapError:

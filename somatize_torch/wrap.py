@@ -84,7 +84,7 @@ from somatize_torch._errors import (
     WrapError,
 )
 from somatize_torch._modes import switches, unwinding
-from somatize_torch._parts import _part, _Parts
+from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
 from somatize_torch._split import _calls, _split, _traced
 from somatize_torch._values import Values
 from somatize_torch.freeze import ModuleNode
@@ -495,6 +495,10 @@ def wrap(
     if "" in declared:
         return _whole(model, frozen_names, cached_names, store)
 
+    own = hooks_of(model)
+    if any(own[:-1]):
+        kinds = [kind for kind, keys in zip(_HOOK_KINDS, own, strict=False) if keys]
+        raise hooked_error("", " and ".join(kinds), "registered on it")
     wrapped = Wrapped.__new__(Wrapped)
     mode = model.training
     traced, through, read = _traced(model, declared, mode, frozen_names)
@@ -539,7 +543,8 @@ def wrap(
         for path in went
         if not any(path == name or path.startswith(name + ".") for name in declared)
     }
-    parts = _Parts(reads, first.targets, traced_into, children)
+    hooks = {path: hooks_of(module) for path, module in [("", model), *traced_into.items()]}
+    parts = _Parts(reads, first.targets, traced_into, children, hooks)
     Wrapped.__init__(wrapped, model, runners, graph, store, parts)
     # The modules whose training flag the code holds: those traced into, and those whose
     # flag it read.

@@ -1820,6 +1820,60 @@ def test_a_container_the_forward_ran_through_changed_after_wrap_is_refused(
             wrapped(x)
 
 
+def _zeroed(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+    return out * 0
+
+
+@pytest.mark.parametrize(
+    ("hook", "named"),
+    [
+        (lambda m: m.register_forward_hook(_zeroed), r"the model has forward hooks"),
+        (lambda m: m.chain.register_forward_hook(_zeroed), r"`chain` has forward hooks"),
+        (lambda m: m.seq.register_forward_pre_hook(lambda mod, a: a), r"`seq` has forward"),
+        (lambda m: setattr(m.chain, "forward", lambda x: x), r"`chain` has a `forward` of"),
+    ],
+    ids=["model", "block traced into", "pre-hook", "forward given"],
+)
+def test_hooks_or_a_forward_given_to_what_was_traced_after_wrap_are_refused(
+    store: Store, hook: Any, named: str
+) -> None:
+    """fx calls the forward of the model and of what it traces into itself, without their
+    hooks: a hook registered on either after `wrap`, or a `forward` given to a block
+    traced into, would not run, so the next call is refused; a hook on a layer called
+    whole runs as it does in the model."""
+    torch.manual_seed(0)
+    model = Stacked()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        wrapped(x)
+        model.layers[0].register_forward_hook(_zeroed)
+        assert torch.equal(wrapped(x), model(x))
+        hook(model)
+        with pytest.raises(smt.WrapError, match=named + ".*Wrap the model again"):
+            wrapped(x)
+
+
+def test_hooks_on_the_model_itself_are_refused_at_wrap(store: Store) -> None:
+    """The wrapped model runs the model's forward without the model's own hooks: `wrap`
+    refuses a model that has any, saying to register them on the wrapped model, which
+    runs them; hooks on a block traced into are traced with its forward."""
+    torch.manual_seed(0)
+    model = Stacked()
+    handle = model.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    with pytest.raises(smt.WrapError, match=r"forward pre-hooks.*wrapped\.register_forward"):
+        smt.wrap(model, frozen=["encoder"], store=store)
+    handle.remove()
+    model.chain.register_forward_hook(_zeroed)
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    wrapped.register_forward_hook(_zeroed)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x) * 0)
+
+
 def test_replacing_a_declared_submodule_is_refused(store: Store) -> None:
     """A declared submodule replaced after `wrap` is refused — on the wrapped model when it
     is assigned, on the model itself at the next forward — since its node holds the one
