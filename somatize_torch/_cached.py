@@ -41,6 +41,7 @@ from somatize import CODECS, Graph, Opaque, canonical
 from somatize.codecs import CodecError
 from somatize.plan import declared_again
 from somatize_torch._errors import CachedInputNeedsGrad, WrapError
+from somatize_torch._precision import float32_precision
 from somatize_torch.codec import TENSOR
 from somatize_torch.digest import digest_tensor, plain
 from somatize_torch.freeze import ModuleNode, check_still, is_held
@@ -341,7 +342,8 @@ _remember: Callable[..., Any] = torch.compiler.disable(_recall_or_run)  # type: 
 def _precision(args: Sequence[torch.Tensor]) -> Precision:
     """The precision a call on ``args`` runs in, named only where it is not torch's default:
     autocast on the first argument's device type, the dtype tensors made in the forward
-    get, and how float32 products are computed (TF32) — so the usual key does not change."""
+    get, and how float32 products and convolutions are computed (TF32, bfloat16) — so the
+    usual key does not change."""
     device = args[0].device.type if args else "cpu"
     said: list[tuple[str, str]] = []
     if torch.is_autocast_enabled(device):
@@ -349,11 +351,7 @@ def _precision(args: Sequence[torch.Tensor]) -> Precision:
     made = torch.get_default_dtype()
     if made != torch.float32:
         said.append(("default", _dtype_name(made)))
-    matmul = torch.get_float32_matmul_precision()
-    if device == "cuda" and not torch.backends.cudnn.allow_tf32:
-        matmul = f"{matmul}, cudnn without tf32"
-    if matmul != "highest":
-        said.append(("matmul", matmul))
+    said.extend(float32_precision(device))
     return tuple(said) or None
 
 

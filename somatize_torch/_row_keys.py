@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from somatize.keys import node_key, node_prefix, root_key
+from somatize_torch._precision import float32_precision
 from somatize_torch._row_ahead import _take_named
 from somatize_torch._row_errors import NeedsIndex, _describe
 from somatize_torch._state import StateWatch, digest_state
@@ -125,12 +126,11 @@ def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> _Keying:
     # only when it is not the usual float32, so the usual keys do not change.
     made = torch.get_default_dtype()
     made_name = None if made == torch.float32 else _dtype_name(made)
-    # How float32 products are computed (TF32 on a GPU): named only when not torch's
-    # defaults (full precision for matrix products, TF32 allowed to cuDNN), likewise.
-    matmul = torch.get_float32_matmul_precision()
-    matmul_name = None if matmul == "highest" else matmul
-    if device == "cuda" and not torch.backends.cudnn.allow_tf32:
-        matmul_name = f"{matmul}, cudnn without tf32"
+    # How float32 products and convolutions are computed (TF32, bfloat16): named only
+    # when not torch's defaults (full precision for matrix products, TF32 allowed to
+    # cuDNN), likewise.
+    precision = float32_precision(device)
+    matmul_name = ", ".join(f"{setting}={value}" for setting, value in precision) or None
     tag = (_dtype_name(dtype), autocast_name, shape, version, made_name, matmul_name)
     found = self._keyings.get(tag)
     if found is None:

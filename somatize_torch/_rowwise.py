@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 
 from somatize.errors import SomatizeError
+from somatize_torch._precision import float32_precision, reduced
 from somatize_torch._row_errors import NotRowwise, RowsError, _describe
 from somatize_torch._row_keys import _floating_dtypes, _Keying
 from somatize_torch.deferred import DeferredRows
@@ -171,10 +172,10 @@ def _rounding(self: CachedRows, row: torch.Tensor, out: torch.Tensor) -> float:
     floating = [dtype for dtype in dtypes if dtype.is_floating_point or dtype.is_complex]
     eps = max((torch.finfo(dtype).eps for dtype in floating if dtype.itemsize > 1), default=0.0)
     stored = max((torch.finfo(dtype).eps for dtype in floating if dtype.itemsize == 1), default=0.0)
-    matmul = torch.get_float32_matmul_precision()
-    if matmul == "medium":
+    products = reduced(float32_precision(device))
+    if products == "bf16":
         eps = max(eps, 2.0**-7)  # bfloat16 products
-    elif matmul == "high" or device != "cpu":
+    elif products == "tf32" or device != "cpu":
         eps = max(eps, 2.0**-10)  # TF32 products (cuDNN allows them by default)
     return max(1e-3, 16 * eps, 2 * stored)
 

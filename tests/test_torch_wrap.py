@@ -579,6 +579,29 @@ def test_the_precision_a_call_runs_in_keys_it_apart(store: Store) -> None:
     assert [f["key"] for f in wrapped.graph.record.facts if f["fact"] == "recalled"] == [usual]
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.backends.mkldnn, "matmul"), reason="needs torch's per-backend precision"
+)
+def test_the_per_backend_precision_is_read_and_keys_a_call_apart(store: Store) -> None:
+    """torch's per-backend float32 precision (`torch.backends.<backend>.matmul.
+    fp32_precision`), which makes torch's legacy getter raise once set, is read as it is:
+    a call under it runs, and one in reduced precision on the host is not recalled for a
+    full precision one."""
+    wrapped, _ = _held(False, store)
+    x = torch.randn(3, 4)
+    wrapped(x)
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        wrapped(x)
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        wrapped(x)
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = "none"
+        torch.backends.cuda.matmul.fp32_precision = "none"
+    wrapped(x)
+    assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2, "recalled": 2}
+
+
 # ------------------------------------------------------------------ what comes back
 
 

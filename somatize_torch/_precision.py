@@ -1,0 +1,67 @@
+"""How float32 products and convolutions are computed: the settings of torch's backends
+that change what a call answers, read through whichever interface this torch has.
+
+torch 2.9 gave each backend and operation a setting of its own
+(``torch.backends.cuda.matmul.fp32_precision = "tf32"``, ``torch.backends.mkldnn.matmul
+.fp32_precision = "bf16"``), and once one is set, the legacy getters
+(``torch.get_float32_matmul_precision()``, ``torch.backends.cudnn.allow_tf32``) raise.
+So where the per-backend settings exist, those of the backends a call on the device runs
+on are read (cuBLAS and cuDNN on CUDA, oneDNN on the host); the legacy ones otherwise.
+Each is named only where it is not torch's default, so the usual keys do not change.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Named = tuple[tuple[str, str], ...]
+
+_CUDA = {
+    ("cuda", "matmul"): ("none", "ieee"),
+    ("cudnn", "conv"): ("tf32",),
+    ("cudnn", "rnn"): ("tf32",),
+}
+_HOST = {
+    ("mkldnn", "matmul"): ("none", "ieee"),
+    ("mkldnn", "conv"): ("none", "ieee"),
+    ("mkldnn", "rnn"): ("none", "ieee"),
+}
+"""The per-backend settings read for a device, with the values torch starts with ("none"
+defers to the backend's own default, full precision but for cuDNN's TF32)."""
+
+
+def _per_backend() -> bool:
+    """Whether this torch has the per-backend settings."""
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(
+        torch.backends.mkldnn, "matmul"
+    )
+
+
+def float32_precision(device: str) -> Named:
+    """The settings that change how float32 products and convolutions run on ``device``
+    (a device type, ``"cuda"``, ``"cpu"``), each with its value, where it is not torch's
+    default: none at all under torch's defaults."""
+    if _per_backend():
+        said: list[tuple[str, str]] = []
+        for (backend, op), usual in (_CUDA if device == "cuda" else _HOST).items():
+            value = str(getattr(getattr(torch.backends, backend), op).fp32_precision)
+            if value not in usual:
+                said.append((f"{backend}.{op}", value))
+        return tuple(said)
+    matmul = torch.get_float32_matmul_precision()
+    said = [] if matmul == "highest" else [("matmul", matmul)]
+    if device == "cuda" and not torch.backends.cudnn.allow_tf32:
+        said.append(("cudnn", "without tf32"))
+    return tuple(said)
+
+
+def reduced(named: Named) -> str | None:
+    """The least precise way float32 products are computed among ``named`` (as
+    :func:`float32_precision` gives them): ``"bf16"``, ``"tf32"``, or None for full
+    precision."""
+    values = {value for _, value in named}
+    if values & {"bf16", "medium"}:
+        return "bf16"
+    if values & {"tf32", "high"}:
+        return "tf32"
+    return None
