@@ -159,6 +159,10 @@ class Wrapped(nn.Module):
     _switches: bool = False
     """Whether the code traced switches grad mode, autocast or inference mode, in blocks
     a failed call leaves open."""
+    _optional: tuple[tuple[str, int | None], ...] = ()
+    """The forward's arguments that default to None, each with its place among the
+    positional ones (None for a keyword-only one): fx traced each as an input, so a call
+    must give it."""
     _values: Values = Values(None, "")
     """The plain values the code traced read from the model (none when nothing was
     traced): changed, the code would not be the model's."""
@@ -352,6 +356,22 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         self._follow()
         self._values.check()
         self._check()
+        for name, at in self._optional:
+            given = (
+                kwargs[name]
+                if name in kwargs
+                else (args[at] if at is not None and at < len(args) else None)
+            )
+            if given is None:
+                raise WrapError(
+                    f"`{name}` is None in this call (given so, or left to its default): "
+                    f"`wrap` traced `{type(self.model).__qualname__}.forward` with `{name}` "
+                    "as an input, a tensor, so what the forward does when it is None (a "
+                    f"branch on `{name} is None`) was never traced. Give `{name}` in every "
+                    "call, declare the submodule that takes it, or wrap just the submodule "
+                    "you want to remember (`model.encoder = somatize.torch.wrap("
+                    "model.encoder, frozen=True, cached=True)`), which needs no tracing"
+                )
     training = self._mode()
     runner = self._in_train if training else self._in_eval
     if runner is None:
@@ -552,7 +572,22 @@ def wrap(
     object.__setattr__(wrapped, "_through", tuple(sorted(flags)))
     object.__setattr__(wrapped, "_switches", switching)
     object.__setattr__(wrapped, "_values", Values(read, type(model).__qualname__))
+    object.__setattr__(wrapped, "_optional", _optional_of(model))
     return wrapped
+
+
+def _optional_of(model: nn.Module) -> tuple[tuple[str, int | None], ...]:
+    """The arguments of ``model``'s forward that default to None, each with its place
+    among the positional ones (None for a keyword-only one)."""
+    signature = _own_signature(model)
+    if signature is None:
+        return ()
+    found: list[tuple[str, int | None]] = []
+    for at, (name, parameter) in enumerate(signature.parameters.items()):
+        if parameter.default is None:
+            positional = parameter.kind is not inspect.Parameter.KEYWORD_ONLY
+            found.append((name, at if positional else None))
+    return tuple(found)
 
 
 def _whole(

@@ -1897,6 +1897,35 @@ def test_hooks_on_the_model_itself_are_refused_at_wrap(store: Store) -> None:
         assert torch.equal(wrapped(x), model(x) * 0)
 
 
+class Optional(nn.Module):
+    """Takes an optional scale, and branches on whether it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.encoder(x)
+        return h if scale is None else h * scale
+
+
+def test_an_optional_argument_left_out_is_refused_naming_it(store: Store) -> None:
+    """fx traces every argument of the forward as an input, so what it does for `None`
+    was never traced: a call that leaves an argument that defaults to `None` out, or
+    passes `None`, is refused naming it; one that gives it runs as the model does."""
+    torch.manual_seed(0)
+    model = Optional()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x, scale = torch.randn(3, 4), torch.full((3, 4), 2.0)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, scale), model(x, scale))
+        assert torch.equal(wrapped(x, scale=scale), model(x, scale=scale))
+        for call in (lambda: wrapped(x), lambda: wrapped(x, None), lambda: wrapped(x, scale=None)):
+            with pytest.raises(smt.WrapError, match=r"`scale` is None.*traced"):
+                call()
+
+
 def test_replacing_a_declared_submodule_is_refused(store: Store) -> None:
     """A declared submodule replaced after `wrap` is refused — on the wrapped model when it
     is assigned, on the model itself at the next forward — since its node holds the one
