@@ -1588,22 +1588,16 @@ def test_a_wrapped_module_takes_keyword_arguments(store: Store) -> None:
     assert frozen(x, mask=mask, scale=mask).shape == (3, 4)
 
 
-class Attends(nn.Module):
+class Attends(Masked):
     """Takes an optional mask, then an optional scale, as attention modules do."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 4)
-
-    def forward(
+    def forward(  # type: ignore[override]
         self,
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
         scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        h = self.linear(x)
-        h = h if mask is None else h * mask
-        return h if scale is None else h * scale
+        return super().forward(x, mask, scale=scale)
 
 
 def test_a_cached_module_takes_none_for_an_optional_argument(store: Store) -> None:
