@@ -17,12 +17,12 @@ stay plain Arrow IPC any Arrow reader opens.
 
 The digest is BLAKE3 over the IPC bytes of the value with its chunks combined
 and its validity bitmaps bare (none on a column with no nulls, no bits set past
-a column's end): equal content laid out in different chunks (a table read in
-two pieces, or in one), or sliced from a column that had nulls elsewhere, has
-one digest, which is what a key computed in two processes needs; a run-end-encoded
-column keeps only the runs of its rows, and a run split at a chunk's end is joined
-again. Dictionary and
-dense union columns are written as they are: a slice of one keeps the whole
+a column's end), with zeros under the nulls of a column of numbers: equal
+content laid out in different chunks (a table read in two pieces, or in one), or
+sliced from a column that had nulls elsewhere, has one digest, which is what a
+key computed in two processes needs; a run-end-encoded column keeps only the
+runs of its rows, and a run split at a chunk's end is joined again. Dictionary
+and dense union columns are written as they are: a slice of one keeps the whole
 dictionary, or its union's children whole, so it digests apart from the same rows
 laid out otherwise (a cache miss, never a wrong answer).
 """
@@ -88,6 +88,8 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
             pyarrow.large_binary() if pyarrow.types.is_binary_view(kind) else pyarrow.large_string()
         )
         column = pyarrow.concat_arrays([column.cast(base).cast(kind)])
+    if column.null_count and (pyarrow.types.is_integer(kind) or _plain_number(kind)):
+        column = _nulls_cleared(column)
     if (
         pyarrow.types.is_nested(kind)  # whose children hold bitmaps of their own
         or pyarrow.types.is_dictionary(kind)
@@ -131,7 +133,32 @@ def _runs(column: Any) -> pyarrow.Array:
     )
 
 
-_AS_BITS = {16: pyarrow.int16(), 32: pyarrow.int32(), 64: pyarrow.int64()}
+_AS_BITS = {8: pyarrow.int8(), 16: pyarrow.int16(), 32: pyarrow.int32(), 64: pyarrow.int64()}
+
+
+def _plain_number(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is a float, a date, a time, a timestamp or a duration: one number of
+    8 to 64 bits per row, as an integer is."""
+    if not (pyarrow.types.is_floating(kind) or pyarrow.types.is_temporal(kind)):
+        return False
+    try:
+        return kind.bit_width in _AS_BITS
+    except ValueError:  # of no fixed width
+        return False
+
+
+def _nulls_cleared(column: pyarrow.Array) -> pyarrow.Array:
+    """``column`` (of one number per row, with nulls) with zeros in the slots under its
+    nulls. What a slot under a null holds says nothing of the rows, and kernels leave what
+    they find there (a concatenation, a filter): written as it is, equal rows would digest
+    apart by what memory held before."""
+    kind = column.type
+    plain = column.view(_AS_BITS[kind.bit_width])
+    data = pyarrow.compute.fill_null(plain, 0)
+    valid = pyarrow.compute.is_valid(column)
+    if data.offset or valid.offset:  # fresh arrays start at their buffers' start
+        data, valid = pyarrow.concat_arrays([data]), pyarrow.concat_arrays([valid])
+    return pyarrow.Array.from_buffers(kind, len(column), [valid.buffers()[1], data.buffers()[1]])
 
 
 def _same_as_next(values: pyarrow.Array) -> pyarrow.Array | None:
