@@ -835,3 +835,26 @@ def test_a_keep_of_a_blob_its_gc_is_removing_waits_and_writes_it_afresh(
     fresh = LocalStore(tmp_path / "store")
     assert fresh.have([key_of(1)]) == {key_of(1)}
     assert bytes(fresh.recall(key_of(1))[1]) == content
+
+
+def test_a_long_running_reader_writes_down_what_it_uses_for_a_gc_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that recalls a few answers over and over, and never closes its store (a
+    notebook, a server), writes down when it used them as it goes, not only after 1,024
+    recalls: a gc in another process then drops what it does not use, never the answer
+    it uses all along."""
+    monkeypatch.setattr("somatize.store._packed.FLUSH_EVERY", 0.0, raising=False)
+    root = tmp_path / "store"
+    reader = LocalStore(root)
+    hot = reader.keep(key_of(1), b"h" * 1000, "plain")
+    cold = reader.keep(key_of(2), b"c" * 1000, "plain")
+    for path, age in ((reader.answer_path(key_of(1)), 3600), (reader.answer_path(key_of(2)), 60)):
+        os.utime(path, (time.time() - age,) * 2)  # hot kept an hour ago, cold a minute ago
+    for _ in range(3):
+        assert bytes(reader.recall(key_of(1))[1]) == b"h" * 1000
+    done = LocalStore(root).gc(max_bytes=1500, grace=60)  # room for one answer
+    assert done.answers == 1
+    fresh = LocalStore(root)
+    assert fresh.have([hot.key, cold.key]) == {hot.key}
+    assert bytes(fresh.recall(hot.key)[1]) == b"h" * 1000

@@ -96,6 +96,12 @@ HELD_BYTES = 32 << 20
 FLUSH_USES = 1024
 """How many recalls are remembered before their times are written down."""
 
+FLUSH_EVERY = 60.0
+"""How many seconds the first use not yet written down waits at most, while recalls go on:
+a process that recalls a few answers over and over and never closes its store (a notebook,
+a server) would otherwise never write them down, and a gc elsewhere would take the answers
+it uses all along for the least recently used."""
+
 
 def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
     """``data`` as the pieces written one after another, each a flat run of bytes (a
@@ -207,6 +213,8 @@ class PackedHome(Store):
         """Key of a recalled answer → when, not yet written down."""
         self._used_packs: dict[str, float] = {}
         """Id of a pack with recalled items → when, likewise."""
+        self._uses_since: float | None = None
+        """When the first use not yet written down was noted (None: none is)."""
 
     # -- what a home provides ---------------------------------------------------------------
 
@@ -303,6 +311,7 @@ class PackedHome(Store):
         out of memory to be written down. They are drained one item at a time, never
         walked: a recall in another thread noting a use meanwhile neither breaks this nor
         is lost (it is taken now, or the next time)."""
+        self._uses_since = None
         taken: list[dict[str, float]] = []
         for used in (self._used, self._used_packs):
             out: dict[str, float] = {}
@@ -491,10 +500,11 @@ class PackedHome(Store):
         if answer is None:
             raise Missing(f"no answer is kept under {key} in {self._where}")
         offset = answer.offset
+        now = time.time()
         try:
             if offset is None:
                 data = self._read_blob(answer.value, answer.size)
-                self._used[key] = time.time()
+                self._used[key] = now
             else:
                 pack = self._items.get(key)
                 if pack is not None and pack.blob != answer.value:
@@ -504,12 +514,11 @@ class PackedHome(Store):
                     raise Corrupt(f"item {key} lies past the end of blob {answer.value}")
                 data = whole[offset : offset + answer.size]
                 if pack is not None:
-                    self._used_packs[pack.id] = time.time()
+                    self._used_packs[pack.id] = now
         except (Missing, Corrupt):
             self._forget(answer)
             raise
-        if len(self._used) + len(self._used_packs) >= FLUSH_USES:
-            self._flush_use()
+        self._write_down_uses(now)
         return answer, data
 
     def recall_many(
@@ -556,9 +565,17 @@ class PackedHome(Store):
                 out[key] = self.recall(key)
             except StoreError as why:
                 out[key] = why
-        if len(self._used) + len(self._used_packs) >= FLUSH_USES:
-            self._flush_use()
+        self._write_down_uses(now)
         return out
+
+    def _write_down_uses(self, now: float) -> None:
+        """Writes down when answers were used once :data:`FLUSH_USES` of them are noted,
+        or once the first of them was noted :data:`FLUSH_EVERY` seconds before ``now``."""
+        since = self._uses_since
+        if since is None:
+            self._uses_since = since = now
+        if len(self._used) + len(self._used_packs) >= FLUSH_USES or now - since >= FLUSH_EVERY:
+            self._flush_use()
 
     def _refresh_packs(self) -> bool:
         """Loads pack indexes written since the last look, and drops those gone; True if
