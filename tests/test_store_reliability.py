@@ -877,3 +877,30 @@ def test_a_pack_cut_short_while_a_borrowed_read_first_verifies_it_is_corrupt(
         return " ".join(type(got[key]).__name__ for key in keys)
 
     assert answer_of(*forked(borrow)) == "Corrupt Corrupt Corrupt"
+
+
+@pytest.mark.parametrize(("binding", "meanwhile"), [("sms", "sms/train"), ("sms/train", "sms")])
+def test_a_name_bound_meanwhile_above_or_under_is_refused_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, binding: str, meanwhile: str
+) -> None:
+    """A bind that another process races, binding a name above or under it after the bind
+    looked for one, is refused as a name that would hold names (BadName, saying what to
+    do), not a StoreError about a rename into a folder; the other name stays bound."""
+    store, other = LocalStore(tmp_path / "store"), LocalStore(tmp_path / "store")
+    digest = store.put(b"rows")
+    soon = _local_files._soon
+    raced: list[str] = []
+
+    def racing(found: Any) -> bool:
+        if not raced:  # after the bind looked for names above and under it
+            raced.append(meanwhile)
+            other.bind(meanwhile, digest)
+        return soon(found)
+
+    monkeypatch.setattr(_local_files, "_soon", racing)
+    with pytest.raises(BadName, match="cannot also hold names under it"):
+        store.bind(binding, digest)
+    monkeypatch.undo()
+    assert raced == [meanwhile]
+    assert LocalStore(tmp_path / "store").resolve(meanwhile) == digest
+    assert os.listdir(tmp_path / "store" / "tmp") == []

@@ -349,16 +349,26 @@ class LocalFiles(PackedHome):
         check_name(name)
         blob = self._blob_file(digest)
         names = self.root / "names"
-        above = next((n for n in names_above(name) if (names / n).is_file()), None)
-        if above is not None or (names / name).is_dir():
-            raise nested(name, above)
+
+        def refuse_nested() -> None:
+            above = next((n for n in names_above(name) if (names / n).is_file()), None)
+            if above is not None or (names / name).is_dir():
+                raise nested(name, above) from None
+
+        refuse_nested()
         try:
             touched = _soon(lambda: _touched(blob))
         except OSError as why:
             raise self._unreadable("blobs", why) from why
         if not touched:
             raise unbacked(name, digest, str(self.root))
-        self._publish(names / name, [encode_name(name, digest, self.signer)])
+        try:
+            self._publish(names / name, [encode_name(name, digest, self.signer)])
+        except StoreError:
+            # A name above it or under it, bound meanwhile by another process, makes the
+            # rename fail (a file where a folder should be, or a folder in its place).
+            refuse_nested()
+            raise
         if not _soon(lambda: os.path.exists(blob)):
             raise unbound(name, digest, str(self.root))
 
