@@ -858,3 +858,38 @@ def test_a_long_running_reader_writes_down_what_it_uses_for_a_gc_elsewhere(
     fresh = LocalStore(root)
     assert fresh.have([hot.key, cold.key]) == {hot.key}
     assert bytes(fresh.recall(hot.key)[1]) == b"h" * 1000
+
+
+@pytest.mark.parametrize("keeps", ["keep", "keep_many"])
+def test_a_gc_with_no_grace_spares_what_a_keep_of_its_object_published_meanwhile(
+    tmp_path: Path, keeps: str
+) -> None:
+    """A gc with no grace, running in one thread while another thread keeps through the
+    same store object, never removes a blob that keep has referred to by then: one the
+    keep put again and published the record or index of after the gc read the records
+    (and before it looked at the blobs again) stays, and the answer is recalled."""
+    store = LocalStore(tmp_path / "store")
+    items = [(key_of(1), b"first item "), (key_of(2), b"second item")]
+    blob = store.put(b"".join(value for _, value in items) if keeps == "keep_many" else b"x" * 99)
+    os.utime(store.blob_path(blob), (time.time() - 3600,) * 2)  # unreferenced, and old
+    listed = store._entries
+    looks: list[str] = []
+
+    def entries(section: str) -> list[Entry]:
+        found = listed(section)
+        if section == "names":
+            looks.append(section)
+            if len(looks) == 2:  # the gc looked at the records again: another thread keeps
+                if keeps == "keep":
+                    store.keep(key_of(1), b"x" * 99, "plain")
+                else:
+                    store.keep_many(items, "plain")
+        return found
+
+    store._entries = entries  # type: ignore[method-assign]
+    done = store.gc(grace=0)
+    assert looks == ["names", "names"] and done.blobs == 0
+    fresh = LocalStore(tmp_path / "store")
+    assert os.path.exists(fresh.blob_path(blob))
+    assert fresh.have([key_of(1)]) == {key_of(1)}
+    assert fresh.verify().ok

@@ -174,7 +174,7 @@ class PackedHome(Store):
         # A copy (a pickled model holding the store, a deepcopy) gets a lock of its own,
         # and has no writes in flight.
         state = dict(self.__dict__)
-        for name in ("_lock", "_swept", "_writing", "_claims", "_sweeping"):
+        for name in ("_lock", "_swept", "_writing", "_claims", "_sweeping", "_released"):
             state.pop(name, None)
         return state
 
@@ -197,6 +197,10 @@ class PackedHome(Store):
         to it: its gc leaves it."""
         self._sweeping: dict[str, int] = {}
         """Blob → how many gcs of this object are removing it now: a put of it waits."""
+        self._released: list[set[str]] = []
+        """For each gc of this object running now, the blobs its writes claimed and let go
+        of since that gc began: what refers to them was published meanwhile, maybe after
+        that gc read the records, so it leaves them."""
         _HOMES.add(self)
 
     def _hold_nothing(self, where: str) -> None:
@@ -365,6 +369,21 @@ class PackedHome(Store):
         if claims:
             with self._lock:
                 _let_go(self._claims, claims)
+                for released in self._released:
+                    released.update(claims)
+
+    @contextlib.contextmanager
+    def _collecting(self) -> Iterator[None]:
+        """A gc of this object runs in the block: the blobs its writes let go of meanwhile
+        (:meth:`_unclaim`), once their record or index is out, are not removed by it."""
+        released: set[str] = set()
+        with self._lock:
+            self._released.append(released)
+        try:
+            yield
+        finally:
+            with self._lock:  # by identity: another gc's set may hold the same blobs
+                self._released = [other for other in self._released if other is not released]
 
     def _own_writes(self) -> set[str]:
         """Names in ``tmp/`` of the files this object is writing now."""
@@ -373,10 +392,12 @@ class PackedHome(Store):
 
     @contextlib.contextmanager
     def _removing_blobs(self, digests: set[str]) -> Iterator[set[str]]:
-        """Those of ``digests`` no write of this object has claimed: a gc removes them in the
-        block, and a put of one of them waits until it ends."""
+        """Those of ``digests`` no write of this object has claimed, or let go of since a gc
+        of it began (:meth:`_collecting`): a gc removes them in the block, and a put of one
+        of them waits until it ends."""
         with self._lock:
-            free = {digest for digest in digests if digest not in self._claims}
+            released = set().union(*self._released)
+            free = {d for d in digests if d not in self._claims and d not in released}
             for digest in free:
                 self._sweeping[digest] = self._sweeping.get(digest, 0) + 1
         try:

@@ -138,6 +138,8 @@ class Shelf(Protocol):
 
     def _removing_blobs(self, digests: set[str]) -> AbstractContextManager[set[str]]: ...
 
+    def _collecting(self) -> AbstractContextManager[None]: ...
+
 
 def _digest_of(name: str) -> str:
     return "blake3:" + name.rsplit("/", 1)[-1]
@@ -331,7 +333,21 @@ def collect(
                 f"{name} is finite seconds ≥ 0 (what is younger is left alone: a writer may "
                 f"be about to refer to it), got {seconds!r}"
             )
-    wrap = progress or _quiet
+    # The blobs this object's own writes refer to from now on, in records or indexes the
+    # listings below may have missed, are left alone (:meth:`_removing_blobs`).
+    with shelf._collecting():
+        return _collect(shelf, max_bytes, grace, progress or _quiet, abandoned_after, check_key)
+
+
+def _collect(
+    shelf: Shelf,
+    max_bytes: float | None,
+    grace: float,
+    wrap: Progress,
+    abandoned_after: float | None,
+    check_key: bool,
+) -> Collected:
+    """:func:`collect`, its arguments checked."""
     shelf._flush_use()
     now = time.time()
     uses = shelf._uses()
