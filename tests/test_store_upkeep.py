@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from somatize.cli import main
-from somatize.store import KeyMismatch, LocalStore, Missing, Store, StoreError
+from somatize.store import Corrupt, KeyMismatch, LocalStore, Missing, Store, StoreError
 from somatize.store._packed import hash_bytes
 from somatize.store.records import NameSignedAlone, Signer
 from somatize.store.upkeep import Entry
@@ -893,3 +893,38 @@ def test_a_gc_with_no_grace_spares_what_a_keep_of_its_object_published_meanwhile
     assert os.path.exists(fresh.blob_path(blob))
     assert fresh.have([key_of(1)]) == {key_of(1)}
     assert fresh.verify().ok
+
+
+def test_verify_never_quarantines_a_blob_written_afresh_after_it_was_hashed(
+    tmp_path: Path,
+) -> None:
+    """verify --quarantine that hashed a damaged blob, while a reader elsewhere found it
+    damaged and moved it aside and a writer kept the answer again (the blob written afresh,
+    whole), leaves the fresh blob and its record where they are and tells no damage."""
+    root = tmp_path / "store"
+    content = b"good bytes" * 20
+    kept = LocalStore(root).keep(key_of(1), content, "plain")
+    path = LocalStore(root).blob_path(kept.value)
+    damaged = bytearray(path.read_bytes())
+    damaged[0] ^= 1
+    path.write_bytes(bytes(damaged))
+    checker = LocalStore(root)
+    rehash = checker._rehash
+    ran: list[str] = []
+
+    def rehashing(digest: str) -> str | None:
+        found = rehash(digest)
+        if not ran:  # hashed damaged: a reader moves it aside, a writer keeps it again
+            ran.append(digest)
+            with pytest.raises(Corrupt, match="moved to quarantine"):
+                LocalStore(root).recall(key_of(1))
+            LocalStore(root).keep(key_of(1), content, "plain")
+        return found
+
+    checker._rehash = rehashing  # type: ignore[method-assign]
+    found = checker.verify(quarantine=True)
+    assert ran == [kept.value]
+    assert found.damaged == [] and found.quarantined == []
+    fresh = LocalStore(root)
+    assert fresh.have([key_of(1)]) == {key_of(1)}
+    assert bytes(fresh.recall(key_of(1))[1]) == content

@@ -36,7 +36,7 @@ from somatize.store._local_files import (
 )
 from somatize.store._packed import hash_bytes
 from somatize.store.base import StoreError
-from somatize.store.upkeep import Entry
+from somatize.store.upkeep import Entry, _digest_of
 
 
 def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -> None:
@@ -50,6 +50,19 @@ def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -
             # Gone meanwhile, or read-only: recency is advice, never an error.
             with contextlib.suppress(OSError):
                 os.utime(f"{root}{sep}{section}{sep}{shard}{hexed}", (when, when))
+
+
+def _hash_at(path: str) -> str:
+    """The digest of the bytes of the file at ``path``; OSError (NotAFile for what is no
+    regular file) if it cannot be read."""
+    handle, stat = _open_regular(path)
+    try:
+        if stat.st_size == 0:
+            return "blake3:" + blake3.blake3(b"").hexdigest()
+        with mmap.mmap(handle, 0, access=mmap.ACCESS_READ) as mapped:
+            return hash_bytes(mapped)
+    finally:
+        os.close(handle)
 
 
 class LocalShelf(LocalFiles):
@@ -281,8 +294,21 @@ class LocalShelf(LocalFiles):
             ) from why
         finally:
             self._forget_all()
-        if moved is None or was is None:
-            return moved is not None
+        if moved is None:
+            return False
+        if section == "blobs" and was is None:
+            # Judged damaged when it was hashed: a reader may have moved that one aside
+            # since, and a writer put the blob afresh, whole, which is put back.
+            try:
+                whole = _hash_at(moved) == _digest_of(name)
+            except OSError:
+                whole = False  # it cannot be told: it stays aside, as judged
+            if not whole:
+                return True
+            self._put_back(moved, path, f"{section}/{name}")
+            return None
+        if was is None:
+            return True
         try:
             unchanged = _read_file(moved, None) == was
         except FileNotFoundError:
@@ -295,24 +321,14 @@ class LocalShelf(LocalFiles):
         return None
 
     def _rehash(self, digest: str) -> str | None:
-        path = self._blob_file(digest)
         try:
-            handle, stat = _open_regular(path)
+            return _hash_at(self._blob_file(digest))
         except (FileNotFoundError, NotAFile, IsADirectoryError):
             # Removed meanwhile, or no file (a FIFO put there since it was listed, which
             # a listing leaves out too): no blob is here.
             return None
         except OSError as why:
             raise self._unreadable("blobs", why) from why
-        try:
-            if stat.st_size == 0:
-                return "blake3:" + blake3.blake3(b"").hexdigest()
-            with mmap.mmap(handle, 0, access=mmap.ACCESS_READ) as mapped:
-                return hash_bytes(mapped)
-        except OSError as why:
-            raise self._unreadable("blobs", why) from why
-        finally:
-            os.close(handle)
 
     def _flush_use(self) -> None:
         _write_uses(str(self.root), *self._take_uses())
