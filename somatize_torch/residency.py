@@ -15,7 +15,9 @@ somewhere it is not, and never back to where it already is.
 preallocated tensor (a :class:`Bank`) with a dict from key to row slot, so
 recalling a whole batch is one dict pass over its keys and one ``index_select``
 — as cheap as reading precomputed features out of a tensor. A tier holds at
-most its byte budget (what its banks allocate, not only the rows they hold). A
+most its byte budget: what its banks allocate, not only the rows they hold, each row
+counted with the dict entry it is found by (:data:`ROW_INDEX_BYTES`, in host memory
+whatever the tier's device — for rows of a few floats, most of what a tier holds). A
 bank reserves room in proportion to what it holds (a first chunk of
 :data:`_FIRST_BYTES`, then twice what it has, as far as the budget leaves), and
 when rows no longer fit, the other banks give back the room they reserved and do
@@ -43,6 +45,7 @@ from somatize_torch._row_codec import decode_rows, encode_rows
 from somatize_torch.writer import WriteFailed, Writer, store_lock
 
 __all__ = [
+    "ROW_INDEX_BYTES",
     "Bank",
     "Tier",
     "WriteFailed",
@@ -55,6 +58,13 @@ __all__ = [
 _FIRST_BYTES = 64 << 10
 """How many bytes of rows a bank first has room for (at least the rows it is first
 handed); it doubles from there, as far as its tier's budget leaves."""
+
+ROW_INDEX_BYTES = 256
+"""What a tier counts for each row it has room for, beside the row's own bytes: the dict
+entry that finds the row (its key, the row's name and its slot: 130 to 210 bytes, as the
+dict grows), in host memory. A row of four floats is 16 bytes and its entry about ten times
+that, so a budget that counted the rows alone would let the entries of a tier of small rows
+take ten times its budget."""
 
 
 # ------------------------------------------------------------------------------ memory tiers
@@ -71,13 +81,16 @@ class Bank:
 
     __slots__ = ("device", "dtype", "row_bytes", "row_shape", "slots", "tensor", "used")
 
+    row_bytes: int
+    """What one row costs the tier: its bytes and its entry in ``slots``
+    (:data:`ROW_INDEX_BYTES`)."""
+
     def __init__(self, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
         self.row_shape = row_shape
         self.dtype = dtype
         self.device = device
-        # At least 1, so rows of no elements are still counted against a budget.
         size = torch.Size(row_shape).numel() * torch.empty((), dtype=dtype).element_size()
-        self.row_bytes = max(1, size)
+        self.row_bytes = size + ROW_INDEX_BYTES
         self.slots: dict[Hashable, int] = {}
         with torch.inference_mode(False):
             self.tensor = torch.empty((0, *row_shape), dtype=dtype, device=device)
@@ -85,7 +98,7 @@ class Bank:
 
     @property
     def allocated(self) -> int:
-        """Bytes of the rows this bank has room for (held or not)."""
+        """Bytes of the rows this bank has room for (held or not), each with its entry."""
         return int(self.tensor.shape[0]) * self.row_bytes
 
     def append(self, keys: Sequence[Hashable], rows: torch.Tensor, most: int) -> None:
@@ -147,7 +160,7 @@ class Tier:
 
     @property
     def used(self) -> int:
-        """Bytes of rows this tier holds."""
+        """Bytes of rows this tier holds, each with its entry in its bank's dict."""
         return sum(bank.used * bank.row_bytes for bank in self.banks)
 
     @property
@@ -212,7 +225,7 @@ class Tier:
         row_bytes = (
             bank.row_bytes
             if bank is not None
-            else max(1, torch.Size(row_shape).numel() * rows.element_size())
+            else torch.Size(row_shape).numel() * rows.element_size() + ROW_INDEX_BYTES
         )
         # Rows fit in the room a bank has left, and in what the budget has not allocated.
         capacity = int(bank.tensor.shape[0]) if bank is not None else 0

@@ -18,6 +18,7 @@ import sys
 import textwrap
 import threading
 import time
+import tracemalloc
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,7 @@ from somatize_torch import writer as writer_module
 from somatize_torch._native import PinnedPool
 from somatize_torch._row_codec import decode_rows, encode_rows
 from somatize_torch.codec import TENSOR
-from somatize_torch.residency import Tier
+from somatize_torch.residency import ROW_INDEX_BYTES, Tier
 from somatize_torch.rows import cache_rows
 from somatize_torch.writer import WriteFailed, Writer, store_lock
 from tests.forked import in_child, in_forked_child
@@ -65,7 +66,7 @@ def truth(x: torch.Tensor) -> torch.Tensor:
 def test_the_device_tier_keeps_within_its_byte_budget(store: Store) -> None:
     """A device tier with room for 10 rows keeps 10; the rest go to the host tier, and
     every row is recalled from the nearest copy with its right value."""
-    row_bytes = 8 * 4
+    row_bytes = 8 * 4 + ROW_INDEX_BYTES  # a row and its entry in the tier's dict
     cached = cache_rows(mlp(), store, device_bytes=10 * row_bytes + 7, host_bytes=1 << 20)
     device, host = cached.tiers
     x = rows(32)
@@ -81,7 +82,7 @@ def test_the_device_tier_keeps_within_its_byte_budget(store: Store) -> None:
 
 def test_a_tier_never_evicts_and_holds_each_row_once() -> None:
     """A full tier admits nothing more and drops nothing it holds; a row is kept once."""
-    tier = Tier("device", "cpu", budget=4 * 16)
+    tier = Tier("device", "cpu", budget=4 * (16 + ROW_INDEX_BYTES))
     assert tier.admit(["a", "b", "c"], torch.ones(3, 4)) == 3
     assert tier.admit(["d", "e"], torch.zeros(2, 4)) == 1
     assert tier.admit(["f"], torch.zeros(1, 4)) == 0
@@ -953,7 +954,28 @@ def test_rows_of_many_shapes_fill_the_budget() -> None:
             break
     else:
         raise AssertionError("a tier of 1 MiB took 10,000 rows of up to 5 KiB")
-    assert tier.budget - row.nbytes < tier.used <= tier.allocated <= tier.budget
+    assert tier.budget - row.nbytes - ROW_INDEX_BYTES < tier.used <= tier.allocated <= tier.budget
+
+
+def test_a_tier_of_small_rows_keeps_their_index_within_its_budget() -> None:
+    """A row of one float is 4 bytes and the dict entry it is found by many times that: a
+    tier counts both, so its rows and their entries (the keys as a cache makes them, a tag
+    and a row's digest) take no more memory than its budget."""
+    budget = 1 << 20
+    tier = Tier("host", "cpu", budget=budget)
+    tracemalloc.start()
+    try:
+        for step in range(1000):
+            keys = [(1, (step * 512 + i).to_bytes(32, "little")) for i in range(512)]
+            if tier.admit(keys, torch.ones(512, 1)) < 512:
+                break
+        held, _ = tracemalloc.get_traced_memory()  # the bank's tensor is not traced
+    finally:
+        tracemalloc.stop()
+    assert tier.rows > 1000
+    assert held + sum(bank.tensor.nbytes for bank in tier.banks) <= budget
+    assert tier.used <= tier.allocated <= tier.budget
+    assert tier.used == tier.rows * (4 + ROW_INDEX_BYTES)
 
 
 class _Interrupting:
@@ -1049,7 +1071,8 @@ class _SlowOnTheDevice(nn.Module):
 def test_on_a_gpu_rows_spilled_to_the_host_tier_are_recalled_whole(store: Store) -> None:
     """Rows computed on the GPU that do not fit in the device tier are kept in the host
     tier as the device wrote them, however long the device takes to write them."""
-    cached = cache_rows(_SlowOnTheDevice().cuda(), None, device_bytes=4 * 1024 * 4)
+    row_bytes = 1024 * 4 + ROW_INDEX_BYTES  # a row and its entry in the tier's dict
+    cached = cache_rows(_SlowOnTheDevice().cuda(), None, device_bytes=4 * row_bytes)
     cached(torch.randn(4, 1024, device="cuda"))  # fills the device tier; its rows are checked
     x = torch.randn(64, 1024, device="cuda")
     first = cached(x)  # no check waits for these: they go to the host tier as they come
