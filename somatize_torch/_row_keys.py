@@ -52,7 +52,26 @@ if TYPE_CHECKING:
 KeyMode = Literal["content", "index"]
 
 _REMEMBERED_KEYS = 1 << 20
-"""How many store keys a keying remembers (about 200 MB at most)."""
+"""How many store keys a cache remembers, over all its keyings (about 250 MB at most)."""
+
+
+class _KeyRoom:
+    """How many more store keys the keyings of one cache may remember: one count for all
+    of them, since a cache may key rows under many (one per row shape: sequences of many
+    lengths), and a cap on each would let them all together hold the keys of every row
+    ever looked up."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = _REMEMBERED_KEYS
+
+
+def _drop_keyings(self: CachedRows, tags: list[Any] | None = None) -> None:
+    """Drops the keyings under ``tags`` (None: all of them), giving back the room their
+    remembered keys took."""
+    for tag in list(self._keyings) if tags is None else tags:
+        self._key_room.left += len(self._keyings.pop(tag).keys)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -75,10 +94,16 @@ class _Keying:
     by ``(tag, raw digest or index)`` — a tuple, hashed in nanoseconds — and only rows
     that go to the store need their full key, ``key(row)``."""
 
-    __slots__ = ("dtype", "header", "keys", "prefix", "rowwise", "tag", "version")
+    __slots__ = ("dtype", "header", "keys", "prefix", "room", "rowwise", "tag", "version")
 
     def __init__(
-        self, prefix: bytes, tag: int, version: str | None, header: bytes, dtype: torch.dtype
+        self,
+        prefix: bytes,
+        tag: int,
+        version: str | None,
+        header: bytes,
+        dtype: torch.dtype,
+        room: _KeyRoom,
     ) -> None:
         self.dtype = dtype  # what the rows run in
         self.prefix = prefix
@@ -86,22 +111,25 @@ class _Keying:
         self.version = version
         self.header = header
         self.keys: dict[Any, str] = {}
+        self.room = room  # shared with the cache's other keyings
         # Whether the module was seen to answer a row alone as it did in a batch (see
         # `somatize_torch._rowwise._check_rowwise`): looked at once per keying.
         self.rowwise = False
 
     def key(self, row: Any) -> str:
         """The store key of the row named ``row`` (the raw digest of its content, or its
-        index); remembered, for up to :data:`_REMEMBERED_KEYS` rows, so a row read from
-        the store every epoch is keyed once."""
+        index); remembered, for up to :data:`_REMEMBERED_KEYS` rows of all the cache's
+        keyings, so a row read from the store every epoch is keyed once."""
         found = self.keys.get(row)
         if found is None:
             if isinstance(row, bytes):
                 found = node_key(self.prefix, [row_digest(self.header, row)])
             else:
                 found = node_key(self.prefix, [root_key({"dataset": self.version, "index": row})])
-            if len(self.keys) < _REMEMBERED_KEYS:
+            room = self.room
+            if room.left > 0:
                 self.keys[row] = found
+                room.left -= 1
         return found
 
 
@@ -146,7 +174,7 @@ def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> _Keying:
         # Only content keys use the header (deferred rows are keyed by index).
         by_content = self.key_mode == "content"
         header = row_header(x) if by_content and isinstance(x, torch.Tensor) else b""
-        found = _Keying(prefix, number, version, header, dtype)
+        found = _Keying(prefix, number, version, header, dtype, self._key_room)
         self._keyings[tag] = found
     return found
 
@@ -249,7 +277,7 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     if state != self._state:
         self._state = state
         self._node._smz.state = state
-        self._keyings.clear()
+        _drop_keyings(self)
         self.keyed_anew += 1
         return True
     # The same weights and buffers; what the watch saw may still be a part replaced
@@ -262,8 +290,7 @@ def _redeclared(self: CachedRows) -> bool:
     """Drops each keying whose prefix the module as it is now would not derive (its
     declaration changed); returns whether there was one."""
     stale = [tag for tag, keying in self._keyings.items() if _prefix(self, tag) != keying.prefix]
-    for tag in stale:
-        del self._keyings[tag]
+    _drop_keyings(self, stale)
     if stale:
         self.keyed_anew += 1
     return bool(stale)

@@ -78,8 +78,10 @@ from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError
 from somatize_torch._row_keys import (
     KeyMode,
     _deferred_row,
+    _drop_keyings,
     _Keying,
     _keying,
+    _KeyRoom,
     _redeclared,
     _row_ids,
     _settle,
@@ -164,6 +166,7 @@ class CachedRows(nn.Module):
         self._keyings: dict[
             tuple[str, str | None, torch.Size, str | None, str | None, str | None], _Keying
         ] = {}
+        self._key_room = _KeyRoom()  # how many more store keys they may remember
         # The memory tiers' name for each keying ever made here, so a keying made again
         # (a setting changed and changed back) finds the rows it kept in memory.
         self._tags: dict[tuple[bytes, tuple[Any, ...]], int] = {}
@@ -418,7 +421,7 @@ class CachedRows(nn.Module):
         with self._tiers_lock:
             for tier in self.tiers:
                 tier.banks = []
-        self._keyings.clear()
+        _drop_keyings(self)
         with self._named_lock:
             self._named.clear()
 

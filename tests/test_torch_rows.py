@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from somatize import Store
 from somatize.keys import node_key, node_prefix
+from somatize_torch import _row_keys
 from somatize_torch.deferred import Deferred
 from somatize_torch.digest import digest_rows
 from somatize_torch.freeze import FreezeError, digest_state, is_held
@@ -1378,3 +1379,29 @@ def test_inference_tensors_put_in_a_cached_module_are_refused(store: Store) -> N
     for _ in range(2):  # nothing was taken in: refused again
         with pytest.raises(FreezeError, match=r"inference_mode\(\)` \(`weight`, `bias`\)"):
             cached(x)
+
+
+def test_a_cache_remembers_store_keys_up_to_one_count_over_all_its_row_shapes(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of many shapes (sequences of many lengths) are keyed under a keying each; the
+    store keys a cache remembers are counted over all of them, so they hold no more than
+    one keying may: rows of ten lengths remember 100 keys, not 100 per length. A keying
+    dropped (the weights changed) gives its room back, and every row is still answered
+    right."""
+    monkeypatch.setattr(_row_keys, "_REMEMBERED_KEYS", 100)
+    torch.manual_seed(0)
+    module = nn.Linear(4, 2)
+    cached = cache_rows(module, store)
+    batches = [torch.randn(50, length, 4) for length in range(1, 11)]
+    for x in batches:
+        cached(x)
+    assert len(cached._keyings) == 10
+    assert sum(len(keying.keys) for keying in cached._keyings.values()) == 100
+    with torch.no_grad():
+        module.bias.add_(1.0)  # a new state: rows are keyed anew, under new keyings
+    for x in batches[:3]:
+        with torch.no_grad():
+            assert torch.equal(cached(x), module(x))
+    assert sum(len(keying.keys) for keying in cached._keyings.values()) == 100
+    cached.close()
