@@ -5,7 +5,8 @@ Rows computed in a forward are staged device → pinned host memory
 CUDA is, plain host memory otherwise) and handed to a background thread (a
 :class:`Writer`'s) that keeps them in the store with ``store.keep_many`` — so the
 forward never waits on the disk (it waits only when more than ``pending_bytes``
-are still unwritten, which bounds the memory the writer holds). ``flush()`` waits
+are still unwritten, each row counted with its key, :data:`KEY_BYTES`, which bounds the
+memory the writer holds). ``flush()`` waits
 for every row to be written; so do interpreter exit (first before its thread
 pools stop taking work, then once more as an ``atexit`` handler) and the end of
 a worker process, and a writer that is dropped has its thread write every row
@@ -49,7 +50,7 @@ from somatize.store import StoreFull
 from somatize_torch._row_codec import encode_rows
 from somatize_torch.codec import TENSOR
 
-__all__ = ["WriteFailed", "Writer", "store_lock"]
+__all__ = ["KEY_BYTES", "WriteFailed", "Writer", "store_lock"]
 
 log = logging.getLogger("somatize.torch")
 
@@ -107,6 +108,12 @@ def _pool(max_bytes: int) -> Any:
     except ImportError:
         return None
     return PinnedPool(max_bytes)
+
+
+KEY_BYTES = 128
+"""What an unwritten row counts beside its own bytes: its store key, held until the row is
+written. Rows of a few bytes (or none) are mostly their keys, and counted by their bytes
+alone a queue of them behind a slow store would grow without bound."""
 
 
 _WAKE = "wake"
@@ -245,7 +252,7 @@ class Writer:
         self._own()
         backlog = self._backlog
         rows = rows.detach()
-        nbytes = rows.numel() * rows.element_size()
+        nbytes = rows.numel() * rows.element_size() + len(keys) * KEY_BYTES
         # The job is counted (what a flush waits for) in the same step that queues it:
         # an exception before that — Ctrl-C during the copy, a thread that cannot start —
         # gives back the bytes it reserved and its staging buffer, and leaves no job that

@@ -849,6 +849,44 @@ def test_a_submit_interrupted_before_its_rows_are_queued_leaves_nothing_to_wait_
         backlog.closed = True  # should this fail, the exit of the test run does not wait
 
 
+class _WouldWait(Exception):
+    """Raised where a submit would wait for the writer to catch up."""
+
+
+def test_unwritten_rows_count_with_their_keys(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows not yet written hold their keys as well as their bytes: rows of no bytes count
+    a key's worth each, so behind a write that does not end, a submit waits once the
+    unwritten rows and keys pass ``pending_bytes`` rather than queue them without end."""
+    writing, release = threading.Event(), threading.Event()
+    keep = store.keep_many
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        writing.set()
+        release.wait()
+        return keep(*args, **kwargs)
+
+    def would_wait(*args: Any, **kwargs: Any) -> bool:
+        raise _WouldWait
+
+    monkeypatch.setattr(store, "keep_many", slow)
+    writer = Writer(store, linger=0.0, pending_bytes=64 << 10)
+    keys = [f"blake3:{i:064x}" for i in range(2000)]
+    writer.submit(keys[:1000], torch.empty(1000, 0))
+    try:
+        assert writing.wait(timeout=60)  # the writer is in keep_many with those rows
+        with monkeypatch.context() as waits:
+            waits.setattr(writer._backlog.changed, "wait", would_wait)
+            with pytest.raises(_WouldWait):
+                writer.submit(keys[1000:], torch.empty(1000, 0))
+    finally:
+        release.set()
+    assert _within(writer.flush) is None
+    assert store.have(keys) == set(keys[:1000])
+    writer.close()
+
+
 def test_a_forward_interrupted_while_it_queues_its_rows_writes_them_when_run_again(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
