@@ -221,7 +221,11 @@ class CachedRows(nn.Module):
     def __setattr__(self, name: str, value: Any) -> None:
         """A value the module holds itself (``encoder.gain = 2.0``) is written to the module,
         where its forward reads it (and where the key sees it), not beside it on the
-        wrapper, where reading it back would show a value the forward never uses."""
+        wrapper, where reading it back would show a value the forward never uses. The
+        module and the store themselves are the cache's, fixed when it is made
+        (:func:`_replaced`)."""
+        if name in _MADE_WITH and name in self.__dict__:
+            _replaced(name)
         module = self.__dict__.get("module")
         if (
             module is not None
@@ -233,6 +237,11 @@ class CachedRows(nn.Module):
             setattr(module, name, value)
             return
         super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in _MADE_WITH and name in self.__dict__:
+            _replaced(name)
+        super().__delattr__(name)
 
     # -- how rows are keyed: fixed when the cache is made
 
@@ -496,6 +505,25 @@ def _fixed(name: str, option: str, value: Any) -> None:
         "and named ahead, are keyed under the one it was made with, so a new value would be "
         f"ignored by some and mixed with the old by others. Make a new cache for it: "
         f"`cache_rows(cached.module, cached.store, {option}={value!r}, ...)`"
+    )
+
+
+_MADE_WITH = ("module", "store")
+"""What a cache is made of, which nothing replaces afterwards (:func:`_replaced`)."""
+
+
+def _replaced(name: str) -> None:
+    """Refuses to replace or remove the cache's ``module`` or ``store``: its keys, memory
+    tiers, watch and background writer were made for the ones it was made with. A module
+    assigned through ``nn.Module`` would become a child of the cached module (whose
+    registries the cache holds), and a store would be read while rows went on being
+    written to the other."""
+    raise AttributeError(
+        f"`{name}` of a row cache is fixed when it is made: its keys, memory tiers and "
+        f"background writer are those of the {name} it was made with (a module assigned "
+        "here would become a part of the cached module, a store would be read while rows "
+        "are written to the other). Make a new cache for it: `cache_rows(module, store, "
+        "...)`; `cached.flush()` the old one first if the two share a store"
     )
 
 

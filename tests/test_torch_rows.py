@@ -1405,3 +1405,25 @@ def test_a_cache_remembers_store_keys_up_to_one_count_over_all_its_row_shapes(
             assert torch.equal(cached(x), module(x))
     assert sum(len(keying.keys) for keying in cached._keyings.values()) == 100
     cached.close()
+
+
+@pytest.mark.parametrize("name", ["module", "store"])
+def test_a_cache_refuses_to_have_its_module_or_store_replaced(store: Store, name: str) -> None:
+    """``cached.module = other`` and ``cached.store = other`` are refused, naming what to do:
+    the module assigned would have become a child of the cached module (whose registries
+    the cache holds), and rows would be looked up in one store and written to the other.
+    The cache, and the module it caches, stay as they were and answer as before."""
+    torch.manual_seed(0)
+    module = nn.Linear(8, 4)
+    cached = cache_rows(module, store)
+    x = torch.randn(4, 8)
+    first = cached(x)
+    other = nn.Linear(8, 4) if name == "module" else Store(store.root / "other")  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match=f"`{name}` of a row cache is fixed"):
+        setattr(cached, name, other)
+    with pytest.raises(AttributeError, match=f"`{name}` of a row cache is fixed"):
+        delattr(cached, name)
+    assert cached.module is module and cached.store is store
+    assert list(module.state_dict()) == ["weight", "bias"]
+    assert torch.equal(cached(x), first) and cached.stats.from_device == 4
+    cached.close()
