@@ -21,7 +21,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -118,7 +118,7 @@ def _recall_or_run(
         pieces.append((None if len(positions) == count else positions, rows))
     out = _assemble(pieces, count, x.device)
     if isinstance(x, DeferredRows):
-        x.answered()  # their inputs need not come with the samples any more
+        x.answered(_held(self, near, positions))  # their inputs need not come any more
     with self._tiers_lock:
         counts["batches"] += 1
         counts["rows"] += count
@@ -126,6 +126,20 @@ def _recall_or_run(
         counts["compute_s"] += computed
         counts["lookup_s"] += time.perf_counter() - start - computed
     return out
+
+
+def _held(self: CachedRows, near: Sequence[Hashable], computed: list[int]) -> list[int] | None:
+    """The batch positions whose rows some copy holds now (None: all of them): rows
+    computed are kept in the store, where there is one; without it, only those a memory
+    tier took. A row kept nowhere is not marked answered, so its input goes on coming with
+    its sample (loaded by a DataLoader's workers) rather than by the cache every epoch."""
+    if self._writer is not None or not computed:
+        return None
+    with self._tiers_lock:
+        dropped = {p for p in computed if not any(near[p] in tier for tier in self.tiers)}
+    if not dropped:
+        return None
+    return [p for p in range(len(near)) if p not in dropped]
 
 
 def _seed(self: CachedRows, x: DeferredRows, keying: _Keying) -> None:

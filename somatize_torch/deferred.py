@@ -319,10 +319,12 @@ class DeferredRows:
                 )
         return batch.to(self.device) if batch.device != self.device else batch
 
-    def answered(self) -> None:
-        """Notes that a cache has answered these rows, so their inputs are not loaded with
-        the samples from now on (where a worker would load them for nothing)."""
-        self.dataset().answered[self.index] = True
+    def answered(self, positions: Sequence[int] | None = None) -> None:
+        """Notes that a cache has answered these rows (those at ``positions``; None: all),
+        so their inputs are not loaded with the samples from now on (where a worker would
+        load them for nothing)."""
+        index = self.index if positions is None else self.index[list(positions)]
+        self.dataset().answered[index] = True
 
     def _indices(self, positions: Sequence[int]) -> list[int]:
         every: list[int] = self.index.tolist()

@@ -16,6 +16,7 @@ from torch.utils.data import ConcatDataset, DataLoader
 from somatize import Store
 from somatize_torch import _row_lookup
 from somatize_torch.deferred import Deferred, DeferredRows, NotLoadable
+from somatize_torch.residency import ROW_INDEX_BYTES
 from somatize_torch.rows import NeedsIndex, RowsError, cache_rows, prefill
 
 ROWS = 64
@@ -447,3 +448,24 @@ def test_rows_moved_to_the_gpu_load_and_stay_there(tmp_path: Path) -> None:
             with torch.no_grad():
                 assert torch.allclose(out, module(x[rows.index].cuda()), atol=1e-5)
     assert cached.stats.from_device == ROWS and cached.tiers[0].device.type == "cuda"
+
+
+def test_rows_kept_nowhere_are_not_marked_answered() -> None:
+    """A cache with nowhere to keep a row (no store, its memory tiers full) does not mark
+    its sample answered: that input goes on coming with its sample, loaded where the
+    samples are (a DataLoader's workers), rather than by the cache itself every epoch;
+    the samples of the rows it keeps come without theirs. Every row is answered right."""
+    inputs = Counted(images(5))
+    data = Deferred(inputs, torch.arange(ROWS), version="toy@5")
+    row = 4 * 4 * 4 * 4 + ROW_INDEX_BYTES  # a row of the encoder's answer, and its entry
+    module = encoder()
+    cached = cache_rows(module, None, key="index", device_bytes=20 * row, host_bytes=0)
+    for x, _ in batches(data):
+        cached(x)
+    assert cached.tiers[0].rows == 20 and int(data.answered.sum()) == 20
+    given = 0
+    for x, labels in batches(data):
+        given += len(x.given_at)
+        with torch.no_grad():
+            assert torch.allclose(cached(x), module(inputs.images[labels]), atol=1e-6)
+    assert given == ROWS - 20
