@@ -124,6 +124,7 @@ class CachedRows(nn.Module):
 
     module: nn.Module
     store: Store | None
+    _dataset_version: str | None
 
     def __init__(
         self,
@@ -253,6 +254,18 @@ class CachedRows(nn.Module):
     @key_mode.setter
     def key_mode(self, value: Any) -> None:
         _fixed("key_mode", "key", value)
+
+    @property
+    def version(self) -> str | None:
+        """The dataset version rows are keyed under by index (``key="index"``). It may be
+        written (a stage's own data: the callback keys validation rows apart), and rows are
+        keyed under the new one from the next call; it is checked as ``version=`` is."""
+        return self._dataset_version
+
+    @version.setter
+    def version(self, value: Any) -> None:
+        check_options(self._key_mode, value, None, 0, 0, False)
+        self._dataset_version = value
 
     @property
     def salt(self) -> str | None:

@@ -1427,3 +1427,28 @@ def test_a_cache_refuses_to_have_its_module_or_store_replaced(store: Store, name
     assert list(module.state_dict()) == ["weight", "bias"]
     assert torch.equal(cached(x), first) and cached.stats.from_device == 4
     cached.close()
+
+
+def test_a_version_written_afterwards_is_checked_as_one_given(store: Store) -> None:
+    """``cached.version`` written after the cache is made is refused where ``version=``
+    would be: empty or not a string for rows keyed by index (another value than the
+    string would key rows under a name of its own), any for rows keyed by content. A
+    string is taken, and keys the rows of the next call under it."""
+    x, index = torch.randn(4, 8), torch.arange(4)
+    cached = cache_rows(nn.Linear(8, 4), store, key="index", version="toy@1")
+    cached(x, index=index)
+    for wrong in ("", 5, b"toy@1"):
+        with pytest.raises(NeedsIndex, match="version= is that version as a string"):
+            cached.version = wrong
+    assert cached.version == "toy@1"
+    cached(x, index=index)
+    assert cached.stats.from_device == 4
+    cached.version = "toy@2"
+    cached(x, index=index)
+    assert cached.stats.computed == 8
+    by_content = cache_rows(nn.Linear(8, 4), store)
+    with pytest.raises(RowsError, match="version= is for key='index'"):
+        by_content.version = "toy@1"
+    assert by_content.version is None
+    cached.close()
+    by_content.close()
