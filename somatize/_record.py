@@ -26,7 +26,7 @@ from typing import Any
 
 from somatize.errors import SomatizeError, SomatizeWarning
 
-__all__ = ["Drifted", "Fact", "NodeFailed", "Record", "WatcherFailed"]
+__all__ = ["Drifted", "Fact", "NodeFailed", "Record", "WatcherFailed", "failed_as"]
 
 Fact = dict[str, Any]
 
@@ -36,12 +36,26 @@ class NodeFailed(SomatizeError, RuntimeError):
     was handed, or what it answered, is no list of its items (``raised=False``, ``error``
     saying what); nothing was kept for it or below it."""
 
+    raised_there: str | None = None
+    """The name of the type a node raised in another process (a worker's), which is named
+    there and not carried here; None when it raised here."""
+
     def __init__(self, node: str, kind: str, error: BaseException, *, raised: bool = True) -> None:
         self.node = node
         what = f"raised {type(error).__name__}: {error}" if raised else str(error)
         super().__init__(
             f"`{node}` ({kind}) {what} — nothing was kept for `{node}` or anything below it"
         )
+
+
+def failed_as(error: SomatizeError) -> str:
+    """What the ``failed`` fact of a node says it raised, for ``error``, a SomatizeError that
+    stopped it: the type a node raised on a worker in another process, as a node raising
+    here is said (:class:`~somatize.broker.FailedOnWorker`), so a graph says the same
+    wherever it runs; ``refused`` for anything else (the library refusing)."""
+    if isinstance(error, NodeFailed) and error.raised_there is not None:
+        return error.raised_there
+    return "refused"
 
 
 class WatcherFailed(SomatizeError, RuntimeError):

@@ -25,7 +25,15 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from somatize._record import Drifted, Fact, NodeFailed, Record, WatcherFailed, fact_named
+from somatize._record import (
+    Drifted,
+    Fact,
+    NodeFailed,
+    Record,
+    WatcherFailed,
+    fact_named,
+    failed_as,
+)
 from somatize.codecs import CODECS, Unreadable
 from somatize.errors import SomatizeError
 from somatize.keys import item_key
@@ -199,8 +207,8 @@ class _Run:
                     value = implementation.forward(*inputs, ctx)
             else:
                 value = implementation.forward(*inputs, ctx)
-        except SomatizeError:
-            self.emit({"fact": "failed", "node": node, "error": "refused"})
+        except SomatizeError as error:
+            self.emit({"fact": "failed", "node": node, "error": failed_as(error)})
             raise
         except Exception as error:
             self.emit({"fact": "failed", "node": node, "error": f"{type(error).__name__}"})

@@ -81,7 +81,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TYPE_CHECKING, Any
 
-from somatize._record import Drifted, Fact, NodeFailed, Record, WatcherFailed
+from somatize._record import Drifted, Fact, NodeFailed, Record, WatcherFailed, failed_as
 from somatize._run import _describe, _Run
 from somatize.codecs import Opaque
 from somatize.errors import SomatizeError
@@ -159,8 +159,8 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
                 node = busy.pop(future)
                 try:
                     outcome = future.result()
-                except SomatizeError:
-                    state.emit({"fact": "failed", "node": node, "error": "refused"})
+                except SomatizeError as error:
+                    state.emit({"fact": "failed", "node": node, "error": failed_as(error)})
                     raise
                 except Exception as error:
                     state.emit({"fact": "failed", "node": node, "error": type(error).__name__})

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from somatize import CodecError, Graph, Store, Unbuildable
+from somatize import CodecError, Graph, NodeFailed, Store, Unbuildable
 from somatize.broker import (
     Broker,
     FailedOnWorker,
@@ -437,6 +437,26 @@ def test_what_a_node_raises_on_a_worker_is_named(broker: Any) -> None:
     with pytest.raises(FailedOnWorker, match=r"`fails` \(Fails\) raised ZeroDivisionError on "
                        r"worker `w2`: on purpose"):  # fmt: skip
         g.forward({"at": 0, "take": 2}, broker=broker)
+
+
+def test_a_node_raising_on_a_worker_is_said_failed_as_without_a_broker(broker: Any) -> None:
+    """The ``failed`` fact of a node raising on an actor names the type it raised, as the
+    same graph says with no broker or an embedded one — not ``refused``, which is the
+    library refusing — for a node and for a mapped one."""
+    for mapped in (False, True):
+        fails = Fails().named("fails").at("w2")
+        g = Graph.somatize(Rows().named("rows") >> (fails.mapped() if mapped else fails))
+        said: dict[str, list[dict[str, Any]]] = {}
+        for where, using in (("here", None), ("ray", broker)):
+            seen: list[dict[str, Any]] = []
+            with pytest.raises(NodeFailed, match="raised ZeroDivisionError"):
+                g.forward({"at": 0, "take": 2}, broker=using, watching=seen.append)
+            said[where] = [f for f in seen if f["fact"] == "failed"]
+        assert (
+            said["ray"]
+            == said["here"]
+            == [{"fact": "failed", "node": "fails", "error": "ZeroDivisionError"}]
+        )
 
 
 def test_a_base_exception_a_node_raises_on_a_worker_is_named_not_carried(

@@ -168,6 +168,7 @@ class FailedOnWorker(NodeFailed):
             f"kept for `{node}` or anything below it",
         )
         self.node, self.worker, self.raised = node, worker, raised
+        self.raised_there = raised
 
 
 @dataclass
