@@ -42,10 +42,19 @@ class NodeFailed(SomatizeError, RuntimeError):
 
     def __init__(self, node: str, kind: str, error: BaseException, *, raised: bool = True) -> None:
         self.node = node
-        what = f"raised {type(error).__name__}: {error}" if raised else str(error)
+        what = f"raised {type(error).__name__}: {message_of(error)}" if raised else str(error)
         super().__init__(
             f"`{node}` ({kind}) {what} — nothing was kept for `{node}` or anything below it"
         )
+
+
+def message_of(error: BaseException) -> str:
+    """What ``error`` says; a note that it could not be read when its ``str()`` raises, so
+    the caller still learns which node raised what."""
+    try:
+        return str(error)
+    except Exception as unreadable:
+        return f"(its message could not be read: str() of it raised {type(unreadable).__name__})"
 
 
 def failed_as(error: SomatizeError) -> str:

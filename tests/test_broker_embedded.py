@@ -61,6 +61,7 @@ from tests.broker_nodes import (
     Nested,
     Overlap,
     Picks,
+    RaisesUnprintable,
     Ramp,
     Recurrent,
     Remembers,
@@ -606,6 +607,23 @@ def test_a_node_failing_on_a_worker_is_named_and_the_broker_goes_on(store: Store
     assert not list((Path(store.root) / "answers").rglob("*"))  # type: ignore[attr-defined]
     ok = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w1"))
     assert ok.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
+
+
+@pytest.mark.parametrize("where", ["here", "local", "network"])
+def test_a_node_raising_an_exception_whose_message_cannot_be_read_is_named(where: str) -> None:
+    """A node raising an exception whose ``str()`` raises is NodeFailed naming the node and
+    the type it raised, saying its message could not be read — with no broker and on
+    either kind of embedded worker, as on a Ray actor — not the error ``str()`` raised."""
+    g = Graph.somatize(Rows().named("rows") >> RaisesUnprintable().named("bad").at("w1"))
+    broker = None if where == "here" else Broker.embedded({"w1": Worker.generic(mode=where)})
+    seen: list[dict[str, Any]] = []
+    with pytest.raises(NodeFailed, match=r"`bad` \(RaisesUnprintable\) raised Unprintable") as e:
+        g.forward({"at": 0, "take": 2}, broker=broker, watching=seen.append)
+    assert "could not be read" in str(e.value)
+    assert isinstance(e.value.__cause__, broker_nodes.Unprintable)
+    assert [f for f in seen if f["fact"] == "failed"] == [
+        {"fact": "failed", "node": "bad", "error": "Unprintable"}
+    ]
 
 
 def test_mapped_node_on_a_worker(store: Store) -> None:
