@@ -545,6 +545,23 @@ def test_counts_and_times_that_are_not_ones_are_refused_before_ray_starts() -> N
             Broker.ray(workers=workers, start_timeout_s=seconds)  # type: ignore[arg-type]
 
 
+def test_an_address_or_import_paths_of_another_kind_are_refused_before_ray_starts() -> None:
+    """Workers handed where the address goes (as ``Broker.embedded`` takes them), an
+    address that is no string, or import paths given as one string (which would put each
+    of its letters on the actors' ``sys.path``) are refused saying how to call it, before
+    any cluster is reached."""
+    workers = {"w1": _worker()}
+    with pytest.raises(TypeError, match=r"Broker.ray\(workers=\{\.\.\.\}\)"):
+        Broker.ray(workers)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"address is the Ray cluster's address, a str"):
+        Broker.ray(5, workers)  # type: ignore[arg-type]
+    for paths in ("src", ["src", 3]):
+        with pytest.raises(TypeError, match=r"import_paths is a list of directories"):
+            Broker.ray(workers=workers, import_paths=paths)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"runtime_env is Ray's runtime environment, a dict"):
+        Broker.ray(workers=workers, runtime_env="env")  # type: ignore[arg-type]
+
+
 def test_independent_branches_on_two_ray_workers_run_at_once(broker: Any, tmp_path: Path) -> None:
     """Two branches on two actors run at once: each waits for the other to have started,
     which, run one after the other, the first never sees."""

@@ -171,6 +171,32 @@ class RayBroker(Broker):
         import_paths: list[str] | None = None,
         runtime_env: dict[str, Any] | None = None,
     ) -> None:
+        if isinstance(address, Mapping):
+            raise TypeError(
+                "Broker.ray takes the cluster's address first and the workers second: "
+                'Broker.ray(workers={...}) — e.g. `Broker.ray(workers={"w1": '
+                'Worker.generic(mode="network")})` — or `Broker.ray(address, {...})`'
+            )
+        if address is not None and not isinstance(address, str):
+            raise TypeError(
+                f'address is the Ray cluster\'s address, a str (`"auto"`, `"host:port"`, '
+                f'`"ray://host:10001"`), or None for the one this process is connected to '
+                f"or a new one on this machine; got {address!r}"
+            )
+        if import_paths is not None and (
+            isinstance(import_paths, (str, bytes))
+            or not isinstance(import_paths, Sequence)
+            or not all(isinstance(path, str) for path in import_paths)
+        ):
+            raise TypeError(
+                "import_paths is a list of directories (str) the actors import node modules "
+                f'from, e.g. `import_paths=["/srv/project/src"]`; got {import_paths!r}'
+            )
+        if runtime_env is not None and not isinstance(runtime_env, dict):
+            raise TypeError(
+                "runtime_env is Ray's runtime environment, a dict (e.g. "
+                f'`{{"working_dir": "."}}`), or None; got {runtime_env!r}'
+            )
         super().__init__(workers)
         for name, worker in self.workers.items():
             if not worker.crosses:
