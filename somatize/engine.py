@@ -63,7 +63,9 @@ soon as its inputs are there, returning a future of a ``Done`` (``value``,
 the answer itself); and ``broker.call(graph, node, inputs, ctx, emit)`` → the
 value, for the items of a mapped node. The engine waits on whichever future it
 needs next, so independent branches on different workers run at the same time,
-and their facts come in the order things finish. Without a broker, or with no
+and their facts come in the order things finish. A forward interrupted (Ctrl-C)
+while submitted nodes still run hands their futures to ``broker.interrupted``,
+which stops them where it can (a Ray actor). Without a broker, or with no
 node placed, the loop is the plain one, in order.
 
 This module holds the loops; its parts are what a forward tells its caller —
@@ -172,6 +174,12 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
                     state.emit(fact)
                 _ran(state, plan, node, outcome.value, outcome.took_us, outcome.kept)
                 done.add(node)
+    except BaseException as stop:
+        if busy and not isinstance(stop, Exception):  # interrupted (Ctrl-C)
+            interrupted = getattr(broker, "interrupted", None)
+            if interrupted is not None:
+                interrupted(list(busy))  # stops what runs on workers, where it can
+        raise
     finally:
         for future in busy:
             future.cancel()

@@ -5,6 +5,7 @@ stores), dead and slow workers, concurrency."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -406,6 +407,45 @@ def test_a_worker_killed_mid_forward(broker: Any, store: Store, tmp_path: Path) 
     assert not list((store.root / "answers").rglob("*"))  # type: ignore[attr-defined]
     ok = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w1"))
     assert ok.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
+
+
+def test_an_interrupted_forward_stops_the_node_it_ran_on_a_ray_worker(
+    broker: Any, store: Store, tmp_path: Path
+) -> None:
+    """Ctrl-C while a node runs on an actor stops that actor, as a timeout does: the node
+    does not go on running on the cluster, nothing is kept for it, and the next call —
+    which would otherwise wait behind it, as would this process's exit — starts the worker
+    afresh at once."""
+    where = Graph.somatize(Rows().named("rows") >> Where().named("where").at("w1"))
+    before = where.forward({"at": 0, "take": 1}, broker=broker)[0]
+    marker = tmp_path / "started"
+    g = Graph.somatize(
+        Rows().named("rows").frozen()
+        >> Nap(20.0, marker=str(marker)).named("slow").frozen().cached().at("w1")
+    )
+    interrupter = _interrupt_when(marker)
+    with pytest.raises(KeyboardInterrupt):
+        g.forward({"at": 0, "take": 2}, store=store, broker=broker)
+    interrupter.join()
+    after = where.forward({"at": 0, "take": 1}, broker=broker)[0]
+    assert after != before  # a fresh actor, not the one still napping
+    assert not list((store.root / "answers").rglob("*"))  # type: ignore[attr-defined]
+
+
+def _interrupt_when(marker: Path) -> threading.Thread:
+    """A thread that interrupts this process's main thread (SIGINT, as Ctrl-C does) once
+    ``marker`` exists (the node started)."""
+
+    def interrupt() -> None:
+        for _ in range(600):
+            if marker.exists():
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
+    return thread
 
 
 def test_retries_run_the_node_again_on_a_fresh_worker(cluster: None, tmp_path: Path) -> None:

@@ -15,6 +15,9 @@ The engine speaks to a broker in three calls:
 - ``call(graph, node, inputs, ctx, emit)`` → the value: ``submit`` and wait,
   for the places that need an answer at once (the items of a mapped node).
 
+and, when a forward is interrupted (Ctrl-C) while calls it submitted still run,
+``interrupted(futures)``: a broker that can stop them (a Ray actor) does.
+
 Each worker has one lane — a thread that carries its calls one after another,
 as a Ray actor does — so a worker never runs two nodes at once. A node on a lane
 may run another graph with the broker (a nested forward); the broker notes which
@@ -42,7 +45,7 @@ import abc
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -408,10 +411,23 @@ class Broker(abc.ABC):
         emit: Callable[[Fact], Any],
     ) -> Any:
         """Runs ``node`` on its worker and returns its value, emitting what it crossed."""
-        done = self.submit(graph, node, inputs, ctx).result()
+        future = self.submit(graph, node, inputs, ctx)
+        try:
+            done = future.result()
+        except BaseException as stop:
+            if not isinstance(stop, Exception):  # interrupted while it waited (Ctrl-C)
+                self.interrupted([future])
+            raise
         for fact in done.facts:
             emit(fact)
         return done.value
+
+    def interrupted(self, futures: Iterable[Future[Done]]) -> None:
+        """The forward waiting on ``futures`` was interrupted (Ctrl-C): the calls among them
+        still running are stopped where they can be — a Ray actor is, as on a timeout —
+        so they do not go on running for nobody, holding their workers. A node running on
+        an embedded worker's thread cannot be stopped, and finishes on its own."""
+        del futures  # a thread cannot be stopped from outside
 
     def close(self) -> None:
         """Lets the workers go; a later call starts them again. A node still waiting for

@@ -38,7 +38,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -224,6 +225,9 @@ class RayBroker(Broker):
         self._remote = ray.remote(_Actor)
         self._actors: dict[str, Any] = {}
         self._started: set[Any] = set()
+        self._stopped: set[Any] = set()
+        """Actors stopped because the forward waiting on them was interrupted: a call on
+        one is not tried again."""
         self._closes = 0
         """How many times the broker was closed: a call made before a close starts no actor."""
 
@@ -276,6 +280,16 @@ class RayBroker(Broker):
         super().close()
         for actor in actors.values():
             ray.kill(actor)
+
+    def interrupted(self, futures: Iterable[Future[Done]]) -> None:
+        """Stops the actors that run the calls of ``futures`` still running, as a timeout
+        does: nothing is kept for their nodes, and the next call starts them afresh."""
+        with self._lock:
+            workers = {self._pending[f][1] for f in futures if f.running() and f in self._pending}
+            actors = [(w, self._actors[w]) for w in workers if w in self._actors]
+            self._stopped.update(actor for _, actor in actors)
+        for worker, actor in actors:
+            self._forget(worker, actor, kill=True)
 
     def _forget(self, worker: str, actor: Any, *, kill: bool) -> None:
         with self._lock:
@@ -346,6 +360,11 @@ class RayBroker(Broker):
                 assert self.timeout_s is not None
                 raise WorkerTimeout(node, worker, self.timeout_s) from None
             except ray.exceptions.RayActorError as error:
+                if actor in self._stopped:  # the forward waiting on it was interrupted
+                    self._stopped.discard(actor)
+                    raise WorkerLost(
+                        node, worker, 1, "stopped: its forward was interrupted"
+                    ) from None
                 # One only out of reach for now (ActorUnavailableError) may come back, and
                 # would hold its resources with nobody calling it: stopped, not just forgotten.
                 unreachable = isinstance(error, ray.exceptions.ActorUnavailableError)
