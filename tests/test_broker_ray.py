@@ -18,6 +18,7 @@ import torch
 
 from somatize import CodecError, Graph, NodeFailed, Store, Unbuildable
 from somatize.broker import (
+    BadWorker,
     Broker,
     FailedOnWorker,
     StateMismatch,
@@ -446,6 +447,28 @@ def _interrupt_when(marker: Path) -> threading.Thread:
     thread = threading.Thread(target=interrupt, daemon=True)
     thread.start()
     return thread
+
+
+def test_a_runtime_env_ray_refuses_is_the_worker_s_error_not_the_node_s(
+    cluster: None, tmp_path: Path
+) -> None:
+    """A worker Ray will not start with the runtime_env it was given (a working_dir that
+    does not exist) is BadWorker naming the worker and what Ray said, said ``refused`` —
+    not the node, which never ran, raising Ray's ValueError."""
+    broker = Broker.ray(
+        workers={"w1": _worker()}, runtime_env={"working_dir": str(tmp_path / "missing")}
+    )
+    g = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w1"))
+    seen: list[dict[str, Any]] = []
+    try:
+        with pytest.raises(BadWorker, match=r"worker `w1` could not be started on the Ray "
+                           r"cluster: .*missing.*runtime_env="):  # fmt: skip
+            g.forward({"at": 0, "take": 2}, broker=broker, watching=seen.append)
+    finally:
+        broker.close()
+    assert [f for f in seen if f["fact"] == "failed"] == [
+        {"fact": "failed", "node": "scale", "error": "refused"}
+    ]
 
 
 def test_retries_run_the_node_again_on_a_fresh_worker(cluster: None, tmp_path: Path) -> None:

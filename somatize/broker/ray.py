@@ -250,7 +250,15 @@ class RayBroker(Broker):
                     options["resources"] = dict(spec.resources)
                 if self.runtime_env is not None:
                     options["runtime_env"] = self.runtime_env
-                found = self._remote.options(**options).remote(worker, self.import_paths)
+                try:
+                    found = self._remote.options(**options).remote(worker, self.import_paths)
+                except Exception as why:  # Ray refused what the worker asks for
+                    raise BadWorker(
+                        f"worker `{worker}` could not be started on the Ray cluster: Ray "
+                        f"refused it ({type(why).__name__}: {_message(why)}), so nothing ran "
+                        "there and nothing was kept. Check `runtime_env=` on the broker and "
+                        "what the worker asks for (num_cpus, num_gpus, resources)"
+                    ) from None
                 self._actors[worker] = found
             return found
 
