@@ -176,6 +176,8 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
                 done.add(node)
     except BaseException as stop:
         if busy and not isinstance(stop, Exception):  # interrupted (Ctrl-C)
+            for node in busy.values():  # as a node interrupted running here is said
+                state.emit({"fact": "failed", "node": node, "error": type(stop).__name__})
             interrupted = getattr(broker, "interrupted", None)
             if interrupted is not None:
                 interrupted(list(busy))  # stops what runs on workers, where it can

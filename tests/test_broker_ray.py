@@ -428,6 +428,7 @@ def test_an_interrupted_forward_stops_the_node_it_ran_on_a_ray_worker(
     with pytest.raises(KeyboardInterrupt):
         g.forward({"at": 0, "take": 2}, store=store, broker=broker)
     interrupter.join()
+    assert g.record.outcome["slow"] == "failed"
     after = where.forward({"at": 0, "take": 1}, broker=broker)[0]
     assert after != before  # a fresh actor, not the one still napping
     assert not list((store.root / "answers").rglob("*"))  # type: ignore[attr-defined]
