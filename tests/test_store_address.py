@@ -179,6 +179,47 @@ def test_an_empty_store_path_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
     assert Store.of(".") is not None and (tmp_path / "blobs").is_dir()  # said, it is taken
 
 
+@pytest.mark.parametrize(
+    ("opened", "match"),
+    [
+        (lambda: Store.on_bucket("s3:/bucket/features"), r"'s3:/bucket/features' has no `://`"),
+        (lambda: Store.on_bucket("bucket/features"), r"'bucket/features' has no `://`"),
+        (lambda: Store("s3:/bucket/features"), r"'s3:/bucket/features' reads as a bucket URL"),
+        (lambda: Store.of("gs:/bucket/x"), r"'gs:/bucket/x' reads as a bucket URL"),
+        (lambda: LocalStore("memory:/features"), r"'memory:/features' reads as a bucket URL"),
+        (
+            lambda: Graph.somatize(Echo().named("e").frozen().cached()).forward(
+                1, store="s3:/bucket/features"
+            ),
+            r"reads as a bucket URL",
+        ),
+    ],
+    ids=["on-bucket-one-slash", "on-bucket-no-protocol", "store", "of", "local", "forward"],
+)
+def test_a_bucket_url_missing_its_slashes_is_refused(
+    opened: Any, match: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bucket URL spelled without its ``://`` (``s3:/bucket``) is a relative path to the
+    filesystem: opened so, the answers meant for a shared bucket would be kept in a folder
+    named ``s3:`` under the working directory. It is refused, saying how to spell either, and
+    nothing is made."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BadAddress, match=match):
+        opened()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_local_path_like_a_drive_or_a_folder_with_a_colon_later_is_a_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a first segment that reads as a URL's scheme is refused: a folder with a colon
+    further on, or one after ``./``, is a directory as named."""
+    monkeypatch.chdir(tmp_path)
+    assert isinstance(Store("runs/s3:/x"), LocalStore)
+    assert isinstance(Store("./s3:/x"), LocalStore)
+    assert isinstance(Store(tmp_path / "s3:" / "x"), LocalStore)
+
+
 def test_a_store_opened_by_a_relative_path_stays_where_it_was_opened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

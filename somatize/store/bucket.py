@@ -310,6 +310,13 @@ class BucketStore(BucketShelf):
             raise StoreError(
                 "a bucket store needs fsspec (and s3fs for s3://): pip install 'somatize[s3]'"
             ) from None
+        if isinstance(url, str) and "://" not in url:
+            raise BadAddress(
+                f"a bucket is opened at a URL with its protocol, as `s3://bucket/prefix`, and "
+                f"{url!r} has no `://`: fsspec would take it as a path on this machine, "
+                "relative to the working directory, and keep there what was meant for the "
+                "bucket. Spell the URL whole; for a directory use `Store(path)`"
+            )
         self.url = url
         self.storage_options = storage_options
         """What the filesystem was opened with (to open the same store again)."""

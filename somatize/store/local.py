@@ -50,6 +50,7 @@ import ctypes
 import io
 import mmap
 import os
+import re
 import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -117,6 +118,25 @@ def _read_privately(handle: io.BufferedReader, size: int, digest: str) -> memory
     return data
 
 
+_SCHEME_FIRST = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:(?:/|$)")
+"""A relative path whose first segment is a URL's scheme (``s3:``, ``gs:``, ``file:``): a
+bucket URL that lost a slash of its ``://``. A drive letter (one character) is not one."""
+
+
+def _check_not_a_url(path: str | bytes) -> None:
+    """Refuses a directory named like a bucket URL missing its ``://`` (``s3:/bucket/x``):
+    the filesystem takes it as a relative path, and the answers meant for a bucket would be
+    kept in a folder named ``s3:`` under the working directory, seen by no other machine."""
+    if isinstance(path, str) and _SCHEME_FIRST.match(path):
+        scheme = path.split(":", 1)[0]
+        raise BadAddress(
+            f"{path!r} reads as a bucket URL missing a slash: opened as a directory it would "
+            f"be a folder named `{scheme}:` under the working directory, seen by no other "
+            f"machine. Spell a bucket `{scheme}://bucket/prefix`; for a directory of that "
+            f"name, say so with `./{path}`"
+        )
+
+
 class LocalStore(LocalShelf):
     """A store in a local directory (created if missing).
 
@@ -148,6 +168,7 @@ class LocalStore(LocalShelf):
                 "a store in the current directory); pass the directory, `'.'` if that is "
                 "what you mean, or `store=None` to keep and recall nothing"
             )
+        _check_not_a_url(os.fspath(path))
         # Anchored now: a relative path would otherwise follow a later `os.chdir`, and
         # keep answers in (and look for them in) another directory from then on.
         self.root = Path(path).expanduser().absolute()
