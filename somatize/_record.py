@@ -40,11 +40,20 @@ class NodeFailed(SomatizeError, RuntimeError):
     """The name of the type a node raised in another process (a worker's), which is named
     there and not carried here; None when it raised here."""
 
-    def __init__(self, node: str, kind: str, error: BaseException, *, raised: bool = True) -> None:
+    def __init__(
+        self,
+        node: str,
+        kind: str,
+        error: BaseException,
+        *,
+        raised: bool = True,
+        hint: str = "",
+    ) -> None:
         self.node = node
         what = f"raised {type(error).__name__}: {message_of(error)}" if raised else str(error)
         super().__init__(
             f"`{node}` ({kind}) {what} — nothing was kept for `{node}` or anything below it"
+            + (f". {hint}" if hint else "")
         )
 
 

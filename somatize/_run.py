@@ -19,6 +19,7 @@ one call, and what it reads and what it answers must be lists as long as each ot
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import time
 import warnings
@@ -212,7 +213,10 @@ class _Run:
             raise
         except Exception as error:
             self.emit({"fact": "failed", "node": node, "error": f"{type(error).__name__}"})
-            raise NodeFailed(node, self.graph.kind_of(node), error) from error
+            hint = ""
+            if isinstance(error, TypeError) and (worker is None or self.broker is None):
+                hint = _called_wrongly(implementation, self.graph.predecessors(node), inputs)
+            raise NodeFailed(node, self.graph.kind_of(node), error, hint=hint) from error
         except BaseException as error:  # KeyboardInterrupt, SystemExit: said, and let go
             self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
             raise
@@ -390,3 +394,25 @@ def _describe(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return f"a {type(value).__name__} of {len(value)}"
     return f"a `{type(value).__name__}`"
+
+
+def _called_wrongly(implementation: Any, read: Sequence[str], inputs: Sequence[Any]) -> str:
+    """How a node's forward is called, when its signature cannot take ``inputs`` and then
+    a ctx (a forward written without ``ctx``, or reading another count of inputs than the
+    node is chained below); "" when it can, so the TypeError was raised inside it."""
+    try:
+        signature = inspect.signature(implementation.forward)
+        signature.bind(*inputs, None)
+    except TypeError:
+        pass
+    except ValueError:  # no signature to read (a builtin): nothing to say
+        return ""
+    else:
+        return ""
+    count = len(inputs)
+    names = ["x"] if count == 1 else [f"x{i}" for i in range(1, count + 1)]
+    whence = "the graph's input" if not read else ", ".join(f"from `{one}`" for one in read)
+    return (
+        f"A node's forward is handed its {count} input{'s' if count != 1 else ''} "
+        f"({whence}) and then ctx: `def forward(self, {', '.join(names)}, ctx)`"
+    )

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from somatize import Drifted, Graph, Node, NotSettled, Store
+from somatize import Drifted, Graph, Node, NodeFailed, NotSettled, Store
 from tests.nodes import Rows
 
 SPAM = ["win", "free", "cash", "prize"]
@@ -161,3 +161,54 @@ def test_an_edited_node_above_makes_a_recalled_answer_drifted(
         warnings.simplefilter("error")
         assert edited.forward(span, store=store) == 24.0
     assert edited.record.outcome["widest"] == "recalled"
+
+
+class NoContext(Node):
+    """A forward written without ``ctx``, as one is easily written at first."""
+
+    def forward(self, messages: list[str]) -> int:  # type: ignore[override]
+        return len(messages)
+
+
+class ReadsTwo(Node):
+    """A forward that reads two inputs, chained below one node."""
+
+    def forward(self, a: Any, b: Any, ctx: Any) -> Any:
+        return a
+
+
+@pytest.mark.parametrize(
+    ("node", "said"),
+    [
+        (
+            NoContext(),
+            r"its 1 input \(the graph's input\) and then ctx: `def forward\(self, x, ctx\)`",
+        ),
+        (
+            ReadsTwo(),
+            r"its 1 input \(the graph's input\) and then ctx: `def forward\(self, x, ctx\)`",
+        ),
+    ],
+    ids=["no-ctx", "two-inputs"],
+)
+def test_a_forward_that_cannot_take_its_inputs_and_ctx_says_how_it_is_called(
+    node: Node, said: str
+) -> None:
+    """A forward whose signature cannot take what a node is handed (its inputs, then ctx)
+    fails saying how a node's forward is called, not only Python's count of arguments."""
+    g = Graph.somatize(node.named("n"))
+    with pytest.raises(NodeFailed, match=said):
+        g.forward(["a", "b"])
+
+
+def test_a_forward_raising_typeerror_inside_is_not_said_to_be_called_wrongly() -> None:
+    """A TypeError raised inside a forward that takes its inputs and ctx is the forward's
+    own, and is said as it is."""
+
+    class Inside(Node):
+        def forward(self, x: Any, ctx: Any) -> Any:
+            return x + "text"
+
+    with pytest.raises(NodeFailed, match="unsupported operand") as failed:
+        Graph.somatize(Inside().named("n")).forward(1)
+    assert "def forward" not in str(failed.value)
