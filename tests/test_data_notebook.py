@@ -162,3 +162,45 @@ def test_declaring_frozen_without_settling_is_refused_before_anything_runs(
     assert isinstance(refused.value, ValueError)
     assert widest.calls == 0
     assert counting.bytes_read == 0
+
+
+def test_the_figure_is_drawn_from_a_graph_that_has_never_run(counting: CountingStore) -> None:
+    """The dataset is a box like any other in the figure of a settled graph, and drawing it
+    reads nothing."""
+    g, _, _ = graph(counting)
+    settle(g)
+    figure = g.figure()
+    assert [box.name for box in figure.boxes] == ["sms", "clean", "widest"]
+    assert len(figure.arrows) == 2
+    assert "sms" in figure._repr_svg_()
+    assert (counting.opened, counting.gets, counting.bytes_read) == (0, 0, 0)
+
+
+def test_the_rows_are_read_here_and_the_work_happens_over_there(
+    counting: CountingStore, table: pyarrow.Table
+) -> None:
+    """The notebook's last cell: the source runs where the graph is called, `clean` on a
+    network worker that is handed the frame as Arrow bytes, `widest` here again; the answer
+    is the one worked out from the table."""
+    from somatize import Broker, Worker
+
+    counts = Widest()
+    crossing = Graph.somatize(
+        Parquet(counting, "sms/train").named("sms")
+        >> Clean().named("clean").at("w1")
+        >> counts.named("widest")
+    )
+    worker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    seen: list[dict[str, Any]] = []
+    assert crossing.forward({"at": 0, "take": 32}, broker=worker, watching=seen.append) == (
+        widest_of(table, 0, 32)
+    )
+    crossed = [(f["from"], f["node"], f["way"]) for f in seen if f["fact"] == "crossed"]
+    assert crossed == [("sms", "clean", "out"), ("clean", "widest", "back")]
+    assert all(f["bytes"] > 0 and f["worker"] == "w1" for f in seen if f["fact"] == "crossed")
+    assert counts.calls == 1
+    assert crossing.record is not None and crossing.record.outcome == {
+        "sms": "ran",
+        "clean": "ran",
+        "widest": "ran",
+    }
