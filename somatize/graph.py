@@ -37,7 +37,7 @@ from somatize.catalog import fingerprint_of, identity_of
 from somatize.engine import run
 from somatize.errors import SomatizeError
 from somatize.memory import Memory
-from somatize.node import Expr, Node, Undeclared, digest_of, held_by, slots_of
+from somatize.node import Expr, Node, Undeclared, digest_of, held_by, holds_state, slots_of
 from somatize.placement import Placement
 from somatize.store import Store
 
@@ -171,7 +171,7 @@ class Graph:
                 marks.frozen
                 and identity is not None
                 and declaration is not None
-                and (not node.holds_state or marks.state is not None)
+                and (not holds_state(node) or marks.state is not None)
                 and node.is_declaration_fixed()
                 and not node.replaced_since_made()  # its declaration follows at the first forward
             ):
@@ -341,7 +341,7 @@ class Graph:
 
     def holds_state(self, name: str) -> bool:
         """Whether ``name`` holds state a frozen declaration must be settled at."""
-        return self._nodes[name].holds_state
+        return holds_state(self._nodes[name])
 
     def settles(self, name: str) -> bool:
         """Whether ``name`` says the state it is frozen at itself (``settled_state()``, as a

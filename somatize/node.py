@@ -98,6 +98,7 @@ __all__ = [
     "digest_of",
     "held_by",
     "holding_of",
+    "holds_state",
     "in_slot",
     "running_here",
     "slots_of",
@@ -166,6 +167,24 @@ def _one_line(name: object) -> bool:
 
 _DECLARATION = b"somatize/declaration\0"
 """What a declaration's digest is prefixed with, so that it is no other value's."""
+
+
+_HOLDS_STATE: list[Callable[[Any], bool]] = []
+"""What a library that knows a kind of node says of whether one holds state (``somatize.torch``:
+a node that is itself an ``nn.Module`` holds weights), beside the class's ``holds_state``."""
+
+
+def holds_state(node: Any) -> bool:
+    """Whether ``node`` holds state a frozen declaration must be settled at: its class says so
+    (``holds_state = True``), or a library registered with :func:`sees_state` does."""
+    return bool(node.holds_state) or any(sees(node) for sees in _HOLDS_STATE)
+
+
+def sees_state(sees: Callable[[Any], bool]) -> None:
+    """Registers ``sees``, which says of a node whether it holds state its class does not say
+    it holds (idempotent): ``somatize.torch`` registers one for nodes that are modules."""
+    if sees not in _HOLDS_STATE:
+        _HOLDS_STATE.append(sees)
 
 
 class Node:

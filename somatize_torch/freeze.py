@@ -50,6 +50,7 @@ from torch.nn.parameter import is_lazy
 from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize.catalog import identity_of
 from somatize.errors import SomatizeError, SomatizeWarning
+from somatize.node import sees_state
 from somatize_torch._settings import SettingsWatch, hooks_of, settings_of
 from somatize_torch._state import StateWatch, _state_tensors, digest_state
 from somatize_torch.codec import TENSOR, LandedOnHost
@@ -503,6 +504,15 @@ def _refuse_changed_since_built(node: ModuleNode) -> None:
 
 
 _GONE = object()
+
+
+def _is_a_module(node: Node) -> bool:
+    """Whether ``node`` is itself an ``nn.Module``: a torch node, whose weights are its state
+    (a ``ModuleNode`` says so through its class)."""
+    return isinstance(node, nn.Module)
+
+
+sees_state(_is_a_module)
 
 
 def module_of(node: Node) -> nn.Module | None:

@@ -184,6 +184,40 @@ def test_unsettled_torch_node_is_refused_by_the_core(store: Store) -> None:
         g.forward(Opaque(torch.randn(3, 6)), store=store)
 
 
+class Scorer(Node, nn.Module):
+    """A node that is itself an ``nn.Module``: a torch node, frozen by ``freeze``."""
+
+    def __init__(self) -> None:
+        nn.Module.__init__(self)
+        self.linear = nn.Linear(2, 1)
+
+    def forward(self, x: Any, ctx: Any) -> float:  # type: ignore[override]
+        with torch.no_grad():
+            return float(self.linear(torch.ones(2)))
+
+
+def test_an_unfrozen_node_that_is_a_module_is_refused_and_frozen_keys_by_its_weights(
+    store: Store,
+) -> None:
+    """A frozen, cached node that is itself an ``nn.Module`` holds weights: run before
+    ``freeze`` it is refused (it was keyed by its class alone, and another instance with
+    other weights recalled the first one's answer); frozen, its weights are in its key."""
+    first, second = Scorer(), Scorer()
+    with torch.no_grad():
+        second.linear.bias.add_(1.0)
+    g = Graph.somatize(first.named("score").frozen().cached())
+    with pytest.raises(
+        NotSettled, match=r"`score` is declared frozen .* Call `somatize\.torch\.freeze\(g\)`"
+    ):
+        g.forward(1, store=store)
+    smt.freeze(g)
+    assert g.forward(1, store=store) == first(1, None)
+    h = Graph.somatize(second.named("score").frozen().cached())
+    smt.freeze(h)
+    assert h.forward(1, store=store) == second(1, None) != first(1, None)
+    assert h.record is not None and h.record.outcome == {"score": "ran"}
+
+
 def test_frozen_module_node_is_recalled_by_content(store: Store) -> None:
     """The second forward on an equal batch recalls; another batch, or new weights, runs."""
     encoder = _encoder()
