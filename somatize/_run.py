@@ -214,8 +214,8 @@ class _Run:
         except Exception as error:
             self.emit({"fact": "failed", "node": node, "error": f"{type(error).__name__}"})
             hint = ""
-            if isinstance(error, TypeError) and (worker is None or self.broker is None):
-                hint = _called_wrongly(implementation, self.graph.predecessors(node), inputs)
+            if isinstance(error, TypeError):  # a worker runs the same class: its signature
+                hint = called_wrongly(implementation, self.graph.predecessors(node))
             raise NodeFailed(node, self.graph.kind_of(node), error, hint=hint) from error
         except BaseException as error:  # KeyboardInterrupt, SystemExit: said, and let go
             self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
@@ -396,22 +396,24 @@ def _describe(value: Any) -> str:
     return f"a `{type(value).__name__}`"
 
 
-def _called_wrongly(implementation: Any, read: Sequence[str], inputs: Sequence[Any]) -> str:
-    """How a node's forward is called, when its signature cannot take ``inputs`` and then
-    a ctx (a forward written without ``ctx``, or reading another count of inputs than the
-    node is chained below); "" when it can, so the TypeError was raised inside it."""
+def called_wrongly(implementation: Any, read: Sequence[str]) -> str:
+    """How a node's forward is called, when its signature cannot take what the node is
+    handed — one input per node it ``read`` (the graph's input when none), then a ctx — as
+    a forward written without ``ctx``, or reading another count of inputs than the node is
+    chained below, cannot; "" when it can, so the TypeError was raised inside it. A worker
+    runs the same class, so its signature is read here."""
+    count = len(read) or 1
     try:
         signature = inspect.signature(implementation.forward)
-        signature.bind(*inputs, None)
+        signature.bind(*([None] * count), None)
     except TypeError:
         pass
     except ValueError:  # no signature to read (a builtin): nothing to say
         return ""
     else:
         return ""
-    count = len(inputs)
     names = ["x"] if count == 1 else [f"x{i}" for i in range(1, count + 1)]
-    whence = "the graph's input" if not read else ", ".join(f"from `{one}`" for one in read)
+    whence = ", ".join(f"from `{one}`" for one in read) if read else "the graph's input"
     return (
         f"A node's forward is handed its {count} input{'s' if count != 1 else ''} "
         f"({whence}) and then ctx: `def forward(self, {', '.join(names)}, ctx)`"

@@ -6,6 +6,7 @@ forward runs everything, the second recalls the cached node and spares the rest.
 
 from __future__ import annotations
 
+import copy
 import sys
 import types
 import warnings
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from somatize import Drifted, Graph, Node, NodeFailed, NotSettled, Store
+from somatize import Broker, Drifted, Graph, Node, NodeFailed, NotSettled, Store, Worker
 from tests.nodes import Rows
 
 SPAM = ["win", "free", "cash", "prize"]
@@ -196,9 +197,12 @@ def test_a_forward_that_cannot_take_its_inputs_and_ctx_says_how_it_is_called(
 ) -> None:
     """A forward whose signature cannot take what a node is handed (its inputs, then ctx)
     fails saying how a node's forward is called, not only Python's count of arguments."""
-    g = Graph.somatize(node.named("n"))
     with pytest.raises(NodeFailed, match=said):
-        g.forward(["a", "b"])
+        Graph.somatize(node.named("n")).forward(["a", "b"])
+    for mode in ("local", "network"):
+        on = Graph.somatize(copy.copy(node).named("n").at("w1"))
+        with pytest.raises(NodeFailed, match=said):
+            on.forward(["a", "b"], broker=Broker.embedded({"w1": Worker.generic(mode=mode)}))
 
 
 def test_a_forward_raising_typeerror_inside_is_not_said_to_be_called_wrongly() -> None:
