@@ -37,7 +37,16 @@ from somatize.catalog import fingerprint_of, identity_of
 from somatize.engine import run
 from somatize.errors import SomatizeError
 from somatize.memory import Memory
-from somatize.node import Expr, Node, Undeclared, digest_of, held_by, holds_state, slots_of
+from somatize.node import (
+    Expr,
+    Node,
+    Undeclared,
+    digest_of,
+    held_by,
+    holds_state,
+    slots_of,
+    state_held,
+)
 from somatize.placement import Placement
 from somatize.store import Store
 
@@ -342,6 +351,11 @@ class Graph:
     def holds_state(self, name: str) -> bool:
         """Whether ``name`` holds state a frozen declaration must be settled at."""
         return holds_state(self._nodes[name])
+
+    def state_held(self, name: str) -> str | None:
+        """What ``name`` holds, in words, where a library says so and its class does not
+        (:func:`somatize.node.state_held`)."""
+        return state_held(self._nodes[name])
 
     def settles(self, name: str) -> bool:
         """Whether ``name`` says the state it is frozen at itself (``settled_state()``, as a

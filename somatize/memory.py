@@ -63,6 +63,8 @@ class Shape(Protocol):
 
     def settles(self, node: NodeId) -> bool: ...
 
+    def state_held(self, node: NodeId) -> str | None: ...
+
     def kind_of(self, node: NodeId) -> str: ...
 
 
@@ -270,11 +272,26 @@ class NotSettled(MemoryError_):
     """A node declared frozen holds state whose digest nobody has worked out.
 
     ``settles``: the node says its own state (``settled_state()``, as a data source
-    does), so ``somatize.data.settle`` is what settles it."""
+    does), so ``somatize.data.settle`` is what settles it. ``held``: what a library says
+    the node keeps (a module with weights, as an attribute of a plain node), in words."""
 
-    def __init__(self, node: NodeId, kind: str, settles: bool = False) -> None:
+    def __init__(
+        self, node: NodeId, kind: str, settles: bool = False, held: str | None = None
+    ) -> None:
         self.node = node
-        if settles:
+        if held is not None:
+            message = (
+                f"`{node}` is declared frozen and {held}, and nobody has settled it: those "
+                "weights are its state, and without their digest in its key two instances of "
+                f"`{kind}` keeping other weights would be kept under one name and you would "
+                "get the other one's answer back. Make the module the node "
+                "(`somatize.torch.ModuleNode(module)`, or a node class that is itself an "
+                "`nn.Module`) and call `somatize.torch.freeze(g)`; or give "
+                f"`{kind}` a `settled_state()` returning the digest of what it keeps "
+                "(`somatize.torch.digest_named(module.state_dict())`) and call "
+                "`somatize.data.settle(g)`"
+            )
+        elif settles:
             message = (
                 f"`{node}` is declared frozen and has state, and nobody has settled it: the "
                 "version of the dataset it reads is what puts it in its key, so without it "
@@ -335,4 +352,4 @@ def settled(graph: Shape, memory: Memory, among: Iterable[NodeId] | None = None)
     whole graph) that holds state with no digest."""
     for node in graph.nodes() if among is None else among:
         if memory.is_frozen(node) and memory.state_of(node) is None and graph.holds_state(node):
-            raise NotSettled(node, graph.kind_of(node), graph.settles(node))
+            raise NotSettled(node, graph.kind_of(node), graph.settles(node), graph.state_held(node))

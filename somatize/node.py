@@ -101,7 +101,9 @@ __all__ = [
     "holds_state",
     "in_slot",
     "running_here",
+    "sees_state",
     "slots_of",
+    "state_held",
 ]
 
 
@@ -169,9 +171,10 @@ _DECLARATION = b"somatize/declaration\0"
 """What a declaration's digest is prefixed with, so that it is no other value's."""
 
 
-_HOLDS_STATE: list[Callable[[Any], bool]] = []
-"""What a library that knows a kind of node says of whether one holds state (``somatize.torch``:
-a node that is itself an ``nn.Module`` holds weights), beside the class's ``holds_state``."""
+_HOLDS_STATE: list[Callable[[Any], bool | str]] = []
+"""What libraries that know a kind of node say of whether one holds state its class does not
+say it holds (``somatize.torch``: a node that is an ``nn.Module``, or keeps one with weights):
+False, True, or what it holds, in words."""
 
 
 def holds_state(node: Any) -> bool:
@@ -180,9 +183,23 @@ def holds_state(node: Any) -> bool:
     return bool(node.holds_state) or any(sees(node) for sees in _HOLDS_STATE)
 
 
-def sees_state(sees: Callable[[Any], bool]) -> None:
+def state_held(node: Any) -> str | None:
+    """What a library registered with :func:`sees_state` says ``node`` holds, in words
+    ("keeps `self.encoder`, an nn.Module with weights"), where its class does not say it holds
+    state and the library says more than that it does; None otherwise."""
+    if node.holds_state:
+        return None
+    for sees in _HOLDS_STATE:
+        said = sees(node)
+        if isinstance(said, str):
+            return said
+    return None
+
+
+def sees_state(sees: Callable[[Any], bool | str]) -> None:
     """Registers ``sees``, which says of a node whether it holds state its class does not say
-    it holds (idempotent): ``somatize.torch`` registers one for nodes that are modules."""
+    it holds — False, True, or what it holds, in words, for the refusal to name
+    (idempotent): ``somatize.torch`` registers one for nodes that are or keep modules."""
     if sees not in _HOLDS_STATE:
         _HOLDS_STATE.append(sees)
 

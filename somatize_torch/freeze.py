@@ -50,7 +50,7 @@ from torch.nn.parameter import is_lazy
 from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize.catalog import identity_of
 from somatize.errors import SomatizeError, SomatizeWarning
-from somatize.node import sees_state
+from somatize.node import attributes_of, sees_state
 from somatize_torch._settings import SettingsWatch, hooks_of, settings_of
 from somatize_torch._state import StateWatch, _state_tensors, digest_state
 from somatize_torch.codec import TENSOR, LandedOnHost
@@ -506,13 +506,23 @@ def _refuse_changed_since_built(node: ModuleNode) -> None:
 _GONE = object()
 
 
-def _is_a_module(node: Node) -> bool:
-    """Whether ``node`` is itself an ``nn.Module``: a torch node, whose weights are its state
-    (a ``ModuleNode`` says so through its class)."""
-    return isinstance(node, nn.Module)
+def _holds_weights(node: Node) -> bool | str:
+    """Whether ``node`` holds weights its class does not say it holds: True when it is itself
+    an ``nn.Module`` (a torch node, which ``freeze`` settles); what it keeps, in words, when it
+    keeps a parameter, or a module with parameters or buffers, as an attribute."""
+    if isinstance(node, nn.Module):
+        return True
+    for name, value in attributes_of(node).items():
+        if isinstance(value, nn.Parameter):
+            return f"keeps `self.{name}`, a parameter"
+        if isinstance(value, nn.Module) and (
+            next(value.parameters(), None) is not None or next(value.buffers(), None) is not None
+        ):
+            return f"keeps `self.{name}`, an nn.Module with weights"
+    return False
 
 
-sees_state(_is_a_module)
+sees_state(_holds_weights)
 
 
 def module_of(node: Node) -> nn.Module | None:

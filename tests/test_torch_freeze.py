@@ -218,6 +218,55 @@ def test_an_unfrozen_node_that_is_a_module_is_refused_and_frozen_keys_by_its_wei
     assert h.record is not None and h.record.outcome == {"score": "ran"}
 
 
+class Keeps(Node):
+    """A plain node that keeps a module it made: weights its class does not say it holds."""
+
+    def __init__(self) -> None:
+        self.linear = nn.Linear(2, 1)
+        self.act = nn.ReLU()  # no weights: nothing to settle
+
+    def forward(self, x: Any, ctx: Any) -> float:
+        with torch.no_grad():
+            return float(self.linear(torch.ones(2)))
+
+
+class KeepsSettled(Keeps):
+    """The same, saying the digest of the weights it keeps."""
+
+    def settled_state(self) -> str:
+        return smt.digest_named(dict(self.linear.state_dict()))
+
+
+def test_a_frozen_node_keeping_a_module_with_weights_is_refused_until_settled(
+    store: Store,
+) -> None:
+    """A frozen, cached plain node keeping a module with weights as an attribute was keyed by
+    its class alone, and another instance with other weights recalled the first one's
+    answer. It is refused before anything runs, naming the attribute and the ways to settle
+    it; with a ``settled_state()``, ``settle(g)`` puts the weights' digest in its key."""
+    from somatize.data import settle
+
+    g = Graph.somatize(Keeps().named("keeps").frozen().cached())
+    said = (
+        r"`keeps` is declared frozen and keeps `self\.linear`, an nn\.Module with weights"
+        r".*ModuleNode.*settled_state"
+    )
+    with pytest.raises(NotSettled, match=said):
+        g.forward(1, store=store)
+    assert isinstance(g.forward(1), float)  # with no store nothing is kept: it runs
+    first, second = KeepsSettled(), KeepsSettled()
+    with torch.no_grad():
+        second.linear.bias.add_(1.0)
+    answers = []
+    for node in (first, second):
+        h = Graph.somatize(node.named("keeps").frozen().cached())
+        settle(h)
+        answers.append(h.forward(1, store=store))
+        assert h.record is not None and h.record.outcome == {"keeps": "ran"}
+    assert answers == [first.forward(1, None), second.forward(1, None)]
+    assert answers[0] != answers[1]
+
+
 def test_frozen_module_node_is_recalled_by_content(store: Store) -> None:
     """The second forward on an equal batch recalls; another batch, or new weights, runs."""
     encoder = _encoder()
