@@ -509,16 +509,21 @@ _GONE = object()
 def _holds_weights(node: Node) -> bool | str:
     """Whether ``node`` holds weights its class does not say it holds: True when it is itself
     an ``nn.Module`` (a torch node, which ``freeze`` settles); what it keeps, in words, when it
-    keeps a parameter, or a module with parameters or buffers, as an attribute."""
+    keeps a parameter, or a module with parameters or buffers, as an attribute or in a list,
+    tuple or dict it keeps as one."""
     if isinstance(node, nn.Module):
         return True
     for name, value in attributes_of(node).items():
-        if isinstance(value, nn.Parameter):
-            return f"keeps `self.{name}`, a parameter"
-        if isinstance(value, nn.Module) and (
-            next(value.parameters(), None) is not None or next(value.buffers(), None) is not None
-        ):
-            return f"keeps `self.{name}`, an nn.Module with weights"
+        inside = value.values() if isinstance(value, dict) else value
+        parts = inside if isinstance(value, (list, tuple, dict)) else (value,)
+        for part in parts:  # an attribute, or the items of a list, tuple or dict it is
+            if isinstance(part, nn.Parameter):
+                return f"keeps `self.{name}`, {'' if part is value else 'holding '}a parameter"
+            if isinstance(part, nn.Module) and (
+                next(part.parameters(), None) is not None or next(part.buffers(), None) is not None
+            ):
+                held = "an nn.Module" if part is value else "holding an nn.Module"
+                return f"keeps `self.{name}`, {held} with weights"
     return False
 
 

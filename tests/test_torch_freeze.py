@@ -230,6 +230,17 @@ class Keeps(Node):
             return float(self.linear(torch.ones(2)))
 
 
+class KeepsListed(Node):
+    """A plain node that keeps the modules it made in a list."""
+
+    def __init__(self) -> None:
+        self.layers = [nn.ReLU(), nn.Linear(2, 1)]
+
+    def forward(self, x: Any, ctx: Any) -> float:
+        with torch.no_grad():
+            return float(self.layers[1](torch.ones(2)))
+
+
 class KeepsSettled(Keeps):
     """The same, saying the digest of the weights it keeps."""
 
@@ -254,6 +265,9 @@ def test_a_frozen_node_keeping_a_module_with_weights_is_refused_until_settled(
     with pytest.raises(NotSettled, match=said):
         g.forward(1, store=store)
     assert isinstance(g.forward(1), float)  # with no store nothing is kept: it runs
+    listed = Graph.somatize(KeepsListed().named("listed").frozen().cached())
+    with pytest.raises(NotSettled, match=r"keeps `self\.layers`, holding an nn\.Module"):
+        listed.forward(1, store=store)
     first, second = KeepsSettled(), KeepsSettled()
     with torch.no_grad():
         second.linear.bias.add_(1.0)
