@@ -1,7 +1,12 @@
-"""Shared fixtures: a fresh store per test, written only under tmp_path."""
+"""Shared fixtures: a fresh store per test, written only under tmp_path; Ctrl-C on cue."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,3 +18,29 @@ from somatize import Store
 def store(tmp_path: Path) -> Store:
     """An empty local store in this test's temporary directory."""
     return Store(tmp_path / "store")
+
+
+@pytest.fixture
+def interrupt_when() -> Iterator[Callable[[Path], threading.Thread]]:
+    """Starts a thread that interrupts this process's main thread (SIGINT, as Ctrl-C does)
+    once a given file exists (a node started). For the test, SIGINT raises
+    KeyboardInterrupt whatever this process was started with: a job a shell runs in the
+    background starts with SIGINT ignored, and Python then leaves it so."""
+
+    def start(marker: Path) -> threading.Thread:
+        def interrupt() -> None:
+            for _ in range(3000):
+                if marker.exists():
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+                time.sleep(0.01)
+
+        thread = threading.Thread(target=interrupt, daemon=True)
+        thread.start()
+        return thread
+
+    was = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield start
+    finally:
+        signal.signal(signal.SIGINT, was)

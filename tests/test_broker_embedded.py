@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import copy
 import gc
-import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import threading
 import time
 import types
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -630,7 +629,7 @@ def test_a_node_raising_an_exception_whose_message_cannot_be_read_is_named(where
 
 @pytest.mark.parametrize("mode", ["local", "network"])
 def test_a_node_running_on_a_worker_when_the_forward_is_interrupted_is_said_failed(
-    mode: str, tmp_path: Path
+    mode: str, tmp_path: Path, interrupt_when: Callable[[Path], threading.Thread]
 ) -> None:
     """Ctrl-C while a node runs on a worker says that node ``failed`` with
     KeyboardInterrupt, as the same graph says with no broker, where the interrupt stops
@@ -642,7 +641,7 @@ def test_a_node_running_on_a_worker_when_the_forward_is_interrupted_is_said_fail
             Rows().named("rows") >> Nap(0.5, marker=str(marker)).named("nap").at("w1")
         )
         broker = None if where == "here" else Broker.embedded({"w1": Worker.generic(mode=mode)})
-        interrupter = _interrupt_when(marker)
+        interrupter = interrupt_when(marker)
         with pytest.raises(KeyboardInterrupt):
             g.forward({"at": 0, "take": 2}, broker=broker)
         interrupter.join()
@@ -650,22 +649,6 @@ def test_a_node_running_on_a_worker_when_the_forward_is_interrupted_is_said_fail
         if broker is not None:
             broker.close()
     assert said[mode] == said["here"] == {"rows": "ran", "nap": "failed"}
-
-
-def _interrupt_when(marker: Path) -> threading.Thread:
-    """A thread that interrupts this process's main thread (SIGINT, as Ctrl-C does) once
-    ``marker`` exists (the node started)."""
-
-    def interrupt() -> None:
-        for _ in range(600):
-            if marker.exists():
-                os.kill(os.getpid(), signal.SIGINT)
-                return
-            time.sleep(0.01)
-
-    thread = threading.Thread(target=interrupt, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_mapped_node_on_a_worker(store: Store) -> None:

@@ -5,11 +5,10 @@ stores), dead and slow workers, concurrency."""
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -411,7 +410,10 @@ def test_a_worker_killed_mid_forward(broker: Any, store: Store, tmp_path: Path) 
 
 
 def test_an_interrupted_forward_stops_the_node_it_ran_on_a_ray_worker(
-    broker: Any, store: Store, tmp_path: Path
+    broker: Any,
+    store: Store,
+    tmp_path: Path,
+    interrupt_when: Callable[[Path], threading.Thread],
 ) -> None:
     """Ctrl-C while a node runs on an actor stops that actor, as a timeout does: the node
     does not go on running on the cluster, nothing is kept for it, and the next call —
@@ -424,7 +426,7 @@ def test_an_interrupted_forward_stops_the_node_it_ran_on_a_ray_worker(
         Rows().named("rows").frozen()
         >> Nap(20.0, marker=str(marker)).named("slow").frozen().cached().at("w1")
     )
-    interrupter = _interrupt_when(marker)
+    interrupter = interrupt_when(marker)
     with pytest.raises(KeyboardInterrupt):
         g.forward({"at": 0, "take": 2}, store=store, broker=broker)
     interrupter.join()
@@ -432,22 +434,6 @@ def test_an_interrupted_forward_stops_the_node_it_ran_on_a_ray_worker(
     after = where.forward({"at": 0, "take": 1}, broker=broker)[0]
     assert after != before  # a fresh actor, not the one still napping
     assert not list((store.root / "answers").rglob("*"))  # type: ignore[attr-defined]
-
-
-def _interrupt_when(marker: Path) -> threading.Thread:
-    """A thread that interrupts this process's main thread (SIGINT, as Ctrl-C does) once
-    ``marker`` exists (the node started)."""
-
-    def interrupt() -> None:
-        for _ in range(600):
-            if marker.exists():
-                os.kill(os.getpid(), signal.SIGINT)
-                return
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=interrupt, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_a_runtime_env_ray_refuses_is_the_worker_s_error_not_the_node_s(
