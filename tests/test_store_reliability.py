@@ -229,6 +229,63 @@ def test_one_store_object_shared_by_threads(
     assert LocalStore(tmp_path / "store").verify().ok
 
 
+def test_a_pack_published_while_another_thread_looks_at_the_packs_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look at ``packs/`` lists them, then takes in what it listed: a pack another thread
+    publishes in between is not in the listing, and must not be dropped as gone."""
+    store = LocalStore(tmp_path / "store")
+    store.keep_many([(key_of(f"old/{i}"), b"old %d" % i) for i in range(3)], "plain")
+    fresh = [(key_of(f"new/{i}"), b"new %d" % i) for i in range(3)]
+    listed = store._listed_packs
+
+    def listing_then_a_keep() -> Any:
+        found = listed()
+        store.keep_many(fresh, "plain")  # another thread, between the listing and its use
+        return found
+
+    monkeypatch.setattr(store, "_listed_packs", listing_then_a_keep)
+    assert store.have([key_of("never kept")]) == set()  # a look
+    monkeypatch.setattr(store, "_listed_packs", lambda: None)  # nothing changed since
+    assert store.have([key for key, _ in fresh]) == {key for key, _ in fresh}
+    assert [bytes(store.recall(key)[1]) for key, _ in fresh] == [data for _, data in fresh]
+
+
+def test_a_thread_asking_while_another_takes_in_the_packs_waits_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that finds a key in no pack it knows looks at ``packs/``; one that does so
+    while another thread's look is still reading what it listed finds the packs that look
+    takes in, rather than a listing that has not changed and a miss."""
+    LocalStore(tmp_path / "store").keep_many(
+        [(key_of(f"item/{i}"), b"item %d" % i) for i in range(3)], "plain"
+    )
+    long_ago = time.time_ns() - 60 * 10**9  # a listing whose time says it cannot have changed
+    os.utime(tmp_path / "store" / "packs", ns=(long_ago, long_ago))
+    store = LocalStore(tmp_path / "store")  # knows no pack yet
+    reading, go = threading.Event(), threading.Event()
+    read = store._read_indexes
+
+    def slow_read(wanted: dict[str, str]) -> dict[str, bytes | None]:
+        reading.set()
+        go.wait(30)
+        return read(wanted)
+
+    monkeypatch.setattr(store, "_read_indexes", slow_read)
+    found: dict[str, set[str]] = {}
+    key = key_of("item/1")
+    first = threading.Thread(target=lambda: found.update(first=store.have([key])))
+    second = threading.Thread(target=lambda: found.update(second=store.have([key])))
+    first.start()
+    assert reading.wait(30)
+    second.start()
+    second.join(0.5)  # what it answers while the first look is still reading, if it does
+    go.set()
+    first.join(30)
+    second.join(30)
+    assert found == {"first": {key}, "second": {key}}
+
+
 def test_a_batch_read_while_a_gc_lets_go_of_the_packs_is_whole(tmp_path: Path) -> None:
     """recall_many reads every pack it found, even when a gc in another thread lets go of
     the store's table of packs while the batch is being read."""

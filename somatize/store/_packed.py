@@ -174,7 +174,15 @@ class PackedHome(Store):
         # A copy (a pickled model holding the store, a deepcopy) gets a lock of its own,
         # and has no writes in flight.
         state = dict(self.__dict__)
-        for name in ("_lock", "_swept", "_writing", "_claims", "_sweeping", "_released"):
+        for name in (
+            "_lock",
+            "_looking",
+            "_swept",
+            "_writing",
+            "_claims",
+            "_sweeping",
+            "_released",
+        ):
             state.pop(name, None)
         return state
 
@@ -188,6 +196,10 @@ class PackedHome(Store):
         """Guards the tables that follow against threads sharing the store: taken for every
         change and every walk over them, never across a read or write of a file. (When
         answers were used needs none: see :meth:`_take_uses`.)"""
+        self._looking = threading.Lock()
+        """Held by the one thread looking at ``packs/`` (:meth:`_refresh_packs`): another
+        that looks meanwhile waits for the packs that look takes in, rather than finding
+        the listing unchanged and the table not yet filled."""
         self._swept = threading.Condition(self._lock)
         """Said when a gc of this object has removed the blobs it was removing."""
         self._writing: set[str] = set()
@@ -601,24 +613,33 @@ class PackedHome(Store):
     def _refresh_packs(self) -> bool:
         """Loads pack indexes written since the last look, and drops those gone; True if
         anything changed."""
-        listed = self._listed_packs()
-        if listed is None:
-            return False
-        try:
-            return self._take_listing(listed)
-        except BaseException:
-            self._list_again()  # what this look could not take is looked for at the next
-            raise
+        with self._looking:
+            with self._lock:
+                known = set(self._packs)
+            listed = self._listed_packs()
+            if listed is None:
+                return False
+            try:
+                return self._take_listing(listed, known)
+            except BaseException:
+                self._list_again()  # what this look could not take is looked for at the next
+                raise
 
     def _list_again(self) -> None:
         """Has the next look list ``packs/`` afresh, though the listing may not have
         changed since this one (as :meth:`_listed_packs` would say)."""
 
-    def _take_listing(self, listed: dict[str, str]) -> bool:
+    def _take_listing(self, listed: dict[str, str], known: set[str]) -> bool:
         """Adopts the packs of ``listed`` (:meth:`_listed_packs`) not adopted yet, and drops
-        those gone from it; True if anything changed."""
+        those of ``known`` (the packs adopted before the listing) gone from it; True if
+        anything changed. A pack this object published since the listing is in the table
+        but not the listing, and stays."""
         with self._lock:
-            gone = [pack for pack_id, pack in self._packs.items() if pack_id not in listed]
+            gone = [
+                pack
+                for pack_id, pack in self._packs.items()
+                if pack_id in known and pack_id not in listed
+            ]
             for pack in gone:
                 self._drop_pack(pack)
             known = set(self._packs)
@@ -704,17 +725,18 @@ def _after_fork_in_child() -> None:
     thread of its parent held (a writer adopting the pack it published) would stay held in
     it for good, and a removal that thread was making (a gc) would be waited for for good.
     So each store object starts afresh there: a lock of its own, and no writes or removals
-    in flight (the parent's are another process's now); one whose lock was held also lets
-    go of what it holds in memory, which that thread may have left half changed."""
+    in flight (the parent's are another process's now); one whose lock was held, or whose
+    packs that thread was taking in, also lets go of what it holds in memory, which that
+    thread may have left half changed."""
     homes = list(_HOMES)
-    torn = [home for home in homes if not _free(home._lock)]
+    torn = [home for home in homes if not (_free(home._lock) and _free(home._looking))]
     for home in homes:
         home._in_flight_nothing()
     for home in torn:  # after every lock is afresh: a bucket's forgets its cache's too
         home._forget_all()
 
 
-def _free(lock: threading.RLock) -> bool:
+def _free(lock: threading.RLock | threading.Lock) -> bool:
     """Whether ``lock`` is held by no other thread."""
     if not lock.acquire(blocking=False):
         return False
