@@ -82,19 +82,16 @@ from somatize.data.coordinate import span_of
 from somatize.data.frame import Frame
 from somatize.data.parquet_dir import DatasetChanged, ParquetDir
 from somatize.node import Context
-from somatize.store import Corrupt, Missing, Store
+from somatize.store import Corrupt, LocalStore, Missing, Store
+from somatize.store.local import Stamp, stamp_of
 
 __all__ = ["DatasetChanged", "NotParquet", "Parquet", "ParquetDir"]
 
 
-_Stamp = tuple[int, int, int, int]
-
-
-def _stamp_of(fd: int) -> _Stamp:
+def _stamp_of(fd: int) -> Stamp:
     """What tells the file open as ``fd`` from itself changed, as a local store stamps a blob
     it verified: its inode, size, mtime and ctime (which moves whenever it is written)."""
-    found = os.fstat(fd)
-    return found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns
+    return stamp_of(os.fstat(fd))
 
 
 def _let_go(whole: memoryview) -> None:
@@ -120,10 +117,11 @@ class _Unchanged:
     def __init__(self, source: Parquet, holder: Store, fd: int) -> None:
         self.source = source
         self.fd = fd
-        # The store's own record of the stamp it hashed the blob at. A store that keeps
-        # none has the open file hashed at the first check.
-        verified: dict[str, _Stamp] = getattr(holder, "_verified", {})
-        self.stamp = verified.get(source.version)
+        # The stamp the store hashed the blob at. A store that keeps none has the open
+        # file hashed at the first check.
+        self.stamp = (
+            holder.verified_stamp(source.version) if isinstance(holder, LocalStore) else None
+        )
 
     def __call__(self) -> bool:
         """False when the file is as verified; True when it changed and hashed to its

@@ -36,7 +36,7 @@ from somatize.store._local_files import (
 )
 from somatize.store._packed import hash_bytes
 from somatize.store.base import StoreError
-from somatize.store.upkeep import Entry, _digest_of
+from somatize.store.upkeep import Entry, blob_digest
 
 
 def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -> None:
@@ -300,7 +300,7 @@ class LocalShelf(LocalFiles):
             # Judged damaged when it was hashed: a reader may have moved that one aside
             # since, and a writer put the blob afresh, whole, which is put back.
             try:
-                whole = _hash_at(moved) == _digest_of(name)
+                whole = _hash_at(moved) == blob_digest(name)
             except OSError:
                 whole = False  # it cannot be told: it stays aside, as judged
             if not whole:

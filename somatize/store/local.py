@@ -81,7 +81,7 @@ from somatize.store.base import (
 )
 from somatize.store.records import Signer, decode_name, decode_record, signer_from
 
-__all__ = ["LocalStore"]
+__all__ = ["LocalStore", "Stamp", "stamp_of"]
 
 _MAP_ABOVE = 1 << 16
 """Blobs larger than this are read into aligned memory of their own (or, borrowed,
@@ -265,6 +265,13 @@ class LocalStore(LocalShelf):
 
     def local_blob(self, digest: str) -> memoryview:
         return self._read_blob(digest, None, mapped=True)
+
+    def verified_stamp(self, digest: str) -> Stamp | None:
+        """What the file of blob ``digest`` was (``stamp_of``: its inode, size and times)
+        when this object last hashed it to its digest; None if it has not, or has let go
+        of it since. A reader holding the file open (:meth:`open_blob`) tells it changed
+        since by ``stamp_of(os.fstat(fd))``."""
+        return self._verified.get(digest)
 
     def _read_blob(
         self, digest: str, size: int | None, borrow: bool = False, mapped: bool = False

@@ -141,7 +141,8 @@ class Shelf(Protocol):
     def _collecting(self) -> AbstractContextManager[None]: ...
 
 
-def _digest_of(name: str) -> str:
+def blob_digest(name: str) -> str:
+    """The digest of the blob whose file under ``blobs/`` is ``name`` (``ab/abcd…``)."""
     return "blake3:" + name.rsplit("/", 1)[-1]
 
 
@@ -165,7 +166,7 @@ def _blobs_among(entries: list[Entry]) -> tuple[dict[str, Entry], list[Entry]]:
     stray: list[Entry] = []
     for entry in entries:
         if _laid_out("blobs", entry.name):
-            blobs[_digest_of(entry.name)] = entry
+            blobs[blob_digest(entry.name)] = entry
         else:
             stray.append(entry)
     return blobs, stray
@@ -185,7 +186,7 @@ def _decoded(
     def decode(with_key: Signer | None) -> Answer | PackIndex | str:
         if section == "names":
             return decode_name(name, data, with_key)
-        digest = _digest_of(name)
+        digest = blob_digest(name)
         if section == "answers":
             return decode_record(digest, data, with_key)
         return decode_pack(digest, data, with_key)
@@ -352,7 +353,7 @@ def _collect(
     now = time.time()
     uses = shelf._uses()
     laid, strays = _blobs_among(shelf._entries("blobs"))
-    blobs = {_digest_of(e.name): e for e in strays} if shelf._sweeps_strays else {}
+    blobs = {blob_digest(e.name): e for e in strays} if shelf._sweeps_strays else {}
     blobs.update(laid)
     out = Collected()
     pinned: set[str] = set()
@@ -410,14 +411,14 @@ def _collect(
         sweep = [  # each as this last look found it
             again[e.name]
             for e in sweep
-            if _digest_of(e.name) not in held
+            if blob_digest(e.name) not in held
             and e.name in again
             and now - again[e.name].mtime >= grace
         ]
     # Never a blob a keep of this store object is putting now, whatever the grace; one
     # put by another thread of it from now on waits until this removal is done.
-    with shelf._removing_blobs({_digest_of(e.name) for e in sweep}) as free:
-        sweep = [e for e in sweep if _digest_of(e.name) in free]
+    with shelf._removing_blobs({blob_digest(e.name) for e in sweep}) as free:
+        sweep = [e for e in sweep if blob_digest(e.name) in free]
         sweep = shelf._sweep(sweep)  # one a writer touched since the last look is left
     out.blobs = len(sweep)
     out.freed += sum(e.size for e in sweep)
