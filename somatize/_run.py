@@ -213,10 +213,7 @@ class _Run:
             raise
         except Exception as error:
             self.emit({"fact": "failed", "node": node, "error": f"{type(error).__name__}"})
-            hint = ""
-            if isinstance(error, TypeError):  # a worker runs the same class: its signature
-                hint = called_wrongly(implementation, self.graph.predecessors(node))
-            raise NodeFailed(node, self.graph.kind_of(node), error, hint=hint) from error
+            raise node_failed(self.graph, node, implementation, error) from error
         except BaseException as error:  # KeyboardInterrupt, SystemExit: said, and let go
             self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
             raise
@@ -394,6 +391,16 @@ def _describe(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return f"a {type(value).__name__} of {len(value)}"
     return f"a `{type(value).__name__}`"
+
+
+def node_failed(graph: Graph, node: str, implementation: Any, error: Exception) -> NodeFailed:
+    """The NodeFailed to raise for ``error``, raised running ``node`` (here or on a worker,
+    which runs the same class: ``implementation``'s signature is read here); a TypeError
+    says how a forward is called when the signature cannot take what the node is handed."""
+    hint = ""
+    if isinstance(error, TypeError):
+        hint = called_wrongly(implementation, graph.predecessors(node))
+    return NodeFailed(node, graph.kind_of(node), error, hint=hint)
 
 
 def called_wrongly(implementation: Any, read: Sequence[str]) -> str:

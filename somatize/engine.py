@@ -84,7 +84,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TYPE_CHECKING, Any
 
 from somatize._record import Drifted, Fact, NodeFailed, Record, WatcherFailed, failed_as
-from somatize._run import _describe, _Run, called_wrongly
+from somatize._run import _describe, _Run, node_failed
 from somatize.codecs import Opaque
 from somatize.errors import SomatizeError
 from somatize.node import Context
@@ -166,10 +166,7 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
                     raise
                 except Exception as error:
                     state.emit({"fact": "failed", "node": node, "error": type(error).__name__})
-                    hint = ""
-                    if isinstance(error, TypeError):
-                        hint = called_wrongly(graph.node(node), graph.predecessors(node))
-                    raise NodeFailed(node, graph.kind_of(node), error, hint=hint) from error
+                    raise node_failed(graph, node, graph.node(node), error) from error
                 except BaseException as error:  # KeyboardInterrupt: said, and let go
                     state.emit({"fact": "failed", "node": node, "error": type(error).__name__})
                     raise
