@@ -1802,6 +1802,15 @@ class Chained(nn.Module):
         return x
 
 
+def _stacked(store: Store) -> tuple[nn.Module, Stacked]:
+    """A :class:`Stacked` model wrapped with its encoder frozen and cached, and the model."""
+    torch.manual_seed(0)
+    model = Stacked()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    return wrapped, model
+
+
 @pytest.mark.parametrize(
     ("grow", "named"),
     [
@@ -1821,10 +1830,7 @@ def test_a_container_the_forward_ran_through_changed_after_wrap_is_refused(
     a container the forward went through after `wrap` would not run as the model runs
     it, so the next call is refused, naming the container; a layer replaced in place is
     the one that runs."""
-    torch.manual_seed(0)
-    model = Stacked()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _stacked(store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         wrapped(x)
@@ -1858,10 +1864,7 @@ def test_hooks_or_a_forward_given_to_what_was_traced_after_wrap_are_refused(
     hooks: a hook registered on either after `wrap`, or a `forward` given to a block
     traced into, would not run, so the next call is refused; a hook on a layer called
     whole runs as it does in the model."""
-    torch.manual_seed(0)
-    model = Stacked()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _stacked(store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         wrapped(x)
