@@ -102,21 +102,35 @@ class _Tracer(fx.Tracer):
 
 _WRAPPING = frozenset(
     os.path.join(os.path.dirname(__file__), f"{name}.py")
-    for name in ("wrap", "_errors", "_parts", "_cached", "_split", "_modes", "_values")
+    for name in (
+        "wrap",
+        "_errors",
+        "_parts",
+        "_cached",
+        "_split",
+        "_tracing",
+        "_modes",
+        "_values",
+    )
 ) | {contextlib.__file__, random.__file__}
 """The files wrapping is written in (and the ones its context managers and a refused
 draw run in): a frame of theirs says nothing of where the model's forward stopped."""
 
 
 def _traced(
-    model: nn.Module, leaves: Iterable[str], training: bool, frozen: Iterable[str] = ()
+    model: nn.Module,
+    leaves: Iterable[str],
+    training: bool,
+    frozen: Iterable[str] = (),
+    none: Mapping[str, None] | None = None,
 ) -> tuple[fx.GraphModule, set[str], Noted]:
     """``model``'s forward traced with every module's training flag set to ``training``
     (and put back after) — but the ``frozen`` submodules', which are in eval whenever
     they run: what it reads of ``self.training`` is baked into the code. With the
     modules traced into, and what the trace read from the model beyond its tensors
     (the modules whose training flag it read among it), which is baked into the code
-    too."""
+    too. The arguments ``none`` names are traced as None (fx's ``concrete_args``), the
+    others as inputs."""
     if "forward" in vars(model):
         raise Untraceable(
             f"this `{type(model).__qualname__}` has a `forward` of its own, given to it in "
@@ -132,7 +146,7 @@ def _traced(
         for module, _ in modes:
             object.__setattr__(module, "training", training and id(module) not in held_eval)
         with recording(tracer, model), reading(model, tracer.held) as noted:
-            graph = tracer.trace(model)
+            graph = tracer.trace(model, concrete_args=dict(none) if none else None)
     except Exception as error:
         frames = [
             f

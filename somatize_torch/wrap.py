@@ -27,6 +27,10 @@ is traced in both modes, and where the code differs the wrapped model keeps one
 runner per mode and runs the one ``self.training`` picks. ``wrapped.train()``
 is the model's own ``train()``, which leaves frozen parts in eval.
 
+**Optional arguments.** fx traces each argument as an input, so the model is traced
+with every argument that defaults to None given, and again, at the first call that
+leaves some of them None, with those fixed at None.
+
 **What fx does not record.** fx records the operations a forward makes on tensors:
 the grad-mode, autocast and inference-mode blocks the forward enters are recorded
 into the code beside them, so they switch as it runs, and what fx would keep at the
@@ -48,6 +52,8 @@ This module is the wrapper; what it is made of has a module each:
 
 - :mod:`somatize_torch._split` traces the model and cuts it at its declared
   submodules — and says what to do about what fx cannot trace;
+- :mod:`somatize_torch._tracing` keeps the model's traces, one per set of optional
+  arguments a call leaves None, and what they read, which the wrapped model watches;
 - :mod:`somatize_torch._modes` records, as the model is traced, the modes its
   forward switches, and refuses what fx would fix at the value it read;
 - :mod:`somatize_torch._cached` is the call of one declared submodule: how a
@@ -83,9 +89,9 @@ from somatize_torch._errors import (
     Untraceable,
     WrapError,
 )
-from somatize_torch._modes import switches, unwinding
+from somatize_torch._modes import unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
-from somatize_torch._split import _calls, _split, _traced
+from somatize_torch._tracing import Runners, Tracing, optional_of
 from somatize_torch._values import Values
 from somatize_torch.freeze import ModuleNode
 
@@ -150,9 +156,14 @@ class Wrapped(nn.Module):
     graph: Graph
     store: Store | None
     model: nn.Module
-    _in_train: nn.Module | None
-    _in_eval: nn.Module | None
-    _untraced: Untraceable | None
+    _runners: dict[frozenset[str], Runners]
+    """Per set of optional arguments a call leaves None, the code each mode runs (or why
+    fx could not trace it in that mode)."""
+    _tracing: Tracing | None = None
+    """The traces taken so far, which a call leaving other arguments None adds to (None
+    for a model declared whole, which is not traced)."""
+    _one_code: bool = True
+    """Whether each trace runs the same code in both modes."""
     _parts: _Parts
     _through: tuple[str, ...] = ("",)
     """The modules traced into, by path: their training flags pick the code that runs."""
@@ -161,8 +172,8 @@ class Wrapped(nn.Module):
     a failed call leaves open."""
     _optional: tuple[tuple[str, int | None], ...] = ()
     """The forward's arguments that default to None, each with its place among the
-    positional ones (None for a keyword-only one): fx traced each as an input, so a call
-    must give it."""
+    positional ones (None for a keyword-only one): a call that leaves some None runs the
+    code traced with those None."""
     _values: Values = Values(None, "")
     """The plain values the code traced read from the model (none when nothing was
     traced): changed, the code would not be the model's."""
@@ -170,7 +181,7 @@ class Wrapped(nn.Module):
     def __init__(
         self,
         model: nn.Module,
-        runners: Mapping[bool, nn.Module | Untraceable],
+        runners: dict[frozenset[str], Runners],
         graph: Graph,
         store: Any,
         parts: _Parts,
@@ -184,11 +195,7 @@ class Wrapped(nn.Module):
         object.__setattr__(self, "graph", graph)
         object.__setattr__(self, "store", Store.of(store))
         object.__setattr__(self, "_parts", parts)
-        for mode, attribute in ((True, "_in_train"), (False, "_in_eval")):
-            runner = runners[mode]
-            object.__setattr__(self, attribute, runner if isinstance(runner, nn.Module) else None)
-        untraced = [r for r in runners.values() if isinstance(r, Untraceable)]
-        object.__setattr__(self, "_untraced", untraced[0] if untraced else None)
+        object.__setattr__(self, "_runners", runners)
         parts.watch(model)
         self.counts: dict[str, dict[str, int]] = {}
         """Per cached node, how many times each fact (``ran``, ``recalled``, ``kept``) happened."""
@@ -203,17 +210,12 @@ class Wrapped(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return _forward(self, *args, **kwargs)
 
-    @property
-    def _runner(self) -> nn.Module | None:
-        """What runs the model in the mode it is in now."""
-        return self._in_train if self._mode() else self._in_eval
-
     def _mode(self) -> bool:
         """The mode the code traced into runs in: the training flags of the modules whose
         forward was traced — the model's own, put in a mode directly (``model.eval()``),
         not only through this wrapper. Where the code of the two modes differs, those
         modules must agree: code traced in one mode would run for a part in the other."""
-        if self._in_train is self._in_eval:
+        if self._one_code:
             return bool(self.model.training)
         found = [(p, _part(self.model, p) if p else self.model) for p in self._through]
         modes = {p: bool(m.training) for p, m in found if isinstance(m, nn.Module)}
@@ -336,7 +338,12 @@ class Wrapped(nn.Module):
         # fx copied the references of attributes the code between declared nodes reads;
         # a conversion replaces buffers, so those copies are converted too, and the
         # segments then pointed at the model's own.
-        runners = {id(r): r for r in (self._in_train, self._in_eval) if r is not None}
+        runners = {
+            id(runner): runner
+            for each in self._runners.values()
+            for runner in each.values()
+            if isinstance(runner, nn.Module)
+        }
         for runner in runners.values():
             runner._apply(fn, recurse)  # type: ignore[no-untyped-call]
         self._follow()
@@ -352,44 +359,86 @@ class Wrapped(nn.Module):
 
 
 def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
+    none = _left_none(self._optional, args, kwargs) if self._optional else frozenset()
     if not torch.compiler.is_compiling():
         self._follow()
         self._values.check()
         self._check()
-        for name, at in self._optional:
-            given = (
-                kwargs[name]
-                if name in kwargs
-                else (args[at] if at is not None and at < len(args) else None)
-            )
-            if given is None:
-                raise WrapError(
-                    f"`{name}` is None in this call (given so, or left to its default): "
-                    f"`wrap` traced `{type(self.model).__qualname__}.forward` with `{name}` "
-                    "as an input, a tensor, so what the forward does when it is None (a "
-                    f"branch on `{name} is None`) was never traced. Give `{name}` in every "
-                    "call, declare the submodule that takes it, or wrap just the submodule "
-                    "you want to remember (`model.encoder = somatize.torch.wrap("
-                    "model.encoder, frozen=True, cached=True)`), which needs no tracing"
-                )
+    runners = self._runners.get(none)
+    if runners is None:
+        runners = _traced_without(self, none)
     training = self._mode()
-    runner = self._in_train if training else self._in_eval
-    if runner is None:
+    runner = runners[training]
+    if not isinstance(runner, nn.Module):
         mode, other = ("train", "eval") if training else ("eval", "train")
+        if not isinstance(runners[not training], nn.Module):
+            raise runner
         raise WrapError(
             f"this model was wrapped in {other} mode and is run in {mode} mode, and fx could "
             f"trace its forward in {other} mode only: what it traced may not be what the "
             f"forward does in {mode} mode (code that reads `self.training`), so it is not run "
             f"in its place. Run it in {other} mode, or make it traceable in {mode} mode as "
-            f"well. {self._untraced}"
+            f"well. {runner}"
         )
+    if none:
+        # Traced with those arguments fixed at None: each argument in its place.
+        args, kwargs = _in_order(self.model, args, kwargs), {}
     if self._switches:
         return _unwinding(runner, *args, **kwargs)
     return runner(*args, **kwargs)
 
 
+def _left_none(
+    optional: tuple[tuple[str, int | None], ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> frozenset[str]:
+    """The optional arguments this call leaves None, given so or left to their default."""
+    return frozenset(
+        name
+        for name, at in optional
+        if (
+            kwargs[name]
+            if name in kwargs
+            else (args[at] if at is not None and at < len(args) else None)
+        )
+        is None
+    )
+
+
+def _in_order(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Every argument of ``model``'s forward, each in its place, defaults filled in: how
+    fx's code traced with some fixed at None takes them (it names those otherwise)."""
+    bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return tuple(bound.arguments.values())
+
+
+def _traced_without(self: Wrapped, none: frozenset[str]) -> Runners:
+    """The code run when the optional arguments ``none`` are None, traced now if no call
+    left them None before."""
+    tracing = self._tracing
+    varying = tracing is not None and any(
+        p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        for p in inspect.signature(self.model.forward).parameters.values()
+    )
+    if tracing is None or varying:
+        name = sorted(none)[0]
+        raise WrapError(
+            f"`{name}` is None in this call (given so, or left to its default): `wrap` traced "
+            f"`{type(self.model).__qualname__}.forward` with `{name}` as an input, a tensor, "
+            f"and a forward that takes `*args` or `**kwargs` cannot be traced again with "
+            f"`{name}` None. Give `{name}` in every call, declare the submodule that takes "
+            "it, or wrap just the submodule you want to remember (`model.encoder = "
+            "somatize.torch.wrap(model.encoder, frozen=True, cached=True)`), which needs no "
+            "tracing"
+        )
+    runners: Runners = _trace_eagerly(tracing, none)
+    return runners
+
+
 _not_compiled: Callable[..., Callable[..., Any]] = torch.compiler.disable
 _unwinding = _not_compiled(unwinding, recursive=False)
+_trace_eagerly = _not_compiled(Tracing.runners_without)
+"""A trace taken in a compiled call runs eagerly: fx cannot trace inside a compiled one."""
 """:func:`unwinding`, never compiled itself, the runner it calls compiled: so a compiled
 call that fails leaves the modes as an eager one does. (torch.compile gives up on a
 ``try`` around code with graph breaks, after a failed attempt, and runs its frame eagerly
@@ -520,74 +569,16 @@ def wrap(
         kinds = [kind for kind, keys in zip(_HOOK_KINDS, own, strict=False) if keys]
         raise hooked_error("", " and ".join(kinds), "registered on it")
     wrapped = Wrapped.__new__(Wrapped)
-    mode = model.training
-    traced, through, read = _traced(model, declared, mode, frozen_names)
-    first = _split(traced, model, frozen_names, cached_names, wrapped, None)
-    for name in declared:
-        if name not in first.targets:
-            raise NotCalled(
-                f"`{name}` is declared, and `{type(model).__qualname__}.forward` never calls it "
-                "(it may be reached through a function fx cannot see into): nothing of it can "
-                "be frozen or cached here. Drop it from the declarations, or call it in forward"
-            )
-    runners: dict[bool, nn.Module | Untraceable] = {mode: first.runner, not mode: first.runner}
-    reads = list(first.reads)
-    switching = switches(traced.graph)
-    try:
-        other, also, read_too = _traced(model, declared, not mode, frozen_names)
-        through |= also
-        read.merge(read_too)
-    except Untraceable as error:
-        runners[not mode] = error
-    else:
-        switching = switching or switches(other.graph)
-        if other.code != traced.code:
-            second = _split(other, model, frozen_names, cached_names, wrapped, first.shims)
-            if second.calls != first.calls:
-                raise WrapError(
-                    f"`{type(model).__qualname__}.forward` calls its declared submodules "
-                    f"differently in train and eval mode ({_calls(first.calls)} in "
-                    f"{'train' if mode else 'eval'} mode, {_calls(second.calls)} in the "
-                    "other, or with other constant arguments): one graph cannot describe "
-                    "both. Declare the submodule that "
-                    "holds the code that reads `self.training`, or call the declared "
-                    "submodules the same way in both modes"
-                )
-            runners[not mode] = second.runner
-            reads += second.reads
+    tracing = Tracing(model, frozen_names, cached_names, wrapped)
+    tracing.trace(frozenset())
+    first = tracing.first
+    assert first is not None
     graph = Graph.somatize(Expr(list(first.nodes.values()), first.edges, first.outputs))
-    traced_into = {path: model.get_submodule(path) for path in sorted(through) if path}
-    went = sorted({*read.children.values(), *traced_into})
-    children = {
-        path: tuple(model.get_submodule(path)._modules)
-        for path in went
-        if not any(path == name or path.startswith(name + ".") for name in declared)
-    }
-    hooks = {path: hooks_of(module) for path, module in [("", model), *traced_into.items()]}
-    parts = _Parts(reads, first.targets, traced_into, children, hooks)
-    Wrapped.__init__(wrapped, model, runners, graph, store, parts)
-    # The modules whose training flag the code holds: those traced into, and those whose
-    # flag it read.
-    flags = through | {read.path for read in read.modes.values()}
-    object.__setattr__(wrapped, "_through", tuple(sorted(flags)))
-    object.__setattr__(wrapped, "_switches", switching)
-    object.__setattr__(wrapped, "_values", Values(read, type(model).__qualname__))
-    object.__setattr__(wrapped, "_optional", _optional_of(model))
+    Wrapped.__init__(wrapped, model, tracing.runners, graph, store, _Parts([], {}))
+    tracing.watch()
+    object.__setattr__(wrapped, "_tracing", tracing)
+    object.__setattr__(wrapped, "_optional", optional_of(model))
     return wrapped
-
-
-def _optional_of(model: nn.Module) -> tuple[tuple[str, int | None], ...]:
-    """The arguments of ``model``'s forward that default to None, each with its place
-    among the positional ones (None for a keyword-only one)."""
-    signature = _own_signature(model)
-    if signature is None:
-        return ()
-    found: list[tuple[str, int | None]] = []
-    for at, (name, parameter) in enumerate(signature.parameters.items()):
-        if parameter.default is None:
-            positional = parameter.kind is not inspect.Parameter.KEYWORD_ONLY
-            found.append((name, at if positional else None))
-    return tuple(found)
 
 
 def _whole(
@@ -617,7 +608,8 @@ def _whole(
     else:
         shim = _Declared(node, call)
     graph = Graph.somatize(node)
-    Wrapped.__init__(wrapped, model, {True: shim, False: shim}, graph, store, _Parts([], {}))
+    runners: dict[frozenset[str], Runners] = {frozenset(): {True: shim, False: shim}}
+    Wrapped.__init__(wrapped, model, runners, graph, store, _Parts([], {}))
     return wrapped
 
 

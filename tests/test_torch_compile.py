@@ -11,7 +11,7 @@ from torch import nn
 
 import somatize.torch as smt
 from somatize import Store
-from tests.test_torch_wrap import Fails, FailsInferring, Mixed, Normed, Targets, _modes
+from tests.test_torch_wrap import Fails, FailsInferring, Mixed, Normed, Optional, Targets, _modes
 
 
 class Encoder(nn.Module):
@@ -187,4 +187,25 @@ def test_compiled_wrapped_model_that_fails_inside_a_block_leaves_the_modes_as_th
 
     with ThreadPoolExecutor(1) as thread:
         thread.submit(calls).result()
+    torch._dynamo.reset()
+
+
+def test_a_compiled_call_leaving_an_optional_argument_none_traces_it_eagerly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first call leaving an optional argument None traces the forward again with it
+    None; made in compiled code, that trace runs eagerly, and the compiled calls then
+    answer as the model does, given the argument or not."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Optional().eval()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=Store(tmp_path / "s"))
+    smt.freeze(wrapped)
+    compiled = torch.compile(wrapped)
+    x, scale = torch.randn(3, 4), torch.full((3, 4), 2.0)
+    with torch.no_grad():
+        for call in (lambda m: m(x, scale), lambda m: m(x), lambda m: m(x), lambda m: m(x, scale)):
+            assert torch.allclose(call(compiled), call(model), atol=1e-6)
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 3}
     torch._dynamo.reset()

@@ -1895,32 +1895,154 @@ def test_hooks_on_the_model_itself_are_refused_at_wrap(store: Store) -> None:
 
 
 class Optional(nn.Module):
-    """Takes an optional scale, and branches on whether it was given."""
+    """Takes an optional scale and a keyword-only optional shift, branches on whether each
+    was given, and on its mode; when no scale is given, scales by a plain value of its
+    own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.fallback = 3.0
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        scale: torch.Tensor | None = None,
+        *,
+        shift: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        h = self.encoder(x)
+        h = h * (self.fallback if scale is None else scale)
+        if shift is not None:
+            h = h + shift
+        return h * 2 if self.training else h
+
+
+def _optional(store: Store) -> tuple[nn.Module, Optional]:
+    torch.manual_seed(0)
+    model = Optional()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    return wrapped, model
+
+
+def test_a_call_leaving_optional_arguments_none_runs_code_traced_with_them_none(
+    store: Store,
+) -> None:
+    """fx traces each argument of the forward as an input, so what the forward does for
+    `None` is not in the code `wrap` traced: a call that leaves optional arguments None
+    (left out, or given so, by place or by name) runs code traced with those None, in
+    either mode, and the declared encoder stays one cached node in all of them."""
+    wrapped, model = _optional(store)
+    x, scale, shift = torch.randn(3, 4), torch.full((3, 4), 2.0), torch.full((4,), 0.5)
+    calls = [
+        lambda m: m(x, scale, shift=shift),
+        lambda m: m(x),
+        lambda m: m(x, None),
+        lambda m: m(x, scale=None, shift=None),
+        lambda m: m(x, scale),
+        lambda m: m(x, shift=shift),
+        lambda m: m(x, None, shift=shift),
+    ]
+    with torch.no_grad():
+        for mode in (False, True):
+            wrapped.train(mode)
+            for call in calls:
+                assert torch.equal(call(wrapped), call(model))
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 13}
+    assert list(wrapped.graph.nodes()) == ["encoder", "fx_0"]
+
+
+def test_a_value_the_code_traced_with_an_argument_none_read_is_watched(store: Store) -> None:
+    """Code traced for a call that leaves an argument None is traced from the model as it
+    is then (a value changed before is read as it is), and what it read is watched from
+    then on: changed, the next call is refused, whichever code it runs."""
+    wrapped, model = _optional(store)
+    x, scale = torch.randn(3, 4), torch.full((3, 4), 2.0)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, scale), model(x, scale))
+        model.fallback = 5.0  # read by no code traced yet
+        assert torch.equal(wrapped(x), model(x))
+        model.fallback = 7.0
+        for call in (lambda: wrapped(x), lambda: wrapped(x, scale)):
+            with pytest.raises(smt.WrapError, match=r"`fallback`"):
+                call()
+
+
+class MasksWhenGiven(nn.Module):
+    """Calls its declared masker only when it is handed a mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.masker = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.encoder(x)
+        if mask is not None:
+            h = self.masker(h * mask)
+        return h
+
+
+class BranchesWithoutMask(nn.Module):
+    """Branches on a tensor's value only when no mask is given, which fx cannot trace."""
 
     def __init__(self) -> None:
         super().__init__()
         self.encoder = Tempered()
 
-    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         h = self.encoder(x)
-        return h if scale is None else h * scale
+        if mask is None and h.sum() > 0:
+            return -h
+        return h if mask is None else h * mask
 
 
-def test_an_optional_argument_left_out_is_refused_naming_it(store: Store) -> None:
-    """fx traces every argument of the forward as an input, so what it does for `None`
-    was never traced: a call that leaves an argument that defaults to `None` out, or
-    passes `None`, is refused naming it; one that gives it runs as the model does."""
-    torch.manual_seed(0)
-    model = Optional()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
-    x, scale = torch.randn(3, 4), torch.full((3, 4), 2.0)
-    with torch.no_grad():
-        assert torch.equal(wrapped(x, scale), model(x, scale))
-        assert torch.equal(wrapped(x, scale=scale), model(x, scale=scale))
-        for call in (lambda: wrapped(x), lambda: wrapped(x, None), lambda: wrapped(x, scale=None)):
-            with pytest.raises(smt.WrapError, match=r"`scale` is None.*traced"):
-                call()
+class TakesOptions(nn.Module):
+    """Takes an optional mask and any keyword arguments besides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, **options: Any
+    ) -> torch.Tensor:
+        h = self.encoder(x)
+        return h if mask is None else h * mask
+
+
+def test_a_call_leaving_an_argument_none_that_cannot_be_traced_is_refused(
+    store: Store,
+) -> None:
+    """Code traced with an argument None that calls the declared submodules otherwise, or
+    that fx cannot trace, or a forward taking `**kwargs` traced again, is refused at the
+    call that leaves it None, naming the argument; calls that give it run on."""
+    x, mask = torch.randn(3, 4), torch.ones(3, 4)
+    cases: list[tuple[nn.Module, list[str], type[Exception], str]] = [
+        (
+            MasksWhenGiven(),
+            ["encoder", "masker"],
+            smt.WrapError,
+            r"differently when `mask` is None",
+        ),
+        (
+            BranchesWithoutMask(),
+            ["encoder"],
+            smt.Untraceable,
+            r"`mask` is None in this call.*h.sum\(\) >",
+        ),
+        (TakesOptions(), ["encoder"], smt.WrapError, r"`mask` is None in this call.*\*\*kwargs"),
+    ]
+    for model, frozen, kind, refused in cases:
+        wrapped = smt.wrap(model, frozen=frozen, cached=["encoder"], store=store)
+        smt.freeze(wrapped)
+        with torch.no_grad():
+            assert torch.equal(wrapped(x, mask), model(x, mask))
+            for _ in range(2):  # refused again, not run by half-taken-in code
+                with pytest.raises(kind, match=refused):
+                    wrapped(x)
+            assert torch.equal(wrapped(x, mask), model(x, mask))
 
 
 def test_replacing_a_declared_submodule_is_refused(store: Store) -> None:

@@ -1,0 +1,236 @@
+"""The traces of one model: one per set of optional arguments a call leaves None, each in
+both modes, and what all of them read of the model, which the wrapped model watches.
+
+fx hands every argument of the forward to the code as an input, and a branch on one
+(``if mask is not None:``) takes the branch of a tensor. So ``wrap`` traces the forward
+with every optional argument (one that defaults to None) given, and a call that leaves
+some None runs code traced with those fixed at None (fx's ``concrete_args``), traced the
+first time such a call comes. Every trace cuts the forward at the same declared calls,
+each given the shim of the same name, so one node stands for it in all of them: a
+forward that calls its declared submodules otherwise when an argument is None is
+refused, naming it, as one that does so in train and eval mode is.
+
+What each trace went through and read — the modules traced into, their children and
+hooks, the plain values read, the parts the cut code holds — is taken in with the rest,
+and the wrapped model watches all of it: a change that would make any of its traces
+other than the model is refused at the next call, whichever of them that call runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from torch import fx, nn
+
+from somatize_torch._cached import _Cached, _Declared
+from somatize_torch._errors import NotCalled, Untraceable, WrapError
+from somatize_torch._modes import switches
+from somatize_torch._parts import _Parts, _Read, hooks_of
+from somatize_torch._split import _calls, _Split, _split, _traced
+from somatize_torch._values import Noted, Values
+from somatize_torch.freeze import ModuleNode
+
+if TYPE_CHECKING:
+    from somatize_torch.wrap import Wrapped
+
+__all__ = ["Runners", "Tracing", "optional_of"]
+
+Runners = dict[bool, nn.Module | Untraceable]
+"""The code run in train (True) and eval mode, or why the forward could not be traced in
+that mode."""
+
+_TRACING = threading.Lock()
+"""Held while a trace is taken in: threads calling with the same arguments left None for
+the first time trace one after the other, and the second finds the first's."""
+
+
+class Tracing:
+    """The traces of ``model`` taken so far, and what they read of it."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        frozen: Mapping[str, str | None],
+        cached: Mapping[str, str | None],
+        wrapped: Wrapped,
+    ) -> None:
+        self.model = model
+        self.frozen = dict(frozen)
+        self.cached = dict(cached)
+        self.declared = list(dict.fromkeys([*frozen, *cached]))
+        self.wrapped = wrapped
+        self.mode = bool(model.training)
+        """The mode the model was wrapped in, traced first."""
+        self.through: set[str] = set()
+        self.read: Noted | None = None
+        self.reads: list[_Read] = []
+        self.switching = False
+        self.first: _Split | None = None
+        """The model traced in the mode it was wrapped in, every optional argument given:
+        the graph, and the shims every other trace is given."""
+        self.runners: dict[frozenset[str], Runners] = {}
+        """Per set of optional arguments left None, the code each mode runs."""
+
+    def trace(self, none: frozenset[str]) -> Runners:
+        """The code run when the arguments ``none`` are None, traced in both modes; the
+        first trace (nothing left None) raises Untraceable where the mode the model is
+        in cannot be traced, any other keeps it as that mode's runner. What a trace went
+        through and read is taken in once both modes are cut, not from a trace refused."""
+        runners: Runners = {}
+        done: list[tuple[fx.GraphModule, nn.Module]] = []
+        through: set[str] = set()
+        noted: list[Noted] = []
+        reads: list[_Read] = []
+        switching = False
+        for training in (self.mode, not self.mode):
+            try:
+                traced, went, read = _traced(
+                    self.model,
+                    self.declared,
+                    training,
+                    self.frozen,
+                    {name: None for name in sorted(none)},
+                )
+            except Untraceable as error:
+                if self.first is None:
+                    raise
+                runners[training] = _with_none(error, none)
+                continue
+            through |= went
+            noted.append(read)
+            switching = switching or switches(traced.graph)
+            same = next((runner for code, runner in done if code.code == traced.code), None)
+            if same is not None:
+                runners[training] = same
+                continue
+            shims = self.first.shims if self.first is not None else None
+            cut = _split(traced, self.model, self.frozen, self.cached, self.wrapped, shims)
+            self._check_calls(cut, none, training)
+            reads += cut.reads
+            runners[training] = cut.runner
+            done.append((traced, cut.runner))
+        self.through |= through
+        for read in noted:
+            if self.read is None:
+                self.read = read
+            else:
+                self.read.merge(read)
+        self.reads += reads
+        self.switching = self.switching or switching
+        self.runners[none] = runners
+        return runners
+
+    def _check_calls(self, cut: _Split, none: frozenset[str], training: bool) -> None:
+        """Refuses a trace that calls the declared submodules otherwise than the first."""
+        if self.first is None:
+            self.first = cut
+            for name in self.declared:
+                if name not in cut.targets:
+                    raise NotCalled(
+                        f"`{name}` is declared, and `{type(self.model).__qualname__}.forward` "
+                        "never calls it (it may be reached through a function fx cannot see "
+                        "into): nothing of it can be frozen or cached here. Drop it from the "
+                        "declarations, or call it in forward"
+                    )
+            return
+        if cut.calls == self.first.calls:
+            return
+        model = type(self.model).__qualname__
+        if not none:
+            raise WrapError(
+                f"`{model}.forward` calls its declared submodules differently in train and "
+                f"eval mode ({_calls(self.first.calls)} in "
+                f"{'train' if self.mode else 'eval'} mode, {_calls(cut.calls)} in the "
+                "other, or with other constant arguments): one graph cannot describe both. "
+                "Declare the submodule that holds the code that reads `self.training`, or "
+                "call the declared submodules the same way in both modes"
+            )
+        raise WrapError(
+            f"`{model}.forward` calls its declared submodules differently when "
+            f"{_are_none(none)} ({_calls(cut.calls)} in "
+            f"{'train' if training else 'eval'} mode, {_calls(self.first.calls)} when every "
+            "argument is given, or with other constant arguments): one graph cannot "
+            "describe both. Give every argument in every call, declare the submodule that "
+            "holds the code that branches on it, or call the declared submodules the same "
+            "way whether it is given or not"
+        )
+
+    def watch(self) -> None:
+        """Has the wrapped model watch what every trace so far went through and read."""
+        assert self.first is not None and self.read is not None
+        model, wrapped, read = self.model, self.wrapped, self.read
+        traced_into = {path: model.get_submodule(path) for path in sorted(self.through) if path}
+        went = sorted({*read.children.values(), *traced_into})
+        children = {
+            path: tuple(model.get_submodule(path)._modules)
+            for path in went
+            if not any(path == name or path.startswith(name + ".") for name in self.declared)
+        }
+        hooks = {path: hooks_of(module) for path, module in [("", model), *traced_into.items()]}
+        parts = _Parts(self.reads, self.first.targets, traced_into, children, hooks)
+        parts.watch(model)
+        object.__setattr__(wrapped, "_parts", parts)
+        # The modules whose training flag the code holds: those traced into, and those
+        # whose flag it read.
+        flags = self.through | {one.path for one in read.modes.values()}
+        object.__setattr__(wrapped, "_through", tuple(sorted(flags)))
+        object.__setattr__(wrapped, "_switches", self.switching)
+        object.__setattr__(wrapped, "_values", Values(read, type(model).__qualname__))
+        object.__setattr__(
+            wrapped,
+            "_one_code",
+            all(len({id(r) for r in runners.values()}) == 1 for runners in self.runners.values()),
+        )
+
+    def runners_without(self, none: frozenset[str]) -> Runners:
+        """The code run when the arguments ``none`` are None, traced now if no call left
+        them None before; what the new trace reads is watched from then on."""
+        with _TRACING:
+            found = self.runners.get(none)
+            if found is None:
+                found = self.trace(none)
+                self.watch()
+            return found
+
+    @property
+    def shims(self) -> Mapping[str, _Cached | _Declared]:
+        assert self.first is not None
+        return self.first.shims
+
+    @property
+    def targets(self) -> Mapping[str, ModuleNode]:
+        assert self.first is not None
+        return self.first.targets
+
+
+def _are_none(none: frozenset[str]) -> str:
+    """ "`a` is None", "`a`, `b` are None"."""
+    left = ", ".join(f"`{name}`" for name in sorted(none))
+    return f"{left} {'is' if len(none) == 1 else 'are'} None"
+
+
+def _with_none(error: Untraceable, none: frozenset[str]) -> Untraceable:
+    """``error``, saying which arguments the trace took as None."""
+    if not none:
+        return error
+    said = Untraceable(f"{_are_none(none)} in this call, and {error}")
+    said.__cause__ = error.__cause__
+    return said
+
+
+def optional_of(model: nn.Module) -> tuple[tuple[str, int | None], ...]:
+    """The arguments of ``model``'s forward that default to None, each with its place
+    among the positional ones (None for a keyword-only one)."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return ()
+    found: list[tuple[str, int | None]] = []
+    for at, (name, parameter) in enumerate(signature.parameters.items()):
+        if parameter.default is None:
+            positional = parameter.kind is not inspect.Parameter.KEYWORD_ONLY
+            found.append((name, at if positional else None))
+    return tuple(found)
