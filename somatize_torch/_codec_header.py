@@ -102,22 +102,24 @@ def _head(data: memoryview) -> int:
     return 8 + size
 
 
-def row_layout(data: memoryview) -> tuple[bytes, torch.dtype, tuple[int, ...], int]:
+def row_layout(
+    data: memoryview,
+) -> tuple[bytes, torch.dtype, tuple[int, ...], int, list[int] | None]:
     """For an answer of one tensor: the bytes before its data (its header's length and its
-    header), and that tensor's dtype, shape and byte length, read once per distinct
-    header; its data is the byte length that follows, from the first. ValueError when the
-    answer holds anything else, or its header is damaged (the length of the answer is the
-    caller's to check)."""
+    header), and that tensor's dtype, shape (as its memory holds it) and byte length, and
+    the order its dims are put back in when it is kept in another order than C order
+    (None when it is not), read once per distinct header; its data is the byte length
+    that follows, from the first. ValueError when the answer holds anything else, or its
+    header is damaged (the length of the answer is the caller's to check)."""
     head = _head(data)
     header = _header(bytes(data[8:head]))
     if header.kind != "tensor":
         raise ValueError("a row answer decodes to a collection of tensors, not to one row")
     ((_, dtype, shape, start, count),) = header.tensors
-    if header.dims:  # the row codec writes rows in C order
-        raise ValueError("a row answer is kept in another order of its dims than a row's")
     if count and start:  # _read_header refuses it too: no byte before the first tensor's
         raise ValueError(f"a row answer's data starts {start} bytes in: it is damaged")
-    return bytes(data[:head]), dtype, tuple(shape), count * _ITEMSIZE[dtype]
+    back = header.dims["tensor"] if header.dims else None
+    return bytes(data[:head]), dtype, tuple(shape), count * _ITEMSIZE[dtype], back
 
 
 def _read_header(raw: bytes) -> _Header:

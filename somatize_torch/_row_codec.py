@@ -20,18 +20,68 @@ from somatize_torch._codec_header import _strides_overflow
 from somatize_torch.codec import TENSOR, _check_bools, row_layout
 from somatize_torch.digest import host_bytes, memory_of
 
-__all__ = ["decode_rows", "encode_rows"]
+__all__ = ["decode_rows", "empty_rows", "encode_rows", "laid_out", "row_order"]
 
 
-def encode_rows(rows: torch.Tensor) -> list[list[memoryview | bytes]]:
+def row_order(rows: torch.Tensor) -> list[int] | None:
+    """The order of the dims of batch ``rows`` in its memory, outermost first, when that is
+    not C order and the batch is dense in it with its rows one after another
+    (channels_last, a batch of transposed rows): ``rows.permute(order)`` is contiguous.
+    None for a batch in C order, or one with gaps or overlaps (written in C order)."""
+    if rows.dim() < 3 or rows.is_contiguous():
+        return None
+    strides = rows.stride()
+    order = [0, *sorted(range(1, rows.dim()), key=lambda d: (-strides[d], d))]
+    return order if rows.permute(order).is_contiguous() else None
+
+
+def laid_out(rows: torch.Tensor, order: list[int] | None) -> torch.Tensor:
+    """``rows`` with their dims in memory in ``order`` (:func:`row_order`; None: C order),
+    copied only when they are not so already."""
+    if row_order(rows) == order and (order is not None or rows.is_contiguous()):
+        return rows
+    if order is None:
+        return rows.contiguous()
+    return rows.permute(order).contiguous().permute(_inverse(order))
+
+
+def empty_rows(
+    shape: tuple[int, ...], order: list[int] | None, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Memory for a batch of ``shape`` with its dims in memory in ``order`` (None: C
+    order)."""
+    if order is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    held = torch.empty([shape[d] for d in order], dtype=dtype, device=device)
+    return held.permute(_inverse(order))
+
+
+def _inverse(order: list[int]) -> list[int]:
+    back = [0] * len(order)
+    for place, dim in enumerate(order):
+        back[dim] = place
+    return back
+
+
+def encode_rows(
+    rows: torch.Tensor, order: list[int] | None = None
+) -> list[list[memoryview | bytes]]:
     """Each row of a host tensor as the ``tensor`` codec writes it, header made once.
 
     Equal to ``[TENSOR.encode(row) for row in rows]``: the header depends only on a
-    row's dtype and shape, which all rows share."""
+    row's dtype, shape and order of dims in memory, which all rows share. Given the
+    ``order`` of a batch's dims in memory (:func:`row_order`), ``rows`` is that batch
+    permuted into it (contiguous), each row written as its memory holds it, with the
+    order its dims are put back in."""
     if rows.shape[0] == 0:
         return []
-    # The rows are written in C order (a channels_last batch too): so is the header's row.
-    header = bytes(TENSOR.encode(rows[0].contiguous())[0])
+    # The header of a row as the batch lies: the codec writes one not in C order as its
+    # memory holds it, which is how the batch's bytes hold each row.
+    if order is None:
+        first = rows[0].contiguous()  # a batch in another order is written in C order
+    else:
+        first = rows[0].permute(_inverse([d - 1 for d in order[1:]]))
+    header = bytes(TENSOR.encode(first)[0])
     flat = host_bytes(rows)
     size = flat.nbytes // rows.shape[0]
     return [[header, flat[i * size : (i + 1) * size]] for i in range(rows.shape[0])]
@@ -48,7 +98,7 @@ def decode_rows(datas: Sequence[memoryview]) -> torch.Tensor:
     bytes the header gives it (from the first byte after the header to the last of the
     row), a bool row's bytes 0 or 1; and nothing is allocated for a row until its bytes
     are known to be there. ValueError for bytes that are damaged."""
-    header, dtype, shape, size = row_layout(datas[0])
+    header, dtype, shape, size, back = row_layout(datas[0])
     head = len(header)
     count = len(datas)
     if set(map(len, datas)) == {head + size} and (
@@ -61,17 +111,24 @@ def decode_rows(datas: Sequence[memoryview]) -> torch.Tensor:
             memory_of(out, writable=True)[:] = b"".join([row[head:] for row in datas])
             if dtype is torch.bool:
                 _check_bools(out, "a row answer")
-        return out
+        return _as_kept(out, back)
+    logical = shape if back is None else tuple(shape[d] for d in back)
     stacked: torch.Tensor | None = None
     for index, row in enumerate(datas):
         one = TENSOR.decode(row)
-        if not isinstance(one, torch.Tensor) or one.shape != shape or one.dtype != dtype:
-            raise ValueError(f"row answer {index} is not a {dtype} row of shape {list(shape)}")
+        if not isinstance(one, torch.Tensor) or one.shape != logical or one.dtype != dtype:
+            raise ValueError(f"row answer {index} is not a {dtype} row of shape {list(logical)}")
         if stacked is None:  # a row is there: the rows take as many bytes as it times count
-            stacked = _stacked(count, shape, dtype)
+            stacked = _as_kept(_stacked(count, shape, dtype), back)
         stacked[index].copy_(one)
     assert stacked is not None
     return stacked
+
+
+def _as_kept(stacked: torch.Tensor, back: list[int] | None) -> torch.Tensor:
+    """Rows read as their memory held them (``stacked``, of their shape in that order),
+    given the order of their dims ``back`` puts back: the strides the computed rows had."""
+    return stacked if back is None else stacked.permute([0, *(1 + d for d in back)])
 
 
 def _stacked(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 
 from somatize.engine import Drifted
 from somatize.store.base import Corrupt, Missing
-from somatize_torch._row_codec import decode_rows
+from somatize_torch._row_codec import decode_rows, empty_rows, laid_out, row_order
 from somatize_torch._row_errors import NotRowwise
 from somatize_torch._row_keys import _Keying, _keying, _row_ids
 from somatize_torch._rowwise import _compute
@@ -90,6 +90,7 @@ def _recall_or_run(
             at, rows = found
             with self._tiers_lock:
                 counts["store"] += len(at)
+                self._orders.setdefault((rows.shape[1:], rows.dtype), row_order(rows))
             _admit(self, [near[p] for p in at], rows)
             pieces.append((None if len(at) == count else at, rows))
             taken = set(at)
@@ -102,6 +103,8 @@ def _recall_or_run(
         once = list(first.values())  # a row that is in the batch twice runs once
         rows = _compute(self, x, once, keying)
         computed = time.perf_counter() - began
+        with self._tiers_lock:  # what a batch answered from memory is laid out as
+            self._orders[(rows.shape[1:], rows.dtype)] = row_order(rows)
         # Queued for the store before they are kept in memory: a submit interrupted while
         # it waits for the writer (Ctrl-C) leaves them in no tier either, so the forward
         # run again computes and queues them, rather than recall them and never write them.
@@ -116,7 +119,8 @@ def _recall_or_run(
             # queued so far; a caller writing into the output in place must not race it.
             rows = rows.clone()
         pieces.append((None if len(positions) == count else positions, rows))
-    out = _assemble(pieces, count, x.device)
+    # Rows all computed now are the module's own as they are; any recalled are laid out.
+    out = _assemble(pieces, count, x.device, {} if len(positions) == count else self._orders)
     if isinstance(x, DeferredRows):
         x.answered(_held(self, near, positions))  # their inputs need not come any more
     with self._tiers_lock:
@@ -251,14 +255,24 @@ _remember: Callable[..., Any] = torch.compiler.disable(_recall_or_run)  # type: 
 
 
 def _assemble(
-    pieces: list[tuple[list[int] | None, torch.Tensor]], count: int, device: torch.device
+    pieces: list[tuple[list[int] | None, torch.Tensor]],
+    count: int,
+    device: torch.device,
+    orders: dict[tuple[torch.Size, torch.dtype], list[int] | None],
 ) -> torch.Tensor:
-    """The rows of ``pieces`` put back in batch order on ``device``."""
-    if len(pieces) == 1 and pieces[0][0] is None:
-        rows = pieces[0][1]
-        return rows.to(device) if rows.device != device else rows
+    """The rows of ``pieces`` put back in batch order on ``device``, laid out in memory as
+    the module lays out rows of their shape and dtype (``orders``, from the rows it
+    computed or the store kept): a conv reading a recalled channels_last batch then takes
+    the path it takes for a computed one, and answers the same bits."""
     first = pieces[0][1]
-    out = torch.empty((count, *first.shape[1:]), dtype=first.dtype, device=device)
+    shape = first.shape[1:]
+    if len(pieces) == 1 and pieces[0][0] is None:
+        rows = first.to(device) if first.device != device else first
+        # Computed, the module's own; recalled, as the module lays them out.
+        known = (shape, first.dtype) in orders
+        return laid_out(rows, orders[(shape, first.dtype)]) if known else rows
+    order = orders.get((shape, first.dtype))
+    out = empty_rows((count, *shape), order, first.dtype, device)
     for at, rows in pieces:
         if rows.shape[1:] != first.shape[1:] or rows.dtype != first.dtype:
             raise NotRowwise(

@@ -171,6 +171,9 @@ class CachedRows(nn.Module):
         # The memory tiers' name for each keying ever made here, so a keying made again
         # (a setting changed and changed back) finds the rows it kept in memory.
         self._tags: dict[tuple[bytes, tuple[Any, ...]], int] = {}
+        self._orders: dict[tuple[torch.Size, torch.dtype], list[int] | None] = {}
+        """Per shape and dtype of a row, the order of the dims in memory of the batches
+        the module answered (None: C order): a batch recalled is laid out so too."""
         self._fingerprint = fingerprint_of(*classes_of(module))
         self._writer = Writer(store, self._fingerprint) if store is not None else None
         self._lock = store_lock(store) if store is not None else None

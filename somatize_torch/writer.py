@@ -47,7 +47,7 @@ from somatize import Store
 from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
 from somatize.store import StoreFull
-from somatize_torch._row_codec import encode_rows
+from somatize_torch._row_codec import encode_rows, row_order
 from somatize_torch.codec import TENSOR
 
 __all__ = ["KEY_BYTES", "WriteFailed", "Writer", "store_lock"]
@@ -126,6 +126,8 @@ class _Job:
     staged: _Staged
     nbytes: int
     seq: int = 0  # its place among the jobs submitted (from 1), given as it is queued
+    order: list[int] | None = None
+    """The order of the batch's dims in its memory, staged as it lies (None: C order)."""
 
 
 @dataclass
@@ -252,6 +254,11 @@ class Writer:
         self._own()
         backlog = self._backlog
         rows = rows.detach()
+        # A batch in another order of its dims (channels_last) is staged and written as
+        # its memory holds it: with no copy, and recalled with the strides it has.
+        order = row_order(rows)
+        if order is not None:
+            rows = rows.permute(order)
         nbytes = rows.numel() * rows.element_size() + len(keys) * KEY_BYTES
         # The job is counted (what a flush waits for) in the same step that queues it:
         # an exception before that — Ctrl-C during the copy, a thread that cannot start —
@@ -267,7 +274,7 @@ class Writer:
                 reserved = True
             pool = backlog.pool
             staged = pool.to_host(rows) if pool is not None else _Plain(rows)
-            job = _Job(list(keys), staged, nbytes)
+            job = _Job(list(keys), staged, nbytes, order=order)
             with backlog.life:
                 backlog.closed = False
                 self._start()
@@ -500,7 +507,7 @@ class _Backlog:
             items: list[tuple[str, Sequence[memoryview | bytes]]] = []
             for job in jobs:
                 host = job.staged.wait()
-                items.extend(zip(job.keys, encode_rows(host), strict=True))
+                items.extend(zip(job.keys, encode_rows(host, job.order), strict=True))
             with self.lock:
                 answers = self.store.keep_many(items, TENSOR.name, self.fingerprint)
             kept = sum(answer.size for answer in answers)

@@ -33,7 +33,7 @@ from somatize import Store
 from somatize._threads import ProcessLock
 from somatize_torch import writer as writer_module
 from somatize_torch._native import PinnedPool
-from somatize_torch._row_codec import decode_rows, encode_rows
+from somatize_torch._row_codec import decode_rows, encode_rows, row_order
 from somatize_torch.codec import TENSOR
 from somatize_torch.residency import ROW_INDEX_BYTES, Tier
 from somatize_torch.rows import cache_rows
@@ -115,6 +115,32 @@ def test_rows_are_written_as_the_tensor_codec_writes_each_row() -> None:
     wider = b"".join(bytes(p) for p in TENSOR.encode(torch.zeros(3, 3, dtype=torch.bfloat16)))
     with pytest.raises(ValueError, match="row answer 2 is not"):
         decode_rows([datas[0], datas[1], memoryview(wider)])
+
+
+@pytest.mark.parametrize("kind", ["channels_last", "transposed"])
+def test_rows_in_another_order_of_their_dims_are_written_as_their_memory_holds_them(
+    kind: str,
+) -> None:
+    """A batch dense in another order of its dims than C order is written with no copy,
+    each row as the tensor codec writes it (so any reader of the codec reads it, with its
+    strides), and read back as one batch with the strides it had; a row written in C
+    order among them is read too."""
+    x = torch.randn(5, 3, 4, 2)
+    x = x.to(memory_format=torch.channels_last) if kind == "channels_last" else x.transpose(1, 3)
+    order = row_order(x)
+    assert order is not None
+    encoded = encode_rows(x.permute(order), order)
+    datas = [memoryview(b"".join(bytes(p) for p in pieces)) for pieces in encoded]
+    for row, data in zip(x, datas, strict=True):
+        assert bytes(data) == b"".join(bytes(p) for p in TENSOR.encode(row))
+        assert TENSOR.decode(data).stride() == row.stride()
+    read = decode_rows(datas)
+    assert torch.equal(read, x) and read.stride() == x.stride()
+    in_c_order = [memoryview(b"".join(bytes(p) for p in row)) for row in encode_rows(x)]
+    mixed = decode_rows([datas[0], in_c_order[1], datas[2]])
+    assert torch.equal(mixed, x[:3]) and mixed.stride() == x.stride()
+    assert decode_rows(in_c_order).is_contiguous()
+    assert row_order(x.contiguous()) is None and row_order(x[:, :, ::2]) is None
 
 
 def _row(value: torch.Tensor, change: Any = None, data: bytes | None = None) -> memoryview:

@@ -439,6 +439,49 @@ def test_recalled_rows_from_the_store_are_the_encoders(store: Store, tmp_path: P
     second.close()
 
 
+class Transposes(nn.Module):
+    """Answers each row transposed: a batch whose rows are not in C order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.scale).transpose(1, 2)
+
+
+@pytest.mark.parametrize("kind", ["channels_last", "transposed"])
+def test_recalled_rows_are_laid_out_in_memory_as_computed_ones(
+    store: Store, tmp_path: Path, kind: str
+) -> None:
+    """A module answering a batch in another order of its dims than C order (a conv fed
+    channels_last) gets it back so on a hit — from memory, from the store, in part or
+    whole, in this process or another — as computed: a kernel reading it then takes the
+    path it takes on a miss, and answers the same bits."""
+    torch.manual_seed(0)
+    if kind == "channels_last":
+        module: nn.Module = nn.Conv2d(3, 4, 3, padding=1).to(memory_format=torch.channels_last)
+        data = torch.randn(12, 3, 6, 6).to(memory_format=torch.channels_last)
+    else:
+        module, data = Transposes(), torch.randn(12, 5, 3)
+    with torch.no_grad():
+        strides = module(data).stride()
+    first = cache_rows(module, store)
+    computed = first(data[:8])
+    assert computed.stride()[1:] == strides[1:]
+    for batch in (data[:8], data[2:10]):  # from memory whole, then with rows computed
+        assert first(batch).stride() == strides
+        assert torch.equal(first(batch), module(batch))
+    first.flush()
+    first.close()
+    second = cache_rows(module, Store(tmp_path / "store"), device_bytes=0, host_bytes=0)
+    for batch in (data[:8], data[4:12]):  # from the store whole, then with rows computed
+        out = second(batch)
+        assert out.stride() == strides
+        assert torch.equal(out, module(batch))
+    second.close()
+
+
 def test_bf16_autocast_and_fp32_have_different_keys() -> None:
     """The autocast state the encoder runs under is part of every row's key."""
     cached = cache_rows(encoder())
