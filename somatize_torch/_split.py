@@ -35,6 +35,7 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import torch.fx._symbolic_trace
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
@@ -194,7 +195,25 @@ def _traced(
         )
     for key in held_eval & noted.modes.keys():  # in eval whenever they run: read right
         del noted.modes[key]
+    _plain_code(graph)
     return fx.GraphModule(model, graph, type(model).__name__), tracer.through, noted
+
+
+_ASSERT_IS_NONE = getattr(torch.fx._symbolic_trace, "_assert_is_none", None)
+
+
+def _plain_code(graph: fx.Graph) -> None:
+    """Leaves out of ``graph`` what would keep the module made of it from being pickled
+    (``torch.save`` of a model holding the wrapped one, a copy sent to a worker), and is
+    not needed to run it: the forward's annotations, which fx writes into the code and
+    names as globals — one written as a string (``from __future__ import annotations``)
+    a global holding that string — and the checks fx adds that an argument traced as
+    None is None (its own wrapped function, named in a way its unpickling cannot find),
+    which the wrapped model makes itself, picking the code by the arguments left None."""
+    for node in list(graph.nodes):
+        node.type = None
+        if node.op == "call_function" and node.target is _ASSERT_IS_NONE:
+            graph.erase_node(node)
 
 
 def _describe_call(node: fx.Node) -> Any:

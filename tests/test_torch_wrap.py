@@ -6,6 +6,7 @@ import collections
 import contextlib
 import copy
 import inspect
+import io
 import os
 import random
 import threading
@@ -1967,6 +1968,25 @@ def test_a_value_the_code_traced_with_an_argument_none_read_is_watched(store: St
         for call in (lambda: wrapped(x), lambda: wrapped(x, scale)):
             with pytest.raises(smt.WrapError, match=r"`fallback`"):
                 call()
+
+
+def test_a_wrapped_model_traced_with_arguments_none_is_pickled_and_copied(
+    store: Store,
+) -> None:
+    """A wrapped model whose forward is annotated as strings (`from __future__ import
+    annotations`, as here) and that was traced again for a call leaving arguments None is
+    pickled (`torch.save` of a model holding it) and copied, and each copy answers as the
+    model does, given them or not."""
+    wrapped, model = _optional(store)
+    x, scale = torch.randn(3, 4), torch.full((3, 4), 2.0)
+    with torch.no_grad():
+        wrapped(x)
+        held = io.BytesIO()
+        torch.save(wrapped, held)
+        held.seek(0)
+        for copied in (torch.load(held, weights_only=False), copy.deepcopy(wrapped)):
+            for call in (lambda m: m(x), lambda m: m(x, scale), lambda m: m(x, shift=scale)):
+                assert torch.equal(call(copied), call(model))
 
 
 class MasksWhenGiven(nn.Module):
