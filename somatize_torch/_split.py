@@ -218,19 +218,20 @@ def _plain_code(graph: fx.Graph) -> None:
 
 def _describe_call(node: fx.Node) -> Any:
     """The constant part of a declared call, as a canonical value (tensors are inputs)."""
+    return {"args": _constant(node.args), "kwargs": _constant(node.kwargs)}
 
-    def plain(value: Any) -> Any:
-        if isinstance(value, fx.Node):
-            return "<input>"
-        if isinstance(value, (tuple, list)):
-            return [plain(v) for v in value]
-        if isinstance(value, dict):
-            return {str(k): plain(v) for k, v in value.items()}
-        if value is None or isinstance(value, (bool, int, float, str)):
-            return value
-        return repr(value)
 
-    return {"args": plain(node.args), "kwargs": plain(node.kwargs)}
+def _constant(value: Any) -> Any:
+    """An argument of a declared call as a canonical value: ``"<input>"`` for an input."""
+    if isinstance(value, fx.Node):
+        return "<input>"
+    if isinstance(value, (tuple, list)):
+        return [_constant(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _constant(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
 
 
 def _calls(calls: Sequence[tuple[str, Any]]) -> str:
@@ -248,9 +249,11 @@ class _Split(NamedTuple):
     """Each declared call, in order: its node's name and its constant arguments."""
     targets: dict[str, ModuleNode]
     """Each declared submodule called, by path, and the node of its first call."""
-    shims: dict[str, _Cached | _Declared]
+    shims: dict[str, _Cached | _Declared | _Adapted]
     """What stands where each declared call was, by its node's name."""
     reads: list[_Read]
+    called: dict[str, _Call]
+    """Each declared call, by its node's name, as the traced code makes it."""
 
 
 def _split(
@@ -259,11 +262,13 @@ def _split(
     frozen_names: Mapping[str, str | None],
     cached_names: Mapping[str, str | None],
     wrapped: Wrapped,
-    shims: Mapping[str, _Cached | _Declared] | None,
+    first: _Split | None,
 ) -> _Split:
-    """``gm`` cut at the declared submodules, ``split_module``-style. With ``shims`` (those
-    of the same model traced in the other mode), each declared call is given the shim of
-    the same name, so one node stands for it in both."""
+    """``gm`` cut at the declared submodules, ``split_module``-style. With the ``first``
+    cut of the same model (traced in the other mode, or with arguments left None), each
+    declared call is given the shim of the same name, so one node stands for it in both;
+    a call handed None where that one was handed an input is given it through an
+    :class:`_Adapted`, which hands the shim None there."""
     # Segment is public, and named by the module it is defined in (its identity is
     # ``somatize_torch.wrap:Segment``): it stays there, and that module imports this one.
     from somatize_torch.wrap import Segment
@@ -289,7 +294,8 @@ def _split(
         gm, model, lambda n: part[n], qualname_map=qualnames, keep_original_order=True
     )
     reads = _reads(gm, runner, qualnames, model, set(calls))
-    made: dict[str, _Cached | _Declared] = {}
+    made: dict[str, _Cached | _Declared | _Adapted] = {}
+    called: dict[str, _Call] = {}
     targets: dict[str, ModuleNode] = {}
     said: list[tuple[str, Any]] = []
     nodes: dict[str, Node] = {}
@@ -302,9 +308,19 @@ def _split(
         inner = runner.get_submodule(str(call.target))
         if index in about:
             name, target, fx_node = about[index]
+            called[name] = _call_of(fx_node)
             described = _describe_call(fx_node)
+            shim: _Cached | _Declared | _Adapted | None = None
+            if first is not None and name in first.shims:
+                shim = first.shims[name]
+                was = dict(first.calls)[name]
+                places = (
+                    _places(first, name, _call_of(fx_node), inner) if described != was else None
+                )
+                if places is not None:
+                    held = shim.shim if isinstance(shim, _Adapted) else shim
+                    shim, described = _Adapted(held, places), was
             said.append((name, described))
-            shim = shims.get(name) if shims is not None else None
             if shim is None:
                 shim = _shim(
                     name,
@@ -333,8 +349,120 @@ def _split(
         for source in _sources(out, producers)
     ]
     return _Split(
-        runner, nodes, edges, outputs or list(nodes.values())[-1:], said, targets, made, reads
+        runner,
+        nodes,
+        edges,
+        outputs or list(nodes.values())[-1:],
+        said,
+        targets,
+        made,
+        reads,
+        called,
     )
+
+
+class _Adapted(nn.Module):
+    """Stands where a declared call is handed None in place of an input the first cut
+    handed it (an optional argument a call leaves None, handed on): calls that cut's shim,
+    with None there, so the call is the same node, keyed by None where it stands."""
+
+    shim: _Cached | _Declared
+
+    def __init__(self, shim: _Cached | _Declared, places: list[int | None]) -> None:
+        super().__init__()
+        self.shim = shim
+        self.places = places
+        """For each input of the first cut's call, the place of this call's input handed
+        there; None where this call is handed None."""
+
+    @property
+    def node(self) -> ModuleNode:
+        return self.shim.node
+
+    def forward(self, *inputs: Any) -> Any:
+        return self.shim(*[None if at is None else inputs[at] for at in self.places])
+
+
+class _Input(NamedTuple):
+    """An input of a declared call, by the name of the node that makes it."""
+
+    name: str
+
+
+class _Call(NamedTuple):
+    """A declared call as the traced code makes it: its target, and its arguments with
+    each input an :class:`_Input` (kept apart from the graph, which a copy or a pickle of
+    the wrapped model need not take along)."""
+
+    target: str
+    args: Any
+    kwargs: Any
+
+
+def _call_of(node: fx.Node) -> _Call:
+    def plain(value: Any) -> Any:
+        if isinstance(value, fx.Node):
+            return _Input(value.name)
+        if isinstance(value, tuple):
+            return tuple(map(plain, value))
+        if isinstance(value, list):  # fx's own lists among them
+            return list(map(plain, value))
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return _Call(str(node.target), plain(node.args), plain(node.kwargs))
+
+
+def _places(first: _Split, name: str, now: _Call, inner: nn.Module) -> list[int | None] | None:
+    """How the inputs of declared call ``now`` (cut as ``inner``) are handed to the shim
+    of the call ``name`` of the ``first`` cut, when ``now`` differs from it only by None
+    where it was handed an input: for each input of that call, the place of the input of
+    ``now`` handed there, or None. None when the calls differ otherwise."""
+    was = first.called[name]
+    pairs: list[tuple[_Input, _Input | None]] = []
+
+    def walk(a: Any, b: Any) -> bool:
+        if isinstance(a, _Input):
+            if isinstance(b, _Input) or b is None:
+                pairs.append((a, b))
+                return True
+            return False
+        if isinstance(b, _Input):
+            return False
+        if isinstance(a, (tuple, list)):
+            return (
+                type(a) is type(b)
+                and len(a) == len(b)
+                and all(walk(x, y) for x, y in zip(a, b, strict=True))
+            )
+        if isinstance(a, dict):
+            return isinstance(b, dict) and list(a) == list(b) and all(walk(a[k], b[k]) for k in a)
+        return bool(_constant(a) == _constant(b))
+
+    if was.target != now.target or not (walk(was.args, now.args) and walk(was.kwargs, now.kwargs)):
+        return None
+    handed: dict[str, _Input | None] = {}
+    for a, b in pairs:
+        if handed.setdefault(a.name, b) != b:
+            return None  # one input of that call handed two ways here
+    shim = first.shims[name]
+    base = shim.shim if isinstance(shim, _Adapted) else shim
+    if not (isinstance(base.call, fx.GraphModule) and isinstance(inner, fx.GraphModule)):
+        return None
+    wanted = [n.name for n in base.call.graph.nodes if n.op == "placeholder"]
+    given = [n.name for n in inner.graph.nodes if n.op == "placeholder"]
+    places: list[int | None] = []
+    for input_name in wanted:
+        if input_name not in handed:
+            return None
+        b = handed[input_name]
+        if b is not None and b.name not in given:
+            return None
+        places.append(None if b is None else given.index(b.name))
+    if sorted(at for at in places if at is not None) != list(range(len(given))):
+        return None  # an input of this call handed nowhere, or twice
+    return places
 
 
 def _through_a_call(gm: fx.GraphModule) -> None:

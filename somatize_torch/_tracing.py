@@ -6,7 +6,8 @@ fx hands every argument of the forward to the code as an input, and a branch on 
 with every optional argument (one that defaults to None) given, and a call that leaves
 some None runs code traced with those fixed at None (fx's ``concrete_args``), traced the
 first time such a call comes. Every trace cuts the forward at the same declared calls,
-each given the shim of the same name, so one node stands for it in all of them: a
+each given the shim of the same name, so one node stands for it in all of them (a call
+handed None where the first trace handed it the argument hands the shim None there): a
 forward that calls its declared submodules otherwise when an argument is None is
 refused, naming it, as one that does so in train and eval mode is.
 
@@ -25,13 +26,11 @@ from typing import TYPE_CHECKING
 
 from torch import fx, nn
 
-from somatize_torch._cached import _Cached, _Declared
 from somatize_torch._errors import NotCalled, Untraceable, WrapError
 from somatize_torch._modes import switches
 from somatize_torch._parts import _Parts, _Read, hooks_of
 from somatize_torch._split import _calls, _Split, _split, _traced
 from somatize_torch._values import Noted, Values
-from somatize_torch.freeze import ModuleNode
 
 if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
@@ -106,8 +105,7 @@ class Tracing:
             if same is not None:
                 runners[training] = same
                 continue
-            shims = self.first.shims if self.first is not None else None
-            cut = _split(traced, self.model, self.frozen, self.cached, self.wrapped, shims)
+            cut = _split(traced, self.model, self.frozen, self.cached, self.wrapped, self.first)
             self._check_calls(cut, none, training)
             reads += cut.reads
             runners[training] = cut.runner
@@ -194,16 +192,6 @@ class Tracing:
                 found = self.trace(none)
                 self.watch()
             return found
-
-    @property
-    def shims(self) -> Mapping[str, _Cached | _Declared]:
-        assert self.first is not None
-        return self.first.shims
-
-    @property
-    def targets(self) -> Mapping[str, ModuleNode]:
-        assert self.first is not None
-        return self.first.targets
 
 
 def _are_none(none: frozenset[str]) -> str:

@@ -1989,6 +1989,61 @@ def test_a_wrapped_model_traced_with_arguments_none_is_pickled_and_copied(
                 assert torch.equal(call(copied), call(model))
 
 
+class MaskedEncoder(nn.Module):
+    """Encodes, masking what it is handed a mask for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.linear(x)
+        return h if mask is None else h * mask
+
+
+class HandsOnMask(nn.Module):
+    """Hands its optional mask on to its declared encoder, twice, beside its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = MaskedEncoder()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.encoder(x, mask=mask)
+        return self.encoder(h.relu(), mask)
+
+
+def test_a_declared_submodule_handed_an_argument_left_none_is_handed_none(
+    store: Store,
+) -> None:
+    """A forward that hands an optional argument on to a declared submodule hands it None
+    when a call leaves it None: the same node, keyed by None where it stands, so the
+    answers with and without a mask are each recalled as they were computed; the wrapped
+    model is pickled and copied so too."""
+    torch.manual_seed(0)
+    model = HandsOnMask()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x, mask = torch.randn(3, 4), (torch.rand(3, 4) > 0.5).float()
+    with torch.no_grad():
+        for _ in range(2):
+            for mode in (False, True):
+                wrapped.train(mode)
+                assert torch.equal(wrapped(x, mask), model(x, mask))
+                assert torch.equal(wrapped(x), model(x))
+                assert torch.equal(wrapped(x, mask=None), model(x))
+    assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2, "recalled": 10}
+    assert wrapped.counts["encoder~2"] == {"ran": 2, "kept": 2, "recalled": 10}
+    assert sorted(wrapped.graph.nodes()) == ["encoder", "encoder~2", "fx_0"]
+    held = io.BytesIO()
+    torch.save(wrapped, held)
+    held.seek(0)
+    with torch.no_grad():
+        for copied in (torch.load(held, weights_only=False), copy.deepcopy(wrapped)):
+            assert torch.equal(copied(x), model(x))
+            assert torch.equal(copied(x, mask), model(x, mask))
+
+
 class MasksWhenGiven(nn.Module):
     """Calls its declared masker only when it is handed a mask."""
 
