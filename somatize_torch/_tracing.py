@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from torch import fx, nn
@@ -120,6 +120,22 @@ class Tracing:
         self.switching = self.switching or switching
         self.runners[none] = runners
         return runners
+
+    def trace_first(self, optional: Iterable[str]) -> None:
+        """The first trace: with every optional argument given, or, where fx cannot trace
+        that (the forward branches on one's value), with every one None — a call giving
+        them all is then refused with why that could not be traced."""
+        try:
+            self.trace(frozenset())
+        except Untraceable as error:
+            every = frozenset(optional)
+            if not every:
+                raise
+            try:
+                self.trace(every)
+            except Untraceable:
+                raise error from None
+            self.runners[frozenset()] = {True: error, False: error}
 
     def _check_calls(self, cut: _Split, none: frozenset[str], training: bool) -> None:
         """Refuses a trace that calls the declared submodules otherwise than the first."""

@@ -28,8 +28,9 @@ runner per mode and runs the one ``self.training`` picks. ``wrapped.train()``
 is the model's own ``train()``, which leaves frozen parts in eval.
 
 **Optional arguments.** fx traces each argument as an input, so the model is traced
-with every argument that defaults to None given, and again, at the first call that
-leaves some of them None, with those fixed at None.
+with every argument that defaults to None given (or, where fx cannot trace that, with
+every one None), and again, at the first call that leaves other ones None, with those
+fixed at None.
 
 **What fx does not record.** fx records the operations a forward makes on tensors:
 the grad-mode, autocast and inference-mode blocks the forward enters are recorded
@@ -570,14 +571,15 @@ def wrap(
         raise hooked_error("", " and ".join(kinds), "registered on it")
     wrapped = Wrapped.__new__(Wrapped)
     tracing = Tracing(model, frozen_names, cached_names, wrapped)
-    tracing.trace(frozenset())
+    optional = optional_of(model)
+    tracing.trace_first(name for name, _ in optional)
     first = tracing.first
     assert first is not None
     graph = Graph.somatize(Expr(list(first.nodes.values()), first.edges, first.outputs))
     Wrapped.__init__(wrapped, model, tracing.runners, graph, store, _Parts([], {}))
     tracing.watch()
     object.__setattr__(wrapped, "_tracing", tracing)
-    object.__setattr__(wrapped, "_optional", optional_of(model))
+    object.__setattr__(wrapped, "_optional", optional)
     return wrapped
 
 

@@ -1989,6 +1989,39 @@ def test_a_wrapped_model_traced_with_arguments_none_is_pickled_and_copied(
                 assert torch.equal(call(copied), call(model))
 
 
+class Flagged(nn.Module):
+    """Doubles its answer when handed a true flag: a branch on an argument's value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, double: bool | None = None) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 2 if double else h
+
+
+def test_a_forward_fx_cannot_trace_with_its_optional_arguments_given_runs_without_them(
+    store: Store,
+) -> None:
+    """A forward that branches on an optional argument's value cannot be traced with it
+    as an input: `wrap` traces it with every optional argument None instead, and calls
+    that leave them None run; a call that gives one is refused with why it could not be
+    traced."""
+    torch.manual_seed(0)
+    model = Flagged()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(wrapped(x), model(x))
+            assert torch.equal(wrapped(x, None), model(x))
+            with pytest.raises(smt.Untraceable, match=r"`Flagged.forward`.*if double"):
+                wrapped(x, double=True)
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 3}
+
+
 class MaskedEncoder(nn.Module):
     """Encodes, masking what it is handed a mask for."""
 
