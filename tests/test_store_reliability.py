@@ -286,6 +286,100 @@ def test_a_thread_asking_while_another_takes_in_the_packs_waits_for_them(
     assert found == {"first": {key}, "second": {key}}
 
 
+def _opened(where: str, tmp_path: Path, url: str) -> Any:
+    """A store object of the local store at ``tmp_path`` or the bucket at ``url``."""
+    if where == "local":
+        return LocalStore(tmp_path / "store")
+    return Store.on_bucket(url, backoff=0.0)
+
+
+@pytest.mark.parametrize("where", ["local", "bucket"])
+@pytest.mark.parametrize("ask", ["have", "recall"])
+def test_a_pack_let_go_of_by_a_gc_just_after_a_look_is_looked_for_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, ask: str
+) -> None:
+    """A gc or verify of a store object lets go of its table of packs as it ends: one of
+    another thread ending just after a thread's look at ``packs/`` took the packs in, and
+    before that thread found its keys there, must not make kept keys misses."""
+    url = f"memory://somatize/{uuid.uuid4().hex}"
+    items = [(key_of(f"packed/{i}"), b"packed %d" % i) for i in range(3)]
+    keys = [key for key, _ in items]
+    _opened(where, tmp_path, url).keep_many(items, "plain")
+    store = _opened(where, tmp_path, url)  # knows no pack yet
+    look = store._refresh_packs
+    ended: list[bool] = []
+
+    def look_then_a_gc_ends() -> bool:
+        changed = look()
+        if not ended:
+            ended.append(True)
+            store.gc()  # another thread's, ending right after this look
+        return changed
+
+    monkeypatch.setattr(store, "_refresh_packs", look_then_a_gc_ends)
+    if ask == "have":
+        assert store.have(keys) == set(keys)
+    else:
+        assert [bytes(store.recall(key)[1]) for key in keys] == [data for _, data in items]
+    assert ended
+
+
+def test_a_bucket_asked_while_another_thread_takes_in_the_packs_finds_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bucket store asked for keys it knows nowhere looks at ``packs/`` again: a look of
+    another thread that took their pack in meanwhile leaves this one nothing new to take
+    in, and the keys are found all the same."""
+    url = f"memory://somatize/{uuid.uuid4().hex}"
+    store = Store.on_bucket(url, backoff=0.0)
+    assert store.have([key_of("never kept")]) == set()  # its first look, at no pack
+    items = [(key_of(f"packed/{i}"), b"packed %d" % i) for i in range(3)]
+    Store.on_bucket(url, backoff=0.0).keep_many(items, "plain")
+    read = store._read_paths
+
+    looked: list[bool] = []
+
+    def read_while_another_looks(paths: list[str]) -> Any:
+        got = read(paths)
+        if not looked:  # the records of the keys asked, read while another thread looks
+            looked.append(True)
+            store._refresh_packs()
+        return got
+
+    monkeypatch.setattr(store, "_read_paths", read_while_another_looks)
+    keys = [key for key, _ in items]
+    assert store.have(keys) == set(keys)
+    assert looked
+
+
+def test_a_bucket_whose_first_look_a_gc_let_go_of_believes_no_older_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bucket store looks at its packs once before it believes a record (a newer pack
+    answers the record's key): a gc of another thread ending just after that look, which
+    lets go of the packs it took in, has it look again, never answer with the record."""
+    url = f"memory://somatize/{uuid.uuid4().hex}"
+    key = key_of("kept alone, then packed")
+    writer = Store.on_bucket(url, backoff=0.0)
+    writer.keep(key, b"older", "plain")
+    time.sleep(0.01)
+    writer.keep_many([(key, b"newer"), (key_of("beside it"), b"beside")], "plain")
+    store = Store.on_bucket(url, backoff=0.0)
+    look = store._refresh_packs
+    ended: list[bool] = []
+
+    def look_then_a_gc_ends() -> bool:
+        changed = look()
+        if not ended:
+            ended.append(True)
+            store.gc()  # another thread's, ending right after this look
+        return changed
+
+    monkeypatch.setattr(store, "_refresh_packs", look_then_a_gc_ends)
+    assert bytes(store.recall(key)[1]) == b"newer"
+    assert ended
+
+
 def test_a_batch_read_while_a_gc_lets_go_of_the_packs_is_whole(tmp_path: Path) -> None:
     """recall_many reads every pack it found, even when a gc in another thread lets go of
     the store's table of packs while the batch is being read."""

@@ -169,6 +169,9 @@ class PackedHome(Store):
     _sweeps_strays: bool = True
     """Whether gc removes the files of ``blobs/`` not laid out as blobs (see
     :mod:`somatize.store.upkeep`)."""
+    _forgets: int = 0
+    """How many times this object has let go of all it holds (:meth:`_forget_all`); 0 for
+    one unpickled from a state that did not count them."""
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (a pickled model holding the store, a deepcopy) gets a lock of its own,
@@ -231,6 +234,7 @@ class PackedHome(Store):
         """Id of a pack with recalled items → when, likewise."""
         self._uses_since: float | None = None
         """When the first use not yet written down was noted (None: none is)."""
+        self._forgets = 0
 
     # -- what a home provides ---------------------------------------------------------------
 
@@ -625,6 +629,19 @@ class PackedHome(Store):
                 self._list_again()  # what this look could not take is looked for at the next
                 raise
 
+    def _packed_after_a_look(self, keys: Sequence[str]) -> dict[str, PackIndex]:
+        """Key → the pack that answers it, for those of ``keys`` a pack answers once
+        ``packs/`` is looked at. A gc or verify of this object in another thread lets go of
+        the table as it ends: one that ends between the look and what it found there has
+        the look made again, so a key kept is no miss for it."""
+        while True:
+            forgets = self._forgets
+            self._refresh_packs()
+            items = self._items
+            found = {key: pack for key in keys if (pack := items.get(key)) is not None}
+            if len(found) == len(keys) or self._forgets == forgets:
+                return found
+
     def _list_again(self) -> None:
         """Has the next look list ``packs/`` afresh, though the listing may not have
         changed since this one (as :meth:`_listed_packs` would say)."""
@@ -709,6 +726,7 @@ class PackedHome(Store):
     def _forget_all(self) -> None:
         """Drops everything held in memory (after something was moved aside)."""
         with self._lock:
+            self._forgets += 1
             self._records.clear()
             self._small.clear()
             self._small_bytes = 0

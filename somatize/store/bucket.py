@@ -640,29 +640,37 @@ class BucketStore(BucketShelf):
 
     def _look_at_packs(self) -> None:
         """Loads the pack indexes once, before the first record is believed: a pack newer
-        than a record answers its keys (later packs are loaded on a miss)."""
-        if not self._packs_seen:
+        than a record answers its keys (later packs are loaded on a miss). A look that a gc
+        or verify of this object let go of as it ended is made again."""
+        while not self._packs_seen:
+            forgets = self._forgets
             self._refresh_packs()
-            self._packs_seen = True
+            with self._lock:  # what _forget_all counts under it, and then says unseen
+                if self._forgets == forgets:
+                    self._packs_seen = True
 
     def answer(self, key: str) -> Answer | None:
-        self._look_at_packs()
-        pack = self._items.get(key)
-        if pack is not None:
-            return pack.answer(key)
-        remembered = self._records.get(key)
-        if remembered is not None:
-            return remembered
-        if self.cache is not None:
-            cached = self._cached_answer(key)
-            if cached is not None:
-                return cached
-        data = self._read(self._answer_path(key), f"the answer record of {key}")
-        if data is None:
-            self._refresh_packs()
+        while True:
+            forgets = self._forgets
+            self._look_at_packs()
             pack = self._items.get(key)
-            return pack.answer(key) if pack is not None else None
-        return self._learn(key, data)
+            if pack is not None:
+                return pack.answer(key)
+            remembered = self._records.get(key)
+            if remembered is not None:
+                return remembered
+            if self.cache is not None:
+                cached = self._cached_answer(key)
+                if cached is not None:
+                    return cached
+            data = self._read(self._answer_path(key), f"the answer record of {key}")
+            if data is None:
+                pack = self._packed_after_a_look([key]).get(key)
+                return pack.answer(key) if pack is not None else None
+            # Believed only while the packs looked at are still held: a gc or verify that
+            # let go of them meanwhile may have let go of a newer pack of the key.
+            if self._forgets == forgets:
+                return self._learn(key, data)
 
     def _cached_answer(self, key: str) -> Answer | None:
         assert self.cache is not None
@@ -684,6 +692,7 @@ class BucketStore(BucketShelf):
     def have(self, keys: Iterable[str]) -> set[str]:
         """One batched query; see the module docstring for what a yes means on a bucket."""
         asked = keys_of(keys)
+        forgets = self._forgets
         looked = not self._packs_seen  # the packs are loaded now, as they are
         self._look_at_packs()
         found = {key for key in asked if key in self._items or key in self._records}
@@ -713,8 +722,10 @@ class BucketStore(BucketShelf):
             listed = {name.rsplit("/", 1)[-1] for name in self._listed("answers")}
             found.update(key for key in unknown if key[7:] in listed)
         left = [key for key in unknown if key not in found]
-        if left and not looked and self._refresh_packs():
-            found.update(key for key in left if key in self._items)
+        # Looked at again unless this call looked just now, and nothing let go of what it
+        # took in since; found in the table even when another thread's look took them in.
+        if left and (not looked or self._forgets != forgets):
+            found.update(self._packed_after_a_look(left))
         return found
 
     def _listed_packs(self) -> dict[str, str]:

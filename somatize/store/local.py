@@ -378,8 +378,7 @@ class LocalStore(LocalShelf):
         if remembered is not None:
             return remembered
         # Packs first (a stat when none changed): one newer than the record answers.
-        self._refresh_packs()
-        pack = self._items.get(key)
+        pack = self._packed_after_a_look([key]).get(key)
         if pack is not None:
             return pack.answer(key)
         return self._read_record(key)
@@ -427,9 +426,9 @@ class LocalStore(LocalShelf):
             else:
                 self._forget(answer)
         if unresolved:
-            self._refresh_packs()
+            packed = self._packed_after_a_look(unresolved)
             for key in unresolved:
-                pack = items.get(key)
+                pack = packed.get(key)
                 try:
                     answer = pack.answer(key) if pack is not None else self._read_record(key)
                 except Corrupt:
