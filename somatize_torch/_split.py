@@ -314,12 +314,16 @@ def _split(
             if first is not None and name in first.shims:
                 shim = first.shims[name]
                 was = dict(first.calls)[name]
-                places = (
-                    _places(first, name, _call_of(fx_node), inner) if described != was else None
-                )
-                if places is not None:
+                places = _places(first, name, _call_of(fx_node), inner)
+                if places is None and described == was:
+                    # The same constants, its inputs handed in other places (one input
+                    # in two): the first cut's shim cannot take them.
+                    described = {"inputs": "handed otherwise", **described}
+                elif places is not None and places != list(range(len(places))):
                     held = shim.shim if isinstance(shim, _Adapted) else shim
                     shim, described = _Adapted(held, places), was
+                elif places is not None:
+                    described = was
             said.append((name, described))
             if shim is None:
                 shim = _shim(
@@ -416,9 +420,11 @@ def _call_of(node: fx.Node) -> _Call:
 
 def _places(first: _Split, name: str, now: _Call, inner: nn.Module) -> list[int | None] | None:
     """How the inputs of declared call ``now`` (cut as ``inner``) are handed to the shim
-    of the call ``name`` of the ``first`` cut, when ``now`` differs from it only by None
-    where it was handed an input: for each input of that call, the place of the input of
-    ``now`` handed there, or None. None when the calls differ otherwise."""
+    of the call ``name`` of the ``first`` cut, when ``now`` is that call with its inputs
+    handed otherwise (None where it was handed one, one input in two places, inputs in
+    other places): for each input of that call, the place of the input of ``now`` handed
+    there, or None. None when the calls differ otherwise (constants, or two inputs of
+    ``now`` where that call had one)."""
     was = first.called[name]
     pairs: list[tuple[_Input, _Input | None]] = []
 
@@ -460,8 +466,8 @@ def _places(first: _Split, name: str, now: _Call, inner: nn.Module) -> list[int 
         if b is not None and b.name not in given:
             return None
         places.append(None if b is None else given.index(b.name))
-    if sorted(at for at in places if at is not None) != list(range(len(given))):
-        return None  # an input of this call handed nowhere, or twice
+    if {at for at in places if at is not None} != set(range(len(given))):
+        return None  # an input of this call handed nowhere
     return places
 
 

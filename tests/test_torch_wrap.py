@@ -2077,6 +2077,68 @@ def test_a_declared_submodule_handed_an_argument_left_none_is_handed_none(
             assert torch.equal(copied(x, mask), model(x, mask))
 
 
+class Attention(nn.Module):
+    """Weighs its query, keys and values apart, so each place tells."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.linear(q) + 2 * k + 3 * v
+
+
+class AttendsToContext(nn.Module):
+    """Attends to a context when given one, to its own input otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = Attention()
+
+    def forward(
+        self, x: torch.Tensor, memory: torch.Tensor, context: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        kv = x if context is None else context
+        return self.attention(x, kv, kv) + memory
+
+
+class AttendsToMemory(AttendsToContext):
+    """Hands its memory in the values' place when no context is given, where it handed
+    its input with one."""
+
+    def forward(
+        self, x: torch.Tensor, memory: torch.Tensor, context: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        h = self.attention(x, x, x)
+        return self.attention(h, memory, h if context is not None else memory)
+
+
+def test_a_declared_call_handed_its_inputs_in_other_places_runs_as_the_forward_does(
+    store: Store,
+) -> None:
+    """Where a call that leaves an argument None hands a declared submodule the same
+    input in two places, where the first trace handed two, the submodule is handed it in
+    both; one handed two inputs where the first trace handed one in both is refused,
+    naming the argument, rather than run with the first trace's."""
+    torch.manual_seed(0)
+    model = AttendsToContext()
+    wrapped = smt.wrap(model, frozen=["attention"], cached=["attention"], store=store)
+    smt.freeze(wrapped)
+    x, memory, context = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(wrapped(x, memory), model(x, memory))
+            assert torch.equal(wrapped(x, memory, context), model(x, memory, context))
+    assert wrapped.counts["attention"] == {"ran": 2, "kept": 2, "recalled": 2}
+    other = AttendsToMemory()
+    wrapped = smt.wrap(other, frozen=["attention"], store=store)
+    smt.freeze(wrapped)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, memory, context), other(x, memory, context))
+        with pytest.raises(smt.WrapError, match=r"`context` is None.*other inputs"):
+            wrapped(x, memory)
+
+
 class MasksWhenGiven(nn.Module):
     """Calls its declared masker only when it is handed a mask."""
 
