@@ -88,12 +88,16 @@ class _Parts:
                 table = _table_of(owner, atom)
                 if table is None:  # a plain attribute: a constant of the traced code
                     break
+                _note_table(seen, owner, table)
                 owner = table[atom]
                 seen[(id(table), atom)] = (table, owner)
+        held = [(_part(model, path), names) for path, names in self.children.items()]
+        for part, _ in held:
+            if isinstance(part, nn.Module):
+                _note_table(seen, part, part._modules)
         self._tables = [table for table, _ in seen.values()]
         self._keys = [key for _, key in seen]
         self._values = [value for _, value in seen.values()]
-        held = [(_part(model, path), names) for path, names in self.children.items()]
         self._held = [part._modules for part, _ in held if isinstance(part, nn.Module)]
         self._names = [names for part, names in held if isinstance(part, nn.Module)]
         ran = [_part(model, path) for path in self.hooks]
@@ -248,6 +252,18 @@ def _table_of(owner: Any, atom: str) -> dict[str, Any] | None:
     if isinstance(owner.__dict__.get(atom), torch.Tensor):
         return owner.__dict__
     return None
+
+
+def _note_table(
+    seen: dict[tuple[int, str], tuple[dict[str, Any], Any]], owner: nn.Module, table: Any
+) -> None:
+    """Notes which of ``owner``'s registries ``table`` is: a module may make one anew (a
+    ``ModuleList`` does as a child is removed), and the entries noted in the old one would
+    then say nothing of what it holds."""
+    held = owner.__dict__
+    for name in ("_parameters", "_buffers", "_modules"):
+        if held.get(name) is table:
+            seen[(id(held), name)] = (held, table)
 
 
 def _part(model: nn.Module, path: str) -> Any:

@@ -1844,6 +1844,24 @@ def test_a_container_the_forward_ran_through_changed_after_wrap_is_refused(
             wrapped(x)
 
 
+def test_a_layer_replaced_after_a_container_was_grown_and_cut_back_is_the_one_that_runs(
+    store: Store,
+) -> None:
+    """Removing a layer from a `ModuleList` makes it a table of children anew: a layer
+    appended, then removed — refused in between — and another put in place of the first
+    is the one that runs, as it does in the model."""
+    wrapped, model = _stacked(store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        wrapped(x)
+        model.layers.append(nn.Linear(4, 4))
+        with pytest.raises(smt.WrapError, match="`layers` held"):
+            wrapped(x)
+        del model.layers[1]
+        model.layers[0] = nn.Linear(4, 4)
+        assert torch.equal(wrapped(x), model(x))
+
+
 def _zeroed(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
     return out * 0
 
