@@ -227,16 +227,18 @@ def _with_none(error: Untraceable, none: frozenset[str]) -> Untraceable:
     return said
 
 
-def optional_of(model: nn.Module) -> tuple[tuple[str, int | None], ...]:
-    """The arguments of ``model``'s forward that default to None, each with its place
-    among the positional ones (None for a keyword-only one)."""
+def optional_of(model: nn.Module) -> tuple[tuple[str, int | None, bool], ...]:
+    """The named arguments of ``model``'s forward, each with its place among the
+    positional ones (None for a keyword-only one) and whether it defaults to None: a call
+    may leave any of them None, given so, and one that defaults to None left out."""
     try:
         signature = inspect.signature(model.forward)
     except (TypeError, ValueError):
         return ()
-    found: list[tuple[str, int | None]] = []
+    found: list[tuple[str, int | None, bool]] = []
     for at, (name, parameter) in enumerate(signature.parameters.items()):
-        if parameter.default is None:
-            positional = parameter.kind is not inspect.Parameter.KEYWORD_ONLY
-            found.append((name, at if positional else None))
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        positional = parameter.kind is not inspect.Parameter.KEYWORD_ONLY
+        found.append((name, at if positional else None, parameter.default is None))
     return tuple(found)

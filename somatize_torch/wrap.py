@@ -171,10 +171,10 @@ class Wrapped(nn.Module):
     _switches: bool = False
     """Whether the code traced switches grad mode, autocast or inference mode, in blocks
     a failed call leaves open."""
-    _optional: tuple[tuple[str, int | None], ...] = ()
-    """The forward's arguments that default to None, each with its place among the
-    positional ones (None for a keyword-only one): a call that leaves some None runs the
-    code traced with those None."""
+    _optional: tuple[tuple[str, int | None, bool], ...] = ()
+    """The forward's named arguments, each with its place among the positional ones (None
+    for a keyword-only one) and whether it defaults to None: a call that leaves some None
+    runs the code traced with those None."""
     _values: Values = Values(None, "")
     """The plain values the code traced read from the model (none when nothing was
     traced): changed, the code would not be the model's."""
@@ -390,18 +390,19 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
 
 
 def _left_none(
-    optional: tuple[tuple[str, int | None], ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+    optional: tuple[tuple[str, int | None, bool], ...],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> frozenset[str]:
-    """The optional arguments this call leaves None, given so or left to their default."""
+    """The arguments this call leaves None: given so, or left to a default of None."""
     return frozenset(
         name
-        for name, at in optional
+        for name, at, by_default in optional
         if (
-            kwargs[name]
+            kwargs[name] is None
             if name in kwargs
-            else (args[at] if at is not None and at < len(args) else None)
+            else (args[at] is None if at is not None and at < len(args) else by_default)
         )
-        is None
     )
 
 
@@ -572,7 +573,7 @@ def wrap(
     wrapped = Wrapped.__new__(Wrapped)
     tracing = Tracing(model, frozen_names, cached_names, wrapped)
     optional = optional_of(model)
-    tracing.trace_first(name for name, _ in optional)
+    tracing.trace_first(name for name, _, by_default in optional if by_default)
     first = tracing.first
     assert first is not None
     graph = Graph.somatize(Expr(list(first.nodes.values()), first.edges, first.outputs))

@@ -1937,6 +1937,42 @@ class Optional(nn.Module):
         return h * 2 if self.training else h
 
 
+class Clamped(nn.Module):
+    """Takes a floor that defaults to a number, and a mask it must be handed, either of
+    which may be None."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, floor: float | None = 0.0
+    ) -> torch.Tensor:
+        h = self.encoder(x)
+        if floor is not None:
+            h = h.clamp(min=floor)
+        return h if mask is None else h * mask
+
+
+def test_an_argument_given_none_whose_default_is_not_none_runs_code_traced_with_it_none(
+    store: Store,
+) -> None:
+    """A call that gives None for an argument that defaults to something else, or has no
+    default, runs code traced with it None, as one left to a default of None does."""
+    torch.manual_seed(0)
+    model = Clamped()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(wrapped(x, mask), model(x, mask))
+            assert torch.equal(wrapped(x, mask, None), model(x, mask, None))
+            assert torch.equal(wrapped(x, None, floor=None), model(x, None, floor=None))
+            assert torch.equal(wrapped(x, mask=None, floor=0.5), model(x, None, 0.5))
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 7}
+
+
 def _optional(store: Store) -> tuple[nn.Module, Optional]:
     torch.manual_seed(0)
     model = Optional()
