@@ -70,6 +70,8 @@ class Tracing:
         self.first: _Split | None = None
         """The model traced in the mode it was wrapped in, every optional argument given:
         the graph, and the shims every other trace is given."""
+        self.first_none: frozenset[str] = frozenset()
+        """The arguments the first trace took as None: none, or every optional one."""
         self.runners: dict[frozenset[str], Runners] = {}
         """Per set of optional arguments left None, the code each mode runs."""
 
@@ -140,14 +142,17 @@ class Tracing:
     def _check_calls(self, cut: _Split, none: frozenset[str], training: bool) -> None:
         """Refuses a trace that calls the declared submodules otherwise than the first."""
         if self.first is None:
-            self.first = cut
+            self.first, self.first_none = cut, none
+            optional = [name for name, _, by_default in optional_of(self.model) if by_default]
             for name in self.declared:
                 if name not in cut.targets:
                     raise NotCalled(
-                        f"`{name}` is declared, and `{type(self.model).__qualname__}.forward` "
-                        "never calls it (it may be reached through a function fx cannot see "
-                        "into): nothing of it can be frozen or cached here. Drop it from the "
-                        "declarations, or call it in forward"
+                        f"`{name}` is declared, and `{type(self.model).__qualname__}.forward`"
+                        f"{_traced_as(optional, none)}never calls it (it may be reached "
+                        "through a function fx cannot see into"
+                        f"{_otherwise(optional, none)}): nothing of it can be frozen or "
+                        "cached here. Drop it from the declarations, or call it in forward"
+                        f"{' whatever the arguments' if optional else ''}"
                     )
             return
         if cut.calls == self.first.calls:
@@ -163,15 +168,27 @@ class Tracing:
                 "Declare the submodule that holds the code that reads `self.training`, or "
                 "call the declared submodules the same way in both modes"
             )
+        if self.first_none:
+            # Traced first with every optional argument None: this call gives some.
+            given = self.first_none - none
+            this, first, advice = (
+                f"{_are(given, 'given')}",
+                "every optional argument is None",
+                "Leave them None in every call",
+            )
+        else:
+            this, first, advice = (
+                _are(none, "None"),
+                "every argument is given",
+                "Give every argument in every call",
+            )
         raise WrapError(
-            f"`{model}.forward` calls its declared submodules differently when "
-            f"{_are_none(none)} ({_calls(cut.calls)} in "
-            f"{'train' if training else 'eval'} mode, {_calls(self.first.calls)} when every "
-            "argument is given, or with other constant arguments, or other inputs in their "
-            "places): one graph cannot "
-            "describe both. Give every argument in every call, declare the submodule that "
-            "holds the code that branches on it, or call the declared submodules the same "
-            "way whether it is given or not"
+            f"`{model}.forward` calls its declared submodules differently when {this} "
+            f"({_calls(cut.calls)} in {'train' if training else 'eval'} mode, "
+            f"{_calls(self.first.calls)} when {first}, or with other constant arguments, or "
+            "other inputs in their places): one graph cannot describe both. "
+            f"{advice}, declare the submodule that holds the code that branches on it, or "
+            "call the declared submodules the same way whether it is given or not"
         )
 
     def watch(self) -> None:
@@ -214,8 +231,28 @@ class Tracing:
 
 def _are_none(none: frozenset[str]) -> str:
     """ "`a` is None", "`a`, `b` are None"."""
-    left = ", ".join(f"`{name}`" for name in sorted(none))
-    return f"{left} {'is' if len(none) == 1 else 'are'} None"
+    return _are(none, "None")
+
+
+def _are(names: frozenset[str], state: str) -> str:
+    """ "`a` is {state}", "`a`, `b` are {state}"."""
+    left = ", ".join(f"`{name}`" for name in sorted(names))
+    return f"{left} {'is' if len(names) == 1 else 'are'} {state}"
+
+
+def _traced_as(optional: list[str], none: frozenset[str]) -> str:
+    """How the first trace took the optional arguments, for a message (" " for none)."""
+    if not optional:
+        return " "
+    shown = ", ".join(f"`{name}`" for name in optional[:6])
+    return f", traced with {shown} {'None' if none else 'given'}, "
+
+
+def _otherwise(optional: list[str], none: frozenset[str]) -> str:
+    """When else the forward may call a declared submodule, for a message."""
+    if not optional:
+        return ""
+    return f", or called only when one of those is {'given' if none else 'None'}"
 
 
 def _with_none(error: Untraceable, none: frozenset[str]) -> Untraceable:

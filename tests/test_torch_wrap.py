@@ -2055,6 +2055,54 @@ class Flagged(nn.Module):
         return h * 2 if double else h
 
 
+class FlaggedMasked(nn.Module):
+    """Hands its optional mask on to its declared encoder, and branches on a flag's value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = MaskedEncoder()
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, double: bool | None = None
+    ) -> torch.Tensor:
+        h = self.encoder(x, mask=mask)
+        return h * 2 if double else h
+
+
+class ExtraWithoutMask(nn.Module):
+    """Calls its declared extra layer only when no mask is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.extra = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.encoder(x)
+        return self.extra(h) if mask is None else h * mask
+
+
+def test_a_declared_call_the_first_trace_could_not_see_is_refused_saying_how_it_traced(
+    store: Store,
+) -> None:
+    """A declared submodule the forward calls only when an argument is None, which the
+    trace with every argument given never saw, is refused saying how the forward was
+    traced; and where that trace fell back to every optional argument None, a call that
+    gives one the forward hands on is refused saying that one is given, not None."""
+    with pytest.raises(smt.NotCalled, match=r"traced with `mask` given, never calls.*only when"):
+        smt.wrap(ExtraWithoutMask(), frozen=["encoder", "extra"], store=store)
+    model = FlaggedMasked()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        with pytest.raises(
+            smt.WrapError, match=r"when `mask` is given .*every optional argument is None"
+        ):
+            wrapped(x, torch.rand(3, 4))
+
+
 def test_a_forward_fx_cannot_trace_with_its_optional_arguments_given_runs_without_them(
     store: Store,
 ) -> None:
