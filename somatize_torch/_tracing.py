@@ -272,9 +272,13 @@ def optional_of(model: nn.Module) -> tuple[tuple[str, int | None, bool], ...]:
         signature = inspect.signature(model.forward)
     except (TypeError, ValueError):
         return ()
+    varying = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    # A forward taking `*args` or `**kwargs` is traced once: one of its arguments given
+    # None where another default stands is handed to that code as it was before.
+    once = any(parameter.kind in varying for parameter in signature.parameters.values())
     found: list[tuple[str, int | None, bool]] = []
     for at, (name, parameter) in enumerate(signature.parameters.items()):
-        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        if parameter.kind in varying or (once and parameter.default is not None):
             continue
         positional = parameter.kind is not inspect.Parameter.KEYWORD_ONLY
         found.append((name, at if positional else None, parameter.default is None))
