@@ -374,6 +374,16 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         mode, other = ("train", "eval") if training else ("eval", "train")
         if not isinstance(runners[not training], nn.Module):
             raise runner
+        if none:
+            raise WrapError(
+                f"fx could trace `{type(self.model).__qualname__}.forward` with "
+                f"{', '.join(f'`{name}`' for name in sorted(none))} None in {other} mode only, "
+                f"and this call, in {mode} mode, leaves the same None: what it traced may "
+                f"not be what the forward does in {mode} mode "
+                "(code that reads `self.training`), so it is not run in its place. Make such "
+                f"calls in {other} mode, give what they leave None, or make the forward "
+                f"traceable in {mode} mode as well. {runner}"
+            )
         raise WrapError(
             f"this model was wrapped in {other} mode and is run in {mode} mode, and fx could "
             f"trace its forward in {other} mode only: what it traced may not be what the "

@@ -2376,6 +2376,38 @@ def test_a_model_traceable_in_one_mode_runs_only_in_that_mode(store: Store) -> N
         wrapped(x)
 
 
+class TrainsOnlyWithoutMask(nn.Module):
+    """Branches on a tensor value in train mode when no mask is given, which fx cannot
+    trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.encoder(x)
+        if mask is None and self.training and h.sum() > 0:
+            return h * 2
+        return h if mask is None else h * mask
+
+
+def test_a_call_leaving_an_argument_none_traceable_in_one_mode_says_so(store: Store) -> None:
+    """Code traced with an argument None that fx can trace in eval mode only is refused in
+    train mode, saying it is the argument left None that fx traced in eval mode only, not
+    that the model was wrapped in eval mode, which it was not."""
+    model = TrainsOnlyWithoutMask().train()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, torch.ones(3, 4)), model(x, torch.ones(3, 4)))
+        with pytest.raises(smt.WrapError, match=r"with `mask` None in eval mode only") as got:
+            wrapped(x)
+        assert "wrapped in eval mode" not in str(got.value)
+        wrapped.eval()
+        assert torch.equal(wrapped(x), model(x))
+
+
 def test_declared_calls_that_differ_between_modes_are_refused() -> None:
     """A forward that calls its declared submodules differently in train and eval mode is
     refused at `wrap`: one graph cannot describe both."""
