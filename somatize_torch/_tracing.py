@@ -224,6 +224,11 @@ class Tracing:
         with _TRACING:
             found = self.runners.get(none)
             if found is None:
+                # What a compiled call does not check before it comes here: the model is
+                # checked as an eager call checks it, so what the other traces read of it
+                # is what it holds, and is watched on as they read it.
+                self.wrapped._follow()
+                self.wrapped._values.check()
                 found = self.trace(none)
                 self.watch()
             return found

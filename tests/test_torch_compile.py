@@ -209,3 +209,44 @@ def test_a_compiled_call_leaving_an_optional_argument_none_traces_it_eagerly(
             assert torch.allclose(call(compiled), call(model), atol=1e-6)
     assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 3}
     torch._dynamo.reset()
+
+
+class Gained(nn.Module):
+    """Scales by a plain value of its own, and by a mask when given one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.gain = 3.0
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.encoder(x) * self.gain
+        return h if mask is None else h * mask
+
+
+def test_a_compiled_call_tracing_a_model_changed_after_wrap_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiled call makes none of the checks an eager one makes; one that traces the
+    forward again, leaving an argument None, checks the model first: a value the code
+    read changed after `wrap` is refused there, and in every eager call after it, rather
+    than traced into the new code and taken as what all the code read."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Gained()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=Store(tmp_path / "s"))
+    smt.freeze(wrapped)
+    compiled = torch.compile(wrapped, backend="eager")
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
+    with torch.no_grad():
+        assert torch.equal(compiled(x, mask), model(x, mask))
+        model.gain = 5.0
+        with pytest.raises(smt.WrapError, match=r"`gain` was 3\.0"):
+            compiled(x)
+        with pytest.raises(smt.WrapError, match=r"`gain` was 3\.0"):
+            wrapped(x, mask)
+        model.gain = 3.0
+        assert torch.equal(compiled(x), model(x))
+        assert torch.equal(wrapped(x, mask), model(x, mask))
+    torch._dynamo.reset()
