@@ -262,7 +262,9 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     node = self.node
     name = node._smz.name or "?"
     store = self.owner.store
-    if store is None:
+    if store is None or all(a is None for a in (*args, *kwargs.values())):
+        # Handed no tensor (every argument None, left so in the call), there is nothing
+        # the answer is keyed by beside the node: it is computed, as the model computes it.
         return self.call(*args, **kwargs)
     if kwargs:
         args = self.bound(args, kwargs)

@@ -2179,6 +2179,45 @@ def test_a_declared_submodule_handed_an_argument_left_none_is_handed_none(
             assert torch.equal(copied(x, mask), model(x, mask))
 
 
+class Prompt(nn.Module):
+    """A learned prompt, scaled by a context when handed one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompt = nn.Parameter(torch.randn(4))
+
+    def forward(self, context: torch.Tensor | None) -> torch.Tensor:
+        return self.prompt if context is None else self.prompt * context
+
+
+class Prompted(nn.Module):
+    """Hands its optional context, and nothing else, on to its declared prompt."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompt = Prompt()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        return self.linear(x) + self.prompt(context)
+
+
+def test_a_cached_submodule_handed_nothing_but_none_is_computed(store: Store) -> None:
+    """A cached submodule a call hands nothing but None, an argument it left None, has
+    nothing to be keyed by beside itself: it is computed, as in the model, and recalled
+    again when it is handed a tensor."""
+    torch.manual_seed(0)
+    model = Prompted()
+    wrapped = smt.wrap(model, frozen=["prompt"], cached=["prompt"], store=store)
+    smt.freeze(wrapped)
+    x, context = torch.randn(3, 4), torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(wrapped(x), model(x))
+            assert torch.equal(wrapped(x, context), model(x, context))
+    assert wrapped.counts["prompt"] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
 class Attention(nn.Module):
     """Weighs its query, keys and values apart, so each place tells."""
 
