@@ -470,7 +470,14 @@ def _signature_of(model: nn.Module) -> inspect.Signature | None:
     inner = _own_signature(model)
     if inner is None:
         return None
-    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    only = inspect.Parameter.POSITIONAL_ONLY
+    # Before a forward's positional-only arguments (`def forward(self, x, /)`), it is one.
+    kind = (
+        only
+        if any(p.kind is only for p in inner.parameters.values())
+        else inspect.Parameter.POSITIONAL_OR_KEYWORD
+    )
+    this = inspect.Parameter("self", kind)
     return inner.replace(parameters=[this, *inner.parameters.values()])
 
 

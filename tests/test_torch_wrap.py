@@ -1973,6 +1973,35 @@ def test_an_argument_given_none_whose_default_is_not_none_runs_code_traced_with_
     assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 7}
 
 
+class PositionalOnly(nn.Module):
+    """Takes its input and an optional mask by place only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, /, shift: float = 0.0
+    ) -> torch.Tensor:
+        h = self.encoder(x) + shift
+        return h if mask is None else h * mask
+
+
+def test_a_forward_taking_arguments_by_place_only_is_wrapped(store: Store) -> None:
+    """A forward whose arguments are positional-only is wrapped, with its signature, and
+    runs calls that give its optional mask or leave it None as the model does."""
+    torch.manual_seed(0)
+    model = PositionalOnly()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    assert inspect.signature(wrapped.forward) == inspect.signature(model.forward)
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        assert torch.equal(wrapped(x, mask, shift=1.0), model(x, mask, shift=1.0))
+        assert torch.equal(wrapped(x, None, 2.0), model(x, None, 2.0))
+
+
 def _optional(store: Store) -> tuple[nn.Module, Optional]:
     torch.manual_seed(0)
     model = Optional()
