@@ -31,6 +31,7 @@ import contextlib
 import operator
 import os
 import random
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -71,6 +72,16 @@ class _Tracer(fx.Tracer):
         """The modules whose forward was traced into (the model's own, ``""``, included):
         what they read of ``self.training`` is in the code."""
         self._held: dict[str, fx.Proxy] = {}
+        self.thread = threading.get_ident()
+        """The thread that traces. fx replaces how every module is called and read from,
+        in every thread, while it traces: a module called in another thread then (a
+        wrapped model's first call leaving an argument None traces while others run) is
+        run and read as ever, not taken into this trace."""
+
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
+        if threading.get_ident() != self.thread:
+            return attr_val
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
 
     def held(self, path: str) -> fx.Proxy:
         """The read, in the code, of the tensor the model keeps as a plain attribute at
@@ -92,6 +103,8 @@ class _Tracer(fx.Tracer):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
+        if threading.get_ident() != self.thread:
+            return forward(*args, **kwargs)  # another thread's call: see `thread`
         try:
             name = self.path_of_module(m)
         except NameError:  # not part of the model: fx says so itself

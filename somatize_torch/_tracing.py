@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from torch import fx, nn
@@ -35,15 +36,81 @@ from somatize_torch._values import Noted, Values
 if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
 
-__all__ = ["Runners", "Tracing", "optional_of"]
+__all__ = ["GATE", "Runners", "Tracing", "optional_of"]
 
 Runners = dict[bool, nn.Module | Untraceable]
 """The code run in train (True) and eval mode, or why the forward could not be traced in
 that mode."""
 
-_TRACING = threading.Lock()
-"""Held while a trace is taken in: threads calling with the same arguments left None for
-the first time trace one after the other, and the second finds the first's."""
+
+class _Gate:
+    """Keeps traces and the eager calls of wrapped models apart. While fx traces a model,
+    every module of it is put in the mode traced and its class notes what is read from
+    it: a call of the model running in another thread then (a first call leaving
+    arguments None traces while others run) would run in that mode. So a trace waits for
+    the calls running in other threads to end, and a call waits for the trace; traces are
+    taken one at a time, so threads making the same first call trace one after the
+    other, and the second finds the first's."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._calls: dict[int, int] = {}
+        """Per thread, the calls it is in (a wrapped model calling another: two)."""
+        self._tracer: int | None = None
+        self._waiting = 0
+        """The threads waiting to trace: a call begun then waits too, so that calls made
+        one after the other in a busy thread do not hold a trace off for good."""
+
+    def enter(self) -> None:
+        """A call begins: once no other thread traces or waits to."""
+        me = threading.get_ident()
+        with self._changed:
+            if not self._calls.get(me):
+                while self._tracer not in (None, me) or (self._waiting and self._tracer != me):
+                    self._changed.wait()
+            self._calls[me] = self._calls.get(me, 0) + 1
+
+    def leave(self) -> None:
+        """A call ends."""
+        me = threading.get_ident()
+        with self._changed:
+            left = self._calls[me] - 1
+            if left:
+                self._calls[me] = left
+            else:
+                del self._calls[me]
+            self._changed.notify_all()
+
+    @contextmanager
+    def tracing(self) -> Iterator[None]:
+        """A trace taken: once no other thread traces or runs a call. The calls this
+        thread is in (the one that traces) do not hold it off."""
+        me = threading.get_ident()
+        with self._changed:
+            mine = self._calls.pop(me, 0)
+            self._waiting += 1
+            try:
+                while self._tracer is not None or self._calls:
+                    self._changed.wait()
+            except BaseException:
+                if mine:
+                    self._calls[me] = mine
+                raise
+            finally:
+                self._waiting -= 1
+                self._changed.notify_all()
+            self._tracer = me
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._tracer = None
+                if mine:
+                    self._calls[me] = mine
+                self._changed.notify_all()
+
+
+GATE = _Gate()
 
 
 class Tracing:
@@ -221,7 +288,7 @@ class Tracing:
     def runners_without(self, none: frozenset[str]) -> Runners:
         """The code run when the arguments ``none`` are None, traced now if no call left
         them None before; what the new trace reads is watched from then on."""
-        with _TRACING:
+        with GATE.tracing():
             found = self.runners.get(none)
             if found is None:
                 # What a compiled call does not check before it comes here: the model is

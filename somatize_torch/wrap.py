@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -92,7 +93,7 @@ from somatize_torch._errors import (
 )
 from somatize_torch._modes import unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
-from somatize_torch._tracing import Runners, Tracing, optional_of
+from somatize_torch._tracing import GATE, Runners, Tracing, optional_of
 from somatize_torch._values import Values
 from somatize_torch.freeze import ModuleNode
 
@@ -360,6 +361,17 @@ class Wrapped(nn.Module):
 
 
 def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
+    if not torch.compiler.is_compiling():
+        # Not while another thread traces a model: its modules are in the mode traced.
+        entered: set[int] = _gated.__dict__.setdefault("wrapped", set())
+        if id(self) not in entered:
+            GATE.enter()
+            entered.add(id(self))
+            try:
+                return _forward(self, *args, **kwargs)
+            finally:
+                entered.discard(id(self))
+                GATE.leave()
     none = _left_none(self._optional, args, kwargs) if self._optional else frozenset()
     if not torch.compiler.is_compiling():
         self._follow()
@@ -397,6 +409,10 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
     if self._switches:
         return _unwinding(runner, *args, **kwargs)
     return runner(*args, **kwargs)
+
+
+_gated = threading.local()
+"""The wrapped models this thread's eager calls are in, each let in by :data:`GATE`."""
 
 
 def _left_none(
@@ -590,7 +606,8 @@ def wrap(
     wrapped = Wrapped.__new__(Wrapped)
     tracing = Tracing(model, frozen_names, cached_names, wrapped)
     optional = optional_of(model)
-    tracing.trace_first(name for name, _, by_default in optional if by_default)
+    with GATE.tracing():
+        tracing.trace_first(name for name, _, by_default in optional if by_default)
     first = tracing.first
     assert first is not None
     graph = Graph.somatize(Expr(list(first.nodes.values()), first.edges, first.outputs))

@@ -2072,6 +2072,75 @@ def test_a_wrapped_model_traced_with_arguments_none_is_pickled_and_copied(
                 assert torch.equal(call(copied), call(model))
 
 
+_TRACED_WITHOUT_MASK = threading.Event()
+_GO_ON = threading.Event()
+
+
+class HoldsItsTrace(nn.Module):
+    """Drops out in train mode; traced with no mask, says so and waits to go on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.drop(self.encoder(x))
+        if mask is None:
+            _TRACED_WITHOUT_MASK.set()
+            _GO_ON.wait(10)
+            return h
+        return h * mask
+
+
+def test_a_call_made_while_another_thread_traces_the_model_waits_for_the_trace(
+    store: Store,
+) -> None:
+    """fx replaces how every module is called while it traces, and the model's modules are
+    put in the mode traced: a call made in another thread while a first call leaving an
+    argument None traces the model waits for the trace, and answers as the model does,
+    rather than being traced into it, or run in the other mode."""
+    torch.manual_seed(0)
+    model = HoldsItsTrace().eval()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
+    _GO_ON.set()
+    with torch.no_grad():
+        expected = model(x, mask), model(x)
+    _TRACED_WITHOUT_MASK.clear()
+    _GO_ON.clear()
+    answers: list[Any] = []
+
+    def other() -> None:
+        _TRACED_WITHOUT_MASK.wait(10)
+        with torch.no_grad():
+            try:
+                answers.append(wrapped(x, mask))
+            except Exception as error:  # what a call taken into the trace raises
+                answers.append(error)
+
+    def go_on(calling: threading.Thread) -> None:
+        _TRACED_WITHOUT_MASK.wait(10)
+        calling.join(1.0)  # returns at once where the call is not held off
+        _GO_ON.set()
+
+    calling = threading.Thread(target=other)
+    releasing = threading.Thread(target=go_on, args=(calling,))
+    calling.start()
+    releasing.start()
+    try:
+        with torch.no_grad():
+            traced = wrapped(x)
+    finally:
+        _GO_ON.set()
+        calling.join()
+        releasing.join()
+    assert torch.equal(traced, expected[1])
+    assert len(answers) == 1 and isinstance(answers[0], torch.Tensor), answers
+    assert torch.equal(answers[0], expected[0])
+
+
 class Flagged(nn.Module):
     """Doubles its answer when handed a true flag: a branch on an argument's value."""
 
