@@ -426,6 +426,8 @@ def _call_of(node: fx.Node) -> _Call:
             return list(map(plain, value))
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, slice):  # `x[:, :n]` handed on, `n` an input
+            return slice(plain(value.start), plain(value.stop), plain(value.step))
         return value
 
     return _Call(str(node.target), plain(node.args), plain(node.kwargs))
@@ -457,6 +459,10 @@ def _places(first: _Split, name: str, now: _Call, inner: nn.Module) -> list[int 
             )
         if isinstance(a, dict):
             return isinstance(b, dict) and list(a) == list(b) and all(walk(a[k], b[k]) for k in a)
+        if isinstance(a, slice):
+            return isinstance(b, slice) and walk(
+                (a.start, a.stop, a.step), (b.start, b.stop, b.step)
+            )
         return bool(_constant(a) == _constant(b))
 
     if was.target != now.target or not (walk(was.args, now.args) and walk(was.kwargs, now.kwargs)):

@@ -2327,6 +2327,44 @@ class Attention(nn.Module):
         return self.linear(q) + 2 * k + 3 * v
 
 
+class Rows(nn.Module):
+    """Answers the rows of its projection a slice it is handed picks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, rows: slice) -> torch.Tensor:
+        return self.linear(x)[rows]
+
+
+class HandsOnASlice(nn.Module):
+    """Hands its declared submodule a slice made of its input's length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows = Rows()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        n = x.shape[0] - 1
+        h = self.rows(x, slice(0, n))
+        return h if mask is None else h * mask[:n]
+
+
+def test_a_declared_call_handed_a_slice_of_inputs_runs_when_an_argument_is_left_none(
+    store: Store,
+) -> None:
+    """A declared call handed a slice made of an input (`slice(0, n)`) is the same call
+    in the code traced with an argument None, and runs there as the forward does."""
+    model = HandsOnASlice()
+    wrapped = smt.wrap(model, frozen=["rows"], store=store)
+    smt.freeze(wrapped)
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, mask), model(x, mask))
+        assert torch.equal(wrapped(x), model(x))
+
+
 class AttendsToContext(nn.Module):
     """Attends to a context when given one, to its own input otherwise."""
 
