@@ -463,7 +463,8 @@ def _places(first: _Split, name: str, now: _Call, inner: nn.Module) -> list[int 
             return isinstance(b, slice) and walk(
                 (a.start, a.stop, a.step), (b.start, b.stop, b.step)
             )
-        return bool(_constant(a) == _constant(b))
+        # Compared as the calls' descriptions are (a NaN constant is itself).
+        return bool([_constant(a)] == [_constant(b)])
 
     if was.target != now.target or not (walk(was.args, now.args) and walk(was.kwargs, now.kwargs)):
         return None

@@ -2365,6 +2365,47 @@ def test_a_declared_call_handed_a_slice_of_inputs_runs_when_an_argument_is_left_
         assert torch.equal(wrapped(x), model(x))
 
 
+class Filled(nn.Module):
+    """Adds the number it is handed, or zeroes what is not a number when handed NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, fill: float) -> torch.Tensor:
+        h = self.linear(x)
+        return torch.nan_to_num(h, nan=0.0) if fill != fill else h + fill
+
+
+_NAN = float("nan")
+
+
+class HandsOnNaN(nn.Module):
+    """Hands its declared submodule a NaN constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.filled = Filled()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.filled(x, _NAN)
+        return h if mask is None else h * mask
+
+
+def test_a_declared_call_handed_a_nan_constant_runs_when_an_argument_is_left_none(
+    store: Store,
+) -> None:
+    """A declared call handed a NaN constant is the same call in the code traced with an
+    argument None: the constant is itself, as in the call's description."""
+    model = HandsOnNaN()
+    wrapped = smt.wrap(model, frozen=["filled"], store=store)
+    smt.freeze(wrapped)
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, mask), model(x, mask))
+        assert torch.equal(wrapped(x), model(x))
+
+
 class AttendsToContext(nn.Module):
     """Attends to a context when given one, to its own input otherwise."""
 
