@@ -466,7 +466,11 @@ def _places(first: _Split, name: str, now: _Call, inner: nn.Module) -> list[int 
         # Compared as the calls' descriptions are (a NaN constant is itself).
         return bool([_constant(a)] == [_constant(b)])
 
-    if was.target != now.target or not (walk(was.args, now.args) and walk(was.kwargs, now.kwargs)):
+    # Keyword arguments are the same call in any order (`enc(x, a=p, b=q)`, `b=q, a=p`).
+    named = was.kwargs.keys() == now.kwargs.keys() and all(
+        walk(was.kwargs[k], now.kwargs[k]) for k in was.kwargs
+    )
+    if was.target != now.target or not (walk(was.args, now.args) and named):
         return None
     handed: dict[str, _Input | None] = {}
     for a, b in pairs:

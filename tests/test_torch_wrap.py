@@ -2406,6 +2406,39 @@ def test_a_declared_call_handed_a_nan_constant_runs_when_an_argument_is_left_non
         assert torch.equal(wrapped(x), model(x))
 
 
+class NamesOtherwise(nn.Module):
+    """Hands its declared attention its keys and values by name, in one order when given a
+    mask and in the other without one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = Attention()
+
+    def forward(
+        self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if mask is None:
+            return self.attention(x, v=x * 2, k=y)
+        return self.attention(x, k=y, v=x * 2) * mask
+
+
+def test_a_declared_call_naming_its_arguments_in_another_order_runs_as_the_forward_does(
+    store: Store,
+) -> None:
+    """A declared call handed its arguments by name in another order, in the code traced
+    with an argument None, is the same call: each is handed where it is named, and the
+    answer is recalled across the two."""
+    torch.manual_seed(0)
+    model = NamesOtherwise()
+    wrapped = smt.wrap(model, frozen=["attention"], cached=["attention"], store=store)
+    smt.freeze(wrapped)
+    x, y, mask = torch.randn(3, 4), torch.randn(3, 4), torch.rand(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, y, mask), model(x, y, mask))
+        assert torch.equal(wrapped(x, y), model(x, y))
+    assert wrapped.counts["attention"] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
 class AttendsToContext(nn.Module):
     """Attends to a context when given one, to its own input otherwise."""
 
