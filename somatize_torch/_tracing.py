@@ -23,7 +23,7 @@ import inspect
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import fx, nn
 
@@ -36,7 +36,7 @@ from somatize_torch._values import Noted, Values
 if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
 
-__all__ = ["GATE", "Runners", "Tracing", "optional_of"]
+__all__ = ["Runners", "Tracing", "optional_of"]
 
 Runners = dict[bool, nn.Module | Untraceable]
 """The code run in train (True) and eval mode, or why the forward could not be traced in
@@ -44,13 +44,13 @@ that mode."""
 
 
 class _Gate:
-    """Keeps traces and the eager calls of wrapped models apart. While fx traces a model,
-    every module of it is put in the mode traced and its class notes what is read from
-    it: a call of the model running in another thread then (a first call leaving
-    arguments None traces while others run) would run in that mode. So a trace waits for
-    the calls running in other threads to end, and a call waits for the trace; traces are
-    taken one at a time, so threads making the same first call trace one after the
-    other, and the second finds the first's."""
+    """Keeps the traces of one model and its wrapped model's eager calls apart. While fx
+    traces the model, every module of it is put in the mode traced: a call of the wrapped
+    model running in another thread then (a first call leaving arguments None traces while
+    others run) would run in that mode. So a trace waits for the calls running in other
+    threads to end, and a call waits for the trace; traces are taken one at a time, so
+    threads making the same first call trace one after the other, and the second finds
+    the first's. A copy of the wrapped model gets a gate of its own."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
@@ -60,6 +60,9 @@ class _Gate:
         self._waiting = 0
         """The threads waiting to trace: a call begun then waits too, so that calls made
         one after the other in a busy thread do not hold a trace off for good."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Gate, ())
 
     def enter(self) -> None:
         """A call begins: once no other thread traces or waits to."""
@@ -110,9 +113,6 @@ class _Gate:
                 self._changed.notify_all()
 
 
-GATE = _Gate()
-
-
 class Tracing:
     """The traces of ``model`` taken so far, and what they read of it."""
 
@@ -139,6 +139,8 @@ class Tracing:
         the graph, and the shims every other trace is given."""
         self.first_none: frozenset[str] = frozenset()
         """The arguments the first trace took as None: none, or every optional one."""
+        self.gate = _Gate()
+        """Keeps this model's traces and its wrapped model's eager calls apart."""
         self.runners: dict[frozenset[str], Runners] = {}
         """Per set of optional arguments left None, the code each mode runs."""
 
@@ -288,7 +290,7 @@ class Tracing:
     def runners_without(self, none: frozenset[str]) -> Runners:
         """The code run when the arguments ``none`` are None, traced now if no call left
         them None before; what the new trace reads is watched from then on."""
-        with GATE.tracing():
+        with self.gate.tracing():
             found = self.runners.get(none)
             if found is None:
                 # What a compiled call does not check before it comes here: the model is

@@ -34,6 +34,7 @@ import math
 import operator
 import reprlib
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, cast
@@ -156,12 +157,15 @@ def reading(model: nn.Module, held: Callable[[str], Any] | None = None) -> Itera
 
     Each module's class is given, for the block, an attribute lookup and an
     assignment that note what they do (the classes themselves, so a module's class is
-    what it was: ``type(self) is Block`` holds), and what it had after. A class that
-    cannot be given them (one written in C) is not watched. It is entered inside
-    :func:`~somatize_torch._modes.recording`, which lets one trace run at a time: two
-    replacing one class's lookup at once would each put back what the other installed."""
+    what it was: ``type(self) is Block`` holds), and what it had after; they note what
+    the thread that entered the block does only, another thread's reads and writes go on
+    as ever. A class that cannot be given them (one written in C) is not watched. It is
+    entered inside :func:`~somatize_torch._modes.recording`, which lets one trace run at a
+    time: two replacing one class's lookup at once would each put back what the other
+    installed."""
     noted = Noted(model)
     kinds = list(dict.fromkeys(type(module) for module in model.modules()))
+    thread = threading.get_ident()  # another thread's reads and writes go on as ever
     # What each class's lookup and assignment were, before any was replaced: a class
     # that inherits them from another one replaced here calls the original.
     before = [
@@ -178,8 +182,8 @@ def reading(model: nn.Module, held: Callable[[str], Any] | None = None) -> Itera
     try:
         for kind, own_read, own_write, read, write in before:
             try:
-                kind.__getattribute__ = _noting_reads(read, noted, held)  # type: ignore[method-assign]
-                kind.__setattr__ = _noting_writes(write, noted)  # type: ignore[method-assign,assignment]
+                kind.__getattribute__ = _noting_reads(read, noted, held, thread)  # type: ignore[method-assign]
+                kind.__setattr__ = _noting_writes(write, noted, thread)  # type: ignore[method-assign,assignment]
             except TypeError:
                 _put(kind, "__getattribute__", own_read)
                 continue
@@ -201,9 +205,14 @@ def _put(kind: type, name: str, value: Any) -> None:
 
 
 def _noting_reads(
-    read: Callable[[Any, str], Any], noted: Noted, held: Callable[[str], Any] | None
+    read: Callable[[Any, str], Any],
+    noted: Noted,
+    held: Callable[[str], Any] | None,
+    thread: int,
 ) -> Callable[[Any, str], Any]:
     def __getattribute__(self: Any, name: str) -> Any:
+        if threading.get_ident() != thread:
+            return read(self, name)
         if (
             name in _UNNOTED
             or (name.startswith("__") and name.endswith("__"))
@@ -229,10 +238,11 @@ def _noting_reads(
 
 
 def _noting_writes(
-    write: Callable[[Any, str, Any], None], noted: Noted
+    write: Callable[[Any, str, Any], None], noted: Noted, thread: int
 ) -> Callable[[Any, str, Any], None]:
     def __setattr__(self: Any, name: str, value: Any) -> None:
-        noted.write(self, name)
+        if threading.get_ident() == thread:
+            noted.write(self, name)
         write(self, name, value)
 
     return __setattr__

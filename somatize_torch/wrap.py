@@ -93,7 +93,7 @@ from somatize_torch._errors import (
 )
 from somatize_torch._modes import unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
-from somatize_torch._tracing import GATE, Runners, Tracing, optional_of
+from somatize_torch._tracing import Runners, Tracing, optional_of
 from somatize_torch._values import Values
 from somatize_torch.freeze import ModuleNode
 
@@ -361,17 +361,18 @@ class Wrapped(nn.Module):
 
 
 def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
-    if not torch.compiler.is_compiling():
-        # Not while another thread traces a model: its modules are in the mode traced.
+    tracing = self._tracing
+    if tracing is not None and not torch.compiler.is_compiling():
+        # Not while another thread traces the model: its modules are in the mode traced.
         entered: set[int] = _gated.__dict__.setdefault("wrapped", set())
         if id(self) not in entered:
-            GATE.enter()
+            tracing.gate.enter()
             entered.add(id(self))
             try:
                 return _forward(self, *args, **kwargs)
             finally:
                 entered.discard(id(self))
-                GATE.leave()
+                tracing.gate.leave()
     none = _left_none(self._optional, args, kwargs) if self._optional else frozenset()
     if not torch.compiler.is_compiling():
         self._follow()
@@ -412,7 +413,7 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
 
 
 _gated = threading.local()
-"""The wrapped models this thread's eager calls are in, each let in by :data:`GATE`."""
+"""The wrapped models this thread's eager calls are in, each let in by its gate."""
 
 
 def _left_none(
@@ -465,12 +466,12 @@ def _traced_without(self: Wrapped, none: frozenset[str]) -> Runners:
 
 _not_compiled: Callable[..., Callable[..., Any]] = torch.compiler.disable
 _unwinding = _not_compiled(unwinding, recursive=False)
-_trace_eagerly = _not_compiled(Tracing.runners_without)
-"""A trace taken in a compiled call runs eagerly: fx cannot trace inside a compiled one."""
 """:func:`unwinding`, never compiled itself, the runner it calls compiled: so a compiled
 call that fails leaves the modes as an eager one does. (torch.compile gives up on a
 ``try`` around code with graph breaks, after a failed attempt, and runs its frame eagerly
 anyway.)"""
+_trace_eagerly = _not_compiled(Tracing.runners_without)
+"""A trace taken in a compiled call runs eagerly: fx cannot trace inside a compiled one."""
 
 
 def _marks(graph: Graph, name: str) -> list[str]:
@@ -606,8 +607,7 @@ def wrap(
     wrapped = Wrapped.__new__(Wrapped)
     tracing = Tracing(model, frozen_names, cached_names, wrapped)
     optional = optional_of(model)
-    with GATE.tracing():
-        tracing.trace_first(name for name, _, by_default in optional if by_default)
+    tracing.trace_first(name for name, _, by_default in optional if by_default)
     first = tracing.first
     assert first is not None
     graph = Graph.somatize(Expr(list(first.nodes.values()), first.edges, first.outputs))

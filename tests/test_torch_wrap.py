@@ -2141,6 +2141,70 @@ def test_a_call_made_while_another_thread_traces_the_model_waits_for_the_trace(
     assert torch.equal(answers[0], expected[0])
 
 
+_SCALES_TRACED = threading.Event()
+_SCALES_GO_ON = threading.Event()
+
+
+class HoldsAScale(nn.Module):
+    """Scales by a tensor it keeps as a plain attribute; traced with no mask, says so and
+    waits to go on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.scale = torch.full((4,), 2.0)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.encoder(x) * self.scale
+        if mask is None:
+            _SCALES_TRACED.set()
+            _SCALES_GO_ON.wait(10)
+            return h
+        return h * mask
+
+
+def test_the_model_called_in_another_thread_while_it_is_traced_runs_as_ever(
+    store: Store,
+) -> None:
+    """While a model is traced, what is read from and assigned to its modules is noted in
+    the tracing thread only: the model itself called in another thread meanwhile (not
+    through the wrapper, which waits for the trace) reads its own tensors, not the trace's
+    stand-ins for them, and answers as it does alone."""
+    torch.manual_seed(0)
+    model = HoldsAScale()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
+    _SCALES_GO_ON.set()
+    with torch.no_grad():
+        expected = model(x, mask)
+    _SCALES_TRACED.clear()
+    _SCALES_GO_ON.clear()
+    answers: list[Any] = []
+
+    def call_the_model() -> None:
+        _SCALES_TRACED.wait(10)
+        with torch.no_grad():
+            try:
+                answers.append(model(x, mask))
+            except Exception as error:  # what a read taken into the trace raises
+                answers.append(error)
+        _SCALES_GO_ON.set()
+
+    calling = threading.Thread(target=call_the_model)
+    calling.start()
+    try:
+        with torch.no_grad():
+            traced = wrapped(x)  # traced now, with `mask` None
+    finally:
+        _SCALES_GO_ON.set()
+        calling.join()
+    with torch.no_grad():
+        assert torch.equal(traced, model(x))
+    assert len(answers) == 1 and isinstance(answers[0], torch.Tensor), answers
+    assert torch.equal(answers[0], expected)
+
+
 class Flagged(nn.Module):
     """Doubles its answer when handed a true flag: a branch on an argument's value."""
 
