@@ -293,6 +293,23 @@ def _opened(where: str, tmp_path: Path, url: str) -> Any:
     return Store.on_bucket(url, backoff=0.0)
 
 
+def _a_gc_ends_after_the_first_look(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Has a gc of ``store`` end right after its next look at ``packs/``, as one of
+    another thread would; the list returned holds True once it has."""
+    look = store._refresh_packs
+    ended: list[bool] = []
+
+    def look_then_a_gc_ends() -> bool:
+        changed = look()
+        if not ended:
+            ended.append(True)
+            store.gc()  # another thread's, ending right after this look
+        return bool(changed)
+
+    monkeypatch.setattr(store, "_refresh_packs", look_then_a_gc_ends)
+    return ended
+
+
 @pytest.mark.parametrize("where", ["local", "bucket"])
 @pytest.mark.parametrize("ask", ["have", "recall"])
 def test_a_pack_let_go_of_by_a_gc_just_after_a_look_is_looked_for_again(
@@ -306,17 +323,7 @@ def test_a_pack_let_go_of_by_a_gc_just_after_a_look_is_looked_for_again(
     keys = [key for key, _ in items]
     _opened(where, tmp_path, url).keep_many(items, "plain")
     store = _opened(where, tmp_path, url)  # knows no pack yet
-    look = store._refresh_packs
-    ended: list[bool] = []
-
-    def look_then_a_gc_ends() -> bool:
-        changed = look()
-        if not ended:
-            ended.append(True)
-            store.gc()  # another thread's, ending right after this look
-        return changed
-
-    monkeypatch.setattr(store, "_refresh_packs", look_then_a_gc_ends)
+    ended = _a_gc_ends_after_the_first_look(store, monkeypatch)
     if ask == "have":
         assert store.have(keys) == set(keys)
     else:
@@ -365,17 +372,7 @@ def test_a_bucket_whose_first_look_a_gc_let_go_of_believes_no_older_record(
     time.sleep(0.01)
     writer.keep_many([(key, b"newer"), (key_of("beside it"), b"beside")], "plain")
     store = Store.on_bucket(url, backoff=0.0)
-    look = store._refresh_packs
-    ended: list[bool] = []
-
-    def look_then_a_gc_ends() -> bool:
-        changed = look()
-        if not ended:
-            ended.append(True)
-            store.gc()  # another thread's, ending right after this look
-        return changed
-
-    monkeypatch.setattr(store, "_refresh_packs", look_then_a_gc_ends)
+    ended = _a_gc_ends_after_the_first_look(store, monkeypatch)
     assert bytes(store.recall(key)[1]) == b"newer"
     assert ended
 

@@ -13,9 +13,10 @@ import threading
 import time
 import types
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from random import random as draw_at_random
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import pytest
@@ -29,6 +30,8 @@ from somatize import Graph, NotSettled, Opaque, Store, Unsettled
 from somatize.codecs import CodecError
 from somatize.keys import node_key, node_prefix, root_key
 from somatize_torch._modes import in_torch
+
+M = TypeVar("M", bound=nn.Module)
 
 
 class Encoder(nn.Module):
@@ -1803,10 +1806,11 @@ class Chained(nn.Module):
         return x
 
 
-def _stacked(store: Store) -> tuple[nn.Module, Stacked]:
-    """A :class:`Stacked` model wrapped with its encoder frozen and cached, and the model."""
+def _encoder_cached(kind: Callable[[], M], store: Store) -> tuple[nn.Module, M]:
+    """A model made by ``kind`` (seeded) wrapped with its encoder frozen and cached, and
+    the model."""
     torch.manual_seed(0)
-    model = Stacked()
+    model = kind()
     wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
     smt.freeze(wrapped)
     return wrapped, model
@@ -1831,7 +1835,7 @@ def test_a_container_the_forward_ran_through_changed_after_wrap_is_refused(
     a container the forward went through after `wrap` would not run as the model runs
     it, so the next call is refused, naming the container; a layer replaced in place is
     the one that runs."""
-    wrapped, model = _stacked(store)
+    wrapped, model = _encoder_cached(Stacked, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         wrapped(x)
@@ -1850,7 +1854,7 @@ def test_a_layer_replaced_after_a_container_was_grown_and_cut_back_is_the_one_th
     """Removing a layer from a `ModuleList` makes it a table of children anew: a layer
     appended, then removed — refused in between — and another put in place of the first
     is the one that runs, as it does in the model."""
-    wrapped, model = _stacked(store)
+    wrapped, model = _encoder_cached(Stacked, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         wrapped(x)
@@ -1883,7 +1887,7 @@ def test_hooks_or_a_forward_given_to_what_was_traced_after_wrap_are_refused(
     hooks: a hook registered on either after `wrap`, or a `forward` given to a block
     traced into, would not run, so the next call is refused; a hook on a layer called
     whole runs as it does in the model."""
-    wrapped, model = _stacked(store)
+    wrapped, model = _encoder_cached(Stacked, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         wrapped(x)
@@ -2002,14 +2006,6 @@ def test_a_forward_taking_arguments_by_place_only_is_wrapped(store: Store) -> No
         assert torch.equal(wrapped(x, None, 2.0), model(x, None, 2.0))
 
 
-def _optional(store: Store) -> tuple[nn.Module, Optional]:
-    torch.manual_seed(0)
-    model = Optional()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
-    return wrapped, model
-
-
 def test_a_call_leaving_optional_arguments_none_runs_code_traced_with_them_none(
     store: Store,
 ) -> None:
@@ -2017,7 +2013,7 @@ def test_a_call_leaving_optional_arguments_none_runs_code_traced_with_them_none(
     `None` is not in the code `wrap` traced: a call that leaves optional arguments None
     (left out, or given so, by place or by name) runs code traced with those None, in
     either mode, and the declared encoder stays one cached node in all of them."""
-    wrapped, model = _optional(store)
+    wrapped, model = _encoder_cached(Optional, store)
     x, scale, shift = torch.randn(3, 4), torch.full((3, 4), 2.0), torch.full((4,), 0.5)
     calls = [
         lambda m: m(x, scale, shift=shift),
@@ -2041,7 +2037,7 @@ def test_a_value_the_code_traced_with_an_argument_none_read_is_watched(store: St
     """Code traced for a call that leaves an argument None is traced from the model as it
     is then (a value changed before is read as it is), and what it read is watched from
     then on: changed, the next call is refused, whichever code it runs."""
-    wrapped, model = _optional(store)
+    wrapped, model = _encoder_cached(Optional, store)
     x, scale = torch.randn(3, 4), torch.full((3, 4), 2.0)
     with torch.no_grad():
         assert torch.equal(wrapped(x, scale), model(x, scale))
@@ -2060,7 +2056,7 @@ def test_a_wrapped_model_traced_with_arguments_none_is_pickled_and_copied(
     annotations`, as here) and that was traced again for a call leaving arguments None is
     pickled (`torch.save` of a model holding it) and copied, and each copy answers as the
     model does, given them or not."""
-    wrapped, model = _optional(store)
+    wrapped, model = _encoder_cached(Optional, store)
     x, scale = torch.randn(3, 4), torch.full((3, 4), 2.0)
     with torch.no_grad():
         wrapped(x)
