@@ -47,6 +47,7 @@ originals in every other thread, and are put back when the trace ends.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import inspect
 import os
@@ -247,6 +248,36 @@ def _draw(name: str, source: str) -> Callable[..., Any]:
     return draw
 
 
+_OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+"""This package's folder: its own checks of what it is handed are not the forward's."""
+
+
+def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any, kinds: Any) -> Any:
+    """``isinstance`` in the tracing thread: the forward asking whether what fx hands it in
+    a tensor's place is a tensor, which it never is while fx traces (a stand-in), so the
+    branch fx keeps would be the one for a value that is no tensor."""
+    if original(value, fx.Proxy) and _names_a_tensor(kinds, original):
+        caller = sys._getframe(2).f_code.co_filename
+        if not (in_torch(caller) or caller.startswith(_OURS)):
+            raise Fixed(
+                "asks whether a value fx stands in for is a tensor (`isinstance(x, "
+                "torch.Tensor)`): while fx traces, no input, buffer or value made of them is "
+                "one, so the branch kept would be the one for a value that is no tensor, and "
+                "the wrapped model would take it in every call"
+            )
+    return original(value, kinds)
+
+
+def _names_a_tensor(kinds: Any, check: Callable[..., Any]) -> bool:
+    """Whether ``kinds`` (a class, a tuple or union of them) names torch's tensor or a
+    subclass of it."""
+    if check(kinds, tuple):
+        return any(_names_a_tensor(kind, check) for kind in kinds)
+    if check(kinds, type):
+        return issubclass(kinds, torch.Tensor)
+    return any(_names_a_tensor(kind, check) for kind in getattr(kinds, "__args__", ()))
+
+
 def _flag(name: str) -> Callable[..., Any]:
     def flag(recorder: _Recorder, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise Fixed(
@@ -370,6 +401,7 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
     """Each function replaced while a thread traces ``model``: where it lives, its name,
     and what the tracing thread gets instead."""
     found: list[tuple[Any, str, Callable[..., Any]]] = [
+        (builtins, "isinstance", _tensor_check),
         (torch._C, "_set_grad_enabled", _switch_grad),
         (torch, "is_grad_enabled", _read_grad),
         (torch, "is_inference_mode_enabled", _read("is_inference_mode_enabled", "mode")),

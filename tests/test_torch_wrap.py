@@ -334,6 +334,45 @@ def test_untraceable_model_error_names_the_call() -> None:
         smt.wrap(Untraceable(), frozen=["linear"])
 
 
+class AsksIfTensor(nn.Module):
+    """Scales by its mask only if the mask is a tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, mask: Any = 1.0) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * mask if isinstance(mask, torch.Tensor) else h
+
+
+class AsksIfTensorOrNone(AsksIfTensor):
+    """The same, its mask optional."""
+
+    def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        return super().forward(x, mask)
+
+
+def test_a_forward_asking_if_what_fx_stands_in_for_is_a_tensor_is_refused(
+    store: Store,
+) -> None:
+    """fx hands the forward stand-ins, which are no tensors: `isinstance(mask,
+    torch.Tensor)` is False while it traces, and the branch kept would ignore the mask in
+    every call. Refused, naming the line; with the argument optional, the forward is traced
+    with it None, and a call that gives it is refused so."""
+    with pytest.raises(smt.Untraceable, match=r"isinstance\(mask, torch\.Tensor\).*no tensor"):
+        smt.wrap(AsksIfTensor(), frozen=["encoder"], store=store)
+    torch.manual_seed(0)
+    model = AsksIfTensorOrNone()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        with pytest.raises(smt.Untraceable, match=r"isinstance\(mask, torch\.Tensor\)"):
+            wrapped(x, torch.full((3, 4), 2.0))
+
+
 def test_wrapping_a_single_module_needs_no_tracing(store: Store) -> None:
     """`wrap(module, frozen=True, cached=True)` works on a module fx cannot trace."""
     torch.manual_seed(0)
