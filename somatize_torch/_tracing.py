@@ -135,8 +135,9 @@ class Tracing:
         self.reads: list[_Read] = []
         self.switching = False
         self.first: _Split | None = None
-        """The model traced in the mode it was wrapped in, every optional argument given:
-        the graph, and the shims every other trace is given."""
+        """The model traced in the mode it was wrapped in, every optional argument given
+        (or every one None: :attr:`first_none`): the graph, and the shims every other
+        trace is given."""
         self.first_none: frozenset[str] = frozenset()
         """The arguments the first trace took as None: none, or every optional one."""
         self.gate = _Gate()
@@ -146,8 +147,8 @@ class Tracing:
 
     def trace(self, none: frozenset[str]) -> Runners:
         """The code run when the arguments ``none`` are None, traced in both modes; the
-        first trace (nothing left None) raises Untraceable where the mode the model is
-        in cannot be traced, any other keeps it as that mode's runner. What a trace went
+        first trace raises Untraceable where the mode the model is in cannot be traced,
+        any other keeps it as that mode's runner. What a trace went
         through and read is taken in once both modes are cut, not from a trace refused."""
         runners: Runners = {}
         done: list[tuple[fx.GraphModule, nn.Module]] = []
