@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from somatize_torch._codec_header import _strides_overflow
-from somatize_torch.codec import TENSOR, _check_bools, row_layout
+from somatize_torch.codec import TENSOR, _check_bools, inverse_order, row_layout
 from somatize_torch.digest import host_bytes, memory_of
 
 __all__ = ["decode_rows", "empty_rows", "encode_rows", "laid_out", "row_order"]
@@ -42,7 +42,7 @@ def laid_out(rows: torch.Tensor, order: list[int] | None) -> torch.Tensor:
         return rows
     if order is None:
         return rows.contiguous()
-    return rows.permute(order).contiguous().permute(_inverse(order))
+    return rows.permute(order).contiguous().permute(inverse_order(order))
 
 
 def empty_rows(
@@ -53,14 +53,7 @@ def empty_rows(
     if order is None:
         return torch.empty(shape, dtype=dtype, device=device)
     held = torch.empty([shape[d] for d in order], dtype=dtype, device=device)
-    return held.permute(_inverse(order))
-
-
-def _inverse(order: list[int]) -> list[int]:
-    back = [0] * len(order)
-    for place, dim in enumerate(order):
-        back[dim] = place
-    return back
+    return held.permute(inverse_order(order))
 
 
 def encode_rows(
@@ -80,7 +73,7 @@ def encode_rows(
     if order is None:
         first = rows[0].contiguous()  # a batch in another order is written in C order
     else:
-        first = rows[0].permute(_inverse([d - 1 for d in order[1:]]))
+        first = rows[0].permute(inverse_order([d - 1 for d in order[1:]]))
     header = bytes(TENSOR.encode(first)[0])
     flat = host_bytes(rows)
     size = flat.nbytes // rows.shape[0]

@@ -341,10 +341,16 @@ def _memory_order(tensor: torch.Tensor) -> tuple[torch.Tensor, list[int] | None]
     stored = tensor.permute(order)
     if not stored.is_contiguous():  # overlapping, or with gaps: written in C order
         return tensor, None
+    return stored, inverse_order(order)
+
+
+def inverse_order(order: list[int]) -> list[int]:
+    """The permutation that puts back what ``order`` permuted: ``t.permute(order)
+    .permute(inverse_order(order))`` is ``t``."""
     back = [0] * len(order)
     for place, dim in enumerate(order):
         back[dim] = place
-    return stored, back
+    return back
 
 
 def _which(kind: str, name: str) -> str:
