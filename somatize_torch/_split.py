@@ -327,7 +327,7 @@ def _split(
             if first is not None and name in first.shims:
                 shim = first.shims[name]
                 was = dict(first.calls)[name]
-                places = _places(first, name, _call_of(fx_node), inner)
+                places = _places(first, name, called[name], inner)
                 if places is None and described == was:
                     # The same constants, its inputs handed in other places (one input
                     # in two): the first cut's shim cannot take them.

@@ -130,6 +130,8 @@ class Tracing:
         self.wrapped = wrapped
         self.mode = bool(model.training)
         """The mode the model was wrapped in, traced first."""
+        self.signature = forward_signature(model)
+        """The signature of the model's forward, read once."""
         self.through: set[str] = set()
         self.read: Noted | None = None
         self.reads: list[_Read] = []
@@ -339,13 +341,20 @@ def _with_none(error: Untraceable, none: frozenset[str]) -> Untraceable:
     return said
 
 
+def forward_signature(model: nn.Module) -> inspect.Signature | None:
+    """The signature of ``model``'s forward; None where it cannot be read."""
+    try:
+        return inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return None
+
+
 def optional_of(model: nn.Module) -> tuple[tuple[str, int | None, bool], ...]:
     """The named arguments of ``model``'s forward, each with its place among the
     positional ones (None for a keyword-only one) and whether it defaults to None: a call
     may leave any of them None, given so, and one that defaults to None left out."""
-    try:
-        signature = inspect.signature(model.forward)
-    except (TypeError, ValueError):
+    signature = forward_signature(model)
+    if signature is None:
         return ()
     varying = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     # A forward taking `*args` or `**kwargs` is traced once: one of its arguments given

@@ -93,7 +93,7 @@ from somatize_torch._errors import (
 )
 from somatize_torch._modes import unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
-from somatize_torch._tracing import Runners, Tracing, optional_of
+from somatize_torch._tracing import Runners, Tracing, forward_signature, optional_of
 from somatize_torch._values import Values
 from somatize_torch.freeze import ModuleNode
 
@@ -406,7 +406,8 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         )
     if none:
         # Traced with those arguments fixed at None: each argument in its place.
-        args, kwargs = _in_order(self.model, args, kwargs), {}
+        assert self._tracing is not None and self._tracing.signature is not None
+        args, kwargs = _in_order(self._tracing.signature, args, kwargs), {}
     if self._switches:
         return _unwinding(runner, *args, **kwargs)
     return runner(*args, **kwargs)
@@ -433,10 +434,12 @@ def _left_none(
     )
 
 
-def _in_order(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """Every argument of ``model``'s forward, each in its place, defaults filled in: how
-    fx's code traced with some fixed at None takes them (it names those otherwise)."""
-    bound = inspect.signature(model.forward).bind(*args, **kwargs)
+def _in_order(
+    signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, ...]:
+    """Every argument of a forward of ``signature``, each in its place, defaults filled in:
+    how fx's code traced with some fixed at None takes them (it names those otherwise)."""
+    bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     return tuple(bound.arguments.values())
 
@@ -445,9 +448,13 @@ def _traced_without(self: Wrapped, none: frozenset[str]) -> Runners:
     """The code run when the optional arguments ``none`` are None, traced now if no call
     left them None before."""
     tracing = self._tracing
-    varying = tracing is not None and any(
-        p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-        for p in inspect.signature(self.model.forward).parameters.values()
+    varying = (
+        tracing is not None
+        and tracing.signature is not None
+        and any(
+            p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+            for p in tracing.signature.parameters.values()
+        )
     )
     if tracing is None or varying:
         name = sorted(none)[0]
@@ -484,7 +491,7 @@ def _marks(graph: Graph, name: str) -> list[str]:
 
 
 def _signature_of(model: nn.Module) -> inspect.Signature | None:
-    inner = _own_signature(model)
+    inner = forward_signature(model)
     if inner is None:
         return None
     only = inspect.Parameter.POSITIONAL_ONLY
@@ -496,13 +503,6 @@ def _signature_of(model: nn.Module) -> inspect.Signature | None:
     )
     this = inspect.Parameter("self", kind)
     return inner.replace(parameters=[this, *inner.parameters.values()])
-
-
-def _own_signature(model: nn.Module) -> inspect.Signature | None:
-    try:
-        return inspect.signature(model.forward)
-    except (TypeError, ValueError):
-        return None
 
 
 # ------------------------------------------------------------------------------ declaring
@@ -641,7 +641,7 @@ def _whole(
     shim: nn.Module
     if cached:
         node.cached(cached_names[""])
-        shim = _Cached(node, call, wrapped, _own_signature(model))
+        shim = _Cached(node, call, wrapped, forward_signature(model))
     else:
         shim = _Declared(node, call)
     graph = Graph.somatize(node)
