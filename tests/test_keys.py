@@ -107,6 +107,44 @@ def test_large_bytes_weighed_with_every_core() -> None:
     assert keying.root_key(data) == expected
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        {},
+        {"at": 0, "take": 64},
+        {"take": 64, "at": 0},
+        {"é": -(1 << 70), "a": "x" * 100, "b": 1.5, "c": -0.0, "d": float("nan")},
+        {"a": True},
+        {"a": None},
+        {"a": [1, 2]},
+        {"a": {"b": 1}},
+        {"a": b"x"},
+        {"a": Opaque(b"x" * 10)},
+    ],
+)
+def test_a_dict_input_is_keyed_as_its_encoding(value: dict[str, object]) -> None:
+    """A dict input keyed on the short path of a coordinate (str keys; int, str and float
+    values) is keyed exactly as the general encoding writes it, and any other dict falls
+    to that encoding."""
+    parts = canonical.parts_of(value, "the input", weighs=True)
+    expected = "blake3:" + blake3.blake3(keying._ROOT + b"".join(parts)).hexdigest()
+    assert keying.root_key(value) == expected
+
+
+def test_a_coordinates_key_tells_its_values_types_apart() -> None:
+    """1, 1.0 and True, and 0.0 and -0.0, are other inputs on the short path too."""
+    keys = {keying.root_key({"a": v}) for v in (1, 1.0, True, 0.0, -0.0, "1", 0)}
+    assert len(keys) == 7
+
+
+def test_a_dict_with_keys_not_str_is_still_refused() -> None:
+    """A dict with a key that is no str is refused, naming it, as before."""
+    with pytest.raises(canonical.NotCanonical, match="has a key 1"):
+        keying.root_key({1: 2})
+    with pytest.raises(canonical.NotCanonical, match="has a key 1"):
+        keying.root_key({"a": 1, 1: 2})
+
+
 def test_key_after_a_head_is_the_node_key() -> None:
     """The precomputed-head path gives exactly the node key, for one input or several."""
     prefix = keying.node_prefix("m:C", "blake3:" + "1" * 64, "blake3:" + "2" * 64, None)
