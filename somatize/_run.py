@@ -113,17 +113,36 @@ class _Run:
     def load(self, plan: Plan) -> bool:
         """Reads every recalled answer; False (with the damaged keys dropped) if one failed."""
         static = plan.static
+        loaded = self.loaded
         for node in plan.recall:
-            if node in self.loaded:
+            if node in loaded:
                 continue
-            keys = plan.items[node] if node in static.mapped else [plan.keys[node]]
+            if node not in static.mapped:
+                key = plan.keys[node]
+                value = self._read_one(node, key, static.fingerprint.get(node))
+                if value is _DAMAGED:
+                    plan.have.discard(key)
+                    return False
+                loaded[node] = value
+                continue
+            keys = plan.items[node]
             got = self.read(node, keys, static.fingerprint.get(node))
             damaged = [key for key in keys if got[key] is _DAMAGED]
             if damaged:
                 plan.have.difference_update(damaged)
                 return False
-            self.loaded[node] = [got[k] for k in keys] if node in static.mapped else got[keys[0]]
+            loaded[node] = [got[k] for k in keys]
         return True
+
+    def _read_one(self, node: str, key: str, fingerprint: str | None) -> Any:
+        """The decoded answer under ``key``; ``_DAMAGED`` if it could not be used."""
+        store = self.store
+        assert store is not None
+        try:
+            got: Any = store.recall(key)
+        except (Missing, Corrupt) as error:
+            got = error
+        return self._decode(node, key, got, fingerprint)
 
     def read(self, node: str, keys: Sequence[str], fingerprint: str | None) -> dict[str, Any]:
         """The decoded answers under ``keys``; ``_DAMAGED`` for each that could not be used."""
@@ -131,11 +150,7 @@ class _Run:
         assert store is not None
         if len(keys) == 1:
             key = keys[0]
-            try:
-                got: Any = store.recall(key)
-            except (Missing, Corrupt) as error:
-                got = error
-            return {key: self._decode(node, key, got, fingerprint)}
+            return {key: self._read_one(node, key, fingerprint)}
         found = store.recall_many(keys)
         return {key: self._decode(node, key, found.get(key), fingerprint) for key in keys}
 
