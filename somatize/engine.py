@@ -118,8 +118,8 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
     graph = state.graph
     broker = state.broker
     static = plan.static
-    running = set(plan.run)
-    recalled = set(plan.recall)
+    running = plan.running
+    recalled = plan.recalled
     values = state.values
     placement = graph.placement
     waiting = list(static.order)
@@ -249,8 +249,8 @@ def run(
                 plan.walk(wanted)
         value_of = _opened(x)
         static = plan.static
-        running = set(plan.run)
-        recalled = set(plan.recall)
+        running = plan.running
+        recalled = plan.recalled
         values = state.values
         placement = graph.placement
         if broker is not None and len(placement):

@@ -66,6 +66,11 @@ __all__ = [
 
 _KNOWN_INPUTS = 256
 """How many inputs' node keys a graph state remembers (see :attr:`Static.known`)."""
+_KNOWN_WALKS = 8
+"""How many walks a remembered input keeps (see :attr:`Static.known`)."""
+
+Walked = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], frozenset[str], frozenset[str]]
+"""What :meth:`Plan.walk` decides: recall, run, spared, and the first two as sets."""
 
 
 @dataclass
@@ -94,10 +99,15 @@ class Static:
     """Cached nodes answered whole (not mapped), whose keys the store is asked for."""
     itemized: tuple[str, ...] = ()
     """Cached mapped nodes whose item keys the store is asked for before running."""
-    known: dict[str, tuple[dict[str, str], list[str]]] = field(default_factory=dict)
-    """For a graph with no itemized node, the node keys and the keys asked of the store,
-    by the input's key — they follow from it and from this graph state alone — for the
-    last :data:`_KNOWN_INPUTS` inputs seen, so an input seen again is keyed in one hash."""
+    known: dict[
+        str, tuple[dict[str, str], list[str], dict[tuple[tuple[str, ...], frozenset[str]], Walked]]
+    ] = field(default_factory=dict)
+    """For a graph with no mapped node, the node keys and the keys asked of the store, by
+    the input's key — they follow from it and from this graph state alone — for the last
+    :data:`_KNOWN_INPUTS` inputs seen, so an input seen again is keyed in one hash; and
+    what the walk decided for it, by the outputs asked for and the keys the store had —
+    it follows from those, the keys and this graph state alone — for up to
+    :data:`_KNOWN_WALKS` of them."""
 
 
 def static_of(graph: Graph) -> Static:
@@ -172,7 +182,17 @@ def static_of(graph: Graph) -> Static:
 class Plan:
     """What one forward will do."""
 
-    __slots__ = ("have", "items", "keys", "recall", "run", "spared", "static")
+    __slots__ = (
+        "have",
+        "items",
+        "keys",
+        "recall",
+        "recalled",
+        "run",
+        "running",
+        "spared",
+        "static",
+    )
 
     def __init__(self, static: Static) -> None:
         self.static = static
@@ -180,10 +200,14 @@ class Plan:
         self.items: dict[str, list[str]] = {}
         """Item keys of mapped keyed nodes known before running (not the late ones)."""
         self.have: set[str] = set()
-        self.recall: list[str] = []
+        self.recall: tuple[str, ...] = ()
         """Nodes whose whole answer is recalled."""
-        self.run: list[str] = []
-        self.spared: list[str] = []
+        self.run: tuple[str, ...] = ()
+        self.spared: tuple[str, ...] = ()
+        self.recalled: frozenset[str] = frozenset()
+        """:attr:`recall`, as a set."""
+        self.running: frozenset[str] = frozenset()
+        """:attr:`run`, as a set."""
 
     def walk(self, outputs: Iterable[str]) -> None:
         """Decides recall / run / spared by walking backward from ``outputs``: spared is
@@ -213,7 +237,16 @@ class Plan:
                 run.append(node)
             else:
                 spared.append(node)
-        self.recall, self.run, self.spared = recall, run, spared
+        self.recall, self.run, self.spared = tuple(recall), tuple(run), tuple(spared)
+        self.recalled, self.running = frozenset(recall), frozenset(run)
+
+    def walked(self) -> Walked:
+        """What the last :meth:`walk` decided, to hand another plan (:meth:`walk_as`)."""
+        return self.recall, self.run, self.spared, self.recalled, self.running
+
+    def walk_as(self, walked: Walked) -> None:
+        """Decides as a plan with the same keys, store's keys and outputs did."""
+        self.recall, self.run, self.spared, self.recalled, self.running = walked
 
     def _answered(self, node: str) -> bool:
         if node in self.static.mapped:
@@ -245,16 +278,29 @@ def compile(
         if found is None:
             plan.keys = _node_keys(static, root)
             asked = [plan.keys[n] for n in static.whole]
+            walks: dict[tuple[tuple[str, ...], frozenset[str]], Walked] = {}
             known = static.known
             while len(known) >= _KNOWN_INPUTS:
                 try:  # the oldest; threads planning at once may have taken it already
                     known.pop(next(iter(known)), None)
                 except (StopIteration, RuntimeError):
                     break
-            known[root] = (plan.keys, asked)
+            known[root] = (plan.keys, asked, walks)
         else:
-            plan.keys, asked = found  # read, never written, after planning
+            plan.keys, asked, walks = found  # read, never written, after planning
         plan.have = store.have(asked) if asked else set()
+        # The walk follows from the keys (this input's), what the store has of them and
+        # the outputs asked for: the same three decide the same, and are remembered.
+        wanted = outputs if type(outputs) is tuple else tuple(outputs)
+        seen = (wanted, frozenset(plan.have))
+        walked = walks.get(seen)
+        if walked is not None:
+            plan.walk_as(walked)
+            return plan
+        plan.walk(wanted)
+        if len(walks) < _KNOWN_WALKS:
+            walks[seen] = plan.walked()
+        return plan
     elif static.keyed:
         keys = plan.keys
         root = None

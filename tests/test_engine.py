@@ -93,6 +93,53 @@ def test_one_have_query_per_forward(store: Store) -> None:
     assert counting.have_calls == 2
 
 
+class HidingStore(LocalStore):
+    """A local store whose have() does not tell of the keys in ``hidden``."""
+
+    hidden: frozenset[str] = frozenset()
+
+    def have(self, keys: Any) -> set[str]:
+        return super().have(keys) - self.hidden
+
+
+def test_an_input_seen_again_is_planned_by_what_the_store_has_and_what_is_asked(
+    store: Store,
+) -> None:
+    """The same input on the same graph is recalled only while the store says it has the
+    answer, spares only what the outputs asked for do not need, and runs again once a
+    node it depends on is changed: what was decided for it before is not taken again
+    when any of these differs."""
+    hiding = HidingStore(store.root)
+    g, rows, scale, top = _chain()
+    x = {"at": 0, "take": 8}
+
+    def outcome(**kwargs: Any) -> dict[str, str]:
+        g.forward(x, store=hiding, **kwargs)
+        assert g.record is not None
+        return g.record.outcome
+
+    assert outcome() == {"rows": "ran", "scale": "ran", "top": "ran"}
+    recalled = {"rows": "spared", "scale": "spared", "top": "recalled"}
+    assert outcome() == recalled
+    key = g.record.facts[2]["key"]  # type: ignore[union-attr]
+    hiding.hidden = frozenset({key})
+    assert outcome() == {"rows": "ran", "scale": "ran", "top": "ran"}
+    assert top.calls == 2
+    hiding.hidden = frozenset()
+    assert outcome() == recalled
+    assert outcome(outputs="scale") == {"rows": "ran", "scale": "ran", "top": "spared"}
+    assert outcome(outputs=("scale", "top")) == {"rows": "ran", "scale": "ran", "top": "recalled"}
+    assert outcome() == recalled
+    assert g.forward(x, store=hiding) == 14.0
+    scale.by = 3.0
+    assert g.forward(x, store=hiding) == 21.0
+    assert g.record.outcome == {"rows": "ran", "scale": "ran", "top": "ran"}
+    scale.by = 2.0
+    assert g.forward(x, store=hiding) == 14.0
+    assert g.record.outcome == recalled
+    assert (rows.calls, scale.calls, top.calls) == (5, 5, 3)
+
+
 def test_store_as_path(tmp_path: Path) -> None:
     """forward(store=...) takes a directory path as well as a Store."""
     g, _, _, top = _chain()
