@@ -47,6 +47,7 @@ __all__ = [
     "digest_of",
     "encode",
     "flat_dict",
+    "flat_entries",
     "hex_of",
     "is_canonical",
     "is_immutable",
@@ -212,14 +213,22 @@ def flat_dict(value: dict[Any, Any]) -> bytes | None:
     walk of :func:`parts_of`, whose bytes it equals (a test holds them equal); None for
     any other dict, which :func:`parts_of` then writes or refuses."""
     try:
-        names = sorted(value)
+        entries = sorted(value.items(), key=_name)
     except TypeError:
         return None
-    data = b"d" + _LEN.pack(len(names))
-    for name in names:
+    return flat_entries(entries)
+
+
+def _name(entry: tuple[Any, Any]) -> Any:
+    return entry[0]
+
+
+def flat_entries(entries: list[tuple[Any, Any]]) -> bytes | None:
+    """:func:`flat_dict` of the dict of ``entries``, given sorted by name."""
+    data = b"d" + _LEN.pack(len(entries))
+    for name, item in entries:
         if type(name) is not str:
             return None
-        item = value[name]
         kind = type(item)
         if kind is int:
             data += _str_bytes(name) + _int_bytes(item)

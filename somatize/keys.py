@@ -50,13 +50,46 @@ _MAPPED = b"somatize/mapped/%d/%d\0" % (KEY_VERSION, canonical.VERSION)
 _ITEM = b"somatize/item/%d\0" % KEY_VERSION
 
 
+_EXACT = frozenset((int, str))
+"""The types of the values of a coordinate whose key is remembered (see :data:`_SEEN`)."""
+_SEEN: dict[tuple[tuple[str, int | str], ...], str] = {}
+"""The keys of coordinates seen, by their entries in order: dicts of str keys and int or
+str values (of exactly these types, so that no equal value of another type — ``True``,
+``1.0``, a subclass — finds another's key), written in at most :data:`_SEEN_BYTES` bytes;
+the last :data:`_SEEN_MOST` of them."""
+_SEEN_MOST = 4096
+_SEEN_BYTES = 1024
+
+
 def root_key(value: Any, where: str = "the input") -> str:
     """The key of an input: its canonical encoding, or its codec's digest when Opaque (an
     Opaque inside a list, tuple or dict is written as its codec's digest too)."""
     if type(value) is dict:  # a coordinate, on every forward: written without the walk
-        flat = canonical.flat_dict(value)
+        entries = tuple(value.items())
+        for name, item in entries:
+            if type(name) is not str or type(item) not in _EXACT:
+                flat = canonical.flat_dict(value)
+                exact = False
+                break
+        else:
+            found = _SEEN.get(entries)
+            if found is not None:
+                return found
+            # Keyed from the entries read, not the dict, which another thread may change
+            # meanwhile: what is remembered under them is their key. Their names are
+            # distinct strs, so they sort by name alone.
+            flat = canonical.flat_entries(sorted(entries))
+            exact = True
         if flat is not None:
-            return "blake3:" + blake3.blake3(_ROOT + flat).hexdigest()
+            key = "blake3:" + blake3.blake3(_ROOT + flat).hexdigest()
+            if exact and len(flat) <= _SEEN_BYTES:
+                while len(_SEEN) >= _SEEN_MOST:
+                    try:  # the oldest; threads keying at once may have taken it already
+                        _SEEN.pop(next(iter(_SEEN)), None)
+                    except (StopIteration, RuntimeError):
+                        break
+                _SEEN[entries] = key
+            return key
     if isinstance(value, Opaque):
         return (
             "blake3:"

@@ -140,6 +140,21 @@ def test_an_input_seen_again_is_planned_by_what_the_store_has_and_what_is_asked(
     assert (rows.calls, scale.calls, top.calls) == (5, 5, 3)
 
 
+def test_an_input_changed_in_place_is_another_question(store: Store) -> None:
+    """A coordinate changed in place between forwards is keyed as it is now: its answer
+    is computed, not recalled from what the coordinate held before."""
+    g, rows, _, _ = _chain()
+    x = {"at": 0, "take": 8}
+    assert g.forward(x, store=store) == g.forward(x, store=store) == 14.0
+    x["take"] = 4
+    assert g.forward(x, store=store) == 6.0
+    x["at"] = True  # equal to 1, but another question
+    assert g.forward(x, store=store) == 8.0
+    x["at"] = 1
+    assert g.forward(x, store=store) == 8.0
+    assert rows.calls == 4
+
+
 def test_store_as_path(tmp_path: Path) -> None:
     """forward(store=...) takes a directory path as well as a Store."""
     g, _, _, top = _chain()

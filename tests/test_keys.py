@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import os
 import subprocess
 import sys
@@ -135,6 +136,46 @@ def test_a_coordinates_key_tells_its_values_types_apart() -> None:
     """1, 1.0 and True, and 0.0 and -0.0, are other inputs on the short path too."""
     keys = {keying.root_key({"a": v}) for v in (1, 1.0, True, 0.0, -0.0, "1", 0)}
     assert len(keys) == 7
+
+
+class _Str(str):
+    pass
+
+
+class _Number(enum.IntEnum):
+    ONE = 1
+
+
+def _encoded_key(value: object) -> str:
+    parts = canonical.parts_of(value, "the input", weighs=True)
+    return "blake3:" + blake3.blake3(keying._ROOT + b"".join(parts)).hexdigest()
+
+
+def test_a_coordinate_seen_again_is_keyed_by_what_it_holds_now() -> None:
+    """A coordinate's key, remembered once seen, is found only for entries of the same
+    names, values and types: a dict changed in place is keyed as it is now, and a value
+    equal to one seen but of another type (True, 1.0, an IntEnum, a str subclass) is
+    keyed, or refused, as the general encoding says."""
+    seen = {"at": 1, "take": "x"}
+    first = keying.root_key(seen)
+    assert keying.root_key(seen) == first == _encoded_key(seen)
+    assert keying.root_key({"take": "x", "at": 1}) == first
+    seen["at"] = 2
+    assert keying.root_key(seen) == _encoded_key(seen) != first
+    seen["at"] = 1
+    assert keying.root_key(seen) == first
+    for other in ({"at": True, "take": "x"}, {"at": 1.0, "take": "x"}):
+        assert keying.root_key(other) == _encoded_key(other) != first
+    for refused in (
+        {"at": _Number.ONE, "take": "x"},
+        {"at": 1, "take": _Str("x")},
+        {_Str("at"): 1, "take": "x"},
+    ):
+        with pytest.raises(canonical.NotCanonical):
+            keying.root_key(refused)
+    for at in range(keying._SEEN_MOST + 10):
+        keying.root_key({"at": at})
+    assert len(keying._SEEN) == keying._SEEN_MOST
 
 
 def test_a_dict_with_keys_not_str_is_still_refused() -> None:
