@@ -1,9 +1,10 @@
 """Where a forward finds its rows: the memory tiers, then the store, then the module.
 
 A forward looks its rows up nearest first (:mod:`somatize_torch.residency`):
-the device tier, the host tier, then the store — one dict pass and one gather
-per tier that holds any — and runs the module only on the rows found nowhere,
-as one sub-batch, in eval mode and without gradients
+the device tier, the host tier, the rows the store writer still holds unwritten
+(:meth:`~somatize_torch.writer.Writer.recall`), then the store — one dict pass and
+one gather per tier that holds any — and runs the module only on the rows found
+nowhere, as one sub-batch, in eval mode and without gradients
 (:mod:`somatize_torch._rowwise`), then puts the output back together in the
 batch's order. The rows it computed go into the nearest memory tier with room
 and, behind the step, into the store.
@@ -83,8 +84,25 @@ def _recall_or_run(
     if positions is None:
         positions = list(range(count))
     computed = 0.0
-    if positions and self.store is not None:
+    keys: dict[int, str] = {}
+    if positions and self._writer is not None:
+        # Rows in no tier may still be on their way to the store, staged in the writer (the
+        # tiers full, a disk behind): read from there, before the store, which has them
+        # once the writer lets them go.
         keys = {p: keying.key(ids[p]) for p in positions}
+        found = self._writer.recall(keys)
+        if found is not None:
+            at, rows = found
+            with self._tiers_lock:
+                counts["pending"] += len(at)
+                self._orders.setdefault((rows.shape[1:], rows.dtype), row_order(rows))
+            _admit(self, [near[p] for p in at], rows)
+            # Rows of several writes come a write at a time, not in the batch's order.
+            pieces.append((None if at == list(range(count)) else at, rows))
+            taken = set(at)
+            positions = [p for p in positions if p not in taken]
+    if positions and self.store is not None:
+        keys = {p: keys.get(p) or keying.key(ids[p]) for p in positions}
         found = _from_store(self, keys)
         if found is not None:
             at, rows = found
@@ -92,7 +110,7 @@ def _recall_or_run(
                 counts["store"] += len(at)
                 self._orders.setdefault((rows.shape[1:], rows.dtype), row_order(rows))
             _admit(self, [near[p] for p in at], rows)
-            pieces.append((None if len(at) == count else at, rows))
+            pieces.append((None if at == list(range(count)) else at, rows))
             taken = set(at)
             positions = [p for p in positions if p not in taken]
     if positions:

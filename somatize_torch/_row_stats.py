@@ -22,10 +22,12 @@ __all__ = ["RowStats"]
 class RowStats:
     """What a cached module did, counted in rows (cumulative until :meth:`CachedRows.reset_stats`).
 
-    ``recalled`` = ``from_device + from_host + from_store``; ``hit_rate`` is
-    ``recalled / rows``. ``bytes_kept`` and ``rows_kept`` count what the background
-    writer has written to the store so far; ``lookup_s`` is the time spent keying rows
-    and finding them (not computing them), ``compute_s`` the time the module ran.
+    ``recalled`` = ``from_device + from_host + from_pending + from_store``; ``hit_rate``
+    is ``recalled / rows``. ``from_pending`` counts rows in no memory tier recalled from
+    the background writer's staged copies, their write to the store not yet done.
+    ``bytes_kept`` and ``rows_kept`` count what the background writer has written to the
+    store so far; ``lookup_s`` is the time spent keying rows and finding them (not
+    computing them), ``compute_s`` the time the module ran.
     """
 
     batches: int = 0
@@ -33,6 +35,7 @@ class RowStats:
     computed: int = 0
     from_device: int = 0
     from_host: int = 0
+    from_pending: int = 0
     from_store: int = 0
     rows_kept: int = 0
     bytes_kept: int = 0
@@ -42,7 +45,7 @@ class RowStats:
 
     @property
     def recalled(self) -> int:
-        return self.from_device + self.from_host + self.from_store
+        return self.from_device + self.from_host + self.from_pending + self.from_store
 
     @property
     def hit_rate(self) -> float:
@@ -56,7 +59,17 @@ class RowStats:
         return out
 
 
-_COUNTED = ("batches", "rows", "computed", "device", "host", "store", "lookup_s", "compute_s")
+_COUNTED = (
+    "batches",
+    "rows",
+    "computed",
+    "device",
+    "host",
+    "pending",
+    "store",
+    "lookup_s",
+    "compute_s",
+)
 
 
 def _stats_of(self: CachedRows) -> RowStats:
@@ -78,6 +91,7 @@ def _stats_of(self: CachedRows) -> RowStats:
         computed=int(c["computed"]),
         from_device=int(c["device"]),
         from_host=int(c["host"]),
+        from_pending=int(c["pending"]),
         from_store=int(c["store"]),
         rows_kept=kept[0],
         bytes_kept=kept[1],

@@ -9,7 +9,10 @@ An answer can have copies in three places, nearest first::
 Answers are immutable, so a copy is either current or absent: there is no
 version to compare and nothing to invalidate, only the question of which copy
 is nearest. A recall takes the nearest; a copy moves only when it is needed
-somewhere it is not, and never back to where it already is.
+somewhere it is not, and never back to where it already is. A row computed and
+kept in no memory tier has one more copy while its write is under way, in the
+store writer's staging (:meth:`Writer.recall`), which a recall takes before the
+store's.
 
 **Memory tiers** (:class:`Tier`) keep rows of equal shape and dtype in one
 preallocated tensor (a :class:`Bank`) with a dict from key to row slot, so

@@ -22,7 +22,9 @@ One lock per store object (:func:`store_lock`) serialises calls into a store
 between the forward and the writer thread, since a store's in-memory tables are
 not meant to be changed from two threads at once. So a forward that must ask the
 store (rows in no memory tier) may wait for the one write in progress — at most
-``pack_bytes`` (16 MiB) of rows — never for the queue behind it.
+``pack_bytes`` (16 MiB) of rows — never for the queue behind it. Rows in no memory
+tier that are still staged here, their write not ended, a forward recalls from their
+staged copy (:meth:`Writer.recall`) without asking the store.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ from somatize import Store
 from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
 from somatize.store import StoreFull
-from somatize_torch._row_codec import encode_rows, row_order
-from somatize_torch.codec import TENSOR
+from somatize_torch._row_codec import empty_rows, encode_rows, row_order
+from somatize_torch.codec import TENSOR, inverse_order
 
 __all__ = ["KEY_BYTES", "WriteFailed", "Writer", "store_lock"]
 
@@ -275,6 +277,7 @@ class Writer:
             pool = backlog.pool
             staged = pool.to_host(rows) if pool is not None else _Plain(rows)
             job = _Job(list(keys), staged, nbytes, order=order)
+            held = {key: (job, i) for i, key in enumerate(job.keys)}
             with backlog.life:
                 backlog.closed = False
                 self._start()
@@ -285,6 +288,8 @@ class Writer:
                     backlog.submitted += 1
                     queued = True
                     backlog.queue.put(job)
+                    # Found by a lookup from here until the thread is done with it.
+                    backlog.unwritten.update(held)
         except BaseException:
             if not queued:
                 if staged is not None:
@@ -294,6 +299,20 @@ class Writer:
                         backlog.pending -= nbytes
                         backlog.changed.notify_all()
             raise
+
+    def recall(self, keys: dict[int, str]) -> tuple[list[int], torch.Tensor] | None:
+        """The rows submitted under ``keys`` (batch position → key) and not written yet, read
+        from their staged host copies: the positions found and their rows, in one host
+        tensor laid out as the module laid them out; None if none is found.
+
+        Answers are immutable, so a staged copy is as current as the store's will be. A row
+        is found from its submit until its write has ended, kept or failed: once it failed
+        it is no longer found, since its copy is let go, and a lookup computes it again (and
+        submits it again); the failure itself is raised as it would be otherwise."""
+        backlog = self._backlog
+        if backlog.pid != os.getpid():
+            return None  # a forked child's: what its parent staged is the parent's
+        return backlog.recall(keys)
 
     def check(self) -> None:
         """Raises :class:`WriteFailed` for writes that failed and that no forward or flush
@@ -365,6 +384,10 @@ class _Backlog:
         self.kept_bytes = 0
         self.failed_rows = 0
         self.took_s = 0.0
+        # Each row submitted and not yet written or failed, by key: its job and its place
+        # in it. Read and changed under `changed`; a job's entries go before its staging
+        # buffer is let go, so a lookup holding `changed` reads a buffer still its own.
+        self.unwritten: dict[str, tuple[_Job, int]] = {}
         self.thread: threading.Thread | None = None
         # Held while the thread is started and a job queued, and while it is stopped: a
         # job is never queued behind the stop signal of a thread that is going away.
@@ -414,6 +437,51 @@ class _Backlog:
             )
             self.thread = thread
             thread.start()
+
+    def recall(self, keys: dict[int, str]) -> tuple[list[int], torch.Tensor] | None:
+        """:meth:`Writer.recall`: read under ``changed``, which a write holds while it lets
+        go of its rows' entries, before it lets go of their staging buffers."""
+        with self.changed:
+            unwritten = self.unwritten
+            if not unwritten:
+                return None
+            found: dict[int, tuple[_Job, list[int], list[int]]] = {}
+            for position, key in keys.items():
+                held = unwritten.get(key)
+                if held is not None:
+                    job, slot = held
+                    place = found.get(id(job))
+                    if place is None:
+                        place = found[id(job)] = (job, [], [])
+                    place[1].append(position)
+                    place[2].append(slot)
+            if not found:
+                return None
+            at: list[int] = []
+            pieces: list[torch.Tensor] = []
+            for job, positions, slots in found.values():
+                # As staged: the batch permuted into the order of its dims in memory, dim
+                # 0 first, so its rows are taken along dim 0 and put back as they lay.
+                staged = job.staged.wait()
+                taken = staged.index_select(0, torch.tensor(slots, dtype=torch.long))
+                if job.order is not None:
+                    taken = taken.permute(inverse_order(job.order))
+                if pieces and (taken.shape[1:], taken.dtype) != (
+                    pieces[0].shape[1:],
+                    pieces[0].dtype,
+                ):
+                    continue  # rows of another shape (never under one key): computed
+                at.extend(positions)
+                pieces.append(taken)
+        if len(pieces) == 1:
+            return at, pieces[0]
+        first = pieces[0]
+        out = empty_rows((len(at), *first.shape[1:]), row_order(first), first.dtype, first.device)
+        start = 0
+        for piece in pieces:
+            out[start : start + piece.shape[0]].copy_(piece)
+            start += piece.shape[0]
+        return at, out
 
     def check(self) -> None:
         """Raises :class:`WriteFailed` for writes that failed and that no forward or flush
@@ -521,6 +589,13 @@ class _Backlog:
             kept = 0
             log.error("somatize: %d computed rows could not be written: %s", rows, _said(why))
         finally:
+            with self.changed:  # no lookup finds these rows here any more, then let go
+                unwritten = self.unwritten
+                for job in jobs:
+                    for key in job.keys:
+                        held = unwritten.get(key)
+                        if held is not None and held[0] is job:
+                            del unwritten[key]
             for job in jobs:
                 job.staged.release()
         with self.changed:

@@ -1183,3 +1183,135 @@ def test_one_cache_called_from_two_threads_recalls_each_rows_own_answer() -> Non
                 torch.testing.assert_close(cached(x), module(x))
     assert cached.stats.computed == before  # all of them from memory
     assert cached.tiers[0].rows == 4 + 2 * 16 * 128
+
+
+@contextlib.contextmanager
+def _writes_held(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Every write of every writer waits, its rows staged and queued, until the event
+    yielded is set (at the latest when the block ends)."""
+    release = threading.Event()
+    write = writer_module._Backlog.write
+
+    def held(backlog: Any, jobs: Any) -> None:
+        assert release.wait(timeout=60)
+        write(backlog, jobs)
+
+    monkeypatch.setattr(writer_module._Backlog, "write", held)
+    try:
+        yield release
+    finally:
+        release.set()
+
+
+def _tally_computed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many rows each run of a cached module was handed, in a list filled as they run."""
+    from somatize_torch import _row_lookup
+
+    ran: list[int] = []
+    compute = _row_lookup._compute
+
+    def counted(cache: Any, x: Any, once: Any, keying: Any) -> torch.Tensor:
+        ran.append(len(once))
+        return compute(cache, x, once, keying)
+
+    monkeypatch.setattr(_row_lookup, "_compute", counted)
+    return ran
+
+
+def test_rows_still_to_be_written_are_recalled_not_computed_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows in no memory tier (budgets of 0) whose write has not landed yet are recalled
+    from the writer's staged copy, counted as ``from_pending``: the module runs on none of
+    them, and they answer the same bits. Rows among them that are new run alone, and a
+    flush then puts every row in the store."""
+    ran = _tally_computed(monkeypatch)
+    cached = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
+    x, more = rows(8), rows(4, seed=2)
+    with _writes_held(monkeypatch):
+        first = cached(x)
+        shuffled = torch.tensor([3, 1, 4, 0, 5, 2, 7, 6])
+        again = cached(x[shuffled])
+        assert sum(ran) == 8
+        assert torch.equal(again, first[shuffled])
+        mixed = cached(torch.cat([x[:3], more]))
+        assert sum(ran) == 12
+        assert torch.equal(mixed, torch.cat([first[:3], truth(more)]))
+        stats = cached.stats
+        assert (stats.from_pending, stats.computed, stats.recalled) == (11, 12, 11)
+        assert store.have(cached.row_keys(x)) == set()
+        # Rows of two writes, interleaved in one batch.
+        later = rows(4, seed=3)
+        both = torch.cat([cached(later), first[:4]])
+        interleaved = torch.tensor([4, 0, 5, 1, 6, 2, 7, 3])
+        assert torch.equal(cached(torch.cat([later, x[:4]])[interleaved]), both[interleaved])
+        assert sum(ran) == 16 and cached.stats.from_pending == 19
+    cached.flush()
+    keys = cached.row_keys(torch.cat([x, more, later]))
+    assert store.have(keys) == set(keys)
+    assert torch.equal(cached(x), first) and sum(ran) == 16  # from the store now
+    assert cached.stats.from_store == 8
+    cached.close()
+
+
+def test_rows_recalled_before_their_write_fails_are_reported_then_computed_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows recalled while their write is under way answer right even if the write then
+    fails; the failure is raised at the flush as any other, the rows are not recalled from
+    the copy that never landed, and the next forward computes them again and writes them."""
+    ran = _tally_computed(monkeypatch)
+    keep = store.keep_many
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "keep_many", full)
+    cached = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
+    x = rows(8)
+    keys = cached.row_keys(x)
+    with _writes_held(monkeypatch):
+        first = cached(x)
+        assert torch.equal(cached(x), first) and sum(ran) == 8
+    with pytest.raises(WriteFailed, match="8 computed rows could not be written"):
+        cached.flush()
+    monkeypatch.setattr(store, "keep_many", keep)
+    assert store.have(keys) == set()
+    assert torch.equal(cached(x), first) and sum(ran) == 16
+    cached.flush()
+    assert store.have(keys) == set(keys)
+    cached.close()
+
+
+class Transposes(nn.Module):
+    """Answers each row transposed: a batch whose rows are not in C order."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2.0).transpose(1, 2)
+
+
+@pytest.mark.parametrize("kind", ["channels_last", "transposed"])
+def test_rows_still_to_be_written_are_recalled_laid_out_as_computed(
+    store: Store, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Rows recalled from the writer's staged copy (staged as the module laid them out) come
+    back with the strides the module gave them, whole or beside rows computed."""
+
+    torch.manual_seed(0)
+    if kind == "channels_last":
+        module: nn.Module = nn.Conv2d(3, 4, 3, padding=1).to(memory_format=torch.channels_last)
+        data = torch.randn(12, 3, 6, 6).to(memory_format=torch.channels_last)
+    else:
+        module, data = Transposes(), torch.randn(12, 5, 3)
+    with torch.no_grad():
+        strides = module(data).stride()
+    cached = cache_rows(module, store, device_bytes=0, host_bytes=0)
+    with _writes_held(monkeypatch):
+        cached(data[:8])
+        for batch in (data[:8], data[2:10]):  # whole, then beside rows computed
+            out = cached(batch)
+            assert out.stride() == strides
+            assert torch.equal(out, module(batch))
+        assert cached.stats.from_pending == 14
+    cached.flush()
+    cached.close()
