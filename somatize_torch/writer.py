@@ -112,10 +112,12 @@ def _pool(max_bytes: int) -> Any:
     return PinnedPool(max_bytes)
 
 
-KEY_BYTES = 128
-"""What an unwritten row counts beside its own bytes: its store key, held until the row is
-written. Rows of a few bytes (or none) are mostly their keys, and counted by their bytes
-alone a queue of them behind a slow store would grow without bound."""
+KEY_BYTES = 320
+"""What an unwritten row counts beside its own bytes: its store key (about 130 bytes) and
+the entry a lookup finds it by (:meth:`Writer.recall`: up to about 130 more, as the dict
+grows), held until the row is written. Rows of a few bytes (or none) are mostly their
+keys, and counted by their bytes alone a queue of them behind a slow store would grow
+without bound."""
 
 
 _WAKE = "wake"

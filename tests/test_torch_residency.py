@@ -1315,3 +1315,27 @@ def test_rows_still_to_be_written_are_recalled_laid_out_as_computed(
         assert cached.stats.from_pending == 14
     cached.flush()
     cached.close()
+
+
+def test_unwritten_rows_hold_no_more_than_they_count(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the writer holds for a row not yet written — its key as a cache makes it, and
+    the entry a lookup finds it by — is no more than the row counts against
+    ``pending_bytes``: rows of no bytes behind a write that does not end hold at most
+    ``KEY_BYTES`` each."""
+    count = 43691  # just past a resize of the dict: the most room per entry
+    with _writes_held(monkeypatch):
+        writer = Writer(store, linger=0.0)
+        writer.submit(["blake3:" + "0" * 64], torch.empty(1, 0))  # the thread, held
+        tracemalloc.start()
+        try:
+            before, _ = tracemalloc.get_traced_memory()
+            keys = [f"blake3:{i:064x}" for i in range(count)]
+            writer.submit(keys, torch.empty(count, 0))
+            del keys
+            held, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert held - before <= count * writer_module.KEY_BYTES
+    writer.close()
