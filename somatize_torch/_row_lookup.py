@@ -299,5 +299,17 @@ def _assemble(
                 "every row with the same dtype and shape"
             )
         assert at is not None
-        out.index_copy_(0, torch.tensor(at, device=device), rows.to(device))
+        _bits(out).index_copy_(0, torch.tensor(at, device=device), _bits(rows.to(device)))
     return out
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+"""An integer dtype of each element size, which every device copies into place by index."""
+
+
+def _bits(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` as integers of their element's size, the same bits: torch copies no CPU
+    tensor of a float8 dtype, or an unsigned one past uint8, into place by index, and a
+    copy of bits is exactly the copy of the values."""
+    kind = _BITS.get(rows.element_size())
+    return rows if kind is None or rows.dtype is kind else rows.view(kind)

@@ -976,6 +976,39 @@ def test_float8_rows_are_checked_kept_and_recalled(store: Store, dtype: torch.dt
         cache_rows(nn.Sequential(CumulativeSum(), AsDtype(dtype)))(x)
 
 
+class Magnitudes(nn.Module):
+    """Answers each value's magnitude, times 100, in a given dtype (an unsigned one too)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.abs() * 100).to(self.dtype)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32, torch.uint64]
+)
+def test_a_batch_part_recalled_part_computed_of_any_kept_dtype_is_put_together(
+    store: Store, dtype: torch.dtype
+) -> None:
+    """Rows of a dtype the store keeps but torch copies into place by index for no CPU
+    batch (float8, the unsigned ones past uint8) are put together like any others when a
+    batch is part recalled, part computed."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 4), Magnitudes(dtype))
+    cached = cache_rows(module, store)
+    x = torch.randn(6, 8)
+    first = cached(x[:4])
+    out = cached(x[[5, 2, 4, 3, 0]])
+    assert out.dtype == dtype
+    truth = torch.cat([first, cached(x[4:])])[[5, 2, 4, 3, 0]]
+    assert torch.equal(out.view(torch.uint8), truth.view(torch.uint8))
+    assert torch.equal(out.double(), expected(module, x[[5, 2, 4, 3, 0]]).double())
+    cached.close()
+
+
 class Quantized(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
