@@ -1339,3 +1339,20 @@ def test_unwritten_rows_hold_no_more_than_they_count(
             tracemalloc.stop()
     assert held - before <= count * writer_module.KEY_BYTES
     writer.close()
+
+
+def test_a_forward_of_rows_still_staged_does_not_wait_for_the_store(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows staged for the store and in no memory tier are recalled without asking the
+    store: a forward of them returns while another write holds the store."""
+    cached = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
+    x = rows(8)
+    with _writes_held(monkeypatch):
+        first = cached(x)
+        got: list[torch.Tensor] = []
+        with _held_by_another_thread(store_lock(store)):
+            assert _within(lambda: got.append(cached(x))) is None
+        assert torch.equal(got[0], first) and cached.stats.from_pending == 8
+    cached.flush()
+    cached.close()
