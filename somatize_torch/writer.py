@@ -540,8 +540,9 @@ class _Backlog:
         remedy = "Free space (or fix the store)" if full else "Fix what it says"
         raise WriteFailed(
             f"{lost} computed rows could not be written to {self.store!r}: "
-            f"{_said(error)}. They are still correct in memory for this "
-            f"process, but a later run will compute them again. {remedy} and go on; "
+            f"{_said(error)}. Those a memory tier holds are answered from it for the rest "
+            "of this process and computed again by a later run; those in no memory tier "
+            f"are computed and written again when next looked up. {remedy} and go on; "
             "`flush()` reports whether later writes succeed"
         ) from error
 

@@ -1273,8 +1273,11 @@ def test_rows_recalled_before_their_write_fails_are_reported_then_computed_again
     with _writes_held(monkeypatch):
         first = cached(x)
         assert torch.equal(cached(x), first) and sum(ran) == 8
-    with pytest.raises(WriteFailed, match="8 computed rows could not be written"):
+    with pytest.raises(WriteFailed, match="8 computed rows could not be written") as caught:
         cached.flush()
+    said = str(caught.value)
+    assert "in no memory tier are computed and written again" in said
+    assert "still correct in memory" not in said  # these are in no memory tier
     monkeypatch.setattr(store, "keep_many", keep)
     assert store.have(keys) == set()
     assert torch.equal(cached(x), first) and sum(ran) == 16
