@@ -66,7 +66,9 @@ def _recall_or_run(
     count = len(near)
     if count == 0:
         return _compute(self, x, [], keying)  # an empty batch: nothing to look up or keep
-    counts = self._counts
+    # What this forward counts, added to the cache's counts at its end all at once: a
+    # `reset_stats` meanwhile (on another thread) finds it in one period, whole.
+    counts = dict.fromkeys(("device", "host", "pending", "store"), 0)
     pieces: list[tuple[list[int] | None, torch.Tensor]] = []
     positions: list[int] | None = None  # None: every row is still to be found
     # The tiers are looked up and admitted to under the cache's lock: a cache called from
@@ -93,8 +95,8 @@ def _recall_or_run(
         found = self._writer.recall(keys)
         if found is not None:
             at, rows = found
+            counts["pending"] += len(at)
             with self._tiers_lock:
-                counts["pending"] += len(at)
                 self._orders.setdefault((rows.shape[1:], rows.dtype), row_order(rows))
             _admit(self, [near[p] for p in at], rows)
             # Rows of several writes come a write at a time, not in the batch's order.
@@ -106,8 +108,8 @@ def _recall_or_run(
         found = _from_store(self, keys)
         if found is not None:
             at, rows = found
+            counts["store"] += len(at)
             with self._tiers_lock:
-                counts["store"] += len(at)
                 self._orders.setdefault((rows.shape[1:], rows.dtype), row_order(rows))
             _admit(self, [near[p] for p in at], rows)
             pieces.append((None if at == list(range(count)) else at, rows))
@@ -142,11 +144,14 @@ def _recall_or_run(
     if isinstance(x, DeferredRows):
         x.answered(_held(self, near, positions))  # their inputs need not come any more
     with self._tiers_lock:
-        counts["batches"] += 1
-        counts["rows"] += count
-        counts["computed"] += len(positions)  # rows of the batch answered by running
-        counts["compute_s"] += computed
-        counts["lookup_s"] += time.perf_counter() - start - computed
+        into = self._counts
+        for name, rows_of in counts.items():
+            into[name] += rows_of
+        into["batches"] += 1
+        into["rows"] += count
+        into["computed"] += len(positions)  # rows of the batch answered by running
+        into["compute_s"] += computed
+        into["lookup_s"] += time.perf_counter() - start - computed
     return out
 
 

@@ -72,10 +72,13 @@ _COUNTED = (
 )
 
 
-def _stats_of(self: CachedRows) -> RowStats:
-    """What ``self`` counted, as
+def _stats_of(self: CachedRows, counted: dict[str, float] | None = None) -> RowStats:
+    """What ``self`` counted (``counted``: those counts, not its own now), as
     :attr:`CachedRows.stats <somatize_torch.rows.CachedRows.stats>` says."""
-    c = self._counts
+    if counted is None:
+        with self._tiers_lock:  # a forward adds its counts under it, all at once
+            counted = dict(self._counts)
+    c = counted
     writer = self._writer
     kept = (0, 0, 0)
     if writer is not None:
@@ -102,9 +105,11 @@ def _stats_of(self: CachedRows) -> RowStats:
 
 
 def _reset_stats(self: CachedRows) -> RowStats:
-    """Starts ``self`` counting afresh; returns what it counted until now."""
-    out = self.stats
-    self._counts = dict.fromkeys(_COUNTED, 0.0)
+    """Starts ``self`` counting afresh; returns what it counted until now. A forward under
+    way on another thread is counted whole in one of the two."""
+    with self._tiers_lock:
+        counted, self._counts = self._counts, dict.fromkeys(_COUNTED, 0.0)
+    out = _stats_of(self, counted)
     writer = self._writer
     if writer is not None:
         self._kept_base = (writer.kept_rows, writer.kept_bytes, writer.failed_rows)

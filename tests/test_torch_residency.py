@@ -1359,3 +1359,32 @@ def test_a_forward_of_rows_still_staged_does_not_wait_for_the_store(
         assert torch.equal(got[0], first) and cached.stats.from_pending == 8
     cached.flush()
     cached.close()
+
+
+def test_stats_reset_during_a_forward_count_its_rows_once_and_whole(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``reset_stats`` on another thread while a forward runs (a threaded server's metrics)
+    counts that forward's rows in one period or the other, whole: none is lost, and each
+    period's rows are its recalled rows and its computed ones."""
+    from somatize_torch import _row_lookup
+
+    cached = cache_rows(mlp(), store)
+    x = rows(8)
+    cached(x[:4])
+    compute = _row_lookup._compute
+    periods: list[Any] = []
+
+    def reset_meanwhile(cache: Any, *args: Any) -> torch.Tensor:
+        resetter = threading.Thread(target=lambda: periods.append(cached.reset_stats()))
+        resetter.start()
+        resetter.join()
+        return compute(cache, *args)
+
+    monkeypatch.setattr(_row_lookup, "_compute", reset_meanwhile)
+    cached(x)  # 4 rows from memory, 4 computed
+    periods.append(cached.stats)
+    assert [p.rows for p in periods] in ([4, 8], [12, 0])
+    for period in periods:
+        assert period.rows == period.recalled + period.computed
+    cached.close()
