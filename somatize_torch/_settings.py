@@ -22,6 +22,7 @@ import functools
 import operator
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ from somatize.canonical import NotCanonical
 from somatize.catalog import code_digest
 from somatize_torch.digest import digest_tensor
 
-__all__ = ["SettingsWatch", "hooks_of", "settings_of"]
+__all__ = ["SettingsWatch", "global_hooks", "hooks_of", "settings_of", "stand_in_call"]
 
 
 _TORCH_OWN = frozenset(vars(nn.Module())) | {"_compiled_call_impl"}
@@ -153,6 +154,58 @@ class SettingsWatch:
             or tuple(map(_written, self._tensors)) != self._written
             or not all(map(_same_items, map(_items, self._containers), self._items))
         )
+
+
+_GLOBAL_TABLES = (
+    ("_global_forward_pre_hooks", "register_module_forward_pre_hook"),
+    ("_global_forward_hooks", "register_module_forward_hook"),
+    ("_global_backward_pre_hooks", "register_module_full_backward_pre_hook"),
+    ("_global_backward_hooks", "register_module_full_backward_hook"),
+)
+"""torch's tables of hooks that run with every module's call, each with the function
+that registers into it (``register_module_backward_hook`` fills the last one too)."""
+
+_OWN_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def global_hooks() -> list[str]:
+    """torch's global module hooks registered now, each named by the function that
+    registered it and the hook's own name (``register_module_forward_hook(scale)``)."""
+    return [
+        f"`{register}({getattr(hook, '__qualname__', type(hook).__qualname__)})`"
+        for table, register in _GLOBAL_TABLES
+        for hook in getattr(_registry, table).values()
+    ]
+
+
+def stand_in_call(
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    refuse: Callable[[str], Exception],
+) -> Any:
+    """A call of ``module``, which stands for another module it runs (a model wrapped
+    whole, a row cache), without torch's global hooks: they run
+    with the module it stands for, when that runs, and a recalled answer was computed
+    with them (they are in its key); run on the stand-in too, a hook that changes what a
+    module answers would change it once more. Hooks registered on the stand-in itself
+    run as torch runs them, where no global hook is registered; with one registered,
+    the call is refused (``refuse`` makes the error from what it says): torch runs both
+    kinds together or neither."""
+    if torch.compiler.is_compiling() or not any(
+        getattr(_registry, table) for table, _ in _GLOBAL_TABLES
+    ):
+        return nn.Module._call_impl(module, *args, **kwargs)  # type: ignore[no-untyped-call]
+    if any(getattr(module, table, None) for table in _OWN_TABLES):
+        raise refuse(
+            f"torch's global module hooks ({', '.join(global_hooks())}) are registered, and "
+            f"so are hooks on this `{type(module).__qualname__}` itself: it stands for the "
+            "module it runs, which runs the global hooks as it is called, and torch runs a "
+            "module's own hooks only together with the global ones, which would change its "
+            "answer once more. Register the hook on the module it runs instead, or remove "
+            "the global hooks while calling it"
+        )
+    return module.forward(*args, **kwargs)
 
 
 _UNWATCHED = _TORCH_OWN | {"train"}

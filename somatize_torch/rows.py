@@ -92,6 +92,7 @@ from somatize_torch._row_options import DEVICE_BYTES as DEVICE_BYTES
 from somatize_torch._row_options import HOST_BYTES as HOST_BYTES
 from somatize_torch._row_options import check_options
 from somatize_torch._row_stats import _COUNTED, RowStats, _reset_stats, _stats_of
+from somatize_torch._settings import stand_in_call
 from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import RowsLater
@@ -338,6 +339,10 @@ class CachedRows(nn.Module):
             return [keying.key(row) for row in _row_ids(self, x, index)]
 
     # -- forward
+
+    def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
+        # Stands for the module it runs: torch's global hooks run with that one.
+        return stand_in_call(self, args, kwargs, RowsError)
 
     def forward(
         self,

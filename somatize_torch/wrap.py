@@ -93,6 +93,7 @@ from somatize_torch._errors import (
 )
 from somatize_torch._modes import unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
+from somatize_torch._settings import global_hooks, stand_in_call
 from somatize_torch._tracing import Runners, Tracing, forward_signature, optional_of
 from somatize_torch._values import Values
 from somatize_torch.freeze import ModuleNode
@@ -360,6 +361,15 @@ class Wrapped(nn.Module):
         return f"somatize: {', '.join(declared) or 'nothing declared'}"
 
 
+class _WrappedWhole(Wrapped):
+    """A model declared whole, which runs it as one node: torch's global hooks run with
+    the model, as it is called (or were run computing the answer recalled), and not once
+    more with the module standing for it."""
+
+    def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
+        return stand_in_call(self, args, kwargs, WrapError)
+
+
 def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
     tracing = self._tracing
     if tracing is not None and not torch.compiler.is_compiling():
@@ -378,6 +388,8 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         self._follow()
         self._values.check()
         self._check()
+        if tracing is not None:
+            _refuse_global_hooks(self)
     runners = self._runners.get(none)
     if runners is None:
         runners = _traced_without(self, none)
@@ -410,7 +422,32 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = _in_order(self._tracing.signature, args, kwargs), {}
     if self._switches:
         return _unwinding(runner, *args, **kwargs)
+    if tracing is None and not torch.compiler.is_compiling() and global_hooks():
+        # The model declared whole: torch's global hooks run with it, not once more with
+        # the module standing for it in the graph.
+        return runner.forward(*args, **kwargs)
     return runner(*args, **kwargs)
+
+
+def _refuse_global_hooks(self: Wrapped) -> None:
+    """Refuses a call of a traced model while torch's global module hooks are registered:
+    they run with every module called, and the code traced calls other modules than the
+    model does (fx's segments between declared submodules), and not the blocks it traced
+    into, whose code ran what those hooks did when it was traced, or nothing."""
+    hooks = global_hooks()
+    if hooks:
+        raise WrapError(
+            f"torch's global module hooks are registered ({', '.join(hooks)}): they run "
+            "with every module a call runs, and the wrapped "
+            f"`{type(self.model).__qualname__}` runs code fx traced in place of the "
+            "blocks it traced into (which runs what those hooks did then, if anything) and "
+            "between its declared submodules (which they would run on too), so its "
+            "answer would not be the model's. Remove them while calling the wrapped model "
+            "(a `FlopCounterMode` or `ModuleTracker` registers them while it is open), or "
+            "wrap just the submodule you want to remember (`somatize.torch.wrap("
+            "model.encoder, frozen=True, cached=True)`, or `somatize.torch.cache_rows`), "
+            "which runs them as the module does"
+        )
 
 
 _gated = threading.local()
@@ -636,7 +673,7 @@ def _whole(
     node.named(name)
     if "" in frozen_names:
         node.frozen()
-    wrapped = Wrapped.__new__(Wrapped)
+    wrapped = _WrappedWhole.__new__(_WrappedWhole)
     call = _Bare(model)
     shim: nn.Module
     if cached:

@@ -354,6 +354,32 @@ def test_forward_hooks_are_in_the_key_by_their_code(store: Store) -> None:
     again.close()
 
 
+def _tensors_doubled(module: nn.Module, inputs: Any, output: Any) -> Any:
+    return output * 2 if isinstance(output, torch.Tensor) else None
+
+
+def test_a_global_hook_runs_with_the_module_not_with_its_row_cache(store: Store) -> None:
+    """A global forward hook runs with every module called: with the module a row cache
+    runs, and not once more with the cache standing for it, so the answer, computed or
+    recalled, is the module's own under the hook. A hook of the cache's own beside a
+    global one is refused, naming the global hook."""
+    module = encoder()
+    cached = cache_rows(module, store)
+    x = images(5)
+    handle = nn.modules.module.register_module_forward_hook(_tensors_doubled)
+    try:
+        plain = expected(module, x)
+        assert torch.allclose(cached(x), plain) and cached.stats.computed == 5
+        assert torch.allclose(cached(x), plain) and cached.stats.recalled == 5
+        cached.register_forward_hook(_tensors_doubled)
+        with pytest.raises(RowsError, match=r"register_module_forward_hook\(_tensors_doubled\)"):
+            cached(x)
+    finally:
+        handle.remove()
+    assert torch.allclose(cached(x), expected(module, x) * 2)
+    cached.close()
+
+
 class ScaleByLastDim(nn.Module):
     """Answers differ for the same bytes seen with another shape or dtype."""
 
