@@ -308,3 +308,23 @@ def test_an_address_with_what_lies_outside_options_in_them_is_refused(
     ):
         Store.from_address(address, environ={})
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("section", ["blobs", "blobs/ab", "tmp", "tmp/mine", "names", "names/x"])
+def test_a_local_store_inside_another_stores_blobs_tmp_or_names_is_refused_at_open(
+    tmp_path: Path, section: str
+) -> None:
+    """A store whose directory lies inside another store's blobs/, tmp/ or names/ is
+    refused when it is opened, naming that store and the section, and makes nothing
+    there: the other's gc would remove its files (they lie where that store keeps blobs
+    and writes in progress) and its verify take them for its own names. Inside
+    answers/ or packs/, or beside the store, it opens."""
+    outer = Store(tmp_path / "outer")
+    outer.keep("blake3:" + "1" * 64, b"the outer store's answer", "plain")
+    top = section.split("/")[0]
+    with pytest.raises(BadAddress, match=rf"inside the `{top}/` of the store at \S*outer"):
+        Store(tmp_path / "outer" / section)
+    assert not (tmp_path / "outer" / section / "answers").exists()
+    for fine in ("outer/answers/mine", "outer/packs/mine", "beside"):
+        Store(tmp_path / fine).keep("blake3:" + "2" * 64, b"an answer", "plain")
+    assert Store(tmp_path / "outer").verify().ok

@@ -916,6 +916,24 @@ def test_a_store_inside_another_stores_section_is_none_of_its_own() -> None:
         assert len(again._list("used")) == 1  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("section", ["names", "names/x"])
+def test_a_store_inside_another_stores_names_is_refused_at_open(section: str) -> None:
+    """A store whose prefix lies inside another's names/, every file under which the
+    other reads as a name (its verify reporting them as damage), is refused when it is
+    opened, naming that store and the section, as a local store is; a prefix that merely
+    ends in such a word, with no store above it, opens."""
+    url = s3_url()
+    outer = Store.on_bucket(url, **s3_options())
+    outer.keep(key_of("outer"), b"the outer store's answer", "plain")
+    top = section.split("/")[0]
+    with pytest.raises(BadAddress, match=rf"inside the `{top}/` of the store at {url}"):
+        Store.on_bucket(f"{url}/{section}", **s3_options())
+    lone = Store.on_bucket(f"{s3_url()}/{section}", **s3_options())
+    lone.bind("ds", lone.put(b"a dataset"))
+    found = Store.on_bucket(url, **s3_options()).verify()
+    assert found.ok and found.names == 0
+
+
 def _dropping_server() -> tuple[str, list[int], Any]:
     """An endpoint that takes each connection and closes it unanswered, counting them."""
     import socket

@@ -255,12 +255,14 @@ class BucketShelf(BucketRequests):
             out[name] = info
         return out
 
-    def _holds_store(self) -> bool:
-        """Whether the prefix holds a store, as a local store's directory does: ``blobs/``,
-        and ``answers/``, ``packs/`` or ``names/`` (one listing of the prefix)."""
-        self.fs.invalidate_cache(self.root)
+    def _holds_store(self, root: str | None = None) -> bool:
+        """Whether the prefix (or ``root``, another in the bucket) holds a store, as a local
+        store's directory does: ``blobs/``, and ``answers/``, ``packs/`` or ``names/`` (one
+        listing of the prefix)."""
+        root = self.root if root is None else root
+        self.fs.invalidate_cache(root)
         try:
-            listed = self._call(f"listing {self.url}", self.fs.ls, self.root, detail=False)
+            listed = self._call(f"listing {root}", self.fs.ls, root, detail=False)
         except FileNotFoundError:
             return False
         here = {str(path).rstrip("/").rsplit("/", 1)[-1] for path in listed}

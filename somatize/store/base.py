@@ -42,7 +42,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -273,6 +273,42 @@ def unbound(name: str, digest: str, where: str) -> Missing:
         f"`{name}` was bound to {digest} in {where}, but the blob was removed meanwhile (a gc "
         "in another process): the name points at nothing until its bytes are put again "
         "(`store.put(data)` restores the blob, and the name with it)"
+    )
+
+
+def section_above(
+    parts: Sequence[str],
+    sections: Sequence[str],
+    holds_store: Callable[[str], bool],
+    join: Callable[[Sequence[str]], str],
+) -> tuple[str, str] | None:
+    """The store (its root, as ``join`` makes it of ``parts``) and the section of it, one
+    of ``sections``, that the path of ``parts`` lies inside, nearest first, or None: the
+    sections whose upkeep would take another store's files in them for its own (every
+    file under ``names/`` is read as a name; a local ``gc`` removes what it did not write
+    in ``blobs/`` and ``tmp/``). Only an ancestor so named is looked at (``holds_store``
+    of what it lies in): a path that names none costs nothing."""
+    for at in range(len(parts) - 1, 0, -1):
+        if parts[at] in sections and holds_store(join(parts[:at])):
+            return join(parts[:at]), parts[at]
+    return None
+
+
+_KEPT_IN = {
+    "names": "its names: it would read this store's files as names of its own, and its "
+    "verify report them as damaged",
+    "blobs": "its blobs: its gc removes every other file there",
+    "tmp": "writes in progress: its gc removes what lies there",
+}
+
+
+def inside_a_section(where: str, found: tuple[str, str]) -> BadAddress:
+    """The refusal of a store at ``where``, inside the section ``found`` names."""
+    outer, section = found
+    return BadAddress(
+        f"cannot open a store at {where}: it lies inside the `{section}/` of the store at "
+        f"{outer}, where that store keeps {_KEPT_IN[section]}. Open it beside that store "
+        "instead (in another folder or prefix)"
     )
 
 

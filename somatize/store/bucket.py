@@ -63,9 +63,11 @@ from somatize.store.base import (
     StoreError,
     check_digest,
     check_name,
+    inside_a_section,
     keys_of,
     names_above,
     nested,
+    section_above,
     unbacked,
     unbound,
 )
@@ -338,14 +340,20 @@ class BucketStore(BucketShelf):
             _check_endpoint(url, storage_options)
         self._atomic = not self._protocols & {"file", "local"}
         self._sweeps_strays = not self._atomic  # under a bucket's prefix they are a user's
+        self.signer: Signer | None = signer_from(signing_key)
+        self.retries = retries
+        self.backoff = backoff
+        # A prefix inside another store's names/, each file under which that store reads as
+        # a name (one listing per part of the prefix so named, none for another). Its other
+        # sections are listed at the depth it writes in, and what lies deeper left alone.
+        found = section_above(self.root.split("/"), ("names",), self._may_hold_store, "/".join)
+        if found is not None:
+            raise inside_a_section(url, (self.fs.unstrip_protocol(found[0]), found[1]))
         if not self._atomic:  # writes go through tmp/, which a fresh directory lacks
             try:
                 self.fs.makedirs(self._path("tmp", ""), exist_ok=True)
             except OSError as why:
                 raise StoreError(f"cannot use {url} as a store: {why}") from why
-        self.signer: Signer | None = signer_from(signing_key)
-        self.retries = retries
-        self.backoff = backoff
         self.cache: LocalStore | None = (
             LocalStore(cache, signing_key=self.signer) if cache is not None else None
         )
@@ -368,6 +376,14 @@ class BucketStore(BucketShelf):
 
     def __repr__(self) -> str:
         return f"Store.on_bucket({self.url!r})"
+
+    def _may_hold_store(self, root: str) -> bool:
+        """Whether ``root`` holds a store, as far as these credentials may list it: one
+        allowed only this store's prefix opens it."""
+        try:
+            return self._holds_store(root)
+        except (PermissionError, StoreError):
+            return False
 
     def _open_fs(self) -> Any:
         from fsspec.core import url_to_fs

@@ -77,7 +77,9 @@ from somatize.store.base import (
     NameNotFound,
     StoreError,
     check_name,
+    inside_a_section,
     keys_of,
+    section_above,
 )
 from somatize.store.records import Signer, decode_name, decode_record, signer_from
 
@@ -172,6 +174,11 @@ class LocalStore(LocalShelf):
         # Anchored now: a relative path would otherwise follow a later `os.chdir`, and
         # keep answers in (and look for them in) another directory from then on.
         self.root = Path(path).expanduser().absolute()
+        found = section_above(
+            self.root.parts, ("blobs", "names", "tmp"), _holds_store, lambda at: str(Path(*at))
+        )
+        if found is not None:
+            raise inside_a_section(str(self.root), found)
         self.durable = durable
         self._resolved: str | None = None
         """The root, resolved the first time an address was asked for (once, not per job)."""
@@ -530,3 +537,11 @@ class LocalStore(LocalShelf):
             self._verified.clear()
             self._maps.clear()
             self._packs_stamp = -1
+
+
+def _holds_store(root: str) -> bool:
+    """Whether the directory ``root`` holds a store: ``blobs/``, and ``answers/``,
+    ``packs/`` or ``names/``."""
+    return os.path.isdir(os.path.join(root, "blobs")) and any(
+        os.path.isdir(os.path.join(root, part)) for part in ("answers", "packs", "names")
+    )
