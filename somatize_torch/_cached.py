@@ -41,6 +41,7 @@ from somatize import CODECS, Graph, Opaque, canonical
 from somatize.codecs import CodecError
 from somatize.plan import declared_again
 from somatize_torch._errors import CachedInputNeedsGrad, WrapError
+from somatize_torch._modes import outside_compiled
 from somatize_torch._precision import float32_precision
 from somatize_torch.codec import TENSOR
 from somatize_torch.digest import digest_tensor, plain
@@ -337,7 +338,7 @@ def _placed(out: Any, device: torch.device) -> Any:
     return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, out)
 
 
-_remember: Callable[..., Any] = torch.compiler.disable(_recall_or_run)  # type: ignore[no-untyped-call]
+_remember: Callable[..., Any] = outside_compiled(_recall_or_run)
 """The one deliberate graph break per cached node: the store is asked outside compiled code."""
 
 

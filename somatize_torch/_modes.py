@@ -130,10 +130,24 @@ def _leave(entered: _Entered) -> None:
     entered.block.__exit__(None, None, None)
 
 
+def outside_compiled(fn: Callable[..., Any], recursive: bool = True) -> Callable[..., Any]:
+    """``fn`` as ``torch.compiler.disable`` makes it, never compiled (with ``recursive``,
+    nor what it calls), but marked at its first call rather than now: marking imports
+    torch's compiler, which takes a second, and a program that never calls ``fn`` need
+    not pay for it. The mark is torch's own lazy one (``torch._disable_dynamo``), which
+    torch.compile skips as it skips ``torch.compiler.disable``; where this torch lacks
+    it, ``fn`` is marked now."""
+    lazy = getattr(torch, "_disable_dynamo", None)
+    if lazy is None:
+        marked: Callable[..., Any] = torch.compiler.disable(fn, recursive=recursive)  # type: ignore[no-untyped-call]
+        return marked
+    return lazy(fn, recursive=recursive)  # type: ignore[no-any-return]
+
+
 # A block is entered in one call and left in another, with a graph break between them
 # wherever a cached node stands: compiled code makes both calls as they are. (torch.compile
 # follows grad mode itself.)
-_as_they_are: Callable[[Callable[..., Any]], Callable[..., Any]] = torch.compiler.disable
+_as_they_are: Callable[[Callable[..., Any]], Callable[..., Any]] = outside_compiled
 
 enter_autocast = _as_they_are(_enter_autocast)
 """An autocast block the forward enters, made as the forward made it."""

@@ -29,6 +29,7 @@ import torch
 
 from somatize.engine import Drifted
 from somatize.store.base import Corrupt, Missing
+from somatize_torch._modes import outside_compiled
 from somatize_torch._row_codec import decode_rows, empty_rows, laid_out, row_order
 from somatize_torch._row_errors import NotRowwise
 from somatize_torch._row_keys import _Keying, _keying, _row_ids
@@ -272,7 +273,7 @@ def _drifted(self: CachedRows, was: str | None) -> None:
     )
 
 
-_remember: Callable[..., Any] = torch.compiler.disable(_recall_or_run)  # type: ignore[no-untyped-call]
+_remember: Callable[..., Any] = outside_compiled(_recall_or_run)
 """The lookup runs outside any compiled region: a graph break at the cached module, so
 ``torch.compile`` compiles what is around it (the head) once."""
 

@@ -91,7 +91,7 @@ from somatize_torch._errors import (
     Untraceable,
     WrapError,
 )
-from somatize_torch._modes import unwinding
+from somatize_torch._modes import outside_compiled, unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
 from somatize_torch._settings import global_hooks, stand_in_call
 from somatize_torch._tracing import Runners, Tracing, forward_signature, optional_of
@@ -508,7 +508,7 @@ def _traced_without(self: Wrapped, none: frozenset[str]) -> Runners:
     return runners
 
 
-_not_compiled: Callable[..., Callable[..., Any]] = torch.compiler.disable
+_not_compiled: Callable[..., Callable[..., Any]] = outside_compiled
 _unwinding = _not_compiled(unwinding, recursive=False)
 """:func:`unwinding`, never compiled itself, the runner it calls compiled: so a compiled
 call that fails leaves the modes as an eager one does. (torch.compile gives up on a

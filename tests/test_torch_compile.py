@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,6 +40,23 @@ class Model(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.relu(self.encoder(x * 2.0)) + 1.0)
+
+
+def test_importing_somatize_torch_leaves_torch_compiler_unloaded() -> None:
+    """Importing ``somatize.torch`` loads nothing of torch.compile's (``torch._dynamo``,
+    about a second): the functions it keeps out of compiled code are marked at their
+    first call, as the tests below, which compile around them, show they still are."""
+    shown = (
+        "import sys, torch; before = 'torch._dynamo' in sys.modules; import somatize.torch; "
+        "print(before, 'torch._dynamo' in sys.modules)"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", shown], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]
 
 
 def test_compiled_wrapped_model_equals_eager_without_recompiling(
