@@ -328,3 +328,28 @@ def test_a_local_store_inside_another_stores_blobs_tmp_or_names_is_refused_at_op
     for fine in ("outer/answers/mine", "outer/packs/mine", "beside"):
         Store(tmp_path / fine).keep("blake3:" + "2" * 64, b"an answer", "plain")
     assert Store(tmp_path / "outer").verify().ok
+
+
+@pytest.mark.parametrize("section", ["blobs/ab", "tmp/mine"])
+def test_a_local_store_made_before_another_was_opened_above_it_outlives_its_gc(
+    tmp_path: Path, section: str
+) -> None:
+    """A store made first, in what becomes another store's blobs/ or tmp/ once that one
+    is opened above it, is none of that store's: its gc leaves it whole, and opening it
+    there again is refused (move it beside the other to use it)."""
+    root = tmp_path / "outer" / section
+    inner = Store(root)
+    inner.keep("blake3:" + "1" * 64, b"the inner store's answer", "plain")
+    inner.bind("ds", inner.put(b"the inner store's dataset"))
+    inner.close()
+    held = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    outer = Store(tmp_path / "outer")
+    outer.keep("blake3:" + "2" * 64, b"the outer store's answer", "plain")
+    outer.put(b"nothing refers to this")
+    assert outer.gc(grace=0).blobs == 1
+    assert sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file()) == held
+    with pytest.raises(BadAddress, match="Open it beside that store"):
+        Store(root)
+    moved = Store(root.rename(tmp_path / "moved"))
+    assert bytes(moved.recall("blake3:" + "1" * 64)[1]) == b"the inner store's answer"
+    assert bytes(moved.get(moved.resolve("ds"))) == b"the inner store's dataset"

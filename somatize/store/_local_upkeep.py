@@ -98,6 +98,11 @@ class LocalShelf(LocalFiles):
                 folders[:] = []
                 continue
             walked.add((here.st_dev, here.st_ino))
+            if folder != base and section in ("blobs", "tmp") and _a_store(folders):
+                # Another store, made here before this one was opened above it: none of
+                # this one's files, which gc would remove.
+                folders[:] = []
+                continue
             inside = folder[len(base) + 1 :].replace(os.sep, "/")  # "ab" in answers/ab/
             lead = f"{inside}/" if inside else ""
             for name in files:
@@ -335,3 +340,9 @@ class LocalShelf(LocalFiles):
 
     def _uses(self) -> dict[tuple[str, str], float]:
         return {}
+
+
+def _a_store(folders: list[str]) -> bool:
+    """Whether a folder holding ``folders`` is a store's: ``blobs/``, and ``answers/``,
+    ``packs/`` or ``names/``."""
+    return "blobs" in folders and not {"answers", "packs", "names"}.isdisjoint(folders)
