@@ -389,7 +389,7 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         self._values.check()
         self._check()
         if tracing is not None:
-            _refuse_global_hooks(self)
+            _refuse_global_hooks(self.model)
     runners = self._runners.get(none)
     if runners is None:
         runners = _traced_without(self, none)
@@ -429,24 +429,23 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
     return runner(*args, **kwargs)
 
 
-def _refuse_global_hooks(self: Wrapped) -> None:
-    """Refuses a call of a traced model while torch's global module hooks are registered:
-    they run with every module called, and the code traced calls other modules than the
-    model does (fx's segments between declared submodules), and not the blocks it traced
-    into, whose code ran what those hooks did when it was traced, or nothing."""
+def _refuse_global_hooks(model: nn.Module, when: str = "calling the wrapped model") -> None:
+    """Refuses tracing ``model``, or calling it traced, while torch's global module hooks
+    are registered: they run with every module called, and the code traced calls other
+    modules than the model does (fx's segments between declared submodules), and not the
+    blocks it traced into, whose code ran what those hooks did when it was traced."""
     hooks = global_hooks()
     if hooks:
         raise WrapError(
             f"torch's global module hooks are registered ({', '.join(hooks)}): they run "
-            "with every module a call runs, and the wrapped "
-            f"`{type(self.model).__qualname__}` runs code fx traced in place of the "
-            "blocks it traced into (which runs what those hooks did then, if anything) and "
-            "between its declared submodules (which they would run on too), so its "
-            "answer would not be the model's. Remove them while calling the wrapped model "
-            "(a `FlopCounterMode` or `ModuleTracker` registers them while it is open), or "
-            "wrap just the submodule you want to remember (`somatize.torch.wrap("
-            "model.encoder, frozen=True, cached=True)`, or `somatize.torch.cache_rows`), "
-            "which runs them as the module does"
+            f"with every module a call runs, and the wrapped `{type(model).__qualname__}` "
+            "runs code fx traced in place of the blocks it traced into (which runs what "
+            "those hooks did as it was traced, if anything) and between its declared "
+            "submodules (which they would run on too), so its answer would not be the "
+            f"model's. Remove them while {when} (a `FlopCounterMode` or `ModuleTracker` "
+            "registers them while it is open), or wrap just the submodule you want to "
+            "remember (`somatize.torch.wrap(model.encoder, frozen=True, cached=True)`, or "
+            "`somatize.torch.cache_rows`), which runs them as the module does"
         )
 
 
@@ -637,6 +636,7 @@ def wrap(
     if "" in declared:
         return _whole(model, frozen_names, cached_names, store)
 
+    _refuse_global_hooks(model, "wrapping it and calling the wrapped model")
     own = hooks_of(model)
     if any(own[:-1]):
         kinds = [kind for kind, keys in zip(_HOOK_KINDS, own, strict=False) if keys]

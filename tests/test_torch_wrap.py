@@ -591,9 +591,9 @@ def test_a_global_hook_is_refused_by_a_traced_model_and_run_by_one_wrapped_whole
 ) -> None:
     """A global forward hook runs with every module called: a traced model, which runs
     fx code in place of the blocks it traced into and between its declared submodules,
-    refuses a call while one is registered, naming it; a model wrapped whole runs it
-    with the model alone, not once more with the modules standing for it, so its answer,
-    computed or recalled, is the model's own under the hook."""
+    refuses a call while one is registered, naming it, and `wrap` refuses to trace one;
+    a model wrapped whole runs it with the model alone, not once more with the modules
+    standing for it, so its answer, computed or recalled, is the model's own under it."""
     torch.manual_seed(0)
     model = Shifted()
     traced = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
@@ -609,6 +609,8 @@ def test_a_global_hook_is_refused_by_a_traced_model_and_run_by_one_wrapped_whole
             smt.WrapError, match=rf"register_module_forward_hook\({hook.__name__}\)"
         ):
             traced(x)
+        with pytest.raises(smt.WrapError, match="Remove them while wrapping it"):
+            smt.wrap(Shifted(), frozen=["encoder"], cached=["encoder"], store=store)
         with torch.no_grad():
             plain = whole.model(x)
         assert torch.allclose(whole(x), plain) and whole.counts["shifted"]["ran"] == 2
