@@ -44,6 +44,11 @@ class NotCalled(WrapError):
 class Untraceable(SomatizeError, TypeError):
     """torch.fx could not trace the model's forward."""
 
+    branched: frozenset[str] | None = None
+    """Where the forward branched on (or iterated over) what fx stands in for: the
+    arguments that flowed into it (none for what the model holds); None where fx stopped
+    otherwise."""
+
 
 class CachedInputNeedsGrad(SomatizeError, ValueError):
     """A cached node was handed a tensor that requires grad."""

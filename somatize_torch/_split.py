@@ -31,14 +31,17 @@ import contextlib
 import operator
 import os
 import random
+import re
 import threading
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch.fx._symbolic_trace
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
+from torch.utils._pytree import tree_unflatten
 
 from somatize import Node
 from somatize_torch._cached import _Cached, _Declared, _Watched
@@ -72,6 +75,9 @@ class _Tracer(fx.Tracer):
         """The modules whose forward was traced into (the model's own, ``""``, included):
         what they read of ``self.training`` is in the code."""
         self._held: dict[str, fx.Proxy] = {}
+        self.branched: frozenset[str] | None = None
+        """The arguments of the forward that flowed into the value it last branched on or
+        iterated over, which fx refuses (none for a value of the model's own)."""
         self.thread = threading.get_ident()
         """The thread that traces. fx replaces how every module is called and read from,
         in every thread, while it traces: a module called in another thread then (a
@@ -90,6 +96,14 @@ class _Tracer(fx.Tracer):
         if found is None:
             found = self._held[path] = self.create_proxy("get_attr", path, (), {})
         return found
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        self.branched = _arguments_of(obj.node)
+        return super().to_bool(obj)
+
+    def iter(self, obj: fx.Proxy) -> Iterator[Any]:
+        self.branched = _arguments_of(obj.node)
+        return super().iter(obj)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return module_qualified_name in self.leaves or super().is_leaf_module(
@@ -114,6 +128,22 @@ class _Tracer(fx.Tracer):
         return super().call_module(m, forward, args, kwargs)
 
 
+def _arguments_of(node: fx.Node) -> frozenset[str]:
+    """The arguments of the forward whose placeholders ``node`` is computed from."""
+    found: set[str] = set()
+    seen: set[fx.Node] = set()
+    todo = [node]
+    while todo:
+        one = todo.pop()
+        if one in seen:
+            continue
+        seen.add(one)
+        if one.op == "placeholder":
+            found.add(str(one.target).lstrip("*"))
+        todo.extend(one.all_input_nodes)
+    return frozenset(found)
+
+
 _WRAPPING = frozenset(
     os.path.join(os.path.dirname(__file__), f"{name}.py")
     for name in (
@@ -136,15 +166,16 @@ def _traced(
     leaves: Iterable[str],
     training: bool,
     frozen: Iterable[str] = (),
-    none: Mapping[str, None] | None = None,
+    concrete: Mapping[str, Any] | None = None,
 ) -> tuple[fx.GraphModule, set[str], Noted]:
     """``model``'s forward traced with every module's training flag set to ``training``
     (and put back after) — but the ``frozen`` submodules', which are in eval whenever
     they run: what it reads of ``self.training`` is baked into the code. With the
     modules traced into, and what the trace read from the model beyond its tensors
     (the modules whose training flag it read among it), which is baked into the code
-    too. The arguments ``none`` names are traced as None (fx's ``concrete_args``), the
-    others as inputs."""
+    too. The arguments ``concrete`` names are traced fixed at the values it maps them to
+    (None, or a plain value the forward branches on: fx's ``concrete_args``), the others
+    as inputs."""
     if "forward" in vars(model):
         raise Untraceable(
             f"this `{type(model).__qualname__}` has a `forward` of its own, given to it in "
@@ -159,8 +190,15 @@ def _traced(
     try:
         for module, _ in modes:
             object.__setattr__(module, "training", training and id(module) not in held_eval)
-        with recording(tracer, model), reading(model, tracer.held) as noted:
-            graph = tracer.trace(model, concrete_args=dict(none) if none else None)
+        with (
+            recording(tracer, model),
+            reading(model, tracer.held) as noted,
+            warnings.catch_warnings(),
+        ):
+            # fx cannot check a value it fixes other than a plain one (an Enum member)
+            # in the code, and says so; the wrapped model picks the code by the values.
+            warnings.filterwarnings("ignore", "Was not able to add assertion")
+            graph = tracer.trace(model, concrete_args=dict(concrete) if concrete else None)
     except Exception as error:
         frames = [
             f
@@ -173,38 +211,46 @@ def _traced(
             else ""
         )
         mode = "train" if training else "eval"
+        branched = tracer.branched if isinstance(error, torch.fx.proxy.TraceError) else None
         if isinstance(error, Fixed):
-            raise Untraceable(
-                f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode"
-                f"{where}: it {error}. Declared submodules are never traced into, so declare "
-                "the submodule that holds this code, or wrap just the submodule you want to "
-                "remember — `model.encoder = somatize.torch.wrap(model.encoder, frozen=True, "
-                "cached=True)`, or `somatize.torch.cache_rows(model.encoder, ...)` — which "
-                "needs no tracing and leaves this forward to run as it is written"
+            raise _stops(
+                Untraceable(
+                    f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode"
+                    f"{where}: it {error}. Declared submodules are never traced into, so declare "
+                    "the submodule that holds this code, or wrap just the submodule you want to "
+                    "remember — `model.encoder = somatize.torch.wrap(model.encoder, frozen=True, "
+                    "cached=True)`, or `somatize.torch.cache_rows(model.encoder, ...)` — which "
+                    "needs no tracing and leaves this forward to run as it is written"
+                )
             ) from error
-        raise Untraceable(
+        refused = Untraceable(
             f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode{where}: "
             f"{type(error).__name__}: {error}. Declared submodules are never traced into, so "
             "declare the submodule that holds this code (`wrap(model, frozen=[...])`), make the "
             "call traceable (no Python control flow on tensor values), or wrap just the "
             "submodule you want to remember — `model.encoder = somatize.torch.wrap("
             "model.encoder, frozen=True, cached=True)` — which needs no tracing"
-        ) from error
+        )
+        refused.branched = branched
+        raise refused from error
     finally:
         for module, was in modes:
             object.__setattr__(module, "training", was)
     if noted.wrote:
         wrote, _ = next(iter(noted.wrote.values()))
         path, name = wrote.read.path, wrote.read.name
-        raise Untraceable(
-            f"`{type(model).__qualname__}.forward` assigns `{f'{path}.{name}' if path else name}` "
-            f"as it runs (at {wrote.where}): torch.fx runs the forward's Python once, as it "
-            "traces, and keeps only what it does to tensors, so the wrapped model would never "
-            "assign it (what the trace assigned is put back). Declared submodules are never "
-            "traced into, so declare the submodule that does this, keep the value in a "
-            "buffer written in place (`self.count.add_(1)`), or wrap just the submodule you "
-            "want to remember — `model.encoder = somatize.torch.wrap(model.encoder, "
-            "frozen=True, cached=True)` — which needs no tracing"
+        raise _stops(
+            Untraceable(
+                f"`{type(model).__qualname__}.forward` assigns "
+                f"`{f'{path}.{name}' if path else name}` "
+                f"as it runs (at {wrote.where}): torch.fx runs the forward's Python once, as it "
+                "traces, and keeps only what it does to tensors, so the wrapped model would never "
+                "assign it (what the trace assigned is put back). Declared submodules are never "
+                "traced into, so declare the submodule that does this, keep the value in a "
+                "buffer written in place (`self.count.add_(1)`), or wrap just the submodule you "
+                "want to remember — `model.encoder = somatize.torch.wrap(model.encoder, "
+                "frozen=True, cached=True)` — which needs no tracing"
+            )
         )
     for key in held_eval & noted.modes.keys():  # in eval whenever they run: read right
         del noted.modes[key]
@@ -212,7 +258,15 @@ def _traced(
     return fx.GraphModule(model, graph, type(model).__name__), tracer.through, noted
 
 
+def _stops(error: Untraceable) -> Untraceable:
+    """``error``, one that no argument fixed at a value would lift (what fx would fix at
+    the value it read, an assignment as the forward runs): refused as it is."""
+    error.branched = frozenset()
+    return error
+
+
 _ASSERT_IS_NONE = getattr(torch.fx._symbolic_trace, "_assert_is_none", None)
+_SPECIALIZED = re.compile(r"\w+ has been specialized to have value ")
 
 
 def _plain_code(graph: fx.Graph) -> None:
@@ -222,11 +276,59 @@ def _plain_code(graph: fx.Graph) -> None:
     names as globals — one written as a string (``from __future__ import annotations``)
     a global holding that string — and the checks fx adds that an argument traced as
     None is None (its own wrapped function, named in a way its unpickling cannot find),
-    which the wrapped model makes itself, picking the code by the arguments left None."""
+    and the checks it adds that one traced fixed at a value has it — which the wrapped model
+    makes itself, picking the code by the arguments left None and the values given."""
     for node in list(graph.nodes):
         node.type = None
         if node.op == "call_function" and node.target is _ASSERT_IS_NONE:
             graph.erase_node(node)
+        elif (
+            node.op == "call_function"
+            and node.target is torch._assert
+            and len(node.args) == 2
+            and isinstance(node.args[1], str)
+            and _SPECIALIZED.match(node.args[1])
+        ):
+            # fx's check that an argument traced fixed at a plain value has it (a NaN
+            # never would): the wrapped model picks the code by the values itself.
+            compared = node.args[0]
+            graph.erase_node(node)
+            if isinstance(compared, fx.Node) and not compared.users:
+                graph.erase_node(compared)
+    codegen = graph._codegen
+    if isinstance(codegen, torch.fx.graph._PyTreeCodeGen) and codegen.pytree_info is not None:
+        info = codegen.pytree_info
+        _one_place_each(graph, [name for name in info.orig_args if name != "self"])
+        if info.out_spec is not None:
+            # What the forward returns, put back together as fx's code did.
+            output = next(node for node in graph.nodes if node.op == "output")
+            flat = output.args[0]
+            assert isinstance(flat, (list, tuple))
+            output.args = (tree_unflatten(list(flat), info.out_spec),)
+        graph._codegen = fx.graph.CodeGen()
+
+
+def _one_place_each(graph: fx.Graph, names: Sequence[str]) -> None:
+    """Gives ``graph`` one placeholder per argument ``names`` lists, in its order, as the
+    code the model is cut into takes them. fx takes an argument fixed at a tuple apart, a
+    placeholder per item, and writes code that takes them apart as it is called, which the
+    cut code does not keep; the items are constants in the code, their placeholders
+    unused once fx's checks of them are left out, so one stands for the tuple."""
+    held = {str(node.target): node for node in graph.nodes if node.op == "placeholder"}
+    for target, node in list(held.items()):
+        if target not in names and not node.users:
+            graph.erase_node(node)
+    previous: fx.Node | None = None
+    for name in names:
+        node = held.get(name) if name in held and held[name].graph is graph else None
+        if node is None:
+            if previous is None:
+                with graph.inserting_before(next(iter(graph.nodes))):
+                    node = graph.placeholder(f"{name}_fixed")
+            else:
+                with graph.inserting_after(previous):
+                    node = graph.placeholder(f"{name}_fixed")
+        previous = node
 
 
 def _describe_call(node: fx.Node) -> Any:

@@ -1,5 +1,6 @@
-"""The traces of one model: one per set of optional arguments a call leaves None, each in
-both modes, and what all of them read of the model, which the wrapped model watches.
+"""The traces of one model: one per set of optional arguments a call leaves None and of
+values it gives the arguments the forward branches on, each in both modes, and what all
+of them read of the model, which the wrapped model watches.
 
 fx hands every argument of the forward to the code as an input, and a branch on one
 (``if mask is not None:``) takes the branch of a tensor. So ``wrap`` traces the forward
@@ -11,6 +12,16 @@ handed None where the first trace handed it the argument hands the shim None the
 forward that calls its declared submodules otherwise when an argument is None is
 refused, naming it, as one that does so in train and eval mode is.
 
+A forward that branches on (or iterates over) an argument's value — ``if pool:``,
+``if mode == "max":``, ``range(n_layers)`` — cannot be traced with it as an input either:
+such an argument is traced fixed at a value, the one a call gives (its default at
+``wrap``), one trace per set of such values, kept by :func:`value_key` (kind and value,
+so ``True`` and ``1`` are apart). Only the arguments fx stopped at are fixed, found from
+the proxy it was asked to branch on, or, where it stopped otherwise, as the fewest of the
+plain values given that let it trace; each is fixed in every later trace. A value that is
+no plain constant is refused naming the argument, and the traces per value are bounded
+(``Wrapped.TRACES_PER_VALUE``).
+
 What each trace went through and read — the modules traced into, their children and
 hooks, the plain values read, the parts the cut code holds — is taken in with the rest,
 and the wrapped model watches all of it: a change that would make any of its traces
@@ -19,12 +30,14 @@ other than the model is refused at the next call, whichever of them that call ru
 
 from __future__ import annotations
 
+import enum
 import inspect
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import fx, nn
 
 from somatize_torch._errors import NotCalled, Untraceable, WrapError
@@ -36,11 +49,59 @@ from somatize_torch._values import Noted, Values
 if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
 
-__all__ = ["Runners", "Tracing", "optional_of"]
+__all__ = ["Key", "Runners", "Tracing", "optional_of", "value_key"]
 
 Runners = dict[bool, nn.Module | Untraceable]
 """The code run in train (True) and eval mode, or why the forward could not be traced in
 that mode."""
+
+
+Key = tuple[frozenset[str], tuple[Any, ...]]
+"""What picks the code a call runs: the optional arguments it leaves None, and the
+value (:func:`value_key`) of each argument the forward branches on, in :attr:`Tracing.fixed`
+order, but those left None."""
+
+PLAIN = "a bool, an int, a float, a str, None, an Enum member, a torch.dtype, or a tuple of them"
+"""What an argument the forward branches on may be handed, for a message."""
+
+
+def value_key(value: Any) -> Any:
+    """``value`` as what picks a trace, kind first — ``True`` and ``1``, ``0.0`` and
+    ``-0.0`` are equal in Python and may be traced apart; a NaN is one value — or None
+    where it is not a plain constant a trace can be fixed at."""
+    kind = type(value)
+    if kind in (bool, int, str, bytes) or value is None:
+        return (kind, value)
+    if kind in (float, complex):
+        return (kind, repr(value))
+    if isinstance(value, enum.Enum):
+        return (kind, value.name)
+    if isinstance(value, torch.dtype):
+        return (torch.dtype, str(value))
+    if kind is tuple:
+        inner = tuple(value_key(one) for one in value)
+        return None if any(one is None for one in inner) else (tuple, inner)
+    return None
+
+
+def not_plain(name: str, value: Any, model: nn.Module) -> WrapError:
+    """The refusal of a call handing ``name``, which the forward branches on, ``value``."""
+    kind = type(value).__name__
+    return WrapError(
+        f"`{name}` is a `{kind}` in this call, and `{type(model).__qualname__}.forward` "
+        f"branches on its value: fx cannot trace that, so the forward is traced once per "
+        f"value of `{name}`, and that value must be a plain constant ({PLAIN}). Hand it "
+        f"one (`bool(flag)`, `flag.item()`, a tuple for a list), or declare the submodule "
+        "that branches on it, which is never traced into"
+    )
+
+
+class _Grow(Exception):
+    """A trace fixing more arguments at the values a call gives is needed."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        super().__init__()
+        self.names = tuple(names)
 
 
 class _Gate:
@@ -132,6 +193,13 @@ class Tracing:
         """The mode the model was wrapped in, traced first."""
         self.signature = forward_signature(model)
         """The signature of the model's forward, read once."""
+        self.named: dict[str, tuple[int | None, Any]] = _named(self.signature)
+        """The forward's named arguments, each with its place among the positional ones
+        (None for a keyword-only one) and its default: those a trace may fix at the value
+        a call gives (none where the forward takes `*args` or `**kwargs`)."""
+        self.fixed: tuple[str, ...] = ()
+        """The arguments the forward branches on, which fx cannot take as inputs: each
+        trace has them fixed at the values a call gives, in the signature's order."""
         self.through: set[str] = set()
         self.read: Noted | None = None
         self.reads: list[_Read] = []
@@ -142,36 +210,82 @@ class Tracing:
         trace is given."""
         self.first_none: frozenset[str] = frozenset()
         """The arguments the first trace took as None: none, or every optional one."""
+        self.first_key: Key = (frozenset(), ())
+        self.first_said = ""
+        """What the first trace fixed, for a message ("" for nothing)."""
         self.gate = _Gate()
         """Keeps this model's traces and its wrapped model's eager calls apart."""
-        self.runners: dict[frozenset[str], Runners] = {}
-        """Per set of optional arguments left None, the code each mode runs."""
+        self.runners: dict[Key, Runners] = {}
+        """Per set of optional arguments left None and values of those :attr:`fixed`, the
+        code each mode runs."""
 
-    def trace(self, none: frozenset[str]) -> Runners:
-        """The code run when the arguments ``none`` are None, traced in both modes; the
-        first trace raises Untraceable where the mode the model is in cannot be traced,
-        any other keeps it as that mode's runner. What a trace went
-        through and read is taken in once both modes are cut, not from a trace refused."""
+    def key(self, none: frozenset[str], given: Mapping[str, Any]) -> Key:
+        """What picks the code for a call leaving ``none`` None and giving ``given``."""
+        values = []
+        for name in self.fixed:
+            if name not in none:
+                found = value_key(given[name])
+                if found is None:
+                    raise not_plain(name, given[name], self.model)
+                values.append(found)
+        return none, tuple(values)
+
+    def trace(self, none: frozenset[str], given: Mapping[str, Any]) -> Runners:
+        """The code run when the arguments ``none`` are None and the others are ``given``
+        (those the forward branches on fixed at their values there), traced in both modes;
+        the first trace raises Untraceable where the mode the model is in cannot be traced,
+        any other keeps it as that mode's runner. What a trace went through and read is
+        taken in once both modes are cut, not from a trace refused. A trace fx cannot take
+        because the forward branches on (or iterates over) an argument a call gives a
+        plain value is taken again with it fixed at that value, and so is every later
+        one."""
+        for _ in range(len(self.named) + 1):
+            try:
+                return self._trace(none, given)
+            except _Grow as grow:
+                wanted = {*self.fixed, *grow.names}
+                self.fixed = tuple(name for name in self.named if name in wanted)
+                object.__setattr__(
+                    self.wrapped,
+                    "_fixed",
+                    tuple((name, *self.named[name]) for name in self.fixed),
+                )
+        raise AssertionError("each retrace fixes one more argument")  # pragma: no cover
+
+    def _trace(self, none: frozenset[str], given: Mapping[str, Any]) -> Runners:
+        key = self.key(none, given)
+        concrete: dict[str, Any] = {name: None for name in sorted(none)}
+        concrete.update((name, given[name]) for name in self.fixed if name not in none)
+        said = _said(concrete)
+        if key[1] and self.first is not None:
+            self._bound()
+        attempts: list[tuple[bool, tuple[fx.GraphModule, set[str], Noted] | Untraceable]] = []
+        for training in (self.mode, not self.mode):
+            try:
+                attempts.append(
+                    (
+                        training,
+                        _traced(self.model, self.declared, training, self.frozen, concrete),
+                    )
+                )
+            except Untraceable as error:
+                grow = self._to_fix(error, training, concrete, given)
+                if grow:
+                    raise _Grow(grow) from None
+                if self.first is None and training == self.mode:
+                    raise
+                attempts.append((training, _with_none(error, said)))
         runners: Runners = {}
         done: list[tuple[fx.GraphModule, nn.Module]] = []
         through: set[str] = set()
         noted: list[Noted] = []
         reads: list[_Read] = []
         switching = False
-        for training in (self.mode, not self.mode):
-            try:
-                traced, went, read = _traced(
-                    self.model,
-                    self.declared,
-                    training,
-                    self.frozen,
-                    {name: None for name in sorted(none)},
-                )
-            except Untraceable as error:
-                if self.first is None:
-                    raise
-                runners[training] = _with_none(error, none)
+        for training, attempt in attempts:
+            if isinstance(attempt, Untraceable):
+                runners[training] = attempt
                 continue
+            traced, went, read = attempt
             through |= went
             noted.append(read)
             switching = switching or switches(traced.graph)
@@ -180,7 +294,7 @@ class Tracing:
                 runners[training] = same
                 continue
             cut = _split(traced, self.model, self.frozen, self.cached, self.wrapped, self.first)
-            self._check_calls(cut, none, training)
+            self._check_calls(cut, none, training, key, said)
             reads += cut.reads
             runners[training] = cut.runner
             done.append((traced, cut.runner))
@@ -192,29 +306,110 @@ class Tracing:
                 self.read.merge(read)
         self.reads += reads
         self.switching = self.switching or switching
-        self.runners[none] = runners
+        self.runners[key] = runners
         return runners
 
+    def _to_fix(
+        self,
+        error: Untraceable,
+        training: bool,
+        concrete: Mapping[str, Any],
+        given: Mapping[str, Any],
+    ) -> tuple[str, ...]:
+        """The arguments to fix at the values ``given`` so that fx may trace the forward
+        where ``error`` says it could not: those whose values it branched on or iterated
+        over, when each is a plain value; where fx stopped otherwise (``range(n)``), the
+        fewest of those given plain values that make it traceable. None when fixing any
+        would not do."""
+        branched = error.branched
+        if branched is not None:
+            wanted = [name for name in self.named if name in branched and name not in concrete]
+            for name in wanted:
+                if (
+                    name in given
+                    and value_key(given[name]) is None
+                    and self.named[name][1] is not inspect.Parameter.empty
+                ):
+                    # An argument with a default, handed what no trace is fixed at: said
+                    # so, and not kept for the calls that hand it a plain value.
+                    told = Untraceable(
+                        f"`{name}` is a `{type(given[name]).__name__}` in this call, and "
+                        f"the forward branches on its value, which is traced fixed at "
+                        f"each value a call gives only where that is {PLAIN}: {error}"
+                    )
+                    told.branched = error.branched
+                    raise told from error.__cause__
+            if all(name in given and value_key(given[name]) is not None for name in wanted):
+                return tuple(wanted)
+            return ()
+        candidates = [
+            name
+            for name in self.named
+            if name in given and name not in concrete and value_key(given[name]) is not None
+        ]
+
+        def traces(names: list[str]) -> bool:
+            fixed = {**concrete, **{name: given[name] for name in names}}
+            try:
+                _traced(self.model, self.declared, training, self.frozen, fixed)
+            except Untraceable:
+                return False
+            return True
+
+        if not candidates or not traces(candidates):
+            return ()
+        kept = list(candidates)
+        for name in candidates:
+            fewer = [other for other in kept if other != name]
+            if traces(fewer):
+                kept = fewer
+        return tuple(kept)
+
+    def _bound(self) -> None:
+        """Refuses one more trace for values once the model has as many as it keeps."""
+        limit: int = self.wrapped.TRACES_PER_VALUE
+        if sum(1 for _, values in self.runners if values) < limit:
+            return
+        names = ", ".join(f"`{name}`" for name in self.fixed)
+        raise WrapError(
+            f"`{type(self.model).__qualname__}.forward` was traced for {limit} sets of values "
+            f"of {names} already: it branches on them, which fx cannot trace, so each set of "
+            "values a call gives is traced for itself, and no more are taken, to keep the "
+            "traces bounded. Give one of those values, declare the submodule that branches "
+            "on them (it is never traced into), write the branch as tensor code "
+            "(`torch.where`), or raise `Wrapped.TRACES_PER_VALUE` on this wrapped model"
+        )
+
     def trace_first(self, optional: Iterable[str]) -> None:
-        """The first trace: with every optional argument given, or, where fx cannot trace
-        that (the forward branches on one's value), with every one None — a call giving
-        them all is then refused with why that could not be traced."""
+        """The first trace: with every optional argument given, and those with a default
+        the forward branches on fixed at it; or, where fx cannot trace that (the forward
+        branches on one's value), with every one None — a call giving them traces the
+        forward then, with those it branches on fixed at its values."""
+        given = {
+            name: default
+            for name, (_, default) in self.named.items()
+            if default is not None and default is not inspect.Parameter.empty
+        }
         try:
-            self.trace(frozenset())
+            self.trace(frozenset(), given)
         except Untraceable as error:
             every = frozenset(optional)
             if not every:
                 raise
             try:
-                self.trace(every)
+                self.trace(every, given)
             except Untraceable:
                 raise error from None
-            self.runners[frozenset()] = {True: error, False: error}
+            if not self.named:
+                # A forward taking `*args` or `**kwargs` is not traced for values.
+                self.runners[(frozenset(), ())] = {True: error, False: error}
 
-    def _check_calls(self, cut: _Split, none: frozenset[str], training: bool) -> None:
+    def _check_calls(
+        self, cut: _Split, none: frozenset[str], training: bool, key: Key, said: str
+    ) -> None:
         """Refuses a trace that calls the declared submodules otherwise than the first."""
         if self.first is None:
-            self.first, self.first_none = cut, none
+            self.first, self.first_none, self.first_key, self.first_said = cut, none, key, said
             optional = [name for name, _, by_default in optional_of(self.model) if by_default]
             for name in self.declared:
                 if name not in cut.targets:
@@ -230,7 +425,7 @@ class Tracing:
         if cut.calls == self.first.calls:
             return
         model = type(self.model).__qualname__
-        if not none:
+        if key == self.first_key:
             raise WrapError(
                 f"`{model}.forward` calls its declared submodules differently in train and "
                 f"eval mode ({_calls(self.first.calls)} in "
@@ -240,19 +435,28 @@ class Tracing:
                 "Declare the submodule that holds the code that reads `self.training`, or "
                 "call the declared submodules the same way in both modes"
             )
-        if self.first_none:
+        if key[1] or self.first_key[1]:
+            this, first, advice, whether = (
+                said or "every argument is given",
+                self.first_said or "every argument is given",
+                "Give the same values in every call",
+                "whatever they are",
+            )
+        elif self.first_none:
             # Traced first with every optional argument None: this call gives some.
             given = self.first_none - none
-            this, first, advice = (
+            this, first, advice, whether = (
                 f"{_are(given, 'given')}",
                 "every optional argument is None",
                 "Leave them None in every call",
+                "whether it is given or not",
             )
         else:
-            this, first, advice = (
+            this, first, advice, whether = (
                 _are(none, "None"),
                 "every argument is given",
                 "Give every argument in every call",
+                "whether it is given or not",
             )
         raise WrapError(
             f"`{model}.forward` calls its declared submodules differently when {this} "
@@ -260,7 +464,7 @@ class Tracing:
             f"{_calls(self.first.calls)} when {first}, or with other constant arguments, or "
             "other inputs in their places): one graph cannot describe both. "
             f"{advice}, declare the submodule that holds the code that branches on it, or "
-            "call the declared submodules the same way whether it is given or not"
+            f"call the declared submodules the same way {whether}"
         )
 
     def watch(self) -> None:
@@ -289,19 +493,23 @@ class Tracing:
             "_one_code",
             all(len({id(r) for r in runners.values()}) == 1 for runners in self.runners.values()),
         )
+        object.__setattr__(
+            wrapped, "_fixed", tuple((name, *self.named[name]) for name in self.fixed)
+        )
 
-    def runners_without(self, none: frozenset[str]) -> Runners:
-        """The code run when the arguments ``none`` are None, traced now if no call left
-        them None before; what the new trace reads is watched from then on."""
+    def runners_for(self, none: frozenset[str], given: Mapping[str, Any]) -> Runners:
+        """The code run when the arguments ``none`` are None and the others are ``given``,
+        traced now if no call left them None and gave the same values to those the forward
+        branches on before; what the new trace reads is watched from then on."""
         with self.gate.tracing():
-            found = self.runners.get(none)
+            found = self.runners.get(self.key(none, given))
             if found is None:
                 # What a compiled call does not check before it comes here: the model is
                 # checked as an eager call checks it, so what the other traces read of it
                 # is what it holds, and is watched on as they read it.
                 self.wrapped._follow()
                 self.wrapped._values.check()
-                found = self.trace(none)
+                found = self.trace(none, given)
                 self.watch()
             return found
 
@@ -332,13 +540,42 @@ def _otherwise(optional: list[str], none: frozenset[str]) -> str:
     return f", or called only when one of those is {'given' if none else 'None'}"
 
 
-def _with_none(error: Untraceable, none: frozenset[str]) -> Untraceable:
-    """``error``, saying which arguments the trace took as None."""
-    if not none:
+def _said(concrete: Mapping[str, Any]) -> str:
+    """What a trace fixed, for a message: "`a` is None", "`a`, `b` are None", "`a` is
+    None, `b` is False" ("" for nothing)."""
+    none = frozenset(name for name, value in concrete.items() if value is None)
+    if len(none) == len(concrete):
+        return _are_none(none) if none else ""
+    return ", ".join(f"`{name}` is {value!r}" for name, value in concrete.items())
+
+
+def _with_none(error: Untraceable, said: str) -> Untraceable:
+    """``error``, saying what the trace fixed (which arguments it took as None)."""
+    if not said:
         return error
-    said = Untraceable(f"{_are_none(none)} in this call, and {error}")
-    said.__cause__ = error.__cause__
-    return said
+    told = Untraceable(f"{said} in this call, and {error}")
+    told.__cause__ = error.__cause__
+    told.branched = error.branched
+    return told
+
+
+def _named(signature: inspect.Signature | None) -> dict[str, tuple[int | None, Any]]:
+    """The named arguments of a forward of ``signature``, each with its place among the
+    positional ones (None for a keyword-only one) and its default; none where the forward
+    takes `*args` or `**kwargs`, which is traced once."""
+    if signature is None:
+        return {}
+    varying = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    parameters = list(signature.parameters.values())
+    if any(parameter.kind in varying for parameter in parameters):
+        return {}
+    return {
+        parameter.name: (
+            None if parameter.kind is inspect.Parameter.KEYWORD_ONLY else at,
+            parameter.default,
+        )
+        for at, parameter in enumerate(parameters)
+    }
 
 
 def forward_signature(model: nn.Module) -> inspect.Signature | None:

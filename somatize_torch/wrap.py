@@ -30,7 +30,8 @@ is the model's own ``train()``, which leaves frozen parts in eval.
 **Optional arguments.** fx traces each argument as an input, so the model is traced
 with every argument that defaults to None given (or, where fx cannot trace that, with
 every one None), and again, at the first call that leaves other ones None, with those
-fixed at None.
+fixed at None. An argument the forward branches on (``if pool:``) is traced fixed at
+its default, and again at the first call giving it another plain value, fixed at that.
 
 **What fx does not record.** fx records the operations a forward makes on tensors:
 the grad-mode, autocast and inference-mode blocks the forward enters are recorded
@@ -54,7 +55,8 @@ This module is the wrapper; what it is made of has a module each:
 - :mod:`somatize_torch._split` traces the model and cuts it at its declared
   submodules — and says what to do about what fx cannot trace;
 - :mod:`somatize_torch._tracing` keeps the model's traces, one per set of optional
-  arguments a call leaves None, and what they read, which the wrapped model watches;
+  arguments a call leaves None and of values of those the forward branches on, and
+  what they read, which the wrapped model watches;
 - :mod:`somatize_torch._modes` records, as the model is traced, the modes its
   forward switches, and refuses what fx would fix at the value it read;
 - :mod:`somatize_torch._cached` is the call of one declared submodule: how a
@@ -94,7 +96,15 @@ from somatize_torch._errors import (
 from somatize_torch._modes import outside_compiled, unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
 from somatize_torch._settings import global_hooks, stand_in_call
-from somatize_torch._tracing import Runners, Tracing, forward_signature, optional_of
+from somatize_torch._tracing import (
+    Key,
+    Runners,
+    Tracing,
+    forward_signature,
+    not_plain,
+    optional_of,
+    value_key,
+)
 from somatize_torch._values import Values
 from somatize_torch.freeze import ModuleNode
 
@@ -159,9 +169,17 @@ class Wrapped(nn.Module):
     graph: Graph
     store: Store | None
     model: nn.Module
-    _runners: dict[frozenset[str], Runners]
-    """Per set of optional arguments a call leaves None, the code each mode runs (or why
-    fx could not trace it in that mode)."""
+    _runners: dict[Key, Runners]
+    """Per set of optional arguments a call leaves None and values it gives those the
+    forward branches on, the code each mode runs (or why fx could not trace it in that
+    mode)."""
+    TRACES_PER_VALUE: int = 32
+    """How many sets of values of the arguments its forward branches on a wrapped model
+    is traced for, at most: a call giving one more is refused."""
+    _fixed: tuple[tuple[str, int | None, Any], ...] = ()
+    """The arguments the forward branches on, each with its place among the positional
+    ones (None for a keyword-only one) and its default: a call runs the code traced with
+    them fixed at the values it gives."""
     _tracing: Tracing | None = None
     """The traces taken so far, which a call leaving other arguments None adds to (None
     for a model declared whole, which is not traced)."""
@@ -184,7 +202,7 @@ class Wrapped(nn.Module):
     def __init__(
         self,
         model: nn.Module,
-        runners: dict[frozenset[str], Runners],
+        runners: dict[Key, Runners],
         graph: Graph,
         store: Any,
         parts: _Parts,
@@ -384,21 +402,33 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
                 entered.discard(id(self))
                 tracing.gate.leave()
     none = _left_none(self._optional, args, kwargs) if self._optional else frozenset()
+    values = _values_of(self, none, args, kwargs) if self._fixed else ()
     if not torch.compiler.is_compiling():
         self._follow()
         self._values.check()
         self._check()
         if tracing is not None:
             _refuse_global_hooks(self.model)
-    runners = self._runners.get(none)
+    runners = self._runners.get((none, values))
     if runners is None:
-        runners = _traced_without(self, none)
+        runners = _traced_without(self, none, args, kwargs)
+        # The trace may have found more arguments the forward branches on.
+        values = _values_of(self, none, args, kwargs) if self._fixed else ()
     training = self._mode()
     runner = runners[training]
     if not isinstance(runner, nn.Module):
         mode, other = ("train", "eval") if training else ("eval", "train")
         if not isinstance(runners[not training], nn.Module):
             raise runner
+        if values:
+            raise WrapError(
+                f"fx could trace `{type(self.model).__qualname__}.forward` for the values "
+                f"this call gives {', '.join(f'`{name}`' for name, _, _ in self._fixed)} "
+                f"in {other} mode only, and this call is in {mode} mode: what it traced may "
+                f"not be what the forward does in {mode} mode (code that reads "
+                "`self.training`), so it is not run in its place. Make such calls in "
+                f"{other} mode, or make the forward traceable in {mode} mode as well. {runner}"
+            )
         if none:
             raise WrapError(
                 f"fx could trace `{type(self.model).__qualname__}.forward` with "
@@ -416,8 +446,8 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
             f"in its place. Run it in {other} mode, or make it traceable in {mode} mode as "
             f"well. {runner}"
         )
-    if none:
-        # Traced with those arguments fixed at None: each argument in its place.
+    if none or values:
+        # Traced with those arguments fixed at None or at values: each in its place.
         assert self._tracing is not None and self._tracing.signature is not None
         args, kwargs = _in_order(self._tracing.signature, args, kwargs), {}
     if self._switches:
@@ -470,6 +500,31 @@ def _left_none(
     )
 
 
+def _values_of(
+    self: Wrapped, none: frozenset[str], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, ...]:
+    """What this call gives the arguments the forward branches on, each as what picks a
+    trace (:func:`value_key`), but those it leaves None; refused naming one given what no
+    trace can be fixed at."""
+    found = []
+    for name, at, default in self._fixed:
+        if name in none:
+            continue
+        value = (
+            kwargs[name]
+            if name in kwargs
+            else (args[at] if at is not None and at < len(args) else default)
+        )
+        key = value_key(value)
+        if key is None:
+            if value is inspect.Parameter.empty:
+                assert self._tracing is not None and self._tracing.signature is not None
+                self._tracing.signature.bind(*args, **kwargs)  # says what is missing
+            raise not_plain(name, value, self.model)
+        found.append(key)
+    return tuple(found)
+
+
 def _in_order(
     signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, ...]:
@@ -480,9 +535,12 @@ def _in_order(
     return tuple(bound.arguments.values())
 
 
-def _traced_without(self: Wrapped, none: frozenset[str]) -> Runners:
-    """The code run when the optional arguments ``none`` are None, traced now if no call
-    left them None before."""
+def _traced_without(
+    self: Wrapped, none: frozenset[str], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Runners:
+    """The code run when the optional arguments ``none`` are None and the others as this
+    call gives them, traced now if no call left them None and gave the same values to
+    those the forward branches on before."""
     tracing = self._tracing
     varying = (
         tracing is not None
@@ -492,8 +550,8 @@ def _traced_without(self: Wrapped, none: frozenset[str]) -> Runners:
             for p in tracing.signature.parameters.values()
         )
     )
-    if tracing is None or varying:
-        name = sorted(none)[0]
+    if tracing is None or varying or tracing.signature is None:
+        name = sorted(none)[0] if none else "?"
         raise WrapError(
             f"`{name}` is None in this call (given so, or left to its default): `wrap` traced "
             f"`{type(self.model).__qualname__}.forward` with `{name}` as an input, a tensor, "
@@ -503,7 +561,9 @@ def _traced_without(self: Wrapped, none: frozenset[str]) -> Runners:
             "somatize.torch.wrap(model.encoder, frozen=True, cached=True)`), which needs no "
             "tracing"
         )
-    runners: Runners = _trace_eagerly(tracing, none)
+    bound = tracing.signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    runners: Runners = _trace_eagerly(tracing, none, bound.arguments)
     return runners
 
 
@@ -513,7 +573,7 @@ _unwinding = _not_compiled(unwinding, recursive=False)
 call that fails leaves the modes as an eager one does. (torch.compile gives up on a
 ``try`` around code with graph breaks, after a failed attempt, and runs its frame eagerly
 anyway.)"""
-_trace_eagerly = _not_compiled(Tracing.runners_without)
+_trace_eagerly = _not_compiled(Tracing.runners_for)
 """A trace taken in a compiled call runs eagerly: fx cannot trace inside a compiled one."""
 
 
@@ -682,7 +742,7 @@ def _whole(
     else:
         shim = _Declared(node, call)
     graph = Graph.somatize(node)
-    runners: dict[frozenset[str], Runners] = {frozenset(): {True: shim, False: shim}}
+    runners: dict[Key, Runners] = {(frozenset(), ()): {True: shim, False: shim}}
     Wrapped.__init__(wrapped, model, runners, graph, store, _Parts([], {}))
     return wrapped
 

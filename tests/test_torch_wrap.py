@@ -5,8 +5,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import enum
 import inspect
 import io
+import math
 import os
 import random
 import threading
@@ -2359,25 +2361,236 @@ def test_a_declared_call_the_first_trace_could_not_see_is_refused_saying_how_it_
             wrapped(x, torch.rand(3, 4))
 
 
-def test_a_forward_fx_cannot_trace_with_its_optional_arguments_given_runs_without_them(
+def test_a_forward_branching_on_an_optional_flag_runs_with_it_given_or_none(
     store: Store,
 ) -> None:
     """A forward that branches on an optional argument's value cannot be traced with it
     as an input: `wrap` traces it with every optional argument None instead, and calls
-    that leave them None run; a call that gives one is refused with why it could not be
-    traced."""
+    that leave them None run; a call that gives one a plain value runs code traced with it
+    fixed at that value; one that gives it a tensor is refused, naming it and the line."""
     torch.manual_seed(0)
     model = Flagged()
     wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
     smt.freeze(wrapped)
     x = torch.randn(3, 4)
     with torch.no_grad():
+        with pytest.raises(smt.Untraceable, match=r"`double` is a `Tensor`.*if double"):
+            wrapped(x, double=torch.tensor(True))
         for _ in range(2):
             assert torch.equal(wrapped(x), model(x))
             assert torch.equal(wrapped(x, None), model(x))
-            with pytest.raises(smt.Untraceable, match=r"`Flagged.forward`.*if double"):
-                wrapped(x, double=True)
-    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 3}
+            assert torch.equal(wrapped(x, double=True), model(x, double=True))
+            assert torch.equal(wrapped(x, False), model(x, False))
+        with pytest.raises(smt.WrapError, match=r"`double` is a `Tensor` in this call"):
+            wrapped(x, double=torch.tensor(True))
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 7}
+
+
+_VALUE_TRACES: list[tuple[Any, ...]] = []
+"""What each trace of the models below fixed their branched-on arguments at: appended as
+the forward's Python runs, which it does only while fx traces it."""
+
+
+class PoolsByFlag(nn.Module):
+    """Pools its encoded rows when `pool` is true, by the `mode` it is handed, and scales by
+    a number it only hands on: branches on two arguments' values, which have defaults."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(
+        self, x: torch.Tensor, pool: bool = True, mode: str = "mean", scale: float = 1.0
+    ) -> torch.Tensor:
+        _VALUE_TRACES.append(("pooled", pool, mode))
+        h = self.encoder(x) * scale
+        if not pool:
+            return h
+        if mode == "max":
+            return h.max(dim=0).values
+        return h.mean(dim=0)
+
+
+def test_a_forward_branching_on_an_argument_with_a_default_is_traced_per_value(
+    store: Store,
+) -> None:
+    """A forward that branches on a flag and a string it defaults is wrapped: each call runs
+    code traced with them fixed at the values it gives, traced once per set of values and
+    reused after, with the cached encoder one node recalled across all of them; a number
+    the forward only hands on is not fixed, so a new one traces nothing anew."""
+    wrapped, model = _encoder_cached(PoolsByFlag, store)
+    x = torch.randn(3, 4)
+    calls = [
+        lambda m: m(x),
+        lambda m: m(x, False),
+        lambda m: m(x, pool=True, mode="max"),
+        lambda m: m(x, True, "mean", 2.0),
+        lambda m: m(x, mode="max", scale=3.0),
+        lambda m: m(x, pool=False, mode="max"),
+    ]
+    with torch.no_grad():
+        for _ in range(2):
+            for call in calls:
+                assert torch.equal(call(wrapped), call(model))
+        traced = len(_VALUE_TRACES)
+        for scale in (4.0, 5.0, -1.0):
+            assert torch.equal(wrapped(x, scale=scale), model(x, scale=scale))
+            assert torch.equal(wrapped(x, False, scale=scale), model(x, False, scale=scale))
+        assert len(_VALUE_TRACES) == traced + 6  # the model's own calls only
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 17}
+    assert list(wrapped.graph.nodes()) == ["encoder", "fx_0"]
+
+
+def test_a_wrapped_model_traced_per_value_is_pickled_and_copied_with_its_traces(
+    store: Store,
+) -> None:
+    """A wrapped model traced for several values of an argument it branches on is pickled
+    and copied with those traces: each copy answers as the model does, tracing nothing
+    anew for the values traced before."""
+    wrapped, model = _encoder_cached(PoolsByFlag, store)
+    x = torch.randn(3, 4)
+    calls = [lambda m: m(x), lambda m: m(x, False), lambda m: m(x, mode="max")]
+    with torch.no_grad():
+        for call in calls:
+            call(wrapped)
+        held = io.BytesIO()
+        torch.save(wrapped, held)
+        held.seek(0)
+        for copied in (torch.load(held, weights_only=False), copy.deepcopy(wrapped)):
+            for call in calls:
+                traced = len(_VALUE_TRACES)
+                assert torch.equal(call(copied), call(model))
+                assert len(_VALUE_TRACES) == traced + 1  # the model's own call only
+
+
+class Repeated(nn.Module):
+    """Negates or doubles for a flag, and adds its answer to itself `times - 1` times for a
+    count: `True` and `1` are equal, and answer apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, times: int | bool = 1) -> torch.Tensor:
+        h = self.encoder(x)
+        if isinstance(times, bool):
+            return h * 2 if times else -h
+        for _ in range(times - 1):
+            h = h + h
+        return h
+
+
+class Thresholded(nn.Module):
+    """Keeps what is over a threshold it branches on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
+        _VALUE_TRACES.append(("thresholded", floor))
+        h = self.encoder(x)
+        if floor > 0 or math.copysign(1.0, floor) < 0:
+            return h.clamp(min=floor)
+        return h
+
+
+def test_values_equal_in_python_but_of_another_kind_or_sign_are_traced_apart(
+    store: Store,
+) -> None:
+    """`True` and `1`, `False` and `0`, `0.0` and `-0.0` are equal (and hash alike), and
+    a forward may answer them apart: each is traced for itself; a NaN is one value."""
+    wrapped, model = _encoder_cached(Repeated, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            for times in (1, True, 0, False, 3, 1):
+                assert torch.equal(wrapped(x, times), model(x, times))
+    wrapped, model = _encoder_cached(Thresholded, store)
+    with torch.no_grad():
+        for floor in (0.0, -0.0, 0.5, -0.0, 0.0):
+            assert torch.equal(wrapped(x, floor), model(x, floor))
+        wrapped(x, math.nan)
+        traced = len(_VALUE_TRACES)
+        assert torch.equal(wrapped(x, float("nan")), model(x, math.nan))
+        assert len(_VALUE_TRACES) == traced + 1  # the model's own call only
+
+
+class Step(enum.Enum):
+    UP = "up"
+    DOWN = "down"
+
+
+class StepsByEnum(nn.Module):
+    """Branches on an Enum member and on a tuple of numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(
+        self, x: torch.Tensor, step: Step = Step.UP, shape: tuple[int, int] = (3, 4)
+    ) -> torch.Tensor:
+        h = self.encoder(x)
+        h = h + 1 if step is Step.UP or step == Step.UP else h - 1
+        return h.reshape(shape[1], shape[0]) if shape[0] > 3 else h
+
+
+def test_an_enum_member_or_a_tuple_of_numbers_branched_on_is_traced_per_value(
+    store: Store,
+) -> None:
+    """An Enum member and a tuple of numbers the forward branches on pick a trace each."""
+    wrapped, model = _encoder_cached(StepsByEnum, store)
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            for call in (
+                lambda m: m(x),
+                lambda m: m(x, Step.DOWN),
+                lambda m: m(x, shape=(6, 4)),
+                lambda m: m(x, Step.DOWN, (4, 6)),
+            ):
+                assert torch.equal(call(wrapped), call(model))
+
+
+def test_a_branched_on_argument_handed_what_is_not_a_plain_value_is_refused_naming_it(
+    store: Store,
+) -> None:
+    """An argument the forward branches on picks a trace by its value: handed a tensor or a
+    list, the call is refused, naming the argument and what it takes."""
+    wrapped, _ = _encoder_cached(PoolsByFlag, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        with pytest.raises(smt.WrapError, match=r"`pool` is a `Tensor` in this call.*`bool\("):
+            wrapped(x, torch.tensor(True))
+        with pytest.raises(smt.WrapError, match=r"`mode` is a `list` in this call"):
+            wrapped(x, mode=["max"])
+
+
+class Counted(nn.Module):
+    """Adds a count it branches on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, count: int = 0) -> torch.Tensor:
+        h = self.encoder(x)
+        return h + count if count > 0 else h
+
+
+def test_the_traces_per_value_of_a_model_are_bounded(store: Store) -> None:
+    """A forward is traced for at most so many sets of values of the arguments it branches
+    on; a call with one more is refused, saying which arguments and what to do."""
+    wrapped, model = _encoder_cached(Counted, store)
+    x = torch.randn(3, 4)
+    limit = smt.Wrapped.TRACES_PER_VALUE
+    with torch.no_grad():
+        for count in range(limit):
+            assert torch.equal(wrapped(x, count), model(x, count))
+        with pytest.raises(smt.WrapError, match=rf"{limit} sets of values of `count`"):
+            wrapped(x, limit)
+        assert torch.equal(wrapped(x, 1), model(x, 1))
 
 
 class MaskedEncoder(nn.Module):
