@@ -313,8 +313,12 @@ def _one_place_each(graph: fx.Graph, names: Sequence[str]) -> None:
     code the model is cut into takes them. fx takes an argument fixed at a tuple apart, a
     placeholder per item, and writes code that takes them apart as it is called, which the
     cut code does not keep; the items are constants in the code, their placeholders
-    unused once fx's checks of them are left out, so one stands for the tuple."""
+    unused once fx's checks of them are left out, so one stands for the tuple. Such code
+    is called with every argument, in its place: no placeholder keeps its default, which
+    one after it without would make no Python."""
     held = {str(node.target): node for node in graph.nodes if node.op == "placeholder"}
+    for node in held.values():
+        node.args = ()
     for target, node in list(held.items()):
         if target not in names and not node.users:
             graph.erase_node(node)

@@ -2553,6 +2553,40 @@ def test_an_enum_member_or_a_tuple_of_numbers_branched_on_is_traced_per_value(
                 assert torch.equal(call(wrapped), call(model))
 
 
+class Shifted(nn.Module):
+    """Scales by a number it only computes with, then adds each shift of a tuple it
+    iterates over, empty by default."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(
+        self, x: torch.Tensor, scale: float = 1.0, shifts: tuple[float, ...] = ()
+    ) -> torch.Tensor:
+        h = self.encoder(x) * scale
+        for shift in shifts:
+            h = h + shift
+        return h
+
+
+def test_a_tuple_branched_on_after_an_argument_with_a_default_is_traced_per_value(
+    store: Store,
+) -> None:
+    """A tuple the forward iterates over, empty or not, placed after an argument it takes
+    as an input with a default, picks a trace by its value."""
+    wrapped, model = _encoder_cached(Shifted, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for call in (
+            lambda m: m(x),
+            lambda m: m(x, 2.0, (1.0,)),
+            lambda m: m(x, shifts=(1.0, -2.5)),
+            lambda m: m(x, 3.0),
+        ):
+            assert torch.equal(call(wrapped), call(model))
+
+
 def test_a_branched_on_argument_handed_what_is_not_a_plain_value_is_refused_naming_it(
     store: Store,
 ) -> None:
