@@ -413,12 +413,20 @@ class Tracing:
             optional = [name for name, _, by_default in optional_of(self.model) if by_default]
             for name in self.declared:
                 if name not in cut.targets:
+                    fixed = (
+                        f"(where {said}: it branches on their values, and was traced with "
+                        "them at their defaults) "
+                        if key[1]
+                        else ""
+                    )
                     raise NotCalled(
                         f"`{name}` is declared, and `{type(self.model).__qualname__}.forward`"
-                        f"{_traced_as(optional, none)}never calls it (it may be reached "
-                        "through a function fx cannot see into"
-                        f"{_otherwise(optional, none)}): nothing of it can be frozen or "
-                        "cached here. Drop it from the declarations, or call it in forward"
+                        f"{_traced_as(optional, none)}{fixed}never calls it (it may be "
+                        "reached through a function fx cannot see into"
+                        f"{_otherwise(optional, none)}"
+                        f"{', or called only for other values of those' if key[1] else ''}"
+                        "): nothing of it can be frozen or cached here. Drop it from the "
+                        "declarations, or call it in forward"
                         f"{' whatever the arguments' if optional else ''}"
                     )
             return

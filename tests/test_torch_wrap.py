@@ -2587,6 +2587,30 @@ def test_a_tuple_branched_on_after_an_argument_with_a_default_is_traced_per_valu
             assert torch.equal(call(wrapped), call(model))
 
 
+class ExtraUnpooled(nn.Module):
+    """Calls its declared extra layer only when it does not pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.extra = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, pool: bool = True) -> torch.Tensor:
+        h = self.encoder(x)
+        return h.mean(dim=0) if pool else self.extra(h)
+
+
+def test_a_declared_call_made_only_for_another_value_is_refused_saying_the_value_traced(
+    store: Store,
+) -> None:
+    """A declared submodule the forward calls only for a value other than the default of
+    an argument it branches on is refused at `wrap`, saying the value it was traced at."""
+    with pytest.raises(
+        smt.NotCalled, match=r"`extra` is declared.*where `pool` is True.*other values"
+    ):
+        smt.wrap(ExtraUnpooled(), frozen=["encoder", "extra"], store=store)
+
+
 def test_a_branched_on_argument_handed_what_is_not_a_plain_value_is_refused_naming_it(
     store: Store,
 ) -> None:
