@@ -505,10 +505,17 @@ class Tracing:
             wrapped, "_fixed", tuple((name, *self.named[name]) for name in self.fixed)
         )
 
-    def runners_for(self, none: frozenset[str], given: Mapping[str, Any]) -> Runners:
-        """The code run when the arguments ``none`` are None and the others are ``given``,
-        traced now if no call left them None and gave the same values to those the forward
-        branches on before; what the new trace reads is watched from then on."""
+    def runners_for(
+        self, none: frozenset[str], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Runners:
+        """The code run when the arguments ``none`` are None and the others are as ``args``
+        and ``kwargs`` give them, traced now if no call left them None and gave the same
+        values to those the forward branches on before; what the new trace reads is
+        watched from then on."""
+        assert self.signature is not None
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
         with self.gate.tracing():
             found = self.runners.get(self.key(none, given))
             if found is None:

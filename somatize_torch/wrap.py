@@ -402,7 +402,7 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
                 entered.discard(id(self))
                 tracing.gate.leave()
     none = _left_none(self._optional, args, kwargs) if self._optional else frozenset()
-    values = _values_of(self, none, args, kwargs) if self._fixed else ()
+    values = _values_in(self, none, args, kwargs) if self._fixed else ()
     if not torch.compiler.is_compiling():
         self._follow()
         self._values.check()
@@ -413,7 +413,7 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
     if runners is None:
         runners = _traced_without(self, none, args, kwargs)
         # The trace may have found more arguments the forward branches on.
-        values = _values_of(self, none, args, kwargs) if self._fixed else ()
+        values = _values_in(self, none, args, kwargs) if self._fixed else ()
     training = self._mode()
     runner = runners[training]
     if not isinstance(runner, nn.Module):
@@ -525,6 +525,18 @@ def _values_of(
     return tuple(found)
 
 
+def _values_in(
+    self: Wrapped, none: frozenset[str], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, ...]:
+    """:func:`_values_of`, made eagerly in a compiled call: torch.compile would take a
+    plain value it is handed as a constant, and check a later call's against it by
+    equality (``-0.0 == 0.0``), where the value picks the code by its kind and spelling."""
+    if torch.compiler.is_compiling():
+        values: tuple[Any, ...] = _values_eagerly(self, none, args, kwargs)
+        return values
+    return _values_of(self, none, args, kwargs)
+
+
 def _in_order(
     signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, ...]:
@@ -561,9 +573,7 @@ def _traced_without(
             "somatize.torch.wrap(model.encoder, frozen=True, cached=True)`), which needs no "
             "tracing"
         )
-    bound = tracing.signature.bind(*args, **kwargs)
-    bound.apply_defaults()
-    runners: Runners = _trace_eagerly(tracing, none, bound.arguments)
+    runners: Runners = _trace_eagerly(tracing, none, args, kwargs)
     return runners
 
 
@@ -575,6 +585,8 @@ call that fails leaves the modes as an eager one does. (torch.compile gives up o
 anyway.)"""
 _trace_eagerly = _not_compiled(Tracing.runners_for)
 """A trace taken in a compiled call runs eagerly: fx cannot trace inside a compiled one."""
+_values_eagerly = _not_compiled(_values_of)
+"""What picks the code a compiled call runs, made eagerly: see :func:`_values_in`."""
 
 
 def _marks(graph: Graph, name: str) -> list[str]:

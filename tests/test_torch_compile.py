@@ -14,7 +14,18 @@ from torch import nn
 
 import somatize.torch as smt
 from somatize import Store
-from tests.test_torch_wrap import Fails, FailsInferring, Mixed, Normed, Optional, Targets, _modes
+from tests.test_torch_wrap import (
+    Fails,
+    FailsInferring,
+    Mixed,
+    Normed,
+    Optional,
+    PoolsByFlag,
+    Repeated,
+    Targets,
+    Thresholded,
+    _modes,
+)
 
 
 class Encoder(nn.Module):
@@ -228,6 +239,36 @@ def test_a_compiled_call_leaving_an_optional_argument_none_traces_it_eagerly(
         for call in (lambda m: m(x, scale), lambda m: m(x), lambda m: m(x), lambda m: m(x, scale)):
             assert torch.allclose(call(compiled), call(model), atol=1e-6)
     assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 3}
+    torch._dynamo.reset()
+
+
+def test_compiled_calls_giving_values_equal_in_python_run_the_code_traced_for_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled calls give the arguments the forward branches on values that are equal in
+    Python and traced apart (`0.0` and `-0.0`, `True` and `1`) and answer as the model
+    does for each; a tensor for one is refused, naming it, as in an eager call."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    x = torch.randn(3, 4)
+    for kind, values in ((Thresholded, (0.0, -0.0, 0.5)), (Repeated, (1, True, 3, False))):
+        torch.manual_seed(0)
+        model = kind().eval()
+        wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=tmp_path / "s")
+        smt.freeze(wrapped)
+        compiled = torch.compile(wrapped, backend="eager")
+        with torch.no_grad():
+            for _ in range(2):
+                for value in values:
+                    assert torch.equal(compiled(x, value), model(x, value)), value
+    model = PoolsByFlag().eval()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=tmp_path / "s")
+    smt.freeze(wrapped)
+    compiled = torch.compile(wrapped, backend="eager")
+    with torch.no_grad():
+        assert torch.equal(compiled(x, False), model(x, False))
+        with pytest.raises(smt.WrapError, match=r"`pool` is a `Tensor` in this call"):
+            compiled(x, torch.tensor(True))
     torch._dynamo.reset()
 
 
