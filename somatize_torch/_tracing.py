@@ -395,14 +395,39 @@ class Tracing:
         except Untraceable as error:
             every = frozenset(optional)
             if not every:
-                raise
+                raise self._without_default(error) from error.__cause__
             try:
                 self.trace(every, given)
             except Untraceable:
-                raise error from None
+                raise self._without_default(error) from error.__cause__
             if not self.named:
                 # A forward taking `*args` or `**kwargs` is not traced for values.
                 self.runners[(frozenset(), ())] = {True: error, False: error}
+
+    def _without_default(self, error: Untraceable) -> Untraceable:
+        """``error``, naming the arguments it branched on that have no default to trace
+        them at."""
+        assert self.signature is not None
+        names = [
+            name
+            for name, (_, default) in self.named.items()
+            if name in (error.branched or ())
+            and default is inspect.Parameter.empty
+            # Not one annotated as a tensor, whose value no trace is fixed at.
+            and "Tensor" not in str(self.signature.parameters[name].annotation)
+        ]
+        if not names:
+            return error
+        shown = ", ".join(f"`{name}`" for name in names)
+        told = Untraceable(
+            f"the forward branches on the value of {shown}, which has no default: `wrap` "
+            "traces an argument the forward branches on fixed at its default, and at each "
+            "value a call gives after, where that is a plain constant. Where it takes such "
+            f"values (a flag, a count, a name), give it a default (`{names[0]}: bool = "
+            f"False`). {error}"
+        )
+        told.branched = error.branched
+        return told
 
     def _check_calls(
         self, cut: _Split, none: frozenset[str], training: bool, key: Key, said: str

@@ -2611,6 +2611,27 @@ def test_a_declared_call_made_only_for_another_value_is_refused_saying_the_value
         smt.wrap(ExtraUnpooled(), frozen=["encoder", "extra"], store=store)
 
 
+class FlagRequired(nn.Module):
+    """Branches on a flag it has no default for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, double: bool) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 2 if double else h
+
+
+def test_a_forward_branching_on_an_argument_without_a_default_is_refused_naming_it(
+    store: Store,
+) -> None:
+    """An argument the forward branches on is traced fixed at its default at `wrap`: one
+    without a default is refused, naming it and saying to give it one, and the line."""
+    with pytest.raises(smt.Untraceable, match=r"value of `double`, which has no default.*if"):
+        smt.wrap(FlagRequired(), frozen=["encoder"], store=store)
+
+
 def test_a_branched_on_argument_handed_what_is_not_a_plain_value_is_refused_naming_it(
     store: Store,
 ) -> None:
