@@ -324,7 +324,7 @@ def _one_place_each(graph: fx.Graph, names: Sequence[str]) -> None:
             graph.erase_node(node)
     previous: fx.Node | None = None
     for name in names:
-        node = held.get(name) if name in held and held[name].graph is graph else None
+        node = held.get(name)
         if node is None:
             if previous is None:
                 with graph.inserting_before(next(iter(graph.nodes))):
