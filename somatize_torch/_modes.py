@@ -48,6 +48,7 @@ originals in every other thread, and are put back when the trace ends.
 from __future__ import annotations
 
 import builtins
+import enum
 import functools
 import inspect
 import os
@@ -270,6 +271,23 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
     """``isinstance`` in the tracing thread: the forward asking whether what fx hands it in
     a tensor's place is a tensor, which it never is while fx traces (a stand-in), so the
     branch fx keeps would be the one for a value that is no tensor."""
+    if original(value, fx.Proxy) and _names_a_plain_kind(kinds, original):
+        # An argument with a plain default asked after as a plain kind (`isinstance(flag,
+        # bool)`): fx would answer no for every value. A branch on its value, so the
+        # argument is traced fixed at the value a call gives.
+        node = value.node
+        caller = sys._getframe(2).f_code.co_filename
+        if (
+            node.op == "placeholder"
+            and node.args
+            and _is_plain(node.args[0], original)
+            and not (in_torch(caller) or caller.startswith(_OURS))
+        ):
+            value.tracer.branched = frozenset({str(node.target)})
+            raise fx.proxy.TraceError(
+                f"asks what kind of value `{node.target}` is (`isinstance`): fx stands in "
+                "for it, and would answer no whatever a call gives"
+            )
     if original(value, fx.Proxy) and _names_a_tensor(kinds, original):
         caller = sys._getframe(2).f_code.co_filename
         if not (in_torch(caller) or caller.startswith(_OURS)):
@@ -280,6 +298,26 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
                 "the wrapped model would take it in every call"
             )
     return original(value, kinds)
+
+
+_PLAIN_KINDS = (bool, int, float, complex, str, bytes, enum.Enum)
+"""The kinds of plain values an argument the forward branches on is traced fixed at."""
+
+
+def _names_a_plain_kind(kinds: Any, check: Callable[..., Any]) -> bool:
+    """Whether ``kinds`` (a class, a tuple or union of them) names only plain kinds of
+    value (:data:`_PLAIN_KINDS`), and not a tensor."""
+    if check(kinds, tuple):
+        return bool(kinds) and all(_names_a_plain_kind(kind, check) for kind in kinds)
+    if check(kinds, type):
+        return issubclass(kinds, _PLAIN_KINDS)
+    inner = getattr(kinds, "__args__", ())
+    return bool(inner) and all(_names_a_plain_kind(kind, check) for kind in inner)
+
+
+def _is_plain(value: Any, check: Callable[..., Any]) -> bool:
+    """Whether ``value`` is a plain value, not None (an argument's default)."""
+    return value is not None and check(value, _PLAIN_KINDS)
 
 
 def _names_a_tensor(kinds: Any, check: Callable[..., Any]) -> bool:

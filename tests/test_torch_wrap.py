@@ -2632,6 +2632,34 @@ def test_a_forward_branching_on_an_argument_without_a_default_is_refused_naming_
         smt.wrap(FlagRequired(), frozen=["encoder"], store=store)
 
 
+class AsksIfFlag(nn.Module):
+    """Doubles or negates for a flag, and scales by a count: asks which it was handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, times: int | bool = 1) -> torch.Tensor:
+        h = self.encoder(x)
+        if isinstance(times, bool):
+            return h * 2 if times else -h
+        return h * times
+
+
+def test_a_forward_asking_what_kind_an_argument_with_a_plain_default_is_traced_per_value(
+    store: Store,
+) -> None:
+    """fx answers no to `isinstance(times, bool)` whatever a call gives, so the branch
+    kept would ignore a flag: such an argument is traced fixed at each value instead, and
+    a call giving `True` answers as the model does, not as for `1`."""
+    wrapped, model = _encoder_cached(AsksIfFlag, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            for times in (1, True, 3, False, 0):
+                assert torch.equal(wrapped(x, times), model(x, times))
+
+
 def test_a_branched_on_argument_handed_what_is_not_a_plain_value_is_refused_naming_it(
     store: Store,
 ) -> None:
