@@ -281,6 +281,8 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
             node.op == "placeholder"
             and node.args
             and _is_plain(node.args[0], original)
+            # Not one annotated as taking a tensor too, whose calls may hand it one.
+            and "Tensor" not in str(node.type)
             and not (in_torch(caller) or caller.startswith(_OURS))
         ):
             value.tracer.branched = frozenset({str(node.target)})

@@ -2646,6 +2646,30 @@ class AsksIfFlag(nn.Module):
         return h * times
 
 
+class AsksIfNumber(nn.Module):
+    """Makes a tensor of a number it is handed, and takes a tensor as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, step: torch.Tensor | float = 0.0) -> torch.Tensor:
+        if isinstance(step, float):
+            step = torch.full((4,), step)
+        return self.encoder(x) + step
+
+
+def test_a_forward_asking_what_kind_an_argument_that_may_be_a_tensor_is_runs_tensors(
+    store: Store,
+) -> None:
+    """An argument annotated as taking a tensor is not traced per value for being asked
+    what kind it is: a call handing it a tensor runs the branch fx traced for one."""
+    wrapped, model = _encoder_cached(AsksIfNumber, store)
+    x, step = torch.randn(3, 4), torch.full((4,), 0.5)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, step), model(x, step))
+
+
 def test_a_forward_asking_what_kind_an_argument_with_a_plain_default_is_traced_per_value(
     store: Store,
 ) -> None:
