@@ -332,9 +332,14 @@ class Tracing:
                 ):
                     # An argument with a default, handed what no trace is fixed at: said
                     # so, and not kept for the calls that hand it a plain value.
+                    kind = f"a `{type(given[name]).__name__}`"
                     told = Untraceable(
-                        f"`{name}` is a `{type(given[name]).__name__}` in this call, and "
-                        f"the forward branches on its value, which is traced fixed at "
+                        (
+                            f"`{name}` is {kind} in this call, and "
+                            if self.first is not None
+                            else f"`{name}` defaults to {kind}, and "
+                        )
+                        + "the forward branches on its value, which is traced fixed at "
                         f"each value a call gives only where that is {PLAIN}: {error}"
                     )
                     told.branched = error.branched

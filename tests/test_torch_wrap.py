@@ -2710,6 +2710,29 @@ class Counted(nn.Module):
         return h + count if count > 0 else h
 
 
+class Listed(nn.Module):
+    """Adds each number of a list it defaults to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, shifts: Any = [1.0, 2.0]) -> torch.Tensor:  # noqa: B006
+        h = self.encoder(x)
+        for shift in shifts:
+            h = h + shift
+        return h
+
+
+def test_a_forward_iterating_over_a_list_it_defaults_to_is_refused_saying_so(
+    store: Store,
+) -> None:
+    """A list is no plain constant a trace is fixed at: a forward iterating over the list
+    an argument defaults to is refused at `wrap`, saying it defaults to one."""
+    with pytest.raises(smt.Untraceable, match=r"`shifts` defaults to a `list`.*a tuple of"):
+        smt.wrap(Listed(), frozen=["encoder"], store=store)
+
+
 def test_the_traces_per_value_of_a_model_are_bounded(store: Store) -> None:
     """A forward is traced for at most so many sets of values of the arguments it branches
     on; a call with one more is refused, saying which arguments and what to do."""
