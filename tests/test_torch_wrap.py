@@ -568,7 +568,7 @@ class Shifts(nn.Module):
         return self.linear(x).relu()
 
 
-class Shifted(nn.Module):
+class ShiftsBetween(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.encoder = nn.Sequential(nn.Linear(4, 4))
@@ -597,12 +597,12 @@ def test_a_global_hook_is_refused_by_a_traced_model_and_run_by_one_wrapped_whole
     a model wrapped whole runs it with the model alone, not once more with the modules
     standing for it, so its answer, computed or recalled, is the model's own under it."""
     torch.manual_seed(0)
-    model = Shifted()
+    model = ShiftsBetween()
     traced = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
     smt.freeze(traced)
     x = torch.randn(3, 4)
     traced(x)
-    whole = smt.wrap(Shifted(), frozen=True, cached=True, store=store)
+    whole = smt.wrap(ShiftsBetween(), frozen=True, cached=True, store=store)
     smt.freeze(whole)
     whole(x)
     with contextlib.ExitStack() as undo:
@@ -612,11 +612,11 @@ def test_a_global_hook_is_refused_by_a_traced_model_and_run_by_one_wrapped_whole
         ):
             traced(x)
         with pytest.raises(smt.WrapError, match="Remove them while wrapping it"):
-            smt.wrap(Shifted(), frozen=["encoder"], cached=["encoder"], store=store)
+            smt.wrap(ShiftsBetween(), frozen=["encoder"], cached=["encoder"], store=store)
         with torch.no_grad():
             plain = whole.model(x)
-        assert torch.allclose(whole(x), plain) and whole.counts["shifted"]["ran"] == 2
-        assert torch.allclose(whole(x), plain) and whole.counts["shifted"]["recalled"] == 1
+        assert torch.allclose(whole(x), plain) and whole.counts["shifts_between"]["ran"] == 2
+        assert torch.allclose(whole(x), plain) and whole.counts["shifts_between"]["recalled"] == 1
     with torch.no_grad():
         assert torch.allclose(traced(x), model(x))
 
