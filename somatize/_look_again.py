@@ -57,12 +57,22 @@ def look_again(graph: Graph) -> None:
     """Says to ``graph``'s memory what changed in its nodes since it was built: the
     declaration of a node built with a list or a dict changed in place since (see
     :meth:`~somatize.node.Node.is_declaration_fixed`), and the state of a frozen node
-    that sees its own state changed (:meth:`~somatize.node.Node.restate`). A change makes
+    that sees its own state changed (:meth:`~somatize.node.Node.restate`), and the code
+    of a node whose class, or a class it inherits from, was given another method or
+    value since, or lost one (a monkeypatch): its fingerprint worked out again, so an
+    answer kept by the old code is drifted, never taken for the new code's. A change makes
     a new state of the memory, so what was derived from the old one — a graph's
     :class:`~somatize.plan.Static`, a broker's blueprints — is derived again. Nothing is
     refused here: a node that can no longer be keyed is refused where its key is needed.
-    Run at the start of every forward, before anything is keyed or sent; it costs nothing
-    for a graph with no such node."""
+    Run at the start of every forward, before anything is keyed or sent; it costs one
+    comparison of the classes' namespaces for a graph with no such node."""
+    spaces, copies = graph._code_watch
+    try:  # a method set on a class since, or deleted: the fingerprints of its code now
+        moved = spaces != copies
+    except Exception:  # a value replaced whose `==` says no bool (an array)
+        moved = True
+    if moved:
+        graph._written_again()
     unfixed: dict[str, Node] = graph._unfixed
     restated: dict[str, Node] = graph._restated
     kept = graph._kept

@@ -48,6 +48,8 @@ into their module, one module only: the plain functions defined there that they
 name (and those these name) and the plain constants. A module or class from
 elsewhere, a list or dict held at module level, a callable that is not a plain
 function (a decorated helper), a value the code reads from an object are not seen.
+A class's body is watched by a graph at every forward (:func:`watch_code`): a method set
+on it after the graph was built (a monkeypatch) is that node's code from then on.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ import linecache
 import sys
 import textwrap
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from types import CodeType, FunctionType
@@ -86,6 +89,7 @@ __all__ = [
     "held_at",
     "identity_of",
     "state_crosses",
+    "watch_code",
 ]
 
 
@@ -142,13 +146,22 @@ its module alive."""
 _ABSENT = object()
 _OTHER = object()
 
-_FINGERPRINTS: weakref.WeakKeyDictionary[type, tuple[bytes, Looked]] = weakref.WeakKeyDictionary()
-"""A class → the digest of what its own body holds (:func:`_written`) and the module
-names it looked up for it, worked out again when one of those names holds another
-helper or value (a notebook's cell run again)."""
+Body = tuple[tuple[str, Any], ...]
+"""What a class's own body held when its fingerprint was worked out (:func:`_body_of`)."""
 
-_FUNCTIONS: weakref.WeakKeyDictionary[FunctionType, bytes] = weakref.WeakKeyDictionary()
-"""A function → the digest of its code (:func:`_function_bytes`), worked out once."""
+_FINGERPRINTS: weakref.WeakKeyDictionary[type, tuple[bytes, Looked, Body]] = (
+    weakref.WeakKeyDictionary()
+)
+"""A class → the digest of what its own body holds (:func:`_written`), the module names
+it looked up for it, and what its body held then, worked out again when one of those
+names holds another helper or value (a notebook's cell run again), or the body holds
+another function or value (a method set on the class, or deleted from it, since)."""
+
+_FUNCTIONS: weakref.WeakKeyDictionary[FunctionType, tuple[CodeType, bytes]] = (
+    weakref.WeakKeyDictionary()
+)
+"""A function → the code it ran and the digest of that code (:func:`_function_bytes`),
+worked out again when it is given other code (``f.__code__ = ...``, as a reloader does)."""
 
 _LEFT_OUT = frozenset({"torch"})
 """Packages whose classes no fingerprint covers, besides the standard library's: the
@@ -168,8 +181,8 @@ def fingerprint_of(*kinds: type) -> str:
     assigns them. The same in every
     process running the same code. Each class is worked out once, when first asked, and
     again when a name its functions look up in their module holds another helper or value
-    since (a notebook's cell run again); a method set on the class after that is seen
-    once the class is defined again."""
+    since (a notebook's cell run again), or a function or value of its body is set,
+    added or deleted since (a method patched in: ``Kind.forward = other``)."""
     lineage: dict[type, None] = {}
     for kind in kinds:
         for above in kind.__mro__:
@@ -197,7 +210,8 @@ def _written(kind: type) -> bytes:
     module (:func:`_named`). A dataclass is said by its fields, not by the methods made
     for it (whose code is the Python version's as much as the class's)."""
     found = _FINGERPRINTS.get(kind)
-    if found is not None and all(_still(*name) for name in found[1]):
+    body = _body_of(kind)
+    if found is not None and found[2] == body and all(_still(*name) for name in found[1]):
         return found[0]
     digest = hashlib.sha256()
     made = "__dataclass_params__" in vars(kind)
@@ -210,6 +224,9 @@ def _written(kind: type) -> bytes:
             held = [f for f in held if f.__code__.co_filename != "<string>"]
         for function in held:
             _put(digest, b"def " + name.encode(), _function_bytes(function))
+        bound = _bound_in(member) if held else []
+        if bound:
+            _put(digest, b"bound " + name.encode(), *bound)
         functions += held
         if not held and not _dunder(name) and _plain(member):
             assigned = _assigned(_class_body(kind), name, member)
@@ -218,8 +235,48 @@ def _written(kind: type) -> bytes:
     for label, piece in named:
         _put(digest, label, piece)
     written = digest.digest()
-    _FINGERPRINTS[kind] = (written, looked)
+    _FINGERPRINTS[kind] = (written, looked, body)
     return written
+
+
+def _body_of(kind: type) -> Body:
+    """What of ``kind``'s own body its fingerprint reads, to tell whether it changed since:
+    each name it holds, with weak references to the functions held there and their code
+    (a function replaced by another is told apart, as is one given other code in place,
+    and what is remembered keeps neither the class nor its functions alive), or the plain
+    value held there, by type and value, or None."""
+    body: list[tuple[str, Any]] = []
+    for name, member in vars(kind).items():
+        held = _functions_in(member)
+        if held:
+            functions = tuple((weakref.ref(f), f.__code__) for f in held)
+            body.append((name, (functions, _bound_in(member))))
+        else:
+            body.append((name, (type(member), member) if _plain(member) else None))
+    return tuple(body)
+
+
+CodeWatch = tuple[list[Any], list[dict[str, Any]]]
+"""What :func:`fingerprint_of` read of classes' bodies, laid out for one look at every
+forward (:func:`watch_code`)."""
+
+
+def watch_code(kinds: Iterable[type]) -> CodeWatch:
+    """What the fingerprints of ``kinds`` were worked out from, laid out so that a change
+    is found in one comparison made in C: the namespace of each class of their lineages
+    (as :func:`fingerprint_of` takes them) and a copy of it, which differ once a method
+    is patched in, a base class's replaced, or one added or deleted (the namespaces
+    compare equal to the copies: each value by identity, else by ``==``, so a value
+    replaced by an equal one, ``2`` by ``2.0``, is not seen; one whose ``==`` says no bool,
+    an array, raises, and is taken as changed). The copies hold what they copy, so an old
+    function cannot be followed by a new one at the same address. Not watched, for what a
+    look costs: a class's ``__bases__`` replaced, and a function given other code in place
+    (``f.__code__ = ...``, as a reloader does) — a graph built after sees them."""
+    lineage = dict.fromkeys(
+        above for kind in kinds for above in kind.__mro__ if not _left_out(above)
+    )
+    spaces = [vars(kind) for kind in lineage]
+    return spaces, [dict(space) for space in spaces]
 
 
 def _still(reader: weakref.ref[FunctionType], name: str, was: Any) -> bool:
@@ -259,9 +316,12 @@ def _plain(value: Any) -> bool:
 def _functions_in(member: Any) -> list[FunctionType]:
     """The plain functions a class attribute runs: itself, what a static or class method,
     a property or a cached property holds, each unwrapped from a decorator that says what
-    it wraps (``functools.wraps``)."""
+    it wraps (``functools.wraps``), or a partial (``functools.partial``, ``partialmethod``)
+    made of (:func:`_bound_in` says the arguments it binds)."""
     if isinstance(member, (staticmethod, classmethod)):
         member = member.__func__
+    while isinstance(member, _PARTIALS):
+        member = member.func
     if isinstance(member, functools.cached_property):
         member = member.func
     held = [member.fget, member.fset, member.fdel] if isinstance(member, property) else [member]
@@ -274,13 +334,31 @@ def _functions_in(member: Any) -> list[FunctionType]:
     return out
 
 
+_PARTIALS = (functools.partial, functools.partialmethod)
+
+
+def _bound_in(member: Any) -> list[bytes]:
+    """The arguments a partial held by a class (as :func:`_functions_in` finds it) binds, by
+    :func:`_value_bytes`, the partial's own first."""
+    if isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    bound = []
+    while isinstance(member, _PARTIALS):
+        bound.append(b"partial")
+        bound += map(_value_bytes, member.args)
+        bound += (n.encode() + b"\0" + _value_bytes(v) for n, v in sorted(member.keywords.items()))
+        member = member.func
+    return bound
+
+
 def _function_bytes(function: FunctionType) -> bytes:
     """How ``function`` is written: its source where the source found compiles to its
     code (the file may have been edited since it was loaded), else its code (digested
     alike in every process running the Python version), and its default values."""
+    code = function.__code__
     found = _FUNCTIONS.get(function)
-    if found is not None:
-        return found
+    if found is not None and found[0] is code:
+        return found[1]
     source = _source_of(function)
     digest = hashlib.sha256()
     if source is not None:
@@ -291,8 +369,9 @@ def _function_bytes(function: FunctionType) -> bytes:
     kwdefaults = sorted((function.__kwdefaults__ or {}).items())
     _put(digest, b"defaults", *map(_value_bytes, defaults))
     _put(digest, b"keywords", *(n.encode() + b"\0" + _value_bytes(v) for n, v in kwdefaults))
-    found = _FUNCTIONS[function] = digest.digest()
-    return found
+    written = digest.digest()
+    _FUNCTIONS[function] = (code, written)
+    return written
 
 
 def _value_bytes(value: Any) -> bytes:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from somatize.catalog import fingerprint_of, identity_of
+from somatize.catalog import fingerprint_of, identity_of, watch_code
 from somatize.engine import run
 from somatize.errors import SomatizeError
 from somatize.memory import Memory
@@ -129,6 +129,16 @@ class Graph:
         self._stores: dict[str, Store] = {}
         self._static: Any = None
         self._unkeyed: Any = None
+        self._code_watch = watch_code(())
+        """What the fingerprints of the nodes' code were worked out from, laid out for one
+        look at every forward (plan.look_again): a method set on a class since is seen."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy is made from: all but what is watched of the nodes' classes, which
+        a copy watches afresh (a class's namespace cannot be copied)."""
+        state = dict(vars(self))
+        del state["_code_watch"]
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Fills in a copy (``copy.deepcopy``, an unpickled graph): its nodes, copies too, are
@@ -145,6 +155,7 @@ class Graph:
         ):
             node._smz.built = True
         self.watch_kept()
+        self.watch_code()
 
     # -- building -------------------------------------------------------------------------
 
@@ -222,6 +233,7 @@ class Graph:
                 interned[intern] = name
             graph._add(name, node, preds, identity, declaration, undeclared)
         graph.watch_kept()
+        graph.watch_code()
         # A node written twice among the outputs is one output (`(a >> j, b >> j)` ends in
         # `j`); two nodes interned to one keep a slot each.
         graph._outputs = tuple(placed[i] for i in dict.fromkeys(map(id, expr.outputs)))
@@ -249,6 +261,24 @@ class Graph:
                 names.append(name)
                 values.append(value)
         self._kept_watch = (held, names, values, slotted)
+
+    def watch_code(self) -> None:
+        """Lays out what the fingerprints of the nodes' code were worked out from, for the
+        look at every forward (:func:`~somatize.catalog.watch_code`)."""
+        self._code_watch = watch_code(
+            kind for node in self._nodes.values() for kind in node.implementing_classes()
+        )
+
+    def _written_again(self) -> None:
+        """Notes in the memory each node's code fingerprint as it is now, where it changed
+        since it was worked out (a method set on a class, or deleted from it), and watches
+        the code as it is now. A changed fingerprint makes a new state of the memory."""
+        memory = self.memory
+        for name, node in self._nodes.items():
+            now = fingerprint_of(*node.implementing_classes())
+            if now != memory.fingerprint_of(name):
+                memory.written_as(name, now)
+        self.watch_code()
 
     def _named_twice(self, name: str, node: Node) -> GraphError:
         other = self._nodes[self._aliases.get(name, name)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import gc
 import os
 import subprocess
@@ -381,3 +383,119 @@ def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         found.add(done.stdout.strip())
     assert len(found) == 1 and found.pop().startswith("sha256:")
+
+
+class Helped(Node):
+    """Computes with a helper it inherits, which a patch may replace, shadow or remove."""
+
+    def helper(self, x: int) -> int:
+        return x + 1
+
+
+class Patched(Helped):
+    """The node whose class (and base class) the tests below patch."""
+
+    factor = 1
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return self.helper(x) * self.factor
+
+
+def _plus_ten(self: Any, x: int) -> int:
+    return x + 10
+
+
+def _plus(self: Any, x: int, by: int) -> int:
+    return x + by
+
+
+def _forward_minus(self: Any, x: int, ctx: Any) -> int:
+    return x - 1
+
+
+_PATCHES: dict[str, tuple[Any, int]] = {
+    "forward replaced": (lambda mp: mp.setattr(Patched, "forward", _forward_minus), 4),
+    "a base class's helper replaced": (lambda mp: mp.setattr(Helped, "helper", _plus_ten), 15),
+    "a helper added, shadowing the base's": (
+        lambda mp: mp.setattr(Patched, "helper", _plus_ten, raising=False),
+        15,
+    ),
+    "a lambda set": (lambda mp: mp.setattr(Helped, "helper", lambda self, x: x * 7), 35),
+    "a partialmethod set": (
+        lambda mp: mp.setattr(Helped, "helper", functools.partialmethod(_plus, by=20)),
+        25,
+    ),
+    "a class value set": (lambda mp: mp.setattr(Patched, "factor", 3), 18),
+}
+
+
+@pytest.mark.parametrize("patch", list(_PATCHES), ids=list(_PATCHES))
+def test_a_method_set_on_a_class_after_its_graph_was_built_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch, patch: str
+) -> None:
+    """A method or value set on a node's class, or on a class it inherits from, after its
+    graph was built (a test's or a notebook's monkeypatch) is that node's code from the next
+    forward on: an answer kept before is recalled as drifted, and strict=True computes it
+    with the code set — never the old answer taken for the new code's. A graph built after,
+    or a copy of the graph, sees it too."""
+    graph = Graph.somatize(Patched().named("p").frozen().cached())
+    copied = copy.deepcopy(graph)
+    assert graph.forward(5, store=store) == 6
+    change, now = _PATCHES[patch]
+    change(monkeypatch)
+    seen: list[dict[str, Any]] = []
+    with pytest.warns(Drifted, match="`p` was recalled"):
+        assert graph.forward(5, store=store, watching=seen.append) == 6
+    assert [fact["changed"] for fact in seen if fact["fact"] == "drifted"] == [["p"]]
+    assert graph.forward(5, store=store, strict=True) == now
+    assert copied.forward(5, store=Store(store.root), strict=True) == now
+    fresh = Graph.somatize(Patched().named("p").frozen().cached())
+    assert fresh.forward(5, store=store, strict=True) == now
+    # Put back, the code is what it was: the first answer is recalled as it was kept.
+    monkeypatch.undo()
+    seen.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        assert graph.forward(5, store=store, strict=True, watching=seen.append) == 6
+
+
+def test_a_helper_deleted_from_a_class_after_its_graph_was_built_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A method deleted from a node's class, so that the one it inherits runs, is seen at
+    the next forward, as one set is."""
+    monkeypatch.setattr(Patched, "helper", _plus_ten, raising=False)
+    graph = Graph.somatize(Patched().named("p").frozen().cached())
+    assert graph.forward(5, store=store) == 15
+    monkeypatch.delattr(Patched, "helper")
+    with pytest.warns(Drifted, match="`p` was recalled"):
+        assert graph.forward(5, store=store) == 15
+    assert graph.forward(5, store=store, strict=True) == 6
+
+
+def test_a_function_given_other_code_in_place_is_seen_by_a_graph_built_after(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A method whose code is replaced in place (``f.__code__ = ...``, as a reloader does)
+    is other code for a graph built after: not taken for the code it was first read as."""
+    before = fingerprint_of(Patched)
+    assert Graph.somatize(Patched().named("p").frozen().cached()).forward(5, store=store) == 6
+    monkeypatch.setattr(Helped.helper, "__code__", _plus_ten.__code__)
+    assert fingerprint_of(Patched) != before
+    fresh = Graph.somatize(Patched().named("p").frozen().cached())
+    assert fresh.forward(5, store=store, strict=True) == 15
+
+
+def test_a_partial_a_class_holds_is_fingerprinted_with_what_it_binds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A method made with ``functools.partialmethod`` (or a static ``partial``) is its
+    function and the arguments it binds: another value bound is other code."""
+    monkeypatch.setattr(Helped, "helper", functools.partialmethod(_plus, by=20))
+    twenty = fingerprint_of(Patched)
+    monkeypatch.setattr(Helped, "helper", functools.partialmethod(_plus, by=30))
+    assert fingerprint_of(Patched) != twenty
+    monkeypatch.setattr(Helped, "helper", staticmethod(functools.partial(_plus, None, by=30)))
+    static = fingerprint_of(Patched)
+    monkeypatch.setattr(Helped, "helper", staticmethod(functools.partial(_plus, None, by=40)))
+    assert fingerprint_of(Patched) != static
