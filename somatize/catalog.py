@@ -84,6 +84,7 @@ __all__ = [
     "Unbuildable",
     "blueprint_of",
     "check_held",
+    "code_changes",
     "code_digest",
     "fingerprint_of",
     "held_at",
@@ -256,9 +257,9 @@ def _body_of(kind: type) -> Body:
     return tuple(body)
 
 
-CodeWatch = tuple[list[Any], list[dict[str, Any]]]
+CodeWatch = tuple[list[Any], list[dict[str, Any]], list[type]]
 """What :func:`fingerprint_of` read of classes' bodies, laid out for one look at every
-forward (:func:`watch_code`)."""
+forward (:func:`watch_code`): their namespaces, copies of them, and the classes."""
 
 
 def watch_code(kinds: Iterable[type]) -> CodeWatch:
@@ -276,7 +277,18 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
         above for kind in kinds for above in kind.__mro__ if not _left_out(above)
     )
     spaces = [vars(kind) for kind in lineage]
-    return spaces, [dict(space) for space in spaces]
+    return spaces, [dict(space) for space in spaces], list(lineage)
+
+
+def code_changes(watch: CodeWatch) -> list[str]:
+    """What changed in the classes ``watch`` (:func:`watch_code`) holds since it was taken:
+    ``Kind.name`` for each name set, added or deleted."""
+    changed = []
+    for space, copied, kind in zip(*watch, strict=True):
+        for name in dict.fromkeys([*space, *copied]):
+            if space.get(name, _ABSENT) is not copied.get(name, _ABSENT):
+                changed.append(f"{kind.__qualname__}.{name}")
+    return changed
 
 
 def _still(reader: weakref.ref[FunctionType], name: str, was: Any) -> bool:

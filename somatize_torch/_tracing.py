@@ -525,7 +525,8 @@ class Tracing:
         flags = self.through | {one.path for one in read.modes.values()}
         object.__setattr__(wrapped, "_through", tuple(sorted(flags)))
         object.__setattr__(wrapped, "_switches", self.switching)
-        object.__setattr__(wrapped, "_values", Values(read, type(model).__qualname__))
+        traced = (type(model), *(type(module) for module in traced_into.values()))
+        object.__setattr__(wrapped, "_values", Values(read, type(model).__qualname__, traced))
         object.__setattr__(
             wrapped,
             "_one_code",

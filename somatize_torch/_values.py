@@ -42,6 +42,7 @@ from typing import Any, NamedTuple, cast
 import torch
 from torch import nn
 
+from somatize.catalog import CodeWatch, code_changes, watch_code
 from somatize_torch._errors import WrapError
 from somatize_torch._modes import in_torch
 from somatize_torch._settings import _TORCH_OWN, _items, _same_items
@@ -272,9 +273,13 @@ class Values:
     list, dict or set) and a few per name the modules did not hold themselves, made in C
     over tables worked out once (about 30 µs for 240 names read)."""
 
-    def __init__(self, noted: Noted | None, model: str) -> None:
+    def __init__(self, noted: Noted | None, model: str, traced: tuple[type, ...] = ()) -> None:
         self.model = model
         """The model's class, for messages."""
+        self.traced = traced
+        """The classes whose forward fx traced: the model's, and those of the blocks it went
+        through."""
+        self._code: CodeWatch | None = watch_code(traced) if traced else None
         self.reads: list[Read] = []
         self._values: list[Any] = []
         self._containers: list[int] = []
@@ -300,7 +305,8 @@ class Values:
     _quick: tuple[list[Any], ...] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**vars(self), "_quick": None}
+        # A class's namespace is not copied: a copy watches the classes as they are.
+        return {**vars(self), "_quick": None, "_code": None}
 
     def _tables(self) -> tuple[list[Any], ...]:
         """The tables a call looks at: each module's own attributes with the name read from
@@ -340,10 +346,14 @@ class Values:
         back as it was (the same number assigned again) is taken as it is."""
         if self._quick is None:
             self._quick = self._tables()
+            if self._code is None and self.traced:
+                self._code = watch_code(self.traced)
         owners, absent, absent_names, givers, given_names, given = self._quick
         names = (read.name for read in self.reads)
+        code = self._code
         if (
-            all(map(operator.is_, map(dict.get, owners, names), self._values))
+            (code is None or _same_code(code))
+            and all(map(operator.is_, map(dict.get, owners, names), self._values))
             and all(
                 map(_same_items, (_items(self._values[i]) for i in self._containers), self._items)
             )
@@ -374,6 +384,17 @@ class Values:
             value = _class_value(type(read.module), read.name)
             if value is not was:
                 raise self._changed(read, was, value, given=False)
+        if code is not None and not _same_code(code):
+            changed = code_changes(code) or ["a method"]
+            said = ", ".join(f"`{name}`" for name in changed[:6])
+            raise WrapError(
+                f"{said} {'was' if len(changed) == 1 else 'were'} set on the class, added or "
+                f"deleted after `wrap` traced `{self.model}.forward` through it: fx traced the "
+                "code of the model's class and of the blocks it went through into the code the "
+                "wrapped model runs, which would go on computing with the old code. Wrap the "
+                "model again after changing it (`somatize.torch.wrap(model, ...)`, then "
+                "`freeze`), or set it back"
+            )
 
     def _changed(self, read: Read, was: Any, now: Any, given: bool | None = None) -> WrapError:
         where = f"{read.path}.{read.name}" if read.path else read.name
@@ -397,6 +418,14 @@ class Values:
             "(`somatize.torch.wrap(model, ...)`, then `freeze`), or keep the value in a buffer "
             "(`self.register_buffer(...)`), which the code reads as it runs"
         )
+
+
+def _same_code(code: CodeWatch) -> bool:
+    """Whether the classes ``code`` watches hold what they held when it was taken."""
+    try:
+        return bool(code[0] == code[1])
+    except Exception:  # a value replaced whose `==` says no bool (an array)
+        return False
 
 
 def _get(table: Any, name: str) -> Any:

@@ -28,7 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 import somatize.torch as smt
-from somatize import Graph, NotSettled, Opaque, Store, Unsettled
+from somatize import Drifted, Graph, NotSettled, Opaque, Store, Unsettled
 from somatize.codecs import CodecError
 from somatize.keys import node_key, node_prefix, root_key
 from somatize_torch._modes import in_torch
@@ -3809,3 +3809,76 @@ def test_a_forward_that_draws_at_random_in_train_mode_only_runs_in_eval_only(
     wrapped.train()
     with pytest.raises(smt.WrapError, match=r"(?s)in eval mode only.*random\.random"):
         wrapped(x)
+
+
+class Shifted(nn.Module):
+    """A block the model's forward is traced into, with a helper of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def shift(self, h: torch.Tensor) -> torch.Tensor:
+        return h + 1
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.shift(self.linear(h))
+
+
+class Patchable(nn.Module):
+    """A declared encoder, then a block traced into, then a helper of the model's own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.block = Shifted()
+
+    def finish(self, h: torch.Tensor) -> torch.Tensor:
+        return h * 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.finish(self.block(self.encoder(x)))
+
+
+def _doubled_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    return self.encoder(x) * 2
+
+
+@pytest.mark.parametrize(
+    ("where", "name", "value"),
+    [(Patchable, "forward", _doubled_forward), (Shifted, "forward", lambda self, h: h)],
+    ids=["the model's", "a block's"],
+)
+def test_a_forward_set_on_a_class_the_trace_went_through_after_wrap_is_refused(
+    store: Store, monkeypatch: pytest.MonkeyPatch, where: type, name: str, value: Any
+) -> None:
+    """fx traced the code of the model's class and of the blocks it went through into what
+    the wrapped model runs: a forward set on one of those classes after `wrap` would not
+    run there, so the call is refused, naming it, until it is set back. (A helper the
+    forward reads, `self.finish`, is a value read from the model, refused as one.)"""
+    wrapped, model = _encoder_cached(Patchable, store)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        monkeypatch.setattr(where, name, value)
+        with pytest.raises(
+            smt.WrapError, match=rf"`{where.__qualname__}.{name}` .*Wrap the model again"
+        ):
+            wrapped(x)
+        monkeypatch.undo()
+        assert torch.equal(wrapped(x), model(x))
+
+
+def test_a_method_set_on_a_cached_submodule_s_class_after_wrap_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cached submodule runs the code its class holds when it is called: a method set on
+    the class after `wrap` is its code from then on, and an answer the old code kept is
+    recalled as drifted, never silently."""
+    wrapped, _ = _encoder_cached(Patchable, store)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        first = wrapped(x)
+        monkeypatch.setattr(Tempered, "forward", lambda self, x: self.linear(x) * 0)
+        with pytest.warns(Drifted, match="`encoder` was recalled"):
+            assert torch.equal(wrapped(x), first)
