@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
+from somatize.catalog import code_changes
 from somatize.keys import node_key, node_prefix, root_key
 from somatize_torch._precision import float32_precision
 from somatize_torch._row_ahead import _take_named
-from somatize_torch._row_errors import NeedsIndex, _describe
+from somatize_torch._row_errors import NeedsIndex, RowsError, _describe
 from somatize_torch._state import StateWatch, digest_state
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import DTYPES, raw_rows, row_digest, row_header
@@ -135,6 +136,7 @@ class _Keying:
 
 def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> _Keying:
     """How rows of ``x`` are keyed now: the key prefix for the precision they run in."""
+    _code_as_cached(self)
     _settle(self)
     version = self.version
     if isinstance(x, DeferredRows):
@@ -245,6 +247,32 @@ def _share_registries(cached: CachedRows, module: nn.Module) -> None:
     (``del encoder[1]`` renumbers its children into a new dict)."""
     for registry in REGISTRIES:
         cached.__dict__[registry] = module.__dict__[registry]
+
+
+def _code_as_cached(self: CachedRows) -> None:
+    """Refuses a cache whose module's classes were given another method or value, or lost
+    one, since it was made (a monkeypatch): its rows are keyed by the class, structure and
+    weights, not the code, and those the old code computed — in its memory tiers, in the
+    store under its fingerprint — would be taken for the new code's."""
+    code = self._code
+    try:
+        same = bool(code[0] == code[1])
+    except Exception:  # a value replaced whose `==` says no bool (an array)
+        same = False
+    if same:
+        return
+    changed = code_changes(code) or ["a method"]
+    said = ", ".join(f"`{name}`" for name in changed[:6])
+    kind = type(self.module).__qualname__
+    raise RowsError(
+        f"{said} {'was' if len(changed) == 1 else 'were'} set on the class, added or deleted "
+        f"after `cache_rows` cached the `{kind}`: its rows are keyed by its class, structure "
+        "and weights, not its code, and the rows the old code computed, held in memory and "
+        "kept in the store under the same keys, would be taken for the new code's. Make a "
+        "new cache for it (`cache_rows(module, store, ...)`, after `cached.flush()`), which "
+        "says the rows the old code kept drifted (`strict=True` computes them again), or set "
+        "it back"
+    )
 
 
 def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bool | None:

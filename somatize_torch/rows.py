@@ -69,7 +69,7 @@ from torch import nn
 
 from somatize import Graph, Store
 from somatize._threads import ProcessLock
-from somatize.catalog import fingerprint_of
+from somatize.catalog import fingerprint_of, watch_code
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
 from somatize_torch._row_ahead import _name_ahead
@@ -176,6 +176,9 @@ class CachedRows(nn.Module):
         """Per shape and dtype of a row, the order of the dims in memory of the batches
         the module answered (None: C order): a batch recalled is laid out so too."""
         self._fingerprint = fingerprint_of(*classes_of(module))
+        # What the fingerprint was worked out from: a method set on a class since is
+        # refused where rows are keyed (`_row_keys._keying`).
+        self._code = watch_code(classes_of(module))
         self._writer = Writer(store, self._fingerprint) if store is not None else None
         self._lock = store_lock(store) if store is not None else None
         self._drift_warned = False

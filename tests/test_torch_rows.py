@@ -1554,3 +1554,36 @@ def test_a_version_written_afterwards_is_checked_as_one_given(store: Store) -> N
     assert by_content.version is None
     cached.close()
     by_content.close()
+
+
+class Patched(nn.Module):
+    """A module whose class the test below gives another forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x)
+        return out
+
+
+def test_a_forward_set_on_the_cached_module_s_class_is_refused_until_cached_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows are keyed by the module's class, structure and weights, not its code: rows the
+    old code computed, held in memory and kept in the store, would be taken for the new
+    code's. So a method set on the class after it was cached is refused at the next forward,
+    naming it; a new cache says the stored rows drifted, strict=True computes them with
+    the new code, and the old cache answers again once the method is set back."""
+    x = torch.randn(5, 6)
+    cached = cache_rows(Patched(), store=store)
+    first = cached(x)
+    cached.flush()
+    monkeypatch.setattr(Patched, "forward", lambda self, x: self.linear(x) * 0)
+    with pytest.raises(RowsError, match=r"`Patched\.forward` was set on the class.*`cache_rows`"):
+        cached(x)
+    assert torch.equal(cache_rows(Patched(), store=store, strict=True)(x), torch.zeros(5, 3))
+    monkeypatch.undo()
+    assert torch.equal(cached(x), first)
