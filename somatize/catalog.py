@@ -219,8 +219,12 @@ def _written(kind: type) -> bytes:
     if made:
         _put(digest, b"fields", *(field.name.encode() for field in dataclasses.fields(kind)))
     functions: list[FunctionType] = []
-    for name, member in sorted(vars(kind).items(), key=lambda item: item[0]):
-        held = _functions_in(member)
+    members = sorted(vars(kind).items(), key=lambda item: item[0])
+    helds = [_functions_in(member) for _, member in members]
+    # A name the class's own code sets (`type(self).calls += 1`) is its state as it runs,
+    # taken as the class's text assigns it, not by what it holds.
+    stored = {name for held in helds for f in held for name in _attrs_stored_in(f.__code__)}
+    for (name, member), held in zip(members, helds, strict=True):
         if made and _dunder(name):  # made for the dataclass from a text of its own
             held = [f for f in held if f.__code__.co_filename != "<string>"]
         for function in held:
@@ -230,8 +234,10 @@ def _written(kind: type) -> bytes:
             _put(digest, b"bound " + name.encode(), *bound)
         functions += held
         if not held and not _dunder(name) and _plain(member):
-            assigned = _assigned(_class_body(kind), name, member)
-            _put(digest, b"let " + name.encode(), assigned or _constant_bytes(member))
+            text = _class_body(kind)
+            value = _as_written(text, name, member) if name in stored else member
+            assigned = _assigned(text, name, value)
+            _put(digest, b"let " + name.encode(), assigned or _constant_bytes(value))
     named, looked = _named(functions)
     for label, piece in named:
         _put(digest, label, piece)
@@ -514,6 +520,31 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
         if made is not None:
             named.append((f"state {module}:{name}".encode(), ast.unparse(made).encode()))
     return sorted(named), tuple(entry for place, entry in looked.items() if place not in stored)
+
+
+def _attrs_stored_in(code: CodeType) -> set[str]:
+    """The attribute names ``code`` assigns or deletes, and its nested code too."""
+    names = {
+        step.argval
+        for step in dis.get_instructions(code)
+        if step.opname in ("STORE_ATTR", "DELETE_ATTR")
+    }
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            names |= _attrs_stored_in(constant)
+    return names
+
+
+def _as_written(body: list[ast.stmt] | None, name: str, value: Any) -> Any:
+    """The value ``body`` (a class's statements) gives ``name`` where it assigns it a
+    literal, else ``value``."""
+    made = _assignment(body, name)
+    if made is None:
+        return value
+    try:
+        return ast.literal_eval(made)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return value
 
 
 def _stored_in(code: CodeType) -> set[str]:

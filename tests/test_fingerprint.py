@@ -499,3 +499,32 @@ def test_a_partial_a_class_holds_is_fingerprinted_with_what_it_binds(
     static = fingerprint_of(Patched)
     monkeypatch.setattr(Helped, "helper", staticmethod(functools.partial(_plus, None, by=40)))
     assert fingerprint_of(Patched) != static
+
+
+class Counted(Node):
+    """Counts its calls on its class, as a test or a notebook does."""
+
+    calls = 0
+
+    def forward(self, x: int, ctx: Any) -> int:
+        type(self).calls += 1
+        return x + 1
+
+
+def test_a_class_value_its_own_code_sets_is_state_not_code(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A counter a node's forward moves on its class is the class's state, taken as its
+    text assigns it: the forwards after one that moved it recall what was kept, not
+    drifted, and the fingerprint is the one a fresh process gets."""
+    monkeypatch.setattr(Counted, "calls", 0)
+    first = fingerprint_of(Counted)
+    graph = Graph.somatize(Counted().named("n").frozen().cached())
+    assert graph.forward(1, store=store) == 2
+    assert graph.forward(2, store=store) == 3
+    assert Counted.calls == 2
+    assert fingerprint_of(Counted) == first
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        assert graph.forward(1, store=store) == 2
+    assert graph.record is not None and graph.record.outcome["n"] == "recalled"
