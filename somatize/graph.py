@@ -135,7 +135,15 @@ class Graph:
 
     def __getstate__(self) -> dict[str, Any]:
         """What a copy is made from: all but what is watched of the nodes' classes, which
-        a copy watches afresh (a class's namespace cannot be copied)."""
+        a copy watches afresh (a class's namespace cannot be copied) — once the
+        fingerprints it copies are those of the code as it is now."""
+        watch = self._code_watch
+        try:
+            moved = watch[0] != watch[1]
+        except Exception:  # a value replaced whose `==` says no bool (an array)
+            moved = True
+        if moved:
+            self._written_again()
         state = dict(vars(self))
         del state["_code_watch"]
         return state
@@ -274,11 +282,15 @@ class Graph:
         since it was worked out (a method set on a class, or deleted from it), and watches
         the code as it is now. A changed fingerprint makes a new state of the memory."""
         memory = self.memory
+        # Taken first: what is set while the fingerprints are worked out is seen next time.
+        watch = watch_code(
+            kind for node in self._nodes.values() for kind in node.implementing_classes()
+        )
         for name, node in self._nodes.items():
             now = fingerprint_of(*node.implementing_classes())
             if now != memory.fingerprint_of(name):
                 memory.written_as(name, now)
-        self.watch_code()
+        self._code_watch = watch
 
     def _named_twice(self, name: str, node: Node) -> GraphError:
         other = self._nodes[self._aliases.get(name, name)]

@@ -443,10 +443,13 @@ def test_a_method_set_on_a_class_after_its_graph_was_built_is_seen(
     assert graph.forward(5, store=store) == 6
     change, now = _PATCHES[patch]
     change(monkeypatch)
+    copied_after = copy.deepcopy(graph)
     seen: list[dict[str, Any]] = []
     with pytest.warns(Drifted, match="`p` was recalled"):
         assert graph.forward(5, store=store, watching=seen.append) == 6
     assert [fact["changed"] for fact in seen if fact["fact"] == "drifted"] == [["p"]]
+    with pytest.warns(Drifted):  # a copy made after the patch knows the new code too
+        assert copied_after.forward(5, store=Store(store.root)) == 6
     assert graph.forward(5, store=store, strict=True) == now
     assert copied.forward(5, store=Store(store.root), strict=True) == now
     fresh = Graph.somatize(Patched().named("p").frozen().cached())
