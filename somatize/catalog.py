@@ -91,6 +91,7 @@ __all__ = [
     "identity_of",
     "state_crosses",
     "watch_code",
+    "watched_again",
 ]
 
 
@@ -287,14 +288,28 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
 
 
 def code_changes(watch: CodeWatch) -> list[str]:
-    """What changed in the classes ``watch`` (:func:`watch_code`) holds since it was taken:
-    ``Kind.name`` for each name set, added or deleted."""
+    """What changed in the classes ``watch`` (:func:`watch_code`) holds since it was taken,
+    that a fingerprint reads: ``Kind.name`` for each name set, added or deleted — not a
+    dunder that holds no function (``__slotnames__``, which a copy of an instance adds,
+    ``__annotations__``, which reading it adds)."""
     changed = []
     for space, copied, kind in zip(*watch, strict=True):
         for name in dict.fromkeys([*space, *copied]):
-            if space.get(name, _ABSENT) is not copied.get(name, _ABSENT):
-                changed.append(f"{kind.__qualname__}.{name}")
+            now, was = space.get(name, _ABSENT), copied.get(name, _ABSENT)
+            if now is was or (_dunder(name) and not _holds_code(now) and not _holds_code(was)):
+                continue
+            changed.append(f"{kind.__qualname__}.{name}")
     return changed
+
+
+def watched_again(watch: CodeWatch) -> CodeWatch:
+    """``watch`` (:func:`watch_code`) taken again of the same classes, as they are now."""
+    spaces, _, kinds = watch
+    return spaces, [dict(space) for space in spaces], kinds
+
+
+def _holds_code(member: Any) -> bool:
+    return member is not _ABSENT and bool(_functions_in(member))
 
 
 def _still(reader: weakref.ref[FunctionType], name: str, was: Any) -> bool:

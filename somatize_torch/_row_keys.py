@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
-from somatize.catalog import code_changes
+from somatize.catalog import code_changes, watched_again
 from somatize.keys import node_key, node_prefix, root_key
 from somatize_torch._precision import float32_precision
 from somatize_torch._row_ahead import _take_named
@@ -261,7 +261,10 @@ def _code_as_cached(self: CachedRows) -> None:
         same = False
     if same:
         return
-    changed = code_changes(code) or ["a method"]
+    changed = code_changes(code)
+    if not changed:  # what no code reads (`__slotnames__`, which a copy of an instance adds)
+        self._code = watched_again(code)
+        return
     said = ", ".join(f"`{name}`" for name in changed[:6])
     kind = type(self.module).__qualname__
     raise RowsError(

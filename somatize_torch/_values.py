@@ -42,7 +42,7 @@ from typing import Any, NamedTuple, cast
 import torch
 from torch import nn
 
-from somatize.catalog import CodeWatch, code_changes, watch_code
+from somatize.catalog import CodeWatch, code_changes, watch_code, watched_again
 from somatize_torch._errors import WrapError
 from somatize_torch._modes import in_torch
 from somatize_torch._settings import _TORCH_OWN, _items, _same_items
@@ -385,7 +385,10 @@ class Values:
             if value is not was:
                 raise self._changed(read, was, value, given=False)
         if code is not None and not _same_code(code):
-            changed = code_changes(code) or ["a method"]
+            changed = code_changes(code)
+            if not changed:  # what no code reads (`__slotnames__`, which a copy adds)
+                self._code = watched_again(code)
+                return
             said = ", ".join(f"`{name}`" for name in changed[:6])
             raise WrapError(
                 f"{said} {'was' if len(changed) == 1 else 'were'} set on the class, added or "

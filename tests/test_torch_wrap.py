@@ -3854,11 +3854,15 @@ def test_a_forward_set_on_a_class_the_trace_went_through_after_wrap_is_refused(
 ) -> None:
     """fx traced the code of the model's class and of the blocks it went through into what
     the wrapped model runs: a forward set on one of those classes after `wrap` would not
-    run there, so the call is refused, naming it, until it is set back. (A helper the
-    forward reads, `self.finish`, is a value read from the model, refused as one.)"""
+    run there, so the call is refused, naming it, until it is set back; a dunder that
+    holds no code (`__slotnames__`) is not code. (A helper the forward reads,
+    `self.finish`, is a value read from the model, refused as one.)"""
     wrapped, model = _encoder_cached(Patchable, store)
     x = torch.randn(2, 4)
     with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        # What no code reads, set on the class (a copy of an instance adds it), is not code.
+        monkeypatch.setattr(where, "__slotnames__", [], raising=False)
         assert torch.equal(wrapped(x), model(x))
         monkeypatch.setattr(where, name, value)
         with pytest.raises(
