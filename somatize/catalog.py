@@ -291,13 +291,25 @@ def code_changes(watch: CodeWatch) -> list[str]:
     """What changed in the classes ``watch`` (:func:`watch_code`) holds since it was taken,
     that a fingerprint reads: ``Kind.name`` for each name set, added or deleted — not a
     dunder that holds no function (``__slotnames__``, which a copy of an instance adds,
-    ``__annotations__``, which reading it adds)."""
+    ``__annotations__``, which reading it adds), nor a plain value the class's own code
+    sets (``type(self).calls += 1``: its state)."""
     changed = []
     for space, copied, kind in zip(*watch, strict=True):
+        stored: set[str] | None = None
         for name in dict.fromkeys([*space, *copied]):
             now, was = space.get(name, _ABSENT), copied.get(name, _ABSENT)
-            if now is was or (_dunder(name) and not _holds_code(now) and not _holds_code(was)):
+            if now is was or (not _holds_code(now) and not _holds_code(was) and _dunder(name)):
                 continue
+            if _plain(now) and _plain(was):
+                if stored is None:  # what the class's own code sets: its state as it runs
+                    stored = {
+                        attr
+                        for member in copied.values()
+                        for f in _functions_in(member)
+                        for attr in _attrs_stored_in(f.__code__)
+                    }
+                if name in stored:
+                    continue
             changed.append(f"{kind.__qualname__}.{name}")
     return changed
 

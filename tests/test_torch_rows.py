@@ -1589,3 +1589,33 @@ def test_a_forward_set_on_the_cached_module_s_class_is_refused_until_cached_agai
     assert torch.equal(cache_rows(Patched(), store=store, strict=True)(x), torch.zeros(5, 3))
     monkeypatch.undo()
     assert torch.equal(cached(x), first)
+
+
+class CountedOnItsClass(nn.Module):
+    """Counts its calls on its class."""
+
+    calls = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        type(self).calls += 1
+        out: torch.Tensor = self.linear(x)
+        return out
+
+
+def test_a_count_a_cached_module_keeps_on_its_class_is_not_code(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value the module's own code sets on its class as it runs is its state, not code:
+    the cache goes on answering."""
+    monkeypatch.setattr(CountedOnItsClass, "calls", 0)
+    cached = cache_rows(CountedOnItsClass(), store=store)
+    first = cached(torch.randn(4, 6))
+    assert CountedOnItsClass.calls >= 1
+    again = torch.randn(3, 6)
+    assert torch.equal(cached(again), expected(cached.module, again))
+    assert first.shape == (4, 3)
