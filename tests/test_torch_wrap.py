@@ -3811,7 +3811,7 @@ def test_a_forward_that_draws_at_random_in_train_mode_only_runs_in_eval_only(
         wrapped(x)
 
 
-class Shifted(nn.Module):
+class HelpedBlock(nn.Module):
     """A block the model's forward is traced into, with a helper of its own."""
 
     def __init__(self) -> None:
@@ -3831,7 +3831,7 @@ class Patchable(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.encoder = Tempered()
-        self.block = Shifted()
+        self.block = HelpedBlock()
 
     def finish(self, h: torch.Tensor) -> torch.Tensor:
         return h * 2
@@ -3846,7 +3846,7 @@ def _doubled_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("where", "name", "value"),
-    [(Patchable, "forward", _doubled_forward), (Shifted, "forward", lambda self, h: h)],
+    [(Patchable, "forward", _doubled_forward), (HelpedBlock, "forward", lambda self, h: h)],
     ids=["the model's", "a block's"],
 )
 def test_a_forward_set_on_a_class_the_trace_went_through_after_wrap_is_refused(
