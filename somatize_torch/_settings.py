@@ -33,6 +33,7 @@ from torch.utils.hooks import RemovableHandle as _HANDLES  # it numbers every ho
 from somatize import canonical
 from somatize.canonical import NotCanonical
 from somatize.catalog import code_digest
+from somatize_torch._modes import outside_compiled
 from somatize_torch.digest import digest_tensor
 
 __all__ = ["SettingsWatch", "global_hooks", "hooks_of", "settings_of", "stand_in_call"]
@@ -178,23 +179,13 @@ def global_hooks() -> list[str]:
     ]
 
 
-def stand_in_call(
+def _stand_in_call(
     module: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     refuse: Callable[[str], Exception],
 ) -> Any:
-    """A call of ``module``, which stands for another module it runs (a model wrapped
-    whole, a row cache), without torch's global hooks: they run
-    with the module it stands for, when that runs, and a recalled answer was computed
-    with them (they are in its key); run on the stand-in too, a hook that changes what a
-    module answers would change it once more. Hooks registered on the stand-in itself
-    run as torch runs them, where no global hook is registered; with one registered,
-    the call is refused (``refuse`` makes the error from what it says): torch runs both
-    kinds together or neither."""
-    if torch.compiler.is_compiling() or not any(
-        getattr(_registry, table) for table, _ in _GLOBAL_TABLES
-    ):
+    if not any(getattr(_registry, table) for table, _ in _GLOBAL_TABLES):
         return nn.Module._call_impl(module, *args, **kwargs)  # type: ignore[no-untyped-call]
     if any(getattr(module, table, None) for table in _OWN_TABLES):
         raise refuse(
@@ -206,6 +197,21 @@ def stand_in_call(
             "the global hooks while calling it"
         )
     return module.forward(*args, **kwargs)
+
+
+stand_in_call: Callable[..., Any] = outside_compiled(_stand_in_call, recursive=False)
+"""A call of ``module``, which stands for another module it runs (a model wrapped
+whole, a row cache), without torch's global hooks: they run with the module it stands
+for, when that runs, and a recalled answer was computed with them (they are in its key);
+run on the stand-in too, a hook that changes what a module answers would change it once
+more. Hooks registered on the stand-in itself run as torch runs them, where no global
+hook is registered; with one registered, the call is refused (``refuse`` makes the
+error from what it says): torch runs both kinds together or neither.
+
+It looks at the hooks eagerly in a compiled call too (what it calls is compiled):
+torch.compile does not guard on torch's tables of global hooks, so a look compiled in
+would keep what it saw when compiled, and a hook registered later would run on the
+stand-in as well."""
 
 
 _UNWATCHED = _TORCH_OWN | {"train"}

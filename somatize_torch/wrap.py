@@ -452,9 +452,10 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = _in_order(self._tracing.signature, args, kwargs), {}
     if self._switches:
         return _unwinding(runner, *args, **kwargs)
-    if tracing is None and not torch.compiler.is_compiling() and global_hooks():
+    if tracing is None:
         # The model declared whole: torch's global hooks run with it, not once more with
-        # the module standing for it in the graph.
+        # the module standing for it in the graph (which has no hooks of its own). Not
+        # asked whether any is registered: compiled code would keep the answer it saw.
         return runner.forward(*args, **kwargs)
     return runner(*args, **kwargs)
 

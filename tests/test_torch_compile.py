@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -310,4 +313,51 @@ def test_a_compiled_call_tracing_a_model_changed_after_wrap_is_refused(
         model.gain = 3.0
         assert torch.equal(compiled(x), model(x))
         assert torch.equal(wrapped(x, mask), model(x, mask))
+    torch._dynamo.reset()
+
+
+def _tensors_doubled(module: nn.Module, args: Any, out: Any) -> Any:
+    return out * 2 if isinstance(out, torch.Tensor) else None
+
+
+@pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)` when there are global hooks")
+@pytest.mark.parametrize("style", ["in place", "torch.compile"])
+@pytest.mark.parametrize("kind", ["whole", "rows"])
+def test_a_compiled_stand_in_runs_global_hooks_with_its_module_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, style: str
+) -> None:
+    """A model wrapped whole, or a row cache, compiled in place (`module.compile()`) or
+    by `torch.compile`, runs torch's global hooks with the module it stands for only, as
+    an eager call does: its answer, computed or recalled, is the one torch gives for the
+    module compiled the same way under them (`torch.compile` runs them once more on the
+    module it makes), and a hook registered or removed after a compiled call is seen."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    stand_in: nn.Module
+    if kind == "whole":
+        stand_in = smt.wrap(model, frozen=True, cached=True, store=Store(tmp_path / "s"))
+        smt.freeze(stand_in)
+    else:
+        stand_in = smt.cache_rows(model, Store(tmp_path / "s"))
+    plain = copy.deepcopy(model)
+    if style == "in place":
+        stand_in.compile(backend="eager")
+        compiled, plain_compiled = stand_in, plain
+        plain.compile(backend="eager")
+    else:
+        compiled = torch.compile(stand_in, backend="eager")
+        plain_compiled = torch.compile(plain, backend="eager")
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.allclose(compiled(x), model(x))
+        with contextlib.ExitStack() as undo:
+            undo.callback(nn.modules.module.register_module_forward_hook(_tensors_doubled).remove)
+            expected = plain_compiled(x)
+            assert torch.allclose(compiled(x), expected)
+            assert torch.allclose(compiled(x), expected)
+        assert torch.allclose(compiled(x), model(x))
+    if kind == "rows":
+        stand_in.close()
     torch._dynamo.reset()
