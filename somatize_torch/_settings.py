@@ -36,7 +36,14 @@ from somatize.catalog import code_digest
 from somatize_torch._modes import outside_compiled
 from somatize_torch.digest import digest_tensor
 
-__all__ = ["SettingsWatch", "global_hooks", "hooks_of", "settings_of", "stand_in_call"]
+__all__ = [
+    "SettingsWatch",
+    "any_global_hooks",
+    "global_hooks",
+    "hooks_of",
+    "settings_of",
+    "stand_in_call",
+]
 
 
 _TORCH_OWN = frozenset(vars(nn.Module())) | {"_compiled_call_impl"}
@@ -179,13 +186,20 @@ def global_hooks() -> list[str]:
     ]
 
 
+def any_global_hooks() -> bool:
+    """Whether any of torch's global module hooks is registered now, asked by how many
+    each table holds: compiled code that asks so is compiled anew when the count changes
+    (torch.compile guards on it)."""
+    return any(len(getattr(_registry, table)) > 0 for table, _ in _GLOBAL_TABLES)
+
+
 def _stand_in_call(
     module: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     refuse: Callable[[str], Exception],
 ) -> Any:
-    if not any(getattr(_registry, table) for table, _ in _GLOBAL_TABLES):
+    if not any_global_hooks():
         return nn.Module._call_impl(module, *args, **kwargs)  # type: ignore[no-untyped-call]
     if any(getattr(module, table, None) for table in _OWN_TABLES):
         raise refuse(
@@ -208,10 +222,10 @@ more. Hooks registered on the stand-in itself run as torch runs them, where no g
 hook is registered; with one registered, the call is refused (``refuse`` makes the
 error from what it says): torch runs both kinds together or neither.
 
-It looks at the hooks eagerly in a compiled call too (what it calls is compiled):
-torch.compile does not guard on torch's tables of global hooks, so a look compiled in
-would keep what it saw when compiled, and a hook registered later would run on the
-stand-in as well."""
+It looks at the hooks eagerly in a compiled call too (what it calls is compiled): a look
+compiled in would keep what it saw when compiled where torch.compile does not guard on
+it (the hooks of the stand-in itself), so that a hook registered later would run on the
+stand-in as well, or not be refused."""
 
 
 _UNWATCHED = _TORCH_OWN | {"train"}

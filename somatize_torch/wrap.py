@@ -95,7 +95,7 @@ from somatize_torch._errors import (
 )
 from somatize_torch._modes import outside_compiled, unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
-from somatize_torch._settings import global_hooks, stand_in_call
+from somatize_torch._settings import any_global_hooks, global_hooks, stand_in_call
 from somatize_torch._tracing import (
     Key,
     Runners,
@@ -409,6 +409,8 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         self._check()
         if tracing is not None:
             _refuse_global_hooks(self.model)
+    elif tracing is not None and any_global_hooks():
+        _refuse_global_hooks_eagerly(self.model)
     runners = self._runners.get((none, values))
     if runners is None:
         runners = _traced_without(self, none, args, kwargs)
@@ -586,6 +588,10 @@ call that fails leaves the modes as an eager one does. (torch.compile gives up o
 anyway.)"""
 _trace_eagerly = _not_compiled(Tracing.runners_for)
 """A trace taken in a compiled call runs eagerly: fx cannot trace inside a compiled one."""
+_refuse_global_hooks_eagerly = _not_compiled(_refuse_global_hooks)
+"""Refuses a compiled call while global hooks are registered, naming them: compiled code
+only asks how many there are (which torch.compile guards on, so one registered later has
+the call compiled anew), and names them eagerly."""
 _values_eagerly = _not_compiled(_values_of)
 """What picks the code a compiled call runs, made eagerly: see :func:`_values_in`."""
 

@@ -25,6 +25,7 @@ from tests.test_torch_wrap import (
     Optional,
     PoolsByFlag,
     Repeated,
+    ShiftsBetween,
     Targets,
     Thresholded,
     _modes,
@@ -360,4 +361,34 @@ def test_a_compiled_stand_in_runs_global_hooks_with_its_module_only(
         assert torch.allclose(compiled(x), model(x))
     if kind == "rows":
         stand_in.close()
+    torch._dynamo.reset()
+
+
+@pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)` when there are global hooks")
+@pytest.mark.parametrize("first", ["compiled before", "registered before"])
+def test_a_compiled_traced_model_refuses_a_call_while_global_hooks_are_registered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: str
+) -> None:
+    """A compiled call of a traced model, as an eager one, is refused naming the global
+    hook registered, whether it was registered before the model was first called
+    compiled or after; once it is removed, compiled calls answer as the model does."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ShiftsBetween()
+    traced = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=Store(tmp_path / "s"))
+    smt.freeze(traced)
+    x = torch.randn(3, 4)
+    traced(x)
+    compiled = torch.compile(traced, backend="eager")
+    with torch.no_grad():
+        if first == "compiled before":
+            assert torch.allclose(compiled(x), model(x))
+        with contextlib.ExitStack() as undo:
+            undo.callback(nn.modules.module.register_module_forward_hook(_tensors_doubled).remove)
+            with pytest.raises(
+                smt.WrapError, match=r"register_module_forward_hook\(_tensors_doubled\)"
+            ):
+                compiled(x)
+        assert torch.allclose(compiled(x), model(x))
     torch._dynamo.reset()
