@@ -330,6 +330,27 @@ def test_a_local_store_inside_another_stores_blobs_tmp_or_names_is_refused_at_op
     assert Store(tmp_path / "outer").verify().ok
 
 
+def test_a_local_store_is_refused_or_opened_by_where_its_path_leads(tmp_path: Path) -> None:
+    """Whether a store lies inside another's blobs/, tmp/ or names/ is told by where its
+    path leads, `..` and links followed, not by the folders it names: one reached through
+    a link into another's names/ is refused, naming the folder it is, and one whose path
+    passes through another's section on its way out of it opens."""
+    outer = Store(tmp_path / "outer")
+    outer.keep("blake3:" + "1" * 64, b"the outer store's answer", "plain")
+    (tmp_path / "link").symlink_to(tmp_path / "outer" / "names")
+    with pytest.raises(
+        BadAddress,
+        match=r"link/inner \(which is \S*outer/names/inner\): it lies inside the `names/`",
+    ):
+        Store(tmp_path / "link" / "inner")
+    assert not (tmp_path / "outer" / "names" / "inner").exists()
+    for fine in ("outer/blobs/../beside", "outer/names/../../elsewhere"):
+        Store(tmp_path / fine).keep("blake3:" + "2" * 64, b"an answer", "plain")
+    assert (tmp_path / "outer" / "beside" / "answers").is_dir()
+    assert (tmp_path / "elsewhere" / "answers").is_dir()
+    assert Store(tmp_path / "outer").verify().ok
+
+
 @pytest.mark.parametrize("section", ["blobs/ab", "tmp/mine"])
 def test_a_local_store_made_before_another_was_opened_above_it_outlives_its_gc(
     tmp_path: Path, section: str

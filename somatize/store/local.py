@@ -174,11 +174,15 @@ class LocalStore(LocalShelf):
         # Anchored now: a relative path would otherwise follow a later `os.chdir`, and
         # keep answers in (and look for them in) another directory from then on.
         self.root = Path(path).expanduser().absolute()
+        # Where the path leads, `..` and links followed: the folders it names may pass
+        # through another store's section on the way out, or reach into one by a link.
+        real = Path(os.path.realpath(self.root))  # a link loop is left for mkdir to report
         found = section_above(
-            self.root.parts, ("blobs", "names", "tmp"), _holds_store, lambda at: str(Path(*at))
+            real.parts, ("blobs", "names", "tmp"), _holds_store, lambda at: str(Path(*at))
         )
         if found is not None:
-            raise inside_a_section(str(self.root), found)
+            where = str(self.root) if real == self.root else f"{self.root} (which is {real})"
+            raise inside_a_section(where, found)
         self.durable = durable
         self._resolved: str | None = None
         """The root, resolved the first time an address was asked for (once, not per job)."""
