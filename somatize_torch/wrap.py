@@ -454,10 +454,11 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = _in_order(self._tracing.signature, args, kwargs), {}
     if self._switches:
         return _unwinding(runner, *args, **kwargs)
-    if tracing is None:
+    if tracing is None and any_global_hooks():
         # The model declared whole: torch's global hooks run with it, not once more with
-        # the module standing for it in the graph (which has no hooks of its own). Not
-        # asked whether any is registered: compiled code would keep the answer it saw.
+        # the module standing for it in the graph. Compiled, the model's modules are
+        # compiled in with the hooks registered then: asking how many there are has the
+        # call compiled anew when that changes.
         return runner.forward(*args, **kwargs)
     return runner(*args, **kwargs)
 
@@ -767,13 +768,18 @@ def _whole(
 
 
 class _Bare(nn.Module):
-    """Calls a module's forward (its hooks included) without registering it again."""
+    """Calls a module's forward (its hooks included) without registering it again. It
+    runs no hooks of its own: torch's global ones run with the module it calls, and run
+    on it too, a hook that changes what a module answers would change it once more."""
 
     model: nn.Module
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         object.__setattr__(self, "model", model)
+
+    def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)

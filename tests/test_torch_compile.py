@@ -323,22 +323,24 @@ def _tensors_doubled(module: nn.Module, args: Any, out: Any) -> Any:
 
 @pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)` when there are global hooks")
 @pytest.mark.parametrize("style", ["in place", "torch.compile"])
-@pytest.mark.parametrize("kind", ["whole", "rows"])
+@pytest.mark.parametrize("kind", ["whole", "whole frozen", "rows"])
 def test_a_compiled_stand_in_runs_global_hooks_with_its_module_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, style: str
 ) -> None:
-    """A model wrapped whole, or a row cache, compiled in place (`module.compile()`) or
-    by `torch.compile`, runs torch's global hooks with the module it stands for only, as
-    an eager call does: its answer, computed or recalled, is the one torch gives for the
-    module compiled the same way under them (`torch.compile` runs them once more on the
-    module it makes), and a hook registered or removed after a compiled call is seen."""
+    """A model wrapped whole (cached, or frozen only), or a row cache, compiled in place
+    (`module.compile()`) or by `torch.compile`, runs torch's global hooks with the module
+    it stands for only, as an eager call does: its answer, computed or recalled, is the
+    one torch gives for the module compiled the same way under them (`torch.compile` runs
+    them once more on the module it makes), and a hook registered or removed after a
+    compiled call is seen."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     stand_in: nn.Module
-    if kind == "whole":
-        stand_in = smt.wrap(model, frozen=True, cached=True, store=Store(tmp_path / "s"))
+    if kind.startswith("whole"):
+        cached = kind == "whole"
+        stand_in = smt.wrap(model, frozen=True, cached=cached, store=Store(tmp_path / "s"))
         smt.freeze(stand_in)
     else:
         stand_in = smt.cache_rows(model, Store(tmp_path / "s"))

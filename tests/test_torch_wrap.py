@@ -621,6 +621,25 @@ def test_a_global_hook_is_refused_by_a_traced_model_and_run_by_one_wrapped_whole
         assert torch.allclose(traced(x), model(x))
 
 
+@pytest.mark.parametrize("cached", [False, True], ids=["frozen", "cached without a store"])
+def test_a_model_wrapped_whole_and_computed_runs_a_global_hook_once(cached: bool) -> None:
+    """A model wrapped whole that computes its answer (frozen only, or cached with no
+    store to keep it in) runs a global forward hook with the model alone, not once more
+    with what calls it in the graph: its answer is the model's own under the hook."""
+    torch.manual_seed(0)
+    model = ShiftsBetween()
+    whole = smt.wrap(model, frozen=True, cached=cached, store=None)
+    smt.freeze(whole)
+    x = torch.randn(3, 4)
+    with contextlib.ExitStack() as undo:
+        undo.callback(nn.modules.module.register_module_forward_hook(_tensors_doubled).remove)
+        with torch.no_grad():
+            plain = model(x)
+            assert torch.allclose(whole(x), plain)
+    with torch.no_grad():
+        assert torch.allclose(whole(x), model(x))
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
 @pytest.mark.parametrize(
     "change",
