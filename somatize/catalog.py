@@ -551,14 +551,15 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
 
 def _attrs_stored_in(code: CodeType) -> set[str]:
     """The attribute names ``code`` assigns or deletes, and its nested code too."""
-    names = {
-        step.argval
-        for step in dis.get_instructions(code)
-        if step.opname in ("STORE_ATTR", "DELETE_ATTR")
-    }
+    return _named_by(code, ("STORE_ATTR", "DELETE_ATTR"))
+
+
+def _named_by(code: CodeType, opnames: tuple[str, ...]) -> set[str]:
+    """The names the steps ``opnames`` of ``code``, and of its nested code, name."""
+    names = {step.argval for step in dis.get_instructions(code) if step.opname in opnames}
     for constant in code.co_consts:
         if isinstance(constant, CodeType):
-            names |= _attrs_stored_in(constant)
+            names |= _named_by(constant, opnames)
     return names
 
 
@@ -576,15 +577,7 @@ def _as_written(body: list[ast.stmt] | None, name: str, value: Any) -> Any:
 
 def _stored_in(code: CodeType) -> set[str]:
     """The global names ``code`` assigns or deletes, and its nested code too."""
-    names = {
-        step.argval
-        for step in dis.get_instructions(code)
-        if step.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")
-    }
-    for constant in code.co_consts:
-        if isinstance(constant, CodeType):
-            names |= _stored_in(constant)
-    return names
+    return _named_by(code, ("STORE_GLOBAL", "DELETE_GLOBAL"))
 
 
 def _found_as(value: Any, module: str) -> Any:

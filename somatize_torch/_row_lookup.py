@@ -88,34 +88,34 @@ def _recall_or_run(
         positions = list(range(count))
     computed = 0.0
     keys: dict[int, str] = {}
+
+    def took(
+        found: tuple[list[int], torch.Tensor] | None, where: str, positions: list[int]
+    ) -> list[int]:
+        """Takes in the rows ``found`` (positions and rows) beside the batch's others,
+        counted as from ``where`` and admitted to the tiers: the positions still missing."""
+        if found is None:
+            return positions
+        at, rows = found
+        counts[where] += len(at)
+        with self._tiers_lock:
+            self._orders.setdefault((rows.shape[1:], rows.dtype), row_order(rows))
+        _admit(self, [near[p] for p in at], rows)
+        # Rows come as found (those of several writes a write at a time), not in the
+        # batch's order: their positions go with them unless they are the whole batch.
+        pieces.append((None if at == list(range(count)) else at, rows))
+        taken = set(at)
+        return [p for p in positions if p not in taken]
+
     if positions and self._writer is not None:
         # Rows in no tier may still be on their way to the store, staged in the writer (the
         # tiers full, a disk behind): read from there, before the store, which has them
         # once the writer lets them go.
         keys = {p: keying.key(ids[p]) for p in positions}
-        found = self._writer.recall(keys)
-        if found is not None:
-            at, rows = found
-            counts["pending"] += len(at)
-            with self._tiers_lock:
-                self._orders.setdefault((rows.shape[1:], rows.dtype), row_order(rows))
-            _admit(self, [near[p] for p in at], rows)
-            # Rows of several writes come a write at a time, not in the batch's order.
-            pieces.append((None if at == list(range(count)) else at, rows))
-            taken = set(at)
-            positions = [p for p in positions if p not in taken]
+        positions = took(self._writer.recall(keys), "pending", positions)
     if positions and self.store is not None:
         keys = {p: keys.get(p) or keying.key(ids[p]) for p in positions}
-        found = _from_store(self, keys)
-        if found is not None:
-            at, rows = found
-            counts["store"] += len(at)
-            with self._tiers_lock:
-                self._orders.setdefault((rows.shape[1:], rows.dtype), row_order(rows))
-            _admit(self, [near[p] for p in at], rows)
-            pieces.append((None if at == list(range(count)) else at, rows))
-            taken = set(at)
-            positions = [p for p in positions if p not in taken]
+        positions = took(_from_store(self, keys), "store", positions)
     if positions:
         began = time.perf_counter()
         first: dict[Hashable, int] = {}
