@@ -298,7 +298,9 @@ def _plain_code(graph: fx.Graph) -> None:
     codegen = graph._codegen
     if isinstance(codegen, torch.fx.graph._PyTreeCodeGen) and codegen.pytree_info is not None:
         info = codegen.pytree_info
-        _one_place_each(graph, [name for name in info.orig_args if name != "self"])
+        # The forward's own arguments, after the module it is bound to, whatever the
+        # forward names that one (`self`, `this`, `m`).
+        _one_place_each(graph, list(info.orig_args[1:]))
         if info.out_spec is not None:
             # What the forward returns, put back together as fx's code did.
             output = next(node for node in graph.nodes if node.op == "output")

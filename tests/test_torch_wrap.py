@@ -2606,6 +2606,34 @@ def test_a_tuple_branched_on_after_an_argument_with_a_default_is_traced_per_valu
             assert torch.equal(call(wrapped), call(model))
 
 
+class ShiftedByThis(nn.Module):
+    """Adds each shift of a tuple it iterates over, its forward's first parameter named
+    other than `self`."""
+
+    def __init__(this) -> None:
+        super().__init__()
+        this.encoder = Tempered()
+
+    def forward(this, x: torch.Tensor, shifts: tuple[float, ...] = ()) -> torch.Tensor:
+        h = this.encoder(x)
+        for shift in shifts:
+            h = h + shift
+        return h
+
+
+def test_a_tuple_branched_on_by_a_forward_whose_first_parameter_is_not_self_runs(
+    store: Store,
+) -> None:
+    """The code traced for a tuple value takes the forward's arguments after its first,
+    whatever that one is named: a forward written `def forward(this, x, shifts=())`
+    answers as the model does for a tuple it is given."""
+    wrapped, model = _encoder_cached(ShiftedByThis, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for shifts in ((), (1.0,), (1.0, -2.5)):
+            assert torch.equal(wrapped(x, shifts), model(x, shifts))
+
+
 class ExtraUnpooled(nn.Module):
     """Calls its declared extra layer only when it does not pool."""
 
