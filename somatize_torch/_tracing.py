@@ -75,7 +75,12 @@ def value_key(value: Any) -> Any:
     if kind in (float, complex):
         return (kind, repr(value))
     if isinstance(value, enum.Enum):
-        return (kind, value.name)
+        if value.name is not None:
+            return (kind, value.name)
+        # A flag's members combined, or bits no member names, have no name of their own
+        # (`Option(4)`, `Option(8)`: both None): told apart by value.
+        inner = value_key(value._value_)
+        return None if inner is None else (kind, None, inner)
     if isinstance(value, torch.dtype):
         return (torch.dtype, str(value))
     if kind is tuple:

@@ -2572,6 +2572,38 @@ def test_an_enum_member_or_a_tuple_of_numbers_branched_on_is_traced_per_value(
                 assert torch.equal(call(wrapped), call(model))
 
 
+class Option(enum.IntFlag):
+    SCALE = 1
+    SHIFT = 2
+
+
+class ByOptions(nn.Module):
+    """Scales and shifts by the options it is handed, which may be members combined."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, options: Option = Option.SHIFT) -> torch.Tensor:
+        h = self.encoder(x)
+        if options & Option.SCALE:
+            h = h * 3
+        if options & 4:
+            h = h + 1
+        return h
+
+
+def test_flag_values_without_a_name_are_traced_apart(store: Store) -> None:
+    """Flag values made of members combined or of bits no member names have no name of
+    their own: each picks a trace by its value, not one shared by all of them."""
+    wrapped, model = _encoder_cached(ByOptions, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            for options in (Option(4), Option(8), Option.SCALE | Option.SHIFT, Option(5)):
+                assert torch.equal(wrapped(x, options), model(x, options))
+
+
 class Shifted(nn.Module):
     """Scales by a number it only computes with, then adds each shift of a tuple it
     iterates over, empty by default."""
