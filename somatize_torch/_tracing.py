@@ -18,7 +18,10 @@ such an argument is traced fixed at a value, the one a call gives (its default a
 ``wrap``), one trace per set of such values, kept by :func:`value_key` (kind and value,
 so ``True`` and ``1`` are apart). Only the arguments fx stopped at are fixed, found from
 the proxy it was asked to branch on, or, where it stopped otherwise, as the fewest of the
-plain values given that let it trace; each is fixed in every later trace. A value that is
+plain values given that let it trace; each is fixed in every later trace. So is an
+argument the code traced never uses: fx answers `flag is True`, `type(n) is int` or
+`mode in {...}` for its stand-in without a branch it notices, and would keep one answer
+for every value. A value that is
 no plain constant is refused naming the argument, and the traces per value are bounded
 (``Wrapped.TRACES_PER_VALUE``).
 
@@ -49,7 +52,7 @@ from somatize_torch._values import Noted, Values
 if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
 
-__all__ = ["Key", "Runners", "Tracing", "optional_of", "value_key"]
+__all__ = ["INPUT", "Key", "Runners", "Tracing", "optional_of", "value_key"]
 
 Runners = dict[bool, nn.Module | Untraceable]
 """The code run in train (True) and eval mode, or why the forward could not be traced in
@@ -101,12 +104,19 @@ def not_plain(name: str, value: Any, model: nn.Module) -> WrapError:
     )
 
 
-class _Grow(Exception):
-    """A trace fixing more arguments at the values a call gives is needed."""
+INPUT = ("<input>",)
+"""What picks a trace for an argument the code never used handed what is no plain
+constant (a tensor): it is an input there, as it was traced."""
 
-    def __init__(self, names: Iterable[str]) -> None:
+
+class _Grow(Exception):
+    """A trace fixing more arguments at the values a call gives is needed: those the
+    forward branches on, or, ``unused``, those the code traced never used."""
+
+    def __init__(self, names: Iterable[str], unused: bool = False) -> None:
         super().__init__()
         self.names = tuple(names)
+        self.unused = unused
 
 
 class _Gate:
@@ -205,6 +215,13 @@ class Tracing:
         self.fixed: tuple[str, ...] = ()
         """The arguments the forward branches on, which fx cannot take as inputs: each
         trace has them fixed at the values a call gives, in the signature's order."""
+        self.unused: tuple[str, ...] = ()
+        """The arguments the code traced with them as inputs never used: fx answers
+        `flag is True`, `type(n) is int`, `mode in {...}`, `table.get(name)` and
+        `f"{mode}"` for the stand-in it hands the forward without a branch it notices,
+        and the stand-in is left unused, so no code traced so is the forward's for every
+        value. Each trace has those fixed at the plain values a call gives, and takes
+        them as inputs otherwise (a tensor)."""
         self.through: set[str] = set()
         self.read: Noted | None = None
         self.reads: list[_Read] = []
@@ -227,13 +244,31 @@ class Tracing:
     def key(self, none: frozenset[str], given: Mapping[str, Any]) -> Key:
         """What picks the code for a call leaving ``none`` None and giving ``given``."""
         values = []
-        for name in self.fixed:
+        for name in self.keyed():
             if name not in none:
-                found = value_key(given[name])
+                # One the first trace takes as an input, with no value (an optional
+                # argument), is one there.
+                found = value_key(given[name]) if name in given else INPUT
                 if found is None:
-                    raise not_plain(name, given[name], self.model)
+                    if name not in self.fixed:
+                        found = INPUT
+                    else:
+                        raise not_plain(name, given[name], self.model)
                 values.append(found)
         return none, tuple(values)
+
+    def keyed(self) -> tuple[str, ...]:
+        """The arguments whose values pick a trace: those :attr:`fixed` and
+        :attr:`unused`, in the signature's order."""
+        return tuple(name for name in self.named if name in self.fixed or name in self.unused)
+
+    def _keep_keyed(self) -> None:
+        """Has the wrapped model pick the code by the arguments :meth:`keyed` names."""
+        object.__setattr__(
+            self.wrapped,
+            "_fixed",
+            tuple((name, *self.named[name], name not in self.fixed) for name in self.keyed()),
+        )
 
     def trace(self, none: frozenset[str], given: Mapping[str, Any]) -> Runners:
         """The code run when the arguments ``none`` are None and the others are ``given``
@@ -248,19 +283,24 @@ class Tracing:
             try:
                 return self._trace(none, given)
             except _Grow as grow:
-                wanted = {*self.fixed, *grow.names}
-                self.fixed = tuple(name for name in self.named if name in wanted)
-                object.__setattr__(
-                    self.wrapped,
-                    "_fixed",
-                    tuple((name, *self.named[name]) for name in self.fixed),
-                )
+                if grow.unused:
+                    wanted = {*self.unused, *grow.names}
+                    self.unused = tuple(name for name in self.named if name in wanted)
+                else:
+                    wanted = {*self.fixed, *grow.names}
+                    self.fixed = tuple(name for name in self.named if name in wanted)
+                self._keep_keyed()
         raise AssertionError("each retrace fixes one more argument")  # pragma: no cover
 
     def _trace(self, none: frozenset[str], given: Mapping[str, Any]) -> Runners:
         key = self.key(none, given)
         concrete: dict[str, Any] = {name: None for name in sorted(none)}
         concrete.update((name, given[name]) for name in self.fixed if name not in none)
+        concrete.update(
+            (name, given[name])
+            for name in self.unused
+            if name not in none and name in given and value_key(given[name]) is not None
+        )
         said = _said(concrete)
         if key[1] and self.first is not None:
             self._bound()
@@ -280,6 +320,9 @@ class Tracing:
                 if self.first is None and training == self.mode:
                     raise
                 attempts.append((training, _with_none(error, said)))
+        unused = self._unused(attempts, concrete)
+        if unused:
+            raise _Grow(unused, unused=True)
         runners: Runners = {}
         done: list[tuple[fx.GraphModule, nn.Module]] = []
         through: set[str] = set()
@@ -313,6 +356,34 @@ class Tracing:
         self.switching = self.switching or switching
         self.runners[key] = runners
         return runners
+
+    def _unused(
+        self,
+        attempts: list[tuple[bool, tuple[fx.GraphModule, set[str], Noted] | Untraceable]],
+        concrete: Mapping[str, Any],
+    ) -> tuple[str, ...]:
+        """The arguments taken as inputs that no code traced in ``attempts`` uses, and
+        that are not yet picked by their values."""
+        traced = [attempt[0] for _, attempt in attempts if not isinstance(attempt, Untraceable)]
+        if not traced:
+            return ()
+        left: set[str] | None = None
+        for code in traced:
+            idle = {
+                str(node.target)
+                for node in code.graph.nodes
+                if node.op == "placeholder" and not node.users
+            }
+            left = idle if left is None else left & idle
+        assert left is not None
+        return tuple(
+            name
+            for name in self.named
+            if name in left
+            and name not in concrete
+            and name not in self.fixed
+            and name not in self.unused
+        )
 
     def _to_fix(
         self,
@@ -380,10 +451,11 @@ class Tracing:
         limit: int = self.wrapped.TRACES_PER_VALUE
         if sum(1 for _, values in self.runners if values) < limit:
             return
-        names = ", ".join(f"`{name}`" for name in self.fixed)
+        names = ", ".join(f"`{name}`" for name in self.keyed())
         raise WrapError(
             f"`{type(self.model).__qualname__}.forward` was traced for {limit} sets of values "
-            f"of {names} already: it branches on them, which fx cannot trace, so each set of "
+            f"of {names} already: it branches on them (or the code traced never used "
+            "them, as after `flag is True`), which fx cannot trace, so each set of "
             "values a call gives is traced for itself, and no more are taken, to keep the "
             "traces bounded. Give one of those values, declare the submodule that branches "
             "on them (it is never traced into), write the branch as tensor code "
@@ -537,9 +609,7 @@ class Tracing:
             "_one_code",
             all(len({id(r) for r in runners.values()}) == 1 for runners in self.runners.values()),
         )
-        object.__setattr__(
-            wrapped, "_fixed", tuple((name, *self.named[name]) for name in self.fixed)
-        )
+        self._keep_keyed()
 
     def runners_for(
         self, none: frozenset[str], args: tuple[Any, ...], kwargs: dict[str, Any]

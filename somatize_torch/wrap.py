@@ -97,6 +97,7 @@ from somatize_torch._modes import outside_compiled, unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
 from somatize_torch._settings import any_global_hooks, global_hooks, stand_in_call
 from somatize_torch._tracing import (
+    INPUT,
     Key,
     Runners,
     Tracing,
@@ -176,10 +177,11 @@ class Wrapped(nn.Module):
     TRACES_PER_VALUE: int = 32
     """How many sets of values of the arguments its forward branches on a wrapped model
     is traced for, at most: a call giving one more is refused."""
-    _fixed: tuple[tuple[str, int | None, Any], ...] = ()
+    _fixed: tuple[tuple[str, int | None, Any, bool], ...] = ()
     """The arguments the forward branches on, each with its place among the positional
-    ones (None for a keyword-only one) and its default: a call runs the code traced with
-    them fixed at the values it gives."""
+    ones (None for a keyword-only one), its default, and whether it is one the code
+    traced never used, which takes what is no plain constant as an input: a call runs
+    the code traced with them fixed at the values it gives."""
     _tracing: Tracing | None = None
     """The traces taken so far, which a call leaving other arguments None adds to (None
     for a model declared whole, which is not traced)."""
@@ -425,7 +427,7 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         if values:
             raise WrapError(
                 f"fx could trace `{type(self.model).__qualname__}.forward` for the values "
-                f"this call gives {', '.join(f'`{name}`' for name, _, _ in self._fixed)} "
+                f"this call gives {', '.join(f'`{name}`' for name, *_ in self._fixed)} "
                 f"in {other} mode only, and this call is in {mode} mode: what it traced may "
                 f"not be what the forward does in {mode} mode (code that reads "
                 "`self.training`), so it is not run in its place. Make such calls in "
@@ -511,7 +513,7 @@ def _values_of(
     trace (:func:`value_key`), but those it leaves None; refused naming one given what no
     trace can be fixed at."""
     found = []
-    for name, at, default in self._fixed:
+    for name, at, default, unused in self._fixed:
         if name in none:
             continue
         value = (
@@ -520,6 +522,8 @@ def _values_of(
             else (args[at] if at is not None and at < len(args) else default)
         )
         key = value_key(value)
+        if key is None and unused and value is not inspect.Parameter.empty:
+            key = INPUT  # an input where the code traced never used it, as traced
         if key is None:
             if value is inspect.Parameter.empty:
                 assert self._tracing is not None and self._tracing.signature is not None

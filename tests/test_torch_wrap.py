@@ -2666,6 +2666,75 @@ def test_a_tuple_branched_on_by_a_forward_whose_first_parameter_is_not_self_runs
             assert torch.equal(wrapped(x, shifts), model(x, shifts))
 
 
+class Way(enum.Enum):
+    MEAN = "mean"
+    MAX = "max"
+
+
+class AsksUnseen(nn.Module):
+    """Branches on its arguments in ways fx answers without recording anything: by
+    identity, by kind, by membership, by a dictionary lookup and by a formatted string."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.scales = {"a": 2.0, "b": 3.0}
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        flag: bool = True,
+        way: Way = Way.MEAN,
+        n: int = 2,
+        mode: str = "mean",
+        which: str = "a",
+        k: int | None = None,
+    ) -> torch.Tensor:
+        h = self.encoder(x)
+        if flag is True:
+            h = h * 2
+        if way is Way.MAX:
+            h = h - 1
+        if type(n) is int:
+            h = h + 3
+        if mode in {"max", "amax"}:
+            h = h.abs()
+        if f"pool_{mode}" == "pool_min":
+            h = -h
+        if isinstance(k, int):
+            h = h / 5
+        return h * self.scales.get(which, 1.0)
+
+
+def test_a_forward_branching_where_fx_records_nothing_is_traced_per_value(
+    store: Store,
+) -> None:
+    """fx hands the forward a stand-in for each argument, and `flag is True`, `type(n) is
+    int`, `mode in {...}`, `scales.get(which)`, `f"...{mode}"` and `isinstance(k, int)`
+    on it answer without a branch fx notices, the stand-in then unused: an argument the
+    traced code never uses is traced fixed at each plain value a call gives (and takes a
+    tensor as an input), and every call, the one giving nothing included, answers as the
+    model does."""
+    wrapped, model = _encoder_cached(AsksUnseen, store)
+    x = torch.randn(3, 4)
+    calls = [
+        lambda m: m(x),
+        lambda m: m(x, False),
+        lambda m: m(x, way=Way.MAX),
+        lambda m: m(x, n=2.0),
+        lambda m: m(x, mode="max"),
+        lambda m: m(x, mode="min"),
+        lambda m: m(x, which="b"),
+        lambda m: m(x, k=3),
+        lambda m: m(x, k=None),
+        lambda m: m(x, k=torch.tensor(3)),
+    ]
+    with torch.no_grad():
+        for _ in range(2):
+            for call in calls:
+                assert torch.equal(call(wrapped), call(model))
+
+
 class ExtraUnpooled(nn.Module):
     """Calls its declared extra layer only when it does not pool."""
 
