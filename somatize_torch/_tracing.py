@@ -208,6 +208,9 @@ class Tracing:
         """The mode the model was wrapped in, traced first."""
         self.signature = forward_signature(model)
         """The signature of the model's forward, read once."""
+        self.defaults = defaults_of(model)
+        """The defaults of the model's forward when it was traced, which the code traced
+        takes an argument left out at: watched by :meth:`check_defaults`."""
         self.named: dict[str, tuple[int | None, Any]] = _named(self.signature)
         """The forward's named arguments, each with its place among the positional ones
         (None for a keyword-only one) and its default: those a trace may fix at the value
@@ -240,6 +243,36 @@ class Tracing:
         self.runners: dict[Key, Runners] = {}
         """Per set of optional arguments left None and values of those :attr:`fixed`, the
         code each mode runs."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        # A copy's defaults are copies: the forward's own are what it holds now.
+        self.defaults = defaults_of(self.model)
+
+    def check_defaults(self) -> None:
+        """Refuses a call once the defaults of the model's forward were changed after it
+        was traced (its ``__defaults__`` or ``__kwdefaults__``): the code traced would
+        take an argument left out at the old one."""
+        now = defaults_of(self.model)
+        was = self.defaults
+        if len(now) == len(was) and all(
+            a is b and c is d for (a, c), (b, d) in zip(was, now, strict=True)
+        ):
+            return
+        old, new = dict(was), dict(now)
+        changed = [
+            name
+            for name in dict.fromkeys([*old, *new])
+            if old.get(name, _NONE) is not new.get(name, _NONE)
+        ]
+        name = changed[0] if changed else "?"
+        raise WrapError(
+            f"the default of `{name}` in `{type(self.model).__qualname__}.forward` changed "
+            f"after `wrap` ({_shown(old.get(name, _NONE))} then, {_shown(new.get(name, _NONE))} "
+            "now): the code traced takes an argument a call leaves out at the default it "
+            "had then, and would not answer as the forward does now. Wrap the model again "
+            "after changing its defaults, or put them back"
+        )
 
     def key(self, none: frozenset[str], given: Mapping[str, Any]) -> Key:
         """What picks the code for a call leaving ``none`` None and giving ``given``."""
@@ -697,6 +730,29 @@ def _named(signature: inspect.Signature | None) -> dict[str, tuple[int | None, A
         )
         for at, parameter in enumerate(parameters)
     }
+
+
+_NONE = object()
+"""No default, for a message."""
+
+
+def _shown(value: Any) -> str:
+    """A default as a message shows it: `None` for none."""
+    return "none" if value is _NONE else f"`{value!r}`"
+
+
+def defaults_of(model: nn.Module) -> tuple[tuple[str, Any], ...]:
+    """The defaults of ``model``'s forward, by argument name, as its function holds
+    them: the very values, compared by identity, which a call reads without a cost."""
+    function = getattr(type(model), "forward", None)
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return ()
+    positional = getattr(function, "__defaults__", None) or ()
+    names = code.co_varnames[: code.co_argcount]
+    found = list(zip(names[len(names) - len(positional) :], positional, strict=True))
+    found += list((getattr(function, "__kwdefaults__", None) or {}).items())
+    return tuple(found)
 
 
 def forward_signature(model: nn.Module) -> inspect.Signature | None:

@@ -411,6 +411,7 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         self._check()
         if tracing is not None:
             _refuse_global_hooks(self.model)
+            tracing.check_defaults()
     elif tracing is not None and any_global_hooks():
         _refuse_global_hooks_eagerly(self.model)
     runners = self._runners.get((none, values))

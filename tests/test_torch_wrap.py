@@ -2735,6 +2735,49 @@ def test_a_forward_branching_where_fx_records_nothing_is_traced_per_value(
                 assert torch.equal(call(wrapped), call(model))
 
 
+class PoolsByDefault(nn.Module):
+    """Doubles when it pools, and scales by a number it only computes with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, pool: bool = True, *, scale: float = 1.0) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 2 * scale if pool else h * scale
+
+
+@pytest.mark.parametrize("edit", ["defaults", "kwdefaults", "kwdefaults in place"])
+def test_a_forward_default_changed_after_wrap_is_refused_naming_it(store: Store, edit: str) -> None:
+    """The code traced takes an argument left out at the default it had at `wrap`:
+    changed after (`__defaults__`, `__kwdefaults__`), the next call is refused naming the
+    argument, where it would have answered for the old default; copies and pickles of
+    the wrapped model call as before."""
+    wrapped, model = _encoder_cached(PoolsByDefault, store)
+    x = torch.randn(3, 4)
+    forward = PoolsByDefault.forward
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        held = io.BytesIO()
+        torch.save(wrapped, held)
+        held.seek(0)
+        for copied in (torch.load(held, weights_only=False), copy.deepcopy(wrapped)):
+            assert torch.equal(copied(x), model(x))
+        before = (forward.__defaults__, dict(forward.__kwdefaults__ or {}))
+        try:
+            if edit == "defaults":
+                forward.__defaults__, name = (False,), "pool"
+            elif edit == "kwdefaults":
+                forward.__kwdefaults__, name = {"scale": 3.0}, "scale"
+            else:
+                forward.__kwdefaults__["scale"], name = 3.0, "scale"
+            with pytest.raises(smt.WrapError, match=rf"default of `{name}`.*changed"):
+                wrapped(x)
+        finally:
+            forward.__defaults__ = before[0]
+            forward.__kwdefaults__ = before[1]
+
+
 class ExtraUnpooled(nn.Module):
     """Calls its declared extra layer only when it does not pool."""
 
