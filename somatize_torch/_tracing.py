@@ -94,14 +94,23 @@ def value_key(value: Any) -> Any:
 
 def not_plain(name: str, value: Any, model: nn.Module) -> WrapError:
     """The refusal of a call handing ``name``, which the forward branches on, ``value``."""
-    kind = type(value).__name__
     return WrapError(
-        f"`{name}` is a `{kind}` in this call, and `{type(model).__qualname__}.forward` "
-        f"branches on its value: fx cannot trace that, so the forward is traced once per "
-        f"value of `{name}`, and that value must be a plain constant ({PLAIN}). Hand it "
-        f"one (`bool(flag)`, `flag.item()`, a tuple for a list), or declare the submodule "
-        "that branches on it, which is never traced into"
+        f"`{name}` is a `{kind_of(value)}` in this call, and "
+        f"`{type(model).__qualname__}.forward` branches on its value: fx cannot trace that, "
+        f"so the forward is traced once per value of `{name}`, and that value must be a "
+        f"plain constant ({PLAIN}). Hand it one (`bool({name})`, `{name}.item()`, a tuple "
+        "for a list), or declare the submodule that branches on it, which is never traced "
+        "into"
     )
+
+
+def kind_of(value: Any) -> str:
+    """The kind of ``value`` for a message, with its module where it is not a builtin
+    one: `numpy.bool`, not `bool`, which reads as a plain flag."""
+    kind = type(value)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 INPUT = ("<input>",)
@@ -441,7 +450,7 @@ class Tracing:
                 ):
                     # An argument with a default, handed what no trace is fixed at: said
                     # so, and not kept for the calls that hand it a plain value.
-                    kind = f"a `{type(given[name]).__name__}`"
+                    kind = f"a `{kind_of(given[name])}`"
                     told = Untraceable(
                         (
                             f"`{name}` is {kind} in this call, and "

@@ -271,7 +271,7 @@ def test_compiled_calls_giving_values_equal_in_python_run_the_code_traced_for_ea
     compiled = torch.compile(wrapped, backend="eager")
     with torch.no_grad():
         assert torch.equal(compiled(x, False), model(x, False))
-        with pytest.raises(smt.WrapError, match=r"`pool` is a `Tensor` in this call"):
+        with pytest.raises(smt.WrapError, match=r"`pool` is a `torch\.Tensor` in this call"):
             compiled(x, torch.tensor(True))
     torch._dynamo.reset()
 

@@ -2393,14 +2393,14 @@ def test_a_forward_branching_on_an_optional_flag_runs_with_it_given_or_none(
     smt.freeze(wrapped)
     x = torch.randn(3, 4)
     with torch.no_grad():
-        with pytest.raises(smt.Untraceable, match=r"`double` is a `Tensor`.*if double"):
+        with pytest.raises(smt.Untraceable, match=r"`double` is a `torch\.Tensor`.*if double"):
             wrapped(x, double=torch.tensor(True))
         for _ in range(2):
             assert torch.equal(wrapped(x), model(x))
             assert torch.equal(wrapped(x, None), model(x))
             assert torch.equal(wrapped(x, double=True), model(x, double=True))
             assert torch.equal(wrapped(x, False), model(x, False))
-        with pytest.raises(smt.WrapError, match=r"`double` is a `Tensor` in this call"):
+        with pytest.raises(smt.WrapError, match=r"`double` is a `torch\.Tensor` in this call"):
             wrapped(x, double=torch.tensor(True))
     assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 7}
 
@@ -2883,10 +2883,24 @@ def test_a_branched_on_argument_handed_what_is_not_a_plain_value_is_refused_nami
     wrapped, _ = _encoder_cached(PoolsByFlag, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
-        with pytest.raises(smt.WrapError, match=r"`pool` is a `Tensor` in this call.*`bool\("):
+        with pytest.raises(
+            smt.WrapError, match=r"`pool` is a `torch\.Tensor` in this call.*`bool\("
+        ):
             wrapped(x, torch.tensor(True))
         with pytest.raises(smt.WrapError, match=r"`mode` is a `list` in this call"):
             wrapped(x, mode=["max"])
+
+
+def test_a_branched_on_argument_handed_a_numpy_value_is_refused_saying_its_kind_whole(
+    store: Store,
+) -> None:
+    """A numpy flag is no plain `bool`: the refusal names its kind with its module, so it
+    does not read as refusing a bool, and says how to make one of it."""
+    wrapped, _ = _encoder_cached(PoolsByFlag, store)
+    x = torch.randn(3, 4)
+    refused = r"`pool` is a `numpy\.bool_?` in this call.*`bool\(pool\)`"
+    with torch.no_grad(), pytest.raises(smt.WrapError, match=refused):
+        wrapped(x, np.bool_(False))
 
 
 class Counted(nn.Module):
