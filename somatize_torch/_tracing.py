@@ -494,12 +494,19 @@ class Tracing:
         if sum(1 for _, values in self.runners if values) < limit:
             return
         names = ", ".join(f"`{name}`" for name in self.keyed())
+        left = sorted({name for none, values in self.runners if values for name in none})
+        apart = (
+            f", and apart again for each set of arguments a call leaves None (here "
+            f"{', '.join(f'`{name}`' for name in left)} left None or given)"
+            if left
+            else ""
+        )
         raise WrapError(
-            f"`{type(self.model).__qualname__}.forward` was traced for {limit} sets of values "
-            f"of {names} already: it branches on them (or the code traced never used "
-            "them, as after `flag is True`), which fx cannot trace, so each set of "
-            "values a call gives is traced for itself, and no more are taken, to keep the "
-            "traces bounded. Give one of those values, declare the submodule that branches "
+            f"`{type(self.model).__qualname__}.forward` was traced {limit} times already for "
+            f"values of {names}: it branches on them (or the code traced never used them, "
+            "as after `flag is True`), which fx cannot trace, so each set of values a call "
+            f"gives is traced apart{apart}, and no more traces are taken, to keep them "
+            "bounded. Give one of the values traced, declare the submodule that branches "
             "on them (it is never traced into), write the branch as tensor code "
             "(`torch.where`), or raise `Wrapped.TRACES_PER_VALUE` on this wrapped model"
         )

@@ -2947,9 +2947,44 @@ def test_the_traces_per_value_of_a_model_are_bounded(store: Store) -> None:
     with torch.no_grad():
         for count in range(limit):
             assert torch.equal(wrapped(x, count), model(x, count))
-        with pytest.raises(smt.WrapError, match=rf"{limit} sets of values of `count`"):
+        with pytest.raises(
+            smt.WrapError, match=rf"traced {limit} times already for values of `count`"
+        ):
             wrapped(x, limit)
         assert torch.equal(wrapped(x, 1), model(x, 1))
+
+
+class CountedMasked(nn.Module):
+    """Adds a count it branches on, and masks where it is handed a mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(
+        self, x: torch.Tensor, count: int = 0, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        h = self.encoder(x)
+        h = h + count if count > 0 else h
+        return h if mask is None else h * mask
+
+
+def test_the_traces_bound_counts_values_traced_apart_for_arguments_left_none(
+    store: Store,
+) -> None:
+    """Each set of values is traced apart for each set of arguments a call leaves None:
+    the refusal at the bound counts traces, and says those left None count apart, where
+    fewer values than the bound were given."""
+    wrapped, model = _encoder_cached(CountedMasked, store)
+    wrapped.TRACES_PER_VALUE = 3
+    x, mask = torch.randn(3, 4), torch.full((3, 4), 2.0)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        assert torch.equal(wrapped(x, 1), model(x, 1))
+        with pytest.raises(
+            smt.WrapError, match=r"traced 3 times.*apart again.*leaves None \(here `mask`"
+        ):
+            wrapped(x, 1, mask)
 
 
 class MaskedEncoder(nn.Module):
