@@ -53,6 +53,7 @@ import functools
 import inspect
 import os
 import random
+import re
 import sys
 import threading
 import weakref
@@ -271,10 +272,14 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
     """``isinstance`` in the tracing thread: the forward asking whether what fx hands it in
     a tensor's place is a tensor, which it never is while fx traces (a stand-in), so the
     branch fx keeps would be the one for a value that is no tensor."""
-    if original(value, fx.Proxy) and _names_a_plain_kind(kinds, original):
+    if original(value, fx.Proxy) and (
+        _names_a_plain_kind(kinds, original)
+        or (_names_a_tensor(kinds, original) and _annotated_plain(value.node.type))
+    ):
         # An argument with a plain default asked after as a plain kind (`isinstance(flag,
-        # bool)`): fx would answer no for every value. A branch on its value, so the
-        # argument is traced fixed at the value a call gives.
+        # bool)`), or, annotated as taking plain values only, as a tensor
+        # (`isinstance(scale, torch.Tensor)`): fx would answer no for every value. A
+        # branch on its value, so the argument is traced fixed at the value a call gives.
         node = value.node
         caller = sys._getframe(2).f_code.co_filename
         if (
@@ -304,6 +309,27 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
 
 _PLAIN_KINDS = (bool, int, float, complex, str, bytes, enum.Enum)
 """The kinds of plain values an argument the forward branches on is traced fixed at."""
+
+
+_PLAIN_NAMES = frozenset({"bool", "int", "float", "complex", "str", "bytes"})
+_ANNOTATION_PARTS = re.compile(r"[\s|,\[\]]+")
+
+
+def _annotated_plain(annotation: Any) -> bool:
+    """Whether ``annotation`` (a forward's, a string under ``from __future__ import
+    annotations``) names plain kinds of value only, None aside (``float``, ``int | None``):
+    not a tensor, and not ``Any`` or none, which a call may hand a tensor."""
+    if annotation is None or annotation is inspect.Parameter.empty:
+        return False
+    text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    parts = [
+        part
+        for part in _ANNOTATION_PARTS.split(text)
+        if part
+        and part not in ("None", "NoneType", "Optional", "Union")
+        and part not in ("typing.Optional", "typing.Union")
+    ]
+    return bool(parts) and all(part in _PLAIN_NAMES for part in parts)
 
 
 def _names_a_plain_kind(kinds: Any, check: Callable[..., Any]) -> bool:

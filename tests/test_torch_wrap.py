@@ -2875,6 +2875,35 @@ def test_a_forward_asking_what_kind_an_argument_with_a_plain_default_is_traced_p
                 assert torch.equal(wrapped(x, times), model(x, times))
 
 
+class ScalesByNumber(nn.Module):
+    """Scales by a number it defaults, taking the number out of a tensor it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        if isinstance(scale, torch.Tensor):
+            scale = scale.item()
+        return self.encoder(x) * scale
+
+
+def test_a_forward_asking_if_an_argument_with_a_plain_default_is_a_tensor_is_traced_per_value(
+    store: Store,
+) -> None:
+    """fx answers no to `isinstance(scale, torch.Tensor)` for its stand-in whatever a call
+    gives: an argument with a plain default asked so is traced fixed at each plain value a
+    call gives, as one asked whether it is a bool is, and a call handing it a tensor is
+    refused naming it."""
+    wrapped, model = _encoder_cached(ScalesByNumber, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for scale in (1.0, 2.0, 1.0, -3.0):
+            assert torch.equal(wrapped(x, scale), model(x, scale))
+        with pytest.raises(smt.WrapError, match=r"`scale` is a `torch\.Tensor` in this call"):
+            wrapped(x, torch.tensor(2.0))
+
+
 def test_a_branched_on_argument_handed_what_is_not_a_plain_value_is_refused_naming_it(
     store: Store,
 ) -> None:
