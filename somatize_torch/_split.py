@@ -28,6 +28,7 @@ which needs no tracing at all, is the other.
 from __future__ import annotations
 
 import contextlib
+import enum
 import operator
 import os
 import random
@@ -254,7 +255,7 @@ def _traced(
         )
     for key in held_eval & noted.modes.keys():  # in eval whenever they run: read right
         del noted.modes[key]
-    _plain_code(graph)
+    _plain_code(graph, bool(concrete))
     return fx.GraphModule(model, graph, type(model).__name__), tracer.through, noted
 
 
@@ -269,7 +270,7 @@ _ASSERT_IS_NONE = getattr(torch.fx._symbolic_trace, "_assert_is_none", None)
 _SPECIALIZED = re.compile(r"\w+ has been specialized to have value ")
 
 
-def _plain_code(graph: fx.Graph) -> None:
+def _plain_code(graph: fx.Graph, fixed: bool = False) -> None:
     """Leaves out of ``graph`` what would keep the module made of it from being pickled
     (``torch.save`` of a model holding the wrapped one, a copy sent to a worker), and is
     not needed to run it: the forward's annotations, which fx writes into the code and
@@ -277,9 +278,29 @@ def _plain_code(graph: fx.Graph) -> None:
     a global holding that string — and the checks fx adds that an argument traced as
     None is None (its own wrapped function, named in a way its unpickling cannot find),
     and the checks it adds that one traced fixed at a value has it — which the wrapped model
-    makes itself, picking the code by the arguments left None and the values given."""
+    makes itself, picking the code by the arguments left None and the values given.
+
+    fx writes an Enum member into the code by its class and name, which a flag value of
+    members combined (`SCALE|SHIFT`) or of none (no name) does not make Python of: such
+    a value is made in the code by its class from its value instead, and, in code traced
+    with arguments ``fixed`` (at None or at values), which is called with every argument
+    in its place, no placeholder keeps a default."""
     for node in list(graph.nodes):
         node.type = None
+        if node.op == "placeholder" and fixed:
+            node.args = ()
+        elif node.op == "placeholder" and node.args and _unspellable(node.args[0]):
+            raise _stops(
+                Untraceable(
+                    f"the forward's argument `{node.target}` is taken as an input and defaults "
+                    f"to `{node.args[0]!r}`, a flag value with no name of its own: torch.fx "
+                    "writes a default into its code by its class and name, which that value "
+                    "does not make Python of. Give the argument a default with a name of its "
+                    "own (a member, or None), or declare the submodule that takes it"
+                )
+            )
+        elif node.op != "placeholder":
+            _spelled(graph, node)
         if node.op == "call_function" and node.target is _ASSERT_IS_NONE:
             graph.erase_node(node)
         elif (
@@ -308,6 +329,32 @@ def _plain_code(graph: fx.Graph) -> None:
             assert isinstance(flat, (list, tuple))
             output.args = (tree_unflatten(list(flat), info.out_spec),)
         graph._codegen = fx.graph.CodeGen()
+
+
+def _unspellable(value: Any) -> bool:
+    """Whether fx would write ``value`` into code as no Python: an Enum member with no
+    name, or with one of members combined."""
+    return isinstance(value, enum.Enum) and not (value.name or "").isidentifier()
+
+
+def _spelled(graph: fx.Graph, node: fx.Node) -> None:
+    """Has ``node`` take each Enum member fx cannot write (:func:`_unspellable`) from a
+    node making it by its class from its value."""
+    made: dict[int, fx.Node] = {}
+
+    def spell(value: Any) -> Any:
+        if not _unspellable(value):
+            return value
+        if id(value) not in made:
+            with graph.inserting_before(node):
+                made[id(value)] = graph.call_function(type(value), (value._value_,))
+        return made[id(value)]
+
+    found: list[Any] = []
+    fx.node.map_aggregate((node.args, node.kwargs), found.append)
+    if any(_unspellable(one) for one in found):
+        node.args = fx.node.map_aggregate(node.args, spell)
+        node.kwargs = fx.node.map_aggregate(node.kwargs, spell)
 
 
 def _one_place_each(graph: fx.Graph, names: Sequence[str]) -> None:

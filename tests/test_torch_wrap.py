@@ -2604,6 +2604,56 @@ def test_flag_values_without_a_name_are_traced_apart(store: Store) -> None:
                 assert torch.equal(wrapped(x, options), model(x, options))
 
 
+class ByOptionsCombined(nn.Module):
+    """Shifts for an option of the members combined it defaults to, and scales by them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(
+        self, x: torch.Tensor, options: Option = Option.SCALE | Option.SHIFT
+    ) -> torch.Tensor:
+        h = self.encoder(x)
+        if options & Option.SHIFT:
+            h = h + 1
+        return h * options
+
+
+def test_flag_values_fx_cannot_spell_are_traced_and_run(store: Store) -> None:
+    """fx writes a flag value into its code by class and name, which members combined
+    (`SCALE|SHIFT`) or no member (None) do not make Python of: a forward fixed at such a
+    value, by default or by a call, is traced and answers as the model does."""
+    wrapped, model = _encoder_cached(ByOptionsCombined, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        for options in (Option(0), Option.SCALE, Option(6), Option.SCALE | Option.SHIFT):
+            assert torch.equal(wrapped(x, options), model(x, options))
+
+
+class ScalesByOptions(nn.Module):
+    """Scales by the options it is handed, members combined by default."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+
+    def forward(
+        self, x: torch.Tensor, options: Option = Option.SCALE | Option.SHIFT
+    ) -> torch.Tensor:
+        return self.encoder(x) * options
+
+
+def test_a_flag_value_fx_cannot_spell_as_an_input_default_is_refused_naming_it(
+    store: Store,
+) -> None:
+    """An argument taken as an input whose default is a flag value with no name of its
+    own cannot be written into fx's code: refused at `wrap`, naming it and what to do."""
+    with pytest.raises(smt.Untraceable, match=r"`options` is taken as an input.*with a name"):
+        smt.wrap(ScalesByOptions(), frozen=["encoder"], store=store)
+
+
 class Shifted(nn.Module):
     """Scales by a number it only computes with, then adds each shift of a tuple it
     iterates over, empty by default."""
