@@ -222,9 +222,9 @@ def _written(kind: type) -> bytes:
     functions: list[FunctionType] = []
     members = sorted(vars(kind).items(), key=lambda item: item[0])
     helds = [_functions_in(member) for _, member in members]
-    # A name the class's own code sets (`type(self).calls += 1`) is its state as it runs,
-    # taken as the class's text assigns it, not by what it holds.
-    stored = {name for held in helds for f in held for name in _attrs_stored_in(f.__code__)}
+    # A name the class's own code sets on it (`type(self).calls += 1`) is its state as it
+    # runs, taken as the class's text assigns it, not by what it holds.
+    stored = _state_of([kind], [member for _, member in members])
     for (name, member), held in zip(members, helds, strict=True):
         if made and _dunder(name):  # made for the dataclass from a text of its own
             held = [f for f in held if f.__code__.co_filename != "<string>"]
@@ -295,19 +295,14 @@ def code_changes(watch: CodeWatch) -> list[str]:
     sets (``type(self).calls += 1``: its state)."""
     changed = []
     for space, copied, kind in zip(*watch, strict=True):
-        stored: set[str] | None = None
+        stored: frozenset[str] | None = None
         for name in dict.fromkeys([*space, *copied]):
             now, was = space.get(name, _ABSENT), copied.get(name, _ABSENT)
             if now is was or (not _holds_code(now) and not _holds_code(was) and _dunder(name)):
                 continue
             if _plain(now) and _plain(was):
-                if stored is None:  # what the class's own code sets: its state as it runs
-                    stored = {
-                        attr
-                        for member in copied.values()
-                        for f in _functions_in(member)
-                        for attr in _attrs_stored_in(f.__code__)
-                    }
+                if stored is None:  # what the class's own code sets on it: its state
+                    stored = _state_of([kind], copied.values())
                 if name in stored:
                     continue
             changed.append(f"{kind.__qualname__}.{name}")
@@ -549,9 +544,91 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     return sorted(named), tuple(entry for place, entry in looked.items() if place not in stored)
 
 
-def _attrs_stored_in(code: CodeType) -> set[str]:
-    """The attribute names ``code`` assigns or deletes, and its nested code too."""
-    return _named_by(code, ("STORE_ATTR", "DELETE_ATTR"))
+def _state_of(kinds: Iterable[type], members: Iterable[Any]) -> frozenset[str]:
+    """The names the functions among ``members`` (what classes hold) assign or delete on a
+    class of ``kinds`` as they run — their state, not their code: ``type(self).calls += 1``,
+    ``self.__class__.x``, ``cls.x`` in a classmethod, or the class named outright
+    (``Kind.x``). A name set on an instance (``self.factor = factor``) is not one of them."""
+    classes = {id(kind) for kind in kinds}
+    names: set[str] = set()
+    for member in members:
+        on_class = isinstance(member, classmethod)
+        for function in _functions_in(member):
+            for owner, name in _stores_of(function.__code__, on_class):
+                if owner is None or id(function.__globals__.get(owner)) in classes:
+                    names.add(name)
+    return frozenset(names)
+
+
+_CALLS = frozenset({"CALL", "CALL_FUNCTION"})
+_COPIES = {("COPY", 1), ("DUP_TOP", None)}
+_SWAPS = {("SWAP", 2), ("ROT_TWO", None)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _stores_of(code: CodeType, on_class: bool) -> frozenset[tuple[str | None, str]]:
+    """Each attribute ``code``, and its nested code, assigns or deletes on a class, with
+    the global name of that class (``Kind.x``), or None for the class the code runs for
+    (``type(self).x``, ``self.__class__.x``, ``cls.x`` where ``on_class``: the first
+    argument is the class), worked out once per code object from its bytecode. Only a
+    target read for certain counts — the class loaded just before the store, or before
+    the copy an augmented assignment (``+=``) makes of it, with no jump landing in
+    between — so a store not read for certain is taken as an instance's, and a value set
+    on the class by hand is then seen as a change, never missed."""
+    first = code.co_varnames[0] if code.co_argcount else None
+    return _stores_in(code, first, on_class, nested=False)
+
+
+def _stores_in(
+    code: CodeType, first: str | None, on_class: bool, nested: bool
+) -> frozenset[tuple[str | None, str]]:
+    steps = [
+        (step.opname, step.argval if step.arg is not None else None, step.is_jump_target)
+        for step in dis.get_instructions(code)
+    ]
+    loads = {"LOAD_DEREF"} if nested else {"LOAD_FAST", "LOAD_DEREF"}
+
+    def is_first(at: int) -> bool:
+        return at >= 0 and steps[at][0] in loads and steps[at][1] == first and first is not None
+
+    def target(end: int) -> str | bool | None:
+        """The class the steps before ``end`` leave on top of the stack: its global name,
+        None for the class the code runs for, or False when it is not known to be one."""
+        if end < 1 or any(steps[at][2] for at in range(max(end - 4, 0), end + 1)):
+            return False
+        op, arg, _ = steps[end - 1]
+        if op == "LOAD_GLOBAL" and isinstance(arg, str):
+            return arg
+        if on_class and not nested and is_first(end - 1):
+            return None
+        if op == "LOAD_ATTR" and arg == "__class__" and is_first(end - 2):
+            return None
+        if op in _CALLS and steps[end - 1][1] == 1:
+            at = end - 2
+            if at >= 0 and steps[at][0] == "PRECALL":
+                at -= 1
+            if is_first(at) and at >= 1 and steps[at - 1][:2] == ("LOAD_GLOBAL", "type"):
+                return None
+        return False
+
+    found: set[tuple[str | None, str]] = set()
+    for at, (op, name, _) in enumerate(steps):
+        if op not in ("STORE_ATTR", "DELETE_ATTR"):
+            continue
+        end = at
+        if op == "STORE_ATTR" and at >= 1 and steps[at - 1][:2] in _SWAPS:
+            end = -1  # an augmented assignment: the target is what was copied to read it
+            for back in range(at - 2, 0, -1):
+                if steps[back][:2] == ("LOAD_ATTR", name) and steps[back - 1][:2] in _COPIES:
+                    end = back - 1
+                    break
+        owner = target(end) if end > 0 else False
+        if owner is not False:
+            found.add((owner if isinstance(owner, str) else None, str(name)))
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            found |= _stores_in(constant, first, on_class, nested=True)
+    return frozenset(found)
 
 
 def _named_by(code: CodeType, opnames: tuple[str, ...]) -> set[str]:

@@ -531,3 +531,33 @@ def test_a_class_value_its_own_code_sets_is_state_not_code(
         warnings.simplefilter("error", Drifted)
         assert graph.forward(1, store=store) == 2
     assert graph.record is not None and graph.record.outcome["n"] == "recalled"
+
+
+class Scaled(Node):
+    """Scales by a class default that an instance may override."""
+
+    factor = 2
+
+    def __init__(self, factor: int | None = None) -> None:
+        if factor is not None:
+            self.factor = factor
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.factor
+
+
+def test_a_class_value_its_code_sets_on_an_instance_is_code(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class value whose name the class's code assigns on an instance
+    (``self.factor = factor``) is not state: setting it on the class is other code, seen
+    by a graph built before and by a fresh one."""
+    monkeypatch.setattr(Scaled, "factor", 2)
+    two = fingerprint_of(Scaled)
+    graph = Graph.somatize(Scaled().named("s").frozen().cached())
+    assert graph.forward(5, store=store) == 10
+    monkeypatch.setattr(Scaled, "factor", 3)
+    assert fingerprint_of(Scaled) != two
+    assert graph.forward(5, store=store, strict=True) == 15
+    fresh = Graph.somatize(Scaled().named("s").frozen().cached())
+    assert fresh.forward(5, store=store, strict=True) == 15

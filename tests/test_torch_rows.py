@@ -1619,3 +1619,34 @@ def test_a_count_a_cached_module_keeps_on_its_class_is_not_code(
     again = torch.randn(3, 6)
     assert torch.equal(cached(again), expected(cached.module, again))
     assert first.shape == (4, 3)
+
+
+class ScaledByItsClass(nn.Module):
+    """Scales by a class default that an instance may override."""
+
+    scale = 2.0
+
+    def __init__(self, scale: float | None = None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 3)
+        if scale is not None:
+            self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x) * self.scale
+        return out
+
+
+def test_a_class_default_its_code_sets_on_an_instance_is_code(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class value whose name the module's code assigns on an instance
+    (``self.scale = scale``) is code, not state: setting it on the class refuses the cache."""
+    monkeypatch.setattr(ScaledByItsClass, "scale", 2.0)
+    cached = cache_rows(ScaledByItsClass(), store=store)
+    x = torch.randn(4, 6)
+    cached(x)
+    monkeypatch.setattr(ScaledByItsClass, "scale", 3.0)
+    with pytest.raises(RowsError, match=r"`ScaledByItsClass\.scale` was set on the class"):
+        cached(x)
