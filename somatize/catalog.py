@@ -151,11 +151,12 @@ _OTHER = object()
 Body = tuple[tuple[str, Any], ...]
 """What a class's own body held when its fingerprint was worked out (:func:`_body_of`)."""
 
-_FINGERPRINTS: weakref.WeakKeyDictionary[type, tuple[bytes, Looked, Body]] = (
+_FINGERPRINTS: weakref.WeakKeyDictionary[type, tuple[bytes, Looked, Body, frozenset[str]]] = (
     weakref.WeakKeyDictionary()
 )
 """A class → the digest of what its own body holds (:func:`_written`), the module names
-it looked up for it, and what its body held then, worked out again when one of those
+it looked up for it, what its body held then and the names taken as state, worked out
+again when other names are state (it is fingerprinted in another lineage), or when one of those
 names holds another helper or value (a notebook's cell run again), or the body holds
 another function or value (a method set on the class, or deleted from it, since)."""
 
@@ -190,7 +191,12 @@ def fingerprint_of(*kinds: type) -> str:
         for above in kind.__mro__:
             if not _left_out(above):
                 lineage[above] = None
-    entries = sorted((f"{k.__module__}:{k.__qualname__}".encode(), _written(k)) for k in lineage)
+    # A name the code of the lineage sets on one of its classes as it runs (a counter a
+    # subclass moves on itself, declared on its base) is their state, not their code.
+    state = _state_of(lineage, (member for k in lineage for member in list(vars(k).values())))
+    entries = sorted(
+        (f"{k.__module__}:{k.__qualname__}".encode(), _written(k, state)) for k in lineage
+    )
     digest = hashlib.sha256(b"somatize code 2\0")
     for name, written in entries:
         digest.update(len(name).to_bytes(8, "little") + name + written)
@@ -206,14 +212,23 @@ def _left_out(kind: type) -> bool:
     return kind is Node or top in sys.stdlib_module_names or top in _LEFT_OUT
 
 
-def _written(kind: type) -> bytes:
+def _written(kind: type, state: frozenset[str]) -> bytes:
     """The digest of what ``kind``'s own body holds: each function (by
     :func:`_function_bytes`), each plain value, and what its functions name in their
     module (:func:`_named`). A dataclass is said by its fields, not by the methods made
-    for it (whose code is the Python version's as much as the class's)."""
+    for it (whose code is the Python version's as much as the class's). A name of
+    ``state`` (what the code of its lineage sets on a class of it as it runs) is taken as
+    the class's text assigns it, and not at all where the class does not assign it but a
+    class it inherits from holds it (a counter declared on a base, moved on the subclass
+    by ``type(self).calls += 1``): that class's value is the one written."""
     found = _FINGERPRINTS.get(kind)
     body = _body_of(kind)
-    if found is not None and found[2] == body and all(_still(*name) for name in found[1]):
+    if (
+        found is not None
+        and found[2] == body
+        and found[3] == state
+        and all(_still(*name) for name in found[1])
+    ):
         return found[0]
     digest = hashlib.sha256()
     made = "__dataclass_params__" in vars(kind)
@@ -222,9 +237,6 @@ def _written(kind: type) -> bytes:
     functions: list[FunctionType] = []
     members = sorted(vars(kind).items(), key=lambda item: item[0])
     helds = [_functions_in(member) for _, member in members]
-    # A name the class's own code sets on it (`type(self).calls += 1`) is its state as it
-    # runs, taken as the class's text assigns it, not by what it holds.
-    stored = _state_of([kind], [member for _, member in members])
     for (name, member), held in zip(members, helds, strict=True):
         if made and _dunder(name):  # made for the dataclass from a text of its own
             held = [f for f in held if f.__code__.co_filename != "<string>"]
@@ -236,14 +248,20 @@ def _written(kind: type) -> bytes:
         functions += held
         if not held and not _dunder(name) and _plain(member):
             text = _class_body(kind)
-            value = _as_written(text, name, member) if name in stored else member
+            if (
+                name in state
+                and _assignment(text, name) is None
+                and any(name in vars(above) for above in kind.__mro__[1:])
+            ):
+                continue  # state a class it inherits from declares
+            value = _as_written(text, name, member) if name in state else member
             assigned = _assigned(text, name, value)
             _put(digest, b"let " + name.encode(), assigned or _constant_bytes(value))
     named, looked = _named(functions)
     for label, piece in named:
         _put(digest, label, piece)
     written = digest.digest()
-    _FINGERPRINTS[kind] = (written, looked, body)
+    _FINGERPRINTS[kind] = (written, looked, body, state)
     return written
 
 
@@ -291,18 +309,19 @@ def code_changes(watch: CodeWatch) -> list[str]:
     """What changed in the classes ``watch`` (:func:`watch_code`) holds since it was taken,
     that a fingerprint reads: ``Kind.name`` for each name set, added or deleted — not a
     dunder that holds no function (``__slotnames__``, which a copy of an instance adds,
-    ``__annotations__``, which reading it adds), nor a plain value the class's own code
-    sets (``type(self).calls += 1``: its state)."""
+    ``__annotations__``, which reading it adds), nor a plain value, set, added or deleted,
+    that the code of the classes sets on one of them as it runs (``type(self).calls += 1``
+    in a subclass, the counter declared on its base: their state)."""
     changed = []
+    stored: frozenset[str] | None = None
     for space, copied, kind in zip(*watch, strict=True):
-        stored: frozenset[str] | None = None
         for name in dict.fromkeys([*space, *copied]):
             now, was = space.get(name, _ABSENT), copied.get(name, _ABSENT)
             if now is was or (not _holds_code(now) and not _holds_code(was) and _dunder(name)):
                 continue
-            if _plain(now) and _plain(was):
-                if stored is None:  # what the class's own code sets on it: its state
-                    stored = _state_of([kind], copied.values())
+            if (now is _ABSENT or _plain(now)) and (was is _ABSENT or _plain(was)):
+                if stored is None:  # what the classes' own code sets on one of them: state
+                    stored = _state_of(watch[2], (m for c in watch[1] for m in c.values()))
                 if name in stored:
                     continue
             changed.append(f"{kind.__qualname__}.{name}")

@@ -1650,3 +1650,40 @@ def test_a_class_default_its_code_sets_on_an_instance_is_code(
     monkeypatch.setattr(ScaledByItsClass, "scale", 3.0)
     with pytest.raises(RowsError, match=r"`ScaledByItsClass\.scale` was set on the class"):
         cached(x)
+
+
+class DeclaresACount(nn.Module):
+    """Declares the count its subclass keeps on its own class."""
+
+    calls = 0
+
+
+class CountsOnItsOwnClass(DeclaresACount):
+    """Counts on its own class the name its base declares."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        type(self).calls += 1
+        out: torch.Tensor = self.linear(x)
+        return out
+
+
+def test_a_count_declared_on_a_base_module_is_not_code(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A count a module moves on its class, declared on its base class, is state: the
+    cache goes on answering once the class holds the count itself."""
+    monkeypatch.setattr(DeclaresACount, "calls", 0)
+    if "calls" in vars(CountsOnItsOwnClass):  # what an earlier run counted
+        delattr(CountsOnItsOwnClass, "calls")
+    cached = cache_rows(CountsOnItsOwnClass(), store=store)
+    cached(torch.randn(4, 6))
+    assert "calls" in vars(CountsOnItsOwnClass)
+    again = torch.randn(3, 6)
+    assert torch.equal(cached(again), expected(cached.module, again))
+    if "calls" in vars(CountsOnItsOwnClass):
+        delattr(CountsOnItsOwnClass, "calls")
