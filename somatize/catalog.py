@@ -220,7 +220,9 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
     ``state`` (what the code of its lineage sets on a class of it as it runs) is taken as
     the class's text assigns it, and not at all where the class does not assign it but a
     class it inherits from holds it (a counter declared on a base, moved on the subclass
-    by ``type(self).calls += 1``): that class's value is the one written."""
+    by ``type(self).calls += 1``): that class's value is the one written. Where no text
+    of the class is known (typed into a notebook), such a name is digested by a mark
+    alone, whatever it holds."""
     found = _FINGERPRINTS.get(kind)
     body = _body_of(kind)
     if (
@@ -254,6 +256,10 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
                 and any(name in vars(above) for above in kind.__mro__[1:])
             ):
                 continue  # state a class it inherits from declares
+            if name in state and text is None:
+                # state whose text is not known (a class typed in a notebook): by no value
+                _put(digest, b"let " + name.encode(), b"state")
+                continue
             value = _as_written(text, name, member) if name in state else member
             assigned = _assigned(text, name, value)
             _put(digest, b"let " + name.encode(), assigned or _constant_bytes(value))

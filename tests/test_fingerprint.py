@@ -606,3 +606,36 @@ def test_a_count_declared_on_a_base_is_state_not_code(
     assert fingerprint_of(kind) == first
     if "calls" in vars(kind):
         delattr(kind, "calls")
+
+
+def test_a_count_a_class_with_no_source_keeps_on_itself_is_state(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class typed where no file holds its text (a notebook, ``python -``) that counts
+    its calls on itself is fingerprinted alike whatever the count: the forwards after the
+    first recall, not drifted."""
+    cell = types.ModuleType("somatize_typed_cell")
+    monkeypatch.setitem(sys.modules, cell.__name__, cell)
+    text = textwrap.dedent(
+        """
+        from somatize import Node
+
+        class Counted(Node):
+            calls = 0
+
+            def forward(self, x, ctx):
+                type(self).calls += 1
+                return x + 1
+        """
+    )
+    exec(compile(text, "<typed>", "exec"), vars(cell))
+    kind = cell.Counted
+    first = fingerprint_of(kind)
+    graph = Graph.somatize(kind().named("n").frozen().cached())
+    assert graph.forward(1, store=store) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        assert graph.forward(1, store=store) == 2
+    assert kind.calls == 1
+    assert graph.record is not None and graph.record.outcome["n"] == "recalled"
+    assert fingerprint_of(kind) == first
