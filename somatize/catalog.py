@@ -43,7 +43,12 @@ as its file reads now: each of its functions by its source where the file, compi
 now, still makes the code that runs (which keeps a fingerprint the same across Python
 versions), else by that code (a class typed into an interpreter, a file edited since
 it was imported), digested alike in every process; with its plain values (numbers,
-strings, tuples of them) and the functions' defaults. Its functions' code is followed
+strings, tuples of them), the functions' defaults and what they close over (a plain value,
+a function by how it is written). Any other object a function closes over, and a
+callable a class holds that is no plain function (a callable object, a mock), is taken
+by a mark of that very object, the same for no other object in any process: a
+replacement is never taken for the old code, at the cost of a fingerprint no other
+process shares. Its functions' code is followed
 into their module, one module only: the plain functions defined there that they
 name (and those these name) and the plain constants. A module or class from
 elsewhere, a list or dict held at module level, a callable that is not a plain
@@ -62,14 +67,23 @@ import functools
 import hashlib
 import importlib
 import inspect
+import itertools
 import linecache
+import os
 import sys
 import textwrap
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from types import CodeType, FunctionType
+from types import (
+    BuiltinFunctionType,
+    CodeType,
+    FunctionType,
+    GetSetDescriptorType,
+    MemberDescriptorType,
+    ModuleType,
+)
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
@@ -248,6 +262,9 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
         if bound:
             _put(digest, b"bound " + name.encode(), *bound)
         functions += held
+        opaque = None if held or _dunder(name) or _plain(member) else _opaque_bytes(member)
+        if opaque is not None:
+            _put(digest, b"object " + name.encode(), opaque)
         if not held and not _dunder(name) and _plain(member):
             text = _class_body(kind)
             if (
@@ -283,9 +300,62 @@ def _body_of(kind: type) -> Body:
         if held:
             functions = tuple((weakref.ref(f), f.__code__) for f in held)
             body.append((name, (functions, _bound_in(member))))
+        elif _plain(member):
+            body.append((name, (type(member), member)))
         else:
-            body.append((name, (type(member), member) if _plain(member) else None))
+            body.append((name, _Same(member) if _opaque_bytes(member) is not None else None))
     return tuple(body)
+
+
+class _Same:
+    """An object a class body holds, equal to another only when it holds the same object."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.held is self.held
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _opaque_bytes(member: Any) -> bytes | None:
+    """How a class attribute that runs code but is no plain function (a callable object,
+    a mock, a ``singledispatchmethod``) is fingerprinted: a builtin function by its name,
+    any other by a mark of that very object (:func:`_token_of`), never another's — so one
+    replaced by another is never taken for the old code. None for what runs no code of
+    the class's (a class, a slot, a plain value)."""
+    if isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    if isinstance(member, (type, MemberDescriptorType, GetSetDescriptorType, ModuleType)):
+        return None
+    if isinstance(member, BuiltinFunctionType):
+        return f"builtin {member.__module__}:{member.__qualname__}".encode()
+    if callable(member) or hasattr(type(member), "__get__"):
+        return _token_of(member)
+    return None
+
+
+_NONCE = os.urandom(16)
+_TOKENS: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+_COUNT = itertools.count()
+
+
+def _token_of(held: Any) -> bytes:
+    """A mark of the object ``held`` that no other object is given, in this process or any
+    other: the same for it while it lives where it can be remembered weakly, else a new one
+    each time asked (a fingerprint then misses, never matches another's)."""
+    try:
+        found = _TOKENS.get(held)
+    except TypeError:  # neither hashable nor weakly referenced
+        return b"object " + _NONCE + next(_COUNT).to_bytes(8, "little")
+    if found is None:
+        found = b"object " + _NONCE + next(_COUNT).to_bytes(8, "little")
+        with contextlib.suppress(TypeError):
+            _TOKENS[held] = found
+    return found
 
 
 CodeWatch = tuple[list[Any], list[dict[str, Any]], list[type]]
@@ -416,10 +486,12 @@ def _bound_in(member: Any) -> list[bytes]:
     return bound
 
 
-def _function_bytes(function: FunctionType) -> bytes:
+def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()) -> bytes:
     """How ``function`` is written: its source where the source found compiles to its
     code (the file may have been edited since it was loaded), else its code (digested
-    alike in every process running the Python version), and its default values."""
+    alike in every process running the Python version), its default values, and what it
+    closes over (:func:`_cell_bytes`; ``within``: the functions being digested around it,
+    which one that closes over itself names)."""
     code = function.__code__
     found = _FUNCTIONS.get(function)
     if found is not None and found[0] is code:
@@ -434,9 +506,36 @@ def _function_bytes(function: FunctionType) -> bytes:
     kwdefaults = sorted((function.__kwdefaults__ or {}).items())
     _put(digest, b"defaults", *map(_value_bytes, defaults))
     _put(digest, b"keywords", *(n.encode() + b"\0" + _value_bytes(v) for n, v in kwdefaults))
+    if function.__closure__:
+        within |= {id(function)}
+        cells = zip(function.__code__.co_freevars, function.__closure__, strict=False)
+        _put(digest, b"closes", *(n.encode() + b"\0" + _cell_bytes(c, within) for n, c in cells))
     written = digest.digest()
     _FUNCTIONS[function] = (code, written)
     return written
+
+
+def _cell_bytes(cell: Any, within: frozenset[int]) -> bytes:
+    """What a function closes over, in a cell: a plain value by what it is, a function by
+    :func:`_function_bytes`, a class by its name where that leads back to it (the class a
+    method calling ``super()`` closes over), else by a mark of that very object
+    (:func:`_token_of`), so that a function closing over another object is never taken for
+    one closing over the first."""
+    try:
+        value = cell.cell_contents
+    except ValueError:  # not filled yet
+        return b"empty"
+    if _plain(value):
+        return _constant_bytes(value)
+    if isinstance(value, FunctionType):
+        if id(value) in within:
+            return b"itself"
+        return b"function " + _function_bytes(value, within)
+    if isinstance(value, type) and identity_of(value) is not None:
+        return f"class {identity_of(value)}".encode()
+    if isinstance(value, ModuleType):
+        return f"module {value.__name__}".encode()
+    return _token_of(value)
 
 
 def _value_bytes(value: Any) -> bytes:

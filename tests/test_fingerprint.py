@@ -14,6 +14,7 @@ import warnings
 import weakref
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -639,3 +640,65 @@ def test_a_count_a_class_with_no_source_keeps_on_itself_is_state(
     assert kind.calls == 1
     assert graph.record is not None and graph.record.outcome["n"] == "recalled"
     assert fingerprint_of(kind) == first
+
+
+class Closing(Node):
+    """Has its forward set by the tests below."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x
+
+
+def _adding(by: int) -> Any:
+    def forward(self: Node, x: int, ctx: Any) -> int:
+        return x + by
+
+    return forward
+
+
+def _logged(function: Any) -> Any:
+    def logging(*args: Any, **kwargs: Any) -> Any:  # says nothing of what it wraps
+        return function(*args, **kwargs)
+
+    return logging
+
+
+class _Adder:
+    def __init__(self, by: int) -> None:
+        self.by = by
+
+    def __call__(self, x: int) -> int:
+        return x + self.by
+
+
+def test_what_a_method_closes_over_is_its_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A method that closes over another value, or wraps another function in a decorator
+    that does not say it wraps it, is other code."""
+    monkeypatch.setattr(Closing, "forward", _adding(10))
+    ten = fingerprint_of(Closing)
+    monkeypatch.setattr(Closing, "forward", _adding(20))
+    assert fingerprint_of(Closing) != ten
+    monkeypatch.setattr(Closing, "forward", _adding(20))
+    assert fingerprint_of(Closing) == fingerprint_of(Closing)
+    monkeypatch.setattr(Closing, "forward", _logged(lambda self, x, ctx: x + 1))
+    plus = fingerprint_of(Closing)
+    monkeypatch.setattr(Closing, "forward", _logged(lambda self, x, ctx: x * 100))
+    assert fingerprint_of(Closing) != plus
+
+
+def test_a_callable_object_a_class_holds_is_never_taken_for_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A method replaced by a callable that is no plain function (a callable object, a
+    mock) makes another fingerprint for each object, so a graph never recalls what the
+    one it replaced computed."""
+    monkeypatch.setattr(Closing, "helper", staticmethod(_Adder(1)), raising=False)
+    one = fingerprint_of(Closing)
+    assert fingerprint_of(Closing) == one
+    monkeypatch.setattr(Closing, "helper", staticmethod(_Adder(50)))
+    fifty = fingerprint_of(Closing)
+    assert fifty != one
+    with mock.patch.object(Closing, "forward", return_value=1):
+        mocked = fingerprint_of(Closing)
+    with mock.patch.object(Closing, "forward", return_value=2):
+        assert fingerprint_of(Closing) not in (mocked, fifty)
