@@ -174,11 +174,10 @@ again when other names are state (it is fingerprinted in another lineage), or wh
 names holds another helper or value (a notebook's cell run again), or the body holds
 another function or value (a method set on the class, or deleted from it, since)."""
 
-_FUNCTIONS: weakref.WeakKeyDictionary[FunctionType, tuple[CodeType, bytes]] = (
-    weakref.WeakKeyDictionary()
-)
-"""A function → the code it ran and the digest of that code (:func:`_function_bytes`),
-worked out again when it is given other code (``f.__code__ = ...``, as a reloader does)."""
+_FUNCTIONS: weakref.WeakKeyDictionary[FunctionType, tuple[Any, bytes]] = weakref.WeakKeyDictionary()
+"""A function → the code it ran and its defaults (:func:`_made_of`), and the digest of
+them (:func:`_function_bytes`), worked out again when it is given other code (``f.__code__
+= ...``, as a reloader does) or other defaults (``f.__defaults__ = ...``)."""
 
 _LEFT_OUT = frozenset({"torch"})
 """Packages whose classes no fingerprint covers, besides the standard library's: the
@@ -298,7 +297,7 @@ def _body_of(kind: type) -> Body:
     for name, member in vars(kind).items():
         held = _functions_in(member)
         if held:
-            functions = tuple((weakref.ref(f), f.__code__) for f in held)
+            functions = tuple((weakref.ref(f), _made_of(f)) for f in held)
             body.append((name, (functions, _bound_in(member))))
         elif _plain(member):
             body.append((name, (type(member), member)))
@@ -372,8 +371,9 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     replaced by an equal one, ``2`` by ``2.0``, is not seen; one whose ``==`` says no bool,
     an array, raises, and is taken as changed). The copies hold what they copy, so an old
     function cannot be followed by a new one at the same address. Not watched, for what a
-    look costs: a class's ``__bases__`` replaced, and a function given other code in place
-    (``f.__code__ = ...``, as a reloader does) — a graph built after sees them."""
+    look costs: a class's ``__bases__`` replaced, and a function given other code or other
+    defaults in place (``f.__code__ = ...``, as a reloader does, ``f.__defaults__ = ...``)
+    — a graph built after sees them."""
     lineage = dict.fromkeys(
         above for kind in kinds for above in kind.__mro__ if not _left_out(above)
     )
@@ -492,9 +492,9 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
     alike in every process running the Python version), its default values, and what it
     closes over (:func:`_cell_bytes`; ``within``: the functions being digested around it,
     which one that closes over itself names)."""
-    code = function.__code__
+    made_of = _made_of(function)
     found = _FUNCTIONS.get(function)
-    if found is not None and found[0] is code:
+    if found is not None and found[0] == made_of:
         return found[1]
     source = _source_of(function)
     digest = hashlib.sha256()
@@ -511,8 +511,20 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
         cells = zip(function.__code__.co_freevars, function.__closure__, strict=False)
         _put(digest, b"closes", *(n.encode() + b"\0" + _cell_bytes(c, within) for n, c in cells))
     written = digest.digest()
-    _FUNCTIONS[function] = (code, written)
+    _FUNCTIONS[function] = (made_of, written)
     return written
+
+
+def _made_of(function: FunctionType) -> tuple[Any, ...]:
+    """What of ``function`` its digest is worked out from, to tell it changed since: its code
+    and its defaults, each by identity (a default replaced in place, ``f.__defaults__ =
+    (50,)`` or ``f.__kwdefaults__["by"] = 70``, is told apart)."""
+    keywords = function.__kwdefaults__ or {}
+    return (
+        _Same(function.__code__),
+        _Same(function.__defaults__),
+        tuple((name, _Same(value)) for name, value in keywords.items()),
+    )
 
 
 def _cell_bytes(cell: Any, within: frozenset[int]) -> bytes:

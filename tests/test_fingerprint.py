@@ -702,3 +702,30 @@ def test_a_callable_object_a_class_holds_is_never_taken_for_another(
         mocked = fingerprint_of(Closing)
     with mock.patch.object(Closing, "forward", return_value=2):
         assert fingerprint_of(Closing) not in (mocked, fifty)
+
+
+class Defaulted(Node):
+    """Adds what its defaults say."""
+
+    def forward(self, x: int, ctx: Any, by: int = 1, *, more: int = 0) -> int:
+        return x + by + more
+
+
+def test_a_default_set_in_place_is_other_code(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A method's defaults replaced in place (``__defaults__``, ``__kwdefaults__``) make
+    another fingerprint, and a graph built after computes the new code's answer under
+    strict."""
+    function = Defaulted.forward
+    monkeypatch.setattr(function, "__defaults__", (1,))
+    monkeypatch.setattr(function, "__kwdefaults__", {"more": 0})
+    first = fingerprint_of(Defaulted)
+    Graph.somatize(Defaulted().named("d").frozen().cached()).forward(5, store=store)
+    monkeypatch.setattr(function, "__defaults__", (50,))
+    fifty = fingerprint_of(Defaulted)
+    assert fifty != first
+    fresh = Graph.somatize(Defaulted().named("d").frozen().cached())
+    assert fresh.forward(5, store=store, strict=True) == 55
+    function.__kwdefaults__["more"] = 7
+    assert fingerprint_of(Defaulted) not in (first, fifty)
