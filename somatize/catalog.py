@@ -237,7 +237,7 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
     of the class is known (typed into a notebook), such a name is digested by a mark
     alone, whatever it holds."""
     found = _FINGERPRINTS.get(kind)
-    body = _body_of(kind)
+    body = _body_of(kind, state)
     if (
         found is not None
         and found[2] == body
@@ -252,6 +252,7 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
     functions: list[FunctionType] = []
     members = sorted(vars(kind).items(), key=lambda item: item[0])
     helds = [_functions_in(member) for _, member in members]
+    texts: list[list[ast.stmt] | None] = []  # the class's statements, read once if needed
     for (name, member), held in zip(members, helds, strict=True):
         if made and _dunder(name):  # made for the dataclass from a text of its own
             held = [f for f in held if f.__code__.co_filename != "<string>"]
@@ -265,17 +266,14 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
         if opaque is not None:
             _put(digest, b"object " + name.encode(), opaque)
         if not held and not _dunder(name) and _plain(member):
-            text = _class_body(kind)
-            if (
-                name in state
-                and _assignment(text, name) is None
-                and any(name in vars(above) for above in kind.__mro__[1:])
-            ):
-                continue  # state a class it inherits from declares
-            if name in state and text is None:
-                # state whose text is not known (a class typed in a notebook): by no value
-                _put(digest, b"let " + name.encode(), b"state")
-                continue
+            if not texts:
+                texts.append(_class_body(kind))
+            text = texts[0]
+            if name in state and _assignment(text, name) is None:
+                if not any(name in vars(above) for above in kind.__mro__[1:]):
+                    # state no known text assigns (a class typed in a notebook): no value
+                    _put(digest, b"let " + name.encode(), b"state")
+                continue  # else state a class it inherits from declares
             value = _as_written(text, name, member) if name in state else member
             assigned = _assigned(text, name, value)
             _put(digest, b"let " + name.encode(), assigned or _constant_bytes(value))
@@ -287,12 +285,14 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
     return written
 
 
-def _body_of(kind: type) -> Body:
+def _body_of(kind: type, state: frozenset[str]) -> Body:
     """What of ``kind``'s own body its fingerprint reads, to tell whether it changed since:
     each name it holds, with weak references to the functions held there and their code
     (a function replaced by another is told apart, as is one given other code in place,
     and what is remembered keeps neither the class nor its functions alive), or the plain
-    value held there, by type and value, or None."""
+    value held there, by type and value — not one of ``state``, which the fingerprint
+    takes by the class's text, so that a count moved as the class runs is not a change
+    to work out again — or None."""
     body: list[tuple[str, Any]] = []
     for name, member in vars(kind).items():
         held = _functions_in(member)
@@ -300,7 +300,7 @@ def _body_of(kind: type) -> Body:
             functions = tuple((weakref.ref(f), _made_of(f)) for f in held)
             body.append((name, (functions, _bound_in(member))))
         elif _plain(member):
-            body.append((name, (type(member), member)))
+            body.append((name, "state" if name in state else (type(member), member)))
         else:
             body.append((name, _Same(member) if _opaque_bytes(member) is not None else None))
     return tuple(body)
@@ -690,11 +690,21 @@ def _state_of(kinds: Iterable[type], members: Iterable[Any]) -> frozenset[str]:
     for member in members:
         on_class = isinstance(member, classmethod)
         for function in _functions_in(member):
-            for owner, name in _stores_of(function.__code__, on_class):
+            code = function.__code__
+            found = _STORES.get(function)
+            if found is None or found[0] is not code or found[1] is not on_class:
+                found = _STORES[function] = (code, on_class, _stores_of(code, on_class))
+            for owner, name in found[2]:
                 if owner is None or id(function.__globals__.get(owner)) in classes:
                     names.add(name)
     return frozenset(names)
 
+
+_STORES: weakref.WeakKeyDictionary[
+    FunctionType, tuple[CodeType, bool, frozenset[tuple[str | None, str]]]
+] = weakref.WeakKeyDictionary()
+"""A function → its code and what that code sets on a class (:func:`_stores_of`), looked up
+by the function rather than by its code, whose hash is worked out from all it holds."""
 
 _CALLS = frozenset({"CALL", "CALL_FUNCTION"})
 _COPIES = {("COPY", 1), ("DUP_TOP", None)}
@@ -823,18 +833,33 @@ def _assigned(body: list[ast.stmt] | None, name: str, value: Any) -> bytes | Non
 def _assignment(body: list[ast.stmt] | None, name: str) -> ast.expr | None:
     """The value the last assignment to ``name`` in ``body`` gives it; None where there is
     none, or ``body`` is not known."""
-    made: ast.expr | None = None
-    for statement in body or ():
-        if (
-            isinstance(statement, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == name for t in statement.targets)
-        ) or (
+    if body is None:
+        return None
+    found = _ASSIGNMENTS.get(id(body))
+    if found is None or found[0] is not body:
+        found = _ASSIGNMENTS[id(body)] = (body, _assignments_in(body))
+    return found[1].get(name)
+
+
+_ASSIGNMENTS: dict[int, tuple[list[ast.stmt], dict[str, ast.expr]]] = {}
+"""A module's or a class's statements (by identity, held so the identity is not another's)
+→ what each name is last assigned there (:func:`_assignments_in`): read once, not once a
+name, which for a class of many values would be a scan of its body for each."""
+
+
+def _assignments_in(body: list[ast.stmt]) -> dict[str, ast.expr]:
+    made: dict[str, ast.expr] = {}
+    for statement in body:
+        if isinstance(statement, ast.Assign):
+            for target in statement.targets:
+                if isinstance(target, ast.Name):
+                    made[target.id] = statement.value
+        elif (
             isinstance(statement, ast.AnnAssign)
             and isinstance(statement.target, ast.Name)
-            and statement.target.id == name
             and statement.value is not None
         ):
-            made = statement.value
+            made[statement.target.id] = statement.value
     return made
 
 

@@ -729,3 +729,43 @@ def test_a_default_set_in_place_is_other_code(
     assert fresh.forward(5, store=store, strict=True) == 55
     function.__kwdefaults__["more"] = 7
     assert fingerprint_of(Defaulted) not in (first, fifty)
+
+
+class CountsAmongValues(Node):
+    """Counts its calls on its class, beside values and methods of its own."""
+
+    calls = 0
+    low = 1
+    high = 2
+
+    def forward(self, x: int, ctx: Any) -> int:
+        type(self).calls += 1
+        return self.lower(x) + self.high
+
+    def lower(self, x: int) -> int:
+        return x - self.low
+
+
+def test_a_count_moved_as_a_class_runs_is_not_read_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A count a class moves as it runs does not make its fingerprint be worked out again:
+    the forwards after the first read neither its text nor its functions' bytecode (which
+    for a class of many values and methods would be read again at every forward)."""
+    from somatize import catalog
+
+    monkeypatch.setattr(CountsAmongValues, "calls", 0)
+    graph = Graph.somatize(CountsAmongValues().named("n").frozen().cached())
+    graph.forward(1, store=store)
+    read: list[str] = []
+    for name in ("_class_body", "_stores_in", "_function_bytes"):
+        done = getattr(catalog, name)
+        monkeypatch.setattr(
+            catalog,
+            name,
+            lambda *a, _done=done, _name=name, **k: read.append(_name) or _done(*a, **k),
+        )
+    for x in (2, 3, 1):
+        graph.forward(x, store=store)
+    assert CountsAmongValues.calls == 3
+    assert read == []
