@@ -35,6 +35,7 @@ from somatize._record import (
     fact_named,
     failed_as,
 )
+from somatize.catalog import fingerprint_of
 from somatize.codecs import CODECS, Unreadable
 from somatize.errors import SomatizeError
 from somatize.keys import item_key
@@ -235,15 +236,39 @@ class _Run:
         took = (time.perf_counter_ns() - start) // 1000
         return value, took
 
-    def keep(self, node: str, key: str, value: Any, fingerprint: str | None) -> int:
+    def keep(self, node: str, key: str, value: Any, fingerprint: str | None) -> int | None:
         """Keeps the answer of ``node`` under ``key``, with the ``fingerprint`` of the code
-        it depends on (:attr:`~somatize.plan.Static.fingerprint`); returns its bytes."""
+        it depends on (:attr:`~somatize.plan.Static.fingerprint`); returns its bytes, or None
+        where the code was changed as the forward ran (:meth:`code_moved`)."""
         store = self.store
         assert store is not None
+        if self.code_moved():
+            return None
         with self._keeping(node):
             codec = CODECS.for_value(value, f"the answer of `{node}`")
             answer = store.keep(key, codec.encode(value), codec.name, fingerprint)
         return answer.size
+
+    def code_moved(self) -> bool:
+        """Whether a node's code was changed since this forward looked at it (a method set
+        on its class from another thread, or by a node as it ran): an answer computed now
+        may be the new code's, and kept with the fingerprint of the old it would be taken
+        for the old code's, so it is not kept. One comparison of the classes' namespaces
+        (:func:`~somatize.catalog.watch_code`), and the fingerprints worked out again only
+        where they differ (a count a class moves as it runs leaves them as they were)."""
+        graph = self.graph
+        watch = graph._code_watch
+        try:
+            if watch[0] == watch[1]:
+                return False
+        except Exception:  # a value replaced whose `==` says no bool (an array)
+            pass
+        memory = graph.memory
+        return any(
+            fingerprint_of(*node.implementing_classes()) != memory.fingerprint_of(name)
+            for name, node in graph._nodes.items()
+            if memory.fingerprint_of(name) is not None
+        )
 
     @contextlib.contextmanager
     def _keeping(self, node: str) -> Iterator[None]:
@@ -361,6 +386,8 @@ class _Run:
         the code they depend on; returns the bytes kept."""
         store = self.store
         assert store is not None
+        if self.code_moved():
+            return 0
         groups: dict[str, list[tuple[str, Sequence[Any]]]] = {}
         with self._keeping(node):
             for key, value in answers:

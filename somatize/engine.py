@@ -45,6 +45,9 @@ here), reported as ``unreadable`` — nothing is damaged or set aside. A wrong
 answer is never returned. An answer computed that cannot be kept (no codec
 writes it, the store refuses it) is ``failed`` after ``ran``, and its error
 goes on to the caller.
+An answer computed while a node's code was changed (a method set on its class by
+another thread as the forward ran) is not kept, and says no ``kept``: it may be the
+new code's, and would be kept with the old code's fingerprint.
 
 A ``watching`` callback that raises is not called again, and the forward goes on
 without it: what runs is kept as usual, the record holds every fact, and the
@@ -196,7 +199,8 @@ def _ran(state: _Run, plan: Plan, node: str, value: Any, took: int, kept: int | 
         key = plan.keys[node]
         if kept is None:
             size = state.keep(node, key, value, plan.static.fingerprint.get(node))
-            state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
+            if size is not None:
+                state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
         else:
             worker = state.graph.placement.worker_of(node)
             state.emit({"fact": "kept", "node": node, "key": key, "bytes": kept, "by": worker})
@@ -280,7 +284,8 @@ def run(
                 if node in static.cached and store is not None:
                     key = plan.keys[node]
                     size = state.keep(node, key, value, static.fingerprint.get(node))
-                    state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
+                    if size is not None:
+                        state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
         state.emit({"fact": "finished", "took_us": (time.perf_counter_ns() - start) // 1000})
     except BaseException as failure:
         state.watcher_noted(failure)

@@ -227,3 +227,43 @@ def test_listing_shows_nodes_edges_and_declarations() -> None:
     text = str(g)
     assert "sms" in text and "Rows ← input" in text
     assert "widest  Largest ← sms  [frozen, cached(salt='v1'), at w1]  → output" in text
+
+
+class Patches(Node):
+    """Sets another forward on :class:`PatchedAsItRuns` as it runs, as another thread
+    patching it meanwhile would."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        PatchedAsItRuns.forward = lambda self, x, ctx: x + 1000  # type: ignore[method-assign]
+        return x
+
+
+class PatchedAsItRuns(Node):
+    """Adds one, until patched."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x + 1
+
+
+def test_an_answer_computed_while_its_code_was_changed_is_not_kept(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node whose class is given another method while the forward runs computes with the
+    new code, after the old code's fingerprint was taken: its answer is not kept, so the
+    old code, set back, computes its own answer rather than recall the new code's."""
+    from somatize import Store
+
+    store = Store(tmp_path)
+    written = PatchedAsItRuns.forward
+    monkeypatch.setattr(PatchedAsItRuns, "forward", written)
+    graph = Graph.somatize(
+        Patches().named("a").frozen() >> PatchedAsItRuns().named("b").frozen().cached()
+    )
+    assert graph.forward(1, store=store) == 1001
+    assert graph.record is not None and "kept" not in [f["fact"] for f in graph.record.facts]
+    PatchedAsItRuns.forward = written  # type: ignore[method-assign]
+    monkeypatch.setattr(Patches, "forward", lambda self, x, ctx: x)
+    fresh = Graph.somatize(
+        Patches().named("a").frozen() >> PatchedAsItRuns().named("b").frozen().cached()
+    )
+    assert fresh.forward(1, store=store, strict=True) == 2
