@@ -509,7 +509,11 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
     if function.__closure__:
         within |= {id(function)}
         cells = zip(function.__code__.co_freevars, function.__closure__, strict=False)
-        _put(digest, b"closes", *(n.encode() + b"\0" + _cell_bytes(c, within) for n, c in cells))
+        _put(
+            digest,
+            b"closes",
+            *(n.encode() + b"\0" + _cell_bytes(n, c, within) for n, c in cells),
+        )
     written = digest.digest()
     _FUNCTIONS[function] = (made_of, written)
     return written
@@ -527,10 +531,11 @@ def _made_of(function: FunctionType) -> tuple[Any, ...]:
     )
 
 
-def _cell_bytes(cell: Any, within: frozenset[int]) -> bytes:
-    """What a function closes over, in a cell: a plain value by what it is, a function by
-    :func:`_function_bytes`, a class by its name where that leads back to it (the class a
-    method calling ``super()`` closes over), else by a mark of that very object
+def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
+    """What a function closes over, in the cell of its free variable ``name``: a plain
+    value by what it is, a function by :func:`_function_bytes`, the class a method calling
+    ``super()`` was defined in (``__class__``) by its name, another class by its name where
+    that leads back to it, else by a mark of that very object
     (:func:`_token_of`), so that a function closing over another object is never taken for
     one closing over the first."""
     try:
@@ -543,6 +548,8 @@ def _cell_bytes(cell: Any, within: frozenset[int]) -> bytes:
         if id(value) in within:
             return b"itself"
         return b"function " + _function_bytes(value, within)
+    if isinstance(value, type) and name == "__class__":  # the class the code is written in
+        return f"class {value.__module__}:{value.__qualname__}".encode()
     if isinstance(value, type) and identity_of(value) is not None:
         return f"class {identity_of(value)}".encode()
     if isinstance(value, ModuleType):
