@@ -338,7 +338,9 @@ def _opaque_bytes(member: Any) -> bytes | None:
 
 
 _NONCE = os.urandom(16)
-_TOKENS: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+_TOKENS: dict[int, tuple[weakref.ref[Any], bytes]] = {}
+"""An object, by its address (not by ``==``, which may call two objects equal), → a weak
+reference to it, which tells it from another at the same address later, and its mark."""
 _COUNT = itertools.count()
 
 
@@ -346,15 +348,13 @@ def _token_of(held: Any) -> bytes:
     """A mark of the object ``held`` that no other object is given, in this process or any
     other: the same for it while it lives where it can be remembered weakly, else a new one
     each time asked (a fingerprint then misses, never matches another's)."""
-    try:
-        found = _TOKENS.get(held)
-    except TypeError:  # neither hashable nor weakly referenced
-        return b"object " + _NONCE + next(_COUNT).to_bytes(8, "little")
-    if found is None:
-        found = b"object " + _NONCE + next(_COUNT).to_bytes(8, "little")
-        with contextlib.suppress(TypeError):
-            _TOKENS[held] = found
-    return found
+    found = _TOKENS.get(id(held))
+    if found is not None and found[0]() is held:
+        return found[1]
+    token = b"object " + _NONCE + next(_COUNT).to_bytes(8, "little")
+    with contextlib.suppress(TypeError):  # one that cannot be referenced weakly: anew
+        _TOKENS[id(held)] = (weakref.ref(held), token)
+    return token
 
 
 CodeWatch = tuple[list[Any], list[dict[str, Any]], list[type]]

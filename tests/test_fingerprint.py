@@ -769,3 +769,27 @@ def test_a_count_moved_as_a_class_runs_is_not_read_again(
         graph.forward(x, store=store)
     assert CountsAmongValues.calls == 3
     assert read == []
+
+
+class _CalledEqual(_Adder):
+    """A callable object that says it equals any other of its kind."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _CalledEqual)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+def test_callable_objects_that_say_they_are_equal_are_told_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A callable object a class holds is marked by which object it is, not by what its
+    ``==`` says: another that calls itself equal is still another fingerprint."""
+    one = _CalledEqual(1)
+    monkeypatch.setattr(Closing, "helper", staticmethod(one), raising=False)
+    first = fingerprint_of(Closing)
+    monkeypatch.setattr(Closing, "helper", staticmethod(_CalledEqual(50)))
+    assert fingerprint_of(Closing) != first
+    monkeypatch.setattr(Closing, "helper", staticmethod(one))
+    assert fingerprint_of(Closing) == first
