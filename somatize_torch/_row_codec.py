@@ -4,10 +4,10 @@ at a time.
 A row is kept in the store as an answer of one tensor, so any reader of the codec
 reads it. The rows one cache writes share a dtype and a shape, and so a header:
 :func:`encode_rows` makes it once per batch, and :func:`decode_rows` reads it once
-and copies a whole batch's data into one tensor in one go. The writer
-(:mod:`somatize_torch.writer`) encodes and a recall (:mod:`somatize_torch.rows`)
-decodes, so both halves live here, below the two of them and below
-:mod:`somatize_torch.residency`, which names them too.
+and copies a whole batch's data into one tensor, each row straight from where it
+was read. The writer (:mod:`somatize_torch.writer`) encodes and a recall
+(:mod:`somatize_torch.rows`) decodes, so both halves live here, below the two of
+them and below :mod:`somatize_torch.residency`, which names them too.
 """
 
 from __future__ import annotations
@@ -85,12 +85,13 @@ def decode_rows(datas: Sequence[memoryview]) -> torch.Tensor:
 
     Rows that one cache wrote share their header (it says only dtype and shape), so the
     first row's header is read by the codec — once per distinct header in the process —
-    and when every row has that header and the length it implies, their data are
-    copied into place in one go. Any other batch is decoded row by row. Either way a
-    row is read only as the codec reads it: its header checked, its data exactly the
-    bytes the header gives it (from the first byte after the header to the last of the
-    row), a bool row's bytes 0 or 1; and nothing is allocated for a row until its bytes
-    are known to be there. ValueError for bytes that are damaged."""
+    and when every row has that header and the length it implies, their data are each
+    copied into its place in one tensor, straight from where it was read. Any other batch
+    is decoded row by row. Either way a row is read only as the codec reads it: its
+    header checked, its data exactly the bytes the header gives it (from the first byte
+    after the header to the last of the row), a bool row's bytes 0 or 1; and nothing is
+    allocated for a row until its bytes are known to be there. ValueError for bytes that
+    are damaged."""
     header, dtype, shape, size, back = row_layout(datas[0])
     head = len(header)
     count = len(datas)
@@ -101,7 +102,10 @@ def decode_rows(datas: Sequence[memoryview]) -> torch.Tensor:
         # data to the last (none is left out), and every row holds exactly those.
         out = _stacked(count, shape, dtype)
         if size:
-            memory_of(out, writable=True)[:] = b"".join([row[head:] for row in datas])
+            # Each row's data copied straight into its place: no joined copy between.
+            into = memory_of(out, writable=True)
+            for at, row in enumerate(datas):
+                into[at * size : (at + 1) * size] = row[head:]
             if dtype is torch.bool:
                 _check_bools(out, "a row answer")
         return _as_kept(out, back)
