@@ -336,12 +336,29 @@ def test_untraceable_model_error_names_the_call() -> None:
         smt.wrap(Untraceable(), frozen=["linear"])
 
 
-class AsksIfTensor(nn.Module):
-    """Scales by its mask only if the mask is a tensor."""
+class Tempered(nn.Module):
+    """Divides by a plain value it keeps beside its weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.temperature = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) / self.temperature
+
+
+class OnTempered(nn.Module):
+    """A model whose declared encoder is a :class:`Tempered`; its forward is each
+    subclass's."""
 
     def __init__(self) -> None:
         super().__init__()
         self.encoder = Tempered()
+
+
+class AsksIfTensor(OnTempered):
+    """Scales by its mask only if the mask is a tensor."""
 
     def forward(self, x: torch.Tensor, mask: Any = 1.0) -> torch.Tensor:
         h = self.encoder(x)
@@ -431,18 +448,6 @@ def test_without_a_store_nothing_is_kept() -> None:
 
 
 # ------------------------------------------------------------------ what a cached call is keyed by
-
-
-class Tempered(nn.Module):
-    """Divides by a plain value it keeps beside its weights."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 4)
-        self.temperature = 1.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x) / self.temperature
 
 
 class Holds(nn.Module):
@@ -1346,12 +1351,8 @@ def test_tracing_leaves_the_model_s_classes_as_they_were(store: Store) -> None:
     assert type(failing) is Model and type(failing.encoder) is Untraceable
 
 
-class Checks(nn.Module):
+class Checks(OnTempered):
     """Branches on its own class, as a base class's forward may."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.encoder(x)
@@ -1373,12 +1374,8 @@ def test_the_trace_sees_the_model_s_own_class(store: Store) -> None:
 _A_TRACING, _B_TRACING = threading.Event(), threading.Event()
 
 
-class TracedFirst(nn.Module):
+class TracedFirst(OnTempered):
     """Says it is being traced, then waits a while for the other model's trace."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _A_TRACING.set()
@@ -1386,12 +1383,8 @@ class TracedFirst(nn.Module):
         return self.encoder(x)
 
 
-class TracedSecond(nn.Module):
+class TracedSecond(OnTempered):
     """Says it is being traced, then lets the other model's trace end first."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _B_TRACING.set()
@@ -1440,12 +1433,8 @@ class InitialisesOnce(nn.Module):
         return h - self.shift
 
 
-class KeepsFeatures(nn.Module):
+class KeepsFeatures(OnTempered):
     """Keeps what its encoder answered on itself."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.features = self.encoder(x)
@@ -2060,13 +2049,9 @@ class Optional(nn.Module):
         return h * 2 if self.training else h
 
 
-class Clamped(nn.Module):
+class Clamped(OnTempered):
     """Takes a floor that defaults to a number, and a mask it must be handed, either of
     which may be None."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor | None, floor: float | None = 0.0
@@ -2096,12 +2081,8 @@ def test_an_argument_given_none_whose_default_is_not_none_runs_code_traced_with_
     assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 7}
 
 
-class PositionalOnly(nn.Module):
+class PositionalOnly(OnTempered):
     """Takes its input and an optional mask by place only."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor | None = None, /, shift: float = 0.0
@@ -2320,12 +2301,8 @@ def test_the_model_called_in_another_thread_while_it_is_traced_runs_as_ever(
     assert torch.equal(answers[0], expected)
 
 
-class Flagged(nn.Module):
+class Flagged(OnTempered):
     """Doubles its answer when handed a true flag: a branch on an argument's value."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, double: bool | None = None) -> torch.Tensor:
         h = self.encoder(x)
@@ -2410,13 +2387,9 @@ _VALUE_TRACES: list[tuple[Any, ...]] = []
 the forward's Python runs, which it does only while fx traces it."""
 
 
-class PoolsByFlag(nn.Module):
+class PoolsByFlag(OnTempered):
     """Pools its encoded rows when `pool` is true, by the `mode` it is handed, and scales by
     a number it only hands on: branches on two arguments' values, which have defaults."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(
         self, x: torch.Tensor, pool: bool = True, mode: str = "mean", scale: float = 1.0
@@ -2482,13 +2455,9 @@ def test_a_wrapped_model_traced_per_value_is_pickled_and_copied_with_its_traces(
                 assert len(_VALUE_TRACES) == traced + 1  # the model's own call only
 
 
-class Repeated(nn.Module):
+class Repeated(OnTempered):
     """Negates or doubles for a flag, and adds its answer to itself `times - 1` times for a
     count: `True` and `1` are equal, and answer apart."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, times: int | bool = 1) -> torch.Tensor:
         h = self.encoder(x)
@@ -2499,12 +2468,8 @@ class Repeated(nn.Module):
         return h
 
 
-class Thresholded(nn.Module):
+class Thresholded(OnTempered):
     """Keeps what is over a threshold it branches on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
         _VALUE_TRACES.append(("thresholded", floor))
@@ -2540,12 +2505,8 @@ class Step(enum.Enum):
     DOWN = "down"
 
 
-class StepsByEnum(nn.Module):
+class StepsByEnum(OnTempered):
     """Branches on an Enum member and on a tuple of numbers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(
         self, x: torch.Tensor, step: Step = Step.UP, shape: tuple[int, int] = (3, 4)
@@ -2577,12 +2538,8 @@ class Option(enum.IntFlag):
     SHIFT = 2
 
 
-class ByOptions(nn.Module):
+class ByOptions(OnTempered):
     """Scales and shifts by the options it is handed, which may be members combined."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, options: Option = Option.SHIFT) -> torch.Tensor:
         h = self.encoder(x)
@@ -2604,12 +2561,8 @@ def test_flag_values_without_a_name_are_traced_apart(store: Store) -> None:
                 assert torch.equal(wrapped(x, options), model(x, options))
 
 
-class ByOptionsCombined(nn.Module):
+class ByOptionsCombined(OnTempered):
     """Shifts for an option of the members combined it defaults to, and scales by them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(
         self, x: torch.Tensor, options: Option = Option.SCALE | Option.SHIFT
@@ -2632,12 +2585,8 @@ def test_flag_values_fx_cannot_spell_are_traced_and_run(store: Store) -> None:
             assert torch.equal(wrapped(x, options), model(x, options))
 
 
-class ScalesByOptions(nn.Module):
+class ScalesByOptions(OnTempered):
     """Scales by the options it is handed, members combined by default."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(
         self, x: torch.Tensor, options: Option = Option.SCALE | Option.SHIFT
@@ -2654,13 +2603,9 @@ def test_a_flag_value_fx_cannot_spell_as_an_input_default_is_refused_naming_it(
         smt.wrap(ScalesByOptions(), frozen=["encoder"], store=store)
 
 
-class Shifted(nn.Module):
+class Shifted(OnTempered):
     """Scales by a number it only computes with, then adds each shift of a tuple it
     iterates over, empty by default."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(
         self, x: torch.Tensor, scale: float = 1.0, shifts: tuple[float, ...] = ()
@@ -2785,12 +2730,8 @@ def test_a_forward_branching_where_fx_records_nothing_is_traced_per_value(
                 assert torch.equal(call(wrapped), call(model))
 
 
-class PoolsByDefault(nn.Module):
+class PoolsByDefault(OnTempered):
     """Doubles when it pools, and scales by a number it only computes with."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, pool: bool = True, *, scale: float = 1.0) -> torch.Tensor:
         h = self.encoder(x)
@@ -2852,12 +2793,8 @@ def test_a_declared_call_made_only_for_another_value_is_refused_saying_the_value
         smt.wrap(ExtraUnpooled(), frozen=["encoder", "extra"], store=store)
 
 
-class FlagRequired(nn.Module):
+class FlagRequired(OnTempered):
     """Branches on a flag it has no default for."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, double: bool) -> torch.Tensor:
         h = self.encoder(x)
@@ -2873,12 +2810,8 @@ def test_a_forward_branching_on_an_argument_without_a_default_is_refused_naming_
         smt.wrap(FlagRequired(), frozen=["encoder"], store=store)
 
 
-class AsksIfFlag(nn.Module):
+class AsksIfFlag(OnTempered):
     """Doubles or negates for a flag, and scales by a count: asks which it was handed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, times: int | bool = 1) -> torch.Tensor:
         h = self.encoder(x)
@@ -2887,12 +2820,8 @@ class AsksIfFlag(nn.Module):
         return h * times
 
 
-class AsksIfNumber(nn.Module):
+class AsksIfNumber(OnTempered):
     """Makes a tensor of a number it is handed, and takes a tensor as it is."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, step: torch.Tensor | float = 0.0) -> torch.Tensor:
         if isinstance(step, float):
@@ -2925,12 +2854,8 @@ def test_a_forward_asking_what_kind_an_argument_with_a_plain_default_is_traced_p
                 assert torch.equal(wrapped(x, times), model(x, times))
 
 
-class ScalesByNumber(nn.Module):
+class ScalesByNumber(OnTempered):
     """Scales by a number it defaults, taking the number out of a tensor it is handed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         if isinstance(scale, torch.Tensor):
@@ -2982,24 +2907,16 @@ def test_a_branched_on_argument_handed_a_numpy_value_is_refused_saying_its_kind_
         wrapped(x, np.bool_(False))
 
 
-class Counted(nn.Module):
+class Counted(OnTempered):
     """Adds a count it branches on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, count: int = 0) -> torch.Tensor:
         h = self.encoder(x)
         return h + count if count > 0 else h
 
 
-class Listed(nn.Module):
+class Listed(OnTempered):
     """Adds each number of a list it defaults to."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, shifts: Any = [1.0, 2.0]) -> torch.Tensor:  # noqa: B006
         h = self.encoder(x)
@@ -3033,12 +2950,8 @@ def test_the_traces_per_value_of_a_model_are_bounded(store: Store) -> None:
         assert torch.equal(wrapped(x, 1), model(x, 1))
 
 
-class CountedMasked(nn.Module):
+class CountedMasked(OnTempered):
     """Adds a count it branches on, and masks where it is handed a mask."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(
         self, x: torch.Tensor, count: int = 0, mask: torch.Tensor | None = None
@@ -3349,12 +3262,8 @@ class MasksWhenGiven(nn.Module):
         return h
 
 
-class BranchesWithoutMask(nn.Module):
+class BranchesWithoutMask(OnTempered):
     """Branches on a tensor's value only when no mask is given, which fx cannot trace."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         h = self.encoder(x)
@@ -3363,12 +3272,8 @@ class BranchesWithoutMask(nn.Module):
         return h if mask is None else h * mask
 
 
-class TakesOptions(nn.Module):
+class TakesOptions(OnTempered):
     """Takes an optional mask and any keyword arguments besides."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor | None = None, **options: Any
@@ -3429,12 +3334,8 @@ def test_replacing_a_declared_submodule_is_refused(store: Store) -> None:
         wrapped(x)
 
 
-class TrainsOnly(nn.Module):
+class TrainsOnly(OnTempered):
     """Branches on a tensor value in train mode only, which fx cannot trace."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.encoder(x)
@@ -3443,12 +3344,8 @@ class TrainsOnly(nn.Module):
         return h
 
 
-class TwiceInEval(nn.Module):
+class TwiceInEval(OnTempered):
     """Calls its declared encoder once in train mode and twice in eval mode."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.encoder(x)
@@ -3469,13 +3366,9 @@ def test_a_model_traceable_in_one_mode_runs_only_in_that_mode(store: Store) -> N
         wrapped(x)
 
 
-class TrainsOnlyWithoutMask(nn.Module):
+class TrainsOnlyWithoutMask(OnTempered):
     """Branches on a tensor value in train mode when no mask is given, which fx cannot
     trace."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         h = self.encoder(x)
@@ -3734,12 +3627,8 @@ def test_a_block_switched_by_what_the_call_hands_the_forward_follows_it(
     assert _modes() == (True, False, False)
 
 
-class Fails(nn.Module):
+class Fails(OnTempered):
     """Fails inside a no-grad block within autocast, on a batch of the wrong width."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
@@ -3841,24 +3730,16 @@ def test_torch_code_that_reads_the_modes_as_it_is_traced_is_wrapped(store: Store
     assert model.block.weight.grad is not None
 
 
-class ReadsGrad(nn.Module):
+class ReadsGrad(OnTempered):
     """Branches on whether grad mode is on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.encoder(x)
         return h if torch.is_grad_enabled() else h * 0
 
 
-class ReadsAutocast(nn.Module):
+class ReadsAutocast(OnTempered):
     """Casts back when autocast is on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.encoder(x)
@@ -4019,12 +3900,8 @@ def test_a_numpy_generator_a_part_keeps_is_its_own_again_after_a_trace() -> None
         assert torch.equal(wrapped(x), model(x))
 
 
-class PicksKernel(nn.Module):
+class PicksKernel(OnTempered):
     """Attends with the attention kernel it picks for a block."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.encoder(x).unsqueeze(0)
