@@ -502,12 +502,13 @@ class CachedRows(nn.Module):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (``torch.save`` of a model holding it) as its module, store and options:
-        what it loads as caches the same way, with memory tiers and a writer of its own."""
+        what it loads as caches the same way, with memory tiers of its own (and the
+        writer of its store in the process it loads in)."""
         return (_cached_again, (self.module, self.store, self._options(), self.training))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CachedRows:
         """A copy (an EMA or SWA model's) caches a copy of the module in the same store, with
-        memory tiers and a writer of its own."""
+        memory tiers of its own; the store's writer is shared (:class:`Writer`)."""
         copied = cache_rows(copy.deepcopy(self.module, memo), self.store, **self._options())
         copied.training = self.training
         memo[id(self)] = copied

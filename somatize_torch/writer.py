@@ -25,6 +25,12 @@ store (rows in no memory tier) may wait for the one write in progress — at mos
 ``pack_bytes`` (16 MiB) of rows — never for the queue behind it. Rows in no memory
 tier that are still staged here, their write not ended, a forward recalls from their
 staged copy (:meth:`Writer.recall`) without asking the store.
+
+Every writer of one store in a process — each cache over it has one — works through
+one backlog, with one thread (:func:`_backlog_of`; the same store opened twice, at one
+:meth:`~somatize.Store.address`, is one store here): rows one cache staged, another
+recalls. Each writer counts the rows it submitted, and is told of the failures of
+those rows only; a flush of any waits for every row queued before it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import itertools
 import logging
 import multiprocessing.util
 import os
@@ -45,7 +52,7 @@ from typing import Any, Protocol
 
 import torch
 
-from somatize import Store
+from somatize import Store, canonical
 from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
 from somatize.store import StoreFull
@@ -123,12 +130,18 @@ without bound."""
 _WAKE = "wake"
 """Put in the queue to end the writer's lingering at once (a flush is waiting)."""
 
+_LET_GO = "let go"
+"""Put in the queue when a writer is collected: the thread ends if it was the last."""
+
 
 @dataclass
 class _Job:
     keys: list[str]
     staged: _Staged
     nbytes: int
+    account: _Account
+    """The writer that submitted it: its counts, and where a failure of its rows is told."""
+    fingerprint: str | None = None
     seq: int = 0  # its place among the jobs submitted (from 1), given as it is queued
     order: list[int] | None = None
     """The order of the batch's dims in its memory, staged as it lies (None: C order)."""
@@ -147,12 +160,42 @@ class _Failure:
     reported: bool = False
 
 
+class _Account:
+    """One writer's share of a backlog it may share with other writers of its store: the
+    rows it kept or lost, and the failures of its own rows still to raise. Read and
+    changed under the backlog's ``changed``."""
+
+    def __init__(self) -> None:
+        self.kept_rows = 0
+        self.kept_bytes = 0
+        self.failed_rows = 0
+        self.took_s = 0.0
+        # Writes of its rows that failed, until every flush that waited for them raised them.
+        self.failures: list[_Failure] = []
+        self.flushing: list[int] = []  # for each flush waiting: the jobs done as it began
+
+    def afresh(self) -> _Account:
+        """This account in a forked child: the counts so far, no failure to raise (the
+        parent's writes are the parent's to report)."""
+        fresh = _Account()
+        fresh.kept_rows, fresh.kept_bytes = self.kept_rows, self.kept_bytes
+        fresh.failed_rows, fresh.took_s = self.failed_rows, self.took_s
+        return fresh
+
+
 class Writer:
     """Keeps rows in a store from a background thread; see the module docstring.
 
     ``submit`` stages rows to host memory and returns at once; ``flush`` waits for
     everything submitted and raises :class:`WriteFailed` if any of it could not be
     written; ``check`` raises that without waiting.
+
+    The writers of one store in a process share one backlog and one thread
+    (:func:`_backlog_of`): rows one has staged and not yet written, the others recall
+    (:meth:`recall`); each counts only the rows it submitted, and is told only of
+    failures of its own rows. ``pack_bytes`` and ``linger`` are that backlog's, so they
+    are the same for every writer of the store: None keeps what they are (at first
+    :data:`PACK_BYTES` and :data:`LINGER`).
 
     The thread gathers what is submitted for up to ``linger`` seconds, or until
     ``pack_bytes`` are waiting, and keeps it with one ``keep_many`` call: rows computed
@@ -164,8 +207,8 @@ class Writer:
 
     Nothing that was submitted is lost when the writer is not closed: interpreter exit
     closes it, so does the end of a ``multiprocessing`` child (a DataLoader worker),
-    which runs no ``atexit`` handler, and a writer that is dropped has its thread write
-    what it was given and end (see :class:`_Backlog`).
+    which runs no ``atexit`` handler, and once every writer of a backlog is dropped its
+    thread writes what it was given and ends (see :class:`_Backlog`).
     """
 
     def __init__(
@@ -174,22 +217,19 @@ class Writer:
         fingerprint: str | None = None,
         *,
         pending_bytes: int = 512 << 20,
-        pack_bytes: int = 16 << 20,
-        linger: float = 1.0,
+        pack_bytes: int | None = None,
+        linger: float | None = None,
     ) -> None:
         self.store = store
         self.fingerprint = fingerprint
         self.pending_bytes = int(pending_bytes)
+        self._account = _Account()
         self._dropped: weakref.finalize[[_Backlog], Writer] | None = None
-        self._begin(
-            _Backlog(
-                store,
-                fingerprint,
-                pack_bytes=int(pack_bytes),
-                linger=float(linger),
-                pool_bytes=min(self.pending_bytes, 64 << 20),
-            )
-        )
+        self._begin(_backlog_of(store, min(self.pending_bytes, 64 << 20)))
+        if pack_bytes is not None:
+            self.pack_bytes = pack_bytes
+        if linger is not None:
+            self.linger = linger
 
     def _begin(self, backlog: _Backlog) -> None:
         """Works through ``backlog`` from now on: at creation, and in a forked child, which
@@ -202,18 +242,21 @@ class Writer:
         # instead (a stop signal queued then would strand what is submitted after it).
         self._dropped = weakref.finalize(self, _let_go, backlog)
         self._dropped.atexit = False
-        _at_exit(_close_at_exit, weakref.ref(backlog))
+        backlog.joined(self)
 
     def _own(self) -> None:
-        """Starts afresh if this is a forked child of the process that made the backlog."""
+        """Starts afresh if this is a forked child of the process that made the backlog:
+        with the backlog of this process for the store, its counts so far kept."""
         if self._backlog.pid != os.getpid():
-            self._begin(self._backlog.afresh())
+            self._account = self._account.afresh()
+            self._begin(_backlog_of(self.store, self._backlog.pool_bytes, like=self._backlog))
 
-    # Settings and counts live on the backlog, which the thread reads and writes.
+    # Settings live on the backlog, which the thread reads; counts on the account.
 
     @property
     def pack_bytes(self) -> int:
-        """Bytes of rows the thread gathers, at most, before one ``keep_many``."""
+        """Bytes of rows the thread gathers, at most, before one ``keep_many``: the store's,
+        for all its writers."""
         return self._backlog.pack_bytes
 
     @pack_bytes.setter
@@ -223,7 +266,7 @@ class Writer:
     @property
     def linger(self) -> float:
         """Seconds the thread waits for more rows before it keeps what it has: none in a
-        worker process (:attr:`_Backlog.gathering`)."""
+        worker process (:attr:`_Backlog.gathering`). The store's, for all its writers."""
         return self._backlog.gathering
 
     @linger.setter
@@ -232,23 +275,24 @@ class Writer:
 
     @property
     def kept_rows(self) -> int:
-        """Rows written to the store."""
-        return self._backlog.kept_rows
+        """Rows this writer submitted that were written to the store."""
+        return self._account.kept_rows
 
     @property
     def kept_bytes(self) -> int:
-        """Bytes of the answers written to the store."""
-        return self._backlog.kept_bytes
+        """Bytes of the answers this writer submitted that were written to the store."""
+        return self._account.kept_bytes
 
     @property
     def failed_rows(self) -> int:
-        """Rows whose write failed."""
-        return self._backlog.failed_rows
+        """Rows this writer submitted whose write failed."""
+        return self._account.failed_rows
 
     @property
     def took_s(self) -> float:
-        """Seconds the thread spent writing."""
-        return self._backlog.took_s
+        """Seconds the thread spent writing rows of this writer's (with any other rows
+        written in the same calls)."""
+        return self._account.took_s
 
     def submit(self, keys: Sequence[str], rows: torch.Tensor) -> None:
         """Stages ``rows`` (kept under ``keys``, one row each) and queues them for the store;
@@ -278,7 +322,7 @@ class Writer:
                 reserved = True
             pool = backlog.pool
             staged = pool.to_host(rows) if pool is not None else _Plain(rows)
-            job = _Job(list(keys), staged, nbytes, order=order)
+            job = _Job(list(keys), staged, nbytes, self._account, self.fingerprint, order=order)
             held = {key: (job, i) for i, key in enumerate(job.keys)}
             with backlog.life:
                 backlog.closed = False
@@ -303,7 +347,8 @@ class Writer:
             raise
 
     def recall(self, keys: dict[int, str]) -> tuple[list[int], torch.Tensor] | None:
-        """The rows submitted under ``keys`` (batch position → key) and not written yet, read
+        """The rows submitted under ``keys`` (batch position → key) and not written yet — by
+        this writer or another of its store (or of the same store opened again) — read
         from their staged host copies: the positions found and their rows, in one host
         tensor laid out as the module laid them out; None if none is found.
 
@@ -314,13 +359,14 @@ class Writer:
         backlog = self._backlog
         if backlog.pid != os.getpid():
             return None  # a forked child's: what its parent staged is the parent's
-        return backlog.recall(keys)
+        pieces = backlog.recall(keys)
+        return _joined(pieces)
 
     def check(self) -> None:
-        """Raises :class:`WriteFailed` for writes that failed and that no forward or flush
-        has raised yet."""
+        """Raises :class:`WriteFailed` for writes of this writer's rows that failed and that
+        no forward or flush has raised yet."""
         self._own()
-        self._backlog.check()
+        self._backlog.check(self._account)
 
     def drain(self) -> None:
         """Waits until every row submitted so far has been written or has failed."""
@@ -328,15 +374,17 @@ class Writer:
         self._backlog.drain()
 
     def flush(self) -> None:
-        """Waits until every row submitted so far is in the store; raises
-        :class:`WriteFailed` if a row it waited for failed, or a failure no forward or
-        flush raised yet. Each flush waiting for rows that failed raises, on every thread;
-        a later flush, waiting for none that failed, does not."""
+        """Waits until every row submitted so far (by every writer of the store) is in the
+        store; raises :class:`WriteFailed` if a row of this writer's it waited for failed,
+        or a failure of its rows no forward or flush raised yet. Each flush waiting for
+        rows that failed raises, on every thread; a later flush, waiting for none that
+        failed, does not."""
         self._own()
-        self._backlog.flush()
+        self._backlog.flush(self._account)
 
     def close(self) -> None:
-        """Flushes, then stops the thread."""
+        """Flushes, then stops the thread (another writer of the store starts it again at
+        its next submit)."""
         try:
             self.flush()
         finally:
@@ -346,21 +394,74 @@ class Writer:
         self._backlog.start()
 
 
-class _Backlog:
-    """What a writer's thread works through: the rows queued for it, the counts, the
-    failures still to report, and the thread itself.
+PACK_BYTES = 16 << 20
+"""Bytes of rows a store's writer thread gathers, at most, before one ``keep_many``."""
 
-    The thread holds this and never its :class:`Writer`, so a writer nobody uses any more
-    is collected; its finalizer (:func:`_let_go`) queues the stop signal behind every row
-    it was given, and the thread writes them all, ends, and lets this backlog and its
-    staging pool go. A backlog serves the process that made it: a forked child makes its
-    own (:meth:`afresh`), since it inherits neither the thread nor a usable lock.
+LINGER = 1.0
+"""Seconds a store's writer thread waits for more rows before it keeps what it has."""
+
+_BACKLOGS: dict[tuple[str, object], weakref.ref[_Backlog]] = {}
+"""The backlog of each store in this process: by the store's address where it has one (the
+same store opened twice shares it), else by the store object (its id, while it lives)."""
+
+_BACKLOGS_LOCK = ProcessLock()
+
+
+def _place(store: Store) -> tuple[str, object]:
+    """What tells ``store`` from others for :data:`_BACKLOGS`: its address (which names its
+    kind, its place and its signing key), else the object itself."""
+    try:
+        address = store.address()
+        if address is not None:
+            return ("at", canonical.encode(address))
+    except Exception:  # a store that cannot describe itself: known by its object
+        pass
+    return ("object", id(store))
+
+
+def _backlog_of(store: Store, pool_bytes: int, like: _Backlog | None = None) -> _Backlog:
+    """The backlog of ``store`` in this process, made if it has none (with ``like``'s
+    settings, the backlog a forked child's writer served in its parent)."""
+    place = _place(store)
+    pid = os.getpid()
+    with _BACKLOGS_LOCK:
+        held = _BACKLOGS.get(place)
+        backlog = held() if held is not None else None
+        if (
+            backlog is not None
+            and backlog.pid == pid
+            and (place[0] == "at" or backlog.store is store)
+        ):
+            return backlog
+        backlog = _Backlog(
+            store,
+            pack_bytes=PACK_BYTES if like is None else like.pack_bytes,
+            linger=LINGER if like is None else like.linger,
+            pool_bytes=pool_bytes,
+        )
+        for gone in [at for at, ref in _BACKLOGS.items() if ref() is None]:
+            del _BACKLOGS[gone]
+        _BACKLOGS[place] = weakref.ref(backlog)
+    _at_exit(_close_at_exit, weakref.ref(backlog))
+    return backlog
+
+
+class _Backlog:
+    """What a store's writer thread works through: the rows queued for it, what is still to
+    be written, and the thread itself; shared by the writers of that store in one process
+    (:func:`_backlog_of`), each with an :class:`_Account` of its own.
+
+    The thread holds this and never a :class:`Writer`, so a writer nobody uses any more
+    is collected; its finalizer (:func:`_let_go`) queues a signal behind every row it was
+    given, and once that signal finds no writer of this backlog alive and nothing left to
+    write, the thread ends and lets this backlog and its staging pool go. A backlog serves
+    the process that made it: a forked child makes its own, since it inherits neither
+    the thread nor a usable lock.
     """
 
     def __init__(
         self,
         store: Store,
-        fingerprint: str | None,
         *,
         pack_bytes: int,
         linger: float,
@@ -368,7 +469,6 @@ class _Backlog:
     ) -> None:
         self.pid = os.getpid()
         self.store = store
-        self.fingerprint = fingerprint
         self.pack_bytes = pack_bytes
         self.linger = linger  # as asked; see `gathering`
         self.pool_bytes = pool_bytes
@@ -379,23 +479,25 @@ class _Backlog:
         self.submitted = 0
         self.done = 0
         self.pending = 0
-        # Writes that failed, until every flush that waited for them has raised them.
-        self.failures: list[_Failure] = []
-        self.flushing: list[int] = []  # for each flush waiting: the jobs done as it began
-        self.kept_rows = 0
-        self.kept_bytes = 0
-        self.failed_rows = 0
-        self.took_s = 0.0
         # Each row submitted and not yet written or failed, by key: its job and its place
         # in it. Read and changed under `changed`; a job's entries go before its staging
         # buffer is let go, so a lookup holding `changed` reads a buffer still its own.
         self.unwritten: dict[str, tuple[_Job, int]] = {}
         self.thread: threading.Thread | None = None
+        self.ended: threading.Thread | None = None  # a thread that ended on its own, last
         # Held while the thread is started and a job queued, and while it is stopped: a
         # job is never queued behind the stop signal of a thread that is going away.
         self.life = threading.Lock()
         self.closed = False
         self.hooked_to_child_exit = False
+        # The writers working through it (weakly): the thread ends once none is left.
+        self.users: list[weakref.ref[Writer]] = []
+
+    def joined(self, writer: Writer) -> None:
+        """Counts ``writer`` among those working through this backlog."""
+        with _BACKLOGS_LOCK:
+            self.users = [ref for ref in self.users if ref() is not None]
+            self.users.append(weakref.ref(writer))
 
     @property
     def gathering(self) -> float:
@@ -405,20 +507,6 @@ class _Backlog:
         goes. Asked as the thread runs: a child started by spawn or a forkserver makes
         the caches it is handed before it knows it has a parent."""
         return 0.0 if multiprocessing.parent_process() is not None else self.linger
-
-    def afresh(self) -> _Backlog:
-        """A backlog for this process, a forked child: the same settings and counts so far,
-        nothing queued, no thread, and a pool and locks of its own."""
-        fresh = _Backlog(
-            self.store,
-            self.fingerprint,
-            pack_bytes=self.pack_bytes,
-            linger=self.linger,
-            pool_bytes=self.pool_bytes,
-        )
-        fresh.kept_rows, fresh.kept_bytes = self.kept_rows, self.kept_bytes
-        fresh.failed_rows, fresh.took_s = self.failed_rows, self.took_s
-        return fresh
 
     def start(self) -> None:
         """Starts the thread if none runs; called with ``life`` held."""
@@ -440,13 +528,32 @@ class _Backlog:
             self.thread = thread
             thread.start()
 
-    def recall(self, keys: dict[int, str]) -> tuple[list[int], torch.Tensor] | None:
-        """:meth:`Writer.recall`: read under ``changed``, which a write holds while it lets
-        go of its rows' entries, before it lets go of their staging buffers."""
+    def unused(self) -> bool:
+        """Whether the thread may end now, no writer of this backlog being alive and nothing
+        left to write; if so, it is marked ended, so that a writer made from here on starts
+        another. Never waits: a submit or a stop under way (holding ``life``) means it may
+        not (a live writer), or that a stop signal follows."""
+        if not self.life.acquire(blocking=False):
+            return False
+        try:
+            if any(ref() is not None for ref in list(self.users)):
+                return False
+            with self.changed:
+                if self.done < self.submitted:
+                    return False
+            self.ended, self.thread = self.thread, None
+            return True
+        finally:
+            self.life.release()
+
+    def recall(self, keys: dict[int, str]) -> list[tuple[list[int], torch.Tensor]]:
+        """:meth:`Writer.recall`, from this backlog alone: the rows found, a piece per job.
+        Read under ``changed``, which a write holds while it lets go of its rows' entries,
+        before it lets go of their staging buffers."""
         with self.changed:
             unwritten = self.unwritten
             if not unwritten:
-                return None
+                return []
             found: dict[int, tuple[_Job, list[int], list[int]]] = {}
             for position, key in keys.items():
                 held = unwritten.get(key)
@@ -457,10 +564,7 @@ class _Backlog:
                         place = found[id(job)] = (job, [], [])
                     place[1].append(position)
                     place[2].append(slot)
-            if not found:
-                return None
-            at: list[int] = []
-            pieces: list[torch.Tensor] = []
+            pieces: list[tuple[list[int], torch.Tensor]] = []
             for job, positions, slots in found.values():
                 # As staged: the batch permuted into the order of its dims in memory, dim
                 # 0 first, so its rows are taken along dim 0 and put back as they lay.
@@ -468,64 +572,54 @@ class _Backlog:
                 taken = staged.index_select(0, torch.tensor(slots, dtype=torch.long))
                 if job.order is not None:
                     taken = taken.permute(inverse_order(job.order))
-                if pieces and (taken.shape[1:], taken.dtype) != (
-                    pieces[0].shape[1:],
-                    pieces[0].dtype,
-                ):
-                    continue  # rows of another shape (never under one key): computed
-                at.extend(positions)
-                pieces.append(taken)
-        if len(pieces) == 1:
-            return at, pieces[0]
-        first = pieces[0]
-        out = empty_rows((len(at), *first.shape[1:]), row_order(first), first.dtype, first.device)
-        start = 0
-        for piece in pieces:
-            out[start : start + piece.shape[0]].copy_(piece)
-            start += piece.shape[0]
-        return at, out
+                pieces.append((positions, taken))
+        return pieces
 
-    def check(self) -> None:
-        """Raises :class:`WriteFailed` for writes that failed and that no forward or flush
-        has raised yet."""
+    def check(self, account: _Account) -> None:
+        """Raises :class:`WriteFailed` for writes of ``account``'s rows that failed and that
+        no forward or flush has raised yet."""
         with self.changed:
-            failed = [failure for failure in self.failures if not failure.reported]
-            self._reported(failed)
+            failed = [failure for failure in account.failures if not failure.reported]
+            self._reported(account, failed)
         self._raise(failed)
 
-    def flush(self) -> None:
+    def flush(self, account: _Account | None = None) -> None:
         """Waits for every job submitted so far, then raises :class:`WriteFailed` for those
-        of them that failed and for failures not raised yet. Two flushes waiting for the
-        same failed rows (on two threads) both raise; a flush after one that raised, and
-        waiting for no failed rows itself, does not."""
+        of ``account``'s that failed and for its failures not raised yet (None: waits
+        only). Two flushes waiting for the same failed rows (on two threads) both raise; a
+        flush after one that raised, and waiting for no failed rows itself, does not."""
         with self.changed:
             began = self.done  # jobs 1..began were through before this flush began
             target = self.submitted
-            unreported = [failure for failure in self.failures if not failure.reported]
-            self.flushing.append(began)
+            unreported: list[_Failure] = []
+            if account is not None:
+                unreported = [failure for failure in account.failures if not failure.reported]
+                account.flushing.append(began)
         try:
             self._wait_for(target)
         finally:
-            with self.changed:
-                self.flushing.remove(began)
-                waited = [
-                    failure
-                    for failure in self.failures
-                    if failure.last > began and failure.first <= target
-                ]
-                failed = [*unreported, *(f for f in waited if f not in unreported)]
-                self._reported(failed)
+            failed: list[_Failure] = []
+            if account is not None:
+                with self.changed:
+                    account.flushing.remove(began)
+                    waited = [
+                        failure
+                        for failure in account.failures
+                        if failure.last > began and failure.first <= target
+                    ]
+                    failed = [*unreported, *(f for f in waited if f not in unreported)]
+                    self._reported(account, failed)
         self._raise(failed)
 
-    def _reported(self, failed: list[_Failure]) -> None:
+    def _reported(self, account: _Account, failed: list[_Failure]) -> None:
         """Marks ``failed`` raised, and forgets the failures raised that no flush under way
         waited for; called with ``changed`` held."""
         for failure in failed:
             failure.reported = True
-        oldest = min(self.flushing, default=None)
-        self.failures = [
+        oldest = min(account.flushing, default=None)
+        account.failures = [
             failure
-            for failure in self.failures
+            for failure in account.failures
             if not failure.reported or (oldest is not None and failure.last > oldest)
         ]
 
@@ -569,19 +663,58 @@ class _Backlog:
                 self.queue.put(None)
                 self.thread.join()
                 self.thread = None
+            # One that ended as its last writer was let go may still be on its way out:
+            # at exit, a thread still running as the interpreter finalizes can abort it.
+            ended, self.ended = self.ended, None
+            if ended is not None and ended is not threading.current_thread():
+                ended.join()
 
     def write(self, jobs: list[_Job]) -> None:
-        """Keeps ``jobs`` with one ``keep_many`` and counts what was kept or failed."""
+        """Keeps ``jobs`` with one ``keep_many`` per fingerprint (one, unless writers of
+        several modules share the store) and counts what was kept or failed, for the
+        writer of each job."""
+        groups: dict[str | None, list[_Job]] = {}
+        for job in jobs:
+            groups.setdefault(job.fingerprint, []).append(job)
+        results = [self._keep(group, fingerprint) for fingerprint, group in groups.items()]
+        # Counted done only once all of them are through: jobs 1..done are written.
+        with self.changed:
+            for group, kept, error, took in results:
+                for account in {id(job.account): job.account for job in group}.values():
+                    mine = [job for job in group if job.account is account]
+                    rows = sum(len(job.keys) for job in mine)
+                    account.took_s += took
+                    if error is None:
+                        account.kept_rows += rows
+                        account.kept_bytes += sum(kept[id(job)] for job in mine)
+                    else:
+                        account.failed_rows += rows
+                        account.failures.append(_Failure(mine[0].seq, mine[-1].seq, rows, error))
+            self.pending -= sum(job.nbytes for job in jobs)
+            self.done += len(jobs)
+            self.changed.notify_all()
+
+    def _keep(
+        self, jobs: list[_Job], fingerprint: str | None
+    ) -> tuple[list[_Job], dict[int, int], BaseException | None, float]:
+        """Keeps ``jobs`` (of one fingerprint) with one ``keep_many``: the jobs, the bytes
+        kept of each (by its id), what ended the write if it failed, and how long it
+        took."""
         start = time.perf_counter()
         rows = sum(len(job.keys) for job in jobs)
+        kept: dict[int, int] = {}
         try:
             items: list[tuple[str, Sequence[memoryview | bytes]]] = []
             for job in jobs:
                 host = job.staged.wait()
                 items.extend(zip(job.keys, encode_rows(host, job.order), strict=True))
             with self.lock:
-                answers = self.store.keep_many(items, TENSOR.name, self.fingerprint)
-            kept = sum(answer.size for answer in answers)
+                answers = self.store.keep_many(items, TENSOR.name, fingerprint)
+            sizes = iter(answers)
+            for job in jobs:
+                kept[id(job)] = sum(
+                    answer.size for answer in itertools.islice(sizes, len(job.keys))
+                )
             error: BaseException | None = None
         except BaseException as why:  # reported at the next forward or flush, never swallowed
             # Whatever ended the write — an error, an async store's CancelledError, a
@@ -589,7 +722,6 @@ class _Backlog:
             # thread) — fails these rows only: the thread goes on, or every flush and the
             # interpreter's exit would wait for rows no thread writes.
             error = why
-            kept = 0
             log.error("somatize: %d computed rows could not be written: %s", rows, _said(why))
         finally:
             with self.changed:  # no lookup finds these rows here any more, then let go
@@ -601,17 +733,31 @@ class _Backlog:
                             del unwritten[key]
             for job in jobs:
                 job.staged.release()
-        with self.changed:
-            if error is None:
-                self.kept_rows += rows
-                self.kept_bytes += kept
-            else:
-                self.failed_rows += rows
-                self.failures.append(_Failure(jobs[0].seq, jobs[-1].seq, rows, error))
-            self.took_s += time.perf_counter() - start
-            self.pending -= sum(job.nbytes for job in jobs)
-            self.done += len(jobs)
-            self.changed.notify_all()
+        return jobs, kept, error, time.perf_counter() - start
+
+
+def _joined(pieces: list[tuple[list[int], torch.Tensor]]) -> tuple[list[int], torch.Tensor] | None:
+    """The rows of ``pieces`` (positions and rows, as :meth:`_Backlog.recall` finds them) in
+    one tensor, laid out as the first; pieces of another shape or dtype (never under one
+    key) are left out, and their rows computed."""
+    pieces = [piece for piece in pieces if piece[0]]
+    if not pieces:
+        return None
+    if len(pieces) == 1:
+        return pieces[0]
+    first = pieces[0][1]
+    pieces = [
+        (at, rows)
+        for at, rows in pieces
+        if (rows.shape[1:], rows.dtype) == (first.shape[1:], first.dtype)
+    ]
+    at = [p for positions, _ in pieces for p in positions]
+    out = empty_rows((len(at), *first.shape[1:]), row_order(first), first.dtype, first.device)
+    start = 0
+    for _, rows in pieces:
+        out[start : start + rows.shape[0]].copy_(rows)
+        start += rows.shape[0]
+    return at, out
 
 
 def _said(error: BaseException) -> str:
@@ -621,15 +767,17 @@ def _said(error: BaseException) -> str:
 
 
 def _run(backlog: _Backlog) -> None:
-    """The writer thread: takes jobs from the queue and writes them until the stop signal."""
+    """The writer thread: takes jobs from the queue and writes them until the stop signal,
+    or until a writer let go finds none left (:meth:`_Backlog.unused`)."""
     stop = False
     while not stop:
         job = backlog.queue.get()
         if not isinstance(job, _Job):
-            stop = job is None
+            stop = job is None or (job == _LET_GO and backlog.unused())
             continue
         jobs = [job]
         size = job.nbytes
+        let_go = False
         # Linger a little for more rows, so that rows computed in many steps are packed
         # into few blobs (a recall then reads few); a flush or close cuts it short.
         until = time.monotonic() + backlog.gathering
@@ -641,18 +789,21 @@ def _run(backlog: _Backlog) -> None:
                 break
             if not isinstance(more, _Job):
                 stop = more is None
+                let_go = more == _LET_GO
                 break
             jobs.append(more)
             size += more.nbytes
         backlog.write(jobs)
+        if let_go and not stop:
+            stop = backlog.unused()
 
 
 def _let_go(backlog: _Backlog) -> None:
-    """Called when a writer is collected: queues the stop signal behind every job it
-    submitted, so its thread writes them all and then ends. Only a put, which never
-    waits: a collection may run on any thread, the writer's own included, and at any
-    point, locks of this module held or not."""
-    backlog.queue.put(None)
+    """Called when a writer is collected: queues a signal behind every job it submitted,
+    at which its thread, having written them all, ends if no other writer of the backlog
+    is left. Only a put, which never waits: a collection may run on any thread, the
+    writer's own included, and at any point, locks of this module held or not."""
+    backlog.queue.put(_LET_GO)
 
 
 def _at_exit(call: Callable[[weakref.ref[_Backlog]], None], ref: weakref.ref[_Backlog]) -> None:
@@ -676,9 +827,13 @@ def _close_at_exit(ref: weakref.ref[_Backlog]) -> None:
     if backlog is None or backlog.pid != os.getpid() or backlog.closed:
         return
     try:
-        try:
-            backlog.flush()
-        finally:
-            backlog.stop()
-    except WriteFailed as why:
-        log.error("somatize: at exit, %s", why)
+        backlog.flush()
+    finally:
+        backlog.stop()
+    for user in list(backlog.users):
+        writer = user()
+        if writer is not None:
+            try:
+                backlog.check(writer._account)
+            except WriteFailed as why:
+                log.error("somatize: at exit, %s", why)

@@ -1388,3 +1388,102 @@ def test_stats_reset_during_a_forward_count_its_rows_once_and_whole(
     for period in periods:
         assert period.rows == period.recalled + period.computed
     cached.close()
+
+
+@pytest.mark.parametrize("opened", ["same object", "opened again"])
+def test_two_caches_of_one_store_recall_each_others_unwritten_rows(
+    store: Store, monkeypatch: pytest.MonkeyPatch, opened: str
+) -> None:
+    """Two caches over one store (the same module cached twice, a training and a validation
+    cache) share its writer: rows one computed and staged, not yet written, the other
+    recalls from that staged copy (``from_pending``) instead of computing them again, and
+    a flush of either puts them in the store."""
+    ran = _tally_computed(monkeypatch)
+    other = store if opened == "same object" else Store(store.root)
+    first = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
+    second = cache_rows(mlp(), other, device_bytes=0, host_bytes=0)
+    x = rows(8)
+    with _writes_held(monkeypatch):
+        answered = first(x)
+        out = second(x[[3, 1, 0]])
+        assert sum(ran) == 8, "rows staged by the other cache were computed again"
+        assert (second.stats.from_pending, second.stats.computed) == (3, 0)
+        assert torch.equal(out, answered[[3, 1, 0]])
+    second.flush()
+    keys = first.row_keys(x)
+    assert Store(store.root).have(keys) == set(keys)
+    assert (first.stats.rows_kept, second.stats.rows_kept) == (8, 0)
+    first.close()
+    second.close()
+
+
+class Halves(nn.Module):
+    """A module of this file's own: a fingerprint of its own code, which torch's lack."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :4] * 0.5
+
+
+def test_a_failed_write_is_told_to_the_cache_whose_rows_failed(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two caches of two modules share their store's writer: a write of one's rows that
+    fails is raised by that one's flush and forward, not by the other's, whose rows are
+    written; flushes of both on two threads at once both return."""
+    first = cache_rows(mlp(), store)
+    second = cache_rows(Halves(), store)
+    keep = store.keep_many
+
+    def refuses_the_first(items: Any, codec: str, fingerprint: str | None = None) -> Any:
+        if fingerprint == first._fingerprint:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return keep(items, codec, fingerprint)
+
+    assert first._fingerprint != second._fingerprint
+    monkeypatch.setattr(store, "keep_many", refuses_the_first)
+    x, y = rows(8), rows(6, seed=2)
+    with _writes_held(monkeypatch):
+        first(x)
+        second(y)
+        raised: dict[str, BaseException | None] = {}
+        flushers = [
+            threading.Thread(target=lambda c=cache, n=name: raised.update({n: _within(c.flush)}))
+            for name, cache in (("first", first), ("second", second))
+        ]
+        for thread in flushers:
+            thread.start()
+    for thread in flushers:
+        thread.join(timeout=60)
+    assert isinstance(raised["first"], WriteFailed), raised
+    assert "8 computed rows could not be written" in str(raised["first"])
+    assert raised["second"] is None
+    assert (first.stats.rows_failed, second.stats.rows_failed) == (8, 0)
+    assert (first.stats.rows_kept, second.stats.rows_kept) == (0, 6)
+    assert store.have(second.row_keys(y)) == set(second.row_keys(y))
+    assert store.have(first.row_keys(x)) == set()
+    second(rows(2, seed=3))  # nothing of its own failed
+    monkeypatch.setattr(store, "keep_many", keep)
+    first.flush()  # raised already
+    second.flush()
+    first.close()
+    second.close()
+
+
+def test_a_cache_dropped_beside_another_of_its_store_leaves_it_writing(store: Store) -> None:
+    """One of two caches over a store dropped while the other goes on: what the dropped one
+    computed is written, and so is what the other computes after, its flush returning."""
+    first = cache_rows(mlp(), store)
+    second = cache_rows(mlp(), store)
+    x, y = rows(8), rows(8, seed=2)
+    first(x)
+    keys = first.row_keys(x)
+    del first
+    gc.collect()
+    for seed in range(3, 6):  # rows submitted after the dropped writer's signal
+        second(rows(4, seed=seed))
+    second(y)
+    assert _within(second.flush) is None
+    assert Store(store.root).have(keys) == set(keys)
+    assert Store(store.root).have(second.row_keys(y)) == set(second.row_keys(y))
+    assert second.stats.rows_kept == 20
+    second.close()
