@@ -1487,3 +1487,44 @@ def test_a_cache_dropped_beside_another_of_its_store_leaves_it_writing(store: St
     assert Store(store.root).have(second.row_keys(y)) == set(second.row_keys(y))
     assert second.stats.rows_kept == 20
     second.close()
+
+
+def _two_caches_in_child(first: Any, second: Any) -> tuple[int, int, list[str]]:
+    """In a forked child: ``first`` computes rows whose write is held, ``second`` asks for
+    them; what ``second`` recalled from the staged copy and computed, and the rows' keys."""
+    release = threading.Event()
+    write = writer_module._Backlog.write
+
+    def held(backlog: Any, jobs: Any) -> None:
+        assert release.wait(timeout=60)
+        write(backlog, jobs)
+
+    writer_module._Backlog.write = held  # type: ignore[method-assign]
+    try:
+        before = second.stats
+        x = rows(8, seed=11)
+        first(x)
+        second(x)
+        after = second.stats
+    finally:
+        release.set()
+        writer_module._Backlog.write = write  # type: ignore[method-assign]
+    second.flush()
+    keys: list[str] = first.row_keys(x)
+    return after.from_pending - before.from_pending, after.computed - before.computed, keys
+
+
+def test_caches_of_one_store_in_a_forked_worker_share_the_workers_writer(
+    store: Store,
+) -> None:
+    """Two caches over one store handed to a forked worker share a writer of the worker's
+    own: what one computed there the other recalls from its staged copy, and it is written
+    from the worker, while the parent's writer thread runs on."""
+    first = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
+    second = cache_rows(mlp(), Store(store.root), device_bytes=0, host_bytes=0)
+    first(rows(4))  # the parent's writer thread is running
+    pending, computed, keys = in_forked_child(_two_caches_in_child, first, second)
+    assert (pending, computed) == (8, 0)
+    assert Store(store.root).have(keys) == set(keys)
+    first.close()
+    second.close()
