@@ -247,9 +247,14 @@ class Writer:
     def _own(self) -> None:
         """Starts afresh if this is a forked child of the process that made the backlog:
         with the backlog of this process for the store, its counts so far kept."""
-        if self._backlog.pid != os.getpid():
-            self._account = self._account.afresh()
-            self._begin(_backlog_of(self.store, self._backlog.pool_bytes, like=self._backlog))
+        if self._backlog.pid == os.getpid():
+            return
+        # Once, for every thread of the child: two threads taking it up at once would each
+        # make an account, and the rows (and failures) of the one replaced would be lost.
+        with _BACKLOGS_LOCK:
+            if self._backlog.pid != os.getpid():
+                self._account = self._account.afresh()
+                self._begin(_backlog_of(self.store, self._backlog.pool_bytes, self._backlog))
 
     # Settings live on the backlog, which the thread reads; counts on the account.
 

@@ -1528,3 +1528,49 @@ def test_caches_of_one_store_in_a_forked_worker_share_the_workers_writer(
     assert Store(store.root).have(keys) == set(keys)
     first.close()
     second.close()
+
+
+def _first_forwards_on_two_threads(cached: Any) -> tuple[str, int]:
+    """In a forked child whose store refuses every write: two threads run their first
+    forwards at once, the first to take up the child's writer slowed as it does; what a
+    flush then raises, and how many rows the cache counts failed."""
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    cached.store.keep_many = full
+    afresh, slowed = writer_module._Account.afresh, [False]
+
+    def slow(account: Any) -> Any:
+        if not slowed[0]:
+            slowed[0] = True
+            time.sleep(0.5)  # the other thread starts meanwhile
+        return afresh(account)
+
+    writer_module._Account.afresh = slow  # type: ignore[method-assign]
+    threads = [threading.Thread(target=cached, args=(rows(8, seed=seed),)) for seed in (21, 22)]
+    threads[0].start()
+    time.sleep(0.1)
+    threads[1].start()
+    for thread in threads:
+        thread.join()
+    try:
+        cached.flush()
+    except WriteFailed as why:
+        said = str(why)
+    else:
+        said = "returned"
+    return said, cached.stats.rows_failed
+
+
+def test_a_forked_workers_first_forwards_on_two_threads_lose_no_failure(store: Store) -> None:
+    """Two threads of a forked worker making their first forwards at once take up one
+    writer of the worker's: a write of either's rows that fails is counted and raised by
+    the flush after, none of it lost with a second copy of the cache's counts."""
+    cached = cache_rows(mlp(), store)
+    cached(rows(4))
+    cached.flush()
+    said, failed = in_forked_child(_first_forwards_on_two_threads, cached)
+    assert "16 computed rows could not be written" in said
+    assert failed == 16
+    cached.close()
