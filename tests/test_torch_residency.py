@@ -630,12 +630,12 @@ def test_every_flush_that_waited_for_a_failed_write_raises_it(
     cached.close()
 
 
-@pytest.mark.parametrize("ending", ["kept", "dropped"])
+@pytest.mark.parametrize("ending", ["kept", "dropped", "one of two dropped", "two dropped"])
 def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path, ending: str) -> None:
     """A process that computes rows and exits without flushing — the cache still held, or
-    dropped just before — still publishes every one, and its writer thread is stopped
-    before the interpreter finalizes (a thread stopped there inside native code can abort
-    the process)."""
+    dropped just before, alone or beside a second cache over the store opened again —
+    still publishes every one, and its writer thread is stopped before the interpreter
+    finalizes (a thread stopped there inside native code can abort the process)."""
     script = SHARED + textwrap.dedent(
         f"""
         import atexit, sys, threading
@@ -649,8 +649,13 @@ def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path, ending
         atexit.register(writers_left)
         cached = cache_rows(mlp(), Store(sys.argv[1]))
         cached(rows(300))
-        if sys.argv[2] == "dropped":
+        if "two" in sys.argv[2]:
+            second = cache_rows(mlp(), Store(sys.argv[1]))
+            second(rows(50, seed=2))
+        if "dropped" in sys.argv[2]:
             del cached
+        if sys.argv[2] == "two dropped":
+            del second
         """
     )
     done = subprocess.run(
@@ -664,6 +669,10 @@ def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path, ending
     x = rows(300)
     assert torch.equal(again(x), truth(x))
     assert again.stats.from_store == 300
+    if "two" in ending:
+        more = rows(50, seed=2)
+        assert torch.equal(again(more), truth(more))
+        assert again.stats.from_store == 350
     again.close()
 
 
