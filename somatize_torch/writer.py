@@ -9,8 +9,8 @@ are still unwritten, each row counted with its key, :data:`KEY_BYTES`, which bou
 memory the writer holds). ``flush()`` waits
 for every row to be written; so do interpreter exit (first before its thread
 pools stop taking work, then once more as an ``atexit`` handler) and the end of
-a worker process, and a writer that is dropped has its thread write every row
-it was given, then end. A write that fails — a full disk, a store that refuses, a call
+a worker process, and once every writer of a store is dropped its thread writes
+every row it was given, then ends. A write that fails — a full disk, a store that refuses, a call
 cancelled — is logged when it happens and raised as :class:`WriteFailed` at the
 next forward (once) and at every flush that waited for its rows (on any thread), or
 the next flush if none did; a flush after that, waiting for no rows that failed,
@@ -30,7 +30,9 @@ Every writer of one store in a process — each cache over it has one — works 
 one backlog, with one thread (:func:`_backlog_of`; the same store opened twice, at one
 :meth:`~somatize.Store.address`, is one store here): rows one cache staged, another
 recalls. Each writer counts the rows it submitted, and is told of the failures of
-those rows only; a flush of any waits for every row queued before it.
+those rows only; a flush of any waits for every row queued before it. A store opened
+twice is written through the object the backlog was made with: its lock, not the other
+object's, is held around those writes.
 """
 
 from __future__ import annotations
@@ -426,7 +428,8 @@ def _place(store: Store) -> tuple[str, object]:
 
 def _backlog_of(store: Store, pool_bytes: int, like: _Backlog | None = None) -> _Backlog:
     """The backlog of ``store`` in this process, made if it has none (with ``like``'s
-    settings, the backlog a forked child's writer served in its parent)."""
+    settings, the backlog a forked child's writer served in its parent); its staging pool
+    holds ``pool_bytes`` at least."""
     place = _place(store)
     pid = os.getpid()
     with _BACKLOGS_LOCK:
@@ -437,6 +440,10 @@ def _backlog_of(store: Store, pool_bytes: int, like: _Backlog | None = None) -> 
             and backlog.pid == pid
             and (place[0] == "at" or backlog.store is store)
         ):
+            if pool_bytes > backlog.pool_bytes:  # as large as the largest writer asks
+                backlog.pool_bytes = pool_bytes
+                if backlog.pool is not None:
+                    backlog.pool.max_bytes = pool_bytes
             return backlog
         backlog = _Backlog(
             store,

@@ -1583,3 +1583,23 @@ def test_a_forked_workers_first_forwards_on_two_threads_lose_no_failure(store: S
     assert "16 computed rows could not be written" in said
     assert failed == 16
     cached.close()
+
+
+def test_a_cache_stages_its_rows_in_a_pool_as_large_as_its_own_over_a_store_shared(
+    store: Store,
+) -> None:
+    """A cache over a store whose writer a smaller one made first (a writer with a small
+    budget of unwritten bytes) stages its rows in a pool grown to its own budget, not
+    in transient pageable buffers the smaller pool cannot hold."""
+    small = Writer(store, linger=0.0, pending_bytes=64)
+    cached = cache_rows(mlp(), store)
+    assert cached._writer is not None and cached._writer._backlog is small._backlog
+    pool = small._backlog.pool
+    assert pool is not None
+    before = pool.stats.overflows
+    for seed in range(3):
+        cached(rows(512, seed=seed))
+    cached.flush()
+    assert pool.stats.overflows == before
+    cached.close()
+    small.close()
