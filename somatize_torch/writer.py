@@ -362,12 +362,13 @@ class Writer:
         Answers are immutable, so a staged copy is as current as the store's will be. A row
         is found from its submit until its write has ended, kept or failed: once it failed
         it is no longer found, since its copy is let go, and a lookup computes it again (and
-        submits it again); the failure itself is raised as it would be otherwise."""
+        submits it again); the failure itself is raised as it would be otherwise. Only rows
+        a writer of the same ``fingerprint`` staged are found: rows under the same keys that
+        other code computed (a class patched or redefined since) are computed again."""
         backlog = self._backlog
         if backlog.pid != os.getpid():
             return None  # a forked child's: what its parent staged is the parent's
-        pieces = backlog.recall(keys)
-        return _joined(pieces)
+        return _joined(backlog.recall(keys, self.fingerprint))
 
     def check(self) -> None:
         """Raises :class:`WriteFailed` for writes of this writer's rows that failed and that
@@ -558,10 +559,12 @@ class _Backlog:
         finally:
             self.life.release()
 
-    def recall(self, keys: dict[int, str]) -> list[tuple[list[int], torch.Tensor]]:
-        """:meth:`Writer.recall`, from this backlog alone: the rows found, a piece per job.
-        Read under ``changed``, which a write holds while it lets go of its rows' entries,
-        before it lets go of their staging buffers."""
+    def recall(
+        self, keys: dict[int, str], fingerprint: str | None
+    ) -> list[tuple[list[int], torch.Tensor]]:
+        """:meth:`Writer.recall`, from this backlog alone: the rows found that writers of
+        ``fingerprint`` staged, a piece per job. Read under ``changed``, which a write holds
+        while it lets go of its rows' entries, before it lets go of their staging buffers."""
         with self.changed:
             unwritten = self.unwritten
             if not unwritten:
@@ -569,7 +572,7 @@ class _Backlog:
             found: dict[int, tuple[_Job, list[int], list[int]]] = {}
             for position, key in keys.items():
                 held = unwritten.get(key)
-                if held is not None:
+                if held is not None and held[0].fingerprint == fingerprint:
                     job, slot = held
                     place = found.get(id(job))
                     if place is None:

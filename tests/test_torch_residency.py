@@ -1603,3 +1603,28 @@ def test_a_cache_stages_its_rows_in_a_pool_as_large_as_its_own_over_a_store_shar
     assert pool.stats.overflows == before
     cached.close()
     small.close()
+
+
+def _doubled_halves(self: Halves, x: torch.Tensor) -> torch.Tensor:
+    return x[:, :4]
+
+
+def test_unwritten_rows_of_other_code_are_not_recalled(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows another cache of the store staged, computed by other code of the same class (a
+    method patched in since, a class redefined in a notebook: the same keys), are not
+    recalled from that staged copy by a cache of the new code: it computes its own."""
+    x = rows(8)
+    with _writes_held(monkeypatch):
+        old = cache_rows(Halves(), store, device_bytes=0, host_bytes=0)
+        old(x)
+        keys = old.row_keys(x)
+        monkeypatch.setattr(Halves, "forward", _doubled_halves)
+        new = cache_rows(Halves(), store, device_bytes=0, host_bytes=0, strict=True)
+        assert new._fingerprint != old._fingerprint
+        assert new.row_keys(x) == keys
+        assert torch.equal(new(x), x[:, :4])
+        assert (new.stats.from_pending, new.stats.computed) == (0, 8)
+    new.close()
+    old.close()
