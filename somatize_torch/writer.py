@@ -30,9 +30,10 @@ Every writer of one store in a process — each cache over it has one — works 
 one backlog, with one thread (:func:`_backlog_of`; the same store opened twice, at one
 :meth:`~somatize.Store.address`, is one store here): rows one cache staged, another
 recalls. Each writer counts the rows it submitted, and is told of the failures of
-those rows only; a flush of any waits for every row queued before it. A store opened
-twice is written through the object the backlog was made with: its lock, not the other
-object's, is held around those writes.
+those rows only; a flush of any waits for every row queued before it. Each writer's rows
+are written through its own store object, under that object's lock (:func:`store_lock`):
+a store opened twice, or a subclass of a store at the same address, writes what its
+caches computed as it would alone.
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ class _Job:
     nbytes: int
     account: _Account
     """The writer that submitted it: its counts, and where a failure of its rows is told."""
+    store: Store
+    """The writer's store object, which its rows are written through."""
     fingerprint: str | None = None
     seq: int = 0  # its place among the jobs submitted (from 1), given as it is queued
     order: list[int] | None = None
@@ -329,7 +332,9 @@ class Writer:
                 reserved = True
             pool = backlog.pool
             staged = pool.to_host(rows) if pool is not None else _Plain(rows)
-            job = _Job(list(keys), staged, nbytes, self._account, self.fingerprint, order=order)
+            job = _Job(
+                list(keys), staged, nbytes, self._account, self.store, self.fingerprint, order=order
+            )
             held = {key: (job, i) for i, key in enumerate(job.keys)}
             with backlog.life:
                 backlog.closed = False
@@ -485,7 +490,6 @@ class _Backlog:
         self.pack_bytes = pack_bytes
         self.linger = linger  # as asked; see `gathering`
         self.pool_bytes = pool_bytes
-        self.lock = store_lock(store)
         self.pool = _pool(pool_bytes)
         self.queue: queue.SimpleQueue[_Job | str | None] = queue.SimpleQueue()
         self.changed = threading.Condition()
@@ -685,13 +689,13 @@ class _Backlog:
                 ended.join()
 
     def write(self, jobs: list[_Job]) -> None:
-        """Keeps ``jobs`` with one ``keep_many`` per fingerprint (one, unless writers of
-        several modules share the store) and counts what was kept or failed, for the
-        writer of each job."""
-        groups: dict[str | None, list[_Job]] = {}
+        """Keeps ``jobs`` with one ``keep_many`` per store object and fingerprint (one,
+        unless writers of several modules, or of the store opened twice, share it) and
+        counts what was kept or failed, for the writer of each job."""
+        groups: dict[tuple[int, str | None], list[_Job]] = {}
         for job in jobs:
-            groups.setdefault(job.fingerprint, []).append(job)
-        results = [self._keep(group, fingerprint) for fingerprint, group in groups.items()]
+            groups.setdefault((id(job.store), job.fingerprint), []).append(job)
+        results = [self._keep(group) for group in groups.values()]
         # Counted done only once all of them are through: jobs 1..done are written.
         with self.changed:
             for group, kept, error, took in results:
@@ -710,11 +714,11 @@ class _Backlog:
             self.changed.notify_all()
 
     def _keep(
-        self, jobs: list[_Job], fingerprint: str | None
+        self, jobs: list[_Job]
     ) -> tuple[list[_Job], dict[int, int], BaseException | None, float]:
-        """Keeps ``jobs`` (of one fingerprint) with one ``keep_many``: the jobs, the bytes
-        kept of each (by its id), what ended the write if it failed, and how long it
-        took."""
+        """Keeps ``jobs`` (of one store object and fingerprint) with one ``keep_many``: the
+        jobs, the bytes kept of each (by its id), what ended the write if it failed, and
+        how long it took."""
         start = time.perf_counter()
         rows = sum(len(job.keys) for job in jobs)
         kept: dict[int, int] = {}
@@ -723,8 +727,9 @@ class _Backlog:
             for job in jobs:
                 host = job.staged.wait()
                 items.extend(zip(job.keys, encode_rows(host, job.order), strict=True))
-            with self.lock:
-                answers = self.store.keep_many(items, TENSOR.name, fingerprint)
+            store, fingerprint = jobs[0].store, jobs[0].fingerprint
+            with store_lock(store):
+                answers = store.keep_many(items, TENSOR.name, fingerprint)
             sizes = iter(answers)
             for job in jobs:
                 kept[id(job)] = sum(

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from somatize import Store
 from somatize._threads import ProcessLock
+from somatize.store.local import LocalStore
 from somatize_torch import writer as writer_module
 from somatize_torch._native import PinnedPool
 from somatize_torch._row_codec import decode_rows, encode_rows, row_order
@@ -717,6 +718,7 @@ KILLED = """
 import sys, time
 sys.path.insert(0, {root!r})
 from somatize import Store
+from somatize.store.local import LocalStore
 from somatize_torch.rows import cache_rows
 
 store = Store(sys.argv[1])
@@ -1628,3 +1630,45 @@ def test_unwritten_rows_of_other_code_are_not_recalled(
         assert (new.stats.from_pending, new.stats.computed) == (0, 8)
     new.close()
     old.close()
+
+
+class _Mirrored(LocalStore):
+    """A store that does something of its own with each write (a count, a copy elsewhere)."""
+
+    kept: list[str]
+
+    def keep_many(self, items: Any, codec: str, fingerprint: str | None = None) -> Any:
+        self.kept.extend(key for key, _ in items)
+        return super().keep_many(items, codec, fingerprint)
+
+
+def test_a_store_opened_again_writes_its_caches_rows_itself(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Caches over one store opened twice share its writer, yet each one's rows are written
+    through its own store object: the keep of a subclass at the same address, or one a
+    test patched in, runs for that cache's rows, and a refusal there fails them alone."""
+    first = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
+    first(rows(4))
+    mirrored = _Mirrored(store.root)
+    mirrored.kept = []
+    second = cache_rows(mlp(), mirrored, device_bytes=0, host_bytes=0)
+    assert second._writer is not None and first._writer is not None
+    assert second._writer._backlog is first._writer._backlog
+    x = rows(6, seed=2)
+    second(x)
+    second.flush()
+    assert mirrored.kept == second.row_keys(x)
+    refusing = Store(store.root)
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(refusing, "keep_many", full)
+    third = cache_rows(mlp(), refusing, device_bytes=0, host_bytes=0)
+    third(rows(3, seed=3))
+    with pytest.raises(WriteFailed, match="3 computed rows could not be written"):
+        third.flush()
+    first.flush()
+    for cached in (first, second, third):
+        cached.close()
