@@ -62,7 +62,7 @@ from somatize.store import StoreFull
 from somatize_torch._row_codec import empty_rows, encode_rows, row_order
 from somatize_torch.codec import TENSOR, inverse_order
 
-__all__ = ["KEY_BYTES", "WriteFailed", "Writer", "store_lock"]
+__all__ = ["KEY_BYTES", "WaitsForItself", "WriteFailed", "Writer", "store_lock"]
 
 log = logging.getLogger("somatize.torch")
 
@@ -81,6 +81,10 @@ def store_lock(store: Store) -> ProcessLock:
 
 class WriteFailed(SomatizeError, OSError):
     """Answers computed in a forward could not be written to the store."""
+
+
+class WaitsForItself(SomatizeError, RuntimeError):
+    """A flush was called on the writer thread it would wait for (from inside a write)."""
 
 
 # ------------------------------------------------------------------------------ the writer
@@ -666,8 +670,16 @@ class _Backlog:
         self._wait_for(target)
 
     def _wait_for(self, target: int) -> None:
-        """Waits until jobs 1 to ``target`` have been written or have failed."""
+        """Waits until jobs 1 to ``target`` have been written or have failed; refuses to
+        on the writer thread, which is in the middle of writing some of them."""
         with self.changed:
+            if self.done < target and self.thread is threading.current_thread():
+                raise WaitsForItself(
+                    f"a flush of a cache over {self.store!r} ran on the store's writer thread, "
+                    "inside a write (a store's `keep_many`, or a finalizer the garbage "
+                    "collector ran there), and would wait for that write, and so for ever. "
+                    "Flush from another thread; the rows are written as the thread goes on"
+                )
             if self.done < target:
                 self.queue.put(_WAKE)
             while self.done < target:
@@ -675,7 +687,10 @@ class _Backlog:
 
     def stop(self) -> None:
         """Stops the thread once it has written what is queued; it starts again at the
-        next submit."""
+        next submit. On the writer thread itself (a close inside a write, whose flush
+        refused) it leaves the thread running: it cannot wait for its own end."""
+        if self.thread is threading.current_thread():
+            return
         with self.life:
             self.closed = True
             if self.thread is not None:

@@ -38,7 +38,7 @@ from somatize_torch._row_codec import decode_rows, encode_rows, row_order
 from somatize_torch.codec import TENSOR
 from somatize_torch.residency import ROW_INDEX_BYTES, Tier
 from somatize_torch.rows import cache_rows
-from somatize_torch.writer import WriteFailed, Writer, store_lock
+from somatize_torch.writer import WaitsForItself, WriteFailed, Writer, store_lock
 from tests.forked import in_child, in_forked_child
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1672,3 +1672,42 @@ def test_a_store_opened_again_writes_its_caches_rows_itself(
     first.flush()
     for cached in (first, second, third):
         cached.close()
+
+
+class _FlushesAnother(LocalStore):
+    """A store whose write flushes another cache (a hook that makes sure its rows are in)."""
+
+    other: Any
+    call: str
+    raised: list[BaseException | None]
+
+    def keep_many(self, items: Any, codec: str, fingerprint: str | None = None) -> Any:
+        try:
+            getattr(self.other, self.call)()
+            self.raised.append(None)
+        except BaseException as why:
+            self.raised.append(why)
+        return super().keep_many(items, codec, fingerprint)
+
+
+@pytest.mark.parametrize("call", ["flush", "close"])
+def test_a_flush_on_the_writer_thread_says_so_rather_than_wait_for_itself(
+    store: Store, call: str
+) -> None:
+    """A flush (or close) of a cache run by the store's writer thread itself — from inside a
+    write (a store's hook) or a finalizer the garbage collector runs there — would wait
+    for the write it is part of; it raises, saying where to flush from, and the write
+    goes on."""
+    other = cache_rows(mlp(), store)
+    hooked = _FlushesAnother(store.root)
+    hooked.other, hooked.call, hooked.raised = other, call, []
+    cached = cache_rows(Halves(), hooked)
+    x = rows(4)
+    cached(x)
+    assert _within(cached.flush) is None
+    (raised,) = hooked.raised
+    assert isinstance(raised, WaitsForItself)
+    assert "on the store's writer thread" in str(raised)
+    assert hooked.have(cached.row_keys(x)) == set(cached.row_keys(x))
+    cached.close()
+    other.close()
