@@ -606,32 +606,28 @@ class _Backlog:
             self._reported(account, failed)
         self._raise(failed)
 
-    def flush(self, account: _Account | None = None) -> None:
+    def flush(self, account: _Account) -> None:
         """Waits for every job submitted so far, then raises :class:`WriteFailed` for those
-        of ``account``'s that failed and for its failures not raised yet (None: waits
-        only). Two flushes waiting for the same failed rows (on two threads) both raise; a
-        flush after one that raised, and waiting for no failed rows itself, does not."""
+        of ``account``'s that failed and for its failures not raised yet. Two flushes
+        waiting for the same failed rows (on two threads) both raise; a flush after one
+        that raised, and waiting for no failed rows itself, does not."""
         with self.changed:
             began = self.done  # jobs 1..began were through before this flush began
             target = self.submitted
-            unreported: list[_Failure] = []
-            if account is not None:
-                unreported = [failure for failure in account.failures if not failure.reported]
-                account.flushing.append(began)
+            unreported = [failure for failure in account.failures if not failure.reported]
+            account.flushing.append(began)
         try:
             self._wait_for(target)
         finally:
-            failed: list[_Failure] = []
-            if account is not None:
-                with self.changed:
-                    account.flushing.remove(began)
-                    waited = [
-                        failure
-                        for failure in account.failures
-                        if failure.last > began and failure.first <= target
-                    ]
-                    failed = [*unreported, *(f for f in waited if f not in unreported)]
-                    self._reported(account, failed)
+            with self.changed:
+                account.flushing.remove(began)
+                waited = [
+                    failure
+                    for failure in account.failures
+                    if failure.last > began and failure.first <= target
+                ]
+                failed = [*unreported, *(f for f in waited if f not in unreported)]
+                self._reported(account, failed)
         self._raise(failed)
 
     def _reported(self, account: _Account, failed: list[_Failure]) -> None:
@@ -862,7 +858,7 @@ def _close_at_exit(ref: weakref.ref[_Backlog]) -> None:
     if backlog is None or backlog.pid != os.getpid() or backlog.closed:
         return
     try:
-        backlog.flush()
+        backlog.drain()
     finally:
         backlog.stop()
     for user in list(backlog.users):
