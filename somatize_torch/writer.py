@@ -28,12 +28,13 @@ staged copy (:meth:`Writer.recall`) without asking the store.
 
 Every writer of one store in a process — each cache over it has one — works through
 one backlog, with one thread (:func:`_backlog_of`; the same store opened twice, at one
-:meth:`~somatize.Store.address`, is one store here): rows one cache staged, another
-recalls. Each writer counts the rows it submitted, and is told of the failures of
-those rows only; a flush of any waits for every row queued before it. Each writer's rows
-are written through its own store object, under that object's lock (:func:`store_lock`):
-a store opened twice, or a subclass of a store at the same address, writes what its
-caches computed as it would alone.
+:meth:`~somatize.Store.address`, is one store here): rows one cache staged, another of
+the same code (fingerprint) recalls. Each writer counts the rows it submitted, and is
+told of the failures of those rows only; a flush of any waits for every row queued
+before it, and so cannot run on that thread itself (:class:`WaitsForItself`). Each
+writer's rows are written through its own store object, under that object's lock
+(:func:`store_lock`): a store opened twice, or a subclass of a store at the same
+address, writes what its caches computed as it would alone.
 """
 
 from __future__ import annotations
