@@ -45,10 +45,11 @@ versions), else by that code (a class typed into an interpreter, a file edited s
 it was imported), digested alike in every process; with its plain values (numbers,
 strings, tuples of them), the functions' defaults and what they close over (a plain value,
 a function by how it is written). Any other object a function closes over, and a
-callable a class holds that is no plain function (a callable object, a mock), is taken
-by a mark of that very object, the same for no other object in any process: a
-replacement is never taken for the old code, at the cost of a fingerprint no other
-process shares. Its functions' code is followed
+callable a class holds that is no plain function (a callable object, a mock), is named
+by its class and what it holds where all it holds is named so in turn (:func:`_held_bytes`:
+the same in every process making it alike), else by a mark of that very object, the
+same for no other object in any process (:func:`_token_of`): a replacement, or the
+object changed in place, is never taken for the old code. Its functions' code is followed
 into their module, one module only: the plain functions defined there that they
 name (and those these name) and the plain constants. A module or class from
 elsewhere, a list or dict held at module level, a callable that is not a plain
@@ -60,6 +61,7 @@ on it after the graph was built (a monkeypatch) is that node's code from then on
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import dataclasses
 import dis
@@ -72,19 +74,25 @@ import linecache
 import os
 import sys
 import textwrap
+import threading
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from types import (
     BuiltinFunctionType,
+    ClassMethodDescriptorType,
     CodeType,
     FunctionType,
     GetSetDescriptorType,
+    MappingProxyType,
     MemberDescriptorType,
+    MethodDescriptorType,
+    MethodType,
     ModuleType,
+    WrapperDescriptorType,
 )
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from somatize import canonical
 from somatize.errors import SomatizeError
@@ -302,7 +310,11 @@ def _body_of(kind: type, state: frozenset[str]) -> Body:
         elif _plain(member):
             body.append((name, "state" if name in state else (type(member), member)))
         else:
-            body.append((name, _Same(member) if _opaque_bytes(member) is not None else None))
+            opaque = _opaque_bytes(member)
+            if opaque is not None and opaque.startswith(b"object "):  # marked: by identity
+                body.append((name, _Same(member)))
+            else:  # named by what it holds, read again: one changed in place is seen
+                body.append((name, opaque))
     return tuple(body)
 
 
@@ -323,9 +335,10 @@ class _Same:
 def _opaque_bytes(member: Any) -> bytes | None:
     """How a class attribute that runs code but is no plain function (a callable object,
     a mock, a ``singledispatchmethod``) is fingerprinted: a builtin function by its name,
-    any other by a mark of that very object (:func:`_token_of`), never another's — so one
-    replaced by another is never taken for the old code. None for what runs no code of
-    the class's (a class, a slot, a plain value)."""
+    an object whose state is all named by what it is by that (:func:`_held_bytes`: the
+    same in every process), any other by a mark of that very object (:func:`_token_of`),
+    never another's — so one replaced by another is never taken for the old code. None
+    for what runs no code of the class's (a class, a slot, a plain value)."""
     if isinstance(member, (staticmethod, classmethod)):
         member = member.__func__
     if isinstance(member, (type, MemberDescriptorType, GetSetDescriptorType, ModuleType)):
@@ -333,7 +346,7 @@ def _opaque_bytes(member: Any) -> bytes | None:
     if isinstance(member, BuiltinFunctionType):
         return f"builtin {member.__module__}:{member.__qualname__}".encode()
     if callable(member) or hasattr(type(member), "__get__"):
-        return _token_of(member)
+        return _held_bytes(member) or _token_of(member)
     return None
 
 
@@ -357,28 +370,352 @@ def _token_of(held: Any) -> bytes:
     return token
 
 
-CodeWatch = tuple[list[Any], list[dict[str, Any]], list[type]]
-"""What :func:`fingerprint_of` read of classes' bodies, laid out for one look at every
-forward (:func:`watch_code`): their namespaces, copies of them, and the classes."""
+_HELD_DEPTH = 8
+_HELD_ITEMS = 4096
+"""How deep, and over how many values, an object is read to be named by what it holds
+(:func:`_held_bytes`); one deeper or larger is marked by which object it is."""
+
+_CONTAINERS = (list, dict, set, frozenset, tuple, collections.OrderedDict)
+_HEAPTYPE = 1 << 9
+_C_MEMBERS = (
+    BuiltinFunctionType,
+    MethodDescriptorType,
+    WrapperDescriptorType,
+    ClassMethodDescriptorType,
+)
+_WALKING = threading.local()
+"""What is being named by what it holds in this thread (objects, by id, and classes being
+fingerprinted for one), so that an object reached again through a function it holds, or
+its class's own body, is marked rather than read without end."""
+
+
+class _Unnamed(Exception):
+    """An object whose state is not all named by what it is."""
+
+
+def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None:
+    """``value`` named by what it is, the same in every process that makes it alike, or
+    None where it cannot be (then it is marked by which object it is, :func:`_token_of`).
+
+    An object is named by its class's name and fingerprint (:func:`fingerprint_of`) and
+    its attributes, each named in turn: a plain value by what it is, a function by how it
+    is written (:func:`_function_bytes`), a class by its name where that leads back to it,
+    a module by its name, a list, tuple, dict or set by its items, a partial by its
+    function and what it binds, a bound method by its function and its object, another
+    object the same way. An object is not named so — the whole is marked — where any part
+    holds what no name says: a class written in C (a tensor, an array, a lock), an object
+    with slots, one whose class says when it equals another (``__eq__``, but as a
+    dataclass does: a graph's watch compares what it holds with ``==``), a torch module
+    holding hooks; one reached deeper or larger than a bound; one that cannot be
+    referenced weakly (a bare list or dict); or one whose class's own code sets its
+    attributes as it runs (a count, a cache).
+
+    An object is read once, when first named, and keeps its name while what was read of
+    it (each dict, list and set, its attributes among them, and the namespaces of its
+    classes) holds what it held then, and its classes their fingerprints: one changed in
+    place since (``Kind.act.k = 3``) is marked by which object it is from then on, so its
+    old name is never taken for what it computes now. ``containers`` is given what was
+    read of it, for a graph's watch to see such a change at the next forward."""
+    try:
+        reference = weakref.ref(value, functools.partial(_forget_held, id(value)))
+    except TypeError:
+        return None
+    found = _HELD.get(id(value))
+    if found is not None and found[0]() is value:
+        _, named, read, copies, kinds = found
+        if named is None:
+            return None
+        try:
+            same = read == copies and all(fingerprint_of(k) == f for k, f in kinds)
+        except Exception:  # a value replaced whose `==` says no bool (an array)
+            same = False
+        if not same:  # changed in place since it was named: marked from now on
+            _HELD[id(value)] = (found[0], None, [], [], [])
+            return None
+        if containers is not None:
+            containers += read
+        return named
+    walking = getattr(_WALKING, "ids", None)
+    if walking is None:
+        walking = _WALKING.ids = set()
+        _WALKING.kinds = set()
+    if id(value) in walking:
+        return None
+    walk = _Walk(walking)
+    try:
+        said = walk.name(value, 0)
+    except (_Unnamed, RecursionError):
+        said = None
+    finally:
+        walking.difference_update(walk.placed)
+    if said is None:
+        _HELD[id(value)] = (reference, None, [], [], [])
+        return None
+    named = b"held " + hashlib.sha256(said).digest()
+    _HELD[id(value)] = (reference, named, walk.read, list(map(_copied, walk.read)), walk.kinds)
+    if containers is not None:
+        containers += walk.read
+    return named
+
+
+_HELD: dict[int, tuple[weakref.ref[Any], bytes | None, list[Any], list[Any], list[Any]]] = {}
+"""An object named by what it holds, by its address → a weak reference to it, its name (None:
+it is marked by which object it is, :func:`_token_of`), what was read of it, copies of
+that, and each class it was named with, with its fingerprint then (:func:`_held_bytes`)."""
+
+
+def _forget_held(at: int, reference: weakref.ref[Any]) -> None:
+    """Forgets what :data:`_HELD` says of an object gone (not of another made since at its
+    address)."""
+    found = _HELD.get(at)
+    if found is not None and found[0] is reference:
+        del _HELD[at]
+
+
+class _Walk:
+    """One reading of an object for :func:`_held_bytes`."""
+
+    def __init__(self, walking: set[int]) -> None:
+        self.walking = walking
+        self.placed: dict[int, int] = {}  # an object read → its place in the reading
+        self.held: list[Any] = []  # what was read, alive while ids name it
+        self.read: list[Any] = []  # each dict, list, set and class namespace read
+        self.kinds: list[tuple[type, str]] = []  # each class named, with its fingerprint
+        self.count = 0
+
+    def name(self, value: Any, depth: int) -> bytes:
+        self.count += 1
+        if depth > _HELD_DEPTH or self.count > _HELD_ITEMS:
+            raise _Unnamed
+        if _plain(value):
+            return _constant_bytes(value)
+        at = self.placed.get(id(value))
+        if at is not None:  # read before here (shared, or a cycle): by its place
+            return b"again %d" % at
+        if id(value) in self.walking:  # being read around this reading
+            raise _Unnamed
+        if isinstance(value, FunctionType):
+            return b"function " + _function_bytes(value)
+        if isinstance(value, type):
+            identity = identity_of(value)
+            if identity is None:
+                raise _Unnamed
+            return f"class {identity}".encode()
+        if isinstance(value, ModuleType):
+            return f"module {value.__name__}".encode()
+        if isinstance(value, BuiltinFunctionType):
+            if not isinstance(value.__self__, (ModuleType, type(None))):
+                raise _Unnamed
+            return f"builtin {value.__module__}:{value.__qualname__}".encode()
+        self.placed[id(value)] = len(self.placed)
+        self.walking.add(id(value))
+        self.held.append(value)
+        kind = type(value)
+        deeper = depth + 1
+        if kind in _CONTAINERS:
+            items: list[bytes]
+            if isinstance(value, dict):
+                items = [self.name(k, deeper) + self.name(v, deeper) for k, v in value.items()]
+            else:
+                items = [self.name(item, deeper) for item in value]
+            if isinstance(value, (set, frozenset)):
+                items.sort()
+            if kind is not tuple and kind is not frozenset:
+                self.see(value)
+            return _joined(f"{kind.__name__}".encode(), items)
+        if isinstance(value, (staticmethod, classmethod)):
+            return _joined(kind.__name__.encode(), [self.name(value.__func__, deeper)])
+        if isinstance(value, MethodType):
+            parts = [self.name(value.__func__, deeper), self.name(value.__self__, deeper)]
+            return _joined(b"method", parts)
+        if kind is functools.partial:
+            self.see(value.keywords)
+            parts = [self.name(value.func, deeper), self.name(value.args, deeper)]
+            parts.append(self.name(value.keywords, deeper))
+            parts.append(self.name(self.attributes(value), deeper))
+            return _joined(b"partial", parts)
+        if not _readable(kind):
+            raise _Unnamed
+        attributes = self.attributes(value)
+        if _torch_module(kind) and any(
+            attributes[a] for a in attributes if "hooks" in a and attributes[a] is not None
+        ):
+            raise _Unnamed  # hooks run around its forward: not told by what it holds
+        if _moves_itself(kind):
+            raise _Unnamed  # what it holds is its state as it runs, not what it is
+        kinds: set[type] = _WALKING.kinds
+        if kind in kinds:  # its class's fingerprint is being worked out, reading this
+            raise _Unnamed
+        kinds.add(kind)
+        try:
+            written = fingerprint_of(kind)
+        finally:
+            kinds.discard(kind)
+        self.kinds.append((kind, written))
+        self.read += (vars(above) for above in kind.__mro__ if not _left_out(above))
+        said = f"object {kind.__module__}:{kind.__qualname__} {written}".encode()
+        pairs = [a.encode() + b"\0" + self.name(attributes[a], deeper) for a in sorted(attributes)]
+        return _joined(said, pairs)
+
+    def attributes(self, value: Any) -> dict[str, Any]:
+        """What ``value`` holds in its ``__dict__`` (seen for a watch), or {} with none."""
+        try:
+            attributes = object.__getattribute__(value, "__dict__")
+        except AttributeError:
+            return {}
+        if type(attributes) is not dict or not all(isinstance(a, str) for a in attributes):
+            raise _Unnamed
+        self.see(attributes)
+        return attributes
+
+    def see(self, container: Any) -> None:
+        self.read.append(container)
+
+
+def _joined(label: bytes, parts: list[bytes]) -> bytes:
+    return label + b"(" + b"".join(len(p).to_bytes(8, "little") + p for p in parts) + b")"
+
+
+def _readable(kind: type) -> bool:
+    """Whether an instance of ``kind`` holds all its state where it can be read, in its
+    ``__dict__``: every class it inherits from, short of ``object``, written in Python
+    (no method written in C, no slot), and none that says when it equals another but as
+    a dataclass does."""
+    found = _READABLE.get(kind)
+    if found is None:
+        found = _READABLE[kind] = _read_in_python(kind)
+    return found
+
+
+_READABLE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _moves_itself(kind: type) -> bool:
+    """Whether a function of ``kind``, or of a class it inherits from short of the
+    library's (:func:`_left_out`), sets or deletes an attribute of its first argument
+    (``self.calls += 1``) other than as it is made (``__init__``, ``__post_init__``,
+    ``__new__``, ``__setstate__``)."""
+    for above in kind.__mro__:
+        if _left_out(above):
+            continue
+        for name, member in list(vars(above).items()):
+            if name in ("__init__", "__post_init__", "__new__", "__setstate__"):
+                continue
+            for function in _functions_in(member):
+                if any(owner is None for owner, _ in _stores_of(function.__code__, True)):
+                    return True
+    return False
+
+
+def _dataclass_equal(kind: type) -> bool:
+    """Whether ``kind`` says when it equals another by the ``__eq__`` a dataclass is made
+    with: field by field, each by ``==``, as a watch compares what it holds anyway."""
+    owner = next(above for above in kind.__mro__ if "__eq__" in vars(above))
+    equals, params = vars(owner)["__eq__"], vars(owner).get("__dataclass_params__")
+    return (
+        getattr(params, "eq", False) is True
+        and isinstance(equals, FunctionType)
+        and equals.__code__.co_filename == "<string>"
+    )
+
+
+def _read_in_python(kind: type) -> bool:
+    equals: Any = kind.__eq__
+    if (equals is not object.__eq__ and not _dataclass_equal(kind)) or kind.__mro__[
+        -1
+    ] is not object:
+        return False
+    for above in kind.__mro__[:-1]:
+        if not above.__flags__ & _HEAPTYPE or above.__itemsize__:
+            return False
+        space = vars(above)
+        if any(s not in ("__dict__", "__weakref__") for s in _slots(space.get("__slots__", ()))):
+            return False
+        for name, member in space.items():
+            if isinstance(member, _C_MEMBERS):
+                return False
+            if isinstance(member, GetSetDescriptorType) and name not in ("__dict__", "__weakref__"):
+                return False
+            if name == "__dict__" and not isinstance(member, GetSetDescriptorType):
+                return False
+            if isinstance(member, MemberDescriptorType):
+                return False
+    return True
+
+
+def _slots(declared: Any) -> tuple[str, ...]:
+    return (declared,) if isinstance(declared, str) else tuple(declared)
+
+
+def _torch_module(kind: type) -> bool:
+    """Whether ``kind`` is a torch module's class (torch itself is not imported here)."""
+    return any(
+        above.__module__ == "torch.nn.modules.module" and above.__qualname__ == "Module"
+        for above in kind.__mro__
+    )
+
+
+class CodeWatch(NamedTuple):
+    """What :func:`fingerprint_of` read of classes, laid out for one look at every forward
+    (:func:`watch_code`): ``lives`` compared with ``copies`` in one comparison made in C."""
+
+    lives: list[Any]
+    """The namespace of each class of ``kinds``, then each dict, list or set read of an
+    object named by what it holds (:func:`_held_bytes`)."""
+    copies: list[Any]
+    """A copy of each of ``lives``, taken with the watch."""
+    kinds: list[type]
+    """The classes whose namespaces lead ``lives``."""
+    given: tuple[type, ...]
+    """The classes the watch was taken of."""
+    labels: list[str]
+    """``Kind.name`` of what holds each of ``lives`` after the namespaces."""
 
 
 def watch_code(kinds: Iterable[type]) -> CodeWatch:
     """What the fingerprints of ``kinds`` were worked out from, laid out so that a change
     is found in one comparison made in C: the namespace of each class of their lineages
     (as :func:`fingerprint_of` takes them) and a copy of it, which differ once a method
-    is patched in, a base class's replaced, or one added or deleted (the namespaces
-    compare equal to the copies: each value by identity, else by ``==``, so a value
-    replaced by an equal one, ``2`` by ``2.0``, is not seen; one whose ``==`` says no bool,
-    an array, raises, and is taken as changed). The copies hold what they copy, so an old
-    function cannot be followed by a new one at the same address. Not watched, for what a
-    look costs: a class's ``__bases__`` replaced, and a function given other code or other
-    defaults in place (``f.__code__ = ...``, as a reloader does, ``f.__defaults__ = ...``)
-    — a graph built after sees them."""
-    lineage = dict.fromkeys(
-        above for kind in kinds for above in kind.__mro__ if not _left_out(above)
+    is patched in, a base class's replaced, or one added or deleted; and each dict, list
+    or set read of an object a class holds, or its functions take as a default or close
+    over, named by what it holds (:func:`_held_bytes`: an attribute of it set in place,
+    ``Kind.act.k = 3``), with a copy of it. The lives compare equal to the copies: each
+    value by identity, else by ``==``, so a value replaced by an equal one, ``2`` by
+    ``2.0``, is not seen; one whose ``==`` says no bool, an array, raises, and is taken as
+    changed. The copies hold what they copy, so an old function cannot be followed by a
+    new one at the same address. Not watched, for what a look costs: a class's
+    ``__bases__`` replaced, and a function given other code or other defaults in place
+    (``f.__code__ = ...``, as a reloader does, ``f.__defaults__ = ...``) — a graph built
+    after sees them."""
+    given = tuple(kinds)
+    lineage = list(
+        dict.fromkeys(above for kind in given for above in kind.__mro__ if not _left_out(above))
     )
-    spaces = [vars(kind) for kind in lineage]
-    return spaces, [dict(space) for space in spaces], list(lineage)
+    lives: list[Any] = [vars(kind) for kind in lineage]
+    labels: list[str] = []
+    for kind in lineage:
+        for name, member in list(vars(kind).items()):
+            for held in _held_in(member):
+                read: list[Any] = []
+                if _held_bytes(held, read) is not None:
+                    lives += read
+                    labels += [f"{kind.__qualname__}.{name}"] * len(read)
+    return CodeWatch(lives, list(map(_copied, lives)), lineage, given, labels)
+
+
+def _copied(live: Any) -> Any:
+    """A copy of a dict, list or set, or of a class's namespace (a mappingproxy), as a dict."""
+    return dict(live) if isinstance(live, MappingProxyType) else type(live)(live)
+
+
+def _held_in(member: Any) -> list[Any]:
+    """The objects a class attribute holds that its fingerprint may name by what they hold
+    (:func:`_held_bytes`): itself, when it is no function, else what its functions close
+    over."""
+    functions = _functions_in(member)
+    if not functions:
+        return [] if _plain(member) or _opaque_bytes(member) is None else [member]
+    return [held for function in functions for held in _closed_objects(function)]
 
 
 def code_changes(watch: CodeWatch) -> list[str]:
@@ -387,27 +724,37 @@ def code_changes(watch: CodeWatch) -> list[str]:
     dunder that holds no function (``__slotnames__``, which a copy of an instance adds,
     ``__annotations__``, which reading it adds), nor a plain value, set, added or deleted,
     that the code of the classes sets on one of them as it runs (``type(self).calls += 1``
-    in a subclass, the counter declared on its base: their state)."""
+    in a subclass, the counter declared on its base: their state) — and for each object
+    it holds named by what it holds, changed in place."""
     changed = []
     stored: frozenset[str] | None = None
-    for space, copied, kind in zip(*watch, strict=True):
+    kinds = watch.kinds
+    spaces, copies = watch.lives[: len(kinds)], watch.copies[: len(kinds)]
+    for space, copied, kind in zip(spaces, copies, kinds, strict=True):
         for name in dict.fromkeys([*space, *copied]):
             now, was = space.get(name, _ABSENT), copied.get(name, _ABSENT)
             if now is was or (not _holds_code(now) and not _holds_code(was) and _dunder(name)):
                 continue
             if (now is _ABSENT or _plain(now)) and (was is _ABSENT or _plain(was)):
                 if stored is None:  # what the classes' own code sets on one of them: state
-                    stored = _state_of(watch[2], (m for c in watch[1] for m in c.values()))
+                    stored = _state_of(kinds, (m for c in copies for m in c.values()))
                 if name in stored:
                     continue
             changed.append(f"{kind.__qualname__}.{name}")
+    extra = zip(watch.lives[len(kinds) :], watch.copies[len(kinds) :], watch.labels, strict=True)
+    for live, copied, label in extra:
+        try:
+            same = bool(live == copied)
+        except Exception:  # a value replaced whose `==` says no bool (an array)
+            same = False
+        if not same and label not in changed:
+            changed.append(label)
     return changed
 
 
 def watched_again(watch: CodeWatch) -> CodeWatch:
     """``watch`` (:func:`watch_code`) taken again of the same classes, as they are now."""
-    spaces, _, kinds = watch
-    return spaces, [dict(space) for space in spaces], kinds
+    return watch_code(watch.given)
 
 
 def _holds_code(member: Any) -> bool:
@@ -522,22 +869,39 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
 def _made_of(function: FunctionType) -> tuple[Any, ...]:
     """What of ``function`` its digest is worked out from, to tell it changed since: its code
     and its defaults, each by identity (a default replaced in place, ``f.__defaults__ =
-    (50,)`` or ``f.__kwdefaults__["by"] = 70``, is told apart)."""
+    (50,)`` or ``f.__kwdefaults__["by"] = 70``, is told apart), and each object it closes
+    over that is named by what it holds (:func:`_held_bytes`) by that name, else by
+    identity (one changed in place since it was named is marked from then on)."""
     keywords = function.__kwdefaults__ or {}
+    held = tuple(_held_bytes(value) or _Same(value) for value in _closed_objects(function))
     return (
         _Same(function.__code__),
         _Same(function.__defaults__),
         tuple((name, _Same(value)) for name, value in keywords.items()),
+        held,
     )
+
+
+def _closed_objects(function: FunctionType) -> list[Any]:
+    """The objects ``function`` closes over that :func:`_cell_bytes` may name by what they
+    hold: no plain value, function, class nor module."""
+    found = []
+    for cell in function.__closure__ or ():
+        with contextlib.suppress(ValueError):  # not filled yet
+            value = cell.cell_contents
+            if not _plain(value) and not isinstance(value, (FunctionType, type, ModuleType)):
+                found.append(value)
+    return found
 
 
 def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
     """What a function closes over, in the cell of its free variable ``name``: a plain
     value by what it is, a function by :func:`_function_bytes`, the class a method calling
     ``super()`` was defined in (``__class__``) by its name, another class by its name where
-    that leads back to it, else by a mark of that very object
-    (:func:`_token_of`), so that a function closing over another object is never taken for
-    one closing over the first."""
+    that leads back to it, an object whose state is all named by what it is by that
+    (:func:`_held_bytes`), else by a mark of that very object (:func:`_token_of`), so that
+    a function closing over another object is never taken for one closing over the
+    first."""
     try:
         value = cell.cell_contents
     except ValueError:  # not filled yet
@@ -554,7 +918,7 @@ def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
         return f"class {identity_of(value)}".encode()
     if isinstance(value, ModuleType):
         return f"module {value.__name__}".encode()
-    return _token_of(value)
+    return _held_bytes(value) or _token_of(value)
 
 
 def _value_bytes(value: Any) -> bytes:

@@ -793,3 +793,197 @@ def test_callable_objects_that_say_they_are_equal_are_told_apart(
     assert fingerprint_of(Closing) != first
     monkeypatch.setattr(Closing, "helper", staticmethod(one))
     assert fingerprint_of(Closing) == first
+
+
+_HOLDING = """
+import dataclasses
+import functools
+import threading
+
+import torch.nn as nn
+
+from somatize import Node
+from somatize.catalog import fingerprint_of
+
+
+class Scale:
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, x):
+        return x * self.k
+
+
+class Locked(Scale):
+    def __init__(self, k):
+        super().__init__(k)
+        self.lock = threading.Lock()
+
+
+class Equal(Scale):
+    def __eq__(self, other):
+        return isinstance(other, Equal)
+
+    __hash__ = None
+
+
+@dataclasses.dataclass
+class Fields:
+    k: int
+
+    def __call__(self, x):
+        return x * self.k
+
+
+def holding(held):
+    class Holds(Node):
+        act = held
+
+        def forward(self, x, ctx):
+            return self.act(x)
+
+    return fingerprint_of(Holds)
+
+
+def closing(held):
+    class Closes(Node):
+        def forward(self, x, ctx):
+            return held(x)
+
+    return fingerprint_of(Closes)
+
+
+for made in (
+    "Scale(2)",
+    "Scale(2)",
+    "Scale(3)",
+    "nn.ReLU()",
+    "nn.GELU()",
+    'nn.GELU(approximate="tanh")',
+    "functools.partial(max, Scale(2))",
+    "Fields(2)",
+    "Fields(3)",
+    "Locked(2)",
+    "Locked(2)",
+    "Equal(2)",
+    "Equal(2)",
+):
+    print(made, holding(eval(made)), closing(eval(made)), sep="|")
+"""
+
+
+def _fingerprints_in_a_fresh_process(path: Path, seed: str) -> dict[str, list[str]]:
+    """Each object the script :data:`_HOLDING` makes → the fingerprints, in a fresh process,
+    of a class holding it and of one whose method closes over it, each time it is made."""
+    root = str(Path(__file__).resolve().parent.parent)
+    environment = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": root}
+    done = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, env=environment, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    found: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        made, held, closed = line.split("|")
+        found.setdefault(made, []).extend([held, closed])
+    return found
+
+
+def test_an_object_held_by_what_it_holds_is_named_alike_in_every_process(tmp_path: Path) -> None:
+    """A callable object a class holds, or a method closes over, whose state is all named by
+    what it is (plain values, functions, torch modules holding no weights nor hooks) is
+    fingerprinted by its class and that state: the same in two fresh processes, and
+    another for other state or another class. One holding what no name says (a lock), or
+    whose class says when it equals another, is marked by which object it is: never
+    another's, in this process or another."""
+    path = tmp_path / "holding.py"
+    _write(path, _HOLDING)
+    one = _fingerprints_in_a_fresh_process(path, "1")
+    two = _fingerprints_in_a_fresh_process(path, "2")
+    named = [made for made in one if not made.startswith(("Locked", "Equal"))]
+    for made in named:
+        assert one[made] == two[made], made
+    held = {made: one[made][0] for made in named}
+    closed = {made: one[made][1] for made in named}
+    assert one["Scale(2)"][:2] == one["Scale(2)"][2:]  # made twice: alike
+    for by in (held, closed):
+        assert len(set(by.values())) == len(by)  # other state, another class: apart
+    for made in ("Locked(2)", "Equal(2)"):
+        marked = one[made] + two[made]
+        assert len(set(marked)) == len(marked)
+
+
+class _Scale:
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __call__(self, x: int) -> int:
+        return x * self.k
+
+
+class HoldsScale(Node):
+    """Scales by what the object it holds says."""
+
+    act = _Scale(2)
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return self.act(x)
+
+
+def test_an_object_named_by_what_it_holds_changed_in_place_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds, named by what it holds, changed in place after a graph was
+    built (``Kind.act.k = 3``) is other code from the next forward on: an answer kept
+    before is recalled as drifted, and strict=True computes it anew — and it is marked by
+    which object it is from then on, so what it computes is never kept under the name it
+    had before, which another process making it as it was would share."""
+    monkeypatch.setattr(HoldsScale, "act", _Scale(2))
+    two = fingerprint_of(HoldsScale)
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert graph.forward(5, store=store) == 10
+    monkeypatch.setattr(HoldsScale.act, "k", 3)
+    with pytest.warns(Drifted, match="`h` was recalled"):
+        assert graph.forward(5, store=store) == 10
+    assert graph.forward(5, store=store, strict=True) == 15
+    assert fingerprint_of(HoldsScale) != two
+    HoldsScale.act.k = 2  # set back in place: still marked, not taken for a fresh one
+    assert fingerprint_of(HoldsScale) != two
+    monkeypatch.setattr(HoldsScale, "act", _Scale(2))
+    assert fingerprint_of(HoldsScale) == two
+
+
+class _Counting(_Scale):
+    """Counts its calls on itself as it runs."""
+
+    def __call__(self, x: int) -> int:
+        self.calls = getattr(self, "calls", 0) + 1
+        return x * self.k
+
+
+class _Memo(_Scale):
+    """Keeps what it computed, in a dict it holds."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.memo: dict[int, int] = {}
+
+    def __call__(self, x: int) -> int:
+        return self.memo.setdefault(x, x * self.k)
+
+
+@pytest.mark.parametrize("held", [_Counting, _Memo])
+def test_an_object_that_moves_its_own_state_as_it_runs_is_recalled(
+    held: type[_Scale], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds that changes what it holds as it runs (a count, a cache) does
+    not make its node drift at every forward: it is marked by which object it is, from the
+    start or from the first change, and the forwards after recall what was kept."""
+    monkeypatch.setattr(HoldsScale, "act", held(2))
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    for x in (1, 1, 2, 2):
+        assert graph.forward(x, store=store) == 2 * x
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        for x in (1, 2, 3, 3):
+            assert graph.forward(x, store=store, strict=True) == 2 * x
+    assert graph.record is not None and graph.record.outcome["h"] == "recalled"
