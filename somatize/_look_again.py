@@ -59,7 +59,8 @@ def look_again(graph: Graph) -> None:
     :meth:`~somatize.node.Node.is_declaration_fixed`), and the state of a frozen node
     that sees its own state changed (:meth:`~somatize.node.Node.restate`), and the code
     of a node whose class, or a class it inherits from, was given another method or
-    value since, or lost one (a monkeypatch): its fingerprint worked out again, so an
+    value since, or lost one (a monkeypatch), or other bases, or one of whose methods
+    was given other code or defaults in place: its fingerprint worked out again, so an
     answer kept by the old code is drifted, never taken for the new code's. A change makes
     a new state of the memory, so what was derived from the old one — a graph's
     :class:`~somatize.plan.Static`, a broker's blueprints — is derived again. Nothing is

@@ -55,7 +55,9 @@ name (and those these name) and the plain constants. A module or class from
 elsewhere, a list or dict held at module level, a callable that is not a plain
 function (a decorated helper), a value the code reads from an object are not seen.
 A class's body is watched by a graph at every forward (:func:`watch_code`): a method set
-on it after the graph was built (a monkeypatch) is that node's code from then on.
+on it after the graph was built (a monkeypatch), a method given other code or defaults
+in place (``f.__code__ = ...``, as a reloader does), or the class given other bases is
+that node's code from then on.
 """
 
 from __future__ import annotations
@@ -661,7 +663,8 @@ class CodeWatch(NamedTuple):
 
     lives: list[Any]
     """The namespace of each class of ``kinds``, then each dict, list or set read of an
-    object named by what it holds (:func:`_held_bytes`)."""
+    object named by what it holds (:func:`_held_bytes`), each dict of keyword defaults of
+    a function of theirs, and last the count of code set in place (:data:`_SETS`)."""
     copies: list[Any]
     """A copy of each of ``lives``, taken with the watch."""
     kinds: list[type]
@@ -669,38 +672,98 @@ class CodeWatch(NamedTuple):
     given: tuple[type, ...]
     """The classes the watch was taken of."""
     labels: list[str]
-    """``Kind.name`` of what holds each of ``lives`` after the namespaces."""
+    """``Kind.name`` of what holds each of ``lives`` after the namespaces, but the last."""
+    made: list[tuple[str, FunctionType, Any, Any, Any]]
+    """Each function of the classes' namespaces, by ``Kind.name``, with its code and its
+    defaults when the watch was taken."""
+    mros: list[tuple[type, tuple[type, ...]]]
+    """Each class of ``kinds`` with the classes it inherited from then (``__mro__``)."""
+
+
+_CODE_SETS = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__bases__"})
+_SETS = [0]
+"""How many times, in this process, a function was given other code or defaults in place
+(``f.__code__ = ...``, ``f.__defaults__ = ...``, ``f.__kwdefaults__ = ...``) or a class
+other bases (``Kind.__bases__ = ...``): counted by an audit hook (:func:`_heard`), each of
+them being an ``object.__setattr__`` audit event, so that a watch sees them at the cost
+of one more number compared."""
+_HEARING: list[bool | None] = [None]
+"""Whether :data:`_SETS` counts (None: no hook added yet; False: the process refused it)."""
+
+
+def _heard(
+    event: str, args: tuple[Any, ...], sets: list[int] = _SETS, names: frozenset[str] = _CODE_SETS
+) -> None:
+    """Counts in :data:`_SETS` the audit events that set code or bases in place. Reads no
+    global (it is called to the end of the process) and raises nothing."""
+    if event == "object.__setattr__":
+        try:
+            if args[1] in names:
+                sets[0] += 1
+        except Exception:  # an event of another shape: not one of them
+            pass
+
+
+def _hear_code_set() -> None:
+    """Adds :func:`_heard` to the process's audit hooks, once, and notes whether it counts
+    (a hook added before may refuse hooks added after)."""
+    if _HEARING[0] is not None:
+        return
+    _HEARING[0] = False
+    sys.addaudithook(_heard)
+    before = _SETS[0]
+
+    def probe() -> None:
+        pass
+
+    probe.__defaults__ = ()
+    _HEARING[0] = _SETS[0] != before
 
 
 def watch_code(kinds: Iterable[type]) -> CodeWatch:
     """What the fingerprints of ``kinds`` were worked out from, laid out so that a change
     is found in one comparison made in C: the namespace of each class of their lineages
     (as :func:`fingerprint_of` takes them) and a copy of it, which differ once a method
-    is patched in, a base class's replaced, or one added or deleted; and each dict, list
-    or set read of an object a class holds, or its functions take as a default or close
-    over, named by what it holds (:func:`_held_bytes`: an attribute of it set in place,
-    ``Kind.act.k = 3``), with a copy of it. The lives compare equal to the copies: each
-    value by identity, else by ``==``, so a value replaced by an equal one, ``2`` by
-    ``2.0``, is not seen; one whose ``==`` says no bool, an array, raises, and is taken as
-    changed. The copies hold what they copy, so an old function cannot be followed by a
-    new one at the same address. Not watched, for what a look costs: a class's
-    ``__bases__`` replaced, and a function given other code or other defaults in place
-    (``f.__code__ = ...``, as a reloader does, ``f.__defaults__ = ...``) — a graph built
-    after sees them."""
+    is patched in, a base class's replaced, or one added or deleted; each dict, list or
+    set read of an object a class holds, or its functions close over, named by what it
+    holds (:func:`_held_bytes`: an attribute of it set in place, ``Kind.act.k = 3``), and
+    each dict of keyword defaults of their functions (``f.__kwdefaults__["by"] = 7``),
+    with a copy of it; and the count of functions given other code or defaults in place
+    and classes given other bases, in this process (:data:`_SETS`: ``f.__code__ = ...``,
+    as a reloader does, ``f.__defaults__ = (5,)``, ``Kind.__bases__ = ...``), which moves
+    for any function or class, and sends the look to what the watch noted of these
+    (:func:`code_changes`). The lives compare equal to the copies: each value by
+    identity, else by ``==``, so a value replaced by an equal one, ``2`` by ``2.0``, is not
+    seen; one whose ``==`` says no bool, an array, raises, and is taken as changed. The
+    copies hold what they copy, so an old function cannot be followed by a new one at
+    the same address."""
+    _hear_code_set()
     given = tuple(kinds)
     lineage = list(
         dict.fromkeys(above for kind in given for above in kind.__mro__ if not _left_out(above))
     )
     lives: list[Any] = [vars(kind) for kind in lineage]
     labels: list[str] = []
+    made: list[tuple[str, FunctionType, Any, Any, Any]] = []
     for kind in lineage:
         for name, member in list(vars(kind).items()):
+            label = f"{kind.__qualname__}.{name}"
             for held in _held_in(member):
                 read: list[Any] = []
                 if _held_bytes(held, read) is not None:
                     lives += read
-                    labels += [f"{kind.__qualname__}.{name}"] * len(read)
-    return CodeWatch(lives, list(map(_copied, lives)), lineage, given, labels)
+                    labels += [label] * len(read)
+            for function in _functions_in(member):
+                keywords = function.__kwdefaults__
+                made.append((label, function, function.__code__, function.__defaults__, keywords))
+                if keywords:
+                    lives.append(keywords)
+                    labels.append(label)
+    copies = list(map(_copied, lives))
+    lives.append(_SETS)
+    copies.append(list(_SETS))
+    mros = [(kind, kind.__mro__) for kind in lineage]
+    return CodeWatch(lives, copies, lineage, given, labels, made, mros)
 
 
 def _copied(live: Any) -> Any:
@@ -724,8 +787,9 @@ def code_changes(watch: CodeWatch) -> list[str]:
     dunder that holds no function (``__slotnames__``, which a copy of an instance adds,
     ``__annotations__``, which reading it adds), nor a plain value, set, added or deleted,
     that the code of the classes sets on one of them as it runs (``type(self).calls += 1``
-    in a subclass, the counter declared on its base: their state) — and for each object
-    it holds named by what it holds, changed in place."""
+    in a subclass, the counter declared on its base: their state) — for each object it
+    holds named by what it holds, changed in place, and for each function given other
+    code or defaults in place; ``Kind.__bases__`` for a class given other bases."""
     changed = []
     stored: frozenset[str] | None = None
     kinds = watch.kinds
@@ -741,7 +805,9 @@ def code_changes(watch: CodeWatch) -> list[str]:
                 if name in stored:
                     continue
             changed.append(f"{kind.__qualname__}.{name}")
-    extra = zip(watch.lives[len(kinds) :], watch.copies[len(kinds) :], watch.labels, strict=True)
+    extra = zip(
+        watch.lives[len(kinds) : -1], watch.copies[len(kinds) : -1], watch.labels, strict=True
+    )
     for live, copied, label in extra:
         try:
             same = bool(live == copied)
@@ -749,6 +815,16 @@ def code_changes(watch: CodeWatch) -> list[str]:
             same = False
         if not same and label not in changed:
             changed.append(label)
+    for label, function, code, defaults, keywords in watch.made:
+        if (
+            function.__code__ is not code
+            or function.__defaults__ is not defaults
+            or function.__kwdefaults__ is not keywords
+        ) and label not in changed:
+            changed.append(label)
+    changed += (
+        f"{kind.__qualname__}.__bases__" for kind, mro in watch.mros if kind.__mro__ is not mro
+    )
     return changed
 
 

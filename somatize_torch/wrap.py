@@ -407,11 +407,12 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
     values = _values_in(self, none, args, kwargs) if self._fixed else ()
     if not torch.compiler.is_compiling():
         self._follow()
+        if tracing is not None:  # before the code watch, which sees them too: named here
+            tracing.check_defaults()
         self._values.check()
         self._check()
         if tracing is not None:
             _refuse_global_hooks(self.model)
-            tracing.check_defaults()
     elif tracing is not None and any_global_hooks():
         _refuse_global_hooks_eagerly(self.model)
     runners = self._runners.get((none, values))

@@ -987,3 +987,71 @@ def test_an_object_that_moves_its_own_state_as_it_runs_is_recalled(
         for x in (1, 2, 3, 3):
             assert graph.forward(x, store=store, strict=True) == 2 * x
     assert graph.record is not None and graph.record.outcome["h"] == "recalled"
+
+
+class EditedBase(Node):
+    """Adds what its subclass's helper says."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return self.helper(x)  # type: ignore[attr-defined, no-any-return]
+
+
+class EditedOther(Node):
+    """Scales, for a class given it as its base in place of another."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * 100
+
+
+class Edited(EditedBase):
+    """Has its helper's code and defaults, and its bases, set in place by the tests below."""
+
+    def helper(self, x: int, by: int = 1, *, more: int = 0) -> int:
+        return x + by + more
+
+
+def _helper_times(self: Any, x: int, by: int = 1, *, more: int = 0) -> int:
+    return x * 10 + by + more
+
+
+_IN_PLACE: dict[str, tuple[Any, int]] = {
+    "code": (lambda mp: mp.setattr(Edited.helper, "__code__", _helper_times.__code__), 51),
+    "defaults": (lambda mp: mp.setattr(Edited.helper, "__defaults__", (5,)), 10),
+    "keyword defaults": (lambda mp: mp.setattr(Edited.helper, "__kwdefaults__", {"more": 9}), 15),
+    "a keyword default": (lambda mp: mp.setitem(Edited.helper.__kwdefaults__, "more", 7), 13),
+    "bases": (lambda mp: _rebased(Edited, (EditedOther,)), 500),
+}
+
+
+def _rebased(kind: type, bases: tuple[type, ...]) -> Any:
+    """Gives ``kind`` ``bases``; returns what puts the ones it had back."""
+    was = kind.__bases__
+    kind.__bases__ = bases
+    return lambda: setattr(kind, "__bases__", was)
+
+
+@pytest.mark.parametrize("edit", list(_IN_PLACE), ids=list(_IN_PLACE))
+def test_code_set_in_place_after_its_graph_was_built_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch, edit: str
+) -> None:
+    """A method given other code or defaults in place (``f.__code__ = ...``, as a reloader
+    does, ``f.__defaults__ = (5,)``, ``f.__kwdefaults__ = ...``, one keyword default set),
+    or a node's class given other bases, after its graph was built is seen at the next
+    forward: an answer kept before is recalled as drifted, and strict=True computes it
+    with the code as it is now — never the old answer taken for the new code's."""
+    graph = Graph.somatize(Edited().named("e").frozen().cached())
+    assert graph.forward(5, store=store) == 6
+    change, now = _IN_PLACE[edit]
+    undo = change(monkeypatch)
+    try:
+        with pytest.warns(Drifted, match="`e` was recalled"):
+            assert graph.forward(5, store=store) == 6
+        assert graph.forward(5, store=store, strict=True) == now
+        assert graph.record is not None and graph.record.outcome["e"] == "ran"
+    finally:
+        monkeypatch.undo()
+        if callable(undo):
+            undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        assert graph.forward(5, store=store, strict=True) == 6
