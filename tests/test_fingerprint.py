@@ -1055,3 +1055,49 @@ def test_code_set_in_place_after_its_graph_was_built_is_seen(
     with warnings.catch_warnings():
         warnings.simplefilter("error", Drifted)
         assert graph.forward(5, store=store, strict=True) == 6
+
+
+_REFUSING = """
+import sys
+
+from somatize import Graph, Node
+
+
+def refuse(event, args):
+    if event == "sys.addaudithook":
+        raise RuntimeError("no more hooks")
+
+
+sys.addaudithook(refuse)
+
+
+class Plus(Node):
+    def forward(self, x, ctx):
+        return x + 1
+
+
+print(Graph.somatize(Plus().named("p")).forward(1))
+print(__import__("somatize.catalog").catalog._HEARING[0])
+"""
+
+
+def test_a_process_that_refuses_audit_hooks_still_runs_graphs(tmp_path: Path) -> None:
+    """Where a hook added before refuses the audit hook that counts code set in place, that
+    is known, and a graph is still built and run (such sets are then seen by a graph
+    built after); elsewhere the hook counts."""
+    from somatize import catalog
+
+    catalog.watch_code(())
+    assert catalog._HEARING[0] is True
+    path = tmp_path / "refusing.py"
+    _write(path, _REFUSING)
+    root = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": root},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["2", "False"]
