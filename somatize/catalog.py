@@ -422,27 +422,34 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
         reference = weakref.ref(value, functools.partial(_forget_held, id(value)))
     except TypeError:
         return None
+    walking = getattr(_WALKING, "ids", None)
+    if walking is None:
+        walking = _WALKING.ids = set()
+        _WALKING.kinds = set()
+    if id(value) in walking:  # reached again as it is read or looked at: marked for good
+        _HELD[id(value)] = (reference, None, [], [], [])
+        return None
     found = _HELD.get(id(value))
     if found is not None and found[0]() is value:
         _, named, read, copies, kinds = found
         if named is None:
             return None
+        walking.add(id(value))
         try:
             same = read == copies and all(fingerprint_of(k) == f for k, f in kinds)
         except Exception:  # a value replaced whose `==` says no bool (an array)
             same = False
-        if not same:  # changed in place since it was named: marked from now on
+        finally:
+            walking.discard(id(value))
+        if not same or _HELD.get(id(value)) is not found:
+            # changed in place since it was named, or reached again as it was looked at:
+            # marked from now on
             _HELD[id(value)] = (found[0], None, [], [], [])
             return None
         if containers is not None:
             containers += read
         return named
-    walking = getattr(_WALKING, "ids", None)
-    if walking is None:
-        walking = _WALKING.ids = set()
-        _WALKING.kinds = set()
-    if id(value) in walking:
-        return None
+    _HELD.pop(id(value), None)  # what was noted of another object at this address
     walk = _Walk(walking)
     try:
         said = walk.name(value, 0)
@@ -450,7 +457,7 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
         said = None
     finally:
         walking.difference_update(walk.placed)
-    if said is None:
+    if said is None or id(value) in _HELD:  # reached again as it was read: marked
         _HELD[id(value)] = (reference, None, [], [], [])
         return None
     named = b"held " + hashlib.sha256(said).digest()

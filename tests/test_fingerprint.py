@@ -1101,3 +1101,24 @@ def test_a_process_that_refuses_audit_hooks_still_runs_graphs(tmp_path: Path) ->
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["2", "False"]
+
+
+def test_classes_holding_each_other_s_objects_are_fingerprinted_alike_each_time() -> None:
+    """Two classes each holding an object of the other (a callable registry pointing both
+    ways) are fingerprinted the same each time they are asked, without end: an object
+    reached again while it is read or looked at is marked there."""
+
+    class Left:
+        def __call__(self, x: int) -> int:
+            return x
+
+    class Right:
+        def __call__(self, x: int) -> int:
+            return x
+
+    Left.peer = Right()  # type: ignore[attr-defined]
+    Right.peer = Left()  # type: ignore[attr-defined]
+    right = fingerprint_of(Right)
+    left = fingerprint_of(Left)
+    assert [fingerprint_of(Right), fingerprint_of(Left)] == [right, left]
+    assert [fingerprint_of(Left), fingerprint_of(Right)] == [left, right]
