@@ -473,12 +473,12 @@ it is marked by which object it is, :func:`_token_of`), what was read of it, cop
 that, and each class it was named with, with its fingerprint then (:func:`_held_bytes`)."""
 
 
-def _forget_held(at: int, reference: weakref.ref[Any]) -> None:
+def _forget_held(at: int, reference: weakref.ref[Any], held: dict[int, Any] = _HELD) -> None:
     """Forgets what :data:`_HELD` says of an object gone (not of another made since at its
-    address)."""
-    found = _HELD.get(at)
+    address). Reads no global: it may be called as the process ends."""
+    found = held.get(at)
     if found is not None and found[0] is reference:
-        del _HELD[at]
+        del held[at]
 
 
 class _Walk:
@@ -546,10 +546,11 @@ class _Walk:
         if not _readable(kind):
             raise _Unnamed
         attributes = self.attributes(value)
-        if _torch_module(kind) and any(
-            attributes[a] for a in attributes if "hooks" in a and attributes[a] is not None
-        ):
-            raise _Unnamed  # hooks run around its forward: not told by what it holds
+        if _torch_module(kind):
+            for own in _TORCH_OWN.intersection(attributes):  # seen changed, not named
+                if type(attributes[own]) in _CONTAINERS:
+                    self.see(attributes[own])
+            attributes = _torch_named(attributes)
         if _moves_itself(kind):
             raise _Unnamed  # what it holds is its state as it runs, not what it is
         kinds: set[type] = _WALKING.kinds
@@ -654,6 +655,46 @@ def _read_in_python(kind: type) -> bool:
 
 def _slots(declared: Any) -> tuple[str, ...]:
     return (declared,) if isinstance(declared, str) else tuple(declared)
+
+
+_TORCH_OWN = frozenset(
+    {
+        "_parameters",
+        "_buffers",
+        "_non_persistent_buffers_set",
+        "_is_full_backward_hook",
+        "_backward_pre_hooks",
+        "_backward_hooks",
+        "_forward_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+        "_state_dict_hooks",
+        "_state_dict_pre_hooks",
+        "_load_state_dict_pre_hooks",
+        "_load_state_dict_post_hooks",
+    }
+)
+"""What torch keeps on every module for itself: when it holds nothing (no weight, buffer
+nor hook), it says nothing of what the module is, and is left out of its name, so that a
+torch upgrade that keeps another such table does not rename every module."""
+
+
+def _torch_named(attributes: dict[str, Any]) -> dict[str, Any]:
+    """What of a torch module's attributes names it: all but :data:`_TORCH_OWN`, which must
+    hold nothing — a weight or a buffer (a tensor, named by no value) or a hook (which runs
+    around its forward) makes it no module named by what it holds."""
+    for name in _TORCH_OWN.intersection(attributes):
+        held = attributes[name]
+        if name in ("_parameters", "_buffers"):
+            if not isinstance(held, dict) or any(v is not None for v in held.values()):
+                raise _Unnamed
+        elif held and name != "_non_persistent_buffers_set":
+            raise _Unnamed
+    if any(attributes[a] for a in attributes if "hook" in a and a not in _TORCH_OWN):
+        raise _Unnamed  # another table of hooks, of another version of torch
+    return {a: v for a, v in attributes.items() if a not in _TORCH_OWN}
 
 
 def _torch_module(kind: type) -> bool:

@@ -827,6 +827,11 @@ class Equal(Scale):
     __hash__ = None
 
 
+def hooked(module):
+    module.register_forward_hook(lambda *called: None)
+    return module
+
+
 @dataclasses.dataclass
 class Fields:
     k: int
@@ -867,6 +872,8 @@ for made in (
     "Locked(2)",
     "Equal(2)",
     "Equal(2)",
+    "hooked(nn.ReLU())",
+    "hooked(nn.ReLU())",
 ):
     print(made, holding(eval(made)), closing(eval(made)), sep="|")
 """
@@ -892,14 +899,14 @@ def test_an_object_held_by_what_it_holds_is_named_alike_in_every_process(tmp_pat
     """A callable object a class holds, or a method closes over, whose state is all named by
     what it is (plain values, functions, torch modules holding no weights nor hooks) is
     fingerprinted by its class and that state: the same in two fresh processes, and
-    another for other state or another class. One holding what no name says (a lock), or
-    whose class says when it equals another, is marked by which object it is: never
-    another's, in this process or another."""
+    another for other state or another class. One holding what no name says (a lock, a
+    hook), or whose class says when it equals another, is marked by which object it is:
+    never another's, in this process or another."""
     path = tmp_path / "holding.py"
     _write(path, _HOLDING)
     one = _fingerprints_in_a_fresh_process(path, "1")
     two = _fingerprints_in_a_fresh_process(path, "2")
-    named = [made for made in one if not made.startswith(("Locked", "Equal"))]
+    named = [made for made in one if not made.startswith(("Locked", "Equal", "hooked"))]
     for made in named:
         assert one[made] == two[made], made
     held = {made: one[made][0] for made in named}
@@ -907,7 +914,7 @@ def test_an_object_held_by_what_it_holds_is_named_alike_in_every_process(tmp_pat
     assert one["Scale(2)"][:2] == one["Scale(2)"][2:]  # made twice: alike
     for by in (held, closed):
         assert len(set(by.values())) == len(by)  # other state, another class: apart
-    for made in ("Locked(2)", "Equal(2)"):
+    for made in ("Locked(2)", "Equal(2)", "hooked(nn.ReLU())"):
         marked = one[made] + two[made]
         assert len(set(marked)) == len(marked)
 
@@ -1122,3 +1129,27 @@ def test_classes_holding_each_other_s_objects_are_fingerprinted_alike_each_time(
     left = fingerprint_of(Left)
     assert [fingerprint_of(Right), fingerprint_of(Left)] == [right, left]
     assert [fingerprint_of(Left), fingerprint_of(Right)] == [left, right]
+
+
+def test_a_hook_put_on_a_torch_module_a_class_holds_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torch module a class holds, named by what it holds, given a hook after a graph was
+    built is other code from the next forward on: strict=True computes with the hook."""
+    import torch
+
+    monkeypatch.setattr(Clamps, "act", torch.nn.ReLU(), raising=False)
+    graph = Graph.somatize(Clamps().named("c").frozen().cached())
+    assert graph.forward(-2.0, store=store) == 0.0
+    Clamps.act.register_forward_hook(lambda module, given, made: made + 100)
+    assert graph.forward(-2.0, store=store, strict=True) == 100.0
+    assert graph.record is not None and graph.record.outcome["c"] == "ran"
+
+
+class Clamps(Node):
+    """Calls the torch module the test above sets on it."""
+
+    def forward(self, x: float, ctx: Any) -> float:
+        import torch
+
+        return float(self.act(torch.tensor([x])))  # type: ignore[attr-defined]
