@@ -399,25 +399,27 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     """``value`` named by what it is, the same in every process that makes it alike, or
     None where it cannot be (then it is marked by which object it is, :func:`_token_of`).
 
-    An object is named by its class's name and fingerprint (:func:`fingerprint_of`) and
-    its attributes, each named in turn: a plain value by what it is, a function by how it
-    is written (:func:`_function_bytes`), a class by its name where that leads back to it,
-    a module by its name, a list, tuple, dict or set by its items, a partial by its
-    function and what it binds, a bound method by its function and its object, another
-    object the same way. An object is not named so — the whole is marked — where any part
-    holds what no name says: a class written in C (a tensor, an array, a lock), an object
-    with slots, one whose class says when it equals another (``__eq__``, but as a
-    dataclass does: a graph's watch compares what it holds with ``==``), a torch module
-    holding hooks; one reached deeper or larger than a bound; one that cannot be
+    An object is named by its class's name and fingerprint (:func:`fingerprint_of`) and its
+    attributes, each named in turn: a plain value by what it is, a function by how it is
+    written (:func:`_function_bytes`) and what it names in its module (:func:`_named`: a
+    helper, a constant, as for a class's own functions), a class by its name where that
+    leads back to it, a module by its name, a list, tuple, dict or set by its items, a
+    partial by its function and what it binds, a bound method by its function and its
+    object, another object the same way. An object is not named so — the whole is marked —
+    where any part holds what no name says: a class written in C (a tensor, an array, a
+    lock), an object with slots, one whose class says when it equals another (``__eq__``,
+    but as a dataclass does: a graph's watch compares what it holds with ``==``), a torch
+    module holding hooks; one reached deeper or larger than a bound; one that cannot be
     referenced weakly (a bare list or dict); or one whose class's own code sets its
     attributes as it runs (a count, a cache).
 
-    An object is read once, when first named, and keeps its name while what was read of
-    it (each dict, list and set, its attributes among them, and the namespaces of its
-    classes) holds what it held then, and its classes their fingerprints: one changed in
-    place since (``Kind.act.k = 3``) is marked by which object it is from then on, so its
-    old name is never taken for what it computes now. ``containers`` is given what was
-    read of it, for a graph's watch to see such a change at the next forward."""
+    An object is read once, when first named, and keeps its name while what was read of it
+    (each dict, list and set, its attributes among them, and the namespaces of its classes)
+    holds what it held then, its classes their fingerprints, and the names its functions
+    look up in their modules what they held: one changed in place since (``Kind.act.k = 3``)
+    is marked by which object it is from then on, so its old name is never taken for what it
+    computes now. ``containers`` is given what was read of it, for a graph's watch to see
+    such a change at the next forward."""
     try:
         reference = weakref.ref(value, functools.partial(_forget_held, id(value)))
     except TypeError:
@@ -427,16 +429,20 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
         walking = _WALKING.ids = set()
         _WALKING.kinds = set()
     if id(value) in walking:  # reached again as it is read or looked at: marked for good
-        _HELD[id(value)] = (reference, None, [], [], [])
+        _HELD[id(value)] = (reference, None, [], [], [], ())
         return None
     found = _HELD.get(id(value))
     if found is not None and found[0]() is value:
-        _, named, read, copies, kinds = found
+        _, named, read, copies, kinds, looked = found
         if named is None:
             return None
         walking.add(id(value))
         try:
-            same = read == copies and all(fingerprint_of(k) == f for k, f in kinds)
+            same = (
+                read == copies
+                and all(_still(*name) for name in looked)
+                and all(fingerprint_of(k) == f for k, f in kinds)
+            )
         except Exception:  # a value replaced whose `==` says no bool (an array)
             same = False
         finally:
@@ -444,7 +450,7 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
         if not same or _HELD.get(id(value)) is not found:
             # changed in place since it was named, or reached again as it was looked at:
             # marked from now on
-            _HELD[id(value)] = (found[0], None, [], [], [])
+            _HELD[id(value)] = (found[0], None, [], [], [], ())
             return None
         if containers is not None:
             containers += read
@@ -458,19 +464,23 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     finally:
         walking.difference_update(walk.placed)
     if said is None or id(value) in _HELD:  # reached again as it was read: marked
-        _HELD[id(value)] = (reference, None, [], [], [])
+        _HELD[id(value)] = (reference, None, [], [], [], ())
         return None
     named = b"held " + hashlib.sha256(said).digest()
-    _HELD[id(value)] = (reference, named, walk.read, list(map(_copied, walk.read)), walk.kinds)
+    copies = list(map(_copied, walk.read))
+    _HELD[id(value)] = (reference, named, walk.read, copies, walk.kinds, tuple(walk.looked))
     if containers is not None:
         containers += walk.read
     return named
 
 
-_HELD: dict[int, tuple[weakref.ref[Any], bytes | None, list[Any], list[Any], list[Any]]] = {}
+_HELD: dict[
+    int, tuple[weakref.ref[Any], bytes | None, list[Any], list[Any], list[Any], Looked]
+] = {}
 """An object named by what it holds, by its address → a weak reference to it, its name (None:
 it is marked by which object it is, :func:`_token_of`), what was read of it, copies of
-that, and each class it was named with, with its fingerprint then (:func:`_held_bytes`)."""
+that, each class it was named with, with its fingerprint then, and the names its functions
+looked up in their modules, with what they held (:func:`_held_bytes`)."""
 
 
 def _forget_held(at: int, reference: weakref.ref[Any], held: dict[int, Any] = _HELD) -> None:
@@ -490,6 +500,7 @@ class _Walk:
         self.held: list[Any] = []  # what was read, alive while ids name it
         self.read: list[Any] = []  # each dict, list, set and class namespace read
         self.kinds: list[tuple[type, str]] = []  # each class named, with its fingerprint
+        self.looked: list[Any] = []  # each name its functions looked up in their module
         self.count = 0
 
     def name(self, value: Any, depth: int) -> bytes:
@@ -503,8 +514,11 @@ class _Walk:
             return b"again %d" % at
         if id(value) in self.walking:  # being read around this reading
             raise _Unnamed
-        if isinstance(value, FunctionType):
-            return b"function " + _function_bytes(value)
+        if isinstance(value, FunctionType):  # with what it names in its module
+            named, looked = _named([value])
+            self.looked += looked
+            pieces = [label + b"\0" + piece for label, piece in named]
+            return _joined(b"function " + _function_bytes(value), pieces)
         if isinstance(value, type):
             identity = identity_of(value)
             if identity is None:

@@ -1153,3 +1153,39 @@ class Clamps(Node):
         import torch
 
         return float(self.act(torch.tensor([x])))  # type: ignore[attr-defined]
+
+
+_HELPER = """
+STEP = 2
+
+
+def helper(x):
+    return x * STEP
+"""
+
+
+class _Calls:
+    """Calls the function it holds."""
+
+    def __init__(self, function: Any) -> None:
+        self.function = function
+
+    def __call__(self, x: int) -> int:
+        return self.function(x)  # type: ignore[no-any-return]
+
+
+def test_a_function_an_object_holds_is_named_with_what_it_names_in_its_module(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A function an object held by a class holds is named with the helpers and constants
+    it names in its module, as the class's own functions are: its module edited between
+    two runs (``STEP = 2`` made 3) is other code, never recalled for the old one's answer."""
+    path = tmp_path / "fingerprinted.py"
+    found = []
+    for step in (2, 3, 3):
+        loaded = _load(path, _HELPER.replace("STEP = 2", f"STEP = {step}"), monkeypatch)
+        monkeypatch.setattr(HoldsScale, "act", _Calls(loaded.helper))
+        found.append(fingerprint_of(HoldsScale))
+        graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+        assert graph.forward(5, store=store, strict=True) == 5 * step
+    assert found[0] != found[1] == found[2]
