@@ -399,19 +399,20 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     """``value`` named by what it is, the same in every process that makes it alike, or
     None where it cannot be (then it is marked by which object it is, :func:`_token_of`).
 
-    An object is named by its class's name and fingerprint (:func:`fingerprint_of`) and its
-    attributes, each named in turn: a plain value by what it is, a function by how it is
-    written (:func:`_function_bytes`) and what it names in its module (:func:`_named`: a
-    helper, a constant, as for a class's own functions), a class by its name where that
-    leads back to it, a module by its name, a list, tuple, dict or set by its items, a
-    partial by its function and what it binds, a bound method by its function and its
-    object, another object the same way. An object is not named so — the whole is marked —
-    where any part holds what no name says: a class written in C (a tensor, an array, a
-    lock), an object with slots, one whose class says when it equals another (``__eq__``,
-    but as a dataclass does: a graph's watch compares what it holds with ``==``), a torch
-    module holding hooks; one reached deeper or larger than a bound; one that cannot be
-    referenced weakly (a bare list or dict); or one whose class's own code sets its
-    attributes as it runs (a count, a cache).
+    An object is named by its class's name and fingerprint (:func:`fingerprint_of`), what
+    its classes hold that their fingerprints do not name (:func:`_unwritten`: a table, a
+    class), and its attributes, each named in turn: a plain value by what it is, a function
+    by how it is written (:func:`_function_bytes`) and what it names in its module
+    (:func:`_named`: a helper, a constant, as for a class's own functions), a class by its
+    name where that leads back to it, a module by its name, a list, tuple, dict or set by
+    its items, a partial by its function and what it binds, a bound method by its function
+    and its object, another object the same way. An object is not named so — the whole is
+    marked — where any part holds what no name says: a class written in C (a tensor, an
+    array, a lock), an object with slots, one whose class says when it equals another
+    (``__eq__``, but as a dataclass does: a graph's watch compares what it holds with
+    ``==``), a torch module holding hooks; one reached deeper or larger than a bound; one
+    that cannot be referenced weakly (a bare list or dict); or one whose class's own code
+    sets its attributes as it runs (a count, a cache).
 
     An object is read once, when first named, and keeps its name while what was read of it
     (each dict, list and set, its attributes among them, and the namespaces of its classes)
@@ -576,9 +577,15 @@ class _Walk:
         finally:
             kinds.discard(kind)
         self.kinds.append((kind, written))
-        self.read += (vars(above) for above in kind.__mro__ if not _left_out(above))
+        lineage = [above for above in kind.__mro__ if not _left_out(above)]
+        self.read += map(vars, lineage)
         said = f"object {kind.__module__}:{kind.__qualname__} {written}".encode()
         pairs = [a.encode() + b"\0" + self.name(attributes[a], deeper) for a in sorted(attributes)]
+        for above in lineage:  # what its classes hold that their fingerprints do not name
+            for a, member in sorted(vars(above).items()):
+                if _unwritten(a, member):
+                    label = f"{above.__qualname__}.{a}".encode()
+                    pairs.append(label + b"\0" + self.name(member, deeper))
         return _joined(said, pairs)
 
     def attributes(self, value: Any) -> dict[str, Any]:
@@ -594,6 +601,17 @@ class _Walk:
 
     def see(self, container: Any) -> None:
         self.read.append(container)
+
+
+def _unwritten(name: str, member: Any) -> bool:
+    """Whether a class's ``name`` holds what its fingerprint (:func:`_written`) does not
+    name: no dunder, plain value, function nor callable object, but a list, a dict, a
+    class, a module or another object (``table = {"by": 2}``, ``make = Layer``)."""
+    if _dunder(name) or _plain(member) or _functions_in(member):
+        return False
+    if isinstance(member, (type, ModuleType)):
+        return True
+    return not callable(member) and not hasattr(type(member), "__get__")
 
 
 def _joined(label: bytes, parts: list[bytes]) -> bytes:

@@ -1189,3 +1189,29 @@ def test_a_function_an_object_holds_is_named_with_what_it_names_in_its_module(
         graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
         assert graph.forward(5, store=store, strict=True) == 5 * step
     assert found[0] != found[1] == found[2]
+
+
+_TABLE = """
+class Table:
+    table = {"by": 2}
+
+    def __call__(self, x):
+        return x * self.table["by"]
+"""
+
+
+def test_what_the_class_of_an_object_a_class_holds_keeps_is_in_its_name(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds is named with what its own class keeps that is no plain
+    value nor function (a table, ``table = {"by": 2}``): that class edited between two
+    runs (``{"by": 3}``) is other code, never recalled for the old one's answer."""
+    path = tmp_path / "fingerprinted.py"
+    found = []
+    for by in (2, 3, 3):
+        loaded = _load(path, _TABLE.replace('"by": 2', f'"by": {by}'), monkeypatch)
+        monkeypatch.setattr(HoldsScale, "act", loaded.Table())
+        found.append(fingerprint_of(HoldsScale))
+        graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+        assert graph.forward(5, store=store, strict=True) == 5 * by
+    assert found[0] != found[1] == found[2]
