@@ -508,7 +508,7 @@ class _Walk:
         self.count += 1
         if depth > _HELD_DEPTH or self.count > _HELD_ITEMS:
             raise _Unnamed
-        if _plain(value):
+        if _exactly_plain(value):
             return _constant_bytes(value)
         at = self.placed.get(id(value))
         if at is not None:  # read before here (shared, or a cycle): by its place
@@ -951,6 +951,19 @@ def _plain(value: Any) -> bool:
     return False
 
 
+_PLAIN_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+def _exactly_plain(value: Any) -> bool:
+    """Whether ``value`` is a plain constant (:func:`_plain`) of those very types, none of
+    a subclass (an ``int`` with methods, a namedtuple) whose code :func:`_constant_bytes`
+    does not name."""
+    kind = type(value)
+    if kind in _PLAIN_TYPES:
+        return True
+    return (kind is tuple or kind is frozenset) and all(map(_exactly_plain, value))
+
+
 def _functions_in(member: Any) -> list[FunctionType]:
     """The plain functions a class attribute runs: itself, what a static or class method,
     a property or a cached property holds, each unwrapped from a decorator that says what
@@ -1045,8 +1058,9 @@ def _closed_objects(function: FunctionType) -> list[Any]:
     for cell in function.__closure__ or ():
         with contextlib.suppress(ValueError):  # not filled yet
             value = cell.cell_contents
-            if not _plain(value) and not isinstance(value, (FunctionType, type, ModuleType)):
-                found.append(value)
+            if _exactly_plain(value) or isinstance(value, (FunctionType, type, ModuleType)):
+                continue
+            found.append(value)
     return found
 
 
@@ -1062,7 +1076,7 @@ def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
         value = cell.cell_contents
     except ValueError:  # not filled yet
         return b"empty"
-    if _plain(value):
+    if _exactly_plain(value):
         return _constant_bytes(value)
     if isinstance(value, FunctionType):
         if id(value) in within:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import gc
@@ -1215,3 +1216,74 @@ def test_what_the_class_of_an_object_a_class_holds_keeps_is_in_its_name(
         graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
         assert graph.forward(5, store=store, strict=True) == 5 * by
     assert found[0] != found[1] == found[2]
+
+
+def _int_times(k: int) -> Any:
+    """An ``int`` that, called, multiplies by itself."""
+
+    class By(int):
+        def __call__(self, x: int) -> int:
+            return x * int(self)
+
+    return By(k)
+
+
+def _int_plus(k: int) -> Any:
+    """An ``int`` of a class of the same name that, called, adds itself."""
+
+    class By(int):
+        def __call__(self, x: int) -> int:
+            return x + int(self)
+
+    return By(k)
+
+
+_AB = collections.namedtuple("Pair", "a b")
+_BA = collections.namedtuple("Pair", "b a")
+
+
+class _First:
+    """Scales by the field ``a`` of the pair it holds."""
+
+    def __init__(self, pair: Any) -> None:
+        self.pair = pair
+
+    def __call__(self, x: int) -> int:
+        return x * self.pair.a  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    "made",
+    [
+        (lambda: _Calls(_int_times(2)), lambda: _Calls(_int_plus(2))),
+        (lambda: _First(_AB(2, 3)), lambda: _First(_BA(2, 3))),
+    ],
+    ids=["int subclass", "namedtuple"],
+)
+def test_a_value_of_a_subclass_of_a_plain_type_is_not_named_as_the_plain_value(
+    made: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value an object a class holds, or a method closes over, of a subclass of a plain
+    type (an ``int`` with methods, a namedtuple) is not named by its type's name and what
+    it equals alone, which two such classes doing other things share: objects holding
+    them, computing apart, are fingerprinted apart, as are methods closing over them."""
+    one, other = made[0](), made[1]()
+    assert one(5) != other(5)
+    found = []
+    for held in (one, other):
+        monkeypatch.setattr(HoldsScale, "act", held)
+        found.append(fingerprint_of(HoldsScale))
+    assert found[0] != found[1]
+    inners = [next(iter(vars(held).values())) for held in (one, other)]
+    closing = [fingerprint_of(_closing_over(inner)) for inner in inners]
+    assert closing[0] != closing[1]
+
+
+def _closing_over(inner: Any) -> type:
+    """A node class whose method closes over ``inner``."""
+
+    class Closes(Node):
+        def forward(self, x: int, ctx: Any) -> Any:
+            return inner
+
+    return Closes
