@@ -404,15 +404,16 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     class), and its attributes, each named in turn: a plain value by what it is, a function
     by how it is written (:func:`_function_bytes`) and what it names in its module
     (:func:`_named`: a helper, a constant, as for a class's own functions), a class by its
-    name where that leads back to it, a module by its name, a list, tuple, dict or set by
-    its items, a partial by its function and what it binds, a bound method by its function
-    and its object, another object the same way. An object is not named so — the whole is
-    marked — where any part holds what no name says: a class written in C (a tensor, an
-    array, a lock), an object with slots, one whose class says when it equals another
-    (``__eq__``, but as a dataclass does: a graph's watch compares what it holds with
-    ``==``), a torch module holding hooks; one reached deeper or larger than a bound; one
-    that cannot be referenced weakly (a bare list or dict); or one whose class's own code
-    sets its attributes as it runs (a count, a cache).
+    name (where that leads back to it), its fingerprint and what it keeps, as an object's
+    class is, a module by its name, a list, tuple, dict or set by its items, a partial by
+    its function and what it binds, a bound method by its function and its object, another
+    object the same way. An object is not named so — the whole is marked — where any part
+    holds what no name says: a class written in C (a tensor, an array, a lock), an object
+    with slots, one whose class says when it equals another (``__eq__``, but as a dataclass
+    does: a graph's watch compares what it holds with ``==``), a torch module holding hooks;
+    one reached deeper or larger than a bound; one that cannot be referenced weakly (a bare
+    list or dict); or one whose class's own code sets its attributes as it runs (a count, a
+    cache).
 
     An object is read once, when first named, and keeps its name while what was read of it
     (each dict, list and set, its attributes among them, and the namespaces of its classes)
@@ -520,11 +521,8 @@ class _Walk:
             self.looked += looked
             pieces = [label + b"\0" + piece for label, piece in named]
             return _joined(b"function " + _function_bytes(value), pieces)
-        if isinstance(value, type):
-            identity = identity_of(value)
-            if identity is None:
-                raise _Unnamed
-            return f"class {identity}".encode()
+        if isinstance(value, type) and identity_of(value) is None:
+            raise _Unnamed
         if isinstance(value, ModuleType):
             return f"module {value.__name__}".encode()
         if isinstance(value, BuiltinFunctionType):
@@ -536,6 +534,9 @@ class _Walk:
         self.held.append(value)
         kind = type(value)
         deeper = depth + 1
+        if isinstance(value, type):
+            said, *kept = self.written(value, deeper)
+            return _joined(b"class " + said, kept)
         if kind in _CONTAINERS:
             items: list[bytes]
             if isinstance(value, dict):
@@ -568,8 +569,16 @@ class _Walk:
             attributes = _torch_named(attributes)
         if _moves_itself(kind):
             raise _Unnamed  # what it holds is its state as it runs, not what it is
+        said, *kept = self.written(kind, deeper)
+        pairs = [a.encode() + b"\0" + self.name(attributes[a], deeper) for a in sorted(attributes)]
+        return _joined(b"object " + said, kept + pairs)
+
+    def written(self, kind: type, depth: int) -> list[bytes]:
+        """``kind`` by its name and fingerprint (:func:`fingerprint_of`), then each thing its
+        classes keep that their fingerprints do not name (:func:`_unwritten`: a table, a
+        class), each named in turn; their namespaces are seen."""
         kinds: set[type] = _WALKING.kinds
-        if kind in kinds:  # its class's fingerprint is being worked out, reading this
+        if kind in kinds:  # its fingerprint is being worked out, reading this
             raise _Unnamed
         kinds.add(kind)
         try:
@@ -579,14 +588,13 @@ class _Walk:
         self.kinds.append((kind, written))
         lineage = [above for above in kind.__mro__ if not _left_out(above)]
         self.read += map(vars, lineage)
-        said = f"object {kind.__module__}:{kind.__qualname__} {written}".encode()
-        pairs = [a.encode() + b"\0" + self.name(attributes[a], deeper) for a in sorted(attributes)]
-        for above in lineage:  # what its classes hold that their fingerprints do not name
-            for a, member in sorted(vars(above).items()):
-                if _unwritten(a, member):
-                    label = f"{above.__qualname__}.{a}".encode()
-                    pairs.append(label + b"\0" + self.name(member, deeper))
-        return _joined(said, pairs)
+        parts = [f"{kind.__module__}:{kind.__qualname__} {written}".encode()]
+        for above in lineage:
+            for name, member in sorted(vars(above).items()):
+                if _unwritten(name, member):
+                    label = f"{above.__qualname__}.{name}".encode()
+                    parts.append(label + b"\0" + self.name(member, depth))
+        return parts
 
     def attributes(self, value: Any) -> dict[str, Any]:
         """What ``value`` holds in its ``__dict__`` (seen for a watch), or {} with none."""

@@ -1287,3 +1287,35 @@ def _closing_over(inner: Any) -> type:
             return inner
 
     return Closes
+
+
+_MAKER = """
+class Layer:
+    def __call__(self, x):
+        return x * 2
+
+
+class Maker:
+    def __init__(self):
+        self.make = Layer
+
+    def __call__(self, x):
+        return self.make()(x)
+"""
+
+
+def test_a_class_an_object_a_class_holds_holds_is_named_by_its_code(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class an object held by a class holds (``self.make = Layer``) is named by its code
+    as well as its name: that class edited between two runs (``x * 2`` made ``x * 3``) is
+    other code, never recalled for the old one's answer."""
+    path = tmp_path / "fingerprinted.py"
+    found = []
+    for by in (2, 3, 3):
+        loaded = _load(path, _MAKER.replace("x * 2", f"x * {by}"), monkeypatch)
+        monkeypatch.setattr(HoldsScale, "act", loaded.Maker())
+        found.append(fingerprint_of(HoldsScale))
+        graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+        assert graph.forward(5, store=store, strict=True) == 5 * by
+    assert found[0] != found[1] == found[2]
