@@ -73,6 +73,7 @@ import importlib
 import inspect
 import itertools
 import linecache
+import operator
 import os
 import sys
 import textwrap
@@ -417,11 +418,11 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
 
     An object is read once, when first named, and keeps its name while what was read of it
     (each dict, list and set, its attributes among them, and the namespaces of its classes)
-    holds what it held then, its classes their fingerprints, and the names its functions
-    look up in their modules what they held: one changed in place since (``Kind.act.k = 3``)
-    is marked by which object it is from then on, so its old name is never taken for what it
-    computes now. ``containers`` is given what was read of it, for a graph's watch to see
-    such a change at the next forward."""
+    holds the very objects it held then (:func:`_holds_the_same`), its classes their
+    fingerprints, and the names its functions look up in their modules what they held: one
+    changed in place since (``Kind.act.k = 3``) is marked by which object it is from then
+    on, so its old name is never taken for what it computes now. ``containers`` is given
+    what was read of it, for a graph's watch to see such a change at the next forward."""
     try:
         reference = weakref.ref(value, functools.partial(_forget_held, id(value)))
     except TypeError:
@@ -441,12 +442,10 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
         walking.add(id(value))
         try:
             same = (
-                read == copies
+                all(map(_holds_the_same, read, copies))
                 and all(_still(*name) for name in looked)
                 and all(fingerprint_of(k) == f for k, f in kinds)
             )
-        except Exception:  # a value replaced whose `==` says no bool (an array)
-            same = False
         finally:
             walking.discard(id(value))
         if not same or _HELD.get(id(value)) is not found:
@@ -483,6 +482,19 @@ _HELD: dict[
 it is marked by which object it is, :func:`_token_of`), what was read of it, copies of
 that, each class it was named with, with its fingerprint then, and the names its functions
 looked up in their modules, with what they held (:func:`_held_bytes`)."""
+
+
+def _holds_the_same(live: Any, copied: Any) -> bool:
+    """Whether the dict, list, set or class namespace ``live`` holds the very objects its copy
+    does, not only equal ones (``-0.0`` and ``0.0``, ``True`` and ``1``, which compute
+    apart, are equal)."""
+    if len(live) != len(copied):
+        return False
+    if isinstance(copied, (set, frozenset)):
+        return sorted(map(id, live)) == sorted(map(id, copied))
+    if isinstance(copied, dict) and not all(map(operator.is_, live.values(), copied.values())):
+        return False
+    return all(map(operator.is_, live, copied))
 
 
 def _forget_held(at: int, reference: weakref.ref[Any], held: dict[int, Any] = _HELD) -> None:

@@ -6,6 +6,7 @@ import collections
 import copy
 import functools
 import gc
+import math
 import os
 import subprocess
 import sys
@@ -1319,3 +1320,29 @@ def test_a_class_an_object_a_class_holds_holds_is_named_by_its_code(
         graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
         assert graph.forward(5, store=store, strict=True) == 5 * by
     assert found[0] != found[1] == found[2]
+
+
+class _Signs:
+    """Gives what it is called with the sign of the first number it holds."""
+
+    def __init__(self, signs: list[float]) -> None:
+        self.signs = signs
+
+    def __call__(self, x: float) -> float:
+        return math.copysign(x, self.signs[0])
+
+
+def test_an_equal_value_set_in_place_in_an_object_a_class_holds_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value set in place in an object a class holds, named by what it holds, that equals
+    the one it replaces but computes apart (``-0.0`` for ``0.0``) is a change: a graph built
+    after computes with it, never recalling what the old value computed under its name."""
+    signs = _Signs([0.0])
+    monkeypatch.setattr(HoldsScale, "act", signs)
+    before = fingerprint_of(HoldsScale)
+    assert Graph.somatize(HoldsScale().named("h").frozen().cached()).forward(5, store=store) == 5
+    signs.signs[0] = -0.0
+    assert fingerprint_of(HoldsScale) != before
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert graph.forward(5, store=store, strict=True) == -5
