@@ -335,18 +335,24 @@ class _Same:
     __hash__ = None  # type: ignore[assignment]
 
 
+_NO_SELF = (ModuleType, type(None))
+"""What a builtin function named by its name alone is bound to: a module, or nothing — not
+an object whose state it computes with (``re.compile("a").search``)."""
+
+
 def _opaque_bytes(member: Any) -> bytes | None:
     """How a class attribute that runs code but is no plain function (a callable object,
-    a mock, a ``singledispatchmethod``) is fingerprinted: a builtin function by its name,
-    an object whose state is all named by what it is by that (:func:`_held_bytes`: the
-    same in every process), any other by a mark of that very object (:func:`_token_of`),
+    a mock, a ``singledispatchmethod``) is fingerprinted: a builtin function of a module by
+    its name, an object whose state is all named by what it is by that
+    (:func:`_held_bytes`: the same in every process), any other (a builtin method of an
+    object, ``re.compile("a").search``) by a mark of that very object (:func:`_token_of`),
     never another's — so one replaced by another is never taken for the old code. None
     for what runs no code of the class's (a class, a slot, a plain value)."""
     if isinstance(member, (staticmethod, classmethod)):
         member = member.__func__
     if isinstance(member, (type, MemberDescriptorType, GetSetDescriptorType, ModuleType)):
         return None
-    if isinstance(member, BuiltinFunctionType):
+    if isinstance(member, BuiltinFunctionType) and isinstance(member.__self__, _NO_SELF):
         return f"builtin {member.__module__}:{member.__qualname__}".encode()
     if callable(member) or hasattr(type(member), "__get__"):
         return _held_bytes(member) or _token_of(member)
@@ -538,7 +544,7 @@ class _Walk:
         if isinstance(value, ModuleType):
             return f"module {value.__name__}".encode()
         if isinstance(value, BuiltinFunctionType):
-            if not isinstance(value.__self__, (ModuleType, type(None))):
+            if not isinstance(value.__self__, _NO_SELF):  # a method of an object in C
                 raise _Unnamed
             return f"builtin {value.__module__}:{value.__qualname__}".encode()
         self.placed[id(value)] = len(self.placed)

@@ -8,6 +8,7 @@ import functools
 import gc
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -328,6 +329,7 @@ def test_a_watcher_that_edits_the_nodes_a_drift_names_leaves_the_record_as_it_ha
 _EVERYWHERE = """
 import dataclasses
 import os
+import re
 from somatize import Node
 
 LETTERS = frozenset({"a", "b", "c", "d"})
@@ -1346,3 +1348,16 @@ def test_an_equal_value_set_in_place_in_an_object_a_class_holds_is_seen(
     assert fingerprint_of(HoldsScale) != before
     graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
     assert graph.forward(5, store=store, strict=True) == -5
+
+
+def test_a_builtin_method_of_an_object_a_class_holds_is_never_taken_for_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A builtin method bound to an object a class holds (``re.compile("a").search``) is not
+    named by its name alone, which another object's method shares: one searching another
+    way (``re.I``) makes another fingerprint."""
+    found = []
+    for flags in (0, re.IGNORECASE):
+        monkeypatch.setattr(HoldsScale, "act", re.compile("a", flags).search)
+        found.append(fingerprint_of(HoldsScale))
+    assert found[0] != found[1]
