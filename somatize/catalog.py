@@ -73,7 +73,6 @@ import importlib
 import inspect
 import itertools
 import linecache
-import operator
 import os
 import sys
 import textwrap
@@ -348,15 +347,23 @@ def _opaque_bytes(member: Any) -> bytes | None:
     object, ``re.compile("a").search``) by a mark of that very object (:func:`_token_of`),
     never another's — so one replaced by another is never taken for the old code. None
     for what runs no code of the class's (a class, a slot, a plain value)."""
+    member = _runner(member)
+    if member is None:
+        return None
+    if isinstance(member, BuiltinFunctionType) and isinstance(member.__self__, _NO_SELF):
+        return f"builtin {member.__module__}:{member.__qualname__}".encode()
+    return _held_bytes(member) or _token_of(member)
+
+
+def _runner(member: Any) -> Any:
+    """What of a class attribute :func:`_opaque_bytes` names: what a static or class method
+    holds, else itself; None where it runs no code of the class's (a class, a slot, a
+    plain value)."""
     if isinstance(member, (staticmethod, classmethod)):
         member = member.__func__
     if isinstance(member, (type, MemberDescriptorType, GetSetDescriptorType, ModuleType)):
         return None
-    if isinstance(member, BuiltinFunctionType) and isinstance(member.__self__, _NO_SELF):
-        return f"builtin {member.__module__}:{member.__qualname__}".encode()
-    if callable(member) or hasattr(type(member), "__get__"):
-        return _held_bytes(member) or _token_of(member)
-    return None
+    return member if callable(member) or hasattr(type(member), "__get__") else None
 
 
 _NONCE = os.urandom(16)
@@ -422,13 +429,13 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     list or dict); or one whose class's own code sets its attributes as it runs (a count, a
     cache).
 
-    An object is read once, when first named, and keeps its name while what was read of it
-    (each dict, list and set, its attributes among them, and the namespaces of its classes)
-    holds the very objects it held then (:func:`_holds_the_same`), its classes their
-    fingerprints, and the names its functions look up in their modules what they held: one
-    changed in place since (``Kind.act.k = 3``) is marked by which object it is from then
-    on, so its old name is never taken for what it computes now. ``containers`` is given
-    what was read of it, for a graph's watch to see such a change at the next forward."""
+    An object is read each time it is asked of, and keeps the name it was first given while
+    it reads so: one changed in place since (``Kind.act.k = 3``, ``-0.0`` for ``0.0``, a
+    helper its function names rebound) is marked by which object it is from then on, so its
+    old name is never taken for what it computes now. Nothing read of it is kept from one
+    time to the next (a cycle through it would keep it alive). ``containers`` is given each
+    dict, list and set read of it (its attributes among them) and the namespaces of its
+    classes, for a graph's watch to see such a change at the next forward."""
     try:
         reference = weakref.ref(value, functools.partial(_forget_held, id(value)))
     except TypeError:
@@ -438,31 +445,14 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
         walking = _WALKING.ids = set()
         _WALKING.kinds = set()
     if id(value) in walking:  # reached again as it is read or looked at: marked for good
-        _HELD[id(value)] = (reference, None, [], [], [], ())
+        _HELD[id(value)] = (reference, None)
         return None
     found = _HELD.get(id(value))
-    if found is not None and found[0]() is value:
-        _, named, read, copies, kinds, looked = found
-        if named is None:
-            return None
-        walking.add(id(value))
-        try:
-            same = (
-                all(map(_holds_the_same, read, copies))
-                and all(_still(*name) for name in looked)
-                and all(fingerprint_of(k) == f for k, f in kinds)
-            )
-        finally:
-            walking.discard(id(value))
-        if not same or _HELD.get(id(value)) is not found:
-            # changed in place since it was named, or reached again as it was looked at:
-            # marked from now on
-            _HELD[id(value)] = (found[0], None, [], [], [], ())
-            return None
-        if containers is not None:
-            containers += read
-        return named
-    _HELD.pop(id(value), None)  # what was noted of another object at this address
+    if found is not None and found[0]() is not value:  # noted of another, gone since
+        del _HELD[id(value)]
+        found = None
+    if found is not None and found[1] is None:
+        return None
     walk = _Walk(walking)
     try:
         said = walk.name(value, 0)
@@ -470,37 +460,20 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
         said = None
     finally:
         walking.difference_update(walk.placed)
-    if said is None or id(value) in _HELD:  # reached again as it was read: marked
-        _HELD[id(value)] = (reference, None, [], [], [], ())
-        return None
-    named = b"held " + hashlib.sha256(said).digest()
-    copies = list(map(_copied, walk.read))
-    _HELD[id(value)] = (reference, named, walk.read, copies, walk.kinds, tuple(walk.looked))
-    if containers is not None:
+    named = None if said is None else b"held " + hashlib.sha256(said).digest()
+    if _HELD.get(id(value)) is not found or (found is not None and found[1] != named):
+        # reached again as it was read, or changed in place since it was named: marked
+        named = None
+    _HELD[id(value)] = (reference if found is None else found[0], named)
+    if named is not None and containers is not None:
         containers += walk.read
     return named
 
 
-_HELD: dict[
-    int, tuple[weakref.ref[Any], bytes | None, list[Any], list[Any], list[Any], Looked]
-] = {}
-"""An object named by what it holds, by its address → a weak reference to it, its name (None:
-it is marked by which object it is, :func:`_token_of`), what was read of it, copies of
-that, each class it was named with, with its fingerprint then, and the names its functions
-looked up in their modules, with what they held (:func:`_held_bytes`)."""
-
-
-def _holds_the_same(live: Any, copied: Any) -> bool:
-    """Whether the dict, list, set or class namespace ``live`` holds the very objects its copy
-    does, not only equal ones (``-0.0`` and ``0.0``, ``True`` and ``1``, which compute
-    apart, are equal)."""
-    if len(live) != len(copied):
-        return False
-    if isinstance(copied, (set, frozenset)):
-        return sorted(map(id, live)) == sorted(map(id, copied))
-    if isinstance(copied, dict) and not all(map(operator.is_, live.values(), copied.values())):
-        return False
-    return all(map(operator.is_, live, copied))
+_HELD: dict[int, tuple[weakref.ref[Any], bytes | None]] = {}
+"""An object named by what it holds, by its address → a weak reference to it and the name
+it was first given (None: it is marked by which object it is, :func:`_token_of`); nothing
+it holds, so that an object is never kept alive by having been named (:func:`_held_bytes`)."""
 
 
 def _forget_held(at: int, reference: weakref.ref[Any], held: dict[int, Any] = _HELD) -> None:
@@ -519,8 +492,6 @@ class _Walk:
         self.placed: dict[int, int] = {}  # an object read → its place in the reading
         self.held: list[Any] = []  # what was read, alive while ids name it
         self.read: list[Any] = []  # each dict, list, set and class namespace read
-        self.kinds: list[tuple[type, str]] = []  # each class named, with its fingerprint
-        self.looked: list[Any] = []  # each name its functions looked up in their module
         self.count = 0
 
     def name(self, value: Any, depth: int) -> bytes:
@@ -535,8 +506,7 @@ class _Walk:
         if id(value) in self.walking:  # being read around this reading
             raise _Unnamed
         if isinstance(value, FunctionType):  # with what it names in its module
-            named, looked = _named([value])
-            self.looked += looked
+            named, _ = _named([value])
             pieces = [label + b"\0" + piece for label, piece in named]
             return _joined(b"function " + _function_bytes(value), pieces)
         if isinstance(value, type) and identity_of(value) is None:
@@ -603,7 +573,6 @@ class _Walk:
             written = fingerprint_of(kind)
         finally:
             kinds.discard(kind)
-        self.kinds.append((kind, written))
         lineage = [above for above in kind.__mro__ if not _left_out(above)]
         self.read += map(vars, lineage)
         parts = [f"{kind.__module__}:{kind.__qualname__} {written}".encode()]
@@ -882,8 +851,9 @@ def _held_in(member: Any) -> list[Any]:
     (:func:`_held_bytes`): itself, when it is no function, else what its functions close
     over."""
     functions = _functions_in(member)
-    if not functions:
-        return [] if _plain(member) or _opaque_bytes(member) is None else [member]
+    if not functions:  # not named here just to learn it runs code: the caller names it
+        runner = None if _plain(member) else _runner(member)
+        return [] if runner is None else [runner]
     return [held for function in functions for held in _closed_objects(function)]
 
 

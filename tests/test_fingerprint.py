@@ -1361,3 +1361,33 @@ def test_a_builtin_method_of_an_object_a_class_holds_is_never_taken_for_another(
         monkeypatch.setattr(HoldsScale, "act", re.compile("a", flags).search)
         found.append(fingerprint_of(HoldsScale))
     assert found[0] != found[1]
+
+
+class _Itself:
+    """Runs a method bound to itself, which it holds: a cycle through it."""
+
+    def __init__(self) -> None:
+        self.run = self.twice
+
+    def twice(self, x: int) -> int:
+        return 2 * x
+
+    def __call__(self, x: int) -> int:
+        return self.run(x)
+
+
+def test_an_object_named_by_what_it_holds_is_not_kept_alive_by_its_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An object a class holds, named by what it holds, is freed once nothing else holds it,
+    even one that holds itself (a method bound to it): what was read of it to name it is
+    not kept, so objects a class is given one after another do not pile up."""
+    made = _Itself()
+    gone = weakref.ref(made)
+    monkeypatch.setattr(HoldsScale, "act", made)
+    named = fingerprint_of(HoldsScale)
+    HoldsScale.act = _Itself()  # type: ignore[assignment]  # put back as it was set
+    assert fingerprint_of(HoldsScale) == named  # named by what it holds: alike
+    del made
+    gc.collect()
+    assert gone() is None
