@@ -417,17 +417,17 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     its classes hold that their fingerprints do not name (:func:`_unwritten`: a table, a
     class), and its attributes, each named in turn: a plain value by what it is, a function
     by how it is written (:func:`_function_bytes`) and what it names in its module
-    (:func:`_named`: a helper, a constant, as for a class's own functions), a class by its
-    name (where that leads back to it), its fingerprint and what it keeps, as an object's
-    class is, a module by its name, a list, tuple, dict or set by its items, a partial by
-    its function and what it binds, a bound method by its function and its object, another
-    object the same way. An object is not named so — the whole is marked — where any part
-    holds what no name says: a class written in C (a tensor, an array, a lock), an object
-    with slots, one whose class says when it equals another (``__eq__``, but as a dataclass
-    does: a graph's watch compares what it holds with ``==``), a torch module holding hooks;
-    one reached deeper or larger than a bound; one that cannot be referenced weakly (a bare
-    list or dict); or one whose class's own code sets its attributes as it runs (a count, a
-    cache).
+    (:func:`_named`: a helper, a constant, as for a class's own functions) and the objects
+    it closes over, a class by its name (where that leads back to it), its fingerprint and
+    what it keeps, as an object's class is, a module by its name, a list, tuple, dict or set
+    by its items, a partial by its function and what it binds, a bound method by its
+    function and its object, another object the same way. An object is not named so — the
+    whole is marked — where any part holds what no name says: a class written in C (a
+    tensor, an array, a lock), an object with slots, one whose class says when it equals
+    another (``__eq__``, but as a dataclass does: a graph's watch compares what it holds
+    with ``==``), a torch module holding hooks; one reached deeper or larger than a bound;
+    one that cannot be referenced weakly (a bare list or dict); or one whose class's own
+    code sets its attributes as it runs (a count, a cache).
 
     An object is read each time it is asked of, and keeps the name it was first given while
     it reads so: one changed in place since (``Kind.act.k = 3``, ``-0.0`` for ``0.0``, a
@@ -508,6 +508,8 @@ class _Walk:
         if isinstance(value, FunctionType):  # with what it names in its module
             named, _ = _named([value])
             pieces = [label + b"\0" + piece for label, piece in named]
+            # what it closes over read here too, for a watch to see it changed in place
+            pieces += (self.name(held, depth + 1) for held in _closed_objects(value))
             return _joined(b"function " + _function_bytes(value), pieces)
         if isinstance(value, type) and identity_of(value) is None:
             raise _Unnamed

@@ -1391,3 +1391,26 @@ def test_an_object_named_by_what_it_holds_is_not_kept_alive_by_its_name(
     del made
     gc.collect()
     assert gone() is None
+
+
+def _calling(held: Any) -> Any:
+    """A function that calls ``held``, which it closes over."""
+
+    def run(x: int) -> Any:
+        return held(x)
+
+    return run
+
+
+def test_an_object_closed_over_by_a_function_an_object_holds_changed_in_place_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object closed over by a function that an object a class holds holds, changed in
+    place after a graph was built (``scale.k = 3``), is other code from the next forward
+    on, as the object itself changed would be: strict=True computes with it."""
+    scale = _Scale(2)
+    monkeypatch.setattr(HoldsScale, "act", _Calls(_calling(scale)))
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert graph.forward(5, store=store) == 10
+    scale.k = 3
+    assert graph.forward(5, store=store, strict=True) == 15
