@@ -203,6 +203,190 @@ def test_the_digest_ignores_what_lies_under_nulls(kind: pyarrow.DataType) -> Non
     assert codec.digest(_MADE["table"](zero)) != codec.digest(_MADE["table"](fresh))
 
 
+def _strings_over(kind: pyarrow.DataType, words: list[str], valid: list[bool]) -> pyarrow.Array:
+    """A column of ``kind`` whose every slot, null or not, spans the bytes of its word, as
+    a kernel may leave a null's slot spanning what was there before."""
+    data = "".join(words).encode()
+    ends = [0]
+    for word in words:
+        ends.append(ends[-1] + len(word.encode()))
+    layout = "q" if kind in (pyarrow.large_string(), pyarrow.large_binary()) else "i"
+    offsets = struct.pack(f"<{len(ends)}{layout}", *ends)
+    bits = sum(1 << at for at, one in enumerate(valid) if one).to_bytes(1, "little")
+    return pyarrow.Array.from_buffers(
+        kind,
+        len(words),
+        [pyarrow.py_buffer(bits), pyarrow.py_buffer(offsets), pyarrow.py_buffer(data)],
+    )
+
+
+_NO_MASK = pyarrow.array([False, True])
+"""The second of two rows null."""
+_PAIRS = pyarrow.struct([("i", pyarrow.int64()), ("s", pyarrow.string())])
+_MAP = pyarrow.map_(pyarrow.string(), pyarrow.int64())
+
+UNDER_NULLS = {
+    **{
+        f"{kind} over the bytes of the null's word": (
+            pyarrow.array(["x", None], kind),
+            _strings_over(kind, ["x", "junk"], [True, False]),
+            pyarrow.array(["x", "junk"], kind),
+        )
+        for kind in (
+            pyarrow.string(),
+            pyarrow.binary(),
+            pyarrow.large_string(),
+            pyarrow.large_binary(),
+        )
+    },
+    "strings chosen by if_else": (
+        pyarrow.array(["x", None]),
+        pyarrow.compute.if_else(
+            pyarrow.array([True, False]), pyarrow.array(["x", "yyy"]), pyarrow.scalar(None)
+        ),
+        pyarrow.array(["x", "yyy"]),
+    ),
+    "views over the bytes of the null's word": (
+        pyarrow.array(["x", None], pyarrow.string_view()),
+        _strings_over(pyarrow.string(), ["x", "a word longer than twelve"], [True, False]).cast(
+            pyarrow.string_view()
+        ),
+        pyarrow.array(["x", "y"], pyarrow.string_view()),
+    ),
+    "a list spanning items under its null": (
+        pyarrow.array([[1], None]),
+        pyarrow.ListArray.from_arrays(
+            pyarrow.array([0, 1, 3], pyarrow.int32()), pyarrow.array([1, 2, 3]), mask=_NO_MASK
+        ),
+        pyarrow.array([[1], [2, 3]]),
+    ),
+    "a large list spanning items under its null": (
+        pyarrow.array([[1], None], pyarrow.large_list(pyarrow.int64())),
+        pyarrow.LargeListArray.from_arrays(
+            pyarrow.array([0, 1, 3], pyarrow.int64()), pyarrow.array([1, 2, 3]), mask=_NO_MASK
+        ),
+        pyarrow.array([[1], [2, 3]], pyarrow.large_list(pyarrow.int64())),
+    ),
+    "a struct with values under its null": (
+        pyarrow.array([{"i": 1, "s": "a"}, None], _PAIRS),
+        pyarrow.StructArray.from_arrays(
+            [pyarrow.array([1, 2]), pyarrow.array(["a", "b"])], names=["i", "s"], mask=_NO_MASK
+        ),
+        pyarrow.array([{"i": 1, "s": "a"}, {"i": 2, "s": "b"}], _PAIRS),
+    ),
+    "a list of structs with values under a null": (
+        pyarrow.array([[{"i": 1, "s": "a"}], [None]], pyarrow.list_(_PAIRS)),
+        pyarrow.ListArray.from_arrays(
+            pyarrow.array([0, 1, 2], pyarrow.int32()),
+            pyarrow.StructArray.from_arrays(
+                [pyarrow.array([1, 2]), pyarrow.array(["a", "b"])], names=["i", "s"], mask=_NO_MASK
+            ),
+        ),
+        pyarrow.array([[{"i": 1, "s": "a"}], [{"i": 2, "s": "b"}]], pyarrow.list_(_PAIRS)),
+    ),
+    "a fixed-size list with items under its null": (
+        pyarrow.array([["a", "b"], None], pyarrow.list_(pyarrow.string(), 2)),
+        pyarrow.FixedSizeListArray.from_arrays(
+            pyarrow.array(["a", "b", "c", "d"]), 2, mask=_NO_MASK
+        ),
+        pyarrow.array([["a", "b"], ["c", "d"]], pyarrow.list_(pyarrow.string(), 2)),
+    ),
+    "a map spanning entries under its null": (
+        pyarrow.array([[("k", 1)], None], _MAP),
+        pyarrow.MapArray.from_arrays(
+            pyarrow.array([0, 1, 2], pyarrow.int32()),
+            pyarrow.array(["k", "q"]),
+            pyarrow.array([1, 2]),
+            mask=_NO_MASK,
+        ),
+        pyarrow.array([[("k", 1)], [("q", 2)]], _MAP),
+    ),
+    "fixed-size binary": (
+        pyarrow.array([b"ab", None], pyarrow.binary(2)),
+        pyarrow.Array.from_buffers(
+            pyarrow.binary(2), 2, [pyarrow.py_buffer(b"\x01"), pyarrow.py_buffer(b"abcd")]
+        ),
+        pyarrow.array([b"ab", b"cd"], pyarrow.binary(2)),
+    ),
+    "booleans": (
+        pyarrow.array([True, None]),
+        pyarrow.Array.from_buffers(
+            pyarrow.bool_(), 2, [pyarrow.py_buffer(b"\x01"), pyarrow.py_buffer(b"\x03")]
+        ),
+        pyarrow.array([True, True]),
+    ),
+    "dictionary indices": (
+        pyarrow.DictionaryArray.from_arrays(
+            pyarrow.array([0, None], pyarrow.int32()), pyarrow.array(["a", "b"])
+        ),
+        pyarrow.DictionaryArray.from_arrays(
+            _filled_under_nulls(pyarrow.array([0, None], pyarrow.int32())),
+            pyarrow.array(["a", "b"]),
+        ),
+        pyarrow.DictionaryArray.from_arrays(
+            pyarrow.array([0, 1], pyarrow.int32()), pyarrow.array(["a", "b"])
+        ),
+    ),
+    "a tensor with items under its null": (
+        pyarrow.ExtensionArray.from_storage(
+            pyarrow.fixed_shape_tensor(pyarrow.int64(), [2]),
+            pyarrow.array([[1, 2], None], pyarrow.list_(pyarrow.int64(), 2)),
+        ),
+        pyarrow.ExtensionArray.from_storage(
+            pyarrow.fixed_shape_tensor(pyarrow.int64(), [2]),
+            pyarrow.FixedSizeListArray.from_arrays(pyarrow.array([1, 2, 3, 4]), 2, mask=_NO_MASK),
+        ),
+        pyarrow.ExtensionArray.from_storage(
+            pyarrow.fixed_shape_tensor(pyarrow.int64(), [2]),
+            pyarrow.array([[1, 2], [3, 4]], pyarrow.list_(pyarrow.int64(), 2)),
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", ["table", "batch"])
+@pytest.mark.parametrize("case", list(UNDER_NULLS))
+def test_the_digest_ignores_what_a_null_slot_spans(kind: str, case: str) -> None:
+    """Equal rows digest alike whatever a null's slot spans or holds (the bytes of a string,
+    a list's items, a struct's values, at any depth), also sliced from further in and in
+    chunks; rows that differ where the other is null digest apart, and the value held is
+    the value given."""
+    fresh, laid_out, other = UNDER_NULLS[case]
+    made = _MADE[kind]
+    codec = ArrowCodec()
+    assert made(fresh).equals(made(laid_out))
+    assert codec.digest(made(laid_out)) == codec.digest(made(fresh))
+    longer = pyarrow.concat_arrays([other, laid_out])
+    assert codec.digest(made(longer.slice(2))) == codec.digest(made(fresh))
+    chunked = pyarrow.table({"n": pyarrow.chunked_array([laid_out.slice(0, 1), laid_out[1:]])})
+    if kind == "table":
+        assert codec.digest(chunked) == codec.digest(made(fresh))
+    assert not made(other).equals(made(fresh))
+    assert codec.digest(made(other)) != codec.digest(made(fresh))
+    digest, held = codec.held(made(laid_out))
+    assert digest == codec.digest(made(fresh)) and held.equals(made(fresh))
+
+
+@pytest.mark.parametrize("nulls", [0, 1, 3])
+def test_a_struct_of_no_fields_keeps_its_length(nulls: int) -> None:
+    """A column of structs with no fields (whose length no child tells) is digested and
+    held beside another column, with or without nulls, and digests apart by its nulls."""
+
+    def made(nulls: int) -> pyarrow.Array:
+        rows = pyarrow.array([{}, {}, {}], pyarrow.struct([]))
+        return rows.take(pyarrow.array([None] * nulls + [0] * (3 - nulls), pyarrow.int64()))
+
+    codec = ArrowCodec()
+    column = made(nulls)
+    for value in (
+        pyarrow.table({"c": column, "n": [1, 2, 3]}),
+        pyarrow.RecordBatch.from_arrays([column, pyarrow.array([1, 2, 3])], names=["c", "n"]),
+    ):
+        digest, held = codec.held(value)
+        assert held.equals(value) and digest == codec.digest(value)
+    assert len({codec.digest(pyarrow.table({"c": made(n)})) for n in (0, 1, 3)}) == 3
+
+
 @pytest.mark.parametrize("kind", ["table", "frame", "batch"])
 def test_the_digest_ignores_where_runs_are_split(kind: str) -> None:
     """A run-end-encoded column digests by its rows: encoded afresh, sliced from a longer

@@ -17,10 +17,14 @@ stay plain Arrow IPC any Arrow reader opens.
 
 The digest is BLAKE3 over the IPC bytes of the value with its chunks combined
 and its validity bitmaps bare (none on a column with no nulls, no bits set past
-a column's end), with zeros under the nulls of a column of numbers: equal
-content laid out in different chunks (a table read in two pieces, or in one), or
-sliced from a column that had nulls elsewhere, has one digest, which is what a
-key computed in two processes needs; a run-end-encoded column keeps only the
+a column's end), with nothing under a null: zeros under the nulls of a column of
+numbers, booleans, decimals or fixed-size binary, no bytes under those of a column
+of strings, no items under those of a list or a map, and nulls in a struct's
+children (or a fixed-size list's items) under its own, at any depth. Equal
+content laid out in different chunks (a table read in two pieces, or in one),
+sliced from a column that had nulls elsewhere, or left by a kernel with what it
+found under a null (``if_else``, ``Array.from_buffers``), has one digest, which is
+what a key computed in two processes needs; a run-end-encoded column keeps only the
 runs of its rows, and a run split at a chunk's end is joined again. Dictionary
 and dense union columns are written as they are: a slice of one keeps the whole
 dictionary, or its union's children whole, so it digests apart from the same rows
@@ -78,8 +82,9 @@ def _untagged(schema: pyarrow.Schema) -> tuple[pyarrow.Schema, bytes]:
 
 def _bare(column: pyarrow.Array) -> pyarrow.Array:
     """``column`` with no validity bits that say nothing about its rows: no bitmap when
-    nothing is null, no bits set past its end. A slice of a column keeps the bitmap of the
-    whole, and IPC writes what it finds; rebuilding (one copy) writes them the one way."""
+    nothing is null, no bits set past its end, nothing under a null, at any depth. A slice
+    of a column keeps the bitmap of the whole, and IPC writes what it finds; rebuilding
+    (one copy) writes them the one way."""
     kind = column.type
     if getattr(pyarrow.types, "is_run_end_encoded", lambda _: False)(kind):
         return _runs(column)
@@ -88,8 +93,19 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
             pyarrow.large_binary() if pyarrow.types.is_binary_view(kind) else pyarrow.large_string()
         )
         column = pyarrow.concat_arrays([column.cast(base).cast(kind)])
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        return pyarrow.ExtensionArray.from_storage(kind, _bare(column.storage))
+    if pyarrow.types.is_dictionary(kind):
+        column = pyarrow.concat_arrays([column])  # its indices from its first row
+        return pyarrow.DictionaryArray.from_arrays(
+            _bare(column.indices), _bare(column.dictionary), ordered=kind.ordered
+        )
     if column.null_count and (pyarrow.types.is_integer(kind) or _plain_number(kind)):
         column = _nulls_cleared(column)
+    elif _nests(kind):
+        return _nested_bare(column)
+    elif column.null_count and _taken_bare(kind) and _spans_under_nulls(column):
+        column = column.take(_every(len(column)))
     if (
         pyarrow.types.is_nested(kind)  # whose children hold bitmaps of their own
         or pyarrow.types.is_dictionary(kind)
@@ -109,6 +125,103 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
     ):
         return pyarrow.concat_arrays([column])
     return column  # sliced at an offset, IPC copies the bits it needs into a cleared buffer
+
+
+def _every(count: int) -> pyarrow.Array:
+    """The row numbers ``0 .. count - 1``, made by Arrow (a Python ``range`` is slow)."""
+    return pyarrow.compute.indices_nonzero(pyarrow.nulls(count, pyarrow.bool_()).fill_null(True))
+
+
+def _spans_under_nulls(column: Any) -> bool:
+    """Whether a null of ``column`` may span something (bytes, items) that taking its rows
+    leaves out: for strings, binary and lists, whether the offsets of its rows span more
+    than the lengths of its valid rows add up to (one pass over the offsets, where taking
+    its rows copies them); True for a column of any other kind."""
+    kind = column.type
+    types = pyarrow.types
+    if types.is_string(kind) or types.is_binary(kind):
+        lengths, layout = pyarrow.compute.binary_length, "<i"
+    elif types.is_large_string(kind) or types.is_large_binary(kind):
+        lengths, layout = pyarrow.compute.binary_length, "<q"
+    elif types.is_list(kind):
+        lengths, layout = pyarrow.compute.list_value_length, "<i"
+    elif types.is_large_list(kind):
+        lengths, layout = pyarrow.compute.list_value_length, "<q"
+    else:
+        return True
+    width = struct.calcsize(layout)
+    offsets = column.buffers()[1]
+    first = struct.unpack_from(layout, offsets, column.offset * width)[0]
+    last = struct.unpack_from(layout, offsets, (column.offset + len(column)) * width)[0]
+    used = pyarrow.compute.sum(lengths(column)).as_py() or 0
+    return bool(last - first != used)
+
+
+def _taken_bare(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind``'s slots under a null may hold bytes that taking its rows (one copy)
+    leaves out: strings and binary (bytes a null's offsets still span), booleans,
+    decimals and fixed-size binary (whatever the slot held)."""
+    types = pyarrow.types
+    return bool(
+        types.is_string(kind)
+        or types.is_binary(kind)
+        or types.is_large_string(kind)
+        or types.is_large_binary(kind)
+        or types.is_boolean(kind)
+        or types.is_decimal(kind)
+        or types.is_fixed_size_binary(kind)
+    )
+
+
+def _nests(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is a struct, a list, a large list, a fixed-size list or a map: a
+    column with children whose slots under the column's own nulls say nothing of its rows."""
+    types = pyarrow.types
+    return bool(
+        types.is_struct(kind)
+        or types.is_list(kind)
+        or types.is_large_list(kind)
+        or types.is_fixed_size_list(kind)
+        or types.is_map(kind)
+    )
+
+
+def _nested_bare(column: Any) -> pyarrow.Array:
+    """``column`` (of a type :func:`_nests` names) with its children bare and nothing in them
+    under its nulls: a struct's children null where it is, a list's rows taken afresh, so a
+    null row spans no items (whatever it spanned before, as a kernel may leave it) and the
+    items are only those of its rows. Two columns equal by value have one layout, at any
+    depth."""
+    kind = column.type
+    mask = column.is_null() if column.null_count else None
+    if pyarrow.types.is_struct(kind) and not kind.num_fields:
+        return pyarrow.concat_arrays([column])  # no children, and none tell its length
+    if pyarrow.types.is_struct(kind):
+        children = [_bare(child) for child in column.flatten()]  # its nulls pushed into them
+        return pyarrow.StructArray.from_arrays(
+            children, fields=[kind.field(i) for i in range(kind.num_fields)], mask=mask
+        )
+    if mask is None or not _spans_under_nulls(column):  # one pass over the offsets
+        column = pyarrow.concat_arrays([column])  # from its first row, items only its own
+    else:
+        column = column.take(_every(len(column)))
+    if pyarrow.types.is_fixed_size_list(kind):
+        size = kind.list_size
+        if not size:  # no items at all (and Arrow builds no such list from its items)
+            return column
+        values = column.values
+        if mask is not None:  # its items under a null made null, as a struct's children are
+            items = _every(len(values))
+            rows = pyarrow.compute.divide(items, size)
+            kept = pyarrow.compute.is_valid(column).take(rows)
+            values = values.take(pyarrow.compute.if_else(kept, items, None))
+        return pyarrow.FixedSizeListArray.from_arrays(_bare(values), type=kind, mask=mask)
+    values = _bare(column.values)
+    if pyarrow.types.is_map(kind):
+        return pyarrow.MapArray.from_arrays(
+            column.offsets, values.field(0), values.field(1), type=kind, mask=mask
+        )
+    return type(column).from_arrays(column.offsets, values, type=kind, mask=mask)
 
 
 def _runs(column: Any) -> pyarrow.Array:
