@@ -338,7 +338,13 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
                 where = _printable(f"{damage.section}/{damage.name}")
                 print(f"DAMAGED {where}: {_printable(damage.why)}", file=out)
             for where in found.stray:
-                if where.startswith("names/"):
+                if where.endswith("/"):
+                    why = (
+                        "holds another store, made there before this one was opened above "
+                        "it: none of its files are this store's, and verify and gc leave "
+                        "them; move it beside this store to use it"
+                    )
+                elif where.startswith("names/"):
                     why = (
                         "not a name (a name's segments are letters, digits and `._=+@-`), "
                         "so nothing resolves it; gc leaves it"

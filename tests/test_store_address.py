@@ -374,3 +374,39 @@ def test_a_local_store_made_before_another_was_opened_above_it_outlives_its_gc(
     moved = Store(root.rename(tmp_path / "moved"))
     assert bytes(moved.recall("blake3:" + "1" * 64)[1]) == b"the inner store's answer"
     assert bytes(moved.get(moved.resolve("ds"))) == b"the inner store's dataset"
+
+
+@pytest.mark.parametrize("section", ["names/proj", "names/a/b", "answers/old", "packs/old"])
+def test_a_local_store_made_before_another_was_opened_above_it_is_no_name_record_or_pack(
+    tmp_path: Path, section: str
+) -> None:
+    """A store made first in what becomes another store's names/, answers/ or packs/ once
+    that one is opened above it is none of that store's: its verify lists the folder as
+    stray, not its files as damaged names, records or packs, and its gc (even one dropping
+    every answer) leaves every file of it whole."""
+    root = tmp_path / "outer" / section
+    inner = Store(root)
+    inner.keep("blake3:" + "1" * 64, b"the inner store's answer", "plain")
+    inner.keep_many([("blake3:" + "3" * 64, [b"an item"])], "plain")
+    inner.bind("ds", inner.put(b"the inner store's dataset"))
+    inner.close()
+    held = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    outer = Store(tmp_path / "outer")
+    outer.keep("blake3:" + "2" * 64, b"the outer store's answer", "plain")
+    outer.bind("mine", outer.put(b"the outer store's dataset"))
+    beside = []  # a name bound under the folder's name since, beside its store's sections
+    if section.startswith("names/"):
+        beside.append(f"{section.removeprefix('names/')}/v1")
+        outer.bind(beside[0], outer.put(b"a dataset named beside it"))
+    found = outer.verify()
+    assert found.ok and found.damaged == []
+    assert (found.records, found.names) == (1, 1 + len(beside))
+    assert found.stray == [f"{section}/"]
+    assert outer.gc(0, grace=0).answers == 1
+    held += [Path(name).relative_to(section.removeprefix("names/")) for name in beside]
+    assert sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file()) == sorted(held)
+    for name in beside:
+        assert bytes(outer.get(outer.resolve(name))) == b"a dataset named beside it"
+    again = Store(root.rename(tmp_path / "moved"))
+    assert bytes(again.recall("blake3:" + "1" * 64)[1]) == b"the inner store's answer"
+    assert bytes(again.get(again.resolve("ds"))) == b"the inner store's dataset"

@@ -934,6 +934,36 @@ def test_a_store_inside_another_stores_names_is_refused_at_open(section: str) ->
     assert found.ok and found.names == 0
 
 
+def test_a_store_made_in_another_stores_names_before_it_is_none_of_its_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store made first under what becomes another store's names/ once that one is
+    opened above it is none of that store's: its verify lists the prefix as stray, not
+    its files as damaged names, `store verify` says so and exits 0, and its gc leaves
+    every file of it whole."""
+    url = s3_url()
+    inner = Store.on_bucket(f"{url}/names/proj", **s3_options())
+    inner.keep(key_of("inner"), b"the inner store's answer", "plain")
+    inner.bind("ds", inner.put(b"the inner store's dataset"))
+    inner.close()
+    fs = inner.fs  # type: ignore[attr-defined]
+    held = sorted(fs.find(f"{url[5:]}/names/proj"))
+    outer = Store.on_bucket(url, **s3_options())
+    outer.keep(key_of("outer"), b"the outer store's answer", "plain")
+    outer.bind("mine", outer.put(b"the outer store's dataset"))
+    found = Store.on_bucket(url, **s3_options()).verify()
+    assert found.ok and (found.records, found.names) == (1, 1)
+    assert found.stray == ["names/proj/"]
+    Store.on_bucket(url, **s3_options()).gc(0, grace=0)
+    assert sorted(fs.find(f"{url[5:]}/names/proj")) == held
+    _cli_s3(monkeypatch, tmp_path)
+    assert main(["store", "verify", "--store", url]) == 0
+    said = capsys.readouterr().out
+    assert "stray   names/proj/: holds another store" in said and "DAMAGED" not in said
+    assert main(["store", "ls", "--store", url]) == 0
+    assert "proj/" not in capsys.readouterr().out
+
+
 def _dropping_server() -> tuple[str, list[int], Any]:
     """An endpoint that takes each connection and closes it unanswered, counting them."""
     import socket

@@ -26,7 +26,11 @@ anyone may write in, and a store may lie inside another's sections), so gc leave
 A file in ``names/`` that is no name (a ``.DS_Store``, one whose name is not UTF-8), or in
 ``answers/`` or ``packs/`` not laid out as a record or an index is, is listed as stray
 too, and never collected (an NFS ``.nfs…`` file is one the server keeps for a file still
-open); a blob a stray name points at is kept. A folder or file that cannot be read
+open); a blob a stray name points at is kept. A folder in ``names/``, ``answers/`` or
+``packs/`` that holds another store (a blob laid out as one in its ``blobs/``, and a file
+in its ``answers/``, ``packs/`` or ``names/``), made there before this store was opened
+above it, is none of this store's: its files are neither read, judged nor collected, and
+checking lists the folder as stray. A folder or file that cannot be read
 (another user's) stops both with :class:`StoreError`: what it holds would be taken for
 unused, or the store for whole.
 
@@ -216,13 +220,52 @@ class _Read(NamedTuple):
     """The bytes it held when it was read."""
 
 
+def _stores_among(names: Iterable[str]) -> list[str]:
+    """The folders among the files ``names`` of a section (``old`` for ``old/blobs/…``)
+    that hold another store, outermost only: one holding a file laid out as a blob is in
+    its ``blobs/``, and a file in its ``answers/``, ``packs/`` or ``names/``. Opening a
+    store inside another's section is refused, so such a store was made there before the
+    other was opened above it; its files are none of the other's."""
+    blobs: set[str] = set()
+    others: set[str] = set()
+    for name in names:
+        parts = name.split("/")
+        for at in range(1, len(parts) - 1):
+            if parts[at] == "blobs" and _laid_out("blobs", "/".join(parts[at + 1 :])):
+                blobs.add("/".join(parts[:at]))
+            elif parts[at] in _READ:
+                others.add("/".join(parts[:at]))
+    roots = sorted(blobs & others)
+    return [r for r in roots if not any(r.startswith(f"{o}/") for o in roots)]
+
+
+def _in_store(name: str, roots: list[str]) -> str | None:
+    """The folder of ``roots`` whose store ``name`` is a file of (in one of its sections),
+    or None. A file beside those sections is no file that store writes: a name bound under
+    the folder's name (``old/v1``) since, which is this store's."""
+    for root in roots:
+        if name.startswith(f"{root}/"):
+            section = name[len(root) + 1 :].split("/", 1)[0]
+            if section in (*SECTIONS, "used") and "/" in name[len(root) + 1 :]:
+                return root
+    return None
+
+
 def _read_all(shelf: Shelf, wrap: Progress, check_key: bool = True) -> list[_Read]:
     """Every answer record, pack index and name, read and decoded (one read per section);
     :class:`KeyMismatch` when the store signs with another key than ``shelf``'s (unless
-    not ``check_key``)."""
+    not ``check_key``). The files of another store that lies in a section (made there
+    before this one was opened above it) are not read: each such store is one entry,
+    stray, named by its folder and a ``/``."""
     out: list[_Read] = []
     for section in _READ:
         entries = shelf._entries(section)
+        roots = _stores_among(e.name for e in entries)
+        if roots:
+            entries = [e for e in entries if _in_store(e.name, roots) is None]
+            for root in roots:
+                folder = Entry(f"{root}/", 0, 0.0)
+                out.append(_Read(section, folder, Corrupt("another store"), None, True))
         found = shelf._read_many(section, [e.name for e in entries])
         for entry in wrap(entries, f"reading {section}", len(entries)):
             data = found.get(entry.name)
@@ -300,7 +343,13 @@ def _referred_since(shelf: Shelf, seen: dict[tuple[str, str], Entry]) -> set[str
     listed (new files, or files that changed)."""
     out: set[str] = set()
     for section in _READ:
-        fresh = [e for e in shelf._entries(section) if seen.get((section, e.name)) != e]
+        entries = shelf._entries(section)
+        roots = _stores_among(e.name for e in entries)
+        fresh = [
+            e
+            for e in entries
+            if seen.get((section, e.name)) != e and _in_store(e.name, roots) is None
+        ]
         found = shelf._read_many(section, [e.name for e in fresh])
         for entry in fresh:
             data = found.get(entry.name)
@@ -464,7 +513,8 @@ class Verified:
     """``section/name`` of files that are no blob or name (a ``.DS_Store``), so no damage:
     in ``blobs/``, not named by a digest (nothing refers to them, and ``gc`` removes them);
     in ``names/``, not named as a name can be (nothing resolves them, and ``gc``, which
-    collects nothing there, leaves them)."""
+    collects nothing there, leaves them). A folder that holds another store is one entry,
+    ``section/folder/`` (ending in ``/``): none of its files are read, nor collected."""
 
     @property
     def ok(self) -> bool:
@@ -613,7 +663,9 @@ def contents(shelf: Shelf, section: str) -> list[tuple[Entry, Answer | PackIndex
     one listing and one read of each file. Files named as none of them can be (a
     ``.DS_Store``) are left out. Read without the signing key: this says what the store
     holds, not what a reader would trust."""
-    entries = [e for e in shelf._entries(section) if _named(section, e.name)]
+    entries = shelf._entries(section)
+    roots = _stores_among(e.name for e in entries)  # another store's files: none of these
+    entries = [e for e in entries if _named(section, e.name) and _in_store(e.name, roots) is None]
     names = [e.name for e in entries]
     unread: dict[str, Corrupt] = {}
     try:
