@@ -522,6 +522,35 @@ def test_a_stray_file_in_answers_or_packs_is_listed_not_damage(home: Store) -> N
     assert bytes(_reopen(home).recall(key)[1]) == b"kept whole"
 
 
+def test_a_stray_copy_of_a_record_or_index_is_never_collected(home: Store) -> None:
+    """A record copied by hand where no record lies (another shard's folder, a folder of
+    its own) and a pack index copied into a folder are stray, and gc leaves them as it
+    leaves every stray, even one dropping every answer, with the blob each refers to;
+    the answers they are copies of are dropped as ever."""
+    key = "blake3:" + "ab" * 32
+    home.keep(key, b"kept whole", "plain")
+    home.keep_many([(f"blake3:{i:064x}", [b"item"]) for i in range(3)], "plain")
+    blob = home.recall(key)[0].value
+    shelf: Any = home
+    record = shelf._read_many("answers", [f"ab/{key[7:]}"])[f"ab/{key[7:]}"]
+    strays = [("answers", f"cd/{key[7:]}", record)]
+    if isinstance(home, LocalStore):
+        (index,) = shelf._entries("packs")
+        data = shelf._read_many("packs", [index.name])[index.name]
+        strays += [("answers", f"old/ab/{key[7:]}", record), ("packs", f"old/{index.name}", data)]
+    for section, name, data in strays:
+        _plant(home, f"{section}/{name}", data)
+    found = _reopen(home).verify()
+    assert found.ok and sorted(found.stray) == sorted(f"{s}/{n}" for s, n, _ in strays)
+    done = _reopen(home).gc(0, grace=0)
+    assert (done.answers, done.packs) == (1, 1)
+    again: Any = _reopen(home)
+    for section, name, data in strays:
+        assert again._read_many(section, [name])[name] == data
+    assert again.answer(key) is None
+    assert again.has_blob(blob)
+
+
 def test_a_fifo_in_a_local_store_is_passed_over(tmp_path: Path) -> None:
     """A FIFO (or a link to a device) in a local store's folders is no file of the store:
     listing, verify and gc pass it over, where opening it waited for a writer for good; a

@@ -26,13 +26,13 @@ anyone may write in, and a store may lie inside another's sections), so gc leave
 A file in ``names/`` that is no name (a ``.DS_Store``, one whose name is not UTF-8), or in
 ``answers/`` or ``packs/`` not laid out as a record or an index is, is listed as stray
 too, and never collected (an NFS ``.nfs…`` file is one the server keeps for a file still
-open); a blob a stray name points at is kept. A folder in ``names/``, ``answers/`` or
-``packs/`` that holds another store (a blob laid out as one in its ``blobs/``, and a file
-in its ``answers/``, ``packs/`` or ``names/``), made there before this store was opened
-above it, is none of this store's: its files are neither read, judged nor collected, and
-checking lists the folder as stray. A folder or file that cannot be read
-(another user's) stops both with :class:`StoreError`: what it holds would be taken for
-unused, or the store for whole.
+open); a blob a stray name, record or index (a copy kept by hand) refers to is kept. A
+folder in ``names/``, ``answers/`` or ``packs/`` that holds another store (a blob laid out
+as one in its ``blobs/``, and a file in its ``answers/``, ``packs/`` or ``names/``), made
+there before this store was opened above it, is none of this store's: its files are
+neither read, judged nor collected, and checking lists the folder as stray. A folder or
+file that cannot be read (another user's) stops both with :class:`StoreError`: what it
+holds would be taken for unused, or the store for whole.
 
 **Signatures do not decide what is kept.** A record, index or name that fails
 only its signature check is untrusted by readers, but it is not damaged: it
@@ -409,10 +409,10 @@ def _collect(
     kept = 0
     units: list[_Unit] = []
     read = _read_all(shelf, wrap, check_key)
-    for section, entry, held_here, *_ in read:
+    for section, entry, held_here, _, stray, _ in read:
         blob = _blob_of(held_here)
-        if section == "names":
-            kept += entry.size
+        if section == "names" or stray:  # a stray record or index (a copy kept by hand)
+            kept += entry.size  # is never collected either, nor what it refers to
             if blob is not None:
                 pinned.add(blob)  # whatever its signature: names are never collected
         elif blob is not None:
