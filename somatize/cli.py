@@ -216,31 +216,54 @@ def _show(store: LocalStore | BucketStore, what: str, out: Any) -> int:
         answer = store.answer(what)
         if answer is not None:
             where = "" if answer.offset is None else f" at offset {answer.offset} (packed)"
+            wrong = _blob_wrong(store, answer.value)
             print(f"answer   {answer.key}", file=out)
-            print(f"blob     {answer.value}{where}", file=out)
+            print(f"blob     {answer.value}{where}{wrong}", file=out)
             _describe(answer.codec, answer.size, answer.fingerprint, answer.created, out)
-            return 0
+            return 1 if wrong else 0
         index = store._read_many("packs", [what[7:]]).get(what[7:])
         if index is not None:
             pack = decode_pack(what, index, store.signer)
+            wrong = _blob_wrong(store, pack.blob)
             print(f"pack     {pack.id}", file=out)
-            print(f"blob     {pack.blob}", file=out)
+            print(f"blob     {pack.blob}{wrong}", file=out)
             print(f"items    {len(pack.entries)}", file=out)
             _describe(pack.codec, pack.size, pack.fingerprint, pack.created, out)
-            return 0
+            return 1 if wrong else 0
         if store.has_blob(what):
             with store.open_blob(what) as handle:
                 size = handle.seek(0, os.SEEK_END)
-            print(f"blob     {what}  {size_of(size)}", file=out)
-            return 0
+            wrong = _blob_wrong(store, what)
+            print(f"blob     {what}  {size_of(size)}{wrong}", file=out)
+            return 1 if wrong else 0
         print(
             f"nothing is kept under {what} (neither an answer, a pack nor a blob)",
             file=sys.stderr,
         )
         return 1
     check_name(what)
-    print(f"name     {what} → {store.resolve(what)}", file=out)
-    return 0
+    digest = store.resolve(what)
+    wrong = _blob_wrong(store, digest)
+    print(f"name     {what} → {digest}{wrong}", file=out)
+    return 1 if wrong else 0
+
+
+def _blob_wrong(store: LocalStore | BucketStore, digest: str) -> str:
+    """What is wrong with blob ``digest``, as ``show`` says it after the digest: "" when
+    it is whole. A local store's blob is hashed (one read of a local file); a bucket's is
+    only looked for, since hashing it would download it whole (`verify` hashes it)."""
+    if isinstance(store, LocalStore):
+        found = store._rehash(digest)
+    else:
+        found = digest if store.has_blob(digest) else None
+    if found is None:
+        return "  MISSING: no blob is kept under it"
+    if found != digest:
+        return (
+            f"  DAMAGED: its bytes hash to {found}; `somatize store verify --quarantine` "
+            "moves it aside"
+        )
+    return ""
 
 
 def _describe(codec: str, size: int, code: str | None, created: float, out: Any) -> None:

@@ -70,6 +70,31 @@ def test_ls_du_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "sms/train → blake3:" in capsys.readouterr().out
 
 
+def test_show_says_a_damaged_or_missing_blob_is_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """show of a blob, of an answer and of a name says when the blob is damaged (its
+    bytes hash to another digest, even at the size it had) or missing, with status 1, as
+    verify would: a whole one is shown with status 0 and nothing said of it."""
+    store = _store(tmp_path)
+    where = str(store.root)
+    answer = store.answer(KEY)
+    assert answer is not None
+    named = store.resolve("sms/train")
+    for shown in (KEY, answer.value, "sms/train", named):
+        assert main(["store", "show", shown, "--store", where]) == 0, shown
+        assert "DAMAGED" not in capsys.readouterr().out
+    store.blob_path(answer.value).write_bytes(b"y" * 3000)
+    for shown in (KEY, answer.value):
+        assert main(["store", "show", shown, "--store", where]) == 1, shown
+        printed = capsys.readouterr().out
+        assert f"{answer.value}" in printed and "DAMAGED: its bytes hash to blake3:" in printed
+        assert "store verify --quarantine" in printed
+    store.blob_path(named).unlink()
+    assert main(["store", "show", "sms/train", "--store", where]) == 1
+    assert f"sms/train → {named}  MISSING" in capsys.readouterr().out
+
+
 def test_verify_exit_status_says_damage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """verify exits 0 on a healthy store and 1, naming the file, on a damaged one."""
     store = _store(tmp_path)
