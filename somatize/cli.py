@@ -379,6 +379,14 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
                     kind = "record" if where.startswith("answers/") else "pack index"
                     why = f"not named by a digest where it lies, so no {kind}; gc leaves it"
                 print(f"stray   {_printable(where)}: {why}", file=out)
+            if found.abandoned:
+                writes = "write" if found.abandoned == 1 else "writes"
+                print(
+                    f"{found.abandoned} abandoned {writes} in tmp/: left by writes that were "
+                    "interrupted (or are going on now), no damage; gc removes them once older "
+                    "than --grace",
+                    file=out,
+                )
             if found.quarantined:
                 print(f"moved {len(found.quarantined)} aside into quarantine/", file=out)
             for why in found.unmoved.values():

@@ -213,6 +213,23 @@ def test_verify_lists_a_stray_file_and_exits_0(
     assert "stray   blobs/.DS_Store: not named by a digest" in capsys.readouterr().out
 
 
+def test_verify_tells_abandoned_writes_and_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What an interrupted write left in tmp/ is told by verify, as no damage (status 0),
+    with what gc does of it; gc then removes it."""
+    store = _store(tmp_path)
+    (store.root / "tmp" / "blob-1234.part").write_bytes(b"half a blob")
+    where = str(store.root)
+    assert main(["store", "verify", "--store", where]) == 0
+    printed = capsys.readouterr().out
+    assert "1 abandoned write in tmp/" in printed and "gc removes them" in printed
+    assert main(["store", "gc", "--store", where, "--grace", "0"]) == 0
+    assert "and 1 abandoned writes" in capsys.readouterr().out
+    assert main(["store", "verify", "--store", where]) == 0
+    assert "abandoned" not in capsys.readouterr().out
+
+
 def test_verify_says_gc_leaves_a_stray_file_in_answers_or_packs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
