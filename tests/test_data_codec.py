@@ -308,6 +308,19 @@ UNDER_NULLS = {
         ),
         pyarrow.array([b"ab", b"cd"], pyarrow.binary(2)),
     ),
+    "intervals": (
+        pyarrow.Array.from_buffers(
+            pyarrow.month_day_nano_interval(),
+            2,
+            [pyarrow.py_buffer(b"\x01"), pyarrow.py_buffer(bytes(32))],
+        ),
+        pyarrow.Array.from_buffers(
+            pyarrow.month_day_nano_interval(),
+            2,
+            [pyarrow.py_buffer(b"\x01"), pyarrow.py_buffer(bytes(16) + bytes(range(16)))],
+        ),
+        pyarrow.array([(0, 0, 0), (1, 2, 3)], pyarrow.month_day_nano_interval()),
+    ),
     "booleans": (
         pyarrow.array([True, None]),
         pyarrow.Array.from_buffers(

@@ -18,7 +18,7 @@ stay plain Arrow IPC any Arrow reader opens.
 The digest is BLAKE3 over the IPC bytes of the value with its chunks combined
 and its validity bitmaps bare (none on a column with no nulls, no bits set past
 a column's end), with nothing under a null: zeros under the nulls of a column of
-numbers, booleans, decimals or fixed-size binary, no bytes under those of a column
+numbers, booleans, decimals, intervals or fixed-size binary, no bytes under those of a column
 of strings, no items under those of a list or a map, and nulls in a struct's
 children (or a fixed-size list's items) under its own, at any depth. Equal
 content laid out in different chunks (a table read in two pieces, or in one),
@@ -160,7 +160,7 @@ def _spans_under_nulls(column: Any) -> bool:
 def _taken_bare(kind: pyarrow.DataType) -> bool:
     """Whether ``kind``'s slots under a null may hold bytes that taking its rows (one copy)
     leaves out: strings and binary (bytes a null's offsets still span), booleans,
-    decimals and fixed-size binary (whatever the slot held)."""
+    decimals, fixed-size binary and intervals (whatever the slot held)."""
     types = pyarrow.types
     return bool(
         types.is_string(kind)
@@ -170,6 +170,7 @@ def _taken_bare(kind: pyarrow.DataType) -> bool:
         or types.is_boolean(kind)
         or types.is_decimal(kind)
         or types.is_fixed_size_binary(kind)
+        or types.is_interval(kind)
     )
 
 
