@@ -308,6 +308,20 @@ UNDER_NULLS = {
         ),
         pyarrow.array([b"ab", b"cd"], pyarrow.binary(2)),
     ),
+    "a sparse union with values in rows another child holds": (
+        pyarrow.UnionArray.from_sparse(
+            pyarrow.array([0, 1], pyarrow.int8()),
+            [pyarrow.array([1, 2]), pyarrow.array(["a", "b"])],
+        ),
+        pyarrow.UnionArray.from_sparse(
+            pyarrow.array([0, 1], pyarrow.int8()),
+            [pyarrow.array([1, 99]), pyarrow.array(["zzz", "b"])],
+        ),
+        pyarrow.UnionArray.from_sparse(
+            pyarrow.array([0, 1], pyarrow.int8()),
+            [pyarrow.array([1, 2]), pyarrow.array(["a", "c"])],
+        ),
+    ),
     "intervals": (
         pyarrow.Array.from_buffers(
             pyarrow.month_day_nano_interval(),

@@ -20,7 +20,8 @@ and its validity bitmaps bare (none on a column with no nulls, no bits set past
 a column's end), with nothing under a null: zeros under the nulls of a column of
 numbers, booleans, decimals, intervals or fixed-size binary, no bytes under those of a column
 of strings, no items under those of a list or a map, and nulls in a struct's
-children (or a fixed-size list's items) under its own, at any depth. Equal
+children (or a fixed-size list's items) under its own, and a sparse union's
+children null in the rows another child holds, at any depth. Equal
 content laid out in different chunks (a table read in two pieces, or in one),
 sliced from a column that had nulls elsewhere, or left by a kernel with what it
 found under a null (``if_else``, ``Array.from_buffers``), has one digest, which is
@@ -100,6 +101,8 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
         return pyarrow.DictionaryArray.from_arrays(
             _bare(column.indices), _bare(column.dictionary), ordered=kind.ordered
         )
+    if pyarrow.types.is_union(kind) and kind.mode == "sparse":
+        return _sparse_bare(column)
     if column.null_count and (pyarrow.types.is_integer(kind) or _plain_number(kind)):
         column = _nulls_cleared(column)
     elif _nests(kind):
@@ -223,6 +226,23 @@ def _nested_bare(column: Any) -> pyarrow.Array:
             column.offsets, values.field(0), values.field(1), type=kind, mask=mask
         )
     return type(column).from_arrays(column.offsets, values, type=kind, mask=mask)
+
+
+def _sparse_bare(column: Any) -> pyarrow.Array:
+    """Sparse union ``column`` with its children bare and null in each row another child
+    holds: every child spans every row, and what it holds in a row it does not hold says
+    nothing of the rows."""
+    kind = column.type
+    column = pyarrow.concat_arrays([column])  # its type codes from its first row
+    codes = column.type_codes
+    rows = _every(len(column))
+    children = []
+    for index, code in enumerate(kind.type_codes):
+        held = pyarrow.compute.equal(codes, pyarrow.scalar(code, codes.type))
+        children.append(_bare(column.field(index).take(pyarrow.compute.if_else(held, rows, None))))
+    return pyarrow.Array.from_buffers(
+        kind, len(column), [None, codes.buffers()[1]], children=children
+    )
 
 
 def _runs(column: Any) -> pyarrow.Array:
