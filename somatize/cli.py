@@ -363,9 +363,9 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
             for where in found.stray:
                 if where.endswith("/"):
                     why = (
-                        "holds another store, made there before this one was opened above "
-                        "it: none of its files are this store's, and verify and gc leave "
-                        "them; move it beside this store to use it"
+                        "holds another store (one made in names/ before this one was "
+                        "opened above it, or one opened in answers/ or packs/): none of its "
+                        "files are this store's, and verify and gc leave them"
                     )
                 elif where.startswith("names/"):
                     why = (

@@ -28,9 +28,9 @@ A file in ``names/`` that is no name (a ``.DS_Store``, one whose name is not UTF
 too, and never collected (an NFS ``.nfs…`` file is one the server keeps for a file still
 open); a blob a stray name, record or index (a copy kept by hand) refers to is kept. A
 folder in ``names/``, ``answers/`` or ``packs/`` that holds another store (a blob laid out
-as one in its ``blobs/``, and a file in its ``answers/``, ``packs/`` or ``names/``), made
-there before this store was opened above it, is none of this store's: its files are
-neither read, judged nor collected, and checking lists the folder as stray. A folder or
+as one in its ``blobs/``, and a file in its ``answers/``, ``packs/`` or ``names/``; in
+``names/``, made before this store was opened above it) is none of this store's: its
+files are neither read, judged nor collected, and checking lists the folder as stray. A folder or
 file that cannot be read (another user's) stops both with :class:`StoreError`: what it
 holds would be taken for unused, or the store for whole.
 
@@ -223,9 +223,9 @@ class _Read(NamedTuple):
 def _stores_among(names: Iterable[str]) -> list[str]:
     """The folders among the files ``names`` of a section (``old`` for ``old/blobs/…``)
     that hold another store, outermost only: one holding a file laid out as a blob is in
-    its ``blobs/``, and a file in its ``answers/``, ``packs/`` or ``names/``. Opening a
-    store inside another's section is refused, so such a store was made there before the
-    other was opened above it; its files are none of the other's."""
+    its ``blobs/``, and a file in its ``answers/``, ``packs/`` or ``names/``: one made in
+    ``names/`` before the other was opened above it (opening it there after is refused),
+    or one opened in ``answers/`` or ``packs/``. Its files are none of the other's."""
     blobs: set[str] = set()
     others: set[str] = set()
     for name in names:
