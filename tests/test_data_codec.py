@@ -105,6 +105,10 @@ BARE_AND_SLICED = {
         pyarrow.array([{"a": 1}, {"a": 2}]),
         pyarrow.StructArray.from_arrays([pyarrow.array([1, 2, None]).slice(0, 2)], names=["a"]),
     ),
+    "a child that is the first rows of a short one": (
+        pyarrow.array([{"a": 1}, {"a": 2}]),
+        pyarrow.StructArray.from_arrays([pyarrow.array([1, 2, 3, 4]).slice(0, 2)], names=["a"]),
+    ),
     "list items with no nulls": (
         pyarrow.array([[1], [2]]),
         pyarrow.ListArray.from_arrays(pyarrow.array([0, 1, 2]), pyarrow.array([1, 2, None])[:2]),
@@ -148,6 +152,14 @@ LAID_OUT = {
     "the first rows of a longer column with nulls": (
         pyarrow.array([None, *range(1, 8)]),
         pyarrow.array([None, *range(1, 16)]).slice(0, 8),
+    ),
+    "the first rows of a short column": (
+        pyarrow.array([1, 2]),
+        pyarrow.array([1, 2, 3, 4]).slice(0, 2),
+    ),
+    "the first strings of a short column": (
+        pyarrow.array(["a", "b"]),
+        pyarrow.array(["a", "b", "c", "d"]).slice(0, 2),
     ),
     "strings sliced from further in": (
         pyarrow.array(["b", "c"]),

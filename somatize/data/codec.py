@@ -116,6 +116,8 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
         or column.offset  # a slice: IPC writes it with what lies around it
     ):
         return pyarrow.concat_arrays([column])
+    if _longer_than_its_rows(column):
+        return pyarrow.concat_arrays([column])
     validity = column.buffers()[0] if column.buffers() else None
     if validity is None:
         return column
@@ -128,6 +130,35 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
     ):
         return pyarrow.concat_arrays([column])
     return column  # sliced at an offset, IPC copies the bits it needs into a cleared buffer
+
+
+def _longer_than_its_rows(column: Any) -> bool:
+    """Whether a buffer of ``column`` (of a flat type, at no offset) holds more than its
+    rows: a prefix of a longer column, whose buffers IPC writes up to a multiple of 64
+    bytes, with the rows after it, where the same rows made afresh are written alone."""
+    kind = column.type
+    buffers = column.buffers()
+    length = len(column)
+    types = pyarrow.types
+    if types.is_string(kind) or types.is_binary(kind):
+        layout = "<i"
+    elif types.is_large_string(kind) or types.is_large_binary(kind):
+        layout = "<q"
+    else:
+        try:
+            width = kind.bit_width
+        except ValueError:  # of no fixed width
+            return False
+        data = buffers[1] if len(buffers) > 1 else None
+        return bool(width % 8 == 0 and data is not None and data.size > length * width // 8)
+    offsets, data = buffers[1], buffers[2]
+    width = struct.calcsize(layout)
+    if offsets is None:
+        return False
+    first = struct.unpack_from(layout, offsets, 0)[0]
+    last = struct.unpack_from(layout, offsets, length * width)[0]
+    held = 0 if data is None else data.size
+    return bool(offsets.size > (length + 1) * width or first != 0 or held > last)
 
 
 def _every(count: int) -> pyarrow.Array:
