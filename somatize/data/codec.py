@@ -232,7 +232,7 @@ def _nested_bare(column: Any) -> pyarrow.Array:
     if pyarrow.types.is_struct(kind) and not kind.num_fields:
         return pyarrow.concat_arrays([column])  # no children, and none tell its length
     if pyarrow.types.is_struct(kind):
-        children = [_bare(child) for child in column.flatten()]  # its nulls pushed into them
+        children = [_bare(child) for child in _under_its_nulls(column, mask)]
         return pyarrow.StructArray.from_arrays(
             children, fields=[kind.field(i) for i in range(kind.num_fields)], mask=mask
         )
@@ -257,6 +257,34 @@ def _nested_bare(column: Any) -> pyarrow.Array:
             column.offsets, values.field(0), values.field(1), type=kind, mask=mask
         )
     return type(column).from_arrays(column.offsets, values, type=kind, mask=mask)
+
+
+def _under_its_nulls(column: Any, mask: pyarrow.Array | None) -> list[pyarrow.Array]:
+    """The children of struct ``column`` (of its rows), null where it is (``mask``). A union
+    child has no validity bits to take them (Arrow's ``flatten`` aborts the process on one):
+    it is left as it is, so what lies in it under the struct's nulls stays, which digests it
+    apart from the same rows laid out otherwise (a miss, never a wrong answer)."""
+    kind = column.type
+    fields = [kind.field(i) for i in range(kind.num_fields)]
+    children = [column.field(i) for i in range(kind.num_fields)]
+    plain = [i for i, one in enumerate(fields) if not _is_union(one.type)]
+    if mask is None or not plain:
+        return children
+    if len(plain) == len(fields):
+        return list(column.flatten())
+    pushed = pyarrow.StructArray.from_arrays(
+        [children[i] for i in plain], fields=[fields[i] for i in plain], mask=mask
+    ).flatten()
+    for at, child in zip(plain, pushed, strict=True):
+        children[at] = child
+    return children
+
+
+def _is_union(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is a union, or an extension type stored as one."""
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        kind = kind.storage_type
+    return bool(pyarrow.types.is_union(kind))
 
 
 def _sparse_bare(column: Any) -> pyarrow.Array:
