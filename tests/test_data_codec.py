@@ -439,6 +439,51 @@ def test_a_struct_of_a_union_with_nulls_is_digested(mode: str) -> None:
     assert codec.digest(pyarrow.table({"s": _unions_in_a_struct(mode, None)})) != digest
 
 
+_RUNS = pyarrow.compute.run_end_encode(pyarrow.array([1, 1, 2]))
+_VIEWS = pyarrow.array(["a", "b", "a word longer than twelve"], pyarrow.string_view())
+_NULL_SECOND = pyarrow.array([False, True, False])
+
+UNTAKEN = {
+    **{
+        f"{name} items of lists, a null spanning one": pyarrow.ListArray.from_arrays(
+            pyarrow.array([0, 1, 2, 3], pyarrow.int32()), items, mask=_NULL_SECOND
+        )
+        for name, items in (("run-end-encoded", _RUNS), ("view", _VIEWS))
+    },
+    **{
+        f"{name} items of fixed-size lists with nulls": pyarrow.FixedSizeListArray.from_arrays(
+            items, 1, mask=_NULL_SECOND
+        )
+        for name, items in (("run-end-encoded", _RUNS), ("view", _VIEWS))
+    },
+    "run-end-encoded and view children of a sparse union": pyarrow.UnionArray.from_sparse(
+        pyarrow.array([0, 1, 0], pyarrow.int8()), [_RUNS, _VIEWS]
+    ),
+    "run-end-encoded values of a map with nulls": pyarrow.MapArray.from_arrays(
+        pyarrow.array([0, 1, 2, 3], pyarrow.int32()),
+        pyarrow.array(["k", "k", "k"]),
+        _RUNS,
+        mask=_NULL_SECOND,
+    ),
+    "runs of views": pyarrow.RunEndEncodedArray.from_arrays(
+        pyarrow.array([1, 2, 3], pyarrow.int32()),
+        pyarrow.array(["a", "a", "b"], pyarrow.string_view()),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(UNTAKEN))
+def test_columns_arrow_takes_no_rows_of_are_digested(case: str) -> None:
+    """A column holding what Arrow takes no rows of (run-end-encoded columns, views) is
+    digested and held, as its rows, and apart from its rows one shorter."""
+    column = UNTAKEN[case]
+    codec = ArrowCodec()
+    table = pyarrow.table({"c": column})
+    digest, held = codec.held(table)
+    assert held.equals(table) and digest == codec.digest(table)
+    assert codec.digest(pyarrow.table({"c": column.slice(1)})) != digest
+
+
 @pytest.mark.parametrize("nulls", [0, 1, 3])
 def test_a_struct_of_no_fields_keeps_its_length(nulls: int) -> None:
     """A column of structs with no fields (whose length no child tells) is digested and

@@ -29,7 +29,9 @@ what a key computed in two processes needs; a run-end-encoded column keeps only 
 runs of its rows, and a run split at a chunk's end is joined again. Dictionary
 and dense union columns are written as they are: a slice of one keeps the whole
 dictionary, or its union's children whole, so it digests apart from the same rows
-laid out otherwise (a cache miss, never a wrong answer).
+laid out otherwise (a cache miss, never a wrong answer); so are run-end-encoded and view
+columns (whose rows Arrow does not take) in a list, a map or a union, with what lies under
+the nulls around them.
 """
 
 from __future__ import annotations
@@ -161,6 +163,27 @@ def _longer_than_its_rows(column: Any) -> bool:
     return bool(offsets.size > (length + 1) * width or first != 0 or held > last)
 
 
+def _taken(column: Any, rows: pyarrow.Array) -> pyarrow.Array:
+    """``column.take(rows)``, or ``column`` as it is (from its first row) when it holds what
+    Arrow takes no rows of (see :func:`_takes`): what lies under its nulls then stays, which
+    digests it apart from the same rows laid out afresh (a miss, never a wrong answer)."""
+    if not _takes(column.type):
+        return pyarrow.concat_arrays([column])
+    return column.take(rows)
+
+
+def _takes(kind: pyarrow.DataType) -> bool:
+    """Whether Arrow takes (and filters) rows of ``kind``: not of a run-end-encoded column
+    or a view, nor of any type holding one."""
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        kind = kind.storage_type
+    if _is_view(kind) or getattr(pyarrow.types, "is_run_end_encoded", lambda _: False)(kind):
+        return False
+    if pyarrow.types.is_dictionary(kind):
+        return _takes(kind.value_type)
+    return all(_takes(kind.field(i).type) for i in range(kind.num_fields))
+
+
 def _every(count: int) -> pyarrow.Array:
     """The row numbers ``0 .. count - 1``, made by Arrow (a Python ``range`` is slow)."""
     return pyarrow.compute.indices_nonzero(pyarrow.nulls(count, pyarrow.bool_()).fill_null(True))
@@ -239,7 +262,7 @@ def _nested_bare(column: Any) -> pyarrow.Array:
     if mask is None or not _spans_under_nulls(column):  # one pass over the offsets
         column = pyarrow.concat_arrays([column])  # from its first row, items only its own
     else:
-        column = column.take(_every(len(column)))
+        column = _taken(column, _every(len(column)))
     if pyarrow.types.is_fixed_size_list(kind):
         size = kind.list_size
         if not size:  # no items at all (and Arrow builds no such list from its items)
@@ -249,7 +272,7 @@ def _nested_bare(column: Any) -> pyarrow.Array:
             items = _every(len(values))
             rows = pyarrow.compute.divide(items, size)
             kept = pyarrow.compute.is_valid(column).take(rows)
-            values = values.take(pyarrow.compute.if_else(kept, items, None))
+            values = _taken(values, pyarrow.compute.if_else(kept, items, None))
         return pyarrow.FixedSizeListArray.from_arrays(_bare(values), type=kind, mask=mask)
     values = _bare(column.values)
     if pyarrow.types.is_map(kind):
@@ -298,7 +321,9 @@ def _sparse_bare(column: Any) -> pyarrow.Array:
     children = []
     for index, code in enumerate(kind.type_codes):
         held = pyarrow.compute.equal(codes, pyarrow.scalar(code, codes.type))
-        children.append(_bare(column.field(index).take(pyarrow.compute.if_else(held, rows, None))))
+        children.append(
+            _bare(_taken(column.field(index), pyarrow.compute.if_else(held, rows, None)))
+        )
     return pyarrow.Array.from_buffers(
         kind, len(column), [None, codes.buffers()[1]], children=children
     )
@@ -316,7 +341,7 @@ def _runs(column: Any) -> pyarrow.Array:
     ends = pyarrow.compute.min_element_wise(
         pyarrow.compute.subtract(ends.cast(pyarrow.int64()), column.offset), len(column)
     )
-    if count > 1:
+    if count > 1 and _takes(values.type):
         same = _same_as_next(values)
         if same is not None:
             last = pyarrow.concat_arrays([pyarrow.compute.invert(same), pyarrow.array([True])])
