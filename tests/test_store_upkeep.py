@@ -551,6 +551,23 @@ def test_a_stray_copy_of_a_record_or_index_is_never_collected(home: Store) -> No
     assert again.has_blob(blob)
 
 
+def test_names_laid_out_as_a_store_are_names(home: Store) -> None:
+    """Names bound under a folder as a store lays out its files (``mirror/blobs/ab/<hex>``,
+    ``mirror/names/latest``) are this store's names: verify counts them, and gc, even one
+    dropping every answer, keeps the blobs they point at."""
+    datasets = [home.put(b"weights"), home.put(b"an index")]
+    hexed = datasets[0].removeprefix("blake3:")
+    names = [f"mirror/blobs/{hexed[:2]}/{hexed}", "mirror/names/latest"]
+    for name, digest in zip(names, datasets, strict=True):
+        home.bind(name, digest)
+    found = _reopen(home).verify()
+    assert found.ok and (found.names, found.stray) == (2, [])
+    assert _reopen(home).gc(0, grace=0).blobs == 0
+    again = _reopen(home)
+    for name, data in zip(names, [b"weights", b"an index"], strict=True):
+        assert bytes(again.get(again.resolve(name))) == data
+
+
 def test_a_fifo_in_a_local_store_is_passed_over(tmp_path: Path) -> None:
     """A FIFO (or a link to a device) in a local store's folders is no file of the store:
     listing, verify and gc pass it over, where opening it waited for a writer for good; a

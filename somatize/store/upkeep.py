@@ -28,8 +28,8 @@ A file in ``names/`` that is no name (a ``.DS_Store``, one whose name is not UTF
 too, and never collected (an NFS ``.nfs…`` file is one the server keeps for a file still
 open); a blob a stray name, record or index (a copy kept by hand) refers to is kept. A
 folder in ``names/``, ``answers/`` or ``packs/`` that holds another store (a blob laid out
-as one in its ``blobs/``, and a file in its ``answers/``, ``packs/`` or ``names/``; in
-``names/``, made before this store was opened above it) is none of this store's: its
+as one in its ``blobs/`` that is no name, and a file in its ``answers/``, ``packs/`` or
+``names/``; in ``names/``, made before this store was opened above it) is none of this store's: its
 files are neither read, judged nor collected, and checking lists the folder as stray. A folder or
 file that cannot be read (another user's) stops both with :class:`StoreError`: what it
 holds would be taken for unused, or the store for whole.
@@ -220,23 +220,46 @@ class _Read(NamedTuple):
     """The bytes it held when it was read."""
 
 
-def _stores_among(names: Iterable[str]) -> list[str]:
-    """The folders among the files ``names`` of a section (``old`` for ``old/blobs/…``)
-    that hold another store, outermost only: one holding a file laid out as a blob is in
-    its ``blobs/``, and a file in its ``answers/``, ``packs/`` or ``names/``: one made in
-    ``names/`` before the other was opened above it (opening it there after is refused),
-    or one opened in ``answers/`` or ``packs/``. Its files are none of the other's."""
-    blobs: set[str] = set()
+_NAME_MOST = 1024
+"""More bytes than the file of any name holds (a digest, and its signature when signed)."""
+
+
+def _stores_among(shelf: Shelf, section: str, entries: list[Entry]) -> list[str]:
+    """The folders among the files ``entries`` of ``section`` (``old`` for ``old/blobs/…``)
+    that hold another store, outermost only: one holding a blob in its ``blobs/``, and a
+    file in its ``answers/``, ``packs/`` or ``names/``: one made in ``names/`` before the
+    other was opened above it (opening it there after is refused), or one opened in
+    ``answers/`` or ``packs/``. Its files are none of the other's. In ``names/``, a file
+    laid out as a blob is one only if it is no name (names may be bound as
+    ``mirror/blobs/ab/<hex>``, and their blobs must be kept): larger than a name, or bytes
+    that read as none."""
+    blobs: dict[str, list[Entry]] = {}
     others: set[str] = set()
-    for name in names:
-        parts = name.split("/")
+    for entry in entries:
+        parts = entry.name.split("/")
         for at in range(1, len(parts) - 1):
             if parts[at] == "blobs" and _laid_out("blobs", "/".join(parts[at + 1 :])):
-                blobs.add("/".join(parts[:at]))
+                blobs.setdefault("/".join(parts[:at]), []).append(entry)
             elif parts[at] in _READ:
                 others.add("/".join(parts[:at]))
-    roots = sorted(blobs & others)
+    roots = sorted(
+        root
+        for root in blobs.keys() & others
+        if section != "names" or _holds_no_name(shelf, blobs[root])
+    )
     return [r for r in roots if not any(r.startswith(f"{o}/") for o in roots)]
+
+
+def _holds_no_name(shelf: Shelf, entries: list[Entry]) -> bool:
+    """Whether a file of ``names/`` among ``entries`` is no name: larger than a name's file,
+    or bytes that read as no name (the small ones are read)."""
+    if any(entry.size > _NAME_MOST for entry in entries):
+        return True
+    found = shelf._read_many("names", [entry.name for entry in entries])
+    return any(
+        data is not None and isinstance(_decoded("names", name, data, None)[0], Corrupt)
+        for name, data in found.items()
+    )
 
 
 def _in_store(name: str, roots: list[str]) -> str | None:
@@ -260,7 +283,7 @@ def _read_all(shelf: Shelf, wrap: Progress, check_key: bool = True) -> list[_Rea
     out: list[_Read] = []
     for section in _READ:
         entries = shelf._entries(section)
-        roots = _stores_among(e.name for e in entries)
+        roots = _stores_among(shelf, section, entries)
         if roots:
             entries = [e for e in entries if _in_store(e.name, roots) is None]
             for root in roots:
@@ -344,7 +367,7 @@ def _referred_since(shelf: Shelf, seen: dict[tuple[str, str], Entry]) -> set[str
     out: set[str] = set()
     for section in _READ:
         entries = shelf._entries(section)
-        roots = _stores_among(e.name for e in entries)
+        roots = _stores_among(shelf, section, entries)
         fresh = [
             e
             for e in entries
@@ -664,7 +687,7 @@ def contents(shelf: Shelf, section: str) -> list[tuple[Entry, Answer | PackIndex
     ``.DS_Store``) are left out. Read without the signing key: this says what the store
     holds, not what a reader would trust."""
     entries = shelf._entries(section)
-    roots = _stores_among(e.name for e in entries)  # another store's files: none of these
+    roots = _stores_among(shelf, section, entries)  # another store's files: none of these
     entries = [e for e in entries if _named(section, e.name) and _in_store(e.name, roots) is None]
     names = [e.name for e in entries]
     unread: dict[str, Corrupt] = {}
