@@ -1,0 +1,363 @@
+"""One layout for equal content: a table's columns rebuilt so that the bytes Arrow IPC
+writes of them depend only on their rows, which is what the ``arrow`` codec digests.
+
+Kernels and slices leave a column laid out by how it was made: chunks, offsets into a
+longer column, validity bits past its end, and whatever lies under a null (a filter or
+``if_else`` leaves what it found there). IPC writes what it finds, so equal rows would
+digest apart by their history. :func:`canonical` lays them out one way: no validity bitmap
+on a column with no nulls and no bits set past a column's end; zeros under the nulls of a
+column of numbers, booleans, decimals, intervals or fixed-size binary; no bytes under those
+of a column of strings; no items under those of a list or a map; nulls in a struct's
+children (or a fixed-size list's items) under its own; a sparse union's children null in
+the rows another child holds; a run-end-encoded column with only the runs of its rows, a
+run split at a chunk's end joined again. Columns Arrow takes no rows of (run-end-encoded
+and view columns in a list, a map or a union), dictionaries and dense unions are kept as
+they are: they digest apart from the same rows laid out otherwise (a cache miss, never a
+wrong answer).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pyarrow
+import pyarrow.compute
+
+__all__ = ["canonical"]
+
+
+def canonical(table: Any) -> Any:
+    """``table`` (a Table of one chunk per column, or a RecordBatch) with each column laid out
+    one way, as the module says: equal rows, equal IPC bytes."""
+    if not table.num_columns:
+        return table  # nothing to bare, and rebuilding it would drop its length
+    if isinstance(table, pyarrow.RecordBatch):
+        columns: list[Any] = [_bare(column) for column in table.columns]
+    else:
+        columns = [
+            pyarrow.chunked_array([_bare(chunk) for chunk in column.chunks], type=column.type)
+            for column in table.columns
+        ]
+    return type(table).from_arrays(columns, schema=table.schema)
+
+
+def _bare(column: pyarrow.Array) -> pyarrow.Array:
+    """``column`` with no validity bits that say nothing about its rows: no bitmap when
+    nothing is null, no bits set past its end, nothing under a null, at any depth. A slice
+    of a column keeps the bitmap of the whole, and IPC writes what it finds; rebuilding
+    (one copy) writes them the one way."""
+    kind = column.type
+    if getattr(pyarrow.types, "is_run_end_encoded", lambda _: False)(kind):
+        return _runs(column)
+    if _is_view(kind):  # its strings are in whichever data buffers the chunks put them
+        base = (
+            pyarrow.large_binary() if pyarrow.types.is_binary_view(kind) else pyarrow.large_string()
+        )
+        column = pyarrow.concat_arrays([column.cast(base).cast(kind)])
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        return pyarrow.ExtensionArray.from_storage(kind, _bare(column.storage))
+    if pyarrow.types.is_dictionary(kind):
+        column = pyarrow.concat_arrays([column])  # its indices from its first row
+        return pyarrow.DictionaryArray.from_arrays(
+            _bare(column.indices), _bare(column.dictionary), ordered=kind.ordered
+        )
+    if pyarrow.types.is_union(kind) and kind.mode == "sparse":
+        return _sparse_bare(column)
+    if column.null_count and (pyarrow.types.is_integer(kind) or _plain_number(kind)):
+        column = _nulls_cleared(column)
+    elif _nests(kind):
+        return _nested_bare(column)
+    elif column.null_count and _taken_bare(kind) and _spans_under_nulls(column):
+        column = column.take(_every(len(column)))
+    if (
+        pyarrow.types.is_nested(kind)  # whose children hold bitmaps of their own
+        or pyarrow.types.is_dictionary(kind)
+        or pyarrow.types.is_boolean(kind)  # data bits past the end may be set
+        or column.offset  # a slice: IPC writes it with what lies around it
+    ):
+        return pyarrow.concat_arrays([column])
+    if _longer_than_its_rows(column):
+        return pyarrow.concat_arrays([column])
+    validity = column.buffers()[0] if column.buffers() else None
+    if validity is None:
+        return column
+    length = len(column)
+    used = (length + 7) // 8
+    if (
+        column.null_count == 0
+        or validity.size > used  # a prefix of a longer column: IPC writes the rest too
+        or (length % 8 and memoryview(validity)[length // 8] >> length % 8)
+    ):
+        return pyarrow.concat_arrays([column])
+    return column  # sliced at an offset, IPC copies the bits it needs into a cleared buffer
+
+
+def _longer_than_its_rows(column: Any) -> bool:
+    """Whether a buffer of ``column`` (of a flat type, at no offset) holds more than its
+    rows: a prefix of a longer column, whose buffers IPC writes up to a multiple of 64
+    bytes, with the rows after it, where the same rows made afresh are written alone."""
+    kind = column.type
+    buffers = column.buffers()
+    length = len(column)
+    types = pyarrow.types
+    if types.is_string(kind) or types.is_binary(kind):
+        layout = "<i"
+    elif types.is_large_string(kind) or types.is_large_binary(kind):
+        layout = "<q"
+    else:
+        try:
+            width = kind.bit_width
+        except ValueError:  # of no fixed width
+            return False
+        data = buffers[1] if len(buffers) > 1 else None
+        return bool(width % 8 == 0 and data is not None and data.size > length * width // 8)
+    offsets, data = buffers[1], buffers[2]
+    width = struct.calcsize(layout)
+    if offsets is None:
+        return False
+    first = struct.unpack_from(layout, offsets, 0)[0]
+    last = struct.unpack_from(layout, offsets, length * width)[0]
+    held = 0 if data is None else data.size
+    return bool(offsets.size > (length + 1) * width or first != 0 or held > last)
+
+
+def _taken(column: Any, rows: pyarrow.Array) -> pyarrow.Array:
+    """``column.take(rows)``, or ``column`` as it is (from its first row) when it holds what
+    Arrow takes no rows of (see :func:`_takes`): what lies under its nulls then stays, which
+    digests it apart from the same rows laid out afresh (a miss, never a wrong answer)."""
+    if not _takes(column.type):
+        return pyarrow.concat_arrays([column])
+    return column.take(rows)
+
+
+def _takes(kind: pyarrow.DataType) -> bool:
+    """Whether Arrow takes (and filters) rows of ``kind``: not of a run-end-encoded column
+    or a view, nor of any type holding one."""
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        kind = kind.storage_type
+    if _is_view(kind) or getattr(pyarrow.types, "is_run_end_encoded", lambda _: False)(kind):
+        return False
+    if pyarrow.types.is_dictionary(kind):
+        return _takes(kind.value_type)
+    return all(_takes(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def _every(count: int) -> pyarrow.Array:
+    """The row numbers ``0 .. count - 1``, made by Arrow (a Python ``range`` is slow)."""
+    return pyarrow.compute.indices_nonzero(pyarrow.nulls(count, pyarrow.bool_()).fill_null(True))
+
+
+def _spans_under_nulls(column: Any) -> bool:
+    """Whether a null of ``column`` may span something (bytes, items) that taking its rows
+    leaves out: for strings, binary and lists, whether the offsets of its rows span more
+    than the lengths of its valid rows add up to (one pass over the offsets, where taking
+    its rows copies them); True for a column of any other kind."""
+    kind = column.type
+    types = pyarrow.types
+    if types.is_string(kind) or types.is_binary(kind):
+        lengths, layout = pyarrow.compute.binary_length, "<i"
+    elif types.is_large_string(kind) or types.is_large_binary(kind):
+        lengths, layout = pyarrow.compute.binary_length, "<q"
+    elif types.is_list(kind):
+        lengths, layout = pyarrow.compute.list_value_length, "<i"
+    elif types.is_large_list(kind):
+        lengths, layout = pyarrow.compute.list_value_length, "<q"
+    else:
+        return True
+    width = struct.calcsize(layout)
+    offsets = column.buffers()[1]
+    first = struct.unpack_from(layout, offsets, column.offset * width)[0]
+    last = struct.unpack_from(layout, offsets, (column.offset + len(column)) * width)[0]
+    used = pyarrow.compute.sum(lengths(column)).as_py() or 0
+    return bool(last - first != used)
+
+
+def _taken_bare(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind``'s slots under a null may hold bytes that taking its rows (one copy)
+    leaves out: strings and binary (bytes a null's offsets still span), booleans,
+    decimals, fixed-size binary and intervals (whatever the slot held)."""
+    types = pyarrow.types
+    return bool(
+        types.is_string(kind)
+        or types.is_binary(kind)
+        or types.is_large_string(kind)
+        or types.is_large_binary(kind)
+        or types.is_boolean(kind)
+        or types.is_decimal(kind)
+        or types.is_fixed_size_binary(kind)
+        or types.is_interval(kind)
+    )
+
+
+def _nests(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is a struct, a list, a large list, a fixed-size list or a map: a
+    column with children whose slots under the column's own nulls say nothing of its rows."""
+    types = pyarrow.types
+    return bool(
+        types.is_struct(kind)
+        or types.is_list(kind)
+        or types.is_large_list(kind)
+        or types.is_fixed_size_list(kind)
+        or types.is_map(kind)
+    )
+
+
+def _nested_bare(column: Any) -> pyarrow.Array:
+    """``column`` (of a type :func:`_nests` names) with its children bare and nothing in them
+    under its nulls: a struct's children null where it is, a list's rows taken afresh, so a
+    null row spans no items (whatever it spanned before, as a kernel may leave it) and the
+    items are only those of its rows. Two columns equal by value have one layout, at any
+    depth."""
+    kind = column.type
+    mask = column.is_null() if column.null_count else None
+    if pyarrow.types.is_struct(kind) and not kind.num_fields:
+        return pyarrow.concat_arrays([column])  # no children, and none tell its length
+    if pyarrow.types.is_struct(kind):
+        children = [_bare(child) for child in _under_its_nulls(column, mask)]
+        return pyarrow.StructArray.from_arrays(
+            children, fields=[kind.field(i) for i in range(kind.num_fields)], mask=mask
+        )
+    if mask is None or not _spans_under_nulls(column):  # one pass over the offsets
+        column = pyarrow.concat_arrays([column])  # from its first row, items only its own
+    else:
+        column = _taken(column, _every(len(column)))
+    if pyarrow.types.is_fixed_size_list(kind):
+        size = kind.list_size
+        if not size:  # no items at all (and Arrow builds no such list from its items)
+            return column
+        values = column.values
+        if mask is not None:  # its items under a null made null, as a struct's children are
+            items = _every(len(values))
+            rows = pyarrow.compute.divide(items, size)
+            kept = pyarrow.compute.is_valid(column).take(rows)
+            values = _taken(values, pyarrow.compute.if_else(kept, items, None))
+        return pyarrow.FixedSizeListArray.from_arrays(_bare(values), type=kind, mask=mask)
+    values = _bare(column.values)
+    if pyarrow.types.is_map(kind):
+        return pyarrow.MapArray.from_arrays(
+            column.offsets, values.field(0), values.field(1), type=kind, mask=mask
+        )
+    return type(column).from_arrays(column.offsets, values, type=kind, mask=mask)
+
+
+def _under_its_nulls(column: Any, mask: pyarrow.Array | None) -> list[pyarrow.Array]:
+    """The children of struct ``column`` (of its rows), null where it is (``mask``). A union
+    child has no validity bits to take them (Arrow's ``flatten`` aborts the process on one):
+    it is left as it is, so what lies in it under the struct's nulls stays, which digests it
+    apart from the same rows laid out otherwise (a miss, never a wrong answer)."""
+    kind = column.type
+    fields = [kind.field(i) for i in range(kind.num_fields)]
+    children = [column.field(i) for i in range(kind.num_fields)]
+    plain = [i for i, one in enumerate(fields) if not _is_union(one.type)]
+    if mask is None or not plain:
+        return children
+    if len(plain) == len(fields):
+        return list(column.flatten())
+    pushed = pyarrow.StructArray.from_arrays(
+        [children[i] for i in plain], fields=[fields[i] for i in plain], mask=mask
+    ).flatten()
+    for at, child in zip(plain, pushed, strict=True):
+        children[at] = child
+    return children
+
+
+def _is_union(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is a union, or an extension type stored as one."""
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        kind = kind.storage_type
+    return bool(pyarrow.types.is_union(kind))
+
+
+def _sparse_bare(column: Any) -> pyarrow.Array:
+    """Sparse union ``column`` with its children bare and null in each row another child
+    holds: every child spans every row, and what it holds in a row it does not hold says
+    nothing of the rows."""
+    kind = column.type
+    column = pyarrow.concat_arrays([column])  # its type codes from its first row
+    codes = column.type_codes
+    rows = _every(len(column))
+    children = []
+    for index, code in enumerate(kind.type_codes):
+        held = pyarrow.compute.equal(codes, pyarrow.scalar(code, codes.type))
+        children.append(
+            _bare(_taken(column.field(index), pyarrow.compute.if_else(held, rows, None)))
+        )
+    return pyarrow.Array.from_buffers(
+        kind, len(column), [None, codes.buffers()[1]], children=children
+    )
+
+
+def _runs(column: Any) -> pyarrow.Array:
+    """Run-end-encoded ``column`` with its runs laid out one way: only the runs of its
+    rows, their ends counted from its first row, and a run that chunks split joined again.
+    A slice keeps the run ends of the column it was cut from, and combining chunks keeps
+    a run split at a chunk's end as two, where encoding the rows afresh makes one."""
+    kind = column.type
+    first, count = column.find_physical_offset(), column.find_physical_length()
+    ends = column.run_ends.slice(first, count)
+    values = column.values.slice(first, count)
+    ends = pyarrow.compute.min_element_wise(
+        pyarrow.compute.subtract(ends.cast(pyarrow.int64()), column.offset), len(column)
+    )
+    if count > 1 and _takes(values.type):
+        same = _same_as_next(values)
+        if same is not None:
+            last = pyarrow.concat_arrays([pyarrow.compute.invert(same), pyarrow.array([True])])
+            ends, values = ends.filter(last), values.filter(last)
+    return pyarrow.RunEndEncodedArray.from_arrays(
+        ends.cast(kind.run_end_type), _bare(values), type=kind
+    )
+
+
+_AS_BITS = {8: pyarrow.int8(), 16: pyarrow.int16(), 32: pyarrow.int32(), 64: pyarrow.int64()}
+
+
+def _plain_number(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is a float, a date, a time, a timestamp or a duration: one number of
+    8 to 64 bits per row, as an integer is."""
+    if not (pyarrow.types.is_floating(kind) or pyarrow.types.is_temporal(kind)):
+        return False
+    try:
+        return kind.bit_width in _AS_BITS
+    except ValueError:  # of no fixed width
+        return False
+
+
+def _nulls_cleared(column: pyarrow.Array) -> pyarrow.Array:
+    """``column`` (of one number per row, with nulls) with zeros in the slots under its
+    nulls. What a slot under a null holds says nothing of the rows, and kernels leave what
+    they find there (a concatenation, a filter): written as it is, equal rows would digest
+    apart by what memory held before."""
+    kind = column.type
+    plain = column.view(_AS_BITS[kind.bit_width])
+    data = pyarrow.compute.fill_null(plain, 0)
+    valid = pyarrow.compute.is_valid(column)
+    if data.offset or valid.offset:  # fresh arrays start at their buffers' start
+        data, valid = pyarrow.concat_arrays([data]), pyarrow.concat_arrays([valid])
+    return pyarrow.Array.from_buffers(kind, len(column), [valid.buffers()[1], data.buffers()[1]])
+
+
+def _same_as_next(values: pyarrow.Array) -> pyarrow.Array | None:
+    """Whether each of ``values`` but the last is the one after it: both null, or equal bit
+    for bit, as encoding compares them (a float ``-0.0`` is not ``0.0``, a NaN is itself).
+    None for values that cannot be compared (nested ones): their runs stay as they are,
+    which digests apart from the rows encoded afresh (a miss, never a wrong answer)."""
+    if pyarrow.types.is_floating(values.type):
+        values = values.view(_AS_BITS[values.type.bit_width])
+    before, after = values.slice(0, len(values) - 1), values.slice(1)
+    try:
+        equal = pyarrow.compute.equal(before, after)
+    except pyarrow.ArrowNotImplementedError:
+        return None
+    both_null = pyarrow.compute.and_(before.is_null(), after.is_null())
+    return pyarrow.compute.or_(equal.fill_null(False), both_null)
+
+
+def _is_view(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is a view type (``string_view``, ``binary_view``), on an Arrow that
+    has them."""
+    return any(
+        getattr(pyarrow.types, name, lambda _: False)(kind)
+        for name in ("is_string_view", "is_binary_view")
+    )
