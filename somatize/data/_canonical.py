@@ -97,29 +97,43 @@ def _longer_than_its_rows(column: Any) -> bool:
     """Whether a buffer of ``column`` (of a flat type, at no offset) holds more than its
     rows: a prefix of a longer column, whose buffers IPC writes up to a multiple of 64
     bytes, with the rows after it, where the same rows made afresh are written alone."""
-    kind = column.type
     buffers = column.buffers()
     length = len(column)
-    types = pyarrow.types
-    if types.is_string(kind) or types.is_binary(kind):
-        layout = "<i"
-    elif types.is_large_string(kind) or types.is_large_binary(kind):
-        layout = "<q"
-    else:
+    layout = _offsets_layout(column.type)
+    if layout is None:
         try:
-            width = kind.bit_width
+            width = column.type.bit_width
         except ValueError:  # of no fixed width
             return False
         data = buffers[1] if len(buffers) > 1 else None
         return bool(width % 8 == 0 and data is not None and data.size > length * width // 8)
     offsets, data = buffers[1], buffers[2]
-    width = struct.calcsize(layout)
     if offsets is None:
         return False
-    first = struct.unpack_from(layout, offsets, 0)[0]
-    last = struct.unpack_from(layout, offsets, length * width)[0]
+    first, last = _row_span(column, layout)
     held = 0 if data is None else data.size
-    return bool(offsets.size > (length + 1) * width or first != 0 or held > last)
+    return bool(offsets.size > (length + 1) * struct.calcsize(layout) or first != 0 or held > last)
+
+
+def _offsets_layout(kind: pyarrow.DataType) -> str | None:
+    """How ``kind`` stores its offsets (a :mod:`struct` layout): 32 bits for strings, binary
+    and lists, 64 for their large kinds; None for any other type (a map's are not read)."""
+    types = pyarrow.types
+    if types.is_string(kind) or types.is_binary(kind) or types.is_list(kind):
+        return "<i"
+    if types.is_large_string(kind) or types.is_large_binary(kind) or types.is_large_list(kind):
+        return "<q"
+    return None
+
+
+def _row_span(column: Any, layout: str) -> tuple[int, int]:
+    """The first and the last offset of ``column``'s rows (its offsets stored as
+    ``layout``): the bytes or items of its rows lie between them."""
+    offsets = column.buffers()[1]
+    width = struct.calcsize(layout)
+    first = struct.unpack_from(layout, offsets, column.offset * width)[0]
+    last = struct.unpack_from(layout, offsets, (column.offset + len(column)) * width)[0]
+    return int(first), int(last)
 
 
 def _taken(column: Any, rows: pyarrow.Array) -> pyarrow.Array:
@@ -154,21 +168,12 @@ def _spans_under_nulls(column: Any) -> bool:
     than the lengths of its valid rows add up to (one pass over the offsets, where taking
     its rows copies them); True for a column of any other kind."""
     kind = column.type
-    types = pyarrow.types
-    if types.is_string(kind) or types.is_binary(kind):
-        lengths, layout = pyarrow.compute.binary_length, "<i"
-    elif types.is_large_string(kind) or types.is_large_binary(kind):
-        lengths, layout = pyarrow.compute.binary_length, "<q"
-    elif types.is_list(kind):
-        lengths, layout = pyarrow.compute.list_value_length, "<i"
-    elif types.is_large_list(kind):
-        lengths, layout = pyarrow.compute.list_value_length, "<q"
-    else:
+    layout = _offsets_layout(kind)
+    if layout is None:
         return True
-    width = struct.calcsize(layout)
-    offsets = column.buffers()[1]
-    first = struct.unpack_from(layout, offsets, column.offset * width)[0]
-    last = struct.unpack_from(layout, offsets, (column.offset + len(column)) * width)[0]
+    nested = pyarrow.types.is_list(kind) or pyarrow.types.is_large_list(kind)
+    lengths = pyarrow.compute.list_value_length if nested else pyarrow.compute.binary_length
+    first, last = _row_span(column, layout)
     used = pyarrow.compute.sum(lengths(column)).as_py() or 0
     return bool(last - first != used)
 
