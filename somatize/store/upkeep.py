@@ -274,6 +274,16 @@ def _in_store(name: str, roots: list[str]) -> str | None:
     return None
 
 
+def _own_entries(shelf: Shelf, section: str) -> tuple[list[Entry], list[str]]:
+    """The files listed in ``section`` that are this store's, and the folders among them
+    that hold another store (see :func:`_stores_among`), whose files are left out."""
+    entries = shelf._entries(section)
+    roots = _stores_among(shelf, section, entries)
+    if roots:
+        entries = [e for e in entries if _in_store(e.name, roots) is None]
+    return entries, roots
+
+
 def _read_all(shelf: Shelf, wrap: Progress, check_key: bool = True) -> list[_Read]:
     """Every answer record, pack index and name, read and decoded (one read per section);
     :class:`KeyMismatch` when the store signs with another key than ``shelf``'s (unless
@@ -282,13 +292,10 @@ def _read_all(shelf: Shelf, wrap: Progress, check_key: bool = True) -> list[_Rea
     stray, named by its folder and a ``/``."""
     out: list[_Read] = []
     for section in _READ:
-        entries = shelf._entries(section)
-        roots = _stores_among(shelf, section, entries)
-        if roots:
-            entries = [e for e in entries if _in_store(e.name, roots) is None]
-            for root in roots:
-                folder = Entry(f"{root}/", 0, 0.0)
-                out.append(_Read(section, folder, Corrupt("another store"), None, True))
+        entries, roots = _own_entries(shelf, section)
+        for root in roots:
+            folder = Entry(f"{root}/", 0, 0.0)
+            out.append(_Read(section, folder, Corrupt("another store"), None, True))
         found = shelf._read_many(section, [e.name for e in entries])
         for entry in wrap(entries, f"reading {section}", len(entries)):
             data = found.get(entry.name)
@@ -366,13 +373,8 @@ def _referred_since(shelf: Shelf, seen: dict[tuple[str, str], Entry]) -> set[str
     listed (new files, or files that changed)."""
     out: set[str] = set()
     for section in _READ:
-        entries = shelf._entries(section)
-        roots = _stores_among(shelf, section, entries)
-        fresh = [
-            e
-            for e in entries
-            if seen.get((section, e.name)) != e and _in_store(e.name, roots) is None
-        ]
+        entries, _ = _own_entries(shelf, section)
+        fresh = [e for e in entries if seen.get((section, e.name)) != e]
         found = shelf._read_many(section, [e.name for e in fresh])
         for entry in fresh:
             data = found.get(entry.name)
@@ -686,9 +688,7 @@ def contents(shelf: Shelf, section: str) -> list[tuple[Entry, Answer | PackIndex
     one listing and one read of each file. Files named as none of them can be (a
     ``.DS_Store``) are left out. Read without the signing key: this says what the store
     holds, not what a reader would trust."""
-    entries = shelf._entries(section)
-    roots = _stores_among(shelf, section, entries)  # another store's files: none of these
-    entries = [e for e in entries if _named(section, e.name) and _in_store(e.name, roots) is None]
+    entries = [e for e in _own_entries(shelf, section)[0] if _named(section, e.name)]
     names = [e.name for e in entries]
     unread: dict[str, Corrupt] = {}
     try:
