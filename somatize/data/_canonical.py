@@ -64,7 +64,9 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
         )
     if pyarrow.types.is_union(kind) and kind.mode == "sparse":
         return _sparse_bare(column)
-    if column.null_count and (pyarrow.types.is_integer(kind) or _plain_number(kind)):
+    if column.null_count and (
+        pyarrow.types.is_integer(kind) or _plain_number(kind) or pyarrow.types.is_boolean(kind)
+    ):
         column = _nulls_cleared(column)
     elif _nests(kind):
         return _nested_bare(column)
@@ -180,15 +182,14 @@ def _spans_under_nulls(column: Any) -> bool:
 
 def _taken_bare(kind: pyarrow.DataType) -> bool:
     """Whether ``kind``'s slots under a null may hold bytes that taking its rows (one copy)
-    leaves out: strings and binary (bytes a null's offsets still span), booleans,
-    decimals, fixed-size binary and intervals (whatever the slot held)."""
+    leaves out: strings and binary (bytes a null's offsets still span), decimals,
+    fixed-size binary and intervals (whatever the slot held)."""
     types = pyarrow.types
     return bool(
         types.is_string(kind)
         or types.is_binary(kind)
         or types.is_large_string(kind)
         or types.is_large_binary(kind)
-        or types.is_boolean(kind)
         or types.is_decimal(kind)
         or types.is_fixed_size_binary(kind)
         or types.is_interval(kind)
@@ -330,13 +331,16 @@ def _plain_number(kind: pyarrow.DataType) -> bool:
 
 
 def _nulls_cleared(column: pyarrow.Array) -> pyarrow.Array:
-    """``column`` (of one number per row, with nulls) with zeros in the slots under its
-    nulls. What a slot under a null holds says nothing of the rows, and kernels leave what
-    they find there (a concatenation, a filter): written as it is, equal rows would digest
-    apart by what memory held before."""
+    """``column`` (of one number or boolean per row, with nulls) with zeros in the slots
+    under its nulls. What a slot under a null holds says nothing of the rows, and kernels
+    leave what they find there (a concatenation, a filter): written as it is, equal rows
+    would digest apart by what memory held before. One pass over the values, where taking
+    the rows would copy them one by one."""
     kind = column.type
-    plain = column.view(_AS_BITS[kind.bit_width])
-    data = pyarrow.compute.fill_null(plain, 0)
+    if pyarrow.types.is_boolean(kind):
+        data = pyarrow.compute.fill_null(column, False)
+    else:
+        data = pyarrow.compute.fill_null(column.view(_AS_BITS[kind.bit_width]), 0)
     valid = pyarrow.compute.is_valid(column)
     if data.offset or valid.offset:  # fresh arrays start at their buffers' start
         data, valid = pyarrow.concat_arrays([data]), pyarrow.concat_arrays([valid])
