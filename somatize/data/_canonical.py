@@ -64,13 +64,11 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
         )
     if pyarrow.types.is_union(kind) and kind.mode == "sparse":
         return _sparse_bare(column)
-    if column.null_count and (
-        pyarrow.types.is_integer(kind) or _plain_number(kind) or pyarrow.types.is_boolean(kind)
-    ):
+    if column.null_count and _in_slots(kind):
         column = _nulls_cleared(column)
     elif _nests(kind):
         return _nested_bare(column)
-    elif column.null_count and _taken_bare(kind) and _spans_under_nulls(column):
+    elif column.null_count and _of_bytes(kind) and _spans_under_nulls(column):
         column = column.take(_every(len(column)))
     if (
         pyarrow.types.is_nested(kind)  # whose children hold bitmaps of their own
@@ -180,19 +178,30 @@ def _spans_under_nulls(column: Any) -> bool:
     return bool(last - first != used)
 
 
-def _taken_bare(kind: pyarrow.DataType) -> bool:
-    """Whether ``kind``'s slots under a null may hold bytes that taking its rows (one copy)
-    leaves out: strings and binary (bytes a null's offsets still span), decimals,
-    fixed-size binary and intervals (whatever the slot held)."""
+def _in_slots(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` holds one value of a fixed width per row, in a slot that is there
+    under a null too: integers, floats, dates, times, timestamps, durations, booleans,
+    decimals, fixed-size binary and intervals."""
+    types = pyarrow.types
+    return bool(
+        types.is_integer(kind)
+        or _plain_number(kind)
+        or types.is_boolean(kind)
+        or types.is_decimal(kind)
+        or types.is_fixed_size_binary(kind)
+        or types.is_interval(kind)
+    )
+
+
+def _of_bytes(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is strings or binary, whose nulls may span bytes that taking its rows
+    (one copy) leaves out."""
     types = pyarrow.types
     return bool(
         types.is_string(kind)
         or types.is_binary(kind)
         or types.is_large_string(kind)
         or types.is_large_binary(kind)
-        or types.is_decimal(kind)
-        or types.is_fixed_size_binary(kind)
-        or types.is_interval(kind)
     )
 
 
@@ -331,7 +340,7 @@ def _plain_number(kind: pyarrow.DataType) -> bool:
 
 
 def _nulls_cleared(column: pyarrow.Array) -> pyarrow.Array:
-    """``column`` (of one number or boolean per row, with nulls) with zeros in the slots
+    """``column`` (of a type :func:`_in_slots` names, with nulls) with zeros in the slots
     under its nulls. What a slot under a null holds says nothing of the rows, and kernels
     leave what they find there (a concatenation, a filter): written as it is, equal rows
     would digest apart by what memory held before. One pass over the values, where taking
@@ -339,8 +348,13 @@ def _nulls_cleared(column: pyarrow.Array) -> pyarrow.Array:
     kind = column.type
     if pyarrow.types.is_boolean(kind):
         data = pyarrow.compute.fill_null(column, False)
-    else:
+    elif pyarrow.types.is_integer(kind) or _plain_number(kind):
         data = pyarrow.compute.fill_null(column.view(_AS_BITS[kind.bit_width]), 0)
+    else:  # decimals, fixed-size binary, intervals: as many zero bytes as a slot holds
+        slot = pyarrow.binary(kind.byte_width)
+        data = pyarrow.compute.fill_null(
+            column.view(slot), pyarrow.scalar(bytes(slot.byte_width), slot)
+        )
     valid = pyarrow.compute.is_valid(column)
     if data.offset or valid.offset:  # fresh arrays start at their buffers' start
         data, valid = pyarrow.concat_arrays([data]), pyarrow.concat_arrays([valid])
