@@ -976,7 +976,9 @@ def _functions_in(member: Any) -> list[FunctionType]:
     held = [member.fget, member.fset, member.fdel] if isinstance(member, property) else [member]
     out: list[FunctionType] = []
     for function in held:
-        with contextlib.suppress(ValueError):  # a decorator that wraps itself
+        # a decorator that wraps itself (ValueError), or an object whose own __getattr__
+        # raises what hasattr does not take for "no such attribute": left as it is
+        with contextlib.suppress(Exception):
             function = inspect.unwrap(function) if function is not None else None
         if isinstance(function, FunctionType):
             out.append(function)

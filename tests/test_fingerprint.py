@@ -1414,3 +1414,32 @@ def test_an_object_closed_over_by_a_function_an_object_holds_changed_in_place_is
     assert graph.forward(5, store=store) == 10
     scale.k = 3
     assert graph.forward(5, store=store, strict=True) == 15
+
+
+class _Strict:
+    """Scales by what it holds; asked for any attribute it lacks, raises KeyError, not the
+    AttributeError ``hasattr`` expects."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __getattr__(self, name: str) -> Any:
+        raise KeyError(name)
+
+    def __call__(self, x: int) -> int:
+        return x * self.k
+
+
+def test_an_object_whose_getattr_raises_another_error_is_fingerprinted(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds whose ``__getattr__`` raises KeyError for what it lacks (as
+    a dict-backed config does) is fingerprinted like any other, by what it holds: another
+    value is another fingerprint, and the node computes and recalls."""
+    monkeypatch.setattr(HoldsScale, "act", _Strict(2))
+    before = fingerprint_of(HoldsScale)
+    assert Graph.somatize(HoldsScale().named("h").frozen().cached()).forward(5, store=store) == 10
+    monkeypatch.setattr(HoldsScale, "act", _Strict(3))
+    assert fingerprint_of(HoldsScale) != before
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert graph.forward(5, store=store, strict=True) == 15
