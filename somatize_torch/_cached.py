@@ -84,6 +84,9 @@ class _Cached(nn.Module):
     node: ModuleNode
     owner: Wrapped
     call: nn.Module
+    base: _Cached | None
+    """The first trace's shim of the same node, where this one makes another call of it:
+    its node's state and declaration are this one's."""
 
     def __init__(
         self,
@@ -91,11 +94,18 @@ class _Cached(nn.Module):
         call: nn.Module,
         owner: Wrapped,
         signature: inspect.Signature | None = None,
+        *,
+        base: _Cached | None = None,
+        made: Any = None,
     ) -> None:
         super().__init__()
         self.call = call
         object.__setattr__(self, "node", node)
         object.__setattr__(self, "owner", owner)
+        object.__setattr__(self, "base", base)
+        self.made = made
+        """The call this shim makes, where it is not its base's (a trace per value handing
+        the submodule other constants): keyed by it beside the base node's declaration."""
         self._signature = signature
         self._solos: dict[Precision, Graph] = {}
         self._basis: tuple[str | None, str | None] = (None, None)
@@ -303,24 +313,30 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     # away: a declared submodule replaced on the model is refused before it is keyed.
     self.owner._follow()
     memory = self.owner.graph.memory
+    # The node the owner's graph holds: this one, or, for a shim making another call of
+    # it, its base's, whose state and declaration this call is keyed by too.
+    held = node if self.base is None else self.base.node
     # Weights changed since the node was frozen (a checkpoint loaded, a part replaced), or
     # a setting or hook it keeps: it is keyed by its new state and what it declares now,
     # said to the owner's graph here so that the graphs below are built for them.
-    state = node.restate()
+    state = held.restate()
     if state is not None:
         memory.freeze(name, state)
-    if node.declaration_moved() or state is not None:
-        declared_again(memory, name, node)
-    basis = (memory.declaration_of(name), node._smz.state)
+    if held.declaration_moved() or state is not None:
+        declared_again(memory, name, held)
+    basis = (memory.declaration_of(name), held._smz.state)
     if basis != self._basis:
         self._solos.clear()
         self._basis = basis
+        node._smz.state = held._smz.state
     precision = _precision(tensors)
     solo = self._solos.get(precision)
     if solo is None:
-        solo = self._solos[precision] = _solo(node, name, basis[0], precision)
+        solo = self._solos[precision] = _solo(node, name, basis[0], precision, self.made)
     with torch.no_grad():
         out = solo.forward(Opaque(tuple(args), TENSOR), store=store)
+    if held is not node:
+        held.ran()  # what the module's forward changed of what it keeps is its own
     self.owner._noted(name, solo.record)
     return _placed(out, tensors[0].device) if tensors else out
 
@@ -362,22 +378,30 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _solo(node: ModuleNode, name: str, declaration: str | None, precision: Precision) -> Graph:
+def _solo(
+    node: ModuleNode,
+    name: str,
+    declaration: str | None,
+    precision: Precision,
+    made: Any = None,
+) -> Graph:
     """The one-node graph a cached call of ``node`` is asked through: keyed by
     ``declaration`` (the owner graph's), and by the precision too, where it is not the
-    default."""
+    default, and by the call ``made``, where it is another than the one declared."""
     solo = Graph.somatize(node)
     # The cached call asks the node whether its state changed before each lookup, and
     # says what changed to the owner's graph; the one-node graph need not ask again.
     solo._restated.clear()
     if declaration is not None:
+        more: dict[str, Any] = {}
+        if precision is not None:
+            more["precision"] = dict(precision)
+        if made is not None:
+            more["made"] = made
         said = (
             declaration
-            if precision is None
-            else canonical.hex_of(
-                {"declaration": declaration, "precision": dict(precision)},
-                b"somatize/declaration\0",
-            )
+            if not more
+            else canonical.hex_of({"declaration": declaration, **more}, b"somatize/declaration\0")
         )
         if solo.memory.declaration_of(name) != said:
             solo.memory.declared_as(name, said)

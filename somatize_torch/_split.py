@@ -479,18 +479,25 @@ def _split(
             called[name] = _call_of(fx_node)
             described = _describe_call(fx_node)
             shim: _Cached | _Declared | _Adapted | None = None
+            base: _Cached | _Declared | None = None
             if first is not None and name in first.shims:
                 shim = first.shims[name]
                 was = dict(first.calls)[name]
                 places = _places(first, name, called[name], inner)
-                if places is None and described == was:
-                    # The same constants, its inputs handed in other places (one input
-                    # in two): the first cut's shim cannot take them.
-                    described = {"inputs": "handed otherwise", **described}
-                elif places is not None and places != list(range(len(places))):
+                if places is None:
+                    # Other constants (a value traced per value handed on), or the same
+                    # with its inputs handed in other places (one input in two): the
+                    # first cut's shim cannot take them. A shim of its own runs this
+                    # call, the same node, keyed apart by the call it makes; whether a
+                    # trace may call it so is for the one that keeps the traces to say.
+                    if described == was:
+                        described = {"inputs": "handed otherwise", **described}
+                    base = shim.shim if isinstance(shim, _Adapted) else shim
+                    shim = None
+                elif places != list(range(len(places))):
                     held = shim.shim if isinstance(shim, _Adapted) else shim
                     shim, described = _Adapted(held, places), was
-                elif places is not None:
+                else:
                     described = was
             said.append((name, described))
             if shim is None:
@@ -502,8 +509,9 @@ def _split(
                     wrapped,
                     frozen=target in frozen_names,
                     cached=(cached_names[target],) if target in cached_names else None,
+                    base=base,
                 )
-            node: Node = shim.node
+            node: Node = shim.node if base is None else base.node
             targets.setdefault(target, shim.node)
             made[name] = shim
             setattr(runner, str(call.target), shim)
@@ -678,9 +686,15 @@ def _shim(
     *,
     frozen: bool,
     cached: tuple[str | None] | None,
+    base: _Cached | _Declared | None = None,
 ) -> _Cached | _Declared:
     """What stands where ``module`` is called as node ``name``: its node, frozen, and cached
-    with the salt in ``cached`` when that is given."""
+    with the salt in ``cached`` when that is given. With the ``base`` shim of the first
+    cut, one for the same node making another call (``described``, run as ``inner``): a
+    frozen one calls it as the base's node; a cached one is keyed by the base node's
+    declaration and state, and by this call, and runs it on a miss."""
+    if base is not None and cached is None:
+        return _Declared(base.node, inner)
     node = ModuleNode(
         module,
         spread=True,
@@ -693,7 +707,16 @@ def _shim(
     if cached is None:
         return _Declared(node, inner)
     node.cached(cached[0])
+    if isinstance(base, _Cached):
+        return _Cached(
+            node, inner, wrapped, base=base, made={"call": described, "code": code_of(inner)}
+        )
     return _Cached(node, inner, wrapped)
+
+
+def code_of(inner: nn.Module) -> str:
+    """The code of a declared call as the cut holds it (its inputs by place)."""
+    return str(getattr(inner, "code", "")).strip()
 
 
 def _reads(

@@ -371,6 +371,7 @@ class Tracing:
         noted: list[Noted] = []
         reads: list[_Read] = []
         switching = False
+        made: list[list[tuple[str, Any]]] = []
         for training, attempt in attempts:
             if isinstance(attempt, Untraceable):
                 runners[training] = attempt
@@ -384,7 +385,8 @@ class Tracing:
                 runners[training] = same
                 continue
             cut = _split(traced, self.model, self.frozen, self.cached, self.wrapped, self.first)
-            self._check_calls(cut, none, training, key, said)
+            self._check_calls(cut, none, training, key, said, made[0] if made else None)
+            made.append(cut.calls)
             reads += cut.reads
             runners[training] = cut.runner
             done.append((traced, cut.runner))
@@ -561,9 +563,19 @@ class Tracing:
         return told
 
     def _check_calls(
-        self, cut: _Split, none: frozenset[str], training: bool, key: Key, said: str
+        self,
+        cut: _Split,
+        none: frozenset[str],
+        training: bool,
+        key: Key,
+        said: str,
+        other: list[tuple[str, Any]] | None = None,
     ) -> None:
-        """Refuses a trace that calls the declared submodules otherwise than the first."""
+        """Refuses a trace that calls the declared submodules otherwise than the first. One
+        for other values of the arguments the forward branches on may hand them other
+        constants (those values handed on, `self.encoder(x, return_dict=return_dict)`):
+        each such call is its own, keyed apart, so it calls the same submodules, in the
+        same order, and as the trace in the ``other`` mode for the same values does."""
         if self.first is None:
             self.first, self.first_none, self.first_key, self.first_said = cut, none, key, said
             optional = [name for name, _, by_default in optional_of(self.model) if by_default]
@@ -589,10 +601,18 @@ class Tracing:
         if cut.calls == self.first.calls:
             return
         model = type(self.model).__qualname__
-        if key == self.first_key:
+        if (
+            _by_value(key) != _by_value(self.first_key)
+            and [name for name, _ in cut.calls] == [name for name, _ in self.first.calls]
+            and (other is None or other == cut.calls)
+        ):
+            return
+        # The first mode's calls for these values, where they are not the first trace's.
+        first_calls = self.first.calls if key == self.first_key else other
+        if key == self.first_key or (first_calls is not None and first_calls != self.first.calls):
             raise WrapError(
                 f"`{model}.forward` calls its declared submodules differently in train and "
-                f"eval mode ({_calls(self.first.calls)} in "
+                f"eval mode ({_calls(first_calls or [])} in "
                 f"{'train' if self.mode else 'eval'} mode, {_calls(cut.calls)} in the "
                 "other, or with other constant arguments, or other inputs in their places): one "
                 "graph cannot describe both. "
@@ -682,6 +702,11 @@ class Tracing:
                 found = self.trace(none, given)
                 self.watch()
             return found
+
+
+def _by_value(key: Key) -> tuple[Any, ...]:
+    """The plain values that picked the trace of ``key`` (not the inputs)."""
+    return tuple(value for value in key[1] if value is not INPUT)
 
 
 def _are_none(none: frozenset[str]) -> str:

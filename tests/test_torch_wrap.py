@@ -25,6 +25,7 @@ import pytest
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
 import somatize.torch as smt
@@ -2791,6 +2792,99 @@ def test_a_declared_call_made_only_for_another_value_is_refused_saying_the_value
         smt.NotCalled, match=r"`extra` is declared.*where `pool` is True.*other values"
     ):
         smt.wrap(ExtraUnpooled(), frozen=["encoder", "extra"], store=store)
+
+
+_ENCODER_RUNS: list[bool] = []
+
+
+class AnswersDict(nn.Module):
+    """Answers a dict of its hidden states and their mean when asked for one, as a Hugging
+    Face encoder does, and a tuple of them otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, return_dict: bool = True
+    ) -> Any:
+        _ENCODER_RUNS.append(return_dict)
+        h = self.linear(x) if mask is None else self.linear(x) * mask
+        if return_dict:
+            return {"last_hidden_state": h, "pooler_output": h.mean(dim=0)}
+        return (h, h.mean(dim=0))
+
+
+class HandsOnReturnDict(nn.Module):
+    """Hands `return_dict` on to its encoder, as a Hugging Face model does, and answers
+    as it asks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = AnswersDict()
+        self.head = nn.Linear(4, 2)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, return_dict: bool = True
+    ) -> Any:
+        out = self.encoder(x, mask=mask, return_dict=return_dict)
+        hidden = out["last_hidden_state"] if return_dict else out[0]
+        logits = self.head(hidden)
+        if return_dict:
+            return {"logits": logits, "pooled": out["pooler_output"]}
+        return (logits, out[1])
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_declared_submodule_handed_a_value_traced_per_value_gets_the_value_given(
+    tmp_path: Path, cached: bool
+) -> None:
+    """A declared encoder handed the value of an argument the forward branches on
+    (`self.encoder(x, return_dict=return_dict)`) is called with the value each call
+    gives, in the code traced for it: each answer is the model's, a cached one is kept
+    apart per value and recalled for that value only, in this wrapped model and in
+    another wrapping the same model on the same store, whichever value comes first."""
+    torch.manual_seed(0)
+    model = HandsOnReturnDict()
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
+    calls = [
+        lambda m: m(x),
+        lambda m: m(x, return_dict=False),
+        lambda m: m(x, None, True),
+        lambda m: m(x, mask, False),
+        lambda m: m(x, return_dict=False),
+        lambda m: m(x, mask=mask),
+    ]
+    with torch.no_grad():
+        expected = [call(model) for call in calls]
+        for order in (calls, calls[::-1]):
+            wrapped = smt.wrap(
+                model,
+                frozen=["encoder"],
+                cached=["encoder"] if cached else [],
+                store=Store(tmp_path / "s"),
+            )
+            smt.freeze(wrapped)
+            _ENCODER_RUNS.clear()
+            got = [call(wrapped) for call in order]
+            if order is not calls:
+                got = got[::-1]
+            for answer, want in zip(got, expected, strict=True):
+                assert type(answer) is type(want)
+                for a, b in zip(pytree.tree_leaves(answer), pytree.tree_leaves(want), strict=True):
+                    assert torch.equal(a, b)
+            if not cached:
+                # Frozen only: the encoder runs in every call, handed the value given.
+                given = [True, False, True, False, False, True]
+                ran = list(_ENCODER_RUNS)
+                assert ran == (given if order is calls else given[::-1])
+            elif order is calls:
+                # Each value's answer computed once, by the encoder handed that value.
+                assert _ENCODER_RUNS == [True, False, False, True]
+                assert wrapped.counts["encoder"] == {"ran": 4, "kept": 4, "recalled": 2}
+            else:
+                assert _ENCODER_RUNS == []
+                assert wrapped.counts["encoder"] == {"recalled": 6}
 
 
 class FlagRequired(OnTempered):
