@@ -18,12 +18,13 @@ such an argument is traced fixed at a value, the one a call gives (its default a
 ``wrap``), one trace per set of such values, kept by :func:`value_key` (kind and value,
 so ``True`` and ``1`` are apart). Only the arguments fx stopped at are fixed, found from
 the proxy it was asked to branch on, or, where it stopped otherwise, as the fewest of the
-plain values given that let it trace; each is fixed in every later trace. So is an
-argument the code traced never uses: fx answers `flag is True`, `type(n) is int` or
-`mode in {...}` for its stand-in without a branch it notices, and would keep one answer
-for every value. A value that is
-no plain constant is refused naming the argument, and the traces per value are bounded
-(``Wrapped.TRACES_PER_VALUE``).
+plain values given that let it trace; each is fixed in every later trace, and a value
+that is no plain constant is refused naming it. Every other argument a call hands a
+plain constant is traced fixed at it too: fx answers `flag is True`, `type(n) is int`,
+`mode in {...}` or `f"{mode}"` for its stand-in without a branch it notices, and the
+code it traced would keep one answer for every value, whether it uses the argument
+beside or not, so no stand-in is handed one (a tensor, or what is no plain constant,
+is an input). The traces per value are bounded (``Wrapped.TRACES_PER_VALUE``).
 
 What each trace went through and read — the modules traced into, their children and
 hooks, the plain values read, the parts the cut code holds — is taken in with the rest,
@@ -61,8 +62,8 @@ that mode."""
 
 Key = tuple[frozenset[str], tuple[Any, ...]]
 """What picks the code a call runs: the optional arguments it leaves None, and the
-value (:func:`value_key`) of each argument the forward branches on, in :attr:`Tracing.fixed`
-order, but those left None."""
+value (:func:`value_key`) of each named argument, :data:`INPUT` for one taken as an
+input, in the signature's order, but those left None."""
 
 PLAIN = "a bool, an int, a float, a str, None, an Enum member, a torch.dtype, or a tuple of them"
 """What an argument the forward branches on may be handed, for a message."""
@@ -92,15 +93,16 @@ def value_key(value: Any) -> Any:
     return None
 
 
-def not_plain(name: str, value: Any, model: nn.Module) -> WrapError:
-    """The refusal of a call handing ``name``, which the forward branches on, ``value``."""
+def not_plain(name: str, value: Any, model: nn.Module, why: object = None) -> WrapError:
+    """The refusal of a call handing ``name``, which the forward branches on, ``value``;
+    with ``why``, where fx found it does."""
     return WrapError(
         f"`{name}` is a `{kind_of(value)}` in this call, and "
         f"`{type(model).__qualname__}.forward` branches on its value: fx cannot trace that, "
         f"so the forward is traced once per value of `{name}`, and that value must be a "
         f"plain constant ({PLAIN}). Hand it one (`bool({name})`, `{name}.item()`, a tuple "
         "for a list), or declare the submodule that branches on it, which is never traced "
-        "into"
+        f"into{'' if why is None else f'. {why}'}"
     )
 
 
@@ -114,18 +116,17 @@ def kind_of(value: Any) -> str:
 
 
 INPUT = ("<input>",)
-"""What picks a trace for an argument the code never used handed what is no plain
-constant (a tensor): it is an input there, as it was traced."""
+"""What picks a trace for an argument handed what is no plain constant (a tensor), one
+the forward does not branch on: it is an input there."""
 
 
 class _Grow(Exception):
     """A trace fixing more arguments at the values a call gives is needed: those the
-    forward branches on, or, ``unused``, those the code traced never used."""
+    forward branches on."""
 
-    def __init__(self, names: Iterable[str], unused: bool = False) -> None:
+    def __init__(self, names: Iterable[str]) -> None:
         super().__init__()
         self.names = tuple(names)
-        self.unused = unused
 
 
 class _Gate:
@@ -227,13 +228,6 @@ class Tracing:
         self.fixed: tuple[str, ...] = ()
         """The arguments the forward branches on, which fx cannot take as inputs: each
         trace has them fixed at the values a call gives, in the signature's order."""
-        self.unused: tuple[str, ...] = ()
-        """The arguments the code traced with them as inputs never used: fx answers
-        `flag is True`, `type(n) is int`, `mode in {...}`, `table.get(name)` and
-        `f"{mode}"` for the stand-in it hands the forward without a branch it notices,
-        and the stand-in is left unused, so no code traced so is the forward's for every
-        value. Each trace has those fixed at the plain values a call gives, and takes
-        them as inputs otherwise (a tensor)."""
         self.through: set[str] = set()
         self.read: Noted | None = None
         self.reads: list[_Read] = []
@@ -300,9 +294,26 @@ class Tracing:
         return none, tuple(values)
 
     def keyed(self) -> tuple[str, ...]:
-        """The arguments whose values pick a trace: those :attr:`fixed` and
-        :attr:`unused`, in the signature's order."""
-        return tuple(name for name in self.named if name in self.fixed or name in self.unused)
+        """The arguments whose values pick a trace, in the signature's order: every named
+        one. Those :attr:`fixed` are traced at the value a call gives, which must be a
+        plain constant; any other is traced at a plain constant a call hands it, and as
+        an input otherwise: fx answers `flag is True`, `type(n) is int`, `mode in {...}`,
+        `table.get(name)` and `f"{mode}"` for the stand-in it hands the forward without
+        a branch it notices, so no code traced with a stand-in is the forward's for every
+        plain value, whether it uses the argument beside or not."""
+        return tuple(self.named)
+
+    def by_value(self, key: Key) -> dict[str, Any]:
+        """The arguments ``key`` picks a trace by the plain value of, with it (those left
+        None and those taken as inputs aside)."""
+        names = [name for name in self.keyed() if name not in key[0]]
+        return {
+            name: value for name, value in zip(names, key[1], strict=True) if value is not INPUT
+        }
+
+    def branched(self, key: Key) -> dict[str, Any]:
+        """:meth:`by_value`, of the arguments the forward branches on only."""
+        return {name: value for name, value in self.by_value(key).items() if name in self.fixed}
 
     def _keep_keyed(self) -> None:
         """Has the wrapped model pick the code by the arguments :meth:`keyed` names."""
@@ -325,12 +336,8 @@ class Tracing:
             try:
                 return self._trace(none, given)
             except _Grow as grow:
-                if grow.unused:
-                    wanted = {*self.unused, *grow.names}
-                    self.unused = tuple(name for name in self.named if name in wanted)
-                else:
-                    wanted = {*self.fixed, *grow.names}
-                    self.fixed = tuple(name for name in self.named if name in wanted)
+                wanted = {*self.fixed, *grow.names}
+                self.fixed = tuple(name for name in self.named if name in wanted)
                 self._keep_keyed()
         raise AssertionError("each retrace fixes one more argument")  # pragma: no cover
 
@@ -340,11 +347,11 @@ class Tracing:
         concrete.update((name, given[name]) for name in self.fixed if name not in none)
         concrete.update(
             (name, given[name])
-            for name in self.unused
+            for name in self.named
             if name not in none and name in given and value_key(given[name]) is not None
         )
         said = _said(concrete)
-        if key[1] and self.first is not None:
+        if self.by_value(key) and self.first is not None:
             self._bound()
         attempts: list[tuple[bool, tuple[fx.GraphModule, set[str], Noted] | Untraceable]] = []
         for training in (self.mode, not self.mode):
@@ -362,9 +369,6 @@ class Tracing:
                 if self.first is None and training == self.mode:
                     raise
                 attempts.append((training, _with_none(error, said)))
-        unused = self._unused(attempts, concrete)
-        if unused:
-            raise _Grow(unused, unused=True)
         runners: Runners = {}
         done: list[tuple[fx.GraphModule, nn.Module]] = []
         through: set[str] = set()
@@ -401,34 +405,6 @@ class Tracing:
         self.runners[key] = runners
         return runners
 
-    def _unused(
-        self,
-        attempts: list[tuple[bool, tuple[fx.GraphModule, set[str], Noted] | Untraceable]],
-        concrete: Mapping[str, Any],
-    ) -> tuple[str, ...]:
-        """The arguments taken as inputs that no code traced in ``attempts`` uses, and
-        that are not yet picked by their values."""
-        traced = [attempt[0] for _, attempt in attempts if not isinstance(attempt, Untraceable)]
-        if not traced:
-            return ()
-        left: set[str] | None = None
-        for code in traced:
-            idle = {
-                str(node.target)
-                for node in code.graph.nodes
-                if node.op == "placeholder" and not node.users
-            }
-            left = idle if left is None else left & idle
-        assert left is not None
-        return tuple(
-            name
-            for name in self.named
-            if name in left
-            and name not in concrete
-            and name not in self.fixed
-            and name not in self.unused
-        )
-
     def _to_fix(
         self,
         error: Untraceable,
@@ -451,16 +427,18 @@ class Tracing:
                     and self.named[name][1] is not inspect.Parameter.empty
                 ):
                     # An argument with a default, handed what no trace is fixed at: said
-                    # so, and not kept for the calls that hand it a plain value.
+                    # so, and not kept for the calls that hand it a plain value. Known
+                    # from here on as one the forward branches on, refused at once.
+                    if self.first is not None:
+                        known = {*self.fixed, name}
+                        self.fixed = tuple(one for one in self.named if one in known)
+                        self._keep_keyed()
+                        raise not_plain(name, given[name], self.model, error) from error
                     kind = f"a `{kind_of(given[name])}`"
                     told = Untraceable(
-                        (
-                            f"`{name}` is {kind} in this call, and "
-                            if self.first is not None
-                            else f"`{name}` defaults to {kind}, and "
-                        )
-                        + "the forward branches on its value, which is traced fixed at "
-                        f"each value a call gives only where that is {PLAIN}: {error}"
+                        f"`{name}` defaults to {kind}, and the forward branches on its value, "
+                        "which is traced fixed at each value a call gives only where that is "
+                        f"{PLAIN}: {error}"
                     )
                     told.branched = error.branched
                     raise told from error.__cause__
@@ -493,11 +471,18 @@ class Tracing:
     def _bound(self) -> None:
         """Refuses one more trace for values once the model has as many as it keeps."""
         limit: int = self.wrapped.TRACES_PER_VALUE
-        if sum(1 for _, values in self.runners if values) < limit:
+        valued = [key for key in self.runners if self.by_value(key)]
+        if len(valued) < limit:
             return
-        names = ", ".join(f"`{name}`" for name in self.keyed())
-        left = sorted({name for none, values in self.runners if values for name in none})
-        apart = (
+        # The arguments the traces were taken apart for: those given more than one value.
+        seen: dict[str, set[Any]] = {}
+        for key in valued:
+            for name, value in self.by_value(key).items():
+                seen.setdefault(name, set()).add(value)
+        apart = [name for name in self.keyed() if len(seen.get(name, ())) > 1]
+        names = ", ".join(f"`{name}`" for name in apart or list(seen))
+        left = sorted({name for none, _ in valued for name in none})
+        again = (
             f", and apart again for each set of arguments a call leaves None (here "
             f"{', '.join(f'`{name}`' for name in left)} left None or given)"
             if left
@@ -505,11 +490,13 @@ class Tracing:
         )
         raise WrapError(
             f"`{type(self.model).__qualname__}.forward` was traced {limit} times already for "
-            f"values of {names}: it branches on them (or the code traced never used them, "
-            "as after `flag is True`), which fx cannot trace, so each set of values a call "
-            f"gives is traced apart{apart}, and no more traces are taken, to keep them "
-            "bounded. Give one of the values traced, declare the submodule that branches "
-            "on them (it is never traced into), write the branch as tensor code "
+            f"values of {names}: a plain constant a call hands the forward (a flag, a count, "
+            "a name) is traced as the constant it is, since fx cannot trace a branch on it "
+            "(nor see one as `flag is True`), so each set of values a call gives is traced "
+            f"apart{again}, and no more traces are taken, to keep them bounded. Give one of "
+            "the values traced, hand a number that changes from call to call as a tensor "
+            "(`torch.tensor(scale)`), which is an input, declare the submodule that "
+            "branches on them (it is never traced into), write the branch as tensor code "
             "(`torch.where`), or raise `Wrapped.TRACES_PER_VALUE` on this wrapped model"
         )
 
@@ -581,10 +568,11 @@ class Tracing:
             optional = [name for name, _, by_default in optional_of(self.model) if by_default]
             for name in self.declared:
                 if name not in cut.targets:
+                    valued = bool(self.by_value(key))
                     fixed = (
-                        f"(where {said}: it branches on their values, and was traced with "
-                        "them at their defaults) "
-                        if key[1]
+                        f"(where {said}: a plain value it is handed is traced as it is, and "
+                        "it was traced at the defaults) "
+                        if valued
                         else ""
                     )
                     raise NotCalled(
@@ -592,7 +580,7 @@ class Tracing:
                         f"{_traced_as(optional, none)}{fixed}never calls it (it may be "
                         "reached through a function fx cannot see into"
                         f"{_otherwise(optional, none)}"
-                        f"{', or called only for other values of those' if key[1] else ''}"
+                        f"{', or called only for other values of those' if valued else ''}"
                         "): nothing of it can be frozen or cached here. Drop it from the "
                         "declarations, or call it in forward"
                         f"{' whatever the arguments' if optional else ''}"
@@ -602,7 +590,7 @@ class Tracing:
             return
         model = type(self.model).__qualname__
         if (
-            _by_value(key) != _by_value(self.first_key)
+            self.by_value(key) != self.by_value(self.first_key)
             and [name for name, _ in cut.calls] == [name for name, _ in self.first.calls]
             and (other is None or other == cut.calls)
         ):
@@ -619,7 +607,7 @@ class Tracing:
                 "Declare the submodule that holds the code that reads `self.training`, or "
                 "call the declared submodules the same way in both modes"
             )
-        if key[1] or self.first_key[1]:
+        if self.by_value(key) != self.by_value(self.first_key):
             this, first, advice, whether = (
                 said or "every argument is given",
                 self.first_said or "every argument is given",
@@ -702,11 +690,6 @@ class Tracing:
                 found = self.trace(none, given)
                 self.watch()
             return found
-
-
-def _by_value(key: Key) -> tuple[Any, ...]:
-    """The plain values that picked the trace of ``key`` (not the inputs)."""
-    return tuple(value for value in key[1] if value is not INPUT)
 
 
 def _are_none(none: frozenset[str]) -> str:

@@ -30,8 +30,10 @@ is the model's own ``train()``, which leaves frozen parts in eval.
 **Optional arguments.** fx traces each argument as an input, so the model is traced
 with every argument that defaults to None given (or, where fx cannot trace that, with
 every one None), and again, at the first call that leaves other ones None, with those
-fixed at None. An argument the forward branches on (``if pool:``) is traced fixed at
-its default, and again at the first call giving it another plain value, fixed at that.
+fixed at None. An argument handed a plain constant (a flag, a count, a name) is traced
+fixed at it — its default at ``wrap``, and again at the first call giving it another
+one — since fx cannot trace a branch on it (``if pool:``) nor see every test of it
+(``flag is True``); one handed a tensor is an input.
 
 **What fx does not record.** fx records the operations a forward makes on tensors:
 the grad-mode, autocast and inference-mode blocks the forward enters are recorded
@@ -171,17 +173,16 @@ class Wrapped(nn.Module):
     store: Store | None
     model: nn.Module
     _runners: dict[Key, Runners]
-    """Per set of optional arguments a call leaves None and values it gives those the
-    forward branches on, the code each mode runs (or why fx could not trace it in that
-    mode)."""
+    """Per set of optional arguments a call leaves None and plain values it gives the
+    others, the code each mode runs (or why fx could not trace it in that mode)."""
     TRACES_PER_VALUE: int = 32
-    """How many sets of values of the arguments its forward branches on a wrapped model
-    is traced for, at most: a call giving one more is refused."""
+    """How many sets of plain values of its forward's arguments a wrapped model is traced
+    for, at most: a call giving one more is refused."""
     _fixed: tuple[tuple[str, int | None, Any, bool], ...] = ()
-    """The arguments the forward branches on, each with its place among the positional
-    ones (None for a keyword-only one), its default, and whether it is one the code
-    traced never used, which takes what is no plain constant as an input: a call runs
-    the code traced with them fixed at the values it gives."""
+    """The forward's named arguments, each with its place among the positional ones (None
+    for a keyword-only one), its default, and whether it is one the forward does not
+    branch on, which takes what is no plain constant as an input: a call runs the code
+    traced with them fixed at the plain values it gives."""
     _tracing: Tracing | None = None
     """The traces taken so far, which a call leaving other arguments None adds to (None
     for a model declared whole, which is not traced)."""
@@ -426,10 +427,11 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         mode, other = ("train", "eval") if training else ("eval", "train")
         if not isinstance(runners[not training], nn.Module):
             raise runner
-        if values:
+        branched = [name for name, *_, other in self._fixed if not other and name not in none]
+        if branched:
             raise WrapError(
                 f"fx could trace `{type(self.model).__qualname__}.forward` for the values "
-                f"this call gives {', '.join(f'`{name}`' for name, *_ in self._fixed)} "
+                f"this call gives {', '.join(f'`{name}`' for name in branched)} "
                 f"in {other} mode only, and this call is in {mode} mode: what it traced may "
                 f"not be what the forward does in {mode} mode (code that reads "
                 "`self.training`), so it is not run in its place. Make such calls in "
@@ -452,7 +454,7 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
             f"in its place. Run it in {other} mode, or make it traceable in {mode} mode as "
             f"well. {runner}"
         )
-    if none or values:
+    if none or any(value is not INPUT for value in values):
         # Traced with those arguments fixed at None or at values: each in its place.
         assert self._tracing is not None and self._tracing.signature is not None
         args, kwargs = _in_order(self._tracing.signature, args, kwargs), {}
@@ -511,11 +513,11 @@ def _left_none(
 def _values_of(
     self: Wrapped, none: frozenset[str], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, ...]:
-    """What this call gives the arguments the forward branches on, each as what picks a
-    trace (:func:`value_key`), but those it leaves None; refused naming one given what no
-    trace can be fixed at."""
+    """What this call gives the forward's named arguments, each as what picks a trace
+    (:func:`value_key`, or :data:`INPUT`), but those it leaves None; refused naming one
+    the forward branches on given what no trace can be fixed at."""
     found = []
-    for name, at, default, unused in self._fixed:
+    for name, at, default, other in self._fixed:
         if name in none:
             continue
         value = (
@@ -524,8 +526,8 @@ def _values_of(
             else (args[at] if at is not None and at < len(args) else default)
         )
         key = value_key(value)
-        if key is None and unused and value is not inspect.Parameter.empty:
-            key = INPUT  # an input where the code traced never used it, as traced
+        if key is None and other and value is not inspect.Parameter.empty:
+            key = INPUT  # an input where the forward does not branch on it
         if key is None:
             if value is inspect.Parameter.empty:
                 assert self._tracing is not None and self._tracing.signature is not None
@@ -540,11 +542,37 @@ def _values_in(
 ) -> tuple[Any, ...]:
     """:func:`_values_of`, made eagerly in a compiled call: torch.compile would take a
     plain value it is handed as a constant, and check a later call's against it by
-    equality (``-0.0 == 0.0``), where the value picks the code by its kind and spelling."""
+    equality (``-0.0 == 0.0``), where the value picks the code by its kind and spelling.
+    A call handing each of them a tensor (or None) is read in the compiled code: each is
+    an input."""
     if torch.compiler.is_compiling():
+        inputs = _all_inputs(self, none, args, kwargs)
+        if inputs is not None:
+            return inputs
         values: tuple[Any, ...] = _values_eagerly(self, none, args, kwargs)
         return values
     return _values_of(self, none, args, kwargs)
+
+
+def _all_inputs(
+    self: Wrapped, none: frozenset[str], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, ...] | None:
+    """What picks the code for a call handing a tensor to each argument that picks it,
+    but those it leaves None, which the forward does not branch on: each an input. None
+    for any other call."""
+    found = []
+    for name, at, default, other in self._fixed:
+        if name in none:
+            continue
+        value = (
+            kwargs[name]
+            if name in kwargs
+            else (args[at] if at is not None and at < len(args) else default)
+        )
+        if not (other and isinstance(value, torch.Tensor)):
+            return None
+        found.append(INPUT)
+    return tuple(found)
 
 
 def _in_order(

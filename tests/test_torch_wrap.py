@@ -378,10 +378,16 @@ def test_a_forward_asking_if_what_fx_stands_in_for_is_a_tensor_is_refused(
 ) -> None:
     """fx hands the forward stand-ins, which are no tensors: `isinstance(mask,
     torch.Tensor)` is False while it traces, and the branch kept would ignore the mask in
-    every call. Refused, naming the line; with the argument optional, the forward is traced
-    with it None, and a call that gives it is refused so."""
-    with pytest.raises(smt.Untraceable, match=r"isinstance\(mask, torch\.Tensor\).*no tensor"):
-        smt.wrap(AsksIfTensor(), frozen=["encoder"], store=store)
+    every call. A plain value is no stand-in (the forward is traced at it); a call handing
+    a tensor is refused, naming the line; with the argument optional, the forward is
+    traced with it None, and a call that gives it is refused so."""
+    wrapped, model = _encoder_cached(AsksIfTensor, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for mask in (1.0, 2.0):
+            assert torch.equal(wrapped(x, mask), model(x, mask))
+        with pytest.raises(smt.Untraceable, match=r"isinstance\(mask, torch\.Tensor\).*no tensor"):
+            wrapped(x, torch.full((3, 4), 2.0))
     torch.manual_seed(0)
     model = AsksIfTensorOrNone()
     wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
@@ -2364,14 +2370,15 @@ def test_a_forward_branching_on_an_optional_flag_runs_with_it_given_or_none(
     """A forward that branches on an optional argument's value cannot be traced with it
     as an input: `wrap` traces it with every optional argument None instead, and calls
     that leave them None run; a call that gives one a plain value runs code traced with it
-    fixed at that value; one that gives it a tensor is refused, naming it and the line."""
+    fixed at that value; one that gives it a tensor is refused, naming it and the line
+    (`WrapError`, as any call handing an argument the forward branches on a tensor)."""
     torch.manual_seed(0)
     model = Flagged()
     wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
     smt.freeze(wrapped)
     x = torch.randn(3, 4)
     with torch.no_grad():
-        with pytest.raises(smt.Untraceable, match=r"`double` is a `torch\.Tensor`.*if double"):
+        with pytest.raises(smt.WrapError, match=r"`double` is a `torch\.Tensor`.*if double"):
             wrapped(x, double=torch.tensor(True))
         for _ in range(2):
             assert torch.equal(wrapped(x), model(x))
@@ -2409,8 +2416,10 @@ def test_a_forward_branching_on_an_argument_with_a_default_is_traced_per_value(
 ) -> None:
     """A forward that branches on a flag and a string it defaults is wrapped: each call runs
     code traced with them fixed at the values it gives, traced once per set of values and
-    reused after, with the cached encoder one node recalled across all of them; a number
-    the forward only hands on is not fixed, so a new one traces nothing anew."""
+    reused after, with the cached encoder one node recalled across all of them. A number
+    the forward only computes with is traced at each value a call hands it too, once, as
+    fx cannot see every use of a plain value; handed a tensor, it is an input, traced once
+    for every tensor."""
     wrapped, model = _encoder_cached(PoolsByFlag, store)
     x = torch.randn(3, 4)
     calls = [
@@ -2425,12 +2434,21 @@ def test_a_forward_branching_on_an_argument_with_a_default_is_traced_per_value(
         for _ in range(2):
             for call in calls:
                 assert torch.equal(call(wrapped), call(model))
-        traced = len(_VALUE_TRACES)
-        for scale in (4.0, 5.0, -1.0):
-            assert torch.equal(wrapped(x, scale=scale), model(x, scale=scale))
-            assert torch.equal(wrapped(x, False, scale=scale), model(x, False, scale=scale))
-        assert len(_VALUE_TRACES) == traced + 6  # the model's own calls only
-    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 17}
+
+        def traces_of(scales: list[Any]) -> int:
+            """The forward's runs in calls handing each of ``scales``, pooled and not."""
+            before = len(_VALUE_TRACES)
+            for scale in scales:
+                assert torch.equal(wrapped(x, scale=scale), model(x, scale=scale))
+                assert torch.equal(wrapped(x, False, scale=scale), model(x, False, scale=scale))
+            return len(_VALUE_TRACES) - before
+
+        # The model's own calls, and a trace in both modes per new value, pooled and not.
+        assert traces_of([4.0, 5.0, -1.0]) == 6 + 3 * 2 * 2
+        assert traces_of([4.0, 5.0, -1.0]) == 6
+        # Tensors are an input: traced once, pooled and not, for all of them.
+        assert traces_of([torch.tensor(3.0), torch.tensor(6.0)]) == 4 + 2 * 2
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 27}
     assert list(wrapped.graph.nodes()) == ["encoder", "fx_0"]
 
 
@@ -2499,6 +2517,62 @@ def test_values_equal_in_python_but_of_another_kind_or_sign_are_traced_apart(
         traced = len(_VALUE_TRACES)
         assert torch.equal(wrapped(x, float("nan")), model(x, math.nan))
         assert len(_VALUE_TRACES) == traced + 1  # the model's own call only
+
+
+class ScalesUnlessTrue(OnTempered):
+    """Scales by 2.5 when handed `True` itself, and by what it is handed otherwise: fx
+    answers `is` for its stand-in without a branch it notices, and the code it traces
+    uses the argument beside."""
+
+    def forward(self, x: torch.Tensor, flag: bool | int = True) -> torch.Tensor:
+        h = self.encoder(x)
+        if flag is True:
+            return h * 2.5
+        return h * flag
+
+
+class HundredfoldForAnInt(OnTempered):
+    """Scales by a hundred when handed an int, by the number it is handed otherwise, and
+    not at all without one."""
+
+    def forward(self, x: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        h = self.encoder(x)
+        if scale is None:
+            return h
+        if type(scale) is int:
+            return h * 100
+        return h * scale
+
+
+class TriplesForAFlag(OnTempered):
+    """Triples when handed a flag, and scales by the count it is handed otherwise; the
+    argument has no default."""
+
+    def forward(self, x: torch.Tensor, n: Any) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 3 if type(n) is bool else h * n
+
+
+@pytest.mark.parametrize(
+    ("kind", "values"),
+    [
+        (ScalesUnlessTrue, [True, 1, False, 0, True, 1, 2.0]),
+        (HundredfoldForAnInt, [2.0, 2, None, 3, 3.0, 2]),
+        (TriplesForAFlag, [2, True, 1, False, 2, torch.tensor(4.0), True]),
+    ],
+)
+def test_a_plain_value_the_forward_tells_apart_unseen_by_fx_answers_as_the_forward(
+    store: Store, kind: Callable[[], nn.Module], values: list[Any]
+) -> None:
+    """A forward that tells a plain value apart where fx sees no branch (`flag is True`,
+    `type(n) is int`) and also computes with it answers as the model does for each value
+    a call hands it, whatever came before: `True`, `1` and `2.0`, `2` and `2.0`, traced
+    apart; a tensor handed to it is an input, as it was."""
+    wrapped, model = _encoder_cached(kind, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for value in values:
+            assert torch.equal(wrapped(x, value), model(x, value)), value
 
 
 class Step(enum.Enum):
@@ -2599,9 +2673,16 @@ def test_a_flag_value_fx_cannot_spell_as_an_input_default_is_refused_naming_it(
     store: Store,
 ) -> None:
     """An argument taken as an input whose default is a flag value with no name of its
-    own cannot be written into fx's code: refused at `wrap`, naming it and what to do."""
-    with pytest.raises(smt.Untraceable, match=r"`options` is taken as an input.*with a name"):
-        smt.wrap(ScalesByOptions(), frozen=["encoder"], store=store)
+    own cannot be written into fx's code: refused at the call handing it a tensor, naming
+    it and what to do. A call handing it a plain value, its default included, is traced
+    at that value, which is written as it is made."""
+    wrapped, model = _encoder_cached(ScalesByOptions, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        assert torch.equal(wrapped(x, Option.SCALE), model(x, Option.SCALE))
+        with pytest.raises(smt.Untraceable, match=r"`options` is taken as an input.*with a name"):
+            wrapped(x, torch.tensor(2.0))
 
 
 class Shifted(OnTempered):
