@@ -256,13 +256,9 @@ class Tracing:
         """Refuses a call once the defaults of the model's forward were changed after it
         was traced (its ``__defaults__`` or ``__kwdefaults__``): the code traced would
         take an argument left out at the old one."""
-        now = defaults_of(self.model)
-        was = self.defaults
-        if len(now) == len(was) and all(
-            a is b and c is d for (a, c), (b, d) in zip(was, now, strict=True)
-        ):
+        if self.same_defaults():
             return
-        old, new = dict(was), dict(now)
+        old, new = dict(self.defaults), dict(defaults_of(self.model))
         changed = [
             name
             for name in dict.fromkeys([*old, *new])
@@ -275,6 +271,16 @@ class Tracing:
             "now): the code traced takes an argument a call leaves out at the default it "
             "had then, and would not answer as the forward does now. Wrap the model again "
             "after changing its defaults, or put them back"
+        )
+
+    def same_defaults(self) -> bool:
+        """Whether the defaults of the model's forward are the very ones it was traced
+        with: read in compiled code too, which torch.compile guards on, so a change has
+        the call compiled anew, and refused (:meth:`check_defaults`, made eagerly)."""
+        now = defaults_of(self.model)
+        was = self.defaults
+        return len(now) == len(was) and all(
+            a is b and c is d for (a, c), (b, d) in zip(was, now, strict=True)
         )
 
     def key(self, none: frozenset[str], given: Mapping[str, Any]) -> Key:

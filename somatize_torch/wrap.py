@@ -47,7 +47,8 @@ the store runs under ``torch.compiler.disable``, once per cached node, and reads
 nothing that changes from batch to batch, so ``torch.compile(wrapped)`` compiles
 the segments around it once and does not recompile per batch. The checks made
 before an eager forward (frozen parts settled, parts replaced) are not made by
-compiled code; assigning on the wrapped model and loading a checkpoint into it
+compiled code, but for the forward's defaults, changed after ``wrap``, which a compiled
+call refuses as an eager one does; assigning on the wrapped model and loading a checkpoint into it
 still point the segments at new parts. A model whose forward switches grad mode,
 autocast or inference mode is called through one more break: what leaves the
 blocks a failed call left open runs eagerly, the code it calls compiled.
@@ -414,8 +415,12 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         self._check()
         if tracing is not None:
             _refuse_global_hooks(self.model)
-    elif tracing is not None and any_global_hooks():
-        _refuse_global_hooks_eagerly(self.model)
+    elif tracing is not None:
+        if any_global_hooks():
+            _refuse_global_hooks_eagerly(self.model)
+        if not tracing.same_defaults():
+            # A default changed after `wrap`: the code traced takes the old one.
+            _check_defaults_eagerly(tracing)
     runners = self._runners.get((none, values))
     if runners is None:
         runners = _traced_without(self, none, args, kwargs)
@@ -627,6 +632,9 @@ _refuse_global_hooks_eagerly = _not_compiled(_refuse_global_hooks)
 """Refuses a compiled call while global hooks are registered, naming them: compiled code
 only asks how many there are (which torch.compile guards on, so one registered later has
 the call compiled anew), and names them eagerly."""
+_check_defaults_eagerly = _not_compiled(Tracing.check_defaults)
+"""Refuses a compiled call once a default of the forward changed, naming it: compiled
+code only asks whether they are the ones traced with (:meth:`Tracing.same_defaults`)."""
 _values_eagerly = _not_compiled(_values_of)
 """What picks the code a compiled call runs, made eagerly: see :func:`_values_in`."""
 

@@ -23,6 +23,7 @@ from tests.test_torch_wrap import (
     Mixed,
     Normed,
     Optional,
+    PoolsByDefault,
     PoolsByFlag,
     Repeated,
     ShiftsBetween,
@@ -393,4 +394,41 @@ def test_a_compiled_traced_model_refuses_a_call_while_global_hooks_are_registere
             ):
                 compiled(x)
         assert torch.allclose(compiled(x), model(x))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("edit", ["defaults", "kwdefaults", "kwdefaults in place"])
+def test_a_compiled_call_after_a_forward_default_changed_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: str
+) -> None:
+    """A compiled call runs code traced with an argument left out at the default it had at
+    `wrap`: changed after (`__defaults__`, `__kwdefaults__`), the compiled call is refused
+    naming the argument, as an eager one is, where it would have answered for the old
+    default; put back, it answers as the model does."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = PoolsByDefault()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=tmp_path / "s")
+    smt.freeze(wrapped)
+    compiled = torch.compile(wrapped, backend="eager")
+    x = torch.randn(3, 4)
+    forward = PoolsByDefault.forward
+    before = (forward.__defaults__, dict(forward.__kwdefaults__ or {}))
+    with torch.no_grad():
+        assert torch.equal(compiled(x), model(x))
+        try:
+            if edit == "defaults":
+                forward.__defaults__, name = (False,), "pool"
+            elif edit == "kwdefaults":
+                forward.__kwdefaults__, name = {"scale": 3.0}, "scale"
+            else:
+                forward.__kwdefaults__["scale"], name = 3.0, "scale"
+            for _ in range(2):
+                with pytest.raises(smt.WrapError, match=rf"default of `{name}`.*changed"):
+                    compiled(x)
+        finally:
+            forward.__defaults__ = before[0]
+            forward.__kwdefaults__ = before[1]
+        assert torch.equal(compiled(x), model(x))
     torch._dynamo.reset()
