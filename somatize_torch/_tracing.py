@@ -8,9 +8,11 @@ with every optional argument (one that defaults to None) given, and a call that 
 some None runs code traced with those fixed at None (fx's ``concrete_args``), traced the
 first time such a call comes. Every trace cuts the forward at the same declared calls,
 each given the shim of the same name, so one node stands for it in all of them (a call
-handed None where the first trace handed it the argument hands the shim None there): a
-forward that calls its declared submodules otherwise when an argument is None is
-refused, naming it, as one that does so in train and eval mode is.
+handed None where the first trace handed it the argument hands the shim None there; one
+handed other constants, or its inputs otherwise, is given a shim of its own for the
+same node, keyed apart by the call it makes): a forward that calls other declared
+submodules, or in another order, when an argument is None is refused, naming it, as
+one that calls them otherwise in train and eval mode is.
 
 A forward that branches on (or iterates over) an argument's value — ``if pool:``,
 ``if mode == "max":``, ``range(n_layers)`` — cannot be traced with it as an input either:
@@ -565,10 +567,12 @@ class Tracing:
         other: list[tuple[str, Any]] | None = None,
     ) -> None:
         """Refuses a trace that calls the declared submodules otherwise than the first. One
-        for other values of the arguments the forward branches on may hand them other
-        constants (those values handed on, `self.encoder(x, return_dict=return_dict)`):
-        each such call is its own, keyed apart, so it calls the same submodules, in the
-        same order, and as the trace in the ``other`` mode for the same values does."""
+        for other arguments left None, or other values of those fixed at them, may hand
+        them other constants (a value handed on, `self.encoder(x,
+        return_dict=return_dict)`) or inputs in other places (an argument the first trace
+        had None handed on): each such call is its own, keyed apart, so long as it calls
+        the same submodules, in the same order, and as the trace in the ``other`` mode
+        for the same arguments does."""
         if self.first is None:
             self.first, self.first_none, self.first_key, self.first_said = cut, none, key, said
             optional = [name for name, _, by_default in optional_of(self.model) if by_default]
@@ -596,7 +600,7 @@ class Tracing:
             return
         model = type(self.model).__qualname__
         if (
-            self.by_value(key) != self.by_value(self.first_key)
+            key != self.first_key
             and [name for name, _ in cut.calls] == [name for name, _ in self.first.calls]
             and (other is None or other == cut.calls)
         ):

@@ -2348,20 +2348,22 @@ def test_a_declared_call_the_first_trace_could_not_see_is_refused_saying_how_it_
 ) -> None:
     """A declared submodule the forward calls only when an argument is None, which the
     trace with every argument given never saw, is refused saying how the forward was
-    traced; and where that trace fell back to every optional argument None, a call that
-    gives one the forward hands on is refused saying that one is given, not None."""
+    traced; and where that trace fell back to every optional argument None (a branch on
+    a flag's value), a call that gives one the forward hands on to a declared submodule
+    hands it on, the submodule's answers cached apart for the call it makes."""
     with pytest.raises(smt.NotCalled, match=r"traced with `mask` given, never calls.*only when"):
         smt.wrap(ExtraWithoutMask(), frozen=["encoder", "extra"], store=store)
+    torch.manual_seed(0)
     model = FlaggedMasked()
-    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
     smt.freeze(wrapped)
-    x = torch.randn(3, 4)
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
     with torch.no_grad():
-        assert torch.equal(wrapped(x), model(x))
-        with pytest.raises(
-            smt.WrapError, match=r"when `mask` is given .*every optional argument is None"
-        ):
-            wrapped(x, torch.rand(3, 4))
+        for _ in range(2):
+            assert torch.equal(wrapped(x), model(x))
+            assert torch.equal(wrapped(x, mask), model(x, mask))
+            assert torch.equal(wrapped(x, mask, True), model(x, mask, True))
+    assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2, "recalled": 4}
 
 
 def test_a_forward_branching_on_an_optional_flag_runs_with_it_given_or_none(
@@ -3401,8 +3403,8 @@ def test_a_declared_call_handed_its_inputs_in_other_places_runs_as_the_forward_d
 ) -> None:
     """Where a call that leaves an argument None hands a declared submodule the same
     input in two places, where the first trace handed two, the submodule is handed it in
-    both; one handed two inputs where the first trace handed one in both is refused,
-    naming the argument, rather than run with the first trace's."""
+    both; one handed two inputs where the first trace handed one in both is called so
+    too, by code of its own, rather than run with the first trace's."""
     torch.manual_seed(0)
     model = AttendsToContext()
     wrapped = smt.wrap(model, frozen=["attention"], cached=["attention"], store=store)
@@ -3414,12 +3416,15 @@ def test_a_declared_call_handed_its_inputs_in_other_places_runs_as_the_forward_d
             assert torch.equal(wrapped(x, memory, context), model(x, memory, context))
     assert wrapped.counts["attention"] == {"ran": 2, "kept": 2, "recalled": 2}
     other = AttendsToMemory()
-    wrapped = smt.wrap(other, frozen=["attention"], store=store)
-    smt.freeze(wrapped)
-    with torch.no_grad():
-        assert torch.equal(wrapped(x, memory, context), other(x, memory, context))
-        with pytest.raises(smt.WrapError, match=r"`context` is None.*other inputs"):
-            wrapped(x, memory)
+    for cached in ([], ["attention"]):
+        wrapped = smt.wrap(other, frozen=["attention"], cached=cached, store=store)
+        smt.freeze(wrapped)
+        with torch.no_grad():
+            for _ in range(2):
+                assert torch.equal(wrapped(x, memory, context), other(x, memory, context))
+                assert torch.equal(wrapped(x, memory), other(x, memory))
+    assert wrapped.counts["attention"] == {"ran": 1, "kept": 1, "recalled": 3}
+    assert wrapped.counts["attention~2"] == {"ran": 2, "kept": 2, "recalled": 2}
 
 
 class MasksWhenGiven(nn.Module):
