@@ -28,7 +28,10 @@ which needs no tracing at all, is the other.
 from __future__ import annotations
 
 import contextlib
+import dis
 import enum
+import inspect
+import linecache
 import operator
 import os
 import random
@@ -253,10 +256,79 @@ def _traced(
                 "frozen=True, cached=True)` — which needs no tracing"
             )
         )
+    asked = _type_asked(model, concrete or {})
+    if asked is not None:
+        name, where, line = asked
+        refused = Untraceable(
+            f"`{type(model).__qualname__}.forward` asks what type `{name}` is at {where} "
+            f"(`{line}`): fx stands in for it while it traces, and the type of the stand-in "
+            "is no tensor's and no value's a call gives, so the branch kept would be the "
+            "one for the stand-in in every call. Hand it a plain constant (the forward is "
+            "traced at it), test it otherwise (`mask is None`), or declare the submodule "
+            "that holds this code"
+        )
+        refused.branched = frozenset({name})
+        raise refused
     for key in held_eval & noted.modes.keys():  # in eval whenever they run: read right
         del noted.modes[key]
     _plain_code(graph, bool(concrete))
     return fx.GraphModule(model, graph, type(model).__name__), tracer.through, noted
+
+
+_LOADS = frozenset(
+    {
+        "LOAD_GLOBAL",
+        "LOAD_NAME",
+        "LOAD_ATTR",
+        "LOAD_METHOD",
+        "LOAD_CONST",
+        "LOAD_FAST",
+        "LOAD_DEREF",
+        "BUILD_TUPLE",
+        "BUILD_LIST",
+        "BUILD_SET",
+        "PRECALL",
+        "NOP",
+    }
+)
+"""The instructions between a call of ``type`` and the comparison its answer is in."""
+
+
+def _type_asked(model: nn.Module, concrete: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """The first argument of ``model``'s forward taken as an input (not in ``concrete``)
+    whose type the forward's own code compares (``type(mask) is torch.Tensor``, ``type(n)
+    in (int, float)``), with where and the line; None for none. fx hands the code a
+    stand-in for it, whose type is neither a tensor's nor a plain value's, and no branch
+    on that comparison reaches fx: the code kept would be the one for the stand-in."""
+    function = getattr(type(model), "forward", None)
+    code = getattr(inspect.unwrap(function) if callable(function) else None, "__code__", None)
+    if code is None:
+        return None
+    names = code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
+    inputs = {name for name in names if name not in concrete}
+    if not inputs:
+        return None
+    found = list(dis.get_instructions(code))
+    for at, one in enumerate(found[:-2]):
+        if not (one.opname in ("LOAD_GLOBAL", "LOAD_NAME") and one.argval == "type"):
+            continue
+        load = found[at + 1]
+        if load.opname != "LOAD_FAST" or load.argval not in inputs:
+            continue
+        after = at + 2
+        while after < len(found) and found[after].opname == "PRECALL":
+            after += 1
+        if after >= len(found) or found[after].opname != "CALL" or found[after].arg != 1:
+            continue
+        after += 1
+        while after < len(found) and found[after].opname in _LOADS:
+            after += 1
+        if after < len(found) and found[after].opname in ("IS_OP", "COMPARE_OP", "CONTAINS_OP"):
+            positions = getattr(one, "positions", None)
+            line = getattr(positions, "lineno", None) or code.co_firstlineno
+            text = linecache.getline(code.co_filename, line).strip()
+            return str(load.argval), f"{code.co_filename}:{line}", text
+    return None
 
 
 def _stops(error: Untraceable) -> Untraceable:

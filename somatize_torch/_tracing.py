@@ -230,6 +230,9 @@ class Tracing:
         self.fixed: tuple[str, ...] = ()
         """The arguments the forward branches on, which fx cannot take as inputs: each
         trace has them fixed at the values a call gives, in the signature's order."""
+        self.why: dict[str, str] = {}
+        """Where fx found that the forward branches on an argument of :attr:`fixed`, for
+        the refusal of a call handing it what is no plain constant, where a call did."""
         self.through: set[str] = set()
         self.read: Noted | None = None
         self.reads: list[_Read] = []
@@ -297,9 +300,13 @@ class Tracing:
                     if name not in self.fixed:
                         found = INPUT
                     else:
-                        raise not_plain(name, given[name], self.model)
+                        raise not_plain(name, given[name], self.model, self.reason(name))
                 values.append(found)
         return none, tuple(values)
+
+    def reason(self, name: str) -> str | None:
+        """Where fx found that the forward branches on ``name``, where it was said."""
+        return getattr(self, "why", {}).get(name)
 
     def keyed(self) -> tuple[str, ...]:
         """The arguments whose values pick a trace, in the signature's order: every named
@@ -440,6 +447,7 @@ class Tracing:
                     if self.first is not None:
                         known = {*self.fixed, name}
                         self.fixed = tuple(one for one in self.named if one in known)
+                        self.why[name] = str(error)
                         self._keep_keyed()
                         raise not_plain(name, given[name], self.model, error) from error
                     kind = f"a `{kind_of(given[name])}`"

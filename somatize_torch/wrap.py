@@ -537,7 +537,12 @@ def _values_of(
             if value is inspect.Parameter.empty:
                 assert self._tracing is not None and self._tracing.signature is not None
                 self._tracing.signature.bind(*args, **kwargs)  # says what is missing
-            raise not_plain(name, value, self.model)
+            raise not_plain(
+                name,
+                value,
+                self.model,
+                None if self._tracing is None else self._tracing.reason(name),
+            )
         found.append(key)
     return tuple(found)
 

@@ -2547,12 +2547,21 @@ class HundredfoldForAnInt(OnTempered):
 
 
 class TriplesForAFlag(OnTempered):
-    """Triples when handed a flag, and scales by the count it is handed otherwise; the
-    argument has no default."""
+    """Triples when handed a flag, and scales by the count it is handed otherwise."""
 
-    def forward(self, x: torch.Tensor, n: Any) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, n: Any = 1) -> torch.Tensor:
         h = self.encoder(x)
         return h * 3 if type(n) is bool else h * n
+
+
+class ScalesByATensorMask(OnTempered):
+    """Scales by its mask when it is a tensor, by asking its type."""
+
+    def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        h = self.encoder(x)
+        if type(mask) is torch.Tensor:
+            return h * mask
+        return h
 
 
 @pytest.mark.parametrize(
@@ -2560,7 +2569,7 @@ class TriplesForAFlag(OnTempered):
     [
         (ScalesUnlessTrue, [True, 1, False, 0, True, 1, 2.0]),
         (HundredfoldForAnInt, [2.0, 2, None, 3, 3.0, 2]),
-        (TriplesForAFlag, [2, True, 1, False, 2, torch.tensor(4.0), True]),
+        (TriplesForAFlag, [2, True, 1, False, 2, True]),
     ],
 )
 def test_a_plain_value_the_forward_tells_apart_unseen_by_fx_answers_as_the_forward(
@@ -2569,12 +2578,36 @@ def test_a_plain_value_the_forward_tells_apart_unseen_by_fx_answers_as_the_forwa
     """A forward that tells a plain value apart where fx sees no branch (`flag is True`,
     `type(n) is int`) and also computes with it answers as the model does for each value
     a call hands it, whatever came before: `True`, `1` and `2.0`, `2` and `2.0`, traced
-    apart; a tensor handed to it is an input, as it was."""
+    apart."""
     wrapped, model = _encoder_cached(kind, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         for value in values:
             assert torch.equal(wrapped(x, value), model(x, value)), value
+
+
+def test_a_forward_comparing_the_type_of_what_fx_stands_in_for_is_refused_naming_it(
+    store: Store,
+) -> None:
+    """`type(mask) is torch.Tensor` asked of the stand-in fx hands the forward for an
+    argument a call gives a tensor is the stand-in's type, and the branch kept would be
+    the one for a value that is no tensor: that call is refused naming the argument and
+    the line, rather than answered so; calls handing it a plain value answer as the
+    model does, and so do those of a forward asking it of an argument handed a flag or
+    a count."""
+    wrapped, model = _encoder_cached(ScalesByATensorMask, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        assert torch.equal(wrapped(x, 2.0), model(x, 2.0))
+        for _ in range(2):
+            with pytest.raises(smt.WrapError, match=r"`mask` is a `torch\.Tensor`.*type\(mask\)"):
+                wrapped(x, torch.full((3, 4), 2.0))
+    wrapped, model = _encoder_cached(TriplesForAFlag, store)
+    with torch.no_grad():
+        with pytest.raises(smt.WrapError, match=r"`n` is a `torch\.Tensor`.*type\(n\) is bool"):
+            wrapped(x, torch.tensor(4.0))
+        assert torch.equal(wrapped(x, True), model(x, True))
 
 
 class Step(enum.Enum):
