@@ -474,6 +474,17 @@ def _constant(value: Any) -> Any:
     return repr(value)
 
 
+def _same_constant(a: Any, b: Any) -> bool:
+    """Whether two constants of declared calls are one, by kind and spelling as a trace
+    per value tells them apart: `True`, `1` and `1.0`, `0.0` and `-0.0` are equal in
+    Python and answer otherwise in a submodule that asks; every NaN is one."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return repr(a) == repr(b)
+    return bool([_constant(a)] == [_constant(b)])
+
+
 def _calls(calls: Sequence[tuple[str, Any]]) -> str:
     return ", ".join(f"`{name}`" for name, _ in calls) or "none"
 
@@ -698,8 +709,7 @@ def _places(first: _Split, name: str, now: _Call, inner: nn.Module) -> list[int 
             return isinstance(b, slice) and walk(
                 (a.start, a.stop, a.step), (b.start, b.stop, b.step)
             )
-        # Compared as the calls' descriptions are (a NaN constant is itself).
-        return bool([_constant(a)] == [_constant(b)])
+        return _same_constant(a, b)
 
     # Keyword arguments are the same call in any order (`enc(x, a=p, b=q)`, `b=q, a=p`).
     named = was.kwargs.keys() == now.kwargs.keys() and all(

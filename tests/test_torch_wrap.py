@@ -3003,6 +3003,48 @@ def test_a_declared_submodule_handed_a_value_traced_per_value_gets_the_value_giv
                 assert wrapped.counts["encoder"] == {"recalled": 6}
 
 
+class KindAware(nn.Module):
+    """Answers by the kind and sign of the number it is handed, not its value alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, scale: float = 0.0) -> torch.Tensor:
+        kind = {bool: 5.0, int: 7.0}.get(type(scale), 1.0)
+        return self.linear(x) * kind * math.copysign(1.0, scale)
+
+
+class HandsOnScale(nn.Module):
+    """Hands its number on to a :class:`KindAware` encoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = KindAware()
+
+    def forward(self, x: torch.Tensor, scale: float = 0.0) -> torch.Tensor:
+        return self.encoder(x, scale=scale)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_declared_submodule_handed_an_equal_value_of_another_kind_gets_the_value_given(
+    tmp_path: Path, cached: bool
+) -> None:
+    """A declared encoder handed on `False`, `0` or `-0.0` where the first trace handed it
+    `0.0` (equal in Python, apart per trace) is called with the value each call gives,
+    not with the first trace's."""
+    torch.manual_seed(0)
+    model = HandsOnScale()
+    wrapped = smt.wrap(
+        model, frozen=["encoder"], cached=["encoder"] if cached else [], store=Store(tmp_path)
+    )
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for scale in (0.0, False, 0, -0.0, 1.0, True, 1, 0.0):
+            assert torch.equal(wrapped(x, scale), model(x, scale)), scale
+
+
 class FlagRequired(OnTempered):
     """Branches on a flag it has no default for."""
 
