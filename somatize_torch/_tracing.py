@@ -774,6 +774,69 @@ def _named(signature: inspect.Signature | None) -> dict[str, tuple[int | None, A
     }
 
 
+def stand_in_refused(model: nn.Module, name: str, value: Any, left_out: bool) -> WrapError:
+    """The refusal of ``value``, a plain constant, for argument ``name`` of a forward that
+    takes `*args` or `**kwargs` (a call handing it, or, ``left_out``, the default a call
+    leaving it out takes): such a forward is traced once, with a stand-in for every
+    argument, and fx answers a test of a stand-in (`flag is True`, `type(n) is int`, `mode
+    in {...}`) without a branch it notices, so the code traced may not be the forward's
+    for that value."""
+    how = "defaults to" if left_out else "is handed"
+    return WrapError(
+        f"`{name}` {how} the plain constant {value!r}, and `{type(model).__qualname__}."
+        "forward` takes `*args` or `**kwargs`, so it is traced once, with a stand-in for "
+        f"`{name}`: fx answers a test of a stand-in (`{name} is True`, `type({name}) is "
+        f"int`, `{name} in {{...}}`) without a branch it notices, so the code traced may "
+        "not be the forward's for this value. "
+        f"{'Default it to None, or h' if left_out else 'H'}and it as a tensor "
+        "(`torch.tensor(...)`), which is an input, give the forward named arguments only "
+        "(it is then traced at "
+        "each plain value a call gives), or wrap just the submodule you want to remember "
+        "(`model.encoder = somatize.torch.wrap(model.encoder, frozen=True, cached=True)`), "
+        "which needs no tracing"
+    )
+
+
+def stand_in_default(model: nn.Module, signature: inspect.Signature | None) -> WrapError | None:
+    """The refusal of a forward that takes `*args` or `**kwargs` and defaults a named
+    argument to a plain constant, which its one trace takes a stand-in for; None for any
+    other."""
+    if signature is None:
+        return None
+    varying = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    if not any(parameter.kind in varying for parameter in signature.parameters.values()):
+        return None
+    for name, parameter in signature.parameters.items():
+        default = parameter.default
+        if default is not None and value_key(default) is not None:
+            return stand_in_refused(model, name, default, left_out=True)
+    return None
+
+
+def stand_in_handed(
+    model: nn.Module, signature: inspect.Signature, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> WrapError | None:
+    """The refusal of a call handing a forward that takes `*args` or `**kwargs` a plain
+    constant (but None), naming the argument; None for a call handing none."""
+    if not any(
+        value is not None and value_key(value) is not None for value in (*args, *kwargs.values())
+    ):
+        return None
+    for name, value in signature.bind_partial(*args, **kwargs).arguments.items():
+        kind = signature.parameters[name].kind
+        given = (
+            [(f"{name}[{at}]", one) for at, one in enumerate(value)]
+            if kind is inspect.Parameter.VAR_POSITIONAL
+            else list(value.items())
+            if kind is inspect.Parameter.VAR_KEYWORD
+            else [(name, value)]
+        )
+        for shown, one in given:
+            if one is not None and value_key(one) is not None:
+                return stand_in_refused(model, shown, one, left_out=False)
+    return None  # pragma: no cover - a value found above is bound to an argument
+
+
 _NONE = object()
 """No default, for a message."""
 

@@ -107,6 +107,8 @@ from somatize_torch._tracing import (
     forward_signature,
     not_plain,
     optional_of,
+    stand_in_default,
+    stand_in_handed,
     value_key,
 )
 from somatize_torch._values import Values
@@ -202,6 +204,9 @@ class Wrapped(nn.Module):
     _values: Values = Values(None, "")
     """The plain values the code traced read from the model (none when nothing was
     traced): changed, the code would not be the model's."""
+    _varying: inspect.Signature | None = None
+    """The forward's signature, where it takes `*args` or `**kwargs`: traced once, with a
+    stand-in for every argument, so a call handing one a plain constant is refused."""
 
     def __init__(
         self,
@@ -407,6 +412,10 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
                 tracing.gate.leave()
     none = _left_none(self._optional, args, kwargs) if self._optional else frozenset()
     values = _values_in(self, none, args, kwargs) if self._fixed else ()
+    if self._varying is not None:
+        refused = stand_in_handed(self.model, self._varying, args, kwargs)
+        if refused is not None:
+            raise refused
     if not torch.compiler.is_compiling():
         self._follow()
         if tracing is not None:  # before the code watch, which sees them too: named here
@@ -770,6 +779,9 @@ def wrap(
         raise hooked_error("", " and ".join(kinds), "registered on it")
     wrapped = Wrapped.__new__(Wrapped)
     tracing = Tracing(model, frozen_names, cached_names, wrapped)
+    refused = stand_in_default(model, tracing.signature)
+    if refused is not None:
+        raise refused
     optional = optional_of(model)
     tracing.trace_first(name for name, _, by_default in optional if by_default)
     first = tracing.first
@@ -779,6 +791,8 @@ def wrap(
     tracing.watch()
     object.__setattr__(wrapped, "_tracing", tracing)
     object.__setattr__(wrapped, "_optional", optional)
+    if tracing.signature is not None and not tracing.named and tracing.signature.parameters:
+        object.__setattr__(wrapped, "_varying", tracing.signature)
     return wrapped
 
 

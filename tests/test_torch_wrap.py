@@ -3570,6 +3570,42 @@ def test_a_call_leaving_an_argument_none_that_cannot_be_traced_is_refused(
             assert torch.equal(wrapped(x, mask), model(x, mask))
 
 
+class TakesOptionsAsking(OnTempered):
+    """Takes any keyword arguments, and doubles for one only if it is `True`."""
+
+    def forward(self, x: torch.Tensor, **options: Any) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 2 if options.get("double") is True else h
+
+
+class TakesOptionsWithFlag(OnTempered):
+    """Takes a flag it defaults to `True`, asked with `is`, and any keyword arguments."""
+
+    def forward(self, x: torch.Tensor, double: bool = True, **options: Any) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 2 if double is True else h
+
+
+def test_a_forward_taking_kwargs_handed_or_defaulting_a_plain_constant_is_refused(
+    store: Store,
+) -> None:
+    """A forward taking `**kwargs` is traced once, with a stand-in for every argument,
+    whose `is True` fx answers no: a call handing one a plain constant is refused naming
+    it, and so is, at `wrap`, such a forward defaulting one to a plain constant; calls
+    handing tensors run as the model does."""
+    x = torch.randn(3, 4)
+    model = TakesOptionsAsking()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        assert torch.equal(wrapped(x, scale=torch.ones(4)), model(x, scale=torch.ones(4)))
+        with pytest.raises(smt.WrapError, match=r"`double` is handed the plain constant True"):
+            wrapped(x, double=True)
+    with pytest.raises(smt.WrapError, match=r"`double` defaults to the plain constant True"):
+        smt.wrap(TakesOptionsWithFlag(), frozen=["encoder"], store=store)
+
+
 def test_replacing_a_declared_submodule_is_refused(store: Store) -> None:
     """A declared submodule replaced after `wrap` is refused — on the wrapped model when it
     is assigned, on the model itself at the next forward — since its node holds the one
