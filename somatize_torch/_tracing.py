@@ -367,7 +367,7 @@ class Tracing:
         )
         said = _said(concrete)
         if self.by_value(key) and self.first is not None:
-            self._bound()
+            self._bound(key)
         attempts: list[tuple[bool, tuple[fx.GraphModule, set[str], Noted] | Untraceable]] = []
         for training in (self.mode, not self.mode):
             try:
@@ -484,16 +484,22 @@ class Tracing:
                 kept = fewer
         return tuple(kept)
 
-    def _bound(self) -> None:
-        """Refuses one more trace for values once the model has as many as it keeps."""
+    def _bound(self, key: Key) -> None:
+        """Refuses one more trace for values once the model has as many as it keeps, but
+        one taking as inputs (tensors) arguments a trace for the same arguments left None
+        fixed, at values that trace had for the others: as bounded as those traces, and
+        what the refusal tells a call to do."""
         limit: int = self.wrapped.TRACES_PER_VALUE
-        valued = [key for key in self.runners if self.by_value(key)]
+        valued = [one for one in self.runners if self.by_value(one)]
         if len(valued) < limit:
+            return
+        given = self.by_value(key).items()
+        if any(one[0] == key[0] and given <= self.by_value(one).items() for one in valued):
             return
         # The arguments the traces were taken apart for: those given more than one value.
         seen: dict[str, set[Any]] = {}
-        for key in valued:
-            for name, value in self.by_value(key).items():
+        for one in valued:
+            for name, value in self.by_value(one).items():
                 seen.setdefault(name, set()).add(value)
         apart = [name for name in self.keyed() if len(seen.get(name, ())) > 1]
         names = ", ".join(f"`{name}`" for name in apart or list(seen))

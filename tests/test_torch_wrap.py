@@ -3231,6 +3231,31 @@ def test_the_traces_bound_counts_values_traced_apart_for_arguments_left_none(
             wrapped(x, 1, mask)
 
 
+class ScalesAndPools(OnTempered):
+    """Scales by a number it only computes with, and pools where asked."""
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0, pool: bool = False) -> torch.Tensor:
+        h = self.encoder(x) * scale
+        return h.mean(dim=0) if pool else h
+
+
+def test_a_call_handing_a_tensor_past_the_traces_bound_runs(store: Store) -> None:
+    """Past the bound, the refusal says to hand a number that changes as a tensor: a call
+    doing so, its other values traced already, runs as the model does, for any tensor."""
+    wrapped, model = _encoder_cached(ScalesAndPools, store)
+    wrapped.TRACES_PER_VALUE = 3
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for scale in (2.0, 3.0):
+            assert torch.equal(wrapped(x, scale), model(x, scale))
+        with pytest.raises(smt.WrapError, match=r"traced 3 times.*as a tensor"):
+            wrapped(x, 4.0)
+        for scale in (torch.tensor(4.0), torch.tensor(5.0)):
+            assert torch.equal(wrapped(x, scale), model(x, scale))
+        with pytest.raises(smt.WrapError, match=r"traced 3 times"):
+            wrapped(x, torch.tensor(4.0), True)
+
+
 class MaskedEncoder(nn.Module):
     """Encodes, masking what it is handed a mask for."""
 
