@@ -268,6 +268,20 @@ _OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
 """This package's folder: its own checks of what it is handed are not the forward's."""
 
 
+_IS_TENSOR = torch.is_tensor.__code__
+"""``torch.is_tensor``'s code: its ``isinstance`` is asked for its caller."""
+
+
+def _asker() -> str:
+    """The file of the code that asked :func:`_tensor_check`'s ``isinstance``: the caller
+    of ``torch.is_tensor`` where that asked, which is the forward's question, not
+    torch's."""
+    frame = sys._getframe(3)
+    if frame.f_code is _IS_TENSOR and frame.f_back is not None:
+        frame = frame.f_back
+    return frame.f_code.co_filename
+
+
 def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any, kinds: Any) -> Any:
     """``isinstance`` in the tracing thread: the forward asking whether what fx hands it in
     a tensor's place is a tensor, which it never is while fx traces (a stand-in), so the
@@ -281,7 +295,7 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
         # (`isinstance(scale, torch.Tensor)`): fx would answer no for every value. A
         # branch on its value, so the argument is traced fixed at the value a call gives.
         node = value.node
-        caller = sys._getframe(2).f_code.co_filename
+        caller = _asker()
         if (
             node.op == "placeholder"
             and node.args
@@ -296,7 +310,7 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
                 "for it, and would answer no whatever a call gives"
             )
     if original(value, fx.Proxy) and _names_a_tensor(kinds, original):
-        caller = sys._getframe(2).f_code.co_filename
+        caller = _asker()
         if not (in_torch(caller) or caller.startswith(_OURS)):
             raise Fixed(
                 "asks whether a value fx stands in for is a tensor (`isinstance(x, "

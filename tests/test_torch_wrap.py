@@ -399,6 +399,28 @@ def test_a_forward_asking_if_what_fx_stands_in_for_is_a_tensor_is_refused(
             wrapped(x, torch.full((3, 4), 2.0))
 
 
+class AsksIsTensor(OnTempered):
+    """Scales by its mask only if `torch.is_tensor` says the mask is a tensor."""
+
+    def forward(self, x: torch.Tensor, mask: Any = 1.0) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * mask if torch.is_tensor(mask) else h
+
+
+def test_a_forward_asking_torch_is_tensor_of_what_fx_stands_in_for_is_refused(
+    store: Store,
+) -> None:
+    """`torch.is_tensor(mask)` asks `isinstance` in torch's code for the forward: a call
+    handing a tensor is refused naming the forward's line, as for `isinstance`, not run
+    by the branch fx kept for a stand-in, which ignores the mask."""
+    wrapped, model = _encoder_cached(AsksIsTensor, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, 2.0), model(x, 2.0))
+        with pytest.raises(smt.Untraceable, match=r"torch\.is_tensor\(mask\).*no tensor"):
+            wrapped(x, torch.full((3, 4), 2.0))
+
+
 def test_wrapping_a_single_module_needs_no_tracing(store: Store) -> None:
     """`wrap(module, frozen=True, cached=True)` works on a module fx cannot trace."""
     torch.manual_seed(0)
