@@ -287,11 +287,20 @@ _LOADS = frozenset(
         "BUILD_TUPLE",
         "BUILD_LIST",
         "BUILD_SET",
+        "LOAD_FAST_BORROW",
+        "LOAD_FAST_CHECK",
+        "LOAD_SMALL_INT",
+        "PUSH_NULL",
         "PRECALL",
         "NOP",
     }
 )
-"""The instructions between a call of ``type`` and the comparison its answer is in."""
+"""The instructions between a call of ``type`` and the comparison its answer is in, in
+any Python the project runs on (3.10 to 3.14 name some of them apart)."""
+_LOAD_ONE = frozenset({"LOAD_FAST", "LOAD_FAST_BORROW", "LOAD_FAST_CHECK"})
+"""The instructions loading one local, the argument handed to ``type``."""
+_CALL_ONE = frozenset({"CALL", "CALL_FUNCTION"})
+"""The instructions calling ``type`` with one argument (``CALL_FUNCTION`` in 3.10)."""
 
 
 def _type_asked(model: nn.Module, concrete: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -313,21 +322,30 @@ def _type_asked(model: nn.Module, concrete: Mapping[str, Any]) -> tuple[str, str
         if not (one.opname in ("LOAD_GLOBAL", "LOAD_NAME") and one.argval == "type"):
             continue
         load = found[at + 1]
-        if load.opname != "LOAD_FAST" or load.argval not in inputs:
+        if load.opname not in _LOAD_ONE or load.argval not in inputs:
             continue
         after = at + 2
-        while after < len(found) and found[after].opname == "PRECALL":
+        while after < len(found) and found[after].opname in ("PRECALL", "PUSH_NULL"):
             after += 1
-        if after >= len(found) or found[after].opname != "CALL" or found[after].arg != 1:
+        if after >= len(found) or found[after].opname not in _CALL_ONE or found[after].arg != 1:
             continue
         after += 1
         while after < len(found) and found[after].opname in _LOADS:
             after += 1
         if after < len(found) and found[after].opname in ("IS_OP", "COMPARE_OP", "CONTAINS_OP"):
             positions = getattr(one, "positions", None)
-            line = getattr(positions, "lineno", None) or code.co_firstlineno
+            line = getattr(positions, "lineno", None) or _line_at(found, at) or code.co_firstlineno
             text = linecache.getline(code.co_filename, line).strip()
             return str(load.argval), f"{code.co_filename}:{line}", text
+    return None
+
+
+def _line_at(found: list[dis.Instruction], at: int) -> int | None:
+    """The line of the instruction ``found[at]``, in a Python whose instructions carry no
+    positions (3.10): the last line one of them up to it starts."""
+    for one in reversed(found[: at + 1]):
+        if type(one.starts_line) is int:
+            return one.starts_line
     return None
 
 
