@@ -58,15 +58,25 @@ def _worker() -> Worker:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    """One local Ray cluster for this module, bound to 127.0.0.1 only."""
+    """One local Ray cluster for this module, bound to 127.0.0.1 only. Ray reads
+    `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER` once, when it is imported — this module imported it
+    already — so the setting it was read into is set too (the processes the cluster starts
+    read the environment)."""
+    from ray._private import ray_constants
+
     saved = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE")}
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ["RAY_AUTH_MODE"] = "disabled"
+    clusters = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
     ray.init(num_cpus=2, resources={"slot": 8}, include_dashboard=False, log_to_driver=False)
     try:
+        gcs = ray.get_runtime_context().gcs_address
+        assert gcs.startswith("127.0.0.1:"), f"the test cluster listens on {gcs}, not loopback"
         yield
     finally:
         ray.shutdown()
+        ray_constants.ENABLE_RAY_CLUSTER = clusters
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
