@@ -5,6 +5,7 @@ stores), dead and slow workers, concurrency."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -20,6 +21,7 @@ from somatize.broker import (
     BadWorker,
     Broker,
     FailedOnWorker,
+    OtherCluster,
     StateMismatch,
     Worker,
     WorkerLost,
@@ -620,6 +622,69 @@ def test_an_address_or_import_paths_of_another_kind_are_refused_before_ray_start
             Broker.ray(workers=workers, import_paths=paths)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"runtime_env is Ray's runtime environment, a dict"):
         Broker.ray(workers=workers, runtime_env="env")  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def other_cluster(cluster: None) -> Iterator[str]:
+    """The GCS address of a second Ray cluster on 127.0.0.1, started by another process
+    (it goes when that process ends)."""
+    code = (
+        "import sys, ray\n"
+        "ray.init(num_cpus=0, include_dashboard=False, log_to_driver=False)\n"
+        "print(ray.get_runtime_context().gcs_address, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+    )
+    assert process.stdout is not None and process.stdin is not None
+    try:
+        address = process.stdout.readline().strip()
+        assert address.count(":") == 1, f"the second cluster did not start: {address!r}"
+        yield address
+    finally:
+        process.stdin.close()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_an_address_naming_another_cluster_than_the_connected_one_is_refused(
+    cluster: None, other_cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a process connected to one cluster, Broker.ray(address) naming another — by its
+    GCS address, through `$RAY_ADDRESS` for "auto", or a Ray Client server this process is
+    not connected through — is refused naming both; the connected cluster's address, in
+    any of its forms, is taken and the broker runs there."""
+    here = ray.get_runtime_context().gcs_address
+    port = here.rpartition(":")[2]
+    other_port = other_cluster.rpartition(":")[2]
+    workers = {"w1": _worker()}
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for named in (other_cluster, f"localhost:{other_port}", "ray://127.0.0.1:10001", "local"):
+        with pytest.raises(OtherCluster, match=rf"connected to the Ray cluster at {here}") as why:
+            Broker.ray(named, workers)
+        assert repr(named) in str(why.value)
+        assert "ray.shutdown()" in str(why.value) and "without an address" in str(why.value)
+    monkeypatch.setenv("RAY_ADDRESS", other_cluster)
+    with pytest.raises(OtherCluster, match=r"address 'auto'"):
+        Broker.ray("auto", workers)
+    monkeypatch.setenv("RAY_ADDRESS", f"localhost:{port}")
+    for named in ("auto", here, f"localhost:{port}", f"127.0.0.1:{port}", f"LOCALHOST:{port}"):
+        taken = Broker.ray(named, workers)
+        try:
+            g = Graph.somatize(Rows().named("rows") >> Where().named("where").at("w1"))
+            pid, worker, _ = g.forward({"at": 0, "take": 2}, broker=taken)
+            assert pid != os.getpid() and worker == "w1"
+        finally:
+            taken.close()
 
 
 def test_independent_branches_on_two_ray_workers_run_at_once(broker: Any, tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ Errors::
     ├── WorkerLost (RuntimeError)    the worker died while it ran a node
     ├── WorkerTimeout (TimeoutError) the worker did not answer in time
     ├── NoRay (ImportError)          Broker.ray without ray installed
+    ├── OtherCluster (ValueError)    Broker.ray(address) in a process connected to another cluster
     ├── StateMismatch (ValueError)   a worker loaded state of another digest than the graph's
     ├── GradientLost (ValueError)    a tensor that requires grad would cross to a network worker
     ├── BrokerClosed (RuntimeError)  the broker was closed while a node waited for its worker
@@ -70,6 +71,7 @@ __all__ = [
     "FailedOnWorker",
     "GradientLost",
     "NoRay",
+    "OtherCluster",
     "Reentrant",
     "StateMismatch",
     "UnknownWorker",
@@ -119,6 +121,11 @@ class WorkerTimeout(SomatizeError, TimeoutError):
 
 class NoRay(SomatizeError, ImportError):
     """``Broker.ray`` without Ray installed."""
+
+
+class OtherCluster(SomatizeError, ValueError):
+    """``Broker.ray(address)`` in a process already connected (``ray.init``) to a cluster
+    that ``address`` does not name."""
 
 
 class BrokerClosed(SomatizeError, RuntimeError):
@@ -249,8 +256,10 @@ class Broker(abc.ABC):
         runtime_env: dict[str, Any] | None = None,
     ) -> RayBroker:
         """Workers as Ray actors on the cluster at ``address`` (the one this process is
-        connected to, or a new one on this machine, when None). ``retries``: how many
-        times a call is tried again on a fresh actor when its worker dies;
+        connected to, or a new one on this machine, when None; in a process connected
+        already, an address naming another cluster is refused, :class:`OtherCluster`).
+        ``retries``: how many times a call is tried again on a fresh actor when its
+        worker dies;
         ``timeout_s``: how long a call may take before its worker is stopped (None:
         as long as it takes); ``start_timeout_s``: how long a worker may take to start
         (a cluster without the resources it asks for never starts it);

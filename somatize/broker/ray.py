@@ -36,6 +36,7 @@ takes longer than ``timeout_s`` stops its worker the same way.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -55,6 +56,7 @@ from .base import (
     Done,
     FailedOnWorker,
     NoRay,
+    OtherCluster,
     StateMismatch,
     WorkerLost,
     WorkerTimeout,
@@ -214,6 +216,17 @@ class RayBroker(Broker):
         ray = _ray()
         if not ray.is_initialized():
             ray.init(address=address)
+        elif address is not None:
+            connected = _connected_elsewhere(ray, address)
+            if connected is not None:
+                raise OtherCluster(
+                    f"Broker.ray was given the address {address!r}, and this process is already "
+                    f"connected to the Ray cluster at {connected} (ray.init was called before), "
+                    f"which is not the cluster {address!r} names: a process is connected to one "
+                    "cluster at a time, so the workers would run there instead. To run them on "
+                    f"{address!r}, call `ray.shutdown()` first; to run them on {connected}, "
+                    "call `Broker.ray(workers={...})` without an address"
+                )
         self.retries = retries
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
@@ -392,6 +405,70 @@ class RayBroker(Broker):
             raise FailedOnWorker(node, graph.kind_of(node), worker, reply.raised, reply.message)
         assert not isinstance(reply, NeedState), "a worker handed the state asked for it again"
         return _Carried(reply.codec, reply.data, reply.kept, carried)
+
+
+def _connected_elsewhere(ray: Any, address: str) -> str | None:
+    """The address of the cluster this process is connected to, when ``address`` names
+    another one (or one that cannot be told to be it); None when it names that one.
+
+    ``address`` is read as ``ray.init`` reads it: ``"auto"`` is ``$RAY_ADDRESS`` when set,
+    else the cluster ``ray.init`` would find on this machine (none found: it names no
+    other); ``"host:port"`` is a cluster's GCS, ``localhost`` and ``127.0.0.1`` being this
+    machine; ``"ray://host:port"`` is a Ray Client server, the same cluster only when this
+    process is connected through that server; ``"local"`` is always a new cluster."""
+    client = ray.util.client.ray
+    if client.is_connected():  # connected through a Ray Client server
+        server = getattr(getattr(client, "client_worker", None), "_conn_str", None)
+        connected = f"ray://{server}" if isinstance(server, str) else "a Ray Client server"
+    else:
+        connected = str(ray.get_runtime_context().gcs_address)
+    named = address
+    if named == "auto":
+        named = os.environ.get("RAY_ADDRESS") or "auto"
+    if named == "local":
+        return connected
+    if "://" in named or connected.startswith("ray://") or connected == "a Ray Client server":
+        if "://" not in named or not connected.startswith("ray://"):
+            return connected
+        scheme, _, rest = named.partition("://")
+        same = scheme == "ray" and _same_endpoint(rest, connected[len("ray://") :], ray)
+        return None if same else connected
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        gcs = canonicalize_bootstrap_address(named)
+    except ConnectionError:  # "auto", and no cluster to be found here: it names no other
+        return None
+    except Exception:  # ray reads addresses otherwise: compare them as they are written
+        gcs = None if named == "auto" else named
+    if gcs is None:
+        return None
+    return None if _same_endpoint(gcs, connected, ray) else connected
+
+
+def _same_endpoint(one: str, other: str, ray: Any) -> bool:
+    """Whether ``host:port`` ``one`` and ``other`` are one place: the same port, and hosts
+    written alike, both this machine (``localhost``, ``127.0.0.1``, the address of this
+    machine's Ray node), or one that resolves to the other's address."""
+    host, _, port = one.rstrip("/").rpartition(":")
+    there, _, port_there = other.rstrip("/").rpartition(":")
+    if not port.isdigit() or not port_there.isdigit() or int(port) != int(port_there):
+        return False
+    host, there = host.strip("[]").lower(), there.strip("[]").lower()
+    if host == there:
+        return True
+    mine, theirs = _addresses(host), _addresses(there)
+    here = _addresses("localhost") | _addresses(str(ray.util.get_node_ip_address()))
+    return bool(mine & theirs) or (bool(mine & here) and bool(theirs & here))
+
+
+def _addresses(host: str) -> set[str]:
+    """The IP addresses ``host`` resolves to (none when it does not)."""
+    try:
+        found = socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return set()
+    return {str(info[4][0]) for info in found}
 
 
 def _seconds(value: Any) -> bool:
