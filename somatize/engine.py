@@ -68,8 +68,8 @@ value, for the items of a mapped node. The engine waits on whichever future it
 needs next, so independent branches on different workers run at the same time,
 and their facts come in the order things finish. A forward interrupted (Ctrl-C)
 while submitted nodes still run hands their futures to ``broker.interrupted``,
-which stops them where it can (a Ray actor). Without a broker, or with no
-node placed, the loop is the plain one, in order.
+which stops them (a Ray actor; a node on an embedded worker's thread). Without a
+broker, or with no node placed, the loop is the plain one, in order.
 
 This module holds the loops; its parts are what a forward tells its caller —
 :class:`Record`, :class:`NodeFailed`, :class:`WatcherFailed`, :class:`Drifted` — in

@@ -526,3 +526,46 @@ class Picks(Node):
 
     def forward(self, value: dict[str, Any], ctx: Any) -> list[Any]:
         return [[value[name] for name in self.order], type(self.raw).__name__]
+
+
+class Spin(Node):
+    """Waits for the file ``after`` (when given), touches ``marker``, then loops in Python —
+    short naps, never one long C call — until the file ``until`` exists (or ten minutes
+    have passed), and hands its input on: a node an interrupt can land in at once. One
+    that ``swallows`` catches a KeyboardInterrupt and answers anyway."""
+
+    def __init__(self, marker: str, until: str, after: str = "", swallows: bool = False) -> None:
+        self.marker = marker
+        self.until = until
+        self.after = after
+        self.swallows = swallows
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        deadline = time.monotonic() + 600.0
+        while self.after and not os.path.exists(self.after) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        Path(self.marker).touch()
+        try:
+            while not os.path.exists(self.until) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        except KeyboardInterrupt:
+            if not self.swallows:
+                raise
+        return value
+
+
+def spinning(folder: Path, *, swallows: bool = False) -> Graph:
+    """Rows, then a cached `fine` on worker `w2`, which answers at once, and a cached `spin`
+    on worker `w1` (a :class:`Spin` that starts once ``folder/fine-kept`` exists, touches
+    ``folder/started`` and loops until ``folder/go`` exists), then their sum."""
+    from tests.nodes import Add, Rows, Scale
+
+    spin = Spin(str(folder / "started"), str(folder / "go"), str(folder / "fine-kept"), swallows)
+    return Graph.somatize(
+        Rows().named("rows").frozen()
+        >> (
+            Scale(2.0).named("fine").frozen().cached().at("w2"),
+            spin.named("spin").frozen().cached().at("w1"),
+        )
+        >> Add().named("sum")
+    )

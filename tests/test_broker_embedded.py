@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import gc
+import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -79,6 +81,7 @@ from tests.broker_nodes import (
     Where,
     Window,
     napping,
+    spinning,
     weighted,
 )
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
@@ -649,6 +652,157 @@ def test_a_node_running_on_a_worker_when_the_forward_is_interrupted_is_said_fail
         if broker is not None:
             broker.close()
     assert said[mode] == said["here"] == {"rows": "ran", "nap": "failed"}
+
+
+def _kept_and_ran(folder: Path, store: Store) -> list[tuple[str, str]]:
+    """What the graph of :func:`broker_nodes.spinning` recalls from ``store`` and runs, with
+    no broker (its `spin` let go at once)."""
+    (folder / "go").touch()
+    seen: list[dict[str, Any]] = []
+    spinning(folder).forward({"at": 0, "take": 3}, store=store, watching=seen.append)
+    return [(f["fact"], f["node"]) for f in seen if f["fact"] in ("recalled", "ran")]
+
+
+@pytest.mark.parametrize("mode", ["local", "network"])
+@pytest.mark.parametrize("swallows", [False, True], ids=["raises", "swallows"])
+def test_an_interrupted_forward_stops_the_node_on_an_embedded_worker(
+    mode: str,
+    swallows: bool,
+    tmp_path: Path,
+    store: Store,
+    interrupt_when: Callable[[Path], threading.Thread],
+) -> None:
+    """Ctrl-C while a node loops in Python on an embedded worker stops that node there: the
+    worker is free for its next node at once (not behind a node running for nobody), and
+    nothing is kept for the stopped node — nor for one that caught the KeyboardInterrupt
+    and answered anyway — while a sibling that finished on another worker is kept."""
+    g = spinning(tmp_path, swallows=swallows)
+    broker = Broker.embedded({"w1": Worker.generic(mode=mode), "w2": Worker.generic(mode=mode)})
+
+    def watch(fact: dict[str, Any]) -> None:
+        if fact["fact"] == "kept" and fact["node"] == "fine":
+            (tmp_path / "fine-kept").touch()
+
+    interrupter = interrupt_when(tmp_path / "started")
+    with pytest.raises(KeyboardInterrupt):
+        g.forward({"at": 0, "take": 3}, store=store, broker=broker, watching=watch)
+    interrupter.join()
+    assert g.record.outcome["spin"] == "failed"
+    after = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
+    out: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: out.update(value=after.forward({"at": 0, "take": 3}, broker=broker)),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(60)
+    stuck = thread.is_alive()
+    (tmp_path / "go").touch()  # lets a node that was not stopped end
+    assert not stuck, "the worker still runs the node of the interrupted forward"
+    assert out["value"] == [0.0, 3.0, 6.0]
+    broker.close()
+    assert _kept_and_ran(tmp_path, store) == [
+        ("ran", "rows"),
+        ("recalled", "fine"),
+        ("ran", "spin"),
+        ("ran", "sum"),
+    ]
+
+
+def test_an_interrupted_forward_stops_what_a_nested_forward_waits_on(
+    tmp_path: Path, interrupt_when: Callable[[Path], threading.Thread]
+) -> None:
+    """Ctrl-C while a node on `w1` waits on a nested forward whose node loops on `w2`
+    stops that node too — `w1`'s thread, waiting on it, could not be stopped before it
+    ends — so both workers are free for their next nodes at once."""
+    from tests.broker_nodes import Spin
+
+    broker = Broker.embedded(
+        {"w1": Worker.generic(mode="local"), "w2": Worker.generic(mode="network")}
+    )
+    spin = Spin(str(tmp_path / "started"), str(tmp_path / "go"))
+    inner = Graph.somatize(Echo().named("in") >> spin.named("spin").at("w2"))
+    outer = Graph.somatize(Echo().named("start") >> Nested(inner, broker).named("nest").at("w1"))
+    interrupter = interrupt_when(tmp_path / "started")
+    with pytest.raises(KeyboardInterrupt):
+        outer.forward(1.0, broker=broker)
+    interrupter.join()
+    after = Graph.somatize(
+        Rows().named("rows")
+        >> (Scale(3.0).named("one").at("w1"), Scale(2.0).named("two").at("w2"))
+        >> Add().named("sum")
+    )
+    out: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: out.update(value=after.forward({"at": 0, "take": 3}, broker=broker)),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(60)
+    stuck = thread.is_alive()
+    (tmp_path / "go").touch()
+    assert not stuck, "a worker still runs a node of the interrupted forward"
+    assert out["value"] == 15.0
+
+
+@pytest.mark.parametrize("mode", ["local", "network"])
+def test_ctrl_c_ends_a_process_whose_node_loops_on_an_embedded_worker(
+    mode: str, tmp_path: Path
+) -> None:
+    """SIGINT to a process whose forward waits on a node looping in Python on an embedded
+    worker ends the process with KeyboardInterrupt, rather than have it wait, as it exits,
+    for the node to finish; nothing was kept for that node, and the answer of a sibling
+    that finished on another worker is whole."""
+    code = (
+        "import signal, sys\n"
+        "from pathlib import Path\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from somatize import Broker, Store, Worker\n"
+        "from tests.broker_nodes import spinning\n"
+        "folder = Path(sys.argv[1])\n"
+        "workers = {w: Worker.generic(mode=sys.argv[2]) for w in ('w1', 'w2')}\n"
+        "def watch(fact):\n"
+        "    if fact['fact'] == 'kept' and fact['node'] == 'fine':\n"
+        "        (folder / 'fine-kept').touch()\n"
+        "spinning(folder).forward(\n"
+        "    {'at': 0, 'take': 3}, store=Store(folder / 'store'),\n"
+        "    broker=Broker.embedded(workers), watching=watch,\n"
+        ")\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+    )
+    try:
+        for _ in range(6000):
+            if (tmp_path / "started").exists() or process.poll() is not None:
+                break
+            time.sleep(0.02)
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        os.kill(process.pid, signal.SIGINT)
+        try:
+            _, err = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the process went on running the interrupted node after Ctrl-C")
+    finally:
+        (tmp_path / "go").touch()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode != 0
+    assert err.rstrip().endswith("KeyboardInterrupt"), err[-2000:]
+    assert _kept_and_ran(tmp_path, Store(tmp_path / "store")) == [
+        ("ran", "rows"),
+        ("recalled", "fine"),
+        ("ran", "spin"),
+        ("ran", "sum"),
+    ]
 
 
 def test_mapped_node_on_a_worker(store: Store) -> None:

@@ -16,7 +16,9 @@ The engine speaks to a broker in three calls:
   for the places that need an answer at once (the items of a mapped node).
 
 and, when a forward is interrupted (Ctrl-C) while calls it submitted still run,
-``interrupted(futures)``: a broker that can stop them (a Ray actor) does.
+``interrupted(futures)``: the broker stops them — a Ray actor is stopped; a node
+running on an embedded worker's thread has KeyboardInterrupt raised in it
+(:meth:`Broker.stoppable`).
 
 Each worker has one lane — a thread that carries its calls one after another,
 as a Ray actor does — so a worker never runs two nodes at once. A node on a lane
@@ -43,12 +45,15 @@ Errors::
 from __future__ import annotations
 
 import abc
+import ctypes
 import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of, state_crosses
@@ -226,6 +231,12 @@ class Broker(abc.ABC):
         """Worker → the workers it waits on: how many calls the node running on it (or
         nodes below it, through the forwards they run) submitted to each and that have not
         finished. A call that would close a cycle here would wait for ever (``Reentrant``)."""
+        self._forwarding: dict[Future[Done], list[Any]] = {}
+        """Each call whose node's forward runs on a lane's thread now → [that thread's id,
+        whether :meth:`interrupted` raised KeyboardInterrupt in it] (:meth:`stoppable`)."""
+        self._asked: dict[Future[Done], Future[Done]] = {}
+        """Each call not finished yet that a node on a lane asked for (a nested forward) →
+        the call that runs that node: stopping one stops what it waits on."""
         self._lock = threading.Lock()
         self._checked: weakref.WeakKeyDictionary[
             Graph, tuple[tuple[int, int], dict[str, Blueprint]]
@@ -404,11 +415,14 @@ class Broker(abc.ABC):
                     if retired:
                         lane.submit(_idle, retired)  # before anything else on this lane
                 self._pending[future] = (node, worker)
+                asking = getattr(self._here, "future", None)
+                if asking is not None:
+                    self._asked[future] = asking
                 lane.submit(self._work, future, (*held, worker), work)
         except Exception as error:
             future.set_exception(error)
             return future
-        future.add_done_callback(lambda done: self._pending.pop(done, None))
+        future.add_done_callback(self._finished)
         return future
 
     def call(
@@ -433,10 +447,50 @@ class Broker(abc.ABC):
 
     def interrupted(self, futures: Iterable[Future[Done]]) -> None:
         """The forward waiting on ``futures`` was interrupted (Ctrl-C): the calls among them
-        still running are stopped where they can be — a Ray actor is, as on a timeout —
-        so they do not go on running for nobody, holding their workers. A node running on
-        an embedded worker's thread cannot be stopped, and finishes on its own."""
-        del futures  # a thread cannot be stopped from outside
+        still running are stopped, so they do not go on running for nobody, holding their
+        workers (and this process, which waits for its threads as it exits). A node whose
+        forward runs on a worker's thread has KeyboardInterrupt raised in it there, as
+        Ctrl-C raises it in the main thread: it lands at the next Python instruction the
+        node runs, so one in a long call into C (a sleep, a large matrix product) first
+        finishes that call. Its call fails with KeyboardInterrupt, nothing is kept for it,
+        and the worker runs its next node. So are the calls those nodes' own forwards
+        (nested ones) wait on, which they could not otherwise leave: a thread waiting on
+        a call is in one such long C call."""
+        with self._lock:
+            stopping = set(futures)
+            while True:
+                below = {f for f, asking in self._asked.items() if asking in stopping} - stopping
+                if not below:
+                    break
+                stopping |= below
+            for future in stopping:
+                running = self._forwarding.get(future)
+                if running is not None and not running[1]:
+                    running[1] = True
+                    _raise_in(running[0], KeyboardInterrupt)
+
+    def stoppable(self) -> AbstractContextManager[None]:
+        """Around the forward of a node on a lane's thread: while it runs, :meth:`interrupted`
+        may raise KeyboardInterrupt in it. Leaving it, an interrupt sent and not landed
+        yet is taken back, so it lands nowhere else; a forward that was interrupted and
+        returned anyway (it caught the KeyboardInterrupt) raises it, so its answer is not
+        taken. Outside a call run by :meth:`_work`, it does nothing."""
+        return _Stoppable(self)
+
+    def _finished(self, future: Future[Done]) -> None:
+        """``future``'s call has its outcome."""
+        with self._lock:
+            self._pending.pop(future, None)
+            self._asked.pop(future, None)
+
+    def _leave(self, future: Future[Done]) -> bool:
+        """The forward of ``future``'s node has ended: whether it was interrupted."""
+        with self._lock:
+            running = self._forwarding.pop(future, None)
+            if running is None or not running[1]:
+                return False
+            _raise_in(running[0], None)  # not landed yet: it lands nowhere now
+            return True
 
     def close(self) -> None:
         """Lets the workers go; a later call starts them again. A node still waiting for
@@ -539,6 +593,7 @@ class Broker(abc.ABC):
         except RuntimeError:  # settled by close() while it waited
             return
         self._here.held = held
+        self._here.future = future
         try:
             done = work()
         except BaseException as error:
@@ -547,10 +602,47 @@ class Broker(abc.ABC):
             _settle(future, done)
         finally:
             self._here.held = ()
+            self._here.future = None
+            with self._lock:  # an interrupt landed as the forward ended, before it was left
+                self._forwarding.pop(future, None)
 
     def __repr__(self) -> str:
         listed = ", ".join(f"{name}: {w.mode}" for name, w in self.workers.items())
         return f"<{type(self).__name__} {listed}>"
+
+
+class _Stoppable:
+    """:meth:`Broker.stoppable`."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.future: Future[Done] | None = None
+
+    def __enter__(self) -> None:
+        future = getattr(self.broker._here, "future", None)
+        if future is not None:
+            with self.broker._lock:
+                self.broker._forwarding[future] = [threading.get_ident(), False]
+            self.future = future
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self.future is not None and self.broker._leave(self.future) and kind is None:
+            raise KeyboardInterrupt  # the node caught the interrupt and answered anyway
+
+
+def _raise_in(thread: int, error: type[BaseException] | None) -> None:
+    """Raises ``error`` in the thread ``thread`` at the next Python instruction it runs
+    (None: takes back one it has not raised yet). Outside CPython, nothing."""
+    try:
+        raise_there = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    except AttributeError:
+        return
+    raise_there(ctypes.c_ulong(thread), ctypes.py_object(error) if error is not None else None)
 
 
 def _owed(graph: Graph, name: str) -> tuple[tuple[str, str], ...]:

@@ -53,7 +53,11 @@ class EmbeddedBroker(Broker):
                 "import can find, or leave it out"
             )
         self.catalog = catalog if catalog is not None else Catalog(in_process=True)
-        self._hosts = {name: Host(name, self.catalog) for name, w in workers.items() if w.crosses}
+        self._hosts = {
+            name: Host(name, self.catalog, stoppable=self.stoppable)
+            for name, w in workers.items()
+            if w.crosses
+        }
 
     def close(self) -> None:
         """Lets the workers go, as :meth:`Broker.close` says, and the nodes their hosts
@@ -61,7 +65,9 @@ class EmbeddedBroker(Broker):
         again on fresh hosts, and sends their state again. A node still running finishes
         on the host it started on."""
         with self._lock:
-            self._hosts = {name: Host(name, self.catalog) for name in self._hosts}
+            self._hosts = {
+                name: Host(name, self.catalog, stoppable=self.stoppable) for name in self._hosts
+            }
         super().close()
 
     def _admit(
@@ -81,7 +87,7 @@ class EmbeddedBroker(Broker):
 
             def run_here() -> Done:
                 start = time.perf_counter_ns()
-                with running_here(here):  # what it changes is its own
+                with running_here(here), self.stoppable():  # what it changes is its own
                     value = here.forward(*inputs, ctx)
                 return Done(value, (time.perf_counter_ns() - start) // 1000)
 

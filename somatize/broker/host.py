@@ -77,7 +77,8 @@ import importlib
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -326,9 +327,18 @@ def _written_as(node: Node, fingerprint: str | None) -> bool:
 class Host:
     """A worker's side of network crossings: rebuilt nodes, kept loaded between jobs."""
 
-    def __init__(self, worker: str, catalog: Catalog | None = None) -> None:
+    def __init__(
+        self,
+        worker: str,
+        catalog: Catalog | None = None,
+        *,
+        stoppable: Callable[[], AbstractContextManager[None]] = nullcontext,
+    ) -> None:
         self.worker = worker
         self.catalog = catalog if catalog is not None else Catalog()
+        self.stoppable = stoppable
+        """Around each node's forward: where an interrupted forward may stop it (an embedded
+        broker's :meth:`~somatize.broker.Broker.stoppable`)."""
         self._nodes: dict[tuple[bytes, str | None], Node] = {}
         self._spare: dict[bytes, Node] = {}
         """Blueprint → a node built for it ahead of its first job (:meth:`admit`) and not
@@ -454,8 +464,11 @@ class Host:
                 changed = True  # whatever it holds now, it is not what was loaded
             else:
                 changed = now is not None and now != state
-        if not changed:
-            return
+        if changed:
+            self._drop(node)
+
+    def _drop(self, node: Node) -> None:
+        """Lets go of ``node``: the next job builds (and loads) it again."""
         with self._lock:
             for built in [k for k, kept in self._nodes.items() if kept is node]:
                 del self._nodes[built]
@@ -554,7 +567,12 @@ class Host:
         before = held_by(node)
         start = time.perf_counter_ns()
         try:
-            value = node.forward(*inputs, ctx)
+            with self.stoppable():
+                value = node.forward(*inputs, ctx)
+        except BaseException as stop:
+            if not isinstance(stop, Exception):  # interrupted partway: it may be half changed
+                self._drop(node)
+            raise
         finally:
             self._look_again(node, before, job.state)
         took = (time.perf_counter_ns() - start) // 1000
