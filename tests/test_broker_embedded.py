@@ -599,6 +599,29 @@ def test_a_cached_node_on_a_worker_is_kept_there_and_recalled(store: Store) -> N
     assert rows.calls == 1
 
 
+def test_the_broker_s_errors_cross_a_process_boundary_whole() -> None:
+    """A broker's error raised where a forward runs in a process of a pool (or a Ray task)
+    is pickled to reach the caller: each comes back as the same type, message and
+    attributes, not as a TypeError of its constructor that breaks the pool's channel."""
+    import pickle
+
+    from somatize.broker import FailedOnWorker, WorkerLost, WorkerTimeout
+
+    errors = [
+        WorkerLost("enc", "gpu", 2, "ActorDiedError"),
+        WorkerTimeout("enc", "gpu", 30.0),
+        WorkerTimeout("enc", "gpu", 120.0, starting=True),
+        BrokerClosed("enc", "gpu"),
+        FailedOnWorker("enc", "ModuleNode", "gpu", "ZeroDivisionError", "division by zero"),
+    ]
+    for error in errors:
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error)
+        assert (back.node, back.worker) == ("enc", "gpu")
+        assert vars(back) == vars(error)
+    assert pickle.loads(pickle.dumps(errors[-1])).raised_there == "ZeroDivisionError"
+
+
 def test_a_node_failing_on_a_worker_is_named_and_the_broker_goes_on(store: Store) -> None:
     """A node raising on a worker is NodeFailed naming it; nothing is kept; the broker
     runs the next forward."""

@@ -91,7 +91,24 @@ class UnknownWorker(SomatizeError, ValueError):
     """A node is placed on a worker name the broker does not know."""
 
 
-class WorkerLost(SomatizeError, RuntimeError):
+class _Rebuilt(BaseException):
+    """An error made from more than its message, that still crosses a process boundary
+    (a pool's, a Ray task's): pickled as its type, message and attributes, and rebuilt from
+    them rather than by calling its constructor with the message alone."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (type(self), str(self), dict(vars(self)))
+
+
+def _rebuilt(kind: type[BaseException], message: str, attributes: dict[str, Any]) -> BaseException:
+    """The error of type ``kind`` saying ``message``, with ``attributes``, unpickled."""
+    error = kind.__new__(kind)
+    BaseException.__init__(error, message)
+    vars(error).update(attributes)
+    return error
+
+
+class WorkerLost(_Rebuilt, SomatizeError, RuntimeError):
     """The worker a node ran on died before it answered."""
 
     def __init__(self, node: str, worker: str, attempts: int, cause: str) -> None:
@@ -104,7 +121,7 @@ class WorkerLost(SomatizeError, RuntimeError):
         )
 
 
-class WorkerTimeout(SomatizeError, TimeoutError):
+class WorkerTimeout(_Rebuilt, SomatizeError, TimeoutError):
     """A worker did not answer within the broker's timeout."""
 
     def __init__(self, node: str, worker: str, timeout_s: float, *, starting: bool = False) -> None:
@@ -133,7 +150,7 @@ class OtherCluster(SomatizeError, ValueError):
     that ``address`` does not name."""
 
 
-class BrokerClosed(SomatizeError, RuntimeError):
+class BrokerClosed(_Rebuilt, SomatizeError, RuntimeError):
     """The broker was closed while a node waited for its worker or ran there."""
 
     def __init__(self, node: str, worker: str) -> None:
@@ -173,7 +190,7 @@ def state_mismatch(node: str, worker: str, loaded: str, frozen: str) -> StateMis
     )
 
 
-class FailedOnWorker(NodeFailed):
+class FailedOnWorker(_Rebuilt, NodeFailed):
     """A node's forward raised in another process; what it raised is named, not carried."""
 
     def __init__(self, node: str, kind: str, worker: str, raised: str, message: str) -> None:
