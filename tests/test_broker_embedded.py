@@ -732,6 +732,42 @@ def test_an_interrupted_forward_stops_the_node_on_an_embedded_worker(
     ]
 
 
+def test_a_call_interrupted_before_its_node_begins_does_not_begin_it() -> None:
+    """A call stopped while its worker still readies it (decodes its inputs, loads its
+    state), before its node's forward begins, does not begin it once ready: it fails with
+    KeyboardInterrupt, and the worker's next call runs."""
+    from somatize.broker import Done, EmbeddedBroker
+    from somatize.node import Context
+
+    readying, ready = threading.Event(), threading.Event()
+    began: list[Any] = []
+
+    class Readying(EmbeddedBroker):
+        def _send(
+            self, graph: Graph, node: str, worker: str, inputs: list[Any], ctx: Any, keep: bool
+        ) -> Callable[[], Done]:
+            def work() -> Done:
+                readying.set()
+                ready.wait(60)
+                with self.stoppable():
+                    began.append(inputs[0])
+                return Done(inputs[0], 0)
+
+            return work
+
+    broker = Readying({"w1": Worker.generic(mode="local")})
+    g = Graph.somatize(Echo().named("n").at("w1"))
+    ctx = Context(name="n", key=None, worker="w1", store=None)
+    first = broker.submit(g, "n", [1], ctx)
+    assert readying.wait(60)
+    broker.interrupted([first])
+    ready.set()
+    with pytest.raises(KeyboardInterrupt):
+        first.result(60)
+    assert broker.submit(g, "n", [2], ctx).result(60).value == 2
+    assert began == [2]
+
+
 def test_an_interrupted_forward_stops_what_a_nested_forward_waits_on(
     tmp_path: Path, interrupt_when: Callable[[Path], threading.Thread]
 ) -> None:

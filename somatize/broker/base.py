@@ -251,6 +251,9 @@ class Broker(abc.ABC):
         self._forwarding: dict[Future[Done], list[Any]] = {}
         """Each call whose node's forward runs on a lane's thread now → [that thread's id,
         whether :meth:`interrupted` raised KeyboardInterrupt in it] (:meth:`stoppable`)."""
+        self._halted: set[Future[Done]] = set()
+        """Calls :meth:`interrupted` stopped before their node's forward began (decoding its
+        inputs, loading its state): that forward is not begun."""
         self._asked: dict[Future[Done], Future[Done]] = {}
         """Each call not finished yet that a node on a lane asked for (a nested forward) →
         the call that runs that node: stopping one stops what it waits on."""
@@ -482,13 +485,17 @@ class Broker(abc.ABC):
                 stopping |= below
             for future in stopping:
                 running = self._forwarding.get(future)
-                if running is not None and not running[1]:
+                if running is None:
+                    if not future.done():
+                        self._halted.add(future)
+                elif not running[1]:
                     running[1] = True
                     _raise_in(running[0], KeyboardInterrupt)
 
     def stoppable(self) -> AbstractContextManager[None]:
         """Around the forward of a node on a lane's thread: while it runs, :meth:`interrupted`
-        may raise KeyboardInterrupt in it. Leaving it, an interrupt sent and not landed
+        may raise KeyboardInterrupt in it; one interrupted before it begins raises it at
+        once, instead of running. Leaving it, an interrupt sent and not landed
         yet is taken back, so it lands nowhere else; a forward that was interrupted and
         returned anyway (it caught the KeyboardInterrupt) raises it, so its answer is not
         taken. Outside a call run by :meth:`_work`, it does nothing."""
@@ -499,6 +506,7 @@ class Broker(abc.ABC):
         with self._lock:
             self._pending.pop(future, None)
             self._asked.pop(future, None)
+            self._halted.discard(future)
 
     def _leave(self, future: Future[Done]) -> bool:
         """The forward of ``future``'s node has ended: whether it was interrupted."""
@@ -639,6 +647,9 @@ class _Stoppable:
         future = getattr(self.broker._here, "future", None)
         if future is not None:
             with self.broker._lock:
+                if future in self.broker._halted:
+                    self.broker._halted.discard(future)
+                    raise KeyboardInterrupt  # stopped before its forward began
                 self.broker._forwarding[future] = [threading.get_ident(), False]
             self.future = future
 
