@@ -416,34 +416,40 @@ def _connected_elsewhere(ray: Any, address: str) -> str | None:
     other); ``"host:port"`` is a cluster's GCS, ``localhost`` and ``127.0.0.1`` being this
     machine; ``"ray://host:port"`` is a Ray Client server, the same cluster only when this
     process is connected through that server; ``"local"`` is always a new cluster."""
-    client = ray.util.client.ray
-    if client.is_connected():  # connected through a Ray Client server
-        server = getattr(getattr(client, "client_worker", None), "_conn_str", None)
+    through_client = bool(ray.util.client.ray.is_connected())
+    if through_client:  # connected through a Ray Client server
+        server = getattr(ray.util.client.ray.client_worker, "_conn_str", None)
         connected = f"ray://{server}" if isinstance(server, str) else "a Ray Client server"
     else:
         connected = str(ray.get_runtime_context().gcs_address)
-    named = address
+    named: str | None = address
     if named == "auto":
-        named = os.environ.get("RAY_ADDRESS") or "auto"
+        named = os.environ.get("RAY_ADDRESS") or _as_ray_reads("auto")
+    if named is None:  # "auto", and no cluster to be found here: it names no other
+        return None
     if named == "local":
         return connected
-    if "://" in named or connected.startswith("ray://") or connected == "a Ray Client server":
+    if "://" in named or through_client:
         if "://" not in named or not connected.startswith("ray://"):
-            return connected
+            return connected  # a Ray Client server and a cluster's GCS cannot be compared
         scheme, _, rest = named.partition("://")
         same = scheme == "ray" and _same_endpoint(rest, connected[len("ray://") :], ray)
         return None if same else connected
+    gcs = _as_ray_reads(named) or named
+    return None if _same_endpoint(gcs, connected, ray) else connected
+
+
+def _as_ray_reads(address: str) -> str | None:
+    """The GCS ``host:port`` ``ray.init`` would connect to for ``address`` (``"auto"``: the
+    cluster it would find on this machine), or None when it would find none or reads
+    ``address`` otherwise (it is then compared as it is written)."""
     try:
         from ray._private.services import canonicalize_bootstrap_address
 
-        gcs = canonicalize_bootstrap_address(named)
-    except ConnectionError:  # "auto", and no cluster to be found here: it names no other
+        found = canonicalize_bootstrap_address(address)
+    except Exception:  # none found ("auto"), or an address ray cannot read either
         return None
-    except Exception:  # ray reads addresses otherwise: compare them as they are written
-        gcs = None if named == "auto" else named
-    if gcs is None:
-        return None
-    return None if _same_endpoint(gcs, connected, ray) else connected
+    return found if isinstance(found, str) else None
 
 
 def _same_endpoint(one: str, other: str, ray: Any) -> bool:
