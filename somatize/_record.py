@@ -24,14 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from somatize.errors import SomatizeError, SomatizeWarning
+from somatize.errors import SomatizeError, SomatizeWarning, _Rebuilt
 
 __all__ = ["Drifted", "Fact", "NodeFailed", "Record", "WatcherFailed", "failed_as"]
 
 Fact = dict[str, Any]
 
 
-class NodeFailed(SomatizeError, RuntimeError):
+class NodeFailed(_Rebuilt, SomatizeError, RuntimeError):
     """A node's forward raised — or a mapped node could not be run item by item: what it
     was handed, or what it answered, is no list of its items (``raised=False``, ``error``
     saying what); nothing was kept for it or below it."""
@@ -76,7 +76,7 @@ def failed_as(error: SomatizeError) -> str:
     return "refused"
 
 
-class WatcherFailed(SomatizeError, RuntimeError):
+class WatcherFailed(_Rebuilt, SomatizeError, RuntimeError):
     """The ``watching`` callback raised on ``fact``. It was not called again, and the
     forward went on without it: what it ran was kept as usual, ``graph.record`` holds
     every fact, and ``value`` is what the forward would have returned. The callback's

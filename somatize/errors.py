@@ -33,10 +33,14 @@ can catch either ``SomatizeError`` or, say, ``ValueError``::
     │   └── NeedsIndex
     └── WriteFailed (OSError)             somatize_torch.writer
 
-Every message says what happened, why it matters, and what to do.
+Every message says what happened, why it matters, and what to do. An error built from
+more than its message (:class:`_Rebuilt`) is pickled as its type, message and attributes,
+so it crosses a process pool's boundary as itself.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["SomatizeError", "SomatizeWarning"]
 
@@ -47,3 +51,20 @@ class SomatizeError(Exception):
 
 class SomatizeWarning(UserWarning):
     """Something that works but is probably not what was meant."""
+
+
+class _Rebuilt(BaseException):
+    """An error made from more than its message, that still crosses a process boundary
+    (a pool's, a Ray task's): pickled as its type, message and attributes, and rebuilt from
+    them rather than by calling its constructor with the message alone."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (type(self), str(self), dict(vars(self)))
+
+
+def _rebuilt(kind: type[BaseException], message: str, attributes: dict[str, Any]) -> BaseException:
+    """The error of type ``kind`` saying ``message``, with ``attributes``, unpickled."""
+    error = kind.__new__(kind)
+    BaseException.__init__(error, message)
+    vars(error).update(attributes)
+    return error

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
-from somatize.errors import SomatizeError
+from somatize.errors import SomatizeError, _Rebuilt
 
 __all__ = [
     "Memory",
@@ -224,7 +224,7 @@ class MemoryError_(SomatizeError, ValueError):
     """What a graph says to keep cannot honestly be kept."""
 
 
-class Unsettled(MemoryError_):
+class Unsettled(_Rebuilt, MemoryError_):
     """Something a cached node depends on can still change."""
 
     def __init__(self, cached: NodeId, moving: NodeId) -> None:
@@ -244,7 +244,7 @@ class Unsettled(MemoryError_):
         super().__init__(message)
 
 
-class Nameless(MemoryError_):
+class Nameless(_Rebuilt, MemoryError_):
     """Something a cached node depends on has no identity, so no key."""
 
     def __init__(self, cached: NodeId, nameless: NodeId, kind: str = "") -> None:
@@ -268,7 +268,7 @@ class Nameless(MemoryError_):
         super().__init__(message)
 
 
-class NotSettled(MemoryError_):
+class NotSettled(_Rebuilt, MemoryError_):
     """A node declared frozen holds state whose digest nobody has worked out.
 
     ``settles``: the node says its own state (``settled_state()``, as a data source

@@ -45,3 +45,35 @@ def test_core_never_imports_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _raised_as_built() -> list[BaseException]:
+    """One instance of each error (and warning) somatize exports, made as it raises it."""
+    made: list[BaseException] = [
+        somatize.NodeFailed("clean", "Clean", ZeroDivisionError("division by zero")),
+        somatize.NodeFailed("rows", "Rows", ValueError("not a list"), raised=False, hint="map"),
+        somatize.WatcherFailed({"fact": "ran", "node": "clean"}, ValueError("bad"), [1, 2]),
+        somatize.Unsettled("head", "encoder"),
+        somatize.Nameless("head", "encoder", "Encoder"),
+        somatize.NotSettled("rows", "Rows", settles=True),
+        somatize.NotSettled("enc", "Encoder", held="holds a module with weights"),
+    ]
+    built = {type(error) for error in made}
+    for name in somatize.__all__:
+        kind = getattr(somatize, name)
+        if isinstance(kind, type) and issubclass(kind, BaseException) and kind not in built:
+            assert "__init__" not in vars(kind), f"{name} takes more than a message: add it above"
+            made.append(kind(f"{name} happened"))
+    return made
+
+
+def test_errors_cross_a_process_boundary_whole() -> None:
+    """Every error somatize exports, raised in a process pool's worker, is pickled to reach
+    the caller: it comes back as the same type, message and attributes, rather than as a
+    TypeError of its constructor that breaks (or hangs) the pool."""
+    import pickle
+
+    for error in _raised_as_built():
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error), type(error).__name__
+        assert str(back) == str(error) and vars(back) == vars(error), type(error).__name__

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of, state_crosses
 from somatize.engine import NodeFailed
-from somatize.errors import SomatizeError
+from somatize.errors import SomatizeError, _Rebuilt
 from somatize.node import Context, holding_of
 
 from .worker import Worker
@@ -89,23 +89,6 @@ Fact = dict[str, Any]
 
 class UnknownWorker(SomatizeError, ValueError):
     """A node is placed on a worker name the broker does not know."""
-
-
-class _Rebuilt(BaseException):
-    """An error made from more than its message, that still crosses a process boundary
-    (a pool's, a Ray task's): pickled as its type, message and attributes, and rebuilt from
-    them rather than by calling its constructor with the message alone."""
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuilt, (type(self), str(self), dict(vars(self)))
-
-
-def _rebuilt(kind: type[BaseException], message: str, attributes: dict[str, Any]) -> BaseException:
-    """The error of type ``kind`` saying ``message``, with ``attributes``, unpickled."""
-    error = kind.__new__(kind)
-    BaseException.__init__(error, message)
-    vars(error).update(attributes)
-    return error
 
 
 class WorkerLost(_Rebuilt, SomatizeError, RuntimeError):
@@ -190,7 +173,7 @@ def state_mismatch(node: str, worker: str, loaded: str, frozen: str) -> StateMis
     )
 
 
-class FailedOnWorker(_Rebuilt, NodeFailed):
+class FailedOnWorker(NodeFailed):
     """A node's forward raised in another process; what it raised is named, not carried."""
 
     def __init__(self, node: str, kind: str, worker: str, raised: str, message: str) -> None:
