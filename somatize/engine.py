@@ -179,11 +179,11 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
                 done.add(node)
     except BaseException as stop:
         if busy and not isinstance(stop, Exception):  # interrupted (Ctrl-C)
+            interrupted = getattr(broker, "interrupted", None)
+            if interrupted is not None:  # first: a second Ctrl-C may cut short what follows
+                interrupted(list(busy))  # stops what runs on workers, where it can
             for node in busy.values():  # as a node interrupted running here is said
                 state.emit({"fact": "failed", "node": node, "error": type(stop).__name__})
-            interrupted = getattr(broker, "interrupted", None)
-            if interrupted is not None:
-                interrupted(list(busy))  # stops what runs on workers, where it can
         raise
     finally:
         for future in busy:

@@ -732,6 +732,40 @@ def test_an_interrupted_forward_stops_the_node_on_an_embedded_worker(
     ]
 
 
+@pytest.mark.parametrize("mode", ["local", "network"])
+def test_a_second_ctrl_c_while_the_first_is_said_still_stops_the_node(
+    mode: str, tmp_path: Path, interrupt_when: Callable[[Path], threading.Thread]
+) -> None:
+    """Ctrl-C pressed again while the forward says what the first one stopped (here: as
+    the `failed` fact of the looping node is handed to ``watching``) still leaves that node
+    stopped on its embedded worker: the worker is free for its next node, rather than
+    held by a node running for nobody, which this process would also wait for as it exits."""
+    g = spinning(tmp_path)
+    (tmp_path / "fine-kept").touch()
+    broker = Broker.embedded({"w1": Worker.generic(mode=mode), "w2": Worker.generic(mode=mode)})
+
+    def again(fact: dict[str, Any]) -> None:
+        if fact["fact"] == "failed" and fact["node"] == "spin":
+            raise KeyboardInterrupt  # the second Ctrl-C, landing as the first is said
+
+    interrupter = interrupt_when(tmp_path / "started")
+    with pytest.raises(KeyboardInterrupt):
+        g.forward({"at": 0, "take": 3}, broker=broker, watching=again)
+    interrupter.join()
+    after = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
+    out: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: out.update(value=after.forward({"at": 0, "take": 3}, broker=broker)),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(60)
+    stuck = thread.is_alive()
+    (tmp_path / "go").touch()  # lets a node that was not stopped end
+    assert not stuck, "the worker still runs the node of the interrupted forward"
+    assert out["value"] == [0.0, 3.0, 6.0]
+
+
 def test_a_call_interrupted_before_its_node_begins_does_not_begin_it() -> None:
     """A call stopped while its worker still readies it (decodes its inputs, loads its
     state), before its node's forward begins, does not begin it once ready: it fails with

@@ -471,9 +471,9 @@ class Broker(abc.ABC):
                 if running is None:
                     if not future.done():
                         self._halted.add(future)
-                elif not running[1]:
-                    running[1] = True
-                    _raise_in(running[0], KeyboardInterrupt)
+                elif not running[1]:  # sent, then noted: a second Ctrl-C landing between
+                    _raise_in(running[0], KeyboardInterrupt)  # leaves it sent, taken back
+                    running[1] = True  # when its forward is left, rather than noted, unsent
 
     def stoppable(self) -> AbstractContextManager[None]:
         """Around the forward of a node on a lane's thread: while it runs, :meth:`interrupted`
@@ -495,10 +495,10 @@ class Broker(abc.ABC):
         """The forward of ``future``'s node has ended: whether it was interrupted."""
         with self._lock:
             running = self._forwarding.pop(future, None)
-            if running is None or not running[1]:
+            if running is None:
                 return False
-            _raise_in(running[0], None)  # not landed yet: it lands nowhere now
-            return True
+            _raise_in(running[0], None)  # sent and not landed yet: it lands nowhere now
+            return bool(running[1])
 
     def close(self) -> None:
         """Lets the workers go; a later call starts them again. A node still waiting for
@@ -646,14 +646,16 @@ class _Stoppable:
             raise KeyboardInterrupt  # the node caught the interrupt and answered anyway
 
 
+_RAISE_THERE: Any = getattr(getattr(ctypes, "pythonapi", None), "PyThreadState_SetAsyncExc", None)
+"""CPython's call that raises an exception in another thread, looked up once, here, rather
+than where a second Ctrl-C may land in the Python code that looks it up; None elsewhere."""
+
+
 def _raise_in(thread: int, error: type[BaseException] | None) -> None:
     """Raises ``error`` in the thread ``thread`` at the next Python instruction it runs
     (None: takes back one it has not raised yet). Outside CPython, nothing."""
-    try:
-        raise_there = ctypes.pythonapi.PyThreadState_SetAsyncExc
-    except AttributeError:
-        return
-    raise_there(ctypes.c_ulong(thread), ctypes.py_object(error) if error is not None else None)
+    if _RAISE_THERE is not None:
+        _RAISE_THERE(ctypes.c_ulong(thread), ctypes.py_object(error) if error else None)
 
 
 def _owed(graph: Graph, name: str) -> tuple[tuple[str, str], ...]:
