@@ -686,6 +686,23 @@ def _kept_and_ran(folder: Path, store: Store) -> list[tuple[str, str]]:
     return [(f["fact"], f["node"]) for f in seen if f["fact"] in ("recalled", "ran")]
 
 
+def _next_forward(after: Graph, broker: Broker, go: Path) -> Any:
+    """The answer of ``after`` run on ``broker`` once an interrupted forward has ended:
+    at once, not behind a node of that forward still running on a worker (which ``go``,
+    touched then, lets end)."""
+    out: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: out.update(value=after.forward({"at": 0, "take": 3}, broker=broker)),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(60)
+    stuck = thread.is_alive()
+    go.touch()
+    assert not stuck, "a worker still runs a node of the interrupted forward"
+    return out["value"]
+
+
 @pytest.mark.parametrize("mode", ["local", "network"])
 @pytest.mark.parametrize("swallows", [False, True], ids=["raises", "swallows"])
 def test_an_interrupted_forward_stops_the_node_on_an_embedded_worker(
@@ -712,17 +729,7 @@ def test_an_interrupted_forward_stops_the_node_on_an_embedded_worker(
     interrupter.join()
     assert g.record.outcome["spin"] == "failed"
     after = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
-    out: dict[str, Any] = {}
-    thread = threading.Thread(
-        target=lambda: out.update(value=after.forward({"at": 0, "take": 3}, broker=broker)),
-        daemon=True,
-    )
-    thread.start()
-    thread.join(60)
-    stuck = thread.is_alive()
-    (tmp_path / "go").touch()  # lets a node that was not stopped end
-    assert not stuck, "the worker still runs the node of the interrupted forward"
-    assert out["value"] == [0.0, 3.0, 6.0]
+    assert _next_forward(after, broker, tmp_path / "go") == [0.0, 3.0, 6.0]
     broker.close()
     assert _kept_and_ran(tmp_path, store) == [
         ("ran", "rows"),
@@ -753,17 +760,7 @@ def test_a_second_ctrl_c_while_the_first_is_said_still_stops_the_node(
         g.forward({"at": 0, "take": 3}, broker=broker, watching=again)
     interrupter.join()
     after = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
-    out: dict[str, Any] = {}
-    thread = threading.Thread(
-        target=lambda: out.update(value=after.forward({"at": 0, "take": 3}, broker=broker)),
-        daemon=True,
-    )
-    thread.start()
-    thread.join(60)
-    stuck = thread.is_alive()
-    (tmp_path / "go").touch()  # lets a node that was not stopped end
-    assert not stuck, "the worker still runs the node of the interrupted forward"
-    assert out["value"] == [0.0, 3.0, 6.0]
+    assert _next_forward(after, broker, tmp_path / "go") == [0.0, 3.0, 6.0]
 
 
 def test_a_call_interrupted_before_its_node_begins_does_not_begin_it() -> None:
@@ -825,17 +822,7 @@ def test_an_interrupted_forward_stops_what_a_nested_forward_waits_on(
         >> (Scale(3.0).named("one").at("w1"), Scale(2.0).named("two").at("w2"))
         >> Add().named("sum")
     )
-    out: dict[str, Any] = {}
-    thread = threading.Thread(
-        target=lambda: out.update(value=after.forward({"at": 0, "take": 3}, broker=broker)),
-        daemon=True,
-    )
-    thread.start()
-    thread.join(60)
-    stuck = thread.is_alive()
-    (tmp_path / "go").touch()
-    assert not stuck, "a worker still runs a node of the interrupted forward"
-    assert out["value"] == 15.0
+    assert _next_forward(after, broker, tmp_path / "go") == 15.0
 
 
 @pytest.mark.parametrize("mode", ["local", "network"])
