@@ -35,7 +35,7 @@ from somatize._record import (
     fact_named,
     failed_as,
 )
-from somatize.catalog import fingerprint_of
+from somatize.catalog import fingerprint_of, state_taken
 from somatize.codecs import CODECS, Unreadable
 from somatize.errors import SomatizeError
 from somatize.keys import item_key
@@ -233,6 +233,12 @@ class _Run:
         except BaseException as error:  # KeyboardInterrupt, SystemExit: said, and let go
             self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
             raise
+        finally:
+            # What an object a class holds, marked by which object it is, changed as the
+            # node ran (a count, a cache) is its state, not a change to mark it anew for.
+            watch = self.graph._code_watch
+            if watch.marks:
+                state_taken(watch)
         took = (time.perf_counter_ns() - start) // 1000
         return value, took
 

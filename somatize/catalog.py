@@ -113,7 +113,9 @@ __all__ = [
     "fingerprint_of",
     "held_at",
     "identity_of",
+    "marks_moved",
     "state_crosses",
+    "state_taken",
     "watch_code",
     "watched_again",
 ]
@@ -314,7 +316,7 @@ def _body_of(kind: type, state: frozenset[str]) -> Body:
         else:
             opaque = _opaque_bytes(member)
             if opaque is not None and opaque.startswith(b"object "):  # marked: by identity
-                body.append((name, _Same(member)))
+                body.append((name, (_Same(member), _version_of(_runner(member)))))
             else:  # named by what it holds, read again: one changed in place is seen
                 body.append((name, opaque))
     return tuple(body)
@@ -386,10 +388,29 @@ def _token_of(held: Any) -> bytes:
     return token
 
 
+def _version_of(held: Any) -> bytes | None:
+    """The mark ``held`` is given now (:func:`_token_of`), or None where it has none kept."""
+    found = _TOKENS.get(id(held))
+    return found[1] if found is not None and found[0]() is held else None
+
+
+def _moved_on(held: Any) -> None:
+    """Gives ``held``, marked by which object it is, a new mark: it was changed in place
+    since, and what it computes now is never taken for what it computed before."""
+    found = _TOKENS.get(id(held))
+    if found is not None and found[0]() is held:
+        _TOKENS[id(held)] = (found[0], b"object " + _NONCE + next(_COUNT).to_bytes(8, "little"))
+
+
 _HELD_DEPTH = 8
 _HELD_ITEMS = 4096
 """How deep, and over how many values, an object is read to be named by what it holds
 (:func:`_held_bytes`); one deeper or larger is marked by which object it is."""
+
+_STATE_ITEMS = 256
+"""How many entries, nearest first, of the dicts, lists and sets an object marked by which
+object it is holds are read for a graph's watch (:func:`_state_read`): each is compared at
+every forward."""
 
 _CONTAINERS = (list, dict, set, frozenset, tuple, collections.OrderedDict)
 _HEAPTYPE = 1 << 9
@@ -755,6 +776,77 @@ class CodeWatch(NamedTuple):
     defaults when the watch was taken."""
     mros: list[tuple[type, tuple[type, ...]]]
     """Each class of ``kinds`` with the classes it inherited from then (``__mro__``)."""
+    marks: list[Mark]
+    """Each object marked by which object it is (:func:`_token_of`) that the classes hold or
+    their functions close over, with what is noted of it (:class:`_Marked`), whose version
+    and state lie in ``lives`` at ``at``: changed since, it is given a new mark
+    (:func:`marks_moved`)."""
+
+
+class Mark(NamedTuple):
+    """An object marked by which object it is, as a watch (:class:`CodeWatch`) notes it."""
+
+    at: int
+    """Where its version, then what is read of it, lie in the watch's lives."""
+    held: Any
+    """The object."""
+    noted: _Marked
+    """What is noted of it, shared by every watch of it."""
+
+
+class _Marked:
+    """What is noted of an object marked by which object it is, shared by every graph's
+    watch of it: its mark now (``version``, a list a watch copies: a new mark seen by one
+    graph is seen by all), each dict, list and set read of it (:func:`_state_read`) with a
+    copy of each — one copy for all, so that what a node's code changes as it runs is its
+    state for every graph (:func:`state_taken`) —, its class and the functions read of it,
+    with their code and defaults."""
+
+    __slots__ = ("copies", "kind", "lives", "made", "version")
+
+    def __init__(self, held: Any) -> None:
+        self.version = [_version_of(held)]
+        self.lives: list[Any] = []
+        self.copies: list[Any] = []
+        self.read(held)
+
+    def read(self, held: Any, whole: bool = True) -> None:
+        """Reads ``held`` again, in place; with ``whole``, its class and functions too."""
+        state, made = _state_read(held)
+        self.lives[:] = state
+        self.copies[:] = map(_copied, state)
+        if whole:
+            self.kind, self.made = type(held), made
+
+    def changed(self, held: Any) -> bool:
+        """Whether ``held`` changed since it was read: its state, its class, its functions."""
+        if type(held) is not self.kind:
+            return True
+        if any(f.__code__ is not c or f.__defaults__ is not d for f, c, d in self.made):
+            return True
+        try:
+            return not bool(self.lives == self.copies)
+        except Exception:  # a value replaced whose `==` says no bool (an array)
+            return True
+
+
+_MARKED: dict[int, tuple[weakref.ref[Any], _Marked]] = {}
+"""An object marked by which object it is and watched, by its address → a weak reference to
+it and what is noted of it (:class:`_Marked`)."""
+
+
+def _marked(held: Any) -> _Marked | None:
+    """What is noted of ``held``, an object marked by which object it is, noted now if it was
+    not; None where its mark cannot be kept (it cannot be referenced weakly)."""
+    found = _MARKED.get(id(held))
+    if found is not None and found[0]() is held:
+        return found[1]
+    if _token_of(held) != _version_of(held):
+        return None
+    noted = _Marked(held)
+    forget = functools.partial(_forget_held, id(held), held=_MARKED)
+    _MARKED[id(held)] = (weakref.ref(held, forget), noted)
+    return noted
 
 
 _CODE_SETS = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__bases__"})
@@ -803,7 +895,9 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     (as :func:`fingerprint_of` takes them) and a copy of it, which differ once a method
     is patched in, a base class's replaced, or one added or deleted; each dict, list or
     set read of an object a class holds, or its functions close over, named by what it
-    holds (:func:`_held_bytes`: an attribute of it set in place, ``Kind.act.k = 3``), and
+    holds (:func:`_held_bytes`: an attribute of it set in place, ``Kind.act.k = 3``), the
+    mark and what is read of each such object marked by which object it is instead
+    (:class:`_Marked`: changed since, it is marked anew, :func:`marks_moved`), and
     each dict of keyword defaults of their functions (``f.__kwdefaults__["by"] = 7``),
     with a copy of it; and the count of functions given other code or defaults in place
     and classes given other bases, in this process (:data:`_SETS`: ``f.__code__ = ...``,
@@ -822,6 +916,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     lives: list[Any] = [vars(kind) for kind in lineage]
     labels: list[str] = []
     made: list[tuple[str, FunctionType, Any, Any, Any]] = []
+    marks: list[Mark] = []
     for kind in lineage:
         for name, member in list(vars(kind).items()):
             label = f"{kind.__qualname__}.{name}"
@@ -830,6 +925,10 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 if _held_bytes(held, read) is not None:
                     lives += read
                     labels += [label] * len(read)
+                elif (noted := _marked(held)) is not None:  # marked: what it holds watched
+                    marks.append(Mark(len(lives), held, noted))
+                    lives += [noted.version, noted.lives]
+                    labels += [label, label]
             for function in _functions_in(member):
                 keywords = function.__kwdefaults__
                 made.append((label, function, function.__code__, function.__defaults__, keywords))
@@ -837,15 +936,108 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                     lives.append(keywords)
                     labels.append(label)
     copies = list(map(_copied, lives))
+    for mark in marks:  # one copy of what is read of it for all
+        copies[mark.at + 1] = mark.noted.copies
     lives.append(_SETS)
     copies.append(list(_SETS))
     mros = [(kind, kind.__mro__) for kind in lineage]
-    return CodeWatch(lives, copies, lineage, given, labels, made, mros)
+    return CodeWatch(lives, copies, lineage, given, labels, made, mros, marks)
 
 
 def _copied(live: Any) -> Any:
     """A copy of a dict, list or set, or of a class's namespace (a mappingproxy), as a dict."""
     return dict(live) if isinstance(live, MappingProxyType) else type(live)(live)
+
+
+def _state_read(held: Any) -> tuple[list[Any], tuple[tuple[FunctionType, Any, Any], ...]]:
+    """What a watch reads of ``held``, an object marked by which object it is: each dict,
+    list and set it holds, or holds through what it holds (an object's ``__dict__``, a
+    function's closure and keyword defaults, a bound method's object, a partial's
+    arguments), and the namespaces of the classes of the objects read (short of the
+    library's), nearest first, until they hold :data:`_STATE_ITEMS` entries in all; and
+    each function read, with its code and defaults. What a class written in C holds but
+    its ``__dict__`` (a tensor's values) is not read."""
+    read: list[Any] = []
+    functions: list[tuple[FunctionType, Any, Any]] = []
+    seen: set[int] = set()
+    kinds: set[type] = set()
+    left = _STATE_ITEMS
+    queue = collections.deque([held])
+
+    def see(container: Any) -> None:
+        nonlocal left
+        read.append(container)
+        left -= len(container) + 1
+
+    while queue and left > 0:
+        value = queue.popleft()
+        if _exactly_plain(value) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        kind = type(value)
+        if isinstance(value, (type, ModuleType, BuiltinFunctionType)):
+            continue
+        if kind in _CONTAINERS:
+            if kind is not tuple and kind is not frozenset:
+                see(value)
+            queue += list(value.values()) if isinstance(value, dict) else list(value)
+            continue
+        if isinstance(value, FunctionType):
+            functions.append((value, value.__code__, value.__defaults__))
+            queue += _closed_objects(value)
+            if value.__kwdefaults__:
+                queue.append(value.__kwdefaults__)
+            continue
+        if isinstance(value, (staticmethod, classmethod)):
+            queue.append(value.__func__)
+        elif isinstance(value, MethodType):
+            queue += [value.__func__, value.__self__]
+        elif kind is functools.partial:
+            queue += [value.func, value.args, value.keywords]
+        if kind not in kinds:
+            kinds.add(kind)
+            for above in kind.__mro__:
+                if not _left_out(above):
+                    see(vars(above))
+        try:
+            attributes = object.__getattribute__(value, "__dict__")
+        except Exception:  # none, or one that cannot be read: what it holds is not read
+            continue
+        if type(attributes) is dict:
+            see(attributes)
+            queue += list(attributes.values())
+    return read, tuple(functions)
+
+
+def marks_moved(watch: CodeWatch) -> None:
+    """Gives each object ``watch`` (:func:`watch_code`) notes marked by which object it is a
+    new mark where it changed since it was read (:class:`_Marked`): what it holds set in
+    place (``Kind.act.k = 4``), a hook put on it, its class replaced (``obj.__class__ =
+    Other``), or a function it holds given other code or defaults — so its fingerprint is
+    another from then on, for every graph."""
+    for mark in watch.marks:
+        noted = mark.noted
+        if noted.changed(mark.held):
+            _moved_on(mark.held)
+            noted.version[0] = _version_of(mark.held)
+            noted.read(mark.held)
+
+
+def state_taken(watch: CodeWatch) -> None:
+    """Takes what changed in the objects ``watch`` notes marked by which object they are
+    since they were read (a count, a cache they keep as they run) as their state, not a
+    change of them: called as a node's forward returns, so that what the node's own code
+    changes as it runs does not give them a new mark (:func:`marks_moved`) at the next
+    forward, of this graph or another. Their class replaced, or a function given other
+    code, is not taken so."""
+    for mark in watch.marks:
+        noted = mark.noted
+        try:
+            same = bool(noted.lives == noted.copies)
+        except Exception:  # a value replaced whose `==` says no bool (an array)
+            same = False
+        if not same:
+            noted.read(mark.held, whole=False)
 
 
 def _held_in(member: Any) -> list[Any]:
@@ -1042,7 +1234,10 @@ def _made_of(function: FunctionType) -> tuple[Any, ...]:
     over that is named by what it holds (:func:`_held_bytes`) by that name, else by
     identity (one changed in place since it was named is marked from then on)."""
     keywords = function.__kwdefaults__ or {}
-    held = tuple(_held_bytes(value) or _Same(value) for value in _closed_objects(function))
+    held = tuple(
+        _held_bytes(value) or (_Same(value), _version_of(value))
+        for value in _closed_objects(function)
+    )
     return (
         _Same(function.__code__),
         _Same(function.__defaults__),

@@ -1000,6 +1000,61 @@ def test_an_object_that_moves_its_own_state_as_it_runs_is_recalled(
     assert graph.record is not None and graph.record.outcome["h"] == "recalled"
 
 
+class _Logging(_Scale):
+    """Notes each value it is called with, in a list it holds."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.seen: list[int] = []
+
+    def __call__(self, x: int) -> int:
+        self.seen.append(x)
+        return x * self.k
+
+
+@pytest.mark.parametrize("held", [_Scale, _Counting, _Logging])
+def test_an_object_a_class_holds_changed_in_place_again_is_seen(
+    held: type[_Scale], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds changed in place after a graph was built, once and again
+    (``Kind.act.k = 3``, then ``= 4``), is other code at the next forward each time: strict=True
+    computes with what it holds now, never recalling what it computed before — one that
+    changes its own state as it runs (a count, a log) too, and that change, made as the
+    node runs, makes no forward after compute again: each change costs one compute."""
+    monkeypatch.setattr(HoldsScale, "act", held(2))
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    for x in (1, 1, 1):
+        assert graph.forward(x, store=store, strict=True) == 2
+    for k in (3, 4, 5):
+        HoldsScale.act.k = k
+        ran = []
+        for _ in range(3):
+            assert graph.forward(1, store=store, strict=True) == k
+            assert graph.record is not None
+            ran.append(graph.record.outcome["h"])
+        assert ran == ["ran", "recalled", "recalled"], k
+
+
+def test_an_object_that_moves_its_own_state_is_recalled_by_two_graphs_in_turn(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds that counts its calls on itself, run by two graphs in turn,
+    is state for both: what one graph's node changes as it runs does not make the other
+    compute again, and a change in place after is seen by both."""
+    monkeypatch.setattr(HoldsScale, "act", _Counting(2))
+    graphs = [Graph.somatize(HoldsScale().named("h").frozen().cached()) for _ in range(2)]
+    outcomes = []
+    for x in (1, 1, 2, 2, 3, 3):
+        for graph in graphs:
+            assert graph.forward(x, store=store, strict=True) == 2 * x
+            assert graph.record is not None
+            outcomes.append(graph.record.outcome["h"])
+    assert outcomes.count("ran") == 3, outcomes  # each input once, by the first graph
+    HoldsScale.act.k = 3
+    for graph in graphs:
+        assert graph.forward(3, store=store, strict=True) == 9
+
+
 class EditedBase(Node):
     """Adds what its subclass's helper says."""
 
@@ -1139,7 +1194,8 @@ def test_a_hook_put_on_a_torch_module_a_class_holds_is_seen(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A torch module a class holds, named by what it holds, given a hook after a graph was
-    built is other code from the next forward on: strict=True computes with the hook."""
+    built is other code from the next forward on: strict=True computes with the hook, and
+    with another put on it after that."""
     import torch
 
     monkeypatch.setattr(Clamps, "act", torch.nn.ReLU(), raising=False)
@@ -1148,6 +1204,8 @@ def test_a_hook_put_on_a_torch_module_a_class_holds_is_seen(
     Clamps.act.register_forward_hook(lambda module, given, made: made + 100)
     assert graph.forward(-2.0, store=store, strict=True) == 100.0
     assert graph.record is not None and graph.record.outcome["c"] == "ran"
+    Clamps.act.register_forward_hook(lambda module, given, made: made * 2)  # and another
+    assert graph.forward(-2.0, store=store, strict=True) == 200.0
 
 
 class Clamps(Node):
