@@ -849,11 +849,12 @@ def _marked(held: Any) -> _Marked | None:
     return noted
 
 
-_CODE_SETS = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__bases__"})
+_CODE_SETS = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__bases__", "__class__"})
 _SETS = [0]
 """How many times, in this process, a function was given other code or defaults in place
-(``f.__code__ = ...``, ``f.__defaults__ = ...``, ``f.__kwdefaults__ = ...``) or a class
-other bases (``Kind.__bases__ = ...``): counted by an audit hook (:func:`_heard`), each of
+(``f.__code__ = ...``, ``f.__defaults__ = ...``, ``f.__kwdefaults__ = ...``), a class
+other bases (``Kind.__bases__ = ...``) or an object another class (``obj.__class__ =
+Other``): counted by an audit hook (:func:`_heard`), each of
 them being an ``object.__setattr__`` audit event, so that a watch sees them at the cost
 of one more number compared."""
 _HEARING: list[bool | None] = [None]

@@ -1055,6 +1055,27 @@ def test_an_object_that_moves_its_own_state_is_recalled_by_two_graphs_in_turn(
         assert graph.forward(3, store=store, strict=True) == 9
 
 
+class _Plus(_Scale):
+    """Adds what it holds, for an object given it as its class in place of another."""
+
+    def __call__(self, x: int) -> int:
+        return x + self.k
+
+
+@pytest.mark.parametrize("held", [_Scale, _Counting])
+def test_an_object_a_class_holds_given_another_class_is_seen(
+    held: type[_Scale], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds given another class in place after a graph was built
+    (``obj.__class__ = Other``) is other code at the next forward: strict=True computes
+    with the class it has now."""
+    monkeypatch.setattr(HoldsScale, "act", held(2))
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert graph.forward(5, store=store, strict=True) == 10
+    HoldsScale.act.__class__ = _Plus
+    assert graph.forward(5, store=store, strict=True) == 7
+
+
 class EditedBase(Node):
     """Adds what its subclass's helper says."""
 
