@@ -792,6 +792,8 @@ class Mark(NamedTuple):
     """The object."""
     noted: _Marked
     """What is noted of it, shared by every watch of it."""
+    anew: bool
+    """Whether it was given a new mark as the watch was taken (:func:`_marked`)."""
 
 
 class _Marked:
@@ -802,7 +804,7 @@ class _Marked:
     state for every graph (:func:`state_taken`) —, its class and the functions read of it,
     with their code and defaults."""
 
-    __slots__ = ("copies", "kind", "lives", "made", "version")
+    __slots__ = ("__weakref__", "copies", "kind", "lives", "made", "version")
 
     def __init__(self, held: Any) -> None:
         self.version = [_version_of(held)]
@@ -830,23 +832,30 @@ class _Marked:
             return True
 
 
-_MARKED: dict[int, tuple[weakref.ref[Any], _Marked]] = {}
+_MARKED: dict[int, tuple[weakref.ref[Any], weakref.ref[_Marked]]] = {}
 """An object marked by which object it is and watched, by its address → a weak reference to
-it and what is noted of it (:class:`_Marked`)."""
+it and to what is noted of it (:class:`_Marked`), which the graphs' watches hold: what is
+read of an object (its ``__dict__``, which may hold a method bound to it) never keeps it
+alive once no graph watches it."""
 
 
-def _marked(held: Any) -> _Marked | None:
+def _marked(held: Any) -> tuple[_Marked, bool] | None:
     """What is noted of ``held``, an object marked by which object it is, noted now if it was
-    not; None where its mark cannot be kept (it cannot be referenced weakly)."""
+    not, and whether it was given a new mark for it: it was watched before, by graphs gone
+    since, and may have changed unseen since; None where its mark cannot be kept (it cannot
+    be referenced weakly)."""
     found = _MARKED.get(id(held))
     if found is not None and found[0]() is held:
-        return found[1]
-    if _token_of(held) != _version_of(held):
+        noted = found[1]()
+        if noted is not None:
+            return noted, False
+        _moved_on(held)
+    elif _token_of(held) != _version_of(held):
         return None
-    noted = _Marked(held)
+    made = _Marked(held)
     forget = functools.partial(_forget_held, id(held), held=_MARKED)
-    _MARKED[id(held)] = (weakref.ref(held, forget), noted)
-    return noted
+    _MARKED[id(held)] = (weakref.ref(held, forget), weakref.ref(made))
+    return made, found is not None and found[0]() is held
 
 
 _CODE_SETS = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__bases__", "__class__"})
@@ -926,8 +935,9 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 if _held_bytes(held, read) is not None:
                     lives += read
                     labels += [label] * len(read)
-                elif (noted := _marked(held)) is not None:  # marked: what it holds watched
-                    marks.append(Mark(len(lives), held, noted))
+                elif (marked := _marked(held)) is not None:  # marked: what it holds watched
+                    noted, anew = marked
+                    marks.append(Mark(len(lives), held, noted, anew))
                     lives += [noted.version, noted.lives]
                     labels += [label, label]
             for function in _functions_in(member):
@@ -939,6 +949,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     copies = list(map(_copied, lives))
     for mark in marks:  # one copy of what is read of it for all
         copies[mark.at + 1] = mark.noted.copies
+        if mark.anew:  # marked anew as it is watched: the next look works fingerprints out
+            copies[mark.at] = [None]
     lives.append(_SETS)
     copies.append(list(_SETS))
     mros = [(kind, kind.__mro__) for kind in lineage]

@@ -1055,6 +1055,45 @@ def test_an_object_that_moves_its_own_state_is_recalled_by_two_graphs_in_turn(
         assert graph.forward(3, store=store, strict=True) == 9
 
 
+class _CountingItself(_Counting):
+    """Counts its calls on itself, through a method bound to itself that it holds."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.run = self.scaled
+
+    def scaled(self, x: int) -> int:
+        return x * self.k
+
+    def __call__(self, x: int) -> int:
+        self.calls = getattr(self, "calls", 0) + 1
+        return self.run(x)
+
+
+def test_an_object_a_graph_watched_is_freed_and_seen_changed_after_the_graph_is_gone(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a graph reads of an object a class holds, marked by which object it is, keeps
+    it alive no longer than the graph, even one holding a method bound to itself; and one
+    changed in place while no graph watched it is seen by a graph built after: strict=True
+    computes with what it holds now."""
+    made = _CountingItself(2)
+    monkeypatch.setattr(HoldsScale, "act", made)
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert graph.forward(5, store=store, strict=True) == 10
+    del graph
+    gc.collect()
+    made.k = 3
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert graph.forward(5, store=store, strict=True) == 15
+    gone = weakref.ref(made)
+    HoldsScale.act = _Scale(2)  # type: ignore[assignment]
+    fingerprint_of(HoldsScale)  # the class as it is now
+    del made, graph
+    gc.collect()
+    assert gone() is None
+
+
 class _Plus(_Scale):
     """Adds what it holds, for an object given it as its class in place of another."""
 
