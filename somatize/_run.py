@@ -35,7 +35,7 @@ from somatize._record import (
     fact_named,
     failed_as,
 )
-from somatize.catalog import fingerprint_of, state_taken
+from somatize.catalog import fingerprint_of, marks_moved, state_taken
 from somatize.codecs import CODECS, Unreadable
 from somatize.errors import SomatizeError
 from somatize.keys import item_key
@@ -215,6 +215,9 @@ class _Run:
     def call(self, node: str, inputs: Sequence[Any], ctx: Context) -> Any:
         implementation = self.graph.node(node)
         worker = ctx.worker
+        watch = self.graph._code_watch
+        if watch.marks:  # changed since the forward looked (by a watcher): not the node's state
+            marks_moved(watch)
         start = time.perf_counter_ns()
         try:
             if worker is not None and self.broker is not None:
@@ -236,7 +239,6 @@ class _Run:
         finally:
             # What an object a class holds, marked by which object it is, changed as the
             # node ran (a count, a cache) is its state, not a change to mark it anew for.
-            watch = self.graph._code_watch
             if watch.marks:
                 state_taken(watch)
         took = (time.perf_counter_ns() - start) // 1000

@@ -1094,6 +1094,32 @@ def test_an_object_a_graph_watched_is_freed_and_seen_changed_after_the_graph_is_
     assert gone() is None
 
 
+class _Passes(Node):
+    """Hands on what it is handed."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x
+
+
+def test_an_object_changed_in_place_as_a_forward_runs_before_its_node_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds that counts its calls on itself, changed in place as a
+    forward runs but before its node does (by a watcher), is not taken for state the node
+    moved: what was computed with what it held before is not recalled after."""
+    monkeypatch.setattr(HoldsScale, "act", _Counting(2))
+    passes = _Passes().named("p").frozen()
+    graph = Graph.somatize(passes >> HoldsScale().named("h").frozen().cached())
+    assert graph.forward(1, store=store, strict=True) == 2
+
+    def change(fact: dict[str, Any]) -> None:
+        if fact["fact"] == "ran" and fact["node"] == "p":
+            HoldsScale.act.k = 3
+
+    assert graph.forward(2, store=store, strict=True, watching=change) == 6
+    assert graph.forward(1, store=store, strict=True) == 3
+
+
 class _Plus(_Scale):
     """Adds what it holds, for an object given it as its class in place of another."""
 
