@@ -967,7 +967,8 @@ def _state_read(held: Any) -> tuple[list[Any], tuple[tuple[FunctionType, Any, An
     list and set it holds, or holds through what it holds (an object's ``__dict__``, a
     function's closure and keyword defaults, a bound method's object, a partial's
     arguments), and the namespaces of the classes of the objects read (short of the
-    library's), nearest first, until they hold :data:`_STATE_ITEMS` entries in all; and
+    library's), nearest first, as far as :data:`_STATE_ITEMS` entries in all (a larger
+    one is left out, and what it holds); and
     each function read, with its code and defaults. What a class written in C holds but
     its ``__dict__`` (a tensor's values) is not read."""
     read: list[Any] = []
@@ -977,10 +978,16 @@ def _state_read(held: Any) -> tuple[list[Any], tuple[tuple[FunctionType, Any, An
     left = _STATE_ITEMS
     queue = collections.deque([held])
 
-    def see(container: Any) -> None:
+    def see(container: Any, kept: bool = True) -> bool:
+        """Reads ``container`` (to compare with ``kept``) where it fits in what is left to
+        read; else not (a cache grown large would be compared whole at every forward)."""
         nonlocal left
-        read.append(container)
+        if len(container) >= left:
+            return False
+        if kept:
+            read.append(container)
         left -= len(container) + 1
+        return True
 
     while queue and left > 0:
         value = queue.popleft()
@@ -991,9 +998,8 @@ def _state_read(held: Any) -> tuple[list[Any], tuple[tuple[FunctionType, Any, An
         if isinstance(value, (type, ModuleType, BuiltinFunctionType)):
             continue
         if kind in _CONTAINERS:
-            if kind is not tuple and kind is not frozenset:
-                see(value)
-            queue += list(value.values()) if isinstance(value, dict) else list(value)
+            if see(value, kind is not tuple and kind is not frozenset):
+                queue += list(value.values()) if isinstance(value, dict) else list(value)
             continue
         if isinstance(value, FunctionType):
             functions.append((value, value.__code__, value.__defaults__))
@@ -1016,8 +1022,7 @@ def _state_read(held: Any) -> tuple[list[Any], tuple[tuple[FunctionType, Any, An
             attributes = object.__getattribute__(value, "__dict__")
         except Exception:  # none, or one that cannot be read: what it holds is not read
             continue
-        if type(attributes) is dict:
-            see(attributes)
+        if type(attributes) is dict and see(attributes):
             queue += list(attributes.values())
     return read, tuple(functions)
 

@@ -1120,6 +1120,29 @@ def test_an_object_changed_in_place_as_a_forward_runs_before_its_node_is_seen(
     assert graph.forward(1, store=store, strict=True) == 3
 
 
+class _Cache(_Counting):
+    """Counts its calls on itself, and holds a large table."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.table = {at: at for at in range(10_000)}
+
+
+def test_a_large_table_an_object_marked_by_which_it_is_holds_is_not_compared_each_forward(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a graph compares of an object a class holds, marked by which object it is, at
+    every forward is bounded: a large table it holds is left out, while what it holds
+    beside it is still seen changed in place."""
+    monkeypatch.setattr(HoldsScale, "act", _Cache(2))
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert graph.forward(5, store=store, strict=True) == 10
+    read = [held for mark in graph._code_watch.marks for held in mark.noted.lives]
+    assert read and all(len(held) <= 256 for held in read)
+    HoldsScale.act.k = 3
+    assert graph.forward(5, store=store, strict=True) == 15
+
+
 class _Plus(_Scale):
     """Adds what it holds, for an object given it as its class in place of another."""
 
