@@ -50,7 +50,7 @@ from somatize_torch._errors import NotCalled, Untraceable, WrapError
 from somatize_torch._modes import switches
 from somatize_torch._parts import _Parts, _Read, hooks_of
 from somatize_torch._split import _calls, _Split, _split, _traced
-from somatize_torch._values import Noted, Values
+from somatize_torch._values import Noted, Reread, Values
 
 if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
@@ -201,6 +201,27 @@ class _Gate:
                 self._changed.notify_all()
 
 
+class _World:
+    """The traces taken for one set of values of what the forward read from the plain
+    objects the model's modules hold (``self.config.flag``), and what they read."""
+
+    def __init__(self, runners: dict[Key, Runners]) -> None:
+        self.runners = runners
+        self.read: Noted | None = None
+
+
+class _Untraced(Values):
+    """What a wrapped model watches while no trace was taken for the values the plain
+    objects its modules hold hold now: any call looks for the traces for those it holds
+    then."""
+
+    def __init__(self, values: Values) -> None:
+        self.__dict__.update(vars(values))
+
+    def check(self) -> None:
+        raise Reread("the values the model's config holds were not traced yet")
+
+
 class Tracing:
     """The traces of ``model`` taken so far, and what they read of it."""
 
@@ -250,7 +271,12 @@ class Tracing:
         """Keeps this model's traces and its wrapped model's eager calls apart."""
         self.runners: dict[Key, Runners] = {}
         """Per set of optional arguments left None and values of those :attr:`fixed`, the
-        code each mode runs."""
+        code each mode runs: those of :attr:`world`."""
+        self.world = _World(self.runners)
+        """The traces taken for the values the plain objects the model's modules hold (a
+        config) hold now, as far as the forward read them."""
+        self.worlds = [self.world]
+        """Every set of traces taken for values of those objects, the first at ``wrap``."""
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -411,6 +437,9 @@ class Tracing:
             done.append((traced, cut.runner))
         self.through |= through
         for read in noted:
+            if self.world.read is None:
+                self.world.read = Noted(self.model)
+            self.world.read.merge(read)
             if self.read is None:
                 self.read = read
             else:
@@ -613,15 +642,17 @@ class Tracing:
         if cut.calls == self.first.calls:
             return
         model = type(self.model).__qualname__
+        # A trace for other values of the model's config is one for other values too.
+        first_key = key == self.first_key and self.world is self.worlds[0]
         if (
-            key != self.first_key
+            not first_key
             and [name for name, _ in cut.calls] == [name for name, _ in self.first.calls]
             and (other is None or other == cut.calls)
         ):
             return
         # The first mode's calls for these values, where they are not the first trace's.
-        first_calls = self.first.calls if key == self.first_key else other
-        if key == self.first_key or (first_calls is not None and first_calls != self.first.calls):
+        first_calls = self.first.calls if first_key else other
+        if first_key or (first_calls is not None and first_calls != self.first.calls):
             raise WrapError(
                 f"`{model}.forward` calls its declared submodules differently in train and "
                 f"eval mode ({_calls(first_calls or [])} in "
@@ -631,7 +662,14 @@ class Tracing:
                 "Declare the submodule that holds the code that reads `self.training`, or "
                 "call the declared submodules the same way in both modes"
             )
-        if self.by_value(key) != self.by_value(self.first_key):
+        if self.world is not self.worlds[0]:
+            this, first, advice, whether = (
+                "what it read of the objects its modules hold (a config) changed",
+                "the model was wrapped",
+                "Set those values back",
+                "whatever those hold",
+            )
+        elif self.by_value(key) != self.by_value(self.first_key):
             this, first, advice, whether = (
                 said or "every argument is given",
                 self.first_said or "every argument is given",
@@ -684,7 +722,9 @@ class Tracing:
         object.__setattr__(wrapped, "_through", tuple(sorted(flags)))
         object.__setattr__(wrapped, "_switches", self.switching)
         traced = (type(model), *(type(module) for module in traced_into.values()))
-        object.__setattr__(wrapped, "_values", Values(read, type(model).__qualname__, traced))
+        object.__setattr__(
+            wrapped, "_values", Values(self.world.read, type(model).__qualname__, traced)
+        )
         object.__setattr__(
             wrapped,
             "_one_code",
@@ -710,10 +750,75 @@ class Tracing:
                 # checked as an eager call checks it, so what the other traces read of it
                 # is what it holds, and is watched on as they read it.
                 self.wrapped._follow()
-                self.wrapped._values.check()
+                try:
+                    self.wrapped._values.check()
+                except Reread as changed:
+                    self._rekey(changed)
+                found = self.runners.get(self.key(none, given))
+            if found is None:
                 found = self.trace(none, given)
                 self.watch()
             return found
+
+    def rekey(self, changed: Reread) -> None:
+        """Has the wrapped model run the traces taken for what the plain objects its
+        modules hold (a config) hold now, where ``changed`` says a value the current ones
+        read changed: those taken before for the same values, or none yet, so that a call
+        traces the forward again."""
+        with self.gate.tracing():
+            self._rekey(changed)
+
+    def _rekey(self, changed: Reread) -> None:
+        was = self.world
+        for world in self.worlds:
+            if world is was or world.read is None:
+                continue
+            self._enter(world)
+            try:
+                self.wrapped._values.check()
+            except Reread:
+                continue
+            return
+        limit: int = self.wrapped.TRACES_PER_VALUE
+        if len([world for world in self.worlds if world.read is not None]) >= limit:
+            self._enter(was)
+            raise WrapError(
+                f"{changed}: `{type(self.model).__qualname__}.forward` was traced {limit} "
+                "times already for the values it read from the objects its modules hold (a "
+                "config), and fx traces what it reads into the code, so each set of them is "
+                "traced apart, and no more traces are taken, to keep them bounded. Set back a "
+                "set of values traced, keep a value that changes from call to call in a buffer "
+                "(`self.register_buffer(...)`) or hand it as a tensor, or raise "
+                "`Wrapped.TRACES_PER_VALUE` on this wrapped model"
+            ) from None
+        empty = [one for one in self.worlds if one.read is None]
+        world = empty[0] if empty else _World({})
+        if not empty:
+            self.worlds.append(world)
+        self._enter(world)
+
+    def _enter(self, world: _World) -> None:
+        """Makes ``world``'s traces the ones the wrapped model runs, and watches what they
+        read."""
+        self.world, self.runners = world, world.runners
+        object.__setattr__(self.wrapped, "_runners", world.runners)
+        self.watch()
+        if world.read is None:
+            # Nothing traced for these values yet (or the trace was refused): a call looks
+            # for the traces taken for the values the config holds then, first.
+            object.__setattr__(self.wrapped, "_values", _Untraced(self.wrapped._values))
+
+    def every_runner(self) -> list[nn.Module]:
+        """The code of every trace taken, for every set of values of the objects the
+        model's modules hold."""
+        found = {
+            id(runner): runner
+            for world in self.worlds
+            for each in world.runners.values()
+            for runner in each.values()
+            if isinstance(runner, nn.Module)
+        }
+        return list(found.values())
 
 
 def _are_none(none: frozenset[str]) -> str:

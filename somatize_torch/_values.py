@@ -18,10 +18,15 @@ forward's Python did as it was traced. A forward that assigns an attribute
 (``self.initialized = True``, ``self.features = h``) is refused (``Untraceable``),
 and what it assigned is put back.
 
+What the forward reads of a plain object a module holds (``self.config.flag``, a
+config's own objects in turn) is noted too, by its class's attribute lookup given a
+noting one for the trace: such a value changed raises :class:`Reread`, and the wrapped
+model is traced again for the values the config holds then
+(:meth:`somatize_torch._tracing.Tracing.rekey`).
+
 Tensors and submodules are not noted here: the code reads them by reference, and
-:mod:`somatize_torch._parts` keeps it pointed at what the model holds. Nor is what a
-value holds deeper (an attribute of a config object the model keeps, a numpy array
-written in place), a value read through ``self.__dict__`` or ``vars(self)``, a
+:mod:`somatize_torch._parts` keeps it pointed at what the model holds. Nor is a numpy
+array written in place, a value read through ``self.__dict__`` or ``vars(self)``, a
 global the forward reads, or what compiled code runs: those are traced as they were,
 unseen.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import enum
 import math
 import operator
 import reprlib
@@ -53,6 +59,11 @@ _SHOWN = reprlib.Repr()
 _SHOWN.maxstring = _SHOWN.maxother = 60
 
 _TABLES = ("_parameters", "_buffers", "_modules")
+
+
+class Reread(WrapError):
+    """A value the code read from a plain object a module holds (``self.config.flag``)
+    changed: the forward is traced again for the values it holds now."""
 
 
 class Read(NamedTuple):
@@ -87,6 +98,15 @@ class Noted:
         what one holds, so the children each holds are the code's."""
         self.wrote: dict[tuple[int, str], tuple[Wrote, Any]] = {}
         """Attributes assigned, with what each held before (in its table)."""
+        self.objects: dict[int, str] = {}
+        """The plain objects the modules hold (a config), and those they hold in turn
+        (``config.sub``), by path: what the forward reads of them is noted too."""
+        self.seen: dict[tuple[int, str], Any] = {}
+        """What each of :attr:`own` read from such an object gave: the traces for other
+        values of it are watched for those they read."""
+        self.got: dict[tuple[int, str], tuple[Read, Any]] = {}
+        """Names read from such an object that neither it nor its class holds, with what
+        the read gave (an ``__getattr__``'s answer, a name another maps to)."""
 
     def read(self, module: nn.Module, name: str, own: dict[str, Any], value: Any) -> None:
         path = self.paths.get(id(module))
@@ -104,8 +124,30 @@ class Noted:
         elif name in own:
             if own[name] is value and not isinstance(value, (torch.Tensor, nn.Module)):
                 self.own.setdefault(key, Read(path, module, name))
+                if _followed(value):  # the object the traces for its values read
+                    self.seen.setdefault(key, value)
         elif key not in self.elsewhere and not any(name in own[t] for t in _TABLES):
             self.elsewhere[key] = (Read(path, module, name), _class_value(type(module), name))
+
+    def read_of(self, held: Any, name: str, value: Any) -> None:
+        """Notes ``name`` read from ``held``, a plain object a module holds: kept by it, given
+        by its class (a method, a property, whose own reads are noted), or made otherwise."""
+        path = self.objects.get(id(held))
+        key = (id(held), name)
+        if path is None or key in self.own or key in self.elsewhere or key in self.got:
+            return
+        read = Read(path, held, name)
+        own = object.__getattribute__(held, "__dict__")
+        if name in own and own[name] is value:
+            if not isinstance(value, (torch.Tensor, nn.Module)):
+                self.own[key] = read
+                self.seen[key] = value
+            return
+        given = _class_value(type(held), name)
+        if value is _ABSENT or given is not _ABSENT:
+            self.elsewhere[key] = (read, given)
+        else:
+            self.got[key] = (read, value)
 
     def listing(self, module: nn.Module) -> None:
         """Notes that the forward went through ``module``'s children."""
@@ -132,6 +174,10 @@ class Noted:
             self.own.setdefault(key, read)
         for key, found in other.elsewhere.items():
             self.elsewhere.setdefault(key, found)
+        for key, found in other.got.items():
+            self.got.setdefault(key, found)
+        for key, value in other.seen.items():
+            self.seen.setdefault(key, value)
         for at, mode in other.modes.items():
             self.modes.setdefault(at, mode)
         for at, child in other.children.items():
@@ -165,6 +211,8 @@ def reading(model: nn.Module, held: Callable[[str], Any] | None = None) -> Itera
     time: two replacing one class's lookup at once would each put back what the other
     installed."""
     noted = Noted(model)
+    noted.objects = _held_objects(model)
+    held_kinds = list(dict.fromkeys(type(held) for held in _objects_of(model)))
     kinds = list(dict.fromkeys(type(module) for module in model.modules()))
     thread = threading.get_ident()  # another thread's reads and writes go on as ever
     # What each class's lookup and assignment were, before any was replaced: a class
@@ -189,6 +237,15 @@ def reading(model: nn.Module, held: Callable[[str], Any] | None = None) -> Itera
                 _put(kind, "__getattribute__", own_read)
                 continue
             replaced.append((kind, own_read, own_write))
+        for kind in held_kinds:
+            own_read = vars(kind).get("__getattribute__", _ABSENT)
+            read = cast("Callable[[Any, str], Any]", kind.__getattribute__)
+            try:
+                setattr(kind, "__getattribute__", _noting_object_reads(read, noted, thread))  # noqa: B010
+            except TypeError:
+                _put(kind, "__getattribute__", own_read)
+                continue
+            replaced.append((kind, own_read, vars(kind).get("__setattr__", _ABSENT)))
         yield noted
     finally:
         for kind, own_read, own_write in reversed(replaced):
@@ -236,6 +293,88 @@ def _noting_reads(
         return value
 
     return __getattribute__
+
+
+def _noting_object_reads(
+    read: Callable[[Any, str], Any], noted: Noted, thread: int
+) -> Callable[[Any, str], Any]:
+    def __getattribute__(self: Any, name: str) -> Any:
+        if (
+            threading.get_ident() != thread
+            or id(self) not in noted.objects
+            or (name.startswith("__") and name.endswith("__"))
+            or in_torch(sys._getframe(1).f_code.co_filename)
+        ):
+            return read(self, name)
+        try:
+            value = read(self, name)
+        except AttributeError:
+            noted.read_of(self, name, _ABSENT)
+            raise
+        noted.read_of(self, name, value)
+        return value
+
+    return __getattribute__
+
+
+_NOT_FOLLOWED = (
+    "builtins",
+    "torch",
+    "numpy",
+    "random",
+    "enum",
+    "functools",
+    "threading",
+    "typing",
+    "weakref",
+    "collections",
+    "somatize",
+    "somatize_torch",
+)
+"""The packages whose objects a module holds are not followed: their values are no config
+a forward reads."""
+
+
+def _followed(value: Any) -> bool:
+    """Whether ``value`` is a plain object whose attributes a forward may read (a config):
+    one of a class written in Python, with attributes of its own."""
+    skipped = (torch.Tensor, nn.Module, type, types.ModuleType, types.FunctionType, enum.Enum)
+    if isinstance(value, (*skipped, types.MethodType)):
+        return False
+    kind = type(value)
+    if kind.__module__.split(".")[0] in _NOT_FOLLOWED:
+        return False
+    try:
+        return isinstance(object.__getattribute__(value, "__dict__"), dict)
+    except AttributeError:
+        return False
+
+
+def _objects_of(model: nn.Module) -> list[Any]:
+    """The plain objects ``model``'s modules hold, and those they hold in turn."""
+    return [held for held, _ in _walk(model)]
+
+
+def _held_objects(model: nn.Module) -> dict[int, str]:
+    """:func:`_objects_of`, by id, each with its path in the model (``config.sub``)."""
+    return {id(held): path for held, path in _walk(model)}
+
+
+def _walk(model: nn.Module) -> list[tuple[Any, str]]:
+    found: dict[int, tuple[Any, str]] = {}
+    todo: list[tuple[dict[str, Any], str, int]] = [
+        (vars(module), path, 0) for path, module in model.named_modules()
+    ]
+    while todo:
+        table, path, depth = todo.pop(0)
+        for name, value in list(table.items()):
+            if not isinstance(name, str) or id(value) in found or not _followed(value):
+                continue
+            where = f"{path}.{name}" if path else name
+            found[id(value)] = (value, where)
+            if depth < 4:
+                todo.append((object.__getattribute__(value, "__dict__"), where, depth + 1))
+    return list(found.values())
 
 
 def _noting_writes(
@@ -286,10 +425,15 @@ class Values:
         self._items: list[tuple[Any, ...]] = []
         self._copies: dict[int, Any] = {}
         self._elsewhere: list[tuple[Read, Any]] = []
+        self._got: list[list[Any]] = []
+        """Names read from a plain object a module holds that neither it nor its class
+        holds, each with what the read gave: read again at each call."""
         if noted is None:
             return
-        for read in noted.own.values():
-            value = vars(read.module).get(read.name, _ABSENT)
+        for key, read in noted.own.items():
+            value = noted.seen.get(key, _ABSENT)
+            if value is _ABSENT:
+                value = vars(read.module).get(read.name, _ABSENT)
             if value is _ABSENT or isinstance(value, (torch.Tensor, nn.Module)):
                 continue
             self.reads.append(read)
@@ -299,6 +443,7 @@ class Values:
                 self._items.append(_items(value))
                 self._copies[len(self._values) - 1] = _copy(value)
         self._elsewhere = list(noted.elsewhere.values())
+        self._got = [[read, value] for read, value in noted.got.values()]
 
     # What the quick look at each call reads, made from the reads when first asked (and
     # again in a copy, whose modules' tables are its own: see __getstate__).
@@ -321,7 +466,7 @@ class Values:
         given: list[Any] = []
         for read, was in self._elsewhere:
             held = vars(read.module)
-            tables: list[Any] = [held, *(held[t] for t in _TABLES)]
+            tables: list[Any] = [held, *(held[t] for t in _TABLES if t in held)]
             for base in type(read.module).__mro__:
                 table = vars(base)
                 if read.name in table:
@@ -359,6 +504,7 @@ class Values:
             )
             and not any(map(operator.contains, absent, absent_names))
             and all(map(operator.is_, map(_get, givers, given_names), given))
+            and (not self._got or all(_got_again(got) is got[1] for got in self._got))
         ):
             return
         for i, read in enumerate(self.reads):
@@ -374,9 +520,17 @@ class Values:
                 self._items[slot] = _items(now)
                 self._copies[i] = _copy(now)
             elif now is not was:
-                if not _same(now, was):
+                if not _same(now, was) or _followed(was):
+                    # An object whose attributes the code read is watched as it is.
                     raise self._changed(read, was, now)
                 self._values[i] = now
+        for got in self._got:
+            read, was = got
+            now = _got_again(got)
+            if now is not was:
+                if not _same(now, was):
+                    raise self._changed(read, was, now)
+                got[1] = now
         for read, was in self._elsewhere:
             now = _held(read)
             if now is not None:
@@ -402,7 +556,9 @@ class Values:
     def _changed(self, read: Read, was: Any, now: Any, given: bool | None = None) -> WrapError:
         where = f"{read.path}.{read.name}" if read.path else read.name
         kind = type(read.module).__qualname__
-        if given is None:
+        if not isinstance(read.module, nn.Module) and was is _ABSENT:
+            before = "was not set"
+        elif given is None or not isinstance(read.module, nn.Module):
             before = f"was {_shown(was)}"
         elif was is _ABSENT:
             before = f"was not set (the `{kind}` had no `{read.name}`)"
@@ -414,6 +570,11 @@ class Values:
             became = f"is given {_shown(now)} now"
         else:
             became = f"is {_shown(now)} now"
+        if not isinstance(read.module, nn.Module) or _followed(was):
+            return Reread(
+                f"`{where}` {before} when `wrap` traced `{self.model}.forward`, which read it, "
+                f"and {became}"
+            )
         return WrapError(
             f"`{where}` {before} when `wrap` traced `{self.model}.forward`, which read it, and "
             f"{became}: fx traced what it read into the code the wrapped model runs, which "
@@ -431,6 +592,15 @@ def _same_code(code: CodeWatch) -> bool:
         return False
 
 
+def _got_again(got: list[Any]) -> Any:
+    """What reading the name of a :attr:`Values._got` read gives now."""
+    read = got[0]
+    try:
+        return getattr(read.module, read.name, _ABSENT)
+    except Exception:  # what the object's lookup raises now
+        return _ABSENT
+
+
 def _get(table: Any, name: str) -> Any:
     return table.get(name, _ABSENT)
 
@@ -443,7 +613,7 @@ def _held(read: Read) -> tuple[Any] | None:
     """What ``read.module`` holds as ``read.name`` itself now — an attribute, a
     parameter, a buffer, a submodule — or None."""
     held = vars(read.module)
-    for table in (held, *(held[t] for t in _TABLES)):
+    for table in (held, *(held[t] for t in _TABLES if t in held)):
         if read.name in table:
             return (table[read.name],)
     return None

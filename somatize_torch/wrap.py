@@ -40,7 +40,9 @@ the grad-mode, autocast and inference-mode blocks the forward enters are recorde
 into the code beside them, so they switch as it runs, and what fx would keep at the
 value it read while tracing (``torch.is_grad_enabled()``, ``random.random()``) is
 refused. A plain value read from the model (``self.temperature``) is traced as the
-value it had: changed after wrapping, the next call is refused.
+value it had: changed after wrapping, the next call is refused. One read from a plain
+object a module holds (``self.config.flag``) is too: changed, the next eager call traces
+the forward again for the values it holds then.
 
 **torch.compile.** The cache lookup is a deliberate graph break: the call into
 the store runs under ``torch.compiler.disable``, once per cached node, and reads
@@ -111,7 +113,7 @@ from somatize_torch._tracing import (
     stand_in_handed,
     value_key,
 )
-from somatize_torch._values import Values
+from somatize_torch._values import Reread, Values
 from somatize_torch.freeze import ModuleNode
 
 __all__ = [
@@ -374,6 +376,8 @@ class Wrapped(nn.Module):
             for runner in each.values()
             if isinstance(runner, nn.Module)
         }
+        if self._tracing is not None:  # those for other values of the model's config too
+            runners.update((id(runner), runner) for runner in self._tracing.every_runner())
         for runner in runners.values():
             runner._apply(fn, recurse)  # type: ignore[no-untyped-call]
         self._follow()
@@ -420,7 +424,12 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         self._follow()
         if tracing is not None:  # before the code watch, which sees them too: named here
             tracing.check_defaults()
-        self._values.check()
+        try:
+            self._values.check()
+        except Reread as changed:
+            if tracing is None:
+                raise
+            tracing.rekey(changed)  # traced again, for the values the config holds now
         self._check()
         if tracing is not None:
             _refuse_global_hooks(self.model)

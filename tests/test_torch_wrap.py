@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import dataclasses
 import enum
 import inspect
 import io
@@ -4420,3 +4421,144 @@ def test_a_method_set_on_a_cached_submodule_s_class_after_wrap_is_seen(
         monkeypatch.setattr(Tempered, "forward", lambda self, x: self.linear(x) * 0)
         with pytest.warns(Drifted, match="`encoder` was recalled"):
             assert torch.equal(wrapped(x), first)
+
+
+class _SubConfig:
+    def __init__(self) -> None:
+        self.x = 1.0
+
+
+class _Config:
+    """A config as Hugging Face models keep one: a plain object, read in forward."""
+
+    def __init__(self, flag: bool = False) -> None:
+        self.flag = flag
+        self.scale = 2.0
+        self.sub = _SubConfig()
+
+    @property
+    def doubled(self) -> bool:
+        return self.flag and self.scale > 1.0
+
+
+@dataclasses.dataclass
+class _FrozenConfig:
+    gain: float = 1.0
+
+
+class _Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, double: bool = False) -> torch.Tensor:
+        h = self.linear(x)
+        return h * 2.0 if double else h
+
+
+class _Block(nn.Module):
+    """Traced into; shares its model's config."""
+
+    def __init__(self, config: _Config) -> None:
+        super().__init__()
+        self.config = config
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.linear(h) + self.config.sub.x
+
+
+class Configured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Config()
+        self.extra = _FrozenConfig()
+        self.encoder = _Encoder()
+        self.block = _Block(self.config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x, self.config.flag) * self.config.scale
+        if self.config.doubled:
+            h = h + 1.0
+        return self.block(h) * self.extra.gain
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: setattr(m.config, "flag", True),
+        lambda m: setattr(m.config, "scale", 3.0),
+        lambda m: setattr(m.config.sub, "x", 5.0),
+        lambda m: setattr(m.block.config, "flag", True),
+        lambda m: setattr(m, "extra", _FrozenConfig(gain=4.0)),
+        lambda m: setattr(m, "config", _Config(flag=True)),
+    ],
+    ids=["flag", "number", "nested", "shared", "dataclass replaced", "config replaced"],
+)
+def test_a_value_read_from_a_config_the_model_holds_is_traced_again_once_changed(
+    store: Store, change: Any
+) -> None:
+    """fx traces what the forward reads of a plain object a module holds (a Hugging Face
+    `self.config.output_hidden_states`) into the code: changed after `wrap`, the forward is
+    traced again for the new values, and the cached encoder, called with the flag, keys
+    its answers apart by it; set back, the traces taken first run again."""
+    torch.manual_seed(0)
+    model = Configured()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        first = model(x)
+        assert torch.equal(wrapped(x), first)
+        change(model)
+        for _ in range(2):  # computed, then recalled
+            expected = model(x)
+            assert torch.equal(wrapped(x), expected)
+        assert not torch.equal(expected, first)
+        model.config = model.block.config
+        model.config.flag = False
+        model.config.scale, model.config.sub.x, model.extra = 2.0, 1.0, _FrozenConfig()
+        assert torch.equal(wrapped(x), model(x))
+        assert torch.equal(wrapped(x), model(x))
+
+
+class SkipsByConfig(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Config()
+        self.encoder = _Encoder()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.config.flag:
+            return x * self.config.scale
+        return self.encoder(x) * self.config.scale
+
+
+def test_a_config_change_traced_again_is_bounded_and_kept_to_the_declared_calls(
+    store: Store,
+) -> None:
+    """A config changed so that the forward calls other declared submodules is refused,
+    naming it, until set back; a value changed call after call is traced a bounded number
+    of times, then refused naming it."""
+    torch.manual_seed(0)
+    model = SkipsByConfig()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        model.config.flag = True
+        with pytest.raises(smt.WrapError, match=r"differently when what it read .* config"):
+            wrapped(x)
+        model.config.flag = False
+        assert torch.equal(wrapped(x), model(x))
+        wrapped.TRACES_PER_VALUE = 3
+        for scale in (3.0, 4.0):
+            model.config.scale = scale
+            assert torch.equal(wrapped(x), model(x))
+        model.config.scale = 5.0
+        with pytest.raises(
+            smt.WrapError, match=r"`config\.scale` was 4\.0 .* is 5\.0 now.*3 times"
+        ):
+            wrapped(x)
+        model.config.scale = 2.0
+        assert torch.equal(wrapped(x), model(x))
