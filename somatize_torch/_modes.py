@@ -309,6 +309,18 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
                 f"asks what kind of value `{node.target}` is (`isinstance`): fx stands in "
                 "for it, and would answer no whatever a call gives"
             )
+    if (
+        original(value, fx.Proxy)
+        and value.node.op == "placeholder"
+        and str(value.node.target) in getattr(value.tracer, "containers", ())
+    ):
+        caller = _asker()
+        if not (in_torch(caller) or caller.startswith(_OURS)):
+            raise Fixed(
+                f"asks what kind of value `{value.node.target}` is (`isinstance`), which "
+                "this call hands a list, tuple or dict: fx stands in for it while it traces, "
+                "and would answer no whatever the call gives"
+            )
     if original(value, fx.Proxy) and _names_a_tensor(kinds, original):
         caller = _asker()
         if not (in_torch(caller) or caller.startswith(_OURS)):

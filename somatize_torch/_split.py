@@ -82,6 +82,9 @@ class _Tracer(fx.Tracer):
         self.branched: frozenset[str] | None = None
         """The arguments of the forward that flowed into the value it last branched on or
         iterated over, which fx refuses (none for a value of the model's own)."""
+        self.containers: frozenset[str] = frozenset()
+        """The arguments handed a list, tuple or dict, which fx stands in for: asked what
+        kind they are, it would answer no."""
         self.thread = threading.get_ident()
         """The thread that traces. fx replaces how every module is called and read from,
         in every thread, while it traces: a module called in another thread then (a
@@ -171,6 +174,7 @@ def _traced(
     training: bool,
     frozen: Iterable[str] = (),
     concrete: Mapping[str, Any] | None = None,
+    containers: Iterable[str] = (),
 ) -> tuple[fx.GraphModule, set[str], Noted]:
     """``model``'s forward traced with every module's training flag set to ``training``
     (and put back after) — but the ``frozen`` submodules', which are in eval whenever
@@ -191,6 +195,7 @@ def _traced(
     held_eval = {id(module) for path in frozen for module in model.get_submodule(path).modules()}
     modes = [(module, module.training) for module in model.modules()]
     tracer = _Tracer(leaves)
+    tracer.containers = frozenset(containers)
     try:
         for module, _ in modes:
             object.__setattr__(module, "training", training and id(module) not in held_eval)

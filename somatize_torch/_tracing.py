@@ -36,6 +36,7 @@ other than the model is refused at the next call, whichever of them that call ru
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 import threading
@@ -55,7 +56,7 @@ from somatize_torch._values import Noted, Reread, Values
 if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
 
-__all__ = ["INPUT", "Key", "Runners", "Tracing", "optional_of", "value_key"]
+__all__ = ["INPUT", "Key", "Runners", "Tracing", "input_key", "optional_of", "value_key"]
 
 Runners = dict[bool, nn.Module | Untraceable]
 """The code run in train (True) and eval mode, or why the forward could not be traced in
@@ -67,7 +68,10 @@ Key = tuple[frozenset[str], tuple[Any, ...]]
 value (:func:`value_key`) of each named argument, :data:`INPUT` for one taken as an
 input, in the signature's order, but those left None."""
 
-PLAIN = "a bool, an int, a float, a str, None, an Enum member, a torch.dtype, or a tuple of them"
+PLAIN = (
+    "a bool, an int, a float, a str, None, an Enum member, a torch.dtype, a tuple of them, "
+    "or a frozen dataclass of them"
+)
 """What an argument the forward branches on may be handed, for a message."""
 
 
@@ -89,10 +93,52 @@ def value_key(value: Any) -> Any:
         return None if inner is None else (kind, None, inner)
     if isinstance(value, torch.dtype):
         return (torch.dtype, str(value))
-    if kind is tuple:
+    if kind is tuple or (isinstance(value, tuple) and hasattr(kind, "_fields")):
         inner = tuple(value_key(one) for one in value)
-        return None if any(one is None for one in inner) else (tuple, inner)
+        return None if any(one is None for one in inner) else (kind, inner)
+    params = getattr(kind, "__dataclass_params__", None)
+    if params is not None and params.frozen and dataclasses.is_dataclass(value):
+        # A frozen dataclass of constants (options handed whole): by its fields' values.
+        fields = tuple(
+            (field.name, value_key(getattr(value, field.name)))
+            for field in dataclasses.fields(value)
+        )
+        return None if any(one is None for _, one in fields) else (kind, fields)
     return None
+
+
+def input_key(value: Any) -> Any:
+    """What picks a trace for an argument taken as an input, handed ``value``: a tensor is
+    :data:`INPUT`; a list, tuple or dict (of tensors) is an input of its kind, traced
+    apart from a tensor, since the code traced for a stand-in answers what the forward asks
+    of its kind for one kind only; anything else (an object, a sentinel) is None: fx would
+    stand in for it, and answer `arg is DEFAULT` or `isinstance(arg, Options)` for the
+    stand-in, whatever the call gives."""
+    if isinstance(value, torch.Tensor):
+        return INPUT
+    if type(value) in (list, tuple, dict):
+        return ("<input>", type(value).__name__)
+    return None
+
+
+def is_input(key: Any) -> bool:
+    """Whether ``key`` picks a trace taking the argument as an input (:func:`input_key`)."""
+    return key is INPUT or (type(key) is tuple and len(key) == 2 and key[0] == "<input>")
+
+
+def not_stood_in(name: str, value: Any, model: nn.Module) -> WrapError:
+    """The refusal of a call handing ``name`` what is neither a tensor, a list, tuple or dict
+    of them, nor a plain constant."""
+    return WrapError(
+        f"`{name}` is a `{kind_of(value)}` in this call: fx traces "
+        f"`{type(model).__qualname__}.forward` with a stand-in for what is no plain "
+        f"constant, and answers what the forward asks of it (`{name} is DEFAULT`, "
+        f"`isinstance({name}, ...)`) for the stand-in, whatever the call gives, so the code "
+        "traced may not be the forward's for this value. Hand it a tensor, a list, tuple "
+        f"or dict of tensors, or a plain constant ({PLAIN}: `bool({name})`, `{name}.item()`), "
+        "at which the forward is traced, or declare the submodule that takes it, which is "
+        "never traced into"
+    )
 
 
 def not_plain(name: str, value: Any, model: nn.Module, why: object = None) -> WrapError:
@@ -324,7 +370,9 @@ class Tracing:
                 found = value_key(given[name]) if name in given else INPUT
                 if found is None:
                     if name not in self.fixed:
-                        found = INPUT
+                        found = input_key(given[name])
+                        if found is None:
+                            raise not_stood_in(name, given[name], self.model)
                     else:
                         raise not_plain(name, given[name], self.model, self.reason(name))
                 values.append(found)
@@ -349,7 +397,7 @@ class Tracing:
         None and those taken as inputs aside)."""
         names = [name for name in self.keyed() if name not in key[0]]
         return {
-            name: value for name, value in zip(names, key[1], strict=True) if value is not INPUT
+            name: value for name, value in zip(names, key[1], strict=True) if not is_input(value)
         }
 
     def branched(self, key: Key) -> dict[str, Any]:
@@ -400,7 +448,14 @@ class Tracing:
                 attempts.append(
                     (
                         training,
-                        _traced(self.model, self.declared, training, self.frozen, concrete),
+                        _traced(
+                            self.model,
+                            self.declared,
+                            training,
+                            self.frozen,
+                            concrete,
+                            [name for name in given if input_key(given[name]) not in (None, INPUT)],
+                        ),
                     )
                 )
             except Untraceable as error:

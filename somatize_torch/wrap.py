@@ -107,7 +107,9 @@ from somatize_torch._tracing import (
     Runners,
     Tracing,
     forward_signature,
+    input_key,
     not_plain,
+    not_stood_in,
     optional_of,
     stand_in_default,
     stand_in_handed,
@@ -477,7 +479,7 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
             f"in its place. Run it in {other} mode, or make it traceable in {mode} mode as "
             f"well. {runner}"
         )
-    if none or any(value is not INPUT for value in values):
+    if none or any(value is not INPUT for value in values):  # a list handed too
         # Traced with those arguments fixed at None or at values: each in its place.
         assert self._tracing is not None and self._tracing.signature is not None
         args, kwargs = _in_order(self._tracing.signature, args, kwargs), {}
@@ -550,7 +552,9 @@ def _values_of(
         )
         key = value_key(value)
         if key is None and other and value is not inspect.Parameter.empty:
-            key = INPUT  # an input where the forward does not branch on it
+            key = input_key(value)  # an input where the forward does not branch on it
+            if key is None:
+                raise not_stood_in(name, value, self.model)
         if key is None:
             if value is inspect.Parameter.empty:
                 assert self._tracing is not None and self._tracing.signature is not None

@@ -4562,3 +4562,72 @@ def test_a_config_change_traced_again_is_bounded_and_kept_to_the_declared_calls(
             wrapped(x)
         model.config.scale = 2.0
         assert torch.equal(wrapped(x), model(x))
+
+
+_DEFAULT = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    mode: str = "a"
+    k: float = 2.0
+
+
+class _Mode:
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+
+class TakesObjects(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        opts: _Options = _Options(),
+        marker: Any = None,
+        items: Any = None,
+        asked: Any = None,
+    ) -> torch.Tensor:
+        h = self.encoder(x)
+        if opts.mode == "a":
+            h = h * opts.k
+        if marker is _DEFAULT:
+            h = h + 1.0
+        if marker is not None and getattr(marker, "mode", None) == "b":
+            h = h - 3.0
+        if items is not None:
+            h = h + items[0]
+        if isinstance(asked, list):
+            h = h - asked[0]
+        return h
+
+
+def test_an_argument_handed_an_object_is_traced_per_value_or_refused_never_answered_wrong(
+    store: Store,
+) -> None:
+    """fx hands the forward a stand-in for an argument that is neither a tensor nor a plain
+    constant, and answers `marker is DEFAULT` or `isinstance(items, list)` for the stand-in:
+    a frozen dataclass of constants is traced per value; a sentinel or another object is
+    refused naming the argument; a list is an input apart from a tensor, and asking its
+    kind is refused — every answer given is the model's."""
+    torch.manual_seed(0)
+    model = TakesObjects()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        for opts in (_Options("b"), _Options("a", 3.0), _Options()):
+            assert torch.equal(wrapped(x, opts), model(x, opts))
+        for marker in (_DEFAULT, _Mode("b")):
+            with pytest.raises(smt.WrapError, match=r"`marker` is a `.*` in this call: fx"):
+                wrapped(x, marker=marker)
+        t = torch.ones(4)
+        assert torch.equal(wrapped(x, items=[t]), model(x, items=[t]))
+        assert torch.equal(wrapped(x, items=t), model(x, items=t))
+        with pytest.raises(smt.Untraceable, match=r"what kind of value `asked` is"):
+            wrapped(x, asked=[t])
+        assert torch.equal(wrapped(x, asked=t), model(x, asked=t))
