@@ -334,6 +334,9 @@ _NOT_FOLLOWED = (
 """The packages whose objects a module holds are not followed: their values are no config
 a forward reads."""
 
+_STANDARD: frozenset[str] = getattr(sys, "stdlib_module_names", frozenset())
+"""The standard library's modules, whose objects are not followed either."""
+
 
 def _followed(value: Any) -> bool:
     """Whether ``value`` is a plain object whose attributes a forward may read (a config):
@@ -342,7 +345,8 @@ def _followed(value: Any) -> bool:
     if isinstance(value, (*skipped, types.MethodType)):
         return False
     kind = type(value)
-    if kind.__module__.split(".")[0] in _NOT_FOLLOWED:
+    home = kind.__module__.split(".")[0]
+    if home in _NOT_FOLLOWED or home in _STANDARD:  # a logger, a lock: no config
         return False
     try:
         return isinstance(object.__getattribute__(value, "__dict__"), dict)

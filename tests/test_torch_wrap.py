@@ -9,6 +9,7 @@ import dataclasses
 import enum
 import inspect
 import io
+import logging
 import math
 import os
 import random
@@ -4631,3 +4632,31 @@ def test_an_argument_handed_an_object_is_traced_per_value_or_refused_never_answe
         with pytest.raises(smt.Untraceable, match=r"what kind of value `asked` is"):
             wrapped(x, asked=[t])
         assert torch.equal(wrapped(x, asked=t), model(x, asked=t))
+
+
+class Logs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.log = logging.getLogger("somatize.tests.wrap.logs")
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.log.debug("called")
+        return self.encoder(x)
+
+
+def test_a_logger_the_model_holds_is_no_config_traced_again_as_its_level_changes(
+    store: Store,
+) -> None:
+    """An object of the standard library a module holds (a logger, whose level and cache
+    change as it is used) is not watched as a config: changing its level traces nothing
+    anew, and is never refused as one more set of values."""
+    model = Logs()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    wrapped.TRACES_PER_VALUE = 2
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR) * 2:
+            model.log.setLevel(level)
+            assert torch.equal(wrapped(x), model(x))
