@@ -308,6 +308,30 @@ _CALL_ONE = frozenset({"CALL", "CALL_FUNCTION"})
 """The instructions calling ``type`` with one argument (``CALL_FUNCTION`` in 3.10)."""
 
 
+def identity_asked(model: nn.Module) -> frozenset[str]:
+    """The arguments of ``model``'s forward its own code compares by identity with another
+    value (``opts is PRESET``, ``PRESET is not opts``): one traced per value is answered
+    there for the instance traced, not for another one equal to it."""
+    function = getattr(type(model), "forward", None)
+    code = getattr(inspect.unwrap(function) if callable(function) else None, "__code__", None)
+    if code is None:
+        return frozenset()
+    names = set(code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount])
+    found = list(dis.get_instructions(code))
+    asked: set[str] = set()
+    for at, one in enumerate(found):
+        if one.opname != "IS_OP" or any(
+            other.opname == "LOAD_CONST" and other.argval is None for other in found[at - 2 : at]
+        ):
+            continue  # `opts is None`: answered right for any value
+        before = at - 1
+        while before >= 0 and at - before <= 6 and found[before].opname in _LOADS:
+            if found[before].opname in _LOAD_ONE and found[before].argval in names:
+                asked.add(str(found[before].argval))
+            before -= 1
+    return frozenset(asked)
+
+
 def _type_asked(model: nn.Module, concrete: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """The first argument of ``model``'s forward taken as an input (not in ``concrete``)
     whose type the forward's own code compares (``type(mask) is torch.Tensor``, ``type(n)

@@ -4660,3 +4660,33 @@ def test_a_logger_the_model_holds_is_no_config_traced_again_as_its_level_changes
         for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR) * 2:
             model.log.setLevel(level)
             assert torch.equal(wrapped(x), model(x))
+
+
+_FAST = _Options("b", 5.0)
+
+
+class ComparesPreset(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, opts: Any = None) -> torch.Tensor:
+        h = self.encoder(x)
+        if opts is not None and opts is _FAST:
+            return h * opts.k
+        return h
+
+
+def test_an_argument_compared_by_identity_is_not_traced_per_value(store: Store) -> None:
+    """A frozen dataclass is traced per value: one the forward compares by identity
+    (`opts is PRESET`) would be answered for the instance traced, so a call handing one is
+    refused, naming it; `opts is None` is answered right for any value, and runs."""
+    model = ComparesPreset()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        for opts in (_FAST, _Options("b", 5.0)):
+            with pytest.raises(smt.WrapError, match=r"`opts` is a `_Options` .* by identity"):
+                wrapped(x, opts)
