@@ -33,6 +33,7 @@ unseen.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import enum
@@ -237,16 +238,19 @@ def reading(model: nn.Module, held: Callable[[str], Any] | None = None) -> Itera
                 _put(kind, "__getattribute__", own_read)
                 continue
             replaced.append((kind, own_read, own_write))
+        unseen: set[type] = set()
         for kind in held_kinds:
             own_read = vars(kind).get("__getattribute__", _ABSENT)
             read = cast("Callable[[Any, str], Any]", kind.__getattribute__)
             try:
                 setattr(kind, "__getattribute__", _noting_object_reads(read, noted, thread))  # noqa: B010
-            except TypeError:
-                _put(kind, "__getattribute__", own_read)
+            except TypeError:  # nothing was set
+                unseen.add(kind)  # a class written in C (`types.SimpleNamespace`)
                 continue
             replaced.append((kind, own_read, vars(kind).get("__setattr__", _ABSENT)))
         yield noted
+        if unseen:
+            _read_whole(noted, unseen)
     finally:
         for kind, own_read, own_write in reversed(replaced):
             _put(kind, "__getattribute__", own_read)
@@ -295,6 +299,26 @@ def _noting_reads(
     return __getattribute__
 
 
+def _read_whole(noted: Noted, unseen: set[type]) -> None:
+    """Notes every attribute of each object the forward read whose class's lookup could not
+    note what it reads (``types.SimpleNamespace``, written in C), as if it read them all,
+    and of those they hold in turn."""
+    done: set[int] = set()
+    while True:
+        read = [
+            value
+            for key, value in list(noted.seen.items())
+            if type(value) in unseen and id(value) not in done
+        ]
+        if not read:
+            return
+        for held in read:
+            done.add(id(held))
+            for name, value in list(object.__getattribute__(held, "__dict__").items()):
+                if isinstance(name, str):
+                    noted.read_of(held, name, value)
+
+
 def _noting_object_reads(
     read: Callable[[Any, str], Any], noted: Noted, thread: int
 ) -> Callable[[Any, str], Any]:
@@ -334,6 +358,9 @@ _NOT_FOLLOWED = (
 """The packages whose objects a module holds are not followed: their values are no config
 a forward reads."""
 
+_NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
+"""The standard library's kinds of config, followed."""
+
 _STANDARD: frozenset[str] = getattr(sys, "stdlib_module_names", frozenset())
 """The standard library's modules, whose objects are not followed either."""
 
@@ -346,7 +373,9 @@ def _followed(value: Any) -> bool:
         return False
     kind = type(value)
     home = kind.__module__.split(".")[0]
-    if home in _NOT_FOLLOWED or home in _STANDARD:  # a logger, a lock: no config
+    if isinstance(value, _NAMESPACES):
+        pass  # the standard library's own configs
+    elif home in _NOT_FOLLOWED or home in _STANDARD:  # a logger, a lock: no config
         return False
     try:
         return isinstance(object.__getattribute__(value, "__dict__"), dict)

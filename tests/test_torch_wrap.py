@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
 import copy
@@ -4690,3 +4691,37 @@ def test_an_argument_compared_by_identity_is_not_traced_per_value(store: Store) 
         for opts in (_FAST, _Options("b", 5.0)):
             with pytest.raises(smt.WrapError, match=r"`opts` is a `_Options` .* by identity"):
                 wrapped(x, opts)
+
+
+class NamespaceConfigured(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.cfg = config
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * self.cfg.inner.scale if self.cfg.flag else h
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: types.SimpleNamespace(flag=False, inner=types.SimpleNamespace(scale=2.0)),
+        lambda: argparse.Namespace(flag=False, inner=argparse.Namespace(scale=2.0)),
+    ],
+    ids=["SimpleNamespace", "argparse"],
+)
+def test_a_namespace_config_changed_after_wrap_is_traced_again(store: Store, make: Any) -> None:
+    """The standard library's configs (`types.SimpleNamespace`, whose reads cannot be noted
+    as they are made, is watched whole; `argparse.Namespace`) are watched as any config."""
+    model = NamespaceConfigured(make())
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        model.cfg.flag = True
+        assert torch.equal(wrapped(x), model(x))
+        model.cfg.inner.scale = 3.0
+        assert torch.equal(wrapped(x), model(x))
