@@ -53,3 +53,18 @@ def test_lightning_example(tmp_path: Path, how: list[str]) -> None:
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     epochs = {int(row[0]): row for row in rows if len(row) >= 5 and row[0].isdigit()}
     assert epochs[1][2] == "0%" and epochs[2][2] == "100%"
+
+
+@pytest.mark.slow
+def test_lightning_example_again_over_its_store(tmp_path: Path) -> None:
+    """Run again over the store it kept, the Lightning example recalls every row from
+    epoch 1, and its summary says so rather than that epoch 1 computed them."""
+    args = ("examples/lightning/train.py", "--epochs", "2", "--samples", "256")
+    first = _run(*args, "--store", "features", cwd=tmp_path)
+    assert "than epoch 1, which computed every feature" in first
+    again = _run(*args, "--store", "features", cwd=tmp_path)
+    rows = [line.split() for line in again.splitlines() if line.strip()[:1].isdigit()]
+    epochs = {int(row[0]): row for row in rows if len(row) >= 5 and row[0].isdigit()}
+    assert epochs[1][2] == "100%" and epochs[1][3] == "0"
+    assert "computed every feature" not in again
+    assert "than epoch 1, which recalled every feature" in again
