@@ -66,6 +66,7 @@ from somatize_torch.ahead import Ahead
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.freeze import AsFound, few
 from somatize_torch.rows import CachedRows, cache_rows
+from somatize_torch.wrap import Wrapped
 
 if TYPE_CHECKING:
     from somatize_torch.lightning import CacheFrozen
@@ -76,6 +77,7 @@ __all__ = [
     "cached_elsewhere",
     "check_trainable",
     "find",
+    "fixed_by_wrap",
     "freeze_first",
     "let_go",
     "locate",
@@ -155,6 +157,27 @@ def cached_elsewhere(name: str) -> CacheFrozenError:
         f"module itself back in place of its cache before fitting (`model.{name} = "
         f"model.{name}.module`)"
     )
+
+
+def fixed_by_wrap(
+    pl_module: pl.LightningModule, name: str, module: nn.Module
+) -> CacheFrozenError | None:
+    """The refusal of submodule ``name`` where a model made by ``somatize.torch.wrap``
+    holds ``module`` fixed — declared there (frozen or cached, per batch), or traced into
+    its code, or on the way to such a part — which that model refuses replaced; None
+    where none does."""
+    for parent, attribute in places_of(pl_module, module):
+        parts = parent.__dict__.get("_parts") if isinstance(parent, Wrapped) else None
+        if parts is not None and attribute in parts.tops:
+            return CacheFrozenError(
+                f"`{name}` is held fixed by a model made by `somatize.torch.wrap` (declared "
+                "there, frozen or cached per batch, or traced into its code), which runs and "
+                "keys the module it was made with: a per-row cache put in its place would "
+                "never run. Cache it in one place only: leave it out of this callback's "
+                "names (declared `cached` in `wrap`, it is cached already), or give this "
+                "callback a module outside the wrapped model (wrap the model without it)"
+            )
+    return None
 
 
 def own_cache_put_back(name: str, ours: str) -> CacheFrozenError:

@@ -126,6 +126,7 @@ from somatize_torch._lightning_modules import (
     cached_elsewhere,
     check_trainable,
     find,
+    fixed_by_wrap,
     freeze_first,
     locate,
     own_cache_put_back,
@@ -300,6 +301,9 @@ class CacheFrozen(Callback):
                 if ours != name:
                     self._aliases[name] = ours
                 continue
+            refused = fixed_by_wrap(pl_module, name, found)
+            if refused is not None:
+                raise refused
             named = next((n for n, _, _, m in todo if m is found), None)
             if named is not None:
                 self._aliases[name] = named  # one module under two names: one cache

@@ -25,6 +25,7 @@ from torch import nn
 
 from somatize import Node, SomatizeWarning, Store, StoreError
 from somatize.store.local import LocalStore
+from somatize.torch import freeze, wrap
 from somatize.torch.lightning import (
     CacheFrozen,
     CacheFrozenError,
@@ -1586,3 +1587,53 @@ def test_a_node_that_is_a_lightning_module_saves_every_constructor_argument() ->
     of its parent class was made first."""
     _HyperNode(0.3)
     assert dict(_WiderHyperNode(0.2, width=16).hparams) == {"lr": 0.2, "width": 16}
+
+
+class _EncoderAndHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = Encoder()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.encoder(x))
+        return out
+
+
+class _WrappedProbe(pl.LightningModule):
+    """A head on an encoder that a model made by ``somatize.torch.wrap`` declares
+    (frozen and cached per batch there)."""
+
+    def __init__(self, store: Path, declared: bool) -> None:
+        super().__init__()
+        names = ["encoder"] if declared else []
+        self.net = wrap(_EncoderAndHead(), frozen=names, cached=names, store=store)
+        if declared:
+            freeze(self.net)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss: torch.Tensor = nn.functional.cross_entropy(self.net(x), y)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=0.1)
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "traced"])
+def test_a_part_a_wrapped_model_holds_fixed_is_refused_saying_so(
+    tmp_path: Path, declared: bool
+) -> None:
+    """A submodule that a model made by ``somatize.torch.wrap`` holds fixed — declared
+    there, or traced into its code — is refused when the callback is set up, saying it
+    is the wrapped model's, and the model is left as it was."""
+    model = _WrappedProbe(tmp_path / "wrapped", declared)
+    encoder = model.net.encoder
+    grads = [p.requires_grad for p in encoder.parameters()]
+    fit = trainer(tmp_path, 1, callbacks=[CacheFrozen(tmp_path / "rows", ["net.encoder"])])
+    with pytest.raises(CacheFrozenError, match=r"`net.encoder` .*`somatize.torch.wrap`"):
+        fit.fit(model, loader())
+    assert model.net.encoder is encoder and type(encoder) is Encoder
+    assert [p.requires_grad for p in encoder.parameters()] == grads
+    assert is_held(encoder) == declared  # frozen by `freeze` only where declared
