@@ -550,11 +550,7 @@ def _values_of(
     for name, at, default, other in self._fixed:
         if name in none:
             continue
-        value = (
-            kwargs[name]
-            if name in kwargs
-            else (args[at] if at is not None and at < len(args) else default)
-        )
+        value = _given(name, at, default, args, kwargs)
         key = value_key(value)
         if key is None and other and value is not inspect.Parameter.empty:
             key = input_key(value)  # an input where the forward does not branch on it
@@ -580,6 +576,16 @@ def _values_of(
             )
         found.append(key)
     return tuple(found)
+
+
+def _given(
+    name: str, at: int | None, default: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """What a call hands the forward's argument ``name`` (at place ``at``, if it has one),
+    or its default."""
+    if name in kwargs:
+        return kwargs[name]
+    return args[at] if at is not None and at < len(args) else default
 
 
 def _values_in(
@@ -609,11 +615,7 @@ def _all_inputs(
     for name, at, default, other in self._fixed:
         if name in none:
             continue
-        value = (
-            kwargs[name]
-            if name in kwargs
-            else (args[at] if at is not None and at < len(args) else default)
-        )
+        value = _given(name, at, default, args, kwargs)
         if not (other and isinstance(value, torch.Tensor)):
             return None
         found.append(INPUT)
