@@ -63,8 +63,12 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     they hold, of their numpy type, tensors and numeric numpy arrays by digest (a tensor
     of a subclass by its class and the attributes it keeps too); functions (a
     ``forward`` replaced on the instance too) by their code, as hooks are, built-in
-    functions and classes by name, a ``functools.partial`` with the values it binds.
-    Other objects a module holds, and the object a method is bound to, are not seen; one
+    functions and classes by name, a ``functools.partial`` with the values it binds, a
+    plain object held as a config (of a class written in Python, a ``SimpleNamespace``,
+    an ``argparse.Namespace``: ``self.config.flag``) by its class and its attributes.
+    Other objects a module holds (torch's, numpy's, the standard library's: a logger, a
+    lock; one of a class written in C), and the object a method is bound to, are not
+    seen; one
     held inside a container is named by its type alone (``{"unseen": "module:Class"}``),
     so that the container's other items still key it. A container is followed however
     deep it is nested (one that holds itself names where it refers back to, ``{"cycle":
@@ -94,7 +98,10 @@ class SettingsWatch:
     the module keeps beside torch's own is looked at by identity (``enc.temperature =
     5.0``, ``enc.act = F.relu``), a tensor so kept by its memory and version counter
     too (``t.data = ...``, a write in place), the items of a list, set or dict so kept (an
-    ``OrderedDict`` too) by identity (``enc.scales[0] = 2.0``), each part's table of
+    ``OrderedDict`` too) by identity (``enc.scales[0] = 2.0``), each value a config a
+    part holds keeps, and the configs it holds in turn, five deep (as
+    :mod:`somatize_torch._values` follows them: ``enc.config.flag = True``) likewise,
+    each part's and config's table of
     attributes by its length (a value added or removed), and each table of forward
     hooks by its length and, once any hook was registered anywhere, by its handles (a
     hook registered, removed or put first). What it says may be nothing after all (the
@@ -126,13 +133,18 @@ class SettingsWatch:
     )
 
     def __init__(self, module: nn.Module) -> None:
+        from somatize_torch._values import _objects_of  # it imports this module
+
         parts = [vars(part) for part in module.modules()]
+        # The plain objects the parts hold (a config), and those they hold in turn: what
+        # each holds is watched as a part's own values are (`enc.config.flag = True`).
+        held = [object.__getattribute__(one, "__dict__") for one in _objects_of(module)]
         owners: list[dict[str, Any]] = []
         names: list[str] = []
         values: list[Any] = []
-        for table in parts:
-            for name, value in table.items():
-                if name not in _UNWATCHED:
+        for at, table in enumerate(parts + held):
+            for name, value in list(table.items()):
+                if at >= len(parts) or name not in _UNWATCHED:
                     owners.append(table)
                     names.append(name)
                     values.append(value)
@@ -141,7 +153,7 @@ class SettingsWatch:
         self._owners = owners
         self._names = names
         self._values = values
-        self._tables: list[dict[Any, Any]] = [*parts, *hooks]
+        self._tables: list[dict[Any, Any]] = [*parts, *held, *hooks]
         self._sizes = tuple(map(len, self._tables))
         self._hooks = hooks
         self._marks = tuple(map(tuple, hooks))
@@ -363,7 +375,29 @@ def _setting(value: Any, path: Path) -> Any:
         if id(value) in path:
             return {"cycle": len(path) - path.index(id(value))}
         return _container(value, (*path, id(value)))
+    if _config(value):
+        if id(value) in path:
+            return {"cycle": len(path) - path.index(id(value))}
+        return _object(value, (*path, id(value)))
     return _callable(value, path)
+
+
+def _config(value: Any) -> bool:
+    """Whether ``value`` is a plain object a forward may read values of (a config, a
+    ``SimpleNamespace``): as :mod:`somatize_torch._values` follows them."""
+    from somatize_torch._values import _followed  # it imports this module
+
+    return _followed(value)
+
+
+def _object(value: Any, path: Path) -> Any:
+    """A plain object (a config) by its class and what names each of its own attributes
+    (``self.config.output_hidden_states``): one that cannot be named is named by its type,
+    as a container's item is. What its class gives (a class attribute, a property) is
+    read through its code, not named here."""
+    held = object.__getattribute__(value, "__dict__")
+    attributes = {k: _item(v, path) for k, v in list(held.items()) if isinstance(k, str)}
+    return {"object": _name_of(type(value)), "attributes": attributes}
 
 
 def _item(value: Any, path: Path) -> Any:

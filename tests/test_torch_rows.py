@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
+import types
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -187,6 +189,44 @@ def test_a_setting_changed_after_rows_were_keyed_is_seen_at_the_next_forward(
     first_hook.remove()
     module.linear.register_forward_hook(_quintuple, prepend=True)
     assert torch.equal(cached(x), expected(module, x)) and cached.stats.computed == 30
+    cached.close()
+
+
+class Flagged(nn.Module):
+    """Reads a flag from a config object it holds, as a Hugging Face block reads
+    ``self.config``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 3)
+        self.config = types.SimpleNamespace(flag=False, inner=types.SimpleNamespace(scale=1.0))
+        self.config.log = logging.getLogger("flagged")  # no config: named by its type
+        self.config.inner.outer = self.config  # a config that holds itself
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x) * self.config.inner.scale
+        return out.relu() if self.config.flag else out
+
+
+def test_a_config_value_changed_in_place_keys_rows_anew(store: Store) -> None:
+    """A flag (or, one object deeper, a scale) the module reads from a config it holds,
+    changed in place, keys every row anew at the next forward, which runs them with it;
+    set back, the rows kept for it are recalled. A logger the config holds, and the
+    config held by what it holds, key nothing apart."""
+    module = Flagged()
+    cached = cache_rows(module, store)
+    x = torch.randn(5, 6)
+    first = cached(x)
+    module.config.flag = True
+    flagged = cached(x)
+    assert cached.stats.computed == 10
+    assert torch.equal(flagged, expected(module, x)) and not torch.equal(flagged, first)
+    module.config.inner.scale = 2.0
+    assert torch.equal(cached(x), expected(module, x)) and cached.stats.computed == 15
+    module.config.flag, module.config.inner.scale = False, 1.0
+    assert cached.redeclare() is True
+    assert torch.equal(cached(x), first) and cached.stats.computed == 15
     cached.close()
 
 

@@ -14,6 +14,8 @@ import logging
 import math
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -712,6 +714,135 @@ def test_a_setting_or_hook_changed_after_freeze_is_seen_at_the_next_call(
     assert not torch.allclose(after, before)
     assert torch.equal(wrapped(x), after)
     assert wrapped.counts[name] == {"ran": 2, "kept": 2, "recalled": 2}
+
+
+class Plain:
+    """A config as a class written in Python keeps it."""
+
+    def __init__(self, flag: bool, inner: Any) -> None:
+        self.flag = flag
+        self.inner = inner
+
+
+class Inner:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+
+@dataclasses.dataclass
+class Kept:
+    flag: bool
+    inner: Any
+
+
+def _config(kind: str, flag: bool) -> Any:
+    """A config of ``kind`` holding ``flag`` and, one object deeper, a scale."""
+    if kind == "object":
+        return Plain(flag, Inner(1.0))
+    if kind == "namespace":
+        return types.SimpleNamespace(flag=flag, inner=types.SimpleNamespace(scale=1.0))
+    if kind == "argparse":
+        return argparse.Namespace(flag=flag, inner=argparse.Namespace(scale=1.0))
+    return Kept(flag, Inner(1.0))
+
+
+class ReadsConfig(nn.Module):
+    """Reads what it computes from a config it holds, as a Hugging Face block reads
+    ``self.config``: neither its ``repr`` nor its weights show it."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.config = config
+        self.log = logging.getLogger("configured")  # no config: named by nothing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x) * self.config.inner.scale
+        return out.relu() if self.config.flag else out
+
+
+class HoldsConfig(nn.Module):
+    def __init__(self, kind: str = "namespace", flag: bool = False) -> None:
+        super().__init__()
+        self.encoder = ReadsConfig(_config(kind, flag))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.encoder(x))
+        return out
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
+@pytest.mark.parametrize("kind", ["object", "namespace", "argparse", "dataclass"])
+def test_a_value_a_cached_module_reads_from_its_config_keys_its_answers(
+    store: Store, whole: bool, kind: str
+) -> None:
+    """A flag or scale a cached module's forward reads from a config it holds
+    (``self.config.flag``, ``self.config.inner.scale``), changed in place after answers
+    were kept, keys the next call anew: computed as the module computes it now, not the
+    answer kept for the old value recalled; set back, the old answer is recalled."""
+    torch.manual_seed(0)
+    model = HoldsConfig(kind)
+    wrapped = (
+        smt.wrap(model.encoder, frozen=True, cached=True, store=store)
+        if whole
+        else smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    )
+    smt.freeze(wrapped)
+    config = model.encoder.config
+    x = torch.randn(3, 4) - 0.5
+    before = wrapped(x)
+    name = next(iter(wrapped.counts))
+    config.flag = True
+    flipped = wrapped(x)
+    with torch.no_grad():
+        assert torch.equal(flipped, wrapped.model(x))
+    assert not torch.allclose(flipped, before)
+    assert wrapped.counts[name] == {"ran": 2, "kept": 2}
+    config.inner.scale = 3.0  # an object the config holds, changed in place
+    scaled = wrapped(x)
+    with torch.no_grad():
+        assert torch.equal(scaled, wrapped.model(x))
+    assert wrapped.counts[name] == {"ran": 3, "kept": 3}
+    config.flag, config.inner.scale = False, 1.0
+    assert torch.equal(wrapped(x), before)
+    assert wrapped.counts[name] == {"ran": 3, "kept": 3, "recalled": 1}
+    config.flag = 0  # another value than False, though it computes alike
+    wrapped(x)
+    assert wrapped.counts[name] == {"ran": 4, "kept": 4, "recalled": 1}
+
+
+def test_a_config_value_other_in_another_process_is_computed_not_recalled(
+    tmp_path: Path,
+) -> None:
+    """Answers kept for a config holding one value are not recalled in another process
+    whose module's config holds another: they are computed there."""
+
+    def run(flag: bool) -> list[str]:
+        code = (
+            "import sys, torch\n"
+            "sys.path.insert(0, 'tests')\n"
+            "from test_torch_wrap import HoldsConfig\n"
+            "import somatize.torch as smt\n"
+            "torch.manual_seed(0)\n"
+            f"model = HoldsConfig('object', {flag})\n"
+            "wrapped = smt.wrap(model, frozen=['encoder'], cached=['encoder'], "
+            f"store={str(tmp_path / 'store')!r})\n"
+            "smt.freeze(wrapped)\n"
+            "x = torch.randn(3, 4) - 0.5\n"
+            "out = wrapped(x)\n"
+            "with torch.no_grad():\n"
+            "    assert torch.equal(out, model(x))\n"
+            "print(' '.join(sorted(wrapped.counts['encoder'])))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        return done.stdout.split()
+
+    assert run(False) == ["kept", "ran"]
+    assert run(True) == ["kept", "ran"]
+    assert run(False) == ["recalled"]
 
 
 def test_the_precision_a_call_runs_in_keys_it_apart(store: Store) -> None:
