@@ -35,7 +35,7 @@ from somatize._record import (
     fact_named,
     failed_as,
 )
-from somatize.catalog import fingerprint_of, marks_moved, state_taken
+from somatize.catalog import fingerprint_of, own_state
 from somatize.codecs import CODECS, Unreadable
 from somatize.errors import SomatizeError
 from somatize.keys import item_key
@@ -215,18 +215,19 @@ class _Run:
     def call(self, node: str, inputs: Sequence[Any], ctx: Context) -> Any:
         implementation = self.graph.node(node)
         worker = ctx.worker
-        watch = self.graph._code_watch
-        if watch.marks:  # changed since the forward looked (by a watcher): not the node's state
-            marks_moved(watch)
+        # What an object its class holds, marked by which object it is, changes as the node
+        # runs (a count, a cache) is its state, not a change to mark it anew for.
+        own = own_state(self.graph._code_watch, implementation.implementing_classes())
         start = time.perf_counter_ns()
         try:
             if worker is not None and self.broker is not None:
                 value = self.broker.call(self.graph, node, list(inputs), ctx, self.emit)
             elif worker is not None:  # placed, run here: what it changes is its own
-                with running_here(implementation):
+                with running_here(implementation), own:
                     value = implementation.forward(*inputs, ctx)
             else:
-                value = implementation.forward(*inputs, ctx)
+                with own:
+                    value = implementation.forward(*inputs, ctx)
         except SomatizeError as error:
             self.emit({"fact": "failed", "node": node, "error": failed_as(error)})
             raise
@@ -236,11 +237,6 @@ class _Run:
         except BaseException as error:  # KeyboardInterrupt, SystemExit: said, and let go
             self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
             raise
-        finally:
-            # What an object a class holds, marked by which object it is, changed as the
-            # node ran (a count, a cache) is its state, not a change to mark it anew for.
-            if watch.marks:
-                state_taken(watch)
         took = (time.perf_counter_ns() - start) // 1000
         return value, took
 

@@ -78,7 +78,7 @@ import sys
 import textwrap
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from types import (
@@ -114,6 +114,7 @@ __all__ = [
     "held_at",
     "identity_of",
     "marks_moved",
+    "own_state",
     "state_crosses",
     "state_taken",
     "watch_code",
@@ -794,6 +795,8 @@ class Mark(NamedTuple):
     """What is noted of it, shared by every watch of it."""
     anew: bool
     """Whether it was given a new mark as the watch was taken (:func:`_marked`)."""
+    kind: type
+    """The class that holds it, or whose functions close over it."""
 
 
 class _Marked:
@@ -937,7 +940,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                     labels += [label] * len(read)
                 elif (marked := _marked(held)) is not None:  # marked: what it holds watched
                     noted, anew = marked
-                    marks.append(Mark(len(lives), held, noted, anew))
+                    marks.append(Mark(len(lives), held, noted, anew, kind))
                     lives += [noted.version, noted.lives]
                     labels += [label, label]
             for function in _functions_in(member):
@@ -1027,13 +1030,13 @@ def _state_read(held: Any) -> tuple[list[Any], tuple[tuple[FunctionType, Any, An
     return read, tuple(functions)
 
 
-def marks_moved(watch: CodeWatch) -> None:
-    """Gives each object ``watch`` (:func:`watch_code`) notes marked by which object it is a
-    new mark where it changed since it was read (:class:`_Marked`): what it holds set in
-    place (``Kind.act.k = 4``), a hook put on it, its class replaced (``obj.__class__ =
-    Other``), or a function it holds given other code or defaults — so its fingerprint is
-    another from then on, for every graph."""
-    for mark in watch.marks:
+def marks_moved(marks: Iterable[Mark]) -> None:
+    """Gives each object of ``marks`` (:attr:`CodeWatch.marks`) a new mark where it changed
+    since it was read (:class:`_Marked`): what it holds set in place (``Kind.act.k = 4``),
+    a hook put on it, its class replaced (``obj.__class__ = Other``), or a function it
+    holds given other code or defaults — so its fingerprint is another from then on, for
+    every graph."""
+    for mark in marks:
         noted = mark.noted
         if noted.changed(mark.held):
             _moved_on(mark.held)
@@ -1041,14 +1044,14 @@ def marks_moved(watch: CodeWatch) -> None:
             noted.read(mark.held)
 
 
-def state_taken(watch: CodeWatch) -> None:
-    """Takes what changed in the objects ``watch`` notes marked by which object they are
-    since they were read (a count, a cache they keep as they run) as their state, not a
-    change of them: called as a node's forward returns, so that what the node's own code
-    changes as it runs does not give them a new mark (:func:`marks_moved`) at the next
-    forward, of this graph or another. Their class replaced, or a function given other
-    code, is not taken so."""
-    for mark in watch.marks:
+def state_taken(marks: Iterable[Mark]) -> None:
+    """Takes what changed in the objects of ``marks`` (:attr:`CodeWatch.marks`) since they
+    were read (a count, a cache they keep as they run) as their state, not a change of
+    them: called as their node's forward returns, so that what the node's own code changes
+    as it runs does not give them a new mark (:func:`marks_moved`) at the next forward, of
+    this graph or another. Their class replaced, or a function given other code, is not
+    taken so."""
+    for mark in marks:
         noted = mark.noted
         try:
             same = bool(noted.lives == noted.copies)
@@ -1056,6 +1059,25 @@ def state_taken(watch: CodeWatch) -> None:
             same = False
         if not same:
             noted.read(mark.held, whole=False)
+
+
+@contextlib.contextmanager
+def own_state(watch: CodeWatch, kinds: Iterable[type]) -> Iterator[None]:
+    """Runs what is inside as a forward of a node of ``kinds``, on whatever thread: each
+    object marked by which object it is that they, or the classes they inherit from, hold
+    (of ``watch``) is given a new mark first where it changed since it was read (by a
+    watcher, by a node run before), and what changes in it meanwhile is taken as its state
+    (:func:`state_taken`). What another node's forward changes in it is not: it gives it
+    a new mark at the next look, as a change made between forwards does."""
+    lineage = {above for kind in kinds for above in kind.__mro__} if watch.marks else ()
+    marks = [mark for mark in watch.marks if mark.kind in lineage]
+    if marks:
+        marks_moved(marks)
+    try:
+        yield
+    finally:
+        if marks:
+            state_taken(marks)
 
 
 def _held_in(member: Any) -> list[Any]:

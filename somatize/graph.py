@@ -282,7 +282,7 @@ class Graph:
         since it was worked out (a method set on a class, or deleted from it), and watches
         the code as it is now. A changed fingerprint makes a new state of the memory."""
         memory = self.memory
-        marks_moved(self._code_watch)  # an object marked by which it is, changed: marked anew
+        marks_moved(self._code_watch.marks)  # an object marked by which it is, changed: marked anew
         # Taken first: what is set while the fingerprints are worked out is seen next time.
         watch = watch_code(
             kind for node in self._nodes.values() for kind in node.implementing_classes()

@@ -1120,6 +1120,27 @@ def test_an_object_changed_in_place_as_a_forward_runs_before_its_node_is_seen(
     assert graph.forward(1, store=store, strict=True) == 3
 
 
+class _Bumps(Node):
+    """Hands on what it is handed, and changes what the object ``HoldsScale`` holds says."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        HoldsScale.act.k += 1
+        return x
+
+
+def test_an_object_changed_in_place_by_another_node_after_its_node_ran_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds that counts its calls on itself, changed in place by another
+    node's forward after its own node ran, is not taken for state its node moved: the next
+    forward computes with what it holds now, never recalling what it computed before."""
+    monkeypatch.setattr(HoldsScale, "act", _Counting(2))
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached() >> _Bumps().named("b"))
+    assert graph.forward(1, store=store, strict=True) == 2
+    assert graph.forward(1, store=store, strict=True) == 3
+    assert graph.forward(1, store=store, strict=True) == 4
+
+
 class _Cache(_Counting):
     """Counts its calls on itself, and holds a large table."""
 
