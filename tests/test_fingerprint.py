@@ -1141,6 +1141,32 @@ def test_an_object_changed_in_place_by_another_node_after_its_node_ran_is_seen(
     assert graph.forward(1, store=store, strict=True) == 4
 
 
+def test_an_object_that_moves_its_own_state_on_an_embedded_worker_is_recalled(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds that counts its calls on itself, its node run on an
+    embedded worker's thread (the graph's own node), moves its state there, as it does
+    where the graph is called: the next forward recalls the answer, and a change in place
+    between forwards is still seen."""
+    from somatize import Broker, Worker
+
+    monkeypatch.setattr(HoldsScale, "act", _Counting(2))
+    node = HoldsScale().named("h").frozen().cached().at("w1")
+    graph = Graph.somatize(node)
+    broker = Broker.embedded({"w1": Worker.generic(mode="local")})
+    try:
+        outcomes = []
+        for _ in range(3):
+            assert graph.forward(1, store=store, strict=True, broker=broker) == 2
+            assert graph.record is not None
+            outcomes.append(graph.record.outcome["h"])
+        assert outcomes == ["ran", "recalled", "recalled"]
+        HoldsScale.act.k = 3
+        assert graph.forward(1, store=store, strict=True, broker=broker) == 3
+    finally:
+        broker.close()
+
+
 class _Cache(_Counting):
     """Counts its calls on itself, and holds a large table."""
 

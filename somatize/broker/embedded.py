@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from somatize.catalog import Blueprint, Catalog
+from somatize.catalog import Blueprint, Catalog, own_state
 from somatize.node import Context, running_here
 
 from .base import Broker, Done
@@ -87,7 +87,8 @@ class EmbeddedBroker(Broker):
 
             def run_here() -> Done:
                 start = time.perf_counter_ns()
-                with running_here(here), self.stoppable():  # what it changes is its own
+                own = own_state(graph._code_watch, here.implementing_classes())
+                with running_here(here), own, self.stoppable():  # what it changes is its own
                     value = here.forward(*inputs, ctx)
                 return Done(value, (time.perf_counter_ns() - start) // 1000)
 
