@@ -961,23 +961,70 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
 
 
 def _copied(live: Any) -> Any:
-    """A copy of a dict, list or set, or of a class's namespace (a mappingproxy), as a dict."""
+    """A copy of a dict, list or set, or of a class's namespace (a mappingproxy), as a dict;
+    of an object's slots (:class:`_Slots`), a list of what they hold."""
+    if isinstance(live, _Slots):
+        return live.values()
     return dict(live) if isinstance(live, MappingProxyType) else type(live)(live)
+
+
+_EMPTY = object()
+"""What an empty slot is read as (:class:`_Slots`)."""
+
+
+class _Slots:
+    """The slots of an object, read as it is now: equal to a list of what they held."""
+
+    __slots__ = ("held", "slots")
+
+    def __init__(self, held: Any, slots: list[MemberDescriptorType]) -> None:
+        self.held = held
+        self.slots = slots
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def values(self) -> list[Any]:
+        """What each slot holds now (:data:`_EMPTY` where it holds nothing)."""
+        found = []
+        for slot in self.slots:
+            try:
+                found.append(slot.__get__(self.held, type(self.held)))
+            except AttributeError:
+                found.append(_EMPTY)
+        return found
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.values() == other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _slots_of(kind: type) -> list[MemberDescriptorType]:
+    """The slots the instances of ``kind`` have, from each class it inherits from short of
+    the library's (:func:`_left_out`)."""
+    return [
+        member
+        for above in kind.__mro__
+        if not _left_out(above)
+        for member in vars(above).values()
+        if isinstance(member, MemberDescriptorType) and member.__objclass__ is above
+    ]
 
 
 def _state_read(held: Any) -> tuple[list[Any], tuple[tuple[FunctionType, Any, Any], ...]]:
     """What a watch reads of ``held``, an object marked by which object it is: each dict,
-    list and set it holds, or holds through what it holds (an object's ``__dict__``, a
-    function's closure and keyword defaults, a bound method's object, a partial's
-    arguments), and the namespaces of the classes of the objects read (short of the
-    library's), nearest first, as far as :data:`_STATE_ITEMS` entries in all (a larger
-    one is left out, and what it holds); and
-    each function read, with its code and defaults. What a class written in C holds but
-    its ``__dict__`` (a tensor's values) is not read."""
+    list and set it holds, or holds through what it holds (an object's ``__dict__`` and
+    its slots, :class:`_Slots`; a function's closure and keyword defaults, a bound
+    method's object, a partial's arguments), and the namespaces of the classes of the
+    objects read (short of the library's), nearest first, as far as :data:`_STATE_ITEMS`
+    entries in all (a larger one is left out, and what it holds); and each function read,
+    with its code and defaults. What a class written in C holds but its ``__dict__`` (a
+    tensor's values) is not read."""
     read: list[Any] = []
     functions: list[tuple[FunctionType, Any, Any]] = []
     seen: set[int] = set()
-    kinds: set[type] = set()
+    kinds: dict[type, list[MemberDescriptorType]] = {}  # each class read → its slots
     left = _STATE_ITEMS
     queue = collections.deque([held])
 
@@ -1017,10 +1064,13 @@ def _state_read(held: Any) -> tuple[list[Any], tuple[tuple[FunctionType, Any, An
         elif kind is functools.partial:
             queue += [value.func, value.args, value.keywords]
         if kind not in kinds:
-            kinds.add(kind)
+            kinds[kind] = _slots_of(kind)
             for above in kind.__mro__:
                 if not _left_out(above):
                     see(vars(above))
+        slots = kinds[kind]
+        if slots and see(live := _Slots(value, slots)):  # what it holds in slots
+            queue += live.values()
         try:
             attributes = object.__getattribute__(value, "__dict__")
         except Exception:  # none, or one that cannot be read: what it holds is not read

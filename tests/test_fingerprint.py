@@ -1167,6 +1167,39 @@ def test_an_object_that_moves_its_own_state_on_an_embedded_worker_is_recalled(
         broker.close()
 
 
+class _SlottedCounting:
+    """Counts its calls on itself, in slots."""
+
+    __slots__ = ("__weakref__", "calls", "k")
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.calls = 0
+
+    def __call__(self, x: int) -> int:
+        self.calls += 1
+        return x * self.k
+
+
+def test_an_object_holding_slots_changed_in_place_again_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds that keeps what it holds in slots, and counts its calls in
+    them as it runs, changed in place between forwards once and again is other code at the
+    next forward each time: strict=True computes with what it holds now, and what it counts
+    as it runs makes no forward after compute again."""
+    monkeypatch.setattr(HoldsScale, "act", _SlottedCounting(2))
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    for k in (2, 3, 4):
+        HoldsScale.act.k = k
+        ran = []
+        for _ in range(3):
+            assert graph.forward(1, store=store, strict=True) == k
+            assert graph.record is not None
+            ran.append(graph.record.outcome["h"])
+        assert ran[1:] == ["recalled", "recalled"], k
+
+
 class _Cache(_Counting):
     """Counts its calls on itself, and holds a large table."""
 
