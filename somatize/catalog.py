@@ -829,6 +829,10 @@ class _Marked:
             return True
         if any(f.__code__ is not c or f.__defaults__ is not d for f, c, d in self.made):
             return True
+        return self.state_changed()
+
+    def state_changed(self) -> bool:
+        """Whether a dict, list, set or slot read of it holds other values since."""
         try:
             return not bool(self.lives == self.copies)
         except Exception:  # a value replaced whose `==` says no bool (an array)
@@ -1102,13 +1106,8 @@ def state_taken(marks: Iterable[Mark]) -> None:
     this graph or another. Their class replaced, or a function given other code, is not
     taken so."""
     for mark in marks:
-        noted = mark.noted
-        try:
-            same = bool(noted.lives == noted.copies)
-        except Exception:  # a value replaced whose `==` says no bool (an array)
-            same = False
-        if not same:
-            noted.read(mark.held, whole=False)
+        if mark.noted.state_changed():
+            mark.noted.read(mark.held, whole=False)
 
 
 @contextlib.contextmanager
