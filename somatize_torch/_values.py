@@ -15,8 +15,9 @@ value kept in a buffer, which the code reads as it runs.
 
 The trace must not change the model either: the code fx keeps does not do what the
 forward's Python did as it was traced. A forward that assigns an attribute
-(``self.initialized = True``, ``self.features = h``) is refused (``Untraceable``),
-and what it assigned is put back.
+(``self.initialized = True``, ``self.features = h``, ``self.config.calls += 1``) is
+refused (``Untraceable``), and what it assigned is put back: one assigned to a config
+would otherwise differ from what the trace read at every call, and be traced again.
 
 What the forward reads of a plain object a module holds (``self.config.flag``, a
 config's own objects in turn) is noted too, by its class's attribute lookup given a
@@ -156,17 +157,21 @@ class Noted:
         if path is not None:
             self.children.setdefault(id(module), path)
 
-    def write(self, module: nn.Module, name: str) -> None:
-        path = self.paths.get(id(module))
+    def write(self, module: Any, name: str, where: str = "") -> None:
+        """Notes ``name`` assigned to ``module``, or to a plain object a module holds (a
+        config), with what it held before, at ``where`` (the caller's line unless
+        given)."""
+        path = self.paths.get(id(module), self.objects.get(id(module)))
         key = (id(module), name)
         if path is None or key in self.wrote:
             return
-        frame = sys._getframe(2)
-        if in_torch(frame.f_code.co_filename):
-            return  # fx keeping a constant the code makes (`torch.tensor(self.offsets)`)
-        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-        held = vars(module)
-        was = [held.get(name, _ABSENT)] + [held[t].get(name, _ABSENT) for t in _TABLES]
+        if not where:
+            frame = sys._getframe(2)
+            if in_torch(frame.f_code.co_filename):
+                return  # fx keeping a constant the code makes (`torch.tensor(self.offsets)`)
+            where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        held = object.__getattribute__(module, "__dict__")
+        was = [table.get(name, _ABSENT) for table in _tables_of(held)]
         self.wrote[key] = (Wrote(Read(path, module, name), where), was)
 
     def merge(self, other: Noted) -> None:
@@ -188,12 +193,18 @@ class Noted:
         """Puts back what the trace assigned."""
         for written, was in self.wrote.values():
             module, name = written.read.module, written.read.name
-            held = vars(module)
-            for table, value in zip([held, *(held[t] for t in _TABLES)], was, strict=True):
+            held = object.__getattribute__(module, "__dict__")
+            for table, value in zip(_tables_of(held), was, strict=True):
                 if value is _ABSENT:
                     table.pop(name, None)
                 else:
                     table[name] = value
+
+
+def _tables_of(held: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where a module (``held`` its ``__dict__``) keeps its attributes: its own table and
+    torch's; a plain object, its own table alone."""
+    return [held, *(held[t] for t in _TABLES if t in held)]
 
 
 @contextlib.contextmanager
@@ -213,7 +224,8 @@ def reading(model: nn.Module, held: Callable[[str], Any] | None = None) -> Itera
     installed."""
     noted = Noted(model)
     noted.objects = _held_objects(model)
-    held_kinds = list(dict.fromkeys(type(held) for held in _objects_of(model)))
+    objects = _objects_of(model)  # walked before any lookup notes what it reads
+    held_kinds = list(dict.fromkeys(type(held) for held in objects))
     kinds = list(dict.fromkeys(type(module) for module in model.modules()))
     thread = threading.get_ident()  # another thread's reads and writes go on as ever
     # What each class's lookup and assignment were, before any was replaced: a class
@@ -229,6 +241,7 @@ def reading(model: nn.Module, held: Callable[[str], Any] | None = None) -> Itera
         for kind in kinds
     ]
     replaced: list[tuple[type, Any, Any]] = []
+    unwatched: list[tuple[Any, dict[str, Any]]] = []
     try:
         for kind, own_read, own_write, read, write in before:
             try:
@@ -242,16 +255,27 @@ def reading(model: nn.Module, held: Callable[[str], Any] | None = None) -> Itera
         for kind in held_kinds:
             own_read = vars(kind).get("__getattribute__", _ABSENT)
             read = cast("Callable[[Any, str], Any]", kind.__getattribute__)
+            own_write = vars(kind).get("__setattr__", _ABSENT)
+            write = cast("Callable[[Any, str, Any], None]", kind.__setattr__)
             try:
                 setattr(kind, "__getattribute__", _noting_object_reads(read, noted, thread))  # noqa: B010
             except TypeError:  # nothing was set
                 unseen.add(kind)  # a class written in C (`types.SimpleNamespace`)
                 continue
-            replaced.append((kind, own_read, vars(kind).get("__setattr__", _ABSENT)))
+            replaced.append((kind, own_read, own_write))
+            kind.__setattr__ = _noting_writes(write, noted, thread)  # type: ignore[assignment]
+        # What the objects whose assignments cannot be noted as they are made hold now.
+        unwatched = [
+            (held, dict(object.__getattribute__(held, "__dict__")))
+            for held in objects
+            if type(held) in unseen
+        ]
         yield noted
         if unseen:
             _read_whole(noted, unseen)
     finally:
+        for held, was in unwatched:
+            _note_changed(noted, held, was)
         for kind, own_read, own_write in reversed(replaced):
             _put(kind, "__getattribute__", own_read)
             _put(kind, "__setattr__", own_write)
@@ -297,6 +321,19 @@ def _noting_reads(
         return value
 
     return __getattribute__
+
+
+def _note_changed(noted: Noted, held: Any, was: dict[str, Any]) -> None:
+    """Notes as assigned each attribute of ``held`` that is not what ``was`` says it held:
+    an object whose class is written in C (``types.SimpleNamespace``), whose assignments
+    cannot be noted as they are made."""
+    own = object.__getattribute__(held, "__dict__")
+    for name in dict.fromkeys([*own, *was]):
+        before = was.get(name, _ABSENT)
+        if own.get(name, _ABSENT) is not before and (id(held), name) not in noted.wrote:
+            read = Read(noted.objects[id(held)], held, name)
+            where = f"a line of the forward: `{type(held).__qualname__}` is written in C"
+            noted.wrote[(id(held), name)] = (Wrote(read, where), [before])
 
 
 def _read_whole(noted: Noted, unseen: set[type]) -> None:

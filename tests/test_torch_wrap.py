@@ -4856,3 +4856,39 @@ def test_a_namespace_config_changed_after_wrap_is_traced_again(store: Store, mak
         assert torch.equal(wrapped(x), model(x))
         model.cfg.inner.scale = 3.0
         assert torch.equal(wrapped(x), model(x))
+
+
+class CountsInConfig(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.config.calls += 1
+        return self.encoder(x) * self.config.scale
+
+
+class _Counted:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.scale = 2.0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [_Counted, lambda: types.SimpleNamespace(calls=0, scale=2.0)],
+    ids=["object", "SimpleNamespace"],
+)
+def test_a_forward_that_assigns_to_its_config_is_refused_and_left_as_it_was(
+    store: Store, make: Callable[[], Any]
+) -> None:
+    """A forward that counts its calls in the config it holds would read a value the trace
+    itself changed: the wrapped model never assigns it, and would be traced again at every
+    call for the count the last trace left. It is refused at `wrap`, naming what it
+    assigns, and the config is as it was."""
+    config = make()
+    model = CountsInConfig(config)
+    with pytest.raises(smt.Untraceable, match=r"assigns `config\.calls` as it runs"):
+        smt.wrap(model, frozen=["encoder"], store=store)
+    assert vars(config) == {"calls": 0, "scale": 2.0}
