@@ -27,7 +27,8 @@ model is traced again for the values the config holds then
 
 Tensors and submodules are not noted here: the code reads them by reference, and
 :mod:`somatize_torch._parts` keeps it pointed at what the model holds. Nor is a numpy
-array written in place, a value read through ``self.__dict__`` or ``vars(self)``, a
+array written in place, a value read through a module's ``self.__dict__`` or
+``vars(self)`` (a config's is noted as every value it holds read), a
 global the forward reads, or what compiled code runs: those are traced as they were,
 unseen.
 """
@@ -150,6 +151,12 @@ class Noted:
             self.elsewhere[key] = (read, given)
         else:
             self.got[key] = (read, value)
+
+    def read_all(self, held: Any) -> None:
+        """Notes every attribute of ``held``, a plain object a module holds, as read."""
+        for name, value in list(object.__getattribute__(held, "__dict__").items()):
+            if isinstance(name, str):
+                self.read_of(held, name, value)
 
     def listing(self, module: nn.Module) -> None:
         """Notes that the forward went through ``module``'s children."""
@@ -351,9 +358,7 @@ def _read_whole(noted: Noted, unseen: set[type]) -> None:
             return
         for held in read:
             done.add(id(held))
-            for name, value in list(object.__getattribute__(held, "__dict__").items()):
-                if isinstance(name, str):
-                    noted.read_of(held, name, value)
+            noted.read_all(held)
 
 
 def _noting_object_reads(
@@ -363,9 +368,12 @@ def _noting_object_reads(
         if (
             threading.get_ident() != thread
             or id(self) not in noted.objects
-            or (name.startswith("__") and name.endswith("__"))
+            or (name.startswith("__") and name.endswith("__") and name != "__dict__")
             or in_torch(sys._getframe(1).f_code.co_filename)
         ):
+            return read(self, name)
+        if name == "__dict__":  # `vars(config)`, a `to_dict()`: every value it holds read
+            noted.read_all(self)
             return read(self, name)
         try:
             value = read(self, name)

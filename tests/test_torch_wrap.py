@@ -4892,3 +4892,41 @@ def test_a_forward_that_assigns_to_its_config_is_refused_and_left_as_it_was(
     with pytest.raises(smt.Untraceable, match=r"assigns `config\.calls` as it runs"):
         smt.wrap(model, frozen=["encoder"], store=store)
     assert vars(config) == {"calls": 0, "scale": 2.0}
+
+
+class _Exported:
+    def __init__(self) -> None:
+        self.flag = False
+        self.scale = 2.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class ReadsConfigWhole(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        if self.config.to_dict()["flag"]:
+            h = h * 3.0
+        return h * vars(self.config)["scale"]
+
+
+def test_a_config_read_through_its_dict_is_traced_again_once_changed(store: Store) -> None:
+    """A forward reading its config whole (`config.to_dict()`, `vars(config)`, as a
+    Hugging Face config's export does) reads every value it holds: changed after `wrap`,
+    the forward is traced again for them, never run as traced for the ones before."""
+    model = ReadsConfigWhole(_Exported())
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        model.config.flag = True
+        assert torch.equal(wrapped(x), model(x))
+        model.config.scale = 5.0
+        assert torch.equal(wrapped(x), model(x))
