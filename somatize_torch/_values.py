@@ -107,6 +107,9 @@ class Noted:
         self.seen: dict[tuple[int, str], Any] = {}
         """What each of :attr:`own` read from such an object gave: the traces for other
         values of it are watched for those they read."""
+        self.copies: dict[tuple[int, str], Any] = {}
+        """What each list, dict or set read from such an object held as it was read: the
+        traces for other items of it, changed in place, are watched for those they read."""
         self.got: dict[tuple[int, str], tuple[Read, Any]] = {}
         """Names read from such an object that neither it nor its class holds, with what
         the read gave (an ``__getattr__``'s answer, a name another maps to)."""
@@ -145,6 +148,8 @@ class Noted:
             if not isinstance(value, (torch.Tensor, nn.Module)):
                 self.own[key] = read
                 self.seen[key] = value
+                if isinstance(value, (list, dict, set)):
+                    self.copies[key] = _copy(value)
             return
         given = _class_value(type(held), name)
         if value is _ABSENT or given is not _ABSENT:
@@ -191,6 +196,8 @@ class Noted:
             self.got.setdefault(key, found)
         for key, value in other.seen.items():
             self.seen.setdefault(key, value)
+        for key, value in other.copies.items():
+            self.copies.setdefault(key, value)
         for at, mode in other.modes.items():
             self.modes.setdefault(at, mode)
         for at, child in other.children.items():
@@ -517,9 +524,12 @@ class Values:
             self.reads.append(read)
             self._values.append(value)
             if isinstance(value, (list, dict, set)):
+                # As the trace read it: a config's, changed in place since, is another set
+                # of the values it holds.
+                was = noted.copies.get(key, value)
                 self._containers.append(len(self._values) - 1)
-                self._items.append(_items(value))
-                self._copies[len(self._values) - 1] = _copy(value)
+                self._items.append(_items(was))
+                self._copies[len(self._values) - 1] = _copy(was)
         self._elsewhere = list(noted.elsewhere.values())
         self._got = [[read, value] for read, value in noted.got.values()]
 

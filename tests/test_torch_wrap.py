@@ -4930,3 +4930,39 @@ def test_a_config_read_through_its_dict_is_traced_again_once_changed(store: Stor
         assert torch.equal(wrapped(x), model(x))
         model.config.scale = 5.0
         assert torch.equal(wrapped(x), model(x))
+
+
+class _Sized:
+    def __init__(self) -> None:
+        self.sizes = [2.0, 3.0]
+        self.gains = {"a": 1.0}
+
+
+class ReadsConfigItems(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Sized()
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * self.config.sizes[0] + self.config.gains["a"]
+
+
+def test_a_list_or_dict_a_config_holds_changed_in_place_is_traced_again(store: Store) -> None:
+    """A list or dict a config holds, changed in place after `wrap` (`config.sizes[0] =
+    5.0`), is the same object the first trace read: the forward is traced again for the
+    items it holds now, never run as traced for the items it held then; set back, the
+    first trace runs again."""
+    model = ReadsConfigItems()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        first = model(x)
+        assert torch.equal(wrapped(x), first)
+        model.config.sizes[0] = 5.0
+        assert torch.equal(wrapped(x), model(x))
+        model.config.gains["a"] = 7.0
+        assert torch.equal(wrapped(x), model(x))
+        model.config.sizes[0], model.config.gains["a"] = 2.0, 1.0
+        assert torch.equal(wrapped(x), first)
