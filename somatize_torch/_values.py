@@ -105,11 +105,11 @@ class Noted:
         """The plain objects the modules hold (a config), and those they hold in turn
         (``config.sub``), by path: what the forward reads of them is noted too."""
         self.seen: dict[tuple[int, str], Any] = {}
-        """What each of :attr:`own` read from such an object gave: the traces for other
-        values of it are watched for those they read."""
+        """What each of :attr:`own` gave as it was read: the traces for other values of a
+        config are watched, once run again, for those they read."""
         self.copies: dict[tuple[int, str], Any] = {}
-        """What each list, dict or set read from such an object held as it was read: the
-        traces for other items of it, changed in place, are watched for those they read."""
+        """What each list, dict or set of :attr:`own` held as it was read, for the same
+        reason: changed in place, it is the same object."""
         self.got: dict[tuple[int, str], tuple[Read, Any]] = {}
         """Names read from such an object that neither it nor its class holds, with what
         the read gave (an ``__getattr__``'s answer, a name another maps to)."""
@@ -130,8 +130,10 @@ class Noted:
         elif name in own:
             if own[name] is value and not isinstance(value, (torch.Tensor, nn.Module)):
                 self.own.setdefault(key, Read(path, module, name))
-                if _followed(value):  # the object the traces for its values read
-                    self.seen.setdefault(key, value)
+                # What the traces for this set of config values read, set back to later.
+                self.seen.setdefault(key, value)
+                if isinstance(value, (list, dict, set)):
+                    self.copies.setdefault(key, _copy(value))
         elif key not in self.elsewhere and not any(name in own[t] for t in _TABLES):
             self.elsewhere[key] = (Read(path, module, name), _class_value(type(module), name))
 

@@ -4966,3 +4966,41 @@ def test_a_list_or_dict_a_config_holds_changed_in_place_is_traced_again(store: S
         assert torch.equal(wrapped(x), model(x))
         model.config.sizes[0], model.config.gains["a"] = 2.0, 1.0
         assert torch.equal(wrapped(x), first)
+
+
+class FlaggedAndConfigured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Sized()
+        self.encoder = nn.Linear(4, 4)
+        self.boost = True
+        self.offsets = [1.0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x) * self.config.sizes[0] + self.offsets[0]
+        return h * 10.0 if self.boost else h
+
+
+@pytest.mark.parametrize(
+    "change",
+    [lambda m: setattr(m, "boost", False), lambda m: m.offsets.__setitem__(0, 4.0)],
+    ids=["value", "list item"],
+)
+def test_a_model_value_changed_with_its_config_set_back_is_refused_not_run_as_traced(
+    store: Store, change: Callable[[nn.Module], None]
+) -> None:
+    """A plain value the model keeps (`self.boost`), changed as its config is set back to
+    values traced before, is not what the traces for those values read: the next call is
+    refused naming it, never run as traced for the value it held then."""
+    model = FlaggedAndConfigured()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        model.config.sizes[0] = 5.0
+        assert torch.equal(wrapped(x), model(x))
+        model.config.sizes[0] = 2.0
+        change(model)
+        with pytest.raises(smt.WrapError, match=r"`(boost|offsets)` was .* now"):
+            wrapped(x)
