@@ -597,6 +597,8 @@ class Values:
             and (not self._got or all(_got_again(got) is got[1] for got in self._got))
         ):
             return
+        reread: Reread | None = None  # raised last: the traces for other values are no
+        # answer to a value of the model's own, or to code, that changed too
         for i, read in enumerate(self.reads):
             was = self._values[i]
             now = _own(read)
@@ -605,43 +607,40 @@ class Values:
                 if now is was and _same_items(_items(now), self._items[slot]):
                     continue
                 if not _same(now, self._copies[i]):
-                    raise self._changed(read, self._copies[i], now)
+                    reread = _refused(reread, self._changed(read, self._copies[i], now))
+                    continue
                 self._values[i] = now
                 self._items[slot] = _items(now)
                 self._copies[i] = _copy(now)
             elif now is not was:
                 if not _same(now, was) or _followed(was):
                     # An object whose attributes the code read is watched as it is.
-                    raise self._changed(read, was, now)
+                    reread = _refused(reread, self._changed(read, was, now))
+                    continue
                 self._values[i] = now
         for got in self._got:
             read, was = got
             now = _got_again(got)
             if now is not was:
                 if not _same(now, was):
-                    raise self._changed(read, was, now)
+                    reread = _refused(reread, self._changed(read, was, now))
+                    continue
                 got[1] = now
         for read, was in self._elsewhere:
             now = _held(read)
             if now is not None:
-                raise self._changed(read, was, now[0], given=True)
+                reread = _refused(reread, self._changed(read, was, now[0], given=True))
+                continue
             value = _class_value(type(read.module), read.name)
             if value is not was:
-                raise self._changed(read, was, value, given=False)
+                reread = _refused(reread, self._changed(read, was, value, given=False))
         if code is not None and not _same_code(code):
             changed = code_changes(code)
-            if not changed:  # what no code reads (`__slotnames__`, which a copy adds)
-                self._code = watched_again(code)
-                return
-            said = ", ".join(f"`{name}`" for name in changed[:6])
-            raise WrapError(
-                f"{said} {'was' if len(changed) == 1 else 'were'} set on the class, added or "
-                f"deleted after `wrap` traced `{self.model}.forward` through it: fx traced the "
-                "code of the model's class and of the blocks it went through into the code the "
-                "wrapped model runs, which would go on computing with the old code. Wrap the "
-                "model again after changing it (`somatize.torch.wrap(model, ...)`, then "
-                "`freeze`), or set it back"
-            )
+            if changed:
+                raise _code_changed(changed, self.model)
+            self._code = watched_again(code)  # what no code reads (`__slotnames__`)
+        if reread is not None:
+            raise reread
 
     def _changed(self, read: Read, was: Any, now: Any, given: bool | None = None) -> WrapError:
         where = f"{read.path}.{read.name}" if read.path else read.name
@@ -672,6 +671,26 @@ class Values:
             "(`somatize.torch.wrap(model, ...)`, then `freeze`), or keep the value in a buffer "
             "(`self.register_buffer(...)`), which the code reads as it runs"
         )
+
+
+def _refused(reread: Reread | None, error: WrapError) -> Reread | None:
+    """Raises ``error`` where it refuses the call; else the first :class:`Reread`."""
+    if not isinstance(error, Reread):
+        raise error
+    return reread or error
+
+
+def _code_changed(changed: list[str], model: str) -> WrapError:
+    """The refusal of a call after what ``changed`` names was set on the class."""
+    said = ", ".join(f"`{name}`" for name in changed[:6])
+    return WrapError(
+        f"{said} {'was' if len(changed) == 1 else 'were'} set on the class, added or "
+        f"deleted after `wrap` traced `{model}.forward` through it: fx traced the "
+        "code of the model's class and of the blocks it went through into the code the "
+        "wrapped model runs, which would go on computing with the old code. Wrap the "
+        "model again after changing it (`somatize.torch.wrap(model, ...)`, then "
+        "`freeze`), or set it back"
+    )
 
 
 def _same_code(code: CodeWatch) -> bool:

@@ -5004,3 +5004,33 @@ def test_a_model_value_changed_with_its_config_set_back_is_refused_not_run_as_tr
         change(model)
         with pytest.raises(smt.WrapError, match=r"`(boost|offsets)` was .* now"):
             wrapped(x)
+
+
+class Rescaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Config()
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * self.config.scale
+
+
+def test_code_changed_as_the_config_is_set_back_is_refused_not_run_as_traced(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model's forward replaced on its class as its config is set back to values
+    traced before: the traces for those values ran the old code, so the next call is
+    refused naming it, never run as traced."""
+    model = Rescaled()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        model.config.scale = 3.0
+        assert torch.equal(wrapped(x), model(x))
+        model.config.scale = 2.0
+        monkeypatch.setattr(Rescaled, "forward", lambda self, x: self.encoder(x) + 100.0)
+        with pytest.raises(smt.WrapError, match=r"`Rescaled.forward` was set on the class"):
+            wrapped(x)
