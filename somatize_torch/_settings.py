@@ -99,8 +99,8 @@ class SettingsWatch:
     5.0``, ``enc.act = F.relu``), a tensor so kept by its memory and version counter
     too (``t.data = ...``, a write in place), the items of a list, set or dict so kept (an
     ``OrderedDict`` too) by identity (``enc.scales[0] = 2.0``), each value a config a
-    part holds keeps, and the configs it holds in turn, five deep (as
-    :mod:`somatize_torch._values` follows them: ``enc.config.flag = True``) likewise,
+    part holds keeps (in a list, tuple, dict or set too), and the configs it holds in
+    turn, five deep (``enc.config.flag = True``, ``enc.configs[0].flag = True``) likewise,
     each part's and config's table of
     attributes by its length (a value added or removed), and each table of forward
     hooks by its length and, once any hook was registered anywhere, by its handles (a
@@ -133,12 +133,11 @@ class SettingsWatch:
     )
 
     def __init__(self, module: nn.Module) -> None:
-        from somatize_torch._values import _objects_of  # it imports this module
-
         parts = [vars(part) for part in module.modules()]
-        # The plain objects the parts hold (a config), and those they hold in turn: what
-        # each holds is watched as a part's own values are (`enc.config.flag = True`).
-        held = [object.__getattribute__(one, "__dict__") for one in _objects_of(module)]
+        # The plain objects the parts hold (a config), and those they hold in turn, in a
+        # list, tuple, dict or set too: what each holds is watched as a part's own values
+        # are (`enc.config.flag = True`, `enc.configs[0].flag = True`).
+        held = [object.__getattribute__(one, "__dict__") for one in _configs_in(parts)]
         owners: list[dict[str, Any]] = []
         names: list[str] = []
         values: list[Any] = []
@@ -174,6 +173,39 @@ class SettingsWatch:
             or tuple(map(_written, self._tensors)) != self._written
             or not all(map(_same_items, map(_items, self._containers), self._items))
         )
+
+
+_PLAIN_TYPES = frozenset({str, int, float, bool, bytes, type(None)})
+"""Kinds an item is passed over as, at once, as configs are looked for (a vocabulary)."""
+
+_CONFIG_DEPTH = 5
+"""How many configs deep the watch follows configs (a config's config's...)."""
+
+
+def _configs_in(parts: list[dict[str, Any]]) -> list[Any]:
+    """The plain objects (configs) the tables ``parts`` hold, directly or in a list,
+    tuple, dict or set (however nested), and those they hold in turn, five configs deep,
+    as the key names them: each once, outermost first."""
+    from somatize_torch._values import _followed  # it imports this module
+
+    found: dict[int, Any] = {}
+    seen: set[int] = set()  # containers already looked through
+    todo: list[tuple[Any, int]] = [(table.values(), 0) for table in parts]
+    while todo:
+        items, depth = todo.pop()
+        for value in list(items):
+            kind = type(value)
+            if kind in _PLAIN_TYPES or isinstance(value, (torch.Tensor, nn.Module)):
+                continue
+            if isinstance(value, (list, tuple, set, frozenset, dict)):
+                if id(value) not in seen:
+                    seen.add(id(value))
+                    todo.append((_items(value) if isinstance(value, dict) else value, depth))
+            elif id(value) not in found and _followed(value):
+                found[id(value)] = value
+                if depth + 1 < _CONFIG_DEPTH:
+                    todo.append((object.__getattribute__(value, "__dict__").values(), depth + 1))
+    return list(found.values())
 
 
 _GLOBAL_TABLES = (

@@ -812,6 +812,56 @@ def test_a_value_a_cached_module_reads_from_its_config_keys_its_answers(
     assert wrapped.counts[name] == {"ran": 4, "kept": 4, "recalled": 1}
 
 
+class ReadsHeldConfig(nn.Module):
+    """Reads its flag from a config it keeps in a list, tuple or dict."""
+
+    def __init__(self, holder: Any) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.holder = holder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        held = self.holder
+        config = held["main"] if isinstance(held, dict) else held[0]
+        out: torch.Tensor = self.linear(x)
+        return out.relu() if config.flag else out
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "dict", "nested"])
+def test_a_config_held_in_a_container_changed_in_place_is_seen_at_the_next_call(
+    store: Store, kind: str
+) -> None:
+    """A config a cached module keeps in a list, tuple or dict, changed in place after
+    answers were kept, keys the next call anew: not the answer kept for its old value."""
+    torch.manual_seed(0)
+    config = types.SimpleNamespace(flag=False)
+    holder: Any = {
+        "list": [config],
+        "tuple": (config,),
+        "dict": {"main": config},
+        "nested": [[config]],
+    }[kind]
+    model = nn.Sequential(ReadsHeldConfig(holder), nn.Linear(4, 2))
+    if kind == "nested":
+        model[0].forward = types.MethodType(  # type: ignore[method-assign]
+            lambda self, x: self.linear(x).relu() if self.holder[0][0].flag else self.linear(x),
+            model[0],
+        )
+    wrapped = smt.wrap(model, frozen=["0"], cached=["0"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4) - 0.5
+    before = wrapped(x)
+    config.flag = True
+    flipped = wrapped(x)
+    with torch.no_grad():
+        assert torch.equal(flipped, wrapped.model(x))
+    assert not torch.allclose(flipped, before)
+    assert wrapped.counts["0"] == {"ran": 2, "kept": 2}
+    config.flag = False
+    assert torch.equal(wrapped(x), before)
+    assert wrapped.counts["0"] == {"ran": 2, "kept": 2, "recalled": 1}
+
+
 def test_a_config_value_other_in_another_process_is_computed_not_recalled(
     tmp_path: Path,
 ) -> None:
