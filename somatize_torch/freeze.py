@@ -51,7 +51,7 @@ from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize.catalog import identity_of
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.node import attributes_of, sees_state
-from somatize_torch._settings import SettingsWatch, hooks_of, settings_of
+from somatize_torch._settings import SettingsWatch, _configs_in, hooks_of, settings_of
 from somatize_torch._state import StateWatch, _state_tensors, digest_state
 from somatize_torch.codec import TENSOR, LandedOnHost
 
@@ -541,10 +541,14 @@ def module_of(node: Node) -> nn.Module | None:
 
 def classes_of(module: nn.Module) -> tuple[type, ...]:
     """The classes whose code computes what ``module`` answers: its own and those of its
-    submodules, each once, in the order ``modules()`` finds them. The code fingerprint of
-    a torch node covers them all (torch's own classes left out, by
-    :func:`~somatize.catalog.fingerprint_of`), so an edited block of a model is seen."""
-    return tuple(dict.fromkeys(type(part) for part in module.modules()))
+    submodules, each once, in the order ``modules()`` finds them, then those of the
+    configs they hold (a default their class gives, a property, is read through their
+    code). The code fingerprint of a torch node covers them all (torch's own classes and
+    the standard library's left out, by :func:`~somatize.catalog.fingerprint_of`), so an
+    edited block of a model, or config class, is seen."""
+    parts = list(module.modules())
+    configs = _configs_in([vars(part) for part in parts])
+    return tuple(dict.fromkeys([*map(type, parts), *map(type, configs)]))
 
 
 def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:

@@ -862,6 +862,59 @@ def test_a_config_held_in_a_container_changed_in_place_is_seen_at_the_next_call(
     assert wrapped.counts["0"] == {"ran": 2, "kept": 2, "recalled": 1}
 
 
+class Defaulted:
+    """A config whose class gives a default and a value worked out from it."""
+
+    scale = 1.0
+
+    def __init__(self) -> None:
+        self.flag = False
+
+    @property
+    def gain(self) -> float:
+        return 1.0
+
+
+class ReadsClassGiven(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.configs = [Defaulted()]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        config = self.configs[0]
+        out: torch.Tensor = self.linear(x) * config.scale * config.gain
+        return out
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
+@pytest.mark.parametrize("given", ["attribute", "property"])
+def test_a_config_class_changed_after_answers_were_kept_is_seen_as_drifted(
+    store: Store, monkeypatch: pytest.MonkeyPatch, whole: bool, given: str
+) -> None:
+    """What a cached module reads from a config's class (a default, a property) is that
+    class's code: changed after an answer was kept, the answer is recalled as drifted,
+    never silently, as an edited block's would be."""
+    torch.manual_seed(0)
+    model = nn.Sequential(ReadsClassGiven(), nn.Linear(4, 2))
+    wrapped = (
+        smt.wrap(model[0], frozen=True, cached=True, store=store)
+        if whole
+        else smt.wrap(model, frozen=["0"], cached=["0"], store=store)
+    )
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    first = wrapped(x)
+    if given == "attribute":
+        monkeypatch.setattr(Defaulted, "scale", 3.0)
+    else:
+        monkeypatch.setattr(Defaulted, "gain", property(lambda self: 3.0))
+    with pytest.warns(Drifted, match="was recalled from an answer kept by another version"):
+        assert torch.equal(wrapped(x), first)
+    name = next(iter(wrapped.counts))
+    assert wrapped.counts[name]["drifted"] == 1
+
+
 def test_a_config_value_other_in_another_process_is_computed_not_recalled(
     tmp_path: Path,
 ) -> None:
