@@ -441,7 +441,8 @@ def _item(value: Any, path: Path) -> Any:
 
 
 def _container(value: Any, path: Path) -> Any:
-    """A list, tuple, dict, set or dataclass instance by what names its items. A dict is
+    """A list, tuple, dict, set or dataclass instance (its fields, and any other attribute
+    it holds) by what names its items. A dict is
     named by its entries, whatever their keys (``{0: 1.0}``, ``{(1, 2): ...}``), each
     key named as a value is, in the order of their canonical encodings (as a key takes a
     dict of str keys: insertion order never matters); a set by its items in that order,
@@ -450,7 +451,19 @@ def _container(value: Any, path: Path) -> Any:
     kind = type(value)
     if dataclasses.is_dataclass(value):
         fields = {f.name: _item(getattr(value, f.name), path) for f in dataclasses.fields(value)}
-        return {"dataclass": _name_of(kind), "fields": fields}
+        kept: dict[str, Any] = {"dataclass": _name_of(kind), "fields": fields}
+        # An attribute it holds that is no field (`config.flag = True` set on it later)
+        # keys it too, as a config's attributes do; none, and it is named as before.
+        try:
+            held = object.__getattribute__(value, "__dict__")
+        except AttributeError:  # slots: its fields are all it holds
+            held = {}
+        extra = {k: _item(v, path) for k, v in list(held.items()) if isinstance(k, str)}
+        for name in fields:
+            extra.pop(name, None)
+        if extra:
+            kept["attributes"] = extra
+        return kept
     named: dict[str, Any]
     plain: type
     if isinstance(value, dict):

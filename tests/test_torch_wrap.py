@@ -915,6 +915,48 @@ def test_a_config_class_changed_after_answers_were_kept_is_seen_as_drifted(
     assert wrapped.counts[name]["drifted"] == 1
 
 
+@dataclasses.dataclass
+class Fielded:
+    scale: float = 1.0
+
+
+class ReadsBeyondFields(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.config = Fielded()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x) * self.config.scale
+        return out.relu() if getattr(self.config, "flag", False) else out
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
+def test_an_attribute_set_on_a_dataclass_config_beyond_its_fields_keys_its_answers(
+    store: Store, whole: bool
+) -> None:
+    """A value set on a dataclass config that is none of its fields (``config.flag =
+    True``), read by a cached module, keys the next call anew: not the answer kept
+    without it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(ReadsBeyondFields(), nn.Linear(4, 2))
+    wrapped = (
+        smt.wrap(model[0], frozen=True, cached=True, store=store)
+        if whole
+        else smt.wrap(model, frozen=["0"], cached=["0"], store=store)
+    )
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4) - 0.5
+    before = wrapped(x)
+    name = next(iter(wrapped.counts))
+    model[0].config.flag = True  # type: ignore[attr-defined]
+    flagged = wrapped(x)
+    with torch.no_grad():
+        assert torch.equal(flagged, wrapped.model(x))
+    assert not torch.allclose(flagged, before)
+    assert wrapped.counts[name] == {"ran": 2, "kept": 2}
+
+
 def test_a_config_value_other_in_another_process_is_computed_not_recalled(
     tmp_path: Path,
 ) -> None:
