@@ -19,6 +19,7 @@ import decimal
 import enum
 import fractions
 import functools
+import itertools
 import operator
 import sys
 import types
@@ -126,6 +127,8 @@ class SettingsWatch:
         "_names",
         "_owners",
         "_sizes",
+        "_slots",
+        "_slotted",
         "_tables",
         "_tensors",
         "_values",
@@ -137,7 +140,11 @@ class SettingsWatch:
         # The plain objects the parts hold (a config), and those they hold in turn, in a
         # list, tuple, dict or set too: what each holds is watched as a part's own values
         # are (`enc.config.flag = True`, `enc.configs[0].flag = True`).
-        held = [object.__getattribute__(one, "__dict__") for one in _configs_in(parts)]
+        configs = _configs_in(parts)
+        held = [table for table in map(_dict_of, configs) if table is not None]
+        # A config's slots (a class with `__slots__`), each looked at by identity too.
+        slots = [(member, one) for one in configs for member in _members(one)]
+        slotted = list(itertools.starmap(_slot, slots))
         owners: list[dict[str, Any]] = []
         names: list[str] = []
         values: list[Any] = []
@@ -149,6 +156,9 @@ class SettingsWatch:
                     values.append(value)
         hooks = [_registry._global_forward_pre_hooks, _registry._global_forward_hooks]
         hooks += [table[kind] for table in parts for kind in _HOOK_TABLES]
+        self._slots = slots
+        self._slotted = slotted
+        values = [*values, *slotted]
         self._owners = owners
         self._names = names
         self._values = values
@@ -172,7 +182,16 @@ class SettingsWatch:
             or (_HANDLES.next_id != self._issued and tuple(map(tuple, self._hooks)) != self._marks)
             or tuple(map(_written, self._tensors)) != self._written
             or not all(map(_same_items, map(_items, self._containers), self._items))
+            or not all(map(operator.is_, itertools.starmap(_slot, self._slots), self._slotted))
         )
+
+
+def _dict_of(value: Any) -> dict[str, Any] | None:
+    try:
+        held = object.__getattribute__(value, "__dict__")
+    except AttributeError:  # a class with `__slots__`
+        return None
+    return held if isinstance(held, dict) else None
 
 
 _PLAIN_TYPES = frozenset({str, int, float, bool, bytes, type(None)})
@@ -201,10 +220,10 @@ def _configs_in(parts: list[dict[str, Any]]) -> list[Any]:
                 if id(value) not in seen:
                     seen.add(id(value))
                     todo.append((_items(value) if isinstance(value, dict) else value, depth))
-            elif id(value) not in found and _followed(value):
+            elif id(value) not in found and (_followed(value) or _slots_of(value)):
                 found[id(value)] = value
                 if depth + 1 < _CONFIG_DEPTH:
-                    todo.append((object.__getattribute__(value, "__dict__").values(), depth + 1))
+                    todo.append((_held_by(value).values(), depth + 1))
     return list(found.values())
 
 
@@ -407,7 +426,7 @@ def _setting(value: Any, path: Path) -> Any:
         if id(value) in path:
             return {"cycle": len(path) - path.index(id(value))}
         return _container(value, (*path, id(value)))
-    if _config(value):
+    if _config(value) or _slots_of(value):
         if id(value) in path:
             return {"cycle": len(path) - path.index(id(value))}
         return _object(value, (*path, id(value)))
@@ -427,9 +446,60 @@ def _object(value: Any, path: Path) -> Any:
     (``self.config.output_hidden_states``): one that cannot be named is named by its type,
     as a container's item is. What its class gives (a class attribute, a property) is
     read through its code, not named here."""
-    held = object.__getattribute__(value, "__dict__")
+    held = _held_by(value)
     attributes = {k: _item(v, path) for k, v in list(held.items()) if isinstance(k, str)}
     return {"object": _name_of(type(value)), "attributes": attributes}
+
+
+def _held_by(value: Any) -> dict[str, Any]:
+    """What a config holds: its ``__dict__``, and the slots its class declares that are
+    set (a class with ``__slots__``), by name."""
+    try:
+        held = dict(object.__getattribute__(value, "__dict__"))
+    except AttributeError:
+        held = {}
+    return {**held, **_slots_of(value)}
+
+
+def _slots_of(value: Any) -> dict[str, Any]:
+    """The slots that ``value``, an object of a class written in Python that declares
+    ``__slots__`` (not torch's, numpy's or the standard library's), holds set, by name;
+    empty for any other."""
+    out: dict[str, Any] = {}
+    for member in _members(value):
+        got = _slot(member, value)
+        if got is not _UNSET:
+            out[member.__name__] = got
+    return out
+
+
+def _members(value: Any) -> list[Any]:
+    """The slots ``value``'s class declares (its ``__slots__``'s descriptors), if it is a
+    class written in Python and not torch's, numpy's or the standard library's."""
+    from somatize_torch._values import _NOT_FOLLOWED, _STANDARD  # it imports this module
+
+    kind = type(value)
+    if not hasattr(kind, "__slots__") or isinstance(value, (torch.Tensor, nn.Module, type)):
+        return []
+    if kind.__module__.split(".")[0] in (*_NOT_FOLLOWED, *_STANDARD):
+        return []
+    found: dict[str, Any] = {}
+    for base in reversed(kind.__mro__):
+        for name, member in list(vars(base).items()):
+            if isinstance(member, types.MemberDescriptorType):
+                found.setdefault(name, member)
+    return list(found.values())
+
+
+_UNSET = object()
+"""What a slot not set holds, for :func:`_slot`."""
+
+
+def _slot(member: Any, value: Any) -> Any:
+    try:
+        return member.__get__(value, type(value))
+    except AttributeError:  # not set
+        return _UNSET
 
 
 def _item(value: Any, path: Path) -> Any:

@@ -957,6 +957,60 @@ def test_an_attribute_set_on_a_dataclass_config_beyond_its_fields_keys_its_answe
     assert wrapped.counts[name] == {"ran": 2, "kept": 2}
 
 
+class Slotted:
+    """A config whose class keeps its values in slots, as ``attrs``' ``define`` does."""
+
+    __slots__ = ("flag", "inner")
+
+    def __init__(self) -> None:
+        self.flag = False
+        self.inner = types.SimpleNamespace(scale=1.0)
+
+
+class ReadsSlotted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.config = Slotted()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x) * self.config.inner.scale
+        return out.relu() if self.config.flag else out
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
+def test_a_value_a_cached_module_reads_from_a_slotted_config_keys_its_answers(
+    store: Store, whole: bool
+) -> None:
+    """A config of a class with ``__slots__`` is named by what its slots hold, and a value
+    set on it in place keys the next call anew, as a config with a ``__dict__`` does."""
+    torch.manual_seed(0)
+    model = nn.Sequential(ReadsSlotted(), nn.Linear(4, 2))
+    wrapped = (
+        smt.wrap(model[0], frozen=True, cached=True, store=store)
+        if whole
+        else smt.wrap(model, frozen=["0"], cached=["0"], store=store)
+    )
+    smt.freeze(wrapped)
+    config = model[0].config
+    x = torch.randn(3, 4) - 0.5
+    before = wrapped(x)
+    name = next(iter(wrapped.counts))
+    config.flag = True
+    flipped = wrapped(x)
+    with torch.no_grad():
+        assert torch.equal(flipped, wrapped.model(x))
+    assert not torch.allclose(flipped, before)
+    config.inner.scale = 3.0
+    scaled = wrapped(x)
+    with torch.no_grad():
+        assert torch.equal(scaled, wrapped.model(x))
+    assert wrapped.counts[name] == {"ran": 3, "kept": 3}
+    config.flag, config.inner.scale = False, 1.0
+    assert torch.equal(wrapped(x), before)
+    assert wrapped.counts[name] == {"ran": 3, "kept": 3, "recalled": 1}
+
+
 def test_a_config_value_other_in_another_process_is_computed_not_recalled(
     tmp_path: Path,
 ) -> None:
