@@ -204,12 +204,15 @@ _CONFIG_DEPTH = 5
 def _configs_in(parts: list[dict[str, Any]]) -> list[Any]:
     """The plain objects (configs) the tables ``parts`` hold, directly or in a list,
     tuple, dict or set (however nested), and those they hold in turn, five configs deep,
-    as the key names them: each once, outermost first."""
+    as the key names them: each once. torch's own tables (a hook object and what it
+    keeps) are passed over, as the watch passes over them."""
     from somatize_torch._values import _followed  # it imports this module
 
     found: dict[int, Any] = {}
     seen: set[int] = set()  # containers already looked through
-    todo: list[tuple[Any, int]] = [(table.values(), 0) for table in parts]
+    todo: list[tuple[Any, int]] = [
+        ([value for name, value in table.items() if name not in _UNWATCHED], 0) for table in parts
+    ]
     while todo:
         items, depth = todo.pop()
         for value in list(items):

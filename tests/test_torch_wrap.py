@@ -1011,6 +1011,34 @@ def test_a_value_a_cached_module_reads_from_a_slotted_config_keys_its_answers(
     assert wrapped.counts[name] == {"ran": 3, "kept": 3, "recalled": 1}
 
 
+class CountingHook:
+    """A forward hook that keeps a count of the calls it sees."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, module: nn.Module, args: Any, out: Any) -> None:
+        self.calls += 1
+
+
+def test_what_a_hook_object_keeps_is_no_config_the_settings_watch_sees() -> None:
+    """A hook is named by its code: what a callable object registered as one keeps (a
+    count it moves as it runs) is no config of the module, and changing it says nothing
+    changed, so a cached call is not declared again for it."""
+    from somatize_torch._settings import SettingsWatch
+
+    module = nn.Linear(4, 4)
+    hook = CountingHook()
+    module.register_forward_hook(hook)
+    module.config = types.SimpleNamespace(flag=False)
+    watch = SettingsWatch(module)
+    module(torch.randn(2, 4))
+    assert hook.calls == 1
+    assert not watch.changed()
+    module.config.flag = True
+    assert watch.changed()
+
+
 def test_a_config_value_other_in_another_process_is_computed_not_recalled(
     tmp_path: Path,
 ) -> None:
