@@ -230,6 +230,33 @@ def test_a_config_value_changed_in_place_keys_rows_anew(store: Store) -> None:
     cached.close()
 
 
+class FlaggedInList(Flagged):
+    """Keeps its config in a list, as a model with one config per head does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.configs = [self.config]
+        del self.config
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x)
+        return out.relu() if self.configs[0].flag else out
+
+
+def test_a_config_held_in_a_list_changed_in_place_keys_rows_anew(store: Store) -> None:
+    """A flag the module reads from a config it keeps in a list, changed in place, keys
+    every row anew at the next forward, without a redeclare."""
+    module = FlaggedInList()
+    cached = cache_rows(module, store)
+    x = torch.randn(5, 6)
+    first = cached(x)
+    module.configs[0].flag = True
+    flagged = cached(x)
+    assert cached.stats.computed == 10
+    assert torch.equal(flagged, expected(module, x)) and not torch.equal(flagged, first)
+    cached.close()
+
+
 class Corners(torch.Tensor):
     """Boxes given by two corners."""
 
