@@ -45,7 +45,9 @@ versions), else by that code (a class typed into an interpreter, a file edited s
 it was imported), digested alike in every process; with its plain values (numbers,
 strings, tuples of them), the functions' defaults and what they close over (a plain value,
 a function by how it is written). Any other object a function closes over, and a
-callable a class holds that is no plain function (a callable object, a mock), is named
+callable a class holds that is no plain function (a callable object, a mock), or any
+object it holds in a dict, list, tuple or set (``acts = {"a": Scale(2)}``, read as deep and
+as far as such an object is, :func:`_contained_bytes`), is named
 by its class and what it holds where all it holds is named so in turn (:func:`_held_bytes`:
 the same in every process making it alike), else by a mark of that very object, the
 same for no other object in any process (:func:`_token_of`): a replacement, or the
@@ -241,8 +243,10 @@ def _left_out(kind: type) -> bool:
 def _written(kind: type, state: frozenset[str]) -> bytes:
     """The digest of what ``kind``'s own body holds: each function (by
     :func:`_function_bytes`), each plain value, and what its functions name in their
-    module (:func:`_named`). A dataclass is said by its fields, not by the methods made
-    for it (whose code is the Python version's as much as the class's). A name of
+    module (:func:`_named`), and each dict, list, tuple or set that holds an object, by
+    what it holds (:func:`_contained_bytes`). A dataclass is said by its fields, not by
+    the methods made for it (whose code is the Python version's as much as the class's). A
+    name of
     ``state`` (what the code of its lineage sets on a class of it as it runs) is taken as
     the class's text assigns it, and not at all where the class does not assign it but a
     class it inherits from holds it (a counter declared on a base, moved on the subclass
@@ -278,6 +282,9 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
         opaque = None if held or _dunder(name) or _plain(member) else _opaque_bytes(member)
         if opaque is not None:
             _put(digest, b"object " + name.encode(), opaque)
+        contained = None if _dunder(name) else _contained_bytes(member)
+        if contained is not None:
+            _put(digest, b"holds " + name.encode(), contained)
         if not held and not _dunder(name) and _plain(member):
             if not texts:
                 texts.append(_class_body(kind))
@@ -314,6 +321,8 @@ def _body_of(kind: type, state: frozenset[str]) -> Body:
             body.append((name, (functions, _bound_in(member))))
         elif _plain(member):
             body.append((name, "state" if name in state else (type(member), member)))
+        elif type(member) in _CONTAINERS and not _dunder(name):  # read again, as an object
+            body.append((name, _contained_bytes(member)))
         else:
             opaque = _opaque_bytes(member)
             if opaque is not None and opaque.startswith(b"object "):  # marked: by identity
@@ -462,10 +471,7 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
         reference = weakref.ref(value, functools.partial(_forget_held, id(value)))
     except TypeError:
         return None
-    walking = getattr(_WALKING, "ids", None)
-    if walking is None:
-        walking = _WALKING.ids = set()
-        _WALKING.kinds = set()
+    walking = _walking()
     if id(value) in walking:  # reached again as it is read or looked at: marked for good
         _HELD[id(value)] = (reference, None)
         return None
@@ -492,6 +498,62 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     return named
 
 
+def _walking() -> set[int]:
+    """The objects being named by what they hold in this thread, by id (:data:`_WALKING`)."""
+    walking: set[int] | None = getattr(_WALKING, "ids", None)
+    if walking is None:
+        walking = _WALKING.ids = set()
+        _WALKING.kinds = set()
+    return walking
+
+
+def _contained_bytes(
+    member: Any, read: list[Any] | None = None, marked: list[Any] | None = None
+) -> bytes | None:
+    """A dict, list, tuple or set a class holds that holds an object, nested or not
+    (``acts = {"a": Scale(2)}``, ``layers = [Scale(2)]``), named by what it holds as
+    :func:`_held_bytes` reads a container, each object in it (no container, no plain
+    value) as one the class held itself: by what it holds where it can be
+    (:func:`_held_bytes`), else by a mark of that very object (:func:`_token_of`). None for
+    any other member, for one holding only plain values (a table, a cache its code fills),
+    and for one deeper or larger than the walk's bound. ``read`` is given each dict, list
+    and set read of the objects in it named by what they hold, ``marked`` each object in
+    it marked by which object it is, for a graph's watch (which reads the container itself
+    as it reads a marked object, :class:`_Marked`)."""
+    if type(member) not in _CONTAINERS or _plain(member):
+        return None
+    found: dict[int, Any] = {}  # each object in it, by id
+    seen: list[Any] = []
+    marks: list[Any] = []
+
+    def leaf(value: Any) -> bytes:
+        if id(value) not in found:
+            found[id(value)] = value
+            if isinstance(value, BuiltinFunctionType) and isinstance(value.__self__, _NO_SELF):
+                return f"builtin {value.__module__}:{value.__qualname__}".encode()
+            named = _held_bytes(value, seen)
+            if named is not None:
+                return named
+            marks.append(value)
+        return _token_of(value)
+
+    walking = _walking()
+    walk = _Walk(walking, leaf)
+    try:
+        said = walk.name(member, 0)
+    except (_Unnamed, RecursionError):
+        return None
+    finally:
+        walking.difference_update(walk.placed)
+    if not found:
+        return None
+    if read is not None:
+        read += seen
+    if marked is not None:
+        marked += marks
+    return b"holds " + hashlib.sha256(said).digest()
+
+
 _HELD: dict[int, tuple[weakref.ref[Any], bytes | None]] = {}
 """An object named by what it holds, by its address → a weak reference to it and the name
 it was first given (None: it is marked by which object it is, :func:`_token_of`); nothing
@@ -509,8 +571,9 @@ def _forget_held(at: int, reference: weakref.ref[Any], held: dict[int, Any] = _H
 class _Walk:
     """One reading of an object for :func:`_held_bytes`."""
 
-    def __init__(self, walking: set[int]) -> None:
+    def __init__(self, walking: set[int], leaf: Any = None) -> None:
         self.walking = walking
+        self.leaf = leaf  # names each object, no container, in place of reading it
         self.placed: dict[int, int] = {}  # an object read → its place in the reading
         self.held: list[Any] = []  # what was read, alive while ids name it
         self.read: list[Any] = []  # each dict, list, set and class namespace read
@@ -527,6 +590,8 @@ class _Walk:
             return b"again %d" % at
         if id(value) in self.walking:  # being read around this reading
             raise _Unnamed
+        if self.leaf is not None and type(value) not in _CONTAINERS:
+            return bytes(self.leaf(value))
         if isinstance(value, FunctionType):  # with what it names in its module
             named, _ = _named([value])
             pieces = [label + b"\0" + piece for label, piece in named]
@@ -785,7 +850,8 @@ class CodeWatch(NamedTuple):
 
 
 class Mark(NamedTuple):
-    """An object marked by which object it is, as a watch (:class:`CodeWatch`) notes it."""
+    """An object marked by which object it is, or a container holding objects a class holds
+    (:func:`_contained_bytes`), as a watch (:class:`CodeWatch`) notes it."""
 
     at: int
     """Where its version, then what is read of it, lie in the watch's lives."""
@@ -911,7 +977,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     is found in one comparison made in C: the namespace of each class of their lineages
     (as :func:`fingerprint_of` takes them) and a copy of it, which differ once a method
     is patched in, a base class's replaced, or one added or deleted; each dict, list or
-    set read of an object a class holds, or its functions close over, named by what it
+    set read of an object a class holds (itself, or in a dict, list, tuple or set:
+    :func:`_contained_bytes`, which are read too), or its functions close over, named by what it
     holds (:func:`_held_bytes`: an attribute of it set in place, ``Kind.act.k = 3``), the
     mark and what is read of each such object marked by which object it is instead
     (:class:`_Marked`: changed since, it is marked anew, :func:`marks_moved`), and
@@ -937,12 +1004,24 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     for kind in lineage:
         for name, member in list(vars(kind).items()):
             label = f"{kind.__qualname__}.{name}"
-            for held in _held_in(member):
-                read: list[Any] = []
-                if _held_bytes(held, read) is not None:
-                    lives += read
-                    labels += [label] * len(read)
-                elif (marked := _marked(held)) is not None:  # marked: what it holds watched
+            read: list[Any] = []
+            unnamed: list[Any] = []
+            if not _dunder(name) and _contained_bytes(member, read, unnamed) is not None:
+                # a container holding objects: each watched as one held itself, and the
+                # container as a marked object is, so what its node's forward changes in
+                # it (an object added to a log) is its state
+                noted = _Marked(member)
+                marks.append(Mark(len(lives), member, noted, False, kind))
+                lives += [noted.version, noted.lives]
+                labels += [label, label]
+            else:
+                for held in _held_in(member):
+                    if _held_bytes(held, read) is None:
+                        unnamed.append(held)
+            lives += read
+            labels += [label] * len(read)
+            for held in unnamed:
+                if (marked := _marked(held)) is not None:  # marked: what it holds watched
                     noted, anew = marked
                     marks.append(Mark(len(lives), held, noted, anew, kind))
                     lives += [noted.version, noted.lives]

@@ -16,7 +16,7 @@ import types
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from unittest import mock
 
 import pytest
@@ -1690,3 +1690,99 @@ def test_an_object_whose_getattr_raises_another_error_is_fingerprinted(
     assert fingerprint_of(HoldsScale) != before
     graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
     assert graph.forward(5, store=store, strict=True) == 15
+
+
+class HoldsMany(Node):
+    """Scales by what the objects it holds in a container say."""
+
+    acts: Any = None
+
+    def forward(self, x: int, ctx: Any) -> int:
+        acts = self.acts
+        first = acts["a"] if isinstance(acts, dict) else next(iter(acts))
+        if isinstance(first, (list, tuple)):  # held a level deeper
+            first = first[0]
+        return first(x)  # type: ignore[no-any-return]
+
+
+_CONTAINED: dict[str, Any] = {
+    "dict": lambda made: {"a": made, "n": 1},
+    "list": lambda made: [made, 1],
+    "tuple": lambda made: (made, 1),
+    "set": lambda made: {made},
+    "nested": lambda made: [(made, "x"), {"b": [1]}],
+}
+
+
+@pytest.mark.parametrize("held", [_Scale, _Counting, _SlottedCounting])
+@pytest.mark.parametrize("container", list(_CONTAINED))
+def test_an_object_a_class_holds_in_a_container_changed_in_place_is_seen(
+    container: str, held: type[Any], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds in a dict, list, tuple or set (a level or two deep),
+    changed in place between forwards once and again (``Kind.acts["a"].k = 3``), is other
+    code at the next forward each time: strict=True computes with what it holds now, never
+    recalling what it computed before — one that counts its calls on itself too, and that
+    count, moved as its node runs, makes no forward after compute again."""
+    made = held(2)
+    monkeypatch.setattr(HoldsMany, "acts", _CONTAINED[container](made))
+    graph = Graph.somatize(HoldsMany().named("h").frozen().cached())
+    for k in (2, 3, 4):
+        made.k = k
+        ran = []
+        for _ in range(3):
+            assert graph.forward(1, store=store, strict=True) == k
+            assert graph.record is not None
+            ran.append(graph.record.outcome["h"])
+        assert ran[1:] == ["recalled", "recalled"], k
+
+
+def test_an_object_a_class_holds_in_a_container_is_in_its_fingerprint(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds in a container is named in the class's fingerprint as one
+    it holds itself is: another object there, or one changed in place, is another
+    fingerprint, and an answer kept before is recalled as drifted; one set in the
+    container in place of another (``Kind.acts["a"] = Scale(3)``) is seen at the next
+    forward too."""
+    monkeypatch.setattr(HoldsMany, "acts", {"a": _Scale(2)})
+    two = fingerprint_of(HoldsMany)
+    monkeypatch.setattr(HoldsMany, "acts", {"a": _Scale(2)})
+    assert fingerprint_of(HoldsMany) == two  # named by what it holds: alike
+    graph = Graph.somatize(HoldsMany().named("h").frozen().cached())
+    assert graph.forward(5, store=store) == 10
+    HoldsMany.acts["a"].k = 3
+    with pytest.warns(Drifted, match="`h` was recalled"):
+        assert graph.forward(5, store=store) == 10
+    assert graph.forward(5, store=store, strict=True) == 15
+    assert fingerprint_of(HoldsMany) != two
+    HoldsMany.acts["a"] = _Scale(4)
+    assert graph.forward(5, store=store, strict=True) == 20
+
+
+class _LogsItself(Node):
+    """Notes each value it is handed, as an object, in a list its class holds."""
+
+    log: ClassVar[list[Any]] = [_Scale(0)]
+
+    def forward(self, x: int, ctx: Any) -> int:
+        self.log.append(_Scale(x))
+        return x * 2
+
+
+def test_an_object_its_own_node_adds_to_a_container_its_class_holds_is_state(
+    store: Store,
+) -> None:
+    """A container a class holds, given another object by its own node's forward (a log),
+    is its state: the forwards after recall what was kept; one set in it between forwards
+    is seen."""
+    graph = Graph.somatize(_LogsItself().named("l").frozen().cached())
+    ran = []
+    for _ in range(3):
+        assert graph.forward(1, store=store, strict=True) == 2
+        assert graph.record is not None
+        ran.append(graph.record.outcome["l"])
+    assert ran == ["ran", "recalled", "recalled"]
+    _LogsItself.log.append(_Scale(5))
+    assert graph.forward(1, store=store, strict=True) == 2
+    assert graph.record is not None and graph.record.outcome["l"] == "ran"
