@@ -46,7 +46,8 @@ it was imported), digested alike in every process; with its plain values (number
 strings, tuples of them), the functions' defaults and what they close over (a plain value,
 a function by how it is written). Any other object a function closes over, and a
 callable a class holds that is no plain function (a callable object, a mock), or any
-object it holds in a dict, list, tuple or set (``acts = {"a": Scale(2)}``, read as deep and
+object it holds, or a function closes over, in a dict, list, tuple or set
+(``acts = {"a": Scale(2)}``, read as deep and
 as far as such an object is, :func:`_contained_bytes`), is named
 by its class and what it holds where all it holds is named so in turn (:func:`_held_bytes`:
 the same in every process making it alike), else by a mark of that very object, the
@@ -1006,18 +1007,20 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             label = f"{kind.__qualname__}.{name}"
             read: list[Any] = []
             unnamed: list[Any] = []
-            if not _dunder(name) and _contained_bytes(member, read, unnamed) is not None:
-                # a container holding objects: each watched as one held itself, and the
-                # container as a marked object is, so what its node's forward changes in
-                # it (an object added to a log) is its state
-                noted = _Marked(member)
-                marks.append(Mark(len(lives), member, noted, False, kind))
-                lives += [noted.version, noted.lives]
-                labels += [label, label]
-            else:
-                for held in _held_in(member):
-                    if _held_bytes(held, read) is None:
-                        unnamed.append(held)
+            holds = _held_in(member)
+            if not holds and not _dunder(name) and type(member) in _CONTAINERS:
+                holds = [member]
+            for held in holds:
+                if _contained_bytes(held, read, unnamed) is not None:
+                    # a container holding objects: each watched as one held itself, and
+                    # the container as a marked object is, so what its node's forward
+                    # changes in it (an object added to a log) is its state
+                    noted = _Marked(held)
+                    marks.append(Mark(len(lives), held, noted, False, kind))
+                    lives += [noted.version, noted.lives]
+                    labels += [label, label]
+                elif _held_bytes(held, read) is None:
+                    unnamed.append(held)
             lives += read
             labels += [label] * len(read)
             for held in unnamed:
@@ -1403,7 +1406,7 @@ def _made_of(function: FunctionType) -> tuple[Any, ...]:
     identity (one changed in place since it was named is marked from then on)."""
     keywords = function.__kwdefaults__ or {}
     held = tuple(
-        _held_bytes(value) or (_Same(value), _version_of(value))
+        _held_bytes(value) or _contained_bytes(value) or (_Same(value), _version_of(value))
         for value in _closed_objects(function)
     )
     return (
@@ -1432,7 +1435,8 @@ def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
     value by what it is, a function by :func:`_function_bytes`, the class a method calling
     ``super()`` was defined in (``__class__``) by its name, another class by its name where
     that leads back to it, an object whose state is all named by what it is by that
-    (:func:`_held_bytes`), else by a mark of that very object (:func:`_token_of`), so that
+    (:func:`_held_bytes`), a container holding objects by what it holds
+    (:func:`_contained_bytes`), else by a mark of that very object (:func:`_token_of`), so that
     a function closing over another object is never taken for one closing over the
     first."""
     try:
@@ -1451,7 +1455,7 @@ def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
         return f"class {identity_of(value)}".encode()
     if isinstance(value, ModuleType):
         return f"module {value.__name__}".encode()
-    return _held_bytes(value) or _token_of(value)
+    return _held_bytes(value) or _contained_bytes(value) or _token_of(value)
 
 
 def _value_bytes(value: Any) -> bytes:

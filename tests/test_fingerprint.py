@@ -1786,3 +1786,39 @@ def test_an_object_its_own_node_adds_to_a_container_its_class_holds_is_state(
     _LogsItself.log.append(_Scale(5))
     assert graph.forward(1, store=store, strict=True) == 2
     assert graph.record is not None and graph.record.outcome["l"] == "ran"
+
+
+def _first_of(acts: Any) -> Any:
+    """A forward scaling by the first object ``acts`` holds."""
+
+    def forward(self: Any, x: int, ctx: Any) -> int:
+        return acts[0](x)  # type: ignore[no-any-return]
+
+    return forward
+
+
+_CLOSED: list[Any] = [_Counting(2)]
+
+
+class ClosesOverMany(Node):
+    """Scales by the first object of a list its forward closes over."""
+
+    forward = _first_of(_CLOSED)
+
+
+def test_an_object_in_a_container_a_method_closes_over_changed_in_place_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object in a list a method closes over, changed in place between forwards, is
+    other code at the next forward, as one the method closes over itself is: strict=True
+    computes with what it holds now; what it counts as its node runs is its state."""
+    monkeypatch.setattr(_CLOSED[0], "k", 2)
+    graph = Graph.somatize(ClosesOverMany().named("c").frozen().cached())
+    for k in (2, 3):
+        _CLOSED[0].k = k
+        ran = []
+        for _ in range(3):
+            assert graph.forward(1, store=store, strict=True) == k
+            assert graph.record is not None
+            ran.append(graph.record.outcome["c"])
+        assert ran[1:] == ["recalled", "recalled"], k
