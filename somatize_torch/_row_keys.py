@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
-from somatize.catalog import code_changes, watched_again
+from somatize.catalog import code_changes, fingerprint_of, watch_code, watched_again
 from somatize.keys import node_key, node_prefix, root_key
 from somatize_torch._precision import float32_precision
 from somatize_torch._row_ahead import _take_named
@@ -44,7 +44,7 @@ from somatize_torch._row_errors import NeedsIndex, RowsError, _describe
 from somatize_torch._state import StateWatch, digest_state
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import DTYPES, raw_rows, row_digest, row_header
-from somatize_torch.freeze import hold, refuse_inference_tensors, unfrozen_error
+from somatize_torch.freeze import classes_of, hold, refuse_inference_tensors, unfrozen_error
 from somatize_torch.wrap import REGISTRIES
 
 if TYPE_CHECKING:
@@ -319,7 +319,16 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
 
 def _redeclared(self: CachedRows) -> bool:
     """Drops each keying whose prefix the module as it is now would not derive (its
-    declaration changed); returns whether there was one."""
+    declaration changed); returns whether there was one. A config of a class not
+    among those the cache was made with (set on the module since) has its class's code
+    watched, and covered by the fingerprint rows are kept under, from now on."""
+    classes = classes_of(self.module)
+    if set(classes) != set(self._classes):
+        self._classes = classes
+        self._code = watch_code(classes)
+        self._fingerprint = fingerprint_of(*classes)
+        if self._writer is not None:
+            self._writer.fingerprint = self._fingerprint
     stale = [tag for tag, keying in self._keyings.items() if _prefix(self, tag) != keying.prefix]
     _drop_keyings(self, stale)
     if stale:

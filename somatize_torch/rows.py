@@ -175,10 +175,11 @@ class CachedRows(nn.Module):
         self._orders: dict[tuple[torch.Size, torch.dtype], list[int] | None] = {}
         """Per shape and dtype of a row, the order of the dims in memory of the batches
         the module answered (None: C order): a batch recalled is laid out so too."""
-        self._fingerprint = fingerprint_of(*classes_of(module))
+        self._classes = classes_of(module)
+        self._fingerprint = fingerprint_of(*self._classes)
         # What the fingerprint was worked out from: a method set on a class since is
         # refused where rows are keyed (`_row_keys._keying`).
-        self._code = watch_code(classes_of(module))
+        self._code = watch_code(self._classes)
         self._writer = Writer(store, self._fingerprint) if store is not None else None
         self._lock = store_lock(store) if store is not None else None
         self._drift_warned = False

@@ -1719,6 +1719,51 @@ def test_a_class_default_its_code_sets_on_an_instance_is_code(
         cached(x)
 
 
+class LateConfig:
+    """A config whose class gives the scale its module reads."""
+
+    scale = 1.0
+
+
+class ReadsALateConfig(nn.Module):
+    """Reads a config set on it only after it was cached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 3)
+        self.config: LateConfig | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.config is not None
+        out: torch.Tensor = self.linear(x) * self.config.scale
+        return out
+
+
+def test_a_config_set_after_caching_has_its_class_code_watched(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config of a class the cache was not made with, set on the module after
+    ``cache_rows``, has its class's code watched as the module's is: its rows are kept
+    under a fingerprint that covers that class (a cache made with the config from the
+    start recalls them as they are), and a default changed on that class refuses the
+    cache rather than recall the rows the old default computed."""
+    encoder = ReadsALateConfig()
+    cached = cache_rows(encoder, store=store)
+    encoder.config = LateConfig()
+    x = torch.randn(4, 6)
+    first = cached(x)
+    cached.flush()
+    again = ReadsALateConfig()
+    again.config = LateConfig()
+    other = cache_rows(again, store=store, strict=True)
+    assert torch.equal(other(x), first)
+    assert other.stats.from_store == 4 and other.stats.computed == 0
+    monkeypatch.setattr(LateConfig, "scale", 3.0)
+    with pytest.raises(RowsError, match=r"`LateConfig\.scale` was set on the class"):
+        cached(x)
+
+
 class DeclaresACount(nn.Module):
     """Declares the count its subclass keeps on its own class."""
 
