@@ -15,6 +15,7 @@ import textwrap
 import types
 import warnings
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 from unittest import mock
@@ -1425,21 +1426,40 @@ class _Calls:
         return self.function(x)  # type: ignore[no-any-return]
 
 
+def _held_edited_between_runs(
+    text: Callable[[int], str],
+    held: Callable[[Any], Any],
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loads the module ``text(by)`` makes for ``by`` in 2, 3, 3 (its file edited between
+    runs), has ``HoldsScale`` hold ``held(module)`` — an object that multiplies by ``by`` —
+    and checks each run computes ``5 * by`` under strict, and that the fingerprint moved
+    with the edit and not without one."""
+    path = tmp_path / "fingerprinted.py"
+    found = []
+    for by in (2, 3, 3):
+        monkeypatch.setattr(HoldsScale, "act", held(_load(path, text(by), monkeypatch)))
+        found.append(fingerprint_of(HoldsScale))
+        graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+        assert graph.forward(5, store=store, strict=True) == 5 * by
+    assert found[0] != found[1] == found[2]
+
+
 def test_a_function_an_object_holds_is_named_with_what_it_names_in_its_module(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A function an object held by a class holds is named with the helpers and constants
     it names in its module, as the class's own functions are: its module edited between
     two runs (``STEP = 2`` made 3) is other code, never recalled for the old one's answer."""
-    path = tmp_path / "fingerprinted.py"
-    found = []
-    for step in (2, 3, 3):
-        loaded = _load(path, _HELPER.replace("STEP = 2", f"STEP = {step}"), monkeypatch)
-        monkeypatch.setattr(HoldsScale, "act", _Calls(loaded.helper))
-        found.append(fingerprint_of(HoldsScale))
-        graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
-        assert graph.forward(5, store=store, strict=True) == 5 * step
-    assert found[0] != found[1] == found[2]
+    _held_edited_between_runs(
+        lambda by: _HELPER.replace("STEP = 2", f"STEP = {by}"),
+        lambda loaded: _Calls(loaded.helper),
+        store,
+        tmp_path,
+        monkeypatch,
+    )
 
 
 _TABLE = """
@@ -1457,15 +1477,13 @@ def test_what_the_class_of_an_object_a_class_holds_keeps_is_in_its_name(
     """An object a class holds is named with what its own class keeps that is no plain
     value nor function (a table, ``table = {"by": 2}``): that class edited between two
     runs (``{"by": 3}``) is other code, never recalled for the old one's answer."""
-    path = tmp_path / "fingerprinted.py"
-    found = []
-    for by in (2, 3, 3):
-        loaded = _load(path, _TABLE.replace('"by": 2', f'"by": {by}'), monkeypatch)
-        monkeypatch.setattr(HoldsScale, "act", loaded.Table())
-        found.append(fingerprint_of(HoldsScale))
-        graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
-        assert graph.forward(5, store=store, strict=True) == 5 * by
-    assert found[0] != found[1] == found[2]
+    _held_edited_between_runs(
+        lambda by: _TABLE.replace('"by": 2', f'"by": {by}'),
+        lambda loaded: loaded.Table(),
+        store,
+        tmp_path,
+        monkeypatch,
+    )
 
 
 def _int_times(k: int) -> Any:
@@ -1560,15 +1578,13 @@ def test_a_class_an_object_a_class_holds_holds_is_named_by_its_code(
     """A class an object held by a class holds (``self.make = Layer``) is named by its code
     as well as its name: that class edited between two runs (``x * 2`` made ``x * 3``) is
     other code, never recalled for the old one's answer."""
-    path = tmp_path / "fingerprinted.py"
-    found = []
-    for by in (2, 3, 3):
-        loaded = _load(path, _MAKER.replace("x * 2", f"x * {by}"), monkeypatch)
-        monkeypatch.setattr(HoldsScale, "act", loaded.Maker())
-        found.append(fingerprint_of(HoldsScale))
-        graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
-        assert graph.forward(5, store=store, strict=True) == 5 * by
-    assert found[0] != found[1] == found[2]
+    _held_edited_between_runs(
+        lambda by: _MAKER.replace("x * 2", f"x * {by}"),
+        lambda loaded: loaded.Maker(),
+        store,
+        tmp_path,
+        monkeypatch,
+    )
 
 
 class _Signs:
