@@ -30,6 +30,7 @@ from tests.test_torch_wrap import (
     Targets,
     Thresholded,
     _modes,
+    default_edited,
 )
 
 
@@ -417,22 +418,11 @@ def test_a_compiled_call_after_a_forward_default_changed_is_refused_naming_it(
     smt.freeze(wrapped)
     compiled = torch.compile(wrapped, backend="eager")
     x = torch.randn(3, 4)
-    forward = PoolsByDefault.forward
-    before = (forward.__defaults__, dict(forward.__kwdefaults__ or {}))
     with torch.no_grad():
         assert torch.equal(compiled(x), model(x))
-        try:
-            if edit == "defaults":
-                forward.__defaults__, name = (False,), "pool"
-            elif edit == "kwdefaults":
-                forward.__kwdefaults__, name = {"scale": 3.0}, "scale"
-            else:
-                forward.__kwdefaults__["scale"], name = 3.0, "scale"
+        with default_edited(edit) as name:
             for _ in range(2):
                 with pytest.raises(smt.WrapError, match=rf"default of `{name}`.*changed"):
                     compiled(x)
-        finally:
-            forward.__defaults__ = before[0]
-            forward.__kwdefaults__ = before[1]
         assert torch.equal(compiled(x), model(x))
     torch._dynamo.reset()

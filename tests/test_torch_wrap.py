@@ -20,7 +20,7 @@ import threading
 import time
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from random import random as draw_at_random
 from typing import Any, ClassVar, TypeVar
@@ -3238,6 +3238,27 @@ class PoolsByDefault(OnTempered):
         return h * 2 * scale if pool else h * scale
 
 
+@contextlib.contextmanager
+def default_edited(edit: str) -> Iterator[str]:
+    """Edits a default of ``PoolsByDefault.forward`` — its ``__defaults__`` or its
+    ``__kwdefaults__`` replaced, or one of them set in place, as ``edit`` says — yields
+    the name of the argument whose default changed, and puts the defaults back."""
+    forward = PoolsByDefault.forward
+    before = (forward.__defaults__, dict(forward.__kwdefaults__ or {}))
+    try:
+        if edit == "defaults":
+            forward.__defaults__ = (False,)
+            yield "pool"
+        elif edit == "kwdefaults":
+            forward.__kwdefaults__ = {"scale": 3.0}
+            yield "scale"
+        else:
+            forward.__kwdefaults__["scale"] = 3.0
+            yield "scale"
+    finally:
+        forward.__defaults__, forward.__kwdefaults__ = before
+
+
 @pytest.mark.parametrize("edit", ["defaults", "kwdefaults", "kwdefaults in place"])
 def test_a_forward_default_changed_after_wrap_is_refused_naming_it(store: Store, edit: str) -> None:
     """The code traced takes an argument left out at the default it had at `wrap`:
@@ -3246,7 +3267,6 @@ def test_a_forward_default_changed_after_wrap_is_refused_naming_it(store: Store,
     the wrapped model call as before."""
     wrapped, model = _encoder_cached(PoolsByDefault, store)
     x = torch.randn(3, 4)
-    forward = PoolsByDefault.forward
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
         held = io.BytesIO()
@@ -3254,19 +3274,11 @@ def test_a_forward_default_changed_after_wrap_is_refused_naming_it(store: Store,
         held.seek(0)
         for copied in (torch.load(held, weights_only=False), copy.deepcopy(wrapped)):
             assert torch.equal(copied(x), model(x))
-        before = (forward.__defaults__, dict(forward.__kwdefaults__ or {}))
-        try:
-            if edit == "defaults":
-                forward.__defaults__, name = (False,), "pool"
-            elif edit == "kwdefaults":
-                forward.__kwdefaults__, name = {"scale": 3.0}, "scale"
-            else:
-                forward.__kwdefaults__["scale"], name = 3.0, "scale"
-            with pytest.raises(smt.WrapError, match=rf"default of `{name}`.*changed"):
-                wrapped(x)
-        finally:
-            forward.__defaults__ = before[0]
-            forward.__kwdefaults__ = before[1]
+        with (
+            default_edited(edit) as name,
+            pytest.raises(smt.WrapError, match=rf"default of `{name}`.*changed"),
+        ):
+            wrapped(x)
 
 
 class ExtraUnpooled(nn.Module):
