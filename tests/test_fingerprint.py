@@ -1013,6 +1013,17 @@ class _Logging(_Scale):
         return x * self.k
 
 
+def _three_forwards(graph: Graph, store: Store, node: str, answer: Any) -> list[str]:
+    """Three forwards of ``graph`` on 1 under strict, each checked to answer ``answer``:
+    what each did at ``node`` (``ran``, ``recalled``)."""
+    ran = []
+    for _ in range(3):
+        assert graph.forward(1, store=store, strict=True) == answer
+        assert graph.record is not None
+        ran.append(graph.record.outcome[node])
+    return ran
+
+
 @pytest.mark.parametrize("held", [_Scale, _Counting, _Logging])
 def test_an_object_a_class_holds_changed_in_place_again_is_seen(
     held: type[_Scale], store: Store, monkeypatch: pytest.MonkeyPatch
@@ -1028,11 +1039,7 @@ def test_an_object_a_class_holds_changed_in_place_again_is_seen(
         assert graph.forward(x, store=store, strict=True) == 2
     for k in (3, 4, 5):
         HoldsScale.act.k = k
-        ran = []
-        for _ in range(3):
-            assert graph.forward(1, store=store, strict=True) == k
-            assert graph.record is not None
-            ran.append(graph.record.outcome["h"])
+        ran = _three_forwards(graph, store, "h", k)
         assert ran == ["ran", "recalled", "recalled"], k
 
 
@@ -1193,11 +1200,7 @@ def test_an_object_holding_slots_changed_in_place_again_is_seen(
     graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
     for k in (2, 3, 4):
         HoldsScale.act.k = k
-        ran = []
-        for _ in range(3):
-            assert graph.forward(1, store=store, strict=True) == k
-            assert graph.record is not None
-            ran.append(graph.record.outcome["h"])
+        ran = _three_forwards(graph, store, "h", k)
         assert ran[1:] == ["recalled", "recalled"], k
 
 
@@ -1745,11 +1748,7 @@ def test_an_object_a_class_holds_in_a_container_changed_in_place_is_seen(
     graph = Graph.somatize(HoldsMany().named("h").frozen().cached())
     for k in (2, 3, 4):
         made.k = k
-        ran = []
-        for _ in range(3):
-            assert graph.forward(1, store=store, strict=True) == k
-            assert graph.record is not None
-            ran.append(graph.record.outcome["h"])
+        ran = _three_forwards(graph, store, "h", k)
         assert ran[1:] == ["recalled", "recalled"], k
 
 
@@ -1793,11 +1792,7 @@ def test_an_object_its_own_node_adds_to_a_container_its_class_holds_is_state(
     is its state: the forwards after recall what was kept; one set in it between forwards
     is seen."""
     graph = Graph.somatize(_LogsItself().named("l").frozen().cached())
-    ran = []
-    for _ in range(3):
-        assert graph.forward(1, store=store, strict=True) == 2
-        assert graph.record is not None
-        ran.append(graph.record.outcome["l"])
+    ran = _three_forwards(graph, store, "l", 2)
     assert ran == ["ran", "recalled", "recalled"]
     _LogsItself.log.append(_Scale(5))
     assert graph.forward(1, store=store, strict=True) == 2
@@ -1832,9 +1827,5 @@ def test_an_object_in_a_container_a_method_closes_over_changed_in_place_is_seen(
     graph = Graph.somatize(ClosesOverMany().named("c").frozen().cached())
     for k in (2, 3):
         _CLOSED[0].k = k
-        ran = []
-        for _ in range(3):
-            assert graph.forward(1, store=store, strict=True) == k
-            assert graph.record is not None
-            ran.append(graph.record.outcome["c"])
+        ran = _three_forwards(graph, store, "c", k)
         assert ran[1:] == ["recalled", "recalled"], k
