@@ -239,8 +239,9 @@ def reading(model: nn.Module, held: Callable[[str], Any] | None = None) -> Itera
     time: two replacing one class's lookup at once would each put back what the other
     installed."""
     noted = Noted(model)
-    noted.objects = _held_objects(model)
-    objects = _objects_of(model)  # walked before any lookup notes what it reads
+    walked = _walk(model)  # before any lookup notes what it reads
+    noted.objects = {id(held): path for held, path in walked}
+    objects = [held for held, _ in walked]
     held_kinds = list(dict.fromkeys(type(held) for held in objects))
     kinds = list(dict.fromkeys(type(module) for module in model.modules()))
     thread = threading.get_ident()  # another thread's reads and writes go on as ever
@@ -437,17 +438,9 @@ def _followed(value: Any) -> bool:
         return False
 
 
-def _objects_of(model: nn.Module) -> list[Any]:
-    """The plain objects ``model``'s modules hold, and those they hold in turn."""
-    return [held for held, _ in _walk(model)]
-
-
-def _held_objects(model: nn.Module) -> dict[int, str]:
-    """:func:`_objects_of`, by id, each with its path in the model (``config.sub``)."""
-    return {id(held): path for held, path in _walk(model)}
-
-
 def _walk(model: nn.Module) -> list[tuple[Any, str]]:
+    """The plain objects ``model``'s modules hold, and those they hold in turn (four
+    levels down), each once, with its path in the model (``config.sub``)."""
     found: dict[int, tuple[Any, str]] = {}
     todo: list[tuple[dict[str, Any], str, int]] = [
         (vars(module), path, 0) for path, module in model.named_modules()
