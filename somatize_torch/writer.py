@@ -30,7 +30,8 @@ Every writer of one store in a process — each cache over it has one — works 
 one backlog, with one thread (:func:`_backlog_of`; the same store opened twice, at one
 :meth:`~somatize.Store.address`, is one store here): rows one cache staged, another of
 the same code (fingerprint) recalls. Each writer counts the rows it submitted, and is
-told of the failures of those rows only; a flush of any waits for every row queued
+told of the failures of those rows and of the rows it recalled from another's staged
+copy (they answered right, but never reached the store); a flush of any waits for every row queued
 before it, and so cannot run on that thread itself (:class:`WaitsForItself`). Each
 writer's rows are written through its own store object, under that object's lock
 (:func:`store_lock`): a store opened twice, or a subclass of a store at the same
@@ -51,7 +52,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -155,6 +156,9 @@ class _Job:
     seq: int = 0  # its place among the jobs submitted (from 1), given as it is queued
     order: list[int] | None = None
     """The order of the batch's dims in its memory, staged as it lies (None: C order)."""
+    recalled_by: dict[int, tuple[_Account, set[int]]] = field(default_factory=dict)
+    """The other writers that recalled rows of it from its staged copy (by their account's
+    id): their accounts and the rows they took, told too if the write fails."""
 
 
 @dataclass
@@ -168,12 +172,15 @@ class _Failure:
     rows: int
     error: BaseException
     reported: bool = False
+    recalled: bool = False
+    """Rows another writer submitted and this one recalled from their staged copy."""
 
 
 class _Account:
     """One writer's share of a backlog it may share with other writers of its store: the
-    rows it kept or lost, and the failures of its own rows still to raise. Read and
-    changed under the backlog's ``changed``."""
+    rows it kept or lost, and the failures of its rows (and of rows it recalled from
+    another's staged copy) still to raise. Read and changed under the backlog's
+    ``changed``."""
 
     def __init__(self) -> None:
         self.kept_rows = 0
@@ -203,9 +210,9 @@ class Writer:
     The writers of one store in a process share one backlog and one thread
     (:func:`_backlog_of`): rows one has staged and not yet written, the others recall
     (:meth:`recall`); each counts only the rows it submitted, and is told only of
-    failures of its own rows. ``pack_bytes`` and ``linger`` are that backlog's, so they
-    are the same for every writer of the store: None keeps what they are (at first
-    :data:`PACK_BYTES` and :data:`LINGER`).
+    failures of its own rows and of those it recalled. ``pack_bytes`` and ``linger`` are
+    that backlog's, so they are the same for every writer of the store: None keeps what
+    they are (at first :data:`PACK_BYTES` and :data:`LINGER`).
 
     The thread gathers what is submitted for up to ``linger`` seconds, or until
     ``pack_bytes`` are waiting, and keeps it with one ``keep_many`` call: rows computed
@@ -378,7 +385,7 @@ class Writer:
         backlog = self._backlog
         if backlog.pid != os.getpid():
             return None  # a forked child's: what its parent staged is the parent's
-        return _joined(backlog.recall(keys, self.fingerprint))
+        return _joined(backlog.recall(keys, self.fingerprint, self._account))
 
     def check(self) -> None:
         """Raises :class:`WriteFailed` for writes of this writer's rows that failed and that
@@ -569,11 +576,13 @@ class _Backlog:
             self.life.release()
 
     def recall(
-        self, keys: dict[int, str], fingerprint: str | None
+        self, keys: dict[int, str], fingerprint: str | None, account: _Account
     ) -> list[tuple[list[int], torch.Tensor]]:
         """:meth:`Writer.recall`, from this backlog alone: the rows found that writers of
-        ``fingerprint`` staged, a piece per job. Read under ``changed``, which a write holds
-        while it lets go of its rows' entries, before it lets go of their staging buffers."""
+        ``fingerprint`` staged, a piece per job; each job found notes ``account`` (when it
+        is another writer's) among those told if its write fails. Read under ``changed``,
+        which a write holds while it lets go of its rows' entries, before it lets go of
+        their staging buffers, and while it counts what failed."""
         with self.changed:
             unwritten = self.unwritten
             if not unwritten:
@@ -590,6 +599,8 @@ class _Backlog:
                     place[2].append(slot)
             pieces: list[tuple[list[int], torch.Tensor]] = []
             for job, positions, slots in found.values():
+                if job.account is not account:
+                    job.recalled_by.setdefault(id(account), (account, set()))[1].update(slots)
                 # As staged: the batch permuted into the order of its dims in memory, dim
                 # 0 first, so its rows are taken along dim 0 and put back as they lay.
                 staged = job.staged.wait()
@@ -647,13 +658,27 @@ class _Backlog:
         if not failed:
             return
         error = failed[0].error
-        lost = sum(failure.rows for failure in failed)
+        computed = sum(failure.rows for failure in failed if not failure.recalled)
+        recalled = sum(failure.rows for failure in failed if failure.recalled)
+        lost = " and ".join(
+            [
+                *([f"{computed} computed rows"] if computed else []),
+                *(
+                    [
+                        f"{recalled} rows recalled from another cache's staged write "
+                        "(answered right, from its copy)"
+                    ]
+                    if recalled
+                    else []
+                ),
+            ]
+        )
         full = isinstance(error, StoreFull) or (
             isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
         )
         remedy = "Free space (or fix the store)" if full else "Fix what it says"
         raise WriteFailed(
-            f"{lost} computed rows could not be written to {self.store!r}: "
+            f"{lost} could not be written to {self.store!r}: "
             f"{_said(error)}. Those a memory tier holds are answered from it for the rest "
             "of this process and computed again by a later run; those in no memory tier "
             f"are computed and written again when next looked up. {remedy} and go on; "
@@ -721,6 +746,10 @@ class _Backlog:
                     else:
                         account.failed_rows += rows
                         account.failures.append(_Failure(mine[0].seq, mine[-1].seq, rows, error))
+                if error is not None:
+                    # Rows other writers recalled from these jobs' staged copies answered
+                    # right but never reached the store: those writers are told too.
+                    _tell_recallers(group, error)
             self.pending -= sum(job.nbytes for job in jobs)
             self.done += len(jobs)
             self.changed.notify_all()
@@ -766,6 +795,20 @@ class _Backlog:
             for job in jobs:
                 job.staged.release()
         return jobs, kept, error, time.perf_counter() - start
+
+
+def _tell_recallers(jobs: list[_Job], error: BaseException) -> None:
+    """Adds to each account that recalled rows of ``jobs`` (failed with ``error``) a failure
+    of the rows it recalled; called with the backlog's ``changed`` held."""
+    told: dict[int, _Failure] = {}
+    for job in jobs:
+        for key, (account, slots) in job.recalled_by.items():
+            failure = told.get(key)
+            if failure is None:
+                failure = told[key] = _Failure(job.seq, job.seq, 0, error, recalled=True)
+                account.failures.append(failure)
+            failure.first, failure.last = min(failure.first, job.seq), max(failure.last, job.seq)
+            failure.rows += len(slots)
 
 
 def _joined(pieces: list[tuple[list[int], torch.Tensor]]) -> tuple[list[int], torch.Tensor] | None:

@@ -1480,6 +1480,65 @@ def test_a_failed_write_is_told_to_the_cache_whose_rows_failed(
     second.close()
 
 
+def test_rows_recalled_from_another_caches_failed_write_are_reported_by_the_recaller(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows one cache recalled from the staged copy of another cache's write answer right,
+    but when that write fails they never reach the store: the recalling cache's flush says
+    so (those rows are its answers too), and so does the other's, for its own."""
+    keep = store.keep_many
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    first = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
+    second = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
+    x = rows(8)
+    monkeypatch.setattr(store, "keep_many", full)
+    with _writes_held(monkeypatch):
+        first(x)
+        second(x[[3, 1, 0]])
+        assert (second.stats.from_pending, second.stats.computed) == (3, 0)
+    with pytest.raises(WriteFailed, match="3 rows recalled from another cache") as caught:
+        second.flush()
+    assert "computed rows" not in str(caught.value)
+    with pytest.raises(WriteFailed, match="8 computed rows could not be written"):
+        first.flush()
+    assert (first.stats.rows_failed, second.stats.rows_failed) == (8, 0)
+    monkeypatch.setattr(store, "keep_many", keep)
+    second.flush()  # raised already
+    second(x[[3, 1, 0]])  # computed again, and written this time
+    second.flush()
+    keys = first.row_keys(x)
+    assert store.have(keys) == {keys[3], keys[1], keys[0]}
+    first.close()
+    second.close()
+
+
+def test_a_recalling_cache_is_told_of_a_failure_at_its_next_forward(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed write of rows another cache recalled is raised at that cache's next forward,
+    as a failure of its own rows is, when no flush has raised it yet."""
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    first = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
+    second = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
+    monkeypatch.setattr(store, "keep_many", full)
+    with _writes_held(monkeypatch):
+        first(rows(8))
+        second(rows(8)[:2])
+    with pytest.raises(WriteFailed):
+        first.flush()
+    with pytest.raises(WriteFailed, match="2 rows recalled from another cache"):
+        second(rows(1, seed=5))
+    first.close()
+    with contextlib.suppress(WriteFailed):
+        second.close()
+
+
 def test_a_cache_dropped_beside_another_of_its_store_leaves_it_writing(store: Store) -> None:
     """One of two caches over a store dropped while the other goes on: what the dropped one
     computed is written, and so is what the other computes after, its flush returning."""
