@@ -31,8 +31,9 @@ one backlog, with one thread (:func:`_backlog_of`; the same store opened twice, 
 :meth:`~somatize.Store.address`, is one store here): rows one cache staged, another of
 the same code (fingerprint) recalls. Each writer counts the rows it submitted, and is
 told of the failures of those rows and of the rows it recalled from another's staged
-copy (they answered right, but never reached the store); a flush of any waits for every row queued
-before it, and so cannot run on that thread itself (:class:`WaitsForItself`). Each
+copy (they answered right, but never reached the store); a flush of any waits for
+every row queued before it, and so cannot run on that thread itself
+(:class:`WaitsForItself`). Each
 writer's rows are written through its own store object, under that object's lock
 (:func:`store_lock`): a store opened twice, or a subclass of a store at the same
 address, writes what its caches computed as it would alone.
@@ -212,7 +213,11 @@ class Writer:
     (:meth:`recall`); each counts only the rows it submitted, and is told only of
     failures of its own rows and of those it recalled. ``pack_bytes`` and ``linger`` are
     that backlog's, so they are the same for every writer of the store: None keeps what
-    they are (at first :data:`PACK_BYTES` and :data:`LINGER`).
+    they are (at first :data:`PACK_BYTES` and :data:`LINGER`), and a value other than
+    one a live writer asked for is refused (``ValueError``); setting
+    :attr:`linger` or :attr:`pack_bytes` on a writer changes them for all. Each writer's
+    ``pending_bytes`` is its own: a submit of it waits while more than that many bytes
+    of the store's rows (every writer's) are unwritten.
 
     The thread gathers what is submitted for up to ``linger`` seconds, or until
     ``pack_bytes`` are waiting, and keeps it with one ``keep_many`` call: rows computed
@@ -242,11 +247,13 @@ class Writer:
         self.pending_bytes = int(pending_bytes)
         self._account = _Account()
         self._dropped: weakref.finalize[[_Backlog], Writer] | None = None
-        self._begin(_backlog_of(store, min(self.pending_bytes, 64 << 20)))
-        if pack_bytes is not None:
-            self.pack_bytes = pack_bytes
-        if linger is not None:
-            self.linger = linger
+        backlog = _backlog_of(store, min(self.pending_bytes, 64 << 20))
+        asked = {
+            "pack_bytes": None if pack_bytes is None else int(pack_bytes),
+            "linger": None if linger is None else float(linger),
+        }
+        backlog.agree(self, asked)
+        self._begin(backlog)
 
     def _begin(self, backlog: _Backlog) -> None:
         """Works through ``backlog`` from now on: at creation, and in a forked child, which
@@ -284,6 +291,7 @@ class Writer:
     @pack_bytes.setter
     def pack_bytes(self, value: int) -> None:
         self._backlog.pack_bytes = int(value)
+        self._backlog.asked["pack_bytes"] = weakref.ref(self)
 
     @property
     def linger(self) -> float:
@@ -294,6 +302,7 @@ class Writer:
     @linger.setter
     def linger(self, value: float) -> None:
         self._backlog.linger = float(value)
+        self._backlog.asked["linger"] = weakref.ref(self)
 
     @property
     def kept_rows(self) -> int:
@@ -521,6 +530,30 @@ class _Backlog:
         self.hooked_to_child_exit = False
         # The writers working through it (weakly): the thread ends once none is left.
         self.users: list[weakref.ref[Writer]] = []
+        # The writer that last asked for each setting (weakly), while it lives.
+        self.asked: dict[str, weakref.ref[Writer]] = {}
+
+    def agree(self, writer: Writer, asked: dict[str, int | float | None]) -> None:
+        """Takes the settings ``writer`` asks for (None: none asked), or refuses them, all,
+        where one differs from what a live writer of this backlog asked for: they are the
+        store's, for all its writers, and taking them would change that writer's under it."""
+        with _BACKLOGS_LOCK:
+            for name, value in asked.items():
+                held = self.asked.get(name)
+                other = held() if held is not None else None
+                now = getattr(self, name)
+                if value is not None and other is not None and other is not writer and value != now:
+                    raise ValueError(
+                        f"a writer of {self.store!r} asked for {name}={now!r}, and this one for "
+                        f"{name}={value!r}: the writers of one store share one thread, and its "
+                        f"{name}. Ask for the same {name} (or none, to take the store's), or "
+                        f"set `writer.{name}` on one writer to change it for every writer of "
+                        "the store"
+                    )
+            for name, value in asked.items():
+                if value is not None:
+                    setattr(self, name, value)
+                    self.asked[name] = weakref.ref(writer)
 
     def joined(self, writer: Writer) -> None:
         """Counts ``writer`` among those working through this backlog."""

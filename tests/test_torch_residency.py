@@ -1666,6 +1666,31 @@ def test_a_cache_stages_its_rows_in_a_pool_as_large_as_its_own_over_a_store_shar
     small.close()
 
 
+def test_a_writer_asking_other_settings_than_another_of_its_store_is_refused(
+    store: Store,
+) -> None:
+    """``linger`` and ``pack_bytes`` are the store's, for every writer of it: a second
+    writer asking for others than a live one asked for is refused, naming the setting,
+    rather than change the first's under it or have its own ignored; asking for the same,
+    or nothing, is taken, and so is a setting once the writer that asked is gone."""
+    first = Writer(store, linger=0.0, pack_bytes=1 << 20)
+    with pytest.raises(ValueError, match="linger"):
+        Writer(Store(store.root), linger=5.0)
+    with pytest.raises(ValueError, match="pack_bytes"):
+        Writer(store, pack_bytes=2 << 20)
+    assert (first.linger, first.pack_bytes) == (0.0, 1 << 20)
+    same = Writer(store, linger=0.0, pack_bytes=1 << 20)
+    plain = Writer(store)
+    assert (plain.linger, plain.pack_bytes) == (0.0, 1 << 20)
+    same.close()
+    del first, same
+    gc.collect()
+    later = Writer(store, linger=0.5)
+    assert plain.linger == 0.5
+    later.close()
+    plain.close()
+
+
 def _doubled_halves(self: Halves, x: torch.Tensor) -> torch.Tensor:
     return x[:, :4]
 
