@@ -87,7 +87,9 @@ def _check_call(
             "be answered from another class's rows. Hand it a plain tensor "
             "(`x.as_subclass(torch.Tensor)`), or call the module itself"
         )
-    elif x.requires_grad:
+    elif x.requires_grad and torch.is_grad_enabled():
+        # Where no gradient is recorded (torch.no_grad, inference_mode), none is cut: the
+        # module's answer there would not require grad either.
         raise CachedInputNeedsGrad(
             f"`{type(self.module).__name__}` is cached per row and the batch it is handed "
             "requires grad: a recalled row is a leaf, so whatever produced the batch would "

@@ -1025,6 +1025,29 @@ def test_an_input_that_requires_grad_is_refused(cached: CachedRows) -> None:
         cached(images(2).requires_grad_())
 
 
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_an_input_that_requires_grad_is_taken_where_no_gradient_flows(
+    store: Store, context: Callable[[], Any]
+) -> None:
+    """A batch that requires grad, handed over where no gradient is recorded (a teacher run
+    under ``torch.no_grad()`` on what a trained module produced), cuts no gradient: it is
+    answered as the module answers it there, computed and then recalled."""
+    cached = cache_rows(encoder(), store)
+    trained = nn.Parameter(torch.ones(()))
+    x = images(4) * trained
+    with torch.no_grad():
+        truth = encoder().eval()(x)
+    with context():
+        first = cached(x)
+        again = cached(x)
+    assert not first.requires_grad
+    assert torch.allclose(first, truth, atol=1e-6) and torch.equal(again, first)
+    assert (cached.stats.computed, cached.stats.recalled) == (4, 4)
+    with pytest.raises(CachedInputNeedsGrad, match="requires grad"):
+        cached(x)
+    cached.close()
+
+
 def test_an_output_that_is_not_one_row_per_input_row_is_refused(store: Store) -> None:
     """A module that does not answer row by row is refused with what it returned, and one
     whose rows a store cannot keep (quantized, sparse) when it runs, not when a write
