@@ -89,7 +89,8 @@ def _check_call(
         )
     elif x.requires_grad and torch.is_grad_enabled():
         # Where no gradient is recorded (torch.no_grad, inference_mode), none is cut: the
-        # module's answer there would not require grad either.
+        # module's answer there would not require grad either, unless it turns gradients
+        # on itself (refused once its keying is known: `_rowwise._check_records_none`).
         raise CachedInputNeedsGrad(
             f"`{type(self.module).__name__}` is cached per row and the batch it is handed "
             "requires grad: a recalled row is a leaf, so whatever produced the batch would "

@@ -95,7 +95,17 @@ class _Keying:
     by ``(tag, raw digest or index)`` — a tuple, hashed in nanoseconds — and only rows
     that go to the store need their full key, ``key(row)``."""
 
-    __slots__ = ("dtype", "header", "keys", "prefix", "room", "rowwise", "tag", "version")
+    __slots__ = (
+        "dtype",
+        "header",
+        "keys",
+        "prefix",
+        "records_none",
+        "room",
+        "rowwise",
+        "tag",
+        "version",
+    )
 
     def __init__(
         self,
@@ -116,6 +126,9 @@ class _Keying:
         # Whether the module was seen to answer a row alone as it did in a batch (see
         # `somatize_torch._rowwise._check_rowwise`): looked at once per keying.
         self.rowwise = False
+        # Whether the module was seen to record no gradient of a batch that requires grad
+        # under torch.no_grad (see `somatize_torch._rowwise._check_records_none`).
+        self.records_none = False
 
     def key(self, row: Any) -> str:
         """The store key of the row named ``row`` (the raw digest of its content, or its

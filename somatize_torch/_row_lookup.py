@@ -33,7 +33,7 @@ from somatize_torch._modes import outside_compiled
 from somatize_torch._row_codec import decode_rows, empty_rows, laid_out, row_order
 from somatize_torch._row_errors import NotRowwise
 from somatize_torch._row_keys import _Keying, _keying, _row_ids
-from somatize_torch._rowwise import _compute
+from somatize_torch._rowwise import _check_records_none, _compute
 from somatize_torch.codec import TENSOR
 from somatize_torch.deferred import Deferred, DeferredRows
 
@@ -59,6 +59,8 @@ def _recall_or_run(
     if isinstance(x, torch.Tensor):
         self.last_input = weakref.ref(x)
     keying = _keying(self, x)
+    if isinstance(x, torch.Tensor) and x.requires_grad:  # taken where none is recorded
+        _check_records_none(self, x, keying)
     tag = keying.tag
     if isinstance(x, DeferredRows) and self.store is not None:
         _seed(self, x, keying)

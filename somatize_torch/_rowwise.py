@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 
 from somatize.errors import SomatizeError
+from somatize_torch._errors import CachedInputNeedsGrad
 from somatize_torch._precision import float32_precision, reduced
 from somatize_torch._row_errors import NotRowwise, RowsError, _describe
 from somatize_torch._row_keys import _floating_dtypes, _Keying
@@ -59,6 +60,37 @@ def _compute(
     finally:
         self._node.ran()  # what its forward changed of what it keeps is its own
     return out
+
+
+def _check_records_none(self: CachedRows, x: torch.Tensor, keying: _Keying) -> None:
+    """Refuses a batch that requires grad, taken where no gradient is recorded (under
+    ``torch.no_grad()``), for a module that records one anyway, turning gradients on
+    inside its forward: its own answer would carry the batch's gradient, and a recalled
+    row carries none. Its first row is run once per keying to see, whether the batch's
+    rows are then recalled or computed."""
+    if keying.records_none or x.shape[0] == 0:
+        return
+    module = self.module
+    check_still(type(module).__name__, module)
+    row = x[:1].detach().requires_grad_()
+    try:
+        with torch.no_grad():
+            out = module(row)
+    except SomatizeError:
+        raise
+    except Exception as error:
+        _refuse_alone(self, "first", x.shape[0], error)
+    finally:
+        self._node.ran()
+    if isinstance(out, torch.Tensor) and out.requires_grad:
+        raise CachedInputNeedsGrad(
+            f"`{type(module).__name__}` is cached per row and turns gradients on inside its "
+            "forward: handed a batch that requires grad, even under `torch.no_grad()`, it "
+            "answers with that batch's gradient, and a recalled row is a leaf, so whatever "
+            "produced the batch would train on misses and silently stop on hits. Hand it "
+            "`x.detach()`, or call the module itself"
+        )
+    keying.records_none = True
 
 
 def _check_answer(self: CachedRows, out: Any, rows: int) -> None:

@@ -28,7 +28,9 @@ settings it takes are checked when it is made (:func:`check_options`,
 Gradients downstream are exactly as without caching: the module is frozen, so
 its output never required grad, and an input that requires grad is refused
 (a recalled row is a leaf; whatever produced the input would train on misses
-and silently stop on hits).
+and silently stop on hits) where gradients are recorded: under ``torch.no_grad()``
+it is taken, unless the module turns them on inside its forward
+(:func:`~somatize_torch._rowwise._check_records_none`).
 
 The module is settled by :func:`somatize.torch.freeze` when it is wrapped
 (weights digested, ``requires_grad_(False)``, held in eval). Its weights are
@@ -361,7 +363,9 @@ class CachedRows(nn.Module):
         one the module would take, and is refused as every other argument is."""
         _check_call(self, x, beside, index, more)
         if isinstance(x, nn.Parameter):
-            x = x.detach()  # a frozen parameter handed on: keyed and run as its values
+            # A parameter handed on: keyed and run as its values (still requiring grad for
+            # a trainable one, taken where no gradient is recorded, and looked at as such).
+            x = x.detach().requires_grad_(x.requires_grad)
         try:
             with self._frozen_for_call():
                 out: torch.Tensor = _remember(self, x, index)

@@ -1048,6 +1048,45 @@ def test_an_input_that_requires_grad_is_taken_where_no_gradient_flows(
     cached.close()
 
 
+class _GradsInside(nn.Module):
+    """A module that turns gradients back on inside its forward (as one answering with a
+    gradient of its input does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            out: torch.Tensor = self.linear(x) * 2
+        return out
+
+
+def test_an_input_that_requires_grad_is_refused_where_the_module_records_a_gradient_itself(
+    store: Store,
+) -> None:
+    """Under ``torch.no_grad()``, a module that turns gradients back on in its forward still
+    answers a batch that requires grad with that batch's gradient, and a recalled row would
+    carry none: such a batch is refused, whether its rows would be recalled or computed."""
+    torch.manual_seed(0)
+    module = _GradsInside()
+    cached = cache_rows(module, store)
+    trained = nn.Parameter(torch.ones(()))
+    seen = torch.randn(4, 4)
+    hits, misses = seen * trained, torch.randn(4, 4) * trained
+    with torch.no_grad():
+        assert module(hits).requires_grad  # what the frozen module itself answers
+        cached(seen)  # computed from a batch that requires none, and kept
+        with pytest.raises(CachedInputNeedsGrad, match="turns gradients on"):
+            cached(hits)
+        with pytest.raises(CachedInputNeedsGrad, match="turns gradients on"):
+            cached(misses)
+    assert cached.stats.computed == 4
+    with torch.no_grad(), pytest.raises(CachedInputNeedsGrad, match="turns gradients on"):
+        cached(nn.Parameter(torch.randn(4, 4)))  # a trainable parameter handed on
+    cached.close()
+
+
 def test_an_output_that_is_not_one_row_per_input_row_is_refused(store: Store) -> None:
     """A module that does not answer row by row is refused with what it returned, and one
     whose rows a store cannot keep (quantized, sparse) when it runs, not when a write
