@@ -290,7 +290,7 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
                 "tensors it is handed, so its arguments must be tensors (or None). Make the "
                 "value a constant of the model, or drop the submodule from `cached=`"
             )
-        if value.requires_grad:
+        if value.requires_grad and torch.is_grad_enabled():
             raise CachedInputNeedsGrad(
                 f"`{name}` is cached and argument {index} it is handed requires grad: a "
                 "recalled answer is a leaf, so whatever produced that argument would train "
@@ -307,7 +307,14 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
             )
     # A frozen parameter handed on (`self.decoder(self.queries)`) is keyed and handed as
     # its values, as the codec weighs and writes plain tensors only.
-    args = tuple(a.detach() if isinstance(a, nn.Parameter) else a for a in args)
+    # So is an argument that requires grad where no gradient is recorded (torch.no_grad):
+    # the module answers it there with none, unless it turns gradients on itself.
+    handed = args
+    grads = any(a is not None and a.requires_grad for a in args)
+    args = tuple(
+        a.detach() if isinstance(a, nn.Parameter) or (a is not None and a.requires_grad) else a
+        for a in args
+    )
     tensors = [a for a in args if a is not None]
     # Asked here too, since under torch.compile the wrapped forward's own look is compiled
     # away: a declared submodule replaced on the model is refused before it is keyed.
@@ -329,6 +336,9 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
         self._solos.clear()
         self._basis = basis
         node._smz.state = held._smz.state
+    if grads and getattr(self, "_records_none", None) != basis:
+        _check_records_none(self, name, handed)
+        self.__dict__["_records_none"] = basis  # checked for this state and declaration
     precision = _precision(tensors)
     solo = self._solos.get(precision)
     if solo is None:
@@ -339,6 +349,27 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
         held.ran()  # what the module's forward changed of what it keeps is its own
     self.owner._noted(name, solo.record)
     return _placed(out, tensors[0].device) if tensors else out
+
+
+def _check_records_none(self: _Cached, name: str, args: tuple[Any, ...]) -> None:
+    """Refuses arguments that require grad, taken where no gradient is recorded, for a
+    module that records one anyway, turning gradients on inside its forward: its own
+    answer would carry their gradient, and a recalled one carries none. It is run once,
+    on them, to see (once per state and declaration)."""
+    held = self.node if self.base is None else self.base.node
+    try:
+        with torch.no_grad():
+            out = self.call(*args)
+    finally:
+        held.ran()  # what its forward changed of what it keeps is its own
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(out)):
+        raise CachedInputNeedsGrad(
+            f"`{name}` is cached and turns gradients on inside its forward: handed an "
+            "argument that requires grad, even under `torch.no_grad()`, it answers with "
+            "that argument's gradient, and a recalled answer is a leaf, so whatever produced "
+            "the argument would train when the answer is computed and silently stop when it "
+            "is recalled. Hand it `x.detach()`, or drop it from `cached=`"
+        )
 
 
 def _placed(out: Any, device: torch.device) -> Any:

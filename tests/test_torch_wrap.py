@@ -461,6 +461,86 @@ def test_cached_input_that_requires_grad_is_refused(store: Store) -> None:
         wrapped(torch.randn(2, 6))
 
 
+class _GradsOn(nn.Module):
+    """Turns gradients on inside its forward, where ``on``."""
+
+    def __init__(self, on: bool) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.on = on
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.set_grad_enabled(self.on or torch.is_grad_enabled()):
+            out: torch.Tensor = self.linear(x) * 2
+        return out
+
+
+def test_cached_input_that_requires_grad_is_taken_where_no_gradient_is_recorded(
+    store: Store,
+) -> None:
+    """Under ``torch.no_grad()`` (a teacher run on what a trained module produced) an
+    argument that requires grad cuts no gradient: it is answered as the module answers it
+    there, computed and then recalled. Where gradients are recorded it is refused, and so
+    it is under ``torch.no_grad()`` for a module that turns them on itself."""
+    torch.manual_seed(0)
+    teacher = smt.wrap(_GradsOn(False), frozen=True, cached=True, store=store)
+    smt.freeze(teacher)
+    trained = nn.Parameter(torch.ones(()))
+    x = torch.randn(3, 4) * trained
+    with torch.no_grad():
+        truth = teacher.linear(x) * 2
+        first, again = teacher(x), teacher(x)
+    assert not first.requires_grad and not again.requires_grad
+    assert torch.equal(first, truth) and torch.equal(again, truth)
+    assert teacher.counts["_grads_on"]["recalled"] == 1
+    with pytest.raises(smt.CachedInputNeedsGrad, match="requires grad"):
+        teacher(x)
+    turns = smt.wrap(_GradsOn(True), frozen=True, cached=True, store=store)
+    smt.freeze(turns)
+    with torch.no_grad(), pytest.raises(smt.CachedInputNeedsGrad, match="turns gradients on"):
+        turns(x)
+
+
+class _EncodesWithoutGrad(nn.Module):
+    """A trainable layer, then a frozen encoder called under ``torch.no_grad()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(4, 4)
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.pre(x)
+        with torch.no_grad():
+            z = self.encoder(h)
+        out: torch.Tensor = h * z
+        return out
+
+
+def test_a_cached_submodule_called_under_no_grad_inside_a_forward_trains_as_without_cache(
+    store: Store,
+) -> None:
+    """A cached encoder called under ``torch.no_grad()`` inside a training forward, handed
+    what a trainable layer produced, is taken: the answer and the layer's gradient are
+    those of the model without caching, computed and then recalled."""
+    torch.manual_seed(0)
+    model = _EncodesWithoutGrad()
+    plain = copy.deepcopy(model)
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        model.zero_grad()
+        plain.zero_grad()
+        out, truth = wrapped(x), plain(x)
+        out.sum().backward()
+        truth.sum().backward()
+        assert torch.allclose(out, truth)
+        assert model.pre.weight.grad is not None and plain.pre.weight.grad is not None
+        assert torch.allclose(model.pre.weight.grad, plain.pre.weight.grad)
+    assert wrapped.counts["encoder"]["recalled"] == 1
+
+
 def test_code_that_writes_into_a_recalled_answer_gets_a_copy(store: Store) -> None:
     """In-place writes after a cached node work on recall and leave the kept answer intact."""
     wrapped = smt.wrap(Writes(), frozen=["encoder"], cached=["encoder"], store=store)
