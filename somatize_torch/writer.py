@@ -291,7 +291,7 @@ class Writer:
     @pack_bytes.setter
     def pack_bytes(self, value: int) -> None:
         self._backlog.pack_bytes = int(value)
-        self._backlog.asked["pack_bytes"] = weakref.ref(self)
+        self._backlog.asked["pack_bytes"] = weakref.WeakSet([self])
 
     @property
     def linger(self) -> float:
@@ -302,7 +302,7 @@ class Writer:
     @linger.setter
     def linger(self, value: float) -> None:
         self._backlog.linger = float(value)
-        self._backlog.asked["linger"] = weakref.ref(self)
+        self._backlog.asked["linger"] = weakref.WeakSet([self])
 
     @property
     def kept_rows(self) -> int:
@@ -530,8 +530,8 @@ class _Backlog:
         self.hooked_to_child_exit = False
         # The writers working through it (weakly): the thread ends once none is left.
         self.users: list[weakref.ref[Writer]] = []
-        # The writer that last asked for each setting (weakly), while it lives.
-        self.asked: dict[str, weakref.ref[Writer]] = {}
+        # The writers that asked for each setting as it is now (weakly), while they live.
+        self.asked: dict[str, weakref.WeakSet[Writer]] = {}
 
     def agree(self, writer: Writer, asked: dict[str, int | float | None]) -> None:
         """Takes the settings ``writer`` asks for (None: none asked), or refuses them, all,
@@ -539,10 +539,9 @@ class _Backlog:
         store's, for all its writers, and taking them would change that writer's under it."""
         with _BACKLOGS_LOCK:
             for name, value in asked.items():
-                held = self.asked.get(name)
-                other = held() if held is not None else None
+                others = [other for other in self.asked.get(name, ()) if other is not writer]
                 now = getattr(self, name)
-                if value is not None and other is not None and other is not writer and value != now:
+                if value is not None and others and value != now:
                     raise ValueError(
                         f"a writer of {self.store!r} asked for {name}={now!r}, and this one for "
                         f"{name}={value!r}: the writers of one store share one thread, and its "
@@ -551,9 +550,12 @@ class _Backlog:
                         "the store"
                     )
             for name, value in asked.items():
-                if value is not None:
+                if value is None:
+                    continue
+                if value != getattr(self, name):  # no live writer asked for what it was
                     setattr(self, name, value)
-                    self.asked[name] = weakref.ref(writer)
+                    self.asked[name] = weakref.WeakSet()
+                self.asked.setdefault(name, weakref.WeakSet()).add(writer)
 
     def joined(self, writer: Writer) -> None:
         """Counts ``writer`` among those working through this backlog."""

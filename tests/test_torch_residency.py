@@ -1691,6 +1691,24 @@ def test_a_writer_asking_other_settings_than_another_of_its_store_is_refused(
     plain.close()
 
 
+def test_a_setting_is_held_while_any_writer_that_asked_for_it_lives(store: Store) -> None:
+    """Two writers asking for the same ``linger`` both hold it: once the later is gone, a
+    writer asking for another is still refused while the first lives, rather than change
+    it under that one."""
+    first = Writer(store, linger=0.0)
+    second = Writer(store, linger=0.0)
+    second.close()
+    del second
+    gc.collect()
+    with pytest.raises(ValueError, match="linger"):
+        Writer(store, linger=5.0)
+    assert first.linger == 0.0
+    first.linger = 0.25  # set on a writer: the store's, for all, asked by that one now
+    with pytest.raises(ValueError, match="linger"):
+        Writer(store, linger=0.0)
+    first.close()
+
+
 def _doubled_halves(self: Halves, x: torch.Tensor) -> torch.Tensor:
     return x[:, :4]
 
