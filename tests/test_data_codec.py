@@ -234,6 +234,9 @@ def _strings_over(kind: pyarrow.DataType, words: list[str], valid: list[bool]) -
 
 _NO_MASK = pyarrow.array([False, True])
 """The second of two rows null."""
+_CODES = pyarrow.array([0, 1], pyarrow.int8())
+"""The first of two rows of a union's first child, the second of its second."""
+_WORDS = pyarrow.array(["a", "b", "c"])
 _PAIRS = pyarrow.struct([("i", pyarrow.int64()), ("s", pyarrow.string())])
 _MAP = pyarrow.map_(pyarrow.string(), pyarrow.int64())
 
@@ -334,6 +337,58 @@ UNDER_NULLS = {
             [pyarrow.array([1, 2]), pyarrow.array(["a", "c"])],
         ),
     ),
+    "a dense union with values no row holds": (
+        pyarrow.UnionArray.from_dense(
+            _CODES, pyarrow.array([0, 0], pyarrow.int32()), [pyarrow.array([1]), _WORDS[2:]]
+        ),
+        pyarrow.UnionArray.from_dense(
+            _CODES, pyarrow.array([1, 2], pyarrow.int32()), [pyarrow.array([9, 1]), _WORDS]
+        ),
+        pyarrow.UnionArray.from_dense(
+            _CODES, pyarrow.array([0, 0], pyarrow.int32()), [pyarrow.array([1]), _WORDS[1:2]]
+        ),
+    ),
+    "a struct of a dense union with values under its null": (
+        pyarrow.StructArray.from_arrays(
+            [
+                pyarrow.UnionArray.from_dense(
+                    _CODES, pyarrow.array([0, 0], pyarrow.int32()), [pyarrow.array([1]), _WORDS]
+                )
+            ],
+            names=["u"],
+            mask=_NO_MASK,
+        ),
+        pyarrow.StructArray.from_arrays(
+            [
+                pyarrow.UnionArray.from_dense(
+                    _CODES, pyarrow.array([0, 1], pyarrow.int32()), [pyarrow.array([1]), _WORDS]
+                )
+            ],
+            names=["u"],
+            mask=_NO_MASK,
+        ),
+        pyarrow.StructArray.from_arrays(
+            [
+                pyarrow.UnionArray.from_dense(
+                    _CODES, pyarrow.array([0, 1], pyarrow.int32()), [pyarrow.array([1]), _WORDS]
+                )
+            ],
+            names=["u"],
+        ),
+    ),
+    **{
+        f"{kind} overlapping, out of order, past items no row holds": (
+            pyarrow.array([[2], [1, 2]], kind),
+            type(pyarrow.array([], kind)).from_arrays(
+                [2, 1], [1, 2], pyarrow.array([9, 1, 2]), type=kind
+            ),
+            pyarrow.array([[2], [1, 3]], kind),
+        )
+        for kind in (
+            pyarrow.list_view(pyarrow.int64()),
+            pyarrow.large_list_view(pyarrow.int64()),
+        )
+    },
     "intervals": (
         pyarrow.Array.from_buffers(
             pyarrow.month_day_nano_interval(),
@@ -406,16 +461,17 @@ def test_the_digest_ignores_what_a_null_slot_spans(kind: str, case: str) -> None
     assert digest == codec.digest(made(fresh)) and held.equals(made(fresh))
 
 
-def _unions_in_a_struct(mode: str, mask: list[bool] | None) -> pyarrow.Array:
-    """A struct of a union (of ``mode``) and numbers, with nulls where ``mask`` says."""
+def _unions_in_a_struct(mode: str, mask: list[bool] | None, word: str = "b") -> pyarrow.Array:
+    """A struct of a union (of ``mode``) and numbers, with nulls where ``mask`` says, the
+    union's second row ``word``."""
     codes = pyarrow.array([0, 1, 0], pyarrow.int8())
     if mode == "sparse":
-        children = [pyarrow.array([1, 2, 3]), pyarrow.array(["a", "b", "c"])]
+        children = [pyarrow.array([1, 2, 3]), pyarrow.array(["a", word, "c"])]
         union = pyarrow.UnionArray.from_sparse(codes, children)
     else:
         offsets = pyarrow.array([0, 0, 1], pyarrow.int32())
         union = pyarrow.UnionArray.from_dense(
-            codes, offsets, [pyarrow.array([1, 3]), pyarrow.array(["b"])]
+            codes, offsets, [pyarrow.array([1, 3]), pyarrow.array([word])]
         )
     return pyarrow.StructArray.from_arrays(
         [union, pyarrow.array([7, 8, 9])],
@@ -427,15 +483,17 @@ def _unions_in_a_struct(mode: str, mask: list[bool] | None) -> pyarrow.Array:
 @pytest.mark.parametrize("mode", ["sparse", "dense"])
 def test_a_struct_of_a_union_with_nulls_is_digested(mode: str) -> None:
     """A struct with nulls whose child is a union (which has no validity bits to take the
-    struct's nulls) digests and is held, and digests apart from the same struct without nulls."""
+    struct's nulls) digests and is held, alike whatever the union holds under the struct's
+    nulls and sliced from a longer one, and apart from the same struct without nulls."""
     codec = ArrowCodec()
     column = _unions_in_a_struct(mode, [False, True, False])
     table = pyarrow.table({"s": column})
     digest, held = codec.held(table)
     assert held.equals(table) and digest == codec.digest(table)
-    if mode == "sparse":  # a slice of a dense union keeps its children whole
-        longer = pyarrow.concat_arrays([_unions_in_a_struct(mode, None), column])
-        assert codec.digest(pyarrow.table({"s": longer.slice(3)})) == digest
+    longer = pyarrow.concat_arrays([_unions_in_a_struct(mode, None), column])
+    assert codec.digest(pyarrow.table({"s": longer.slice(3)})) == digest
+    other = _unions_in_a_struct(mode, [False, True, False], word="something else")
+    assert codec.digest(pyarrow.table({"s": other})) == digest
     assert codec.digest(pyarrow.table({"s": _unions_in_a_struct(mode, None)})) != digest
 
 

@@ -8,12 +8,13 @@ digest apart by their history. :func:`canonical` lays them out one way: no valid
 on a column with no nulls and no bits set past a column's end; zeros under the nulls of a
 column of numbers, booleans, decimals, intervals or fixed-size binary; no bytes under those
 of a column of strings; no items under those of a list or a map; nulls in a struct's
-children (or a fixed-size list's items) under its own; a sparse union's children null in
-the rows another child holds; a run-end-encoded column with only the runs of its rows, a
-run split at a chunk's end joined again. Columns Arrow takes no rows of (run-end-encoded
-and view columns in a list, a map or a union), dictionaries and dense unions are kept as
-they are: they digest apart from the same rows laid out otherwise (a cache miss, never a
-wrong answer).
+children (or a fixed-size list's items) under its own, a null of a union's first child; a
+sparse union's children null in the rows another child holds; a dense union's children
+the values of its rows in their order, and a list view's items those of its rows; a
+run-end-encoded column with only the runs of its rows, a run split at a chunk's end joined
+again. Columns Arrow takes no rows of (run-end-encoded and view columns in a list or a
+map) and dictionaries are kept as they are: they digest apart from the same rows laid out
+otherwise (a cache miss, never a wrong answer).
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
         )
     if pyarrow.types.is_union(kind) and kind.mode == "sparse":
         return _sparse_bare(column)
+    if pyarrow.types.is_union(kind):
+        return _dense_bare(column)
+    if _is_list_view(kind):
+        return _views_bare(column)
     if column.null_count and _in_slots(kind):
         column = _nulls_cleared(column)
     elif _nests(kind):
@@ -138,11 +143,34 @@ def _row_span(column: Any, layout: str) -> tuple[int, int]:
 
 def _taken(column: Any, rows: pyarrow.Array) -> pyarrow.Array:
     """``column.take(rows)``, or ``column`` as it is (from its first row) when it holds what
-    Arrow takes no rows of (see :func:`_takes`): what lies under its nulls then stays, which
+    Arrow takes no rows of (see :func:`_picked`): what lies under its nulls then stays, which
     digests it apart from the same rows laid out afresh (a miss, never a wrong answer)."""
-    if not _takes(column.type):
-        return pyarrow.concat_arrays([column])
-    return column.take(rows)
+    taken = _picked(column, rows)
+    return pyarrow.concat_arrays([column]) if taken is None else taken
+
+
+def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
+    """``column.take(rows)`` (row numbers) or ``column.filter(rows)`` (booleans); a view or a
+    run-end-encoded column through the plain column of its rows, and encoded again. None
+    when Arrow takes no rows of what it holds (see :func:`_takes`)."""
+    pick = pyarrow.Array.filter if pyarrow.types.is_boolean(rows.type) else pyarrow.Array.take
+    kind = column.type
+    if _is_view(kind):
+        base = (
+            pyarrow.large_binary() if pyarrow.types.is_binary_view(kind) else pyarrow.large_string()
+        )
+        return pick(column.cast(base), rows).cast(kind)
+    if getattr(pyarrow.types, "is_run_end_encoded", lambda _: False)(kind):
+        values = _picked(pyarrow.compute.run_end_decode(column), rows)
+        if values is None:
+            return None
+        try:
+            return pyarrow.compute.run_end_encode(values, run_end_type=kind.run_end_type)
+        except pyarrow.ArrowNotImplementedError:  # values Arrow encodes no runs of
+            return None
+    if not _takes(kind):
+        return None
+    return pick(column, rows)
 
 
 def _takes(kind: pyarrow.DataType) -> bool:
@@ -259,21 +287,26 @@ def _nested_bare(column: Any) -> pyarrow.Array:
 def _under_its_nulls(column: Any, mask: pyarrow.Array | None) -> list[pyarrow.Array]:
     """The children of struct ``column`` (of its rows), null where it is (``mask``). A union
     child has no validity bits to take them (Arrow's ``flatten`` aborts the process on one):
-    it is left as it is, so what lies in it under the struct's nulls stays, which digests it
-    apart from the same rows laid out otherwise (a miss, never a wrong answer)."""
+    its rows under the struct's nulls are taken as null, which Arrow lays out as a null of
+    its first child. A union holding what Arrow takes no rows of is left as it is, so what
+    lies in it under the struct's nulls stays (a miss, never a wrong answer)."""
     kind = column.type
     fields = [kind.field(i) for i in range(kind.num_fields)]
     children = [column.field(i) for i in range(kind.num_fields)]
-    plain = [i for i, one in enumerate(fields) if not _is_union(one.type)]
-    if mask is None or not plain:
+    if mask is None:
         return children
+    plain = [i for i, one in enumerate(fields) if not _is_union(one.type)]
     if len(plain) == len(fields):
         return list(column.flatten())
-    pushed = pyarrow.StructArray.from_arrays(
-        [children[i] for i in plain], fields=[fields[i] for i in plain], mask=mask
-    ).flatten()
-    for at, child in zip(plain, pushed, strict=True):
-        children[at] = child
+    rows = pyarrow.compute.if_else(mask, None, _every(len(column)))
+    for at in sorted(set(range(len(fields))) - set(plain)):
+        children[at] = _taken(children[at], rows)
+    if plain:
+        pushed = pyarrow.StructArray.from_arrays(
+            [children[i] for i in plain], fields=[fields[i] for i in plain], mask=mask
+        ).flatten()
+        for at, child in zip(plain, pushed, strict=True):
+            children[at] = child
     return children
 
 
@@ -301,6 +334,56 @@ def _sparse_bare(column: Any) -> pyarrow.Array:
     return pyarrow.Array.from_buffers(
         kind, len(column), [None, codes.buffers()[1]], children=children
     )
+
+
+def _dense_bare(column: Any) -> pyarrow.Array:
+    """Dense union ``column`` laid out as one built afresh: each child holds the values of
+    its rows in their order, bare, and nothing else, and each row's offset counts the rows
+    of its child before it. A slice keeps its children whole, and offsets may point
+    anywhere, share a value or skip one. A child holding what Arrow takes no rows of keeps
+    the column as it is (a miss, never a wrong answer)."""
+    kind = column.type
+    _, codes, offsets = column.buffers()[:3]  # the arrays of them leave out the slice's offset
+    codes = pyarrow.Array.from_buffers(pyarrow.int8(), len(column), [None, codes], 0, column.offset)
+    offsets = pyarrow.Array.from_buffers(
+        pyarrow.int32(), len(column), [None, offsets], 0, column.offset
+    )
+    counted = pyarrow.nulls(len(column), offsets.type).fill_null(0)
+    children = []
+    for index, code in enumerate(kind.type_codes):
+        held = pyarrow.compute.equal(codes, pyarrow.scalar(code, codes.type))
+        child = _picked(column.field(index), offsets.filter(held))
+        if child is None:
+            return pyarrow.concat_arrays([column])
+        children.append(_bare(child))
+        through = pyarrow.compute.cumulative_sum(held.cast(offsets.type))  # its rows so far
+        before = pyarrow.compute.subtract(through, pyarrow.scalar(1, offsets.type))
+        counted = pyarrow.compute.if_else(held, before, counted)
+    codes = pyarrow.concat_arrays([codes])  # from their buffers' start
+    counted = pyarrow.concat_arrays([counted.cast(offsets.type)])
+    return pyarrow.Array.from_buffers(
+        kind, len(column), [None, codes.buffers()[1], counted.buffers()[1]], children=children
+    )
+
+
+def _views_bare(column: Any) -> pyarrow.Array:
+    """List-view ``column`` laid out as one built afresh: its items those of its rows in
+    their order, each row's offset the sizes of the rows before it (0 for a null or an empty
+    row, of size 0, as joining columns lays them out). Views
+    may overlap, come in any order, or span items under a null. Items Arrow takes no rows
+    of keep the column as it is (a miss, never a wrong answer)."""
+    kind = column.type
+    try:
+        items = pyarrow.compute.list_flatten(column)
+    except pyarrow.ArrowNotImplementedError:
+        return pyarrow.concat_arrays([column])
+    width = pyarrow.int64() if pyarrow.types.is_large_list_view(kind) else pyarrow.int32()
+    sizes = pyarrow.compute.list_value_length(column).fill_null(0).cast(width)
+    before = pyarrow.compute.subtract(pyarrow.compute.cumulative_sum(sizes), sizes)
+    empty = pyarrow.compute.equal(sizes, pyarrow.scalar(0, width))
+    offsets = pyarrow.compute.if_else(empty, pyarrow.scalar(0, width), before)  # as Arrow joins
+    mask = column.is_null() if column.null_count else None
+    return type(column).from_arrays(offsets, sizes, _bare(items), type=kind, mask=mask)
 
 
 def _runs(column: Any) -> pyarrow.Array:
@@ -375,6 +458,14 @@ def _same_as_next(values: pyarrow.Array) -> pyarrow.Array | None:
         return None
     both_null = pyarrow.compute.and_(before.is_null(), after.is_null())
     return pyarrow.compute.or_(equal.fill_null(False), both_null)
+
+
+def _is_list_view(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is a list view or a large list view, on an Arrow that has them."""
+    return any(
+        getattr(pyarrow.types, name, lambda _: False)(kind)
+        for name in ("is_list_view", "is_large_list_view")
+    )
 
 
 def _is_view(kind: pyarrow.DataType) -> bool:

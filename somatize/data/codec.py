@@ -20,10 +20,9 @@ its columns laid out one way (:mod:`somatize.data._canonical`): bare validity bi
 nothing under a null, at any depth. Equal content laid out in different chunks (a table
 read in two pieces, or in one), sliced from a column that had nulls elsewhere, or left by
 a kernel with what it found under a null (``if_else``, ``Array.from_buffers``), has one
-digest, which is what a key computed in two processes needs. Dictionary and dense union
-columns are written as they are: a slice of one keeps the whole dictionary, or its union's
-children whole, so it digests apart from the same rows laid out otherwise (a cache miss,
-never a wrong answer).
+digest, which is what a key computed in two processes needs. Dictionary columns are
+written as they are: a slice of one keeps the whole dictionary, so it digests apart from
+the same rows laid out otherwise (a cache miss, never a wrong answer).
 """
 
 from __future__ import annotations
