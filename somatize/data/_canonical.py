@@ -12,9 +12,9 @@ children (or a fixed-size list's items) under its own, a null of a union's first
 sparse union's children null in the rows another child holds; a dense union's children
 the values of its rows in their order, and a list view's items those of its rows; a
 run-end-encoded column with only the runs of its rows, a run split at a chunk's end joined
-again. Columns Arrow takes no rows of (run-end-encoded and view columns in a list or a
-map) and dictionaries are kept as they are: they digest apart from the same rows laid out
-otherwise (a cache miss, never a wrong answer).
+again. Columns Arrow takes no rows of (run-end-encoded and view columns in a struct in a
+list or a map, or of nested values) and dictionaries are kept as they are: they digest
+apart from the same rows laid out otherwise (a cache miss, never a wrong answer).
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ from typing import Any
 
 import pyarrow
 import pyarrow.compute
+
+try:  # offsets and validity bits are worked out over their buffers at once with numpy
+    import numpy
+except ImportError:  # pragma: no cover - pyarrow from 16 on runs without it
+    numpy = None  # type: ignore[assignment]
 
 __all__ = ["canonical"]
 
@@ -73,8 +78,8 @@ def _bare(column: pyarrow.Array) -> pyarrow.Array:
         column = _nulls_cleared(column)
     elif _nests(kind):
         return _nested_bare(column)
-    elif column.null_count and _of_bytes(kind) and _spans_under_nulls(column):
-        column = column.take(_every(len(column)))
+    elif column.null_count and _of_bytes(kind):
+        column = _bytes_cleared(column)
     if (
         pyarrow.types.is_nested(kind)  # whose children hold bitmaps of their own
         or pyarrow.types.is_dictionary(kind)
@@ -186,24 +191,12 @@ def _takes(kind: pyarrow.DataType) -> bool:
 
 
 def _every(count: int) -> pyarrow.Array:
-    """The row numbers ``0 .. count - 1``, made by Arrow (a Python ``range`` is slow)."""
-    return pyarrow.compute.indices_nonzero(pyarrow.nulls(count, pyarrow.bool_()).fill_null(True))
-
-
-def _spans_under_nulls(column: Any) -> bool:
-    """Whether a null of ``column`` may span something (bytes, items) that taking its rows
-    leaves out: for strings, binary and lists, whether the offsets of its rows span more
-    than the lengths of its valid rows add up to (one pass over the offsets, where taking
-    its rows copies them); True for a column of any other kind."""
-    kind = column.type
-    layout = _offsets_layout(kind)
-    if layout is None:
-        return True
-    nested = pyarrow.types.is_list(kind) or pyarrow.types.is_large_list(kind)
-    lengths = pyarrow.compute.list_value_length if nested else pyarrow.compute.binary_length
-    first, last = _row_span(column, layout)
-    used = pyarrow.compute.sum(lengths(column)).as_py() or 0
-    return bool(last - first != used)
+    """The row numbers ``0 .. count - 1``, made by numpy or by Arrow (a Python ``range`` is
+    slow)."""
+    if numpy is not None:
+        return pyarrow.array(numpy.arange(count, dtype=numpy.int64))
+    every = pyarrow.compute.indices_nonzero(pyarrow.nulls(count, pyarrow.bool_()).fill_null(True))
+    return every.cast(pyarrow.int64())
 
 
 def _in_slots(kind: pyarrow.DataType) -> bool:
@@ -248,10 +241,10 @@ def _nests(kind: pyarrow.DataType) -> bool:
 
 def _nested_bare(column: Any) -> pyarrow.Array:
     """``column`` (of a type :func:`_nests` names) with its children bare and nothing in them
-    under its nulls: a struct's children null where it is, a list's rows taken afresh, so a
-    null row spans no items (whatever it spanned before, as a kernel may leave it) and the
-    items are only those of its rows. Two columns equal by value have one layout, at any
-    depth."""
+    under its nulls: a struct's children null where it is, a list's items those of its
+    valid rows (worked out over its offsets and validity bits at once), so a null row spans
+    no items (whatever it spanned before, as a kernel may leave it) and the items are only
+    those of its rows. Two columns equal by value have one layout, at any depth."""
     kind = column.type
     mask = column.is_null() if column.null_count else None
     if pyarrow.types.is_struct(kind) and not kind.num_fields:
@@ -261,7 +254,14 @@ def _nested_bare(column: Any) -> pyarrow.Array:
         return pyarrow.StructArray.from_arrays(
             children, fields=[kind.field(i) for i in range(kind.num_fields)], mask=mask
         )
-    if mask is None or not _spans_under_nulls(column):  # one pass over the offsets
+    if mask is not None and not pyarrow.types.is_fixed_size_list(kind):
+        spanned = _spanned(column)
+        if spanned is not None:  # its rows' items, those under its nulls left out
+            kept, offsets, first = spanned
+            values = _picked(column.values.slice(first, len(kept)), kept)
+            if values is not None:  # else as they are (a miss)
+                return _listed(kind, offsets, _bare(values), mask)
+    if mask is None or not pyarrow.types.is_fixed_size_list(kind):
         column = pyarrow.concat_arrays([column])  # from its first row, items only its own
     else:
         column = _taken(column, _every(len(column)))
@@ -276,12 +276,100 @@ def _nested_bare(column: Any) -> pyarrow.Array:
             kept = pyarrow.compute.is_valid(column).take(rows)
             values = _taken(values, pyarrow.compute.if_else(kept, items, None))
         return pyarrow.FixedSizeListArray.from_arrays(_bare(values), type=kind, mask=mask)
-    values = _bare(column.values)
+    return _listed(kind, column.offsets, _bare(column.values), mask)
+
+
+def _listed(
+    kind: pyarrow.DataType, offsets: pyarrow.Array, values: pyarrow.Array, mask: Any
+) -> pyarrow.Array:
+    """A column of lists, large lists or maps of ``kind``: ``offsets`` into ``values``,
+    null where ``mask`` is true."""
     if pyarrow.types.is_map(kind):
         return pyarrow.MapArray.from_arrays(
-            column.offsets, values.field(0), values.field(1), type=kind, mask=mask
+            offsets, values.field(0), values.field(1), type=kind, mask=mask
         )
-    return type(column).from_arrays(column.offsets, values, type=kind, mask=mask)
+    made = pyarrow.LargeListArray if pyarrow.types.is_large_list(kind) else pyarrow.ListArray
+    return made.from_arrays(offsets, values, type=kind, mask=mask)
+
+
+def _bytes_cleared(column: Any) -> pyarrow.Array:
+    """Strings or binary ``column`` (with nulls) with no bytes under its nulls: the bytes of
+    its rows only, a null spanning none. A kernel may leave a null's slot spanning what it
+    spanned before (``if_else`` does). Its offsets and bytes are worked out over its buffers
+    at once, in a few passes, where taking its rows would copy them one by one."""
+    spanned = _spanned(column)
+    if spanned is None:
+        return column
+    kept, offsets, first = spanned
+    data = pyarrow.Array.from_buffers(
+        pyarrow.uint8(), len(kept), [None, column.buffers()[2]], 0, first
+    ).filter(kept)
+    valid = pyarrow.compute.is_valid(column)  # a fresh bitmap
+    if valid.offset:  # from its first row
+        valid = pyarrow.concat_arrays([valid])
+    buffers = [valid.buffers()[1], offsets.buffers()[1], data.buffers()[1]]
+    return pyarrow.Array.from_buffers(column.type, len(column), buffers, column.null_count)
+
+
+def _spanned(column: Any) -> tuple[pyarrow.Array, pyarrow.Array, int] | None:
+    """For ``column`` (strings, binary, lists, large lists or maps, with nulls) whose nulls
+    span some bytes or items: which of the bytes or items its rows span are a valid row's,
+    its offsets laid out afresh (each null spanning nothing), and where the bytes or items
+    of its first row start. None when its nulls span nothing. Worked out over its offsets
+    and validity bits at once: with numpy by runs of valid or null rows, else with Arrow's
+    kernels (slower, the same answer)."""
+    kind = column.type
+    length = len(column)
+    wide = _offsets_layout(kind) == "<q"
+    width = pyarrow.int64() if wide else pyarrow.int32()
+    buffer = column.buffers()[1]
+    if numpy is None:
+        return _spanned_by_arrow(column, width)
+    layout = numpy.int64 if wide else numpy.int32
+    at = column.offset * numpy.dtype(layout).itemsize
+    offsets = numpy.frombuffer(buffer, layout, length + 1, at)
+    bits = numpy.frombuffer(column.buffers()[0], numpy.uint8)
+    start = column.offset
+    valid = numpy.unpackbits(bits, count=start + length, bitorder="little")[start:].view(bool)
+    turns = numpy.flatnonzero(valid[1:] != valid[:-1]) + 1
+    starts = numpy.concatenate(([0], turns))
+    ends = numpy.concatenate((turns, [length]))
+    held = valid[starts]
+    spans = offsets[ends] - offsets[starts]  # what each run of valid or null rows spans
+    if not spans[~held].any():
+        return None
+    kept = numpy.packbits(numpy.repeat(held, spans), bitorder="little")
+    kept_rows = pyarrow.Array.from_buffers(
+        pyarrow.bool_(), int(spans.sum()), [None, pyarrow.py_buffer(kept)]
+    )
+    sizes = numpy.diff(offsets)
+    sizes *= valid  # a null spans nothing
+    fresh = numpy.zeros(length + 1, layout)
+    numpy.cumsum(sizes, out=fresh[1:])
+    return kept_rows, pyarrow.array(fresh), int(offsets[0])
+
+
+def _spanned_by_arrow(
+    column: Any, width: pyarrow.DataType
+) -> tuple[pyarrow.Array, pyarrow.Array, int] | None:
+    """:func:`_spanned` with Arrow's kernels alone, its offsets of ``width``: which bytes or
+    items are a valid row's, decoded from the runs the rows make of them."""
+    length = len(column)
+    offsets = pyarrow.Array.from_buffers(
+        width, length + 1, [None, column.buffers()[1]], 0, column.offset
+    )
+    first, last = offsets[0].as_py(), offsets[length].as_py()
+    valid = pyarrow.compute.is_valid(column)
+    spans = pyarrow.compute.subtract(offsets.slice(1), offsets.slice(0, length))
+    sizes = pyarrow.compute.if_else(valid, spans, pyarrow.scalar(0, width))
+    through = pyarrow.compute.cumulative_sum(sizes).cast(width)
+    if (through[length - 1].as_py() if length else 0) == last - first:
+        return None
+    fresh = pyarrow.concat_arrays([pyarrow.array([0], width), through])
+    spanning = pyarrow.compute.greater(spans, pyarrow.scalar(0, width))
+    ends = pyarrow.compute.subtract(offsets.slice(1), pyarrow.scalar(first, width))
+    runs = pyarrow.RunEndEncodedArray.from_arrays(ends.filter(spanning), valid.filter(spanning))
+    return pyarrow.compute.run_end_decode(runs), fresh, first
 
 
 def _under_its_nulls(column: Any, mask: pyarrow.Array | None) -> list[pyarrow.Array]:
