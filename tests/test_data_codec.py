@@ -52,6 +52,47 @@ def test_round_trip_keeps_the_kind_and_the_metadata(kind: str) -> None:
     assert arrow.schema.metadata == {b"source": b"test"}
 
 
+@pytest.mark.parametrize("kind", ["frame", "table", "batch"])
+def test_metadata_under_the_codecs_own_key_is_kept(kind: str) -> None:
+    """A schema whose metadata holds ``somatize.kind`` (the key the codec writes what kind of
+    value it holds under; a table read from a blob by another Arrow reader holds it) comes
+    back with it, and digests apart from the same rows without it, whatever the value."""
+    codec = ArrowCodec()
+    made = _MADE[kind]
+    digests = set()
+    for metadata in (
+        None,
+        {b"somatize.kind": b"table"},
+        {b"somatize.kind": b"frame"},
+        {b"somatize.kind": b"table", b"somatize.kind.": b"table"},
+        {b"somatize.kinds": b"x", b"somatize.kind.somatize.kind": b"y"},
+    ):
+        value = made(pyarrow.array([1, 2]))
+        if metadata is not None:
+            table = value.to_arrow() if kind == "frame" else value
+            table = table.replace_schema_metadata(metadata)
+            value = Frame(table) if kind == "frame" else table
+        back = codec.decode(memoryview(_join(codec.encode(value))))
+        arrow = back.to_arrow() if kind == "frame" else back
+        assert type(back) is type(value) and arrow.schema.metadata == metadata
+        digest, held = codec.held(value)
+        held_arrow = held.to_arrow() if kind == "frame" else held
+        assert held_arrow.schema.metadata == metadata
+        digests.add(digest)
+    assert len(digests) == 5
+
+
+def test_metadata_under_the_codecs_own_key_written_as_it_was_reads_as_it_was() -> None:
+    """A key starting as ``somatize.kind.`` in bytes written without the mark that keys were
+    written after it (as they were before such keys were kept) is read as it is."""
+    table = pyarrow.table({"n": [1]}, metadata={"somatize.kind.x": "1", "somatize.kind": "table"})
+    sink = pyarrow.BufferOutputStream()
+    with pyarrow.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    back = ArrowCodec().decode(memoryview(sink.getvalue().to_pybytes()))
+    assert back.schema.metadata == {b"somatize.kind.x": b"1"}
+
+
 def test_the_bytes_are_plain_arrow_ipc() -> None:
     """Any Arrow reader opens what the codec writes."""
     data = _join(ArrowCodec().encode(_table()))

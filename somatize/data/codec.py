@@ -44,6 +44,12 @@ from somatize.data.frame import Frame, python_extensions
 __all__ = ["ArrowCodec"]
 
 _KIND = b"somatize.kind"
+_OWN = _KIND + b"."
+"""What a key of the value's own metadata that starts as :data:`_KIND` is written after,
+so that none is taken for the codec's, nor lost under it."""
+_OWNED = b"+own"
+"""What the kind written under :data:`_KIND` ends with when keys were written after
+:data:`_OWN` (so that a key written so before, as it was, is read as it was)."""
 _KINDS = (b"frame", b"table", b"batch")
 _NO_FIELDS = pyarrow.struct([])
 _BATCHES = ("dictionary", "record batch")
@@ -53,6 +59,11 @@ _END = _CONTINUATION + b"\0\0\0\0"
 
 def _tagged(table: pyarrow.Table | pyarrow.RecordBatch, kind: bytes) -> Any:
     metadata = dict(table.schema.metadata or {})
+    if any(key.startswith(_KIND) for key in metadata):
+        metadata = {
+            _OWN + key if key.startswith(_KIND) else key: value for key, value in metadata.items()
+        }
+        kind += _OWNED
     metadata[_KIND] = kind
     if isinstance(table, pyarrow.Table) and not table.num_columns:
         # Rows and no columns (a frame read with ``columns=[]``): its length is all it says,
@@ -66,6 +77,12 @@ def _tagged(table: pyarrow.Table | pyarrow.RecordBatch, kind: bytes) -> Any:
 def _untagged(schema: pyarrow.Schema) -> tuple[pyarrow.Schema, bytes]:
     metadata = dict(schema.metadata or {})
     kind = metadata.pop(_KIND, None)
+    if isinstance(kind, bytes) and kind.endswith(_OWNED):
+        kind = kind[: -len(_OWNED)]
+        metadata = {
+            key[len(_OWN) :] if key.startswith(_OWN) else key: value
+            for key, value in metadata.items()
+        }
     if kind not in _KINDS:
         raise CodecError(
             "these bytes are Arrow IPC written by something other than the `arrow` codec (no "
