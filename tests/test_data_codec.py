@@ -278,6 +278,7 @@ _NO_MASK = pyarrow.array([False, True])
 _CODES = pyarrow.array([0, 1], pyarrow.int8())
 """The first of two rows of a union's first child, the second of its second."""
 _WORDS = pyarrow.array(["a", "b", "c"])
+_LONG_WORDS = pyarrow.array(["x", "a word longer than twelve", "y"], pyarrow.string_view())
 _PAIRS = pyarrow.struct([("i", pyarrow.int64()), ("s", pyarrow.string())])
 _MAP = pyarrow.map_(pyarrow.string(), pyarrow.int64())
 
@@ -331,6 +332,37 @@ UNDER_NULLS = {
             ("view", pyarrow.array(["x", "a word longer than twelve", "y"], pyarrow.string_view())),
         )
     },
+    "a list of structs of views spanning items under its null": (
+        pyarrow.ListArray.from_arrays(
+            pyarrow.array([0, 1, 1], pyarrow.int32()),
+            pyarrow.StructArray.from_arrays([_LONG_WORDS.slice(0, 1)], names=["v"]),
+            mask=_NO_MASK,
+        ),
+        pyarrow.ListArray.from_arrays(
+            pyarrow.array([0, 1, 3], pyarrow.int32()),
+            pyarrow.StructArray.from_arrays([_LONG_WORDS], names=["v"]),
+            mask=_NO_MASK,
+        ),
+        pyarrow.ListArray.from_arrays(
+            pyarrow.array([0, 1, 3], pyarrow.int32()),
+            pyarrow.StructArray.from_arrays([_LONG_WORDS], names=["v"]),
+        ),
+    ),
+    "fixed-size lists of views in fixed-size lists with items under a null": (
+        pyarrow.FixedSizeListArray.from_arrays(
+            pyarrow.FixedSizeListArray.from_arrays(
+                pyarrow.array(["x", None], pyarrow.string_view()), 1
+            ),
+            1,
+            mask=_NO_MASK,
+        ),
+        pyarrow.FixedSizeListArray.from_arrays(
+            pyarrow.FixedSizeListArray.from_arrays(_LONG_WORDS.slice(0, 2), 1), 1, mask=_NO_MASK
+        ),
+        pyarrow.FixedSizeListArray.from_arrays(
+            pyarrow.FixedSizeListArray.from_arrays(_LONG_WORDS.slice(0, 2), 1), 1
+        ),
+    ),
     "a large list spanning items under its null": (
         pyarrow.array([[1], None], pyarrow.large_list(pyarrow.int64())),
         pyarrow.LargeListArray.from_arrays(

@@ -12,9 +12,10 @@ children (or a fixed-size list's items) under its own, a null of a union's first
 sparse union's children null in the rows another child holds; a dense union's children
 the values of its rows in their order, and a list view's items those of its rows; a
 run-end-encoded column with only the runs of its rows, a run split at a chunk's end joined
-again. Columns Arrow takes no rows of (run-end-encoded and view columns in a struct in a
-list or a map, or of nested values) and dictionaries are kept as they are: they digest
-apart from the same rows laid out otherwise (a cache miss, never a wrong answer).
+again. Columns Arrow takes no rows of (run-end-encoded columns deeper in a list or a map
+than its items, or of nested values; views in a union, a dictionary or a list view there)
+and dictionaries are kept as they are: they digest apart from the same rows laid out
+otherwise (a cache miss, never a wrong answer).
 """
 
 from __future__ import annotations
@@ -155,16 +156,17 @@ def _taken(column: Any, rows: pyarrow.Array) -> pyarrow.Array:
 
 
 def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
-    """``column.take(rows)`` (row numbers) or ``column.filter(rows)`` (booleans); a view or a
-    run-end-encoded column through the plain column of its rows, and encoded again. None
-    when Arrow takes no rows of what it holds (see :func:`_takes`)."""
+    """``column.take(rows)`` (row numbers) or ``column.filter(rows)`` (booleans); a column
+    holding views (at any depth) or run-end-encoded through the plain column of its rows,
+    and cast or encoded again. None when Arrow takes no rows of what it holds."""
     pick = pyarrow.Array.filter if pyarrow.types.is_boolean(rows.type) else pyarrow.Array.take
     kind = column.type
-    if _is_view(kind):
-        base = (
-            pyarrow.large_binary() if pyarrow.types.is_binary_view(kind) else pyarrow.large_string()
-        )
-        return pick(column.cast(base), rows).cast(kind)
+    plain = _unviewed(kind)
+    if plain is not None and plain != kind:  # views, at any depth: as strings and binary
+        try:
+            return pick(column.cast(plain), rows).cast(kind)
+        except (pyarrow.ArrowNotImplementedError, pyarrow.ArrowInvalid):  # a cast Arrow lacks
+            return None
     if getattr(pyarrow.types, "is_run_end_encoded", lambda _: False)(kind):
         values = _picked(pyarrow.compute.run_end_decode(column), rows)
         if values is None:
@@ -176,6 +178,54 @@ def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
     if not _takes(kind):
         return None
     return pick(column, rows)
+
+
+def _unviewed(kind: pyarrow.DataType) -> pyarrow.DataType | None:
+    """``kind`` with its views (at any depth, in lists, maps and structs) made large strings
+    or large binary, which Arrow takes rows of and casts to and from; None when it holds
+    something else Arrow takes no rows of (run-end-encoded columns) or that is cast only as
+    a whole (unions, dictionaries, extension types)."""
+    types = pyarrow.types
+    if _is_view(kind):
+        return pyarrow.large_binary() if types.is_binary_view(kind) else pyarrow.large_string()
+    if not kind.num_fields:
+        return None if types.is_dictionary(kind) or _is_extension_or_runs(kind) else kind
+    if types.is_union(kind) or _is_extension_or_runs(kind):
+        return None
+    fields = []
+    for index in range(kind.num_fields):
+        field = kind.field(index)
+        inner = _unviewed(field.type)
+        if inner is None:
+            return None
+        fields.append(field.with_type(inner))
+    if types.is_struct(kind):
+        return pyarrow.struct(fields)
+    if types.is_map(kind):
+        entries = fields[0].type
+        return pyarrow.map_(entries.field(0), entries.field(1), keys_sorted=kind.keys_sorted)
+    if types.is_fixed_size_list(kind):
+        return pyarrow.list_(fields[0], kind.list_size)
+    made = {
+        types.is_list: pyarrow.list_,
+        types.is_large_list: pyarrow.large_list,
+        _type_test("is_list_view"): getattr(pyarrow, "list_view", None),
+        _type_test("is_large_list_view"): getattr(pyarrow, "large_list_view", None),
+    }
+    for test, make in made.items():
+        if make is not None and test(kind):
+            return make(fields[0])
+    return None
+
+
+def _type_test(name: str) -> Any:
+    """``pyarrow.types.<name>``, or a test no type passes on an Arrow without it."""
+    return getattr(pyarrow.types, name, lambda _: False)
+
+
+def _is_extension_or_runs(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is an extension type or run-end-encoded."""
+    return isinstance(kind, pyarrow.BaseExtensionType) or _type_test("is_run_end_encoded")(kind)
 
 
 def _takes(kind: pyarrow.DataType) -> bool:
