@@ -159,7 +159,7 @@ def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
     """``column.take(rows)`` (row numbers) or ``column.filter(rows)`` (booleans); a column
     holding views (at any depth) or run-end-encoded through the plain column of its rows,
     and cast or encoded again. None when Arrow takes no rows of what it holds."""
-    pick = pyarrow.Array.filter if pyarrow.types.is_boolean(rows.type) else pyarrow.Array.take
+    pick = pyarrow.Array.take if pyarrow.types.is_integer(rows.type) else _filtered
     kind = column.type
     plain = _unviewed(kind)
     if plain is not None and plain != kind:  # views, at any depth: as strings and binary
@@ -178,6 +178,17 @@ def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
     if not _takes(kind):
         return None
     return pick(column, rows)
+
+
+def _filtered(column: Any, kept: pyarrow.Array) -> pyarrow.Array:
+    """``column.filter(kept)``, ``kept`` booleans or runs of them (run-end-encoded: copied by
+    the run, where Arrow filters by runs; else decoded first)."""
+    try:
+        return column.filter(kept)
+    except pyarrow.ArrowNotImplementedError:
+        if not _type_test("is_run_end_encoded")(kept.type):
+            raise
+        return column.filter(pyarrow.compute.run_end_decode(kept))
 
 
 def _unviewed(kind: pyarrow.DataType) -> pyarrow.DataType | None:
@@ -351,9 +362,12 @@ def _bytes_cleared(column: Any) -> pyarrow.Array:
     if spanned is None:
         return column
     kept, offsets, first = spanned
-    data = pyarrow.Array.from_buffers(
-        pyarrow.uint8(), len(kept), [None, column.buffers()[2]], 0, first
-    ).filter(kept)
+    data = _filtered(
+        pyarrow.Array.from_buffers(
+            pyarrow.uint8(), len(kept), [None, column.buffers()[2]], 0, first
+        ),
+        kept,
+    )
     valid = pyarrow.compute.is_valid(column)  # a fresh bitmap
     if valid.offset:  # from its first row
         valid = pyarrow.concat_arrays([valid])
@@ -363,7 +377,8 @@ def _bytes_cleared(column: Any) -> pyarrow.Array:
 
 def _spanned(column: Any) -> tuple[pyarrow.Array, pyarrow.Array, int] | None:
     """For ``column`` (strings, binary, lists, large lists or maps, with nulls) whose nulls
-    span some bytes or items: which of the bytes or items its rows span are a valid row's,
+    span some bytes or items: which of the bytes or items its rows span are a valid row's
+    (run-end-encoded, a run of them for each run of valid or null rows),
     its offsets laid out afresh (each null spanning nothing), and where the bytes or items
     of its first row start. None when its nulls span nothing. Worked out over its offsets
     and validity bits at once: with numpy by runs of valid or null rows, else with Arrow's
@@ -388,9 +403,10 @@ def _spanned(column: Any) -> tuple[pyarrow.Array, pyarrow.Array, int] | None:
     spans = offsets[ends] - offsets[starts]  # what each run of valid or null rows spans
     if not spans[~held].any():
         return None
-    kept = numpy.packbits(numpy.repeat(held, spans), bitorder="little")
-    kept_rows = pyarrow.Array.from_buffers(
-        pyarrow.bool_(), int(spans.sum()), [None, pyarrow.py_buffer(kept)]
+    some = spans > 0  # runs of rows that span something, as runs of bytes or items
+    stops = (offsets[ends] - offsets[0])[some]
+    kept_rows = pyarrow.RunEndEncodedArray.from_arrays(
+        pyarrow.array(stops.astype(numpy.int64)), pyarrow.array(held[some])
     )
     sizes = numpy.diff(offsets)
     sizes *= valid  # a null spans nothing
@@ -403,7 +419,7 @@ def _spanned_by_arrow(
     column: Any, width: pyarrow.DataType
 ) -> tuple[pyarrow.Array, pyarrow.Array, int] | None:
     """:func:`_spanned` with Arrow's kernels alone, its offsets of ``width``: which bytes or
-    items are a valid row's, decoded from the runs the rows make of them."""
+    items are a valid row's, a run of them for each row that spans some."""
     length = len(column)
     offsets = pyarrow.Array.from_buffers(
         width, length + 1, [None, column.buffers()[1]], 0, column.offset
@@ -419,7 +435,7 @@ def _spanned_by_arrow(
     spanning = pyarrow.compute.greater(spans, pyarrow.scalar(0, width))
     ends = pyarrow.compute.subtract(offsets.slice(1), pyarrow.scalar(first, width))
     runs = pyarrow.RunEndEncodedArray.from_arrays(ends.filter(spanning), valid.filter(spanning))
-    return pyarrow.compute.run_end_decode(runs), fresh, first
+    return runs, fresh, first
 
 
 def _under_its_nulls(column: Any, mask: pyarrow.Array | None) -> list[pyarrow.Array]:
