@@ -682,6 +682,26 @@ def test_columns_arrow_takes_no_rows_of_are_digested(case: str) -> None:
     assert codec.digest(pyarrow.table({"c": column.slice(1)})) != digest
 
 
+def test_list_views_spanning_more_items_than_their_offsets_count_are_held_whole() -> None:
+    """A list view whose rows share items, together more than its 32-bit offsets count
+    (three views of the same 2**30 items), is digested and held as the rows it holds, and
+    what is held reads back: laying its items out one after another would need an offset
+    past 2**31 - 1."""
+    many = 2**30
+    column = pyarrow.ListViewArray.from_arrays(
+        pyarrow.array([0, 0, 0], pyarrow.int32()),
+        pyarrow.array([many, many, 5], pyarrow.int32()),
+        pyarrow.nulls(many),
+    )
+    codec = ArrowCodec()
+    table = pyarrow.table({"c": column})
+    digest, held = codec.held(table)
+    held.validate(full=True)
+    assert pyarrow.compute.list_value_length(held.column("c")).to_pylist() == [many, many, 5]
+    assert held.equals(table) and digest == codec.digest(table)
+    assert codec.decode(memoryview(_join(codec.encode(held)))).equals(table)
+
+
 @pytest.mark.parametrize("nulls", [0, 1, 3])
 def test_a_struct_of_no_fields_keeps_its_length(nulls: int) -> None:
     """A column of structs with no fields (whose length no child tells) is digested and

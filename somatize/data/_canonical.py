@@ -520,19 +520,30 @@ def _dense_bare(column: Any) -> pyarrow.Array:
     )
 
 
+_MOST_INT32 = 2**31 - 1
+"""The most items a list view's 32-bit offsets count."""
+
+
 def _views_bare(column: Any) -> pyarrow.Array:
     """List-view ``column`` laid out as one built afresh: its items those of its rows in
     their order, each row's offset the sizes of the rows before it (0 for a null or an empty
     row, of size 0, as joining columns lays them out). Views
     may overlap, come in any order, or span items under a null. Items Arrow takes no rows
-    of keep the column as it is (a miss, never a wrong answer)."""
+    of, or views sharing items that together are more than its offsets count (laid out one
+    after another, a row would start past them), keep the column as it is (a miss, never a
+    wrong answer)."""
     kind = column.type
+    large = pyarrow.types.is_large_list_view(kind)
+    width = pyarrow.int64() if large else pyarrow.int32()
+    sizes = pyarrow.compute.list_value_length(column).fill_null(0)
+    total = pyarrow.compute.sum(sizes.cast(pyarrow.int64())).as_py() or 0
+    if not large and total > _MOST_INT32:
+        return pyarrow.concat_arrays([column])
     try:
         items = pyarrow.compute.list_flatten(column)
     except pyarrow.ArrowNotImplementedError:
         return pyarrow.concat_arrays([column])
-    width = pyarrow.int64() if pyarrow.types.is_large_list_view(kind) else pyarrow.int32()
-    sizes = pyarrow.compute.list_value_length(column).fill_null(0).cast(width)
+    sizes = sizes.cast(width)
     before = pyarrow.compute.subtract(pyarrow.compute.cumulative_sum(sizes), sizes)
     empty = pyarrow.compute.equal(sizes, pyarrow.scalar(0, width))
     offsets = pyarrow.compute.if_else(empty, pyarrow.scalar(0, width), before)  # as Arrow joins
