@@ -529,9 +529,9 @@ def _views_bare(column: Any) -> pyarrow.Array:
     their order, each row's offset the sizes of the rows before it (0 for a null or an empty
     row, of size 0, as joining columns lays them out). Views
     may overlap, come in any order, or span items under a null. Items Arrow takes no rows
-    of, or views sharing items that together are more than its offsets count (laid out one
-    after another, a row would start past them), keep the column as it is (a miss, never a
-    wrong answer)."""
+    of, or views sharing items that together are more than its offsets (or theirs) count
+    (laid out one after another, a row would start past them), keep the column as it is (a
+    miss, never a wrong answer)."""
     kind = column.type
     large = pyarrow.types.is_large_list_view(kind)
     width = pyarrow.int64() if large else pyarrow.int32()
@@ -542,6 +542,8 @@ def _views_bare(column: Any) -> pyarrow.Array:
     try:
         items = pyarrow.compute.list_flatten(column)
     except pyarrow.ArrowNotImplementedError:
+        return pyarrow.concat_arrays([column])
+    except pyarrow.ArrowInvalid:  # shared items whose own offsets overflow, laid out anew
         return pyarrow.concat_arrays([column])
     sizes = sizes.cast(width)
     before = pyarrow.compute.subtract(pyarrow.compute.cumulative_sum(sizes), sizes)
