@@ -714,6 +714,24 @@ def test_list_views_sharing_more_items_than_offsets_count_are_held_whole(case: s
     assert codec.decode(memoryview(_join(codec.encode(held)))).equals(table)
 
 
+def test_a_dense_union_sharing_a_list_of_more_items_than_offsets_count_is_held_whole() -> None:
+    """A dense union whose rows share one value of its child (a list of 2**30 items) is
+    digested and held as the rows it holds: a child holding that value once per row would
+    need an offset past 2**31 - 1."""
+    many = 2**30
+    items = pyarrow.ListArray.from_arrays(
+        pyarrow.array([0, many], pyarrow.int32()), pyarrow.nulls(many)
+    )
+    column = pyarrow.UnionArray.from_dense(
+        pyarrow.array([0, 0, 0], pyarrow.int8()), pyarrow.array([0, 0, 0], pyarrow.int32()), [items]
+    )
+    codec = ArrowCodec()
+    table = pyarrow.table({"c": column})
+    digest, held = codec.held(table)
+    held.validate(full=True)
+    assert held.equals(table) and digest == codec.digest(table)
+
+
 @pytest.mark.parametrize("nulls", [0, 1, 3])
 def test_a_struct_of_no_fields_keeps_its_length(nulls: int) -> None:
     """A column of structs with no fields (whose length no child tells) is digested and

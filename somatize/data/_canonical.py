@@ -13,9 +13,9 @@ sparse union's children null in the rows another child holds; a dense union's ch
 the values of its rows in their order, and a list view's items those of its rows; a
 run-end-encoded column with only the runs of its rows, a run split at a chunk's end joined
 again. Columns Arrow takes no rows of (run-end-encoded columns deeper in a list or a map
-than its items, or of nested values; views in a union, a dictionary or a list view there)
-and dictionaries are kept as they are: they digest apart from the same rows laid out
-otherwise (a cache miss, never a wrong answer).
+than its items, or of nested values; views in a union, a dictionary or a list view there),
+dictionaries, and dense unions whose rows share a value are kept as they are: they digest
+apart from the same rows laid out otherwise (a cache miss, never a wrong answer).
 """
 
 from __future__ import annotations
@@ -494,8 +494,10 @@ def _dense_bare(column: Any) -> pyarrow.Array:
     """Dense union ``column`` laid out as one built afresh: each child holds the values of
     its rows in their order, bare, and nothing else, and each row's offset counts the rows
     of its child before it. A slice keeps its children whole, and offsets may point
-    anywhere, share a value or skip one. A child holding what Arrow takes no rows of keeps
-    the column as it is (a miss, never a wrong answer)."""
+    anywhere or skip a value. A child holding what Arrow takes no rows of, or whose rows
+    share a value or come out of order, keeps the column as it is (a miss, never a wrong
+    answer): a value shared by many rows, held once per row, could be more than the
+    column's memory many times over, or than its offsets count."""
     kind = column.type
     _, codes, offsets = column.buffers()[:3]  # the arrays of them leave out the slice's offset
     codes = pyarrow.Array.from_buffers(pyarrow.int8(), len(column), [None, codes], 0, column.offset)
@@ -506,7 +508,10 @@ def _dense_bare(column: Any) -> pyarrow.Array:
     children = []
     for index, code in enumerate(kind.type_codes):
         held = pyarrow.compute.equal(codes, pyarrow.scalar(code, codes.type))
-        child = _picked(column.field(index), offsets.filter(held))
+        rows = offsets.filter(held)
+        if _shares(rows):
+            return pyarrow.concat_arrays([column])
+        child = _picked(column.field(index), rows)
         if child is None:
             return pyarrow.concat_arrays([column])
         children.append(_bare(child))
@@ -522,6 +527,15 @@ def _dense_bare(column: Any) -> pyarrow.Array:
 
 _MOST_INT32 = 2**31 - 1
 """The most items a list view's 32-bit offsets count."""
+
+
+def _shares(rows: pyarrow.Array) -> bool:
+    """Whether the offsets ``rows`` of a dense union's rows into one child point at a value
+    more than once, or out of order: whether each is not past the one before it."""
+    if len(rows) < 2:
+        return False
+    before, after = rows.slice(0, len(rows) - 1), rows.slice(1)
+    return bool(pyarrow.compute.any(pyarrow.compute.less_equal(after, before)).as_py())
 
 
 def _views_bare(column: Any) -> pyarrow.Array:
