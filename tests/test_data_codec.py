@@ -714,6 +714,23 @@ def test_list_views_sharing_more_items_than_offsets_count_are_held_whole(case: s
     assert codec.decode(memoryview(_join(codec.encode(held)))).equals(table)
 
 
+@pytest.mark.parametrize("kind", [pyarrow.list_view, pyarrow.large_list_view])
+def test_list_views_sharing_items_are_held_without_a_copy_per_row(kind: Any) -> None:
+    """A list view whose rows view the same items (more in all than it holds) is digested and
+    held with its items once, not once per row that views them (a million rows over a
+    thousand items would be a billion); laid out afresh, its rows digest apart (a miss)."""
+    items = pyarrow.array(range(1000))
+    rows = 1000
+    column = type(pyarrow.array([], kind(pyarrow.int64()))).from_arrays(
+        pyarrow.array([0] * rows), pyarrow.array([1000] * rows), items
+    )
+    codec = ArrowCodec()
+    table = pyarrow.table({"c": column})
+    digest, held = codec.held(table)
+    assert len(held.column("c").chunk(0).values) == 1000
+    assert held.equals(table) and digest == codec.digest(table)
+
+
 def test_a_dense_union_sharing_a_list_of_more_items_than_offsets_count_is_held_whole() -> None:
     """A dense union whose rows share one value of its child (a list of 2**30 items) is
     digested and held as the rows it holds: a child holding that value once per row would

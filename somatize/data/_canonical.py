@@ -543,16 +543,16 @@ def _views_bare(column: Any) -> pyarrow.Array:
     their order, each row's offset the sizes of the rows before it (0 for a null or an empty
     row, of size 0, as joining columns lays them out). Views
     may overlap, come in any order, or span items under a null. Items Arrow takes no rows
-    of, or views sharing items that together are more than its offsets (or theirs) count
-    (laid out one after another, a row would start past them), keep the column as it is (a
-    miss, never a wrong answer)."""
+    of, or views that together span more items than it holds (laid out one after another,
+    they would take its memory many times over) or than its offsets (or theirs) count, keep
+    the column as it is (a miss, never a wrong answer)."""
     kind = column.type
     large = pyarrow.types.is_large_list_view(kind)
     width = pyarrow.int64() if large else pyarrow.int32()
     sizes = pyarrow.compute.list_value_length(column).fill_null(0)
     total = pyarrow.compute.sum(sizes.cast(pyarrow.int64())).as_py() or 0
-    if not large and total > _MOST_INT32:
-        return pyarrow.concat_arrays([column])
+    if total > len(column.values) or (not large and total > _MOST_INT32):
+        return pyarrow.concat_arrays([column])  # its items held once per view of them
     try:
         items = pyarrow.compute.list_flatten(column)
     except pyarrow.ArrowNotImplementedError:
