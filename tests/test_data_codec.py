@@ -731,6 +731,35 @@ def test_list_views_sharing_items_are_held_without_a_copy_per_row(kind: Any) -> 
     assert held.equals(table) and digest == codec.digest(table)
 
 
+@pytest.mark.parametrize("holder", ["struct", "list"])
+def test_a_dense_union_sharing_a_value_in_a_struct_or_list_is_held_without_a_copy_per_row(
+    holder: str,
+) -> None:
+    """A dense union whose thousand rows share one list of a thousand items, in a struct or
+    a list with nulls (whose rows are taken to clear what lies under them), is digested and
+    held with that list once, not once per row (a million items)."""
+    shared = pyarrow.array([list(range(1000))], pyarrow.list_(pyarrow.int64()))
+    rows = 1000
+    union = pyarrow.UnionArray.from_dense(
+        pyarrow.array([0] * rows, pyarrow.int8()),
+        pyarrow.array([0] * rows, pyarrow.int32()),
+        [shared],
+    )
+    if holder == "struct":
+        nulls = pyarrow.array([row == 0 for row in range(rows)])
+        column: Any = pyarrow.StructArray.from_arrays([union], names=["u"], mask=nulls)
+    else:
+        offsets = pyarrow.array([0, 1, rows], pyarrow.int32())
+        column = pyarrow.ListArray.from_arrays(offsets, union, mask=pyarrow.array([True, False]))
+    codec = ArrowCodec()
+    table = pyarrow.table({"c": column})
+    digest, held = codec.held(table)
+    inner = held.column("c").chunk(0)
+    union_held = inner.field(0) if holder == "struct" else inner.values
+    assert len(union_held.field(0).values) <= 1000
+    assert held.equals(table) and digest == codec.digest(table)
+
+
 def test_a_dense_union_sharing_a_list_of_more_items_than_offsets_count_is_held_whole() -> None:
     """A dense union whose rows share one value of its child (a list of 2**30 items) is
     digested and held as the rows it holds: a child holding that value once per row would

@@ -158,7 +158,8 @@ def _taken(column: Any, rows: pyarrow.Array) -> pyarrow.Array:
 def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
     """``column.take(rows)`` (row numbers) or ``column.filter(rows)`` (booleans); a column
     holding views (at any depth) or run-end-encoded through the plain column of its rows,
-    and cast or encoded again. None when Arrow takes no rows of what it holds."""
+    and cast or encoded again. None when Arrow takes no rows of what it holds, or when it
+    is a dense union whose rows share a value (Arrow would copy it once per row)."""
     pick = pyarrow.Array.take if pyarrow.types.is_integer(rows.type) else _filtered
     kind = column.type
     plain = _unviewed(kind)
@@ -175,7 +176,7 @@ def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
             return pyarrow.compute.run_end_encode(values, run_end_type=kind.run_end_type)
         except pyarrow.ArrowNotImplementedError:  # values Arrow encodes no runs of
             return None
-    if not _takes(kind):
+    if not _takes(kind) or _dense_shares(column):
         return None
     return pick(column, rows)
 
@@ -499,19 +500,14 @@ def _dense_bare(column: Any) -> pyarrow.Array:
     answer): a value shared by many rows, held once per row, could be more than the
     column's memory many times over, or than its offsets count."""
     kind = column.type
-    _, codes, offsets = column.buffers()[:3]  # the arrays of them leave out the slice's offset
-    codes = pyarrow.Array.from_buffers(pyarrow.int8(), len(column), [None, codes], 0, column.offset)
-    offsets = pyarrow.Array.from_buffers(
-        pyarrow.int32(), len(column), [None, offsets], 0, column.offset
-    )
+    if _dense_shares(column):
+        return pyarrow.concat_arrays([column])
+    codes, offsets = _codes_and_offsets(column)
     counted = pyarrow.nulls(len(column), offsets.type).fill_null(0)
     children = []
     for index, code in enumerate(kind.type_codes):
         held = pyarrow.compute.equal(codes, pyarrow.scalar(code, codes.type))
-        rows = offsets.filter(held)
-        if _shares(rows):
-            return pyarrow.concat_arrays([column])
-        child = _picked(column.field(index), rows)
+        child = _picked(column.field(index), offsets.filter(held))
         if child is None:
             return pyarrow.concat_arrays([column])
         children.append(_bare(child))
@@ -529,13 +525,33 @@ _MOST_INT32 = 2**31 - 1
 """The most items a list view's 32-bit offsets count."""
 
 
-def _shares(rows: pyarrow.Array) -> bool:
-    """Whether the offsets ``rows`` of a dense union's rows into one child point at a value
-    more than once, or out of order: whether each is not past the one before it."""
-    if len(rows) < 2:
+def _codes_and_offsets(column: Any) -> tuple[pyarrow.Array, pyarrow.Array]:
+    """The type codes and the offsets of dense union ``column``'s rows."""
+    _, codes, offsets = column.buffers()[:3]  # the arrays of them leave out the slice's offset
+    return (
+        pyarrow.Array.from_buffers(pyarrow.int8(), len(column), [None, codes], 0, column.offset),
+        pyarrow.Array.from_buffers(pyarrow.int32(), len(column), [None, offsets], 0, column.offset),
+    )
+
+
+def _dense_shares(column: Any) -> bool:
+    """Whether ``column`` is a dense union (or an extension type stored as one) whose rows
+    point at a value of a child more than once, or out of order: taking its rows (as Arrow
+    does, and as laying it out afresh does) copies such a value once per row, which could be
+    more than the column's memory many times over, or than a child's offsets count."""
+    if isinstance(column.type, pyarrow.BaseExtensionType):
+        column = column.storage
+    kind = column.type
+    if not pyarrow.types.is_union(kind) or kind.mode != "dense" or len(column) < 2:
         return False
-    before, after = rows.slice(0, len(rows) - 1), rows.slice(1)
-    return bool(pyarrow.compute.any(pyarrow.compute.less_equal(after, before)).as_py())
+    codes, offsets = _codes_and_offsets(column)
+    for code in kind.type_codes:
+        rows = offsets.filter(pyarrow.compute.equal(codes, pyarrow.scalar(code, codes.type)))
+        if len(rows) > 1:
+            before, after = rows.slice(0, len(rows) - 1), rows.slice(1)
+            if pyarrow.compute.any(pyarrow.compute.less_equal(after, before)).as_py():
+                return True
+    return False
 
 
 def _views_bare(column: Any) -> pyarrow.Array:
