@@ -418,10 +418,11 @@ _HELD_ITEMS = 4096
 """How deep, and over how many values, an object is read to be named by what it holds
 (:func:`_held_bytes`); one deeper or larger is marked by which object it is."""
 
-_STATE_ITEMS = 256
+_STATE_ITEMS = 4096
 """How many entries, nearest first, of the dicts, lists and sets an object marked by which
 object it is holds are read for a graph's watch (:func:`_state_read`): each is compared at
-every forward."""
+every forward. One holding more cannot be watched so: it is taken as changed at every look
+(:class:`_Unseen`), never as unchanged."""
 
 _CONTAINERS = (list, dict, set, frozenset, tuple, collections.OrderedDict)
 _HEAPTYPE = 1 << 9
@@ -883,10 +884,15 @@ class _Marked:
         self.read(held)
 
     def read(self, held: Any, whole: bool = True) -> None:
-        """Reads ``held`` again, in place; with ``whole``, its class and functions too."""
-        state, made = _state_read(held)
+        """Reads ``held`` again, in place; with ``whole``, its class and functions too. One
+        holding more than a watch reads is read with an :class:`_Unseen` last, so it is
+        taken as changed at every look."""
+        state, made, read_all = _state_read(held)
         self.lives[:] = state
         self.copies[:] = map(_copied, state)
+        if not read_all:
+            self.lives.append(_Unseen())
+            self.copies.append(_Unseen())
         if whole:
             self.kind, self.made = type(held), made
 
@@ -904,6 +910,20 @@ class _Marked:
             return not bool(self.lives == self.copies)
         except Exception:  # a value replaced whose `==` says no bool (an array)
             return True
+
+
+class _Unseen:
+    """Stands for what a watch left unread of an object marked by which object it is (more
+    than :data:`_STATE_ITEMS` entries): equal to nothing, so the object is taken as changed
+    at every look, and given a new mark — what was computed with it is never recalled as
+    computed with what it holds now, which no look compared."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 _MARKED: dict[int, tuple[weakref.ref[Any], weakref.ref[_Marked]]] = {}
@@ -1098,34 +1118,40 @@ def _slots_of(kind: type) -> list[MemberDescriptorType]:
     ]
 
 
-def _state_read(held: Any) -> tuple[list[Any], tuple[tuple[FunctionType, Any, Any], ...]]:
+def _state_read(
+    held: Any,
+) -> tuple[list[Any], tuple[tuple[FunctionType, Any, Any], ...], bool]:
     """What a watch reads of ``held``, an object marked by which object it is: each dict,
     list and set it holds, or holds through what it holds (an object's ``__dict__`` and
     its slots, :class:`_Slots`; a function's closure and keyword defaults, a bound
     method's object, a partial's arguments), and the namespaces of the classes of the
     objects read (short of the library's), nearest first, as far as :data:`_STATE_ITEMS`
-    entries in all (a larger one is left out, and what it holds); and each function read,
-    with its code and defaults. What a class written in C holds but its ``__dict__`` (a
-    tensor's values) is not read."""
+    entries in all; each function read, with its code and defaults; and whether all was
+    read (False where a dict, list or set did not fit: it is left out, and what it holds,
+    and the object is taken as changed at every look). What a class written in C holds
+    but its ``__dict__`` (a tensor's values) is not read."""
     read: list[Any] = []
     functions: list[tuple[FunctionType, Any, Any]] = []
     seen: set[int] = set()
     kinds: dict[type, list[MemberDescriptorType]] = {}  # each class read → its slots
     left = _STATE_ITEMS
+    read_all = True
     queue = collections.deque([held])
 
     def see(container: Any, kept: bool = True) -> bool:
         """Reads ``container`` (to compare with ``kept``) where it fits in what is left to
-        read; else not (a cache grown large would be compared whole at every forward)."""
-        nonlocal left
+        read; else not (a cache grown large would be compared whole at every forward),
+        and the object is not all read."""
+        nonlocal left, read_all
         if len(container) >= left:
+            read_all = False
             return False
         if kept:
             read.append(container)
         left -= len(container) + 1
         return True
 
-    while queue and left > 0:
+    while queue:  # what is queued was let in by `see`, within the bound
         value = queue.popleft()
         if _exactly_plain(value) or id(value) in seen:
             continue
@@ -1163,7 +1189,7 @@ def _state_read(held: Any) -> tuple[list[Any], tuple[tuple[FunctionType, Any, An
             continue
         if type(attributes) is dict and see(attributes):
             queue += list(attributes.values())
-    return read, tuple(functions)
+    return read, tuple(functions), read_all
 
 
 def marks_moved(marks: Iterable[Mark]) -> None:

@@ -1205,26 +1205,94 @@ def test_an_object_holding_slots_changed_in_place_again_is_seen(
 
 
 class _Cache(_Counting):
-    """Counts its calls on itself, and holds a large table."""
+    """Counts its calls on itself, and scales by what a large table it holds says."""
 
     def __init__(self, k: int) -> None:
         super().__init__(k)
-        self.table = {at: at for at in range(10_000)}
+        self.table = dict.fromkeys(range(10_000), 1)
+
+    def __call__(self, x: int) -> int:
+        return super().__call__(x) * self.table[x]
 
 
-def test_a_large_table_an_object_marked_by_which_it_is_holds_is_not_compared_each_forward(
+def test_a_large_table_an_object_marked_by_which_it_is_holds_is_never_taken_as_unchanged(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What a graph compares of an object a class holds, marked by which object it is, at
-    every forward is bounded: a large table it holds is left out, while what it holds
-    beside it is still seen changed in place."""
+    every forward is bounded; one holding more (a table of 10,000 entries) is taken as
+    changed at every forward, never as unchanged: a change in place in the table, or beside
+    it, is computed with, never recalled for."""
     monkeypatch.setattr(HoldsScale, "act", _Cache(2))
     graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
     assert graph.forward(5, store=store, strict=True) == 10
     read = [held for mark in graph._code_watch.marks for held in mark.noted.lives]
-    assert read and all(len(held) <= 256 for held in read)
+    assert read and all(len(held) <= 4096 for held in read if hasattr(held, "__len__"))
+    HoldsScale.act.table[5] = 7
+    assert _three_forwards_on(graph, store, 5, 70) == ["ran", "ran", "ran"]
     HoldsScale.act.k = 3
-    assert graph.forward(5, store=store, strict=True) == 15
+    assert graph.forward(5, store=store, strict=True) == 105
+
+
+class _Wide(_Counting):
+    """Counts its calls on itself, and holds 300 attributes, scaling by the last."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        for at in range(299):
+            setattr(self, f"a{at}", at)
+        self.last = k
+
+    def __call__(self, x: int) -> int:
+        super().__call__(x)
+        return x * self.last
+
+
+class _Numbers(_Counting):
+    """Counts its calls on itself, and adds the last of the 1,000 numbers it holds."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.numbers = [0] * 999 + [k]
+
+    def __call__(self, x: int) -> int:
+        super().__call__(x)
+        return x * self.numbers[-1]
+
+
+def _three_forwards_on(graph: Graph, store: Store, x: int, answer: Any) -> list[str]:
+    """Three forwards of ``graph`` on ``x`` under strict, each checked to answer ``answer``:
+    what each did at ``h``."""
+    ran = []
+    for _ in range(3):
+        assert graph.forward(x, store=store, strict=True) == answer
+        assert graph.record is not None
+        ran.append(graph.record.outcome["h"])
+    return ran
+
+
+@pytest.mark.parametrize(
+    ("held", "edit"),
+    [
+        (_Wide, lambda act, k: setattr(act, "last", k)),
+        (_Numbers, lambda act, k: act.numbers.__setitem__(-1, k)),
+    ],
+)
+def test_an_object_marked_by_which_it_is_holding_hundreds_of_entries_changed_is_seen(
+    held: type[_Scale],
+    edit: Callable[[Any, int], None],
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An object a class holds, marked by which object it is (it counts its calls), holding
+    300 attributes or a list of 1,000 numbers, changed in place between forwards once and
+    again, is other code at the next forward each time: strict=True computes with what it
+    holds now, then recalls that."""
+    monkeypatch.setattr(HoldsScale, "act", held(2))
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2)[1:] == ["recalled", "recalled"]
+    for k in (3, 4):
+        edit(HoldsScale.act, k)
+        assert _three_forwards(graph, store, "h", k) == ["ran", "recalled", "recalled"], k
 
 
 class _Plus(_Scale):
