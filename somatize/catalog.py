@@ -81,7 +81,7 @@ import sys
 import textwrap
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from types import (
@@ -380,23 +380,46 @@ def _runner(member: Any) -> Any:
 
 
 _NONCE = os.urandom(16)
-_TOKENS: dict[int, tuple[weakref.ref[Any], bytes]] = {}
+_TOKENS: dict[int, tuple[Callable[[], Any], bytes]] = {}
 """An object, by its address (not by ``==``, which may call two objects equal), → a weak
-reference to it, which tells it from another at the same address later, and its mark."""
+reference to it, which tells it from another at the same address later (a :class:`_Kept`
+where it cannot be referenced weakly), and its mark."""
 _COUNT = itertools.count()
 
 
 def _token_of(held: Any) -> bytes:
     """A mark of the object ``held`` that no other object is given, in this process or any
-    other: the same for it while it lives where it can be remembered weakly, else a new one
-    each time asked (a fingerprint then misses, never matches another's)."""
+    other: the same for it while it lives. One that cannot be referenced weakly (a class
+    with ``__slots__`` and no ``__weakref__``, a bare list or dict) is kept alive for it
+    (:class:`_Kept`), so that it keeps its mark and can be watched."""
     found = _TOKENS.get(id(held))
     if found is not None and found[0]() is held:
         return found[1]
     token = b"object " + _NONCE + next(_COUNT).to_bytes(8, "little")
-    with contextlib.suppress(TypeError):  # one that cannot be referenced weakly: anew
-        _TOKENS[id(held)] = (weakref.ref(held), token)
+    _TOKENS[id(held)] = (_reference(held), token)
     return token
+
+
+class _Kept:
+    """A reference to an object that cannot be referenced weakly, called as a weak one is:
+    it answers the object, which it keeps alive, so that its address is never another's."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+
+    def __call__(self) -> Any:
+        return self.held
+
+
+def _reference(held: Any, forget: Any = None) -> Any:
+    """A weak reference to ``held`` (calling ``forget`` once it is gone), or a
+    :class:`_Kept` where it cannot be referenced weakly."""
+    try:
+        return weakref.ref(held, forget)
+    except TypeError:
+        return _Kept(held)
 
 
 def _version_of(held: Any) -> bytes | None:
@@ -926,29 +949,29 @@ class _Unseen:
     __hash__ = None  # type: ignore[assignment]
 
 
-_MARKED: dict[int, tuple[weakref.ref[Any], weakref.ref[_Marked]]] = {}
+_MARKED: dict[int, tuple[Callable[[], Any], weakref.ref[_Marked]]] = {}
 """An object marked by which object it is and watched, by its address → a weak reference to
-it and to what is noted of it (:class:`_Marked`), which the graphs' watches hold: what is
-read of an object (its ``__dict__``, which may hold a method bound to it) never keeps it
+it (a :class:`_Kept` where it cannot be referenced weakly, which its mark keeps alive
+anyway) and to what is noted of it (:class:`_Marked`), which the graphs' watches hold: what
+is read of an object (its ``__dict__``, which may hold a method bound to it) never keeps it
 alive once no graph watches it."""
 
 
-def _marked(held: Any) -> tuple[_Marked, bool] | None:
+def _marked(held: Any) -> tuple[_Marked, bool]:
     """What is noted of ``held``, an object marked by which object it is, noted now if it was
     not, and whether it was given a new mark for it: it was watched before, by graphs gone
-    since, and may have changed unseen since; None where its mark cannot be kept (it cannot
-    be referenced weakly)."""
+    since, and may have changed unseen since."""
     found = _MARKED.get(id(held))
     if found is not None and found[0]() is held:
         noted = found[1]()
         if noted is not None:
             return noted, False
         _moved_on(held)
-    elif _token_of(held) != _version_of(held):
-        return None
+    else:
+        _token_of(held)  # marked, if it was not yet
     made = _Marked(held)
     forget = functools.partial(_forget_held, id(held), held=_MARKED)
-    _MARKED[id(held)] = (weakref.ref(held, forget), weakref.ref(made))
+    _MARKED[id(held)] = (_reference(held, forget), weakref.ref(made))
     return made, found is not None and found[0]() is held
 
 
@@ -1043,12 +1066,11 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                     unnamed.append(held)
             lives += read
             labels += [label] * len(read)
-            for held in unnamed:
-                if (marked := _marked(held)) is not None:  # marked: what it holds watched
-                    noted, anew = marked
-                    marks.append(Mark(len(lives), held, noted, anew, kind))
-                    lives += [noted.version, noted.lives]
-                    labels += [label, label]
+            for held in unnamed:  # marked: what it holds watched
+                noted, anew = _marked(held)
+                marks.append(Mark(len(lives), held, noted, anew, kind))
+                lives += [noted.version, noted.lives]
+                labels += [label, label]
             for function in _functions_in(member):
                 keywords = function.__kwdefaults__
                 made.append((label, function, function.__code__, function.__defaults__, keywords))

@@ -1204,6 +1204,37 @@ def test_an_object_holding_slots_changed_in_place_again_is_seen(
         assert ran[1:] == ["recalled", "recalled"], k
 
 
+class _SlottedOnly:
+    """Scales by what it holds in a slot; it cannot be referenced weakly."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __call__(self, x: int) -> int:
+        return x * self.k
+
+
+def test_an_object_that_cannot_be_referenced_weakly_changed_in_place_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds with ``__slots__`` and no ``__weakref__``, changed in place
+    between forwards once and again, is other code at the next forward each time: strict=True
+    computes with what it holds now; and a graph built after, of the object unchanged since,
+    recalls what the first kept, without drift."""
+    monkeypatch.setattr(HoldsScale, "act", _SlottedOnly(2))
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2)[1:] == ["recalled", "recalled"]
+    for k in (3, 4):
+        HoldsScale.act.k = k
+        assert _three_forwards(graph, store, "h", k) == ["ran", "recalled", "recalled"], k
+    again = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        assert _three_forwards(again, store, "h", 4) == ["recalled"] * 3
+
+
 class _Cache(_Counting):
     """Counts its calls on itself, and scales by what a large table it holds says."""
 
