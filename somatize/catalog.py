@@ -286,6 +286,8 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
         contained = None if _dunder(name) else _contained_bytes(member)
         if contained is not None:
             _put(digest, b"holds " + name.encode(), contained)
+        elif _table(name, member):  # by what it holds, or once changed in place, a mark
+            _put(digest, b"table " + name.encode(), _held_bytes(member) or _token_of(member))
         if not held and not _dunder(name) and _plain(member):
             if not texts:
                 texts.append(_class_body(kind))
@@ -323,7 +325,11 @@ def _body_of(kind: type, state: frozenset[str]) -> Body:
         elif _plain(member):
             body.append((name, "state" if name in state else (type(member), member)))
         elif type(member) in _CONTAINERS and not _dunder(name):  # read again, as an object
-            body.append((name, _contained_bytes(member)))
+            contained = _contained_bytes(member)
+            if contained is None:  # a table: by what it holds, or its mark
+                body.append((name, (_held_bytes(member), _Same(member), _version_of(member))))
+            else:
+                body.append((name, contained))
         else:
             opaque = _opaque_bytes(member)
             if opaque is not None and opaque.startswith(b"object "):  # marked: by identity
@@ -492,10 +498,13 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     time to the next (a cycle through it would keep it alive). ``containers`` is given each
     dict, list and set read of it (its attributes among them) and the namespaces of its
     classes, for a graph's watch to see such a change at the next forward."""
-    try:
-        reference = weakref.ref(value, functools.partial(_forget_held, id(value)))
-    except TypeError:
-        return None
+    if type(value) in _CONTAINERS:  # a table a class holds: kept alive, to be named
+        reference = _reference(value)
+    else:
+        try:
+            reference = weakref.ref(value, functools.partial(_forget_held, id(value)))
+        except TypeError:
+            return None
     walking = _walking()
     if id(value) in walking:  # reached again as it is read or looked at: marked for good
         _HELD[id(value)] = (reference, None)
@@ -721,6 +730,14 @@ def _unwritten(name: str, member: Any) -> bool:
     if isinstance(member, (type, ModuleType)):
         return True
     return not callable(member) and not hasattr(type(member), "__get__")
+
+
+def _table(name: str, member: Any) -> bool:
+    """Whether a class's ``name`` holds a dict, list or set of plain values (``table =
+    {"by": 2}``, a cache its code fills): named by what it holds (:func:`_held_bytes`, read
+    each time, so one changed in place is marked from then on, and watched as a marked
+    object is: what its node's forward changes in it is its state)."""
+    return not _dunder(name) and type(member) in _CONTAINERS and not _plain(member)
 
 
 def _joined(label: bytes, parts: list[bytes]) -> bytes:
@@ -1051,7 +1068,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             read: list[Any] = []
             unnamed: list[Any] = []
             holds = _held_in(member)
-            if not holds and not _dunder(name) and type(member) in _CONTAINERS:
+            if not holds and _table(name, member):
                 holds = [member]
             for held in holds:
                 if _contained_bytes(held, read, unnamed) is not None:

@@ -879,6 +879,10 @@ for made in (
     "Equal(2)",
     "hooked(nn.ReLU())",
     "hooked(nn.ReLU())",
+    '{"by": 2}',
+    '{"by": 2}',
+    '{"by": 3}',
+    "[1, [2, 3]]",
 ):
     print(made, holding(eval(made)), closing(eval(made)), sep="|")
 """
@@ -902,11 +906,11 @@ def _fingerprints_in_a_fresh_process(path: Path, seed: str) -> dict[str, list[st
 
 def test_an_object_held_by_what_it_holds_is_named_alike_in_every_process(tmp_path: Path) -> None:
     """A callable object a class holds, or a method closes over, whose state is all named by
-    what it is (plain values, functions, torch modules holding no weights nor hooks) is
-    fingerprinted by its class and that state: the same in two fresh processes, and
-    another for other state or another class. One holding what no name says (a lock, a
-    hook), or whose class says when it equals another, is marked by which object it is:
-    never another's, in this process or another."""
+    what it is (plain values, functions, torch modules holding no weights nor hooks), and a
+    table of plain values, is fingerprinted by its class and that state: the same in two
+    fresh processes, and another for other state or another class. One holding what no
+    name says (a lock, a hook), or whose class says when it equals another, is marked by
+    which object it is: never another's, in this process or another."""
     path = tmp_path / "holding.py"
     _write(path, _HOLDING)
     one = _fingerprints_in_a_fresh_process(path, "1")
@@ -1324,6 +1328,65 @@ def test_an_object_marked_by_which_it_is_holding_hundreds_of_entries_changed_is_
     for k in (3, 4):
         edit(HoldsScale.act, k)
         assert _three_forwards(graph, store, "h", k) == ["ran", "recalled", "recalled"], k
+
+
+class Tabled(Node):
+    """Scales by what the table its class holds says."""
+
+    table: ClassVar[dict[str, int]] = {"by": 2}
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.table["by"]
+
+
+def test_a_table_a_class_holds_changed_in_place_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dict of plain values a class holds, changed in place between forwards once and
+    again, is other code at the next forward each time — and for a graph built after:
+    strict=True computes with what it holds now, then recalls that."""
+    monkeypatch.setattr(Tabled, "table", {"by": 2})
+    graph = Graph.somatize(Tabled().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    for k in (3, 4):
+        Tabled.table["by"] = k
+        assert _three_forwards(graph, store, "h", k) == ["ran", "recalled", "recalled"], k
+    Tabled.table["by"] = 5
+    after = Graph.somatize(Tabled().named("h").frozen().cached())
+    assert _three_forwards(after, store, "h", 5) == ["ran", "recalled", "recalled"]
+
+
+class Memoing(Node):
+    """Doubles, keeping what it computed in a dict its class holds."""
+
+    memo: ClassVar[dict[int, int]] = {}
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return self.memo.setdefault(x, 2 * x)
+
+
+def test_a_cache_a_class_holds_that_its_forward_fills_is_its_state(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dict a class holds that the forward of its node fills as it runs (a cache) is its
+    state: after the first fill, forwards recall without drift, those of a graph built after
+    too — and a change in place between forwards is still seen."""
+    monkeypatch.setattr(Memoing, "memo", {})
+    graph = Graph.somatize(Memoing().named("h").frozen().cached())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        for x in (1, 1, 2, 3):
+            assert graph.forward(x, store=store) == 2 * x
+        outcomes = []
+        for x in (1, 2, 3, 3):
+            assert graph.forward(x, store=store) == 2 * x
+            assert graph.record is not None
+            outcomes.append(graph.record.outcome["h"])
+        assert outcomes == ["recalled"] * 4
+        after = Graph.somatize(Memoing().named("h").frozen().cached())
+        assert _three_forwards(after, store, "h", 2) == ["recalled"] * 3
+    Memoing.memo[1] = 7
+    assert graph.forward(1, store=store, strict=True) == 7
 
 
 class _Plus(_Scale):
