@@ -1641,6 +1641,12 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 seen.add(id(value))
                 out[place] = (b"uses " + label, _function_bytes(value))
                 queue.append(value)
+            elif (wrapped := _helper_in(value, module)) is not None:
+                # a helper wrapped where it is defined: by the function and what is bound
+                out[place] = (b"uses " + label, _joined(b"wrapped", _helper_bytes(value, wrapped)))
+                if id(wrapped) not in seen:
+                    seen.add(id(wrapped))
+                    queue.append(wrapped)
             elif _plain(value):
                 assigned = _assigned(_module_body(module), name, value)
                 if assigned is not None:
@@ -1779,11 +1785,38 @@ def _stored_in(code: CodeType) -> set[str]:
 def _found_as(value: Any, module: str) -> Any:
     """What :data:`Looked` notes of ``value``, found under a name of ``module``: where a
     fingerprint depends on it, the value itself (a plain value) or a weak reference to
-    it (a plain function defined there); else :data:`_OTHER` (a module, a class, a
-    function from elsewhere)."""
+    it (a plain function defined there, or one wrapped there: :func:`_helper_in`); else
+    :data:`_OTHER` (a module, a class, a function from elsewhere)."""
     if isinstance(value, FunctionType):
         return weakref.ref(value) if value.__module__ == module else _OTHER
-    return value if _plain(value) else _OTHER
+    if _plain(value):
+        return value
+    if _helper_in(value, module) is not None:
+        with contextlib.suppress(TypeError):
+            return weakref.ref(value)
+    return _OTHER
+
+
+def _helper_in(value: Any, module: str) -> FunctionType | None:
+    """The plain function of ``module`` that ``value``, a name of that module, runs where it
+    is no plain function but wraps one — a decorator that says what it wraps
+    (``functools.lru_cache``, ``functools.wraps``), a ``functools.partial`` — else None."""
+    if isinstance(value, (FunctionType, type, ModuleType)) or _plain(value):
+        return None
+    if not isinstance(value, _PARTIALS) and not callable(value):
+        return None
+    functions = _functions_in(value)
+    if len(functions) != 1 or functions[0].__module__ != module:
+        return None
+    return functions[0]
+
+
+def _helper_bytes(value: Any, wrapped: FunctionType) -> list[bytes]:
+    """A helper ``value`` that wraps ``wrapped`` (:func:`_helper_in`), by how that function
+    is written, what a partial binds (:func:`_bound_in`), and the wrapper's class."""
+    kind = type(value)
+    made = f"{kind.__module__}:{kind.__qualname__}".encode()
+    return [made, _function_bytes(wrapped), *_bound_in(value)]
 
 
 def _assigned(body: list[ast.stmt] | None, name: str, value: Any) -> bytes | None:

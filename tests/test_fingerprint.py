@@ -202,6 +202,50 @@ def test_a_helper_or_constant_rebound_after_its_class_was_fingerprinted_is_seen(
     assert graph().forward(5, store=store, strict=True) == 224
 
 
+_WRAPPED = """
+import functools
+from somatize import Node
+
+@functools.lru_cache(maxsize=None)
+def _doubled(x):
+    return 2 * x
+
+def _times(k, x):
+    return k * x
+
+_tripled = functools.partial(_times, 3)
+
+class UsesWrapped(Node):
+    def forward(self, x, ctx):
+        return _doubled(x) + _tripled(x)
+"""
+
+
+def test_a_decorated_or_partial_helper_a_node_names_is_in_its_fingerprint(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper of a node's module that wraps a function of it (``functools.lru_cache``, a
+    ``functools.partial``) is in the node's fingerprint as a plain helper is: by that
+    function's code and what is bound — its source edited is another fingerprint, and
+    one rebound (a notebook's cell run again) is seen by a graph built after, strict=True
+    computing with it."""
+    path = tmp_path / "fingerprinted.py"
+    was = fingerprint_of(_load(path, _WRAPPED, monkeypatch).UsesWrapped)
+    edited = _load(path, _WRAPPED.replace("2 * x", "20 * x"), monkeypatch)
+    assert fingerprint_of(edited.UsesWrapped) != was
+    loaded = _load(path, _WRAPPED, monkeypatch)
+    assert fingerprint_of(loaded.UsesWrapped) == was
+
+    def graph() -> Graph:
+        return Graph.somatize(loaded.UsesWrapped().named("use").frozen().cached())
+
+    assert graph().forward(1, store=store) == 5
+    exec("@functools.lru_cache(maxsize=None)\ndef _doubled(x):\n    return 10 * x\n", vars(loaded))
+    assert graph().forward(1, store=store, strict=True) == 13
+    exec("_tripled = functools.partial(_times, 4)\n", vars(loaded))
+    assert graph().forward(1, store=store, strict=True) == 14
+
+
 _STATEFUL = """
 from somatize import Node
 
