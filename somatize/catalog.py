@@ -202,22 +202,22 @@ make every answer drifted."""
 
 
 def fingerprint_of(*kinds: type) -> str:
-    """A digest of how the classes ``kinds`` are written: each of them and every class
-    they inherit from, short of the library's (:class:`~somatize.node.Node`, classes of
-    the standard library and of torch), each by its code as it was loaded — the source
-    of each of its functions, where the source found still compiles to the code that
-    runs, else that code — the plain values it holds (numbers, strings, tuples of them),
-    and the helpers its functions name in their module: the plain functions defined
-    there (followed on to the ones they name) and the plain values, those these
-    functions assign (``global``: the module's state as it runs) as the module's text
-    assigns them. The same in every
-    process running the same code. Each class is worked out once, when first asked, and
-    again when a name its functions look up in their module holds another helper or value
-    since (a notebook's cell run again), or a function or value of its body is set,
-    added or deleted since (a method patched in: ``Kind.forward = other``)."""
+    """A digest of how the classes ``kinds`` are written: each of them and every class they inherit
+    from, and their metaclasses (:func:`_ancestry`), short of the library's
+    (:class:`~somatize.node.Node`, classes of the standard library and of torch), each by
+    its code as it was loaded — the source of each of its functions, where the source found
+    still compiles to the code that runs, else that code — the plain values it holds
+    (numbers, strings, tuples of them), and the helpers its functions name in their module:
+    the plain functions defined there (followed on to the ones they name) and the plain
+    values, those these functions assign (``global``: the module's state as it runs) as the
+    module's text assigns them. The same in every process running the same code. Each class
+    is worked out once, when first asked, and again when a name its functions look up in
+    their module holds another helper or value since (a notebook's cell run again), or a
+    function or value of its body is set, added or deleted since (a method patched in:
+    ``Kind.forward = other``)."""
     lineage: dict[type, None] = {}
     for kind in kinds:
-        for above in kind.__mro__:
+        for above in _ancestry(kind):
             if not _left_out(above):
                 lineage[above] = None
     # A name the code of the lineage sets on one of its classes as it runs (a counter a
@@ -230,6 +230,14 @@ def fingerprint_of(*kinds: type) -> str:
     for name, written in entries:
         digest.update(len(name).to_bytes(8, "little") + name + written)
     return "sha256:" + digest.hexdigest()[:16]
+
+
+def _ancestry(kind: type) -> tuple[type, ...]:
+    """The classes whose code and values ``kind``'s instances run and read: those it
+    inherits from, and its metaclass and those that inherits from (``type(self).by`` finds
+    a value set on the metaclass)."""
+    meta: type = type(kind)
+    return (*kind.__mro__, *meta.__mro__)
 
 
 def _left_out(kind: type) -> bool:
@@ -1056,7 +1064,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     _hear_code_set()
     given = tuple(kinds)
     lineage = list(
-        dict.fromkeys(above for kind in given for above in kind.__mro__ if not _left_out(above))
+        dict.fromkeys(above for kind in given for above in _ancestry(kind) if not _left_out(above))
     )
     lives: list[Any] = [vars(kind) for kind in lineage]
     labels: list[str] = []
@@ -1265,7 +1273,7 @@ def own_state(watch: CodeWatch, kinds: Iterable[type]) -> Iterator[None]:
     watcher, by a node run before), and what changes in it meanwhile is taken as its state
     (:func:`state_taken`). What another node's forward changes in it is not: it gives it
     a new mark at the next look, as a change made between forwards does."""
-    lineage = {above for kind in kinds for above in kind.__mro__} if watch.marks else ()
+    lineage = {above for kind in kinds for above in _ancestry(kind)} if watch.marks else ()
     marks = [mark for mark in watch.marks if mark.kind in lineage]
     if marks:
         marks_moved(marks)

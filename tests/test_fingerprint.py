@@ -1433,6 +1433,30 @@ def test_a_cache_a_class_holds_that_its_forward_fills_is_its_state(
     assert graph.forward(1, store=store, strict=True) == 7
 
 
+class _Scaling(type):
+    """A metaclass whose classes scale by what it holds."""
+
+    by = 2
+
+
+class ScaledByMeta(Node, metaclass=_Scaling):
+    """Scales by what its metaclass holds."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * type(self).by  # type: ignore[attr-defined]
+
+
+def test_a_value_set_on_a_node_s_metaclass_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value a node's class finds on its metaclass (``type(self).by``), set anew after a
+    graph was built, is other code at the next forward: strict=True computes with it."""
+    graph = Graph.somatize(ScaledByMeta().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    monkeypatch.setattr(_Scaling, "by", 3)
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+
+
 class _Plus(_Scale):
     """Adds what it holds, for an object given it as its class in place of another."""
 
