@@ -1618,10 +1618,12 @@ def _source_file(filename: str) -> _Source:
 
 def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Looked]:
     """What ``functions`` name in their module, and what the functions found there name in
-    turn: each plain function defined in that module (by :func:`_function_bytes`) and each
-    plain value, by ``module:name``. Nothing is followed out of the module a function was
-    defined in: no module, no class, no function defined elsewhere. Also each name looked
-    up, and what it held (:data:`Looked`). A name these functions assign (``global
+    turn: each plain function defined in that module (by :func:`_function_bytes`), each
+    plain value, and each dict, list or set as the module's text assigns it (not by what it
+    holds: a log or a cache the code fills as it runs is the same code), by
+    ``module:name``. Nothing is followed out of the module a function was defined in: no
+    module, no class, no function defined elsewhere. Also each name looked up, and what it
+    held (:data:`Looked`). A name these functions assign (``global
     CALLS; CALLS += 1``, a table loaded on first use) is the module's state as it runs:
     it is taken as the module's text assigns it (``CALLS = 0``), not by what it holds,
     and not looked at again."""
@@ -1659,6 +1661,10 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 assigned = _assigned(_module_body(module), name, value)
                 if assigned is not None:
                     out[place] = (b"reads " + label, assigned)
+            elif type(value) in _CONTAINERS:  # a table: as the module's text writes it
+                made = _assignment(_module_body(module), name)
+                if made is not None:
+                    out[place] = (b"reads " + label, b"written " + ast.unparse(made).encode())
     named = [piece for place, piece in out.items() if place not in stored]
     for module, name in stored & looked.keys():
         made = _assignment(_module_body(module), name)

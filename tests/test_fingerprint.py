@@ -246,6 +246,36 @@ def test_a_decorated_or_partial_helper_a_node_names_is_in_its_fingerprint(
     assert graph().forward(1, store=store, strict=True) == 14
 
 
+_TABLED = """
+from somatize import Node
+
+SCALE = {"by": 2}
+
+def _scaled(x):
+    return x * SCALE["by"]
+
+class UsesTable(Node):
+    def forward(self, x, ctx):
+        return _scaled(x)
+"""
+
+
+def test_a_table_of_its_module_a_node_s_helper_reads_is_in_its_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dict of a node's module that a helper it names reads is in the node's fingerprint
+    as the module's text writes it: alike for a module loaded alike, another for a source
+    that gives it another value — and not by what it holds, so that one the code fills as it
+    runs (a log, a cache) is the same code."""
+    path = tmp_path / "fingerprinted.py"
+    loaded = _load(path, _TABLED, monkeypatch)
+    was = fingerprint_of(loaded.UsesTable)
+    loaded.SCALE["seen"] = 1
+    assert fingerprint_of(_load(path, _TABLED, monkeypatch).UsesTable) == was
+    edited = _load(path, _TABLED.replace('"by": 2', '"by": 5'), monkeypatch)
+    assert fingerprint_of(edited.UsesTable) != was
+
+
 _STATEFUL = """
 from somatize import Node
 
