@@ -73,6 +73,7 @@ import dis
 import functools
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import itertools
 import linecache
@@ -1646,7 +1647,11 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
             looked.setdefault(place, (reader, name, _found_as(value, module)))
             label = f"{module}:{name}".encode()
             if isinstance(value, FunctionType):
-                if value.__module__ != module or id(value) in seen:
+                if value.__module__ != module:
+                    if not _as_imported(value, module, name):  # set there by hand (a fake)
+                        out[place] = (b"other " + label, _elsewhere_bytes(value))
+                    continue
+                if id(value) in seen:
                     continue
                 seen.add(id(value))
                 out[place] = (b"uses " + label, _function_bytes(value))
@@ -1799,16 +1804,69 @@ def _stored_in(code: CodeType) -> set[str]:
 def _found_as(value: Any, module: str) -> Any:
     """What :data:`Looked` notes of ``value``, found under a name of ``module``: where a
     fingerprint depends on it, the value itself (a plain value) or a weak reference to
-    it (a plain function defined there, or one wrapped there: :func:`_helper_in`); else
-    :data:`_OTHER` (a module, a class, a function from elsewhere)."""
+    it (a plain function, defined there or elsewhere — one set in place of what the module
+    imported, :func:`_as_imported` — or one wrapped there: :func:`_helper_in`); else
+    :data:`_OTHER` (a module, a class)."""
     if isinstance(value, FunctionType):
-        return weakref.ref(value) if value.__module__ == module else _OTHER
+        return weakref.ref(value)
     if _plain(value):
         return value
     if _helper_in(value, module) is not None:
         with contextlib.suppress(TypeError):
             return weakref.ref(value)
     return _OTHER
+
+
+def _as_imported(function: FunctionType, module: str, name: str) -> bool:
+    """Whether ``function``, defined in another module than ``module``, which holds it as
+    ``name``, is what ``module``'s text imports there (``from tools import double``): what
+    the module imported from holds under that name — not a function set in its place by
+    hand (a monkeypatch putting a fake where a node's module imported the real one). Where
+    the text does not import it (no text, a name assigned otherwise), what its own module
+    holds under its name."""
+    source = _imports_of(module).get(name)
+    if source is not None:
+        return held_at(*source) is function
+    return held_at(function.__module__, function.__qualname__) is function
+
+
+def _imports_of(module: str) -> dict[str, tuple[str, str]]:
+    """Each name the top-level statements of ``module``'s text import a value under (``from
+    tools import double as twice``) → the module imported from and the name there; {} where
+    the text is not known."""
+    body = _module_body(module)
+    if body is None:
+        return {}
+    found = _IMPORTS.get(id(body))
+    if found is None or found[0] is not body:
+        package = getattr(sys.modules.get(module), "__package__", None) or ""
+        names: dict[str, tuple[str, str]] = {}
+        for statement in body:
+            if not isinstance(statement, ast.ImportFrom):
+                continue
+            try:
+                source = importlib.util.resolve_name(
+                    "." * statement.level + (statement.module or ""), package
+                )
+            except (ImportError, ValueError):
+                continue
+            for alias in statement.names:
+                names[alias.asname or alias.name] = (source, alias.name)
+        found = _IMPORTS[id(body)] = (body, names)
+    return found[1]
+
+
+_IMPORTS: dict[int, tuple[list[ast.stmt], dict[str, tuple[str, str]]]] = {}
+"""A module's statements (by identity, held so it is not another's) → what they import
+(:func:`_imports_of`), read once."""
+
+
+def _elsewhere_bytes(function: FunctionType) -> bytes:
+    """A function of another module that is not what that module holds under its name
+    (:func:`_as_imported`), by that name and its code (:func:`_code_bytes`), the same in
+    every process running the same code."""
+    name = f"{function.__module__}:{function.__qualname__}".encode()
+    return _joined(b"elsewhere", [name, _code_bytes(function.__code__)])
 
 
 def _helper_in(value: Any, module: str) -> FunctionType | None:

@@ -276,6 +276,42 @@ def test_a_table_of_its_module_a_node_s_helper_reads_is_in_its_fingerprint(
     assert fingerprint_of(edited.UsesTable) != was
 
 
+_IMPORTING = """
+from posixpath import basename
+from somatize import Node
+
+class Based(Node):
+    def forward(self, x, ctx):
+        return basename(x)
+"""
+
+
+def test_an_imported_function_a_node_names_replaced_by_a_fake_is_seen(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A function a node's module imports from another module, replaced there by another (a
+    monkeypatch putting in a fake), is other code for a graph built after, strict=True
+    computing with the fake; put back, the fingerprint is what it was."""
+    loaded = _load(tmp_path / "fingerprinted.py", _IMPORTING, monkeypatch)
+    was = fingerprint_of(loaded.Based)
+
+    def graph() -> Graph:
+        return Graph.somatize(loaded.Based().named("base").frozen().cached())
+
+    assert graph().forward("a/b", store=store) == "b"
+    with monkeypatch.context() as patched:
+        patched.setattr(loaded, "basename", _shouted)
+        assert fingerprint_of(loaded.Based) != was
+        assert graph().forward("a/b", store=store, strict=True) == "A/B"
+    assert fingerprint_of(loaded.Based) == was
+    assert graph().forward("a/b", store=store, strict=True) == "b"
+
+
+def _shouted(path: str) -> str:
+    """A fake of ``basename``."""
+    return path.upper()
+
+
 _STATEFUL = """
 from somatize import Node
 
