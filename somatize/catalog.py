@@ -1622,11 +1622,12 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     turn: each plain function defined in that module (by :func:`_function_bytes`), each
     plain value, and each dict, list or set as the module's text assigns it (not by what it
     holds: a log or a cache the code fills as it runs is the same code), by
-    ``module:name``. Nothing is followed out of the module a function was defined in: no
-    module, no class, no function defined elsewhere. Also each name looked up, and what it
-    held (:data:`Looked`). A name these functions assign (``global
-    CALLS; CALLS += 1``, a table loaded on first use) is the module's state as it runs:
-    it is taken as the module's text assigns it (``CALLS = 0``), not by what it holds,
+    ``module:name``. Nothing is followed out of the module a function was defined in but a
+    function imported from another module of its package (:func:`_same_package`), followed
+    as one defined there: no module, no class, no function of another package. Also each
+    name looked up, and what it held (:data:`Looked`). A name these functions assign
+    (``global CALLS; CALLS += 1``, a table loaded on first use) is the module's state as it
+    runs: it is taken as the module's text assigns it (``CALLS = 0``), not by what it holds,
     and not looked at again."""
     out: dict[tuple[str, str], tuple[bytes, bytes]] = {}
     looked: dict[tuple[str, str], tuple[weakref.ref[FunctionType], str, Any]] = {}
@@ -1650,7 +1651,9 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 if value.__module__ != module:
                     if not _as_imported(value, module, name):  # set there by hand (a fake)
                         out[place] = (b"other " + label, _elsewhere_bytes(value))
-                    continue
+                        continue
+                    if not _same_package(value.__module__, module):
+                        continue
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
@@ -1815,6 +1818,20 @@ def _found_as(value: Any, module: str) -> Any:
         with contextlib.suppress(TypeError):
             return weakref.ref(value)
     return _OTHER
+
+
+def _same_package(defined: str, module: str) -> bool:
+    """Whether a function defined in module ``defined``, imported by module ``module``, is of
+    the same package (``proj.tools`` for ``proj.nodes``): the same project's code, written
+    with it — not another package's (an upgrade of which would drift every answer), nor
+    the standard library's or torch's."""
+    top = defined.partition(".")[0]
+    return (
+        top == module.partition(".")[0]
+        and top != "__main__"
+        and top not in sys.stdlib_module_names
+        and top not in _LEFT_OUT
+    )
 
 
 def _as_imported(function: FunctionType, module: str, name: str) -> bool:

@@ -312,6 +312,55 @@ def _shouted(path: str) -> str:
     return path.upper()
 
 
+def test_a_helper_of_another_module_of_its_package_is_in_a_node_s_fingerprint(
+    tmp_path: Path,
+) -> None:
+    """A function a node's module imports from another module of its package (``from
+    proj.tools import double``) is in the node's fingerprint as a helper of its own module
+    is, with the constants it reads there: the same in two fresh processes, another once
+    that module's source gives it other code or other constants."""
+    package = tmp_path / "proj"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    tools = "FACTOR = 2\n\ndef double(x):\n    return FACTOR * x\n"
+    _write(package / "tools.py", tools)
+    _write(
+        package / "nodes.py",
+        """
+        from somatize import Node
+        from proj.tools import double
+
+        class Doubles(Node):
+            def forward(self, x, ctx):
+                return double(x)
+        """,
+    )
+    script = "import proj.nodes\nfrom somatize.catalog import fingerprint_of\n"
+    script += "print(fingerprint_of(proj.nodes.Doubles))\n"
+    root = str(Path(__file__).resolve().parent.parent)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([root, str(tmp_path)])}
+
+    def fingerprint() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env=environment,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    was = fingerprint()
+    assert fingerprint() == was
+    _write(package / "tools.py", tools.replace("FACTOR = 2", "FACTOR = 3"))
+    assert fingerprint() != was
+    _write(package / "tools.py", tools.replace("FACTOR * x", "x * FACTOR"))
+    assert fingerprint() != was
+    _write(package / "tools.py", tools)
+    assert fingerprint() == was
+
+
 _STATEFUL = """
 from somatize import Node
 
