@@ -1639,7 +1639,9 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
         module, space = function.__module__, function.__globals__
         reader = weakref.ref(function)
         stored.update((module, name) for name in _stored_in(function.__code__))
-        for name in sorted(_names_in(function.__code__)):
+        names = _names_in(function.__code__)
+        reads = [(module, space, reader, name) for name in sorted(names)]
+        for module, space, reader, name in reads:
             place = (module, name)
             if name not in space:
                 looked.setdefault(place, (reader, name, _ABSENT))
@@ -1673,6 +1675,15 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 made = _assignment(_module_body(module), name)
                 if made is not None:
                     out[place] = (b"reads " + label, b"written " + ast.unparse(made).encode())
+            elif isinstance(value, ModuleType) and _same_package(value.__name__, module):
+                # a module of its package whose names the code reads (`tools.double(x)`)
+                there = vars(value)
+                within = _reader_in(value)
+                if within is not None and id(there) not in seen:
+                    seen.add(id(there))
+                    reads += (
+                        (value.__name__, there, within, n) for n in sorted(names & there.keys())
+                    )
     named = [piece for place, piece in out.items() if place not in stored]
     for module, name in stored & looked.keys():
         made = _assignment(_module_body(module), name)
@@ -1834,6 +1845,16 @@ def _same_package(defined: str, module: str) -> bool:
     )
 
 
+def _reader_in(module: ModuleType) -> weakref.ref[FunctionType] | None:
+    """A weak reference to a function defined in ``module``, reading its namespace, to note
+    what a fingerprint looked up there by (:data:`Looked`); None where it defines none."""
+    space = vars(module)
+    for value in list(space.values()):
+        if isinstance(value, FunctionType) and value.__globals__ is space:
+            return weakref.ref(value)
+    return None
+
+
 def _as_imported(function: FunctionType, module: str, name: str) -> bool:
     """Whether ``function``, defined in another module than ``module``, which holds it as
     ``name``, is what ``module``'s text imports there (``from tools import double``): what
@@ -1841,25 +1862,34 @@ def _as_imported(function: FunctionType, module: str, name: str) -> bool:
     hand (a monkeypatch putting a fake where a node's module imported the real one). Where
     the text does not import it (no text, a name assigned otherwise), what its own module
     holds under its name."""
-    source = _imports_of(module).get(name)
+    if _module_body(module) is None:
+        return held_at(function.__module__, function.__qualname__) is function
+    imports = _imports_of(module)
+    source = imports.get(name)
     if source is not None:
         return held_at(*source) is function
-    return held_at(function.__module__, function.__qualname__) is function
+    return any(held_at(whole, name) is function for whole, _ in imports.get("*", ()))
 
 
-def _imports_of(module: str) -> dict[str, tuple[str, str]]:
-    """Each name the top-level statements of ``module``'s text import a value under (``from
-    tools import double as twice``) → the module imported from and the name there; {} where
-    the text is not known."""
+def _imports_of(module: str) -> dict[str, Any]:
+    """Each name the statements of ``module``'s text import a value under (``from tools
+    import double as twice``), at its top or in an ``if``, ``try`` or ``with`` block there,
+    → the module imported from and the name there (``"*"`` → each module all of whose names
+    are imported); {} where the text is not known."""
     body = _module_body(module)
     if body is None:
         return {}
     found = _IMPORTS.get(id(body))
     if found is None or found[0] is not body:
         package = getattr(sys.modules.get(module), "__package__", None) or ""
-        names: dict[str, tuple[str, str]] = {}
-        for statement in body:
+        names: dict[str, Any] = {}
+        statements = list(body)
+        while statements:  # the module's, and those of its `if`, `try` and `with` blocks
+            statement = statements.pop()
             if not isinstance(statement, ast.ImportFrom):
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    if not isinstance(statement, (ast.FunctionDef, ast.ClassDef)):
+                        statements += getattr(statement, field, None) or []
                 continue
             try:
                 source = importlib.util.resolve_name(
@@ -1868,12 +1898,15 @@ def _imports_of(module: str) -> dict[str, tuple[str, str]]:
             except (ImportError, ValueError):
                 continue
             for alias in statement.names:
-                names[alias.asname or alias.name] = (source, alias.name)
+                if alias.name == "*":
+                    names.setdefault("*", []).append((source, "*"))
+                else:
+                    names[alias.asname or alias.name] = (source, alias.name)
         found = _IMPORTS[id(body)] = (body, names)
     return found[1]
 
 
-_IMPORTS: dict[int, tuple[list[ast.stmt], dict[str, tuple[str, str]]]] = {}
+_IMPORTS: dict[int, tuple[list[ast.stmt], dict[str, Any]]] = {}
 """A module's statements (by identity, held so it is not another's) → what they import
 (:func:`_imports_of`), read once."""
 

@@ -6,6 +6,7 @@ import collections
 import copy
 import functools
 import gc
+import importlib
 import math
 import os
 import re
@@ -316,9 +317,10 @@ def test_a_helper_of_another_module_of_its_package_is_in_a_node_s_fingerprint(
     tmp_path: Path,
 ) -> None:
     """A function a node's module imports from another module of its package (``from
-    proj.tools import double``) is in the node's fingerprint as a helper of its own module
-    is, with the constants it reads there: the same in two fresh processes, another once
-    that module's source gives it other code or other constants."""
+    proj.tools import double as twice``), or names in such a module it imports
+    (``tools.double``), is in the node's fingerprint as a helper of its own module is, with
+    the constants it reads there: the same in two fresh processes, another once that
+    module's source gives it other code or other constants."""
     package = tmp_path / "proj"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -328,15 +330,20 @@ def test_a_helper_of_another_module_of_its_package_is_in_a_node_s_fingerprint(
         package / "nodes.py",
         """
         from somatize import Node
-        from proj.tools import double
+        from proj import tools
+        from proj.tools import double as twice
 
         class Doubles(Node):
             def forward(self, x, ctx):
-                return double(x)
+                return twice(x)
+
+        class DoublesThere(Node):
+            def forward(self, x, ctx):
+                return tools.double(x)
         """,
     )
-    script = "import proj.nodes\nfrom somatize.catalog import fingerprint_of\n"
-    script += "print(fingerprint_of(proj.nodes.Doubles))\n"
+    script = "import proj.nodes as n\nfrom somatize.catalog import fingerprint_of as f\n"
+    script += "print(f(n.Doubles), f(n.DoublesThere))\n"
     root = str(Path(__file__).resolve().parent.parent)
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([root, str(tmp_path)])}
 
@@ -351,14 +358,55 @@ def test_a_helper_of_another_module_of_its_package_is_in_a_node_s_fingerprint(
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
-    was = fingerprint()
-    assert fingerprint() == was
-    _write(package / "tools.py", tools.replace("FACTOR = 2", "FACTOR = 3"))
-    assert fingerprint() != was
-    _write(package / "tools.py", tools.replace("FACTOR * x", "x * FACTOR"))
-    assert fingerprint() != was
+    was = fingerprint().split()
+    assert fingerprint().split() == was
+    for edited in (tools.replace("FACTOR = 2", "FACTOR = 3"), tools.replace("FACTOR *", "1 *")):
+        _write(package / "tools.py", edited)
+        now = fingerprint().split()
+        assert now[0] != was[0] and now[1] != was[1], edited
     _write(package / "tools.py", tools)
-    assert fingerprint() == was
+    assert fingerprint().split() == was
+
+
+def test_a_helper_of_its_package_replaced_by_a_fake_is_seen(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A function of another module of a node's package that its code names there
+    (``tools.double``), replaced there by another (a monkeypatch putting in a fake), is other
+    code for a graph built after: strict=True computes with the fake."""
+    package = tmp_path / "fakedproj"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    _write(package / "tools.py", "def double(x):\n    return 2 * x\n")
+    _write(
+        package / "nodes.py",
+        """
+        from somatize import Node
+        from fakedproj import tools
+
+        class DoublesThere(Node):
+            def forward(self, x, ctx):
+                return tools.double(x)
+        """,
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        nodes = importlib.import_module("fakedproj.nodes")
+
+        def graph() -> Graph:
+            return Graph.somatize(nodes.DoublesThere().named("d").frozen().cached())
+
+        assert graph().forward(3, store=store) == 6
+        monkeypatch.setattr(nodes.tools, "double", _hundredfold)
+        assert graph().forward(3, store=store, strict=True) == 300
+    finally:
+        for name in ("fakedproj.nodes", "fakedproj.tools", "fakedproj"):
+            sys.modules.pop(name, None)
+
+
+def _hundredfold(x: int) -> int:
+    """A fake of ``double``."""
+    return 100 * x
 
 
 _STATEFUL = """
