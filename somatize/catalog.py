@@ -1675,6 +1675,8 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 made = _assignment(_module_body(module), name)
                 if made is not None:
                     out[place] = (b"reads " + label, b"written " + ast.unparse(made).encode())
+            elif isinstance(value, type) and _helper_class(value, module, name):
+                out[place] = (b"class " + label, _class_code(value))
             elif isinstance(value, ModuleType) and _same_package(value.__name__, module):
                 # a module of its package whose names the code reads (`tools.double(x)`)
                 there = vars(value)
@@ -1845,6 +1847,38 @@ def _same_package(defined: str, module: str) -> bool:
     )
 
 
+def _helper_class(kind: type, module: str, name: str) -> bool:
+    """Whether ``kind``, a class module ``module`` holds as ``name`` that a node's code
+    names, is a helper of that code (``Helper().run(x)``): defined there, or in another
+    module of its package it imports it from — no node (one that reads another is keyed
+    with it), nor the library's."""
+    from somatize.node import Node
+
+    if _left_out(kind) or issubclass(kind, Node):
+        return False
+    if kind.__module__ == module:
+        return True
+    return _same_package(kind.__module__, module) and _as_imported(kind, module, name)
+
+
+def _class_code(kind: type) -> bytes:
+    """A helper class (:func:`_helper_class`) by its name and how it is written: each
+    function its classes, short of the library's, hold (:func:`_function_bytes`) and each
+    plain value — not what these name in turn."""
+    pieces = [f"{kind.__module__}:{kind.__qualname__}".encode()]
+    for above in kind.__mro__:
+        if _left_out(above):
+            continue
+        for name, member in sorted(vars(above).items(), key=lambda item: item[0]):
+            for function in _functions_in(member):
+                if _dunder(name) and function.__code__.co_filename == "<string>":
+                    continue  # made for it from a text of its own (a dataclass's methods)
+                pieces.append(f"{above.__qualname__}.{name}".encode() + _function_bytes(function))
+            if not _dunder(name) and _plain(member):
+                pieces.append(f"{above.__qualname__}.{name}=".encode() + _constant_bytes(member))
+    return _joined(b"class", pieces)
+
+
 def _reader_in(module: ModuleType) -> weakref.ref[FunctionType] | None:
     """A weak reference to a function defined in ``module``, reading its namespace, to note
     what a fingerprint looked up there by (:data:`Looked`); None where it defines none."""
@@ -1855,7 +1889,7 @@ def _reader_in(module: ModuleType) -> weakref.ref[FunctionType] | None:
     return None
 
 
-def _as_imported(function: FunctionType, module: str, name: str) -> bool:
+def _as_imported(function: FunctionType | type, module: str, name: str) -> bool:
     """Whether ``function``, defined in another module than ``module``, which holds it as
     ``name``, is what ``module``'s text imports there (``from tools import double``): what
     the module imported from holds under that name — not a function set in its place by

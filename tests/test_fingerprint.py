@@ -409,6 +409,32 @@ def _hundredfold(x: int) -> int:
     return 100 * x
 
 
+_HELPER_CLASS = """
+from somatize import Node
+
+class Helper:
+    def run(self, x):
+        return x * 2
+
+class UsesHelperClass(Node):
+    def forward(self, x, ctx):
+        return Helper().run(x)
+"""
+
+
+def test_a_helper_class_of_its_module_a_node_names_is_in_its_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class of a node's module that its code names (``Helper().run(x)``), no node itself,
+    is in the node's fingerprint by how its methods are written: alike for a module loaded
+    alike, another once the source gives a method other code."""
+    path = tmp_path / "fingerprinted.py"
+    was = fingerprint_of(_load(path, _HELPER_CLASS, monkeypatch).UsesHelperClass)
+    assert fingerprint_of(_load(path, _HELPER_CLASS, monkeypatch).UsesHelperClass) == was
+    edited = _load(path, _HELPER_CLASS.replace("x * 2", "x * 3"), monkeypatch)
+    assert fingerprint_of(edited.UsesHelperClass) != was
+
+
 _STATEFUL = """
 from somatize import Node
 
