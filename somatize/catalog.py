@@ -1362,8 +1362,10 @@ def _still(reader: weakref.ref[FunctionType], name: str, was: Any) -> bool:
     if isinstance(was, weakref.ref):
         held = was()
         return held is not None and now is held
+    if isinstance(was, _ClassSeen):  # the same helper class, written as it was
+        return isinstance(now, type) and now is was.held() and _class_code(now) == was.code
     if was is _OTHER:
-        return now is not _ABSENT and _found_as(now, function.__module__) is _OTHER
+        return now is not _ABSENT and _found_as(now, function.__module__, name) is _OTHER
     return now is was
 
 
@@ -1647,7 +1649,8 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 looked.setdefault(place, (reader, name, _ABSENT))
                 continue
             value = space[name]
-            looked.setdefault(place, (reader, name, _found_as(value, module)))
+            if place not in looked:
+                looked[place] = (reader, name, _found_as(value, module, name))
             label = f"{module}:{name}".encode()
             if isinstance(value, FunctionType):
                 if value.__module__ != module:
@@ -1817,14 +1820,17 @@ def _stored_in(code: CodeType) -> set[str]:
     return _named_by(code, ("STORE_GLOBAL", "DELETE_GLOBAL"))
 
 
-def _found_as(value: Any, module: str) -> Any:
-    """What :data:`Looked` notes of ``value``, found under a name of ``module``: where a
+def _found_as(value: Any, module: str, name: str) -> Any:
+    """What :data:`Looked` notes of ``value``, found under ``name`` of ``module``: where a
     fingerprint depends on it, the value itself (a plain value) or a weak reference to
     it (a plain function, defined there or elsewhere — one set in place of what the module
-    imported, :func:`_as_imported` — or one wrapped there: :func:`_helper_in`); else
-    :data:`_OTHER` (a module, a class)."""
+    imported, :func:`_as_imported` — or one wrapped there: :func:`_helper_in`), a helper
+    class with how it is written (:class:`_ClassSeen`); else :data:`_OTHER` (a module,
+    another class)."""
     if isinstance(value, FunctionType):
         return weakref.ref(value)
+    if isinstance(value, type) and _helper_class(value, module, name):
+        return _ClassSeen(weakref.ref(value), _class_code(value))
     if _plain(value):
         return value
     if _helper_in(value, module) is not None:
@@ -1877,6 +1883,15 @@ def _class_code(kind: type) -> bytes:
             if not _dunder(name) and _plain(member):
                 pieces.append(f"{above.__qualname__}.{name}=".encode() + _constant_bytes(member))
     return _joined(b"class", pieces)
+
+
+class _ClassSeen(NamedTuple):
+    """What :data:`Looked` notes of a helper class (:func:`_helper_class`)."""
+
+    held: weakref.ref[type]
+    """A weak reference to it."""
+    code: bytes
+    """How it was written (:func:`_class_code`): one given another method since is not it."""
 
 
 def _reader_in(module: ModuleType) -> weakref.ref[FunctionType] | None:

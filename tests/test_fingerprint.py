@@ -435,6 +435,27 @@ def test_a_helper_class_of_its_module_a_node_names_is_in_its_fingerprint(
     assert fingerprint_of(edited.UsesHelperClass) != was
 
 
+def test_a_helper_class_given_another_method_is_seen_by_a_graph_built_after(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper class a node's code names, given another method after its fingerprint was
+    worked out (a monkeypatch), is other code for a graph built after: strict=True computes
+    with the method it has now."""
+    loaded = _load(tmp_path / "fingerprinted.py", _HELPER_CLASS, monkeypatch)
+
+    def graph() -> Graph:
+        return Graph.somatize(loaded.UsesHelperClass().named("use").frozen().cached())
+
+    assert graph().forward(3, store=store) == 6
+    monkeypatch.setattr(loaded.Helper, "run", _plus_one)
+    assert graph().forward(3, store=store, strict=True) == 4
+
+
+def _plus_one(self: Any, x: int) -> int:
+    """Another ``run`` for a helper class."""
+    return x + 1
+
+
 _STATEFUL = """
 from somatize import Node
 
