@@ -1908,16 +1908,20 @@ def _as_imported(function: FunctionType | type, module: str, name: str) -> bool:
     """Whether ``function``, defined in another module than ``module``, which holds it as
     ``name``, is what ``module``'s text imports there (``from tools import double``): what
     the module imported from holds under that name — not a function set in its place by
-    hand (a monkeypatch putting a fake where a node's module imported the real one). Where
-    the text does not import it (no text, a name assigned otherwise), what its own module
-    holds under its name."""
-    if _module_body(module) is None:
-        return held_at(function.__module__, function.__qualname__) is function
+    hand (a monkeypatch putting a fake where a node's module imported the real one), nor
+    one the text neither imports nor assigns there. Where the text does not import it (no
+    text, a name the text assigns, ``dumps = json.dumps``), what its own module holds
+    under its name."""
+    body = _module_body(module)
     imports = _imports_of(module)
     source = imports.get(name)
     if source is not None:
         return held_at(*source) is function
-    return any(held_at(whole, name) is function for whole, _ in imports.get("*", ()))
+    if any(held_at(whole, name) is function for whole, _ in imports.get("*", ())):
+        return True
+    if body is not None and _assignment(body, name) is None:
+        return False  # put there from outside the text
+    return held_at(function.__module__, function.__qualname__) is function
 
 
 def _imports_of(module: str) -> dict[str, Any]:

@@ -313,6 +313,48 @@ def _shouted(path: str) -> str:
     return path.upper()
 
 
+def _whispered(path: str) -> str:
+    """Another fake of ``basename``."""
+    return path.lower()
+
+
+def test_a_function_of_another_package_its_module_text_assigns_is_not_named_by_its_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A function of another package that a node's module text assigns under a name of its
+    own (``basename = other.basename``) is not in the node's fingerprint: that package's
+    code given other code (an upgrade) is the same fingerprint."""
+    other = types.ModuleType("elsewhere_package")
+    exec("def basename(path):\n    return path.rsplit('/', 1)[-1]\n", vars(other))
+    monkeypatch.setitem(sys.modules, "elsewhere_package", other)
+    text = _IMPORTING.replace(
+        "from posixpath import basename\n",
+        "import elsewhere_package\nbasename = elsewhere_package.basename\n",
+    )
+    path = tmp_path / "fingerprinted.py"
+    was = fingerprint_of(_load(path, text, monkeypatch).Based)
+    monkeypatch.setattr(other.basename, "__code__", _whispered.__code__)
+    assert fingerprint_of(_load(path, text, monkeypatch).Based) == was
+
+
+def test_a_function_put_where_a_node_s_module_text_names_nothing_is_seen(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A function of another module put in a node's module under a name its text neither
+    imports nor assigns (set from outside, as a test does), then replaced by another, is
+    other code for a graph built after: strict=True computes with the one there now."""
+    text = _IMPORTING.replace("from posixpath import basename\n", "")
+    loaded = _load(tmp_path / "fingerprinted.py", text, monkeypatch)
+    monkeypatch.setattr(loaded, "basename", _shouted, raising=False)
+
+    def graph() -> Graph:
+        return Graph.somatize(loaded.Based().named("base").frozen().cached())
+
+    assert graph().forward("a/B", store=store) == "A/B"
+    monkeypatch.setattr(loaded, "basename", _whispered)
+    assert graph().forward("a/B", store=store, strict=True) == "a/b"
+
+
 def test_a_helper_of_another_module_of_its_package_is_in_a_node_s_fingerprint(
     tmp_path: Path,
 ) -> None:
