@@ -87,6 +87,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from types import (
     BuiltinFunctionType,
+    CellType,
     ClassMethodDescriptorType,
     CodeType,
     FunctionType,
@@ -1293,7 +1294,8 @@ def _held_in(member: Any) -> list[Any]:
     if not functions:  # not named here just to learn it runs code: the caller names it
         runner = None if _plain(member) else _runner(member)
         return [] if runner is None else [runner]
-    return [held for function in functions for held in _closed_objects(function)]
+    held = [held for function in functions for held in _closed_objects(function)]
+    return held + _bound_objects(member)
 
 
 def code_changes(watch: CodeWatch) -> list[str]:
@@ -1428,17 +1430,45 @@ _PARTIALS = (functools.partial, functools.partialmethod)
 
 
 def _bound_in(member: Any) -> list[bytes]:
-    """The arguments a partial held by a class (as :func:`_functions_in` finds it) binds, by
-    :func:`_value_bytes`, the partial's own first."""
+    """The arguments a partial held by a class (as :func:`_functions_in` finds it) binds, the
+    partial's own first: a plain value by what it is, an object as one a method closes over
+    is named (:func:`_cell_bytes`: by what it holds, else by a mark of that very object), so
+    that a partial bound to another object, or to one changed in place, is not taken for
+    the first."""
     if isinstance(member, (staticmethod, classmethod)):
         member = member.__func__
     bound = []
     while isinstance(member, _PARTIALS):
         bound.append(b"partial")
-        bound += map(_value_bytes, member.args)
-        bound += (n.encode() + b"\0" + _value_bytes(v) for n, v in sorted(member.keywords.items()))
+        bound += map(_argument_bytes, member.args)
+        bound += (
+            n.encode() + b"\0" + _argument_bytes(v) for n, v in sorted(member.keywords.items())
+        )
         member = member.func
     return bound
+
+
+def _argument_bytes(value: Any) -> bytes:
+    """An argument a partial binds (:func:`_bound_in`), named as a cell a function closes
+    over is (:func:`_cell_bytes`)."""
+    cell = CellType(value)
+    return _cell_bytes("", cell, frozenset())
+
+
+def _bound_objects(member: Any) -> list[Any]:
+    """The objects a partial held by a class binds (:func:`_bound_in`), that a watch reads
+    as it reads what a function closes over: no plain value, function, class nor module."""
+    if isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    found: list[Any] = []
+    while isinstance(member, _PARTIALS):
+        for value in (*member.args, *member.keywords.values()):
+            if not _exactly_plain(value) and not isinstance(
+                value, (FunctionType, type, ModuleType)
+            ):
+                found.append(value)
+        member = member.func
+    return found
 
 
 def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()) -> bytes:

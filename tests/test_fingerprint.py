@@ -1709,6 +1709,27 @@ def test_a_value_set_on_a_node_s_metaclass_is_seen(
     assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
 
 
+def _applied(act: Any, x: int) -> int:
+    return int(act(x))
+
+
+@pytest.mark.parametrize("held", [_Scale, _Counting])
+def test_an_object_a_partial_a_class_holds_binds_replaced_or_changed_is_seen(
+    held: type[_Scale], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partial a class holds, bound to an object (``partial(apply, Scale(2))``), replaced by
+    one bound to another, or its object changed in place, is other code at the next forward
+    each time: strict=True computes with what it binds now — the object named by what it
+    holds, or marked by which object it is, as one a method closes over."""
+    monkeypatch.setattr(HoldsScale, "act", functools.partial(_applied, held(2)))
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    HoldsScale.act = functools.partial(_applied, held(3))  # type: ignore[assignment]
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+    HoldsScale.act.args[0].k = 4  # type: ignore[attr-defined]
+    assert _three_forwards(graph, store, "h", 4) == ["ran", "recalled", "recalled"]
+
+
 class _Plus(_Scale):
     """Adds what it holds, for an object given it as its class in place of another."""
 
