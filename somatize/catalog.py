@@ -1489,8 +1489,8 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
         _put(digest, b"code", _code_bytes(function.__code__))
     defaults = function.__defaults__ or ()
     kwdefaults = sorted((function.__kwdefaults__ or {}).items())
-    _put(digest, b"defaults", *map(_value_bytes, defaults))
-    _put(digest, b"keywords", *(n.encode() + b"\0" + _value_bytes(v) for n, v in kwdefaults))
+    _put(digest, b"defaults", *map(_default_bytes, defaults))
+    _put(digest, b"keywords", *(n.encode() + b"\0" + _default_bytes(v) for n, v in kwdefaults))
     if function.__closure__:
         within |= {id(function)}
         cells = zip(function.__code__.co_freevars, function.__closure__, strict=False)
@@ -1524,8 +1524,8 @@ def _made_of(function: FunctionType) -> tuple[Any, ...]:
 
 
 def _closed_objects(function: FunctionType) -> list[Any]:
-    """The objects ``function`` closes over that :func:`_cell_bytes` may name by what they
-    hold: no plain value, function, class nor module."""
+    """The objects ``function`` closes over, or takes as defaults, that :func:`_cell_bytes`
+    may name by what they hold: no plain value, function, class nor module."""
     found = []
     for cell in function.__closure__ or ():
         with contextlib.suppress(ValueError):  # not filled yet
@@ -1533,7 +1533,26 @@ def _closed_objects(function: FunctionType) -> list[Any]:
             if _exactly_plain(value) or isinstance(value, (FunctionType, type, ModuleType)):
                 continue
             found.append(value)
+    defaults = (*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values())
+    found += filter(_default_object, defaults)
     return found
+
+
+def _default_object(value: Any) -> bool:
+    """Whether ``value``, a default of a function, is an object named as one the function
+    closes over (:func:`_default_bytes`): no plain value, function, class nor module, and
+    no dict, list or set (a constructor's default argument, which the node's declaration
+    follows)."""
+    if _plain(value) or type(value) in _CONTAINERS:
+        return False
+    return not isinstance(value, (FunctionType, type, ModuleType))
+
+
+def _default_bytes(value: Any) -> bytes:
+    """A default value of a function: an object (:func:`_default_object`) as one the
+    function closes over (:func:`_cell_bytes`), so that one changed in place is seen; any
+    other by :func:`_value_bytes`."""
+    return _argument_bytes(value) if _default_object(value) else _value_bytes(value)
 
 
 def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:

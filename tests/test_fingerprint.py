@@ -1730,6 +1730,28 @@ def test_an_object_a_partial_a_class_holds_binds_replaced_or_changed_is_seen(
     assert _three_forwards(graph, store, "h", 4) == ["ran", "recalled", "recalled"]
 
 
+class DefaultsToScale(Node):
+    """Scales by the object its forward takes by default."""
+
+    def forward(self, x: int, ctx: Any, act: Any = None) -> int:
+        return int(act(x))
+
+
+@pytest.mark.parametrize("held", [_Scale, _Counting])
+def test_an_object_a_method_takes_by_default_changed_in_place_is_seen(
+    held: type[_Scale], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a node's method takes by default (``act=Scale(2)``), changed in place
+    between forwards once and again, is other code at the next forward each time:
+    strict=True computes with what it holds now, as for an object the method closes over."""
+    monkeypatch.setattr(DefaultsToScale.forward, "__defaults__", (held(2),))
+    graph = Graph.somatize(DefaultsToScale().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    for k in (3, 4):
+        DefaultsToScale.forward.__defaults__[0].k = k  # type: ignore[index]
+        assert _three_forwards(graph, store, "h", k) == ["ran", "recalled", "recalled"], k
+
+
 class _Plus(_Scale):
     """Adds what it holds, for an object given it as its class in place of another."""
 
