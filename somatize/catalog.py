@@ -81,6 +81,7 @@ import os
 import sys
 import textwrap
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -102,7 +103,7 @@ from types import (
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from somatize import canonical
-from somatize.errors import SomatizeError
+from somatize.errors import SomatizeError, SomatizeWarning
 
 if TYPE_CHECKING:
     from somatize.node import Node
@@ -925,9 +926,10 @@ class _Marked:
     state for every graph (:func:`state_taken`) —, its class and the functions read of it,
     with their code and defaults."""
 
-    __slots__ = ("__weakref__", "copies", "kind", "lives", "made", "version")
+    __slots__ = ("__weakref__", "copies", "kind", "label", "lives", "made", "version")
 
-    def __init__(self, held: Any) -> None:
+    def __init__(self, held: Any, label: str) -> None:
+        self.label = label  # ``Kind.name`` of what first held it, to tell the user
         self.version = [_version_of(held)]
         self.lives: list[Any] = []
         self.copies: list[Any] = []
@@ -943,6 +945,7 @@ class _Marked:
         if not read_all:
             self.lives.append(_Unseen())
             self.copies.append(_Unseen())
+            _too_large(self.label)
         if whole:
             self.kind, self.made = type(held), made
 
@@ -960,6 +963,28 @@ class _Marked:
             return not bool(self.lives == self.copies)
         except Exception:  # a value replaced whose `==` says no bool (an array)
             return True
+
+
+_TOLD: set[str] = set()
+"""``Kind.name`` of each object a warning said was too large to watch (:func:`_too_large`)."""
+
+
+def _too_large(label: str) -> None:
+    """Tells the user, once in the process, that ``label`` (``Kind.name``) holds more than a
+    watch reads: it is taken as changed at every forward, so nothing computed with it is
+    recalled — silently, caching would seem to work and never would."""
+    if label in _TOLD:
+        return
+    _TOLD.add(label)
+    warnings.warn(
+        f"`{label}` holds more than {_STATE_ITEMS} entries, more than a graph compares at "
+        "every forward: it is taken as changed at every forward, so a node of that class "
+        "computes anew each time (or recalls as drifted) and keeps nothing; hold it on the "
+        "node's instance (set in `__init__` from its arguments) or pass it as an input "
+        "instead",
+        SomatizeWarning,
+        stacklevel=2,
+    )
 
 
 class _Unseen:
@@ -984,7 +1009,7 @@ is read of an object (its ``__dict__``, which may hold a method bound to it) nev
 alive once no graph watches it."""
 
 
-def _marked(held: Any) -> tuple[_Marked, bool]:
+def _marked(held: Any, label: str) -> tuple[_Marked, bool]:
     """What is noted of ``held``, an object marked by which object it is, noted now if it was
     not, and whether it was given a new mark for it: it was watched before, by graphs gone
     since, and may have changed unseen since."""
@@ -996,7 +1021,7 @@ def _marked(held: Any) -> tuple[_Marked, bool]:
         _moved_on(held)
     else:
         _token_of(held)  # marked, if it was not yet
-    made = _Marked(held)
+    made = _Marked(held, label)
     forget = functools.partial(_forget_held, id(held), held=_MARKED)
     _MARKED[id(held)] = (_reference(held, forget), weakref.ref(made))
     return made, found is not None and found[0]() is held
@@ -1085,7 +1110,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                     # a container holding objects: each watched as one held itself, and
                     # the container as a marked object is, so what its node's forward
                     # changes in it (an object added to a log) is its state
-                    noted = _Marked(held)
+                    noted = _Marked(held, label)
                     marks.append(Mark(len(lives), held, noted, False, kind))
                     lives += [noted.version, noted.lives]
                     labels += [label, label]
@@ -1094,7 +1119,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             lives += read
             labels += [label] * len(read)
             for held in unnamed:  # marked: what it holds watched
-                noted, anew = _marked(held)
+                noted, anew = _marked(held, label)
                 marks.append(Mark(len(lives), held, noted, anew, kind))
                 lives += [noted.version, noted.lives]
                 labels += [label, label]

@@ -23,7 +23,7 @@ from unittest import mock
 
 import pytest
 
-from somatize import Drifted, Graph, Node, Store
+from somatize import Drifted, Graph, Node, SomatizeWarning, Store, catalog
 from somatize.catalog import fingerprint_of
 
 _MODULE = "tests.fingerprinted"
@@ -1554,7 +1554,9 @@ def test_a_large_table_an_object_marked_by_which_it_is_holds_is_never_taken_as_u
     changed at every forward, never as unchanged: a change in place in the table, or beside
     it, is computed with, never recalled for."""
     monkeypatch.setattr(HoldsScale, "act", _Cache(2))
-    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    monkeypatch.setattr(catalog, "_TOLD", set())
+    with pytest.warns(SomatizeWarning, match=r"`HoldsScale\.act`"):
+        graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
     assert graph.forward(5, store=store, strict=True) == 10
     read = [held for mark in graph._code_watch.marks for held in mark.noted.lives]
     assert read and all(len(held) <= 4096 for held in read if hasattr(held, "__len__"))
@@ -2354,3 +2356,35 @@ def test_an_object_in_a_container_a_method_closes_over_changed_in_place_is_seen(
         _CLOSED[0].k = k
         ran = _three_forwards(graph, store, "c", k)
         assert ran[1:] == ["recalled", "recalled"], k
+
+
+class Vocabulary(Node):
+    """Looks a word up in a table of 5,000 entries its class holds."""
+
+    vocab: ClassVar[dict[str, int]] = {}
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return self.vocab.get(f"w{x}", -1)
+
+
+def test_a_table_too_large_to_watch_a_class_holds_is_told_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table a class holds larger than a graph compares at every forward (5,000 entries)
+    is taken as changed at every forward, so its node never recalls: the user is told, once,
+    which class and attribute, and what to do instead — and told when a table grows past
+    that bound between forwards."""
+    monkeypatch.setattr(Vocabulary, "vocab", {f"w{i}": i for i in range(5000)})
+    monkeypatch.setattr(catalog, "_TOLD", set())
+    with pytest.warns(SomatizeWarning, match=r"`Vocabulary\.vocab`.*instance.*input"):
+        graph = Graph.somatize(Vocabulary().named("h").frozen().cached())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SomatizeWarning)
+        Graph.somatize(Vocabulary().named("h").frozen().cached())
+        assert graph.forward(3, store=store, strict=True) == 3
+    monkeypatch.setattr(Memoing, "memo", {x: 2 * x for x in range(4090)})
+    graph = Graph.somatize(Memoing().named("h").frozen().cached())
+    assert graph.forward(1, store=store, strict=True) == 2
+    Memoing.memo.update((x, 2 * x) for x in range(4090, 4100))
+    with pytest.warns(SomatizeWarning, match=r"`Memoing\.memo`"):
+        assert graph.forward(4095, store=store, strict=True) == 8190
