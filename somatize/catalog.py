@@ -436,7 +436,50 @@ def _reference(held: Any, forget: Any = None) -> Any:
     try:
         return weakref.ref(held, forget)
     except TypeError:
-        return _Kept(held)
+        pass
+    _KEPT[0] += 1
+    if _KEPT[0] > _KEPT[1]:
+        _let_go()
+    return _Kept(held)
+
+
+_KEPT = [0, 64]
+"""How many :class:`_Kept` were made since the last :func:`_let_go`, and how many more
+call for the next (twice as many as it left, at least 64: a sweep now and then, never
+one for each)."""
+
+
+def _let_go() -> None:
+    """Forgets each object kept alive by a :class:`_Kept` that nothing else holds any more
+    (a table a class held, replaced since, no graph watching it): it is freed, and nothing
+    can ask for its mark again — so that graphs built in a loop, each of a class given a
+    new one, do not keep every one for the whole process."""
+    places: dict[int, list[tuple[dict[int, Any], int]]] = {}
+    wrappers: dict[int, set[int]] = {}
+    tables: tuple[dict[int, Any], ...] = (_TOKENS, _HELD, _MARKED)
+    for table in tables:
+        for at, entry in list(table.items()):
+            kept = entry[0]
+            if type(kept) is _Kept:
+                places.setdefault(id(kept.held), []).append((table, at))
+                wrappers.setdefault(id(kept.held), set()).add(id(kept))
+    left = 0
+    for key, found in places.items():
+        first: Any = found[0][0].get(found[0][1])
+        if first is None or type(first[0]) is not _Kept:
+            continue
+        held = first[0].held
+        del first
+        # held by its wrappers, `held` here and getrefcount's argument, and nothing else
+        if sys.getrefcount(held) - 2 <= len(wrappers[key]):
+            for table, at in found:
+                there = table.get(at)
+                if there is not None and type(there[0]) is _Kept and there[0].held is held:
+                    table.pop(at, None)  # another thread may have let it go
+        else:
+            left += 1
+        del held
+    _KEPT[:] = [0, max(64, 2 * left)]
 
 
 def _version_of(held: Any) -> bytes | None:

@@ -2388,3 +2388,38 @@ def test_a_table_too_large_to_watch_a_class_holds_is_told_once(
     Memoing.memo.update((x, 2 * x) for x in range(4090, 4100))
     with pytest.warns(SomatizeWarning, match=r"`Memoing\.memo`"):
         assert graph.forward(4095, store=store, strict=True) == 8190
+
+
+class _SlottedCounted(_SlottedOnly):
+    """A :class:`_SlottedOnly` that says when it is freed."""
+
+    __slots__ = ()
+    freed: ClassVar[list[int]] = []
+
+    def __del__(self) -> None:
+        self.freed.append(self.k)
+
+
+def _kept_alive() -> int:
+    """How many objects that cannot be referenced weakly the fingerprints keep alive."""
+    tables = (catalog._TOKENS, catalog._HELD, catalog._MARKED)
+    return len({id(e[0]()) for t in tables for e in t.values() if type(e[0]) is catalog._Kept})
+
+
+def test_objects_that_cannot_be_referenced_weakly_are_freed_once_nothing_else_holds_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A table, or an object with ``__slots__`` and no ``__weakref__``, that a class holds is
+    kept alive while it is fingerprinted, not for the whole process: graphs built in a loop,
+    each of a class given a new one, keep no more alive than a few."""
+    monkeypatch.setattr(_SlottedCounted, "freed", [])
+    monkeypatch.setattr(Tabled, "table", Tabled.table)  # put back after
+    monkeypatch.setattr(HoldsScale, "act", HoldsScale.act)
+    before = _kept_alive()
+    for k in range(300):
+        Tabled.table = {"by": k}
+        HoldsScale.act = _SlottedCounted(k)
+        Graph.somatize(Tabled().named("t") >> HoldsScale().named("h"))
+    gc.collect()
+    assert len(_SlottedCounted.freed) > 250
+    assert _kept_alive() - before < 50
