@@ -1797,6 +1797,11 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     out[place] = (b"reads " + label, b"written " + ast.unparse(made).encode())
             elif isinstance(value, type) and _helper_class(value, module, name):
                 out[place] = (b"class " + label, _class_code(value))
+                # what its methods name in their module is followed as the code's own is
+                for method in _class_functions(value):
+                    if id(method) not in seen:
+                        seen.add(id(method))
+                        queue.append(method)
             elif isinstance(value, ModuleType) and _same_package(value.__name__, module):
                 # a module of its package whose names the code reads (`tools.double(x)`)
                 there = vars(value)
@@ -1982,6 +1987,20 @@ def _helper_class(kind: type, module: str, name: str) -> bool:
     if kind.__module__ == module:
         return True
     return _same_package(kind.__module__, module) and _as_imported(kind, module, name)
+
+
+def _class_functions(kind: type) -> list[FunctionType]:
+    """Each function a helper class (:func:`_helper_class`) and the classes it inherits
+    from, short of the library's, hold — not those made for it from a text of its own (a
+    dataclass's methods)."""
+    return [
+        function
+        for above in kind.__mro__
+        if not _left_out(above)
+        for name, member in vars(above).items()
+        for function in _functions_in(member)
+        if not (_dunder(name) and function.__code__.co_filename == "<string>")
+    ]
 
 
 def _class_code(kind: type) -> bytes:

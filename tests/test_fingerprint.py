@@ -477,6 +477,43 @@ def test_a_helper_class_of_its_module_a_node_names_is_in_its_fingerprint(
     assert fingerprint_of(edited.UsesHelperClass) != was
 
 
+_HELPER_CLASS_NAMING = """
+from somatize import Node
+
+STEP = 1
+
+def _inner(x):
+    return x * 2
+
+class Other:
+    def back(self):
+        return Helper
+
+class Helper:
+    def run(self, x):
+        return _inner(x) + STEP + (Other().back() is Helper)
+
+class UsesHelperClass(Node):
+    def forward(self, x, ctx):
+        return Helper().run(x)
+"""
+
+
+@pytest.mark.parametrize(("was", "now"), [("x * 2", "x * 3"), ("STEP = 1", "STEP = 2")])
+def test_what_a_helper_class_s_methods_name_in_their_module_is_in_the_fingerprint(
+    was: str, now: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A function or constant of its module that a helper class's method names
+    (``Helper().run(x)`` calling ``_inner(x)``) is in the node's fingerprint, as one its own
+    code names: alike for a module loaded alike (two helpers naming each other among them),
+    another once the source gives that function other code."""
+    path = tmp_path / "fingerprinted.py"
+    first = fingerprint_of(_load(path, _HELPER_CLASS_NAMING, monkeypatch).UsesHelperClass)
+    assert fingerprint_of(_load(path, _HELPER_CLASS_NAMING, monkeypatch).UsesHelperClass) == first
+    edited = _load(path, _HELPER_CLASS_NAMING.replace(was, now), monkeypatch)
+    assert fingerprint_of(edited.UsesHelperClass) != first
+
+
 def test_a_helper_class_given_another_method_is_seen_by_a_graph_built_after(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
