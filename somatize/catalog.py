@@ -226,6 +226,7 @@ def fingerprint_of(*kinds: type) -> str:
     # A name the code of the lineage sets on one of its classes as it runs (a counter a
     # subclass moves on itself, declared on its base) is their state, not their code.
     state = _state_of(lineage, (member for k in lineage for member in list(vars(k).values())))
+    state |= _filled_tables(lineage)
     entries = sorted(
         (f"{k.__module__}:{k.__qualname__}".encode(), _written(k, state)) for k in lineage
     )
@@ -297,6 +298,14 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
         contained = None if _dunder(name) else _contained_bytes(member)
         if contained is not None:
             _put(digest, b"holds " + name.encode(), contained)
+        elif _table(name, member) and name in state:  # filled by its own code: as written
+            if not texts:
+                texts.append(_class_body(kind))
+            made_as = _assignment(texts[0], name)
+            if made_as is not None:
+                _put(digest, b"table " + name.encode(), b"written " + ast.unparse(made_as).encode())
+            elif not any(name in vars(above) for above in kind.__mro__[1:]):
+                _put(digest, b"table " + name.encode(), b"state")
         elif _table(name, member):  # by what it holds, or once changed in place, a mark
             _put(digest, b"table " + name.encode(), _held_bytes(member) or _token_of(member))
         if not held and not _dunder(name) and _plain(member):
@@ -337,7 +346,9 @@ def _body_of(kind: type, state: frozenset[str]) -> Body:
             body.append((name, "state" if name in state else (type(member), member)))
         elif type(member) in _CONTAINERS and not _dunder(name):  # read again, as an object
             contained = _contained_bytes(member)
-            if contained is None:  # a table: by what it holds, or its mark
+            if contained is None and name in state:  # a table its own code fills: by its text
+                body.append((name, ("state", _Same(member))))
+            elif contained is None:  # a table: by what it holds, or its mark
                 body.append((name, (_held_bytes(member), _Same(member), _version_of(member))))
             else:
                 body.append((name, contained))
@@ -786,6 +797,67 @@ def _unwritten(name: str, member: Any) -> bool:
     return not callable(member) and not hasattr(type(member), "__get__")
 
 
+_FILLERS = frozenset(
+    {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove"}
+    | {"discard", "clear", "sort", "reverse", "__setitem__", "__delitem__"}
+)
+"""What a dict, list or set is changed in place by, called."""
+
+
+def _filled_tables(lineage: Iterable[type]) -> frozenset[str]:
+    """The names of the tables (:func:`_table`) the classes of ``lineage`` hold that a
+    function of theirs other than ``forward`` changes in place (``self.built["n"] += 1``,
+    ``type(self).names.add(name)`` in ``__init__``): their state, as a count a class moves
+    on itself is, taken as the class's text writes it and not watched — changed as a node
+    is built, it would make every graph built after drift. One only ``forward`` fills (a
+    cache) is watched, and what its node's forward changes in it is its state."""
+    kinds = list(lineage)
+    tables = {n for k in kinds for n, m in vars(k).items() if _table(n, m)}
+    if not tables:
+        return frozenset()
+    filled: set[str] = set()
+    for kind in kinds:
+        for name, member in list(vars(kind).items()):
+            if name == "forward":
+                continue
+            for function in _functions_in(member):
+                filled |= _tables_changed_by(function.__code__, tables)
+    return frozenset(filled)
+
+
+def _tables_changed_by(code: CodeType, tables: set[str]) -> set[str]:
+    """Which of ``tables`` the code ``code`` (and that nested in it) reads as an attribute
+    and changes in place on the same line: a subscript set or deleted there, or a method of
+    :data:`_FILLERS` called right on it."""
+    found: set[str] = set()
+    lines: dict[Any, list[dis.Instruction]] = {}
+    line: Any = None
+    for instruction in dis.get_instructions(code):
+        starts: Any = getattr(instruction, "line_number", None) or instruction.starts_line
+        if starts is not None and not isinstance(starts, bool):  # carried on to the next
+            line = starts
+        lines.setdefault(line, []).append(instruction)
+    for line in lines.values():
+        stores = any(i.opname in ("STORE_SUBSCR", "DELETE_SUBSCR") for i in line)
+        for at, instruction in enumerate(line):
+            if instruction.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
+                continue
+            if instruction.argval not in tables:
+                continue
+            following = line[at + 1] if at + 1 < len(line) else None
+            called = (
+                following is not None
+                and following.opname in ("LOAD_ATTR", "LOAD_METHOD")
+                and following.argval in _FILLERS
+            )
+            if stores or called:
+                found.add(instruction.argval)
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            found |= _tables_changed_by(constant, tables)
+    return found
+
+
 def _table(name: str, member: Any) -> bool:
     """Whether a class's ``name`` holds a dict, list or set of plain values (``table =
     {"by": 2}``, a cache its code fills): named by what it holds (:func:`_held_bytes`, read
@@ -1137,6 +1209,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
         dict.fromkeys(above for kind in given for above in _ancestry(kind) if not _left_out(above))
     )
     lives: list[Any] = [vars(kind) for kind in lineage]
+    filled = _filled_tables(lineage)
     labels: list[str] = []
     made: list[tuple[str, FunctionType, Any, Any, Any]] = []
     marks: list[Mark] = []
@@ -1146,7 +1219,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             read: list[Any] = []
             unnamed: list[Any] = []
             holds = _held_in(member)
-            if not holds and _table(name, member):
+            if not holds and _table(name, member) and name not in filled:
                 holds = [member]
             for held in holds:
                 if _contained_bytes(held, read, unnamed) is not None:

@@ -2460,3 +2460,35 @@ def test_objects_that_cannot_be_referenced_weakly_are_freed_once_nothing_else_ho
     gc.collect()
     assert len(_SlottedCounted.freed) > 250
     assert _kept_alive() - before < 50
+
+
+class CountsBuilt(Node):
+    """Doubles; counts, in a table its class holds, how many of it were built."""
+
+    built: ClassVar[dict[str, int]] = {"n": 0}
+
+    def __init__(self) -> None:
+        self.built["n"] += 1
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return 2 * x
+
+
+def test_a_table_a_class_s_own_constructor_fills_is_its_state(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table a class holds that its own code fills outside a forward (a count of the nodes
+    built, in ``__init__``) is its state, taken as the class's text writes it: a graph built
+    after another node of it was built recalls without drift, in this process as in
+    another."""
+    monkeypatch.setattr(CountsBuilt, "built", {"n": 0})
+    was = fingerprint_of(CountsBuilt)
+    graph = Graph.somatize(CountsBuilt().named("h").frozen().cached())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+        for _ in range(2):
+            after = Graph.somatize(CountsBuilt().named("h").frozen().cached())
+            assert _three_forwards(after, store, "h", 2) == ["recalled"] * 3
+            assert _three_forwards(graph, store, "h", 2) == ["recalled"] * 3
+    assert fingerprint_of(CountsBuilt) == was
