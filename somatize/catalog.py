@@ -2078,8 +2078,9 @@ def _class_functions(kind: type) -> list[FunctionType]:
 
 def _class_code(kind: type) -> bytes:
     """A helper class (:func:`_helper_class`) by its name and how it is written: each
-    function its classes, short of the library's, hold (:func:`_function_bytes`) and each
-    plain value — not what these name in turn."""
+    function its classes, short of the library's, hold (:func:`_function_bytes`), each
+    plain value, and each dict, list or set of plain values as the class's text writes it
+    — not what these name in turn."""
     pieces = [f"{kind.__module__}:{kind.__qualname__}".encode()]
     for above in kind.__mro__:
         if _left_out(above):
@@ -2091,6 +2092,11 @@ def _class_code(kind: type) -> bytes:
                 pieces.append(f"{above.__qualname__}.{name}".encode() + _function_bytes(function))
             if not _dunder(name) and _plain(member):
                 pieces.append(f"{above.__qualname__}.{name}=".encode() + _constant_bytes(member))
+            elif _table(name, member):  # as the class's text writes it: what fills it is state
+                made = _assignment(_class_body(above), name)
+                if made is not None:
+                    written = b"written " + ast.unparse(made).encode()
+                    pieces.append(f"{above.__qualname__}.{name}=".encode() + written)
     return _joined(b"class", pieces)
 
 

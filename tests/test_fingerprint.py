@@ -490,8 +490,10 @@ class Other:
         return Helper
 
 class Helper:
+    TABLE = {"by": 1}
+
     def run(self, x):
-        return _inner(x) + STEP + (Other().back() is Helper)
+        return _inner(x) + STEP * self.TABLE["by"] + (Other().back() is Helper)
 
 class UsesHelperClass(Node):
     def forward(self, x, ctx):
@@ -499,14 +501,18 @@ class UsesHelperClass(Node):
 """
 
 
-@pytest.mark.parametrize(("was", "now"), [("x * 2", "x * 3"), ("STEP = 1", "STEP = 2")])
+@pytest.mark.parametrize(
+    ("was", "now"),
+    [("x * 2", "x * 3"), ("STEP = 1", "STEP = 2"), ('TABLE = {"by": 1}', 'TABLE = {"by": 2}')],
+)
 def test_what_a_helper_class_s_methods_name_in_their_module_is_in_the_fingerprint(
     was: str, now: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A function or constant of its module that a helper class's method names
-    (``Helper().run(x)`` calling ``_inner(x)``) is in the node's fingerprint, as one its own
-    code names: alike for a module loaded alike (two helpers naming each other among them),
-    another once the source gives that function other code."""
+    (``Helper().run(x)`` calling ``_inner(x)``), or a table the class holds, is in the node's
+    fingerprint, as one its own code names: alike for a module loaded alike (two helpers
+    naming each other among them), another once the source gives it other code or
+    values."""
     path = tmp_path / "fingerprinted.py"
     first = fingerprint_of(_load(path, _HELPER_CLASS_NAMING, monkeypatch).UsesHelperClass)
     assert fingerprint_of(_load(path, _HELPER_CLASS_NAMING, monkeypatch).UsesHelperClass) == first
