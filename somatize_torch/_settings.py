@@ -63,7 +63,8 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     list, an enum member from the string of its name), numpy's scalars as the numbers
     they hold, of their numpy type, tensors and numeric numpy arrays by digest (a tensor
     of a subclass by its class and the attributes it keeps too); functions (a
-    ``forward`` replaced on the instance too) by their code, as hooks are, built-in
+    ``forward`` replaced on the instance too) by their code, as hooks are, and a Python
+    function by its defaults and the values it closes over too, built-in
     functions and classes by name, a ``functools.partial`` with the values it binds, a
     plain object held as a config (of a class written in Python, a ``SimpleNamespace``,
     an ``argparse.Namespace``: ``self.config.flag``) by its class and its attributes.
@@ -102,7 +103,8 @@ class SettingsWatch:
     ``OrderedDict`` too) by identity (``enc.scales[0] = 2.0``), each value a config a
     part holds keeps (in a list, tuple, dict or set too), and the configs it holds in
     turn, five deep (``enc.config.flag = True``, ``enc.configs[0].flag = True``) likewise,
-    each part's and config's table of
+    each function so kept by its code, its defaults and what each cell it closes over holds
+    (``k = 4.0`` rebound, ``f.__defaults__ = ...``), each part's and config's table of
     attributes by its length (a value added or removed), and each table of forward
     hooks by its length and, once any hook was registered anywhere, by its handles (a
     hook registered, removed or put first). What it says may be nothing after all (the
@@ -120,9 +122,11 @@ class SettingsWatch:
 
     __slots__ = (
         "_containers",
+        "_functions",
         "_hooks",
         "_issued",
         "_items",
+        "_made",
         "_marks",
         "_names",
         "_owners",
@@ -172,6 +176,8 @@ class SettingsWatch:
         self._written = tuple(map(_written, self._tensors))
         self._containers = [v for v in values if isinstance(v, (list, dict, set))]
         self._items = tuple(map(_items, self._containers))
+        self._functions = [v for v in values if isinstance(v, types.FunctionType)]
+        self._made = tuple(map(_made_of, self._functions))
 
     def changed(self) -> bool:
         """Whether a value a part keeps, or a forward hook, may have changed."""
@@ -183,6 +189,7 @@ class SettingsWatch:
             or tuple(map(_written, self._tensors)) != self._written
             or not all(map(_same_items, map(_items, self._containers), self._items))
             or not all(map(operator.is_, itertools.starmap(_slot, self._slots), self._slotted))
+            or not all(map(_same_items, map(_made_of, self._functions), self._made))
         )
 
 
@@ -311,6 +318,23 @@ def _items(value: list[Any] | dict[Any, Any] | set[Any]) -> tuple[Any, ...]:
     """A list's or set's items, or a dict's keys and values, held (so that none is freed and its
     address taken by another)."""
     return (*value, *value.values()) if isinstance(value, dict) else tuple(value)
+
+
+def _made_of(function: types.FunctionType) -> tuple[Any, ...]:
+    """What a function computes with, held to be looked at by identity: its code, its
+    defaults, each keyword-only default, and what each cell it closes over holds (the cell
+    itself where it is not filled yet), so that ``f.__defaults__ = ...``, a keyword default
+    replaced or a closed-over value rebound is seen."""
+    keywords = function.__kwdefaults__ or {}
+    cells = tuple(_cell_of(cell) for cell in function.__closure__ or ())
+    return (function.__code__, function.__defaults__, *keywords, *keywords.values(), *cells)
+
+
+def _cell_of(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # not filled yet
+        return cell
 
 
 def _same_items(now: tuple[Any, ...], was: tuple[Any, ...]) -> bool:
@@ -560,6 +584,30 @@ def _container(value: Any, path: Path) -> Any:
     return named
 
 
+def _bound_by(function: types.FunctionType, path: Path) -> dict[str, Any]:
+    """What a function computes with beside its code: its default values, its keyword-only
+    ones, and the values it closes over, by the name of each (``lambda t: t * k`` made by
+    a factory with another ``k``, or with ``k`` rebound since), each named as a value a
+    module keeps is; a cell not filled yet as ``{"empty": True}``. Nothing for a function
+    that has none, which is named as it was."""
+    named: dict[str, Any] = {}
+    if function.__defaults__:
+        named["defaults"] = [_item(value, path) for value in function.__defaults__]
+    if function.__kwdefaults__:
+        keywords = sorted(function.__kwdefaults__.items())
+        named["keywords"] = {name: _item(value, path) for name, value in keywords}
+    if function.__closure__:
+        closes: dict[str, Any] = {}
+        cells = zip(function.__code__.co_freevars, function.__closure__, strict=False)
+        for name, cell in cells:
+            try:
+                closes[name] = _item(cell.cell_contents, path)
+            except ValueError:  # not filled yet
+                closes[name] = {"empty": True}
+        named["closes"] = closes
+    return named
+
+
 def _order(entry: list[Any]) -> bytes:
     """Where a dict's entry goes among its others: by its key's canonical encoding, which is
     the same in every process (a hash is not)."""
@@ -620,7 +668,11 @@ def _callable(value: Any, path: Path) -> Any:
             "args": [_item(arg, path) for arg in value.args],
             "keywords": {k: _item(v, path) for k, v in value.keywords.items()},
         }
-    if isinstance(value, (types.FunctionType, types.MethodType)):
+    if isinstance(value, types.FunctionType):
+        if id(value) in path:  # a function that closes over itself
+            return {"cycle": len(path) - path.index(id(value))}
+        return {"function": _code_of(value), **_bound_by(value, (*path, id(value)))}
+    if isinstance(value, types.MethodType):
         return {"function": _code_of(value)}
     if isinstance(value, types.BuiltinFunctionType):
         owner = value.__self__

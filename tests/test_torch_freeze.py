@@ -956,6 +956,68 @@ def test_a_function_a_module_holds_is_in_its_key(store: Store) -> None:
     assert smt.ModuleNode(compiled).declare() == smt.ModuleNode(modules[0]).declare()
 
 
+class ConfigActivated(nn.Module):
+    """Applies the function a config it holds keeps: its weights and ``repr`` are the same
+    whichever."""
+
+    def __init__(self, act: Any) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 4)
+        self.config = types.SimpleNamespace(act=act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.config.act(self.linear(x))
+        return out
+
+
+def _scaled_by(k: float) -> Any:
+    return lambda t: t * k
+
+
+def test_what_a_held_function_closes_over_or_defaults_to_keys_its_answers(store: Store) -> None:
+    """A function a cached module's config keeps, made by the same factory with another
+    value it closes over, one whose closed-over value is rebound, or whose defaults are
+    replaced, keys the next call anew: computed as the module computes it now, never the
+    answer kept for the old value; the same values again recall it."""
+    module = ConfigActivated(_scaled_by(1.0))
+    g = Graph.somatize(smt.ModuleNode(module).named("act").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(3, 6))
+
+    def ran(outcome: str) -> torch.Tensor:
+        out = g.forward(x, store=store)
+        assert g.record is not None and g.record.outcome == {"act": outcome}
+        with torch.no_grad():
+            assert torch.equal(out, module(x.value))
+        return out
+
+    first = ran("ran")
+    module.config.act = _scaled_by(3.0)
+    assert not torch.equal(ran("ran"), first)
+    k = 1.0
+
+    def scaled(t: torch.Tensor) -> torch.Tensor:
+        return t * k
+
+    module.config.act = scaled
+    ran("ran")
+    k = 4.0  # the cell `scaled` closes over, rebound
+    ran("ran")
+
+    def by(t: torch.Tensor, s: float = 1.0) -> torch.Tensor:
+        return t * s
+
+    module.config.act = by
+    ran("ran")
+    by.__defaults__ = (5.0,)
+    ran("ran")
+    module.config.act = _scaled_by(3.0)
+    ran("recalled")
+    assert _held(_scaled_by(2.0)) != _held(_scaled_by(7.0))
+    assert _held(_scaled_by(2.0)) == _held(_scaled_by(2.0))
+
+
 def test_module_class_without_a_stable_name_cannot_be_cached(store: Store) -> None:
     """A module class defined inside a function has no identity, so caching it is refused."""
 
