@@ -104,13 +104,15 @@ class SettingsWatch:
     part holds keeps (in a list, tuple, dict or set too), and the configs it holds in
     turn, five deep (``enc.config.flag = True``, ``enc.configs[0].flag = True``) likewise,
     each function so kept by its code, its defaults and what each cell it closes over holds
-    (``k = 4.0`` rebound, ``f.__defaults__ = ...``), each part's and config's table of
+    (``k = 4.0`` rebound, ``f.__defaults__ = ...``), each numeric numpy array so kept by
+    its bytes (compared whole: numpy keeps no version counter), each part's and config's table of
     attributes by its length (a value added or removed), and each table of forward
     hooks by its length and, once any hook was registered anywhere, by its handles (a
     hook registered, removed or put first). What it says may be nothing after all (the
     same value assigned again): it is asked so that the declaration is taken again only
     when it may have changed. What a value held deeper changes in place (a tensor in a
-    list, an item of a list in a list, a numpy array written to, an object's attribute)
+    list, an item of a list in a list, a numpy array in a list written to, an object's
+    attribute)
     is not seen here, nor a write into a tensor made under ``torch.inference_mode``,
     which keeps no version counter; declaring again sees them (``freeze``,
     ``redeclare()``).
@@ -121,6 +123,8 @@ class SettingsWatch:
     another thread while the module runs may be taken for its own."""
 
     __slots__ = (
+        "_arrays",
+        "_bytes",
         "_containers",
         "_functions",
         "_hooks",
@@ -178,6 +182,11 @@ class SettingsWatch:
         self._items = tuple(map(_items, self._containers))
         self._functions = [v for v in values if isinstance(v, types.FunctionType)]
         self._made = tuple(map(_made_of, self._functions))
+        # numpy keeps no version counter: a numeric array's bytes are looked at whole.
+        numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its arrays
+        kind = numpy.ndarray if numpy is not None else ()
+        self._arrays = [v for v in values if isinstance(v, kind) and v.dtype.kind in _NUMERIC]
+        self._bytes = tuple(map(_looked_at, self._arrays))
 
     def changed(self) -> bool:
         """Whether a value a part keeps, or a forward hook, may have changed."""
@@ -190,6 +199,7 @@ class SettingsWatch:
             or not all(map(_same_items, map(_items, self._containers), self._items))
             or not all(map(operator.is_, itertools.starmap(_slot, self._slots), self._slotted))
             or not all(map(_same_items, map(_made_of, self._functions), self._made))
+            or tuple(map(_looked_at, self._arrays)) != self._bytes
         )
 
 
@@ -318,6 +328,17 @@ def _items(value: list[Any] | dict[Any, Any] | set[Any]) -> tuple[Any, ...]:
     """A list's or set's items, or a dict's keys and values, held (so that none is freed and its
     address taken by another)."""
     return (*value, *value.values()) if isinstance(value, dict) else tuple(value)
+
+
+_NUMERIC = frozenset("biufc")
+"""The kinds of numpy array a key names by its bytes (bools, integers, floats, complex
+numbers); others (strings, objects, dates) it does not name."""
+
+
+def _looked_at(array: Any) -> tuple[Any, ...]:
+    """What keys a numeric numpy array: its dtype, its shape and its bytes (a copy, compared
+    whole: numpy keeps no version counter to tell a write in place by)."""
+    return array.dtype.str, array.shape, array.tobytes()
 
 
 def _made_of(function: types.FunctionType) -> tuple[Any, ...]:

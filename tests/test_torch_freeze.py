@@ -689,6 +689,53 @@ def test_numbers_sets_and_ranges_a_module_keeps_are_in_its_key(store: Store) -> 
     assert g.record is not None and g.record.outcome == {"held": "ran"}
 
 
+class Anchored(nn.Module):
+    """Scales its output by numpy arrays it keeps, itself and in a config (as a detector
+    keeps its anchors): its weights and ``repr`` are the same whatever they hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 4)
+        self.anchors = np.ones(4, dtype=np.float32)
+        self.config = types.SimpleNamespace(scales=np.ones(4, dtype=np.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        held = [self.anchors, self.config.scales]
+        out = self.linear(x)
+        for array in held:
+            out = out * torch.from_numpy(array.reshape(-1)[:4])
+        return out
+
+
+@pytest.mark.parametrize("where", ["module", "config"])
+def test_a_numpy_array_written_in_place_is_seen_at_the_next_call(store: Store, where: str) -> None:
+    """A numpy array a cached module keeps, itself or in a config it holds, written in
+    place (numpy keeps no version counter) or reshaped, keys the next
+    call anew: computed as the module computes it now, never the answer kept for the old
+    values; written back, the first answer is recalled."""
+    module = Anchored()
+    array = module.anchors if where == "module" else module.config.scales
+    g = Graph.somatize(smt.ModuleNode(module).named("anchored").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(3, 6))
+
+    def ran(outcome: str) -> torch.Tensor:
+        out = g.forward(x, store=store)
+        assert g.record is not None and g.record.outcome == {"anchored": outcome}
+        with torch.no_grad():
+            assert torch.equal(out, module(x.value))
+        return out
+
+    first = ran("ran")
+    array[0] = 5.0
+    assert not torch.equal(ran("ran"), first)
+    array[0] = 1.0
+    ran("recalled")
+    array.shape = (2, 2)
+    ran("ran")
+
+
 def test_a_numpy_scalar_holding_no_python_number_is_in_its_key(store: Store) -> None:
     """A ``datetime64`` is named by its count of units and its unit; kept by a module, it
     keys it, its replacement anew."""
