@@ -21,6 +21,7 @@ import fractions
 import functools
 import itertools
 import operator
+import pathlib
 import sys
 import types
 from collections.abc import Callable
@@ -58,11 +59,12 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     forward may read that neither ``repr`` nor the state shows (``self.temperature =
     2.0``, a tensor held as a plain attribute, ``self.act = F.gelu``). Numbers, strings,
     bools, None, complex numbers, fractions, decimals, ranges, tuples, lists, sets and
-    dicts of them (keyed by any of these), dataclass instances, dtypes, devices and
-    enums are taken as they are, each kind named apart from the others (a tuple from a
-    list, an enum member from the string of its name), numpy's scalars as the numbers
-    they hold, of their numpy type, tensors and numeric numpy arrays by digest (a tensor
-    of a subclass by its class and the attributes it keeps too); functions (a
+    dicts of them (keyed by any of these), dataclass instances, dtypes, devices, paths
+    and enums (a flag no member names, by its value) are taken as they are, each kind
+    named apart from the others (a tuple from a list, an enum member from the string of
+    its name), numpy's scalars as the numbers they hold, of their numpy type, tensors
+    and numeric numpy arrays by digest (a tensor of a subclass by its class and the
+    attributes it keeps too); functions (a
     ``forward`` replaced on the instance too) by their code, as hooks are, and a Python
     function by its defaults and the values it closes over too, built-in
     functions and classes by name, a ``functools.partial`` with the values it binds, a
@@ -430,7 +432,11 @@ def _setting(value: Any, path: Path) -> Any:
     if value is None:
         return None
     if isinstance(value, enum.Enum):
+        if value.name is None:  # flags holding bits no member names: by what they hold
+            return {"enum": [_name_of(type(value)), None], "value": _item(value._value_, path)}
         return {"enum": [_name_of(type(value)), value.name]}
+    if isinstance(value, pathlib.PurePath):
+        return {"path": [_name_of(type(value)), str(value)]}
     numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its values
     if numpy is not None and isinstance(value, (numpy.generic, numpy.ndarray)):
         return _numpy_setting(numpy, value, path)  # numpy's float64 too, a float subclass

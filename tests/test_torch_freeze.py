@@ -9,6 +9,7 @@ import decimal
 import enum
 import fractions
 import functools
+import pathlib
 import subprocess
 import sys
 import types
@@ -528,6 +529,13 @@ class Mode(enum.Enum):
     A = "a"
 
 
+class Access(enum.IntFlag, boundary=enum.KEEP):
+    """Flags that keep bits no member names: such a value has no name."""
+
+    READ = 1
+    WRITE = 2
+
+
 class Held(nn.Module):
     """Scales its output by a value it keeps, of whichever kind: its weights and ``repr``
     are the same whatever it holds."""
@@ -551,6 +559,8 @@ def _magnitude(value: Any) -> float:
         return abs(value)
     if isinstance(value, np.datetime64):
         return float(value.astype("int64") % 7 + 1)
+    if isinstance(value, pathlib.PurePath):
+        return float(len(str(value)))
     return float(value)
 
 
@@ -646,6 +656,24 @@ def test_values_of_different_kinds_key_apart() -> None:
     ]
     for one, other in pairs:
         assert _held(one) != _held(other), (one, other)
+
+
+def test_an_enum_value_without_a_name_and_a_path_are_in_its_key(store: Store) -> None:
+    """Flags holding bits no member names (which have no name), and paths, are each named
+    by what they hold and their class: one replaced by another is computed anew, never
+    the answer kept for the first recalled."""
+    pairs = [
+        (Access(16), Access(32)),
+        (Access(0), Access(64)),
+        (pathlib.Path("vocab.txt"), pathlib.Path("vocab-large.txt")),
+        (pathlib.PurePosixPath("a"), pathlib.PureWindowsPath("a")),
+        (pathlib.PurePosixPath("a"), "a"),
+    ]
+    for one, other in pairs:
+        assert "unseen" != _held(one) != _held(other), (one, other)
+    assert _held(Access.READ) == {"enum": [f"{__name__}:Access", "READ"]}
+    for one, other in pairs[:3]:
+        _replaced_is_seen(one, other, store)
 
 
 def test_a_numpy_array_in_another_byte_order_is_in_its_key() -> None:
