@@ -23,6 +23,7 @@ import itertools
 import operator
 import pathlib
 import sys
+import sysconfig
 import types
 from collections.abc import Callable
 from typing import Any
@@ -102,22 +103,23 @@ class SettingsWatch:
     the module keeps beside torch's own is looked at by identity (``enc.temperature =
     5.0``, ``enc.act = F.relu``), a tensor so kept by its memory and version counter
     too (``t.data = ...``, a write in place), the items of a list, set or dict so kept (an
-    ``OrderedDict`` too) by identity (``enc.scales[0] = 2.0``), each value a config a
-    part holds keeps (in a list, tuple, dict or set too), and the configs it holds in
-    turn, five deep (``enc.config.flag = True``, ``enc.configs[0].flag = True``) likewise,
-    each function so kept by its code, its defaults and what each cell it closes over holds
-    (``k = 4.0`` rebound, ``f.__defaults__ = ...``), each numeric numpy array so kept by
-    its bytes (compared whole: numpy keeps no version counter), each part's and config's table of
+    ``OrderedDict`` too) by identity (``enc.scales[0] = 2.0``) — a plain dict by the
+    version CPython keeps of it instead, where it can be read (:func:`_dict_versions`) —
+    each value a config a part holds keeps (in a list, tuple, dict or set too), and the
+    configs it holds in turn, five deep (``enc.config.flag = True``,
+    ``enc.configs[0].flag = True``) likewise, each function so kept by its code, its
+    defaults and what each cell it closes over holds (``k = 4.0`` rebound,
+    ``f.__defaults__ = ...``), each numeric numpy array so kept by its bytes (compared
+    whole: numpy keeps no version counter), each part's and config's table of
     attributes by its length (a value added or removed), and each table of forward
     hooks by its length and, once any hook was registered anywhere, by its handles (a
     hook registered, removed or put first). What it says may be nothing after all (the
     same value assigned again): it is asked so that the declaration is taken again only
     when it may have changed. What a value held deeper changes in place (a tensor in a
     list, an item of a list in a list, a numpy array in a list written to, an object's
-    attribute)
-    is not seen here, nor a write into a tensor made under ``torch.inference_mode``,
-    which keeps no version counter; declaring again sees them (``freeze``,
-    ``redeclare()``).
+    attribute) is not seen here, nor a write into a tensor made under
+    ``torch.inference_mode``, which keeps no version counter; declaring again sees them
+    (``freeze``, ``redeclare()``).
 
     What a module's own forward changes (a table a rotary embedding fills as it first
     runs, a count of its calls) is not a change of what it was asked to compute: whoever
@@ -128,6 +130,7 @@ class SettingsWatch:
         "_arrays",
         "_bytes",
         "_containers",
+        "_dicts",
         "_functions",
         "_hooks",
         "_issued",
@@ -142,6 +145,7 @@ class SettingsWatch:
         "_tables",
         "_tensors",
         "_values",
+        "_versions",
         "_written",
     )
 
@@ -180,7 +184,12 @@ class SettingsWatch:
         # What may change in place, looked at beyond its identity.
         self._tensors = [v for v in values if isinstance(v, torch.Tensor)]
         self._written = tuple(map(_written, self._tensors))
-        self._containers = [v for v in values if isinstance(v, (list, dict, set))]
+        containers = [v for v in values if isinstance(v, (list, dict, set))]
+        # A dict's version, where CPython keeps one, moves at every change to it: one
+        # number looked at in place of each of its items (a vocabulary of 50,000 words).
+        self._dicts = [v for v in containers if type(v) is dict and _dict_version]
+        self._versions = tuple(map(_dict_version or id, self._dicts))
+        self._containers = [v for v in containers if type(v) is not dict or not _dict_version]
         self._items = tuple(map(_items, self._containers))
         self._functions = [v for v in values if isinstance(v, types.FunctionType)]
         self._made = tuple(map(_made_of, self._functions))
@@ -198,6 +207,7 @@ class SettingsWatch:
             # Any hook registered anywhere since: was one registered here?
             or (_HANDLES.next_id != self._issued and tuple(map(tuple, self._hooks)) != self._marks)
             or tuple(map(_written, self._tensors)) != self._written
+            or tuple(map(_dict_version or id, self._dicts)) != self._versions
             or not all(map(_same_items, map(_items, self._containers), self._items))
             or not all(map(operator.is_, itertools.starmap(_slot, self._slots), self._slotted))
             or not all(map(_same_items, map(_made_of, self._functions), self._made))
@@ -358,6 +368,55 @@ def _cell_of(cell: Any) -> Any:
         return cell.cell_contents
     except ValueError:  # not filled yet
         return cell
+
+
+def _dict_versions() -> Callable[[dict[Any, Any]], int] | None:
+    """What reads a dict's version (PEP 509's ``ma_version_tag``, which CPython 3.10 to
+    3.13 keep beside each dict and move, from a counter of the whole interpreter, at every
+    change to it: an item set, replaced or deleted, the dict cleared), or None where it
+    cannot be read soundly. Python gives it no name, so it is read at its place in the
+    dict's memory, after the object's header and the count of its items; it is used only
+    where a probe finds the count at its place and the version moving at each kind of
+    change, and other Pythons (PyPy, 3.14, a free-threaded build) look at every item."""
+    if sys.implementation.name != "cpython" or not (3, 10) <= sys.version_info[:2] <= (3, 13):
+        return None
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return None
+    import ctypes
+
+    used_at = object.__basicsize__  # `ma_used` follows the object's header
+    version_at = used_at + ctypes.sizeof(ctypes.c_ssize_t)
+
+    def used(table: dict[Any, Any]) -> int:
+        return int(ctypes.c_ssize_t.from_address(id(table) + used_at).value)
+
+    def version(table: dict[Any, Any]) -> int:
+        return int(ctypes.c_uint64.from_address(id(table) + version_at).value)
+
+    probe: dict[Any, Any] = {}
+    steps: list[Callable[[], Any]] = [
+        lambda: probe.__setitem__("a", 1),
+        lambda: probe.__setitem__("a", 1.0),  # an equal value, another object
+        lambda: probe.update(b=2, c=3),
+        lambda: probe.pop("a"),
+        lambda: probe.__delitem__("b"),
+        lambda: probe.setdefault("d", 4),
+        lambda: probe.popitem(),
+        lambda: probe.__ior__({"e": 5}),
+        lambda: probe.clear(),
+    ]
+    seen = [version(probe)]
+    for step in steps:
+        step()
+        if used(probe) != len(probe):
+            return None
+        seen.append(version(probe))
+    if len(set(seen)) != len(seen) or version(probe) != seen[-1]:
+        return None
+    return version
+
+
+_dict_version = _dict_versions()
 
 
 def _same_items(now: tuple[Any, ...], was: tuple[Any, ...]) -> bool:

@@ -12,6 +12,7 @@ import functools
 import pathlib
 import subprocess
 import sys
+import sysconfig
 import types
 from typing import Any
 
@@ -762,6 +763,63 @@ def test_a_numpy_array_written_in_place_is_seen_at_the_next_call(store: Store, w
     ran("recalled")
     array.shape = (2, 2)
     ran("ran")
+
+
+class Tabled(nn.Module):
+    """Scales its output by what a table it keeps says, itself and in a config (as a
+    tokenizer's vocabulary is kept)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 4)
+        self.table = {"a": 1, "b": 2, "c": 3}
+        self.config = types.SimpleNamespace(table={"a": 1, "b": 2, "c": 3})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tables = [self.table, self.config.table]
+        scale = sum(len(k) * float(v) for table in tables for k, v in table.items())
+        return self.linear(x) * scale
+
+
+@pytest.mark.parametrize("where", ["module", "config"])
+def test_each_change_to_a_dict_a_cached_module_keeps_is_seen_at_the_next_call(
+    store: Store, where: str
+) -> None:
+    """A dict a cached module keeps, itself or in a config, looked at by its version where
+    CPython keeps one rather than item by item: each kind of change to it — a value
+    replaced, by an equal one of another kind too, a key swapped for another, an item
+    popped and put back last, the dict cleared and filled, merged into — keys the next
+    call anew, computed as the module computes it now; put back as it was, the answer
+    kept for it is recalled."""
+    from somatize_torch._settings import _dict_version
+
+    plain_cpython = sys.implementation.name == "cpython" and sys.version_info < (3, 14)
+    if plain_cpython and not sysconfig.get_config_var("Py_GIL_DISABLED"):
+        assert _dict_version is not None  # the versions are what is looked at here
+    module = Tabled()
+    table = module.table if where == "module" else module.config.table
+    g = Graph.somatize(smt.ModuleNode(module).named("tabled").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(3, 6))
+    g.forward(x, store=store)
+    changes = [
+        lambda: table.__setitem__("a", 5),
+        lambda: table.__setitem__("a", 5.0),
+        lambda: (table.__delitem__("b"), table.__setitem__("bb", 2)),
+        lambda: table.__setitem__("c", table.pop("a")),
+        lambda: (table.clear(), table.update(a=7, b=8, c=9)),
+        lambda: table.__ior__({"d": 1}),
+        lambda: table.setdefault("e", 0),
+        lambda: table.popitem(),  # the table as it was two calls before: recalled
+    ]
+    for at, change in enumerate(changes):
+        change()
+        out = g.forward(x, store=store)
+        outcome = "recalled" if at == len(changes) - 1 else "ran"
+        assert g.record is not None and g.record.outcome == {"tabled": outcome}, table
+        with torch.no_grad():
+            assert torch.equal(out, module(x.value))
 
 
 def test_a_numpy_scalar_holding_no_python_number_is_in_its_key(store: Store) -> None:
