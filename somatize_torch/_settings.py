@@ -115,11 +115,12 @@ class SettingsWatch:
     hooks by its length and, once any hook was registered anywhere, by its handles (a
     hook registered, removed or put first). What it says may be nothing after all (the
     same value assigned again): it is asked so that the declaration is taken again only
-    when it may have changed. What a value held deeper changes in place (a tensor in a
-    list, an item of a list in a list, a numpy array in a list written to, an object's
-    attribute) is not seen here, nor a write into a tensor made under
-    ``torch.inference_mode``, which keeps no version counter; declaring again sees them
-    (``freeze``, ``redeclare()``).
+    when it may have changed. A tensor or numpy array in a list, tuple, dict or set a part
+    or config keeps, however nested, is looked at as one it keeps directly, and each part
+    and config by its class (``config.__class__ = Other``). What a value held deeper
+    changes in place (an item of a list in a list, an object's attribute) is not seen
+    here, nor a write into a tensor made under ``torch.inference_mode``, which keeps no
+    version counter; declaring again sees them (``freeze``, ``redeclare()``).
 
     What a module's own forward changes (a table a rotary embedding fills as it first
     runs, a count of its calls) is not a change of what it was asked to compute: whoever
@@ -135,9 +136,11 @@ class SettingsWatch:
         "_hooks",
         "_issued",
         "_items",
+        "_kinds",
         "_made",
         "_marks",
         "_names",
+        "_objects",
         "_owners",
         "_sizes",
         "_slots",
@@ -150,11 +153,17 @@ class SettingsWatch:
     )
 
     def __init__(self, module: nn.Module) -> None:
-        parts = [vars(part) for part in module.modules()]
+        modules = list(module.modules())
+        parts = [vars(part) for part in modules]
         # The plain objects the parts hold (a config), and those they hold in turn, in a
         # list, tuple, dict or set too: what each holds is watched as a part's own values
-        # are (`enc.config.flag = True`, `enc.configs[0].flag = True`).
-        configs = _configs_in(parts)
+        # are (`enc.config.flag = True`, `enc.configs[0].flag = True`); and the tensors and
+        # arrays found in those containers, looked at as one held directly is.
+        within: list[Any] = []
+        configs = _configs_in(parts, within)
+        # Each part's and config's class (`config.__class__ = Other`, as a library may).
+        self._objects = [*modules, *configs]
+        self._kinds = tuple(map(type, self._objects))
         held = [table for table in map(_dict_of, configs) if table is not None]
         # A config's slots (a class with `__slots__`), each looked at by identity too.
         slots = [(member, one) for one in configs for member in _members(one)]
@@ -182,7 +191,8 @@ class SettingsWatch:
         self._marks = tuple(map(tuple, hooks))
         self._issued = _HANDLES.next_id
         # What may change in place, looked at beyond its identity.
-        self._tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        found = {id(v): v for v in [*values, *within]}.values()
+        self._tensors = [v for v in found if isinstance(v, torch.Tensor)]
         self._written = tuple(map(_written, self._tensors))
         containers = [v for v in values if isinstance(v, (list, dict, set))]
         # A dict's version, where CPython keeps one, moves at every change to it: one
@@ -196,7 +206,7 @@ class SettingsWatch:
         # numpy keeps no version counter: a numeric array's bytes are looked at whole.
         numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its arrays
         kind = numpy.ndarray if numpy is not None else ()
-        self._arrays = [v for v in values if isinstance(v, kind) and v.dtype.kind in _NUMERIC]
+        self._arrays = [v for v in found if isinstance(v, kind) and v.dtype.kind in _NUMERIC]
         self._bytes = tuple(map(_looked_at, self._arrays))
 
     def changed(self) -> bool:
@@ -212,6 +222,7 @@ class SettingsWatch:
             or not all(map(operator.is_, itertools.starmap(_slot, self._slots), self._slotted))
             or not all(map(_same_items, map(_made_of, self._functions), self._made))
             or tuple(map(_looked_at, self._arrays)) != self._bytes
+            or tuple(map(type, self._objects)) != self._kinds
         )
 
 
@@ -230,12 +241,16 @@ _CONFIG_DEPTH = 5
 """How many configs deep the watch follows configs (a config's config's...)."""
 
 
-def _configs_in(parts: list[dict[str, Any]]) -> list[Any]:
+def _configs_in(parts: list[dict[str, Any]], within: list[Any] | None = None) -> list[Any]:
     """The plain objects (configs) the tables ``parts`` hold, directly or in a list,
     tuple, dict or set (however nested), and those they hold in turn, five configs deep,
     as the key names them: each once. torch's own tables (a hook object and what it
-    keeps) are passed over, as the watch passes over them."""
+    keeps) are passed over, as the watch passes over them. The tensors (but parameters,
+    which are state) and numpy arrays met on the way are put in ``within``, if given."""
     from somatize_torch._values import _followed  # it imports this module
+
+    numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its arrays
+    arrays = (numpy.ndarray,) if numpy is not None and within is not None else ()
 
     found: dict[int, Any] = {}
     seen: set[int] = set()  # containers already looked through
@@ -246,7 +261,11 @@ def _configs_in(parts: list[dict[str, Any]]) -> list[Any]:
         items, depth = todo.pop()
         for value in list(items):
             kind = type(value)
-            if kind in _PLAIN_TYPES or isinstance(value, (torch.Tensor, nn.Module)):
+            if kind in _PLAIN_TYPES or isinstance(value, nn.Module):
+                continue
+            if isinstance(value, (torch.Tensor, *arrays)):
+                if within is not None and not isinstance(value, nn.Parameter):
+                    within.append(value)
                 continue
             if isinstance(value, (list, tuple, set, frozenset, dict)):
                 if id(value) not in seen:

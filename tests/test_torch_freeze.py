@@ -822,6 +822,73 @@ def test_each_change_to_a_dict_a_cached_module_keeps_is_seen_at_the_next_call(
             assert torch.equal(out, module(x.value))
 
 
+class Gained:
+    """A config whose class gives what the module computes with."""
+
+    def __init__(self) -> None:
+        self.flag = True
+
+    @property
+    def gain(self) -> float:
+        return 1.0
+
+
+class Tripled(Gained):
+    @property
+    def gain(self) -> float:
+        return 3.0
+
+
+class ReadsGain(nn.Module):
+    """Scales by what its config's class gives, and by the tensors it keeps in a list and
+    a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 4)
+        self.config = Gained()
+        self.config.scales = {"all": [torch.ones(4)]}
+        self.offsets = [torch.zeros(4)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x) * self.config.gain + self.offsets[0]
+        return out * self.config.scales["all"][0]
+
+
+class Negated(ReadsGain):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return -super().forward(x)
+
+
+@pytest.mark.parametrize("change", ["config class", "module class", "listed", "nested"])
+def test_a_class_swapped_or_a_tensor_in_a_container_written_is_seen_at_the_next_call(
+    store: Store, change: str
+) -> None:
+    """A config or a module given another class in place (``config.__class__ = ...``, as
+    some libraries do), or a tensor a module or its config keeps in a list or dict written
+    in place, keys the next call anew: computed as the module computes it now, not the
+    answer kept before recalled (as drifted, the class's code being other)."""
+    module = ReadsGain()
+    g = Graph.somatize(smt.ModuleNode(module).named("gain").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(3, 6))
+    first = g.forward(x, store=store)
+    if change == "config class":
+        module.config.__class__ = Tripled
+    elif change == "module class":
+        module.__class__ = Negated
+    elif change == "listed":
+        module.offsets[0].add_(1.0)
+    else:
+        module.config.scales["all"][0].mul_(2.0)
+    out = g.forward(x, store=store)
+    assert g.record is not None and g.record.outcome == {"gain": "ran"}
+    with torch.no_grad():
+        assert torch.equal(out, module(x.value))
+    assert not torch.equal(out, first)
+
+
 def test_a_numpy_scalar_holding_no_python_number_is_in_its_key(store: Store) -> None:
     """A ``datetime64`` is named by its count of units and its unit; kept by a module, it
     keys it, its replacement anew."""
