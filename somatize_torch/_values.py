@@ -9,8 +9,9 @@ class gives (``scale = 2.0`` in its body) and what a module's training flag said
 Changed after ``wrap``, the model would compute with the new value and the wrapped
 one with the old, silently. So what each module's attributes give while it is traced
 is noted (:func:`reading`), and :class:`Values` looks at it before every eager
-forward — by identity, a list's, dict's or set's items too — and refuses the call
-once one changed (``WrapError``, naming it): the model is wrapped again, or the
+forward — by identity, a list's, dict's or set's items too, and a function's defaults
+and the values it closes over, which fx traced into the code with it — and refuses the
+call once one changed (``WrapError``, naming it): the model is wrapped again, or the
 value kept in a buffer, which the code reads as it runs.
 
 The trace must not change the model either: the code fx keeps does not do what the
@@ -54,7 +55,7 @@ from torch import nn
 from somatize.catalog import CodeWatch, code_changes, watch_code, watched_again
 from somatize_torch._errors import WrapError
 from somatize_torch._modes import in_torch
-from somatize_torch._settings import _TORCH_OWN, _items, _same_items
+from somatize_torch._settings import _TORCH_OWN, _items, _made_of, _same_items
 
 _ABSENT: Any = object()
 
@@ -508,6 +509,9 @@ class Values:
         self._got: list[list[Any]] = []
         """Names read from a plain object a module holds that neither it nor its class
         holds, each with what the read gave: read again at each call."""
+        self._made: list[tuple[int, _Made]] = []
+        """The functions read (by their place in :attr:`reads`), each with what it held:
+        fx traced it into the code with the values it closes over and its defaults."""
         if noted is None:
             return
         for key, read in noted.own.items():
@@ -527,6 +531,11 @@ class Values:
                 self._copies[len(self._values) - 1] = _copy(was)
         self._elsewhere = list(noted.elsewhere.values())
         self._got = [[read, value] for read, value in noted.got.values()]
+        self._made = [
+            (i, _Made(_made_of(value)))
+            for i, value in enumerate(self._values)
+            if isinstance(value, types.FunctionType)
+        ]
 
     # What the quick look at each call reads, made from the reads when first asked (and
     # again in a copy, whose modules' tables are its own: see __getstate__).
@@ -588,8 +597,23 @@ class Values:
             and not any(map(operator.contains, absent, absent_names))
             and all(map(operator.is_, map(_get, givers, given_names), given))
             and (not self._got or all(_got_again(got) is got[1] for got in self._got))
+            and all(_same_items(_made_of(self._values[i]), made) for i, made in self._made)
         ):
             return
+        for i, made in self._made:
+            if _same_items(_made_of(self._values[i]), made):
+                continue
+            read = self.reads[i]
+            where = f"{read.path}.{read.name}" if read.path else read.name
+            raise WrapError(
+                f"what the function `{where}` ({_shown(self._values[i])}) closes over, or "
+                f"a default value of it, changed after `wrap` traced `{self.model}.forward`, "
+                "which called it: fx traced the function into the code the wrapped model "
+                "runs with the values it had then, and the wrapped model would go on "
+                "computing with them. Wrap the model again after changing it "
+                "(`somatize.torch.wrap(model, ...)`, then `freeze`), or keep the value in a "
+                "buffer (`self.register_buffer(...)`), which the code reads as it runs"
+            )
         reread: Reread | None = None  # raised last: the traces for other values are no
         # answer to a value of the model's own, or to code, that changed too
         for i, read in enumerate(self.reads):
@@ -664,6 +688,15 @@ class Values:
             "(`somatize.torch.wrap(model, ...)`, then `freeze`), or keep the value in a buffer "
             "(`self.register_buffer(...)`), which the code reads as it runs"
         )
+
+
+class _Made(tuple[Any, ...]):
+    """What a function held when it was traced (:func:`~somatize_torch._settings._made_of`),
+    kept as it is by a copy of the model: the copy shares the function, which is never
+    copied, and so what it holds."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Made:
+        return self
 
 
 def _refused(reread: Reread | None, error: WrapError) -> Reread | None:

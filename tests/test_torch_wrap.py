@@ -4935,6 +4935,52 @@ class Configured(nn.Module):
         return self.block(h) * self.extra.gain
 
 
+def _scaled_by(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda t: t * k
+
+
+class CallsHeldFunctions(nn.Module):
+    """Calls a function it keeps, and one its config keeps: fx traces each into the code
+    with the values it closes over and its defaults as they are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 2)
+        self.act = _scaled_by(1.0)
+        self.config = types.SimpleNamespace(act=_scaled_by(1.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.config.act(self.act(self.encoder(x))))
+        return out
+
+
+@pytest.mark.parametrize("change", ["closed over", "config's closed over", "default"])
+def test_a_function_the_model_holds_changed_after_wrap_is_refused_not_run_as_traced(
+    store: Store, change: str
+) -> None:
+    """A function the traced forward called, whose closed-over value was set anew or whose
+    default was replaced after ``wrap``, is refused at the next call, naming it: the
+    wrapped model would go on computing with the values traced into its code."""
+    torch.manual_seed(0)
+    model = CallsHeldFunctions()
+    if change == "default":
+        model.act = lambda t, s=1.0: t * s
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    wrapped(x)
+    held = model.config.act if change == "config's closed over" else model.act
+    if change == "default":
+        held.__defaults__ = (5.0,)
+    else:
+        assert held.__closure__ is not None
+        held.__closure__[0].cell_contents = 5.0
+    where = "config.act" if change == "config's closed over" else "act"
+    with pytest.raises(smt.WrapError, match=rf"`{where}` .* closes over, or a default"):
+        wrapped(x)
+
+
 @pytest.mark.parametrize(
     "change",
     [
