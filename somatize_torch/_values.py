@@ -27,8 +27,9 @@ model is traced again for the values the config holds then
 (:meth:`somatize_torch._tracing.Tracing.rekey`).
 
 Tensors and submodules are not noted here: the code reads them by reference, and
-:mod:`somatize_torch._parts` keeps it pointed at what the model holds. Nor is a numpy
-array written in place, a value read through a module's ``self.__dict__`` or
+:mod:`somatize_torch._parts` keeps it pointed at what the model holds. A numpy array
+read is watched by its bytes, which it is refused once written in place (numpy keeps
+no version counter). Nor is a value read through a module's ``self.__dict__`` or
 ``vars(self)`` (a config's is noted as every value it holds read), a
 global the forward reads, or what compiled code runs: those are traced as they were,
 unseen.
@@ -55,7 +56,14 @@ from torch import nn
 from somatize.catalog import CodeWatch, code_changes, watch_code, watched_again
 from somatize_torch._errors import WrapError
 from somatize_torch._modes import in_torch
-from somatize_torch._settings import _TORCH_OWN, _items, _made_of, _same_items
+from somatize_torch._settings import (
+    _NUMERIC,
+    _TORCH_OWN,
+    _items,
+    _looked_at,
+    _made_of,
+    _same_items,
+)
 
 _ABSENT: Any = object()
 
@@ -512,6 +520,9 @@ class Values:
         self._made: list[tuple[int, _Made]] = []
         """The functions read (by their place in :attr:`reads`), each with what it held:
         fx traced it into the code with the values it closes over and its defaults."""
+        self._arrays: list[tuple[int, tuple[Any, ...]]] = []
+        """The numpy arrays read, each with its dtype, shape and bytes: numpy keeps no
+        version counter, and what the code made of one is traced in as it was."""
         if noted is None:
             return
         for key, read in noted.own.items():
@@ -535,6 +546,14 @@ class Values:
             (i, _Made(_made_of(value)))
             for i, value in enumerate(self._values)
             if isinstance(value, types.FunctionType)
+        ]
+        numpy = sys.modules.get("numpy")  # not imported: nothing read is one of its arrays
+        self._arrays = [
+            (i, _looked_at(value))
+            for i, value in enumerate(self._values)
+            if numpy is not None
+            and isinstance(value, numpy.ndarray)
+            and value.dtype.kind in _NUMERIC
         ]
 
     # What the quick look at each call reads, made from the reads when first asked (and
@@ -598,8 +617,22 @@ class Values:
             and all(map(operator.is_, map(_get, givers, given_names), given))
             and (not self._got or all(_got_again(got) is got[1] for got in self._got))
             and all(_same_items(_made_of(self._values[i]), made) for i, made in self._made)
+            and all(_looked_at(self._values[i]) == was for i, was in self._arrays)
         ):
             return
+        for i, was in self._arrays:
+            if _looked_at(self._values[i]) == was:
+                continue
+            read = self.reads[i]
+            where = f"{read.path}.{read.name}" if read.path else read.name
+            raise WrapError(
+                f"the numpy array `{where}` was written in place (or reshaped) after `wrap` "
+                f"traced `{self.model}.forward`, which read it: numpy keeps no version "
+                "counter, and a tensor the forward made from it was traced into the code "
+                "the wrapped model runs as it was then. Wrap the model again after changing "
+                "it (`somatize.torch.wrap(model, ...)`, then `freeze`), or keep it in a "
+                "buffer (`self.register_buffer(...)`), which the code reads as it runs"
+            )
         for i, made in self._made:
             if _same_items(_made_of(self._values[i]), made):
                 continue

@@ -4935,6 +4935,46 @@ class Configured(nn.Module):
         return self.block(h) * self.extra.gain
 
 
+class ReadsArrays(nn.Module):
+    """Makes tensors of numpy arrays it keeps, itself and in a config: fx traces what it
+    made of them into the code as constants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 2)
+        self.anchors = np.ones(4, dtype=np.float32)
+        self.config = types.SimpleNamespace(scales=np.ones(4, dtype=np.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        anchors = torch.from_numpy(self.anchors.copy())
+        scales = torch.from_numpy(self.config.scales.copy())
+        out: torch.Tensor = self.head(self.encoder(x) * anchors * scales)
+        return out
+
+
+@pytest.mark.parametrize("where", ["anchors", "config.scales"])
+def test_a_numpy_array_the_model_holds_written_after_wrap_is_refused_not_run_as_traced(
+    store: Store, where: str
+) -> None:
+    """A numpy array the traced forward read, written in place after ``wrap`` (numpy keeps
+    no version counter), is refused at the next call, naming it: the wrapped model would
+    go on computing with the tensor traced into its code."""
+    __import__("sympy")  # which torch imports as it first makes a tensor of an array
+    torch.manual_seed(0)
+    model = ReadsArrays()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    wrapped(x)
+    array = model.anchors if where == "anchors" else model.config.scales
+    array[0] = 5.0
+    with pytest.raises(smt.WrapError, match=rf"numpy array `{where}` was written in place"):
+        wrapped(x)
+    array[0] = 1.0  # as it was traced: taken as it is
+    wrapped(x)
+
+
 def _scaled_by(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda t: t * k
 
