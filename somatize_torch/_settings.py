@@ -390,14 +390,16 @@ def _cell_of(cell: Any) -> Any:
 
 
 def _dict_versions() -> Callable[[dict[Any, Any]], int] | None:
-    """What reads a dict's version (PEP 509's ``ma_version_tag``, which CPython 3.10 to
-    3.13 keep beside each dict and move, from a counter of the whole interpreter, at every
-    change to it: an item set, replaced or deleted, the dict cleared), or None where it
-    cannot be read soundly. Python gives it no name, so it is read at its place in the
-    dict's memory, after the object's header and the count of its items; it is used only
+    """What reads a dict's version (PEP 509's ``ma_version_tag``, which CPython keeps
+    beside each dict and moves, from a counter of the whole interpreter, at every change
+    to it: an item set, replaced or deleted, the dict cleared), or None where it cannot be
+    read soundly. Python gives it no name, so it is read at its place in the dict's
+    memory, after the object's header and the count of its items; it is used only on
+    CPython 3.10 to 3.12 (3.13 changed how an object's attributes and the dict made of
+    them are kept, and no probe here covers that; 3.14 keeps no version), with the GIL,
     where a probe finds the count at its place and the version moving at each kind of
-    change, and other Pythons (PyPy, 3.14, a free-threaded build) look at every item."""
-    if sys.implementation.name != "cpython" or not (3, 10) <= sys.version_info[:2] <= (3, 13):
+    change. Other Pythons look at every item."""
+    if sys.implementation.name != "cpython" or not (3, 10) <= sys.version_info[:2] <= (3, 12):
         return None
     if sysconfig.get_config_var("Py_GIL_DISABLED"):
         return None

@@ -794,7 +794,7 @@ def test_each_change_to_a_dict_a_cached_module_keeps_is_seen_at_the_next_call(
     kept for it is recalled."""
     from somatize_torch._settings import _dict_version
 
-    plain_cpython = sys.implementation.name == "cpython" and sys.version_info < (3, 14)
+    plain_cpython = sys.implementation.name == "cpython" and sys.version_info < (3, 13)
     if plain_cpython and not sysconfig.get_config_var("Py_GIL_DISABLED"):
         assert _dict_version is not None  # the versions are what is looked at here
     module = Tabled()
