@@ -149,10 +149,13 @@ class SettingsWatch:
         "_tensors",
         "_values",
         "_versions",
+        "_walked",
         "_written",
     )
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, before: SettingsWatch | None = None) -> None:
+        """``before``: the watch this one follows, whose look through the dicts the parts
+        and configs keep is taken again where a dict's version did not move since."""
         modules = list(module.modules())
         parts = [vars(part) for part in modules]
         # The plain objects the parts hold (a config), and those they hold in turn, in a
@@ -160,7 +163,9 @@ class SettingsWatch:
         # are (`enc.config.flag = True`, `enc.configs[0].flag = True`); and the tensors and
         # arrays found in those containers, looked at as one held directly is.
         within: list[Any] = []
-        configs = _configs_in(parts, within)
+        self._walked: dict[int, tuple[dict[Any, Any], int, list[Any]]] = {}
+        walked = before._walked if before is not None else {}
+        configs = _configs_in(parts, within, (walked, self._walked))
         # Each part's and config's class (`config.__class__ = Other`, as a library may).
         self._objects = [*modules, *configs]
         self._kinds = tuple(map(type, self._objects))
@@ -241,12 +246,24 @@ _CONFIG_DEPTH = 5
 """How many configs deep the watch follows configs (a config's config's...)."""
 
 
-def _configs_in(parts: list[dict[str, Any]], within: list[Any] | None = None) -> list[Any]:
+Walked = dict[int, tuple[dict[Any, Any], int, list[Any]]]
+"""Each plain dict looked through (by ``id``), with its version then and its items of no
+plain kind: the same items, where its version did not move since."""
+
+
+def _configs_in(
+    parts: list[dict[str, Any]],
+    within: list[Any] | None = None,
+    walked: tuple[Walked, Walked] | None = None,
+) -> list[Any]:
     """The plain objects (configs) the tables ``parts`` hold, directly or in a list,
     tuple, dict or set (however nested), and those they hold in turn, five configs deep,
     as the key names them: each once. torch's own tables (a hook object and what it
     keeps) are passed over, as the watch passes over them. The tensors (but parameters,
-    which are state) and numpy arrays met on the way are put in ``within``, if given."""
+    which are state) and numpy arrays met on the way are put in ``within``, if given.
+    With ``walked`` (what a look before found, what this one finds), a plain dict whose
+    version did not move since the look before is not looked through again item by item
+    (a vocabulary of 50,000 words): its items of no plain kind are what they were."""
     from somatize_torch._values import _followed  # it imports this module
 
     numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its arrays
@@ -270,12 +287,31 @@ def _configs_in(parts: list[dict[str, Any]], within: list[Any] | None = None) ->
             if isinstance(value, (list, tuple, set, frozenset, dict)):
                 if id(value) not in seen:
                     seen.add(id(value))
-                    todo.append((_items(value) if isinstance(value, dict) else value, depth))
+                    if walked is not None and type(value) is dict and _dict_version:
+                        todo.append((_dict_items(value, *walked), depth))
+                    else:
+                        todo.append((_items(value) if isinstance(value, dict) else value, depth))
             elif id(value) not in found and (_followed(value) or _slots_of(value)):
                 found[id(value)] = value
                 if depth + 1 < _CONFIG_DEPTH:
                     todo.append((_held_by(value).values(), depth + 1))
     return list(found.values())
+
+
+def _dict_items(table: dict[Any, Any], before: Walked, now: Walked) -> list[Any]:
+    """The keys and values of no plain kind ``table``, a plain dict, holds: as ``before``
+    found them where its version did not move since (the dict is held there, so its
+    ``id`` is no other's), else looked through. Noted in ``now``."""
+    assert _dict_version is not None
+    version = _dict_version(table)
+    found = before.get(id(table))
+    if found is None or found[0] is not table or found[1] != version:
+        items = _items(table)
+        kinds = map(type, items)
+        held = [item for item, kind in zip(items, kinds, strict=True) if kind not in _PLAIN_TYPES]
+        found = (table, version, held)
+    now[id(table)] = found
+    return found[2]
 
 
 _GLOBAL_TABLES = (

@@ -456,14 +456,14 @@ class ModuleNode(Node):
         watch = self._settings
         if watch is not None and not watch.changed():
             return False
-        self._settings = SettingsWatch(self.module)
+        self._settings = SettingsWatch(self.module, watch)
         return True
 
     def ran(self) -> None:
         """Says that the module ran: what its forward changed of what it keeps (a table
         filled as it first runs, a count of its calls) is not a change of its settings."""
         if self._settings is not None:
-            self._settings = SettingsWatch(self.module)
+            self._settings = SettingsWatch(self.module, self._settings)
 
     def forward(self, x: Any, ctx: Any) -> Any:
         if is_held(self.module):

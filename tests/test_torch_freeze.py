@@ -889,6 +889,47 @@ def test_a_class_swapped_or_a_tensor_in_a_container_written_is_seen_at_the_next_
     assert not torch.equal(out, first)
 
 
+class FlaggedByName(nn.Module):
+    """Reads a flag from each config it keeps in a dict, beside a vocabulary."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 4)
+        self.configs = {f"w{i}": i for i in range(1000)}
+        self.configs["main"] = types.SimpleNamespace(flag=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flags = [c.flag for c in self.configs.values() if isinstance(c, types.SimpleNamespace)]
+        return self.linear(x) * (1 + sum(flags))
+
+
+def test_a_config_put_in_a_dict_after_a_run_is_watched_at_the_next_call(store: Store) -> None:
+    """A config put into a dict a cached module keeps, after the module ran, keys the next
+    call anew, and is watched from then on as the others are: a flag set on it later is
+    seen at the call after (the dict is not taken for the one looked through before)."""
+    module = FlaggedByName()
+    g = Graph.somatize(smt.ModuleNode(module).named("flagged").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(3, 6))
+
+    def ran(outcome: str) -> None:
+        out = g.forward(x, store=store)
+        assert g.record is not None and g.record.outcome == {"flagged": outcome}
+        with torch.no_grad():
+            assert torch.equal(out, module(x.value))
+
+    ran("ran")
+    ran("recalled")
+    added = types.SimpleNamespace(flag=False)
+    module.configs["added"] = added
+    ran("ran")
+    added.flag = True
+    ran("ran")
+    module.configs["main"].flag = True
+    ran("ran")
+
+
 def test_a_numpy_scalar_holding_no_python_number_is_in_its_key(store: Store) -> None:
     """A ``datetime64`` is named by its count of units and its unit; kept by a module, it
     keys it, its replacement anew."""
