@@ -117,7 +117,8 @@ class SettingsWatch:
     same value assigned again): it is asked so that the declaration is taken again only
     when it may have changed. A tensor or numpy array in a list, tuple, dict or set a part
     or config keeps, however nested, is looked at as one it keeps directly, and each part
-    and config by its class (``config.__class__ = Other``). What a value held deeper
+    and config by its class (``config.__class__ = Other``) and its table of attributes
+    (``config.__dict__ = {...}``). What a value held deeper
     changes in place (an item of a list in a list, an object's attribute) is not seen
     here, nor a write into a tensor made under ``torch.inference_mode``, which keeps no
     version counter; declaring again sees them (``freeze``, ``redeclare()``).
@@ -141,6 +142,7 @@ class SettingsWatch:
         "_marks",
         "_names",
         "_objects",
+        "_own",
         "_owners",
         "_sizes",
         "_slots",
@@ -169,6 +171,9 @@ class SettingsWatch:
         # Each part's and config's class (`config.__class__ = Other`, as a library may).
         self._objects = [*modules, *configs]
         self._kinds = tuple(map(type, self._objects))
+        # And each one's table of attributes, which may be replaced whole
+        # (`config.__dict__ = {...}`): the values are looked at in the tables held here.
+        self._own = tuple(map(_dict_of, self._objects))
         held = [table for table in map(_dict_of, configs) if table is not None]
         # A config's slots (a class with `__slots__`), each looked at by identity too.
         slots = [(member, one) for one in configs for member in _members(one)]
@@ -228,6 +233,7 @@ class SettingsWatch:
             or not all(map(_same_items, map(_made_of, self._functions), self._made))
             or tuple(map(_looked_at, self._arrays)) != self._bytes
             or tuple(map(type, self._objects)) != self._kinds
+            or not all(map(operator.is_, map(_dict_of, self._objects), self._own))
         )
 
 

@@ -889,6 +889,29 @@ def test_a_class_swapped_or_a_tensor_in_a_container_written_is_seen_at_the_next_
     assert not torch.equal(out, first)
 
 
+@pytest.mark.parametrize("whose", ["config", "module"])
+def test_a_table_of_attributes_replaced_whole_is_seen_at_the_next_call(
+    store: Store, whose: str
+) -> None:
+    """A config's or a module's table of attributes replaced by another
+    (``config.__dict__ = {...}``), of the same length, keys the next call anew: computed
+    as the module computes it now, not the answer kept for the old table recalled."""
+    module = ReadsGain()
+    g = Graph.somatize(smt.ModuleNode(module).named("gain").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(3, 6))
+    first = g.forward(x, store=store)
+    if whose == "config":
+        module.config.__dict__ = {"flag": True, "scales": {"all": [torch.full((4,), 3.0)]}}
+    else:
+        module.__dict__ = {**vars(module), "offsets": [torch.ones(4)]}
+    out = g.forward(x, store=store)
+    assert g.record is not None and g.record.outcome == {"gain": "ran"}
+    with torch.no_grad():
+        assert torch.equal(out, module(x.value))
+    assert not torch.equal(out, first)
+
+
 class FlaggedByName(nn.Module):
     """Reads a flag from each config it keeps in a dict, beside a vocabulary."""
 
