@@ -56,6 +56,7 @@ import random
 import re
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -667,11 +668,37 @@ def _replaced(original: Any, instead: Callable[..., Any]) -> Any:
     @functools.wraps(original)
     def replaced(*args: Any, **kwargs: Any) -> Any:
         recorder: _Recorder | None = getattr(_here, "recorder", None)
-        if recorder is None:
+        if recorder is None or _importing():
             return original(*args, **kwargs)
         return instead(recorder, original, *args, **kwargs)
 
     return replaced
+
+
+_IMPORTING = frozenset({"importlib._bootstrap", "importlib._bootstrap_external"})
+"""Where Python's import runs a module's code (its frames' ``__name__``)."""
+
+_TRACING = "torch.fx._symbolic_trace"
+"""Where fx runs the forward it traces (and the modules it calls): the frames above it
+are not the forward's."""
+
+
+def _importing() -> bool:
+    """Whether a replaced function is called by a module's code run as the forward imports
+    it — sympy's, which torch imports the first time it needs it and which makes and seeds
+    a ``random.Random`` as it is imported: that code runs once in a process, not at each
+    call, and is no part of what the forward computes. Looked for between the call and
+    fx's tracing only, so a model traced as the module it is written in is imported is
+    still refused what its forward does."""
+    frame: types.FrameType | None = sys._getframe(2)  # what called the replaced function
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        if name in _IMPORTING:
+            return True
+        if name == _TRACING:
+            return False
+        frame = frame.f_back
+    return False
 
 
 _ABSENT = object()

@@ -4782,6 +4782,68 @@ def test_a_forward_that_reads_what_fx_would_fix_is_refused(
         smt.wrap(model().train(), frozen=["encoder"])
 
 
+class ImportsAsItRuns(LayerDrop):
+    """Imports a module the first time it runs, whose code makes and seeds a generator of
+    its own as it is imported (as sympy does, which torch imports the first time it needs
+    it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import importlib
+
+        importlib.import_module(self.imported)
+        return self.middle(self.encoder(x))
+
+
+def test_a_module_imported_as_the_forward_runs_may_seed_a_generator_as_it_is(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Code a module runs as the forward first imports it (a generator made and seeded,
+    a number drawn) runs once in any process, not at each call: the forward is traced,
+    and the wrapped model computes as the model does."""
+    name = f"seeds_on_import_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text(
+        "import random\nchooser = random.Random()\nchooser.seed(7)\nDRAWN = chooser.random()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = ImportsAsItRuns().train()
+    model.imported = name
+    try:
+        wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+        smt.freeze(wrapped)
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            assert torch.equal(wrapped(x), model(x))
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_a_forward_that_makes_torch_import_sympy_is_traced(tmp_path: Path) -> None:
+    """The first trace in a process of a forward that has torch import sympy
+    (``torch.from_numpy``), whose code seeds a generator of its own as it is imported, is
+    not refused as seeding Python's `random`."""
+    code = (
+        "import sys, numpy as np, torch\n"
+        "from torch import nn\n"
+        "sys.path.insert(0, 'tests')\n"
+        "import somatize.torch as smt\n"
+        "from test_torch_wrap import LayerDrop\n"
+        "assert 'sympy' not in sys.modules\n"
+        "class FromNumpy(LayerDrop):\n"
+        "    def forward(self, x):\n"
+        "        return self.middle(self.encoder(x)) + torch.from_numpy(np.ones(4, 'float32'))\n"
+        "model = FromNumpy().train()\n"
+        "wrapped = smt.wrap(model, frozen=['encoder'], cached=['encoder'], "
+        f"store={str(tmp_path / 'store')!r})\n"
+        "smt.freeze(wrapped)\n"
+        "x = torch.randn(3, 4)\n"
+        "with torch.no_grad():\n"
+        "    assert torch.equal(wrapped(x), model(x))\n"
+        "print('traced')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split() == ["traced"], done.stderr[-2000:]
+
+
 def test_a_forward_that_draws_at_random_in_train_mode_only_runs_in_eval_only(
     store: Store,
 ) -> None:
