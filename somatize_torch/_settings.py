@@ -109,9 +109,10 @@ class SettingsWatch:
     configs it holds in turn, five deep (``enc.config.flag = True``,
     ``enc.configs[0].flag = True``) likewise, each function so kept by its code, its
     defaults and what each cell it closes over holds (``k = 4.0`` rebound,
-    ``f.__defaults__ = ...``), each numeric numpy array so kept by its bytes (compared
-    whole: numpy keeps no version counter), each part's and config's table of
-    attributes by its length (a value added or removed), and each table of forward
+    ``f.__defaults__ = ...``), and what it closes over, holds as a default or a
+    ``functools.partial`` binds as a value a part keeps is, each numeric numpy array so
+    kept by its bytes (compared whole: numpy keeps no version counter), each part's and
+    config's table of attributes by its length (a value added or removed), and each table of forward
     hooks by its length and, once any hook was registered anywhere, by its handles (a
     hook registered, removed or put first). What it says may be nothing after all (the
     same value assigned again): it is asked so that the declaration is taken again only
@@ -168,6 +169,17 @@ class SettingsWatch:
         self._walked: dict[int, tuple[dict[Any, Any], int, list[Any]]] = {}
         walked = before._walked if before is not None else {}
         configs = _configs_in(parts, within, (walked, self._walked))
+        # What the functions the parts and configs keep close over or hold as defaults (a
+        # tensor, a list, a config), looked at as what a part keeps itself is: the key
+        # names each.
+        kept = [v for table in parts for k, v in list(table.items()) if k not in _UNWATCHED]
+        kept += [v for one in configs for v in list((_dict_of(one) or {}).values())]
+        functions, bound = _bound_in(kept)
+        if bound:
+            ids = set(map(id, configs))
+            table = {str(at): one for at, one in enumerate(bound)}
+            more = _configs_in([table], within, (walked, self._walked))
+            configs += [one for one in more if id(one) not in ids]
         # Each part's and config's class (`config.__class__ = Other`, as a library may).
         self._objects = [*modules, *configs]
         self._kinds = tuple(map(type, self._objects))
@@ -204,14 +216,14 @@ class SettingsWatch:
         found = {id(v): v for v in [*values, *within]}.values()
         self._tensors = [v for v in found if isinstance(v, torch.Tensor)]
         self._written = tuple(map(_written, self._tensors))
-        containers = [v for v in values if isinstance(v, (list, dict, set))]
+        containers = [v for v in [*values, *bound] if isinstance(v, (list, dict, set))]
         # A dict's version, where CPython keeps one, moves at every change to it: one
         # number looked at in place of each of its items (a vocabulary of 50,000 words).
         self._dicts = [v for v in containers if type(v) is dict and _dict_version]
         self._versions = tuple(map(_dict_version or id, self._dicts))
         self._containers = [v for v in containers if type(v) is not dict or not _dict_version]
         self._items = tuple(map(_items, self._containers))
-        self._functions = [v for v in values if isinstance(v, types.FunctionType)]
+        self._functions = functions
         self._made = tuple(map(_made_of, self._functions))
         # numpy keeps no version counter: a numeric array's bytes are looked at whole.
         numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its arrays
@@ -302,6 +314,35 @@ def _configs_in(
                 if depth + 1 < _CONFIG_DEPTH:
                     todo.append((_held_by(value).values(), depth + 1))
     return list(found.values())
+
+
+def _bound_in(values: list[Any]) -> tuple[list[types.FunctionType], list[Any]]:
+    """The Python functions among ``values``, and those they close over or bind in turn
+    (a ``functools.partial``'s too), each once; and what they close over, hold as
+    defaults or bind (a partial's arguments, and the dict of its keywords, which may be
+    written into)."""
+    functions: dict[int, types.FunctionType] = {}
+    seen: set[int] = set()
+    bound: list[Any] = []
+    todo = list(values)
+    while todo:
+        value = todo.pop()
+        if id(value) in seen:
+            continue
+        if isinstance(value, functools.partial):
+            seen.add(id(value))
+            held: list[Any] = [value.func, value.args, value.keywords]
+        elif isinstance(value, types.FunctionType):
+            seen.add(id(value))
+            functions[id(value)] = value
+            keywords = value.__kwdefaults__ or {}
+            cells = [_cell_of(cell) for cell in value.__closure__ or ()]
+            held = [*(value.__defaults__ or ()), *keywords.values(), *cells]
+        else:
+            continue
+        bound += held
+        todo += held
+    return list(functions.values()), bound
 
 
 def _dict_items(table: dict[Any, Any], before: Walked, now: Walked) -> list[Any]:

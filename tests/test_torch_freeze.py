@@ -1282,6 +1282,68 @@ def test_what_a_held_function_closes_over_or_defaults_to_keys_its_answers(store:
     assert _held(_scaled_by(2.0)) == _held(_scaled_by(2.0))
 
 
+def _scaled_by_held(held: Any) -> Any:
+    def scaled(t: torch.Tensor) -> torch.Tensor:
+        if isinstance(held, torch.Tensor):
+            return t * held
+        if isinstance(held, np.ndarray):
+            return t * torch.from_numpy(held)
+        if isinstance(held, list):
+            return t * sum(held)
+        if isinstance(held, dict):
+            return t * held["k"]
+        return t * held.k
+
+    return scaled
+
+
+@pytest.mark.parametrize("held", ["tensor", "array", "list", "dict", "config", "default"])
+def test_what_a_held_function_closes_over_changed_in_place_is_seen_at_the_next_call(
+    store: Store, held: str
+) -> None:
+    """A value a function a cached module's config keeps closes over, or holds as a
+    default, changed in place (a tensor or numpy array written, an item of a list or dict
+    set, a config's attribute set) keys the next call anew, as one the module keeps
+    itself does: computed as the module computes it now, never the answer kept for the
+    old value."""
+    values: dict[str, Any] = {
+        "tensor": torch.ones(4),
+        "array": np.ones(4, dtype=np.float32),
+        "list": [1.0],
+        "dict": {"k": 1.0},
+        "config": types.SimpleNamespace(k=1.0),
+        "default": torch.ones(4),
+    }
+    value = values[held]
+    if held == "default":
+
+        def act(t: torch.Tensor, scale: torch.Tensor = value) -> torch.Tensor:
+            return t * scale
+
+        module = ConfigActivated(act)
+    else:
+        module = ConfigActivated(_scaled_by_held(value))
+    g = Graph.somatize(smt.ModuleNode(module).named("act").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(3, 6))
+    first = g.forward(x, store=store)
+    if held in ("tensor", "default"):
+        value.mul_(3.0)
+    elif held == "array":
+        value[:] = 3.0
+    elif held == "list":
+        value[0] = 3.0
+    elif held == "dict":
+        value["k"] = 3.0
+    else:
+        value.k = 3.0
+    out = g.forward(x, store=store)
+    assert g.record is not None and g.record.outcome == {"act": "ran"}
+    with torch.no_grad():
+        assert torch.equal(out, module(x.value))
+    assert not torch.equal(out, first)
+
+
 def test_module_class_without_a_stable_name_cannot_be_cached(store: Store) -> None:
     """A module class defined inside a function has no identity, so caching it is refused."""
 
