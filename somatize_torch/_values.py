@@ -559,17 +559,21 @@ class Values:
     # What the quick look at each call reads, made from the reads when first asked (and
     # again in a copy, whose modules' tables are its own: see __getstate__).
     _quick: tuple[list[Any], ...] | None = None
+    _read: tuple[Any, ...] = ()  # the module each read is from, whose tables _quick holds,
+    _held: tuple[Any, ...] = ()  # and those tables
 
     def __getstate__(self) -> dict[str, Any]:
         # A class's namespace is not copied: a copy watches the classes as they are.
-        return {**vars(self), "_quick": None, "_code": None}
+        return {**vars(self), "_quick": None, "_read": (), "_held": (), "_code": None}
 
     def _tables(self) -> tuple[list[Any], ...]:
         """The tables a call looks at: each module's own attributes with the name read from
         each; the tables a name read elsewhere must not appear in (the module's attributes,
         parameters, buffers, children, and its classes' tables before the one that gave
         it); the class table that gave each, with the value."""
-        owners = [vars(read.module) for read in self.reads]
+        self._read = tuple(read.module for read in [*self.reads, *(r for r, _ in self._elsewhere)])
+        self._held = tuple(map(vars, self._read))
+        owners = list(self._held[: len(self.reads)])
         absent: list[Any] = []
         absent_names: list[str] = []
         givers: list[Any] = []
@@ -600,7 +604,9 @@ class Values:
     def check(self) -> None:
         """WrapError when something the code read holds another value now; a value put
         back as it was (the same number assigned again) is taken as it is."""
-        if self._quick is None:
+        if self._quick is None or not all(map(operator.is_, map(vars, self._read), self._held)):
+            # First asked, or a module's table of attributes replaced whole since
+            # (`model.block.__dict__ = {...}`): the tables are taken as they are now.
             self._quick = self._tables()
             if self._code is None and self.traced:
                 self._code = watch_code(self.traced)

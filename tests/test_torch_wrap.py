@@ -1762,6 +1762,34 @@ def test_a_plain_value_the_forward_read_changed_after_wrap_is_refused(
             again(x)
 
 
+@pytest.mark.parametrize("whose", ["model", "part"])
+def test_a_table_of_attributes_replaced_whole_after_a_call_is_refused(
+    store: Store, whose: str
+) -> None:
+    """A module's table of attributes replaced whole after the wrapped model ran
+    (``model.__dict__ = {...}``), holding another value the forward read, is refused at
+    the next call, naming it, as the value set alone is; put back, the call runs as the
+    model does."""
+    torch.manual_seed(0)
+    model = Settled()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = wrapped(x)
+        if whose == "model":
+            model.__dict__ = {**vars(model), "temperature": 0.5}
+            named = r"`temperature` was 2\.0 .* is 0\.5 now"
+        else:
+            model.block.__dict__ = {**vars(model.block), "gain": 3.0}
+            named = r"`block\.gain` was 2\.0"
+        with pytest.raises(smt.WrapError, match=named):
+            wrapped(x)
+        model.temperature, model.block.gain = 2.0, 2.0
+        assert torch.equal(wrapped(x), expected)
+        assert torch.equal(wrapped(x), model(x))
+
+
 def test_a_value_the_forward_does_not_read_changes_freely(store: Store) -> None:
     """A value the model keeps and its forward never reads, or one given again as it was,
     changes nothing the wrapped model runs; one given to the wrapped model is given to the
