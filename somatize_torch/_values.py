@@ -59,6 +59,7 @@ from somatize_torch._modes import in_torch
 from somatize_torch._settings import (
     _NUMERIC,
     _TORCH_OWN,
+    _bound_in,
     _items,
     _looked_at,
     _made_of,
@@ -543,7 +544,7 @@ class Values:
         self._elsewhere = list(noted.elsewhere.values())
         self._got = [[read, value] for read, value in noted.got.values()]
         self._made = [
-            (i, _Made(_made_of(value)))
+            (i, _Made(_closed(value)))
             for i, value in enumerate(self._values)
             if isinstance(value, types.FunctionType)
         ]
@@ -622,7 +623,7 @@ class Values:
             and not any(map(operator.contains, absent, absent_names))
             and all(map(operator.is_, map(_get, givers, given_names), given))
             and (not self._got or all(_got_again(got) is got[1] for got in self._got))
-            and all(_same_items(_made_of(self._values[i]), made) for i, made in self._made)
+            and all(_same_closed(_closed(self._values[i]), made) for i, made in self._made)
             and all(_looked_at(self._values[i]) == was for i, was in self._arrays)
         ):
             return
@@ -640,7 +641,7 @@ class Values:
                 "buffer (`self.register_buffer(...)`), which the code reads as it runs"
             )
         for i, made in self._made:
-            if _same_items(_made_of(self._values[i]), made):
+            if _same_closed(_closed(self._values[i]), made):
                 continue
             read = self.reads[i]
             where = f"{read.path}.{read.name}" if read.path else read.name
@@ -727,6 +728,37 @@ class Values:
             "(`somatize.torch.wrap(model, ...)`, then `freeze`), or keep the value in a buffer "
             "(`self.register_buffer(...)`), which the code reads as it runs"
         )
+
+
+def _closed(function: types.FunctionType) -> tuple[Any, ...]:
+    """What a function read holds, looked at by identity: its code, defaults and what it
+    closes over (and those of the functions it closes over in turn), each item of a list,
+    dict or set among them, and the bytes of each numeric numpy array: fx traced what the
+    forward read of them into the code as it was."""
+    functions, bound = _bound_in([function])
+    numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its arrays
+    held: list[Any] = []
+    for one in functions:
+        held += _made_of(one)
+    for value in bound:
+        if isinstance(value, (list, dict, set)):
+            held += (value, *_items(value))
+        elif (
+            numpy is not None and isinstance(value, numpy.ndarray) and value.dtype.kind in _NUMERIC
+        ):
+            held += (value, _Bytes(_looked_at(value)))
+    return tuple(held)
+
+
+class _Bytes(tuple[Any, ...]):
+    """A numpy array's dtype, shape and bytes, among what a function holds: compared by
+    what it says (:func:`_same_closed`), not by identity."""
+
+
+def _same_closed(now: tuple[Any, ...], was: tuple[Any, ...]) -> bool:
+    return len(now) == len(was) and all(
+        a is b or (type(a) is _Bytes and a == b) for a, b in zip(now, was, strict=True)
+    )
 
 
 class _Made(tuple[Any, ...]):

@@ -5111,6 +5111,39 @@ def test_a_function_the_model_holds_changed_after_wrap_is_refused_not_run_as_tra
         wrapped(x)
 
 
+def _scaled_by_item(held: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    if isinstance(held, list):
+        return lambda t: t * held[0]
+    if isinstance(held, dict):
+        return lambda t: t * held["k"]
+    return lambda t: t * torch.tensor(held)  # a copy of the array, made as fx traces
+
+
+@pytest.mark.parametrize("held", ["list", "dict", "array"])
+def test_what_a_function_the_model_holds_closes_over_changed_in_place_is_refused(
+    store: Store, held: str
+) -> None:
+    """A list, dict or numpy array a function the traced forward called closes over,
+    changed in place after ``wrap`` (an item set, the array written), is refused at the
+    next call, naming the function: fx traced what it read of it into the code as it was,
+    and the wrapped model would go on computing with that; put back, the call runs."""
+    torch.manual_seed(0)
+    model = CallsHeldFunctions()
+    value: Any = {"list": [1.0], "dict": {"k": 1.0}, "array": np.ones(4, dtype=np.float32)}[held]
+    model.act = _scaled_by_item(value)
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    first = wrapped(x)
+    where, was = (0, 1.0) if held != "dict" else ("k", 1.0)
+    value[where] = 3.0
+    with pytest.raises(smt.WrapError, match=r"`act` .* closes over, or a default"):
+        wrapped(x)
+    value[where] = was
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), first)
+
+
 @pytest.mark.parametrize(
     "change",
     [
