@@ -60,6 +60,7 @@ from somatize_torch._settings import (
     _NUMERIC,
     _TORCH_OWN,
     _bound_in,
+    _dict_version,
     _items,
     _looked_at,
     _made_of,
@@ -544,7 +545,7 @@ class Values:
         self._elsewhere = list(noted.elsewhere.values())
         self._got = [[read, value] for read, value in noted.got.values()]
         self._made = [
-            (i, _Made(_closed(value)))
+            (i, _Made(_closed(value, keep=True)))
             for i, value in enumerate(self._values)
             if isinstance(value, types.FunctionType)
         ]
@@ -730,18 +731,21 @@ class Values:
         )
 
 
-def _closed(function: types.FunctionType) -> tuple[Any, ...]:
+def _closed(function: types.FunctionType, keep: bool = False) -> tuple[Any, ...]:
     """What a function read holds, looked at by identity: its code, defaults and what it
     closes over (and those of the functions it closes over in turn), each item of a list,
-    dict or set among them, and the bytes of each numeric numpy array: fx traced what the
-    forward read of them into the code as it was."""
+    dict or set among them (a plain dict by its CPython version first, where it is read:
+    a vocabulary; its items kept too with ``keep``), and the bytes of each numeric numpy
+    array: fx traced what the forward read of them into the code as it was."""
     functions, bound = _bound_in([function])
     numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its arrays
     held: list[Any] = []
     for one in functions:
         held += _made_of(one)
     for value in bound:
-        if isinstance(value, (list, dict, set)):
+        if type(value) is dict and _dict_version is not None:
+            held += (value, _Versioned(_dict_version(value), _items(value) if keep else ()))
+        elif isinstance(value, (list, dict, set)):
             held += (value, *_items(value))
         elif (
             numpy is not None and isinstance(value, numpy.ndarray) and value.dtype.kind in _NUMERIC
@@ -755,10 +759,25 @@ class _Bytes(tuple[Any, ...]):
     what it says (:func:`_same_closed`), not by identity."""
 
 
+class _Versioned(NamedTuple):
+    """A plain dict's CPython version, and its items where kept: the same where the version
+    did not move, or where the items are those kept (a value put back as it was)."""
+
+    version: int
+    items: tuple[Any, ...]
+
+
 def _same_closed(now: tuple[Any, ...], was: tuple[Any, ...]) -> bool:
-    return len(now) == len(was) and all(
-        a is b or (type(a) is _Bytes and a == b) for a, b in zip(now, was, strict=True)
-    )
+    if len(now) != len(was):
+        return False
+    for at, (a, b) in enumerate(zip(now, was, strict=True)):
+        if a is b or (type(a) is _Bytes and a == b):
+            continue
+        versioned = type(b) is _Versioned and type(a) is _Versioned
+        if versioned and (a.version == b.version or _same_items(_items(now[at - 1]), b.items)):
+            continue
+        return False
+    return True
 
 
 class _Made(tuple[Any, ...]):
