@@ -36,10 +36,13 @@ import operator
 import os
 import random
 import re
+import sys
 import threading
 import traceback
+import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import CodeType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch.fx._symbolic_trace
@@ -50,7 +53,7 @@ from torch.utils._pytree import tree_unflatten
 from somatize import Node
 from somatize_torch._cached import _Cached, _Declared, _Watched
 from somatize_torch._errors import Untraceable
-from somatize_torch._modes import Fixed, in_torch, recording
+from somatize_torch._modes import _OURS, Fixed, in_torch, recording
 from somatize_torch._parts import _MISSING, _part, _Read
 from somatize_torch._values import Noted, reading
 from somatize_torch.freeze import ModuleNode
@@ -203,6 +206,7 @@ def _traced(
             recording(tracer, model),
             reading(model, tracer.held) as noted,
             warnings.catch_warnings(),
+            _reached() as reached,
         ):
             # fx cannot check a value it fixes other than a plain one (an Enum member)
             # in the code, and says so; the wrapped model picks the code by the values.
@@ -262,6 +266,10 @@ def _traced(
             )
         )
     asked = _type_asked(model, concrete or {})
+    for code, inputs in reached.items():
+        if asked is not None:
+            break
+        asked = _type_compared(code, inputs)
     if asked is not None:
         name, where, line = asked
         refused = Untraceable(
@@ -343,7 +351,14 @@ def _type_asked(model: nn.Module, concrete: Mapping[str, Any]) -> tuple[str, str
     if code is None:
         return None
     names = code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
-    inputs = {name for name in names if name not in concrete}
+    inputs = {name: name for name in names if name not in concrete}
+    return _type_compared(code, inputs)
+
+
+def _type_compared(code: CodeType, inputs: Mapping[str, str]) -> tuple[str, str, str] | None:
+    """The first of ``inputs`` (locals of ``code``, each to the argument of the forward it
+    stands for) whose type ``code`` compares (``type(mask) is ...``), as the argument it
+    stands for, with where and the line; None for none."""
     if not inputs:
         return None
     found = list(dis.get_instructions(code))
@@ -365,8 +380,64 @@ def _type_asked(model: nn.Module, concrete: Mapping[str, Any]) -> tuple[str, str
             positions = getattr(one, "positions", None)
             line = getattr(positions, "lineno", None) or _line_at(found, at) or code.co_firstlineno
             text = linecache.getline(code.co_filename, line).strip()
-            return str(load.argval), f"{code.co_filename}:{line}", text
+            return inputs[str(load.argval)], f"{code.co_filename}:{line}", text
     return None
+
+
+_REACHED_AT_MOST = 4096
+"""How many functions a trace runs outside torch are noted, at most, for
+:func:`_reached`: enough for any model's own code, and a bound on what is kept."""
+_STDLIB = os.path.dirname(os.path.abspath(contextlib.__file__)) + os.sep
+"""Python's own library, but for packages installed inside it."""
+
+
+def _python_own(filename: str) -> bool:
+    """Whether code in ``filename`` is Python's own library's (not a package installed
+    beside it, as a system Python keeps them)."""
+    if not filename.startswith(_STDLIB):
+        return False
+    rest = filename[len(_STDLIB) :].split(os.sep)
+    return not ({"site-packages", "dist-packages"} & set(rest))
+
+
+@contextlib.contextmanager
+def _reached() -> Iterator[dict[CodeType, dict[str, str]]]:
+    """While a forward is traced in this thread, the code of the functions it runs that
+    are the model's (not torch's, this package's or Python's own), each with those of its
+    arguments handed a stand-in for one of the forward's: their names, each to the
+    argument of the forward it stands for. fx hands a method of the model, a function or
+    the forward of a block it traces into the stand-ins themselves, and what they compare
+    the type of is read there as in the forward."""
+    found: dict[CodeType, dict[str, str]] = {}
+    looked: dict[CodeType, bool] = {}
+    """Per function met, whether it is the model's."""
+
+    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        code = frame.f_code
+        mine = looked.get(code)
+        if mine is None:
+            filename = os.path.abspath(code.co_filename)
+            mine = looked[code] = not (
+                in_torch(filename) or filename.startswith(_OURS) or _python_own(filename)
+            )
+        if not mine or (code not in found and len(found) >= _REACHED_AT_MOST):
+            return
+        count = code.co_argcount + code.co_kwonlyargcount
+        given = frame.f_locals
+        for name in code.co_varnames[:count]:
+            value: Any = given.get(name)
+            # `issubclass`, not `isinstance`, which the trace has ask for the forward.
+            if issubclass(type(value), fx.Proxy) and value.node.op == "placeholder":
+                found.setdefault(code, {})[name] = str(value.node.target).lstrip("*")
+
+    was = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield found
+    finally:
+        sys.setprofile(was)
 
 
 def _line_at(found: list[dis.Instruction], at: int) -> int | None:

@@ -3055,6 +3055,74 @@ class ScalesByATensorMask(OnTempered):
         return h
 
 
+class ScalesByATensorMaskInAMethod(OnTempered):
+    """Scales by its mask when it is a tensor, asking its type in a method of its own."""
+
+    def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        return self._scaled(self.encoder(x), mask)
+
+    def _scaled(self, h: torch.Tensor, by: Any) -> torch.Tensor:
+        if type(by) is torch.Tensor:
+            return h * by
+        return h
+
+
+def _scaled_by_a_tensor(h: torch.Tensor, mask: Any) -> torch.Tensor:
+    return h * mask if type(mask) is torch.Tensor else h
+
+
+class ScalesByATensorMaskInAFunction(OnTempered):
+    """Scales by its mask when it is a tensor, asking its type in a function it calls."""
+
+    def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        return _scaled_by_a_tensor(self.encoder(x), mask)
+
+
+class ScalesByATensor(nn.Module):
+    """Scales by what it is handed when that is a tensor, by asking its type."""
+
+    def forward(self, h: torch.Tensor, mask: Any) -> torch.Tensor:
+        return _scaled_by_a_tensor(h, mask) if type(mask) in (torch.Tensor,) else h
+
+
+class ScalesByATensorMaskInABlock(OnTempered):
+    """Scales by its mask when it is a tensor, asking its type in a block traced into."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = ScalesByATensor()
+
+    def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        return self.scale(self.encoder(x), mask)
+
+
+@pytest.mark.parametrize(
+    ("kind", "line"),
+    [
+        (ScalesByATensorMaskInAMethod, r"type\(by\) is torch\.Tensor"),
+        (ScalesByATensorMaskInAFunction, r"type\(mask\) is torch\.Tensor"),
+        (ScalesByATensorMaskInABlock, r"type\(mask\) in \(torch\.Tensor,\)"),
+    ],
+    ids=["method", "function", "block"],
+)
+def test_the_type_of_what_fx_stands_in_for_compared_in_code_the_forward_calls_is_refused(
+    store: Store, kind: Callable[[], nn.Module], line: str
+) -> None:
+    """`type(mask) is torch.Tensor` asked in a method of the model, a function or a block
+    the forward calls, of the stand-in fx hands for an argument a call gives a tensor,
+    would keep the branch for a value that is no tensor: that call is refused naming the
+    argument and the line there, as in the forward's own code; calls handing it a plain
+    value answer as the model does."""
+    wrapped, model = _encoder_cached(kind, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        assert torch.equal(wrapped(x, 2.0), model(x, 2.0))
+        for _ in range(2):
+            with pytest.raises(smt.WrapError, match=rf"`mask` is a `torch\.Tensor`.*{line}"):
+                wrapped(x, torch.full((3, 4), 2.0))
+
+
 @pytest.mark.parametrize(
     ("kind", "values"),
     [
