@@ -343,9 +343,10 @@ def identity_asked(model: nn.Module) -> frozenset[str]:
 def _type_asked(model: nn.Module, concrete: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """The first argument of ``model``'s forward taken as an input (not in ``concrete``)
     whose type the forward's own code compares (``type(mask) is torch.Tensor``, ``type(n)
-    in (int, float)``), with where and the line; None for none. fx hands the code a
-    stand-in for it, whose type is neither a tensor's nor a plain value's, and no branch
-    on that comparison reaches fx: the code kept would be the one for the stand-in."""
+    in (int, float)``, ``mask.__class__ is torch.Tensor``), with where and the line; None
+    for none. fx hands the code a stand-in for it, whose type is neither a tensor's nor a
+    plain value's, and no branch on that comparison reaches fx: the code kept would be the
+    one for the stand-in."""
     function = getattr(type(model), "forward", None)
     code = getattr(inspect.unwrap(function) if callable(function) else None, "__code__", None)
     if code is None:
@@ -357,23 +358,31 @@ def _type_asked(model: nn.Module, concrete: Mapping[str, Any]) -> tuple[str, str
 
 def _type_compared(code: CodeType, inputs: Mapping[str, str]) -> tuple[str, str, str] | None:
     """The first of ``inputs`` (locals of ``code``, each to the argument of the forward it
-    stands for) whose type ``code`` compares (``type(mask) is ...``), as the argument it
-    stands for, with where and the line; None for none."""
+    stands for) whose type ``code`` compares (``type(mask) is ...``, ``mask.__class__ is
+    ...``), as the argument it stands for, with where and the line; None for none."""
     if not inputs:
         return None
     found = list(dis.get_instructions(code))
     for at, one in enumerate(found[:-2]):
-        if not (one.opname in ("LOAD_GLOBAL", "LOAD_NAME") and one.argval == "type"):
-            continue
-        load = found[at + 1]
-        if load.opname not in _LOAD_ONE or load.argval not in inputs:
-            continue
-        after = at + 2
-        while after < len(found) and found[after].opname in ("PRECALL", "PUSH_NULL"):
+        if (
+            one.opname in _LOAD_ONE
+            and one.argval in inputs
+            and found[at + 1].opname == "LOAD_ATTR"
+            and found[at + 1].argval == "__class__"
+        ):
+            load, after = one, at + 2  # `mask.__class__`: the stand-in's, as its type is
+        elif one.opname in ("LOAD_GLOBAL", "LOAD_NAME") and one.argval == "type":
+            load = found[at + 1]
+            if load.opname not in _LOAD_ONE or load.argval not in inputs:
+                continue
+            after = at + 2
+            while after < len(found) and found[after].opname in ("PRECALL", "PUSH_NULL"):
+                after += 1
+            if after >= len(found) or found[after].opname not in _CALL_ONE or found[after].arg != 1:
+                continue
             after += 1
-        if after >= len(found) or found[after].opname not in _CALL_ONE or found[after].arg != 1:
+        else:
             continue
-        after += 1
         while after < len(found) and found[after].opname in _LOADS:
             after += 1
         if after < len(found) and found[after].opname in ("IS_OP", "COMPARE_OP", "CONTAINS_OP"):

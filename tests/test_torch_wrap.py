@@ -3055,6 +3055,47 @@ class ScalesByATensorMask(OnTempered):
         return h
 
 
+class ScalesByATensorMaskAskingItsClass(OnTempered):
+    """Scales by its mask when it is a tensor, by asking its class."""
+
+    def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        h = self.encoder(x)
+        if mask.__class__ is torch.Tensor:
+            return h * mask
+        return h
+
+
+class ScalesByATensorMaskAskingItsClassName(OnTempered):
+    """Scales by its mask when its class is named a tensor's."""
+
+    def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * mask if mask.__class__.__name__ == "Tensor" else h
+
+
+@pytest.mark.parametrize(
+    ("kind", "line"),
+    [
+        (ScalesByATensorMaskAskingItsClass, r"mask\.__class__ is torch\.Tensor"),
+        (ScalesByATensorMaskAskingItsClassName, r"mask\.__class__\.__name__ == "),
+    ],
+    ids=["class", "class name"],
+)
+def test_a_forward_comparing_the_class_of_what_fx_stands_in_for_is_refused_naming_it(
+    store: Store, kind: Callable[[], nn.Module], line: str
+) -> None:
+    """`mask.__class__` of the stand-in fx hands for an argument a call gives a tensor is
+    the stand-in's class, as `type(mask)` is: that call is refused naming the argument and
+    the line, rather than answered by the branch for a value that is no tensor."""
+    wrapped, model = _encoder_cached(kind, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        assert torch.equal(wrapped(x, 2.0), model(x, 2.0))
+        with pytest.raises(smt.WrapError, match=rf"`mask` is a `torch\.Tensor`.*{line}"):
+            wrapped(x, torch.full((3, 4), 2.0))
+
+
 class ScalesByATensorMaskInAMethod(OnTempered):
     """Scales by its mask when it is a tensor, asking its type in a method of its own."""
 
