@@ -264,6 +264,9 @@ class _Untraced(Values):
     def __init__(self, values: Values) -> None:
         self.__dict__.update(vars(values))
 
+    def same(self) -> bool:
+        return False
+
     def check(self) -> None:
         raise Reread("the values the model's config holds were not traced yet")
 

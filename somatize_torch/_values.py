@@ -603,6 +603,21 @@ class Values:
             read.name for read in [*self.reads, *(r for r, _ in self._elsewhere)] if not read.path
         )
 
+    def same(self) -> bool:
+        """Whether each value the code read of a module or a plain object it holds is the
+        very one it read, a list's, dict's or set's items too: read in compiled code too,
+        which torch.compile guards on, so a change has the call compiled anew, and looked
+        at as an eager call looks at it (:meth:`check`, made eagerly)."""
+        for read, was in zip(self.reads, self._values, strict=True):
+            if read.module.__dict__.get(read.name, _ABSENT) is not was:
+                return False
+        for at, items in zip(self._containers, self._items, strict=True):
+            value = self._values[at]  # a list, dict or set, changed in place
+            now = (*value, *value.values()) if isinstance(value, dict) else tuple(value)
+            if len(now) != len(items) or not all(map(operator.is_, now, items)):
+                return False
+        return True
+
     def check(self) -> None:
         """WrapError when something the code read holds another value now; a value put
         back as it was (the same number assigned again) is taken as it is."""

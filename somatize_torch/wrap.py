@@ -41,16 +41,17 @@ into the code beside them, so they switch as it runs, and what fx would keep at 
 value it read while tracing (``torch.is_grad_enabled()``, ``random.random()``) is
 refused. A plain value read from the model (``self.temperature``) is traced as the
 value it had: changed after wrapping, the next call is refused. One read from a plain
-object a module holds (``self.config.flag``) is too: changed, the next eager call traces
-the forward again for the values it holds then.
+object a module holds (``self.config.flag``) is too: changed, the next call (a compiled
+one too) traces the forward again for the values it holds then.
 
 **torch.compile.** The cache lookup is a deliberate graph break: the call into
 the store runs under ``torch.compiler.disable``, once per cached node, and reads
 nothing that changes from batch to batch, so ``torch.compile(wrapped)`` compiles
 the segments around it once and does not recompile per batch. The checks made
 before an eager forward (frozen parts settled, parts replaced) are not made by
-compiled code, but for the forward's defaults, changed after ``wrap``, which a compiled
-call refuses as an eager one does; assigning on the wrapped model and loading a checkpoint into it
+compiled code, but for the forward's defaults and the plain values it read, changed
+after ``wrap``, which a compiled call refuses (or, for a config's, traces again for) as an
+eager one does; assigning on the wrapped model and loading a checkpoint into it
 still point the segments at new parts. A model whose forward switches grad mode,
 autocast or inference mode is called through one more break: what leaves the
 blocks a failed call left open runs eagerly, the code it calls compiled.
@@ -446,6 +447,9 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         if not tracing.same_defaults():
             # A default changed after `wrap`: the code traced takes the old one.
             _check_defaults_eagerly(tracing)
+        if not self._values.same():
+            # A value the code read changed: refused, or traced again for a config's.
+            _check_values_eagerly(self, tracing)
     runners = self._runners.get((none, values))
     if runners is None:
         runners = _traced_without(self, none, args, kwargs)
@@ -677,6 +681,21 @@ the call compiled anew), and names them eagerly."""
 _check_defaults_eagerly = _not_compiled(Tracing.check_defaults)
 """Refuses a compiled call once a default of the forward changed, naming it: compiled
 code only asks whether they are the ones traced with (:meth:`Tracing.same_defaults`)."""
+
+
+def _check_values(self: Wrapped, tracing: Tracing) -> None:
+    """Refuses a call once a value the code read of the model changed, naming it; where
+    one read of a plain object a module holds (a config) changed, has the code traced for
+    the values it holds now run, traced first if no call traced it."""
+    try:
+        self._values.check()
+    except Reread as changed:
+        tracing.rekey(changed)
+
+
+_check_values_eagerly = _not_compiled(_check_values)
+""":func:`_check_values` in a compiled call, made eagerly: compiled code only asks whether
+the values are the very ones read (:meth:`Values.same`)."""
 _values_eagerly = _not_compiled(_values_of)
 """What picks the code a compiled call runs, made eagerly: see :func:`_values_in`."""
 

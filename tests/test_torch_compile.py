@@ -7,6 +7,7 @@ import copy
 import os
 import subprocess
 import sys
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -425,4 +426,55 @@ def test_a_compiled_call_after_a_forward_default_changed_is_refused_naming_it(
                 with pytest.raises(smt.WrapError, match=rf"default of `{name}`.*changed"):
                     compiled(x)
         assert torch.equal(compiled(x), model(x))
+    torch._dynamo.reset()
+
+
+class Configured(nn.Module):
+    """Scales by a plain value of its own, doubles where its config says so, and scales
+    by a mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.gain = 3.0
+        self.config = types.SimpleNamespace(double=False, sizes=[1.0])
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x) * self.gain * self.config.sizes[0]
+        if self.config.double:
+            h = h * 2
+        return h * mask
+
+
+def test_a_compiled_call_after_what_the_forward_read_changed_answers_or_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiled call runs code traced with what the forward read of the model: its
+    config changed after `wrap` (`self.config.double`, an item of a list it holds), the
+    compiled call runs the code traced for the values it holds then, as an eager one
+    does, and for those set back the code traced for them; a plain value of the model's
+    own changed (`self.gain`) is refused naming it, as in an eager call, where it would
+    have answered for the old."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Configured()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=Store(tmp_path / "s"))
+    smt.freeze(wrapped)
+    compiled = torch.compile(wrapped, backend="eager")
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
+    with torch.no_grad():
+        assert torch.equal(compiled(x, mask), model(x, mask))
+        for double in (True, False, True):
+            model.config.double = double
+            for _ in range(2):
+                assert torch.equal(compiled(x, mask), model(x, mask)), double
+        model.config.sizes[0] = 2.0
+        assert torch.equal(compiled(x, mask), model(x, mask))
+        model.gain = 5.0
+        for _ in range(2):
+            with pytest.raises(smt.WrapError, match=r"`gain` was 3\.0"):
+                compiled(x, mask)
+        model.gain = 3.0
+        assert torch.equal(compiled(x, mask), model(x, mask))
     torch._dynamo.reset()
