@@ -28,6 +28,7 @@ which needs no tracing at all, is the other.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import dis
 import enum
 import inspect
@@ -178,7 +179,7 @@ def _traced(
     frozen: Iterable[str] = (),
     concrete: Mapping[str, Any] | None = None,
     containers: Iterable[str] = (),
-) -> tuple[fx.GraphModule, set[str], Noted]:
+) -> Traced:
     """``model``'s forward traced with every module's training flag set to ``training``
     (and put back after) — but the ``frozen`` submodules', which are in eval whenever
     they run: what it reads of ``self.training`` is baked into the code. With the
@@ -206,7 +207,7 @@ def _traced(
             recording(tracer, model),
             reading(model, tracer.held) as noted,
             warnings.catch_warnings(),
-            _reached() as reached,
+            _reached(concrete or {}) as reached,
         ):
             # fx cannot check a value it fixes other than a plain one (an Enum member)
             # in the code, and says so; the wrapped model picks the code by the values.
@@ -266,7 +267,7 @@ def _traced(
             )
         )
     asked = _type_asked(model, concrete or {})
-    for code, inputs in reached.items():
+    for code, inputs in reached.stood.items():
         if asked is not None:
             break
         asked = _type_compared(code, inputs)
@@ -285,7 +286,22 @@ def _traced(
     for key in held_eval & noted.modes.keys():  # in eval whenever they run: read right
         del noted.modes[key]
     _plain_code(graph, bool(concrete))
-    return fx.GraphModule(model, graph, type(model).__name__), tracer.through, noted
+    compared = frozenset(
+        name for code, held in reached.held.items() for name in _identity_compared(code, held)
+    )
+    traced = fx.GraphModule(model, graph, type(model).__name__)
+    return Traced(traced, tracer.through, noted, compared)
+
+
+class Traced(NamedTuple):
+    """A forward traced: the code, the modules traced into, what it read of the model,
+    and the arguments fixed at a tuple or dataclass that code the forward handed them to
+    compared by identity (``opts is PRESET``), answered for the instance traced."""
+
+    code: fx.GraphModule
+    through: set[str]
+    noted: Noted
+    identity: frozenset[str]
 
 
 _LOADS = frozenset(
@@ -324,7 +340,13 @@ def identity_asked(model: nn.Module) -> frozenset[str]:
     code = getattr(inspect.unwrap(function) if callable(function) else None, "__code__", None)
     if code is None:
         return frozenset()
-    names = set(code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount])
+    names = code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
+    return _identity_compared(code, {name: name for name in names})
+
+
+def _identity_compared(code: CodeType, names: Mapping[str, str]) -> frozenset[str]:
+    """Of ``names`` (locals of ``code``, each to the argument of the forward it holds),
+    the arguments whose locals ``code`` compares by identity with another value."""
     found = list(dis.get_instructions(code))
     asked: set[str] = set()
     for at, one in enumerate(found):
@@ -335,7 +357,7 @@ def identity_asked(model: nn.Module) -> frozenset[str]:
         before = at - 1
         while before >= 0 and at - before <= 6 and found[before].opname in _LOADS:
             if found[before].opname in _LOAD_ONE and found[before].argval in names:
-                asked.add(str(found[before].argval))
+                asked.add(names[str(found[before].argval)])
             before -= 1
     return frozenset(asked)
 
@@ -409,15 +431,31 @@ def _python_own(filename: str) -> bool:
     return not ({"site-packages", "dist-packages"} & set(rest))
 
 
+class _Reached(NamedTuple):
+    """What :func:`_reached` noted: per function of the model's the trace ran, those of its
+    arguments handed a stand-in for one of the forward's (``stood``), and those handed the
+    very tuple or dataclass a forward's argument is fixed at (``held``), each to the
+    forward's argument."""
+
+    stood: dict[CodeType, dict[str, str]]
+    held: dict[CodeType, dict[str, str]]
+
+
 @contextlib.contextmanager
-def _reached() -> Iterator[dict[CodeType, dict[str, str]]]:
+def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
     """While a forward is traced in this thread, the code of the functions it runs that
     are the model's (not torch's, this package's or Python's own), each with those of its
-    arguments handed a stand-in for one of the forward's: their names, each to the
-    argument of the forward it stands for. fx hands a method of the model, a function or
-    the forward of a block it traces into the stand-ins themselves, and what they compare
-    the type of is read there as in the forward."""
-    found: dict[CodeType, dict[str, str]] = {}
+    arguments handed a stand-in for one of the forward's, and those handed the very tuple
+    or dataclass one of ``concrete`` is fixed at: their names, each to the argument of the
+    forward. fx hands a method of the model, a function or the forward of a block it
+    traces into what the forward hands them, and what they compare the type of, or
+    compare by identity, is read there as in the forward."""
+    found = _Reached({}, {})
+    kept = [
+        (name, value)
+        for name, value in concrete.items()
+        if isinstance(value, tuple) or dataclasses.is_dataclass(value)
+    ]
     looked: dict[CodeType, bool] = {}
     """Per function met, whether it is the model's."""
 
@@ -431,7 +469,7 @@ def _reached() -> Iterator[dict[CodeType, dict[str, str]]]:
             mine = looked[code] = not (
                 in_torch(filename) or filename.startswith(_OURS) or _python_own(filename)
             )
-        if not mine or (code not in found and len(found) >= _REACHED_AT_MOST):
+        if not mine or len(found.stood) + len(found.held) >= _REACHED_AT_MOST:
             return
         count = code.co_argcount + code.co_kwonlyargcount
         given = frame.f_locals
@@ -439,7 +477,10 @@ def _reached() -> Iterator[dict[CodeType, dict[str, str]]]:
             value: Any = given.get(name)
             # `issubclass`, not `isinstance`, which the trace has ask for the forward.
             if issubclass(type(value), fx.Proxy) and value.node.op == "placeholder":
-                found.setdefault(code, {})[name] = str(value.node.target).lstrip("*")
+                found.stood.setdefault(code, {})[name] = str(value.node.target).lstrip("*")
+            for argument, held in kept:
+                if value is held:
+                    found.held.setdefault(code, {})[name] = argument
 
     was = sys.getprofile()
     sys.setprofile(profile)

@@ -50,7 +50,7 @@ from torch import fx, nn
 from somatize_torch._errors import NotCalled, Untraceable, WrapError
 from somatize_torch._modes import switches
 from somatize_torch._parts import _Parts, _Read, hooks_of
-from somatize_torch._split import _calls, _Split, _split, _traced
+from somatize_torch._split import Traced, _calls, _Split, _split, _traced, identity_asked
 from somatize_torch._values import Noted, Reread, Values
 
 if TYPE_CHECKING:
@@ -304,6 +304,10 @@ class Tracing:
         """Where fx found that the forward branches on an argument of :attr:`fixed`, for
         the refusal of a call handing it what is no plain constant, where a call did."""
         self.through: set[str] = set()
+        self.identity: frozenset[str] = identity_asked(model)
+        """The forward's arguments compared by identity (``opts is PRESET``), in its own
+        code or in code a trace found it hands them to: one handed a tuple or a dataclass,
+        traced per value, is refused."""
         self.read: Noted | None = None
         self.reads: list[_Read] = []
         self.switching = False
@@ -445,7 +449,7 @@ class Tracing:
         said = _said(concrete)
         if self.by_value(key) and self.first is not None:
             self._bound(key)
-        attempts: list[tuple[bool, tuple[fx.GraphModule, set[str], Noted] | Untraceable]] = []
+        attempts: list[tuple[bool, Traced | Untraceable]] = []
         for training in (self.mode, not self.mode):
             try:
                 attempts.append(
@@ -479,7 +483,8 @@ class Tracing:
             if isinstance(attempt, Untraceable):
                 runners[training] = attempt
                 continue
-            traced, went, read = attempt
+            traced, went, read, compared = attempt
+            self.identity |= compared
             through |= went
             noted.append(read)
             switching = switching or switches(traced.graph)
@@ -779,6 +784,7 @@ class Tracing:
         flags = self.through | {one.path for one in read.modes.values()}
         object.__setattr__(wrapped, "_through", tuple(sorted(flags)))
         object.__setattr__(wrapped, "_switches", self.switching)
+        object.__setattr__(wrapped, "_identity", self.identity)
         traced = (type(model), *(type(module) for module in traced_into.values()))
         object.__setattr__(
             wrapped, "_values", Values(self.world.read, type(model).__qualname__, traced)

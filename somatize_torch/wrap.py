@@ -103,7 +103,6 @@ from somatize_torch._errors import (
 from somatize_torch._modes import outside_compiled, unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
 from somatize_torch._settings import any_global_hooks, global_hooks, stand_in_call
-from somatize_torch._split import identity_asked
 from somatize_torch._tracing import (
     INPUT,
     Key,
@@ -212,8 +211,9 @@ class Wrapped(nn.Module):
     """The plain values the code traced read from the model (none when nothing was
     traced): changed, the code would not be the model's."""
     _identity: frozenset[str] = frozenset()
-    """The forward's arguments its code compares by identity (``opts is PRESET``): one
-    handed a tuple or a dataclass, traced per value, is refused."""
+    """The forward's arguments its code, or code a trace found it hands them to, compares
+    by identity (``opts is PRESET``): one handed a tuple or a dataclass, traced per value,
+    is refused."""
     _varying: inspect.Signature | None = None
     """The forward's signature, where it takes `*args` or `**kwargs`: traced once, with a
     stand-in for every argument, so a call handing one a plain constant is refused."""
@@ -573,10 +573,10 @@ def _values_of(
         if name in self._identity and (isinstance(value, tuple) or is_dataclass(value)):
             raise WrapError(
                 f"`{name}` is a `{type(value).__qualname__}` in this call, traced per value, "
-                f"and `{type(self.model).__qualname__}.forward` compares `{name}` by identity "
-                f"(`{name} is ...`): the code traced for an equal value would answer for the "
-                "instance it was traced with. Compare it by value (`==`), hand an Enum "
-                "member, or declare the submodule that compares it"
+                f"and `{type(self.model).__qualname__}.forward`, or code it hands `{name}` to, "
+                f"compares it by identity (`{name} is ...`): the code traced for an equal "
+                "value would answer for the instance it was traced with. Compare it by value "
+                "(`==`), hand an Enum member, or declare the submodule that compares it"
             )
         found.append(key)
     return tuple(found)
@@ -838,7 +838,6 @@ def wrap(
     tracing.watch()
     object.__setattr__(wrapped, "_tracing", tracing)
     object.__setattr__(wrapped, "_optional", optional)
-    object.__setattr__(wrapped, "_identity", identity_asked(model))
     if tracing.signature is not None and not tracing.named and tracing.signature.parameters:
         object.__setattr__(wrapped, "_varying", tracing.signature)
     return wrapped

@@ -5461,6 +5461,32 @@ def test_an_argument_compared_by_identity_is_not_traced_per_value(store: Store) 
                 wrapped(x, opts)
 
 
+class ComparesPresetInAMethod(ComparesPreset):
+    def forward(self, x: torch.Tensor, opts: Any = None) -> torch.Tensor:
+        return self._scaled(self.encoder(x), opts)
+
+    def _scaled(self, h: torch.Tensor, given: Any) -> torch.Tensor:
+        return h * given.k if given is _FAST else h
+
+
+def test_an_argument_compared_by_identity_in_a_method_is_not_traced_per_value(
+    store: Store,
+) -> None:
+    """A frozen dataclass the forward hands a method of the model that compares it by
+    identity (`opts is PRESET` there) would be answered for the instance traced: a call
+    handing one is refused naming it, as where the forward compares it, not answered by
+    the code traced for an equal instance."""
+    model = ComparesPresetInAMethod()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        for opts in (_FAST, _Options("b", 5.0), _FAST):
+            with pytest.raises(smt.WrapError, match=r"`opts` is a `_Options` .* by identity"):
+                wrapped(x, opts)
+
+
 class NamespaceConfigured(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
