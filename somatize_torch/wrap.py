@@ -48,11 +48,11 @@ one too) traces the forward again for the values it holds then.
 the store runs under ``torch.compiler.disable``, once per cached node, and reads
 nothing that changes from batch to batch, so ``torch.compile(wrapped)`` compiles
 the segments around it once and does not recompile per batch. The checks made
-before an eager forward (frozen parts settled, parts replaced) are not made by
-compiled code, but for the forward's defaults and the plain values it read, changed
-after ``wrap``, which a compiled call refuses (or, for a config's, traces again for) as an
-eager one does; assigning on the wrapped model and loading a checkpoint into it
-still point the segments at new parts. A model whose forward switches grad mode,
+before an eager forward (frozen parts settled) are not made by compiled code, but for
+the forward's defaults and the plain values it read, changed after ``wrap``, which a
+compiled call refuses (or, for a config's, traces again for) as an eager one does, and
+for the parts the model holds: one replaced, on the wrapped model or on the model
+itself, is the one a compiled call runs. A model whose forward switches grad mode,
 autocast or inference mode is called through one more break: what leaves the
 blocks a failed call left open runs eagerly, the code it calls compiled.
 
@@ -442,6 +442,9 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         if tracing is not None:
             _refuse_global_hooks(self.model)
     elif tracing is not None:
+        if self._parts.changed():
+            # A part replaced on the model itself: the segments are pointed at it.
+            _follow_eagerly(self)
         if any_global_hooks():
             _refuse_global_hooks_eagerly(self.model)
         if not tracing.same_defaults():
@@ -693,6 +696,10 @@ def _check_values(self: Wrapped, tracing: Tracing) -> None:
         tracing.rekey(changed)
 
 
+_follow_eagerly = _not_compiled(Wrapped._follow)
+"""Points the segments at the parts the model holds now in a compiled call, eagerly:
+compiled code only asks whether any was replaced (:meth:`_Parts.changed`), which
+torch.compile guards on."""
 _check_values_eagerly = _not_compiled(_check_values)
 """:func:`_check_values` in a compiled call, made eagerly: compiled code only asks whether
 the values are the very ones read (:meth:`Values.same`)."""
