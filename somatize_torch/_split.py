@@ -274,10 +274,11 @@ def _traced(
     if asked is not None:
         name, where, line = asked
         refused = Untraceable(
-            f"`{type(model).__qualname__}.forward` asks what type `{name}` is at {where} "
-            f"(`{line}`): fx stands in for it while it traces, and the type of the stand-in "
-            "is no tensor's and no value's a call gives, so the branch kept would be the "
-            "one for the stand-in in every call. Hand it a plain constant (the forward is "
+            f"`{type(model).__qualname__}.forward` asks what type `{name}` is, or compares an "
+            f"attribute of it by identity, at {where} (`{line}`): fx stands in for it while it "
+            "traces, and neither the type of the stand-in nor its attributes (stand-ins "
+            "too) are what a call gives, so the branch kept would be the one for the "
+            "stand-in in every call. Hand it a plain constant (the forward is "
             "traced at it), test it otherwise (`mask is None`), or declare the submodule "
             "that holds this code"
         )
@@ -381,11 +382,13 @@ def _type_asked(model: nn.Module, concrete: Mapping[str, Any]) -> tuple[str, str
 def _type_compared(code: CodeType, inputs: Mapping[str, str]) -> tuple[str, str, str] | None:
     """The first of ``inputs`` (locals of ``code``, each to the argument of the forward it
     stands for) whose type ``code`` compares (``type(mask) is ...``, ``mask.__class__ is
-    ...``), as the argument it stands for, with where and the line; None for none."""
+    ...``), or an attribute of which it compares by identity (``mask.dtype is ...``), as
+    the argument it stands for, with where and the line; None for none."""
     if not inputs:
         return None
     found = list(dis.get_instructions(code))
     for at, one in enumerate(found[:-2]):
+        compared: tuple[str, ...] = ("IS_OP", "COMPARE_OP", "CONTAINS_OP")
         if (
             one.opname in _LOAD_ONE
             and one.argval in inputs
@@ -393,6 +396,12 @@ def _type_compared(code: CodeType, inputs: Mapping[str, str]) -> tuple[str, str,
             and found[at + 1].argval == "__class__"
         ):
             load, after = one, at + 2  # `mask.__class__`: the stand-in's, as its type is
+        elif (
+            one.opname in _LOAD_ONE and one.argval in inputs and found[at + 1].opname == "LOAD_ATTR"
+        ):
+            # `mask.dtype is torch.float32`: an attribute of a stand-in is one too, and
+            # `is` answers no for it whatever a call gives (`==` would reach fx).
+            load, after, compared = one, at + 1, ("IS_OP",)
         elif one.opname in ("LOAD_GLOBAL", "LOAD_NAME") and one.argval == "type":
             load = found[at + 1]
             if load.opname not in _LOAD_ONE or load.argval not in inputs:
@@ -407,7 +416,7 @@ def _type_compared(code: CodeType, inputs: Mapping[str, str]) -> tuple[str, str,
             continue
         while after < len(found) and found[after].opname in _LOADS:
             after += 1
-        if after < len(found) and found[after].opname in ("IS_OP", "COMPARE_OP", "CONTAINS_OP"):
+        if after < len(found) and found[after].opname in compared:
             positions = getattr(one, "positions", None)
             line = getattr(positions, "lineno", None) or _line_at(found, at) or code.co_firstlineno
             text = linecache.getline(code.co_filename, line).strip()

@@ -3096,6 +3096,31 @@ def test_a_forward_comparing_the_class_of_what_fx_stands_in_for_is_refused_namin
             wrapped(x, torch.full((3, 4), 2.0))
 
 
+class ScalesForItsDtype(OnTempered):
+    """Scales by ten when its input is in float32, asking its dtype by identity."""
+
+    def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        h = self.encoder(x)
+        if mask is not None and mask.dtype is torch.float32:
+            return h * 10
+        return h
+
+
+def test_an_attribute_of_what_fx_stands_in_for_compared_by_identity_is_refused(
+    store: Store,
+) -> None:
+    """`mask.dtype is torch.float32` asked of the stand-in fx hands the forward for an
+    argument a call gives a tensor is asked of the stand-in's attribute, another stand-in,
+    and answered no whatever the call gives: that call is refused naming the argument and
+    the line, rather than answered by the branch for another dtype."""
+    wrapped, model = _encoder_cached(ScalesForItsDtype, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        with pytest.raises(smt.WrapError, match=r"`mask` is a `torch\.Tensor`.*mask\.dtype is"):
+            wrapped(x, torch.ones(3, 4))
+
+
 class ScalesByATensorMaskInAMethod(OnTempered):
     """Scales by its mask when it is a tensor, asking its type in a method of its own."""
 
