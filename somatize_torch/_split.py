@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import CodeType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import torch
 import torch.fx._symbolic_trace
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
@@ -284,6 +285,23 @@ def _traced(
         )
         refused.branched = frozenset({name})
         raise refused
+    paths = {id(module): path for path, module in model.named_modules()}
+    for code, modules in reached.modules.items():
+        kept_asked = _kept_compared(code, modules, paths)
+        if kept_asked is not None:
+            name, where, line = kept_asked
+            raise _stops(
+                Untraceable(
+                    f"`{type(model).__qualname__}.forward` compares an attribute of `{name}`, a "
+                    f"tensor the model keeps, by identity at {where} (`{line}`): fx stands in "
+                    "for the tensor while it traces, and for its attributes, and `is` answers "
+                    "no for a stand-in whatever the tensor holds, so the branch kept would be "
+                    "the one for the stand-in in every call. Compare it by value, declare the "
+                    "submodule that holds this code, or wrap just the submodule you want to "
+                    "remember (`model.encoder = somatize.torch.wrap(model.encoder, "
+                    "frozen=True, cached=True)`), which needs no tracing"
+                )
+            )
     for key in held_eval & noted.modes.keys():  # in eval whenever they run: read right
         del noted.modes[key]
     _plain_code(graph, bool(concrete))
@@ -424,6 +442,50 @@ def _type_compared(code: CodeType, inputs: Mapping[str, str]) -> tuple[str, str,
     return None
 
 
+def _kept_compared(
+    code: CodeType, modules: Mapping[str, nn.Module], paths: Mapping[int, str]
+) -> tuple[str, str, str] | None:
+    """The first tensor a module of ``modules`` (locals of ``code``) keeps, or one of its
+    parts keeps, an attribute of which ``code`` compares by identity
+    (``self.gain.dtype is torch.float32``), by its path in the model (``paths``), with
+    where and the line; None for none."""
+    found = list(dis.get_instructions(code))
+    for at, one in enumerate(found):
+        if one.opname not in _LOAD_ONE or one.argval not in modules:
+            continue
+        part: Any = modules[str(one.argval)]
+        names: list[str] = []
+        after = at + 1
+        while (
+            after < len(found)
+            and found[after].opname == "LOAD_ATTR"
+            and isinstance(part, nn.Module)
+        ):
+            name = str(found[after].argval)
+            tables = (part._modules, part._parameters, part._buffers, vars(part))
+            part = next((table[name] for table in tables if name in table), None)
+            if not isinstance(part, (nn.Module, torch.Tensor)):
+                break
+            names.append(name)
+            after += 1
+        if (
+            not isinstance(part, torch.Tensor)
+            or after >= len(found)
+            or found[after].opname != "LOAD_ATTR"
+        ):
+            continue
+        while after < len(found) and found[after].opname in _LOADS:
+            after += 1
+        if after < len(found) and found[after].opname == "IS_OP":
+            owner = paths.get(id(modules[str(one.argval)]), "")
+            path = ".".join([owner, *names] if owner else names)
+            positions = getattr(one, "positions", None)
+            line = getattr(positions, "lineno", None) or _line_at(found, at) or code.co_firstlineno
+            text = linecache.getline(code.co_filename, line).strip()
+            return path, f"{code.co_filename}:{line}", text
+    return None
+
+
 _REACHED_AT_MOST = 4096
 """How many functions a trace runs outside torch are noted, at most, for
 :func:`_reached`: enough for any model's own code, and a bound on what is kept."""
@@ -448,6 +510,9 @@ class _Reached(NamedTuple):
 
     stood: dict[CodeType, dict[str, str]]
     held: dict[CodeType, dict[str, str]]
+    modules: dict[CodeType, dict[str, nn.Module]]
+    """Per function, those of its arguments handed a module (``self``): what it reads of
+    their tensors fx stands in for too."""
 
 
 @contextlib.contextmanager
@@ -459,7 +524,7 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
     forward. fx hands a method of the model, a function or the forward of a block it
     traces into what the forward hands them, and what they compare the type of, or
     compare by identity, is read there as in the forward."""
-    found = _Reached({}, {})
+    found = _Reached({}, {}, {})
     kept = [
         (name, value)
         for name, value in concrete.items()
@@ -478,7 +543,7 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
             mine = looked[code] = not (
                 in_torch(filename) or filename.startswith(_OURS) or _python_own(filename)
             )
-        if not mine or len(found.stood) + len(found.held) >= _REACHED_AT_MOST:
+        if not mine or len(found.stood) + len(found.held) + len(found.modules) >= _REACHED_AT_MOST:
             return
         count = code.co_argcount + code.co_kwonlyargcount
         given = frame.f_locals
@@ -490,6 +555,8 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
             for argument, held in kept:
                 if value is held:
                     found.held.setdefault(code, {})[name] = argument
+            if issubclass(type(value), nn.Module):
+                found.modules.setdefault(code, {})[name] = value
 
     was = sys.getprofile()
     sys.setprofile(profile)

@@ -3121,6 +3121,67 @@ def test_an_attribute_of_what_fx_stands_in_for_compared_by_identity_is_refused(
             wrapped(x, torch.ones(3, 4))
 
 
+class ScalesForItsWeightDtype(OnTempered):
+    """Scales by ten when a parameter of its own is in float32, asking its dtype by
+    identity."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 10 if self.gain.dtype is torch.float32 else h
+
+
+class ShiftsForItsBufferDevice(nn.Module):
+    """Shifts when the buffer it keeps is on the CPU, asking in a method of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("shift", torch.ones(4))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self._shifted(h)
+
+    def _shifted(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.shift if self.shift.device.type is _CPU else h
+
+
+_CPU = "cpu"
+
+
+class ShiftsInABlock(OnTempered):
+    """Calls a block fx traces into after its encoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = ShiftsForItsBufferDevice()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(self.encoder(x))
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        (ScalesForItsWeightDtype, r"`gain`.*self\.gain\.dtype is torch\.float32"),
+        (ShiftsInABlock, r"`block\.shift`.*self\.shift\.device\.type is _CPU"),
+    ],
+    ids=["parameter", "buffer in a block"],
+)
+def test_an_attribute_of_a_tensor_of_the_model_compared_by_identity_is_refused(
+    store: Store, kind: Callable[[], nn.Module], named: str
+) -> None:
+    """fx stands in for a parameter or buffer the forward reads, and for its attributes:
+    `self.gain.dtype is torch.float32` is answered no whatever the tensor holds, and the
+    branch kept would be the other one in every call. `wrap` refuses it, naming the tensor
+    and the line, in the forward or in code it runs of a block traced into."""
+    torch.manual_seed(0)
+    with pytest.raises(smt.Untraceable, match=named):
+        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
+
+
 class ScalesByATensorMaskInAMethod(OnTempered):
     """Scales by its mask when it is a tensor, asking its type in a method of its own."""
 
