@@ -557,6 +557,9 @@ class Values:
             and isinstance(value, numpy.ndarray)
             and value.dtype.kind in _NUMERIC
         ]
+        if self._elsewhere:
+            # Laid out now, for a compiled call's look (`same`) as for an eager one's.
+            self._quick = self._tables()
 
     # What the quick look at each call reads, made from the reads when first asked (and
     # again in a copy, whose modules' tables are its own: see __getstate__).
@@ -605,7 +608,8 @@ class Values:
 
     def same(self) -> bool:
         """Whether each value the code read of a module or a plain object it holds is the
-        very one it read, a list's, dict's or set's items too: read in compiled code too,
+        very one it read, a list's, dict's or set's items too, and a value a class gave
+        still the one it gives and given no module itself: read in compiled code too,
         which torch.compile guards on, so a change has the call compiled anew, and looked
         at as an eager call looks at it (:meth:`check`, made eagerly)."""
         for read, was in zip(self.reads, self._values, strict=True):
@@ -615,6 +619,15 @@ class Values:
             value = self._values[at]  # a list, dict or set, changed in place
             now = (*value, *value.values()) if isinstance(value, dict) else tuple(value)
             if len(now) != len(items) or not all(map(operator.is_, now, items)):
+                return False
+        if self._elsewhere:
+            # A value a class gave: the tables laid out by the first look (`check`).
+            if self._quick is None:
+                return False
+            _, absent, absent_names, givers, given_names, given = self._quick
+            if any(map(operator.contains, absent, absent_names)) or not all(
+                map(operator.is_, map(_get, givers, given_names), given)
+            ):
                 return False
         return True
 

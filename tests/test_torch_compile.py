@@ -519,3 +519,49 @@ def test_a_compiled_call_runs_the_parts_replaced_on_the_model_itself(
         model.load_state_dict({**model.state_dict(), "shift": torch.full((4,), 2.0)}, assign=True)
         assert torch.allclose(compiled(x), model(x))
     torch._dynamo.reset()
+
+
+class ClassScaled(nn.Module):
+    """Scales by a value its class gives, and by a mask."""
+
+    scale = 3.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * self.scale * mask
+
+
+@pytest.mark.parametrize("where", ["class", "instance"])
+def test_a_compiled_call_after_a_value_the_class_gave_changed_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A value the forward read as its class gives it (`scale = 3.0` in the class body),
+    changed on the class or given the model itself after `wrap`, has a compiled call
+    refused naming it, as an eager one is, where it would have computed with the old; set
+    back, the call answers as the model does."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ClassScaled()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=Store(tmp_path / "s"))
+    smt.freeze(wrapped)
+    compiled = torch.compile(wrapped, backend="eager")
+    x, mask = torch.randn(3, 4), torch.rand(3, 4)
+    with torch.no_grad():
+        assert torch.equal(compiled(x, mask), model(x, mask))
+        try:
+            if where == "class":
+                ClassScaled.scale = 5.0
+            else:
+                model.scale = 5.0
+            for _ in range(2):
+                with pytest.raises(smt.WrapError, match=r"`scale` .*3\.0"):
+                    compiled(x, mask)
+        finally:
+            ClassScaled.scale = 3.0
+            model.__dict__.pop("scale", None)
+        assert torch.equal(compiled(x, mask), model(x, mask))
+    torch._dynamo.reset()
