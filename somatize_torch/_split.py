@@ -285,6 +285,22 @@ def _traced(
         )
         refused.branched = frozenset({name})
         raise refused
+    for code, made in reached.made.items():
+        made_asked = _type_compared(code, made)
+        if made_asked is not None:
+            name, where, line = made_asked
+            raise _stops(
+                Untraceable(
+                    f"`{type(model).__qualname__}.forward` hands `{name}`, a value made as it "
+                    f"runs, to code that asks what type it is, or compares an attribute of it "
+                    f"by identity, at {where} (`{line}`): fx stands in for the value while it "
+                    "traces, and neither the type of the stand-in nor its attributes are the "
+                    "value's, so the branch kept would be the one for the stand-in in every "
+                    "call. Declare the submodule that holds this code, or wrap just the "
+                    "submodule you want to remember (`model.encoder = somatize.torch.wrap("
+                    "model.encoder, frozen=True, cached=True)`), which needs no tracing"
+                )
+            )
     paths = {id(module): path for path, module in model.named_modules()}
     for code, modules in reached.modules.items():
         kept_asked = _kept_compared(code, modules, paths)
@@ -513,18 +529,22 @@ class _Reached(NamedTuple):
     modules: dict[CodeType, dict[str, nn.Module]]
     """Per function, those of its arguments handed a module (``self``): what it reads of
     their tensors fx stands in for too."""
+    made: dict[CodeType, dict[str, str]]
+    """Per function, those of its arguments handed a stand-in for a value made as the
+    forward was traced (what a declared submodule answered), each to itself."""
 
 
 @contextlib.contextmanager
 def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
     """While a forward is traced in this thread, the code of the functions it runs that
     are the model's (not torch's, this package's or Python's own), each with those of its
-    arguments handed a stand-in for one of the forward's, and those handed the very tuple
-    or dataclass one of ``concrete`` is fixed at: their names, each to the argument of the
-    forward. fx hands a method of the model, a function or the forward of a block it
+    arguments handed a stand-in for one of the forward's, those handed the very tuple or
+    dataclass one of ``concrete`` is fixed at (their names, each to the argument of the
+    forward), those handed a module, and those handed a stand-in for a value made as the
+    forward ran. fx hands a method of the model, a function or the forward of a block it
     traces into what the forward hands them, and what they compare the type of, or
     compare by identity, is read there as in the forward."""
-    found = _Reached({}, {}, {})
+    found = _Reached({}, {}, {}, {})
     kept = [
         (name, value)
         for name, value in concrete.items()
@@ -543,15 +563,18 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
             mine = looked[code] = not (
                 in_torch(filename) or filename.startswith(_OURS) or _python_own(filename)
             )
-        if not mine or len(found.stood) + len(found.held) + len(found.modules) >= _REACHED_AT_MOST:
+        if not mine or sum(len(one) for one in found) >= _REACHED_AT_MOST:
             return
         count = code.co_argcount + code.co_kwonlyargcount
         given = frame.f_locals
         for name in code.co_varnames[:count]:
             value: Any = given.get(name)
             # `issubclass`, not `isinstance`, which the trace has ask for the forward.
-            if issubclass(type(value), fx.Proxy) and value.node.op == "placeholder":
-                found.stood.setdefault(code, {})[name] = str(value.node.target).lstrip("*")
+            if issubclass(type(value), fx.Proxy):
+                if value.node.op == "placeholder":
+                    found.stood.setdefault(code, {})[name] = str(value.node.target).lstrip("*")
+                else:
+                    found.made.setdefault(code, {})[name] = name
             for argument, held in kept:
                 if value is held:
                     found.held.setdefault(code, {})[name] = argument

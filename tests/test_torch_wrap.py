@@ -3182,6 +3182,31 @@ def test_an_attribute_of_a_tensor_of_the_model_compared_by_identity_is_refused(
         smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
 
 
+class DoublesWhatItEncodedInAMethod(OnTempered):
+    """Doubles what its encoder answers when that is a tensor, asking its type in a method
+    of its own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._doubled(self.encoder(x))
+
+    def _doubled(self, h: Any) -> Any:
+        return h * 2 if type(h) is torch.Tensor else h + 100
+
+
+def test_the_type_of_a_value_made_as_the_forward_is_traced_asked_in_a_method_is_refused(
+    store: Store,
+) -> None:
+    """fx hands a method the forward calls a stand-in for a value made of the inputs (what
+    a declared encoder answers), and `type(h) is torch.Tensor` asked of it is the
+    stand-in's type: the branch kept would be the one for a value that is no tensor in
+    every call. `wrap` refuses it, naming the line."""
+    torch.manual_seed(0)
+    with pytest.raises(smt.Untraceable, match=r"type\(h\) is torch\.Tensor"):
+        smt.wrap(
+            DoublesWhatItEncodedInAMethod(), frozen=["encoder"], cached=["encoder"], store=store
+        )
+
+
 class ScalesByATensorMaskInAMethod(OnTempered):
     """Scales by its mask when it is a tensor, asking its type in a method of its own."""
 
