@@ -522,7 +522,8 @@ class _Reached(NamedTuple):
     """What :func:`_reached` noted: per function of the model's the trace ran, those of its
     arguments handed a stand-in for one of the forward's (``stood``), and those handed the
     very tuple or dataclass a forward's argument is fixed at (``held``), each to the
-    forward's argument."""
+    forward's argument; those handed a module (``modules``); and those handed a stand-in
+    for a value made as the forward ran (``made``)."""
 
     stood: dict[CodeType, dict[str, str]]
     held: dict[CodeType, dict[str, str]]
@@ -569,7 +570,7 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
         given = frame.f_locals
         for name in code.co_varnames[:count]:
             value: Any = given.get(name)
-            # `issubclass`, not `isinstance`, which the trace has ask for the forward.
+            # `issubclass`, not `isinstance`, which the trace replaces to ask for the forward.
             if issubclass(type(value), fx.Proxy):
                 if value.node.op == "placeholder":
                     found.stood.setdefault(code, {})[name] = str(value.node.target).lstrip("*")
