@@ -554,9 +554,17 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
     looked: dict[CodeType, bool] = {}
     """Per function met, whether it is the model's."""
 
-    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
-        if event != "call":
-            return
+    get, put = _free_hook()
+    was = get()
+
+    def profile(frame: types.FrameType, event: str, arg: Any) -> Any:
+        if event == "call":
+            note(frame)
+        # One set before, which no hook was free of: kept running (a tracer's own hook for
+        # the frame is the answer).
+        return was(frame, event, arg) if was is not None else None
+
+    def note(frame: types.FrameType) -> None:
         code = frame.f_code
         mine = looked.get(code)
         if mine is None:
@@ -582,12 +590,27 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
             if issubclass(type(value), nn.Module):
                 found.modules.setdefault(code, {})[name] = value
 
-    was = sys.getprofile()
-    sys.setprofile(profile)
+    if was is not None and not callable(was):
+        # Neither hook free, nor the one set callable from here: it is not taken over.
+        yield found
+        return
+    put(profile)
     try:
         yield found
     finally:
-        sys.setprofile(was)
+        put(was)
+
+
+def _free_hook() -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """How to read and set the hook :func:`_reached` notes the functions a trace runs
+    through: the profiler's where none is set, else the tracer's where none is set, else
+    the one whose hook set is a Python callable, called on (a profiler set in C, cProfile's
+    before Python 3.12, is not callable, and ``sys.setprofile`` could not put it back)."""
+    hooks = ((sys.getprofile, sys.setprofile), (sys.gettrace, sys.settrace))
+    for get, put in hooks:
+        if get() is None:
+            return get, put
+    return next(((get, put) for get, put in hooks if callable(get())), hooks[0])
 
 
 def _line_at(found: list[dis.Instruction], at: int) -> int | None:

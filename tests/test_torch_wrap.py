@@ -6,6 +6,7 @@ import argparse
 import collections
 import contextlib
 import copy
+import cProfile
 import dataclasses
 import enum
 import inspect
@@ -13,6 +14,7 @@ import io
 import logging
 import math
 import os
+import pstats
 import random
 import subprocess
 import sys
@@ -3272,6 +3274,54 @@ def test_the_type_of_what_fx_stands_in_for_compared_in_code_the_forward_calls_is
         assert torch.equal(wrapped(x, 2.0), model(x, 2.0))
         for _ in range(2):
             with pytest.raises(smt.WrapError, match=rf"`mask` is a `torch\.Tensor`.*{line}"):
+                wrapped(x, torch.full((3, 4), 2.0))
+
+
+def _profiled_after() -> int:
+    """A function a profiler is asked to have seen, called after `wrap`."""
+    return 1
+
+
+@pytest.mark.parametrize("hook", ["profiler", "tracer"])
+def test_wrap_leaves_a_profiler_or_tracer_set_as_it_was_and_still_reads_code_it_runs(
+    store: Store, hook: str
+) -> None:
+    """The trace notes the functions it runs through a hook of its own, which it cannot
+    put back in place of a profiler set in C (cProfile's, before Python 3.12): the hook is
+    one that is free, the profiler or tracer set keeps running after `wrap`, a trace in
+    either mode is not refused for it, and code the forward hands a stand-in to is still
+    read, as without one."""
+    profiler = cProfile.Profile()
+    seen: list[str] = []
+
+    def trace(frame: types.FrameType, event: str, arg: Any) -> None:
+        seen.append(frame.f_code.co_name)
+
+    if hook == "profiler":
+        profiler.enable()
+    else:
+        was = sys.gettrace()
+        sys.settrace(trace)
+    try:
+        wrapped, model = _encoder_cached(ScalesByATensorMaskInAMethod, store)
+        _profiled_after()
+    finally:
+        if hook == "profiler":
+            profiler.disable()
+        else:
+            sys.settrace(was)
+    if hook == "profiler":
+        stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+        assert any(name == "_profiled_after" for _, _, name in stats)
+    else:
+        assert "_profiled_after" in seen
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for training in (True, False):
+            wrapped.train(training)
+            model.train(training)
+            assert torch.equal(wrapped(x), model(x))
+            with pytest.raises(smt.WrapError, match=r"`mask` is a `torch\.Tensor`.*type\(by\)"):
                 wrapped(x, torch.full((3, 4), 2.0))
 
 
