@@ -448,14 +448,28 @@ def _type_compared(code: CodeType, inputs: Mapping[str, str]) -> tuple[str, str,
             after += 1
         else:
             continue
-        while after < len(found) and found[after].opname in _LOADS:
-            after += 1
+        after = _operand_of(found, after)
         if after < len(found) and found[after].opname in compared:
             positions = getattr(one, "positions", None)
             line = getattr(positions, "lineno", None) or _line_at(found, at) or code.co_firstlineno
             text = linecache.getline(code.co_filename, line).strip()
             return inputs[str(load.argval)], f"{code.co_filename}:{line}", text
     return None
+
+
+def _operand_of(found: list[dis.Instruction], after: int) -> int:
+    """Where the instruction is that follows the loads from ``found[after]`` on, where
+    they load at most one more value: what the value loaded before ``after`` is compared
+    with, as in ``mask.dtype is torch.float32``; ``len(found)`` where they load more (the
+    value is an argument of a call, ``torch.ones(x.shape, dtype=a if kind is K else b)``,
+    and the comparison after it one of others)."""
+    pushed = 0
+    while after < len(found) and found[after].opname in _LOADS:
+        pushed += dis.stack_effect(found[after].opcode, found[after].arg)
+        if pushed < 0:
+            return len(found)
+        after += 1
+    return after if pushed <= 1 else len(found)
 
 
 def _kept_compared(
@@ -490,8 +504,7 @@ def _kept_compared(
             or found[after].opname != "LOAD_ATTR"
         ):
             continue
-        while after < len(found) and found[after].opname in _LOADS:
-            after += 1
+        after = _operand_of(found, after)
         if after < len(found) and found[after].opname == "IS_OP":
             owner = paths.get(id(modules[str(one.argval)]), "")
             path = ".".join([owner, *names] if owner else names)

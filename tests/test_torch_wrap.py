@@ -3123,6 +3123,62 @@ def test_an_attribute_of_what_fx_stands_in_for_compared_by_identity_is_refused(
             wrapped(x, torch.ones(3, 4))
 
 
+class _Kind(enum.Enum):
+    """What a mask is made for."""
+
+    CAUSAL = 1
+    FULL = 2
+
+
+class KeepsAMaskOfItsKind(OnTempered):
+    """Multiplies by ones made like its input, of bool for its kind, which it compares by
+    identity among the arguments of the call making them, after an attribute of the
+    input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kind = _Kind.CAUSAL
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        keep = torch.ones(
+            x.shape, device=x.device, dtype=torch.bool if self.kind is _Kind.CAUSAL else x.dtype
+        )
+        return h * keep
+
+
+class KeepsAMaskOfItsKindLikeItsGain(KeepsAMaskOfItsKind):
+    """The same, the ones made like a parameter it keeps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x) * self.gain
+        keep = torch.ones(
+            self.gain.shape,
+            device=self.gain.device,
+            dtype=torch.bool if self.kind is _Kind.CAUSAL else x.dtype,
+        )
+        return h * keep
+
+
+@pytest.mark.parametrize(
+    "kind", [KeepsAMaskOfItsKind, KeepsAMaskOfItsKindLikeItsGain], ids=["input", "parameter"]
+)
+def test_an_identity_comparison_beside_an_attribute_of_what_fx_stands_in_for_is_traced(
+    store: Store, kind: Callable[[], nn.Module]
+) -> None:
+    """`x.device` (or `self.gain.device`) handed to a call whose next argument compares
+    another value by identity (`self.kind is _Kind.CAUSAL`) compares no attribute of the
+    tensor: the model is traced, and answers as the model does."""
+    wrapped, model = _encoder_cached(kind, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+
+
 class ScalesForItsWeightDtype(OnTempered):
     """Scales by ten when a parameter of its own is in float32, asking its dtype by
     identity."""
