@@ -515,9 +515,6 @@ def _kept_compared(
     return None
 
 
-_REACHED_AT_MOST = 4096
-"""How many functions a trace runs outside torch are noted, at most, for
-:func:`_reached`: enough for any model's own code, and a bound on what is kept."""
 _STDLIB = os.path.dirname(os.path.abspath(contextlib.__file__)) + os.sep
 """Python's own library, but for packages installed inside it."""
 
@@ -585,7 +582,7 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
             mine = looked[code] = not (
                 in_torch(filename) or filename.startswith(_OURS) or _python_own(filename)
             )
-        if not mine or sum(len(one) for one in found) >= _REACHED_AT_MOST:
+        if not mine:
             return
         count = code.co_argcount + code.co_kwonlyargcount
         given = frame.f_locals

@@ -3288,6 +3288,29 @@ class ScalesByATensorMaskInAFunction(OnTempered):
         return _scaled_by_a_tensor(self.encoder(x), mask)
 
 
+def _passes_through(count: int) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+    """``count`` functions, each with code of its own, that answer what they are handed."""
+    made: list[Callable[[torch.Tensor], torch.Tensor]] = []
+    for at in range(count):
+        space: dict[str, Any] = {}
+        exec(f"def passed_{at}(h):\n    return h\n", space)
+        made.append(space[f"passed_{at}"])
+    return made
+
+
+class ScalesByATensorMaskAfterManyFunctions(OnTempered):
+    """Hands what it encoded through many functions, each of its own code, then scales it
+    by its mask when that is a tensor, asking its type in a function it calls."""
+
+    through = _passes_through(4200)
+
+    def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        h = self.encoder(x)
+        for one in self.through:
+            h = one(h)
+        return _scaled_by_a_tensor(h, mask)
+
+
 class ScalesByATensor(nn.Module):
     """Scales by what it is handed when that is a tensor, by asking its type."""
 
@@ -3312,8 +3335,9 @@ class ScalesByATensorMaskInABlock(OnTempered):
         (ScalesByATensorMaskInAMethod, r"type\(by\) is torch\.Tensor"),
         (ScalesByATensorMaskInAFunction, r"type\(mask\) is torch\.Tensor"),
         (ScalesByATensorMaskInABlock, r"type\(mask\) in \(torch\.Tensor,\)"),
+        (ScalesByATensorMaskAfterManyFunctions, r"type\(mask\) is torch\.Tensor"),
     ],
-    ids=["method", "function", "block"],
+    ids=["method", "function", "block", "after thousands of functions"],
 )
 def test_the_type_of_what_fx_stands_in_for_compared_in_code_the_forward_calls_is_refused(
     store: Store, kind: Callable[[], nn.Module], line: str
