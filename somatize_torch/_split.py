@@ -381,7 +381,10 @@ def identity_asked(model: nn.Module) -> frozenset[str]:
 
 def _identity_compared(code: CodeType, names: Mapping[str, str]) -> frozenset[str]:
     """Of ``names`` (locals of ``code``, each to the argument of the forward it holds),
-    the arguments whose locals ``code`` compares by identity with another value."""
+    the arguments whose locals ``code`` compares by identity with another value, each as
+    the argument's name, or with the attributes of it compared (``opts.act`` for ``opts.act
+    is Act.FAST``, which a call answers alike for equal values where that is an Enum
+    member: see :func:`identical_at`)."""
     found = list(dis.get_instructions(code))
     asked: set[str] = set()
     for at, one in enumerate(found):
@@ -392,9 +395,28 @@ def _identity_compared(code: CodeType, names: Mapping[str, str]) -> frozenset[st
         before = at - 1
         while before >= 0 and at - before <= 6 and found[before].opname in _LOADS:
             if found[before].opname in _LOAD_ONE and found[before].argval in names:
-                asked.add(names[str(found[before].argval)])
+                chain = [names[str(found[before].argval)]]
+                after = before + 1
+                while after < at and found[after].opname == "LOAD_ATTR":
+                    chain.append(str(found[after].argval))
+                    after += 1
+                if _operand_of(found, after) == at:  # not a value beside the comparison
+                    asked.add(".".join(chain))
             before -= 1
     return frozenset(asked)
+
+
+def identical_at(value: Any, compared: str) -> bool:
+    """Whether what ``compared`` (an argument's name, with the attributes of it compared
+    by identity, from :func:`_identity_compared`) names in ``value``, the argument's value
+    in a call, is one object for every value equal to it (an Enum member, None, a bool, a
+    ``torch.dtype``), so the code traced for an equal value answers the comparison alike."""
+    _, *attributes = compared.split(".")
+    if not attributes:
+        return False  # the argument itself, another object for an equal value
+    for attribute in attributes:
+        value = getattr(value, attribute, _MISSING)
+    return value is None or isinstance(value, (enum.Enum, bool, torch.dtype))
 
 
 def _type_asked(model: nn.Module, concrete: Mapping[str, Any]) -> tuple[str, str, str] | None:

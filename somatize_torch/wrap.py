@@ -103,6 +103,7 @@ from somatize_torch._errors import (
 from somatize_torch._modes import outside_compiled, unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
 from somatize_torch._settings import any_global_hooks, global_hooks, stand_in_call
+from somatize_torch._split import identical_at
 from somatize_torch._tracing import (
     INPUT,
     Key,
@@ -573,7 +574,12 @@ def _values_of(
                 self.model,
                 None if self._tracing is None else self._tracing.reason(name),
             )
-        if name in self._identity and (isinstance(value, tuple) or is_dataclass(value)):
+        compared = [one for one in self._identity if one.split(".")[0] == name]
+        if (
+            compared
+            and (isinstance(value, tuple) or is_dataclass(value))
+            and not all(identical_at(value, one) for one in compared)
+        ):
             raise WrapError(
                 f"`{name}` is a `{type(value).__qualname__}` in this call, traced per value, "
                 f"and `{type(self.model).__qualname__}.forward`, or code it hands `{name}` to, "

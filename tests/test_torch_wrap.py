@@ -5728,6 +5728,58 @@ def test_an_argument_compared_by_identity_in_a_method_is_not_traced_per_value(
                 wrapped(x, opts)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Activated:
+    act: _Kind = _Kind.CAUSAL
+    k: float = 2.0
+    preset: _Options = _FAST
+
+
+def _activated(h: torch.Tensor, given: _Activated) -> torch.Tensor:
+    return torch.tanh(h) * given.k if given.act is _Kind.FULL else torch.relu(h) * given.k
+
+
+class ComparesAnEnumFieldInAFunction(ComparesPreset):
+    def forward(self, x: torch.Tensor, opts: _Activated = _Activated()) -> torch.Tensor:
+        return _activated(self.encoder(x), opts)
+
+
+class ComparesAnEnumField(ComparesPreset):
+    def forward(self, x: torch.Tensor, opts: _Activated = _Activated()) -> torch.Tensor:
+        h = self.encoder(x)
+        return torch.tanh(h) * opts.k if opts.act is _Kind.FULL else torch.relu(h) * opts.k
+
+
+class ComparesADataclassFieldByIdentity(ComparesPreset):
+    def forward(self, x: torch.Tensor, opts: _Activated = _Activated()) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * opts.k if opts.preset is _FAST else h
+
+
+@pytest.mark.parametrize(
+    "kind", [ComparesAnEnumField, ComparesAnEnumFieldInAFunction], ids=["forward", "function"]
+)
+def test_an_enum_field_of_an_argument_compared_by_identity_is_traced_per_value(
+    store: Store, kind: Callable[[], nn.Module]
+) -> None:
+    """`opts.act is Kind.FULL` compares an Enum member, one object for every equal value:
+    a frozen dataclass whose field the forward, or a function it hands it to, compares so
+    is traced per value, and each call answers as the model does; a field that is itself
+    a dataclass compared by identity (`opts.preset is PRESET`) is still refused."""
+    model = kind()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for opts in (_Activated(), _Activated(_Kind.FULL), _Activated(_Kind.FULL, 3.0)):
+            assert torch.equal(wrapped(x, opts), model(x, opts))
+    refused = ComparesADataclassFieldByIdentity()
+    wrapped = smt.wrap(refused, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    with torch.no_grad(), pytest.raises(smt.WrapError, match=r"`opts` .* by identity"):
+        wrapped(x, _Activated(preset=_Options("b", 5.0)))
+
+
 class NamespaceConfigured(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
