@@ -996,7 +996,8 @@ class CodeWatch(NamedTuple):
     lives: list[Any]
     """The namespace of each class of ``kinds``, then each dict, list or set read of an
     object named by what it holds (:func:`_held_bytes`), each dict of keyword defaults of
-    a function of theirs, and last the count of code set in place (:data:`_SETS`)."""
+    a function of theirs and of keywords of a partial they hold, and last the count of code
+    set in place (:data:`_SETS`)."""
     copies: list[Any]
     """A copy of each of ``lives``, taken with the watch."""
     kinds: list[type]
@@ -1193,8 +1194,9 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     holds (:func:`_held_bytes`: an attribute of it set in place, ``Kind.act.k = 3``), the
     mark and what is read of each such object marked by which object it is instead
     (:class:`_Marked`: changed since, it is marked anew, :func:`marks_moved`), and
-    each dict of keyword defaults of their functions (``f.__kwdefaults__["by"] = 7``),
-    with a copy of it; and the count of functions given other code or defaults in place
+    each dict of keyword defaults of their functions (``f.__kwdefaults__["by"] = 7``), and
+    of keywords of a partial they hold (``Kind.act.keywords["k"] = 3``), with a copy of
+    it; and the count of functions given other code or defaults in place
     and classes given other bases, in this process (:data:`_SETS`: ``f.__code__ = ...``,
     as a reloader does, ``f.__defaults__ = (5,)``, ``Kind.__bases__ = ...``), which moves
     for any function or class, and sends the look to what the watch noted of these
@@ -1245,6 +1247,9 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 if keywords:
                     lives.append(keywords)
                     labels.append(label)
+            for keywords in _partial_keywords(member):  # `Kind.act.keywords["k"] = 3`
+                lives.append(keywords)
+                labels.append(label)
     copies = list(map(_copied, lives))
     for mark in marks:  # one copy of what is read of it for all
         copies[mark.at + 1] = mark.noted.copies
@@ -1587,6 +1592,20 @@ def _bound_in(member: Any) -> list[bytes]:
         )
         member = member.func
     return bound
+
+
+def _partial_keywords(member: Any) -> list[dict[str, Any]]:
+    """The dict of keywords of each partial a class attribute is made of (:func:`_bound_in`),
+    for a watch to see one set in place (``Kind.act.keywords["k"] = 3``); none for any
+    other attribute."""
+    if isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    found = []
+    while isinstance(member, _PARTIALS):
+        if type(member.keywords) is dict:
+            found.append(member.keywords)
+        member = member.func
+    return found
 
 
 def _argument_bytes(value: Any) -> bytes:

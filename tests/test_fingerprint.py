@@ -2498,3 +2498,22 @@ def test_a_table_a_class_s_own_constructor_fills_is_its_state(
             assert _three_forwards(after, store, "h", 2) == ["recalled"] * 3
             assert _three_forwards(graph, store, "h", 2) == ["recalled"] * 3
     assert fingerprint_of(CountsBuilt) == was
+
+
+def _times(x: int, k: int = 1) -> int:
+    return x * k
+
+
+def test_a_keyword_a_partial_a_class_holds_binds_set_in_place_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partial a class holds (``act = partial(times, k=2)``) whose keywords are set in place
+    after a graph was built (``Kind.act.keywords["k"] = 3``), once and again, is other code
+    at the next forward of that graph each time: strict=True computes with what it binds
+    now, never recalling what it computed before."""
+    monkeypatch.setattr(HoldsScale, "act", functools.partial(_times, k=2))
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    for k in (3, 4):
+        HoldsScale.act.keywords["k"] = k  # type: ignore[attr-defined]
+        assert _three_forwards(graph, store, "h", k) == ["ran", "recalled", "recalled"], k
