@@ -288,6 +288,9 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
             held = [f for f in held if f.__code__.co_filename != "<string>"]
         for function in held:
             _put(digest, b"def " + name.encode(), _function_bytes(function))
+            tables = _default_tables(name, function)
+            if tables:  # by what they hold, or once changed in place, a mark
+                _put(digest, b"defaults " + name.encode(), *map(_default_table_bytes, tables))
         bound = _bound_in(member) if held else []
         if bound:
             _put(digest, b"bound " + name.encode(), *bound)
@@ -340,7 +343,10 @@ def _body_of(kind: type, state: frozenset[str]) -> Body:
     for name, member in vars(kind).items():
         held = _functions_in(member)
         if held:
-            functions = tuple((weakref.ref(f), _made_of(f)) for f in held)
+            functions = tuple(
+                (weakref.ref(f), _made_of(f), tuple(map(_table_now, _default_tables(name, f))))
+                for f in held
+            )
             body.append((name, (functions, _bound_in(member))))
         elif _plain(member):
             body.append((name, "state" if name in state else (type(member), member)))
@@ -1223,6 +1229,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             holds = _held_in(member)
             if not holds and _table(name, member) and name not in filled:
                 holds = [member]
+            for function in _functions_in(member):  # `def forward(self, x, ctx, memo={})`
+                holds += _default_tables(name, function)
             for held in holds:
                 if _contained_bytes(held, read, unnamed) is not None:
                     # a container holding objects: each watched as one held itself, and
@@ -1706,6 +1714,38 @@ def _default_object(value: Any) -> bool:
     if _plain(value) or type(value) in _CONTAINERS:
         return False
     return not isinstance(value, (FunctionType, type, ModuleType))
+
+
+_CONSTRUCTORS = frozenset({"__init__", "__new__"})
+"""The methods whose default arguments a node's declaration follows, not its code."""
+
+
+def _default_tables(name: str, function: FunctionType) -> list[Any]:
+    """Each dict, list, set or tuple holding more than plain values that ``function``, held
+    by a class under ``name``, takes by default (``def forward(self, x, ctx, opts={"k": 2})``,
+    a cache ``memo={}`` it fills): named by what it holds in the class's fingerprint
+    (:func:`_default_table_bytes`) and watched as a table the class holds is, so that one
+    changed in place between forwards is seen, while what its node's forward changes in it
+    is its state. None for a constructor (:data:`_CONSTRUCTORS`), whose defaults are
+    followed by the declaration of a node built with them."""
+    if name in _CONSTRUCTORS:
+        return []
+    defaults = (*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values())
+    return [value for value in defaults if type(value) in _CONTAINERS and not _plain(value)]
+
+
+def _default_table_bytes(value: Any) -> bytes:
+    """A table a method takes by default (:func:`_default_tables`), named as one a class
+    holds is: by what it holds, the same in every process that makes it alike, or once
+    changed in place since, by a mark of that very object."""
+    return _held_bytes(value) or _contained_bytes(value) or _token_of(value)
+
+
+def _table_now(value: Any) -> Any:
+    """What a fingerprint's digest of a table a method takes by default was worked out from
+    (:func:`_default_table_bytes`), to tell that it changed since: by what it holds, else by
+    which object it is and its mark."""
+    return _held_bytes(value) or _contained_bytes(value) or (_Same(value), _version_of(value))
 
 
 def _default_bytes(value: Any) -> bytes:

@@ -2517,3 +2517,66 @@ def test_a_keyword_a_partial_a_class_holds_binds_set_in_place_is_seen(
     for k in (3, 4):
         HoldsScale.act.keywords["k"] = k  # type: ignore[attr-defined]
         assert _three_forwards(graph, store, "h", k) == ["ran", "recalled", "recalled"], k
+
+
+class ScalesByDefault(Node):
+    """Scales by what the table its forward takes by default says."""
+
+    def forward(self, x: int, ctx: Any, by: Any = None) -> int:
+        return x * int(by["k"] if isinstance(by, dict) else by[0])
+
+
+@pytest.mark.parametrize(
+    ("table", "edit"),
+    [
+        ({"k": 2}, lambda by, k: by.__setitem__("k", k)),
+        ([2], lambda by, k: by.__setitem__(0, k)),
+    ],
+)
+def test_a_table_a_method_takes_by_default_changed_in_place_is_seen(
+    table: Any, edit: Callable[[Any, int], None], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dict or list a node's forward takes by default (``by={"k": 2}``), changed in place
+    between forwards once and again (``Kind.forward.__defaults__[0]["k"] = 3``), is other
+    code at the next forward of a graph built before each time, and for a graph built
+    after: strict=True computes with what it holds now, never recalling the old answer."""
+    monkeypatch.setattr(ScalesByDefault.forward, "__defaults__", (table,))
+    graph = Graph.somatize(ScalesByDefault().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    for k in (3, 4):
+        edit(ScalesByDefault.forward.__defaults__[0], k)  # type: ignore[index]
+        assert _three_forwards(graph, store, "h", k) == ["ran", "recalled", "recalled"], k
+    edit(ScalesByDefault.forward.__defaults__[0], 5)  # type: ignore[index]
+    after = Graph.somatize(ScalesByDefault().named("h").frozen().cached())
+    assert _three_forwards(after, store, "h", 5) == ["ran", "recalled", "recalled"]
+
+
+class MemoByDefault(Node):
+    """Doubles, keeping what it computed in the dict its forward takes by default."""
+
+    def forward(self, x: int, ctx: Any, memo: Any = None) -> int:
+        return int(memo.setdefault(x, 2 * x))
+
+
+def test_a_cache_a_forward_takes_by_default_and_fills_is_its_state(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dict a node's forward takes by default and fills as it runs (``memo={}``) is its
+    state: after the first fill, forwards recall without drift, those of a graph built after
+    too — and a change in place between forwards is still seen."""
+    monkeypatch.setattr(MemoByDefault.forward, "__defaults__", ({},))
+    graph = Graph.somatize(MemoByDefault().named("h").frozen().cached())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        for x in (1, 1, 2, 3):
+            assert graph.forward(x, store=store) == 2 * x
+        outcomes = []
+        for x in (1, 2, 3, 3):
+            assert graph.forward(x, store=store) == 2 * x
+            assert graph.record is not None
+            outcomes.append(graph.record.outcome["h"])
+        assert outcomes == ["recalled"] * 4
+        after = Graph.somatize(MemoByDefault().named("h").frozen().cached())
+        assert _three_forwards(after, store, "h", 2) == ["recalled"] * 3
+    MemoByDefault.forward.__defaults__[0][1] = 7  # type: ignore[index]
+    assert graph.forward(1, store=store, strict=True) == 7
