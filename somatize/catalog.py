@@ -298,10 +298,11 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
         opaque = None if held or _dunder(name) or _plain(member) else _opaque_bytes(member)
         if opaque is not None:
             _put(digest, b"object " + name.encode(), opaque)
-        contained = None if _dunder(name) else _contained_bytes(member)
+        filled = _table(name, member) and name in state
+        contained = None if _dunder(name) or filled else _contained_bytes(member)
         if contained is not None:
             _put(digest, b"holds " + name.encode(), contained)
-        elif _table(name, member) and name in state:  # filled by its own code: as written
+        elif filled:  # filled by its own code (with objects too, a registry): as written
             if not texts:
                 texts.append(_class_body(kind))
             made_as = _assignment(texts[0], name)
@@ -351,8 +352,8 @@ def _body_of(kind: type, state: frozenset[str]) -> Body:
         elif _plain(member):
             body.append((name, "state" if name in state else (type(member), member)))
         elif type(member) in _CONTAINERS and not _dunder(name):  # read again, as an object
-            contained = _contained_bytes(member)
-            if contained is None and name in state:  # a table its own code fills: by its text
+            contained = None if name in state else _contained_bytes(member)
+            if name in state:  # a table its own code fills (a registry too): by its text
                 body.append((name, ("state", _Same(member))))
             elif contained is None:  # a table: by what it holds, or its mark
                 body.append((name, (_held_bytes(member), _Same(member), _version_of(member))))

@@ -2580,3 +2580,36 @@ def test_a_cache_a_forward_takes_by_default_and_fills_is_its_state(
         assert _three_forwards(after, store, "h", 2) == ["recalled"] * 3
     MemoByDefault.forward.__defaults__[0][1] = 7  # type: ignore[index]
     assert graph.forward(1, store=store, strict=True) == 7
+
+
+class ListsBuilt(Node):
+    """Doubles; lists, in a list its class holds, each of it built."""
+
+    registry: ClassVar[list[Any]] = []
+
+    def __init__(self) -> None:
+        type(self).registry.append(self)
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return 2 * x
+
+
+def test_a_list_of_nodes_a_class_s_own_constructor_fills_is_its_state(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list a class holds that its own constructor fills with the nodes built (a registry,
+    ``type(self).registry.append(self)``) is its state, as a count of them is, taken as the
+    class's text writes it: forwards recall without drift, those of a graph built after
+    another node of it was built too, and the class keeps its fingerprint."""
+    monkeypatch.setattr(ListsBuilt, "registry", [])
+    was = fingerprint_of(ListsBuilt)
+    graph = Graph.somatize(ListsBuilt().named("h").frozen().cached())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+        for _ in range(2):
+            after = Graph.somatize(ListsBuilt().named("h").frozen().cached())
+            assert _three_forwards(after, store, "h", 2) == ["recalled"] * 3
+            assert _three_forwards(graph, store, "h", 2) == ["recalled"] * 3
+    assert len(ListsBuilt.registry) == 3
+    assert fingerprint_of(ListsBuilt) == was
