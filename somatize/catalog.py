@@ -832,9 +832,12 @@ def _filled_tables(lineage: Iterable[type]) -> frozenset[str]:
     return frozenset(filled)
 
 
-def _tables_changed_by(code: CodeType, tables: set[str]) -> set[str]:
+def _tables_changed_by(
+    code: CodeType, tables: set[str], loads: tuple[str, ...] = ("LOAD_ATTR", "LOAD_METHOD")
+) -> set[str]:
     """Which of ``tables`` the code ``code`` (and that nested in it) reads as an attribute
-    and changes in place on the same line: a subscript set or deleted there, or a method of
+    (or by ``loads``: a local, for a table a function takes by default) and changes in
+    place on the same line: a subscript set or deleted there, or a method of
     :data:`_FILLERS` called right on it."""
     found: set[str] = set()
     lines: dict[Any, list[dis.Instruction]] = {}
@@ -847,21 +850,28 @@ def _tables_changed_by(code: CodeType, tables: set[str]) -> set[str]:
     for line in lines.values():
         stores = any(i.opname in ("STORE_SUBSCR", "DELETE_SUBSCR") for i in line)
         for at, instruction in enumerate(line):
-            if instruction.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
+            if instruction.opname not in loads:
                 continue
-            if instruction.argval not in tables:
+            # two locals loaded at once (LOAD_FAST_LOAD_FAST), the last on top
+            read = (
+                instruction.argval if type(instruction.argval) is tuple else (instruction.argval,)
+            )
+            if not tables.intersection(read):
                 continue
             following = line[at + 1] if at + 1 < len(line) else None
             called = (
                 following is not None
                 and following.opname in ("LOAD_ATTR", "LOAD_METHOD")
                 and following.argval in _FILLERS
+                and read[-1] in tables
             )
-            if stores or called:
-                found.add(instruction.argval)
+            if stores:
+                found.update(tables.intersection(read))
+            elif called:
+                found.add(read[-1])
     for constant in code.co_consts:
         if isinstance(constant, CodeType):
-            found |= _tables_changed_by(constant, tables)
+            found |= _tables_changed_by(constant, tables, loads)
     return found
 
 
@@ -1724,15 +1734,28 @@ _CONSTRUCTORS = frozenset({"__init__", "__new__"})
 def _default_tables(name: str, function: FunctionType) -> list[Any]:
     """Each dict, list, set or tuple holding more than plain values that ``function``, held
     by a class under ``name``, takes by default (``def forward(self, x, ctx, opts={"k": 2})``,
-    a cache ``memo={}`` it fills): named by what it holds in the class's fingerprint
+    ``by={"k": 2}``): named by what it holds in the class's fingerprint
     (:func:`_default_table_bytes`) and watched as a table the class holds is, so that one
-    changed in place between forwards is seen, while what its node's forward changes in it
-    is its state. None for a constructor (:data:`_CONSTRUCTORS`), whose defaults are
-    followed by the declaration of a node built with them."""
+    changed in place between forwards is seen. None for a constructor
+    (:data:`_CONSTRUCTORS`), whose defaults are followed by the declaration of a node built
+    with them, nor for one the function's own code changes in place (``memo[x] = ...``,
+    ``memo.setdefault(x, y)``: a cache, the memo-default idiom), its state: taken as its
+    text writes it, the same in every process, and not watched."""
     if name in _CONSTRUCTORS:
         return []
-    defaults = (*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values())
-    return [value for value in defaults if type(value) in _CONTAINERS and not _plain(value)]
+    code, defaults = function.__code__, function.__defaults__ or ()
+    positional = code.co_varnames[: code.co_argcount]
+    given = list(zip(positional[len(positional) - len(defaults) :], defaults, strict=False))
+    given += (function.__kwdefaults__ or {}).items()
+    tables = [(n, v) for n, v in given if type(v) in _CONTAINERS and not _plain(v)]
+    if not tables:
+        return []
+    filled = _tables_changed_by(code, {n for n, _ in tables}, _LOCAL_LOADS)
+    return [value for n, value in tables if n not in filled]
+
+
+_LOCAL_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_LOAD_FAST", "LOAD_DEREF")
+"""How a function's code reads one of its arguments, or a function nested in it the same."""
 
 
 def _default_table_bytes(value: Any) -> bytes:
