@@ -387,6 +387,19 @@ _NO_SELF = (ModuleType, type(None))
 an object whose state it computes with (``re.compile("a").search``)."""
 
 
+def _builtin_bytes(function: BuiltinFunctionType) -> bytes | None:
+    """A builtin function by its name, the same in every process, where it is one of a
+    module (``math.sqrt``) or of a class its name leads back to (``tuple.__new__``, which
+    ``namedtuple``'s methods close over); None for one bound to an object whose state it
+    computes with (``re.compile("a").search``)."""
+    bound = function.__self__
+    if isinstance(bound, _NO_SELF):
+        return f"builtin {function.__module__}:{function.__qualname__}".encode()
+    if isinstance(bound, type) and identity_of(bound) is not None:
+        return f"builtin {identity_of(bound)}.{function.__name__}".encode()
+    return None
+
+
 def _opaque_bytes(member: Any) -> bytes | None:
     """How a class attribute that runs code but is no plain function (a callable object,
     a mock, a ``singledispatchmethod``) is fingerprinted: a builtin function of a module by
@@ -398,8 +411,8 @@ def _opaque_bytes(member: Any) -> bytes | None:
     member = _runner(member)
     if member is None:
         return None
-    if isinstance(member, BuiltinFunctionType) and isinstance(member.__self__, _NO_SELF):
-        return f"builtin {member.__module__}:{member.__qualname__}".encode()
+    if isinstance(member, BuiltinFunctionType) and (named := _builtin_bytes(member)):
+        return named
     return _held_bytes(member) or _token_of(member)
 
 
@@ -635,8 +648,8 @@ def _contained_bytes(
     def leaf(value: Any) -> bytes:
         if id(value) not in found:
             found[id(value)] = value
-            if isinstance(value, BuiltinFunctionType) and isinstance(value.__self__, _NO_SELF):
-                return f"builtin {value.__module__}:{value.__qualname__}".encode()
+            if isinstance(value, BuiltinFunctionType) and (builtin := _builtin_bytes(value)):
+                return builtin
             named = _held_bytes(value, seen)
             if named is not None:
                 return named
@@ -709,9 +722,10 @@ class _Walk:
         if isinstance(value, ModuleType):
             return f"module {value.__name__}".encode()
         if isinstance(value, BuiltinFunctionType):
-            if not isinstance(value.__self__, _NO_SELF):  # a method of an object in C
+            builtin = _builtin_bytes(value)
+            if builtin is None:  # a method of an object in C
                 raise _Unnamed
-            return f"builtin {value.__module__}:{value.__qualname__}".encode()
+            return builtin
         self.placed[id(value)] = len(self.placed)
         self.walking.add(id(value))
         self.held.append(value)
@@ -1629,21 +1643,40 @@ def _partial_keywords(member: Any) -> list[dict[str, Any]]:
 
 def _argument_bytes(value: Any) -> bytes:
     """An argument a partial binds (:func:`_bound_in`), named as a cell a function closes
-    over is (:func:`_cell_bytes`)."""
+    over is (:func:`_cell_bytes`); an object of the library's (:func:`_library_object`) by
+    its type."""
+    if _library_object(value):
+        return _value_bytes(value)
     cell = CellType(value)
     return _cell_bytes("", cell, frozenset())
 
 
+def _library_object(value: Any) -> bool:
+    """Whether ``value``, bound by a partial or taken by default, is an object of a class of
+    the standard library's or another the fingerprints leave out (:func:`_left_out`:
+    ``os.environ``, a lock, a bare ``object()`` sentinel, a logger): named by its type, the
+    same in every process whatever it holds, and not watched — a mark of that very object
+    would have every new process, and every worker, take the code for other code."""
+    if _plain(value) or type(value) in _CONTAINERS:
+        return False
+    if isinstance(value, (FunctionType, MethodType, type, ModuleType, *_PARTIALS)):
+        return False
+    return _left_out(type(value)) and not hasattr(value, "__wrapped__")  # lru_cache's
+
+
 def _bound_objects(member: Any) -> list[Any]:
     """The objects a partial held by a class binds (:func:`_bound_in`), that a watch reads
-    as it reads what a function closes over: no plain value, function, class nor module."""
+    as it reads what a function closes over: no plain value, function, class, module nor
+    object of the library's (:func:`_library_object`)."""
     if isinstance(member, (staticmethod, classmethod)):
         member = member.__func__
     found: list[Any] = []
     while isinstance(member, _PARTIALS):
         for value in (*member.args, *member.keywords.values()):
-            if not _exactly_plain(value) and not isinstance(
-                value, (FunctionType, type, ModuleType)
+            if not (
+                _exactly_plain(value)
+                or isinstance(value, (FunctionType, type, ModuleType))
+                or _library_object(value)
             ):
                 found.append(value)
         member = member.func
@@ -1722,7 +1755,7 @@ def _default_object(value: Any) -> bool:
     closes over (:func:`_default_bytes`): no plain value, function, class nor module, and
     no dict, list or set (a constructor's default argument, which the node's declaration
     follows)."""
-    if _plain(value) or type(value) in _CONTAINERS:
+    if _plain(value) or type(value) in _CONTAINERS or _library_object(value):
         return False
     return not isinstance(value, (FunctionType, type, ModuleType))
 
@@ -1804,6 +1837,8 @@ def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
         return f"class {identity_of(value)}".encode()
     if isinstance(value, ModuleType):
         return f"module {value.__name__}".encode()
+    if isinstance(value, BuiltinFunctionType) and (builtin := _builtin_bytes(value)):
+        return builtin
     return _held_bytes(value) or _contained_bytes(value) or _token_of(value)
 
 

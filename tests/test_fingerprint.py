@@ -2613,3 +2613,71 @@ def test_a_list_of_nodes_a_class_s_own_constructor_fills_is_its_state(
             assert _three_forwards(graph, store, "h", 2) == ["recalled"] * 3
     assert len(ListsBuilt.registry) == 3
     assert fingerprint_of(ListsBuilt) == was
+
+
+_DEFAULTS_OF_THE_LIBRARY = """
+import collections
+import functools
+import os
+import threading
+
+from somatize import Node
+from somatize.catalog import fingerprint_of
+
+_LOCK = threading.Lock()
+
+
+def _read(name, environ=os.environ, lock=_LOCK, missing=object()):
+    return environ.get(name, missing)
+
+
+Pair = collections.namedtuple("Pair", "left right")
+
+
+def _making():
+    tuple_new = tuple.__new__  # as namedtuple's _make closes over it
+
+    def make(cls, items):
+        return tuple_new(cls, items)
+
+    return make
+
+
+class Reads(Node):
+    look = functools.partial(_read, environ=os.environ)
+    make = _making()
+
+    def forward(self, x, ctx, environ=os.environ, lock=_LOCK):
+        return Pair._make([_read("HOME") is not None, x]).right
+
+
+print(fingerprint_of(Reads))
+"""
+
+
+def test_a_method_defaulting_to_an_object_of_the_standard_library_is_named_alike_everywhere(
+    tmp_path: Path,
+) -> None:
+    """A function taking the process's environment, a lock or a bare ``object()`` by
+    default, or a partial binding one (``environ=os.environ``, the common way to let a
+    test hand another), is named by that object's type, as the standard library's objects
+    are, and a builtin a helper's method closes over (``tuple.__new__`` in a namedtuple's
+    ``_make``) by its name: the same in every process, whatever the environment holds —
+    not by a mark of that very object, which would make every new process, and every
+    worker, take the node for other code."""
+    path = tmp_path / "library_defaults.py"
+    _write(path, _DEFAULTS_OF_THE_LIBRARY)
+    root = str(Path(__file__).resolve().parent.parent)
+    printed = []
+    for extra in ("one", "two"):
+        done = subprocess.run(
+            [sys.executable, str(path)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": root, "SOMATIZE_TEST_EXTRA": extra},
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        printed.append(done.stdout.strip())
+    assert printed[0].startswith("sha256:")
+    assert printed[0] == printed[1]
