@@ -3298,15 +3298,18 @@ def _passes_through(count: int) -> list[Callable[[torch.Tensor], torch.Tensor]]:
     return made
 
 
+_THROUGH = _passes_through(4200)
+"""Kept by the module, not the class: a class holding so many is too large for a graph to
+watch, and is warned of."""
+
+
 class ScalesByATensorMaskAfterManyFunctions(OnTempered):
     """Hands what it encoded through many functions, each of its own code, then scales it
     by its mask when that is a tensor, asking its type in a function it calls."""
 
-    through = _passes_through(4200)
-
     def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
         h = self.encoder(x)
-        for one in self.through:
+        for one in _THROUGH:
             h = one(h)
         return _scaled_by_a_tensor(h, mask)
 
