@@ -583,29 +583,11 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
         for name, value in concrete.items()
         if isinstance(value, tuple) or dataclasses.is_dataclass(value)
     ]
-    looked: dict[CodeType, bool] = {}
-    """Per function met, whether it is the model's."""
-
     get, put = _free_hook()
     was = get()
 
-    def profile(frame: types.FrameType, event: str, arg: Any) -> Any:
-        if event == "call":
-            note(frame)
-        # One set before, which no hook was free of: kept running (a tracer's own hook for
-        # the frame is the answer).
-        return was(frame, event, arg) if was is not None else None
-
     def note(frame: types.FrameType) -> None:
         code = frame.f_code
-        mine = looked.get(code)
-        if mine is None:
-            filename = os.path.abspath(code.co_filename)
-            mine = looked[code] = not (
-                in_torch(filename) or filename.startswith(_OURS) or _python_own(filename)
-            )
-        if not mine:
-            return
         count = code.co_argcount + code.co_kwonlyargcount
         given = frame.f_locals
         for name in code.co_varnames[:count]:
@@ -626,11 +608,46 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
         # Neither hook free, nor the one set callable from here: it is not taken over.
         yield found
         return
-    put(profile)
+    mine = _MINE
+    """Per file a function met is written in, whether it is the model's: a hook called
+    at every call the trace makes (of torch's code most) looks no further than this."""
+
+    def profile(frame: types.FrameType, event: str, arg: Any) -> Any:
+        if event == "call":
+            filename = frame.f_code.co_filename
+            found_mine = mine.get(filename)
+            if found_mine is None:
+                found_mine = _model_own(filename)
+            if found_mine:
+                note(frame)
+        return None
+
+    def profile_on(frame: types.FrameType, event: str, arg: Any) -> Any:
+        # One set before, which no hook was free of: kept running (a tracer's own hook for
+        # the frame is the answer).
+        profile(frame, event, arg)
+        return was(frame, event, arg)
+
+    put(profile if was is None else profile_on)
     try:
         yield found
     finally:
         put(was)
+
+
+_MINE: dict[str, bool] = {}
+"""Per file code runs from, whether it is a model's (:func:`_model_own`): a process meets
+few files, and a trace runs the functions of each many times."""
+
+
+def _model_own(filename: str) -> bool:
+    """Whether code in ``filename`` is the model's (not torch's, this package's or Python's
+    own), noted in :data:`_MINE`."""
+    if len(_MINE) >= 4096:  # fx names the code of each module it makes a file of its own
+        _MINE.clear()
+    path = os.path.abspath(filename)
+    own = _MINE[filename] = not (in_torch(path) or path.startswith(_OURS) or _python_own(path))
+    return own
 
 
 def _free_hook() -> tuple[Callable[[], Any], Callable[[Any], None]]:
