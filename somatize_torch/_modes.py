@@ -50,6 +50,7 @@ from __future__ import annotations
 import builtins
 import enum
 import functools
+import importlib._bootstrap as _bootstrap
 import inspect
 import os
 import random
@@ -690,6 +691,10 @@ def _importing() -> bool:
     call, and is no part of what the forward computes. Looked for between the call and
     fx's tracing only, so a model traced as the module it is written in is imported is
     still refused what its forward does."""
+    if not getattr(_bootstrap, "_module_locks", True):
+        # No module is being imported in any thread (each holds its lock as it runs): no
+        # frame to look for, and a trace asks at every `isinstance` it makes.
+        return False
     frame: types.FrameType | None = sys._getframe(2)  # what called the replaced function
     while frame is not None:
         name = frame.f_globals.get("__name__")
