@@ -288,9 +288,10 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
     """``isinstance`` in the tracing thread: the forward asking whether what fx hands it in
     a tensor's place is a tensor, which it never is while fx traces (a stand-in), so the
     branch fx keeps would be the one for a value that is no tensor."""
-    if original(value, fx.Proxy) and (
-        _names_a_plain_kind(kinds, original)
-        or (_names_a_tensor(kinds, original) and _annotated_plain(value.node.type))
+    if not original(value, fx.Proxy):
+        return original(value, kinds)  # fx's own values, mostly: asked as they are
+    if _names_a_plain_kind(kinds, original) or (
+        _names_a_tensor(kinds, original) and _annotated_plain(value.node.type)
     ):
         # An argument with a plain default asked after as a plain kind (`isinstance(flag,
         # bool)`), or, annotated as taking plain values only, as a tensor
@@ -311,10 +312,8 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
                 f"asks what kind of value `{node.target}` is (`isinstance`): fx stands in "
                 "for it, and would answer no whatever a call gives"
             )
-    if (
-        original(value, fx.Proxy)
-        and value.node.op == "placeholder"
-        and str(value.node.target) in getattr(value.tracer, "containers", ())
+    if value.node.op == "placeholder" and str(value.node.target) in getattr(
+        value.tracer, "containers", ()
     ):
         caller = _asker()
         if not (in_torch(caller) or caller.startswith(_OURS)):
@@ -323,7 +322,7 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
                 "this call hands a list, tuple or dict: fx stands in for it while it traces, "
                 "and would answer no whatever the call gives"
             )
-    if original(value, fx.Proxy) and _names_a_tensor(kinds, original):
+    if _names_a_tensor(kinds, original):
         caller = _asker()
         if not (in_torch(caller) or caller.startswith(_OURS)):
             raise Fixed(
