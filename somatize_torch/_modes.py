@@ -668,7 +668,9 @@ def _replaced(original: Any, instead: Callable[..., Any]) -> Any:
     @functools.wraps(original)
     def replaced(*args: Any, **kwargs: Any) -> Any:
         recorder: _Recorder | None = getattr(_here, "recorder", None)
-        if recorder is None or _importing():
+        # No module being imported in any thread (each holds its lock as it runs): no
+        # frame of Python's import to look for, at each of the calls a trace makes.
+        if recorder is None or (_IMPORT_LOCKS and _importing()):
             return original(*args, **kwargs)
         return instead(recorder, original, *args, **kwargs)
 
@@ -677,6 +679,10 @@ def _replaced(original: Any, instead: Callable[..., Any]) -> Any:
 
 _IMPORTING = frozenset({"importlib._bootstrap", "importlib._bootstrap_external"})
 """Where Python's import runs a module's code (its frames' ``__name__``)."""
+
+_IMPORT_LOCKS: dict[str, Any] = getattr(_bootstrap, "_module_locks", {"": None})
+"""The lock of each module being imported, in any thread, held as its code runs (where
+Python keeps none there, one taken as always held)."""
 
 _TRACING = "torch.fx._symbolic_trace"
 """Where fx runs the forward it traces (and the modules it calls): the frames above it
@@ -690,10 +696,6 @@ def _importing() -> bool:
     call, and is no part of what the forward computes. Looked for between the call and
     fx's tracing only, so a model traced as the module it is written in is imported is
     still refused what its forward does."""
-    if not getattr(_bootstrap, "_module_locks", True):
-        # No module is being imported in any thread (each holds its lock as it runs): no
-        # frame to look for, and a trace asks at every `isinstance` it makes.
-        return False
     frame: types.FrameType | None = sys._getframe(2)  # what called the replaced function
     while frame is not None:
         name = frame.f_globals.get("__name__")
