@@ -664,6 +664,8 @@ for by a :class:`_Drawing`."""
 def _replaced(original: Any, instead: Callable[..., Any]) -> Any:
     if instead is _STANDS_IN:
         return _Drawing(original)
+    if instead is _tensor_check:
+        return _asking_kind(original)
 
     @functools.wraps(original)
     def replaced(*args: Any, **kwargs: Any) -> Any:
@@ -673,6 +675,21 @@ def _replaced(original: Any, instead: Callable[..., Any]) -> Any:
         if recorder is None or (_IMPORT_LOCKS and _importing()):
             return original(*args, **kwargs)
         return instead(recorder, original, *args, **kwargs)
+
+    return replaced
+
+
+def _asking_kind(original: Any) -> Any:
+    """``isinstance`` (``original``) replaced: asked in the tracing thread of a value fx
+    stands in for, by :func:`_tensor_check`; of any other value, as it is, at once (fx
+    asks it of its own values at every step it takes)."""
+
+    @functools.wraps(original)
+    def replaced(value: Any, kinds: Any, /) -> Any:
+        recorder: _Recorder | None = getattr(_here, "recorder", None)
+        if recorder is None or not original(value, fx.Proxy) or (_IMPORT_LOCKS and _importing()):
+            return original(value, kinds)
+        return _tensor_check(recorder, original, value, kinds)
 
     return replaced
 
