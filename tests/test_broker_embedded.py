@@ -885,6 +885,65 @@ def test_ctrl_c_ends_a_process_whose_node_loops_on_an_embedded_worker(
     ]
 
 
+_PROFILED_AFTER = """
+import os, signal, sys, threading, time
+from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from somatize import Broker, Graph, Worker
+from tests.broker_nodes import spinning
+from tests.nodes import Rows, Scale
+folder, interrupted = Path(sys.argv[1]), sys.argv[2] == "interrupted"
+broker = Broker.embedded({w: Worker.generic() for w in ("w1", "w2")})
+if interrupted:
+    (folder / "fine-kept").touch()
+    def interrupt():
+        while not (folder / "started").exists():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
+    try:
+        spinning(folder).forward({"at": 0, "take": 3}, broker=broker)
+    except KeyboardInterrupt:
+        pass
+g = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
+print(g.forward({"at": 0, "take": 3}, broker=broker))
+def called():
+    return "called"
+sys.setprofile(lambda frame, event, arg: None)
+print(called())
+sys.setprofile(None)
+"""
+
+
+@pytest.mark.parametrize("interrupted", ["interrupted", "plain"])
+def test_a_profiler_set_after_a_forward_on_an_embedded_worker_runs(
+    tmp_path: Path, interrupted: str
+) -> None:
+    """A profiler or tracer set after a forward ran a node on an embedded worker — stopped
+    by Ctrl-C there or not — runs the calls made after it: the interrupts the broker can
+    raise in its workers' threads leave the interpreter as they found it (taking one back
+    by sending none left it looking for one at every instruction, and Python 3.11 then
+    hung at the first call a profiler saw)."""
+    root = Path(__file__).resolve().parent.parent
+    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    (tmp_path / "go").touch() if interrupted == "plain" else None
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROFILED_AFTER, str(tmp_path), interrupted],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process hung at a call once a profiler was set")
+    finally:
+        (tmp_path / "go").touch()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-3:] == ["[0.0, 3.0, 6.0]", "called", ""]
+
+
 def test_mapped_node_on_a_worker(store: Store) -> None:
     """The items of a mapped node placed on a network worker cross and are kept one by one."""
     from tests.nodes import Square

@@ -495,10 +495,11 @@ class Broker(abc.ABC):
         """The forward of ``future``'s node has ended: whether it was interrupted."""
         with self._lock:
             running = self._forwarding.pop(future, None)
-            if running is None:
-                return False
-            _raise_in(running[0], None)  # sent and not landed yet: it lands nowhere now
-            return bool(running[1])
+        if running is None:
+            return False
+        if running[1]:  # sent: one not landed yet lands here, now, and nowhere after
+            _take_back()
+        return bool(running[1])
 
     def close(self) -> None:
         """Lets the workers go; a later call starts them again. A node still waiting for
@@ -651,11 +652,30 @@ _RAISE_THERE: Any = getattr(getattr(ctypes, "pythonapi", None), "PyThreadState_S
 than where a second Ctrl-C may land in the Python code that looks it up; None elsewhere."""
 
 
-def _raise_in(thread: int, error: type[BaseException] | None) -> None:
-    """Raises ``error`` in the thread ``thread`` at the next Python instruction it runs
-    (None: takes back one it has not raised yet). Outside CPython, nothing."""
+def _raise_in(thread: int, error: type[BaseException]) -> None:
+    """Raises ``error`` in the thread ``thread`` at the next Python instruction it runs.
+    Outside CPython, nothing.
+
+    One sent is taken back by letting it land (:func:`_take_back`), never by sending None:
+    CPython then leaves the interpreter asked to look for one at every instruction it
+    checks, in every thread, for the rest of the process — slower, and on Python 3.11 a
+    profiler or tracer set after it (``cProfile``, a debugger, the one a trace of
+    ``somatize.torch.wrap`` sets) hangs at the next call."""
     if _RAISE_THERE is not None:
-        _RAISE_THERE(ctypes.c_ulong(thread), ctypes.py_object(error) if error else None)
+        _RAISE_THERE(ctypes.c_ulong(thread), ctypes.py_object(error))
+
+
+def _take_back() -> None:
+    """Lets a KeyboardInterrupt sent to this thread by :func:`_raise_in`, and not landed
+    yet, land here, where it is caught: the interpreter looks for one as a call begins."""
+    try:  # noqa: SIM105 -- suppress's __enter__ is a call, where it could land outside
+        _landing()
+    except KeyboardInterrupt:
+        pass
+
+
+def _landing() -> None:
+    """A call, where an interrupt sent to the thread lands (:func:`_take_back`)."""
 
 
 def _owed(graph: Graph, name: str) -> tuple[tuple[str, str], ...]:
