@@ -82,8 +82,8 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from typing import TYPE_CHECKING, Any
 
 from somatize._record import Drifted, Fact, NodeFailed, Record, WatcherFailed, failed_as
@@ -159,7 +159,7 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
             waiting = later
             if not busy:
                 continue
-            finished, _ = wait(busy, return_when=FIRST_COMPLETED)
+            finished = wait_for(busy, FIRST_COMPLETED)
             for future in finished:
                 node = busy.pop(future)
                 try:
@@ -177,17 +177,50 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
                     state.emit(fact)
                 _ran(state, plan, node, outcome.value, outcome.took_us, outcome.kept)
                 done.add(node)
-    except BaseException as stop:
-        if busy and not isinstance(stop, Exception):  # interrupted (Ctrl-C)
-            interrupted = getattr(broker, "interrupted", None)
-            if interrupted is not None:  # first: a second Ctrl-C may cut short what follows
-                interrupted(list(busy))  # stops what runs on workers, where it can
+    except BaseException as error:
+        # Interrupted (Ctrl-C): the broker stops what runs on workers, where it can, before
+        # anything else. Every Python instruction here is a place a second Ctrl-C can land,
+        # so one that cuts the stopping short has it done again, rather than leave a node
+        # running for nobody, holding its worker (and this process, which waits for it as
+        # it exits); a Ctrl-C landing as a failure is handled stops them too.
+        stop = error
+        while True:
+            try:
+                if not isinstance(stop, Exception):  # even with none held: one landing as
+                    interrupted = getattr(broker, "interrupted", None)  # submit returned left
+                    if interrupted is not None:  # its call to the broker, which knows it
+                        interrupted(list(busy))
+                break
+            except KeyboardInterrupt as again:
+                stop = again
+        if busy and not isinstance(stop, Exception):
             for node in busy.values():  # as a node interrupted running here is said
                 state.emit({"fact": "failed", "node": node, "error": type(stop).__name__})
+        if stop is not error:
+            raise stop from None
         raise
     finally:
         for future in busy:
             future.cancel()
+
+
+def wait_for(futures: Iterable[Future[Any]], return_when: str = ALL_COMPLETED) -> set[Future[Any]]:
+    """The futures of ``futures`` that are done, once ``return_when`` says so (as
+    :func:`concurrent.futures.wait`). A Ctrl-C landing as Python's own waiting code puts
+    itself back together can come out of it as another error (``RuntimeError: release
+    unlocked lock``, raised while handling the KeyboardInterrupt): that KeyboardInterrupt
+    is raised instead, so the forward waiting here is seen interrupted."""
+    try:
+        return wait(futures, return_when=return_when)[0]
+    except Exception as error:
+        cause: BaseException | None = error
+        seen: set[int] = set()
+        while cause is not None and id(cause) not in seen:
+            if not isinstance(cause, Exception):
+                raise cause from None
+            seen.add(id(cause))
+            cause = cause.__context__
+        raise
 
 
 def _ran(state: _Run, plan: Plan, node: str, value: Any, took: int, kept: int | None) -> None:

@@ -15,6 +15,7 @@ import time
 import types
 import weakref
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -759,6 +760,96 @@ def test_a_second_ctrl_c_while_the_first_is_said_still_stops_the_node(
     with pytest.raises(KeyboardInterrupt):
         g.forward({"at": 0, "take": 3}, broker=broker, watching=again)
     interrupter.join()
+    after = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
+    assert _next_forward(after, broker, tmp_path / "go") == [0.0, 3.0, 6.0]
+
+
+@pytest.mark.parametrize("mode", ["local", "network"])
+def test_ctrl_c_landing_as_submit_returns_still_stops_the_node(mode: str, tmp_path: Path) -> None:
+    """A node starts on its worker while the forward is still returning from
+    ``broker.submit``: a Ctrl-C landing there, before the forward holds the call, still
+    stops that node, so the worker is free for its next node at once."""
+    from somatize.broker import Done, EmbeddedBroker
+    from somatize.node import Context
+    from tests.broker_nodes import Spin
+
+    class Returning(EmbeddedBroker):
+        def submit(
+            self, graph: Graph, node: str, inputs: list[Any], ctx: Context, *, keep: bool = False
+        ) -> Future[Done]:
+            future = super().submit(graph, node, inputs, ctx, keep=keep)
+            if node != "spin":
+                return future
+            waited = time.monotonic()
+            while not (tmp_path / "started").exists() and time.monotonic() - waited < 60:
+                time.sleep(0.001)
+            raise KeyboardInterrupt  # the Ctrl-C, landing as submit returns
+
+    broker = Returning({"w1": Worker.generic(mode=mode)})
+    spin = Spin(str(tmp_path / "started"), str(tmp_path / "go"))
+    g = Graph.somatize(Rows().named("rows") >> spin.named("spin").at("w1"))
+    with pytest.raises(KeyboardInterrupt):
+        g.forward({"at": 0, "take": 3}, broker=broker)
+    after = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
+    assert _next_forward(after, broker, tmp_path / "go") == [0.0, 3.0, 6.0]
+
+
+def test_a_second_ctrl_c_landing_as_the_forward_stops_its_nodes_still_stops_them(
+    tmp_path: Path, interrupt_when: Callable[[Path], threading.Thread]
+) -> None:
+    """A second Ctrl-C landing as the interrupted forward hands its calls to the broker
+    to stop, before the broker has stopped them, has them stopped again: the node looping
+    on the embedded worker stops, and the forward raises KeyboardInterrupt."""
+    from somatize.broker import EmbeddedBroker
+    from tests.broker_nodes import Spin
+
+    class CutShort(EmbeddedBroker):
+        cuts = 1
+
+        def interrupted(self, futures: Any) -> None:
+            if self.cuts:
+                self.cuts -= 1
+                raise KeyboardInterrupt  # the second Ctrl-C, landing before the stop
+            super().interrupted(futures)
+
+    broker = CutShort({"w1": Worker.generic(mode="local")})
+    spin = Spin(str(tmp_path / "started"), str(tmp_path / "go"))
+    g = Graph.somatize(Rows().named("rows") >> spin.named("spin").at("w1"))
+    interrupter = interrupt_when(tmp_path / "started")
+    with pytest.raises(KeyboardInterrupt):
+        g.forward({"at": 0, "take": 3}, broker=broker)
+    interrupter.join()
+    assert broker.cuts == 0
+    after = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
+    assert _next_forward(after, broker, tmp_path / "go") == [0.0, 3.0, 6.0]
+
+
+def test_ctrl_c_cut_short_in_the_wait_of_a_forward_still_stops_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C landing as Python's own waiting code puts itself back together comes out
+    of it as ``RuntimeError: release unlocked lock``, raised while handling the
+    KeyboardInterrupt: the forward raises that KeyboardInterrupt, and stops the node."""
+    import somatize.engine as engine
+    from tests.broker_nodes import Spin
+
+    def cut_short(*args: Any, **kwargs: Any) -> Any:
+        waited = time.monotonic()
+        while not (tmp_path / "started").exists() and time.monotonic() - waited < 60:
+            time.sleep(0.001)
+        try:
+            raise KeyboardInterrupt  # the Ctrl-C
+        finally:
+            raise RuntimeError("release unlocked lock")  # as the wait puts itself back
+
+    monkeypatch.setattr(engine, "wait", cut_short)
+    broker = Broker.embedded({"w1": Worker.generic(mode="local")})
+    spin = Spin(str(tmp_path / "started"), str(tmp_path / "go"))
+    g = Graph.somatize(Rows().named("rows") >> spin.named("spin").at("w1"))
+    with pytest.raises(KeyboardInterrupt):
+        g.forward({"at": 0, "take": 3}, broker=broker)
+    assert g.record.outcome["spin"] == "failed"
+    monkeypatch.undo()
     after = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
     assert _next_forward(after, broker, tmp_path / "go") == [0.0, 3.0, 6.0]
 

@@ -18,7 +18,8 @@ The engine speaks to a broker in three calls:
 and, when a forward is interrupted (Ctrl-C) while calls it submitted still run,
 ``interrupted(futures)``: the broker stops them — a Ray actor is stopped; a node
 running on an embedded worker's thread has KeyboardInterrupt raised in it
-(:meth:`Broker.stoppable`).
+(:meth:`Broker.stoppable`), and so are those of the calls the interrupted thread
+submitted and does not hold yet (interrupted as ``submit`` returned).
 
 Each worker has one lane — a thread that carries its calls one after another,
 as a Ray actor does — so a worker never runs two nodes at once. A node on a lane
@@ -57,7 +58,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of, state_crosses
-from somatize.engine import NodeFailed
+from somatize.engine import NodeFailed, wait_for
 from somatize.errors import SomatizeError, _Rebuilt
 from somatize.node import Context, holding_of
 
@@ -223,6 +224,10 @@ class Broker(abc.ABC):
         worker's next lane starts once they are idle, so it never runs two nodes at once."""
         self._pending: dict[Future[Done], tuple[str, str]] = {}
         """Each call not finished yet → (node, worker), for close() to fail."""
+        self._callers: dict[Future[Done], int] = {}
+        """Each call not finished yet → the thread that submitted it, noted before its node
+        can start: a Ctrl-C landing in that thread as :meth:`submit` returns, before the
+        forward holds the call, stops it still (:meth:`interrupted`)."""
         self._holders: weakref.WeakKeyDictionary[Graph, str] = weakref.WeakKeyDictionary()
         self._here = threading.local()
         """On a lane's thread, the workers busy with the node it runs: its own, and those
@@ -375,6 +380,7 @@ class Broker(abc.ABC):
         if worker is None:
             raise ValueError(f"`{node}` is placed on no worker; the engine runs it itself")
         future: Future[Done] = Future()
+        future.add_done_callback(self._finished)  # first: whatever settles it, it is left
         try:
             held: tuple[str, ...] = getattr(self._here, "held", ())
             if worker in held:
@@ -418,14 +424,13 @@ class Broker(abc.ABC):
                     if retired:
                         lane.submit(_idle, retired)  # before anything else on this lane
                 self._pending[future] = (node, worker)
+                self._callers[future] = threading.get_ident()
                 asking = getattr(self._here, "future", None)
                 if asking is not None:
                     self._asked[future] = asking
                 lane.submit(self._work, future, (*held, worker), work)
         except Exception as error:
             future.set_exception(error)
-            return future
-        future.add_done_callback(self._finished)
         return future
 
     def call(
@@ -437,12 +442,22 @@ class Broker(abc.ABC):
         emit: Callable[[Fact], Any],
     ) -> Any:
         """Runs ``node`` on its worker and returns its value, emitting what it crossed."""
-        future = self.submit(graph, node, inputs, ctx)
+        future: Future[Done] | None = None
         try:
+            future = self.submit(graph, node, inputs, ctx)
+            wait_for([future])
             done = future.result()
-        except BaseException as stop:
-            if not isinstance(stop, Exception):  # interrupted while it waited (Ctrl-C)
-                self.interrupted([future])
+        except BaseException as error:
+            stop = error  # interrupted while it waited (Ctrl-C): stopped, as the engine does
+            while True:  # again when a second Ctrl-C cuts the stopping short
+                try:
+                    if not isinstance(stop, Exception):
+                        self.interrupted([future] if future is not None else [])
+                    break
+                except KeyboardInterrupt as again:
+                    stop = again
+            if stop is not error:
+                raise stop from None
             raise
         for fact in done.facts:
             emit(fact)
@@ -459,8 +474,11 @@ class Broker(abc.ABC):
         and the worker runs its next node. So are the calls those nodes' own forwards
         (nested ones) wait on, which they could not otherwise leave: a thread waiting on
         a call is in one such long C call."""
-        with self._lock:
-            stopping = set(futures)
+        me = threading.get_ident()
+        with self._lock:  # and the calls this thread submitted that its forward lost
+            stopping = set(futures)  # hold of, a Ctrl-C landing as submit returned
+            lost = {f for f, caller in self._callers.items() if caller == me} - stopping
+            stopping |= lost
             while True:
                 below = {f for f, asking in self._asked.items() if asking in stopping} - stopping
                 if not below:
@@ -474,6 +492,8 @@ class Broker(abc.ABC):
                 elif not running[1]:  # sent, then noted: a second Ctrl-C landing between
                     _raise_in(running[0], KeyboardInterrupt)  # leaves it sent, taken back
                     running[1] = True  # when its forward is left, rather than noted, unsent
+        for future in lost:  # nobody waits on them: one not started yet never starts
+            future.cancel()
 
     def stoppable(self) -> AbstractContextManager[None]:
         """Around the forward of a node on a lane's thread: while it runs, :meth:`interrupted`
@@ -488,6 +508,7 @@ class Broker(abc.ABC):
         """``future``'s call has its outcome."""
         with self._lock:
             self._pending.pop(future, None)
+            self._callers.pop(future, None)
             self._asked.pop(future, None)
             self._halted.discard(future)
 
@@ -613,7 +634,9 @@ class Broker(abc.ABC):
             self._here.held = ()
             self._here.future = None
             with self._lock:  # an interrupt landed as the forward ended, before it was left
-                self._forwarding.pop(future, None)
+                running = self._forwarding.pop(future, None)
+                if running is not None:  # and one sent again since lands nowhere now, not
+                    _raise_in(running[0], None)  # in the lane's own loop, which it would end
 
     def __repr__(self) -> str:
         listed = ", ".join(f"{name}: {w.mode}" for name, w in self.workers.items())
