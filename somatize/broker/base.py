@@ -633,10 +633,15 @@ class Broker(abc.ABC):
         finally:
             self._here.held = ()
             self._here.future = None
-            with self._lock:  # an interrupt landed as the forward ended, before it was left
-                running = self._forwarding.pop(future, None)
-                if running is not None:  # and one sent again since lands nowhere now, not
-                    _raise_in(running[0], None)  # in the lane's own loop, which it would end
+            # An interrupt landed as the forward ended, before it was left, and one sent
+            # again since: it lands here, not in the lane's own loop, which it would end.
+            try:  # suppress's __enter__ is a call, where it could land outside
+                with self._lock:
+                    running = self._forwarding.pop(future, None)
+                if running is not None and running[1]:
+                    _take_back()
+            except KeyboardInterrupt:
+                pass
 
     def __repr__(self) -> str:
         listed = ", ".join(f"{name}: {w.mode}" for name, w in self.workers.items())
