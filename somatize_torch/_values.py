@@ -87,6 +87,11 @@ class Read(NamedTuple):
     module: nn.Module
     name: str
 
+    @property
+    def where(self) -> str:
+        """The value read, as the model names it (``block.scale``)."""
+        return f"{self.path}.{self.name}" if self.path else self.name
+
 
 class Wrote(NamedTuple):
     """``name`` of ``module`` assigned as the forward was traced, at ``where``."""
@@ -659,8 +664,7 @@ class Values:
         for i, was in self._arrays:
             if _looked_at(self._values[i]) == was:
                 continue
-            read = self.reads[i]
-            where = f"{read.path}.{read.name}" if read.path else read.name
+            where = self.reads[i].where
             raise WrapError(
                 f"the numpy array `{where}` was written in place (or reshaped) after `wrap` "
                 f"traced `{self.model}.forward`, which read it: numpy keeps no version "
@@ -672,8 +676,7 @@ class Values:
         for i, made in self._made:
             if _same_closed(_closed(self._values[i]), made):
                 continue
-            read = self.reads[i]
-            where = f"{read.path}.{read.name}" if read.path else read.name
+            where = self.reads[i].where
             raise WrapError(
                 f"what the function `{where}` ({_shown(self._values[i])}) closes over, or "
                 f"a default value of it, changed after `wrap` traced `{self.model}.forward`, "
@@ -729,7 +732,7 @@ class Values:
             raise reread
 
     def _changed(self, read: Read, was: Any, now: Any, given: bool | None = None) -> WrapError:
-        where = f"{read.path}.{read.name}" if read.path else read.name
+        where = read.where
         kind = type(read.module).__qualname__
         if not isinstance(read.module, nn.Module) and was is _ABSENT:
             before = "was not set"
