@@ -14,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import types
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -737,6 +738,24 @@ class Anchored(nn.Module):
         return out
 
 
+def _cached_calls(module: nn.Module, name: str, store: Store) -> Callable[[str], torch.Tensor]:
+    """Calls of a graph caching ``module`` frozen as node ``name`` on one input: each
+    answers what the graph answered, checked to be what ``module`` computes now and to
+    have been the outcome asked (``"ran"``, ``"recalled"``)."""
+    g = Graph.somatize(smt.ModuleNode(module).named(name).frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(3, 6))
+
+    def ran(outcome: str) -> torch.Tensor:
+        out = g.forward(x, store=store)
+        assert g.record is not None and g.record.outcome == {name: outcome}
+        with torch.no_grad():
+            assert torch.equal(out, module(x.value))
+        return out
+
+    return ran
+
+
 @pytest.mark.parametrize("where", ["module", "config"])
 def test_a_numpy_array_written_in_place_is_seen_at_the_next_call(store: Store, where: str) -> None:
     """A numpy array a cached module keeps, itself or in a config it holds, written in
@@ -745,16 +764,7 @@ def test_a_numpy_array_written_in_place_is_seen_at_the_next_call(store: Store, w
     values; written back, the first answer is recalled."""
     module = Anchored()
     array = module.anchors if where == "module" else module.config.scales
-    g = Graph.somatize(smt.ModuleNode(module).named("anchored").frozen().cached())
-    smt.freeze(g)
-    x = Opaque(torch.randn(3, 6))
-
-    def ran(outcome: str) -> torch.Tensor:
-        out = g.forward(x, store=store)
-        assert g.record is not None and g.record.outcome == {"anchored": outcome}
-        with torch.no_grad():
-            assert torch.equal(out, module(x.value))
-        return out
+    ran = _cached_calls(module, "anchored", store)
 
     first = ran("ran")
     array[0] = 5.0
@@ -1245,16 +1255,7 @@ def test_what_a_held_function_closes_over_or_defaults_to_keys_its_answers(store:
     replaced, keys the next call anew: computed as the module computes it now, never the
     answer kept for the old value; the same values again recall it."""
     module = ConfigActivated(_scaled_by(1.0))
-    g = Graph.somatize(smt.ModuleNode(module).named("act").frozen().cached())
-    smt.freeze(g)
-    x = Opaque(torch.randn(3, 6))
-
-    def ran(outcome: str) -> torch.Tensor:
-        out = g.forward(x, store=store)
-        assert g.record is not None and g.record.outcome == {"act": outcome}
-        with torch.no_grad():
-            assert torch.equal(out, module(x.value))
-        return out
+    ran = _cached_calls(module, "act", store)
 
     first = ran("ran")
     module.config.act = _scaled_by(3.0)
