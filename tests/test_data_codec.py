@@ -282,6 +282,59 @@ _LONG_WORDS = pyarrow.array(["x", "a word longer than twelve", "y"], pyarrow.str
 _PAIRS = pyarrow.struct([("i", pyarrow.int64()), ("s", pyarrow.string())])
 _MAP = pyarrow.map_(pyarrow.string(), pyarrow.int64())
 
+
+def _a_list_over_a_null(items: Any) -> tuple[pyarrow.Array, pyarrow.Array, pyarrow.Array]:
+    """Lists of two rows of one item each, made by ``items`` (which makes a column of items
+    from two values, the first under the null): the first row null spanning nothing, the
+    same with the null spanning the first item, and the first row not null."""
+    first, last = "a word longer than twelve", "z"
+    mask = pyarrow.array([True, False])
+    ends = pyarrow.array([0, 1, 2], pyarrow.int32())
+    return (
+        pyarrow.ListArray.from_arrays(
+            pyarrow.array([0, 0, 1], pyarrow.int32()), items([last]), mask=mask
+        ),
+        pyarrow.ListArray.from_arrays(ends, items([first, last]), mask=mask),
+        pyarrow.ListArray.from_arrays(ends, items([first, last])),
+    )
+
+
+def _views(words: list[str]) -> pyarrow.Array:
+    return pyarrow.array(words, pyarrow.string_view())
+
+
+def _runs_of(words: list[str]) -> pyarrow.Array:
+    return pyarrow.compute.run_end_encode(pyarrow.array(words))
+
+
+def _rows_of(count: int) -> pyarrow.Array:
+    return pyarrow.array(range(count), pyarrow.int32())
+
+
+_DEEPER = {
+    "run-end-encoded values of structs": lambda words: pyarrow.StructArray.from_arrays(
+        [_runs_of(words)], names=["r"]
+    ),
+    "run-end-encoded values of lists": lambda words: pyarrow.ListArray.from_arrays(
+        pyarrow.array(range(len(words) + 1), pyarrow.int32()), _runs_of(words)
+    ),
+    "views in a sparse union": lambda words: pyarrow.UnionArray.from_sparse(
+        pyarrow.array([0] * len(words), pyarrow.int8()), [_views(words)]
+    ),
+    "views in a dense union": lambda words: pyarrow.UnionArray.from_dense(
+        pyarrow.array([0] * len(words), pyarrow.int8()), _rows_of(len(words)), [_views(words)]
+    ),
+    "a dictionary of views": lambda words: pyarrow.DictionaryArray.from_arrays(
+        pyarrow.array([1 if word == "z" else 0 for word in words], pyarrow.int32()),
+        _views(["a word longer than twelve", "z"]),
+    ),
+    "views in a list view": lambda words: pyarrow.ListViewArray.from_arrays(
+        _rows_of(len(words)), pyarrow.array([1] * len(words), pyarrow.int32()), _views(words)
+    ),
+}
+"""Makers of items (from their values) that hold, below their own level, what Arrow takes
+no rows of: run-end-encoded columns and views."""
+
 UNDER_NULLS = {
     **{
         f"{kind} over the bytes of the null's word": (
@@ -476,6 +529,10 @@ UNDER_NULLS = {
             pyarrow.list_view(pyarrow.int64()),
             pyarrow.large_list_view(pyarrow.int64()),
         )
+    },
+    **{
+        f"a list of {name} spanning items under its null": _a_list_over_a_null(items)
+        for name, items in _DEEPER.items()
     },
     "intervals": (
         pyarrow.Array.from_buffers(
@@ -731,13 +788,13 @@ def test_list_views_sharing_items_are_held_without_a_copy_per_row(kind: Any) -> 
     assert held.equals(table) and digest == codec.digest(table)
 
 
-@pytest.mark.parametrize("holder", ["struct", "list"])
+@pytest.mark.parametrize("holder", ["struct", "list", "fixed-size list", "struct in a list"])
 def test_a_dense_union_sharing_a_value_in_a_struct_or_list_is_held_without_a_copy_per_row(
     holder: str,
 ) -> None:
     """A dense union whose thousand rows share one list of a thousand items, in a struct or
-    a list with nulls (whose rows are taken to clear what lies under them), is digested and
-    held with that list once, not once per row (a million items)."""
+    a list with nulls (whose rows are taken to clear what lies under them), at any depth, is
+    digested and held with that list once, not once per row (a million items)."""
     shared = pyarrow.array([list(range(1000))], pyarrow.list_(pyarrow.int64()))
     rows = 1000
     union = pyarrow.UnionArray.from_dense(
@@ -745,19 +802,58 @@ def test_a_dense_union_sharing_a_value_in_a_struct_or_list_is_held_without_a_cop
         pyarrow.array([0] * rows, pyarrow.int32()),
         [shared],
     )
+    nulls = pyarrow.array([row == 0 for row in range(rows)])
+    one_null = pyarrow.array([True, False])
+    offsets = pyarrow.array([0, 1, rows], pyarrow.int32())
     if holder == "struct":
-        nulls = pyarrow.array([row == 0 for row in range(rows)])
         column: Any = pyarrow.StructArray.from_arrays([union], names=["u"], mask=nulls)
+    elif holder == "list":
+        column = pyarrow.ListArray.from_arrays(offsets, union, mask=one_null)
+    elif holder == "fixed-size list":
+        column = pyarrow.FixedSizeListArray.from_arrays(union, 1, mask=nulls)
     else:
-        offsets = pyarrow.array([0, 1, rows], pyarrow.int32())
-        column = pyarrow.ListArray.from_arrays(offsets, union, mask=pyarrow.array([True, False]))
+        inner = pyarrow.StructArray.from_arrays([union], names=["u"])
+        column = pyarrow.ListArray.from_arrays(offsets, inner, mask=one_null)
     codec = ArrowCodec()
     table = pyarrow.table({"c": column})
     digest, held = codec.held(table)
-    inner = held.column("c").chunk(0)
-    union_held = inner.field(0) if holder == "struct" else inner.values
+    union_held = held.column("c").chunk(0)
+    while not pyarrow.types.is_union(union_held.type):
+        is_struct = pyarrow.types.is_struct(union_held.type)
+        union_held = union_held.field(0) if is_struct else union_held.values
     assert len(union_held.field(0).values) <= 1000
     assert held.equals(table) and digest == codec.digest(table)
+
+
+def test_run_end_encoded_items_of_a_list_with_nulls_are_cleared_by_their_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run-end-encoded items of a list whose nulls span some are picked by their runs,
+    never decoded into a value per item (a run of millions is one value), and digest as the
+    same rows laid out afresh."""
+    many = 10**6
+    items = pyarrow.RunEndEncodedArray.from_arrays(
+        pyarrow.array([many, 2 * many, 3 * many], pyarrow.int32()), pyarrow.array([1, 2, 2])
+    )
+    offsets = pyarrow.array([0, many, 2 * many, 3 * many], pyarrow.int32())
+    column = pyarrow.ListArray.from_arrays(offsets, items, mask=pyarrow.array([False, True, False]))
+    fresh = pyarrow.ListArray.from_arrays(
+        pyarrow.array([0, many, many, 2 * many], pyarrow.int32()),
+        pyarrow.RunEndEncodedArray.from_arrays(
+            pyarrow.array([many, 2 * many], pyarrow.int32()), pyarrow.array([1, 2])
+        ),
+        mask=pyarrow.array([False, True, False]),
+    )
+    codec = ArrowCodec()
+    expected = codec.digest(pyarrow.table({"c": fresh}))
+
+    def decoded(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("run-end-encoded items decoded")
+
+    monkeypatch.setattr(pyarrow.compute, "run_end_decode", decoded)
+    digest, held = codec.held(pyarrow.table({"c": column}))
+    assert digest == expected
+    assert held.column("c").chunk(0).values.run_ends.to_pylist() == [many, 2 * many]
 
 
 def test_a_dense_union_sharing_a_list_of_more_items_than_offsets_count_is_held_whole() -> None:

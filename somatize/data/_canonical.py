@@ -12,10 +12,11 @@ children (or a fixed-size list's items) under its own, a null of a union's first
 sparse union's children null in the rows another child holds; a dense union's children
 the values of its rows in their order, and a list view's items those of its rows; a
 run-end-encoded column with only the runs of its rows, a run split at a chunk's end joined
-again. Columns Arrow takes no rows of (run-end-encoded columns deeper in a list or a map
-than its items, or of nested values; views in a union, a dictionary or a list view there),
-dictionaries, and dense unions whose rows share a value are kept as they are: they digest
-apart from the same rows laid out otherwise (a cache miss, never a wrong answer).
+again. Rows of run-end-encoded columns and views, which Arrow does not take, are picked
+child by child (:func:`_picked`), runs by their runs. Dictionaries (with their whole
+dictionary), run-end-encoded columns of nested values picked by row, and dense unions
+whose rows share a value, at any depth, are kept as they are: they digest apart from the
+same rows laid out otherwise (a cache miss, never a wrong answer).
 """
 
 from __future__ import annotations
@@ -156,19 +157,27 @@ def _taken(column: Any, rows: pyarrow.Array) -> pyarrow.Array:
 
 
 def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
-    """``column.take(rows)`` (row numbers) or ``column.filter(rows)`` (booleans); a column
-    holding views (at any depth) or run-end-encoded through the plain column of its rows,
-    and cast or encoded again. None when Arrow takes no rows of what it holds, or when it
-    is a dense union whose rows share a value (Arrow would copy it once per row)."""
+    """``column.take(rows)`` (row numbers, a null one taking a null) or
+    ``column.filter(rows)`` (booleans, maybe run-end-encoded), the rows laid out afresh. Of a
+    type Arrow takes rows of, Arrow's own; of views (at any depth) through strings and
+    binary; of one holding what Arrow takes no rows of (run-end-encoded columns, views in a
+    union, a dictionary or a list view) or a dense union below it, child by child
+    (:func:`_picked_within`). None when a dense union's rows share a value (taking them would
+    copy it once per row) or a list view's views overlap, or for a fixed-size list of no
+    items holding such a column."""
     pick = pyarrow.Array.take if pyarrow.types.is_integer(rows.type) else _filtered
     kind = column.type
+    if _takes(kind) and not _holds_dense(kind):
+        return pick(column, rows)
     plain = _unviewed(kind)
     if plain is not None and plain != kind:  # views, at any depth: as strings and binary
         try:
             return pick(column.cast(plain), rows).cast(kind)
         except (pyarrow.ArrowNotImplementedError, pyarrow.ArrowInvalid):  # a cast Arrow lacks
-            return None
-    if getattr(pyarrow.types, "is_run_end_encoded", lambda _: False)(kind):
+            pass
+    if _type_test("is_run_end_encoded")(kind):
+        if not pyarrow.types.is_integer(rows.type) and numpy is not None:
+            return _runs_filtered(column, rows)
         values = _picked(pyarrow.compute.run_end_decode(column), rows)
         if values is None:
             return None
@@ -176,9 +185,183 @@ def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
             return pyarrow.compute.run_end_encode(values, run_end_type=kind.run_end_type)
         except pyarrow.ArrowNotImplementedError:  # values Arrow encodes no runs of
             return None
-    if not _takes(kind) or _dense_shares(column):
+    return _picked_within(column, rows)
+
+
+def _holds_dense(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is or holds (at any depth) a dense union: Arrow takes rows of one by
+    copying each row's value, once per row that points at it."""
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        kind = kind.storage_type
+    if pyarrow.types.is_dictionary(kind):
+        return _holds_dense(kind.value_type)
+    if pyarrow.types.is_union(kind) and kind.mode == "dense":
+        return True
+    return any(_holds_dense(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def _picked_within(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
+    """:func:`_picked` of a nested ``column`` (or a dictionary, or an extension type) child
+    by child: a struct's children by the same rows, a list's (a map's, a list view's) items
+    by the items of the rows, worked out by taking the rows of a list of item numbers, a
+    dictionary's indices. None where a child is (see :func:`_picked`)."""
+    kind = column.type
+    types = pyarrow.types
+    pick = pyarrow.Array.take if types.is_integer(rows.type) else _filtered
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        storage = _picked(column.storage, rows)
+        return None if storage is None else pyarrow.ExtensionArray.from_storage(kind, storage)
+    if types.is_dictionary(kind):
+        indices = pick(column.indices, rows)
+        return pyarrow.DictionaryArray.from_arrays(indices, column.dictionary, ordered=kind.ordered)
+    if types.is_union(kind):
+        return _union_picked(column, rows)
+    valid = pick(pyarrow.compute.is_valid(column), rows).fill_null(False)
+    mask = pyarrow.compute.invert(valid) if not pyarrow.compute.all(valid).as_py() else None
+    if types.is_struct(kind):
+        children = []
+        for index in range(kind.num_fields):
+            child = _picked(column.field(index), rows)
+            if child is None:
+                return None
+            children.append(child)
+        fields = [kind.field(i) for i in range(kind.num_fields)]
+        return pyarrow.StructArray.from_arrays(children, fields=fields, mask=mask)
+    if types.is_fixed_size_list(kind):
+        return _fixed_picked(column, _row_numbers(rows), valid, mask)
+    if _is_list_view(kind) or _nests(kind):
+        return _lists_picked(column, rows, pick, mask)
+    return None
+
+
+def _row_numbers(rows: pyarrow.Array) -> pyarrow.Array:
+    """``rows`` as row numbers: themselves, or those of the true ones of booleans."""
+    if pyarrow.types.is_integer(rows.type):
+        return rows.cast(pyarrow.int64())
+    if _type_test("is_run_end_encoded")(rows.type):
+        rows = pyarrow.compute.run_end_decode(rows)
+    return pyarrow.compute.indices_nonzero(rows).cast(pyarrow.int64())
+
+
+def _lists_picked(column: Any, rows: pyarrow.Array, pick: Any, mask: Any) -> Any:
+    """:func:`_picked_within` of a list, a large list, a map or a list view: the rows of a
+    column laid out as ``column`` is with the numbers of its items for items, taken by
+    Arrow, say which items to pick, and their sizes the new offsets."""
+    kind = column.type
+    large = _offsets_layout(kind) == "<q" or _type_test("is_large_list_view")(kind)
+    view = _is_list_view(kind)
+    numbers = pyarrow.field("item", pyarrow.int64())
+    if view:
+        made = pyarrow.large_list_view(numbers) if large else pyarrow.list_view(numbers)
+    else:
+        made = pyarrow.large_list(numbers) if large else pyarrow.list_(numbers)
+    values = column.values
+    buffers = column.buffers()[: 3 if view else 2]
+    items = pyarrow.Array.from_buffers(
+        made, len(column), buffers, column.null_count, column.offset, [_every(len(values))]
+    )
+    taken = pick(items, rows)
+    sizes = pyarrow.compute.list_value_length(taken).fill_null(0).cast(pyarrow.int64())
+    total = pyarrow.compute.sum(sizes).as_py() or 0
+    if view and (total > len(values) or (not large and total > _MOST_INT32)):
+        return None  # overlapping views, their items held once per view of them
+    picked = _picked(values, pyarrow.compute.list_flatten(taken))
+    if picked is None:
         return None
-    return pick(column, rows)
+    width = pyarrow.int64() if large else pyarrow.int32()
+    through = pyarrow.compute.cumulative_sum(sizes).cast(width)
+    if view:
+        before = pyarrow.compute.subtract(through, sizes.cast(width))
+        return type(column).from_arrays(before, sizes.cast(width), picked, type=kind, mask=mask)
+    offsets = pyarrow.concat_arrays([pyarrow.array([0], width), through])
+    return _listed(kind, offsets, picked, mask)
+
+
+def _fixed_picked(column: Any, rows: pyarrow.Array, valid: Any, mask: Any) -> Any:
+    """:func:`_picked_within` of a fixed-size list at row numbers ``rows``: the items of
+    each row (null under a null row), ``valid`` and ``mask`` those of the rows."""
+    kind = column.type
+    size = kind.list_size
+    if not size:
+        return None  # no items, and Arrow builds no such list from its items
+    places = _every(len(rows) * size)
+    at = pyarrow.compute.divide(places, size)  # which row each item is of
+    within = pyarrow.compute.subtract(places, pyarrow.compute.multiply(at, size))
+    start = pyarrow.compute.multiply(rows.take(at), size)
+    items = pyarrow.compute.add(pyarrow.compute.add(start, within), column.offset * size)
+    items = pyarrow.compute.if_else(valid.take(at), items, None)
+    values = _picked(column.values, items)
+    if values is None:
+        return None
+    return pyarrow.FixedSizeListArray.from_arrays(values, type=kind, mask=mask)
+
+
+def _union_picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
+    """:func:`_picked_within` of a union: its type codes taken (a null row a null of its
+    first child, as Arrow takes it), a sparse union's children by the same rows, a dense
+    union's by the offsets of the rows of each. None for a dense union whose rows share a
+    value."""
+    kind = column.type
+    pick = pyarrow.Array.take if pyarrow.types.is_integer(rows.type) else _filtered
+    if kind.mode == "dense":
+        if _dense_shares(column):
+            return None
+        codes, offsets = _codes_and_offsets(column)
+        offsets = pick(offsets, rows)
+    else:
+        column = pyarrow.concat_arrays([column])  # its type codes from its first row
+        codes = column.type_codes
+    first = pyarrow.scalar(kind.type_codes[0], pyarrow.int8())
+    codes = pyarrow.concat_arrays([pick(codes, rows).fill_null(first)])
+    children = []
+    counted = pyarrow.nulls(len(codes), pyarrow.int32()).fill_null(0)
+    for index, code in enumerate(kind.type_codes):
+        if kind.mode != "dense":
+            child = _picked(column.field(index), rows)
+        else:
+            held = pyarrow.compute.equal(codes, pyarrow.scalar(code, pyarrow.int8()))
+            child = _picked(column.field(index), offsets.filter(held))
+            through = pyarrow.compute.cumulative_sum(held.cast(pyarrow.int32()))
+            before = pyarrow.compute.subtract(through, pyarrow.scalar(1, pyarrow.int32()))
+            counted = pyarrow.compute.if_else(held, before, counted)
+        if child is None:
+            return None
+        children.append(child)
+    buffers = [None, codes.buffers()[1]]
+    if kind.mode == "dense":
+        buffers.append(pyarrow.concat_arrays([counted.cast(pyarrow.int32())]).buffers()[1])
+    return pyarrow.Array.from_buffers(kind, len(codes), buffers, children=children)
+
+
+def _runs_filtered(column: Any, kept: pyarrow.Array) -> pyarrow.Array | None:
+    """Run-end-encoded ``column`` filtered by ``kept`` (booleans, maybe run-end-encoded) by
+    its runs, never decoded: the runs of both split where either ends, those kept counted
+    again. Runs it splits that :func:`_runs` joins again."""
+    kind = column.type
+    if not _type_test("is_run_end_encoded")(kept.type):
+        kept = pyarrow.compute.run_end_encode(kept)
+    ends, values = _run_ends(column)
+    kept_ends, kept_values = _run_ends(kept)
+    every = numpy.union1d(ends, kept_ends)
+    which = numpy.searchsorted(ends, every)  # the run of ``column`` each piece is of
+    held = numpy.asarray(kept_values.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)[
+        numpy.searchsorted(kept_ends, every)
+    ]
+    lengths = numpy.diff(every, prepend=0)[held]
+    picked = _picked(values, pyarrow.array(which[held], pyarrow.int64()))
+    if picked is None:
+        return None
+    stops = pyarrow.array(numpy.cumsum(lengths, dtype=numpy.int64)).cast(kind.run_end_type)
+    return pyarrow.RunEndEncodedArray.from_arrays(stops, picked, type=kind)
+
+
+def _run_ends(column: Any) -> tuple[Any, pyarrow.Array]:
+    """The ends of the runs of run-end-encoded ``column``'s rows (numpy, counted from its
+    first row) and their values."""
+    first, count = column.find_physical_offset(), column.find_physical_length()
+    ends = column.run_ends.slice(first, count).to_numpy().astype(numpy.int64)
+    ends = numpy.minimum(ends - column.offset, len(column))
+    return ends, column.values.slice(first, count)
 
 
 def _filtered(column: Any, kept: pyarrow.Array) -> pyarrow.Array:
