@@ -311,6 +311,8 @@ def _rows_of(count: int) -> pyarrow.Array:
     return pyarrow.array(range(count), pyarrow.int32())
 
 
+_NULL_FIRST = pyarrow.array([True, False])
+
 _DEEPER = {
     "run-end-encoded values of structs": lambda words: pyarrow.StructArray.from_arrays(
         [_runs_of(words)], names=["r"]
@@ -534,6 +536,16 @@ UNDER_NULLS = {
         f"a list of {name} spanning items under its null": _a_list_over_a_null(items)
         for name, items in _DEEPER.items()
     },
+    "a struct of runs with values under its null": (
+        pyarrow.StructArray.from_arrays([_runs_of([None, "z"])], names=["r"], mask=_NULL_FIRST),
+        pyarrow.StructArray.from_arrays([_runs_of(["a", "z"])], names=["r"], mask=_NULL_FIRST),
+        pyarrow.StructArray.from_arrays([_runs_of(["a", "z"])], names=["r"]),
+    ),
+    "a struct of a run over its null and its row": (
+        pyarrow.StructArray.from_arrays([_runs_of([None, "z"])], names=["r"], mask=_NULL_FIRST),
+        pyarrow.StructArray.from_arrays([_runs_of(["z", "z"])], names=["r"], mask=_NULL_FIRST),
+        pyarrow.StructArray.from_arrays([_runs_of(["z", "z"])], names=["r"]),
+    ),
     "intervals": (
         pyarrow.Array.from_buffers(
             pyarrow.month_day_nano_interval(),

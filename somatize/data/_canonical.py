@@ -624,21 +624,25 @@ def _spanned_by_arrow(
 
 def _under_its_nulls(column: Any, mask: pyarrow.Array | None) -> list[pyarrow.Array]:
     """The children of struct ``column`` (of its rows), null where it is (``mask``). A union
-    child has no validity bits to take them (Arrow's ``flatten`` aborts the process on one):
-    its rows under the struct's nulls are taken as null, which Arrow lays out as a null of
-    its first child. A union holding what Arrow takes no rows of is left as it is, so what
-    lies in it under the struct's nulls stays (a miss, never a wrong answer)."""
+    or run-end-encoded child has no validity bits to take them (Arrow's ``flatten`` aborts
+    the process on a union, and leaves the values of runs as they are): a union's rows under
+    the struct's nulls are taken as null, which Arrow lays out as a null of its first child,
+    and the runs of a run-end-encoded child split where the struct's nulls start and end,
+    null under them. A union Arrow takes no rows of (see :func:`_picked`) is left as it
+    is, so what lies in it under the struct's nulls stays (a miss, never a wrong answer)."""
     kind = column.type
     fields = [kind.field(i) for i in range(kind.num_fields)]
     children = [column.field(i) for i in range(kind.num_fields)]
     if mask is None:
         return children
-    plain = [i for i, one in enumerate(fields) if not _is_union(one.type)]
+    plain = [i for i, one in enumerate(fields) if not _unbitmapped(one.type)]
     if len(plain) == len(fields):
         return list(column.flatten())
     rows = pyarrow.compute.if_else(mask, None, _every(len(column)))
     for at in sorted(set(range(len(fields))) - set(plain)):
-        children[at] = _taken(children[at], rows)
+        child = children[at]
+        runs = _type_test("is_run_end_encoded")(child.type) and numpy is not None
+        children[at] = _runs_nulled(child, mask) if runs else _taken(child, rows)
     if plain:
         pushed = pyarrow.StructArray.from_arrays(
             [children[i] for i in plain], fields=[fields[i] for i in plain], mask=mask
@@ -646,6 +650,31 @@ def _under_its_nulls(column: Any, mask: pyarrow.Array | None) -> list[pyarrow.Ar
         for at, child in zip(plain, pushed, strict=True):
             children[at] = child
     return children
+
+
+def _unbitmapped(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` (or the storage of an extension type) has no validity bits of its
+    own: a union or a run-end-encoded column."""
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        kind = kind.storage_type
+    return bool(pyarrow.types.is_union(kind) or _type_test("is_run_end_encoded")(kind))
+
+
+def _runs_nulled(column: Any, mask: pyarrow.Array) -> pyarrow.Array:
+    """Run-end-encoded ``column`` null where ``mask`` is true, worked out by its runs and
+    those of ``mask`` (never a value per row): its runs split where ``mask`` turns, the
+    pieces under it null. :func:`_runs` joins again the pieces left equal."""
+    ends, values = _run_ends(column)
+    nulls = pyarrow.compute.run_end_encode(mask)
+    null_ends, null_values = _run_ends(nulls)
+    every = numpy.union1d(ends, null_ends)
+    which = pyarrow.array(numpy.searchsorted(ends, every), pyarrow.int64())
+    hidden = numpy.asarray(null_values.fill_null(True).to_numpy(zero_copy_only=False), dtype=bool)[
+        numpy.searchsorted(null_ends, every)
+    ]
+    picked = _taken(values, pyarrow.compute.if_else(pyarrow.array(hidden), None, which))
+    stops = pyarrow.array(every.astype(numpy.int64)).cast(column.type.run_end_type)
+    return pyarrow.RunEndEncodedArray.from_arrays(stops, picked, type=column.type)
 
 
 def _is_union(kind: pyarrow.DataType) -> bool:
