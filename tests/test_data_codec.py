@@ -710,6 +710,11 @@ _RUNS = pyarrow.compute.run_end_encode(pyarrow.array([1, 1, 2]))
 _VIEWS = pyarrow.array(["a", "b", "a word longer than twelve"], pyarrow.string_view())
 _NULL_SECOND = pyarrow.array([False, True, False])
 
+_VIEW_RUNS = pyarrow.RunEndEncodedArray.from_arrays(
+    pyarrow.array([1, 2, 3], pyarrow.int16()), _VIEWS
+)
+"""Runs of views, which Arrow neither decodes nor encodes."""
+
 UNTAKEN = {
     **{
         f"{name} items of lists, a null spanning one": pyarrow.ListArray.from_arrays(
@@ -732,6 +737,15 @@ UNTAKEN = {
         _RUNS,
         mask=_NULL_SECOND,
     ),
+    "runs of views in a fixed-size list with nulls": pyarrow.FixedSizeListArray.from_arrays(
+        _VIEW_RUNS, 1, mask=_NULL_SECOND
+    ),
+    "runs of views in a sparse union": pyarrow.UnionArray.from_sparse(
+        pyarrow.array([0, 1, 0], pyarrow.int8()), [_VIEW_RUNS, _RUNS]
+    ),
+    "runs of views in a list with nulls": pyarrow.ListArray.from_arrays(
+        pyarrow.array([0, 1, 2, 3], pyarrow.int32()), _VIEW_RUNS, mask=_NULL_SECOND
+    ),
     "runs of views": pyarrow.RunEndEncodedArray.from_arrays(
         pyarrow.array([1, 2, 3], pyarrow.int32()),
         pyarrow.array(["a", "a", "b"], pyarrow.string_view()),
@@ -739,10 +753,16 @@ UNTAKEN = {
 }
 
 
+@pytest.mark.parametrize("numpy", ["with numpy", "without numpy"])
 @pytest.mark.parametrize("case", list(UNTAKEN))
-def test_columns_arrow_takes_no_rows_of_are_digested(case: str) -> None:
-    """A column holding what Arrow takes no rows of (run-end-encoded columns, views) is
-    digested and held, as its rows, and apart from its rows one shorter."""
+def test_columns_arrow_takes_no_rows_of_are_digested(
+    case: str, numpy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A column holding what Arrow takes no rows of (run-end-encoded columns, views, runs
+    of views Arrow neither decodes nor encodes) is digested and held, as its rows, and
+    apart from its rows one shorter, in a process with numpy or without."""
+    if numpy == "without numpy":
+        monkeypatch.setattr(somatize.data._canonical, "numpy", None)
     column = UNTAKEN[case]
     codec = ArrowCodec()
     table = pyarrow.table({"c": column})

@@ -176,14 +176,15 @@ def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
         except (pyarrow.ArrowNotImplementedError, pyarrow.ArrowInvalid):  # a cast Arrow lacks
             pass
     if _type_test("is_run_end_encoded")(kind):
-        if not pyarrow.types.is_integer(rows.type) and numpy is not None:
-            return _runs_filtered(column, rows)
-        values = _picked(pyarrow.compute.run_end_decode(column), rows)
-        if values is None:
-            return None
+        if numpy is not None:
+            integer = pyarrow.types.is_integer(rows.type)
+            return _runs_taken(column, rows) if integer else _runs_filtered(column, rows)
         try:
+            values = _picked(pyarrow.compute.run_end_decode(column), rows)
+            if values is None:
+                return None
             return pyarrow.compute.run_end_encode(values, run_end_type=kind.run_end_type)
-        except pyarrow.ArrowNotImplementedError:  # values Arrow encodes no runs of
+        except pyarrow.ArrowNotImplementedError:  # values Arrow decodes or encodes no runs of
             return None
     return _picked_within(column, rows)
 
@@ -353,6 +354,22 @@ def _runs_filtered(column: Any, kept: pyarrow.Array) -> pyarrow.Array | None:
         return None
     stops = pyarrow.array(numpy.cumsum(lengths, dtype=numpy.int64)).cast(kind.run_end_type)
     return pyarrow.RunEndEncodedArray.from_arrays(stops, picked, type=kind)
+
+
+def _runs_taken(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
+    """Run-end-encoded ``column`` at row numbers ``rows`` (a null one taking a null), never
+    decoded: the value of each row's run, a run of one row each, which :func:`_runs` joins
+    again where it can compare the values."""
+    kind = column.type
+    ends, values = _run_ends(column)
+    numbers = rows.cast(pyarrow.int64())
+    which = numpy.searchsorted(ends, numbers.fill_null(0).to_numpy(), side="right")
+    runs = pyarrow.compute.if_else(numbers.is_valid(), pyarrow.array(which), None)
+    picked = _picked(values, runs)
+    if picked is None:
+        return None
+    stops = pyarrow.array(numpy.arange(1, len(rows) + 1, dtype=numpy.int64))
+    return pyarrow.RunEndEncodedArray.from_arrays(stops.cast(kind.run_end_type), picked, type=kind)
 
 
 def _run_ends(column: Any) -> tuple[Any, pyarrow.Array]:
