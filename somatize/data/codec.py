@@ -21,8 +21,10 @@ nothing under a null, at any depth. Equal content laid out in different chunks (
 read in two pieces, or in one), sliced from a column that had nulls elsewhere, or left by
 a kernel with what it found under a null (``if_else``, ``Array.from_buffers``), has one
 digest, which is what a key computed in two processes needs. Dictionary columns are
-written as they are: a slice of one keeps the whole dictionary, so it digests apart from
-the same rows laid out otherwise (a cache miss, never a wrong answer).
+written with their dictionaries: a slice of one keeps the whole dictionary, so it digests
+apart from the same rows encoded afresh (a cache miss, never a wrong answer), and chunks
+whose dictionaries together need more indices than their index type counts (which Arrow
+cannot combine) are written one by one, a dictionary each.
 """
 
 from __future__ import annotations
@@ -90,6 +92,25 @@ def _untagged(schema: pyarrow.Schema) -> tuple[pyarrow.Schema, bytes]:
             "the wrong codec, or the blob was replaced"
         )
     return schema.with_metadata(metadata) if metadata else schema.remove_metadata(), kind
+
+
+def _combined(table: pyarrow.Table) -> pyarrow.Table:
+    """``table`` with each column in one chunk; a column Arrow cannot combine (dictionaries
+    that together need more indices than their index type counts) in its chunks, the empty
+    ones left out: written with a dictionary per chunk, it digests apart from the same rows
+    chunked otherwise (a miss, never a wrong answer)."""
+    try:
+        return table.combine_chunks()
+    except pyarrow.ArrowInvalid:
+        pass
+    columns = []
+    for column in table.columns:
+        try:
+            chunks = [column.combine_chunks()]
+        except pyarrow.ArrowInvalid:
+            chunks = [chunk for chunk in column.chunks if len(chunk)]
+        columns.append(pyarrow.chunked_array(chunks, type=column.type))
+    return pyarrow.Table.from_arrays(columns, schema=table.schema)
 
 
 def _digest(ipc: pyarrow.Buffer) -> str:
@@ -216,7 +237,7 @@ class ArrowCodec(Codec):
             table, kind = value, b"table"
         tagged = _tagged(table, kind)
         if combined:
-            tagged = canonical(tagged if kind == b"batch" else tagged.combine_chunks())
+            tagged = canonical(tagged if kind == b"batch" else _combined(tagged))
         sink = pyarrow.BufferOutputStream()
         with pyarrow.ipc.new_stream(sink, tagged.schema) as writer:
             if kind == b"batch":
