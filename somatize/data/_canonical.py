@@ -14,9 +14,10 @@ the values of its rows in their order, and a list view's items those of its rows
 run-end-encoded column with only the runs of its rows, a run split at a chunk's end joined
 again. Rows of run-end-encoded columns and views, which Arrow does not take, are picked
 child by child (:func:`_picked`), runs by their runs. Dictionaries (with their whole
-dictionary), run-end-encoded columns of nested values picked by row, and dense unions
-whose rows share a value, at any depth, are kept as they are: they digest apart from the
-same rows laid out otherwise (a cache miss, never a wrong answer).
+dictionary), dense unions whose rows share a value and list views whose views overlap, at
+any depth, are kept as they are, and the runs of nested values picked row by row are not
+joined again: they digest apart from the same rows laid out otherwise (a cache miss,
+never a wrong answer).
 """
 
 from __future__ import annotations
@@ -149,9 +150,9 @@ def _row_span(column: Any, layout: str) -> tuple[int, int]:
 
 
 def _taken(column: Any, rows: pyarrow.Array) -> pyarrow.Array:
-    """``column.take(rows)``, or ``column`` as it is (from its first row) when it holds what
-    Arrow takes no rows of (see :func:`_picked`): what lies under its nulls then stays, which
-    digests it apart from the same rows laid out afresh (a miss, never a wrong answer)."""
+    """``column.take(rows)``, or ``column`` as it is (from its first row) when its rows are
+    not picked (see :func:`_picked`): what lies under its nulls then stays, which digests it
+    apart from the same rows laid out afresh (a miss, never a wrong answer)."""
     taken = _picked(column, rows)
     return pyarrow.concat_arrays([column]) if taken is None else taken
 
