@@ -23,6 +23,7 @@ from somatize import Graph, NameNotFound, Node, Store, Unbuildable, Undeclared
 from somatize.broker import Broker, StateMismatch, Worker
 from somatize.catalog import Catalog, blueprint_of, identity_of
 from somatize.data import (
+    ArrowCodec,
     DatasetChanged,
     Frame,
     NotParquet,
@@ -198,6 +199,25 @@ def test_a_span_brings_those_rows(store: Store) -> None:
     assert isinstance(frame, Frame)
     assert frame.column("n") == list(range(250, 550))
     assert frame.to_arrow().equals(table.slice(250, 300))
+
+
+def test_a_span_across_row_groups_of_narrow_dictionaries_is_keyed(store: Store) -> None:
+    """A span across two row groups of a dictionary column with 8-bit indices, whose
+    dictionaries together hold more words than such indices count, is a frame the `arrow`
+    codec digests (a key below the source), alike each time it is read."""
+    chunks = [
+        pyarrow.DictionaryArray.from_arrays(
+            pyarrow.array([at % 100 for at in range(200)], pyarrow.int8()),
+            pyarrow.array([f"{word} {at}" for at in range(100)]),
+        )
+        for word in ("one", "two")
+    ]
+    bound(store, pyarrow.table({"d": pyarrow.chunked_array(chunks)}), row_group_size=200)
+    codec = ArrowCodec()
+    frames = [Parquet(store, "data/n").forward({"at": 100, "take": 200}, ctx()) for _ in "ab"]
+    digests = [codec.digest(frame) for frame in frames]
+    assert digests[0] == digests[1]
+    assert codec.held(frames[0])[1] == frames[0]
 
 
 def test_a_short_frame_means_the_end_and_past_it_is_empty(store: Store) -> None:
