@@ -949,6 +949,40 @@ def test_the_digest_ignores_where_runs_are_split(kind: str) -> None:
     assert len({codec.digest(made(one)) for one in zeros}) == 2  # -0.0 is a value of its own
 
 
+def _runs_of_entries(entries: pyarrow.Array, indices: list[int]) -> pyarrow.Table:
+    """A table of a run-end-encoded column of one run per row, of a dictionary of
+    ``entries`` at ``indices``."""
+    values = pyarrow.DictionaryArray.from_arrays(pyarrow.array(indices, pyarrow.int32()), entries)
+    ends = pyarrow.array(range(1, len(indices) + 1), pyarrow.int32())
+    return pyarrow.table({"r": pyarrow.RunEndEncodedArray.from_arrays(ends, values)})
+
+
+@pytest.mark.parametrize(
+    "entries", [pyarrow.array([0.0, -0.0]), pyarrow.array(["a", "a"])], ids=["zeros", "twice"]
+)
+def test_runs_of_dictionary_entries_are_joined_only_when_they_are_one_entry(
+    entries: pyarrow.Array,
+) -> None:
+    """Runs of a dictionary's entries that compare equal but are other entries (``0.0`` and
+    ``-0.0``, a word the dictionary holds twice) stay apart: the value held is the value
+    given, and digests apart from the rows of one entry; runs of one entry are joined."""
+    codec = ArrowCodec()
+    both = _runs_of_entries(entries, [0, 1])
+    digest, held = codec.held(both)
+    assert held.equals(both) and held.column("r").to_pylist() == both.column("r").to_pylist()
+    assert digest != codec.digest(_runs_of_entries(entries, [1, 1]))
+    one = _runs_of_entries(entries, [1, 1])
+    fresh = pyarrow.table(
+        {
+            "r": pyarrow.RunEndEncodedArray.from_arrays(
+                pyarrow.array([2], pyarrow.int32()),
+                pyarrow.DictionaryArray.from_arrays(pyarrow.array([1], pyarrow.int32()), entries),
+            )
+        }
+    )
+    assert codec.digest(one) == codec.digest(fresh)
+
+
 def test_empty_values_round_trip() -> None:
     """A frame of no rows and an empty batch come back as themselves."""
     codec = ArrowCodec()

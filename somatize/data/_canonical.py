@@ -875,7 +875,14 @@ def _same_as_next(values: pyarrow.Array) -> pyarrow.Array | None:
     """Whether each of ``values`` but the last is the one after it: both null, or equal bit
     for bit, as encoding compares them (a float ``-0.0`` is not ``0.0``, a NaN is itself).
     None for values that cannot be compared (nested ones): their runs stay as they are,
-    which digests apart from the rows encoded afresh (a miss, never a wrong answer)."""
+    which digests apart from the rows encoded afresh (a miss, never a wrong answer). An
+    extension type's values are compared by their storage, and a dictionary's by their
+    indices into the one dictionary they share: Arrow compares the entries, and ``0.0`` is
+    ``-0.0`` to it, as a word the dictionary holds twice is to itself."""
+    if isinstance(values.type, pyarrow.BaseExtensionType):
+        values = values.storage
+    if pyarrow.types.is_dictionary(values.type):
+        values = values.indices
     if pyarrow.types.is_floating(values.type):
         values = values.view(_AS_BITS[values.type.bit_width])
     before, after = values.slice(0, len(values) - 1), values.slice(1)
