@@ -24,7 +24,10 @@ digest, which is what a key computed in two processes needs. Dictionary columns 
 written with their dictionaries: a slice of one keeps the whole dictionary, so it digests
 apart from the same rows encoded afresh (a cache miss, never a wrong answer), and chunks
 whose dictionaries together need more indices than their index type counts (which Arrow
-cannot combine) are written one by one, a dictionary each.
+cannot combine) are written one by one, a dictionary each. Chunks of dictionaries of
+floats are combined as their bits, since Arrow takes ``0.0`` and ``-0.0`` for one entry,
+and are refused where they cannot be combined: IPC writes a chunk's dictionary again only
+where Arrow finds it differs from the one before.
 """
 
 from __future__ import annotations
@@ -95,22 +98,105 @@ def _untagged(schema: pyarrow.Schema) -> tuple[pyarrow.Schema, bytes]:
 
 
 def _combined(table: pyarrow.Table) -> pyarrow.Table:
-    """``table`` with each column in one chunk; a column Arrow cannot combine (dictionaries
-    that together need more indices than their index type counts) in its chunks, the empty
-    ones left out: written with a dictionary per chunk, it digests apart from the same rows
-    chunked otherwise (a miss, never a wrong answer)."""
-    try:
-        return table.combine_chunks()
-    except pyarrow.ArrowInvalid:
-        pass
-    columns = []
-    for column in table.columns:
+    """``table`` with each column in one chunk. Arrow combines chunks of dictionaries into
+    one dictionary, taking entries that compare equal for one: ``0.0`` and ``-0.0`` would
+    become one, so a column holding dictionaries of floats is combined as the same bits seen
+    as integers. A column Arrow cannot combine (dictionaries that together need more
+    indices than their index type counts) stays in its chunks, the empty ones left out:
+    written with a dictionary per chunk, it digests apart from the same rows chunked
+    otherwise (a miss, never a wrong answer)."""
+    kinds = [_as_bits(field.type) for field in table.schema]
+    if all(kind is None for kind in kinds):
         try:
-            chunks = [column.combine_chunks()]
+            return table.combine_chunks()
         except pyarrow.ArrowInvalid:
+            pass
+    columns = []
+    for column, bits in zip(table.columns, kinds, strict=True):
+        try:
+            if bits is None or column.num_chunks < 2:
+                chunks = [column.combine_chunks()]
+            else:
+                chunks = [_combined_as_bits(column, bits)]
+        except pyarrow.ArrowException:
             chunks = [chunk for chunk in column.chunks if len(chunk)]
         columns.append(pyarrow.chunked_array(chunks, type=column.type))
     return pyarrow.Table.from_arrays(columns, schema=table.schema)
+
+
+def _combined_as_bits(column: pyarrow.ChunkedArray, bits: Any) -> pyarrow.Array:
+    """The chunks of ``column`` combined as ``bits`` (its type with the floats its
+    dictionaries hold seen as integers: combining compares those bit for bit), and seen as
+    its type again. Each chunk is first laid out from its first row (Arrow's view of a
+    slice can misplace its children) and what comes out is checked in full."""
+    seen = [pyarrow.concat_arrays([chunk]).view(bits) for chunk in column.chunks]
+    combined = pyarrow.concat_arrays(seen).view(column.type)
+    combined.validate(full=True)
+    return combined
+
+
+_BITS = {16: pyarrow.int16(), 32: pyarrow.int32(), 64: pyarrow.int64()}
+
+
+def _as_bits(kind: pyarrow.DataType, entries: bool = False) -> Any:
+    """``kind`` with the floats a dictionary holds (at any depth) as integers of their
+    width, laid out alike; None when it holds no dictionary of floats. A type it cannot
+    rebuild so is itself seen as bits that Arrow refuses to view (its chunks stay apart)."""
+    types = pyarrow.types
+    if types.is_floating(kind):
+        return _BITS[kind.bit_width] if entries else None
+    if types.is_dictionary(kind):
+        inner = _as_bits(kind.value_type, True)
+        return None if inner is None else pyarrow.dictionary(kind.index_type, inner, kind.ordered)
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        return None if _as_bits(kind.storage_type, entries) is None else pyarrow.null()
+    fields = [kind.field(i) for i in range(kind.num_fields)]
+    inner = [_as_bits(field.type, entries) for field in fields]
+    if all(one is None for one in inner):
+        return None
+    made = [
+        field if one is None else field.with_type(one)
+        for field, one in zip(fields, inner, strict=True)
+    ]
+    if types.is_struct(kind):
+        return pyarrow.struct(made)
+    if types.is_union(kind):
+        return pyarrow.union(made, kind.mode, list(kind.type_codes))
+    if types.is_map(kind):
+        pair = made[0].type
+        return pyarrow.map_(pair.field(0), pair.field(1), keys_sorted=kind.keys_sorted)
+    if types.is_fixed_size_list(kind):
+        return pyarrow.list_(made[0], kind.list_size)
+    for test, make in (
+        (types.is_list, pyarrow.list_),
+        (types.is_large_list, pyarrow.large_list),
+        (getattr(types, "is_list_view", None), getattr(pyarrow, "list_view", None)),
+        (getattr(types, "is_large_list_view", None), getattr(pyarrow, "large_list_view", None)),
+    ):
+        if test is not None and make is not None and test(kind):
+            return make(made[0])
+    if _type_test("is_run_end_encoded")(kind):
+        return pyarrow.run_end_encoded(kind.run_end_type, made[1].type)
+    return pyarrow.null()  # of no type above: no view makes it bits, its chunks stay apart
+
+
+def _type_test(name: str) -> Any:
+    """``pyarrow.types.<name>``, or a test no type passes on an Arrow without it."""
+    return getattr(pyarrow.types, name, lambda _: False)
+
+
+def _chunked_entries(table: Any) -> list[str]:
+    """The names of ``table``'s columns that hold dictionaries of floats in more than one
+    chunk: Arrow IPC writes a chunk's dictionary again only where it differs from the one
+    before by Arrow's comparison, to which ``-0.0`` is ``0.0``, so a reader would take the
+    one for the other."""
+    if isinstance(table, pyarrow.RecordBatch):
+        return []
+    return [
+        field.name
+        for field, column in zip(table.schema, table.columns, strict=True)
+        if _as_bits(field.type) is not None and sum(1 for one in column.chunks if len(one)) > 1
+    ]
 
 
 def _digest(ipc: pyarrow.Buffer) -> str:
@@ -236,8 +322,18 @@ class ArrowCodec(Codec):
         else:
             table, kind = value, b"table"
         tagged = _tagged(table, kind)
+        if combined or _chunked_entries(tagged):
+            tagged = tagged if kind == b"batch" else _combined(tagged)
         if combined:
-            tagged = canonical(tagged if kind == b"batch" else _combined(tagged))
+            tagged = canonical(tagged)
+        apart = _chunked_entries(tagged)
+        if apart:
+            raise CodecError(
+                f"column(s) {', '.join(map(repr, apart))} hold dictionaries of floats in chunks "
+                "that cannot be combined, and Arrow IPC would read a chunk's -0.0 as the 0.0 "
+                "of the one before: cast such a column to its values "
+                "(`column.cast(column.type.value_type)`) or to wider indices first"
+            )
         sink = pyarrow.BufferOutputStream()
         with pyarrow.ipc.new_stream(sink, tagged.schema) as writer:
             if kind == b"batch":
@@ -363,7 +459,7 @@ def read_only(table: pyarrow.Table) -> pyarrow.Table:
         if columns:
             return pyarrow.Table.from_arrays(columns, schema=table.schema)
     if any(column.num_chunks > 1 for column in table.columns):
-        table = table.combine_chunks()
+        table = _combined(table)
     held = _HOLDER._read(_read_only(_HOLDER._ipc(table, combined=False)), checked=False)
     assert isinstance(held, pyarrow.Table)
     return held
