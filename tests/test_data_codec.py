@@ -750,6 +750,32 @@ UNTAKEN = {
         pyarrow.array([1, 2, 3], pyarrow.int32()),
         pyarrow.array(["a", "a", "b"], pyarrow.string_view()),
     ),
+    "a run of a list view of views over a struct's null": pyarrow.StructArray.from_arrays(
+        [
+            pyarrow.RunEndEncodedArray.from_arrays(
+                pyarrow.array([3], pyarrow.int32()),
+                pyarrow.ListViewArray.from_arrays(
+                    pyarrow.array([0], pyarrow.int32()), pyarrow.array([3], pyarrow.int32()), _VIEWS
+                ),
+            )
+        ],
+        names=["r"],
+        mask=_NULL_SECOND,
+    ),
+    "runs of a dense union sharing a value over a struct's null": pyarrow.StructArray.from_arrays(
+        [
+            pyarrow.RunEndEncodedArray.from_arrays(
+                pyarrow.array([1, 3], pyarrow.int32()),
+                pyarrow.UnionArray.from_dense(
+                    pyarrow.array([0, 0], pyarrow.int8()),
+                    pyarrow.array([0, 0], pyarrow.int32()),
+                    [_VIEWS],
+                ),
+            )
+        ],
+        names=["r"],
+        mask=_NULL_SECOND,
+    ),
 }
 
 

@@ -681,7 +681,8 @@ def _unbitmapped(kind: pyarrow.DataType) -> bool:
 def _runs_nulled(column: Any, mask: pyarrow.Array) -> pyarrow.Array:
     """Run-end-encoded ``column`` null where ``mask`` is true, worked out by its runs and
     those of ``mask`` (never a value per row): its runs split where ``mask`` turns, the
-    pieces under it null. :func:`_runs` joins again the pieces left equal."""
+    pieces under it null. :func:`_runs` joins again the pieces left equal. ``column`` as it
+    is when the values of its pieces are not picked (see :func:`_picked`; a miss)."""
     ends, values = _run_ends(column)
     nulls = pyarrow.compute.run_end_encode(mask)
     null_ends, null_values = _run_ends(nulls)
@@ -690,7 +691,9 @@ def _runs_nulled(column: Any, mask: pyarrow.Array) -> pyarrow.Array:
     hidden = numpy.asarray(null_values.fill_null(True).to_numpy(zero_copy_only=False), dtype=bool)[
         numpy.searchsorted(null_ends, every)
     ]
-    picked = _taken(values, pyarrow.compute.if_else(pyarrow.array(hidden), None, which))
+    picked = _picked(values, pyarrow.compute.if_else(pyarrow.array(hidden), None, which))
+    if picked is None:  # its values as they are hold no value per piece: kept whole
+        return pyarrow.concat_arrays([column])
     stops = pyarrow.array(every.astype(numpy.int64)).cast(column.type.run_end_type)
     return pyarrow.RunEndEncodedArray.from_arrays(stops, picked, type=column.type)
 
