@@ -23,11 +23,12 @@ a kernel with what it found under a null (``if_else``, ``Array.from_buffers``), 
 digest, which is what a key computed in two processes needs. Dictionary columns are
 written with their dictionaries: a slice of one keeps the whole dictionary, so it digests
 apart from the same rows encoded afresh (a cache miss, never a wrong answer), and chunks
-whose dictionaries together need more indices than their index type counts (which Arrow
-cannot combine) are written one by one, a dictionary each. Chunks of dictionaries of
-floats are combined as their bits, since Arrow takes ``0.0`` and ``-0.0`` for one entry,
-and are refused where they cannot be combined: IPC writes a chunk's dictionary again only
-where Arrow finds it differs from the one before.
+whose dictionaries together need more indices than their index type counts, or which
+are other dictionaries of nested entries (which Arrow cannot combine), are written one by
+one, a dictionary each. Chunks of dictionaries of floats are combined as their bits,
+since Arrow takes ``0.0`` and ``-0.0`` for one entry, and are refused where they cannot be
+combined: IPC writes a chunk's dictionary again only where Arrow finds it differs from the
+one before.
 """
 
 from __future__ import annotations
@@ -102,14 +103,14 @@ def _combined(table: pyarrow.Table) -> pyarrow.Table:
     one dictionary, taking entries that compare equal for one: ``0.0`` and ``-0.0`` would
     become one, so a column holding dictionaries of floats is combined as the same bits seen
     as integers. A column Arrow cannot combine (dictionaries that together need more
-    indices than their index type counts) stays in its chunks, the empty ones left out:
-    written with a dictionary per chunk, it digests apart from the same rows chunked
-    otherwise (a miss, never a wrong answer)."""
+    indices than their index type counts, or other dictionaries of nested entries) stays
+    in its chunks, the empty ones left out: written with a dictionary per chunk, it digests
+    apart from the same rows chunked otherwise (a miss, never a wrong answer)."""
     kinds = [_as_bits(field.type) for field in table.schema]
     if all(kind is None for kind in kinds):
         try:
             return table.combine_chunks()
-        except pyarrow.ArrowInvalid:
+        except pyarrow.ArrowException:  # combined column by column below
             pass
     columns = []
     for column, bits in zip(table.columns, kinds, strict=True):
