@@ -128,12 +128,45 @@ def _combined(table: pyarrow.Table) -> pyarrow.Table:
 def _combined_as_bits(column: pyarrow.ChunkedArray, bits: Any) -> pyarrow.Array:
     """The chunks of ``column`` combined as ``bits`` (its type with the floats its
     dictionaries hold seen as integers: combining compares those bit for bit), and seen as
-    its type again. Each chunk is first laid out from its first row (Arrow's view of a
-    slice can misplace its children) and what comes out is checked in full."""
-    seen = [pyarrow.concat_arrays([chunk]).view(bits) for chunk in column.chunks]
-    combined = pyarrow.concat_arrays(seen).view(column.type)
+    its type again; what comes out is checked in full."""
+    combined = pyarrow.concat_arrays([_seen_as(chunk, bits) for chunk in column.chunks])
+    combined = _seen_as(combined, column.type)
     combined.validate(full=True)
     return combined
+
+
+def _seen_as(array: Any, kind: Any) -> Any:
+    """``array`` seen as ``kind``, a type of its layout with other numbers of the same width:
+    its numbers viewed as such, its nested columns rebuilt over their buffers level by
+    level. Arrow's view of a whole nested column misplaces what lies below a run
+    or a union's slice: it can keep its rows yet read other values."""
+    if array.type == kind:
+        return array
+    types = pyarrow.types
+    if types.is_dictionary(kind):
+        entries = _seen_as(array.dictionary, kind.value_type)
+        return pyarrow.DictionaryArray.from_arrays(array.indices, entries, ordered=kind.ordered)
+    if _type_test("is_run_end_encoded")(kind):
+        values = _seen_as(array.values, kind.value_type)
+        whole = pyarrow.RunEndEncodedArray.from_arrays(array.run_ends, values, type=kind)
+        return whole.slice(array.offset, len(array))
+    if types.is_struct(kind):
+        children = [_seen_as(array.field(i), kind.field(i).type) for i in range(kind.num_fields)]
+        fields = [kind.field(i) for i in range(kind.num_fields)]
+        mask = array.is_null() if array.null_count else None
+        return pyarrow.StructArray.from_arrays(children, fields=fields, mask=mask)
+    if types.is_union(kind) and kind.mode == "sparse":
+        array = pyarrow.concat_arrays([array])  # its children from its first row, as its codes
+    if types.is_union(kind):
+        children = [_seen_as(array.field(i), kind.field(i).type) for i in range(kind.num_fields)]
+    elif kind.num_fields:  # lists, large lists, maps, fixed-size lists, list views
+        children = [_seen_as(array.values, kind.field(0).type)]
+    else:
+        return array.view(kind)
+    own = array.buffers()[: kind.num_buffers]  # its own, before its children's
+    return pyarrow.Array.from_buffers(
+        kind, len(array), own, array.null_count, array.offset, children
+    )
 
 
 _BITS = {16: pyarrow.int16(), 32: pyarrow.int32(), 64: pyarrow.int64()}
