@@ -176,7 +176,7 @@ def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
             return pick(column.cast(plain), rows).cast(kind)
         except (pyarrow.ArrowNotImplementedError, pyarrow.ArrowInvalid):  # a cast Arrow lacks
             pass
-    if _type_test("is_run_end_encoded")(kind):
+    if type_test("is_run_end_encoded")(kind):
         if numpy is not None:
             integer = pyarrow.types.is_integer(rows.type)
             return _runs_taken(column, rows) if integer else _runs_filtered(column, rows)
@@ -240,7 +240,7 @@ def _row_numbers(rows: pyarrow.Array) -> pyarrow.Array:
     """``rows`` as row numbers: themselves, or those of the true ones of booleans."""
     if pyarrow.types.is_integer(rows.type):
         return rows.cast(pyarrow.int64())
-    if _type_test("is_run_end_encoded")(rows.type):
+    if type_test("is_run_end_encoded")(rows.type):
         rows = pyarrow.compute.run_end_decode(rows)
     return pyarrow.compute.indices_nonzero(rows).cast(pyarrow.int64())
 
@@ -250,7 +250,7 @@ def _lists_picked(column: Any, rows: pyarrow.Array, pick: Any, mask: Any) -> Any
     column laid out as ``column`` is with the numbers of its items for items, taken by
     Arrow, say which items to pick, and their sizes the new offsets."""
     kind = column.type
-    large = _offsets_layout(kind) == "<q" or _type_test("is_large_list_view")(kind)
+    large = _offsets_layout(kind) == "<q" or type_test("is_large_list_view")(kind)
     view = _is_list_view(kind)
     numbers = pyarrow.field("item", pyarrow.int64())
     if view:
@@ -340,7 +340,7 @@ def _runs_filtered(column: Any, kept: pyarrow.Array) -> pyarrow.Array | None:
     its runs, never decoded: the runs of both split where either ends, those kept counted
     again. Runs it splits that :func:`_runs` joins again."""
     kind = column.type
-    if not _type_test("is_run_end_encoded")(kept.type):
+    if not type_test("is_run_end_encoded")(kept.type):
         kept = pyarrow.compute.run_end_encode(kept)
     ends, values = _run_ends(column)
     kept_ends, kept_values = _run_ends(kept)
@@ -388,7 +388,7 @@ def _filtered(column: Any, kept: pyarrow.Array) -> pyarrow.Array:
     try:
         return column.filter(kept)
     except pyarrow.ArrowNotImplementedError:
-        if not _type_test("is_run_end_encoded")(kept.type):
+        if not type_test("is_run_end_encoded")(kept.type):
             raise
         return column.filter(pyarrow.compute.run_end_decode(kept))
 
@@ -412,18 +412,29 @@ def _unviewed(kind: pyarrow.DataType) -> pyarrow.DataType | None:
         if inner is None:
             return None
         fields.append(field.with_type(inner))
+    return rebuilt(kind, fields)
+
+
+def rebuilt(kind: pyarrow.DataType, fields: list[pyarrow.Field]) -> pyarrow.DataType | None:
+    """A type like nested ``kind`` (a struct, a union, a map, a list of any kind, or
+    run-end-encoded) with ``fields`` for its children's; None for a type of none of these."""
+    types = pyarrow.types
     if types.is_struct(kind):
         return pyarrow.struct(fields)
+    if types.is_union(kind):
+        return pyarrow.union(fields, kind.mode, list(kind.type_codes))
     if types.is_map(kind):
         entries = fields[0].type
         return pyarrow.map_(entries.field(0), entries.field(1), keys_sorted=kind.keys_sorted)
     if types.is_fixed_size_list(kind):
         return pyarrow.list_(fields[0], kind.list_size)
+    if type_test("is_run_end_encoded")(kind):
+        return pyarrow.run_end_encoded(kind.run_end_type, fields[1].type)
     made = {
         types.is_list: pyarrow.list_,
         types.is_large_list: pyarrow.large_list,
-        _type_test("is_list_view"): getattr(pyarrow, "list_view", None),
-        _type_test("is_large_list_view"): getattr(pyarrow, "large_list_view", None),
+        type_test("is_list_view"): getattr(pyarrow, "list_view", None),
+        type_test("is_large_list_view"): getattr(pyarrow, "large_list_view", None),
     }
     for test, make in made.items():
         if make is not None and test(kind):
@@ -431,14 +442,14 @@ def _unviewed(kind: pyarrow.DataType) -> pyarrow.DataType | None:
     return None
 
 
-def _type_test(name: str) -> Any:
+def type_test(name: str) -> Any:
     """``pyarrow.types.<name>``, or a test no type passes on an Arrow without it."""
     return getattr(pyarrow.types, name, lambda _: False)
 
 
 def _is_extension_or_runs(kind: pyarrow.DataType) -> bool:
     """Whether ``kind`` is an extension type or run-end-encoded."""
-    return isinstance(kind, pyarrow.BaseExtensionType) or _type_test("is_run_end_encoded")(kind)
+    return isinstance(kind, pyarrow.BaseExtensionType) or type_test("is_run_end_encoded")(kind)
 
 
 def _takes(kind: pyarrow.DataType) -> bool:
@@ -659,7 +670,7 @@ def _under_its_nulls(column: Any, mask: pyarrow.Array | None) -> list[pyarrow.Ar
     rows = pyarrow.compute.if_else(mask, None, _every(len(column)))
     for at in sorted(set(range(len(fields))) - set(plain)):
         child = children[at]
-        runs = _type_test("is_run_end_encoded")(child.type) and numpy is not None
+        runs = type_test("is_run_end_encoded")(child.type) and numpy is not None
         children[at] = _runs_nulled(child, mask) if runs else _taken(child, rows)
     if plain:
         pushed = pyarrow.StructArray.from_arrays(
@@ -675,7 +686,7 @@ def _unbitmapped(kind: pyarrow.DataType) -> bool:
     own: a union or a run-end-encoded column."""
     if isinstance(kind, pyarrow.BaseExtensionType):
         kind = kind.storage_type
-    return bool(pyarrow.types.is_union(kind) or _type_test("is_run_end_encoded")(kind))
+    return bool(pyarrow.types.is_union(kind) or type_test("is_run_end_encoded")(kind))
 
 
 def _runs_nulled(column: Any, mask: pyarrow.Array) -> pyarrow.Array:

@@ -44,7 +44,7 @@ import pyarrow.ipc
 
 from somatize._threads import hash_threads
 from somatize.codecs import Codec, CodecError
-from somatize.data._canonical import canonical
+from somatize.data._canonical import canonical, rebuilt, type_test
 from somatize.data.frame import Frame, python_extensions
 
 __all__ = ["ArrowCodec"]
@@ -146,7 +146,7 @@ def _seen_as(array: Any, kind: Any) -> Any:
     if types.is_dictionary(kind):
         entries = _seen_as(array.dictionary, kind.value_type)
         return pyarrow.DictionaryArray.from_arrays(array.indices, entries, ordered=kind.ordered)
-    if _type_test("is_run_end_encoded")(kind):
+    if type_test("is_run_end_encoded")(kind):
         values = _seen_as(array.values, kind.value_type)
         whole = pyarrow.RunEndEncodedArray.from_arrays(array.run_ends, values, type=kind)
         return whole.slice(array.offset, len(array))
@@ -192,31 +192,8 @@ def _as_bits(kind: pyarrow.DataType, entries: bool = False) -> Any:
         field if one is None else field.with_type(one)
         for field, one in zip(fields, inner, strict=True)
     ]
-    if types.is_struct(kind):
-        return pyarrow.struct(made)
-    if types.is_union(kind):
-        return pyarrow.union(made, kind.mode, list(kind.type_codes))
-    if types.is_map(kind):
-        pair = made[0].type
-        return pyarrow.map_(pair.field(0), pair.field(1), keys_sorted=kind.keys_sorted)
-    if types.is_fixed_size_list(kind):
-        return pyarrow.list_(made[0], kind.list_size)
-    for test, make in (
-        (types.is_list, pyarrow.list_),
-        (types.is_large_list, pyarrow.large_list),
-        (getattr(types, "is_list_view", None), getattr(pyarrow, "list_view", None)),
-        (getattr(types, "is_large_list_view", None), getattr(pyarrow, "large_list_view", None)),
-    ):
-        if test is not None and make is not None and test(kind):
-            return make(made[0])
-    if _type_test("is_run_end_encoded")(kind):
-        return pyarrow.run_end_encoded(kind.run_end_type, made[1].type)
-    return pyarrow.null()  # of no type above: no view makes it bits, its chunks stay apart
-
-
-def _type_test(name: str) -> Any:
-    """``pyarrow.types.<name>``, or a test no type passes on an Arrow without it."""
-    return getattr(pyarrow.types, name, lambda _: False)
+    bits = rebuilt(kind, made)
+    return pyarrow.null() if bits is None else bits  # none to see it as: its chunks stay apart
 
 
 def _chunked_entries(table: Any) -> list[str]:
