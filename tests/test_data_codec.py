@@ -975,6 +975,21 @@ def test_the_digest_ignores_where_runs_are_split(kind: str) -> None:
     assert len({codec.digest(made(one)) for one in zeros}) == 2  # -0.0 is a value of its own
 
 
+@pytest.mark.parametrize("kind", [pyarrow.string_view(), pyarrow.binary_view()])
+def test_runs_of_views_split_by_chunks_digest_as_one(kind: pyarrow.DataType) -> None:
+    """Runs of views (strings or binary) that chunks split digest as the same runs whole,
+    and apart from other rows."""
+    word = "a word longer than twelve"
+    words: list[Any] = [word, "z"] if kind == pyarrow.string_view() else [word.encode(), b"z"]
+    runs = pyarrow.RunEndEncodedArray.from_arrays(
+        pyarrow.array([2, 3], pyarrow.int32()), pyarrow.array(words, kind)
+    )
+    codec = ArrowCodec()
+    split = pyarrow.table({"r": pyarrow.chunked_array([runs.slice(0, 1), runs.slice(1)])})
+    assert codec.digest(split) == codec.digest(pyarrow.table({"r": runs}))
+    assert codec.digest(split) != codec.digest(pyarrow.table({"r": runs.slice(1)}))
+
+
 def _runs_of_entries(entries: pyarrow.Array, indices: list[int]) -> pyarrow.Table:
     """A table of a run-end-encoded column of one run per row, of a dictionary of
     ``entries`` at ``indices``."""

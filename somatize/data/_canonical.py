@@ -839,11 +839,12 @@ def _runs(column: Any) -> pyarrow.Array:
     ends = pyarrow.compute.min_element_wise(
         pyarrow.compute.subtract(ends.cast(pyarrow.int64()), column.offset), len(column)
     )
-    if count > 1 and _takes(values.type):
-        same = _same_as_next(values)
-        if same is not None:
-            last = pyarrow.concat_arrays([pyarrow.compute.invert(same), pyarrow.array([True])])
-            ends, values = ends.filter(last), values.filter(last)
+    same = _same_as_next(values) if count > 1 else None
+    if same is not None:
+        last = pyarrow.concat_arrays([pyarrow.compute.invert(same), pyarrow.array([True])])
+        joined = _picked(values, last)
+        if joined is not None:
+            ends, values = ends.filter(last), joined
     return pyarrow.RunEndEncodedArray.from_arrays(
         ends.cast(kind.run_end_type), _bare(values), type=kind
     )
