@@ -1487,26 +1487,31 @@ def test_dictionaries_of_entries_arrow_does_not_combine_are_digested_chunk_by_ch
     assert codec.digest(pyarrow.table({"d": _nested_entries(kind, "ac"), "n": range(4)})) != digest
 
 
-def _entries_of(values: list[float], nested: bool) -> pyarrow.Array:
-    """A dictionary of ``values`` at indices 0, 1, ..., in a list of them if ``nested``."""
+def _entries_of(values: list[float], holder: str) -> pyarrow.Array:
+    """A dictionary of ``values`` at indices 0, 1, ..., as it is, in a list of them, or
+    stored in an opaque extension type."""
     column = pyarrow.DictionaryArray.from_arrays(
         pyarrow.array(range(len(values)), pyarrow.int32()), pyarrow.array(values)
     )
-    if not nested:
+    if holder == "column":
         return column
+    if holder == "opaque":
+        return pyarrow.ExtensionArray.from_storage(
+            pyarrow.opaque(column.type, "zeros", "somatize.tests"), column
+        )
     return pyarrow.ListArray.from_arrays(pyarrow.array([0, len(values)], pyarrow.int32()), column)
 
 
-@pytest.mark.parametrize("nested", [False, True], ids=["column", "list items"])
-def test_chunks_of_dictionaries_of_zeros_of_either_sign_stay_apart(nested: bool) -> None:
-    """Chunks of dictionaries of floats are combined entry by entry as their bits: a chunk
-    of ``-0.0`` after one of ``0.0`` (which Arrow's combining takes for one entry) is held
-    as it was given, digests apart from two chunks of ``0.0``, and as the same rows in one
-    chunk."""
+@pytest.mark.parametrize("holder", ["column", "list items", "opaque"])
+def test_chunks_of_dictionaries_of_zeros_of_either_sign_stay_apart(holder: str) -> None:
+    """Chunks of dictionaries of floats (as they are, in lists, or stored in an extension
+    type) are combined entry by entry as their bits: a chunk of ``-0.0`` after one of
+    ``0.0`` (which Arrow's combining takes for one entry) is held as it was given, digests
+    apart from two chunks of ``0.0``, and as the same rows in one chunk."""
     codec = ArrowCodec()
 
     def chunked(*signs: float) -> pyarrow.Table:
-        chunks = [_entries_of([sign], nested) for sign in signs]
+        chunks = [_entries_of([sign], holder) for sign in signs]
         return pyarrow.table({"f": pyarrow.chunked_array(chunks)})
 
     both = chunked(0.0, -0.0)
@@ -1515,8 +1520,8 @@ def test_chunks_of_dictionaries_of_zeros_of_either_sign_stay_apart(nested: bool)
     decoded = codec.decode(codec.encode(both)[0])
     assert str(decoded.column("f").to_pylist()) == str(both.column("f").to_pylist())
     assert digest != codec.digest(chunked(0.0, 0.0))
-    if not nested:
-        one = pyarrow.table({"f": _entries_of([0.0, -0.0], nested)})
+    if holder == "column":
+        one = pyarrow.table({"f": _entries_of([0.0, -0.0], holder)})
         assert digest == codec.digest(one)
 
 

@@ -136,12 +136,17 @@ def _combined_as_bits(column: pyarrow.ChunkedArray, bits: Any) -> pyarrow.Array:
 
 
 def _seen_as(array: Any, kind: Any) -> Any:
-    """``array`` seen as ``kind``, a type of its layout with other numbers of the same width:
-    its numbers viewed as such, its nested columns rebuilt over their buffers level by
-    level. Arrow's view of a whole nested column misplaces what lies below a run
-    or a union's slice: it can keep its rows yet read other values."""
+    """``array`` seen as ``kind``, a type of its layout with other numbers of the same width
+    (or an extension type's storage for it, or the other way): its numbers viewed as such,
+    its nested columns rebuilt over their buffers level by level. Arrow's view of a whole
+    nested column misplaces what lies below a run or a union's slice: it can keep its rows
+    yet read other values."""
     if array.type == kind:
         return array
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        return pyarrow.ExtensionArray.from_storage(kind, _seen_as(array, kind.storage_type))
+    if isinstance(array.type, pyarrow.BaseExtensionType):
+        return _seen_as(array.storage, kind)
     types = pyarrow.types
     if types.is_dictionary(kind):
         entries = _seen_as(array.dictionary, kind.value_type)
@@ -174,16 +179,17 @@ _BITS = {16: pyarrow.int16(), 32: pyarrow.int32(), 64: pyarrow.int64()}
 
 def _as_bits(kind: pyarrow.DataType, entries: bool = False) -> Any:
     """``kind`` with the floats a dictionary holds (at any depth) as integers of their
-    width, laid out alike; None when it holds no dictionary of floats. A type it cannot
-    rebuild so is itself seen as bits that Arrow refuses to view (its chunks stay apart)."""
+    width, laid out alike, an extension type as its storage; None when it holds no
+    dictionary of floats. A type it cannot rebuild so is itself seen as bits that Arrow
+    refuses to view (its chunks stay apart)."""
     types = pyarrow.types
     if types.is_floating(kind):
         return _BITS[kind.bit_width] if entries else None
     if types.is_dictionary(kind):
         inner = _as_bits(kind.value_type, True)
         return None if inner is None else pyarrow.dictionary(kind.index_type, inner, kind.ordered)
-    if isinstance(kind, pyarrow.BaseExtensionType):
-        return None if _as_bits(kind.storage_type, entries) is None else pyarrow.null()
+    if isinstance(kind, pyarrow.BaseExtensionType):  # seen as its storage
+        return _as_bits(kind.storage_type, entries)
     fields = [kind.field(i) for i in range(kind.num_fields)]
     inner = [_as_bits(field.type, entries) for field in fields]
     if all(one is None for one in inner):
