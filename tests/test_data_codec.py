@@ -1525,16 +1525,49 @@ def test_chunks_of_dictionaries_of_zeros_of_either_sign_stay_apart(holder: str) 
         assert digest == codec.digest(one)
 
 
+def _apart_entries(case: str, zero: float) -> pyarrow.ChunkedArray:
+    """Two chunks of dictionaries of floats Arrow cannot combine, the first holding
+    ``zero``: of other entries under 8-bit indices that together need more, of a null
+    entry, or of lists of floats."""
+    if case == "more than 8-bit indices count":
+        entries = [[zero, *map(float, range(1, 128))], [float(-at) for at in range(1, 129)]]
+        indices = pyarrow.array(range(128), pyarrow.int8())
+    elif case == "null entries":
+        entries, indices = [[None, zero], [-0.0, None]], pyarrow.array([0, 1], pyarrow.int32())
+    else:
+        entries = [[[zero]], [[-0.0, 1.0]]]
+        indices = pyarrow.array([0, 0], pyarrow.int32())
+    return pyarrow.chunked_array(
+        [pyarrow.DictionaryArray.from_arrays(indices, pyarrow.array(one)) for one in entries]
+    )
+
+
+@pytest.mark.parametrize("case", ["more than 8-bit indices count", "null entries", "lists"])
+def test_chunks_of_dictionaries_of_floats_written_apart_keep_their_entries(case: str) -> None:
+    """Chunks of dictionaries of floats Arrow cannot combine, whose dictionaries differ by
+    Arrow's comparison too (which Arrow IPC writes each of), are held, sent and digested
+    chunk by chunk as given: a ``-0.0`` stays apart from ``0.0``."""
+    codec = ArrowCodec()
+    table = pyarrow.table({"f": _apart_entries(case, -0.0)})
+    given = str(table.column("f").to_pylist())
+    digest, held = codec.held(table)
+    assert str(held.column("f").to_pylist()) == given and digest == codec.digest(table)
+    assert str(codec.decode(codec.encode(table)[0]).column("f").to_pylist()) == given
+    assert codec.digest(pyarrow.table({"f": _apart_entries(case, 0.0)})) != digest
+
+
 def test_chunks_of_dictionaries_of_floats_that_cannot_be_combined_are_refused() -> None:
     """Chunks of dictionaries of floats under 8-bit indices that together hold more entries
-    than such indices count cannot be combined, and written apart a reader could take a
-    chunk's ``-0.0`` for the ``0.0`` before it: they are refused, saying what to do."""
+    than such indices count cannot be combined, and where they differ only by the sign of a
+    zero, written apart a reader would take a chunk's ``-0.0`` for the ``0.0`` before it
+    (Arrow IPC writes a dictionary again only where Arrow finds it changed): they are
+    refused, saying what to do."""
     chunks = [
         pyarrow.DictionaryArray.from_arrays(
-            pyarrow.array(range(100), pyarrow.int8()),
-            pyarrow.array([float(at) * sign for at in range(100)]),
+            pyarrow.array(range(128), pyarrow.int8()),
+            pyarrow.array([zero, *map(float, range(1, 128))]),
         )
-        for sign in (1.0, -1.0)
+        for zero in (0.0, -0.0)
     ]
     table = pyarrow.table({"f": pyarrow.chunked_array(chunks)})
     codec = ArrowCodec()

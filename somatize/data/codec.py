@@ -26,9 +26,9 @@ apart from the same rows encoded afresh (a cache miss, never a wrong answer), an
 whose dictionaries together need more indices than their index type counts, or which
 are other dictionaries of nested entries (which Arrow cannot combine), are written one by
 one, a dictionary each. Chunks of dictionaries of floats are combined as their bits,
-since Arrow takes ``0.0`` and ``-0.0`` for one entry, and are refused where they cannot be
-combined: IPC writes a chunk's dictionary again only where Arrow finds it differs from the
-one before.
+since Arrow takes ``0.0`` and ``-0.0`` for one entry; where they cannot be combined, a chunk
+whose dictionary differs from the one written before only by the sign of a zero is
+refused: IPC writes a chunk's dictionary again only where Arrow finds it differs.
 """
 
 from __future__ import annotations
@@ -202,18 +202,52 @@ def _as_bits(kind: pyarrow.DataType, entries: bool = False) -> Any:
     return pyarrow.null() if bits is None else bits  # none to see it as: its chunks stay apart
 
 
-def _chunked_entries(table: Any) -> list[str]:
-    """The names of ``table``'s columns that hold dictionaries of floats in more than one
-    chunk: Arrow IPC writes a chunk's dictionary again only where it differs from the one
-    before by Arrow's comparison, to which ``-0.0`` is ``0.0``, so a reader would take the
-    one for the other."""
+def _chunked_entries(table: Any) -> list[tuple[str, pyarrow.ChunkedArray, Any]]:
+    """The name, the chunks and the type as bits (:func:`_as_bits`) of each of ``table``'s
+    columns that hold dictionaries of floats in more than one chunk."""
     if isinstance(table, pyarrow.RecordBatch):
         return []
     return [
-        field.name
+        (field.name, column, bits)
         for field, column in zip(table.schema, table.columns, strict=True)
-        if _as_bits(field.type) is not None and sum(1 for one in column.chunks if len(one)) > 1
+        if (bits := _as_bits(field.type)) is not None
+        and sum(1 for one in column.chunks if len(one)) > 1
     ]
+
+
+def _misread(column: pyarrow.ChunkedArray, bits: Any) -> bool:
+    """Whether a reader would take a float of ``column`` (its type as bits ``bits``) for
+    another, written chunk by chunk: Arrow IPC writes a chunk's dictionary again only where
+    it differs from the one it wrote before by Arrow's comparison, to which ``-0.0`` is
+    ``0.0``; so where that one differs from it bit for bit, it is read in its place."""
+    written: dict[int, tuple[pyarrow.Array, pyarrow.Array]] = {}
+    for chunk in column.chunks:
+        try:
+            seen = _seen_as(chunk, bits)
+        except pyarrow.ArrowException:  # not seen as bits: not told apart
+            return True
+        for at, now in enumerate(zip(_dictionaries(chunk), _dictionaries(seen), strict=True)):
+            before = written.get(at)
+            if before is None or not before[0].equals(now[0]):
+                written[at] = now  # written again
+            elif not before[1].equals(now[1]):
+                return True
+    return False
+
+
+def _dictionaries(array: Any) -> list[pyarrow.Array]:
+    """The dictionaries ``array`` holds, at any depth, one for each dictionary of its type,
+    in an order its type sets."""
+    kind = array.type
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        return _dictionaries(array.storage)
+    if pyarrow.types.is_dictionary(kind):
+        return [array.dictionary, *_dictionaries(array.dictionary)]
+    if type_test("is_run_end_encoded")(kind):
+        return _dictionaries(array.values)
+    if pyarrow.types.is_struct(kind) or pyarrow.types.is_union(kind):
+        return [one for i in range(kind.num_fields) for one in _dictionaries(array.field(i))]
+    return _dictionaries(array.values) if kind.num_fields else []
 
 
 def _digest(ipc: pyarrow.Buffer) -> str:
@@ -343,7 +377,7 @@ class ArrowCodec(Codec):
             tagged = tagged if kind == b"batch" else _combined(tagged)
         if combined:
             tagged = canonical(tagged)
-        apart = _chunked_entries(tagged)
+        apart = [name for name, column, bits in _chunked_entries(tagged) if _misread(column, bits)]
         if apart:
             raise CodecError(
                 f"column(s) {', '.join(map(repr, apart))} hold dictionaries of floats in chunks "
