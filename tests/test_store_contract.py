@@ -202,6 +202,32 @@ def test_any_buffer_is_one_piece_never_iterated(home: Store) -> None:
         home.put([b"ab", "cd"])  # type: ignore[list-item]
 
 
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (None, "got a `NoneType`"),
+        (5, "got a `int`"),
+        ("text", r"text\.encode\(\)"),
+        ({b"a": b"b"}, "as a list or tuple"),
+        ({b"a", b"b"}, "as a list or tuple"),
+    ],
+    ids=["none", "int", "str", "dict", "set"],
+)
+def test_what_is_no_bytes_nor_pieces_is_refused_saying_what_to_pass(
+    home: Store, data: object, said: str
+) -> None:
+    """put and keep of what is neither bytes nor a sequence of pieces (None, a number, a
+    str, a dict or set, whose order is no order of bytes) are a TypeError saying what to
+    pass, and nothing is kept."""
+    with pytest.raises(TypeError, match=said):
+        home.put(data)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=said):
+        home.keep(KEY, data, "plain")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=said):
+        home.keep_many([(KEY, data)], "plain")  # type: ignore[list-item]
+    assert reopen(home).have([KEY]) == set()
+
+
 def test_have_of_one_key_not_in_a_list_says_so(home: Store) -> None:
     """have() takes keys; a single key string passed bare is a TypeError saying to wrap
     it, not a complaint about its characters."""

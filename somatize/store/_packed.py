@@ -53,7 +53,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any
 
 import blake3
@@ -114,8 +114,26 @@ def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
     try:
         view = memoryview(data)  # type: ignore[arg-type]  # a buffer the types do not name
     except TypeError:
-        return [_flat(piece) for piece in data]
-    return (_flat(view),)
+        pass
+    else:
+        return (_flat(view),)
+    if isinstance(data, str):
+        raise TypeError("a store keeps bytes, got a `str`: encode the text first (`text.encode()`)")
+    if isinstance(data, (Mapping, Set)):
+        raise TypeError(
+            f"a store keeps bytes, or a sequence of pieces that are each bytes, got a "
+            f"`{type(data).__name__}` (a mapping would be written as its keys, a set in no "
+            "fixed order): pass the pieces as a list or tuple"
+        )
+    try:
+        listed = iter(data)
+    except TypeError:
+        raise TypeError(
+            "a store keeps bytes, or an iterable of pieces that are each bytes (any "
+            f"contiguous buffer: bytearray, memoryview, array.array), got a "
+            f"`{type(data).__name__}`"
+        ) from None
+    return [_flat(piece) for piece in listed]
 
 
 def _flat(piece: Buffer) -> Buffer:
