@@ -186,3 +186,31 @@ def test_a_forward_over_an_unreadable_answer_says_store_error(
     _refusing(monkeypatch, tmp_path / "store" / "blobs", ("open",))
     with pytest.raises(StoreError, match="cannot read blobs/"):
         graph.forward([1.0, 2.0], store=Store(tmp_path / "store"))
+
+
+@pytest.mark.parametrize("how", ["moved", "removed"])
+def test_a_store_whose_directory_is_gone_refuses_writes_and_makes_it_nowhere(
+    tmp_path: Path, how: str
+) -> None:
+    """A store object whose directory was moved or removed after it was opened does not
+    make the directory again, part by part, for its next write (a store nobody meant,
+    holding what was meant for the one moved): put, keep and bind are a StoreError
+    saying the directory is gone, and nothing is made where it was."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    named = store.put(b"a dataset")
+    if how == "moved":
+        root.rename(tmp_path / "elsewhere")
+    else:
+        shutil.rmtree(root)
+    calls: list[Callable[[], object]] = [
+        lambda: store.put(DATA),
+        lambda: store.put(DATA * 30_000),  # large: written to tmp/ while it is hashed
+        lambda: store.keep(KEY, DATA, "plain"),
+        lambda: store.keep_many([(KEY, DATA)], "plain"),
+        lambda: store.bind("sms/train", named),
+    ]
+    for call in calls:
+        with pytest.raises(StoreError, match="is gone"):
+            call()
+        assert not root.exists()

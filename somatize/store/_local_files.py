@@ -205,8 +205,17 @@ class LocalFiles(PackedHome):
         try:
             return open(temporary, "wb")
         except FileNotFoundError:
-            os.makedirs(self._tmp, exist_ok=True)
+            self._make_folder(self._tmp)
             return open(temporary, "wb")
+
+    def _make_folder(self, folder: str) -> None:
+        """Makes ``folder`` of the store, missing (a store copied without its empty
+        folders); FileNotFoundError when the store's own directory is gone (moved or
+        removed since it was opened), which is not made again part by part: a store
+        nobody meant would keep what was meant for the one moved."""
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(self.root))
+        os.makedirs(folder, exist_ok=True)
 
     def writable(self) -> bool:
         """An empty file is made in ``tmp/`` (and ``tmp/`` first where it is missing) and
@@ -229,7 +238,7 @@ class LocalFiles(PackedHome):
             try:
                 os.replace(temporary, target)
             except FileNotFoundError:
-                os.makedirs(os.path.dirname(target), exist_ok=True)
+                self._make_folder(os.path.dirname(target))
                 os.replace(temporary, target)
             if self.durable:
                 self._sync_directory(Path(target).parent)
@@ -243,6 +252,9 @@ class LocalFiles(PackedHome):
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
         where = os.path.relpath(target, self.root) if target is not None else "a blob"
+        gone = self._gone(f"write {where} into")
+        if gone is not None and isinstance(why, FileNotFoundError):
+            return gone
         if why.errno in (errno.ENOSPC, errno.EDQUOT):
             return StoreFull(
                 f"could not write {where} into {self.root}: no space left ({why.strerror}). "
@@ -258,6 +270,18 @@ class LocalFiles(PackedHome):
         if why.errno == errno.EXDEV:
             return StoreError(f"could not write {where} into {self.root}: {ONE_FILESYSTEM}")
         return StoreError(f"could not write {where} into {self.root}: {why}")
+
+    def _gone(self, doing: str) -> StoreError | None:
+        """The error for a write (``doing``: what it would do) to a store whose directory
+        is gone, moved or removed since it was opened; None while it is there."""
+        if os.path.isdir(self.root):
+            return None
+        return StoreError(
+            f"could not {doing} {self.root}: the store's directory is gone (moved or "
+            "removed since this store was opened), and is not made again for this write. "
+            "Nothing was written; open the store where it is now (`Store(path)`), or open "
+            "it afresh at this path to start an empty one there"
+        )
 
     @staticmethod
     def _sync_directory(directory: Path) -> None:
@@ -361,7 +385,7 @@ class LocalFiles(PackedHome):
         except OSError as why:
             raise self._unreadable("blobs", why) from why
         if not touched:
-            raise unbacked(name, digest, str(self.root))
+            raise self._gone(f"bind `{name}` in") or unbacked(name, digest, str(self.root))
         try:
             self._publish(names / name, [encode_name(name, digest, self.signer)])
         except StoreError:
