@@ -35,6 +35,11 @@ def key_of(label: str) -> str:
     return "blake3:" + blake3.blake3(label.encode()).hexdigest()
 
 
+def key_of_bytes(data: bytes) -> str:
+    """The digest a store keeps ``data`` under."""
+    return "blake3:" + blake3.blake3(data).hexdigest()
+
+
 READS = ["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation", "s3:HeadBucket"]
 """What a user who may only read a bucket may do (the loopback server names looking for a
 bucket ``HeadBucket``)."""
@@ -1058,3 +1063,39 @@ def test_an_s3_url_whose_path_is_not_plain_is_refused_at_open(url: str, said: st
     another bucket or another prefix than the URL seems to say."""
     with pytest.raises(BadAddress, match=re.escape(said)):
         Store.on_bucket(url, **s3_options()).put(b"where")
+
+
+@pytest.mark.parametrize("upkeep", ["verify", "gc", "have"])
+def test_a_store_object_that_listed_the_bucket_reads_what_others_keep_later(upkeep: str) -> None:
+    """A store object that listed the bucket (its verify or gc, a have of many keys) reads
+    the records, blobs and names another process writes there later, in the folders it
+    listed, as they are now: it recalls and resolves them, its verify finds them whole and
+    moves none aside, and its gc keeps the blobs a record and a name refer to."""
+    url = s3_url()
+    mine = Store.on_bucket(url, **s3_options())
+    later_value = b"kept later by another process"
+    shard = key_of_bytes(later_value)[7:9]
+    filler = next(  # a blob in the folder the later blob will be in, so that it is listed
+        data for i in range(10_000) if key_of_bytes(data := f"filler {i}".encode())[7:9] == shard
+    )
+    first, later = "blake3:ab" + "0" * 62, "blake3:ab" + "1" * 62  # one folder of answers/
+    mine.keep(first, filler, "plain")
+    mine.bind("ds/a", mine.put(b"a dataset"))
+    if upkeep == "verify":
+        assert mine.verify().ok
+    elif upkeep == "gc":
+        mine.gc()
+    else:
+        assert mine.have([f"blake3:{i:064x}" for i in range(100)] + [first]) == {first}
+    # Another process: a client of its own, which shares nothing this one holds.
+    theirs = Store.on_bucket(url, **s3_options(), skip_instance_cache=True)
+    theirs.keep(later, later_value, "plain")
+    theirs.bind("ds/b", theirs.put(b"another dataset"))
+    assert bytes(mine.recall(later)[1]) == later_value
+    assert bytes(mine.get(mine.resolve("ds/b"))) == b"another dataset"
+    found = mine.verify(quarantine=True)
+    assert (found.damaged, found.quarantined) == ([], [])
+    mine.gc(grace=0)
+    fresh = Store.on_bucket(url, **s3_options(), skip_instance_cache=True)
+    assert bytes(fresh.recall(later)[1]) == later_value
+    assert bytes(fresh.get(fresh.resolve("ds/b"))) == b"another dataset"

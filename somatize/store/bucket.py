@@ -132,8 +132,15 @@ def _opened_with(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]
     the client's own retrying of a request turned off unless they (or ``AWS_MAX_ATTEMPTS``)
     set it. A store's ``retries`` and ``backoff`` then say alone how often a request that
     keeps failing is made: botocore's retries, and s3fs's around them, would each make it
-    five times for every one of the store's (a refused endpoint took half a minute)."""
-    options = dict(storage_options)
+    five times for every one of the store's (a refused endpoint took half a minute).
+
+    In every home, the filesystem's cache of listings is turned off, whatever the options
+    say: s3fs keeps the listing of each folder a listing walked (a gc's, a verify's, a
+    ``have`` of many keys) and takes a file missing from it for absent from then on,
+    without asking the bucket, so a record, blob or name another process wrote there
+    later would be a miss to this store object, damage to its verify, and nothing to keep
+    to its gc."""
+    options = {**storage_options, "use_listings_cache": False}
     if not _on_s3(url):
         return options
     config = options.get("config_kwargs")
