@@ -1099,3 +1099,32 @@ def test_a_store_object_that_listed_the_bucket_reads_what_others_keep_later(upke
     fresh = Store.on_bucket(url, **s3_options(), skip_instance_cache=True)
     assert bytes(fresh.recall(later)[1]) == later_value
     assert bytes(fresh.get(fresh.resolve("ds/b"))) == b"another dataset"
+
+
+def test_records_and_names_are_read_in_one_request_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gc, a verify, a recall and a resolve read each record and name in one request,
+    never asking its size first (s3fs does, to read a large file in ranges, where it holds
+    no listing): a gc or verify would otherwise ask the bucket twice for every record."""
+    import s3fs
+
+    url = s3_url()
+    writer = Store.on_bucket(url, **s3_options())
+    keys = [f"blake3:{i:064x}" for i in range(30)]
+    for key in keys:
+        writer.keep(key, b"v", "plain")
+    writer.bind("ds/a", writer.put(b"a dataset"))
+    asked: list[str] = []
+    call_s3 = s3fs.S3FileSystem._call_s3
+
+    async def counted(fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        asked.append(method)
+        return await call_s3(fs, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    store = Store.on_bucket(url, **s3_options(), skip_instance_cache=True)
+    store.gc()
+    assert store.verify().ok
+    store.recall(keys[0])
+    store.resolve("ds/a")
+    assert asked.count("get_object") >= 2 * len(keys)  # each record by gc and by verify
+    assert asked.count("head_object") < len(keys), asked  # the bucket, the blobs hashed

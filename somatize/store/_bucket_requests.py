@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import os
 import random
 import time
@@ -90,6 +92,24 @@ def _misaddressed(error: BaseException) -> bool:
     return type(error).__name__ == "ParamValidationError" and type(error).__module__.startswith(
         "botocore"
     )
+
+
+@functools.cache
+def _in_one_request(kind: type) -> dict[str, Any]:
+    """What a small file (a record, a name, a log, an index) is read whole with on a
+    filesystem of ``kind``, so that it takes one request. s3fs asks a file's size first (a
+    request of its own) to read a large one in ranges at once, unless it holds a listing
+    of the folder, and a bucket store holds none (see ``bucket._opened_with``): a gc or
+    verify would ask twice for every record. A blob, which may be large, is read as s3fs
+    chooses."""
+    read = getattr(kind, "_cat_file", None)
+    if read is None:
+        return {}
+    try:
+        accepts = "max_concurrency" in inspect.signature(read).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a read without a signature
+        return {}
+    return {"max_concurrency": 1} if accepts else {}
 
 
 class BucketRequests(PackedHome):
@@ -266,9 +286,13 @@ class BucketRequests(PackedHome):
                 pass  # tidying up must not hide why the upload failed
             raise
 
-    def _read(self, path: str, what: str) -> bytes | None:
+    def _read(self, path: str, what: str, *, blob: bool = False) -> bytes | None:
+        """The bytes at ``path``; None if it is absent. A ``blob``, which may be large, is
+        read as the filesystem chooses; anything else in one request."""
+        fs = self.fs
+        at_once = {} if blob else _in_one_request(fs.__class__)
         try:
-            return cast(bytes, self._call(f"reading {what}", self.fs.cat_file, path))
+            return cast(bytes, self._call(f"reading {what}", fs.cat_file, path, **at_once))
         except _ABSENT:
             return None
 
@@ -315,12 +339,13 @@ class BucketRequests(PackedHome):
         pattern, as ``fs.cat`` of a list takes one: a store under ``exp[lr=0.1]/`` has
         ``[``, ``*`` or ``?`` in every path."""
         fs = self.fs
+        at_once = _in_one_request(fs.__class__)
         if len(paths) > 1 and getattr(fs, "async_impl", False) and hasattr(fs, "_cat_file"):
             from fsspec.asyn import sync
 
             async def each(path: str) -> bytes | BaseException:
                 try:
-                    return cast(bytes, await fs._cat_file(path))
+                    return cast(bytes, await fs._cat_file(path, **at_once))
                 except Exception as why:
                     return why
 
@@ -334,7 +359,7 @@ class BucketRequests(PackedHome):
         out: dict[str, bytes | BaseException] = {}
         for path in paths:
             try:
-                out[path] = fs.cat_file(path)
+                out[path] = fs.cat_file(path, **at_once)
             except Exception as why:
                 out[path] = why
         return out

@@ -361,7 +361,7 @@ class BucketShelf(BucketRequests):
             ) from why
 
     def _rehash(self, digest: str) -> str | None:
-        data = self._read(self._blob_path(digest), f"blob {digest}")
+        data = self._read(self._blob_path(digest), f"blob {digest}", blob=True)
         return None if data is None else hash_bytes(data)
 
     def _flush_use(self) -> None:
