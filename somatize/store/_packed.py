@@ -103,6 +103,13 @@ a server) would otherwise never write them down, and a gc elsewhere would take t
 it uses all along for the least recently used."""
 
 
+_KEPT = (
+    "a store keeps bytes, or an iterable of pieces that are each bytes (any contiguous "
+    "buffer: bytearray, memoryview, array.array)"
+)
+"""What a put or keep takes, said when it is given something else."""
+
+
 def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
     """``data`` as the pieces written one after another, each a flat run of bytes (a
     typed or shaped buffer, of float64 values say, is taken as its bytes). Any object
@@ -121,18 +128,13 @@ def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
         raise TypeError("a store keeps bytes, got a `str`: encode the text first (`text.encode()`)")
     if isinstance(data, (Mapping, Set)):
         raise TypeError(
-            f"a store keeps bytes, or a sequence of pieces that are each bytes, got a "
-            f"`{type(data).__name__}` (a mapping would be written as its keys, a set in no "
-            "fixed order): pass the pieces as a list or tuple"
+            f"{_KEPT}, got a `{type(data).__name__}` (a mapping would be written as its "
+            "keys, a set in no fixed order): pass the pieces as a list or tuple"
         )
     try:
         listed = iter(data)
     except TypeError:
-        raise TypeError(
-            "a store keeps bytes, or an iterable of pieces that are each bytes (any "
-            f"contiguous buffer: bytearray, memoryview, array.array), got a "
-            f"`{type(data).__name__}`"
-        ) from None
+        raise TypeError(f"{_KEPT}, got a `{type(data).__name__}`") from None
     return [_flat(piece) for piece in listed]
 
 
@@ -142,11 +144,7 @@ def _flat(piece: Buffer) -> Buffer:
     try:
         view = memoryview(piece)
     except TypeError:
-        raise TypeError(
-            "a store keeps bytes, or an iterable of pieces that are each bytes (any "
-            f"contiguous buffer: bytearray, memoryview, array.array), got a piece that is a "
-            f"`{type(piece).__name__}`"
-        ) from None
+        raise TypeError(f"{_KEPT}, got a piece that is a `{type(piece).__name__}`") from None
     if not view.c_contiguous:
         raise TypeError(
             "a store keeps contiguous bytes, got a buffer that is not contiguous "
