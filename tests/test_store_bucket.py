@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import threading
 import time
 import uuid
@@ -158,6 +159,24 @@ def test_cache_in_front_serves_repeat_reads(tmp_path: Path) -> None:
     second = Store.on_bucket(url, cache=tmp_path / "cache", **s3_options())
     assert second.have([key]) == {key}
     assert bytes(second.recall(key)[1]) == b"v" * 5000
+
+
+def test_a_cache_folder_removed_while_in_use_is_made_again_and_bound(tmp_path: Path) -> None:
+    """A cache folder removed while its bucket store is open (a user clearing it) is made
+    again by the next copy into it, bound to that store as when it was opened: the cache
+    goes on saving requests, and another bucket store is still refused it."""
+    url = s3_url()
+    cache = tmp_path / "cache"
+    store = Store.on_bucket(url, cache=cache, **s3_options())
+    shutil.rmtree(cache)
+    digest = store.put(b"a dataset")
+    key = key_of("kept after the cache was cleared")
+    store.keep(key, b"an answer", "plain")
+    assert (cache / "bucket").is_file()
+    assert store.local_blob(digest) is not None
+    assert Store(cache).have([key]) == {key}
+    with pytest.raises(BadAddress, match="its own cache folder"):
+        Store.on_bucket(s3_url(), cache=cache, **s3_options())
 
 
 def test_a_cache_folder_serves_one_bucket_store(tmp_path: Path) -> None:

@@ -361,15 +361,7 @@ class BucketStore(BucketShelf):
                 self.fs.makedirs(self._path("tmp", ""), exist_ok=True)
             except OSError as why:
                 raise StoreError(f"cannot use {url} as a store: {why}") from why
-        self.cache: LocalStore | None = (
-            LocalStore(cache, signing_key=self.signer) if cache is not None else None
-        )
-        if self.cache is not None:
-            # The bucket and prefix, and the server: the same bucket's name on another
-            # S3-compatible server is another bucket, whose answers the cache must not hand.
-            address = self.fs.unstrip_protocol(self.root)
-            server = _server_of(url, storage_options)
-            _bind_cache(self.cache, address if server is None else f"{address} at {server}")
+        self.cache: LocalStore | None = self._cache_at(cache) if cache is not None else None
         self._hold_nothing(url)
         self._packs_seen = False
         """Whether the pack indexes were loaded once (see :meth:`_look_at_packs`)."""
@@ -458,13 +450,30 @@ class BucketStore(BucketShelf):
 
     # -- writing ------------------------------------------------------------------------------
 
-    @staticmethod
-    def _fill_cache(fill: Callable[..., None], *args: Any) -> None:
+    def _cache_at(self, cache: str | os.PathLike[str]) -> LocalStore:
+        """The cache folder ``cache``, opened (made where it is missing) and bound to this
+        store: its bucket and prefix, and the server — the same bucket's name on another
+        S3-compatible server is another bucket, whose answers the cache must not hand."""
+        opened = LocalStore(cache, signing_key=self.signer)
+        address = self.fs.unstrip_protocol(self.root)
+        server = _server_of(self.url, self.storage_options)
+        _bind_cache(opened, address if server is None else f"{address} at {server}")
+        return opened
+
+    def _fill_cache(self, fill: Callable[..., None], *args: Any) -> None:
         """Copies something into the cache in front; a copy that cannot be made (a full
         disk, a tmp/ removed by another process) is skipped, never an error: the bucket
-        holds it, and the cache only saves requests."""
-        with contextlib.suppress(StoreError):
+        holds it, and the cache only saves requests. A cache folder removed meanwhile (a
+        user clearing it), which its store object refuses to write into, is made again
+        and bound to this store, as when it was opened, and the copy made there."""
+        try:
             fill(*args)
+        except StoreError:
+            if self.cache is None or self.cache.root.is_dir():
+                return
+            with contextlib.suppress(StoreError):
+                self._cache_at(self.cache.root)
+                fill(*args)
 
     def _claim(self, digest: str, claims: list[str]) -> None:
         """Claims blob ``digest`` in the cache in front as well: a keep copies the blob there
