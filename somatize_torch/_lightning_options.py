@@ -72,7 +72,8 @@ def writable_store(store: Store | str | os.PathLike[str] | None) -> Store | None
         # here, not after an epoch of work, when the rows computed cannot be written.
         raise StoreError(
             f"cannot use {opened!r} as this callback's store: it is read-only for "
-            "this process, so the rows a fit computes could not be kept (the fit would "
+            "this process (or its directory was moved or removed since it was opened), "
+            "so the rows a fit computes could not be kept (the fit would "
             "fail when it first flushes them, its work lost). Pass a store this process "
             "may write, or store=None to keep rows in memory only"
         )

@@ -214,3 +214,19 @@ def test_a_store_whose_directory_is_gone_refuses_writes_and_makes_it_nowhere(
         with pytest.raises(StoreError, match="is gone"):
             call()
         assert not root.exists()
+
+
+@pytest.mark.parametrize("how", ["moved", "removed"])
+def test_a_store_whose_directory_is_gone_is_not_writable(tmp_path: Path, how: str) -> None:
+    """writable() of a store object whose directory was moved or removed after it was
+    opened is False, as every write to it is refused (a callback checking it up front
+    refuses the store then, not after an epoch of work), and makes nothing where it was."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    assert store.writable()
+    if how == "moved":
+        root.rename(tmp_path / "elsewhere")
+    else:
+        shutil.rmtree(root)
+    assert not store.writable()
+    assert not root.exists()

@@ -219,7 +219,8 @@ class LocalFiles(PackedHome):
 
     def writable(self) -> bool:
         """An empty file is made in ``tmp/`` (and ``tmp/`` first where it is missing) and
-        removed: False if that is refused as on a read-only disk (:data:`_READ_ONLY`);
+        removed: False if that is refused as on a read-only disk (:data:`_READ_ONLY`), or
+        the store's directory is gone (every write is refused then, see :meth:`_gone`);
         another failure (no inode left) says nothing of what later writes may do."""
         with self._in_tmp(".part") as name:
             probe = self._tmp + name
@@ -227,7 +228,7 @@ class LocalFiles(PackedHome):
                 with self._created(probe):
                     pass
             except OSError as why:
-                return why.errno not in _READ_ONLY
+                return why.errno not in _READ_ONLY and os.path.isdir(self.root)
             with contextlib.suppress(OSError):
                 os.unlink(probe)
         return True
