@@ -202,6 +202,24 @@ def test_any_buffer_is_one_piece_never_iterated(home: Store) -> None:
         home.put([b"ab", "cd"])  # type: ignore[list-item]
 
 
+def test_a_buffer_of_object_references_is_refused(home: Store) -> None:
+    """A buffer whose items are references to Python objects (a numpy array of dtype
+    object, a ctypes array of ``py_object``) holds addresses in this process, not the
+    values: put, keep and keep_many of it, whole or as a piece, are a TypeError saying
+    so, and nothing is kept (the addresses would be recalled for the values)."""
+    import ctypes
+
+    references = (ctypes.py_object * 2)(1, "a")
+    for data in (references, [b"ab", references]):
+        with pytest.raises(TypeError, match="references to Python objects"):
+            home.put(data)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="references to Python objects"):
+            home.keep(KEY, data, "plain")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="references to Python objects"):
+            home.keep_many([(KEY, data)], "plain")  # type: ignore[list-item]
+    assert reopen(home).have([KEY]) == set()
+
+
 @pytest.mark.parametrize(
     ("data", "said"),
     [

@@ -48,6 +48,7 @@ import abc
 import contextlib
 import mmap
 import os
+import re
 import threading
 import time
 import uuid
@@ -145,6 +146,13 @@ def _flat(piece: Buffer) -> Buffer:
         view = memoryview(piece)
     except TypeError:
         raise TypeError(f"{_KEPT}, got a piece that is a `{type(piece).__name__}`") from None
+    if _holds_references(view.format):
+        raise TypeError(
+            f"a store keeps bytes, got a buffer of references to Python objects (format "
+            f"{view.format!r}: a numpy array of dtype object, a ctypes `py_object` array), "
+            "which are addresses in this process, not the values: encode the values as "
+            "bytes first (with a codec, or as an array of a fixed dtype)"
+        )
     if not view.c_contiguous:
         raise TypeError(
             "a store keeps contiguous bytes, got a buffer that is not contiguous "
@@ -154,6 +162,13 @@ def _flat(piece: Buffer) -> Buffer:
     if view.format == "B" and view.ndim == 1:
         return view
     return view.cast("B")
+
+
+def _holds_references(form: str) -> bool:
+    """Whether a buffer of struct format ``form`` holds references to Python objects
+    (``O``), alone or as a field of a record (``T{<d:price:O:label:}``, whose field names
+    between colons are not codes)."""
+    return "O" in form and "O" in re.sub(r":[^:]*:", "", form)
 
 
 def nbytes(pieces: Sequence[Buffer]) -> int:
