@@ -1147,3 +1147,28 @@ def test_records_and_names_are_read_in_one_request_each(monkeypatch: pytest.Monk
     store.resolve("ds/a")
     assert asked.count("get_object") >= 2 * len(keys)  # each record by gc and by verify
     assert asked.count("head_object") < len(keys), asked  # the bucket, the blobs hashed
+
+
+def test_a_verify_reads_each_blob_it_listed_small_in_one_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A verify reads each blob its listing found smaller than what s3fs reads in ranges
+    in one request, never asking its size first: the listing said it."""
+    import s3fs
+
+    url = s3_url()
+    writer = Store.on_bucket(url, **s3_options())
+    for i in range(30):
+        writer.put(f"blob {i}".encode())
+    asked: list[str] = []
+    call_s3 = s3fs.S3FileSystem._call_s3
+
+    async def counted(fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        asked.append(method)
+        return await call_s3(fs, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    found = Store.on_bucket(url, **s3_options(), skip_instance_cache=True).verify()
+    assert (found.ok, found.blobs) == (True, 30)
+    assert asked.count("get_object") == 30
+    assert asked.count("head_object") < 30, asked

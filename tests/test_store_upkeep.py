@@ -192,11 +192,11 @@ def test_verify_while_gc_evicts_and_a_writer_keeps_again_finds_no_damage(
             assert collector.gc(max_bytes=200, grace=60).answers == 2
         return listed(section)
 
-    def rehashing(digest: str) -> str | None:
+    def rehashing(digest: str, size: int | None = None) -> str | None:
         if writer == "keeps it again" and ran == ["gc"]:  # while verify hashes the blobs
             ran.append("kept")
             keeper.keep(key_of(1), content, "plain")
-        return rehash(digest)
+        return rehash(digest, size)
 
     checker._entries = entries  # type: ignore[method-assign]
     checker._rehash = rehashing  # type: ignore[method-assign]
@@ -958,8 +958,8 @@ def test_verify_never_quarantines_a_blob_written_afresh_after_it_was_hashed(
     rehash = checker._rehash
     ran: list[str] = []
 
-    def rehashing(digest: str) -> str | None:
-        found = rehash(digest)
+    def rehashing(digest: str, size: int | None = None) -> str | None:
+        found = rehash(digest, size)
         if not ran:  # hashed damaged: a reader moves it aside, a writer keeps it again
             ran.append(digest)
             with pytest.raises(Corrupt, match="moved to quarantine"):

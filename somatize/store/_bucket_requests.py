@@ -101,7 +101,7 @@ def _in_one_request(kind: type) -> dict[str, Any]:
     request of its own) to read a large one in ranges at once, unless it holds a listing
     of the folder, and a bucket store holds none (see ``bucket._opened_with``): a gc or
     verify would ask twice for every record. A blob, which may be large, is read as s3fs
-    chooses."""
+    chooses, unless a listing said it is small."""
     read = getattr(kind, "_cat_file", None)
     if read is None:
         return {}

@@ -325,7 +325,7 @@ class LocalShelf(LocalFiles):
         self._put_back(moved, path, f"{section}/{name}")
         return None
 
-    def _rehash(self, digest: str) -> str | None:
+    def _rehash(self, digest: str, size: int | None = None) -> str | None:
         try:
             return _hash_at(self._blob_file(digest))
         except (FileNotFoundError, NotAFile, IsADirectoryError):

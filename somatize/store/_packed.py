@@ -340,8 +340,9 @@ class PackedHome(Store):
         since) is left in place, and None said."""
 
     @abc.abstractmethod
-    def _rehash(self, digest: str) -> str | None:
-        """What blob ``digest`` hashes to now; None if it is gone."""
+    def _rehash(self, digest: str, size: int | None = None) -> str | None:
+        """What blob ``digest`` hashes to now; None if it is gone. ``size`` is what a
+        listing said it holds, where one did."""
 
     @abc.abstractmethod
     def _uses(self) -> dict[tuple[str, str], float]:

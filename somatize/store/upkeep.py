@@ -130,7 +130,7 @@ class Shelf(Protocol):
 
     def _quarantine(self, section: str, name: str, was: bytes | None = None) -> bool | None: ...
 
-    def _rehash(self, digest: str) -> str | None: ...
+    def _rehash(self, digest: str, size: int | None = None) -> str | None: ...
 
     def _flush_use(self) -> None: ...
 
@@ -572,7 +572,7 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
     out.stray = [f"blobs/{e.name}" for e in stray]
     whole: set[str] = set()
     for digest, entry in wrap(blobs.items(), "hashing blobs", len(blobs)):
-        found = shelf._rehash(digest)
+        found = shelf._rehash(digest, entry.size)
         if found is None:
             continue  # removed meanwhile (a gc elsewhere)
         out.blobs += 1
