@@ -1120,6 +1120,23 @@ def test_a_store_object_that_listed_the_bucket_reads_what_others_keep_later(upke
     assert bytes(fresh.get(fresh.resolve("ds/b"))) == b"another dataset"
 
 
+def test_a_store_at_a_chained_url_that_listed_the_bucket_reads_what_others_keep_later() -> None:
+    """A store at a chained URL (``simplecache::s3://…``, the bucket's options under
+    ``s3=``) holds no listing either: one that listed ``answers/`` (a verify, a have of
+    many keys) recalls what another process kept there later."""
+    url = s3_url()
+    mine = Store.on_bucket(f"simplecache::{url}", s3=s3_options())
+    first, later = "blake3:ab" + "0" * 62, "blake3:ab" + "1" * 62  # one folder of answers/
+    mine.keep(first, b"kept first", "plain")
+    assert mine.verify().ok
+    assert mine.have([f"blake3:{i:064x}" for i in range(100)] + [first]) == {first}
+    Store.on_bucket(url, **s3_options(), skip_instance_cache=True).keep(
+        later, b"kept later", "plain"
+    )
+    assert mine.have([later]) == {later}
+    assert bytes(mine.recall(later)[1]) == b"kept later"
+
+
 def test_records_and_names_are_read_in_one_request_each(monkeypatch: pytest.MonkeyPatch) -> None:
     """A gc, a verify, a recall and a resolve read each record and name in one request,
     never asking its size first (s3fs does, to read a large file in ranges, where it holds

@@ -139,8 +139,16 @@ def _opened_with(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]
     ``have`` of many keys) and takes a file missing from it for absent from then on,
     without asking the bucket, so a record, blob or name another process wrote there
     later would be a miss to this store object, damage to its verify, and nothing to keep
-    to its gc."""
+    to its gc. Of a chained URL (``simplecache::s3://…``) each filesystem is opened so,
+    the inner ones with the options fsspec hands them (those under their protocol)."""
     options = {**storage_options, "use_listings_cache": False}
+    for layer in url.split("::")[1:]:
+        protocol = layer.split("://", 1)[0]
+        inner = options.get(protocol)
+        options[protocol] = {
+            **(inner if isinstance(inner, Mapping) else {}),
+            "use_listings_cache": False,
+        }
     if not _on_s3(url):
         return options
     config = options.get("config_kwargs")
