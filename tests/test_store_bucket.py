@@ -1166,6 +1166,33 @@ def test_records_and_names_are_read_in_one_request_each(monkeypatch: pytest.Monk
     assert asked.count("head_object") < len(keys), asked  # the bucket, the blobs hashed
 
 
+def test_a_recall_reads_a_small_answer_in_one_request_for_its_record_and_one_for_its_blob(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A recall reads the record, then the blob in one request, never asking its size
+    first: the record says it, and one no larger than what s3fs reads in ranges is read
+    whole."""
+    import s3fs
+
+    url = s3_url()
+    writer = Store.on_bucket(url, **s3_options())
+    first, second = key_of("first"), key_of("second")
+    writer.keep(first, b"the first answer", "plain")
+    writer.keep(second, b"the second answer", "plain")
+    store = Store.on_bucket(url, **s3_options(), skip_instance_cache=True)
+    assert bytes(store.recall(first)[1]) == b"the first answer"  # packs looked at once
+    asked: list[str] = []
+    call_s3 = s3fs.S3FileSystem._call_s3
+
+    async def counted(fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        asked.append(method)
+        return await call_s3(fs, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    assert bytes(store.recall(second)[1]) == b"the second answer"
+    assert asked == ["get_object", "get_object"]
+
+
 def test_a_verify_reads_each_blob_it_listed_small_in_one_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

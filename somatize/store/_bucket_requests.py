@@ -100,8 +100,8 @@ def _in_one_request(kind: type) -> dict[str, Any]:
     filesystem of ``kind``, so that it takes one request. s3fs asks a file's size first (a
     request of its own) to read a large one in ranges at once, unless it holds a listing
     of the folder, and a bucket store holds none (see ``bucket._opened_with``): a gc or
-    verify would ask twice for every record. A blob, which may be large, is read as s3fs
-    chooses, unless a listing said it is small."""
+    verify would ask twice for every record. A blob is read so too where its size is
+    known to be small (see ``_download``)."""
     read = getattr(kind, "_cat_file", None)
     if read is None:
         return {}
@@ -286,15 +286,23 @@ class BucketRequests(PackedHome):
                 pass  # tidying up must not hide why the upload failed
             raise
 
-    def _read(self, path: str, what: str, *, blob: bool = False) -> bytes | None:
-        """The bytes at ``path``; None if it is absent. A ``blob``, which may be large, is
-        read as the filesystem chooses; anything else in one request."""
+    def _read(self, path: str, what: str, *, large: bool = False) -> bytes | None:
+        """The bytes at ``path``; None if it is absent. A file that may be ``large`` is
+        read as the filesystem chooses; any other in one request."""
         fs = self.fs
-        at_once = {} if blob else _in_one_request(fs.__class__)
+        at_once = {} if large else _in_one_request(fs.__class__)
         try:
             return cast(bytes, self._call(f"reading {what}", fs.cat_file, path, **at_once))
         except _ABSENT:
             return None
+
+    def _download(self, digest: str, size: int | None) -> bytes | None:
+        """Blob ``digest``, read whole; None if it is absent. One a record or a listing
+        says is ``size`` bytes, no more than s3fs reads in one piece, is read in one
+        request; another (larger, or of a size not known) as s3fs chooses: it asks the
+        size first, to read a large blob in ranges at once."""
+        small = size is not None and size <= getattr(self.fs, "default_block_size", 0)
+        return self._read(self._blob_path(digest), f"blob {digest}", large=not small)
 
     def _read_paths(self, paths: list[str]) -> dict[str, bytes | None]:
         """Reads ``paths`` concurrently (a batch at a time); None for each that is absent."""

@@ -361,10 +361,7 @@ class BucketShelf(BucketRequests):
             ) from why
 
     def _rehash(self, digest: str, size: int | None = None) -> str | None:
-        # One its listing found smaller than what s3fs reads in ranges is read in one
-        # request, as a record is (see `_read`), not after asking its size.
-        small = size is not None and size <= getattr(self.fs, "default_block_size", 0)
-        data = self._read(self._blob_path(digest), f"blob {digest}", blob=not small)
+        data = self._download(digest, size)
         return None if data is None else hash_bytes(data)
 
     def _flush_use(self) -> None:

@@ -620,7 +620,7 @@ class BucketStore(BucketShelf):
                 return self.cache._read_blob(digest, size, borrow)
             except (Missing, Corrupt):
                 pass  # not cached (or the copy was damaged and set aside): fetch it
-        data = self._read(self._blob_path(digest), f"blob {digest}", blob=True)
+        data = self._download(digest, size)
         if data is None:
             raise Missing(f"blob {digest} is not in {self.url}")
         if size is not None and len(data) != size:
