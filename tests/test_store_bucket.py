@@ -1137,18 +1137,11 @@ def test_a_store_at_a_chained_url_that_listed_the_bucket_reads_what_others_keep_
     assert bytes(mine.recall(later)[1]) == b"kept later"
 
 
-def test_records_and_names_are_read_in_one_request_each(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A gc, a verify, a recall and a resolve read each record and name in one request,
-    never asking its size first (s3fs does, to read a large file in ranges, where it holds
-    no listing): a gc or verify would otherwise ask the bucket twice for every record."""
+def s3_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the S3 requests made from now on (``get_object``, ``head_object``…),
+    in order, by every s3fs client of this process."""
     import s3fs
 
-    url = s3_url()
-    writer = Store.on_bucket(url, **s3_options())
-    keys = [f"blake3:{i:064x}" for i in range(30)]
-    for key in keys:
-        writer.keep(key, b"v", "plain")
-    writer.bind("ds/a", writer.put(b"a dataset"))
     asked: list[str] = []
     call_s3 = s3fs.S3FileSystem._call_s3
 
@@ -1157,6 +1150,20 @@ def test_records_and_names_are_read_in_one_request_each(monkeypatch: pytest.Monk
         return await call_s3(fs, method, *args, **kwargs)
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    return asked
+
+
+def test_records_and_names_are_read_in_one_request_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gc, a verify, a recall and a resolve read each record and name in one request,
+    never asking its size first (s3fs does, to read a large file in ranges, where it holds
+    no listing): a gc or verify would otherwise ask the bucket twice for every record."""
+    url = s3_url()
+    writer = Store.on_bucket(url, **s3_options())
+    keys = [f"blake3:{i:064x}" for i in range(30)]
+    for key in keys:
+        writer.keep(key, b"v", "plain")
+    writer.bind("ds/a", writer.put(b"a dataset"))
+    asked = s3_requests(monkeypatch)
     store = Store.on_bucket(url, **s3_options(), skip_instance_cache=True)
     store.gc()
     assert store.verify().ok
@@ -1172,8 +1179,6 @@ def test_a_recall_reads_a_small_answer_in_one_request_for_its_record_and_one_for
     """A recall reads the record, then the blob in one request, never asking its size
     first: the record says it, and one no larger than what s3fs reads in ranges is read
     whole."""
-    import s3fs
-
     url = s3_url()
     writer = Store.on_bucket(url, **s3_options())
     first, second = key_of("first"), key_of("second")
@@ -1181,14 +1186,7 @@ def test_a_recall_reads_a_small_answer_in_one_request_for_its_record_and_one_for
     writer.keep(second, b"the second answer", "plain")
     store = Store.on_bucket(url, **s3_options(), skip_instance_cache=True)
     assert bytes(store.recall(first)[1]) == b"the first answer"  # packs looked at once
-    asked: list[str] = []
-    call_s3 = s3fs.S3FileSystem._call_s3
-
-    async def counted(fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        asked.append(method)
-        return await call_s3(fs, method, *args, **kwargs)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    asked = s3_requests(monkeypatch)
     assert bytes(store.recall(second)[1]) == b"the second answer"
     assert asked == ["get_object", "get_object"]
 
@@ -1198,20 +1196,11 @@ def test_a_verify_reads_each_blob_it_listed_small_in_one_request(
 ) -> None:
     """A verify reads each blob its listing found smaller than what s3fs reads in ranges
     in one request, never asking its size first: the listing said it."""
-    import s3fs
-
     url = s3_url()
     writer = Store.on_bucket(url, **s3_options())
     for i in range(30):
         writer.put(f"blob {i}".encode())
-    asked: list[str] = []
-    call_s3 = s3fs.S3FileSystem._call_s3
-
-    async def counted(fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        asked.append(method)
-        return await call_s3(fs, method, *args, **kwargs)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    asked = s3_requests(monkeypatch)
     found = Store.on_bucket(url, **s3_options(), skip_instance_cache=True).verify()
     assert (found.ok, found.blobs) == (True, 30)
     assert asked.count("get_object") == 30
