@@ -184,9 +184,9 @@ _OTHER = object()
 Body = tuple[tuple[str, Any], ...]
 """What a class's own body held when its fingerprint was worked out (:func:`_body_of`)."""
 
-_FINGERPRINTS: weakref.WeakKeyDictionary[type, tuple[bytes, Looked, Body, frozenset[str]]] = (
-    weakref.WeakKeyDictionary()
-)
+_FINGERPRINTS: weakref.WeakKeyDictionary[
+    type, tuple[bytes, Looked, Body, tuple[frozenset[str], frozenset[str]]]
+] = weakref.WeakKeyDictionary()
 """A class → the digest of what its own body holds (:func:`_written`), the module names
 it looked up for it, what its body held then and the names taken as state, worked out
 again when other names are state (it is fingerprinted in another lineage), or when one of those
@@ -226,9 +226,11 @@ def fingerprint_of(*kinds: type) -> str:
     # A name the code of the lineage sets on one of its classes as it runs (a counter a
     # subclass moves on itself, declared on its base) is their state, not their code.
     state = _state_of(lineage, (member for k in lineage for member in list(vars(k).values())))
-    state |= _filled_tables(lineage)
+    filled, by_forward = _fillers(lineage)
+    state |= filled
+    kept = by_forward - state
     entries = sorted(
-        (f"{k.__module__}:{k.__qualname__}".encode(), _written(k, state)) for k in lineage
+        (f"{k.__module__}:{k.__qualname__}".encode(), _written(k, state, kept)) for k in lineage
     )
     digest = hashlib.sha256(b"somatize code 2\0")
     for name, written in entries:
@@ -253,7 +255,7 @@ def _left_out(kind: type) -> bool:
     return kind is Node or top in sys.stdlib_module_names or top in _LEFT_OUT
 
 
-def _written(kind: type, state: frozenset[str]) -> bytes:
+def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset()) -> bytes:
     """The digest of what ``kind``'s own body holds: each function (by
     :func:`_function_bytes`), each plain value, and what its functions name in their
     module (:func:`_named`), and each dict, list, tuple or set that holds an object, by
@@ -265,13 +267,14 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
     class it inherits from holds it (a counter declared on a base, moved on the subclass
     by ``type(self).calls += 1``): that class's value is the one written. Where no text
     of the class is known (typed into a notebook), such a name is digested by a mark
-    alone, whatever it holds."""
+    alone, whatever it holds. A table of ``kept`` (one its node's forward fills) is named
+    as it was first seen (:func:`_sighted`)."""
     found = _FINGERPRINTS.get(kind)
-    body = _body_of(kind, state)
+    body = _body_of(kind, state, kept)
     if (
         found is not None
         and found[2] == body
-        and found[3] == state
+        and found[3] == (state, kept)
         and all(_still(*name) for name in found[1])
     ):
         return found[0]
@@ -299,6 +302,11 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
         if opaque is not None:
             _put(digest, b"object " + name.encode(), opaque)
         filled = _table(name, member) and name in state
+        if _table(name, member) and name in kept and not filled:
+            if not texts:
+                texts.append(_class_body(kind))
+            _put(digest, b"table " + name.encode(), _sighted(member, texts[0], name))
+            continue
         contained = None if _dunder(name) or filled else _contained_bytes(member)
         if contained is not None:
             _put(digest, b"holds " + name.encode(), contained)
@@ -328,11 +336,13 @@ def _written(kind: type, state: frozenset[str]) -> bytes:
     for label, piece in named:
         _put(digest, label, piece)
     written = digest.digest()
-    _FINGERPRINTS[kind] = (written, looked, body, state)
+    if kept:  # a table first seen as it was worked out was marked: read as it is now
+        body = _body_of(kind, state, kept)
+    _FINGERPRINTS[kind] = (written, looked, body, (state, kept))
     return written
 
 
-def _body_of(kind: type, state: frozenset[str]) -> Body:
+def _body_of(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset()) -> Body:
     """What of ``kind``'s own body its fingerprint reads, to tell whether it changed since:
     each name it holds, with weak references to the functions held there and their code
     (a function replaced by another is told apart, as is one given other code in place,
@@ -352,8 +362,10 @@ def _body_of(kind: type, state: frozenset[str]) -> Body:
         elif _plain(member):
             body.append((name, "state" if name in state else (type(member), member)))
         elif type(member) in _CONTAINERS and not _dunder(name):  # read again, as an object
-            contained = None if name in state else _contained_bytes(member)
-            if name in state:  # a table its own code fills (a registry too): by its text
+            contained = None if name in state or name in kept else _contained_bytes(member)
+            if name in kept and name not in state:  # as first seen, till changed elsewhere
+                body.append((name, ("kept", _Same(member), _version_of(member))))
+            elif name in state:  # a table its own code fills (a registry too): by its text
                 body.append((name, ("state", _Same(member))))
             elif contained is None:  # a table: by what it holds, or its mark
                 body.append((name, (_held_bytes(member), _Same(member), _version_of(member))))
@@ -366,6 +378,36 @@ def _body_of(kind: type, state: frozenset[str]) -> Body:
             else:  # named by what it holds, read again: one changed in place is seen
                 body.append((name, opaque))
     return tuple(body)
+
+
+_SIGHTED: dict[bytes, bytes] = {}
+"""The first mark (:func:`_token_of`) given a table its node's forward fills → how the table
+was named when first seen (:func:`_sighted`); a mark given anew, the table changed
+elsewhere since, is in none."""
+
+
+def _sighted(table: Any, text: list[ast.stmt] | None, name: str) -> bytes:
+    """A table its node's forward fills (:func:`_kept_tables`), held by a class as ``name``
+    whose statements are ``text``, named as it was when first seen — as ``text`` writes
+    it where it held that then (``_memo = {}``: the same in every process, however full
+    its forward makes it), else by what it held (:func:`_held_bytes`) — and marked then; by
+    its mark alone once it is given a new one, changed between forwards (:func:`_moved_on`),
+    so that what was computed with it before is never recalled for it."""
+    version = _version_of(table)
+    if version is not None:
+        return _SIGHTED.get(version, version)
+    made = _assignment(text, name)
+    try:
+        as_written = made is not None and ast.literal_eval(made) == table
+    except Exception:  # not a literal, or one that does not compare
+        as_written = False
+    if as_written and made is not None:
+        named = b"written " + ast.unparse(made).encode()
+    else:
+        named = _held_bytes(table) or _contained_bytes(table) or b""
+    token = _token_of(table)
+    _SIGHTED[token] = named or token
+    return named or token
 
 
 class _Same:
@@ -831,32 +873,58 @@ def _filled_tables(lineage: Iterable[type]) -> frozenset[str]:
     ``type(self).names.add(name)`` in ``__init__``): their state, as a count a class moves
     on itself is, taken as the class's text writes it and not watched — changed as a node
     is built, it would make every graph built after drift. One only ``forward`` fills (a
-    cache) is watched, and what its node's forward changes in it is its state."""
+    cache) is watched, and what its node's forward changes in it is its state
+    (:func:`_kept_tables`)."""
+    return _fillers(lineage)[0]
+
+
+def _kept_tables(lineage: Iterable[type]) -> frozenset[str]:
+    """The names of the tables (:func:`_table`) the classes of ``lineage`` hold that only
+    ``forward`` changes in place (a memo, ``self._memo[x] = y``): their state as their node
+    runs, named as the class's text writes them where they held that when first seen, the
+    same in every process (:func:`_sighted`), and watched, so that a change made to one
+    between forwards is seen."""
+    filled, changed = _fillers(lineage)
+    return changed - filled
+
+
+def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
+    """The names of the tables the classes of ``lineage`` hold that a function of theirs
+    other than ``forward`` changes in place, and of those ``forward`` does."""
     kinds = list(lineage)
     tables = {n for k in kinds for n, m in vars(k).items() if _table(n, m)}
     if not tables:
-        return frozenset()
+        return frozenset(), frozenset()
     filled: set[str] = set()
+    by_forward: set[str] = set()
     for kind in kinds:
         for name, member in list(vars(kind).items()):
-            if name == "forward":
-                continue
             for function in _functions_in(member):
-                filled |= _tables_changed_by(function.__code__, tables)
-    return frozenset(filled)
+                changed = _tables_changed_by(function.__code__, tables)
+                (by_forward if name == "forward" else filled).update(changed)
+    return frozenset(filled), frozenset(by_forward)
 
 
 def _tables_changed_by(
-    code: CodeType, tables: set[str], loads: tuple[str, ...] = ("LOAD_ATTR", "LOAD_METHOD")
+    code: CodeType,
+    tables: set[str],
+    loads: tuple[str, ...] = ("LOAD_ATTR", "LOAD_METHOD"),
+    aliases: dict[str, str] | None = None,
 ) -> set[str]:
     """Which of ``tables`` the code ``code`` (and that nested in it) reads as an attribute
     (or by ``loads``: a local, for a table a function takes by default) and changes in
-    place on the same line: a subscript set or deleted there, or a method of
-    :data:`_FILLERS` called right on it."""
+    place on the same line — a subscript set or deleted there, or a method of
+    :data:`_FILLERS` called right on it —, or reads into a local (``memo =
+    type(self)._memo``, ``aliases``: a local → the table it holds) that it changes so."""
     found: set[str] = set()
     lines: dict[Any, list[dis.Instruction]] = {}
     line: Any = None
-    for instruction in dis.get_instructions(code):
+    aliases = dict(aliases or {})
+    instructions = list(dis.get_instructions(code))
+    for loaded, stored in itertools.pairwise(instructions):
+        if loaded.opname in loads and loaded.argval in tables and stored.opname in _ALIAS_STORES:
+            aliases[stored.argval] = loaded.argval
+    for instruction in instructions:
         starts: Any = getattr(instruction, "line_number", None) or instruction.starts_line
         if starts is not None and not isinstance(starts, bool):  # carried on to the next
             line = starts
@@ -864,12 +932,15 @@ def _tables_changed_by(
     for line in lines.values():
         stores = any(i.opname in ("STORE_SUBSCR", "DELETE_SUBSCR") for i in line)
         for at, instruction in enumerate(line):
-            if instruction.opname not in loads:
+            local = instruction.opname in _LOCAL_LOADS and instruction.opname not in loads
+            if instruction.opname not in loads and not (local and aliases):
                 continue
             # two locals loaded at once (LOAD_FAST_LOAD_FAST), the last on top
             read = (
                 instruction.argval if type(instruction.argval) is tuple else (instruction.argval,)
             )
+            if local:  # a local holding a table, by the table's name
+                read = tuple(aliases.get(name, "") for name in read)
             if not tables.intersection(read):
                 continue
             following = line[at + 1] if at + 1 < len(line) else None
@@ -885,8 +956,12 @@ def _tables_changed_by(
                 found.add(read[-1])
     for constant in code.co_consts:
         if isinstance(constant, CodeType):
-            found |= _tables_changed_by(constant, tables, loads)
+            found |= _tables_changed_by(constant, tables, loads, aliases)
     return found
+
+
+_ALIAS_STORES = ("STORE_FAST", "STORE_DEREF")
+"""How a function's code puts what it read into a local (a table, :func:`_tables_changed_by`)."""
 
 
 def _table(name: str, member: Any) -> bool:
@@ -1242,7 +1317,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
         dict.fromkeys(above for kind in given for above in _ancestry(kind) if not _left_out(above))
     )
     lives: list[Any] = [vars(kind) for kind in lineage]
-    filled = _filled_tables(lineage)
+    filled, by_forward = _fillers(lineage)
+    kept = by_forward - filled - _state_of(lineage, (m for k in lineage for m in vars(k).values()))
     labels: list[str] = []
     made: list[tuple[str, FunctionType, Any, Any, Any]] = []
     marks: list[Mark] = []
@@ -1252,7 +1328,11 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             read: list[Any] = []
             unnamed: list[Any] = []
             holds = _held_in(member)
-            if not holds and _table(name, member) and name not in filled:
+            if not holds and _table(name, member) and name in kept:
+                # filled by its node's forward: marked from the start, as first seen
+                _sighted(member, _class_body(kind), name)
+                unnamed.append(member)
+            elif not holds and _table(name, member) and name not in filled:
                 holds = [member]
             for function in _functions_in(member):  # `def forward(self, x, ctx, memo={})`
                 holds += _default_tables(name, function)

@@ -2681,3 +2681,90 @@ def test_a_method_defaulting_to_an_object_of_the_standard_library_is_named_alike
         printed.append(done.stdout.strip())
     assert printed[0].startswith("sha256:")
     assert printed[0] == printed[1]
+
+
+_FILLED_AS_IT_RUNS = """
+import sys
+import warnings
+from typing import Any, ClassVar
+
+from somatize import Drifted, Graph, Node, Store
+
+
+class Memo(Node):
+    _memo: ClassVar[dict[int, int]] = {}
+
+    def forward(self, x, ctx):
+        if x not in self._memo:
+            self._memo[x] = 2 * x
+        return self._memo[x]
+
+
+class MemoThroughALocal(Node):
+    _memo: ClassVar[dict[int, int]] = {}
+
+    def forward(self, x, ctx):
+        memo = type(self)._memo
+        if x not in memo:
+            memo[x] = 2 * x
+        return memo[x]
+
+
+class Registers(Node):
+    _registry: ClassVar[dict[int, int]] = {}
+
+    def __init__(self):
+        registry = type(self)._registry
+        registry[len(registry)] = 1
+
+    def forward(self, x, ctx):
+        return 2 * x
+
+
+class RegistersAsItRuns(Node):
+    _registry: ClassVar[dict[int, Any]] = {}
+
+    def forward(self, x, ctx):
+        registry = type(self)._registry
+        registry.setdefault(x, self)
+        return 2 * x
+
+
+store = Store(sys.argv[1])
+warnings.simplefilter("error", Drifted)
+for kind in (Memo, MemoThroughALocal, Registers, RegistersAsItRuns):
+    graph = Graph.somatize(kind().named("h").frozen().cached())
+    ran = []
+    for x in (1, 2, 1):
+        assert graph.forward(x, store=store) == 2 * x
+        ran.append(graph.record.outcome["h"])
+    print(kind.__name__, *ran)
+"""
+
+
+def test_a_table_a_class_s_own_code_fills_keeps_the_fingerprint_of_a_new_process(
+    tmp_path: Path,
+) -> None:
+    """A dict a class holds that its own code fills as it runs — its forward (a memo,
+    ``self._memo[x] = y``), or through a local it is read into (``memo =
+    type(self)._memo; memo[x] = y``), or its constructor (a registry) — is its state:
+    a new process, starting with the table as the class's text writes it, recalls what
+    another kept, without drift, and the first process keeps what its first forwards
+    computed."""
+    path = tmp_path / "filled_as_it_runs.py"
+    _write(path, _FILLED_AS_IT_RUNS)
+    root = str(Path(__file__).resolve().parent.parent)
+    printed = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(path), str(tmp_path / "store")],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": root},
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        printed.append(done.stdout.split("\n")[:4])
+    kinds = ("Memo", "MemoThroughALocal", "Registers", "RegistersAsItRuns")
+    assert printed[0] == [f"{kind} ran ran recalled" for kind in kinds]
+    assert printed[1] == [f"{kind} recalled recalled recalled" for kind in kinds]
