@@ -305,7 +305,8 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
         if _table(name, member) and name in kept and not filled:
             if not texts:
                 texts.append(_class_body(kind))
-            _put(digest, b"table " + name.encode(), _sighted(member, texts[0], name))
+            where = f"{kind.__qualname__}.{name}"
+            _put(digest, b"table " + name.encode(), _sighted(member, texts[0], name, where))
             continue
         contained = None if _dunder(name) or filled else _contained_bytes(member)
         if contained is not None:
@@ -386,7 +387,7 @@ was named when first seen (:func:`_sighted`); a mark given anew, the table chang
 elsewhere since, is in none."""
 
 
-def _sighted(table: Any, text: list[ast.stmt] | None, name: str) -> bytes:
+def _sighted(table: Any, text: list[ast.stmt] | None, name: str, label: str) -> bytes:
     """A table its node's forward fills (:func:`_kept_tables`), held by a class as ``name``
     whose statements are ``text``, named as it was when first seen — as ``text`` writes
     it where it held that then (``_memo = {}``: the same in every process, however full
@@ -407,6 +408,7 @@ def _sighted(table: Any, text: list[ast.stmt] | None, name: str) -> bytes:
         named = _held_bytes(table) or _contained_bytes(table) or b""
     token = _token_of(table)
     _SIGHTED[token] = named or token
+    _marked(table, label, table=True)  # noted now: a change before a graph watches it is seen
     return named or token
 
 
@@ -1223,30 +1225,51 @@ class _Unseen:
     __hash__ = None  # type: ignore[assignment]
 
 
-_MARKED: dict[int, tuple[Callable[[], Any], weakref.ref[_Marked]]] = {}
+_MARKED: dict[int, tuple[Callable[[], Any], weakref.ref[_Marked], list[Any] | None]] = {}
 """An object marked by which object it is and watched, by its address → a weak reference to
 it (a :class:`_Kept` where it cannot be referenced weakly, which its mark keeps alive
 anyway) and to what is noted of it (:class:`_Marked`), which the graphs' watches hold: what
 is read of an object (its ``__dict__``, which may hold a method bound to it) never keeps it
-alive once no graph watches it."""
+alive once no graph watches it. For a table first seen as its text writes it
+(:func:`_sighted`), also the copies of what was read of it, kept as no graph watches it, to
+tell whether it changed meanwhile."""
 
 
-def _marked(held: Any, label: str) -> tuple[_Marked, bool]:
+def _marked(held: Any, label: str, table: bool = False) -> tuple[_Marked, bool]:
     """What is noted of ``held``, an object marked by which object it is, noted now if it was
     not, and whether it was given a new mark for it: it was watched before, by graphs gone
-    since, and may have changed unseen since."""
+    since, and may have changed unseen since — a ``table`` (:func:`_sighted`), only where
+    it holds other values than when it was last noted."""
     found = _MARKED.get(id(held))
-    if found is not None and found[0]() is held:
+    again = found is not None and found[0]() is held
+    left = None
+    if found is not None and again:
         noted = found[1]()
         if noted is not None:
             return noted, False
-        _moved_on(held)
+        left = found[2]
     else:
         _token_of(held)  # marked, if it was not yet
     made = _Marked(held, label)
+    anew = again and not (left is not None and _same_values(made.lives, left))
+    if anew:
+        _moved_on(held)
+        made.version[0] = _version_of(held)
     forget = functools.partial(_forget_held, id(held), held=_MARKED)
-    _MARKED[id(held)] = (_reference(held, forget), weakref.ref(made))
-    return made, found is not None and found[0]() is held
+    _MARKED[id(held)] = (
+        _reference(held, forget),
+        weakref.ref(made),
+        made.copies if table else None,
+    )
+    return made, anew
+
+
+def _same_values(lives: list[Any], copies: list[Any]) -> bool:
+    """Whether what is read of an object now holds what ``copies`` held when last noted."""
+    try:
+        return bool(lives == copies)
+    except Exception:  # a value whose `==` says no bool (an array)
+        return False
 
 
 _CODE_SETS = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__bases__", "__class__"})
@@ -1330,8 +1353,11 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             holds = _held_in(member)
             if not holds and _table(name, member) and name in kept:
                 # filled by its node's forward: marked from the start, as first seen
-                _sighted(member, _class_body(kind), name)
-                unnamed.append(member)
+                _sighted(member, _class_body(kind), name, label)
+                noted, anew = _marked(member, label, table=True)
+                marks.append(Mark(len(lives), member, noted, anew, kind))
+                lives += [noted.version, noted.lives]
+                labels += [label, label]
             elif not holds and _table(name, member) and name not in filled:
                 holds = [member]
             for function in _functions_in(member):  # `def forward(self, x, ctx, memo={})`

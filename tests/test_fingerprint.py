@@ -2768,3 +2768,41 @@ def test_a_table_a_class_s_own_code_fills_keeps_the_fingerprint_of_a_new_process
     kinds = ("Memo", "MemoThroughALocal", "Registers", "RegistersAsItRuns")
     assert printed[0] == [f"{kind} ran ran recalled" for kind in kinds]
     assert printed[1] == [f"{kind} recalled recalled recalled" for kind in kinds]
+
+
+class MemoOfItsForward(Node):
+    """Doubles, keeping what it computed in a dict its class holds, read into a local."""
+
+    memo: ClassVar[dict[int, int]] = {}
+
+    def forward(self, x: int, ctx: Any) -> int:
+        memo = type(self).memo
+        if x not in memo:
+            memo[x] = 2 * x
+        return memo[x]
+
+
+def test_a_memo_a_forward_fills_is_its_state_for_graphs_built_after_one_is_gone(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph built after the last one watching a memo its node's forward fills is gone
+    (one built in a function, called again) recalls what was kept without drift; a change
+    made to the memo while no graph watched it is still seen by the next graph."""
+    monkeypatch.setattr(MemoOfItsForward, "memo", {})
+
+    def once(x: int, strict: bool = False) -> tuple[int, str]:
+        graph = Graph.somatize(MemoOfItsForward().named("h").frozen().cached())
+        answer = graph.forward(x, store=store, strict=strict)
+        assert graph.record is not None
+        return answer, graph.record.outcome["h"]
+
+    ran = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        for x in (1, 2, 1, 2):
+            ran.append(once(x))
+            gc.collect()
+    assert ran == [(2, "ran"), (4, "ran"), (2, "recalled"), (4, "recalled")]
+    MemoOfItsForward.memo[1] = 7
+    gc.collect()
+    assert once(1, strict=True) == (7, "ran")
