@@ -54,8 +54,10 @@ the same in every process making it alike), else by a mark of that very object, 
 same for no other object in any process (:func:`_token_of`): a replacement, or the
 object changed in place, is never taken for the old code. Its functions' code is followed
 into their module, one module only: the plain functions defined there that they
-name (and those these name) and the plain constants. A module or class from
-elsewhere, a list or dict held at module level, a callable that is not a plain
+name (and those these name) and the plain constants, and its tables as its text writes
+them — watched where the code only reads them and they hold only plain values (a change
+in place after a graph was built is seen). A module or class from elsewhere, a
+module-level table the code fills or that holds objects, a callable that is not a plain
 function (a decorated helper), a value the code reads from an object are not seen.
 A class's body is watched by a graph at every forward (:func:`watch_code`): a method set
 on it after the graph was built (a monkeypatch), a method given other code or defaults
@@ -306,7 +308,8 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
             if not texts:
                 texts.append(_class_body(kind))
             where = f"{kind.__qualname__}.{name}"
-            _put(digest, b"table " + name.encode(), _sighted(member, texts[0], name, where))
+            sighted = _sighted(member, _assignment(texts[0], name), where)
+            _put(digest, b"table " + name.encode(), sighted)
             continue
         contained = None if _dunder(name) or filled else _contained_bytes(member)
         if contained is not None:
@@ -387,29 +390,63 @@ was named when first seen (:func:`_sighted`); a mark given anew, the table chang
 elsewhere since, is in none."""
 
 
-def _sighted(table: Any, text: list[ast.stmt] | None, name: str, label: str) -> bytes:
-    """A table its node's forward fills (:func:`_kept_tables`), held by a class as ``name``
-    whose statements are ``text``, named as it was when first seen — as ``text`` writes
-    it where it held that then (``_memo = {}``: the same in every process, however full
-    its forward makes it), else by what it held (:func:`_held_bytes`) — and marked then; by
-    its mark alone once it is given a new one, changed between forwards (:func:`_moved_on`),
-    so that what was computed with it before is never recalled for it."""
+def _sighted(table: Any, made: ast.expr | None, label: str, module: bool = False) -> bytes:
+    """A table its node's forward fills (:func:`_kept_tables`), or one of its module its
+    code only reads (``module``: :func:`_named`), that the text assigns as ``made``, named as
+    it was when first seen, and marked then: as the text writes it — for a class's table,
+    where it held that then (``_memo = {}``: the same in every process, however full its
+    forward makes it), else by what it held (:func:`_held_bytes`); a module's, whatever it
+    held (filled as the module loads, a registry), or by nothing where its text is not
+    known. By its mark alone once it is given a new one, changed between forwards
+    (:func:`_moved_on`), so that what was computed with it before is never recalled for
+    it. ``label`` says where it is held (``Kind.name``, ``module:name``)."""
     version = _version_of(table)
     if version is not None:
         return _SIGHTED.get(version, version)
-    made = _assignment(text, name)
     try:
-        as_written = made is not None and ast.literal_eval(made) == table
+        as_written = made is not None and (module or ast.literal_eval(made) == table)
     except Exception:  # not a literal, or one that does not compare
         as_written = False
     if as_written and made is not None:
         named = b"written " + ast.unparse(made).encode()
+    elif module:
+        named = b""
     else:
         named = _held_bytes(table) or _contained_bytes(table) or b""
     token = _token_of(table)
-    _SIGHTED[token] = named or token
+    _SIGHTED[token] = named if module else named or token
     _marked(table, label, table=True)  # noted now: a change before a graph watches it is seen
-    return named or token
+    return _SIGHTED[token]
+
+
+def _plain_table(value: Any) -> bool:
+    """Whether ``value`` is a dict, list or set holding only plain values, or such tables, of
+    fewer than :data:`_STATE_ITEMS` entries in all: one a graph's watch reads whole."""
+    count = 0
+    queue = [value]
+    while queue:
+        table = queue.pop()
+        count += len(table) + 1
+        if count >= _STATE_ITEMS:
+            return False
+        for item in (*table.keys(), *table.values()) if isinstance(table, dict) else table:
+            if type(item) in _CONTAINERS and not _exactly_plain(item):
+                queue.append(item)
+            elif not _exactly_plain(item):
+                return False
+    return True
+
+
+class _TableSeen(NamedTuple):
+    """What :data:`Looked` notes of a table of a module a node's code only reads
+    (:func:`_sighted`)."""
+
+    held: Any
+    """The table."""
+    version: bytes | None
+    """Its mark when the fingerprint was worked out: given a new one since, it changed."""
+    label: str
+    """``module:name``."""
 
 
 class _Same:
@@ -1353,7 +1390,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             holds = _held_in(member)
             if not holds and _table(name, member) and name in kept:
                 # filled by its node's forward: marked from the start, as first seen
-                _sighted(member, _class_body(kind), name, label)
+                _sighted(member, _assignment(_class_body(kind), name), label)
                 noted, anew = _marked(member, label, table=True)
                 marks.append(Mark(len(lives), member, noted, anew, kind))
                 lives += [noted.version, noted.lives]
@@ -1389,6 +1426,21 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             for keywords in _partial_keywords(member):  # `Kind.act.keywords["k"] = 3`
                 lives.append(keywords)
                 labels.append(label)
+    tables: set[int] = set()
+    for kind in lineage:  # each table of a module its code only reads, as a marked object
+        found = _FINGERPRINTS.get(kind)
+        for reads, name, was in found[1] if found is not None else ():
+            by = reads()
+            if not isinstance(was, _TableSeen) or by is None:
+                continue
+            table = by.__globals__.get(name, _ABSENT)
+            if table is not was.held or id(table) in tables:  # rebound: seen as worked out
+                continue
+            tables.add(id(table))
+            noted, anew = _marked(table, was.label, table=True)
+            marks.append(Mark(len(lives), table, noted, anew, kind))
+            lives += [noted.version, noted.lives]
+            labels += [was.label, was.label]
     copies = list(map(_copied, lives))
     for mark in marks:  # one copy of what is read of it for all
         copies[mark.at + 1] = mark.noted.copies
@@ -1649,6 +1701,8 @@ def _still(reader: weakref.ref[FunctionType], name: str, was: Any) -> bool:
     if isinstance(was, weakref.ref):
         held = was()
         return held is not None and now is held
+    if isinstance(was, _TableSeen):  # the same table, not changed in place since
+        return now is was.held and _version_of(now) == was.version
     if isinstance(was, _ClassSeen):  # the same helper class, written as it was
         return isinstance(now, type) and now is was.held() and _class_code(now) == was.code
     if was is _OTHER:
@@ -1894,6 +1948,8 @@ def _default_tables(name: str, function: FunctionType) -> list[Any]:
 
 
 _LOCAL_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_LOAD_FAST", "LOAD_DEREF")
+_GLOBAL_LOADS = ("LOAD_GLOBAL", "LOAD_NAME")
+"""How a function's code reads a name of its module."""
 """How a function's code reads one of its arguments, or a function nested in it the same."""
 
 
@@ -2038,7 +2094,9 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     turn: each plain function defined in that module (by :func:`_function_bytes`), each
     plain value, and each dict, list or set as the module's text assigns it (not by what it
     holds: a log or a cache the code fills as it runs is the same code), by
-    ``module:name``. Nothing is followed out of the module a function was defined in but a
+    ``module:name`` — one of plain values they only read, as it was first seen
+    (:func:`_sighted`), and watched (:class:`_TableSeen`), so that one changed in place since is
+    another. Nothing is followed out of the module a function was defined in but a
     function imported from another module of its package (:func:`_same_package`), followed
     as one defined there: no module, no class, no function of another package. Also each
     name looked up, and what it held (:data:`Looked`). A name these functions assign
@@ -2048,6 +2106,8 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     out: dict[tuple[str, str], tuple[bytes, bytes]] = {}
     looked: dict[tuple[str, str], tuple[weakref.ref[FunctionType], str, Any]] = {}
     stored: set[tuple[str, str]] = set()
+    tables: dict[tuple[str, str], Any] = {}  # each table of a module read → the table
+    filled: set[tuple[str, str]] = set()  # those the code followed changes in place
     seen = set(map(id, functions))
     queue = list(functions)
     while queue:
@@ -2056,6 +2116,10 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
         reader = weakref.ref(function)
         stored.update((module, name) for name in _stored_in(function.__code__))
         names = _names_in(function.__code__)
+        held = {n for n in names if type(space.get(n)) in _CONTAINERS}
+        if held:
+            changed = _tables_changed_by(function.__code__, held, _GLOBAL_LOADS)
+            filled.update((module, name) for name in changed)
         reads = [(module, space, reader, name) for name in sorted(names)]
         for module, space, reader, name in reads:
             place = (module, name)
@@ -2089,9 +2153,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 if assigned is not None:
                     out[place] = (b"reads " + label, assigned)
             elif type(value) in _CONTAINERS:  # a table: as the module's text writes it
-                made = _assignment(_module_body(module), name)
-                if made is not None:
-                    out[place] = (b"reads " + label, b"written " + ast.unparse(made).encode())
+                tables[place] = value
             elif isinstance(value, type) and _helper_class(value, module, name):
                 out[place] = (b"class " + label, _class_code(value))
                 # what its methods name in their module is followed as the code's own is
@@ -2108,6 +2170,21 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     reads += (
                         (value.__name__, there, within, n) for n in sorted(names & there.keys())
                     )
+    for place, value in tables.items():
+        module, name = place
+        made = _assignment(_module_body(module), name)
+        where = f"{module}:{name}"
+        if place in filled or place in stored or not _plain_table(value):
+            # filled as it runs (a log, a cache), or more than a watch reads: as written
+            if made is not None:
+                out[place] = (b"reads " + where.encode(), b"written " + ast.unparse(made).encode())
+            continue
+        # only read: as first seen, and watched (:func:`watch_code`)
+        sighted = _sighted(value, made, where, module=True)
+        if sighted:
+            out[place] = (b"reads " + where.encode(), sighted)
+        first, _, _ = looked[place]
+        looked[place] = (first, name, _TableSeen(value, _version_of(value), where))
     named = [piece for place, piece in out.items() if place not in stored]
     for module, name in stored & looked.keys():
         made = _assignment(_module_body(module), name)

@@ -2806,3 +2806,56 @@ def test_a_memo_a_forward_fills_is_its_state_for_graphs_built_after_one_is_gone(
     MemoOfItsForward.memo[1] = 7
     gc.collect()
     assert once(1, strict=True) == (7, "ran")
+
+
+_READS_MODULE_TABLES = """
+from somatize import Node
+
+SCALE = {"by": 2}
+ORDER = [1]
+_CACHE = {}
+
+
+def _scaled(x):
+    return x * SCALE["by"]
+
+
+def _remembered(x):
+    if x not in _CACHE:
+        _CACHE[x] = 3 * x
+    return _CACHE[x]
+
+
+class ReadsTables(Node):
+    def forward(self, x, ctx):
+        return _scaled(x) * ORDER[0]
+
+
+class FillsCache(Node):
+    def forward(self, x, ctx):
+        return _remembered(x)
+"""
+
+
+def test_a_table_of_its_module_a_node_only_reads_changed_in_place_is_seen(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dict or list of a node's module that its code, or a helper it names, only reads,
+    changed in place after a graph was built (``SCALE["by"] = 3``), is other code at the
+    next forward of that graph and of one built after: strict=True computes with what it
+    holds now, never recalling the old answer. One the code fills as it runs (a cache) is
+    its state: forwards recall it without drift."""
+    loaded = _load(tmp_path / "fingerprinted.py", _READS_MODULE_TABLES, monkeypatch)
+    graph = Graph.somatize(loaded.ReadsTables().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    loaded.SCALE["by"] = 3
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+    loaded.ORDER[0] = 5
+    assert _three_forwards(graph, store, "h", 15) == ["ran", "recalled", "recalled"]
+    loaded.SCALE["by"] = 4
+    after = Graph.somatize(loaded.ReadsTables().named("h").frozen().cached())
+    assert _three_forwards(after, store, "h", 20) == ["ran", "recalled", "recalled"]
+    cached = Graph.somatize(loaded.FillsCache().named("c").frozen().cached())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        assert _three_forwards(cached, store, "c", 3) == ["ran", "recalled", "recalled"]
