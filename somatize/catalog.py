@@ -79,6 +79,7 @@ import importlib.util
 import inspect
 import itertools
 import linecache
+import operator
 import os
 import sys
 import textwrap
@@ -1362,7 +1363,9 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     (:class:`_Marked`: changed since, it is marked anew, :func:`marks_moved`), and
     each dict of keyword defaults of their functions (``f.__kwdefaults__["by"] = 7``), and
     of keywords of a partial they hold (``Kind.act.keywords["k"] = 3``), with a copy of
-    it; and the count of functions given other code or defaults in place
+    it; the names of their modules their fingerprints looked up, each to the object it
+    held (:class:`_Looked`: a helper or a value rebound since, a notebook's cell run
+    again); and the count of functions given other code or defaults in place
     and classes given other bases, in this process (:data:`_SETS`: ``f.__code__ = ...``,
     as a reloader does, ``f.__defaults__ = (5,)``, ``Kind.__bases__ = ...``), which moves
     for any function or class, and sends the look to what the watch noted of these
@@ -1434,13 +1437,22 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             if not isinstance(was, _TableSeen) or by is None:
                 continue
             table = by.__globals__.get(name, _ABSENT)
-            if table is not was.held or id(table) in tables:  # rebound: seen as worked out
+            if id(table) in tables:
                 continue
+            if table is not was.held:  # rebound since: as first seen, as a graph built now
+                if type(table) not in _CONTAINERS or not _plain_table(table):
+                    continue
+                module = was.label.partition(":")[0]
+                _sighted(table, _assignment(_module_body(module), name), was.label, module=True)
             tables.add(id(table))
             noted, anew = _marked(table, was.label, table=True)
             marks.append(Mark(len(lives), table, noted, anew, kind))
             lives += [noted.version, noted.lives]
             labels += [was.label, was.label]
+    looked = _Looked(lineage)
+    if looked.names:  # a helper or a value of their modules rebound (a cell run again)
+        lives.append(looked)
+        labels.append("")
     copies = list(map(_copied, lives))
     for mark in marks:  # one copy of what is read of it for all
         copies[mark.at + 1] = mark.noted.copies
@@ -1454,14 +1466,51 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
 
 def _copied(live: Any) -> Any:
     """A copy of a dict, list or set, or of a class's namespace (a mappingproxy), as a dict;
-    of an object's slots (:class:`_Slots`), a list of what they hold."""
-    if isinstance(live, _Slots):
+    of an object's slots (:class:`_Slots`) or of names of modules (:class:`_Looked`), a list
+    of what they hold."""
+    if isinstance(live, (_Slots, _Looked)):
         return live.values()
     return dict(live) if isinstance(live, MappingProxyType) else type(live)(live)
 
 
 _EMPTY = object()
 """What an empty slot is read as (:class:`_Slots`)."""
+
+
+_ABSENTS = itertools.repeat(_ABSENT)
+
+
+class _Looked:
+    """The names of their modules the fingerprints of classes looked up (:data:`Looked`),
+    read as they are now: equal to a list of what they held, each the same object — so
+    that a helper or a value rebound since (a notebook's cell run again) is seen by a
+    graph built before, whose fingerprints are worked out again."""
+
+    __slots__ = ("names", "spaces")
+
+    def __init__(self, lineage: Iterable[type]) -> None:
+        places: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}
+        for kind in lineage:
+            found = _FINGERPRINTS.get(kind)
+            for reads, name, _ in found[1] if found is not None else ():
+                by = reads()
+                if by is not None:
+                    places.setdefault((id(by.__globals__), name), (by.__globals__, name))
+        self.spaces = [space for space, _ in places.values()]
+        self.names = [name for _, name in places.values()]
+
+    def values(self) -> list[Any]:
+        """What each name holds now (:data:`_ABSENT` where it holds nothing)."""
+        return list(map(dict.get, self.spaces, self.names, _ABSENTS))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is list
+            and len(other) == len(self.names)
+            and all(map(operator.is_, map(dict.get, self.spaces, self.names, _ABSENTS), other))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class _Slots:
@@ -1663,6 +1712,8 @@ def code_changes(watch: CodeWatch) -> list[str]:
         watch.lives[len(kinds) : -1], watch.copies[len(kinds) : -1], watch.labels, strict=True
     )
     for live, copied, label in extra:
+        if isinstance(live, _Looked):  # worked out again: not said, as it may be the same
+            continue
         try:
             same = bool(live == copied)
         except Exception:  # a value replaced whose `==` says no bool (an array)

@@ -2859,3 +2859,34 @@ def test_a_table_of_its_module_a_node_only_reads_changed_in_place_is_seen(
     with warnings.catch_warnings():
         warnings.simplefilter("error", Drifted)
         assert _three_forwards(cached, store, "c", 3) == ["ran", "recalled", "recalled"]
+
+
+def test_a_helper_or_constant_rebound_is_seen_by_a_graph_built_before(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook's cell run again rebinds a constant or a helper a node's code names, or
+    a table it reads, after a graph was built: that graph's next forward computes with
+    it under strict=True, never recalling the old answer — and a cell run again that
+    binds what the text writes (an equal table, a helper written alike) is no drift."""
+    loaded = _load(tmp_path / "fingerprinted.py", _HELPED, monkeypatch)
+    const = Graph.somatize(loaded.UsesConst().named("c").frozen().cached())
+    helped = Graph.somatize(loaded.UsesHelper().named("h").frozen().cached())
+    was = fingerprint_of(loaded.UsesHelper)
+    assert _three_forwards(const, store, "c", 7) == ["ran", "recalled", "recalled"]
+    assert _three_forwards(helped, store, "h", 16) == ["ran", "recalled", "recalled"]
+    monkeypatch.setattr(loaded, "FACTOR", 6)
+    assert _three_forwards(const, store, "c", 8) == ["ran", "recalled", "recalled"]
+    exec("def _inner(x):\n    return x + OFFSET + 100\n", vars(loaded))
+    assert _three_forwards(helped, store, "h", 216) == ["ran", "recalled", "recalled"]
+    exec("def _inner(x):\n    return x + OFFSET\n", vars(loaded))
+    assert _three_forwards(helped, store, "h", 16) == ["ran", "recalled", "recalled"]
+    assert fingerprint_of(loaded.UsesHelper) == was
+    tabled = _load(tmp_path / "tabled.py", _READS_MODULE_TABLES, monkeypatch)
+    graph = Graph.somatize(tabled.ReadsTables().named("t").frozen().cached())
+    assert _three_forwards(graph, store, "t", 2) == ["ran", "recalled", "recalled"]
+    exec('SCALE = {"by": 2}', vars(tabled))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        assert _three_forwards(graph, store, "t", 2) == ["recalled"] * 3
+    tabled.SCALE["by"] = 3
+    assert _three_forwards(graph, store, "t", 3) == ["ran", "recalled", "recalled"]
