@@ -54,7 +54,8 @@ the same in every process making it alike), else by a mark of that very object, 
 same for no other object in any process (:func:`_token_of`): a replacement, or the
 object changed in place, is never taken for the old code. Its functions' code is followed
 into their module, one module only: the plain functions defined there that they
-name (and those these name) and the plain constants, and its tables as its text writes
+name (and those these name) and the plain constants, the objects of helper classes of its
+package (by their class's code and what they hold), and its tables as its text writes
 them — watched where the code only reads them and they hold only plain values (a change
 in place after a graph was built is seen). A module or class from elsewhere, a
 module-level table the code fills or that holds objects, a callable that is not a plain
@@ -1752,6 +1753,8 @@ def _still(reader: weakref.ref[FunctionType], name: str, was: Any) -> bool:
     if isinstance(was, weakref.ref):
         held = was()
         return held is not None and now is held
+    if isinstance(was, _Same):  # the same object (of a helper class)
+        return now is was.held
     if isinstance(was, _TableSeen):  # the same table, not changed in place since
         return now is was.held and _version_of(now) == was.version
     if isinstance(was, _ClassSeen):  # the same helper class, written as it was
@@ -2212,6 +2215,16 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     if id(method) not in seen:
                         seen.add(id(method))
                         queue.append(method)
+            elif _helper_object(value, module):
+                # an object of a helper class (`SCALER = Scaler(2)`): by its class's code and
+                # what it holds where that is named so, as one a class holds is
+                kind = type(value)
+                out[place] = (b"object " + label, _held_bytes(value) or _class_code(kind))
+                looked[place] = (looked[place][0], name, _Same(value))
+                for method in _class_functions(kind):
+                    if id(method) not in seen:
+                        seen.add(id(method))
+                        queue.append(method)
             elif isinstance(value, ModuleType) and _same_package(value.__name__, module):
                 # a module of its package whose names the code reads (`tools.double(x)`)
                 there = vars(value)
@@ -2412,6 +2425,21 @@ def _helper_class(kind: type, module: str, name: str) -> bool:
     if kind.__module__ == module:
         return True
     return _same_package(kind.__module__, module) and _as_imported(kind, module, name)
+
+
+def _helper_object(value: Any, module: str) -> bool:
+    """Whether ``value``, a name of ``module`` a node's code names, is an object of a helper
+    class of that code (``SCALER = Scaler(2)``): of a class defined there or in another
+    module of its package — no node, nor the library's —, itself no class, module,
+    function, plain value nor table."""
+    from somatize.node import Node
+
+    kind = type(value)
+    if isinstance(value, (type, ModuleType, FunctionType)) or _plain(value):
+        return False
+    if kind in _CONTAINERS or _left_out(kind) or issubclass(kind, Node):
+        return False
+    return kind.__module__ == module or _same_package(kind.__module__, module)
 
 
 def _class_functions(kind: type) -> list[FunctionType]:

@@ -2890,3 +2890,44 @@ def test_a_helper_or_constant_rebound_is_seen_by_a_graph_built_before(
         assert _three_forwards(graph, store, "t", 2) == ["recalled"] * 3
     tabled.SCALE["by"] = 3
     assert _three_forwards(graph, store, "t", 3) == ["ran", "recalled", "recalled"]
+
+
+_HOLDS_A_HELPER = """
+from somatize import Node
+
+
+class Scaler:
+    def __init__(self, k):
+        self.k = k
+
+    def apply(self, x):
+        return x * self.k
+
+
+SCALER = Scaler(2)
+
+
+class UsesHelperObject(Node):
+    def forward(self, x, ctx):
+        return SCALER.apply(x)
+"""
+
+
+def test_an_object_of_a_helper_class_its_module_holds_is_in_a_node_s_fingerprint(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object of a helper class of a node's module that the node's code names
+    (``SCALER = Scaler(2)``, ``SCALER.apply(x)``) is in its fingerprint by its class's code
+    and what it holds: a method of that class edited is another fingerprint, the same
+    text loaded alike the same; one rebound to another made otherwise (a cell run again,
+    ``SCALER = Scaler(3)``) is seen at the next forward of a graph built before."""
+    path = tmp_path / "fingerprinted.py"
+    was = fingerprint_of(_load(path, _HOLDS_A_HELPER, monkeypatch).UsesHelperObject)
+    edited = _load(path, _HOLDS_A_HELPER.replace("x * self.k", "x * self.k + 1"), monkeypatch)
+    assert fingerprint_of(edited.UsesHelperObject) != was
+    loaded = _load(path, _HOLDS_A_HELPER, monkeypatch)
+    assert fingerprint_of(loaded.UsesHelperObject) == was
+    graph = Graph.somatize(loaded.UsesHelperObject().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    exec("SCALER = Scaler(3)", vars(loaded))
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
