@@ -176,11 +176,11 @@ def held_at(module: str, qualname: str) -> Any:
     return found
 
 
-Looked = tuple[tuple["weakref.ref[FunctionType]", str, Any], ...]
+Looked = tuple[tuple["weakref.ref[Any]", str, Any], ...]
 """Each global name a fingerprint looked up: a function that reads it (in whose module
-it was looked up), the name, and what it found there (:func:`_found_as`). The functions
-are held weakly, so that what a class's fingerprint notes keeps neither the class nor
-its module alive."""
+it was looked up; or the module, one that defines no function), the name, and what it
+found there (:func:`_found_as`). The functions are held weakly, so that what a class's
+fingerprint notes keeps neither the class nor its module alive."""
 
 _ABSENT = object()
 _OTHER = object()
@@ -1437,7 +1437,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             by = reads()
             if not isinstance(was, _TableSeen) or by is None:
                 continue
-            table = by.__globals__.get(name, _ABSENT)
+            table = _space_of(by).get(name, _ABSENT)
             if id(table) in tables:
                 continue
             if table is not was.held:  # rebound since: as first seen, as a graph built now
@@ -1496,7 +1496,8 @@ class _Looked:
             for reads, name, _ in found[1] if found is not None else ():
                 by = reads()
                 if by is not None:
-                    places.setdefault((id(by.__globals__), name), (by.__globals__, name))
+                    space = _space_of(by)
+                    places.setdefault((id(space), name), (space, name))
         self.spaces = [space for space, _ in places.values()]
         self.names = [name for _, name in places.values()]
 
@@ -1743,13 +1744,13 @@ def _holds_code(member: Any) -> bool:
     return member is not _ABSENT and bool(_functions_in(member))
 
 
-def _still(reader: weakref.ref[FunctionType], name: str, was: Any) -> bool:
-    """Whether ``name``, in the namespace of the function ``reader``, holds what a
-    fingerprint found there (:data:`Looked`); False once that function is gone."""
+def _still(reader: weakref.ref[Any], name: str, was: Any) -> bool:
+    """Whether ``name``, in the namespace of the function (or module) ``reader``, holds what
+    a fingerprint found there (:data:`Looked`); False once that function is gone."""
     function = reader()
     if function is None:
         return False
-    now = function.__globals__.get(name, _ABSENT)
+    now = _space_of(function).get(name, _ABSENT)
     if isinstance(was, weakref.ref):
         held = was()
         return held is not None and now is held
@@ -1760,7 +1761,8 @@ def _still(reader: weakref.ref[FunctionType], name: str, was: Any) -> bool:
     if isinstance(was, _ClassSeen):  # the same helper class, written as it was
         return isinstance(now, type) and now is was.held() and _class_code(now) == was.code
     if was is _OTHER:
-        return now is not _ABSENT and _found_as(now, function.__module__, name) is _OTHER
+        module = function.__name__ if isinstance(function, ModuleType) else function.__module__
+        return now is not _ABSENT and _found_as(now, module, name) is _OTHER
     return now is was
 
 
@@ -2158,7 +2160,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     runs: it is taken as the module's text assigns it (``CALLS = 0``), not by what it holds,
     and not looked at again."""
     out: dict[tuple[str, str], tuple[bytes, bytes]] = {}
-    looked: dict[tuple[str, str], tuple[weakref.ref[FunctionType], str, Any]] = {}
+    looked: dict[tuple[str, str], tuple[weakref.ref[Any], str, Any]] = {}
     stored: set[tuple[str, str]] = set()
     tables: dict[tuple[str, str], Any] = {}  # each table of a module read → the table
     filled: set[tuple[str, str]] = set()  # those the code followed changes in place
@@ -2203,7 +2205,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     seen.add(id(wrapped))
                     queue.append(wrapped)
             elif _plain(value):
-                assigned = _assigned(_module_body(module), name, value)
+                assigned = _assigned(*_written_at(module, name, value), value)
                 if assigned is not None:
                     out[place] = (b"reads " + label, assigned)
             elif type(value) in _CONTAINERS:  # a table: as the module's text writes it
@@ -2236,7 +2238,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     )
     for place, value in tables.items():
         module, name = place
-        made = _assignment(_module_body(module), name)
+        made = _assignment(*_written_at(module, name, value))
         where = f"{module}:{name}"
         if place in filled or place in stored or not _plain_table(value):
             # filled as it runs (a log, a cache), or more than a watch reads: as written
@@ -2489,14 +2491,38 @@ class _ClassSeen(NamedTuple):
     """How it was written (:func:`_class_code`): one given another method since is not it."""
 
 
-def _reader_in(module: ModuleType) -> weakref.ref[FunctionType] | None:
+def _reader_in(module: ModuleType) -> weakref.ref[Any] | None:
     """A weak reference to a function defined in ``module``, reading its namespace, to note
-    what a fingerprint looked up there by (:data:`Looked`); None where it defines none."""
+    what a fingerprint looked up there by (:data:`Looked`), or to the module itself where it
+    defines none (one of constants); None where it cannot be referenced weakly."""
     space = vars(module)
     for value in list(space.values()):
         if isinstance(value, FunctionType) and value.__globals__ is space:
             return weakref.ref(value)
-    return None
+    try:
+        return weakref.ref(module)
+    except TypeError:
+        return None
+
+
+def _space_of(reader: Any) -> dict[str, Any]:
+    """The namespace a name noted in :data:`Looked` is read in: its reader's, a function's
+    globals or a module's own."""
+    space: dict[str, Any] = reader.__globals__ if isinstance(reader, FunctionType) else vars(reader)
+    return space
+
+
+def _written_at(module: str, name: str, value: Any) -> tuple[list[ast.stmt] | None, str]:
+    """The statements of the module whose text assigns ``name`` of module ``module``, and
+    the name there: ``module``'s own, or where its text assigns no such name, those of the
+    module of its package it imports ``value`` from (``from proj.config import SCALE``)."""
+    body = _module_body(module)
+    if body is not None and _assignment(body, name) is not None:
+        return body, name
+    source = _imports_of(module).get(name)
+    if source is not None and _same_package(source[0], module) and held_at(*source) is value:
+        return _module_body(source[0]), source[1]
+    return body, name
 
 
 def _as_imported(function: FunctionType | type, module: str, name: str) -> bool:

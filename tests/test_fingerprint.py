@@ -2931,3 +2931,62 @@ def test_an_object_of_a_helper_class_its_module_holds_is_in_a_node_s_fingerprint
     assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
     exec("SCALER = Scaler(3)", vars(loaded))
     assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+
+
+def test_a_constant_or_table_of_another_module_of_its_package_is_in_a_node_s_fingerprint(
+    tmp_path: Path,
+) -> None:
+    """A constant or a table a node's module imports from another module of its package
+    (``from proj.config import FACTOR, SCALE``), or names in such a module that defines no
+    function (``config.OFFSET``), is in the node's fingerprint as that module's text writes
+    it: the same in two fresh processes, another once that text gives it another value."""
+    package = tmp_path / "configured"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    config = 'FACTOR = 2\nSCALE = {"by": 2}\nOFFSET = [1]\n'
+    _write(package / "config.py", config)
+    _write(
+        package / "nodes.py",
+        """
+        from somatize import Node
+        from configured import config
+        from configured.config import FACTOR, SCALE
+
+        class UsesFactor(Node):
+            def forward(self, x, ctx):
+                return x * FACTOR
+
+        class UsesScale(Node):
+            def forward(self, x, ctx):
+                return x * SCALE["by"]
+
+        class UsesOffset(Node):
+            def forward(self, x, ctx):
+                return x + config.OFFSET[0]
+        """,
+    )
+    script = "import configured.nodes as n\nfrom somatize.catalog import fingerprint_of as f\n"
+    script += "print(f(n.UsesFactor), f(n.UsesScale), f(n.UsesOffset))\n"
+    root = str(Path(__file__).resolve().parent.parent)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([root, str(tmp_path)])}
+
+    def fingerprints() -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env=environment,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    was = fingerprints()
+    assert fingerprints() == was
+    edits = [("FACTOR = 2", "FACTOR = 3"), ('"by": 2', '"by": 3'), ("[1]", "[5]")]
+    for at, (old, new) in enumerate(edits):
+        _write(package / "config.py", config.replace(old, new))
+        now = fingerprints()
+        assert [a == b for a, b in zip(now, was, strict=True)] == [i != at for i in range(3)]
+    _write(package / "config.py", config)
+    assert fingerprints() == was
