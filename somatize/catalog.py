@@ -393,7 +393,7 @@ elsewhere since, is in none."""
 
 
 def _sighted(table: Any, made: ast.expr | None, label: str, module: bool = False) -> bytes:
-    """A table its node's forward fills (:func:`_kept_tables`), or one of its module its
+    """A table its node's forward fills (:func:`_fillers`), or one of its module its
     code only reads (``module``: :func:`_named`), that the text assigns as ``made``, named as
     it was when first seen, and marked then: as the text writes it — for a class's table,
     where it held that then (``_memo = {}``: the same in every process, however full its
@@ -915,23 +915,17 @@ def _filled_tables(lineage: Iterable[type]) -> frozenset[str]:
     on itself is, taken as the class's text writes it and not watched — changed as a node
     is built, it would make every graph built after drift. One only ``forward`` fills (a
     cache) is watched, and what its node's forward changes in it is its state
-    (:func:`_kept_tables`)."""
+    (:func:`_fillers`)."""
     return _fillers(lineage)[0]
-
-
-def _kept_tables(lineage: Iterable[type]) -> frozenset[str]:
-    """The names of the tables (:func:`_table`) the classes of ``lineage`` hold that only
-    ``forward`` changes in place (a memo, ``self._memo[x] = y``): their state as their node
-    runs, named as the class's text writes them where they held that when first seen, the
-    same in every process (:func:`_sighted`), and watched, so that a change made to one
-    between forwards is seen."""
-    filled, changed = _fillers(lineage)
-    return changed - filled
 
 
 def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
     """The names of the tables the classes of ``lineage`` hold that a function of theirs
-    other than ``forward`` changes in place, and of those ``forward`` does."""
+    other than ``forward`` changes in place (:func:`_filled_tables`), and of those
+    ``forward`` does. One only ``forward`` fills (a memo, ``self._memo[x] = y``) is its
+    state as its node runs, named as the class's text writes it where it held that when
+    first seen, the same in every process (:func:`_sighted`), and watched, so that a change
+    made to it between forwards is seen."""
     kinds = list(lineage)
     tables = {n for k in kinds for n, m in vars(k).items() if _table(n, m)}
     if not tables:
