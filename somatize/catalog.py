@@ -936,8 +936,43 @@ def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
         for name, member in list(vars(kind).items()):
             for function in _functions_in(member):
                 changed = _tables_changed_by(function.__code__, tables)
-                (by_forward if name == "forward" else filled).update(changed)
+                if name == "forward":  # handed to a function that may fill it, too
+                    by_forward |= changed | _tables_handed_by(function.__code__, tables)
+                else:
+                    filled |= changed
     return frozenset(filled), frozenset(by_forward)
+
+
+_READ_ON = frozenset(
+    {"LOAD_ATTR", "LOAD_METHOD", "BINARY_SUBSCR", "CONTAINS_OP", "COMPARE_OP", "IS_OP"}
+    | {"GET_ITER", "STORE_FAST", "STORE_DEREF", "COPY", "POP_TOP", "RETURN_VALUE"}
+)
+"""What a table read as an attribute is used by, read where it is (:func:`_tables_handed_by`)."""
+
+
+def _tables_handed_by(code: CodeType, tables: set[str]) -> set[str]:
+    """Which of ``tables`` the code ``code`` (and that nested in it) reads as an attribute
+    and hands on, on a line that calls something (``_remember(self._memo, x, y)``): to a
+    function that may fill it."""
+    found: set[str] = set()
+    instructions = list(dis.get_instructions(code))
+    for at, instruction in enumerate(instructions):
+        if instruction.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
+            continue
+        if instruction.argval not in tables or at + 1 == len(instructions):
+            continue
+        if instructions[at + 1].opname in _READ_ON:
+            continue
+        for later in instructions[at + 1 :]:
+            if later.starts_line is not None and later.starts_line is not False:
+                break  # the next line (a number, or True, as Python 3.13 says it)
+            if later.opname in _CALLS:
+                found.add(instruction.argval)
+                break
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            found |= _tables_handed_by(constant, tables)
+    return found
 
 
 def _tables_changed_by(

@@ -2721,6 +2721,18 @@ class Registers(Node):
         return 2 * x
 
 
+def _remember(table, x, y):
+    table[x] = y
+    return y
+
+
+class MemoHandedOn(Node):
+    _memo: ClassVar[dict[int, int]] = {}
+
+    def forward(self, x, ctx):
+        return self._memo.get(x) or _remember(self._memo, x, 2 * x)
+
+
 class RegistersAsItRuns(Node):
     _registry: ClassVar[dict[int, Any]] = {}
 
@@ -2732,7 +2744,7 @@ class RegistersAsItRuns(Node):
 
 store = Store(sys.argv[1])
 warnings.simplefilter("error", Drifted)
-for kind in (Memo, MemoThroughALocal, Registers, RegistersAsItRuns):
+for kind in (Memo, MemoThroughALocal, MemoHandedOn, Registers, RegistersAsItRuns):
     graph = Graph.somatize(kind().named("h").frozen().cached())
     ran = []
     for x in (1, 2, 1):
@@ -2747,7 +2759,8 @@ def test_a_table_a_class_s_own_code_fills_keeps_the_fingerprint_of_a_new_process
 ) -> None:
     """A dict a class holds that its own code fills as it runs — its forward (a memo,
     ``self._memo[x] = y``), or through a local it is read into (``memo =
-    type(self)._memo; memo[x] = y``), or its constructor (a registry) — is its state:
+    type(self)._memo; memo[x] = y``), or a function its forward hands it to, or its
+    constructor (a registry) — is its state:
     a new process, starting with the table as the class's text writes it, recalls what
     another kept, without drift, and the first process keeps what its first forwards
     computed."""
@@ -2764,8 +2777,8 @@ def test_a_table_a_class_s_own_code_fills_keeps_the_fingerprint_of_a_new_process
             timeout=120,
         )
         assert done.returncode == 0, done.stderr
-        printed.append(done.stdout.split("\n")[:4])
-    kinds = ("Memo", "MemoThroughALocal", "Registers", "RegistersAsItRuns")
+        printed.append(done.stdout.split("\n")[:5])
+    kinds = ("Memo", "MemoThroughALocal", "MemoHandedOn", "Registers", "RegistersAsItRuns")
     assert printed[0] == [f"{kind} ran ran recalled" for kind in kinds]
     assert printed[1] == [f"{kind} recalled recalled recalled" for kind in kinds]
 
