@@ -357,7 +357,7 @@ def _body_of(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
     takes by the class's text, so that a count moved as the class runs is not a change
     to work out again — or None."""
     body: list[tuple[str, Any]] = []
-    for name, member in vars(kind).items():
+    for name, member in list(vars(kind).items()):
         held = _functions_in(member)
         if held:
             functions = tuple(
@@ -927,7 +927,7 @@ def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
     first seen, the same in every process (:func:`_sighted`), and watched, so that a change
     made to it between forwards is seen."""
     kinds = list(lineage)
-    tables = {n for k in kinds for n, m in vars(k).items() if _table(n, m)}
+    tables = {n for k in kinds for n, m in list(vars(k).items()) if _table(n, m)}
     if not tables:
         return frozenset(), frozenset()
     filled: set[str] = set()
@@ -1101,7 +1101,7 @@ def _read_in_python(kind: type) -> bool:
         space = vars(above)
         if any(s not in ("__dict__", "__weakref__") for s in _slots(space.get("__slots__", ()))):
             return False
-        for name, member in space.items():
+        for name, member in list(space.items()):
             if isinstance(member, _C_MEMBERS):
                 return False
             if isinstance(member, GetSetDescriptorType) and name not in ("__dict__", "__weakref__"):
@@ -1411,7 +1411,11 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     )
     lives: list[Any] = [vars(kind) for kind in lineage]
     filled, by_forward = _fillers(lineage)
-    kept = by_forward - filled - _state_of(lineage, (m for k in lineage for m in vars(k).values()))
+    kept = (
+        by_forward
+        - filled
+        - _state_of(lineage, (m for k in lineage for m in list(vars(k).values())))
+    )
     labels: list[str] = []
     made: list[tuple[str, FunctionType, Any, Any, Any]] = []
     marks: list[Mark] = []
@@ -1579,7 +1583,7 @@ def _slots_of(kind: type) -> list[MemberDescriptorType]:
         member
         for above in kind.__mro__
         if not _left_out(above)
-        for member in vars(above).values()
+        for member in list(vars(above).values())
         if isinstance(member, MemberDescriptorType) and member.__objclass__ is above
     ]
 
@@ -2481,7 +2485,7 @@ def _class_functions(kind: type) -> list[FunctionType]:
         function
         for above in kind.__mro__
         if not _left_out(above)
-        for name, member in vars(above).items()
+        for name, member in list(vars(above).items())
         for function in _functions_in(member)
         if not (_dunder(name) and function.__code__.co_filename == "<string>")
     ]

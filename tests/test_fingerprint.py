@@ -7,12 +7,14 @@ import copy
 import functools
 import gc
 import importlib
+import itertools
 import math
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 import warnings
 import weakref
@@ -3003,3 +3005,43 @@ def test_a_constant_or_table_of_another_module_of_its_package_is_in_a_node_s_fin
         assert [a == b for a, b in zip(now, was, strict=True)] == [i != at for i in range(3)]
     _write(package / "config.py", config)
     assert fingerprints() == was
+
+
+class _Busy(Node):
+    """A node whose class another thread gives names and takes them back as it is read."""
+
+    table: ClassVar[dict[str, int]] = {"by": 2}
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.table["by"]
+
+
+def test_a_class_changed_on_another_thread_as_it_is_fingerprinted_is_read_whole() -> None:
+    """A node's class given names and rid of them on another thread (a model traced there,
+    whose trace sets and takes back methods on its classes) while its fingerprint is worked
+    out, and its watch made and read, is read as it was at one moment: no error that its
+    namespace changed as it was read."""
+    stop = threading.Event()
+
+    def churn() -> None:
+        for step in itertools.count():
+            if stop.is_set():
+                return
+            setattr(_Busy, f"extra{step % 40}", step)
+            if step % 2:
+                delattr(_Busy, f"extra{(step - 1) % 40}")
+
+    was = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the other thread the interpreter as often as can be
+    other = threading.Thread(target=churn)
+    other.start()
+    try:
+        for _ in range(60):
+            fingerprint_of(_Busy)
+            catalog.code_changes(catalog.watch_code([_Busy]))
+    finally:
+        stop.set()
+        other.join()
+        sys.setswitchinterval(was)
+        for name in [n for n in vars(_Busy) if n.startswith("extra")]:
+            delattr(_Busy, name)
