@@ -54,6 +54,41 @@ def _write(path: Path, text: str) -> None:
     os.utime(path, ns=(stamp, stamp))
 
 
+def _printed(arguments: list[str], *paths: Path) -> str:
+    """What ``python`` given ``arguments`` prints, run as a new process that imports from
+    this checkout and from ``paths``."""
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join([root, *map(str, paths)])
+    done = subprocess.run(
+        [sys.executable, *arguments],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _package(root: Path, name: str, **modules: str) -> Path:
+    """The folder of package ``name``, made under ``root``: an empty ``__init__`` (unless
+    ``modules`` gives one) and each module of ``modules`` (its name → its text)."""
+    package = root / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for module, text in modules.items():
+        _write(package / f"{module}.py", text)
+    return package
+
+
+def _fingerprints_in(root: Path, module: str, *kinds: str) -> list[str]:
+    """The fingerprints of the classes ``kinds`` of ``module``, found under ``root``, worked
+    out in a new process."""
+    script = f"import {module} as m\nfrom somatize.catalog import fingerprint_of as f\n"
+    script += f"print({', '.join(f'f(m.{kind})' for kind in kinds)})\n"
+    return _printed(["-c", script], root).split()
+
+
 _BASES = """
 from somatize import Node
 
@@ -365,14 +400,12 @@ def test_a_helper_of_another_module_of_its_package_is_in_a_node_s_fingerprint(
     (``tools.double``), is in the node's fingerprint as a helper of its own module is, with
     the constants it reads there: the same in two fresh processes, another once that
     module's source gives it other code or other constants."""
-    package = tmp_path / "proj"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
     tools = "FACTOR = 2\n\ndef double(x):\n    return FACTOR * x\n"
-    _write(package / "tools.py", tools)
-    _write(
-        package / "nodes.py",
-        """
+    package = _package(
+        tmp_path,
+        "proj",
+        tools=tools,
+        nodes="""
         from somatize import Node
         from proj import tools
         from proj.tools import double as twice
@@ -386,30 +419,18 @@ def test_a_helper_of_another_module_of_its_package_is_in_a_node_s_fingerprint(
                 return tools.double(x)
         """,
     )
-    script = "import proj.nodes as n\nfrom somatize.catalog import fingerprint_of as f\n"
-    script += "print(f(n.Doubles), f(n.DoublesThere))\n"
-    root = str(Path(__file__).resolve().parent.parent)
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([root, str(tmp_path)])}
 
-    def fingerprint() -> str:
-        done = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            env=environment,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
+    def fingerprints() -> list[str]:
+        return _fingerprints_in(tmp_path, "proj.nodes", "Doubles", "DoublesThere")
 
-    was = fingerprint().split()
-    assert fingerprint().split() == was
+    was = fingerprints()
+    assert fingerprints() == was
     for edited in (tools.replace("FACTOR = 2", "FACTOR = 3"), tools.replace("FACTOR *", "1 *")):
         _write(package / "tools.py", edited)
-        now = fingerprint().split()
+        now = fingerprints()
         assert now[0] != was[0] and now[1] != was[1], edited
     _write(package / "tools.py", tools)
-    assert fingerprint().split() == was
+    assert fingerprints() == was
 
 
 def test_a_helper_of_its_package_replaced_by_a_fake_is_seen(
@@ -2768,18 +2789,7 @@ def test_a_table_a_class_s_own_code_fills_keeps_the_fingerprint_of_a_new_process
     computed."""
     path = tmp_path / "filled_as_it_runs.py"
     _write(path, _FILLED_AS_IT_RUNS)
-    root = str(Path(__file__).resolve().parent.parent)
-    printed = []
-    for _ in range(2):
-        done = subprocess.run(
-            [sys.executable, str(path), str(tmp_path / "store")],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": root},
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        printed.append(done.stdout.split("\n")[:5])
+    printed = [_printed([str(path), str(tmp_path / "store")]).split("\n")[:5] for _ in range(2)]
     kinds = ("Memo", "MemoThroughALocal", "MemoHandedOn", "Registers", "RegistersAsItRuns")
     assert printed[0] == [f"{kind} ran ran recalled" for kind in kinds]
     assert printed[1] == [f"{kind} recalled recalled recalled" for kind in kinds]
@@ -2955,14 +2965,12 @@ def test_a_constant_or_table_of_another_module_of_its_package_is_in_a_node_s_fin
     (``from proj.config import FACTOR, SCALE``), or names in such a module that defines no
     function (``config.OFFSET``), is in the node's fingerprint as that module's text writes
     it: the same in two fresh processes, another once that text gives it another value."""
-    package = tmp_path / "configured"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
     config = 'FACTOR = 2\nSCALE = {"by": 2}\nOFFSET = [1]\n'
-    _write(package / "config.py", config)
-    _write(
-        package / "nodes.py",
-        """
+    package = _package(
+        tmp_path,
+        "configured",
+        config=config,
+        nodes="""
         from somatize import Node
         from configured import config
         from configured.config import FACTOR, SCALE
@@ -2980,21 +2988,10 @@ def test_a_constant_or_table_of_another_module_of_its_package_is_in_a_node_s_fin
                 return x + config.OFFSET[0]
         """,
     )
-    script = "import configured.nodes as n\nfrom somatize.catalog import fingerprint_of as f\n"
-    script += "print(f(n.UsesFactor), f(n.UsesScale), f(n.UsesOffset))\n"
-    root = str(Path(__file__).resolve().parent.parent)
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([root, str(tmp_path)])}
 
     def fingerprints() -> list[str]:
-        done = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            env=environment,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout.split()
+        kinds = ("UsesFactor", "UsesScale", "UsesOffset")
+        return _fingerprints_in(tmp_path, "configured.nodes", *kinds)
 
     was = fingerprints()
     assert fingerprints() == was
