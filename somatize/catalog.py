@@ -398,10 +398,11 @@ def _sighted(table: Any, made: ast.expr | None, label: str, module: bool = False
     it was when first seen, and marked then: as the text writes it — for a class's table,
     where it held that then (``_memo = {}``: the same in every process, however full its
     forward makes it), else by what it held (:func:`_held_bytes`); a module's, whatever it
-    held (filled as the module loads, a registry), or by nothing where its text is not
-    known. By its mark alone once it is given a new one, changed between forwards
-    (:func:`_moved_on`), so that what was computed with it before is never recalled for
-    it. ``label`` says where it is held (``Kind.name``, ``module:name``)."""
+    held (filled as the module loads, a registry), or by what it holds where no text
+    assigns it (a script given to ``python -c``). By its mark alone once it is given a new
+    one, changed between forwards (:func:`_moved_on`), so that what was computed with it
+    before is never recalled for it. ``label`` says where it is held (``Kind.name``,
+    ``module:name``)."""
     version = _version_of(table)
     if version is not None:
         return _SIGHTED.get(version, version)
@@ -412,7 +413,7 @@ def _sighted(table: Any, made: ast.expr | None, label: str, module: bool = False
     if as_written and made is not None:
         named = b"written " + ast.unparse(made).encode()
     elif module:
-        named = b""
+        named = _held_bytes(table) or b""
     else:
         named = _held_bytes(table) or _contained_bytes(table) or b""
     token = _token_of(table)
@@ -1477,7 +1478,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 if type(table) not in _CONTAINERS or not _plain_table(table):
                     continue
                 module = was.label.partition(":")[0]
-                _sighted(table, _assignment(_module_body(module), name), was.label, module=True)
+                text = _assignment(*_written_at(module, name, table))
+                _sighted(table, text, was.label, module=True)
             tables.add(id(table))
             noted, anew = _marked(table, was.label, table=True)
             marks.append(Mark(len(lives), table, noted, anew, kind))
@@ -2238,7 +2240,11 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     seen.add(id(wrapped))
                     queue.append(wrapped)
             elif _plain(value):
-                assigned = _assigned(*_written_at(module, name, value), value)
+                text, as_named = _written_at(module, name, value)
+                # where no text is known (``python -c``): by what it holds, never left out
+                assigned = (
+                    _constant_bytes(value) if text is None else _assigned(text, as_named, value)
+                )
                 if assigned is not None:
                     out[place] = (b"reads " + label, assigned)
             elif type(value) in _CONTAINERS:  # a table: as the module's text writes it
@@ -2548,14 +2554,21 @@ def _space_of(reader: Any) -> dict[str, Any]:
 def _written_at(module: str, name: str, value: Any) -> tuple[list[ast.stmt] | None, str]:
     """The statements of the module whose text assigns ``name`` of module ``module``, and
     the name there: ``module``'s own, or where its text assigns no such name, those of the
-    module of its package it imports ``value`` from (``from proj.config import SCALE``)."""
-    body = _module_body(module)
-    if body is not None and _assignment(body, name) is not None:
-        return body, name
-    source = _imports_of(module).get(name)
-    if source is not None and _same_package(source[0], module) and held_at(*source) is value:
-        return _module_body(source[0]), source[1]
-    return body, name
+    module of its package it imports ``value`` from (``from proj.config import SCALE``),
+    followed on through the modules of its package that import it in turn (``__init__``
+    importing it from ``proj.config``) or import all of another's names (``from
+    proj.config import *``)."""
+    at, seen = (module, name), set()
+    while at not in seen:  # a module importing from one that imports from it ends here
+        seen.add(at)
+        body = _module_body(at[0])
+        if body is not None and _assignment(body, at[1]) is not None:
+            return body, at[1]
+        imports = _imports_of(at[0])
+        sources = [imports[at[1]]] if at[1] in imports else []
+        sources += [(every, at[1]) for every, _ in imports.get("*", [])]
+        at = next((s for s in sources if _same_package(s[0], module) and held_at(*s) is value), at)
+    return _module_body(module), name
 
 
 def _as_imported(function: FunctionType | type, module: str, name: str) -> bool:

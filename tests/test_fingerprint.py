@@ -3004,6 +3004,63 @@ def test_a_constant_or_table_of_another_module_of_its_package_is_in_a_node_s_fin
     assert fingerprints() == was
 
 
+_IMPORTED_ON = {
+    "star": ("", "FACTOR = 2\n", "from imported.config import *"),
+    "re-exported": ("from .config import FACTOR\n", "FACTOR = 2\n", "from imported import FACTOR"),
+    "chained": ("", "from .base import FACTOR\n", "from imported.config import FACTOR"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(_IMPORTED_ON))
+def test_a_constant_imported_on_through_its_package_is_in_a_node_s_fingerprint(
+    how: str, tmp_path: Path
+) -> None:
+    """A constant a node's module imports from another module of its package by way of
+    a third (``from proj import FACTOR``, ``__init__`` importing it from ``proj.config``), or
+    all of whose names it imports (``from proj.config import *``), is in the node's
+    fingerprint as the text that assigns it writes it: the same in two new processes,
+    another once that text gives it another value."""
+    init, config, imports = _IMPORTED_ON[how]
+    node = f"from somatize import Node\n{imports}\n\nclass Uses(Node):\n"
+    node += "    def forward(self, x, ctx):\n        return x * FACTOR\n"
+    modules = {"__init__": init, "config": config, "base": "FACTOR = 2\n", "nodes": node}
+    package = _package(tmp_path, "imported", **modules)
+    was = _fingerprints_in(tmp_path, "imported.nodes", "Uses")
+    assert _fingerprints_in(tmp_path, "imported.nodes", "Uses") == was
+    where = "base.py" if how == "chained" else "config.py"
+    _write(package / where, "FACTOR = 3\n")
+    assert _fingerprints_in(tmp_path, "imported.nodes", "Uses") != was
+
+
+_TYPED_IN = """
+from somatize import Node
+from somatize.catalog import fingerprint_of
+
+FACTOR = 2
+SCALE = {"by": 2}
+
+
+class Typed(Node):
+    def forward(self, x, ctx):
+        return x * FACTOR * SCALE["by"]
+
+
+print(fingerprint_of(Typed))
+"""
+
+
+def test_a_constant_or_table_of_a_module_with_no_source_file_is_named_by_what_it_holds() -> None:
+    """A constant or a table of plain values of a module whose text is not at hand (a
+    script given to ``python -c``) that a node's code reads is named by what it holds: the
+    same in two new processes, another where it holds another value — never left out,
+    which would recall what was computed with the old value."""
+    was = _printed(["-c", _TYPED_IN]).strip()
+    assert was.startswith("sha256:")
+    assert _printed(["-c", _TYPED_IN]).strip() == was
+    for old, new in (("FACTOR = 2", "FACTOR = 3"), ('"by": 2', '"by": 3')):
+        assert _printed(["-c", _TYPED_IN.replace(old, new)]).strip() != was, new
+
+
 class _Busy(Node):
     """A node whose class another thread gives names and takes them back as it is read."""
 
