@@ -2039,9 +2039,10 @@ def _default_tables(name: str, function: FunctionType) -> list[Any]:
 
 
 _LOCAL_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_LOAD_FAST", "LOAD_DEREF")
+"""How a function's code reads one of its arguments, or a function nested in it the same."""
+
 _GLOBAL_LOADS = ("LOAD_GLOBAL", "LOAD_NAME")
 """How a function's code reads a name of its module."""
-"""How a function's code reads one of its arguments, or a function nested in it the same."""
 
 
 def _default_table_bytes(value: Any) -> bytes:
