@@ -392,32 +392,29 @@ was named when first seen (:func:`_sighted`); a mark given anew, the table chang
 elsewhere since, is in none."""
 
 
-def _sighted(table: Any, made: ast.expr | None, label: str, module: bool = False) -> bytes:
+def _sighted(table: Any, made: ast.expr | None, label: str) -> bytes:
     """A table its node's forward fills (:func:`_fillers`), or one of its module its
-    code only reads (``module``: :func:`_named`), that the text assigns as ``made``, named as
-    it was when first seen, and marked then: as the text writes it — for a class's table,
-    where it held that then (``_memo = {}``: the same in every process, however full its
-    forward makes it), else by what it held (:func:`_held_bytes`); a module's, whatever it
-    held (filled as the module loads, a registry), or by what it holds where no text
-    assigns it (a script given to ``python -c``). By its mark alone once it is given a new
-    one, changed between forwards (:func:`_moved_on`), so that what was computed with it
-    before is never recalled for it. ``label`` says where it is held (``Kind.name``,
-    ``module:name``)."""
+    code only reads (:func:`_named`), that the text assigns as ``made``, named as it was
+    when first seen, and marked then: as the text writes it where it held that then
+    (``_memo = {}``: the same in every process, however full its forward makes it), else
+    by what it held (:func:`_held_bytes`: one set otherwise as a script starts, bound to
+    another name, ``ORDER = ORDERED``, or whose text is not known, ``python -c``). By its
+    mark alone once it is given a new one, changed between forwards (:func:`_moved_on`),
+    so that what was computed with it before is never recalled for it. ``label`` says
+    where it is held (``Kind.name``, ``module:name``)."""
     version = _version_of(table)
     if version is not None:
         return _SIGHTED.get(version, version)
     try:
-        as_written = made is not None and (module or ast.literal_eval(made) == table)
+        as_written = made is not None and ast.literal_eval(made) == table
     except Exception:  # not a literal, or one that does not compare
         as_written = False
     if as_written and made is not None:
         named = b"written " + ast.unparse(made).encode()
-    elif module:
-        named = _held_bytes(table) or b""
     else:
         named = _held_bytes(table) or _contained_bytes(table) or b""
     token = _token_of(table)
-    _SIGHTED[token] = named if module else named or token
+    _SIGHTED[token] = named or token
     _marked(table, label, table=True)  # noted now: a change before a graph watches it is seen
     return _SIGHTED[token]
 
@@ -1479,7 +1476,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                     continue
                 module = was.label.partition(":")[0]
                 text = _assignment(*_written_at(module, name, table))
-                _sighted(table, text, was.label, module=True)
+                _sighted(table, text, was.label)
             tables.add(id(table))
             noted, anew = _marked(table, was.label, table=True)
             marks.append(Mark(len(lives), table, noted, anew, kind))
@@ -2286,9 +2283,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 out[place] = (b"reads " + where.encode(), b"written " + ast.unparse(made).encode())
             continue
         # only read: as first seen, and watched (:func:`watch_code`)
-        sighted = _sighted(value, made, where, module=True)
-        if sighted:
-            out[place] = (b"reads " + where.encode(), sighted)
+        out[place] = (b"reads " + where.encode(), _sighted(value, made, where))
         first, _, _ = looked[place]
         looked[place] = (first, name, _TableSeen(value, _version_of(value), where))
     named = [piece for place, piece in out.items() if place not in stored]

@@ -2886,6 +2886,28 @@ def test_a_table_of_its_module_a_node_only_reads_changed_in_place_is_seen(
         assert _three_forwards(cached, store, "c", 3) == ["ran", "recalled", "recalled"]
 
 
+def test_a_table_of_its_module_not_as_its_text_writes_it_is_named_by_what_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table of a node's module that its code only reads, changed before the node is
+    first fingerprinted (``SCALE["by"] = int(sys.argv[1])`` as a script starts), or bound
+    to another name of its module (``ORDER = ORDERED``), is named by what it holds: two
+    runs setting it otherwise never share a fingerprint, so one never recalls what the
+    other computed — and one holding what the text writes keeps the text's."""
+    aliased = _READS_MODULE_TABLES.replace("ORDER = [1]", "ORDERED = [1]\nORDER = ORDERED")
+
+    def fingerprint(text: str, by: int) -> str:
+        loaded = _load(tmp_path / "fingerprinted.py", text, monkeypatch)
+        loaded.SCALE["by"] = by
+        return fingerprint_of(loaded.ReadsTables)
+
+    assert fingerprint(_READS_MODULE_TABLES, 2) == fingerprint(_READS_MODULE_TABLES, 2)
+    assert fingerprint(_READS_MODULE_TABLES, 3) != fingerprint(_READS_MODULE_TABLES, 2)
+    assert fingerprint(aliased, 2) == fingerprint(aliased, 2)
+    edited = aliased.replace("ORDERED = [1]", "ORDERED = [5]")
+    assert fingerprint(edited, 2) != fingerprint(aliased, 2)
+
+
 def test_a_helper_or_constant_rebound_is_seen_by_a_graph_built_before(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
