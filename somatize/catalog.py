@@ -998,7 +998,10 @@ def _tables_changed_by(
             line = starts
         lines.setdefault(line, []).append(instruction)
     for line in lines.values():
-        stores = any(i.opname in ("STORE_SUBSCR", "DELETE_SUBSCR") for i in line)
+        into = _stored_into(line, loads, aliases)
+        if into is not None:  # the table of each item set there is told: only these change
+            found |= tables & into
+        stores = into is None
         for at, instruction in enumerate(line):
             local = instruction.opname in _LOCAL_LOADS and instruction.opname not in loads
             if instruction.opname not in loads and not (local and aliases):
@@ -1030,6 +1033,41 @@ def _tables_changed_by(
 
 _ALIAS_STORES = ("STORE_FAST", "STORE_DEREF")
 """How a function's code puts what it read into a local (a table, :func:`_tables_changed_by`)."""
+
+
+_KEY_LOADS = frozenset(
+    {"LOAD_CONST", "LOAD_SMALL_INT", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"}
+    | {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"}
+)
+"""How a key of one instruction, put right on the table it is set in, is read."""
+
+
+def _stored_into(
+    line: list[dis.Instruction], loads: tuple[str, ...], aliases: dict[str, str]
+) -> set[str] | None:
+    """The names of the tables (read by ``loads``, or a local of ``aliases``) whose item
+    ``line`` sets or deletes (``out["y"] = x * SCALE["by"]`` sets one of ``out``, not of
+    ``SCALE``; ``self._memo[x] = ...`` none read by ``LOAD_GLOBAL``); None where the table
+    of one of them is not told (its key, or the table itself, is more than one read:
+    ``SCALE["a"]["b"] = 3``), so that all it reads count."""
+    into: set[str] = set()
+    for at, instruction in enumerate(line):
+        if instruction.opname not in ("STORE_SUBSCR", "DELETE_SUBSCR"):
+            continue
+        key = line[at - 1] if at >= 1 else None
+        if key is not None and key.opname == "LOAD_FAST_LOAD_FAST":  # the table, the key
+            held, name = key, key.argval[0]
+        elif key is not None and key.opname in _KEY_LOADS and at >= 2:
+            held, name = line[at - 2], line[at - 2].argval
+        else:
+            return None
+        if held.opname in loads:
+            into.add(name)
+        elif held.opname in _LOCAL_LOADS:
+            into.add(aliases.get(name, ""))
+        elif held.opname not in _KEY_LOADS | {"LOAD_ATTR", "LOAD_METHOD"}:
+            return None  # a table that is itself an item, or made there: not told
+    return into
 
 
 def _table(name: str, member: Any) -> bool:

@@ -2908,6 +2908,43 @@ def test_a_table_of_its_module_not_as_its_text_writes_it_is_named_by_what_it_hol
     assert fingerprint(edited, 2) != fingerprint(aliased, 2)
 
 
+_READS_AS_IT_STORES = """
+from somatize import Node
+
+SCALE = {"by": 2}
+
+
+class Builds(Node):
+    def forward(self, x, ctx):
+        out = {}
+        out["y"] = x * SCALE["by"]
+        return out["y"]
+
+
+class Memo(Node):
+    _memo = {}
+
+    def forward(self, x, ctx):
+        self._memo[x] = x * SCALE["by"]
+        return self._memo[x]
+"""
+
+
+@pytest.mark.parametrize("kind", ["Builds", "Memo"])
+def test_a_table_read_on_a_line_that_sets_another_is_watched(
+    kind: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table of a node's module its code only reads on a line that sets an item of
+    another table (``out["y"] = x * SCALE["by"]``, ``self._memo[x] = x * SCALE["by"]``)
+    is read, not filled: changed in place after a graph was built, strict=True computes
+    with what it holds now, never recalling the old answer."""
+    loaded = _load(tmp_path / "fingerprinted.py", _READS_AS_IT_STORES, monkeypatch)
+    graph = Graph.somatize(getattr(loaded, kind)().named("h").frozen().cached())
+    assert graph.forward(1, store=store, strict=True) == 2
+    loaded.SCALE["by"] = 3
+    assert graph.forward(1, store=store, strict=True) == 3
+
+
 def test_a_helper_or_constant_rebound_is_seen_by_a_graph_built_before(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
