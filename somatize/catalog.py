@@ -933,12 +933,30 @@ def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
     for kind in kinds:
         for name, member in list(vars(kind).items()):
             for function in _functions_in(member):
-                changed = _tables_changed_by(function.__code__, tables)
                 if name == "forward":  # handed to a function that may fill it, too
-                    by_forward |= changed | _tables_handed_by(function.__code__, tables)
+                    by_forward |= _changes_of(function.__code__, frozenset(tables), True)
                 else:
-                    filled |= changed
+                    filled |= _changes_of(function.__code__, frozenset(tables), False)
     return frozenset(filled), frozenset(by_forward)
+
+
+_CHANGES: weakref.WeakKeyDictionary[CodeType, dict[tuple[frozenset[str], bool], frozenset[str]]]
+_CHANGES = weakref.WeakKeyDictionary()
+"""A function's code → which of some tables it changes in place (:func:`_changes_of`): its
+instructions read once, not at every graph built with its class."""
+
+
+def _changes_of(code: CodeType, tables: frozenset[str], forward: bool) -> frozenset[str]:
+    """Which of ``tables`` the code ``code`` changes in place (:func:`_tables_changed_by`),
+    or, a ``forward``'s, also hands on to a function that may (:func:`_tables_handed_by`)."""
+    found = _CHANGES.setdefault(code, {})
+    changed = found.get((tables, forward))
+    if changed is None:
+        changed = frozenset(_tables_changed_by(code, set(tables)))
+        if forward:
+            changed |= _tables_handed_by(code, set(tables))
+        found[(tables, forward)] = changed
+    return changed
 
 
 _READ_ON = frozenset(

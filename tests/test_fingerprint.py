@@ -3158,3 +3158,36 @@ def test_a_class_changed_on_another_thread_as_it_is_fingerprinted_is_read_whole(
         sys.setswitchinterval(was)
         for name in [n for n in vars(_Busy) if n.startswith("extra")]:
             delattr(_Busy, name)
+
+
+class _Memoizing(Node):
+    """Doubles, keeping what it computed in a dict its class holds."""
+
+    _memo: ClassVar[dict[int, int]] = {}
+
+    def forward(self, x: int, ctx: Any) -> int:
+        self._memo[x] = 2 * x
+        return self._memo[x]
+
+    def clear(self) -> None:
+        self._memo.clear()
+
+
+def test_a_class_s_code_is_read_for_the_tables_it_fills_once_however_many_graphs_use_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which tables a node's class fills is read from its functions' instructions once,
+    not again at every graph built with it and every forward of such a graph: building a
+    graph costs no more than looking up what was read."""
+    read: list[Any] = []
+    reads = catalog._tables_changed_by
+
+    def counted(code: Any, *rest: Any) -> set[str]:
+        read.append(code)
+        return reads(code, *rest)
+
+    monkeypatch.setattr(catalog, "_tables_changed_by", counted)
+    for _ in range(5):
+        graph = Graph.somatize(_Memoizing().named("m").frozen().cached())
+        assert graph.forward(3, store=store) == 6
+    assert len(read) <= 2  # `forward` and `clear`, once each
