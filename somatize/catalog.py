@@ -2312,9 +2312,9 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                         queue.append(method)
             elif _helper_object(value, module):
                 # an object of a helper class (`SCALER = Scaler(2)`): by its class's code and
-                # what it holds where that is named so, as one a class holds is
+                # what it holds where that is named so, else by its mark, as one a class holds
                 kind = type(value)
-                out[place] = (b"object " + label, _held_bytes(value) or _class_code(kind))
+                out[place] = (b"object " + label, _held_bytes(value) or _token_of(value))
                 looked[place] = (looked[place][0], name, _Same(value))
                 for method in _class_functions(kind):
                     if id(method) not in seen:

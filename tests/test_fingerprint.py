@@ -3017,6 +3017,27 @@ def test_an_object_of_a_helper_class_its_module_holds_is_in_a_node_s_fingerprint
     assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
 
 
+def test_an_object_of_a_helper_class_holding_what_no_name_says_is_marked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object of a helper class of a node's module holding what no name says (a lock
+    beside its factor) is in the node's fingerprint by a mark of that very object, as one
+    a class holds is: the same text with another factor, or loaded again alike, is never
+    taken for it — never by its class's code alone, which would recall across processes
+    what was computed with another factor."""
+    locked = _HOLDS_A_HELPER.replace(
+        "        self.k = k\n", "        self.k = k\n        self.lock = threading.Lock()\n"
+    )
+    locked = "import threading\n" + locked
+    path = tmp_path / "fingerprinted.py"
+    was = fingerprint_of(_load(path, locked, monkeypatch).UsesHelperObject)
+    other = _load(path, locked.replace("Scaler(2)", "Scaler(3)"), monkeypatch)
+    assert fingerprint_of(other.UsesHelperObject) != was
+    again = _load(path, locked, monkeypatch)
+    assert fingerprint_of(again.UsesHelperObject) != was
+    assert fingerprint_of(again.UsesHelperObject) == fingerprint_of(again.UsesHelperObject)
+
+
 def test_a_constant_or_table_of_another_module_of_its_package_is_in_a_node_s_fingerprint(
     tmp_path: Path,
 ) -> None:
