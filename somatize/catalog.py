@@ -2295,10 +2295,12 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     queue.append(wrapped)
             elif _plain(value):
                 text, as_named = _written_at(module, name, value)
-                # where no text is known (``python -c``): by what it holds, never left out
-                assigned = (
-                    _constant_bytes(value) if text is None else _assigned(text, as_named, value)
-                )
+                # where no text assigns it (imported from another package, patched over
+                # by a test, or no text is known: `python -c`): by what it holds — not one
+                # the interpreter sets (`__file__`, where the checkout is, is no code)
+                assigned = _assigned(text, as_named, value)
+                if assigned is None and not _dunder(name):
+                    assigned = _constant_bytes(value)
                 if assigned is not None:
                     out[place] = (b"reads " + label, assigned)
             elif type(value) in _CONTAINERS:  # a table: as the module's text writes it

@@ -3112,6 +3112,35 @@ def test_a_constant_imported_on_through_its_package_is_in_a_node_s_fingerprint(
     assert _fingerprints_in(tmp_path, "imported.nodes", "Uses") != was
 
 
+_IMPORTS_A_CONSTANT = """
+from math import tau as TURN
+
+from somatize import Node
+
+
+class Turns(Node):
+    def forward(self, x, ctx):
+        return x * TURN
+"""
+
+
+def test_a_constant_no_text_of_its_package_assigns_is_named_by_what_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain constant a node's code reads that no text of its package assigns (imported
+    from another package, or put over the imported one by a test's monkeypatch) is named
+    by what it holds: each value another fingerprint, never left out — which would give
+    runs patching in other values one fingerprint, and recall one's answer for another."""
+    loaded = _load(tmp_path / "fingerprinted.py", _IMPORTS_A_CONSTANT, monkeypatch)
+    found = set()
+    for turn in (math.tau, 2.0, 3.0):
+        monkeypatch.setattr(loaded, "TURN", turn)
+        found.add(fingerprint_of(loaded.Turns))
+    assert len(found) == 3
+    monkeypatch.setattr(loaded, "TURN", 2.0)
+    assert fingerprint_of(loaded.Turns) in found
+
+
 _TYPED_IN = """
 from somatize import Node
 from somatize.catalog import fingerprint_of
