@@ -2720,7 +2720,8 @@ def _assigned(body: list[ast.stmt] | None, name: str, value: Any) -> bytes | Non
     class's statements): a literal (``FACTOR = 2``) by the value it holds now, which is
     the same in every process; one computed as the module loads (``HERE =
     os.path.dirname(__file__)``, a value read from the environment) by how it is
-    computed, the same wherever the code is, whatever it makes there. None where
+    computed, and how the names it reads there are (:func:`_made_by`), the same wherever
+    the code is, whatever it makes there. None where
     nothing in ``body`` assigns it (it came from elsewhere), or ``body`` is not known."""
     made = _assignment(body, name)
     if made is None:
@@ -2728,8 +2729,22 @@ def _assigned(body: list[ast.stmt] | None, name: str, value: Any) -> bytes | Non
     try:
         ast.literal_eval(made)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return b"made by " + ast.unparse(made).encode()
+        return b"made by " + _made_by(body, made, {name})
     return _constant_bytes(value)
+
+
+def _made_by(body: list[ast.stmt] | None, made: ast.expr, seen: set[str]) -> bytes:
+    """How ``made``, a value ``body`` computes, is written, with how each name it reads that
+    ``body`` assigns is (``HIDDEN = 4 * WIDTH``, ``WIDTH = EMBED``, ``EMBED = 128``): another
+    value written for one of those is another value, though it is read nowhere else."""
+    parts = [ast.unparse(made).encode()]
+    for node in ast.walk(made):
+        if isinstance(node, ast.Name) and node.id not in seen:
+            seen.add(node.id)
+            there = _assignment(body, node.id)
+            if there is not None:
+                parts.append(node.id.encode() + b" = " + _made_by(body, there, seen))
+    return b"; ".join(parts)
 
 
 def _assignment(body: list[ast.stmt] | None, name: str) -> ast.expr | None:

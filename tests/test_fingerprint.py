@@ -723,6 +723,35 @@ print(__import__("somatize.catalog").catalog.fingerprint_of(Total))
 """
 
 
+_COMPUTED_FROM_ANOTHER = """
+from somatize import Node
+
+EMBED = 128
+WIDTH = EMBED
+HIDDEN = 4 * WIDTH
+
+
+class Widens(Node):
+    def forward(self, x, ctx):
+        return x * HIDDEN
+"""
+
+
+def test_a_constant_computed_from_others_of_its_module_is_named_with_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A constant its module computes from others it assigns (``HIDDEN = 4 * WIDTH``,
+    ``WIDTH = EMBED``) is named by how it is computed and by how those are: another value
+    written for ``EMBED`` is another fingerprint, though the node reads only ``HIDDEN`` —
+    never one fingerprint for both, which would recall across processes what was computed
+    with the old width."""
+    path = tmp_path / "fingerprinted.py"
+    was = fingerprint_of(_load(path, _COMPUTED_FROM_ANOTHER, monkeypatch).Widens)
+    assert fingerprint_of(_load(path, _COMPUTED_FROM_ANOTHER, monkeypatch).Widens) == was
+    wider = _COMPUTED_FROM_ANOTHER.replace("EMBED = 128", "EMBED = 256")
+    assert fingerprint_of(_load(path, wider, monkeypatch).Widens) != was
+
+
 def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     """A class, what it inherits and what it names, read from its file, has one fingerprint
     in every process running that code — wherever the file is, whatever the environment
