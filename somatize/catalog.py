@@ -906,21 +906,13 @@ _FILLERS = frozenset(
 """What a dict, list or set is changed in place by, called."""
 
 
-def _filled_tables(lineage: Iterable[type]) -> frozenset[str]:
+def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
     """The names of the tables (:func:`_table`) the classes of ``lineage`` hold that a
     function of theirs other than ``forward`` changes in place (``self.built["n"] += 1``,
-    ``type(self).names.add(name)`` in ``__init__``): their state, as a count a class moves
-    on itself is, taken as the class's text writes it and not watched — changed as a node
-    is built, it would make every graph built after drift. One only ``forward`` fills (a
-    cache) is watched, and what its node's forward changes in it is its state
-    (:func:`_fillers`)."""
-    return _fillers(lineage)[0]
-
-
-def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
-    """The names of the tables the classes of ``lineage`` hold that a function of theirs
-    other than ``forward`` changes in place (:func:`_filled_tables`), and of those
-    ``forward`` does. One only ``forward`` fills (a memo, ``self._memo[x] = y``) is its
+    ``type(self).names.add(name)`` in ``__init__``), and of those ``forward`` does. The
+    first are their state, as a count a class moves on itself is, taken as the class's
+    text writes it and not watched — changed as a node is built, it would make every graph
+    built after drift. One only ``forward`` fills (a memo, ``self._memo[x] = y``) is its
     state as its node runs, named as the class's text writes it where it held that when
     first seen, the same in every process (:func:`_sighted`), and watched, so that a change
     made to it between forwards is seen."""
