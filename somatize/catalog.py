@@ -958,10 +958,17 @@ _READ_ON = frozenset(
 """What a table read as an attribute is used by, read where it is (:func:`_tables_handed_by`)."""
 
 
+_STATEMENT_ENDS = frozenset(
+    {"POP_TOP", "RETURN_VALUE", "RETURN_CONST", "STORE_FAST", "STORE_DEREF", "STORE_NAME"}
+    | {"STORE_GLOBAL", "STORE_ATTR", "STORE_SUBSCR", "RAISE_VARARGS", "YIELD_VALUE"}
+)
+"""What ends a statement that reads a table, or hands it on other than to a call."""
+
+
 def _tables_handed_by(code: CodeType, tables: set[str]) -> set[str]:
     """Which of ``tables`` the code ``code`` (and that nested in it) reads as an attribute
-    and hands on, on a line that calls something (``_remember(self._memo, x, y)``): to a
-    function that may fill it."""
+    and hands on to a call in the same statement (``_remember(self._memo, x, y)``, its
+    arguments written over lines too): to a function that may fill it."""
     found: set[str] = set()
     instructions = list(dis.get_instructions(code))
     for at, instruction in enumerate(instructions):
@@ -971,12 +978,12 @@ def _tables_handed_by(code: CodeType, tables: set[str]) -> set[str]:
             continue
         if instructions[at + 1].opname in _READ_ON:
             continue
-        for later in instructions[at + 1 :]:
-            if later.starts_line is not None and later.starts_line is not False:
-                break  # the next line (a number, or True, as Python 3.13 says it)
+        for later in instructions[at + 1 :]:  # the call it is an argument of, over lines too
             if later.opname in _CALLS:
                 found.add(instruction.argval)
                 break
+            if later.opname in _STATEMENT_ENDS or later.opname.startswith(("JUMP", "POP_JUMP")):
+                break  # the statement ends, or goes elsewhere: no call of it
     for constant in code.co_consts:
         if isinstance(constant, CodeType):
             found |= _tables_handed_by(constant, tables)

@@ -2785,6 +2785,15 @@ class MemoHandedOn(Node):
         return self._memo.get(x) or _remember(self._memo, x, 2 * x)
 
 
+class MemoHandedOnOverLines(Node):
+    _memo: ClassVar[dict[int, int]] = {}
+
+    def forward(self, x, ctx):
+        return self._memo.get(x) or _remember(
+            self._memo, x, 2 * x
+        )
+
+
 class RegistersAsItRuns(Node):
     _registry: ClassVar[dict[int, Any]] = {}
 
@@ -2796,7 +2805,8 @@ class RegistersAsItRuns(Node):
 
 store = Store(sys.argv[1])
 warnings.simplefilter("error", Drifted)
-for kind in (Memo, MemoThroughALocal, MemoHandedOn, Registers, RegistersAsItRuns):
+kinds = (Memo, MemoThroughALocal, MemoHandedOn, MemoHandedOnOverLines, Registers)
+for kind in (*kinds, RegistersAsItRuns):
     graph = Graph.somatize(kind().named("h").frozen().cached())
     ran = []
     for x in (1, 2, 1):
@@ -2818,8 +2828,9 @@ def test_a_table_a_class_s_own_code_fills_keeps_the_fingerprint_of_a_new_process
     computed."""
     path = tmp_path / "filled_as_it_runs.py"
     _write(path, _FILLED_AS_IT_RUNS)
-    printed = [_printed([str(path), str(tmp_path / "store")]).split("\n")[:5] for _ in range(2)]
-    kinds = ("Memo", "MemoThroughALocal", "MemoHandedOn", "Registers", "RegistersAsItRuns")
+    printed = [_printed([str(path), str(tmp_path / "store")]).split("\n")[:6] for _ in range(2)]
+    kinds = ("Memo", "MemoThroughALocal", "MemoHandedOn", "MemoHandedOnOverLines", "Registers")
+    kinds += ("RegistersAsItRuns",)
     assert printed[0] == [f"{kind} ran ran recalled" for kind in kinds]
     assert printed[1] == [f"{kind} recalled recalled recalled" for kind in kinds]
 
