@@ -908,28 +908,55 @@ _FILLERS = frozenset(
 
 def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
     """The names of the tables (:func:`_table`) the classes of ``lineage`` hold that a
-    function of theirs other than ``forward`` changes in place (``self.built["n"] += 1``,
-    ``type(self).names.add(name)`` in ``__init__``), and of those ``forward`` does. The
-    first are their state, as a count a class moves on itself is, taken as the class's
-    text writes it and not watched — changed as a node is built, it would make every graph
-    built after drift. One only ``forward`` fills (a memo, ``self._memo[x] = y``) is its
-    state as its node runs, named as the class's text writes it where it held that when
-    first seen, the same in every process (:func:`_sighted`), and watched, so that a change
-    made to it between forwards is seen."""
+    function of theirs run as a node is made changes in place (``self.built["n"] += 1``,
+    ``type(self).names.add(name)`` in ``__init__`` or a method it calls), and of those the
+    others do (``forward``, a method its user calls, ``Kind.register("a", 3)``). The first
+    are their state, as a count a class moves on itself is, taken as the class's text
+    writes it and not watched — changed as a node is made, it would make every graph built
+    after drift. One only the others fill (a memo, ``self._memo[x] = y``; a registry of
+    values) is named as the class's text writes it where it held that when first seen, the
+    same in every process, else by what it holds (:func:`_sighted`), and watched, so that
+    a change made to it between forwards is seen; what its node's forward changes in it is
+    its state."""
     kinds = list(lineage)
-    tables = {n for k in kinds for n, m in list(vars(k).items()) if _table(n, m)}
+    tables = frozenset(n for k in kinds for n, m in list(vars(k).items()) if _table(n, m))
     if not tables:
         return frozenset(), frozenset()
+    functions = [
+        (name, function)
+        for kind in kinds
+        for name, member in list(vars(kind).items())
+        for function in _functions_in(member)
+    ]
+    building = _run_as_made(functions)
     filled: set[str] = set()
-    by_forward: set[str] = set()
-    for kind in kinds:
-        for name, member in list(vars(kind).items()):
-            for function in _functions_in(member):
-                if name == "forward":  # handed to a function that may fill it, too
-                    by_forward |= _changes_of(function.__code__, frozenset(tables), True)
-                else:
-                    filled |= _changes_of(function.__code__, frozenset(tables), False)
-    return frozenset(filled), frozenset(by_forward)
+    others: set[str] = set()
+    for name, function in functions:
+        if name in building:
+            filled |= _changes_of(function.__code__, tables, False)
+        else:  # a forward's, handed to a function that may fill it, too
+            others |= _changes_of(function.__code__, tables, name == "forward")
+    return frozenset(filled), frozenset(others)
+
+
+_MAKERS = frozenset({"__new__", "__init__", "__post_init__", "__init_subclass__"})
+"""The functions of a class that run as an object of it, or a class below it, is made."""
+
+
+def _run_as_made(functions: list[tuple[str, FunctionType]]) -> set[str]:
+    """The names of ``functions`` (each a class's name for it, and it) run as a node is
+    made: :data:`_MAKERS`, and those of the others they name (``self._count()``), in turn."""
+    names = {name for name, _ in functions}
+    making = set(_MAKERS)
+    grown = True
+    while grown:
+        grown = False
+        for name, function in functions:
+            if name in making:
+                called = (_names_in(function.__code__) & names) - making
+                making |= called
+                grown = grown or bool(called)
+    return making
 
 
 _CHANGES: weakref.WeakKeyDictionary[CodeType, dict[tuple[frozenset[str], bool], frozenset[str]]]

@@ -3281,3 +3281,55 @@ def test_a_class_s_code_is_read_for_the_tables_it_fills_once_however_many_graphs
         graph = Graph.somatize(_Memoizing().named("m").frozen().cached())
         assert graph.forward(3, store=store) == 6
     assert len(read) <= 2  # `forward` and `clear`, once each
+
+
+_REGISTERS_ON_ASKING = """
+from somatize import Node
+
+
+class Scaled(Node):
+    _scales = {}
+    _made = {"n": 0}
+
+    def __init__(self):
+        self._count()
+
+    def _count(self):
+        self._made["n"] += 1
+
+    @classmethod
+    def register(cls, name, k):
+        cls._scales[name] = k
+
+    def forward(self, x, ctx):
+        return x * self._scales["a"]
+"""
+
+
+def test_a_table_a_class_s_other_methods_fill_when_asked_is_watched(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table a node's class fills in a method its user calls (``Scaled.register("a",
+    3)``), not as a node is made, is named by what it holds where that is not what its
+    text writes, and watched: two runs registering other values never share a
+    fingerprint, and one registered again after a graph was built is seen at its next
+    forward under strict=True. One filled as a node is made (a count, in ``__init__`` or a
+    method it calls) stays its state."""
+    path = tmp_path / "fingerprinted.py"
+
+    def registered(k: int) -> Any:
+        loaded = _load(path, _REGISTERS_ON_ASKING, monkeypatch)
+        loaded.Scaled.register("a", k)
+        return loaded.Scaled
+
+    assert fingerprint_of(registered(2)) == fingerprint_of(registered(2))
+    assert fingerprint_of(registered(3)) != fingerprint_of(registered(2))
+    scaled = registered(2)
+    graph = Graph.somatize(scaled().named("s").frozen().cached())
+    assert _three_forwards(graph, store, "s", 2) == ["ran", "recalled", "recalled"]
+    scaled.register("a", 7)
+    assert graph.forward(1, store=store, strict=True) == 7
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        again = Graph.somatize(scaled().named("s").frozen().cached())
+        assert _three_forwards(again, store, "s", 7) == ["recalled"] * 3
