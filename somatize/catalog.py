@@ -437,9 +437,10 @@ def _plain_table(value: Any) -> bool:
     return True
 
 
-class _TableSeen(NamedTuple):
-    """What :data:`Looked` notes of a table of a module a node's code only reads
-    (:func:`_sighted`)."""
+class _HeldSeen(NamedTuple):
+    """What :data:`Looked` notes of what a node's module holds that is watched by which
+    object it is: a table its code only reads (:func:`_sighted`), an object of a helper
+    class (``SCALER = Scaler(2)``)."""
 
     held: Any
     """The table."""
@@ -1544,18 +1545,18 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 lives.append(keywords)
                 labels.append(label)
     tables: set[int] = set()
-    for kind in lineage:  # each table of a module its code only reads, as a marked object
+    for kind in lineage:  # each table its code only reads, object of a helper class: marked
         found = _FINGERPRINTS.get(kind)
         for reads, name, was in found[1] if found is not None else ():
             by = reads()
-            if not isinstance(was, _TableSeen) or by is None:
+            if not isinstance(was, _HeldSeen) or by is None:
                 continue
             table = _space_of(by).get(name, _ABSENT)
             if id(table) in tables:
                 continue
             if table is not was.held:  # rebound since: as first seen, as a graph built now
                 if type(table) not in _CONTAINERS or not _plain_table(table):
-                    continue
+                    continue  # an object of a helper class: seen rebound (:class:`_Looked`)
                 module = was.label.partition(":")[0]
                 text = _assignment(*_written_at(module, name, table))
                 _sighted(table, text, was.label)
@@ -1870,7 +1871,7 @@ def _still(reader: weakref.ref[Any], name: str, was: Any) -> bool:
         return held is not None and now is held
     if isinstance(was, _Same):  # the same object (of a helper class)
         return now is was.held
-    if isinstance(was, _TableSeen):  # the same table, not changed in place since
+    if isinstance(was, _HeldSeen):  # the same table or object, not changed since
         return now is was.held and _version_of(now) == was.version
     if isinstance(was, _ClassSeen):  # the same helper class, written as it was
         return isinstance(now, type) and now is was.held() and _class_code(now) == was.code
@@ -2266,7 +2267,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     plain value, and each dict, list or set as the module's text assigns it (not by what it
     holds: a log or a cache the code fills as it runs is the same code), by
     ``module:name`` — one of plain values they only read, as it was first seen
-    (:func:`_sighted`), and watched (:class:`_TableSeen`), so that one changed in place since is
+    (:func:`_sighted`), and watched (:class:`_HeldSeen`), so that one changed in place since is
     another. Nothing is followed out of the module a function was defined in but a
     function imported from another module of its package (:func:`_same_package`), followed
     as one defined there: no module, no class, no function of another package. Also each
@@ -2343,7 +2344,9 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 # what it holds where that is named so, else by its mark, as one a class holds
                 kind = type(value)
                 out[place] = (b"object " + label, _held_bytes(value) or _token_of(value))
-                looked[place] = (looked[place][0], name, _Same(value))
+                # watched, as a table it only reads is: one changed in place is seen
+                seen_as = _HeldSeen(value, _version_of(value), f"{module}:{name}")
+                looked[place] = (looked[place][0], name, seen_as)
                 for method in _class_functions(kind):
                     if id(method) not in seen:
                         seen.add(id(method))
@@ -2369,7 +2372,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
         # only read: as first seen, and watched (:func:`watch_code`)
         out[place] = (b"reads " + where.encode(), _sighted(value, made, where))
         first, _, _ = looked[place]
-        looked[place] = (first, name, _TableSeen(value, _version_of(value), where))
+        looked[place] = (first, name, _HeldSeen(value, _version_of(value), where))
     named = [piece for place, piece in out.items() if place not in stored]
     for module, name in stored & looked.keys():
         made = _assignment(_module_body(module), name)

@@ -3333,3 +3333,19 @@ def test_a_table_a_class_s_other_methods_fill_when_asked_is_watched(
         warnings.simplefilter("error", Drifted)
         again = Graph.somatize(scaled().named("s").frozen().cached())
         assert _three_forwards(again, store, "s", 7) == ["recalled"] * 3
+
+
+def test_an_object_of_a_helper_class_its_module_holds_changed_in_place_is_seen(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object of a helper class a node's module holds, changed in place after a graph
+    was built (``SCALER.k = 3``, a notebook's cell), and again, is other code at the next
+    forward of that graph each time: strict=True computes with what it holds now, never
+    recalling the old answer — as for an object a class holds."""
+    loaded = _load(tmp_path / "fingerprinted.py", _HOLDS_A_HELPER, monkeypatch)
+    graph = Graph.somatize(loaded.UsesHelperObject().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    loaded.SCALER.k = 3
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+    loaded.SCALER.k = 4
+    assert _three_forwards(graph, store, "h", 4) == ["ran", "recalled", "recalled"]
