@@ -117,10 +117,11 @@ class SettingsWatch:
     hook registered, removed or put first). What it says may be nothing after all (the
     same value assigned again): it is asked so that the declaration is taken again only
     when it may have changed. A tensor or numpy array in a list, tuple, dict or set a part
-    or config keeps, however nested, is looked at as one it keeps directly, and each part
+    or config keeps, however nested, is looked at as one it keeps directly, and so is a
+    list, dict or set so held (``config.layers[0][1] = 5``), and each part
     and config by its class (``config.__class__ = Other``) and its table of attributes
-    (``config.__dict__ = {...}``). What a value held deeper
-    changes in place (an item of a list in a list, an object's attribute) is not seen
+    (``config.__dict__ = {...}``). What an object held that is no config changes in
+    place (its attribute) is not seen
     here, nor a write into a tensor made under ``torch.inference_mode``, which keeps no
     version counter; declaring again sees them (``freeze``, ``redeclare()``).
 
@@ -168,7 +169,8 @@ class SettingsWatch:
         within: list[Any] = []
         self._walked: dict[int, tuple[dict[Any, Any], int, list[Any]]] = {}
         walked = before._walked if before is not None else {}
-        configs = _configs_in(parts, within, (walked, self._walked))
+        nested: list[Any] = []  # the lists, dicts and sets met on the way, however deep
+        configs = _configs_in(parts, within, (walked, self._walked), nested)
         # What the functions the parts and configs keep close over or hold as defaults (a
         # tensor, a list, a config), looked at as what a part keeps itself is: the key
         # names each.
@@ -178,7 +180,7 @@ class SettingsWatch:
         if bound:
             ids = set(map(id, configs))
             table = {str(at): one for at, one in enumerate(bound)}
-            more = _configs_in([table], within, (walked, self._walked))
+            more = _configs_in([table], within, (walked, self._walked), nested)
             configs += [one for one in more if id(one) not in ids]
         # Each part's and config's class (`config.__class__ = Other`, as a library may).
         self._objects = [*modules, *configs]
@@ -216,7 +218,10 @@ class SettingsWatch:
         found = {id(v): v for v in [*values, *within]}.values()
         self._tensors = [v for v in found if isinstance(v, torch.Tensor)]
         self._written = tuple(map(_written, self._tensors))
-        containers = [v for v in [*values, *bound] if isinstance(v, (list, dict, set))]
+        # Each list, dict or set a part or config keeps, or a function binds, and each one
+        # held in those in turn (`config.layers[0][1] = 5`): its items by identity.
+        held_in = [v for v in [*values, *bound] if isinstance(v, (list, dict, set))]
+        containers = list({id(v): v for v in [*held_in, *nested]}.values())
         # A dict's version, where CPython keeps one, moves at every change to it: one
         # number looked at in place of each of its items (a vocabulary of 50,000 words).
         self._dicts = [v for v in containers if type(v) is dict and _dict_version]
@@ -273,6 +278,7 @@ def _configs_in(
     parts: list[dict[str, Any]],
     within: list[Any] | None = None,
     walked: tuple[Walked, Walked] | None = None,
+    containers: list[Any] | None = None,
 ) -> list[Any]:
     """The plain objects (configs) the tables ``parts`` hold, directly or in a list,
     tuple, dict or set (however nested), and those they hold in turn, five configs deep,
@@ -281,7 +287,9 @@ def _configs_in(
     which are state) and numpy arrays met on the way are put in ``within``, if given.
     With ``walked`` (what a look before found, what this one finds), a plain dict whose
     version did not move since the look before is not looked through again item by item
-    (a vocabulary of 50,000 words): its items of no plain kind are what they were."""
+    (a vocabulary of 50,000 words): its items of no plain kind are what they were. Each
+    list, dict and set looked through (of those kinds exactly, or subclasses: an
+    ``OrderedDict``) is put in ``containers``, if given."""
     from somatize_torch._values import _followed  # it imports this module
 
     numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its arrays
@@ -305,6 +313,8 @@ def _configs_in(
             if isinstance(value, (list, tuple, set, frozenset, dict)):
                 if id(value) not in seen:
                     seen.add(id(value))
+                    if containers is not None and isinstance(value, (list, dict, set)):
+                        containers.append(value)
                     if walked is not None and type(value) is dict and _dict_version:
                         todo.append((_dict_items(value, *walked), depth))
                     else:

@@ -303,8 +303,8 @@ class CachedRows(nn.Module):
         or a hook registered, a weight changed in place, a tensor or submodule replaced:
         :class:`~somatize_torch._settings.SettingsWatch`,
         :class:`~somatize_torch._state.StateWatch`), and this also sees what is not
-        watched (a write into ``p.data``, an item of a list in a list): if one changed
-        since rows were keyed, rows
+        watched (a write into ``p.data``, an attribute of an object that is no config):
+        if one changed since rows were keyed, rows
         are keyed anew from the next forward, and nothing kept under the old values is
         recalled for them. Returns whether one changed. ``CacheFrozen`` calls it at the
         first batch of every stage's epoch."""

@@ -644,6 +644,48 @@ def test_a_dict_keyed_by_other_than_strings_is_in_its_key(store: Store) -> None:
     assert not torch.equal(out, first)
 
 
+class Layered(nn.Module):
+    """Scales its output by items of lists held inside lists, tuples and dicts, itself and
+    in a config (as a model keeps the widths of its stages, ``config.layers[0][1]``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 4)
+        self.layers = [[1.0, 2.0], [3.0]]
+        self.stages = ([1.0], {"deep": [[1.0]]})
+        self.config = types.SimpleNamespace(layers=[[1.0, 2.0]], sizes={"a": {1.0}})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.layers[0][1] * self.stages[0][0] * self.stages[1]["deep"][0][0]
+        scale *= self.config.layers[0][1] * sum(self.config.sizes["a"])
+        return self.linear(x) * scale
+
+
+def test_an_item_of_a_list_held_in_a_list_is_seen_at_the_next_call(store: Store) -> None:
+    """An item of a list, dict or set held inside another container a cached module keeps,
+    itself or in a config, set in place (``config.layers[0][1] = 5.0``) keys the next
+    call anew: computed as the module computes it now, never the answer kept for the old
+    value recalled; set back, the first answer is recalled."""
+    module = Layered()
+    ran = _cached_calls(module, "layered", store)
+    first = ran("ran")
+    changes: list[tuple[Any, Any, Any]] = [
+        (module.layers[0], 1, 5.0),
+        (module.stages[0], 0, 5.0),
+        (module.stages[1]["deep"][0], 0, 5.0),
+        (module.config.layers[0], 1, 5.0),
+    ]
+    for held, at, value in changes:
+        was = held[at]
+        held[at] = value
+        assert not torch.equal(ran("ran"), first)
+        held[at] = was
+        ran("recalled")
+    module.config.sizes["a"].add(4.0)
+    assert not torch.equal(ran("ran"), first)
+
+
 def test_values_of_different_kinds_key_apart() -> None:
     """A tuple and a list of the same items, an enum member and its name, a dtype or a
     device and its name, a dict and an ``OrderedDict`` of the same entries: a forward can
