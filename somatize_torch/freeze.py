@@ -347,11 +347,19 @@ class ModuleNode(Node):
         """Once frozen: the digest of the module's state if it changed since (a checkpoint
         loaded, a submodule replaced, the module converted to another dtype; see
         :class:`StateWatch`, asked thoroughly), the module held frozen again and the
-        node's state set to it; None if nothing changed."""
+        node's state set to it; None if nothing changed.
+
+        Asked before each lookup, it also warns (:class:`StillChanging`) of a part put in
+        train mode directly (``encoder.drop.train()``) and puts it back in eval, as a run
+        does: the answer recalled for it is the one it computes in eval. A part put
+        in place of another (in train mode, as a module is made) is held in eval with the
+        rest, without a warning."""
         watch = self._watch
         # Thoroughly: a conversion (`encoder.double()`) swaps each tensor's memory and
         # bumps no version counter, and the answers it computes after are others.
         if watch is None or not watch.changed(thorough=True):
+            if is_held(self.module):
+                check_still(self._smz.name or repr(self), self.module)
             return None
         unfrozen = watch.unfrozen(self.module)
         if unfrozen:

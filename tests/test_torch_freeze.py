@@ -159,6 +159,25 @@ def test_frozen_module_put_back_in_train_mode_warns() -> None:
     assert torch.equal(first, g.forward(x))
 
 
+def test_a_cached_module_put_back_in_train_mode_warns_when_its_answer_is_recalled(
+    store: Store,
+) -> None:
+    """A part of a frozen, cached module trained directly warns when the module's answer
+    is recalled too, not only when it runs: what is recalled is what it answers in eval,
+    where it is put back, once."""
+    encoder = _encoder()
+    g = Graph.somatize(smt.ModuleNode(encoder).named("encoder").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(5, 6))
+    first = g.forward(x, store=store)
+    encoder.drop.train()
+    with pytest.warns(smt.StillChanging, match="`drop`.*train mode"):
+        again = g.forward(x, store=store)
+    assert g.record is not None and g.record.outcome == {"encoder": "recalled"}
+    assert torch.equal(again, first)
+    assert not encoder.drop.training
+
+
 def test_freezing_an_undeclared_node_is_an_error() -> None:
     """Naming a node that is not declared frozen is refused, not skipped."""
     g = Graph.somatize(

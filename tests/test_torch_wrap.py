@@ -2335,6 +2335,23 @@ def test_train_leaves_a_wrapped_frozen_module_in_eval(store: Store, cached: bool
     assert torch.equal(module.norm.running_mean, before)
 
 
+def test_a_part_of_a_cached_submodule_put_in_train_mode_warns_when_recalled(store: Store) -> None:
+    """A part of a frozen, cached submodule put in train mode directly
+    (``model.encoder.norm.train()``) warns at the next call, whose answer is recalled:
+    the answer is what the submodule computes in eval, where it is put back."""
+    wrapped = _wrapped(store)
+    model = wrapped.model
+    x = torch.randn(3, 6)
+    first = wrapped(x)
+    model.encoder.norm.train()
+    with pytest.warns(smt.StillChanging, match="`norm`.*train mode"):
+        again = wrapped(x)
+    assert wrapped.graph.record is not None
+    assert wrapped.graph.record.outcome == {"encoder": "recalled"}
+    assert torch.equal(again, first)
+    assert not model.encoder.norm.training
+
+
 # ------------------------------------------------------------------ parts replaced after wrap
 
 
