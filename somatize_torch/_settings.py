@@ -111,7 +111,8 @@ class SettingsWatch:
     defaults and what each cell it closes over holds (``k = 4.0`` rebound,
     ``f.__defaults__ = ...``), and what it closes over, holds as a default or a
     ``functools.partial`` binds as a value a part keeps is, each numeric numpy array so
-    kept by its bytes (compared whole: numpy keeps no version counter), each part's and
+    kept by its bytes (compared whole with a copy taken with the watch, in place beyond
+    4 MiB: numpy keeps no version counter), each part's and
     config's table of attributes by its length (a value added or removed), and each table of forward
     hooks by its length and, once any hook was registered anywhere, by its handles (a
     hook registered, removed or put first). What it says may be nothing after all (the
@@ -248,7 +249,7 @@ class SettingsWatch:
             or not all(map(_same_items, map(_items, self._containers), self._items))
             or not all(map(operator.is_, itertools.starmap(_slot, self._slots), self._slotted))
             or not all(map(_same_items, map(_made_of, self._functions), self._made))
-            or tuple(map(_looked_at, self._arrays)) != self._bytes
+            or not all(map(_same_array, self._arrays, self._bytes))
             or tuple(map(type, self._objects)) != self._kinds
             or not all(map(operator.is_, map(_dict_of, self._objects), self._own))
         )
@@ -463,6 +464,34 @@ def _looked_at(array: Any) -> tuple[Any, ...]:
     """What keys a numeric numpy array: its dtype, its shape and its bytes (a copy, compared
     whole: numpy keeps no version counter to tell a write in place by)."""
     return array.dtype.str, array.shape, array.tobytes()
+
+
+_COPIED = 1 << 22
+"""The size (4 MiB) up to which an array is looked at by a copy of its bytes: beyond it,
+its bytes are compared in place, a slice at a time."""
+
+_SLICE = 1 << 18
+"""How many bytes of a large array :func:`_same_array` compares at a time (the memory it
+takes to say whether they are the same)."""
+
+
+def _same_array(array: Any, was: tuple[Any, ...]) -> bool:
+    """Whether a numeric numpy array holds what ``was`` (as :func:`_looked_at` took it)
+    says: its dtype, its shape and its bytes, each compared exactly. A small one, or one
+    whose bytes are not in one C-ordered block, is copied to be compared; a large one is
+    compared in place, a slice at a time, so that no copy of it is made at every call."""
+    dtype, shape, held = was
+    if array.dtype.str != dtype or array.shape != shape:
+        return False
+    if array.nbytes <= _COPIED or not array.flags.c_contiguous:
+        return bool(array.tobytes() == held)
+    numpy = sys.modules["numpy"]  # an array is held: numpy is imported
+    now = array.reshape(-1).view(numpy.uint8)  # views of the same memory, as bytes
+    kept = numpy.frombuffer(held, numpy.uint8)
+    return all(
+        bool((now[at : at + _SLICE] == kept[at : at + _SLICE]).all())
+        for at in range(0, now.size, _SLICE)
+    )
 
 
 def _made_of(function: types.FunctionType) -> tuple[Any, ...]:

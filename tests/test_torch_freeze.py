@@ -836,6 +836,33 @@ def test_a_numpy_array_written_in_place_is_seen_at_the_next_call(store: Store, w
     ran("ran")
 
 
+def test_a_large_numpy_array_is_compared_in_place_at_each_call(store: Store) -> None:
+    """A numpy array of many MiB a cached module keeps is looked at in place at each call,
+    without a copy of its bytes, and a write in place anywhere in it (its last byte too) is
+    still seen at the next call; written back, the first answer is recalled."""
+    import tracemalloc
+
+    from somatize_torch._settings import SettingsWatch
+
+    module = Anchored()
+    module.anchors = np.ones(4 << 20, dtype=np.float32)  # 16 MiB
+    ran = _cached_calls(module, "anchored", store)
+    ran("ran")
+    for at in (-1, 0, len(module.anchors) // 2):
+        module.anchors[at] = 5.0
+        ran("ran")
+        module.anchors[at] = 1.0
+        ran("recalled")
+    watch = SettingsWatch(module)
+    tracemalloc.start()
+    try:
+        assert not watch.changed()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20  # no copy of the array's 16 MiB
+
+
 class Tabled(nn.Module):
     """Scales its output by what a table it keeps says, itself and in a config (as a
     tokenizer's vocabulary is kept)."""
