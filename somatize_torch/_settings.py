@@ -25,6 +25,7 @@ import pathlib
 import sys
 import sysconfig
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -67,7 +68,8 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     and numeric numpy arrays by digest (a tensor of a subclass by its class and the
     attributes it keeps too); functions (a
     ``forward`` replaced on the instance too) by their code, as hooks are, and a Python
-    function by its defaults and the values it closes over too, built-in
+    function by its defaults, the values it closes over and the globals it reads that
+    hold values or functions of its module (:func:`_globals_of`) too, built-in
     functions and classes by name, a ``functools.partial`` with the values it binds, a
     plain object held as a config (of a class written in Python, a ``SimpleNamespace``,
     an ``argparse.Namespace``: ``self.config.flag``) by its class and its attributes.
@@ -108,8 +110,9 @@ class SettingsWatch:
     each value a config a part holds keeps (in a list, tuple, dict or set too), and the
     configs it holds in turn, five deep (``enc.config.flag = True``,
     ``enc.configs[0].flag = True``) likewise, each function so kept by its code, its
-    defaults and what each cell it closes over holds (``k = 4.0`` rebound,
-    ``f.__defaults__ = ...``), and what it closes over, holds as a default or a
+    defaults, what each cell it closes over holds (``k = 4.0`` rebound,
+    ``f.__defaults__ = ...``) and each global it reads (``SCALE = 2.0`` rebound), and
+    what it closes over, holds as a default, reads as a global (:func:`_globals_of`) or a
     ``functools.partial`` binds as a value a part keeps is, each numeric numpy array so
     kept by its bytes (compared whole with a copy taken with the watch, in place beyond
     4 MiB: numpy keeps no version counter), each part's and
@@ -177,7 +180,7 @@ class SettingsWatch:
         # names each.
         kept = [v for table in parts for k, v in list(table.items()) if k not in _UNWATCHED]
         kept += [v for one in configs for v in list((_dict_of(one) or {}).values())]
-        functions, bound = _bound_in(kept)
+        functions, bound = _bound_in(kept, globals_too=True)
         if bound:
             ids = set(map(id, configs))
             table = {str(at): one for at, one in enumerate(bound)}
@@ -202,6 +205,13 @@ class SettingsWatch:
                     owners.append(table)
                     names.append(name)
                     values.append(value)
+        # Each global a function so kept reads (`SCALE = 2.0` rebound), by identity: the
+        # key names those that hold values (:func:`_globals_of`).
+        for function in functions:
+            for name in _names_read(function.__code__):
+                owners.append(function.__globals__)
+                names.append(name)
+                values.append(function.__globals__.get(name))
         hooks = [_registry._global_forward_pre_hooks, _registry._global_forward_hooks]
         hooks += [table[kind] for table in parts for kind in _HOOK_TABLES]
         self._slots = slots
@@ -327,11 +337,14 @@ def _configs_in(
     return list(found.values())
 
 
-def _bound_in(values: list[Any]) -> tuple[list[types.FunctionType], list[Any]]:
+def _bound_in(
+    values: list[Any], globals_too: bool = False
+) -> tuple[list[types.FunctionType], list[Any]]:
     """The Python functions among ``values``, and those they close over or bind in turn
     (a ``functools.partial``'s too), each once; and what they close over, hold as
     defaults or bind (a partial's arguments, and the dict of its keywords, which may be
-    written into)."""
+    written into). With ``globals_too``, the globals each reads that the key names
+    (:func:`_globals_of`) are among what they bind, and functions among them followed."""
     functions: dict[int, types.FunctionType] = {}
     seen: set[int] = set()
     bound: list[Any] = []
@@ -349,6 +362,8 @@ def _bound_in(values: list[Any]) -> tuple[list[types.FunctionType], list[Any]]:
             keywords = value.__kwdefaults__ or {}
             cells = [_cell_of(cell) for cell in value.__closure__ or ()]
             held = [*(value.__defaults__ or ()), *keywords.values(), *cells]
+            if globals_too:
+                held += _globals_of(value).values()
         else:
             continue
         bound += held
@@ -834,7 +849,51 @@ def _bound_by(function: types.FunctionType, path: Path) -> dict[str, Any]:
             except ValueError:  # not filled yet
                 closes[name] = {"empty": True}
         named["closes"] = closes
+    read = {}
+    for name, value in _globals_of(function).items():
+        seen = _setting(value, path)
+        if seen is not _UNSEEN:
+            read[name] = seen
+    if read:  # only then, so a function that reads none is named as it was
+        named["globals"] = read
     return named
+
+
+def _names_read(code: types.CodeType) -> tuple[str, ...]:
+    """The names ``code`` reads as globals, or as attributes (no code tells the two
+    apart), and the code it holds (a lambda, a comprehension) in turn."""
+    found = _READ.get(code)
+    if found is None:
+        names = set(code.co_names)
+        for held in code.co_consts:
+            if isinstance(held, types.CodeType):
+                names.update(_names_read(held))
+        found = _READ[code] = tuple(sorted(names))
+    return found
+
+
+_READ: weakref.WeakKeyDictionary[types.CodeType, tuple[str, ...]] = weakref.WeakKeyDictionary()
+"""What :func:`_names_read` found of each code object it was asked of, while it lives."""
+
+
+def _globals_of(function: types.FunctionType) -> dict[str, Any]:
+    """The globals ``function`` reads that change what it computes as values do, by name:
+    each that holds no module, class or other callable (``SCALE = 2.0``, a list, a
+    config, a tensor), and each function defined in the same module (a helper it calls,
+    whose globals are named in turn). A function, class or module of another module (a
+    library's) is not named: what it runs is its own."""
+    table = function.__globals__
+    out: dict[str, Any] = {}
+    for name in _names_read(function.__code__):
+        if name not in table:
+            continue
+        value = table[name]
+        if isinstance(value, types.FunctionType):
+            if value.__globals__ is table:
+                out[name] = value
+        elif not callable(value) and not isinstance(value, types.ModuleType):
+            out[name] = value
+    return out
 
 
 def _order(entry: list[Any]) -> bytes:

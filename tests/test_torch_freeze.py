@@ -1433,6 +1433,42 @@ def test_what_a_held_function_closes_over_changed_in_place_is_seen_at_the_next_c
     assert not torch.equal(out, first)
 
 
+_GAIN = 1.0
+_GAINS = [1.0]
+
+
+def _gains() -> float:
+    return _GAINS[0]
+
+
+def _gained(t: torch.Tensor) -> torch.Tensor:
+    return t * _GAIN * _gains()
+
+
+def test_a_global_a_held_function_reads_keys_its_answers(store: Store) -> None:
+    """A module-level value a function a cached module's config keeps reads, rebound
+    (``_GAIN = 2.0``), or read by a function of its module it calls and changed in place
+    (``_GAINS[0] = 3.0``), keys the next call anew: computed as the module computes it
+    now, never the answer kept for the old value; set back, the first answer is recalled.
+    A function reading only modules and other modules' functions is named as before."""
+    global _GAIN
+    module = ConfigActivated(_gained)
+    ran = _cached_calls(module, "act", store)
+    first = ran("ran")
+    try:
+        _GAIN = 2.0
+        assert not torch.equal(ran("ran"), first)
+        _GAIN = 1.0
+        ran("recalled")
+        _GAINS[0] = 3.0
+        assert not torch.equal(ran("ran"), first)
+    finally:
+        _GAIN, _GAINS[0] = 1.0, 1.0
+    ran("recalled")
+    assert "globals" not in _held(_halved) and "globals" not in _held(_scaled_by_held(1.0))
+    assert _held(_gained)["globals"] == {"_GAIN": 1.0, "_gains": _held(_gains)}
+
+
 def test_module_class_without_a_stable_name_cannot_be_cached(store: Store) -> None:
     """A module class defined inside a function has no identity, so caching it is refused."""
 
