@@ -42,7 +42,7 @@ from somatize.codecs import CodecError
 from somatize.plan import declared_again
 from somatize_torch._errors import CachedInputNeedsGrad, WrapError
 from somatize_torch._modes import outside_compiled
-from somatize_torch._precision import float32_precision
+from somatize_torch._precision import precision_on
 from somatize_torch.codec import TENSOR
 from somatize_torch.digest import digest_tensor, plain
 from somatize_torch.freeze import ModuleNode, check_still, is_held
@@ -390,23 +390,9 @@ _remember: Callable[..., Any] = outside_compiled(_recall_or_run)
 
 
 def _precision(args: Sequence[torch.Tensor]) -> Precision:
-    """The precision a call on ``args`` runs in, named only where it is not torch's default:
-    autocast on the first argument's device type, the dtype tensors made in the forward
-    get, and how float32 products and convolutions are computed (TF32, bfloat16) — so the
-    usual key does not change."""
-    device = args[0].device.type if args else "cpu"
-    said: list[tuple[str, str]] = []
-    if torch.is_autocast_enabled(device):
-        said.append(("autocast", _dtype_name(torch.get_autocast_dtype(device))))
-    made = torch.get_default_dtype()
-    if made != torch.float32:
-        said.append(("default", _dtype_name(made)))
-    said.extend(float32_precision(device))
-    return tuple(said) or None
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    """The precision a call on ``args`` runs in, named only where it is not torch's default
+    (:func:`~somatize_torch._precision.precision_on` the first argument's device type)."""
+    return precision_on(args[0].device.type if args else "cpu")
 
 
 def _solo(

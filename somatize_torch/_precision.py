@@ -55,6 +55,25 @@ def float32_precision(device: str) -> Named:
     return tuple(said)
 
 
+def precision_on(device: str) -> Named | None:
+    """The precision a call on ``device`` (a device type) runs in, named only where it is
+    not torch's default: autocast on that device type, the dtype tensors made in the
+    forward get, and how float32 products and convolutions are computed (TF32,
+    bfloat16) — None under torch's defaults, so the usual key does not change."""
+    said: list[tuple[str, str]] = []
+    if torch.is_autocast_enabled(device):
+        said.append(("autocast", _dtype_name(torch.get_autocast_dtype(device))))
+    made = torch.get_default_dtype()
+    if made != torch.float32:
+        said.append(("default", _dtype_name(made)))
+    said.extend(float32_precision(device))
+    return tuple(said) or None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def reduced(named: Named) -> str | None:
     """The least precise way float32 products are computed among ``named`` (as
     :func:`float32_precision` gives them): ``"bf16"``, ``"tf32"``, or None for full

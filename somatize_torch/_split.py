@@ -1123,6 +1123,7 @@ def _shim(
         call=inner if cached is None else _Watched(name, inner, module),
         declared=described,
     )
+    node._keys_precision = False  # each cached call keys the precision it runs in
     node.named(name)
     if frozen:
         node.frozen()

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,7 @@ from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize.catalog import identity_of
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.node import attributes_of, sees_state
+from somatize_torch._precision import Named, precision_on
 from somatize_torch._settings import SettingsWatch, _configs_in, hooks_of, settings_of
 from somatize_torch._state import StateWatch, _state_tensors, digest_state
 from somatize_torch.codec import TENSOR, LandedOnHost
@@ -276,6 +278,11 @@ class ModuleNode(Node):
     _built: tuple[dict[str, Any], dict[str, Any]] | None = None  # settings, hooks
     _watch: StateWatch | None = None
     _settings: SettingsWatch | None = None
+    _keys_precision = True
+    """Whether its declaration names the precision it runs in (where it is not torch's
+    default): not where what calls it keys that itself (a wrapped model's cached part, a
+    per-row cache), by the device of the inputs it is handed."""
+    _precision_at: Named | None = None  # what its declaration last named
 
     def __init__(
         self,
@@ -448,6 +455,10 @@ class ModuleNode(Node):
         hooks = hooks_of(self.module)
         if hooks:  # only then, so a module without hooks keeps the key it had
             declared["hooks"] = hooks
+        if self._keys_precision:
+            precision = self._precision_at = _precision_of(self.module)
+            if precision is not None:  # only then, so the usual key does not change
+                declared["precision"] = dict(precision)
         return declared
 
     def __setstate__(self, state: Any) -> None:
@@ -460,7 +471,11 @@ class ModuleNode(Node):
         """Whether a plain value or function the module keeps, or a forward hook, may have
         changed since this was last asked (:class:`~somatize_torch._settings.SettingsWatch`;
         yes when first asked), so that its declaration is taken again. What the module's
-        own forward changes as it runs is not a change (:meth:`ran`)."""
+        own forward changes as it runs is not a change (:meth:`ran`). Nor is it, where the
+        node names the precision it runs in, when that is another now (autocast entered,
+        ``torch.set_default_dtype``, TF32 turned on)."""
+        if self._keys_precision and _precision_of(self.module) != self._precision_at:
+            return True
         watch = self._settings
         if watch is not None and not watch.changed():
             return False
@@ -486,6 +501,14 @@ class ModuleNode(Node):
     def __repr__(self) -> str:
         name = self._smz.name
         return f"<ModuleNode {type(self.module).__qualname__}{f' {name!r}' if name else ''}>"
+
+
+def _precision_of(module: nn.Module) -> Named | None:
+    """The precision ``module`` runs in now, on the device type its first weight (or
+    buffer) is on, the host's if it holds none, named only where it is not torch's
+    default (:func:`~somatize_torch._precision.precision_on`)."""
+    held = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return precision_on(held.device.type if held is not None else "cpu")
 
 
 def _refuse_changed_since_built(node: ModuleNode) -> None:

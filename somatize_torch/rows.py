@@ -161,6 +161,7 @@ class CachedRows(nn.Module):
         _CACHES.add(self)
         self._placed = False
         self._node = ModuleNode(module)
+        self._node._keys_precision = False  # rows are keyed by the precision they run in
         self._node.named(type(module).__name__).frozen()
         self._state = freeze(Graph.somatize(self._node))[self._node._smz.name or ""]
         self._identity = self._node._smz.identity

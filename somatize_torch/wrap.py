@@ -871,6 +871,7 @@ def _whole(
         call=_Watched(name, model, model) if cached else None,
         declared={"args": "<inputs>"},
     )
+    node._keys_precision = False  # each cached call keys the precision it runs in
     node.named(name)
     if "" in frozen_names:
         node.frozen()

@@ -178,6 +178,37 @@ def test_a_cached_module_put_back_in_train_mode_warns_when_its_answer_is_recalle
     assert not encoder.drop.training
 
 
+def test_a_cached_module_node_is_keyed_by_the_precision_it_runs_in(store: Store) -> None:
+    """A cached module called through a graph under bf16 autocast, or with another default
+    dtype, is keyed apart from a call in torch's default precision: computed in that
+    precision, never the float32 answer recalled for it, nor the other way round; back in
+    the default precision, the first answer is recalled, under the key it always had."""
+    encoder = _encoder()
+    g = Graph.somatize(smt.ModuleNode(encoder).named("encoder").frozen().cached())
+    smt.freeze(g)
+    declared = g.memory.declaration_of("encoder")
+    x = Opaque(torch.randn(5, 6))
+    first = g.forward(x, store=store)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lowered = g.forward(x, store=store)
+        assert g.record is not None and g.record.outcome == {"encoder": "ran"}
+        with torch.no_grad():
+            assert torch.equal(lowered, encoder(x.value))
+    assert lowered.dtype == torch.bfloat16
+    assert torch.equal(g.forward(x, store=store), first)
+    assert g.record.outcome == {"encoder": "recalled"}
+    assert g.memory.declaration_of("encoder") == declared
+    made = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        g.forward(x, store=store)
+        assert g.record.outcome == {"encoder": "ran"}
+    finally:
+        torch.set_default_dtype(made)
+    g.forward(x, store=store)
+    assert g.record.outcome == {"encoder": "recalled"}
+
+
 def test_freezing_an_undeclared_node_is_an_error() -> None:
     """Naming a node that is not declared frozen is refused, not skipped."""
     g = Graph.somatize(
