@@ -501,7 +501,9 @@ def _same_array(array: Any, was: tuple[Any, ...]) -> bool:
     if array.nbytes <= _COPIED or not array.flags.c_contiguous:
         return bool(array.tobytes() == held)
     numpy = sys.modules["numpy"]  # an array is held: numpy is imported
-    now = array.reshape(-1).view(numpy.uint8)  # views of the same memory, as bytes
+    # Views of the same memory, as bytes (of a plain array: a subclass, `np.matrix`,
+    # reshapes otherwise).
+    now = numpy.asarray(array).reshape(-1).view(numpy.uint8)
     kept = numpy.frombuffer(held, numpy.uint8)
     return all(
         bool((now[at : at + _SLICE] == kept[at : at + _SLICE]).all())

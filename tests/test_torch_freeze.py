@@ -892,6 +892,11 @@ def test_a_large_numpy_array_is_compared_in_place_at_each_call(store: Store) -> 
     finally:
         tracemalloc.stop()
     assert peak < 2 << 20  # no copy of the array's 16 MiB
+    module.anchors = np.asmatrix(np.ones((1024, 2048), dtype=np.float32))  # a subclass
+    watch = SettingsWatch(module)
+    assert not watch.changed()
+    module.anchors[-1, -1] = 5.0
+    assert watch.changed()
 
 
 class Tabled(nn.Module):
