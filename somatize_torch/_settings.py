@@ -26,7 +26,7 @@ import sys
 import sysconfig
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -105,8 +105,9 @@ class SettingsWatch:
     the module keeps beside torch's own is looked at by identity (``enc.temperature =
     5.0``, ``enc.act = F.relu``), a tensor so kept by its memory and version counter
     too (``t.data = ...``, a write in place), the items of a list, set or dict so kept (an
-    ``OrderedDict`` too) by identity (``enc.scales[0] = 2.0``) — a plain dict by the
-    version CPython keeps of it instead, where it can be read (:func:`_dict_versions`) —
+    ``OrderedDict`` too) by identity (``enc.scales[0] = 2.0``), all in one pass — a plain
+    dict of many items by the version CPython keeps of it instead, where it can be read
+    (:func:`_dict_versions`) —
     each value a config a part holds keeps (in a list, tuple, dict or set too), and the
     configs it holds in turn, five deep (``enc.config.flag = True``,
     ``enc.configs[0].flag = True``) likewise, each function so kept by its code, its
@@ -144,6 +145,7 @@ class SettingsWatch:
         "_issued",
         "_items",
         "_kinds",
+        "_lengths",
         "_made",
         "_marks",
         "_names",
@@ -154,6 +156,7 @@ class SettingsWatch:
         "_slots",
         "_slotted",
         "_tables",
+        "_tables_in",
         "_tensors",
         "_values",
         "_versions",
@@ -235,10 +238,16 @@ class SettingsWatch:
         containers = list({id(v): v for v in [*held_in, *nested]}.values())
         # A dict's version, where CPython keeps one, moves at every change to it: one
         # number looked at in place of each of its items (a vocabulary of 50,000 words).
-        self._dicts = [v for v in containers if type(v) is dict and _dict_version]
+        # A small one is looked at by its items with the lists and sets, which is cheaper
+        # than reading its version (a table of 50,000 small dicts).
+        versioned = [_versioned(v) for v in containers]
+        self._dicts = list(itertools.compress(containers, versioned))
         self._versions = tuple(map(_dict_version or id, self._dicts))
-        self._containers = [v for v in containers if type(v) is not dict or not _dict_version]
-        self._items = tuple(map(_items, self._containers))
+        looked = [v for v, by in zip(containers, versioned, strict=True) if not by]
+        self._containers = [v for v in looked if not isinstance(v, dict)]
+        self._tables_in = [v for v in looked if isinstance(v, dict)]
+        self._lengths = tuple(map(len, [*self._containers, *self._tables_in]))
+        self._items = tuple(_contents(self._containers, self._tables_in))
         self._functions = functions
         self._made = tuple(map(_made_of, self._functions))
         # numpy keeps no version counter: a numeric array's bytes are looked at whole.
@@ -256,7 +265,8 @@ class SettingsWatch:
             or (_HANDLES.next_id != self._issued and tuple(map(tuple, self._hooks)) != self._marks)
             or tuple(map(_written, self._tensors)) != self._written
             or tuple(map(_dict_version or id, self._dicts)) != self._versions
-            or not all(map(_same_items, map(_items, self._containers), self._items))
+            or tuple(map(len, itertools.chain(self._containers, self._tables_in))) != self._lengths
+            or not all(map(operator.is_, _contents(self._containers, self._tables_in), self._items))
             or not all(map(operator.is_, itertools.starmap(_slot, self._slots), self._slotted))
             or not all(map(_same_items, map(_made_of, self._functions), self._made))
             or not all(map(_same_array, self._arrays, self._bytes))
@@ -468,6 +478,29 @@ def _items(value: list[Any] | dict[Any, Any] | set[Any]) -> tuple[Any, ...]:
     """A list's or set's items, or a dict's keys and values, held (so that none is freed and its
     address taken by another)."""
     return (*value, *value.values()) if isinstance(value, dict) else tuple(value)
+
+
+_VERSIONED_FROM = 16
+"""How many items a plain dict holds from which the watch looks at its version (where it
+can be read) in place of its items."""
+
+
+def _versioned(container: Any) -> bool:
+    """Whether the watch looks at ``container`` by its version: a plain dict of many items."""
+    return (
+        type(container) is dict and _dict_version is not None and len(container) >= _VERSIONED_FROM
+    )
+
+
+def _contents(sequences: list[Any], tables: list[dict[Any, Any]]) -> Iterator[Any]:
+    """The items of each list and set of ``sequences``, then the keys and the values of
+    each dict of ``tables``, one after the other: looked at by identity, with each one's
+    length, in a single pass (the items of 50,000 small lists held in a table)."""
+    return itertools.chain(
+        itertools.chain.from_iterable(sequences),
+        itertools.chain.from_iterable(tables),
+        itertools.chain.from_iterable(map(dict.values, tables)),
+    )
 
 
 _NUMERIC = frozenset("biufc")

@@ -736,6 +736,36 @@ def test_an_item_of_a_list_held_in_a_list_is_seen_at_the_next_call(store: Store)
     assert not torch.equal(ran("ran"), first)
 
 
+class Shelved(nn.Module):
+    """Scales its output by how a config's table of small lists shares its items out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 4)
+        self.config = types.SimpleNamespace(table={"a": [1.0, 2.0], "b": [3.0]})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.config.table["a"], self.config.table["b"]
+        return self.linear(x) * (sum(a) * (1 + len(b)) + sum(b))
+
+
+def test_an_item_moved_between_lists_held_in_a_table_is_seen(store: Store) -> None:
+    """Lists held in a table a config keeps are looked at item by item, each by its
+    length too: an item moved from the end of one to the start of the next, which leaves
+    their items in the same order one after the other, keys the next call anew; moved
+    back, the first answer is recalled."""
+    module = Shelved()
+    ran = _cached_calls(module, "shelved", store)
+    first = ran("ran")
+    table = module.config.table
+    for one, other in (("a", "b"), ("b", "a")):
+        table[other].insert(0, table[one].pop())
+        assert not torch.equal(ran("ran"), first)
+        table[one].append(table[other].pop(0))
+        assert torch.equal(ran("recalled"), first)
+
+
 def test_values_of_different_kinds_key_apart() -> None:
     """A tuple and a list of the same items, an enum member and its name, a dtype or a
     device and its name, a dict and an ``OrderedDict`` of the same entries: a forward can
