@@ -68,8 +68,8 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     and numeric numpy arrays by digest (a tensor of a subclass by its class and the
     attributes it keeps too); functions (a
     ``forward`` replaced on the instance too) by their code, as hooks are, and a Python
-    function by its defaults, the values it closes over and the globals it reads that
-    hold values or functions of its module (:func:`_globals_of`) too, built-in
+    function by its defaults, the values it closes over and the globals it reads but
+    modules (:func:`_globals_of`) too, built-in
     functions and classes by name, a ``functools.partial`` with the values it binds, a
     plain object held as a config (of a class written in Python, a ``SimpleNamespace``,
     an ``argparse.Namespace``: ``self.config.flag``) by its class and its attributes.
@@ -208,9 +208,10 @@ class SettingsWatch:
                     owners.append(table)
                     names.append(name)
                     values.append(value)
-        # Each global a function so kept reads (`SCALE = 2.0` rebound), by identity: the
-        # key names those that hold values (:func:`_globals_of`).
-        for function in functions:
+        # Each global a function so kept reads (`SCALE = 2.0`, `ACT = torch.tanh` rebound),
+        # by identity: the key names those but modules (:func:`_globals_of`); torch's own
+        # functions' are their own.
+        for function in itertools.filterfalse(_library, functions):
             for name in _names_read(function.__code__):
                 owners.append(function.__globals__)
                 names.append(name)
@@ -912,23 +913,28 @@ _READ: weakref.WeakKeyDictionary[types.CodeType, tuple[str, ...]] = weakref.Weak
 
 
 def _globals_of(function: types.FunctionType) -> dict[str, Any]:
-    """The globals ``function`` reads that change what it computes as values do, by name:
-    each that holds no module, class or other callable (``SCALE = 2.0``, a list, a
-    config, a tensor), and each function defined in the same module (a helper it calls,
-    whose globals are named in turn). A function, class or module of another module (a
-    library's) is not named: what it runs is its own."""
+    """The globals ``function`` reads, by name, but modules: values (``SCALE = 2.0``, a
+    list, a config, a tensor) and the functions, classes and built-ins a name is bound to
+    (``ACT = torch.tanh``, a ``functools.partial``, a helper of its module, whose globals
+    are named in turn), so that a name rebound to another keys its answers anew. A
+    function of torch's, numpy's or the standard library's reads none that is named: what
+    it runs is its own, named by its code."""
+    if _library(function):
+        return {}
     table = function.__globals__
-    out: dict[str, Any] = {}
-    for name in _names_read(function.__code__):
-        if name not in table:
-            continue
-        value = table[name]
-        if isinstance(value, types.FunctionType):
-            if value.__globals__ is table:
-                out[name] = value
-        elif not callable(value) and not isinstance(value, types.ModuleType):
-            out[name] = value
-    return out
+    return {
+        name: table[name]
+        for name in _names_read(function.__code__)
+        if name in table and not isinstance(table[name], types.ModuleType)
+    }
+
+
+def _library(function: types.FunctionType) -> bool:
+    """Whether ``function`` is torch's, numpy's or the standard library's own."""
+    from somatize_torch._values import _NOT_FOLLOWED, _STANDARD  # it imports this module
+
+    home = str(function.__globals__.get("__name__") or "").split(".")[0]
+    return home in _NOT_FOLLOWED or home in _STANDARD
 
 
 def _order(entry: list[Any]) -> bytes:

@@ -1535,6 +1535,44 @@ def test_a_global_a_held_function_reads_keys_its_answers(store: Store) -> None:
     assert _held(_gained)["globals"] == {"_GAIN": 1.0, "_gains": _held(_gains)}
 
 
+_SQUASH: Any = torch.tanh
+_BENT: Any = functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.1)
+_NORMED: Any = torch.nn.functional.normalize
+
+
+def _squashed(t: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = _NORMED(_SQUASH(_BENT(t)), dim=-1)
+    return out
+
+
+def test_a_global_naming_another_function_keys_its_answers(store: Store) -> None:
+    """A module-level name a held function calls, bound to a built-in (``torch.tanh``),
+    a ``functools.partial`` or a library's function, rebound to another keys the next call
+    anew: computed with the function it names now, never the answer kept for the one it
+    named before; bound back, the first answer is recalled. A library's own function held
+    is named by its code alone, as it always was, not by what its module holds."""
+    global _SQUASH, _BENT, _NORMED
+    module = ConfigActivated(_squashed)
+    ran = _cached_calls(module, "act", store)
+    first = ran("ran")
+    was = _SQUASH, _BENT, _NORMED
+    try:
+        _SQUASH = torch.sigmoid
+        assert not torch.equal(ran("ran"), first)
+        _SQUASH = was[0]
+        ran("recalled")
+        _BENT = functools.partial(torch.nn.functional.leaky_relu, negative_slope=0.5)
+        assert not torch.equal(ran("ran"), first)
+        _BENT = was[1]
+        _NORMED = torch.nn.functional.softmax
+        assert not torch.equal(ran("ran"), first)
+    finally:
+        _SQUASH, _BENT, _NORMED = was
+    ran("recalled")
+    for function in (torch.nn.functional.silu, torch.nn.functional.interpolate):
+        assert "globals" not in _held(function)
+
+
 def test_module_class_without_a_stable_name_cannot_be_cached(store: Store) -> None:
     """A module class defined inside a function has no identity, so caching it is refused."""
 
