@@ -492,11 +492,26 @@ class ModuleNode(Node):
         if is_held(self.module):
             check_still(ctx.name if ctx is not None else repr(self), self.module)
         try:
-            if self.spread and isinstance(x, (tuple, list)):
-                return self.call(*x)
-            return self.call(x)
+            with self._keyed_autocast():
+                if self.spread and isinstance(x, (tuple, list)):
+                    return self.call(*x)
+                return self.call(x)
         finally:
             self.ran()
+
+    def _keyed_autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Where the node names the precision it runs in: the autocast its key named, if
+        another is in force here (on a local worker, a thread, which the caller's autocast
+        does not reach), so that the answer kept under the key is computed as it says."""
+        if not self._keys_precision:
+            return contextlib.nullcontext()
+        named = dict(self._precision_at or ()).get("autocast")
+        device = _device_type(self.module)
+        if dict(precision_on(device) or ()).get("autocast") == named:
+            return contextlib.nullcontext()
+        if named is None:
+            return torch.autocast(device, enabled=False)
+        return torch.autocast(device, dtype=getattr(torch, named))
 
     def __repr__(self) -> str:
         name = self._smz.name
@@ -504,11 +519,17 @@ class ModuleNode(Node):
 
 
 def _precision_of(module: nn.Module) -> Named | None:
-    """The precision ``module`` runs in now, on the device type its first weight (or
-    buffer) is on, the host's if it holds none, named only where it is not torch's
-    default (:func:`~somatize_torch._precision.precision_on`)."""
+    """The precision ``module`` runs in now, on the device type its weights are on
+    (:func:`_device_type`), named only where it is not torch's default
+    (:func:`~somatize_torch._precision.precision_on`)."""
+    return precision_on(_device_type(module))
+
+
+def _device_type(module: nn.Module) -> str:
+    """The device type ``module``'s first weight (or buffer) is on, the host's if it holds
+    none."""
     held = next(itertools.chain(module.parameters(), module.buffers()), None)
-    return precision_on(held.device.type if held is not None else "cpu")
+    return held.device.type if held is not None else "cpu"
 
 
 def _refuse_changed_since_built(node: ModuleNode) -> None:

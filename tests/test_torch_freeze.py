@@ -209,6 +209,36 @@ def test_a_cached_module_node_is_keyed_by_the_precision_it_runs_in(store: Store)
     assert g.record.outcome == {"encoder": "recalled"}
 
 
+def test_a_cached_module_node_on_a_local_worker_runs_in_the_precision_it_is_keyed_by(
+    store: Store,
+) -> None:
+    """A cached module placed on a local worker (a thread, where the caller's autocast does
+    not reach) and called under bf16 autocast computes under it, as its key says: the
+    answer kept is the one the module computes there, and the same module called here
+    under autocast recalls it; out of autocast, it is computed in float32."""
+    from somatize import Broker, Worker
+
+    encoder = _encoder()
+    node = smt.ModuleNode(encoder).named("encoder").frozen().cached().at("w1")
+    g = Graph.somatize(node)
+    smt.freeze(g)
+    x = Opaque(torch.randn(5, 6))
+    broker = Broker.embedded({"w1": Worker.generic(mode="local")})
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lowered = g.forward(x, store=store, broker=broker)
+            assert g.record is not None and g.record.outcome == {"encoder": "ran"}
+            with torch.no_grad():
+                assert torch.equal(lowered, encoder(x.value))
+            assert torch.equal(g.forward(x, store=store), lowered)
+            assert g.record.outcome == {"encoder": "recalled"}
+        plain = g.forward(x, store=store, broker=broker)
+        assert g.record.outcome == {"encoder": "ran"}
+        assert plain.dtype == torch.float32
+    finally:
+        broker.close()
+
+
 def test_freezing_an_undeclared_node_is_an_error() -> None:
     """Naming a node that is not declared frozen is refused, not skipped."""
     g = Graph.somatize(
