@@ -239,6 +239,32 @@ def test_a_cached_module_node_on_a_local_worker_runs_in_the_precision_it_is_keye
         broker.close()
 
 
+def test_a_cached_module_node_keyed_by_autocast_is_not_sent_to_another_process(
+    store: Store,
+) -> None:
+    """A cached module that a worker in another process rebuilds, called under autocast,
+    is refused before anything runs, saying where it can run: autocast does not reach that
+    process, where it would compute in float32 an answer kept under a key that says bf16
+    (or be refused there, as running other code). In torch's default precision it is sent
+    as before."""
+    from somatize import Broker, Unbuildable, Worker
+
+    node = smt.ModuleNode.build(Encoder).named("encoder").frozen().cached().at("w1")
+    g = Graph.somatize(node)
+    smt.freeze(g)
+    x = Opaque(torch.randn(5, 6))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    try:
+        first = g.forward(x, store=store, broker=broker)
+        lowered = torch.autocast("cpu", dtype=torch.bfloat16)
+        with lowered, pytest.raises(Unbuildable, match=r"autocast.*bfloat16.*local"):
+            g.forward(x, store=store, broker=broker)
+        assert torch.equal(g.forward(x, store=store, broker=broker), first)
+        assert g.record is not None and g.record.outcome == {"encoder": "recalled"}
+    finally:
+        broker.close()
+
+
 def test_freezing_an_undeclared_node_is_an_error() -> None:
     """Naming a node that is not declared frozen is refused, not skipped."""
     g = Graph.somatize(
