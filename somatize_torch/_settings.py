@@ -917,8 +917,8 @@ def _globals_of(function: types.FunctionType) -> dict[str, Any]:
     list, a config, a tensor) and the functions, classes and built-ins a name is bound to
     (``ACT = torch.tanh``, a ``functools.partial``, a helper of its module, whose globals
     are named in turn), so that a name rebound to another keys its answers anew. A
-    function of torch's, numpy's or the standard library's reads none that is named: what
-    it runs is its own, named by its code."""
+    function of torch's, numpy's, the standard library's or an installed package's reads
+    none that is named (:func:`_library`): what it runs is its own, named by its code."""
     if _library(function):
         return {}
     table = function.__globals__
@@ -930,11 +930,19 @@ def _globals_of(function: types.FunctionType) -> dict[str, Any]:
 
 
 def _library(function: types.FunctionType) -> bool:
-    """Whether ``function`` is torch's, numpy's or the standard library's own."""
+    """Whether ``function`` is torch's, numpy's or the standard library's own, or an
+    installed package's (its code in ``site-packages``): one whose module's values (a
+    cache it fills as it runs) are that package's, not the caller's settings."""
     from somatize_torch._values import _NOT_FOLLOWED, _STANDARD  # it imports this module
 
     home = str(function.__globals__.get("__name__") or "").split(".")[0]
-    return home in _NOT_FOLLOWED or home in _STANDARD
+    if home in _NOT_FOLLOWED or home in _STANDARD:
+        return True
+    return not _INSTALLED.isdisjoint(pathlib.PurePath(function.__code__.co_filename).parts)
+
+
+_INSTALLED = frozenset({"site-packages", "dist-packages"})
+"""Where installed packages' code lives."""
 
 
 def _order(entry: list[Any]) -> bytes:

@@ -1629,6 +1629,36 @@ def test_a_global_naming_another_function_keys_its_answers(store: Store) -> None
         assert "globals" not in _held(function)
 
 
+def _installed_function() -> Any:
+    """A function of a package installed in ``site-packages``, which keeps what it saw in a
+    table of its module (a cache, as a library fills)."""
+    source = "SEEN = []\n\ndef squash(t):\n    SEEN.append(tuple(t.shape))\n    return t.tanh()\n"
+    where = str(pathlib.Path("venv", "lib", "site-packages", "squashing", "core.py"))
+    table: dict[str, Any] = {"__name__": "squashing.core"}
+    exec(compile(source, where, "exec"), table)
+    return table["squash"]
+
+
+_INSTALLED = _installed_function()
+
+
+def _through_installed(t: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = _INSTALLED(t)
+    return out
+
+
+@pytest.mark.parametrize("held", [_INSTALLED, _through_installed])
+def test_an_installed_packages_function_is_keyed_by_its_code(store: Store, held: Any) -> None:
+    """A function of an installed package, held or called through a global, is named by its
+    code, not by what its module holds: a cache that package fills as it runs does not key
+    each call anew, and the first answer is recalled."""
+    module = ConfigActivated(held)
+    ran = _cached_calls(module, "act", store)
+    first = ran("ran")
+    assert torch.equal(ran("recalled"), first)
+    assert "globals" not in _held(_INSTALLED)
+
+
 def test_module_class_without_a_stable_name_cannot_be_cached(store: Store) -> None:
     """A module class defined inside a function has no identity, so caching it is refused."""
 
