@@ -864,12 +864,39 @@ def _container(value: Any, path: Path) -> Any:
     return named
 
 
-def _bound_by(function: types.FunctionType, path: Path) -> dict[str, Any]:
+def _bound_by(function: types.FunctionType, path: Path, helpers: bool = True) -> dict[str, Any]:
     """What a function computes with beside its code: its default values, its keyword-only
     ones, and the values it closes over, by the name of each (``lambda t: t * k`` made by
     a factory with another ``k``, or with ``k`` rebound since), each named as a value a
-    module keeps is; a cell not filled yet as ``{"empty": True}``. Nothing for a function
-    that has none, which is named as it was."""
+    module keeps is; a cell not filled yet as ``{"empty": True}``; and the globals it
+    reads (:func:`_globals_of`). Nothing for a function that has none, which is named as
+    it was. A function it reads whose globals are named in turn (a helper of its module)
+    is named there by its code, defaults and what it closes over, and with ``helpers``,
+    each function so reached, however far, is named once in full beside (``"helpers"``,
+    in the order of their canonical encodings, the same in every process): whatever the
+    ways between them (helpers calling each other), each is named once."""
+    named = _own_of(function, path)
+    read = {}
+    for name, value in _globals_of(function).items():
+        if _helper(value):
+            read[name] = {"function": _code_of(value), **_own_of(value, path)}
+            continue
+        seen = _setting(value, path)
+        if seen is not _UNSEEN:
+            read[name] = seen
+    if read:  # only then, so a function that reads none is named as it was
+        named["globals"] = read
+    if helpers:
+        reached = _helpers_of(function)
+        if reached:
+            full = ({"function": _code_of(one), **_bound_by(one, path, False)} for one in reached)
+            named["helpers"] = sorted(full, key=canonical.encode)
+    return named
+
+
+def _own_of(function: types.FunctionType, path: Path) -> dict[str, Any]:
+    """A function's default values, keyword-only ones and what it closes over, named (see
+    :func:`_bound_by`)."""
     named: dict[str, Any] = {}
     if function.__defaults__:
         named["defaults"] = [_item(value, path) for value in function.__defaults__]
@@ -885,14 +912,25 @@ def _bound_by(function: types.FunctionType, path: Path) -> dict[str, Any]:
             except ValueError:  # not filled yet
                 closes[name] = {"empty": True}
         named["closes"] = closes
-    read = {}
-    for name, value in _globals_of(function).items():
-        seen = _setting(value, path)
-        if seen is not _UNSEEN:
-            read[name] = seen
-    if read:  # only then, so a function that reads none is named as it was
-        named["globals"] = read
     return named
+
+
+def _helper(value: Any) -> bool:
+    """Whether ``value``, read as a global, is a function whose globals are named in turn."""
+    return isinstance(value, types.FunctionType) and not _library(value)
+
+
+def _helpers_of(function: types.FunctionType) -> list[types.FunctionType]:
+    """The functions ``function`` reads as globals whose globals are named in turn, and
+    those they read, however far, each once (``function`` itself too, if it is reached)."""
+    found: dict[int, types.FunctionType] = {}
+    todo = [function]
+    while todo:
+        for value in _globals_of(todo.pop()).values():
+            if _helper(value) and id(value) not in found:
+                found[id(value)] = value
+                todo.append(value)
+    return list(found.values())
 
 
 def _names_read(code: types.CodeType) -> tuple[str, ...]:

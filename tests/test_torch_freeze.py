@@ -1588,7 +1588,9 @@ def test_a_global_a_held_function_reads_keys_its_answers(store: Store) -> None:
         _GAIN, _GAINS[0] = 1.0, 1.0
     ran("recalled")
     assert "globals" not in _held(_halved) and "globals" not in _held(_scaled_by_held(1.0))
-    assert _held(_gained)["globals"] == {"_GAIN": 1.0, "_gains": _held(_gains)}
+    gained = _held(_gained)
+    assert gained["globals"] == {"_GAIN": 1.0, "_gains": {"function": _held(_gains)["function"]}}
+    assert gained["helpers"] == [_held(_gains)]
 
 
 _SQUASH: Any = torch.tanh
@@ -1657,6 +1659,29 @@ def test_an_installed_packages_function_is_keyed_by_its_code(store: Store, held:
     first = ran("ran")
     assert torch.equal(ran("recalled"), first)
     assert "globals" not in _held(_INSTALLED)
+
+
+def _calling_each_other(count: int, scale: float) -> list[Any]:
+    """``count`` functions of one module, each calling every other (as helpers of a
+    recursive walk do), and reading the module's ``SCALE``."""
+    source = f"SCALE = {scale!r}\n"
+    for one in range(count):
+        others = " + ".join(f"f{other}(t, n - 1)" for other in range(count) if other != one)
+        source += f"def f{one}(t, n=1):\n    return t if n <= 0 else ({others}) * SCALE\n"
+    table: dict[str, Any] = {"__name__": "calling_each_other"}
+    exec(compile(source, "calling_each_other.py", "exec"), table)
+    return [table[f"f{one}"] for one in range(count)]
+
+
+def test_functions_calling_each_other_are_each_named_once() -> None:
+    """Functions of a module calling each other, reached through the globals a held
+    function reads, are each named once in its key, whatever the ways between them (eight
+    calling each other are more than 40,000 ways): what each reads still keys it."""
+    from somatize import canonical
+
+    named = canonical.encode(_held(_calling_each_other(8, 0.5)[0]))
+    assert len(named) < 50_000
+    assert named != canonical.encode(_held(_calling_each_other(8, 0.25)[0]))
 
 
 def test_module_class_without_a_stable_name_cannot_be_cached(store: Store) -> None:
