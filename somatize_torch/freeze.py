@@ -501,10 +501,12 @@ class ModuleNode(Node):
             self.ran()
 
     def _keyed_autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Where the node names the precision it runs in: the autocast its key named, if
+        """Where the node names the precision it runs in, and is frozen (its declaration
+        then taken again at each call where that changed): the autocast its key named, if
         another is in force here (on a local worker, a thread, which the caller's autocast
-        does not reach), so that the answer kept under the key is computed as it says."""
-        if not self._keys_precision:
+        does not reach), so that the answer kept under the key is computed as it says. A
+        node not frozen runs as it is called: nothing keys its answers."""
+        if not self._keys_precision or not self._smz.frozen:
             return contextlib.nullcontext()
         named = dict(self._precision_at or ()).get("autocast")
         device = _device_type(self.module)

@@ -239,6 +239,21 @@ def test_a_cached_module_node_on_a_local_worker_runs_in_the_precision_it_is_keye
         broker.close()
 
 
+def test_a_module_node_not_frozen_runs_under_the_callers_autocast() -> None:
+    """A module node neither frozen nor cached, called under autocast after a call outside
+    it, computes under autocast, as the module does: nothing keys its answers, and no
+    precision named before is held to."""
+    encoder = _encoder().eval()
+    g = Graph.somatize(smt.ModuleNode(encoder).named("encoder"))
+    x = Opaque(torch.randn(5, 6))
+    g.forward(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lowered = g.forward(x)
+        with torch.no_grad():
+            assert torch.equal(lowered, encoder(x.value))
+    assert lowered.dtype == torch.bfloat16
+
+
 def test_a_cached_module_node_keyed_by_autocast_is_not_sent_to_another_process(
     store: Store,
 ) -> None:
