@@ -137,10 +137,12 @@ class SettingsWatch:
 
     __slots__ = (
         "_arrays",
+        "_bytearrays",
         "_bytes",
         "_containers",
         "_dicts",
         "_functions",
+        "_held_bytes",
         "_hooks",
         "_issued",
         "_items",
@@ -256,6 +258,9 @@ class SettingsWatch:
         kind = numpy.ndarray if numpy is not None else ()
         self._arrays = [v for v in found if isinstance(v, kind) and v.dtype.kind in _NUMERIC]
         self._bytes = tuple(map(_looked_at, self._arrays))
+        # A bytearray, keyed by its bytes, may be written in place too: its bytes, copied.
+        self._bytearrays = [v for v in found if isinstance(v, bytearray)]
+        self._held_bytes = tuple(map(bytes, self._bytearrays))
 
     def changed(self) -> bool:
         """Whether a value a part keeps, or a forward hook, may have changed."""
@@ -271,6 +276,7 @@ class SettingsWatch:
             or not all(map(operator.is_, itertools.starmap(_slot, self._slots), self._slotted))
             or not all(map(_same_items, map(_made_of, self._functions), self._made))
             or not all(map(_same_array, self._arrays, self._bytes))
+            or tuple(map(bytes, self._bytearrays)) != self._held_bytes
             or tuple(map(type, self._objects)) != self._kinds
             or not all(map(operator.is_, map(_dict_of, self._objects), self._own))
         )
@@ -306,7 +312,8 @@ def _configs_in(
     tuple, dict or set (however nested), and those they hold in turn, five configs deep,
     as the key names them: each once. torch's own tables (a hook object and what it
     keeps) are passed over, as the watch passes over them. The tensors (but parameters,
-    which are state) and numpy arrays met on the way are put in ``within``, if given.
+    which are state), numpy arrays and bytearrays met on the way are put in ``within``,
+    if given.
     With ``walked`` (what a look before found, what this one finds), a plain dict whose
     version did not move since the look before is not looked through again item by item
     (a vocabulary of 50,000 words): its items of no plain kind are what they were. Each
@@ -328,7 +335,7 @@ def _configs_in(
             kind = type(value)
             if kind in _PLAIN_TYPES or isinstance(value, nn.Module):
                 continue
-            if isinstance(value, (torch.Tensor, *arrays)):
+            if isinstance(value, (torch.Tensor, bytearray, *arrays)):
                 if within is not None and not isinstance(value, nn.Parameter):
                     within.append(value)
                 continue

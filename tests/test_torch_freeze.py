@@ -837,6 +837,34 @@ def test_an_item_moved_between_lists_held_in_a_table_is_seen(store: Store) -> No
         assert torch.equal(ran("recalled"), first)
 
 
+class Patterned(nn.Module):
+    """Scales its output by bytes of bytearrays it keeps, itself and in a config's list."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 4)
+        self.pattern = bytearray(b"\x01\x02")
+        self.config = types.SimpleNamespace(patterns=[bytearray(b"\x01")])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.pattern[0] * self.config.patterns[0][0]
+
+
+def test_a_bytearray_written_in_place_is_seen_at_the_next_call(store: Store) -> None:
+    """A bytearray a cached module keeps, itself or in a config's list, written in place
+    (it is keyed by its bytes) keys the next call anew: computed as the module computes it
+    now, never the answer kept for the old bytes; written back, the first is recalled."""
+    module = Patterned()
+    ran = _cached_calls(module, "patterned", store)
+    first = ran("ran")
+    for held in (module.pattern, module.config.patterns[0]):
+        held[0] = 5
+        assert not torch.equal(ran("ran"), first)
+        held[0] = 1
+        assert torch.equal(ran("recalled"), first)
+
+
 def test_values_of_different_kinds_key_apart() -> None:
     """A tuple and a list of the same items, an enum member and its name, a dtype or a
     device and its name, a dict and an ``OrderedDict`` of the same entries: a forward can
