@@ -518,8 +518,9 @@ numbers); others (strings, objects, dates) it does not name."""
 
 def _looked_at(array: Any) -> tuple[Any, ...]:
     """What keys a numeric numpy array: its dtype, its shape and its bytes (a copy, compared
-    whole: numpy keeps no version counter to tell a write in place by)."""
-    return array.dtype.str, array.shape, array.tobytes()
+    whole: numpy keeps no version counter to tell a write in place by), in the order they
+    lie in memory (a Fortran-ordered one's in its order), and the strides that say so."""
+    return array.dtype.str, array.shape, array.strides, array.tobytes(order="A")
 
 
 _COPIED = 1 << 22
@@ -533,18 +534,20 @@ takes to say whether they are the same)."""
 
 def _same_array(array: Any, was: tuple[Any, ...]) -> bool:
     """Whether a numeric numpy array holds what ``was`` (as :func:`_looked_at` took it)
-    says: its dtype, its shape and its bytes, each compared exactly. A small one, or one
-    whose bytes are not in one C-ordered block, is copied to be compared; a large one is
-    compared in place, a slice at a time, so that no copy of it is made at every call."""
-    dtype, shape, held = was
-    if array.dtype.str != dtype or array.shape != shape:
+    says: its dtype, its shape, its strides and its bytes, each compared exactly. A small
+    one, or one whose bytes are not in one block (C or Fortran ordered), is copied to be
+    compared; a large one is compared in place, a slice at a time, so that no copy of it
+    is made at every call."""
+    dtype, shape, strides, held = was
+    if array.dtype.str != dtype or array.shape != shape or array.strides != strides:
         return False
-    if array.nbytes <= _COPIED or not array.flags.c_contiguous:
-        return bool(array.tobytes() == held)
+    one_block = array.flags.c_contiguous or array.flags.f_contiguous
+    if array.nbytes <= _COPIED or not one_block:
+        return bool(array.tobytes(order="A") == held)
     numpy = sys.modules["numpy"]  # an array is held: numpy is imported
-    # Views of the same memory, as bytes (of a plain array: a subclass, `np.matrix`,
-    # reshapes otherwise).
-    now = numpy.asarray(array).reshape(-1).view(numpy.uint8)
+    # Views of the same memory, as bytes in the order they lie (of a plain array: a
+    # subclass, `np.matrix`, reshapes otherwise).
+    now = numpy.asarray(array).ravel(order="A").view(numpy.uint8)
     kept = numpy.frombuffer(held, numpy.uint8)
     return all(
         bool((now[at : at + _SLICE] == kept[at : at + _SLICE]).all())
