@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
+import dis
 import enum
 import fractions
 import functools
@@ -944,16 +945,21 @@ def _helpers_of(function: types.FunctionType) -> list[types.FunctionType]:
 
 
 def _names_read(code: types.CodeType) -> tuple[str, ...]:
-    """The names ``code`` reads as globals, or as attributes (no code tells the two
-    apart), and the code it holds (a lambda, a comprehension) in turn."""
+    """The names ``code`` reads (or writes) as globals — not those it reads as attributes
+    (``t.data``), which a module-level value of the same name does not change — and those
+    the code it holds (a lambda, a comprehension) reads in turn."""
     found = _READ.get(code)
     if found is None:
-        names = set(code.co_names)
+        names = {str(one.argval) for one in dis.get_instructions(code) if one.opname in _GLOBAL_OPS}
         for held in code.co_consts:
             if isinstance(held, types.CodeType):
                 names.update(_names_read(held))
         found = _READ[code] = tuple(sorted(names))
     return found
+
+
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
+"""The instructions that name a global (or, in a class body, a name of its module)."""
 
 
 _READ: weakref.WeakKeyDictionary[types.CodeType, tuple[str, ...]] = weakref.WeakKeyDictionary()

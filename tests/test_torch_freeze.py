@@ -1717,6 +1717,17 @@ def test_an_installed_packages_function_is_keyed_by_its_code(store: Store, held:
     assert "globals" not in _held(_INSTALLED)
 
 
+def test_a_name_read_as_an_attribute_is_no_global_a_function_reads() -> None:
+    """A name a held function reads only as an attribute (``t.data``) is not a global it
+    reads: a module-level value of that name (a dataset, ``data = [...]``) does not key
+    it, and is not looked at; one it reads as a global does."""
+    source = "def doubled(t):\n    return t.data * 2 + (lambda u: u.shape)(t)[0] * SCALE\n"
+    table: dict[str, Any] = {"__name__": "attributes_read", "data": [1.0], "shape": [2.0]}
+    table["SCALE"] = 2.0
+    exec(compile(source, "attributes_read.py", "exec"), table)
+    assert _held(table["doubled"])["globals"] == {"SCALE": 2.0}
+
+
 def _calling_each_other(count: int, scale: float) -> list[Any]:
     """``count`` functions of one module, each calling every other (as helpers of a
     recursive walk do), and reading the module's ``SCALE``."""
