@@ -559,25 +559,23 @@ def _refuse_changed_since_built(node: ModuleNode) -> None:
 
 
 def _refuse_precision_not_sent(node: ModuleNode) -> None:
-    """Refuses to send a module whose key names a precision other than torch's default
-    (autocast entered, another default dtype, TF32): another process does not run in it,
-    and would compute an answer its key does not describe."""
-    named = _precision_of(node.module) if node._keys_precision else None
-    if named is None:
+    """Refuses to send a module whose key names an autocast: autocast holds for the thread
+    that entered it, and a worker in another process would compute in its own precision
+    an answer the key does not describe. The settings of the whole process its key names
+    (another default dtype, TF32) are the worker's to share or not: the copy rebuilt there
+    declares them, and is refused there where they differ."""
+    named = dict(_precision_of(node.module) or ()) if node._keys_precision else {}
+    if "autocast" not in named:
         return
-    said = ", ".join(f"{_SAID.get(what, what)} {value}" for what, value in named)
     kind = type(node.module).__qualname__
     raise Unbuildable(
-        f"the `{kind}` runs here in a precision other than torch's default ({said}), which "
-        "its key names, and a worker that rebuilds it in another process does not run in it: "
-        "it would compute there an answer the key does not describe. Call it outside "
-        "`torch.autocast` and with torch's default settings, enter autocast inside the "
-        'module\'s forward, or place the node on a `Worker.generic(mode="local")` worker'
+        f"the `{kind}` is called under autocast ({named['autocast']}), which its key names, "
+        "and autocast does not reach a worker that rebuilds it in another process: it would "
+        "compute there an answer the key does not describe. Call it outside "
+        "`torch.autocast`, enter autocast inside the module's forward, or place the node on "
+        'a `Worker.generic(mode="local")` worker'
     )
 
-
-_SAID = {"default": "default dtype"}
-"""How an error names a part of a precision (:func:`~somatize_torch._precision.precision_on`)."""
 
 _GONE = object()
 

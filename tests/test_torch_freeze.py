@@ -261,7 +261,9 @@ def test_a_cached_module_node_keyed_by_autocast_is_not_sent_to_another_process(
     is refused before anything runs, saying where it can run: autocast does not reach that
     process, where it would compute in float32 an answer kept under a key that says bf16
     (or be refused there, as running other code). In torch's default precision it is sent
-    as before."""
+    as before, and with another default dtype too, a setting of the whole process that a
+    worker's process may share (this one does): its copy, rebuilt there, says whether it
+    does."""
     from somatize import Broker, Unbuildable, Worker
 
     node = smt.ModuleNode.build(Encoder).named("encoder").frozen().cached().at("w1")
@@ -276,6 +278,13 @@ def test_a_cached_module_node_keyed_by_autocast_is_not_sent_to_another_process(
             g.forward(x, store=store, broker=broker)
         assert torch.equal(g.forward(x, store=store, broker=broker), first)
         assert g.record is not None and g.record.outcome == {"encoder": "recalled"}
+        made = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            g.forward(x, store=store, broker=broker)
+            assert g.record.outcome == {"encoder": "ran"}
+        finally:
+            torch.set_default_dtype(made)
     finally:
         broker.close()
 
