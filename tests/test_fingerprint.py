@@ -26,7 +26,7 @@ from unittest import mock
 import pytest
 
 from somatize import Drifted, Graph, Node, SomatizeWarning, Store, catalog
-from somatize.catalog import fingerprint_of
+from somatize.catalog import _marked, _marks, _watch, fingerprint_of
 
 _MODULE = "tests.fingerprinted"
 
@@ -43,6 +43,29 @@ def _load(path: Path, text: str, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 _WRITES = [0]
+
+
+def _catalog_modules() -> list[types.ModuleType]:
+    """The modules of the catalog's package, each loaded."""
+    return [m for n, m in sorted(sys.modules.items()) if n.startswith("somatize.catalog.")]
+
+
+def _defined(name: str) -> Any:
+    """The function ``name`` of the catalog, from the module that defines it."""
+    (found,) = {
+        id(vars(m)[name]): vars(m)[name] for m in _catalog_modules() if name in vars(m)
+    }.values()
+    return found
+
+
+def _patch_everywhere(monkeypatch: pytest.MonkeyPatch, name: str, value: Any) -> None:
+    """Sets ``name`` to ``value`` in each module of the catalog that holds it — the one that
+    defines it and each that imports it — so that every call of it, from any of them, is
+    one of ``value``."""
+    holders = [m for m in _catalog_modules() if name in vars(m)]
+    assert holders, f"no module of the catalog holds `{name}`"
+    for module in holders:
+        monkeypatch.setattr(module, name, value)
 
 
 def _write(path: Path, text: str) -> None:
@@ -1148,16 +1171,14 @@ def test_a_count_moved_as_a_class_runs_is_not_read_again(
     """A count a class moves as it runs does not make its fingerprint be worked out again:
     the forwards after the first read neither its text nor its functions' bytecode (which
     for a class of many values and methods would be read again at every forward)."""
-    from somatize import catalog
-
     monkeypatch.setattr(CountsAmongValues, "calls", 0)
     graph = Graph.somatize(CountsAmongValues().named("n").frozen().cached())
     graph.forward(1, store=store)
     read: list[str] = []
     for name in ("_class_body", "_stores_in", "_function_bytes"):
-        done = getattr(catalog, name)
-        monkeypatch.setattr(
-            catalog,
+        done = _defined(name)
+        _patch_everywhere(
+            monkeypatch,
             name,
             lambda *a, _done=done, _name=name, **k: read.append(_name) or _done(*a, **k),
         )
@@ -1649,7 +1670,7 @@ def test_a_large_table_an_object_marked_by_which_it_is_holds_is_never_taken_as_u
     changed at every forward, never as unchanged: a change in place in the table, or beside
     it, is computed with, never recalled for."""
     monkeypatch.setattr(HoldsScale, "act", _Cache(2))
-    monkeypatch.setattr(catalog, "_TOLD", set())
+    monkeypatch.setattr(_marked, "_TOLD", set())
     with pytest.warns(SomatizeWarning, match=r"`HoldsScale\.act`"):
         graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
     assert graph.forward(5, store=store, strict=True) == 10
@@ -1958,7 +1979,7 @@ class Plus(Node):
 
 
 print(Graph.somatize(Plus().named("p")).forward(1))
-print(__import__("somatize.catalog").catalog._HEARING[0])
+print(__import__("somatize.catalog._watch").catalog._watch._HEARING[0])
 """
 
 
@@ -1966,10 +1987,8 @@ def test_a_process_that_refuses_audit_hooks_still_runs_graphs(tmp_path: Path) ->
     """Where a hook added before refuses the audit hook that counts code set in place, that
     is known, and a graph is still built and run (such sets are then seen by a graph
     built after); elsewhere the hook counts."""
-    from somatize import catalog
-
     catalog.watch_code(())
-    assert catalog._HEARING[0] is True
+    assert _watch._HEARING[0] is True
     path = tmp_path / "refusing.py"
     _write(path, _REFUSING)
     root = str(Path(__file__).resolve().parent.parent)
@@ -2470,7 +2489,7 @@ def test_a_table_too_large_to_watch_a_class_holds_is_told_once(
     which class and attribute, and what to do instead — and told when a table grows past
     that bound between forwards."""
     monkeypatch.setattr(Vocabulary, "vocab", {f"w{i}": i for i in range(5000)})
-    monkeypatch.setattr(catalog, "_TOLD", set())
+    monkeypatch.setattr(_marked, "_TOLD", set())
     with pytest.warns(SomatizeWarning, match=r"`Vocabulary\.vocab`.*instance.*input"):
         graph = Graph.somatize(Vocabulary().named("h").frozen().cached())
     with warnings.catch_warnings():
@@ -2497,8 +2516,8 @@ class _SlottedCounted(_SlottedOnly):
 
 def _kept_alive() -> int:
     """How many objects that cannot be referenced weakly the fingerprints keep alive."""
-    tables = (catalog._TOKENS, catalog._HELD, catalog._MARKED)
-    return len({id(e[0]()) for t in tables for e in t.values() if type(e[0]) is catalog._Kept})
+    tables = (_marks._TOKENS, _marks._HELD, _marks._MARKED)
+    return len({id(e[0]()) for t in tables for e in t.values() if type(e[0]) is _marks._Kept})
 
 
 def test_objects_that_cannot_be_referenced_weakly_are_freed_once_nothing_else_holds_them(
@@ -3270,13 +3289,13 @@ def test_a_class_s_code_is_read_for_the_tables_it_fills_once_however_many_graphs
     not again at every graph built with it and every forward of such a graph: building a
     graph costs no more than looking up what was read."""
     read: list[Any] = []
-    reads = catalog._tables_changed_by
+    reads = _defined("_tables_changed_by")
 
     def counted(code: Any, *rest: Any) -> set[str]:
         read.append(code)
         return reads(code, *rest)
 
-    monkeypatch.setattr(catalog, "_tables_changed_by", counted)
+    _patch_everywhere(monkeypatch, "_tables_changed_by", counted)
     for _ in range(5):
         graph = Graph.somatize(_Memoizing().named("m").frozen().cached())
         assert graph.forward(3, store=store) == 6

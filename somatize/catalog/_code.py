@@ -1,0 +1,309 @@
+"""How a function's code is read: by its source, where the file still compiles to the code
+that runs, else by its compiled code, digested alike in every process.
+
+The source of a module is parsed once while :mod:`linecache` holds the same lines
+(:class:`_Source`), and read for what the module's text assigns a name
+(:func:`_assignment`) and imports (:func:`_imports_of`), so that a value is named as the
+text writes it rather than by what it holds as the code runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import linecache
+import sys
+import textwrap
+from functools import cached_property
+from types import (
+    CodeType,
+    FunctionType,
+)
+from typing import Any
+
+from somatize.catalog._members import _same_package
+from somatize.catalog._rebuild import held_at
+
+
+def _code_bytes(code: CodeType) -> bytes:
+    """:func:`code_digest`, and how the code is called: its arguments and flags."""
+    shape = (
+        code.co_argcount,
+        code.co_posonlyargcount,
+        code.co_kwonlyargcount,
+        code.co_flags,
+        code.co_varnames,
+    )
+    return code_digest(code) + repr(shape).encode()
+
+
+def _source_of(function: FunctionType) -> bytes | None:
+    """The source of ``function`` as its file reads now, when the file, compiled now, makes
+    the code the function runs at the same line — None when it does not (the file was
+    edited since it was loaded, another definition is found there) or cannot be found (a
+    function typed into an interpreter). The whole file is compiled, since how a line
+    compiles depends on what is around it (its class, its module's imports)."""
+    code = function.__code__
+    try:
+        lines, _ = inspect.getsourcelines(function)  # reads the file as it is now
+    except (OSError, TypeError, SyntaxError):
+        return None
+    if (code.co_name, code.co_firstlineno, _code_bytes(code)) not in _source_file(
+        code.co_filename
+    ).compiled:
+        return None
+    return textwrap.dedent("".join(lines)).encode()
+
+
+class _Source:
+    """A source file as :mod:`linecache` holds its lines: what they compile to and what
+    they parse to, each worked out once, when first asked."""
+
+    def __init__(self, filename: str, lines: list[str]) -> None:
+        self.filename = filename
+        self.lines = lines
+        self.text = "".join(lines)
+
+    @cached_property
+    def compiled(self) -> frozenset[tuple[str, int, bytes]]:
+        """Each code object the file compiles to: its name, its first line and
+        :func:`_code_bytes`."""
+        shapes: set[tuple[str, int, bytes]] = set()
+        try:
+            codes = [compile(self.text, self.filename, "exec", dont_inherit=True)]
+        except (SyntaxError, ValueError):
+            codes = []
+        while codes:
+            at = codes.pop()
+            shapes.add((at.co_name, at.co_firstlineno, _code_bytes(at)))
+            codes += (c for c in at.co_consts if isinstance(c, CodeType))
+        return frozenset(shapes)
+
+    @cached_property
+    def tree(self) -> ast.Module | None:
+        """What the file parses to, or None."""
+        try:
+            return ast.parse(self.text) if self.lines else None
+        except (SyntaxError, ValueError):
+            return None
+
+
+_SOURCES: dict[str, _Source] = {}
+"""A source file → what was worked out from its lines, while :mod:`linecache` holds those
+same lines (it reads a file changed since anew)."""
+
+
+def _source_file(filename: str) -> _Source:
+    lines = linecache.getlines(filename)
+    found = _SOURCES.get(filename)
+    if found is None or found.lines is not lines:
+        found = _SOURCES[filename] = _Source(filename, lines)
+    return found
+
+
+def _as_written(body: list[ast.stmt] | None, name: str, value: Any) -> Any:
+    """The value ``body`` (a class's statements) gives ``name`` where it assigns it a
+    literal, else ``value``."""
+    made = _assignment(body, name)
+    if made is None:
+        return value
+    try:
+        return ast.literal_eval(made)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return value
+
+
+def _written_at(module: str, name: str, value: Any) -> tuple[list[ast.stmt] | None, str]:
+    """The statements of the module whose text assigns ``name`` of module ``module``, and
+    the name there: ``module``'s own, or where its text assigns no such name, those of the
+    module of its package it imports ``value`` from (``from proj.config import SCALE``),
+    followed on through the modules of its package that import it in turn (``__init__``
+    importing it from ``proj.config``) or import all of another's names (``from
+    proj.config import *``)."""
+    at, seen = (module, name), set()
+    while at not in seen:  # a module importing from one that imports from it ends here
+        seen.add(at)
+        body = _module_body(at[0])
+        if body is not None and _assignment(body, at[1]) is not None:
+            return body, at[1]
+        imports = _imports_of(at[0])
+        sources = [imports[at[1]]] if at[1] in imports else []
+        sources += [(every, at[1]) for every, _ in imports.get("*", [])]
+        at = next((s for s in sources if _same_package(s[0], module) and held_at(*s) is value), at)
+    return _module_body(module), name
+
+
+def _as_imported(function: FunctionType | type, module: str, name: str) -> bool:
+    """Whether ``function``, defined in another module than ``module``, which holds it as
+    ``name``, is what ``module``'s text imports there (``from tools import double``): what
+    the module imported from holds under that name — not a function set in its place by
+    hand (a monkeypatch putting a fake where a node's module imported the real one), nor
+    one the text neither imports nor assigns there. Where the text does not import it (no
+    text, a name the text assigns, ``dumps = json.dumps``), what its own module holds
+    under its name."""
+    body = _module_body(module)
+    imports = _imports_of(module)
+    source = imports.get(name)
+    if source is not None:
+        return held_at(*source) is function
+    if any(held_at(whole, name) is function for whole, _ in imports.get("*", ())):
+        return True
+    if body is not None and _assignment(body, name) is None:
+        return False  # put there from outside the text
+    return held_at(function.__module__, function.__qualname__) is function
+
+
+def _imports_of(module: str) -> dict[str, Any]:
+    """Each name the statements of ``module``'s text import a value under (``from tools
+    import double as twice``), at its top or in an ``if``, ``try`` or ``with`` block there,
+    → the module imported from and the name there (``"*"`` → each module all of whose names
+    are imported); {} where the text is not known."""
+    body = _module_body(module)
+    if body is None:
+        return {}
+    found = _IMPORTS.get(id(body))
+    if found is None or found[0] is not body:
+        package = getattr(sys.modules.get(module), "__package__", None) or ""
+        names: dict[str, Any] = {}
+        statements = list(body)
+        while statements:  # the module's, and those of its `if`, `try` and `with` blocks
+            statement = statements.pop()
+            if not isinstance(statement, ast.ImportFrom):
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    if not isinstance(statement, (ast.FunctionDef, ast.ClassDef)):
+                        statements += getattr(statement, field, None) or []
+                continue
+            try:
+                source = importlib.util.resolve_name(
+                    "." * statement.level + (statement.module or ""), package
+                )
+            except (ImportError, ValueError):
+                continue
+            for alias in statement.names:
+                if alias.name == "*":
+                    names.setdefault("*", []).append((source, "*"))
+                else:
+                    names[alias.asname or alias.name] = (source, alias.name)
+        found = _IMPORTS[id(body)] = (body, names)
+    return found[1]
+
+
+_IMPORTS: dict[int, tuple[list[ast.stmt], dict[str, Any]]] = {}
+"""A module's statements (by identity, held so it is not another's) → what they import
+(:func:`_imports_of`), read once."""
+
+
+def _assigned(body: list[ast.stmt] | None, name: str, value: Any) -> bytes | None:
+    """What names the value ``name`` holds, as it is assigned in ``body`` (a module's or a
+    class's statements): a literal (``FACTOR = 2``) by the value it holds now, which is
+    the same in every process; one computed as the module loads (``HERE =
+    os.path.dirname(__file__)``, a value read from the environment) by how it is
+    computed, and how the names it reads there are (:func:`_made_by`), the same wherever
+    the code is, whatever it makes there. None where
+    nothing in ``body`` assigns it (it came from elsewhere), or ``body`` is not known."""
+    made = _assignment(body, name)
+    if made is None:
+        return None
+    try:
+        ast.literal_eval(made)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return b"made by " + _made_by(body, made, {name})
+    return _constant_bytes(value)
+
+
+def _made_by(body: list[ast.stmt] | None, made: ast.expr, seen: set[str]) -> bytes:
+    """How ``made``, a value ``body`` computes, is written, with how each name it reads that
+    ``body`` assigns is (``HIDDEN = 4 * WIDTH``, ``WIDTH = EMBED``, ``EMBED = 128``): another
+    value written for one of those is another value, though it is read nowhere else."""
+    parts = [ast.unparse(made).encode()]
+    for node in ast.walk(made):
+        if isinstance(node, ast.Name) and node.id not in seen:
+            seen.add(node.id)
+            there = _assignment(body, node.id)
+            if there is not None:
+                parts.append(node.id.encode() + b" = " + _made_by(body, there, seen))
+    return b"; ".join(parts)
+
+
+def _assignment(body: list[ast.stmt] | None, name: str) -> ast.expr | None:
+    """The value the last assignment to ``name`` in ``body`` gives it; None where there is
+    none, or ``body`` is not known."""
+    if body is None:
+        return None
+    found = _ASSIGNMENTS.get(id(body))
+    if found is None or found[0] is not body:
+        found = _ASSIGNMENTS[id(body)] = (body, _assignments_in(body))
+    return found[1].get(name)
+
+
+_ASSIGNMENTS: dict[int, tuple[list[ast.stmt], dict[str, ast.expr]]] = {}
+"""A module's or a class's statements (by identity, held so the identity is not another's)
+→ what each name is last assigned there (:func:`_assignments_in`): read once, not once a
+name, which for a class of many values would be a scan of its body for each."""
+
+
+def _assignments_in(body: list[ast.stmt]) -> dict[str, ast.expr]:
+    made: dict[str, ast.expr] = {}
+    for statement in body:
+        if isinstance(statement, ast.Assign):
+            for target in statement.targets:
+                if isinstance(target, ast.Name):
+                    made[target.id] = statement.value
+        elif (
+            isinstance(statement, ast.AnnAssign)
+            and isinstance(statement.target, ast.Name)
+            and statement.value is not None
+        ):
+            made[statement.target.id] = statement.value
+    return made
+
+
+def _module_body(module: str) -> list[ast.stmt] | None:
+    """The top-level statements of loaded module ``module``'s source, or None."""
+    filename = getattr(sys.modules.get(module), "__file__", None)
+    tree = _source_file(filename).tree if isinstance(filename, str) else None
+    return None if tree is None else tree.body
+
+
+def _class_body(kind: type) -> list[ast.stmt] | None:
+    """The statements of ``kind``'s body in its module's source, found by its qualified
+    name (a class defined inside a function is not found), or None."""
+    body = _module_body(kind.__module__)
+    for part in kind.__qualname__.split("."):
+        if body is None:
+            return None
+        classes = [s for s in body if isinstance(s, ast.ClassDef) and s.name == part]
+        body = classes[-1].body if classes else None
+    return body
+
+
+def code_digest(code: CodeType) -> bytes:
+    """A digest of compiled ``code`` that every process compiling the same source agrees
+    on: its bytecode, the names it uses and its constants. Nested code (a generator
+    expression, a lambda, an inner function) is digested the same way, since its ``repr``
+    holds its address in memory; a frozenset's members are taken in sorted order, since
+    its order follows string hashes, which are salted per process."""
+    digest = hashlib.sha256()
+    for piece in (
+        code.co_code,
+        "\0".join(code.co_names).encode(),
+        *map(_constant_bytes, code.co_consts),
+    ):
+        digest.update(len(piece).to_bytes(8, "little") + piece)
+    return digest.digest()
+
+
+def _constant_bytes(value: Any) -> bytes:
+    """A constant of compiled code as bytes that are the same in every process."""
+    if isinstance(value, CodeType):
+        return b"code " + code_digest(value)
+    if isinstance(value, (tuple, frozenset)):
+        members = [_constant_bytes(member) for member in value]
+        if isinstance(value, frozenset):
+            members.sort()
+        joined = b"".join(len(member).to_bytes(8, "little") + member for member in members)
+        return f"{type(value).__name__} ".encode() + hashlib.sha256(joined).digest()
+    return f"{type(value).__name__} {value!r}".encode()

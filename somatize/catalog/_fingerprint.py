@@ -1,0 +1,217 @@
+"""The code fingerprint of node classes (:func:`fingerprint_of`): a digest of how each
+class of their lineage, short of the library's, is written.
+
+A class's own body is digested once (:func:`_written`) and again only when its body, or a
+name its functions looked up in their module, holds something else since
+(:data:`_FINGERPRINTS`).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import weakref
+from types import (
+    FunctionType,
+)
+from typing import Any
+
+from somatize.catalog._bytecode import _fillers, _state_of
+from somatize.catalog._code import _as_written, _assigned, _assignment, _class_body, _constant_bytes
+from somatize.catalog._functions import (
+    _bound_in,
+    _default_table_bytes,
+    _default_tables,
+    _function_bytes,
+    _made_of,
+    _table_now,
+)
+from somatize.catalog._held import _contained_bytes, _held_bytes, _opaque_bytes, _runner
+from somatize.catalog._marks import _token_of, _version_of
+from somatize.catalog._members import (
+    _CONTAINERS,
+    _ancestry,
+    _dunder,
+    _functions_in,
+    _left_out,
+    _plain,
+    _put,
+    _Same,
+    _table,
+)
+from somatize.catalog._names import Looked, _named, _sighted, _still
+
+Body = tuple[tuple[str, Any], ...]
+"""What a class's own body held when its fingerprint was worked out (:func:`_body_of`)."""
+
+
+_FINGERPRINTS: weakref.WeakKeyDictionary[
+    type, tuple[bytes, Looked, Body, tuple[frozenset[str], frozenset[str]]]
+] = weakref.WeakKeyDictionary()
+"""A class → the digest of what its own body holds (:func:`_written`), the module names
+it looked up for it, what its body held then and the names taken as state, worked out
+again when other names are state (it is fingerprinted in another lineage), or when one of those
+names holds another helper or value (a notebook's cell run again), or the body holds
+another function or value (a method set on the class, or deleted from it, since)."""
+
+
+def fingerprint_of(*kinds: type) -> str:
+    """A digest of how the classes ``kinds`` are written: each of them and every class they inherit
+    from, and their metaclasses (:func:`_ancestry`), short of the library's
+    (:class:`~somatize.node.Node`, classes of the standard library and of torch), each by
+    its code as it was loaded — the source of each of its functions, where the source found
+    still compiles to the code that runs, else that code — the plain values it holds
+    (numbers, strings, tuples of them), and the helpers its functions name in their module:
+    the plain functions defined there (followed on to the ones they name) and the plain
+    values, those these functions assign (``global``: the module's state as it runs) as the
+    module's text assigns them. The same in every process running the same code. Each class
+    is worked out once, when first asked, and again when a name its functions look up in
+    their module holds another helper or value since (a notebook's cell run again), or a
+    function or value of its body is set, added or deleted since (a method patched in:
+    ``Kind.forward = other``)."""
+    lineage: dict[type, None] = {}
+    for kind in kinds:
+        for above in _ancestry(kind):
+            if not _left_out(above):
+                lineage[above] = None
+    # A name the code of the lineage sets on one of its classes as it runs (a counter a
+    # subclass moves on itself, declared on its base) is their state, not their code.
+    state = _state_of(lineage, (member for k in lineage for member in list(vars(k).values())))
+    filled, by_forward = _fillers(lineage)
+    state |= filled
+    kept = by_forward - state
+    entries = sorted(
+        (f"{k.__module__}:{k.__qualname__}".encode(), _written(k, state, kept)) for k in lineage
+    )
+    digest = hashlib.sha256(b"somatize code 2\0")
+    for name, written in entries:
+        digest.update(len(name).to_bytes(8, "little") + name + written)
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset()) -> bytes:
+    """The digest of what ``kind``'s own body holds: each function (by
+    :func:`_function_bytes`), each plain value, and what its functions name in their
+    module (:func:`_named`), and each dict, list, tuple or set that holds an object, by
+    what it holds (:func:`_contained_bytes`). A dataclass is said by its fields, not by
+    the methods made for it (whose code is the Python version's as much as the class's). A
+    name of
+    ``state`` (what the code of its lineage sets on a class of it as it runs) is taken as
+    the class's text assigns it, and not at all where the class does not assign it but a
+    class it inherits from holds it (a counter declared on a base, moved on the subclass
+    by ``type(self).calls += 1``): that class's value is the one written. Where no text
+    of the class is known (typed into a notebook), such a name is digested by a mark
+    alone, whatever it holds. A table of ``kept`` (one its node's forward fills) is named
+    as it was first seen (:func:`_sighted`)."""
+    found = _FINGERPRINTS.get(kind)
+    body = _body_of(kind, state, kept)
+    if (
+        found is not None
+        and found[2] == body
+        and found[3] == (state, kept)
+        and all(_still(*name) for name in found[1])
+    ):
+        return found[0]
+    digest = hashlib.sha256()
+    made = "__dataclass_params__" in vars(kind)
+    if made:
+        _put(digest, b"fields", *(field.name.encode() for field in dataclasses.fields(kind)))
+    functions: list[FunctionType] = []
+    members = sorted(vars(kind).items(), key=lambda item: item[0])
+    helds = [_functions_in(member) for _, member in members]
+    texts: list[list[ast.stmt] | None] = []  # the class's statements, read once if needed
+    for (name, member), held in zip(members, helds, strict=True):
+        if made and _dunder(name):  # made for the dataclass from a text of its own
+            held = [f for f in held if f.__code__.co_filename != "<string>"]
+        for function in held:
+            _put(digest, b"def " + name.encode(), _function_bytes(function))
+            tables = _default_tables(name, function)
+            if tables:  # by what they hold, or once changed in place, a mark
+                _put(digest, b"defaults " + name.encode(), *map(_default_table_bytes, tables))
+        bound = _bound_in(member) if held else []
+        if bound:
+            _put(digest, b"bound " + name.encode(), *bound)
+        functions += held
+        opaque = None if held or _dunder(name) or _plain(member) else _opaque_bytes(member)
+        if opaque is not None:
+            _put(digest, b"object " + name.encode(), opaque)
+        filled = _table(name, member) and name in state
+        if _table(name, member) and name in kept and not filled:
+            if not texts:
+                texts.append(_class_body(kind))
+            where = f"{kind.__qualname__}.{name}"
+            sighted = _sighted(member, _assignment(texts[0], name), where)
+            _put(digest, b"table " + name.encode(), sighted)
+            continue
+        contained = None if _dunder(name) or filled else _contained_bytes(member)
+        if contained is not None:
+            _put(digest, b"holds " + name.encode(), contained)
+        elif filled:  # filled by its own code (with objects too, a registry): as written
+            if not texts:
+                texts.append(_class_body(kind))
+            made_as = _assignment(texts[0], name)
+            if made_as is not None:
+                _put(digest, b"table " + name.encode(), b"written " + ast.unparse(made_as).encode())
+            elif not any(name in vars(above) for above in kind.__mro__[1:]):
+                _put(digest, b"table " + name.encode(), b"state")
+        elif _table(name, member):  # by what it holds, or once changed in place, a mark
+            _put(digest, b"table " + name.encode(), _held_bytes(member) or _token_of(member))
+        if not held and not _dunder(name) and _plain(member):
+            if not texts:
+                texts.append(_class_body(kind))
+            text = texts[0]
+            if name in state and _assignment(text, name) is None:
+                if not any(name in vars(above) for above in kind.__mro__[1:]):
+                    # state no known text assigns (a class typed in a notebook): no value
+                    _put(digest, b"let " + name.encode(), b"state")
+                continue  # else state a class it inherits from declares
+            value = _as_written(text, name, member) if name in state else member
+            assigned = _assigned(text, name, value)
+            _put(digest, b"let " + name.encode(), assigned or _constant_bytes(value))
+    named, looked = _named(functions)
+    for label, piece in named:
+        _put(digest, label, piece)
+    written = digest.digest()
+    if kept:  # a table first seen as it was worked out was marked: read as it is now
+        body = _body_of(kind, state, kept)
+    _FINGERPRINTS[kind] = (written, looked, body, (state, kept))
+    return written
+
+
+def _body_of(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset()) -> Body:
+    """What of ``kind``'s own body its fingerprint reads, to tell whether it changed since:
+    each name it holds, with weak references to the functions held there and their code
+    (a function replaced by another is told apart, as is one given other code in place,
+    and what is remembered keeps neither the class nor its functions alive), or the plain
+    value held there, by type and value — not one of ``state``, which the fingerprint
+    takes by the class's text, so that a count moved as the class runs is not a change
+    to work out again — or None."""
+    body: list[tuple[str, Any]] = []
+    for name, member in list(vars(kind).items()):
+        held = _functions_in(member)
+        if held:
+            functions = tuple(
+                (weakref.ref(f), _made_of(f), tuple(map(_table_now, _default_tables(name, f))))
+                for f in held
+            )
+            body.append((name, (functions, _bound_in(member))))
+        elif _plain(member):
+            body.append((name, "state" if name in state else (type(member), member)))
+        elif type(member) in _CONTAINERS and not _dunder(name):  # read again, as an object
+            contained = None if name in state or name in kept else _contained_bytes(member)
+            if name in kept and name not in state:  # as first seen, till changed elsewhere
+                body.append((name, ("kept", _Same(member), _version_of(member))))
+            elif name in state:  # a table its own code fills (a registry too): by its text
+                body.append((name, ("state", _Same(member))))
+            elif contained is None:  # a table: by what it holds, or its mark
+                body.append((name, (_held_bytes(member), _Same(member), _version_of(member))))
+            else:
+                body.append((name, contained))
+        else:
+            opaque = _opaque_bytes(member)
+            if opaque is not None and opaque.startswith(b"object "):  # marked: by identity
+                body.append((name, (_Same(member), _version_of(_runner(member)))))
+            else:  # named by what it holds, read again: one changed in place is seen
+                body.append((name, opaque))
+    return tuple(body)

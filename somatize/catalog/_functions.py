@@ -1,0 +1,281 @@
+"""A function named by how it is written: its source or code, its defaults and what it
+closes over (:func:`_function_bytes`), worked out again once it is given other code or
+defaults in place.
+
+An object a function closes over, takes by default or a partial binds is named as an
+object a class holds is (:mod:`~somatize.catalog._held`); an object of the library's by its
+type; a table taken by default that its own code does not fill, by what it holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import weakref
+from types import (
+    BuiltinFunctionType,
+    CellType,
+    FunctionType,
+    MethodType,
+    ModuleType,
+)
+from typing import Any
+
+from somatize.catalog._bytecode import _LOCAL_LOADS, _tables_changed_by
+from somatize.catalog._code import _code_bytes, _constant_bytes, _source_of
+from somatize.catalog._held import _builtin_bytes, _contained_bytes, _held_bytes
+from somatize.catalog._marks import _token_of, _version_of
+from somatize.catalog._members import (
+    _CONTAINERS,
+    _PARTIALS,
+    _exactly_plain,
+    _left_out,
+    _plain,
+    _put,
+    _Same,
+)
+from somatize.catalog._rebuild import identity_of
+
+_FUNCTIONS: weakref.WeakKeyDictionary[FunctionType, tuple[Any, bytes]] = weakref.WeakKeyDictionary()
+"""A function → the code it ran and its defaults (:func:`_made_of`), and the digest of
+them (:func:`_function_bytes`), worked out again when it is given other code (``f.__code__
+= ...``, as a reloader does) or other defaults (``f.__defaults__ = ...``)."""
+
+
+def _bound_in(member: Any) -> list[bytes]:
+    """The arguments a partial held by a class (as :func:`_functions_in` finds it) binds, the
+    partial's own first: a plain value by what it is, an object as one a method closes over
+    is named (:func:`_cell_bytes`: by what it holds, else by a mark of that very object), so
+    that a partial bound to another object, or to one changed in place, is not taken for
+    the first."""
+    if isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    bound = []
+    while isinstance(member, _PARTIALS):
+        bound.append(b"partial")
+        bound += map(_argument_bytes, member.args)
+        bound += (
+            n.encode() + b"\0" + _argument_bytes(v) for n, v in sorted(member.keywords.items())
+        )
+        member = member.func
+    return bound
+
+
+def _partial_keywords(member: Any) -> list[dict[str, Any]]:
+    """The dict of keywords of each partial a class attribute is made of (:func:`_bound_in`),
+    for a watch to see one set in place (``Kind.act.keywords["k"] = 3``); none for any
+    other attribute."""
+    if isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    found = []
+    while isinstance(member, _PARTIALS):
+        if type(member.keywords) is dict:
+            found.append(member.keywords)
+        member = member.func
+    return found
+
+
+def _argument_bytes(value: Any) -> bytes:
+    """An argument a partial binds (:func:`_bound_in`), named as a cell a function closes
+    over is (:func:`_cell_bytes`); an object of the library's (:func:`_library_object`) by
+    its type."""
+    if _library_object(value):
+        return _value_bytes(value)
+    cell = CellType(value)
+    return _cell_bytes("", cell, frozenset())
+
+
+def _library_object(value: Any) -> bool:
+    """Whether ``value``, bound by a partial or taken by default, is an object of a class of
+    the standard library's or another the fingerprints leave out (:func:`_left_out`:
+    ``os.environ``, a lock, a bare ``object()`` sentinel, a logger): named by its type, the
+    same in every process whatever it holds, and not watched — a mark of that very object
+    would have every new process, and every worker, take the code for other code."""
+    if _plain(value) or type(value) in _CONTAINERS:
+        return False
+    if isinstance(value, (FunctionType, MethodType, type, ModuleType, *_PARTIALS)):
+        return False
+    return _left_out(type(value)) and not hasattr(value, "__wrapped__")  # lru_cache's
+
+
+def _bound_objects(member: Any) -> list[Any]:
+    """The objects a partial held by a class binds (:func:`_bound_in`), that a watch reads
+    as it reads what a function closes over: no plain value, function, class, module nor
+    object of the library's (:func:`_library_object`)."""
+    if isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    found: list[Any] = []
+    while isinstance(member, _PARTIALS):
+        for value in (*member.args, *member.keywords.values()):
+            if not (
+                _exactly_plain(value)
+                or isinstance(value, (FunctionType, type, ModuleType))
+                or _library_object(value)
+            ):
+                found.append(value)
+        member = member.func
+    return found
+
+
+def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()) -> bytes:
+    """How ``function`` is written: its source where the source found compiles to its
+    code (the file may have been edited since it was loaded), else its code (digested
+    alike in every process running the Python version), its default values, and what it
+    closes over (:func:`_cell_bytes`; ``within``: the functions being digested around it,
+    which one that closes over itself names)."""
+    made_of = _made_of(function)
+    found = _FUNCTIONS.get(function)
+    if found is not None and found[0] == made_of:
+        return found[1]
+    source = _source_of(function)
+    digest = hashlib.sha256()
+    if source is not None:
+        _put(digest, b"source", source)
+    else:
+        _put(digest, b"code", _code_bytes(function.__code__))
+    defaults = function.__defaults__ or ()
+    kwdefaults = sorted((function.__kwdefaults__ or {}).items())
+    _put(digest, b"defaults", *map(_default_bytes, defaults))
+    _put(digest, b"keywords", *(n.encode() + b"\0" + _default_bytes(v) for n, v in kwdefaults))
+    if function.__closure__:
+        within |= {id(function)}
+        cells = zip(function.__code__.co_freevars, function.__closure__, strict=False)
+        _put(
+            digest,
+            b"closes",
+            *(n.encode() + b"\0" + _cell_bytes(n, c, within) for n, c in cells),
+        )
+    written = digest.digest()
+    _FUNCTIONS[function] = (made_of, written)
+    return written
+
+
+def _made_of(function: FunctionType) -> tuple[Any, ...]:
+    """What of ``function`` its digest is worked out from, to tell it changed since: its code
+    and its defaults, each by identity (a default replaced in place, ``f.__defaults__ =
+    (50,)`` or ``f.__kwdefaults__["by"] = 70``, is told apart), and each object it closes
+    over that is named by what it holds (:func:`_held_bytes`) by that name, else by
+    identity (one changed in place since it was named is marked from then on)."""
+    keywords = function.__kwdefaults__ or {}
+    held = tuple(
+        _held_bytes(value) or _contained_bytes(value) or (_Same(value), _version_of(value))
+        for value in _closed_objects(function)
+    )
+    return (
+        _Same(function.__code__),
+        _Same(function.__defaults__),
+        tuple((name, _Same(value)) for name, value in keywords.items()),
+        held,
+    )
+
+
+def _closed_objects(function: FunctionType) -> list[Any]:
+    """The objects ``function`` closes over, or takes as defaults, that :func:`_cell_bytes`
+    may name by what they hold: no plain value, function, class nor module."""
+    found = []
+    for cell in function.__closure__ or ():
+        with contextlib.suppress(ValueError):  # not filled yet
+            value = cell.cell_contents
+            if _exactly_plain(value) or isinstance(value, (FunctionType, type, ModuleType)):
+                continue
+            found.append(value)
+    defaults = (*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values())
+    found += filter(_default_object, defaults)
+    return found
+
+
+def _default_object(value: Any) -> bool:
+    """Whether ``value``, a default of a function, is an object named as one the function
+    closes over (:func:`_default_bytes`): no plain value, function, class nor module, and
+    no dict, list or set (a constructor's default argument, which the node's declaration
+    follows)."""
+    if _plain(value) or type(value) in _CONTAINERS or _library_object(value):
+        return False
+    return not isinstance(value, (FunctionType, type, ModuleType))
+
+
+_CONSTRUCTORS = frozenset({"__init__", "__new__"})
+"""The methods whose default arguments a node's declaration follows, not its code."""
+
+
+def _default_tables(name: str, function: FunctionType) -> list[Any]:
+    """Each dict, list, set or tuple holding more than plain values that ``function``, held
+    by a class under ``name``, takes by default (``def forward(self, x, ctx, opts={"k": 2})``,
+    ``by={"k": 2}``): named by what it holds in the class's fingerprint
+    (:func:`_default_table_bytes`) and watched as a table the class holds is, so that one
+    changed in place between forwards is seen. None for a constructor
+    (:data:`_CONSTRUCTORS`), whose defaults are followed by the declaration of a node built
+    with them, nor for one the function's own code changes in place (``memo[x] = ...``,
+    ``memo.setdefault(x, y)``: a cache, the memo-default idiom), its state: taken as its
+    text writes it, the same in every process, and not watched."""
+    if name in _CONSTRUCTORS:
+        return []
+    code, defaults = function.__code__, function.__defaults__ or ()
+    positional = code.co_varnames[: code.co_argcount]
+    given = list(zip(positional[len(positional) - len(defaults) :], defaults, strict=False))
+    given += (function.__kwdefaults__ or {}).items()
+    tables = [(n, v) for n, v in given if type(v) in _CONTAINERS and not _plain(v)]
+    if not tables:
+        return []
+    filled = _tables_changed_by(code, {n for n, _ in tables}, _LOCAL_LOADS)
+    return [value for n, value in tables if n not in filled]
+
+
+def _default_table_bytes(value: Any) -> bytes:
+    """A table a method takes by default (:func:`_default_tables`), named as one a class
+    holds is: by what it holds, the same in every process that makes it alike, or once
+    changed in place since, by a mark of that very object."""
+    return _held_bytes(value) or _contained_bytes(value) or _token_of(value)
+
+
+def _table_now(value: Any) -> Any:
+    """What a fingerprint's digest of a table a method takes by default was worked out from
+    (:func:`_default_table_bytes`), to tell that it changed since: by what it holds, else by
+    which object it is and its mark."""
+    return _held_bytes(value) or _contained_bytes(value) or (_Same(value), _version_of(value))
+
+
+def _default_bytes(value: Any) -> bytes:
+    """A default value of a function: an object (:func:`_default_object`) as one the
+    function closes over (:func:`_cell_bytes`), so that one changed in place is seen; any
+    other by :func:`_value_bytes`."""
+    return _argument_bytes(value) if _default_object(value) else _value_bytes(value)
+
+
+def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
+    """What a function closes over, in the cell of its free variable ``name``: a plain
+    value by what it is, a function by :func:`_function_bytes`, the class a method calling
+    ``super()`` was defined in (``__class__``) by its name, another class by its name where
+    that leads back to it, an object whose state is all named by what it is by that
+    (:func:`_held_bytes`), a container holding objects by what it holds
+    (:func:`_contained_bytes`), else by a mark of that very object (:func:`_token_of`), so that
+    a function closing over another object is never taken for one closing over the
+    first."""
+    try:
+        value = cell.cell_contents
+    except ValueError:  # not filled yet
+        return b"empty"
+    if _exactly_plain(value):
+        return _constant_bytes(value)
+    if isinstance(value, FunctionType):
+        if id(value) in within:
+            return b"itself"
+        return b"function " + _function_bytes(value, within)
+    if isinstance(value, type) and name == "__class__":  # the class the code is written in
+        return f"class {value.__module__}:{value.__qualname__}".encode()
+    if isinstance(value, type) and identity_of(value) is not None:
+        return f"class {identity_of(value)}".encode()
+    if isinstance(value, ModuleType):
+        return f"module {value.__name__}".encode()
+    if isinstance(value, BuiltinFunctionType) and (builtin := _builtin_bytes(value)):
+        return builtin
+    return _held_bytes(value) or _contained_bytes(value) or _token_of(value)
+
+
+def _value_bytes(value: Any) -> bytes:
+    """A value as the same bytes in every process: a plain one by what it is, any other
+    by its type."""
+    if _plain(value):
+        return _constant_bytes(value)
+    kind = type(value)
+    return f"a {kind.__module__}:{kind.__qualname__}".encode()

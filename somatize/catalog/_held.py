@@ -1,0 +1,488 @@
+"""An object named by what it holds: its class's name and fingerprint and its attributes,
+each named in turn (:func:`_held_bytes`), the same in every process that makes it alike.
+
+What cannot be named so — a class written in C, an object with slots, one that moves
+itself as it runs, one reached deeper or larger than a bound — is marked by which object
+it is instead (:mod:`~somatize.catalog._marks`). A dict, list, tuple or set holding objects
+is named by what it holds (:func:`_contained_bytes`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import threading
+import weakref
+from types import (
+    BuiltinFunctionType,
+    ClassMethodDescriptorType,
+    FunctionType,
+    GetSetDescriptorType,
+    MemberDescriptorType,
+    MethodDescriptorType,
+    MethodType,
+    ModuleType,
+    WrapperDescriptorType,
+)
+from typing import Any
+
+from somatize.catalog._bytecode import _stores_of
+from somatize.catalog._code import _constant_bytes
+from somatize.catalog._marks import _HELD, _forget_held, _reference, _token_of
+from somatize.catalog._members import (
+    _CONTAINERS,
+    _dunder,
+    _exactly_plain,
+    _functions_in,
+    _joined,
+    _left_out,
+    _plain,
+)
+from somatize.catalog._rebuild import identity_of
+
+_NO_SELF = (ModuleType, type(None))
+"""What a builtin function named by its name alone is bound to: a module, or nothing — not
+an object whose state it computes with (``re.compile("a").search``)."""
+
+
+def _builtin_bytes(function: BuiltinFunctionType) -> bytes | None:
+    """A builtin function by its name, the same in every process, where it is one of a
+    module (``math.sqrt``) or of a class its name leads back to (``tuple.__new__``, which
+    ``namedtuple``'s methods close over); None for one bound to an object whose state it
+    computes with (``re.compile("a").search``)."""
+    bound = function.__self__
+    if isinstance(bound, _NO_SELF):
+        return f"builtin {function.__module__}:{function.__qualname__}".encode()
+    if isinstance(bound, type) and identity_of(bound) is not None:
+        return f"builtin {identity_of(bound)}.{function.__name__}".encode()
+    return None
+
+
+def _opaque_bytes(member: Any) -> bytes | None:
+    """How a class attribute that runs code but is no plain function (a callable object,
+    a mock, a ``singledispatchmethod``) is fingerprinted: a builtin function of a module by
+    its name, an object whose state is all named by what it is by that
+    (:func:`_held_bytes`: the same in every process), any other (a builtin method of an
+    object, ``re.compile("a").search``) by a mark of that very object (:func:`_token_of`),
+    never another's — so one replaced by another is never taken for the old code. None
+    for what runs no code of the class's (a class, a slot, a plain value)."""
+    member = _runner(member)
+    if member is None:
+        return None
+    if isinstance(member, BuiltinFunctionType) and (named := _builtin_bytes(member)):
+        return named
+    return _held_bytes(member) or _token_of(member)
+
+
+def _runner(member: Any) -> Any:
+    """What of a class attribute :func:`_opaque_bytes` names: what a static or class method
+    holds, else itself; None where it runs no code of the class's (a class, a slot, a
+    plain value)."""
+    if isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    if isinstance(member, (type, MemberDescriptorType, GetSetDescriptorType, ModuleType)):
+        return None
+    return member if callable(member) or hasattr(type(member), "__get__") else None
+
+
+_HELD_DEPTH = 8
+
+
+_HELD_ITEMS = 4096
+"""How deep, and over how many values, an object is read to be named by what it holds
+(:func:`_held_bytes`); one deeper or larger is marked by which object it is."""
+
+
+_HEAPTYPE = 1 << 9
+
+
+_C_MEMBERS = (
+    BuiltinFunctionType,
+    MethodDescriptorType,
+    WrapperDescriptorType,
+    ClassMethodDescriptorType,
+)
+
+
+_WALKING = threading.local()
+"""What is being named by what it holds in this thread (objects, by id, and classes being
+fingerprinted for one), so that an object reached again through a function it holds, or
+its class's own body, is marked rather than read without end."""
+
+
+class _Unnamed(Exception):
+    """An object whose state is not all named by what it is."""
+
+
+def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None:
+    """``value`` named by what it is, the same in every process that makes it alike, or
+    None where it cannot be (then it is marked by which object it is, :func:`_token_of`).
+
+    An object is named by its class's name and fingerprint (:func:`fingerprint_of`), what
+    its classes hold that their fingerprints do not name (:func:`_unwritten`: a table, a
+    class), and its attributes, each named in turn: a plain value by what it is, a function
+    by how it is written (:func:`_function_bytes`) and what it names in its module
+    (:func:`_named`: a helper, a constant, as for a class's own functions) and the objects
+    it closes over, a class by its name (where that leads back to it), its fingerprint and
+    what it keeps, as an object's class is, a module by its name, a list, tuple, dict or set
+    by its items, a partial by its function and what it binds, a bound method by its
+    function and its object, another object the same way. An object is not named so — the
+    whole is marked — where any part holds what no name says: a class written in C (a
+    tensor, an array, a lock), an object with slots, one whose class says when it equals
+    another (``__eq__``, but as a dataclass does: a graph's watch compares what it holds
+    with ``==``), a torch module holding hooks; one reached deeper or larger than a bound;
+    one that cannot be referenced weakly (a bare list or dict); or one whose class's own
+    code sets its attributes as it runs (a count, a cache).
+
+    An object is read each time it is asked of, and keeps the name it was first given while
+    it reads so: one changed in place since (``Kind.act.k = 3``, ``-0.0`` for ``0.0``, a
+    helper its function names rebound) is marked by which object it is from then on, so its
+    old name is never taken for what it computes now. Nothing read of it is kept from one
+    time to the next (a cycle through it would keep it alive). ``containers`` is given each
+    dict, list and set read of it (its attributes among them) and the namespaces of its
+    classes, for a graph's watch to see such a change at the next forward."""
+    if type(value) in _CONTAINERS:  # a table a class holds: kept alive, to be named
+        reference = _reference(value)
+    else:
+        try:
+            reference = weakref.ref(value, functools.partial(_forget_held, id(value)))
+        except TypeError:
+            return None
+    walking = _walking()
+    if id(value) in walking:  # reached again as it is read or looked at: marked for good
+        _HELD[id(value)] = (reference, None)
+        return None
+    found = _HELD.get(id(value))
+    if found is not None and found[0]() is not value:  # noted of another, gone since
+        del _HELD[id(value)]
+        found = None
+    if found is not None and found[1] is None:
+        return None
+    walk = _Walk(walking)
+    try:
+        said = walk.name(value, 0)
+    except (_Unnamed, RecursionError):
+        said = None
+    finally:
+        walking.difference_update(walk.placed)
+    named = None if said is None else b"held " + hashlib.sha256(said).digest()
+    if _HELD.get(id(value)) is not found or (found is not None and found[1] != named):
+        # reached again as it was read, or changed in place since it was named: marked
+        named = None
+    _HELD[id(value)] = (reference if found is None else found[0], named)
+    if named is not None and containers is not None:
+        containers += walk.read
+    return named
+
+
+def _walking() -> set[int]:
+    """The objects being named by what they hold in this thread, by id (:data:`_WALKING`)."""
+    walking: set[int] | None = getattr(_WALKING, "ids", None)
+    if walking is None:
+        walking = _WALKING.ids = set()
+        _WALKING.kinds = set()
+    return walking
+
+
+def _contained_bytes(
+    member: Any, read: list[Any] | None = None, marked: list[Any] | None = None
+) -> bytes | None:
+    """A dict, list, tuple or set a class holds that holds an object, nested or not
+    (``acts = {"a": Scale(2)}``, ``layers = [Scale(2)]``), named by what it holds as
+    :func:`_held_bytes` reads a container, each object in it (no container, no plain
+    value) as one the class held itself: by what it holds where it can be
+    (:func:`_held_bytes`), else by a mark of that very object (:func:`_token_of`). None for
+    any other member, for one holding only plain values (a table, a cache its code fills),
+    and for one deeper or larger than the walk's bound. ``read`` is given each dict, list
+    and set read of the objects in it named by what they hold, ``marked`` each object in
+    it marked by which object it is, for a graph's watch (which reads the container itself
+    as it reads a marked object, :class:`_Marked`)."""
+    if type(member) not in _CONTAINERS or _plain(member):
+        return None
+    found: dict[int, Any] = {}  # each object in it, by id
+    seen: list[Any] = []
+    marks: list[Any] = []
+
+    def leaf(value: Any) -> bytes:
+        if id(value) not in found:
+            found[id(value)] = value
+            if isinstance(value, BuiltinFunctionType) and (builtin := _builtin_bytes(value)):
+                return builtin
+            named = _held_bytes(value, seen)
+            if named is not None:
+                return named
+            marks.append(value)
+        return _token_of(value)
+
+    walking = _walking()
+    walk = _Walk(walking, leaf)
+    try:
+        said = walk.name(member, 0)
+    except (_Unnamed, RecursionError):
+        return None
+    finally:
+        walking.difference_update(walk.placed)
+    if not found:
+        return None
+    if read is not None:
+        read += seen
+    if marked is not None:
+        marked += marks
+    return b"holds " + hashlib.sha256(said).digest()
+
+
+class _Walk:
+    """One reading of an object for :func:`_held_bytes`."""
+
+    def __init__(self, walking: set[int], leaf: Any = None) -> None:
+        self.walking = walking
+        self.leaf = leaf  # names each object, no container, in place of reading it
+        self.placed: dict[int, int] = {}  # an object read → its place in the reading
+        self.held: list[Any] = []  # what was read, alive while ids name it
+        self.read: list[Any] = []  # each dict, list, set and class namespace read
+        self.count = 0
+
+    def name(self, value: Any, depth: int) -> bytes:
+        self.count += 1
+        if depth > _HELD_DEPTH or self.count > _HELD_ITEMS:
+            raise _Unnamed
+        if _exactly_plain(value):
+            return _constant_bytes(value)
+        at = self.placed.get(id(value))
+        if at is not None:  # read before here (shared, or a cycle): by its place
+            return b"again %d" % at
+        if id(value) in self.walking:  # being read around this reading
+            raise _Unnamed
+        if self.leaf is not None and type(value) not in _CONTAINERS:
+            return bytes(self.leaf(value))
+        if isinstance(value, FunctionType):  # with what it names in its module
+            # imported here: naming a function names what it closes over, by this module
+            from somatize.catalog._functions import _closed_objects, _function_bytes
+            from somatize.catalog._names import _named
+
+            named, _ = _named([value])
+            pieces = [label + b"\0" + piece for label, piece in named]
+            # what it closes over read here too, for a watch to see it changed in place
+            pieces += (self.name(held, depth + 1) for held in _closed_objects(value))
+            return _joined(b"function " + _function_bytes(value), pieces)
+        if isinstance(value, type) and identity_of(value) is None:
+            raise _Unnamed
+        if isinstance(value, ModuleType):
+            return f"module {value.__name__}".encode()
+        if isinstance(value, BuiltinFunctionType):
+            builtin = _builtin_bytes(value)
+            if builtin is None:  # a method of an object in C
+                raise _Unnamed
+            return builtin
+        self.placed[id(value)] = len(self.placed)
+        self.walking.add(id(value))
+        self.held.append(value)
+        kind = type(value)
+        deeper = depth + 1
+        if isinstance(value, type):
+            said, *kept = self.written(value, deeper)
+            return _joined(b"class " + said, kept)
+        if kind in _CONTAINERS:
+            items: list[bytes]
+            if isinstance(value, dict):
+                items = [self.name(k, deeper) + self.name(v, deeper) for k, v in value.items()]
+            else:
+                items = [self.name(item, deeper) for item in value]
+            if isinstance(value, (set, frozenset)):
+                items.sort()
+            if kind is not tuple and kind is not frozenset:
+                self.see(value)
+            return _joined(f"{kind.__name__}".encode(), items)
+        if isinstance(value, (staticmethod, classmethod)):
+            return _joined(kind.__name__.encode(), [self.name(value.__func__, deeper)])
+        if isinstance(value, MethodType):
+            parts = [self.name(value.__func__, deeper), self.name(value.__self__, deeper)]
+            return _joined(b"method", parts)
+        if kind is functools.partial:
+            self.see(value.keywords)
+            parts = [self.name(value.func, deeper), self.name(value.args, deeper)]
+            parts.append(self.name(value.keywords, deeper))
+            parts.append(self.name(self.attributes(value), deeper))
+            return _joined(b"partial", parts)
+        if not _readable(kind):
+            raise _Unnamed
+        attributes = self.attributes(value)
+        if _torch_module(kind):
+            for own in _TORCH_OWN.intersection(attributes):  # seen changed, not named
+                if type(attributes[own]) in _CONTAINERS:
+                    self.see(attributes[own])
+            attributes = _torch_named(attributes)
+        if _moves_itself(kind):
+            raise _Unnamed  # what it holds is its state as it runs, not what it is
+        said, *kept = self.written(kind, deeper)
+        pairs = [a.encode() + b"\0" + self.name(attributes[a], deeper) for a in sorted(attributes)]
+        return _joined(b"object " + said, kept + pairs)
+
+    def written(self, kind: type, depth: int) -> list[bytes]:
+        """``kind`` by its name and fingerprint (:func:`fingerprint_of`), then each thing its
+        classes keep that their fingerprints do not name (:func:`_unwritten`: a table, a
+        class), each named in turn; their namespaces are seen."""
+        # imported here: a fingerprint names the objects its class holds, by this module
+        from somatize.catalog._fingerprint import fingerprint_of
+
+        kinds: set[type] = _WALKING.kinds
+        if kind in kinds:  # its fingerprint is being worked out, reading this
+            raise _Unnamed
+        kinds.add(kind)
+        try:
+            written = fingerprint_of(kind)
+        finally:
+            kinds.discard(kind)
+        lineage = [above for above in kind.__mro__ if not _left_out(above)]
+        self.read += map(vars, lineage)
+        parts = [f"{kind.__module__}:{kind.__qualname__} {written}".encode()]
+        for above in lineage:
+            for name, member in sorted(vars(above).items()):
+                if _unwritten(name, member):
+                    label = f"{above.__qualname__}.{name}".encode()
+                    parts.append(label + b"\0" + self.name(member, depth))
+        return parts
+
+    def attributes(self, value: Any) -> dict[str, Any]:
+        """What ``value`` holds in its ``__dict__`` (seen for a watch), or {} with none."""
+        try:
+            attributes = object.__getattribute__(value, "__dict__")
+        except AttributeError:
+            return {}
+        if type(attributes) is not dict or not all(isinstance(a, str) for a in attributes):
+            raise _Unnamed
+        self.see(attributes)
+        return attributes
+
+    def see(self, container: Any) -> None:
+        self.read.append(container)
+
+
+def _unwritten(name: str, member: Any) -> bool:
+    """Whether a class's ``name`` holds what its fingerprint (:func:`_written`) does not
+    name: no dunder, plain value, function nor callable object, but a list, a dict, a
+    class, a module or another object (``table = {"by": 2}``, ``make = Layer``)."""
+    if _dunder(name) or _plain(member) or _functions_in(member):
+        return False
+    if isinstance(member, (type, ModuleType)):
+        return True
+    return not callable(member) and not hasattr(type(member), "__get__")
+
+
+def _readable(kind: type) -> bool:
+    """Whether an instance of ``kind`` holds all its state where it can be read, in its
+    ``__dict__``: every class it inherits from, short of ``object``, written in Python
+    (no method written in C, no slot), and none that says when it equals another but as
+    a dataclass does."""
+    found = _READABLE.get(kind)
+    if found is None:
+        found = _READABLE[kind] = _read_in_python(kind)
+    return found
+
+
+_READABLE: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _moves_itself(kind: type) -> bool:
+    """Whether a function of ``kind``, or of a class it inherits from short of the
+    library's (:func:`_left_out`), sets or deletes an attribute of its first argument
+    (``self.calls += 1``) other than as it is made (``__init__``, ``__post_init__``,
+    ``__new__``, ``__setstate__``)."""
+    for above in kind.__mro__:
+        if _left_out(above):
+            continue
+        for name, member in list(vars(above).items()):
+            if name in ("__init__", "__post_init__", "__new__", "__setstate__"):
+                continue
+            for function in _functions_in(member):
+                if any(owner is None for owner, _ in _stores_of(function.__code__, True)):
+                    return True
+    return False
+
+
+def _dataclass_equal(kind: type) -> bool:
+    """Whether ``kind`` says when it equals another by the ``__eq__`` a dataclass is made
+    with: field by field, each by ``==``, as a watch compares what it holds anyway."""
+    owner = next(above for above in kind.__mro__ if "__eq__" in vars(above))
+    equals, params = vars(owner)["__eq__"], vars(owner).get("__dataclass_params__")
+    return (
+        getattr(params, "eq", False) is True
+        and isinstance(equals, FunctionType)
+        and equals.__code__.co_filename == "<string>"
+    )
+
+
+def _read_in_python(kind: type) -> bool:
+    equals: Any = kind.__eq__
+    if (equals is not object.__eq__ and not _dataclass_equal(kind)) or kind.__mro__[
+        -1
+    ] is not object:
+        return False
+    for above in kind.__mro__[:-1]:
+        if not above.__flags__ & _HEAPTYPE or above.__itemsize__:
+            return False
+        space = vars(above)
+        if any(s not in ("__dict__", "__weakref__") for s in _slots(space.get("__slots__", ()))):
+            return False
+        for name, member in list(space.items()):
+            if isinstance(member, _C_MEMBERS):
+                return False
+            if isinstance(member, GetSetDescriptorType) and name not in ("__dict__", "__weakref__"):
+                return False
+            if name == "__dict__" and not isinstance(member, GetSetDescriptorType):
+                return False
+            if isinstance(member, MemberDescriptorType):
+                return False
+    return True
+
+
+def _slots(declared: Any) -> tuple[str, ...]:
+    return (declared,) if isinstance(declared, str) else tuple(declared)
+
+
+_TORCH_OWN = frozenset(
+    {
+        "_parameters",
+        "_buffers",
+        "_non_persistent_buffers_set",
+        "_is_full_backward_hook",
+        "_backward_pre_hooks",
+        "_backward_hooks",
+        "_forward_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+        "_state_dict_hooks",
+        "_state_dict_pre_hooks",
+        "_load_state_dict_pre_hooks",
+        "_load_state_dict_post_hooks",
+    }
+)
+"""What torch keeps on every module for itself: when it holds nothing (no weight, buffer
+nor hook), it says nothing of what the module is, and is left out of its name, so that a
+torch upgrade that keeps another such table does not rename every module."""
+
+
+def _torch_named(attributes: dict[str, Any]) -> dict[str, Any]:
+    """What of a torch module's attributes names it: all but :data:`_TORCH_OWN`, which must
+    hold nothing — a weight or a buffer (a tensor, named by no value) or a hook (which runs
+    around its forward) makes it no module named by what it holds."""
+    for name in _TORCH_OWN.intersection(attributes):
+        held = attributes[name]
+        if name in ("_parameters", "_buffers"):
+            if not isinstance(held, dict) or any(v is not None for v in held.values()):
+                raise _Unnamed
+        elif held and name != "_non_persistent_buffers_set":
+            raise _Unnamed
+    if any(attributes[a] for a in attributes if "hook" in a and a not in _TORCH_OWN):
+        raise _Unnamed  # another table of hooks, of another version of torch
+    return {a: v for a, v in attributes.items() if a not in _TORCH_OWN}
+
+
+def _torch_module(kind: type) -> bool:
+    """Whether ``kind`` is a torch module's class (torch itself is not imported here)."""
+    return any(
+        above.__module__ == "torch.nn.modules.module" and above.__qualname__ == "Module"
+        for above in kind.__mro__
+    )

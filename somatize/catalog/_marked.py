@@ -1,0 +1,300 @@
+"""What is noted of an object marked by which object it is, for a graph's watch to see it
+changed at the next forward (:class:`_Marked`).
+
+Each dict, list and set read of it (:func:`_state_read`), bounded: one holding more than a
+watch compares is taken as changed at every look, and the user told (:func:`_too_large`).
+One noting is shared by every graph watching the object (:func:`_marked`), so that a new
+mark seen by one is seen by all.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import warnings
+import weakref
+from types import (
+    BuiltinFunctionType,
+    FunctionType,
+    MemberDescriptorType,
+    MethodType,
+    ModuleType,
+)
+from typing import Any
+
+from somatize.catalog._functions import _closed_objects
+from somatize.catalog._marks import (
+    _MARKED,
+    _forget_held,
+    _moved_on,
+    _reference,
+    _token_of,
+    _version_of,
+)
+from somatize.catalog._members import _CONTAINERS, _exactly_plain, _left_out
+from somatize.errors import SomatizeWarning
+
+
+def _plain_table(value: Any) -> bool:
+    """Whether ``value`` is a dict, list or set holding only plain values, or such tables, of
+    fewer than :data:`_STATE_ITEMS` entries in all: one a graph's watch reads whole."""
+    count = 0
+    queue = [value]
+    while queue:
+        table = queue.pop()
+        count += len(table) + 1
+        if count >= _STATE_ITEMS:
+            return False
+        for item in (*table.keys(), *table.values()) if isinstance(table, dict) else table:
+            if type(item) in _CONTAINERS and not _exactly_plain(item):
+                queue.append(item)
+            elif not _exactly_plain(item):
+                return False
+    return True
+
+
+_STATE_ITEMS = 4096
+"""How many entries, nearest first, of the dicts, lists and sets an object marked by which
+object it is holds are read for a graph's watch (:func:`_state_read`): each is compared at
+every forward. One holding more cannot be watched so: it is taken as changed at every look
+(:class:`_Unseen`), never as unchanged."""
+
+
+class _Marked:
+    """What is noted of an object marked by which object it is, shared by every graph's
+    watch of it: its mark now (``version``, a list a watch copies: a new mark seen by one
+    graph is seen by all), each dict, list and set read of it (:func:`_state_read`) with a
+    copy of each — one copy for all, so that what a node's code changes as it runs is its
+    state for every graph (:func:`state_taken`) —, its class and the functions read of it,
+    with their code and defaults."""
+
+    __slots__ = ("__weakref__", "copies", "kind", "label", "lives", "made", "version")
+
+    def __init__(self, held: Any, label: str) -> None:
+        self.label = label  # ``Kind.name`` of what first held it, to tell the user
+        self.version = [_version_of(held)]
+        self.lives: list[Any] = []
+        self.copies: list[Any] = []
+        self.read(held)
+
+    def read(self, held: Any, whole: bool = True) -> None:
+        """Reads ``held`` again, in place; with ``whole``, its class and functions too. One
+        holding more than a watch reads is read with an :class:`_Unseen` last, so it is
+        taken as changed at every look."""
+        from somatize.catalog._watch import _copied  # the watch imports this module
+
+        state, made, read_all = _state_read(held)
+        self.lives[:] = state
+        self.copies[:] = map(_copied, state)
+        if not read_all:
+            self.lives.append(_Unseen())
+            self.copies.append(_Unseen())
+            _too_large(self.label)
+        if whole:
+            self.kind, self.made = type(held), made
+
+    def changed(self, held: Any) -> bool:
+        """Whether ``held`` changed since it was read: its state, its class, its functions."""
+        if type(held) is not self.kind:
+            return True
+        if any(f.__code__ is not c or f.__defaults__ is not d for f, c, d in self.made):
+            return True
+        return self.state_changed()
+
+    def state_changed(self) -> bool:
+        """Whether a dict, list, set or slot read of it holds other values since."""
+        try:
+            return not bool(self.lives == self.copies)
+        except Exception:  # a value replaced whose `==` says no bool (an array)
+            return True
+
+
+_TOLD: set[str] = set()
+"""``Kind.name`` of each object a warning said was too large to watch (:func:`_too_large`)."""
+
+
+def _too_large(label: str) -> None:
+    """Tells the user, once in the process, that ``label`` (``Kind.name``) holds more than a
+    watch reads: it is taken as changed at every forward, so nothing computed with it is
+    recalled — silently, caching would seem to work and never would."""
+    if label in _TOLD:
+        return
+    _TOLD.add(label)
+    warnings.warn(
+        f"`{label}` holds more than {_STATE_ITEMS} entries, more than a graph compares at "
+        "every forward: it is taken as changed at every forward, so a node of that class "
+        "computes anew each time (or recalls as drifted) and keeps nothing; hold it on the "
+        "node's instance (set in `__init__` from its arguments) or pass it as an input "
+        "instead",
+        SomatizeWarning,
+        stacklevel=2,
+    )
+
+
+class _Unseen:
+    """Stands for what a watch left unread of an object marked by which object it is (more
+    than :data:`_STATE_ITEMS` entries): equal to nothing, so the object is taken as changed
+    at every look, and given a new mark — what was computed with it is never recalled as
+    computed with what it holds now, which no look compared."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _marked(held: Any, label: str, table: bool = False) -> tuple[_Marked, bool]:
+    """What is noted of ``held``, an object marked by which object it is, noted now if it was
+    not, and whether it was given a new mark for it: it was watched before, by graphs gone
+    since, and may have changed unseen since — a ``table`` (:func:`_sighted`), only where
+    it holds other values than when it was last noted."""
+    found = _MARKED.get(id(held))
+    again = found is not None and found[0]() is held
+    left = None
+    if found is not None and again:
+        noted = found[1]()
+        if noted is not None:
+            return noted, False
+        left = found[2]
+    else:
+        _token_of(held)  # marked, if it was not yet
+    made = _Marked(held, label)
+    anew = again and not (left is not None and _same_values(made.lives, left))
+    if anew:
+        _moved_on(held)
+        made.version[0] = _version_of(held)
+    forget = functools.partial(_forget_held, id(held), held=_MARKED)
+    _MARKED[id(held)] = (
+        _reference(held, forget),
+        weakref.ref(made),
+        made.copies if table else None,
+    )
+    return made, anew
+
+
+def _same_values(lives: list[Any], copies: list[Any]) -> bool:
+    """Whether what is read of an object now holds what ``copies`` held when last noted."""
+    try:
+        return bool(lives == copies)
+    except Exception:  # a value whose `==` says no bool (an array)
+        return False
+
+
+_EMPTY = object()
+"""What an empty slot is read as (:class:`_Slots`)."""
+
+
+class _Slots:
+    """The slots of an object, read as it is now: equal to a list of what they held."""
+
+    __slots__ = ("held", "slots")
+
+    def __init__(self, held: Any, slots: list[MemberDescriptorType]) -> None:
+        self.held = held
+        self.slots = slots
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def values(self) -> list[Any]:
+        """What each slot holds now (:data:`_EMPTY` where it holds nothing)."""
+        found = []
+        for slot in self.slots:
+            try:
+                found.append(slot.__get__(self.held, type(self.held)))
+            except AttributeError:
+                found.append(_EMPTY)
+        return found
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.values() == other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _slots_of(kind: type) -> list[MemberDescriptorType]:
+    """The slots the instances of ``kind`` have, from each class it inherits from short of
+    the library's (:func:`_left_out`)."""
+    return [
+        member
+        for above in kind.__mro__
+        if not _left_out(above)
+        for member in list(vars(above).values())
+        if isinstance(member, MemberDescriptorType) and member.__objclass__ is above
+    ]
+
+
+def _state_read(
+    held: Any,
+) -> tuple[list[Any], tuple[tuple[FunctionType, Any, Any], ...], bool]:
+    """What a watch reads of ``held``, an object marked by which object it is: each dict,
+    list and set it holds, or holds through what it holds (an object's ``__dict__`` and
+    its slots, :class:`_Slots`; a function's closure and keyword defaults, a bound
+    method's object, a partial's arguments), and the namespaces of the classes of the
+    objects read (short of the library's), nearest first, as far as :data:`_STATE_ITEMS`
+    entries in all; each function read, with its code and defaults; and whether all was
+    read (False where a dict, list or set did not fit: it is left out, and what it holds,
+    and the object is taken as changed at every look). What a class written in C holds
+    but its ``__dict__`` (a tensor's values) is not read."""
+    read: list[Any] = []
+    functions: list[tuple[FunctionType, Any, Any]] = []
+    seen: set[int] = set()
+    kinds: dict[type, list[MemberDescriptorType]] = {}  # each class read → its slots
+    left = _STATE_ITEMS
+    read_all = True
+    queue = collections.deque([held])
+
+    def see(container: Any, kept: bool = True) -> bool:
+        """Reads ``container`` (to compare with ``kept``) where it fits in what is left to
+        read; else not (a cache grown large would be compared whole at every forward),
+        and the object is not all read."""
+        nonlocal left, read_all
+        if len(container) >= left:
+            read_all = False
+            return False
+        if kept:
+            read.append(container)
+        left -= len(container) + 1
+        return True
+
+    while queue:  # what is queued was let in by `see`, within the bound
+        value = queue.popleft()
+        if _exactly_plain(value) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        kind = type(value)
+        if isinstance(value, (type, ModuleType, BuiltinFunctionType)):
+            continue
+        if kind in _CONTAINERS:
+            if see(value, kind is not tuple and kind is not frozenset):
+                queue += list(value.values()) if isinstance(value, dict) else list(value)
+            continue
+        if isinstance(value, FunctionType):
+            functions.append((value, value.__code__, value.__defaults__))
+            queue += _closed_objects(value)
+            if value.__kwdefaults__:
+                queue.append(value.__kwdefaults__)
+            continue
+        if isinstance(value, (staticmethod, classmethod)):
+            queue.append(value.__func__)
+        elif isinstance(value, MethodType):
+            queue += [value.__func__, value.__self__]
+        elif kind is functools.partial:
+            queue += [value.func, value.args, value.keywords]
+        if kind not in kinds:
+            kinds[kind] = _slots_of(kind)
+            for above in kind.__mro__:
+                if not _left_out(above):
+                    see(vars(above))
+        slots = kinds[kind]
+        if slots and see(live := _Slots(value, slots)):  # what it holds in slots
+            queue += live.values()
+        try:
+            attributes = object.__getattribute__(value, "__dict__")
+        except Exception:  # none, or one that cannot be read: what it holds is not read
+            continue
+        if type(attributes) is dict and see(attributes):
+            queue += list(attributes.values())
+    return read, tuple(functions), read_all

@@ -1,0 +1,143 @@
+"""What a class attribute is, read plainly: the predicates every part of a fingerprint asks.
+
+Whether a value is plain (a constant of the types that name themselves), a table (a
+dict, list or set), which plain functions an attribute runs (through static and class
+methods, properties, partials and wrappers), and which classes are the library's rather
+than the node's (:func:`_left_out`: no fingerprint covers them). Nothing here reads code
+or keeps state.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import inspect
+import sys
+from types import (
+    FunctionType,
+)
+from typing import Any
+
+_LEFT_OUT = frozenset({"torch"})
+"""Packages whose classes no fingerprint covers, besides the standard library's: the
+library a node is written against, not the node's code — an upgrade of torch does not
+make every answer drifted."""
+
+
+def _ancestry(kind: type) -> tuple[type, ...]:
+    """The classes whose code and values ``kind``'s instances run and read: those it
+    inherits from, and its metaclass and those that inherits from (``type(self).by`` finds
+    a value set on the metaclass)."""
+    meta: type = type(kind)
+    return (*kind.__mro__, *meta.__mro__)
+
+
+def _left_out(kind: type) -> bool:
+    """Whether ``kind`` is the library's rather than the node's: Node, a class of the
+    standard library (``object``), or one of a package of :data:`_LEFT_OUT`."""
+    from somatize.node import Node
+
+    top = kind.__module__.partition(".")[0]
+    return kind is Node or top in sys.stdlib_module_names or top in _LEFT_OUT
+
+
+class _Same:
+    """An object a class body holds, equal to another only when it holds the same object."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.held is self.held
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+_CONTAINERS = (list, dict, set, frozenset, tuple, collections.OrderedDict)
+
+
+def _table(name: str, member: Any) -> bool:
+    """Whether a class's ``name`` holds a dict, list or set of plain values (``table =
+    {"by": 2}``, a cache its code fills): named by what it holds (:func:`_held_bytes`, read
+    each time, so one changed in place is marked from then on, and watched as a marked
+    object is: what its node's forward changes in it is its state)."""
+    return not _dunder(name) and type(member) in _CONTAINERS and not _plain(member)
+
+
+def _joined(label: bytes, parts: list[bytes]) -> bytes:
+    return label + b"(" + b"".join(len(p).to_bytes(8, "little") + p for p in parts) + b")"
+
+
+def _put(digest: Any, *pieces: bytes) -> None:
+    for piece in pieces:
+        digest.update(len(piece).to_bytes(8, "little") + piece)
+
+
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is a plain constant: None, a number, a string, bytes, or a tuple
+    or frozenset of them."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(_plain(member) for member in value)
+    return False
+
+
+_PLAIN_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+def _exactly_plain(value: Any) -> bool:
+    """Whether ``value`` is a plain constant (:func:`_plain`) of those very types, none of
+    a subclass (an ``int`` with methods, a namedtuple) whose code :func:`_constant_bytes`
+    does not name."""
+    kind = type(value)
+    if kind in _PLAIN_TYPES:
+        return True
+    return (kind is tuple or kind is frozenset) and all(map(_exactly_plain, value))
+
+
+def _functions_in(member: Any) -> list[FunctionType]:
+    """The plain functions a class attribute runs: itself, what a static or class method,
+    a property or a cached property holds, each unwrapped from a decorator that says what
+    it wraps (``functools.wraps``), or a partial (``functools.partial``, ``partialmethod``)
+    made of (:func:`_bound_in` says the arguments it binds)."""
+    if isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    while isinstance(member, _PARTIALS):
+        member = member.func
+    if isinstance(member, functools.cached_property):
+        member = member.func
+    held = [member.fget, member.fset, member.fdel] if isinstance(member, property) else [member]
+    out: list[FunctionType] = []
+    for function in held:
+        # a decorator that wraps itself (ValueError), or an object whose own __getattr__
+        # raises what hasattr does not take for "no such attribute": left as it is
+        with contextlib.suppress(Exception):
+            function = inspect.unwrap(function) if function is not None else None
+        if isinstance(function, FunctionType):
+            out.append(function)
+    return out
+
+
+_PARTIALS = (functools.partial, functools.partialmethod)
+
+
+def _same_package(defined: str, module: str) -> bool:
+    """Whether a function defined in module ``defined``, imported by module ``module``, is of
+    the same package (``proj.tools`` for ``proj.nodes``): the same project's code, written
+    with it — not another package's (an upgrade of which would drift every answer), nor
+    the standard library's or torch's."""
+    top = defined.partition(".")[0]
+    return (
+        top == module.partition(".")[0]
+        and top != "__main__"
+        and top not in sys.stdlib_module_names
+        and top not in _LEFT_OUT
+    )

@@ -1,0 +1,393 @@
+"""What a node's functions name in their module (:func:`_named`): the plain functions
+defined there, followed on, the plain values and tables as the module's text writes them,
+helper classes of its package and their objects.
+
+Each name looked up is noted with what it held (:data:`Looked`), so that a helper or a
+value rebound since (a notebook's cell run again) is seen (:func:`_still`); a table the
+code only reads is named as first seen and watched (:func:`_sighted`).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import weakref
+from types import (
+    FunctionType,
+    ModuleType,
+)
+from typing import Any, NamedTuple
+
+from somatize.catalog._bytecode import _GLOBAL_LOADS, _names_in, _stored_in, _tables_changed_by
+from somatize.catalog._code import (
+    _as_imported,
+    _assigned,
+    _assignment,
+    _class_body,
+    _code_bytes,
+    _constant_bytes,
+    _module_body,
+    _written_at,
+)
+from somatize.catalog._functions import _bound_in, _function_bytes
+from somatize.catalog._held import _contained_bytes, _held_bytes
+from somatize.catalog._marked import _marked, _plain_table
+from somatize.catalog._marks import _token_of, _version_of
+from somatize.catalog._members import (
+    _CONTAINERS,
+    _PARTIALS,
+    _dunder,
+    _functions_in,
+    _joined,
+    _left_out,
+    _plain,
+    _Same,
+    _same_package,
+    _table,
+)
+
+Looked = tuple[tuple["weakref.ref[Any]", str, Any], ...]
+"""Each global name a fingerprint looked up: a function that reads it (in whose module
+it was looked up; or the module, one that defines no function), the name, and what it
+found there (:func:`_found_as`). The functions are held weakly, so that what a class's
+fingerprint notes keeps neither the class nor its module alive."""
+
+
+_ABSENT = object()
+
+
+_OTHER = object()
+
+
+_SIGHTED: dict[bytes, bytes] = {}
+"""The first mark (:func:`_token_of`) given a table its node's forward fills → how the table
+was named when first seen (:func:`_sighted`); a mark given anew, the table changed
+elsewhere since, is in none."""
+
+
+def _sighted(table: Any, made: ast.expr | None, label: str) -> bytes:
+    """A table its node's forward fills (:func:`_fillers`), or one of its module its
+    code only reads (:func:`_named`), that the text assigns as ``made``, named as it was
+    when first seen, and marked then: as the text writes it where it held that then
+    (``_memo = {}``: the same in every process, however full its forward makes it), else
+    by what it held (:func:`_held_bytes`: one set otherwise as a script starts, bound to
+    another name, ``ORDER = ORDERED``, or whose text is not known, ``python -c``). By its
+    mark alone once it is given a new one, changed between forwards (:func:`_moved_on`),
+    so that what was computed with it before is never recalled for it. ``label`` says
+    where it is held (``Kind.name``, ``module:name``)."""
+    version = _version_of(table)
+    if version is not None:
+        return _SIGHTED.get(version, version)
+    try:
+        as_written = made is not None and ast.literal_eval(made) == table
+    except Exception:  # not a literal, or one that does not compare
+        as_written = False
+    if as_written and made is not None:
+        named = b"written " + ast.unparse(made).encode()
+    else:
+        named = _held_bytes(table) or _contained_bytes(table) or b""
+    token = _token_of(table)
+    _SIGHTED[token] = named or token
+    _marked(table, label, table=True)  # noted now: a change before a graph watches it is seen
+    return _SIGHTED[token]
+
+
+class _HeldSeen(NamedTuple):
+    """What :data:`Looked` notes of what a node's module holds that is watched by which
+    object it is: a table its code only reads (:func:`_sighted`), an object of a helper
+    class (``SCALER = Scaler(2)``)."""
+
+    held: Any
+    """The table."""
+    version: bytes | None
+    """Its mark when the fingerprint was worked out: given a new one since, it changed."""
+    label: str
+    """``module:name``."""
+
+
+def _still(reader: weakref.ref[Any], name: str, was: Any) -> bool:
+    """Whether ``name``, in the namespace of the function (or module) ``reader``, holds what
+    a fingerprint found there (:data:`Looked`); False once that function is gone."""
+    function = reader()
+    if function is None:
+        return False
+    now = _space_of(function).get(name, _ABSENT)
+    if isinstance(was, weakref.ref):
+        held = was()
+        return held is not None and now is held
+    if isinstance(was, _Same):  # the same object (of a helper class)
+        return now is was.held
+    if isinstance(was, _HeldSeen):  # the same table or object, not changed since
+        return now is was.held and _version_of(now) == was.version
+    if isinstance(was, _ClassSeen):  # the same helper class, written as it was
+        return isinstance(now, type) and now is was.held() and _class_code(now) == was.code
+    if was is _OTHER:
+        module = function.__name__ if isinstance(function, ModuleType) else function.__module__
+        return now is not _ABSENT and _found_as(now, module, name) is _OTHER
+    return now is was
+
+
+def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Looked]:
+    """What ``functions`` name in their module, and what the functions found there name in
+    turn: each plain function defined in that module (by :func:`_function_bytes`), each
+    plain value, and each dict, list or set as the module's text assigns it (not by what it
+    holds: a log or a cache the code fills as it runs is the same code), by
+    ``module:name`` — one of plain values they only read, as it was first seen
+    (:func:`_sighted`), and watched (:class:`_HeldSeen`), so that one changed in place since is
+    another. Nothing is followed out of the module a function was defined in but a
+    function imported from another module of its package (:func:`_same_package`), followed
+    as one defined there: no module, no class, no function of another package. Also each
+    name looked up, and what it held (:data:`Looked`). A name these functions assign
+    (``global CALLS; CALLS += 1``, a table loaded on first use) is the module's state as it
+    runs: it is taken as the module's text assigns it (``CALLS = 0``), not by what it holds,
+    and not looked at again."""
+    out: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+    looked: dict[tuple[str, str], tuple[weakref.ref[Any], str, Any]] = {}
+    stored: set[tuple[str, str]] = set()
+    tables: dict[tuple[str, str], Any] = {}  # each table of a module read → the table
+    filled: set[tuple[str, str]] = set()  # those the code followed changes in place
+    seen = set(map(id, functions))
+    queue = list(functions)
+    while queue:
+        function = queue.pop()
+        module, space = function.__module__, function.__globals__
+        reader = weakref.ref(function)
+        stored.update((module, name) for name in _stored_in(function.__code__))
+        names = _names_in(function.__code__)
+        held = {n for n in names if type(space.get(n)) in _CONTAINERS}
+        if held:
+            changed = _tables_changed_by(function.__code__, held, _GLOBAL_LOADS)
+            filled.update((module, name) for name in changed)
+        reads = [(module, space, reader, name) for name in sorted(names)]
+        for module, space, reader, name in reads:
+            place = (module, name)
+            if name not in space:
+                looked.setdefault(place, (reader, name, _ABSENT))
+                continue
+            value = space[name]
+            if place not in looked:
+                looked[place] = (reader, name, _found_as(value, module, name))
+            label = f"{module}:{name}".encode()
+            if isinstance(value, FunctionType):
+                if value.__module__ != module:
+                    if not _as_imported(value, module, name):  # set there by hand (a fake)
+                        out[place] = (b"other " + label, _elsewhere_bytes(value))
+                        continue
+                    if not _same_package(value.__module__, module):
+                        continue
+                if id(value) in seen:
+                    continue
+                seen.add(id(value))
+                out[place] = (b"uses " + label, _function_bytes(value))
+                queue.append(value)
+            elif (wrapped := _helper_in(value, module)) is not None:
+                # a helper wrapped where it is defined: by the function and what is bound
+                out[place] = (b"uses " + label, _joined(b"wrapped", _helper_bytes(value, wrapped)))
+                if id(wrapped) not in seen:
+                    seen.add(id(wrapped))
+                    queue.append(wrapped)
+            elif _plain(value):
+                text, as_named = _written_at(module, name, value)
+                # where no text assigns it (imported from another package, patched over
+                # by a test, or no text is known: `python -c`): by what it holds — not one
+                # the interpreter sets (`__file__`, where the checkout is, is no code)
+                assigned = _assigned(text, as_named, value)
+                if assigned is None and not _dunder(name):
+                    assigned = _constant_bytes(value)
+                if assigned is not None:
+                    out[place] = (b"reads " + label, assigned)
+            elif type(value) in _CONTAINERS:  # a table: as the module's text writes it
+                tables[place] = value
+            elif isinstance(value, type) and _helper_class(value, module, name):
+                out[place] = (b"class " + label, _class_code(value))
+                # what its methods name in their module is followed as the code's own is
+                for method in _class_functions(value):
+                    if id(method) not in seen:
+                        seen.add(id(method))
+                        queue.append(method)
+            elif _helper_object(value, module):
+                # an object of a helper class (`SCALER = Scaler(2)`): by its class's code and
+                # what it holds where that is named so, else by its mark, as one a class holds
+                kind = type(value)
+                out[place] = (b"object " + label, _held_bytes(value) or _token_of(value))
+                # watched, as a table it only reads is: one changed in place is seen
+                seen_as = _HeldSeen(value, _version_of(value), f"{module}:{name}")
+                looked[place] = (looked[place][0], name, seen_as)
+                for method in _class_functions(kind):
+                    if id(method) not in seen:
+                        seen.add(id(method))
+                        queue.append(method)
+            elif isinstance(value, ModuleType) and _same_package(value.__name__, module):
+                # a module of its package whose names the code reads (`tools.double(x)`)
+                there = vars(value)
+                within = _reader_in(value)
+                if within is not None and id(there) not in seen:
+                    seen.add(id(there))
+                    reads += (
+                        (value.__name__, there, within, n) for n in sorted(names & there.keys())
+                    )
+    for place, value in tables.items():
+        module, name = place
+        made = _assignment(*_written_at(module, name, value))
+        where = f"{module}:{name}"
+        if place in filled or place in stored or not _plain_table(value):
+            # filled as it runs (a log, a cache), or more than a watch reads: as written
+            if made is not None:
+                out[place] = (b"reads " + where.encode(), b"written " + ast.unparse(made).encode())
+            continue
+        # only read: as first seen, and watched (:func:`watch_code`)
+        out[place] = (b"reads " + where.encode(), _sighted(value, made, where))
+        first, _, _ = looked[place]
+        looked[place] = (first, name, _HeldSeen(value, _version_of(value), where))
+    named = [piece for place, piece in out.items() if place not in stored]
+    for module, name in stored & looked.keys():
+        made = _assignment(_module_body(module), name)
+        if made is not None:
+            named.append((f"state {module}:{name}".encode(), ast.unparse(made).encode()))
+    return sorted(named), tuple(entry for place, entry in looked.items() if place not in stored)
+
+
+def _found_as(value: Any, module: str, name: str) -> Any:
+    """What :data:`Looked` notes of ``value``, found under ``name`` of ``module``: where a
+    fingerprint depends on it, the value itself (a plain value) or a weak reference to
+    it (a plain function, defined there or elsewhere — one set in place of what the module
+    imported, :func:`_as_imported` — or one wrapped there: :func:`_helper_in`), a helper
+    class with how it is written (:class:`_ClassSeen`); else :data:`_OTHER` (a module,
+    another class)."""
+    if isinstance(value, FunctionType):
+        return weakref.ref(value)
+    if isinstance(value, type) and _helper_class(value, module, name):
+        return _ClassSeen(weakref.ref(value), _class_code(value))
+    if _plain(value):
+        return value
+    if _helper_in(value, module) is not None:
+        with contextlib.suppress(TypeError):
+            return weakref.ref(value)
+    return _OTHER
+
+
+def _helper_class(kind: type, module: str, name: str) -> bool:
+    """Whether ``kind``, a class module ``module`` holds as ``name`` that a node's code
+    names, is a helper of that code (``Helper().run(x)``): defined there, or in another
+    module of its package it imports it from — no node (one that reads another is keyed
+    with it), nor the library's."""
+    from somatize.node import Node
+
+    if _left_out(kind) or issubclass(kind, Node):
+        return False
+    if kind.__module__ == module:
+        return True
+    return _same_package(kind.__module__, module) and _as_imported(kind, module, name)
+
+
+def _helper_object(value: Any, module: str) -> bool:
+    """Whether ``value``, a name of ``module`` a node's code names, is an object of a helper
+    class of that code (``SCALER = Scaler(2)``): of a class defined there or in another
+    module of its package — no node, nor the library's —, itself no class, module,
+    function, plain value nor table."""
+    from somatize.node import Node
+
+    kind = type(value)
+    if isinstance(value, (type, ModuleType, FunctionType)) or _plain(value):
+        return False
+    if kind in _CONTAINERS or _left_out(kind) or issubclass(kind, Node):
+        return False
+    return kind.__module__ == module or _same_package(kind.__module__, module)
+
+
+def _class_functions(kind: type) -> list[FunctionType]:
+    """Each function a helper class (:func:`_helper_class`) and the classes it inherits
+    from, short of the library's, hold — not those made for it from a text of its own (a
+    dataclass's methods)."""
+    return [
+        function
+        for above in kind.__mro__
+        if not _left_out(above)
+        for name, member in list(vars(above).items())
+        for function in _functions_in(member)
+        if not (_dunder(name) and function.__code__.co_filename == "<string>")
+    ]
+
+
+def _class_code(kind: type) -> bytes:
+    """A helper class (:func:`_helper_class`) by its name and how it is written: each
+    function its classes, short of the library's, hold (:func:`_function_bytes`), each
+    plain value, and each dict, list or set of plain values as the class's text writes it
+    — not what these name in turn."""
+    pieces = [f"{kind.__module__}:{kind.__qualname__}".encode()]
+    for above in kind.__mro__:
+        if _left_out(above):
+            continue
+        for name, member in sorted(vars(above).items(), key=lambda item: item[0]):
+            for function in _functions_in(member):
+                if _dunder(name) and function.__code__.co_filename == "<string>":
+                    continue  # made for it from a text of its own (a dataclass's methods)
+                pieces.append(f"{above.__qualname__}.{name}".encode() + _function_bytes(function))
+            if not _dunder(name) and _plain(member):
+                pieces.append(f"{above.__qualname__}.{name}=".encode() + _constant_bytes(member))
+            elif _table(name, member):  # as the class's text writes it: what fills it is state
+                made = _assignment(_class_body(above), name)
+                if made is not None:
+                    written = b"written " + ast.unparse(made).encode()
+                    pieces.append(f"{above.__qualname__}.{name}=".encode() + written)
+    return _joined(b"class", pieces)
+
+
+class _ClassSeen(NamedTuple):
+    """What :data:`Looked` notes of a helper class (:func:`_helper_class`)."""
+
+    held: weakref.ref[type]
+    """A weak reference to it."""
+    code: bytes
+    """How it was written (:func:`_class_code`): one given another method since is not it."""
+
+
+def _reader_in(module: ModuleType) -> weakref.ref[Any] | None:
+    """A weak reference to a function defined in ``module``, reading its namespace, to note
+    what a fingerprint looked up there by (:data:`Looked`), or to the module itself where it
+    defines none (one of constants); None where it cannot be referenced weakly."""
+    space = vars(module)
+    for value in list(space.values()):
+        if isinstance(value, FunctionType) and value.__globals__ is space:
+            return weakref.ref(value)
+    try:
+        return weakref.ref(module)
+    except TypeError:
+        return None
+
+
+def _space_of(reader: Any) -> dict[str, Any]:
+    """The namespace a name noted in :data:`Looked` is read in: its reader's, a function's
+    globals or a module's own."""
+    space: dict[str, Any] = reader.__globals__ if isinstance(reader, FunctionType) else vars(reader)
+    return space
+
+
+def _elsewhere_bytes(function: FunctionType) -> bytes:
+    """A function of another module that is not what that module holds under its name
+    (:func:`_as_imported`), by that name and its code (:func:`_code_bytes`), the same in
+    every process running the same code."""
+    name = f"{function.__module__}:{function.__qualname__}".encode()
+    return _joined(b"elsewhere", [name, _code_bytes(function.__code__)])
+
+
+def _helper_in(value: Any, module: str) -> FunctionType | None:
+    """The plain function of ``module`` that ``value``, a name of that module, runs where it
+    is no plain function but wraps one — a decorator that says what it wraps
+    (``functools.lru_cache``, ``functools.wraps``), a ``functools.partial`` — else None."""
+    if isinstance(value, (FunctionType, type, ModuleType)) or _plain(value):
+        return None
+    if not isinstance(value, _PARTIALS) and not callable(value):
+        return None
+    functions = _functions_in(value)
+    if len(functions) != 1 or functions[0].__module__ != module:
+        return None
+    return functions[0]
+
+
+def _helper_bytes(value: Any, wrapped: FunctionType) -> list[bytes]:
+    """A helper ``value`` that wraps ``wrapped`` (:func:`_helper_in`), by how that function
+    is written, what a partial binds (:func:`_bound_in`), and the wrapper's class."""
+    kind = type(value)
+    made = f"{kind.__module__}:{kind.__qualname__}".encode()
+    return [made, _function_bytes(wrapped), *_bound_in(value)]

@@ -1,0 +1,414 @@
+"""The watch a graph takes of its nodes' classes, compared at every forward in one
+comparison made in C (:func:`watch_code`, :class:`CodeWatch`).
+
+A method patched in, a function given other code or defaults in place (counted by an
+audit hook, :data:`_SETS`), a helper of a module rebound, an object a class holds changed in
+place: each is found by :func:`code_changes`, and the fingerprints are worked out again.
+What a node's own forward changes in an object it holds is its state, not a change
+(:func:`own_state`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import operator
+import sys
+from collections.abc import Iterable, Iterator
+from types import (
+    FunctionType,
+    MappingProxyType,
+)
+from typing import Any, NamedTuple
+
+from somatize.catalog._bytecode import _fillers, _state_of
+from somatize.catalog._code import _assignment, _class_body, _written_at
+from somatize.catalog._fingerprint import _FINGERPRINTS
+from somatize.catalog._functions import (
+    _bound_objects,
+    _closed_objects,
+    _default_tables,
+    _partial_keywords,
+)
+from somatize.catalog._held import _contained_bytes, _held_bytes, _runner
+from somatize.catalog._marked import _Marked, _marked, _plain_table, _Slots
+from somatize.catalog._marks import _moved_on, _version_of
+from somatize.catalog._members import (
+    _CONTAINERS,
+    _ancestry,
+    _dunder,
+    _functions_in,
+    _left_out,
+    _plain,
+    _table,
+)
+from somatize.catalog._names import _ABSENT, _HeldSeen, _sighted, _space_of
+
+
+class CodeWatch(NamedTuple):
+    """What :func:`fingerprint_of` read of classes, laid out for one look at every forward
+    (:func:`watch_code`): ``lives`` compared with ``copies`` in one comparison made in C."""
+
+    lives: list[Any]
+    """The namespace of each class of ``kinds``, then each dict, list or set read of an
+    object named by what it holds (:func:`_held_bytes`), each dict of keyword defaults of
+    a function of theirs and of keywords of a partial they hold, and last the count of code
+    set in place (:data:`_SETS`)."""
+    copies: list[Any]
+    """A copy of each of ``lives``, taken with the watch."""
+    kinds: list[type]
+    """The classes whose namespaces lead ``lives``."""
+    given: tuple[type, ...]
+    """The classes the watch was taken of."""
+    labels: list[str]
+    """``Kind.name`` of what holds each of ``lives`` after the namespaces, but the last."""
+    made: list[tuple[str, FunctionType, Any, Any, Any]]
+    """Each function of the classes' namespaces, by ``Kind.name``, with its code and its
+    defaults when the watch was taken."""
+    mros: list[tuple[type, tuple[type, ...]]]
+    """Each class of ``kinds`` with the classes it inherited from then (``__mro__``)."""
+    marks: list[Mark]
+    """Each object marked by which object it is (:func:`_token_of`) that the classes hold or
+    their functions close over, with what is noted of it (:class:`_Marked`), whose version
+    and state lie in ``lives`` at ``at``: changed since, it is given a new mark
+    (:func:`marks_moved`)."""
+
+
+class Mark(NamedTuple):
+    """An object marked by which object it is, or a container holding objects a class holds
+    (:func:`_contained_bytes`), as a watch (:class:`CodeWatch`) notes it."""
+
+    at: int
+    """Where its version, then what is read of it, lie in the watch's lives."""
+    held: Any
+    """The object."""
+    noted: _Marked
+    """What is noted of it, shared by every watch of it."""
+    anew: bool
+    """Whether it was given a new mark as the watch was taken (:func:`_marked`)."""
+    kind: type
+    """The class that holds it, or whose functions close over it."""
+
+
+_CODE_SETS = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__bases__", "__class__"})
+
+
+_SETS = [0]
+"""How many times, in this process, a function was given other code or defaults in place
+(``f.__code__ = ...``, ``f.__defaults__ = ...``, ``f.__kwdefaults__ = ...``), a class
+other bases (``Kind.__bases__ = ...``) or an object another class (``obj.__class__ =
+Other``): counted by an audit hook (:func:`_heard`), each of
+them being an ``object.__setattr__`` audit event, so that a watch sees them at the cost
+of one more number compared."""
+
+
+_HEARING: list[bool | None] = [None]
+"""Whether :data:`_SETS` counts (None: no hook added yet; False: the process refused it)."""
+
+
+def _heard(
+    event: str, args: tuple[Any, ...], sets: list[int] = _SETS, names: frozenset[str] = _CODE_SETS
+) -> None:
+    """Counts in :data:`_SETS` the audit events that set code or bases in place. Reads no
+    global (it is called to the end of the process) and raises nothing."""
+    if event == "object.__setattr__":
+        try:
+            if args[1] in names:
+                sets[0] += 1
+        except Exception:  # an event of another shape: not one of them
+            pass
+
+
+def _hear_code_set() -> None:
+    """Adds :func:`_heard` to the process's audit hooks, once, and notes whether it counts
+    (a hook added before may refuse hooks added after)."""
+    if _HEARING[0] is not None:
+        return
+    _HEARING[0] = False
+    sys.addaudithook(_heard)
+    before = _SETS[0]
+
+    def probe() -> None:
+        pass
+
+    probe.__defaults__ = ()
+    _HEARING[0] = _SETS[0] != before
+
+
+def watch_code(kinds: Iterable[type]) -> CodeWatch:
+    """What the fingerprints of ``kinds`` were worked out from, laid out so that a change
+    is found in one comparison made in C: the namespace of each class of their lineages
+    (as :func:`fingerprint_of` takes them) and a copy of it, which differ once a method
+    is patched in, a base class's replaced, or one added or deleted; each dict, list or
+    set read of an object a class holds (itself, or in a dict, list, tuple or set:
+    :func:`_contained_bytes`, which are read too), or its functions close over, named by what it
+    holds (:func:`_held_bytes`: an attribute of it set in place, ``Kind.act.k = 3``), the
+    mark and what is read of each such object marked by which object it is instead
+    (:class:`_Marked`: changed since, it is marked anew, :func:`marks_moved`), and
+    each dict of keyword defaults of their functions (``f.__kwdefaults__["by"] = 7``), and
+    of keywords of a partial they hold (``Kind.act.keywords["k"] = 3``), with a copy of
+    it; the names of their modules their fingerprints looked up, each to the object it
+    held (:class:`_Looked`: a helper or a value rebound since, a notebook's cell run
+    again); and the count of functions given other code or defaults in place
+    and classes given other bases, in this process (:data:`_SETS`: ``f.__code__ = ...``,
+    as a reloader does, ``f.__defaults__ = (5,)``, ``Kind.__bases__ = ...``), which moves
+    for any function or class, and sends the look to what the watch noted of these
+    (:func:`code_changes`). The lives compare equal to the copies: each value by
+    identity, else by ``==``, so a value replaced by an equal one, ``2`` by ``2.0``, is not
+    seen; one whose ``==`` says no bool, an array, raises, and is taken as changed. The
+    copies hold what they copy, so an old function cannot be followed by a new one at
+    the same address."""
+    _hear_code_set()
+    given = tuple(kinds)
+    lineage = list(
+        dict.fromkeys(above for kind in given for above in _ancestry(kind) if not _left_out(above))
+    )
+    lives: list[Any] = [vars(kind) for kind in lineage]
+    filled, by_forward = _fillers(lineage)
+    kept = (
+        by_forward
+        - filled
+        - _state_of(lineage, (m for k in lineage for m in list(vars(k).values())))
+    )
+    labels: list[str] = []
+    made: list[tuple[str, FunctionType, Any, Any, Any]] = []
+    marks: list[Mark] = []
+    for kind in lineage:
+        for name, member in list(vars(kind).items()):
+            label = f"{kind.__qualname__}.{name}"
+            read: list[Any] = []
+            unnamed: list[Any] = []
+            holds = _held_in(member)
+            if not holds and _table(name, member) and name in kept:
+                # filled by its node's forward: marked from the start, as first seen
+                _sighted(member, _assignment(_class_body(kind), name), label)
+                noted, anew = _marked(member, label, table=True)
+                marks.append(Mark(len(lives), member, noted, anew, kind))
+                lives += [noted.version, noted.lives]
+                labels += [label, label]
+            elif not holds and _table(name, member) and name not in filled:
+                holds = [member]
+            for function in _functions_in(member):  # `def forward(self, x, ctx, memo={})`
+                holds += _default_tables(name, function)
+            for held in holds:
+                if _contained_bytes(held, read, unnamed) is not None:
+                    # a container holding objects: each watched as one held itself, and
+                    # the container as a marked object is, so what its node's forward
+                    # changes in it (an object added to a log) is its state
+                    noted = _Marked(held, label)
+                    marks.append(Mark(len(lives), held, noted, False, kind))
+                    lives += [noted.version, noted.lives]
+                    labels += [label, label]
+                elif _held_bytes(held, read) is None:
+                    unnamed.append(held)
+            lives += read
+            labels += [label] * len(read)
+            for held in unnamed:  # marked: what it holds watched
+                noted, anew = _marked(held, label)
+                marks.append(Mark(len(lives), held, noted, anew, kind))
+                lives += [noted.version, noted.lives]
+                labels += [label, label]
+            for function in _functions_in(member):
+                keywords = function.__kwdefaults__
+                made.append((label, function, function.__code__, function.__defaults__, keywords))
+                if keywords:
+                    lives.append(keywords)
+                    labels.append(label)
+            for keywords in _partial_keywords(member):  # `Kind.act.keywords["k"] = 3`
+                lives.append(keywords)
+                labels.append(label)
+    tables: set[int] = set()
+    for kind in lineage:  # each table its code only reads, object of a helper class: marked
+        found = _FINGERPRINTS.get(kind)
+        for reads, name, was in found[1] if found is not None else ():
+            by = reads()
+            if not isinstance(was, _HeldSeen) or by is None:
+                continue
+            table = _space_of(by).get(name, _ABSENT)
+            if id(table) in tables:
+                continue
+            if table is not was.held:  # rebound since: as first seen, as a graph built now
+                if type(table) not in _CONTAINERS or not _plain_table(table):
+                    continue  # an object of a helper class: seen rebound (:class:`_Looked`)
+                module = was.label.partition(":")[0]
+                text = _assignment(*_written_at(module, name, table))
+                _sighted(table, text, was.label)
+            tables.add(id(table))
+            noted, anew = _marked(table, was.label, table=True)
+            marks.append(Mark(len(lives), table, noted, anew, kind))
+            lives += [noted.version, noted.lives]
+            labels += [was.label, was.label]
+    looked = _Looked(lineage)
+    if looked.names:  # a helper or a value of their modules rebound (a cell run again)
+        lives.append(looked)
+        labels.append("")
+    copies = list(map(_copied, lives))
+    for mark in marks:  # one copy of what is read of it for all
+        copies[mark.at + 1] = mark.noted.copies
+        if mark.anew:  # marked anew as it is watched: the next look works fingerprints out
+            copies[mark.at] = [None]
+    lives.append(_SETS)
+    copies.append(list(_SETS))
+    mros = [(kind, kind.__mro__) for kind in lineage]
+    return CodeWatch(lives, copies, lineage, given, labels, made, mros, marks)
+
+
+def _copied(live: Any) -> Any:
+    """A copy of a dict, list or set, or of a class's namespace (a mappingproxy), as a dict;
+    of an object's slots (:class:`_Slots`) or of names of modules (:class:`_Looked`), a list
+    of what they hold."""
+    if isinstance(live, (_Slots, _Looked)):
+        return live.values()
+    return dict(live) if isinstance(live, MappingProxyType) else type(live)(live)
+
+
+_ABSENTS = itertools.repeat(_ABSENT)
+
+
+class _Looked:
+    """The names of their modules the fingerprints of classes looked up (:data:`Looked`),
+    read as they are now: equal to a list of what they held, each the same object — so
+    that a helper or a value rebound since (a notebook's cell run again) is seen by a
+    graph built before, whose fingerprints are worked out again."""
+
+    __slots__ = ("names", "spaces")
+
+    def __init__(self, lineage: Iterable[type]) -> None:
+        places: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}
+        for kind in lineage:
+            found = _FINGERPRINTS.get(kind)
+            for reads, name, _ in found[1] if found is not None else ():
+                by = reads()
+                if by is not None:
+                    space = _space_of(by)
+                    places.setdefault((id(space), name), (space, name))
+        self.spaces = [space for space, _ in places.values()]
+        self.names = [name for _, name in places.values()]
+
+    def values(self) -> list[Any]:
+        """What each name holds now (:data:`_ABSENT` where it holds nothing)."""
+        return list(map(dict.get, self.spaces, self.names, _ABSENTS))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is list
+            and len(other) == len(self.names)
+            and all(map(operator.is_, map(dict.get, self.spaces, self.names, _ABSENTS), other))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def marks_moved(marks: Iterable[Mark]) -> None:
+    """Gives each object of ``marks`` (:attr:`CodeWatch.marks`) a new mark where it changed
+    since it was read (:class:`_Marked`): what it holds set in place (``Kind.act.k = 4``),
+    a hook put on it, its class replaced (``obj.__class__ = Other``), or a function it
+    holds given other code or defaults — so its fingerprint is another from then on, for
+    every graph."""
+    for mark in marks:
+        noted = mark.noted
+        if noted.changed(mark.held):
+            _moved_on(mark.held)
+            noted.version[0] = _version_of(mark.held)
+            noted.read(mark.held)
+
+
+def state_taken(marks: Iterable[Mark]) -> None:
+    """Takes what changed in the objects of ``marks`` (:attr:`CodeWatch.marks`) since they
+    were read (a count, a cache they keep as they run) as their state, not a change of
+    them: called as their node's forward returns, so that what the node's own code changes
+    as it runs does not give them a new mark (:func:`marks_moved`) at the next forward, of
+    this graph or another. Their class replaced, or a function given other code, is not
+    taken so."""
+    for mark in marks:
+        if mark.noted.state_changed():
+            mark.noted.read(mark.held, whole=False)
+
+
+@contextlib.contextmanager
+def own_state(watch: CodeWatch, kinds: Iterable[type]) -> Iterator[None]:
+    """Runs what is inside as a forward of a node of ``kinds``, on whatever thread: each
+    object marked by which object it is that they, or the classes they inherit from, hold
+    (of ``watch``) is given a new mark first where it changed since it was read (by a
+    watcher, by a node run before), and what changes in it meanwhile is taken as its state
+    (:func:`state_taken`). What another node's forward changes in it is not: it gives it
+    a new mark at the next look, as a change made between forwards does."""
+    lineage = {above for kind in kinds for above in _ancestry(kind)} if watch.marks else ()
+    marks = [mark for mark in watch.marks if mark.kind in lineage]
+    if marks:
+        marks_moved(marks)
+    try:
+        yield
+    finally:
+        if marks:
+            state_taken(marks)
+
+
+def _held_in(member: Any) -> list[Any]:
+    """The objects a class attribute holds that its fingerprint may name by what they hold
+    (:func:`_held_bytes`): itself, when it is no function, else what its functions close
+    over."""
+    functions = _functions_in(member)
+    if not functions:  # not named here just to learn it runs code: the caller names it
+        runner = None if _plain(member) else _runner(member)
+        return [] if runner is None else [runner]
+    held = [held for function in functions for held in _closed_objects(function)]
+    return held + _bound_objects(member)
+
+
+def code_changes(watch: CodeWatch) -> list[str]:
+    """What changed in the classes ``watch`` (:func:`watch_code`) holds since it was taken,
+    that a fingerprint reads: ``Kind.name`` for each name set, added or deleted — not a
+    dunder that holds no function (``__slotnames__``, which a copy of an instance adds,
+    ``__annotations__``, which reading it adds), nor a plain value, set, added or deleted,
+    that the code of the classes sets on one of them as it runs (``type(self).calls += 1``
+    in a subclass, the counter declared on its base: their state) — for each object it
+    holds named by what it holds, changed in place, and for each function given other
+    code or defaults in place; ``Kind.__bases__`` for a class given other bases."""
+    changed = []
+    stored: frozenset[str] | None = None
+    kinds = watch.kinds
+    spaces, copies = watch.lives[: len(kinds)], watch.copies[: len(kinds)]
+    for space, copied, kind in zip(spaces, copies, kinds, strict=True):
+        for name in dict.fromkeys([*space, *copied]):
+            now, was = space.get(name, _ABSENT), copied.get(name, _ABSENT)
+            if now is was or (not _holds_code(now) and not _holds_code(was) and _dunder(name)):
+                continue
+            if (now is _ABSENT or _plain(now)) and (was is _ABSENT or _plain(was)):
+                if stored is None:  # what the classes' own code sets on one of them: state
+                    stored = _state_of(kinds, (m for c in copies for m in c.values()))
+                if name in stored:
+                    continue
+            changed.append(f"{kind.__qualname__}.{name}")
+    extra = zip(
+        watch.lives[len(kinds) : -1], watch.copies[len(kinds) : -1], watch.labels, strict=True
+    )
+    for live, copied, label in extra:
+        if isinstance(live, _Looked):  # worked out again: not said, as it may be the same
+            continue
+        try:
+            same = bool(live == copied)
+        except Exception:  # a value replaced whose `==` says no bool (an array)
+            same = False
+        if not same and label not in changed:
+            changed.append(label)
+    for label, function, code, defaults, keywords in watch.made:
+        if (
+            function.__code__ is not code
+            or function.__defaults__ is not defaults
+            or function.__kwdefaults__ is not keywords
+        ) and label not in changed:
+            changed.append(label)
+    changed += (
+        f"{kind.__qualname__}.__bases__" for kind, mro in watch.mros if kind.__mro__ is not mro
+    )
+    return changed
+
+
+def watched_again(watch: CodeWatch) -> CodeWatch:
+    """``watch`` (:func:`watch_code`) taken again of the same classes, as they are now."""
+    return watch_code(watch.given)
+
+
+def _holds_code(member: Any) -> bool:
+    return member is not _ABSENT and bool(_functions_in(member))
