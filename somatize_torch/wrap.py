@@ -83,7 +83,7 @@ import threading
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import is_dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -262,18 +262,10 @@ class Wrapped(nn.Module):
         modes = {p: bool(m.training) for p, m in found if isinstance(m, nn.Module)}
         if len(set(modes.values())) <= 1:
             return next(iter(modes.values()), bool(self.model.training))
-        shown = ", ".join(
-            f"`{p or 'the model itself'}` in {'train' if t else 'eval'}"
-            for p, t in list(modes.items())[:6]
-        )
-        raise WrapError(
-            "the code fx traced reads `self.training`, and the modules it traced into or read "
-            "the flag of are in "
-            f"different modes ({shown}): what was traced for one mode would run for a part "
-            "in the other. Put them in one mode (`model.train()` or `model.eval()`), or "
-            "declare the part that stays in another mode, so it is called whole and reads "
-            "its own mode as it runs"
-        )
+        if torch.compiler.is_compiling():
+            # Refused eagerly: compiled, the refusal would not come out as it is raised.
+            _refuse_modes_eagerly(modes)
+        _refuse_modes(modes)
 
     def train(self, mode: bool = True) -> Wrapped:
         """Puts the model in ``mode`` through its own ``train``, which leaves its frozen
@@ -507,6 +499,23 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
     return runner(*args, **kwargs)
 
 
+def _refuse_modes(modes: dict[str, bool]) -> NoReturn:
+    """Refuses a call while the modules whose training flag the traced code holds (``modes``,
+    each by path) are in different modes."""
+    shown = ", ".join(
+        f"`{p or 'the model itself'}` in {'train' if t else 'eval'}"
+        for p, t in list(modes.items())[:6]
+    )
+    raise WrapError(
+        "the code fx traced reads `self.training`, and the modules it traced into or read "
+        "the flag of are in "
+        f"different modes ({shown}): what was traced for one mode would run for a part "
+        "in the other. Put them in one mode (`model.train()` or `model.eval()`), or "
+        "declare the part that stays in another mode, so it is called whole and reads "
+        "its own mode as it runs"
+    )
+
+
 def _refuse_global_hooks(model: nn.Module, when: str = "calling the wrapped model") -> None:
     """Refuses tracing ``model``, or calling it traced, while torch's global module hooks
     are registered: they run with every module called, and the code traced calls other
@@ -706,6 +715,8 @@ _follow_eagerly = _not_compiled(Wrapped._follow)
 """Points the segments at the parts the model holds now in a compiled call, eagerly:
 compiled code only asks whether any was replaced (:meth:`_Parts.changed`), which
 torch.compile guards on."""
+_refuse_modes_eagerly = _not_compiled(_refuse_modes)
+""":func:`_refuse_modes` in a compiled call, made eagerly."""
 _check_values_eagerly = _not_compiled(_check_values)
 """:func:`_check_values` in a compiled call, made eagerly: compiled code only asks whether
 the values are the very ones read (:meth:`Values.same`)."""

@@ -19,6 +19,7 @@ from torch import nn
 import somatize.torch as smt
 from somatize import Store
 from tests.test_torch_wrap import (
+    Blocked,
     Fails,
     FailsInferring,
     Mixed,
@@ -564,4 +565,33 @@ def test_a_compiled_call_after_a_value_the_class_gave_changed_is_refused_naming_
             ClassScaled.scale = 3.0
             model.__dict__.pop("scale", None)
         assert torch.equal(compiled(x, mask), model(x, mask))
+    torch._dynamo.reset()
+
+
+def test_a_compiled_call_with_a_block_traced_into_in_another_mode_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block fx traced into put in another mode than the model (`model.block.train()`
+    after `model.eval()`) would run code traced for the model's mode: a compiled call is
+    refused saying which part is in which mode, as an eager one is, and answers as the
+    model does once both are in one mode again."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Blocked()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=tmp_path / "s")
+    smt.freeze(wrapped)
+    compiled = torch.compile(wrapped, backend="eager")
+    x = torch.randn(3, 4)
+    wrapped.eval()
+    model.block.train()
+    with torch.no_grad():
+        for _ in range(2):
+            with pytest.raises(
+                smt.WrapError,
+                match=r"different modes \(`the model itself` in eval, `block` in train",
+            ):
+                compiled(x)
+        model.block.eval()
+        assert torch.equal(compiled(x), model(x))
     torch._dynamo.reset()
