@@ -31,8 +31,10 @@ traces a model, :func:`recording`:
   since its methods are compiled and cannot be replaced on its class); and a switch of a flag of
   torch's backends (a ``torch.nn.attention.sdpa_kernel(...)`` or
   ``torch.backends.cudnn.flags(...)`` block, ``torch.backends.cudnn.enabled = False``),
-  which fx keeps no call to. torch's own code that reads the modes as it is traced
-  (``torch.utils.checkpoint``) keeps nothing it read in the code, and is let be.
+  which fx keeps no call to; and a value fx stands in for turned into text by the
+  model's code (``"float32" in str(x.dtype)``), which is the stand-in's name, not the
+  value's (``print`` of one is let be). torch's own code that reads the modes as it is
+  traced (``torch.utils.checkpoint``) keeps nothing it read in the code, and is let be.
 
 Not seen: a function of ``random`` imported by name into another module (a helper the
 forward calls) or kept elsewhere than on a part of the model (in a list, a closure), and
@@ -249,6 +251,37 @@ def _read(name: str, what: str) -> Callable[..., Any]:
         )
 
     return read
+
+
+def _as_text(recorder: _Recorder, original: Callable[..., Any], proxy: Any) -> Any:
+    """A value fx stands in for turned into text (``str(x.dtype)``, ``f"{x.device}"``,
+    ``"%s" % x``): by the model's code, refused, since the text is the stand-in's name, not
+    the value's, and what the code does with it (``"float32" in str(x.dtype)``) would be
+    done alike for every value a call gives; by ``print`` (the model's), or by torch's or
+    Python's own code (a message, a log record), it is the name, as ever."""
+    if not getattr(_here, "printing", 0):
+        # Imported here: the module that tells the model's code apart imports this one.
+        from somatize_torch._split import _model_own
+
+        if _model_own(_caller()):
+            raise Fixed(
+                "turns a value fx stands in for into text (`str(x.dtype)`, an f-string, "
+                "`%`-formatting): the text is the stand-in's name, not the value's, so what "
+                'the forward does with it (`"float32" in str(x.dtype)`, a lookup by it) '
+                "would be done alike whatever a call gives (`print(x.shape)` is let be, an "
+                "f-string printed is not)"
+            )
+    return original(proxy)
+
+
+def _printing(recorder: _Recorder, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``print`` in the tracing thread: what it prints of a value fx stands in for is its
+    name, and nothing the forward computes with."""
+    _here.printing = getattr(_here, "printing", 0) + 1
+    try:
+        return original(*args, **kwargs)
+    finally:
+        _here.printing -= 1
 
 
 def _draw(name: str, source: str) -> Callable[..., Any]:
@@ -509,6 +542,9 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
     and what the tracing thread gets instead."""
     found: list[tuple[Any, str, Callable[..., Any]]] = [
         (builtins, "isinstance", _tensor_check),
+        (builtins, "print", _printing),
+        (fx.Proxy, "__repr__", _as_text),
+        (fx.proxy.ParameterProxy, "__repr__", _as_text),
         (torch._C, "_set_grad_enabled", _switch_grad),
         (torch, "is_grad_enabled", _read_grad),
         (torch, "is_inference_mode_enabled", _read("is_inference_mode_enabled", "mode")),

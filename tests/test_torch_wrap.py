@@ -3282,6 +3282,54 @@ def test_the_type_of_a_value_made_as_the_forward_is_traced_asked_in_a_method_is_
         )
 
 
+class ScalesForItsDtypeByName(OnTempered):
+    """Scales by ten when its input is in float64, asking the name of its dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 10 if "float64" in str(x.dtype) else h
+
+
+class ScalesForItsDtypeInAnFString(OnTempered):
+    """The same, asking an f-string of its dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 10 if f"{x.dtype}" == "torch.float64" else h
+
+
+class PrintsItsShape(OnTempered):
+    """Prints the shape of its input as it runs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        print(x.shape)
+        return self.encoder(x) * 2
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        (ScalesForItsDtypeByName, r"\"float64\" in str\(x\.dtype\).*into text"),
+        (ScalesForItsDtypeInAnFString, r"f\"\{x\.dtype\}\" == .*into text"),
+    ],
+    ids=["str", "f-string"],
+)
+def test_a_forward_turning_what_fx_stands_in_for_into_text_is_refused(
+    store: Store, kind: Callable[[], nn.Module], named: str
+) -> None:
+    """The text of a stand-in (`str(x.dtype)`, `f"{x.dtype}"`) is its name whatever a call
+    gives: `"float64" in str(x.dtype)` would keep the branch for float32 for a float64
+    input too. `wrap` refuses it, naming the line; a forward that only prints a stand-in
+    is traced, and answers as the model does."""
+    torch.manual_seed(0)
+    with pytest.raises(smt.Untraceable, match=named):
+        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
+    wrapped, model = _encoder_cached(PrintsItsShape, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+
+
 class ScalesByATensorMaskInAMethod(OnTempered):
     """Scales by its mask when it is a tensor, asking its type in a method of its own."""
 
