@@ -285,20 +285,20 @@ def _traced(
         )
         refused.branched = frozenset({name})
         raise refused
-    for code, made in reached.made.items():
-        made_asked = _type_compared(code, made)
+    for code in reached.made.keys() | reached.within.keys():
+        made_asked = _type_compared(code, reached.made.get(code, {}), reached.within.get(code, ()))
         if made_asked is not None:
             name, where, line = made_asked
             raise _stops(
                 Untraceable(
-                    f"`{type(model).__qualname__}.forward` hands `{name}`, a value made as it "
-                    f"runs, to code that asks what type it is, or compares an attribute of it "
-                    f"by identity, at {where} (`{line}`): fx stands in for the value while it "
-                    "traces, and neither the type of the stand-in nor its attributes are the "
-                    "value's, so the branch kept would be the one for the stand-in in every "
-                    "call. Declare the submodule that holds this code, or wrap just the "
-                    "submodule you want to remember (`model.encoder = somatize.torch.wrap("
-                    "model.encoder, frozen=True, cached=True)`), which needs no tracing"
+                    f"`{type(model).__qualname__}.forward` asks what type `{name}` is, or a "
+                    f"value it holds, or compares an attribute of it by identity, at {where} "
+                    f"(`{line}`): `{name}` is, or holds, a stand-in fx made for a value computed "
+                    "as the forward runs, and neither the type of the stand-in nor its "
+                    "attributes are the value's, so the branch kept would be the one for the "
+                    "stand-in in every call. Declare the submodule that holds this code, or wrap "
+                    "just the submodule you want to remember (`model.encoder = somatize.torch."
+                    "wrap(model.encoder, frozen=True, cached=True)`), which needs no tracing"
                 )
             )
     paths = {id(module): path for path, module in model.named_modules()}
@@ -435,39 +435,53 @@ def _type_asked(model: nn.Module, concrete: Mapping[str, Any]) -> tuple[str, str
     return _type_compared(code, inputs)
 
 
-def _type_compared(code: CodeType, inputs: Mapping[str, str]) -> tuple[str, str, str] | None:
+def _type_compared(
+    code: CodeType, inputs: Mapping[str, str], within: Iterable[str] = ()
+) -> tuple[str, str, str] | None:
     """The first of ``inputs`` (locals of ``code``, each to the argument of the forward it
     stands for) whose type ``code`` compares (``type(mask) is ...``, ``mask.__class__ is
     ...``), or an attribute of which it compares by identity (``mask.dtype is ...``), as
-    the argument it stands for, with where and the line; None for none."""
-    if not inputs:
+    the argument it stands for, with where and the line; None for none. Of those
+    ``within`` (locals holding a stand-in in a list, tuple or dict), the same asked of an
+    item (``type(items[0]) is ...``), as the local."""
+    held = frozenset(within)
+    if not inputs and not held:
         return None
     found = list(dis.get_instructions(code))
     for at, one in enumerate(found[:-2]):
         compared: tuple[str, ...] = ("IS_OP", "COMPARE_OP", "CONTAINS_OP")
-        if (
-            one.opname in _LOAD_ONE
-            and one.argval in inputs
-            and found[at + 1].opname == "LOAD_ATTR"
-            and found[at + 1].argval == "__class__"
-        ):
-            load, after = one, at + 2  # `mask.__class__`: the stand-in's, as its type is
-        elif (
-            one.opname in _LOAD_ONE and one.argval in inputs and found[at + 1].opname == "LOAD_ATTR"
-        ):
-            # `mask.dtype is torch.float32`: an attribute of a stand-in is one too, and
-            # `is` answers no for it whatever a call gives (`==` would reach fx).
-            load, after, compared = one, at + 1, ("IS_OP",)
-        elif one.opname in ("LOAD_GLOBAL", "LOAD_NAME") and one.argval == "type":
-            load = found[at + 1]
-            if load.opname not in _LOAD_ONE or load.argval not in inputs:
+        load = one
+        if one.opname in ("LOAD_GLOBAL", "LOAD_NAME") and one.argval == "type":
+            start = at + 1
+            while start < len(found) and found[start].opname == "PUSH_NULL":
+                start += 1
+            if start >= len(found):
                 continue
-            after = at + 2
+            load = found[start]
+            steps, after = _steps(found, start + 1)
+            if not _stands_in(load, steps, inputs, held):
+                continue
             while after < len(found) and found[after].opname in ("PRECALL", "PUSH_NULL"):
                 after += 1
             if after >= len(found) or found[after].opname not in _CALL_ONE or found[after].arg != 1:
                 continue
             after += 1
+        elif one.opname in _LOAD_ONE:
+            steps, _ = _steps(found, at + 1)
+            if not _stands_in(one, steps, inputs, held):
+                continue
+            # Past the items taken out (`items[0]`), to the attributes read.
+            items = max((n for n, (kind, _) in enumerate(steps) if kind == "item"), default=-1)
+            attributes = steps[items + 1 :]
+            if not attributes or attributes[0][0] != "attr":
+                continue
+            after = attributes[0][1]
+            if found[after].argval == "__class__":
+                after += 1  # `mask.__class__`: the stand-in's, as its type is
+            else:
+                # `mask.dtype is torch.float32`: an attribute of a stand-in is one too, and
+                # `is` answers no for it whatever a call gives (`==` would reach fx).
+                compared = ("IS_OP",)
         else:
             continue
         after = _operand_of(found, after)
@@ -475,8 +489,49 @@ def _type_compared(code: CodeType, inputs: Mapping[str, str]) -> tuple[str, str,
             positions = getattr(one, "positions", None)
             line = getattr(positions, "lineno", None) or _line_at(found, at) or code.co_firstlineno
             text = linecache.getline(code.co_filename, line).strip()
-            return inputs[str(load.argval)], f"{code.co_filename}:{line}", text
+            name = str(load.argval)
+            return inputs.get(name, name), f"{code.co_filename}:{line}", text
     return None
+
+
+def _steps(found: list[dis.Instruction], at: int) -> tuple[list[tuple[str, int]], int]:
+    """What the instructions from ``found[at]`` on take out of the value loaded before
+    them: each attribute read (``("attr", where)``) and item taken by a constant or a
+    local (``("item", where)``), and where the first instruction after them is."""
+    steps: list[tuple[str, int]] = []
+    while at < len(found):
+        one = found[at]
+        if one.opname == "LOAD_ATTR":
+            steps.append(("attr", at))
+            at += 1
+        elif (
+            one.opname in ("LOAD_CONST", "LOAD_SMALL_INT", *_LOAD_ONE)
+            and at + 1 < len(found)
+            and (
+                found[at + 1].opname == "BINARY_SUBSCR"
+                or (found[at + 1].opname == "BINARY_OP" and "[" in found[at + 1].argrepr)
+            )
+        ):
+            steps.append(("item", at + 1))
+            at += 2
+        else:
+            break
+    return steps, at
+
+
+def _stands_in(
+    load: dis.Instruction,
+    steps: list[tuple[str, int]],
+    inputs: Mapping[str, str],
+    held: frozenset[str],
+) -> bool:
+    """Whether ``load`` loads a local that is a stand-in (of ``inputs``), or, with an item
+    taken out of it among ``steps``, one holding stand-ins (of ``held``)."""
+    if load.opname not in _LOAD_ONE:
+        return False
+    if load.argval in inputs:
+        return True
+    return load.argval in held and any(kind == "item" for kind, _ in steps)
 
 
 def _operand_of(found: list[dis.Instruction], after: int) -> int:
@@ -564,7 +619,11 @@ class _Reached(NamedTuple):
     their tensors fx stands in for too."""
     made: dict[CodeType, dict[str, str]]
     """Per function, those of its arguments handed a stand-in for a value made as the
-    forward was traced (what a declared submodule answered), each to itself."""
+    forward was traced (what a declared submodule answered), and those of its locals
+    holding one as it returned, each to itself."""
+    within: dict[CodeType, dict[str, str]]
+    """Per function, those of its arguments and locals holding a stand-in inside a list,
+    tuple or dict (``self.helper([x, y])``), each to itself."""
 
 
 @contextlib.contextmanager
@@ -577,7 +636,7 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
     forward ran. fx hands a method of the model, a function or the forward of a block it
     traces into what the forward hands them, and what they compare the type of, or
     compare by identity, is read there as in the forward."""
-    found = _Reached({}, {}, {}, {})
+    found = _Reached({}, {}, {}, {}, {})
     kept = [
         (name, value)
         for name, value in concrete.items()
@@ -586,18 +645,23 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
     get, put = _free_hook()
     was = get()
 
+    def stand_in(code: CodeType, name: str, value: Any) -> None:
+        # `issubclass`, not `isinstance`, which the trace replaces to ask for the forward.
+        if issubclass(type(value), fx.Proxy):
+            if value.node.op == "placeholder":
+                found.stood.setdefault(code, {})[name] = str(value.node.target).lstrip("*")
+            else:
+                found.made.setdefault(code, {})[name] = name
+        elif _holds_a_stand_in(value):
+            found.within.setdefault(code, {})[name] = name
+
     def note(frame: types.FrameType) -> None:
         code = frame.f_code
         count = code.co_argcount + code.co_kwonlyargcount
         given = frame.f_locals
         for name in code.co_varnames[:count]:
             value: Any = given.get(name)
-            # `issubclass`, not `isinstance`, which the trace replaces to ask for the forward.
-            if issubclass(type(value), fx.Proxy):
-                if value.node.op == "placeholder":
-                    found.stood.setdefault(code, {})[name] = str(value.node.target).lstrip("*")
-                else:
-                    found.made.setdefault(code, {})[name] = name
+            stand_in(code, name, value)
             for argument, held in kept:
                 if value is held:
                     found.held.setdefault(code, {})[name] = argument
@@ -613,13 +677,20 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
     at every call the trace makes (of torch's code most) looks no further than this."""
 
     def profile(frame: types.FrameType, event: str, arg: Any) -> Any:
-        if event == "call":
+        if event == "call" or event == "return":
             filename = frame.f_code.co_filename
             found_mine = mine.get(filename)
             if found_mine is None:
                 found_mine = _model_own(filename)
             if found_mine:
-                note(frame)
+                if event == "call":
+                    note(frame)
+                else:
+                    # Its locals as it returns: a value it made of a stand-in (`h = x * 2`),
+                    # or an item it took out of a list of them, is one too.
+                    code = frame.f_code
+                    for name, value in frame.f_locals.items():
+                        stand_in(code, name, value)
         return None
 
     def profile_on(frame: types.FrameType, event: str, arg: Any) -> Any:
@@ -633,6 +704,22 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
         yield found
     finally:
         put(was)
+
+
+def _holds_a_stand_in(value: Any, depth: int = 0) -> bool:
+    """Whether ``value``, a list, tuple or dict (or one in one, a few deep), holds a value
+    fx stands in for."""
+    kind = type(value)
+    if kind is dict:
+        value = value.values()
+    elif not issubclass(kind, (list, tuple)):
+        return False
+    for one in value:
+        if issubclass(type(one), fx.Proxy):
+            return True
+        if depth < 3 and _holds_a_stand_in(one, depth + 1):
+            return True
+    return False
 
 
 _MINE: dict[str, bool] = {}

@@ -3282,6 +3282,47 @@ def test_the_type_of_a_value_made_as_the_forward_is_traced_asked_in_a_method_is_
         )
 
 
+class DoublesWhatItMakesIfATensor(OnTempered):
+    """Doubles a value it makes of what its encoder answers when that is a tensor."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x) + 1
+        return h * 2 if type(h) is torch.Tensor else h + 100
+
+
+class DoublesItsInputIfATensor(OnTempered):
+    """Doubles a value it makes of its input when that is a tensor, before its encoder."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        if type(y) is torch.Tensor:
+            return self.encoder(y) * 10
+        return self.encoder(y)
+
+
+class AddsAListIfTensors(OnTempered):
+    """Hands what its encoder answers and its second input to a method in a list, which
+    asks the type of an item."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self._added([self.encoder(x), y])
+
+    def _added(self, items: list[Any]) -> Any:
+        if type(items[0]) is torch.Tensor:
+            return items[0] * 10 + items[1]
+        return items[0] + items[1]
+
+
+class AddsAListItemByItem(OnTempered):
+    """The same, asking the type of each item as it goes over them."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out: Any = 0
+        for item in [self.encoder(x), y]:
+            out = out + (item * 10 if type(item) is torch.Tensor else item)
+        return out
+
+
 class ScalesForItsDtypeByName(OnTempered):
     """Scales by ten when its input is in float64, asking the name of its dtype."""
 
@@ -3304,6 +3345,29 @@ class PrintsItsShape(OnTempered):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         print(x.shape)
         return self.encoder(x) * 2
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        (DoublesWhatItMakesIfATensor, r"`h`.*type\(h\) is torch\.Tensor"),
+        (DoublesItsInputIfATensor, r"`y`.*type\(y\) is torch\.Tensor"),
+        (AddsAListIfTensors, r"`items`.*type\(items\[0\]\) is torch\.Tensor"),
+        (AddsAListItemByItem, r"type\(item\) is torch\.Tensor"),
+    ],
+    ids=["made after", "made before", "in a list", "over a list"],
+)
+def test_the_type_of_what_fx_stands_in_for_in_a_local_or_a_list_is_refused(
+    store: Store, kind: Callable[[], nn.Module], named: str
+) -> None:
+    """fx stands in for a value the forward makes of its inputs (`h = self.encoder(x) +
+    1`), and for each tensor in a list it builds: `type(h) is torch.Tensor`, or
+    `type(items[0]) is torch.Tensor` in a method handed the list, is the stand-in's type
+    whatever a call gives, and the branch kept would be the one for a value that is no
+    tensor in every call. `wrap` refuses it, naming the line."""
+    torch.manual_seed(0)
+    with pytest.raises(smt.Untraceable, match=named):
+        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
 
 
 @pytest.mark.parametrize(
