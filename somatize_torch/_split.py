@@ -54,7 +54,7 @@ from torch.utils._pytree import tree_unflatten
 
 from somatize import Node
 from somatize_torch._cached import _Cached, _Declared, _Watched
-from somatize_torch._errors import Untraceable
+from somatize_torch._errors import Untraceable, WrapError
 from somatize_torch._modes import _OURS, Fixed, in_torch, recording
 from somatize_torch._parts import _MISSING, _part, _Read
 from somatize_torch._values import Noted, reading
@@ -320,6 +320,7 @@ def _traced(
             )
     for key in held_eval & noted.modes.keys():  # in eval whenever they run: read right
         del noted.modes[key]
+    _items_checked(graph, tracer.containers, type(model).__qualname__)
     _plain_code(graph, bool(concrete))
     compared = frozenset(
         name for code, held in reached.held.items() for name in _identity_compared(code, held)
@@ -1183,6 +1184,61 @@ def _through_a_call(gm: fx.GraphModule) -> None:
 
 def _held(value: Any) -> Any:
     """``value`` itself: what the forward returns as the model holds it."""
+    return value
+
+
+def _items_checked(graph: fx.Graph, containers: frozenset[str], model: str) -> None:
+    """Has each item ``graph`` takes out of an argument handed a list, tuple or dict
+    (``batch.get("mask")``, ``items[1]``) checked as the code runs, where it computes with
+    it (not only hands it to a module, which runs as it is written): fx stands in for the
+    item, which is never None, so the code traced is the forward's for a value there
+    (``mask is None`` answered no), and a call handing None there, or leaving the key out,
+    would run it with None."""
+    if not containers:
+        return
+    for node in list(graph.nodes):
+        taken = (node.op == "call_function" and node.target is operator.getitem) or (
+            node.op == "call_method"
+            and node.target == "get"
+            and (len(node.args) < 3 or node.args[2] is None)
+            and not node.kwargs
+        )
+        if not taken or len(node.args) < 2:
+            continue
+        source, key = node.args[0], node.args[1]
+        if not (
+            isinstance(source, fx.Node)
+            and source.op == "placeholder"
+            and str(source.target).lstrip("*") in containers
+            and not isinstance(key, (fx.Node, slice))
+        ):
+            continue
+        if all(user.op in ("call_module", "output") for user in node.users):
+            continue
+        with graph.inserting_after(node):
+            checked = graph.call_function(
+                _taken,
+                (node, model, str(source.target).lstrip("*"), key, node.op != "call_function"),
+            )
+        users = [user for user in node.users if user is not checked]
+        for user in users:
+            user.replace_input_with(node, checked)
+
+
+def _taken(value: Any, model: str, name: str, key: Any, got: bool) -> Any:
+    """``value``, the item ``key`` of the forward's argument ``name`` (taken by ``get``,
+    ``got``): refused where it is None (:func:`_items_checked`)."""
+    if value is None:
+        left_out = f", or `{name}` has no {key!r}" if got else ""
+        raise WrapError(
+            f"`{name}[{key!r}]` is None in this call{left_out}: fx traced "
+            f"`{model}.forward` with a stand-in for `{name}`, and for each item it takes out "
+            "of it, which is never None, so the code traced is the forward's for a value "
+            f"there (a test of it against None answered no), not for None. Hand a value "
+            f"there in every call, or take it as an argument of its own that defaults to "
+            f"None (`{key if isinstance(key, str) and key.isidentifier() else 'mask'}=None`), "
+            "which is traced with it None too, or declare the submodule that takes it"
+        )
     return value
 
 

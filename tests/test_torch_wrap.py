@@ -5776,6 +5776,48 @@ def test_an_argument_handed_an_object_is_traced_per_value_or_refused_never_answe
         assert torch.equal(wrapped(x, asked=t), model(x, asked=t))
 
 
+class TakesABatch(nn.Module):
+    """Encodes a batch handed as a dict, scaling by its mask where it holds one, and
+    shifts by the second item of a list where that is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(self, batch: dict[str, Any], extra: Any = None) -> torch.Tensor:
+        h = self.encoder(batch["x"])
+        mask = batch.get("mask")
+        if mask is not None:
+            h = h * mask
+        if extra is not None and extra[1] is not None:
+            h = h + extra[1]
+        return h
+
+
+def test_an_item_of_a_dict_or_list_argument_left_none_is_refused_never_run_as_traced(
+    store: Store,
+) -> None:
+    """fx stands in for a dict or list the forward is handed, and for each item it takes
+    out (`batch.get("mask")`, `extra[1]`), which is never None: the code traced is the
+    forward's for a value there. A call leaving the key out, or handing None there, is
+    refused naming the item, where it ran that code with None (a raw error from the
+    traced code, or the branch for a value); calls handing values answer as the model
+    does."""
+    torch.manual_seed(0)
+    model = TakesABatch()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x, two = torch.randn(3, 4), torch.full((3, 4), 2.0)
+    with torch.no_grad():
+        assert torch.equal(wrapped({"x": x, "mask": two}), model({"x": x, "mask": two}))
+        with pytest.raises(smt.WrapError, match=r"`batch\['mask'\]` is None .* has no 'mask'"):
+            wrapped({"x": x})
+        given = {"x": x, "mask": two}
+        assert torch.equal(wrapped(given, [x, two]), model(given, [x, two]))
+        with pytest.raises(smt.WrapError, match=r"`extra\[1\]` is None in this call: fx"):
+            wrapped(given, [x, None])
+
+
 class Logs(nn.Module):
     def __init__(self) -> None:
         super().__init__()
