@@ -155,12 +155,30 @@ def outside_compiled(fn: Callable[..., Any], recursive: bool = True) -> Callable
 # follows grad mode itself.)
 _as_they_are: Callable[[Callable[..., Any]], Callable[..., Any]] = outside_compiled
 
-enter_autocast = _as_they_are(_enter_autocast)
+
+def _named_as(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn``, named as this module holds it: fx writes a function into the code it makes
+    by its module and name, and a copy of the code loaded (``torch.load``) imports it so."""
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+enter_autocast = _named_as(_as_they_are(_enter_autocast), "enter_autocast")
 """An autocast block the forward enters, made as the forward made it."""
-enter_inference_mode = _as_they_are(_enter_inference_mode)
+enter_inference_mode = _named_as(_as_they_are(_enter_inference_mode), "enter_inference_mode")
 """An inference-mode block the forward enters."""
-leave = _as_they_are(_leave)
+leave = _named_as(_as_they_are(_leave), "leave")
 """Leaves a block entered by :func:`enter_autocast` or :func:`enter_inference_mode`."""
+
+
+def grad_enabled() -> bool:
+    """Grad mode as a call finds it, read by a grad-mode block of the forward to put it
+    back on its way out."""
+    return torch.is_grad_enabled()
+
+
+RECORDED = (set_grad_enabled, grad_enabled, enter_autocast, enter_inference_mode, leave)
+"""The functions recorded into the code a forward is traced into."""
 
 
 def switches(code: fx.Graph) -> bool:
@@ -232,7 +250,7 @@ def _switch_grad(recorder: _Recorder, original: Callable[..., Any], mode: Any) -
 def _read_grad(recorder: _Recorder, original: Callable[..., Any]) -> Any:
     caller = _caller()
     if caller == _GRAD_MODE:  # a grad-mode block keeping the mode it found, to put back
-        return recorder.call(original)
+        return recorder.call(grad_enabled)
     if in_torch(caller):
         return original()
     raise Fixed(
@@ -802,5 +820,5 @@ def recording(tracer: fx.Tracer, model: torch.nn.Module) -> Iterator[None]:
                 else:
                     setattr(owner, name, was)
     for node in list(tracer.graph.nodes):  # modes read by blocks that never put them back
-        if node.op == "call_function" and node.target is torch.is_grad_enabled and not node.users:
+        if node.op == "call_function" and node.target is grad_enabled and not node.users:
             tracer.graph.erase_node(node)

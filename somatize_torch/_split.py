@@ -55,7 +55,7 @@ from torch.utils._pytree import tree_unflatten
 from somatize import Node
 from somatize_torch._cached import _Cached, _Declared, _Watched
 from somatize_torch._errors import Untraceable, WrapError
-from somatize_torch._modes import _OURS, Fixed, in_torch, recording
+from somatize_torch._modes import _OURS, RECORDED, Fixed, in_torch, recording
 from somatize_torch._parts import _MISSING, _part, _Read
 from somatize_torch._values import Noted, reading
 from somatize_torch.freeze import ModuleNode
@@ -972,6 +972,7 @@ def _split(
     runner = split_module(
         gm, model, lambda n: part[n], qualname_map=qualnames, keep_original_order=True
     )
+    _reloaded_as_cut(runner)
     reads = _reads(gm, runner, qualnames, model, set(calls))
     made: dict[str, _Cached | _Declared | _Adapted] = {}
     called: dict[str, _Call] = {}
@@ -1050,6 +1051,40 @@ def _split(
         reads,
         called,
     )
+
+
+class _Reloading(fx.Tracer):
+    """Traces the code of a cut model again as a copy of it is loaded (``torch.load``):
+    fx makes each of its modules anew from its code that way, keeping only what it does to
+    tensors, and would run the calls recorded into it (the modes the forward switches, the
+    checks of the items it takes out of a list or dict) once, as it loads, and keep none.
+    Those are kept as calls."""
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
+        found = getattr(getattr(type(root), "forward", None), "__globals__", None)
+        space: dict[str, Any] = found if isinstance(found, dict) else {}
+        kept = {name: value for name, value in space.items() if id(value) in _KEPT}
+
+        def recorded(target: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                return self.create_proxy("call_function", target, args, kwargs)
+
+            return call
+
+        for name, value in kept.items():
+            space[name] = recorded(value)
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            space.update(kept)
+
+
+def _reloaded_as_cut(runner: fx.GraphModule) -> None:
+    """Has ``runner`` and the segments it calls traced by :class:`_Reloading` as a copy of
+    them is loaded."""
+    for module in (runner, *runner.children()):
+        if isinstance(module, fx.GraphModule):
+            module._tracer_cls = _Reloading
 
 
 class _Adapted(nn.Module):
@@ -1240,6 +1275,10 @@ def _taken(value: Any, model: str, name: str, key: Any, got: bool) -> Any:
             "which is traced with it None too, or declare the submodule that takes it"
         )
     return value
+
+
+_KEPT = frozenset(id(fn) for fn in (*RECORDED, _taken))
+"""The functions :class:`_Reloading` keeps as calls."""
 
 
 def _shim(

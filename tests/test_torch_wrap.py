@@ -4944,6 +4944,52 @@ class FailsInferring(Fails):
             return self.encoder(x) * 2
 
 
+class SwitchesBetween(nn.Module):
+    """Runs a layer after its encoder without gradients, and its head under bf16
+    autocast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Tempered()
+        self.middle = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.encoder(x)
+        with torch.no_grad():
+            h = self.middle(h)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = self.head(h)
+        return h, out
+
+
+def test_a_wrapped_model_loaded_from_torch_save_switches_the_modes_its_forward_does(
+    store: Store,
+) -> None:
+    """A wrapped model whose forward switches grad mode and autocast is saved
+    (`torch.save`), and the copy loaded switches them as the model does: fx makes the code
+    anew as it loads it, and would have run the switches once then, kept none, and
+    computed with gradients where the model has none. The modes are as they were after
+    each call, and after loading."""
+    torch.manual_seed(0)
+    model = SwitchesBetween()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    wrapped(x)
+    held = io.BytesIO()
+    torch.save(wrapped, held)
+    held.seek(0)
+    loaded = torch.load(held, weights_only=False)
+    assert _modes() == (True, False, False)
+    for copied in (loaded, wrapped):
+        (h, out), (want_h, want_out) = copied(x), model(x)
+        assert (h.requires_grad, out.dtype) == (want_h.requires_grad, want_out.dtype)
+        assert (h.requires_grad, out.dtype) == (False, torch.bfloat16)
+        assert torch.equal(h, want_h) and torch.equal(out, want_out)
+        assert _modes() == (True, False, False)
+
+
 def _modes() -> tuple[bool, bool, bool]:
     """Grad mode, CPU autocast and inference mode, as they are now."""
     return (
@@ -5801,8 +5847,8 @@ def test_an_item_of_a_dict_or_list_argument_left_none_is_refused_never_run_as_tr
     out (`batch.get("mask")`, `extra[1]`), which is never None: the code traced is the
     forward's for a value there. A call leaving the key out, or handing None there, is
     refused naming the item, where it ran that code with None (a raw error from the
-    traced code, or the branch for a value); calls handing values answer as the model
-    does."""
+    traced code, or the branch for a value), by a copy loaded with `torch.load` too;
+    calls handing values answer as the model does."""
     torch.manual_seed(0)
     model = TakesABatch()
     wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
@@ -5816,6 +5862,12 @@ def test_an_item_of_a_dict_or_list_argument_left_none_is_refused_never_run_as_tr
         assert torch.equal(wrapped(given, [x, two]), model(given, [x, two]))
         with pytest.raises(smt.WrapError, match=r"`extra\[1\]` is None in this call: fx"):
             wrapped(given, [x, None])
+        saved = io.BytesIO()
+        torch.save(wrapped, saved)
+        saved.seek(0)
+        loaded = torch.load(saved, weights_only=False)  # the code fx traced again as loaded
+        with pytest.raises(smt.WrapError, match=r"`batch\['mask'\]` is None"):
+            loaded({"x": x})
 
 
 class Logs(nn.Module):
