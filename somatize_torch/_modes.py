@@ -31,10 +31,11 @@ traces a model, :func:`recording`:
   since its methods are compiled and cannot be replaced on its class); and a switch of a flag of
   torch's backends (a ``torch.nn.attention.sdpa_kernel(...)`` or
   ``torch.backends.cudnn.flags(...)`` block, ``torch.backends.cudnn.enabled = False``),
-  which fx keeps no call to; and a value fx stands in for turned into text by the
-  model's code (``"float32" in str(x.dtype)``), which is the stand-in's name, not the
-  value's (``print`` of one is let be). torch's own code that reads the modes as it is
-  traced (``torch.utils.checkpoint``) keeps nothing it read in the code, and is let be.
+  which fx keeps no call to; and asking something of the text the model's code made of a
+  value fx stands in for (``"float32" in str(x.dtype)``), which is the stand-in's name,
+  not the value's (printing it, or putting it in a message, is let be). torch's own code
+  that reads the modes as it is traced (``torch.utils.checkpoint``) keeps nothing it read
+  in the code, and is let be.
 
 Not seen: a function of ``random`` imported by name into another module (a helper the
 forward calls) or kept elsewhere than on a part of the model (in a list, a closure), and
@@ -272,34 +273,67 @@ def _read(name: str, what: str) -> Callable[..., Any]:
 
 
 def _as_text(recorder: _Recorder, original: Callable[..., Any], proxy: Any) -> Any:
-    """A value fx stands in for turned into text (``str(x.dtype)``, ``f"{x.device}"``,
-    ``"%s" % x``): by the model's code, refused, since the text is the stand-in's name, not
-    the value's, and what the code does with it (``"float32" in str(x.dtype)``) would be
-    done alike for every value a call gives; by ``print`` (the model's), or by torch's or
-    Python's own code (a message, a log record), it is the name, as ever."""
-    if not getattr(_here, "printing", 0):
-        # Imported here: the module that tells the model's code apart imports this one.
-        from somatize_torch._split import _model_own
+    """A value fx stands in for turned into text (``str(x.dtype)``, ``f"{x.device}"``):
+    by the model's code, a :class:`_Text`, the stand-in's name, which refuses to be
+    compared, looked up or read; by torch's or Python's own code (a message, a log
+    record), the name, as ever."""
+    text = original(proxy)
+    # Imported here: the module that tells the model's code apart imports this one.
+    from somatize_torch._split import _model_own
 
-        if _model_own(_caller()):
-            raise Fixed(
-                "turns a value fx stands in for into text (`str(x.dtype)`, an f-string, "
-                "`%`-formatting): the text is the stand-in's name, not the value's, so what "
-                'the forward does with it (`"float32" in str(x.dtype)`, a lookup by it) '
-                "would be done alike whatever a call gives (`print(x.shape)` is let be, an "
-                "f-string printed is not)"
-            )
-    return original(proxy)
+    return _Text(text) if _model_own(_caller()) else text
 
 
-def _printing(recorder: _Recorder, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``print`` in the tracing thread: what it prints of a value fx stands in for is its
-    name, and nothing the forward computes with."""
-    _here.printing = getattr(_here, "printing", 0) + 1
-    try:
-        return original(*args, **kwargs)
-    finally:
-        _here.printing -= 1
+_ASKED = (
+    'turns a value fx stands in for into text (`str(x.dtype)`, `f"{x.device}"`) and asks '
+    "something of it: the text is the stand-in's name, not the value's, so what the forward "
+    'does with it (`"float32" in str(x.dtype)`, a lookup by it) would be done alike '
+    "whatever a call gives (printing it, or putting it in a message, is let be)"
+)
+
+
+def _asked_by_the_model() -> bool:
+    """Whether the code asking a :class:`_Text` something is the model's, in a thread
+    tracing it (three frames up: this one, the method asked, its caller)."""
+    if getattr(_here, "recorder", None) is None:
+        return False
+    from somatize_torch._split import _model_own
+
+    return _model_own(sys._getframe(2).f_code.co_filename)
+
+
+class _Text(str):
+    """The text the model's code made of a value fx stands in for, as it is traced: the
+    stand-in's name. Printed, or put in a message, it is that name; compared, looked up,
+    searched or read by the model's code, it refuses (:class:`Fixed`), since what the
+    forward does with it would be done alike whatever a call gives."""
+
+    __slots__ = ()
+
+    def __getattribute__(self, name: str) -> Any:
+        if not name.startswith("__") and _asked_by_the_model():
+            raise Fixed(_ASKED)
+        return str.__getattribute__(self, name)
+
+
+def _refusing(name: str) -> Callable[..., Any]:
+    method = getattr(str, name)
+
+    def asked(self: str, *args: Any) -> Any:
+        if _asked_by_the_model():
+            raise Fixed(_ASKED)
+        return method(self, *args)
+
+    asked.__name__ = name
+    return asked
+
+
+for _name in (
+    "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__", "__hash__",
+    "__getitem__", "__iter__", "__len__", "__add__", "__radd__", "__mod__", "__mul__",
+):  # fmt: skip
+    if hasattr(str, _name):
+        setattr(_Text, _name, _refusing(_name))
 
 
 def _draw(name: str, source: str) -> Callable[..., Any]:
@@ -560,7 +594,6 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
     and what the tracing thread gets instead."""
     found: list[tuple[Any, str, Callable[..., Any]]] = [
         (builtins, "isinstance", _tensor_check),
-        (builtins, "print", _printing),
         (fx.Proxy, "__repr__", _as_text),
         (fx.proxy.ParameterProxy, "__repr__", _as_text),
         (torch._C, "_set_grad_enabled", _switch_grad),

@@ -3339,11 +3339,22 @@ class ScalesForItsDtypeInAnFString(OnTempered):
         return h * 10 if f"{x.dtype}" == "torch.float64" else h
 
 
-class PrintsItsShape(OnTempered):
-    """Prints the shape of its input as it runs."""
+class PicksAHeadByItsDtype(OnTempered):
+    """Scales by ten when the name of its dtype, split, ends as float64's does."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        print(x.shape)
+        h = self.encoder(x)
+        return h * 10 if str(x.dtype).split(".")[-1] == "float64" else h
+
+
+class PrintsItsShape(OnTempered):
+    """Prints the shape of its input as it runs, logs it, and checks its width with a
+    message naming it, as torchvision's vision transformer checks its input's size."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        print(x.shape, f"{x.dtype}")
+        logging.getLogger("somatize.tests.wrap.prints").debug(f"input {x.shape}")
+        torch._assert(x.shape[1] == 4, f"Wrong width! Expected 4 but got {x.shape[1]}!")
         return self.encoder(x) * 2
 
 
@@ -3375,16 +3386,18 @@ def test_the_type_of_what_fx_stands_in_for_in_a_local_or_a_list_is_refused(
     [
         (ScalesForItsDtypeByName, r"\"float64\" in str\(x\.dtype\).*into text"),
         (ScalesForItsDtypeInAnFString, r"f\"\{x\.dtype\}\" == .*into text"),
+        (PicksAHeadByItsDtype, r"str\(x\.dtype\)\.split.*into text"),
     ],
-    ids=["str", "f-string"],
+    ids=["str", "f-string", "split"],
 )
 def test_a_forward_turning_what_fx_stands_in_for_into_text_is_refused(
     store: Store, kind: Callable[[], nn.Module], named: str
 ) -> None:
     """The text of a stand-in (`str(x.dtype)`, `f"{x.dtype}"`) is its name whatever a call
     gives: `"float64" in str(x.dtype)` would keep the branch for float32 for a float64
-    input too. `wrap` refuses it, naming the line; a forward that only prints a stand-in
-    is traced, and answers as the model does."""
+    input too. `wrap` refuses it, naming the line; a forward that only prints a stand-in,
+    logs it or puts it in the message of a check (`torch._assert(..., f"... {h}")`) is
+    traced, and answers as the model does."""
     torch.manual_seed(0)
     with pytest.raises(smt.Untraceable, match=named):
         smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
