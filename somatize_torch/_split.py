@@ -677,21 +677,31 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
     """Per file a function met is written in, whether it is the model's: a hook called
     at every call the trace makes (of torch's code most) looks no further than this."""
 
+    running: list[types.FrameType] = []
+    """The model's functions running, innermost last: a return is looked at only where it
+    is the innermost one's (calls and returns nest), at no more than a comparison for the
+    many others."""
+
     def profile(frame: types.FrameType, event: str, arg: Any) -> Any:
-        if event == "call" or event == "return":
+        if event == "call":
             filename = frame.f_code.co_filename
             found_mine = mine.get(filename)
             if found_mine is None:
                 found_mine = _model_own(filename)
             if found_mine:
-                if event == "call":
-                    note(frame)
-                else:
-                    # Its locals as it returns: a value it made of a stand-in (`h = x * 2`),
-                    # or an item it took out of a list of them, is one too.
-                    code = frame.f_code
-                    for name, value in frame.f_locals.items():
-                        stand_in(code, name, value)
+                note(frame)
+                running.append(frame)
+        elif event == "return" and running and frame is running[-1]:
+            running.pop()
+            # Its locals as it returns: a value it made of a stand-in (`h = x * 2`), or an
+            # item it took out of a list of them, is one too.
+            code = frame.f_code
+            asking = _ASKING.get(id(code))
+            if asking is None or asking[0] is not code:
+                asking = _asking(code)
+            if asking[1]:
+                for name, value in frame.f_locals.items():
+                    stand_in(code, name, value)
         return None
 
     def profile_on(frame: types.FrameType, event: str, arg: Any) -> Any:
@@ -721,6 +731,26 @@ def _holds_a_stand_in(value: Any, depth: int = 0) -> bool:
         if depth < 3 and _holds_a_stand_in(one, depth + 1):
             return True
     return False
+
+
+_ASKING: dict[int, tuple[CodeType, bool]] = {}
+"""Per function's code (by id, kept with it), whether it could ask what type a value is
+(:func:`_type_compared`): the locals of one that cannot are not looked at."""
+
+
+def _asking(code: CodeType) -> tuple[CodeType, bool]:
+    """``code`` with whether it calls ``type``, reads a ``__class__`` or compares by
+    identity, noted in :data:`_ASKING`."""
+    if len(_ASKING) >= 4096:
+        _ASKING.clear()
+    asks = any(
+        (one.opname in ("LOAD_GLOBAL", "LOAD_NAME") and one.argval == "type")
+        or (one.opname == "LOAD_ATTR" and one.argval == "__class__")
+        or one.opname == "IS_OP"
+        for one in dis.get_instructions(code)
+    )
+    found = _ASKING[id(code)] = (code, asks)
+    return found
 
 
 _MINE: dict[str, bool] = {}
