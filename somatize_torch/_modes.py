@@ -51,6 +51,7 @@ originals in every other thread, and are put back when the trace ends.
 from __future__ import annotations
 
 import builtins
+import dis
 import enum
 import functools
 import importlib._bootstrap as _bootstrap
@@ -281,7 +282,30 @@ def _as_text(recorder: _Recorder, original: Callable[..., Any], proxy: Any) -> A
     # Imported here: the module that tells the model's code apart imports this one.
     from somatize_torch._split import _model_own
 
-    return _Text(text) if _model_own(_caller()) else text
+    if not _model_own(_caller()):
+        return text
+    if _compared_joined(sys._getframe(2)):
+        raise Fixed(_ASKED)
+    return _Text(text)
+
+
+def _compared_joined(frame: types.FrameType) -> bool:
+    """Whether ``frame`` is formatting a value into an f-string of several parts that it
+    compares next (``f"dtype={x.dtype}" == ...``): Python joins the parts into plain text,
+    which a :class:`_Text` part does not mark."""
+    found = list(dis.get_instructions(frame.f_code))
+    at = next((n for n, one in enumerate(found) if one.offset == frame.f_lasti), None)
+    if at is None or found[at].opname not in ("FORMAT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC"):
+        return False
+    at += 1
+    while at < len(found) and found[at].opname not in ("BUILD_STRING",):
+        if not found[at].opname.startswith(("LOAD_", "FORMAT_", "CONVERT_VALUE", "PUSH_NULL")):
+            return False
+        at += 1
+    at += 1
+    while at < len(found) and found[at].opname.startswith("LOAD_"):
+        at += 1
+    return at < len(found) and found[at].opname in ("COMPARE_OP", "CONTAINS_OP", "BINARY_SUBSCR")
 
 
 _ASKED = (

@@ -3347,6 +3347,14 @@ class PicksAHeadByItsDtype(OnTempered):
         return h * 10 if str(x.dtype).split(".")[-1] == "float64" else h
 
 
+class ScalesForItsDtypeInALongerFString(OnTempered):
+    """Scales by ten when an f-string of several parts naming its dtype says float64."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 10 if f"dtype={x.dtype}" == "dtype=torch.float64" else h
+
+
 class PrintsItsShape(OnTempered):
     """Prints the shape of its input as it runs, logs it, and checks its width with a
     message naming it, as torchvision's vision transformer checks its input's size."""
@@ -3387,8 +3395,9 @@ def test_the_type_of_what_fx_stands_in_for_in_a_local_or_a_list_is_refused(
         (ScalesForItsDtypeByName, r"\"float64\" in str\(x\.dtype\).*into text"),
         (ScalesForItsDtypeInAnFString, r"f\"\{x\.dtype\}\" == .*into text"),
         (PicksAHeadByItsDtype, r"str\(x\.dtype\)\.split.*into text"),
+        (ScalesForItsDtypeInALongerFString, r"f\"dtype=\{x\.dtype\}\" == .*into text"),
     ],
-    ids=["str", "f-string", "split"],
+    ids=["str", "f-string", "split", "f-string of parts"],
 )
 def test_a_forward_turning_what_fx_stands_in_for_into_text_is_refused(
     store: Store, kind: Callable[[], nn.Module], named: str
