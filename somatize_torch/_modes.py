@@ -352,12 +352,33 @@ def _refusing(name: str) -> Callable[..., Any]:
     return asked
 
 
+def _joining(name: str) -> Callable[..., Any]:
+    """A method of :class:`_Text` that makes more text of it (``"dtype " + str(x.dtype)``,
+    ``str(x.dtype) * 2``, ``format``): a :class:`_Text` too, so a message built so is let
+    be and a comparison of it refused, as of the text it was made of. (Python asks the
+    reflected method of a subclass of ``str`` first, ``__radd__`` for ``"a" + text``.)"""
+    reflected = {"__radd__": "__add__", "__rmod__": "__mod__", "__rmul__": "__mul__"}
+
+    def joined(self: str, other: Any, /) -> Any:
+        if name in reflected:
+            if not isinstance(other, str):
+                return NotImplemented
+            made = getattr(str, reflected[name])(other, str.__str__(self))
+        else:
+            made = getattr(str, name)(self, other)
+        return _Text(made) if isinstance(made, str) else made
+
+    joined.__name__ = name
+    return joined
+
+
 for _name in (
     "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__", "__hash__",
-    "__getitem__", "__iter__", "__len__", "__add__", "__radd__", "__mod__", "__mul__",
+    "__getitem__", "__iter__", "__len__",
 ):  # fmt: skip
-    if hasattr(str, _name):
-        setattr(_Text, _name, _refusing(_name))
+    setattr(_Text, _name, _refusing(_name))
+for _name in ("__add__", "__radd__", "__mod__", "__rmod__", "__mul__", "__rmul__", "__format__"):
+    setattr(_Text, _name, _joining(_name))
 
 
 def _draw(name: str, source: str) -> Callable[..., Any]:

@@ -3355,6 +3355,14 @@ class ScalesForItsDtypeInALongerFString(OnTempered):
         return h * 10 if f"dtype={x.dtype}" == "dtype=torch.float64" else h
 
 
+class ScalesForItsDtypeJoined(OnTempered):
+    """Scales by ten when text joined to the name of its dtype says float64."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 10 if "dtype " + str(x.dtype) == "dtype torch.float64" else h
+
+
 class PrintsItsShape(OnTempered):
     """Prints the shape of its input as it runs, logs it, and checks its width with a
     message naming it, as torchvision's vision transformer checks its input's size."""
@@ -3363,6 +3371,7 @@ class PrintsItsShape(OnTempered):
         print(x.shape, f"{x.dtype}")
         logging.getLogger("somatize.tests.wrap.prints").debug(f"input {x.shape}")
         torch._assert(x.shape[1] == 4, f"Wrong width! Expected 4 but got {x.shape[1]}!")
+        warnings.warn(str(x.dtype) + " input of shape " + str(x.shape), stacklevel=1)
         return self.encoder(x) * 2
 
 
@@ -3396,8 +3405,9 @@ def test_the_type_of_what_fx_stands_in_for_in_a_local_or_a_list_is_refused(
         (ScalesForItsDtypeInAnFString, r"f\"\{x\.dtype\}\" == .*into text"),
         (PicksAHeadByItsDtype, r"str\(x\.dtype\)\.split.*into text"),
         (ScalesForItsDtypeInALongerFString, r"f\"dtype=\{x\.dtype\}\" == .*into text"),
+        (ScalesForItsDtypeJoined, r"\"dtype \" \+ str\(x\.dtype\) == .*into text"),
     ],
-    ids=["str", "f-string", "split", "f-string of parts"],
+    ids=["str", "f-string", "split", "f-string of parts", "joined"],
 )
 def test_a_forward_turning_what_fx_stands_in_for_into_text_is_refused(
     store: Store, kind: Callable[[], nn.Module], named: str
@@ -3410,10 +3420,12 @@ def test_a_forward_turning_what_fx_stands_in_for_into_text_is_refused(
     torch.manual_seed(0)
     with pytest.raises(smt.Untraceable, match=named):
         smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
-    wrapped, model = _encoder_cached(PrintsItsShape, store)
-    x = torch.randn(3, 4)
-    with torch.no_grad():
-        assert torch.equal(wrapped(x), model(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wrapped, model = _encoder_cached(PrintsItsShape, store)
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            assert torch.equal(wrapped(x), model(x))
 
 
 class ScalesByATensorMaskInAMethod(OnTempered):
