@@ -381,6 +381,61 @@ for _name in ("__add__", "__radd__", "__mod__", "__rmod__", "__mul__", "__rmul__
     setattr(_Text, _name, _joining(_name))
 
 
+def _attribute_asked(recorder: _Recorder, original: Callable[..., Any], *args: Any) -> Any:
+    """``hasattr`` and ``getattr`` in the tracing thread, made by :func:`_asking_attribute`
+    (this one marks them in :func:`_replacements`)."""
+    return original(*args)
+
+
+_ATTRIBUTE_ASKED = (
+    'asks whether a value fx stands in for has an attribute (`hasattr(h, "marked")`, '
+    '`getattr(x, "gain", None)`): the stand-in answers any name, so the branch kept would '
+    "be the one for a value that has it, whatever a call gives"
+)
+
+
+def _asking_attribute(original: Any) -> Any:
+    """``hasattr``, or ``getattr`` (``original``), replaced: asked by the model's code of a
+    value fx stands in for, whether it has an attribute (``getattr`` with a default), it
+    refuses (:class:`Fixed`), since the stand-in answers yes for any name; asked anything
+    else, as it is, at once (torch and fx read attributes at every step they take)."""
+    asking = original is builtins.hasattr
+
+    @functools.wraps(original)
+    def replaced(value: Any, name: Any, /, *default: Any) -> Any:
+        if (
+            not (asking or default)
+            or not issubclass(type(value), fx.Proxy)
+            or _here.__dict__.get("recorder") is None
+        ):
+            return original(value, name, *default)
+        # Imported here: the module that tells the model's code apart imports this one.
+        from somatize_torch._split import _model_own
+
+        if _model_own(sys._getframe(1).f_code.co_filename):
+            raise Fixed(_ATTRIBUTE_ASKED)
+        return original(value, name, *default)
+
+    return replaced
+
+
+_ASKING_ATTRIBUTE = _asking_attribute(builtins.hasattr).__code__
+"""The code ``hasattr`` and ``getattr`` run through in the tracing thread."""
+
+
+def _code_of(fn: Any) -> Any:
+    """The code of ``fn``, a function written in Python, else None."""
+    return fn.__code__ if type(fn) is types.FunctionType else None
+
+
+def read_by(frame: types.FrameType) -> str:
+    """The file of the code reading an attribute in ``frame``: of its caller, where
+    ``frame`` is the ``hasattr`` or ``getattr`` a tracing thread runs through."""
+    if frame.f_code is _ASKING_ATTRIBUTE and frame.f_back is not None:
+        frame = frame.f_back
+    return frame.f_code.co_filename
+
+
 def _draw(name: str, source: str) -> Callable[..., Any]:
     def draw(recorder: _Recorder, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if "seed" in name or "state" in name:
@@ -639,6 +694,8 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
     and what the tracing thread gets instead."""
     found: list[tuple[Any, str, Callable[..., Any]]] = [
         (builtins, "isinstance", _tensor_check),
+        (builtins, "hasattr", _attribute_asked),
+        (builtins, "getattr", _attribute_asked),
         (fx.Proxy, "__repr__", _as_text),
         (fx.proxy.ParameterProxy, "__repr__", _as_text),
         (torch._C, "_set_grad_enabled", _switch_grad),
@@ -798,6 +855,8 @@ def _replaced(original: Any, instead: Callable[..., Any]) -> Any:
         return _Drawing(original)
     if instead is _tensor_check:
         return _asking_kind(original)
+    if instead is _attribute_asked:
+        return _asking_attribute(original)
 
     @functools.wraps(original)
     def replaced(*args: Any, **kwargs: Any) -> Any:
@@ -900,3 +959,5 @@ def recording(tracer: fx.Tracer, model: torch.nn.Module) -> Iterator[None]:
     for node in list(tracer.graph.nodes):  # modes read by blocks that never put them back
         if node.op == "call_function" and node.target is grad_enabled and not node.users:
             tracer.graph.erase_node(node)
+        elif node.op == "call_function" and _code_of(node.target) is _ASKING_ATTRIBUTE:
+            node.target = node.target.__wrapped__  # an attribute fx read, by `getattr`

@@ -55,7 +55,7 @@ from torch import nn
 
 from somatize.catalog import CodeWatch, code_changes, watch_code, watched_again
 from somatize_torch._errors import WrapError
-from somatize_torch._modes import in_torch
+from somatize_torch._modes import in_torch, read_by
 from somatize_torch._settings import (
     _NUMERIC,
     _TORCH_OWN,
@@ -335,9 +335,9 @@ def _noting_reads(
         if (
             name in _UNNOTED
             or (name.startswith("__") and name.endswith("__"))
-            or in_torch(sys._getframe(1).f_code.co_filename)
+            or in_torch(read_by(sys._getframe(1)))
         ):
-            if name == "_modules" and not in_torch(sys._getframe(1).f_code.co_filename):
+            if name == "_modules" and not in_torch(read_by(sys._getframe(1))):
                 noted.listing(self)
             return read(self, name)
         own = read(self, "__dict__")
@@ -395,7 +395,7 @@ def _noting_object_reads(
             threading.get_ident() != thread
             or id(self) not in noted.objects
             or (name.startswith("__") and name.endswith("__") and name != "__dict__")
-            or in_torch(sys._getframe(1).f_code.co_filename)
+            or in_torch(read_by(sys._getframe(1)))
         ):
             return read(self, name)
         if name == "__dict__":  # `vars(config)`, a `to_dict()`: every value it holds read

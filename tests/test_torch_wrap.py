@@ -3428,6 +3428,57 @@ def test_a_forward_turning_what_fx_stands_in_for_into_text_is_refused(
             assert torch.equal(wrapped(x), model(x))
 
 
+class ScalesWhenMarked(OnTempered):
+    """Scales by ten when what its encoder answers carries a mark (`hasattr`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 10 if hasattr(h, "marked") else h
+
+
+class ScalesByAGainItsInputCarries(OnTempered):
+    """Scales by a gain its input carries, where it carries one (`getattr` with a
+    default)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gain = getattr(x, "gain", None)
+        h = self.encoder(x)
+        return h if gain is None else h * gain
+
+
+class ReadsItsWidthByName(OnTempered):
+    """Reads its input's width by the attribute's name (`getattr` with no default)."""
+
+    read = "shape"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * getattr(x, self.read)[1]
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        (ScalesWhenMarked, r"hasattr\(h, \"marked\"\).*any name"),
+        (ScalesByAGainItsInputCarries, r"getattr\(x, \"gain\", None\).*any name"),
+    ],
+    ids=["hasattr", "getattr"],
+)
+def test_asking_whether_what_fx_stands_in_for_has_an_attribute_is_refused(
+    store: Store, kind: Callable[[], nn.Module], named: str
+) -> None:
+    """fx's stand-in answers every attribute asked of it, so `hasattr(h, "marked")` or
+    `getattr(x, "gain", None)` would keep the branch for a value that has it in every
+    call. `wrap` refuses it, naming the line; reading an attribute by name with no default
+    (`getattr(x, "shape")`) is traced, and answers as the model does."""
+    torch.manual_seed(0)
+    with pytest.raises(smt.Untraceable, match=named):
+        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
+    wrapped, model = _encoder_cached(ReadsItsWidthByName, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+
+
 class ScalesByATensorMaskInAMethod(OnTempered):
     """Scales by its mask when it is a tensor, asking its type in a method of its own."""
 
