@@ -320,7 +320,9 @@ def _traced(
             )
     for key in held_eval & noted.modes.keys():  # in eval whenever they run: read right
         del noted.modes[key]
-    _items_checked(graph, tracer.containers, type(model).__qualname__)
+    forward = getattr(getattr(model.forward, "__func__", None), "__code__", None)
+    tested = _none_tested(forward, tracer.containers) if forward is not None else frozenset()
+    _items_checked(graph, tracer.containers, type(model).__qualname__, tested)
     _plain_code(graph, bool(concrete))
     compared = frozenset(
         name for code, held in reached.held.items() for name in _identity_compared(code, held)
@@ -1252,7 +1254,12 @@ def _held(value: Any) -> Any:
     return value
 
 
-def _items_checked(graph: fx.Graph, containers: frozenset[str], model: str) -> None:
+def _items_checked(
+    graph: fx.Graph,
+    containers: frozenset[str],
+    model: str,
+    tested: frozenset[tuple[str, Any]] = frozenset(),
+) -> None:
     """Has each item ``graph`` takes out of an argument handed a list, tuple or dict
     (``batch.get("mask")``, ``items[1]``) checked as the code runs, where it computes with
     it (not only hands it to a module, which runs as it is written): fx stands in for the
@@ -1278,7 +1285,8 @@ def _items_checked(graph: fx.Graph, containers: frozenset[str], model: str) -> N
             and not isinstance(key, (fx.Node, slice))
         ):
             continue
-        if all(user.op in ("call_module", "output") for user in node.users):
+        item = (str(source.target).lstrip("*"), key)
+        if item not in tested and all(user.op in ("call_module", "output") for user in node.users):
             continue
         with graph.inserting_after(node):
             checked = graph.call_function(
@@ -1288,6 +1296,76 @@ def _items_checked(graph: fx.Graph, containers: frozenset[str], model: str) -> N
         users = [user for user in node.users if user is not checked]
         for user in users:
             user.replace_input_with(node, checked)
+
+
+def _none_tested(code: CodeType, containers: frozenset[str]) -> frozenset[tuple[str, Any]]:
+    """The items ``code`` takes out of an argument of ``containers`` by a constant
+    (``batch.get("mask")``, ``extra[1]``) and tests against None (``mask is not None``),
+    each as the argument's name and the key: handed on only to a module, such an item is
+    still checked (:func:`_items_checked`), since the forward may hand it on only where it
+    is there."""
+    found = list(dis.get_instructions(code))
+    stored: dict[str, tuple[str, Any]] = {}
+    tested: set[tuple[str, Any]] = set()
+    for at, one in enumerate(found):
+        if one.opname in _LOAD_ONE and one.argval in containers:
+            taken = _taken_at(found, at + 1)
+            if taken is None:
+                continue
+            key, after = taken
+            item = (str(one.argval), key)
+            if after < len(found) and found[after].opname.startswith("STORE_"):
+                stored[str(found[after].argval)] = item
+            elif _none_test_at(found, after):
+                tested.add(item)
+        elif one.opname in _LOAD_ONE and one.argval in stored and _none_test_at(found, at + 1):
+            tested.add(stored[str(one.argval)])
+    return frozenset(tested)
+
+
+def _taken_at(found: list[dis.Instruction], at: int) -> tuple[Any, int] | None:
+    """The constant key an item is taken out of the value loaded before ``found[at]`` by
+    (``.get(key)``, ``[key]``), with where the instruction after that is; None for none."""
+    if at < len(found) and found[at].opname in ("LOAD_METHOD", "LOAD_ATTR"):
+        if found[at].argval != "get":
+            return None
+        at += 1
+        if at >= len(found) or found[at].opname not in ("LOAD_CONST", "LOAD_SMALL_INT"):
+            return None
+        key = found[at].argval
+        at += 1
+        while at < len(found) and found[at].opname in ("PRECALL", "CACHE"):
+            at += 1
+        if (
+            at >= len(found)
+            or found[at].opname not in ("CALL", "CALL_METHOD")
+            or found[at].arg != 1
+        ):
+            return None
+        return key, at + 1
+    if (
+        at + 1 < len(found)
+        and found[at].opname in ("LOAD_CONST", "LOAD_SMALL_INT")
+        and (
+            found[at + 1].opname == "BINARY_SUBSCR"
+            or (found[at + 1].opname == "BINARY_OP" and "[" in found[at + 1].argrepr)
+        )
+    ):
+        return found[at].argval, at + 2
+    return None
+
+
+def _none_test_at(found: list[dis.Instruction], at: int) -> bool:
+    """Whether the instructions from ``found[at]`` on test the value loaded before them
+    against None (``is None``, ``is not None``)."""
+    if at < len(found) and found[at].opname.endswith(("IF_NONE", "IF_NOT_NONE")):
+        return True
+    return (
+        at + 1 < len(found)
+        and found[at].opname == "LOAD_CONST"
+        and found[at].argval is None
+        and found[at + 1].opname == "IS_OP"
+    )
 
 
 def _taken(value: Any, model: str, name: str, key: Any, got: bool) -> Any:

@@ -5955,6 +5955,45 @@ def test_an_item_of_a_dict_or_list_argument_left_none_is_refused_never_run_as_tr
             loaded({"x": x})
 
 
+class AttendsWhereMasked(nn.Module):
+    """Attends over a batch handed as a dict where it holds a padding mask, handing the
+    mask to the attention alone, then attends again handing on whatever mask it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.attention = nn.MultiheadAttention(4, 2, batch_first=True)
+
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        h = self.encoder(batch["x"])
+        mask = batch.get("mask")
+        if mask is not None:
+            h = self.attention(h, h, h, key_padding_mask=mask)[0]
+        return self.attention(h, h, h, attn_mask=batch.get("attn_mask"))[0]
+
+
+def test_an_item_tested_against_none_and_handed_to_a_module_left_out_is_refused(
+    store: Store,
+) -> None:
+    """An item the forward tests against None and hands only to a module (`if mask is not
+    None: h = self.attention(..., key_padding_mask=mask)`) is traced as given: a call
+    leaving it out would run the attention the forward skips. It is refused naming the
+    item; an item handed on as it is, untested (`attn_mask=batch.get("attn_mask")`), runs
+    left out, as the model does."""
+    torch.manual_seed(0)
+    model = AttendsWhereMasked().eval()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    wrapped.eval()
+    x = torch.randn(2, 3, 4)
+    mask = torch.tensor([[False, False, True], [False, False, False]])
+    with torch.no_grad():
+        given = {"x": x, "mask": mask}
+        assert torch.equal(wrapped(given), model(given))
+        with pytest.raises(smt.WrapError, match=r"`batch\['mask'\]` is None .* has no 'mask'"):
+            wrapped({"x": x})
+
+
 class Logs(nn.Module):
     def __init__(self) -> None:
         super().__init__()
