@@ -403,6 +403,19 @@ def test_a_compiled_traced_model_refuses_a_call_while_global_hooks_are_registere
     torch._dynamo.reset()
 
 
+def _compiled(
+    model: nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[smt.Wrapped, Any]:
+    """``model`` wrapped with its encoder frozen and cached, settled, and compiled (eager
+    backend), with torch.compile's caches fresh and kept under ``tmp_path``."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=tmp_path / "s")
+    smt.freeze(wrapped)
+    return wrapped, torch.compile(wrapped, backend="eager")
+
+
 @pytest.mark.parametrize("edit", ["defaults", "kwdefaults", "kwdefaults in place"])
 def test_a_compiled_call_after_a_forward_default_changed_is_refused_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: str
@@ -411,13 +424,8 @@ def test_a_compiled_call_after_a_forward_default_changed_is_refused_naming_it(
     `wrap`: changed after (`__defaults__`, `__kwdefaults__`), the compiled call is refused
     naming the argument, as an eager one is, where it would have answered for the old
     default; put back, it answers as the model does."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    torch.manual_seed(0)
     model = PoolsByDefault()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=tmp_path / "s")
-    smt.freeze(wrapped)
-    compiled = torch.compile(wrapped, backend="eager")
+    _, compiled = _compiled(model, tmp_path, monkeypatch)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(compiled(x), model(x))
@@ -575,13 +583,8 @@ def test_a_compiled_call_with_a_block_traced_into_in_another_mode_is_refused_nam
     after `model.eval()`) would run code traced for the model's mode: a compiled call is
     refused saying which part is in which mode, as an eager one is, and answers as the
     model does once both are in one mode again."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    torch.manual_seed(0)
     model = Blocked()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=tmp_path / "s")
-    smt.freeze(wrapped)
-    compiled = torch.compile(wrapped, backend="eager")
+    wrapped, compiled = _compiled(model, tmp_path, monkeypatch)
     x = torch.randn(3, 4)
     wrapped.eval()
     model.block.train()
