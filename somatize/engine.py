@@ -80,10 +80,15 @@ items) in :mod:`somatize._run`.
 
 from __future__ import annotations
 
+import _thread
 import operator
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
+from contextlib import suppress
+from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from somatize._record import Drifted, Fact, NodeFailed, Record, WatcherFailed, failed_as
@@ -128,6 +133,7 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
     waiting = list(static.order)
     done: set[str] = set()
     busy: dict[Future[Any], str] = {}
+    cancel = True
     try:
         while waiting or busy:
             later = []
@@ -189,7 +195,8 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
                 if not isinstance(stop, Exception):  # even with none held: one landing as
                     interrupted = getattr(broker, "interrupted", None)  # submit returned left
                     if interrupted is not None:  # its call to the broker, which knows it
-                        interrupted(list(busy))
+                        interrupted(list(busy))  # and those not started yet never start:
+                        cancel = False  # nothing left to cancel, where a Ctrl-C could land
                 break
             except KeyboardInterrupt as again:
                 stop = again
@@ -200,18 +207,23 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
             raise stop from None
         raise
     finally:
+        # Those not started never start. After an interrupt, the broker cancelled its own
+        # calls as it stopped them; a future of another kind is cancelled here.
         for future in busy:
-            future.cancel()
+            if cancel or not isinstance(future, Call):
+                future.cancel()
 
 
 def wait_for(futures: Iterable[Future[Any]], return_when: str = ALL_COMPLETED) -> set[Future[Any]]:
     """The futures of ``futures`` that are done, once ``return_when`` says so (as
-    :func:`concurrent.futures.wait`). A Ctrl-C landing as Python's own waiting code puts
-    itself back together can come out of it as another error (``RuntimeError: release
-    unlocked lock``, raised while handling the KeyboardInterrupt): that KeyboardInterrupt
-    is raised instead, so the forward waiting here is seen interrupted."""
+    :func:`concurrent.futures.wait`; a cancelled one is done). Futures that are all
+    :class:`Call` are waited on without any lock a Ctrl-C could leave held (:class:`Call`).
+    A Ctrl-C landing as Python's own waiting code puts itself back together can come out
+    of it as another error (``RuntimeError: release unlocked lock``, raised while handling
+    the KeyboardInterrupt): that KeyboardInterrupt is raised instead, so the forward
+    waiting here is seen interrupted."""
     try:
-        return wait(futures, return_when=return_when)[0]
+        return _wait(list(futures), return_when)
     except Exception as error:
         cause: BaseException | None = error
         seen: set[int] = set()
@@ -221,6 +233,82 @@ def wait_for(futures: Iterable[Future[Any]], return_when: str = ALL_COMPLETED) -
             seen.add(id(cause))
             cause = cause.__context__
         raise
+
+
+def _wait(futures: list[Future[Any]], return_when: str) -> set[Future[Any]]:
+    """:func:`wait_for`, unguarded."""
+    calls = [future for future in futures if isinstance(future, Call)]
+    if return_when not in (ALL_COMPLETED, FIRST_COMPLETED) or len(calls) != len(futures):
+        return wait(futures, return_when=return_when)[0]
+    woken = _Woken()
+    try:
+        for call in calls:
+            with call._condition:
+                call._waiters.append(woken)
+        while True:
+            done: set[Future[Any]] = {call for call in calls if call.done()}
+            if len(done) == len(calls) or (done and return_when == FIRST_COMPLETED):
+                return done
+            # A signal that comes as the wait begins, before it blocks, does not end it: a
+            # Ctrl-C then waits this long at most.
+            with suppress(Empty):
+                woken.settled.get(timeout=_LOOK_AGAIN_S)
+    finally:
+        for call in calls:
+            with call._condition:
+                if woken in call._waiters:
+                    call._waiters.remove(woken)
+
+
+_LOOK_AGAIN_S = 0.05
+"""How long :func:`wait_for` waits for a call to settle before it looks again: a Ctrl-C
+that comes as the wait begins, before it blocks, is only seen once it stops blocking."""
+
+
+class _Guard(_thread.RLock):  # type: ignore[misc]  # subclassed as CPython allows
+    """The condition of a :class:`Call`: a ``threading.Condition`` that is its own lock,
+    so ``with`` takes it and lets it go in one C call each, with no Python instruction in
+    between where a Ctrl-C could land."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiters: deque[Any] = deque()
+
+    wait = threading.Condition.wait
+    wait_for = threading.Condition.wait_for
+    notify = threading.Condition.notify
+    notify_all = threading.Condition.notify_all
+
+
+class Call(Future[Any]):
+    """The future of one call a broker runs on a worker's thread. A plain future's condition
+    is a lock taken and let go in Python code (``threading.Condition.__enter__``), so a
+    Ctrl-C landing there — as the interrupted forward unwinds, stops its nodes, or cancels
+    what has not started — can leave it held by the main thread for good, and the worker's
+    thread, settling the future, waits on it for ever (and this process for that thread as
+    it exits). This one's is taken and let go in one C call each (:class:`_Guard`), and
+    :func:`wait_for` waits on it with nothing but a queue whose ``put`` never waits."""
+
+    _condition: Any
+    _waiters: list[Any]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._condition = _Guard()
+
+
+class _Woken:
+    """What :func:`wait_for` hangs on the futures it waits on (as
+    :func:`concurrent.futures.wait` hangs its own): each settling future is put on a queue
+    from the thread that settles it, in one C call that never waits."""
+
+    def __init__(self) -> None:
+        self.settled: SimpleQueue[Future[Any]] = SimpleQueue()
+
+    def add_result(self, future: Future[Any]) -> None:
+        self.settled.put(future)
+
+    add_exception = add_cancelled = add_result
 
 
 def _ran(state: _Run, plan: Plan, node: str, value: Any, took: int, kept: int | None) -> None:

@@ -532,13 +532,22 @@ class Spin(Node):
     """Waits for the file ``after`` (when given), touches ``marker``, then loops in Python —
     short naps, never one long C call — until the file ``until`` exists (or ten minutes
     have passed), and hands its input on: a node an interrupt can land in at once. One
-    that ``swallows`` catches a KeyboardInterrupt and answers anyway."""
+    that ``swallows`` catches a KeyboardInterrupt and answers anyway; one that ``lingers``
+    takes that many seconds (cleaning up) before it lets a KeyboardInterrupt go on."""
 
-    def __init__(self, marker: str, until: str, after: str = "", swallows: bool = False) -> None:
+    def __init__(
+        self,
+        marker: str,
+        until: str,
+        after: str = "",
+        swallows: bool = False,
+        lingers: float = 0.0,
+    ) -> None:
         self.marker = marker
         self.until = until
         self.after = after
         self.swallows = swallows
+        self.lingers = lingers
 
     def forward(self, value: Any, ctx: Any) -> Any:
         deadline = time.monotonic() + 600.0
@@ -549,6 +558,7 @@ class Spin(Node):
             while not os.path.exists(self.until) and time.monotonic() < deadline:
                 time.sleep(0.01)
         except KeyboardInterrupt:
+            time.sleep(self.lingers)
             if not self.swallows:
                 raise
         return value

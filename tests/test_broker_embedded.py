@@ -842,7 +842,7 @@ def test_ctrl_c_cut_short_in_the_wait_of_a_forward_still_stops_the_node(
         finally:
             raise RuntimeError("release unlocked lock")  # as the wait puts itself back
 
-    monkeypatch.setattr(engine, "wait", cut_short)
+    monkeypatch.setattr(engine, "_wait", cut_short)
     broker = Broker.embedded({"w1": Worker.generic(mode="local")})
     spin = Spin(str(tmp_path / "started"), str(tmp_path / "go"))
     g = Graph.somatize(Rows().named("rows") >> spin.named("spin").at("w1"))
@@ -852,6 +852,53 @@ def test_ctrl_c_cut_short_in_the_wait_of_a_forward_still_stops_the_node(
     monkeypatch.undo()
     after = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
     assert _next_forward(after, broker, tmp_path / "go") == [0.0, 3.0, 6.0]
+
+
+@pytest.mark.parametrize("mode", ["local", "network"])
+def test_a_second_ctrl_c_landing_as_a_lock_is_taken_leaves_the_worker_free(
+    mode: str, tmp_path: Path, interrupt_when: Callable[[Path], threading.Thread]
+) -> None:
+    """A second Ctrl-C landing in Python code that takes a lock, once it has taken it and
+    before its ``with`` block begins (as a ``threading`` ``__enter__`` returns), while the
+    interrupted forward unwinds and stops its nodes, leaves no lock held that the embedded
+    worker needs to settle the stopped call: the worker is free for its next node, and the
+    process would not wait for it at exit (its node takes a while to end, as one cleaning
+    up does, so the worker settles the call after the forward has unwound)."""
+    from tests.broker_nodes import Spin
+
+    landed: list[str] = []
+
+    def tracer(frame: types.FrameType, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if event != "call" or code.co_name != "__enter__" or code.co_filename != threading.__file__:
+            return None
+
+        def entering(frame: types.FrameType, event: str, arg: Any) -> Any:
+            if event == "return" and not landed:
+                landed.append(code.co_qualname)
+                raise KeyboardInterrupt  # the second Ctrl-C, the lock just taken
+            return entering
+
+        return entering
+
+    def first(signum: int, frame: Any) -> None:
+        sys.settrace(tracer)  # from here on, in this (the main) thread
+        raise KeyboardInterrupt
+
+    broker = Broker.embedded({"w1": Worker.generic(mode=mode)})
+    spin = Spin(str(tmp_path / "started"), str(tmp_path / "go"), lingers=1.0)
+    g = Graph.somatize(Rows().named("rows") >> spin.named("spin").at("w1"))
+    interrupter = interrupt_when(tmp_path / "started")
+    signal.signal(signal.SIGINT, first)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            g.forward({"at": 0, "take": 3}, broker=broker)
+    finally:
+        sys.settrace(None)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupter.join()
+    after = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
+    assert _next_forward(after, broker, tmp_path / "go") == [0.0, 3.0, 6.0], landed
 
 
 def test_a_call_interrupted_before_its_node_begins_does_not_begin_it() -> None:

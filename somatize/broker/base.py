@@ -58,7 +58,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of, state_crosses
-from somatize.engine import NodeFailed, wait_for
+from somatize.engine import Call, NodeFailed, wait_for
 from somatize.errors import SomatizeError, _Rebuilt
 from somatize.node import Context, holding_of
 
@@ -379,7 +379,7 @@ class Broker(abc.ABC):
         worker = graph.placement.worker_of(node)
         if worker is None:
             raise ValueError(f"`{node}` is placed on no worker; the engine runs it itself")
-        future: Future[Done] = Future()
+        future: Future[Done] = Call()  # one a Ctrl-C cannot leave locked
         future.add_done_callback(self._finished)  # first: whatever settles it, it is left
         try:
             held: tuple[str, ...] = getattr(self._here, "held", ())
@@ -474,16 +474,8 @@ class Broker(abc.ABC):
         and the worker runs its next node. So are the calls those nodes' own forwards
         (nested ones) wait on, which they could not otherwise leave: a thread waiting on
         a call is in one such long C call."""
-        me = threading.get_ident()
-        with self._lock:  # and the calls this thread submitted that its forward lost
-            stopping = set(futures)  # hold of, a Ctrl-C landing as submit returned
-            lost = {f for f, caller in self._callers.items() if caller == me} - stopping
-            stopping |= lost
-            while True:
-                below = {f for f, asking in self._asked.items() if asking in stopping} - stopping
-                if not below:
-                    break
-                stopping |= below
+        with self._lock:
+            stopping = self._stopping(futures)
             for future in stopping:
                 running = self._forwarding.get(future)
                 if running is None:
@@ -492,8 +484,21 @@ class Broker(abc.ABC):
                 elif not running[1]:  # sent, then noted: a second Ctrl-C landing between
                     _raise_in(running[0], KeyboardInterrupt)  # leaves it sent, taken back
                     running[1] = True  # when its forward is left, rather than noted, unsent
-        for future in lost:  # nobody waits on them: one not started yet never starts
+        for future in stopping:  # one not started yet never starts
             future.cancel()
+
+    def _stopping(self, futures: Iterable[Future[Done]]) -> set[Future[Done]]:
+        """The calls :meth:`interrupted` stops for ``futures``: those, the calls this thread
+        submitted that its forward lost hold of (a Ctrl-C landing as ``submit`` returned),
+        and the calls any of them waits on (nested forwards). Called under the lock."""
+        me = threading.get_ident()
+        stopping = set(futures)
+        stopping |= {f for f, caller in self._callers.items() if caller == me}
+        while True:
+            below = {f for f, asking in self._asked.items() if asking in stopping} - stopping
+            if not below:
+                return stopping
+            stopping |= below
 
     def stoppable(self) -> AbstractContextManager[None]:
         """Around the forward of a node on a lane's thread: while it runs, :meth:`interrupted`
