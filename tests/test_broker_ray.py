@@ -448,6 +448,53 @@ def test_an_interrupted_forward_stops_the_node_it_ran_on_a_ray_worker(
     assert not list((store.root / "answers").rglob("*"))  # type: ignore[attr-defined]
 
 
+def test_ctrl_c_landing_as_submit_returns_still_stops_the_node_on_ray(
+    cluster: None, tmp_path: Path
+) -> None:
+    """A Ctrl-C landing as the forward returns from ``broker.submit``, before it holds the
+    call, still stops the actor that runs the node, as on an embedded worker: the next
+    call starts the worker afresh at once, rather than wait behind the node."""
+    from concurrent.futures import Future
+
+    from somatize.broker import Done
+    from somatize.broker.ray import RayBroker
+    from somatize.node import Context
+
+    marker = tmp_path / "started"
+
+    class Returning(RayBroker):
+        def submit(
+            self, graph: Graph, node: str, inputs: list[Any], ctx: Context, *, keep: bool = False
+        ) -> Future[Done]:
+            future = super().submit(graph, node, inputs, ctx, keep=keep)
+            if node != "slow":
+                return future
+            waited = time.monotonic()
+            while not marker.exists() and time.monotonic() - waited < 60:
+                time.sleep(0.01)
+            raise KeyboardInterrupt  # the Ctrl-C, landing as submit returns
+
+    with Returning(None, {"w1": _worker()}) as broker:
+        where = Graph.somatize(Rows().named("rows") >> Where().named("where").at("w1"))
+        before = where.forward({"at": 0, "take": 1}, broker=broker)[0]
+        g = Graph.somatize(
+            Rows().named("rows") >> Nap(60.0, marker=str(marker)).named("slow").at("w1")
+        )
+        with pytest.raises(KeyboardInterrupt):
+            g.forward({"at": 0, "take": 2}, broker=broker)
+        out: dict[str, Any] = {}
+        thread = threading.Thread(
+            target=lambda: out.update(pid=where.forward({"at": 0, "take": 1}, broker=broker)[0]),
+            daemon=True,
+        )
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive(), (
+            "the next call waits behind the node of the interrupted forward"
+        )
+        assert out["pid"] != before  # a fresh actor, not the one still napping
+
+
 def test_a_runtime_env_ray_refuses_is_the_worker_s_error_not_the_node_s(
     cluster: None, tmp_path: Path
 ) -> None:

@@ -304,11 +304,20 @@ class RayBroker(Broker):
 
     def interrupted(self, futures: Iterable[Future[Done]]) -> None:
         """Stops the actors that run the calls of ``futures`` still running, as a timeout
-        does: nothing is kept for their nodes, and the next call starts them afresh."""
+        does: nothing is kept for their nodes, and the next call starts them afresh. So are
+        those of the calls the interrupted thread submitted and does not hold yet
+        (interrupted as ``submit`` returned), as :meth:`Broker.interrupted` says; a call
+        not started yet never starts, and one whose actor is still being started, or not
+        sent yet, is not sent (:meth:`_run`)."""
         with self._lock:
-            workers = {self._pending[f][1] for f in futures if f.running() and f in self._pending}
+            stopping = self._stopping(futures)
+            self._halted.update(f for f in stopping if not f.done())
+            running = [f for f in stopping if f.running() and f in self._pending]
+            workers = {self._pending[f][1] for f in running}
             actors = [(w, self._actors[w]) for w in workers if w in self._actors]
             self._stopped.update(actor for _, actor in actors)
+        for future in stopping:
+            future.cancel()
         for worker, actor in actors:
             self._forget(worker, actor, kill=True)
 
@@ -352,10 +361,15 @@ class RayBroker(Broker):
         state: Any = None
         carried = 0
         cause = ""
+        call = getattr(self._here, "future", None)
         for _ in range(self.retries + 1):
             actor = self.actor(worker, closes)
             if actor is None:
                 raise BrokerClosed(node, worker)
+            with self._lock:  # after the actor is known: one interrupted from here stops it
+                halted = call in self._halted
+            if halted:
+                raise WorkerLost(node, worker, 1, "stopped: its forward was interrupted")
             try:
                 if actor not in self._started:
                     try:
