@@ -399,6 +399,21 @@ class RaisesBase(Node):
         raise SystemExit(3)
 
 
+class RaisesOwn(Node):
+    """Raises an error of somatize's own classes, as a node's own code may (a nested
+    forward's NodeFailed, a store's StoreError): ``failed`` or ``store``."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        from somatize import NodeFailed, StoreError
+
+        if self.kind == "failed":
+            raise NodeFailed("inner", "Inner", ValueError("an inner node failed"))
+        raise StoreError("the node's own store refused")
+
+
 class Unprintable(Exception):
     """An exception whose message cannot be read: ``str()`` of it raises."""
 

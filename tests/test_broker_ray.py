@@ -37,6 +37,7 @@ from tests.broker_nodes import (
     Meet,
     Nap,
     RaisesBase,
+    RaisesOwn,
     RaisesUnprintable,
     Ramp,
     Seeded,
@@ -493,6 +494,31 @@ def test_ctrl_c_landing_as_submit_returns_still_stops_the_node_on_ray(
             "the next call waits behind the node of the interrupted forward"
         )
         assert out["pid"] != before  # a fresh actor, not the one still napping
+
+
+def test_an_error_of_somatize_s_own_a_node_raises_on_ray_comes_back_as_itself(
+    broker: Any,
+) -> None:
+    """An error of somatize's own classes that a node's code raises on an actor (a nested
+    forward's NodeFailed, a store's StoreError) is raised here as that class, with its
+    message and plain attributes, and said ``failed`` alike — as with no broker or an
+    embedded one — not as FailedOnWorker."""
+    embedded = Broker.embedded({"w2": Worker.generic(mode="network")})
+    for kind in ("failed", "store"):
+        g = Graph.somatize(Rows().named("rows") >> RaisesOwn(kind).named("own").at("w2"))
+        raised: dict[str, BaseException] = {}
+        said: dict[str, list[dict[str, Any]]] = {}
+        for where, using in (("here", None), ("embedded", embedded), ("ray", broker)):
+            seen: list[dict[str, Any]] = []
+            with pytest.raises(Exception) as caught:
+                g.forward({"at": 0, "take": 2}, broker=using, watching=seen.append)
+            raised[where] = caught.value
+            said[where] = [f for f in seen if f["fact"] == "failed"]
+        for where in ("embedded", "ray"):
+            assert type(raised[where]) is type(raised["here"]), (where, raised[where])
+            assert str(raised[where]) == str(raised["here"])
+            assert said[where] == said["here"]
+        assert getattr(raised["ray"], "node", None) == getattr(raised["here"], "node", None)
 
 
 def test_a_runtime_env_ray_refuses_is_the_worker_s_error_not_the_node_s(

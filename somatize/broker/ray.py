@@ -35,6 +35,7 @@ takes longer than ``timeout_s`` stops its worker the same way.
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import sys
@@ -48,6 +49,7 @@ from somatize import keys as keying
 from somatize._numbers import finite
 from somatize.catalog import Blueprint, Catalog, Unbuildable
 from somatize.codecs import CodecError
+from somatize.errors import SomatizeError, _rebuilt
 from somatize.node import Context
 
 from .base import (
@@ -91,9 +93,52 @@ class _Failure:
     """What a job raised inside an actor, by kind, type name and message."""
 
     kind: str
-    """``codec``, ``unbuildable``, ``state`` or ``forward``."""
+    """``codec``, ``unbuildable``, ``state``, ``own`` (another error class of somatize's
+    own, named by :attr:`home`) or ``forward``."""
     raised: str
     message: str
+    home: str = ""
+    """For ``own``: the error's class as ``module:qualname``."""
+    attributes: tuple[tuple[str, str | int | float | bool | None], ...] = ()
+    """For ``own``: the error's attributes whose values are plain (str, numbers, None)."""
+
+
+_OWN = ("somatize", "somatize_torch")
+"""The packages whose error classes a failure on a worker is rebuilt as (:func:`_own`)."""
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _own(error: SomatizeError) -> _Failure | None:
+    """``error``, an error of somatize's own class raised by a node on an actor, as a failure
+    that names its class, message and plain attributes; None for a class of anyone else's
+    (a node's own subclass), which is named and not rebuilt."""
+    kind = type(error)
+    if kind.__module__.split(".")[0] not in _OWN:
+        return None
+    plain = tuple((k, v) for k, v in vars(error).items() if type(v) in _PLAIN)
+    home = f"{kind.__module__}:{kind.__qualname__}"
+    return _Failure("own", kind.__name__, _message(error), home, plain)
+
+
+def _rebuilt_own(failure: _Failure) -> SomatizeError | None:
+    """The error of somatize's own class that ``failure`` names, with its message and
+    attributes — made here from those plain fields, nothing unpickled — or None when this
+    process finds no such class in somatize."""
+    module, _, qualname = failure.home.partition(":")
+    if module.split(".")[0] not in _OWN:
+        return None
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    if not isinstance(found, type) or not issubclass(found, SomatizeError):
+        return None
+    error = _rebuilt(found, failure.message, dict(failure.attributes))
+    assert isinstance(error, SomatizeError)
+    return error
 
 
 def _message(error: BaseException) -> str:
@@ -123,6 +168,11 @@ class _Actor:
             return _Failure("unbuildable", type(why).__name__, _message(why))
         except StateMismatch as why:
             return _Failure("state", type(why).__name__, _message(why))
+        except SomatizeError as why:  # the node's own code raised one: rebuilt as itself
+            own = _own(why)
+            return (
+                own if own is not None else _Failure("forward", type(why).__name__, _message(why))
+            )
         except SystemExit:
             # The node, or Ray stopping the actor (`ray.actor.exit_actor()`), ends the
             # process, as it would end the client's: the worker is lost, and started afresh.
@@ -416,6 +466,10 @@ class RayBroker(Broker):
                 raise Unbuildable(reply.message)
             if reply.kind == "state":
                 raise StateMismatch(reply.message)
+            if reply.kind == "own":
+                own = _rebuilt_own(reply)
+                if own is not None:
+                    raise own
             raise FailedOnWorker(node, graph.kind_of(node), worker, reply.raised, reply.message)
         assert not isinstance(reply, NeedState), "a worker handed the state asked for it again"
         return _Carried(reply.codec, reply.data, reply.kept, carried)
