@@ -901,6 +901,47 @@ def test_a_second_ctrl_c_landing_as_a_lock_is_taken_leaves_the_worker_free(
     assert _next_forward(after, broker, tmp_path / "go") == [0.0, 3.0, 6.0], landed
 
 
+@pytest.mark.parametrize("mode", ["local", "network"])
+def test_a_ctrl_c_landing_as_a_call_is_handed_to_its_lane_leaves_the_worker_free(
+    mode: str, tmp_path: Path
+) -> None:
+    """A Ctrl-C landing in Python code that takes a lock, once it has taken it, as
+    ``broker.submit`` hands a call to its worker's running lane leaves no lock held that
+    the lane needs: the worker runs the next forward's node (it hangs otherwise, and so
+    would the process at exit)."""
+    broker = Broker.embedded({"w1": Worker.generic(mode=mode)})
+    g = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
+    assert g.forward({"at": 0, "take": 3}, broker=broker) == [0.0, 3.0, 6.0]  # lane running
+    landed: list[str] = []
+
+    def tracer(frame: types.FrameType, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if event != "call" or code.co_name != "__enter__" or code.co_filename != threading.__file__:
+            return None
+        outer: types.FrameType | None = frame
+        while outer is not None and outer.f_code.co_qualname != "Broker.submit":
+            outer = outer.f_back
+        if outer is None:
+            return None
+
+        def entering(frame: types.FrameType, event: str, arg: Any) -> Any:
+            if event == "return" and not landed:
+                landed.append(frame.f_back.f_code.co_qualname if frame.f_back else "?")
+                raise KeyboardInterrupt  # the Ctrl-C, the lock just taken
+            return entering
+
+        return entering
+
+    sys.settrace(tracer)
+    try:
+        g.forward({"at": 0, "take": 3}, broker=broker)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    assert _next_forward(g, broker, tmp_path / "go") == [0.0, 3.0, 6.0], landed
+
+
 def test_a_call_interrupted_before_its_node_begins_does_not_begin_it() -> None:
     """A call stopped while its worker still readies it (decodes its inputs, loads its
     state), before its node's forward begins, does not begin it once ready: it fails with

@@ -218,8 +218,8 @@ class Broker(abc.ABC):
                     '`Worker.generic(mode="local" | "network", ...)`'
                 )
         self.workers: dict[str, Worker] = dict(workers)
-        self._lanes: dict[str, ThreadPoolExecutor] = {}
-        self._retired: dict[str, list[ThreadPoolExecutor]] = {}
+        self._lanes: dict[str, _Lane] = {}
+        self._retired: dict[str, list[_Lane]] = {}
         """Worker → lanes :meth:`close` let go of, whose node may still be running: the
         worker's next lane starts once they are idle, so it never runs two nodes at once."""
         self._pending: dict[Future[Done], tuple[str, str]] = {}
@@ -417,7 +417,7 @@ class Broker(abc.ABC):
                     future.add_done_callback(lambda _: self._waited(asker, worker))
                 lane = self._lanes.get(worker)
                 if lane is None:
-                    lane = self._lanes[worker] = ThreadPoolExecutor(
+                    lane = self._lanes[worker] = _Lane(
                         max_workers=1, thread_name_prefix=f"somatize-{worker}"
                     )
                     retired = self._retired.pop(worker, None)
@@ -727,7 +727,21 @@ def _unsendable(node: str, worker: str, why: Unbuildable) -> Unbuildable:
     )
 
 
-def _idle(retired: list[ThreadPoolExecutor]) -> None:
+class _Lane(ThreadPoolExecutor):
+    """A worker's lane: a pool of one thread whose ``submit``, once its thread runs, takes
+    no lock in Python code. A pool's own asks its count of idle threads whether to start
+    one (a ``threading.Semaphore``, whose lock is taken in Python code): a Ctrl-C landing
+    there once it is taken leaves it held, and the thread, counting itself idle after its
+    call, waits on it for ever — the worker never runs its next node, and the process
+    waits for that thread as it exits. This one asks it only to start its thread, the
+    lane's first call (starting a thread waits on a lock taken in Python code too)."""
+
+    def _adjust_thread_count(self) -> None:
+        if not self._threads:  # the pool's own (Python 3.8 on)
+            super()._adjust_thread_count()
+
+
+def _idle(retired: list[_Lane]) -> None:
     """Returns once every lane of ``retired`` has finished what it was running."""
     for lane in retired:
         lane.shutdown(wait=True)
