@@ -401,16 +401,20 @@ class RaisesBase(Node):
 
 class RaisesOwn(Node):
     """Raises an error of somatize's own classes, as a node's own code may (a nested
-    forward's NodeFailed, a store's StoreError): ``failed`` or ``store``."""
+    forward's NodeFailed, a store's StoreError, a nested forward's WatcherFailed holding
+    that forward's answer): ``failed``, ``store`` or ``watcher``."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
 
     def forward(self, value: Any, ctx: Any) -> Any:
-        from somatize import NodeFailed, StoreError
+        from somatize import NodeFailed, StoreError, WatcherFailed
 
         if self.kind == "failed":
             raise NodeFailed("inner", "Inner", ValueError("an inner node failed"))
+        if self.kind == "watcher":
+            fact = {"fact": "ran", "node": "inner"}
+            raise WatcherFailed(fact, ValueError("the callback failed"), value)
         raise StoreError("the node's own store refused")
 
 

@@ -521,6 +521,18 @@ def test_an_error_of_somatize_s_own_a_node_raises_on_ray_comes_back_as_itself(
         assert getattr(raised["ray"], "node", None) == getattr(raised["here"], "node", None)
 
 
+def test_an_error_of_somatize_s_own_holding_more_than_plain_values_is_named_on_ray(
+    broker: Any,
+) -> None:
+    """An error of somatize's own class that holds what cannot cross as plain fields (a
+    nested forward's WatcherFailed, holding that forward's answer as ``value``) is not
+    raised here as that class without it: it is FailedOnWorker, naming it."""
+    g = Graph.somatize(Rows().named("rows") >> RaisesOwn("watcher").named("own").at("w2"))
+    with pytest.raises(FailedOnWorker, match=r"`own` \(RaisesOwn\) raised WatcherFailed") as caught:
+        g.forward({"at": 0, "take": 2}, broker=broker)
+    assert caught.value.raised_there == "WatcherFailed"
+
+
 def test_a_runtime_env_ray_refuses_is_the_worker_s_error_not_the_node_s(
     cluster: None, tmp_path: Path
 ) -> None:

@@ -99,8 +99,8 @@ class _Failure:
     message: str
     home: str = ""
     """For ``own``: the error's class as ``module:qualname``."""
-    attributes: tuple[tuple[str, str | int | float | bool | None], ...] = ()
-    """For ``own``: the error's attributes whose values are plain (str, numbers, None)."""
+    attributes: tuple[tuple[str, Any], ...] = ()
+    """For ``own``: the error's attributes, every one plain (:func:`_plain`)."""
 
 
 _OWN = ("somatize", "somatize_torch")
@@ -109,16 +109,27 @@ _OWN = ("somatize", "somatize_torch")
 _PLAIN = (str, int, float, bool, type(None))
 
 
+def _plain(value: object) -> bool:
+    """Whether ``value`` crosses as plain fields: a str, number, bool or None, or a list or
+    tuple of them (the notes of an error, ``__notes__``)."""
+    if isinstance(value, (list, tuple)):
+        return type(value) in (list, tuple) and all(type(item) in _PLAIN for item in value)
+    return type(value) in _PLAIN
+
+
 def _own(error: SomatizeError) -> _Failure | None:
     """``error``, an error of somatize's own class raised by a node on an actor, as a failure
-    that names its class, message and plain attributes; None for a class of anyone else's
-    (a node's own subclass), which is named and not rebuilt."""
+    that names its class, message and attributes; None for a class of anyone else's (a
+    node's own subclass), or an error holding what is not plain (WatcherFailed's
+    ``value``), which is named and not rebuilt without it."""
     kind = type(error)
     if kind.__module__.split(".")[0] not in _OWN:
         return None
-    plain = tuple((k, v) for k, v in vars(error).items() if type(v) in _PLAIN)
+    attributes = tuple(vars(error).items())
+    if not all(_plain(value) for _, value in attributes):
+        return None
     home = f"{kind.__module__}:{kind.__qualname__}"
-    return _Failure("own", kind.__name__, _message(error), home, plain)
+    return _Failure("own", kind.__name__, _message(error), home, attributes)
 
 
 def _rebuilt_own(failure: _Failure) -> SomatizeError | None:
