@@ -598,3 +598,21 @@ def spinning(folder: Path, *, swallows: bool = False) -> Graph:
         )
         >> Add().named("sum")
     )
+
+
+def returning_interrupted(broker: Any, node: str, started: Path) -> Any:
+    """A subclass of the broker class ``broker`` whose ``submit`` of ``node`` raises
+    KeyboardInterrupt as it returns, once ``started`` exists (the node began on its
+    worker): a Ctrl-C landing there, before the forward holds the call."""
+
+    class Returning(broker):  # type: ignore[misc,valid-type]
+        def submit(self, graph: Graph, name: str, *args: Any, **kwargs: Any) -> Any:
+            future = super().submit(graph, name, *args, **kwargs)
+            if name != node:
+                return future
+            waited = time.monotonic()
+            while not started.exists() and time.monotonic() - waited < 60:
+                time.sleep(0.001)
+            raise KeyboardInterrupt  # the Ctrl-C, landing as submit returns
+
+    return Returning

@@ -15,7 +15,6 @@ import time
 import types
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -769,22 +768,10 @@ def test_ctrl_c_landing_as_submit_returns_still_stops_the_node(mode: str, tmp_pa
     """A node starts on its worker while the forward is still returning from
     ``broker.submit``: a Ctrl-C landing there, before the forward holds the call, still
     stops that node, so the worker is free for its next node at once."""
-    from somatize.broker import Done, EmbeddedBroker
-    from somatize.node import Context
-    from tests.broker_nodes import Spin
+    from somatize.broker import EmbeddedBroker
+    from tests.broker_nodes import Spin, returning_interrupted
 
-    class Returning(EmbeddedBroker):
-        def submit(
-            self, graph: Graph, node: str, inputs: list[Any], ctx: Context, *, keep: bool = False
-        ) -> Future[Done]:
-            future = super().submit(graph, node, inputs, ctx, keep=keep)
-            if node != "spin":
-                return future
-            waited = time.monotonic()
-            while not (tmp_path / "started").exists() and time.monotonic() - waited < 60:
-                time.sleep(0.001)
-            raise KeyboardInterrupt  # the Ctrl-C, landing as submit returns
-
+    Returning = returning_interrupted(EmbeddedBroker, "spin", tmp_path / "started")
     broker = Returning({"w1": Worker.generic(mode=mode)})
     spin = Spin(str(tmp_path / "started"), str(tmp_path / "go"))
     g = Graph.somatize(Rows().named("rows") >> spin.named("spin").at("w1"))
@@ -875,7 +862,7 @@ def test_a_second_ctrl_c_landing_as_a_lock_is_taken_leaves_the_worker_free(
 
         def entering(frame: types.FrameType, event: str, arg: Any) -> Any:
             if event == "return" and not landed:
-                landed.append(code.co_qualname)
+                landed.append(code.co_name)  # co_qualname is Python 3.11 on
                 raise KeyboardInterrupt  # the second Ctrl-C, the lock just taken
             return entering
 
@@ -909,6 +896,8 @@ def test_a_ctrl_c_landing_as_a_call_is_handed_to_its_lane_leaves_the_worker_free
     ``broker.submit`` hands a call to its worker's running lane leaves no lock held that
     the lane needs: the worker runs the next forward's node (it hangs otherwise, and so
     would the process at exit)."""
+    from somatize.broker import base as broker_base
+
     broker = Broker.embedded({"w1": Worker.generic(mode=mode)})
     g = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
     assert g.forward({"at": 0, "take": 3}, broker=broker) == [0.0, 3.0, 6.0]  # lane running
@@ -919,14 +908,16 @@ def test_a_ctrl_c_landing_as_a_call_is_handed_to_its_lane_leaves_the_worker_free
         if event != "call" or code.co_name != "__enter__" or code.co_filename != threading.__file__:
             return None
         outer: types.FrameType | None = frame
-        while outer is not None and outer.f_code.co_qualname != "Broker.submit":
+        while outer is not None and not (
+            outer.f_code.co_name == "submit" and outer.f_code.co_filename == broker_base.__file__
+        ):  # Broker.submit (co_qualname is Python 3.11 on)
             outer = outer.f_back
         if outer is None:
             return None
 
         def entering(frame: types.FrameType, event: str, arg: Any) -> Any:
             if event == "return" and not landed:
-                landed.append(frame.f_back.f_code.co_qualname if frame.f_back else "?")
+                landed.append(frame.f_back.f_code.co_name if frame.f_back else "?")
                 raise KeyboardInterrupt  # the Ctrl-C, the lock just taken
             return entering
 

@@ -455,25 +455,11 @@ def test_ctrl_c_landing_as_submit_returns_still_stops_the_node_on_ray(
     """A Ctrl-C landing as the forward returns from ``broker.submit``, before it holds the
     call, still stops the actor that runs the node, as on an embedded worker: the next
     call starts the worker afresh at once, rather than wait behind the node."""
-    from concurrent.futures import Future
-
-    from somatize.broker import Done
     from somatize.broker.ray import RayBroker
-    from somatize.node import Context
+    from tests.broker_nodes import returning_interrupted
 
     marker = tmp_path / "started"
-
-    class Returning(RayBroker):
-        def submit(
-            self, graph: Graph, node: str, inputs: list[Any], ctx: Context, *, keep: bool = False
-        ) -> Future[Done]:
-            future = super().submit(graph, node, inputs, ctx, keep=keep)
-            if node != "slow":
-                return future
-            waited = time.monotonic()
-            while not marker.exists() and time.monotonic() - waited < 60:
-                time.sleep(0.01)
-            raise KeyboardInterrupt  # the Ctrl-C, landing as submit returns
+    Returning = returning_interrupted(RayBroker, "slow", marker)
 
     with Returning(None, {"w1": _worker()}) as broker:
         where = Graph.somatize(Rows().named("rows") >> Where().named("where").at("w1"))
