@@ -49,6 +49,10 @@ class Untraceable(SomatizeError, TypeError):
     arguments that flowed into it (none for what the model holds); None where fx stopped
     otherwise."""
 
+    where: str = ""
+    """Where in the model's code fx stopped, as a message says it (" at file:line
+    (`code`)"); "" where it is not known."""
+
 
 class CachedInputNeedsGrad(SomatizeError, ValueError):
     """A cached node was handed a tensor that requires grad."""

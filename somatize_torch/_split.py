@@ -247,6 +247,7 @@ def _traced(
             "model.encoder, frozen=True, cached=True)` — which needs no tracing"
         )
         refused.branched = branched
+        refused.where = where
         raise refused from error
     finally:
         for module, was in modes:

@@ -632,7 +632,10 @@ class Tracing:
                 raise self._without_default(error) from error.__cause__
             try:
                 self.trace(every, given)
-            except Untraceable:
+            except Untraceable as stopped:
+                if error.branched and error.branched <= every and stopped.where != error.where:
+                    # Taken with those None, the trace got past where the first stopped.
+                    raise _past(stopped, error, every) from stopped.__cause__
                 raise self._without_default(error) from error.__cause__
             if not self.named:
                 # A forward taking `*args` or `**kwargs` is not traced for values.
@@ -927,6 +930,22 @@ def _with_none(error: Untraceable, said: str) -> Untraceable:
     told = Untraceable(f"{said} in this call, and {error}")
     told.__cause__ = error.__cause__
     told.branched = error.branched
+    return told
+
+
+def _past(stopped: Untraceable, first: Untraceable, every: frozenset[str]) -> Untraceable:
+    """``stopped``, where the trace with every optional argument None stopped, saying it
+    was taken so because the trace with them given stopped at a branch on them (where
+    ``first`` says), which this one gets past: what stops the model is ``stopped``'s."""
+    branched = ", ".join(f"`{name}`" for name in sorted(first.branched or ()))
+    told = Untraceable(
+        f"{stopped}. This is the trace with every optional argument None "
+        f"({_are(every, 'None')}), taken since the forward branches on {branched}"
+        f"{first.where}, which is traced fixed at each value a call gives and needs no "
+        "change: change the code named first"
+    )
+    told.branched = stopped.branched
+    told.where = stopped.where
     return told
 
 

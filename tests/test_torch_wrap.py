@@ -5838,6 +5838,205 @@ def test_a_config_change_traced_again_is_bounded_and_kept_to_the_declared_calls(
         assert torch.equal(wrapped(x), model(x))
 
 
+class _VitConfig:
+    """A Hugging Face config: the defaults the forward's optional arguments resolve to."""
+
+    def __init__(self) -> None:
+        self.output_hidden_states = False
+        self.output_attentions = False
+        self.use_return_dict = True
+
+
+class _VitPatches(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(3, 8, 4, 4)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        _, channels, _, _ = pixel_values.shape
+        if channels != 3:
+            raise ValueError(f"expected 3 channels, got {channels}")
+        return self.proj(pixel_values).flatten(2).transpose(1, 2)
+
+
+class _VitLayer(nn.Module):
+    def __init__(self, checks_size: bool = False) -> None:
+        super().__init__()
+        self.checks_size = checks_size
+        self.norm = nn.LayerNorm(8)
+        self.mix = nn.Linear(8, 8)
+
+    def forward(self, hidden: torch.Tensor, output_attentions: bool = False) -> tuple[Any, ...]:
+        if self.checks_size:
+            _, _, size = hidden.shape
+            # A branch on a shape: fx cannot trace it.
+            if size != 8:
+                raise ValueError(f"hidden size {size} != 8")
+        mixed = self.mix(self.norm(hidden))
+        out: tuple[Any, ...] = (hidden + mixed,)
+        if output_attentions:
+            out = out + (mixed.softmax(-1),)  # noqa: RUF005 - as Hugging Face writes it
+        return out
+
+
+class HuggingFaceVit(nn.Module):
+    """A ViT as Hugging Face writes one: optional arguments resolved from the config when
+    None, hidden states and attentions gathered in a loop when asked, and a dict or a
+    tuple answered."""
+
+    def __init__(self, checks_size: bool = False) -> None:
+        super().__init__()
+        self.config = _VitConfig()
+        self.embeddings = _VitPatches()
+        self.layers = nn.ModuleList([_VitLayer(checks_size) for _ in range(2)])
+        self.norm = nn.LayerNorm(8)
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> Any:
+        output_attentions = (
+            output_attentions if output_attentions is not None else self.config.output_attentions
+        )
+        output_hidden_states = (
+            output_hidden_states
+            if output_hidden_states is not None
+            else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.use_return_dict
+        hidden = self.embeddings(pixel_values)
+        all_hidden_states: tuple[Any, ...] | None = () if output_hidden_states else None
+        all_attentions: tuple[Any, ...] | None = () if output_attentions else None
+        for layer in self.layers:
+            if output_hidden_states:
+                assert all_hidden_states is not None
+                all_hidden_states = all_hidden_states + (hidden,)  # noqa: RUF005
+            out = layer(hidden, output_attentions)
+            hidden = out[0]
+            if output_attentions:
+                assert all_attentions is not None
+                all_attentions = all_attentions + (out[1],)  # noqa: RUF005
+        if output_hidden_states:
+            assert all_hidden_states is not None
+            all_hidden_states = all_hidden_states + (hidden,)  # noqa: RUF005
+        hidden = self.norm(hidden)
+        if not return_dict:
+            return tuple(v for v in (hidden, all_hidden_states, all_attentions) if v is not None)
+        return {
+            "last_hidden_state": hidden,
+            "hidden_states": all_hidden_states,
+            "attentions": all_attentions,
+        }
+
+
+def _same_answer(got: Any, want: Any) -> bool:
+    """Whether two answers are the same structure holding equal tensors (and Nones)."""
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    want_leaves, want_spec = pytree.tree_flatten(want)
+    return got_spec == want_spec and all(
+        (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+        for a, b in zip(got_leaves, want_leaves, strict=True)
+    )
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_a_hugging_face_vit_answers_as_itself_for_every_set_of_its_optional_arguments(
+    store: Store, training: bool
+) -> None:
+    """A ViT written as Hugging Face writes one (`() if output_hidden_states else None`,
+    each optional argument resolved from `self.config` when None) answers exactly as the
+    model itself for every set of `output_hidden_states`, `output_attentions` and
+    `return_dict` (None, True, False; by name and by place), called in any order, each
+    set twice, computed then recalled, and after the config changes: no call is answered
+    with what was traced or kept for another set."""
+    torch.manual_seed(0)
+    model = HuggingFaceVit()
+    wrapped = smt.wrap(model, frozen=["embeddings"], cached=["embeddings"], store=store)
+    smt.freeze(wrapped)
+    wrapped.train(training)
+    pixels = [torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8)]
+    sets = [
+        (hidden, attentions, as_dict)
+        for hidden in (None, True, False)
+        for attentions in (None, True, False)
+        for as_dict in (None, True, False)
+    ]
+    order = sets + sets[::-1] + random.Random(0).sample(sets, len(sets))
+    with torch.no_grad():
+        for at, (hidden, attentions, as_dict) in enumerate(order):
+            x = pixels[at % 2]
+            if at == len(sets):
+                model.config.output_hidden_states = True
+            if at == 2 * len(sets):
+                model.config.output_attentions, model.config.use_return_dict = True, False
+            named = {
+                "output_hidden_states": hidden,
+                "output_attentions": attentions,
+                "return_dict": as_dict,
+            }
+            want = model(x, **named)
+            assert _same_answer(wrapped(x, **named), want), (at, named)
+            assert _same_answer(wrapped(x, hidden, attentions, as_dict), want), (at, named)
+            left_out = {name: value for name, value in named.items() if value is not None}
+            assert _same_answer(wrapped(x, **left_out), want), (at, named)
+
+
+def test_a_hugging_face_vit_that_fx_cannot_trace_is_refused_naming_the_line_that_stops_it(
+    store: Store,
+) -> None:
+    """Traced with every optional argument given, the forward stops at
+    `() if output_hidden_states else None`, which tracing it with them None (resolved
+    from the config) gets past; where that trace stops elsewhere (a layer branching on
+    the hidden size), the refusal names that line and says to declare the submodule
+    holding it, not the branch on the argument, which no change would let fx trace as a
+    stand-in and which is not what stops the model; declared, the model wraps and
+    answers as itself."""
+    torch.manual_seed(0)
+    model = HuggingFaceVit(checks_size=True)
+    with pytest.raises(smt.Untraceable) as refused:
+        smt.wrap(model, frozen=["embeddings"], cached=["embeddings"], store=store)
+    said = str(refused.value)
+    first = said.index(" at ")
+    assert said[first:].split("`", 2)[1] == "if size != 8:", said
+    assert "declare the submodule that holds this code" in said, said
+    assert "every optional argument None" in said, said
+    assert said.index("`all_hidden_states: tuple[Any, ...] | None = ()") > first, said
+    declared = ["embeddings", "layers.0", "layers.1"]
+    wrapped = smt.wrap(model, frozen=declared, cached=declared, store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        for hidden in (None, True, False):
+            want = model(x, output_hidden_states=hidden, return_dict=False)
+            assert _same_answer(wrapped(x, output_hidden_states=hidden, return_dict=False), want)
+
+
+class ComparesOptionalCount(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, n: int | None = None) -> torch.Tensor:
+        h = self.encoder(x)
+        if n > 2:  # type: ignore[operator]
+            h = h * 2
+        return h
+
+
+def test_a_forward_stopped_at_the_same_line_with_its_optional_arguments_none_is_refused_there(
+    store: Store,
+) -> None:
+    """A forward that stops fx at the same line whether its optional argument is given or
+    None (`if n > 2:` with `n` None) is refused naming that line alone, not as a trace
+    with it None that got past a branch on it."""
+    with pytest.raises(smt.Untraceable, match=r"`if n > 2:") as refused:
+        smt.wrap(ComparesOptionalCount(), frozen=["encoder"], cached=["encoder"], store=store)
+    assert "every optional argument None" not in str(refused.value)
+
+
 _DEFAULT = object()
 
 
