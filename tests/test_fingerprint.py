@@ -3368,3 +3368,37 @@ def test_an_object_of_a_helper_class_its_module_holds_changed_in_place_is_seen(
     assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
     loaded.SCALER.k = 4
     assert _three_forwards(graph, store, "h", 4) == ["ran", "recalled", "recalled"]
+
+
+_HOLDS_A_CODEC = """
+from somatize import Node
+from somatize.data.codec import ArrowCodec
+
+CODEC = ArrowCodec()
+
+class Encodes(Node):
+    def forward(self, x, ctx):
+        return CODEC.name + str(x)
+"""
+
+
+def test_an_object_of_somatizes_own_a_module_holds_is_named_alike_in_every_process(
+    tmp_path: Path,
+) -> None:
+    """An object of one of somatize's own classes a node's module holds (a codec, as the
+    data sources hold one) is named by its class's code: the same in every new process,
+    so a worker in another process builds the node rather than taking it for other code.
+    A mark of that very object would differ from one process to the next."""
+    _write(tmp_path / "codec_node.py", _HOLDS_A_CODEC)
+    script = (
+        "from somatize.catalog import fingerprint_of as f\n"
+        "from somatize.data.parquet import Parquet\n"
+        "from somatize.data.parquet_dir import ParquetDir\n"
+        "from somatize.data.sources import Table\n"
+        "import codec_node\n"
+        "print(f(Parquet), f(ParquetDir), f(Table), f(codec_node.Encodes))\n"
+    )
+    first = _printed(["-c", script], tmp_path).split()
+    second = _printed(["-c", script], tmp_path).split()
+    assert len(first) == 4
+    assert first == second

@@ -207,9 +207,14 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                         queue.append(method)
             elif _helper_object(value, module):
                 # an object of a helper class (`SCALER = Scaler(2)`): by its class's code and
-                # what it holds where that is named so, else by its mark, as one a class holds
+                # what it holds where that is named so, else by its mark, as one a class holds;
+                # one of somatize's own (a codec) by its class's code, the same in every
+                # process: a mark would have each worker take the library for other code
                 kind = type(value)
-                out[place] = (b"object " + label, _held_bytes(value) or _token_of(value))
+                said = _held_bytes(value)
+                if said is None:
+                    said = _class_code(kind) if _somatize_own(kind) else _token_of(value)
+                out[place] = (b"object " + label, said)
                 # watched, as a table it only reads is: one changed in place is seen
                 seen_as = _HeldSeen(value, _version_of(value), f"{module}:{name}")
                 looked[place] = (looked[place][0], name, seen_as)
@@ -293,6 +298,12 @@ def _helper_object(value: Any, module: str) -> bool:
     if kind in _CONTAINERS or _left_out(kind) or issubclass(kind, Node):
         return False
     return kind.__module__ == module or _same_package(kind.__module__, module)
+
+
+def _somatize_own(kind: type) -> bool:
+    """Whether ``kind`` is a class of somatize's own packages, which a node's module may
+    hold an object of (a codec): written the same wherever the same version runs."""
+    return kind.__module__.partition(".")[0] in ("somatize", "somatize_torch")
 
 
 def _class_functions(kind: type) -> list[FunctionType]:
