@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pyarrow
 import pyarrow.compute
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 import somatize.data
 from somatize import CODECS, CodecError, Graph, Node, Opaque, Store
@@ -912,6 +915,27 @@ def test_run_end_encoded_items_of_a_list_with_nulls_are_cleared_by_their_runs(
     digest, held = codec.held(pyarrow.table({"c": column}))
     assert digest == expected
     assert held.column("c").chunk(0).values.run_ends.to_pylist() == [many, 2 * many]
+
+
+_ENDS = st.lists(st.integers(0, 60), max_size=40, unique=True).map(sorted)
+
+
+@given(_ENDS, _ENDS, st.booleans())
+@example([], [], False)
+@example([], [3, 5], False)
+@example([1, 2, 9], [], False)
+@example([1, 2, 9], [1, 2, 9], True)
+def test_run_ends_are_merged_as_numpy_unions_them(
+    first: list[int], second: list[int], same: bool
+) -> None:
+    """The ends of two columns' runs (each sorted, each end once) are merged into what
+    ``numpy.union1d`` makes of them: every end once, sorted, of the same dtype."""
+    left = numpy.array(first, dtype=numpy.int64)
+    right = left.copy() if same else numpy.array(second, dtype=numpy.int64)
+    merged = somatize.data._canonical._merged(left, right)
+    expected = numpy.union1d(left, right)
+    assert merged.dtype == expected.dtype
+    assert merged.tolist() == expected.tolist()
 
 
 def test_a_dense_union_sharing_a_list_of_more_items_than_offsets_count_is_held_whole() -> None:

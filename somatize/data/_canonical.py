@@ -344,7 +344,7 @@ def _runs_filtered(column: Any, kept: pyarrow.Array) -> pyarrow.Array | None:
         kept = pyarrow.compute.run_end_encode(kept)
     ends, values = _run_ends(column)
     kept_ends, kept_values = _run_ends(kept)
-    every = numpy.union1d(ends, kept_ends)
+    every = _merged(ends, kept_ends)
     which = numpy.searchsorted(ends, every)  # the run of ``column`` each piece is of
     held = numpy.asarray(kept_values.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)[
         numpy.searchsorted(kept_ends, every)
@@ -371,6 +371,18 @@ def _runs_taken(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
         return None
     stops = pyarrow.array(numpy.arange(1, len(rows) + 1, dtype=numpy.int64))
     return pyarrow.RunEndEncodedArray.from_arrays(stops.cast(kind.run_end_type), picked, type=kind)
+
+
+def _merged(first: Any, second: Any) -> Any:
+    """The numbers in either of ``first`` and ``second`` (numpy), sorted, each once:
+    ``numpy.union1d``'s answer. Run ends come sorted, and a stable sort of two sorted runs
+    one after the other merges them in one pass, where ``union1d`` sorts them afresh."""
+    both = numpy.concatenate((first, second))
+    both.sort(kind="stable")
+    kept = numpy.empty(len(both), dtype=bool)
+    kept[:1] = True
+    numpy.not_equal(both[1:], both[:-1], out=kept[1:])
+    return both[kept]
 
 
 def _run_ends(column: Any) -> tuple[Any, pyarrow.Array]:
@@ -697,7 +709,7 @@ def _runs_nulled(column: Any, mask: pyarrow.Array) -> pyarrow.Array:
     ends, values = _run_ends(column)
     nulls = pyarrow.compute.run_end_encode(mask)
     null_ends, null_values = _run_ends(nulls)
-    every = numpy.union1d(ends, null_ends)
+    every = _merged(ends, null_ends)
     which = pyarrow.array(numpy.searchsorted(ends, every), pyarrow.int64())
     hidden = numpy.asarray(null_values.fill_null(True).to_numpy(zero_copy_only=False), dtype=bool)[
         numpy.searchsorted(null_ends, every)
