@@ -49,6 +49,10 @@ class Untraceable(SomatizeError, TypeError):
     arguments that flowed into it (none for what the model holds); None where fx stopped
     otherwise."""
 
+    tensors: frozenset[str] = frozenset()
+    """Those of :attr:`branched` the forward used as tensors (`x.shape`, `x.size()`): a
+    branch on a tensor's shape or value, which no argument fixed at a value lifts."""
+
     where: str = ""
     """Where in the model's code fx stopped, as a message says it (" at file:line
     (`code`)"); "" where it is not known."""

@@ -87,6 +87,10 @@ class _Tracer(fx.Tracer):
         self.branched: frozenset[str] | None = None
         """The arguments of the forward that flowed into the value it last branched on or
         iterated over, which fx refuses (none for a value of the model's own)."""
+        self.tensors: frozenset[str] = frozenset()
+        """Those of :attr:`branched` the forward uses as tensors (`x.shape`, `x.size()`,
+        `x.dim()`, `x.sum()`): a branch on a tensor's shape or value, which no value an
+        argument is fixed at lifts."""
         self.containers: frozenset[str] = frozenset()
         """The arguments handed a list, tuple or dict, which fx stands in for: asked what
         kind they are, it would answer no."""
@@ -111,10 +115,12 @@ class _Tracer(fx.Tracer):
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         self.branched = _arguments_of(obj.node)
+        self.tensors = _used_as_tensors(obj.node)
         return super().to_bool(obj)
 
     def iter(self, obj: fx.Proxy) -> Iterator[Any]:
         self.branched = _arguments_of(obj.node)
+        self.tensors = _used_as_tensors(obj.node)
         return super().iter(obj)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -154,6 +160,44 @@ def _arguments_of(node: fx.Node) -> frozenset[str]:
             found.add(str(one.target).lstrip("*"))
         todo.extend(one.all_input_nodes)
     return frozenset(found)
+
+
+_TENSOR_ONLY = frozenset(dir(torch.Tensor)) - frozenset(
+    name
+    for kind in (bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
+    for name in dir(kind)
+)
+"""What a tensor has and no plain value or container does (`shape`, `size`, `dim`,
+`ndim`, `sum`): an argument asked for one is used as a tensor."""
+
+
+def _used_as_tensors(node: fx.Node) -> frozenset[str]:
+    """The arguments of the forward whose placeholders ``node`` is computed from that the
+    forward asks for what only a tensor has (anywhere in the code traced so far)."""
+    found: set[str] = set()
+    seen: set[fx.Node] = set()
+    todo = [node]
+    while todo:
+        one = todo.pop()
+        if one in seen:
+            continue
+        seen.add(one)
+        if one.op == "placeholder" and any(_tensor_use(user, one) for user in one.users):
+            found.add(str(one.target).lstrip("*"))
+        todo.extend(one.all_input_nodes)
+    return frozenset(found)
+
+
+def _tensor_use(user: fx.Node, of: fx.Node) -> bool:
+    """Whether ``user`` asks ``of`` for what only a tensor has: `of.shape` or
+    `of.size()`."""
+    if not user.args or user.args[0] is not of:
+        return False
+    if user.op == "call_method":
+        return str(user.target) in _TENSOR_ONLY
+    if user.op == "call_function" and user.target is getattr and len(user.args) > 1:
+        return str(user.args[1]) in _TENSOR_ONLY
+    return False
 
 
 _WRAPPING = frozenset(
@@ -238,6 +282,26 @@ def _traced(
                     "needs no tracing and leaves this forward to run as it is written"
                 )
             ) from error
+        tensors = tracer.tensors if isinstance(error, torch.fx.proxy.TraceError) else frozenset()
+        if tensors:
+            shown = ", ".join(f"`{name}`" for name in sorted(tensors))
+            refused = Untraceable(
+                f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode"
+                f"{where}: it branches on the shape, size or value of {shown}, a tensor "
+                f"({type(error).__name__}: {error}), and fx cannot follow a branch on a "
+                "tensor's shape, size or value: it stands in for the tensor as it traces, "
+                "with no shape or values to pick a side by. Make the shape static (drop the "
+                "check, or check it before calling the model), write the branch as tensor "
+                "code (`torch.where`), declare the submodule that holds this code "
+                "(`wrap(model, frozen=[...])`; declared submodules are never traced into), "
+                "or wrap just the submodule you want to remember — `model.encoder = "
+                "somatize.torch.wrap(model.encoder, frozen=True, cached=True)` — which needs "
+                "no tracing"
+            )
+            refused.branched = branched
+            refused.tensors = tensors
+            refused.where = where
+            raise refused from error
         refused = Untraceable(
             f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode{where}: "
             f"{type(error).__name__}: {error}. Declared submodules are never traced into, so "

@@ -645,6 +645,9 @@ class Tracing:
         """``error``, naming the arguments it branched on that have no default to trace
         them at."""
         assert self.signature is not None
+        if error.tensors:
+            # A branch on a tensor's shape or value: no default lifts it, and it says so.
+            return error
         names = [
             name
             for name, (_, default) in self.named.items()
@@ -930,6 +933,7 @@ def _with_none(error: Untraceable, said: str) -> Untraceable:
     told = Untraceable(f"{said} in this call, and {error}")
     told.__cause__ = error.__cause__
     told.branched = error.branched
+    told.tensors = error.tensors
     return told
 
 
@@ -945,6 +949,7 @@ def _past(stopped: Untraceable, first: Untraceable, every: frozenset[str]) -> Un
         "change: change the code named first"
     )
     told.branched = stopped.branched
+    told.tensors = stopped.tensors
     told.where = stopped.where
     return told
 

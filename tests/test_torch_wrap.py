@@ -4132,6 +4132,53 @@ def test_a_forward_branching_on_an_argument_without_a_default_is_refused_naming_
         smt.wrap(FlagRequired(), frozen=["encoder"], store=store)
 
 
+class ChecksShape(OnTempered):
+    """Checks the width of what it is handed (an argument with no annotation), the way a
+    layer does, asking for the shape, size or rank."""
+
+    heads, width = 2, 2
+    asks = "shape"
+
+    def forward(self, x):  # type: ignore[no-untyped-def]  # unannotated on purpose
+        if self.asks == "shape":
+            _, c = x.shape
+            if c != self.heads * self.width:
+                raise ValueError(c)
+        elif self.asks == "size":
+            if x.size(-1) != 4:
+                x = x[..., :4]
+        elif self.asks == "dim":
+            if x.dim() == 3:
+                x = x[0]
+        elif x.ndim == 3:
+            x = x[0]
+        return self.encoder(x)
+
+
+@pytest.mark.parametrize("asks", ["shape", "size", "dim", "ndim"])
+def test_a_forward_branching_on_a_tensors_shape_is_refused_saying_so(
+    store: Store, asks: str
+) -> None:
+    """A branch on a tensor argument's shape, size or rank is refused naming the line and
+    saying fx cannot follow a branch on a tensor's shape, and what to do — not advising a
+    default for the tensor, as for a flag, which no default would lift."""
+    model = ChecksShape()
+    model.asks = asks
+    with pytest.raises(smt.Untraceable) as refused:
+        smt.wrap(model, frozen=["encoder"], store=store)
+    said = str(refused.value)
+    assert "default" not in said, said
+    assert "`ChecksShape.forward`" in said, said
+    line = {"shape": "c != self.heads", "size": "x.size(-1)", "dim": "x.dim()", "ndim": "x.ndim"}
+    assert f"if {line[asks]}" in said, said
+    assert "branches on the shape, size or value of `x`, a tensor" in said, said
+    assert "fx cannot follow a branch on a tensor's shape, size or value" in said, said
+    assert "Make the shape static" in said and "declare the submodule" in said, said
+    # A genuine flag, never used as a tensor, is still told to take a default.
+    with pytest.raises(smt.Untraceable, match=r"give it a default \(`double: bool = False`\)"):
+        smt.wrap(FlagRequired(), frozen=["encoder"], store=store)
+
+
 class AsksIfFlag(OnTempered):
     """Doubles or negates for a flag, and scales by a count: asks which it was handed."""
 
