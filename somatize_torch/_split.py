@@ -146,9 +146,9 @@ class _Tracer(fx.Tracer):
         return super().call_module(m, forward, args, kwargs)
 
 
-def _arguments_of(node: fx.Node) -> frozenset[str]:
-    """The arguments of the forward whose placeholders ``node`` is computed from."""
-    found: set[str] = set()
+def _placeholders_of(node: fx.Node) -> list[fx.Node]:
+    """The placeholders of the forward's arguments that ``node`` is computed from."""
+    found: list[fx.Node] = []
     seen: set[fx.Node] = set()
     todo = [node]
     while todo:
@@ -157,9 +157,14 @@ def _arguments_of(node: fx.Node) -> frozenset[str]:
             continue
         seen.add(one)
         if one.op == "placeholder":
-            found.add(str(one.target).lstrip("*"))
+            found.append(one)
         todo.extend(one.all_input_nodes)
-    return frozenset(found)
+    return found
+
+
+def _arguments_of(node: fx.Node) -> frozenset[str]:
+    """The arguments of the forward whose placeholders ``node`` is computed from."""
+    return frozenset(str(one.target).lstrip("*") for one in _placeholders_of(node))
 
 
 _TENSOR_ONLY = frozenset(dir(torch.Tensor)) - frozenset(
@@ -174,18 +179,11 @@ _TENSOR_ONLY = frozenset(dir(torch.Tensor)) - frozenset(
 def _used_as_tensors(node: fx.Node) -> frozenset[str]:
     """The arguments of the forward whose placeholders ``node`` is computed from that the
     forward asks for what only a tensor has (anywhere in the code traced so far)."""
-    found: set[str] = set()
-    seen: set[fx.Node] = set()
-    todo = [node]
-    while todo:
-        one = todo.pop()
-        if one in seen:
-            continue
-        seen.add(one)
-        if one.op == "placeholder" and any(_tensor_use(user, one) for user in one.users):
-            found.add(str(one.target).lstrip("*"))
-        todo.extend(one.all_input_nodes)
-    return frozenset(found)
+    return frozenset(
+        str(one.target).lstrip("*")
+        for one in _placeholders_of(node)
+        if any(_tensor_use(user, one) for user in one.users)
+    )
 
 
 def _tensor_use(user: fx.Node, of: fx.Node) -> bool:
