@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import types
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -204,19 +205,33 @@ def test_compiled_wrapped_model_switches_grad_mode_and_autocast_as_the_model(
     torch._dynamo.reset()
 
 
+def _compiled(
+    make: Callable[[], nn.Module],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cached: bool = True,
+) -> tuple[nn.Module, smt.Wrapped, Any]:
+    """The model ``make`` makes, with torch.compile's caches fresh and kept under
+    ``tmp_path`` and the seed set first; it wrapped with its encoder frozen (and cached,
+    unless ``cached`` is False) and settled; and that compiled (eager backend)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = make()
+    wrapped = smt.wrap(
+        model, frozen=["encoder"], cached=["encoder"] if cached else [], store=tmp_path / "s"
+    )
+    smt.freeze(wrapped)
+    return model, wrapped, torch.compile(wrapped, backend="eager")
+
+
 @pytest.mark.parametrize("kind", [Fails, FailsInferring])
 def test_compiled_wrapped_model_that_fails_inside_a_block_leaves_the_modes_as_they_were(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: type[Fails]
 ) -> None:
     """Compiled, a call that fails inside the forward's no-grad, autocast or inference-mode
     block leaves the modes as they were before it, as it does eagerly."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = kind()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=Store(tmp_path / "s"))
-    smt.freeze(wrapped)
-    compiled = torch.compile(wrapped, backend="eager")
+    model, _, compiled = _compiled(kind, tmp_path, monkeypatch)
     x = torch.randn(3, 4)
     expected = model(x)
 
@@ -303,13 +318,7 @@ def test_a_compiled_call_tracing_a_model_changed_after_wrap_is_refused(
     forward again, leaving an argument None, checks the model first: a value the code
     read changed after `wrap` is refused there, and in every eager call after it, rather
     than traced into the new code and taken as what all the code read."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = Gained()
-    wrapped = smt.wrap(model, frozen=["encoder"], store=Store(tmp_path / "s"))
-    smt.freeze(wrapped)
-    compiled = torch.compile(wrapped, backend="eager")
+    model, wrapped, compiled = _compiled(Gained, tmp_path, monkeypatch, cached=False)
     x, mask = torch.randn(3, 4), torch.rand(3, 4)
     with torch.no_grad():
         assert torch.equal(compiled(x, mask), model(x, mask))
@@ -403,19 +412,6 @@ def test_a_compiled_traced_model_refuses_a_call_while_global_hooks_are_registere
     torch._dynamo.reset()
 
 
-def _compiled(
-    model: nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[smt.Wrapped, Any]:
-    """``model`` wrapped with its encoder frozen and cached, settled, and compiled (eager
-    backend), with torch.compile's caches fresh and kept under ``tmp_path``."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=tmp_path / "s")
-    smt.freeze(wrapped)
-    return wrapped, torch.compile(wrapped, backend="eager")
-
-
 @pytest.mark.parametrize("edit", ["defaults", "kwdefaults", "kwdefaults in place"])
 def test_a_compiled_call_after_a_forward_default_changed_is_refused_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: str
@@ -424,8 +420,7 @@ def test_a_compiled_call_after_a_forward_default_changed_is_refused_naming_it(
     `wrap`: changed after (`__defaults__`, `__kwdefaults__`), the compiled call is refused
     naming the argument, as an eager one is, where it would have answered for the old
     default; put back, it answers as the model does."""
-    model = PoolsByDefault()
-    _, compiled = _compiled(model, tmp_path, monkeypatch)
+    model, _, compiled = _compiled(PoolsByDefault, tmp_path, monkeypatch)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(compiled(x), model(x))
@@ -463,13 +458,7 @@ def test_a_compiled_call_after_what_the_forward_read_changed_answers_or_is_refus
     does, and for those set back the code traced for them; a plain value of the model's
     own changed (`self.gain`) is refused naming it, as in an eager call, where it would
     have answered for the old."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = Configured()
-    wrapped = smt.wrap(model, frozen=["encoder"], store=Store(tmp_path / "s"))
-    smt.freeze(wrapped)
-    compiled = torch.compile(wrapped, backend="eager")
+    model, _, compiled = _compiled(Configured, tmp_path, monkeypatch, cached=False)
     x, mask = torch.randn(3, 4), torch.rand(3, 4)
     with torch.no_grad():
         assert torch.equal(compiled(x, mask), model(x, mask))
@@ -509,15 +498,7 @@ def test_a_compiled_call_runs_the_parts_replaced_on_the_model_itself(
     wrapped model: `model.proj = nn.Parameter(...)`, a checkpoint loaded into the model
     with `assign=True`) is the one the next compiled call computes with, as in an eager
     call, not the one the segments held."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = Projected()
-    wrapped = smt.wrap(
-        model, frozen=["encoder"], cached=["encoder"] if cached else [], store=tmp_path / "s"
-    )
-    smt.freeze(wrapped)
-    compiled = torch.compile(wrapped, backend="eager")
+    model, _, compiled = _compiled(Projected, tmp_path, monkeypatch, cached=cached)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(compiled(x), model(x))
@@ -551,13 +532,7 @@ def test_a_compiled_call_after_a_value_the_class_gave_changed_is_refused_naming_
     changed on the class or given the model itself after `wrap`, has a compiled call
     refused naming it, as an eager one is, where it would have computed with the old; set
     back, the call answers as the model does."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = ClassScaled()
-    wrapped = smt.wrap(model, frozen=["encoder"], store=Store(tmp_path / "s"))
-    smt.freeze(wrapped)
-    compiled = torch.compile(wrapped, backend="eager")
+    model, _, compiled = _compiled(ClassScaled, tmp_path, monkeypatch, cached=False)
     x, mask = torch.randn(3, 4), torch.rand(3, 4)
     with torch.no_grad():
         assert torch.equal(compiled(x, mask), model(x, mask))
@@ -583,8 +558,7 @@ def test_a_compiled_call_with_a_block_traced_into_in_another_mode_is_refused_nam
     after `model.eval()`) would run code traced for the model's mode: a compiled call is
     refused saying which part is in which mode, as an eager one is, and answers as the
     model does once both are in one mode again."""
-    model = Blocked()
-    wrapped, compiled = _compiled(model, tmp_path, monkeypatch)
+    model, wrapped, compiled = _compiled(Blocked, tmp_path, monkeypatch)
     x = torch.randn(3, 4)
     wrapped.eval()
     model.block.train()
