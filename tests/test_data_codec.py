@@ -12,13 +12,14 @@ from typing import Any
 import numpy
 import pyarrow
 import pyarrow.compute
+import pyarrow.parquet
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 import somatize.data
 from somatize import CODECS, CodecError, Graph, Node, Opaque, Store
-from somatize.data import ArrowCodec, Frame, Table
+from somatize.data import ArrowCodec, Frame, Table, to_arrow
 from tests.arrow_types import PickledObjects
 
 
@@ -1670,3 +1671,47 @@ def test_chunks_of_runs_of_dictionaries_of_floats_keep_their_rows(holder: str) -
     assert digest == codec.digest(pyarrow.table({"c": table.column("c").combine_chunks()}))
     other = pyarrow.table({"c": _chunks_of_runs_of_entries(holder, [None, None, None])})
     assert codec.digest(other) != digest
+
+
+def _through_parquet(table: pyarrow.Table) -> pyarrow.Table:
+    """``table`` written to Parquet and read back, as a Parquet reader names its nested
+    fields (a list's items `element`, a map's entries after its column)."""
+    sink = pyarrow.BufferOutputStream()
+    pyarrow.parquet.write_table(table, sink)
+    return pyarrow.parquet.read_table(pyarrow.BufferReader(sink.getvalue()))
+
+
+_STRING_TO_INT = pyarrow.map_(pyarrow.string(), pyarrow.int64())
+
+NAMED_INSIDE = {
+    "list": pyarrow.array([[1], None, [2, None]]),
+    "large list": pyarrow.array([[1], None, [2, None]], pyarrow.large_list(pyarrow.int64())),
+    "map": pyarrow.array([[("a", 1)], None, [("b", 2), ("c", None)]], _STRING_TO_INT),
+    "list in a struct": pyarrow.array([{"a": [1]}, None, {"a": [2, 3]}]),
+    "map in a list": pyarrow.array([[[("a", 1)]], None, []], pyarrow.list_(_STRING_TO_INT)),
+}
+
+
+@pytest.mark.parametrize("kind", ["table", "frame", "batch"])
+@pytest.mark.parametrize("case", list(NAMED_INSIDE))
+def test_the_digest_ignores_the_names_of_list_items_and_map_entries(kind: str, case: str) -> None:
+    """No row read tells a list's `item` from its `element`, nor a map's `entries` from the
+    name a Parquet reader gives them (its column's), and neither do Arrow's type equality,
+    `equals` (but when asked to compare metadata) nor (for a map) Arrow IPC: the same rows
+    read from Parquet digest as those made in memory. The names of a map's keys and values,
+    which its entries show as a struct, are still told."""
+    column = NAMED_INSIDE[case]
+    read = _through_parquet(pyarrow.table({"n": column})).column("n").combine_chunks()
+    assert str(read.type) != str(column.type)  # named otherwise, yet equal to Arrow
+    assert read.equals(column)
+    codec = ArrowCodec()
+    assert codec.digest(_MADE[kind](read)) == codec.digest(_MADE[kind](column))
+    kept = codec.decode(b"".join(bytes(piece) for piece in codec.encode(_MADE[kind](read))))
+    assert to_arrow(kept).column("n").combine_chunks().equals(read)
+    if "map" not in case:  # kept as it was named (Arrow IPC reads a map's entries `entries`)
+        assert str(to_arrow(kept).schema.field("n").type) == str(read.type)
+    renamed = pyarrow.map_(
+        pyarrow.field("k", pyarrow.string(), nullable=False), pyarrow.field("v", pyarrow.int64())
+    )
+    pairs = NAMED_INSIDE["map"]
+    assert codec.digest(_MADE[kind](pairs)) != codec.digest(_MADE[kind](pairs.cast(renamed)))

@@ -20,7 +20,9 @@ its columns laid out one way (:mod:`somatize.data._canonical`): bare validity bi
 nothing under a null, at any depth. Equal content laid out in different chunks (a table
 read in two pieces, or in one), sliced from a column that had nulls elsewhere, or left by
 a kernel with what it found under a null (``if_else``, ``Array.from_buffers``), has one
-digest, which is what a key computed in two processes needs. Dictionary columns are
+digest, which is what a key computed in two processes needs; so do rows whose lists'
+items or maps' entries are named otherwise (:func:`_unnamed`: a Parquet reader names
+them ``element`` and after the column). Dictionary columns are
 written with their dictionaries: a slice of one keeps the whole dictionary, so it digests
 apart from the same rows encoded afresh (a cache miss, never a wrong answer), and chunks
 whose dictionaries together need more indices than their index type counts, or which
@@ -250,11 +252,54 @@ def _dictionaries(array: Any) -> list[pyarrow.Array]:
     return _dictionaries(array.values) if kind.num_fields else []
 
 
-def _digest(ipc: pyarrow.Buffer) -> str:
+def _digest(ipc: pyarrow.Buffer, schema: pyarrow.Schema) -> str:
+    """BLAKE3 of ``ipc``, the stream written with ``schema``, its schema message written as
+    :func:`_unnamed` names its fields: no row read, nor Arrow's type equality and ``equals``
+    (but when asked to compare metadata), tells a list's ``item`` from its ``element``, nor a
+    map's ``entries`` from the name a Parquet reader gives them, so the same rows read from
+    Parquet and made in memory digest alike. Where the stream does not start with that
+    message as ``schema`` serializes it, it is hashed as it is (a miss, never a wrong
+    answer)."""
     hasher = blake3.blake3(max_threads=hash_threads())
     hasher.update(b"arrow\0")
-    hasher.update(ipc)
+    written = schema.serialize()
+    if ipc.size >= written.size and ipc.slice(0, written.size).equals(written):
+        hasher.update(_unnamed_schema(schema).serialize())
+        hasher.update(memoryview(ipc)[written.size :])
+    else:  # pragma: no cover - an Arrow writing its schema message otherwise
+        hasher.update(ipc)
     return "blake3:" + hasher.hexdigest()
+
+
+def _unnamed_schema(schema: pyarrow.Schema) -> pyarrow.Schema:
+    """``schema`` with its columns' types as :func:`_unnamed` makes them."""
+    fields = [field.with_type(_unnamed(field.type)) for field in schema]
+    return pyarrow.schema(fields, metadata=schema.metadata)
+
+
+_LISTS = ("is_list", "is_large_list", "is_fixed_size_list", "is_list_view", "is_large_list_view")
+
+
+def _unnamed(kind: pyarrow.DataType) -> pyarrow.DataType:
+    """``kind`` with the items of its lists named ``item`` and the entries of its maps
+    ``entries``, at any depth (what Arrow names them when it makes them): names no row read
+    tells apart, nor Arrow's comparisons but those that compare metadata. What else a
+    field says (the names of a struct's fields or a map's keys and values, nullability,
+    metadata) stays; a map whose entries carry metadata, and an extension type, stay as
+    they are."""
+    types = pyarrow.types
+    if types.is_dictionary(kind):
+        return pyarrow.dictionary(kind.index_type, _unnamed(kind.value_type), kind.ordered)
+    if not kind.num_fields or isinstance(kind, pyarrow.BaseExtensionType):
+        return kind
+    if types.is_map(kind) and kind.field(0).metadata:
+        return kind
+    fields = [kind.field(i) for i in range(kind.num_fields)]
+    fields = [field.with_type(_unnamed(field.type)) for field in fields]
+    if any(type_test(test)(kind) for test in _LISTS):
+        fields[0] = fields[0].with_name("item")
+    made = rebuilt(kind, fields)
+    return kind if made is None else made
 
 
 def _check_stream(buffer: pyarrow.Buffer) -> None:
@@ -365,7 +410,9 @@ class ArrowCodec(Codec):
             "unpickling: cast it to its storage type (`column.storage`) first"
         )
 
-    def _ipc(self, value: Any, combined: bool) -> pyarrow.Buffer:
+    def _ipc(self, value: Any, combined: bool) -> tuple[pyarrow.Buffer, pyarrow.Schema]:
+        """The IPC stream of ``value`` (laid out one way when ``combined``), and the schema
+        it was written with."""
         if isinstance(value, Frame):
             table, kind = value.to_arrow(), b"frame"
         elif isinstance(value, pyarrow.RecordBatch):
@@ -394,10 +441,10 @@ class ArrowCodec(Codec):
                     if combined and batch.num_rows == 0:
                         continue  # an empty table may come with or without an empty chunk
                     writer.write_batch(batch)
-        return sink.getvalue()
+        return sink.getvalue(), tagged.schema
 
     def encode(self, value: Any) -> Sequence[memoryview]:
-        return [memoryview(self._ipc(value, combined=False))]
+        return [memoryview(self._ipc(value, combined=False)[0])]
 
     def decode(self, data: memoryview) -> Any:
         """The value in ``data``; CodecError unless it is an Arrow IPC stream as this codec
@@ -443,7 +490,7 @@ class ArrowCodec(Codec):
         return Frame(table) if kind == b"frame" else table
 
     def digest(self, value: Any) -> str:
-        return _digest(self._ipc(value, combined=True))
+        return _digest(*self._ipc(value, combined=True))
 
     def stamp(self, value: Any) -> Hashable | None:
         """None: an Arrow table cannot be changed through Arrow, but its buffers may be
@@ -455,8 +502,8 @@ class ArrowCodec(Codec):
         """The digest of ``value`` and ``value`` over memory of its own, read from the bytes
         that were digested (one copy): what was digested is what it holds, whatever
         happens to the memory ``value`` was made over."""
-        data = self._ipc(value, combined=True)
-        return _digest(data), self._read(_read_only(data), checked=False)
+        data, schema = self._ipc(value, combined=True)
+        return _digest(data, schema), self._read(_read_only(data), checked=False)
 
 
 def _read_only(buffer: pyarrow.Buffer) -> pyarrow.Buffer:
@@ -511,6 +558,6 @@ def read_only(table: pyarrow.Table) -> pyarrow.Table:
             return pyarrow.Table.from_arrays(columns, schema=table.schema)
     if any(column.num_chunks > 1 for column in table.columns):
         table = _combined(table)
-    held = _HOLDER._read(_read_only(_HOLDER._ipc(table, combined=False)), checked=False)
+    held = _HOLDER._read(_read_only(_HOLDER._ipc(table, combined=False)[0]), checked=False)
     assert isinstance(held, pyarrow.Table)
     return held
