@@ -555,6 +555,34 @@ def test_files_of_different_schemas_are_refused(tmp_path: Path) -> None:
         ParquetDir(tmp_path / "units").forward({"at": 0, "take": 4}, ctx())
 
 
+def test_a_directory_partitioned_by_a_column_the_files_lack_is_refused(tmp_path: Path) -> None:
+    """A directory partitioned Hive-style (`year=2020/...`, as `write_to_dataset` and Spark
+    write them) holds a column in its directory names that its files lack: read whole, the
+    rows would come without it, so it is refused naming the column. Asked for the files'
+    own columns, or with the column in the files too, it is read."""
+    table = pyarrow.table({"year": [2020, 2020, 2021], "n": [1, 2, 3]})
+    pyarrow.parquet.write_to_dataset(table, tmp_path / "split", partition_cols=["year"])
+    source = ParquetDir(tmp_path / "split")
+    with pytest.raises(NotParquet, match=r"(?s)`year=20\d\d/.*`year`.*columns=\['n'\]"):
+        source.forward({"at": 0, "take": 4}, ctx())
+    with pytest.raises(NotParquet, match="`year`"):
+        source.count_rows()
+    assert ParquetDir(tmp_path / "split", columns=["n"]).count_rows() == 3
+    assert sorted(
+        ParquetDir(tmp_path / "split", columns=["n"])
+        .forward({"at": 0, "take": 4}, ctx())
+        .column("n")
+    ) == [1, 2, 3]
+    for year in (2020, 2021):
+        rows = table.filter(pyarrow.compute.equal(table.column("year"), year))
+        write_dir(tmp_path / "kept" / f"year={year}", [rows])
+    assert ParquetDir(tmp_path / "kept").forward({"at": 0, "take": 4}, ctx()).column("year") == [
+        2020,
+        2020,
+        2021,
+    ]
+
+
 def test_files_whose_nested_fields_say_other_things_are_refused(tmp_path: Path) -> None:
     """What a field inside a struct, list or map column says of itself (its unit) goes with
     its rows as a top-level column's does: files that differ in it are not one dataset."""

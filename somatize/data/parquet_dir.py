@@ -363,6 +363,25 @@ class ParquetDir(_Versioned):
                     "one schema. Write them with the same columns and types, or read "
                     "the shared ones with columns=[...]"
                 )
+        if self.columns is None:
+            self._check_partitions(schema)
+
+    def _check_partitions(self, schema: pyarrow.Schema) -> None:
+        """NotParquet when a file lies under a directory named as a Hive partition
+        (``year=2020``) after a column its files do not hold: read whole, its rows would
+        come without the column the directory names (``columns=[...]`` reads them so)."""
+        for relative in self.files:
+            for part in relative.split("/")[:-1]:
+                name, equals, _ = part.partition("=")
+                if equals and name and name not in schema.names:
+                    raise NotParquet(
+                        f"`{relative}` lies under `{part}`, a directory that names a value "
+                        f"of a column `{name}` its files do not hold (a dataset partitioned "
+                        "by it, as `pyarrow.parquet.write_to_dataset` or Spark write one): "
+                        "ParquetDir reads the columns the files hold, so its rows would come "
+                        f"without `{name}`. Write `{name}` into the files too, or read the "
+                        f"files' own columns (columns={schema.names!r})"
+                    )
 
     def __repr__(self) -> str:
         name = self._smz.name
