@@ -496,6 +496,19 @@ def test_a_relative_directory_is_read_where_it_was_when_built(
     assert source.forward({"at": 2, "take": 3}, ctx()).column("n") == [2, 3, 4]
 
 
+def test_a_directory_reads_the_files_under_its_links_to_directories(tmp_path: Path) -> None:
+    """A link to a directory is walked as a directory, as pyarrow walks it: its files are
+    read in path order with the others (a link back up to a directory above is not walked
+    again)."""
+    write_dir(tmp_path / "elsewhere", [numbers(3, 100)])
+    write_dir(tmp_path / "d", [numbers(2)])
+    (tmp_path / "d" / "more").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere" / "up").symlink_to(tmp_path / "d", target_is_directory=True)
+    source = ParquetDir(tmp_path / "d")
+    assert source.files == ["more/part-000.parquet", "part-000.parquet"]
+    assert source.forward({"at": 0, "take": 9}, ctx()).column("n") == [100, 101, 102, 0, 1]
+
+
 def test_a_changed_file_changes_the_version(tmp_path: Path) -> None:
     """Rewriting one file (same name, same row count) gives the directory another version."""
     write_dir(tmp_path / "d", [numbers(100), numbers(100, 100)])

@@ -160,6 +160,35 @@ def _within(kind: pyarrow.DataType) -> list[pyarrow.Field]:
     return [kind.field(index) for index in range(kind.num_fields)]
 
 
+def _parquet_files(root: Path) -> list[Path]:
+    """The ``.parquet`` files under ``root``, in path order, but those whose path below it
+    has a name starting with ``.`` or ``_``. A link to a directory is walked as one, as
+    pyarrow walks it (``pyarrow.parquet.read_table(path)``), but for a link back up to a
+    directory being walked, which would never end; a directory that cannot be listed, or
+    is gone, is passed over."""
+    found: list[Path] = []
+
+    def walk(directory: Path, above: frozenset[tuple[int, int]]) -> None:
+        try:
+            here = os.stat(directory)
+            entries = list(os.scandir(directory))
+        except (PermissionError, FileNotFoundError):  # unlisted, or gone meanwhile
+            return
+        at = (here.st_dev, here.st_ino)
+        if at in above:
+            return
+        for entry in entries:
+            if entry.name.startswith((".", "_")):
+                continue
+            if entry.is_dir():
+                walk(Path(entry.path), above | {at})
+            elif entry.name.endswith(".parquet") and entry.is_file():
+                found.append(Path(entry.path))
+
+    walk(root, frozenset())
+    return sorted(found)
+
+
 def _is_path(value: Any, absolute: Path) -> bool:
     """Whether ``value`` names the directory at ``absolute``."""
     if not isinstance(value, (str, os.PathLike)):
@@ -168,8 +197,9 @@ def _is_path(value: Any, absolute: Path) -> bool:
 
 
 class ParquetDir(_Versioned):
-    """The ``.parquet`` files under directory ``path`` (recursively, in path order,
-    skipping names that start with ``.`` or ``_``) as one dataset, read by span."""
+    """The ``.parquet`` files under directory ``path`` (recursively, through links to
+    directories, in path order, skipping names that start with ``.`` or ``_``) as one
+    dataset, read by span."""
 
     identity = "somatize.data.parquet:ParquetDir"
     """What names the class in keys and to workers (:func:`~somatize.catalog.identity_of`):
@@ -194,12 +224,7 @@ class ParquetDir(_Versioned):
         neither): told while the working directory is the one the call meant."""
         self._path_named = _is_path(kwargs.get("path"), root)
         self._columns = _columns_of(columns)
-        found = sorted(
-            one
-            for one in root.rglob("*.parquet")
-            if one.is_file()
-            and not any(part.startswith((".", "_")) for part in one.relative_to(root).parts)
-        )
+        found = _parquet_files(root)
         if not found:
             raise NotParquet(
                 f"there are no `.parquet` files under {str(root)!r}, so there is no dataset to "
