@@ -509,6 +509,18 @@ def test_a_directory_reads_the_files_under_its_links_to_directories(tmp_path: Pa
     assert source.forward({"at": 0, "take": 9}, ctx()).column("n") == [100, 101, 102, 0, 1]
 
 
+def test_a_link_that_points_at_itself_is_passed_over(tmp_path: Path) -> None:
+    """A link that resolves to no file nor directory, through a loop of links or to
+    nothing, is passed over, as pyarrow passes it over, rather than failing the build."""
+    write_dir(tmp_path / "d", [numbers(2)])
+    (tmp_path / "d" / "loop").symlink_to("loop")
+    (tmp_path / "d" / "loop.parquet").symlink_to("loop.parquet")
+    (tmp_path / "d" / "gone.parquet").symlink_to(tmp_path / "nowhere.parquet")
+    source = ParquetDir(tmp_path / "d")
+    assert source.files == ["part-000.parquet"]
+    assert source.forward({"at": 0, "take": 9}, ctx()).column("n") == [0, 1]
+
+
 def test_a_changed_file_changes_the_version(tmp_path: Path) -> None:
     """Rewriting one file (same name, same row count) gives the directory another version."""
     write_dir(tmp_path / "d", [numbers(100), numbers(100, 100)])

@@ -24,8 +24,9 @@ class where the identity says.
 from __future__ import annotations
 
 import bisect
+import errno
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -160,29 +161,47 @@ def _within(kind: pyarrow.DataType) -> list[pyarrow.Field]:
     return [kind.field(index) for index in range(kind.num_fields)]
 
 
+_NOT_THERE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
+"""What a link that leads to no file nor directory fails with: to nothing, or through a
+loop of links (one that points at itself)."""
+
+
+def _is(test: Callable[[], bool]) -> bool:
+    """What ``test`` (a directory entry's ``is_dir`` or ``is_file``) says, False for an
+    entry that leads to nothing (:data:`_NOT_THERE`), as ``pathlib`` and pyarrow take it."""
+    try:
+        return test()
+    except OSError as error:
+        if error.errno in _NOT_THERE:
+            return False
+        raise
+
+
 def _parquet_files(root: Path) -> list[Path]:
     """The ``.parquet`` files under ``root``, in path order, but those whose path below it
     has a name starting with ``.`` or ``_``. A link to a directory is walked as one, as
     pyarrow walks it (``pyarrow.parquet.read_table(path)``), but for a link back up to a
     directory being walked, which would never end; a directory that cannot be listed, or
-    is gone, is passed over."""
+    is gone, and a link that leads nowhere (to nothing, or to itself) are passed over."""
     found: list[Path] = []
 
     def walk(directory: Path, above: frozenset[tuple[int, int]]) -> None:
         try:
             here = os.stat(directory)
             entries = list(os.scandir(directory))
-        except (PermissionError, FileNotFoundError):  # unlisted, or gone meanwhile
-            return
+        except OSError as error:  # unlisted, or gone meanwhile
+            if isinstance(error, PermissionError) or error.errno in _NOT_THERE:
+                return
+            raise
         at = (here.st_dev, here.st_ino)
         if at in above:
             return
         for entry in entries:
             if entry.name.startswith((".", "_")):
                 continue
-            if entry.is_dir():
+            if _is(entry.is_dir):
                 walk(Path(entry.path), above | {at})
-            elif entry.name.endswith(".parquet") and entry.is_file():
+            elif entry.name.endswith(".parquet") and _is(entry.is_file):
                 found.append(Path(entry.path))
 
     walk(root, frozenset())
