@@ -608,6 +608,23 @@ def test_a_directory_partitioned_by_a_column_the_files_lack_is_refused(tmp_path:
     ]
 
 
+def test_a_partition_directory_names_its_column_escaped(tmp_path: Path) -> None:
+    """A Hive-style directory name escapes what a path may not hold (`a%3Ab=1` for a column
+    `a:b`, as Spark writes it, and as pyarrow reads it back): files holding that column are
+    read, and files lacking it are refused naming the column as the files would."""
+    write_dir(tmp_path / "kept" / "a%3Ab=1", [pyarrow.table({"a:b": [1, 1], "n": [1, 2]})])
+    assert ParquetDir(tmp_path / "kept").forward({"at": 0, "take": 4}, ctx()).column("a:b") == [
+        1,
+        1,
+    ]
+    # pyarrow writes a name as it is: a column `a%20b` under `a%20b=1` is held too
+    write_dir(tmp_path / "as is" / "a%20b=1", [pyarrow.table({"a%20b": [1], "n": [1]})])
+    assert ParquetDir(tmp_path / "as is").count_rows() == 1
+    write_dir(tmp_path / "split" / "a%3Ab=1", [pyarrow.table({"n": [1, 2]})])
+    with pytest.raises(NotParquet, match="a column `a:b`"):
+        ParquetDir(tmp_path / "split").count_rows()
+
+
 def test_files_whose_nested_fields_say_other_things_are_refused(tmp_path: Path) -> None:
     """What a field inside a struct, list or map column says of itself (its unit) goes with
     its rows as a top-level column's does: files that differ in it are not one dataset."""

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow
 
@@ -416,8 +417,10 @@ class ParquetDir(_Versioned):
         come without the column the directory names (``columns=[...]`` reads them so)."""
         for relative in self.files:
             for part in relative.split("/")[:-1]:
-                name, equals, _ = part.partition("=")
-                if equals and name and name not in schema.names:
+                escaped, equals, _ = part.partition("=")
+                # `a%3Ab=1` names `a:b`, as Spark writes it; pyarrow writes a name as it is
+                name = unquote(escaped)
+                if equals and name and not {name, escaped} & set(schema.names):
                     raise NotParquet(
                         f"`{relative}` lies under `{part}`, a directory that names a value "
                         f"of a column `{name}` its files do not hold (a dataset partitioned "
