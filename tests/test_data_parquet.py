@@ -521,6 +521,26 @@ def test_a_link_that_points_at_itself_is_passed_over(tmp_path: Path) -> None:
     assert source.forward({"at": 0, "take": 9}, ctx()).column("n") == [0, 1]
 
 
+def test_a_directory_that_cannot_be_listed_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory under the dataset that this process may not list holds files nobody can
+    tell: read without them, the dataset would silently lack their rows, so it is refused
+    naming the directory."""
+    write_dir(tmp_path / "d", [numbers(2)])
+    write_dir(tmp_path / "d" / "locked", [numbers(3, 100)])
+    scandir = os.scandir
+
+    def refusing(path: Any) -> Any:
+        if Path(path).name == "locked":
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    with pytest.raises(PermissionError, match=r"(?s)`locked`.*cannot be listed.*rows"):
+        ParquetDir(tmp_path / "d")
+
+
 def test_a_changed_file_changes_the_version(tmp_path: Path) -> None:
     """Rewriting one file (same name, same row count) gives the directory another version."""
     write_dir(tmp_path / "d", [numbers(100), numbers(100, 100)])

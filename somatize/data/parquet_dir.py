@@ -182,16 +182,28 @@ def _parquet_files(root: Path) -> list[Path]:
     """The ``.parquet`` files under ``root``, in path order, but those whose path below it
     has a name starting with ``.`` or ``_``. A link to a directory is walked as one, as
     pyarrow walks it (``pyarrow.parquet.read_table(path)``), but for a link back up to a
-    directory being walked, which would never end; a directory that cannot be listed, or
-    is gone, and a link that leads nowhere (to nothing, or to itself) are passed over."""
+    directory being walked, which would never end; a directory gone meanwhile, and a link
+    that leads nowhere (to nothing, or to itself), are passed over. PermissionError for a
+    directory this process may not list: its files would be left out unseen."""
     found: list[Path] = []
 
     def walk(directory: Path, above: frozenset[tuple[int, int]]) -> None:
         try:
             here = os.stat(directory)
             entries = list(os.scandir(directory))
-        except OSError as error:  # unlisted, or gone meanwhile
-            if isinstance(error, PermissionError) or error.errno in _NOT_THERE:
+        except PermissionError as error:
+            relative = directory.relative_to(root).as_posix()
+            where = repr(str(root)) if relative == "." else f"`{relative}` under {str(root)!r}"
+            raise PermissionError(
+                error.errno,
+                f"{where} cannot be listed by this process "
+                f"({error.strerror}), so which `.parquet` files it holds cannot be told, and "
+                "read without them the dataset would lack their rows. Let this process read "
+                "it, or move it out of the directory (or give it a name that starts with `_`, "
+                "which is passed over)",
+            ) from None
+        except OSError as error:  # gone meanwhile
+            if error.errno in _NOT_THERE:
                 return
             raise
         at = (here.st_dev, here.st_ino)
