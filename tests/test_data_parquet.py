@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pyarrow
 import pyarrow.compute
 import pyarrow.parquet
@@ -241,6 +242,33 @@ def test_columns_reads_only_those(store: Store) -> None:
         Parquet(store, "data/n", columns=["label"]).forward({"at": 0, "take": 2}, ctx())
     with pytest.raises(ValueError, match=r"columns= names 'n' more than once"):
         Parquet(store, "data/n", columns=["n", "s", "n"])
+
+
+@pytest.mark.parametrize("kind", ["store", "directory"])
+def test_columns_are_read_as_handed_in_their_order(kind: str, tmp_path: Path, store: Store) -> None:
+    """columns= may be any ordered collection of names (a tuple, a numpy array of them):
+    those columns are read, in that order, and keyed as plain names. A set, whose order is
+    not the same in every process, an iterator, read once, and what is no collection of
+    names at all, are refused saying what columns= takes."""
+    if kind == "store":
+        bound(store, numbers(4))
+        make: Any = partial(Parquet, store, "data/n")
+    else:
+        write_dir(tmp_path / "d", [numbers(4)])
+        make = partial(ParquetDir, tmp_path / "d")
+    made = make(columns=("s", "n"))
+    assert made.forward({"at": 0, "take": 2}, ctx()).columns == ["s", "n"]
+    with pytest.raises(TypeError, match=r"a `generator`, which can be read only once"):
+        make(columns=(name for name in ["s", "n"]))
+    from_numpy = make(columns=numpy.array(["n"]))
+    assert [type(name) for name in from_numpy.columns] == [str]
+    g = Graph.somatize(from_numpy.named("n").frozen() >> Count().named("count").frozen().cached())
+    settle(g)
+    assert g.forward({"at": 0, "take": 3}, store=store) == 3
+    with pytest.raises(TypeError, match=r"(?s)columns=.*a `set`.*order"):
+        make(columns={"n", "s"})
+    with pytest.raises(TypeError, match=r"columns= is a list of column names, got 5"):
+        make(columns=5)
 
 
 @pytest.mark.parametrize("kind", ["store", "directory"])

@@ -23,7 +23,8 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import pyarrow
@@ -64,12 +65,31 @@ class NotParquet(DataError, ValueError):
 
 
 def _columns_of(columns: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The names in ``columns``, in order, as plain str (they go into keys); None for all.
+    Any ordered collection of names is taken (a list, a tuple, a numpy array); a set is
+    refused, since the order it hands its names in is not the same in every process, and
+    so is an iterator (a generator), which can be read only once: the call that made the
+    source, which a copy, a pickle and a worker make it again from, would hold it used up."""
     if columns is None:
         return None
-    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+    if isinstance(columns, AbstractSet):
+        raise TypeError(
+            f"columns= is a list of column names, in the order a frame holds them, got a "
+            f"`{type(columns).__name__}`, which has no order (another process may take its "
+            f"names in another); e.g. `columns={sorted(map(str, columns))!r}`"
+        )
+    if isinstance(columns, Iterator):
+        raise TypeError(
+            f"columns= is a list of column names, got a `{type(columns).__name__}`, which can "
+            "be read only once, and a copy of the source (a pickle, a worker) is made again "
+            "from the call that made it: pass a list (`columns=list(...)`)"
+        )
+    named = list(columns) if isinstance(columns, Iterable) and not _is_text(columns) else None
+    if named is None or not all(isinstance(c, str) for c in named):
         raise TypeError(
             f"columns= is a list of column names, got {columns!r}; e.g. `columns=['sms']`"
         )
+    columns = [str(name) for name in named]  # a numpy or other str subclass: a plain str
     twice = sorted(name for name, times in collections.Counter(columns).items() if times > 1)
     if twice:
         raise ValueError(
@@ -77,6 +97,10 @@ def _columns_of(columns: Sequence[str] | None) -> tuple[str, ...] | None:
             "column once: name it once"
         )
     return tuple(columns)
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, (str, bytes, bytearray, memoryview))
 
 
 def _joined(tables: list[pyarrow.Table]) -> pyarrow.Table:
