@@ -28,6 +28,7 @@ it to the engine.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -48,7 +49,7 @@ from somatize.node import (
     state_held,
 )
 from somatize.placement import Placement
-from somatize.store import Store
+from somatize.store import LocalStore, Store
 
 if TYPE_CHECKING:
     from somatize.engine import Record
@@ -457,15 +458,19 @@ class Graph:
         )
 
     def _store(self, store: Store | str | Path | None) -> Store | None:
-        """The store ``store=`` names; one opened from a path is kept for the next forward."""
+        """The store ``store=`` names; one opened from a path is kept for the next forward
+        that names the same directory — a relative path taken from where the program is
+        now, and one removed since (a cache cleared with ``rm -rf``) opened afresh, as
+        ``Store(path)`` would."""
         if not isinstance(store, (str, Path)):
             return Store.of(store)
         where = str(store)
-        found = self._stores.get(where)
-        if found is None:
+        named = where if not where or "://" in where else os.path.abspath(where)
+        found = self._stores.get(named)
+        if found is None or (isinstance(found, LocalStore) and not os.path.isdir(found.root)):
             found = Store.of(where)
             assert found is not None
-            self._stores[where] = found
+            self._stores[named] = found
         return found
 
     # -- showing ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import copy
 import enum
 import os
 import pickle
+import shutil
 import sys
 import threading
 import warnings
@@ -161,6 +162,33 @@ def test_store_as_path(tmp_path: Path) -> None:
     g.forward({"at": 0, "take": 8}, store=tmp_path / "s")
     g.forward({"at": 0, "take": 8}, store=str(tmp_path / "s"))
     assert top.calls == 1
+
+
+def test_store_as_path_is_opened_where_it_names_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory named again at a later forward is the one it names then: one removed
+    since (a cache cleared with `rm -rf`) is a new, empty store there, and a relative path
+    is taken from the directory the program is in at that forward."""
+    g, _, _, top = _chain()
+    span = {"at": 0, "take": 8}
+    where = tmp_path / "s"
+    g.forward(span, store=str(where))
+    shutil.rmtree(where)
+    g.forward(span, store=str(where))  # the directory is made again, and the answer kept
+    assert top.calls == 2
+    kept = g.record.facts[-2]
+    assert kept["fact"] == "kept"
+    assert Store(where).have([kept["key"]]) == {kept["key"]}
+    first, second = tmp_path / "one", tmp_path / "two"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.chdir(first)
+    g.forward(span, store="cache")
+    monkeypatch.chdir(second)
+    g.forward(span, store="cache")  # another directory's `cache`: nothing kept there yet
+    assert top.calls == 4
+    assert (second / "cache" / "answers").is_dir()
 
 
 def test_no_store_runs_everything() -> None:
