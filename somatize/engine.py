@@ -95,7 +95,7 @@ from somatize._record import Drifted, Fact, NodeFailed, Record, WatcherFailed, f
 from somatize._run import _describe, _Run, node_failed
 from somatize.codecs import Opaque
 from somatize.errors import SomatizeError
-from somatize.node import Context
+from somatize.node import Context, Node
 from somatize.plan import Plan, compile, look_again
 
 if TYPE_CHECKING:
@@ -445,4 +445,35 @@ def _wanted(
         return graph.outputs
     if isinstance(outputs, str):
         return (graph.resolve(outputs),)
-    return tuple(graph.resolve(name) for name in outputs)
+    if isinstance(outputs, _NOT_NAMES) or not isinstance(outputs, Iterable):
+        raise _not_outputs(outputs)
+    names = tuple(outputs)  # a list, a tuple, `ordered.keys()`: names in an order
+    for name in names:
+        if not isinstance(name, str):
+            raise _not_outputs(name)
+    return tuple(graph.resolve(name) for name in names)
+
+
+_NOT_NAMES = (Node, bytes, bytearray, memoryview, set, frozenset)
+"""What ``outputs=`` is refused as, though it can be gone over: a node, bytes (its items
+are numbers), and a set, whose order is not its caller's."""
+
+
+def _not_outputs(what: Any) -> TypeError:
+    """The error for ``outputs=`` (or one of its names) being ``what``: it takes a node's
+    name, or names in a list or tuple, whose order is that of the values handed back."""
+    takes = (
+        "outputs= takes a node's name (`'scale'`) or a list or tuple of names, and hands "
+        "back their values in that order"
+    )
+    if isinstance(what, Node):
+        name = what._smz.name
+        said = f"`{name}` ({type(what).__qualname__})" if name else f"a `{type(what).__qualname__}`"
+        named = f"its name, `{name!r}`" if name else "its name (`g.nodes()` lists them)"
+        return TypeError(f"{takes}; got the node {said} itself: pass {named}")
+    if isinstance(what, (set, frozenset)):
+        return TypeError(
+            f"{takes}; a `{type(what).__name__}` has no order of its caller's, so the values "
+            "would come back in one nobody chose: pass a list or a tuple"
+        )
+    return TypeError(f"{takes}; got {_describe(what)}")

@@ -445,7 +445,8 @@ class Graph:
         then raises :class:`~somatize.WatcherFailed`. ``broker`` runs placed nodes on
         their workers. ``strict`` recomputes an answer whose code fingerprint differs
         instead of warning. ``outputs`` asks for other nodes' values than the graph's
-        outputs; a node they do not need is spared too.
+        outputs — a name, or names in a list or tuple, handed back in that order; a node
+        they do not need is spared too.
         """
         return run(
             self,

@@ -606,6 +606,29 @@ def test_outputs_selects_other_nodes() -> None:
     assert g.record.outcome == {"rows": "ran", "scale": "ran", "top": "spared"}
 
 
+def test_outputs_other_than_names_in_order_are_refused_saying_what_it_takes() -> None:
+    """outputs= takes a node's name or names in order: a node itself, a number, bytes or
+    a set (whose order, and so that of the values handed back, is not the caller's) is
+    refused before anything runs, saying so."""
+    g, rows, _, _ = _chain()
+    scale = g.node("scale")
+    for wrong, said in [
+        (scale, r"got the node `scale` \(Scale\) itself: pass its name, `'scale'`"),
+        ([scale], r"got the node `scale` \(Scale\) itself: pass its name, `'scale'`"),
+        (3, "got a `int`"),
+        (b"top", "got a `bytes`"),
+        (["top", 3], "got a `int`"),
+        ({"rows", "top"}, "a `set` has no order"),
+        (frozenset({"top"}), "a `frozenset` has no order"),
+    ]:
+        with pytest.raises(TypeError, match=said):
+            g.forward({"at": 0, "take": 3}, outputs=wrong)  # type: ignore[arg-type]
+    assert rows.calls == 0
+    assert g.forward({"at": 0, "take": 3}, outputs=["top", "rows"]) == (4.0, [0, 1, 2])
+    ordered = {"rows": 1, "top": 2}
+    assert g.forward({"at": 0, "take": 3}, outputs=ordered.keys()) == ([0, 1, 2], 4.0)
+
+
 def test_answers_are_published_whole(store: Store) -> None:
     """After a forward, tmp/ holds nothing: every write was renamed into place."""
     g, _, _, _ = _chain()
