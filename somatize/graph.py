@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,6 +129,8 @@ class Graph:
         forward ends, or fails, so a forward that a node's forward started on this graph, or
         one another thread started later and that ended first, does not stand for it."""
         self._stores: dict[str, Store] = {}
+        self._numbered: dict[str, int] = {}
+        """For each name derived from a class, the number the next one is tried at."""
         self._static: Any = None
         self._unkeyed: Any = None
         self._code_watch = watch_code(())
@@ -306,9 +309,15 @@ class Graph:
 
     def _derived_name(self, node: Node, taken: set[str]) -> str:
         base = _snake(type(node).__name__)
-        name, at = base, 2
+        # Names are only ever taken, so the count a base's last name was found at is where
+        # the next one starts: a thousand nodes of one class are named in as many looks.
+        numbered = self._numbered
+        at = numbered.get(base, 1)
+        name = base if at == 1 else f"{base}_{at}"
         while name in taken or name in self._nodes:
-            name, at = f"{base}_{at}", at + 1
+            at += 1
+            name = f"{base}_{at}"
+        numbered[base] = at + 1
         taken.add(name)
         return name
 
@@ -501,14 +510,17 @@ def _topological(expr: Expr) -> list[Node]:
     """The expression's nodes, each after everything that feeds it; Cycle if impossible."""
     waiting = {id(n): 0 for n in expr.nodes}
     after: dict[int, list[Node]] = {id(n): [] for n in expr.nodes}
+    linked: set[tuple[int, int]] = set()
     for source, target in expr.edges:
-        if not any(t is target for t in after[id(source)]):
+        pair = (id(source), id(target))
+        if pair not in linked:
+            linked.add(pair)
             after[id(source)].append(target)
             waiting[id(target)] += 1
-    ready = [n for n in expr.nodes if waiting[id(n)] == 0]
+    ready = deque(n for n in expr.nodes if waiting[id(n)] == 0)
     order: list[Node] = []
     while ready:
-        node = ready.pop(0)
+        node = ready.popleft()
         order.append(node)
         for successor in after[id(node)]:
             waiting[id(successor)] -= 1

@@ -754,10 +754,7 @@ class Expr:
         if isinstance(what, Node):
             return Expr([what], [], [what])
         if isinstance(what, (tuple, list)) and what:
-            out = Expr()
-            for part in what:
-                out = out.beside(Expr.of(part))
-            return out
+            return Expr._side_by_side([Expr.of(part) for part in what])
         raise TypeError(
             f"a graph is built from nodes, `>>` and tuples of them; got a "
             f"`{type(what).__qualname__}` ({what!r})"
@@ -770,18 +767,38 @@ class Expr:
         arguments). An edge is one edge however often the piece of graph it belongs to
         is written (``(x, x >> c)`` is ``x`` once, fed into ``c``): an edge both sides
         hold is kept as often as the side holding it more often has it."""
-        nodes = list(self.nodes)
-        known = {id(n) for n in nodes}
-        nodes.extend(n for n in other.nodes if id(n) not in known)
-        held = Counter((id(s), id(t)) for s, t in self.edges)
-        edges = list(self.edges)
-        for source, target in other.edges:
-            pair = (id(source), id(target))
-            if held[pair]:
-                held[pair] -= 1
-            else:
-                edges.append((source, target))
-        return Expr(nodes, edges, self.outputs + other.outputs)
+        return Expr._side_by_side([self, other])
+
+    @staticmethod
+    def _side_by_side(parts: Sequence[Expr]) -> Expr:
+        """``parts`` side by side, as :meth:`beside` puts two, in one pass over them all
+        (a tuple of a thousand nodes is not put together a thousand times): each edge kept
+        as often as the part holding it most often has it, in the order it first comes
+        that often."""
+        first = parts[0]
+        nodes = list(first.nodes)
+        edges = list(first.edges)
+        outputs = list(first.outputs)
+        if len(parts) == 1:
+            return Expr(nodes, edges, outputs)
+        known = set(map(id, nodes))
+        held: Counter[tuple[int, int]] = Counter()
+        if any(part.edges for part in parts[1:]):
+            held.update((id(source), id(target)) for source, target in edges)
+        for part in parts[1:]:
+            for node in part.nodes:
+                if id(node) not in known:
+                    known.add(id(node))
+                    nodes.append(node)
+            seen: Counter[tuple[int, int]] = Counter()
+            for source, target in part.edges:
+                pair = (id(source), id(target))
+                seen[pair] += 1
+                if seen[pair] > held[pair]:
+                    held[pair] += 1
+                    edges.append((source, target))
+            outputs += part.outputs
+        return Expr(nodes, edges, outputs)
 
     def heads(self) -> list[Node]:
         """The nodes nothing in this expression feeds: where an input comes in."""

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from somatize import Cycle, Graph, GraphError, Node, UnknownNode
+from somatize import Cycle, Expr, Graph, GraphError, Node, UnknownNode
 from somatize.plan import compile
 from tests.broker_nodes import Weighted
 from tests.nodes import Add, Echo, Largest, Rows, Scale, Slotted
@@ -267,3 +269,94 @@ def test_an_answer_computed_while_its_code_was_changed_is_not_kept(
         Patches().named("a").frozen() >> PatchedAsItRuns().named("b").frozen().cached()
     )
     assert fresh.forward(1, store=store, strict=True) == 2
+
+
+def _steps(build: Any) -> int:
+    """How many lines of graph.py and node.py run while ``build()`` runs: a count of the
+    work done, the same on every machine."""
+    count = 0
+
+    def inside(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal count
+        count += 1
+        return inside
+
+    def called(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename.endswith(("somatize/graph.py", "somatize/node.py")):
+            return inside(frame, event, arg)
+        return None
+
+    sys.settrace(called)
+    try:
+        build()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_building_a_wide_graph_takes_work_in_proportion_to_its_nodes() -> None:
+    """A fan-in or fan-out of many nodes of one class, written as one tuple, is put
+    together, ordered and named in work that grows as the number of nodes does: twice
+    the nodes, about twice the work, not four times."""
+
+    def fan_in(n: int) -> Any:
+        return lambda: Graph.somatize(tuple(Echo() for _ in range(n)) >> Add())
+
+    def fan_out(n: int) -> Any:
+        return lambda: Graph.somatize(Echo() >> tuple(Echo() for _ in range(n)))
+
+    for shape in (fan_in, fan_out):
+        small, large = _steps(shape(300)), _steps(shape(600))
+        assert large < 2.3 * small, (shape.__name__, small, large)
+    g = Graph.somatize(tuple(Echo() for _ in range(300)) >> Add())
+    assert g.nodes() == ("echo", *(f"echo_{i}" for i in range(2, 301)), "add")
+
+
+class _Plain(Node):
+    def forward(self, x: Any, ctx: Any) -> Any:
+        return x
+
+
+def _beside_one_by_one(first: Expr, other: Expr) -> Expr:
+    """Two pieces of graph side by side, as `beside` is documented to put them."""
+    nodes = list(first.nodes)
+    known = {id(n) for n in nodes}
+    nodes.extend(n for n in other.nodes if id(n) not in known)
+    held = Counter((id(s), id(t)) for s, t in first.edges)
+    edges = list(first.edges)
+    for source, target in other.edges:
+        pair = (id(source), id(target))
+        if held[pair]:
+            held[pair] -= 1
+        else:
+            edges.append((source, target))
+    return Expr(nodes, edges, first.outputs + other.outputs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_tuple_is_its_parts_put_side_by_side_one_by_one(data: st.DataObject) -> None:
+    """A tuple of pieces of graph holds the nodes, edges (each as often as the part
+    holding it most often has it, in the order it first comes that often) and outputs
+    that putting its parts side by side one after another gives."""
+    pool = [_Plain() for _ in range(4)]
+    picks = st.sampled_from(range(4))
+    parts = []
+    for _ in range(data.draw(st.integers(1, 5))):
+        nodes = data.draw(st.lists(picks, min_size=1, max_size=4, unique=True))
+        edges = data.draw(st.lists(st.tuples(picks, picks), max_size=5))
+        outputs = data.draw(st.lists(picks, max_size=3))
+        parts.append(
+            Expr(
+                [pool[i] for i in nodes],
+                [(pool[s], pool[t]) for s, t in edges],
+                [pool[i] for i in outputs],
+            )
+        )
+    expected = Expr()
+    for part in parts:
+        expected = _beside_one_by_one(expected, part)
+    got = Expr.of(tuple(parts))
+    assert [id(n) for n in got.nodes] == [id(n) for n in expected.nodes]
+    assert [(id(s), id(t)) for s, t in got.edges] == [(id(s), id(t)) for s, t in expected.edges]
+    assert [id(n) for n in got.outputs] == [id(n) for n in expected.outputs]
