@@ -527,11 +527,35 @@ def _topological(expr: Expr) -> list[Node]:
             if waiting[id(successor)] == 0:
                 ready.append(successor)
     if len(order) != len(expr.nodes):
-        stuck = [n for n in expr.nodes if waiting[id(n)] > 0]
-        raise Cycle(
-            "the graph feeds a node into itself ("
-            + ", ".join(repr(n) for n in stuck)
-            + " wait on each other): a pipeline is a graph without cycles. "
-            "Use two separate nodes where one value feeds the next step"
-        )
+        raise _cycle_in(expr, {id(n) for n in expr.nodes if waiting[id(n)] > 0})
     return order
+
+
+def _cycle_in(expr: Expr, stuck: set[int]) -> Cycle:
+    """The refusal of ``expr``, whose nodes ``stuck`` (by id) never come to be ready: it
+    names one cycle among them, in the order values would flow round it from the node
+    written first, and counts the
+    rest, which only wait below it. Each stuck node reads a stuck node (what it waits
+    for), so walking up from one along those comes round to a node seen before."""
+    reads: dict[int, list[Node]] = {}
+    for source, target in expr.edges:
+        reads.setdefault(id(target), []).append(source)
+    node = next(n for n in expr.nodes if id(n) in stuck)
+    path: list[Node] = []
+    seen: dict[int, int] = {}
+    while id(node) not in seen:
+        seen[id(node)] = len(path)
+        path.append(node)
+        node = next(p for p in reads[id(node)] if id(p) in stuck)
+    loop = path[seen[id(node)] :][::-1]
+    place = {id(n): i for i, n in enumerate(expr.nodes)}
+    first = min(range(len(loop)), key=lambda i: place[id(loop[i])])
+    loop = loop[first:] + loop[:first]  # from the node written first
+    below = len(stuck) - len(loop)
+    waiting = f" ({below} node{'s' if below != 1 else ''} below it wait on it)" if below else ""
+    return Cycle(
+        "the graph feeds a node into itself: "
+        + " → ".join(repr(n) for n in (*loop, loop[0]))
+        + f"{waiting}. A pipeline is a graph without cycles: use two separate nodes where "
+        "one value feeds the next step"
+    )

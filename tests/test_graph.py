@@ -68,6 +68,23 @@ def test_cycle_refused() -> None:
         Graph.somatize((a >> b) >> a)
 
 
+def test_cycle_refused_names_the_nodes_on_it_in_order() -> None:
+    """The refusal names the nodes on the cycle, in the order values would flow round
+    it, and says how many more wait below it, rather than take those for part of it."""
+    b, c = Echo("b").named("b"), Echo("c").named("c")
+    below = Echo("d").named("d")
+    with pytest.raises(Cycle) as refused:
+        Graph.somatize(Echo("a").named("a") >> b >> c >> b >> below >> Echo("e").named("e"))
+    said = str(refused.value)
+    assert "<Echo 'b'> → <Echo 'c'> → <Echo 'b'>" in said
+    assert "2 nodes below it wait on it" in said
+    assert "'d'" not in said and "'a'" not in said
+    one = Echo("x").named("x")
+    with pytest.raises(Cycle, match="<Echo 'x'> → <Echo 'x'>") as itself:
+        Graph.somatize(one >> one)
+    assert "below it" not in str(itself.value)
+
+
 def test_unknown_node_name() -> None:
     """Asking for a node the graph does not have lists the ones it has."""
     g = Graph.somatize(Rows().named("r") >> Largest().named("l"))
