@@ -28,6 +28,7 @@ it to the engine.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from collections import deque
@@ -173,7 +174,9 @@ class Graph:
 
     @classmethod
     def somatize(cls, expr: Node | Expr | Sequence[Any]) -> Graph:
-        """The graph of ``expr``: nodes chained with ``>>``, tuples for fan-out and fan-in."""
+        """The graph of ``expr``: nodes chained with ``>>``, tuples for fan-out and fan-in.
+        A node whose forward is ``async def`` is refused: a forward is called, and what it
+        returns handed on, never awaited."""
         expr = Expr.of(expr)
         graph = cls()
         order = _topological(expr)
@@ -331,6 +334,15 @@ class Graph:
         undeclared: Undeclared | None,
     ) -> None:
         marks = node._smz
+        forward = getattr(node, "forward", None)
+        if inspect.iscoroutinefunction(forward) or inspect.isasyncgenfunction(forward):
+            kind = type(node).__qualname__
+            raise GraphError(
+                f"`{name}` ({kind}) has an `async def forward`: a graph calls a node's forward "
+                "and hands on what it returns, without awaiting it, so it would hand on a "
+                "coroutine, not its answer. Write `def forward(self, x, ctx)`, running what "
+                "it awaits inside it (`asyncio.run(...)`) if it must"
+            )
         self._nodes[name] = node
         self._preds[name] = preds
         self._succs[name] = []

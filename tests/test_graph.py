@@ -85,6 +85,24 @@ def test_cycle_refused_names_the_nodes_on_it_in_order() -> None:
     assert "below it" not in str(itself.value)
 
 
+class _Awaited(Node):
+    async def forward(self, x: Any, ctx: Any) -> Any:
+        return x
+
+
+class _Streamed(Node):
+    async def forward(self, x: Any, ctx: Any) -> Any:
+        yield x
+
+
+def test_a_node_with_an_async_forward_is_refused_when_the_graph_is_built() -> None:
+    """A forward is called and what it returns handed on, never awaited: a node whose
+    forward is `async def` would hand on a coroutine, so the graph is refused, naming it."""
+    for kind in (_Awaited, _Streamed):
+        with pytest.raises(GraphError, match=r"`late` \(_\w+\) has an `async def forward`"):
+            Graph.somatize(Echo() >> kind().named("late"))
+
+
 def test_unknown_node_name() -> None:
     """Asking for a node the graph does not have lists the ones it has."""
     g = Graph.somatize(Rows().named("r") >> Largest().named("l"))
