@@ -398,11 +398,11 @@ class Graph:
 
     def predecessors(self, name: str) -> tuple[str, ...]:
         """What ``name`` reads, in the order its forward receives them."""
-        return self._preds[name]
+        return self._preds[self.resolve(name)]
 
     def successors(self, name: str) -> tuple[str, ...]:
         """What reads ``name``."""
-        return tuple(self._succs[name])
+        return tuple(self._succs[self.resolve(name)])
 
     def roots(self) -> tuple[str, ...]:
         """The nodes handed the graph's input."""
@@ -415,25 +415,25 @@ class Graph:
 
     def holds_state(self, name: str) -> bool:
         """Whether ``name`` holds state a frozen declaration must be settled at."""
-        return holds_state(self._nodes[name])
+        return holds_state(self.node(name))
 
     def state_held(self, name: str) -> str | None:
         """What ``name`` holds, in words, where a library says so and its class does not
         (:func:`somatize.node.state_held`)."""
-        return state_held(self._nodes[name])
+        return state_held(self.node(name))
 
     def settles(self, name: str) -> bool:
         """Whether ``name`` says the state it is frozen at itself (``settled_state()``, as a
         data source does), so that ``somatize.data.settle`` settles it."""
-        return callable(getattr(self._nodes[name], "settled_state", None))
+        return callable(getattr(self.node(name), "settled_state", None))
 
     def kind_of(self, name: str) -> str:
         """What ``name`` is, for people: its class (see :meth:`Node.kind_name`)."""
-        return self._nodes[name].kind_name()
+        return self.node(name).kind_name()
 
     def undeclared(self, name: str) -> Undeclared | None:
         """Why ``name`` has no declaration, if it has none."""
-        return self._undeclared.get(name)
+        return self._undeclared.get(self.resolve(name))
 
     def items(self) -> Iterator[tuple[str, Node]]:
         """``(name, node)`` pairs, in order."""

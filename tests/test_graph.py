@@ -144,6 +144,33 @@ def test_interned_node_answers_to_both_names() -> None:
     assert "two" in g
 
 
+def test_asking_about_a_node_takes_either_name_of_an_interned_one() -> None:
+    """What reads a node, what it reads and what it is are asked by either name of an
+    interned node, as `g.node` is; a name the graph does not have is an UnknownNode
+    listing those it has, for every question, rather than a bare KeyError or None."""
+    rows = Rows().named("rows").frozen()
+    g = Graph.somatize(
+        (rows >> Scale(2.0).named("one").frozen(), rows >> Scale(2.0).named("two").frozen())
+        >> Add().named("add")
+    )
+    assert g.predecessors("two") == g.predecessors("one") == ("rows",)
+    assert g.successors("two") == ("add",)
+    assert g.kind_of("two") == "Scale"
+    assert g.holds_state("two") is False and g.settles("two") is False
+    assert g.state_held("two") is None and g.undeclared("two") is None
+    for ask in (
+        g.predecessors,
+        g.successors,
+        g.kind_of,
+        g.holds_state,
+        g.state_held,
+        g.settles,
+        g.undeclared,
+    ):
+        with pytest.raises(UnknownNode, match="no node named `nope`; it has `rows`"):
+            ask("nope")
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=1, max_size=6), st.booleans())
 def test_hash_consing_property(factors: list[float], frozen: bool) -> None:
