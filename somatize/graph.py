@@ -442,6 +442,10 @@ class Graph:
     def __len__(self) -> int:
         return len(self._nodes)
 
+    def __iter__(self) -> Iterator[str]:
+        """Every node's name, in order (:meth:`nodes`), as a graph is looked into by name."""
+        return iter(tuple(self._nodes))
+
     def __contains__(self, name: object) -> bool:
         return name in self._nodes or name in self._aliases
 

@@ -103,6 +103,15 @@ def test_a_node_with_an_async_forward_is_refused_when_the_graph_is_built() -> No
             Graph.somatize(Echo() >> kind().named("late"))
 
 
+def test_a_graph_iterates_over_its_node_names_in_order() -> None:
+    """A graph is looked into by name (`g["scale"]`, `"scale" in g`, `len(g)`), so going
+    over it gives the names, in order, as `g.nodes()` does, and not an error about a
+    node named `0`."""
+    g = Graph.somatize(Rows().named("rows") >> (Scale(1.0), Scale(2.0)) >> Add())
+    assert list(g) == list(g.nodes()) == ["rows", "scale", "scale_2", "add"]
+    assert [g[name].kind_name() for name in g] == ["Rows", "Scale", "Scale", "Add"]
+
+
 def test_unknown_node_name() -> None:
     """Asking for a node the graph does not have lists the ones it has."""
     g = Graph.somatize(Rows().named("r") >> Largest().named("l"))
