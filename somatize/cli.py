@@ -8,15 +8,16 @@
     somatize store verify  [--store …] [--quarantine]
     somatize store show KEY_OR_NAME [--store …]
 
-``--store`` defaults to ``$SOMATIZE_STORE`` or ``./store``; a URL (``s3://…``)
-opens a bucket store. A directory (a path, or a ``file://`` or ``local://`` URL) must
-hold a store already, and a bucket must exist: one that does not is refused (status 2),
-and nothing is created; so is ``memory://``, which no other process can see. Sizes are
-printed and read in human units (``10G``, ``512M``). Long operations show a progress bar
-when tqdm is installed and the output is a terminal. Exit status: 0 when all is well, 1
-when ``verify`` found damage, 2 on a usage or store error (a closed output, ``>&-``,
-too), and 141 (quietly) when the reader of the output went away (``somatize store ls |
-head``), as for a tool stopped by SIGPIPE.
+``--store`` defaults to ``$SOMATIZE_STORE`` (when set and not empty) or ``./store``, and
+an empty one is refused; a URL (``s3://…``) opens a bucket store. A directory (a path,
+or a ``file://`` or ``local://`` URL) must hold a store already, and a bucket must
+exist: one that does not is refused (status 2), and nothing is created; so is
+``memory://``, which no other process can see. Sizes are printed and read in human units
+(``10G``, ``512M``). Long operations show a progress bar when tqdm is installed and the
+output is a terminal. Exit status: 0 when all is well, 1 when ``verify`` found damage, 2
+on a usage or store error (a closed output, ``>&-``, too), and 141 (quietly) when the
+reader of the output went away (``somatize store ls | head``), as for a tool stopped by
+SIGPIPE.
 """
 
 from __future__ import annotations
@@ -121,6 +122,11 @@ def _open(where: str) -> LocalStore | BucketStore:
     a mistyped path should not become an empty store reported healthy (nor a gc remove a
     user's files). A ``memory://`` store lives in one process, so
     a command line never finds one there."""
+    if not where:
+        raise StoreError(
+            "--store names no directory (it is empty): name the store's directory, or `.` "
+            "for the current one; nothing was opened or created"
+        )
     protocols = _protocols_of(where) if "://" in where else {"file"}
     if "memory" in protocols:
         raise StoreError(
@@ -283,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--store",
-        default=os.environ.get("SOMATIZE_STORE", "store"),
+        default=os.environ.get("SOMATIZE_STORE") or "store",  # set empty: as if unset
         help="a directory or a bucket URL (default: $SOMATIZE_STORE or ./store)",
     )
     common.add_argument("--no-progress", action="store_true", help="never draw a progress bar")

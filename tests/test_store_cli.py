@@ -171,6 +171,25 @@ def test_every_url_of_a_local_directory_that_is_no_store_exits_2_and_creates_not
     assert main(["store", "ls", "--store", f"{scheme}{store.root}"]) == 0
 
 
+def test_an_empty_somatize_store_is_unset_and_an_empty_store_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`SOMATIZE_STORE=` (set, and empty) is taken as unset, so `./store` is the default;
+    `--store ''` names no directory, and is refused as `Store('')` is (`.` is the current
+    one), rather than take whatever store the current directory holds."""
+    store = _store(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SOMATIZE_STORE", "")
+    assert main(["store", "ls"]) == 0
+    assert "sms/train" in capsys.readouterr().out
+    monkeypatch.chdir(store.root)
+    assert main(["store", "du", "--store", ""]) == 2
+    err = capsys.readouterr().err
+    assert "--store names no directory" in err and "`.`" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["store", "du", "--store", "."]) == 0
+
+
 def test_a_memory_url_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     """`memory://` lives in one process, so the command line refuses it rather than
     report the empty store it would make there."""
