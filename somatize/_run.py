@@ -369,7 +369,15 @@ class _Run:
                     [(items[i], out[i]) for i in missing],
                     static.fingerprint.get(node),
                 )
-                self.emit({"fact": "kept", "node": node, "items": len(missing), "bytes": kept})
+                self.emit(
+                    {
+                        "fact": "kept",
+                        "node": node,
+                        "items": len(missing),
+                        "of": count,
+                        "bytes": kept,
+                    }
+                )
         elif not count:  # no items: it runs, trivially, without being called
             self.emit({"fact": "ran", "node": node, "took_us": 0, "items": 0, "of": 0})
         if recalled:

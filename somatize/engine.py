@@ -32,10 +32,11 @@ changed, when this process worked out the fingerprint the answer was kept with
 A node is ``spared`` when it does not run because nothing asked for needs it: only
 recalled nodes read it, or it is not above the outputs asked for (``outputs=``).
 
-A mapped node says ``items`` (and ``of``) in its ``ran``, ``kept`` and ``recalled``
-facts. Handed no items it runs, trivially and without being called: ``ran`` with
-``items`` 0. Handed something that is no list, or answering a list of another
-length than it was handed, it is ``failed``, and :class:`NodeFailed` says which.
+A mapped node says ``items`` and ``of`` (the items the fact is about, and how many it
+was handed) in each of its ``ran``, ``kept`` and ``recalled`` facts. Handed no items
+it runs, trivially and without being called: ``ran`` with ``items`` 0. Handed
+something that is no list, or answering a list of another length than it was handed,
+it is ``failed``, and :class:`NodeFailed` says which.
 
 An answer that was there when the store was asked but is damaged or gone when
 read is a miss: it is reported (``corrupt``), the plan is redone without it,
@@ -111,7 +112,8 @@ def _recalled(state: _Run, plan: Plan, node: str, stacklevel: int = 4) -> None:
     static = plan.static
     values[node] = state.loaded[node]
     if node in static.mapped:
-        state.emit({"fact": "recalled", "node": node, "items": len(values[node])})
+        count = len(values[node])
+        state.emit({"fact": "recalled", "node": node, "items": count, "of": count})
     else:
         state.emit({"fact": "recalled", "node": node, "key": plan.keys[node]})
     if node in state.drift:

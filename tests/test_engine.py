@@ -508,7 +508,23 @@ def test_mapped_runs_only_missing_items(store: Store) -> None:
     seen: list[dict[str, Any]] = []
     assert g.forward([5, 4], store=store, watching=seen.append) == [25, 16]
     assert square.calls == [[1, 2, 3], [4, 5]]
-    assert seen[0] == {"fact": "recalled", "node": "square", "items": 2}
+    assert seen[0] == {"fact": "recalled", "node": "square", "items": 2, "of": 2}
+
+
+def test_every_fact_of_a_mapped_node_says_how_many_items_of_how_many(store: Store) -> None:
+    """A mapped node's `ran`, `kept` and `recalled` facts each say `items` and `of`, the
+    items they are about and how many it was handed: all run, some recalled, all
+    recalled."""
+    g = Graph.somatize(Square().named("square").frozen().mapped().cached())
+    for handed in ([1, 2, 3], [3, 4], [4, 3, 1]):
+        seen: list[dict[str, Any]] = []
+        g.forward(handed, store=store, watching=seen.append)
+        said = [f for f in seen if f["fact"] in ("ran", "kept", "recalled")]
+        assert said, seen
+        for fact in said:
+            assert fact["of"] == len(handed), fact
+            assert 0 < fact["items"] <= len(handed), fact
+        assert sum(f["items"] for f in said if f["fact"] != "kept") == len(handed)
 
 
 def test_mapped_after_a_computed_list(store: Store) -> None:
