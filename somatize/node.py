@@ -157,13 +157,18 @@ class Marks:
     (:meth:`Node._as_constructed`): it is not tried again."""
 
 
+_LINE_BREAKING = frozenset(("Cc", "Zl", "Zp"))
+"""The categories of characters a name may not hold: control characters, and the line and
+paragraph separators (U+2028, U+2029), which end a line as a newline does."""
+
+
 def _one_line(name: object) -> bool:
     """Whether ``name`` may name a node or a worker: a non-empty str with no control
-    character, as facts, errors and figures show it on one line."""
+    character nor line separator, as facts, errors and figures show it on one line."""
     return (
         isinstance(name, str)
         and bool(name)
-        and all(unicodedata.category(char) != "Cc" for char in name)
+        and all(unicodedata.category(char) not in _LINE_BREAKING for char in name)
     )
 
 
@@ -674,7 +679,8 @@ class Node:
         if not _one_line(name):
             raise ValueError(
                 "a node name is a non-empty str with no control characters (a newline, a tab, "
-                f"NUL: facts, errors and figures show it as one line), got {name!r}"
+                "NUL) nor line separators (U+2028): facts, errors and figures show it as one "
+                f"line, got {name!r}"
             )
         self._settled(f".named({name!r})", name != self._smz.name)
         self._smz.name = name
@@ -717,7 +723,8 @@ class Node:
         if not _one_line(worker):
             raise ValueError(
                 "a worker is named by a non-empty str with no control characters (a newline, "
-                f"a tab, an escape: facts, errors and figures show it as one line), got {worker!r}"
+                "a tab, an escape) nor line separators (U+2028): facts, errors and figures show "
+                f"it as one line, got {worker!r}"
             )
         self._settled(f".at({worker!r})", worker != self._smz.worker)
         self._smz.worker = worker

@@ -85,7 +85,9 @@ def test_bad_declarations_refused(call: Any, error: type[Exception]) -> None:
         call(Echo())
 
 
-@pytest.mark.parametrize("name", ["scale\0v2", "a\x1bb", "tab\there", "del\x7f", "c1\x85"])
+@pytest.mark.parametrize(
+    "name", ["scale\0v2", "a\x1bb", "tab\there", "del\x7f", "c1\x85", "a\u2028b", "p\u2029q"]
+)
 def test_a_name_with_a_control_character_is_refused_saying_so(name: str) -> None:
     """A node name holding a control character (NUL, an escape, a tab…) is refused when it
     is said, naming what a name may hold, rather than accepted and misread later; a name
@@ -96,7 +98,9 @@ def test_a_name_with_a_control_character_is_refused_saying_so(name: str) -> None
         assert Echo().named(fine)._smz.name == fine
 
 
-@pytest.mark.parametrize("worker", ["w1]\n  fake  Forged", "\x1b[2J", "w\t1", "w\x00"])
+@pytest.mark.parametrize(
+    "worker", ["w1]\n  fake  Forged", "\x1b[2J", "w\t1", "w\x00", "w1]\u2028  fake  Forged"]
+)
 def test_a_worker_name_with_a_control_character_is_refused_saying_so(worker: str) -> None:
     """A worker name, shown beside the node's name in `print(g)`, facts and figures, holds
     no control character either: a line break in it would forge a line of `print(g)`."""
