@@ -51,7 +51,7 @@ from somatize.node import (
     state_held,
 )
 from somatize.placement import Placement
-from somatize.store import LocalStore, Store
+from somatize.store import BadAddress, Store
 
 if TYPE_CHECKING:
     from somatize.engine import Record
@@ -491,9 +491,14 @@ class Graph:
         if not isinstance(store, (str, Path)):
             return Store.of(store)
         where = str(store)
-        named = where if not where or "://" in where else os.path.abspath(where)
+        local = bool(where) and "://" not in where
+        named = where
+        if local and not where.startswith(os.sep):
+            # Where Store(path) anchors it: `~` expanded, then from the current directory,
+            # and `..` left to the filesystem (past a link, `a/../b` is not `b`).
+            named = os.path.join(_here(where), os.path.expanduser(where))
         found = self._stores.get(named)
-        if found is None or (isinstance(found, LocalStore) and not os.path.isdir(found.root)):
+        if found is None or (local and not os.path.isdir(named)):
             found = Store.of(where)
             assert found is not None
             self._stores[named] = found
@@ -520,6 +525,19 @@ def _watched(like: list[tuple[str, Any]]) -> list[tuple[str, Any, str | None]]:
     """Attributes named like an argument (``(name, value)``), each with the canonical digest
     of its value, or None when it has none."""
     return [(name, value, digest_of(value)) for name, value in like]
+
+
+def _here(where: str) -> str:
+    """The current directory, which the relative path ``where`` of ``store=`` is taken
+    from; BadAddress when it is gone (removed since the program moved into it)."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise BadAddress(
+            f"store={where!r} is a path from the current directory, which is gone (removed "
+            "since the program moved into it): name the store's directory by an absolute "
+            "path, or move into one that is there"
+        ) from None
 
 
 def _topological(expr: Expr) -> list[Node]:

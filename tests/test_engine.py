@@ -35,7 +35,7 @@ from somatize import (
 )
 from somatize.broker import Broker, UnknownWorker
 from somatize.graph import UnknownNode
-from somatize.store import LocalStore
+from somatize.store import BadAddress, LocalStore
 from tests.nodes import Echo, Fails, Largest, Rows, Scale, Slotted, Square
 
 
@@ -189,6 +189,45 @@ def test_store_as_path_is_opened_where_it_names_now(
     g.forward(span, store="cache")  # another directory's `cache`: nothing kept there yet
     assert top.calls == 4
     assert (second / "cache" / "answers").is_dir()
+
+
+def test_store_as_path_is_not_taken_for_another_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two paths are one store only when they name one directory: `a/../b` through a
+    link `a` is not `b`, and `~/s` is not a directory `~` of the current one."""
+    g, _, _, top = _chain()
+    (tmp_path / "x" / "y").mkdir(parents=True)
+    (tmp_path / "a").symlink_to(tmp_path / "x" / "y")
+    monkeypatch.chdir(tmp_path)
+    g.forward({"at": 0, "take": 8}, store="a/../b")  # x/b, where the link leads
+    assert (tmp_path / "x" / "b" / "answers").is_dir()
+    g.forward({"at": 0, "take": 8}, store="b")  # b, beside a: another store
+    assert top.calls == 2
+    assert (tmp_path / "b" / "answers").is_dir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    g.forward({"at": 0, "take": 8}, store="~/s")
+    assert (tmp_path / "home" / "s" / "answers").is_dir()
+    g.forward({"at": 0, "take": 8}, store=str(tmp_path / "~" / "s"))
+    assert top.calls == 4
+    assert (tmp_path / "~" / "s" / "answers").is_dir()
+
+
+def test_store_as_relative_path_from_a_removed_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative path from a current directory that was removed names nothing: refused
+    saying so, where an absolute one still opens."""
+    g, _, _, top = _chain()
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    g.forward({"at": 0, "take": 8}, store="cache")
+    shutil.rmtree(gone)
+    with pytest.raises(BadAddress, match="current directory, which is gone"):
+        g.forward({"at": 0, "take": 8}, store="cache")
+    g.forward({"at": 0, "take": 8}, store=str(tmp_path / "kept"))
+    assert top.calls == 2
 
 
 def test_no_store_runs_everything() -> None:
