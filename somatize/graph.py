@@ -175,8 +175,8 @@ class Graph:
     @classmethod
     def somatize(cls, expr: Node | Expr | Sequence[Any]) -> Graph:
         """The graph of ``expr``: nodes chained with ``>>``, tuples for fan-out and fan-in.
-        A node whose forward is ``async def`` is refused: a forward is called, and what it
-        returns handed on, never awaited."""
+        A node whose forward is ``async def`` (and does not yield) is refused: a forward is
+        called, and what it returns handed on, never awaited."""
         expr = Expr.of(expr)
         graph = cls()
         order = _topological(expr)
@@ -335,7 +335,12 @@ class Graph:
     ) -> None:
         marks = node._smz
         forward = getattr(node, "forward", None)
-        if inspect.iscoroutinefunction(forward) or inspect.isasyncgenfunction(forward):
+        # An object whose `__call__` is `async def` makes a coroutine as one does; an
+        # `async def` that yields hands on its stream, as a generator is handed on.
+        if inspect.iscoroutinefunction(forward) or (
+            not inspect.isroutine(forward)
+            and inspect.iscoroutinefunction(inspect.getattr_static(type(forward), "__call__", None))
+        ):
             kind = type(node).__qualname__
             raise GraphError(
                 f"`{name}` ({kind}) has an `async def forward`: a graph calls a node's forward "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections import Counter
 from typing import Any
@@ -90,17 +91,57 @@ class _Awaited(Node):
         return x
 
 
+class _AwaitedCall:
+    async def __call__(self, x: Any, ctx: Any) -> Any:
+        return x
+
+
+class _AwaitedObject(Node):
+    forward = _AwaitedCall()
+
+
 class _Streamed(Node):
     async def forward(self, x: Any, ctx: Any) -> Any:
         yield x
 
 
+class _Drained(Node):
+    def forward(self, stream: Any, ctx: Any) -> Any:
+        async def drained() -> list[Any]:
+            return [x async for x in stream]
+
+        return asyncio.run(drained())
+
+
+class _Promised(Node):
+    def forward(self, x: Any, ctx: Any) -> Any:
+        async def later() -> Any:
+            return x
+
+        return later()
+
+
+class _Kept(Node):
+    def forward(self, promise: Any, ctx: Any) -> Any:
+        return asyncio.run(promise)
+
+
 def test_a_node_with_an_async_forward_is_refused_when_the_graph_is_built() -> None:
     """A forward is called and what it returns handed on, never awaited: a node whose
-    forward is `async def` would hand on a coroutine, so the graph is refused, naming it."""
-    for kind in (_Awaited, _Streamed):
+    forward is `async def`, or an object whose `__call__` is, would hand on a coroutine,
+    so the graph is refused, naming it."""
+    for kind in (_Awaited, _AwaitedObject):
         with pytest.raises(GraphError, match=r"`late` \(_\w+\) has an `async def forward`"):
             Graph.somatize(Echo() >> kind().named("late"))
+
+
+def test_a_forward_handing_on_an_async_stream_or_an_awaitable_is_taken() -> None:
+    """An `async def` forward that yields hands on its stream, as one that yields hands on
+    its generator, and a plain forward may hand on an awaitable it made: what reads them
+    is handed that very object."""
+    g = Graph.somatize(_Streamed() >> _Drained())
+    assert g.forward(3) == [3]
+    assert Graph.somatize(_Promised() >> _Kept()).forward(4) == 4
 
 
 def test_a_graph_iterates_over_its_node_names_in_order() -> None:
