@@ -591,7 +591,13 @@ def _cycle_in(expr: Expr, stuck: set[int]) -> Cycle:
     first = min(range(len(loop)), key=lambda i: place[id(loop[i])])
     loop = loop[first:] + loop[:first]  # from the node written first
     below = len(stuck) - len(loop)
-    waiting = f" ({below} node{'s' if below != 1 else ''} below it wait on it)" if below else ""
+    waiting = (
+        ""
+        if not below
+        else " (1 node below it waits on it)"
+        if below == 1
+        else f" ({below} nodes below it wait on it)"
+    )
     return Cycle(
         "the graph feeds a node into itself: "
         + " → ".join(repr(n) for n in (*loop, loop[0]))

@@ -84,6 +84,8 @@ def test_cycle_refused_names_the_nodes_on_it_in_order() -> None:
     with pytest.raises(Cycle, match="<Echo 'x'> → <Echo 'x'>") as itself:
         Graph.somatize(one >> one)
     assert "below it" not in str(itself.value)
+    with pytest.raises(Cycle, match=r"\(1 node below it waits on it\)"):
+        Graph.somatize(one >> one >> Echo("y").named("y"))
 
 
 class _Awaited(Node):
