@@ -1151,6 +1151,15 @@ def test_workers_are_described_honestly() -> None:
         Broker.embedded({"w1": "gpu"})  # type: ignore[dict-item]
 
 
+@pytest.mark.parametrize("name", ["w1\n  fake", "w\t1", "\x1b[2J", "w1\u2028  fake"])
+def test_a_broker_refuses_a_worker_name_no_node_could_be_placed_on(name: str) -> None:
+    """A worker's name holds no control character nor line separator, as `.at()` says: a
+    broker given one is refused, saying so, rather than hold a worker no node can name."""
+    with pytest.raises(ValueError, match=r"a worker is named by a non-empty str with no control"):
+        Broker.embedded({name: Worker.generic()})
+    Broker.embedded({"gpu 0·名前": Worker.generic()}).close()
+
+
 def test_a_worker_is_hashable_and_its_resources_stay_as_checked() -> None:
     """A worker is a frozen value: it hashes (a set of workers, a key in a dict), equal
     descriptions are equal, and its resources are copied when it is made and cannot be
