@@ -501,9 +501,12 @@ class Graph:
         if local and not where.startswith(os.sep):
             # Where Store(path) anchors it: `~` expanded, then from the current directory,
             # and `..` left to the filesystem (past a link, `a/../b` is not `b`).
-            named = os.path.join(_here(where), os.path.expanduser(where))
+            tilde = where.startswith("~")
+            named = os.path.join(_here(where), os.path.expanduser(where) if tilde else where)
         found = self._stores.get(named)
-        if found is None or (local and not os.path.isdir(named)):
+        # Looked for at each forward (one call, the least the filesystem answers): a
+        # directory removed since is made again, as the path names no store now.
+        if found is None or (local and not os.access(named, os.F_OK)):
             found = Store.of(where)
             assert found is not None
             self._stores[named] = found
