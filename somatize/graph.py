@@ -394,12 +394,22 @@ class Graph:
 
     def resolve(self, name: str) -> str:
         """The graph's own name for ``name`` (an alias of an interned node resolves to it)."""
-        if name in self._nodes:
-            return name
-        if name in self._aliases:
-            return self._aliases[name]
+        if isinstance(name, str):
+            if name in self._nodes:
+                return name
+            if name in self._aliases:
+                return self._aliases[name]
         known = ", ".join(f"`{n}`" for n in self._nodes)
+        if isinstance(name, Node):
+            asked = "a graph is asked about a node by its name"
+            raise UnknownNode(f"{asked}; {self._by_name(name)}; it has {known}")
         raise UnknownNode(f"this graph has no node named `{name}`; it has {known}")
+
+    def _by_name(self, node: Node) -> str:
+        """What ``node`` itself, given where its name is asked for, should have been."""
+        name = next((n for n, held in self._nodes.items() if held is node), node._smz.name)
+        named = f"its name, `{name!r}`" if name else "its name (`g.nodes()` lists them)"
+        return f"got the node {node!r} itself: pass {named}"
 
     def predecessors(self, name: str) -> tuple[str, ...]:
         """What ``name`` reads, in the order its forward receives them."""
@@ -452,7 +462,9 @@ class Graph:
         return iter(tuple(self._nodes))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._nodes or name in self._aliases
+        if isinstance(name, Node):
+            raise TypeError(f"`in` asks a graph for a node's name; {self._by_name(name)}")
+        return isinstance(name, str) and (name in self._nodes or name in self._aliases)
 
     # -- running ----------------------------------------------------------------------------
 

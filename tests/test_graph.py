@@ -164,6 +164,21 @@ def test_unknown_node_name() -> None:
         g.forward({"at": 0, "take": 2}, outputs="nope")
 
 
+def test_a_node_asked_for_by_itself_or_by_what_is_no_name_is_refused_saying_so() -> None:
+    """A graph is asked about a node by its name: given the node itself it says to pass
+    its name (`node in g` was False for a node in it), and a value that cannot be a name
+    (a list) is no node of it, not a bare TypeError about hashing."""
+    rows = Rows().named("r")
+    g = Graph.somatize(rows >> Largest().named("l"))
+    with pytest.raises(UnknownNode, match=r"got the node <Rows 'r'> itself: pass its name, `'r'`"):
+        g.predecessors(rows)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"pass its name, `'r'`"):
+        rows in g  # noqa: B015
+    assert [1] not in g
+    with pytest.raises(UnknownNode, match=r"no node named `\[1\]`"):
+        g.node([1])  # type: ignore[arg-type]
+
+
 def test_hash_consing_same_frozen_computation_is_one_node() -> None:
     """The same frozen computation composed twice is one node, computed once."""
     rows = Rows().named("rows").frozen()
