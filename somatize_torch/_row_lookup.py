@@ -36,6 +36,7 @@ from somatize_torch._row_keys import _Keying, _keying, _row_ids
 from somatize_torch._rowwise import _check_records_none, _compute
 from somatize_torch.codec import TENSOR
 from somatize_torch.deferred import Deferred, DeferredRows
+from somatize_torch.freeze import check_still, outside_level
 
 if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
@@ -58,7 +59,8 @@ def _recall_or_run(
             self._placed = True
     if isinstance(x, torch.Tensor):
         self.last_input = weakref.ref(x)
-    keying = _keying(self, x)
+    keying = _keying(self, x)  # a part put in since is held in eval with the rest
+    _check_still(self)
     if isinstance(x, torch.Tensor) and x.requires_grad:  # taken where none is recorded
         _check_records_none(self, x, keying)
     tag = keying.tag
@@ -156,6 +158,20 @@ def _recall_or_run(
         into["compute_s"] += computed
         into["lookup_s"] += time.perf_counter() - start - computed
     return out
+
+
+def _check_still(self: CachedRows) -> None:
+    """Warns of a part of the module put in train mode directly (``encoder[1].train()``)
+    and puts it back in eval, whether the batch's rows are then recalled or computed: what
+    is recalled is what it answers in eval. The parts are listed once per state watch,
+    which is made anew whenever a part is put in, taken out or replaced, so a forward
+    reads one flag per part."""
+    watch = self._watch
+    parts = self._parts
+    if parts is None or parts[0] is not watch:
+        parts = self._parts = (watch, list(self.module.modules()))
+    if any(part.training for part in parts[1]):
+        check_still(type(self.module).__name__, self.module)
 
 
 def _held(self: CachedRows, near: Sequence[Hashable], computed: list[int]) -> list[int] | None:
@@ -271,7 +287,7 @@ def _drifted(self: CachedRows, was: str | None) -> None:
         "since the key (class, structure, weights) is the same. Pass strict=True to "
         "compute them again instead",
         Drifted,
-        stacklevel=4,
+        stacklevel=outside_level(),
     )
 
 

@@ -40,6 +40,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -48,6 +50,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+import somatize
 from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize.catalog import identity_of
 from somatize.errors import SomatizeError, SomatizeWarning
@@ -252,9 +255,29 @@ def check_still(name: str, module: nn.Module) -> None:
         "not follow from its key. It was put back in eval. Something called `.train()` on a "
         "part of it directly; call `somatize.torch.freeze` again after changing it on purpose",
         StillChanging,
-        stacklevel=3,
+        stacklevel=outside_level(),
     )
     nn.Module.train(module, False)
+
+
+_LIBRARIES = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (__file__, somatize.__file__ or "", torch.__file__)
+)
+"""The folders of somatize's and torch's own code, whose frames a warning skips."""
+
+
+def outside_level() -> int:
+    """The ``stacklevel`` at which a warning raised by this function's caller points at
+    the first frame outside somatize and torch: the user's line that called a module,
+    however deep in somatize's lookup (or torch's ``Module.__call__``) the warning is
+    raised."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 class ModuleNode(Node):

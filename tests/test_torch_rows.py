@@ -16,11 +16,12 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from somatize import Store
+from somatize.engine import Drifted
 from somatize.keys import node_key, node_prefix
 from somatize_torch import _row_keys
 from somatize_torch.deferred import Deferred
 from somatize_torch.digest import digest_rows
-from somatize_torch.freeze import FreezeError, digest_state, is_held
+from somatize_torch.freeze import FreezeError, StillChanging, digest_state, is_held
 from somatize_torch.rows import (
     CachedRows,
     NeedsIndex,
@@ -1861,3 +1862,40 @@ def test_a_count_declared_on_a_base_module_is_not_code(
     assert torch.equal(cached(again), expected(cached.module, again))
     if "calls" in vars(CountsOnItsOwnClass):
         delattr(CountsOnItsOwnClass, "calls")
+
+
+@pytest.mark.parametrize("recalled", [True, False], ids=["recalled", "computed"])
+def test_a_part_put_in_train_mode_warns_at_the_callers_line(store: Store, recalled: bool) -> None:
+    """A part of the cached encoder put in train mode directly (``encoder[1].train()``)
+    warns at the next forward whether its rows are recalled or computed, pointing at
+    the line that called the cache; the part is put back in eval, and what is answered
+    is what it answers in eval."""
+    module = encoder()
+    cached = cache_rows(module, store)
+    x = images(6)
+    first = cached(x)
+    module[1].train()
+    batch = x if recalled else images(6, seed=2)
+    with pytest.warns(StillChanging, match="`1`.*train mode") as caught:
+        again = cached(batch)
+    assert [w.filename for w in caught] == [__file__]
+    assert not module[1].training
+    assert torch.equal(again, first if recalled else expected(module, batch))
+    assert cached.stats.computed == (6 if recalled else 12)
+
+
+def test_rows_kept_by_other_code_warn_at_the_callers_line(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows recalled from the store that another version of the module's code kept are
+    used (the key is the same) and said to have drifted, once, at the line that called
+    the cache."""
+    x = torch.randn(5, 6)
+    first = cache_rows(Patched(), store=store)
+    kept = first(x)
+    first.flush()
+    monkeypatch.setattr(Patched, "forward", lambda self, x: self.linear(x) * 0)
+    with pytest.warns(Drifted, match="another version of its code") as caught:
+        again = cache_rows(Patched(), store=store)(x)
+    assert [w.filename for w in caught] == [__file__]
+    assert torch.equal(again, kept)
