@@ -233,6 +233,21 @@ class CacheFrozen(Callback):
         self._aheads: weakref.WeakSet[Ahead[Any]] = weakref.WeakSet()  # loaders put behind it
         self._passes: dict[int, RemovableHandle] = {}  # uncached modules loading Deferred rows
 
+    # -- copies
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy of it in another process is made from (``strategy="ddp_spawn"``
+        pickles the trainer, its callbacks with it, to each rank): the loaders it put
+        behind :class:`~somatize_torch.ahead.Ahead`, which it holds weakly, as a list."""
+        state = dict(self.__dict__)
+        state["_aheads"] = list(self._aheads)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        aheads = state.pop("_aheads")
+        self.__dict__.update(state)
+        self._aheads = weakref.WeakSet(aheads)
+
     # -- what it holds
 
     @property

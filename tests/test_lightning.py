@@ -897,6 +897,67 @@ def test_ddp_two_processes_share_one_store(tmp_path: Path, key: str) -> None:
     assert store.have(keys) == set(keys)
 
 
+SPAWN_SCRIPT = """
+import json, os, sys, warnings
+warnings.simplefilter("ignore")
+import lightning.pytorch as pl
+import torch.multiprocessing
+from somatize.torch.lightning import CacheFrozen
+from tests.lightning_models import Probe, loader
+
+# Tensors reach the spawned ranks through files: descriptors cannot be sized on every host.
+torch.multiprocessing.set_sharing_strategy("file_system")
+
+
+class Recorded(Probe):
+    def on_fit_end(self):
+        callback = next(c for c in self.trainer.callbacks if isinstance(c, CacheFrozen))
+        record = [
+            {"rows": e.rows.rows, "computed": e.rows.computed, "recalled": e.rows.recalled}
+            for e in callback.history if e.stage == "train"
+        ]
+        with open(os.path.join(sys.argv[1], f"rank{self.trainer.global_rank}.json"), "w") as f:
+            json.dump(record, f)
+
+
+if __name__ == "__main__":
+    out, store = sys.argv[1], sys.argv[2]
+    callback = CacheFrozen(store, ["encoder"])
+    fit = pl.Trainer(
+        accelerator="cpu", strategy="ddp_spawn", devices=2, max_epochs=2, default_root_dir=out,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        logger=False, num_sanity_val_steps=0, callbacks=[callback],
+    )
+    fit.fit(Recorded(), loader(shuffle=True))
+    assert callback.history == []  # the ranks ran copies of it
+"""
+
+
+def test_ddp_spawn_ranks_run_copies_of_the_callback(tmp_path: Path) -> None:
+    """Under `strategy="ddp_spawn"` the trainer, its callbacks with it, is pickled to each
+    rank: each rank's copy caches its share in epoch 1 and recalls every row in epoch 2,
+    and the store holds every row."""
+    script = tmp_path / "spawn_fit.py"
+    script.write_text(textwrap.dedent(SPAWN_SCRIPT))
+    env = dict(os.environ, PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1")
+    env.pop("MASTER_PORT", None)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), str(tmp_path / "store")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for first, second in ranks:
+        assert first["rows"] == second["rows"] == SAMPLES // 2
+        assert second["recalled"] == SAMPLES // 2 and second["computed"] == 0
+    keys = cache_rows(Probe().encoder).row_keys(data()[0])
+    assert Store(tmp_path / "store").have(keys) == set(keys)
+
+
 def test_a_store_this_process_cannot_write_is_refused_up_front(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
