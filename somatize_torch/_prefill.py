@@ -82,6 +82,21 @@ def _inputs(batch: Any, key: KeyMode) -> tuple[torch.Tensor | DeferredRows, torc
     return x, index
 
 
+def _answered(got: Any) -> tuple[Any, Any]:
+    """The batch and indices (None where it gave none) of what ``inputs=`` answered for
+    one loader item: the batch, or ``(batch, indices)``."""
+    if not isinstance(got, tuple):
+        return got, None
+    if len(got) != 2:
+        raise TypeError(
+            f"prefill's inputs= answered a tuple of {len(got)} items for one loader item; "
+            "it answers the batch tensor, or (batch, indices) for a cache keyed by index: "
+            "inputs=lambda item: item[0], or inputs=lambda item: (item[0], item[2]) for "
+            "items (x, y, index)"
+        )
+    return got
+
+
 def _refuse_unnamed(batch: Any) -> NoReturn:
     kind = f"a `{type(batch).__name__}`"
     if isinstance(batch, dict):
@@ -139,8 +154,7 @@ def prefill(
         if convert is not None:
             item = convert(item)
         if inputs is not None:
-            got = inputs(item)
-            x, index = got if isinstance(got, tuple) else (got, None)
+            x, index = _answered(inputs(item))
         else:
             x, index = _inputs(item, cached.key_mode)
         if device is not None:

@@ -1020,6 +1020,19 @@ def test_prefill_over_a_loader_of_no_length_shows_a_bar_with_no_total(
     assert "3it" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("items", [3, 1])
+def test_prefill_refuses_inputs_answering_a_tuple_of_another_length(
+    cached: CachedRows, items: int
+) -> None:
+    """``inputs=`` answers the batch, or ``(batch, indices)``: a tuple of another length
+    (the loader item handed back whole) is refused saying so, before any row is
+    computed."""
+    data = images(32)
+    with pytest.raises(TypeError, match=rf"inputs= answered a tuple of {items} items.*\(batch, "):
+        prefill(cached, loader(data), inputs=lambda item: (item[0], item[1], item[1])[:items])
+    assert cached.stats.computed == 0
+
+
 def test_an_input_that_requires_grad_is_refused(cached: CachedRows) -> None:
     """A batch that requires grad is refused: recalled rows would cut its gradient."""
     with pytest.raises(CachedInputNeedsGrad, match="requires grad"):
