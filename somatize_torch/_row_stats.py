@@ -72,22 +72,29 @@ _COUNTED = (
 )
 
 
-def _stats_of(self: CachedRows, counted: dict[str, float] | None = None) -> RowStats:
-    """What ``self`` counted (``counted``: those counts, not its own now), as
+def _written(self: CachedRows) -> tuple[int, int, int]:
+    """The rows and bytes the cache's writer kept, and the rows it failed to, so far."""
+    writer = self._writer
+    if writer is None:
+        return (0, 0, 0)
+    return (writer.kept_rows, writer.kept_bytes, writer.failed_rows)
+
+
+def _stats_of(
+    self: CachedRows,
+    counted: dict[str, float] | None = None,
+    written: tuple[int, int, int] | None = None,
+) -> RowStats:
+    """What ``self`` counted (``counted``: those counts, not its own now; ``written``: what
+    its writer did by then, as :func:`_written` read it), as
     :attr:`CachedRows.stats <somatize_torch.rows.CachedRows.stats>` says."""
     if counted is None:
         with self._tiers_lock:  # a forward adds its counts under it, all at once
             counted = dict(self._counts)
     c = counted
-    writer = self._writer
-    kept = (0, 0, 0)
-    if writer is not None:
-        base = self._kept_base
-        kept = (
-            writer.kept_rows - base[0],
-            writer.kept_bytes - base[1],
-            writer.failed_rows - base[2],
-        )
+    now = _written(self) if written is None else written
+    base = self._kept_base
+    kept = (now[0] - base[0], now[1] - base[1], now[2] - base[2])
     return RowStats(
         batches=int(c["batches"]),
         rows=int(c["rows"]),
@@ -109,8 +116,9 @@ def _reset_stats(self: CachedRows) -> RowStats:
     way on another thread is counted whole in one of the two."""
     with self._tiers_lock:
         counted, self._counts = self._counts, dict.fromkeys(_COUNTED, 0.0)
-    out = _stats_of(self, counted)
-    writer = self._writer
-    if writer is not None:
-        self._kept_base = (writer.kept_rows, writer.kept_bytes, writer.failed_rows)
+    # What the writer did is read once, for both periods: a write ending on its thread
+    # between two reads would be counted in neither.
+    written = _written(self)
+    out = _stats_of(self, counted, written)
+    self._kept_base = written
     return out

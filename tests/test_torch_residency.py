@@ -1401,6 +1401,34 @@ def test_stats_reset_during_a_forward_count_its_rows_once_and_whole(
     cached.close()
 
 
+def test_rows_kept_while_stats_are_reset_are_counted_in_one_period(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that ends while ``reset_stats`` runs (the writer thread keeps rows between
+    two reads of its counts) is counted in one period or the other: the rows kept of the
+    two add up to every row the writer kept."""
+    cached = cache_rows(mlp(), store)
+    cached(rows(8))
+    cached.flush()
+    account = cached._writer._account  # type: ignore[union-attr]
+    plain = Writer.kept_rows
+    landed: list[bool] = []
+
+    def read(writer: Writer) -> int:
+        value: int = plain.fget(writer)  # type: ignore[attr-defined]
+        if not landed:  # the writer thread keeps 4 more rows right after this read
+            landed.append(True)
+            account.kept_rows += 4
+        return value
+
+    monkeypatch.setattr(Writer, "kept_rows", property(read))
+    before = cached.reset_stats()
+    monkeypatch.undo()
+    after = cached.stats
+    assert before.rows_kept + after.rows_kept == account.kept_rows == 12
+    cached.close()
+
+
 @pytest.mark.parametrize("opened", ["same object", "opened again"])
 def test_two_caches_of_one_store_recall_each_others_unwritten_rows(
     store: Store, monkeypatch: pytest.MonkeyPatch, opened: str
