@@ -233,11 +233,11 @@ class CachedRows(nn.Module):
             return getattr(module, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """A value the module holds itself (``encoder.gain = 2.0``) is written to the module,
-        where its forward reads it (and where the key sees it), not beside it on the
-        wrapper, where reading it back would show a value the forward never uses. The
-        module and the store themselves are the cache's, fixed when it is made
-        (:func:`_replaced`)."""
+        """A value the module holds itself (``encoder.gain = 2.0``), or its class holds as a
+        default or a property, is written to the module, where its forward reads it (and
+        where the key sees it), not beside it on the wrapper, where reading it back would
+        show a value the forward never uses. The module and the store themselves are the
+        cache's, fixed when it is made (:func:`_replaced`)."""
         if name in _MADE_WITH and name in self.__dict__:
             _replaced(name)
         module = self.__dict__.get("module")
@@ -245,7 +245,7 @@ class CachedRows(nn.Module):
             module is not None
             and not name.startswith("_")
             and name not in self.__dict__
-            and name in module.__dict__
+            and (name in module.__dict__ or hasattr(type(module), name))
             and not hasattr(type(self), name)
         ):
             setattr(module, name, value)

@@ -1323,6 +1323,52 @@ def test_what_the_module_holds_beside_its_call_is_the_modules(store: Store) -> N
     cached.close()
 
 
+class Defaulted(nn.Module):
+    """A module whose gain and temperature are defaults its class holds, the temperature
+    a property that keeps what it is set to."""
+
+    gain = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 3)
+        self.scale = 1.0
+
+    @property
+    def temperature(self) -> float:
+        return self.scale
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self.scale = value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x) * self.gain / self.temperature
+        return out
+
+
+def test_a_class_default_written_through_the_cache_is_written_to_the_module(
+    store: Store,
+) -> None:
+    """A value the module's class holds as a default (``gain = 1.0`` in its body), or a
+    property it sets, written through the cache is written to the module, where its
+    forward reads it: the next answers follow it, and reading it back through the cache
+    shows what the module uses."""
+    module = Defaulted()
+    cached = cache_rows(module, store)
+    x = torch.randn(4, 6)
+    first = cached(x)
+    cached.gain = 3.0
+    assert module.gain == 3.0 and "gain" not in cached.__dict__
+    assert torch.allclose(cached(x), first * 3)
+    cached.temperature = 2.0
+    assert module.scale == 2.0 and "temperature" not in cached.__dict__
+    assert torch.allclose(cached(x), first * 1.5)
+    assert torch.equal(cached(x), expected(module, x))
+    cached.close()
+
+
 def test_a_cached_container_indexes_and_iterates_as_the_module(store: Store) -> None:
     """A cached ``nn.Sequential`` indexes, slices, iterates and has a length as the module
     does; what it hands out are the module's own parts, uncached."""
