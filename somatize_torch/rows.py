@@ -253,8 +253,20 @@ class CachedRows(nn.Module):
         super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:
+        """A value the module holds itself is deleted from the module, as it is written
+        there (:meth:`__setattr__`)."""
         if name in _MADE_WITH and name in self.__dict__:
             _replaced(name)
+        module = self.__dict__.get("module")
+        if (
+            module is not None
+            and not name.startswith("_")
+            and name not in self.__dict__
+            and name in module.__dict__
+            and not hasattr(type(self), name)
+        ):
+            delattr(module, name)
+            return
         super().__delattr__(name)
 
     # -- how rows are keyed: fixed when the cache is made

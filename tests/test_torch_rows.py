@@ -1348,13 +1348,14 @@ class Defaulted(nn.Module):
         return out
 
 
-def test_a_class_default_written_through_the_cache_is_written_to_the_module(
+def test_a_class_default_written_or_deleted_through_the_cache_is_the_modules(
     store: Store,
 ) -> None:
     """A value the module's class holds as a default (``gain = 1.0`` in its body), or a
     property it sets, written through the cache is written to the module, where its
     forward reads it: the next answers follow it, and reading it back through the cache
-    shows what the module uses."""
+    shows what the module uses. Deleted through the cache, it is deleted from the
+    module."""
     module = Defaulted()
     cached = cache_rows(module, store)
     x = torch.randn(4, 6)
@@ -1366,6 +1367,9 @@ def test_a_class_default_written_through_the_cache_is_written_to_the_module(
     assert module.scale == 2.0 and "temperature" not in cached.__dict__
     assert torch.allclose(cached(x), first * 1.5)
     assert torch.equal(cached(x), expected(module, x))
+    del cached.gain  # deleted from the module: its class's default again
+    assert "gain" not in module.__dict__ and module.gain == 1.0
+    assert torch.allclose(cached(x), first / 2)
     cached.close()
 
 
