@@ -275,7 +275,11 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     store = self.owner.store
     if store is None or all(a is None for a in (*args, *kwargs.values())):
         # Handed no tensor (every argument None, left so in the call), there is nothing
-        # the answer is keyed by beside the node: it is computed, as the model computes it.
+        # the answer is keyed by beside the node: it is computed, as the model computes it,
+        # frozen all the same (a part put in train mode is put back in eval, as it warns).
+        held = node if self.base is None else self.base.node
+        if not torch.compiler.is_compiling() and is_held(held.module):
+            check_still(name, held.module)
         return self.call(*args, **kwargs)
     if kwargs:
         args = self.bound(args, kwargs)

@@ -2352,6 +2352,30 @@ def test_a_part_of_a_cached_submodule_put_in_train_mode_warns_when_recalled(stor
     assert not model.encoder.norm.training
 
 
+@pytest.mark.parametrize("whole", [True, False], ids=["whole", "submodule"])
+def test_a_part_of_a_cached_module_without_a_store_put_in_train_mode_warns(whole: bool) -> None:
+    """Cached with no store to keep answers in, a frozen module is still held in eval: a
+    part of it put in train mode directly warns at the next call and is put back, so the
+    call answers as it does in eval."""
+    module = Normed()
+    if whole:
+        wrapped = smt.wrap(module, frozen=True, cached=True)
+        part = module.norm
+    else:
+        wrapped = smt.wrap(_model(), frozen=["encoder"], cached=["encoder"])
+        part = wrapped.model.encoder.norm
+    smt.freeze(wrapped)
+    x = torch.randn(8, 4 if whole else 6) * 5 + 3
+    first = wrapped(x)
+    before = part.running_mean.clone()
+    part.train()
+    with pytest.warns(smt.StillChanging, match="`norm`.*train mode"):
+        again = wrapped(x)
+    assert not part.training
+    assert torch.equal(part.running_mean, before)
+    assert torch.equal(again, first)
+
+
 # ------------------------------------------------------------------ parts replaced after wrap
 
 
