@@ -83,7 +83,8 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     1}``); one nested deeper than Python's recursion limit is refused."""
     out: dict[str, Any] = {}
     for prefix, sub in module.named_modules():
-        for name, value in vars(sub).items():
+        # And what it keeps in the slots its class declares (`__slots__`), as a config's.
+        for name, value in {**vars(sub), **_slots_of(sub, part=True)}.items():
             if name in _TORCH_OWN:
                 continue
             where = f"{prefix}.{name}" if prefix else name
@@ -201,6 +202,8 @@ class SettingsWatch:
         held = [table for table in map(_dict_of, configs) if table is not None]
         # A config's slots (a class with `__slots__`), each looked at by identity too.
         slots = [(member, one) for one in configs for member in _members(one)]
+        # And a part's, which its forward reads as a value it keeps (`self.gain`).
+        slots += [(member, one) for one in modules for member in _members(one, part=True)]
         slotted = list(itertools.starmap(_slot, slots))
         owners: list[dict[str, Any]] = []
         names: list[str] = []
@@ -779,25 +782,28 @@ def _held_by(value: Any) -> dict[str, Any]:
     return {**held, **_slots_of(value)}
 
 
-def _slots_of(value: Any) -> dict[str, Any]:
+def _slots_of(value: Any, *, part: bool = False) -> dict[str, Any]:
     """The slots that ``value``, an object of a class written in Python that declares
     ``__slots__`` (not torch's, numpy's or the standard library's), holds set, by name;
-    empty for any other."""
+    empty for any other. A module's only where ``part`` (one of the module keyed)."""
     out: dict[str, Any] = {}
-    for member in _members(value):
+    for member in _members(value, part=part):
         got = _slot(member, value)
         if got is not _UNSET:
             out[member.__name__] = got
     return out
 
 
-def _members(value: Any) -> list[Any]:
+def _members(value: Any, *, part: bool = False) -> list[Any]:
     """The slots ``value``'s class declares (its ``__slots__``'s descriptors), if it is a
-    class written in Python and not torch's, numpy's or the standard library's."""
+    class written in Python and not torch's, numpy's or the standard library's (a
+    module's only where ``part``: one of the module keyed, not one a config holds)."""
     from somatize_torch._values import _NOT_FOLLOWED, _STANDARD  # it imports this module
 
     kind = type(value)
-    if not hasattr(kind, "__slots__") or isinstance(value, (torch.Tensor, nn.Module, type)):
+    if not hasattr(kind, "__slots__") or isinstance(value, (torch.Tensor, type)):
+        return []
+    if isinstance(value, nn.Module) is not part:
         return []
     if kind.__module__.split(".")[0] in (*_NOT_FOLLOWED, *_STANDARD):
         return []

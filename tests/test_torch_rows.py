@@ -1373,6 +1373,38 @@ def test_a_class_default_written_or_deleted_through_the_cache_is_the_modules(
     cached.close()
 
 
+class Slotted(nn.Module):
+    """A module that keeps its gain in a slot its class declares."""
+
+    __slots__ = ("gain",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 3)
+        self.gain = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x) * self.gain
+        return out
+
+
+def test_a_value_the_module_keeps_in_a_slot_keys_its_rows(store: Store) -> None:
+    """A value kept in a slot of the module's class (``__slots__``), written through the
+    cache or on the module itself, keys the rows of the next call anew: what was kept
+    for the old value is not recalled for the new."""
+    module = Slotted()
+    cached = cache_rows(module, store)
+    x = torch.randn(4, 6)
+    first = cached(x)
+    cached.gain = 3.0
+    assert module.gain == 3.0
+    assert torch.allclose(cached(x), first * 3)
+    module.gain = 2.0
+    assert torch.allclose(cached(x), first * 2)
+    cached.close()
+
+
 def test_a_cached_container_indexes_and_iterates_as_the_module(store: Store) -> None:
     """A cached ``nn.Sequential`` indexes, slices, iterates and has a length as the module
     does; what it hands out are the module's own parts, uncached."""
