@@ -18,6 +18,7 @@ so their inputs stop coming with the samples.
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 import warnings
@@ -165,13 +166,21 @@ def _check_still(self: CachedRows) -> None:
     and puts it back in eval, whether the batch's rows are then recalled or computed: what
     is recalled is what it answers in eval. The parts are listed once per state watch,
     which is made anew whenever a part is put in, taken out or replaced, so a forward
-    reads one flag per part."""
+    reads one flag per part, from each part's table of attributes (a class of its own
+    that keeps the flag elsewhere is left to :func:`check_still` to look at)."""
     watch = self._watch
     parts = self._parts
     if parts is None or parts[0] is not watch:
-        parts = self._parts = (watch, list(self.module.modules()))
-    if any(part.training for part in parts[1]):
+        parts = self._parts = (watch, [vars(part) for part in self.module.modules()])
+    try:
+        still = not any(map(_TRAINING, parts[1]))
+    except KeyError:
+        still = False
+    if not still:
         check_still(type(self.module).__name__, self.module)
+
+
+_TRAINING = operator.itemgetter("training")
 
 
 def _held(self: CachedRows, near: Sequence[Hashable], computed: list[int]) -> list[int] | None:

@@ -166,8 +166,9 @@ class CachedRows(nn.Module):
         self._state = freeze(Graph.somatize(self._node))[self._node._smz.name or ""]
         self._identity = self._node._smz.identity
         self._watch: StateWatch | None = StateWatch(module)
-        # The module's parts as listed under that watch, whose modes a forward looks at.
-        self._parts: tuple[StateWatch | None, list[nn.Module]] | None = None
+        # The tables of attributes of the module's parts as listed under that watch, whose
+        # training flags a forward looks at.
+        self._parts: tuple[StateWatch | None, list[dict[str, Any]]] | None = None
         # The module's floating dtypes (by how many elements each holds), for the watch.
         self._floats: tuple[StateWatch | None, dict[torch.dtype, int]] = (None, {})
         self._keyings: dict[

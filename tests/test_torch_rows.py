@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import copy
 import functools
 import logging
@@ -1994,3 +1995,39 @@ def test_rows_kept_by_other_code_warn_at_the_callers_line(
         again = cache_rows(Patched(), store=store)(x)
     assert [w.filename for w in caught] == [__file__]
     assert torch.equal(again, kept)
+
+
+class KeepsItsMode(nn.Module):
+    """Dropout that keeps its training flag in an array of its own, through a property."""
+
+    def __init__(self) -> None:
+        self._mode = array.array("b", [1])
+        super().__init__()
+
+    @property
+    def training(self) -> bool:  # type: ignore[override]
+        return bool(self._mode[0])
+
+    @training.setter
+    def training(self, value: bool) -> None:
+        self._mode[0] = value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = nn.functional.dropout(x, 0.5, self.training)
+        return out
+
+
+def test_a_part_that_keeps_its_mode_elsewhere_put_in_train_mode_warns(store: Store) -> None:
+    """A part whose class keeps its training flag elsewhere than its table of attributes
+    (a property) is looked at too: put in train mode, it warns at the next forward
+    and is put back in eval."""
+    module = nn.Sequential(nn.Linear(6, 6), KeepsItsMode())
+    cached = cache_rows(module, store)
+    x = torch.randn(4, 6)
+    first = cached(x)
+    module[1].train()
+    with pytest.warns(StillChanging, match="`1`.*train mode"):
+        again = cached(x)
+    assert not module[1].training
+    assert torch.equal(again, first)
+    cached.close()
