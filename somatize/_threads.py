@@ -13,11 +13,13 @@ import _thread
 import io
 import os
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from queue import SimpleQueue
 
 import blake3
 
-__all__ = ["ProcessLock", "hash_read", "hash_threads", "process_pool"]
+__all__ = ["ProcessLock", "hash_read", "hash_threads", "process_pool", "start_thread"]
 
 _pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
 
@@ -69,6 +71,59 @@ def process_pool(name: str, workers: int) -> ThreadPoolExecutor:
         # never started a thread.
         pool = _pools.setdefault(key, ThreadPoolExecutor(workers, thread_name_prefix=name))
     return pool
+
+
+_Start = tuple[Callable[[], object], "_thread.LockType", list[BaseException]]
+
+_STARTERS: dict[int, SimpleQueue[_Start]] = {}
+"""Each process's starting thread's queue (:func:`start_thread`), by process id: a forked
+child has none of its parent's threads, and starts its own."""
+
+
+def start_thread(start: Callable[[], object]) -> None:
+    """Runs ``start``, which starts a thread (``threading.Thread.start``), on this process's
+    starting thread, and returns once it has, raising what it raised.
+
+    Starting a thread takes locks in Python code (``threading``'s: the new thread's
+    ``Event``, a pool's count of idle threads), and one a Ctrl-C lands in, once it is
+    taken, stays held: the new thread waits on it for ever, and the process for that
+    thread as it exits; one landing just after the thread started leaves it running
+    unrecorded, so no one tells it to end. The starting thread is never interrupted (a
+    signal's handler runs on the main thread, and no node runs there), so what it starts
+    is started and recorded whole. It is started itself by the interpreter's own call
+    (``_thread.start_new_thread``, in C), and waited on by a lock taken in C: a Ctrl-C
+    landing while this waits leaves nothing held, and the thread is started all the same.
+    A thread it starts inherits its being a daemon (it is, to ``threading``): a pool's
+    threads are joined as the process exits all the same (``concurrent.futures`` joins
+    each of its own)."""
+    pid = os.getpid()
+    queue = _STARTERS.get(pid)
+    if queue is None:
+        made: SimpleQueue[_Start] = SimpleQueue()
+        _thread.start_new_thread(_starting, (made,))
+        # Started, then noted: a Ctrl-C landing between leaves a starting thread idle for
+        # good, not a queue no thread reads. Two racing here start two; one is kept.
+        queue = _STARTERS.setdefault(pid, made)
+    done = _thread.allocate_lock()
+    done.acquire()
+    failed: list[BaseException] = []
+    queue.put((start, done, failed))
+    done.acquire()  # in C: a Ctrl-C ends the wait, and the start goes on there
+    if failed:
+        raise failed[0]
+
+
+def _starting(queue: SimpleQueue[_Start]) -> None:
+    """The starting thread: runs each start it is handed, noting what it raised."""
+    while True:
+        start, done, failed = queue.get()
+        try:
+            start()
+        except BaseException as error:  # handed to the caller, who raises it
+            failed.append(error)
+        finally:
+            done.release()
+        del start, done, failed
 
 
 class ProcessLock(_thread.RLock):  # type: ignore[misc]  # final only in the stubs

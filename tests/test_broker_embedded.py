@@ -933,6 +933,87 @@ def test_a_ctrl_c_landing_as_a_call_is_handed_to_its_lane_leaves_the_worker_free
     assert _next_forward(g, broker, tmp_path / "go") == [0.0, 3.0, 6.0], landed
 
 
+_FIRST_CALL_INTERRUPTED = """
+import sys, threading
+from somatize import Broker, Graph, Worker
+from somatize.broker import base
+from tests.nodes import Rows, Scale
+g = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w"))
+def in_submit(frame):
+    while frame is not None and not (
+        frame.f_code.co_name == "submit" and frame.f_code.co_filename == base.__file__
+    ):
+        frame = frame.f_back
+    return frame is not None
+for mode in ("local", "network"):
+    for point in range(1, 1000):
+        returns, landed = [0], []
+        def tracer(frame, event, arg):
+            if event != "call" or not in_submit(frame):
+                return None
+            def returning(frame, event, arg):
+                if event == "return":
+                    returns[0] += 1
+                    if returns[0] == point and not landed:
+                        landed.append(frame.f_code.co_name)
+                        raise KeyboardInterrupt  # the Ctrl-C, as this call returns
+                return returning
+            return returning
+        broker = Broker.embedded({"w": Worker.generic(mode=mode)})
+        sys.settrace(tracer)
+        try:
+            g.forward({"at": 0, "take": 3}, broker=broker)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        if not landed:
+            break
+        out = {}
+        after = threading.Thread(
+            target=lambda: out.update(value=g.forward({"at": 0, "take": 3}, broker=broker)),
+            daemon=True,
+        )
+        after.start()
+        after.join(30)
+        if out.get("value") != [0.0, 3.0, 6.0]:
+            print(f"{mode}: landing as `{landed[0]}` returned (return {point}) left the "
+                  f"worker stuck", flush=True)
+            raise SystemExit(1)
+    print(mode, "ok", point > 1, flush=True)
+"""
+
+
+def test_a_ctrl_c_landing_in_a_worker_s_first_call_leaves_the_worker_free(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl-C landing anywhere in ``broker.submit`` as it hands a worker its first call
+    — as each Python call made there returns, one after another, the lane's thread
+    being started among them — leaves nothing held that the worker needs: its next
+    forward runs, and the process exits (``threading``'s start of a thread takes locks
+    in Python code, which a Ctrl-C landing there left held for good; one landing just
+    after the start left the thread running unrecorded, which the process waited for
+    as it exited)."""
+    root = Path(__file__).resolve().parent.parent
+    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _FIRST_CALL_INTERRUPTED],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+            timeout=180,
+        )
+    except subprocess.TimeoutExpired as hung:
+        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
+        pytest.fail(f"the process did not exit once a worker's first call was interrupted: {said}")
+    assert done.stdout.splitlines() == ["local ok True", "network ok True"], (
+        done.stdout + done.stderr[-2000:]
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_a_call_interrupted_before_its_node_begins_does_not_begin_it() -> None:
     """A call stopped while its worker still readies it (decodes its inputs, loads its
     state), before its node's forward begins, does not begin it once ready: it fails with

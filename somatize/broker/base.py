@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from somatize._threads import start_thread
 from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of, state_crosses
 from somatize.engine import Call, NodeFailed, wait_for
 from somatize.errors import SomatizeError, _Rebuilt
@@ -423,9 +424,7 @@ class Broker(abc.ABC):
                     future.add_done_callback(lambda _: self._waited(asker, worker))
                 lane = self._lanes.get(worker)
                 if lane is None:
-                    lane = self._lanes[worker] = _Lane(
-                        max_workers=1, thread_name_prefix=f"somatize-{worker}"
-                    )
+                    lane = self._lanes[worker] = _Lane(worker)
                     retired = self._retired.pop(worker, None)
                     if retired:
                         lane.submit(_idle, retired)  # before anything else on this lane
@@ -734,17 +733,24 @@ def _unsendable(node: str, worker: str, why: Unbuildable) -> Unbuildable:
 
 
 class _Lane(ThreadPoolExecutor):
-    """A worker's lane: a pool of one thread whose ``submit``, once its thread runs, takes
-    no lock in Python code. A pool's own asks its count of idle threads whether to start
-    one (a ``threading.Semaphore``, whose lock is taken in Python code): a Ctrl-C landing
-    there once it is taken leaves it held, and the thread, counting itself idle after its
-    call, waits on it for ever — the worker never runs its next node, and the process
-    waits for that thread as it exits. This one asks it only to start its thread, the
-    lane's first call (starting a thread waits on a lock taken in Python code too)."""
+    """A worker's lane: a pool of one thread, started as the lane is made, on the process's
+    starting thread (:func:`~somatize._threads.start_thread`), and whose ``submit`` takes
+    no lock in Python code. A pool's own starts its thread from ``submit``, on the caller's
+    thread: a Ctrl-C landing there, in ``threading``'s Python code that takes a lock (its
+    count of idle threads, the new thread's ``Event``), once it is taken, leaves it held —
+    the thread waits on it for ever, or the next ``submit`` does — and one landing just
+    after the thread started leaves it unrecorded, so nothing tells it to end as the
+    process exits, which waits for it for ever."""
+
+    def __init__(self, worker: str) -> None:
+        super().__init__(max_workers=1, thread_name_prefix=f"somatize-{worker}")
+        start_thread(self._start)
+
+    def _start(self) -> None:
+        super()._adjust_thread_count()
 
     def _adjust_thread_count(self) -> None:
-        if not self._threads:  # the pool's own (Python 3.8 on)
-            super()._adjust_thread_count()
+        """Nothing: the lane's thread was started as the lane was made."""
 
 
 def _idle(retired: list[_Lane]) -> None:
