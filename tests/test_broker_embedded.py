@@ -84,6 +84,7 @@ from tests.broker_nodes import (
     spinning,
     weighted,
 )
+from tests.forked import needs_fork
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
 
 
@@ -1193,6 +1194,51 @@ def test_a_profiler_set_after_a_forward_on_an_embedded_worker_runs(
         (tmp_path / "go").touch()
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[-3:] == ["[0.0, 3.0, 6.0]", "called", ""]
+
+
+def _forward_on(graph: Graph, broker: Broker) -> Any:
+    """``graph``'s answer run on ``broker`` (in a forked child, by :func:`in_forked_child`)."""
+    return graph.forward({"at": 0, "take": 3}, broker=broker)
+
+
+@needs_fork
+@pytest.mark.parametrize("mode", ["local", "network"])
+@pytest.mark.parametrize("held", [False, True], ids=["idle", "locks-held"])
+def test_a_broker_used_before_a_fork_runs_forwards_in_the_forked_child(
+    mode: str, held: bool
+) -> None:
+    """A process forked from one whose forwards ran on a broker (a DataLoader worker, a
+    multiprocessing worker) runs its own forwards on that broker — on workers of its
+    own, since the parent's threads stay behind — rather than hand its calls to a
+    worker thread it does not have and wait for ever; so it does when a thread of the
+    parent held the broker's locks as it forked. The parent's workers run on."""
+    from tests.forked import in_child
+
+    broker = Broker.embedded({"w1": Worker.generic(mode=mode)})
+    g = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w1"))
+    assert g.forward({"at": 0, "take": 3}, broker=broker) == [0.0, 3.0, 6.0]
+    taken, let_go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        locks = [broker._lock, *(host._lock for host in broker._hosts.values())]
+        for lock in locks:
+            lock.acquire()
+        taken.set()
+        let_go.wait(120)
+        for lock in locks:
+            lock.release()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    if held:
+        holder.start()
+        assert taken.wait(60)
+    try:
+        assert in_child("fork", _forward_on, g, broker, timeout=60) == [0.0, 3.0, 6.0]
+    finally:
+        let_go.set()
+    if held:
+        holder.join(60)
+    assert g.forward({"at": 0, "take": 3}, broker=broker) == [0.0, 3.0, 6.0]
 
 
 def test_mapped_node_on_a_worker(store: Store) -> None:

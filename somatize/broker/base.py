@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import abc
 import ctypes
+import os
 import threading
 import uuid
 import weakref
@@ -57,7 +58,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from somatize._threads import start_thread
+from somatize._threads import ProcessLock, start_thread
 from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of, state_crosses
 from somatize.engine import Call, NodeFailed, wait_for
 from somatize.errors import SomatizeError, _Rebuilt
@@ -252,7 +253,10 @@ class Broker(abc.ABC):
         self._asked: dict[Future[Done], Future[Done]] = {}
         """Each call not finished yet that a node on a lane asked for (a nested forward) →
         the call that runs that node: stopping one stops what it waits on."""
-        self._lock = threading.Lock()
+        self._lock = ProcessLock()
+        """Made unheld in a forked child (:class:`~somatize._threads.ProcessLock`)."""
+        self._pid = os.getpid()
+        """The process whose threads :attr:`_lanes` are (:meth:`_in_this_process`)."""
         self._checked: weakref.WeakKeyDictionary[
             Graph, tuple[tuple[int, int], dict[str, Blueprint]]
         ] = weakref.WeakKeyDictionary()
@@ -316,6 +320,7 @@ class Broker(abc.ABC):
         changed itself running here: :class:`~somatize._held.Holding`): what each holds is
         looked at again here, at the start of every forward, which costs a digest of its
         public attributes, next to a crossing."""
+        self._in_this_process()
         found = self._checked.get(graph)
         if (
             found is not None
@@ -386,6 +391,7 @@ class Broker(abc.ABC):
         worker = graph.placement.worker_of(node)
         if worker is None:
             raise ValueError(f"`{node}` is placed on no worker; the engine runs it itself")
+        self._in_this_process()
         future: Future[Done] = Call()  # one a Ctrl-C cannot leave locked
         future.add_done_callback(self._finished)  # first: whatever settles it, it is left
         try:
@@ -513,6 +519,30 @@ class Broker(abc.ABC):
         returned anyway (it caught the KeyboardInterrupt) raises it, so its answer is not
         taken. Outside a call run by :meth:`_work`, it does nothing."""
         return _Stoppable(self)
+
+    def _in_this_process(self) -> None:
+        """In a process forked from the one that made the broker's lanes (a DataLoader
+        worker, a multiprocessing worker), the broker starts afresh: the parent's lane
+        threads stayed behind, and a call handed to one would wait for ever; so do the
+        calls the parent was running, and what its threads noted of them. Its workers
+        start again here, as after :meth:`close` (:meth:`_forked`)."""
+        pid = os.getpid()
+        if self._pid == pid:
+            return
+        with self._lock:
+            if self._pid == pid:
+                return
+            self._lanes, self._retired = {}, {}
+            self._pending, self._callers, self._asked = {}, {}, {}
+            self._waits, self._forwarding, self._halted = {}, {}, set()
+            self._here = threading.local()
+            self._forked()
+            self._pid = pid
+
+    def _forked(self) -> None:
+        """What else a broker starts afresh in a forked child (:meth:`_in_this_process`),
+        under its lock: nothing, by default."""
+        return
 
     def _finished(self, future: Future[Done]) -> None:
         """``future``'s call has its outcome."""

@@ -70,6 +70,13 @@ class EmbeddedBroker(Broker):
             }
         super().close()
 
+    def _forked(self) -> None:
+        """In a forked child, fresh hosts: the parent's may have been building or running a
+        node as it forked, and the child's copy of that node is left half changed."""
+        self._hosts = {
+            name: Host(name, self.catalog, stoppable=self.stoppable) for name in self._hosts
+        }
+
     def _admit(
         self, node: str, worker: str, blueprint: Blueprint, fingerprint: str | None, holds: bool
     ) -> None:

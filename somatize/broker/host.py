@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -83,6 +82,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
+from somatize._threads import ProcessLock
 from somatize.catalog import Blueprint, Catalog, Unbuildable, check_held, fingerprint_of
 from somatize.codecs import CODECS
 from somatize.node import Context, Node, held_by
@@ -351,9 +351,10 @@ class Host:
         recent last."""
         self._stores: dict[bytes, Store] = {}
         """The canonical bytes of an address → the store opened from it."""
-        self._lock = threading.Lock()
+        self._lock = ProcessLock()
         """Held while nodes are built or looked up: a broker admits nodes (on the caller's
-        thread) while this host runs a job (on the worker's)."""
+        thread) while this host runs a job (on the worker's). Made unheld in a forked
+        child (:class:`~somatize._threads.ProcessLock`)."""
 
     def admit(self, blueprint: bytes, fingerprint: str | None, *, name: str, holds: bool) -> None:
         """Builds the node ``blueprint`` describes ahead of its first job, and keeps it for
