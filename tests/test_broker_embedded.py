@@ -1872,6 +1872,54 @@ def test_after_close_a_worker_still_runs_one_node_at_a_time(mode: str, tmp_path:
     assert broker_nodes.RUNNING == {"now": 0, "most": 1}
 
 
+@pytest.mark.parametrize("mode", ["local", "network"])
+def test_a_ctrl_c_as_a_closed_worker_s_next_lane_is_made_keeps_one_node_at_a_time(
+    mode: str, tmp_path: Path
+) -> None:
+    """A Ctrl-C landing as the first call after ``close()`` hands its new lane the wait for
+    the node still running on the closed one (here: as the pool makes that wait's future)
+    leaves the wait noted: the worker's next node starts once the running one has
+    finished, not beside it."""
+    import concurrent.futures.thread as pool_module
+
+    broker_nodes.RUNNING.update(now=0, most=0)
+    marker = tmp_path / "started"
+    slow = Graph.somatize(Echo().named("s") >> Overlap(1.0, str(marker)).named("slow").at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode=mode)})  # type: ignore[arg-type]
+    thread, out = _forward_in_thread(slow, 1, broker)
+    _wait_for(marker)
+    broker.close()
+    thread.join(10)
+    assert isinstance(out.get("error"), BrokerClosed), out
+    landed: list[str] = []
+
+    def tracer(frame: types.FrameType, event: str, arg: Any) -> Any:
+        below = frame.f_back
+        if event != "call" or landed or below is None:
+            return None
+        if below.f_code.co_name != "submit" or below.f_code.co_filename != pool_module.__file__:
+            return None
+
+        def returning(frame: types.FrameType, event: str, arg: Any) -> Any:
+            if event == "return" and not landed:
+                landed.append(frame.f_code.co_name)
+                raise KeyboardInterrupt  # the Ctrl-C, as the lane is handed its first call
+            return returning
+
+        return returning
+
+    quick = Graph.somatize(Echo().named("s") >> Overlap(0.0).named("quick").at("w1"))
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            quick.forward(2, broker=broker)
+    finally:
+        sys.settrace(None)
+    assert landed
+    assert quick.forward(2, broker=broker) == 2
+    assert broker_nodes.RUNNING == {"now": 0, "most": 1}
+
+
 def test_closing_an_embedded_broker_lets_go_of_the_nodes_and_weights_it_loaded() -> None:
     """``close()`` lets go of what the network workers rebuilt and loaded (a frozen
     module's weights): the next forward builds the node again and sends its weights again.

@@ -430,10 +430,14 @@ class Broker(abc.ABC):
                     future.add_done_callback(lambda _: self._waited(asker, worker))
                 lane = self._lanes.get(worker)
                 if lane is None:
-                    lane = self._lanes[worker] = _Lane(worker)
-                    retired = self._retired.pop(worker, None)
+                    # Handed the wait for the closed lanes first, then noted, then they are
+                    # let go of: a Ctrl-C landing before leaves them noted, for the next.
+                    lane = _Lane(worker)
+                    retired = self._retired.get(worker)
                     if retired:
-                        lane.submit(_idle, retired)  # before anything else on this lane
+                        lane.submit(_idle, list(retired))  # before anything else on it
+                    self._lanes[worker] = lane
+                    self._retired.pop(worker, None)
                 self._pending[future] = (node, worker)
                 self._callers[future] = threading.get_ident()
                 asking = getattr(self._here, "future", None)
