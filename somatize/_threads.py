@@ -19,7 +19,14 @@ from queue import SimpleQueue
 
 import blake3
 
-__all__ = ["ProcessLock", "hash_read", "hash_threads", "process_pool", "start_thread"]
+__all__ = [
+    "ProcessLock",
+    "StartedPool",
+    "hash_read",
+    "hash_threads",
+    "process_pool",
+    "start_thread",
+]
 
 _pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
 
@@ -62,15 +69,40 @@ def hash_read(handle: io.RawIOBase | io.BufferedIOBase, size: int) -> str | None
 
 
 def process_pool(name: str, workers: int) -> ThreadPoolExecutor:
-    """The pool ``name`` of this process (``workers`` threads, started as they are needed)."""
+    """The pool ``name`` of this process (``workers`` threads, started as it is made:
+    :class:`StartedPool`)."""
     key = (name, os.getpid())
     pool = _pools.get(key)
     if pool is None:
         # No lock: one held by another thread when the process forked would stay held in
-        # the child. Two threads racing here make two pools; one is kept, and the other
-        # never started a thread.
-        pool = _pools.setdefault(key, ThreadPoolExecutor(workers, thread_name_prefix=name))
+        # the child. Two threads racing here make two pools; one is kept, and the other's
+        # threads end once it is let go of.
+        pool = _pools.setdefault(key, StartedPool(workers, name))
     return pool
+
+
+class StartedPool(ThreadPoolExecutor):
+    """A pool whose threads are started as it is made, on the process's starting thread
+    (:func:`start_thread`), and whose ``submit`` takes no lock in Python code.
+
+    A plain pool starts its threads from ``submit``, on the caller's thread, and asks its
+    count of idle threads there at every call (a ``threading.Semaphore``, whose lock is
+    taken in Python code): a Ctrl-C landing there once the lock is taken leaves it held,
+    and every later ``submit`` — or the pool's thread, counting itself idle after its
+    call — waits on it for ever; one landing as a thread starts leaves ``threading``'s
+    own locks held, or the thread running unrecorded, which the process waits for as it
+    exits."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        super().__init__(max_workers=workers, thread_name_prefix=name)
+        for _ in range(workers):
+            start_thread(self._start)
+
+    def _start(self) -> None:
+        super()._adjust_thread_count()
+
+    def _adjust_thread_count(self) -> None:
+        """Nothing: the pool's threads were started as it was made."""
 
 
 _Start = tuple[Callable[[], object], "_thread.LockType", list[BaseException]]

@@ -724,6 +724,62 @@ def test_a_large_blob_kept_once_the_pools_are_shut_down_is_kept(
     assert bytes(LocalStore(tmp_path / "store").get(digest)) == data
 
 
+@pytest.mark.parametrize("pool", ["first", "running"])
+def test_a_ctrl_c_as_a_large_blob_is_handed_to_the_hash_thread_leaves_the_next_put_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: str
+) -> None:
+    """A Ctrl-C landing as a large blob is handed to the thread that hashes it — in
+    ``threading``'s Python code that takes a lock, once it is taken (the pool's count of
+    idle threads, the start of its thread) — leaves no lock held: the next large blob is
+    put, rather than wait for ever on that lock (and the process at exit)."""
+    import concurrent.futures.thread as pool_module
+
+    from somatize import _threads
+
+    monkeypatch.setattr(_threads, "_pools", {})  # a pool of this test's own
+    data = os.urandom(1 << 10) * (17 << 10)  # 17 MiB
+    store = LocalStore(tmp_path / "store")
+    if pool == "running":
+        store.put(data[:-1])
+    landed: list[str] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if event != "call" or landed or code.co_filename != threading.__file__:
+            return None
+        if code.co_name != "__enter__":
+            return None
+        up = frame.f_back
+        while up is not None and not (
+            up.f_code.co_name == "submit" and up.f_code.co_filename == pool_module.__file__
+        ):
+            up = up.f_back
+        if up is None:
+            return None
+
+        def returning(frame: Any, event: str, arg: Any) -> Any:
+            if event == "return" and not landed:
+                landed.append(code.co_name)
+                raise KeyboardInterrupt  # the Ctrl-C, the lock just taken
+            return returning
+
+        return returning
+
+    sys.settrace(tracer)
+    try:
+        store.put(data)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    out: dict[str, str] = {}
+    after = threading.Thread(target=lambda: out.update(digest=store.put(data[1:])), daemon=True)
+    after.start()
+    after.join(60)
+    assert not after.is_alive(), f"the next large blob waits for ever ({landed})"
+    assert out["digest"] == "blake3:" + blake3.blake3(data[1:]).hexdigest()
+
+
 # -- names and signatures ----------------------------------------------------------------------
 
 

@@ -52,13 +52,13 @@ import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from somatize._threads import ProcessLock, start_thread
+from somatize._threads import ProcessLock, StartedPool
 from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of, state_crosses
 from somatize.engine import Call, NodeFailed, wait_for
 from somatize.errors import SomatizeError, _Rebuilt
@@ -766,25 +766,13 @@ def _unsendable(node: str, worker: str, why: Unbuildable) -> Unbuildable:
     )
 
 
-class _Lane(ThreadPoolExecutor):
-    """A worker's lane: a pool of one thread, started as the lane is made, on the process's
-    starting thread (:func:`~somatize._threads.start_thread`), and whose ``submit`` takes
-    no lock in Python code. A pool's own starts its thread from ``submit``, on the caller's
-    thread: a Ctrl-C landing there, in ``threading``'s Python code that takes a lock (its
-    count of idle threads, the new thread's ``Event``), once it is taken, leaves it held —
-    the thread waits on it for ever, or the next ``submit`` does — and one landing just
-    after the thread started leaves it unrecorded, so nothing tells it to end as the
-    process exits, which waits for it for ever."""
+class _Lane(StartedPool):
+    """A worker's lane: a pool of one thread, started as the lane is made
+    (:class:`~somatize._threads.StartedPool`), not from ``submit`` on the caller's thread,
+    where a Ctrl-C could leave ``threading``'s locks held or the thread unrecorded."""
 
     def __init__(self, worker: str) -> None:
-        super().__init__(max_workers=1, thread_name_prefix=f"somatize-{worker}")
-        start_thread(self._start)
-
-    def _start(self) -> None:
-        super()._adjust_thread_count()
-
-    def _adjust_thread_count(self) -> None:
-        """Nothing: the lane's thread was started as the lane was made."""
+        super().__init__(1, f"somatize-{worker}")
 
 
 def _idle(retired: list[_Lane]) -> None:
