@@ -780,6 +780,67 @@ def test_a_ctrl_c_as_a_large_blob_is_handed_to_the_hash_thread_leaves_the_next_p
     assert out["digest"] == "blake3:" + blake3.blake3(data[1:]).hexdigest()
 
 
+def test_a_ctrl_c_as_a_large_blob_waits_for_its_hash_leaves_the_next_put_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C landing as a large blob, written, waits for the hash thread still hashing
+    it — in ``threading``'s Python code that takes a lock, once it is taken — leaves no
+    lock held that the hash thread needs to hand its digest over: the next large blob is
+    put, rather than wait for ever behind a hash thread that waits for ever."""
+    from somatize import _threads
+
+    monkeypatch.setattr(_threads, "_pools", {})  # a pool of this test's own
+    hashing, let_go = threading.Event(), threading.Event()
+    real = _local_files.digest_of
+
+    def slow(pieces: Any) -> str:
+        if not hashing.is_set():
+            hashing.set()
+            let_go.wait(5)  # still hashing as the writer waits for it
+        return real(pieces)
+
+    monkeypatch.setattr(_local_files, "digest_of", slow)
+    data = os.urandom(1 << 10) * (17 << 10)  # 17 MiB
+    store = LocalStore(tmp_path / "store")
+    landed: list[str] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if event != "call" or landed or code.co_filename != threading.__file__:
+            return None
+        if code.co_name != "__enter__" or not hashing.is_set():
+            return None
+        up = frame.f_back
+        while up is not None and up.f_code.co_name != "_put_large":
+            up = up.f_back
+        if up is None:
+            return None
+
+        def returning(frame: Any, event: str, arg: Any) -> Any:
+            if event == "return" and not landed:
+                landed.append(code.co_name)
+                let_go.set()
+                raise KeyboardInterrupt  # the Ctrl-C, the lock just taken
+            return returning
+
+        return returning
+
+    sys.settrace(tracer)
+    try:
+        store.put(data)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+        let_go.set()
+    out: dict[str, str] = {}
+    after = threading.Thread(target=lambda: out.update(digest=store.put(data[1:])), daemon=True)
+    after.start()
+    after.join(60)
+    assert not after.is_alive(), f"the next large blob waits for ever ({landed})"
+    assert out["digest"] == "blake3:" + blake3.blake3(data[1:]).hexdigest()
+
+
 # -- names and signatures ----------------------------------------------------------------------
 
 

@@ -29,8 +29,9 @@ import io
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from queue import SimpleQueue
 from stat import S_ISDIR, S_ISREG
 
 from somatize._threads import process_pool
@@ -68,6 +69,20 @@ ONE_FILESYSTEM = (
 def _hashers() -> ThreadPoolExecutor:
     """A thread that hashes large blobs while they are written, made on first use."""
     return process_pool("somatize-hash", 1)
+
+
+def _hash_into(
+    hashed: SimpleQueue[tuple[str, BaseException | None]], pieces: Sequence[Buffer]
+) -> None:
+    """Hashes ``pieces`` on the hash thread, handing the digest (or what hashing raised) to
+    the writer through ``hashed``: a queue taken from in one C call, where the future of a
+    pool's call is waited on through a lock taken in Python code, which a Ctrl-C landing
+    there once it is taken leaves held, and the hash thread, settling the future, waits
+    on it for ever (every later large blob behind it)."""
+    try:
+        hashed.put((digest_of(pieces), None))
+    except BaseException as error:  # handed to the writer, who raises it
+        hashed.put(("", error))
 
 
 SMALL_FILE = 16 << 20
@@ -314,18 +329,22 @@ class LocalFiles(PackedHome):
         At interpreter exit the thread pools take no more work (rows a writer keeps then,
         a flush in an ``atexit`` handler): the blob is then hashed after it is written,
         on this thread, and kept all the same."""
+        answer: SimpleQueue[tuple[str, BaseException | None]] = SimpleQueue()
+        hashed: SimpleQueue[tuple[str, BaseException | None]] | None = answer
         try:
-            hashing: Future[str] | None = _hashers().submit(digest_of, pieces)
+            _hashers().submit(_hash_into, answer, pieces)
         except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
-            hashing = None
+            hashed = None
         with self._in_tmp(".part") as name:
             temporary = self._tmp + name
             try:
                 self._write_temporary(pieces, None, temporary)
             finally:
-                if hashing is not None:  # its thread reads the pieces: they outlive it
-                    digest = hashing.result()
-            if hashing is None:
+                if hashed is not None:  # its thread reads the pieces: they outlive it
+                    digest, failed = hashed.get()
+                    if failed is not None:
+                        raise failed
+            if hashed is None:
                 digest = digest_of(pieces)
             self._claim(digest, claims)
             target = self._blob_file(digest)
