@@ -1331,6 +1331,9 @@ def _items_checked(
     would run it with None."""
     if not containers:
         return
+    named: dict[fx.Node, str] = {}
+    """Each item taken so far, as the call names it (``batch['inner']``): an item taken
+    out of it in turn (``batch["inner"]["mask"]``) is one too."""
     for node in list(graph.nodes):
         taken = (node.op == "call_function" and node.target is operator.getitem) or (
             node.op == "call_method"
@@ -1341,21 +1344,24 @@ def _items_checked(
         if not taken or len(node.args) < 2:
             continue
         source, key = node.args[0], node.args[1]
-        if not (
-            isinstance(source, fx.Node)
-            and source.op == "placeholder"
-            and str(source.target).lstrip("*") in containers
-            and not isinstance(key, (fx.Node, slice))
-        ):
+        if not isinstance(source, fx.Node) or isinstance(key, (fx.Node, slice)):
             continue
-        item = (str(source.target).lstrip("*"), key)
+        if source.op == "placeholder" and str(source.target).lstrip("*") in containers:
+            name = str(source.target).lstrip("*")
+        elif source in named:
+            name = named[source]
+        else:
+            continue
+        shown = f"{name}[{key!r}]"
+        named[node] = shown
+        item = (name, key)
         if item not in tested and all(user.op in ("call_module", "output") for user in node.users):
             continue
         with graph.inserting_after(node):
             checked = graph.call_function(
-                _taken,
-                (node, model, str(source.target).lstrip("*"), key, node.op != "call_function"),
+                _taken, (node, model, name, key, node.op != "call_function")
             )
+        named[checked] = shown
         users = [user for user in node.users if user is not checked]
         for user in users:
             user.replace_input_with(node, checked)
@@ -1370,18 +1376,24 @@ def _none_tested(code: CodeType, containers: frozenset[str]) -> frozenset[tuple[
     found = list(dis.get_instructions(code))
     stored: dict[str, tuple[str, Any]] = {}
     tested: set[tuple[str, Any]] = set()
+    # The locals holding a container, each as a call names it: an argument, or an item
+    # taken out of one (`inner = batch["inner"]`, named `batch['inner']`).
+    sources = {name: name for name in containers}
     for at, one in enumerate(found):
-        if one.opname in _LOAD_ONE and one.argval in containers:
-            taken = _taken_at(found, at + 1)
-            if taken is None:
-                continue
-            key, after = taken
-            item = (str(one.argval), key)
+        loads = one.opname in _LOAD_ONE
+        taken = _taken_at(found, at + 1) if loads and one.argval in sources else None
+        if taken is not None:
+            name, (key, after) = sources[str(one.argval)], taken
+            # An item of an item (`batch["inner"].get("mask")`): named by its path.
+            while (deeper := _taken_at(found, after)) is not None:
+                name, (key, after) = f"{name}[{key!r}]", deeper
+            item = (name, key)
             if after < len(found) and found[after].opname.startswith("STORE_"):
                 stored[str(found[after].argval)] = item
+                sources[str(found[after].argval)] = f"{name}[{key!r}]"
             elif _none_test_at(found, after):
                 tested.add(item)
-        elif one.opname in _LOAD_ONE and one.argval in stored and _none_test_at(found, at + 1):
+        elif loads and one.argval in stored and _none_test_at(found, at + 1):
             tested.add(stored[str(one.argval)])
     return frozenset(tested)
 

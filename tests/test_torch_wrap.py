@@ -6264,6 +6264,55 @@ def test_an_item_tested_against_none_and_handed_to_a_module_left_out_is_refused(
             wrapped({"x": x})
 
 
+class TakesANestedBatch(nn.Module):
+    """Encodes a batch handed as a dict of dicts, scaling by the mask its inner dict holds
+    where it holds one, and attending where the inner dict holds a padding mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.attention = nn.MultiheadAttention(4, 2, batch_first=True)
+
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        h = self.encoder(batch["inner"]["x"])
+        scale = batch["inner"].get("scale")
+        if scale is not None:
+            h = h * scale
+        inner = batch["inner"]
+        mask = inner.get("mask")
+        if mask is not None:
+            h = self.attention(h, h, h, key_padding_mask=mask)[0]
+        return h
+
+
+def test_an_item_of_a_dict_in_a_dict_argument_left_out_is_refused_naming_it(
+    store: Store,
+) -> None:
+    """An item taken out of a dict in a dict argument (`batch["inner"].get("scale")`) is
+    stood in for as one of the argument's own: a call leaving it out is refused naming its
+    path, where it ran the code traced for a value (a raw TypeError from fx's code, or the
+    attention the forward skips for a mask left out); calls handing it answer as the
+    model does."""
+    torch.manual_seed(0)
+    model = TakesANestedBatch().eval()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    wrapped.eval()
+    x, two = torch.randn(2, 3, 4), torch.full((2, 3, 4), 2.0)
+    mask = torch.tensor([[False, False, True], [False, False, False]])
+    with torch.no_grad():
+        given = {"inner": {"x": x, "scale": two, "mask": mask}}
+        assert torch.equal(wrapped(given), model(given))
+        with pytest.raises(
+            smt.WrapError, match=r"`batch\['inner'\]\['scale'\]` is None .* has no 'scale'"
+        ):
+            wrapped({"inner": {"x": x, "mask": mask}})
+        with pytest.raises(
+            smt.WrapError, match=r"`batch\['inner'\]\['mask'\]` is None .* has no 'mask'"
+        ):
+            wrapped({"inner": {"x": x, "scale": two}})
+
+
 class Logs(nn.Module):
     def __init__(self) -> None:
         super().__init__()
