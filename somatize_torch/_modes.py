@@ -51,7 +51,6 @@ originals in every other thread, and are put back when the trace ends.
 from __future__ import annotations
 
 import builtins
-import dis
 import enum
 import functools
 import importlib._bootstrap as _bootstrap
@@ -70,6 +69,8 @@ from typing import Any
 import torch
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from somatize_torch._text_flow import asked_at
 
 __all__ = [
     "Fixed",
@@ -284,28 +285,34 @@ def _as_text(recorder: _Recorder, original: Callable[..., Any], proxy: Any) -> A
 
     if not _model_own(_caller()):
         return text
-    if _compared_joined(sys._getframe(2)):
-        raise Fixed(_ASKED)
+    _refuse_asked(sys._getframe(2), _model_own)
     return _Text(text)
 
 
-def _compared_joined(frame: types.FrameType) -> bool:
-    """Whether ``frame`` is formatting a value into an f-string of several parts that it
-    compares next (``f"dtype={x.dtype}" == ...``): Python joins the parts into plain text,
-    which a :class:`_Text` part does not mark."""
-    found = list(dis.get_instructions(frame.f_code))
-    at = next((n for n, one in enumerate(found) if one.offset == frame.f_lasti), None)
-    if at is None or found[at].opname not in ("FORMAT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC"):
-        return False
-    at += 1
-    while at < len(found) and found[at].opname not in ("BUILD_STRING",):
-        if not found[at].opname.startswith(("LOAD_", "FORMAT_", "CONVERT_VALUE", "PUSH_NULL")):
-            return False
-        at += 1
-    at += 1
-    while at < len(found) and found[at].opname.startswith("LOAD_"):
-        at += 1
-    return at < len(found) and found[at].opname in ("COMPARE_OP", "CONTAINS_OP", "BINARY_SUBSCR")
+def _refuse_asked(frame: types.FrameType, own: Callable[[str], bool]) -> None:
+    """Refuses (:class:`Fixed`) the text the model's code makes of a stand-in's in
+    ``frame`` where that code, or the model's code it returns it to, asks something of
+    it: Python puts a :class:`_Text` into plain text (``"{}!".format(...)``, ``"%s" %
+    (...,)``, ``"-".join([...])``, an f-string of parts), which it does not mark."""
+    try:
+        where = asked_at(frame, own)
+    except Exception:  # pragma: no cover - code this reading does not know is let be
+        return
+    if where is not None:
+        raise Fixed(f"{_ASKED}. The text is asked at {where}")
+
+
+def _text_made(self: str) -> None:
+    """A :class:`_Text` put into more text by the model's code as it is traced
+    (formatted, ``%``, ``str``), two frames up: refused where that text is asked
+    something (:func:`_refuse_asked`)."""
+    if getattr(_here, "recorder", None) is None:
+        return
+    from somatize_torch._split import _model_own
+
+    frame = sys._getframe(2)
+    if _model_own(frame.f_code.co_filename):
+        _refuse_asked(frame, _model_own)
 
 
 _ASKED = (
@@ -360,6 +367,8 @@ def _joining(name: str) -> Callable[..., Any]:
     reflected = {"__radd__": "__add__", "__rmod__": "__mod__", "__rmul__": "__mul__"}
 
     def joined(self: str, other: Any, /) -> Any:
+        if name == "__format__":
+            _text_made(self)
         if name in reflected:
             if not isinstance(other, str):
                 return NotImplemented
@@ -379,6 +388,24 @@ for _name in (
     setattr(_Text, _name, _refusing(_name))
 for _name in ("__add__", "__radd__", "__mod__", "__rmod__", "__mul__", "__rmul__", "__format__"):
     setattr(_Text, _name, _joining(_name))
+
+
+def _text_of(self: str) -> str:
+    """``str(text)``, and what ``"%s" % (text,)`` and ``print`` ask: the text itself, a
+    :class:`_Text` still, refused where the model's code asks something of plain text
+    made of it."""
+    _text_made(self)
+    return self
+
+
+def _repr_of(self: str) -> str:
+    """``repr(text)``, ``"%r" % (text,)``: as of the text, a :class:`_Text` too."""
+    _text_made(self)
+    return _Text(str.__repr__(self))
+
+
+_Text.__str__ = _text_of  # type: ignore[method-assign,assignment]
+_Text.__repr__ = _repr_of  # type: ignore[method-assign,assignment]
 
 
 def _attribute_asked(recorder: _Recorder, original: Callable[..., Any], *args: Any) -> Any:

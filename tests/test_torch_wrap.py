@@ -3387,6 +3387,96 @@ class ScalesForItsDtypeJoined(OnTempered):
         return h * 10 if "dtype " + str(x.dtype) == "dtype torch.float64" else h
 
 
+class ScalesForItsDtypeFormatted(OnTempered):
+    """Scales by ten when text formatted of the name of its dtype says float64."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 10 if "{}!".format(str(x.dtype)) == "torch.float64!" else h  # noqa: UP032
+
+
+class ScalesForItsDtypeByPercent(OnTempered):
+    """The same, formatting the name with `%` and a tuple."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 10 if "%s" % (str(x.dtype),) == "torch.float64" else h  # noqa: UP031
+
+
+class ScalesForItsDtypeJoinedByJoin(OnTempered):
+    """The same, joining the name into a list's text kept in a local, asked a line
+    later."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        name = "-".join([str(x.dtype), "a"])
+        return h * 10 if name in ("torch.float64-a",) else h
+
+
+class ScalesForItsDtypeTwiceMadeText(OnTempered):
+    """The same, making text of the text of its dtype (`str(str(...))`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 10 if str(str(x.dtype)) == "torch.float64" else h
+
+
+def _dtype_named(x: torch.Tensor) -> str:
+    """The name of ``x``'s dtype, joined to a suffix."""
+    return "-".join([str(x.dtype), "k"])
+
+
+class LooksUpAGainByItsDtype(OnTempered):
+    """Looks a gain up by text a function of its own makes of its dtype's name."""
+
+    gains: ClassVar[dict[str, float]] = {"torch.float64-k": 10.0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * self.gains.get(_dtype_named(x), 1.0)
+
+
+class PutsItsDtypeInMessages(OnTempered):
+    """Puts the name of its dtype into messages made by `format`, `%`, `join` and
+    `str`, printed and warned of, which is let be."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        message = "-".join([str(x.dtype), "input"])
+        print("{}!".format(x.dtype), "%s" % (x.dtype,), message, str(str(x.dtype)))  # noqa: UP032, UP031
+        warnings.warn("{} input of shape {}".format(str(x.dtype), x.shape), stacklevel=1)  # noqa: UP032
+        return self.encoder(x) * 2
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        (ScalesForItsDtypeFormatted, r"\"\{\}!\"\.format\(str\(x\.dtype\)\) == .*into text"),
+        (ScalesForItsDtypeByPercent, r"\"%s\" % \(str\(x\.dtype\),\) == .*into text"),
+        (ScalesForItsDtypeJoinedByJoin, r"\"-\"\.join.*into text.*asked at .*`return h \* 10 if"),
+        (ScalesForItsDtypeTwiceMadeText, r"str\(str\(x\.dtype\)\) == .*into text"),
+        (LooksUpAGainByItsDtype, r"\"-\"\.join.*into text.*asked at .*self\.gains\.get"),
+    ],
+    ids=["format", "percent with a tuple", "join", "str of str", "looked up as returned"],
+)
+def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
+    store: Store, kind: Callable[[], nn.Module], named: str
+) -> None:
+    """Python puts the text of a stand-in into plain text by `str.format`, `%` with a
+    tuple, `str.join` or `str`, which it does not mark: `"{}!".format(str(x.dtype)) ==
+    "torch.float64!"` would keep the branch for float32 for a float64 input too. `wrap`
+    follows that text through locals and what a function returns, and refuses it where it
+    is compared or looked up, naming both lines; put into a message, it is let be, and
+    the model answers as it does."""
+    torch.manual_seed(0)
+    with pytest.raises(smt.Untraceable, match=named):
+        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wrapped, model = _encoder_cached(PutsItsDtypeInMessages, store)
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            assert torch.equal(wrapped(x), model(x))
+
+
 class PrintsItsShape(OnTempered):
     """Prints the shape of its input as it runs, logs it, and checks its width with a
     message naming it, as torchvision's vision transformer checks its input's size."""

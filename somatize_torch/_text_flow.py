@@ -1,0 +1,387 @@
+"""Where the text the model's code makes of a value fx stands in for goes, read from the
+code that makes it.
+
+The text of a stand-in (``str(x.dtype)``) is its name whatever a call gives, and a
+:class:`~somatize_torch._modes._Text` refuses to be compared, looked up or read as the
+forward is traced. Python's own code puts it into plain text the model's code can then ask
+anything without a word: ``"{}!".format(...)``, ``"%s" % (...,)``, ``"-".join([...])``,
+``f"a {...}"``. So where the model's code makes such text, the instructions after are
+followed, the value and the text made of it on the stack, in locals, lists and tuples,
+and through what the function returns, to what is done with it: compared, looked up,
+searched or read (refused), or handed to a call (a message, a log record), stored on an
+object or dropped (let be). Each place is read once, when a trace first makes text
+there, and never as the trace runs otherwise.
+"""
+
+from __future__ import annotations
+
+import dis
+import linecache
+import types
+from typing import Any
+
+__all__ = ["asked_at"]
+
+_TEXT, _HOLDER = "text", "holder"
+"""What a followed value is: text, or a list, tuple or dict holding text."""
+
+_MAKES_TEXT = frozenset(
+    {"str", "repr", "ascii", "format", "format_map", "join", "__str__", "__repr__"}
+    | {"__format__", "__add__", "__radd__", "__mod__", "__rmod__", "__mul__", "lower"}
+    | {"upper", "strip", "lstrip", "rstrip", "replace", "casefold", "title", "capitalize"}
+    | {"removeprefix", "removesuffix", "zfill", "center", "ljust", "rjust", "swapcase"}
+)
+"""Calls that make more text of text handed to them."""
+
+_ASKS = frozenset(
+    {"get", "index", "count", "setdefault", "pop", "remove", "discard", "startswith"}
+    | {"endswith", "find", "rfind", "rindex", "split", "rsplit", "partition", "__eq__"}
+    | {"__ne__", "__contains__", "__getitem__", "__hash__", "len", "hash", "getattr"}
+    | {"hasattr", "int", "float", "bool", "ord", "sorted", "set", "frozenset", "fromkeys"}
+    | {"isdigit", "isalpha", "isnumeric", "fullmatch", "match", "search", "min", "max"}
+)
+"""Calls that ask something of text handed to them, or look something up by it."""
+
+_HOLDS = frozenset({"list", "tuple", "reversed"})
+"""Calls that make a list or tuple of what they are handed."""
+
+_PUTS = frozenset({"append", "extend", "insert", "add", "update", "__setitem__"})
+"""Methods that put what they are handed into the object they are called on."""
+
+_ASKED_OPS = frozenset({"COMPARE_OP", "CONTAINS_OP", "IS_OP", "BINARY_SUBSCR"})
+_STORE_LOCAL = frozenset({"STORE_FAST", "STORE_NAME", "STORE_DEREF"})
+_LOAD_LOCAL = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_NAME"})
+_LOAD_LOCAL |= {"LOAD_DEREF", "LOAD_CLOSURE"}
+_CALLEE = frozenset({"LOAD_METHOD", "LOAD_ATTR", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"})
+_CALLEE |= {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"}
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+_STEPS = 200000
+"""The most instructions one reading follows (paths forked at each branch), to bound it."""
+
+_READ: dict[tuple[int, int], tuple[types.CodeType, Any]] = {}
+"""Per function's code (by id, kept with it) and place, what :func:`_follow` found."""
+
+
+class _Slot:
+    """A value on the stack: whether it is followed (text or a holder of it, else None),
+    the instruction that put it there, and the local it was loaded from."""
+
+    __slots__ = ("kind", "local", "pusher")
+
+    def __init__(self, kind: str | None, pusher: dis.Instruction | None, local: str | None) -> None:
+        self.kind, self.pusher, self.local = kind, pusher, local
+
+
+_UNKNOWN = _Slot(None, None, None)
+
+
+_POPS: dict[tuple[str, int], int | None] = {}
+"""What :func:`_pops` found, per instruction's name and argument."""
+
+
+def _pops(one: dis.Instruction) -> int | None:
+    """How many values ``one`` takes off the stack, where it is known here."""
+    key = (one.opname, one.arg or 0)
+    found = _POPS.get(key, -1)
+    if found != -1:
+        return found
+    if len(_POPS) >= 4096:
+        _POPS.clear()
+    found = _POPS[key] = _pops_of(*key)
+    return found
+
+
+def _pops_of(name: str, arg: int) -> int | None:
+    if name in ("LOAD_ATTR", "LOAD_METHOD", "FORMAT_SIMPLE", "CONVERT_VALUE", "TO_BOOL"):
+        return 1
+    if name.startswith("LOAD_") or name in ("PUSH_NULL", "NOP", "PRECALL", "KW_NAMES"):
+        return 0
+    if name in ("RESUME", "CACHE", "EXTENDED_ARG", "JUMP_FORWARD", "COPY_FREE_VARS"):
+        return 0
+    if name in _ASKED_OPS or name.startswith("BINARY_") or name == "FORMAT_WITH_SPEC":
+        return 2
+    if name in ("BUILD_LIST", "BUILD_TUPLE", "BUILD_SET", "BUILD_STRING"):
+        return arg
+    if name == "BUILD_MAP":
+        return 2 * arg
+    if name == "BUILD_CONST_KEY_MAP":
+        return arg + 1
+    if name in ("LIST_APPEND", "SET_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE"):
+        return 1
+    if name == "FORMAT_VALUE":
+        return 2 if arg & 0x04 else 1
+    if name in ("CALL", "CALL_METHOD", "CALL_FUNCTION_KW"):
+        return arg + 2
+    if name == "CALL_FUNCTION":
+        return arg + 1
+    if name == "CALL_KW":
+        return arg + 3
+    if name in _STORE_LOCAL or name in ("STORE_GLOBAL", "POP_TOP", "RETURN_VALUE"):
+        return 1
+    if name in ("YIELD_VALUE", "UNARY_NOT", "UNARY_NEGATIVE", "GET_ITER", "UNPACK_SEQUENCE"):
+        return 1
+    if name.startswith(("POP_JUMP", "JUMP_IF")):
+        return 1
+    if name == "STORE_ATTR":
+        return 2
+    if name == "STORE_SUBSCR":
+        return 3
+    return None
+
+
+def _callee(popped: list[_Slot]) -> tuple[str | None, _Slot | None]:
+    """The name of what a call whose stack was ``popped`` calls (``join``, ``print``), and
+    the slot of the object it is a method of, where one is."""
+    for slot in popped[:2]:
+        one = slot.pusher
+        if one is not None and one.opname in _CALLEE and isinstance(one.argval, str):
+            owner = slot if one.opname in ("LOAD_METHOD", "LOAD_ATTR") else None
+            return one.argval, owner
+    return None, None
+
+
+class _Step:
+    """One instruction of a function's code, as :func:`_follow` reads it: how many values
+    it takes off the stack and puts on, and where it may jump, with the stack's change
+    there."""
+
+    __slots__ = ("jump", "moved", "one", "pops", "pushes", "target")
+
+    def __init__(self, one: dis.Instruction, place: dict[int, int]) -> None:
+        self.one = one
+        pops = _pops(one)
+        try:
+            net = dis.stack_effect(one.opcode, one.arg, jump=False)
+        except ValueError:
+            net = None
+        # None where the stack's change is not known: a path stops there.
+        self.pops = None if net is None else (max(0, -net) if pops is None else pops)
+        self.pushes = 0 if net is None or self.pops is None else max(0, net + self.pops)
+        self.target = one.is_jump_target
+        self.jump: int | None = None
+        self.moved = 0
+        if one.opcode in _JUMPS and isinstance(one.argval, int) and one.argval in place:
+            self.jump = place[one.argval]
+            try:
+                self.moved = dis.stack_effect(one.opcode, one.arg, jump=True)
+            except ValueError:
+                self.jump = None
+
+
+_STEPPED: dict[int, tuple[types.CodeType, list[_Step], dict[int, int]]] = {}
+"""Per function's code (by id, kept with it), its instructions as :func:`_follow` reads
+them, and each one's place by offset."""
+
+
+def _steps(code: types.CodeType) -> tuple[list[_Step], dict[int, int]]:
+    kept = _STEPPED.get(id(code))
+    if kept is not None and kept[0] is code:
+        return kept[1], kept[2]
+    if len(_STEPPED) >= 1024:
+        _STEPPED.clear()
+    found = list(dis.get_instructions(code))
+    place = {one.offset: at for at, one in enumerate(found)}
+    steps = [_Step(one, place) for one in found]
+    _STEPPED[id(code)] = (code, steps, place)
+    return steps, place
+
+
+def _follow(code: types.CodeType, start: int, kind: str) -> tuple[str, Any]:
+    """Where the value made by the instruction of ``code`` at ``start`` (of ``kind``)
+    goes: ("asked", the instruction that asks it), ("returned", the kind returned), or
+    ("let", None)."""
+    steps, place = _steps(code)
+    if start not in place:
+        # A frame that called Python code (3.11) stands past its call's inline caches:
+        # the call is the last instruction before.
+        before = [step.one.offset for step in steps if step.one.offset < start]
+        if not before:
+            return "let", None
+        start = before[-1]
+    first = place[start]
+    taken = 0
+    returned: str | None = None
+    seen: set[tuple[int, frozenset[tuple[str, str]], bool]] = set()
+    # Each path: where it is, the stack, the locals followed, whether it passed `start`.
+    paths: list[tuple[int, list[_Slot], dict[str, str], bool]] = [(0, [], {}, False)]
+    while paths:
+        at, stack, locals_, began = paths.pop()
+        while at < len(steps) and taken < _STEPS:
+            if began:
+                if not locals_ and all(slot.kind is None for slot in stack):
+                    break  # nothing followed left on this path
+            elif at > first:
+                break  # past the place the value is made, which this path skipped
+            taken += 1
+            step = steps[at]
+            one = step.one
+            if step.target:
+                mark = (at, frozenset(locals_.items()), began)
+                if mark in seen:
+                    break
+                seen.add(mark)
+            pops = step.pops
+            if pops is None:
+                break
+            name = one.opname
+            held = stack if step.jump is None else list(stack)
+            if pops:
+                popped = stack[-pops:]
+                if len(popped) < pops:
+                    popped = [_UNKNOWN] * (pops - len(popped)) + popped
+                del stack[-pops:]
+            else:
+                popped = []
+            made: str | None = None
+            if any(slot.kind is not None for slot in popped):
+                kinds = {slot.kind for slot in popped if slot.kind is not None}
+                verdict = _taken(one, name, popped, kinds)
+                if verdict == "asked":
+                    return "asked", one
+                if verdict == "returned":
+                    returned = _TEXT if _TEXT in kinds else _HOLDER
+                    break
+                if verdict in (_TEXT, _HOLDER):
+                    made = verdict
+                elif isinstance(verdict, tuple):  # put into a list a local holds
+                    locals_ = {**locals_, verdict[1]: _HOLDER}
+            if name in _STORE_LOCAL:
+                if popped[-1].kind is not None:
+                    locals_ = {**locals_, one.argval: popped[-1].kind}
+                elif one.argval in locals_:
+                    locals_ = {k: v for k, v in locals_.items() if k != one.argval}
+            local = one.argval if name in _LOAD_LOCAL and isinstance(one.argval, str) else None
+            if local is None and name in ("LOAD_METHOD", "LOAD_ATTR") and popped:
+                local = popped[-1].local
+            if local is not None and local in locals_ and name in _LOAD_LOCAL:
+                made = locals_[local]
+            if at == first:
+                made, began = kind, True
+            if step.pushes:
+                slot = _Slot(made, one, local)
+                stack.extend([slot] * step.pushes)
+            if step.jump is not None and step.jump > at and name != "JUMP_FORWARD":
+                # A branch, or a loop's way out: followed on both ways.
+                moved = step.moved
+                kept = held[: max(0, len(held) + moved)] if moved < 0 else held + [_UNKNOWN] * moved
+                paths.append((step.jump, kept, locals_, began))
+            if name == "JUMP_FORWARD" and step.jump is not None:
+                at = step.jump
+                continue
+            if name in ("RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"):
+                break
+            if name.startswith(("JUMP_BACKWARD", "JUMP_ABSOLUTE")) or name == "JUMP":
+                break
+            at += 1
+    if returned is not None:
+        return "returned", returned
+    return "let", None
+
+
+def _taken(
+    one: dis.Instruction, name: str, popped: list[_Slot], kinds: set[str]
+) -> str | tuple[str, str] | None:
+    """What ``one`` does with followed values it takes (``popped``): "asked", "returned",
+    the kind of what it makes of them, ("puts", local) where it puts text into the list
+    ``local`` holds, or None where it makes nothing followed."""
+    text = _TEXT in kinds
+    if name in ("COMPARE_OP", "CONTAINS_OP", "IS_OP"):
+        return "asked"
+    if name == "BINARY_SUBSCR":
+        # Text looked up by, or read, item by item; an item taken out of a list of texts
+        # is text.
+        return "asked" if popped[-1].kind is not None or popped[0].kind == _TEXT else _TEXT
+    if name.startswith("BINARY_"):
+        return _TEXT if text else _HOLDER
+    if name in ("LOAD_ATTR", "LOAD_METHOD"):
+        # A method of a list of texts (`parts.append`) is followed as the list.
+        return "asked" if text else _HOLDER
+    if name in ("BUILD_LIST", "BUILD_TUPLE", "BUILD_SET", "BUILD_MAP", "BUILD_CONST_KEY_MAP"):
+        return _HOLDER
+    if name == "BUILD_STRING" or name.startswith(("FORMAT_", "CONVERT_")):
+        return _TEXT
+    if name in ("LIST_APPEND", "SET_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE"):
+        return None
+    if name == "STORE_SUBSCR":
+        # Stored by it as a key (`table[name] = ...`): looked up by it.
+        return "asked" if popped[-1].kind is not None else None
+    if name.startswith("CALL"):
+        callee, owner = _callee(popped)
+        args = popped[2:] if name != "CALL_FUNCTION" else popped[1:]
+        handed = any(slot.kind is not None for slot in args)
+        if owner is not None and owner.kind is not None and callee in _ASKS:
+            return "asked"
+        if not handed:
+            return None
+        if callee in _ASKS:
+            return "asked"
+        if callee in _MAKES_TEXT:
+            return _TEXT
+        if callee in _HOLDS:
+            return _HOLDER
+        if callee in _PUTS and owner is not None and owner.local is not None:
+            return ("puts", owner.local)
+        return None
+    if name in ("RETURN_VALUE", "YIELD_VALUE"):
+        return "returned"
+    if name.startswith(("POP_JUMP", "JUMP_IF")) or name in ("UNARY_NOT", "TO_BOOL"):
+        return "asked" if text else None
+    if name == "GET_ITER":
+        return "asked" if text else None
+    if name == "UNPACK_SEQUENCE":
+        return _TEXT
+    return None
+
+
+def _read(code: types.CodeType, start: int, kind: str) -> tuple[str, Any]:
+    """:func:`_follow`, read once per place."""
+    key = (id(code), start)
+    kept = _READ.get(key)
+    if kept is not None and kept[0] is code:
+        return kept[1]  # type: ignore[no-any-return]
+    if len(_READ) >= 4096:
+        _READ.clear()
+    found = _follow(code, start, kind)
+    _READ[key] = (code, found)
+    return found
+
+
+def found_in(code: types.CodeType) -> list[dis.Instruction]:
+    """The instructions of ``code``."""
+    return list(dis.get_instructions(code))
+
+
+def _line(found: list[dis.Instruction], one: dis.Instruction) -> int | None:
+    """The line of ``one``: where it is, else (Python 3.10) the last line an instruction
+    up to it starts."""
+    positions = getattr(one, "positions", None)
+    if positions is not None and positions.lineno is not None:
+        return int(positions.lineno)
+    line = None
+    for each in found:
+        if type(each.starts_line) is int:
+            line = each.starts_line
+        if each is one or each.offset == one.offset:
+            break
+    return line
+
+
+def asked_at(frame: types.FrameType, own: Any) -> str | None:
+    """Where the model's code asks something of the value the instruction ``frame`` runs
+    makes, which holds the text of a stand-in: "`file:line` (`source`)", or None where it
+    is only handed on, printed, stored or dropped. ``own`` tells the model's files apart:
+    a value returned is followed in the caller, where that is the model's."""
+    kind = _TEXT
+    for _ in range(8):
+        found = _read(frame.f_code, frame.f_lasti, kind)
+        if found[0] == "asked":
+            one: dis.Instruction = found[1]
+            line = _line(found_in(frame.f_code), one)
+            filename = frame.f_code.co_filename
+            source = linecache.getline(filename, line).strip() if line else ""
+            return f"{filename}:{line} (`{source}`)"
+        caller = frame.f_back
+        if found[0] != "returned" or caller is None or not own(caller.f_code.co_filename):
+            return None
+        frame, kind = caller, found[1]
+    return None
