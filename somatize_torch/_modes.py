@@ -315,6 +315,26 @@ def _text_made(self: str) -> None:
         _refuse_asked(frame, _model_own)
 
 
+def _hashed(recorder: _Recorder, original: Callable[..., Any], proxy: Any) -> Any:
+    """The hash of a value fx stands in for: asked by the model's code (``x.dtype in
+    {torch.float16, torch.bfloat16}``, ``{torch.float64: 10.0}.get(x.dtype)``), refused
+    (:class:`Fixed`), since the stand-in is no key of any set or dict, and what the
+    forward looks up would be missed whatever a call gives; by torch's code, as ever."""
+    # Imported here: the module that tells the model's code apart imports this one.
+    from somatize_torch._split import _model_own
+
+    if _model_own(_caller()):
+        raise Fixed(_HASHED)
+    return original(proxy)
+
+
+_HASHED = (
+    "looks a value fx stands in for up in a set or dict (`x.dtype in {torch.float16, "
+    "torch.bfloat16}`, `{torch.float64: 10.0}.get(x.dtype)`): the stand-in is no key of "
+    "it, so the branch kept would be the one for a value not there, whatever a call gives"
+)
+
+
 _ASKED = (
     'turns a value fx stands in for into text (`str(x.dtype)`, `f"{x.device}"`) and asks '
     "something of it: the text is the stand-in's name, not the value's, so what the forward "
@@ -725,6 +745,7 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
         (builtins, "getattr", _attribute_asked),
         (fx.Proxy, "__repr__", _as_text),
         (fx.proxy.ParameterProxy, "__repr__", _as_text),
+        (fx.Proxy, "__hash__", _hashed),
         (torch._C, "_set_grad_enabled", _switch_grad),
         (torch, "is_grad_enabled", _read_grad),
         (torch, "is_inference_mode_enabled", _read("is_inference_mode_enabled", "mode")),

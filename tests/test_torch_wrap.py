@@ -3542,6 +3542,47 @@ def test_a_forward_turning_what_fx_stands_in_for_into_text_is_refused(
             assert torch.equal(wrapped(x), model(x))
 
 
+class UpcastsHalfInputs(OnTempered):
+    """Upcasts an input whose dtype is in a set of half kinds before its encoder, and
+    scales by a gain looked up by the dtype, as mixed-precision code does."""
+
+    gains: ClassVar[dict[torch.dtype, float]] = {torch.float64: 10.0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in {torch.float16, torch.bfloat16, torch.float64}:
+            x = x.float() * 2
+        return self.encoder(x.float()) * self.gains.get(x.dtype, 1.0)
+
+
+class LooksUpAGainByItsKind(OnTempered):
+    """Scales by a gain looked up by its input's dtype alone."""
+
+    gains: ClassVar[dict[torch.dtype, float]] = {torch.float64: 10.0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * self.gains.get(x.dtype, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        (UpcastsHalfInputs, r"x\.dtype in \{torch\.float16.*set or dict"),
+        (LooksUpAGainByItsKind, r"self\.gains\.get\(x\.dtype, 1\.0\).*set or dict"),
+    ],
+    ids=["in a set", "a dict's get"],
+)
+def test_looking_what_fx_stands_in_for_up_in_a_set_or_dict_is_refused(
+    store: Store, kind: Callable[[], nn.Module], named: str
+) -> None:
+    """fx's stand-in for `x.dtype` is no key of any set or dict: `x.dtype in
+    {torch.float16, ...}` answers no, and `gains.get(x.dtype, 1.0)` the default, whatever
+    a call gives, so a float64 input would run the branch for float32. `wrap` refuses it,
+    naming the line."""
+    torch.manual_seed(0)
+    with pytest.raises(smt.Untraceable, match=named):
+        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
+
+
 class ScalesWhenMarked(OnTempered):
     """Scales by ten when what its encoder answers carries a mark (`hasattr`)."""
 
