@@ -15,7 +15,9 @@ there, and never as the trace runs otherwise.
 
 from __future__ import annotations
 
+import builtins
 import dis
+import inspect
 import linecache
 import types
 from typing import Any
@@ -58,7 +60,7 @@ _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
 _STEPS = 200000
 """The most instructions one reading follows (paths forked at each branch), to bound it."""
 
-_READ: dict[tuple[int, int], tuple[types.CodeType, Any]] = {}
+_READ: dict[tuple[Any, ...], tuple[types.CodeType, Any]] = {}
 """Per function's code (by id, kept with it) and place, what :func:`_follow` found."""
 
 
@@ -73,6 +75,11 @@ class _Slot:
 
 
 _UNKNOWN = _Slot(None, None, None)
+
+_Handed = tuple[str, _Slot, int, int, str, tuple[str, ...]]
+"""A call a followed value is handed to: the name called, the slot of what was loaded to
+call it, the value's place among the call's arguments, how many those are, its kind, and
+the names of those given by keyword (the last ones)."""
 
 
 _POPS: dict[tuple[str, int], int | None] = {}
@@ -129,15 +136,15 @@ def _pops_of(name: str, arg: int) -> int | None:
     return None
 
 
-def _callee(popped: list[_Slot]) -> tuple[str | None, _Slot | None]:
-    """The name of what a call whose stack was ``popped`` calls (``join``, ``print``), and
-    the slot of the object it is a method of, where one is."""
+def _callee(popped: list[_Slot]) -> tuple[str | None, _Slot | None, _Slot]:
+    """The name of what a call whose stack was ``popped`` calls (``join``, ``print``), the
+    slot of the object it is a method of, where one is, and the slot it was loaded as."""
     for slot in popped[:2]:
         one = slot.pusher
         if one is not None and one.opname in _CALLEE and isinstance(one.argval, str):
             owner = slot if one.opname in ("LOAD_METHOD", "LOAD_ATTR") else None
-            return one.argval, owner
-    return None, None
+            return one.argval, owner, slot
+    return None, None, _UNKNOWN
 
 
 class _Step:
@@ -157,6 +164,10 @@ class _Step:
         # None where the stack's change is not known: a path stops there.
         self.pops = None if net is None else (max(0, -net) if pops is None else pops)
         self.pushes = 0 if net is None or self.pops is None else max(0, net + self.pops)
+        if one.opname == "PRECALL":  # 3.11 counts a call's arguments off here
+            self.pushes = 0
+        elif one.opname.startswith("CALL"):
+            self.pushes = 1
         self.target = one.is_jump_target
         self.jump: int | None = None
         self.moved = 0
@@ -186,24 +197,33 @@ def _steps(code: types.CodeType) -> tuple[list[_Step], dict[int, int]]:
     return steps, place
 
 
-def _follow(code: types.CodeType, start: int, kind: str) -> tuple[str, Any]:
-    """Where the value made by the instruction of ``code`` at ``start`` (of ``kind``)
-    goes: ("asked", the instruction that asks it), ("returned", the kind returned), or
-    ("let", None)."""
+def _follow(
+    code: types.CodeType, start: int, kind: str, entry: str | None = None
+) -> tuple[str, Any, list[_Handed]]:
+    """Where the value made by the instruction of ``code`` at ``start`` (of ``kind``), or
+    handed to it as its argument ``entry``, goes: ("asked", the instruction that asks
+    it), ("returned", the kind returned), or ("let", None); with the calls it is handed
+    to, which may be the model's."""
     steps, place = _steps(code)
-    if start not in place:
+    handed: list[_Handed] = []
+    if entry is not None:
+        start = -1
+    elif start not in place:
         # A frame that called Python code (3.11) stands past its call's inline caches:
         # the call is the last instruction before.
         before = [step.one.offset for step in steps if step.one.offset < start]
         if not before:
-            return "let", None
+            return "let", None, handed
         start = before[-1]
-    first = place[start]
+    first = place.get(start, -1)
     taken = 0
     returned: str | None = None
     seen: set[tuple[int, frozenset[tuple[str, str]], bool]] = set()
     # Each path: where it is, the stack, the locals followed, whether it passed `start`.
-    paths: list[tuple[int, list[_Slot], dict[str, str], bool]] = [(0, [], {}, False)]
+    paths: list[tuple[int, list[_Slot], dict[str, str], bool]] = [
+        (0, [], {}, False) if entry is None else (0, [], {entry: kind}, True)
+    ]
+    kw_names: tuple[str, ...] = ()
     while paths:
         at, stack, locals_, began = paths.pop()
         while at < len(steps) and taken < _STEPS:
@@ -237,14 +257,18 @@ def _follow(code: types.CodeType, start: int, kind: str) -> tuple[str, Any]:
                 kinds = {slot.kind for slot in popped if slot.kind is not None}
                 verdict = _taken(one, name, popped, kinds)
                 if verdict == "asked":
-                    return "asked", one
+                    return "asked", one, handed
                 if verdict == "returned":
                     returned = _TEXT if _TEXT in kinds else _HOLDER
                     break
                 if verdict in (_TEXT, _HOLDER):
                     made = verdict
-                elif isinstance(verdict, tuple):  # put into a list a local holds
+                elif isinstance(verdict, tuple) and verdict[0] == "puts":
                     locals_ = {**locals_, verdict[1]: _HOLDER}
+                elif isinstance(verdict, tuple) and len(handed) < 16:
+                    keywords = kw_names if name == "CALL" else ()
+                    _, *called = verdict
+                    handed.append((*called, keywords))
             if name in _STORE_LOCAL:
                 if popped[-1].kind is not None:
                     locals_ = {**locals_, one.argval: popped[-1].kind}
@@ -257,6 +281,10 @@ def _follow(code: types.CodeType, start: int, kind: str) -> tuple[str, Any]:
                 made = locals_[local]
             if at == first:
                 made, began = kind, True
+            if name == "KW_NAMES":
+                kw_names = one.argval if isinstance(one.argval, tuple) else ()
+            elif name.startswith("CALL"):
+                kw_names = ()
             if step.pushes:
                 slot = _Slot(made, one, local)
                 stack.extend([slot] * step.pushes)
@@ -274,13 +302,13 @@ def _follow(code: types.CodeType, start: int, kind: str) -> tuple[str, Any]:
                 break
             at += 1
     if returned is not None:
-        return "returned", returned
-    return "let", None
+        return "returned", returned, handed
+    return "let", None, handed
 
 
 def _taken(
     one: dis.Instruction, name: str, popped: list[_Slot], kinds: set[str]
-) -> str | tuple[str, str] | None:
+) -> str | tuple[Any, ...] | None:
     """What ``one`` does with followed values it takes (``popped``): "asked", "returned",
     the kind of what it makes of them, ("puts", local) where it puts text into the list
     ``local`` holds, or None where it makes nothing followed."""
@@ -306,7 +334,7 @@ def _taken(
         # Stored by it as a key (`table[name] = ...`): looked up by it.
         return "asked" if popped[-1].kind is not None else None
     if name.startswith("CALL"):
-        callee, owner = _callee(popped)
+        callee, owner, by = _callee(popped)
         args = popped[2:] if name != "CALL_FUNCTION" else popped[1:]
         handed = any(slot.kind is not None for slot in args)
         if owner is not None and owner.kind is not None and callee in _ASKS:
@@ -321,6 +349,11 @@ def _taken(
             return _HOLDER
         if callee in _PUTS and owner is not None and owner.local is not None:
             return ("puts", owner.local)
+        if callee is not None and not any(slot.kind is not None for slot in popped[:2]):
+            # Handed to a function that may be the model's: followed into it where the
+            # frame tells what it is (:func:`asked_at`).
+            at = next(at for at, slot in enumerate(args) if slot.kind is not None)
+            return ("handed", callee, by, at, len(args), args[at].kind)
         return None
     if name in ("RETURN_VALUE", "YIELD_VALUE"):
         return "returned"
@@ -333,15 +366,17 @@ def _taken(
     return None
 
 
-def _read(code: types.CodeType, start: int, kind: str) -> tuple[str, Any]:
+def _read(
+    code: types.CodeType, start: int, kind: str, entry: str | None = None
+) -> tuple[str, Any, list[_Handed]]:
     """:func:`_follow`, read once per place."""
-    key = (id(code), start)
+    key = (id(code), start, kind, entry)
     kept = _READ.get(key)
     if kept is not None and kept[0] is code:
         return kept[1]  # type: ignore[no-any-return]
     if len(_READ) >= 4096:
         _READ.clear()
-    found = _follow(code, start, kind)
+    found = _follow(code, start, kind, entry)
     _READ[key] = (code, found)
     return found
 
@@ -366,20 +401,91 @@ def _line(found: list[dis.Instruction], one: dis.Instruction) -> int | None:
     return line
 
 
+def _where(code: types.CodeType, one: dis.Instruction) -> str:
+    """ "`file:line` (`source`)" of ``one`` in ``code``."""
+    line = _line(found_in(code), one)
+    filename = code.co_filename
+    source = linecache.getline(filename, line).strip() if line else ""
+    return f"{filename}:{line} (`{source}`)"
+
+
+def _function_called(frame: types.FrameType, name: str, by: _Slot) -> tuple[Any, int]:
+    """The Python function a call in ``frame`` of ``name``, loaded as ``by`` says, calls,
+    and how many arguments it is handed before the call's own (a method's ``self``);
+    (None, 0) where that is not told without running code."""
+    one = by.pusher
+    found: Any = None
+    if one is None:
+        return None, 0
+    if one.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+        found = frame.f_globals.get(name, vars(builtins).get(name))
+    elif one.opname in _LOAD_LOCAL:
+        found = frame.f_locals.get(name)
+    elif one.opname in ("LOAD_METHOD", "LOAD_ATTR") and by.local is not None:
+        owner = frame.f_locals.get(by.local)
+        if owner is None:
+            return None, 0
+        modules = getattr(owner, "__dict__", {}).get("_modules")
+        if isinstance(modules, dict) and name in modules:
+            found = modules[name]
+        else:
+            try:
+                found = inspect.getattr_static(owner, name)
+            except AttributeError:
+                return None, 0
+            if isinstance(found, staticmethod):
+                return found.__func__, 0
+            if isinstance(found, types.FunctionType) and not isinstance(owner, type):
+                return found, 1
+            return None, 0
+    if isinstance(found, types.FunctionType):
+        return found, 0
+    if isinstance(found, types.MethodType) and isinstance(found.__func__, types.FunctionType):
+        return found.__func__, 1
+    forward = getattr(type(found), "forward", None)
+    if callable(found) and isinstance(forward, types.FunctionType):
+        return forward, 1  # a module of the model's, called: its forward
+    return None, 0
+
+
+def _handed_into(frame: types.FrameType, handed: list[_Handed], own: Any) -> str | None:
+    """Where a function of the model's that ``frame``'s code hands a followed value to
+    asks something of it."""
+    for name, by, at, count, kind, keywords in handed:
+        function, before = _function_called(frame, name, by)
+        if function is None or not own(function.__code__.co_filename):
+            continue
+        code = function.__code__
+        named = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        given = count - len(keywords)
+        if at >= given:
+            parameter = keywords[at - given]
+            if parameter not in named:
+                continue
+        elif before + at < code.co_argcount:
+            parameter = named[before + at]
+        else:
+            continue
+        found = _read(code, -1, kind, parameter)
+        if found[0] == "asked":
+            return _where(code, found[1])
+    return None
+
+
 def asked_at(frame: types.FrameType, own: Any) -> str | None:
     """Where the model's code asks something of the value the instruction ``frame`` runs
     makes, which holds the text of a stand-in: "`file:line` (`source`)", or None where it
     is only handed on, printed, stored or dropped. ``own`` tells the model's files apart:
-    a value returned is followed in the caller, where that is the model's."""
+    a value returned is followed in the caller, and one handed to a function of the
+    model's into it, where that is the model's."""
     kind = _TEXT
     for _ in range(8):
         found = _read(frame.f_code, frame.f_lasti, kind)
         if found[0] == "asked":
-            one: dis.Instruction = found[1]
-            line = _line(found_in(frame.f_code), one)
-            filename = frame.f_code.co_filename
-            source = linecache.getline(filename, line).strip() if line else ""
-            return f"{filename}:{line} (`{source}`)"
+            return _where(frame.f_code, found[1])
+        into = _handed_into(frame, found[2], own)
+        if into is not None:
+            return into
         caller = frame.f_back
         if found[0] != "returned" or caller is None or not own(caller.f_code.co_filename):
             return None

@@ -3435,6 +3435,17 @@ class LooksUpAGainByItsDtype(OnTempered):
         return self.encoder(x) * self.gains.get(_dtype_named(x), 1.0)
 
 
+class ScalesByAGainItsMethodPicks(OnTempered):
+    """Scales by a gain a method of its own picks by text formatted of its dtype's name,
+    handed to it by keyword."""
+
+    def _gain(self, name: str) -> float:
+        return 10.0 if name == "torch.float64!" else 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * self._gain(name="{}!".format(x.dtype))  # noqa: UP032
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be."""
@@ -3454,8 +3465,9 @@ class PutsItsDtypeInMessages(OnTempered):
         (ScalesForItsDtypeJoinedByJoin, r"\"-\"\.join.*into text.*asked at .*`return h \* 10 if"),
         (ScalesForItsDtypeTwiceMadeText, r"str\(str\(x\.dtype\)\) == .*into text"),
         (LooksUpAGainByItsDtype, r"\"-\"\.join.*into text.*asked at .*self\.gains\.get"),
+        (ScalesByAGainItsMethodPicks, r"into text.*asked at .*`return 10\.0 if name =="),
     ],
-    ids=["format", "percent with a tuple", "join", "str of str", "looked up as returned"],
+    ids=["format", "percent with a tuple", "join", "str of str", "looked up as returned", "handed"],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
     store: Store, kind: Callable[[], nn.Module], named: str
@@ -3463,7 +3475,8 @@ def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_wher
     """Python puts the text of a stand-in into plain text by `str.format`, `%` with a
     tuple, `str.join` or `str`, which it does not mark: `"{}!".format(str(x.dtype)) ==
     "torch.float64!"` would keep the branch for float32 for a float64 input too. `wrap`
-    follows that text through locals and what a function returns, and refuses it where it
+    follows that text through locals, what a function returns and a function of the
+    model's it is handed to, and refuses it where it
     is compared or looked up, naming both lines; put into a message, it is let be, and
     the model answers as it does."""
     torch.manual_seed(0)
