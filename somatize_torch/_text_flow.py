@@ -44,6 +44,9 @@ _ASKS = frozenset(
 )
 """Calls that ask something of text handed to them, or look something up by it."""
 
+_SEARCHES = frozenset({"index", "count", "remove", "discard", "sort", "__contains__", "__eq__"})
+"""Methods of a list, set or dict holding text that compare its items (or keys)."""
+
 _HOLDS = frozenset({"list", "tuple", "reversed"})
 """Calls that make a list or tuple of what they are handed."""
 
@@ -337,7 +340,7 @@ def _taken(
         callee, owner, by = _callee(popped)
         args = popped[2:] if name != "CALL_FUNCTION" else popped[1:]
         handed = any(slot.kind is not None for slot in args)
-        if owner is not None and owner.kind is not None and callee in _ASKS:
+        if owner is not None and owner.kind is not None and callee in _SEARCHES:
             return "asked"
         if not handed:
             return None

@@ -3448,10 +3448,13 @@ class ScalesByAGainItsMethodPicks(OnTempered):
 
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
-    `str`, printed and warned of, which is let be."""
+    `str`, printed and warned of, which is let be, and takes the last word off a list of
+    them, which compares none."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        message = "-".join([str(x.dtype), "input"])
+        words = [str(x.dtype), "input", "!"]
+        words.pop()
+        message = "-".join(words)
         print("{}!".format(x.dtype), "%s" % (x.dtype,), message, str(str(x.dtype)))  # noqa: UP032, UP031
         warnings.warn("{} input of shape {}".format(str(x.dtype), x.shape), stacklevel=1)  # noqa: UP032
         return self.encoder(x) * 2
