@@ -19,6 +19,7 @@ import builtins
 import dis
 import inspect
 import linecache
+import sys
 import types
 from typing import Any
 
@@ -150,6 +151,14 @@ def _callee(popped: list[_Slot]) -> tuple[str | None, _Slot | None, _Slot]:
     return None, None, _UNKNOWN
 
 
+def _method(one: dis.Instruction) -> bool:
+    """Whether ``one`` loads a method to call (``LOAD_METHOD``, or ``LOAD_ATTR`` marked so
+    from Python 3.12), not an attribute."""
+    if one.opname == "LOAD_METHOD":
+        return True
+    return one.opname == "LOAD_ATTR" and sys.version_info >= (3, 12) and bool((one.arg or 0) & 1)
+
+
 class _Step:
     """One instruction of a function's code, as :func:`_follow` reads it: how many values
     it takes off the stack and puts on, and where it may jump, with the stack's change
@@ -277,9 +286,22 @@ def _follow(
                     locals_ = {**locals_, one.argval: popped[-1].kind}
                 elif one.argval in locals_:
                     locals_ = {k: v for k, v in locals_.items() if k != one.argval}
+            if name == "STORE_ATTR" and popped[-1].local is not None:
+                # `self.notes = ...`: followed, or no more, by its path.
+                path = f"{popped[-1].local}.{one.argval}"
+                if popped[0].kind is not None:
+                    locals_ = {**locals_, path: popped[0].kind}
+                elif path in locals_:
+                    locals_ = {k: v for k, v in locals_.items() if k != path}
             local = one.argval if name in _LOAD_LOCAL and isinstance(one.argval, str) else None
             if local is None and name in ("LOAD_METHOD", "LOAD_ATTR") and popped:
+                # A method is of the object it is loaded off (`parts.append`); an attribute
+                # is named by its path (`self.notes`), never as the object it is one of.
                 local = popped[-1].local
+                if local is not None and not _method(one):
+                    local = f"{local}.{one.argval}"
+                    if local in locals_:
+                        made = locals_[local]
             if local is not None and local in locals_ and name in _LOAD_LOCAL:
                 made = locals_[local]
             if at == first:

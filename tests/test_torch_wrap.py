@@ -3493,6 +3493,68 @@ def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_wher
             assert torch.equal(wrapped(x), model(x))
 
 
+class _Notebook:
+    """Takes notes, logging them."""
+
+    def append(self, note: str) -> None:
+        logging.getLogger("somatize.tests.wrap.notebook").debug(note)
+
+
+class NotesItsShapeThenReadsItsMode(OnTempered):
+    """Hands a note naming its shape to an object it holds (`self.notes.append`), then
+    scales by a mode of its own: the model is no list of the note."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notes = _Notebook()
+        self.mode = "double"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.notes.append(f"input of shape {x.shape}")
+        h = self.encoder(x)
+        return h * 2 if self.mode == "double" else h
+
+
+class _Logs(nn.Module):
+    """Logs a message, and gives a gain of two."""
+
+    def gain_for(self, message: str) -> float:
+        logging.getLogger("somatize.tests.wrap.logs").debug(message)
+        return 2.0
+
+
+class HandsItsShapeToASubmodule(OnTempered):
+    """Hands text naming its shape to a method of a submodule (`self.logs.gain_for`),
+    which only logs it; its own method of that name would compare it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logs = _Logs()
+
+    def gain_for(self, name: str) -> float:
+        return 10.0 if name == "torch.Size([3, 4])" else 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * self.logs.gain_for(f"{x.shape}")
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [NotesItsShapeThenReadsItsMode, HandsItsShapeToASubmodule],
+    ids=["handed to an attribute's method", "a submodule's method"],
+)
+def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
+    store: Store, kind: Callable[[], nn.Module]
+) -> None:
+    """Text made of a stand-in that the forward only hands to an object it holds or to a
+    submodule's method that logs it is asked nothing: the model is wrapped, and answers
+    as it does."""
+    wrapped, model = _encoder_cached(kind, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+
+
 class PrintsItsShape(OnTempered):
     """Prints the shape of its input as it runs, logs it, and checks its width with a
     message naming it, as torchvision's vision transformer checks its input's size."""
