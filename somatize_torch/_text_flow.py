@@ -45,6 +45,9 @@ _ASKS = frozenset(
 )
 """Calls that ask something of text handed to them, or look something up by it."""
 
+_COUNTS = frozenset({"len", "bool", "getattr", "hasattr"})
+"""Calls of :data:`_ASKS` that ask nothing of the texts in a list, tuple or dict."""
+
 _SEARCHES = frozenset({"index", "count", "remove", "discard", "sort", "__contains__", "__eq__"})
 """Methods of a list, set or dict holding text that compare its items (or keys)."""
 
@@ -367,7 +370,9 @@ def _taken(
         if not handed:
             return None
         if callee in _ASKS:
-            return "asked"
+            # The length or truth of a list of texts (`len(parts)`) asks nothing of them.
+            texts = any(slot.kind == _TEXT for slot in args)
+            return "asked" if texts or callee not in _COUNTS else None
         if callee in _MAKES_TEXT:
             return _TEXT
         if callee in _HOLDS:

@@ -3493,6 +3493,19 @@ def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_wher
             assert torch.equal(wrapped(x), model(x))
 
 
+class CountsItsMessages(OnTempered):
+    """Gathers messages naming its shape in a list and logs them when there are any: the
+    list's length asks nothing of the text in it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        messages = []
+        messages.append(f"input of shape {x.shape}")
+        h = self.encoder(x)
+        if len(messages) > 0:
+            logging.getLogger("somatize.tests.wrap.counts").debug("; ".join(messages))
+        return h * 2
+
+
 class _Notebook:
     """Takes notes, logging them."""
 
@@ -3540,15 +3553,15 @@ class HandsItsShapeToASubmodule(OnTempered):
 
 @pytest.mark.parametrize(
     "kind",
-    [NotesItsShapeThenReadsItsMode, HandsItsShapeToASubmodule],
-    ids=["handed to an attribute's method", "a submodule's method"],
+    [CountsItsMessages, NotesItsShapeThenReadsItsMode, HandsItsShapeToASubmodule],
+    ids=["length of a list", "handed to an attribute's method", "a submodule's method"],
 )
 def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
     store: Store, kind: Callable[[], nn.Module]
 ) -> None:
-    """Text made of a stand-in that the forward only hands to an object it holds or to a
-    submodule's method that logs it is asked nothing: the model is wrapped, and answers
-    as it does."""
+    """Text made of a stand-in that the forward only gathers in a list it counts, hands to
+    an object it holds or to a submodule's method that logs it, is asked nothing: the
+    model is wrapped, and answers as it does."""
     wrapped, model = _encoder_cached(kind, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
