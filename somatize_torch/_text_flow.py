@@ -521,3 +521,28 @@ def asked_at(frame: types.FrameType, own: Any) -> str | None:
             return None
         frame, kind = caller, found[1]
     return None
+
+
+def function_called_at(frame: types.FrameType) -> str | None:
+    """The name of the plain function (``ramp``, not a method: ``gains.get``) the call
+    ``frame`` runs calls, where its code tells it in a straight line; else None."""
+    steps, place = _steps(frame.f_code)
+    at = place.get(frame.f_lasti)
+    if at is None:
+        before = [n for n, step in enumerate(steps) if step.one.offset < frame.f_lasti]
+        at = before[-1] if before else None
+    if at is None or steps[at].one.opname not in ("CALL", "CALL_FUNCTION"):
+        return None
+    need = steps[at].pops
+    at -= 1
+    while need and at >= 0:
+        step = steps[at]
+        if step.pops is None or step.target or step.jump is not None:
+            return None
+        if need <= step.pushes:
+            one = step.one
+            plain = one.opname in _LOAD_LOCAL or one.opname == "LOAD_GLOBAL"
+            return one.argval if plain and isinstance(one.argval, str) else None
+        need += step.pops - step.pushes
+        at -= 1
+    return None

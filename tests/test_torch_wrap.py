@@ -9,6 +9,7 @@ import copy
 import cProfile
 import dataclasses
 import enum
+import functools
 import inspect
 import io
 import logging
@@ -3652,6 +3653,31 @@ class LooksUpAGainByItsKind(OnTempered):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.encoder(x.float()) * self.gains.get(x.dtype, 1.0)
+
+
+@functools.lru_cache(maxsize=8)
+def _ramp(width: Any) -> torch.Tensor:
+    """``0, 1, ..., width - 1``, kept per width."""
+    return torch.arange(width).float()
+
+
+class AddsARampKeptPerWidth(OnTempered):
+    """Adds a ramp a cached function of its own makes for its input's width."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) + _ramp(x.shape[1])
+
+
+def test_a_function_kept_per_argument_handed_what_fx_stands_in_for_is_traced(
+    store: Store,
+) -> None:
+    """A function cached per argument (`functools.lru_cache`) handed a stand-in
+    (`_ramp(x.shape[1])`) misses its cache, as it must, and is traced: the model is
+    wrapped, and answers as it does."""
+    wrapped, model = _encoder_cached(AddsARampKeptPerWidth, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
 
 
 @pytest.mark.parametrize(
