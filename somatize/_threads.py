@@ -12,6 +12,7 @@ from __future__ import annotations
 import _thread
 import io
 import os
+import sys
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -127,7 +128,13 @@ def start_thread(start: Callable[[], object]) -> None:
     landing while this waits leaves nothing held, and the thread is started all the same.
     A thread it starts inherits its being a daemon (it is, to ``threading``): a pool's
     threads are joined as the process exits all the same (``concurrent.futures`` joins
-    each of its own)."""
+    each of its own).
+
+    Once the interpreter finalizes (code a collection runs as it exits) no thread starts:
+    RuntimeError, as a pool's ``submit`` says then, rather than hand the start to a
+    starting thread the interpreter stops as it takes the GIL, and wait for ever."""
+    if sys.is_finalizing():
+        raise RuntimeError("can't start a thread at interpreter shutdown")
     pid = os.getpid()
     queue = _STARTERS.get(pid)
     if queue is None:

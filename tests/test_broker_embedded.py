@@ -1015,6 +1015,54 @@ def test_a_ctrl_c_landing_in_a_worker_s_first_call_leaves_the_worker_free(
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+_FORWARD_AS_THE_INTERPRETER_FINALIZES = """
+import gc, sys
+from somatize import Broker, Graph, Worker
+from tests.nodes import Rows, Scale
+broker = Broker.embedded({"w": Worker.generic(mode="local")})
+g = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w"))
+if sys.argv[1] == "started":
+    print(g.forward({"at": 0, "take": 3}, broker=broker), flush=True)
+    broker.close()  # the next forward makes the worker's lane again
+class Later:
+    def __del__(self):
+        print("finalizing", sys.is_finalizing(), flush=True)
+        try:
+            g.forward({"at": 0, "take": 3}, broker=broker)
+        except BaseException as error:
+            print("raised", type(error).__name__, flush=True)
+gc.disable()  # collected as the interpreter finalizes
+later = Later()
+later.me = later
+del later
+"""
+
+
+@pytest.mark.parametrize("before", ["fresh", "started"])
+def test_a_forward_as_the_interpreter_finalizes_fails_and_the_process_exits(before: str) -> None:
+    """A forward run by code a collection runs as the interpreter finalizes, on a worker
+    with no thread yet (none started in the process, or its lane closed), fails — the
+    interpreter starts no thread then — and the process exits, rather than wait for ever
+    on a thread that was to start the worker's."""
+    root = Path(__file__).resolve().parent.parent
+    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _FORWARD_AS_THE_INTERPRETER_FINALIZES, before],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as hung:
+        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
+        pytest.fail(f"the process did not exit after a forward as it finalized: {said}")
+    lines = done.stdout.splitlines()
+    assert lines[-2:] == ["finalizing True", "raised NodeFailed"], done.stdout + done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_a_call_interrupted_before_its_node_begins_does_not_begin_it() -> None:
     """A call stopped while its worker still readies it (decodes its inputs, loads its
     state), before its node's forward begins, does not begin it once ready: it fails with

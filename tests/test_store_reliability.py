@@ -724,6 +724,47 @@ def test_a_large_blob_kept_once_the_pools_are_shut_down_is_kept(
     assert bytes(LocalStore(tmp_path / "store").get(digest)) == data
 
 
+_LARGE_BLOB_AS_THE_INTERPRETER_FINALIZES = """
+import gc, sys
+from somatize.store import LocalStore
+store = LocalStore(sys.argv[1])
+data = bytes(17 << 20)
+class Later:
+    def __del__(self):
+        print("finalizing", sys.is_finalizing(), flush=True)
+        try:
+            store.put(data)
+        except BaseException:
+            pass
+        print("returned", flush=True)
+gc.disable()  # collected as the interpreter finalizes
+later = Later()
+later.me = later
+del later
+"""
+
+
+def test_a_large_blob_put_as_the_interpreter_finalizes_lets_the_process_exit(
+    tmp_path: Path,
+) -> None:
+    """A large blob put by code a collection runs as the interpreter finalizes, in a process
+    whose hash thread has not started, returns (the interpreter starts no thread then),
+    and the process exits, rather than wait for ever on a thread that was to start the
+    hash thread."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _LARGE_BLOB_AS_THE_INTERPRETER_FINALIZES, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as hung:
+        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
+        pytest.fail(f"the process did not exit after a put as it finalized: {said}")
+    assert done.stdout.splitlines() == ["finalizing True", "returned"], done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("pool", ["first", "running"])
 def test_a_ctrl_c_as_a_large_blob_is_handed_to_the_hash_thread_leaves_the_next_put_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: str
