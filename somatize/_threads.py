@@ -112,6 +112,9 @@ _STARTERS: dict[int, SimpleQueue[_Start]] = {}
 """Each process's starting thread's queue (:func:`start_thread`), by process id: a forked
 child has none of its parent's threads, and starts its own."""
 
+_STARTING: set[tuple[int, int]] = set()
+"""The process id and thread id of each process's starting thread (:func:`start_thread`)."""
+
 
 def start_thread(start: Callable[[], object]) -> None:
     """Runs ``start``, which starts a thread (``threading.Thread.start``), on this process's
@@ -132,10 +135,15 @@ def start_thread(start: Callable[[], object]) -> None:
 
     Once the interpreter finalizes (code a collection runs as it exits) no thread starts:
     RuntimeError, as a pool's ``submit`` says then, rather than hand the start to a
-    starting thread the interpreter stops as it takes the GIL, and wait for ever."""
+    starting thread the interpreter stops as it takes the GIL, and wait for ever. Called
+    on the starting thread itself (by code a collection runs there, a ``__del__``, as it
+    starts a thread), ``start`` runs there and then, rather than wait for that thread."""
     if sys.is_finalizing():
         raise RuntimeError("can't start a thread at interpreter shutdown")
     pid = os.getpid()
+    if (pid, _thread.get_ident()) in _STARTING:
+        start()  # on the starting thread: a collection there ran this, as it started one
+        return
     queue = _STARTERS.get(pid)
     if queue is None:
         made: SimpleQueue[_Start] = SimpleQueue()
@@ -154,6 +162,7 @@ def start_thread(start: Callable[[], object]) -> None:
 
 def _starting(queue: SimpleQueue[_Start]) -> None:
     """The starting thread: runs each start it is handed, noting what it raised."""
+    _STARTING.add((os.getpid(), _thread.get_ident()))
     while True:
         start, done, failed = queue.get()
         try:

@@ -1063,6 +1063,49 @@ def test_a_forward_as_the_interpreter_finalizes_fails_and_the_process_exits(befo
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+_FORWARD_IN_A_COLLECTION_ON_THE_STARTING_THREAD = """
+import gc
+from somatize import Broker, Graph, Worker
+from somatize._threads import start_thread
+from tests.nodes import Rows, Scale
+broker = Broker.embedded({"w": Worker.generic(mode="local")})
+g = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w"))
+class Later:
+    def __del__(self):
+        print(g.forward({"at": 0, "take": 3}, broker=broker), flush=True)
+def start():
+    later = Later()
+    later.me = later
+    del later
+    gc.collect()  # as any allocation while a thread starts may collect, on that thread
+start_thread(start)
+print(g.forward({"at": 1, "take": 2}, broker=broker), flush=True)
+"""
+
+
+def test_a_forward_a_collection_runs_as_a_thread_starts_runs() -> None:
+    """A forward run by code a collection runs (a ``__del__``) on the thread that starts
+    the workers' threads, as it starts one, starts its worker's thread there and runs,
+    rather than hand that start to the thread itself — which waited for it for ever, and
+    every later worker's first call with it."""
+    root = Path(__file__).resolve().parent.parent
+    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _FORWARD_IN_A_COLLECTION_ON_THE_STARTING_THREAD],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as hung:
+        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
+        pytest.fail(f"a forward run as a thread started waited for ever: {said}")
+    assert done.stdout.splitlines() == ["[0.0, 3.0, 6.0]", "[3.0, 6.0]"], done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_a_call_interrupted_before_its_node_begins_does_not_begin_it() -> None:
     """A call stopped while its worker still readies it (decodes its inputs, loads its
     state), before its node's forward begins, does not begin it once ready: it fails with
