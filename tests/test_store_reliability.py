@@ -708,6 +708,29 @@ def test_a_large_blob_hashed_while_written_is_named_by_its_content(tmp_path: Pat
     assert bytes(LocalStore(tmp_path / "store").get(digest)) == data
 
 
+def test_a_large_blob_whose_hash_fails_raises_that_and_leaves_nothing_in_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large blob whose hash, on the hash thread, raises (out of memory) raises that error
+    where it was put, leaves no written copy in ``tmp/``, and the next large blob is put."""
+    real = _local_files.digest_of
+    failing = [True]
+
+    def hash_once_failing(pieces: Any) -> str:
+        if failing.pop() if failing else False:
+            raise MemoryError("no memory left to hash")
+        return real(pieces)
+
+    monkeypatch.setattr(_local_files, "digest_of", hash_once_failing)
+    data = os.urandom(1 << 10) * (17 << 10)  # 17 MiB
+    store = LocalStore(tmp_path / "store")
+    with pytest.raises(MemoryError, match="no memory left to hash"):
+        store.put(data)
+    assert not list((tmp_path / "store" / "tmp").iterdir())
+    assert store.put(data) == "blake3:" + blake3.blake3(data).hexdigest()
+    assert not list((tmp_path / "store" / "tmp").iterdir())
+
+
 def test_a_large_blob_kept_once_the_pools_are_shut_down_is_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -328,7 +328,8 @@ class LocalFiles(PackedHome):
 
         At interpreter exit the thread pools take no more work (rows a writer keeps then,
         a flush in an ``atexit`` handler): the blob is then hashed after it is written,
-        on this thread, and kept all the same."""
+        on this thread, and kept all the same. A blob whose hash or write fails, or is
+        interrupted, leaves nothing written in ``tmp/``."""
         answer: SimpleQueue[tuple[str, BaseException | None]] = SimpleQueue()
         hashed: SimpleQueue[tuple[str, BaseException | None]] | None = answer
         try:
@@ -338,12 +339,17 @@ class LocalFiles(PackedHome):
         with self._in_tmp(".part") as name:
             temporary = self._tmp + name
             try:
-                self._write_temporary(pieces, None, temporary)
-            finally:
-                if hashed is not None:  # its thread reads the pieces: they outlive it
-                    digest, failed = hashed.get()
-                    if failed is not None:
-                        raise failed
+                try:
+                    self._write_temporary(pieces, None, temporary)
+                finally:
+                    if hashed is not None:  # its thread reads the pieces: they outlive it
+                        digest, failed = hashed.get()
+                        if failed is not None:
+                            raise failed
+            except BaseException:  # the hash failed, or the write or its wait was stopped
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+                raise
             if hashed is None:
                 digest = digest_of(pieces)
             self._claim(digest, claims)
