@@ -1215,6 +1215,7 @@ def test_callable_objects_that_say_they_are_equal_are_told_apart(
 _HOLDING = """
 import dataclasses
 import functools
+import random
 import threading
 
 import torch.nn as nn
@@ -1235,6 +1236,12 @@ class Locked(Scale):
     def __init__(self, k):
         super().__init__(k)
         self.lock = threading.Lock()
+
+
+class Seeded(Scale):
+    def __init__(self, k):
+        super().__init__(k)
+        self.draws = random.Random(k)
 
 
 class Equal(Scale):
@@ -1287,6 +1294,9 @@ for made in (
     "Fields(3)",
     "Locked(2)",
     "Locked(2)",
+    "Locked(3)",
+    "Seeded(2)",
+    "Seeded(2)",
     "Equal(2)",
     "Equal(2)",
     "hooked(nn.ReLU())",
@@ -1318,24 +1328,26 @@ def _fingerprints_in_a_fresh_process(path: Path, seed: str) -> dict[str, list[st
 
 def test_an_object_held_by_what_it_holds_is_named_alike_in_every_process(tmp_path: Path) -> None:
     """A callable object a class holds, or a method closes over, whose state is all named by
-    what it is (plain values, functions, torch modules holding no weights nor hooks), and a
-    table of plain values, is fingerprinted by its class and that state: the same in two
-    fresh processes, and another for other state or another class. One holding what no
-    name says (a lock, a hook), or whose class says when it equals another, is marked by
-    which object it is: never another's, in this process or another."""
+    what it is (plain values, functions, torch modules holding no weights nor hooks, a lock
+    by its type), and a table of plain values, is fingerprinted by its class and that
+    state: the same in two fresh processes, and another for other state or another class.
+    One holding what no name says (a random generator, a hook), or whose class says when it
+    equals another, is marked by which object it is: never another's, in this process or
+    another."""
     path = tmp_path / "holding.py"
     _write(path, _HOLDING)
     one = _fingerprints_in_a_fresh_process(path, "1")
     two = _fingerprints_in_a_fresh_process(path, "2")
-    named = [made for made in one if not made.startswith(("Locked", "Equal", "hooked"))]
+    named = [made for made in one if not made.startswith(("Seeded", "Equal", "hooked"))]
     for made in named:
         assert one[made] == two[made], made
     held = {made: one[made][0] for made in named}
     closed = {made: one[made][1] for made in named}
-    assert one["Scale(2)"][:2] == one["Scale(2)"][2:]  # made twice: alike
+    for made in ("Scale(2)", "Locked(2)"):
+        assert one[made][:2] == one[made][2:]  # made twice: alike
     for by in (held, closed):
         assert len(set(by.values())) == len(by)  # other state, another class: apart
-    for made in ("Locked(2)", "Equal(2)", "hooked(nn.ReLU())"):
+    for made in ("Seeded(2)", "Equal(2)", "hooked(nn.ReLU())"):
         marked = one[made] + two[made]
         assert len(set(marked)) == len(marked)
 
@@ -3079,15 +3091,15 @@ def test_an_object_of_a_helper_class_its_module_holds_is_in_a_node_s_fingerprint
 def test_an_object_of_a_helper_class_holding_what_no_name_says_is_marked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An object of a helper class of a node's module holding what no name says (a lock
-    beside its factor) is in the node's fingerprint by a mark of that very object, as one
-    a class holds is: the same text with another factor, or loaded again alike, is never
-    taken for it — never by its class's code alone, which would recall across processes
-    what was computed with another factor."""
+    """An object of a helper class of a node's module holding what no name says (a random
+    generator beside its factor) is in the node's fingerprint by a mark of that very
+    object, as one a class holds is: the same text with another factor, or loaded again
+    alike, is never taken for it — never by its class's code alone, which would recall
+    across processes what was computed with another factor."""
     locked = _HOLDS_A_HELPER.replace(
-        "        self.k = k\n", "        self.k = k\n        self.lock = threading.Lock()\n"
+        "        self.k = k\n", "        self.k = k\n        self.draws = random.Random(k)\n"
     )
-    locked = "import threading\n" + locked
+    locked = "import random\n" + locked
     path = tmp_path / "fingerprinted.py"
     was = fingerprint_of(_load(path, locked, monkeypatch).UsesHelperObject)
     other = _load(path, locked.replace("Scaler(2)", "Scaler(3)"), monkeypatch)
@@ -3354,20 +3366,26 @@ def test_a_table_a_class_s_other_methods_fill_when_asked_is_watched(
         assert _three_forwards(again, store, "s", 7) == ["recalled"] * 3
 
 
+@pytest.mark.parametrize("text", ["plain", "locked"])
 def test_an_object_of_a_helper_class_its_module_holds_changed_in_place_is_seen(
-    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    text: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An object of a helper class a node's module holds, changed in place after a graph
     was built (``SCALER.k = 3``, a notebook's cell), and again, is other code at the next
     forward of that graph each time: strict=True computes with what it holds now, never
-    recalling the old answer — as for an object a class holds."""
-    loaded = _load(tmp_path / "fingerprinted.py", _HOLDS_A_HELPER, monkeypatch)
+    recalling the old answer — as for an object a class holds; one holding a lock, a
+    logger and a pattern too, whose pattern replaced is seen as well."""
+    written = _HOLDS_A_HELPER if text == "plain" else _HOLDS_A_LOCKED_HELPER
+    loaded = _load(tmp_path / "fingerprinted.py", written, monkeypatch)
     graph = Graph.somatize(loaded.UsesHelperObject().named("h").frozen().cached())
     assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
     loaded.SCALER.k = 3
     assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
     loaded.SCALER.k = 4
     assert _three_forwards(graph, store, "h", 4) == ["ran", "recalled", "recalled"]
+    if text == "locked":
+        loaded.SCALER.pattern = re.compile("1")
+        assert _three_forwards(graph, store, "h", 1) == ["ran", "recalled", "recalled"]
 
 
 _HOLDS_A_CODEC = """
@@ -3402,3 +3420,64 @@ def test_an_object_of_somatizes_own_a_module_holds_is_named_alike_in_every_proce
     second = _printed(["-c", script], tmp_path).split()
     assert len(first) == 4
     assert first == second
+
+
+_HOLDS_A_LOCKED_HELPER = """
+import logging
+import re
+import sys
+import threading
+
+from somatize import Node
+
+
+class Scaler:
+    def __init__(self, k, pattern="a", logger="scaler"):
+        self.k = k
+        self.lock = threading.Lock()
+        self.log = logging.getLogger(logger)
+        self.sink = sys.stderr
+        self.pattern = re.compile(pattern)
+
+    def apply(self, x):
+        with self.lock:
+            return x * self.k if self.pattern.match(str(x)) is None else x
+
+
+SCALER = Scaler(2)
+
+
+class UsesHelperObject(Node):
+    def forward(self, x, ctx):
+        return SCALER.apply(x)
+"""
+
+
+def test_an_object_of_a_helper_class_holding_a_lock_is_named_alike_in_every_process(
+    tmp_path: Path,
+) -> None:
+    """An object of a helper class a node's module holds (``SCALER = Scaler(2)``) holding
+    a lock, a logger, ``sys.stderr`` and a compiled pattern beside its factor is named by
+    its class's code and what it holds, those by what the code computes with them depends
+    on (a lock by its type, a logger by its name, a pattern by its text): the same in two
+    new processes, so answers are recalled by the next run and a worker builds the node.
+    Another factor, pattern or logger, or the class's code edited, is another
+    fingerprint."""
+    variants = {
+        "same": _HOLDS_A_LOCKED_HELPER,
+        "factor": _HOLDS_A_LOCKED_HELPER.replace("Scaler(2)", "Scaler(3)"),
+        "pattern": _HOLDS_A_LOCKED_HELPER.replace("Scaler(2)", 'Scaler(2, pattern="b")'),
+        "logger": _HOLDS_A_LOCKED_HELPER.replace("Scaler(2)", 'Scaler(2, logger="other")'),
+        "edited": _HOLDS_A_LOCKED_HELPER.replace("x * self.k", "x * self.k + 1"),
+    }
+    for name, text in variants.items():
+        _write(tmp_path / f"locked_{name}.py", text)
+    kinds = [f"locked_{name}.UsesHelperObject" for name in variants]
+    script = "from somatize.catalog import fingerprint_of as f\n"
+    script += "".join(f"import locked_{name}\n" for name in variants)
+    script += f"print({', '.join(f'f({kind})' for kind in kinds)})\n"
+    first = _printed(["-c", script], tmp_path).split()
+    second = _printed(["-c", script], tmp_path).split()
+    assert len(first) == len(variants)
+    assert first == second
+    assert len(set(first)) == len(first)

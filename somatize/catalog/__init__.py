@@ -50,7 +50,8 @@ object it holds, or a function closes over, in a dict, list, tuple or set
 (``acts = {"a": Scale(2)}``, read as deep and
 as far as such an object is, :func:`_contained_bytes`), is named
 by its class and what it holds where all it holds is named so in turn (:func:`_held_bytes`:
-the same in every process making it alike), else by a mark of that very object, the
+the same in every process making it alike; a lock it holds by its type, a logger by its
+name, :func:`_library_bytes`), else by a mark of that very object, the
 same for no other object in any process (:func:`_token_of`): a replacement, or the
 object changed in place, is never taken for the old code. Its functions' code is followed
 into their module, one module only: the plain functions defined there that they

@@ -1,8 +1,11 @@
 """An object named by what it holds: its class's name and fingerprint and its attributes,
 each named in turn (:func:`_held_bytes`), the same in every process that makes it alike.
 
-What cannot be named so — a class written in C, an object with slots, one that moves
-itself as it runs, one reached deeper or larger than a bound — is marked by which object
+The standard library's objects that say nothing of what code computes with them are named
+by their type, or by what says that in full (:func:`_library_bytes`: a lock is a lock, a
+logger its name). What cannot be named so — another class written in C, an object with
+slots, one that moves itself as it runs, one reached deeper or larger than a bound — is
+marked by which object
 it is instead (:mod:`~somatize.catalog._marks`). A dict, list, tuple or set holding objects
 is named by what it holds (:func:`_contained_bytes`).
 """
@@ -11,6 +14,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
+import logging
+import pathlib
+import re
 import threading
 import weakref
 from types import (
@@ -124,11 +131,13 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     by how it is written (:func:`_function_bytes`) and what it names in its module
     (:func:`_named`: a helper, a constant, as for a class's own functions) and the objects
     it closes over, a class by its name (where that leads back to it), its fingerprint and
-    what it keeps, as an object's class is, a module by its name, a list, tuple, dict or set
+    what it keeps, as an object's class is, a module by its name, an object of the
+    standard library's that says nothing more (:func:`_library_bytes`: a lock by its type,
+    a logger by its name), a list, tuple, dict or set
     by its items, a partial by its function and what it binds, a bound method by its
     function and its object, another object the same way. An object is not named so — the
     whole is marked — where any part holds what no name says: a class written in C (a
-    tensor, an array, a lock), an object with slots, one whose class says when it equals
+    tensor, an array, a random generator), an object with slots, one whose class says when it equals
     another (``__eq__``, but as a dataclass does: a graph's watch compares what it holds
     with ``==``), a torch module holding hooks; one reached deeper or larger than a bound;
     one that cannot be referenced weakly (a bare list or dict); or one whose class's own
@@ -173,6 +182,70 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     if named is not None and containers is not None:
         containers += walk.read
     return named
+
+
+_BY_TYPE = frozenset(
+    {
+        type(threading.Lock()),
+        type(threading.RLock()),
+        threading.Condition,
+        threading.Event,
+        threading.Semaphore,
+        threading.BoundedSemaphore,
+        threading.Barrier,
+    }
+)
+"""The standard library's objects that say nothing of what code computes with them, named
+by their type alone (:func:`_library_bytes`): a lock is a lock."""
+
+
+_LOGGERS = (logging.Logger, logging.RootLogger)
+
+
+def _library_bytes(value: Any) -> bytes | None:
+    """An object of the standard library's that an object holds, named the same in every
+    process by what the code computes with it depends on, where that is said in full: a
+    lock, a condition, an event or a semaphore (:data:`_BY_TYPE`) by its type; a logger by
+    its name (where it logs to, and above which level, changes no answer); a compiled
+    pattern by its pattern and flags; a path by its type and what it says; a file open only
+    for writing (a log, ``sys.stderr``) by its type, name, mode and encoding. None for any
+    other (a file open for reading, whose answers depend on where it was read to, a random
+    generator, a ``StringIO``): it is not named so, and what holds it is marked by which
+    object it is (:func:`_token_of`). Of these classes themselves only, not of one made
+    from them elsewhere, whose code may say otherwise."""
+    kind = type(value)
+    if kind in _BY_TYPE:
+        return f"a {kind.__module__}:{kind.__qualname__}".encode()
+    if kind in _LOGGERS and isinstance(value.name, str):
+        return b"logger " + value.name.encode()
+    if kind is re.Pattern:
+        return b"pattern " + _constant_bytes((value.pattern, value.flags))
+    if isinstance(value, pathlib.PurePath) and _left_out(kind):
+        return f"path {kind.__qualname__} ".encode() + _constant_bytes(str(value))
+    if isinstance(value, io.IOBase) and _left_out(kind):
+        return _sink_bytes(value)
+    return None
+
+
+def _sink_bytes(file: io.IOBase) -> bytes | None:
+    """A file of the standard library's open only for writing, by its type, name, mode and
+    encoding; None for one that can be read (what it answers is where it was read to), or
+    closed, or that says no plain name."""
+    try:
+        if file.closed or file.readable() or not file.writable():
+            return None
+        said = (
+            getattr(file, "name", None),
+            getattr(file, "mode", None),
+            getattr(file, "encoding", None),
+            getattr(file, "errors", None),
+        )
+    except Exception:  # a file that cannot say (detached, or gone)
+        return None
+    if not _exactly_plain(said):
+        return None
+    kind = type(file)
+    return f"file {kind.__module__}:{kind.__qualname__} ".encode() + _constant_bytes(said)
 
 
 def _walking() -> set[int]:
@@ -274,6 +347,9 @@ class _Walk:
             if builtin is None:  # a method of an object in C
                 raise _Unnamed
             return builtin
+        library = _library_bytes(value)
+        if library is not None:
+            return library
         self.placed[id(value)] = len(self.placed)
         self.walking.add(id(value))
         self.held.append(value)
