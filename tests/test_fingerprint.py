@@ -3481,3 +3481,51 @@ def test_an_object_of_a_helper_class_holding_a_lock_is_named_alike_in_every_proc
     assert len(first) == len(variants)
     assert first == second
     assert len(set(first)) == len(first)
+
+
+_HOLDS_A_SETTING = """
+import logging
+import re
+
+from somatize import Node
+
+
+class Setting:
+    def __init__(self, k):
+        self.k = k
+
+
+class Configured(Node):
+    setting = Setting(2)
+    log = logging.getLogger("configured")
+    pattern = re.compile("a")
+
+    def forward(self, x, ctx):
+        return x * self.setting.k
+"""
+
+
+def test_an_object_a_class_holds_that_runs_no_code_is_in_its_fingerprint(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a node's class holds that is not callable (``setting = Setting(2)``, a
+    pattern) is in its fingerprint by its class and what it holds: the text edited to
+    ``Setting(3)`` or another pattern is another fingerprint — never the old answer
+    recalled —, the same text loaded again the same, and alike in a new process; set in
+    place after a graph was built (``Configured.setting.k = 4``), it is seen at the next
+    forward."""
+    path = tmp_path / "fingerprinted.py"
+    was = fingerprint_of(_load(path, _HOLDS_A_SETTING, monkeypatch).Configured)
+    for edit in ("Setting(3)", 're.compile("b")'):
+        made = "Setting(2)" if edit.startswith("Setting") else 're.compile("a")'
+        edited = _load(path, _HOLDS_A_SETTING.replace(made, edit), monkeypatch)
+        assert fingerprint_of(edited.Configured) != was, edit
+    loaded = _load(path, _HOLDS_A_SETTING, monkeypatch)
+    assert fingerprint_of(loaded.Configured) == was
+    _write(tmp_path / "configured.py", _HOLDS_A_SETTING)
+    first = _fingerprints_in(tmp_path, "configured", "Configured")
+    assert first == _fingerprints_in(tmp_path, "configured", "Configured")
+    graph = Graph.somatize(loaded.Configured().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    loaded.Configured.setting.k = 4
+    assert _three_forwards(graph, store, "h", 4) == ["ran", "recalled", "recalled"]

@@ -67,7 +67,8 @@ def _builtin_bytes(function: BuiltinFunctionType) -> bytes | None:
 
 def _opaque_bytes(member: Any) -> bytes | None:
     """How a class attribute that runs code but is no plain function (a callable object,
-    a mock, a ``singledispatchmethod``) is fingerprinted: a builtin function of a module by
+    a mock, a ``singledispatchmethod``), or an object its code reads (:func:`_runner`:
+    ``setting = Setting(2)``), is fingerprinted: a builtin function of a module by
     its name, an object whose state is all named by what it is by that
     (:func:`_held_bytes`: the same in every process), any other (a builtin method of an
     object, ``re.compile("a").search``) by a mark of that very object (:func:`_token_of`),
@@ -83,13 +84,29 @@ def _opaque_bytes(member: Any) -> bytes | None:
 
 def _runner(member: Any) -> Any:
     """What of a class attribute :func:`_opaque_bytes` names: what a static or class method
-    holds, else itself; None where it runs no code of the class's (a class, a slot, a
-    plain value)."""
+    holds, else itself — one that runs code, or an object the code reads
+    (:func:`_read_object`: ``setting = Setting(2)``); None for a class, a slot, a plain
+    value, a table (named as such) and an object of the library's that says nothing of
+    what the code computes (``_abc_impl``)."""
     if isinstance(member, (staticmethod, classmethod)):
         member = member.__func__
     if isinstance(member, (type, MemberDescriptorType, GetSetDescriptorType, ModuleType)):
         return None
-    return member if callable(member) or hasattr(type(member), "__get__") else None
+    if callable(member) or hasattr(type(member), "__get__"):
+        return member
+    return member if _read_object(member) else None
+
+
+def _read_object(member: Any) -> bool:
+    """Whether ``member``, a class attribute that runs no code, is an object the class's code
+    may read (``setting = Setting(2)``, ``pattern = re.compile("a")``), which its
+    fingerprint names (:func:`_opaque_bytes`): no plain value nor table, and no object of
+    the library's (:func:`_left_out`: the standard library's, torch's) but one named by
+    what the code computes with it depends on (:func:`_library_bytes`) — what another such
+    object holds is taken as the library's, as before."""
+    if _plain(member) or type(member) in _CONTAINERS:
+        return False
+    return not _left_out(type(member)) or _library_bytes(member) is not None
 
 
 _HELD_DEPTH = 8
