@@ -3470,17 +3470,14 @@ def test_an_object_of_a_helper_class_holding_a_lock_is_named_alike_in_every_proc
         "logger": _HOLDS_A_LOCKED_HELPER.replace("Scaler(2)", 'Scaler(2, logger="other")'),
         "edited": _HOLDS_A_LOCKED_HELPER.replace("x * self.k", "x * self.k + 1"),
     }
-    for name, text in variants.items():
-        _write(tmp_path / f"locked_{name}.py", text)
-    kinds = [f"locked_{name}.UsesHelperObject" for name in variants]
-    script = "from somatize.catalog import fingerprint_of as f\n"
-    script += "".join(f"import locked_{name}\n" for name in variants)
-    script += f"print({', '.join(f'f({kind})' for kind in kinds)})\n"
-    first = _printed(["-c", script], tmp_path).split()
-    second = _printed(["-c", script], tmp_path).split()
-    assert len(first) == len(variants)
-    assert first == second
-    assert len(set(first)) == len(first)
+    printed = {}
+    for name, text in variants.items():  # one module, written otherwise in each folder
+        (tmp_path / name).mkdir()
+        _write(tmp_path / name / "locked.py", text)
+        printed[name] = _fingerprints_in(tmp_path / name, "locked", "UsesHelperObject")
+    assert printed["same"] == _fingerprints_in(tmp_path / "same", "locked", "UsesHelperObject")
+    found = [found for (found,) in printed.values()]
+    assert len(set(found)) == len(found)
 
 
 _HOLDS_A_SETTING = """
@@ -3529,3 +3526,49 @@ def test_an_object_a_class_holds_that_runs_no_code_is_in_its_fingerprint(
     assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
     loaded.Configured.setting.k = 4
     assert _three_forwards(graph, store, "h", 4) == ["ran", "recalled", "recalled"]
+
+
+_HOLDS_A_CLASS = """
+from somatize import Node
+
+
+class Double:
+    def __call__(self, x):
+        return x * 2
+
+
+class Triple:
+    def __call__(self, x):
+        return x * 3
+
+
+class Makes(Node):
+    make = Double
+
+    def forward(self, x, ctx):
+        return self.make()(x)
+"""
+
+
+def test_a_class_a_node_s_class_holds_is_in_its_fingerprint_by_its_code(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class a node's class holds (``make = Double``) is in its fingerprint by its name and
+    how it is written: another class held, or the held class's method edited, is another
+    fingerprint — never the old answer recalled —, the same text loaded again the same,
+    and alike in a new process; another class set on it after a graph was built is seen
+    at the next forward."""
+    path = tmp_path / "fingerprinted.py"
+    was = fingerprint_of(_load(path, _HOLDS_A_CLASS, monkeypatch).Makes)
+    for made, edit in (("make = Double", "make = Triple"), ("x * 2", "x * 5")):
+        edited = _load(path, _HOLDS_A_CLASS.replace(made, edit), monkeypatch)
+        assert fingerprint_of(edited.Makes) != was, edit
+    loaded = _load(path, _HOLDS_A_CLASS, monkeypatch)
+    assert fingerprint_of(loaded.Makes) == was
+    _write(tmp_path / "makes.py", _HOLDS_A_CLASS)
+    first = _fingerprints_in(tmp_path, "makes", "Makes")
+    assert first == _fingerprints_in(tmp_path, "makes", "Makes")
+    graph = Graph.somatize(loaded.Makes().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    monkeypatch.setattr(loaded.Makes, "make", loaded.Triple)
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]

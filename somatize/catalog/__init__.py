@@ -46,7 +46,8 @@ it was imported), digested alike in every process; with its plain values (number
 strings, tuples of them), the functions' defaults and what they close over (a plain value,
 a function by how it is written). Any other object a function closes over, and a
 callable a class holds that is no plain function (a callable object, a mock) or that its
-code reads (``setting = Setting(2)``: :func:`_runner`), or any
+code reads (``setting = Setting(2)``: :func:`_runner`; a class it holds, ``make = Double``,
+by its name and how it is written), or any
 object it holds, or a function closes over, in a dict, list, tuple or set
 (``acts = {"a": Scale(2)}``, read as deep and
 as far as such an object is, :func:`_contained_bytes`), is named

@@ -38,9 +38,10 @@ from somatize.catalog._members import (
     _plain,
     _put,
     _Same,
+    _same_package,
     _table,
 )
-from somatize.catalog._names import Looked, _named, _sighted, _still
+from somatize.catalog._names import Looked, _class_code, _class_functions, _named, _sighted, _still
 
 Body = tuple[tuple[str, Any], ...]
 """What a class's own body held when its fingerprint was worked out (:func:`_body_of`)."""
@@ -136,6 +137,10 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
         opaque = None if held or _dunder(name) or _plain(member) else _opaque_bytes(member)
         if opaque is not None:
             _put(digest, b"object " + name.encode(), opaque)
+        if isinstance(member, type) and not _dunder(name):  # `make = Double`, a nested class
+            _put(digest, b"class " + name.encode(), _held_class_bytes(member))
+            if _followed(member, kind):  # what its methods name, as the class's own do
+                functions += _class_functions(member)
         filled = _table(name, member) and name in state
         if _table(name, member) and name in kept and not filled:
             if not texts:
@@ -208,6 +213,8 @@ def _body_of(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
                 body.append((name, (_held_bytes(member), _Same(member), _version_of(member))))
             else:
                 body.append((name, contained))
+        elif isinstance(member, type) and not _dunder(name):  # another class, or edited
+            body.append((name, (_Same(member), _held_class_bytes(member))))
         else:
             opaque = _opaque_bytes(member)
             if opaque is not None and opaque.startswith(b"object "):  # marked: by identity
@@ -215,3 +222,24 @@ def _body_of(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
             else:  # named by what it holds, read again: one changed in place is seen
                 body.append((name, opaque))
     return tuple(body)
+
+
+def _held_class_bytes(held: type) -> bytes:
+    """A class a class holds (``make = Double``, a nested ``class Config``): one of the
+    library's (:func:`_left_out`: ``nn.ReLU``) by its name, any other by its name and how it
+    is written (:func:`_class_code`: its functions and those of the classes it inherits
+    from, its plain values and tables as its text writes them), the same in every process
+    running the same code — so that another class held, or the held class edited, is other
+    code."""
+    if _left_out(held):
+        return f"library {held.__module__}:{held.__qualname__}".encode()
+    return _class_code(held)
+
+
+def _followed(held: type, kind: type) -> bool:
+    """Whether what the functions of ``held``, a class ``kind`` holds, name in their module is
+    followed as what ``kind``'s own name is: a class of ``kind``'s module or of another
+    module of its package, no class of the library's."""
+    if _left_out(held):
+        return False
+    return held.__module__ == kind.__module__ or _same_package(held.__module__, kind.__module__)
