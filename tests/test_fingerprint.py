@@ -3572,3 +3572,80 @@ def test_a_class_a_node_s_class_holds_is_in_its_fingerprint_by_its_code(
     assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
     monkeypatch.setattr(loaded.Makes, "make", loaded.Triple)
     assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+
+
+_HOLDS_AN_ENUM = """
+import enum
+
+from somatize import Node
+
+
+class Mode(enum.Enum):
+    FAST = 1
+    SLOW = 2
+
+
+class Scaler:
+    def __init__(self, mode):
+        self.mode = mode
+
+    def apply(self, x):
+        return x * self.mode.value
+
+
+MODE = Mode.FAST
+SCALER = Scaler(Mode.FAST)
+
+
+class ReadsModule(Node):
+    def forward(self, x, ctx):
+        return x * MODE.value
+
+
+class ReadsHelper(Node):
+    def forward(self, x, ctx):
+        return SCALER.apply(x)
+
+
+class HoldsMode(Node):
+    mode = Mode.FAST
+
+    def forward(self, x, ctx):
+        return x * self.mode.value
+
+
+class ReadsClass(Node):
+    def forward(self, x, ctx):
+        return x * Mode.FAST.value
+"""
+
+
+def test_an_enum_member_is_named_by_its_class_s_code_and_name_alike_in_every_process(
+    tmp_path: Path,
+) -> None:
+    """A member of an enum of a node's module, read as a module's constant (``MODE =
+    Mode.FAST``), held by a helper object or by the node's class, or named in its code
+    (``Mode.FAST.value``), is named by its enum's code, with each member's value, and its
+    name: the same in two new processes, so answers are recalled by the next run; another
+    member, or another value written for it (``FAST = 3``), is another fingerprint."""
+    kinds = ["ReadsModule", "ReadsHelper", "HoldsMode", "ReadsClass"]
+    variants = {
+        "same": _HOLDS_AN_ENUM,
+        "member": _HOLDS_AN_ENUM.replace("= Mode.FAST", "= Mode.SLOW").replace(
+            "(Mode.FAST)", "(Mode.SLOW)"
+        ),
+        "value": _HOLDS_AN_ENUM.replace("FAST = 1", "FAST = 3"),
+    }
+    printed = {}
+    for name, text in variants.items():  # one module, written otherwise in each folder
+        (tmp_path / name).mkdir()
+        _write(tmp_path / name / "modes.py", text)
+        printed[name] = _fingerprints_in(tmp_path / name, "modes", *kinds)
+    assert len(printed["same"]) == len(kinds)
+    assert printed["same"] == _fingerprints_in(tmp_path / "same", "modes", *kinds)
+    for kind, same, value in zip(kinds, printed["same"], printed["value"], strict=True):
+        assert same != value, kind
+    for kind, same, member in zip(
+        kinds[:3], printed["same"][:3], printed["member"][:3], strict=True
+    ):
+        assert same != member, kind

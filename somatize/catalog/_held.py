@@ -12,6 +12,7 @@ is named by what it holds (:func:`_contained_bytes`).
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import io
@@ -244,6 +245,17 @@ def _library_bytes(value: Any) -> bytes | None:
     return None
 
 
+def _member_bytes(member: enum.Enum, value: bytes) -> bytes:
+    """A member of an enum by its enum's name and code (:func:`_class_code`: with the value
+    of each of its members), its name and its value (``value``, named): the same in every
+    process running the same code, another for another member or value."""
+    # imported here: a class's code names what its functions name, by this module
+    from somatize.catalog._names import _class_code
+
+    name = str(member._name_).encode()
+    return _joined(b"member", [_class_code(type(member)), name, value])
+
+
 def _sink_bytes(file: io.IOBase) -> bytes | None:
     """A file of the standard library's open only for writing, by its type, name, mode and
     encoding; None for one that can be read (what it answers is where it was read to), or
@@ -367,6 +379,8 @@ class _Walk:
         library = _library_bytes(value)
         if library is not None:
             return library
+        if isinstance(value, enum.Enum):  # by its enum's code and its name
+            return _member_bytes(value, self.name(value._value_, depth + 1))
         self.placed[id(value)] = len(self.placed)
         self.walking.add(id(value))
         self.held.append(value)

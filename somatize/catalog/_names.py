@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import enum
 import weakref
 from types import (
     FunctionType,
@@ -37,6 +38,7 @@ from somatize.catalog._members import (
     _CONTAINERS,
     _PARTIALS,
     _dunder,
+    _exactly_plain,
     _functions_in,
     _joined,
     _left_out,
@@ -336,12 +338,25 @@ def _class_code(kind: type) -> bytes:
                 pieces.append(f"{above.__qualname__}.{name}".encode() + _function_bytes(function))
             if not _dunder(name) and _plain(member):
                 pieces.append(f"{above.__qualname__}.{name}=".encode() + _constant_bytes(member))
+            elif isinstance(member, enum.Enum) and type(member) is above:  # a member's value
+                value = _member_value(above, name, member)
+                pieces.append(f"{above.__qualname__}.{name}=".encode() + value)
             elif _table(name, member):  # as the class's text writes it: what fills it is state
                 made = _assignment(_class_body(above), name)
                 if made is not None:
                     written = b"written " + ast.unparse(made).encode()
                     pieces.append(f"{above.__qualname__}.{name}=".encode() + written)
     return _joined(b"class", pieces)
+
+
+def _member_value(kind: type, name: str, member: enum.Enum) -> bytes:
+    """The value of ``member``, ``name`` of the enum ``kind``: a plain one by what it is, any
+    other as the enum's text writes it, else by a mark of that very member."""
+    value = member._value_
+    if _exactly_plain(value):
+        return _constant_bytes(value)
+    made = _assignment(_class_body(kind), name)
+    return b"written " + ast.unparse(made).encode() if made is not None else _token_of(member)
 
 
 class _ClassSeen(NamedTuple):
