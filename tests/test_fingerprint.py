@@ -3649,3 +3649,56 @@ def test_an_enum_member_is_named_by_its_class_s_code_and_name_alike_in_every_pro
         kinds[:3], printed["same"][:3], printed["member"][:3], strict=True
     ):
         assert same != member, kind
+
+
+_READS_A_TABLE_OF_FUNCTIONS = """
+from somatize import Node
+
+
+def double(x):
+    return x * 2
+
+
+def triple(x):
+    return x * 3
+
+
+OPS = {"op": double}
+STEPS = [double]
+
+
+class Dispatches(Node):
+    def forward(self, x, ctx):
+        return OPS["op"](x)
+
+
+class Steps(Node):
+    def forward(self, x, ctx):
+        return STEPS[0](x)
+"""
+
+
+def test_a_table_of_functions_a_node_s_code_reads_is_named_by_those_functions(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dict or list of its module's functions a node's code reads (``OPS["op"](x)``, a
+    dispatch table) is in its fingerprint by how those functions are written: one of them
+    edited is another fingerprint — never the old answer recalled —, the same text loaded
+    again the same, alike in a new process; another function set in it after a graph was
+    built is seen at the next forward."""
+    path = tmp_path / "fingerprinted.py"
+    kinds = ("Dispatches", "Steps")
+    first = _load(path, _READS_A_TABLE_OF_FUNCTIONS, monkeypatch)
+    was = [fingerprint_of(getattr(first, kind)) for kind in kinds]
+    edited = _load(path, _READS_A_TABLE_OF_FUNCTIONS.replace("x * 2", "x * 5"), monkeypatch)
+    for kind, before in zip(kinds, was, strict=True):
+        assert fingerprint_of(getattr(edited, kind)) != before, kind
+    loaded = _load(path, _READS_A_TABLE_OF_FUNCTIONS, monkeypatch)
+    assert [fingerprint_of(getattr(loaded, kind)) for kind in kinds] == was
+    _write(tmp_path / "dispatches.py", _READS_A_TABLE_OF_FUNCTIONS)
+    printed = _fingerprints_in(tmp_path, "dispatches", *kinds)
+    assert printed == _fingerprints_in(tmp_path, "dispatches", *kinds)
+    graph = Graph.somatize(loaded.Dispatches().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    loaded.OPS["op"] = loaded.triple
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]

@@ -59,9 +59,10 @@ object changed in place, is never taken for the old code. Its functions' code is
 into their module, one module only: the plain functions defined there that they
 name (and those these name) and the plain constants, the objects of helper classes of its
 package (by their class's code and what they hold), and its tables as its text writes
-them — watched where the code only reads them and they hold only plain values (a change
-in place after a graph was built is seen). A module or class from elsewhere, a
-module-level table the code fills or that holds objects, a callable that is not a plain
+them — watched where the code only reads them and they hold only plain values, or plain
+functions besides, named by how they are written (a change in place after a graph was built
+is seen). A module or class from elsewhere, a module-level table the code fills or that
+holds other objects, a callable that is not a plain
 function (a decorated helper), a value the code reads from an object are not seen.
 A class's body is watched by a graph at every forward (:func:`watch_code`): a method set
 on it after the graph was built (a monkeypatch), a method given other code or defaults

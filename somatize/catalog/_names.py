@@ -32,7 +32,7 @@ from somatize.catalog._code import (
 )
 from somatize.catalog._functions import _bound_in, _function_bytes
 from somatize.catalog._held import _contained_bytes, _held_bytes
-from somatize.catalog._marked import _marked, _plain_table
+from somatize.catalog._marked import _STATE_ITEMS, _marked, _plain_table
 from somatize.catalog._marks import _token_of, _version_of
 from somatize.catalog._members import (
     _CONTAINERS,
@@ -237,8 +237,9 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
         module, name = place
         made = _assignment(*_written_at(module, name, value))
         where = f"{module}:{name}"
-        if place in filled or place in stored or not _plain_table(value):
-            # filled as it runs (a log, a cache), or more than a watch reads: as written
+        if place in filled or place in stored or not _read_table(value):
+            # filled as it runs (a log, a cache), holding objects, or more than a watch
+            # reads: as written
             if made is not None:
                 out[place] = (b"reads " + where.encode(), b"written " + ast.unparse(made).encode())
             continue
@@ -252,6 +253,28 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
         if made is not None:
             named.append((f"state {module}:{name}".encode(), ast.unparse(made).encode()))
     return sorted(named), tuple(entry for place, entry in looked.items() if place not in stored)
+
+
+def _read_table(value: Any) -> bool:
+    """Whether ``value``, a table of a module a node's code only reads, is named as first
+    seen (:func:`_sighted`) and watched: one holding only plain values (:func:`_plain_table`)
+    or plain functions besides (a dispatch table, ``OPS = {"double": double}``: named by how
+    they are written), of fewer than a watch reads."""
+    if _plain_table(value):
+        return True
+    count = 0
+    queue = [value]
+    while queue:
+        table = queue.pop()
+        count += len(table) + 1
+        if count >= _STATE_ITEMS:
+            return False
+        for item in (*table.keys(), *table.values()) if isinstance(table, dict) else table:
+            if type(item) in _CONTAINERS and not _exactly_plain(item):
+                queue.append(item)
+            elif not (_exactly_plain(item) or isinstance(item, FunctionType)):
+                return False
+    return True
 
 
 def _found_as(value: Any, module: str, name: str) -> Any:
