@@ -3436,7 +3436,7 @@ class Scaler:
         self.k = k
         self.lock = threading.Lock()
         self.log = logging.getLogger(logger)
-        self.sink = sys.stderr
+        self.sink = sys.__stderr__
         self.pattern = re.compile(pattern)
 
     def apply(self, x):
@@ -3702,3 +3702,88 @@ def test_a_table_of_functions_a_node_s_code_reads_is_named_by_those_functions(
     assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
     loaded.OPS["op"] = loaded.triple
     assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+
+
+_READS_OBJECTS_FROM_ELSEWHERE = """
+import decimal
+import re
+
+import torch
+from otherlib import Lib
+
+from somatize import Node
+
+PATTERN = re.compile("a")
+DTYPE = torch.float32
+RATE = decimal.Decimal("1.5")
+SCALER = Lib(2)
+
+
+class Matches(Node):
+    def forward(self, x, ctx):
+        return PATTERN.match(x) is not None
+
+
+class Casts(Node):
+    def forward(self, x, ctx):
+        return torch.tensor(x).to(DTYPE).dtype
+
+
+class Rates(Node):
+    def forward(self, x, ctx):
+        return x * RATE
+
+
+class Scales(Node):
+    def forward(self, x, ctx):
+        return SCALER.k * x
+"""
+
+
+def test_an_object_of_another_package_its_module_holds_is_named_alike_in_every_process(
+    tmp_path: Path,
+) -> None:
+    """An object of the standard library's, torch's or another package's that a node's
+    module holds and its code reads (``PATTERN = re.compile("a")``, ``DTYPE =
+    torch.float32``, ``SCALER = Lib(2)``) is in its fingerprint by what says it (a pattern
+    by its text, a dtype by its name), else as the module's text writes it: another
+    pattern, dtype, rate or argument written is another fingerprint — never the old answer
+    recalled —, the same text alike in two new processes."""
+    kinds = ["Matches", "Casts", "Rates", "Scales"]
+    edits = {
+        "same": ("", ""),
+        "pattern": ('re.compile("a")', 're.compile("b")'),
+        "dtype": ("torch.float32", "torch.float64"),
+        "rate": ('Decimal("1.5")', 'Decimal("2.5")'),
+        "scaler": ("Lib(2)", "Lib(3)"),
+    }
+    library = tmp_path / "otherlib"
+    library.mkdir()
+    _write(library / "__init__.py", "class Lib:\n    def __init__(self, k):\n        self.k = k\n")
+    printed = {}
+    for name, (was, now) in edits.items():  # one module, written otherwise in each folder
+        (tmp_path / name).mkdir()
+        _write(tmp_path / name / "elsewhere.py", _READS_OBJECTS_FROM_ELSEWHERE.replace(was, now))
+        printed[name] = _printed(
+            [
+                "-c",
+                f"import sys; sys.path.append({str(tmp_path)!r})\n" + _fingerprint_script(kinds),
+            ],
+            tmp_path / name,
+        ).split()
+    assert len(printed["same"]) == len(kinds)
+    again = _printed(
+        ["-c", f"import sys; sys.path.append({str(tmp_path)!r})\n" + _fingerprint_script(kinds)],
+        tmp_path / "same",
+    ).split()
+    assert again == printed["same"]
+    for at, (name, kind) in enumerate(zip(list(edits)[1:], kinds, strict=True)):
+        assert printed[name][at] != printed["same"][at], kind
+        others = [i for i in range(len(kinds)) if i != at]
+        assert [printed[name][i] for i in others] == [printed["same"][i] for i in others]
+
+
+def _fingerprint_script(kinds: list[str]) -> str:
+    """A script printing the fingerprints of ``kinds`` of module ``elsewhere``."""
+    script = "import elsewhere as m\nfrom somatize.catalog import fingerprint_of as f\n"
+    return script + f"print({', '.join(f'f(m.{kind})' for kind in kinds)})\n"

@@ -12,7 +12,10 @@ is named by what it holds (:func:`_contained_bytes`).
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import enum
+import fractions
 import functools
 import hashlib
 import io
@@ -20,6 +23,7 @@ import logging
 import pathlib
 import re
 import threading
+import uuid
 import weakref
 from types import (
     BuiltinFunctionType,
@@ -220,10 +224,33 @@ by their type alone (:func:`_library_bytes`): a lock is a lock."""
 _LOGGERS = (logging.Logger, logging.RootLogger)
 
 
+_BY_REPR = frozenset(
+    {
+        decimal.Decimal,
+        fractions.Fraction,
+        datetime.date,
+        datetime.datetime,
+        datetime.time,
+        datetime.timedelta,
+        datetime.timezone,
+        uuid.UUID,
+    }
+)
+"""The standard library's values whose ``repr`` says them in full, named by it
+(:func:`_library_bytes`)."""
+
+
+_TORCH_BY_REPR = frozenset({"dtype", "device", "layout", "memory_format"})
+"""The classes of torch's values named by their ``repr`` (``torch.float32``)."""
+
+
 def _library_bytes(value: Any) -> bytes | None:
     """An object of the standard library's that an object holds, named the same in every
     process by what the code computes with it depends on, where that is said in full: a
-    lock, a condition, an event or a semaphore (:data:`_BY_TYPE`) by its type; a logger by
+    lock, a condition, an event or a semaphore (:data:`_BY_TYPE`) by its type; a decimal,
+    a fraction, a time, a UUID (:data:`_BY_REPR`), a torch dtype or device by its ``repr``,
+    which says it in full (a time's zone too, where it is no zone of a class of elsewhere,
+    whose ``repr`` may say less); a logger by
     its name (where it logs to, and above which level, changes no answer); a compiled
     pattern by its pattern and flags; a path by its type and what it says; a file open only
     for writing (a log, ``sys.stderr``) by its type, name, mode and encoding. None for any
@@ -234,6 +261,10 @@ def _library_bytes(value: Any) -> bytes | None:
     kind = type(value)
     if kind in _BY_TYPE:
         return f"a {kind.__module__}:{kind.__qualname__}".encode()
+    if (kind in _BY_REPR and _tz_said(value)) or (
+        kind.__module__ == "torch" and kind.__qualname__ in _TORCH_BY_REPR
+    ):
+        return f"value {kind.__module__}:{kind.__qualname__} {value!r}".encode()
     if kind in _LOGGERS and isinstance(value.name, str):
         return b"logger " + value.name.encode()
     if kind is re.Pattern:
@@ -243,6 +274,13 @@ def _library_bytes(value: Any) -> bytes | None:
     if isinstance(value, io.IOBase) and _left_out(kind):
         return _sink_bytes(value)
     return None
+
+
+def _tz_said(value: Any) -> bool:
+    """Whether the zone of ``value``, a time (or any other value of :data:`_BY_REPR`), is
+    said in full by its ``repr``: none, or a fixed offset of the standard library's."""
+    zone = getattr(value, "tzinfo", None)
+    return zone is None or type(zone) is datetime.timezone
 
 
 def _member_bytes(member: enum.Enum, value: bytes) -> bytes:

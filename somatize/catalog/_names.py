@@ -14,6 +14,7 @@ import contextlib
 import enum
 import weakref
 from types import (
+    BuiltinFunctionType,
     FunctionType,
     ModuleType,
 )
@@ -27,11 +28,12 @@ from somatize.catalog._code import (
     _class_body,
     _code_bytes,
     _constant_bytes,
+    _made_by,
     _module_body,
     _written_at,
 )
 from somatize.catalog._functions import _bound_in, _function_bytes
-from somatize.catalog._held import _contained_bytes, _held_bytes
+from somatize.catalog._held import _contained_bytes, _held_bytes, _library_bytes
 from somatize.catalog._marked import _STATE_ITEMS, _marked, _plain_table
 from somatize.catalog._marks import _token_of, _version_of
 from somatize.catalog._members import (
@@ -224,6 +226,11 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     if id(method) not in seen:
                         seen.add(id(method))
                         queue.append(method)
+            elif (said := _elsewhere_object_bytes(value, module, name)) is not None:
+                # an object of the library's or of another package (`DTYPE = torch.float32`,
+                # `PATTERN = re.compile("a")`): by what says it, else as the text writes it
+                out[place] = (b"object " + label, said)
+                looked[place] = (looked[place][0], name, _Same(value))
             elif isinstance(value, ModuleType) and _same_package(value.__name__, module):
                 # a module of its package whose names the code reads (`tools.double(x)`)
                 there = vars(value)
@@ -253,6 +260,28 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
         if made is not None:
             named.append((f"state {module}:{name}".encode(), ast.unparse(made).encode()))
     return sorted(named), tuple(entry for place, entry in looked.items() if place not in stored)
+
+
+def _elsewhere_object_bytes(value: Any, module: str, name: str) -> bytes | None:
+    """An object of the standard library's, torch's or another package's that ``module``
+    holds as ``name`` and a node's code reads, no class, module nor builtin: by what says
+    what the code computes with it depends on, where something does (:func:`_library_bytes`:
+    a pattern by its text, a dtype by its name), else by its class's name and how the
+    module's text makes it (``SCALER = Lib(2)``, with the values of the module it reads
+    there), the same in every process; None where no text of its module assigns it (it is
+    not seen)."""
+    if _dunder(name) or isinstance(value, (type, ModuleType, BuiltinFunctionType)):
+        return None
+    library = _library_bytes(value)
+    if library is not None:
+        return b"library " + library
+    text, as_named = _written_at(module, name, value)
+    made = _assignment(text, as_named)
+    if made is None:
+        return None
+    kind = type(value)
+    written = b"made by " + _made_by(text, made, {as_named})
+    return _joined(b"written", [f"{kind.__module__}:{kind.__qualname__}".encode(), written])
 
 
 def _read_table(value: Any) -> bool:
