@@ -8,6 +8,7 @@ import functools
 import gc
 import importlib
 import itertools
+import logging
 import math
 import os
 import re
@@ -3787,3 +3788,27 @@ def _fingerprint_script(kinds: list[str]) -> str:
     """A script printing the fingerprints of ``kinds`` of module ``elsewhere``."""
     script = "import elsewhere as m\nfrom somatize.catalog import fingerprint_of as f\n"
     return script + f"print({', '.join(f'f(m.{kind})' for kind in kinds)})\n"
+
+
+def test_a_marked_object_holding_a_logger_is_watched_without_every_logger(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object of a helper class a node's module holds that is marked by which object it
+    is (it holds a random generator) and holds a logger is watched without reading what the
+    logger holds — every logger of the process, thousands once torch is imported — so it is
+    not taken as too large to watch, changed at every forward: its answer is recalled."""
+    many = {f"tests.many.{at}": logging.Logger(f"tests.many.{at}") for at in range(5000)}
+    manager = logging.Logger.manager
+    monkeypatch.setattr(manager, "loggerDict", {**manager.loggerDict, **many})
+    text = _HOLDS_A_HELPER.replace(
+        "        self.k = k\n",
+        "        self.k = k\n        self.draws = random.Random(k)\n"
+        '        self.log = logging.getLogger("scaler")\n',
+    )
+    loaded = _load(
+        tmp_path / "fingerprinted.py", "import logging\nimport random\n" + text, monkeypatch
+    )
+    graph = Graph.somatize(loaded.UsesHelperObject().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    loaded.SCALER.k = 3
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]

@@ -23,6 +23,7 @@ from types import (
 from typing import Any
 
 from somatize.catalog._functions import _closed_objects
+from somatize.catalog._held import _library_bytes
 from somatize.catalog._marks import (
     _MARKED,
     _forget_held,
@@ -237,7 +238,9 @@ def _state_read(
     entries in all; each function read, with its code and defaults; and whether all was
     read (False where a dict, list or set did not fit: it is left out, and what it holds,
     and the object is taken as changed at every look). What a class written in C holds
-    but its ``__dict__`` (a tensor's values) is not read."""
+    but its ``__dict__`` (a tensor's values) is not read, nor what an object of the
+    library's named whole holds (:func:`_library_bytes`: a lock; a logger, which holds
+    every logger of the process): what the code computes with it does not change with it."""
     read: list[Any] = []
     functions: list[tuple[FunctionType, Any, Any]] = []
     seen: set[int] = set()
@@ -266,6 +269,8 @@ def _state_read(
         seen.add(id(value))
         kind = type(value)
         if isinstance(value, (type, ModuleType, BuiltinFunctionType)):
+            continue
+        if _library_bytes(value) is not None:  # the library's, said whole (a logger): not read
             continue
         if kind in _CONTAINERS:
             if see(value, kind is not tuple and kind is not frozenset):
