@@ -3812,3 +3812,56 @@ def test_a_marked_object_holding_a_logger_is_watched_without_every_logger(
     assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
     loaded.SCALER.k = 3
     assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+
+
+_DEFAULTS_TO_A_PATTERN = """
+import functools
+import re
+
+import torch
+
+from somatize import Node
+
+PATTERN = re.compile("a")
+DTYPE = torch.float32
+
+
+def _matches(x, pattern):
+    return pattern.match(x) is not None
+
+
+class Defaults(Node):
+    def forward(self, x, ctx, pattern=PATTERN):
+        return pattern.match(x) is not None
+
+
+class Binds(Node):
+    match = functools.partial(_matches, pattern=PATTERN)
+
+    def forward(self, x, ctx):
+        return self.match(x)
+
+
+class Casts(Node):
+    def forward(self, x, ctx, dtype=DTYPE):
+        return torch.tensor(x).to(dtype).dtype
+"""
+
+
+def test_a_default_of_the_standard_library_s_that_says_its_value_is_named_by_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiled pattern or a torch dtype a method takes by default, or a partial binds
+    (``pattern=PATTERN``), is named by what says it — its text, its name — not by its type
+    alone: another pattern or dtype written for the constant is another fingerprint, never
+    the old answer recalled; the same text loaded again is the same."""
+    path = tmp_path / "fingerprinted.py"
+    kinds = ("Defaults", "Binds", "Casts")
+    first = _load(path, _DEFAULTS_TO_A_PATTERN, monkeypatch)
+    was = [fingerprint_of(getattr(first, kind)) for kind in kinds]
+    again = _load(path, _DEFAULTS_TO_A_PATTERN, monkeypatch)
+    assert [fingerprint_of(getattr(again, kind)) for kind in kinds] == was
+    text = _DEFAULTS_TO_A_PATTERN.replace('compile("a")', 'compile("b")')
+    edited = _load(path, text.replace("torch.float32", "torch.float64"), monkeypatch)
+    for kind, before in zip(kinds, was, strict=True):
+        assert fingerprint_of(getattr(edited, kind)) != before, kind

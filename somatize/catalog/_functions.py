@@ -23,7 +23,7 @@ from typing import Any
 
 from somatize.catalog._bytecode import _LOCAL_LOADS, _tables_changed_by
 from somatize.catalog._code import _code_bytes, _constant_bytes, _source_of
-from somatize.catalog._held import _builtin_bytes, _contained_bytes, _held_bytes
+from somatize.catalog._held import _builtin_bytes, _contained_bytes, _held_bytes, _library_bytes
 from somatize.catalog._marks import _token_of, _version_of
 from somatize.catalog._members import (
     _CONTAINERS,
@@ -88,8 +88,9 @@ def _argument_bytes(value: Any) -> bytes:
 def _library_object(value: Any) -> bool:
     """Whether ``value``, bound by a partial or taken by default, is an object of a class of
     the standard library's or another the fingerprints leave out (:func:`_left_out`:
-    ``os.environ``, a lock, a bare ``object()`` sentinel, a logger): named by its type, the
-    same in every process whatever it holds, and not watched — a mark of that very object
+    ``os.environ``, a lock, a bare ``object()`` sentinel, a logger): named by its type (one
+    said whole by :func:`_library_bytes`, a pattern, a dtype, by that), the same in every
+    process whatever it holds, and not watched — a mark of that very object
     would have every new process, and every worker, take the code for other code."""
     if _plain(value) or type(value) in _CONTAINERS:
         return False
@@ -273,9 +274,13 @@ def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
 
 
 def _value_bytes(value: Any) -> bytes:
-    """A value as the same bytes in every process: a plain one by what it is, any other
-    by its type."""
+    """A value as the same bytes in every process: a plain one by what it is, one of the
+    library's said whole by that (:func:`_library_bytes`: a pattern by its text, a dtype
+    by its name), any other by its type."""
     if _plain(value):
         return _constant_bytes(value)
+    library = _library_bytes(value)
+    if library is not None:
+        return b"library " + library
     kind = type(value)
     return f"a {kind.__module__}:{kind.__qualname__}".encode()
