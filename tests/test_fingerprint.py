@@ -3865,3 +3865,67 @@ def test_a_default_of_the_standard_library_s_that_says_its_value_is_named_by_it(
     edited = _load(path, text.replace("torch.float32", "torch.float64"), monkeypatch)
     for kind, before in zip(kinds, was, strict=True):
         assert fingerprint_of(getattr(edited, kind)) != before, kind
+
+
+_PLACED_BY_THE_MACHINE = """
+import os
+import pathlib
+import sys
+
+import torch
+
+from somatize import Node
+
+DEVICE = torch.device(os.environ["SOMATIZE_TEST_DEVICE"])
+
+
+class Printer:
+    def __init__(self):
+        self.out = sys.stdout
+
+    def show(self, x):
+        print(x, file=self.out)
+        return x
+
+
+PRINTER = Printer()
+
+
+class Places(Node):
+    root = pathlib.Path(os.environ["SOMATIZE_TEST_ROOT"])
+
+    def forward(self, x, ctx, device=DEVICE):
+        return PRINTER.show(torch.tensor(x, device=DEVICE).cpu().item())
+"""
+
+
+def test_where_a_node_runs_is_not_in_its_fingerprint(tmp_path: Path) -> None:
+    """What a module computes from where it runs — a device, a folder, the encoding of
+    stdout — is named as its text makes it, or by its type, not by what it makes there: a
+    node's fingerprint is the same on a machine with other devices, another checkout or
+    locale, so a worker there builds the node rather than refusing it as other code."""
+    _write(tmp_path / "placed.py", _PLACED_BY_THE_MACHINE)
+    root = str(Path(__file__).resolve().parent.parent)
+    script = (
+        "import placed\nfrom somatize.catalog import fingerprint_of as f\nprint(f(placed.Places))\n"
+    )
+    printed = []
+    for device, folder, encoding in (("cpu", "/one", "utf-8"), ("meta", "/two", "latin-1")):
+        environment = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([root, str(tmp_path)]),
+            "SOMATIZE_TEST_DEVICE": device,
+            "SOMATIZE_TEST_ROOT": folder,
+            "PYTHONIOENCODING": encoding,
+        }
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env=environment,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        printed.append(done.stdout.strip())
+    assert printed[0].startswith("sha256:")
+    assert printed[0] == printed[1]

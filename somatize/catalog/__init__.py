@@ -62,10 +62,10 @@ package (by their class's code and what they hold), and its tables as its text w
 them — watched where the code only reads them and they hold only plain values, or plain
 functions besides, named by how they are written (a change in place after a graph was built
 is seen), and the objects of the library's or of another package's classes it holds
-(``DTYPE = torch.float32``: by what says them, :func:`_library_bytes`, else as its text
-makes them). A module or class from elsewhere, a module-level table the code fills or that
-holds other objects, a callable that is not a plain
-function (a decorated helper), a value the code reads from an object are not seen.
+(``DTYPE = torch.float32``: as its text makes them, else by what says them,
+:func:`_library_bytes`). A module or class from elsewhere, a module-level table the code
+fills or that holds other objects, a callable that is not a plain function (a decorated
+helper), a value the code reads from an object are not seen.
 A class's body is watched by a graph at every forward (:func:`watch_code`): a method set
 on it after the graph was built (a monkeypatch), a method given other code or defaults
 in place (``f.__code__ = ...``, as a reloader does), or the class given other bases is

@@ -135,6 +135,12 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
             _put(digest, b"bound " + name.encode(), *bound)
         functions += held
         opaque = None if held or _dunder(name) or _plain(member) else _opaque_bytes(member)
+        if opaque is not None and _left_out(type(member)) and not callable(member):
+            # the library's value (`pattern = re.compile("a")`, `root = Path(...)`): as the
+            # text makes it, where it does, the same wherever the code is
+            if not texts:
+                texts.append(_class_body(kind))
+            opaque = _assigned(texts[0], name, member) or opaque
         if opaque is not None:
             _put(digest, b"object " + name.encode(), opaque)
         if isinstance(member, type) and not _dunder(name):  # `make = Double`, a nested class

@@ -240,20 +240,22 @@ _BY_REPR = frozenset(
 (:func:`_library_bytes`)."""
 
 
-_TORCH_BY_REPR = frozenset({"dtype", "device", "layout", "memory_format"})
-"""The classes of torch's values named by their ``repr`` (``torch.float32``)."""
+_TORCH_BY_REPR = frozenset({"dtype", "layout", "memory_format"})
+"""The classes of torch's values named by their ``repr`` (``torch.float32``) — not a device,
+which says where the code runs (``cuda`` on a worker, ``cpu`` on the client), not what it
+computes."""
 
 
 def _library_bytes(value: Any) -> bytes | None:
     """An object of the standard library's that an object holds, named the same in every
     process by what the code computes with it depends on, where that is said in full: a
     lock, a condition, an event or a semaphore (:data:`_BY_TYPE`) by its type; a decimal,
-    a fraction, a time, a UUID (:data:`_BY_REPR`), a torch dtype or device by its ``repr``,
+    a fraction, a time, a UUID (:data:`_BY_REPR`), a torch dtype by its ``repr``,
     which says it in full (a time's zone too, where it is no zone of a class of elsewhere,
     whose ``repr`` may say less); a logger by
     its name (where it logs to, and above which level, changes no answer); a compiled
     pattern by its pattern and flags; a path by its type and what it says; a file open only
-    for writing (a log, ``sys.stderr``) by its type, name, mode and encoding. None for any
+    for writing (a log, ``sys.stderr``) by its type. None for any
     other (a file open for reading, whose answers depend on where it was read to, a random
     generator, a ``StringIO``): it is not named so, and what holds it is marked by which
     object it is (:func:`_token_of`). Of these classes themselves only, not of one made
@@ -295,24 +297,17 @@ def _member_bytes(member: enum.Enum, value: bytes) -> bytes:
 
 
 def _sink_bytes(file: io.IOBase) -> bytes | None:
-    """A file of the standard library's open only for writing, by its type, name, mode and
-    encoding; None for one that can be read (what it answers is where it was read to), or
-    closed, or that says no plain name."""
+    """A file of the standard library's open only for writing (a log, ``sys.stdout``) by its
+    type: what is written there changes no answer, and its name, mode and encoding are the
+    machine's (stdout is another file, of another encoding, on a worker); None for one that
+    can be read (what it answers is where it was read to), or closed."""
     try:
         if file.closed or file.readable() or not file.writable():
             return None
-        said = (
-            getattr(file, "name", None),
-            getattr(file, "mode", None),
-            getattr(file, "encoding", None),
-            getattr(file, "errors", None),
-        )
     except Exception:  # a file that cannot say (detached, or gone)
         return None
-    if not _exactly_plain(said):
-        return None
     kind = type(file)
-    return f"file {kind.__module__}:{kind.__qualname__} ".encode() + _constant_bytes(said)
+    return f"file {kind.__module__}:{kind.__qualname__}".encode()
 
 
 def _walking() -> set[int]:

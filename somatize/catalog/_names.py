@@ -264,21 +264,20 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
 
 def _elsewhere_object_bytes(value: Any, module: str, name: str) -> bytes | None:
     """An object of the standard library's, torch's or another package's that ``module``
-    holds as ``name`` and a node's code reads, no class, module nor builtin: by what says
-    what the code computes with it depends on, where something does (:func:`_library_bytes`:
-    a pattern by its text, a dtype by its name), else by its class's name and how the
-    module's text makes it (``SCALER = Lib(2)``, with the values of the module it reads
-    there), the same in every process; None where no text of its module assigns it (it is
-    not seen)."""
+    holds as ``name`` and a node's code reads, no class, module nor builtin: by its class's
+    name and how the module's text makes it (``SCALER = Lib(2)``, with the values of the
+    module it reads there), as a plain value computed as the module loads is — the same
+    wherever the code is, whatever it makes there (``DEVICE = torch.device(...)``, a folder
+    of the checkout) —, else (no text known) by what says it whole (:func:`_library_bytes`:
+    a pattern by its text, a dtype by its name); None where neither does (it is not
+    seen)."""
     if _dunder(name) or isinstance(value, (type, ModuleType, BuiltinFunctionType)):
         return None
-    library = _library_bytes(value)
-    if library is not None:
-        return b"library " + library
     text, as_named = _written_at(module, name, value)
     made = _assignment(text, as_named)
     if made is None:
-        return None
+        library = _library_bytes(value)
+        return None if library is None else b"library " + library
     kind = type(value)
     written = b"made by " + _made_by(text, made, {as_named})
     return _joined(b"written", [f"{kind.__module__}:{kind.__qualname__}".encode(), written])
