@@ -3929,3 +3929,27 @@ def test_where_a_node_runs_is_not_in_its_fingerprint(tmp_path: Path) -> None:
         printed.append(done.stdout.strip())
     assert printed[0].startswith("sha256:")
     assert printed[0] == printed[1]
+
+
+_HOLDS_A_CODEC_ON_ITS_CLASS = """
+from somatize import Node
+from somatize.data.codec import ArrowCodec
+
+
+class Encodes(Node):
+    codec = ArrowCodec()
+
+    def forward(self, x, ctx):
+        return self.codec.name + str(x)
+"""
+
+
+def test_an_object_of_somatizes_own_a_class_holds_is_named_alike_in_every_process(
+    tmp_path: Path,
+) -> None:
+    """An object of one of somatize's own classes a node's class holds (``codec =
+    ArrowCodec()``) is named by its class's code, as one its module holds is: the same in
+    every new process, so the next run recalls the node's answers."""
+    _write(tmp_path / "codec_held.py", _HOLDS_A_CODEC_ON_ITS_CLASS)
+    first = _fingerprints_in(tmp_path, "codec_held", "Encodes")
+    assert first == _fingerprints_in(tmp_path, "codec_held", "Encodes")

@@ -49,6 +49,7 @@ from somatize.catalog._members import (
     _joined,
     _left_out,
     _plain,
+    _somatize_own,
 )
 from somatize.catalog._rebuild import identity_of
 
@@ -75,7 +76,8 @@ def _opaque_bytes(member: Any) -> bytes | None:
     a mock, a ``singledispatchmethod``), or an object its code reads (:func:`_runner`:
     ``setting = Setting(2)``), is fingerprinted: a builtin function of a module by
     its name, an object whose state is all named by what it is by that
-    (:func:`_held_bytes`: the same in every process), any other (a builtin method of an
+    (:func:`_held_bytes`: the same in every process), one of somatize's own classes (a
+    codec) by its class's code, any other (a builtin method of an
     object, ``re.compile("a").search``) by a mark of that very object (:func:`_token_of`),
     never another's — so one replaced by another is never taken for the old code. None
     for what runs no code of the class's (a class, a slot, a plain value)."""
@@ -84,7 +86,13 @@ def _opaque_bytes(member: Any) -> bytes | None:
         return None
     if isinstance(member, BuiltinFunctionType) and (named := _builtin_bytes(member)):
         return named
-    return _held_bytes(member) or _token_of(member)
+    named = _held_bytes(member)
+    if named is None and _somatize_own(type(member)):  # a codec: by its class's code
+        # imported here: a class's code names what its functions name, by this module
+        from somatize.catalog._names import _class_code
+
+        return _class_code(type(member))
+    return named or _token_of(member)
 
 
 def _runner(member: Any) -> Any:

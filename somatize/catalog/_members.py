@@ -42,6 +42,12 @@ def _left_out(kind: type) -> bool:
     return kind is Node or top in sys.stdlib_module_names or top in _LEFT_OUT
 
 
+def _somatize_own(kind: type) -> bool:
+    """Whether ``kind`` is a class of somatize's own packages, which a node's module or class
+    may hold an object of (a codec): written the same wherever the same version runs."""
+    return kind.__module__.partition(".")[0] in ("somatize", "somatize_torch")
+
+
 class _Same:
     """An object a class body holds, equal to another only when it holds the same object."""
 

@@ -47,6 +47,7 @@ from somatize.catalog._members import (
     _plain,
     _Same,
     _same_package,
+    _somatize_own,
     _table,
 )
 
@@ -351,12 +352,6 @@ def _helper_object(value: Any, module: str) -> bool:
     if kind in _CONTAINERS or _left_out(kind) or issubclass(kind, Node):
         return False
     return kind.__module__ == module or _same_package(kind.__module__, module)
-
-
-def _somatize_own(kind: type) -> bool:
-    """Whether ``kind`` is a class of somatize's own packages, which a node's module may
-    hold an object of (a codec): written the same wherever the same version runs."""
-    return kind.__module__.partition(".")[0] in ("somatize", "somatize_torch")
 
 
 def _class_functions(kind: type) -> list[FunctionType]:
