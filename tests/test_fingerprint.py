@@ -3953,3 +3953,54 @@ def test_an_object_of_somatizes_own_a_class_holds_is_named_alike_in_every_proces
     _write(tmp_path / "codec_held.py", _HOLDS_A_CODEC_ON_ITS_CLASS)
     first = _fingerprints_in(tmp_path, "codec_held", "Encodes")
     assert first == _fingerprints_in(tmp_path, "codec_held", "Encodes")
+
+
+_HOLDS_A_NAMESPACE = """
+import argparse
+import types
+
+from somatize import Node
+
+
+class Scaler:
+    def __init__(self, k):
+        self.settings = types.SimpleNamespace(k=k)
+        self.arguments = argparse.Namespace(offset=0)
+
+    def apply(self, x):
+        return x * self.settings.k + self.arguments.offset
+
+
+SCALER = Scaler(2)
+
+
+class UsesHelperObject(Node):
+    def forward(self, x, ctx):
+        return SCALER.apply(x)
+"""
+
+
+def test_a_namespace_a_helper_object_holds_is_named_by_what_it_holds(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``types.SimpleNamespace`` or an ``argparse.Namespace`` a helper object holds (its
+    settings) is named by what it holds, as an object of a class of the node's is: the
+    fingerprint is the same in two new processes and another for other settings; a setting
+    changed in place after a graph was built is seen at the next forward."""
+    printed = {}
+    for name, text in (
+        ("same", _HOLDS_A_NAMESPACE),
+        ("other", _HOLDS_A_NAMESPACE.replace("Scaler(2)", "Scaler(3)")),
+    ):
+        (tmp_path / name).mkdir()
+        _write(tmp_path / name / "spaced.py", text)
+        printed[name] = _fingerprints_in(tmp_path / name, "spaced", "UsesHelperObject")
+    assert printed["same"] == _fingerprints_in(tmp_path / "same", "spaced", "UsesHelperObject")
+    assert printed["same"] != printed["other"]
+    loaded = _load(tmp_path / "fingerprinted.py", _HOLDS_A_NAMESPACE, monkeypatch)
+    graph = Graph.somatize(loaded.UsesHelperObject().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    loaded.SCALER.settings.k = 4
+    assert _three_forwards(graph, store, "h", 4) == ["ran", "recalled", "recalled"]
+    loaded.SCALER.arguments.offset = 1
+    assert _three_forwards(graph, store, "h", 5) == ["ran", "recalled", "recalled"]

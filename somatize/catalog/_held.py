@@ -12,6 +12,7 @@ is named by what it holds (:func:`_contained_bytes`).
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import decimal
 import enum
@@ -23,6 +24,7 @@ import logging
 import pathlib
 import re
 import threading
+import types
 import uuid
 import weakref
 from types import (
@@ -164,7 +166,8 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     what it keeps, as an object's class is, a module by its name, an object of the
     standard library's that says nothing more (:func:`_library_bytes`: a lock by its type,
     a logger by its name), a list, tuple, dict or set
-    by its items, a partial by its function and what it binds, a bound method by its
+    by its items, a ``SimpleNamespace`` or an ``argparse.Namespace`` by what it holds, a
+    partial by its function and what it binds, a bound method by its
     function and its object, another object the same way. An object is not named so — the
     whole is marked — where any part holds what no name says: a class written in C (a
     tensor, an array, a random generator), an object with slots, one whose class says when it equals
@@ -230,6 +233,11 @@ by their type alone (:func:`_library_bytes`): a lock is a lock."""
 
 
 _LOGGERS = (logging.Logger, logging.RootLogger)
+
+
+_NAMESPACES = frozenset({types.SimpleNamespace, argparse.Namespace})
+"""The standard library's namespaces of settings, named by what they hold
+(:meth:`_Walk.name`), as an object of a class of the node's is."""
 
 
 _BY_REPR = frozenset(
@@ -452,6 +460,10 @@ class _Walk:
             parts.append(self.name(value.keywords, deeper))
             parts.append(self.name(self.attributes(value), deeper))
             return _joined(b"partial", parts)
+        if kind in _NAMESPACES:  # settings: by what they hold, as an object's attributes
+            spaced = self.attributes(value)
+            pairs = [a.encode() + b"\0" + self.name(spaced[a], deeper) for a in sorted(spaced)]
+            return _joined(f"namespace {kind.__module__}:{kind.__qualname__}".encode(), pairs)
         if not _readable(kind):
             raise _Unnamed
         attributes = self.attributes(value)
