@@ -4004,3 +4004,21 @@ def test_a_namespace_a_helper_object_holds_is_named_by_what_it_holds(
     assert _three_forwards(graph, store, "h", 4) == ["ran", "recalled", "recalled"]
     loaded.SCALER.arguments.offset = 1
     assert _three_forwards(graph, store, "h", 5) == ["ran", "recalled", "recalled"]
+
+
+def test_an_object_of_another_package_its_module_holds_is_not_kept_alive_by_a_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object of another package's class a node's module holds (a model loaded as the
+    module loads) is not kept alive by the node's fingerprint having named it: deleted from
+    the module, it is freed while the node's class lives."""
+    library = tmp_path / "otherlib"
+    library.mkdir()
+    _write(library / "__init__.py", "class Lib:\n    def __init__(self, k):\n        self.k = k\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = _load(tmp_path / "fingerprinted.py", _READS_OBJECTS_FROM_ELSEWHERE, monkeypatch)
+    assert fingerprint_of(loaded.Scales).startswith("sha256:")
+    held = weakref.ref(loaded.SCALER)
+    del loaded.SCALER
+    gc.collect()
+    assert held() is None

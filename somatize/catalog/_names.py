@@ -231,7 +231,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 # an object of the library's or of another package (`DTYPE = torch.float32`,
                 # `PATTERN = re.compile("a")`): by what says it, else as the text writes it
                 out[place] = (b"object " + label, said)
-                looked[place] = (looked[place][0], name, _Same(value))
+                looked[place] = (looked[place][0], name, _held_weakly(value))
             elif isinstance(value, ModuleType) and _same_package(value.__name__, module):
                 # a module of its package whose names the code reads (`tools.double(x)`)
                 there = vars(value)
@@ -282,6 +282,17 @@ def _elsewhere_object_bytes(value: Any, module: str, name: str) -> bytes | None:
     kind = type(value)
     written = b"made by " + _made_by(text, made, {as_named})
     return _joined(b"written", [f"{kind.__module__}:{kind.__qualname__}".encode(), written])
+
+
+def _held_weakly(value: Any) -> Any:
+    """What :data:`Looked` notes of an object named by what says it or by the text that
+    makes it (:func:`_elsewhere_object_bytes`), to tell it rebound: a weak reference to it,
+    so that the fingerprint does not keep it alive (a model the module loaded, deleted
+    since), else (one that cannot be referenced weakly) the object itself."""
+    try:
+        return weakref.ref(value)
+    except TypeError:
+        return _Same(value)
 
 
 def _read_table(value: Any) -> bool:
