@@ -4022,3 +4022,73 @@ def test_an_object_of_another_package_its_module_holds_is_not_kept_alive_by_a_fi
     del loaded.SCALER
     gc.collect()
     assert held() is None
+
+
+_HOLDS_VALUES_OF_THE_LIBRARY = """
+import collections
+import operator
+import os
+import typing
+
+from somatize import Node
+
+
+class Settings(typing.NamedTuple):
+    k: int
+
+
+Pair = collections.namedtuple("Pair", "left right")
+
+
+class Scaler:
+    def __init__(self, k):
+        self.settings = Settings(k)
+        self.pair = Pair(k, 1)
+        self.counts = collections.Counter({"a": k})
+        self.recent = collections.deque([k], maxlen=4)
+        self.first = operator.itemgetter(0)
+        self.environ = os.environ
+
+    def apply(self, x):
+        return x * self.settings.k * self.pair.right + self.counts["a"] - self.recent[0]
+
+
+SCALER = Scaler(2)
+
+
+class UsesHelperObject(Node):
+    def forward(self, x, ctx):
+        return SCALER.apply(x)
+"""
+
+
+def test_named_tuples_counts_and_getters_a_helper_holds_are_named_alike_in_every_process(
+    tmp_path: Path,
+) -> None:
+    """A helper object holding a named tuple (``typing.NamedTuple``,
+    ``collections.namedtuple``), a ``Counter``, a ``deque``, an ``operator.itemgetter`` and
+    ``os.environ`` is named by what they hold: the same in two new processes of other hash
+    seeds, another for other values."""
+    printed = {}
+    other = _HOLDS_VALUES_OF_THE_LIBRARY.replace("Scaler(2)", "Scaler(3)")
+    for name, text in (("same", _HOLDS_VALUES_OF_THE_LIBRARY), ("other", other)):
+        (tmp_path / name).mkdir()
+        _write(tmp_path / name / "valued.py", text)
+        printed[name] = _fingerprints_in(tmp_path / name, "valued", "UsesHelperObject")
+    root = str(Path(__file__).resolve().parent.parent)
+    script = "import valued\nfrom somatize.catalog import fingerprint_of as f\n"
+    script += "print(f(valued.UsesHelperObject))\n"
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([root, str(tmp_path / "same")]),
+            "PYTHONHASHSEED": "7",
+        },
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == printed["same"]
+    assert printed["same"] != printed["other"]

@@ -13,6 +13,7 @@ is named by what it holds (:func:`_contained_bytes`).
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import decimal
 import enum
@@ -21,10 +22,13 @@ import functools
 import hashlib
 import io
 import logging
+import operator
+import os
 import pathlib
 import re
 import threading
 import types
+import typing
 import uuid
 import weakref
 from types import (
@@ -88,6 +92,9 @@ def _opaque_bytes(member: Any) -> bytes | None:
         return None
     if isinstance(member, BuiltinFunctionType) and (named := _builtin_bytes(member)):
         return named
+    library = _library_bytes(member)  # a named tuple's field, `operator.itemgetter(0)`
+    if library is not None:
+        return library
     named = _held_bytes(member)
     if named is None and _somatize_own(type(member)):  # a codec: by its class's code
         # imported here: a class's code names what its functions name, by this module
@@ -226,6 +233,7 @@ _BY_TYPE = frozenset(
         threading.Semaphore,
         threading.BoundedSemaphore,
         threading.Barrier,
+        type(os.environ),
     }
 )
 """The standard library's objects that say nothing of what code computes with them, named
@@ -233,6 +241,34 @@ by their type alone (:func:`_library_bytes`): a lock is a lock."""
 
 
 _LOGGERS = (logging.Logger, logging.RootLogger)
+
+
+_SEQUENCES = frozenset({collections.Counter, collections.deque})
+"""The standard library's containers of values named by their items, as a list or a dict
+is (:meth:`_Walk.name`), and watched as one is."""
+
+
+_GETTERS = frozenset(
+    {
+        operator.itemgetter,
+        operator.attrgetter,
+        type(vars(collections.namedtuple("_Pair", "a"))["a"]),  # a named tuple's field
+    }
+)
+"""The standard library's getters (``operator.itemgetter(0)``, a named tuple's field), named
+by what they get (:func:`_library_bytes`)."""
+
+
+def _named_tuple(kind: type) -> bool:
+    """Whether ``kind`` is a named tuple's class (``collections.namedtuple``,
+    ``typing.NamedTuple``): a tuple of fields, whose instances hold nothing else."""
+    fields = getattr(kind, "_fields", None)
+    return (
+        isinstance(fields, tuple)
+        and all(isinstance(field, str) for field in fields)
+        and "__dict__" not in dir(kind)
+        and kind.__mro__[1:] in ((tuple, object), (tuple, typing.Generic, object))
+    )
 
 
 _NAMESPACES = frozenset({types.SimpleNamespace, argparse.Namespace})
@@ -283,6 +319,10 @@ def _library_bytes(value: Any) -> bytes | None:
         kind.__module__ == "torch" and kind.__qualname__ in _TORCH_BY_REPR
     ):
         return f"value {kind.__module__}:{kind.__qualname__} {value!r}".encode()
+    if kind in _GETTERS:
+        got = value.__reduce__()[1]
+        if _exactly_plain(got):
+            return f"getter {kind.__qualname__} ".encode() + _constant_bytes(got)
     if kind in _LOGGERS and isinstance(value.name, str):
         return b"logger " + value.name.encode()
     if kind is re.Pattern:
@@ -464,6 +504,19 @@ class _Walk:
             spaced = self.attributes(value)
             pairs = [a.encode() + b"\0" + self.name(spaced[a], deeper) for a in sorted(spaced)]
             return _joined(f"namespace {kind.__module__}:{kind.__qualname__}".encode(), pairs)
+        if kind in _SEQUENCES:  # a count or a queue of values: by its items, and seen
+            self.see(value)
+            items = (
+                [self.name(k, deeper) + self.name(v, deeper) for k, v in value.items()]
+                if (kind is collections.Counter)
+                else [self.name(item, deeper) for item in value]
+            )
+            bound = getattr(value, "maxlen", None)
+            return _joined(f"{kind.__qualname__} {bound}".encode(), items)
+        if isinstance(value, tuple) and _named_tuple(kind):  # a config: its class and items
+            said, *kept = self.written(kind, deeper)
+            items = [self.name(item, deeper) for item in value]
+            return _joined(b"tuple " + said, kept + items)
         if not _readable(kind):
             raise _Unnamed
         attributes = self.attributes(value)
