@@ -4046,11 +4046,13 @@ class Scaler:
         self.pair = Pair(k, 1)
         self.counts = collections.Counter({"a": k})
         self.recent = collections.deque([k], maxlen=4)
+        self.by_name = collections.defaultdict(list, {"a": [k]})
         self.first = operator.itemgetter(0)
         self.environ = os.environ
 
     def apply(self, x):
-        return x * self.settings.k * self.pair.right + self.counts["a"] - self.recent[0]
+        shift = self.counts["a"] - self.recent[0] + len(self.by_name["a"])
+        return x * self.settings.k * self.pair.right + shift
 
 
 SCALER = Scaler(2)
@@ -4063,12 +4065,13 @@ class UsesHelperObject(Node):
 
 
 def test_named_tuples_counts_and_getters_a_helper_holds_are_named_alike_in_every_process(
-    tmp_path: Path,
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A helper object holding a named tuple (``typing.NamedTuple``,
-    ``collections.namedtuple``), a ``Counter``, a ``deque``, an ``operator.itemgetter`` and
-    ``os.environ`` is named by what they hold: the same in two new processes of other hash
-    seeds, another for other values."""
+    ``collections.namedtuple``), a ``Counter``, a ``deque``, a ``defaultdict``, an
+    ``operator.itemgetter`` and ``os.environ`` is named by what they hold: the same in two
+    new processes of other hash seeds, another for other values; one changed in place
+    after a graph was built is seen at the next forward."""
     printed = {}
     other = _HOLDS_VALUES_OF_THE_LIBRARY.replace("Scaler(2)", "Scaler(3)")
     for name, text in (("same", _HOLDS_VALUES_OF_THE_LIBRARY), ("other", other)):
@@ -4092,3 +4095,27 @@ def test_named_tuples_counts_and_getters_a_helper_holds_are_named_alike_in_every
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == printed["same"]
     assert printed["same"] != printed["other"]
+    loaded = _load(tmp_path / "fingerprinted.py", _HOLDS_VALUES_OF_THE_LIBRARY, monkeypatch)
+    graph = Graph.somatize(loaded.UsesHelperObject().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+    loaded.SCALER.by_name["a"].append(0)  # changed in place: seen at the next forward
+    assert _three_forwards(graph, store, "h", 4) == ["ran", "recalled", "recalled"]
+
+
+def test_a_count_a_marked_helper_object_holds_changed_in_place_is_seen(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``Counter`` a helper object marked by which object it is holds (it holds a random
+    generator too), changed in place after a graph was built, is seen at the next forward:
+    strict=True computes with what it holds now, never recalling the old answer."""
+    text = _HOLDS_A_HELPER.replace(
+        "        self.k = k\n",
+        "        self.k = k\n        self.draws = random.Random(k)\n"
+        '        self.counts = collections.Counter({"a": 0})\n',
+    ).replace("return x * self.k", 'return x * self.k + self.counts["a"]')
+    text = "import collections\nimport random\n" + text
+    loaded = _load(tmp_path / "fingerprinted.py", text, monkeypatch)
+    graph = Graph.somatize(loaded.UsesHelperObject().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    loaded.SCALER.counts["a"] += 1
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]

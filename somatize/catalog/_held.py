@@ -243,7 +243,7 @@ by their type alone (:func:`_library_bytes`): a lock is a lock."""
 _LOGGERS = (logging.Logger, logging.RootLogger)
 
 
-_SEQUENCES = frozenset({collections.Counter, collections.deque})
+_SEQUENCES = frozenset({collections.Counter, collections.deque, collections.defaultdict})
 """The standard library's containers of values named by their items, as a list or a dict
 is (:meth:`_Walk.name`), and watched as one is."""
 
@@ -508,9 +508,11 @@ class _Walk:
             self.see(value)
             items = (
                 [self.name(k, deeper) + self.name(v, deeper) for k, v in value.items()]
-                if (kind is collections.Counter)
+                if isinstance(value, dict)
                 else [self.name(item, deeper) for item in value]
             )
+            if kind is collections.defaultdict:  # what it makes for a key it lacks
+                items.append(self.name(value.default_factory, deeper))
             bound = getattr(value, "maxlen", None)
             return _joined(f"{kind.__qualname__} {bound}".encode(), items)
         if isinstance(value, tuple) and _named_tuple(kind):  # a config: its class and items

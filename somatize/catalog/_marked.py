@@ -23,7 +23,7 @@ from types import (
 from typing import Any
 
 from somatize.catalog._functions import _closed_objects
-from somatize.catalog._held import _library_bytes
+from somatize.catalog._held import _SEQUENCES, _library_bytes
 from somatize.catalog._marks import (
     _MARKED,
     _forget_held,
@@ -272,7 +272,7 @@ def _state_read(
             continue
         if _library_bytes(value) is not None:  # the library's, said whole (a logger): not read
             continue
-        if kind in _CONTAINERS:
+        if kind in _CONTAINERS or kind in _SEQUENCES:  # a Counter, a deque: as a dict, a list
             if see(value, kind is not tuple and kind is not frozenset):
                 queue += list(value.values()) if isinstance(value, dict) else list(value)
             continue

@@ -10,6 +10,7 @@ What a node's own forward changes in an object it holds is its state, not a chan
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import operator
@@ -259,6 +260,8 @@ def _copied(live: Any) -> Any:
     of what they hold."""
     if isinstance(live, (_Slots, _Looked)):
         return live.values()
+    if type(live) is collections.defaultdict:  # made with what it makes for a key it lacks
+        return collections.defaultdict(live.default_factory, live)
     return dict(live) if isinstance(live, MappingProxyType) else type(live)(live)
 
 
