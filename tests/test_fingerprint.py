@@ -4119,3 +4119,36 @@ def test_a_count_a_marked_helper_object_holds_changed_in_place_is_seen(
     assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
     loaded.SCALER.counts["a"] += 1
     assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+
+
+_HOLDS_TYPE_ALIASES = """
+import typing
+
+from somatize import Node
+
+
+class Typed(Node):
+    Out = typing.Dict[str, int]
+    Maybe = typing.Optional[int]
+    Items = list[int]
+    Either = int | None
+
+    def forward(self, x, ctx):
+        return x
+"""
+
+
+def test_a_type_alias_a_node_s_class_holds_is_named_alike_in_every_process(
+    tmp_path: Path,
+) -> None:
+    """A type alias a node's class holds (``Out = typing.Dict[str, int]``, ``list[int]``,
+    ``int | None``) is named by how it reads: the same in two new processes, so the next
+    run recalls the node's answers; another alias is another fingerprint."""
+    printed = {}
+    other = _HOLDS_TYPE_ALIASES.replace("list[int]", "list[str]")
+    for name, text in (("same", _HOLDS_TYPE_ALIASES), ("other", other)):
+        (tmp_path / name).mkdir()
+        _write(tmp_path / name / "typed.py", text)
+        printed[name] = _fingerprints_in(tmp_path / name, "typed", "Typed")
+    assert printed["same"] == _fingerprints_in(tmp_path / "same", "typed", "Typed")
+    assert printed["same"] != printed["other"]

@@ -259,6 +259,14 @@ _GETTERS = frozenset(
 by what they get (:func:`_library_bytes`)."""
 
 
+def _type_alias(kind: type) -> bool:
+    """Whether ``kind`` is the class of a type alias of the standard library's
+    (``list[int]``, ``typing.Optional[int]``, ``int | None``), named by how it reads."""
+    if kind is types.UnionType:
+        return True
+    return kind.__module__ in ("typing", "types") and kind.__qualname__.endswith("Alias")
+
+
 def _named_tuple(kind: type) -> bool:
     """Whether ``kind`` is a named tuple's class (``collections.namedtuple``,
     ``typing.NamedTuple``): a tuple of fields, whose instances hold nothing else."""
@@ -303,8 +311,8 @@ def _library_bytes(value: Any) -> bytes | None:
     process by what the code computes with it depends on, where that is said in full: a
     lock, a condition, an event or a semaphore (:data:`_BY_TYPE`) by its type; a decimal,
     a fraction, a time, a UUID (:data:`_BY_REPR`), a torch dtype by its ``repr``,
-    which says it in full (a time's zone too, where it is no zone of a class of elsewhere,
-    whose ``repr`` may say less); a logger by
+    which says it in full (a type alias, ``list[int]``, too; a time's zone too, where it is
+    no zone of a class of elsewhere, whose ``repr`` may say less); a logger by
     its name (where it logs to, and above which level, changes no answer); a compiled
     pattern by its pattern and flags; a path by its type and what it says; a file open only
     for writing (a log, ``sys.stderr``) by its type. None for any
@@ -319,6 +327,10 @@ def _library_bytes(value: Any) -> bytes | None:
         kind.__module__ == "torch" and kind.__qualname__ in _TORCH_BY_REPR
     ):
         return f"value {kind.__module__}:{kind.__qualname__} {value!r}".encode()
+    if _type_alias(kind):  # `Out = dict[str, int]`, `typing.Optional[int]`: as it reads
+        said = repr(value)
+        if " at 0x" not in said:  # no object of its own that says no more than where it is
+            return b"alias " + said.encode()
     if kind in _GETTERS:
         got = value.__reduce__()[1]
         if _exactly_plain(got):
