@@ -4152,3 +4152,55 @@ def test_a_type_alias_a_node_s_class_holds_is_named_alike_in_every_process(
         printed[name] = _fingerprints_in(tmp_path / name, "typed", "Typed")
     assert printed["same"] == _fingerprints_in(tmp_path / "same", "typed", "Typed")
     assert printed["same"] != printed["other"]
+
+
+_HOLDS_AN_ABSTRACT_HELPER = """
+import abc
+
+from somatize import Node
+
+
+class Scaling(abc.ABC):
+    @abc.abstractmethod
+    def apply(self, x): ...
+
+
+class Scaler(Scaling):
+    def __init__(self, k):
+        self.k = k
+
+    def apply(self, x):
+        return x * self.k
+
+
+SCALER = Scaler(2)
+
+
+class UsesHelperObject(Node):
+    scaler = Scaler(2)
+
+    def forward(self, x, ctx):
+        return SCALER.apply(x) + self.scaler.apply(x)
+"""
+
+
+def test_an_object_of_an_abstract_class_s_subclass_is_named_alike_in_every_process(
+    tmp_path: Path,
+) -> None:
+    """An object of a subclass of an abstract class (``abc.ABC``), held by a node's module or
+    class, is named by its class's code and what it holds — not marked for what ``abc``
+    keeps on each such class —: the same in two new processes, another for another factor
+    or the class's method edited."""
+    variants = {
+        "same": _HOLDS_AN_ABSTRACT_HELPER,
+        "factor": _HOLDS_AN_ABSTRACT_HELPER.replace("SCALER = Scaler(2)", "SCALER = Scaler(3)"),
+        "edited": _HOLDS_AN_ABSTRACT_HELPER.replace("x * self.k", "x * self.k + 1"),
+    }
+    printed = {}
+    for name, text in variants.items():
+        (tmp_path / name).mkdir()
+        _write(tmp_path / name / "abstract.py", text)
+        printed[name] = _fingerprints_in(tmp_path / name, "abstract", "UsesHelperObject")
+    assert printed["same"] == _fingerprints_in(tmp_path / "same", "abstract", "UsesHelperObject")
+    found = [found for (found,) in printed.values()]
+    assert len(set(found)) == len(found)

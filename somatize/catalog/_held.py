@@ -12,6 +12,7 @@ is named by what it holds (:func:`_contained_bytes`).
 
 from __future__ import annotations
 
+import abc
 import argparse
 import collections
 import datetime
@@ -234,6 +235,7 @@ _BY_TYPE = frozenset(
         threading.BoundedSemaphore,
         threading.Barrier,
         type(os.environ),
+        type(vars(abc.ABC)["_abc_impl"]),  # what `abc` keeps on each abstract class
     }
 )
 """The standard library's objects that say nothing of what code computes with them, named
@@ -470,6 +472,8 @@ class _Walk:
             return _joined(b"function " + _function_bytes(value), pieces)
         if isinstance(value, type) and identity_of(value) is None:
             raise _Unnamed
+        if isinstance(value, type) and not value.__flags__ & _HEAPTYPE:  # written in C
+            return f"class {identity_of(value)}".encode()  # (`pyarrow.Table`): by its name
         if isinstance(value, ModuleType):
             return f"module {value.__name__}".encode()
         if isinstance(value, BuiltinFunctionType):
