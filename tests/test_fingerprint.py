@@ -4204,3 +4204,63 @@ def test_an_object_of_an_abstract_class_s_subclass_is_named_alike_in_every_proce
     assert printed["same"] == _fingerprints_in(tmp_path / "same", "abstract", "UsesHelperObject")
     found = [found for (found,) in printed.values()]
     assert len(set(found)) == len(found)
+
+
+_HOLDS_TABLES = """
+import numpy as np
+import torch
+
+from somatize import Node
+
+
+class Compared:
+    def __init__(self, k):
+        self.k = k
+
+    def __eq__(self, other):
+        return isinstance(other, Compared) and other.k == self.k
+
+    def __hash__(self):
+        return hash(self.k)
+
+
+class Normal(Node):
+    mean = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+    eps = np.float32(1e-6)
+    kind = np.dtype("float32")
+    std = torch.tensor([0.229, 0.224, 0.225])
+
+    def forward(self, x, ctx):
+        return (x - self.mean) / self.std.numpy() + self.eps
+
+
+class Settled(Node):
+    settings = Compared(2)
+
+    def forward(self, x, ctx):
+        return x * self.settings.k
+"""
+
+
+def test_an_array_or_tensor_a_class_holds_is_named_by_its_values_alike_in_every_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A numpy array, a numpy scalar or dtype, or a tensor a node's class holds (a table of
+    means) is in its fingerprint by its dtype, shape and values: alike in two new processes,
+    and another for other values. An object whose class says when it equals another is not
+    marked by which object it is: alike in two new processes."""
+    _write(tmp_path / "tabled.py", _HOLDS_TABLES)
+    first = _fingerprints_in(tmp_path, "tabled", "Normal", "Settled")
+    assert first == _fingerprints_in(tmp_path, "tabled", "Normal", "Settled")
+    path = tmp_path / "tabled_here.py"
+    was = fingerprint_of(_load(path, _HOLDS_TABLES, monkeypatch).Normal)
+    for made, edit in (
+        ("0.485, 0.456", "0.485, 0.457"),
+        ("dtype=np.float32)", "dtype=np.float64)"),
+        ("np.float32(1e-6)", "np.float32(1e-7)"),
+        ('np.dtype("float32")', 'np.dtype("float64")'),
+        ("0.224, 0.225]", "0.224, 0.226]"),
+    ):
+        edited = _load(path, _HOLDS_TABLES.replace(made, edit), monkeypatch)
+        assert fingerprint_of(edited.Normal) != was, edit
+    assert fingerprint_of(_load(path, _HOLDS_TABLES, monkeypatch).Normal) == was

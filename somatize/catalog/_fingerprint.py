@@ -135,9 +135,11 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
             _put(digest, b"bound " + name.encode(), *bound)
         functions += held
         opaque = None if held or _dunder(name) or _plain(member) else _opaque_bytes(member)
-        if opaque is not None and _left_out(type(member)) and not callable(member):
+        library = _left_out(type(member)) and not callable(member)
+        if opaque is not None and library and not opaque.startswith(b"tensor "):
             # the library's value (`pattern = re.compile("a")`, `root = Path(...)`): as the
-            # text makes it, where it does, the same wherever the code is
+            # text makes it, where it does, the same wherever the code is — not a tensor,
+            # named by its values whatever made them (`torch.load(...)`)
             if not texts:
                 texts.append(_class_body(kind))
             opaque = _assigned(texts[0], name, member) or opaque

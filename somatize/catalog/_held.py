@@ -27,6 +27,7 @@ import operator
 import os
 import pathlib
 import re
+import sys
 import threading
 import types
 import typing
@@ -96,6 +97,9 @@ def _opaque_bytes(member: Any) -> bytes | None:
     library = _library_bytes(member)  # a named tuple's field, `operator.itemgetter(0)`
     if library is not None:
         return library
+    values = _array_bytes(member)  # a table of means: by its dtype, shape and values
+    if values is not None:
+        return values
     named = _held_bytes(member)
     if named is None and _somatize_own(type(member)):  # a codec: by its class's code
         # imported here: a class's code names what its functions name, by this module
@@ -129,7 +133,38 @@ def _read_object(member: Any) -> bool:
     object holds is taken as the library's, as before."""
     if _plain(member) or type(member) in _CONTAINERS:
         return False
-    return not _left_out(type(member)) or _library_bytes(member) is not None
+    if _array_bytes(member) is not None:  # an array, a tensor: by its values
+        return True
+    kind = type(member)
+    if not _left_out(kind):  # one no name may say (of a class in C, with `__eq__`): not seen
+        named = isinstance(member, enum.Enum) or _named_tuple(kind) or _somatize_own(kind)
+        return named or _readable(kind)
+    return _library_bytes(member) is not None
+
+
+def _array_bytes(value: Any) -> bytes | None:
+    """A numpy array, scalar or dtype, or a dense torch tensor, a class holds (a table of
+    means) by its type, dtype, shape and values — the same in every process that makes it
+    alike, another for other values; None for any other object, or one whose values are
+    objects (an array of ``dtype=object``) or not here to read (a sparse or meta tensor)."""
+    kind = type(value)
+    top = kind.__module__.partition(".")[0]
+    if top == "numpy" and (numpy := sys.modules.get("numpy")) is not None:
+        if isinstance(value, numpy.dtype):
+            return f"dtype {value.str} {value!r}".encode()
+        if not isinstance(value, (numpy.ndarray, numpy.generic)) or value.dtype.hasobject:
+            return None
+        values = numpy.ascontiguousarray(value)
+        said = f"array {kind.__qualname__} {value.dtype.str} {value.shape}".encode()
+        return said + b" " + hashlib.sha256(values.view(numpy.uint8).data).digest()
+    torch = sys.modules.get("torch")
+    if top != "torch" or torch is None or not isinstance(value, torch.Tensor):
+        return None
+    if value.layout is not torch.strided or value.is_meta or value.is_quantized:
+        return None
+    values = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    said = f"tensor {kind.__qualname__} {value.dtype} {tuple(value.shape)}".encode()
+    return said + b" " + hashlib.sha256(values.data).digest()
 
 
 _HELD_DEPTH = 8
