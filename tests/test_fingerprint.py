@@ -4264,3 +4264,50 @@ def test_an_array_or_tensor_a_class_holds_is_named_by_its_values_alike_in_every_
         edited = _load(path, _HOLDS_TABLES.replace(made, edit), monkeypatch)
         assert fingerprint_of(edited.Normal) != was, edit
     assert fingerprint_of(_load(path, _HOLDS_TABLES, monkeypatch).Normal) == was
+
+
+_HOLDS_A_FITTED = """
+import numpy as np
+
+from somatize import Node
+
+
+class Scaler:
+    def __init__(self, mean, std):
+        self.mean = mean
+        self.std = std
+
+    def __call__(self, x):
+        return (x - self.mean) / self.std
+
+
+class Fitted(Node):
+    scaler = Scaler(np.array([1.0, 2.0]), np.array([0.5, 0.5]))
+
+    def forward(self, x, ctx):
+        return (x - self.scaler.mean) / self.scaler.std
+
+
+class Calls(Node):
+    scale = Scaler(np.array([1.0, 2.0]), np.float64(0.5))
+
+    def forward(self, x, ctx):
+        return self.scale(x)
+"""
+
+
+def test_an_object_holding_arrays_a_class_holds_is_named_by_their_values_in_every_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a node's class holds that holds numpy arrays (a fitted scaler's means),
+    called or only read, is named by its class and the arrays' dtype, shape and values:
+    alike in two new processes, and another for other values."""
+    _write(tmp_path / "fitted.py", _HOLDS_A_FITTED)
+    first = _fingerprints_in(tmp_path, "fitted", "Fitted", "Calls")
+    assert first == _fingerprints_in(tmp_path, "fitted", "Fitted", "Calls")
+    path = tmp_path / "fitted_here.py"
+    was = [fingerprint_of(_load(path, _HOLDS_A_FITTED, monkeypatch).Fitted)]
+    was.append(fingerprint_of(_load(path, _HOLDS_A_FITTED, monkeypatch).Calls))
+    edited = _load(path, _HOLDS_A_FITTED.replace("[1.0, 2.0]", "[1.0, 3.0]"), monkeypatch)
+    assert fingerprint_of(edited.Fitted) != was[0]
+    assert fingerprint_of(edited.Calls) != was[1]

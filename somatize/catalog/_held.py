@@ -208,12 +208,13 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     it closes over, a class by its name (where that leads back to it), its fingerprint and
     what it keeps, as an object's class is, a module by its name, an object of the
     standard library's that says nothing more (:func:`_library_bytes`: a lock by its type,
-    a logger by its name), a list, tuple, dict or set
-    by its items, a ``SimpleNamespace`` or an ``argparse.Namespace`` by what it holds, a
+    a logger by its name), a numpy array or scalar by its dtype, shape and values
+    (:func:`_array_bytes`), a list, tuple, dict or set by its items, a
+    ``SimpleNamespace`` or an ``argparse.Namespace`` by what it holds, a
     partial by its function and what it binds, a bound method by its
     function and its object, another object the same way. An object is not named so — the
     whole is marked — where any part holds what no name says: a class written in C (a
-    tensor, an array, a random generator), an object with slots, one whose class says when it equals
+    tensor, a random generator), an object with slots, one whose class says when it equals
     another (``__eq__``, but as a dataclass does: a graph's watch compares what it holds
     with ``==``), a torch module holding hooks; one reached deeper or larger than a bound;
     one that cannot be referenced weakly (a bare list or dict); or one whose class's own
@@ -519,6 +520,10 @@ class _Walk:
         library = _library_bytes(value)
         if library is not None:
             return library
+        if type(value).__module__.partition(".")[0] == "numpy":  # a fitted scaler's means
+            values = _array_bytes(value)  # by dtype, shape and values (no tensor: a weight)
+            if values is not None:
+                return values
         if isinstance(value, enum.Enum):  # by its enum's code and its name
             return _member_bytes(value, self.name(value._value_, depth + 1))
         self.placed[id(value)] = len(self.placed)
