@@ -4311,3 +4311,27 @@ def test_an_object_holding_arrays_a_class_holds_is_named_by_their_values_in_ever
     edited = _load(path, _HOLDS_A_FITTED.replace("[1.0, 2.0]", "[1.0, 3.0]"), monkeypatch)
     assert fingerprint_of(edited.Fitted) != was[0]
     assert fingerprint_of(edited.Calls) != was[1]
+
+
+def test_an_array_a_class_holds_is_read_once_as_its_fingerprint_is_worked_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The values of an array a node's class holds (a large table) are read once as its
+    fingerprint is first worked out, and once again as it is asked again: to tell it is an
+    array, or that a graph's watch need not mark it, its type alone is read."""
+    from somatize.catalog import _held
+
+    loaded = _load(tmp_path / "tabled_once.py", _HOLDS_TABLES, monkeypatch)
+    reads: list[Any] = []
+    read = _held._array_bytes
+
+    def counted(value: Any) -> bytes | None:
+        reads.append(value)
+        return read(value)
+
+    monkeypatch.setattr(_held, "_array_bytes", counted)
+    fingerprint_of(loaded.Normal)
+    assert sum(value is loaded.Normal.mean for value in reads) == 2  # its body, its name
+    reads.clear()
+    _watch.watch_code([loaded.Normal])
+    assert not any(value is loaded.Normal.mean for value in reads)

@@ -133,13 +133,28 @@ def _read_object(member: Any) -> bool:
     object holds is taken as the library's, as before."""
     if _plain(member) or type(member) in _CONTAINERS:
         return False
-    if _array_bytes(member) is not None:  # an array, a tensor: by its values
+    if _array(member):  # an array, a tensor: by its values
         return True
     kind = type(member)
     if not _left_out(kind):  # one no name may say (of a class in C, with `__eq__`): not seen
         named = isinstance(member, enum.Enum) or _named_tuple(kind) or _somatize_own(kind)
         return named or _readable(kind)
     return _library_bytes(member) is not None
+
+
+def _array(value: Any) -> bool:
+    """Whether ``value`` is one :func:`_array_bytes` names by its values, told by its type
+    alone (its values are not read)."""
+    kind = type(value)
+    top = kind.__module__.partition(".")[0]
+    if top == "numpy" and (numpy := sys.modules.get("numpy")) is not None:
+        if isinstance(value, numpy.dtype):
+            return True
+        return isinstance(value, (numpy.ndarray, numpy.generic)) and not value.dtype.hasobject
+    torch = sys.modules.get("torch")
+    if top != "torch" or torch is None or not isinstance(value, torch.Tensor):
+        return False
+    return value.layout is torch.strided and not value.is_meta and not value.is_quantized
 
 
 def _array_bytes(value: Any) -> bytes | None:

@@ -31,7 +31,7 @@ from somatize.catalog._functions import (
     _default_tables,
     _partial_keywords,
 )
-from somatize.catalog._held import _array_bytes, _contained_bytes, _held_bytes, _runner
+from somatize.catalog._held import _array, _contained_bytes, _held_bytes, _runner
 from somatize.catalog._marked import _Marked, _marked, _plain_table, _Slots
 from somatize.catalog._marks import _moved_on, _version_of
 from somatize.catalog._members import (
@@ -354,7 +354,7 @@ def _held_in(member: Any) -> list[Any]:
     functions = _functions_in(member)
     if not functions:  # not named here just to learn it runs code: the caller names it
         runner = None if _plain(member) else _runner(member)
-        if runner is None or _array_bytes(runner) is not None:  # an array: by its values
+        if runner is None or _array(runner):  # an array: by its values
             return []
         return [runner]
     held = [held for function in functions for held in _closed_objects(function)]
