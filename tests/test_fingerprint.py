@@ -4335,3 +4335,35 @@ def test_an_array_a_class_holds_is_read_once_as_its_fingerprint_is_worked_out(
     reads.clear()
     _watch.watch_code([loaded.Normal])
     assert not any(value is loaded.Normal.mean for value in reads)
+
+
+_HOLDS_A_FIT = """
+import numpy as np
+
+from somatize import Node
+
+
+class Scaler:
+    def __init__(self):
+        self.mean = None
+
+    def fit(self, x):
+        self.mean = x.mean(axis=0)
+        return self
+
+
+class FitOnce(Node):
+    scaler = Scaler().fit(np.ones((4, 3)))
+
+    def forward(self, x, ctx):
+        return x - self.scaler.mean
+"""
+
+
+def test_an_object_fitted_by_its_own_code_a_class_holds_is_not_marked(tmp_path: Path) -> None:
+    """An object a node's class holds whose class's code sets its attributes past its making
+    (``Scaler().fit(x)``), which its node's code only reads, is not marked by which object it
+    is: alike in two new processes."""
+    _write(tmp_path / "fits.py", _HOLDS_A_FIT)
+    first = _fingerprints_in(tmp_path, "fits", "FitOnce")
+    assert first == _fingerprints_in(tmp_path, "fits", "FitOnce")

@@ -138,7 +138,8 @@ def _read_object(member: Any) -> bool:
     kind = type(member)
     if not _left_out(kind):  # one no name may say (of a class in C, with `__eq__`): not seen
         named = isinstance(member, enum.Enum) or _named_tuple(kind) or _somatize_own(kind)
-        return named or _readable(kind)
+        # not one whose code sets what it holds as it runs (`Scaler().fit(x)`): not seen
+        return named or (_readable(kind) and not _moves_itself(kind))
     return _library_bytes(member) is not None
 
 
