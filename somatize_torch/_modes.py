@@ -70,7 +70,7 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from somatize_torch._text_flow import asked_at, function_called_at
+from somatize_torch._text_flow import asked_at, kept_per_argument_at
 
 __all__ = [
     "Fixed",
@@ -329,18 +329,14 @@ def _hashed(recorder: _Recorder, original: Callable[..., Any], proxy: Any) -> An
 
 
 def _kept_per_argument(frame: types.FrameType) -> bool:
-    """Whether ``frame`` is calling a function of its own by name (``ramp(x.shape[1])``,
-    one cached per argument, which misses its cache for a stand-in, as it must), not
-    looking the stand-in up (``in``, ``[...]``, ``gains.get``, ``set(...)``)."""
+    """Whether ``frame`` is calling a function of its own cached per argument
+    (``ramp(x.shape[1])``, ``self._mask(n)`` under ``functools.lru_cache``), which
+    misses its cache for a stand-in, as it must, not looking the stand-in up (``in``,
+    ``[...]``, ``gains.get``, ``set(...)``)."""
     try:
-        called = function_called_at(frame)
+        return kept_per_argument_at(frame)
     except Exception:  # pragma: no cover - code this reading does not know is refused
         return False
-    return called is not None and called not in _LOOKS_UP
-
-
-_LOOKS_UP = frozenset({"set", "frozenset", "dict", "hash", "sorted", "len"})
-"""Functions that look what they are handed up, or hash it."""
 
 
 _HASHED = (

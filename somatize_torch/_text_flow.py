@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import functools
 import inspect
 import linecache
 import sys
@@ -478,6 +479,23 @@ def _function_called(frame: types.FrameType, name: str, by: _Slot) -> tuple[Any,
     return None, 0
 
 
+def _resolved_off(found: Any, names: list[str]) -> Any:
+    """The object the attributes ``names`` of ``found``, in turn, are, where each is one
+    the object holds itself (a submodule, or a value in its ``__dict__``); else None."""
+    for name in names:
+        if found is None:
+            return None
+        try:
+            held = object.__getattribute__(found, "__dict__")
+        except AttributeError:
+            return None
+        if not isinstance(held, dict):
+            return None
+        modules = held.get("_modules")
+        found = modules[name] if isinstance(modules, dict) and name in modules else held.get(name)
+    return found
+
+
 def _handed_into(frame: types.FrameType, handed: list[_Handed], own: Any) -> str | None:
     """Where a function of the model's that ``frame``'s code hands a followed value to
     asks something of it."""
@@ -523,26 +541,71 @@ def asked_at(frame: types.FrameType, own: Any) -> str | None:
     return None
 
 
-def function_called_at(frame: types.FrameType) -> str | None:
-    """The name of the plain function (``ramp``, not a method: ``gains.get``) the call
-    ``frame`` runs calls, where its code tells it in a straight line; else None."""
+def kept_per_argument_at(frame: types.FrameType) -> bool:
+    """Whether the call ``frame`` runs calls a function cached per argument
+    (``functools.lru_cache``, ``functools.cache``), by name (``ramp(n)``) or as a method,
+    static or class method (``self._mask(n)``), where its code tells that in a straight
+    line without running any; not a lookup (``gains.get(...)``, ``set(...)``)."""
     steps, place = _steps(frame.f_code)
     at = place.get(frame.f_lasti)
     if at is None:
         before = [n for n, step in enumerate(steps) if step.one.offset < frame.f_lasti]
         at = before[-1] if before else None
     if at is None or steps[at].one.opname not in ("CALL", "CALL_FUNCTION"):
-        return None
+        return False
     need = steps[at].pops
     at -= 1
     while need and at >= 0:
         step = steps[at]
         if step.pops is None or step.target or step.jump is not None:
-            return None
+            return False
         if need <= step.pushes:
-            one = step.one
-            plain = one.opname in _LOAD_LOCAL or one.opname == "LOAD_GLOBAL"
-            return one.argval if plain and isinstance(one.argval, str) else None
+            return _per_argument(_loaded(frame, steps, at))
         need += step.pops - step.pushes
         at -= 1
-    return None
+    return False
+
+
+def _loaded(frame: types.FrameType, steps: list[_Step], at: int) -> Any:
+    """What the instruction ``steps[at]`` loads, where it and those before it are a
+    straight chain of loads (``self._mask``, ``ramp``): a class's attribute as it is
+    stored (a ``staticmethod``, say); None where that is not told without running code."""
+    names: list[str] = []
+    while at >= 0 and steps[at].one.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+        if steps[at].target or not isinstance(steps[at].one.argval, str):
+            return None
+        names.insert(0, steps[at].one.argval)
+        at -= 1
+    if at < 0 or steps[at].target or not isinstance(steps[at].one.argval, str):
+        return None
+    one = steps[at].one
+    if one.opname in _LOAD_LOCAL:
+        if one.argval not in frame.f_locals:
+            return None
+        found = frame.f_locals[one.argval]
+    elif one.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+        found = frame.f_globals.get(one.argval, vars(builtins).get(one.argval))
+    else:
+        return None
+    if not names:
+        return found
+    *through, last = names
+    found = _resolved_off(found, through)
+    if found is None:
+        return None
+    try:
+        return inspect.getattr_static(found, last)
+    except AttributeError:
+        return None
+
+
+def _per_argument(found: Any) -> bool:
+    """Whether ``found`` is a function cached per argument by ``functools``, or a method,
+    static or class method of one."""
+    if isinstance(found, (staticmethod, classmethod, types.MethodType)):
+        found = found.__func__
+    return isinstance(found, _CACHED)
+
+
+_CACHED = type(functools.lru_cache(maxsize=None)(len))
+"""The type of a function ``functools.lru_cache`` and ``functools.cache`` make."""

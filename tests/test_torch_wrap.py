@@ -3668,16 +3668,98 @@ class AddsARampKeptPerWidth(OnTempered):
         return self.encoder(x) + _ramp(x.shape[1])
 
 
+class AddsARampItsMethodKeepsPerWidth(OnTempered):
+    """Adds a ramp a method of its own cached per argument makes for its input's width."""
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019
+    def _ramp(self, width: Any) -> torch.Tensor:
+        return torch.arange(width).float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        width = x.shape[1]
+        return self.encoder(x) + self._ramp(width)
+
+
+class AddsARampItsMethodCaches(OnTempered):
+    """The same, by a method under `functools.cache`."""
+
+    @functools.cache  # noqa: B019
+    def _ramp(self, width: Any) -> torch.Tensor:
+        return torch.arange(width).float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) + self._ramp(x.shape[1])
+
+
+class AddsARampItsStaticMethodKeeps(OnTempered):
+    """The same, by a static method cached per argument."""
+
+    @staticmethod
+    @functools.lru_cache(maxsize=8)
+    def _ramp(width: Any) -> torch.Tensor:
+        return torch.arange(width).float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) + self._ramp(x.shape[1])
+
+
+class AddsARampItsClassMethodKeeps(OnTempered):
+    """The same, by a class method cached per argument."""
+
+    @classmethod
+    @functools.lru_cache(maxsize=8)
+    def _ramp(cls, width: Any) -> torch.Tensor:
+        return torch.arange(width).float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) + self._ramp(x.shape[1])
+
+
+class ScalesByAGainItKeeps(OnTempered):
+    """Scales by a gain it works out once (`functools.cached_property`)."""
+
+    @functools.cached_property
+    def gain(self) -> float:
+        return 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * self.gain
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        AddsARampKeptPerWidth,
+        AddsARampItsMethodKeepsPerWidth,
+        AddsARampItsMethodCaches,
+        AddsARampItsStaticMethodKeeps,
+        AddsARampItsClassMethodKeeps,
+        ScalesByAGainItKeeps,
+    ],
+    ids=["function", "method", "method under cache", "static method", "class method", "property"],
+)
 def test_a_function_kept_per_argument_handed_what_fx_stands_in_for_is_traced(
-    store: Store,
+    store: Store, kind: Callable[[], nn.Module]
 ) -> None:
-    """A function cached per argument (`functools.lru_cache`) handed a stand-in
-    (`_ramp(x.shape[1])`) misses its cache, as it must, and is traced: the model is
-    wrapped, and answers as it does."""
-    wrapped, model = _encoder_cached(AddsARampKeptPerWidth, store)
+    """A function or method of the model's cached per argument (`functools.lru_cache`,
+    `functools.cache`) handed a stand-in (`self._ramp(x.shape[1])`) misses its cache, as
+    it must, and is traced: the model is wrapped, and answers as it does."""
+    wrapped, model = _encoder_cached(kind, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
+
+
+_gain_of_kind = {torch.float64: 10.0}.get
+"""A dict's `get`, called by a name of its own."""
+
+
+class LooksUpAGainByAName(OnTempered):
+    """Scales by a gain looked up by its input's dtype through a dict's `get` named
+    apart."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * _gain_of_kind(x.dtype, 1.0)
 
 
 @pytest.mark.parametrize(
@@ -3685,8 +3767,9 @@ def test_a_function_kept_per_argument_handed_what_fx_stands_in_for_is_traced(
     [
         (UpcastsHalfInputs, r"x\.dtype in \{torch\.float16.*set or dict"),
         (LooksUpAGainByItsKind, r"self\.gains\.get\(x\.dtype, 1\.0\).*set or dict"),
+        (LooksUpAGainByAName, r"_gain_of_kind\(x\.dtype, 1\.0\).*set or dict"),
     ],
-    ids=["in a set", "a dict's get"],
+    ids=["in a set", "a dict's get", "a dict's get named apart"],
 )
 def test_looking_what_fx_stands_in_for_up_in_a_set_or_dict_is_refused(
     store: Store, kind: Callable[[], nn.Module], named: str
