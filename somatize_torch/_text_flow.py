@@ -453,7 +453,7 @@ def _function_called(frame: types.FrameType, name: str, by: _Slot) -> tuple[Any,
     elif one.opname in _LOAD_LOCAL:
         found = frame.f_locals.get(name)
     elif one.opname in ("LOAD_METHOD", "LOAD_ATTR") and by.local is not None:
-        owner = frame.f_locals.get(by.local)
+        owner = _resolved(frame, by.local)
         if owner is None:
             return None, 0
         modules = getattr(owner, "__dict__", {}).get("_modules")
@@ -477,6 +477,14 @@ def _function_called(frame: types.FrameType, name: str, by: _Slot) -> tuple[Any,
     if callable(found) and isinstance(forward, types.FunctionType):
         return forward, 1  # a module of the model's, called: its forward
     return None, 0
+
+
+def _resolved(frame: types.FrameType, path: str) -> Any:
+    """The object ``path`` names in ``frame``: a local (``self``), or an attribute of one
+    the object holds itself (``self.logs``: a submodule, or a value in its ``__dict__``),
+    found without running code; None where that is not told (a property, say)."""
+    first, *names = path.split(".")
+    return _resolved_off(frame.f_locals.get(first), names)
 
 
 def _resolved_off(found: Any, names: list[str]) -> Any:

@@ -3461,6 +3461,43 @@ class PutsItsDtypeInMessages(OnTempered):
         return self.encoder(x) * 2
 
 
+class _Gains:
+    """Picks a gain by text naming a width."""
+
+    def gain_for(self, name: str) -> float:
+        return 10.0 if name == "width 4" else 1.0
+
+
+class _GainsModule(nn.Module):
+    """The same, as a module."""
+
+    def gain_for(self, name: str) -> float:
+        return 10.0 if name == "width 4" else 1.0
+
+
+class ScalesByAGainAHelperPicks(OnTempered):
+    """Scales by a gain an object it holds picks by text naming its width
+    (`self.gains.gain_for`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gains = _Gains()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * self.gains.gain_for(f"width {x.shape[1]}")
+
+
+class ScalesByAGainASubmodulePicks(OnTempered):
+    """The same, picked by a submodule's method, reached through a container."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts = nn.ModuleDict({"gains": _GainsModule()})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * self.parts.gains.gain_for(f"width {x.shape[1]}")
+
+
 @pytest.mark.parametrize(
     ("kind", "named"),
     [
@@ -3470,8 +3507,19 @@ class PutsItsDtypeInMessages(OnTempered):
         (ScalesForItsDtypeTwiceMadeText, r"str\(str\(x\.dtype\)\) == .*into text"),
         (LooksUpAGainByItsDtype, r"\"-\"\.join.*into text.*asked at .*self\.gains\.get"),
         (ScalesByAGainItsMethodPicks, r"into text.*asked at .*`return 10\.0 if name =="),
+        (ScalesByAGainAHelperPicks, r"into text.*asked at .*`return 10\.0 if name =="),
+        (ScalesByAGainASubmodulePicks, r"into text.*asked at .*`return 10\.0 if name =="),
     ],
-    ids=["format", "percent with a tuple", "join", "str of str", "looked up as returned", "handed"],
+    ids=[
+        "format",
+        "percent with a tuple",
+        "join",
+        "str of str",
+        "looked up as returned",
+        "handed",
+        "handed to an attribute's method",
+        "handed to a submodule's method",
+    ],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
     store: Store, kind: Callable[[], nn.Module], named: str
