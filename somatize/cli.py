@@ -350,10 +350,16 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
             _du(store, out)
         elif args.command == "gc":
             done = store.gc(args.max_bytes, grace=args.grace, progress=bar)
+            young = ""
+            if done.young:
+                young = (
+                    f" ({size_of(done.young)} of it blobs younger than --grace "
+                    f"{args.grace:g}s that nothing refers to, which a later gc removes)"
+                )
             print(
                 f"dropped {done.answers} answers and {done.packs} packs, removed {done.blobs} "
                 f"blobs and {done.abandoned} abandoned writes: freed {size_of(done.freed)}, "
-                f"{size_of(done.kept)} kept",
+                f"{size_of(done.kept)} kept{young}",
                 file=out,
             )
         elif args.command == "verify":

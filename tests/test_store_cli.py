@@ -120,6 +120,25 @@ def test_gc_frees_what_it_says(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert bytes(fresh.get(fresh.resolve("sms/train"))) == b"rows"
 
 
+def test_gc_counts_what_grace_leaves_as_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gc --max-bytes 0 within the grace drops the records but leaves their young blobs on
+    disk: what it prints as kept counts them, and says grace left them, never `0 B kept`."""
+    store = LocalStore(tmp_path / "store")
+    for i in range(3):
+        store.keep(f"blake3:{i:064x}", bytes(100_000 + i), "plain")
+    assert main(["store", "gc", "--store", str(store.root), "--max-bytes", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "dropped 3 answers" in printed and "removed 0 blobs" in printed
+    on_disk = sum(p.stat().st_size for p in (store.root / "blobs").rglob("*") if p.is_file())
+    assert on_disk == 300_003
+    assert f"{size_of(on_disk)} kept" in printed
+    assert f"{size_of(on_disk)} of it blobs younger than --grace" in printed
+    done = LocalStore(store.root).gc(max_bytes=0)
+    assert done.kept == on_disk and done.young == on_disk
+
+
 def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A path-traversal name and an unknown name are refused with a message and status 2."""
     where = str(_store(tmp_path).root)

@@ -516,3 +516,14 @@ def test_verify_and_gc(home: Store) -> None:
     fresh = reopen(home)
     assert fresh.have([KEY]) == set()
     assert bytes(fresh.get(fresh.resolve("sms/train"))) == b"dataset"
+
+
+def test_gc_within_the_grace_counts_the_blobs_it_leaves_as_kept(home: Store) -> None:
+    """A gc to zero within the grace drops the records but leaves their young blobs: it
+    counts them as kept, and as young, in every home."""
+    home.keep(KEY, bytes(5000), "plain")
+    done = reopen(home).gc(0)
+    assert done.answers == 1 and done.blobs == 0
+    assert done.kept == 5000 and done.young == 5000
+    done = reopen(home).gc(0, grace=0)
+    assert done.blobs == 1 and done.kept == 0 and done.young == 0

@@ -347,7 +347,12 @@ class Collected:
     freed: int = 0
     """Bytes removed."""
     kept: int = 0
-    """Bytes of blobs and records left."""
+    """Bytes of blobs, records, pack indexes and names left, those spared by ``grace``
+    (:attr:`young`) included."""
+    young: int = 0
+    """Bytes of blobs nothing refers to that are left because they are younger than
+    ``grace`` (a writer elsewhere may be about to refer to them): a later ``gc`` removes
+    them once they are older, unless something refers to them by then."""
 
 
 @dataclass
@@ -470,6 +475,7 @@ def _collect(
     out.freed += sum(u.size for u in dropped["packs"])
     spared = {unit.name for unit in dropped["answers"]} - gone
     sweep = [e for d, e in blobs.items() if d not in held and now - e.mtime >= grace]
+    out.young = sum(e.size for d, e in blobs.items() if d not in held and now - e.mtime < grace)
     if sweep:
         # Look again: a writer may have put one of these again (which touches it) and
         # published a record referring to it since the store was listed (a record spared
@@ -503,7 +509,10 @@ def _collect(
     shelf._remove("tmp", [e.name for e in stale])
     out.abandoned = len(stale)
     out.freed += sum(e.size for e in stale)
-    out.kept = kept
+    # What is left of what was listed: what grace spared, and records kept anew, included.
+    removed = sum(e.size for e in sweep) + sum(u.size for u in dropped["packs"])
+    removed += sum(u.size for u in dropped["answers"] if u.name in gone)
+    out.kept = sum(e.size for e in blobs.values()) + sum(r.entry.size for r in read) - removed
     shelf._forget_all()
     return out
 
