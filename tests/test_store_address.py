@@ -180,6 +180,26 @@ def test_an_empty_store_path_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize(
+    ("path", "match"),
+    [
+        ("~nosuchuser-somatize/features", r"`~nosuchuser-somatize` names no home directory"),
+        ("features\x00old", r"holds a NUL character"),
+    ],
+)
+def test_a_store_path_no_directory_can_have_is_refused(
+    path: str, match: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path in the home of a user this system does not know, or one holding a NUL (no
+    file name can), is refused with `BadAddress` naming it, not a bare `RuntimeError` or
+    `ValueError`, and nothing is made."""
+    monkeypatch.chdir(tmp_path)
+    for opened in (lambda: Store(path), lambda: Store.of(path)):
+        with pytest.raises(BadAddress, match=match):
+            opened()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
     ("opened", "match"),
     [
         (lambda: Store.on_bucket("s3:/bucket/features"), r"'s3:/bucket/features' has no `://`"),

@@ -171,9 +171,21 @@ class LocalStore(LocalShelf):
                 "what you mean, or `store=None` to keep and recall nothing"
             )
         _check_not_a_url(os.fspath(path))
+        if "\x00" in os.fspath(path):
+            raise BadAddress(
+                f"a store's directory {os.fspath(path)!r} holds a NUL character, which no "
+                "file name can: pass the directory's path as it is written"
+            )
         # Anchored now: a relative path would otherwise follow a later `os.chdir`, and
         # keep answers in (and look for them in) another directory from then on.
-        self.root = Path(path).expanduser().absolute()
+        try:
+            self.root = Path(path).expanduser().absolute()
+        except RuntimeError:  # ~user names no user this system knows, or no home is known
+            home = os.fspath(path).split(os.sep, 1)[0]
+            raise BadAddress(
+                f"cannot open a store at {os.fspath(path)!r}: `{home}` names no home "
+                "directory this system knows; pass the directory's full path"
+            ) from None
         # Where the path leads, `..` and links followed: the folders it names may pass
         # through another store's section on the way out, or reach into one by a link.
         real = Path(os.path.realpath(self.root))  # a link loop is left for mkdir to report
