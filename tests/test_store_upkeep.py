@@ -339,6 +339,34 @@ def test_a_pack_kept_after_a_record_supersedes_it(home: Store) -> None:
         assert (answer.fingerprint, bytes(data)) == ("code-v2", b"new 0")
 
 
+@pytest.mark.parametrize("later", ["kept alone", "packed"])
+def test_an_answer_kept_after_one_stamped_ahead_by_a_skewed_clock_supersedes_it(
+    home: Store, later: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer written by a machine whose clock runs ahead carries a `created` in the
+    future; one kept after it, by a store object that has read it (the engine reads it,
+    finds the code changed, and recomputes), is still the one recalled from then on, not
+    the older answer stamped later."""
+    ahead = time.time() + 600
+    with monkeypatch.context() as clock:
+        clock.setattr(time, "time", lambda: ahead)
+        if later == "kept alone":
+            home.keep_many([(key_of(0), b"old 0"), (key_of(1), b"old 1")], "plain", "code-v1")
+        else:
+            home.keep(key_of(0), b"old 0", "plain", fingerprint="code-v1")
+    writer = _reopen(home)
+    assert writer.have([key_of(0)]) == {key_of(0)}
+    assert writer.recall(key_of(0))[0].fingerprint == "code-v1"
+    if later == "kept alone":
+        writer.keep(key_of(0), b"new 0", "plain", fingerprint="code-v2")
+    else:
+        writer.keep_many([(key_of(0), b"new 0"), (key_of(2), b"new 2")], "plain", "code-v2")
+    for store in (writer, _reopen(home)):
+        store.have([key_of(0)])
+        answer, data = store.recall(key_of(0))
+        assert (answer.fingerprint, bytes(data)) == ("code-v2", b"new 0")
+
+
 @pytest.mark.parametrize("newest_listed", ["first", "last"])
 def test_of_two_packs_holding_a_key_the_newer_wins(tmp_path: Path, newest_listed: str) -> None:
     """When two packs hold one key, the newer pack's answer is recalled, whatever order the

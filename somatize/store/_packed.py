@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
+import math
 import mmap
 import os
 import re
@@ -474,6 +476,9 @@ class PackedHome(Store):
         with self._keeping() as claims:  # the blob is this keep's until its record is out
             digest = self._put(pieces, claims)
             answer = self._record(key, digest, codec, nbytes(pieces), fingerprint)
+            created = self._created_after([key], answer.created)
+            if created != answer.created:
+                answer = dataclasses.replace(answer, created=created)
             self._publish_record(answer, encode_record(answer, self.signer))
         self._supersede(answer)
         return answer
@@ -491,6 +496,22 @@ class PackedHome(Store):
         # item given as an iterator of pieces (a generator) would be used up by measuring it.
         listed = [(key, pieces_of(data)) for key, data in items]
         return keep_packed(self, listed, codec, fingerprint)
+
+    def _created_after(self, keys: Sequence[str], now: float) -> float:
+        """``now``, or just after the newest answer this object knows for ``keys`` when
+        that one is stamped later (by a writer whose clock runs ahead): an answer kept now
+        replaces it, and the newer ``created`` is what says so to every reader."""
+        with self._lock:
+            known = [now]
+            for key in keys:
+                pack = self._items.get(key)
+                if pack is not None:
+                    known.append(pack.created)
+                record = self._records.get(key)
+                if record is not None:
+                    known.append(record.created)
+        newest = max(known)
+        return now if newest < now else math.nextafter(newest, math.inf)
 
     def _adopt(self, pack: PackIndex) -> None:
         """Takes ``pack`` into the table: each of its keys is found in it, unless a newer

@@ -417,6 +417,8 @@ class _Packing(Protocol):
 
     def _publish_index(self, pack: PackIndex, data: bytes) -> None: ...
 
+    def _created_after(self, keys: Sequence[str], now: float) -> float: ...
+
 
 def keep_packed(
     home: _Packing,
@@ -456,7 +458,7 @@ def keep_packed(
                 offset += size
             with home._keeping() as claims:  # the blob is this keep's until its index is out
                 blob = home._put(joined, claims)
-                created = time.time()
+                created = home._created_after([key for key, _, _ in entries], time.time())
                 pack_id, index = encode_pack(
                     blob, offset, codec, fingerprint, created, entries, home.signer
                 )
