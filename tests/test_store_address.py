@@ -199,6 +199,16 @@ def test_a_store_path_no_directory_can_have_is_refused(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("url", ["file://{tmp}/features\x00old", "memory://team/a\x00b"])
+def test_a_bucket_url_holding_a_nul_is_refused(url: str, tmp_path: Path) -> None:
+    """A URL holding a NUL names no file nor object a store could write (a `file://` one
+    failed at the first keep with a bare `ValueError`): it is refused when the store is
+    opened, with `BadAddress`, and nothing is made."""
+    with pytest.raises(BadAddress, match=r"holds a NUL character"):
+        Store.on_bucket(url.format(tmp=tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("opened", "match"),
     [

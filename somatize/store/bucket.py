@@ -334,6 +334,11 @@ class BucketStore(BucketShelf):
                 "relative to the working directory, and keep there what was meant for the "
                 "bucket. Spell the URL whole; for a directory use `Store(path)`"
             )
+        if isinstance(url, str) and "\x00" in url:
+            raise BadAddress(
+                f"{url!r} holds a NUL character, which no file or object name can: pass the "
+                "URL as it is written"
+            )
         self.url = url
         self.storage_options = storage_options
         """What the filesystem was opened with (to open the same store again)."""
