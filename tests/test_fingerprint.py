@@ -4367,3 +4367,73 @@ def test_an_object_fitted_by_its_own_code_a_class_holds_is_not_marked(tmp_path: 
     _write(tmp_path / "fits.py", _HOLDS_A_FIT)
     first = _fingerprints_in(tmp_path, "fits", "FitOnce")
     assert first == _fingerprints_in(tmp_path, "fits", "FitOnce")
+
+
+def test_a_class_read_again_cheaply_is_worked_out_again_once_changed_in_place() -> None:
+    """A class holding only plain values and plain functions is told unchanged by a stamp of
+    its body, not by reading it again: each change in place — code, defaults or keyword
+    defaults given to a method, a value rebound, what a method wraps, an object a method
+    closes over — is still another fingerprint, and the first comes back with the first
+    body."""
+    from somatize.catalog import _fingerprint
+
+    def make() -> Any:
+        held: Any = None
+
+        class Cfg:
+            width = 4
+
+            def scale(self, x: Any, by: Any = 2) -> Any:
+                return x * by * self.width
+
+            def other(self, x: Any) -> Any:
+                return held
+
+        def close_over(value: Any) -> None:
+            nonlocal held
+            held = value
+
+        return Cfg, close_over
+
+    kind, close_over = make()
+    first = fingerprint_of(kind)
+    assert fingerprint_of(kind) == first
+    assert kind in _fingerprint._STAMPS  # told unchanged by its stamp
+    seen = {first}
+    scale, code, defaults = kind.scale, kind.scale.__code__, kind.scale.__defaults__
+
+    def changed() -> None:
+        now = fingerprint_of(kind)
+        assert now not in seen
+        seen.add(now)
+
+    kind.scale.__defaults__ = (3,)
+    changed()
+    kind.scale.__defaults__ = defaults
+    assert fingerprint_of(kind) == first
+    kind.scale.__code__ = (lambda self, x, by=2: x + by).__code__
+    changed()
+    kind.scale.__code__ = code
+    assert fingerprint_of(kind) == first
+    kind.scale.__kwdefaults__ = {"k": 1}
+    changed()
+    kind.scale.__kwdefaults__ = None
+    assert fingerprint_of(kind) == first
+    kind.width = 5
+    changed()
+    kind.width = 4
+    assert fingerprint_of(kind) == first
+
+    def wrapper(self: Any, x: Any) -> Any:
+        return x
+
+    wrapper.__wrapped__ = scale  # type: ignore[attr-defined]
+    kind.scale = wrapper
+    assert fingerprint_of(kind) == first  # unwrapped to the same method
+    wrapper.__wrapped__ = kind.other  # type: ignore[attr-defined]
+    changed()
+    kind.scale = scale
+    assert fingerprint_of(kind) == first
+    close_over(types.SimpleNamespace(k=1))  # closes over an object now
+    changed()
+    assert kind not in _fingerprint._STAMPS

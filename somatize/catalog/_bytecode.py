@@ -256,20 +256,30 @@ def _state_of(kinds: Iterable[type], members: Iterable[Any]) -> frozenset[str]:
     for member in members:
         on_class = isinstance(member, classmethod)
         for function in _functions_in(member):
-            code = function.__code__
-            found = _STORES.get(function)
-            if found is None or found[0] is not code or found[1] is not on_class:
-                found = _STORES[function] = (code, on_class, _stores_of(code, on_class))
-            for owner, name in found[2]:
+            for owner, name in _stores_by(function, on_class):
                 if owner is None or id(function.__globals__.get(owner)) in classes:
                     names.add(name)
     return frozenset(names)
 
 
+def _stores_by(function: FunctionType, on_class: bool) -> frozenset[tuple[str | None, str]]:
+    """What ``function``'s code sets on a class (:func:`_stores_of`), kept by function
+    (:data:`_STORES`) while it holds that code."""
+    code = function.__code__
+    found = _STORES.get(function)
+    if found is None or found[0] is not code:
+        found = _STORES[function] = (code, [None, None])
+    stores = found[1][on_class]
+    if stores is None:
+        stores = found[1][on_class] = _stores_of(code, on_class)
+    return stores
+
+
 _STORES: weakref.WeakKeyDictionary[
-    FunctionType, tuple[CodeType, bool, frozenset[tuple[str | None, str]]]
+    FunctionType, tuple[CodeType, list[frozenset[tuple[str | None, str]] | None]]
 ] = weakref.WeakKeyDictionary()
-"""A function → its code and what that code sets on a class (:func:`_stores_of`), looked up
+"""A function → its code and what that code sets on a class (:func:`_stores_of`), its first
+argument taken as an instance, then as the class (None: not worked out yet), looked up
 by the function rather than by its code, whose hash is worked out from all it holds."""
 
 
@@ -292,8 +302,22 @@ def _stores_of(code: CodeType, on_class: bool) -> frozenset[tuple[str | None, st
     the copy an augmented assignment (``+=``) makes of it, with no jump landing in
     between — so a store not read for certain is taken as an instance's, and a value set
     on the class by hand is then seen as a change, never missed."""
+    if not _sets_attributes(code):  # no step to read: nothing found by reading them
+        return frozenset()
     first = code.co_varnames[0] if code.co_argcount else None
     return _stores_in(code, first, on_class, nested=False)
+
+
+_ATTRIBUTE_SETS = frozenset({dis.opmap["STORE_ATTR"], dis.opmap["DELETE_ATTR"]})
+
+
+def _sets_attributes(code: CodeType) -> bool:
+    """Whether ``code``, or code nested in it, may set or delete an attribute: one of its
+    steps, each two bytes, the first saying what it does, is ``STORE_ATTR`` or
+    ``DELETE_ATTR`` — told without laying out its steps (:func:`_stores_in`)."""
+    if not _ATTRIBUTE_SETS.isdisjoint(code.co_code[::2]):
+        return True
+    return any(isinstance(c, CodeType) and _sets_attributes(c) for c in code.co_consts)
 
 
 def _stores_in(

@@ -14,6 +14,8 @@ import hashlib
 import weakref
 from types import (
     FunctionType,
+    GetSetDescriptorType,
+    MemberDescriptorType,
 )
 from typing import Any
 
@@ -21,6 +23,7 @@ from somatize.catalog._bytecode import _fillers, _state_of
 from somatize.catalog._code import _as_written, _assigned, _assignment, _class_body, _constant_bytes
 from somatize.catalog._functions import (
     _bound_in,
+    _closed_objects,
     _default_table_bytes,
     _default_tables,
     _function_bytes,
@@ -33,6 +36,7 @@ from somatize.catalog._members import (
     _CONTAINERS,
     _ancestry,
     _dunder,
+    _exactly_plain,
     _functions_in,
     _left_out,
     _plain,
@@ -106,6 +110,16 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
     alone, whatever it holds. A table of ``kept`` (one its node's forward fills) is named
     as it was first seen (:func:`_sighted`)."""
     found = _FINGERPRINTS.get(kind)
+    stamped = _STAMPS.get(kind)
+    if (
+        found is not None
+        and stamped is not None
+        and stamped[0] is found
+        and found[3] == (state, kept)
+        and _stamp_of(kind) == stamped[1]
+        and all(_still(*name) for name in found[1])
+    ):
+        return found[0]
     body = _body_of(kind, state, kept)
     if (
         found is not None
@@ -188,8 +202,65 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
     written = digest.digest()
     if kept:  # a table first seen as it was worked out was marked: read as it is now
         body = _body_of(kind, state, kept)
-    _FINGERPRINTS[kind] = (written, looked, body, (state, kept))
+    found = _FINGERPRINTS[kind] = (written, looked, body, (state, kept))
+    stamp = _stamp_of(kind)
+    if stamp is not None:
+        _STAMPS[kind] = (found, stamp)
+    else:
+        _STAMPS.pop(kind, None)
     return written
+
+
+_STAMPS: weakref.WeakKeyDictionary[type, tuple[Any, tuple[Any, ...]]] = weakref.WeakKeyDictionary()
+"""A class whose body holds only what :func:`_stamp_of` reads → its entry of
+:data:`_FINGERPRINTS` and that stamp, which, the same, says its body (:func:`_body_of`)
+is the same without reading it again."""
+
+
+_INERT = (GetSetDescriptorType, MemberDescriptorType)
+"""What a class's body holds under a dunder name that its fingerprint names alike
+whichever object it is (``__dict__``, ``__weakref__``: :func:`_body_of` notes None)."""
+
+
+_DATACLASS_PARAMS: Any = getattr(dataclasses, "_DataclassParams", None)
+"""The class of what a dataclass holds as ``__dataclass_params__``."""
+
+
+def _stamp_of(kind: type) -> tuple[Any, ...] | None:
+    """What ``kind``'s own body holds, read cheaply, where all of it is plain values (held
+    here, by identity: never another at the same address), plain functions, as unwrapped,
+    closing over no object (:func:`_closed_objects`) and taking plain values only by
+    default (each by a weak reference, its code and its defaults, by identity), and,
+    under dunder names, what :func:`_body_of` notes as None whichever object it is (a
+    slot's descriptor, a dataclass's parameters, a dict) — equal to an earlier stamp only where
+    :func:`_body_of` would note the same body; None for any other class (one holding an
+    object, a table, a property), whose body is read each time."""
+    stamp: list[Any] = []
+    for name, member in list(vars(kind).items()):
+        kind_of = type(member)
+        if kind_of is FunctionType:
+            functions = []
+            for function in _functions_in(member):  # as unwrapped (a dataclass's `__repr__`)
+                if (
+                    function.__kwdefaults__ is not None
+                    or not _exactly_plain(function.__defaults__)
+                    or _closed_objects(function)
+                ):
+                    return None
+                code, defaults = function.__code__, function.__defaults__
+                functions.append((weakref.ref(function), _Same(code), _Same(defaults)))
+            stamp.append((name, tuple(functions)))
+        elif _exactly_plain(member):
+            stamp.append((name, _Same(member)))
+        elif _dunder(name) and (
+            kind_of in _INERT or kind_of is dict or kind_of is _DATACLASS_PARAMS
+        ):
+            stamp.append((name, kind_of))
+        else:
+            return None
+    if "__dataclass_params__" in vars(kind):  # said by its fields' names too
+        stamp.append(tuple(field.name for field in dataclasses.fields(kind)))
+    return tuple(stamp)
 
 
 def _body_of(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset()) -> Body:

@@ -46,7 +46,7 @@ from types import (
 )
 from typing import Any
 
-from somatize.catalog._bytecode import _stores_of
+from somatize.catalog._bytecode import _stores_by
 from somatize.catalog._code import _constant_bytes
 from somatize.catalog._marks import _HELD, _forget_held, _reference, _token_of
 from somatize.catalog._members import (
@@ -682,7 +682,7 @@ def _moves_itself(kind: type) -> bool:
             if name in ("__init__", "__post_init__", "__new__", "__setstate__"):
                 continue
             for function in _functions_in(member):
-                if any(owner is None for owner, _ in _stores_of(function.__code__, True)):
+                if any(owner is None for owner, _ in _stores_by(function, True)):
                     return True
     return False
 

@@ -16,6 +16,8 @@ import inspect
 import sys
 from types import (
     FunctionType,
+    GetSetDescriptorType,
+    MemberDescriptorType,
 )
 from typing import Any
 
@@ -114,6 +116,11 @@ def _functions_in(member: Any) -> list[FunctionType]:
     a property or a cached property holds, each unwrapped from a decorator that says what
     it wraps (``functools.wraps``), or a partial (``functools.partial``, ``partialmethod``)
     made of (:func:`_bound_in` says the arguments it binds)."""
+    kind = type(member)
+    if kind is FunctionType and "__wrapped__" not in member.__dict__:  # as unwrapping finds
+        return [member]
+    if kind in _PLAIN_TYPES or kind in _BARE:  # no function, nothing to unwrap
+        return []
     if isinstance(member, (staticmethod, classmethod)):
         member = member.__func__
     while isinstance(member, _PARTIALS):
@@ -133,6 +140,11 @@ def _functions_in(member: Any) -> list[FunctionType]:
 
 
 _PARTIALS = (functools.partial, functools.partialmethod)
+
+
+_BARE = frozenset({list, dict, set, frozenset, tuple, GetSetDescriptorType, MemberDescriptorType})
+"""Classes whose objects hold no attribute of their own (``__wrapped__``) and are no
+function: :func:`_functions_in` finds none in them without unwrapping them."""
 
 
 def _same_package(defined: str, module: str) -> bool:
