@@ -4437,3 +4437,54 @@ def test_a_class_read_again_cheaply_is_worked_out_again_once_changed_in_place() 
     close_over(types.SimpleNamespace(k=1))  # closes over an object now
     changed()
     assert kind not in _fingerprint._STAMPS
+
+
+def test_an_object_named_again_cheaply_is_read_again_once_changed_in_place() -> None:
+    """An object of plain values a node's class holds is named again without being read
+    again while it, and its class, are unchanged: an attribute set in place (to an equal
+    value of another type too), or a method of its class given other code, is still
+    another fingerprint of the node."""
+    from somatize.catalog import _held
+
+    def make() -> Any:
+        class Config:
+            def __init__(self) -> None:
+                self.width = 8
+                self.name = "a"
+
+            def scaled(self, x: Any) -> Any:
+                return x * self.width
+
+        class Holds(Node):
+            config = Config()
+
+            def forward(self, x: Any, ctx: Any) -> Any:
+                return self.config.scaled(x)
+
+        return Config, Holds
+
+    config_kind, kind = make()
+    first = fingerprint_of(kind)
+    assert fingerprint_of(kind) == first
+    assert id(kind.config) in _held._AGAIN  # named again from what was noted of it
+    seen = {first}
+
+    def changed() -> None:
+        now = fingerprint_of(kind)
+        assert now not in seen
+        seen.add(now)
+
+    kind.config.width = 8.0
+    changed()
+    config_kind, kind = make()
+    assert fingerprint_of(kind) == first == fingerprint_of(kind)
+    kind.config.name = "b"
+    changed()
+    config_kind, kind = make()
+    assert fingerprint_of(kind) == first == fingerprint_of(kind)
+    config_kind.scaled.__code__ = (lambda self, x: x + self.width).__code__
+    changed()
+    config_kind, kind = make()
+    assert fingerprint_of(kind) == first == fingerprint_of(kind)
+    config_kind.scaled = lambda self, x: x - self.width
+    changed()

@@ -57,6 +57,7 @@ from somatize.catalog._members import (
     _joined,
     _left_out,
     _plain,
+    _Same,
     _somatize_own,
 )
 from somatize.catalog._rebuild import identity_of
@@ -247,7 +248,7 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
         reference = _reference(value)
     else:
         try:
-            reference = weakref.ref(value, functools.partial(_forget_held, id(value)))
+            reference = weakref.ref(value, functools.partial(_forget_named, id(value)))
         except TypeError:
             return None
     walking = _walking()
@@ -260,6 +261,11 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
         found = None
     if found is not None and found[1] is None:
         return None
+    if containers is None and found is not None:
+        again = _AGAIN.get(id(value))
+        if again is not None and again[0] is found and again[1] == _plain_state(value):
+            named_before: bytes = found[1]
+            return named_before
     walk = _Walk(walking)
     try:
         said = walk.name(value, 0)
@@ -271,10 +277,92 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     if _HELD.get(id(value)) is not found or (found is not None and found[1] != named):
         # reached again as it was read, or changed in place since it was named: marked
         named = None
-    _HELD[id(value)] = (reference if found is None else found[0], named)
+    entry = _HELD[id(value)] = (reference if found is None else found[0], named)
+    state = None if named is None else _plain_state(value)
+    if state is not None:
+        _AGAIN[id(value)] = (entry, state)
+    else:
+        _AGAIN.pop(id(value), None)
     if named is not None and containers is not None:
         containers += walk.read
     return named
+
+
+_AGAIN: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+"""An object named by what it holds, all of it plain values, by its address → its entry of
+:data:`_HELD` as it was named and what :func:`_plain_state` read of it then: the same
+entry and state now, it is named the same without being read again. Forgotten with its
+entry (:func:`_forget_held`: the entry's weak reference is gone with the object)."""
+
+
+def _forget_named(at: int, reference: weakref.ref[Any], again: dict[int, Any] = _AGAIN) -> None:
+    """Forgets what :data:`_HELD` and :data:`_AGAIN` say of an object gone (not of another
+    made since at its address). Reads no global: it may be called as the process ends."""
+    _forget_held(at, reference)
+    found = again.get(at)
+    if found is not None and found[0][0] is reference:
+        del again[at]
+
+
+_NAMED_OTHERWISE = (
+    type,
+    ModuleType,
+    FunctionType,
+    MethodType,
+    enum.Enum,
+    BuiltinFunctionType,
+    staticmethod,
+    classmethod,
+    functools.partial,
+)
+"""What :meth:`_Walk.name` names otherwise than by its class and attributes."""
+
+
+def _plain_state(value: Any) -> tuple[Any, ...] | None:
+    """What an object's name (:func:`_held_bytes`) is worked out from, read cheaply, where
+    that is its class and the classes it inherits from (by weak references), each told
+    unchanged by a stamp of its body (:func:`~somatize.catalog._fingerprint._stamp_of`),
+    their fingerprint, and its attributes, all plain values (held here and compared by
+    identity, never another at the same address); None for any other object, read each
+    time. The same state says the same name."""
+    # imported here: a fingerprint names the objects its class holds, by this module
+    from somatize.catalog._fingerprint import _FINGERPRINTS, _STAMPS, fingerprint_of
+
+    kind = type(value)
+    if (
+        kind in _CONTAINERS
+        or kind in _NAMESPACES
+        or kind in _SEQUENCES
+        or isinstance(value, _NAMED_OTHERWISE)
+        or kind.__module__.partition(".")[0] == "numpy"
+        or _named_tuple(kind)
+        or _torch_module(kind)
+        or _library_bytes(value) is not None
+    ):
+        return None
+    try:
+        attributes = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return None
+    if type(attributes) is not dict:
+        return None
+    items = tuple(attributes.items())
+    if not all(type(name) is str and _exactly_plain(held) for name, held in items):
+        return None
+    if getattr(_WALKING, "kinds", None):  # a class is being fingerprinted around this
+        return None
+    written = fingerprint_of(kind)  # its lineage's stamps checked, or their bodies read
+    for above in kind.__mro__:  # each told unchanged by its stamp: no table, no object
+        if not _left_out(above):
+            stamped = _STAMPS.get(above)
+            if stamped is None or stamped[0] is not _FINGERPRINTS.get(above):
+                return None
+    return (
+        weakref.ref(kind),  # weakly: what is noted of an object never keeps its class alive
+        tuple(map(weakref.ref, kind.__mro__)),
+        written,
+        tuple((name, _Same(held)) for name, held in items),
+    )
 
 
 _BY_TYPE = frozenset(
