@@ -261,9 +261,13 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
         found = None
     if found is not None and found[1] is None:
         return None
-    if containers is None and found is not None:
+    if found is not None:
         again = _AGAIN.get(id(value))
         if again is not None and again[0] is found and again[1] == _plain_state(value):
+            if containers is not None:  # what a walk reads of it: its attributes, then
+                # the namespace of each class of its lineage (:meth:`_Walk.written`)
+                kinds = [above for above in type(value).__mro__ if not _left_out(above)]
+                containers += [object.__getattribute__(value, "__dict__"), *map(vars, kinds)]
             named_before: bytes = found[1]
             return named_before
     walk = _Walk(walking)
