@@ -7,10 +7,14 @@ list. The S3 home talks to a real S3-compatible server on loopback.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import blake3
 import pytest
 
 from somatize import BadName, Corrupt, Missing, NameNotFound, Store
@@ -317,6 +321,88 @@ def test_what_a_read_hands_out_is_the_callers_own(home: Store, size: int) -> Non
         written[:4] = b"\xff\xff\xff\xff"
         assert bytes(home.recall(KEY)[1]) == data
         assert bytes(home.get(answer.value)) == data
+
+
+class _ChangingAsHashed:
+    """A BLAKE3 hasher that, each time it has read some bytes, changes every 4096th byte
+    of ``changed`` (adds one to it): a buffer another thread writes into while it is kept."""
+
+    changed = bytearray()
+    first_changed = threading.Event()
+
+    def __init__(self, data: Any = b"", **options: Any) -> None:
+        self._hasher = _real_blake3(**options)
+        if len(data):
+            self.update(data)
+
+    def update(self, data: Any) -> _ChangingAsHashed:
+        self._hasher.update(data)
+        changed = self.changed
+        for at in range(0, len(changed), 4096):
+            changed[at] = (changed[at] + 1) % 256
+        self.first_changed.set()
+        return self
+
+    def hexdigest(self) -> str:
+        return str(self._hasher.hexdigest())
+
+
+_real_blake3 = blake3.blake3
+
+
+def _late(created: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+    """``created`` (a local store's file in ``tmp/``) whose first write waits for the
+    buffer to have changed once it was hashed, as a blob hashed on another thread while it
+    is written would see it; the wait is bounded, for a store that hashes nothing first."""
+
+    def late_created(store: Any, temporary: str) -> Any:
+        out = created(store, temporary)
+        write = out.write
+
+        def late_write(data: Any) -> int:
+            _ChangingAsHashed.first_changed.wait(10)
+            return int(write(data))
+
+        out.write = late_write
+        return out
+
+    return late_created
+
+
+@pytest.mark.parametrize("size", [1000, 17 << 20], ids=["small", "large"])
+@pytest.mark.parametrize("how", ["put", "keep", "keep_many", "view"])
+def test_a_buffer_changed_while_it_is_kept_is_kept_as_its_digest_names(
+    home: Store, monkeypatch: pytest.MonkeyPatch, size: int, how: str
+) -> None:
+    """A bytearray (or a view of one) that changes while it is put or kept, written into by
+    another thread, is kept as bytes that hash to the digest it is kept under: the store
+    that kept it hands back those bytes, and a fresh one finds them whole."""
+    from somatize.store import _packed
+
+    buffer = bytearray(range(256)) * (size // 256)
+    data: Any = memoryview(buffer) if how == "view" else buffer
+    keys = [f"blake3:{i:064x}" for i in range(3)]
+    with monkeypatch.context() as patched:
+        patched.setattr(_ChangingAsHashed, "changed", buffer)
+        patched.setattr(_ChangingAsHashed, "first_changed", threading.Event())
+        if isinstance(home, LocalStore):  # its first write waits for a hash to change it
+            patched.setattr(LocalStore, "_created", _late(LocalStore._created))
+        patched.setattr(_packed, "blake3", SimpleNamespace(blake3=_ChangingAsHashed))
+        if how == "put":
+            digest = home.put(data)
+        elif how == "keep_many":  # small items packed together, a large one on its own
+            answers = home.keep_many([(keys[0], data), (keys[1], b"x" * 10)], "plain")
+            digest = answers[0].value
+        else:
+            digest = home.keep(KEY, data, "plain").value
+    assert buffer != bytearray(range(256)) * (size // 256)  # it did change as it was hashed
+    kept = bytes(home.get(digest))
+    assert "blake3:" + blake3.blake3(kept).hexdigest() == digest
+    assert bytes(reopen(home).get(digest)) == kept
+    if how == "keep_many":
+        assert bytes(home.recall(keys[0])[1]) == bytes(reopen(home).recall(keys[0])[1])
+    elif how != "put":
+        assert bytes(home.recall(KEY)[1]) == kept == bytes(reopen(home).recall(KEY)[1])
 
 
 def test_recall_missing(home: Store) -> None:

@@ -28,14 +28,22 @@ import errno
 import io
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from queue import SimpleQueue
 from stat import S_ISDIR, S_ISREG
 
 from somatize._threads import process_pool
-from somatize.store._packed import PackedHome, digest_of, nbytes, pieces_of
+from somatize.store._packed import (
+    PackedHome,
+    digest_of,
+    frozen,
+    nbytes,
+    new_hasher,
+    pieces_of,
+    steady_runs,
+)
 from somatize.store.base import (
     Answer,
     Buffer,
@@ -52,6 +60,11 @@ from somatize.store.records import PackIndex, encode_name
 
 _OVERLAP = 16 << 20
 """Blobs this large are hashed while they are written, not before."""
+_RUN = 8 << 20
+"""A large blob is written and hashed this many bytes at a time, where a run of it that
+could change is copied first (see :func:`~somatize.store._packed.steady_runs`)."""
+_AHEAD = 2
+"""How many runs the writer goes on past the last one hashed: the copies held at once."""
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 """What the filesystem says when this process may not change the store (a read-only disk,
 another user's files)."""
@@ -72,17 +85,31 @@ def _hashers() -> ThreadPoolExecutor:
 
 
 def _hash_into(
-    hashed: SimpleQueue[tuple[str, BaseException | None]], pieces: Sequence[Buffer]
+    hashed: SimpleQueue[tuple[str, BaseException | None]],
+    runs: SimpleQueue[Buffer | None],
+    each: SimpleQueue[None],
 ) -> None:
-    """Hashes ``pieces`` on the hash thread, handing the digest (or what hashing raised) to
-    the writer through ``hashed``: a queue taken from in one C call, where the future of a
-    pool's call is waited on through a lock taken in Python code, which a Ctrl-C landing
-    there once it is taken leaves held, and the hash thread, settling the future, waits
-    on it for ever (every later large blob behind it)."""
+    """Hashes the runs of bytes the writer hands through ``runs`` (None after the last) on
+    the hash thread, saying in ``each`` when each is hashed (the writer holds few runs in
+    memory at once), and hands the digest (or what hashing raised) to the writer through
+    ``hashed``: queues are taken from in one C call, where the future of a pool's call is
+    waited on through a lock taken in Python code, which a Ctrl-C landing there once it
+    is taken leaves held, and the hash thread, settling the future, waits on it for ever
+    (every later large blob behind it). A hash that fails takes the runs left all the
+    same, since the writer waits on them."""
     try:
-        hashed.put((digest_of(pieces), None))
+        hashed.put((digest_of(_taken(runs, each)), None))
     except BaseException as error:  # handed to the writer, who raises it
+        while runs.get() is not None:
+            each.put(None)
         hashed.put(("", error))
+
+
+def _taken(runs: SimpleQueue[Buffer | None], each: SimpleQueue[None]) -> Iterator[Buffer]:
+    """The runs handed through ``runs`` until None, each said in ``each`` once hashed."""
+    while (run := runs.get()) is not None:
+        yield run
+        each.put(None)
 
 
 SMALL_FILE = 16 << 20
@@ -199,7 +226,7 @@ class LocalFiles(PackedHome):
             self._place(temporary, target)
 
     def _write_temporary(
-        self, pieces: Sequence[Buffer], target: str | None, temporary: str
+        self, pieces: Iterable[Buffer], target: str | None, temporary: str
     ) -> os.stat_result:
         """Writes ``pieces`` to ``temporary``, a new file in ``tmp/`` (fsynced when durable);
         its stat. ``target`` names what it is for, in errors."""
@@ -312,6 +339,7 @@ class LocalFiles(PackedHome):
         size = nbytes(pieces)
         if size >= _OVERLAP:
             return self._put_large(pieces, size, claims)
+        pieces = frozen(pieces)  # what is hashed is what is written
         digest = digest_of(pieces)
         self._claim(digest, claims)
         target = self._blob_file(digest)
@@ -324,41 +352,62 @@ class LocalFiles(PackedHome):
     def _put_large(self, pieces: Sequence[Buffer], size: int, claims: list[str]) -> str:
         """A large blob is hashed on another thread while its bytes are written to ``tmp/``,
         and renamed to its digest's name once both are done: the hash costs no time of its
-        own. Only the write is wasted when the blob turns out to be here already.
+        own. Only the write is wasted when the blob turns out to be here already. Both read
+        the same runs of bytes (:func:`steady_runs`): a buffer another thread writes into
+        meanwhile is copied a run at a time, so what is written is what is hashed.
 
         At interpreter exit the thread pools take no more work (rows a writer keeps then,
-        a flush in an ``atexit`` handler): the blob is then hashed after it is written,
-        on this thread, and kept all the same. A blob whose hash or write fails, or is
+        a flush in an ``atexit`` handler): the blob is then hashed on this thread as it is
+        written, and kept all the same. A blob whose hash or write fails, or is
         interrupted, leaves nothing written in ``tmp/``."""
+        runs: SimpleQueue[Buffer | None] = SimpleQueue()
+        each: SimpleQueue[None] = SimpleQueue()
         answer: SimpleQueue[tuple[str, BaseException | None]] = SimpleQueue()
         hashed: SimpleQueue[tuple[str, BaseException | None]] | None = answer
         try:
-            _hashers().submit(_hash_into, answer, pieces)
+            _hashers().submit(_hash_into, answer, runs, each)
         except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
             hashed = None
-        with self._in_tmp(".part") as name:
-            temporary = self._tmp + name
-            try:
+        here = None if hashed is not None else new_hasher()
+
+        def written() -> Iterator[Buffer]:
+            for count, run in enumerate(steady_runs(pieces, _RUN)):
+                if here is not None:
+                    here.update(run)
+                else:
+                    runs.put(run)
+                    if count >= _AHEAD:  # the hash is at most _AHEAD runs behind
+                        each.get()
+                yield run
+
+        try:
+            with self._in_tmp(".part") as name:
+                temporary = self._tmp + name
                 try:
-                    self._write_temporary(pieces, None, temporary)
-                finally:
-                    if hashed is not None:  # its thread reads the pieces: they outlive it
-                        digest, failed = hashed.get()
-                        if failed is not None:
-                            raise failed
-            except BaseException:  # the hash failed, or the write or its wait was stopped
-                with contextlib.suppress(OSError):
-                    os.unlink(temporary)
-                raise
-            if hashed is None:
-                digest = digest_of(pieces)
-            self._claim(digest, claims)
-            target = self._blob_file(digest)
-            if self._already(target, size, temporary):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(temporary)
-                return digest
-            self._place(temporary, target)
+                    try:
+                        self._write_temporary(written(), None, temporary)
+                    finally:
+                        if hashed is not None:  # its thread reads the runs: they outlive it
+                            runs.put(None)
+                            digest, failed = hashed.get()
+                            if failed is not None:
+                                raise failed
+                except BaseException:  # the hash failed, or the write or its wait was stopped
+                    with contextlib.suppress(OSError):
+                        os.unlink(temporary)
+                    raise
+                if here is not None:
+                    digest = "blake3:" + here.hexdigest()
+                self._claim(digest, claims)
+                target = self._blob_file(digest)
+                if self._already(target, size, temporary):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(temporary)
+                    return digest
+                self._place(temporary, target)
+        finally:  # however it ended (stopped before a byte was written, say), the hash
+            if hashed is not None:  # thread takes no more runs; a second None is never read
+                runs.put(None)
         self._note_verified(digest, target)
         return digest
 

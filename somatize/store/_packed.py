@@ -173,14 +173,47 @@ def _holds_references(form: str) -> bool:
     return "O" in form and "O" in re.sub(r":[^:]*:", "", form)
 
 
+def steady(piece: Buffer) -> bool:
+    """Whether ``piece`` cannot change while it is kept: ``bytes``, or a view of bytes.
+    Any other buffer (a bytearray, a numpy array, an mmap) may be written into by another
+    thread between the hash that names it and the write that keeps it."""
+    return type(piece) is bytes or (isinstance(piece, memoryview) and type(piece.obj) is bytes)
+
+
+def frozen(pieces: Sequence[Buffer]) -> Sequence[Buffer]:
+    """``pieces`` with each one that could change (see :func:`steady`) copied into bytes,
+    so what is hashed is what is written; ``pieces`` itself when none could."""
+    if all(steady(piece) for piece in pieces):
+        return pieces
+    return [piece if steady(piece) else bytes(piece) for piece in pieces]
+
+
+def steady_runs(pieces: Sequence[Buffer], run: int) -> Iterator[Buffer]:
+    """The bytes of ``pieces`` as runs that cannot change: each :func:`steady` piece as it
+    is, each other one copied ``run`` bytes at a time, so a large buffer is hashed and
+    written from the same copy without ever being copied whole."""
+    for piece in pieces:
+        if steady(piece):
+            yield piece
+            continue
+        view = memoryview(piece)
+        for start in range(0, view.nbytes, run):
+            yield bytes(view[start : start + run])
+
+
+def new_hasher() -> blake3.blake3:
+    """A BLAKE3 hasher, updated piece by piece."""
+    return blake3.blake3(max_threads=hash_threads())
+
+
 def nbytes(pieces: Sequence[Buffer]) -> int:
     """How many bytes ``pieces`` hold together."""
     return sum(memoryview(p).nbytes for p in pieces)
 
 
-def digest_of(pieces: Sequence[Buffer]) -> str:
+def digest_of(pieces: Iterable[Buffer]) -> str:
     """The digest of ``pieces`` written one after another."""
-    hasher = blake3.blake3(max_threads=hash_threads())
+    hasher = new_hasher()
     for piece in pieces:
         hasher.update(piece)
     return "blake3:" + hasher.hexdigest()

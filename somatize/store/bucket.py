@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 from somatize import canonical
 from somatize._numbers import finite
 from somatize.store._bucket_upkeep import BucketShelf, _Merging
-from somatize.store._packed import digest_of, hash_bytes, nbytes, pieces_of
+from somatize.store._packed import digest_of, frozen, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     Answer,
     BadAddress,
@@ -509,7 +509,7 @@ class BucketStore(BucketShelf):
             self.cache._unclaim(claims)
 
     def _put(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str:
-        pieces = pieces_of(data)
+        pieces = frozen(pieces_of(data))  # what is hashed is what is uploaded
         digest = digest_of(pieces)
         self._claim(digest, claims)
         size = nbytes(pieces)
