@@ -13,6 +13,7 @@ import collections
 import functools
 import warnings
 import weakref
+from collections.abc import Callable
 from types import (
     BuiltinFunctionType,
     FunctionType,
@@ -36,9 +37,11 @@ from somatize.catalog._members import _CONTAINERS, _exactly_plain, _left_out
 from somatize.errors import SomatizeWarning
 
 
-def _plain_table(value: Any) -> bool:
+def _plain_table(value: Any, leaf: Callable[[Any], bool] = _exactly_plain) -> bool:
     """Whether ``value`` is a dict, list or set holding only plain values, or such tables, of
-    fewer than :data:`_STATE_ITEMS` entries in all: one a graph's watch reads whole."""
+    fewer than :data:`_STATE_ITEMS` entries in all: one a graph's watch reads whole. ``leaf``
+    says which values, besides such tables, it may hold (plain functions too, for a table a
+    node's code only reads: :func:`_read_table`)."""
     count = 0
     queue = [value]
     while queue:
@@ -49,7 +52,7 @@ def _plain_table(value: Any) -> bool:
         for item in (*table.keys(), *table.values()) if isinstance(table, dict) else table:
             if type(item) in _CONTAINERS and not _exactly_plain(item):
                 queue.append(item)
-            elif not _exactly_plain(item):
+            elif not leaf(item):
                 return False
     return True
 

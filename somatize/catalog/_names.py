@@ -34,7 +34,7 @@ from somatize.catalog._code import (
 )
 from somatize.catalog._functions import _bound_in, _function_bytes
 from somatize.catalog._held import _contained_bytes, _held_bytes, _library_bytes
-from somatize.catalog._marked import _STATE_ITEMS, _marked, _plain_table
+from somatize.catalog._marked import _marked, _plain_table
 from somatize.catalog._marks import _token_of, _version_of
 from somatize.catalog._members import (
     _CONTAINERS,
@@ -300,21 +300,13 @@ def _read_table(value: Any) -> bool:
     seen (:func:`_sighted`) and watched: one holding only plain values (:func:`_plain_table`)
     or plain functions besides (a dispatch table, ``OPS = {"double": double}``: named by how
     they are written), of fewer than a watch reads."""
-    if _plain_table(value):
-        return True
-    count = 0
-    queue = [value]
-    while queue:
-        table = queue.pop()
-        count += len(table) + 1
-        if count >= _STATE_ITEMS:
-            return False
-        for item in (*table.keys(), *table.values()) if isinstance(table, dict) else table:
-            if type(item) in _CONTAINERS and not _exactly_plain(item):
-                queue.append(item)
-            elif not (_exactly_plain(item) or isinstance(item, FunctionType)):
-                return False
-    return True
+    return _plain_table(value, leaf=_plain_or_function)
+
+
+def _plain_or_function(value: Any) -> bool:
+    """Whether ``value`` may stand in a table a node's code only reads (:func:`_read_table`):
+    a plain value, or a plain function."""
+    return _exactly_plain(value) or isinstance(value, FunctionType)
 
 
 def _found_as(value: Any, module: str, name: str) -> Any:
