@@ -593,6 +593,14 @@ class PackedHome(Store):
 
     # -- reading ------------------------------------------------------------------------------
 
+    def _known_answer(self, key: str) -> Answer | None:
+        """The answer to ``key`` this object already knows, read nothing: its entry in a pack
+        taken into the table, else the record remembered; None when it knows neither."""
+        pack = self._items.get(key)
+        if pack is not None:
+            return pack.answer(key)
+        return self._records.get(key)
+
     def _remember(self, answer: Answer) -> None:
         with self._lock:
             self._records[answer.key] = answer

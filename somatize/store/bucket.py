@@ -698,12 +698,9 @@ class BucketStore(BucketShelf):
         while True:
             forgets = self._forgets
             self._look_at_packs()
-            pack = self._items.get(key)
-            if pack is not None:
-                return pack.answer(key)
-            remembered = self._records.get(key)
-            if remembered is not None:
-                return remembered
+            known = self._known_answer(key)
+            if known is not None:
+                return known
             if self.cache is not None:
                 cached = self._cached_answer(key)
                 if cached is not None:

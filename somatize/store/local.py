@@ -394,12 +394,9 @@ class LocalStore(LocalShelf):
         return decode_name(name, data, self.signer)
 
     def answer(self, key: str) -> Answer | None:
-        pack = self._items.get(key)
-        if pack is not None:
-            return pack.answer(key)
-        remembered = self._records.get(key)
-        if remembered is not None:
-            return remembered
+        known = self._known_answer(key)
+        if known is not None:
+            return known
         # Packs first (a stat when none changed): one newer than the record answers.
         pack = self._packed_after_a_look([key]).get(key)
         if pack is not None:
