@@ -48,7 +48,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import torch
 from torch import nn
@@ -206,20 +206,13 @@ class Noted:
 
     def merge(self, other: Noted) -> None:
         """Takes in what another trace of the same model read."""
-        for key, read in other.own.items():
-            self.own.setdefault(key, read)
-        for key, found in other.elsewhere.items():
-            self.elsewhere.setdefault(key, found)
-        for key, found in other.got.items():
-            self.got.setdefault(key, found)
-        for key, value in other.seen.items():
-            self.seen.setdefault(key, value)
-        for key, value in other.copies.items():
-            self.copies.setdefault(key, value)
-        for at, mode in other.modes.items():
-            self.modes.setdefault(at, mode)
-        for at, child in other.children.items():
-            self.children.setdefault(at, child)
+        _taken_in(self.own, other.own)
+        _taken_in(self.elsewhere, other.elsewhere)
+        _taken_in(self.got, other.got)
+        _taken_in(self.seen, other.seen)
+        _taken_in(self.copies, other.copies)
+        _taken_in(self.modes, other.modes)
+        _taken_in(self.children, other.children)
 
     def put_back(self) -> None:
         """Puts back what the trace assigned."""
@@ -231,6 +224,17 @@ class Noted:
                     table.pop(name, None)
                 else:
                     table[name] = value
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _taken_in(mine: dict[_K, _V], theirs: dict[_K, _V]) -> None:
+    """Adds to ``mine`` what ``theirs`` notes of what ``mine`` does not: what was noted first
+    stands (:meth:`Noted.merge`)."""
+    for key, value in theirs.items():
+        mine.setdefault(key, value)
 
 
 def _tables_of(held: dict[str, Any]) -> list[dict[str, Any]]:
