@@ -172,6 +172,18 @@ def _one_line(name: object) -> bool:
     )
 
 
+def _check_worker_name(name: object) -> None:
+    """Refuses ``name`` for a worker unless it may name one (:func:`_one_line`): alike where
+    a broker is given its workers and where ``.at()`` places a node, so that a node can be
+    placed on every worker a broker has."""
+    if not _one_line(name):
+        raise ValueError(
+            "a worker is named by a non-empty str with no control characters (a newline, "
+            "a tab, an escape) nor line separators (U+2028): facts, errors and figures show "
+            f"it as one line, got {name!r}"
+        )
+
+
 _DECLARATION = b"somatize/declaration\0"
 """What a declaration's digest is prefixed with, so that it is no other value's."""
 
@@ -720,12 +732,7 @@ class Node:
 
     def at(self, worker: str) -> Node:
         """Places this node on ``worker`` (a name the broker knows)."""
-        if not _one_line(worker):
-            raise ValueError(
-                "a worker is named by a non-empty str with no control characters (a newline, "
-                "a tab, an escape) nor line separators (U+2028): facts, errors and figures show "
-                f"it as one line, got {worker!r}"
-            )
+        _check_worker_name(worker)
         self._settled(f".at({worker!r})", worker != self._smz.worker)
         self._smz.worker = worker
         return self

@@ -62,7 +62,7 @@ from somatize._threads import ProcessLock, StartedPool
 from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of, state_crosses
 from somatize.engine import Call, NodeFailed, wait_for
 from somatize.errors import SomatizeError, _Rebuilt
-from somatize.node import Context, _one_line, holding_of
+from somatize.node import Context, _check_worker_name, holding_of
 
 from .worker import Worker
 
@@ -214,12 +214,7 @@ class Broker(abc.ABC):
         for name, worker in workers.items():
             if not isinstance(name, str) or not name:
                 raise TypeError(f"a worker is named by a non-empty str, got {name!r}")
-            if not _one_line(name):  # as `.at()` refuses it: no node could be placed there
-                raise ValueError(
-                    "a worker is named by a non-empty str with no control characters (a "
-                    "newline, a tab, an escape) nor line separators (U+2028): facts, errors "
-                    f"and figures show it as one line, got {name!r}"
-                )
+            _check_worker_name(name)  # as `.at()` refuses it: no node could be placed there
             if not isinstance(worker, Worker):
                 raise TypeError(
                     f"worker `{name}` is a `{type(worker).__name__}`; describe it with "
