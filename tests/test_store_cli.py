@@ -649,3 +649,18 @@ def test_du_of_a_bucket_counts_its_use_logs(
     assert lines["used"][0] == "3"
     counted = sum(int(parts[0]) for section, parts in lines.items() if section != "total")
     assert int(lines["total"][0]) == counted == 5  # a blob, its record, three logs
+
+
+def test_python_m_somatize_is_the_command(tmp_path: Path) -> None:
+    """`python -m somatize` runs the command line, for an environment whose scripts are
+    not on the PATH."""
+    store = _store(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "somatize", "store", "du", "--store", str(store.root)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[0] for line in done.stdout.splitlines()][-1] == "total"
