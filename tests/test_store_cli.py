@@ -429,12 +429,14 @@ def test_a_bucket_that_does_not_exist_exits_2(
 def test_a_bucket_without_credentials_exits_2_with_a_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With no credentials to be found, the command line says so in one line and exits 2;
-    no traceback."""
+    """With no credentials to be found, the command line says so in one line and exits 2,
+    saying that it reads them where the client looks (it takes no storage options); no
+    traceback."""
     _bare_s3(monkeypatch, tmp_path, credentials=False)
     assert main(["store", "ls", "--store", "s3://somatize-tests/prefix"]) == 2
     err = capsys.readouterr().err
     assert "found no credentials" in err and "AWS_ACCESS_KEY_ID" in err
+    assert "the only place the `somatize` command reads them" in err
     assert len(err.strip().splitlines()) == 1
 
 

@@ -177,8 +177,9 @@ class BucketRequests(PackedHome):
     def _uncredentialed(self, what: str, why: BaseException) -> StoreError:
         return StoreError(
             f"{what} on {self.url} found no credentials ({type(why).__name__}: {why}): pass "
-            "them as storage options (`key=`, `secret=` for s3) or set them where the client "
-            "looks (for s3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+            "them to `Store.on_bucket` as storage options (`key=`, `secret=` for s3) or set "
+            "them where the client looks, the only place the `somatize` command reads them "
+            "(for s3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
         )
 
     def _misaddressed(self, what: str, why: BaseException) -> BadAddress:
