@@ -922,13 +922,15 @@ def test_missing_name_says_how_to_bind(tmp_path: Path) -> None:
 
 
 def test_unsigned_answer_refused_in_signed_store(tmp_path: Path) -> None:
-    """A signed store does not have, and will not recall, an answer written without its key."""
+    """A signed store does not have, and will not recall, an answer written without its key,
+    and says the key is given as `signing_key=` or in the environment."""
     key = key_of("answer")
     LocalStore(tmp_path / "store").keep(key, b"planted", "plain")
     signed = LocalStore(tmp_path / "store", signing_key="s3cret")
     assert signed.have([key]) == set()
-    with pytest.raises(Unsigned, match="carries no signature"):
+    with pytest.raises(Unsigned, match="carries no signature") as refused:
         signed.recall(key)
+    assert "`signing_key=` or in SOMATIZE_STORE_KEY" in str(refused.value)
     signed.keep(key, b"honest", "plain")
     assert bytes(LocalStore(tmp_path / "store", signing_key="s3cret").recall(key)[1]) == b"honest"
 

@@ -208,8 +208,8 @@ def _opened(what: str, data: bytes, signer: Signer | None, about: bytes = b"") -
     if not mark:
         raise Unsigned(
             f"{what} carries no signature, and this store signs: it was written without the "
-            f"key, so it is not trusted and is treated as absent (rewrite it with the key in "
-            f"{KEY_VARIABLE})"
+            "key, so it is not trusted and is treated as absent (write it again with the "
+            f"store's key, given as `signing_key=` or in {KEY_VARIABLE})"
         )
     try:
         good = signer.check(about + body, bytes.fromhex(mac.decode("ascii")))
