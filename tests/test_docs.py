@@ -1,7 +1,9 @@
-"""The documentation's code runs: every ```python block of the README and docs/."""
+"""The documentation's code runs: every ```python block of the README and docs/, and
+prints what its comments say it prints."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -15,6 +17,59 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 LIMIT_S = 300
+
+
+PRINT = re.compile(r"print\(.*\)(?:\s+#\s*(.*?))?\s*$")
+COMMENT = re.compile(r"#\s?(.*?)\s*$")
+
+
+def _said(code: str) -> list[str]:
+    """What the comments of ``code`` say its prints print, in order: the comment after a
+    ``print(...)`` line, or the comment lines under it, taken whole or up to a ``": "``
+    that ends a Python literal (``# 10: the last span is short``). Only a literal is taken
+    (``…`` standing for what changes from run to run); words are not."""
+    said = []
+    lines = code.splitlines()
+    for at, line in enumerate(lines):
+        found = PRINT.match(line.strip())
+        if found is None:
+            continue
+        comment = found.group(1)
+        if comment is None:
+            under = []
+            for below in lines[at + 1 :]:
+                more = COMMENT.fullmatch(below.strip())
+                if more is None:
+                    break
+                under.append(more.group(1).strip())
+            comment = " ".join(under)
+        cuts = [len(comment)] + [m.start() for m in re.finditer(": ", comment)]
+        for cut in cuts:
+            if _literal(comment[:cut]):
+                said.append(comment[:cut])
+                break
+    return said
+
+
+def _literal(text: str) -> bool:
+    try:
+        ast.literal_eval(text.replace("…", "0"))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def _unsaid(said: list[str], output: str) -> list[str]:
+    """What of ``said`` is not printed in ``output``, each on a line of its own after the
+    line the one before it matched (``…`` matching anything)."""
+    lines = iter(output.splitlines())
+    missing = []
+    for text in said:
+        shape = re.compile(".*".join(re.escape(part) for part in text.split("…")))
+        if not any(shape.fullmatch(line.strip()) for line in lines):
+            missing.append(text)
+            lines = iter(output.splitlines())
+    return missing
 
 
 def _blocks() -> list[tuple[str, str]]:
@@ -95,9 +150,12 @@ def _run(
 def test_documented_code_runs(
     where: str, code: str, forks: subprocess.Popen[str], tmp_path: Path
 ) -> None:
-    """The block runs to the end as a script of its own, in an empty directory."""
+    """The block runs to the end as a script of its own, in an empty directory, and prints
+    what its comments say."""
     code_, output = _run(forks, code, tmp_path)
     assert code_ == 0, f"{where} failed (exit code {code_}):\n{output[-3000:]}"
+    unsaid = _unsaid(_said(code), output)
+    assert not unsaid, f"{where} does not print {unsaid}; it printed:\n{output[-3000:]}"
 
 
 def test_there_is_documented_code() -> None:
@@ -143,3 +201,33 @@ def test_blocks_run_as_scripts(
         assert output == "at exit"
     if "getcwd" in code:
         assert output.strip() == f"in {tmp_path / 'run'}"
+
+
+def test_what_comments_say_a_print_prints_is_taken() -> None:
+    """A literal after a print, or in the comment lines under it, is what it prints; words
+    are not taken, nor is a value the words go on to explain."""
+    code = "\n".join(
+        [
+            "print(len(x))  # 2",
+            "print(x)  # ['a', 'b']: plain values",
+            "print(y)  # runs everything",
+            "print(z)  # 16 + 17 = 33",
+            "print(k)  # {'encoder': 'blake3:…'}",
+            "print(seen)",
+            "# [{'fact': 'spared'},",
+            "#  {'fact': 'finished', 'took_us': …}]",
+        ]
+    )
+    said = _said(code)
+    assert said == [
+        "2",
+        "['a', 'b']",
+        "{'encoder': 'blake3:…'}",
+        "[{'fact': 'spared'}, {'fact': 'finished', 'took_us': …}]",
+    ]
+    printed = "2\n['a', 'b']\nwords\n{'encoder': 'blake3:ab12'}\n"
+    facts = "[{'fact': 'spared'}, {'fact': 'finished', 'took_us': 9}]"
+    assert _unsaid(said, printed + facts) == []
+    assert _unsaid(said, printed + facts.replace("spared", "ran")) == [said[-1]]
+    assert _unsaid(said, "3\n" + printed[2:] + facts) == ["2"]
+    assert _unsaid(said[:2], "['a', 'b']\n2") == ["['a', 'b']"]  # in order
