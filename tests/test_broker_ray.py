@@ -883,3 +883,41 @@ def test_closing_the_broker_fails_a_waiting_forward_and_starts_no_actor(
     ended.start()
     ended.join(30)  # the call that was running has given up, rather than try again
     assert not ended.is_alive() and closing._actors == {}
+
+
+@pytest.mark.parametrize("through", ["address", "RAY_ADDRESS"])
+def test_an_address_where_no_cluster_answers_is_refused_at_once(
+    tmp_path: Path, through: str
+) -> None:
+    """Broker.ray given the GCS address of no running cluster (by `address=`, or by
+    `$RAY_ADDRESS` with none) raises ConnectionError naming it at once, in a process not
+    connected to Ray, rather than wait minutes in `ray.init` for a cluster that is not there."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # closed below: nothing listens there
+    named = f"127.0.0.1:{port}"
+    given = f"{named!r}" if through == "address" else "None"
+    script = (
+        "from somatize.broker import Broker, Worker\n"
+        "try:\n"
+        f"    Broker.ray({given}, {{'w1': Worker.generic(mode='network')}})\n"
+        "except ConnectionError as why:\n"
+        "    print(why)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("RAY_ADDRESS", None)
+    if through == "RAY_ADDRESS":
+        env["RAY_ADDRESS"] = named
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"no Ray cluster answers at {named}" in done.stdout
+    assert "ray start --head" in done.stdout

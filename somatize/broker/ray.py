@@ -276,6 +276,7 @@ class RayBroker(Broker):
             raise ValueError(f"start_timeout_s is a number of seconds > 0, got {start_timeout_s!r}")
         ray = _ray()
         if not ray.is_initialized():
+            _refuse_unanswered(address)
             ray.init(address=address)
         elif address is not None:
             connected = _connected_elsewhere(ray, address)
@@ -484,6 +485,28 @@ class RayBroker(Broker):
             raise FailedOnWorker(node, graph.kind_of(node), worker, reply.raised, reply.message)
         assert not isinstance(reply, NeedState), "a worker handed the state asked for it again"
         return _Carried(reply.codec, reply.data, reply.kept, carried)
+
+
+def _refuse_unanswered(address: str | None) -> None:
+    """Raises ``ConnectionError`` when the cluster ``address`` names by its GCS
+    ``host:port`` (given, or ``$RAY_ADDRESS`` for None and ``"auto"``) refuses a connection
+    or does not answer in five seconds: ``ray.init`` would wait for it for minutes, logging
+    retries, before it gave up. An address of another form is left to ``ray.init``."""
+    named = os.environ.get("RAY_ADDRESS") if address in (None, "auto") else address
+    if not named or named == "local" or "://" in named:
+        return
+    host, _, port = named.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as why:
+        given = "" if named == address else f" ($RAY_ADDRESS, for the address {address!r})"
+        raise ConnectionError(
+            f"no Ray cluster answers at {named}{given} ({type(why).__name__}: {why}), so "
+            "Broker.ray connected to none and nothing was started: start the cluster there "
+            "(`ray start --head`), or name the address of a running one"
+        ) from why
 
 
 def _connected_elsewhere(ray: Any, address: str) -> str | None:
