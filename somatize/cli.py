@@ -283,9 +283,12 @@ def _describe(codec: str, size: int, code: str | None, created: float, out: Any)
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
     parser = argparse.ArgumentParser(prog="somatize", description="somatize: look after stores")
-    parts = parser.add_subparsers(dest="area", required=True)
+    # metavar: a missing command is said by the words that may be given, not by its dest
+    parts = parser.add_subparsers(dest="area", required=True, metavar="{store}")
     store_parser = parts.add_parser("store", help="look after a store")
-    commands = store_parser.add_subparsers(dest="command", required=True)
+    commands = store_parser.add_subparsers(
+        dest="command", required=True, metavar="{ls,du,gc,verify,show}"
+    )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--store",

@@ -666,3 +666,18 @@ def test_python_m_somatize_is_the_command(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert [line.split()[0] for line in done.stdout.splitlines()][-1] == "total"
+
+
+@pytest.mark.parametrize(
+    ("given", "wanted"), [([], "{store}"), (["store"], "{ls,du,gc,verify,show}")]
+)
+def test_a_missing_command_is_named_by_what_may_be_given(
+    capsys: pytest.CaptureFixture[str], given: list[str], wanted: str
+) -> None:
+    """`somatize` or `somatize store` alone exits 2 saying which words may follow, not the
+    name the parser keeps the answer under."""
+    with pytest.raises(SystemExit) as ended:
+        main(given)
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert f"the following arguments are required: {wanted}" in err
