@@ -17,6 +17,15 @@ the ``tensor`` codec (:mod:`somatize_torch.codec`) and initialises no CUDA.
 - :func:`digest_tensor` / :func:`digest_rows` — the one way tensor content is named.
 """
 
+try:  # imported here for the message below, rather than the bare one of the first part
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+except ImportError as why:
+    raise ImportError(
+        f"somatize.torch needs {why.name or 'torch'}, which is not installed: "
+        "`pip install 'somatize[torch]'`"
+    ) from None
+
 from somatize_torch.ahead import Ahead, ahead
 from somatize_torch.codec import TENSOR, LandedOnHost, TensorCodec, register
 from somatize_torch.deferred import Deferred, DeferredRows, NotLoadable

@@ -47,6 +47,26 @@ def test_core_never_imports_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_somatize_torch_without_torch_says_how_to_install_it() -> None:
+    """`import somatize.torch` where torch (or numpy) is missing says which, and names the
+    extra that installs them."""
+    for missing in ("torch", "numpy"):
+        code = (
+            "import sys\n"
+            f"sys.modules[{missing!r}] = None  # as if it were not installed\n"
+            "try:\n"
+            "    import somatize.torch\n"
+            "except ImportError as why:\n"
+            "    print(why)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        said = done.stdout
+        assert f"somatize.torch needs {missing}, which is not installed" in said, said
+        assert "pip install 'somatize[torch]'" in said, said
+
+
 def _raised_as_built() -> list[BaseException]:
     """One instance of each error (and warning) somatize exports, made as it raises it."""
     made: list[BaseException] = [
