@@ -78,16 +78,16 @@ def _write(path: Path, text: str) -> None:
     os.utime(path, ns=(stamp, stamp))
 
 
-def _printed(arguments: list[str], *paths: Path) -> str:
+def _printed(arguments: list[str], *paths: Path, **environment: str) -> str:
     """What ``python`` given ``arguments`` prints, run as a new process that imports from
-    this checkout and from ``paths``."""
+    this checkout and from ``paths``, with ``environment`` set besides."""
     root = str(Path(__file__).resolve().parent.parent)
     path = os.pathsep.join([root, *map(str, paths)])
     done = subprocess.run(
         [sys.executable, *arguments],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": path},
+        env={**os.environ, **environment, "PYTHONPATH": path},
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
@@ -105,12 +105,12 @@ def _package(root: Path, name: str, **modules: str) -> Path:
     return package
 
 
-def _fingerprints_in(root: Path, module: str, *kinds: str) -> list[str]:
+def _fingerprints_in(root: Path, module: str, *kinds: str, **environment: str) -> list[str]:
     """The fingerprints of the classes ``kinds`` of ``module``, found under ``root``, worked
-    out in a new process."""
+    out in a new process with ``environment`` set besides."""
     script = f"import {module} as m\nfrom somatize.catalog import fingerprint_of as f\n"
     script += f"print({', '.join(f'f(m.{kind})' for kind in kinds)})\n"
-    return _printed(["-c", script], root).split()
+    return _printed(["-c", script], root, **environment).split()
 
 
 _BASES = """
@@ -781,28 +781,13 @@ def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     in every process running that code — wherever the file is, whatever the environment
     makes of the values its module computes as it loads (a path, a device read from the
     environment), which are named by how they are computed."""
-    root = str(Path(__file__).resolve().parent.parent)
     found = set()
     for seed, where, gpu in (("1", "here", ""), ("2", "there", "1")):
         path = tmp_path / where / "everywhere.py"
         path.parent.mkdir()
         _write(path, _EVERYWHERE)
-        environment = {
-            **os.environ,
-            "PYTHONHASHSEED": seed,
-            "PYTHONPATH": root,
-            "ON_A_GPU": gpu,
-            "HOME": str(tmp_path / where),
-        }
-        done = subprocess.run(
-            [sys.executable, str(path)],
-            capture_output=True,
-            text=True,
-            env=environment,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        found.add(done.stdout.strip())
+        home = str(tmp_path / where)
+        found.add(_printed([str(path)], PYTHONHASHSEED=seed, ON_A_GPU=gpu, HOME=home).strip())
     assert len(found) == 1 and found.pop().startswith("sha256:")
 
 
@@ -1314,14 +1299,8 @@ for made in (
 def _fingerprints_in_a_fresh_process(path: Path, seed: str) -> dict[str, list[str]]:
     """Each object the script :data:`_HOLDING` makes → the fingerprints, in a fresh process,
     of a class holding it and of one whose method closes over it, each time it is made."""
-    root = str(Path(__file__).resolve().parent.parent)
-    environment = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": root}
-    done = subprocess.run(
-        [sys.executable, str(path)], capture_output=True, text=True, env=environment, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
     found: dict[str, list[str]] = {}
-    for line in done.stdout.splitlines():
+    for line in _printed([str(path)], PYTHONHASHSEED=seed).splitlines():
         made, held, closed = line.split("|")
         found.setdefault(made, []).extend([held, closed])
     return found
@@ -2004,16 +1983,7 @@ def test_a_process_that_refuses_audit_hooks_still_runs_graphs(tmp_path: Path) ->
     assert _watch._HEARING[0] is True
     path = tmp_path / "refusing.py"
     _write(path, _REFUSING)
-    root = str(Path(__file__).resolve().parent.parent)
-    done = subprocess.run(
-        [sys.executable, str(path)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": root},
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["2", "False"]
+    assert _printed([str(path)]).split() == ["2", "False"]
 
 
 def test_classes_holding_each_other_s_objects_are_fingerprinted_alike_each_time() -> None:
@@ -2751,18 +2721,7 @@ def test_a_method_defaulting_to_an_object_of_the_standard_library_is_named_alike
     worker, take the node for other code."""
     path = tmp_path / "library_defaults.py"
     _write(path, _DEFAULTS_OF_THE_LIBRARY)
-    root = str(Path(__file__).resolve().parent.parent)
-    printed = []
-    for extra in ("one", "two"):
-        done = subprocess.run(
-            [sys.executable, str(path)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": root, "SOMATIZE_TEST_EXTRA": extra},
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        printed.append(done.stdout.strip())
+    printed = [_printed([str(path)], SOMATIZE_TEST_EXTRA=extra).strip() for extra in ("one", "two")]
     assert printed[0].startswith("sha256:")
     assert printed[0] == printed[1]
 
@@ -3905,28 +3864,18 @@ def test_where_a_node_runs_is_not_in_its_fingerprint(tmp_path: Path) -> None:
     node's fingerprint is the same on a machine with other devices, another checkout or
     locale, so a worker there builds the node rather than refusing it as other code."""
     _write(tmp_path / "placed.py", _PLACED_BY_THE_MACHINE)
-    root = str(Path(__file__).resolve().parent.parent)
-    script = (
-        "import placed\nfrom somatize.catalog import fingerprint_of as f\nprint(f(placed.Places))\n"
-    )
     printed = []
     for device, folder, encoding in (("cpu", "/one", "utf-8"), ("meta", "/two", "latin-1")):
-        environment = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([root, str(tmp_path)]),
-            "SOMATIZE_TEST_DEVICE": device,
-            "SOMATIZE_TEST_ROOT": folder,
-            "PYTHONIOENCODING": encoding,
-        }
-        done = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            env=environment,
-            timeout=120,
+        printed.extend(
+            _fingerprints_in(
+                tmp_path,
+                "placed",
+                "Places",
+                SOMATIZE_TEST_DEVICE=device,
+                SOMATIZE_TEST_ROOT=folder,
+                PYTHONIOENCODING=encoding,
+            )
         )
-        assert done.returncode == 0, done.stderr
-        printed.append(done.stdout.strip())
     assert printed[0].startswith("sha256:")
     assert printed[0] == printed[1]
 
@@ -4078,22 +4027,8 @@ def test_named_tuples_counts_and_getters_a_helper_holds_are_named_alike_in_every
         (tmp_path / name).mkdir()
         _write(tmp_path / name / "valued.py", text)
         printed[name] = _fingerprints_in(tmp_path / name, "valued", "UsesHelperObject")
-    root = str(Path(__file__).resolve().parent.parent)
-    script = "import valued\nfrom somatize.catalog import fingerprint_of as f\n"
-    script += "print(f(valued.UsesHelperObject))\n"
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([root, str(tmp_path / "same")]),
-            "PYTHONHASHSEED": "7",
-        },
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == printed["same"]
+    again = _fingerprints_in(tmp_path / "same", "valued", "UsesHelperObject", PYTHONHASHSEED="7")
+    assert again == printed["same"]
     assert printed["same"] != printed["other"]
     loaded = _load(tmp_path / "fingerprinted.py", _HOLDS_VALUES_OF_THE_LIBRARY, monkeypatch)
     graph = Graph.somatize(loaded.UsesHelperObject().named("h").frozen().cached())
