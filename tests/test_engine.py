@@ -246,13 +246,18 @@ def test_different_input_misses(store: Store) -> None:
     assert rows.calls == 2
 
 
-def test_record_whose_bytes_are_gone_is_a_miss(store: Store) -> None:
-    """An answer record whose blob was deleted is not a hit: the node runs again."""
+def _chain_kept(store: Store) -> tuple[Graph, Largest, list[Path]]:
+    """A chain run once with ``store``; its top node, and the blobs the run kept."""
     g, _, _, top = _chain()
     g.forward({"at": 0, "take": 8}, store=store)
-    for blob in (store.root / "blobs").rglob("*"):
-        if blob.is_file():
-            blob.unlink()
+    return g, top, [blob for blob in (store.root / "blobs").rglob("*") if blob.is_file()]
+
+
+def test_record_whose_bytes_are_gone_is_a_miss(store: Store) -> None:
+    """An answer record whose blob was deleted is not a hit: the node runs again."""
+    g, top, blobs = _chain_kept(store)
+    for blob in blobs:
+        blob.unlink()
     fresh = Store(store.root)
     assert g.forward({"at": 0, "take": 8}, store=fresh) == 14.0
     assert top.calls == 2
@@ -260,13 +265,11 @@ def test_record_whose_bytes_are_gone_is_a_miss(store: Store) -> None:
 
 def test_damaged_blob_is_recomputed_and_said(store: Store) -> None:
     """A blob whose bytes changed is never returned: a corrupt fact, and the node runs."""
-    g, _, _, top = _chain()
-    g.forward({"at": 0, "take": 8}, store=store)
-    for blob in (store.root / "blobs").rglob("*"):
-        if blob.is_file():
-            data = bytearray(blob.read_bytes())
-            data[-1] ^= 0xFF
-            blob.write_bytes(bytes(data))
+    g, top, blobs = _chain_kept(store)
+    for blob in blobs:
+        data = bytearray(blob.read_bytes())
+        data[-1] ^= 0xFF
+        blob.write_bytes(bytes(data))
     seen: list[dict[str, Any]] = []
     assert g.forward({"at": 0, "take": 8}, store=Store(store.root), watching=seen.append) == 14.0
     assert [f["fact"] for f in seen][:2] == ["corrupt", "ran"]
@@ -750,6 +753,23 @@ class Counts(Node):
         return len(self.items)
 
 
+def _refused_where_keyed(graph: Graph, value: Any, store: Store, match: str) -> None:
+    """Each of two forwards of ``graph`` on ``value`` that key its node is refused, saying
+    ``match``: the refusal is not a first call's alone."""
+    for _ in range(2):
+        with pytest.raises(Undeclared, match=match):
+            graph.forward(value, store=store)
+
+
+def _answer_of_a_new_build(node: Node, value: Any, store: Store) -> Any:
+    """What ``node``, built anew, answers for ``value``: run, not recalled under another
+    build's key."""
+    fresh = Graph.somatize(node.named("fresh").frozen().cached())
+    answer = fresh.forward(value, store=store)
+    assert fresh.record is not None and fresh.record.outcome == {"fresh": "ran"}
+    return answer
+
+
 def test_a_list_given_an_item_with_no_canonical_form_is_refused_only_where_it_is_keyed(
     store: Store,
 ) -> None:
@@ -762,10 +782,8 @@ def test_a_list_given_an_item_with_no_canonical_form_is_refused_only_where_it_is
     assert kept.forward(0, store=store) == loose.forward(0) == 1
     items.append(object())
     assert kept.forward(0) == loose.forward(0) == loose.forward(0, store=store) == 2
-    for _ in range(2):
-        with pytest.raises(Undeclared, match=r"`counts` \(Counts\) cannot be keyed.*"
-                           r"value\['items'\]\[1\] is a `builtins.object`"):  # fmt: skip
-            kept.forward(0, store=store)
+    _refused_where_keyed(kept, 0, store, r"`counts` \(Counts\) cannot be keyed.*"
+                         r"value\['items'\]\[1\] is a `builtins.object`")  # fmt: skip
     assert kept.forward(0) == 2
     items[1] = 2
     assert kept.forward(0, store=store) == 2
@@ -973,16 +991,12 @@ def test_an_argument_replaced_where_the_constructor_made_more_from_it_is_refused
     g = Graph.somatize(doubles.named("doubles").frozen().cached())
     assert g.forward(5, store=store) == 20
     doubles.by = 3
-    for _ in range(2):
-        with pytest.raises(Undeclared, match=r"`doubles` \(Doubles\) cannot be keyed: `by`, .* "
-                           r"replaced after the node was made, and `factor`, which its "
-                           r"constructor makes .* Build a new `Doubles` with the new value "
-                           r"\(`Doubles\(by=3\)`\)"):  # fmt: skip
-            g.forward(5, store=store)
+    _refused_where_keyed(g, 5, store, r"`doubles` \(Doubles\) cannot be keyed: `by`, .* "
+                         r"replaced after the node was made, and `factor`, which its "
+                         r"constructor makes .* Build a new `Doubles` with the new value "
+                         r"\(`Doubles\(by=3\)`\)")  # fmt: skip
     assert g.forward(5) == 20
-    fresh = Graph.somatize(Doubles(3).named("fresh").frozen().cached())
-    assert fresh.forward(5, store=store) == 30
-    assert fresh.record is not None and fresh.record.outcome == {"fresh": "ran"}
+    assert _answer_of_a_new_build(Doubles(3), 5, store) == 30
     doubles.factor, doubles.by = 8, 4
     assert g.forward(5, store=store) == 40
     assert g.record is not None and g.record.outcome == {"doubles": "ran"}
@@ -1050,17 +1064,13 @@ def test_a_list_changed_in_place_where_the_constructor_made_more_from_it_is_refu
     if when == "after":
         assert g.forward(10, store=store) == 30
         items.append(10)
-    for _ in range(2):
-        with pytest.raises(Undeclared, match=r"`totals` \(Totals\) cannot be keyed: `items`, .* "
-                           r"changed in place since the node was made, and `total`, which its "
-                           r"constructor makes .* still holds what was made from the old value"
-                           r".* Build a new `Totals` with the new value "
-                           r"\(`Totals\(items=\[1, 2, 10\]\)`\)"):  # fmt: skip
-            g.forward(10, store=store)
+    _refused_where_keyed(g, 10, store, r"`totals` \(Totals\) cannot be keyed: `items`, .* "
+                         r"changed in place since the node was made, and `total`, which its "
+                         r"constructor makes .* still holds what was made from the old value"
+                         r".* Build a new `Totals` with the new value "
+                         r"\(`Totals\(items=\[1, 2, 10\]\)`\)")  # fmt: skip
     assert g.forward(10) == 30
-    fresh = Graph.somatize(Totals([1, 2, 10]).named("fresh").frozen().cached())
-    assert fresh.forward(10, store=store) == 130
-    assert fresh.record is not None and fresh.record.outcome == {"fresh": "ran"}
+    assert _answer_of_a_new_build(Totals([1, 2, 10]), 10, store) == 130
     items.pop()
     assert g.forward(10, store=store) == 30
     items.append(10)
@@ -1103,9 +1113,7 @@ def test_bytes_changed_in_place_where_the_constructor_made_more_from_them_are_re
                        r"constructor makes"):  # fmt: skip
         g.forward(0, store=store)
     assert g.forward(0) == 3
-    fresh = Graph.somatize(Sums(bytes(raw)).named("fresh").frozen().cached())
-    assert fresh.forward(0, store=store) == 102
-    assert fresh.record is not None and fresh.record.outcome == {"fresh": "ran"}
+    assert _answer_of_a_new_build(Sums(bytes(raw)), 0, store) == 102
 
 
 def test_a_dict_changed_in_place_where_the_constructor_made_more_from_it_is_refused(
@@ -1184,9 +1192,7 @@ def test_a_default_changed_in_place_where_the_constructor_made_more_from_it_is_r
                            r"\(`Normed\(weights=\{'a': 3.0, 'b': 1.0\}\)`\)"):  # fmt: skip
             g.forward(10.0, store=store)
         assert g.forward(10.0) == 5.0
-        fresh = Graph.somatize(Normed({"a": 3.0, "b": 1.0}).named("fresh").frozen().cached())
-        assert fresh.forward(10.0, store=store) == 2.5
-        assert fresh.record is not None and fresh.record.outcome == {"fresh": "ran"}
+        assert _answer_of_a_new_build(Normed({"a": 3.0, "b": 1.0}), 10.0, store) == 2.5
     finally:
         normed.weights["a"] = 1.0  # the default is every instance's
     assert g.forward(10.0, store=store) == 5.0
@@ -1223,17 +1229,13 @@ def test_an_attribute_named_like_an_argument_changed_in_place_but_not_it_is_refu
     g = Graph.somatize(node.named(name).frozen().cached())
     assert g.forward(10, store=store) == 30
     change(given)
-    for _ in range(2):
-        with pytest.raises(Undeclared, match=rf"`{name}` \({make.__name__}\) cannot be keyed: "
-                           rf"`{attr}`, .* changed in place since the node was made, and "
-                           rf"`{attr}` \(named like the argument, but not the very value it "
-                           r"was given\), which its constructor makes .* still holds what was "
-                           r"made from the old value"):  # fmt: skip
-            g.forward(10, store=store)
+    _refused_where_keyed(g, 10, store, rf"`{name}` \({make.__name__}\) cannot be keyed: "
+                         rf"`{attr}`, .* changed in place since the node was made, and "
+                         rf"`{attr}` \(named like the argument, but not the very value it "
+                         r"was given\), which its constructor makes .* still holds what was "
+                         r"made from the old value")  # fmt: skip
     assert g.forward(10) == 30
-    fresh = Graph.somatize(make(given).named("fresh").frozen().cached())
-    assert fresh.forward(10, store=store) == 130
-    assert fresh.record is not None and fresh.record.outcome == {"fresh": "ran"}
+    assert _answer_of_a_new_build(make(given), 10, store) == 130
     setattr(node, attr, made)
     assert g.forward(10, store=store) == 130
     assert g.record is not None and g.record.outcome == {name: "recalled"}
@@ -1263,13 +1265,11 @@ def test_an_attribute_made_from_an_argument_and_replaced_after_building_is_refus
     g = Graph.somatize(floats.named("floats").frozen().cached())
     assert g.forward(10.0, store=store) == 20.0
     floats.by = 3.0
-    for _ in range(2):
-        with pytest.raises(Undeclared, match=r"`floats` \(Floats\) cannot be keyed: `by` was "
-                           r"replaced after the node was made, and is named like an argument "
-                           r"of its constructor but not the very value it was given .* keyed as "
-                           r"a `Floats\(by=2\)`, which holds another\. .* Build a new `Floats` "
-                           r"with the value you mean"):  # fmt: skip
-            g.forward(10.0, store=store)
+    _refused_where_keyed(g, 10.0, store, r"`floats` \(Floats\) cannot be keyed: `by` was "
+                         r"replaced after the node was made, and is named like an argument "
+                         r"of its constructor but not the very value it was given .* keyed as "
+                         r"a `Floats\(by=2\)`, which holds another\. .* Build a new `Floats` "
+                         r"with the value you mean")  # fmt: skip
     assert g.forward(10.0) == 30.0
     floats.by = 2.0  # what it held: another float object, equal
     assert g.forward(10.0, store=store) == 20.0
@@ -1669,13 +1669,11 @@ def test_an_argument_replaced_by_a_numpy_number_is_refused_as_a_node_built_with_
     g = Graph.somatize(shift.named("shift").frozen().cached())
     assert g.forward(1.0, store=store) == 3.0
     shift.by = number
-    for _ in range(2):
-        with pytest.raises(Undeclared, match=r"`shift` \(Shifts\) cannot be keyed: `by`, .* "
-                           r"replaced after the node was made, and it is a "
-                           rf"`numpy\.{type(number).__name__}` .* computes as numpy's own type "
-                           r"does .* Replace it with the Python number "
-                           r"\(`float\(x\)`, `int\(x\)` or `bool\(x\)`\)"):  # fmt: skip
-            g.forward(x, store=store)
+    _refused_where_keyed(g, x, store, r"`shift` \(Shifts\) cannot be keyed: `by`, .* "
+                         r"replaced after the node was made, and it is a "
+                         rf"`numpy\.{type(number).__name__}` .* computes as numpy's own type "
+                         r"does .* Replace it with the Python number "
+                         r"\(`float\(x\)`, `int\(x\)` or `bool\(x\)`\)")  # fmt: skip
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         assert g.forward(x) == float(x + number)
@@ -1722,11 +1720,9 @@ def test_an_argument_replaced_by_an_enum_member_is_refused_as_a_node_built_with_
     g = Graph.somatize(cases.named("cases").frozen().cached())
     assert g.forward("Ab", store=store) == "ab:lower"
     cases.mode = member
-    for _ in range(2):
-        with pytest.raises(Undeclared, match=rf"`cases` \(Cases\) cannot be keyed: `mode`, .* "
-                           rf"replaced after the node was made, .*`[\w.]*{type(member).__name__}`"
-                           r", which has no canonical form"):  # fmt: skip
-            g.forward("Ab", store=store)
+    _refused_where_keyed(g, "Ab", store, rf"`cases` \(Cases\) cannot be keyed: `mode`, .* "
+                         rf"replaced after the node was made, .*`[\w.]*{type(member).__name__}`"
+                         r", which has no canonical form")  # fmt: skip
     computes = g.forward("Ab")
     cases.mode = member.value
     assert g.forward("Ab", store=store) == computes
@@ -1748,11 +1744,9 @@ def test_an_argument_replaced_by_what_no_key_holds_is_refused_where_it_is_keyed(
     g = Graph.somatize(shift.named("shift").frozen().cached())
     assert g.forward(1.0, store=store) == 3.0
     shift.by = np.longdouble(1) / 3
-    for _ in range(2):
-        with pytest.raises(Undeclared, match=r"`shift` \(Shifts\) cannot be keyed: `by`, an "
-                           r"argument it .* replaced after the node was made, and it is a "
-                           r"`numpy.longdouble` .* holds numbers only as Python's"):  # fmt: skip
-            g.forward(1.0, store=store)
+    _refused_where_keyed(g, 1.0, store, r"`shift` \(Shifts\) cannot be keyed: `by`, an "
+                         r"argument it .* replaced after the node was made, and it is a "
+                         r"`numpy.longdouble` .* holds numbers only as Python's")  # fmt: skip
     assert g.forward(1.0) == float(1 + np.longdouble(1) / 3)
     shift.by = 4.0
     assert g.forward(1.0, store=store) == 5.0
