@@ -985,6 +985,34 @@ for mode in ("local", "network"):
 """
 
 
+_CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def _importing_the_checkout() -> dict[str, str]:
+    """This process's environment, for a new process that imports from this checkout
+    first."""
+    paths = [str(_CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def _python(arguments: list[str], timeout: float, hung: str) -> subprocess.CompletedProcess[str]:
+    """What ``python`` given ``arguments`` did, run as a new process in this checkout; the
+    test fails saying ``hung`` and what it printed where it does not exit in ``timeout``
+    seconds."""
+    try:
+        return subprocess.run(
+            [sys.executable, *arguments],
+            capture_output=True,
+            text=True,
+            cwd=_CHECKOUT,
+            env=_importing_the_checkout(),
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as late:
+        said = late.stdout.decode() if isinstance(late.stdout, bytes) else late.stdout
+        pytest.fail(f"{hung}: {said}")
+
+
 def test_a_ctrl_c_landing_in_a_worker_s_first_call_leaves_the_worker_free(
     tmp_path: Path,
 ) -> None:
@@ -995,20 +1023,11 @@ def test_a_ctrl_c_landing_in_a_worker_s_first_call_leaves_the_worker_free(
     in Python code, which a Ctrl-C landing there left held for good; one landing just
     after the start left the thread running unrecorded, which the process waited for
     as it exited)."""
-    root = Path(__file__).resolve().parent.parent
-    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _FIRST_CALL_INTERRUPTED],
-            capture_output=True,
-            text=True,
-            cwd=root,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
-            timeout=180,
-        )
-    except subprocess.TimeoutExpired as hung:
-        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
-        pytest.fail(f"the process did not exit once a worker's first call was interrupted: {said}")
+    done = _python(
+        ["-c", _FIRST_CALL_INTERRUPTED],
+        180,
+        "the process did not exit once a worker's first call was interrupted",
+    )
     assert done.stdout.splitlines() == ["local ok True", "network ok True"], (
         done.stdout + done.stderr[-2000:]
     )
@@ -1044,20 +1063,11 @@ def test_a_forward_as_the_interpreter_finalizes_fails_and_the_process_exits(befo
     with no thread yet (none started in the process, or its lane closed), fails — the
     interpreter starts no thread then — and the process exits, rather than wait for ever
     on a thread that was to start the worker's."""
-    root = Path(__file__).resolve().parent.parent
-    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _FORWARD_AS_THE_INTERPRETER_FINALIZES, before],
-            capture_output=True,
-            text=True,
-            cwd=root,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
-            timeout=60,
-        )
-    except subprocess.TimeoutExpired as hung:
-        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
-        pytest.fail(f"the process did not exit after a forward as it finalized: {said}")
+    done = _python(
+        ["-c", _FORWARD_AS_THE_INTERPRETER_FINALIZES, before],
+        60,
+        "the process did not exit after a forward as it finalized",
+    )
     lines = done.stdout.splitlines()
     assert lines[-2:] == ["finalizing True", "raised NodeFailed"], done.stdout + done.stderr
     assert done.returncode == 0, done.stderr[-2000:]
@@ -1088,20 +1098,11 @@ def test_a_forward_a_collection_runs_as_a_thread_starts_runs() -> None:
     the workers' threads, as it starts one, starts its worker's thread there and runs,
     rather than hand that start to the thread itself — which waited for it for ever, and
     every later worker's first call with it."""
-    root = Path(__file__).resolve().parent.parent
-    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _FORWARD_IN_A_COLLECTION_ON_THE_STARTING_THREAD],
-            capture_output=True,
-            text=True,
-            cwd=root,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
-            timeout=60,
-        )
-    except subprocess.TimeoutExpired as hung:
-        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
-        pytest.fail(f"a forward run as a thread started waited for ever: {said}")
+    done = _python(
+        ["-c", _FORWARD_IN_A_COLLECTION_ON_THE_STARTING_THREAD],
+        60,
+        "a forward run as a thread started waited for ever",
+    )
     assert done.stdout.splitlines() == ["[0.0, 3.0, 6.0]", "[3.0, 6.0]"], done.stderr[-2000:]
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -1192,15 +1193,13 @@ def test_ctrl_c_ends_a_process_whose_node_loops_on_an_embedded_worker(
         "    broker=Broker.embedded(workers), watching=watch,\n"
         ")\n"
     )
-    root = Path(__file__).resolve().parent.parent
-    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
     process = subprocess.Popen(
         [sys.executable, "-c", code, str(tmp_path), mode],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+        cwd=_CHECKOUT,
+        env=_importing_the_checkout(),
     )
     try:
         for _ in range(6000):
@@ -1267,20 +1266,13 @@ def test_a_profiler_set_after_a_forward_on_an_embedded_worker_runs(
     raise in its workers' threads leave the interpreter as they found it (taking one back
     by sending none left it looking for one at every instruction, and Python 3.11 then
     hung at the first call a profiler saw)."""
-    root = Path(__file__).resolve().parent.parent
-    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
     (tmp_path / "go").touch() if interrupted == "plain" else None
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", _PROFILED_AFTER, str(tmp_path), interrupted],
-            capture_output=True,
-            text=True,
-            cwd=root,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
-            timeout=120,
+        done = _python(
+            ["-c", _PROFILED_AFTER, str(tmp_path), interrupted],
+            120,
+            "the process hung at a call once a profiler was set",
         )
-    except subprocess.TimeoutExpired:
-        pytest.fail("the process hung at a call once a profiler was set")
     finally:
         (tmp_path / "go").touch()
     assert done.returncode == 0, done.stderr[-2000:]
