@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -788,6 +789,59 @@ def test_a_large_blob_put_as_the_interpreter_finalizes_lets_the_process_exit(
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def _put_interrupted(
+    store: LocalStore,
+    data: bytes,
+    below: Callable[[Any], bool],
+    landed: list[str],
+    when: Callable[[], bool] = lambda: True,
+    first: Callable[[], None] = lambda: None,
+) -> None:
+    """``data`` put in ``store``, a Ctrl-C landing as the first lock ``threading``'s Python
+    code takes below a call ``below`` says is the one, once ``when`` holds, is taken (after
+    ``first``); the name of the call that took it noted in ``landed``."""
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if event != "call" or landed or code.co_filename != threading.__file__:
+            return None
+        if code.co_name != "__enter__" or not when():
+            return None
+        up = frame.f_back
+        while up is not None and not below(up.f_code):
+            up = up.f_back
+        if up is None:
+            return None
+
+        def returning(frame: Any, event: str, arg: Any) -> Any:
+            if event == "return" and not landed:
+                landed.append(code.co_name)
+                first()
+                raise KeyboardInterrupt  # the Ctrl-C, the lock just taken
+            return returning
+
+        return returning
+
+    sys.settrace(tracer)
+    try:
+        store.put(data)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+
+
+def _next_put_returns(store: LocalStore, data: bytes, landed: list[str]) -> None:
+    """``data``, put in ``store`` on a thread of its own after a Ctrl-C ``landed``, is put
+    under its digest rather than waiting for ever."""
+    out: dict[str, str] = {}
+    after = threading.Thread(target=lambda: out.update(digest=store.put(data)), daemon=True)
+    after.start()
+    after.join(60)
+    assert not after.is_alive(), f"the next large blob waits for ever ({landed})"
+    assert out["digest"] == "blake3:" + blake3.blake3(data).hexdigest()
+
+
 @pytest.mark.parametrize("pool", ["first", "running"])
 def test_a_ctrl_c_as_a_large_blob_is_handed_to_the_hash_thread_leaves_the_next_put_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: str
@@ -807,41 +861,13 @@ def test_a_ctrl_c_as_a_large_blob_is_handed_to_the_hash_thread_leaves_the_next_p
         store.put(data[:-1])
     landed: list[str] = []
 
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        code = frame.f_code
-        if event != "call" or landed or code.co_filename != threading.__file__:
-            return None
-        if code.co_name != "__enter__":
-            return None
-        up = frame.f_back
-        while up is not None and not (
-            up.f_code.co_name == "submit" and up.f_code.co_filename == pool_module.__file__
-        ):
-            up = up.f_back
-        if up is None:
-            return None
-
-        def returning(frame: Any, event: str, arg: Any) -> Any:
-            if event == "return" and not landed:
-                landed.append(code.co_name)
-                raise KeyboardInterrupt  # the Ctrl-C, the lock just taken
-            return returning
-
-        return returning
-
-    sys.settrace(tracer)
-    try:
-        store.put(data)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        sys.settrace(None)
-    out: dict[str, str] = {}
-    after = threading.Thread(target=lambda: out.update(digest=store.put(data[1:])), daemon=True)
-    after.start()
-    after.join(60)
-    assert not after.is_alive(), f"the next large blob waits for ever ({landed})"
-    assert out["digest"] == "blake3:" + blake3.blake3(data[1:]).hexdigest()
+    _put_interrupted(
+        store,
+        data,
+        lambda code: code.co_name == "submit" and code.co_filename == pool_module.__file__,
+        landed,
+    )
+    _next_put_returns(store, data[1:], landed)
 
 
 def test_a_ctrl_c_as_a_large_blob_waits_for_its_hash_leaves_the_next_put_running(
@@ -867,42 +893,18 @@ def test_a_ctrl_c_as_a_large_blob_waits_for_its_hash_leaves_the_next_put_running
     data = os.urandom(1 << 10) * (17 << 10)  # 17 MiB
     store = LocalStore(tmp_path / "store")
     landed: list[str] = []
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        code = frame.f_code
-        if event != "call" or landed or code.co_filename != threading.__file__:
-            return None
-        if code.co_name != "__enter__" or not hashing.is_set():
-            return None
-        up = frame.f_back
-        while up is not None and up.f_code.co_name != "_put_large":
-            up = up.f_back
-        if up is None:
-            return None
-
-        def returning(frame: Any, event: str, arg: Any) -> Any:
-            if event == "return" and not landed:
-                landed.append(code.co_name)
-                let_go.set()
-                raise KeyboardInterrupt  # the Ctrl-C, the lock just taken
-            return returning
-
-        return returning
-
-    sys.settrace(tracer)
     try:
-        store.put(data)
-    except KeyboardInterrupt:
-        pass
+        _put_interrupted(
+            store,
+            data,
+            lambda code: code.co_name == "_put_large",
+            landed,
+            when=hashing.is_set,
+            first=let_go.set,
+        )
     finally:
-        sys.settrace(None)
         let_go.set()
-    out: dict[str, str] = {}
-    after = threading.Thread(target=lambda: out.update(digest=store.put(data[1:])), daemon=True)
-    after.start()
-    after.join(60)
-    assert not after.is_alive(), f"the next large blob waits for ever ({landed})"
-    assert out["digest"] == "blake3:" + blake3.blake3(data[1:]).hexdigest()
+    _next_put_returns(store, data[1:], landed)
 
 
 # -- names and signatures ----------------------------------------------------------------------
