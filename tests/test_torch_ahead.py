@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -205,21 +205,26 @@ def test_a_loop_that_skips_a_batch_the_loader_fails_on_gets_every_other_batch(
     assert len(taken) == 7 and all(torch.equal(a, b) for a, b in zip(taken, plain, strict=True))
 
 
-def test_after_an_inputs_error_the_next_batch_comes(warm: CachedRows) -> None:
-    """An error from ``inputs=`` costs its batch only: the next ``next()`` hands out the
-    batch after it."""
+def _failing_at(call: int) -> Callable[[Any], torch.Tensor]:
+    """An ``inputs=`` taking each item's image, which finds none at its ``call``-th call."""
     calls = 0
 
-    def second_fails(item: Any) -> torch.Tensor:
+    def inputs(item: Any) -> torch.Tensor:
         nonlocal calls
         calls += 1
-        if calls == 2:
+        if calls == call:
             raise LookupError("this item has no image")
         x: torch.Tensor = item[0]
         return x
 
+    return inputs
+
+
+def test_after_an_inputs_error_the_next_batch_comes(warm: CachedRows) -> None:
+    """An error from ``inputs=`` costs its batch only: the next ``next()`` hands out the
+    batch after it."""
     data = images(64)
-    fetching = iter(ahead(loader(data, seed=2), warm, inputs=second_fails))
+    fetching = iter(ahead(loader(data, seed=2), warm, inputs=_failing_at(2)))
     indices = [next(fetching)[1]]
     with pytest.raises(LookupError, match="no image"):
         next(fetching)
@@ -230,19 +235,9 @@ def test_after_an_inputs_error_the_next_batch_comes(warm: CachedRows) -> None:
 
 
 def test_an_inputs_error_is_raised_in_the_loop_at_its_batch(warm: CachedRows) -> None:
-    fetched = 0
-
-    def third_fails(item: Any) -> torch.Tensor:
-        nonlocal fetched
-        fetched += 1
-        if fetched == 3:
-            raise LookupError("this item has no image")
-        x: torch.Tensor = item[0]
-        return x
-
     seen = 0
     with pytest.raises(LookupError, match="no image"):
-        for x, _ in ahead(loader(images(64)), warm, inputs=third_fails):
+        for x, _ in ahead(loader(images(64)), warm, inputs=_failing_at(3)):
             warm(x)
             seen += 1
     assert seen == 2
