@@ -482,14 +482,20 @@ class Gated(nn.Module):
         return self.act(self.linear(x.to(self.linear.weight.dtype)))
 
 
+def _frozen_node(module: nn.Module, name: str) -> Graph:
+    """A graph of ``module`` as its one node ``name``, frozen and cached, frozen at it."""
+    g = Graph.somatize(smt.ModuleNode(module).named(name).frozen().cached())
+    smt.freeze(g)
+    return g
+
+
 def test_a_part_without_weights_replaced_or_a_conversion_is_seen(store: Store) -> None:
     """An activation replaced (the weights digest as they did) and the module converted
     to another dtype (no version counter moves) after ``freeze``: the next forward runs,
     and answers what the module answers now."""
     torch.manual_seed(0)
     module = Gated()
-    g = Graph.somatize(smt.ModuleNode(module).named("gated").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "gated")
     x = Opaque(torch.randn(3, 6))
     g.forward(x, store=store)
     module.act = nn.Tanh()
@@ -521,8 +527,7 @@ def _frozen_square(module: Square | None = None) -> tuple[Square, Graph, Opaque]
     if module is None:
         torch.manual_seed(0)
         module = Square()
-    g = Graph.somatize(smt.ModuleNode(module).named("square").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "square")
     return module, g, Opaque(torch.randn(4, 32))
 
 
@@ -709,8 +714,7 @@ def _replaced_is_seen(before: Any, after: Any, store: Store) -> None:
     next forward, answering as the module does, and does not recall the answer kept
     before."""
     module = Held(before)
-    g = Graph.somatize(smt.ModuleNode(module).named("held").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "held")
     x = Opaque(torch.randn(3, 6))
     first = g.forward(x, store=store)
     module.held = after
@@ -732,8 +736,7 @@ def test_a_setting_nested_at_any_depth_is_in_its_key(store: Store) -> None:
     assert _held(config(1.0)) != _held(config(100.0))
     module = Held(1.0)
     module.config = config(1.0)
-    g = Graph.somatize(smt.ModuleNode(module).named("held").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "held")
     x = Opaque(torch.randn(3, 6))
     g.forward(x, store=store)
     module.config = config(100.0)
@@ -764,8 +767,7 @@ def test_a_dict_keyed_by_other_than_strings_is_in_its_key(store: Store) -> None:
     assert len({repr(_held({key: 1.0})) for key in (1, "1", 1.0, (1,))}) == 4
     assert _held({2: "b", 1: "a"}) == _held({1: "a", 2: "b"})
     module = Held({0: 1.0})
-    g = Graph.somatize(smt.ModuleNode(module).named("held").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "held")
     x = Opaque(torch.randn(3, 6))
     first = g.forward(x, store=store)
     module.held[0] = 3.0
@@ -940,8 +942,7 @@ def test_numbers_sets_and_ranges_a_module_keeps_are_in_its_key(store: Store) -> 
     for one, other in [*pairs[0:7:2], pairs[9]]:
         _replaced_is_seen(one, other, store)
     module = Held({4, 5})
-    g = Graph.somatize(smt.ModuleNode(module).named("held").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "held")
     x = Opaque(torch.randn(3, 6))
     first = g.forward(x, store=store)
     module.held.add(6)  # in place: seen as an item of a list or dict is
@@ -1084,8 +1085,7 @@ def test_each_change_to_a_dict_a_cached_module_keeps_is_seen_at_the_next_call(
         assert _dict_version is not None  # the versions are what is looked at here
     module = Tabled()
     table = module.table if where == "module" else module.config.table
-    g = Graph.somatize(smt.ModuleNode(module).named("tabled").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "tabled")
     x = Opaque(torch.randn(3, 6))
     g.forward(x, store=store)
     changes = [
@@ -1155,8 +1155,7 @@ def test_a_class_swapped_or_a_tensor_in_a_container_written_is_seen_at_the_next_
     in place, keys the next call anew: computed as the module computes it now, not the
     answer kept before recalled (as drifted, the class's code being other)."""
     module = ReadsGain()
-    g = Graph.somatize(smt.ModuleNode(module).named("gain").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "gain")
     x = Opaque(torch.randn(3, 6))
     first = g.forward(x, store=store)
     if change == "config class":
@@ -1182,8 +1181,7 @@ def test_a_table_of_attributes_replaced_whole_is_seen_at_the_next_call(
     (``config.__dict__ = {...}``), of the same length, keys the next call anew: computed
     as the module computes it now, not the answer kept for the old table recalled."""
     module = ReadsGain()
-    g = Graph.somatize(smt.ModuleNode(module).named("gain").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "gain")
     x = Opaque(torch.randn(3, 6))
     first = g.forward(x, store=store)
     if whose == "config":
@@ -1217,8 +1215,7 @@ def test_a_config_put_in_a_dict_after_a_run_is_watched_at_the_next_call(store: S
     call anew, and is watched from then on as the others are: a flag set on it later is
     seen at the call after (the dict is not taken for the one looked through before)."""
     module = FlaggedByName()
-    g = Graph.somatize(smt.ModuleNode(module).named("flagged").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "flagged")
     x = Opaque(torch.randn(3, 6))
 
     def ran(outcome: str) -> None:
@@ -1390,8 +1387,7 @@ def test_values_a_module_keeps_beside_its_weights_are_in_its_key(store: Store) -
         clipped,
         boxed,
     ):
-        g = Graph.somatize(smt.ModuleNode(module).named("scaled").frozen().cached())
-        smt.freeze(g)
+        g = _frozen_node(module, "scaled")
         answers.append((g.forward(x, store=store), g.record))
     outcomes = [record.outcome["scaled"] for _, record in answers]
     assert outcomes == ["ran", "ran", "ran", "recalled", "ran", "ran"]
@@ -1399,8 +1395,7 @@ def test_values_a_module_keeps_beside_its_weights_are_in_its_key(store: Store) -
         assert not torch.equal(answers[0][0], answers[other][0]), other
     assert torch.equal(answers[0][0], answers[3][0])
     module = Scaled(1.0)
-    g = Graph.somatize(smt.ModuleNode(module).named("scaled").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "scaled")
     assert torch.equal(g.forward(x, store=store), answers[0][0])
     module.temperature = 2.0  # changed after the graph was built: freezing again sees it
     smt.freeze(g)
@@ -1421,8 +1416,7 @@ def test_a_value_changed_after_freeze_is_seen_at_the_next_forward(store: Store) 
     answer kept before it not recalled; the same call again is recalled."""
     x = Opaque(torch.randn(3, 6))
     module = Scaled(1.0)
-    g = Graph.somatize(smt.ModuleNode(module).named("scaled").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "scaled")
     seen = [g.forward(x, store=store)]
     for change in (
         lambda: setattr(module, "temperature", 2.0),
@@ -1489,8 +1483,7 @@ def test_a_function_a_module_holds_is_in_its_key(store: Store) -> None:
     x = Opaque(torch.randn(3, 6))
     answers, outcomes = [], []
     for module in modules:
-        g = Graph.somatize(smt.ModuleNode(module).named("act").frozen().cached())
-        smt.freeze(g)
+        g = _frozen_node(module, "act")
         answers.append(g.forward(x, store=store))
         assert g.record is not None
         outcomes.append(g.record.outcome["act"])
@@ -1599,8 +1592,7 @@ def test_what_a_held_function_closes_over_changed_in_place_is_seen_at_the_next_c
         module = ConfigActivated(act)
     else:
         module = ConfigActivated(_scaled_by_held(value))
-    g = Graph.somatize(smt.ModuleNode(module).named("act").frozen().cached())
-    smt.freeze(g)
+    g = _frozen_node(module, "act")
     x = Opaque(torch.randn(3, 6))
     first = g.forward(x, store=store)
     if held in ("tensor", "default"):
@@ -1789,12 +1781,20 @@ def _edited(body: str, monkeypatch: pytest.MonkeyPatch) -> nn.Module:
     """An ``Edited`` module whose class has the same name, weights and repr whatever
     ``body`` its forward returns: as if its file were edited between two runs (the
     module, loaded anew, holds the class)."""
-    loaded = types.ModuleType("tests.edited_module")
-    loaded.__dict__.update(torch=torch, nn=nn)
-    exec(_EDITED.replace("BODY", body), loaded.__dict__)
-    monkeypatch.setitem(sys.modules, loaded.__name__, loaded)
-    module: nn.Module = loaded.Edited()
+    module: nn.Module = _loaded(
+        "tests.edited_module", _EDITED.replace("BODY", body), monkeypatch
+    ).Edited()
     return module
+
+
+def _loaded(name: str, text: str, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """The module ``name`` made of ``text`` (``torch`` and ``nn`` at hand), as if loaded
+    from its file, held in ``sys.modules`` for the test."""
+    loaded = types.ModuleType(name)
+    loaded.__dict__.update(torch=torch, nn=nn)
+    exec(text, loaded.__dict__)
+    monkeypatch.setitem(sys.modules, name, loaded)
+    return loaded
 
 
 def test_an_edited_module_forward_is_recalled_as_drifted(
@@ -1853,11 +1853,9 @@ def test_an_edited_submodule_class_is_in_a_module_node_s_fingerprint(
     from somatize.catalog import fingerprint_of
 
     def stack(body: str) -> nn.Module:
-        loaded = types.ModuleType("tests.stacked_module")
-        loaded.__dict__.update(torch=torch, nn=nn)
-        exec(_BLOCKS.replace("BODY", body), loaded.__dict__)
-        monkeypatch.setitem(sys.modules, loaded.__name__, loaded)
-        module: nn.Module = loaded.Stack()
+        module: nn.Module = _loaded(
+            "tests.stacked_module", _BLOCKS.replace("BODY", body), monkeypatch
+        ).Stack()
         return module
 
     def noted(module: nn.Module) -> str | None:
