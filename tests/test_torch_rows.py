@@ -143,13 +143,25 @@ def test_only_new_rows_run_as_one_sub_batch(
     cached.close()
 
 
-class Gain(nn.Module):
-    """Reads a plain value kept beside its weights."""
+class OnALinear(nn.Module):
+    """A module whose weights are a seeded linear layer; its forward is each subclass's,
+    else the layer's."""
 
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.linear = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x)
+        return out
+
+
+class Gain(OnALinear):
+    """Reads a plain value kept beside its weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
         self.gain = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -194,14 +206,12 @@ def test_a_setting_changed_after_rows_were_keyed_is_seen_at_the_next_forward(
     cached.close()
 
 
-class Flagged(nn.Module):
+class Flagged(OnALinear):
     """Reads a flag from a config object it holds, as a Hugging Face block reads
     ``self.config``."""
 
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(6, 3)
         self.config = types.SimpleNamespace(flag=False, inner=types.SimpleNamespace(scale=1.0))
         self.config.log = logging.getLogger("flagged")  # no config: named by its type
         self.config.inner.outer = self.config  # a config that holds itself
@@ -545,6 +555,20 @@ class Transposes(nn.Module):
         return (x * self.scale).transpose(1, 2)
 
 
+def laid_out_otherwise(kind: str) -> tuple[nn.Module, torch.Tensor, tuple[int, ...]]:
+    """A module (seeded) answering a batch in another order of its dims than C order (a
+    conv fed ``channels_last``, or one whose rows come ``transposed``), a batch for it, and
+    the strides of its answer."""
+    torch.manual_seed(0)
+    if kind == "channels_last":
+        module: nn.Module = nn.Conv2d(3, 4, 3, padding=1).to(memory_format=torch.channels_last)
+        data = torch.randn(12, 3, 6, 6).to(memory_format=torch.channels_last)
+    else:
+        module, data = Transposes(), torch.randn(12, 5, 3)
+    with torch.no_grad():
+        return module, data, module(data).stride()
+
+
 @pytest.mark.parametrize("kind", ["channels_last", "transposed"])
 def test_recalled_rows_are_laid_out_in_memory_as_computed_ones(
     store: Store, tmp_path: Path, kind: str
@@ -553,14 +577,7 @@ def test_recalled_rows_are_laid_out_in_memory_as_computed_ones(
     channels_last) gets it back so on a hit — from memory, from the store, in part or
     whole, in this process or another — as computed: a kernel reading it then takes the
     path it takes on a miss, and answers the same bits."""
-    torch.manual_seed(0)
-    if kind == "channels_last":
-        module: nn.Module = nn.Conv2d(3, 4, 3, padding=1).to(memory_format=torch.channels_last)
-        data = torch.randn(12, 3, 6, 6).to(memory_format=torch.channels_last)
-    else:
-        module, data = Transposes(), torch.randn(12, 5, 3)
-    with torch.no_grad():
-        strides = module(data).stride()
+    module, data, strides = laid_out_otherwise(kind)
     first = cache_rows(module, store)
     computed = first(data[:8])
     assert computed.stride()[1:] == strides[1:]
@@ -1324,7 +1341,7 @@ def test_what_the_module_holds_beside_its_call_is_the_modules(store: Store) -> N
     cached.close()
 
 
-class Defaulted(nn.Module):
+class Defaulted(OnALinear):
     """A module whose gain and temperature are defaults its class holds, the temperature
     a property that keeps what it is set to."""
 
@@ -1332,8 +1349,6 @@ class Defaulted(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(6, 3)
         self.scale = 1.0
 
     @property
@@ -1374,15 +1389,13 @@ def test_a_class_default_written_or_deleted_through_the_cache_is_the_modules(
     cached.close()
 
 
-class Slotted(nn.Module):
+class Slotted(OnALinear):
     """A module that keeps its gain in a slot its class declares."""
 
     __slots__ = ("gain",)
 
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(6, 3)
         self.gain = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -1782,14 +1795,10 @@ def test_a_version_written_afterwards_is_checked_as_one_given(store: Store) -> N
     by_content.close()
 
 
-class Patched(nn.Module):
+class Patched(OnALinear):
     """A module whose class the test below gives another forward."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(6, 3)
-
+    # Its own, for the test to replace on this class.
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.linear(x)
         return out
@@ -1817,15 +1826,10 @@ def test_a_forward_set_on_the_cached_module_s_class_is_refused_until_cached_agai
     assert torch.equal(cached(x), first)
 
 
-class CountedOnItsClass(nn.Module):
+class CountedOnItsClass(OnALinear):
     """Counts its calls on its class."""
 
     calls = 0
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(6, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         type(self).calls += 1
@@ -1847,15 +1851,13 @@ def test_a_count_a_cached_module_keeps_on_its_class_is_not_code(
     assert first.shape == (4, 3)
 
 
-class ScaledByItsClass(nn.Module):
+class ScaledByItsClass(OnALinear):
     """Scales by a class default that an instance may override."""
 
     scale = 2.0
 
     def __init__(self, scale: float | None = None) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(6, 3)
         if scale is not None:
             self.scale = scale
 
@@ -1884,13 +1886,11 @@ class LateConfig:
     scale = 1.0
 
 
-class ReadsALateConfig(nn.Module):
+class ReadsALateConfig(OnALinear):
     """Reads a config set on it only after it was cached."""
 
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(6, 3)
         self.config: LateConfig | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -1923,7 +1923,7 @@ def test_a_config_set_after_caching_has_its_class_code_watched(
         cached(x)
 
 
-class DeclaresACount(nn.Module):
+class DeclaresACount(OnALinear):
     """Declares the count its subclass keeps on its own class."""
 
     calls = 0
@@ -1931,11 +1931,6 @@ class DeclaresACount(nn.Module):
 
 class CountsOnItsOwnClass(DeclaresACount):
     """Counts on its own class the name its base declares."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(6, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         type(self).calls += 1
