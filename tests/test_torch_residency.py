@@ -40,6 +40,7 @@ from somatize_torch.residency import ROW_INDEX_BYTES, Tier
 from somatize_torch.rows import cache_rows
 from somatize_torch.writer import WaitsForItself, WriteFailed, Writer, store_lock
 from tests.forked import in_child, in_forked_child
+from tests.test_torch_rows import laid_out_otherwise
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -1297,13 +1298,6 @@ def test_rows_recalled_before_their_write_fails_are_reported_then_computed_again
     cached.close()
 
 
-class Transposes(nn.Module):
-    """Answers each row transposed: a batch whose rows are not in C order."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x * 2.0).transpose(1, 2)
-
-
 @pytest.mark.parametrize("kind", ["channels_last", "transposed"])
 def test_rows_still_to_be_written_are_recalled_laid_out_as_computed(
     store: Store, monkeypatch: pytest.MonkeyPatch, kind: str
@@ -1311,14 +1305,7 @@ def test_rows_still_to_be_written_are_recalled_laid_out_as_computed(
     """Rows recalled from the writer's staged copy (staged as the module laid them out) come
     back with the strides the module gave them, whole or beside rows computed."""
 
-    torch.manual_seed(0)
-    if kind == "channels_last":
-        module: nn.Module = nn.Conv2d(3, 4, 3, padding=1).to(memory_format=torch.channels_last)
-        data = torch.randn(12, 3, 6, 6).to(memory_format=torch.channels_last)
-    else:
-        module, data = Transposes(), torch.randn(12, 5, 3)
-    with torch.no_grad():
-        strides = module(data).stride()
+    module, data, strides = laid_out_otherwise(kind)
     cached = cache_rows(module, store, device_bytes=0, host_bytes=0)
     with _writes_held(monkeypatch):
         cached(data[:8])
