@@ -121,10 +121,15 @@ def _model(seed: int = 0) -> Model:
     return model
 
 
-def _wrapped(store: Store | None = None, seed: int = 0) -> smt.Wrapped:
-    wrapped = smt.wrap(_model(seed), frozen=["encoder"], cached=["encoder"], store=store)
+def _encoder_frozen(model: nn.Module, store: Store | None) -> smt.Wrapped:
+    """``model`` wrapped with its encoder frozen and cached in ``store``, and frozen."""
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
     smt.freeze(wrapped)
     return wrapped
+
+
+def _wrapped(store: Store | None = None, seed: int = 0) -> smt.Wrapped:
+    return _encoder_frozen(_model(seed), store)
 
 
 def test_wrapped_keeps_signature_parameters_and_state_dict_keys(store: Store) -> None:
@@ -396,10 +401,7 @@ def test_a_forward_asking_if_what_fx_stands_in_for_is_a_tensor_is_refused(
             assert torch.equal(wrapped(x, mask), model(x, mask))
         with pytest.raises(smt.Untraceable, match=r"isinstance\(mask, torch\.Tensor\).*no tensor"):
             wrapped(x, torch.full((3, 4), 2.0))
-    torch.manual_seed(0)
-    model = AsksIfTensorOrNone()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(AsksIfTensorOrNone, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
@@ -529,8 +531,7 @@ def test_a_cached_submodule_called_under_no_grad_inside_a_forward_trains_as_with
     torch.manual_seed(0)
     model = _EncodesWithoutGrad()
     plain = copy.deepcopy(model)
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     for _ in range(2):
         model.zero_grad()
@@ -567,12 +568,11 @@ def test_without_a_store_nothing_is_kept() -> None:
 # ------------------------------------------------------------------ what a cached call is keyed by
 
 
-class Holds(nn.Module):
+class Holds(OnTempered):
     """A declared encoder and a head after it."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.head = nn.Linear(4, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -588,13 +588,19 @@ def _held(whole: bool, store: Store, kind: type[nn.Module] = Holds) -> tuple[smt
     frozen, and the model."""
     torch.manual_seed(0)
     model = kind()
+    return _part_frozen(model, "encoder", whole, store), model
+
+
+def _part_frozen(model: nn.Module, name: str, whole: bool, store: Store) -> smt.Wrapped:
+    """``model``'s part ``name`` frozen and cached in ``store`` (that part wrapped
+    ``whole``, or the model wrapped naming it), and frozen."""
     wrapped = (
-        smt.wrap(model.encoder, frozen=True, cached=True, store=store)
+        smt.wrap(model.get_submodule(name), frozen=True, cached=True, store=store)
         if whole
-        else smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+        else smt.wrap(model, frozen=[name], cached=[name], store=store)
     )
     smt.freeze(wrapped)
-    return wrapped, model
+    return wrapped
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
@@ -720,8 +726,7 @@ def test_a_global_hook_is_refused_by_a_traced_model_and_run_by_one_wrapped_whole
     standing for it, so its answer, computed or recalled, is the model's own under it."""
     torch.manual_seed(0)
     model = ShiftsBetween()
-    traced = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(traced)
+    traced = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     traced(x)
     whole = smt.wrap(ShiftsBetween(), frozen=True, cached=True, store=store)
@@ -866,12 +871,7 @@ def test_a_value_a_cached_module_reads_from_its_config_keys_its_answers(
     answer kept for the old value recalled; set back, the old answer is recalled."""
     torch.manual_seed(0)
     model = HoldsConfig(kind)
-    wrapped = (
-        smt.wrap(model.encoder, frozen=True, cached=True, store=store)
-        if whole
-        else smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    )
-    smt.freeze(wrapped)
+    wrapped = _part_frozen(model, "encoder", whole, store)
     config = model.encoder.config
     x = torch.randn(3, 4) - 0.5
     before = wrapped(x)
@@ -980,12 +980,7 @@ def test_a_config_class_changed_after_answers_were_kept_is_seen_as_drifted(
     never silently, as an edited block's would be."""
     torch.manual_seed(0)
     model = nn.Sequential(ReadsClassGiven(), nn.Linear(4, 2))
-    wrapped = (
-        smt.wrap(model[0], frozen=True, cached=True, store=store)
-        if whole
-        else smt.wrap(model, frozen=["0"], cached=["0"], store=store)
-    )
-    smt.freeze(wrapped)
+    wrapped = _part_frozen(model, "0", whole, store)
     x = torch.randn(3, 4)
     first = wrapped(x)
     if given == "attribute":
@@ -1023,12 +1018,7 @@ def test_an_attribute_set_on_a_dataclass_config_beyond_its_fields_keys_its_answe
     without it."""
     torch.manual_seed(0)
     model = nn.Sequential(ReadsBeyondFields(), nn.Linear(4, 2))
-    wrapped = (
-        smt.wrap(model[0], frozen=True, cached=True, store=store)
-        if whole
-        else smt.wrap(model, frozen=["0"], cached=["0"], store=store)
-    )
-    smt.freeze(wrapped)
+    wrapped = _part_frozen(model, "0", whole, store)
     x = torch.randn(3, 4) - 0.5
     before = wrapped(x)
     name = next(iter(wrapped.counts))
@@ -1069,12 +1059,7 @@ def test_a_value_a_cached_module_reads_from_a_slotted_config_keys_its_answers(
     set on it in place keys the next call anew, as a config with a ``__dict__`` does."""
     torch.manual_seed(0)
     model = nn.Sequential(ReadsSlotted(), nn.Linear(4, 2))
-    wrapped = (
-        smt.wrap(model[0], frozen=True, cached=True, store=store)
-        if whole
-        else smt.wrap(model, frozen=["0"], cached=["0"], store=store)
-    )
-    smt.freeze(wrapped)
+    wrapped = _part_frozen(model, "0", whole, store)
     config = model[0].config
     x = torch.randn(3, 4) - 0.5
     before = wrapped(x)
@@ -1443,8 +1428,7 @@ def test_inference_tensors_put_in_a_frozen_module_are_refused(store: Store) -> N
     with ``assign=True``) keep no version counter, so a later write into them could not
     be seen: refused at the next forward, as freezing refuses them, saying how to load."""
     model = Probed()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     wrapped(x)
     with torch.inference_mode():
@@ -1623,12 +1607,11 @@ def test_declarations_are_names_from_any_iterable(store: Store) -> None:
     assert seen == ["ran", "recalled", "recalled"]
 
 
-class Scaled(nn.Module):
+class Scaled(OnTempered):
     """Multiplies the encoder's answer by a tensor kept as a plain attribute."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.scale = torch.ones(4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -1638,10 +1621,7 @@ class Scaled(nn.Module):
 def test_a_plain_tensor_attribute_replaced_after_wrap_is_the_one_read(store: Store) -> None:
     """A tensor the forward reads as a plain attribute, replaced on the model or on the
     wrapped model, is the one the traced code reads."""
-    torch.manual_seed(0)
-    model = Scaled()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(Scaled, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         model.scale = torch.zeros(4)
@@ -1651,13 +1631,12 @@ def test_a_plain_tensor_attribute_replaced_after_wrap_is_the_one_read(store: Sto
         assert torch.equal(wrapped(x), model(x))
 
 
-class Normalises(nn.Module):
+class Normalises(OnTempered):
     """Computes with its buffers and a plain tensor attribute among themselves, before
     they meet the input: statistics clamped, a temperature read as a number."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.register_buffer("std", torch.ones(4))
         self.register_buffer("temperature", torch.tensor(2.0))
         self.offset = torch.zeros(4)
@@ -1671,10 +1650,7 @@ def test_buffers_the_forward_computes_with_are_read_as_it_runs(store: Store) -> 
     """What the forward computes from buffers and plain tensor attributes alone is
     computed as the wrapped model runs, not kept from the trace: a checkpoint loaded in
     place, or a buffer written in place, is the one the next call computes with."""
-    torch.manual_seed(0)
-    model = Normalises()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(Normalises, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
@@ -1687,12 +1663,11 @@ def test_buffers_the_forward_computes_with_are_read_as_it_runs(store: Store) -> 
         assert torch.equal(wrapped(x), model(x))
 
 
-class BranchesOnABuffer(nn.Module):
+class BranchesOnABuffer(OnTempered):
     """Takes a branch by what a buffer holds."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.register_buffer("use_bias", torch.tensor(True))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -1709,13 +1684,12 @@ def test_a_branch_on_what_a_buffer_holds_is_refused() -> None:
         smt.wrap(BranchesOnABuffer(), frozen=["encoder"])
 
 
-class Settled(nn.Module):
+class Settled(OnTempered):
     """Reads plain values it keeps, and a block's, between its declared encoder and its
     head; keeps one it never reads."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.block = nn.Sequential(nn.Linear(4, 4))
         self.block.gain = 2.0  # type: ignore[assignment]
         self.temperature = 2.0
@@ -1745,10 +1719,7 @@ def test_a_plain_value_the_forward_read_changed_after_wrap_is_refused(
     """fx traces a plain value the forward reads from the model into the code as the value
     it had: changed after `wrap`, the wrapped model would compute with the old one, so
     the next call is refused, naming it; put back as it was, the call runs."""
-    torch.manual_seed(0)
-    model = Settled()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(Settled, store)
     assert type(model) is Settled and type(model.block) is nn.Sequential
     x = torch.randn(3, 4)
     with torch.no_grad():
@@ -1758,8 +1729,7 @@ def test_a_plain_value_the_forward_read_changed_after_wrap_is_refused(
             wrapped(x)
         model.temperature, model.act, model.scales[1], model.block.gain = 2.0, torch.relu, 3.0, 2.0
         assert torch.equal(wrapped(x), expected)
-        again = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-        smt.freeze(again)
+        again = _encoder_frozen(model, store)
         change(model)
         with pytest.raises(smt.WrapError, match=named):
             again(x)
@@ -1773,10 +1743,7 @@ def test_a_table_of_attributes_replaced_whole_after_a_call_is_refused(
     (``model.__dict__ = {...}``), holding another value the forward read, is refused at
     the next call, naming it, as the value set alone is; put back, the call runs as the
     model does."""
-    torch.manual_seed(0)
-    model = Settled()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(Settled, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         expected = wrapped(x)
@@ -1797,10 +1764,7 @@ def test_a_value_the_forward_does_not_read_changes_freely(store: Store) -> None:
     """A value the model keeps and its forward never reads, or one given again as it was,
     changes nothing the wrapped model runs; one given to the wrapped model is given to the
     model, and is refused at the next call when the code read it."""
-    torch.manual_seed(0)
-    model = Settled()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(Settled, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         model.step = 7
@@ -1917,12 +1881,11 @@ def test_only_torch_s_own_folder_is_torch_s_code() -> None:
     assert not in_torch(os.path.join(beside, "torch_geometric", "nn", "conv.py"))
 
 
-class InitialisesOnce(nn.Module):
+class InitialisesOnce(OnTempered):
     """Sets its shift from the first batch it sees, then never again."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.register_buffer("shift", torch.zeros(4))
         self.initialized = False
 
@@ -1961,14 +1924,10 @@ def test_a_forward_that_assigns_to_the_model_is_refused_and_left_as_it_was(
     assert all(vars(model)[k] is v for k, v in before.items())
 
 
-class Defaults(nn.Module):
+class Defaults(OnTempered):
     """Reads a gain it may not have, and a scale its class gives."""
 
     scale = 2.0
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = Tempered()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.encoder(x) * getattr(self, "gain", 1.0) * self.scale
@@ -2004,12 +1963,11 @@ def test_what_the_model_did_not_hold_itself_is_watched_too(
         Defaults.scale = 2.0
 
 
-class Stepped(nn.Module):
+class Stepped(OnTempered):
     """Traces into a block of its own, which reads a gain it keeps."""
 
     def __init__(self, gain: float = 2.0) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.block = Settled().block
         self.block.gain = gain  # type: ignore[assignment]
 
@@ -2031,12 +1989,11 @@ def test_a_submodule_traced_into_cannot_be_replaced(store: Store, where: str) ->
         wrapped(torch.randn(2, 4))
 
 
-class ReadsFlags(nn.Module):
+class ReadsFlags(OnTempered):
     """Adds noise while its head trains; scales up while its encoder trains."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.head = nn.Linear(4, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -2067,12 +2024,11 @@ def test_a_training_flag_the_forward_reads_of_a_part_it_calls_whole_is_kept_righ
             wrapped(x)
 
 
-class Ordered(nn.Module):
+class Ordered(OnTempered):
     """Sums weighted copies of its encoder's answer, in the order of a dict of weights."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.weights = {"a": 1.0, "b": 0.0}
         self.steps = (4.0,)
 
@@ -2111,12 +2067,11 @@ def test_a_forward_given_to_the_model_itself_is_refused() -> None:
         smt.wrap(model, frozen=["encoder"])
 
 
-class HandsBack(nn.Module):
+class HandsBack(OnTempered):
     """Returns a buffer, a tensor it keeps and a tensor made from numbers beside its answer."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.register_buffer("shift", torch.ones(4))
         self.scale = torch.full((4,), 2.0)
         self.offsets = [0, 1]
@@ -2235,12 +2190,11 @@ def test_a_cached_module_takes_none_for_an_optional_argument(store: Store) -> No
 # ------------------------------------------------------------------ train and eval
 
 
-class Drops(nn.Module):
+class Drops(OnTempered):
     """Drops out after the encoder as `self.training` says."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.head = nn.Linear(4, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -2254,8 +2208,7 @@ def test_code_that_reads_the_training_flag_follows_the_mode(store: Store, wrappe
     model is in, whichever mode it was wrapped in."""
     torch.manual_seed(0)
     model = Drops().train(wrapped_in == "train")
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(64, 4)
     wrapped.eval()
     with torch.no_grad():
@@ -2277,12 +2230,11 @@ class Block(nn.Module):
         return nn.functional.dropout(self.linear(x), p=0.5, training=self.training)
 
 
-class Blocked(nn.Module):
+class Blocked(OnTempered):
     """An encoder, then a block traced into."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.block = Block()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -2295,8 +2247,7 @@ def test_the_mode_of_the_modules_traced_into_picks_the_code(store: Store) -> Non
     one mode would run for a part in the other."""
     torch.manual_seed(0)
     model = Blocked().train()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(64, 4)
     model.eval()
     with torch.no_grad():
@@ -2380,12 +2331,11 @@ def test_a_part_of_a_cached_module_without_a_store_put_in_train_mode_warns(whole
 # ------------------------------------------------------------------ parts replaced after wrap
 
 
-class Projects(nn.Module):
+class Projects(OnTempered):
     """A declared encoder, a weight of its own and a head."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.proj = nn.Parameter(torch.randn(4, 4))
         self.head = nn.Linear(4, 2)
 
@@ -2396,8 +2346,7 @@ class Projects(nn.Module):
 def _projects(store: Store, seed: int = 0) -> tuple[smt.Wrapped, Projects]:
     torch.manual_seed(seed)
     model = Projects()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     return wrapped, model
 
 
@@ -2422,13 +2371,12 @@ def test_parts_replaced_after_wrap_are_the_ones_that_run(store: Store) -> None:
         assert torch.allclose(wrapped(x.double()), model(x.double()))
 
 
-class Stacked(nn.Module):
+class Stacked(OnTempered):
     """Runs the layers its containers hold: a list, a sequence and a dict of them, and a
     block of its own that goes through its children."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.layers = nn.ModuleList([nn.Linear(4, 4)])
         self.seq = nn.Sequential(nn.Linear(4, 4))
         self.blocks = nn.ModuleDict({"first": nn.Linear(4, 4)})
@@ -2456,14 +2404,29 @@ class Chained(nn.Module):
         return x
 
 
-def _encoder_cached(kind: Callable[[], M], store: Store) -> tuple[nn.Module, M]:
+def _encoder_cached(kind: Callable[[], M], store: Store) -> tuple[smt.Wrapped, M]:
     """A model made by ``kind`` (seeded) wrapped with its encoder frozen and cached, and
     the model."""
     torch.manual_seed(0)
     model = kind()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
-    return wrapped, model
+    return _encoder_frozen(model, store), model
+
+
+def _answers_as_the_model(kind: Callable[[], nn.Module], store: Store) -> None:
+    """A model made by ``kind`` (seeded), wrapped with its encoder frozen and cached,
+    answers a batch as the model itself does."""
+    wrapped, model = _encoder_cached(kind, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+
+
+def _refused_as_untraceable(kind: Callable[[], nn.Module], named: str, store: Store) -> None:
+    """Wrapping a model made by ``kind`` (seeded), its encoder frozen and cached, is refused
+    as untraceable, saying ``named``."""
+    torch.manual_seed(0)
+    with pytest.raises(smt.Untraceable, match=named):
+        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
 
 
 @pytest.mark.parametrize(
@@ -2567,14 +2530,13 @@ def test_hooks_on_the_model_itself_are_refused_at_wrap(store: Store) -> None:
         assert torch.equal(wrapped(x), model(x) * 0)
 
 
-class Optional(nn.Module):
+class Optional(OnTempered):
     """Takes an optional scale and a keyword-only optional shift, branches on whether each
     was given, and on its mode; when no scale is given, scales by a plain value of its
     own."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.fallback = 3.0
 
     def forward(
@@ -2609,10 +2571,7 @@ def test_an_argument_given_none_whose_default_is_not_none_runs_code_traced_with_
 ) -> None:
     """A call that gives None for an argument that defaults to something else, or has no
     default, runs code traced with it None, as one left to a default of None does."""
-    torch.manual_seed(0)
-    model = Clamped()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(Clamped, store)
     x, mask = torch.randn(3, 4), torch.rand(3, 4)
     with torch.no_grad():
         for _ in range(2):
@@ -2636,10 +2595,7 @@ class PositionalOnly(OnTempered):
 def test_a_forward_taking_arguments_by_place_only_is_wrapped(store: Store) -> None:
     """A forward whose arguments are positional-only is wrapped, with its signature, and
     runs calls that give its optional mask or leave it None as the model does."""
-    torch.manual_seed(0)
-    model = PositionalOnly()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(PositionalOnly, store)
     assert inspect.signature(wrapped.forward) == inspect.signature(model.forward)
     x, mask = torch.randn(3, 4), torch.rand(3, 4)
     with torch.no_grad():
@@ -2714,12 +2670,11 @@ _TRACED_WITHOUT_MASK = threading.Event()
 _GO_ON = threading.Event()
 
 
-class HoldsItsTrace(nn.Module):
+class HoldsItsTrace(OnTempered):
     """Drops out in train mode; traced with no mask, says so and waits to go on."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.drop = nn.Dropout(0.5)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -2740,8 +2695,7 @@ def test_a_call_made_while_another_thread_traces_the_model_waits_for_the_trace(
     rather than being traced into it, or run in the other mode."""
     torch.manual_seed(0)
     model = HoldsItsTrace().eval()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x, mask = torch.randn(3, 4), torch.rand(3, 4)
     _GO_ON.set()
     with torch.no_grad():
@@ -2783,13 +2737,12 @@ _SCALES_TRACED = threading.Event()
 _SCALES_GO_ON = threading.Event()
 
 
-class HoldsAScale(nn.Module):
+class HoldsAScale(OnTempered):
     """Scales by a tensor it keeps as a plain attribute; traced with no mask, says so and
     waits to go on."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.scale = torch.full((4,), 2.0)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -2808,10 +2761,7 @@ def test_the_model_called_in_another_thread_while_it_is_traced_runs_as_ever(
     the tracing thread only: the model itself called in another thread meanwhile (not
     through the wrapper, which waits for the trace) reads its own tensors, not the trace's
     stand-ins for them, and answers as it does alone."""
-    torch.manual_seed(0)
-    model = HoldsAScale()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(HoldsAScale, store)
     x, mask = torch.randn(3, 4), torch.rand(3, 4)
     _SCALES_GO_ON.set()
     with torch.no_grad():
@@ -2865,12 +2815,11 @@ class FlaggedMasked(nn.Module):
         return h * 2 if double else h
 
 
-class ExtraWithoutMask(nn.Module):
+class ExtraWithoutMask(OnTempered):
     """Calls its declared extra layer only when no mask is given."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.extra = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -2888,10 +2837,7 @@ def test_a_declared_call_the_first_trace_could_not_see_is_refused_saying_how_it_
     hands it on, the submodule's answers cached apart for the call it makes."""
     with pytest.raises(smt.NotCalled, match=r"traced with `mask` given, never calls.*only when"):
         smt.wrap(ExtraWithoutMask(), frozen=["encoder", "extra"], store=store)
-    torch.manual_seed(0)
-    model = FlaggedMasked()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(FlaggedMasked, store)
     x, mask = torch.randn(3, 4), torch.rand(3, 4)
     with torch.no_grad():
         for _ in range(2):
@@ -2909,10 +2855,7 @@ def test_a_forward_branching_on_an_optional_flag_runs_with_it_given_or_none(
     that leave them None run; a call that gives one a plain value runs code traced with it
     fixed at that value; one that gives it a tensor is refused, naming it and the line
     (`WrapError`, as any call handing an argument the forward branches on a tensor)."""
-    torch.manual_seed(0)
-    model = Flagged()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(Flagged, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         with pytest.raises(smt.WrapError, match=r"`double` is a `torch\.Tensor`.*if double"):
@@ -3215,10 +3158,7 @@ def test_an_identity_comparison_beside_an_attribute_of_what_fx_stands_in_for_is_
     """`x.device` (or `self.gain.device`) handed to a call whose next argument compares
     another value by identity (`self.kind is _Kind.CAUSAL`) compares no attribute of the
     tensor: the model is traced, and answers as the model does."""
-    wrapped, model = _encoder_cached(kind, store)
-    x = torch.randn(3, 4)
-    with torch.no_grad():
-        assert torch.equal(wrapped(x), model(x))
+    _answers_as_the_model(kind, store)
 
 
 class ScalesForItsWeightDtype(OnTempered):
@@ -3277,9 +3217,7 @@ def test_an_attribute_of_a_tensor_of_the_model_compared_by_identity_is_refused(
     `self.gain.dtype is torch.float32` is answered no whatever the tensor holds, and the
     branch kept would be the other one in every call. `wrap` refuses it, naming the tensor
     and the line, in the forward or in code it runs of a block traced into."""
-    torch.manual_seed(0)
-    with pytest.raises(smt.Untraceable, match=named):
-        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
+    _refused_as_untraceable(kind, named, store)
 
 
 class DoublesWhatItEncodedInAMethod(OnTempered):
@@ -3531,15 +3469,10 @@ def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_wher
     model's it is handed to, and refuses it where it
     is compared or looked up, naming both lines; put into a message, it is let be, and
     the model answers as it does."""
-    torch.manual_seed(0)
-    with pytest.raises(smt.Untraceable, match=named):
-        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
+    _refused_as_untraceable(kind, named, store)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        wrapped, model = _encoder_cached(PutsItsDtypeInMessages, store)
-        x = torch.randn(3, 4)
-        with torch.no_grad():
-            assert torch.equal(wrapped(x), model(x))
+        _answers_as_the_model(PutsItsDtypeInMessages, store)
 
 
 class CountsItsMessages(OnTempered):
@@ -3611,10 +3544,7 @@ def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
     """Text made of a stand-in that the forward only gathers in a list it counts, hands to
     an object it holds or to a submodule's method that logs it, is asked nothing: the
     model is wrapped, and answers as it does."""
-    wrapped, model = _encoder_cached(kind, store)
-    x = torch.randn(3, 4)
-    with torch.no_grad():
-        assert torch.equal(wrapped(x), model(x))
+    _answers_as_the_model(kind, store)
 
 
 class PrintsItsShape(OnTempered):
@@ -3647,9 +3577,7 @@ def test_the_type_of_what_fx_stands_in_for_in_a_local_or_a_list_is_refused(
     `type(items[0]) is torch.Tensor` in a method handed the list, is the stand-in's type
     whatever a call gives, and the branch kept would be the one for a value that is no
     tensor in every call. `wrap` refuses it, naming the line."""
-    torch.manual_seed(0)
-    with pytest.raises(smt.Untraceable, match=named):
-        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
+    _refused_as_untraceable(kind, named, store)
 
 
 @pytest.mark.parametrize(
@@ -3671,15 +3599,10 @@ def test_a_forward_turning_what_fx_stands_in_for_into_text_is_refused(
     input too. `wrap` refuses it, naming the line; a forward that only prints a stand-in,
     logs it or puts it in the message of a check (`torch._assert(..., f"... {h}")`) is
     traced, and answers as the model does."""
-    torch.manual_seed(0)
-    with pytest.raises(smt.Untraceable, match=named):
-        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
+    _refused_as_untraceable(kind, named, store)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        wrapped, model = _encoder_cached(PrintsItsShape, store)
-        x = torch.randn(3, 4)
-        with torch.no_grad():
-            assert torch.equal(wrapped(x), model(x))
+        _answers_as_the_model(PrintsItsShape, store)
 
 
 class UpcastsHalfInputs(OnTempered):
@@ -3792,10 +3715,7 @@ def test_a_function_kept_per_argument_handed_what_fx_stands_in_for_is_traced(
     """A function or method of the model's cached per argument (`functools.lru_cache`,
     `functools.cache`) handed a stand-in (`self._ramp(x.shape[1])`) misses its cache, as
     it must, and is traced: the model is wrapped, and answers as it does."""
-    wrapped, model = _encoder_cached(kind, store)
-    x = torch.randn(3, 4)
-    with torch.no_grad():
-        assert torch.equal(wrapped(x), model(x))
+    _answers_as_the_model(kind, store)
 
 
 _gain_of_kind = {torch.float64: 10.0}.get
@@ -3826,9 +3746,7 @@ def test_looking_what_fx_stands_in_for_up_in_a_set_or_dict_is_refused(
     {torch.float16, ...}` answers no, and `gains.get(x.dtype, 1.0)` the default, whatever
     a call gives, so a float64 input would run the branch for float32. `wrap` refuses it,
     naming the line."""
-    torch.manual_seed(0)
-    with pytest.raises(smt.Untraceable, match=named):
-        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
+    _refused_as_untraceable(kind, named, store)
 
 
 class ScalesWhenMarked(OnTempered):
@@ -3873,13 +3791,8 @@ def test_asking_whether_what_fx_stands_in_for_has_an_attribute_is_refused(
     `getattr(x, "gain", None)` would keep the branch for a value that has it in every
     call. `wrap` refuses it, naming the line; reading an attribute by name with no default
     (`getattr(x, "shape")`) is traced, and answers as the model does."""
-    torch.manual_seed(0)
-    with pytest.raises(smt.Untraceable, match=named):
-        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
-    wrapped, model = _encoder_cached(ReadsItsWidthByName, store)
-    x = torch.randn(3, 4)
-    with torch.no_grad():
-        assert torch.equal(wrapped(x), model(x))
+    _refused_as_untraceable(kind, named, store)
+    _answers_as_the_model(ReadsItsWidthByName, store)
 
 
 class ScalesByATensorMaskInAMethod(OnTempered):
@@ -4244,13 +4157,12 @@ class Way(enum.Enum):
     MAX = "max"
 
 
-class AsksUnseen(nn.Module):
+class AsksUnseen(OnTempered):
     """Branches on its arguments in ways fx answers without recording anything: by
     identity, by kind, by membership, by a dictionary lookup and by a formatted string."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.scales = {"a": 2.0, "b": 3.0}
 
     def forward(
@@ -4359,12 +4271,11 @@ def test_a_forward_default_changed_after_wrap_is_refused_naming_it(store: Store,
             wrapped(x)
 
 
-class ExtraUnpooled(nn.Module):
+class ExtraUnpooled(OnTempered):
     """Calls its declared extra layer only when it does not pool."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.extra = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor, pool: bool = True) -> torch.Tensor:
@@ -4807,10 +4718,7 @@ def test_a_declared_submodule_handed_an_argument_left_none_is_handed_none(
     when a call leaves it None: the same node, keyed by None where it stands, so the
     answers with and without a mask are each recalled as they were computed; the wrapped
     model is pickled and copied so too."""
-    torch.manual_seed(0)
-    model = HandsOnMask()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(HandsOnMask, store)
     x, mask = torch.randn(3, 4), (torch.rand(3, 4) > 0.5).float()
     with torch.no_grad():
         for _ in range(2):
@@ -5047,12 +4955,11 @@ def test_a_declared_call_handed_its_inputs_in_other_places_runs_as_the_forward_d
     assert wrapped.counts["attention~2"] == {"ran": 2, "kept": 2, "recalled": 2}
 
 
-class MasksWhenGiven(nn.Module):
+class MasksWhenGiven(OnTempered):
     """Calls its declared masker only when it is handed a mask."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.masker = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -5140,8 +5047,7 @@ def test_a_forward_taking_kwargs_handed_or_defaulting_a_plain_constant_is_refuse
     handing tensors run as the model does."""
     x = torch.randn(3, 4)
     model = TakesOptionsAsking()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
         assert torch.equal(wrapped(x, scale=torch.ones(4)), model(x, scale=torch.ones(4)))
@@ -5192,8 +5098,7 @@ def test_a_model_traceable_in_one_mode_runs_only_in_that_mode(store: Store) -> N
     """A model fx can trace in eval mode only runs in eval mode; in train mode it is refused,
     saying why, rather than running the code traced in eval mode."""
     model = TrainsOnly().eval()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
@@ -5218,8 +5123,7 @@ def test_a_call_leaving_an_argument_none_traceable_in_one_mode_says_so(store: St
     train mode, saying it is the argument left None that fx traced in eval mode only, not
     that the model was wrapped in eval mode, which it was not."""
     model = TrainsOnlyWithoutMask().train()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x, torch.ones(3, 4)), model(x, torch.ones(3, 4)))
@@ -5272,12 +5176,11 @@ def test_a_hit_answers_bit_for_bit_what_a_miss_answered(store: Store) -> None:
 # ------------------------------------------------------------------ what fx does not record
 
 
-class Targets(nn.Module):
+class Targets(OnTempered):
     """Computes a target without gradients beside a trainable head (an EMA teacher)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.head = nn.Linear(4, 2)
         self.target = nn.Linear(4, 2)
 
@@ -5291,10 +5194,7 @@ class Targets(nn.Module):
 def test_a_block_run_without_grad_gets_no_gradient_as_in_the_model(store: Store) -> None:
     """What the forward runs under `torch.no_grad()` gets no gradient in the wrapped model
     either, and the grad mode it runs in is put back after the block, as it was."""
-    torch.manual_seed(0)
-    model = Targets()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(Targets, store)
     x = torch.randn(5, 4)
     p, t = wrapped(x)
     assert p.requires_grad and not t.requires_grad
@@ -5325,22 +5225,18 @@ class StopsBefore(nn.Module):
 def test_a_cached_call_inside_a_no_grad_block_runs_without_grad(store: Store) -> None:
     """A cached submodule called under the forward's own `torch.no_grad()` is handed what
     the model hands it, a tensor that needs no grad, and is recalled the next time."""
-    torch.manual_seed(0)
-    model = StopsBefore()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(StopsBefore, store)
     x = torch.randn(3, 4)
     first, again = wrapped(x), wrapped(x)
     assert torch.equal(first, again) and torch.allclose(first, model(x))
     assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 1}
 
 
-class Grads(nn.Module):
+class Grads(OnTempered):
     """Turns grad mode on for a block, by context manager and by decorator."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.head = nn.Linear(4, 2)
 
     @torch.enable_grad()
@@ -5357,10 +5253,7 @@ class Grads(nn.Module):
 def test_grad_mode_turned_on_in_the_forward_follows_the_mode_of_the_call(store: Store) -> None:
     """A block the forward runs with grad turned on gets gradients under the caller's
     `torch.no_grad()` too, and the code after it runs in the caller's mode again."""
-    torch.manual_seed(0)
-    model = Grads()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(Grads, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         plain = [t.requires_grad for t in model(x)]
@@ -5368,12 +5261,11 @@ def test_grad_mode_turned_on_in_the_forward_follows_the_mode_of_the_call(store: 
         assert not torch.is_grad_enabled()
 
 
-class Mixed(nn.Module):
+class Mixed(OnTempered):
     """Runs its encoder and head under bf16 autocast."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.head = nn.Linear(4, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -5387,8 +5279,7 @@ def test_a_block_run_under_autocast_runs_in_its_precision(store: Store) -> None:
     model too, the cached encoder keyed by it, and autocast is off again after the call."""
     torch.manual_seed(0)
     model = Mixed().eval()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         expected = model(x)
@@ -5403,12 +5294,11 @@ def test_a_block_run_under_autocast_runs_in_its_precision(store: Store) -> None:
         assert wrapped.encoder(x).dtype == torch.bfloat16 != direct.dtype
 
 
-class Infers(nn.Module):
+class Infers(OnTempered):
     """Computes a target under `torch.inference_mode()`."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.target = nn.Linear(4, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -5421,20 +5311,18 @@ def test_a_block_run_under_inference_mode_runs_in_it(store: Store) -> None:
     """What the forward runs under `torch.inference_mode()` makes inference tensors in the
     wrapped model too."""
     model = Infers()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     out = wrapped(torch.randn(3, 4))
     assert out.is_inference() and model(torch.randn(3, 4)).is_inference()
     assert not torch.is_inference_mode_enabled()
 
 
-class Switches(nn.Module):
+class Switches(OnTempered):
     """Runs its head under autocast, on the device of its input, and under inference mode,
     as its caller asks."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.head = nn.Linear(4, 2)
 
     def forward(self, x: torch.Tensor, amp: bool = True, infer: bool = False) -> torch.Tensor:
@@ -5452,10 +5340,7 @@ def test_a_block_switched_by_what_the_call_hands_the_forward_follows_it(
 ) -> None:
     """An autocast or inference-mode block made of what the forward is handed (the input's
     device, a flag) is made of what each call hands it."""
-    torch.manual_seed(0)
-    model = Switches()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(Switches, store)
     x = torch.randn(3, 4)
     out, expected = wrapped(x, amp, infer), model(x, amp, infer)
     assert torch.equal(out, expected) and out.dtype == expected.dtype
@@ -5479,13 +5364,12 @@ class FailsInferring(Fails):
             return self.encoder(x) * 2
 
 
-class SwitchesBetween(nn.Module):
+class SwitchesBetween(OnTempered):
     """Runs a layer after its encoder without gradients, and its head under bf16
     autocast."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.middle = nn.Linear(4, 4)
         self.head = nn.Linear(4, 2)
 
@@ -5506,10 +5390,7 @@ def test_a_wrapped_model_loaded_from_torch_save_switches_the_modes_its_forward_d
     anew as it loads it, and would have run the switches once then, kept none, and
     computed with gradients where the model has none. The modes are as they were after
     each call, and after loading."""
-    torch.manual_seed(0)
-    model = SwitchesBetween()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(SwitchesBetween, store)
     x = torch.randn(3, 4)
     wrapped(x)
     held = io.BytesIO()
@@ -5541,8 +5422,7 @@ def test_a_forward_that_fails_inside_a_block_leaves_the_modes_as_they_were(
     """A call that fails inside a no-grad, autocast or inference-mode block leaves the
     modes as they were before it, as the model's own blocks would on their way out."""
     model = kind()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     with pytest.raises(RuntimeError, match=r"shapes cannot be multiplied"):
         wrapped(torch.randn(3, 5))
     assert _modes() == (True, False, False)
@@ -5551,12 +5431,11 @@ def test_a_forward_that_fails_inside_a_block_leaves_the_modes_as_they_were(
     assert out.dtype == expected.dtype and out.is_inference() == expected.is_inference()
 
 
-class Weighs(nn.Module):
+class Weighs(OnTempered):
     """Weighs its output by a matrix it makes from numbers."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.head = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -5587,12 +5466,11 @@ def test_the_modes_wrap_is_called_in_leave_no_mark_on_the_wrapped_model(
     assert model.head.weight.grad is not None
 
 
-class Checkpoints(nn.Module):
+class Checkpoints(OnTempered):
     """Runs a trainable block through `torch.utils.checkpoint`, which reads the modes."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.block = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -5603,8 +5481,7 @@ def test_torch_code_that_reads_the_modes_as_it_is_traced_is_wrapped(store: Store
     """torch's own code that reads grad mode and autocast while it is traced keeps nothing
     it read in the code, and is wrapped as before."""
     model = Checkpoints()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     out = wrapped(x)
     assert torch.equal(out, model(x))
@@ -5628,12 +5505,11 @@ class ReadsAutocast(OnTempered):
         return h.float() if torch.is_autocast_enabled("cpu") else h
 
 
-class LayerDrop(nn.Module):
+class LayerDrop(OnTempered):
     """Skips its middle layer at random while training, drawing from Python's `random`."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.middle = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -5738,12 +5614,11 @@ class DrawsNumpyState(DrawsNumpy):
         self.rng = np.random.RandomState(0)  # type: ignore[assignment]
 
 
-class DrawsInAThread(nn.Module):
+class DrawsInAThread(OnTempered):
     """Draws from generators it keeps in another thread, which it waits for."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.draw = random.random
         self.chooser = random.SystemRandom()
         self.drawn: list[float] = []
@@ -5800,12 +5675,11 @@ class TurnsCudnnOff(LayerDrop):
             return self.middle(h)
 
 
-class DrawsTorch(nn.Module):
+class DrawsTorch(OnTempered):
     """Skips its middle layer at random while training, drawing a number from torch."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.middle = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -5899,8 +5773,7 @@ def test_a_module_imported_as_the_forward_runs_may_seed_a_generator_as_it_is(
     model = ImportsAsItRuns().train()
     model.imported = name
     try:
-        wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-        smt.freeze(wrapped)
+        wrapped = _encoder_frozen(model, store)
         x = torch.randn(3, 4)
         with torch.no_grad():
             assert torch.equal(wrapped(x), model(x))
@@ -5941,8 +5814,7 @@ def test_a_forward_that_draws_at_random_in_train_mode_only_runs_in_eval_only(
     """A forward that draws a random number in train mode only, wrapped in eval mode, runs
     in eval mode and is refused in train mode, saying why."""
     model = LayerDrop().eval()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
@@ -5965,12 +5837,11 @@ class HelpedBlock(nn.Module):
         return self.shift(self.linear(h))
 
 
-class Patchable(nn.Module):
+class Patchable(OnTempered):
     """A declared encoder, then a block traced into, then a helper of the model's own."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Tempered()
         self.block = HelpedBlock()
 
     def finish(self, h: torch.Tensor) -> torch.Tensor:
@@ -6114,10 +5985,7 @@ def test_a_numpy_array_the_model_holds_written_after_wrap_is_refused_not_run_as_
     no version counter), is refused at the next call, naming it: the wrapped model would
     go on computing with the tensor traced into its code."""
     __import__("sympy")  # which torch imports as it first makes a tensor of an array
-    torch.manual_seed(0)
-    model = ReadsArrays()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(ReadsArrays, store)
     x = torch.randn(3, 4)
     wrapped(x)
     array = model.anchors if where == "anchors" else model.config.scales
@@ -6159,8 +6027,7 @@ def test_a_function_the_model_holds_changed_after_wrap_is_refused_not_run_as_tra
     model = CallsHeldFunctions()
     if change == "default":
         model.act = lambda t, s=1.0: t * s
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     wrapped(x)
     held = model.config.act if change == "config's closed over" else model.act
@@ -6194,8 +6061,7 @@ def test_what_a_function_the_model_holds_closes_over_changed_in_place_is_refused
     model = CallsHeldFunctions()
     value: Any = {"list": [1.0], "dict": {"k": 1.0}, "array": np.ones(4, dtype=np.float32)}[held]
     model.act = _scaled_by_item(value)
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     first = wrapped(x)
     where, was = (0, 1.0) if held != "dict" else ("k", 1.0)
@@ -6226,10 +6092,7 @@ def test_a_value_read_from_a_config_the_model_holds_is_traced_again_once_changed
     `self.config.output_hidden_states`) into the code: changed after `wrap`, the forward is
     traced again for the new values, and the cached encoder, called with the flag, keys
     its answers apart by it; set back, the traces taken first run again."""
-    torch.manual_seed(0)
-    model = Configured()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(Configured, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         first = model(x)
@@ -6264,10 +6127,7 @@ def test_a_config_change_traced_again_is_bounded_and_kept_to_the_declared_calls(
     """A config changed so that the forward calls other declared submodules is refused,
     naming it, until set back; a value changed call after call is traced a bounded number
     of times, then refused naming it."""
-    torch.manual_seed(0)
-    model = SkipsByConfig()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(SkipsByConfig, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         model.config.flag = True
@@ -6536,10 +6396,7 @@ def test_an_argument_handed_an_object_is_traced_per_value_or_refused_never_answe
     a frozen dataclass of constants is traced per value; a sentinel or another object is
     refused naming the argument; a list is an input apart from a tensor, and asking its
     kind is refused — every answer given is the model's."""
-    torch.manual_seed(0)
-    model = TakesObjects()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(TakesObjects, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
@@ -6583,10 +6440,7 @@ def test_an_item_of_a_dict_or_list_argument_left_none_is_refused_never_run_as_tr
     refused naming the item, where it ran that code with None (a raw error from the
     traced code, or the branch for a value), by a copy loaded with `torch.load` too;
     calls handing values answer as the model does."""
-    torch.manual_seed(0)
-    model = TakesABatch()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped, model = _encoder_cached(TakesABatch, store)
     x, two = torch.randn(3, 4), torch.full((3, 4), 2.0)
     with torch.no_grad():
         assert torch.equal(wrapped({"x": x, "mask": two}), model({"x": x, "mask": two}))
@@ -6631,8 +6485,7 @@ def test_an_item_tested_against_none_and_handed_to_a_module_left_out_is_refused(
     left out, as the model does."""
     torch.manual_seed(0)
     model = AttendsWhereMasked().eval()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     wrapped.eval()
     x = torch.randn(2, 3, 4)
     mask = torch.tensor([[False, False, True], [False, False, False]])
@@ -6674,8 +6527,7 @@ def test_an_item_of_a_dict_in_a_dict_argument_left_out_is_refused_naming_it(
     model does."""
     torch.manual_seed(0)
     model = TakesANestedBatch().eval()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     wrapped.eval()
     x, two = torch.randn(2, 3, 4), torch.full((2, 3, 4), 2.0)
     mask = torch.tensor([[False, False, True], [False, False, False]])
@@ -6710,8 +6562,7 @@ def test_a_logger_the_model_holds_is_no_config_traced_again_as_its_level_changes
     change as it is used) is not watched as a config: changing its level traces nothing
     anew, and is never refused as one more set of values."""
     model = Logs()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     wrapped.TRACES_PER_VALUE = 2
     x = torch.randn(3, 4)
     with torch.no_grad():
@@ -6740,8 +6591,7 @@ def test_an_argument_compared_by_identity_is_not_traced_per_value(store: Store) 
     (`opts is PRESET`) would be answered for the instance traced, so a call handing one is
     refused, naming it; `opts is None` is answered right for any value, and runs."""
     model = ComparesPreset()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
@@ -6766,8 +6616,7 @@ def test_an_argument_compared_by_identity_in_a_method_is_not_traced_per_value(
     handing one is refused naming it, as where the forward compares it, not answered by
     the code traced for an equal instance."""
     model = ComparesPresetInAMethod()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
@@ -6815,15 +6664,13 @@ def test_an_enum_field_of_an_argument_compared_by_identity_is_traced_per_value(
     is traced per value, and each call answers as the model does; a field that is itself
     a dataclass compared by identity (`opts.preset is PRESET`) is still refused."""
     model = kind()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         for opts in (_Activated(), _Activated(_Kind.FULL), _Activated(_Kind.FULL, 3.0)):
             assert torch.equal(wrapped(x, opts), model(x, opts))
     refused = ComparesADataclassFieldByIdentity()
-    wrapped = smt.wrap(refused, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(refused, store)
     with torch.no_grad(), pytest.raises(smt.WrapError, match=r"`opts` .* by identity"):
         wrapped(x, _Activated(preset=_Options("b", 5.0)))
 
@@ -6851,8 +6698,7 @@ def test_a_namespace_config_changed_after_wrap_is_traced_again(store: Store, mak
     """The standard library's configs (`types.SimpleNamespace`, whose reads cannot be noted
     as they are made, is watched whole; `argparse.Namespace`) are watched as any config."""
     model = NamespaceConfigured(make())
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
@@ -6925,8 +6771,7 @@ def test_a_config_read_through_its_dict_is_traced_again_once_changed(store: Stor
     Hugging Face config's export does) reads every value it holds: changed after `wrap`,
     the forward is traced again for them, never run as traced for the ones before."""
     model = ReadsConfigWhole(_Exported())
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
@@ -6958,8 +6803,7 @@ def test_a_list_or_dict_a_config_holds_changed_in_place_is_traced_again(store: S
     items it holds now, never run as traced for the items it held then; set back, the
     first trace runs again."""
     model = ReadsConfigItems()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         first = model(x)
@@ -6997,8 +6841,7 @@ def test_a_model_value_changed_with_its_config_set_back_is_refused_not_run_as_tr
     values traced before, is not what the traces for those values read: the next call is
     refused naming it, never run as traced for the value it held then."""
     model = FlaggedAndConfigured()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
@@ -7027,8 +6870,7 @@ def test_code_changed_as_the_config_is_set_back_is_refused_not_run_as_traced(
     traced before: the traces for those values ran the old code, so the next call is
     refused naming it, never run as traced."""
     model = Rescaled()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x), model(x))
