@@ -776,7 +776,7 @@ def test_prefill_makes_the_first_epoch_recall(tmp_path: Path) -> None:
 
 
 class Inner(nn.Module):
-    """An encoder and a head in one model, to be compiled as a whole."""
+    """An encoder and a head in one model, to be compiled or wrapped as a whole."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -861,25 +861,31 @@ if __name__ == "__main__":
 """
 
 
+def _ranks_of(tmp_path: Path, script: str, timeout: float, *arguments: str) -> list[Any]:
+    """What each of two ranks of ``script``, run on the CPU in a new process with the store
+    under ``tmp_path`` and ``arguments``, recorded in its ``rank{r}.json``."""
+    path = tmp_path / "fit.py"
+    path.write_text(textwrap.dedent(script))
+    env = dict(os.environ, PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1")
+    env.pop("MASTER_PORT", None)
+    done = subprocess.run(
+        [sys.executable, str(path), str(tmp_path), str(tmp_path / "store"), *arguments],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
 @pytest.mark.parametrize("key", ["content", "index"])
 def test_ddp_two_processes_share_one_store(tmp_path: Path, key: str) -> None:
     """Two DDP ranks (gloo, CPU) share one store: each computes its share in epoch 1,
     both recall every row in epoch 2 (rows the other rank computed included), and the
     store verifies clean — keyed by content, and by index with the images deferred."""
-    script = tmp_path / "ddp_fit.py"
-    script.write_text(textwrap.dedent(DDP_SCRIPT))
-    env = dict(os.environ, PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-    env.pop("MASTER_PORT")
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path), str(tmp_path / "store"), key],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = _ranks_of(tmp_path, DDP_SCRIPT, 120, key)
     for record in ranks:
         first, second = record
         assert first["rows"] == second["rows"] == SAMPLES // 2
@@ -937,20 +943,7 @@ def test_ddp_spawn_ranks_run_copies_of_the_callback(tmp_path: Path) -> None:
     """Under `strategy="ddp_spawn"` the trainer, its callbacks with it, is pickled to each
     rank: each rank's copy caches its share in epoch 1 and recalls every row in epoch 2,
     and the store holds every row."""
-    script = tmp_path / "spawn_fit.py"
-    script.write_text(textwrap.dedent(SPAWN_SCRIPT))
-    env = dict(os.environ, PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1")
-    env.pop("MASTER_PORT", None)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path), str(tmp_path / "store")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = _ranks_of(tmp_path, SPAWN_SCRIPT, 180)
     for first, second in ranks:
         assert first["rows"] == second["rows"] == SAMPLES // 2
         assert second["recalled"] == SAMPLES // 2 and second["computed"] == 0
@@ -1650,18 +1643,6 @@ def test_a_node_that_is_a_lightning_module_saves_every_constructor_argument() ->
     assert dict(_WiderHyperNode(0.2, width=16).hparams) == {"lr": 0.2, "width": 16}
 
 
-class _EncoderAndHead(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.encoder = Encoder()
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.head(self.encoder(x))
-        return out
-
-
 class _WrappedProbe(pl.LightningModule):
     """A head on an encoder that a model made by ``somatize.torch.wrap`` declares
     (frozen and cached per batch there)."""
@@ -1669,7 +1650,7 @@ class _WrappedProbe(pl.LightningModule):
     def __init__(self, store: Path, declared: bool) -> None:
         super().__init__()
         names = ["encoder"] if declared else []
-        self.net = wrap(_EncoderAndHead(), frozen=names, cached=names, store=store)
+        self.net = wrap(Inner(), frozen=names, cached=names, store=store)
         if declared:
             freeze(self.net)
 
