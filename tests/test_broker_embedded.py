@@ -1936,20 +1936,27 @@ def test_closing_the_broker_fails_a_waiting_forward_at_once(mode: str, tmp_path:
     assert g.forward({"at": 0, "take": 2}, broker=broker) == 2.0
 
 
-@pytest.mark.parametrize("mode", ["local", "network"])
-def test_after_close_a_worker_still_runs_one_node_at_a_time(mode: str, tmp_path: Path) -> None:
-    """A node still running on an embedded worker when the broker is closed finishes on its
-    own, and the worker starts the next forward's node only once it has: each worker runs
-    one node at a time. The next node ran beside it, on a lane of its own."""
+def _closed_as_a_node_runs(mode: str, tmp_path: Path, seconds: float) -> Broker:
+    """An embedded broker of one worker ``w1`` of ``mode``, closed while a node that runs
+    for ``seconds`` still runs there; the forward that ran it told the broker closed."""
     broker_nodes.RUNNING.update(now=0, most=0)
     marker = tmp_path / "started"
-    slow = Graph.somatize(Echo().named("s") >> Overlap(0.5, str(marker)).named("slow").at("w1"))
+    slow = Graph.somatize(Echo().named("s") >> Overlap(seconds, str(marker)).named("slow").at("w1"))
     broker = Broker.embedded({"w1": Worker.generic(mode=mode)})  # type: ignore[arg-type]
     thread, out = _forward_in_thread(slow, 1, broker)
     _wait_for(marker)
     broker.close()
     thread.join(10)
     assert isinstance(out.get("error"), BrokerClosed), out
+    return broker
+
+
+@pytest.mark.parametrize("mode", ["local", "network"])
+def test_after_close_a_worker_still_runs_one_node_at_a_time(mode: str, tmp_path: Path) -> None:
+    """A node still running on an embedded worker when the broker is closed finishes on its
+    own, and the worker starts the next forward's node only once it has: each worker runs
+    one node at a time. The next node ran beside it, on a lane of its own."""
+    broker = _closed_as_a_node_runs(mode, tmp_path, 0.5)
     quick = Graph.somatize(Echo().named("s") >> Overlap(0.0).named("quick").at("w1"))
     assert quick.forward(2, broker=broker) == 2
     assert broker_nodes.RUNNING == {"now": 0, "most": 1}
@@ -1965,15 +1972,7 @@ def test_a_ctrl_c_as_a_closed_worker_s_next_lane_is_made_keeps_one_node_at_a_tim
     finished, not beside it."""
     import concurrent.futures.thread as pool_module
 
-    broker_nodes.RUNNING.update(now=0, most=0)
-    marker = tmp_path / "started"
-    slow = Graph.somatize(Echo().named("s") >> Overlap(1.0, str(marker)).named("slow").at("w1"))
-    broker = Broker.embedded({"w1": Worker.generic(mode=mode)})  # type: ignore[arg-type]
-    thread, out = _forward_in_thread(slow, 1, broker)
-    _wait_for(marker)
-    broker.close()
-    thread.join(10)
-    assert isinstance(out.get("error"), BrokerClosed), out
+    broker = _closed_as_a_node_runs(mode, tmp_path, 1.0)
     landed: list[str] = []
 
     def tracer(frame: types.FrameType, event: str, arg: Any) -> Any:
