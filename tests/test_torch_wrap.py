@@ -860,6 +860,37 @@ class HoldsConfig(nn.Module):
         return out
 
 
+def _flag_read_anew(wrapped: smt.Wrapped, config: Any) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """An input, the answer ``wrapped`` gives it, and the name of its cached module, whose
+    ``config.flag`` set True then keys the next call anew: computed as the module computes
+    it now, not the answer kept recalled."""
+    x = torch.randn(3, 4) - 0.5
+    before = wrapped(x)
+    name = next(iter(wrapped.counts))
+    config.flag = True
+    flipped = wrapped(x)
+    with torch.no_grad():
+        assert torch.equal(flipped, wrapped.model(x))
+    assert not torch.allclose(flipped, before)
+    return x, before, name
+
+
+def _scale_read_anew_and_set_back(
+    wrapped: smt.Wrapped, config: Any, x: torch.Tensor, before: torch.Tensor, name: str
+) -> None:
+    """``config.inner.scale``, an object the config holds changed in place, keys the next
+    call of ``wrapped`` on ``x`` anew; the config set back, the answer kept ``before`` the
+    flag was set is recalled."""
+    config.inner.scale = 3.0
+    scaled = wrapped(x)
+    with torch.no_grad():
+        assert torch.equal(scaled, wrapped.model(x))
+    assert wrapped.counts[name] == {"ran": 3, "kept": 3}
+    config.flag, config.inner.scale = False, 1.0
+    assert torch.equal(wrapped(x), before)
+    assert wrapped.counts[name] == {"ran": 3, "kept": 3, "recalled": 1}
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
 @pytest.mark.parametrize("kind", ["object", "namespace", "argparse", "dataclass"])
 def test_a_value_a_cached_module_reads_from_its_config_keys_its_answers(
@@ -873,23 +904,9 @@ def test_a_value_a_cached_module_reads_from_its_config_keys_its_answers(
     model = HoldsConfig(kind)
     wrapped = _part_frozen(model, "encoder", whole, store)
     config = model.encoder.config
-    x = torch.randn(3, 4) - 0.5
-    before = wrapped(x)
-    name = next(iter(wrapped.counts))
-    config.flag = True
-    flipped = wrapped(x)
-    with torch.no_grad():
-        assert torch.equal(flipped, wrapped.model(x))
-    assert not torch.allclose(flipped, before)
+    x, before, name = _flag_read_anew(wrapped, config)
     assert wrapped.counts[name] == {"ran": 2, "kept": 2}
-    config.inner.scale = 3.0  # an object the config holds, changed in place
-    scaled = wrapped(x)
-    with torch.no_grad():
-        assert torch.equal(scaled, wrapped.model(x))
-    assert wrapped.counts[name] == {"ran": 3, "kept": 3}
-    config.flag, config.inner.scale = False, 1.0
-    assert torch.equal(wrapped(x), before)
-    assert wrapped.counts[name] == {"ran": 3, "kept": 3, "recalled": 1}
+    _scale_read_anew_and_set_back(wrapped, config, x, before, name)
     config.flag = 0  # another value than False, though it computes alike
     wrapped(x)
     assert wrapped.counts[name] == {"ran": 4, "kept": 4, "recalled": 1}
@@ -1061,22 +1078,8 @@ def test_a_value_a_cached_module_reads_from_a_slotted_config_keys_its_answers(
     model = nn.Sequential(ReadsSlotted(), nn.Linear(4, 2))
     wrapped = _part_frozen(model, "0", whole, store)
     config = model[0].config
-    x = torch.randn(3, 4) - 0.5
-    before = wrapped(x)
-    name = next(iter(wrapped.counts))
-    config.flag = True
-    flipped = wrapped(x)
-    with torch.no_grad():
-        assert torch.equal(flipped, wrapped.model(x))
-    assert not torch.allclose(flipped, before)
-    config.inner.scale = 3.0
-    scaled = wrapped(x)
-    with torch.no_grad():
-        assert torch.equal(scaled, wrapped.model(x))
-    assert wrapped.counts[name] == {"ran": 3, "kept": 3}
-    config.flag, config.inner.scale = False, 1.0
-    assert torch.equal(wrapped(x), before)
-    assert wrapped.counts[name] == {"ran": 3, "kept": 3, "recalled": 1}
+    x, before, name = _flag_read_anew(wrapped, config)
+    _scale_read_anew_and_set_back(wrapped, config, x, before, name)
 
 
 class CountingHook:
@@ -4813,18 +4816,23 @@ class HandsOnASlice(nn.Module):
         return h if mask is None else h * mask[:n]
 
 
-def test_a_declared_call_handed_a_slice_of_inputs_runs_when_an_argument_is_left_none(
-    store: Store,
-) -> None:
-    """A declared call handed a slice made of an input (`slice(0, n)`) is the same call
-    in the code traced with an argument None, and runs there as the forward does."""
-    model = HandsOnASlice()
-    wrapped = smt.wrap(model, frozen=["rows"], store=store)
+def _answers_with_a_mask_and_without(model: nn.Module, part: str, store: Store) -> None:
+    """``model`` wrapped with its ``part`` frozen answers as it does, handed a mask and
+    handed none."""
+    wrapped = smt.wrap(model, frozen=[part], store=store)
     smt.freeze(wrapped)
     x, mask = torch.randn(3, 4), torch.rand(3, 4)
     with torch.no_grad():
         assert torch.equal(wrapped(x, mask), model(x, mask))
         assert torch.equal(wrapped(x), model(x))
+
+
+def test_a_declared_call_handed_a_slice_of_inputs_runs_when_an_argument_is_left_none(
+    store: Store,
+) -> None:
+    """A declared call handed a slice made of an input (`slice(0, n)`) is the same call
+    in the code traced with an argument None, and runs there as the forward does."""
+    _answers_with_a_mask_and_without(HandsOnASlice(), "rows", store)
 
 
 class Filled(nn.Module):
@@ -4859,13 +4867,7 @@ def test_a_declared_call_handed_a_nan_constant_runs_when_an_argument_is_left_non
 ) -> None:
     """A declared call handed a NaN constant is the same call in the code traced with an
     argument None: the constant is itself, as in the call's description."""
-    model = HandsOnNaN()
-    wrapped = smt.wrap(model, frozen=["filled"], store=store)
-    smt.freeze(wrapped)
-    x, mask = torch.randn(3, 4), torch.rand(3, 4)
-    with torch.no_grad():
-        assert torch.equal(wrapped(x, mask), model(x, mask))
-        assert torch.equal(wrapped(x), model(x))
+    _answers_with_a_mask_and_without(HandsOnNaN(), "filled", store)
 
 
 class NamesOtherwise(nn.Module):
