@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -63,17 +62,16 @@ def test_figure_after_a_first_forward_shows_times(store: Store) -> None:
     assert "ran" in svg and ("µs" in svg or "ms" in svg)
 
 
-def test_fifty_nodes_render_quickly() -> None:
-    """A 50-node graph lays out and renders to SVG in under a second."""
+def test_fifty_nodes_render() -> None:
+    """A 50-node graph lays out and renders to SVG, every branch shown (how long it takes is
+    measured by bench/figure_fanout.py)."""
     rows = Rows().named("rows")
     branches = tuple(
         rows >> Scale(float(i)).named(f"s{i}") >> Echo().named(f"e{i}") for i in range(24)
     )
     g = Graph.somatize(branches >> Largest().named("top"))
     assert len(g) == 50
-    start = time.perf_counter()
     svg = g.figure().svg()
-    assert time.perf_counter() - start < 1.0
     assert all(f"s{i}" in svg for i in range(24))
 
 

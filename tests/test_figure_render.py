@@ -7,7 +7,6 @@ import io
 import random
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -341,12 +340,10 @@ def test_long_edges_do_not_cross_boxes() -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_dag_of_fifty_nodes_lays_out_quickly_and_cleanly(seed: int) -> None:
-    """A 50-node random DAG renders to SVG well within a second, pointing right, no overlaps."""
+def test_random_dag_of_fifty_nodes_lays_out_cleanly(seed: int) -> None:
+    """A 50-node random DAG renders to SVG pointing right, no overlaps."""
     boxes, arrows = random_dag(50, seed)
-    started = time.perf_counter()
     svg = Figure(boxes, arrows).svg()
-    assert time.perf_counter() - started < 1.0
     parse(svg)
     pos = layout(boxes, arrows)
     for a in arrows:
