@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 import unicodedata
 from collections import Counter
@@ -236,6 +237,19 @@ class Node:
 
     holds_state: bool = False
     _smz: Marks
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Notes what the class and its module hold as they are made, before anything may
+        set other values there: one set by hand later (a test's monkeypatch of a computed
+        constant) is then told from what the text computed, whenever the class is first
+        fingerprinted."""
+        from somatize.catalog._code import _note_loaded
+
+        super().__init_subclass__(**kwargs)
+        _note_loaded(cls, list(vars(cls).items()))
+        module = sys.modules.get(cls.__module__)
+        if module is not None:
+            _note_loaded(module, list(vars(module).items()))
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Node:
         self = super().__new__(cls)

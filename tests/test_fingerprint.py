@@ -776,6 +776,78 @@ def test_a_constant_computed_from_others_of_its_module_is_named_with_them(
     assert fingerprint_of(_load(path, wider, monkeypatch).Widens) != was
 
 
+_COMPUTED_AS_LOADED = """
+import re
+from somatize import Node
+
+def compute():
+    return 2.0
+
+SCALE = compute()
+PATTERN = re.compile("a+")
+
+class Scales(Node):
+    def forward(self, x, ctx):
+        return x * SCALE
+
+class Holds(Node):
+    factor = compute()
+
+    def forward(self, x, ctx):
+        return x * self.factor
+
+class Matches(Node):
+    def forward(self, x, ctx):
+        return len(PATTERN.findall(x))
+"""
+
+
+def test_a_computed_constant_set_by_hand_since_is_another_fingerprint(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value its module or class computes as it loads (``SCALE = compute()``), named by how
+    it is computed, that a test or a user sets to another (``mod.SCALE = 3.0``) after an
+    answer was kept is another fingerprint: the answer is recalled as drifted, strict=True
+    computes with the new value, and the value set back is the old fingerprint again."""
+    loaded = _load(tmp_path / "fingerprinted.py", _COMPUTED_AS_LOADED, monkeypatch)
+    was = {k: fingerprint_of(getattr(loaded, k)) for k in ("Scales", "Holds", "Matches")}
+
+    def graph() -> Graph:
+        return Graph.somatize(loaded.Scales().named("scale").frozen().cached())
+
+    assert graph().forward(3.0, store=store) == 6.0
+    monkeypatch.setattr(loaded, "SCALE", 3.0)
+    with pytest.warns(Drifted, match="`scale` was recalled"):
+        assert graph().forward(3.0, store=store) == 6.0
+    assert graph().forward(3.0, store=store, strict=True) == 9.0
+    monkeypatch.setattr(loaded.Holds, "factor", 3.0)
+    monkeypatch.setattr(loaded, "PATTERN", re.compile("b+"))
+    now = {k: fingerprint_of(getattr(loaded, k)) for k in was}
+    assert all(now[k] != was[k] for k in was)
+    monkeypatch.setattr(loaded, "SCALE", 2.0)
+    monkeypatch.setattr(loaded.Holds, "factor", 2.0)
+    assert fingerprint_of(loaded.Scales) == was["Scales"]
+    assert fingerprint_of(loaded.Holds) == was["Holds"]
+
+
+def test_a_computed_constant_set_before_the_first_fingerprint_is_another_one(
+    tmp_path: Path,
+) -> None:
+    """A computed constant set by hand after its module loaded but before its node was first
+    fingerprinted (a test's monkeypatch in a new process) is told from the value the module
+    computed: never the fingerprint of a process that left it as it was."""
+    _package(tmp_path, "scaled", nodes=_COMPUTED_AS_LOADED)
+    script = (
+        "import sys, scaled.nodes as m\nfrom somatize.catalog import fingerprint_of as f\n"
+        "if sys.argv[1] == 'set':\n    m.SCALE = 3.0\n    m.Holds.factor = 3.0\n"
+        "print(f(m.Scales), f(m.Holds))\n"
+    )
+    kept = _printed(["-c", script, "keep"], tmp_path).split()
+    assert _printed(["-c", script, "keep"], tmp_path).split() == kept
+    changed = _printed(["-c", script, "set"], tmp_path).split()
+    assert changed[0] != kept[0] and changed[1] != kept[1]
+
+
 def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     """A class, what it inherits and what it names, read from its file, has one fingerprint
     in every process running that code — wherever the file is, whatever the environment

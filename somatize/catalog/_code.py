@@ -17,14 +17,17 @@ import inspect
 import linecache
 import sys
 import textwrap
+import weakref
+from collections.abc import Iterable
 from functools import cached_property
 from types import (
     CodeType,
     FunctionType,
+    ModuleType,
 )
 from typing import Any
 
-from somatize.catalog._members import _same_package
+from somatize.catalog._members import _plain, _same_package
 from somatize.catalog._rebuild import held_at
 
 
@@ -212,6 +215,74 @@ def _assigned(body: list[ast.stmt] | None, name: str, value: Any) -> bytes | Non
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return b"made by " + _made_by(body, made, {name})
     return _constant_bytes(value)
+
+
+def _assigned_now(owner: Any, body: list[ast.stmt] | None, name: str, value: Any) -> bytes | None:
+    """:func:`_assigned`, and where ``value`` is computed as the module or class ``owner``
+    loads but is not what ``owner`` held under ``name`` when first seen (set by hand since:
+    ``mod.SCALE = 3.0``, a test's monkeypatch), the value it holds too: how the text computes
+    it no longer says it."""
+    assigned = _assigned(body, name, value)
+    if assigned is not None and assigned.startswith(b"made by ") and _set_since(owner, name, value):
+        return assigned + b"; set to " + _constant_bytes(value)
+    return assigned
+
+
+_LOADED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+"""A module or a class → what each of its names held when first seen (:func:`_note_loaded`):
+a plain value itself, another object by a weak reference."""
+
+
+def _note_loaded(owner: Any, names: Iterable[tuple[str, Any]]) -> None:
+    """Notes what ``owner`` (a module or a class) holds under each of ``names`` not noted
+    yet, as its text made it: when a node class is made there, else when a fingerprint
+    first reads it (:func:`_set_since`)."""
+    noted = _LOADED.setdefault(owner, {})
+    for name, value in names:
+        if name not in noted and not isinstance(value, (FunctionType, type, ModuleType)):
+            noted[name] = _held_as(value)
+
+
+def _held_as(value: Any) -> Any:
+    """What :data:`_LOADED` notes of ``value``: itself, plain; else a weak reference to it, so
+    that it is not kept alive; :data:`_UNSEEN` where it cannot be referenced weakly."""
+    if _plain(value):
+        return value
+    try:
+        return weakref.ref(value)
+    except TypeError:
+        return _UNSEEN
+
+
+_UNSEEN = object()
+"""Noted of an object that is neither plain nor referenced weakly: never told set since."""
+
+
+def _set_since(owner: Any, name: str, value: Any) -> bool:
+    """Whether ``owner`` (a module or a class; None where it is not known) holds ``value``
+    under ``name`` in place of another it held when first seen (:data:`_LOADED`) — one set
+    by hand since, not made by its text. Noted now where it was not yet."""
+    if owner is None:
+        return False
+    noted = _LOADED.setdefault(owner, {})
+    if name not in noted:
+        _note_loaded(owner, [(name, value)])
+        return False
+    was = noted[name]
+    if was is _UNSEEN:
+        return False
+    if isinstance(was, weakref.ref):
+        return was() is not value
+    return was is not value and (
+        type(was) is not type(value) or _constant_bytes(was) != _constant_bytes(value)
+    )
+
+
+def _module_named(module: str, space: dict[str, Any]) -> ModuleType | None:
+    """The module ``module`` whose namespace is ``space``; None where no module loaded
+    under that name has it (a namespace made by hand)."""
+    found = sys.modules.get(module)
+    return found if found is not None and vars(found) is space else None
 
 
 def _made_by(body: list[ast.stmt] | None, made: ast.expr, seen: set[str]) -> bytes:

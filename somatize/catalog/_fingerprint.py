@@ -20,7 +20,15 @@ from types import (
 from typing import Any
 
 from somatize.catalog._bytecode import _fillers, _state_of
-from somatize.catalog._code import _as_written, _assigned, _assignment, _class_body, _constant_bytes
+from somatize.catalog._code import (
+    _as_written,
+    _assigned,
+    _assigned_now,
+    _assignment,
+    _class_body,
+    _constant_bytes,
+    _set_since,
+)
 from somatize.catalog._functions import (
     _bound_in,
     _closed_objects,
@@ -153,10 +161,12 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
         if opaque is not None and library and not opaque.startswith(b"tensor "):
             # the library's value (`pattern = re.compile("a")`, `root = Path(...)`): as the
             # text makes it, where it does, the same wherever the code is — not a tensor,
-            # named by its values whatever made them (`torch.load(...)`)
+            # named by its values whatever made them (`torch.load(...)`), nor one set in
+            # place of what the text made (`Kind.pattern = re.compile("b")`)
             if not texts:
                 texts.append(_class_body(kind))
-            opaque = _assigned(texts[0], name, member) or opaque
+            if not _set_since(kind, name, member):
+                opaque = _assigned(texts[0], name, member) or opaque
         if opaque is not None:
             _put(digest, b"object " + name.encode(), opaque)
         if isinstance(member, type) and not _dunder(name):  # `make = Double`, a nested class
@@ -194,7 +204,7 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
                     _put(digest, b"let " + name.encode(), b"state")
                 continue  # else state a class it inherits from declares
             value = _as_written(text, name, member) if name in state else member
-            assigned = _assigned(text, name, value)
+            assigned = _assigned_now(None if name in state else kind, text, name, value)
             _put(digest, b"let " + name.encode(), assigned or _constant_bytes(value))
     named, looked = _named(functions)
     for label, piece in named:

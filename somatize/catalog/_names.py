@@ -23,13 +23,15 @@ from typing import Any, NamedTuple
 from somatize.catalog._bytecode import _GLOBAL_LOADS, _names_in, _stored_in, _tables_changed_by
 from somatize.catalog._code import (
     _as_imported,
-    _assigned,
+    _assigned_now,
     _assignment,
     _class_body,
     _code_bytes,
     _constant_bytes,
     _made_by,
     _module_body,
+    _module_named,
+    _set_since,
     _written_at,
 )
 from somatize.catalog._functions import _bound_in, _function_bytes
@@ -196,7 +198,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 # where no text assigns it (imported from another package, patched over
                 # by a test, or no text is known: `python -c`): by what it holds — not one
                 # the interpreter sets (`__file__`, where the checkout is, is no code)
-                assigned = _assigned(text, as_named, value)
+                assigned = _assigned_now(_module_named(module, space), text, as_named, value)
                 if assigned is None and not _dunder(name):
                     assigned = _constant_bytes(value)
                 if assigned is not None:
@@ -227,7 +229,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     if id(method) not in seen:
                         seen.add(id(method))
                         queue.append(method)
-            elif (said := _elsewhere_object_bytes(value, module, name)) is not None:
+            elif (said := _elsewhere_object_bytes(value, module, space, name)) is not None:
                 # an object of the library's or of another package (`DTYPE = torch.float32`,
                 # `PATTERN = re.compile("a")`): by what says it, else as the text writes it
                 out[place] = (b"object " + label, said)
@@ -263,7 +265,9 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     return sorted(named), tuple(entry for place, entry in looked.items() if place not in stored)
 
 
-def _elsewhere_object_bytes(value: Any, module: str, name: str) -> bytes | None:
+def _elsewhere_object_bytes(
+    value: Any, module: str, space: dict[str, Any], name: str
+) -> bytes | None:
     """An object of the standard library's, torch's or another package's that ``module``
     holds as ``name`` and a node's code reads, no class, module nor builtin: by its class's
     name and how the module's text makes it (``SCALER = Lib(2)``, with the values of the
@@ -271,14 +275,18 @@ def _elsewhere_object_bytes(value: Any, module: str, name: str) -> bytes | None:
     wherever the code is, whatever it makes there (``DEVICE = torch.device(...)``, a folder
     of the checkout) —, else (no text known) by what says it whole (:func:`_library_bytes`:
     a pattern by its text, a dtype by its name); None where neither does (it is not
-    seen)."""
+    seen). One set in place of what the text made (``mod.DTYPE = torch.float64``, a test's
+    monkeypatch) by what says it, else by a mark of that very object."""
     if _dunder(name) or isinstance(value, (type, ModuleType, BuiltinFunctionType)):
         return None
     text, as_named = _written_at(module, name, value)
     made = _assignment(text, as_named)
-    if made is None:
+    set_since = made is not None and _set_since(_module_named(module, space), name, value)
+    if made is None or set_since:
         library = _library_bytes(value)
-        return None if library is None else b"library " + library
+        if library is None:
+            return _token_of(value) if set_since else None
+        return b"library " + library
     kind = type(value)
     written = b"made by " + _made_by(text, made, {as_named})
     return _joined(b"written", [f"{kind.__module__}:{kind.__qualname__}".encode(), written])
