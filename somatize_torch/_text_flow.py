@@ -608,11 +608,14 @@ def _loaded(frame: types.FrameType, steps: list[_Step], at: int) -> Any:
 
 
 def _per_argument(found: Any) -> bool:
-    """Whether ``found`` is a function cached per argument by ``functools``, or a method,
-    static or class method of one."""
+    """Whether ``found`` is a plain function cached per argument by ``functools``, or a
+    method, static or class method of one — not a lookup kept so (``lru_cache(gains.get)``),
+    which is asked the stand-in with no frame of its own to refuse it in."""
     if isinstance(found, (staticmethod, classmethod, types.MethodType)):
         found = found.__func__
-    return isinstance(found, _CACHED)
+    return isinstance(found, _CACHED) and isinstance(
+        getattr(found, "__wrapped__", None), types.FunctionType
+    )
 
 
 _CACHED = type(functools.lru_cache(maxsize=None)(len))

@@ -3733,14 +3733,45 @@ class LooksUpAGainByAName(OnTempered):
         return self.encoder(x.float()) * _gain_of_kind(x.dtype, 1.0)
 
 
+_gain_kept = functools.lru_cache(maxsize=None)({torch.float64: 10.0}.get)
+"""A dict's `get`, kept per argument (`functools.lru_cache`)."""
+
+_gain_cached = functools.cache({4: 10.0}.get)
+"""A dict's `get`, under `functools.cache`."""
+
+
+class LooksUpAGainThroughACache(OnTempered):
+    """Scales by a gain looked up by its input's dtype through a dict's `get` kept per
+    argument."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * _gain_kept(x.dtype, 1.0)
+
+
+class LooksUpAGainByWidthThroughACache(OnTempered):
+    """Scales by a gain looked up by its input's width through a dict's `get` under
+    `functools.cache`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * _gain_cached(x.shape[1], 1.0)
+
+
 @pytest.mark.parametrize(
     ("kind", "named"),
     [
         (UpcastsHalfInputs, r"x\.dtype in \{torch\.float16.*set or dict"),
         (LooksUpAGainByItsKind, r"self\.gains\.get\(x\.dtype, 1\.0\).*set or dict"),
         (LooksUpAGainByAName, r"_gain_of_kind\(x\.dtype, 1\.0\).*set or dict"),
+        (LooksUpAGainThroughACache, r"_gain_kept\(x\.dtype, 1\.0\).*set or dict"),
+        (LooksUpAGainByWidthThroughACache, r"_gain_cached\(x\.shape\[1\], 1\.0\).*set or dict"),
     ],
-    ids=["in a set", "a dict's get", "a dict's get named apart"],
+    ids=[
+        "in a set",
+        "a dict's get",
+        "a dict's get named apart",
+        "a dict's get kept per argument",
+        "a dict's get cached, by width",
+    ],
 )
 def test_looking_what_fx_stands_in_for_up_in_a_set_or_dict_is_refused(
     store: Store, kind: Callable[[], nn.Module], named: str
