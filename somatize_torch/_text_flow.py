@@ -84,10 +84,10 @@ class _Slot:
 
 _UNKNOWN = _Slot(None, None, None)
 
-_Handed = tuple[str, _Slot, int, int, str, tuple[str, ...]]
+_Handed = tuple[str, _Slot, int, int, str, tuple[str, ...], int]
 """A call a followed value is handed to: the name called, the slot of what was loaded to
-call it, the value's place among the call's arguments, how many those are, its kind, and
-the names of those given by keyword (the last ones)."""
+call it, the value's place among the call's arguments, how many those are, its kind, the
+names of those given by keyword (the last ones), and the call's offset."""
 
 
 _POPS: dict[tuple[str, int], int | None] = {}
@@ -284,7 +284,7 @@ def _follow(
                 elif isinstance(verdict, tuple) and len(handed) < 16:
                     keywords = kw_names if name == "CALL" else ()
                     _, *called = verdict
-                    handed.append((*called, keywords))
+                    handed.append((*called, keywords, one.offset))
             if name in _STORE_LOCAL:
                 if popped[-1].kind is not None:
                     locals_ = {**locals_, one.argval: popped[-1].kind}
@@ -504,10 +504,14 @@ def _resolved_off(found: Any, names: list[str]) -> Any:
     return found
 
 
-def _handed_into(frame: types.FrameType, handed: list[_Handed], own: Any) -> str | None:
+def _handed_into(
+    frame: types.FrameType, handed: list[_Handed], own: Any, depth: int = 8
+) -> str | None:
     """Where a function of the model's that ``frame``'s code hands a followed value to
-    asks something of it."""
-    for name, by, at, count, kind, keywords in handed:
+    asks something of it — or, where it returns text made of it (``_named(str(x.dtype))``),
+    ``frame``'s code asks that, or hands it on to another that does, up to ``depth``
+    calls."""
+    for name, by, at, count, kind, keywords, offset in handed:
         function, before = _function_called(frame, name, by)
         if function is None or not own(function.__code__.co_filename):
             continue
@@ -525,6 +529,13 @@ def _handed_into(frame: types.FrameType, handed: list[_Handed], own: Any) -> str
         found = _read(code, -1, kind, parameter)
         if found[0] == "asked":
             return _where(code, found[1])
+        if found[0] == "returned" and depth:  # handed back: followed on from the call
+            back = _read(frame.f_code, offset, found[1])
+            if back[0] == "asked":
+                return _where(frame.f_code, back[1])
+            into = _handed_into(frame, back[2], own, depth - 1)
+            if into is not None:
+                return into
     return None
 
 

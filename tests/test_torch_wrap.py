@@ -3388,6 +3388,33 @@ class ScalesByAGainItsMethodPicks(OnTempered):
         return self.encoder(x.float()) * self._gain(name="{}!".format(x.dtype))  # noqa: UP032
 
 
+def _suffixed(name: str) -> str:
+    """``name`` joined to a suffix."""
+    return "-".join([name, "k"])
+
+
+def _gain_named(name: str) -> float:
+    """A gain picked by text naming a dtype."""
+    return 10.0 if name == "torch.float64-k" else 1.0
+
+
+class ScalesForItsDtypeSuffixedByAFunction(OnTempered):
+    """Scales by ten when the name of its dtype, handed to a function of its own that
+    makes more text of it, says float64."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 10 if _suffixed(str(x.dtype)) == "torch.float64-k" else h
+
+
+class ScalesByAGainPickedByTextHandedOnTwice(OnTempered):
+    """Scales by a gain a function of its own picks by text another made of the name of
+    its dtype (`_gain_named(_suffixed(f"{x.dtype}"))`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * _gain_named(_suffixed(f"{x.dtype}"))
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -3450,6 +3477,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesByAGainItsMethodPicks, r"into text.*asked at .*`return 10\.0 if name =="),
         (ScalesByAGainAHelperPicks, r"into text.*asked at .*`return 10\.0 if name =="),
         (ScalesByAGainASubmodulePicks, r"into text.*asked at .*`return 10\.0 if name =="),
+        (ScalesForItsDtypeSuffixedByAFunction, r"into text.*asked at .*`return h \* 10 if _suf"),
+        (ScalesByAGainPickedByTextHandedOnTwice, r"into text.*asked at .*`return 10\.0 if name =="),
     ],
     ids=[
         "format",
@@ -3460,6 +3489,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "handed",
         "handed to an attribute's method",
         "handed to a submodule's method",
+        "handed back",
+        "handed back and on",
     ],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
