@@ -848,6 +848,64 @@ def test_a_computed_constant_set_before_the_first_fingerprint_is_another_one(
     assert changed[0] != kept[0] and changed[1] != kept[1]
 
 
+_CLOSING_OVER_CELLS = """
+from somatize import Node
+
+def _made():
+    scale = 2
+
+    def forward(self, x, ctx):
+        return x * scale
+
+    def set_scale(value):
+        nonlocal scale
+        scale = value
+
+    return forward, set_scale
+
+def _helper_made():
+    by = 2
+
+    def times(x):
+        return x * by
+
+    def set_by(value):
+        nonlocal by
+        by = value
+
+    return times, set_by
+
+_forward, set_scale = _made()
+times, set_by = _helper_made()
+
+class Scales(Node):
+    forward = _forward
+
+class UsesHelper(Node):
+    def forward(self, x, ctx):
+        return times(x)
+"""
+
+
+@pytest.mark.parametrize(("kind", "setter"), [("Scales", "set_scale"), ("UsesHelper", "set_by")])
+def test_a_cell_set_since_by_the_function_sharing_it_is_another_fingerprint(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, setter: str
+) -> None:
+    """A plain value a node's method, or a helper of its module, closes over, set since by
+    a function sharing its cell (``nonlocal scale; scale = 5``), is other code: an answer
+    kept before is recalled as drifted, and strict=True computes it with the value now."""
+    loaded = _load(tmp_path / "fingerprinted.py", _CLOSING_OVER_CELLS, monkeypatch)
+
+    def graph() -> Graph:
+        return Graph.somatize(getattr(loaded, kind)().named("n").frozen().cached())
+
+    assert graph().forward(3, store=store) == 6
+    getattr(loaded, setter)(5)
+    with pytest.warns(Drifted, match="`n` was recalled"):
+        assert graph().forward(3, store=store) == 6
+    assert graph().forward(3, store=store, strict=True) == 15
+
+
 def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     """A class, what it inherits and what it names, read from its file, has one fingerprint
     in every process running that code — wherever the file is, whatever the environment

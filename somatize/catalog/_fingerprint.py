@@ -31,6 +31,7 @@ from somatize.catalog._code import (
 )
 from somatize.catalog._functions import (
     _bound_in,
+    _cells_now,
     _closed_objects,
     _default_table_bytes,
     _default_tables,
@@ -258,7 +259,8 @@ def _stamp_of(kind: type) -> tuple[Any, ...] | None:
                 ):
                     return None
                 code, defaults = function.__code__, function.__defaults__
-                functions.append((weakref.ref(function), _Same(code), _Same(defaults)))
+                cells = _cells_now(function)
+                functions.append((weakref.ref(function), _Same(code), _Same(defaults), cells))
             stamp.append((name, tuple(functions)))
         elif _exactly_plain(member):
             stamp.append((name, _Same(member)))

@@ -152,11 +152,12 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
 
 
 def _made_of(function: FunctionType) -> tuple[Any, ...]:
-    """What of ``function`` its digest is worked out from, to tell it changed since: its code
-    and its defaults, each by identity (a default replaced in place, ``f.__defaults__ =
-    (50,)`` or ``f.__kwdefaults__["by"] = 70``, is told apart), and each object it closes
-    over that is named by what it holds (:func:`_held_bytes`) by that name, else by
-    identity (one changed in place since it was named is marked from then on)."""
+    """What of ``function`` its digest is worked out from, to tell it changed since: its code,
+    its defaults and what each of its cells holds, each by identity (a default replaced in
+    place, ``f.__defaults__ = (50,)`` or ``f.__kwdefaults__["by"] = 70``, a cell set by the
+    function that shares it, ``nonlocal scale; scale = 3``, is told apart), and each object
+    it closes over that is named by what it holds (:func:`_held_bytes`) by that name, else
+    by identity (one changed in place since it was named is marked from then on)."""
     keywords = function.__kwdefaults__ or {}
     held = tuple(
         _held_bytes(value) or _contained_bytes(value) or (_Same(value), _version_of(value))
@@ -167,7 +168,20 @@ def _made_of(function: FunctionType) -> tuple[Any, ...]:
         _Same(function.__defaults__),
         tuple((name, _Same(value)) for name, value in keywords.items()),
         held,
+        _cells_now(function),
     )
+
+
+def _cells_now(function: FunctionType) -> tuple[_Same, ...]:
+    """What each cell ``function`` closes over holds now, by identity (one not filled yet, as
+    none)."""
+    held = []
+    for cell in function.__closure__ or ():
+        try:
+            held.append(_Same(cell.cell_contents))
+        except ValueError:  # not filled yet
+            held.append(_Same(None))
+    return tuple(held)
 
 
 def _closed_objects(function: FunctionType) -> list[Any]:

@@ -34,7 +34,7 @@ from somatize.catalog._code import (
     _set_since,
     _written_at,
 )
-from somatize.catalog._functions import _bound_in, _function_bytes
+from somatize.catalog._functions import _bound_in, _function_bytes, _made_of
 from somatize.catalog._held import _contained_bytes, _held_bytes, _library_bytes
 from somatize.catalog._marked import _marked, _plain_table
 from somatize.catalog._marks import _token_of, _version_of
@@ -119,6 +119,8 @@ def _still(reader: weakref.ref[Any], name: str, was: Any) -> bool:
     if function is None:
         return False
     now = _space_of(function).get(name, _ABSENT)
+    if isinstance(was, _FunctionSeen):  # the same function, holding what it held
+        return isinstance(now, FunctionType) and now is was.held() and _made_of(now) == was.made
     if isinstance(was, weakref.ref):
         held = was()
         return held is not None and now is held
@@ -319,13 +321,14 @@ def _plain_or_function(value: Any) -> bool:
 
 def _found_as(value: Any, module: str, name: str) -> Any:
     """What :data:`Looked` notes of ``value``, found under ``name`` of ``module``: where a
-    fingerprint depends on it, the value itself (a plain value) or a weak reference to
-    it (a plain function, defined there or elsewhere — one set in place of what the module
-    imported, :func:`_as_imported` — or one wrapped there: :func:`_helper_in`), a helper
+    fingerprint depends on it, the value itself (a plain value), a plain function, defined
+    there or elsewhere — one set in place of what the module imported, :func:`_as_imported`
+    — with what it is made of (:class:`_FunctionSeen`), a weak reference to one wrapped
+    there (:func:`_helper_in`), a helper
     class with how it is written (:class:`_ClassSeen`); else :data:`_OTHER` (a module,
     another class)."""
     if isinstance(value, FunctionType):
-        return weakref.ref(value)
+        return _FunctionSeen(weakref.ref(value), _made_of(value))
     if isinstance(value, type) and _helper_class(value, module, name):
         return _ClassSeen(weakref.ref(value), _class_code(value))
     if _plain(value):
@@ -414,6 +417,16 @@ def _member_value(kind: type, name: str, member: enum.Enum) -> bytes:
         return _constant_bytes(value)
     made = _assignment(_class_body(kind), name)
     return b"written " + ast.unparse(made).encode() if made is not None else _token_of(member)
+
+
+class _FunctionSeen(NamedTuple):
+    """What :data:`Looked` notes of a plain function."""
+
+    held: weakref.ref[FunctionType]
+    """A weak reference to it."""
+    made: tuple[Any, ...]
+    """What it was made of (:func:`_made_of`): one whose cell was set since (``nonlocal by;
+    by = 3`` in a function sharing it), or given other code or defaults, is not it."""
 
 
 class _ClassSeen(NamedTuple):
