@@ -906,6 +906,38 @@ def test_a_cell_set_since_by_the_function_sharing_it_is_another_fingerprint(
     assert graph().forward(3, store=store, strict=True) == 15
 
 
+_HOLDING_TENSORS = """
+import torch
+from somatize import Node
+
+class HoldsTensors(Node):
+    parts = [torch.arange(4.0).reshape(2, 2), 3]
+    by_name = {"w": (torch.ones(2, dtype=torch.float16),)}
+
+    def forward(self, x, ctx):
+        return x
+"""
+
+
+def test_tensors_in_what_a_class_holds_are_named_by_their_values_in_every_process(
+    tmp_path: Path,
+) -> None:
+    """A tensor in a list, dict or tuple a class holds is named by its dtype, shape and
+    values, as one the class holds itself: one fingerprint in every process running that
+    code, and another for other values."""
+    (tmp_path / "same").mkdir()
+    (tmp_path / "other").mkdir()
+    _package(tmp_path / "same", "holding", nodes=_HOLDING_TENSORS)
+    _package(
+        tmp_path / "other",
+        "holding",
+        nodes=_HOLDING_TENSORS.replace("(2, 2), 3]", "(2, 2) * 2, 3]"),
+    )
+    first = _fingerprints_in(tmp_path / "same", "holding.nodes", "HoldsTensors")
+    assert _fingerprints_in(tmp_path / "same", "holding.nodes", "HoldsTensors") == first
+    assert _fingerprints_in(tmp_path / "other", "holding.nodes", "HoldsTensors") != first
+
+
 def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     """A class, what it inherits and what it names, read from its file, has one fingerprint
     in every process running that code — wherever the file is, whatever the environment

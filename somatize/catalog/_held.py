@@ -539,8 +539,10 @@ def _contained_bytes(
     """A dict, list, tuple or set a class holds that holds an object, nested or not
     (``acts = {"a": Scale(2)}``, ``layers = [Scale(2)]``), named by what it holds as
     :func:`_held_bytes` reads a container, each object in it (no container, no plain
-    value) as one the class held itself: by what it holds where it can be
-    (:func:`_held_bytes`), else by a mark of that very object (:func:`_token_of`). None for
+    value) as one the class held itself: an array or a tensor by its dtype, shape and
+    values (:func:`_array_bytes`: the same in every process, another once changed in
+    place), any other by what it holds where it can be (:func:`_held_bytes`), else by a
+    mark of that very object (:func:`_token_of`). None for
     any other member, for one holding only plain values (a table, a cache its code fills),
     and for one deeper or larger than the walk's bound. ``read`` is given each dict, list
     and set read of the objects in it named by what they hold, ``marked`` each object in
@@ -553,6 +555,10 @@ def _contained_bytes(
     marks: list[Any] = []
 
     def leaf(value: Any) -> bytes:
+        values = _array_bytes(value)
+        if values is not None:  # an array, a tensor: by its values, as one held itself is
+            found[id(value)] = value
+            return values
         if id(value) not in found:
             found[id(value)] = value
             if isinstance(value, BuiltinFunctionType) and (builtin := _builtin_bytes(value)):
