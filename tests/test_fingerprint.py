@@ -938,6 +938,49 @@ def test_tensors_in_what_a_class_holds_are_named_by_their_values_in_every_proces
     assert _fingerprints_in(tmp_path / "other", "holding.nodes", "HoldsTensors") != first
 
 
+_HOLDING_A_TENSOR = """
+import torch
+from somatize import Node
+
+class HoldsATensor(Node):
+    part = torch.ones(2)
+
+    def forward(self, x, ctx):
+        return float((x * self.part).sum())
+
+class HoldsTensorsInAList(Node):
+    parts = [torch.ones(2), 3]
+
+    def forward(self, x, ctx):
+        return float((x * self.parts[0]).sum())
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "held"), [("HoldsATensor", "part"), ("HoldsTensorsInAList", "parts")]
+)
+def test_a_tensor_a_class_holds_changed_in_place_is_seen_at_the_next_forward(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, held: str
+) -> None:
+    """A tensor a class holds, itself or in a list, changed in place after a graph ran
+    (``Kind.part.mul_(5)``) is other code at the next forward of that graph and of one built
+    after: the answer kept before is recalled as drifted, and strict=True computes it with
+    the tensor as it is now."""
+    import torch
+
+    loaded = _load(tmp_path / "fingerprinted.py", _HOLDING_A_TENSOR, monkeypatch)
+    built = Graph.somatize(getattr(loaded, kind)().named("n").frozen().cached())
+    assert built.forward(1.0, store=store) == 2.0
+    tensor = getattr(getattr(loaded, kind), held)
+    with torch.no_grad():
+        (tensor if held == "part" else tensor[0]).mul_(5)
+    with pytest.warns(Drifted, match="`n` was recalled"):
+        assert built.forward(1.0, store=store) == 2.0
+    after = Graph.somatize(getattr(loaded, kind)().named("n").frozen().cached())
+    assert after.forward(1.0, store=store, strict=True) == 10.0
+    assert built.forward(1.0, store=store, strict=True) == 10.0
+
+
 def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     """A class, what it inherits and what it names, read from its file, has one fingerprint
     in every process running that code — wherever the file is, whatever the environment

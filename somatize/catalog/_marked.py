@@ -24,7 +24,7 @@ from types import (
 from typing import Any
 
 from somatize.catalog._functions import _closed_objects
-from somatize.catalog._held import _SEQUENCES, _library_bytes
+from somatize.catalog._held import _SEQUENCES, _array, _library_bytes
 from somatize.catalog._marks import (
     _MARKED,
     _forget_held,
@@ -218,6 +218,35 @@ class _Slots:
     __hash__ = None  # type: ignore[assignment]
 
 
+class _Versions:
+    """A tensor's count of changes made to it in place (torch's ``_version``), read as it is
+    now: equal to a list of the count it had — so that a tensor changed in place
+    (``Kind.part.mul_(5)``) is seen, though what a watch copies holds that same tensor."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+
+    def __len__(self) -> int:
+        return 1
+
+    def values(self) -> list[Any]:
+        """The count now."""
+        return [self.held._version]
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.values() == other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _counted(value: Any) -> bool:
+    """Whether ``value`` is a tensor named by its values (:func:`_array`) that counts the
+    changes made to it in place (:class:`_Versions`)."""
+    return _array(value) and type(getattr(value, "_version", None)) is int
+
+
 def _slots_of(kind: type) -> list[MemberDescriptorType]:
     """The slots the instances of ``kind`` have, from each class it inherits from short of
     the library's (:func:`_left_out`)."""
@@ -272,6 +301,9 @@ def _state_read(
         seen.add(id(value))
         kind = type(value)
         if isinstance(value, (type, ModuleType, BuiltinFunctionType)):
+            continue
+        if _counted(value):  # a tensor: changed in place, by its count of changes
+            see(_Versions(value))
             continue
         if _library_bytes(value) is not None:  # the library's, said whole (a logger): not read
             continue

@@ -32,7 +32,7 @@ from somatize.catalog._functions import (
     _partial_keywords,
 )
 from somatize.catalog._held import _array, _contained_bytes, _held_bytes, _runner
-from somatize.catalog._marked import _Marked, _marked, _plain_table, _Slots
+from somatize.catalog._marked import _counted, _Marked, _marked, _plain_table, _Slots, _Versions
 from somatize.catalog._marks import _moved_on, _version_of
 from somatize.catalog._members import (
     _CONTAINERS,
@@ -180,6 +180,9 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             read: list[Any] = []
             unnamed: list[Any] = []
             holds = _held_in(member)
+            if _counted(member):  # a tensor, named by its values: seen changed in place
+                lives.append(_Versions(member))
+                labels.append(label)
             if not holds and _table(name, member) and name in kept:
                 # filled by its node's forward: marked from the start, as first seen
                 _sighted(member, _assignment(_class_body(kind), name), label)
@@ -258,7 +261,7 @@ def _copied(live: Any) -> Any:
     """A copy of a dict, list or set, or of a class's namespace (a mappingproxy), as a dict;
     of an object's slots (:class:`_Slots`) or of names of modules (:class:`_Looked`), a list
     of what they hold."""
-    if isinstance(live, (_Slots, _Looked)):
+    if isinstance(live, (_Slots, _Looked, _Versions)):
         return live.values()
     if type(live) is collections.defaultdict:  # made with what it makes for a key it lacks
         return collections.defaultdict(live.default_factory, live)
