@@ -892,18 +892,24 @@ def test_a_cell_set_since_by_the_function_sharing_it_is_another_fingerprint(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, setter: str
 ) -> None:
     """A plain value a node's method, or a helper of its module, closes over, set since by
-    a function sharing its cell (``nonlocal scale; scale = 5``), is other code: an answer
-    kept before is recalled as drifted, and strict=True computes it with the value now."""
+    a function sharing its cell (``nonlocal scale; scale = 5``), is other code, for a graph
+    built before and one built after: an answer kept before is recalled as drifted, and
+    strict=True computes it with the value now."""
     loaded = _load(tmp_path / "fingerprinted.py", _CLOSING_OVER_CELLS, monkeypatch)
 
     def graph() -> Graph:
         return Graph.somatize(getattr(loaded, kind)().named("n").frozen().cached())
 
-    assert graph().forward(3, store=store) == 6
+    built = graph()
+    assert built.forward(3, store=store) == 6
     getattr(loaded, setter)(5)
+    with pytest.warns(Drifted, match="`n` was recalled"):
+        assert built.forward(3, store=store) == 6
     with pytest.warns(Drifted, match="`n` was recalled"):
         assert graph().forward(3, store=store) == 6
     assert graph().forward(3, store=store, strict=True) == 15
+    getattr(loaded, setter)(7)
+    assert built.forward(3, store=store, strict=True) == 21
 
 
 _HOLDING_TENSORS = """

@@ -241,6 +241,35 @@ class _Versions:
     __hash__ = None  # type: ignore[assignment]
 
 
+class _Cells:
+    """What the cells a function closes over hold, read as they are now: equal to a list of
+    what they held — so that a cell set by the function sharing it (``nonlocal scale; scale
+    = 5``) is seen, though the function is the same."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: FunctionType) -> None:
+        self.held = held
+
+    def __len__(self) -> int:
+        return len(self.held.__closure__ or ())
+
+    def values(self) -> list[Any]:
+        """What each cell holds now (:data:`_EMPTY` where it holds nothing yet)."""
+        found = []
+        for cell in self.held.__closure__ or ():
+            try:
+                found.append(cell.cell_contents)
+            except ValueError:
+                found.append(_EMPTY)
+        return found
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.values() == other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def _counted(value: Any) -> bool:
     """Whether ``value`` is a tensor named by its values (:func:`_array`) that counts the
     changes made to it in place (:class:`_Versions`)."""

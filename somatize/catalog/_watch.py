@@ -32,7 +32,15 @@ from somatize.catalog._functions import (
     _partial_keywords,
 )
 from somatize.catalog._held import _array, _contained_bytes, _held_bytes, _runner
-from somatize.catalog._marked import _counted, _Marked, _marked, _plain_table, _Slots, _Versions
+from somatize.catalog._marked import (
+    _Cells,
+    _counted,
+    _Marked,
+    _marked,
+    _plain_table,
+    _Slots,
+    _Versions,
+)
 from somatize.catalog._marks import _moved_on, _version_of
 from somatize.catalog._members import (
     _CONTAINERS,
@@ -43,7 +51,7 @@ from somatize.catalog._members import (
     _plain,
     _table,
 )
-from somatize.catalog._names import _ABSENT, _HeldSeen, _sighted, _space_of
+from somatize.catalog._names import _ABSENT, _FunctionSeen, _HeldSeen, _sighted, _space_of
 
 
 class CodeWatch(NamedTuple):
@@ -215,6 +223,9 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             for function in _functions_in(member):
                 keywords = function.__kwdefaults__
                 made.append((label, function, function.__code__, function.__defaults__, keywords))
+                if function.__closure__:  # a cell set by a function sharing it
+                    lives.append(_Cells(function))
+                    labels.append(label)
                 if keywords:
                     lives.append(keywords)
                     labels.append(label)
@@ -226,6 +237,10 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
         found = _FINGERPRINTS.get(kind)
         for reads, name, was in found[1] if found is not None else ():
             by = reads()
+            helper = was.held() if isinstance(was, _FunctionSeen) else None
+            if helper is not None and helper.__closure__:  # a helper's cell set since
+                lives.append(_Cells(helper))
+                labels.append(f"{helper.__module__}:{name}")
             if not isinstance(was, _HeldSeen) or by is None:
                 continue
             table = _space_of(by).get(name, _ABSENT)
@@ -261,7 +276,7 @@ def _copied(live: Any) -> Any:
     """A copy of a dict, list or set, or of a class's namespace (a mappingproxy), as a dict;
     of an object's slots (:class:`_Slots`) or of names of modules (:class:`_Looked`), a list
     of what they hold."""
-    if isinstance(live, (_Slots, _Looked, _Versions)):
+    if isinstance(live, (_Slots, _Looked, _Versions, _Cells)):
         return live.values()
     if type(live) is collections.defaultdict:  # made with what it makes for a key it lacks
         return collections.defaultdict(live.default_factory, live)
