@@ -987,6 +987,43 @@ def test_a_tensor_a_class_holds_changed_in_place_is_seen_at_the_next_forward(
     assert built.forward(1.0, store=store, strict=True) == 10.0
 
 
+_PARTIAL_HELPER = """
+import functools
+from somatize import Node
+
+def _times(x, by):
+    return x * by
+
+helper = functools.partial(_times, by=2)
+
+class UsesPartial(Node):
+    def forward(self, x, ctx):
+        return helper(x)
+"""
+
+
+def test_a_partial_helper_given_other_keywords_in_place_is_another_fingerprint(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``functools.partial`` of its module a node's code calls, given other keywords in
+    place (``helper.keywords["by"] = 4``), is other code for a graph built before and one
+    built after: the answer kept before is recalled as drifted, and strict=True computes
+    it with the keywords now."""
+    loaded = _load(tmp_path / "fingerprinted.py", _PARTIAL_HELPER, monkeypatch)
+
+    def graph() -> Graph:
+        return Graph.somatize(loaded.UsesPartial().named("n").frozen().cached())
+
+    built = graph()
+    assert built.forward(3, store=store) == 6
+    loaded.helper.keywords["by"] = 4
+    with pytest.warns(Drifted, match="`n` was recalled"):
+        assert built.forward(3, store=store) == 6
+    with pytest.warns(Drifted, match="`n` was recalled"):
+        assert graph().forward(3, store=store) == 6
+    assert graph().forward(3, store=store, strict=True) == 12
+
+
 def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     """A class, what it inherits and what it names, read from its file, has one fingerprint
     in every process running that code — wherever the file is, whatever the environment

@@ -121,6 +121,8 @@ def _still(reader: weakref.ref[Any], name: str, was: Any) -> bool:
     now = _space_of(function).get(name, _ABSENT)
     if isinstance(was, _FunctionSeen):  # the same function, holding what it held
         return isinstance(now, FunctionType) and now is was.held() and _made_of(now) == was.made
+    if isinstance(was, _HelperSeen):  # the same wrapped helper, binding what it bound
+        return now is was.held() and tuple(_bound_in(now)) == was.bound
     if isinstance(was, weakref.ref):
         held = was()
         return held is not None and now is held
@@ -323,8 +325,8 @@ def _found_as(value: Any, module: str, name: str) -> Any:
     """What :data:`Looked` notes of ``value``, found under ``name`` of ``module``: where a
     fingerprint depends on it, the value itself (a plain value), a plain function, defined
     there or elsewhere — one set in place of what the module imported, :func:`_as_imported`
-    — with what it is made of (:class:`_FunctionSeen`), a weak reference to one wrapped
-    there (:func:`_helper_in`), a helper
+    — with what it is made of (:class:`_FunctionSeen`), one wrapped there
+    (:func:`_helper_in`) with what it binds (:class:`_HelperSeen`), a helper
     class with how it is written (:class:`_ClassSeen`); else :data:`_OTHER` (a module,
     another class)."""
     if isinstance(value, FunctionType):
@@ -335,7 +337,7 @@ def _found_as(value: Any, module: str, name: str) -> Any:
         return value
     if _helper_in(value, module) is not None:
         with contextlib.suppress(TypeError):
-            return weakref.ref(value)
+            return _HelperSeen(weakref.ref(value), tuple(_bound_in(value)))
     return _OTHER
 
 
@@ -427,6 +429,16 @@ class _FunctionSeen(NamedTuple):
     made: tuple[Any, ...]
     """What it was made of (:func:`_made_of`): one whose cell was set since (``nonlocal by;
     by = 3`` in a function sharing it), or given other code or defaults, is not it."""
+
+
+class _HelperSeen(NamedTuple):
+    """What :data:`Looked` notes of a helper wrapped where it is defined (:func:`_helper_in`)."""
+
+    held: weakref.ref[Any]
+    """A weak reference to it."""
+    bound: tuple[bytes, ...]
+    """What it binds (:func:`_bound_in`): a partial given other keywords in place since
+    (``helper.keywords["by"] = 4``) is not it."""
 
 
 class _ClassSeen(NamedTuple):

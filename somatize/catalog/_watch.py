@@ -51,7 +51,14 @@ from somatize.catalog._members import (
     _plain,
     _table,
 )
-from somatize.catalog._names import _ABSENT, _FunctionSeen, _HeldSeen, _sighted, _space_of
+from somatize.catalog._names import (
+    _ABSENT,
+    _FunctionSeen,
+    _HeldSeen,
+    _HelperSeen,
+    _sighted,
+    _space_of,
+)
 
 
 class CodeWatch(NamedTuple):
@@ -241,6 +248,10 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             if helper is not None and helper.__closure__:  # a helper's cell set since
                 lives.append(_Cells(helper))
                 labels.append(f"{helper.__module__}:{name}")
+            wrapper = was.held() if isinstance(was, _HelperSeen) else None
+            for keywords in _partial_keywords(wrapper):  # `helper.keywords["by"] = 4`
+                lives.append(keywords)
+                labels.append(name)
             if not isinstance(was, _HeldSeen) or by is None:
                 continue
             table = _space_of(by).get(name, _ABSENT)
