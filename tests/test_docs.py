@@ -4,6 +4,8 @@ prints what its comments say it prints."""
 from __future__ import annotations
 
 import ast
+import builtins
+import importlib
 import json
 import re
 import subprocess
@@ -231,3 +233,17 @@ def test_what_comments_say_a_print_prints_is_taken() -> None:
     assert _unsaid(said, printed + facts.replace("spared", "ran")) == [said[-1]]
     assert _unsaid(said, "3\n" + printed[2:] + facts) == ["2"]
     assert _unsaid(said[:2], "['a', 'b']\n2") == ["['a', 'b']"]  # in order
+
+
+def test_data_errors_are_where_their_table_says() -> None:
+    """Each error docs/data.md says somatize.data refuses with is importable from the
+    module its row names, and is the builtins its row says it is."""
+    text = (ROOT / "docs" / "data.md").read_text()
+    table = text.split("## What is refused", 1)[1].split("\n\n", 2)[1]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    assert rows and all(len(row) == 4 for row in rows), table
+    for name, home, kinds, _ in rows:
+        module = importlib.import_module(home.strip("`"))
+        error = getattr(module, name.strip("|` "))
+        for kind in re.findall(r"`(\w+)`", kinds):
+            assert issubclass(error, getattr(builtins, kind, None) or getattr(module, kind))
