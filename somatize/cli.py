@@ -114,7 +114,17 @@ def _protocols_of(where: str) -> set[str]:
     return {protocol} if isinstance(protocol, str) else set(protocol)
 
 
-def _open(where: str) -> LocalStore | BucketStore:
+_LEFT_AS_IT_WAS = {
+    "ls": "nothing is listed",
+    "du": "nothing is measured",
+    "gc": "nothing was changed there: what lies there is not a store's to collect",
+    "verify": "nothing is checked, and nothing was changed there",
+    "show": "nothing is shown",
+}
+"""What each command did not do at a bucket prefix holding no store, as its refusal says."""
+
+
+def _open(where: str, command: str) -> LocalStore | BucketStore:
     """The store at ``where``; a directory (a path, or a ``file://`` or ``local://`` URL)
     must hold one already (``blobs/``, and ``answers/``, ``packs/`` or ``names/``: a store
     made through a ``file://`` bucket that holds only names has no ``answers/``), and so
@@ -145,9 +155,8 @@ def _open(where: str) -> LocalStore | BucketStore:
         if not bucket._holds_store():
             raise StoreError(
                 f"{where} is not a store: it holds no store (a store's prefix holds blobs/, "
-                "and answers/, packs/ or names/), and nothing was changed there: what lies "
-                "there is not a store's to collect. Name an existing store with --store or "
-                "$SOMATIZE_STORE"
+                f"and answers/, packs/ or names/), so {_LEFT_AS_IT_WAS[command]}. Name an "
+                "existing store with --store or $SOMATIZE_STORE"
             )
         return bucket
     path = where.rsplit("::", 1)[-1].split("://", 1)[-1]
@@ -346,7 +355,7 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
     """Runs the command ``args`` name; its exit status."""
     store: LocalStore | BucketStore | None = None
     try:
-        store = _open(args.store)
+        store = _open(args.store, args.command)
         if args.command == "ls":
             _ls(store, out)
         elif args.command == "du":

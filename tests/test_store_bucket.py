@@ -910,6 +910,33 @@ def test_the_command_line_refuses_a_bucket_prefix_holding_no_store(
     assert main(["store", *command, "--store", url]) == 0
 
 
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (["ls"], "so nothing is listed"),
+        (["du"], "so nothing is measured"),
+        (["gc"], "not a store's to collect"),
+        (["verify"], "so nothing is checked"),
+        (["show", "a-name"], "so nothing is shown"),
+    ],
+)
+def test_a_refusal_of_a_bucket_prefix_holding_no_store_says_what_its_command_did_not_do(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+    said: str,
+) -> None:
+    """Each command refusing an empty bucket prefix says what it left undone: only gc
+    speaks of collecting."""
+    url = s3_url()
+    _planted(url, [])
+    _cli_s3(monkeypatch, tmp_path)
+    assert main(["store", *command, "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert said in err and ("collect" in err) == (command == ["gc"])
+
+
 def test_a_store_inside_another_stores_section_is_none_of_its_own() -> None:
     """A store whose prefix lies inside another's answers/, packs/ or used/ is none of the
     other's: not counted by its have, checked by its verify, nor collected by its gc."""
