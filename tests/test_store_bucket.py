@@ -24,6 +24,7 @@ from somatize.store import (
     BadName,
     BucketStore,
     LocalStore,
+    Missing,
     NameNotFound,
     StoreError,
 )
@@ -388,6 +389,21 @@ def test_an_s3_url_naming_no_bucket_s3_can_have_is_refused_at_open(
     assert main(["store", "gc", "--store", url]) == 2
     err = capsys.readouterr().err
     assert said in err and len(err.strip().splitlines()) == 1
+
+
+def test_recalling_from_a_bucket_that_does_not_exist_says_so() -> None:
+    """A recall, or a blob fetched, from a bucket nobody made is Missing, and says the
+    bucket does not exist rather than only that nothing is kept in it; from a bucket that
+    exists, a miss says nothing of buckets."""
+    store = Store.on_bucket(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/x", **s3_options())
+    said = "the bucket `no-such-bucket-"
+    with pytest.raises(Missing, match=re.escape(said)):
+        store.recall(key_of("a"))
+    with pytest.raises(Missing, match=re.escape(said)):
+        store.get("blake3:" + "0" * 64)
+    with pytest.raises(Missing) as missed:
+        Store.on_bucket(s3_url(), **s3_options()).recall(key_of("a"))
+    assert "bucket" not in str(missed.value)
 
 
 def test_a_bucket_of_an_older_naming_is_reached_as_it_is() -> None:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from somatize.store._packed import PackedHome, nbytes
-from somatize.store.base import BadAddress, Buffer, StoreError, check_digest
+from somatize.store.base import BadAddress, Buffer, Missing, StoreError, check_digest
 
 T = TypeVar("T")
 
@@ -209,6 +209,17 @@ class BucketRequests(PackedHome):
         except FileNotFoundError:
             return bucket
         return None
+
+    def _not_kept(self, said: str) -> Missing:
+        """Says too that the bucket does not exist, when that is why (one request, made
+        only once the answer or blob was not found)."""
+        bucket = self._missing_bucket()
+        if bucket is None:
+            return Missing(said)
+        return Missing(
+            f"{said}: the bucket `{bucket}` does not exist, so nothing is kept there. Check "
+            "the URL, or create the bucket"
+        )
 
     def _no_bucket(self, bucket: str) -> StoreError:
         return StoreError(

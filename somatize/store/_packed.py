@@ -284,6 +284,11 @@ class PackedHome(Store):
         that gc read the records, so it leaves them."""
         _HOMES.add(self)
 
+    def _not_kept(self, said: str) -> Missing:
+        """The error for what this home was asked and does not hold, ``said`` saying what;
+        a home that can tell why (no bucket there) says so too."""
+        return Missing(said)
+
     def _hold_nothing(self, where: str) -> None:
         """Starts with nothing held in memory; ``where`` names the store in messages."""
         self._where = where
@@ -629,7 +634,7 @@ class PackedHome(Store):
     def recall(self, key: str) -> tuple[Answer, memoryview]:
         answer = self.answer(key)
         if answer is None:
-            raise Missing(f"no answer is kept under {key} in {self._where}")
+            raise self._not_kept(f"no answer is kept under {key} in {self._where}")
         offset = answer.offset
         now = time.time()
         try:

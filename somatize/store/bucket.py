@@ -599,7 +599,7 @@ class BucketStore(BucketShelf):
         try:
             handle = self._call(f"opening blob {digest}", self.fs.open, path, "rb")
         except FileNotFoundError:
-            raise Missing(f"blob {digest} is not in {self.url}") from None
+            raise self._not_kept(f"blob {digest} is not in {self.url}") from None
         return cast(io.BufferedIOBase, handle)
 
     def get(self, digest: str) -> memoryview:
@@ -627,7 +627,7 @@ class BucketStore(BucketShelf):
                 pass  # not cached (or the copy was damaged and set aside): fetch it
         data = self._download(digest, size)
         if data is None:
-            raise Missing(f"blob {digest} is not in {self.url}")
+            raise self._not_kept(f"blob {digest} is not in {self.url}")
         if size is not None and len(data) != size:
             raise Corrupt(
                 f"blob {digest} in {self.url} holds {len(data)} bytes where its answer says "
