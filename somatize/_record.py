@@ -122,6 +122,8 @@ class Record:
             kind = fact["fact"]
             if kind == "failed" or (kind == "drifted" and not fact.get("recomputed")):
                 out[fact["node"]] = kind  # said after `ran` or `recalled`, and wins
+            elif kind == "ran" and out.get(fact["node"]) == "recalled":
+                out[fact["node"]] = kind  # a mapped node's kept items read, the rest run
             elif kind in _OUTCOMES:
                 out.setdefault(fact["node"], kind)
         return out

@@ -345,6 +345,8 @@ class _Run:
                 else:
                     out[index] = value
         recalled = count - len(missing)
+        if recalled:  # said before the rest run: read is read, whether or not they fail
+            self.emit({"fact": "recalled", "node": node, "items": recalled, "of": count})
         if missing:
             sub = [[value[i] for i in missing] for value in inputs]
             ctx.keys = [items[i] for i in missing] if items is not None else None
@@ -380,8 +382,6 @@ class _Run:
                 )
         elif not count:  # no items: it runs, trivially, without being called
             self.emit({"fact": "ran", "node": node, "took_us": 0, "items": 0, "of": 0})
-        if recalled:
-            self.emit({"fact": "recalled", "node": node, "items": recalled, "of": count})
         if node in self.drift:
             self.drifted(node, plan.keys.get(node), stacklevel)
         return out

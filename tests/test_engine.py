@@ -532,7 +532,7 @@ def test_drift_of_some_recalled_items_is_a_fact_and_a_warning(store: Store) -> N
     seen: list[dict[str, Any]] = []
     with pytest.warns(Drifted, match=r"`square` was recalled .* strict=True"):
         assert g.forward([1, 2, 3], store=store, watching=seen.append) == [1, 4, 9]
-    assert [f["fact"] for f in seen] == ["ran", "kept", "recalled", "drifted", "finished"]
+    assert [f["fact"] for f in seen] == ["recalled", "ran", "kept", "drifted", "finished"]
     assert square.calls == [[1, 2], [3]]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -567,6 +567,31 @@ def test_every_fact_of_a_mapped_node_says_how_many_items_of_how_many(store: Stor
             assert fact["of"] == len(handed), fact
             assert 0 < fact["items"] <= len(handed), fact
         assert sum(f["items"] for f in said if f["fact"] != "kept") == len(handed)
+
+
+class SquareButThree(Node):
+    """Squares each item, and raises when handed a 3."""
+
+    def forward(self, values: list[int], ctx: Any) -> list[int]:
+        if 3 in values:
+            raise ValueError("three")
+        return [v * v for v in values]
+
+
+def test_a_mapped_node_failing_on_its_missing_items_says_those_it_recalled(
+    store: Store,
+) -> None:
+    """The items of a mapped node read back from the store are said `recalled` before the
+    missing ones run, so a watcher counting hits counts them when the run then fails."""
+    g = Graph.somatize(SquareButThree().named("square").frozen().mapped().cached())
+    assert g.forward([1, 2], store=store) == [1, 4]
+    seen: list[dict[str, Any]] = []
+    with pytest.raises(NodeFailed, match="three"):
+        g.forward([1, 3, 2], store=store, watching=seen.append)
+    assert [f["fact"] for f in seen] == ["recalled", "failed"]
+    assert seen[0] == {"fact": "recalled", "node": "square", "items": 2, "of": 3}
+    g.forward([1, 4], store=store)
+    assert g.record.outcome == {"square": "ran"}  # some of its items ran
 
 
 def test_mapped_after_a_computed_list(store: Store) -> None:
