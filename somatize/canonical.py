@@ -194,7 +194,10 @@ def _dict(value: Any, parts: Parts, where: Where) -> None:
         if type(name) is not str:
             raise NotCanonical(
                 f"{_render(where)} has a key {name!r} of type `{type(name).__name__}`; canonical "
-                "dicts have str keys only, so that every process sorts and writes them the same way"
+                "dicts have str keys only, so that every process sorts and writes them the same "
+                "way. Pass a list of (key, value) pairs (`sorted(d.items())`), which keeps each "
+                "key's type: keys made str (`{str(k): v}`) are another input, and a node "
+                "handed them computes otherwise"
             )
         parts.append(_str_bytes(name))
         item = value[name]

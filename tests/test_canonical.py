@@ -102,6 +102,13 @@ def test_golden_bytes() -> None:
     )
 
 
+def test_a_dict_with_keys_that_are_not_str_is_refused_saying_what_to_pass() -> None:
+    """A dict keyed by ints is refused with what to pass instead: its pairs, which keep each
+    key's type, since str keys would be another input a node computes otherwise from."""
+    with pytest.raises(NotCanonical, match=r"list of \(key, value\) pairs"):
+        canonical.encode({"a": {1: "x"}})
+
+
 def test_nan_is_encoded_by_its_bits() -> None:
     """NaN has a canonical form (its IEEE bits), so it can be keyed."""
     assert canonical.encode(math.nan) == canonical.encode(math.nan)
