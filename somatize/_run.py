@@ -68,6 +68,10 @@ class _Run:
         self.strict = strict
         self.record = Record()
         self.facts = self.record.facts
+        self.wanted: tuple[str, ...] = graph.outputs
+        """The nodes whose answers this forward hands back (``outputs=``)."""
+        self.running: frozenset[str] | None = None
+        """The nodes this forward runs, once planned; None for all of them."""
         self.values: dict[str, Any] = {}
         self.loaded: dict[str, Any] = {}
         self.drift: dict[str, tuple[str | None, str]] = {}
@@ -238,7 +242,28 @@ class _Run:
             self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
             raise
         took = (time.perf_counter_ns() - start) // 1000
+        if isinstance(value, Iterator) and self.readers(node) > 1:
+            raise self.unusable(
+                node,
+                TypeError(
+                    f"answered {_describe(value)}, an iterator, and {self.readers(node)} read "
+                    "it (nodes below it, or the forward's caller): the first to read it would "
+                    "leave the others nothing, and they would answer from that. Return a list "
+                    "(`list(...)`) or a tuple"
+                ),
+            )
         return value, took
+
+    def readers(self, node: str) -> int:
+        """How many read the answer of ``node``: an edge to each node below it (two from one
+        node handed it twice) that runs, and each output this forward hands back that is
+        it."""
+        graph = self.graph
+        below = set(graph._succs.get(node, ()))
+        if self.running is not None:
+            below &= self.running
+        edges = sum(graph._preds[reader].count(node) for reader in below)
+        return edges + self.wanted.count(node)
 
     def keep(self, node: str, key: str, value: Any, fingerprint: str | None) -> int | None:
         """Keeps the answer of ``node`` under ``key``, with the ``fingerprint`` of the code
@@ -298,7 +323,7 @@ class _Run:
         for index, value in enumerate(inputs):
             if not isinstance(value, (list, tuple)):
                 what = f"what `{preds[index]}` answered" if preds else "the graph's input"
-                raise self.unmappable(
+                raise self.unusable(
                     node,
                     TypeError(
                         f"is mapped, so what it reads must be a list (one item per element), "
@@ -309,7 +334,7 @@ class _Run:
         lengths = {len(value) for value in inputs}
         if len(lengths) > 1:
             said = ", ".join(f"`{p}`: {len(v)}" for p, v in zip(preds, inputs, strict=True))
-            raise self.unmappable(
+            raise self.unusable(
                 node,
                 ValueError(
                     f"is mapped over inputs of different lengths ({said}): a mapped node "
@@ -352,7 +377,7 @@ class _Run:
             ctx.keys = [items[i] for i in missing] if items is not None else None
             answers, took = self.call(node, sub, ctx)
             if not isinstance(answers, (list, tuple)) or len(answers) != len(missing):
-                raise self.unmappable(
+                raise self.unusable(
                     node,
                     TypeError(
                         f"answered {_describe(answers)} for the {len(missing)} items it was "
@@ -386,10 +411,10 @@ class _Run:
             self.drifted(node, plan.keys.get(node), stacklevel)
         return out
 
-    def unmappable(self, node: str, why: Exception) -> NodeFailed:
-        """Says ``failed`` of mapped ``node``, which cannot be run item by item (``why``:
-        what it was handed, or what it answered, is no list of its items), and returns the
-        error to raise."""
+    def unusable(self, node: str, why: Exception) -> NodeFailed:
+        """Says ``failed`` of ``node``, whose answer (or, mapped, what it was handed) cannot
+        be used as it is (``why``: no list of its items; an iterator more than one reads),
+        and returns the error to raise."""
         self.emit({"fact": "failed", "node": node, "error": type(why).__name__})
         return NodeFailed(node, self.graph.kind_of(node), why, raised=False)
 

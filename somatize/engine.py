@@ -366,7 +366,7 @@ def run(
     start = time.perf_counter_ns()
     state = _Run(graph, store, watching, broker, strict)
     try:
-        wanted = _wanted(graph, outputs, watching, broker)
+        wanted = state.wanted = _wanted(graph, outputs, watching, broker)
         look_again(graph)
         if broker is not None:
             broker.check(graph)
@@ -374,6 +374,7 @@ def run(
         if store is not None:
             while not state.load(plan):
                 plan.walk(wanted)
+        state.running = plan.running
         value_of = _opened(x)
         static = plan.static
         running = plan.running

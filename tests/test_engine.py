@@ -569,6 +569,36 @@ def test_every_fact_of_a_mapped_node_says_how_many_items_of_how_many(store: Stor
         assert sum(f["items"] for f in said if f["fact"] != "kept") == len(handed)
 
 
+class CountUp(Node):
+    """An iterator over the numbers below its input."""
+
+    def forward(self, n: int, ctx: Any) -> Any:
+        return iter(range(n))
+
+
+class SumPlus(Node):
+    def __init__(self, plus: int) -> None:
+        self.plus = plus
+
+    def forward(self, numbers: Any, ctx: Any) -> int:
+        return sum(numbers) + self.plus
+
+
+def test_an_iterator_answered_to_more_than_one_reader_is_refused() -> None:
+    """An iterator read by two nodes, or by a node and the caller, is refused naming its
+    node, rather than the second reader answering from what the first left of it; read
+    once, it is handed on."""
+    counts = CountUp().named("counts").frozen()
+    fanned = Graph.somatize(counts >> (SumPlus(0).named("a"), SumPlus(100).named("b")))
+    with pytest.raises(NodeFailed, match=r"`counts` \(CountUp\) answered .* iterator, and 2"):
+        fanned.forward(4)
+    chained = Graph.somatize(CountUp().named("counts") >> SumPlus(1).named("sum"))
+    with pytest.raises(NodeFailed, match="iterator, and 2 read it"):
+        chained.forward(4, outputs=["counts", "sum"])
+    assert chained.forward(4) == 7
+    assert list(chained.forward(3, outputs="counts")) == [0, 1, 2]
+
+
 class SquareButThree(Node):
     """Squares each item, and raises when handed a 3."""
 
