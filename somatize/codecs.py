@@ -185,8 +185,9 @@ class Codecs:
             self._by_type[kind] = found
         return found
 
-    def for_value(self, value: Any, where: str = "value") -> Codec:
-        """The codec that writes ``value``; CodecError naming its type otherwise."""
+    def for_value(self, value: Any, where: str = "value", *, weighed: bool = False) -> Codec:
+        """The codec that writes ``value``; CodecError naming its type otherwise, saying what
+        else to answer — or, for a value to be ``weighed`` (an Opaque input's), to wrap."""
         candidates = self.candidates(type(value))
         for codec in candidates:
             if codec.accepts(value):
@@ -194,12 +195,18 @@ class Codecs:
         kind = type(value)
         reasons = [why for why in (codec.refusal(value) for codec in candidates) if why]
         said = f" ({'; '.join(reasons)})" if reasons else ""
+        written = (
+            "so it cannot be weighed for a key. Wrap what a codec writes: a tensor "
+            "(`torch.from_numpy(array)` for a numpy array, with `import somatize.torch`), an "
+            "Arrow table or frame (`import somatize.data`), bytes"
+            if weighed
+            else "so it can be neither kept in a store nor sent to a worker. Return canonical "
+            "values (None, bool, int, float, str, bytes, lists/tuples/dicts of them), a tensor "
+            "(`import somatize.torch`), an Arrow table or frame (`import somatize.data`)"
+        )
         raise CodecError(
             f"{where} is a `{kind.__module__}.{kind.__qualname__}` and no codec writes it{said}, "
-            "so it can be neither kept in a store nor sent to a worker. Return canonical values "
-            "(None, bool, int, float, str, bytes, lists/tuples/dicts of them), a tensor "
-            "(`import somatize.torch`), an Arrow table or frame (`import somatize.data`), or "
-            "register a codec for it with `somatize.CODECS.register(...)`"
+            f"{written}, or register a codec for it with `somatize.CODECS.register(...)`"
         )
 
     def __contains__(self, name: object) -> bool:
@@ -239,7 +246,11 @@ class Opaque:
             codec = CODECS.named(codec)
         if codec is not None:
             _check_takes(codec, value)
-        self.codec = codec if codec is not None else CODECS.for_value(value, "the Opaque value")
+        self.codec = (
+            codec
+            if codec is not None
+            else CODECS.for_value(value, "the Opaque value", weighed=True)
+        )
         self._weighed: tuple[Any, Codec, Hashable, str] | None = None
         """The value and codec last weighed, the stamp it had then, and its digest."""
 

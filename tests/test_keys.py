@@ -10,7 +10,7 @@ import sys
 import blake3
 import pytest
 
-from somatize import Graph, Opaque, canonical
+from somatize import CodecError, Graph, Opaque, canonical
 from somatize import keys as keying
 from somatize.plan import compile
 from tests.nodes import Add, Echo, Largest, Rows, Scale, Square
@@ -90,6 +90,17 @@ def test_fingerprint_is_not_in_the_key(store: object) -> None:
     two.memory.written_as("largest", "sha256:something-else")
     x = {"at": 0, "take": 64}
     assert _keys(one, x, store)["largest"] == _keys(two, x, store)["largest"]
+
+
+def test_an_opaque_value_no_codec_writes_is_refused_saying_what_to_wrap() -> None:
+    """Wrapping a value no codec writes (a numpy array) is refused saying it cannot be
+    weighed and what can be wrapped instead, not what a node should return."""
+    numpy = pytest.importorskip("numpy")
+    with pytest.raises(
+        CodecError, match=r"cannot be weighed .*`torch\.from_numpy\(array\)`"
+    ) as refused:
+        Opaque(numpy.ones(3))
+    assert "Return" not in str(refused.value)
 
 
 def test_opaque_is_keyed_by_content() -> None:
