@@ -4671,3 +4671,74 @@ def test_an_object_named_again_cheaply_is_read_again_once_changed_in_place() -> 
     assert fingerprint_of(kind) == first == fingerprint_of(kind)
     config_kind.scaled = lambda self, x: x - self.width
     changed()
+
+
+def test_a_class_holding_configs_is_told_unchanged_cheaply_and_changed_when_they_change() -> None:
+    """A node's class holding objects of plain values (two dataclass configs) is told
+    unchanged by its stamp, without reading its body or working out its lineage again: a
+    field set in place (to an equal value of another type too), a config rebound, a method
+    of its class given other code, or the class holding another value, is still another
+    fingerprint of the node."""
+    import dataclasses
+
+    from somatize.catalog import _fingerprint
+
+    def make() -> Any:
+        @dataclasses.dataclass
+        class Cfg:
+            width: int
+
+            def scaled(self, x: Any) -> Any:
+                return x * self.width
+
+        @dataclasses.dataclass
+        class Other:
+            depth: int
+            name: str = "a"
+
+        class Holds(Node):
+            cfg = Cfg(2)
+            other = Other(3)
+
+            def forward(self, x: Any, ctx: Any) -> Any:
+                return self.cfg.scaled(x) + self.other.depth
+
+        return Cfg, Holds
+
+    config_kind, kind = make()
+    first = fingerprint_of(kind)
+    assert fingerprint_of(kind) == first
+    assert kind in _fingerprint._STAMPS  # told unchanged by its stamp
+    assert kind in _fingerprint._KNOWN  # and its lineage by theirs
+    seen = {first}
+
+    def changed() -> None:
+        now = fingerprint_of(kind)
+        assert now not in seen
+        seen.add(now)
+        assert fingerprint_of(kind) == now
+
+    kind.cfg.width = 2.0
+    changed()
+    config_kind, kind = make()
+    assert fingerprint_of(kind) == first == fingerprint_of(kind)
+    kind.other.name = "b"
+    changed()
+    config_kind, kind = make()
+    assert fingerprint_of(kind) == first == fingerprint_of(kind)
+    kind.cfg = config_kind(3)
+    changed()
+    config_kind, kind = make()
+    assert fingerprint_of(kind) == first == fingerprint_of(kind)
+    config_kind.scaled.__code__ = (lambda self, x: x + self.width).__code__
+    changed()
+    config_kind, kind = make()
+    assert fingerprint_of(kind) == first == fingerprint_of(kind)
+    config_kind.scaled = lambda self, x: x - self.width
+    changed()
+    config_kind, kind = make()
+    assert fingerprint_of(kind) == first == fingerprint_of(kind)
+    kind.limit = 4
+    changed()
+    kind.__qualname__ = "Renamed"
+    changed()

@@ -3,7 +3,10 @@ class of their lineage, short of the library's, is written.
 
 A class's own body is digested once (:func:`_written`) and again only when its body, or a
 name its functions looked up in their module, holds something else since
-(:data:`_FINGERPRINTS`).
+(:data:`_FINGERPRINTS`). A body of plain values, plain functions and objects of plain
+values is told unchanged by a stamp read cheaply (:func:`_stamp_of`), and a fingerprint
+whose lineage is all told unchanged so is taken as it was noted (:func:`_known`): a node's
+class holding configs is fingerprinted again at each graph built, and that is the cost.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from types import (
 )
 from typing import Any
 
-from somatize.catalog._bytecode import _fillers, _state_of
+from somatize.catalog._bytecode import _fillers, _state_of, _stores_by
 from somatize.catalog._code import (
     _as_written,
     _assigned,
@@ -39,7 +42,13 @@ from somatize.catalog._functions import (
     _made_of,
     _table_now,
 )
-from somatize.catalog._held import _contained_bytes, _held_bytes, _opaque_bytes, _runner
+from somatize.catalog._held import (
+    _contained_bytes,
+    _held_bytes,
+    _named_state,
+    _opaque_bytes,
+    _runner,
+)
 from somatize.catalog._marks import _token_of, _version_of
 from somatize.catalog._members import (
     _CONTAINERS,
@@ -89,6 +98,9 @@ def fingerprint_of(*kinds: type) -> str:
         for above in _ancestry(kind):
             if not _left_out(above):
                 lineage[above] = None
+    known = _known(kinds, list(lineage))
+    if known is not None:
+        return known
     # A name the code of the lineage sets on one of its classes as it runs (a counter a
     # subclass moves on itself, declared on its base) is their state, not their code.
     state = _state_of(lineage, (member for k in lineage for member in list(vars(k).values())))
@@ -101,7 +113,70 @@ def fingerprint_of(*kinds: type) -> str:
     digest = hashlib.sha256(b"somatize code 2\0")
     for name, written in entries:
         digest.update(len(name).to_bytes(8, "little") + name + written)
-    return "sha256:" + digest.hexdigest()[:16]
+    said = "sha256:" + digest.hexdigest()[:16]
+    if kinds:
+        _note_known(kinds, list(lineage), said)
+    return said
+
+
+_KNOWN: weakref.WeakKeyDictionary[type, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+"""The first of classes fingerprinted together → a weak reference to each of them and to
+each class of their lineage, the name and the entry of :data:`_FINGERPRINTS` of each of
+those, and their fingerprint (:func:`_note_known`)."""
+
+
+def _note_known(kinds: tuple[type, ...], lineage: list[type], said: str) -> None:
+    """Notes ``said``, the fingerprint of ``kinds``, for :func:`_known`, where each class of
+    their ``lineage`` is told unchanged by its stamp (:data:`_STAMPS`) and none of their
+    code sets a value on a class it names in its module (``Kind.calls += 1``: that value is
+    their state while the name holds one of them, :func:`_state_of`, which is not watched)."""
+    entries = tuple(_FINGERPRINTS.get(kind) for kind in lineage)
+    stamped = all(
+        (stamp := _STAMPS.get(kind)) is not None and stamp[0] is entry
+        for kind, entry in zip(lineage, entries, strict=True)
+    )
+    if not stamped or any(
+        owner is not None
+        for kind in lineage
+        for member in list(vars(kind).values())
+        for function in _functions_in(member)
+        for owner, _ in _stores_by(function, False)
+    ):
+        _KNOWN.pop(kinds[0], None)
+        return
+    names = tuple(f"{kind.__module__}:{kind.__qualname__}" for kind in lineage)
+    _KNOWN[kinds[0]] = (tuple(map(weakref.ref, (*kinds, *lineage))), names, entries, said)
+
+
+def _known(kinds: tuple[type, ...], lineage: list[type]) -> str | None:
+    """The fingerprint of ``kinds`` noted by :func:`_note_known`, where it is theirs still:
+    the same classes, of the same lineage, each named as it was and told unchanged by its
+    stamp (:func:`_stamp_of`), with the same entry of :data:`_FINGERPRINTS`, whose names
+    of their modules hold what they held — what :func:`_written` checks before it takes
+    an entry, without working out again which names are state (a stamp holds no table
+    and no class method, and their code sets nothing on a class it names). None otherwise."""
+    found = _KNOWN.get(kinds[0]) if kinds else None
+    if found is None:
+        return None
+    references, names, entries, said = found
+    classes = (*kinds, *lineage)
+    if len(references) != len(classes) or any(
+        reference() is not kind for reference, kind in zip(references, classes, strict=True)
+    ):
+        return None
+    for kind, name, entry in zip(lineage, names, entries, strict=True):
+        stamp = _STAMPS.get(kind)
+        if (
+            stamp is None
+            or stamp[0] is not entry
+            or _FINGERPRINTS.get(kind) is not entry
+            or f"{kind.__module__}:{kind.__qualname__}" != name
+            or _stamp_of(kind) != stamp[1]
+            or not all(_still(*looked) for looked in stamp[0][1])
+        ):
+            return None
+    known: str = said
+    return known
 
 
 def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset()) -> bytes:
@@ -264,6 +339,8 @@ def _stamp_of(kind: type) -> tuple[Any, ...] | None:
             stamp.append((name, tuple(functions)))
         elif _exactly_plain(member):
             stamp.append((name, _Same(member)))
+        elif not _dunder(name) and (named := _named_state(member)) is not None:
+            stamp.append((name, _Same(member), named))  # `cfg = Config(2)`, as it was named
         elif _dunder(name) and (
             kind_of in _INERT or kind_of is dict or kind_of is _DATACLASS_PARAMS
         ):

@@ -261,15 +261,12 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
         found = None
     if found is not None and found[1] is None:
         return None
-    if found is not None:
-        again = _AGAIN.get(id(value))
-        if again is not None and again[0] is found and again[1] == _plain_state(value):
-            if containers is not None:  # what a walk reads of it: its attributes, then
-                # the namespace of each class of its lineage (:meth:`_Walk.written`)
-                kinds = [above for above in type(value).__mro__ if not _left_out(above)]
-                containers += [object.__getattribute__(value, "__dict__"), *map(vars, kinds)]
-            named_before: bytes = found[1]
-            return named_before
+    if found is not None and found[1] is not None and _named_state(value) is not None:
+        if containers is not None:  # what a walk reads of it: its attributes, then the
+            # namespace of each class of its lineage (:meth:`_Walk.written`)
+            kinds = [above for above in type(value).__mro__ if not _left_out(above)]
+            containers += [object.__getattribute__(value, "__dict__"), *map(vars, kinds)]
+        return found[1]
     walk = _Walk(walking)
     try:
         said = walk.name(value, 0)
@@ -297,6 +294,21 @@ _AGAIN: dict[int, tuple[Any, tuple[Any, ...]]] = {}
 :data:`_HELD` as it was named and what :func:`_plain_state` read of it then: the same
 entry and state now, it is named the same without being read again. Forgotten with its
 entry (:func:`_forget_held`: the entry's weak reference is gone with the object)."""
+
+
+def _named_state(value: Any) -> tuple[Any, ...] | None:
+    """What says ``value`` is named as :func:`_held_bytes` last named it, read cheaply, where
+    :data:`_AGAIN` notes it so: its entry of :data:`_HELD` (another once it is marked) and
+    its plain state (:func:`_plain_state`), both as they were then; None where it is read
+    again."""
+    entry = _HELD.get(id(value))
+    again = _AGAIN.get(id(value))
+    if entry is None or again is None or again[0] is not entry or entry[0]() is not value:
+        return None
+    state = _plain_state(value)
+    if state is None or again[1] != state:
+        return None
+    return (_Same(entry), state)
 
 
 def _forget_named(at: int, reference: weakref.ref[Any], again: dict[int, Any] = _AGAIN) -> None:
