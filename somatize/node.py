@@ -834,13 +834,62 @@ class Expr:
         return [n for n in self.nodes if id(n) not in fed]
 
     def __rshift__(self, other: Any) -> Expr:
+        """``self`` then ``other``: both side by side (:meth:`beside`), each output of ``self``
+        feeding each head of ``other``, whose outputs are the outputs.
+
+        What it holds is put together when it is first read, from the nearest expression
+        before it that was (:meth:`_put_together`): a chain built one ``>>`` at a time
+        costs one pass over its nodes, not one per link."""
         after: Expr = Expr.of(other)
-        joined = self.beside(after)
         bridges = [(tail, head) for head in after.heads() for tail in self.outputs]
-        return Expr(joined.nodes, joined.edges + bridges, list(after.outputs))
+        chained: Expr = object.__new__(Expr)
+        chained.outputs = list(after.outputs)
+        vars(chained)["_link"] = (self, list(after.nodes), list(after.edges), bridges)
+        return chained
 
     def __rrshift__(self, other: Any) -> Expr:
         return Expr.of(other) >> self
+
+    def __getattr__(self, name: str) -> list[Any]:
+        """The nodes or edges of an expression made by ``>>``, put together as first read."""
+        if name in ("nodes", "edges") and "_link" in vars(self):
+            self._put_together()
+            held: list[Any] = vars(self)[name]
+            return held
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def _put_together(self) -> None:
+        """Sets the nodes and edges of this expression, made by ``>>``, from the links back
+        to the nearest expression that holds its own: each link's nodes and edges put
+        beside what came before as :meth:`beside` puts them, then its bridges."""
+        links = []
+        at = self
+        while (link := vars(at).get("_link")) is not None:
+            links.append(link)
+            at = link[0]
+        nodes, edges = list(at.nodes), list(at.edges)
+        known = set(map(id, nodes))
+        held: Counter[tuple[int, int]] | None = None  # how often each edge is there
+        for _, added, joined, bridges in reversed(links):
+            for node in added:
+                if id(node) not in known:
+                    known.add(id(node))
+                    nodes.append(node)
+            if joined:
+                if held is None:
+                    held = Counter((id(source), id(target)) for source, target in edges)
+                seen: Counter[tuple[int, int]] = Counter()
+                for source, target in joined:
+                    pair = (id(source), id(target))
+                    seen[pair] += 1
+                    if seen[pair] > held[pair]:
+                        held[pair] += 1
+                        edges.append((source, target))
+            edges += bridges
+            if held is not None:
+                held.update((id(source), id(target)) for source, target in bridges)
+        self.nodes, self.edges = nodes, edges
+        vars(self).pop("_link", None)  # put together by another thread meanwhile too: alike
 
 
 @dataclass

@@ -462,6 +462,68 @@ def _beside_one_by_one(first: Expr, other: Expr) -> Expr:
     return Expr(nodes, edges, first.outputs + other.outputs)
 
 
+def _then_one_by_one(first: Expr, other: Expr) -> Expr:
+    """``first >> other`` as `>>` is documented to put them: side by side, each output of
+    ``first`` feeding each head of ``other``, whose outputs are the outputs."""
+    joined = _beside_one_by_one(first, other)
+    bridges = [(tail, head) for head in other.heads() for tail in first.outputs]
+    return Expr(joined.nodes, joined.edges + bridges, list(other.outputs))
+
+
+def _said(expr: Expr) -> tuple[list[int], list[tuple[int, int]], list[int]]:
+    return (
+        [id(n) for n in expr.nodes],
+        [(id(s), id(t)) for s, t in expr.edges],
+        [id(n) for n in expr.outputs],
+    )
+
+
+def test_an_edge_a_chain_holds_already_is_not_doubled_by_a_later_link() -> None:
+    """An edge a link of a chain brings that the chain holds already, as an edge of an
+    earlier link or as a bridge between two, is kept once, as `beside` keeps it."""
+    a, b, c = _Plain(), _Plain(), _Plain()
+    first = a >> Expr([b, c], [(b, c)], [b])  # a -> b bridges the link holding b -> c
+    chained = first >> Expr([a, b], [(a, b), (b, c)], [b]) >> c
+    expected = _then_one_by_one(
+        _then_one_by_one(
+            _then_one_by_one(Expr.of(a), Expr([b, c], [(b, c)], [b])),
+            Expr([a, b], [(a, b), (b, c)], [b]),
+        ),
+        Expr.of(c),
+    )
+    assert _said(chained) == _said(expected)
+    assert [(id(s), id(t)) for s, t in chained.edges].count((id(a), id(b))) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_chain_is_its_links_put_one_after_another(data: st.DataObject) -> None:
+    """Pieces of graph chained with `>>` one at a time, from any expression made before
+    (one read already or not, one chained on twice), hold the nodes, edges and outputs
+    that putting each link after the one before gives, whichever of them is read first."""
+    pool = [_Plain() for _ in range(3)]
+    picks = st.sampled_from(range(3))
+    made = [Expr.of(pool[0])]
+    expected = [Expr.of(pool[0])]
+    for _ in range(data.draw(st.integers(1, 8))):
+        at = data.draw(st.integers(0, len(made) - 1))
+        nodes = data.draw(st.lists(picks, min_size=1, max_size=3, unique=True))
+        edges = data.draw(st.lists(st.tuples(picks, picks), max_size=3))
+        outputs = data.draw(st.lists(picks, max_size=2))
+        part = Expr(
+            [pool[i] for i in nodes],
+            [(pool[s], pool[t]) for s, t in edges],
+            [pool[i] for i in outputs],
+        )
+        after: Node | Expr = pool[nodes[0]] if data.draw(st.booleans()) else part
+        made.append(made[at] >> after)
+        expected.append(_then_one_by_one(expected[at], Expr.of(after)))
+        if data.draw(st.booleans()):
+            _said(made[data.draw(st.integers(0, len(made) - 1))])
+    for got, want in zip(reversed(made), reversed(expected), strict=True):
+        assert _said(got) == _said(want)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_a_tuple_is_its_parts_put_side_by_side_one_by_one(data: st.DataObject) -> None:
