@@ -132,11 +132,11 @@ class _Run:
                 continue
             keys = plan.items[node]
             got = self.read(node, keys, static.fingerprint.get(node))
-            damaged = [key for key in keys if got[key] is _DAMAGED]
+            damaged = [key for key, value in zip(keys, got, strict=True) if value is _DAMAGED]
             if damaged:
                 plan.have.difference_update(damaged)
                 return False
-            loaded[node] = [got[k] for k in keys]
+            loaded[node] = got
         return True
 
     def _read_one(self, node: str, key: str, fingerprint: str | None) -> Any:
@@ -149,15 +149,25 @@ class _Run:
             got = error
         return self._decode(node, key, got, fingerprint)
 
-    def read(self, node: str, keys: Sequence[str], fingerprint: str | None) -> dict[str, Any]:
-        """The decoded answers under ``keys``; ``_DAMAGED`` for each that could not be used."""
+    def read(self, node: str, keys: Sequence[str], fingerprint: str | None) -> list[Any]:
+        """The decoded answer under each of ``keys``, in their order; ``_DAMAGED`` for each
+        that could not be used. A key met again (two items alike) is decoded again, so that
+        each item recalled is an object of its own, as each computed is."""
         store = self.store
         assert store is not None
         if len(keys) == 1:
-            key = keys[0]
-            return {key: self._read_one(node, key, fingerprint)}
+            return [self._read_one(node, keys[0], fingerprint)]
         found = store.recall_many(keys)
-        return {key: self._decode(node, key, found.get(key), fingerprint) for key in keys}
+        damaged: set[str] = set()
+        out: list[Any] = []
+        for key in keys:
+            value = _DAMAGED
+            if key not in damaged:  # one found damaged is not read, nor said so, again
+                value = self._decode(node, key, found.get(key), fingerprint)
+            if value is _DAMAGED:
+                damaged.add(key)
+            out.append(value)
+        return out
 
     def _decode(self, node: str, key: str, got: Any, fingerprint: str | None) -> Any:
         """The value of one recalled answer, or ``_DAMAGED`` (with the fact that says why)."""
@@ -361,10 +371,10 @@ class _Run:
         missing = list(range(count))
         if items is not None:
             present = [key for key in items if key in plan.have]
-            got = self.read(node, present, static.fingerprint.get(node)) if present else {}
+            got = iter(self.read(node, present, static.fingerprint.get(node)) if present else ())
             missing = []
             for index, key in enumerate(items):
-                value = got.get(key, _DAMAGED)
+                value = next(got) if key in plan.have else _DAMAGED
                 if value is _DAMAGED:
                     missing.append(index)
                 else:

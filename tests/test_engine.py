@@ -553,6 +553,31 @@ def test_mapped_runs_only_missing_items(store: Store) -> None:
     assert seen[0] == {"fact": "recalled", "node": "square", "items": 2, "of": 2}
 
 
+class Pairs(Node):
+    """Answers each item as a list of it and its double: an object of its own per item."""
+
+    def forward(self, items: list[int], ctx: Any) -> list[list[int]]:
+        return [[item, item * 2] for item in items]
+
+
+def test_items_alike_recalled_are_each_an_object_of_their_own(store: Store) -> None:
+    """A mapped node handed one item twice answers each with its own object when it recalls
+    them (all of them, or some beside items it runs), as when it computes them: changing
+    one leaves the other as it was."""
+    g = Graph.somatize(Pairs().identified("tests:Pairs").named("pairs").frozen().mapped().cached())
+    computed = g.forward([3, 3], store=store)
+    assert computed == [[3, 6], [3, 6]] and computed[0] is not computed[1]
+    for handed in ([3, 3], [3, 4, 3, 3]):
+        seen: list[dict[str, Any]] = []
+        again = g.forward(handed, store=store, watching=seen.append)
+        assert any(f["fact"] == "recalled" for f in seen), seen
+        assert again == [[item, item * 2] for item in handed]
+        threes = [answer for item, answer in zip(handed, again, strict=True) if item == 3]
+        assert len({id(answer) for answer in threes}) == len(threes)
+        threes[0].append(0)
+        assert threes[1] == [3, 6]
+
+
 def test_every_fact_of_a_mapped_node_says_how_many_items_of_how_many(store: Store) -> None:
     """A mapped node's `ran`, `kept` and `recalled` facts each say `items` and `of`, the
     items they are about and how many it was handed: all run, some recalled, all
