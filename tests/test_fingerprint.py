@@ -4742,3 +4742,65 @@ def test_a_class_holding_configs_is_told_unchanged_cheaply_and_changed_when_they
     changed()
     kind.__qualname__ = "Renamed"
     changed()
+
+
+def test_a_lineage_told_unchanged_by_stamps_is_another_fingerprint_once_a_config_changes() -> None:
+    """A fingerprint taken as noted for a lineage told unchanged by stamps is another once a
+    config it holds changes by a way no field of the node's class names: through another
+    class holding the same config, on a base class, set on a frozen config by
+    ``object.__setattr__``, given an attribute, given another class in place, or its
+    class's base given another method."""
+    import dataclasses
+
+    from somatize.catalog import _fingerprint
+
+    def make() -> Any:
+        class Scales:
+            def scaled(self, x: Any) -> Any:
+                return x * self.width  # type: ignore[attr-defined]
+
+        @dataclasses.dataclass(frozen=True)
+        class Cfg(Scales):
+            width: int
+
+        @dataclasses.dataclass
+        class Adds:
+            width: int
+
+            def scaled(self, x: Any) -> Any:
+                return x + self.width
+
+        shared = Cfg(2)
+
+        class Base(Node):
+            other = Adds(1)
+
+        class Holds(Base):
+            cfg = shared
+
+            def forward(self, x: Any, ctx: Any) -> Any:
+                return self.cfg.scaled(x) + self.other.scaled(x)
+
+        class Also(Node):
+            cfg = shared
+
+        return Scales, Adds, Base, Holds, Also
+
+    first = fingerprint_of(make()[3])
+    changes = [
+        lambda scales, adds, base, kind, also: object.__setattr__(also.cfg, "width", 3),
+        lambda scales, adds, base, kind, also: setattr(base.other, "width", 4),
+        lambda scales, adds, base, kind, also: setattr(base, "other", adds(5)),
+        lambda scales, adds, base, kind, also: object.__setattr__(kind.cfg, "more", 1),
+        lambda scales, adds, base, kind, also: object.__setattr__(kind.cfg, "__class__", adds),
+        lambda scales, adds, base, kind, also: setattr(scales, "scaled", lambda self, x: x),
+    ]
+    for change in changes:
+        made = make()
+        kind = made[3]
+        assert fingerprint_of(kind) == first == fingerprint_of(kind)
+        assert kind in _fingerprint._KNOWN  # taken as noted, till the change
+        change(*made)
+        now = fingerprint_of(kind)
+        assert now != first
+        assert fingerprint_of(kind) == now
