@@ -1024,6 +1024,56 @@ def test_a_partial_helper_given_other_keywords_in_place_is_another_fingerprint(
     assert graph().forward(3, store=store, strict=True) == 12
 
 
+_COMPUTED_AND_SET_OVER = """
+import enum
+import pathlib
+
+from somatize import Node
+
+SCALE = 2 * 3
+
+
+class Mode(enum.IntEnum):
+    A = 1
+    B = 2
+
+
+class Scales(Node):
+    by = 2 * 5
+    mode = Mode.A
+    root = pathlib.Path("/data") / "a"
+
+    def forward(self, x, ctx):
+        return (self.root, x * SCALE * self.by * self.mode)
+"""
+
+
+def test_a_computed_value_set_over_after_its_text_was_read_is_named_by_what_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value its text computes (``by = 2 * 5``, ``SCALE = 2 * 3``, ``mode = Mode.A``, a
+    path), named by that text, is named by what it holds once another is set over it (on
+    the class, in its module): the text no longer says what the code computes with. Set
+    back to one alike what the text made, it is named by the text again."""
+    module = _load(tmp_path / "fingerprinted.py", _COMPUTED_AND_SET_OVER, monkeypatch)
+    kind = module.Scales
+    first = fingerprint_of(kind)
+    seen = {first}
+    for name, holder, value in (
+        ("by", kind, 11),
+        ("mode", kind, module.Mode.B),
+        ("SCALE", module, 7),
+        ("root", kind, Path("/elsewhere")),
+    ):
+        was = getattr(holder, name)
+        setattr(holder, name, value)
+        now = fingerprint_of(kind)
+        assert now not in seen
+        seen.add(now)
+        setattr(holder, name, type(was)(was))
+        assert fingerprint_of(kind) == first
+
+
 def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     """A class, what it inherits and what it names, read from its file, has one fingerprint
     in every process running that code — wherever the file is, whatever the environment

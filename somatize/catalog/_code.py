@@ -10,6 +10,7 @@ text writes it rather than by what it holds as the code runs.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -245,17 +246,22 @@ def _note_loaded(owner: Any, names: Iterable[tuple[str, Any]]) -> None:
 
 def _held_as(value: Any) -> Any:
     """What :data:`_LOADED` notes of ``value``: itself, plain; else a weak reference to it, so
-    that it is not kept alive; :data:`_UNSEEN` where it cannot be referenced weakly."""
+    that it is not kept alive; where it cannot be referenced weakly (a path, a decimal),
+    how it is written (:class:`_WrittenAs`)."""
     if _plain(value):
         return value
     try:
         return weakref.ref(value)
     except TypeError:
-        return _UNSEEN
+        return _WrittenAs(_constant_bytes(value))
 
 
-_UNSEEN = object()
-"""Noted of an object that is neither plain nor referenced weakly: never told set since."""
+@dataclasses.dataclass(frozen=True)
+class _WrittenAs:
+    """Noted of an object that cannot be referenced weakly: how it is written, so that
+    another set in its place (``Kind.root = Path("/elsewhere")``) is told from it."""
+
+    said: bytes
 
 
 def _set_since(owner: Any, name: str, value: Any) -> bool:
@@ -269,8 +275,8 @@ def _set_since(owner: Any, name: str, value: Any) -> bool:
         _note_loaded(owner, [(name, value)])
         return False
     was = noted[name]
-    if was is _UNSEEN:
-        return False
+    if isinstance(was, _WrittenAs):
+        return was.said != _constant_bytes(value)
     if isinstance(was, weakref.ref):
         return was() is not value
     return was is not value and (
