@@ -1108,6 +1108,54 @@ def test_a_forward_a_collection_runs_as_a_thread_starts_runs() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+_FORWARD_IN_A_COLLECTION_INSIDE_THE_BROKER = """
+import gc, sys
+from somatize import Broker, Graph, Worker
+from tests.nodes import Rows, Scale
+broker = Broker.embedded({"w": Worker.generic(mode=sys.argv[1])})
+g = Graph.somatize(Rows().named("rows") >> Scale(3.0).named("next").at("w"))
+print(g.forward({"at": 0, "take": 3}, broker=broker), flush=True)
+class Later:
+    def __del__(self):
+        try:
+            g.forward({"at": 1, "take": 3}, broker=broker)
+        except BaseException as error:
+            print("raised", type(error).__name__, flush=True)
+later = Later()
+later.me = later
+del later
+with broker._lock:  # as any allocation inside one of the broker's blocks may collect
+    gc.collect()
+print(g.forward({"at": 1, "take": 2}, broker=broker), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["local", "network"])
+def test_a_forward_a_collection_runs_inside_the_broker_is_refused(mode: str) -> None:
+    """A forward run by code a collection runs (a ``__del__``) on a thread inside one of
+    the broker's own blocks is refused (``Reentrant``): its worker takes the broker's
+    lock to begin the node, and waited for ever for the thread that waited for it. The
+    broker goes on answering afterwards."""
+    root = Path(__file__).resolve().parent.parent
+    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _FORWARD_IN_A_COLLECTION_INSIDE_THE_BROKER, mode],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as hung:
+        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
+        pytest.fail(f"a forward run in a collection inside the broker waited for ever: {said}")
+    assert done.stdout.splitlines() == ["[0.0, 3.0, 6.0]", "raised Reentrant", "[3.0, 6.0]"], (
+        done.stdout + done.stderr[-2000:]
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_a_call_interrupted_before_its_node_begins_does_not_begin_it() -> None:
     """A call stopped while its worker still readies it (decodes its inputs, loads its
     state), before its node's forward begins, does not begin it once ready: it fails with

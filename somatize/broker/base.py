@@ -153,7 +153,9 @@ class BrokerClosed(_Rebuilt, SomatizeError, RuntimeError):
 class Reentrant(SomatizeError, RuntimeError):
     """A node running on a worker asked a worker to run another node that would wait for
     the node that asks: its own worker, or one whose node waits for it — through the
-    graphs it runs, or running at the same time on another branch — for ever."""
+    graphs it runs, or running at the same time on another branch — for ever; or code a
+    collection ran inside one of the broker's own blocks asked for a node, which its
+    worker could not begin until that block ended."""
 
 
 class StateMismatch(SomatizeError, ValueError):
@@ -390,6 +392,18 @@ class Broker(abc.ABC):
         future: Future[Done] = Call()  # one a Ctrl-C cannot leave locked
         future.add_done_callback(self._finished)  # first: whatever settles it, it is left
         try:
+            if self._lock.held_here():
+                # Code a collection runs (a `__del__`) in the middle of one of the broker's
+                # blocks: the worker's thread takes that lock to run the node, and would
+                # wait for this thread, which waits for it.
+                raise Reentrant(
+                    f"`{node}` was asked of worker `{worker}` by code run while this thread "
+                    "was inside the broker (a `__del__` or weakref callback a garbage "
+                    "collection ran there): the worker could not begin it until this thread "
+                    "left, and this thread would wait for it, for ever. Nothing has run. "
+                    "Run the forward after the collection instead (note what is to be done "
+                    "in the finalizer, and do it from ordinary code)"
+                )
             held: tuple[str, ...] = getattr(self._here, "held", ())
             if worker in held:
                 where = (
