@@ -611,7 +611,8 @@ def _mount_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
         return real_open(file, mode, *args, **kwargs)
 
     for module in ("local", "_local_files", "_local_upkeep"):  # the modules of the local store
-        monkeypatch.setattr(f"somatize.store.{module}.open", opened, raising=False)
+        for name in ("open", "open_file"):
+            monkeypatch.setattr(f"somatize.store.{module}.{name}", opened, raising=False)
     for name in ("utime", "unlink", "replace", "rename", "mkdir"):
         monkeypatch.setattr(os, name, _read_only)
 
@@ -840,6 +841,54 @@ def _next_put_returns(store: LocalStore, data: bytes, landed: list[str]) -> None
     after.join(60)
     assert not after.is_alive(), f"the next large blob waits for ever ({landed})"
     assert out["digest"] == "blake3:" + blake3.blake3(data).hexdigest()
+
+
+_KEPT_AND_READ_AS_THE_INTERPRETER_FINALIZES = """
+import gc, sys
+from somatize.store import LocalStore
+store = LocalStore(sys.argv[1])
+kept = store.put(b"kept before")
+class Later:
+    def __del__(self):
+        for data in (b"small" * 10, bytes(17 << 20)):
+            try:
+                print("put", store.put(data), flush=True)
+            except BaseException as error:
+                print("raised", type(error).__name__, error, flush=True)
+        try:
+            print("read", bytes(store.get(kept)).decode(), flush=True)
+        except BaseException as error:
+            print("raised", type(error).__name__, error, flush=True)
+gc.disable()  # collected as the interpreter finalizes
+later = Later()
+later.me = later
+del later
+"""
+
+
+def test_blobs_put_and_read_as_the_interpreter_finalizes_are_kept_and_read(
+    tmp_path: Path,
+) -> None:
+    """Blobs put by code a collection runs as the interpreter finalizes — once builtins
+    are put back as they were before ``io`` added ``open`` — are kept, small or large
+    (hashed on the calling thread then), and a blob is read, rather than fail with
+    NameError."""
+    done = subprocess.run(
+        [sys.executable, "-c", _KEPT_AND_READ_AS_THE_INTERPRETER_FINALIZES, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    small, large = b"small" * 10, bytes(17 << 20)
+    assert done.stdout.splitlines() == [
+        f"put blake3:{blake3.blake3(small).hexdigest()}",
+        f"put blake3:{blake3.blake3(large).hexdigest()}",
+        "read kept before",
+    ], done.stdout + done.stderr[-2000:]
+    store = LocalStore(tmp_path)
+    assert bytes(store.get(hash_bytes(small))) == small
+    assert bytes(store.get(hash_bytes(large))) == large
+    assert not list((tmp_path / "tmp").iterdir())
 
 
 @pytest.mark.parametrize("pool", ["first", "running"])

@@ -58,6 +58,11 @@ from somatize.store.base import (
 )
 from somatize.store.records import PackIndex, encode_name
 
+open_file = io.open
+"""What a store opens its files with, not the builtin ``open``: as the interpreter
+finalizes, builtins are put back as they were before ``io`` added ``open`` to them, and a
+blob put or read then (by code a collection runs) failed with NameError."""
+
 _OVERLAP = 16 << 20
 """Blobs this large are hashed while they are written, not before."""
 _RUN = 8 << 20
@@ -245,10 +250,10 @@ class LocalFiles(PackedHome):
         """``temporary``, a new file in ``tmp/``, open for writing; ``tmp/`` is made first
         when it is not there (a store copied without its empty folders)."""
         try:
-            return open(temporary, "wb")
+            return open_file(temporary, "wb")
         except FileNotFoundError:
             self._make_folder(self._tmp)
-            return open(temporary, "wb")
+            return open_file(temporary, "wb")
 
     def _make_folder(self, folder: str) -> None:
         """Makes ``folder`` of the store, missing (a store copied without its empty

@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 from somatize import canonical
 from somatize._numbers import finite
 from somatize.store._bucket_upkeep import BucketShelf, _Merging
+from somatize.store._local_files import open_file
 from somatize.store._packed import digest_of, frozen, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     Answer,
@@ -222,7 +223,7 @@ def _read_mark(mark: str) -> str | None:
     until = time.monotonic() + _MARK_WAIT
     while True:
         try:
-            with open(mark, "rb") as handle:
+            with open_file(mark, "rb") as handle:
                 data = handle.read(1 << 16)
         except FileNotFoundError:
             return None

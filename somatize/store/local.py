@@ -65,6 +65,7 @@ from somatize.store._local_files import (
     _open_regular,
     _read_file,
     _read_open,
+    open_file,
     stamp_of,
 )
 from somatize.store._local_upkeep import LocalShelf, _write_uses
@@ -268,7 +269,7 @@ class LocalStore(LocalShelf):
             raise self._no_blob(digest, why) from None
         except OSError as why:
             raise self._unreadable("blobs", why) from why
-        return open(handle, "rb")  # the caller closes it
+        return open_file(handle, "rb")  # the caller closes it
 
     def _no_blob(self, digest: str, why: OSError) -> Corrupt:
         """What a read of blob ``digest`` says when what is at its path is no file (a FIFO,
@@ -313,7 +314,7 @@ class LocalStore(LocalShelf):
         except OSError as why:  # another user's (EACCES), a file where a folder should be
             raise self._unreadable("blobs", why) from why
         try:
-            with open(opened, "rb") as handle:
+            with open_file(opened, "rb") as handle:
                 actual = stat.st_size
                 if size is not None and actual != size:
                     raise Corrupt(
