@@ -60,6 +60,11 @@ def _recall_or_run(
             self._placed = True
     if isinstance(x, torch.Tensor):
         self.last_input = weakref.ref(x)
+    # How the module lays out its answers depends on how its input is laid out (a conv
+    # fed channels_last answers channels_last): recalled rows follow the batches it
+    # computed from inputs laid out as this one.
+    with self._tiers_lock:
+        orders = self._orders.setdefault(_layout_of(x), {})
     keying = _keying(self, x)  # a part put in since is held in eval with the rest
     _check_still(self)
     if isinstance(x, torch.Tensor) and x.requires_grad:  # taken where none is recorded
@@ -104,7 +109,7 @@ def _recall_or_run(
         at, rows = found
         counts[where] += len(at)
         with self._tiers_lock:
-            self._orders.setdefault((rows.shape[1:], rows.dtype), row_order(rows))
+            orders.setdefault((rows.shape[1:], rows.dtype), row_order(rows))
         _admit(self, [near[p] for p in at], rows)
         # Rows come as found (those of several writes a write at a time), not in the
         # batch's order: their positions go with them unless they are the whole batch.
@@ -130,7 +135,7 @@ def _recall_or_run(
         rows = _compute(self, x, once, keying)
         computed = time.perf_counter() - began
         with self._tiers_lock:  # what a batch answered from memory is laid out as
-            self._orders[(rows.shape[1:], rows.dtype)] = row_order(rows)
+            orders[(rows.shape[1:], rows.dtype)] = row_order(rows)
         # Queued for the store before they are kept in memory: a submit interrupted while
         # it waits for the writer (Ctrl-C) leaves them in no tier either, so the forward
         # run again computes and queues them, rather than recall them and never write them.
@@ -146,7 +151,7 @@ def _recall_or_run(
             rows = rows.clone()
         pieces.append((None if len(positions) == count else positions, rows))
     # Rows all computed now are the module's own as they are; any recalled are laid out.
-    out = _assemble(pieces, count, x.device, {} if len(positions) == count else self._orders)
+    out = _assemble(pieces, count, x.device, {} if len(positions) == count else orders)
     if isinstance(x, DeferredRows):
         x.answered(_held(self, near, positions))  # their inputs need not come any more
     with self._tiers_lock:
@@ -303,6 +308,13 @@ def _drifted(self: CachedRows, was: str | None) -> None:
 _remember: Callable[..., Any] = outside_compiled(_recall_or_run)
 """The lookup runs outside any compiled region: a graph break at the cached module, so
 ``torch.compile`` compiles what is around it (the head) once."""
+
+
+def _layout_of(x: torch.Tensor | DeferredRows) -> tuple[int, ...] | None:
+    """The order of the dims of batch ``x`` in memory (:func:`row_order`; None: C order,
+    or rows that are loaded only when computed)."""
+    order = row_order(x) if isinstance(x, torch.Tensor) else None
+    return tuple(order) if order is not None else None
 
 
 def _assemble(

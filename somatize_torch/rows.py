@@ -178,9 +178,12 @@ class CachedRows(nn.Module):
         # The memory tiers' name for each keying ever made here, so a keying made again
         # (a setting changed and changed back) finds the rows it kept in memory.
         self._tags: dict[tuple[bytes, tuple[Any, ...]], int] = {}
-        self._orders: dict[tuple[torch.Size, torch.dtype], list[int] | None] = {}
-        """Per shape and dtype of a row, the order of the dims in memory of the batches
-        the module answered (None: C order): a batch recalled is laid out so too."""
+        self._orders: dict[
+            tuple[int, ...] | None, dict[tuple[torch.Size, torch.dtype], list[int] | None]
+        ] = {}
+        """Per order of the dims of the input in memory, then per shape and dtype of a row,
+        the order of the dims in memory of the batches the module answered (None: C
+        order): a batch recalled is laid out so too."""
         self._classes = classes_of(module)
         self._fingerprint = fingerprint_of(*self._classes)
         # What the fingerprint was worked out from: a method set on a class since is

@@ -594,6 +594,28 @@ def test_recalled_rows_are_laid_out_in_memory_as_computed_ones(
     second.close()
 
 
+def test_recalled_rows_follow_the_layout_of_the_input_they_answer() -> None:
+    """A conv answers a channels_last batch channels_last and a batch in C order in C
+    order: a batch recalled is laid out as the module lays out the answers to inputs laid
+    out as it is, not as the last batch computed — whichever way the inputs alternate."""
+    torch.manual_seed(0)
+    module = nn.Conv2d(3, 4, 3, padding=1)
+    data = torch.randn(8, 3, 6, 6)
+    last = data.to(memory_format=torch.channels_last)
+    cached = cache_rows(module)
+    cached(last[:4])
+    cached(data[4:])  # computed last, in C order
+    for batch in (last[:4], data[4:], last[2:6], data[:6]):  # recalled, whole or in part
+        with torch.no_grad():
+            expected = module(batch)
+        out = cached(batch)
+        assert out.stride() == expected.stride()
+        # A row computed from an input in one layout may differ in the last bit from the
+        # same row computed from the other (another kernel); both have one key.
+        assert torch.allclose(out, expected, atol=1e-6)
+    assert cached.stats.computed == 8
+
+
 def test_bf16_autocast_and_fp32_have_different_keys() -> None:
     """The autocast state the encoder runs under is part of every row's key."""
     cached = cache_rows(encoder())
