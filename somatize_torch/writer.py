@@ -87,7 +87,8 @@ class WriteFailed(SomatizeError, OSError):
 
 
 class WaitsForItself(SomatizeError, RuntimeError):
-    """A flush was called on the writer thread it would wait for (from inside a write)."""
+    """A flush was called on the writer thread it would wait for (from inside a write), or
+    on a thread holding the store lock that writer thread takes."""
 
 
 # ------------------------------------------------------------------------------ the writer
@@ -347,7 +348,13 @@ class Writer:
         staged: _Staged | None = None
         try:
             with backlog.changed:
-                while backlog.pending > 0 and backlog.pending + nbytes > self.pending_bytes:
+                # Past the budget rather than wait for ever where the thread writes through
+                # a store lock this thread holds (a forward that code a collection ran).
+                while (
+                    backlog.pending > 0
+                    and backlog.pending + nbytes > self.pending_bytes
+                    and not backlog.locked_here()
+                ):
                     backlog.changed.wait()
                 backlog.pending += nbytes
                 reserved = True
@@ -737,16 +744,35 @@ class _Backlog:
                     "collector ran there), and would wait for that write, and so for ever. "
                     "Flush from another thread; the rows are written as the thread goes on"
                 )
+            if self.done < target and self.locked_here():
+                raise WaitsForItself(
+                    f"a flush of a cache over {self.store!r} ran while this thread holds the "
+                    "lock the store's writer thread takes to write (code a garbage collection "
+                    "ran inside a call into the store, a finalizer), and would wait for that "
+                    "thread, which waits for it, for ever. Flush from ordinary code; the rows "
+                    "are written as the thread goes on"
+                )
             if self.done < target:
                 self.queue.put(_WAKE)
             while self.done < target:
                 self.changed.wait()
 
+    def locked_here(self) -> bool:
+        """Whether the calling thread holds the lock of a store this backlog's thread writes
+        through (:func:`store_lock`), which the thread would wait for."""
+        for ref in list(self.users):
+            writer = ref()
+            lock = _LOCKS.get(writer.store) if writer is not None else None
+            if lock is not None and lock.held_here():
+                return True
+        return False
+
     def stop(self) -> None:
         """Stops the thread once it has written what is queued; it starts again at the
         next submit. On the writer thread itself (a close inside a write, whose flush
-        refused) it leaves the thread running: it cannot wait for its own end."""
-        if self.thread is threading.current_thread():
+        refused), or on a thread holding a store lock it writes through, it leaves the
+        thread running: it cannot wait for its own end, nor for one that waits for it."""
+        if self.thread is threading.current_thread() or self.locked_here():
             return
         with self.life:
             self.closed = True

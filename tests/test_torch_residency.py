@@ -678,6 +678,68 @@ def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path, ending
     again.close()
 
 
+_IN_A_COLLECTION_INSIDE_THE_STORE = SHARED + textwrap.dedent(
+    f"""
+    import gc, sys
+    sys.path.insert(0, {str(ROOT)!r})
+    from somatize import Store
+    from somatize_torch.rows import cache_rows
+    from somatize_torch.writer import store_lock
+
+    cached = cache_rows(mlp(), Store(sys.argv[1]))
+    cached._writer.pending_bytes = 1  # a forward waits for every row before its own
+    cached(rows(8))
+
+    class Later:
+        def __del__(self):
+            try:
+                cached(rows(8, seed=2))  # past what may be pending
+                print("computed", flush=True)
+                getattr(cached, sys.argv[2])()
+            except BaseException as error:
+                print("raised", type(error).__name__, flush=True)
+
+    later = Later()
+    later.me = later
+    del later
+    with store_lock(cached.store):  # as a forward reading the store holds it
+        gc.collect()
+    cached.flush()
+    print("flushed", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("call", ["flush", "close"])
+def test_a_forward_and_a_flush_a_collection_runs_inside_a_store_call_wait_for_nothing(
+    tmp_path: Path, call: str
+) -> None:
+    """Code a collection runs (a ``__del__``) while its thread holds the lock the writer
+    thread takes to write — inside a forward's call into the store — waits for nothing
+    that thread must do: a forward there computes its rows past what may be pending, and
+    a flush (or close) says it would wait for itself (``WaitsForItself``), where each
+    waited for ever. Every row is written all the same."""
+    store = tmp_path / "store"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _IN_A_COLLECTION_INSIDE_THE_STORE, str(store), call],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as hung:
+        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
+        pytest.fail(f"a forward or flush inside a call into the store waited for ever: {said}")
+    assert done.stdout.splitlines() == ["computed", "raised WaitsForItself", "flushed"], (
+        done.stdout + done.stderr[-2000:]
+    )
+    again = cache_rows(mlp(), Store(store))
+    x = torch.cat([rows(8), rows(8, seed=2)])
+    assert torch.equal(again(x), truth(x))
+    assert again.stats.from_store == 16
+    again.close()
+
+
 def _exits(script: str, store: Path) -> subprocess.CompletedProcess[str]:
     """``script`` run in a new interpreter over ``store``, which must exit, and cleanly."""
     done = subprocess.run(
