@@ -32,7 +32,7 @@ from somatize.engine import Drifted
 from somatize.store.base import Corrupt, Missing
 from somatize_torch._modes import outside_compiled
 from somatize_torch._row_codec import decode_rows, empty_rows, laid_out, row_order
-from somatize_torch._row_errors import NotRowwise
+from somatize_torch._row_errors import NotRowwise, RowsError
 from somatize_torch._row_keys import _Keying, _keying, _row_ids
 from somatize_torch._rowwise import _check_records_none, _compute
 from somatize_torch.codec import TENSOR
@@ -51,6 +51,14 @@ _SEED_CHUNK = 4096
 def _recall_or_run(
     self: CachedRows, x: torch.Tensor | DeferredRows, index: torch.Tensor | None
 ) -> torch.Tensor:
+    if self._tiers_lock.held_here():
+        raise RowsError(
+            f"`{type(self.module).__name__}` is cached per row and was called by code run "
+            "while this thread was inside the cache's own lookup (a `__del__` or weakref "
+            "callback a garbage collection ran there): its memory tiers are half updated "
+            "there, so the call would wait for itself, for ever. Call the cache from "
+            "ordinary code, after the collection"
+        )
     if self._writer is not None:
         self._writer.check()  # here, outside what torch.compile traces
     start = time.perf_counter()

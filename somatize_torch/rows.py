@@ -155,10 +155,9 @@ class CachedRows(nn.Module):
         self.store = store
         self.tiers = [Tier("device", "cpu", device_bytes), Tier("host", "cpu", host_bytes)]
         # Held while the tiers are looked up, admitted to or emptied, and while the counts
-        # move: one cache may be called from several threads at once. A plain lock (a hit
-        # takes it twice), made afresh in a forked child (`_fresh_locks`).
-        self._tiers_lock = threading.Lock()
-        _CACHES.add(self)
+        # move: one cache may be called from several threads at once. A forked child gets
+        # it unheld; a forward run by code a collection runs inside it is refused.
+        self._tiers_lock = ProcessLock()
         self._placed = False
         self._node = ModuleNode(module)
         self._node._keys_precision = False  # rows are keyed by the precision they run in
@@ -608,22 +607,6 @@ class CachedContainer(CachedRows):
         del self.module[index]
         # `nn.Sequential` and `nn.ModuleList` renumber into a new dict of children.
         _share_registries(self, self.module)
-
-
-_CACHES: weakref.WeakSet[CachedRows] = weakref.WeakSet()
-"""Every cache of this process, whose tiers' lock a forked child makes afresh."""
-
-
-def _fresh_locks() -> None:
-    """In a forked child (a DataLoader worker), before the fork returns there: a thread of
-    the parent may have held a cache's tiers' lock at the fork, and does not exist here.
-    A block the forking thread itself was in releases the lock it took, not this one."""
-    for cache in list(_CACHES):
-        cache._tiers_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_locks)
 
 
 _CONTAINER = ("__getitem__", "__len__", "__iter__")

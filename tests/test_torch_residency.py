@@ -740,6 +740,52 @@ def test_a_forward_and_a_flush_a_collection_runs_inside_a_store_call_wait_for_no
     again.close()
 
 
+_IN_A_COLLECTION_INSIDE_THE_LOOKUP = SHARED + textwrap.dedent(
+    """
+    import gc
+    from somatize_torch.rows import cache_rows
+
+    cached = cache_rows(mlp())
+    cached(rows(4))
+
+    class Later:
+        def __del__(self):
+            try:
+                cached(rows(4, seed=2))
+            except BaseException as error:
+                print("raised", type(error).__name__, flush=True)
+            print("rows", cached.stats.rows, flush=True)
+
+    later = Later()
+    later.me = later
+    del later
+    with cached._tiers_lock:  # as a lookup holds it
+        gc.collect()
+    print("after", cached(rows(4, seed=2)).shape[0], cached.stats.computed, flush=True)
+    """
+)
+
+
+def test_a_forward_a_collection_runs_inside_the_cache_s_lookup_is_refused() -> None:
+    """A forward run by code a collection runs (a ``__del__``) while its thread is inside
+    the same cache's lookup — its memory tiers half updated — is refused (``RowsError``),
+    where it waited for ever for the lock its own thread held; its counts can be read
+    there. The cache goes on answering afterwards."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _IN_A_COLLECTION_INSIDE_THE_LOOKUP],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as hung:
+        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
+        pytest.fail(f"a forward inside the cache's lookup waited for ever: {said}")
+    assert done.stdout.splitlines() == ["raised RowsError", "rows 4", "after 4 8"], (
+        done.stdout + done.stderr[-2000:]
+    )
+
+
 def _exits(script: str, store: Path) -> subprocess.CompletedProcess[str]:
     """``script`` run in a new interpreter over ``store``, which must exit, and cleanly."""
     done = subprocess.run(
