@@ -589,6 +589,38 @@ def test_a_file_changed_after_the_version_is_refused(tmp_path: Path) -> None:
         source.forward({"at": 0, "take": 4}, ctx())
 
 
+def test_a_file_rewritten_within_the_tick_it_was_hashed_in_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem stamps a file's times from a clock that ticks coarsely (every few
+    milliseconds on Linux before 6.13, every second or two on some filesystems), so a file
+    rewritten in place at its size in the tick it was hashed in keeps its stat: a source
+    hashes such a file again around each read, rather than read its new rows under the old
+    version."""
+    import somatize.data.parquet_dir as module
+
+    # A clock that has not ticked since the files were written: their times stay as they
+    # were, however often they are written.
+    real = module._stat_of
+    monkeypatch.setattr(module, "_stat_of", lambda *a: (*real(*a)[:4], 0, 0))
+    monkeypatch.setattr(module, "_RACY_NS", 10**19, raising=False)
+    plain = {"compression": "none", "use_dictionary": False}
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d" / "part-000.parquet"
+    pyarrow.parquet.write_table(pyarrow.table({"n": [1] * 10}), path, **plain)
+    source = ParquetDir(tmp_path / "d")
+    assert source.forward({"at": 0, "take": 3}, ctx()).column("n") == [1, 1, 1]
+    other = parquet_bytes(pyarrow.table({"n": [2] * 10}), **plain)
+    assert len(other) == path.stat().st_size
+    with open(path, "r+b") as handle:
+        handle.write(other)
+    with pytest.raises(DatasetChanged, match="changed after this source's version"):
+        source.forward({"at": 0, "take": 3}, ctx())
+    again = ParquetDir(tmp_path / "d")
+    assert again.version != source.version
+    assert again.forward({"at": 0, "take": 3}, ctx()).column("n") == [2, 2, 2]
+
+
 def test_a_directory_with_a_file_that_is_not_parquet(tmp_path: Path) -> None:
     """A `.parquet` file that is not one is refused when the version is worked out."""
     write_dir(tmp_path / "d", [numbers(10)])

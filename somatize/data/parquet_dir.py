@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import errno
 import os
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -59,6 +60,21 @@ _OPEN_FILES = 8
 """How many files of a ``ParquetDir`` stay open between spans. The others are opened
 again when a span reaches them: a directory may hold more files than a process may
 have open."""
+
+
+_RACY_NS = 2_000_000_000
+"""How long after a file's last change its stat vouches for it. A filesystem stamps times
+from a clock that ticks coarsely (every few milliseconds on Linux before 6.13, every second
+or two on some filesystems), so a file written again in place, at its size, within the tick
+it changed in keeps its size, inode and times: until then, it is hashed again around each
+read (:meth:`ParquetDir._check`)."""
+
+
+def _racy(stat: tuple[Any, ...]) -> bool:
+    """Whether a file last changed (``stat``'s ctime) too recently for a change within the
+    same tick to move its times."""
+    changed: int = stat[5]
+    return time.time_ns() - changed < _RACY_NS
 
 
 class DatasetChanged(DataError, RuntimeError):
@@ -265,10 +281,16 @@ class ParquetDir(_Versioned):
         self.files = [one.relative_to(root).as_posix() for one in found]
         entries = []
         self._stats: list[tuple[Any, ...]] = []
+        self._digests: list[str] = []
         for one, relative in zip(found, self.files, strict=True):
             digest, stat = _file_digest(one, relative)
             self._stats.append(stat)
+            self._digests.append(digest)
             entries.append([relative, stat[3], digest])
+        self._racy = {index for index, stat in enumerate(self._stats) if _racy(stat)}
+        """The files changed too recently for their stat to vouch for them (``_RACY_NS``):
+        each is hashed again when checked, until a hash taken long enough after its change
+        matches."""
         self._version = canonical.hex_of(entries, b"somatize/parquet-dir\0")
         """A digest of the files' names, sizes and contents: its state."""
         self._fresh()
@@ -362,6 +384,22 @@ class ParquetDir(_Versioned):
             now = None
         if now != self._stats[index]:
             raise self._changed(index)
+        self._vouch(index)
+
+    def _vouch(self, index: int) -> None:
+        """DatasetChanged when file ``index``, whose stat is as it was, changed too recently
+        for its stat to say so (``_RACY_NS``) and its bytes are no longer the ones hashed."""
+        if index not in self._racy:
+            return
+        relative = self.files[index]
+        try:
+            digest, stat = _file_digest(self.root / relative, relative)
+        except (NotParquet, DatasetChanged):
+            raise self._changed(index) from None
+        if digest != self._digests[index] or stat != self._stats[index]:
+            raise self._changed(index)
+        if not _racy(stat):
+            self._racy.discard(index)
 
     def _opened(self, index: int, footer: _Footer | None) -> _File:
         """File ``index`` opened, checked to be the very file its digest was taken from (a
@@ -397,6 +435,7 @@ class ParquetDir(_Versioned):
                 for index in range(len(self.files)):
                     one = self._opened(index, None)
                     one.close()
+                    self._vouch(index)  # the footer was read from the bytes hashed
                     footers.append(one.footer)
                 self._check_schemas(footers)
                 starts = [0]
