@@ -269,6 +269,8 @@ def test_columns_are_read_as_handed_in_their_order(kind: str, tmp_path: Path, st
         make(columns={"n", "s"})
     with pytest.raises(TypeError, match=r"columns= is a list of column names, got 5"):
         make(columns=5)
+    with pytest.raises(TypeError, match=r"got 'n'; one name: `columns=\['n'\]`"):
+        make(columns="n")
 
 
 @pytest.mark.parametrize("kind", ["store", "directory"])

@@ -86,9 +86,12 @@ def _columns_of(columns: Sequence[str] | None) -> tuple[str, ...] | None:
         )
     named = list(columns) if isinstance(columns, Iterable) and not _is_text(columns) else None
     if named is None or not all(isinstance(c, str) for c in named):
-        raise TypeError(
-            f"columns= is a list of column names, got {columns!r}; e.g. `columns=['sms']`"
+        example = (
+            f"one name: `columns=[{columns!r}]`"
+            if isinstance(columns, str)
+            else "e.g. `columns=['sms']`"
         )
+        raise TypeError(f"columns= is a list of column names, got {columns!r}; {example}")
     columns = [str(name) for name in named]  # a numpy or other str subclass: a plain str
     twice = sorted(name for name, times in collections.Counter(columns).items() if times > 1)
     if twice:
