@@ -84,10 +84,15 @@ class _Slot:
 
 _UNKNOWN = _Slot(None, None, None)
 
-_Handed = tuple[str, _Slot, int, int, str, tuple[str, ...], int]
+_Handed = tuple[str, _Slot, int, int, str, tuple[str, ...], int, tuple[str | None, ...]]
 """A call a followed value is handed to: the name called, the slot of what was loaded to
 call it, the value's place among the call's arguments, how many those are, its kind, the
-names of those given by keyword (the last ones), and the call's offset."""
+names of those given by keyword (the last ones), the call's offset, and the local each
+argument was loaded from."""
+
+_Found = tuple[str, Any, list[_Handed], frozenset[str]]
+"""What :func:`_follow` finds: where the value goes, the calls it is handed to, and the
+parameters whose list, tuple or dict it is put into (`names.append(...)`)."""
 
 
 _POPS: dict[tuple[str, int], int | None] = {}
@@ -214,14 +219,21 @@ def _steps(code: types.CodeType) -> tuple[list[_Step], dict[int, int]]:
 
 
 def _follow(
-    code: types.CodeType, start: int, kind: str, entry: str | None = None
-) -> tuple[str, Any, list[_Handed]]:
+    code: types.CodeType,
+    start: int,
+    kind: str,
+    entry: str | None = None,
+    holding: tuple[str, ...] = (),
+) -> _Found:
     """Where the value made by the instruction of ``code`` at ``start`` (of ``kind``), or
-    handed to it as its argument ``entry``, goes: ("asked", the instruction that asks
+    handed to it as its argument ``entry``, or the locals ``holding`` hold from the call at
+    ``start`` on (a list a call put text into), goes: ("asked", the instruction that asks
     it), ("returned", the kind returned), or ("let", None); with the calls it is handed
-    to, which may be the model's."""
+    to, which may be the model's, and the parameters it is put into."""
     steps, place = _steps(code)
     handed: list[_Handed] = []
+    parameters = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+    filled: set[str] = set()
     if entry is not None:
         start = -1
     elif start not in place:
@@ -229,7 +241,7 @@ def _follow(
         # the call is the last instruction before.
         before = [step.one.offset for step in steps if step.one.offset < start]
         if not before:
-            return "let", None, handed
+            return "let", None, handed, frozenset()
         start = before[-1]
     first = place.get(start, -1)
     taken = 0
@@ -273,7 +285,7 @@ def _follow(
                 kinds = {slot.kind for slot in popped if slot.kind is not None}
                 verdict = _taken(one, name, popped, kinds)
                 if verdict == "asked":
-                    return "asked", one, handed
+                    return "asked", one, handed, frozenset(filled)
                 if verdict == "returned":
                     returned = _TEXT if _TEXT in kinds else _HOLDER
                     break
@@ -281,10 +293,12 @@ def _follow(
                     made = verdict
                 elif isinstance(verdict, tuple) and verdict[0] == "puts":
                     locals_ = {**locals_, verdict[1]: _HOLDER}
+                    if verdict[1] in parameters:
+                        filled.add(verdict[1])
                 elif isinstance(verdict, tuple) and len(handed) < 16:
                     keywords = kw_names if name == "CALL" else ()
-                    _, *called = verdict
-                    handed.append((*called, keywords, one.offset))
+                    _, *called, loaded = verdict
+                    handed.append((*called, keywords, one.offset, loaded))
             if name in _STORE_LOCAL:
                 if popped[-1].kind is not None:
                     locals_ = {**locals_, one.argval: popped[-1].kind}
@@ -308,7 +322,9 @@ def _follow(
                         made = locals_[local]
             if local is not None and local in locals_ and name in _LOAD_LOCAL:
                 made = locals_[local]
-            if at == first:
+            if at == first and holding:
+                locals_, began = {**locals_, **dict.fromkeys(holding, kind)}, True
+            elif at == first:
                 made, began = kind, True
             if name == "KW_NAMES":
                 kw_names = one.argval if isinstance(one.argval, tuple) else ()
@@ -331,8 +347,8 @@ def _follow(
                 break
             at += 1
     if returned is not None:
-        return "returned", returned, handed
-    return "let", None, handed
+        return "returned", returned, handed, frozenset(filled)
+    return "let", None, handed, frozenset(filled)
 
 
 def _taken(
@@ -384,7 +400,8 @@ def _taken(
             # Handed to a function that may be the model's: followed into it where the
             # frame tells what it is (:func:`asked_at`).
             at = next(at for at, slot in enumerate(args) if slot.kind is not None)
-            return ("handed", callee, by, at, len(args), args[at].kind)
+            loaded = tuple(slot.local for slot in args)
+            return ("handed", callee, by, at, len(args), args[at].kind, loaded)
         return None
     if name in ("RETURN_VALUE", "YIELD_VALUE"):
         return "returned"
@@ -398,16 +415,20 @@ def _taken(
 
 
 def _read(
-    code: types.CodeType, start: int, kind: str, entry: str | None = None
-) -> tuple[str, Any, list[_Handed]]:
+    code: types.CodeType,
+    start: int,
+    kind: str,
+    entry: str | None = None,
+    holding: tuple[str, ...] = (),
+) -> _Found:
     """:func:`_follow`, read once per place."""
-    key = (id(code), start, kind, entry)
+    key = (id(code), start, kind, entry, holding)
     kept = _READ.get(key)
     if kept is not None and kept[0] is code:
         return kept[1]  # type: ignore[no-any-return]
     if len(_READ) >= 4096:
         _READ.clear()
-    found = _follow(code, start, kind, entry)
+    found = _follow(code, start, kind, entry, holding)
     _READ[key] = (code, found)
     return found
 
@@ -511,7 +532,7 @@ def _handed_into(
     asks something of it — or, where it returns text made of it (``_named(str(x.dtype))``),
     ``frame``'s code asks that, or hands it on to another that does, up to ``depth``
     calls."""
-    for name, by, at, count, kind, keywords, offset in handed:
+    for name, by, at, count, kind, keywords, offset, loaded in handed:
         function, before = _function_called(frame, name, by)
         if function is None or not own(function.__code__.co_filename):
             continue
@@ -529,6 +550,16 @@ def _handed_into(
         found = _read(code, -1, kind, parameter)
         if found[0] == "asked":
             return _where(code, found[1])
+        for each in found[3]:  # put into a list handed to it: followed on from the call
+            place = named.index(each) - before
+            if each in keywords:
+                place = given + keywords.index(each)
+            elif not 0 <= place < given:
+                continue
+            held = loaded[place]
+            into = None if held is None else _asked_after(frame, offset, (held,), own, depth)
+            if into is not None:
+                return into
         if found[0] == "returned" and depth:  # handed back: followed on from the call
             back = _read(frame.f_code, offset, found[1])
             if back[0] == "asked":
@@ -537,6 +568,32 @@ def _handed_into(
             if into is not None:
                 return into
     return None
+
+
+def _asked_after(
+    frame: types.FrameType, offset: int, held: tuple[str, ...], own: Any, depth: int
+) -> str | None:
+    """Where ``frame``'s code asks something of the lists its locals ``held`` hold once the
+    call at ``offset`` has put text into them, or hands them to a function of the
+    model's that does."""
+    found = _read(frame.f_code, offset, _HOLDER, None, held)
+    if found[0] == "asked":
+        return _where(frame.f_code, found[1])
+    return _handed_into(frame, found[2], own, depth - 1) if depth else None
+
+
+def _filled_at(frame: types.FrameType, filled: frozenset[str], own: Any) -> str | None:
+    """Where the model's code that called ``frame`` asks something of the lists it handed
+    ``frame``'s function as its parameters ``filled``, which that put text into: followed
+    on in the caller from the call, by the locals there that hold the same list."""
+    caller = frame.f_back
+    if not filled or caller is None or not own(caller.f_code.co_filename):
+        return None
+    lists = [frame.f_locals.get(each) for each in filled]
+    held = tuple(
+        sorted(name for name, value in caller.f_locals.items() if any(value is i for i in lists))
+    )
+    return _asked_after(caller, caller.f_lasti, held, own, 8) if held else None
 
 
 def asked_at(frame: types.FrameType, own: Any) -> str | None:
@@ -550,7 +607,7 @@ def asked_at(frame: types.FrameType, own: Any) -> str | None:
         found = _read(frame.f_code, frame.f_lasti, kind)
         if found[0] == "asked":
             return _where(frame.f_code, found[1])
-        into = _handed_into(frame, found[2], own)
+        into = _handed_into(frame, found[2], own) or _filled_at(frame, found[3], own)
         if into is not None:
             return into
         caller = frame.f_back

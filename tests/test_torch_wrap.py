@@ -3415,6 +3415,38 @@ class ScalesByAGainPickedByTextHandedOnTwice(OnTempered):
         return self.encoder(x.float()) * _gain_named(_suffixed(f"{x.dtype}"))
 
 
+def _fill_named(names: list[str], x: torch.Tensor) -> None:
+    """Puts the name of ``x``'s dtype, joined to a suffix, into ``names``."""
+    names.append("-".join([str(x.dtype), "k"]))
+
+
+def _put_named(names: list[str], name: str) -> None:
+    """Puts ``name``, joined to a suffix, into ``names``."""
+    names.append("-".join([name, "k"]))
+
+
+class ScalesForItsDtypeInAListAFunctionFills(OnTempered):
+    """Scales by ten when a list a function of its own puts the name of its dtype into
+    holds float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names: list[str] = []
+        _fill_named(names, x)
+        return h * 10 if "torch.float64-k" in names else h
+
+
+class ScalesForItsDtypeInAListItHandsTheName(OnTempered):
+    """The same, the name made here and handed, by keyword, to the function that puts it
+    into the list."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names: list[str] = []
+        _put_named(names=names, name=str(x.dtype))
+        return h * 10 if "torch.float64-k" in names else h
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -3424,6 +3456,8 @@ class PutsItsDtypeInMessages(OnTempered):
         words = [str(x.dtype), "input", "!"]
         words.pop()
         message = "-".join(words)
+        _fill_named(words, x)
+        print(words)
         print("{}!".format(x.dtype), "%s" % (x.dtype,), message, str(str(x.dtype)))  # noqa: UP032, UP031
         warnings.warn("{} input of shape {}".format(str(x.dtype), x.shape), stacklevel=1)  # noqa: UP032
         return self.encoder(x) * 2
@@ -3479,6 +3513,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesByAGainASubmodulePicks, r"into text.*asked at .*`return 10\.0 if name =="),
         (ScalesForItsDtypeSuffixedByAFunction, r"into text.*asked at .*`return h \* 10 if _suf"),
         (ScalesByAGainPickedByTextHandedOnTwice, r"into text.*asked at .*`return 10\.0 if name =="),
+        (ScalesForItsDtypeInAListAFunctionFills, r"into text.*asked at .*`return h \* 10 if \"t"),
+        (ScalesForItsDtypeInAListItHandsTheName, r"into text.*asked at .*`return h \* 10 if \"t"),
     ],
     ids=[
         "format",
@@ -3491,6 +3527,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "handed to a submodule's method",
         "handed back",
         "handed back and on",
+        "put into a list handed to a function",
+        "handed with a list to a function that puts it in",
     ],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
@@ -3499,8 +3537,9 @@ def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_wher
     """Python puts the text of a stand-in into plain text by `str.format`, `%` with a
     tuple, `str.join` or `str`, which it does not mark: `"{}!".format(str(x.dtype)) ==
     "torch.float64!"` would keep the branch for float32 for a float64 input too. `wrap`
-    follows that text through locals, what a function returns and a function of the
-    model's it is handed to, and refuses it where it
+    follows that text through locals, what a function returns, a function of the
+    model's it is handed to and a list such a function puts it into, and refuses it
+    where it
     is compared or looked up, naming both lines; put into a message, it is let be, and
     the model answers as it does."""
     _refused_as_untraceable(kind, named, store)
