@@ -160,6 +160,16 @@ def _callee(popped: list[_Slot]) -> tuple[str | None, _Slot | None, _Slot]:
     return None, None, _UNKNOWN
 
 
+def _in_place(one: dis.Instruction | None) -> bool:
+    """Whether ``one`` is an in-place operation (``names += [...]``), which changes the
+    list it is done on rather than making another."""
+    if one is None:
+        return False
+    return one.opname.startswith("INPLACE_") or (
+        one.opname == "BINARY_OP" and one.argrepr.endswith("=")
+    )
+
+
 def _method(one: dis.Instruction) -> bool:
     """Whether ``one`` loads a method to call (``LOAD_METHOD``, or ``LOAD_ATTR`` marked so
     from Python 3.12), not an attribute."""
@@ -293,7 +303,7 @@ def _follow(
                     made = verdict
                 elif isinstance(verdict, tuple) and verdict[0] == "puts":
                     locals_ = {**locals_, verdict[1]: _HOLDER}
-                    if verdict[1] in parameters:
+                    if verdict[1].split(".")[0] in parameters:
                         filled.add(verdict[1])
                 elif isinstance(verdict, tuple) and len(handed) < 16:
                     keywords = kw_names if name == "CALL" else ()
@@ -302,6 +312,8 @@ def _follow(
             if name in _STORE_LOCAL:
                 if popped[-1].kind is not None:
                     locals_ = {**locals_, one.argval: popped[-1].kind}
+                    if one.argval in parameters and _in_place(popped[-1].pusher):
+                        filled.add(one.argval)  # `names += [...]`: the list handed in
                 elif one.argval in locals_:
                     locals_ = {k: v for k, v in locals_.items() if k != one.argval}
             if name == "STORE_ATTR" and popped[-1].local is not None:
@@ -376,8 +388,11 @@ def _taken(
     if name in ("LIST_APPEND", "SET_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE"):
         return None
     if name == "STORE_SUBSCR":
-        # Stored by it as a key (`table[name] = ...`): looked up by it.
-        return "asked" if popped[-1].kind is not None else None
+        # Stored by it as a key (`table[name] = ...`): looked up by it; as a value, put
+        # into the list or dict.
+        if popped[-1].kind is not None:
+            return "asked"
+        return ("puts", popped[1].local) if popped[1].local is not None else None
     if name.startswith("CALL"):
         callee, owner, by = _callee(popped)
         args = popped[2:] if name != "CALL_FUNCTION" else popped[1:]
@@ -579,21 +594,33 @@ def _asked_after(
     found = _read(frame.f_code, offset, _HOLDER, None, held)
     if found[0] == "asked":
         return _where(frame.f_code, found[1])
-    return _handed_into(frame, found[2], own, depth - 1) if depth else None
+    if not depth:
+        return None
+    code = frame.f_code
+    parameters = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+    handed_on = frozenset(each for each in held if each.split(".")[0] in parameters)
+    return _handed_into(frame, found[2], own, depth - 1) or _filled_at(
+        frame, handed_on | found[3], own, depth - 1
+    )
 
 
-def _filled_at(frame: types.FrameType, filled: frozenset[str], own: Any) -> str | None:
+def _filled_at(
+    frame: types.FrameType, filled: frozenset[str], own: Any, depth: int = 8
+) -> str | None:
     """Where the model's code that called ``frame`` asks something of the lists it handed
     ``frame``'s function as its parameters ``filled``, which that put text into: followed
     on in the caller from the call, by the locals there that hold the same list."""
     caller = frame.f_back
     if not filled or caller is None or not own(caller.f_code.co_filename):
         return None
-    lists = [frame.f_locals.get(each) for each in filled]
-    held = tuple(
-        sorted(name for name, value in caller.f_locals.items() if any(value is i for i in lists))
-    )
-    return _asked_after(caller, caller.f_lasti, held, own, 8) if held else None
+    held: set[str] = set()
+    for each in filled:
+        _, *names = each.split(".")
+        found = _resolved(frame, each)
+        for name, value in caller.f_locals.items():
+            if found is not None and _resolved_off(value, names) is found:
+                held.add(".".join([name, *names]))
+    return _asked_after(caller, caller.f_lasti, tuple(sorted(held)), own, depth) if held else None
 
 
 def asked_at(frame: types.FrameType, own: Any) -> str | None:

@@ -3447,6 +3447,61 @@ class ScalesForItsDtypeInAListItHandsTheName(OnTempered):
         return h * 10 if "torch.float64-k" in names else h
 
 
+def _add_named(names: list[str], x: torch.Tensor) -> None:
+    """The same as :func:`_fill_named`, by `+=`."""
+    names += ["-".join([str(x.dtype), "k"])]
+
+
+def _fill_named_on(names: list[str], x: torch.Tensor) -> None:
+    """Hands ``names`` on to :func:`_fill_named`."""
+    _fill_named(names, x)
+
+
+class ScalesForItsDtypeInAListAFunctionAddsTo(OnTempered):
+    """Scales by ten when a list a function of its own adds the name of its dtype to
+    (`names += [...]`) holds float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names: list[str] = []
+        _add_named(names, x)
+        return h * 10 if "torch.float64-k" in names else h
+
+
+class ScalesForItsDtypeInAListFilledTwoCallsDown(OnTempered):
+    """The same, the list handed on to the function that puts the name into it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names: list[str] = []
+        _fill_named_on(names, x)
+        return h * 10 if "torch.float64-k" in names else h
+
+
+class ScalesForItsDtypeInADict(OnTempered):
+    """Scales by ten when a dict holds the name of its dtype as float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        table = {}
+        table["dtype"] = "-".join([str(x.dtype), "k"])
+        return h * 10 if table["dtype"] == "torch.float64-k" else h
+
+
+class ScalesForItsDtypeInAListItKeeps(OnTempered):
+    """Scales by ten when a list it keeps, which a method of its own puts the name of
+    its dtype into, holds float64's."""
+
+    def _note(self, x: torch.Tensor) -> None:
+        self.names.append("-".join([str(x.dtype), "k"]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        self.names: list[str] = []
+        self._note(x)
+        return h * 10 if "torch.float64-k" in self.names else h
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -3515,6 +3570,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesByAGainPickedByTextHandedOnTwice, r"into text.*asked at .*`return 10\.0 if name =="),
         (ScalesForItsDtypeInAListAFunctionFills, r"into text.*asked at .*`return h \* 10 if \"t"),
         (ScalesForItsDtypeInAListItHandsTheName, r"into text.*asked at .*`return h \* 10 if \"t"),
+        (ScalesForItsDtypeInAListAFunctionAddsTo, r"into text.*asked at .*`return h \* 10 if \"t"),
+        (ScalesForItsDtypeInAListFilledTwoCallsDown, r"into text.*asked at .*`return h \* 10 if"),
+        (ScalesForItsDtypeInADict, r"into text.*asked at .*`return h \* 10 if table"),
+        (ScalesForItsDtypeInAListItKeeps, r"into text.*asked at .*`return h \* 10 if \"t"),
     ],
     ids=[
         "format",
@@ -3529,6 +3588,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "handed back and on",
         "put into a list handed to a function",
         "handed with a list to a function that puts it in",
+        "added to a list handed to a function",
+        "put into a list handed on",
+        "put into a dict",
+        "put into a list the model keeps",
     ],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
@@ -3538,8 +3601,8 @@ def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_wher
     tuple, `str.join` or `str`, which it does not mark: `"{}!".format(str(x.dtype)) ==
     "torch.float64!"` would keep the branch for float32 for a float64 input too. `wrap`
     follows that text through locals, what a function returns, a function of the
-    model's it is handed to and a list such a function puts it into, and refuses it
-    where it
+    model's it is handed to and a list or dict it or such a function puts it into, and
+    refuses it where it
     is compared or looked up, naming both lines; put into a message, it is let be, and
     the model answers as it does."""
     _refused_as_untraceable(kind, named, store)
