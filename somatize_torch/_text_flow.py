@@ -52,6 +52,9 @@ _COUNTS = frozenset({"len", "bool", "getattr", "hasattr"})
 _SEARCHES = frozenset({"index", "count", "remove", "discard", "sort", "__contains__", "__eq__"})
 """Methods of a list, set or dict holding text that compare its items (or keys)."""
 
+_ITEMS = frozenset({"get", "pop", "popitem", "setdefault", "__getitem__"})
+"""Methods of a list or dict holding text that hand out one of its items."""
+
 _HOLDS = frozenset({"list", "tuple", "reversed"})
 """Calls that make a list or tuple of what they are handed."""
 
@@ -139,6 +142,8 @@ def _pops_of(name: str, arg: int) -> int | None:
     if name in _STORE_LOCAL or name in ("STORE_GLOBAL", "POP_TOP", "RETURN_VALUE"):
         return 1
     if name in ("YIELD_VALUE", "UNARY_NOT", "UNARY_NEGATIVE", "GET_ITER", "UNPACK_SEQUENCE"):
+        return 1
+    if name == "FOR_ITER":  # the iterator, put back with the item it hands out
         return 1
     if name.startswith(("POP_JUMP", "JUMP_IF")):
         return 1
@@ -399,6 +404,10 @@ def _taken(
         handed = any(slot.kind is not None for slot in args)
         if owner is not None and owner.kind is not None and callee in _SEARCHES:
             return "asked"
+        if not handed and owner is not None and owner.kind == _HOLDER:
+            # An item taken out of a list or dict of texts (`table.get(key)`) is text;
+            # what else its methods make (`table.values()`) holds them.
+            return _TEXT if callee in _ITEMS else _HOLDER
         if not handed:
             return None
         if callee in _ASKS:
@@ -423,7 +432,9 @@ def _taken(
     if name.startswith(("POP_JUMP", "JUMP_IF")) or name in ("UNARY_NOT", "TO_BOOL"):
         return "asked" if text else None
     if name == "GET_ITER":
-        return "asked" if text else None
+        return "asked" if text else _HOLDER
+    if name == "FOR_ITER":
+        return _TEXT  # an item of a list of texts
     if name == "UNPACK_SEQUENCE":
         return _TEXT
     return None

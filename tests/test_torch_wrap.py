@@ -3502,6 +3502,27 @@ class ScalesForItsDtypeInAListItKeeps(OnTempered):
         return h * 10 if "torch.float64-k" in self.names else h
 
 
+class ScalesForItsDtypeFoundInALoop(OnTempered):
+    """Scales by ten when a name in a list of them, gone over in a loop, says float64."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        for name in ["-".join([str(x.dtype), "k"]), "other"]:
+            if name == "torch.float64-k":
+                return h * 10
+        return h
+
+
+class ScalesForItsDtypeGotOutOfADict(OnTempered):
+    """Scales by ten when the name of its dtype, got out of a dict by `get`, says
+    float64."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        table = {"dtype": "-".join([str(x.dtype), "k"])}
+        return h * 10 if table.get("dtype") == "torch.float64-k" else h
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -3574,6 +3595,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesForItsDtypeInAListFilledTwoCallsDown, r"into text.*asked at .*`return h \* 10 if"),
         (ScalesForItsDtypeInADict, r"into text.*asked at .*`return h \* 10 if table"),
         (ScalesForItsDtypeInAListItKeeps, r"into text.*asked at .*`return h \* 10 if \"t"),
+        (ScalesForItsDtypeFoundInALoop, r"into text.*asked at .*`if name == \"torch"),
+        (ScalesForItsDtypeGotOutOfADict, r"into text.*asked at .*`return h \* 10 if table"),
     ],
     ids=[
         "format",
@@ -3592,6 +3615,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "put into a list handed on",
         "put into a dict",
         "put into a list the model keeps",
+        "gone over in a loop",
+        "got out of a dict",
     ],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
@@ -3601,8 +3626,8 @@ def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_wher
     tuple, `str.join` or `str`, which it does not mark: `"{}!".format(str(x.dtype)) ==
     "torch.float64!"` would keep the branch for float32 for a float64 input too. `wrap`
     follows that text through locals, what a function returns, a function of the
-    model's it is handed to and a list or dict it or such a function puts it into, and
-    refuses it where it
+    model's it is handed to and a list or dict it or such a function puts it into, to
+    the items taken out of them, and refuses it where it
     is compared or looked up, naming both lines; put into a message, it is let be, and
     the model answers as it does."""
     _refused_as_untraceable(kind, named, store)
