@@ -912,6 +912,45 @@ def test_a_cell_set_since_by_the_function_sharing_it_is_another_fingerprint(
     assert built.forward(3, store=store, strict=True) == 21
 
 
+_SETTING_ITS_OWN_CELL = """
+from somatize import Node
+
+def _counting():
+    calls = 0
+
+    def times(x):
+        nonlocal calls
+        calls += 1
+        return x * 2
+
+    return times
+
+times = _counting()
+
+class Counts(Node):
+    def forward(self, x, ctx):
+        return times(x)
+"""
+
+
+def test_a_cell_a_helper_sets_itself_as_it_runs_is_its_state(tmp_path: Path) -> None:
+    """A cell a helper of a node's module sets itself as it runs (``nonlocal calls; calls +=
+    1``) is its state, as a global it assigns is: the second forward recalls what the first
+    kept, and another process, whose helper ran other times, recalls it too."""
+    _package(tmp_path, "counting", nodes=_SETTING_ITS_OWN_CELL)
+    script = (
+        "import sys, warnings\nwarnings.simplefilter('error')\nimport counting.nodes as m\n"
+        "from somatize import Graph\nfor _ in range(int(sys.argv[2])):\n    m.times(1)\n"
+        "for _ in range(2):\n    seen = []\n"
+        "    g = Graph.somatize(m.Counts().named('n').frozen().cached())\n"
+        "    g.forward(3, store=sys.argv[1], watching=seen.append)\n"
+        "    print(*[f['fact'] for f in seen if f.get('node') == 'n'])\n"
+    )
+    store = str(tmp_path / "store")
+    assert _printed(["-c", script, store, "0"], tmp_path).splitlines() == ["ran kept", "recalled"]
+    assert _printed(["-c", script, store, "3"], tmp_path).splitlines() == ["recalled", "recalled"]
+
+
 _HOLDING_TENSORS = """
 import torch
 from somatize import Node

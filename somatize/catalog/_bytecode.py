@@ -381,6 +381,22 @@ def _named_by(code: CodeType, opnames: tuple[str, ...]) -> set[str]:
     return names
 
 
+@functools.lru_cache(maxsize=4096)
+def _cells_set_in(code: CodeType) -> frozenset[str]:
+    """The free variables ``code`` assigns or deletes, itself or in code nested in it that
+    closes over the same cell (``nonlocal calls; calls += 1``): the state of the function
+    as it runs, not what it is made of."""
+    names = {
+        step.argval
+        for step in dis.get_instructions(code)
+        if step.opname in ("STORE_DEREF", "DELETE_DEREF") and step.argval in code.co_freevars
+    }
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            names |= _cells_set_in(constant) & set(code.co_freevars)
+    return frozenset(names)
+
+
 def _stored_in(code: CodeType) -> set[str]:
     """The global names ``code`` assigns or deletes, and its nested code too."""
     return _named_by(code, ("STORE_GLOBAL", "DELETE_GLOBAL"))

@@ -21,7 +21,7 @@ from types import (
 )
 from typing import Any
 
-from somatize.catalog._bytecode import _LOCAL_LOADS, _tables_changed_by
+from somatize.catalog._bytecode import _LOCAL_LOADS, _cells_set_in, _tables_changed_by
 from somatize.catalog._code import _code_bytes, _constant_bytes, _source_of
 from somatize.catalog._held import _builtin_bytes, _contained_bytes, _held_bytes, _library_bytes
 from somatize.catalog._marks import _token_of, _version_of
@@ -141,10 +141,14 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
     if function.__closure__:
         within |= {id(function)}
         cells = zip(function.__code__.co_freevars, function.__closure__, strict=False)
+        state = _cells_set_in(function.__code__)
         _put(
             digest,
             b"closes",
-            *(n.encode() + b"\0" + _cell_bytes(n, c, within) for n, c in cells),
+            *(
+                n.encode() + b"\0" + (b"state" if n in state else _cell_bytes(n, c, within))
+                for n, c in cells
+            ),
         )
     written = digest.digest()
     _FUNCTIONS[function] = (made_of, written)
@@ -172,11 +176,21 @@ def _made_of(function: FunctionType) -> tuple[Any, ...]:
     )
 
 
+def _cells_read(function: FunctionType) -> list[Any]:
+    """The cells ``function`` closes over, but those it sets itself as it runs (``nonlocal
+    calls; calls += 1``, a model loaded on first use: :func:`_cells_set_in`): its state, as
+    a global it assigns is, named as state and not by what it holds now."""
+    closure = function.__closure__ or ()
+    state = _cells_set_in(function.__code__) if closure else frozenset()
+    names = function.__code__.co_freevars
+    return [cell for name, cell in zip(names, closure, strict=False) if name not in state]
+
+
 def _cells_now(function: FunctionType) -> tuple[_Same, ...]:
-    """What each cell ``function`` closes over holds now, by identity (one not filled yet, as
-    none)."""
+    """What each cell ``function`` reads (:func:`_cells_read`) holds now, by identity (one not
+    filled yet, as none)."""
     held = []
-    for cell in function.__closure__ or ():
+    for cell in _cells_read(function):
         try:
             held.append(_Same(cell.cell_contents))
         except ValueError:  # not filled yet
@@ -188,7 +202,7 @@ def _closed_objects(function: FunctionType) -> list[Any]:
     """The objects ``function`` closes over, or takes as defaults, that :func:`_cell_bytes`
     may name by what they hold: no plain value, function, class nor module."""
     found = []
-    for cell in function.__closure__ or ():
+    for cell in _cells_read(function):
         with contextlib.suppress(ValueError):  # not filled yet
             value = cell.cell_contents
             if _exactly_plain(value) or isinstance(value, (FunctionType, type, ModuleType)):

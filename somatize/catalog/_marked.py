@@ -23,7 +23,7 @@ from types import (
 )
 from typing import Any
 
-from somatize.catalog._functions import _closed_objects
+from somatize.catalog._functions import _cells_read, _closed_objects
 from somatize.catalog._held import _SEQUENCES, _array, _library_bytes
 from somatize.catalog._marks import (
     _MARKED,
@@ -246,18 +246,18 @@ class _Cells:
     what they held — so that a cell set by the function sharing it (``nonlocal scale; scale
     = 5``) is seen, though the function is the same."""
 
-    __slots__ = ("held",)
+    __slots__ = ("cells",)
 
     def __init__(self, held: FunctionType) -> None:
-        self.held = held
+        self.cells = _cells_read(held)  # not those it sets itself as it runs: its state
 
     def __len__(self) -> int:
-        return len(self.held.__closure__ or ())
+        return len(self.cells)
 
     def values(self) -> list[Any]:
         """What each cell holds now (:data:`_EMPTY` where it holds nothing yet)."""
         found = []
-        for cell in self.held.__closure__ or ():
+        for cell in self.cells:
             try:
                 found.append(cell.cell_contents)
             except ValueError:
