@@ -1026,6 +1026,41 @@ def test_a_tensor_a_class_holds_changed_in_place_is_seen_at_the_next_forward(
     assert built.forward(1.0, store=store, strict=True) == 10.0
 
 
+_KEEPING_A_RUNNING_MEAN = """
+import torch
+from somatize import Node
+
+class KeepsAMean(Node):
+    mean = torch.zeros(2)
+
+    def forward(self, x, ctx):
+        KeepsAMean.mean.mul_(0.9).add_(0.1 * x)
+        return x * 2
+"""
+
+
+def test_a_tensor_a_class_holds_changed_by_its_own_forward_is_its_state(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tensor a class holds that its node's own forward changes in place (a running mean)
+    is its state, as an object in a list it holds is: the next forward of the graph recalls
+    what the first kept, with no word of a change. Changed between forwards, it is seen."""
+    import torch
+
+    loaded = _load(tmp_path / "fingerprinted.py", _KEEPING_A_RUNNING_MEAN, monkeypatch)
+    built = Graph.somatize(loaded.KeepsAMean().named("n").frozen().cached())
+    facts: list[dict[str, Any]] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert built.forward(1.0, store=store, watching=facts.append) == 2.0
+        assert built.forward(1.0, store=store, watching=facts.append) == 2.0
+    assert [f["fact"] for f in facts if f.get("node") == "n"] == ["ran", "kept", "recalled"]
+    with torch.no_grad():
+        loaded.KeepsAMean.mean.add_(5)
+    with pytest.warns(Drifted, match="`n` was recalled"):
+        assert built.forward(1.0, store=store) == 2.0
+
+
 _PARTIAL_HELPER = """
 import functools
 from somatize import Node

@@ -195,9 +195,13 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             read: list[Any] = []
             unnamed: list[Any] = []
             holds = _held_in(member)
-            if _counted(member):  # a tensor, named by its values: seen changed in place
-                lives.append(_Versions(member))
-                labels.append(label)
+            if _counted(member):
+                # a tensor, named by its values: changed in place between forwards, seen at
+                # the next; by its node's own forward (a running mean), its state
+                noted = _Marked(member, label)
+                marks.append(Mark(len(lives), member, noted, False, kind))
+                lives += [noted.version, noted.lives]
+                labels += [label, label]
             if not holds and _table(name, member) and name in kept:
                 # filled by its node's forward: marked from the start, as first seen
                 _sighted(member, _assignment(_class_body(kind), name), label)
