@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import threading
 import unicodedata
 from collections import Counter
@@ -243,13 +242,10 @@ class Node:
         set other values there: one set by hand later (a test's monkeypatch of a computed
         constant) is then told from what the text computed, whenever the class is first
         fingerprinted."""
-        from somatize.catalog._code import _note_loaded
+        from somatize.catalog._code import _note_made
 
         super().__init_subclass__(**kwargs)
-        _note_loaded(cls, list(vars(cls).items()))
-        module = sys.modules.get(cls.__module__)
-        if module is not None:
-            _note_loaded(module, list(vars(module).items()))
+        _note_made(cls)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Node:
         self = super().__new__(cls)

@@ -848,6 +848,36 @@ def test_a_computed_constant_set_before_the_first_fingerprint_is_another_one(
     assert changed[0] != kept[0] and changed[1] != kept[1]
 
 
+_ASSIGNED_AGAIN_BELOW = """
+import types
+from somatize import Node
+
+CONFIG = None
+
+class Configured(Node):
+    def forward(self, x, ctx):
+        return x * CONFIG.k
+
+CONFIG = types.SimpleNamespace(k=2)
+"""
+
+
+def test_a_name_its_module_assigns_again_below_a_node_class_is_not_set_by_hand(
+    tmp_path: Path,
+) -> None:
+    """A name a node's module assigns again below the class (``CONFIG = None``, the class,
+    then ``CONFIG = Config()``) holds what its text made, not a value set by hand: it is
+    named by that text, one fingerprint in every process, and another for other text."""
+    (tmp_path / "same").mkdir()
+    (tmp_path / "other").mkdir()
+    _package(tmp_path / "same", "configured", nodes=_ASSIGNED_AGAIN_BELOW)
+    other = _ASSIGNED_AGAIN_BELOW.replace("(k=2)", "(k=3)")
+    _package(tmp_path / "other", "configured", nodes=other)
+    first = _fingerprints_in(tmp_path / "same", "configured.nodes", "Configured")
+    assert _fingerprints_in(tmp_path / "same", "configured.nodes", "Configured") == first
+    assert _fingerprints_in(tmp_path / "other", "configured.nodes", "Configured") != first
+
+
 _CLOSING_OVER_CELLS = """
 from somatize import Node
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from functools import cached_property
 from types import (
     CodeType,
+    FrameType,
     FunctionType,
     ModuleType,
 )
@@ -224,24 +225,55 @@ def _assigned_now(owner: Any, body: list[ast.stmt] | None, name: str, value: Any
     ``mod.SCALE = 3.0``, a test's monkeypatch), the value it holds too: how the text computes
     it no longer says it."""
     assigned = _assigned(body, name, value)
-    if assigned is not None and assigned.startswith(b"made by ") and _set_since(owner, name, value):
+    if (
+        assigned is not None
+        and assigned.startswith(b"made by ")
+        and _set_since(owner, name, value, body)
+    ):
         return assigned + b"; set to " + _constant_bytes(value)
     return assigned
 
 
-_LOADED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
-"""A module or a class → what each of its names held when first seen (:func:`_note_loaded`):
-a plain value itself, another object by a weak reference."""
+_LOADED: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, int | None]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""A module or a class → what each of its names held when first seen (:func:`_note_loaded`),
+a plain value itself, another object by a weak reference, with the line of the module's
+text that ran then, where it was still loading."""
 
 
-def _note_loaded(owner: Any, names: Iterable[tuple[str, Any]]) -> None:
+def _note_loaded(owner: Any, names: Iterable[tuple[str, Any]], at: int | None = None) -> None:
     """Notes what ``owner`` (a module or a class) holds under each of ``names`` not noted
-    yet, as its text made it: when a node class is made there, else when a fingerprint
-    first reads it (:func:`_set_since`)."""
+    yet, as its text made it: when a node class is made there (``at``: the line of the
+    module's text making it, as the module loads), else when a fingerprint first reads it
+    (:func:`_set_since`)."""
     noted = _LOADED.setdefault(owner, {})
     for name, value in names:
         if name not in noted and not isinstance(value, (FunctionType, type, ModuleType)):
-            noted[name] = _held_as(value)
+            noted[name] = (_held_as(value), at)
+
+
+def _note_made(kind: type) -> None:
+    """Notes what the node class ``kind`` and its module hold as the class is made
+    (:func:`_note_loaded`), with the line of the module's text making it where the module
+    is loading: a name its text assigns again below (``CFG = None``, the class, then ``CFG
+    = Config()``) is not taken as set by hand."""
+    _note_loaded(kind, list(vars(kind).items()))
+    module = sys.modules.get(kind.__module__)
+    if module is not None:
+        space = vars(module)
+        _note_loaded(module, list(space.items()), _loading_at(space))
+
+
+def _loading_at(space: dict[str, Any]) -> int | None:
+    """The line the text of the module whose namespace is ``space`` runs now, as it loads
+    (or as a notebook's cell runs it); None where its text is not running."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals is space and frame.f_code.co_name == "<module>":
+            return frame.f_lineno
+        frame = frame.f_back
+    return None
 
 
 def _held_as(value: Any) -> Any:
@@ -264,17 +296,22 @@ class _WrittenAs:
     said: bytes
 
 
-def _set_since(owner: Any, name: str, value: Any) -> bool:
+def _set_since(owner: Any, name: str, value: Any, body: list[ast.stmt] | None = None) -> bool:
     """Whether ``owner`` (a module or a class; None where it is not known) holds ``value``
     under ``name`` in place of another it held when first seen (:data:`_LOADED`) — one set
-    by hand since, not made by its text. Noted now where it was not yet."""
+    by hand since, not made by its text. Noted now where it was not yet, or where it was
+    noted as the module loaded above a line of its text ``body`` that assigns it again:
+    what that line made is what it holds."""
     if owner is None:
         return False
     noted = _LOADED.setdefault(owner, {})
     if name not in noted:
         _note_loaded(owner, [(name, value)])
         return False
-    was = noted[name]
+    was, at = noted[name]
+    if at is not None and _assigned_below(owner, body, name, at):
+        noted[name] = (_held_as(value), None)
+        return False
     if isinstance(was, _WrittenAs):
         return was.said != _constant_bytes(value)
     if isinstance(was, weakref.ref):
@@ -282,6 +319,19 @@ def _set_since(owner: Any, name: str, value: Any) -> bool:
     return was is not value and (
         type(was) is not type(value) or _constant_bytes(was) != _constant_bytes(value)
     )
+
+
+def _assigned_below(owner: Any, body: list[ast.stmt] | None, name: str, at: int) -> bool:
+    """Whether ``body``, the text of the module ``owner``, last assigns ``name`` below line
+    ``at``."""
+    if (
+        not isinstance(owner, ModuleType)
+        or body is None
+        or body is not _module_body(owner.__name__)
+    ):
+        return False
+    made = _assignment(body, name)
+    return made is not None and made.lineno > at
 
 
 def _module_named(module: str, space: dict[str, Any]) -> ModuleType | None:

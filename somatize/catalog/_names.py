@@ -285,7 +285,10 @@ def _elsewhere_object_bytes(
         return None
     text, as_named = _written_at(module, name, value)
     made = _assignment(text, as_named)
-    set_since = made is not None and _set_since(_module_named(module, space), name, value)
+    owner = _module_named(module, space)
+    set_since = made is not None and _set_since(
+        owner, name, value, text if as_named == name else None
+    )
     if made is None or set_since:
         library = _library_bytes(value)
         if library is None:
