@@ -15,6 +15,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import itertools
 import linecache
 import sys
 import textwrap
@@ -262,7 +263,18 @@ def _note_made(kind: type) -> None:
     module = sys.modules.get(kind.__module__)
     if module is not None:
         space = vars(module)
-        _note_loaded(module, list(space.items()), _loading_at(space))
+        upto = _SCANNED.get(module, 0)
+        if upto > len(space):  # names deleted since: all of them read again
+            upto = 0
+        added = list(itertools.islice(reversed(space.items()), len(space) - upto))
+        _note_loaded(module, added, _loading_at(space))
+        _SCANNED[module] = len(space)
+
+
+_SCANNED: weakref.WeakKeyDictionary[ModuleType, int] = weakref.WeakKeyDictionary()
+"""A module → how many of its names :func:`_note_made` read as the last node class was made
+there: names are added last, so the next reads only those added since, from the last —
+not all of them again for each class of a module making many."""
 
 
 def _loading_at(space: dict[str, Any]) -> int | None:
