@@ -878,6 +878,42 @@ def test_a_name_its_module_assigns_again_below_a_node_class_is_not_set_by_hand(
     assert _fingerprints_in(tmp_path / "other", "configured.nodes", "Configured") != first
 
 
+_SET_BY_ITS_INIT = """
+import argparse
+from somatize import Node
+
+def _default():
+    return argparse.Namespace(k=2)
+
+CONFIG = _default()
+
+def init(k):
+    global CONFIG
+    CONFIG = argparse.Namespace(k=k)
+
+class Configured(Node):
+    def forward(self, x, ctx):
+        return x * CONFIG.k
+"""
+
+
+def test_an_object_its_module_sets_as_a_script_starts_is_named_by_what_it_holds(
+    tmp_path: Path,
+) -> None:
+    """An object of the standard library's in place of what its module's text made, set the
+    same as each run starts (``init(k)`` assigning ``CONFIG = Namespace(k=k)``), is named
+    by what it holds: one fingerprint in every process that sets it alike (no answer
+    drifts at every run), another for another value."""
+    _package(tmp_path, "configured", nodes=_SET_BY_ITS_INIT)
+    script = (
+        "import sys, configured.nodes as m\nfrom somatize.catalog import fingerprint_of\n"
+        "m.init(int(sys.argv[1]))\nprint(fingerprint_of(m.Configured))\n"
+    )
+    kept = _printed(["-c", script, "2"], tmp_path)
+    assert _printed(["-c", script, "2"], tmp_path) == kept
+    assert _printed(["-c", script, "3"], tmp_path) != kept
+
+
 _CLOSING_OVER_CELLS = """
 from somatize import Node
 

@@ -280,7 +280,9 @@ def _elsewhere_object_bytes(
     of the checkout) —, else (no text known) by what says it whole (:func:`_library_bytes`:
     a pattern by its text, a dtype by its name); None where neither does (it is not
     seen). One set in place of what the text made (``mod.DTYPE = torch.float64``, a test's
-    monkeypatch) by what says it, else by a mark of that very object."""
+    monkeypatch, ``CFG = Namespace(k=k)`` in the module's ``init(k)`` run as a script
+    starts) by what says it, else by what it holds (:func:`_held_bytes`: alike in every
+    process that sets it alike), else by a mark of that very object."""
     if _dunder(name) or isinstance(value, (type, ModuleType, BuiltinFunctionType)):
         return None
     text, as_named = _written_at(module, name, value)
@@ -292,7 +294,7 @@ def _elsewhere_object_bytes(
     if made is None or set_since:
         library = _library_bytes(value)
         if library is None:
-            return _token_of(value) if set_since else None
+            return (_held_bytes(value) or _token_of(value)) if set_since else None
         return b"library " + library
     kind = type(value)
     written = b"made by " + _made_by(text, made, {as_named})
