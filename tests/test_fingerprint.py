@@ -4994,3 +4994,61 @@ def test_a_lineage_told_unchanged_by_stamps_is_another_fingerprint_once_a_config
         now = fingerprint_of(kind)
         assert now != first
         assert fingerprint_of(kind) == now
+
+
+_DECLARED_AS_MADE = """
+from somatize import Node
+
+class Declaring(Node):
+    made = 0
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        Declaring.made += 1
+        cls.scale = 2
+
+class Scaled(Declaring):
+    def forward(self, x, ctx):
+        return x * self.scale
+"""
+
+
+def test_a_value_init_subclass_sets_on_its_class_is_what_the_class_is(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value a base's ``__init_subclass__`` sets on the class made (``cls.scale = 2``) is
+    named by its value, not taken as state: set since, an answer kept before is recalled
+    as drifted, by a graph built before and one built after, and strict=True computes it
+    with the value now."""
+    loaded = _load(tmp_path / "declared.py", _DECLARED_AS_MADE, monkeypatch)
+
+    def graph() -> Graph:
+        return Graph.somatize(loaded.Scaled().named("n").frozen().cached())
+
+    built = graph()
+    before = catalog.fingerprint_of(loaded.Scaled)
+    assert built.forward(3, store=store) == 6
+    loaded.Scaled.scale = 7
+    assert catalog.fingerprint_of(loaded.Scaled) != before
+    with pytest.warns(Drifted, match="`n` was recalled"):
+        assert graph().forward(3, store=store) == 6
+    assert graph().forward(3, store=store, strict=True) == 21
+    assert built.forward(3, store=store, strict=True) == 21
+
+
+def test_a_count_init_subclass_moves_on_a_base_it_names_is_its_state(tmp_path: Path) -> None:
+    """A count a base's ``__init_subclass__`` moves on the base it names (``Declaring.made
+    += 1``) is state: the fingerprint is the same in two processes that make the classes
+    below it in another order."""
+    _package(tmp_path, "declaring", nodes=_DECLARED_AS_MADE)
+    _write(
+        tmp_path / "declaring" / "other.py",
+        "from declaring.nodes import Declaring\n\n"
+        "class Other(Declaring):\n    def forward(self, x, ctx):\n        return x\n",
+    )
+    first = _fingerprints_in(tmp_path, "declaring.nodes", "Declaring", "Scaled")
+    script = (
+        "import declaring.other\nimport declaring.nodes as m\n"
+        "from somatize.catalog import fingerprint_of as f\nprint(f(m.Declaring), f(m.Scaled))\n"
+    )
+    assert _printed(["-c", script], tmp_path).split() == first

@@ -250,14 +250,20 @@ def _state_of(kinds: Iterable[type], members: Iterable[Any]) -> frozenset[str]:
     """The names the functions among ``members`` (what classes hold) assign or delete on a
     class of ``kinds`` as they run — their state, not their code: ``type(self).calls += 1``,
     ``self.__class__.x``, ``cls.x`` in a classmethod, or the class named outright
-    (``Kind.x``). A name set on an instance (``self.factor = factor``) is not one of them."""
+    (``Kind.x``). A name set on an instance (``self.factor = factor``) is not one of them,
+    nor one ``__init_subclass__`` sets on the class it is made for (``cls.scale = 2``): that
+    is what the class is, declared as it is made, and named by its value; one it sets on a
+    class it names (a count of subclasses, ``Base.made += 1``) is state, so that the order
+    classes are imported in does not move a fingerprint."""
     classes = {id(kind) for kind in kinds}
     names: set[str] = set()
     for member in members:
         on_class = isinstance(member, classmethod)
         for function in _functions_in(member):
+            declares = function.__name__ == "__init_subclass__"
             for owner, name in _stores_by(function, on_class):
-                if owner is None or id(function.__globals__.get(owner)) in classes:
+                named = owner is not None and id(function.__globals__.get(owner)) in classes
+                if named or (owner is None and not declares):
                     names.add(name)
     return frozenset(names)
 
