@@ -5052,3 +5052,40 @@ def test_a_count_init_subclass_moves_on_a_base_it_names_is_its_state(tmp_path: P
         "from somatize.catalog import fingerprint_of as f\nprint(f(m.Declaring), f(m.Scaled))\n"
     )
     assert _printed(["-c", script], tmp_path).split() == first
+
+
+_LOADING_LAZILY = """
+from somatize import Node
+
+class Model:
+    def __call__(self, x):
+        return x * 2
+
+def load():
+    return Model()
+
+class Lazy(Node):
+    _model = None
+
+    def forward(self, x, ctx):
+        if type(self)._model is None:
+            type(self)._model = load()
+        return type(self)._model(x)
+"""
+
+
+def test_an_object_a_forward_sets_on_its_class_lazily_is_its_state(tmp_path: Path) -> None:
+    """An object a node's forward sets on its class the first time it runs (a model
+    loaded once, ``type(self)._model = load()``, declared ``_model = None``) is its state:
+    the first forward keeps its answer, and another process recalls it, not drifted."""
+    _package(tmp_path, "lazily", nodes=_LOADING_LAZILY)
+    script = (
+        "import sys, warnings\nwarnings.simplefilter('error')\nimport lazily.nodes as m\n"
+        "from somatize import Graph\nfor _ in range(2):\n    seen = []\n"
+        "    g = Graph.somatize(m.Lazy().named('n').frozen().cached())\n"
+        "    assert g.forward(3, store=sys.argv[1], watching=seen.append) == 6\n"
+        "    print(*[f['fact'] for f in seen if f.get('node') == 'n'])\n"
+    )
+    store = str(tmp_path / "store")
+    assert _printed(["-c", script, store], tmp_path).splitlines() == ["ran kept", "recalled"]
+    assert _printed(["-c", script, store], tmp_path).splitlines() == ["recalled", "recalled"]

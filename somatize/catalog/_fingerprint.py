@@ -232,7 +232,10 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
         if bound:
             _put(digest, b"bound " + name.encode(), *bound)
         functions += held
-        opaque = None if held or _dunder(name) or _plain(member) else _opaque_bytes(member)
+        # a name its code sets on the class as it runs holds its state, whatever object
+        # that is (`type(self)._model = load()`): named below as its text assigns it
+        ours = held or _dunder(name) or _plain(member) or name in state
+        opaque = None if ours else _opaque_bytes(member)
         library = _left_out(type(member)) and not callable(member)
         if opaque is not None and library and not opaque.startswith(b"tensor "):
             # the library's value (`pattern = re.compile("a")`, `root = Path(...)`): as the
@@ -257,7 +260,7 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
             sighted = _sighted(member, _assignment(texts[0], name), where)
             _put(digest, b"table " + name.encode(), sighted)
             continue
-        contained = None if _dunder(name) or filled else _contained_bytes(member)
+        contained = None if _dunder(name) or name in state else _contained_bytes(member)
         if contained is not None:
             _put(digest, b"holds " + name.encode(), contained)
         elif filled:  # filled by its own code (with objects too, a registry): as written
@@ -270,7 +273,7 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
                 _put(digest, b"table " + name.encode(), b"state")
         elif _table(name, member):  # by what it holds, or once changed in place, a mark
             _put(digest, b"table " + name.encode(), _held_bytes(member) or _token_of(member))
-        if not held and not _dunder(name) and _plain(member):
+        if not held and not _dunder(name) and (_plain(member) or name in state):
             if not texts:
                 texts.append(_class_body(kind))
             text = texts[0]
@@ -383,6 +386,8 @@ def _body_of(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
                 body.append((name, contained))
         elif isinstance(member, type) and not _dunder(name):  # another class, or edited
             body.append((name, (_Same(member), _held_class_bytes(member))))
+        elif name in state:  # an object its code sets as it runs (a model loaded once)
+            body.append((name, "state"))
         else:
             opaque = _opaque_bytes(member)
             if opaque is not None and opaque.startswith(b"object "):  # marked: by identity

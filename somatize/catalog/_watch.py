@@ -398,9 +398,10 @@ def code_changes(watch: CodeWatch) -> list[str]:
     """What changed in the classes ``watch`` (:func:`watch_code`) holds since it was taken,
     that a fingerprint reads: ``Kind.name`` for each name set, added or deleted — not a
     dunder that holds no function (``__slotnames__``, which a copy of an instance adds,
-    ``__annotations__``, which reading it adds), nor a plain value, set, added or deleted,
-    that the code of the classes sets on one of them as it runs (``type(self).calls += 1``
-    in a subclass, the counter declared on its base: their state) — for each object it
+    ``__annotations__``, which reading it adds), nor a value, set, added or deleted, that
+    the code of the classes sets on one of them as it runs (``type(self).calls += 1`` in a
+    subclass, the counter declared on its base; a model loaded once, ``type(self)._model =
+    load()``: their state), unless it holds a function — for each object it
     holds named by what it holds, changed in place, and for each function given other
     code or defaults in place; ``Kind.__bases__`` for a class given other bases."""
     changed = []
@@ -412,7 +413,7 @@ def code_changes(watch: CodeWatch) -> list[str]:
             now, was = space.get(name, _ABSENT), copied.get(name, _ABSENT)
             if now is was or (not _holds_code(now) and not _holds_code(was) and _dunder(name)):
                 continue
-            if (now is _ABSENT or _plain(now)) and (was is _ABSENT or _plain(was)):
+            if not _holds_code(now) and not _holds_code(was):
                 if stored is None:  # what the classes' own code sets on one of them: state
                     stored = _state_of(kinds, (m for c in copies for m in c.values()))
                 if name in stored:
