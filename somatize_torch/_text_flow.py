@@ -7,9 +7,9 @@ forward is traced. Python's own code puts it into plain text the model's code ca
 anything without a word: ``"{}!".format(...)``, ``"%s" % (...,)``, ``"-".join([...])``,
 ``f"a {...}"``. So where the model's code makes such text, the instructions after are
 followed, the value and the text made of it on the stack, in locals, lists and tuples,
-and through what the function returns, to what is done with it: compared, looked up,
-searched or read (refused), or handed to a call (a message, a log record), stored on an
-object or dropped (let be). Each place is read once, when a trace first makes text
+round loops and through what the function returns, to what is done with it: compared,
+looked up, searched or read (refused), or handed to a call (a message, a log record),
+stored on an object or dropped (let be). Each place is read once, when a trace first makes text
 there, and never as the trace runs otherwise.
 """
 
@@ -60,6 +60,10 @@ _HOLDS = frozenset({"list", "tuple", "reversed"})
 
 _PUTS = frozenset({"append", "extend", "insert", "add", "update", "__setitem__"})
 """Methods that put what they are handed into the object they are called on."""
+
+_GOES = frozenset({"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP"})
+_GOES |= {"JUMP_ABSOLUTE", "JUMP_NO_INTERRUPT"}
+"""Jumps taken whatever the stack holds: a loop's way back among them."""
 
 _ASKED_OPS = frozenset({"COMPARE_OP", "CONTAINS_OP", "IS_OP", "BINARY_SUBSCR"})
 _STORE_LOCAL = frozenset({"STORE_FAST", "STORE_NAME", "STORE_DEREF"})
@@ -261,7 +265,7 @@ def _follow(
     first = place.get(start, -1)
     taken = 0
     returned: str | None = None
-    seen: set[tuple[int, frozenset[tuple[str, str]], bool]] = set()
+    seen: set[tuple[int, frozenset[tuple[str, str]], bool, tuple[str | None, ...]]] = set()
     # Each path: where it is, the stack, the locals followed, whether it passed `start`.
     paths: list[tuple[int, list[_Slot], dict[str, str], bool]] = [
         (0, [], {}, False) if entry is None else (0, [], {entry: kind}, True)
@@ -279,7 +283,7 @@ def _follow(
             step = steps[at]
             one = step.one
             if step.target:
-                mark = (at, frozenset(locals_.items()), began)
+                mark = (at, frozenset(locals_.items()), began, tuple(s.kind for s in stack))
                 if mark in seen:
                     break
                 seen.add(mark)
@@ -349,18 +353,23 @@ def _follow(
                 kw_names = ()
             if step.pushes:
                 slot = _Slot(made, one, local)
-                stack.extend([slot] * step.pushes)
-            if step.jump is not None and step.jump > at and name != "JUMP_FORWARD":
+                if name == "FOR_ITER" and step.pushes == 2:
+                    stack.extend([popped[0], slot])
+                else:
+                    stack.extend([slot] * step.pushes)
+            if step.jump is not None and step.jump > at and name not in _GOES:
                 # A branch, or a loop's way out: followed on both ways.
                 moved = step.moved
                 kept = held[: max(0, len(held) + moved)] if moved < 0 else held + [_UNKNOWN] * moved
                 paths.append((step.jump, kept, locals_, began))
-            if name == "JUMP_FORWARD" and step.jump is not None:
+            if name in _GOES:
+                # Taken, back round a loop too: what its body put into a list or local
+                # is seen where the loop ends (each place once per state followed).
+                if step.jump is None:
+                    break
                 at = step.jump
                 continue
             if name in ("RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"):
-                break
-            if name.startswith(("JUMP_BACKWARD", "JUMP_ABSOLUTE")) or name == "JUMP":
                 break
             at += 1
     if returned is not None:

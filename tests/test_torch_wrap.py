@@ -3523,6 +3523,23 @@ class ScalesForItsDtypeGotOutOfADict(OnTempered):
         return h * 10 if table.get("dtype") == "torch.float64-k" else h
 
 
+def _dtype_names(x: torch.Tensor) -> list[str]:
+    """A list holding the name of ``x``'s dtype, joined to a suffix."""
+    return ["-".join([str(x.dtype), "k"])]
+
+
+class ScalesForItsDtypeInAListALoopFills(OnTempered):
+    """Scales by ten when a list a loop puts the names of its dtype into, asked after
+    it, holds float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        kept = []
+        for name in _dtype_names(x):
+            kept.append(name)
+        return h * 10 if "torch.float64-k" in kept else h
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -3597,6 +3614,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesForItsDtypeInAListItKeeps, r"into text.*asked at .*`return h \* 10 if \"t"),
         (ScalesForItsDtypeFoundInALoop, r"into text.*asked at .*`if name == \"torch"),
         (ScalesForItsDtypeGotOutOfADict, r"into text.*asked at .*`return h \* 10 if table"),
+        (
+            ScalesForItsDtypeInAListALoopFills,
+            r"into text.*asked at .*if \"torch\.float64-k\" in kept",
+        ),
     ],
     ids=[
         "format",
@@ -3617,6 +3638,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "put into a list the model keeps",
         "gone over in a loop",
         "got out of a dict",
+        "put into a list by a loop",
     ],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
@@ -3626,9 +3648,9 @@ def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_wher
     tuple, `str.join` or `str`, which it does not mark: `"{}!".format(str(x.dtype)) ==
     "torch.float64!"` would keep the branch for float32 for a float64 input too. `wrap`
     follows that text through locals, what a function returns, a function of the
-    model's it is handed to and a list or dict it or such a function puts it into, to
-    the items taken out of them, and refuses it where it
-    is compared or looked up, naming both lines; put into a message, it is let be, and
+    model's it is handed to and a list or dict it, a loop or such a function puts it
+    into, to the items taken out of them, and refuses it where it is compared or looked
+    up, naming both lines; put into a message, it is let be, and
     the model answers as it does."""
     _refused_as_untraceable(kind, named, store)
     with warnings.catch_warnings():
