@@ -7,9 +7,10 @@ forward is traced. Python's own code puts it into plain text the model's code ca
 anything without a word: ``"{}!".format(...)``, ``"%s" % (...,)``, ``"-".join([...])``,
 ``f"a {...}"``. So where the model's code makes such text, the instructions after are
 followed, the value and the text made of it on the stack, in locals, lists and tuples,
-round loops and through what the function returns, to what is done with it: compared,
-looked up, searched or read (refused), or handed to a call (a message, a log record),
-stored on an object or dropped (let be). Each place is read once, when a trace first makes text
+round loops, into the comprehensions and generator expressions handed it, and through
+what the function returns, to what is done with it: compared, looked up, searched or
+read (refused), or handed to a call (a message, a log record), stored on an object or
+dropped (let be). Each place is read once, when a trace first makes text
 there, and never as the trace runs otherwise.
 """
 
@@ -55,15 +56,25 @@ _SEARCHES = frozenset({"index", "count", "remove", "discard", "sort", "__contain
 _ITEMS = frozenset({"get", "pop", "popitem", "setdefault", "__getitem__"})
 """Methods of a list or dict holding text that hand out one of its items."""
 
-_HOLDS = frozenset({"list", "tuple", "reversed"})
-"""Calls that make a list or tuple of what they are handed."""
+_HOLDS = frozenset({"list", "tuple", "reversed", "iter"})
+"""Calls that make a list, tuple or iterator of what they are handed."""
+
+_TAKES = frozenset({"next"})
+"""Calls that hand out an item of the iterator they are handed."""
 
 _PUTS = frozenset({"append", "extend", "insert", "add", "update", "__setitem__"})
 """Methods that put what they are handed into the object they are called on."""
 
+_ADDS = frozenset({"LIST_APPEND", "SET_ADD", "MAP_ADD", "LIST_EXTEND", "SET_UPDATE"})
+_ADDS |= {"DICT_UPDATE", "DICT_MERGE"}
+"""Instructions that put what they take into the list, set or dict their argument says
+how deep on the stack it is (a comprehension's, ``[*names]``)."""
+
 _GOES = frozenset({"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP"})
 _GOES |= {"JUMP_ABSOLUTE", "JUMP_NO_INTERRUPT"}
 """Jumps taken whatever the stack holds: a loop's way back among them."""
+
+_MAKES_FUNCTION = frozenset({"MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE"})
 
 _ASKED_OPS = frozenset({"COMPARE_OP", "CONTAINS_OP", "IS_OP", "BINARY_SUBSCR"})
 _STORE_LOCAL = frozenset({"STORE_FAST", "STORE_NAME", "STORE_DEREF"})
@@ -98,8 +109,9 @@ names of those given by keyword (the last ones), the call's offset, and the loca
 argument was loaded from."""
 
 _Found = tuple[str, Any, list[_Handed], frozenset[str]]
-"""What :func:`_follow` finds: where the value goes, the calls it is handed to, and the
-parameters whose list, tuple or dict it is put into (`names.append(...)`)."""
+"""What :func:`_follow` finds: where the value goes (where asked, the code and the
+instruction that asks it), the calls it is handed to, and the parameters whose list,
+tuple or dict it is put into (`names.append(...)`)."""
 
 
 _POPS: dict[tuple[str, int], int | None] = {}
@@ -137,6 +149,12 @@ def _pops_of(name: str, arg: int) -> int | None:
         return 1
     if name == "FORMAT_VALUE":
         return 2 if arg & 0x04 else 1
+    if name == "MAKE_FUNCTION":  # its code, up to 3.10 its name, and what its flags say
+        if sys.version_info >= (3, 13):
+            return 1
+        return bin(arg & 0x0F).count("1") + (1 if sys.version_info >= (3, 11) else 2)
+    if name == "SET_FUNCTION_ATTRIBUTE":
+        return 2
     if name in ("CALL", "CALL_METHOD", "CALL_FUNCTION_KW"):
         return arg + 2
     if name == "CALL_FUNCTION":
@@ -246,9 +264,9 @@ def _follow(
 ) -> _Found:
     """Where the value made by the instruction of ``code`` at ``start`` (of ``kind``), or
     handed to it as its argument ``entry``, or the locals ``holding`` hold from the call at
-    ``start`` on (a list a call put text into), goes: ("asked", the instruction that asks
-    it), ("returned", the kind returned), or ("let", None); with the calls it is handed
-    to, which may be the model's, and the parameters it is put into."""
+    ``start`` on (a list a call put text into), goes: ("asked", the code and instruction
+    that ask it), ("returned", the kind returned), or ("let", None); with the calls it is
+    handed to, which may be the model's, and the parameters it is put into."""
     steps, place = _steps(code)
     handed: list[_Handed] = []
     parameters = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
@@ -304,7 +322,7 @@ def _follow(
                 kinds = {slot.kind for slot in popped if slot.kind is not None}
                 verdict = _taken(one, name, popped, kinds)
                 if verdict == "asked":
-                    return "asked", one, handed, frozenset(filled)
+                    return "asked", (code, one), handed, frozenset(filled)
                 if verdict == "returned":
                     returned = _TEXT if _TEXT in kinds else _HOLDER
                     break
@@ -318,6 +336,14 @@ def _follow(
                     keywords = kw_names if name == "CALL" else ()
                     _, *called, loaded = verdict
                     handed.append((*called, keywords, one.offset, loaded))
+            if name in _ADDS and any(slot.kind is not None for slot in popped):
+                _holds_at(stack, one.arg or 0)
+            inner = _comprehension(popped) if name.startswith("CALL") else None
+            if inner is not None:
+                into = _comprehended(inner, popped[1].kind, locals_)
+                if into[0] == "asked":
+                    return "asked", into[1], handed, frozenset(filled)
+                made = into[1]
             if name in _STORE_LOCAL:
                 if popped[-1].kind is not None:
                     locals_ = {**locals_, one.argval: popped[-1].kind}
@@ -352,7 +378,10 @@ def _follow(
             elif name.startswith("CALL"):
                 kw_names = ()
             if step.pushes:
-                slot = _Slot(made, one, local)
+                pusher: dis.Instruction | None = one
+                if name in _MAKES_FUNCTION:  # named by the code it is made of
+                    pusher = next((s.pusher for s in popped if _code_of(s)), one)
+                slot = _Slot(made, pusher, local)
                 if name == "FOR_ITER" and step.pushes == 2:
                     stack.extend([popped[0], slot])
                 else:
@@ -375,6 +404,48 @@ def _follow(
     if returned is not None:
         return "returned", returned, handed, frozenset(filled)
     return "let", None, handed, frozenset(filled)
+
+
+def _holds_at(stack: list[_Slot], depth: int) -> None:
+    """Marks the list, set or dict ``depth`` deep on ``stack``, which an instruction of
+    :data:`_ADDS` put followed values into, as holding them."""
+    if 0 < depth <= len(stack):
+        into = stack[-depth]
+        stack[-depth] = _Slot(_HOLDER, into.pusher, into.local)
+
+
+def _code_of(slot: _Slot) -> types.CodeType | None:
+    """The code ``slot`` was loaded as a constant, or a function made of it, where it is."""
+    one = slot.pusher
+    if one is not None and one.opname == "LOAD_CONST" and isinstance(one.argval, types.CodeType):
+        return one.argval
+    return None
+
+
+def _comprehension(popped: list[_Slot]) -> types.CodeType | None:
+    """The code of the comprehension or generator expression a call whose stack was
+    ``popped`` runs, handed the iterator it goes over as its one argument (``.0``); None
+    where it runs none."""
+    code = _code_of(popped[0]) if len(popped) == 2 else None
+    return code if code is not None and code.co_varnames[:1] == (".0",) else None
+
+
+def _comprehended(code: types.CodeType, iterated: str | None, locals_: dict[str, str]) -> Any:
+    """What the comprehension or generator expression ``code`` does with the iterator it
+    is handed (followed as ``iterated``) and the followed ``locals_`` of the function it
+    is made in that it reads: ("asked", where), or ("made", the kind of what it makes,
+    or None) — a generator of them holds what it yields."""
+    entries = {name: kind for name, kind in locals_.items() if name in code.co_freevars}
+    if iterated is not None:
+        entries[".0"] = iterated
+    made = None
+    for entry, kind in entries.items():
+        found = _read(code, -1, kind, entry)
+        if found[0] == "asked":
+            return found[:2]
+        if found[0] == "returned":
+            made = _HOLDER if code.co_flags & inspect.CO_GENERATOR else found[1]
+    return "made", made
 
 
 def _taken(
@@ -427,6 +498,8 @@ def _taken(
             return _TEXT
         if callee in _HOLDS:
             return _HOLDER
+        if callee in _TAKES:
+            return _TEXT
         if callee in _PUTS and owner is not None and owner.local is not None:
             return ("puts", owner.local)
         if callee is not None and not any(slot.kind is not None for slot in popped[:2]):
@@ -584,7 +657,7 @@ def _handed_into(
             continue
         found = _read(code, -1, kind, parameter)
         if found[0] == "asked":
-            return _where(code, found[1])
+            return _where(*found[1])
         for each in found[3]:  # put into a list handed to it: followed on from the call
             place = named.index(each) - before
             if each in keywords:
@@ -598,7 +671,7 @@ def _handed_into(
         if found[0] == "returned" and depth:  # handed back: followed on from the call
             back = _read(frame.f_code, offset, found[1])
             if back[0] == "asked":
-                return _where(frame.f_code, back[1])
+                return _where(*back[1])
             into = _handed_into(frame, back[2], own, depth - 1)
             if into is not None:
                 return into
@@ -613,7 +686,7 @@ def _asked_after(
     model's that does."""
     found = _read(frame.f_code, offset, _HOLDER, None, held)
     if found[0] == "asked":
-        return _where(frame.f_code, found[1])
+        return _where(*found[1])
     if not depth:
         return None
     code = frame.f_code
@@ -653,7 +726,7 @@ def asked_at(frame: types.FrameType, own: Any) -> str | None:
     for _ in range(8):
         found = _read(frame.f_code, frame.f_lasti, kind)
         if found[0] == "asked":
-            return _where(frame.f_code, found[1])
+            return _where(*found[1])
         into = _handed_into(frame, found[2], own) or _filled_at(frame, found[3], own)
         if into is not None:
             return into

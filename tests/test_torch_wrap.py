@@ -3528,6 +3528,80 @@ def _dtype_names(x: torch.Tensor) -> list[str]:
     return ["-".join([str(x.dtype), "k"])]
 
 
+class ScalesForItsDtypeFoundByAGenerator(OnTempered):
+    """Scales by ten when any name in a list, compared in a generator expression, says
+    float64."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = ["-".join([str(x.dtype), "k"])]
+        return h * 10 if any(n == "torch.float64-k" for n in names) else h
+
+
+class ScalesUnlessAllItsDtypeNamesDiffer(OnTempered):
+    """The same, by `all` of names that differ from float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = _dtype_names(x)
+        return h if all(n != "torch.float64-k" for n in names) else h * 10
+
+
+class ScalesForItsDtypeFilteredByAListComprehension(OnTempered):
+    """The same, by a list comprehension that keeps float64's name."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = _dtype_names(x)
+        return h * 10 if [n for n in names if n == "torch.float64-k"] else h
+
+
+class ScalesForItsDtypeInASetComprehension(OnTempered):
+    """The same, looking the name up in a set made by a comprehension."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = _dtype_names(x)
+        return h * 10 if "torch.float64-k" in {n for n in names} else h
+
+
+class ScalesForItsDtypeInADictComprehension(OnTempered):
+    """The same, in a dict made by a comprehension."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = _dtype_names(x)
+        return h * 10 if "torch.float64-k" in {n: len(names) for n in names} else h
+
+
+class ScalesForItsDtypeSortedFromAGenerator(OnTempered):
+    """The same, sorting the names a generator expression hands out."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = _dtype_names(x)
+        return h * 10 if sorted(n for n in names)[0] == "torch.float64-k" else h
+
+
+class ScalesForItsDtypeTakenByNext(OnTempered):
+    """The same, taking the first name out of an iterator over the list."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = _dtype_names(x)
+        return h * 10 if next(iter(names)) == "torch.float64-k" else h
+
+
+class ScalesForItsDtypeComparedInAGenerator(OnTempered):
+    """The same, the name of its dtype compared in a generator expression that reads it
+    from the forward's locals."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        name = "-".join([str(x.dtype), "k"])
+        return h * 10 if any(n == name for n in ["torch.float64-k"]) else h
+
+
 class ScalesForItsDtypeInAListALoopFills(OnTempered):
     """Scales by ten when a list a loop puts the names of its dtype into, asked after
     it, holds float64's."""
@@ -3543,14 +3617,15 @@ class ScalesForItsDtypeInAListALoopFills(OnTempered):
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
-    them, which compares none."""
+    them, which compares none, nor do the comprehension and generator expression it
+    prints them by."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         words = [str(x.dtype), "input", "!"]
         words.pop()
         message = "-".join(words)
         _fill_named(words, x)
-        print(words)
+        print(words, [f"{w}!" for w in words], ", ".join(f"<{w}>" for w in words))
         print("{}!".format(x.dtype), "%s" % (x.dtype,), message, str(str(x.dtype)))  # noqa: UP032, UP031
         warnings.warn("{} input of shape {}".format(str(x.dtype), x.shape), stacklevel=1)  # noqa: UP032
         return self.encoder(x) * 2
@@ -3614,6 +3689,14 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesForItsDtypeInAListItKeeps, r"into text.*asked at .*`return h \* 10 if \"t"),
         (ScalesForItsDtypeFoundInALoop, r"into text.*asked at .*`if name == \"torch"),
         (ScalesForItsDtypeGotOutOfADict, r"into text.*asked at .*`return h \* 10 if table"),
+        (ScalesForItsDtypeFoundByAGenerator, r"into text.*asked at .*`return h \* 10 if any\(n"),
+        (ScalesUnlessAllItsDtypeNamesDiffer, r"into text.*asked at .*`return h if all\(n !="),
+        (ScalesForItsDtypeFilteredByAListComprehension, r"into text.*asked at .*if \[n for"),
+        (ScalesForItsDtypeInASetComprehension, r"into text.*asked at .*in \{n for n in names\}"),
+        (ScalesForItsDtypeInADictComprehension, r"into text.*asked at .*in \{n: len\(names\)"),
+        (ScalesForItsDtypeSortedFromAGenerator, r"into text.*asked at .*if sorted\(n for n"),
+        (ScalesForItsDtypeTakenByNext, r"into text.*asked at .*if next\(iter\(names\)\) =="),
+        (ScalesForItsDtypeComparedInAGenerator, r"into text.*asked at .*any\(n == name for"),
         (
             ScalesForItsDtypeInAListALoopFills,
             r"into text.*asked at .*if \"torch\.float64-k\" in kept",
@@ -3638,6 +3721,14 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "put into a list the model keeps",
         "gone over in a loop",
         "got out of a dict",
+        "compared in a generator expression",
+        "compared in a generator expression all asks",
+        "compared in a list comprehension",
+        "put into a set by a comprehension",
+        "put into a dict by a comprehension",
+        "sorted from a generator expression",
+        "taken out of an iterator",
+        "read by a generator expression from the forward",
         "put into a list by a loop",
     ],
 )
@@ -3649,7 +3740,8 @@ def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_wher
     "torch.float64!"` would keep the branch for float32 for a float64 input too. `wrap`
     follows that text through locals, what a function returns, a function of the
     model's it is handed to and a list or dict it, a loop or such a function puts it
-    into, to the items taken out of them, and refuses it where it is compared or looked
+    into, to the items taken out of them and into a comprehension or generator
+    expression over them or reading it, and refuses it where it is compared or looked
     up, naming both lines; put into a message, it is let be, and
     the model answers as it does."""
     _refused_as_untraceable(kind, named, store)
