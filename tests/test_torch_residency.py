@@ -720,16 +720,10 @@ def test_a_forward_and_a_flush_a_collection_runs_inside_a_store_call_wait_for_no
     a flush (or close) says it would wait for itself (``WaitsForItself``), where each
     waited for ever. Every row is written all the same."""
     store = tmp_path / "store"
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _IN_A_COLLECTION_INSIDE_THE_STORE, str(store), call],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except subprocess.TimeoutExpired as hung:
-        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
-        pytest.fail(f"a forward or flush inside a call into the store waited for ever: {said}")
+    done = _ran_or_failed(
+        [_IN_A_COLLECTION_INSIDE_THE_STORE, str(store), call],
+        "a forward or flush inside a call into the store waited for ever",
+    )
     assert done.stdout.splitlines() == ["computed", "raised WaitsForItself", "flushed"], (
         done.stdout + done.stderr[-2000:]
     )
@@ -738,6 +732,18 @@ def test_a_forward_and_a_flush_a_collection_runs_inside_a_store_call_wait_for_no
     assert torch.equal(again(x), truth(x))
     assert again.stats.from_store == 16
     again.close()
+
+
+def _ran_or_failed(script_and_args: list[str], hung_means: str) -> subprocess.CompletedProcess[str]:
+    """A script (with its arguments) run in a new interpreter; the test fails saying
+    ``hung_means``, with what the script printed, where it has not ended in a minute."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", *script_and_args], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired as hung:
+        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
+        pytest.fail(f"{hung_means}: {said}")
 
 
 _IN_A_COLLECTION_INSIDE_THE_LOOKUP = SHARED + textwrap.dedent(
@@ -771,16 +777,9 @@ def test_a_forward_a_collection_runs_inside_the_cache_s_lookup_is_refused() -> N
     the same cache's lookup — its memory tiers half updated — is refused (``RowsError``),
     where it waited for ever for the lock its own thread held; its counts can be read
     there. The cache goes on answering afterwards."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _IN_A_COLLECTION_INSIDE_THE_LOOKUP],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except subprocess.TimeoutExpired as hung:
-        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
-        pytest.fail(f"a forward inside the cache's lookup waited for ever: {said}")
+    done = _ran_or_failed(
+        [_IN_A_COLLECTION_INSIDE_THE_LOOKUP], "a forward inside the cache's lookup waited for ever"
+    )
     assert done.stdout.splitlines() == ["raised RowsError", "rows 4", "after 4 8"], (
         done.stdout + done.stderr[-2000:]
     )
