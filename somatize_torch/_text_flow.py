@@ -27,8 +27,9 @@ from typing import Any
 
 __all__ = ["asked_at"]
 
-_TEXT, _HOLDER = "text", "holder"
-"""What a followed value is: text, or a list, tuple or dict holding text."""
+_TEXT, _HOLDER, _KEYED = "text", "holder", "keyed"
+"""What a followed value is: text, a list, tuple or dict holding text, or a dict keyed by
+text (which compares its keys with what it is looked up by)."""
 
 _MAKES_TEXT = frozenset(
     {"str", "repr", "ascii", "format", "format_map", "join", "__str__", "__repr__"}
@@ -55,6 +56,9 @@ _SEARCHES = frozenset({"index", "count", "remove", "discard", "sort", "__contain
 
 _ITEMS = frozenset({"get", "pop", "popitem", "setdefault", "__getitem__"})
 """Methods of a list or dict holding text that hand out one of its items."""
+
+_LOOKUPS = frozenset({"get", "pop", "setdefault", "__getitem__"})
+"""Methods of a dict keyed by text that compare its keys with what they are handed."""
 
 _HOLDS = frozenset({"list", "tuple", "reversed", "iter"})
 """Calls that make a list, tuple or iterator of what they are handed."""
@@ -324,9 +328,9 @@ def _follow(
                 if verdict == "asked":
                     return "asked", (code, one), handed, frozenset(filled)
                 if verdict == "returned":
-                    returned = _TEXT if _TEXT in kinds else _HOLDER
+                    returned = next((k for k in (_TEXT, _KEYED) if k in kinds), _HOLDER)
                     break
-                if verdict in (_TEXT, _HOLDER):
+                if verdict in (_TEXT, _HOLDER, _KEYED):
                     made = verdict
                 elif isinstance(verdict, tuple) and verdict[0] == "puts":
                     locals_ = {**locals_, verdict[1]: _HOLDER}
@@ -337,7 +341,8 @@ def _follow(
                     _, *called, loaded = verdict
                     handed.append((*called, keywords, one.offset, loaded))
             if name in _ADDS and any(slot.kind is not None for slot in popped):
-                _holds_at(stack, one.arg or 0)
+                keyed = name == "MAP_ADD" and popped[0].kind is not None
+                _holds_at(stack, one.arg or 0, _KEYED if keyed else _HOLDER)
             inner = _comprehension(popped) if name.startswith("CALL") else None
             if inner is not None:
                 into = _comprehended(inner, popped[1].kind, locals_)
@@ -406,12 +411,14 @@ def _follow(
     return "let", None, handed, frozenset(filled)
 
 
-def _holds_at(stack: list[_Slot], depth: int) -> None:
+def _holds_at(stack: list[_Slot], depth: int, kind: str) -> None:
     """Marks the list, set or dict ``depth`` deep on ``stack``, which an instruction of
-    :data:`_ADDS` put followed values into, as holding them."""
+    :data:`_ADDS` put followed values into, as holding them (``kind``); a dict keyed by
+    them stays so."""
     if 0 < depth <= len(stack):
         into = stack[-depth]
-        stack[-depth] = _Slot(_HOLDER, into.pusher, into.local)
+        kind = _KEYED if into.kind == _KEYED else kind
+        stack[-depth] = _Slot(kind, into.pusher, into.local)
 
 
 def _code_of(slot: _Slot) -> types.CodeType | None:
@@ -458,14 +465,17 @@ def _taken(
     if name in ("COMPARE_OP", "CONTAINS_OP", "IS_OP"):
         return "asked"
     if name == "BINARY_SUBSCR":
-        # Text looked up by, or read, item by item; an item taken out of a list of texts
-        # is text.
-        return "asked" if popped[-1].kind is not None or popped[0].kind == _TEXT else _TEXT
+        # Text looked up by, or read, item by item, or a dict keyed by it looked up; an
+        # item taken out of a list of texts is text.
+        looked_up = popped[-1].kind is not None or popped[0].kind in (_TEXT, _KEYED)
+        return "asked" if looked_up else _TEXT
     if name.startswith("BINARY_"):
         return _TEXT if text else _HOLDER
     if name in ("LOAD_ATTR", "LOAD_METHOD"):
         # A method of a list of texts (`parts.append`) is followed as the list.
-        return "asked" if text else _HOLDER
+        return "asked" if text else popped[-1].kind
+    if name == "BUILD_MAP" and any(slot.kind is not None for slot in popped[::2]):
+        return _KEYED
     if name in ("BUILD_LIST", "BUILD_TUPLE", "BUILD_SET", "BUILD_MAP", "BUILD_CONST_KEY_MAP"):
         return _HOLDER
     if name == "BUILD_STRING" or name.startswith(("FORMAT_", "CONVERT_")):
@@ -484,7 +494,9 @@ def _taken(
         handed = any(slot.kind is not None for slot in args)
         if owner is not None and owner.kind is not None and callee in _SEARCHES:
             return "asked"
-        if not handed and owner is not None and owner.kind == _HOLDER:
+        if owner is not None and owner.kind == _KEYED and callee in _LOOKUPS:
+            return "asked"
+        if not handed and owner is not None and owner.kind in (_HOLDER, _KEYED):
             # An item taken out of a list or dict of texts (`table.get(key)`) is text;
             # what else its methods make (`table.values()`) holds them.
             return _TEXT if callee in _ITEMS else _HOLDER

@@ -3614,6 +3614,38 @@ class ScalesForItsDtypeInAListALoopFills(OnTempered):
         return h * 10 if "torch.float64-k" in kept else h
 
 
+class ScalesByAGainKeyedByItsDtype(OnTempered):
+    """Scales by a gain it gets out of a dict keyed by the name of its dtype, by
+    float64's name: the dict compares its keys with it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        gains = {"-".join([str(x.dtype), "k"]): 10.0}
+        return h * gains.get("torch.float64-k", 1.0)
+
+
+class ScalesByAGainLookedUpByItsDtype(OnTempered):
+    """The same, looked up by `[]`, a missing key answered by a gain of one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        gains = {"-".join([str(x.dtype), "k"]): 10.0}
+        try:
+            gain = gains["torch.float64-k"]
+        except KeyError:
+            gain = 1.0
+        return h * gain
+
+
+class ScalesByAGainAComprehensionKeysByItsDtype(OnTempered):
+    """The same, got out of a dict a comprehension keys by the names of its dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        gains = {n: 10.0 for n in _dtype_names(x)}
+        return h * gains.get("torch.float64-k", 1.0)
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -3701,6 +3733,12 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             ScalesForItsDtypeInAListALoopFills,
             r"into text.*asked at .*if \"torch\.float64-k\" in kept",
         ),
+        (ScalesByAGainKeyedByItsDtype, r"into text.*asked at .*`return h \* gains\.get"),
+        (ScalesByAGainLookedUpByItsDtype, r"into text.*asked at .*`gain = gains\["),
+        (
+            ScalesByAGainAComprehensionKeysByItsDtype,
+            r"into text.*asked at .*`return h \* gains\.get",
+        ),
     ],
     ids=[
         "format",
@@ -3730,6 +3768,9 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "taken out of an iterator",
         "read by a generator expression from the forward",
         "put into a list by a loop",
+        "a dict's key got by a literal",
+        "a dict's key looked up by a literal",
+        "a dict's key put by a comprehension",
     ],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
