@@ -510,6 +510,11 @@ def _taken(
             return _TEXT
         if callee in _HOLDS:
             return _HOLDER
+        if callee == "zip":
+            # Pairs keyed by the first it zips, as the dict made of them is.
+            return _KEYED if args[0].kind is not None else _HOLDER
+        if callee == "dict" and len(args) == 1:
+            return args[0].kind
         if callee in _TAKES:
             return _TEXT
         if callee in _PUTS and owner is not None and owner.local is not None:

@@ -3646,6 +3646,15 @@ class ScalesByAGainAComprehensionKeysByItsDtype(OnTempered):
         return h * gains.get("torch.float64-k", 1.0)
 
 
+class ScalesByAGainZippedToItsDtype(OnTempered):
+    """The same, got out of a dict made of the names of its dtype zipped to gains."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        gains = dict(zip(_dtype_names(x), [10.0], strict=True))
+        return h * gains.get("torch.float64-k", 1.0)
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -3739,6 +3748,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             ScalesByAGainAComprehensionKeysByItsDtype,
             r"into text.*asked at .*`return h \* gains\.get",
         ),
+        (ScalesByAGainZippedToItsDtype, r"into text.*asked at .*`return h \* gains\.get"),
     ],
     ids=[
         "format",
@@ -3771,6 +3781,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "a dict's key got by a literal",
         "a dict's key looked up by a literal",
         "a dict's key put by a comprehension",
+        "a dict's key put by zip",
     ],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
