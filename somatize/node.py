@@ -58,7 +58,7 @@ import inspect
 import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from types import FunctionType
 from typing import Any
@@ -810,19 +810,34 @@ class Expr:
         if any(part.edges for part in parts[1:]):
             held.update((id(source), id(target)) for source, target in edges)
         for part in parts[1:]:
-            for node in part.nodes:
-                if id(node) not in known:
-                    known.add(id(node))
-                    nodes.append(node)
-            seen: Counter[tuple[int, int]] = Counter()
-            for source, target in part.edges:
-                pair = (id(source), id(target))
-                seen[pair] += 1
-                if seen[pair] > held[pair]:
-                    held[pair] += 1
-                    edges.append((source, target))
+            Expr._take_nodes(nodes, known, part.nodes)
+            Expr._take_edges(edges, held, part.edges)
             outputs += part.outputs
         return Expr(nodes, edges, outputs)
+
+    @staticmethod
+    def _take_nodes(nodes: list[Node], known: set[int], more: Iterable[Node]) -> None:
+        """Appends to ``nodes`` each of ``more`` not ``known`` yet (by identity), noting it."""
+        for node in more:
+            if id(node) not in known:
+                known.add(id(node))
+                nodes.append(node)
+
+    @staticmethod
+    def _take_edges(
+        edges: list[tuple[Node, Node]],
+        held: Counter[tuple[int, int]],
+        more: Iterable[tuple[Node, Node]],
+    ) -> None:
+        """Appends to ``edges`` each of ``more`` as often as ``more`` has it beyond what
+        ``edges`` holds (``held``: how often each is there, by identity, kept up to date)."""
+        seen: Counter[tuple[int, int]] = Counter()
+        for source, target in more:
+            pair = (id(source), id(target))
+            seen[pair] += 1
+            if seen[pair] > held[pair]:
+                held[pair] += 1
+                edges.append((source, target))
 
     def heads(self) -> list[Node]:
         """The nodes nothing in this expression feeds: where an input comes in."""
@@ -867,20 +882,11 @@ class Expr:
         known = set(map(id, nodes))
         held: Counter[tuple[int, int]] | None = None  # how often each edge is there
         for _, added, joined, bridges in reversed(links):
-            for node in added:
-                if id(node) not in known:
-                    known.add(id(node))
-                    nodes.append(node)
+            Expr._take_nodes(nodes, known, added)
             if joined:
                 if held is None:
                     held = Counter((id(source), id(target)) for source, target in edges)
-                seen: Counter[tuple[int, int]] = Counter()
-                for source, target in joined:
-                    pair = (id(source), id(target))
-                    seen[pair] += 1
-                    if seen[pair] > held[pair]:
-                        held[pair] += 1
-                        edges.append((source, target))
+                Expr._take_edges(edges, held, joined)
             edges += bridges
             if held is not None:
                 held.update((id(source), id(target)) for source, target in bridges)
