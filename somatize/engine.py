@@ -45,7 +45,10 @@ process (:class:`~somatize.codecs.Unreadable`: a class it names is not loaded
 here), reported as ``unreadable`` — nothing is damaged or set aside. A wrong
 answer is never returned. An answer computed that cannot be kept (no codec
 writes it, the store refuses it) is ``failed`` after ``ran``, and its error
-goes on to the caller.
+goes on to the caller. Where the store can tell before anything runs that it
+would refuse it (a bucket that does not exist, a directory gone or read-only),
+a forward that would keep an answer raises that error before any node runs,
+rather than compute what it would lose.
 An answer computed while a node's code was changed (a method set on its class by
 another thread as the forward ran) is not kept, and says no ``kept``: it may be the
 new code's, and would be kept with the old code's fingerprint.
@@ -374,10 +377,13 @@ def run(
         if store is not None:
             while not state.load(plan):
                 plan.walk(wanted)
-        state.running = plan.running
-        value_of = _opened(x)
         static = plan.static
-        running = plan.running
+        running = state.running = plan.running
+        if running and store is not None and not running.isdisjoint(static.cached):
+            refused = store._refused_keeping()
+            if refused is not None:
+                raise refused
+        value_of = _opened(x)
         recalled = plan.recalled
         values = state.values
         placement = graph.placement

@@ -629,6 +629,52 @@ def test_writing_to_a_bucket_that_does_not_exist_names_it() -> None:
             write()
 
 
+def test_a_forward_into_a_bucket_that_does_not_exist_runs_nothing() -> None:
+    """A forward that would keep what it computes in a bucket that does not exist is a
+    StoreError naming the bucket before any node runs, not after its work, which would be
+    lost; nothing is said to have run."""
+    largest = Largest().named("largest").frozen().cached()
+    g = Graph.somatize(Scale().named("scale").frozen() >> largest)
+    store = Store.on_bucket(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/x", **s3_options())
+    with pytest.raises(StoreError, match=r"the bucket `no-such-bucket-\w+` does not exist"):
+        g.forward([1.0, 2.0], store=store)
+    assert largest.calls == 0
+    assert g.record is not None and g.record.facts == []
+
+
+def test_the_bucket_is_looked_for_once_per_store_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bucket that exists is looked for once, before the first answer computed is kept,
+    not at every forward; a forward that recalls all it needs does not look for it."""
+    largest = Largest().named("largest").frozen().cached()
+    g = Graph.somatize(Scale().named("scale").frozen() >> largest)
+    store = Store.on_bucket(s3_url(), **s3_options())
+    assert isinstance(store, BucketStore)
+    looked = Counting(store._missing_bucket)
+    monkeypatch.setattr(store, "_missing_bucket", looked)
+    assert g.forward([1.0, 2.0], store=store) == 4.0
+    assert g.forward([1.0, 3.0], store=store) == 6.0
+    assert g.forward([1.0, 2.0], store=store) == 4.0
+    assert (looked.calls, largest.calls) == (1, 2)
+    fresh = Store.on_bucket(store.url, **s3_options())
+    assert isinstance(fresh, BucketStore)
+    monkeypatch.setattr(fresh, "_missing_bucket", looked)
+    assert g.forward([1.0, 3.0], store=fresh) == 6.0
+    assert (looked.calls, largest.calls) == (1, 2)
+
+
+def test_a_forward_with_a_writer_that_may_not_look_for_the_bucket_keeps() -> None:
+    """Credentials that may write and list a bucket but not ask for it (no ``HeadBucket``)
+    run and keep as before: the bucket that cannot be looked for is not taken for missing."""
+    writer = user(["s3:GetObject", "s3:PutObject", "s3:ListBucket"])
+    url = s3_url()
+    largest = Largest().named("largest").frozen().cached()
+    g = Graph.somatize(Scale().named("scale").frozen() >> largest)
+    with enable_iam_authentication():
+        assert g.forward([1.0, 2.0], store=Store.on_bucket(url, **writer)) == 4.0
+    assert g.forward([1.0, 2.0], store=Store.on_bucket(url, **s3_options())) == 4.0
+    assert largest.calls == 1
+
+
 @pytest.mark.parametrize("collector", ["cache", "bucket"])
 @pytest.mark.parametrize("when", ["kept", "packed"])
 def test_a_gc_of_the_cache_leaves_the_blob_a_keep_is_copying_there(

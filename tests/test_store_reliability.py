@@ -10,6 +10,7 @@ import os
 import pickle
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -636,6 +637,32 @@ def test_a_read_only_store_refuses_writes_clearly(
     assert bytes(LocalStore(tmp_path / "store").recall(key_of("kept"))[1]) == b"kept before"
     monkeypatch.undo()
     assert LocalStore(tmp_path / "store").verify().ok
+
+
+@pytest.mark.parametrize("how", ["read-only", "removed"])
+def test_a_forward_into_a_store_it_cannot_write_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A forward that would keep what it computes in a store on a read-only filesystem, or
+    whose directory was removed since the store object was opened, is a StoreError saying
+    so before any node runs, not after its work, which would be lost; what the store holds
+    is still recalled."""
+    largest = Largest().named("largest").frozen().cached()
+    g = Graph.somatize(Scale().named("scale").frozen() >> largest)
+    store = LocalStore(tmp_path / "store")
+    assert g.forward([1.0, 2.0], store=store) == 4.0
+    if how == "read-only":
+        _mount_read_only(monkeypatch)
+        store = LocalStore(tmp_path / "store")
+        said = "the store is read-only for this process"
+    else:
+        shutil.rmtree(tmp_path / "store")
+        said = "the store's directory is gone"
+    with pytest.raises(StoreError, match=said):
+        g.forward([1.0, 3.0], store=store)
+    assert largest.calls == 1
+    if how == "read-only":
+        assert g.forward([1.0, 2.0], store=store) == 4.0
 
 
 def test_a_read_only_store_without_its_empty_folders_is_read(

@@ -125,6 +125,9 @@ class BucketRequests(PackedHome):
     _atomic: bool
     """Whether an upload publishes a file whole by itself (an object store); if not (a
     plain filesystem), a write goes through ``tmp/`` and a rename."""
+    _bucket_seen = False
+    """Whether the bucket was once looked for and not found missing (see
+    :meth:`_refused_keeping`)."""
     _fs: Any = None
     _fs_pid: int = -1
     """The process :attr:`fs` was opened in."""
@@ -208,6 +211,22 @@ class BucketRequests(PackedHome):
             self._call(f"looking for the bucket `{bucket}`", self.fs.info, bucket)
         except FileNotFoundError:
             return bucket
+        return None
+
+    def _refused_keeping(self) -> StoreError | None:
+        """The error a keep would raise where the bucket does not exist. It is looked for
+        once per store object (one request), before its first answer computed is kept; one
+        that may not be asked for (no ``HeadBucket``) may still be written: its keeps say
+        what they find."""
+        if self._bucket_seen:
+            return None
+        try:
+            bucket = self._missing_bucket()
+        except StoreError:
+            bucket = None
+        if bucket is not None:
+            return self._no_bucket(bucket)
+        self._bucket_seen = True
         return None
 
     def _not_kept(self, said: str) -> Missing:

@@ -198,6 +198,8 @@ class LocalFiles(PackedHome):
     names onto (all but ``packs/`` end in a separator)."""
     _verified: dict[str, Stamp]
     """Digest → the :func:`stamp_of` the file had when it was hashed and matched."""
+    _may_write = False
+    """Whether a file was once made in ``tmp/`` (see :meth:`_refused_keeping`)."""
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -265,20 +267,41 @@ class LocalFiles(PackedHome):
         os.makedirs(folder, exist_ok=True)
 
     def writable(self) -> bool:
+        """False where :meth:`_unwritable` finds a write refused."""
+        return self._unwritable() is None
+
+    def _unwritable(self) -> OSError | None:
         """An empty file is made in ``tmp/`` (and ``tmp/`` first where it is missing) and
-        removed: False if that is refused as on a read-only disk (:data:`_READ_ONLY`), or
-        the store's directory is gone (every write is refused then, see :meth:`_gone`);
-        another failure (no inode left) says nothing of what later writes may do."""
+        removed: why it could not be, if that is refused as on a read-only disk
+        (:data:`_READ_ONLY`), or the store's directory is gone (every write is refused
+        then, see :meth:`_gone`); None otherwise — another failure (no inode left) says
+        nothing of what later writes may do."""
         with self._in_tmp(".part") as name:
             probe = self._tmp + name
             try:
                 with self._created(probe):
                     pass
             except OSError as why:
-                return why.errno not in _READ_ONLY and os.path.isdir(self.root)
+                if why.errno in _READ_ONLY or not os.path.isdir(self.root):
+                    return why
+                return None
             with contextlib.suppress(OSError):
                 os.unlink(probe)
-        return True
+        return None
+
+    def _refused_keeping(self) -> StoreError | None:
+        """The error a keep would raise: the store's directory gone (looked for each time,
+        one ``stat``), or read-only for this process (found once per store object, by a file
+        made in ``tmp/`` and removed)."""
+        gone = self._gone("keep answers in")
+        if gone is not None:
+            return gone
+        if not self._may_write:
+            why = self._unwritable()
+            if why is not None:
+                return self._unwritten(None, None, why)
+            self._may_write = True
+        return None
 
     def _place(self, temporary: str, target: str) -> None:
         """Renames a written file of ``tmp/`` to ``target``: it appears whole or not at all."""

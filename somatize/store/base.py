@@ -559,6 +559,12 @@ class Store(abc.ABC):
         written)."""
         return True
 
+    def _refused_keeping(self) -> StoreError | None:
+        """The error keeping an answer here would raise, where that can be told before the
+        answer is computed; None where a keep may succeed. A forward asks before it runs a
+        node whose answer it keeps, so that the work is not done only to be lost."""
+        return None
+
     # -- helpers shared by homes ---------------------------------------------------------------
 
     @staticmethod
