@@ -14,6 +14,9 @@ handed on, so that the warning can point at the caller's forward (``stacklevel``
 
 A mapped node's items are keyed one by one: those kept are read back, the rest run in
 one call, and what it reads and what it answers must be lists as long as each other.
+Items alike (one key) are one question: the node is handed it once, and every other
+place gets the answer written by its codec and read back, an object of its own, as
+each recalled item is.
 """
 
 from __future__ import annotations
@@ -383,14 +386,15 @@ class _Run:
         if recalled:  # said before the rest run: read is read, whether or not they fail
             self.emit({"fact": "recalled", "node": node, "items": recalled, "of": count})
         if missing:
-            sub = [[value[i] for i in missing] for value in inputs]
-            ctx.keys = [items[i] for i in missing] if items is not None else None
+            called, alike = _first_of_each(missing, items)
+            sub = [[value[i] for i in called] for value in inputs]
+            ctx.keys = [items[i] for i in called] if items is not None else None
             answers, took = self.call(node, sub, ctx)
-            if not isinstance(answers, (list, tuple)) or len(answers) != len(missing):
+            if not isinstance(answers, (list, tuple)) or len(answers) != len(called):
                 raise self.unusable(
                     node,
                     TypeError(
-                        f"answered {_describe(answers)} for the {len(missing)} items it was "
+                        f"answered {_describe(answers)} for the {len(called)} items it was "
                         "handed: a mapped node returns a list as long as its input, item i "
                         "out from item i in"
                     ),
@@ -398,12 +402,16 @@ class _Run:
             self.emit(
                 {"fact": "ran", "node": node, "took_us": took, "items": len(missing), "of": count}
             )
-            for index, value in zip(missing, answers, strict=True):
+            for index, value in zip(called, answers, strict=True):
                 out[index] = value
+            if alike:
+                with self._keeping(node):
+                    for index, first in alike:
+                        out[index] = _own_copy(out[first], f"an item answer of `{node}`")
             if items is not None:
                 kept = self.keep_items(
                     node,
-                    [(items[i], out[i]) for i in missing],
+                    [(items[i], out[i]) for i in called],
                     static.fingerprint.get(node),
                 )
                 self.emit(
@@ -453,6 +461,33 @@ class _Run:
 
 
 _DAMAGED = object()
+
+
+def _first_of_each(
+    missing: list[int], items: list[str] | None
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """Of the places ``missing`` of a mapped node's items, those it is called on — the
+    first of each item key, or all of them where its items have no keys — and each other
+    place with the place of the item alike that is: one question, asked once."""
+    if items is None:
+        return missing, []
+    first: dict[str, int] = {}
+    called: list[int] = []
+    alike: list[tuple[int, int]] = []
+    for index in missing:
+        at = first.setdefault(items[index], index)
+        if at == index:
+            called.append(index)
+        else:
+            alike.append((index, at))
+    return called, alike
+
+
+def _own_copy(value: Any, where: str) -> Any:
+    """``value`` written by its codec and read back, as a recalled answer is: an object of
+    its own, equal to it, for a place handed the answer of an item alike."""
+    codec = CODECS.for_value(value, where)
+    return codec.decode(memoryview(b"".join(codec.encode(value))))
 
 
 def _copy_of(fact: Fact) -> Fact:

@@ -578,6 +578,39 @@ def test_items_alike_recalled_are_each_an_object_of_their_own(store: Store) -> N
         assert threes[1] == [3, 6]
 
 
+class CountedPairs(Pairs):
+    """Pairs, noting each list of items it is handed."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+
+    def forward(self, items: list[int], ctx: Any) -> list[list[int]]:
+        self.calls.append(list(items))
+        return super().forward(items, ctx)
+
+
+def test_items_alike_are_computed_once_each_place_with_an_object_of_its_own(
+    store: Store,
+) -> None:
+    """A cached mapped node handed one item twice, or more, is handed it once: every place
+    gets an answer equal to it, each an object of its own (changing one leaves the others
+    as they were); the facts count every place, and the answer is kept once."""
+    pairs = CountedPairs()
+    g = Graph.somatize(pairs.identified("tests:Pairs").named("pairs").frozen().mapped().cached())
+    seen: list[dict[str, Any]] = []
+    answers = g.forward([3, 4, 3, 3], store=store, watching=seen.append)
+    assert pairs.calls == [[3, 4]]
+    assert answers == [[3, 6], [4, 8], [3, 6], [3, 6]]
+    threes = [answers[0], answers[2], answers[3]]
+    assert len({id(answer) for answer in threes}) == 3
+    threes[0].append(0)
+    assert threes[1] == threes[2] == [3, 6]
+    ran = [f for f in seen if f["fact"] in ("ran", "kept")]
+    assert [(f["fact"], f["items"], f["of"]) for f in ran] == [("ran", 4, 4), ("kept", 4, 4)]
+    assert g.forward([4, 3, 5, 5], store=store) == [[4, 8], [3, 6], [5, 10], [5, 10]]
+    assert pairs.calls == [[3, 4], [5]]
+
+
 def test_every_fact_of_a_mapped_node_says_how_many_items_of_how_many(store: Store) -> None:
     """A mapped node's `ran`, `kept` and `recalled` facts each say `items` and `of`, the
     items they are about and how many it was handed: all run, some recalled, all
