@@ -67,17 +67,18 @@ def writable_store(store: Store | str | os.PathLike[str] | None) -> Store | None
     """The store ``store`` names (None: memory only), refused when this process cannot
     write it."""
     opened = Store.of(store)
-    if opened is not None and not opened.writable():
-        # As a store on a read-only disk with nothing in it is refused when it is opened:
-        # here, not after an epoch of work, when the rows computed cannot be written.
-        raise StoreError(
-            f"cannot use {opened!r} as this callback's store: it is read-only for "
-            "this process (or its directory was moved or removed since it was opened), "
-            "so the rows a fit computes could not be kept (the fit would "
-            "fail when it first flushes them, its work lost). Pass a store this process "
-            "may write, or store=None to keep rows in memory only"
-        )
-    return opened
+    if opened is None or opened.writable():
+        return opened
+    # As a store on a read-only disk with nothing in it is refused when it is opened:
+    # here, not after an epoch of work, when the rows computed cannot be written.
+    refused = opened._refused_keeping()
+    why = str(refused) if refused is not None else "it is read-only for this process"
+    raise StoreError(
+        f"cannot use {opened!r} as this callback's store ({why}), so the rows a fit "
+        "computes could not be kept (the fit would fail when it first flushes them, its "
+        "work lost). Pass a store this process may write, or store=None to keep rows in "
+        "memory only"
+    )
 
 
 def prefill_module(names: list[str], module: str | None) -> str:

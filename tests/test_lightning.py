@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import uuid
 import warnings
 import weakref
 from pathlib import Path
@@ -40,6 +41,7 @@ from somatize_torch.ahead import Ahead
 from somatize_torch.deferred import Deferred
 from somatize_torch.freeze import is_held
 from somatize_torch.rows import CachedRows, cache_rows
+from tests.conftest_s3 import s3_options
 from tests.lightning_models import SAMPLES, Encoder, Probe, data, loader, trainer
 
 pytestmark = pytest.mark.filterwarnings(
@@ -960,6 +962,14 @@ def test_a_store_this_process_cannot_write_is_refused_up_front(
     trainer(tmp_path, 1, callbacks=[CacheFrozen(store, ["encoder"])]).fit(Probe(), loader())
     monkeypatch.setattr(LocalStore, "writable", lambda self: False)
     with pytest.raises(StoreError, match="read-only for this process"):
+        CacheFrozen(store, ["encoder"])
+
+
+def test_a_bucket_that_does_not_exist_is_refused_up_front() -> None:
+    """A callback keeping rows in a bucket that does not exist is refused when it is made,
+    naming the bucket, not when its first rows are flushed after an epoch."""
+    store = Store.on_bucket(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/x", **s3_options())
+    with pytest.raises(StoreError, match=r"the bucket `no-such-bucket-\w+` does not exist"):
         CacheFrozen(store, ["encoder"])
 
 

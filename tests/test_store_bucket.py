@@ -629,6 +629,14 @@ def test_writing_to_a_bucket_that_does_not_exist_names_it() -> None:
             write()
 
 
+def test_a_bucket_that_does_not_exist_is_not_writable() -> None:
+    """A store on a bucket that does not exist says it is not writable, as a local store
+    whose directory is gone does; one on a bucket that exists says it is."""
+    missing = Store.on_bucket(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/x", **s3_options())
+    assert missing.writable() is False
+    assert Store.on_bucket(s3_url(), **s3_options()).writable() is True
+
+
 def test_a_forward_into_a_bucket_that_does_not_exist_runs_nothing() -> None:
     """A forward that would keep what it computes in a bucket that does not exist is a
     StoreError naming the bucket before any node runs, not after its work, which would be

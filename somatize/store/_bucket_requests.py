@@ -213,6 +213,11 @@ class BucketRequests(PackedHome):
             return bucket
         return None
 
+    def writable(self) -> bool:
+        """False where the bucket does not exist (see :meth:`_refused_keeping`); whether
+        its permissions allow a write shows only when something is written."""
+        return self._refused_keeping() is None
+
     def _refused_keeping(self) -> StoreError | None:
         """The error a keep would raise where the bucket does not exist. It is looked for
         once per store object (one request), before its first answer computed is kept; one
