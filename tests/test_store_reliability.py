@@ -1313,3 +1313,53 @@ def test_a_name_bound_meanwhile_above_or_under_is_refused_saying_so(
     assert raced == [meanwhile]
     assert LocalStore(tmp_path / "store").resolve(meanwhile) == digest
     assert os.listdir(tmp_path / "store" / "tmp") == []
+
+
+# -- answers kept anew elsewhere ---------------------------------------------------------------
+
+
+def _collected_elsewhere(root: Path, keys: list[str]) -> None:
+    """Removes what ``keys`` are answered by from ``root`` as a gc of another process evicts
+    them: each record or pack index, then its blob."""
+    other = LocalStore(root)
+    for key in keys:
+        answer = other.answer(key)
+        assert answer is not None
+        for index in (root / "packs").iterdir():
+            if answer.value[7:].encode() in index.read_bytes():
+                index.unlink()
+        other.answer_path(key).unlink(missing_ok=True)
+        other.blob_path(answer.value).unlink(missing_ok=True)
+
+
+def test_an_answer_collected_and_kept_anew_elsewhere_is_found_by_a_reader_that_knew_it(
+    tmp_path: Path,
+) -> None:
+    """A reader that read an answer, whose answer another process's gc evicted and another
+    writer kept anew since (as a pack, where it was whole), finds the answer kept anew:
+    ``have`` says yes and ``recall``/``recall_many`` give it, not Missing for what it
+    remembered."""
+    root = tmp_path / "store"
+    keys = [key_of(f"row/{i}") for i in range(3)]
+    rows = {key: value_of(key, 300 << 10) for key in keys}
+    reader, writer = LocalStore(root), LocalStore(root)
+    for key in keys:
+        writer.keep(key, rows[key], "plain")
+    assert reader.have(keys) == set(keys)
+    assert bytes(reader.recall(keys[0])[1]) == rows[keys[0]]
+    got = reader.recall_many(keys[1:])
+    assert all(bytes(got[key][1]) == rows[key] for key in keys[1:])  # type: ignore[index]
+
+    _collected_elsewhere(root, keys)
+    LocalStore(root).keep_many([(key, rows[key]) for key in keys], "plain")
+    assert reader.recall(keys[0])[1] == rows[keys[0]]
+    assert reader.have(keys[1:2]) == {keys[1]}
+    got = reader.recall_many(keys[1:])
+    assert {key: bytes(got[key][1]) for key in keys[1:]} == {key: rows[key] for key in keys[1:]}  # type: ignore[index]
+
+    _collected_elsewhere(root, keys)
+    for key in keys:
+        LocalStore(root).keep(key, rows[key], "plain")
+    got = reader.recall_many(keys[1:])
+    assert {key: bytes(got[key][1]) for key in keys[1:]} == {key: rows[key] for key in keys[1:]}  # type: ignore[index]
+    assert bytes(reader.recall(keys[0])[1]) == rows[keys[0]]

@@ -635,6 +635,21 @@ class PackedHome(Store):
         answer = self.answer(key)
         if answer is None:
             raise self._not_kept(f"no answer is kept under {key} in {self._where}")
+        try:
+            return self._recall_answer(key, answer)
+        except Missing:
+            # What this object knew of the key may be older than the store: a gc elsewhere
+            # evicted its blob, and a writer elsewhere may have kept the key anew since
+            # (packed, where it was whole). Looked for once more, afresh.
+            self._list_again()
+            again = self.answer(key)
+            if again is None or again == answer:
+                raise
+            return self._recall_answer(key, again)
+
+    def _recall_answer(self, key: str, answer: Answer) -> tuple[Answer, memoryview]:
+        """The bytes of ``answer``, the answer to ``key``; Missing or Corrupt (the answer
+        forgotten, its pack dropped) when its blob is not here whole."""
         offset = answer.offset
         now = time.time()
         try:
@@ -653,6 +668,9 @@ class PackedHome(Store):
                     self._used_packs[pack.id] = now
         except (Missing, Corrupt):
             self._forget(answer)
+            pack = self._items.get(key)
+            if pack is not None and pack.blob == answer.value:
+                self._drop_pack(pack)
             raise
         self._write_down_uses(now)
         return answer, data
@@ -679,10 +697,15 @@ class PackedHome(Store):
                 group = by_pack[pack.id] = (pack, [])
             group[1].append(key)
         now = time.time()
+        gone: dict[str, tuple[str, Missing]] = {}  # key → its pack's blob, found gone, and why
         for pack, members in by_pack.values():
             try:
                 whole = self._read_blob(pack.blob, pack.size, borrow)
-            except (Missing, Corrupt) as why:
+            except Missing as why:
+                self._drop_pack(pack)
+                gone.update(dict.fromkeys(members, (pack.blob, why)))
+                continue
+            except Corrupt as why:
                 self._drop_pack(pack)
                 for key in members:
                     out[key] = why
@@ -696,6 +719,8 @@ class PackedHome(Store):
             for key in members:
                 start, length = entries[key]
                 out[key] = (pack.answer(key), whole[start : start + length])
+        if gone:
+            rest.extend(self._kept_anew(gone, out))
         for key in rest:
             try:
                 out[key] = self.recall(key)
@@ -703,6 +728,26 @@ class PackedHome(Store):
                 out[key] = why
         self._write_down_uses(now)
         return out
+
+    def _kept_anew(
+        self,
+        gone: dict[str, tuple[str, Missing]],
+        out: dict[str, tuple[Answer, memoryview] | Exception],
+    ) -> list[str]:
+        """Of the keys in ``gone``, whose pack's blob was gone (a gc elsewhere evicted it),
+        those to be looked for afresh, as a writer elsewhere may have kept them anew since;
+        the rest, still answered by that blob after one look at the store, are Missing in
+        ``out`` (each is not looked for on its own: the look reads the packs again)."""
+        self._list_again()
+        packed = self._packed_after_a_look(list(gone))
+        again = []
+        for key, (blob, why) in gone.items():
+            pack = packed.get(key)
+            if pack is not None and pack.blob == blob:
+                out[key] = why
+            else:
+                again.append(key)
+        return again
 
     def _write_down_uses(self, now: float) -> None:
         """Writes down when answers were used once :data:`FLUSH_USES` of them are noted,

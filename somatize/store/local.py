@@ -444,8 +444,9 @@ class LocalStore(LocalShelf):
                 unresolved.append(key)
             elif self._whole(answer.value, answer.size):
                 found.add(key)
-            else:
+            else:  # evicted by a gc elsewhere: perhaps kept anew since, so read afresh
                 self._forget(answer)
+                unresolved.append(key)
         if unresolved:
             packed = self._packed_after_a_look(unresolved)
             for key in unresolved:
