@@ -1363,3 +1363,54 @@ def test_an_answer_collected_and_kept_anew_elsewhere_is_found_by_a_reader_that_k
     got = reader.recall_many(keys[1:])
     assert {key: bytes(got[key][1]) for key in keys[1:]} == {key: rows[key] for key in keys[1:]}  # type: ignore[index]
     assert bytes(reader.recall(keys[0])[1]) == rows[keys[0]]
+
+
+def _gc_elsewhere_takes_writes(
+    monkeypatch: pytest.MonkeyPatch, root: Path, times: int
+) -> list[str]:
+    """Has a gc with no grace, of another store object (as of another process), run just
+    after each of the next ``times`` writes to ``tmp/`` is written, before it is renamed;
+    the list of what it took grows as it does."""
+    write = LocalStore._write_temporary
+    taken: list[str] = []
+
+    def written_then_collected(self: LocalStore, *args: Any) -> os.stat_result:
+        stat = write(self, *args)
+        if len(taken) < times:
+            taken.append(args[-1])
+            LocalStore(root).gc(grace=0)
+        return stat
+
+    monkeypatch.setattr(LocalStore, "_write_temporary", written_then_collected)
+    return taken
+
+
+def test_a_write_a_gc_elsewhere_takes_from_tmp_is_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer whose write a gc of another process with no grace removes from ``tmp/``
+    before it is renamed is written again and kept, not a StoreError about a file not
+    found."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    key = key_of("taken")
+    taken = _gc_elsewhere_takes_writes(monkeypatch, root, 1)
+    store.keep(key, b"an answer", "plain")
+    assert len(taken) == 1 and not os.path.exists(taken[0])
+    assert bytes(LocalStore(root).recall(key)[1]) == b"an answer"
+    assert os.listdir(root / "tmp") == []
+
+
+@pytest.mark.parametrize("size", [10, 16 << 20])
+def test_a_write_a_gc_elsewhere_keeps_taking_from_tmp_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """A write taken from ``tmp/`` each time it is written (a large blob's, written once)
+    says a gc with no grace took it, and what to do; nothing is published or left."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    _gc_elsewhere_takes_writes(monkeypatch, root, 10)
+    with pytest.raises(StoreError, match=r"removed from tmp/ .* no grace \(`--grace 0`\)"):
+        store.put(b"x" * size)
+    assert os.listdir(root / "tmp") == []
+    assert [path for path in (root / "blobs").rglob("*") if path.is_file()] == []

@@ -122,6 +122,16 @@ SMALL_FILE = 16 << 20
 is damage, never read whole into memory."""
 
 
+_WRITES = 3
+"""How many times a publish writes its file to ``tmp/`` when a gc elsewhere takes it from
+there each time before it is renamed."""
+
+
+class TakenFromTmp(StoreError):
+    """A write taken from ``tmp/`` before it was published, by a gc in another process that
+    spares no write in flight (no grace): nothing was published."""
+
+
 class NotAFile(OSError):
     """What is at a path is no file a store writes: not a regular file (a FIFO, a device,
     a symlink to ``/dev/zero``), or larger than any file of its kind. Reading it would
@@ -225,12 +235,21 @@ class LocalFiles(PackedHome):
     # -- writing ------------------------------------------------------------------------------
 
     def _publish(self, target: Path | str, pieces: Sequence[Buffer]) -> None:
-        """Writes ``pieces`` to ``target`` through ``tmp/`` and a rename."""
+        """Writes ``pieces`` to ``target`` through ``tmp/`` and a rename; written again when
+        a gc elsewhere took the write from ``tmp/`` before it was renamed
+        (:class:`TakenFromTmp`), up to :data:`_WRITES` times."""
         target = os.fspath(target)
-        with self._in_tmp(".part") as name:
-            temporary = self._tmp + name
-            self._write_temporary(pieces, target, temporary)
-            self._place(temporary, target)
+        for attempt in range(_WRITES):
+            with self._in_tmp(".part") as name:
+                temporary = self._tmp + name
+                self._write_temporary(pieces, target, temporary)
+                try:
+                    self._place(temporary, target)
+                except TakenFromTmp:
+                    if attempt == _WRITES - 1:
+                        raise
+                    continue
+                return
 
     def _write_temporary(
         self, pieces: Iterable[Buffer], target: str | None, temporary: str
@@ -314,6 +333,19 @@ class LocalFiles(PackedHome):
             if self.durable:
                 self._sync_directory(Path(target).parent)
         except OSError as why:
+            if (
+                isinstance(why, FileNotFoundError)
+                and why.filename == temporary
+                and os.path.isdir(self.root)
+                and not os.path.exists(temporary)
+            ):
+                raise TakenFromTmp(
+                    f"could not write {os.path.relpath(target, self.root)} into {self.root}: "
+                    "its write was removed from tmp/ before it was published, as a gc in "
+                    "another process collecting with no grace (`--grace 0`) removes writes "
+                    "in flight. Nothing was published; collect with a grace longer than a "
+                    "write takes (the default is 60 s) while writers run"
+                ) from why
             raise self._unwritten(temporary, target, why) from why
 
     def _unwritten(self, temporary: str | None, target: str | None, why: OSError) -> StoreError:
