@@ -1414,3 +1414,39 @@ def test_a_write_a_gc_elsewhere_keeps_taking_from_tmp_says_so(
         store.put(b"x" * size)
     assert os.listdir(root / "tmp") == []
     assert [path for path in (root / "blobs").rglob("*") if path.is_file()] == []
+
+
+_KEPT_UNDER_A_FILE_SIZE_LIMIT = """
+import os, resource, signal, sys
+from somatize.store import LocalStore, StoreError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+store = LocalStore(sys.argv[1])
+for size in (60_000, 20 << 20):
+    try:
+        store.put(b"x" * size)
+    except StoreError as why:
+        print(why)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sets RLIMIT_FSIZE")
+def test_a_file_larger_than_may_be_written_is_a_clear_error(tmp_path: Path) -> None:
+    """A blob larger than the process may write (``ulimit -f``; a FAT32 disk says the same)
+    is a StoreError saying why and what to do, small or large; nothing is left behind."""
+    root = tmp_path / "store"
+    done = subprocess.run(
+        [sys.executable, "-c", _KEPT_UNDER_A_FILE_SIZE_LIMIT, str(root)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    said = done.stdout.splitlines()
+    assert len(said) == 2, done
+    for line in said:
+        assert "larger than this process may write or the filesystem holds" in line
+        assert "ulimit -f" in line and "Nothing half-written was left" in line
+    assert os.listdir(root / "tmp") == []
+    assert [path for path in (root / "blobs").rglob("*") if path.is_file()] == []

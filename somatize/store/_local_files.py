@@ -364,6 +364,14 @@ class LocalFiles(PackedHome):
                 "Nothing half-written was left and the store is as it was; free space, or "
                 "make room with `somatize store gc --max-bytes SIZE`"
             )
+        if why.errno == errno.EFBIG:
+            return StoreError(
+                f"could not write {where} into {self.root}: the file is larger than this "
+                f"process may write or the filesystem holds ({why.strerror}): a `ulimit -f` "
+                "limit, or a filesystem such as FAT32 that holds at most 4 GiB a file. "
+                "Nothing half-written was left and the store is as it was; raise the limit, "
+                "or keep the store on a filesystem that holds files this large"
+            )
         if why.errno in _READ_ONLY:
             return StoreError(
                 f"could not write {where} into {self.root}: the store is read-only for this "
