@@ -170,7 +170,12 @@ def _open(where: str, command: str) -> LocalStore | BucketStore:
         ) from None
     sections = ("answers", "packs", "names")
     if not (root / "blobs").is_dir() or not any((root / part).is_dir() for part in sections):
-        found = "there is no such directory" if not root.exists() else "it holds no store"
+        if not root.exists():
+            found = "there is no such directory"
+        elif not root.is_dir():
+            found = "it is a file, not a directory"
+        else:
+            found = "it holds no store"
         raise StoreError(
             f"{where} is not a store: {found} (a store's directory holds blobs/, and "
             "answers/, packs/ or names/), and nothing was created there. Name an existing "

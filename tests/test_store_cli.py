@@ -152,14 +152,20 @@ def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 def test_a_path_that_is_no_store_exits_2_and_creates_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
 ) -> None:
-    """A missing directory, or one that holds no store, is refused with a message naming
-    it and status 2, and is left as it was."""
-    missing, empty = tmp_path / "no_such_dir", tmp_path / "empty"
+    """A missing directory, one that holds no store, or a file, is refused with a message
+    naming it, saying which it is, and status 2, and is left as it was."""
+    missing, empty, file = tmp_path / "no_such_dir", tmp_path / "empty", tmp_path / "a_file"
     empty.mkdir()
-    for where in (missing, empty):
+    file.write_bytes(b"kept as it is")
+    for where, found in (
+        (missing, "there is no such directory"),
+        (empty, "it holds no store"),
+        (file, "it is a file, not a directory"),
+    ):
         assert main(["store", *command, "--store", str(where)]) == 2
-        assert f"{where} is not a store" in capsys.readouterr().err
+        assert f"{where} is not a store: {found}" in capsys.readouterr().err
     assert not missing.exists() and not any(empty.iterdir())
+    assert file.read_bytes() == b"kept as it is"
 
 
 def test_a_file_url_that_is_no_store_exits_2_and_creates_nothing(
