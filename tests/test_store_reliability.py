@@ -20,13 +20,14 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import blake3
 import pytest
 
 from somatize import BadName, Corrupt, Graph, Missing, NameNotFound, Store
-from somatize.store import LocalStore, StoreError, StoreFull, Unsigned, _local_files
+from somatize.store import LocalStore, StoreError, StoreFull, Unsigned, _local_files, local
 from somatize.store._packed import hash_bytes
 from tests.forked import answer_of, cut_short_when_hashed, forked, in_forked_child, needs_fork
 from tests.nodes import Largest, Rows, Scale
@@ -1450,3 +1451,29 @@ def test_a_file_larger_than_may_be_written_is_a_clear_error(tmp_path: Path) -> N
         assert "ulimit -f" in line and "Nothing half-written was left" in line
     assert os.listdir(root / "tmp") == []
     assert [path for path in (root / "blobs").rglob("*") if path.is_file()] == []
+
+
+def test_a_pack_published_in_the_tick_its_folder_was_listed_in_is_found_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pack another process publishes just after a reader listed ``packs/``, within the
+    same tick of the filesystem's clock (which leaves the folder's time as it was), is
+    found by that reader later on, not taken for absent for as long as nothing else is
+    published."""
+    root = tmp_path / "store"
+    writer, reader = LocalStore(root), LocalStore(root)
+    first = [(key_of(f"first/{i}"), b"first") for i in range(2)]
+    second = [(key_of(f"second/{i}"), b"second") for i in range(2)]
+    writer.keep_many(first, "plain")
+    packs = root / "packs"
+    tick = packs.stat().st_mtime_ns
+    now = [tick + 1_000_000]  # the reader lists packs/ in the tick of its last change
+    monkeypatch.setattr(local, "time", SimpleNamespace(time_ns=lambda: now[0]))
+    assert reader.have([first[0][0]]) == {first[0][0]}
+    writer.keep_many(second, "plain")
+    os.utime(packs, ns=(packs.stat().st_atime_ns, tick))  # in that same tick
+    now[0] = tick + 3_000_000_000
+    keys = [key for key, _ in second]
+    assert reader.have(keys) == set(keys)
+    got = reader.recall_many(keys)
+    assert [bytes(got[key][1]) for key in keys] == [b"second", b"second"]  # type: ignore[index]

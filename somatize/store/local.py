@@ -91,6 +91,9 @@ _MAP_ABOVE = 1 << 16
 memory-mapped) rather than read into bytes."""
 _ALIGN = 64
 """Where a large blob read into memory starts: aligned as torch's CPU allocator aligns."""
+_TICK = 2_000_000_000
+"""Nanoseconds past which a directory's time is surely a tick of the filesystem's clock
+behind (FAT's is two seconds)."""
 _MAPS_SHARED = 16
 """How many read-only mappings of large blobs a store keeps between reads that only
 borrow them (``recall_many(..., borrow=True)``: a per-row cache reading the pack its next
@@ -488,15 +491,18 @@ class LocalStore(LocalShelf):
     def _listed_packs(self) -> dict[str, str] | None:
         try:
             stamp = os.stat(self._packs_dir).st_mtime_ns
-            # A directory time only moves on the clock's tick: trust it only once it is old.
-            if stamp == self._packs_stamp and time.time_ns() - stamp > 2_000_000_000:
+            if stamp == self._packs_stamp:
                 return None
             listed = os.listdir(self._packs_dir)
         except FileNotFoundError:
             return None
         except OSError as why:  # another user's folder (EACCES), a file (ENOTDIR)
             raise self._unreadable("packs", why) from why
-        self._packs_stamp = stamp
+        # A directory's time only moves on the clock's tick (coarse: milliseconds, or two
+        # seconds on FAT), so a pack published later in the tick this listing was made in
+        # leaves it as it was: the time says nothing changed since only for a listing made
+        # once that tick was over.
+        self._packs_stamp = stamp if time.time_ns() - stamp > _TICK else -1
         return {"blake3:" + name: name for name in listed}
 
     def _list_again(self) -> None:
