@@ -1056,10 +1056,15 @@ def test_key_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_unwritable_store_is_a_clear_error(tmp_path: Path) -> None:
-    """A store whose directory cannot be made says where and why."""
-    (tmp_path / "file").write_bytes(b"")
-    with pytest.raises(StoreError, match="cannot use"):
-        LocalStore(tmp_path / "file" / "store")
+    """A store whose directory cannot be made, or is a file, says where and why: the file
+    in its way, not the folder under it that could not be made."""
+    file = tmp_path / "file"
+    file.write_bytes(b"")
+    for where in (file, file / "store"):
+        with pytest.raises(
+            StoreError, match=f"cannot use .*: {re.escape(str(file))} is a file, not a directory"
+        ):
+            LocalStore(where)
 
 
 def test_nothing_is_unpickled(tmp_path: Path) -> None:

@@ -212,6 +212,13 @@ class LocalStore(LocalShelf):
                     # (`aws s3 sync`, git): it is read as it is, and a write that needs a
                     # folder makes it then, or says the store is read-only.
                     continue
+                above = next((at for at in (self.root, *self.root.parents) if at.exists()), None)
+                if above is not None and not above.is_dir():
+                    # `mkdir` names the folder it would make under a file, not the file.
+                    raise StoreError(
+                        f"cannot use {self.root} as a store: {above} is a file, not a "
+                        "directory; name a directory (made if missing) for the store"
+                    ) from why
                 raise StoreError(f"cannot use {self.root} as a store: {why}") from why
         self._blobs = f"{self.root / 'blobs'}{os.sep}"
         self._answers = f"{self.root / 'answers'}{os.sep}"
