@@ -387,7 +387,23 @@ def _named_by(code: CodeType, opnames: tuple[str, ...]) -> set[str]:
     return names
 
 
-@functools.lru_cache(maxsize=4096)
+def _cells_set_by(function: FunctionType) -> frozenset[str]:
+    """The free variables ``function``'s code sets as it runs (:func:`_cells_set_in`), kept
+    by function (:data:`_CELLS_SET`) while it holds that code."""
+    code = function.__code__
+    found = _CELLS_SET.get(function)
+    if found is None or found[0] is not code:
+        found = _CELLS_SET[function] = (code, _cells_set_in(code))
+    return found[1]
+
+
+_CELLS_SET: weakref.WeakKeyDictionary[FunctionType, tuple[CodeType, frozenset[str]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""A function → its code and the free variables that code sets (:func:`_cells_set_in`),
+looked up by the function rather than by its code, as :data:`_STORES` is."""
+
+
 def _cells_set_in(code: CodeType) -> frozenset[str]:
     """The free variables ``code`` assigns or deletes, itself or in code nested in it that
     closes over the same cell (``nonlocal calls; calls += 1``): the state of the function

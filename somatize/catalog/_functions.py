@@ -21,7 +21,7 @@ from types import (
 )
 from typing import Any
 
-from somatize.catalog._bytecode import _LOCAL_LOADS, _cells_set_in, _tables_changed_by
+from somatize.catalog._bytecode import _LOCAL_LOADS, _cells_set_by, _tables_changed_by
 from somatize.catalog._code import _code_bytes, _constant_bytes, _source_of
 from somatize.catalog._held import _builtin_bytes, _contained_bytes, _held_bytes, _library_bytes
 from somatize.catalog._marks import _token_of, _version_of
@@ -141,7 +141,7 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
     if function.__closure__:
         within |= {id(function)}
         cells = zip(function.__code__.co_freevars, function.__closure__, strict=False)
-        state = _cells_set_in(function.__code__)
+        state = _cells_set_by(function)
         _put(
             digest,
             b"closes",
@@ -178,10 +178,10 @@ def _made_of(function: FunctionType) -> tuple[Any, ...]:
 
 def _cells_read(function: FunctionType) -> list[Any]:
     """The cells ``function`` closes over, but those it sets itself as it runs (``nonlocal
-    calls; calls += 1``, a model loaded on first use: :func:`_cells_set_in`): its state, as
+    calls; calls += 1``, a model loaded on first use: :func:`_cells_set_by`): its state, as
     a global it assigns is, named as state and not by what it holds now."""
     closure = function.__closure__ or ()
-    state = _cells_set_in(function.__code__) if closure else frozenset()
+    state = _cells_set_by(function) if closure else frozenset()
     names = function.__code__.co_freevars
     return [cell for name, cell in zip(names, closure, strict=False) if name not in state]
 
