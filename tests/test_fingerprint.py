@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import functools
 import gc
 import importlib
@@ -2079,6 +2080,85 @@ def test_an_object_that_cannot_be_referenced_weakly_changed_in_place_is_seen(
     with warnings.catch_warnings():
         warnings.simplefilter("error", Drifted)
         assert _three_forwards(again, store, "h", 4) == ["recalled"] * 3
+
+
+@dataclasses.dataclass(slots=True)
+class _SlottedConfig:
+    """A config holding its field in a slot."""
+
+    k: int
+
+
+class _ItemsConfig(dict[str, Any]):
+    """A config that is a dict."""
+
+
+class _ListConfig(list[Any]):
+    """A config that is a list."""
+
+
+class HoldsConfig(Node):
+    """Scales by the field ``k`` of the config it holds, read as an attribute or an item."""
+
+    config: Any = None
+
+    def forward(self, x: int, ctx: Any) -> int:
+        config = self.config
+        if isinstance(config, dict):
+            return x * config["k"]
+        return x * (config[0] if isinstance(config, list) else config.k)
+
+
+def _set_field(config: Any, k: int) -> None:
+    if isinstance(config, dict):
+        config["k"] = k
+    elif isinstance(config, list):
+        config[0] = k
+    else:
+        config.k = k
+
+
+_CONFIGS = [
+    pytest.param(lambda k: _SlottedConfig(k), id="slots"),
+    pytest.param(lambda k: _ItemsConfig(k=k), id="dict-subclass"),
+    pytest.param(lambda k: _ListConfig([k]), id="list-subclass"),
+]
+
+
+@pytest.mark.parametrize("make", _CONFIGS)
+def test_a_config_with_slots_or_made_from_a_table_changed_in_place_is_seen(
+    make: Callable[[int], Any], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config a class holds that keeps its fields in slots, or is a dict or a list,
+    changed in place between forwards once and again, is other code at the next forward
+    each time: strict=True computes with what it holds now; and a graph built after, of the
+    config unchanged since, recalls what the first kept, without drift."""
+    monkeypatch.setattr(HoldsConfig, "config", make(2))
+    graph = Graph.somatize(HoldsConfig().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    for k in (3, 4):
+        _set_field(HoldsConfig.config, k)
+        assert _three_forwards(graph, store, "h", k) == ["ran", "recalled", "recalled"], k
+    again = Graph.somatize(HoldsConfig().named("h").frozen().cached())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        assert _three_forwards(again, store, "h", 4) == ["recalled"] * 3
+
+
+@pytest.mark.parametrize("make", _CONFIGS)
+def test_a_config_with_slots_or_made_from_a_table_is_named_by_what_it_holds(
+    make: Callable[[int], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config a class holds that keeps its fields in slots, or is a dict or a list, is
+    named by what it holds: two configs alike give the class one fingerprint, so that
+    another process making it alike recalls what this one kept, and one holding another
+    value another."""
+    monkeypatch.setattr(HoldsConfig, "config", make(2))
+    two = fingerprint_of(HoldsConfig)
+    monkeypatch.setattr(HoldsConfig, "config", make(2))
+    assert fingerprint_of(HoldsConfig) == two
+    monkeypatch.setattr(HoldsConfig, "config", make(3))
+    assert fingerprint_of(HoldsConfig) != two
 
 
 class _Cache(_Counting):

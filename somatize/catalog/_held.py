@@ -3,9 +3,8 @@ each named in turn (:func:`_held_bytes`), the same in every process that makes i
 
 The standard library's objects that say nothing of what code computes with them are named
 by their type, or by what says that in full (:func:`_library_bytes`: a lock is a lock, a
-logger its name). What cannot be named so — another class written in C, an object with
-slots, one that moves itself as it runs, one reached deeper or larger than a bound — is
-marked by which object
+logger its name). What cannot be named so — another class written in C, one that moves
+itself as it runs, one reached deeper or larger than a bound — is marked by which object
 it is instead (:mod:`~somatize.catalog._marks`). A dict, list, tuple or set holding objects
 is named by what it holds (:func:`_contained_bytes`).
 """
@@ -51,6 +50,7 @@ from somatize.catalog._code import _constant_bytes
 from somatize.catalog._marks import _HELD, _forget_held, _reference, _token_of
 from somatize.catalog._members import (
     _CONTAINERS,
+    _EMPTY,
     _dunder,
     _exactly_plain,
     _functions_in,
@@ -58,6 +58,8 @@ from somatize.catalog._members import (
     _left_out,
     _plain,
     _Same,
+    _Slots,
+    _slots_of,
     _somatize_own,
 )
 from somatize.catalog._rebuild import identity_of
@@ -231,11 +233,13 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     partial by its function and what it binds, a bound method by its
     function and its object, another object the same way. An object is not named so — the
     whole is marked — where any part holds what no name says: a class written in C (a
-    tensor, a random generator), an object with slots, one whose class says when it equals
-    another (``__eq__``, but as a dataclass does: a graph's watch compares what it holds
-    with ``==``), a torch module holding hooks; one reached deeper or larger than a bound;
-    one that cannot be referenced weakly (a bare list or dict); or one whose class's own
-    code sets its attributes as it runs (a count, a cache).
+    tensor, a random generator) but a dict, list or set an object's class is made from (its
+    items named as such a table's), one whose class says when it equals another
+    (``__eq__``, but as a dataclass does: a graph's watch compares what it holds with
+    ``==``), a torch module holding hooks; one reached deeper or larger than a bound; one
+    that cannot be referenced weakly (a bare list or dict), but one with slots, kept alive
+    to be named; or one whose class's own code sets its attributes as it runs (a count, a
+    cache). What an object holds in slots is named by each slot's name.
 
     An object is read each time it is asked of, and keeps the name it was first given while
     it reads so: one changed in place since (``Kind.act.k = 3``, ``-0.0`` for ``0.0``, a
@@ -244,11 +248,12 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     time to the next (a cycle through it would keep it alive). ``containers`` is given each
     dict, list and set read of it (its attributes among them) and the namespaces of its
     classes, for a graph's watch to see such a change at the next forward."""
-    if type(value) in _CONTAINERS:  # a table a class holds: kept alive, to be named
-        reference = _reference(value)
-    else:
+    forget = functools.partial(_forget_named, id(value))
+    if type(value) in _CONTAINERS or _slots_of(type(value)):
+        reference = _reference(value, forget)  # a table, an object with slots: kept alive
+    else:  # where it cannot be referenced weakly, to be named
         try:
-            reference = weakref.ref(value, functools.partial(_forget_named, id(value)))
+            reference = weakref.ref(value, forget)
         except TypeError:
             return None
     walking = _walking()
@@ -355,6 +360,8 @@ def _plain_state(value: Any) -> tuple[Any, ...] | None:
         or _torch_module(kind)
         or _library_bytes(value) is not None
     ):
+        return None
+    if _slots_of(kind) or _items_base(kind) is not None:  # more than its `__dict__` holds
         return None
     try:
         attributes = object.__getattribute__(value, "__dict__")
@@ -713,7 +720,31 @@ class _Walk:
             raise _Unnamed  # what it holds is its state as it runs, not what it is
         said, *kept = self.written(kind, deeper)
         pairs = [a.encode() + b"\0" + self.name(attributes[a], deeper) for a in sorted(attributes)]
-        return _joined(b"object " + said, kept + pairs)
+        return _joined(b"object " + said, kept + pairs + self.held_in_place(value, deeper))
+
+    def held_in_place(self, value: Any, depth: int) -> list[bytes]:
+        """What ``value`` holds but in its ``__dict__`` (seen for a watch): what each of its
+        slots holds, by the slot's name, then, an object of a subclass of dict, list or set
+        (:data:`_ITEMS_BASES`), its items as such a table's."""
+        parts = []
+        slots = _slots_of(type(value))
+        if slots:
+            live = _Slots(value, slots)
+            self.see(live)
+            for slot, held in zip(slots, live.values(), strict=True):
+                said = b"empty" if held is _EMPTY else self.name(held, depth)
+                parts.append(b"slot " + slot.__name__.encode() + b"\0" + said)
+        base = _items_base(type(value))
+        if base is not None:
+            self.see(value)
+            if base is dict:
+                items = [self.name(k, depth) + self.name(v, depth) for k, v in value.items()]
+            else:
+                items = [self.name(item, depth) for item in value]
+                if base is set:
+                    items.sort()
+            parts.append(_joined(f"items {base.__name__}".encode(), items))
+        return parts
 
     def written(self, kind: type, depth: int) -> list[bytes]:
         """``kind`` by its name and fingerprint (:func:`fingerprint_of`), then each thing its
@@ -810,17 +841,18 @@ def _dataclass_equal(kind: type) -> bool:
 
 
 def _read_in_python(kind: type) -> bool:
+    base = _items_base(kind)
     equals: Any = kind.__eq__
-    if (equals is not object.__eq__ and not _dataclass_equal(kind)) or kind.__mro__[
-        -1
-    ] is not object:
+    said = equals is object.__eq__ or _dataclass_equal(kind) or (base and equals is base.__eq__)
+    if not said or kind.__mro__[-1] is not object:
         return False
     for above in kind.__mro__[:-1]:
+        if above is base:  # its items read as such a table's (:meth:`_Walk.held_in_place`)
+            continue
         if not above.__flags__ & _HEAPTYPE or above.__itemsize__:
             return False
         space = vars(above)
-        if any(s not in ("__dict__", "__weakref__") for s in _slots(space.get("__slots__", ()))):
-            return False
+        declared = set(_slots(space.get("__slots__", ()))) - {"__dict__", "__weakref__"}
         for name, member in list(space.items()):
             if isinstance(member, _C_MEMBERS):
                 return False
@@ -828,13 +860,27 @@ def _read_in_python(kind: type) -> bool:
                 return False
             if name == "__dict__" and not isinstance(member, GetSetDescriptorType):
                 return False
-            if isinstance(member, MemberDescriptorType):
-                return False
+            if isinstance(member, MemberDescriptorType) and name not in declared:
+                return False  # a slot no `__slots__` declares: not read as one
     return True
 
 
 def _slots(declared: Any) -> tuple[str, ...]:
     return (declared,) if isinstance(declared, str) else tuple(declared)
+
+
+_ITEMS_BASES = (dict, list, set)
+"""The classes written in C a class read in Python may be made from: what an object of it
+holds as a dict, list or set is read as such a table (:meth:`_Walk.held_in_place`)."""
+
+
+def _items_base(kind: type) -> type | None:
+    """The one class of :data:`_ITEMS_BASES` ``kind`` is made from, where it is a subclass of
+    it written in Python (``class Params(dict)``); else None."""
+    if kind in _CONTAINERS:
+        return None
+    bases = [base for base in _ITEMS_BASES if issubclass(kind, base)]
+    return bases[0] if len(bases) == 1 else None
 
 
 _TORCH_OWN = frozenset(

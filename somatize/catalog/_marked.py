@@ -24,7 +24,7 @@ from types import (
 from typing import Any
 
 from somatize.catalog._functions import _cells_read, _closed_objects
-from somatize.catalog._held import _SEQUENCES, _array, _library_bytes
+from somatize.catalog._held import _SEQUENCES, _array, _items_base, _library_bytes
 from somatize.catalog._marks import (
     _MARKED,
     _forget_held,
@@ -33,7 +33,14 @@ from somatize.catalog._marks import (
     _token_of,
     _version_of,
 )
-from somatize.catalog._members import _CONTAINERS, _exactly_plain, _left_out
+from somatize.catalog._members import (
+    _CONTAINERS,
+    _EMPTY,
+    _exactly_plain,
+    _left_out,
+    _Slots,
+    _slots_of,
+)
 from somatize.errors import SomatizeWarning
 
 
@@ -186,38 +193,6 @@ def _same_values(lives: list[Any], copies: list[Any]) -> bool:
         return False
 
 
-_EMPTY = object()
-"""What an empty slot is read as (:class:`_Slots`)."""
-
-
-class _Slots:
-    """The slots of an object, read as it is now: equal to a list of what they held."""
-
-    __slots__ = ("held", "slots")
-
-    def __init__(self, held: Any, slots: list[MemberDescriptorType]) -> None:
-        self.held = held
-        self.slots = slots
-
-    def __len__(self) -> int:
-        return len(self.slots)
-
-    def values(self) -> list[Any]:
-        """What each slot holds now (:data:`_EMPTY` where it holds nothing)."""
-        found = []
-        for slot in self.slots:
-            try:
-                found.append(slot.__get__(self.held, type(self.held)))
-            except AttributeError:
-                found.append(_EMPTY)
-        return found
-
-    def __eq__(self, other: object) -> bool:
-        return bool(self.values() == other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-
 class _Versions:
     """A tensor's count of changes made to it in place (torch's ``_version``), read as it is
     now: equal to a list of the count it had — so that a tensor changed in place
@@ -274,18 +249,6 @@ def _counted(value: Any) -> bool:
     """Whether ``value`` is a tensor named by its values (:func:`_array`) that counts the
     changes made to it in place (:class:`_Versions`)."""
     return _array(value) and type(getattr(value, "_version", None)) is int
-
-
-def _slots_of(kind: type) -> list[MemberDescriptorType]:
-    """The slots the instances of ``kind`` have, from each class it inherits from short of
-    the library's (:func:`_left_out`)."""
-    return [
-        member
-        for above in kind.__mro__
-        if not _left_out(above)
-        for member in list(vars(above).values())
-        if isinstance(member, MemberDescriptorType) and member.__objclass__ is above
-    ]
 
 
 def _state_read(
@@ -360,6 +323,8 @@ def _state_read(
         slots = kinds[kind]
         if slots and see(live := _Slots(value, slots)):  # what it holds in slots
             queue += live.values()
+        if _items_base(kind) is not None and see(value):  # `Params(dict)`: its items too
+            queue += list(value.values()) if isinstance(value, dict) else list(value)
         try:
             attributes = object.__getattribute__(value, "__dict__")
         except Exception:  # none, or one that cannot be read: what it holds is not read

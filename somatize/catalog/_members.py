@@ -159,3 +159,47 @@ def _same_package(defined: str, module: str) -> bool:
         and top not in sys.stdlib_module_names
         and top not in _LEFT_OUT
     )
+
+
+_EMPTY = object()
+"""What an empty slot is read as (:class:`_Slots`)."""
+
+
+class _Slots:
+    """The slots of an object, read as it is now: equal to a list of what they held."""
+
+    __slots__ = ("held", "slots")
+
+    def __init__(self, held: Any, slots: list[MemberDescriptorType]) -> None:
+        self.held = held
+        self.slots = slots
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def values(self) -> list[Any]:
+        """What each slot holds now (:data:`_EMPTY` where it holds nothing)."""
+        found = []
+        for slot in self.slots:
+            try:
+                found.append(slot.__get__(self.held, type(self.held)))
+            except AttributeError:
+                found.append(_EMPTY)
+        return found
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.values() == other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _slots_of(kind: type) -> list[MemberDescriptorType]:
+    """The slots the instances of ``kind`` have, from each class it inherits from short of
+    the library's (:func:`_left_out`)."""
+    return [
+        member
+        for above in kind.__mro__
+        if not _left_out(above)
+        for member in list(vars(above).values())
+        if isinstance(member, MemberDescriptorType) and member.__objclass__ is above
+    ]

@@ -31,14 +31,13 @@ from somatize.catalog._functions import (
     _default_tables,
     _partial_keywords,
 )
-from somatize.catalog._held import _array, _contained_bytes, _held_bytes, _runner
+from somatize.catalog._held import _array, _contained_bytes, _held_bytes, _items_base, _runner
 from somatize.catalog._marked import (
     _Cells,
     _counted,
     _Marked,
     _marked,
     _plain_table,
-    _Slots,
     _Versions,
 )
 from somatize.catalog._marks import _moved_on, _version_of
@@ -49,6 +48,7 @@ from somatize.catalog._members import (
     _functions_in,
     _left_out,
     _plain,
+    _Slots,
     _table,
 )
 from somatize.catalog._names import (
@@ -295,7 +295,9 @@ def _copied(live: Any) -> Any:
         return live.values()
     if type(live) is collections.defaultdict:  # made with what it makes for a key it lacks
         return collections.defaultdict(live.default_factory, live)
-    return dict(live) if isinstance(live, MappingProxyType) else type(live)(live)
+    if isinstance(live, MappingProxyType):
+        return dict(live)
+    return (_items_base(type(live)) or type(live))(live)  # `Params(dict)`'s, as a dict
 
 
 _ABSENTS = itertools.repeat(_ABSENT)
