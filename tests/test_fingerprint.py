@@ -2161,6 +2161,65 @@ def test_a_config_with_slots_or_made_from_a_table_is_named_by_what_it_holds(
     assert fingerprint_of(HoldsConfig) != two
 
 
+@dataclasses.dataclass
+class _Config:
+    """A config holding its field in its ``__dict__``."""
+
+    k: Any
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        *_CONFIGS,
+        pytest.param(lambda k: _Config(k), id="dataclass"),
+        pytest.param(lambda k: {"k": k}, id="dict"),
+    ],
+)
+@pytest.mark.parametrize(("was", "now"), [(2, 2.0), (0.0, -0.0)])
+def test_a_field_set_to_an_equal_value_of_another_type_is_seen_by_a_graph_built_before(
+    make: Callable[[Any], Any], was: Any, now: Any, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A field of a config a class holds set in place to a value equal to it but of another
+    type, or of another sign (``2`` to ``2.0``, ``0.0`` to ``-0.0``), which the node computes
+    otherwise with, is other code at the next forward of a graph built before: strict=True
+    computes with what it holds now."""
+    monkeypatch.setattr(HoldsConfig, "config", make(was))
+    graph = Graph.somatize(HoldsConfig().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", was)[1:] == ["recalled", "recalled"]
+    _set_field(HoldsConfig.config, now)
+    ran = []
+    for _ in range(2):
+        assert repr(graph.forward(1, store=store, strict=True)) == repr(now)
+        assert graph.record is not None
+        ran.append(graph.record.outcome["h"])
+    assert ran == ["ran", "recalled"]
+
+
+class HoldsScaleValue(Node):
+    """Scales by the number its class holds."""
+
+    scale: Any = 2
+
+    def forward(self, x: int, ctx: Any) -> Any:
+        return x * self.scale
+
+
+def test_a_class_value_set_to_an_equal_value_of_another_type_is_seen_by_a_graph_built_before(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A number a class holds set to one equal to it but of another type (``2`` to ``2.0``)
+    is other code at the next forward of a graph built before: strict=True computes with
+    what it holds now, and recalls that after."""
+    monkeypatch.setattr(HoldsScaleValue, "scale", 2)
+    graph = Graph.somatize(HoldsScaleValue().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    monkeypatch.setattr(HoldsScaleValue, "scale", 2.0)
+    assert repr(graph.forward(1, store=store, strict=True)) == "2.0"
+    assert graph.record is not None
+    assert graph.record.outcome["h"] == "ran"
+
+
 class _Cache(_Counting):
     """Counts its calls on itself, and scales by what a large table it holds says."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import numbers
 import operator
 import sys
 from collections.abc import Iterable, Iterator
@@ -170,8 +171,9 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     as a reloader does, ``f.__defaults__ = (5,)``, ``Kind.__bases__ = ...``), which moves
     for any function or class, and sends the look to what the watch noted of these
     (:func:`code_changes`). The lives compare equal to the copies: each value by
-    identity, else by ``==``, so a value replaced by an equal one, ``2`` by ``2.0``, is not
-    seen; one whose ``==`` says no bool, an array, raises, and is taken as changed. The
+    identity, else by ``==``, a number of a dict, list or slots only to the same number of
+    the same type (:class:`_Exact`: ``2`` replaced by ``2.0`` is seen); one whose ``==``
+    says no bool, an array, raises, and is taken as changed. The
     copies hold what they copy, so an old function cannot be followed by a new one at
     the same address."""
     _hear_code_set()
@@ -290,14 +292,69 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
 def _copied(live: Any) -> Any:
     """A copy of a dict, list or set, or of a class's namespace (a mappingproxy), as a dict;
     of an object's slots (:class:`_Slots`) or of names of modules (:class:`_Looked`), a list
-    of what they hold."""
-    if isinstance(live, (_Slots, _Looked, _Versions, _Cells)):
+    of what they hold. Each number a dict, a list, slots or cells hold is copied as an
+    :class:`_Exact`, equal only to that number of that type."""
+    if isinstance(live, (_Looked, _Versions)):
         return live.values()
-    if type(live) is collections.defaultdict:  # made with what it makes for a key it lacks
-        return collections.defaultdict(live.default_factory, live)
-    if isinstance(live, MappingProxyType):
-        return dict(live)
-    return (_items_base(type(live)) or type(live))(live)  # `Params(dict)`'s, as a dict
+    if isinstance(live, (_Slots, _Cells)):
+        return list(map(_exact, live.values()))
+    kind = type(live)
+    if kind is collections.defaultdict:  # made with what it makes for a key it lacks
+        return collections.defaultdict(live.default_factory, _exact_items(live))
+    if kind is dict or kind is MappingProxyType or _items_base(kind) is dict:
+        return _exact_items(live)  # `Params(dict)`'s as a dict
+    if kind is list or _items_base(kind) is list:
+        return list(map(_exact, list(live)))
+    return (_items_base(kind) or kind)(live)
+
+
+class _Exact:
+    """A number a watch copied (:func:`_copied`), equal to what is read in its place only
+    where that is the same number of the same type: ``==`` alone takes ``2.0`` for ``2``,
+    ``True`` for ``1`` and ``-0.0`` for ``0.0``, which code computes otherwise with. Only
+    a number is copied so, each costing a call at every look; it is told unchanged at
+    once where it is the very number copied."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+
+    def __eq__(self, other: object) -> bool:
+        held = self.held
+        return other is held or (type(other) is type(held) and repr(other) == repr(held))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _exact(value: Any) -> Any:
+    """``value``, or an :class:`_Exact` of it where it is a number."""
+    kind = type(value)
+    if kind in _NUMBERS or (kind not in _NOT_NUMBERS and isinstance(value, numbers.Number)):
+        return _Exact(value)
+    return value
+
+
+_NUMBERS = frozenset({int, float, complex, bool})
+
+
+_NOT_NUMBERS = frozenset({str, bytes, type(None), FunctionType, tuple, type})
+"""What :func:`_exact` tells is no number without asking :class:`numbers.Number`."""
+
+
+def _exact_items(table: Any) -> dict[Any, Any]:
+    """A dict of what ``table`` holds, each number as an :class:`_Exact` (:func:`_exact`),
+    copied at once first (a class's namespace may be changed on another thread meanwhile)."""
+    copied = dict(table)
+    for key, value in copied.items():
+        if type(value) not in _NOT_NUMBERS:
+            copied[key] = _exact(value)
+    return copied
+
+
+def _unexact(value: Any) -> Any:
+    """What :func:`_exact` made ``value`` of."""
+    return value.held if type(value) is _Exact else value
 
 
 _ABSENTS = itertools.repeat(_ABSENT)
@@ -412,12 +469,12 @@ def code_changes(watch: CodeWatch) -> list[str]:
     spaces, copies = watch.lives[: len(kinds)], watch.copies[: len(kinds)]
     for space, copied, kind in zip(spaces, copies, kinds, strict=True):
         for name in dict.fromkeys([*space, *copied]):
-            now, was = space.get(name, _ABSENT), copied.get(name, _ABSENT)
+            now, was = space.get(name, _ABSENT), _unexact(copied.get(name, _ABSENT))
             if now is was or (not _holds_code(now) and not _holds_code(was) and _dunder(name)):
                 continue
             if not _holds_code(now) and not _holds_code(was):
                 if stored is None:  # what the classes' own code sets on one of them: state
-                    stored = _state_of(kinds, (m for c in copies for m in c.values()))
+                    stored = _state_of(kinds, (_unexact(m) for c in copies for m in c.values()))
                 if name in stored:
                     continue
             changed.append(f"{kind.__qualname__}.{name}")
