@@ -241,11 +241,9 @@ class Node:
         """Notes what the class and its module hold as they are made, before anything may
         set other values there: one set by hand later (a test's monkeypatch of a computed
         constant) is then told from what the text computed, whenever the class is first
-        fingerprinted."""
-        from somatize.catalog._code import _note_made
-
+        fingerprinted (:func:`_noted_as_made`)."""
         super().__init_subclass__(**kwargs)
-        _note_made(cls)
+        _noted_as_made(cls)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Node:
         self = super().__new__(cls)
@@ -992,6 +990,39 @@ def _watch_making(kind: type[Node]) -> None:
         init = vars(owner).get("__init__")
         if isinstance(init, FunctionType) and not getattr(init, "_smz_making", False):
             type.__setattr__(owner, "__init__", _making(init, owner))
+
+
+def _noted_as_made(kind: type) -> None:
+    """Notes what the node class ``kind`` and its module hold as it is made
+    (:func:`~somatize.catalog._code._note_made`), and makes sure each class made below it
+    is noted so too: an ``__init_subclass__`` ``kind`` defines is wrapped, once, in one that
+    notes the class it ran for as it returns — one that does not call
+    ``super().__init_subclass__`` (a registry's) keeps ``Node``'s from running for the
+    classes below, and a constant set on one of them by hand before its first fingerprint
+    would be taken for what its text made."""
+    from somatize.catalog._code import _note_made
+
+    _note_made(kind)
+    hook = vars(kind).get("__init_subclass__")
+    if (
+        isinstance(hook, classmethod)
+        and isinstance(hook.__func__, FunctionType)
+        and not getattr(hook.__func__, "_smz_noting", False)
+    ):
+        type.__setattr__(kind, "__init_subclass__", classmethod(_noting(hook.__func__)))
+
+
+def _noting(hook: Callable[..., None]) -> Callable[..., None]:
+    """``hook``, a node class's ``__init_subclass__``, noting the class it ran for as it
+    returns (:func:`_noted_as_made`)."""
+
+    @functools.wraps(hook)
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        hook(cls, **kwargs)
+        _noted_as_made(cls)
+
+    __init_subclass__._smz_noting = True  # type: ignore[attr-defined]
+    return __init_subclass__
 
 
 def _making(init: Callable[..., None], owner: type) -> Callable[..., None]:

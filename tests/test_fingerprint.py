@@ -849,6 +849,45 @@ def test_a_computed_constant_set_before_the_first_fingerprint_is_another_one(
     assert changed[0] != kept[0] and changed[1] != kept[1]
 
 
+_REGISTERED_BELOW = """
+import os
+from somatize import Node
+
+class Registering(Node):
+    made = []
+
+    def __init_subclass__(cls, **kwargs):
+        Registering.made.append(cls.__name__)
+
+class Tuned(Registering):
+    SCALE = float(os.environ.get("SOMATIZE_TEST_UNSET", "2"))
+
+class Scales(Tuned):
+    def forward(self, x, ctx):
+        return x * self.SCALE
+"""
+
+
+def test_a_constant_set_before_the_first_fingerprint_below_a_base_not_calling_super_is_seen(
+    tmp_path: Path,
+) -> None:
+    """A computed constant of a class made below a base whose ``__init_subclass__`` does not
+    call ``super().__init_subclass__`` (a registry's), set by hand before its node was first
+    fingerprinted, is told from the value its text computed, as it is below any other
+    base; the base's hook still runs for each class made."""
+    _package(tmp_path, "registered", nodes=_REGISTERED_BELOW)
+    script = (
+        "import sys, registered.nodes as m\nfrom somatize.catalog import fingerprint_of as f\n"
+        "if sys.argv[1] == 'set':\n    m.Tuned.SCALE = 3.0\n"
+        "print(f(m.Scales), *m.Registering.made)\n"
+    )
+    kept = _printed(["-c", script, "keep"], tmp_path).split()
+    assert kept[1:] == ["Tuned", "Scales"]
+    assert _printed(["-c", script, "keep"], tmp_path).split() == kept
+    changed = _printed(["-c", script, "set"], tmp_path).split()
+    assert changed[0] != kept[0]
+
+
 _ASSIGNED_AGAIN_BELOW = """
 import types
 from somatize import Node
