@@ -29,7 +29,8 @@ __all__ = ["asked_at"]
 
 _TEXT, _HOLDER, _KEYED = "text", "holder", "keyed"
 """What a followed value is: text, a list, tuple or dict holding text, or a dict keyed by
-text (which compares its keys with what it is looked up by)."""
+text (which compares its keys with what it is looked up by) or what a dict is made of
+keyed so: a pair whose first is text, and a list, tuple or iterator of such pairs."""
 
 _MAKES_TEXT = frozenset(
     {"str", "repr", "ascii", "format", "format_map", "join", "__str__", "__repr__"}
@@ -324,7 +325,8 @@ def _follow(
             made: str | None = None
             if any(slot.kind is not None for slot in popped):
                 kinds = {slot.kind for slot in popped if slot.kind is not None}
-                verdict = _taken(one, name, popped, kinds)
+                keywords = kw_names if name == "CALL" else ()
+                verdict = _taken(one, name, popped, kinds, keywords)
                 if verdict == "asked":
                     return "asked", (code, one), handed, frozenset(filled)
                 if verdict == "returned":
@@ -333,16 +335,17 @@ def _follow(
                 if verdict in (_TEXT, _HOLDER, _KEYED):
                     made = verdict
                 elif isinstance(verdict, tuple) and verdict[0] == "puts":
-                    locals_ = {**locals_, verdict[1]: _HOLDER}
-                    if verdict[1].split(".")[0] in parameters:
-                        filled.add(verdict[1])
+                    _, into, put = verdict
+                    locals_ = {**locals_, into: _held(locals_.get(into), put)}
+                    if into.split(".")[0] in parameters:
+                        filled.add(into)
                 elif isinstance(verdict, tuple) and len(handed) < 16:
-                    keywords = kw_names if name == "CALL" else ()
                     _, *called, loaded = verdict
                     handed.append((*called, keywords, one.offset, loaded))
             if name in _ADDS and any(slot.kind is not None for slot in popped):
-                keyed = name == "MAP_ADD" and popped[0].kind is not None
-                _holds_at(stack, one.arg or 0, _KEYED if keyed else _HOLDER)
+                # A comprehension's dict keyed by text, or what is put in keyed so.
+                keyed = popped[0].kind is not None if name == "MAP_ADD" else popped[0].kind
+                _holds_at(stack, one.arg or 0, _KEYED if keyed in (True, _KEYED) else _HOLDER)
             inner = _comprehension(popped) if name.startswith("CALL") else None
             if inner is not None:
                 into = _comprehended(inner, popped[1].kind, locals_)
@@ -413,12 +416,22 @@ def _follow(
 
 def _holds_at(stack: list[_Slot], depth: int, kind: str) -> None:
     """Marks the list, set or dict ``depth`` deep on ``stack``, which an instruction of
-    :data:`_ADDS` put followed values into, as holding them (``kind``); a dict keyed by
-    them stays so."""
+    :data:`_ADDS` put followed values into, as holding them (``kind``)."""
     if 0 < depth <= len(stack):
         into = stack[-depth]
-        kind = _KEYED if into.kind == _KEYED else kind
-        stack[-depth] = _Slot(kind, into.pusher, into.local)
+        stack[-depth] = _Slot(_held(into.kind, kind), into.pusher, into.local)
+
+
+def _held(kind: str | None, put: str) -> str:
+    """What a list, set or dict followed as ``kind`` (None where it is not) is once values
+    followed as ``put`` are put into it: keyed by text once either is, else holding it."""
+    return _KEYED if _KEYED in (kind, put) else _HOLDER
+
+
+def _keyed_or_holder(slots: list[_Slot]) -> str:
+    """What a value made of ``slots`` holding followed values holds: pairs keyed by text
+    (a dict, a list of pairs) where one is keyed so, else text."""
+    return _KEYED if any(slot.kind == _KEYED for slot in slots) else _HOLDER
 
 
 def _code_of(slot: _Slot) -> types.CodeType | None:
@@ -456,28 +469,38 @@ def _comprehended(code: types.CodeType, iterated: str | None, locals_: dict[str,
 
 
 def _taken(
-    one: dis.Instruction, name: str, popped: list[_Slot], kinds: set[str]
+    one: dis.Instruction,
+    name: str,
+    popped: list[_Slot],
+    kinds: set[str],
+    keywords: tuple[str, ...] = (),
 ) -> str | tuple[Any, ...] | None:
-    """What ``one`` does with followed values it takes (``popped``): "asked", "returned",
-    the kind of what it makes of them, ("puts", local) where it puts text into the list
-    ``local`` holds, or None where it makes nothing followed."""
+    """What ``one`` does with followed values it takes (``popped``, the last of a call's
+    given by the names ``keywords``): "asked", "returned", the kind of what it makes of
+    them, ("puts", local, kind) where it puts values followed as ``kind`` into the list or
+    dict ``local`` holds, or None where it makes nothing followed."""
     text = _TEXT in kinds
     if name in ("COMPARE_OP", "CONTAINS_OP", "IS_OP"):
         return "asked"
     if name == "BINARY_SUBSCR":
         # Text looked up by, or read, item by item, or a dict keyed by it looked up; an
         # item taken out of a list of texts is text.
-        looked_up = popped[-1].kind is not None or popped[0].kind in (_TEXT, _KEYED)
-        return "asked" if looked_up else _TEXT
+        # A pair, or list of them, read by place asks none of its keys.
+        looked_up = popped[-1].kind is not None or popped[0].kind == _TEXT
+        index = popped[-1].pusher
+        by_place = index is not None and index.opname == "LOAD_CONST" and type(index.argval) is int
+        return "asked" if looked_up or (popped[0].kind == _KEYED and not by_place) else _TEXT
     if name.startswith("BINARY_"):
-        return _TEXT if text else _HOLDER
+        return _TEXT if text else _keyed_or_holder(popped)
     if name in ("LOAD_ATTR", "LOAD_METHOD"):
         # A method of a list of texts (`parts.append`) is followed as the list.
         return "asked" if text else popped[-1].kind
-    if name == "BUILD_MAP" and any(slot.kind is not None for slot in popped[::2]):
-        return _KEYED
-    if name in ("BUILD_LIST", "BUILD_TUPLE", "BUILD_SET", "BUILD_MAP", "BUILD_CONST_KEY_MAP"):
-        return _HOLDER
+    if name == "BUILD_MAP":
+        return _KEYED if any(slot.kind is not None for slot in popped[::2]) else _HOLDER
+    if name == "BUILD_TUPLE" and len(popped) == 2 and popped[0].kind == _TEXT:
+        return _KEYED  # a pair a dict is made of, keyed by the text
+    if name in ("BUILD_LIST", "BUILD_TUPLE", "BUILD_SET", "BUILD_CONST_KEY_MAP"):
+        return _keyed_or_holder(popped)
     if name == "BUILD_STRING" or name.startswith(("FORMAT_", "CONVERT_")):
         return _TEXT
     if name in ("LIST_APPEND", "SET_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE"):
@@ -487,7 +510,8 @@ def _taken(
         # into the list or dict.
         if popped[-1].kind is not None:
             return "asked"
-        return ("puts", popped[1].local) if popped[1].local is not None else None
+        into = popped[1].local
+        return ("puts", into, popped[0].kind or _HOLDER) if into is not None else None
     if name.startswith("CALL"):
         callee, owner, by = _callee(popped)
         args = popped[2:] if name != "CALL_FUNCTION" else popped[1:]
@@ -498,8 +522,8 @@ def _taken(
             return "asked"
         if not handed and owner is not None and owner.kind in (_HOLDER, _KEYED):
             # An item taken out of a list or dict of texts (`table.get(key)`) is text;
-            # what else its methods make (`table.values()`) holds them.
-            return _TEXT if callee in _ITEMS else _HOLDER
+            # what else its methods make (`table.values()`, `gains.copy()`) holds them.
+            return _TEXT if callee in _ITEMS else owner.kind
         if not handed:
             return None
         if callee in _ASKS:
@@ -509,16 +533,18 @@ def _taken(
         if callee in _MAKES_TEXT:
             return _TEXT
         if callee in _HOLDS:
-            return _HOLDER
+            return _keyed_or_holder(args)
         if callee == "zip":
             # Pairs keyed by the first it zips, as the dict made of them is.
             return _KEYED if args[0].kind is not None else _HOLDER
-        if callee == "dict" and len(args) == 1:
-            return args[0].kind
+        if callee == "dict":
+            # Keyed by text where what it is made of is (`dict(pairs)`, `dict(**gains)`),
+            # not by what it is given by name (`dict(dtype=...)`).
+            return _keyed_or_holder(args[: len(args) - len(keywords)])
         if callee in _TAKES:
             return _TEXT
         if callee in _PUTS and owner is not None and owner.local is not None:
-            return ("puts", owner.local)
+            return ("puts", owner.local, _keyed_or_holder(args))
         if callee is not None and not any(slot.kind is not None for slot in popped[:2]):
             # Handed to a function that may be the model's: followed into it where the
             # frame tells what it is (:func:`asked_at`).

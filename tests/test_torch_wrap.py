@@ -3655,13 +3655,73 @@ class ScalesByAGainZippedToItsDtype(OnTempered):
         return h * gains.get("torch.float64-k", 1.0)
 
 
+class ScalesByAGainUpdatedByItsDtype(OnTempered):
+    """The same, got out of a dict `update` puts a dict keyed by the name of its dtype
+    into."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        gains: dict[str, float] = {}
+        gains.update({"-".join([str(x.dtype), "k"]): 10.0})
+        return h * gains.get("torch.float64-k", 1.0)
+
+
+class ScalesByAGainSpreadWithItsDtype(OnTempered):
+    """The same, the dict spread into one with more gains (`{**gains, name: ...}`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        defaults = {"torch.float16-k": 2.0}
+        gains = {**defaults, "-".join([str(x.dtype), "k"]): 10.0}
+        return h * gains.get("torch.float64-k", 1.0)
+
+
+class ScalesByAGainCopiedByKeywords(OnTempered):
+    """The same, the dict keyed by the name of its dtype copied by `dict(**...)`, and
+    looked up by `[]`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        keyed = {"-".join([str(x.dtype), "k"]): 10.0}
+        gains = dict(**keyed)
+        try:
+            gain = gains["torch.float64-k"]
+        except KeyError:
+            gain = 1.0
+        return h * gain
+
+
+class ScalesByAGainMadeOfAPair(OnTempered):
+    """The same, got out of a dict made of a list of one pair of the name of its dtype
+    and a gain."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        gains = dict([("-".join([str(x.dtype), "k"]), 10.0)])
+        return h * gains.get("torch.float64-k", 1.0)
+
+
+class ScalesByAGainMadeOfPairsALoopAppends(OnTempered):
+    """The same, the pairs appended to a list by a loop over the names of its dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        pairs = []
+        for name in _dtype_names(x):
+            pairs.append((name, 10.0))
+        gains = dict(pairs)
+        return h * gains.get("torch.float64-k", 1.0)
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
     them, which compares none, nor do the comprehension and generator expression it
-    prints them by."""
+    prints them by; nor do a dict holding the name by a keyword or a pair read by place."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        notes, pair = dict(dtype=str(x.dtype)), (str(x.dtype), "input")
+        print(notes.get("dtype"), pair[0], pair)
         words = [str(x.dtype), "input", "!"]
         words.pop()
         message = "-".join(words)
@@ -3749,6 +3809,11 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             r"into text.*asked at .*`return h \* gains\.get",
         ),
         (ScalesByAGainZippedToItsDtype, r"into text.*asked at .*`return h \* gains\.get"),
+        (ScalesByAGainUpdatedByItsDtype, r"into text.*asked at .*`return h \* gains\.get"),
+        (ScalesByAGainSpreadWithItsDtype, r"into text.*asked at .*`return h \* gains\.get"),
+        (ScalesByAGainCopiedByKeywords, r"into text.*asked at .*`gain = gains\["),
+        (ScalesByAGainMadeOfAPair, r"into text.*asked at .*`return h \* gains\.get"),
+        (ScalesByAGainMadeOfPairsALoopAppends, r"into text.*asked at .*`return h \* gains\.get"),
     ],
     ids=[
         "format",
@@ -3782,6 +3847,11 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "a dict's key looked up by a literal",
         "a dict's key put by a comprehension",
         "a dict's key put by zip",
+        "a dict's key put by update",
+        "a dict's key spread into another",
+        "a dict's key copied by keywords",
+        "a dict's key made of a pair",
+        "a dict's key made of pairs a loop appends",
     ],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
