@@ -107,11 +107,14 @@ class _Slot:
 
 _UNKNOWN = _Slot(None, None, None)
 
-_Handed = tuple[str, _Slot, int, int, str, tuple[str, ...], int, tuple[str | None, ...]]
+_Handed = tuple[
+    str, _Slot, int, int, str, tuple[str, ...], int, tuple[str | None, ...], types.CodeType
+]
 """A call a followed value is handed to: the name called, the slot of what was loaded to
 call it, the value's place among the call's arguments, how many those are, its kind, the
-names of those given by keyword (the last ones), the call's offset, and the local each
-argument was loaded from."""
+names of those given by keyword (the last ones), the call's offset, the local each
+argument was loaded from, and the code it is made in (the function's, or a comprehension's
+in it)."""
 
 _Found = tuple[str, Any, list[_Handed], frozenset[str]]
 """What :func:`_follow` finds: where the value goes (where asked, the code and the
@@ -341,7 +344,7 @@ def _follow(
                         filled.add(into)
                 elif isinstance(verdict, tuple) and len(handed) < 16:
                     _, *called, loaded = verdict
-                    handed.append((*called, keywords, one.offset, loaded))
+                    handed.append((*called, keywords, one.offset, loaded, code))
             if name in _ADDS and any(slot.kind is not None for slot in popped):
                 # A comprehension's dict keyed by text, or what is put in keyed so.
                 keyed = popped[0].kind is not None if name == "MAP_ADD" else popped[0].kind
@@ -352,6 +355,7 @@ def _follow(
                 if into[0] == "asked":
                     return "asked", into[1], handed, frozenset(filled)
                 made = into[1]
+                handed.extend(into[2][: max(0, 16 - len(handed))])
             if name in _STORE_LOCAL:
                 if popped[-1].kind is not None:
                     locals_ = {**locals_, one.argval: popped[-1].kind}
@@ -454,18 +458,32 @@ def _comprehended(code: types.CodeType, iterated: str | None, locals_: dict[str,
     """What the comprehension or generator expression ``code`` does with the iterator it
     is handed (followed as ``iterated``) and the followed ``locals_`` of the function it
     is made in that it reads: ("asked", where), or ("made", the kind of what it makes,
-    or None) — a generator of them holds what it yields."""
+    or None — a generator of them holds what it yields —, the calls it hands them to that
+    the function's frame tells, by a global or a local of the function's)."""
     entries = {name: kind for name, kind in locals_.items() if name in code.co_freevars}
     if iterated is not None:
         entries[".0"] = iterated
     made = None
+    handed: list[_Handed] = []
     for entry, kind in entries.items():
         found = _read(code, -1, kind, entry)
         if found[0] == "asked":
             return found[:2]
         if found[0] == "returned":
-            made = _HOLDER if code.co_flags & inspect.CO_GENERATOR else found[1]
-    return "made", made
+            generator = code.co_flags & inspect.CO_GENERATOR
+            made = _keyed_or_holder([_Slot(found[1], None, None)]) if generator else found[1]
+        handed += [each for each in found[2] if _told_outside(each, code)]
+    return "made", made, handed
+
+
+def _told_outside(handed: _Handed, code: types.CodeType) -> bool:
+    """Whether what the call ``handed``, made in the comprehension ``code``, calls is told
+    by the frame of the function it is made in: loaded as a global, or off a local of that
+    function's the comprehension reads (``self``), not one of its own."""
+    by = handed[1]
+    if by.pusher is not None and by.pusher.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+        return True
+    return by.local is not None and by.local.split(".")[0] in code.co_freevars
 
 
 def _taken(
@@ -683,7 +701,7 @@ def _handed_into(
     asks something of it — or, where it returns text made of it (``_named(str(x.dtype))``),
     ``frame``'s code asks that, or hands it on to another that does, up to ``depth``
     calls."""
-    for name, by, at, count, kind, keywords, offset, loaded in handed:
+    for name, by, at, count, kind, keywords, offset, loaded, made_in in handed:
         function, before = _function_called(frame, name, by)
         if function is None or not own(function.__code__.co_filename):
             continue
@@ -708,14 +726,17 @@ def _handed_into(
             elif not 0 <= place < given:
                 continue
             held = loaded[place]
-            into = None if held is None else _asked_after(frame, offset, (held,), own, depth)
+            if held is None or made_in is not frame.f_code:
+                continue
+            into = _asked_after(frame, offset, (held,), own, depth)
             if into is not None:
                 return into
         if found[0] == "returned" and depth:  # handed back: followed on from the call
-            back = _read(frame.f_code, offset, found[1])
+            back = _read(made_in, offset, found[1])
             if back[0] == "asked":
                 return _where(*back[1])
-            into = _handed_into(frame, back[2], own, depth - 1)
+            on = [e for e in back[2] if made_in is frame.f_code or _told_outside(e, made_in)]
+            into = _handed_into(frame, on, own, depth - 1)
             if into is not None:
                 return into
     return None

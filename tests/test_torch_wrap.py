@@ -3602,6 +3602,44 @@ class ScalesForItsDtypeComparedInAGenerator(OnTempered):
         return h * 10 if any(n == name for n in ["torch.float64-k"]) else h
 
 
+def _is_float64(name: str) -> bool:
+    """Whether ``name`` is float64's, joined to a suffix."""
+    return name == "torch.float64-k"
+
+
+class ScalesForItsDtypeAFunctionPicksInAGenerator(OnTempered):
+    """The same, each name handed to a function of its own that compares it, in a
+    generator expression."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = _dtype_names(x)
+        return h * 10 if any(_is_float64(n) for n in names) else h
+
+
+class ScalesForItsDtypeItsMethodPicksInAComprehension(OnTempered):
+    """The same, each name handed to a method of its own that compares it, in a list
+    comprehension."""
+
+    def _is_float64(self, name: str) -> bool:
+        return name == "torch.float64-k"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = _dtype_names(x)
+        return h * 10 if [n for n in names if self._is_float64(n)] else h
+
+
+class ScalesForItsDtypeSuffixedInAGenerator(OnTempered):
+    """The same, each name handed to a function of its own that makes more text of it,
+    compared in a generator expression."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = _dtype_names(x)
+        return h * 10 if any(_suffixed(n) == "torch.float64-k-k" for n in names) else h
+
+
 class ScalesForItsDtypeInAListALoopFills(OnTempered):
     """Scales by ten when a list a loop puts the names of its dtype into, asked after
     it, holds float64's."""
@@ -3799,6 +3837,15 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesForItsDtypeTakenByNext, r"into text.*asked at .*if next\(iter\(names\)\) =="),
         (ScalesForItsDtypeComparedInAGenerator, r"into text.*asked at .*any\(n == name for"),
         (
+            ScalesForItsDtypeAFunctionPicksInAGenerator,
+            r"into text.*asked at .*`return name == \"torch\.float64-k\"`",
+        ),
+        (
+            ScalesForItsDtypeItsMethodPicksInAComprehension,
+            r"into text.*asked at .*`return name == \"torch\.float64-k\"`",
+        ),
+        (ScalesForItsDtypeSuffixedInAGenerator, r"into text.*asked at .*any\(_suffixed\(n\) =="),
+        (
             ScalesForItsDtypeInAListALoopFills,
             r"into text.*asked at .*if \"torch\.float64-k\" in kept",
         ),
@@ -3842,6 +3889,9 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "sorted from a generator expression",
         "taken out of an iterator",
         "read by a generator expression from the forward",
+        "handed to a function in a generator expression",
+        "handed to a method in a list comprehension",
+        "handed back in a generator expression",
         "put into a list by a loop",
         "a dict's key got by a literal",
         "a dict's key looked up by a literal",
@@ -3930,10 +3980,33 @@ class HandsItsShapeToASubmodule(OnTempered):
         return self.encoder(x) * self.logs.gain_for(f"{x.shape}")
 
 
+class HandsItsDtypeNamesToASubmoduleInAGenerator(OnTempered):
+    """Hands the names of its dtype to a method of a submodule that only logs them, in a
+    generator expression, and scales by the least gain it gives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logs = _Logs()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * min(self.logs.gain_for(n) for n in _dtype_names(x))
+
+
 @pytest.mark.parametrize(
     "kind",
-    [CountsItsMessages, NotesItsShapeThenReadsItsMode, HandsItsShapeToASubmodule],
-    ids=["length of a list", "handed to an attribute's method", "a submodule's method"],
+    [
+        CountsItsMessages,
+        NotesItsShapeThenReadsItsMode,
+        HandsItsShapeToASubmodule,
+        HandsItsDtypeNamesToASubmoduleInAGenerator,
+    ],
+    ids=[
+        "length of a list",
+        "handed to an attribute's method",
+        "a submodule's method",
+        "a submodule's method in a generator expression",
+    ],
 )
 def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
     store: Store, kind: Callable[[], nn.Module]
