@@ -70,7 +70,7 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from somatize_torch._text_flow import asked_at, kept_per_argument_at
+from somatize_torch._text_flow import TEXT_METHODS, asked_at, kept_per_argument_at
 
 __all__ = [
     "Fixed",
@@ -366,16 +366,26 @@ def _asked_by_the_model() -> bool:
 
 class _Text(str):
     """The text the model's code made of a value fx stands in for, as it is traced: the
-    stand-in's name. Printed, or put in a message, it is that name; compared, looked up,
-    searched or read by the model's code, it refuses (:class:`Fixed`), since what the
-    forward does with it would be done alike whatever a call gives."""
+    stand-in's name. Printed, or put in a message, it is that name, as is more text its
+    methods make of it (``name.upper()``); compared, looked up, searched or read by the
+    model's code, it refuses (:class:`Fixed`), since what the forward does with it would be
+    done alike whatever a call gives."""
 
     __slots__ = ()
 
     def __getattribute__(self, name: str) -> Any:
         if not name.startswith("__") and _asked_by_the_model():
+            if name in TEXT_METHODS:
+                return functools.partial(_more_text, getattr(str, name), self)
             raise Fixed(_ASKED)
         return str.__getattribute__(self, name)
+
+
+def _more_text(method: Callable[..., Any], text: str, *args: Any, **kwargs: Any) -> Any:
+    """``method`` of ``text`` (``upper``, ``replace``): what it makes, a :class:`_Text` too,
+    refused where it is asked something as the text it was made of is."""
+    made = method(text, *args, **kwargs)
+    return _Text(made) if isinstance(made, str) else made
 
 
 def _refusing(name: str) -> Callable[..., Any]:

@@ -40,6 +40,10 @@ _MAKES_TEXT = frozenset(
 )
 """Calls that make more text of text handed to them."""
 
+TEXT_METHODS = frozenset(name for name in _MAKES_TEXT if hasattr(str, name) and name[0] != "_")
+"""Methods of text that make more text of it (``name.upper()``): put into a message, let
+be, as the text is."""
+
 _ASKS = frozenset(
     {"get", "index", "count", "setdefault", "pop", "remove", "discard", "startswith"}
     | {"endswith", "find", "rfind", "rindex", "split", "rsplit", "partition", "__eq__"}
@@ -511,8 +515,11 @@ def _taken(
     if name.startswith("BINARY_"):
         return _TEXT if text else _keyed_or_holder(popped)
     if name in ("LOAD_ATTR", "LOAD_METHOD"):
-        # A method of a list of texts (`parts.append`) is followed as the list.
-        return "asked" if text else popped[-1].kind
+        # A method of a list of texts (`parts.append`) is followed as the list, one of
+        # text that makes more of it (`name.upper`) as the text.
+        if text and one.argval not in TEXT_METHODS:
+            return "asked"
+        return popped[-1].kind
     if name == "BUILD_MAP":
         return _KEYED if any(slot.kind is not None for slot in popped[::2]) else _HOLDER
     if name == "BUILD_TUPLE" and len(popped) == 2 and popped[0].kind == _TEXT:
@@ -538,6 +545,8 @@ def _taken(
             return "asked"
         if owner is not None and owner.kind == _KEYED and callee in _LOOKUPS:
             return "asked"
+        if owner is not None and owner.kind == _TEXT:
+            return _TEXT  # more text made of it, by a method of :data:`TEXT_METHODS`
         if not handed and owner is not None and owner.kind in (_HOLDER, _KEYED):
             # An item taken out of a list or dict of texts (`table.get(key)`) is text;
             # what else its methods make (`table.values()`, `gains.copy()`) holds them.

@@ -3640,6 +3640,16 @@ class ScalesForItsDtypeSuffixedInAGenerator(OnTempered):
         return h * 10 if any(_suffixed(n) == "torch.float64-k-k" for n in names) else h
 
 
+class ScalesForItsDtypeUpperCased(OnTempered):
+    """The same, the name of its dtype upper-cased (`str(x.dtype).upper()`), which is
+    let be, then compared."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        name = str(x.dtype).upper()
+        return h * 10 if name == "TORCH.FLOAT64" else h
+
+
 class ScalesForItsDtypeInAListALoopFills(OnTempered):
     """Scales by ten when a list a loop puts the names of its dtype into, asked after
     it, holds float64's."""
@@ -3755,11 +3765,12 @@ class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
     them, which compares none, nor do the comprehension and generator expression it
-    prints them by; nor do a dict holding the name by a keyword or a pair read by place."""
+    prints them by; nor do a dict holding the name by a keyword, a pair read by place or
+    more text its methods make of it (`upper`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         notes, pair = dict(dtype=str(x.dtype)), (str(x.dtype), "input")
-        print(notes.get("dtype"), pair[0], pair)
+        print(notes.get("dtype"), pair[0], pair, str(x.dtype).upper(), f"{pair[0].strip()}!")
         words = [str(x.dtype), "input", "!"]
         words.pop()
         message = "-".join(words)
@@ -3845,6 +3856,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             r"into text.*asked at .*`return name == \"torch\.float64-k\"`",
         ),
         (ScalesForItsDtypeSuffixedInAGenerator, r"into text.*asked at .*any\(_suffixed\(n\) =="),
+        (ScalesForItsDtypeUpperCased, r"into text.*asked at .*`return h \* 10 if name == \"TORCH"),
         (
             ScalesForItsDtypeInAListALoopFills,
             r"into text.*asked at .*if \"torch\.float64-k\" in kept",
@@ -3892,6 +3904,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "handed to a function in a generator expression",
         "handed to a method in a list comprehension",
         "handed back in a generator expression",
+        "upper-cased",
         "put into a list by a loop",
         "a dict's key got by a literal",
         "a dict's key looked up by a literal",
