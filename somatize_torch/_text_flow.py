@@ -111,14 +111,16 @@ class _Slot:
 
 _UNKNOWN = _Slot(None, None, None)
 
-_Handed = tuple[
-    str, _Slot, int, int, str, tuple[str, ...], int, tuple[str | None, ...], types.CodeType
-]
+_Places = tuple[tuple[types.CodeType, int], ...]
+"""Where a call is made: its code and offset there — the function's, or a comprehension's
+in it, then the code and offset of the call that runs that comprehension, and so on out
+to the function's."""
+
+_Handed = tuple[str, _Slot, int, int, str, tuple[str, ...], tuple[str | None, ...], _Places]
 """A call a followed value is handed to: the name called, the slot of what was loaded to
 call it, the value's place among the call's arguments, how many those are, its kind, the
-names of those given by keyword (the last ones), the call's offset, the local each
-argument was loaded from, and the code it is made in (the function's, or a comprehension's
-in it)."""
+names of those given by keyword (the last ones), the local each argument was loaded from,
+and where it is made."""
 
 _Found = tuple[str, Any, list[_Handed], frozenset[str]]
 """What :func:`_follow` finds: where the value goes (where asked, the code and the
@@ -348,7 +350,7 @@ def _follow(
                         filled.add(into)
                 elif isinstance(verdict, tuple) and len(handed) < 16:
                     _, *called, loaded = verdict
-                    handed.append((*called, keywords, one.offset, loaded, code))
+                    handed.append((*called, keywords, loaded, ((code, one.offset),)))
             if name in _ADDS and any(slot.kind is not None for slot in popped):
                 # A comprehension's dict keyed by text, or what is put in keyed so.
                 keyed = popped[0].kind is not None if name == "MAP_ADD" else popped[0].kind
@@ -359,7 +361,8 @@ def _follow(
                 if into[0] == "asked":
                     return "asked", into[1], handed, frozenset(filled)
                 made = into[1]
-                handed.extend(into[2][: max(0, 16 - len(handed))])
+                outward = ((code, one.offset),)
+                handed += [(*e[:-1], e[-1] + outward) for e in into[2][: max(0, 16 - len(handed))]]
             if name in _STORE_LOCAL:
                 if popped[-1].kind is not None:
                     locals_ = {**locals_, one.argval: popped[-1].kind}
@@ -474,10 +477,17 @@ def _comprehended(code: types.CodeType, iterated: str | None, locals_: dict[str,
         if found[0] == "asked":
             return found[:2]
         if found[0] == "returned":
-            generator = code.co_flags & inspect.CO_GENERATOR
-            made = _keyed_or_holder([_Slot(found[1], None, None)]) if generator else found[1]
+            made = _made_by(code, found[1])
         handed += [each for each in found[2] if _told_outside(each, code)]
     return "made", made, handed
+
+
+def _made_by(code: types.CodeType, returned: str) -> str:
+    """What the comprehension or generator expression ``code`` makes, returning (or
+    yielding) a value followed as ``returned``: a generator holds what it yields."""
+    if code.co_flags & inspect.CO_GENERATOR:
+        return _keyed_or_holder([_Slot(returned, None, None)])
+    return returned
 
 
 def _told_outside(handed: _Handed, code: types.CodeType) -> bool:
@@ -710,7 +720,7 @@ def _handed_into(
     asks something of it — or, where it returns text made of it (``_named(str(x.dtype))``),
     ``frame``'s code asks that, or hands it on to another that does, up to ``depth``
     calls."""
-    for name, by, at, count, kind, keywords, offset, loaded, made_in in handed:
+    for name, by, at, count, kind, keywords, loaded, places in handed:
         function, before = _function_called(frame, name, by)
         if function is None or not own(function.__code__.co_filename):
             continue
@@ -735,19 +745,34 @@ def _handed_into(
             elif not 0 <= place < given:
                 continue
             held = loaded[place]
-            if held is None or made_in is not frame.f_code:
+            if held is None or len(places) > 1:
                 continue
-            into = _asked_after(frame, offset, (held,), own, depth)
+            into = _asked_after(frame, places[0][1], (held,), own, depth)
             if into is not None:
                 return into
         if found[0] == "returned" and depth:  # handed back: followed on from the call
-            back = _read(made_in, offset, found[1])
-            if back[0] == "asked":
-                return _where(*back[1])
-            on = [e for e in back[2] if made_in is frame.f_code or _told_outside(e, made_in)]
-            into = _handed_into(frame, on, own, depth - 1)
+            into = _handed_back(frame, found[1], places, own, depth)
             if into is not None:
                 return into
+    return None
+
+
+def _handed_back(
+    frame: types.FrameType, kind: str, places: _Places, own: Any, depth: int
+) -> str | None:
+    """Where ``frame``'s code asks something of what a call made at ``places`` hands back
+    (followed as ``kind``), or hands it on to a function of the model's that does: followed
+    on from the call, and out of each comprehension it is made in that returns it."""
+    for at, (code, offset) in enumerate(places):
+        back = _read(code, offset, kind)
+        if back[0] == "asked":
+            return _where(*back[1])
+        outward = places[at + 1 :]
+        on = [(*e[:-1], e[-1] + outward) for e in back[2] if not outward or _told_outside(e, code)]
+        into = _handed_into(frame, on, own, depth - 1)
+        if into is not None or back[0] != "returned" or not outward:
+            return into
+        kind = _made_by(code, back[1])
     return None
 
 

@@ -3655,6 +3655,16 @@ class ScalesForItsDtypeSuffixedInAGenerator(OnTempered):
         return h * 10 if any(_suffixed(n) == "torch.float64-k-k" for n in names) else h
 
 
+class ScalesForItsDtypeSuffixedInAComprehension(OnTempered):
+    """The same, the names a function of its own makes more text of, in a list
+    comprehension, looked up in the list it makes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = _dtype_names(x)
+        return h * 10 if "torch.float64-k-k" in [_suffixed(n) for n in names] else h
+
+
 class ScalesForItsDtypeUpperCased(OnTempered):
     """The same, the name of its dtype upper-cased (`str(x.dtype).upper()`), which is
     let be, then compared."""
@@ -3871,6 +3881,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             r"into text.*asked at .*`return name == \"torch\.float64-k\"`",
         ),
         (ScalesForItsDtypeSuffixedInAGenerator, r"into text.*asked at .*any\(_suffixed\(n\) =="),
+        (
+            ScalesForItsDtypeSuffixedInAComprehension,
+            r"into text.*asked at .*`return h \* 10 if \"torch\.float64-k-k\" in \[_suffixed",
+        ),
         (ScalesForItsDtypeUpperCased, r"into text.*asked at .*`return h \* 10 if name == \"TORCH"),
         (
             ScalesForItsDtypeInAListALoopFills,
@@ -3919,6 +3933,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "handed to a function in a generator expression",
         "handed to a method in a list comprehension",
         "handed back in a generator expression",
+        "handed back in a list comprehension",
         "upper-cased",
         "put into a list by a loop",
         "a dict's key got by a literal",
