@@ -192,7 +192,13 @@ def _pops_of(name: str, arg: int) -> int | None:
 
 def _callee(popped: list[_Slot]) -> tuple[str | None, _Slot | None, _Slot]:
     """The name of what a call whose stack was ``popped`` calls (``join``, ``print``), the
-    slot of the object it is a method of, where one is, and the slot it was loaded as."""
+    slot of the object it is a method of, where one is, and the slot it was loaded as. A
+    function of a module (``re.match``, ``collections.Counter``) is named by its own name,
+    not the module's, which Python 3.11 loads with a null before it."""
+    first, second = (popped[0].pusher, popped[1].pusher) if len(popped) > 1 else (None, None)
+    nulled = first is not None and first.argrepr.startswith("NULL + ")
+    if nulled and second is not None and second is not first and second.opname == "LOAD_ATTR":
+        popped = popped[1:]
     for slot in popped[:2]:
         one = slot.pusher
         if one is not None and one.opname in _CALLEE and isinstance(one.argval, str):

@@ -18,6 +18,7 @@ import math
 import os
 import pstats
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -3786,6 +3787,15 @@ class ScalesByAGainMadeOfPairsALoopAppends(OnTempered):
         return h * gains.get("torch.float64-k", 1.0)
 
 
+class ScalesForItsDtypeMatchedByARegex(OnTempered):
+    """Scales by ten when a function of a module (`re.match`) finds float64's name in the
+    name of its dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        return h * 10 if re.match(r"torch\.float64", str(x.dtype)) else h
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -3902,6 +3912,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesByAGainCopiedByKeywords, r"into text.*asked at .*`gain = gains\["),
         (ScalesByAGainMadeOfAPair, r"into text.*asked at .*`return h \* gains\.get"),
         (ScalesByAGainMadeOfPairsALoopAppends, r"into text.*asked at .*`return h \* gains\.get"),
+        (ScalesForItsDtypeMatchedByARegex, r"into text.*asked at .*`return h \* 10 if re\.match"),
     ],
     ids=[
         "format",
@@ -3945,6 +3956,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "a dict's key copied by keywords",
         "a dict's key made of a pair",
         "a dict's key made of pairs a loop appends",
+        "matched by a module's function",
     ],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
