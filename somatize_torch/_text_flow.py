@@ -50,6 +50,7 @@ _ASKS = frozenset(
     | {"__ne__", "__contains__", "__getitem__", "__hash__", "len", "hash", "getattr"}
     | {"hasattr", "int", "float", "bool", "ord", "sorted", "set", "frozenset", "fromkeys"}
     | {"isdigit", "isalpha", "isnumeric", "fullmatch", "match", "search", "min", "max"}
+    | {"Counter"}
 )
 """Calls that ask something of text handed to them, or look something up by it."""
 
@@ -580,7 +581,7 @@ def _taken(
         if callee == "zip":
             # Pairs keyed by the first it zips, as the dict made of them is.
             return _KEYED if args[0].kind is not None else _HOLDER
-        if callee == "dict":
+        if callee in ("dict", "OrderedDict"):
             # Keyed by text where what it is made of is (`dict(pairs)`, `dict(**gains)`),
             # not by what it is given by name (`dict(dtype=...)`).
             return _keyed_or_holder(args[: len(args) - len(keywords)])

@@ -3787,6 +3787,25 @@ class ScalesByAGainMadeOfPairsALoopAppends(OnTempered):
         return h * gains.get("torch.float64-k", 1.0)
 
 
+class ScalesByAGainAnOrderedDictKeysByItsDtype(OnTempered):
+    """The same, got out of an `OrderedDict` made of a pair of the name of its dtype and a
+    gain."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        gains = collections.OrderedDict([("-".join([str(x.dtype), "k"]), 10.0)])
+        return h * gains.get("torch.float64-k", 1.0)
+
+
+class ScalesForItsDtypeCounted(OnTempered):
+    """Scales by ten when a `Counter` of the names of its dtype counts float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        counts = collections.Counter(_dtype_names(x))
+        return h * 10 if counts["torch.float64-k"] else h
+
+
 class ScalesForItsDtypeMatchedByARegex(OnTempered):
     """Scales by ten when a function of a module (`re.match`) finds float64's name in the
     name of its dtype."""
@@ -3912,6 +3931,11 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesByAGainCopiedByKeywords, r"into text.*asked at .*`gain = gains\["),
         (ScalesByAGainMadeOfAPair, r"into text.*asked at .*`return h \* gains\.get"),
         (ScalesByAGainMadeOfPairsALoopAppends, r"into text.*asked at .*`return h \* gains\.get"),
+        (
+            ScalesByAGainAnOrderedDictKeysByItsDtype,
+            r"into text.*asked at .*`return h \* gains\.get",
+        ),
+        (ScalesForItsDtypeCounted, r"into text.*asked at .*`counts = collections\.Counter\("),
         (ScalesForItsDtypeMatchedByARegex, r"into text.*asked at .*`return h \* 10 if re\.match"),
     ],
     ids=[
@@ -3956,6 +3980,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "a dict's key copied by keywords",
         "a dict's key made of a pair",
         "a dict's key made of pairs a loop appends",
+        "an ordered dict's key made of a pair",
+        "counted",
         "matched by a module's function",
     ],
 )
