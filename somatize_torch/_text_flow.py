@@ -360,8 +360,8 @@ def _follow(
                     handed.append((*called, keywords, loaded, ((code, one.offset),)))
             if name in _ADDS and any(slot.kind is not None for slot in popped):
                 # A comprehension's dict keyed by text, or what is put in keyed so.
-                keyed = popped[0].kind is not None if name == "MAP_ADD" else popped[0].kind
-                _holds_at(stack, one.arg or 0, _KEYED if keyed in (True, _KEYED) else _HOLDER)
+                keyed = popped[0].kind == _KEYED or (name == "MAP_ADD" and popped[0].kind)
+                _holds_at(stack, one.arg or 0, _KEYED if keyed else _HOLDER)
             inner = _comprehension(popped) if name.startswith("CALL") else None
             if inner is not None:
                 into = _comprehended(inner, popped[1].kind, locals_)
@@ -448,7 +448,7 @@ def _held(kind: str | None, put: str) -> str:
 
 def _keyed_or_holder(slots: list[_Slot]) -> str:
     """What a value made of ``slots`` holding followed values holds: pairs keyed by text
-    (a dict, a list of pairs) where one is keyed so, else text."""
+    (a dict, a list of pairs) where one is keyed so, else text, plainly."""
     return _KEYED if any(slot.kind == _KEYED for slot in slots) else _HOLDER
 
 
@@ -523,8 +523,8 @@ def _taken(
         return "asked"
     if name == "BINARY_SUBSCR":
         # Text looked up by, or read, item by item, or a dict keyed by it looked up; an
-        # item taken out of a list of texts is text.
-        # A pair, or list of them, read by place asks none of its keys.
+        # item taken out of a list of texts is text, as one read by place out of a pair
+        # or list of pairs keyed by it, which asks none of its keys.
         looked_up = popped[-1].kind is not None or popped[0].kind == _TEXT
         index = popped[-1].pusher
         by_place = index is not None and index.opname == "LOAD_CONST" and type(index.argval) is int
