@@ -581,7 +581,7 @@ def _taken(
         if callee == "zip":
             # Pairs keyed by the first it zips, as the dict made of them is.
             return _KEYED if args[0].kind is not None else _HOLDER
-        if callee in ("dict", "OrderedDict"):
+        if callee in ("dict", "OrderedDict", "defaultdict"):
             # Keyed by text where what it is made of is (`dict(pairs)`, `dict(**gains)`),
             # not by what it is given by name (`dict(dtype=...)`).
             return _keyed_or_holder(args[: len(args) - len(keywords)])

@@ -3797,6 +3797,16 @@ class ScalesByAGainAnOrderedDictKeysByItsDtype(OnTempered):
         return h * gains.get("torch.float64-k", 1.0)
 
 
+class ScalesByAGainADefaultDictKeysByItsDtype(OnTempered):
+    """The same, got out of a `defaultdict` of gains made so, by `[]`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        pairs = [("-".join([str(x.dtype), "k"]), 10.0)]
+        gains = collections.defaultdict(lambda: 1.0, pairs)
+        return h * gains["torch.float64-k"]
+
+
 class ScalesForItsDtypeCounted(OnTempered):
     """Scales by ten when a `Counter` of the names of its dtype counts float64's."""
 
@@ -3935,6 +3945,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             ScalesByAGainAnOrderedDictKeysByItsDtype,
             r"into text.*asked at .*`return h \* gains\.get",
         ),
+        (
+            ScalesByAGainADefaultDictKeysByItsDtype,
+            r"into text.*asked at .*`return h \* gains\[",
+        ),
         (ScalesForItsDtypeCounted, r"into text.*asked at .*`counts = collections\.Counter\("),
         (ScalesForItsDtypeMatchedByARegex, r"into text.*asked at .*`return h \* 10 if re\.match"),
     ],
@@ -3981,6 +3995,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "a dict's key made of a pair",
         "a dict's key made of pairs a loop appends",
         "an ordered dict's key made of a pair",
+        "a default dict's key made of a pair",
         "counted",
         "matched by a module's function",
     ],
