@@ -1446,6 +1446,47 @@ def test_files_differing_only_by_parquet_field_ids_are_one_dataset(tmp_path: Pat
         ParquetDir(tmp_path / "d").count_rows()
 
 
+_READ_AS_THE_INTERPRETER_FINALIZES = """
+import gc, pathlib, sys
+import pyarrow, pyarrow.parquet
+from somatize.data import ParquetDir
+from somatize.node import Context
+
+root = pathlib.Path(sys.argv[1])
+pyarrow.parquet.write_table(pyarrow.table({"n": [1, 2, 3]}), root / "a.parquet")
+before = ParquetDir(root)  # its file just written: hashed again around each read
+class Later:
+    def __del__(self):
+        for source in (lambda: before, lambda: ParquetDir(root)):
+            try:
+                print("read", source().forward({"at": 0, "take": 2}, Context(name="s")).column("n"))
+            except BaseException as error:
+                print("raised", type(error).__name__, error)
+gc.disable()  # collected as the interpreter finalizes
+later = Later()
+later.me = later
+del later
+"""
+
+
+def test_a_directory_is_built_and_read_as_the_interpreter_finalizes(tmp_path: Path) -> None:
+    """A ``ParquetDir`` built, or read with a file it hashes again, by code a collection runs
+    as the interpreter finalizes — once builtins are put back as they were before ``io``
+    added ``open`` — reads its rows, rather than fail with NameError."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _READ_AS_THE_INTERPRETER_FINALIZES, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.stdout.splitlines() == ["read [1, 2]"] * 2, done.stdout + done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 _CUT_SHORT = """
 import os, pathlib, sys, tempfile
 import pyarrow, pyarrow.parquet

@@ -53,6 +53,7 @@ from somatize.data.coordinate import span_of
 from somatize.data.errors import DataError
 from somatize.data.frame import Frame
 from somatize.node import Context
+from somatize.store._local_files import open_file
 
 __all__ = ["DatasetChanged", "ParquetDir"]
 
@@ -115,7 +116,7 @@ def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...]]:
     process (SIGBUS)."""
     try:
         before = _stat_of(path)
-        handle = open(path, "rb")  # noqa: SIM115 -- closed by the `with` below
+        handle = open_file(path, "rb")  # closed by the `with` below
     except FileNotFoundError:
         raise _vanished(relative) from None
     with handle:
