@@ -67,8 +67,8 @@ _RACY_NS = 2_000_000_000
 """How long after a file's last change its stat vouches for it. A filesystem stamps times
 from a clock that ticks coarsely (every few milliseconds on Linux before 6.13, every second
 or two on some filesystems), so a file written again in place, at its size, within the tick
-it changed in keeps its size, inode and times: until then, it is hashed again around each
-read (:meth:`ParquetDir._check`)."""
+it changed in keeps its size, inode and times: until then, it is hashed again after each
+row group is read from it (:meth:`ParquetDir._vouch`)."""
 
 
 def _racy(stat: tuple[Any, ...]) -> bool:
@@ -290,8 +290,8 @@ class ParquetDir(_Versioned):
             entries.append([relative, stat[3], digest])
         self._racy = {index for index, stat in enumerate(self._stats) if _racy(stat)}
         """The files changed too recently for their stat to vouch for them (``_RACY_NS``):
-        each is hashed again when checked, until a hash taken long enough after its change
-        matches."""
+        each is hashed again after its bytes are read, until a hash taken long enough after
+        its change matches."""
         self._version = canonical.hex_of(entries, b"somatize/parquet-dir\0")
         """A digest of the files' names, sizes and contents: its state."""
         self._fresh()
@@ -363,7 +363,8 @@ class ParquetDir(_Versioned):
             with self._files.using(index, partial(self._opened, index, footers[index])) as one:
                 piece = one.read(max(at - offset, 0), end - max(at, offset), self._held, index)
             # Again after the read: a file rewritten in place while it was being read (its
-            # time moves before its bytes do) may have handed over some of its new rows.
+            # time moves before its bytes do) may have handed over some of its new rows. Row
+            # groups read from its bytes were vouched for as they were read (`_vouch`).
             self._check(index)
             if piece.num_rows:
                 pieces.append(piece)
@@ -379,17 +380,22 @@ class ParquetDir(_Versioned):
         )
 
     def _check(self, index: int) -> None:
+        """DatasetChanged when file ``index``'s stat is not the one its digest was taken at."""
         try:
             now = _stat_of(self.root / self.files[index])
         except FileNotFoundError:
             now = None
         if now != self._stats[index]:
             raise self._changed(index)
-        self._vouch(index)
 
     def _vouch(self, index: int) -> None:
-        """DatasetChanged when file ``index``, whose stat is as it was, changed too recently
-        for its stat to say so (``_RACY_NS``) and its bytes are no longer the ones hashed."""
+        """DatasetChanged when file ``index``, just read, changed too recently for its stat
+        to say so (``_RACY_NS``) and its bytes are no longer the ones hashed.
+
+        Hashed once, after the read: a byte read that differs from the one hashed still
+        differs when it is hashed after, unless it was written back in between, which a hash
+        before the read would not see either. Rows of a group kept decoded were vouched for
+        when they were read, so a span of them hashes nothing."""
         if index not in self._racy:
             return
         relative = self.files[index]
@@ -421,7 +427,7 @@ class ParquetDir(_Versioned):
             file = _parquet_file(handle, where, None if footer is None else footer.metadata)
             if footer is None:
                 footer = _Footer(file, where, self.columns)
-            return _File(file, handle, footer)
+            return _File(file, handle, footer, read_back=partial(self._vouch, index))
         except BaseException:
             handle.close()
             raise
