@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import sys
 
 import pyarrow
 import pytest
 
-from somatize.data import Frame, NoPolars, NotArrow, UnknownColumn, to_arrow
+from somatize.data import Frame, NoPolars, NotArrow, NotPlain, UnknownColumn, to_arrow
 
 
 def _table() -> pyarrow.Table:
@@ -29,6 +30,33 @@ def test_an_unknown_column_names_the_ones_there() -> None:
     with pytest.raises(UnknownColumn, match="no column `text`; it has `sms`, `label`") as refused:
         Frame(_table()).column("text")
     assert isinstance(refused.value, KeyError)
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pyarrow.array([1_000, 1_001], pyarrow.timestamp("ns", tz="Europe/Paris")),
+        pyarrow.array([[1_000, 1_001]], pyarrow.list_(pyarrow.duration("ns"))),
+        pyarrow.array([1_001], pyarrow.time64("ns")),
+    ],
+)
+def test_a_time_finer_than_a_microsecond_is_refused_as_plain_values_saying_how_to_read_it(
+    column: pyarrow.Array,
+) -> None:
+    """A time or duration to the nanosecond, at any depth, has no plain Python value
+    (``datetime`` counts microseconds): column() and rows() refuse it, saying to read it
+    through Arrow, rather than fail telling to install pandas; the same column in whole
+    microseconds is read."""
+    frame = Frame(pyarrow.table({"t": column, "n": list(range(len(column)))}))
+    with pytest.raises(
+        NotPlain, match=r"column `t` holds a time or duration to the nano.*to_arrow"
+    ):
+        frame.column("t")
+    with pytest.raises(NotPlain, match=r"this frame holds a time or duration to the nano"):
+        list(frame.rows())
+    assert frame.column("n") == list(range(len(column)))
+    whole = Frame(pyarrow.table({"t": pyarrow.array([1_000], pyarrow.timestamp("ns"))}))
+    assert whole.column("t") == [datetime.datetime(1970, 1, 1, microsecond=1)]
 
 
 def test_to_arrow_is_the_table_itself() -> None:

@@ -30,7 +30,15 @@ from somatize.codecs import CODECS
 from somatize.data.codec import ArrowCodec
 from somatize.data.coordinate import BadCoordinate, Counted, NotACoordinate, span_of, spans
 from somatize.data.errors import DataError
-from somatize.data.frame import AmbiguousColumn, Frame, NoPolars, NotArrow, UnknownColumn, to_arrow
+from somatize.data.frame import (
+    AmbiguousColumn,
+    Frame,
+    NoPolars,
+    NotArrow,
+    NotPlain,
+    UnknownColumn,
+    to_arrow,
+)
 from somatize.data.parquet import NotParquet, Parquet
 from somatize.data.parquet_dir import DatasetChanged, ParquetDir
 from somatize.data.settle import NotADigest, Settles, settle
@@ -51,6 +59,7 @@ __all__ = [
     "NotADigest",
     "NotArrow",
     "NotParquet",
+    "NotPlain",
     "Parquet",
     "ParquetDir",
     "Settles",

@@ -23,7 +23,15 @@ import pyarrow
 
 from somatize.data.errors import DataError
 
-__all__ = ["AmbiguousColumn", "Frame", "NoPolars", "NotArrow", "UnknownColumn", "to_arrow"]
+__all__ = [
+    "AmbiguousColumn",
+    "Frame",
+    "NoPolars",
+    "NotArrow",
+    "NotPlain",
+    "UnknownColumn",
+    "to_arrow",
+]
 
 
 def python_extensions(schema: pyarrow.Schema) -> list[str]:
@@ -102,6 +110,43 @@ class NoPolars(DataError, ImportError):
     """``to_polars()`` was asked for and polars is not installed."""
 
 
+class NotPlain(DataError, ValueError):
+    """Values asked for as plain Python (``column``, ``rows``) that have none: a time or a
+    duration to the nanosecond, which Python's ``datetime`` and ``timedelta`` cannot hold."""
+
+
+def _nanoseconds(kind: pyarrow.DataType) -> bool:
+    """Whether values of type ``kind`` hold, at any depth, times or durations counted in
+    nanoseconds."""
+    if isinstance(kind, (pyarrow.TimestampType, pyarrow.Time64Type, pyarrow.DurationType)):
+        return bool(kind.unit == "ns")
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        return _nanoseconds(kind.storage_type)
+    if isinstance(kind, pyarrow.DictionaryType):
+        return _nanoseconds(kind.value_type)
+    return any(_nanoseconds(kind.field(index).type) for index in range(kind.num_fields))
+
+
+def _plain(values: pyarrow.Table | pyarrow.ChunkedArray, what: str) -> list[Any]:
+    """``values`` as plain Python values; NotPlain when a time or duration among them is finer
+    than a microsecond (pyarrow hands those over as pandas values, and only where pandas is
+    installed)."""
+    try:
+        plain: list[Any] = values.to_pylist()
+    except ValueError:
+        kinds = values.schema.types if isinstance(values, pyarrow.Table) else [values.type]
+        if not any(_nanoseconds(kind) for kind in kinds):
+            raise
+        raise NotPlain(
+            f"{what} holds a time or duration to the nanosecond, not a whole number of "
+            "microseconds, and Python's `datetime` and `timedelta` count microseconds, so it "
+            "has no plain Python value. "
+            "Read it through `to_arrow()` (or `to_polars()`), or write it in microseconds "
+            "(`column.cast(pyarrow.timestamp('us', tz=...))`)"
+        ) from None
+    return plain
+
+
 class Frame:
     """Rows, as an Arrow table. Build one from a ``pyarrow.Table`` or a
     ``pyarrow.RecordBatch``; sources build them for you."""
@@ -143,15 +188,14 @@ class Frame:
         twice = twice_named(self._table)
         if name in twice:
             raise _ambiguous([name], self._table.column_names)
-        values: list[Any] = self._table.column(name).to_pylist()
-        return values
+        return _plain(self._table.column(name), f"column `{name}`")
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Each row as a dict of plain Python values."""
         twice = twice_named(self._table)
         if twice:
             raise _ambiguous(twice, self._table.column_names)
-        return iter(self._table.to_pylist())
+        return iter(_plain(self._table, "this frame"))
 
     def to_arrow(self) -> pyarrow.Table:
         """The Arrow table underneath, not copied."""
