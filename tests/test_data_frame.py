@@ -8,7 +8,7 @@ import sys
 import pyarrow
 import pytest
 
-from somatize.data import Frame, NoPolars, NotArrow, NotPlain, UnknownColumn, to_arrow
+from somatize.data import Frame, NoPolars, NotArrow, NotPlain, Table, UnknownColumn, to_arrow
 
 
 def _table() -> pyarrow.Table:
@@ -126,3 +126,23 @@ def test_a_column_name_held_twice_is_refused_clearly() -> None:
     with pytest.raises(AmbiguousColumn, match=r"keep only the others \(`table.select\(\['b'\]\)`"):
         Table(table)
     assert issubclass(AmbiguousColumn, ValueError)
+
+
+def test_a_polars_column_of_python_objects_is_refused_rather_than_read_as_addresses() -> None:
+    """A polars frame's column of Python objects (polars' ``Object`` type) reaches Arrow as
+    the objects' addresses in memory: ``to_arrow`` (and a Table source, which would digest
+    them as its version) refuses it naming the column, rather than hand over the addresses
+    as its rows."""
+    polars = pytest.importorskip("polars")
+
+    class Thing:
+        pass
+
+    frame = polars.DataFrame(
+        {"o": [Thing(), Thing()], "n": [1, 2]}, schema={"o": polars.Object, "n": polars.Int64}
+    )
+    with pytest.raises(NotArrow, match=r"column `o` of this polars frame holds Python objects"):
+        to_arrow(frame)
+    with pytest.raises(NotArrow, match="addresses in memory"):
+        Table(frame)
+    assert to_arrow(frame.select("n")).column("n").to_pylist() == [1, 2]

@@ -16,7 +16,7 @@ the dataset ended; none means the span began past its end.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow
@@ -225,6 +225,19 @@ class Frame:
         return f"<Frame of {len(self)} rows: {', '.join(self.columns)}>"
 
 
+def _polars_objects(x: Any) -> list[str]:
+    """The columns of ``x``, when it is a polars frame, of polars' ``Object`` type (which
+    polars nests in no other)."""
+    if not type(x).__module__.startswith("polars."):
+        return []
+    import polars
+
+    schema = getattr(x, "schema", None)
+    if not isinstance(schema, Mapping):
+        return []
+    return [name for name, kind in schema.items() if kind == polars.Object]
+
+
 def to_arrow(x: Any) -> pyarrow.Table:
     """``x`` as a ``pyarrow.Table``: a Frame's own table, a table as is, a record batch
     as a one-batch table, or anything that exports the Arrow C stream interface (a
@@ -236,6 +249,15 @@ def to_arrow(x: Any) -> pyarrow.Table:
     if isinstance(x, pyarrow.RecordBatch):
         return pyarrow.Table.from_batches([x])
     if hasattr(x, "__arrow_c_stream__") or hasattr(x, "__arrow_c_array__"):
+        objects = _polars_objects(x)
+        if objects:
+            raise NotArrow(
+                f"column {', '.join(f'`{name}`' for name in objects)} of this polars frame holds "
+                "Python objects (polars' `Object` type), which polars hands to Arrow as their "
+                "addresses in memory, not their values: rows read so would be those addresses, "
+                "and other objects at the same addresses would be taken for the same rows. "
+                "Turn the column into values Arrow holds (numbers, text, lists, bytes) first"
+            )
         try:
             return pyarrow.table(x)
         except (pyarrow.ArrowException, TypeError, ValueError) as why:
