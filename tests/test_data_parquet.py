@@ -1520,6 +1520,56 @@ def test_a_directory_is_built_and_read_as_the_interpreter_finalizes(tmp_path: Pa
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+_STORE_READ_AS_THE_INTERPRETER_FINALIZES = """
+import gc, pathlib, sys
+import pyarrow, pyarrow.parquet
+from somatize import Store
+from somatize.data import Parquet
+from somatize.node import Context
+
+store = Store(pathlib.Path(sys.argv[1]) / "store")
+sink = pyarrow.BufferOutputStream()  # large enough to be read through a file, not in memory
+pyarrow.parquet.write_table(pyarrow.table({"n": list(range(200_000))}), sink)
+store.bind("d", store.put(sink.getvalue().to_pybytes()))
+before = Parquet(store, "d")
+assert len(before.forward({"at": 0, "take": 2}, Context(name="s"))) == 2
+class Later:
+    def __del__(self):
+        for source in (lambda: before, lambda: Parquet(store, "d")):
+            try:
+                span = {"at": 150_000, "take": 2}
+                print("read", source().forward(span, Context(name="s")).column("n"), flush=True)
+            except BaseException as error:
+                print("raised", type(error).__name__, error, flush=True)
+gc.disable()  # collected as the interpreter finalizes
+later = Later()
+later.me = later
+del later
+"""
+
+
+def test_a_dataset_in_a_store_is_read_as_the_interpreter_finalizes(tmp_path: Path) -> None:
+    """A dataset in a local store, read through a Python file, by code a collection runs as
+    the interpreter finalizes — when pyarrow's threads cannot take the GIL to read it — by a
+    source built before or then, hands over its rows, rather than wait for ever."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _STORE_READ_AS_THE_INTERPRETER_FINALIZES, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+    except subprocess.TimeoutExpired as hung:
+        said = hung.stdout.decode() if isinstance(hung.stdout, bytes) else hung.stdout
+        pytest.fail(f"the read as the interpreter finalized never ended: {said!r}")
+    assert done.stdout.splitlines() == ["read [150000, 150001]"] * 2, done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 _CUT_SHORT = """
 import os, pathlib, sys, tempfile
 import pyarrow, pyarrow.parquet

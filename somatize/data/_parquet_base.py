@@ -20,6 +20,7 @@ import collections
 import contextlib
 import io
 import os
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -120,13 +121,17 @@ def _joined(tables: list[pyarrow.Table]) -> pyarrow.Table:
 
 
 def _parquet_file(
-    source: Any, where: str, metadata: pyarrow.parquet.FileMetaData | None = None
+    source: Any,
+    where: str,
+    metadata: pyarrow.parquet.FileMetaData | None = None,
+    pre_buffer: bool = True,
 ) -> pyarrow.parquet.ParquetFile:
-    """``source`` opened as Parquet (its footer read, unless ``metadata`` is it already);
-    NotParquet when it is not Parquet."""
+    """``source`` opened as Parquet (its footer read, unless ``metadata`` is it already),
+    reading ahead on pyarrow's threads when ``pre_buffer``; NotParquet when it is not
+    Parquet."""
     try:
         return pyarrow.parquet.ParquetFile(
-            source, metadata=metadata, page_checksum_verification=True
+            source, metadata=metadata, page_checksum_verification=True, pre_buffer=pre_buffer
         )
     except (pyarrow.ArrowException, OSError) as why:
         raise NotParquet(
@@ -391,9 +396,15 @@ class _File:
         )
 
     def _decode(self, index: int) -> pyarrow.Table:
-        """Row group ``index``, its columns picked out by their leaves."""
-        return self.file.reader.read_row_group(
-            index, column_indices=self.footer.leaves, use_threads=True
+        """Row group ``index``, its columns picked out by their leaves. On this thread alone
+        as the interpreter finalizes: a file read through Python code (a ``PythonFile``) is
+        read holding the GIL, which pyarrow's threads (its reads ahead, its decoders) cannot
+        take then, and the read would wait for them for ever."""
+        file, alone = self.file, sys.is_finalizing()
+        if alone:
+            file = _parquet_file(self.handle, self.footer.where, file.metadata, pre_buffer=False)
+        return file.reader.read_row_group(
+            index, column_indices=self.footer.leaves, use_threads=not alone
         )
 
     def _declared(self, table: pyarrow.Table, index: int) -> pyarrow.Table:
