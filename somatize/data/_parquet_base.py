@@ -323,7 +323,6 @@ class _File:
         handle: Any,
         footer: _Footer,
         unchanged: Callable[[], bool] | None = None,
-        read_back: Callable[[], None] | None = None,
     ) -> None:
         self.file = file
         self.handle = handle
@@ -333,11 +332,6 @@ class _File:
         verified: False when it is, True when it had changed and was verified again (what
         was read meanwhile is read again), Corrupt when it is damaged. None where the
         source checks the file itself (a ``ParquetDir``)."""
-        self.read_back = read_back
-        """Checks, after each row group is read from the file (not after one ``held``
-        keeps), that the bytes it was read from are still the ones verified; raises when
-        they are not. A ``ParquetDir`` hashes here a file changed too recently for its stat
-        to vouch for it: once per row group read, not around every span."""
         self.lock = threading.Lock()
         self.users = 0
         """How many reads are using it (guarded by the lock of the :class:`_OpenFiles` that
@@ -376,18 +370,13 @@ class _File:
             try:
                 table = self._decode(index)
             except (pyarrow.ArrowException, OSError) as why:
-                # Damage the file's own checks could not name, or a change: say that.
                 if unchanged is not None:
-                    unchanged()
-                if self.read_back is not None:
-                    self.read_back()
+                    unchanged()  # damage the file's own checks could not name: say that
                 raise Corrupt(
                     f"row group {index} of {self.footer.where} cannot be read ({why}): its "
                     "bytes are damaged (a page checksum failed, or the file was cut short), "
                     "and no rows of it are handed over. Write the dataset again"
                 ) from None
-            if self.read_back is not None:
-                self.read_back()
             if unchanged is None or not unchanged():
                 return self._declared(table, index)
         raise Corrupt(

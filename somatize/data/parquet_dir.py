@@ -9,7 +9,9 @@ holds only a few files open (``_OPEN_FILES``), opening one again when a span rea
 it, so a directory may hold more files than a process may have open; it reads them
 through files, not memory maps, so a file cut short while open is a short read; a
 file opened again is checked to be the very file its digest was
-taken from.
+taken from. A file changed too recently for its stat to vouch for it (``_RACY_NS``) is
+read only through blocks checked against digests taken when the version was worked out
+(:class:`_Checked`).
 
 On a network worker it crosses by reference, as a :class:`~somatize.data.Parquet`
 does (:mod:`somatize.data.parquet`): the worker rebuilds it from its absolute path, on
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import errno
+import io
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -33,10 +36,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import blake3
 import pyarrow
 
 from somatize import canonical
-from somatize._threads import ProcessLock, hash_read
+from somatize._threads import ProcessLock, hash_read, hash_threads
 from somatize.catalog import Unbuildable
 from somatize.data._parquet_base import (
     NotParquet,
@@ -47,6 +51,7 @@ from somatize.data._parquet_base import (
     _joined,
     _OpenFiles,
     _parquet_file,
+    _Positioned,
     _Versioned,
 )
 from somatize.data.coordinate import span_of
@@ -67,8 +72,12 @@ _RACY_NS = 2_000_000_000
 """How long after a file's last change its stat vouches for it. A filesystem stamps times
 from a clock that ticks coarsely (every few milliseconds on Linux before 6.13, every second
 or two on some filesystems), so a file written again in place, at its size, within the tick
-it changed in keeps its size, inode and times: until then, it is hashed again after each
-row group is read from it (:meth:`ParquetDir._vouch`)."""
+it changed in keeps its size, inode and times: such a file is read only through blocks
+checked against the digests taken of them when the version was worked out
+(:class:`_Checked`)."""
+
+_BLOCK = 1 << 20
+"""How many bytes of a file its stat cannot vouch for are hashed, and checked, as one."""
 
 
 def _racy(stat: tuple[Any, ...]) -> bool:
@@ -104,10 +113,11 @@ def _cut_short(relative: str) -> DatasetChanged:
     )
 
 
-def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...]]:
-    """The content digest of ``path`` and the stat it was taken at; NotParquet when the
-    file does not begin and end with Parquet's magic bytes, DatasetChanged when it
-    changes or disappears meanwhile.
+def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...], list[bytes] | None]:
+    """The content digest of ``path``, the stat it was taken at, and, when the file changed
+    too recently for that stat to vouch for it (``_RACY_NS``), the digest of each of its
+    ``_BLOCK``-byte blocks; NotParquet when the file does not begin and end with Parquet's
+    magic bytes, DatasetChanged when it changes or disappears meanwhile.
 
     Every build hashes every file afresh: a file written in place through a shared memory
     map may keep its size and times, so a digest remembered by its stat could name bytes
@@ -133,7 +143,11 @@ def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...]]:
                 "at its start and end): it is another format, or was cut short while being "
                 "written. Remove it from the directory or write it again"
             )
-        digest = hash_read(handle, size)
+        blocks: list[bytes] | None = None
+        if _racy(before):
+            digest, blocks = _blocks_of(fd, size)
+        else:
+            digest = hash_read(handle, size)
         if digest is None:
             raise _cut_short(relative)
     try:
@@ -142,7 +156,58 @@ def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...]]:
         raise _vanished(relative) from None
     if after != before:
         raise _cut_short(relative)
-    return digest, after
+    return digest, after, blocks
+
+
+def _blocks_of(fd: int, size: int) -> tuple[str | None, list[bytes]]:
+    """The digest of the ``size`` bytes of the file open as ``fd`` (None when it ends sooner)
+    and the digest of each of its ``_BLOCK``-byte blocks, from one read."""
+    whole = blake3.blake3(max_threads=hash_threads())
+    blocks: list[bytes] = []
+    for start in range(0, size, _BLOCK):
+        block = os.pread(fd, min(_BLOCK, size - start), start)
+        if len(block) < min(_BLOCK, size - start):
+            return None, blocks
+        whole.update(block)
+        blocks.append(blake3.blake3(block).digest())
+    return "blake3:" + whole.hexdigest(), blocks
+
+
+class _Checked(_Positioned):
+    """A file its stat cannot vouch for, read only through its ``_BLOCK``-byte blocks, each
+    checked, as it is read, against the digest taken of it when the version was worked out:
+    the bytes handed over are bytes that were hashed, however the file is written meanwhile
+    (even in place and back again within one tick of its clock). ``changed`` makes what is
+    raised for a block that no longer hashes to its digest."""
+
+    def __init__(
+        self, handle: io.BufferedReader, blocks: list[bytes], changed: Callable[[], Exception]
+    ) -> None:
+        super().__init__(handle)
+        self.blocks = blocks
+        self.changed = changed
+        self.last: tuple[int, bytes] | None = None
+        """The block checked last: a reader reads a few small pieces of one block in turn."""
+
+    def read(self, size: int = -1) -> bytes:
+        end = self.size if size < 0 else min(self.at + size, self.size)
+        pieces = []
+        while self.at < end:
+            number, within = divmod(self.at, _BLOCK)
+            piece = self._block(number)[within : within + end - self.at]
+            pieces.append(piece)
+            self.at += len(piece)
+        return b"".join(pieces)
+
+    def _block(self, number: int) -> bytes:
+        if self.last is not None and self.last[0] == number:
+            return self.last[1]
+        start = number * _BLOCK
+        block = os.pread(self.fd, min(_BLOCK, self.size - start), start)
+        if number >= len(self.blocks) or blake3.blake3(block).digest() != self.blocks[number]:
+            raise self.changed()
+        self.last = (number, block)
+        return block
 
 
 _FIELD_ID = b"PARQUET:field_id"
@@ -282,16 +347,15 @@ class ParquetDir(_Versioned):
         self.files = [one.relative_to(root).as_posix() for one in found]
         entries = []
         self._stats: list[tuple[Any, ...]] = []
-        self._digests: list[str] = []
+        self._blocks: list[list[bytes] | None] = []
+        """For each file changed too recently for its stat to vouch for it (``_RACY_NS``),
+        the digests of its blocks, which every read from it is checked against
+        (:class:`_Checked`); None for the others."""
         for one, relative in zip(found, self.files, strict=True):
-            digest, stat = _file_digest(one, relative)
+            digest, stat, blocks = _file_digest(one, relative)
             self._stats.append(stat)
-            self._digests.append(digest)
+            self._blocks.append(blocks)
             entries.append([relative, stat[3], digest])
-        self._racy = {index for index, stat in enumerate(self._stats) if _racy(stat)}
-        """The files changed too recently for their stat to vouch for them (``_RACY_NS``):
-        each is hashed again after its bytes are read, until a hash taken long enough after
-        its change matches."""
         self._version = canonical.hex_of(entries, b"somatize/parquet-dir\0")
         """A digest of the files' names, sizes and contents: its state."""
         self._fresh()
@@ -363,8 +427,7 @@ class ParquetDir(_Versioned):
             with self._files.using(index, partial(self._opened, index, footers[index])) as one:
                 piece = one.read(max(at - offset, 0), end - max(at, offset), self._held, index)
             # Again after the read: a file rewritten in place while it was being read (its
-            # time moves before its bytes do) may have handed over some of its new rows. Row
-            # groups read from its bytes were vouched for as they were read (`_vouch`).
+            # time moves before its bytes do) may have handed over some of its new rows.
             self._check(index)
             if piece.num_rows:
                 pieces.append(piece)
@@ -388,46 +451,33 @@ class ParquetDir(_Versioned):
         if now != self._stats[index]:
             raise self._changed(index)
 
-    def _vouch(self, index: int) -> None:
-        """DatasetChanged when file ``index``, just read, changed too recently for its stat
-        to say so (``_RACY_NS``) and its bytes are no longer the ones hashed.
-
-        Hashed once, after the read: a byte read that differs from the one hashed still
-        differs when it is hashed after, unless it was written back in between, which a hash
-        before the read would not see either. Rows of a group kept decoded were vouched for
-        when they were read, so a span of them hashes nothing."""
-        if index not in self._racy:
-            return
-        relative = self.files[index]
-        try:
-            digest, stat = _file_digest(self.root / relative, relative)
-        except (NotParquet, DatasetChanged):
-            raise self._changed(index) from None
-        if digest != self._digests[index] or stat != self._stats[index]:
-            raise self._changed(index)
-        if not _racy(stat):
-            self._racy.discard(index)
-
     def _opened(self, index: int, footer: _Footer | None) -> _File:
         """File ``index`` opened, checked to be the very file its digest was taken from (a
-        file put in its place since is refused, however alike)."""
+        file put in its place since is refused, however alike); read through its checked
+        blocks when its stat cannot vouch for it."""
         relative = self.files[index]
         path = self.root / relative
+        blocks = self._blocks[index]
         try:
             # A file, not a memory map: one cut short while it is open is then a short
             # read (Corrupt, or DatasetChanged when its stat is checked), where a page of a
             # map past its new end would kill the process (SIGBUS).
-            handle = pyarrow.OSFile(str(path), "r")
+            if blocks is None:
+                handle: Any = pyarrow.OSFile(str(path), "r")
+                fd = handle.fileno()
+            else:
+                checked = _Checked(open_file(path, "rb"), blocks, partial(self._changed, index))
+                handle, fd = pyarrow.PythonFile(checked, mode="r"), checked.fd
         except FileNotFoundError:
             raise self._changed(index) from None
         try:
-            if _stat_of(path, handle.fileno()) != self._stats[index]:
+            if _stat_of(path, fd) != self._stats[index]:
                 raise self._changed(index)
             where = f"`{relative}`"
             file = _parquet_file(handle, where, None if footer is None else footer.metadata)
             if footer is None:
                 footer = _Footer(file, where, self.columns)
-            return _File(file, handle, footer, read_back=partial(self._vouch, index))
+            return _File(file, handle, footer)
         except BaseException:
             handle.close()
             raise
@@ -442,7 +492,6 @@ class ParquetDir(_Versioned):
                 for index in range(len(self.files)):
                     one = self._opened(index, None)
                     one.close()
-                    self._vouch(index)  # the footer was read from the bytes hashed
                     footers.append(one.footer)
                 self._check_schemas(footers)
                 starts = [0]
