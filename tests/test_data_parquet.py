@@ -694,6 +694,41 @@ def test_a_file_rewritten_and_written_back_within_its_tick_as_it_is_read_is_refu
         source.forward({"at": 0, "take": 3}, ctx())
 
 
+def test_a_file_read_through_checked_blocks_is_read_as_any_once_its_stat_can_vouch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file changed too recently for its stat to vouch for it is read through checked
+    blocks only until the stat can: it is then hashed once more and read as any other file
+    (not through Python code and a hash of every block read); a file that no longer hashes
+    to its digest then is refused."""
+    import somatize.data.parquet_dir as module
+
+    monkeypatch.setattr(module, "_RACY_NS", 10**19, raising=False)
+    write_dir(tmp_path / "d", [numbers(10), numbers(10, 10)])
+    source = ParquetDir(tmp_path / "d")
+    assert source.forward({"at": 0, "take": 15}, ctx()).column("n") == list(range(15))
+    assert [type(one.handle) for one in source._files.files.values()] == [pyarrow.PythonFile] * 2
+    monkeypatch.setattr(module, "_RACY_NS", 0, raising=False)  # the clock ticked since
+    assert source.forward({"at": 5, "take": 10}, ctx()).column("n") == list(range(5, 15))
+    assert [type(one.handle) for one in source._files.files.values()] == [pyarrow.OSFile] * 2
+    # Written in place, its times kept, before it was hashed once more: refused then.
+    monkeypatch.setattr(module, "_RACY_NS", 10**19, raising=False)
+    again = ParquetDir(tmp_path / "d")
+    path = tmp_path / "d" / "part-000.parquet"
+    stat = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(4)
+        handle.write(bytes(4))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    real = module._stat_of
+    monkeypatch.setattr(
+        module, "_stat_of", lambda *a: (*real(*a)[:5], again._stats[0][5])
+    )  # a ctime that did not move
+    monkeypatch.setattr(module, "_RACY_NS", 0, raising=False)
+    with pytest.raises(DatasetChanged, match="changed after this source's version"):
+        again.forward({"at": 0, "take": 3}, ctx())
+
+
 def test_a_directory_with_a_file_that_is_not_parquet(tmp_path: Path) -> None:
     """A `.parquet` file that is not one is refused when the version is worked out."""
     write_dir(tmp_path / "d", [numbers(10)])

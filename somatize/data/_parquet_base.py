@@ -458,6 +458,14 @@ class _OpenFiles:
                 for index in idle[: max(len(self.files) - self.keep, 0)]:
                     self.files.pop(index).close()
 
+    def let_go(self, number: int) -> None:
+        """Lets go of file ``number``: closes it when no read uses it, else the last read
+        that does closes it. A read that starts meanwhile opens it again."""
+        with self.lock:
+            one = self.files.pop(number, None)
+            if one is not None and not one.users:
+                one.close()
+
     def close(self) -> None:
         """Lets go of every file: closes those no read uses now, and waits for the reads
         using the others to end, the last of which closes each. A read that starts

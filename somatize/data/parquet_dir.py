@@ -347,13 +347,15 @@ class ParquetDir(_Versioned):
         self.files = [one.relative_to(root).as_posix() for one in found]
         entries = []
         self._stats: list[tuple[Any, ...]] = []
+        self._digests: list[str] = []
         self._blocks: list[list[bytes] | None] = []
         """For each file changed too recently for its stat to vouch for it (``_RACY_NS``),
         the digests of its blocks, which every read from it is checked against
-        (:class:`_Checked`); None for the others."""
+        (:class:`_Checked`) until its stat can (:meth:`_vouched`); None for the others."""
         for one, relative in zip(found, self.files, strict=True):
             digest, stat, blocks = _file_digest(one, relative)
             self._stats.append(stat)
+            self._digests.append(digest)
             self._blocks.append(blocks)
             entries.append([relative, stat[3], digest])
         self._version = canonical.hex_of(entries, b"somatize/parquet-dir\0")
@@ -450,6 +452,24 @@ class ParquetDir(_Versioned):
             now = None
         if now != self._stats[index]:
             raise self._changed(index)
+        if self._blocks[index] is not None and not _racy(now):
+            self._vouched(index)
+
+    def _vouched(self, index: int) -> None:
+        """File ``index``, read through checked blocks until its stat could vouch for it,
+        hashed once more now that it can: whatever changes it from now on moves its stat, so
+        it is read as the others are (the checked file open is let go of), not through
+        Python code and a hash of every block read; DatasetChanged when it no longer hashes
+        to its digest."""
+        relative = self.files[index]
+        try:
+            digest, stat, _ = _file_digest(self.root / relative, relative)
+        except (NotParquet, DatasetChanged):
+            raise self._changed(index) from None
+        if digest != self._digests[index] or stat != self._stats[index]:
+            raise self._changed(index)
+        self._blocks[index] = None
+        self._files.let_go(index)
 
     def _opened(self, index: int, footer: _Footer | None) -> _File:
         """File ``index`` opened, checked to be the very file its digest was taken from (a
