@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pyarrow
@@ -207,6 +208,25 @@ def test_a_stream_that_brings_too_much_is_refused() -> None:
         source.forward({"take": 2}, Context(name="s"))
     with pytest.raises(TypeError, match="a function of how many rows"):
         Stream(42)  # type: ignore[arg-type]
+
+
+def _feed(size: int, batches: int | None) -> pyarrow.RecordBatchReader:
+    """A reader of ``batches`` batches of ``size`` numbers each (None: one that never ends)."""
+    sent = itertools.count() if batches is None else range(batches)
+    schema = pyarrow.schema([("n", pyarrow.int64())])
+    numbers = (pyarrow.record_batch({"n": [i] * size}, schema=schema) for i in sent)
+    return pyarrow.RecordBatchReader.from_batches(schema, numbers)
+
+
+def test_a_stream_reading_a_reader_stops_once_it_brings_too_much() -> None:
+    """A pull function answering a record batch reader is read batch by batch: one within
+    the rows asked for is a frame of all it brings, and one that never ends (a live feed)
+    is refused once it has brought more, not read for ever."""
+    frame = Stream(lambda take: _feed(2, 2)).forward({"take": 4}, Context(name="s"))
+    assert frame.column("n") == [0, 0, 1, 1]
+    endless = Stream(lambda take: _feed(3, None))
+    with pytest.raises(TooManyRows, match=r"at most 4 rows and got at least 6 \(from a reader"):
+        endless.forward({"take": 4}, Context(name="s"))
 
 
 # ---------------------------------------------------------------- settle

@@ -172,10 +172,30 @@ class Stream(Node):
                 f'{where} is handed {ask!r}; a stream is handed `{{"take": n}}` with an int n >= 1'
             )
         _, take = span_of({"at": 0, "take": ask["take"]}, where)
-        table = to_arrow(self.pull(take))
-        if table.num_rows > take:
-            raise TooManyRows(
-                f"{where} asked its pull function for at most {take} rows and got "
-                f"{table.num_rows}; return no more than you are asked for"
-            )
-        return Frame(table)
+        return Frame(_at_most(self.pull(take), take, where))
+
+
+def _at_most(pulled: Any, take: int, where: str) -> pyarrow.Table:
+    """What a stream's pull function answered, as a table of at most ``take`` rows; more is
+    :class:`TooManyRows`. A record batch reader is read batch by batch and let go as soon
+    as it has brought more: one that never ends (a live feed) is refused, not read for
+    ever."""
+    got = "{}"
+    if isinstance(pulled, pyarrow.RecordBatchReader):
+        got = "at least {} (from a reader, read no further)"
+        batches, brought = [], 0
+        with pulled:
+            for batch in pulled:
+                batches.append(batch)
+                brought += batch.num_rows
+                if brought > take:
+                    break
+        table = pyarrow.Table.from_batches(batches, schema=pulled.schema)
+    else:
+        table = to_arrow(pulled)
+    if table.num_rows > take:
+        raise TooManyRows(
+            f"{where} asked its pull function for at most {take} rows and got "
+            f"{got.format(table.num_rows)}; return no more than you are asked for"
+        )
+    return table
