@@ -231,6 +231,20 @@ def _du(store: LocalStore | BucketStore, out: Any) -> None:
 
 
 def _show(store: LocalStore | BucketStore, what: str, out: Any) -> int:
+    """Prints what is kept under ``what``; status 1 where it, or its blob, is damaged or
+    missing (a record that cannot be read is damage, as ``verify`` says)."""
+    try:
+        return _show_kept(store, what, out)
+    except Corrupt as why:
+        print(
+            f"somatize store show: DAMAGED: {_printable(str(why))}; `somatize store verify "
+            "--quarantine` moves it aside",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _show_kept(store: LocalStore | BucketStore, what: str, out: Any) -> int:
     if what.startswith("blake3:"):
         check_digest(what)
         answer = store.answer(what)

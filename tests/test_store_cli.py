@@ -622,18 +622,23 @@ def test_a_file_bucket_holding_only_names_is_a_store(
                 assert printed.split()[-1] == "sms/train"
 
 
-def test_show_of_a_record_whose_time_cannot_be_shown_says_so(
+def test_show_of_a_record_that_cannot_be_read_says_it_is_damaged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A record whose `created` lies beyond what a clock can show (1e20) is damage: show
-    says it cannot be read in one line (status 2, no traceback) and verify reports it."""
+    """A record whose `created` lies beyond what a clock can show (1e20), or that is not
+    a record at all, is damage: show says it cannot be read in one line (status 1, as for a
+    damaged blob; no traceback), how to move it aside, and verify reports it."""
     store = _store(tmp_path)
     path = store.answer_path(KEY)
     path.write_text(path.read_text().replace('"created":', '"created":1e20,"was":'))
     where = str(store.root)
-    assert main(["store", "show", KEY, "--store", where]) == 2
+    assert main(["store", "show", KEY, "--store", where]) == 1
     err = capsys.readouterr().err
     assert "cannot be read" in err and len(err.strip().splitlines()) == 1
+    assert "DAMAGED" in err and "verify --quarantine" in err
+    path.write_text("garbage{")
+    assert main(["store", "show", KEY, "--store", where]) == 1
+    assert "DAMAGED" in capsys.readouterr().err
     assert main(["store", "verify", "--store", where]) == 1
     assert f"DAMAGED answers/{KEY[7:9]}/{KEY[7:]}" in capsys.readouterr().out
 
