@@ -2259,6 +2259,65 @@ def test_a_class_value_set_to_an_equal_value_of_another_type_is_seen_by_a_graph_
     assert graph.record.outcome["h"] == "ran"
 
 
+class HoldsScaleWithin(Node):
+    """Scales by the number held in what its class holds: a set, a tuple or a frozenset,
+    or one of these in a dict or a list."""
+
+    held: Any = None
+
+    def forward(self, x: int, ctx: Any) -> Any:
+        held = self.held
+        if isinstance(held, dict):
+            held = held["k"]
+        elif isinstance(held, list):
+            held = held[0]
+        return x * next(iter(held))
+
+
+def _swap_in_set(table: Any, was: Any, now: Any) -> None:
+    table.discard(was)
+    table.add(now)
+
+
+@pytest.mark.parametrize(
+    ("make", "swap"),
+    [
+        pytest.param(lambda k: {k}, lambda t, w, n: _swap_in_set(t, w, n), id="set"),
+        pytest.param(
+            lambda k: {"k": (k,)}, lambda t, w, n: t.__setitem__("k", (n,)), id="tuple-in-dict"
+        ),
+        pytest.param(
+            lambda k: [frozenset({k})],
+            lambda t, w, n: t.__setitem__(0, frozenset({n})),
+            id="frozenset-in-list",
+        ),
+    ],
+)
+@pytest.mark.parametrize(("was", "now"), [(2, 2.0), (0.0, -0.0)])
+def test_an_item_swapped_for_an_equal_one_of_another_type_is_seen_by_a_graph_built_before(
+    make: Callable[[Any], Any],
+    swap: Callable[[Any, Any, Any], None],
+    was: Any,
+    now: Any,
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A number a set a class holds holds swapped in place for one equal to it but of
+    another type or sign (``{2}`` to ``{2.0}``), or a tuple or frozenset a table holds set
+    to one of such a number, is other code at the next forward of a graph built before:
+    strict=True computes with what it holds now, and recalls that after."""
+    monkeypatch.setattr(HoldsScaleWithin, "held", make(was))
+    graph = Graph.somatize(HoldsScaleWithin().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", was)[1:] == ["recalled", "recalled"]
+    swap(HoldsScaleWithin.held, was, now)
+    ran = []
+    for _ in range(2):
+        assert repr(graph.forward(1, store=store, strict=True)) == repr(now)
+        assert graph.record is not None
+        ran.append(graph.record.outcome["h"])
+    assert ran == ["ran", "recalled"]
+
+
 class _Cache(_Counting):
     """Counts its calls on itself, and scales by what a large table it holds says."""
 

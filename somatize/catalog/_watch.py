@@ -305,15 +305,18 @@ def _copied(live: Any) -> Any:
         return _exact_items(live)  # `Params(dict)`'s as a dict
     if kind is list or _items_base(kind) is list:
         return list(map(_exact, list(live)))
-    return (_items_base(kind) or kind)(live)
+    base = _items_base(kind) or kind
+    if (base is set or base is frozenset) and not all(type(item) in _TEXTS for item in live):
+        return _ExactSet(live)
+    return base(live)
 
 
 class _Exact:
-    """A number a watch copied (:func:`_copied`), equal to what is read in its place only
-    where that is the same number of the same type: ``==`` alone takes ``2.0`` for ``2``,
-    ``True`` for ``1`` and ``-0.0`` for ``0.0``, which code computes otherwise with. Only
-    a number is copied so, each costing a call at every look; it is told unchanged at
-    once where it is the very number copied."""
+    """A number a watch copied (:func:`_copied`), or a tuple or frozenset of them, equal to
+    what is read in its place only where that is the same number of the same type: ``==``
+    alone takes ``2.0`` for ``2``, ``True`` for ``1`` and ``-0.0`` for ``0.0``, which code
+    computes otherwise with. Only these are copied so, each costing a call at every look;
+    one is told unchanged at once where it is the very value copied."""
 
     __slots__ = ("held",)
 
@@ -327,10 +330,40 @@ class _Exact:
     __hash__ = None  # type: ignore[assignment]
 
 
+class _ExactSet:
+    """A set a watch copied (:func:`_copied`), holding more than text: equal to what is read
+    in its place only where that holds the same items, each said alike (``{2}`` is not
+    ``{2.0}``, nor ``{0.0}`` ``{-0.0}``), as a set's ``==`` does not tell. Each look
+    costs a reading of its items."""
+
+    __slots__ = ("items", "said")
+
+    def __init__(self, held: Any) -> None:
+        self.items = set(held)
+        self.said = sorted(map(repr, self.items))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, (set, frozenset))
+            and other == self.items
+            and sorted(map(repr, other)) == self.said
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+_TEXTS = frozenset({str, bytes})
+"""The items a set a watch copies may hold and be copied as a set (:func:`_copied`): ``==``
+takes no other for one of them."""
+
+
 def _exact(value: Any) -> Any:
-    """``value``, or an :class:`_Exact` of it where it is a number."""
+    """``value``, or an :class:`_Exact` of it where it is a number, or a tuple or frozenset
+    holding more than text (``(2,)`` is not ``(2.0,)``)."""
     kind = type(value)
     if kind in _NUMBERS or (kind not in _NOT_NUMBERS and isinstance(value, numbers.Number)):
+        return _Exact(value)
+    if (kind is tuple or kind is frozenset) and not all(type(item) in _TEXTS for item in value):
         return _Exact(value)
     return value
 
@@ -338,7 +371,7 @@ def _exact(value: Any) -> Any:
 _NUMBERS = frozenset({int, float, complex, bool})
 
 
-_NOT_NUMBERS = frozenset({str, bytes, type(None), FunctionType, tuple, type})
+_NOT_NUMBERS = frozenset({str, bytes, type(None), FunctionType, type})
 """What :func:`_exact` tells is no number without asking :class:`numbers.Number`."""
 
 
