@@ -2318,6 +2318,109 @@ def test_an_item_swapped_for_an_equal_one_of_another_type_is_seen_by_a_graph_bui
     assert ran == ["ran", "recalled"]
 
 
+_MADE_FROM_VALUES = """
+import collections
+import enum
+from somatize import Node
+
+class Mode(str):
+    def factor(self):
+        return 2
+
+class Width(int):
+    def factor(self):
+        return 2
+
+class Dims(tuple):
+    def factor(self):
+        return 2
+
+class Tags(frozenset):
+    def factor(self):
+        return 2
+
+class Pair(collections.namedtuple("Pair", "a b")):
+    __slots__ = ()
+
+    def factor(self):
+        return 2
+
+class Level(enum.IntEnum):
+    LOW = 1
+
+    def factor(self):
+        return 2
+
+HELD = MADE
+
+class Holds(Node):
+    held = MADE
+
+    def forward(self, x, ctx):
+        return x * self.held.factor()
+
+class Reads(Node):
+    def forward(self, x, ctx):
+        return x * HELD.factor()
+"""
+
+
+@pytest.mark.parametrize(
+    "made",
+    ['Mode("a")', "Width(3)", "Dims((2, 3))", 'Tags({"a"})', "Pair(1, 2)", "Level.LOW"],
+)
+def test_a_value_of_a_subclass_of_a_plain_class_is_named_with_its_code(
+    made: str, tmp_path: Path
+) -> None:
+    """A value of a class made from a string, a number, a tuple or a frozenset (``class
+    Mode(str)``, a named tuple, an ``IntEnum``) that a class or its module holds is named
+    with its class's code: one fingerprint in every process running that code, and another
+    once a method of its class reads otherwise."""
+    text = _MADE_FROM_VALUES.replace("MADE", made)
+    (tmp_path / "same").mkdir()
+    (tmp_path / "other").mkdir()
+    _package(tmp_path / "same", "valued", nodes=text)
+    _package(tmp_path / "other", "valued", nodes=text.replace("return 2", "return 3"))
+    first = _fingerprints_in(tmp_path / "same", "valued.nodes", "Holds", "Reads")
+    assert _fingerprints_in(tmp_path / "same", "valued.nodes", "Holds", "Reads") == first
+    other = _fingerprints_in(tmp_path / "other", "valued.nodes", "Holds", "Reads")
+    assert [a != b for a, b in zip(first, other, strict=True)] == [True, True]
+
+
+class _Mode(str):
+    """A string with a method its node reads."""
+
+    def factor(self) -> int:
+        return 2
+
+
+class HoldsMode(Node):
+    """Scales by what the string its class holds says, and what it is given besides."""
+
+    mode: Any = _Mode("a")
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * self.mode.factor() * getattr(self.mode, "extra", 1)
+
+
+def test_a_value_of_a_subclass_of_a_plain_class_changed_is_seen_by_a_graph_built_before(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A string of a class of the node's own that a class holds is seen changed at the next
+    forward of a graph built before, its class given another method or it given an
+    attribute: strict=True computes with what it is now; and a graph built after recalls
+    that."""
+    monkeypatch.setattr(HoldsMode, "mode", _Mode("a"))
+    graph = Graph.somatize(HoldsMode().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    monkeypatch.setattr(_Mode, "factor", lambda self: 3)
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+    HoldsMode.mode.extra = 5
+    assert _three_forwards(graph, store, "h", 15) == ["ran", "recalled", "recalled"]
+    again = Graph.somatize(HoldsMode().named("h").frozen().cached())
+    assert _three_forwards(again, store, "h", 15) == ["recalled"] * 3
+
+
 class _Cache(_Counting):
     """Counts its calls on itself, and scales by what a large table it holds says."""
 

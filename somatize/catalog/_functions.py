@@ -310,5 +310,9 @@ def _value_bytes(value: Any) -> bytes:
     library = _library_bytes(value)
     if library is not None:
         return b"library " + library
+    if isinstance(value, (tuple, frozenset)):  # `(Mode("a"),)`: by what it holds
+        held = _contained_bytes(value)
+        if held is not None:
+            return held
     kind = type(value)
     return f"a {kind.__module__}:{kind.__qualname__}".encode()

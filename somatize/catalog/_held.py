@@ -61,6 +61,7 @@ from somatize.catalog._members import (
     _Slots,
     _slots_of,
     _somatize_own,
+    _value_base,
 )
 from somatize.catalog._rebuild import identity_of
 
@@ -249,8 +250,10 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     dict, list and set read of it (its attributes among them) and the namespaces of its
     classes, for a graph's watch to see such a change at the next forward."""
     forget = functools.partial(_forget_named, id(value))
-    if type(value) in _CONTAINERS or _slots_of(type(value)):
-        reference = _reference(value, forget)  # a table, an object with slots: kept alive
+    kind = type(value)
+    if kind in _CONTAINERS or _slots_of(kind) or _value_base(kind):
+        # a table, an object with slots or made from a tuple or a number: kept alive
+        reference = _reference(value, forget)
     else:  # where it cannot be referenced weakly, to be named
         try:
             reference = weakref.ref(value, forget)
@@ -361,7 +364,7 @@ def _plain_state(value: Any) -> tuple[Any, ...] | None:
         or _library_bytes(value) is not None
     ):
         return None
-    if _slots_of(kind) or _items_base(kind) is not None:  # more than its `__dict__` holds
+    if _slots_of(kind) or _items_base(kind) or _value_base(kind):  # more than its `__dict__`
         return None
     try:
         attributes = object.__getattribute__(value, "__dict__")
@@ -724,8 +727,9 @@ class _Walk:
 
     def held_in_place(self, value: Any, depth: int) -> list[bytes]:
         """What ``value`` holds but in its ``__dict__`` (seen for a watch): what each of its
-        slots holds, by the slot's name, then, an object of a subclass of dict, list or set
-        (:data:`_ITEMS_BASES`), its items as such a table's."""
+        slots holds, by the slot's name, then, an object of a subclass of a number, a string,
+        bytes, a tuple or a frozenset, what it is as one (:data:`_AS_MADE`), or of a subclass
+        of dict, list or set (:data:`_ITEMS_BASES`), its items as such a table's."""
         parts = []
         slots = _slots_of(type(value))
         if slots:
@@ -734,6 +738,9 @@ class _Walk:
             for slot, held in zip(slots, live.values(), strict=True):
                 said = b"empty" if held is _EMPTY else self.name(held, depth)
                 parts.append(b"slot " + slot.__name__.encode() + b"\0" + said)
+        made = _value_base(type(value))
+        if made is not None:  # `class Mode(str)`: what it is as that
+            parts.append(_joined(b"value", [self.name(_AS_MADE[made](value), depth)]))
         base = _items_base(type(value))
         if base is not None:
             self.see(value)
@@ -841,7 +848,7 @@ def _dataclass_equal(kind: type) -> bool:
 
 
 def _read_in_python(kind: type) -> bool:
-    base = _items_base(kind)
+    base = _items_base(kind) or _value_base(kind)
     equals: Any = kind.__eq__
     said = equals is object.__eq__ or _dataclass_equal(kind) or (base and equals is base.__eq__)
     if not said or kind.__mro__[-1] is not object:
@@ -849,7 +856,9 @@ def _read_in_python(kind: type) -> bool:
     for above in kind.__mro__[:-1]:
         if above is base:  # its items read as such a table's (:meth:`_Walk.held_in_place`)
             continue
-        if not above.__flags__ & _HEAPTYPE or above.__itemsize__:
+        if not above.__flags__ & _HEAPTYPE or above.__itemsize__ != getattr(
+            base, "__itemsize__", 0
+        ):
             return False
         space = vars(above)
         declared = set(_slots(space.get("__slots__", ()))) - {"__dict__", "__weakref__"}
@@ -872,6 +881,20 @@ def _slots(declared: Any) -> tuple[str, ...]:
 _ITEMS_BASES = (dict, list, set)
 """The classes written in C a class read in Python may be made from: what an object of it
 holds as a dict, list or set is read as such a table (:meth:`_Walk.held_in_place`)."""
+
+
+_AS_MADE: dict[type, Any] = {
+    int: int.__int__,
+    float: float.__float__,
+    complex: complex.__complex__,  # type: ignore[attr-defined]
+    str: str.__str__,
+    bytes: bytes.__bytes__,  # type: ignore[attr-defined]
+    tuple: lambda value: tuple(tuple.__iter__(value)),
+    frozenset: lambda value: frozenset(frozenset.__iter__(value)),
+}
+"""Each class of :data:`~somatize.catalog._members._VALUE_BASES` → what gives an object of a
+subclass of it as an object of that very class, by that class's own code (not the
+subclass's ``__str__`` or ``__iter__``)."""
 
 
 def _items_base(kind: type) -> type | None:

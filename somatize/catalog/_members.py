@@ -90,15 +90,31 @@ def _dunder(name: str) -> bool:
 
 def _plain(value: Any) -> bool:
     """Whether ``value`` is a plain constant: None, a number, a string, bytes, or a tuple
-    or frozenset of them."""
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
-        return True
+    or frozenset of them, each of those very types or of a class of the library's
+    (``re.IGNORECASE``) — not of a class of the node's own (``class Mode(str)``, a named
+    tuple), whose code is named with it (:func:`_held_bytes`)."""
+    kind = type(value)
+    exact = kind in _PLAIN_TYPES or kind is tuple or kind is frozenset
+    if not exact and (not isinstance(value, _VALUE_BASES) or not _left_out(kind)):
+        return False
     if isinstance(value, (tuple, frozenset)):
         return all(_plain(member) for member in value)
-    return False
+    return True
 
 
 _PLAIN_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+_VALUE_BASES = (int, float, complex, str, bytes, tuple, frozenset)
+"""The classes of plain constants a class may be made from (``class Mode(str)``)."""
+
+
+def _value_base(kind: type) -> type | None:
+    """The class of :data:`_VALUE_BASES` ``kind`` is made from, where it is a subclass of
+    it; else None."""
+    if kind in _PLAIN_TYPES or kind is tuple or kind is frozenset:
+        return None
+    return next((base for base in _VALUE_BASES if issubclass(kind, base)), None)
 
 
 def _exactly_plain(value: Any) -> bool:

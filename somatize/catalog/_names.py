@@ -51,6 +51,7 @@ from somatize.catalog._members import (
     _same_package,
     _somatize_own,
     _table,
+    _value_base,
 )
 
 Looked = tuple[tuple["weakref.ref[Any]", str, Any], ...]
@@ -405,6 +406,10 @@ def _class_code(kind: type) -> bytes:
                 pieces.append(f"{above.__qualname__}.{name}".encode() + _function_bytes(function))
             if not _dunder(name) and _plain(member):
                 pieces.append(f"{above.__qualname__}.{name}=".encode() + _constant_bytes(member))
+            elif not _dunder(name) and _value_base(type(member)) and type(member) is not above:
+                # `mode = Mode("a")`: by its class's code and what it is
+                said = _held_bytes(member) or _token_of(member)
+                pieces.append(f"{above.__qualname__}.{name}=".encode() + said)
             elif isinstance(member, enum.Enum) and type(member) is above:  # a member's value
                 value = _member_value(above, name, member)
                 pieces.append(f"{above.__qualname__}.{name}=".encode() + value)
