@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import collections
 import copy
 import dataclasses
@@ -2419,6 +2420,108 @@ def test_a_value_of_a_subclass_of_a_plain_class_changed_is_seen_by_a_graph_built
     assert _three_forwards(graph, store, "h", 15) == ["ran", "recalled", "recalled"]
     again = Graph.somatize(HoldsMode().named("h").frozen().cached())
     assert _three_forwards(again, store, "h", 15) == ["recalled"] * 3
+
+
+def _read_k(held: Any) -> Any:
+    """The number ``k`` of what a node holds: an attribute, an item by that key, or the
+    first item."""
+    if isinstance(held, (types.SimpleNamespace, collections.abc.Mapping)):
+        return held.k if isinstance(held, types.SimpleNamespace) else held["k"]
+    return held[0]
+
+
+class HoldsLibraryTable(Node):
+    """Scales by the number ``k`` a namespace, a deque, an array or a view of a dict its
+    class holds says."""
+
+    held: Any = None
+
+    def forward(self, x: int, ctx: Any) -> Any:
+        return x * _read_k(self.held)
+
+
+_DICT_VIEWED: dict[str, Any] = {}
+
+
+_LIBRARY_TABLES = [
+    pytest.param(
+        lambda k: types.SimpleNamespace(k=k), lambda t, k: setattr(t, "k", k), id="namespace"
+    ),
+    pytest.param(lambda k: collections.deque([k]), lambda t, k: t.__setitem__(0, k), id="deque"),
+    pytest.param(
+        lambda k: collections.Counter(k=k), lambda t, k: t.__setitem__("k", k), id="counter"
+    ),
+    pytest.param(
+        lambda k: collections.defaultdict(int, k=k),
+        lambda t, k: t.__setitem__("k", k),
+        id="defaultdict",
+    ),
+    pytest.param(lambda k: array.array("d", [k]), lambda t, k: t.__setitem__(0, k), id="array"),
+    pytest.param(
+        lambda k: types.MappingProxyType(_DICT_VIEWED.setdefault("k", {"k": k})),
+        lambda t, k: _DICT_VIEWED["k"].__setitem__("k", k),
+        id="mappingproxy",
+    ),
+]
+
+
+@pytest.mark.parametrize(("make", "edit"), _LIBRARY_TABLES)
+def test_a_table_of_the_standard_library_a_class_holds_changed_in_place_is_seen(
+    make: Callable[[Any], Any],
+    edit: Callable[[Any, Any], None],
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``SimpleNamespace``, a ``deque``, a ``Counter``, a ``defaultdict``, an ``array`` or a
+    ``MappingProxyType`` a class holds, changed in place between forwards, is other code at
+    the next forward of a graph built before: strict=True computes with what it holds now;
+    it is named by what it holds, so a graph built after recalls that, and one holding
+    another value has another fingerprint."""
+    _DICT_VIEWED.clear()
+    monkeypatch.setattr(HoldsLibraryTable, "held", make(2.0))
+    two = fingerprint_of(HoldsLibraryTable)
+    graph = Graph.somatize(HoldsLibraryTable().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2.0) == ["ran", "recalled", "recalled"]
+    edit(HoldsLibraryTable.held, 3.0)
+    assert _three_forwards(graph, store, "h", 3.0) == ["ran", "recalled", "recalled"]
+    again = Graph.somatize(HoldsLibraryTable().named("h").frozen().cached())
+    assert _three_forwards(again, store, "h", 3.0) == ["recalled"] * 3
+    _DICT_VIEWED.clear()
+    monkeypatch.setattr(HoldsLibraryTable, "held", make(2.0))
+    assert fingerprint_of(HoldsLibraryTable) == two
+    _DICT_VIEWED.clear()
+    monkeypatch.setattr(HoldsLibraryTable, "held", make(4.0))
+    assert fingerprint_of(HoldsLibraryTable) != two
+
+
+_SETTINGS = types.SimpleNamespace(k=2)
+
+
+_QUEUE = collections.deque([2])
+
+
+class ReadsLibraryTables(Node):
+    """Scales by what a namespace and a deque of its module hold."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * _SETTINGS.k * _QUEUE[0]
+
+
+def test_a_table_of_the_standard_library_its_module_holds_changed_in_place_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``SimpleNamespace`` or a ``deque`` a node's module holds, changed in place between
+    forwards, is other code at the next forward of a graph built before: strict=True
+    computes with what it holds now."""
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "_SETTINGS", types.SimpleNamespace(k=2))
+    monkeypatch.setattr(module, "_QUEUE", collections.deque([2]))
+    graph = Graph.somatize(ReadsLibraryTables().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 4) == ["ran", "recalled", "recalled"]
+    _SETTINGS.k = 3
+    assert _three_forwards(graph, store, "h", 6) == ["ran", "recalled", "recalled"]
+    _QUEUE[0] = 5
+    assert _three_forwards(graph, store, "h", 15) == ["ran", "recalled", "recalled"]
 
 
 class _Cache(_Counting):

@@ -43,6 +43,7 @@ from somatize.catalog._functions import (
     _table_now,
 )
 from somatize.catalog._held import (
+    _HOLDERS,
     _contained_bytes,
     _held_bytes,
     _named_state,
@@ -236,7 +237,7 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
         # that is (`type(self)._model = load()`): named below as its text assigns it
         ours = held or _dunder(name) or _plain(member) or name in state
         opaque = None if ours else _opaque_bytes(member)
-        library = _left_out(type(member)) and not callable(member)
+        library = _left_out(type(member)) and not callable(member) and type(member) not in _HOLDERS
         if opaque is not None and library and not opaque.startswith(b"tensor "):
             # the library's value (`pattern = re.compile("a")`, `root = Path(...)`): as the
             # text makes it, where it does, the same wherever the code is — not a tensor,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import argparse
+import array
 import collections
 import datetime
 import decimal
@@ -144,7 +145,7 @@ def _read_object(member: Any) -> bool:
         named = isinstance(member, enum.Enum) or _named_tuple(kind) or _somatize_own(kind)
         # not one whose code sets what it holds as it runs (`Scaler().fit(x)`): not seen
         return named or (_readable(kind) and not _moves_itself(kind))
-    return _library_bytes(member) is not None
+    return _library_bytes(member) is not None or kind in _HOLDERS
 
 
 def _array(value: Any) -> bool:
@@ -251,8 +252,9 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     classes, for a graph's watch to see such a change at the next forward."""
     forget = functools.partial(_forget_named, id(value))
     kind = type(value)
-    if kind in _CONTAINERS or _slots_of(kind) or _value_base(kind):
-        # a table, an object with slots or made from a tuple or a number: kept alive
+    if kind in _CONTAINERS or kind in _HOLDERS or _slots_of(kind) or _value_base(kind):
+        # a table, a namespace, an object with slots or made from a tuple or a number: kept
+        # alive
         reference = _reference(value, forget)
     else:  # where it cannot be referenced weakly, to be named
         try:
@@ -450,6 +452,12 @@ def _named_tuple(kind: type) -> bool:
 _NAMESPACES = frozenset({types.SimpleNamespace, argparse.Namespace})
 """The standard library's namespaces of settings, named by what they hold
 (:meth:`_Walk.name`), as an object of a class of the node's is."""
+
+
+_HOLDERS = _NAMESPACES | _SEQUENCES | {types.MappingProxyType, array.array}
+"""The standard library's objects that hold values a node's code reads and may be changed
+in place, named by what they hold (:meth:`_Walk.name`) and seen by a watch — a class
+holding one is named by it, not by the text that made it."""
 
 
 _BY_REPR = frozenset(
@@ -696,6 +704,13 @@ class _Walk:
             spaced = self.attributes(value)
             pairs = [a.encode() + b"\0" + self.name(spaced[a], deeper) for a in sorted(spaced)]
             return _joined(f"namespace {kind.__module__}:{kind.__qualname__}".encode(), pairs)
+        if kind is types.MappingProxyType:  # a view of a dict: by its items, and seen
+            self.see(value)
+            items = [self.name(k, deeper) + self.name(v, deeper) for k, v in value.items()]
+            return _joined(b"mappingproxy", items)
+        if kind is array.array:  # by its values, and seen
+            self.see(value)
+            return b"array " + _constant_bytes((value.typecode, value.tobytes()))
         if kind in _SEQUENCES:  # a count or a queue of values: by its items, and seen
             self.see(value)
             items = (

@@ -35,7 +35,7 @@ from somatize.catalog._code import (
     _written_at,
 )
 from somatize.catalog._functions import _bound_in, _function_bytes, _made_of
-from somatize.catalog._held import _contained_bytes, _held_bytes, _library_bytes
+from somatize.catalog._held import _HOLDERS, _contained_bytes, _held_bytes, _library_bytes
 from somatize.catalog._marked import _marked, _plain_table
 from somatize.catalog._marks import _token_of, _version_of
 from somatize.catalog._members import (
@@ -217,7 +217,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     if id(method) not in seen:
                         seen.add(id(method))
                         queue.append(method)
-            elif _helper_object(value, module):
+            elif _helper_object(value, module) or type(value) in _HOLDERS:
                 # an object of a helper class (`SCALER = Scaler(2)`): by its class's code and
                 # what it holds where that is named so, else by its mark, as one a class holds;
                 # one of somatize's own (a codec) by its class's code, the same in every

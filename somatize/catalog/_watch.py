@@ -10,6 +10,7 @@ What a node's own forward changes in an object it holds is its state, not a chan
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import itertools
@@ -290,7 +291,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
 
 
 def _copied(live: Any) -> Any:
-    """A copy of a dict, list or set, or of a class's namespace (a mappingproxy), as a dict;
+    """A copy of a dict, list, set, deque or array, or of a mappingproxy (a class's
+    namespace) as a dict;
     of an object's slots (:class:`_Slots`) or of names of modules (:class:`_Looked`), a list
     of what they hold. Each number a dict, a list, slots or cells hold is copied as an
     :class:`_Exact`, equal only to that number of that type."""
@@ -305,6 +307,10 @@ def _copied(live: Any) -> Any:
         return _exact_items(live)  # `Params(dict)`'s as a dict
     if kind is list or _items_base(kind) is list:
         return list(map(_exact, list(live)))
+    if kind is collections.deque:
+        return collections.deque(map(_exact, list(live)), live.maxlen)
+    if kind is array.array:
+        return array.array(live.typecode, live)
     base = _items_base(kind) or kind
     if (base is set or base is frozenset) and not all(type(item) in _TEXTS for item in live):
         return _ExactSet(live)
