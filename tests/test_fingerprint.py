@@ -2328,6 +2328,15 @@ class Mode(str):
     def factor(self):
         return 2
 
+class Caseless(str):
+    def __eq__(self, other):
+        return str.lower(self) == str.lower(other)
+
+    __hash__ = str.__hash__
+
+    def factor(self):
+        return 2
+
 class Width(int):
     def factor(self):
         return 2
@@ -2368,15 +2377,23 @@ class Reads(Node):
 
 @pytest.mark.parametrize(
     "made",
-    ['Mode("a")', "Width(3)", "Dims((2, 3))", 'Tags({"a"})', "Pair(1, 2)", "Level.LOW"],
+    [
+        'Mode("a")',
+        'Caseless("a")',
+        "Width(3)",
+        "Dims((2, 3))",
+        'Tags({"a"})',
+        "Pair(1, 2)",
+        "Level.LOW",
+    ],
 )
 def test_a_value_of_a_subclass_of_a_plain_class_is_named_with_its_code(
     made: str, tmp_path: Path
 ) -> None:
     """A value of a class made from a string, a number, a tuple or a frozenset (``class
-    Mode(str)``, a named tuple, an ``IntEnum``) that a class or its module holds is named
-    with its class's code: one fingerprint in every process running that code, and another
-    once a method of its class reads otherwise."""
+    Mode(str)``, one saying when it equals another, a named tuple, an ``IntEnum``) that a
+    class or its module holds is named with its class's code: one fingerprint in every
+    process running that code, and another once a method of its class reads otherwise."""
     text = _MADE_FROM_VALUES.replace("MADE", made)
     (tmp_path / "same").mkdir()
     (tmp_path / "other").mkdir()

@@ -141,6 +141,8 @@ def _read_object(member: Any) -> bool:
     if _array(member):  # an array, a tensor: by its values
         return True
     kind = type(member)
+    if _value_base(kind):  # `class Mode(str)`: named, else marked, never left unseen
+        return True
     if not _left_out(kind):  # one no name may say (of a class in C, with `__eq__`): not seen
         named = isinstance(member, enum.Enum) or _named_tuple(kind) or _somatize_own(kind)
         # not one whose code sets what it holds as it runs (`Scaler().fit(x)`): not seen
@@ -863,9 +865,11 @@ def _dataclass_equal(kind: type) -> bool:
 
 
 def _read_in_python(kind: type) -> bool:
-    base = _items_base(kind) or _value_base(kind)
+    made = _value_base(kind)  # what it is as a string or a number no `__eq__` changes
+    base = _items_base(kind) or made
     equals: Any = kind.__eq__
     said = equals is object.__eq__ or _dataclass_equal(kind) or (base and equals is base.__eq__)
+    said = said or made is not None
     if not said or kind.__mro__[-1] is not object:
         return False
     for above in kind.__mro__[:-1]:
@@ -878,8 +882,8 @@ def _read_in_python(kind: type) -> bool:
         space = vars(above)
         declared = set(_slots(space.get("__slots__", ()))) - {"__dict__", "__weakref__"}
         for name, member in list(space.items()):
-            if isinstance(member, _C_MEMBERS):
-                return False
+            if isinstance(member, _C_MEMBERS) and getattr(made, name, None) is not member:
+                return False  # but its base's own (`__hash__ = str.__hash__`)
             if isinstance(member, GetSetDescriptorType) and name not in ("__dict__", "__weakref__"):
                 return False
             if name == "__dict__" and not isinstance(member, GetSetDescriptorType):
