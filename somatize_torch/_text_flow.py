@@ -123,10 +123,14 @@ call it, the value's place among the call's arguments, how many those are, its k
 names of those given by keyword (the last ones), the local each argument was loaded from,
 and where it is made."""
 
-_Found = tuple[str, Any, list[_Handed], frozenset[str]]
+_Filled = frozenset[tuple[str, str]]
+"""Locals (or parameters) holding a list, tuple or dict followed values are put into, each
+with what it is followed as once they are (holding text, or keyed by it)."""
+
+_Found = tuple[str, Any, list[_Handed], _Filled]
 """What :func:`_follow` finds: where the value goes (where asked, the code and the
 instruction that asks it), the calls it is handed to, and the parameters whose list,
-tuple or dict it is put into (`names.append(...)`)."""
+tuple or dict it is put into (`names.append(...)`), with what each is followed as."""
 
 
 _POPS: dict[tuple[str, int], int | None] = {}
@@ -281,17 +285,18 @@ def _follow(
     start: int,
     kind: str,
     entry: str | None = None,
-    holding: tuple[str, ...] = (),
+    holding: _Filled = frozenset(),
 ) -> _Found:
     """Where the value made by the instruction of ``code`` at ``start`` (of ``kind``), or
     handed to it as its argument ``entry``, or the locals ``holding`` hold from the call at
-    ``start`` on (a list a call put text into), goes: ("asked", the code and instruction
-    that ask it), ("returned", the kind returned), or ("let", None); with the calls it is
-    handed to, which may be the model's, and the parameters it is put into."""
+    ``start`` on (a list a call put text or pairs keyed by it into, each with its kind),
+    goes: ("asked", the code and instruction that ask it), ("returned", the kind
+    returned), or ("let", None); with the calls it is handed to, which may be the model's,
+    and the parameters it is put into, each with what it is followed as then."""
     steps, place = _steps(code)
     handed: list[_Handed] = []
     parameters = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
-    filled: set[str] = set()
+    filled: dict[str, str] = {}
     if entry is not None:
         start = -1
     elif start not in place:
@@ -344,7 +349,7 @@ def _follow(
                 keywords = kw_names if name == "CALL" else ()
                 verdict = _taken(one, name, popped, kinds, keywords)
                 if verdict == "asked":
-                    return "asked", (code, one), handed, frozenset(filled)
+                    return "asked", (code, one), handed, frozenset(filled.items())
                 if verdict == "returned":
                     returned = next((k for k in (_TEXT, _KEYED) if k in kinds), _HOLDER)
                     break
@@ -354,7 +359,7 @@ def _follow(
                     _, into, put = verdict
                     locals_ = {**locals_, into: _held(locals_.get(into), put)}
                     if into.split(".")[0] in parameters:
-                        filled.add(into)
+                        filled[into] = _held(filled.get(into), locals_[into])
                 elif isinstance(verdict, tuple) and len(handed) < 16:
                     _, *called, loaded = verdict
                     handed.append((*called, keywords, loaded, ((code, one.offset),)))
@@ -366,7 +371,7 @@ def _follow(
             if inner is not None:
                 into = _comprehended(inner, popped[1].kind, locals_)
                 if into[0] == "asked":
-                    return "asked", into[1], handed, frozenset(filled)
+                    return "asked", into[1], handed, frozenset(filled.items())
                 made = into[1]
                 outward = ((code, one.offset),)
                 handed += [(*e[:-1], e[-1] + outward) for e in into[2][: max(0, 16 - len(handed))]]
@@ -374,7 +379,8 @@ def _follow(
                 if popped[-1].kind is not None:
                     locals_ = {**locals_, one.argval: popped[-1].kind}
                     if one.argval in parameters and _in_place(popped[-1].pusher):
-                        filled.add(one.argval)  # `names += [...]`: the list handed in
+                        # `names += [...]`: the list handed in
+                        filled[one.argval] = _held(filled.get(one.argval), popped[-1].kind)
                 elif one.argval in locals_:
                     locals_ = {k: v for k, v in locals_.items() if k != one.argval}
             if name == "STORE_ATTR" and popped[-1].local is not None:
@@ -396,7 +402,7 @@ def _follow(
             if local is not None and local in locals_ and name in _LOAD_LOCAL:
                 made = locals_[local]
             if at == first and holding:
-                locals_, began = {**locals_, **dict.fromkeys(holding, kind)}, True
+                locals_, began = {**locals_, **dict(holding)}, True
             elif at == first:
                 made, began = kind, True
             if name == "KW_NAMES":
@@ -428,8 +434,8 @@ def _follow(
                 break
             at += 1
     if returned is not None:
-        return "returned", returned, handed, frozenset(filled)
-    return "let", None, handed, frozenset(filled)
+        return "returned", returned, handed, frozenset(filled.items())
+    return "let", None, handed, frozenset(filled.items())
 
 
 def _holds_at(stack: list[_Slot], depth: int, kind: str) -> None:
@@ -614,7 +620,7 @@ def _read(
     start: int,
     kind: str,
     entry: str | None = None,
-    holding: tuple[str, ...] = (),
+    holding: _Filled = frozenset(),
 ) -> _Found:
     """:func:`_follow`, read once per place."""
     key = (id(code), start, kind, entry, holding)
@@ -745,7 +751,7 @@ def _handed_into(
         found = _read(code, -1, kind, parameter)
         if found[0] == "asked":
             return _where(*found[1])
-        for each in found[3]:  # put into a list handed to it: followed on from the call
+        for each, put in found[3]:  # put into a list handed to it: followed on from the call
             place = named.index(each) - before
             if each in keywords:
                 place = given + keywords.index(each)
@@ -754,7 +760,7 @@ def _handed_into(
             held = loaded[place]
             if held is None or len(places) > 1:
                 continue
-            into = _asked_after(frame, places[0][1], (held,), own, depth)
+            into = _asked_after(frame, places[0][1], frozenset({(held, put)}), own, depth)
             if into is not None:
                 return into
         if found[0] == "returned" and depth:  # handed back: followed on from the call
@@ -784,11 +790,11 @@ def _handed_back(
 
 
 def _asked_after(
-    frame: types.FrameType, offset: int, held: tuple[str, ...], own: Any, depth: int
+    frame: types.FrameType, offset: int, held: _Filled, own: Any, depth: int
 ) -> str | None:
     """Where ``frame``'s code asks something of the lists its locals ``held`` hold once the
-    call at ``offset`` has put text into them, or hands them to a function of the
-    model's that does."""
+    call at ``offset`` has put text (or pairs keyed by it) into them, or hands them to a
+    function of the model's that does."""
     found = _read(frame.f_code, offset, _HOLDER, None, held)
     if found[0] == "asked":
         return _where(*found[1])
@@ -796,29 +802,31 @@ def _asked_after(
         return None
     code = frame.f_code
     parameters = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
-    handed_on = frozenset(each for each in held if each.split(".")[0] in parameters)
+    handed_on = frozenset(each for each in held if each[0].split(".")[0] in parameters)
     return _handed_into(frame, found[2], own, depth - 1) or _filled_at(
         frame, handed_on | found[3], own, depth - 1
     )
 
 
-def _filled_at(
-    frame: types.FrameType, filled: frozenset[str], own: Any, depth: int = 8
-) -> str | None:
+def _filled_at(frame: types.FrameType, filled: _Filled, own: Any, depth: int = 8) -> str | None:
     """Where the model's code that called ``frame`` asks something of the lists it handed
-    ``frame``'s function as its parameters ``filled``, which that put text into: followed
+    ``frame``'s function as its parameters ``filled``, which that put text (or pairs keyed
+    by it) into: followed
     on in the caller from the call, by the locals there that hold the same list."""
     caller = frame.f_back
     if not filled or caller is None or not own(caller.f_code.co_filename):
         return None
-    held: set[str] = set()
-    for each in filled:
+    held: dict[str, str] = {}
+    for each, kind in filled:
         _, *names = each.split(".")
         found = _resolved(frame, each)
         for name, value in caller.f_locals.items():
             if found is not None and _resolved_off(value, names) is found:
-                held.add(".".join([name, *names]))
-    return _asked_after(caller, caller.f_lasti, tuple(sorted(held)), own, depth) if held else None
+                path = ".".join([name, *names])
+                held[path] = _held(held.get(path), kind)
+    if not held:
+        return None
+    return _asked_after(caller, caller.f_lasti, frozenset(held.items()), own, depth)
 
 
 def asked_at(frame: types.FrameType, own: Any) -> str | None:

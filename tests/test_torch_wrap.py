@@ -3807,6 +3807,22 @@ class ScalesByAGainADefaultDictKeysByItsDtype(OnTempered):
         return h * gains["torch.float64-k"]
 
 
+def _fill_pairs(pairs: list[tuple[str, float]], x: torch.Tensor) -> None:
+    """Puts a pair of the name of ``x``'s dtype, joined to a suffix, and a gain into
+    ``pairs``."""
+    pairs.append(("-".join([str(x.dtype), "k"]), 10.0))
+
+
+class ScalesByAGainMadeOfPairsAFunctionFills(OnTempered):
+    """The same, the pairs put into a list by a function of its own handed it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        pairs: list[tuple[str, float]] = []
+        _fill_pairs(pairs, x)
+        return h * dict(pairs).get("torch.float64-k", 1.0)
+
+
 class ScalesForItsDtypeCounted(OnTempered):
     """Scales by ten when a `Counter` of the names of its dtype counts float64's."""
 
@@ -3949,6 +3965,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             ScalesByAGainADefaultDictKeysByItsDtype,
             r"into text.*asked at .*`return h \* gains\[",
         ),
+        (
+            ScalesByAGainMadeOfPairsAFunctionFills,
+            r"into text.*asked at .*`return h \* dict\(pairs\)\.get",
+        ),
         (ScalesForItsDtypeCounted, r"into text.*asked at .*`counts = collections\.Counter\("),
         (ScalesForItsDtypeMatchedByARegex, r"into text.*asked at .*`return h \* 10 if re\.match"),
     ],
@@ -3996,6 +4016,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "a dict's key made of pairs a loop appends",
         "an ordered dict's key made of a pair",
         "a default dict's key made of a pair",
+        "a dict's key made of pairs a function appends",
         "counted",
         "matched by a module's function",
     ],
