@@ -662,9 +662,12 @@ def _where(code: types.CodeType, one: dis.Instruction) -> str:
     return f"{filename}:{line} (`{source}`)"
 
 
-def _function_called(frame: types.FrameType, name: str, by: _Slot) -> tuple[Any, int]:
-    """The Python function a call in ``frame`` of ``name``, loaded as ``by`` says, calls,
-    and how many arguments it is handed before the call's own (a method's ``self``);
+def _function_called(
+    frame: types.FrameType, name: str, by: _Slot, code: types.CodeType
+) -> tuple[Any, int]:
+    """The Python function a call in ``frame`` (made in ``code``, its own or a
+    comprehension's) of ``name``, loaded as ``by`` says, calls, and how many arguments it
+    is handed before the call's own (a method's ``self``, none for a module's function);
     (None, 0) where that is not told without running code."""
     one = by.pusher
     found: Any = None
@@ -674,8 +677,11 @@ def _function_called(frame: types.FrameType, name: str, by: _Slot) -> tuple[Any,
         found = frame.f_globals.get(name, vars(builtins).get(name))
     elif one.opname in _LOAD_LOCAL:
         found = frame.f_locals.get(name)
-    elif one.opname in ("LOAD_METHOD", "LOAD_ATTR") and by.local is not None:
-        owner = _resolved(frame, by.local)
+    elif one.opname in ("LOAD_METHOD", "LOAD_ATTR"):
+        # Off a local (`self.gains`), or a global (`helpers`, a module of the model's).
+        owner = (
+            _resolved(frame, by.local) if by.local is not None else _loaded_off(frame, code, one)
+        )
         if owner is None:
             return None, 0
         modules = getattr(owner, "__dict__", {}).get("_modules")
@@ -689,7 +695,7 @@ def _function_called(frame: types.FrameType, name: str, by: _Slot) -> tuple[Any,
             if isinstance(found, staticmethod):
                 return found.__func__, 0
             if isinstance(found, types.FunctionType) and not isinstance(owner, type):
-                return found, 1
+                return found, 0 if isinstance(owner, types.ModuleType) else 1
             return None, 0
     if isinstance(found, types.FunctionType):
         return found, 0
@@ -699,6 +705,15 @@ def _function_called(frame: types.FrameType, name: str, by: _Slot) -> tuple[Any,
     if callable(found) and isinstance(forward, types.FunctionType):
         return forward, 1  # a module of the model's, called: its forward
     return None, 0
+
+
+def _loaded_off(frame: types.FrameType, code: types.CodeType, one: dis.Instruction) -> Any:
+    """The object the attribute or method ``one`` of ``code`` is loaded off, where the
+    loads before it are a straight chain (`helpers.is_float64`): a module, say; None where
+    that is not told without running code."""
+    steps, place = _steps(code)
+    at = place.get(one.offset)
+    return _loaded(frame, steps, at - 1) if at else None
 
 
 def _resolved(frame: types.FrameType, path: str) -> Any:
@@ -734,7 +749,7 @@ def _handed_into(
     ``frame``'s code asks that, or hands it on to another that does, up to ``depth``
     calls."""
     for name, by, at, count, kind, keywords, loaded, places in handed:
-        function, before = _function_called(frame, name, by)
+        function, before = _function_called(frame, name, by, places[0][0])
         if function is None or not own(function.__code__.co_filename):
             continue
         code = function.__code__

@@ -43,6 +43,7 @@ from somatize import Drifted, Graph, NotSettled, Opaque, Store, Unsettled
 from somatize.codecs import CodecError
 from somatize.keys import node_key, node_prefix, root_key
 from somatize_torch._modes import in_torch
+from tests import wrap_helpers
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -3646,6 +3647,16 @@ class ScalesForItsDtypeItsMethodPicksInAComprehension(OnTempered):
         return h * 10 if [n for n in names if self._is_float64(n)] else h
 
 
+class ScalesForItsDtypeAFunctionOfAModulePicks(OnTempered):
+    """Scales by ten when a function of a module of its own (`wrap_helpers.is_float64`),
+    handed the name of its dtype, compares it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = _dtype_names(x)
+        return h * 10 if wrap_helpers.is_float64(names[0]) else h
+
+
 class ScalesForItsDtypeSuffixedInAGenerator(OnTempered):
     """The same, each name handed to a function of its own that makes more text of it,
     compared in a generator expression."""
@@ -3935,6 +3946,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             ScalesForItsDtypeItsMethodPicksInAComprehension,
             r"into text.*asked at .*`return name == \"torch\.float64-k\"`",
         ),
+        (
+            ScalesForItsDtypeAFunctionOfAModulePicks,
+            r"into text.*asked at .*wrap_helpers\.py.*`return name == \"torch\.float64-k\"`",
+        ),
         (ScalesForItsDtypeSuffixedInAGenerator, r"into text.*asked at .*any\(_suffixed\(n\) =="),
         (
             ScalesForItsDtypeSuffixedInAComprehension,
@@ -4001,6 +4016,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "read by a generator expression from the forward",
         "handed to a function in a generator expression",
         "handed to a method in a list comprehension",
+        "handed to a function of a module",
         "handed back in a generator expression",
         "handed back in a list comprehension",
         "upper-cased",
@@ -4110,6 +4126,14 @@ class HandsItsDtypeNamesToASubmoduleInAGenerator(OnTempered):
         return h * min(self.logs.gain_for(n) for n in _dtype_names(x))
 
 
+class HandsItsShapeToAFunctionOfAModule(OnTempered):
+    """Hands text naming its shape to a function of a module of its own
+    (`wrap_helpers.logged`), which only logs it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * wrap_helpers.logged(f"{x.shape}")
+
+
 @pytest.mark.parametrize(
     "kind",
     [
@@ -4117,20 +4141,22 @@ class HandsItsDtypeNamesToASubmoduleInAGenerator(OnTempered):
         NotesItsShapeThenReadsItsMode,
         HandsItsShapeToASubmodule,
         HandsItsDtypeNamesToASubmoduleInAGenerator,
+        HandsItsShapeToAFunctionOfAModule,
     ],
     ids=[
         "length of a list",
         "handed to an attribute's method",
         "a submodule's method",
         "a submodule's method in a generator expression",
+        "a module's function",
     ],
 )
 def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
     store: Store, kind: Callable[[], nn.Module]
 ) -> None:
     """Text made of a stand-in that the forward only gathers in a list it counts, hands to
-    an object it holds or to a submodule's method that logs it, is asked nothing: the
-    model is wrapped, and answers as it does."""
+    an object it holds or to a submodule's method or a module's function that logs it, is
+    asked nothing: the model is wrapped, and answers as it does."""
     _answers_as_the_model(kind, store)
 
 
