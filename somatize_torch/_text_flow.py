@@ -32,6 +32,10 @@ _TEXT, _HOLDER, _KEYED = "text", "holder", "keyed"
 text (which compares its keys with what it is looked up by) or what a dict is made of
 keyed so: a pair whose first is text, and a list, tuple or iterator of such pairs."""
 
+_TEXT_OR_PAIR = "text or pair"
+"""What an item read by place out of a pair keyed by text, or a list of such pairs, is:
+the text, or a pair keyed by it (`dict([pairs[0]])`), followed as each."""
+
 _MAKES_TEXT = frozenset(
     {"str", "repr", "ascii", "format", "format_map", "join", "__str__", "__repr__"}
     | {"__format__", "__add__", "__radd__", "__mod__", "__rmod__", "__mul__", "lower"}
@@ -344,6 +348,7 @@ def _follow(
             else:
                 popped = []
             made: str | None = None
+            either: str | None = None
             if any(slot.kind is not None for slot in popped):
                 kinds = {slot.kind for slot in popped if slot.kind is not None}
                 keywords = kw_names if name == "CALL" else ()
@@ -351,9 +356,13 @@ def _follow(
                 if verdict == "asked":
                     return "asked", (code, one), handed, frozenset(filled.items())
                 if verdict == "returned":
-                    returned = next((k for k in (_TEXT, _KEYED) if k in kinds), _HOLDER)
+                    # Text where any path returns it, which asks the most of it.
+                    back = next((k for k in (_TEXT, _KEYED) if k in kinds), _HOLDER)
+                    returned = _TEXT if returned == _TEXT else back
                     break
-                if verdict in (_TEXT, _HOLDER, _KEYED):
+                if verdict == _TEXT_OR_PAIR:
+                    made, either = _TEXT, _KEYED
+                elif verdict in (_TEXT, _HOLDER, _KEYED):
                     made = verdict
                 elif isinstance(verdict, tuple) and verdict[0] == "puts":
                     _, into, put = verdict
@@ -418,6 +427,9 @@ def _follow(
                     stack.extend([popped[0], slot])
                 else:
                     stack.extend([slot] * step.pushes)
+            if either is not None:
+                # Followed on as what else it may be too, on a path of its own.
+                paths.append((at + 1, [*stack[:-1], _Slot(either, one, local)], locals_, began))
             if step.jump is not None and step.jump > at and name not in _GOES:
                 # A branch, or a loop's way out: followed on both ways.
                 moved = step.moved
@@ -529,12 +541,14 @@ def _taken(
         return "asked"
     if name == "BINARY_SUBSCR":
         # Text looked up by, or read, item by item, or a dict keyed by it looked up; an
-        # item taken out of a list of texts is text, as one read by place out of a pair
-        # or list of pairs keyed by it, which asks none of its keys.
+        # item taken out of a list of texts is text, and one read by place out of a pair
+        # or list of pairs keyed by it the text or a pair, which asks none of its keys.
         looked_up = popped[-1].kind is not None or popped[0].kind == _TEXT
         index = popped[-1].pusher
         by_place = index is not None and index.opname == "LOAD_CONST" and type(index.argval) is int
-        return "asked" if looked_up or (popped[0].kind == _KEYED and not by_place) else _TEXT
+        if looked_up or (popped[0].kind == _KEYED and not by_place):
+            return "asked"
+        return _TEXT_OR_PAIR if popped[0].kind == _KEYED else _TEXT
     if name.startswith("BINARY_"):
         return _TEXT if text else _keyed_or_holder(popped)
     if name in ("LOAD_ATTR", "LOAD_METHOD"):

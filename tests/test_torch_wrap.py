@@ -3834,6 +3834,31 @@ class ScalesByAGainMadeOfPairsAFunctionFills(OnTempered):
         return h * dict(pairs).get("torch.float64-k", 1.0)
 
 
+class ScalesByAGainMadeOfAPairTakenByPlace(OnTempered):
+    """The same, the pair taken back out of a list of them by place (`pairs[0]`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        pairs = [("-".join([str(x.dtype), "k"]), 10.0)]
+        return h * dict([pairs[0]]).get("torch.float64-k", 1.0)
+
+
+def _first(pairs: list[tuple[str, float]]) -> tuple[str, float] | str:
+    """The first of ``pairs``."""
+    return pairs[0]
+
+
+class ScalesForItsDtypeReadOutOfPairsHandedBack(OnTempered):
+    """Scales by ten when what a function of its own hands back read by place out of a
+    list of pairs of the name of its dtype and a gain starts as float64's name."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        pairs = [("-".join([str(x.dtype), "k"]), 10.0)]
+        first = _first(pairs)
+        return h * 10 if isinstance(first, str) and first.startswith("torch.float64") else h
+
+
 class ScalesForItsDtypeCounted(OnTempered):
     """Scales by ten when a `Counter` of the names of its dtype counts float64's."""
 
@@ -3984,6 +4009,14 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             ScalesByAGainMadeOfPairsAFunctionFills,
             r"into text.*asked at .*`return h \* dict\(pairs\)\.get",
         ),
+        (
+            ScalesByAGainMadeOfAPairTakenByPlace,
+            r"into text.*asked at .*`return h \* dict\(\[pairs\[0\]\]\)\.get",
+        ),
+        (
+            ScalesForItsDtypeReadOutOfPairsHandedBack,
+            r"into text.*asked at .*`return h \* 10 if isinstance\(first, str\) and first\.st",
+        ),
         (ScalesForItsDtypeCounted, r"into text.*asked at .*`counts = collections\.Counter\("),
         (ScalesForItsDtypeMatchedByARegex, r"into text.*asked at .*`return h \* 10 if re\.match"),
     ],
@@ -4033,6 +4066,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "an ordered dict's key made of a pair",
         "a default dict's key made of a pair",
         "a dict's key made of pairs a function appends",
+        "a dict's key made of a pair taken by place",
+        "read by place out of pairs and handed back",
         "counted",
         "matched by a module's function",
     ],
@@ -4134,6 +4169,16 @@ class HandsItsShapeToAFunctionOfAModule(OnTempered):
         return self.encoder(x) * wrap_helpers.logged(f"{x.shape}")
 
 
+class PrintsPairsOfItsDtypeTakenByPlace(OnTempered):
+    """Prints a pair of the name of its dtype taken by place out of a list of them, and a
+    dict made of it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pairs = [("-".join([str(x.dtype), "k"]), 2.0)]
+        print(pairs[0], dict([pairs[0]]))
+        return self.encoder(x) * 2
+
+
 @pytest.mark.parametrize(
     "kind",
     [
@@ -4142,6 +4187,7 @@ class HandsItsShapeToAFunctionOfAModule(OnTempered):
         HandsItsShapeToASubmodule,
         HandsItsDtypeNamesToASubmoduleInAGenerator,
         HandsItsShapeToAFunctionOfAModule,
+        PrintsPairsOfItsDtypeTakenByPlace,
     ],
     ids=[
         "length of a list",
@@ -4149,14 +4195,15 @@ class HandsItsShapeToAFunctionOfAModule(OnTempered):
         "a submodule's method",
         "a submodule's method in a generator expression",
         "a module's function",
+        "pairs taken by place",
     ],
 )
 def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
     store: Store, kind: Callable[[], nn.Module]
 ) -> None:
-    """Text made of a stand-in that the forward only gathers in a list it counts, hands to
-    an object it holds or to a submodule's method or a module's function that logs it, is
-    asked nothing: the model is wrapped, and answers as it does."""
+    """Text made of a stand-in that the forward only gathers in a list it counts or prints,
+    hands to an object it holds or to a submodule's method or a module's function that logs
+    it, is asked nothing: the model is wrapped, and answers as it does."""
     _answers_as_the_model(kind, store)
 
 
