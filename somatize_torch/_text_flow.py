@@ -33,8 +33,9 @@ text (which compares its keys with what it is looked up by) or what a dict is ma
 keyed so: a pair whose first is text, and a list, tuple or iterator of such pairs."""
 
 _TEXT_OR_PAIR = "text or pair"
-"""What an item read by place out of a pair keyed by text, or a list of such pairs, is:
-the text, or a pair keyed by it (`dict([pairs[0]])`), followed as each."""
+"""What an item read by place out of a pair keyed by text, or a list of such pairs, or
+gone over in a loop, is: the text, or a pair keyed by it (`dict([pairs[0]])`), followed as
+each."""
 
 _MAKES_TEXT = frozenset(
     {"str", "repr", "ascii", "format", "format_map", "join", "__str__", "__repr__"}
@@ -621,9 +622,11 @@ def _taken(
     if name.startswith(("POP_JUMP", "JUMP_IF")) or name in ("UNARY_NOT", "TO_BOOL"):
         return "asked" if text else None
     if name == "GET_ITER":
-        return "asked" if text else _HOLDER
+        return "asked" if text else _keyed_or_holder(popped)
     if name == "FOR_ITER":
-        return _TEXT  # an item of a list of texts
+        # An item of a list of texts; of a list of pairs keyed by text (or a dict keyed
+        # by it), the text or a pair.
+        return _TEXT_OR_PAIR if _KEYED in kinds else _TEXT
     if name == "UNPACK_SEQUENCE":
         return _TEXT
     return None

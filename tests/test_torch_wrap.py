@@ -3843,6 +3843,17 @@ class ScalesByAGainMadeOfAPairTakenByPlace(OnTempered):
         return h * dict([pairs[0]]).get("torch.float64-k", 1.0)
 
 
+class ScalesByAGainMadeOfAPairGoneOverInALoop(OnTempered):
+    """The same, each pair gone over in a loop over a list of them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        pairs = [("-".join([str(x.dtype), "k"]), 10.0)]
+        for pair in pairs:
+            h = h * dict([pair]).get("torch.float64-k", 1.0)
+        return h
+
+
 def _first(pairs: list[tuple[str, float]]) -> tuple[str, float] | str:
     """The first of ``pairs``."""
     return pairs[0]
@@ -4014,6 +4025,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             r"into text.*asked at .*`return h \* dict\(\[pairs\[0\]\]\)\.get",
         ),
         (
+            ScalesByAGainMadeOfAPairGoneOverInALoop,
+            r"into text.*asked at .*`h = h \* dict\(\[pair\]\)\.get",
+        ),
+        (
             ScalesForItsDtypeReadOutOfPairsHandedBack,
             r"into text.*asked at .*`return h \* 10 if isinstance\(first, str\) and first\.st",
         ),
@@ -4067,6 +4082,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "a default dict's key made of a pair",
         "a dict's key made of pairs a function appends",
         "a dict's key made of a pair taken by place",
+        "a dict's key made of a pair gone over in a loop",
         "read by place out of pairs and handed back",
         "counted",
         "matched by a module's function",
