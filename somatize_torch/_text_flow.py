@@ -519,10 +519,16 @@ def _made_by(code: types.CodeType, returned: str) -> str:
 def _told_outside(handed: _Handed, code: types.CodeType) -> bool:
     """Whether what the call ``handed``, made in the comprehension ``code``, calls is told
     by the frame of the function it is made in: loaded as a global, or off a local of that
-    function's the comprehension reads (``self``), not one of its own."""
+    function's the comprehension reads (``self``), not one of its own, or off a global
+    (``helpers``, a module)."""
     by = handed[1]
-    if by.pusher is not None and by.pusher.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+    one = by.pusher
+    if one is not None and one.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
         return True
+    if by.local is None and one is not None and one.opname in ("LOAD_METHOD", "LOAD_ATTR"):
+        steps, place = _steps(code)
+        chain = _chain(steps, place.get(one.offset, 0) - 1)
+        return chain is not None and chain[0].opname in ("LOAD_GLOBAL", "LOAD_NAME")
     return by.local is not None and by.local.split(".")[0] in code.co_freevars
 
 
@@ -911,15 +917,10 @@ def _loaded(frame: types.FrameType, steps: list[_Step], at: int) -> Any:
     """What the instruction ``steps[at]`` loads, where it and those before it are a
     straight chain of loads (``self._mask``, ``ramp``): a class's attribute as it is
     stored (a ``staticmethod``, say); None where that is not told without running code."""
-    names: list[str] = []
-    while at >= 0 and steps[at].one.opname in ("LOAD_ATTR", "LOAD_METHOD"):
-        if steps[at].target or not isinstance(steps[at].one.argval, str):
-            return None
-        names.insert(0, steps[at].one.argval)
-        at -= 1
-    if at < 0 or steps[at].target or not isinstance(steps[at].one.argval, str):
+    chain = _chain(steps, at)
+    if chain is None:
         return None
-    one = steps[at].one
+    one, names = chain
     if one.opname in _LOAD_LOCAL:
         if one.argval not in frame.f_locals:
             return None
@@ -938,6 +939,21 @@ def _loaded(frame: types.FrameType, steps: list[_Step], at: int) -> Any:
         return inspect.getattr_static(found, last)
     except AttributeError:
         return None
+
+
+def _chain(steps: list[_Step], at: int) -> tuple[dis.Instruction, list[str]] | None:
+    """The load a straight chain of loads ending at ``steps[at]`` starts at (``self`` of
+    ``self._mask``) and the attributes it then loads, in turn; None where it is no such
+    chain."""
+    names: list[str] = []
+    while at >= 0 and steps[at].one.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+        if steps[at].target or not isinstance(steps[at].one.argval, str):
+            return None
+        names.insert(0, steps[at].one.argval)
+        at -= 1
+    if at < 0 or steps[at].target or not isinstance(steps[at].one.argval, str):
+        return None
+    return steps[at].one, names
 
 
 def _per_argument(found: Any) -> bool:

@@ -3657,6 +3657,15 @@ class ScalesForItsDtypeAFunctionOfAModulePicks(OnTempered):
         return h * 10 if wrap_helpers.is_float64(names[0]) else h
 
 
+class ScalesForItsDtypeAFunctionOfAModulePicksInAGenerator(OnTempered):
+    """The same, each name handed to it in a generator expression."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = _dtype_names(x)
+        return h * 10 if any(wrap_helpers.is_float64(n) for n in names) else h
+
+
 class ScalesForItsDtypeSuffixedInAGenerator(OnTempered):
     """The same, each name handed to a function of its own that makes more text of it,
     compared in a generator expression."""
@@ -3986,6 +3995,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             ScalesForItsDtypeAFunctionOfAModulePicks,
             r"into text.*asked at .*wrap_helpers\.py.*`return name == \"torch\.float64-k\"`",
         ),
+        (
+            ScalesForItsDtypeAFunctionOfAModulePicksInAGenerator,
+            r"into text.*asked at .*wrap_helpers\.py.*`return name == \"torch\.float64-k\"`",
+        ),
         (ScalesForItsDtypeSuffixedInAGenerator, r"into text.*asked at .*any\(_suffixed\(n\) =="),
         (
             ScalesForItsDtypeSuffixedInAComprehension,
@@ -4065,6 +4078,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "handed to a function in a generator expression",
         "handed to a method in a list comprehension",
         "handed to a function of a module",
+        "handed to a function of a module in a generator expression",
         "handed back in a generator expression",
         "handed back in a list comprehension",
         "upper-cased",
