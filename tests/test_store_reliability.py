@@ -1482,3 +1482,35 @@ def test_a_pack_published_in_the_tick_its_folder_was_listed_in_is_found_later(
     assert reader.have(keys) == set(keys)
     got = reader.recall_many(keys)
     assert [bytes(got[key][1]) for key in keys] == [b"second", b"second"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("when", ["a tick later", "in the same tick", "beside another record"])
+def test_a_record_kept_after_a_reader_looked_for_it_is_found_by_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A reader that looked for a key in ``answers/`` (found empty, it reads no record file
+    per key it does not have) finds the record another process keeps after that: in a
+    later tick of the filesystem's clock, in the very tick it listed the folder in, or in
+    a shard folder that was there already, which leaves the folder's time as it was."""
+    root = tmp_path / "store"
+    writer, reader = LocalStore(root), LocalStore(root)
+    key = key_of("kept/later")
+    if when == "beside another record":
+        other = next(
+            label for i in range(10_000) if (label := key_of(f"other/{i}"))[7:9] == key[7:9]
+        )
+        writer.keep(other, b"other", "plain")
+    answers = root / "answers"
+    stamp = answers.stat().st_mtime_ns
+    now = [stamp + (1_000_000 if when == "in the same tick" else 3_000_000_000)]
+    monkeypatch.setattr(local, "time", SimpleNamespace(time_ns=lambda: now[0]))
+    assert reader.have([key]) == set()
+    assert reader.have([key]) == set()  # looked at again: still nothing there
+    writer.keep(key, b"kept", "plain")
+    if when == "in the same tick":
+        os.utime(answers, ns=(answers.stat().st_atime_ns, stamp))
+    elif when == "beside another record":
+        assert answers.stat().st_mtime_ns == stamp
+    now[0] = stamp + 6_000_000_000
+    assert reader.have([key]) == {key}
+    assert bytes(reader.recall(key)[1]) == b"kept"

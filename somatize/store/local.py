@@ -77,6 +77,7 @@ from somatize.store.base import (
     Missing,
     NameNotFound,
     StoreError,
+    check_digest,
     check_name,
     inside_a_section,
     keys_of,
@@ -229,6 +230,10 @@ class LocalStore(LocalShelf):
         self._maps: dict[str, tuple[Stamp, memoryview]] = {}
         """Digest → (inode, mtime) of a verified large blob, and its shared read-only map."""
         self._packs_stamp = -1
+        self._answers_stamp = -1
+        """The time of ``answers/`` when it was last listed (-1: to be listed again)."""
+        self._answers_empty = False
+        """Whether that listing held nothing."""
         self._hold_nothing(str(self.root))
         self._finalizer = weakref.finalize(
             self, _write_uses, str(self.root), self._used, self._used_packs
@@ -459,8 +464,12 @@ class LocalStore(LocalShelf):
                 unresolved.append(key)
         if unresolved:
             packed = self._packed_after_a_look(unresolved)
+            unrecorded = len(packed) < len(unresolved) and self._holds_no_records()
             for key in unresolved:
                 pack = packed.get(key)
+                if pack is None and unrecorded:
+                    check_digest(key)  # refused as a read of its record would refuse it
+                    continue
                 try:
                     answer = pack.answer(key) if pack is not None else self._read_record(key)
                 except Corrupt:
@@ -515,10 +524,31 @@ class LocalStore(LocalShelf):
     def _list_again(self) -> None:
         self._packs_stamp = -1
 
+    def _holds_no_records(self) -> bool:
+        """Whether ``answers/`` holds nothing, so no record: listed again only once its time
+        moved (a record goes into a shard folder, and a shard made moves it), as ``packs/``
+        is (:meth:`_listed_packs`). A store of rows keeps them in packs alone: a lookup of
+        rows it does not have (every lookup of a first epoch) then costs one stat, not a
+        read per row."""
+        try:
+            stamp = os.stat(self._answers).st_mtime_ns
+            if stamp == self._answers_stamp:
+                return self._answers_empty
+            empty = not os.listdir(self._answers)
+        except OSError:  # none there, or not for this process to list: read as before
+            return False
+        # Found empty, the listing is trusted only for a time a tick behind (a shard made
+        # later in its tick leaves the time as it was); found holding some, at once.
+        self._answers_stamp = stamp if not empty or time.time_ns() - stamp > _TICK else -1
+        self._answers_empty = empty
+        return empty
+
     def _records_among(self, keys: Sequence[str]) -> dict[str, bytes]:
         """One listing per shard the keys fall in; reads only the records found there."""
         shards: dict[str, set[str]] = {}
         out: dict[str, bytes] = {}
+        if self._holds_no_records():
+            return out
         for key in keys:
             hexed = key[7:]
             listed = shards.get(hexed[:2])
