@@ -249,6 +249,8 @@ def _admit(self: CachedRows, near: list[Hashable], rows: torch.Tensor) -> None:
     """Keeps rows in the nearest memory tier with room, the rest in the next one: each
     once, and none that a tier holds already (another thread, calling the cache at the
     same time, may have admitted it since this one looked)."""
+    if not any(tier.budget or tier.banks for tier in self.tiers):
+        return  # no room anywhere (a cache of the store alone): no row to look for either
     with self._tiers_lock:
         banks = [bank.slots for tier in self.tiers for bank in tier.banks]
         first: dict[Hashable, int] = {}
