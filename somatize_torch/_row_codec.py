@@ -56,16 +56,18 @@ def empty_rows(
     return held.permute(inverse_order(order))
 
 
-def encode_rows(
-    rows: torch.Tensor, order: list[int] | None = None
-) -> list[list[memoryview | bytes]]:
+def encode_rows(rows: torch.Tensor, order: list[int] | None = None) -> list[list[memoryview]]:
     """Each row of a host tensor as the ``tensor`` codec writes it, header made once.
 
-    Equal to ``[TENSOR.encode(row) for row in rows]``: the header depends only on a
+    The bytes of ``[TENSOR.encode(row) for row in rows]``: the header depends only on a
     row's dtype, shape and order of dims in memory, which all rows share. Given the
     ``order`` of a batch's dims in memory (:func:`row_order`), ``rows`` is that batch
     permuted into it (contiguous), each row written as its memory holds it, with the
-    order its dims are put back in."""
+    order its dims are put back in.
+
+    Each row is one piece, a view of one ``bytes`` of the whole batch made in one copy:
+    a store hashes and writes it as it is (it copies a buffer that could change, as a
+    tensor's memory can, before it hashes it), one piece a row rather than two."""
     if rows.shape[0] == 0:
         return []
     # The header of a row as the batch lies: the codec writes one not in C order as its
@@ -76,8 +78,13 @@ def encode_rows(
         first = rows[0].permute(inverse_order([d - 1 for d in order[1:]]))
     header = bytes(TENSOR.encode(first)[0])
     flat = host_bytes(rows)
-    size = flat.nbytes // rows.shape[0]
-    return [[header, flat[i * size : (i + 1) * size]] for i in range(rows.shape[0])]
+    count = rows.shape[0]
+    size = flat.nbytes // count
+    whole = memoryview(
+        b"".join([part for i in range(count) for part in (header, flat[i * size : (i + 1) * size])])
+    )
+    step = len(header) + size
+    return [[whole[i * step : (i + 1) * step]] for i in range(count)]
 
 
 def decode_rows(datas: Sequence[memoryview]) -> torch.Tensor:
