@@ -1,7 +1,8 @@
 """How a batch's rows are keyed: one key per row, under one state and precision.
 
 A row's key, ``H(identity, declaration, state, salt, key of the row)``, is built
-with :func:`somatize.keys.node_prefix` and :func:`~somatize.keys.node_key`, so it
+with :func:`somatize.keys.node_prefix` and :func:`~somatize.keys.node_key` (as
+:func:`~somatize.keys.key_after` computes it, the fixed part joined once), so it
 has the form of every other key: the **identity** is the module's class
 (``package.module:Encoder``); the **declaration** is what
 :class:`~somatize_torch.freeze.ModuleNode` declares for it (its structure as
@@ -37,7 +38,7 @@ import torch
 from torch import nn
 
 from somatize.catalog import code_changes, fingerprint_of, watch_code, watched_again
-from somatize.keys import node_key, node_prefix, root_key
+from somatize.keys import key_after, node_head, node_prefix, root_key
 from somatize_torch._precision import float32_precision
 from somatize_torch._row_ahead import _take_named
 from somatize_torch._row_errors import NeedsIndex, RowsError, _describe
@@ -97,6 +98,7 @@ class _Keying:
 
     __slots__ = (
         "dtype",
+        "head",
         "header",
         "keys",
         "prefix",
@@ -118,6 +120,7 @@ class _Keying:
     ) -> None:
         self.dtype = dtype  # what the rows run in
         self.prefix = prefix
+        self.head = node_head(prefix, 1)  # all of a row's key but the key of the row
         self.tag = tag
         self.version = version
         self.header = header
@@ -137,9 +140,9 @@ class _Keying:
         found = self.keys.get(row)
         if found is None:
             if isinstance(row, bytes):
-                found = node_key(self.prefix, [row_digest(self.header, row)])
+                found = key_after(self.head, [row_digest(self.header, row)])
             else:
-                found = node_key(self.prefix, [root_key({"dataset": self.version, "index": row})])
+                found = key_after(self.head, [root_key({"dataset": self.version, "index": row})])
             room = self.room
             if room.left > 0:
                 self.keys[row] = found
