@@ -1373,6 +1373,32 @@ def test_a_broker_used_before_a_fork_runs_forwards_in_the_forked_child(
     assert g.forward({"at": 0, "take": 3}, broker=broker) == [0.0, 3.0, 6.0]
 
 
+def test_a_broker_copied_or_sent_to_a_spawned_process_runs_forwards_there() -> None:
+    """A broker pickled to a spawned process (a DataLoader worker on macOS) or copied runs
+    its forwards on workers of its own, as one in a forked child does, with the catalog it
+    was given; the original's run on. It could not be pickled: `SimpleQueue` said so,
+    naming nothing of somatize's."""
+    from tests.forked import in_child
+
+    catalog = Catalog(in_process=True)
+    broker = Broker.embedded(
+        {"w1": Worker.generic(mode="network"), "w2": Worker.generic(mode="local")},
+        catalog=catalog,
+    )
+    g = Graph.somatize(
+        Rows().named("rows")
+        >> Scale(3.0).named("next").at("w1")
+        >> Scale(2.0).named("last").at("w2")
+    )
+    assert g.forward({"at": 0, "take": 3}, broker=broker) == [0.0, 6.0, 12.0]
+    copied = copy.deepcopy(broker)
+    assert copied.workers == broker.workers and not copied._lanes
+    assert copied.catalog.in_process
+    assert g.forward({"at": 0, "take": 3}, broker=copied) == [0.0, 6.0, 12.0]
+    assert in_child("spawn", _forward_on, g, broker, timeout=120) == [0.0, 6.0, 12.0]
+    assert g.forward({"at": 0, "take": 3}, broker=broker) == [0.0, 6.0, 12.0]
+
+
 def test_mapped_node_on_a_worker(store: Store) -> None:
     """The items of a mapped node placed on a network worker cross and are kept one by one."""
     from tests.nodes import Square

@@ -59,6 +59,13 @@ class EmbeddedBroker(Broker):
             if w.crosses
         }
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A copy (``copy.deepcopy``, or the broker pickled to a spawned process: a
+        DataLoader worker, a ``multiprocessing`` one) is a broker with the same workers and
+        catalog, started afresh, as one in a forked child: its threads, and the nodes its
+        hosts rebuilt and loaded, stay with the original."""
+        return (_started, (self.workers, self.catalog))
+
     def close(self) -> None:
         """Lets the workers go, as :meth:`Broker.close` says, and the nodes their hosts
         rebuilt and loaded with them (weights included): the next forward builds them
@@ -120,3 +127,9 @@ class EmbeddedBroker(Broker):
             return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)
 
         return run_there
+
+
+def _started(workers: Mapping[str, Worker], catalog: Catalog) -> EmbeddedBroker:
+    """A broker of ``workers`` rebuilding through ``catalog``, none of them started yet:
+    what a copy is made from (:meth:`EmbeddedBroker.__reduce__`)."""
+    return EmbeddedBroker(workers, catalog=catalog)
