@@ -5,6 +5,7 @@ stores), dead and slow workers, concurrency."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -539,6 +540,26 @@ def test_a_runtime_env_ray_refuses_is_the_worker_s_error_not_the_node_s(
     assert [f for f in seen if f["fact"] == "failed"] == [
         {"fact": "failed", "node": "scale", "error": "refused"}
     ]
+
+
+def test_a_worker_of_another_somatize_version_is_refused_before_its_node_runs(
+    cluster: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An actor that imported another version of somatize than the client is BadWorker,
+    naming both versions, and stopped, before the node is sent: it read the jobs the client
+    wrote with other code, and the node was said to raise what that code raised there (an
+    AttributeError of a job's field). The same worker with the same version answers."""
+    import somatize
+
+    g = Graph.somatize(Rows().named("rows") >> Scale(2.0).named("scale").at("w1"))
+    real = somatize.__version__
+    with Broker.ray(workers={"w1": _worker()}) as broker:
+        monkeypatch.setattr(somatize, "__version__", "0.0.0-other")
+        with pytest.raises(BadWorker, match=rf"worker `w1` runs somatize {re.escape(real)}, "
+                           r"and this process 0\.0\.0-other: .*`scale` did not run"):  # fmt: skip
+            g.forward({"at": 0, "take": 2}, broker=broker)
+        monkeypatch.undo()
+        assert g.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
 
 
 def test_retries_run_the_node_again_on_a_fresh_worker(cluster: None, tmp_path: Path) -> None:

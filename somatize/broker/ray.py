@@ -220,6 +220,10 @@ class _Actor:
     def pid(self) -> int:
         return os.getpid()
 
+    def version(self) -> str:
+        """The version of somatize this actor imported, which reads the jobs it is sent."""
+        return _version()
+
 
 class RayBroker(Broker):
     """Workers as Ray actors; see the module docstring."""
@@ -435,12 +439,15 @@ class RayBroker(Broker):
             try:
                 if actor not in self._started:
                     try:
-                        ray.get(actor.pid.remote(), timeout=self.start_timeout_s)
+                        there = ray.get(actor.version.remote(), timeout=self.start_timeout_s)
                     except ray.exceptions.GetTimeoutError:
                         self._forget(worker, actor, kill=True)
                         raise WorkerTimeout(
                             node, worker, self.start_timeout_s, starting=True
                         ) from None
+                    if there != _version():
+                        self._forget(worker, actor, kill=True)
+                        raise _other_version(node, worker, there)
                     self._started.add(actor)
                 first = ray.get(actor.run.remote(job, state, *payloads), timeout=self.timeout_s)
                 if isinstance(first, NeedState):
@@ -485,6 +492,24 @@ class RayBroker(Broker):
             raise FailedOnWorker(node, graph.kind_of(node), worker, reply.raised, reply.message)
         assert not isinstance(reply, NeedState), "a worker handed the state asked for it again"
         return _Carried(reply.codec, reply.data, reply.kept, carried)
+
+
+def _version() -> str:
+    """The version of somatize imported here."""
+    import somatize
+
+    return somatize.__version__
+
+
+def _other_version(node: str, worker: str, there: str) -> BadWorker:
+    """The refusal of a worker whose actor imported another version of somatize (``there``),
+    which would read the jobs this process writes otherwise."""
+    return BadWorker(
+        f"worker `{worker}` runs somatize {there}, and this process {_version()}: the jobs "
+        f"it is sent would be read there by other code than wrote them, so `{node}` did not "
+        "run and nothing was kept. The worker was stopped. Install the same version of "
+        "somatize everywhere the graph runs (on a cluster elsewhere, through `runtime_env=`)"
+    )
 
 
 def _refuse_unanswered(address: str | None) -> None:
