@@ -4,7 +4,9 @@ stores), dead and slow workers, concurrency."""
 
 from __future__ import annotations
 
+import copy
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -560,6 +562,17 @@ def test_a_worker_of_another_somatize_version_is_refused_before_its_node_runs(
             g.forward({"at": 0, "take": 2}, broker=broker)
         monkeypatch.undo()
         assert g.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
+
+
+def test_a_ray_broker_copied_or_pickled_is_refused_by_name(broker: Any) -> None:
+    """A Ray broker pickled (to a spawned DataLoader worker) or copied is refused with a
+    TypeError naming it and what to do, not `SimpleQueue`'s, which named nothing of
+    somatize's; the broker runs on."""
+    for copying in (pickle.dumps, copy.deepcopy):
+        with pytest.raises(TypeError, match=r"a Ray broker cannot be copied .*Broker\.ray"):
+            copying(broker)
+    g = Graph.somatize(Rows().named("rows") >> Scale(2.0).named("scale").at("w1"))
+    assert g.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
 
 
 def test_retries_run_the_node_again_on_a_fresh_worker(cluster: None, tmp_path: Path) -> None:

@@ -310,6 +310,16 @@ class RayBroker(Broker):
         self._closes = 0
         """How many times the broker was closed: a call made before a close starts no actor."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Refused, by name: a copy in another process would connect to a cluster of that
+        process's choosing, with actors of its own."""
+        raise TypeError(
+            "a Ray broker cannot be copied or sent to another process (pickled, as a "
+            "DataLoader hands its spawned workers a dataset that holds one): its actors are "
+            "this process's, on the cluster it is connected to. Make one in that process "
+            "with `Broker.ray(...)`"
+        )
+
     def actor(self, worker: str, closes: int | None = None) -> Any:
         """The Ray actor that is ``worker``, started if it is not running. With ``closes``
         (how many times the broker was closed when a call was made), None when the broker
