@@ -575,6 +575,23 @@ def test_a_ray_broker_copied_or_pickled_is_refused_by_name(broker: Any) -> None:
     assert g.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
 
 
+def test_a_worker_whose_environment_cannot_run_it_is_said_to_be_so_when_it_never_starts(
+    cluster: None,
+) -> None:
+    """A worker given a Python that cannot run Ray never starts, and Ray does not say so:
+    the WorkerTimeout names the environment as a cause besides the resources, which alone
+    it named, sending the search to a cluster that had them."""
+    broker = Broker.ray(
+        workers={"w1": _worker()}, runtime_env={"py_executable": "/bin/false"}, start_timeout_s=3
+    )
+    g = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w1"))
+    try:
+        with pytest.raises(WorkerTimeout, match=r"did not start within 3 s.*environment.*Python"):
+            g.forward({"at": 0, "take": 2}, broker=broker)
+    finally:
+        broker.close()
+
+
 def test_retries_run_the_node_again_on_a_fresh_worker(cluster: None, tmp_path: Path) -> None:
     """With ``retries=1`` a worker killed once is started again and the forward succeeds."""
     marker = tmp_path / "started"

@@ -116,7 +116,9 @@ class WorkerTimeout(_Rebuilt, SomatizeError, TimeoutError):
             message = (
                 f"worker `{worker}` did not start within {timeout_s:g} s, so `{node}` did not run "
                 "and nothing was kept for it. Check that the cluster has the resources the worker "
-                "asks for (num_cpus, num_gpus, resources), or raise `start_timeout_s=`"
+                "asks for (num_cpus, num_gpus, resources), and that the worker's environment can "
+                "run it (a `runtime_env=` whose Python cannot import Ray and somatize never "
+                "starts one; Ray's logs say why), or raise `start_timeout_s=`"
             )
         else:
             message = (
