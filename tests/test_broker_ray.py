@@ -592,6 +592,30 @@ def test_a_worker_whose_environment_cannot_run_it_is_said_to_be_so_when_it_never
         broker.close()
 
 
+def test_a_worker_whose_actor_cannot_be_made_is_bad_worker_and_not_tried_again(
+    cluster: None,
+) -> None:
+    """An actor whose process cannot make it (its environment lacks somatize, or imports a
+    version whose actor has other methods) is BadWorker, with the last line Ray said, and is
+    not started again: `retries=` would fail the same way. It was WorkerLost, a worker said
+    to have died while it ran the node, after every retry."""
+    from somatize.broker.ray import _Actor
+
+    class Unmade(_Actor):
+        def __init__(self, worker: str, import_paths: list[str]) -> None:
+            raise ModuleNotFoundError("No module named 'somatize'")
+
+    broker = Broker.ray(workers={"w1": _worker()}, retries=2)
+    broker._remote = ray.remote(Unmade)  # as an environment without somatize would make it
+    g = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w1"))
+    try:
+        with pytest.raises(BadWorker, match=r"worker `w1` could not be started: its actor "
+                           r"failed as it was made \(.*No module named 'somatize'\)"):  # fmt: skip
+            g.forward({"at": 0, "take": 2}, broker=broker)
+    finally:
+        broker.close()
+
+
 def test_retries_run_the_node_again_on_a_fresh_worker(cluster: None, tmp_path: Path) -> None:
     """With ``retries=1`` a worker killed once is started again and the forward succeeds."""
     marker = tmp_path / "started"

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import socket
 import sys
 import time
@@ -70,6 +71,9 @@ if TYPE_CHECKING:
     from somatize.graph import Graph
 
 __all__ = ["RayBroker"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+"""A terminal colour code, as Ray's messages hold them."""
 
 _INLINE = 100_000
 """Inputs up to this many bytes travel inside the call; larger ones are put into the
@@ -483,6 +487,8 @@ class RayBroker(Broker):
                 # would hold its resources with nobody calling it: stopped, not just forgotten.
                 unreachable = isinstance(error, ray.exceptions.ActorUnavailableError)
                 self._forget(worker, actor, kill=unreachable)
+                if getattr(error, "actor_init_failed", False):  # never started: a retry fails so
+                    raise _unstartable(node, worker, error) from None
                 cause = type(error).__name__
         if reply is None:
             if closes != self._closes:
@@ -519,6 +525,18 @@ def _other_version(node: str, worker: str, there: str) -> BadWorker:
         f"it is sent would be read there by other code than wrote them, so `{node}` did not "
         "run and nothing was kept. The worker was stopped. Install the same version of "
         "somatize everywhere the graph runs (on a cluster elsewhere, through `runtime_env=`)"
+    )
+
+
+def _unstartable(node: str, worker: str, error: BaseException) -> BadWorker:
+    """The refusal of a worker whose actor failed as it was made (``error``, Ray's): its
+    process could not import or build it, as every other started in that environment."""
+    said = [line.strip() for line in _ANSI.sub("", _message(error)).splitlines() if line.strip()]
+    return BadWorker(
+        f"worker `{worker}` could not be started: its actor failed as it was made "
+        f"({said[-1] if said else type(error).__name__}), so `{node}` did not run there and "
+        "nothing was kept. The worker's environment must import Ray and the same version of "
+        "somatize as this process: check `runtime_env=` and `import_paths=` on the broker"
     )
 
 
