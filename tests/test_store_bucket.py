@@ -524,7 +524,7 @@ def test_an_interrupted_upload_publishes_nothing(monkeypatch: pytest.MonkeyPatch
         else Store.on_bucket(f"memory://somatize/{key_of('interrupted')[7:19]}")
     )
     assert isinstance(store, BucketStore)
-    pieces = [b"a" * 3000, b"b" * 3000]
+    pieces = [b"a" * 100_000, b"b" * 100_000]  # large enough to be written one by one
     real_open = store.fs.open
     monkeypatch.setattr(store.fs, "open", lambda *a, **k: _Interrupted(real_open(*a, **k)))
     with pytest.raises(KeyboardInterrupt):

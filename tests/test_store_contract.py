@@ -7,6 +7,8 @@ list. The S3 home talks to a real S3-compatible server on loopback.
 
 from __future__ import annotations
 
+import re
+import struct
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,7 +19,7 @@ from typing import Any
 import blake3
 import pytest
 
-from somatize import BadName, Corrupt, Missing, NameNotFound, Store
+from somatize import Answer, BadName, Corrupt, Missing, NameNotFound, Store
 from somatize.store import BucketStore, LocalStore
 from tests.conftest_s3 import s3_options, s3_url
 
@@ -491,6 +493,85 @@ def test_packed_items_recall(home: Store) -> None:
         answer, data = got[key]  # type: ignore[misc]
         assert bytes(data) == f"item{index}".encode() and answer.fingerprint == "fp"
     assert bytes(fresh.recall(items[7][0])[1]) == b"item7"
+
+
+def test_packed_answers_are_the_records_as_made_field_by_field(home: Store) -> None:
+    """The answers keep_many hands back for packed items, and those a store opened afresh
+    reads, are each the record its ``Answer(...)`` makes: every field, equality and hash."""
+    items = [(f"blake3:{i:064x}", [b"item", str(i).encode()]) for i in range(20)]
+    answers = home.keep_many(items, "plain", "fp")
+    fresh = reopen(home)
+    offset = 0
+    for (key, pieces), answer in zip(items, answers, strict=True):
+        size = sum(len(piece) for piece in pieces)
+        made = Answer(key, answer.value, "plain", size, "fp", answer.created, offset)
+        for found in (answer, fresh.answer(key)):
+            assert found is not None and vars(found) == vars(made)
+            assert found == made and hash(found) == hash(made)
+        offset += size
+
+
+def test_keep_many_refuses_a_bad_key_before_it_keeps_any_item(home: Store) -> None:
+    """A key that is not a digest, wherever it is among the items, is refused before any
+    item is kept: a large item before it (kept on its own) and the small ones alike."""
+    large = "blake3:" + "1" * 64
+    small = [f"blake3:{i:064x}" for i in range(2, 40)]
+    bad = "blake3:" + "AB" * 32
+    items = [(large, bytes(1 << 20))] + [(key, b"item") for key in small] + [(bad, b"x")]
+    with pytest.raises(BadName, match=re.escape(repr(bad))):
+        home.keep_many(items, "plain")
+    assert reopen(home).have([large, *small]) == set()
+
+
+_GOOD = "blake3:" + "0f" * 32
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "blake3:" + "0F" * 32,  # uppercase
+        _GOOD[:-1],
+        _GOOD + "0",
+        _GOOD + "\n" + _GOOD,  # two run together (and an empty key after, see below)
+        "",
+        _GOOD[:-1] + "\u00e9",
+        _GOOD[:-1] + ":",
+        _GOOD[:-1] + " ",
+        "blake2:" + "0f" * 32,
+        "blake3:" + "0f" * 28 + "blake3:",
+        b"blake3:" + b"0f" * 32,
+    ],
+)
+def test_keep_many_refuses_each_key_that_is_not_a_digest(tmp_path: Path, bad: object) -> None:
+    """Among many good keys, one that is not ``blake3:`` and 64 lowercase hex digits is
+    BadName naming it, however it is malformed: keys of a pack are checked all at once."""
+    keys: list[object] = [f"blake3:{i:064x}" for i in range(40)]
+    keys[17] = bad
+    if isinstance(bad, str) and "\n" in bad:
+        keys[30] = ""  # so that the keys, joined, are as long as 40 good ones
+    items = [(key, b"item") for key in keys]
+    with pytest.raises(BadName, match=re.escape(repr(bad))):
+        Store(tmp_path / "store").keep_many(items, "plain")  # type: ignore[arg-type]
+
+
+def test_a_pack_index_is_its_header_and_a_fixed_entry_per_item(tmp_path: Path) -> None:
+    """A pack's index is its header line, then for each item in the order kept (a key kept
+    twice, twice) its key's 32 bytes and its offset and length, 8 big-endian bytes each; its
+    name is the BLAKE3 of its bytes."""
+    store = LocalStore(tmp_path / "store")
+    keys = [f"blake3:{i * 7919:064x}" for i in range(30)] + ["blake3:" + "0" * 64]  # 0th again
+    values = [b"v" * (i % 5 + 1) for i in range(len(keys))]
+    store.keep_many(list(zip(keys, values, strict=True)), "plain", "fp")
+    (index,) = (tmp_path / "store" / "packs").iterdir()
+    data = index.read_bytes()
+    assert index.name == blake3.blake3(data).hexdigest()
+    header, _, table = data.partition(b"\n")
+    assert b'"count":31' in header
+    offsets = [sum(len(value) for value in values[:at]) for at in range(len(keys))]
+    assert table == b"".join(
+        struct.pack(">32sQQ", bytes.fromhex(key[7:]), offset, len(value))
+        for key, offset, value in zip(keys, offsets, values, strict=True)
+    )
 
 
 def test_keep_many_takes_iterators_of_items_and_of_pieces(home: Store) -> None:

@@ -119,6 +119,8 @@ def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
     with the buffer protocol (bytes, an ``array.array``, a numpy array, an ``mmap``) is
     one piece, never iterated (an mmap would be one byte per piece); anything else is
     an iterable of pieces."""
+    if type(data) is list or type(data) is tuple:  # the usual: a few pieces, a row's one
+        return [_flat(piece) for piece in data]
     if isinstance(data, (bytes, bytearray, memoryview)):
         return (_flat(data),)
     try:
@@ -142,7 +144,10 @@ def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
 
 
 def _flat(piece: Buffer) -> Buffer:
-    if isinstance(piece, (bytes, bytearray)):
+    if type(piece) is memoryview and piece.ndim == 1 and piece.format == "B":
+        if piece.c_contiguous:  # flat already: a view of part of one bytes, say
+            return piece
+    elif isinstance(piece, (bytes, bytearray)):
         return piece
     try:
         view = memoryview(piece)
@@ -180,25 +185,51 @@ def steady(piece: Buffer) -> bool:
     return type(piece) is bytes or (isinstance(piece, memoryview) and type(piece.obj) is bytes)
 
 
+GATHER_BELOW = 64 << 10
+"""Pieces smaller than this are joined with those next to them into runs of one ``bytes``:
+a blob of many small pieces (the items of a pack, a row each) is then hashed many chunks
+at a time and written in a few calls, not a call of each per piece."""
+
+FROZEN_RUN = 1 << 20
+"""How many bytes :func:`frozen` gathers small pieces into, at most."""
+
+
 def frozen(pieces: Sequence[Buffer]) -> Sequence[Buffer]:
-    """``pieces`` with each one that could change (see :func:`steady`) copied into bytes,
-    so what is hashed is what is written; ``pieces`` itself when none could."""
-    if all(steady(piece) for piece in pieces):
+    """``pieces`` as runs that cannot change (see :func:`steady_runs`), so what is hashed is
+    what is written; ``pieces`` itself when each is steady and none is small."""
+    if all(steady(piece) and len(piece) >= GATHER_BELOW for piece in pieces):
         return pieces
-    return [piece if steady(piece) else bytes(piece) for piece in pieces]
+    return list(steady_runs(pieces, FROZEN_RUN))
 
 
 def steady_runs(pieces: Sequence[Buffer], run: int) -> Iterator[Buffer]:
-    """The bytes of ``pieces`` as runs that cannot change: each :func:`steady` piece as it
-    is, each other one copied ``run`` bytes at a time, so a large buffer is hashed and
-    written from the same copy without ever being copied whole."""
+    """The bytes of ``pieces`` (flat, as :func:`pieces_of` makes them) as runs that cannot
+    change: pieces smaller than :data:`GATHER_BELOW` joined with those next to them into one
+    ``bytes`` of about ``run`` bytes at most, each other :func:`steady` piece as it is, each
+    other one copied ``run`` bytes at a time, so a large buffer is hashed and written from
+    the same copy without ever being copied whole."""
+    gathered: list[Buffer] = []
+    held = 0
     for piece in pieces:
+        size = len(piece)
+        if size < GATHER_BELOW:
+            gathered.append(piece)
+            held += size
+            if held >= run:
+                yield b"".join(gathered)
+                gathered, held = [], 0
+            continue
+        if gathered:
+            yield b"".join(gathered)
+            gathered, held = [], 0
         if steady(piece):
             yield piece
             continue
         view = memoryview(piece)
         for start in range(0, view.nbytes, run):
             yield bytes(view[start : start + run])
+    if gathered:
+        yield b"".join(gathered)
 
 
 def new_hasher() -> blake3.blake3:
@@ -539,15 +570,11 @@ class PackedHome(Store):
         """``now``, or just after the newest answer this object knows for ``keys`` when
         that one is stamped later (by a writer whose clock runs ahead): an answer kept now
         replaces it, and the newer ``created`` is what says so to every reader."""
-        with self._lock:
+        with self._lock:  # found with lookups in C: a pack's keys are new, as a rule
+            items, records = self._items, self._records
             known = [now]
-            for key in keys:
-                pack = self._items.get(key)
-                if pack is not None:
-                    known.append(pack.created)
-                record = self._records.get(key)
-                if record is not None:
-                    known.append(record.created)
+            known += [items[key].created for key in filter(items.__contains__, keys)]
+            known += [records[key].created for key in filter(records.__contains__, keys)]
         newest = max(known)
         return now if newest < now else math.nextafter(newest, math.inf)
 

@@ -193,6 +193,31 @@ def check_digest(digest: str) -> str:
     return digest
 
 
+_HEX_DIGITS = b"0123456789abcdef"
+
+
+def check_digests(digests: Sequence[str]) -> None:
+    """Refuses the first of ``digests`` that is not a well-formed digest, as
+    :func:`check_digest` does. All are looked at in a few passes over them joined, a line
+    each, rather than one match each: a pack is keyed by thousands of them."""
+    count = len(digests)
+    try:
+        lines = ("\n".join(digests) + "\n").encode("ascii")
+    except (TypeError, UnicodeEncodeError):  # one is not text, or not ASCII
+        lines = b""
+    # Each line is `blake3:`, 64 lowercase hex digits and its break, at its place: once the
+    # hex digits are taken out, only `lk:` and the break are left of each.
+    well_formed = (
+        len(lines) == 72 * count
+        and all(lines[at::72] == bytes((char,)) * count for at, char in enumerate(b"blake3:"))
+        and lines[71::72] == b"\n" * count
+        and lines.translate(None, _HEX_DIGITS) == b"lk:\n" * count
+    )
+    if not well_formed:
+        for digest in digests:
+            check_digest(digest)
+
+
 def check_labels(codec: object, fingerprint: object) -> None:
     """Refuses, before anything is written, a codec or code fingerprint that is not text:
     a record holding one is what every reader takes for damage (and a codec of None

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
 import os
 import struct
@@ -55,6 +56,7 @@ from somatize.store.base import (
     Corrupt,
     StoreError,
     check_digest,
+    check_digests,
     moment,
 )
 
@@ -308,19 +310,27 @@ class PackIndex:
 
     def answer(self, key: str) -> Answer:
         """The record of item ``key`` of this pack (made once: a pack never changes, and a
-        recall of many rows asks for many records every step)."""
+        recall of many rows asks for many records every step). It is filled in whole, not
+        field by field as a frozen dataclass's ``__init__`` does: a pack just kept hands
+        back the records of thousands of items."""
         found = self._answers.get(key)
         if found is None:
             offset, length = self.entries[key]
-            found = self._answers[key] = Answer(
-                key=key,
-                value=self.blob,
-                codec=self.codec,
-                size=length,
-                fingerprint=self.fingerprint,
-                created=self.created,
-                offset=offset,
+            found = object.__new__(Answer)
+            object.__setattr__(
+                found,
+                "__dict__",
+                {
+                    "key": key,
+                    "value": self.blob,
+                    "codec": self.codec,
+                    "size": length,
+                    "fingerprint": self.fingerprint,
+                    "created": self.created,
+                    "offset": offset,
+                },
             )
+            self._answers[key] = found
         return found
 
 
@@ -330,10 +340,14 @@ def encode_pack(
     codec: str,
     fingerprint: str | None,
     created: float,
-    entries: Sequence[tuple[str, int, int]],
+    keys: Sequence[str],
+    offsets: Sequence[int],
+    lengths: Sequence[int],
     signer: Signer | None,
 ) -> tuple[str, bytes]:
-    """The id and bytes of the index of a pack of ``entries`` (key, offset, length)."""
+    """The id and bytes of the index of a pack whose items are ``keys``, each ``lengths``
+    bytes long from ``offsets`` in its blob. Made from the columns in a few calls over all
+    of them, not a few per item: a pack holds thousands."""
     header = {
         "somatize": RECORD_VERSION,
         "pack": PACK_VERSION,
@@ -342,13 +356,15 @@ def encode_pack(
         "codec": codec,
         "fingerprint": fingerprint,
         "created": created,
-        "count": len(entries),
+        "count": len(keys),
         "signed": signer is not None,
     }
+    check_digests(keys)
+    raw = bytes.fromhex("".join(keys).replace("blake3:", ""))  # well formed: 32 bytes each
+    raws = map(raw.__getitem__, map(slice, range(0, len(raw), 32), range(32, len(raw) + 32, 32)))
     body = bytearray(json.dumps(header, sort_keys=True, separators=(",", ":")).encode())
     body += b"\n"
-    for key, offset, length in entries:
-        body += _ENTRY.pack(bytes.fromhex(check_digest(key)[7:]), offset, length)
+    body += b"".join(itertools.starmap(_ENTRY.pack, zip(raws, offsets, lengths, strict=True)))
     if signer is not None:
         body += signer.mac(body)
     data = bytes(body)
@@ -430,40 +446,41 @@ def keep_packed(
     a list: they are measured before they are written) in ``home`` as packs: small items
     together, one blob and one index per up to :data:`PACK_BYTES`; large or lone items as
     plain answers. The blob is published before the index that refers to it."""
-    chunks: list[list[tuple[str, Sequence[Buffer], int]]] = [[]]
+    keys = [key for key, _ in items]
+    check_digests(keys)  # every key, before any item is written
+    sizes = [sum(map(len, pieces)) for _, pieces in items]  # flat: a piece's len is its bytes
+    chunks: list[list[int]] = [[]]
+    """The place in ``items`` of each item of each pack."""
     filled = 0
     out: dict[str, Answer] = {}
-    for key, pieces in items:
-        check_digest(key)
-        size = sum(memoryview(p).nbytes for p in pieces)
+    for at, size in enumerate(sizes):
         if size >= PACK_ITEM_BELOW:
+            key, pieces = items[at]
             out[key] = home.keep(key, pieces, codec, fingerprint)
             continue
         if filled + size > PACK_BYTES and chunks[-1]:
             chunks.append([])
             filled = 0
-        chunks[-1].append((key, pieces, size))
+        chunks[-1].append(at)
         filled += size
     for chunk in chunks:
         if len(chunk) == 1:
-            key, pieces, _ = chunk[0]
+            key, pieces = items[chunk[0]]
             out[key] = home.keep(key, pieces, codec, fingerprint)
         elif chunk:
-            joined: list[Buffer] = []
-            entries: list[tuple[str, int, int]] = []
-            offset = 0
-            for key, parts, size in chunk:
-                entries.append((key, offset, size))
-                joined.extend(parts)
-                offset += size
+            packed = [keys[at] for at in chunk]
+            lengths = [sizes[at] for at in chunk]
+            offsets = list(itertools.accumulate(lengths, initial=0))
+            size = offsets.pop()
+            joined = [piece for at in chunk for piece in items[at][1]]
             with home._keeping() as claims:  # the blob is this keep's until its index is out
                 blob = home._put(joined, claims)
-                created = home._created_after([key for key, _, _ in entries], time.time())
+                created = home._created_after(packed, time.time())
                 pack_id, index = encode_pack(
-                    blob, offset, codec, fingerprint, created, entries, home.signer
+                    blob, size, codec, fingerprint, created, packed, offsets, lengths, home.signer
                 )
-                table = {key: (start, size) for key, start, size in entries}
-                pack = PackIndex(pack_id, blob, offset, codec, fingerprint, created, table)
+                table = dict(zip(packed, zip(offsets, lengths, strict=True), strict=True))
+                pack = PackIndex(pack_id, blob, size, codec, fingerprint, created, table)
                 home._publish_index(pack, index)
             out.update((key, pack.answer(key)) for key in table)
-    return [out[key] for key, _ in items]
+    return [out[key] for key in keys]
