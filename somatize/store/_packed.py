@@ -578,21 +578,30 @@ class PackedHome(Store):
         newest = max(known)
         return now if newest < now else math.nextafter(newest, math.inf)
 
-    def _adopt(self, pack: PackIndex) -> None:
+    def _adopt(self, pack: PackIndex) -> Iterable[str]:
         """Takes ``pack`` into the table: each of its keys is found in it, unless a newer
-        pack or record already answers that key."""
+        pack or record already answers that key; the keys it answers now."""
         with self._lock:
             self._packs[pack.id] = pack
             items, records = self._items, self._records
-            newer = (pack.created, pack.id)
-            for key in pack.entries:
-                held = items.get(key)
-                if held is not None and (held.created, held.id) > newer:
-                    continue
-                record = records.get(key)
-                if record is not None and record.offset is None and record.created > pack.created:
-                    continue
-                items[key] = pack
+            keys: Iterable[str] = pack.entries
+            # Keys answered already are weighed one by one; the rest (as a rule, all: a
+            # pack's keys are new) are taken in one update.
+            known = {*filter(items.__contains__, keys), *filter(records.__contains__, keys)}
+            if known:
+                newer = (pack.created, pack.id)
+                keys = [key for key in keys if key not in known or self._answers_after(key, newer)]
+            items.update(dict.fromkeys(keys, pack))
+        return keys
+
+    def _answers_after(self, key: str, newer: tuple[float, str]) -> bool:
+        """Whether a pack of ``newer`` (created, id) is to answer ``key`` rather than what
+        answers it now: a pack or a whole record created later keeps it."""
+        held = self._items.get(key)
+        if held is not None and (held.created, held.id) > newer:
+            return False
+        record = self._records.get(key)
+        return record is None or record.offset is not None or record.created <= newer[0]
 
     def _supersede(self, answer: Answer) -> None:
         """Remembers the record ``answer``, read or written, and lets it answer its key in
@@ -603,17 +612,9 @@ class PackedHome(Store):
             if pack is not None and pack.created < answer.created:
                 del self._items[answer.key]
 
-    def _prefer_newer_records(self, adopted: list[PackIndex]) -> None:
-        """Lets the records of keys of the just ``adopted`` packs that are newer than their
-        pack answer those keys instead."""
-        ids = {pack.id for pack in adopted}
-        items = self._items
-        keys = [
-            key
-            for pack in adopted
-            for key in pack.entries
-            if (held := items.get(key)) is not None and held.id in ids
-        ]
+    def _prefer_newer_records(self, keys: Sequence[str]) -> None:
+        """Lets the records of ``keys``, which packs just adopted answer, that are newer than
+        the pack that answers them now answer those keys instead."""
         if not keys:
             return
         for key, data in self._records_among(keys).items():
@@ -836,6 +837,7 @@ class PackedHome(Store):
         if not new:
             return changed
         adopted = []
+        taken: list[str] = []  # the keys they answer, as they were adopted
         for pack_id, data in sorted(self._read_indexes(new).items()):
             if data is None:
                 continue
@@ -843,12 +845,12 @@ class PackedHome(Store):
                 pack = decode_pack(pack_id, data, self.signer)
             except Corrupt:
                 continue  # damaged or unsigned: its items are misses
-            self._adopt(pack)
+            taken.extend(self._adopt(pack))
             self._copy_index(pack, data)
             adopted.append(pack)
             changed = True
         try:
-            self._prefer_newer_records(adopted)
+            self._prefer_newer_records(taken)
         except BaseException:
             # Adopted again at the next look, when newer records can be read (until
             # then a pack could answer a key a newer record answers).

@@ -77,7 +77,7 @@ from somatize.store.base import (
     Missing,
     NameNotFound,
     StoreError,
-    check_digest,
+    check_digests,
     check_name,
     inside_a_section,
     keys_of,
@@ -465,10 +465,11 @@ class LocalStore(LocalShelf):
         if unresolved:
             packed = self._packed_after_a_look(unresolved)
             unrecorded = len(packed) < len(unresolved) and self._holds_no_records()
+            if unrecorded:  # refused as a read of their records would refuse them
+                check_digests([key for key in unresolved if key not in packed])
             for key in unresolved:
                 pack = packed.get(key)
                 if pack is None and unrecorded:
-                    check_digest(key)  # refused as a read of its record would refuse it
                     continue
                 try:
                     answer = pack.answer(key) if pack is not None else self._read_record(key)
