@@ -591,6 +591,30 @@ def test_a_file_changed_after_the_version_is_refused(tmp_path: Path) -> None:
         source.forward({"at": 0, "take": 4}, ctx())
 
 
+_PLAIN = {"compression": "none", "use_dictionary": False}
+"""Parquet written so: a file of other values in the same rows is as long."""
+
+
+def _file_of_ones(tmp_path: Path, **options: Any) -> tuple[Path, bytes]:
+    """A directory ``d`` of one file of ten 1s, and the bytes of a file of ten 2s as long,
+    to write over it in place."""
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d" / "part-000.parquet"
+    pyarrow.parquet.write_table(pyarrow.table({"n": [1] * 10}), path, **_PLAIN, **options)
+    other = parquet_bytes(pyarrow.table({"n": [2] * 10}), **_PLAIN, **options)
+    assert len(other) == path.stat().st_size
+    return path, other
+
+
+def _clock_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock that has not ticked since the files were written: their times stay as they
+    were, however often they are written."""
+    import somatize.data.parquet_dir as module
+
+    real = module._stat_of
+    monkeypatch.setattr(module, "_stat_of", lambda *a: (*real(*a)[:4], 0, 0))
+
+
 def test_a_file_rewritten_within_the_tick_it_was_hashed_in_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -602,19 +626,11 @@ def test_a_file_rewritten_within_the_tick_it_was_hashed_in_is_refused(
     change (a group kept decoded, a block checked) is the version's."""
     import somatize.data.parquet_dir as module
 
-    # A clock that has not ticked since the files were written: their times stay as they
-    # were, however often they are written.
-    real = module._stat_of
-    monkeypatch.setattr(module, "_stat_of", lambda *a: (*real(*a)[:4], 0, 0))
+    _clock_stopped(monkeypatch)
     monkeypatch.setattr(module, "_RACY_NS", 10**19, raising=False)
-    plain = {"compression": "none", "use_dictionary": False}
-    (tmp_path / "d").mkdir()
-    path = tmp_path / "d" / "part-000.parquet"
-    pyarrow.parquet.write_table(pyarrow.table({"n": [1] * 10}), path, **plain, row_group_size=5)
+    path, other = _file_of_ones(tmp_path, row_group_size=5)
     source = ParquetDir(tmp_path / "d")
     assert source.forward({"at": 0, "take": 3}, ctx()).column("n") == [1, 1, 1]
-    other = parquet_bytes(pyarrow.table({"n": [2] * 10}), **plain, row_group_size=5)
-    assert len(other) == path.stat().st_size
     with open(path, "r+b") as handle:
         handle.write(other)
     assert source.forward({"at": 2, "take": 3}, ctx()).column("n") == [1, 1, 1]
@@ -626,70 +642,37 @@ def test_a_file_rewritten_within_the_tick_it_was_hashed_in_is_refused(
     assert again.forward({"at": 0, "take": 3}, ctx()).column("n") == [2, 2, 2]
 
 
-def test_a_file_rewritten_within_its_tick_while_a_row_group_is_read_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("back", [False, True], ids=["left so", "written back"])
+def test_a_file_rewritten_within_its_tick_as_a_row_group_is_read_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, back: bool
 ) -> None:
-    """A file rewritten in place at its size, in the tick it was hashed in, while a row
-    group is read from it is refused: the row group may hold its new rows, and the file is
-    read through blocks checked as they are read."""
+    """A file written in place with other rows at its size, in the tick it was hashed in,
+    just before a row group is read from it is refused: the row group may hold its new rows.
+    So it is when written back as it was just after (its stat and hash as before once read),
+    as the bytes read are checked, block by block, as they are read."""
     import somatize.data.parquet_dir as module
 
-    real = module._stat_of
-    monkeypatch.setattr(module, "_stat_of", lambda *a: (*real(*a)[:4], 0, 0))
+    _clock_stopped(monkeypatch)
     monkeypatch.setattr(module, "_RACY_NS", 10**19, raising=False)
-    plain = {"compression": "none", "use_dictionary": False}
-    (tmp_path / "d").mkdir()
-    path = tmp_path / "d" / "part-000.parquet"
-    pyarrow.parquet.write_table(pyarrow.table({"n": [1] * 10}), path, **plain)
-    source = ParquetDir(tmp_path / "d")
-    assert source.count_rows() == 10
-    other = parquet_bytes(pyarrow.table({"n": [2] * 10}), **plain)
-    assert len(other) == path.stat().st_size
-    decode = parquet_base._File._decode
-
-    def rewritten_as_read(self: Any, index: int) -> Any:
-        with open(path, "r+b") as handle:
-            handle.write(other)
-        return decode(self, index)
-
-    monkeypatch.setattr(parquet_base._File, "_decode", rewritten_as_read)
-    with pytest.raises(DatasetChanged, match="changed after this source's version"):
-        source.forward({"at": 0, "take": 3}, ctx())
-
-
-def test_a_file_rewritten_and_written_back_within_its_tick_as_it_is_read_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A file written in place with other rows just before a row group is read from it, and
-    back as it was just after, all in the tick it was hashed in, keeps its stat and hashes
-    as before once read: the rows read are refused all the same, as the bytes they were
-    read from are checked, block by block, as they are read."""
-    import somatize.data.parquet_dir as module
-
-    real = module._stat_of
-    monkeypatch.setattr(module, "_stat_of", lambda *a: (*real(*a)[:4], 0, 0))
-    monkeypatch.setattr(module, "_RACY_NS", 10**19, raising=False)
-    plain = {"compression": "none", "use_dictionary": False}
-    (tmp_path / "d").mkdir()
-    path = tmp_path / "d" / "part-000.parquet"
-    pyarrow.parquet.write_table(pyarrow.table({"n": [1] * 10}), path, **plain)
+    path, other = _file_of_ones(tmp_path)
     mine = path.read_bytes()
     source = ParquetDir(tmp_path / "d")
     assert source.count_rows() == 10
-    other = parquet_bytes(pyarrow.table({"n": [2] * 10}), **plain)
-    assert len(other) == len(mine)
     decode = parquet_base._File._decode
 
-    def rewritten_and_back(self: Any, index: int) -> Any:
-        with open(path, "r+b") as handle:
-            handle.write(other)
+    def written(data: bytes) -> None:
+        with open(path, "r+b") as handle:  # in place, as the file it was
+            handle.write(data)
+
+    def rewritten_as_read(self: Any, index: int) -> Any:
+        written(other)
         try:
             return decode(self, index)
         finally:
-            with open(path, "r+b") as handle:
-                handle.write(mine)
+            if back:
+                written(mine)
 
-    monkeypatch.setattr(parquet_base._File, "_decode", rewritten_and_back)
+    monkeypatch.setattr(parquet_base._File, "_decode", rewritten_as_read)
     with pytest.raises(DatasetChanged, match="changed after this source's version"):
         source.forward({"at": 0, "take": 3}, ctx())
 
@@ -899,17 +882,16 @@ def test_a_file_replaced_after_it_was_let_go_is_refused(
     size and time, is refused when a span reaches it again rather than read under the old
     version: by its path, and by the file opened again (as when it is replaced between the
     two)."""
-    plain = {"compression": "none", "use_dictionary": False}
     (tmp_path / "d").mkdir()
     for part in range(40):
         rows = pyarrow.table({"n": list(range(10 * part, 10 * part + 10))})
-        pyarrow.parquet.write_table(rows, tmp_path / "d" / f"part-{part:03d}.parquet", **plain)
+        pyarrow.parquet.write_table(rows, tmp_path / "d" / f"part-{part:03d}.parquet", **_PLAIN)
     source = ParquetDir(tmp_path / "d")
     assert source.forward({"at": 0, "take": 400}, ctx()).column("n") == list(range(400))
     path = tmp_path / "d" / "part-000.parquet"
     before = path.stat()
     replacement = pyarrow.table({"n": list(range(1, 11))})
-    pyarrow.parquet.write_table(replacement, tmp_path / "new.parquet", **plain)
+    pyarrow.parquet.write_table(replacement, tmp_path / "new.parquet", **_PLAIN)
     assert (tmp_path / "new.parquet").stat().st_size == before.st_size
     os.replace(tmp_path / "new.parquet", path)
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
@@ -944,15 +926,9 @@ def test_a_directory_built_again_hashes_its_files_again(
     # Times left out of the stat, as a write through a map that is already dirty leaves
     # them; and any digest remembered, however recent the file.
     monkeypatch.setattr(module, "_SAFE_AFTER_NS", -(10**18), raising=False)
-    real = module._stat_of
-    monkeypatch.setattr(module, "_stat_of", lambda *a: (*real(*a)[:4], 0, 0))
-    plain = {"compression": "none", "use_dictionary": False}
-    (tmp_path / "d").mkdir()
-    path = tmp_path / "d" / "part-000.parquet"
-    pyarrow.parquet.write_table(pyarrow.table({"n": [1] * 10}), path, **plain)
+    _clock_stopped(monkeypatch)
+    path, other = _file_of_ones(tmp_path)
     first = ParquetDir(tmp_path / "d")
-    other = parquet_bytes(pyarrow.table({"n": [2] * 10}), **plain)
-    assert len(other) == path.stat().st_size
     with open(path, "r+b") as handle:
         handle.write(other)
     again = ParquetDir(tmp_path / "d")
@@ -1359,15 +1335,10 @@ def test_a_file_rewritten_in_place_while_a_span_is_read_is_refused(
     """A file rewritten in place (same size) after the check that precedes a read, while the
     rows are read from it, is refused: the rows read may be the new ones, and are not handed
     over under the old version."""
-    plain = {"compression": "none", "use_dictionary": False}
-    (tmp_path / "d").mkdir()
-    path = tmp_path / "d" / "part-000.parquet"
-    pyarrow.parquet.write_table(pyarrow.table({"n": [1] * 10}), path, **plain)
+    path, other = _file_of_ones(tmp_path)
     source = ParquetDir(tmp_path / "d")
     assert source.forward({"at": 0, "take": 4}, ctx()).column("n") == [1] * 4
     source.close()
-    other = parquet_bytes(pyarrow.table({"n": [2] * 10}), **plain)
-    assert len(other) == path.stat().st_size
     reading = parquet_module._File.read
 
     def rewritten_while_read(self: Any, *args: Any) -> Any:
