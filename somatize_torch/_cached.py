@@ -173,8 +173,9 @@ class _Cached(nn.Module):
 class _Watched:
     """What a cached node runs on a miss: the submodule, and then a refusal of what a
     recalled answer could not repeat, before the answer is kept — a write into an input
-    (a recall would not write it), an answer the store cannot give back as it is — and
-    the answer made its own memory, as a recalled one is."""
+    (a recall would not write it), a draw from torch's random number generator (a recall
+    would repeat one draw), an answer the store cannot give back as it is — and the
+    answer made its own memory, as a recalled one is."""
 
     def __init__(self, name: str, call: Callable[..., Any], module: nn.Module) -> None:
         self.name = name
@@ -185,7 +186,16 @@ class _Watched:
         # An inference tensor keeps no version counter: its content is weighed instead,
         # before and after (on a miss only, which computes anyway).
         versions = [_version(a) for a in args]
+        generators = _generator_states(args)
         out = self.call(*args)
+        if _generator_states(args) != generators:
+            raise WrapError(
+                f"`{self.name}` is cached, and it drew from torch's random number generator "
+                "(`torch.randn_like`, `F.dropout(x, training=True)`): a recalled answer would "
+                "repeat the one draw it was computed with, where a call draws anew. Draw only "
+                "in training (`training=self.training`: a frozen part runs in eval), or drop "
+                "the submodule from `cached=`"
+            )
         for index, (value, version) in enumerate(zip(args, versions, strict=True)):
             if _version(value) != version:
                 raise WrapError(
@@ -209,6 +219,15 @@ class _Watched:
                 "submodule from `cached=`"
             ) from None
         return _unshared(out, [a for a in args if a is not None], self.module)
+
+
+def _generator_states(args: Sequence[torch.Tensor | None]) -> list[bytes]:
+    """The states of torch's default generators a call may draw from: the host's, and
+    each CUDA device's that an argument is on (CUDA is not initialised for this)."""
+    states = [torch.random.get_rng_state().numpy().tobytes()]
+    for device in sorted({a.device for a in args if a is not None and a.is_cuda}, key=str):
+        states.append(torch.cuda.get_rng_state(device).numpy().tobytes())
+    return states
 
 
 def _version(value: torch.Tensor | None) -> Any:

@@ -7600,3 +7600,38 @@ def test_code_changed_as_the_config_is_set_back_is_refused_not_run_as_traced(
         monkeypatch.setattr(Rescaled, "forward", lambda self, x: self.encoder(x) + 100.0)
         with pytest.raises(smt.WrapError, match=r"`Rescaled.forward` was set on the class"):
             wrapped(x)
+
+
+class Noisy(nn.Module):
+    """Adds noise whatever its mode: each call draws anew."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + torch.randn_like(x)
+
+
+class NoisyProbe(nn.Module):
+    """A linear head on an encoder that draws at every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Noisy()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def test_a_cached_module_that_draws_at_random_is_refused(store: Store) -> None:
+    """A cached module that draws from torch's generator is refused before its answer is
+    kept: a recall would repeat the one draw, where a call of the module draws anew."""
+    wrapped = smt.wrap(NoisyProbe(), frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    for _ in range(2):  # nothing was kept: refused again, not recalled
+        with pytest.raises(smt.WrapError, match="drew from torch's random number generator"):
+            wrapped(x)
+    assert "recalled" not in wrapped.counts.get("encoder", {})
