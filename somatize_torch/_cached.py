@@ -45,7 +45,7 @@ from somatize_torch._modes import outside_compiled
 from somatize_torch._precision import precision_on
 from somatize_torch.codec import TENSOR
 from somatize_torch.digest import digest_tensor, plain
-from somatize_torch.freeze import ModuleNode, check_still, is_held
+from somatize_torch.freeze import ModuleNode, check_still, generator_states, is_held
 
 if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
@@ -186,9 +186,9 @@ class _Watched:
         # An inference tensor keeps no version counter: its content is weighed instead,
         # before and after (on a miss only, which computes anyway).
         versions = [_version(a) for a in args]
-        generators = _generator_states(args)
+        generators = generator_states(self.module, args)
         out = self.call(*args)
-        if _generator_states(args) != generators:
+        if generator_states(self.module, args) != generators:
             raise WrapError(
                 f"`{self.name}` is cached, and it drew from torch's random number generator "
                 "(`torch.randn_like`, `F.dropout(x, training=True)`): a recalled answer would "
@@ -219,15 +219,6 @@ class _Watched:
                 "submodule from `cached=`"
             ) from None
         return _unshared(out, [a for a in args if a is not None], self.module)
-
-
-def _generator_states(args: Sequence[torch.Tensor | None]) -> list[bytes]:
-    """The states of torch's default generators a call may draw from: the host's, and
-    each CUDA device's that an argument is on (CUDA is not initialised for this)."""
-    states = [torch.random.get_rng_state().numpy().tobytes()]
-    for device in sorted({a.device for a in args if a is not None and a.is_cuda}, key=str):
-        states.append(torch.cuda.get_rng_state(device).numpy().tobytes())
-    return states
 
 
 def _version(value: torch.Tensor | None) -> Any:

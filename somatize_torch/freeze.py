@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
+from torch.utils._pytree import tree_leaves
 
 import somatize
 from somatize import Graph, Node, Unbuildable, Undeclared
@@ -515,13 +516,27 @@ class ModuleNode(Node):
     def forward(self, x: Any, ctx: Any) -> Any:
         if is_held(self.module):
             check_still(ctx.name if ctx is not None else repr(self), self.module)
+        # Where the call is the module's own (not a wrapped model's cached part, which
+        # refuses a draw itself), a cached node's answer is refused if the module drew.
+        drawn = self._smz.cached and self.call is self.module
+        generators = generator_states(self.module, x) if drawn else None
         try:
             with self._keyed_autocast():
                 if self.spread and isinstance(x, (tuple, list)):
-                    return self.call(*x)
-                return self.call(x)
+                    out = self.call(*x)
+                else:
+                    out = self.call(x)
         finally:
             self.ran()
+        if drawn and generator_states(self.module, x) != generators:
+            raise FreezeError(
+                f"{self!r} is cached, and it drew from torch's random number generator "
+                "(`torch.randn_like`, `F.dropout(x, training=True)`): a recalled answer would "
+                "repeat the one draw it was computed with, where a call draws anew. Draw only "
+                "in training (`training=self.training`: a frozen module runs in eval), or drop "
+                "`.cached()`"
+            )
+        return out
 
     def _keyed_autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Where the node names the precision it runs in, and is frozen (its declaration
@@ -542,6 +557,20 @@ class ModuleNode(Node):
     def __repr__(self) -> str:
         name = self._smz.name
         return f"<ModuleNode {type(self.module).__qualname__}{f' {name!r}' if name else ''}>"
+
+
+def generator_states(module: nn.Module, args: Any) -> list[bytes]:
+    """The states of torch's default generators a call of ``module`` may draw from: the
+    host's, and each CUDA device's that an argument or a tensor of the module is on (CUDA
+    is not initialised for this)."""
+    states = [torch.random.get_rng_state().numpy().tobytes()]
+    if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # no CUDA draw
+        return states
+    tensors = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
+    tensors.extend(_state_tensors(module).values())
+    for device in sorted({t.device for t in tensors if t.is_cuda}, key=str):
+        states.append(torch.cuda.get_rng_state(device).numpy().tobytes())
+    return states
 
 
 def _precision_of(module: nn.Module) -> Named | None:

@@ -159,6 +159,28 @@ def test_frozen_module_put_back_in_train_mode_warns() -> None:
     assert torch.equal(first, g.forward(x))
 
 
+class Noisy(nn.Module):
+    """Adds noise whatever its mode: each call draws anew."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + torch.randn(x.shape[0], 4)
+
+
+def test_a_cached_module_that_draws_at_random_is_refused(store: Store) -> None:
+    """A cached module that draws from torch's generator is refused before its answer is
+    kept: a recall would repeat the one draw, where a call of the module draws anew."""
+    g = Graph.somatize(smt.ModuleNode(Noisy()).named("noisy").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(5, 6))
+    for _ in range(2):  # nothing was kept: refused again, not recalled
+        with pytest.raises(smt.FreezeError, match="drew from torch's random number generator"):
+            g.forward(x, store=store)
+
+
 def test_a_cached_module_put_back_in_train_mode_warns_when_its_answer_is_recalled(
     store: Store,
 ) -> None:
