@@ -660,3 +660,37 @@ def test_a_loader_of_fresh_or_constant_tensors_is_fetched_ahead(warm: CachedRows
             warm(x)
     assert batches.reuses is False
     assert warm.used_ahead == 8
+
+
+def test_a_loader_with_workers_and_dict_items_gives_each_row_its_own_answer(
+    warm: CachedRows,
+) -> None:
+    """Workers, a collate_fn making dicts whose input is not the first tensor, two loops
+    left early: every answer is its own row's, and no thread is left behind."""
+    data = images(64)
+    truth = expected(warm.module, data)
+
+    def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        return {
+            "index": torch.stack([index for _, index in samples]),
+            "pixels": torch.stack([x for x, _ in samples]),
+        }
+
+    batches = DataLoader(
+        TensorDataset(data, torch.arange(64)),
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=collate,
+    )
+    threads = len(threading.enumerate())
+    for epoch in range(3):
+        for step, item in enumerate(ahead(batches, warm)):
+            assert torch.equal(warm(item["pixels"]), truth[item["index"]])
+            if epoch < 2 and step == 3:
+                break
+    assert warm.used_ahead > 0
+    for thread in threading.enumerate():
+        if thread.name == "QueueFeederThread":
+            thread.join(timeout=30)  # a worker queue's, ending as torch closes the queue
+    assert len(threading.enumerate()) == threads
