@@ -517,8 +517,10 @@ class ModuleNode(Node):
         if is_held(self.module):
             check_still(ctx.name if ctx is not None else repr(self), self.module)
         # Where the call is the module's own (not a wrapped model's cached part, which
-        # refuses a draw itself), a cached node's answer is refused if the module drew.
-        drawn = self._smz.cached and self.call is self.module
+        # refuses a draw itself), a frozen node's answer is refused if the module drew:
+        # kept, or keying the answers of the cached nodes below it (by what it was handed,
+        # as a frozen node's answer follows from that), a draw would be recalled.
+        drawn = self._smz.frozen and self.call is self.module
         generators = generator_states(self.module, x) if drawn else None
         try:
             with self._keyed_autocast():
@@ -530,11 +532,12 @@ class ModuleNode(Node):
             self.ran()
         if drawn and generator_states(self.module, x) != generators:
             raise FreezeError(
-                f"{self!r} is cached, and it drew from torch's random number generator "
-                "(`torch.randn_like`, `F.dropout(x, training=True)`): a recalled answer would "
-                "repeat the one draw it was computed with, where a call draws anew. Draw only "
-                "in training (`training=self.training`: a frozen module runs in eval), or drop "
-                "`.cached()`"
+                f"{self!r} is frozen, and it drew from torch's random number generator "
+                "(`torch.randn_like`, `F.dropout(x, training=True)`): its answer is taken to "
+                "follow from what it is handed, so one kept, or one a cached node below it "
+                "answered from, would be recalled with the one draw it was computed with, "
+                "where a call draws anew. Draw only in training (`training=self.training`: a "
+                "frozen module runs in eval), or drop `.frozen()`"
             )
         return out
 

@@ -181,6 +181,21 @@ def test_a_cached_module_that_draws_at_random_is_refused(store: Store) -> None:
             g.forward(x, store=store)
 
 
+def test_a_frozen_module_that_draws_at_random_above_a_cached_one_is_refused(
+    store: Store,
+) -> None:
+    """A frozen module that draws, not cached itself, above a cached one is refused: the
+    cached node's answer is keyed by what the frozen one was handed, so it would be recalled
+    with the one draw it was computed from, the frozen node spared."""
+    head = smt.ModuleNode(nn.Linear(4, 2)).named("head").frozen().cached()
+    g = Graph.somatize(smt.ModuleNode(Noisy()).named("noisy").frozen() >> head)
+    smt.freeze(g)
+    x = Opaque(torch.randn(5, 6))
+    for _ in range(2):
+        with pytest.raises(smt.FreezeError, match="is frozen, and it drew from torch's"):
+            g.forward(x, store=store)
+
+
 def test_a_cached_module_put_back_in_train_mode_warns_when_its_answer_is_recalled(
     store: Store,
 ) -> None:
