@@ -316,6 +316,7 @@ def ahead(
     on another thread meanwhile so that their forwards find them named; see the
     module docstring. ``inputs`` picks a cache's input out of a loader item (by default
     it is learned from the steps). ``check_draws`` fetches the first pass in order and
-    fetches ahead only a loader that drew no random numbers in it. With no
-    content-keyed cache it is ``loader`` itself."""
+    fetches ahead only a loader that drew no random numbers in it. It is an
+    :class:`Ahead` (not a ``DataLoader``): with no content-keyed cache, its iterator is
+    ``loader``'s own."""
     return Ahead(loader, caches, inputs=inputs, depth=depth, check_draws=check_draws)
