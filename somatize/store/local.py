@@ -95,11 +95,21 @@ _ALIGN = 64
 _TICK = 2_000_000_000
 """Nanoseconds past which a directory's time is surely a tick of the filesystem's clock
 behind (FAT's is two seconds)."""
+
 _MAPS_SHARED = 16
 """How many read-only mappings of large blobs a store keeps between reads that only
 borrow them (``recall_many(..., borrow=True)``: a per-row cache reading the pack its next
 batch's rows are in again), so their pages are not mapped and faulted in again. Each
 holds a file descriptor, so few are kept."""
+
+
+def _to_trust(stamp: int) -> int:
+    """``stamp``, the time of a directory just listed, as the one a later look compares its
+    own with to tell nothing changed since: -1 (list it again) while it is within a tick of
+    now. A directory's time only moves on the clock's tick (coarse: milliseconds, or two
+    seconds on FAT), so an entry made later in the tick the listing was made in leaves it
+    as it was."""
+    return stamp if time.time_ns() - stamp > _TICK else -1
 
 
 def _read_privately(handle: io.BufferedReader, size: int, digest: str) -> memoryview:
@@ -515,11 +525,7 @@ class LocalStore(LocalShelf):
             return None
         except OSError as why:  # another user's folder (EACCES), a file (ENOTDIR)
             raise self._unreadable("packs", why) from why
-        # A directory's time only moves on the clock's tick (coarse: milliseconds, or two
-        # seconds on FAT), so a pack published later in the tick this listing was made in
-        # leaves it as it was: the time says nothing changed since only for a listing made
-        # once that tick was over.
-        self._packs_stamp = stamp if time.time_ns() - stamp > _TICK else -1
+        self._packs_stamp = _to_trust(stamp)
         return {"blake3:" + name: name for name in listed}
 
     def _list_again(self) -> None:
@@ -538,9 +544,9 @@ class LocalStore(LocalShelf):
             empty = not os.listdir(self._answers)
         except OSError:  # none there, or not for this process to list: read as before
             return False
-        # Found empty, the listing is trusted only for a time a tick behind (a shard made
-        # later in its tick leaves the time as it was); found holding some, at once.
-        self._answers_stamp = stamp if not empty or time.time_ns() - stamp > _TICK else -1
+        # Found holding some, records are read as ever, which an entry made later cannot
+        # make wrong: its time is kept at once.
+        self._answers_stamp = _to_trust(stamp) if empty else stamp
         self._answers_empty = empty
         return empty
 
