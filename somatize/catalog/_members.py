@@ -94,8 +94,9 @@ def _plain(value: Any) -> bool:
     (``re.IGNORECASE``) — not of a class of the node's own (``class Mode(str)``, a named
     tuple), whose code is named with it (:func:`_held_bytes`)."""
     kind = type(value)
-    exact = kind in _PLAIN_TYPES or kind is tuple or kind is frozenset
-    if not exact and (not isinstance(value, _VALUE_BASES) or not _left_out(kind)):
+    if kind not in _PLAIN_OR_OF_PLAIN and (
+        not isinstance(value, _VALUE_BASES) or not _left_out(kind)
+    ):
         return False
     if isinstance(value, (tuple, frozenset)):
         return all(_plain(member) for member in value)
@@ -103,6 +104,8 @@ def _plain(value: Any) -> bool:
 
 
 _PLAIN_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes})
+_PLAIN_OR_OF_PLAIN = _PLAIN_TYPES | {tuple, frozenset}
+"""The very types of plain constants (:func:`_plain`), those holding them included."""
 
 
 _VALUE_BASES = (int, float, complex, str, bytes, tuple, frozenset)
@@ -112,7 +115,7 @@ _VALUE_BASES = (int, float, complex, str, bytes, tuple, frozenset)
 def _value_base(kind: type) -> type | None:
     """The class of :data:`_VALUE_BASES` ``kind`` is made from, where it is a subclass of
     it; else None."""
-    if kind in _PLAIN_TYPES or kind is tuple or kind is frozenset:
+    if kind in _PLAIN_OR_OF_PLAIN:
         return None
     return next((base for base in _VALUE_BASES if issubclass(kind, base)), None)
 

@@ -312,7 +312,7 @@ def _copied(live: Any) -> Any:
     if kind is array.array:
         return array.array(live.typecode, live)
     base = _items_base(kind) or kind
-    if (base is set or base is frozenset) and not all(type(item) in _TEXTS for item in live):
+    if (base is set or base is frozenset) and not _all_text(live):
         return _ExactSet(live)
     return base(live)
 
@@ -363,13 +363,20 @@ _TEXTS = frozenset({str, bytes})
 takes no other for one of them."""
 
 
+def _all_text(items: Any) -> bool:
+    """Whether ``items`` (of a set, tuple or frozenset) are all text, which ``==`` takes
+    nothing else for, so that a copy of them compared with ``==`` says whether they
+    changed."""
+    return all(type(item) in _TEXTS for item in items)
+
+
 def _exact(value: Any) -> Any:
     """``value``, or an :class:`_Exact` of it where it is a number, or a tuple or frozenset
     holding more than text (``(2,)`` is not ``(2.0,)``)."""
     kind = type(value)
     if kind in _NUMBERS or (kind not in _NOT_NUMBERS and isinstance(value, numbers.Number)):
         return _Exact(value)
-    if (kind is tuple or kind is frozenset) and not all(type(item) in _TEXTS for item in value):
+    if (kind is tuple or kind is frozenset) and not _all_text(value):
         return _Exact(value)
     return value
 
