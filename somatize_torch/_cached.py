@@ -45,7 +45,13 @@ from somatize_torch._modes import outside_compiled
 from somatize_torch._precision import precision_on
 from somatize_torch.codec import TENSOR
 from somatize_torch.digest import digest_tensor, plain
-from somatize_torch.freeze import ModuleNode, check_still, generator_states, is_held
+from somatize_torch.freeze import (
+    ModuleNode,
+    check_still,
+    drew_at_random,
+    generator_states,
+    is_held,
+)
 
 if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
@@ -190,11 +196,9 @@ class _Watched:
         out = self.call(*args)
         if generator_states(self.module, args) != generators:
             raise WrapError(
-                f"`{self.name}` is cached, and it drew from torch's random number generator "
-                "(`torch.randn_like`, `F.dropout(x, training=True)`): a recalled answer would "
-                "repeat the one draw it was computed with, where a call draws anew. Draw only "
-                "in training (`training=self.training`: a frozen part runs in eval), or drop "
-                "the submodule from `cached=`"
+                drew_at_random(
+                    f"`{self.name}` is cached", "its answer", "the submodule from `cached=`"
+                )
             )
         for index, (value, version) in enumerate(zip(args, versions, strict=True)):
             if _version(value) != version:

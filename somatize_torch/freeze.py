@@ -532,12 +532,12 @@ class ModuleNode(Node):
             self.ran()
         if drawn and generator_states(self.module, x) != generators:
             raise FreezeError(
-                f"{self!r} is frozen, and it drew from torch's random number generator "
-                "(`torch.randn_like`, `F.dropout(x, training=True)`): its answer is taken to "
-                "follow from what it is handed, so one kept, or one a cached node below it "
-                "answered from, would be recalled with the one draw it was computed with, "
-                "where a call draws anew. Draw only in training (`training=self.training`: a "
-                "frozen module runs in eval), or drop `.frozen()`"
+                drew_at_random(
+                    f"{self!r} is frozen",
+                    "its answer is taken to follow from what it is handed, so one kept, or one "
+                    "a cached node below it answered from",
+                    "`.frozen()`",
+                )
             )
         return out
 
@@ -560,6 +560,17 @@ class ModuleNode(Node):
     def __repr__(self) -> str:
         name = self._smz.name
         return f"<ModuleNode {type(self.module).__qualname__}{f' {name!r}' if name else ''}>"
+
+
+def drew_at_random(who: str, recalled: str, drop: str) -> str:
+    """What refuses a module that drew from torch's generator (:func:`generator_states`)
+    where its answer would be ``recalled``: ``who`` it is, and ``drop`` what to drop."""
+    return (
+        f"{who}, and it drew from torch's random number generator (`torch.randn_like`, "
+        f"`F.dropout(x, training=True)`): {recalled} would be recalled with the one draw it "
+        "was computed with, where a call draws anew. Draw only in training "
+        f"(`training=self.training`: a frozen module runs in eval), or drop {drop}"
+    )
 
 
 def generator_states(module: nn.Module, args: Any) -> list[bytes]:
