@@ -1,4 +1,9 @@
-"""Shared fixtures: a fresh store per test, written only under tmp_path; Ctrl-C on cue."""
+"""Shared fixtures: a fresh store per test, written only under tmp_path; Ctrl-C on cue.
+
+The tests' tensors are tiny, so torch runs each op on one thread, here and in every
+process a test starts: a second OpenMP thread gains nothing on them and, on a machine
+whose other core is busy (a test's child process, a writer thread), an op waits a
+scheduler tick for it, a thousand times what the op costs."""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
