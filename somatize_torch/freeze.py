@@ -567,17 +567,20 @@ def drew_at_random(who: str, recalled: str, drop: str) -> str:
     where its answer would be ``recalled``: ``who`` it is, and ``drop`` what to drop."""
     return (
         f"{who}, and it drew from torch's random number generator (`torch.randn_like`, "
-        f"`F.dropout(x, training=True)`): {recalled} would be recalled with the one draw it "
+        "`F.dropout(x, training=True)`, a `torch.Generator` it holds): "
+        f"{recalled} would be recalled with the one draw it "
         "was computed with, where a call draws anew. Draw only in training "
         f"(`training=self.training`: a frozen module runs in eval), or drop {drop}"
     )
 
 
 def generator_states(module: nn.Module, args: Any) -> list[bytes]:
-    """The states of torch's default generators a call of ``module`` may draw from: the
-    host's, and each CUDA device's that an argument or a tensor of the module is on (CUDA
-    is not initialised for this)."""
+    """The states of the generators a call of ``module`` may draw from: each
+    ``torch.Generator`` the module or a submodule holds as an attribute (or in a list,
+    tuple or dict it holds), and torch's default ones: the host's, and each CUDA device's
+    that an argument or a tensor of the module is on (CUDA is not initialised for this)."""
     states = [torch.random.get_rng_state().numpy().tobytes()]
+    states.extend(held.get_state().numpy().tobytes() for held in _held_generators(module))
     if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # no CUDA draw
         return states
     tensors = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
@@ -585,6 +588,26 @@ def generator_states(module: nn.Module, args: Any) -> list[bytes]:
     for device in sorted({t.device for t in tensors if t.is_cuda}, key=str):
         states.append(torch.cuda.get_rng_state(device).numpy().tobytes())
     return states
+
+
+# What torch keeps on every module (its parameters, buffers, submodules, hooks): none of
+# it a generator, so not looked through at each call.
+_MODULE_OWN = frozenset(vars(nn.Module()))
+
+
+def _held_generators(module: nn.Module) -> Iterator[torch.Generator]:
+    """The ``torch.Generator`` objects ``module`` and its submodules hold as attributes,
+    directly or in a list, tuple or dict (``self.noise = torch.Generator()``)."""
+    for part in module.modules():
+        for name, value in vars(part).items():
+            if name in _MODULE_OWN:
+                continue
+            if isinstance(value, dict):
+                value = list(value.values())
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                # By its class's bases: `isinstance` goes through torch's Python hook.
+                if torch.Generator in type(item).__mro__:
+                    yield item
 
 
 def _precision_of(module: nn.Module) -> Named | None:

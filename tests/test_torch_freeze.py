@@ -170,10 +170,27 @@ class Noisy(nn.Module):
         return self.linear(x) + torch.randn(x.shape[0], 4)
 
 
-def test_a_cached_module_that_draws_at_random_is_refused(store: Store) -> None:
-    """A cached module that draws from torch's generator is refused before its answer is
-    kept: a recall would repeat the one draw, where a call of the module draws anew."""
-    g = Graph.somatize(smt.ModuleNode(Noisy()).named("noisy").frozen().cached())
+class NoisyOwnGenerator(nn.Module):
+    """Adds noise drawn from a generator it holds, whatever its mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 4)
+        self.noise = {"draws": torch.Generator().manual_seed(0)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(x.shape[0], 4, generator=self.noise["draws"])
+        return self.linear(x) + noise
+
+
+@pytest.mark.parametrize("module", [Noisy, NoisyOwnGenerator])
+def test_a_cached_module_that_draws_at_random_is_refused(
+    store: Store, module: type[nn.Module]
+) -> None:
+    """A cached module that draws from torch's generator, or one it holds, is refused
+    before its answer is kept: a recall would repeat the one draw, where a call of the
+    module draws anew."""
+    g = Graph.somatize(smt.ModuleNode(module()).named("noisy").frozen().cached())
     smt.freeze(g)
     x = Opaque(torch.randn(5, 6))
     for _ in range(2):  # nothing was kept: refused again, not recalled

@@ -7613,22 +7613,39 @@ class Noisy(nn.Module):
         return self.linear(x) + torch.randn_like(x)
 
 
-class NoisyProbe(nn.Module):
-    """A linear head on an encoder that draws at every call."""
+class NoisyOwnGenerator(nn.Module):
+    """Adds noise drawn from a generator a submodule holds, whatever its mode."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = Noisy()
+        self.linear = nn.Linear(4, 4)
+        self.linear.draws = torch.Generator().manual_seed(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(x.shape, generator=self.linear.draws)
+        return self.linear(x) + noise
+
+
+class NoisyProbe(nn.Module):
+    """A linear head on an encoder that draws at every call."""
+
+    def __init__(self, encoder: type[nn.Module] = Noisy) -> None:
+        super().__init__()
+        self.encoder = encoder()
         self.head = nn.Linear(4, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(x))
 
 
-def test_a_cached_module_that_draws_at_random_is_refused(store: Store) -> None:
-    """A cached module that draws from torch's generator is refused before its answer is
-    kept: a recall would repeat the one draw, where a call of the module draws anew."""
-    wrapped = smt.wrap(NoisyProbe(), frozen=["encoder"], cached=["encoder"], store=store)
+@pytest.mark.parametrize("encoder", [Noisy, NoisyOwnGenerator])
+def test_a_cached_module_that_draws_at_random_is_refused(
+    store: Store, encoder: type[nn.Module]
+) -> None:
+    """A cached module that draws from torch's generator, or one a submodule holds, is
+    refused before its answer is kept: a recall would repeat the one draw, where a call of
+    the module draws anew."""
+    wrapped = smt.wrap(NoisyProbe(encoder), frozen=["encoder"], cached=["encoder"], store=store)
     smt.freeze(wrapped)
     x = torch.randn(3, 4)
     for _ in range(2):  # nothing was kept: refused again, not recalled
