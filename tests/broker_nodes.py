@@ -616,3 +616,22 @@ def returning_interrupted(broker: Any, node: str, started: Path) -> Any:
             raise KeyboardInterrupt  # the Ctrl-C, landing as submit returns
 
     return Returning
+
+
+class Stuck(Node):
+    """Touches ``marker``, then loops until the file ``until`` exists, ignoring every
+    KeyboardInterrupt sent to it — a node no interrupt stops — and hands its input on."""
+
+    def __init__(self, marker: str, until: str) -> None:
+        self.marker = marker
+        self.until = until
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        Path(self.marker).touch()
+        deadline = time.monotonic() + 600.0
+        while not os.path.exists(self.until) and time.monotonic() < deadline:
+            try:
+                time.sleep(0.01)
+            except KeyboardInterrupt:
+                continue
+        return value

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from somatize._numbers import finite
 from somatize._threads import ProcessLock, StartedPool
 from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of, state_crosses
 from somatize.engine import Call, NodeFailed, wait_for
@@ -110,9 +111,26 @@ class WorkerLost(_Rebuilt, SomatizeError, RuntimeError):
 class WorkerTimeout(_Rebuilt, SomatizeError, TimeoutError):
     """A worker did not answer within the broker's timeout."""
 
-    def __init__(self, node: str, worker: str, timeout_s: float, *, starting: bool = False) -> None:
+    def __init__(
+        self,
+        node: str,
+        worker: str,
+        timeout_s: float,
+        *,
+        starting: bool = False,
+        thread: bool = False,
+    ) -> None:
         self.node, self.worker = node, worker
-        if starting:
+        if thread:  # an embedded worker: its thread cannot be stopped, only let go
+            message = (
+                f"`{node}` on worker `{worker}` did not answer within {timeout_s:g} s, so the "
+                f"worker was let go: its node was interrupted (a thread cannot be stopped from "
+                "outside; a node in one long call into C runs on until that call returns), "
+                f"and whatever it answers is neither handed back nor kept. Nothing was kept "
+                f"for `{node}`, and the next call starts `{worker}` afresh. Raise `timeout_s=` "
+                "on the broker if the node needs longer"
+            )
+        elif starting:
             message = (
                 f"worker `{worker}` did not start within {timeout_s:g} s, so `{node}` did not run "
                 "and nothing was kept for it. Check that the cluster has the resources the worker "
@@ -264,14 +282,20 @@ class Broker(abc.ABC):
 
     @staticmethod
     def embedded(
-        workers: Mapping[str, Worker], *, catalog: Catalog | None = None
+        workers: Mapping[str, Worker],
+        *,
+        catalog: Catalog | None = None,
+        timeout_s: float | None = None,
     ) -> EmbeddedBroker:
         """Workers in this process. Network workers rebuild their nodes through
         ``catalog`` (by default one that imports by ``module:qualname`` and finds classes
-        of this process's ``__main__``; register on it a class that no import can find)."""
+        of this process's ``__main__``; register on it a class that no import can find).
+        ``timeout_s``: how long a call on a network worker may take before the worker is
+        let go and started afresh (None: as long as it takes); refused with a local
+        worker, whose node is the caller's own object."""
         from .embedded import EmbeddedBroker
 
-        return EmbeddedBroker(workers, catalog=catalog)
+        return EmbeddedBroker(workers, catalog=catalog, timeout_s=timeout_s)
 
     @staticmethod
     def ray(
@@ -688,15 +712,24 @@ class Broker(abc.ABC):
         finally:
             self._here.held = ()
             self._here.future = None
-            # An interrupt landed as the forward ended, before it was left, and one sent
-            # again since: it lands here, not in the lane's own loop, which it would end.
-            try:  # suppress's __enter__ is a call, where it could land outside
-                with self._lock:
-                    running = self._forwarding.pop(future, None)
-                if running is not None and running[1]:
-                    _take_back()
-            except KeyboardInterrupt:
-                pass
+            self._left(future)
+
+    def _left(self, future: Future[Done]) -> None:
+        """The thread that ran ``future``'s node is done with it. An interrupt landed as the
+        forward ended, before it was left, and one sent again since: it lands here, not in
+        the thread's own loop, which it would end. A forward noted as running on another
+        thread (a call an embedded broker times runs on a thread of its own) is
+        that thread's to leave."""
+        try:  # suppress's __enter__ is a call, where it could land outside
+            with self._lock:
+                running = self._forwarding.get(future)
+                if running is None or running[0] != threading.get_ident():
+                    return
+                del self._forwarding[future]
+            if running[1]:
+                _take_back()
+        except KeyboardInterrupt:
+            pass
 
     def __repr__(self) -> str:
         listed = ", ".join(f"{name}: {w.mode}" for name, w in self.workers.items())
@@ -768,6 +801,11 @@ def _owed(graph: Graph, name: str) -> tuple[tuple[str, str], ...]:
     node = graph.node(name)
     kept = graph._kept.get(name)
     return holding_of(node).owed(node, follows=[attr for attr, _ in kept[1]] if kept else ())
+
+
+def _seconds(value: Any) -> bool:
+    """Whether ``value`` is a finite number of seconds > 0 (not a bool)."""
+    return finite(value) and value > 0
 
 
 def _unsendable(node: str, worker: str, why: Unbuildable) -> Unbuildable:

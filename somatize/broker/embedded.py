@@ -20,20 +20,32 @@ because nothing else crosses there — with one allowance: these workers share t
 interpreter, so a class defined in ``__main__`` (a notebook's) is found there,
 where a Ray worker would refuse it and ask for the class to be moved into a
 module or registered.
+
+With ``timeout_s``, a call on a network worker runs on a thread of its own, and the
+worker's thread waits for it that long at most. A thread cannot be stopped from
+outside, so one that does not answer in time is let go rather than stopped: its node
+is sent KeyboardInterrupt (it lands at the next Python instruction the node runs),
+the host it runs on begins nothing more and keeps nothing, and the worker's next call
+gets a fresh host, which builds its nodes and loads their state again. A local worker
+runs the caller's own node object, which a call let go would go on changing beside
+the next one: a timeout is refused there.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
+from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any
 
+from somatize._threads import start_thread
 from somatize.catalog import Blueprint, Catalog, own_state
 from somatize.node import Context, running_here
 
-from .base import Broker, Done
+from .base import Broker, Done, WorkerTimeout, _seconds
 from .host import Host, NeedState, crossings, job_for, unpack
-from .worker import Worker
+from .worker import BadWorker, Worker
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -44,7 +56,13 @@ __all__ = ["EmbeddedBroker"]
 class EmbeddedBroker(Broker):
     """Workers in this process; see the module docstring."""
 
-    def __init__(self, workers: Mapping[str, Worker], *, catalog: Catalog | None = None) -> None:
+    def __init__(
+        self,
+        workers: Mapping[str, Worker],
+        *,
+        catalog: Catalog | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
         super().__init__(workers)
         if catalog is not None and not isinstance(catalog, Catalog):
             raise TypeError(
@@ -52,19 +70,35 @@ class EmbeddedBroker(Broker):
                 "make one with `Catalog(in_process=True)` and register on it the classes no "
                 "import can find, or leave it out"
             )
+        if timeout_s is not None:
+            if not _seconds(timeout_s):
+                raise ValueError(
+                    f"timeout_s is a number of seconds > 0 (or None), got {timeout_s!r}"
+                )
+            local = [name for name, w in self.workers.items() if not w.crosses]
+            if local:
+                raise BadWorker(
+                    f'worker `{local[0]}` is `mode="local"`: it runs the node object itself '
+                    "on a thread of this process, and a thread cannot be stopped from outside, "
+                    "so a call that did not answer in time would go on changing that object "
+                    "beside the next call of it. `timeout_s=` is for network workers, which "
+                    'run a copy the broker can let go: describe it with `mode="network"`, or '
+                    "leave `timeout_s=` out"
+                )
         self.catalog = catalog if catalog is not None else Catalog(in_process=True)
-        self._hosts = {
-            name: Host(name, self.catalog, stoppable=self.stoppable)
-            for name, w in workers.items()
-            if w.crosses
-        }
+        self.timeout_s = timeout_s
+        self._hosts = {name: self._host(name) for name, w in workers.items() if w.crosses}
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A copy (``copy.deepcopy``, or the broker pickled to a spawned process: a
-        DataLoader worker, a ``multiprocessing`` one) is a broker with the same workers and
-        catalog, started afresh, as one in a forked child: its threads, and the nodes its
-        hosts rebuilt and loaded, stay with the original."""
-        return (_started, (self.workers, self.catalog))
+        DataLoader worker, a ``multiprocessing`` one) is a broker with the same workers,
+        catalog and timeout, started afresh, as one in a forked child: its threads, and
+        the nodes its hosts rebuilt and loaded, stay with the original."""
+        return (_started, (self.workers, self.catalog, self.timeout_s))
+
+    def _host(self, worker: str) -> Host:
+        """A fresh host for network worker ``worker``."""
+        return Host(worker, self.catalog, stoppable=self.stoppable)
 
     def close(self) -> None:
         """Lets the workers go, as :meth:`Broker.close` says, and the nodes their hosts
@@ -72,17 +106,13 @@ class EmbeddedBroker(Broker):
         again on fresh hosts, and sends their state again. A node still running finishes
         on the host it started on."""
         with self._lock:
-            self._hosts = {
-                name: Host(name, self.catalog, stoppable=self.stoppable) for name in self._hosts
-            }
+            self._hosts = {name: self._host(name) for name in self._hosts}
         super().close()
 
     def _forked(self) -> None:
         """In a forked child, fresh hosts: the parent's may have been building or running a
         node as it forked, and the child's copy of that node is left half changed."""
-        self._hosts = {
-            name: Host(name, self.catalog, stoppable=self.stoppable) for name in self._hosts
-        }
+        self._hosts = {name: self._host(name) for name in self._hosts}
 
     def _admit(
         self, node: str, worker: str, blueprint: Blueprint, fingerprint: str | None, holds: bool
@@ -95,8 +125,7 @@ class EmbeddedBroker(Broker):
     def _send(
         self, graph: Graph, node: str, worker: str, inputs: list[Any], ctx: Context, keep: bool
     ) -> Callable[[], Done]:
-        host = self._hosts.get(worker)
-        if host is None:
+        if not self.workers[worker].crosses:
             here = graph.node(node)
 
             def run_here() -> Done:
@@ -112,7 +141,7 @@ class EmbeddedBroker(Broker):
             graph, node, worker, blueprint, inputs, ctx, keep=keep, holder=self._holder(graph)
         )
 
-        def run_there() -> Done:
+        def run_there(host: Host) -> Done:
             start = time.perf_counter_ns()
             reply = host.run(job, sent)
             carried = 0
@@ -126,10 +155,52 @@ class EmbeddedBroker(Broker):
             facts = crossings(graph, node, worker, sizes, len(reply.data), carried)
             return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)
 
-        return run_there
+        if self.timeout_s is None:
+            return lambda: run_there(self._hosts[worker])
+        return lambda: self._within(node, worker, run_there)
+
+    def _within(self, node: str, worker: str, run: Callable[[Host], Done]) -> Done:
+        """Runs ``run`` on ``worker``'s host of now, on a thread of its own, and waits for
+        it :attr:`timeout_s` at most; on the worker's thread, for the call running there.
+        One that does not answer in time is let go (the module docstring says how), and is
+        a :class:`WorkerTimeout`."""
+        assert self.timeout_s is not None
+        call, held = self._here.future, self._here.held
+        with self._lock:
+            host = self._hosts[worker]
+        outcome: SimpleQueue[tuple[Done | None, BaseException | None]] = SimpleQueue()
+
+        def there() -> None:
+            self._here.future, self._here.held = call, held  # for the forwards it runs
+            try:
+                outcome.put((run(host), None))
+            except BaseException as error:
+                outcome.put((None, error))
+            finally:
+                self._here.future, self._here.held = None, ()
+                self._left(call)
+
+        thread = threading.Thread(target=there, name=f"somatize-{worker}-call", daemon=True)
+        start_thread(thread.start)
+        try:
+            done, error = outcome.get(timeout=self.timeout_s)
+        except Empty:
+            with self._lock:
+                if self._hosts.get(worker) is host:
+                    self._hosts[worker] = self._host(worker)
+            host.let_go = True
+            self.interrupted([call])
+            raise WorkerTimeout(node, worker, self.timeout_s, thread=True) from None
+        if error is not None:
+            raise error
+        assert done is not None
+        return done
 
 
-def _started(workers: Mapping[str, Worker], catalog: Catalog) -> EmbeddedBroker:
-    """A broker of ``workers`` rebuilding through ``catalog``, none of them started yet:
-    what a copy is made from (:meth:`EmbeddedBroker.__reduce__`)."""
-    return EmbeddedBroker(workers, catalog=catalog)
+def _started(
+    workers: Mapping[str, Worker], catalog: Catalog, timeout_s: float | None = None
+) -> EmbeddedBroker:
+    """A broker of ``workers`` rebuilding through ``catalog``, timing calls out after
+    ``timeout_s``, none of them started yet: what a copy is made from
+    (:meth:`EmbeddedBroker.__reduce__`)."""
+    return EmbeddedBroker(workers, catalog=catalog, timeout_s=timeout_s)

@@ -351,6 +351,9 @@ class Host:
         recent last."""
         self._stores: dict[bytes, Store] = {}
         """The canonical bytes of an address → the store opened from it."""
+        self.let_go = False
+        """Whether the broker let this host go with a job still running on it (the job did
+        not answer in time): it begins no node's forward and keeps no answer after that."""
         self._lock = ProcessLock()
         """Held while nodes are built or looked up: a broker admits nodes (on the caller's
         thread) while this host runs a job (on the worker's). Made unheld in a forked
@@ -569,6 +572,8 @@ class Host:
         start = time.perf_counter_ns()
         try:
             with self.stoppable():
+                if self.let_go:  # as one interrupted before its forward began
+                    raise KeyboardInterrupt
                 value = node.forward(*inputs, ctx)
         except BaseException as stop:
             if not isinstance(stop, Exception):  # interrupted partway: it may be half changed
@@ -585,7 +590,7 @@ class Host:
             where = f"the answer of `{job.name}`, crossing back from worker `{self.worker}`"
         codec, data = pack(value, where)
         kept = None
-        if job.keep and job.key is not None and store is not None:
+        if job.keep and job.key is not None and store is not None and not self.let_go:
             try:
                 kept = store.keep(job.key, data, codec, job.kept_with).size
             except StoreError:

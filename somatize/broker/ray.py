@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from somatize import keys as keying
-from somatize._numbers import finite
 from somatize.catalog import Blueprint, Catalog, Unbuildable
 from somatize.codecs import CodecError
 from somatize.errors import SomatizeError, _rebuilt
@@ -63,6 +62,7 @@ from .base import (
     StateMismatch,
     WorkerLost,
     WorkerTimeout,
+    _seconds,
 )
 from .host import Host, Job, NeedState, Reply, crossings, held_state, job_for, unpack
 from .worker import BadWorker, Worker
@@ -630,11 +630,6 @@ def _addresses(host: str) -> set[str]:
     except (OSError, UnicodeError):
         return set()
     return {str(info[4][0]) for info in found}
-
-
-def _seconds(value: Any) -> bool:
-    """Whether ``value`` is a finite number of seconds > 0 (not a bool)."""
-    return finite(value) and value > 0
 
 
 @dataclass(frozen=True)
