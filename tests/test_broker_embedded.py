@@ -705,7 +705,7 @@ def _next_forward(after: Graph, broker: Broker, go: Path) -> Any:
     return out["value"]
 
 
-@pytest.mark.parametrize("mode", ["local", "network"])
+@pytest.mark.parametrize("mode", ["local", "network", "timed"])
 @pytest.mark.parametrize("swallows", [False, True], ids=["raises", "swallows"])
 def test_an_interrupted_forward_stops_the_node_on_an_embedded_worker(
     mode: str,
@@ -717,9 +717,13 @@ def test_an_interrupted_forward_stops_the_node_on_an_embedded_worker(
     """Ctrl-C while a node loops in Python on an embedded worker stops that node there: the
     worker is free for its next node at once (not behind a node running for nobody), and
     nothing is kept for the stopped node — nor for one that caught the KeyboardInterrupt
-    and answered anyway — while a sibling that finished on another worker is kept."""
+    and answered anyway — while a sibling that finished on another worker is kept. So it
+    is on network workers whose calls are timed (``timeout_s``), which run on threads of
+    their own."""
     g = spinning(tmp_path, swallows=swallows)
-    broker = Broker.embedded({"w1": Worker.generic(mode=mode), "w2": Worker.generic(mode=mode)})
+    worker = Worker.generic(mode="network" if mode == "timed" else mode)  # type: ignore[arg-type]
+    timeout_s = 600.0 if mode == "timed" else None
+    broker = Broker.embedded({"w1": worker, "w2": worker}, timeout_s=timeout_s)
 
     def watch(fact: dict[str, Any]) -> None:
         if fact["fact"] == "kept" and fact["node"] == "fine":
