@@ -564,6 +564,28 @@ def test_a_worker_of_another_somatize_version_is_refused_before_its_node_runs(
         assert g.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
 
 
+def test_a_worker_running_edited_somatize_of_the_same_version_is_refused(
+    cluster: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An actor that imported somatize of the client's version from other source files (here
+    the client's are said to be edited) is BadWorker, saying so, before the node is sent:
+    its version alone matched, and it would have read the client's jobs with other code.
+    The same worker on the same files answers."""
+    import somatize
+    from somatize.broker import ray as ray_broker
+
+    g = Graph.somatize(Rows().named("rows") >> Scale(2.0).named("scale").at("w1"))
+    with Broker.ray(workers={"w1": _worker()}) as broker:
+        monkeypatch.setattr(ray_broker, "_source", lambda: "blake3:" + "0" * 64)
+        version = re.escape(somatize.__version__)
+        with pytest.raises(BadWorker, match=rf"worker `w1` runs somatize {version} as this "
+                           r"process does, from other source files .*here blake3:0{64}: one of "
+                           r"them was edited.*`scale` did not run"):  # fmt: skip
+            g.forward({"at": 0, "take": 2}, broker=broker)
+        monkeypatch.undo()
+        assert g.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
+
+
 def test_a_ray_broker_copied_or_pickled_is_refused_by_name(broker: Any) -> None:
     """A Ray broker pickled (to a spawned DataLoader worker) or copied is refused with a
     TypeError naming it and what to do, not `SimpleQueue`'s, which named nothing of

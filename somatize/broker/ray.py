@@ -35,7 +35,9 @@ takes longer than ``timeout_s`` stops its worker the same way.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
 import os
 import re
 import socket
@@ -44,7 +46,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import blake3
 
 from somatize import keys as keying
 from somatize.catalog import Blueprint, Catalog, Unbuildable
@@ -225,7 +230,8 @@ class _Actor:
         return os.getpid()
 
     def version(self) -> str:
-        """The version of somatize this actor imported, which reads the jobs it is sent."""
+        """The version of somatize this actor imported, which reads the jobs it is sent,
+        and the digest of its source files (:func:`_version`)."""
         return _version()
 
 
@@ -511,20 +517,62 @@ class RayBroker(Broker):
 
 
 def _version() -> str:
-    """The version of somatize imported here."""
+    """The version of somatize imported here and the digest of its source files
+    (:func:`_source`), as ``"<version> <digest>"``: a worker running the same version
+    edited is told apart from one running it as released."""
     import somatize
 
-    return somatize.__version__
+    return f"{somatize.__version__} {_source()}"
+
+
+@functools.cache
+def _source() -> str:
+    """The digest of the source files of somatize here — the ``somatize`` package this
+    process imported and the ``somatize_torch`` beside it — read once per process, when
+    first asked (a client asks as its first worker starts, an actor as it is first asked
+    its version)."""
+    packages: list[tuple[str, Path]] = []
+    for name in _OWN:
+        spec = importlib.util.find_spec(name)  # the imported one's, or where an import looks
+        if spec is not None and spec.submodule_search_locations:
+            packages.extend((name, Path(place)) for place in spec.submodule_search_locations)
+    return source_digest(packages)
+
+
+def source_digest(packages: Iterable[tuple[str, Path]]) -> str:
+    """The BLAKE3 digest of the ``.py`` files under each (name, directory) of ``packages``,
+    each by its path from its package's name and its bytes: the same files give the same
+    digest wherever they lie, and a file edited, added, removed or moved another."""
+    hasher = blake3.blake3()
+    for name, place in packages:
+        for path in sorted(place.rglob("*.py")):
+            named = f"{name}/{path.relative_to(place).as_posix()}".encode()
+            data = path.read_bytes()
+            for part in (named, data):
+                hasher.update(len(part).to_bytes(8, "little"))
+                hasher.update(part)
+    return "blake3:" + hasher.hexdigest()
 
 
 def _other_version(node: str, worker: str, there: str) -> BadWorker:
-    """The refusal of a worker whose actor imported another version of somatize (``there``),
-    which would read the jobs this process writes otherwise."""
+    """The refusal of a worker whose actor imported another version of somatize, or the
+    same version from other source files (``there``, its :func:`_version`), which would
+    read the jobs this process writes otherwise."""
+    here = _version()
+    version, _, source = there.rpartition(" ")
+    mine, _, my_source = here.rpartition(" ")
+    if version == mine:
+        runs = (
+            f"runs somatize {mine} as this process does, from other source files (their "
+            f"digest there is {source}, here {my_source}: one of them was edited)"
+        )
+    else:
+        runs = f"runs somatize {version or there}, and this process {mine}"
     return BadWorker(
-        f"worker `{worker}` runs somatize {there}, and this process {_version()}: the jobs "
-        f"it is sent would be read there by other code than wrote them, so `{node}` did not "
-        "run and nothing was kept. The worker was stopped. Install the same version of "
-        "somatize everywhere the graph runs (on a cluster elsewhere, through `runtime_env=`)"
+        f"worker `{worker}` {runs}: the jobs it is sent would be read there by other code "
+        f"than wrote them, so `{node}` did not run and nothing was kept. The worker was "
+        "stopped. Install the same somatize everywhere the graph runs (on a cluster "
+        "elsewhere, through `runtime_env=`)"
     )
 
 
