@@ -231,7 +231,7 @@ class _Run:
 
     def call(self, node: str, inputs: Sequence[Any], ctx: Context) -> Any:
         implementation = self.graph.node(node)
-        worker = ctx.worker
+        worker = self.graph.placement.worker_of(node)
         # What an object its class holds, marked by which object it is, changes as the node
         # runs (a count, a cache) is its state, not a change to mark it anew for.
         own = own_state(self.graph._code_watch, implementation.implementing_classes())

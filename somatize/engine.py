@@ -399,12 +399,8 @@ def run(
                     continue
                 preds = static.preds[node]
                 inputs = [values[p] for p in preds] if preds else [value_of]
-                ctx = Context(
-                    name=node,
-                    key=plan.keys.get(node),
-                    worker=placement.worker_of(node),
-                    store=store,
-                )
+                # No worker runs it: with no broker `.at()` is ignored, and it runs here.
+                ctx = Context(name=node, key=plan.keys.get(node), store=store)
                 if node in static.mapped:
                     values[node] = state.run_mapped(plan, node, inputs, ctx)
                     continue

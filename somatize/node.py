@@ -903,7 +903,8 @@ class Context:
     keys: Sequence[str] | None = None
     """One key per item, for a mapped node whose items are keyed."""
     worker: str | None = None
-    """Where it runs, when it is placed."""
+    """The worker it runs on: None when it runs where the graph is called (placed nowhere,
+    or with no broker, which ignores ``.at()``)."""
     store: Any = None
     """The store of this forward, or None."""
 

@@ -2260,3 +2260,16 @@ def test_a_class_redefined_runs_as_redefined_on_the_same_worker() -> None:
     finally:
         del sys.modules[cell.__name__]
         broker.close()
+
+
+def test_a_placed_node_is_told_the_worker_it_runs_on_and_none_with_no_broker() -> None:
+    """``ctx.worker`` names where the node runs: its worker when a broker runs it there, in
+    either mode, and None when the graph runs with no broker, which ignores ``.at()`` and
+    runs every node here — as a node placed nowhere is told."""
+    g = Graph.somatize(Rows().named("rows") >> Where().named("where").at("w1"))
+    assert g.forward({"at": 0, "take": 2})[1] is None
+    for mode in ("local", "network"):
+        broker = Broker.embedded({"w1": Worker.generic(mode=mode)})  # type: ignore[arg-type]
+        assert g.forward({"at": 0, "take": 2}, broker=broker)[1] == "w1"
+    unplaced = Graph.somatize(Rows().named("rows") >> Where().named("where"))
+    assert unplaced.forward({"at": 0, "take": 2}, broker=broker)[1] is None
