@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from somatize.broker.ray import _source, source_digest
 
 HERE = Path(__file__).resolve().parent.parent / "somatize"
@@ -49,3 +51,37 @@ def test_this_process_digests_the_somatize_it_imported() -> None:
         ("somatize_torch", Path(somatize_torch.__file__).parent),
     ]
     assert _source() == source_digest(imported)
+
+
+def test_a_worker_is_compared_by_its_source_where_both_sides_could_read_theirs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A worker of this version is the same somatize when its source digest is this
+    process's, and another when it differs; where either side has no ``.py`` file of
+    somatize to read (an installation shipped compiled), the version alone decides, as a
+    worker shipped so is not refused for what it cannot show. Another version never is."""
+    import somatize
+    from somatize.broker import ray as ray_broker
+
+    version, here = somatize.__version__, _source()
+    assert source_digest([("somatize", tmp_path)]) is None  # no .py file there
+    assert ray_broker._same_somatize(f"{version} {here}")
+    assert not ray_broker._same_somatize(f"{version} blake3:{'0' * 64}")
+    assert ray_broker._same_somatize(f"{version} unread")
+    assert not ray_broker._same_somatize(f"0.0.0-other {here}")
+    monkeypatch.setattr(ray_broker, "_source", lambda: "unread")
+    assert ray_broker._same_somatize(f"{version} blake3:{'0' * 64}")
+
+
+def test_a_worker_saying_no_digest_is_refused_naming_its_version_and_source() -> None:
+    """A worker that says its version and no digest (it runs code from before digests were
+    compared) is told apart, and the refusal names the version once and says the digest
+    was not said."""
+    import somatize
+    from somatize.broker import ray as ray_broker
+
+    version = somatize.__version__
+    assert not ray_broker._same_somatize(version)
+    refusal = str(ray_broker._other_version("scale", "w1", version))
+    assert f"runs somatize {version} as this process does" in refusal
+    assert "digest there is not said" in refusal

@@ -465,7 +465,7 @@ class RayBroker(Broker):
                         raise WorkerTimeout(
                             node, worker, self.start_timeout_s, starting=True
                         ) from None
-                    if there != _version():
+                    if not _same_somatize(there):
                         self._forget(worker, actor, kill=True)
                         raise _other_version(node, worker, there)
                     self._started.add(actor)
@@ -525,25 +525,41 @@ def _version() -> str:
     return f"{somatize.__version__} {_source()}"
 
 
+def _same_somatize(there: str) -> bool:
+    """Whether a worker whose :func:`_version` is ``there`` runs the somatize this process
+    does: the same version, from the same source files — where both could read theirs (an
+    installation shipped without its ``.py`` files is told apart by its version alone)."""
+    version, _, source = there.partition(" ")
+    mine, _, my_source = _version().partition(" ")
+    unread = _UNREAD in (source, my_source)
+    return version == mine and (source == my_source or unread)
+
+
+_UNREAD = "unread"
+"""What :func:`_source` answers where somatize's source files are not there to read."""
+
+
 @functools.cache
 def _source() -> str:
     """The digest of the source files of somatize here — the ``somatize`` package this
     process imported and the ``somatize_torch`` beside it — read once per process, when
     first asked (a client asks as its first worker starts, an actor as it is first asked
-    its version)."""
+    its version); :data:`_UNREAD` where there is no ``.py`` file of somatize to read."""
     packages: list[tuple[str, Path]] = []
     for name in _OWN:
         spec = importlib.util.find_spec(name)  # the imported one's, or where an import looks
         if spec is not None and spec.submodule_search_locations:
             packages.extend((name, Path(place)) for place in spec.submodule_search_locations)
-    return source_digest(packages)
+    return source_digest(packages) or _UNREAD
 
 
-def source_digest(packages: Iterable[tuple[str, Path]]) -> str:
+def source_digest(packages: Iterable[tuple[str, Path]]) -> str | None:
     """The BLAKE3 digest of the ``.py`` files under each (name, directory) of ``packages``,
     each by its path from its package's name and its bytes: the same files give the same
-    digest wherever they lie, and a file edited, added, removed or moved another."""
+    digest wherever they lie, and a file edited, added, removed or moved another. None
+    when there is no such file."""
     hasher = blake3.blake3()
+    read = 0
     for name, place in packages:
         for path in sorted(place.rglob("*.py")):
             named = f"{name}/{path.relative_to(place).as_posix()}".encode()
@@ -551,7 +567,8 @@ def source_digest(packages: Iterable[tuple[str, Path]]) -> str:
             for part in (named, data):
                 hasher.update(len(part).to_bytes(8, "little"))
                 hasher.update(part)
-    return "blake3:" + hasher.hexdigest()
+            read += 1
+    return "blake3:" + hasher.hexdigest() if read else None
 
 
 def _other_version(node: str, worker: str, there: str) -> BadWorker:
@@ -559,15 +576,16 @@ def _other_version(node: str, worker: str, there: str) -> BadWorker:
     same version from other source files (``there``, its :func:`_version`), which would
     read the jobs this process writes otherwise."""
     here = _version()
-    version, _, source = there.rpartition(" ")
-    mine, _, my_source = here.rpartition(" ")
+    version, _, source = there.partition(" ")
+    mine, _, my_source = here.partition(" ")
     if version == mine:
         runs = (
             f"runs somatize {mine} as this process does, from other source files (their "
-            f"digest there is {source}, here {my_source}: one of them was edited)"
+            f"digest there is {source or 'not said'}, here {my_source}: one of them was "
+            "edited)"
         )
     else:
-        runs = f"runs somatize {version or there}, and this process {mine}"
+        runs = f"runs somatize {version}, and this process {mine}"
     return BadWorker(
         f"worker `{worker}` {runs}: the jobs it is sent would be read there by other code "
         f"than wrote them, so `{node}` did not run and nothing was kept. The worker was "
