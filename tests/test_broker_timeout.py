@@ -6,12 +6,15 @@ from __future__ import annotations
 import copy
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from somatize import Graph, Store
 from somatize.broker import BadWorker, Broker, Worker, WorkerTimeout
-from tests.broker_nodes import Nap, Stuck
+from somatize_torch import ModuleNode, freeze
+from tests.broker_nodes import Encoder, Nap, Ramp, Stuck
 from tests.nodes import Rows, Scale
 
 
@@ -63,6 +66,26 @@ def test_a_node_asleep_in_a_call_into_c_times_out_and_keeps_nothing(tmp_path: Pa
         for thread in _calls_on("w2"):
             thread.join(60)
         assert _answers(tmp_path / "store") == []
+
+
+def test_a_worker_let_go_is_sent_its_weights_again_and_answers_as_before(tmp_path: Path) -> None:
+    """A worker let go after a timeout held a frozen encoder's weights: its fresh copy is
+    sent them again by the next forward, and answers what the first copy answered."""
+    encoder = ModuleNode.build(Encoder, 4)
+    g = Graph.somatize(Ramp(4).named("rows") >> encoder.named("enc").frozen().at("w1"))
+    freeze(g)
+    stuck = Stuck(str(tmp_path / "started"), str(tmp_path / "go"))
+    hangs = Graph.somatize(Rows().named("rows") >> stuck.named("stuck").at("w1"))
+    with Broker.embedded({"w1": Worker.generic(mode="network")}, timeout_s=0.5) as broker:
+        seen: list[dict[str, Any]] = []
+        first = g.forward({"at": 0, "take": 3}, broker=broker, watching=seen.append)
+        with pytest.raises(WorkerTimeout):
+            hangs.forward({"at": 0, "take": 2}, broker=broker)
+        again = g.forward({"at": 0, "take": 3}, broker=broker, watching=seen.append)
+        (tmp_path / "go").touch()
+    states = [f for f in seen if f["fact"] == "crossed" and f.get("way") == "state"]
+    assert len(states) == 2
+    assert torch.equal(first, again)
 
 
 def test_a_node_that_answers_in_time_is_kept_as_without_a_timeout(tmp_path: Path) -> None:
