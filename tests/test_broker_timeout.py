@@ -24,7 +24,8 @@ def _answers(where: Path) -> list[Path]:
 
 
 def _calls_on(worker: str) -> list[threading.Thread]:
-    """The threads running calls on ``worker`` now, a timed-out one among them."""
+    """The threads that run calls on ``worker``, a timed-out one among them: each ends once
+    its call has (the broker let go of it, or was closed)."""
     return [t for t in threading.enumerate() if t.name == f"somatize-{worker}-call"]
 
 
@@ -48,9 +49,9 @@ def test_a_node_that_does_not_answer_in_time_fails_and_its_worker_starts_afresh(
         assert (tmp_path / "started").exists()
         assert quick.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
         (tmp_path / "go").touch()
-        for thread in _calls_on("w1"):
-            thread.join(60)
-        assert _answers(tmp_path / "store") == []
+    for thread in _calls_on("w1"):
+        thread.join(60)
+    assert _answers(tmp_path / "store") == []
 
 
 def test_a_node_asleep_in_a_call_into_c_times_out_and_keeps_nothing(tmp_path: Path) -> None:
@@ -60,12 +61,14 @@ def test_a_node_asleep_in_a_call_into_c_times_out_and_keeps_nothing(tmp_path: Pa
     g = Graph.somatize(
         Rows().named("rows").frozen() >> Nap(3.0).named("nap").frozen().cached().at("w2")
     )
-    with Broker.embedded({"w2": Worker.generic(mode="network")}, timeout_s=0.5) as broker:
-        with pytest.raises(WorkerTimeout, match=r"`nap` on worker `w2` did not answer"):
-            g.forward({"at": 0, "take": 2}, store=store, broker=broker)
-        for thread in _calls_on("w2"):
-            thread.join(60)
-        assert _answers(tmp_path / "store") == []
+    with (
+        Broker.embedded({"w2": Worker.generic(mode="network")}, timeout_s=0.5) as broker,
+        pytest.raises(WorkerTimeout, match=r"`nap` on worker `w2` did not answer"),
+    ):
+        g.forward({"at": 0, "take": 2}, store=store, broker=broker)
+    for thread in _calls_on("w2"):
+        thread.join(60)
+    assert _answers(tmp_path / "store") == []
 
 
 def test_a_worker_let_go_is_sent_its_weights_again_and_answers_as_before(tmp_path: Path) -> None:

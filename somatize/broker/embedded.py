@@ -21,14 +21,15 @@ interpreter, so a class defined in ``__main__`` (a notebook's) is found there,
 where a Ray worker would refuse it and ask for the class to be moved into a
 module or registered.
 
-With ``timeout_s``, a call on a network worker runs on a thread of its own, and the
-worker's thread waits for it that long at most. A thread cannot be stopped from
-outside, so one that does not answer in time is let go rather than stopped: its node
-is sent KeyboardInterrupt (it lands at the next Python instruction the node runs),
-the host it runs on begins nothing more and keeps nothing, and the worker's next call
-gets a fresh host, which builds its nodes and loads their state again. A local worker
-runs the caller's own node object, which a call let go would go on changing beside
-the next one: a timeout is refused there.
+With ``timeout_s``, a network worker's calls run on a thread of their own (a
+:class:`_Runner`), and the worker's thread waits for each that long at most. A
+thread cannot be stopped from outside, so one that does not answer in time is let go
+rather than stopped: its node is sent KeyboardInterrupt (it lands at the next Python
+instruction the node runs), the host it runs on begins nothing more and keeps
+nothing, and the worker's next call gets a fresh host, which builds its nodes and
+loads their state again, on a fresh thread. A local worker runs the caller's own
+node object, which a call let go would go on changing beside the next one: a timeout
+is refused there.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ class EmbeddedBroker(Broker):
         self.catalog = catalog if catalog is not None else Catalog(in_process=True)
         self.timeout_s = timeout_s
         self._hosts = {name: self._host(name) for name, w in workers.items() if w.crosses}
+        self._runners: dict[str, _Runner] = {}
+        """Worker → the thread its timed calls run on (:meth:`_within`)."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A copy (``copy.deepcopy``, or the broker pickled to a spawned process: a
@@ -107,12 +110,16 @@ class EmbeddedBroker(Broker):
         on the host it started on."""
         with self._lock:
             self._hosts = {name: self._host(name) for name in self._hosts}
+            runners, self._runners = self._runners, {}
+        for runner in runners.values():
+            runner.let_go()
         super().close()
 
     def _forked(self) -> None:
         """In a forked child, fresh hosts: the parent's may have been building or running a
         node as it forked, and the child's copy of that node is left half changed."""
         self._hosts = {name: self._host(name) for name in self._hosts}
+        self._runners = {}
 
     def _admit(
         self, node: str, worker: str, blueprint: Blueprint, fingerprint: str | None, holds: bool
@@ -160,14 +167,18 @@ class EmbeddedBroker(Broker):
         return lambda: self._within(node, worker, run_there)
 
     def _within(self, node: str, worker: str, run: Callable[[Host], Done]) -> Done:
-        """Runs ``run`` on ``worker``'s host of now, on a thread of its own, and waits for
+        """Runs ``run`` on ``worker``'s host of now, on the worker's runner, and waits for
         it :attr:`timeout_s` at most; on the worker's thread, for the call running there.
         One that does not answer in time is let go (the module docstring says how), and is
         a :class:`WorkerTimeout`."""
         assert self.timeout_s is not None
         call, held = self._here.future, self._here.held
         with self._lock:
-            host = self._hosts[worker]
+            host, runner = self._hosts[worker], self._runners.get(worker)
+        if runner is None:  # only this worker's thread makes one
+            runner = _Runner(worker)
+            with self._lock:
+                self._runners[worker] = runner
         outcome: SimpleQueue[tuple[Done | None, BaseException | None]] = SimpleQueue()
 
         def there() -> None:
@@ -180,21 +191,48 @@ class EmbeddedBroker(Broker):
                 self._here.future, self._here.held = None, ()
                 self._left(call)
 
-        thread = threading.Thread(target=there, name=f"somatize-{worker}-call", daemon=True)
-        start_thread(thread.start)
+        runner.run(there)
         try:
             done, error = outcome.get(timeout=self.timeout_s)
         except Empty:
             with self._lock:
                 if self._hosts.get(worker) is host:
                     self._hosts[worker] = self._host(worker)
+                if self._runners.get(worker) is runner:
+                    del self._runners[worker]
             host.let_go = True
+            runner.let_go()
             self.interrupted([call])
             raise WorkerTimeout(node, worker, self.timeout_s, thread=True) from None
         if error is not None:
             raise error
         assert done is not None
         return done
+
+
+class _Runner:
+    """The thread a timed worker's calls run on, one after another, while the worker's own
+    thread waits for each (:meth:`EmbeddedBroker._within`). A daemon that no one joins:
+    one let go with a call stuck in C does not keep the process from exiting; it ends
+    once that call returns."""
+
+    def __init__(self, worker: str) -> None:
+        self._calls: SimpleQueue[Callable[[], None] | None] = SimpleQueue()
+        thread = threading.Thread(target=self._serve, name=f"somatize-{worker}-call", daemon=True)
+        start_thread(thread.start)
+
+    def run(self, call: Callable[[], None]) -> None:
+        """Runs ``call`` once the calls handed before it have run."""
+        self._calls.put(call)
+
+    def let_go(self) -> None:
+        """Ends the thread once the calls handed to it have run."""
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            call()
+            del call  # not held while it waits for the next
 
 
 def _started(
