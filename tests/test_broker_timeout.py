@@ -4,6 +4,9 @@ worker fails the forward, keeps nothing, and the worker starts afresh."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -124,3 +127,36 @@ def test_a_copy_of_the_broker_has_its_timeout() -> None:
     """A copy (sent to a spawned process) times out its calls as the original does."""
     broker = Broker.embedded({"w1": Worker.generic()}, timeout_s=2.5)
     assert copy.deepcopy(broker).timeout_s == 2.5
+
+
+def test_a_process_whose_timed_out_call_is_stuck_in_c_exits() -> None:
+    """A script whose node sleeps for ten minutes in one call into C on a timed worker gets
+    its WorkerTimeout and exits: the thread left running that call is not waited for."""
+    code = (
+        "from somatize import Graph\n"
+        "from somatize.broker import Broker, Worker, WorkerTimeout\n"
+        "from tests.broker_nodes import Nap\n"
+        "from tests.nodes import Rows\n"
+        "g = Graph.somatize(Rows().named('rows') >> Nap(600.0).named('nap').at('w1'))\n"
+        "broker = Broker.embedded({'w1': Worker.generic(mode='network')}, timeout_s=0.5)\n"
+        "try:\n"
+        "    g.forward({'at': 0, 'take': 2}, broker=broker)\n"
+        "except WorkerTimeout:\n"
+        "    print('timed out')\n"
+    )
+    checkout = Path(__file__).resolve().parent.parent
+    paths = [str(checkout), *filter(None, [os.environ.get("PYTHONPATH")])]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            cwd=checkout,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+            timeout=300,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process waited for the call it let go")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["timed", "out"]
