@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from somatize.errors import SomatizeError, SomatizeWarning, _Rebuilt
+from somatize.errors import SomatizeError, SomatizeWarning, _Befell, _Rebuilt
 
 __all__ = ["Drifted", "Fact", "NodeFailed", "Record", "WatcherFailed", "failed_as"]
 
@@ -70,9 +70,13 @@ def failed_as(error: SomatizeError) -> str:
     """What the ``failed`` fact of a node says it raised, for ``error``, a SomatizeError that
     stopped it: the type a node raised on a worker in another process, as a node raising
     here is said (:class:`~somatize.broker.FailedOnWorker`), so a graph says the same
-    wherever it runs; ``refused`` for anything else (the library refusing)."""
+    wherever it runs; the error's class for what befell its worker (``WorkerTimeout``,
+    ``WorkerLost``, ``BrokerClosed``); ``refused`` for anything else (the library
+    refusing)."""
     if isinstance(error, NodeFailed) and error.raised_there is not None:
         return error.raised_there
+    if isinstance(error, _Befell):
+        return type(error).__name__
     return "refused"
 
 

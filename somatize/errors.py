@@ -53,6 +53,12 @@ class SomatizeWarning(UserWarning):
     """Something that works but is probably not what was meant."""
 
 
+class _Befell(SomatizeError):
+    """What befell a node's run that is no refusal of the library's: its worker died, did
+    not answer in time, or was closed. The node's ``failed`` fact names the error's class,
+    where a refusal says ``refused``."""
+
+
 class _Rebuilt(BaseException):
     """An error made from more than its message, that still crosses a process boundary
     (a pool's, a Ray task's): pickled as its type, message and attributes, and rebuilt from

@@ -651,14 +651,19 @@ def test_retries_run_the_node_again_on_a_fresh_worker(cluster: None, tmp_path: P
 
 
 def test_a_slow_worker_times_out_and_the_broker_goes_on(cluster: None) -> None:
-    """A call longer than ``timeout_s`` is a clear error naming node and worker; the broker
-    starts the worker afresh for the next call."""
+    """A call longer than ``timeout_s`` is a clear error naming node and worker, and said
+    so by the node's ``failed`` fact; the broker starts the worker afresh for the next
+    call."""
+    seen: list[dict[str, Any]] = []
     with Broker.ray(workers={"w1": _worker()}, timeout_s=1.0) as broker:
         ok = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w1"))
         slow = Graph.somatize(Rows().named("rows") >> Nap(30.0).named("slow").at("w1"))
         with pytest.raises(WorkerTimeout, match=r"`slow` on worker `w1` did not answer within 1 s"):
-            slow.forward({"at": 0, "take": 2}, broker=broker)
+            slow.forward({"at": 0, "take": 2}, broker=broker, watching=seen.append)
         assert ok.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
+    assert [f for f in seen if f["fact"] == "failed"] == [
+        {"fact": "failed", "node": "slow", "error": "WorkerTimeout"}
+    ]
 
 
 def test_what_a_node_raises_on_a_worker_is_named(broker: Any) -> None:

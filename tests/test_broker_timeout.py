@@ -37,24 +37,29 @@ def test_a_node_that_does_not_answer_in_time_fails_and_its_worker_starts_afresh(
 ) -> None:
     """A node stuck on a network worker (one no interrupt stops) fails its forward with
     WorkerTimeout; the worker runs the next node at once, beside the stuck one; and what
-    the stuck node answers once it ends is neither handed back nor kept."""
+    the stuck node answers once it ends is neither handed back nor kept. Its ``failed``
+    fact says it timed out, not that it was refused."""
     store = Store(tmp_path / "store")
     stuck = Stuck(str(tmp_path / "started"), str(tmp_path / "go"))
     hangs = Graph.somatize(
         Rows().named("rows").frozen() >> stuck.named("stuck").frozen().cached().at("w1")
     )
     quick = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w1"))
+    seen: list[dict[str, Any]] = []
     with Broker.embedded({"w1": Worker.generic(mode="network")}, timeout_s=0.5) as broker:
         with pytest.raises(
             WorkerTimeout, match=r"`stuck` on worker `w1` did not answer within 0.5 s"
         ):
-            hangs.forward({"at": 0, "take": 2}, store=store, broker=broker)
+            hangs.forward({"at": 0, "take": 2}, store=store, broker=broker, watching=seen.append)
         assert (tmp_path / "started").exists()
         assert quick.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
         (tmp_path / "go").touch()
     for thread in _calls_on("w1"):
         thread.join(60)
     assert _answers(tmp_path / "store") == []
+    assert [f for f in seen if f["fact"] == "failed"] == [
+        {"fact": "failed", "node": "stuck", "error": "WorkerTimeout"}
+    ]
 
 
 def test_a_node_asleep_in_a_call_into_c_times_out_and_keeps_nothing(tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ from somatize._numbers import finite
 from somatize._threads import ProcessLock, StartedPool
 from somatize.catalog import Blueprint, Catalog, Unbuildable, blueprint_of, state_crosses
 from somatize.engine import Call, NodeFailed, wait_for
-from somatize.errors import SomatizeError, _Rebuilt
+from somatize.errors import SomatizeError, _Befell, _Rebuilt
 from somatize.node import Context, _check_worker_name, holding_of
 
 from .worker import Worker
@@ -95,7 +95,7 @@ class UnknownWorker(SomatizeError, ValueError):
     """A node is placed on a worker name the broker does not know."""
 
 
-class WorkerLost(_Rebuilt, SomatizeError, RuntimeError):
+class WorkerLost(_Rebuilt, _Befell, RuntimeError):
     """The worker a node ran on died before it answered."""
 
     def __init__(self, node: str, worker: str, attempts: int, cause: str) -> None:
@@ -108,7 +108,7 @@ class WorkerLost(_Rebuilt, SomatizeError, RuntimeError):
         )
 
 
-class WorkerTimeout(_Rebuilt, SomatizeError, TimeoutError):
+class WorkerTimeout(_Rebuilt, _Befell, TimeoutError):
     """A worker did not answer within the broker's timeout."""
 
     def __init__(
@@ -156,7 +156,7 @@ class OtherCluster(SomatizeError, ValueError):
     that ``address`` does not name."""
 
 
-class BrokerClosed(_Rebuilt, SomatizeError, RuntimeError):
+class BrokerClosed(_Rebuilt, _Befell, RuntimeError):
     """The broker was closed while a node waited for its worker or ran there."""
 
     def __init__(self, node: str, worker: str) -> None:
