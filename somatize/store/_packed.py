@@ -259,8 +259,6 @@ class PackedHome(Store):
     """A home of the store, less the primitives that depend on where its files are."""
 
     signer: Signer | None
-    _where: str
-    """The store's location, as messages name it."""
     _sections: tuple[str, ...] = SECTIONS
     """The sections the home keeps files in."""
     _sweeps_strays: bool = True
@@ -320,9 +318,13 @@ class PackedHome(Store):
         a home that can tell why (no bucket there) says so too."""
         return Missing(said)
 
-    def _hold_nothing(self, where: str) -> None:
-        """Starts with nothing held in memory; ``where`` names the store in messages."""
-        self._where = where
+    @property
+    @abc.abstractmethod
+    def _where(self) -> str:
+        """The store's location, as messages name it."""
+
+    def _hold_nothing(self) -> None:
+        """Starts with nothing held in memory."""
         self._in_flight_nothing()
         self._records: OrderedDict[str, Answer] = OrderedDict()
         self._small: OrderedDict[str, bytes] = OrderedDict()

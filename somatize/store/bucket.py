@@ -376,7 +376,7 @@ class BucketStore(BucketShelf):
             except OSError as why:
                 raise StoreError(f"cannot use {url} as a store: {why}") from why
         self.cache: LocalStore | None = self._cache_at(cache) if cache is not None else None
-        self._hold_nothing(url)
+        self._hold_nothing()
         self._packs_seen = False
         """Whether the pack indexes were loaded once (see :meth:`_look_at_packs`)."""
         self._merging: _Merging | None = None
@@ -389,6 +389,10 @@ class BucketStore(BucketShelf):
 
     def __repr__(self) -> str:
         return f"Store.on_bucket({self.url!r})"
+
+    @property
+    def _where(self) -> str:
+        return self.url
 
     def _may_hold_store(self, root: str) -> bool:
         """Whether ``root`` holds a store, as far as these credentials may list it: one

@@ -240,17 +240,22 @@ class LocalStore(LocalShelf):
         self._maps: dict[str, tuple[Stamp, memoryview]] = {}
         """Digest → (inode, mtime) of a verified large blob, and its shared read-only map."""
         self._packs_stamp = -1
-        self._answers_stamp = -1
-        """The time of ``answers/`` when it was last listed (-1: to be listed again)."""
-        self._answers_empty = False
-        """Whether that listing held nothing."""
-        self._hold_nothing(str(self.root))
-        self._finalizer = weakref.finalize(
-            self, _write_uses, str(self.root), self._used, self._used_packs
-        )
+        self._answers_listed = (-1, False)
+        """The time of ``answers/`` when it was last listed (-1: to be listed again), and
+        whether that listing held nothing."""
+        self._hold_nothing()
+        # Kept alive by weakref's own registry, not by an attribute: a store is asked a
+        # dozen things on every recalled forward, and CPython (3.11 on) makes those calls
+        # fast only on an object of fewer than 30 attributes, whose keys its class's
+        # objects share (tests/test_store_local.py counts them).
+        weakref.finalize(self, _write_uses, str(self.root), self._used, self._used_packs)
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
+
+    @property
+    def _where(self) -> str:
+        return str(self.root)
 
     # -- address ------------------------------------------------------------------------------
 
@@ -539,15 +544,15 @@ class LocalStore(LocalShelf):
         read per row."""
         try:
             stamp = os.stat(self._answers).st_mtime_ns
-            if stamp == self._answers_stamp:
-                return self._answers_empty
+            listed, empty = self._answers_listed
+            if stamp == listed:
+                return empty
             empty = not os.listdir(self._answers)
         except OSError:  # none there, or not for this process to list: read as before
             return False
         # Found holding some, records are read as ever, which an entry made later cannot
         # make wrong: its time is kept at once.
-        self._answers_stamp = _to_trust(stamp) if empty else stamp
-        self._answers_empty = empty
+        self._answers_listed = (_to_trust(stamp) if empty else stamp, empty)
         return empty
 
     def _records_among(self, keys: Sequence[str]) -> dict[str, bytes]:

@@ -111,12 +111,16 @@ class Shelf(Protocol):
     """What upkeep needs of a home: files by section, and its signer."""
 
     signer: Signer | None
-    _where: str
     _sections: tuple[str, ...]
     """The sections the home keeps files in (:data:`SECTIONS`, and those of its own)."""
     _sweeps_strays: bool
     """Whether gc removes the files of ``blobs/`` not laid out as blobs (a local store's
     ``.DS_Store``); not under an object store's prefix, where they are a user's."""
+
+    @property
+    def _where(self) -> str:
+        """The store's location, as messages name it."""
+        ...
 
     def _entries(self, section: str) -> list[Entry]: ...
 
