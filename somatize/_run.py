@@ -71,6 +71,12 @@ class _Run:
         self.strict = strict
         self.record = Record()
         self.facts = self.record.facts
+        self.emit: Callable[[Fact], None] = (
+            self.facts.append if watching is None else self._emit_watched
+        )
+        """Puts a fact in the record, and hands ``watching`` a copy of it
+        (:meth:`_emit_watched`); with nothing watching, the record's own append, so that a
+        fact costs no call of Python's."""
         self.wanted: tuple[str, ...] = graph.outputs
         """The nodes whose answers this forward hands back (``outputs=``)."""
         self.running: frozenset[str] | None = None
@@ -85,7 +91,7 @@ class _Run:
         self.watcher_failed: tuple[Fact, Exception] | None = None
         """The fact ``watching`` raised on, and its error; it is not called again."""
 
-    def emit(self, fact: Fact) -> None:
+    def _emit_watched(self, fact: Fact) -> None:
         """Puts ``fact`` in the record and hands ``watching`` a copy of it: what a watcher
         does to the fact it is handed does not change what the record says happened.
 
