@@ -129,7 +129,9 @@ class Graph:
         """What happened in the forward that ended last, or None before the first: set as a
         forward ends, or fails, so a forward that a node's forward started on this graph, or
         one another thread started later and that ended first, does not stand for it."""
-        self._stores: dict[str, Store] = {}
+        self._stores: dict[str, tuple[Store, bytes | None]] = {}
+        """Each store ``store=`` named by a path or URL, by what that names from anywhere,
+        with the path of a local one as the bytes :func:`os.access` takes."""
         self._numbered: dict[str, int] = {}
         """For each name derived from a class, the number the next one is tried at."""
         self._static: Any = None
@@ -507,22 +509,25 @@ class Graph:
         ``Store(path)`` would."""
         if not isinstance(store, (str, Path)):
             return Store.of(store)
-        where = str(store)
-        local = bool(where) and "://" not in where
+        where = store if type(store) is str else str(store)
+        # Kept under what the text names from anywhere: an absolute path or a URL is that
+        # already, and found as given; a relative path is anchored first.
+        kept = self._stores.get(where)
         named = where
-        if local and not where.startswith(os.sep):
-            # Where Store(path) anchors it: `~` expanded, then from the current directory,
-            # and `..` left to the filesystem (past a link, `a/../b` is not `b`).
-            tilde = where.startswith("~")
-            named = os.path.join(_here(where), os.path.expanduser(where) if tilde else where)
-        found = self._stores.get(named)
-        # Looked for at each forward (one call, the least the filesystem answers): a
-        # directory removed since is made again, as the path names no store now.
-        if found is None or (local and not os.access(named, os.F_OK)):
-            found = Store.of(where)
-            assert found is not None
-            self._stores[named] = found
-        return found
+        if kept is None:
+            named = _anchored(where)
+            kept = self._stores.get(named)
+        if kept is not None:
+            found, path = kept
+            # Looked for at each forward (one call, the least the filesystem answers, with
+            # the path already as the bytes it takes): a directory removed since is made
+            # again, as the path names no store now.
+            if path is None or os.access(path, os.F_OK):
+                return found
+        opened = Store.of(where)
+        assert opened is not None
+        self._stores[named] = (opened, os.fsencode(named) if _local(where) else None)
+        return opened
 
     # -- showing ----------------------------------------------------------------------------
 
@@ -545,6 +550,21 @@ def _watched(like: list[tuple[str, Any]]) -> list[tuple[str, Any, str | None]]:
     """Attributes named like an argument (``(name, value)``), each with the canonical digest
     of its value, or None when it has none."""
     return [(name, value, digest_of(value)) for name, value in like]
+
+
+def _local(where: str) -> bool:
+    """Whether ``store=where`` names a local directory (not a bucket's URL)."""
+    return bool(where) and "://" not in where
+
+
+def _anchored(where: str) -> str:
+    """The path ``store=where`` names from anywhere, as ``Store(path)`` anchors it: `~`
+    expanded, then from the current directory, and `..` left to the filesystem (past a
+    link, `a/../b` is not `b`); a URL, or an absolute path, as it is."""
+    if not _local(where) or where.startswith(os.sep):
+        return where
+    tilde = where.startswith("~")
+    return os.path.join(_here(where), os.path.expanduser(where) if tilde else where)
 
 
 def _here(where: str) -> str:
