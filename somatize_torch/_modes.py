@@ -50,9 +50,11 @@ originals in every other thread, and are put back when the trace ends.
 
 from __future__ import annotations
 
+import _thread
 import builtins
 import enum
 import functools
+import importlib
 import importlib._bootstrap as _bootstrap
 import inspect
 import os
@@ -70,6 +72,7 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from somatize._threads import start_thread
 from somatize_torch._text_flow import TEXT_METHODS, asked_at, kept_per_argument_at
 
 __all__ = [
@@ -151,6 +154,46 @@ def outside_compiled(fn: Callable[..., Any], recursive: bool = True) -> Callable
         marked: Callable[..., Any] = torch.compiler.disable(fn, recursive=recursive)  # type: ignore[no-untyped-call]
         return marked
     return lazy(fn, recursive=recursive)  # type: ignore[no-any-return]
+
+
+_compiler_loaded = False
+
+
+def load_compiler() -> None:
+    """Imports torch's compiler (``torch._dynamo``), as the first call of a function
+    :func:`outside_compiled` marks does, whole: on a thread of its own, waited for through
+    a Ctrl-C, which is raised once it is loaded. The import takes a second, and one a
+    Ctrl-C stops halfway leaves ``torch._dynamo`` partly made for the process: every
+    later call of a marked function, every forward, fails on it. Called before the first
+    marked function a call makes; compiled code has it loaded already."""
+    global _compiler_loaded
+    if _compiler_loaded or torch.compiler.is_compiling():
+        return
+    done = _thread.allocate_lock()
+    done.acquire()
+    failed: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            importlib.import_module("torch._dynamo")
+        except BaseException as error:  # raised on the caller's thread
+            failed.append(error)
+        finally:
+            done.release()
+
+    start_thread(threading.Thread(target=load, name="somatize-compiler-import").start)
+    interrupted = False
+    while True:
+        try:  # a lock waited on in C: a Ctrl-C here leaves nothing held
+            done.acquire()
+            break
+        except KeyboardInterrupt:
+            interrupted = True
+    if failed:
+        raise failed[0]
+    _compiler_loaded = True
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 # A block is entered in one call and left in another, with a graph break between them

@@ -72,6 +72,7 @@ from torch import nn
 from somatize import Graph, Store
 from somatize._threads import ProcessLock
 from somatize.catalog import fingerprint_of, watch_code
+from somatize_torch._modes import load_compiler
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
 from somatize_torch._row_ahead import _name_ahead
@@ -366,6 +367,7 @@ class CachedRows(nn.Module):
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
         # Stands for the module it runs: torch's global hooks run with that one.
+        load_compiler()  # before the first function kept out of compiled code
         return stand_in_call(self, args, kwargs, RowsError)
 
     def forward(

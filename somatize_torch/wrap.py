@@ -100,7 +100,7 @@ from somatize_torch._errors import (
     Untraceable,
     WrapError,
 )
-from somatize_torch._modes import outside_compiled, unwinding
+from somatize_torch._modes import load_compiler, outside_compiled, unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
 from somatize_torch._settings import any_global_hooks, global_hooks, stand_in_call
 from somatize_torch._split import identical_at
@@ -399,10 +399,12 @@ class _WrappedWhole(Wrapped):
     more with the module standing for it."""
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
+        load_compiler()  # before the first function kept out of compiled code
         return stand_in_call(self, args, kwargs, WrapError)
 
 
 def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
+    load_compiler()  # before the first function kept out of compiled code
     tracing = self._tracing
     if tracing is not None and not torch.compiler.is_compiling():
         # Not while another thread traces the model: its modules are in the mode traced.

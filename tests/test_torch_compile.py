@@ -572,3 +572,61 @@ def test_a_compiled_call_with_a_block_traced_into_in_another_mode_is_refused_nam
         model.block.eval()
         assert torch.equal(compiled(x), model(x))
     torch._dynamo.reset()
+
+
+_CTRL_C_AS_THE_COMPILER_LOADS = """
+import os, signal, sys, tempfile, time
+import torch
+from torch import nn
+import somatize.torch as smt
+
+class CtrlC:
+    pressed = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("torch._dynamo.polyfills.") and not CtrlC.pressed:
+            CtrlC.pressed = True
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+        return None
+
+torch.manual_seed(0)
+encoder = nn.Linear(4, 4)
+model = nn.Sequential(encoder, nn.Linear(4, 2))
+if sys.argv[1] == "wrapped":
+    call = smt.wrap(model, frozen=["0"], cached=["0"], store=tempfile.mkdtemp())
+    smt.freeze(call)
+    plain = model
+else:
+    call, plain = smt.cache_rows(encoder, store=tempfile.mkdtemp()), encoder
+x = torch.randn(3, 4)
+sys.meta_path.insert(0, CtrlC())
+try:
+    call(x)
+except KeyboardInterrupt:
+    print("interrupted")
+with torch.no_grad():
+    print("same" if torch.equal(call(x), plain(x)) else "other")
+"""
+
+
+@pytest.mark.parametrize("kind", ["wrapped", "rows"])
+def test_a_ctrl_c_as_the_first_call_loads_torchs_compiler_leaves_later_calls_working(
+    kind: str,
+) -> None:
+    """A Ctrl-C pressed while the first call of a wrapped model or a row cache loads
+    torch's compiler (``torch._dynamo``, a second's import, which marking code to keep out
+    of compiled code needs) stops that call, and leaves the compiler loaded whole: the
+    next call answers as the model does, rather than fail for the rest of the process on
+    a module left half made."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_AS_THE_COMPILER_LOADS, kind],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["interrupted", "same"]
