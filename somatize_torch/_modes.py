@@ -167,7 +167,7 @@ def load_compiler() -> None:
     later call of a marked function, every forward, fails on it. Called before the first
     marked function a call makes; compiled code has it loaded already."""
     global _compiler_loaded
-    if _compiler_loaded or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _compiler_loaded:  # compiled code reads no global
         return
     done = _thread.allocate_lock()
     done.acquire()
