@@ -1950,6 +1950,31 @@ def test_an_object_that_moves_its_own_state_is_recalled_by_two_graphs_in_turn(
         assert graph.forward(3, store=store, strict=True) == 9
 
 
+class _CountingByArray(_Counting):
+    """Counts its calls on itself, scaling by the number an ``array`` it holds says."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.by = array.array("i", [k])
+
+    def __call__(self, x: int) -> int:
+        self.calls = getattr(self, "calls", 0) + 1
+        return x * self.by[0]
+
+
+def test_an_array_a_marked_object_holds_changed_in_place_is_seen(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``array.array`` held by an object marked by which object it is (it counts its
+    calls), changed in place between forwards, is seen at the next forward: strict=True
+    computes with what it holds now, never recalling the old answer."""
+    monkeypatch.setattr(HoldsScale, "act", _CountingByArray(2))
+    graph = Graph.somatize(HoldsScale().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    HoldsScale.act.by[0] = 5
+    assert _three_forwards(graph, store, "h", 5) == ["ran", "recalled", "recalled"]
+
+
 class _CountingItself(_Counting):
     """Counts its calls on itself, through a method bound to itself that it holds."""
 

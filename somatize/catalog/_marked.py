@@ -9,6 +9,7 @@ mark seen by one is seen by all.
 
 from __future__ import annotations
 
+import array
 import collections
 import functools
 import warnings
@@ -299,7 +300,7 @@ def _state_read(
             continue
         if _library_bytes(value) is not None:  # the library's, said whole (a logger): not read
             continue
-        if kind in _CONTAINERS or kind in _SEQUENCES:  # a Counter, a deque: as a dict, a list
+        if kind in _CONTAINERS or kind in _SEQUENCES or kind is array.array:  # as a dict, a list
             if see(value, kind is not tuple and kind is not frozenset):
                 queue += list(value.values()) if isinstance(value, dict) else list(value)
             continue
