@@ -3346,6 +3346,52 @@ def test_an_object_its_own_node_adds_to_a_container_its_class_holds_is_state(
     assert graph.record is not None and graph.record.outcome["l"] == "ran"
 
 
+class _FillsWhatItHolds(Node):
+    """Scales by the number ``k`` its class holds in a container its forward fills too (a
+    log of what it was handed), counting its runs."""
+
+    held: ClassVar[Any] = None
+    runs: ClassVar[list[int]] = [0]
+
+    def forward(self, x: int, ctx: Any) -> int:
+        _FillsWhatItHolds.runs[0] += 1
+        if isinstance(self.held, dict):
+            self.held.update(seen=x)
+            return x * self.held["k"]  # type: ignore[no-any-return]
+        self.held.extend([x])
+        return x * self.held[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        pytest.param(lambda: collections.deque([2]), id="deque"),
+        pytest.param(lambda: collections.deque([2], maxlen=3), id="bounded-deque"),
+        pytest.param(lambda: collections.Counter({"k": 2}), id="Counter"),
+        pytest.param(lambda: collections.defaultdict(int, {"k": 2}), id="defaultdict"),
+        pytest.param(lambda: array.array("i", [2]), id="array"),
+    ],
+)
+def test_a_container_of_the_standard_library_its_own_node_fills_is_state(
+    held: Callable[[], Any], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``deque``, a ``Counter``, a ``defaultdict`` or an ``array`` a class holds, filled by
+    its own node's forward (a log), is its state, as a list it fills is: the node runs
+    once, and the forwards after recall what it kept. One changed between forwards is
+    seen: strict=True computes with what it holds now."""
+    monkeypatch.setattr(_FillsWhatItHolds, "held", held())
+    monkeypatch.setattr(_FillsWhatItHolds, "runs", [0])
+    graph = Graph.somatize(_FillsWhatItHolds().named("f").frozen().cached())
+    assert _three_forwards(graph, store, "f", 2) == ["ran", "recalled", "recalled"]
+    assert _FillsWhatItHolds.runs == [1]
+    if isinstance(_FillsWhatItHolds.held, dict):
+        _FillsWhatItHolds.held["k"] = 3
+    else:
+        _FillsWhatItHolds.held[0] = 3
+    assert _three_forwards(graph, store, "f", 3) == ["ran", "recalled", "recalled"]
+    assert _FillsWhatItHolds.runs == [2]
+
+
 def _first_of(acts: Any) -> Any:
     """A forward scaling by the first object ``acts`` holds."""
 

@@ -19,19 +19,22 @@ from types import (
 )
 from typing import Any
 
-from somatize.catalog._members import _functions_in, _table
+from somatize.catalog._members import _fillable, _functions_in
 
 _FILLERS = frozenset(
     {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove"}
     | {"discard", "clear", "sort", "reverse", "__setitem__", "__delitem__"}
+    | {"appendleft", "extendleft", "popleft", "rotate", "subtract", "fromlist", "frombytes"}
 )
-"""What a dict, list or set is changed in place by, called."""
+"""What a dict, list or set, or a deque, a Counter or an array, is changed in place by,
+called."""
 
 
 def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
-    """The names of the tables (:func:`_table`) the classes of ``lineage`` hold that a
-    function of theirs run as a node is made changes in place (``self.built["n"] += 1``,
-    ``type(self).names.add(name)`` in ``__init__`` or a method it calls), and of those the
+    """The names of the tables (:func:`~somatize.catalog._members._fillable`: a ``deque``
+    too) the classes of ``lineage`` hold that a function of theirs run as a node is made
+    changes in place (``self.built["n"] += 1``, ``type(self).names.add(name)`` in
+    ``__init__`` or a method it calls), and of those the
     others do (``forward``, a method its user calls, ``Kind.register("a", 3)``). The first
     are their state, as a count a class moves on itself is, taken as the class's text
     writes it and not watched — changed as a node is made, it would make every graph built
@@ -41,7 +44,7 @@ def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
     a change made to it between forwards is seen; what its node's forward changes in it is
     its state."""
     kinds = list(lineage)
-    tables = frozenset(n for k in kinds for n, m in list(vars(k).items()) if _table(n, m))
+    tables = frozenset(n for k in kinds for n, m in list(vars(k).items()) if _fillable(n, m))
     if not tables:
         return frozenset(), frozenset()
     functions = [

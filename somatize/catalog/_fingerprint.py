@@ -52,10 +52,10 @@ from somatize.catalog._held import (
 )
 from somatize.catalog._marks import _token_of, _version_of
 from somatize.catalog._members import (
-    _CONTAINERS,
     _ancestry,
     _dunder,
     _exactly_plain,
+    _fillable,
     _functions_in,
     _left_out,
     _plain,
@@ -235,7 +235,10 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
         functions += held
         # a name its code sets on the class as it runs holds its state, whatever object
         # that is (`type(self)._model = load()`): named below as its text assigns it
-        ours = held or _dunder(name) or _plain(member) or name in state
+        # one its node's forward fills (a log, `recent = deque()`) is named as first seen,
+        # below, not by what it holds now
+        fills = _fillable(name, member) and name in kept
+        ours = held or _dunder(name) or _plain(member) or name in state or fills
         opaque = None if ours else _opaque_bytes(member)
         library = _left_out(type(member)) and not callable(member) and type(member) not in _HOLDERS
         if opaque is not None and library and not opaque.startswith(b"tensor "):
@@ -253,8 +256,8 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
             _put(digest, b"class " + name.encode(), _held_class_bytes(member))
             if _followed(member, kind):  # what its methods name, as the class's own do
                 functions += _class_functions(member)
-        filled = _table(name, member) and name in state
-        if _table(name, member) and name in kept and not filled:
+        filled = _fillable(name, member) and name in state
+        if fills and not filled:
             if not texts:
                 texts.append(_class_body(kind))
             where = f"{kind.__qualname__}.{name}"
@@ -375,7 +378,9 @@ def _body_of(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
             body.append((name, (functions, _bound_in(member))))
         elif _plain(member):
             body.append((name, "state" if name in state else (type(member), member)))
-        elif type(member) in _CONTAINERS and not _dunder(name):  # read again, as an object
+        elif _table(name, member) or (
+            _fillable(name, member) and (name in kept or name in state)
+        ):  # read again, as an object
             contained = None if name in state or name in kept else _contained_bytes(member)
             if name in kept and name not in state:  # as first seen, till changed elsewhere
                 body.append((name, ("kept", _Same(member), _version_of(member))))

@@ -9,6 +9,7 @@ or keeps state.
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import functools
@@ -73,6 +74,21 @@ def _table(name: str, member: Any) -> bool:
     each time, so one changed in place is marked from then on, and watched as a marked
     object is: what its node's forward changes in it is its state)."""
     return not _dunder(name) and type(member) in _CONTAINERS and not _plain(member)
+
+
+_FILLABLE = frozenset(
+    {collections.deque, collections.Counter, collections.defaultdict, array.array}
+)
+"""The standard library's containers a class's code may fill in place as it fills a list or
+a dict (:func:`_fillable`)."""
+
+
+def _fillable(name: str, member: Any) -> bool:
+    """Whether a class's ``name`` holds what its code may fill in place: a table
+    (:func:`_table`), or a ``deque``, a ``Counter``, a ``defaultdict`` or an ``array`` — one
+    its node's forward fills (a log, ``self.recent.append(x)``) is its state, as a list it
+    fills is (:func:`~somatize.catalog._bytecode._fillers`), not a change to its code."""
+    return _table(name, member) or (not _dunder(name) and type(member) in _FILLABLE)
 
 
 def _joined(label: bytes, parts: list[bytes]) -> bytes:

@@ -47,6 +47,7 @@ from somatize.catalog._members import (
     _CONTAINERS,
     _ancestry,
     _dunder,
+    _fillable,
     _functions_in,
     _left_out,
     _plain,
@@ -197,7 +198,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             label = f"{kind.__qualname__}.{name}"
             read: list[Any] = []
             unnamed: list[Any] = []
-            holds = _held_in(member)
+            fills = _fillable(name, member) and name in kept  # filled by its node's forward
+            holds = [] if fills else _held_in(member)
             if _counted(member):
                 # a tensor, named by its values: changed in place between forwards, seen at
                 # the next; by its node's own forward (a running mean), its state
@@ -205,7 +207,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 marks.append(Mark(len(lives), member, noted, False, kind))
                 lives += [noted.version, noted.lives]
                 labels += [label, label]
-            if not holds and _table(name, member) and name in kept:
+            if fills:
                 # filled by its node's forward: marked from the start, as first seen
                 _sighted(member, _assignment(_class_body(kind), name), label)
                 noted, anew = _marked(member, label, table=True)
