@@ -869,14 +869,37 @@ class Scales(Tuned):
 """
 
 
+_REGISTERED_BY_A_MIXIN = """
+import os
+from somatize import Node
+
+class Registering:
+    made = []
+
+    def __init_subclass__(cls, **kwargs):
+        Registering.made.append(cls.__name__)
+
+class Tuned(Registering, Node):
+    SCALE = float(os.environ.get("SOMATIZE_TEST_UNSET", "2"))
+
+class Scales(Tuned):
+    def forward(self, x, ctx):
+        return x * self.SCALE
+"""
+
+
+@pytest.mark.parametrize(
+    "text", [_REGISTERED_BELOW, _REGISTERED_BY_A_MIXIN], ids=["node-base", "mixin"]
+)
 def test_a_constant_set_before_the_first_fingerprint_below_a_base_not_calling_super_is_seen(
-    tmp_path: Path,
+    text: str, tmp_path: Path
 ) -> None:
     """A computed constant of a class made below a base whose ``__init_subclass__`` does not
-    call ``super().__init_subclass__`` (a registry's), set by hand before its node was first
-    fingerprinted, is told from the value its text computed, as it is below any other
-    base; the base's hook still runs for each class made."""
-    _package(tmp_path, "registered", nodes=_REGISTERED_BELOW)
+    call ``super().__init_subclass__`` (a registry's, of a node class or of a mixin that is
+    none, before ``Node`` in the classes it inherits from), set by hand before its node was
+    first fingerprinted, is told from the value its text computed, as it is below any
+    other base; the base's hook still runs for each class made."""
+    _package(tmp_path, "registered", nodes=text)
     script = (
         "import sys, registered.nodes as m\nfrom somatize.catalog import fingerprint_of as f\n"
         "if sys.argv[1] == 'set':\n    m.Tuned.SCALE = 3.0\n"

@@ -259,6 +259,7 @@ def _note_made(kind: type) -> None:
     (:func:`_note_loaded`), with the line of the module's text making it where the module
     is loading: a name its text assigns again below (``CFG = None``, the class, then ``CFG
     = Config()``) is not taken as set by hand."""
+    _MADE.add(kind)
     _note_loaded(kind, list(vars(kind).items()))
     module = sys.modules.get(kind.__module__)
     if module is not None:
@@ -269,6 +270,14 @@ def _note_made(kind: type) -> None:
         added = list(itertools.islice(reversed(space.items()), len(space) - upto))
         _note_loaded(module, added, _loading_at(space))
         _SCANNED[module] = len(space)
+
+
+_MADE: weakref.WeakSet[type] = weakref.WeakSet()
+"""The node classes noted as they were made (:func:`_note_made`). One that was not — made
+below a base, not a node class, whose ``__init_subclass__`` does not call
+``super().__init_subclass__``, which keeps ``Node``'s from running — may have been given
+another value by hand before it is first fingerprinted: what it holds is not taken for
+what its text made (:func:`_set_since`)."""
 
 
 _SCANNED: weakref.WeakKeyDictionary[ModuleType, int] = weakref.WeakKeyDictionary()
@@ -316,6 +325,8 @@ def _set_since(owner: Any, name: str, value: Any, body: list[ast.stmt] | None = 
     what that line made is what it holds."""
     if owner is None:
         return False
+    if _unnoted(owner):  # nothing says what its text made: what it holds, as set by hand
+        return True
     noted = _LOADED.setdefault(owner, {})
     if name not in noted:
         _note_loaded(owner, [(name, value)])
@@ -331,6 +342,13 @@ def _set_since(owner: Any, name: str, value: Any, body: list[ast.stmt] | None = 
     return was is not value and (
         type(was) is not type(value) or _constant_bytes(was) != _constant_bytes(value)
     )
+
+
+def _unnoted(owner: Any) -> bool:
+    """Whether ``owner`` is a node class not noted as it was made (:data:`_MADE`)."""
+    from somatize.node import Node  # the catalog names node classes; node imports it
+
+    return isinstance(owner, type) and issubclass(owner, Node) and owner not in _MADE
 
 
 def _assigned_below(owner: Any, body: list[ast.stmt] | None, name: str, at: int) -> bool:
