@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime
 import sys
+from typing import Any
 
+import numpy
 import pyarrow
 import pytest
 
@@ -87,6 +89,58 @@ def test_frames_from_batches_and_equality() -> None:
     assert Frame(batch) == Frame(pyarrow.table({"n": [1, 2]}))
     assert Frame(batch) != Frame(pyarrow.table({"n": [1, 3]}))
     assert repr(Frame(batch)) == "<Frame of 2 rows: n>"
+
+
+_NAN = float("nan")
+
+
+def _column(values: list[Any], kind: pyarrow.DataType | None = None) -> Frame:
+    """A frame of one column, ``x``, of ``values`` (of type ``kind``)."""
+    return Frame(pyarrow.table({"x": pyarrow.array(values, kind)}))
+
+
+@pytest.mark.parametrize(
+    ("values", "kind"),
+    [
+        pytest.param([1.0, _NAN, None], None, id="float64"),
+        pytest.param([_NAN, 1.0], pyarrow.float32(), id="float32"),
+        pytest.param([_NAN, 1.0], pyarrow.float16(), id="float16"),
+        pytest.param([[1.0, _NAN], None, []], None, id="list"),
+        pytest.param([[_NAN, 1.0]], pyarrow.list_(pyarrow.float64(), 2), id="fixed-size-list"),
+        pytest.param([{"a": _NAN, "b": "s"}, None], None, id="struct"),
+        pytest.param([[("a", _NAN)]], pyarrow.map_(pyarrow.string(), pyarrow.float64()), id="map"),
+    ],
+)
+def test_frames_holding_nan_in_the_same_places_are_equal(
+    values: list[Any], kind: pyarrow.DataType | None
+) -> None:
+    """Two frames of the same rows holding a NaN, at any depth, are equal, as are a frame and
+    itself; a NaN where the other holds a number or a null is a difference."""
+    if kind == pyarrow.float16():
+        values = [numpy.float16(v) for v in values]
+    frame = _column(values, kind)
+    assert frame == frame
+    assert frame == _column(values, kind)
+    other = [[2.0, 2.0]] if kind == pyarrow.list_(pyarrow.float64(), 2) else [None] * len(values)
+    assert frame != _column(other, kind)
+
+
+def test_frames_holding_nan_are_equal_however_they_are_chunked_or_encoded() -> None:
+    """Rows holding a NaN split into other chunks, or dictionary-encoded alike in both, are
+    equal; rows of equal values in other places, of another type, or encoded with another
+    dictionary (which Arrow's ``equals`` and the digest tell apart too), are not."""
+    chunked = Frame(
+        pyarrow.Table.from_batches(
+            [pyarrow.record_batch({"x": [_NAN]}), pyarrow.record_batch({"x": [1.0]})]
+        )
+    )
+    assert chunked == _column([_NAN, 1.0])
+    assert chunked != _column([1.0, _NAN])
+    assert chunked != _column([_NAN, 1.0], pyarrow.float32())
+    encoded = pyarrow.array([_NAN, 1.0, _NAN]).dictionary_encode()
+    assert Frame(pyarrow.table({"x": encoded})) == Frame(pyarrow.table({"x": encoded}))
+    reordered = pyarrow.DictionaryArray.from_arrays([1, 0, 1], [1.0, _NAN])
+    assert Frame(pyarrow.table({"x": encoded})) != Frame(pyarrow.table({"x": reordered}))
 
 
 def test_a_frame_refuses_what_is_not_arrow() -> None:

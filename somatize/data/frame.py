@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow
+import pyarrow.compute
 
 from somatize.data.errors import DataError
 
@@ -215,14 +216,83 @@ class Frame:
         return polars.from_arrow(self._table)
 
     def __eq__(self, other: object) -> bool:
+        """Whether ``other`` is a frame of the same columns, of the same types, holding the
+        same rows: a NaN is the same as a NaN in the same place (Arrow's ``equals`` calls
+        such tables apart), however the rows are split into chunks."""
         if not isinstance(other, Frame):
             return NotImplemented
-        return bool(self._table.equals(other._table))
+        mine, theirs = self._table, other._table
+        if mine.equals(theirs):
+            return True
+        if mine.num_rows != theirs.num_rows or not mine.schema.equals(theirs.schema):
+            return False
+        return all(
+            _same_values(one.combine_chunks(), two.combine_chunks())
+            for one, two in zip(mine.columns, theirs.columns, strict=True)
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"<Frame of {len(self)} rows: {', '.join(self.columns)}>"
+
+
+def _same_values(one: pyarrow.Array, other: pyarrow.Array) -> bool:
+    """Whether ``one`` and ``other``, of one type and length, hold the same values, a NaN at
+    any depth the same as a NaN in the same place. Told by Arrow where no float is nested
+    in their type; else a column of floats, a struct, a list or a dictionary (its indices
+    and its dictionary, as Arrow's ``equals`` compares it) is compared in Arrow, part by
+    part, and any other (a map, a union) by its Python values."""
+    if one.equals(other):
+        return True
+    kind = one.type
+    if not _holds_floats(kind):
+        return False
+    if pyarrow.types.is_float16(kind):  # which Arrow compares not: as floats of 32 bits
+        return _same_values(one.cast(pyarrow.float32()), other.cast(pyarrow.float32()))
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        return _same_values(one.storage, other.storage)
+    if pyarrow.types.is_dictionary(kind):  # its dictionary is part of it, as to `equals`
+        same_indices = one.indices.equals(other.indices)
+        return bool(same_indices) and _same_values(one.dictionary, other.dictionary)
+    if not pyarrow.compute.is_null(one).equals(pyarrow.compute.is_null(other)):
+        return False
+    if pyarrow.types.is_floating(kind):  # equal where not null, or NaN in both
+        nans = pyarrow.compute.and_(pyarrow.compute.is_nan(one), pyarrow.compute.is_nan(other))
+        same = pyarrow.compute.or_(pyarrow.compute.equal(one, other), nans)
+        return bool(pyarrow.compute.all(same.fill_null(True)).as_py())
+    if pyarrow.types.is_struct(kind):  # a null struct's fields are null in its place
+        return all(map(_same_values, one.flatten(), other.flatten()))
+    lists = (pyarrow.types.is_list, pyarrow.types.is_large_list, pyarrow.types.is_fixed_size_list)
+    if any(is_list(kind) for is_list in lists):
+        lengths = pyarrow.compute.list_value_length
+        return bool(lengths(one).equals(lengths(other))) and _same_values(
+            one.flatten(), other.flatten()
+        )
+    return _same_python(one.to_pylist(), other.to_pylist())
+
+
+def _holds_floats(kind: pyarrow.DataType) -> bool:
+    """Whether values of type ``kind`` hold, at any depth, floats (which may be NaN)."""
+    if pyarrow.types.is_floating(kind):
+        return True
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        return _holds_floats(kind.storage_type)
+    if isinstance(kind, pyarrow.DictionaryType):
+        return _holds_floats(kind.value_type)
+    return any(_holds_floats(kind.field(index).type) for index in range(kind.num_fields))
+
+
+def _same_python(one: Any, other: Any) -> bool:
+    """Whether the Python values ``one`` and ``other`` (of Arrow's ``to_pylist``) are equal,
+    a NaN the same as a NaN in the same place."""
+    if isinstance(one, float) and isinstance(other, float) and one != one and other != other:
+        return True
+    if isinstance(one, (list, tuple)) and isinstance(other, (list, tuple)):
+        return len(one) == len(other) and all(map(_same_python, one, other))
+    if isinstance(one, dict) and isinstance(other, dict):
+        return one.keys() == other.keys() and all(_same_python(one[k], other[k]) for k in one)
+    return bool(one == other)
 
 
 def _polars_objects(x: Any) -> list[str]:
