@@ -3999,6 +3999,48 @@ def test_a_helper_or_constant_rebound_is_seen_by_a_graph_built_before(
     assert _three_forwards(graph, store, "t", 3) == ["ran", "recalled", "recalled"]
 
 
+_NAMES_A_HELPER_CLASS = """
+from somatize import Node
+
+
+class Helper:
+    by = 2
+    calls = 0
+
+    @staticmethod
+    def scale(x):
+        Helper.calls += 1
+        return x * Helper.by
+
+    @classmethod
+    def shift(cls, x):
+        cls.calls += 1
+        return x + cls.by - 2
+
+
+class UsesHelperClass(Node):
+    def forward(self, x, ctx):
+        return Helper.shift(Helper.scale(x))
+"""
+
+
+def test_a_helper_class_given_another_value_or_method_is_seen_by_a_graph_built_before(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper class a node's code names (``Helper.scale(x)``), given another value
+    (``Helper.by = 3``) or another method after a graph was built, is other code at that
+    graph's next forward: strict=True computes with what it holds now, never recalling what
+    it computed before. A count its own methods move on it as they run is its state: the
+    forwards after the first recall."""
+    loaded = _load(tmp_path / "fingerprinted.py", _NAMES_A_HELPER_CLASS, monkeypatch)
+    graph = Graph.somatize(loaded.UsesHelperClass().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    loaded.Helper.by = 3
+    assert _three_forwards(graph, store, "h", 4) == ["ran", "recalled", "recalled"]
+    loaded.Helper.scale = staticmethod(lambda x: x * 5)
+    assert _three_forwards(graph, store, "h", 6) == ["ran", "recalled", "recalled"]
+
+
 _HOLDS_A_HELPER = """
 from somatize import Node
 
@@ -4524,6 +4566,19 @@ def test_a_class_a_node_s_class_holds_is_in_its_fingerprint_by_its_code(
     assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
     monkeypatch.setattr(loaded.Makes, "make", loaded.Triple)
     assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+
+
+def test_a_class_a_node_s_class_holds_given_another_method_is_seen_by_a_graph_built_before(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class a node's class holds (``make = Double``), given another method in place after a
+    graph was built (``Double.__call__ = ...``), is other code at that graph's next forward:
+    strict=True computes with it, never recalling what the old method computed."""
+    loaded = _load(tmp_path / "fingerprinted.py", _HOLDS_A_CLASS, monkeypatch)
+    graph = Graph.somatize(loaded.Makes().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    monkeypatch.setattr(loaded.Double, "__call__", lambda self, x: x * 5)
+    assert _three_forwards(graph, store, "h", 5) == ["ran", "recalled", "recalled"]
 
 
 _HOLDS_AN_ENUM = """

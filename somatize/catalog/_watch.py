@@ -56,6 +56,7 @@ from somatize.catalog._members import (
 )
 from somatize.catalog._names import (
     _ABSENT,
+    _ClassSeen,
     _FunctionSeen,
     _HeldSeen,
     _HelperSeen,
@@ -166,18 +167,19 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     (:class:`_Marked`: changed since, it is marked anew, :func:`marks_moved`), and
     each dict of keyword defaults of their functions (``f.__kwdefaults__["by"] = 7``), and
     of keywords of a partial they hold (``Kind.act.keywords["k"] = 3``), with a copy of
-    it; the names of their modules their fingerprints looked up, each to the object it
-    held (:class:`_Looked`: a helper or a value rebound since, a notebook's cell run
-    again); and the count of functions given other code or defaults in place
-    and classes given other bases, in this process (:data:`_SETS`: ``f.__code__ = ...``,
-    as a reloader does, ``f.__defaults__ = (5,)``, ``Kind.__bases__ = ...``), which moves
-    for any function or class, and sends the look to what the watch noted of these
-    (:func:`code_changes`). The lives compare equal to the copies: each value by
-    identity, else by ``==``, a number of a dict, list or slots only to the same number of
-    the same type (:class:`_Exact`: ``2`` replaced by ``2.0`` is seen); one whose ``==``
-    says no bool, an array, raises, and is taken as changed. The
-    copies hold what they copy, so an old function cannot be followed by a new one at
-    the same address."""
+    it; the names of their modules their fingerprints looked up, each to the object it held
+    (:class:`_Looked`: a helper or a value rebound since, a notebook's cell run again), and
+    the namespaces of each helper class their code names or class they hold
+    (:class:`_Bodies`: a value or a method set on it since, ``Config.by = 3``); and the
+    count of functions given other code or defaults in place and classes given other bases,
+    in this process (:data:`_SETS`: ``f.__code__ = ...``, as a reloader does,
+    ``f.__defaults__ = (5,)``, ``Kind.__bases__ = ...``), which moves for any function or
+    class, and sends the look to what the watch noted of these (:func:`code_changes`). The
+    lives compare equal to the copies: each value by identity, else by ``==``, a number of a
+    dict, list or slots only to the same number of the same type (:class:`_Exact`: ``2``
+    replaced by ``2.0`` is seen); one whose ``==`` says no bool, an array, raises, and is
+    taken as changed. The copies hold what they copy, so an old function cannot be followed
+    by a new one at the same address."""
     _hear_code_set()
     given = tuple(kinds)
     lineage = list(
@@ -248,7 +250,12 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             for keywords in _partial_keywords(member):  # `Kind.act.keywords["k"] = 3`
                 lives.append(keywords)
                 labels.append(label)
+            if isinstance(member, type) and not _dunder(name) and not _left_out(member):
+                read = _bodies(member)  # `make = Double`: `Double.k = 3` since
+                lives += read
+                labels += [label] * len(read)
     tables: set[int] = set()
+    bodies: set[int] = set()
     for kind in lineage:  # each table its code only reads, object of a helper class: marked
         found = _FINGERPRINTS.get(kind)
         for reads, name, was in found[1] if found is not None else ():
@@ -257,6 +264,12 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             if helper is not None and helper.__closure__:  # a helper's cell set since
                 lives.append(_Cells(helper))
                 labels.append(f"{helper.__module__}:{name}")
+            written = was.held() if isinstance(was, _ClassSeen) else None
+            if written is not None and id(written) not in bodies:  # `Config.by = 3` since
+                bodies.add(id(written))
+                read = _bodies(written)
+                lives += read
+                labels += [f"{written.__module__}:{written.__qualname__}"] * len(read)
             wrapper = was.held() if isinstance(was, _HelperSeen) else None
             for keywords in _partial_keywords(wrapper):  # `helper.keywords["by"] = 4`
                 lives.append(keywords)
@@ -302,6 +315,8 @@ def _copied(live: Any) -> Any:
         return live.values()
     if isinstance(live, (_Slots, _Cells)):
         return list(map(_exact, live.values()))
+    if isinstance(live, _Bodies):
+        return list(map(_exact_items, live.values()))
     kind = type(live)
     if kind is collections.defaultdict:  # made with what it makes for a key it lacks
         return collections.defaultdict(live.default_factory, _exact_items(live))
@@ -438,6 +453,47 @@ class _Looked:
             and len(other) == len(self.names)
             and all(map(operator.is_, map(dict.get, self.spaces, self.names, _ABSENTS), other))
         )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _bodies(helper: type) -> list[Any]:
+    """What a watch compares of ``helper``, a helper class a node's code names
+    (:class:`_ClassSeen`: ``Config.by``, ``Helper.scale(x)``) or a class a node's class holds
+    (``make = Double``), so that a value or a method set on it since (``Config.by = 3``) is
+    seen by a graph built before, whose fingerprints are worked out again: the namespace of
+    it and of each class it inherits from, short of the library's, compared in C with a
+    copy — or, where their own code sets a name on one of them as it runs (a count: their
+    state, not a change), a :class:`_Bodies` of them, which leaves it out."""
+    kinds = [above for above in helper.__mro__ if not _left_out(above)]
+    state = _state_of(kinds, (member for kind in kinds for member in list(vars(kind).values())))
+    return [_Bodies(kinds, state)] if state else [vars(kind) for kind in kinds]
+
+
+class _Bodies:
+    """The namespaces of classes (:func:`_bodies`) read as they are now, but a name of
+    ``state`` and a dunder that holds no function (``__slotnames__``, which a copy adds):
+    equal to a list of what they held, each number that very number (:class:`_Exact`)."""
+
+    __slots__ = ("spaces", "state")
+
+    def __init__(self, kinds: list[type], state: frozenset[str]) -> None:
+        self.spaces = [vars(kind) for kind in kinds]
+        self.state = state
+
+    def values(self) -> list[dict[str, Any]]:
+        """What each namespace holds now, but what is left out of it."""
+        return [
+            {
+                name: member
+                for name, member in list(space.items())
+                if name not in self.state and (not _dunder(name) or _holds_code(member))
+            }
+            for space in self.spaces
+        ]
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.values() == other)
 
     __hash__ = None  # type: ignore[assignment]
 
