@@ -1042,6 +1042,94 @@ def test_a_cell_set_since_by_the_function_sharing_it_is_another_fingerprint(
     assert built.forward(3, store=store, strict=True) == 21
 
 
+_HELPERS_HOLDING_TABLES = """
+import functools
+
+from somatize import Node
+
+
+def _made():
+    settings = {"by": 2}
+
+    def times(x):
+        return x * settings["by"]
+
+    return times, settings
+
+
+closing, SETTINGS = _made()
+
+
+def _scaled(box, x):
+    return x * box[0]
+
+
+BOX = [2]
+binding = functools.partial(_scaled, BOX)
+
+
+def defaulting(x, box=[2]):
+    return x * box[0]
+
+
+def keyed(x, *, by=2):
+    return x * by
+
+
+class Closes(Node):
+    def forward(self, x, ctx):
+        return closing(x)
+
+
+class Binds(Node):
+    def forward(self, x, ctx):
+        return binding(x)
+
+
+class Defaults(Node):
+    def forward(self, x, ctx):
+        return defaulting(x)
+
+
+class Keys(Node):
+    def forward(self, x, ctx):
+        return keyed(x)
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "change"),
+    [
+        ("Closes", lambda m: m.SETTINGS.__setitem__("by", 5)),
+        ("Binds", lambda m: m.BOX.__setitem__(0, 5)),
+        ("Defaults", lambda m: m.defaulting.__defaults__[0].__setitem__(0, 5)),
+        ("Keys", lambda m: m.keyed.__kwdefaults__.__setitem__("by", 5)),
+    ],
+    ids=["closed-over", "bound", "default", "keyword-default"],
+)
+def test_what_a_helper_of_its_module_closes_over_or_binds_changed_in_place_is_seen(
+    kind: str,
+    change: Callable[[Any], None],
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dict or list a helper of a node's module closes over, binds as a partial, or takes
+    by default, or its keyword defaults, changed in place after a graph was built, is other
+    code at that graph's next forward and for a graph built after: strict=True computes
+    with what it holds now, never recalling what it computed before."""
+    loaded = _load(tmp_path / "fingerprinted.py", _HELPERS_HOLDING_TABLES, monkeypatch)
+
+    def graph() -> Graph:
+        return Graph.somatize(getattr(loaded, kind)().named("h").frozen().cached())
+
+    built = graph()
+    assert _three_forwards(built, store, "h", 2) == ["ran", "recalled", "recalled"]
+    change(loaded)
+    assert _three_forwards(built, store, "h", 5) == ["ran", "recalled", "recalled"]
+    assert _three_forwards(graph(), store, "h", 5) == ["recalled", "recalled", "recalled"]
+
+
 _SETTING_ITS_OWN_CELL = """
 from somatize import Node
 

@@ -161,7 +161,8 @@ def _made_of(function: FunctionType) -> tuple[Any, ...]:
     place, ``f.__defaults__ = (50,)`` or ``f.__kwdefaults__["by"] = 70``, a cell set by the
     function that shares it, ``nonlocal scale; scale = 3``, is told apart), and each object
     it closes over that is named by what it holds (:func:`_held_bytes`) by that name, else
-    by identity (one changed in place since it was named is marked from then on)."""
+    by identity (one changed in place since it was named is marked from then on), and each
+    table it takes by default (:func:`_default_tables`) by what it holds."""
     keywords = function.__kwdefaults__ or {}
     held = tuple(
         _held_bytes(value) or _contained_bytes(value) or (_Same(value), _version_of(value))
@@ -173,6 +174,7 @@ def _made_of(function: FunctionType) -> tuple[Any, ...]:
         tuple((name, _Same(value)) for name, value in keywords.items()),
         held,
         _cells_now(function),
+        tuple(map(_table_now, _default_tables(function.__name__, function))),
     )
 
 

@@ -34,7 +34,13 @@ from somatize.catalog._code import (
     _set_since,
     _written_at,
 )
-from somatize.catalog._functions import _bound_in, _function_bytes, _made_of
+from somatize.catalog._functions import (
+    _bound_in,
+    _default_table_bytes,
+    _default_tables,
+    _function_bytes,
+    _made_of,
+)
 from somatize.catalog._held import _HOLDERS, _contained_bytes, _held_bytes, _library_bytes
 from somatize.catalog._marked import _marked, _plain_table
 from somatize.catalog._marks import _token_of, _version_of
@@ -139,6 +145,18 @@ def _still(reader: weakref.ref[Any], name: str, was: Any) -> bool:
     return now is was
 
 
+def _helper_function_bytes(name: str, function: FunctionType) -> bytes:
+    """A plain function of a node's module its code names (``name``), as a method of its
+    class is named: how it is written (:func:`_function_bytes`) and each table it takes by
+    default (``def scaled(x, box=[2])``) by what it holds (:func:`_default_table_bytes`),
+    so that one changed in place since is other code."""
+    written = _function_bytes(function)
+    tables = _default_tables(name, function)
+    if not tables:
+        return written
+    return _joined(b"defaults", [written, *map(_default_table_bytes, tables)])
+
+
 def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Looked]:
     """What ``functions`` name in their module, and what the functions found there name in
     turn: each plain function defined in that module (by :func:`_function_bytes`), each
@@ -190,7 +208,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
-                out[place] = (b"uses " + label, _function_bytes(value))
+                out[place] = (b"uses " + label, _helper_function_bytes(name, value))
                 queue.append(value)
             elif (wrapped := _helper_in(value, module)) is not None:
                 # a helper wrapped where it is defined: by the function and what is bound

@@ -198,8 +198,6 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     for kind in lineage:
         for name, member in list(vars(kind).items()):
             label = f"{kind.__qualname__}.{name}"
-            read: list[Any] = []
-            unnamed: list[Any] = []
             fills = _fillable(name, member) and name in kept  # filled by its node's forward
             holds = [] if fills else _held_in(member)
             if _counted(member):
@@ -220,24 +218,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 holds = [member]
             for function in _functions_in(member):  # `def forward(self, x, ctx, memo={})`
                 holds += _default_tables(name, function)
-            for held in holds:
-                if _contained_bytes(held, read, unnamed) is not None:
-                    # a container holding objects: each watched as one held itself, and
-                    # the container as a marked object is, so what its node's forward
-                    # changes in it (an object added to a log) is its state
-                    noted = _Marked(held, label)
-                    marks.append(Mark(len(lives), held, noted, False, kind))
-                    lives += [noted.version, noted.lives]
-                    labels += [label, label]
-                elif _held_bytes(held, read) is None:
-                    unnamed.append(held)
-            lives += read
-            labels += [label] * len(read)
-            for held in unnamed:  # marked: what it holds watched
-                noted, anew = _marked(held, label)
-                marks.append(Mark(len(lives), held, noted, anew, kind))
-                lives += [noted.version, noted.lives]
-                labels += [label, label]
+            _watch_objects(holds, label, kind, lives, labels, marks)
             for function in _functions_in(member):
                 keywords = function.__kwdefaults__
                 made.append((label, function, function.__code__, function.__defaults__, keywords))
@@ -261,9 +242,16 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
         for reads, name, was in found[1] if found is not None else ():
             by = reads()
             helper = was.held() if isinstance(was, _FunctionSeen) else None
-            if helper is not None and helper.__closure__:  # a helper's cell set since
-                lives.append(_Cells(helper))
-                labels.append(f"{helper.__module__}:{name}")
+            if helper is not None:  # what it closes over, takes by default: as a method's
+                at = f"{helper.__module__}:{name}"
+                holds = _closed_objects(helper) + _default_tables(name, helper)
+                _watch_objects(holds, at, kind, lives, labels, marks)
+                if helper.__closure__:  # a helper's cell set since
+                    lives.append(_Cells(helper))
+                    labels.append(at)
+                if helper.__kwdefaults__:  # `helper.__kwdefaults__["by"] = 7`
+                    lives.append(helper.__kwdefaults__)
+                    labels.append(at)
             written = was.held() if isinstance(was, _ClassSeen) else None
             if written is not None and id(written) not in bodies:  # `Config.by = 3` since
                 bodies.add(id(written))
@@ -274,6 +262,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             for keywords in _partial_keywords(wrapper):  # `helper.keywords["by"] = 4`
                 lives.append(keywords)
                 labels.append(name)
+            if wrapper is not None:  # what it binds (`partial(scaled, BOX)`), changed in place
+                _watch_objects(_bound_objects(wrapper), name, kind, lives, labels, marks)
             if not isinstance(was, _HeldSeen) or by is None:
                 continue
             table = _space_of(by).get(name, _ABSENT)
@@ -303,6 +293,39 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     copies.append(list(_SETS))
     mros = [(kind, kind.__mro__) for kind in lineage]
     return CodeWatch(lives, copies, lineage, given, labels, made, mros, marks)
+
+
+def _watch_objects(
+    holds: list[Any],
+    label: str,
+    kind: type,
+    lives: list[Any],
+    labels: list[str],
+    marks: list[Mark],
+) -> None:
+    """Adds to a watch's ``lives`` (and ``labels``, ``marks``) what is read of each object of
+    ``holds``, held by ``kind`` or by a helper its code names, where ``label`` says: a
+    container holding objects as a marked object is watched, each object in it as one held
+    itself, so that what its node's forward changes in it (an object added to a log) is its
+    state; one named by what it holds by each dict, list and set read of it; any other,
+    marked by which object it is, by what is noted of it (:class:`_Marked`)."""
+    read: list[Any] = []
+    unnamed: list[Any] = []
+    for held in holds:
+        if _contained_bytes(held, read, unnamed) is not None:
+            noted = _Marked(held, label)
+            marks.append(Mark(len(lives), held, noted, False, kind))
+            lives += [noted.version, noted.lives]
+            labels += [label, label]
+        elif _held_bytes(held, read) is None:
+            unnamed.append(held)
+    lives += read
+    labels += [label] * len(read)
+    for held in unnamed:  # marked: what it holds watched
+        noted, anew = _marked(held, label)
+        marks.append(Mark(len(lives), held, noted, anew, kind))
+        lives += [noted.version, noted.lives]
+        labels += [label, label]
 
 
 def _copied(live: Any) -> Any:
