@@ -4129,6 +4129,61 @@ def test_a_helper_class_given_another_value_or_method_is_seen_by_a_graph_built_b
     assert _three_forwards(graph, store, "h", 6) == ["ran", "recalled", "recalled"]
 
 
+_HELPER_CLASS_HOLDING_TABLES = """
+from somatize import Node
+
+
+class Config:
+    def __init__(self, k):
+        self.k = k
+
+
+class Registry:
+    seen = []
+    memo = {}
+    table = {"k": 2}
+    config = Config(1)
+
+    @staticmethod
+    def remember(x):
+        Registry.memo[x] = x * 2
+        return Registry.memo[x]
+
+
+class UsesRegistry(Node):
+    def forward(self, x, ctx):
+        Registry.seen.append(x)
+        return Registry.remember(x) * Registry.table["k"] * Registry.config.k // 2
+"""
+
+
+def test_a_table_or_object_a_helper_class_holds_changed_in_place_is_seen(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dict or an object a helper class a node's code names holds (``Registry.table``,
+    ``Registry.config``), changed in place after a graph was built, is other code, for that
+    graph and one built after: strict=True computes with what it holds now. What the
+    node's forward adds to a list it holds (a log), and what the class's own code fills (a
+    memo), is state: the forwards after the first recall, and a new process shares the
+    fingerprint."""
+    loaded = _load(tmp_path / "fingerprinted.py", _HELPER_CLASS_HOLDING_TABLES, monkeypatch)
+
+    def graph() -> Graph:
+        return Graph.somatize(loaded.UsesRegistry().named("h").frozen().cached())
+
+    built = graph()
+    assert _three_forwards(built, store, "h", 2) == ["ran", "recalled", "recalled"]
+    assert _three_forwards(graph(), store, "h", 2) == ["recalled", "recalled", "recalled"]
+    loaded.Registry.table["k"] = 3
+    assert _three_forwards(built, store, "h", 3) == ["ran", "recalled", "recalled"]
+    loaded.Registry.config.k = 2
+    assert _three_forwards(built, store, "h", 6) == ["ran", "recalled", "recalled"]
+    assert _three_forwards(graph(), store, "h", 6) == ["recalled", "recalled", "recalled"]
+    _write(tmp_path / "registry.py", _HELPER_CLASS_HOLDING_TABLES)
+    first = _fingerprints_in(tmp_path, "registry", "UsesRegistry")
+    assert first == _fingerprints_in(tmp_path, "registry", "UsesRegistry")
+
+
 _HOLDS_A_HELPER = """
 from somatize import Node
 

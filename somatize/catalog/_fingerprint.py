@@ -64,7 +64,14 @@ from somatize.catalog._members import (
     _same_package,
     _table,
 )
-from somatize.catalog._names import Looked, _class_code, _class_functions, _named, _sighted, _still
+from somatize.catalog._names import (
+    Looked,
+    _class_functions,
+    _helper_class_bytes,
+    _named,
+    _sighted,
+    _still,
+)
 
 Body = tuple[tuple[str, Any], ...]
 """What a class's own body held when its fingerprint was worked out (:func:`_body_of`)."""
@@ -406,13 +413,13 @@ def _body_of(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
 def _held_class_bytes(held: type) -> bytes:
     """A class a class holds (``make = Double``, a nested ``class Config``): one of the
     library's (:func:`_left_out`: ``nn.ReLU``) by its name, any other by its name and how it
-    is written (:func:`_class_code`: its functions and those of the classes it inherits
-    from, its plain values and tables as its text writes them), the same in every process
-    running the same code — so that another class held, or the held class edited, is other
-    code."""
+    is written (:func:`_helper_class_bytes`: its functions and those of the classes it
+    inherits from, its plain values, and the tables and objects it holds by what they hold),
+    the same in every process running the same code — so that another class held, or the
+    held class edited, is other code."""
     if _left_out(held):
         return f"library {held.__module__}:{held.__qualname__}".encode()
-    return _class_code(held)
+    return _helper_class_bytes(held)
 
 
 def _followed(held: type, kind: type) -> bool:

@@ -20,7 +20,13 @@ from types import (
 )
 from typing import Any, NamedTuple
 
-from somatize.catalog._bytecode import _GLOBAL_LOADS, _names_in, _stored_in, _tables_changed_by
+from somatize.catalog._bytecode import (
+    _GLOBAL_LOADS,
+    _fillers,
+    _names_in,
+    _stored_in,
+    _tables_changed_by,
+)
 from somatize.catalog._code import (
     _as_imported,
     _assigned_now,
@@ -41,7 +47,13 @@ from somatize.catalog._functions import (
     _function_bytes,
     _made_of,
 )
-from somatize.catalog._held import _HOLDERS, _contained_bytes, _held_bytes, _library_bytes
+from somatize.catalog._held import (
+    _HOLDERS,
+    _contained_bytes,
+    _held_bytes,
+    _library_bytes,
+    _opaque_bytes,
+)
 from somatize.catalog._marked import _marked, _plain_table
 from somatize.catalog._marks import _token_of, _version_of
 from somatize.catalog._members import (
@@ -49,6 +61,7 @@ from somatize.catalog._members import (
     _PARTIALS,
     _dunder,
     _exactly_plain,
+    _fillable,
     _functions_in,
     _joined,
     _left_out,
@@ -138,7 +151,7 @@ def _still(reader: weakref.ref[Any], name: str, was: Any) -> bool:
     if isinstance(was, _HeldSeen):  # the same table or object, not changed since
         return now is was.held and _version_of(now) == was.version
     if isinstance(was, _ClassSeen):  # the same helper class, written as it was
-        return isinstance(now, type) and now is was.held() and _class_code(now) == was.code
+        return isinstance(now, type) and now is was.held() and _helper_class_bytes(now) == was.code
     if was is _OTHER:
         module = function.__name__ if isinstance(function, ModuleType) else function.__module__
         return now is not _ABSENT and _found_as(now, module, name) is _OTHER
@@ -229,7 +242,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
             elif type(value) in _CONTAINERS:  # a table: as the module's text writes it
                 tables[place] = value
             elif isinstance(value, type) and _helper_class(value, module, name):
-                out[place] = (b"class " + label, _class_code(value))
+                out[place] = (b"class " + label, _helper_class_bytes(value))
                 # what its methods name in their module is followed as the code's own is
                 for method in _class_functions(value):
                     if id(method) not in seen:
@@ -356,7 +369,7 @@ def _found_as(value: Any, module: str, name: str) -> Any:
     if isinstance(value, FunctionType):
         return _FunctionSeen(weakref.ref(value), _made_of(value))
     if isinstance(value, type) and _helper_class(value, module, name):
-        return _ClassSeen(weakref.ref(value), _class_code(value))
+        return _ClassSeen(weakref.ref(value), _helper_class_bytes(value))
     if _plain(value):
         return value
     if _helper_in(value, module) is not None:
@@ -437,6 +450,46 @@ def _class_code(kind: type) -> bytes:
                     written = b"written " + ast.unparse(made).encode()
                     pieces.append(f"{above.__qualname__}.{name}=".encode() + written)
     return _joined(b"class", pieces)
+
+
+def _helper_class_bytes(kind: type) -> bytes:
+    """A helper class a node's code names (:func:`_helper_class`), or a class a node's class
+    holds (``make = Double``), by how it is written (:func:`_class_code`) and each table and
+    object its classes hold that its code reads (:func:`_class_objects`): a table as first
+    seen (:func:`_sighted`), an object as a node's class names it (:func:`_opaque_bytes`) —
+    so that another set in its place, or one changed in place between forwards
+    (``Helper.table["k"] = 3``), is other code."""
+    code = _class_code(kind)
+    held = []
+    for above, name, member in _class_objects(kind):
+        where = f"{above.__qualname__}.{name}"
+        if _fillable(name, member):  # as first seen: what a node's forward adds is state
+            said = _sighted(member, _assignment(_class_body(above), name), where)
+        else:
+            said = _opaque_bytes(member) or _token_of(member)
+        held.append(where.encode() + b"=" + said)
+    return _joined(b"helper", [code, *held]) if held else code
+
+
+def _class_objects(kind: type) -> list[tuple[type, str, Any]]:
+    """Each table (a dict, list or set; a ``deque`` too) and each object its code may read
+    (:func:`_opaque_bytes`: ``cfg = Config(2)``) that ``kind`` and the classes it inherits
+    from, short of the library's, hold, with the class holding it and its name there — not
+    a table their own code fills (a cache: their state, as the class's text writes it), nor
+    a function, a class or a plain value, which :func:`_class_code` names, nor what is held
+    under a name of Python's or the library's (``__dict__``, an enum's ``_member_map_``)."""
+    kinds = [above for above in kind.__mro__ if not _left_out(above)]
+    filled = frozenset().union(*_fillers(kinds))
+    found = []
+    for above in kinds:
+        for name, member in sorted(vars(above).items(), key=lambda item: item[0]):
+            if (name.startswith("_") and name.endswith("_")) or name in filled:
+                continue
+            if _plain(member) or _functions_in(member) or isinstance(member, (type, enum.Enum)):
+                continue
+            if _fillable(name, member) or _opaque_bytes(member) is not None:
+                found.append((above, name, member))
+    return found
 
 
 def _member_value(kind: type, name: str, member: enum.Enum) -> bytes:

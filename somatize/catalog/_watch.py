@@ -56,6 +56,7 @@ from somatize.catalog._members import (
 )
 from somatize.catalog._names import (
     _ABSENT,
+    _class_objects,
     _ClassSeen,
     _FunctionSeen,
     _HeldSeen,
@@ -235,6 +236,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 read = _bodies(member)  # `make = Double`: `Double.k = 3` since
                 lives += read
                 labels += [label] * len(read)
+                _watch_class_objects(member, label, kind, lives, labels, marks)
     tables: set[int] = set()
     bodies: set[int] = set()
     for kind in lineage:  # each table its code only reads, object of a helper class: marked
@@ -256,8 +258,10 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             if written is not None and id(written) not in bodies:  # `Config.by = 3` since
                 bodies.add(id(written))
                 read = _bodies(written)
+                at = f"{written.__module__}:{written.__qualname__}"
                 lives += read
-                labels += [f"{written.__module__}:{written.__qualname__}"] * len(read)
+                labels += [at] * len(read)
+                _watch_class_objects(written, at, kind, lives, labels, marks)
             wrapper = was.held() if isinstance(was, _HelperSeen) else None
             for keywords in _partial_keywords(wrapper):  # `helper.keywords["by"] = 4`
                 lives.append(keywords)
@@ -326,6 +330,31 @@ def _watch_objects(
         marks.append(Mark(len(lives), held, noted, anew, kind))
         lives += [noted.version, noted.lives]
         labels += [label, label]
+
+
+def _watch_class_objects(
+    helper: type,
+    label: str,
+    kind: type,
+    lives: list[Any],
+    labels: list[str],
+    marks: list[Mark],
+) -> None:
+    """Adds to a watch's ``lives`` (and ``labels``, ``marks``) each table and object
+    ``helper``, a class ``kind``'s code names or holds, and the classes it inherits from
+    hold (:func:`_class_objects`): a table marked from the start, as first seen
+    (:func:`_sighted`), so that what ``kind``'s forward adds to it is its state; an object
+    as one ``kind`` holds (:func:`_watch_objects`)."""
+    objects = []
+    for _, name, held in _class_objects(helper):
+        if not _fillable(name, held):
+            objects.append(held)
+            continue
+        noted, anew = _marked(held, label, table=True)
+        marks.append(Mark(len(lives), held, noted, anew, kind))
+        lives += [noted.version, noted.lives]
+        labels += [label, label]
+    _watch_objects(objects, label, kind, lives, labels, marks)
 
 
 def _copied(live: Any) -> Any:
