@@ -4129,6 +4129,52 @@ def test_a_helper_class_given_another_value_or_method_is_seen_by_a_graph_built_b
     assert _three_forwards(graph, store, "h", 6) == ["ran", "recalled", "recalled"]
 
 
+_HOLDS_OBJECTS_READING_THEIR_MODULE = """
+from somatize import Node
+
+FACTOR = 2
+
+
+class Knob:
+    def __get__(self, obj, owner):
+        return FACTOR
+
+
+class Scale:
+    def __call__(self, x):
+        return x * FACTOR
+
+
+class UsesKnob(Node):
+    k = Knob()
+
+    def forward(self, x, ctx):
+        return x * self.k
+
+
+class UsesScale(Node):
+    act = Scale()
+
+    def forward(self, x, ctx):
+        return self.act(x)
+"""
+
+
+@pytest.mark.parametrize("kind", ["UsesKnob", "UsesScale"])
+def test_a_constant_the_class_of_an_object_a_class_holds_reads_rebound_is_seen(
+    kind: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A constant of its module that the class of an object a node's class holds reads (a
+    descriptor's ``__get__``, a callable's ``__call__``: ``FACTOR``), rebound after a graph
+    was built (a notebook's cell run again), is other code at that graph's next forward:
+    strict=True computes with it, never recalling what it computed before."""
+    loaded = _load(tmp_path / "fingerprinted.py", _HOLDS_OBJECTS_READING_THEIR_MODULE, monkeypatch)
+    graph = Graph.somatize(getattr(loaded, kind)().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    monkeypatch.setattr(loaded, "FACTOR", 3)
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+
+
 _HELPER_CLASS_HOLDING_TABLES = """
 from somatize import Node
 

@@ -194,6 +194,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
         - _state_of(lineage, (m for k in lineage for m in list(vars(k).values())))
     )
     labels: list[str] = []
+    held_kinds: dict[type, None] = {}  # the classes of the objects they hold
     made: list[tuple[str, FunctionType, Any, Any, Any]] = []
     marks: list[Mark] = []
     for kind in lineage:
@@ -201,6 +202,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             label = f"{kind.__qualname__}.{name}"
             fills = _fillable(name, member) and name in kept  # filled by its node's forward
             holds = [] if fills else _held_in(member)
+            for held in holds:  # `k = Knob()`: what its class's code looks up in its module
+                held_kinds.update(dict.fromkeys(_not_library(type(held))))
             if _counted(member):
                 # a tensor, named by its values: changed in place between forwards, seen at
                 # the next; by its node's own forward (a running mean), its state
@@ -284,7 +287,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             marks.append(Mark(len(lives), table, noted, anew, kind))
             lives += [noted.version, noted.lives]
             labels += [was.label, was.label]
-    looked = _Looked(lineage)
+    looked = _Looked([*lineage, *held_kinds])
     if looked.names:  # a helper or a value of their modules rebound (a cell run again)
         lives.append(looked)
         labels.append("")
@@ -509,6 +512,11 @@ class _Looked:
     __hash__ = None  # type: ignore[assignment]
 
 
+def _not_library(kind: type) -> list[type]:
+    """``kind`` and the classes it inherits from, short of the library's."""
+    return [above for above in kind.__mro__ if not _left_out(above)]
+
+
 def _bodies(helper: type) -> list[Any]:
     """What a watch compares of ``helper``, a helper class a node's code names
     (:class:`_ClassSeen`: ``Config.by``, ``Helper.scale(x)``) or a class a node's class holds
@@ -517,7 +525,7 @@ def _bodies(helper: type) -> list[Any]:
     it and of each class it inherits from, short of the library's, compared in C with a
     copy — or, where their own code sets a name on one of them as it runs (a count: their
     state, not a change), a :class:`_Bodies` of them, which leaves it out."""
-    kinds = [above for above in helper.__mro__ if not _left_out(above)]
+    kinds = _not_library(helper)
     state = _state_of(kinds, (member for kind in kinds for member in list(vars(kind).values())))
     return [_Bodies(kinds, state)] if state else [vars(kind) for kind in kinds]
 
