@@ -912,6 +912,40 @@ def test_a_constant_set_before_the_first_fingerprint_below_a_base_not_calling_su
     assert changed[0] != kept[0]
 
 
+_MODULE_OF_A_MIXIN_S_NODES = """
+import os
+from somatize import Node
+
+SCALE = float(os.environ.get("SOMATIZE_TEST_UNSET", "2"))
+
+class Registering:
+    def __init_subclass__(cls, **kwargs):
+        pass
+
+class Scales(Registering, Node):
+    def forward(self, x, ctx):
+        return x * SCALE
+"""
+
+
+def test_a_module_constant_set_before_the_first_fingerprint_of_nodes_below_a_mixin_is_seen(
+    tmp_path: Path,
+) -> None:
+    """A computed constant of a module whose node classes were all made below a mixin whose
+    ``__init_subclass__`` does not call ``super().__init_subclass__`` (so none noted what the
+    module held as it loaded), set by hand before a node was first fingerprinted, is told
+    from the value its text computed; left as it was, the fingerprint is the same in every
+    process."""
+    _package(tmp_path, "registered", nodes=_MODULE_OF_A_MIXIN_S_NODES)
+    script = (
+        "import sys, registered.nodes as m\nfrom somatize.catalog import fingerprint_of as f\n"
+        "if sys.argv[1] == 'set':\n    m.SCALE = 3.0\nprint(f(m.Scales))\n"
+    )
+    kept = _printed(["-c", script, "keep"], tmp_path).split()
+    assert _printed(["-c", script, "keep"], tmp_path).split() == kept
+    assert _printed(["-c", script, "set"], tmp_path).split() != kept
+
+
 _ASSIGNED_AGAIN_BELOW = """
 import types
 from somatize import Node

@@ -276,8 +276,9 @@ _MADE: weakref.WeakSet[type] = weakref.WeakSet()
 """The node classes noted as they were made (:func:`_note_made`). One that was not — made
 below a base, not a node class, whose ``__init_subclass__`` does not call
 ``super().__init_subclass__``, which keeps ``Node``'s from running — may have been given
-another value by hand before it is first fingerprinted: what it holds is not taken for
-what its text made (:func:`_set_since`)."""
+another value by hand before it is first fingerprinted, as its module may (where no node
+class made there noted its names): what they hold is not taken for what their text made
+(:func:`_set_since`)."""
 
 
 _SCANNED: weakref.WeakKeyDictionary[ModuleType, int] = weakref.WeakKeyDictionary()
@@ -345,10 +346,28 @@ def _set_since(owner: Any, name: str, value: Any, body: list[ast.stmt] | None = 
 
 
 def _unnoted(owner: Any) -> bool:
-    """Whether ``owner`` is a node class not noted as it was made (:data:`_MADE`)."""
+    """Whether ``owner`` is a node class not noted as it was made (:data:`_MADE`), or the
+    module of one whose names no node class noted as it was made (:func:`_note_unmade`)."""
+    if isinstance(owner, ModuleType):
+        return owner in _UNNOTED
     from somatize.node import Node  # the catalog names node classes; node imports it
 
     return isinstance(owner, type) and issubclass(owner, Node) and owner not in _MADE
+
+
+_UNNOTED: weakref.WeakSet[ModuleType] = weakref.WeakSet()
+"""The modules of node classes not noted as they were made (:data:`_MADE`) whose names no
+node class made there noted either (:data:`_SCANNED`): a name of theirs may have been set
+by hand before the first fingerprint too (:func:`_set_since`)."""
+
+
+def _note_unmade(kind: type) -> None:
+    """Notes the module of ``kind``, a class about to be fingerprinted, in :data:`_UNNOTED`
+    where ``kind`` is a node class not noted as it was made and no node class made there
+    noted the module's names."""
+    module = sys.modules.get(kind.__module__)
+    if module is not None and module not in _SCANNED and _unnoted(kind):
+        _UNNOTED.add(module)
 
 
 def _assigned_below(owner: Any, body: list[ast.stmt] | None, name: str, at: int) -> bool:

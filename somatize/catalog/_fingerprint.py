@@ -30,6 +30,7 @@ from somatize.catalog._code import (
     _assignment,
     _class_body,
     _constant_bytes,
+    _note_unmade,
     _set_since,
 )
 from somatize.catalog._functions import (
@@ -109,6 +110,8 @@ def fingerprint_of(*kinds: type) -> str:
     known = _known(kinds, list(lineage))
     if known is not None:
         return known
+    for kind in lineage:  # made below a mixin not calling super: its module's text untrusted
+        _note_unmade(kind)
     # A name the code of the lineage sets on one of its classes as it runs (a counter a
     # subclass moves on itself, declared on its base) is their state, not their code.
     state = _state_of(lineage, (member for k in lineage for member in list(vars(k).values())))
