@@ -236,10 +236,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 lives.append(keywords)
                 labels.append(label)
             if isinstance(member, type) and not _dunder(name) and not _left_out(member):
-                read = _bodies(member)  # `make = Double`: `Double.k = 3` since
-                lives += read
-                labels += [label] * len(read)
-                _watch_class_objects(member, label, kind, lives, labels, marks)
+                _watch_class(member, label, kind, lives, labels, marks)  # `make = Double`
     tables: set[int] = set()
     bodies: set[int] = set()
     for kind in lineage:  # each table its code only reads, object of a helper class: marked
@@ -260,11 +257,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             written = was.held() if isinstance(was, _ClassSeen) else None
             if written is not None and id(written) not in bodies:  # `Config.by = 3` since
                 bodies.add(id(written))
-                read = _bodies(written)
                 at = f"{written.__module__}:{written.__qualname__}"
-                lives += read
-                labels += [at] * len(read)
-                _watch_class_objects(written, at, kind, lives, labels, marks)
+                _watch_class(written, at, kind, lives, labels, marks)
             wrapper = was.held() if isinstance(was, _HelperSeen) else None
             for keywords in _partial_keywords(wrapper):  # `helper.keywords["by"] = 4`
                 lives.append(keywords)
@@ -335,7 +329,7 @@ def _watch_objects(
         labels += [label, label]
 
 
-def _watch_class_objects(
+def _watch_class(
     helper: type,
     label: str,
     kind: type,
@@ -343,11 +337,15 @@ def _watch_class_objects(
     labels: list[str],
     marks: list[Mark],
 ) -> None:
-    """Adds to a watch's ``lives`` (and ``labels``, ``marks``) each table and object
-    ``helper``, a class ``kind``'s code names or holds, and the classes it inherits from
-    hold (:func:`_class_objects`): a table marked from the start, as first seen
-    (:func:`_sighted`), so that what ``kind``'s forward adds to it is its state; an object
-    as one ``kind`` holds (:func:`_watch_objects`)."""
+    """Adds to a watch's ``lives`` (and ``labels``, ``marks``) ``helper``, a class ``kind``'s
+    code names or ``kind`` holds: its namespaces (:func:`_bodies`), and each table and
+    object it and the classes it inherits from hold (:func:`_class_objects`) — a table
+    marked from the start, as first seen (:func:`_sighted`), so that what ``kind``'s
+    forward adds to it is its state; an object as one ``kind`` holds
+    (:func:`_watch_objects`)."""
+    read = _bodies(helper)
+    lives += read
+    labels += [label] * len(read)
     objects = []
     for _, name, held in _class_objects(helper):
         if not _fillable(name, held):
