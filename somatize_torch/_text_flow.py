@@ -29,13 +29,23 @@ __all__ = ["asked_at"]
 
 _TEXT, _HOLDER, _KEYED = "text", "holder", "keyed"
 """What a followed value is: text, a list, tuple or dict holding text, or a dict keyed by
-text (which compares its keys with what it is looked up by) or what a dict is made of
-keyed so: a pair whose first is text, and a list, tuple or iterator of such pairs."""
+text (which compares its keys with what it is looked up by) or what else a dict may be
+made of keyed so (a list of lists of pairs, a pair whose second is followed too)."""
 
-_TEXT_OR_PAIR = "text or pair"
-"""What an item read by place out of a pair keyed by text, or a list of such pairs, or
-gone over in a loop, is: the text, or a pair keyed by it (`dict([pairs[0]])`), followed as
-each."""
+_PAIR, _PAIRS = "pair", "pairs"
+"""A pair whose first is text and whose second is not followed (``(name, 2.0)``), and a
+list, tuple or iterator of such pairs: what a dict keyed by the text is made of, told
+apart so that the text read out of a pair read out of the list (``pairs[0][0]``) is the
+text, not an item read out of it."""
+
+_TEXT_OR_KEYED = "text or keyed"
+"""What an item read by place out of a value followed as keyed, or gone over in a loop,
+is: text (a key, or a value the dict holds), or keyed by it (a list of pairs out of a
+list of them), followed as each."""
+
+_KINDS = frozenset({_TEXT, _HOLDER, _KEYED, _PAIR, _PAIRS})
+_KEYED_KINDS = frozenset({_KEYED, _PAIR, _PAIRS})
+"""What is looked up, or read by what is not a place, as a dict keyed by text would be."""
 
 _MAKES_TEXT = frozenset(
     {"str", "repr", "ascii", "format", "format_map", "join", "__str__", "__repr__"}
@@ -48,6 +58,9 @@ _MAKES_TEXT = frozenset(
 TEXT_METHODS = frozenset(name for name in _MAKES_TEXT if hasattr(str, name) and name[0] != "_")
 """Methods of text that make more text of it (``name.upper()``): put into a message, let
 be, as the text is."""
+
+_TEXT_ONLY = frozenset(dir(str)).difference(*map(dir, (list, tuple, dict, set, type(iter(())))))
+"""Attributes of text that no list, tuple, dict, set or iterator has."""
 
 _ASKS = frozenset(
     {"get", "index", "count", "setdefault", "pop", "remove", "discard", "startswith"}
@@ -357,26 +370,23 @@ def _follow(
                 if verdict == "asked":
                     return "asked", (code, one), handed, frozenset(filled.items())
                 if verdict == "returned":
-                    # Text where any path returns it, which asks the most of it.
-                    back = next((k for k in (_TEXT, _KEYED) if k in kinds), _HOLDER)
-                    returned = _TEXT if returned == _TEXT else back
+                    # What any path returns it as, which asks the most of it.
+                    returned = functools.reduce(_joined, kinds, returned)
                     break
-                if verdict == _TEXT_OR_PAIR:
+                if verdict == _TEXT_OR_KEYED:
                     made, either = _TEXT, _KEYED
-                elif verdict in (_TEXT, _HOLDER, _KEYED):
+                elif verdict in _KINDS:
                     made = verdict
                 elif isinstance(verdict, tuple) and verdict[0] == "puts":
                     _, into, put = verdict
-                    locals_ = {**locals_, into: _held(locals_.get(into), put)}
+                    locals_ = {**locals_, into: _joined(locals_.get(into), put)}
                     if into.split(".")[0] in parameters:
-                        filled[into] = _held(filled.get(into), locals_[into])
+                        filled[into] = _joined(filled.get(into), locals_[into])
                 elif isinstance(verdict, tuple) and len(handed) < 16:
                     _, *called, loaded = verdict
                     handed.append((*called, keywords, loaded, ((code, one.offset),)))
             if name in _ADDS and any(slot.kind is not None for slot in popped):
-                # A comprehension's dict keyed by text, or what is put in keyed so.
-                keyed = popped[0].kind == _KEYED or (name == "MAP_ADD" and popped[0].kind)
-                _holds_at(stack, one.arg or 0, _KEYED if keyed else _HOLDER)
+                _holds_at(stack, one.arg or 0, _added(name, popped))
             inner = _comprehension(popped) if name.startswith("CALL") else None
             if inner is not None:
                 into = _comprehended(inner, popped[1].kind, locals_)
@@ -390,7 +400,8 @@ def _follow(
                     locals_ = {**locals_, one.argval: popped[-1].kind}
                     if one.argval in parameters and _in_place(popped[-1].pusher):
                         # `names += [...]`: the list handed in
-                        filled[one.argval] = _held(filled.get(one.argval), popped[-1].kind)
+                        put = _HOLDER if popped[-1].kind == _TEXT else popped[-1].kind
+                        filled[one.argval] = _joined(filled.get(one.argval), put)
                 elif one.argval in locals_:
                     locals_ = {k: v for k, v in locals_.items() if k != one.argval}
             if name == "STORE_ATTR" and popped[-1].local is not None:
@@ -456,19 +467,64 @@ def _holds_at(stack: list[_Slot], depth: int, kind: str) -> None:
     :data:`_ADDS` put followed values into, as holding them (``kind``)."""
     if 0 < depth <= len(stack):
         into = stack[-depth]
-        stack[-depth] = _Slot(_held(into.kind, kind), into.pusher, into.local)
+        stack[-depth] = _Slot(_joined(into.kind, kind), into.pusher, into.local)
 
 
-def _held(kind: str | None, put: str) -> str:
-    """What a list, set or dict followed as ``kind`` (None where it is not) is once values
-    followed as ``put`` are put into it: keyed by text once either is, else holding it."""
-    return _KEYED if _KEYED in (kind, put) else _HOLDER
+def _added(name: str, popped: list[_Slot]) -> str:
+    """What the instruction ``name`` of :data:`_ADDS` puts into its list, set or dict,
+    taking ``popped``: followed as a list of them would be."""
+    if name == "MAP_ADD":  # a comprehension's dict: keyed by its key, else holding its value
+        return _KEYED if popped[0].kind is not None else _holding(popped[1:])
+    if name in ("LIST_APPEND", "SET_ADD"):
+        return _holding(popped)
+    # The items of what it is handed (`[*names]`): of text, text it holds; of a pair,
+    # a pair no more once the list holds more.
+    extended = popped[0].kind or _HOLDER
+    return {_TEXT: _HOLDER, _PAIR: _KEYED}.get(extended, extended)
+
+
+def _joined(kind: str | None, other: str) -> str:
+    """What a value followed as ``kind`` (None where it is not) on one path and as
+    ``other`` on another, or once it holds what one followed as ``other`` holds too, is
+    followed as: text where either is, which asks the most of it; keyed by text where they
+    differ otherwise."""
+    if kind is None or kind == other:
+        return other
+    return _TEXT if _TEXT in (kind, other) else _KEYED
+
+
+def _held(kind: str | None, put: str | None) -> str | None:
+    """What a list followed as ``kind`` is once the items of a value followed as ``put``
+    are put into it (``names += [...]``, ``list(names)``): the characters of text are text
+    it holds."""
+    if put is None:
+        return kind
+    return _joined(kind, _HOLDER if put == _TEXT else put)
+
+
+def _holding(slots: list[_Slot]) -> str:
+    """What a list, tuple, set or iterator of ``slots`` (some followed) is followed as: a
+    list of pairs keyed by text where each followed one is such a pair, holding text where
+    each is text or holds it, else keyed by text (a list of lists of pairs)."""
+    kinds = {slot.kind for slot in slots if slot.kind is not None}
+    if kinds == {_PAIR}:
+        return _PAIRS
+    return _HOLDER if kinds <= {_TEXT, _HOLDER} else _KEYED
 
 
 def _keyed_or_holder(slots: list[_Slot]) -> str:
-    """What a value made of ``slots`` holding followed values holds: pairs keyed by text
-    (a dict, a list of pairs) where one is keyed so, else text, plainly."""
-    return _KEYED if any(slot.kind == _KEYED for slot in slots) else _HOLDER
+    """What a dict made of ``slots`` (some followed) is followed as: keyed by text where
+    one is keyed by it or a pair or list of pairs keyed so, else holding text."""
+    return _HOLDER if _holding(slots) == _HOLDER else _KEYED
+
+
+def _item_of(kind: str | None) -> str:
+    """What an item of a value followed as ``kind`` is, read by place or gone over: a pair
+    out of a list of pairs, text or what is keyed by it out of a value keyed by it, else
+    text."""
+    if kind == _PAIRS:
+        return _PAIR
+    return _TEXT_OR_KEYED if kind == _KEYED else _TEXT
 
 
 def _code_of(slot: _Slot) -> types.CodeType | None:
@@ -512,7 +568,7 @@ def _made_by(code: types.CodeType, returned: str) -> str:
     """What the comprehension or generator expression ``code`` makes, returning (or
     yielding) a value followed as ``returned``: a generator holds what it yields."""
     if code.co_flags & inspect.CO_GENERATOR:
-        return _keyed_or_holder([_Slot(returned, None, None)])
+        return _holding([_Slot(returned, None, None)])
     return returned
 
 
@@ -548,28 +604,37 @@ def _taken(
         return "asked"
     if name == "BINARY_SUBSCR":
         # Text looked up by, or read, item by item, or a dict keyed by it looked up; an
-        # item taken out of a list of texts is text, and one read by place out of a pair
-        # or list of pairs keyed by it the text or a pair, which asks none of its keys.
+        # item read by place out of what is followed (`pairs[0]`) asks none of its keys.
         looked_up = popped[-1].kind is not None or popped[0].kind == _TEXT
         index = popped[-1].pusher
         by_place = index is not None and index.opname == "LOAD_CONST" and type(index.argval) is int
-        if looked_up or (popped[0].kind == _KEYED and not by_place):
+        if looked_up or (popped[0].kind in _KEYED_KINDS and not by_place):
             return "asked"
-        return _TEXT_OR_PAIR if popped[0].kind == _KEYED else _TEXT
+        if popped[0].kind == _PAIR:  # its text, or its second, not followed
+            return _TEXT if index is not None and index.argval in (0, -2) else None
+        return _item_of(popped[0].kind)
     if name.startswith("BINARY_"):
-        return _TEXT if text else _keyed_or_holder(popped)
+        # More text; or a list made of lists (`pairs + more`), a pair no more (`pair * 2`).
+        if text or _PAIR in kinds:
+            return _TEXT if text else _KEYED
+        return functools.reduce(_joined, kinds, None)
     if name in ("LOAD_ATTR", "LOAD_METHOD"):
         # A method of a list of texts (`parts.append`) is followed as the list, one of
-        # text that makes more of it (`name.upper`) as the text.
+        # text that makes more of it (`name.upper`) as the text; one only text has, read
+        # off what is followed as a list or pair (`first.startswith`), as of the text that
+        # must be what it is.
+        text = text or one.argval in _TEXT_ONLY
         if text and one.argval not in TEXT_METHODS:
             return "asked"
-        return popped[-1].kind
+        return _TEXT if text else popped[-1].kind
     if name == "BUILD_MAP":
-        return _KEYED if any(slot.kind is not None for slot in popped[::2]) else _HOLDER
+        keyed = any(slot.kind is not None for slot in popped[::2])
+        return _KEYED if keyed else _holding(popped[1::2])
     if name == "BUILD_TUPLE" and len(popped) == 2 and popped[0].kind == _TEXT:
-        return _KEYED  # a pair a dict is made of, keyed by the text
+        # A pair a dict is made of, keyed by the text.
+        return _PAIR if popped[1].kind is None else _KEYED
     if name in ("BUILD_LIST", "BUILD_TUPLE", "BUILD_SET", "BUILD_CONST_KEY_MAP"):
-        return _keyed_or_holder(popped)
+        return _holding(popped)
     if name == "BUILD_STRING" or name.startswith(("FORMAT_", "CONVERT_")):
         return _TEXT
     if name in ("LIST_APPEND", "SET_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE"):
@@ -580,18 +645,19 @@ def _taken(
         if popped[-1].kind is not None:
             return "asked"
         into = popped[1].local
-        return ("puts", into, popped[0].kind or _HOLDER) if into is not None else None
+        put = _holding(popped[:1]) if popped[0].kind is not None else _HOLDER
+        return ("puts", into, put) if into is not None else None
     if name.startswith("CALL"):
         callee, owner, by = _callee(popped)
         args = popped[2:] if name != "CALL_FUNCTION" else popped[1:]
         handed = any(slot.kind is not None for slot in args)
         if owner is not None and owner.kind is not None and callee in _SEARCHES:
             return "asked"
-        if owner is not None and owner.kind == _KEYED and callee in _LOOKUPS:
+        if owner is not None and owner.kind in _KEYED_KINDS and callee in _LOOKUPS:
             return "asked"
         if owner is not None and owner.kind == _TEXT:
             return _TEXT  # more text made of it, by a method of :data:`TEXT_METHODS`
-        if not handed and owner is not None and owner.kind in (_HOLDER, _KEYED):
+        if not handed and owner is not None and owner.kind is not None:
             # An item taken out of a list or dict of texts (`table.get(key)`) is text;
             # what else its methods make (`table.values()`, `gains.copy()`) holds them.
             return _TEXT if callee in _ITEMS else owner.kind
@@ -604,18 +670,20 @@ def _taken(
         if callee in _MAKES_TEXT:
             return _TEXT
         if callee in _HOLDS:
-            return _keyed_or_holder(args)
+            return functools.reduce(_held, (slot.kind for slot in args), None)
         if callee == "zip":
             # Pairs keyed by the first it zips, as the dict made of them is.
+            if args[0].kind == _HOLDER and [slot.kind for slot in args[1:]] == [None]:
+                return _PAIRS
             return _KEYED if args[0].kind is not None else _HOLDER
         if callee in ("dict", "OrderedDict", "defaultdict"):
             # Keyed by text where what it is made of is (`dict(pairs)`, `dict(**gains)`),
             # not by what it is given by name (`dict(dtype=...)`).
             return _keyed_or_holder(args[: len(args) - len(keywords)])
         if callee in _TAKES:
-            return _TEXT
+            return _item_of(args[0].kind)
         if callee in _PUTS and owner is not None and owner.local is not None:
-            return ("puts", owner.local, _keyed_or_holder(args))
+            return ("puts", owner.local, _holding(args))
         if callee is not None and not any(slot.kind is not None for slot in popped[:2]):
             # Handed to a function that may be the model's: followed into it where the
             # frame tells what it is (:func:`asked_at`).
@@ -628,11 +696,9 @@ def _taken(
     if name.startswith(("POP_JUMP", "JUMP_IF")) or name in ("UNARY_NOT", "TO_BOOL"):
         return "asked" if text else None
     if name == "GET_ITER":
-        return "asked" if text else _keyed_or_holder(popped)
+        return "asked" if text else popped[0].kind
     if name == "FOR_ITER":
-        # An item of a list of texts; of a list of pairs keyed by text (or a dict keyed
-        # by it), the text or a pair.
-        return _TEXT_OR_PAIR if _KEYED in kinds else _TEXT
+        return _item_of(popped[0].kind)
     if name == "UNPACK_SEQUENCE":
         return _TEXT
     return None
@@ -861,7 +927,7 @@ def _filled_at(frame: types.FrameType, filled: _Filled, own: Any, depth: int = 8
         for name, value in caller.f_locals.items():
             if found is not None and _resolved_off(value, names) is found:
                 path = ".".join([name, *names])
-                held[path] = _held(held.get(path), kind)
+                held[path] = _joined(held.get(path), kind)
     if not held:
         return None
     return _asked_after(caller, caller.f_lasti, frozenset(held.items()), own, depth)

@@ -3863,6 +3863,16 @@ class ScalesByAGainMadeOfAPairGoneOverInALoop(OnTempered):
         return h
 
 
+class ScalesByAGainMadeOfAPairHeldInADict(OnTempered):
+    """The same, the pair held in a dict by a key of its own (`{0: (name, 10.0)}`) and
+    read back out of it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        held = {0: ("-".join([str(x.dtype), "k"]), 10.0)}
+        return h * dict([held[0]]).get("torch.float64-k", 1.0)
+
+
 def _first(pairs: list[tuple[str, float]]) -> tuple[str, float] | str:
     """The first of ``pairs``."""
     return pairs[0]
@@ -4042,6 +4052,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             r"into text.*asked at .*`h = h \* dict\(\[pair\]\)\.get",
         ),
         (
+            ScalesByAGainMadeOfAPairHeldInADict,
+            r"into text.*asked at .*`return h \* dict\(\[held\[0\]\]\)\.get",
+        ),
+        (
             ScalesForItsDtypeReadOutOfPairsHandedBack,
             r"into text.*asked at .*`return h \* 10 if isinstance\(first, str\) and first\.st",
         ),
@@ -4097,6 +4111,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "a dict's key made of pairs a function appends",
         "a dict's key made of a pair taken by place",
         "a dict's key made of a pair gone over in a loop",
+        "a dict's key made of a pair held in a dict",
         "read by place out of pairs and handed back",
         "counted",
         "matched by a module's function",
@@ -4209,6 +4224,17 @@ class PrintsPairsOfItsDtypeTakenByPlace(OnTempered):
         return self.encoder(x) * 2
 
 
+class PrintsTheTextOfPairsOfItsDtype(OnTempered):
+    """Prints the name of its dtype read by place out of a pair read by place out of a
+    list of them, and out of each pair gone over in a loop, upper-cased: a pair is no
+    text, so the text read out of it is read out of no text."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pairs = [("-".join([str(x.dtype), "k"]), 2.0)]
+        print(pairs[0][0].upper(), [pair[0].title() for pair in pairs])
+        return self.encoder(x) * 2
+
+
 @pytest.mark.parametrize(
     "kind",
     [
@@ -4218,6 +4244,7 @@ class PrintsPairsOfItsDtypeTakenByPlace(OnTempered):
         HandsItsDtypeNamesToASubmoduleInAGenerator,
         HandsItsShapeToAFunctionOfAModule,
         PrintsPairsOfItsDtypeTakenByPlace,
+        PrintsTheTextOfPairsOfItsDtype,
     ],
     ids=[
         "length of a list",
@@ -4226,6 +4253,7 @@ class PrintsPairsOfItsDtypeTakenByPlace(OnTempered):
         "a submodule's method in a generator expression",
         "a module's function",
         "pairs taken by place",
+        "the text of pairs taken by place",
     ],
 )
 def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
