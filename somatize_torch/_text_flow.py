@@ -23,7 +23,7 @@ import inspect
 import linecache
 import sys
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["asked_at"]
 
@@ -78,11 +78,11 @@ _COUNTS = frozenset({"len", "bool", "getattr", "hasattr"})
 _SEARCHES = frozenset({"index", "count", "remove", "discard", "sort", "__contains__", "__eq__"})
 """Methods of a list, set or dict holding text that compare its items (or keys)."""
 
-_ITEMS = frozenset({"get", "pop", "popitem", "setdefault", "__getitem__"})
-"""Methods of a list or dict holding text that hand out one of its items."""
-
 _LOOKUPS = frozenset({"get", "pop", "setdefault", "__getitem__"})
 """Methods of a dict keyed by text that compare its keys with what they are handed."""
+
+_ITEMS = _LOOKUPS | {"popitem"}
+"""Methods of a list or dict holding text that hand out one of its items."""
 
 _HOLDS = frozenset({"list", "tuple", "reversed", "iter"})
 """Calls that make a list, tuple or iterator of what they are handed."""
@@ -108,14 +108,30 @@ _ASKED_OPS = frozenset({"COMPARE_OP", "CONTAINS_OP", "IS_OP", "BINARY_SUBSCR"})
 _STORE_LOCAL = frozenset({"STORE_FAST", "STORE_NAME", "STORE_DEREF"})
 _LOAD_LOCAL = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_NAME"})
 _LOAD_LOCAL |= {"LOAD_DEREF", "LOAD_CLOSURE"}
-_CALLEE = frozenset({"LOAD_METHOD", "LOAD_ATTR", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"})
-_CALLEE |= {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"}
+_LOAD_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_LOAD_ATTRIBUTE = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_CALLEE = _LOAD_ATTRIBUTE | _LOAD_GLOBAL | (_LOAD_LOCAL - {"LOAD_CLOSURE"})
+"""Loads of what a call calls that name it."""
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
 _STEPS = 200000
 """The most instructions one reading follows (paths forked at each branch), to bound it."""
 
-_READ: dict[tuple[Any, ...], tuple[types.CodeType, Any]] = {}
+_READ: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 """Per function's code (by id, kept with it) and place, what :func:`_follow` found."""
+
+
+def _kept(kept: dict[Any, tuple[Any, Any]], key: Any, code: Any, make: Any, most: int) -> Any:
+    """What ``make()`` makes, made once per ``key`` and kept in ``kept`` beside ``code``,
+    whose id ``key`` names (another code at that id later is no hit); ``kept`` is emptied
+    once it holds ``most``, to bound it."""
+    found = kept.get(key)
+    if found is not None and found[0] is code:
+        return found[1]
+    if len(kept) >= most:
+        kept.clear()
+    made = make()
+    kept[key] = (code, made)
+    return made
 
 
 class _Slot:
@@ -135,11 +151,26 @@ _Places = tuple[tuple[types.CodeType, int], ...]
 in it, then the code and offset of the call that runs that comprehension, and so on out
 to the function's."""
 
-_Handed = tuple[str, _Slot, int, int, str, tuple[str, ...], tuple[str | None, ...], _Places]
-"""A call a followed value is handed to: the name called, the slot of what was loaded to
-call it, the value's place among the call's arguments, how many those are, its kind, the
-names of those given by keyword (the last ones), the local each argument was loaded from,
-and where it is made."""
+
+class _Handed(NamedTuple):
+    """A call a followed value is handed to: the name called, the slot of what was loaded
+    to call it, the value's place among the call's arguments, how many those are, its kind,
+    the names of those given by keyword (the last ones), the local each argument was
+    loaded from, and where it is made."""
+
+    name: str
+    by: _Slot
+    at: int
+    arguments: int
+    kind: str
+    keywords: tuple[str, ...]
+    loaded: tuple[str | None, ...]
+    places: _Places
+
+    def made_in(self, outward: _Places) -> _Handed:
+        """The call, made in a comprehension that the call at ``outward`` runs."""
+        return self._replace(places=self.places + outward)
+
 
 _Filled = frozenset[tuple[str, str]]
 """Locals (or parameters) holding a list, tuple or dict followed values are put into, each
@@ -151,23 +182,19 @@ instruction that asks it), the calls it is handed to, and the parameters whose l
 tuple or dict it is put into (`names.append(...)`), with what each is followed as."""
 
 
-_POPS: dict[tuple[str, int], int | None] = {}
+_POPS: dict[tuple[str, int], tuple[None, int | None]] = {}
 """What :func:`_pops` found, per instruction's name and argument."""
 
 
 def _pops(one: dis.Instruction) -> int | None:
     """How many values ``one`` takes off the stack, where it is known here."""
     key = (one.opname, one.arg or 0)
-    found = _POPS.get(key, -1)
-    if found != -1:
-        return found
-    if len(_POPS) >= 4096:
-        _POPS.clear()
-    found = _POPS[key] = _pops_of(*key)
-    return found
+    return _kept(_POPS, key, None, lambda: _pops_of(*key), 4096)  # type: ignore[no-any-return]
 
 
 def _pops_of(name: str, arg: int) -> int | None:
+    """How many values the instruction ``name`` with argument ``arg`` takes off the stack,
+    where it is known here: ``dis.stack_effect`` gives only what it puts back less that."""
     if name in ("LOAD_ATTR", "LOAD_METHOD", "FORMAT_SIMPLE", "CONVERT_VALUE", "TO_BOOL"):
         return 1
     if name.startswith("LOAD_") or name in ("PUSH_NULL", "NOP", "PRECALL", "KW_NAMES"):
@@ -225,7 +252,7 @@ def _callee(popped: list[_Slot]) -> tuple[str | None, _Slot | None, _Slot]:
     for slot in popped[:2]:
         one = slot.pusher
         if one is not None and one.opname in _CALLEE and isinstance(one.argval, str):
-            owner = slot if one.opname in ("LOAD_METHOD", "LOAD_ATTR") else None
+            owner = slot if one.opname in _LOAD_ATTRIBUTE else None
             return one.argval, owner, slot
     return None, None, _UNKNOWN
 
@@ -280,22 +307,38 @@ class _Step:
                 self.jump = None
 
 
-_STEPPED: dict[int, tuple[types.CodeType, list[_Step], dict[int, int]]] = {}
+_STEPPED: dict[int, tuple[types.CodeType, tuple[list[_Step], dict[int, int]]]] = {}
 """Per function's code (by id, kept with it), its instructions as :func:`_follow` reads
 them, and each one's place by offset."""
 
 
 def _steps(code: types.CodeType) -> tuple[list[_Step], dict[int, int]]:
-    kept = _STEPPED.get(id(code))
-    if kept is not None and kept[0] is code:
-        return kept[1], kept[2]
-    if len(_STEPPED) >= 1024:
-        _STEPPED.clear()
-    found = list(dis.get_instructions(code))
-    place = {one.offset: at for at, one in enumerate(found)}
-    steps = [_Step(one, place) for one in found]
-    _STEPPED[id(code)] = (code, steps, place)
-    return steps, place
+    """The instructions of ``code`` as :func:`_follow` reads them, and each one's place by
+    offset."""
+
+    def stepped() -> tuple[list[_Step], dict[int, int]]:
+        found = list(dis.get_instructions(code))
+        place = {one.offset: at for at, one in enumerate(found)}
+        return [_Step(one, place) for one in found], place
+
+    return _kept(_STEPPED, id(code), code, stepped, 1024)  # type: ignore[no-any-return]
+
+
+def _called_at(code: types.CodeType, offset: int) -> int | None:
+    """The place among :func:`_steps` of the instruction of ``code`` at ``offset``; or,
+    where a frame that called Python code (3.11) stands past its call's inline caches, of
+    the last before it, the call; None where there is none."""
+    steps, place = _steps(code)
+    if offset in place:
+        return place[offset]
+    before = [at for at, step in enumerate(steps) if step.one.offset < offset]
+    return before[-1] if before else None
+
+
+def _parameters(code: types.CodeType) -> tuple[str, ...]:
+    """The names of the parameters of ``code``, in order, those given by keyword only
+    last."""
+    return code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
 
 
 def _follow(
@@ -311,20 +354,13 @@ def _follow(
     goes: ("asked", the code and instruction that ask it), ("returned", the kind
     returned), or ("let", None); with the calls it is handed to, which may be the model's,
     and the parameters it is put into, each with what it is followed as then."""
-    steps, place = _steps(code)
+    steps, _ = _steps(code)
     handed: list[_Handed] = []
-    parameters = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+    parameters = set(_parameters(code))
     filled: dict[str, str] = {}
-    if entry is not None:
-        start = -1
-    elif start not in place:
-        # A frame that called Python code (3.11) stands past its call's inline caches:
-        # the call is the last instruction before.
-        before = [step.one.offset for step in steps if step.one.offset < start]
-        if not before:
-            return "let", None, handed, frozenset()
-        start = before[-1]
-    first = place.get(start, -1)
+    first = -1 if entry is not None else _called_at(code, start)
+    if first is None:
+        return "let", None, handed, frozenset()
     taken = 0
     returned: str | None = None
     seen: set[tuple[int, frozenset[tuple[str, str]], bool, tuple[str | None, ...]]] = set()
@@ -383,8 +419,7 @@ def _follow(
                     if into.split(".")[0] in parameters:
                         filled[into] = _joined(filled.get(into), locals_[into])
                 elif isinstance(verdict, tuple) and len(handed) < 16:
-                    _, *called, loaded = verdict
-                    handed.append((*called, keywords, loaded, ((code, one.offset),)))
+                    handed.append(verdict[1].made_in(((code, one.offset),)))
             if name in _ADDS and any(slot.kind is not None for slot in popped):
                 _holds_at(stack, one.arg or 0, _added(name, popped))
             inner = _comprehension(popped) if name.startswith("CALL") else None
@@ -394,33 +429,25 @@ def _follow(
                     return "asked", into[1], handed, frozenset(filled.items())
                 made = into[1]
                 outward = ((code, one.offset),)
-                handed += [(*e[:-1], e[-1] + outward) for e in into[2][: max(0, 16 - len(handed))]]
+                handed += [each.made_in(outward) for each in into[2][: max(0, 16 - len(handed))]]
             if name in _STORE_LOCAL:
-                if popped[-1].kind is not None:
-                    locals_ = {**locals_, one.argval: popped[-1].kind}
-                    if one.argval in parameters and _in_place(popped[-1].pusher):
-                        # `names += [...]`: the list handed in
-                        put = _HOLDER if popped[-1].kind == _TEXT else popped[-1].kind
-                        filled[one.argval] = _joined(filled.get(one.argval), put)
-                elif one.argval in locals_:
-                    locals_ = {k: v for k, v in locals_.items() if k != one.argval}
+                locals_ = _stored(locals_, one.argval, popped[-1].kind)
+                added = popped[-1].kind
+                if added is not None and one.argval in parameters and _in_place(popped[-1].pusher):
+                    # `names += [...]`: the list handed in
+                    filled[one.argval] = _held(filled.get(one.argval), added)
             if name == "STORE_ATTR" and popped[-1].local is not None:
                 # `self.notes = ...`: followed, or no more, by its path.
                 path = f"{popped[-1].local}.{one.argval}"
-                if popped[0].kind is not None:
-                    locals_ = {**locals_, path: popped[0].kind}
-                elif path in locals_:
-                    locals_ = {k: v for k, v in locals_.items() if k != path}
+                locals_ = _stored(locals_, path, popped[0].kind)
             local = one.argval if name in _LOAD_LOCAL and isinstance(one.argval, str) else None
-            if local is None and name in ("LOAD_METHOD", "LOAD_ATTR") and popped:
+            if local is None and name in _LOAD_ATTRIBUTE and popped:
                 # A method is of the object it is loaded off (`parts.append`); an attribute
                 # is named by its path (`self.notes`), never as the object it is one of.
                 local = popped[-1].local
                 if local is not None and not _method(one):
                     local = f"{local}.{one.argval}"
-                    if local in locals_:
-                        made = locals_[local]
-            if local is not None and local in locals_ and name in _LOAD_LOCAL:
+            if local is not None and local in locals_ and not _method(one):
                 made = locals_[local]
             if at == first and holding:
                 locals_, began = {**locals_, **dict(holding)}, True
@@ -462,6 +489,14 @@ def _follow(
     return "let", None, handed, frozenset(filled.items())
 
 
+def _stored(locals_: dict[str, str], local: str, kind: str | None) -> dict[str, str]:
+    """``locals_`` once a value followed as ``kind`` (None where it is not) is stored in
+    ``local``."""
+    if kind is not None:
+        return {**locals_, local: kind}
+    return {name: held for name, held in locals_.items() if name != local}
+
+
 def _holds_at(stack: list[_Slot], depth: int, kind: str) -> None:
     """Marks the list, set or dict ``depth`` deep on ``stack``, which an instruction of
     :data:`_ADDS` put followed values into, as holding them (``kind``)."""
@@ -493,12 +528,10 @@ def _joined(kind: str | None, other: str) -> str:
     return _TEXT if _TEXT in (kind, other) else _KEYED
 
 
-def _held(kind: str | None, put: str | None) -> str | None:
+def _held(kind: str | None, put: str) -> str:
     """What a list followed as ``kind`` is once the items of a value followed as ``put``
     are put into it (``names += [...]``, ``list(names)``): the characters of text are text
     it holds."""
-    if put is None:
-        return kind
     return _joined(kind, _HOLDER if put == _TEXT else put)
 
 
@@ -577,14 +610,14 @@ def _told_outside(handed: _Handed, code: types.CodeType) -> bool:
     by the frame of the function it is made in: loaded as a global, or off a local of that
     function's the comprehension reads (``self``), not one of its own, or off a global
     (``helpers``, a module)."""
-    by = handed[1]
+    by = handed.by
     one = by.pusher
-    if one is not None and one.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+    if one is not None and one.opname in _LOAD_GLOBAL:
         return True
-    if by.local is None and one is not None and one.opname in ("LOAD_METHOD", "LOAD_ATTR"):
+    if by.local is None and one is not None and one.opname in _LOAD_ATTRIBUTE:
         steps, place = _steps(code)
         chain = _chain(steps, place.get(one.offset, 0) - 1)
-        return chain is not None and chain[0].opname in ("LOAD_GLOBAL", "LOAD_NAME")
+        return chain is not None and chain[0].opname in _LOAD_GLOBAL
     return by.local is not None and by.local.split(".")[0] in code.co_freevars
 
 
@@ -618,7 +651,7 @@ def _taken(
         if text or _PAIR in kinds:
             return _TEXT if text else _KEYED
         return functools.reduce(_joined, kinds, None)
-    if name in ("LOAD_ATTR", "LOAD_METHOD"):
+    if name in _LOAD_ATTRIBUTE:
         # A method of a list of texts (`parts.append`) is followed as the list, one of
         # text that makes more of it (`name.upper`) as the text; one only text has, read
         # off what is followed as a list or pair (`first.startswith`), as of the text that
@@ -670,7 +703,7 @@ def _taken(
         if callee in _MAKES_TEXT:
             return _TEXT
         if callee in _HOLDS:
-            return functools.reduce(_held, (slot.kind for slot in args), None)
+            return functools.reduce(_held, [slot.kind for slot in args if slot.kind], None)
         if callee == "zip":
             # Pairs keyed by the first it zips, as the dict made of them is.
             if args[0].kind == _HOLDER and [slot.kind for slot in args[1:]] == [None]:
@@ -687,9 +720,9 @@ def _taken(
         if callee is not None and not any(slot.kind is not None for slot in popped[:2]):
             # Handed to a function that may be the model's: followed into it where the
             # frame tells what it is (:func:`asked_at`).
-            at = next(at for at, slot in enumerate(args) if slot.kind is not None)
+            at, kind = next((at, slot.kind) for at, slot in enumerate(args) if slot.kind)
             loaded = tuple(slot.local for slot in args)
-            return ("handed", callee, by, at, len(args), args[at].kind, loaded)
+            return ("handed", _Handed(callee, by, at, len(args), kind, keywords, loaded, ()))
         return None
     if name in ("RETURN_VALUE", "YIELD_VALUE"):
         return "returned"
@@ -713,19 +746,8 @@ def _read(
 ) -> _Found:
     """:func:`_follow`, read once per place."""
     key = (id(code), start, kind, entry, holding)
-    kept = _READ.get(key)
-    if kept is not None and kept[0] is code:
-        return kept[1]  # type: ignore[no-any-return]
-    if len(_READ) >= 4096:
-        _READ.clear()
-    found = _follow(code, start, kind, entry, holding)
-    _READ[key] = (code, found)
-    return found
-
-
-def found_in(code: types.CodeType) -> list[dis.Instruction]:
-    """The instructions of ``code``."""
-    return list(dis.get_instructions(code))
+    follow = functools.partial(_follow, code, start, kind, entry, holding)
+    return _kept(_READ, key, code, follow, 4096)  # type: ignore[no-any-return]
 
 
 def _line(found: list[dis.Instruction], one: dis.Instruction) -> int | None:
@@ -745,7 +767,7 @@ def _line(found: list[dis.Instruction], one: dis.Instruction) -> int | None:
 
 def _where(code: types.CodeType, one: dis.Instruction) -> str:
     """ "`file:line` (`source`)" of ``one`` in ``code``."""
-    line = _line(found_in(code), one)
+    line = _line([step.one for step in _steps(code)[0]], one)
     filename = code.co_filename
     source = linecache.getline(filename, line).strip() if line else ""
     return f"{filename}:{line} (`{source}`)"
@@ -762,11 +784,11 @@ def _function_called(
     found: Any = None
     if one is None:
         return None, 0
-    if one.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-        found = frame.f_globals.get(name, vars(builtins).get(name))
+    if one.opname in _LOAD_GLOBAL:
+        found = _global(frame, name)
     elif one.opname in _LOAD_LOCAL:
         found = frame.f_locals.get(name)
-    elif one.opname in ("LOAD_METHOD", "LOAD_ATTR"):
+    elif one.opname in _LOAD_ATTRIBUTE:
         # Off a local (`self.gains`), or a global (`helpers`, a module of the model's).
         owner = (
             _resolved(frame, by.local) if by.local is not None else _loaded_off(frame, code, one)
@@ -794,6 +816,11 @@ def _function_called(
     if callable(found) and isinstance(forward, types.FunctionType):
         return forward, 1  # a module of the model's, called: its forward
     return None, 0
+
+
+def _global(frame: types.FrameType, name: str) -> Any:
+    """What the global, or else builtin, ``name`` is in ``frame``; None where neither."""
+    return frame.f_globals.get(name, vars(builtins).get(name))
 
 
 def _loaded_off(frame: types.FrameType, code: types.CodeType, one: dis.Instruction) -> Any:
@@ -837,13 +864,13 @@ def _handed_into(
     asks something of it — or, where it returns text made of it (``_named(str(x.dtype))``),
     ``frame``'s code asks that, or hands it on to another that does, up to ``depth``
     calls."""
-    for name, by, at, count, kind, keywords, loaded, places in handed:
+    for name, by, at, arguments, kind, keywords, loaded, places in handed:
         function, before = _function_called(frame, name, by, places[0][0])
         if function is None or not own(function.__code__.co_filename):
             continue
         code = function.__code__
-        named = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-        given = count - len(keywords)
+        named = _parameters(code)
+        given = arguments - len(keywords)
         if at >= given:
             parameter = keywords[at - given]
             if parameter not in named:
@@ -885,7 +912,7 @@ def _handed_back(
         if back[0] == "asked":
             return _where(*back[1])
         outward = places[at + 1 :]
-        on = [(*e[:-1], e[-1] + outward) for e in back[2] if not outward or _told_outside(e, code)]
+        on = [e.made_in(outward) for e in back[2] if not outward or _told_outside(e, code)]
         into = _handed_into(frame, on, own, depth - 1)
         if into is not None or back[0] != "returned" or not outward:
             return into
@@ -905,7 +932,7 @@ def _asked_after(
     if not depth:
         return None
     code = frame.f_code
-    parameters = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+    parameters = set(_parameters(code))
     handed_on = frozenset(each for each in held if each[0].split(".")[0] in parameters)
     return _handed_into(frame, found[2], own, depth - 1) or _filled_at(
         frame, handed_on | found[3], own, depth - 1
@@ -959,11 +986,8 @@ def kept_per_argument_at(frame: types.FrameType) -> bool:
     (``functools.lru_cache``, ``functools.cache``), by name (``ramp(n)``) or as a method,
     static or class method (``self._mask(n)``), where its code tells that in a straight
     line without running any; not a lookup (``gains.get(...)``, ``set(...)``)."""
-    steps, place = _steps(frame.f_code)
-    at = place.get(frame.f_lasti)
-    if at is None:
-        before = [n for n, step in enumerate(steps) if step.one.offset < frame.f_lasti]
-        at = before[-1] if before else None
+    steps, _ = _steps(frame.f_code)
+    at = _called_at(frame.f_code, frame.f_lasti)
     if at is None or steps[at].one.opname not in ("CALL", "CALL_FUNCTION"):
         return False
     need = steps[at].pops
@@ -991,8 +1015,8 @@ def _loaded(frame: types.FrameType, steps: list[_Step], at: int) -> Any:
         if one.argval not in frame.f_locals:
             return None
         found = frame.f_locals[one.argval]
-    elif one.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-        found = frame.f_globals.get(one.argval, vars(builtins).get(one.argval))
+    elif one.opname in _LOAD_GLOBAL:
+        found = _global(frame, one.argval)
     else:
         return None
     if not names:
@@ -1012,7 +1036,7 @@ def _chain(steps: list[_Step], at: int) -> tuple[dis.Instruction, list[str]] | N
     ``self._mask``) and the attributes it then loads, in turn; None where it is no such
     chain."""
     names: list[str] = []
-    while at >= 0 and steps[at].one.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+    while at >= 0 and steps[at].one.opname in _LOAD_ATTRIBUTE:
         if steps[at].target or not isinstance(steps[at].one.argval, str):
             return None
         names.insert(0, steps[at].one.argval)
