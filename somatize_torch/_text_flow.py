@@ -68,9 +68,10 @@ _ASKS = frozenset(
     | {"__ne__", "__contains__", "__getitem__", "__hash__", "len", "hash", "getattr"}
     | {"hasattr", "int", "float", "bool", "ord", "sorted", "set", "frozenset", "fromkeys"}
     | {"isdigit", "isalpha", "isnumeric", "fullmatch", "match", "search", "min", "max"}
-    | {"Counter"}
+    | {"Counter", "eq", "ne", "lt", "le", "gt", "ge", "contains", "countOf", "indexOf"}
 )
-"""Calls that ask something of text handed to them, or look something up by it."""
+"""Calls that ask something of text handed to them, or look something up by it (those of
+``operator`` among them)."""
 
 _COUNTS = frozenset({"len", "bool", "getattr", "hasattr"})
 """Calls of :data:`_ASKS` that ask nothing of the texts in a list, tuple or dict."""
@@ -92,6 +93,10 @@ _TAKES = frozenset({"next"})
 
 _PUTS = frozenset({"append", "extend", "insert", "add", "update", "__setitem__"})
 """Methods that put what they are handed into the object they are called on."""
+
+_PUTS_KEYED = frozenset({"add", "update"})
+"""Methods of :data:`_PUTS` of a set, which compares what it is handed with what it holds
+(or of a dict, keyed so where what it is handed is)."""
 
 _ADDS = frozenset({"LIST_APPEND", "SET_ADD", "MAP_ADD", "LIST_EXTEND", "SET_UPDATE"})
 _ADDS |= {"DICT_UPDATE", "DICT_MERGE"}
@@ -510,7 +515,9 @@ def _added(name: str, popped: list[_Slot]) -> str:
     taking ``popped``: followed as a list of them would be."""
     if name == "MAP_ADD":  # a comprehension's dict: keyed by its key, else holding its value
         return _KEYED if popped[0].kind is not None else _holding(popped[1:])
-    if name in ("LIST_APPEND", "SET_ADD"):
+    if name in ("SET_ADD", "SET_UPDATE"):  # a set compares what it holds, as a dict its keys
+        return _KEYED
+    if name == "LIST_APPEND":
         return _holding(popped)
     # The items of what it is handed (`[*names]`): of text, text it holds; of a pair,
     # a pair no more once the list holds more.
@@ -666,7 +673,9 @@ def _taken(
     if name == "BUILD_TUPLE" and len(popped) == 2 and popped[0].kind == _TEXT:
         # A pair a dict is made of, keyed by the text.
         return _PAIR if popped[1].kind is None else _KEYED
-    if name in ("BUILD_LIST", "BUILD_TUPLE", "BUILD_SET", "BUILD_CONST_KEY_MAP"):
+    if name == "BUILD_SET":  # a set compares what it holds, as a dict its keys
+        return _KEYED
+    if name in ("BUILD_LIST", "BUILD_TUPLE", "BUILD_CONST_KEY_MAP"):
         return _holding(popped)
     if name == "BUILD_STRING" or name.startswith(("FORMAT_", "CONVERT_")):
         return _TEXT
@@ -697,8 +706,10 @@ def _taken(
         if not handed:
             return None
         if callee in _ASKS:
-            # The length or truth of a list of texts (`len(parts)`) asks nothing of them.
-            texts = any(slot.kind == _TEXT for slot in args)
+            # The length or truth of a list of texts (`len(parts)`) asks nothing of them;
+            # the length of a set or dict keyed by text counts what the text tells apart.
+            counted = (_TEXT, _KEYED) if callee == "len" else (_TEXT,)
+            texts = any(slot.kind in counted for slot in args)
             return "asked" if texts or callee not in _COUNTS else None
         if callee in _MAKES_TEXT:
             return _TEXT
@@ -716,7 +727,8 @@ def _taken(
         if callee in _TAKES:
             return _item_of(args[0].kind)
         if callee in _PUTS and owner is not None and owner.local is not None:
-            return ("puts", owner.local, _holding(args))
+            put = _KEYED if callee in _PUTS_KEYED else _holding(args)
+            return ("puts", owner.local, put)
         if callee is not None and not any(slot.kind is not None for slot in popped[:2]):
             # Handed to a function that may be the model's: followed into it where the
             # frame tells what it is (:func:`asked_at`).

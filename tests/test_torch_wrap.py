@@ -15,6 +15,7 @@ import io
 import linecache
 import logging
 import math
+import operator
 import os
 import pstats
 import random
@@ -3907,6 +3908,42 @@ class ScalesForItsDtypeMatchedByARegex(OnTempered):
         return h * 10 if re.match(r"torch\.float64", str(x.dtype)) else h
 
 
+class ScalesByHowManyNamesASetHolds(OnTempered):
+    """Scales by how many names a set of float32's name and its dtype's holds: one where
+    they are the same, which the set tells by comparing them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        return h * len({"-".join([str(x.dtype), "k"]), "torch.float32-k"})
+
+
+class ScalesByHowManyNamesASetIsAddedTo(OnTempered):
+    """The same, the names added to the set one by one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        seen = {"torch.float32-k"}
+        seen.add("-".join([str(x.dtype), "k"]))
+        return h * len(seen)
+
+
+class ScalesByHowManyKeysADictComprehensionMakes(OnTempered):
+    """The same, counting the keys of a dict a comprehension keys by the names."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        names = ["-".join([str(x.dtype), "k"]), "torch.float32-k"]
+        return h * len({n: 1.0 for n in names})
+
+
+class ScalesForItsDtypeComparedByAnOperator(OnTempered):
+    """Scales by ten when `operator.eq` finds the name of its dtype float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        return h * 10 if operator.eq("-".join([str(x.dtype), "k"]), "torch.float64-k") else h
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -4061,6 +4098,13 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         ),
         (ScalesForItsDtypeCounted, r"into text.*asked at .*`counts = collections\.Counter\("),
         (ScalesForItsDtypeMatchedByARegex, r"into text.*asked at .*`return h \* 10 if re\.match"),
+        (ScalesByHowManyNamesASetHolds, r"into text.*asked at .*`return h \* len\(\{"),
+        (ScalesByHowManyNamesASetIsAddedTo, r"into text.*asked at .*`return h \* len\(seen\)"),
+        (
+            ScalesByHowManyKeysADictComprehensionMakes,
+            r"into text.*asked at .*`return h \* len\(\{n: 1\.0",
+        ),
+        (ScalesForItsDtypeComparedByAnOperator, r"into text.*asked at .*if operator\.eq\("),
     ],
     ids=[
         "format",
@@ -4115,6 +4159,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "read by place out of pairs and handed back",
         "counted",
         "matched by a module's function",
+        "counted in a set",
+        "counted in a set added to",
+        "counted as a dict's keys",
+        "compared by an operator",
     ],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
