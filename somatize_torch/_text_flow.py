@@ -107,6 +107,14 @@ _GOES = frozenset({"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"
 _GOES |= {"JUMP_ABSOLUTE", "JUMP_NO_INTERRUPT"}
 """Jumps taken whatever the stack holds: a loop's way back among them."""
 
+_PEEKS = frozenset({"FOR_ITER", "GET_LEN", "MATCH_MAPPING", "MATCH_SEQUENCE", "MATCH_KEYS"})
+"""Instructions that read what is on the stack and leave it there, putting what they make
+of it above: an iterator's item, what a `match` statement asks of its subject."""
+
+_MOVES = frozenset({"COPY", "SWAP", "DUP_TOP", "ROT_TWO"})
+"""Instructions that copy or swap what is on the stack (a chained comparison's, a `match`
+statement's, ``table[key] += ...``)."""
+
 _MAKES_FUNCTION = frozenset({"MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE"})
 
 _ASKED_OPS = frozenset({"COMPARE_OP", "CONTAINS_OP", "IS_OP", "BINARY_SUBSCR"})
@@ -234,8 +242,10 @@ def _pops_of(name: str, arg: int) -> int | None:
         return 1
     if name in ("YIELD_VALUE", "UNARY_NOT", "UNARY_NEGATIVE", "GET_ITER", "UNPACK_SEQUENCE"):
         return 1
-    if name == "FOR_ITER":  # the iterator, put back with the item it hands out
-        return 1
+    if name in _PEEKS:  # put back, with what is made of them
+        return 2 if name == "MATCH_KEYS" else 1
+    if name == "MATCH_CLASS" and sys.version_info >= (3, 11):  # its subject, class, names
+        return 3
     if name.startswith(("POP_JUMP", "JUMP_IF")):
         return 1
     if name == "STORE_ATTR":
@@ -467,10 +477,12 @@ def _follow(
                 if name in _MAKES_FUNCTION:  # named by the code it is made of
                     pusher = next((s.pusher for s in popped if _code_of(s)), one)
                 slot = _Slot(made, pusher, local)
-                if name == "FOR_ITER" and step.pushes == 2:
-                    stack.extend([popped[0], slot])
+                if name in _PEEKS and step.pushes == len(popped) + 1:
+                    stack.extend([*popped, slot])
                 else:
                     stack.extend([slot] * step.pushes)
+            if name in _MOVES:
+                _move(stack, name, one.arg or 0)
             if either is not None:
                 # Followed on as what else it may be too, on a path of its own.
                 paths.append((at + 1, [*stack[:-1], _Slot(either, one, local)], locals_, began))
@@ -492,6 +504,18 @@ def _follow(
     if returned is not None:
         return "returned", returned, handed, frozenset(filled.items())
     return "let", None, handed, frozenset(filled.items())
+
+
+def _move(stack: list[_Slot], name: str, arg: int) -> None:
+    """Moves what is on ``stack`` as the instruction ``name`` of :data:`_MOVES` with
+    argument ``arg`` does, the copy it put on top made of what it copies."""
+    depth = {"DUP_TOP": 2, "ROT_TWO": 2}.get(name, arg + 1 if name == "COPY" else arg)
+    if not 1 < depth <= len(stack):
+        return
+    if name in ("COPY", "DUP_TOP"):
+        stack[-1] = stack[-depth]
+    else:
+        stack[-1], stack[-depth] = stack[-depth], stack[-1]
 
 
 def _stored(locals_: dict[str, str], local: str, kind: str | None) -> dict[str, str]:
@@ -746,6 +770,12 @@ def _taken(
         return _item_of(popped[0].kind)
     if name == "UNPACK_SEQUENCE":
         return _TEXT
+    if name == "GET_LEN":  # a `match` statement's: of text, or of what is keyed by it
+        return "asked" if popped[0].kind in (_TEXT, _KEYED) else None
+    if name == "MATCH_KEYS":  # the values a mapping pattern reads of its subject
+        return "asked" if popped[0].kind in _KEYED_KINDS else _HOLDER
+    if name == "MATCH_CLASS":  # the attributes a class pattern reads of its subject
+        return _holding(popped[:1])
     return None
 
 

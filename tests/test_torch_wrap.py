@@ -3944,6 +3944,30 @@ class ScalesForItsDtypeComparedByAnOperator(OnTempered):
         return h * 10 if operator.eq("-".join([str(x.dtype), "k"]), "torch.float64-k") else h
 
 
+class ScalesForItsDtypeMatchedByAMappingPattern(OnTempered):
+    """Scales by ten when a `match` statement's mapping pattern finds float64's name under
+    the key of its dtype's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        match {"dtype": "-".join([str(x.dtype), "k"])}:
+            case {"dtype": "torch.float64-k"}:
+                return h * 10
+        return h
+
+
+class ScalesForItsDtypeMatchedByEitherOfTwoNames(OnTempered):
+    """Scales by ten when a `match` statement finds the name of its dtype to be either of
+    float64's names."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        match "-".join([str(x.dtype), "k"]):
+            case "torch.float64-k" | "torch.double-k":
+                return h * 10
+        return h
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -4105,6 +4129,11 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             r"into text.*asked at .*`return h \* len\(\{n: 1\.0",
         ),
         (ScalesForItsDtypeComparedByAnOperator, r"into text.*asked at .*if operator\.eq\("),
+        (ScalesForItsDtypeMatchedByAMappingPattern, r"into text.*asked at .*`case \{\"dtype\": "),
+        (
+            ScalesForItsDtypeMatchedByEitherOfTwoNames,
+            r"into text.*asked at .*`case \"torch\.float64-k\" \|",
+        ),
     ],
     ids=[
         "format",
@@ -4163,6 +4192,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "counted in a set added to",
         "counted as a dict's keys",
         "compared by an operator",
+        "matched by a mapping pattern",
+        "matched by an or-pattern",
     ],
 )
 def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_where_asked(
