@@ -694,9 +694,10 @@ def _taken(
     if name == "BUILD_MAP":
         keyed = any(slot.kind is not None for slot in popped[::2])
         return _KEYED if keyed else _holding(popped[1::2])
-    if name == "BUILD_TUPLE" and len(popped) == 2 and popped[0].kind == _TEXT:
-        # A pair a dict is made of, keyed by the text.
-        return _PAIR if popped[1].kind is None else _KEYED
+    if name in ("BUILD_TUPLE", "BUILD_LIST") and len(popped) == 2 and popped[0].kind == _TEXT:
+        # A pair a dict is made of, keyed by the text; a list of two may be reordered.
+        plain = name == "BUILD_TUPLE" and popped[1].kind is None
+        return _PAIR if plain else _KEYED
     if name == "BUILD_SET":  # a set compares what it holds, as a dict its keys
         return _KEYED
     if name in ("BUILD_LIST", "BUILD_TUPLE", "BUILD_CONST_KEY_MAP"):

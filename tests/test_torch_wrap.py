@@ -3864,6 +3864,14 @@ class ScalesByAGainMadeOfAPairGoneOverInALoop(OnTempered):
         return h
 
 
+class ScalesByAGainMadeOfAListPair(OnTempered):
+    """The same, the pair a list of two (`dict([[name, 10.0]])`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        return h * dict([["-".join([str(x.dtype), "k"]), 10.0]]).get("torch.float64-k", 1.0)
+
+
 class ScalesByAGainMadeOfAPairHeldInADict(OnTempered):
     """The same, the pair held in a dict by a key of its own (`{0: (name, 10.0)}`) and
     read back out of it."""
@@ -4112,6 +4120,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             ScalesByAGainMadeOfAPairGoneOverInALoop,
             r"into text.*asked at .*`h = h \* dict\(\[pair\]\)\.get",
         ),
+        (ScalesByAGainMadeOfAListPair, r"into text.*asked at .*`return h \* dict\(\[\[\"-\"\.join"),
         (
             ScalesByAGainMadeOfAPairHeldInADict,
             r"into text.*asked at .*`return h \* dict\(\[held\[0\]\]\)\.get",
@@ -4184,6 +4193,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "a dict's key made of pairs a function appends",
         "a dict's key made of a pair taken by place",
         "a dict's key made of a pair gone over in a loop",
+        "a dict's key made of a list of two",
         "a dict's key made of a pair held in a dict",
         "read by place out of pairs and handed back",
         "counted",
