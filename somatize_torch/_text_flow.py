@@ -53,7 +53,10 @@ _MAKES_TEXT = frozenset(
     | {"upper", "strip", "lstrip", "rstrip", "replace", "casefold", "title", "capitalize"}
     | {"removeprefix", "removesuffix", "zfill", "center", "ljust", "rjust", "swapcase"}
 )
-"""Calls that make more text of text handed to them."""
+_MAKES_TEXT |= {"dumps", "sub", "subn", "escape", "quote", "shorten", "fill", "dedent"}
+_MAKES_TEXT |= {"indent", "basename", "dirname", "normpath", "expandtabs", "translate"}
+"""Calls that make more text of text handed to them (those of ``json``, ``re``,
+``textwrap`` and ``os.path`` among them)."""
 
 TEXT_METHODS = frozenset(name for name in _MAKES_TEXT if hasattr(str, name) and name[0] != "_")
 """Methods of text that make more text of it (``name.upper()``): put into a message, let
@@ -85,8 +88,9 @@ _LOOKUPS = frozenset({"get", "pop", "setdefault", "__getitem__"})
 _ITEMS = _LOOKUPS | {"popitem"}
 """Methods of a list or dict holding text that hand out one of its items."""
 
-_HOLDS = frozenset({"list", "tuple", "reversed", "iter"})
-"""Calls that make a list, tuple or iterator of what they are handed."""
+_HOLDS = frozenset({"list", "tuple", "reversed", "iter", "map", "filter", "enumerate"})
+"""Calls that make a list, tuple or iterator of what they are handed, or of what is made of
+its items; handed text, they read it letter by letter."""
 
 _TAKES = frozenset({"next"})
 """Calls that hand out an item of the iterator they are handed."""
@@ -739,6 +743,8 @@ def _taken(
         if callee in _MAKES_TEXT:
             return _TEXT
         if callee in _HOLDS:
+            if any(slot.kind == _TEXT for slot in args):
+                return "asked"
             return functools.reduce(_held, [slot.kind for slot in args if slot.kind], None)
         if callee == "zip":
             # Pairs keyed by the first it zips, as the dict made of them is.

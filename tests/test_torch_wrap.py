@@ -12,6 +12,7 @@ import enum
 import functools
 import inspect
 import io
+import json
 import linecache
 import logging
 import math
@@ -3976,6 +3977,32 @@ class ScalesForItsDtypeMatchedByEitherOfTwoNames(OnTempered):
         return h
 
 
+class ScalesForItsDtypeReadLetterByLetter(OnTempered):
+    """Scales by ten when the letters of the name of its dtype, listed, spell float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        letters = list("-".join([str(x.dtype), "k"]))
+        return h * 10 if letters == list("torch.float64-k") else h
+
+
+class ScalesForItsDtypeSubstituted(OnTempered):
+    """Scales by ten when the name of its dtype, its suffix taken off by `re.sub`, is
+    float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        return h * 10 if re.sub("-k$", "", "-".join([str(x.dtype), "k"])) == "torch.float64" else h
+
+
+class ScalesForItsDtypeDumped(OnTempered):
+    """Scales by ten when the name of its dtype, written as JSON, is float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        return h * 10 if json.dumps("-".join([str(x.dtype), "k"])) == '"torch.float64-k"' else h
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -4138,6 +4165,9 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             r"into text.*asked at .*`return h \* len\(\{n: 1\.0",
         ),
         (ScalesForItsDtypeComparedByAnOperator, r"into text.*asked at .*if operator\.eq\("),
+        (ScalesForItsDtypeReadLetterByLetter, r"into text.*asked at .*`letters = list\("),
+        (ScalesForItsDtypeSubstituted, r"into text.*asked at .*`return h \* 10 if re\.sub\("),
+        (ScalesForItsDtypeDumped, r"into text.*asked at .*`return h \* 10 if json\.dumps\("),
         (ScalesForItsDtypeMatchedByAMappingPattern, r"into text.*asked at .*`case \{\"dtype\": "),
         (
             ScalesForItsDtypeMatchedByEitherOfTwoNames,
@@ -4202,6 +4232,9 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "counted in a set added to",
         "counted as a dict's keys",
         "compared by an operator",
+        "read letter by letter",
+        "substituted by a module's function",
+        "written as JSON",
         "matched by a mapping pattern",
         "matched by an or-pattern",
     ],
