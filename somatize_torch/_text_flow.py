@@ -177,7 +177,7 @@ class _Handed(NamedTuple):
 
     name: str
     by: _Slot
-    at: int
+    at: int  # -1 where it is spread into the call (`pick(*names)`)
     arguments: int
     kind: str
     keywords: tuple[str, ...]
@@ -240,6 +240,8 @@ def _pops_of(name: str, arg: int) -> int | None:
         return arg + 2
     if name == "CALL_FUNCTION":
         return arg + 1
+    if name == "CALL_FUNCTION_EX":  # (a null,) what it calls, its arguments, by name too
+        return (arg & 1) + (3 if sys.version_info >= (3, 11) else 2)
     if name == "CALL_KW":
         return arg + 3
     if name in _STORE_LOCAL or name in ("STORE_GLOBAL", "POP_TOP", "RETURN_VALUE"):
@@ -274,6 +276,14 @@ def _callee(popped: list[_Slot]) -> tuple[str | None, _Slot | None, _Slot]:
             owner = slot if one.opname in _LOAD_ATTRIBUTE else None
             return one.argval, owner, slot
     return None, None, _UNKNOWN
+
+
+def _nulled(name: str) -> bool:
+    """Whether the call ``name`` takes a null, or the object a method is called on, below
+    what it calls (Python 3.11 on, or a method called so up to 3.10)."""
+    if name == "CALL_FUNCTION_EX":
+        return sys.version_info >= (3, 11)
+    return name != "CALL_FUNCTION"
 
 
 def _in_place(one: dis.Instruction | None) -> bool:
@@ -720,7 +730,7 @@ def _taken(
         return ("puts", into, put) if into is not None else None
     if name.startswith("CALL"):
         callee, owner, by = _callee(popped)
-        args = popped[2:] if name != "CALL_FUNCTION" else popped[1:]
+        args = popped[2:] if _nulled(name) else popped[1:]
         handed = any(slot.kind is not None for slot in args)
         if owner is not None and owner.kind is not None and callee in _SEARCHES:
             return "asked"
@@ -764,6 +774,7 @@ def _taken(
             # Handed to a function that may be the model's: followed into it where the
             # frame tells what it is (:func:`asked_at`).
             at, kind = next((at, slot.kind) for at, slot in enumerate(args) if slot.kind)
+            at = -1 if name == "CALL_FUNCTION_EX" else at  # spread: its parameter not told
             loaded = tuple(slot.local for slot in args)
             return ("handed", _Handed(callee, by, at, len(args), kind, keywords, loaded, ()))
         return None
@@ -838,10 +849,12 @@ def _function_called(
     elif one.opname in _LOAD_LOCAL:
         found = frame.f_locals.get(name)
     elif one.opname in _LOAD_ATTRIBUTE:
-        # Off a local (`self.gains`), or a global (`helpers`, a module of the model's).
-        owner = (
-            _resolved(frame, by.local) if by.local is not None else _loaded_off(frame, code, one)
-        )
+        # Off a local (`self.gains`), or a global (`helpers`, a module of the model's);
+        # an attribute, not a method, is named by its path (`self._pick(*names)`).
+        path = by.local
+        if path is not None and not _method(one) and path.endswith(f".{name}"):
+            path = path[: -len(name) - 1]
+        owner = _resolved(frame, path) if path is not None else _loaded_off(frame, code, one)
         if owner is None:
             return None, 0
         modules = getattr(owner, "__dict__", {}).get("_modules")
@@ -917,6 +930,10 @@ def _handed_into(
         function, before = _function_called(frame, name, by, places[0][0])
         if function is None or not own(function.__code__.co_filename):
             continue
+        if at < 0:  # spread into it (`pick(*names)`): asked where, not followed
+            made_in, offset = places[0]
+            steps, placed = _steps(made_in)
+            return _where(made_in, steps[placed[offset]].one)
         code = function.__code__
         named = _parameters(code)
         given = arguments - len(keywords)

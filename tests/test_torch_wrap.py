@@ -4003,6 +4003,28 @@ class ScalesForItsDtypeDumped(OnTempered):
         return h * 10 if json.dumps("-".join([str(x.dtype), "k"])) == '"torch.float64-k"' else h
 
 
+class ScalesByAGainLookedUpBySpreadText(OnTempered):
+    """Scales by a gain looked up by the name of its dtype spread into the call
+    (`gains.get(*[name], 1.0)`)."""
+
+    gains: ClassVar[dict[str, float]] = {"torch.float64-k": 10.0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        return h * self.gains.get(*["-".join([str(x.dtype), "k"])], 1.0)
+
+
+class ScalesByAGainItsMethodPicksBySpreadText(OnTempered):
+    """Scales by a gain a method of its own picks by the name of its dtype spread into the
+    call (`self._gain(*[name])`)."""
+
+    def _gain(self, name: str) -> float:
+        return 10.0 if name == "torch.float64-k" else 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * self._gain(*["-".join([str(x.dtype), "k"])])
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -4168,6 +4190,14 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesForItsDtypeReadLetterByLetter, r"into text.*asked at .*`letters = list\("),
         (ScalesForItsDtypeSubstituted, r"into text.*asked at .*`return h \* 10 if re\.sub\("),
         (ScalesForItsDtypeDumped, r"into text.*asked at .*`return h \* 10 if json\.dumps\("),
+        (
+            ScalesByAGainLookedUpBySpreadText,
+            r"into text.*asked at .*`return h \* self\.gains\.get\(\*",
+        ),
+        (
+            ScalesByAGainItsMethodPicksBySpreadText,
+            r"into text.*asked at .*`return self\.encoder\(x\.float\(\)\) \* self\._gain\(\*",
+        ),
         (ScalesForItsDtypeMatchedByAMappingPattern, r"into text.*asked at .*`case \{\"dtype\": "),
         (
             ScalesForItsDtypeMatchedByEitherOfTwoNames,
@@ -4235,6 +4265,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "read letter by letter",
         "substituted by a module's function",
         "written as JSON",
+        "looked up by text spread into the call",
+        "spread into a call of its own method",
         "matched by a mapping pattern",
         "matched by an or-pattern",
     ],
