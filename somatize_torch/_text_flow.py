@@ -92,6 +92,10 @@ _HOLDS = frozenset({"list", "tuple", "reversed", "iter", "map", "filter", "enume
 """Calls that make a list, tuple or iterator of what they are handed, or of what is made of
 its items; handed text, they read it letter by letter."""
 
+_REMAKES = frozenset({"map", "filter", "enumerate"})
+"""Calls of :data:`_HOLDS` whose items are made of the items they are handed (numbered,
+say), not those items."""
+
 _TAKES = frozenset({"next"})
 """Calls that hand out an item of the iterator they are handed."""
 
@@ -246,7 +250,9 @@ def _pops_of(name: str, arg: int) -> int | None:
         return arg + 3
     if name in _STORE_LOCAL or name in ("STORE_GLOBAL", "POP_TOP", "RETURN_VALUE"):
         return 1
-    if name in ("YIELD_VALUE", "UNARY_NOT", "UNARY_NEGATIVE", "GET_ITER", "UNPACK_SEQUENCE"):
+    if name in ("YIELD_VALUE", "UNARY_NOT", "UNARY_NEGATIVE", "GET_ITER"):
+        return 1
+    if name in ("UNPACK_SEQUENCE", "UNPACK_EX"):
         return 1
     if name in _PEEKS:  # put back, with what is made of them
         return 2 if name == "MATCH_KEYS" else 1
@@ -755,6 +761,8 @@ def _taken(
         if callee in _HOLDS:
             if any(slot.kind == _TEXT for slot in args):
                 return "asked"
+            if callee in _REMAKES and any(slot.kind in _KEYED_KINDS for slot in args):
+                return _KEYED  # its items made of pairs, not the pairs
             return functools.reduce(_held, [slot.kind for slot in args if slot.kind], None)
         if callee == "zip":
             # Pairs keyed by the first it zips, as the dict made of them is.
@@ -786,8 +794,10 @@ def _taken(
         return "asked" if text else popped[0].kind
     if name == "FOR_ITER":
         return _item_of(popped[0].kind)
-    if name == "UNPACK_SEQUENCE":
-        return _TEXT
+    if name in ("UNPACK_SEQUENCE", "UNPACK_EX"):
+        # The parts of text, or of a pair; of what is keyed by text (a numbered pair,
+        # `for _, pair in enumerate(pairs)`), keyed by it too, which any ask refuses.
+        return _KEYED if popped[0].kind in (_KEYED, _PAIRS) else _TEXT
     if name == "GET_LEN":  # a `match` statement's: of text, or of what is keyed by it
         return "asked" if popped[0].kind in (_TEXT, _KEYED) else None
     if name == "MATCH_KEYS":  # the values a mapping pattern reads of its subject

@@ -4025,6 +4025,28 @@ class ScalesByAGainItsMethodPicksBySpreadText(OnTempered):
         return self.encoder(x.float()) * self._gain(*["-".join([str(x.dtype), "k"])])
 
 
+class ScalesByAGainMadeOfAPairEnumerated(OnTempered):
+    """Scales by a gain looked up in a dict made of each pair of the name of its dtype and
+    a gain, gone over numbered by `enumerate`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        pairs = [("-".join([str(x.dtype), "k"]), 10.0)]
+        for _, pair in enumerate(pairs):
+            h = h * dict([pair]).get("torch.float64-k", 1.0)
+        return h
+
+
+class ScalesForItsDtypeUnpackedWithTheRest(OnTempered):
+    """Scales by ten when the first of a list of the names of its dtype, unpacked with the
+    rest (`first, *rest = names`), is float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        first, *_ = ["-".join([str(x.dtype), "k"])]
+        return h * 10 if first == "torch.float64-k" else h
+
+
 class PutsItsDtypeInMessages(OnTempered):
     """Puts the name of its dtype into messages made by `format`, `%`, `join` and
     `str`, printed and warned of, which is let be, and takes the last word off a list of
@@ -4198,6 +4220,11 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             ScalesByAGainItsMethodPicksBySpreadText,
             r"into text.*asked at .*`return self\.encoder\(x\.float\(\)\) \* self\._gain\(\*",
         ),
+        (ScalesByAGainMadeOfAPairEnumerated, r"into text.*asked at .*`h = h \* dict\(\[pair\]\)"),
+        (
+            ScalesForItsDtypeUnpackedWithTheRest,
+            r"into text.*asked at .*`return h \* 10 if first ==",
+        ),
         (ScalesForItsDtypeMatchedByAMappingPattern, r"into text.*asked at .*`case \{\"dtype\": "),
         (
             ScalesForItsDtypeMatchedByEitherOfTwoNames,
@@ -4267,6 +4294,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "written as JSON",
         "looked up by text spread into the call",
         "spread into a call of its own method",
+        "a dict's key made of a pair enumerated",
+        "unpacked with the rest",
         "matched by a mapping pattern",
         "matched by an or-pattern",
     ],
