@@ -740,7 +740,8 @@ def _taken(
         handed = any(slot.kind is not None for slot in args)
         if owner is not None and owner.kind is not None and callee in _SEARCHES:
             return "asked"
-        if owner is not None and owner.kind in _KEYED_KINDS and callee in _LOOKUPS:
+        # A lookup handed nothing (`words.pop()`) is a list's, which compares nothing.
+        if owner is not None and owner.kind in _KEYED_KINDS and callee in _LOOKUPS and args:
             return "asked"
         if owner is not None and owner.kind == _TEXT:
             return _TEXT  # more text made of it, by a method of :data:`TEXT_METHODS`

@@ -4407,6 +4407,17 @@ class PrintsPairsOfItsDtypeTakenByPlace(OnTempered):
         return self.encoder(x) * 2
 
 
+class PrintsTheNameOfItsDtypePoppedOffAList(OnTempered):
+    """Prints a list of the name of its dtype and a word, the word popped off it: a list
+    popped asks nothing of what it holds."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        words = ["-".join([str(x.dtype), "k"]), "input"]
+        words.pop()
+        print(words)
+        return self.encoder(x) * 2
+
+
 class PrintsTheTextOfPairsOfItsDtype(OnTempered):
     """Prints the name of its dtype read by place out of a pair read by place out of a
     list of them, and out of each pair gone over in a loop, upper-cased: a pair is no
@@ -4428,6 +4439,7 @@ class PrintsTheTextOfPairsOfItsDtype(OnTempered):
         HandsItsShapeToAFunctionOfAModule,
         PrintsPairsOfItsDtypeTakenByPlace,
         PrintsTheTextOfPairsOfItsDtype,
+        PrintsTheNameOfItsDtypePoppedOffAList,
     ],
     ids=[
         "length of a list",
@@ -4437,6 +4449,7 @@ class PrintsTheTextOfPairsOfItsDtype(OnTempered):
         "a module's function",
         "pairs taken by place",
         "the text of pairs taken by place",
+        "a list of two popped",
     ],
 )
 def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
