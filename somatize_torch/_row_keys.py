@@ -405,12 +405,12 @@ def _check_repeats(x: torch.Tensor, ids: list[Any]) -> None:
         if first.setdefault(row, p) != p:
             again.append(p)
     was = [first[ids[p]] for p in again]
-    a = x[torch.tensor(again, device=x.device)]
-    b = x[torch.tensor(was, device=x.device)]
-    differ = a != b
-    if a.is_floating_point() or a.is_complex():
-        differ &= ~(a.isnan() & b.isnan())  # the same sample loaded twice, NaN and all
-    bad = differ.reshape(len(again), -1).any(1).nonzero().flatten().tolist()
+    # Compared as bytes: the same sample loaded twice is the same bytes, NaN and all,
+    # while a zero and a negative zero (or two NaNs of other bits) are equal as values
+    # and still two inputs a module may tell apart (1/x).
+    a = _row_bytes(x[torch.tensor(again, device=x.device)])
+    b = _row_bytes(x[torch.tensor(was, device=x.device)])
+    bad = (a != b).any(1).nonzero().flatten().tolist()
     if not bad:
         return
     p = again[bad[0]]
@@ -423,3 +423,10 @@ def _check_repeats(x: torch.Tensor, ids: list[Any]) -> None:
         "random (an augmentation) are not named by their index either: key them by content "
         "(key='content')"
     )
+
+
+def _row_bytes(rows: torch.Tensor) -> torch.Tensor:
+    """The bytes of each of ``rows`` (a fresh tensor, from indexing), one row each."""
+    if rows.is_complex():
+        rows = torch.view_as_real(rows)
+    return rows.contiguous().view(torch.uint8).reshape(rows.shape[0], -1)

@@ -1525,6 +1525,32 @@ def test_indices_that_name_different_inputs_are_refused(store: Store) -> None:
     cached.close()
 
 
+class Reciprocal(nn.Module):
+    """Tells a zero from a negative zero: 1/0 is inf, 1/-0 is -inf."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 1 / x
+
+
+def test_indices_that_name_inputs_differing_only_in_their_bits_are_refused() -> None:
+    """An index repeated for a zero and a negative zero, or for NaNs of other bits, names
+    two inputs that compare equal as values and are not one sample loaded twice: the
+    module may tell them apart, so the answer of one recalled for the other is wrong."""
+    cached = cache_rows(Reciprocal(), key="index", version="toy@1")
+    zeros = torch.zeros(2, 3)
+    zeros[1, 2] = -0.0
+    with pytest.raises(NeedsIndex, match="names sample 7 at rows 0 and 1"):
+        cached(zeros, index=torch.tensor([7, 7]))
+    nans = torch.full((2, 3), float("nan"))
+    nans[1].view(torch.int32)[:] |= 1  # another NaN payload
+    with pytest.raises(NeedsIndex, match="names sample 7 at rows 0 and 1"):
+        cached(nans, index=torch.tensor([7, 7]))
+    assert cached.stats.rows == 0
+    same = torch.tensor([[-0.0, float("nan"), 1.0]]).expand(2, 3)
+    out = cached(same, index=torch.tensor([7, 7]))
+    assert torch.equal(out.nan_to_num(), (1 / same).nan_to_num()) and out[1, 0] < 0
+
+
 def test_prefill_keyed_by_index_takes_no_tuple_item_for_the_indices(store: Store) -> None:
     """Keyed by index, prefill does not take a tuple's last item for the indices: an
     ``(x, y)`` loader's labels, never repeating within a batch, would key each row under a
