@@ -319,8 +319,10 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     # or no later change to them could be seen.
     refuse_inference_tensors(type(self.module).__name__, self.module)
     hold(self.module)  # a submodule put in since is held in eval too
+    # Watched from before the digest: a change while it reads the weights is seen next.
+    watch = StateWatch(self.module)
     state = digest_state(self.module)
-    self._watch = StateWatch(self.module)
+    self._watch = watch
     if state != self._state:
         self._state = state
         self._node._smz.state = state

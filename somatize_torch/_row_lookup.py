@@ -34,7 +34,7 @@ from somatize_torch._modes import outside_compiled
 from somatize_torch._row_codec import decode_rows, empty_rows, laid_out, row_order
 from somatize_torch._row_errors import NotRowwise, RowsError
 from somatize_torch._row_keys import _Keying, _keying, _row_ids
-from somatize_torch._rowwise import _check_records_none, _compute
+from somatize_torch._rowwise import _check_records_none, _compute, _still_keyed
 from somatize_torch.codec import TENSOR
 from somatize_torch.deferred import Deferred, DeferredRows
 from somatize_torch.freeze import check_still, outside_level
@@ -74,6 +74,7 @@ def _recall_or_run(
     with self._tiers_lock:
         orders = self._orders.setdefault(_layout_of(x), {})
     keying = _keying(self, x)  # a part put in since is held in eval with the rest
+    watch = self._watch  # the weights the rows are keyed under, watched
     _check_still(self)
     if isinstance(x, torch.Tensor) and x.requires_grad:  # taken where none is recorded
         _check_records_none(self, x, keying)
@@ -84,7 +85,7 @@ def _recall_or_run(
     near = [(tag, row) for row in ids]
     count = len(near)
     if count == 0:
-        return _compute(self, x, [], keying)  # an empty batch: nothing to look up or keep
+        return _compute(self, x, [], keying, watch)  # an empty batch: nothing to look up or keep
     # What this forward counts, added to the cache's counts at its end all at once: a
     # `reset_stats` meanwhile (on another thread) finds it in one period, whole.
     counts = dict.fromkeys(("device", "host", "pending", "store"), 0)
@@ -140,16 +141,18 @@ def _recall_or_run(
         for p in positions:
             first.setdefault(near[p], p)
         once = list(first.values())  # a row that is in the batch twice runs once
-        rows = _compute(self, x, once, keying)
+        rows = _compute(self, x, once, keying, watch)
         computed = time.perf_counter() - began
         with self._tiers_lock:  # what a batch answered from memory is laid out as
             orders[(rows.shape[1:], rows.dtype)] = row_order(rows)
-        # Queued for the store before they are kept in memory: a submit interrupted while
-        # it waits for the writer (Ctrl-C) leaves them in no tier either, so the forward
-        # run again computes and queues them, rather than recall them and never write them.
-        if self._writer is not None:
-            self._writer.submit([keying.key(ids[p]) for p in once], rows)
-        _admit(self, [near[p] for p in once], rows)
+        if _still_keyed(self, watch):
+            # Queued for the store before they are kept in memory: a submit interrupted
+            # while it waits for the writer (Ctrl-C) leaves them in no tier either, so the
+            # forward run again computes and queues them, rather than recall them and
+            # never write them.
+            if self._writer is not None:
+                self._writer.submit([keying.key(ids[p]) for p in once], rows)
+            _admit(self, [near[p] for p in once], rows)
         if len(once) < len(positions):
             slot = {p: i for i, p in enumerate(once)}
             rows = rows[torch.tensor([slot[first[near[p]]] for p in positions])]

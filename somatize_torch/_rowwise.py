@@ -23,6 +23,7 @@ from somatize_torch._errors import CachedInputNeedsGrad
 from somatize_torch._precision import float32_precision, reduced
 from somatize_torch._row_errors import NotRowwise, RowsError, _describe
 from somatize_torch._row_keys import _floating_dtypes, _Keying
+from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import DTYPES
 from somatize_torch.freeze import check_still
@@ -32,7 +33,11 @@ if TYPE_CHECKING:
 
 
 def _compute(
-    self: CachedRows, x: torch.Tensor | DeferredRows, positions: list[int], keying: _Keying
+    self: CachedRows,
+    x: torch.Tensor | DeferredRows,
+    positions: list[int],
+    keying: _Keying,
+    watch: StateWatch | None,
 ) -> torch.Tensor:
     module = self.module
     check_still(type(module).__name__, module)
@@ -56,7 +61,7 @@ def _compute(
             # preallocated output) answers each row alone into that very buffer. The copy
             # is what is compared, kept and returned — once per keying.
             out = out.clone()
-            _check_rowwise(self, ends, out, keying)
+            _check_rowwise(self, ends, out, keying, watch)
     finally:
         self._node.ran()  # what its forward changed of what it keeps is its own
     return out
@@ -125,7 +130,11 @@ def _check_answer(self: CachedRows, out: Any, rows: int) -> None:
 
 
 def _check_rowwise(
-    self: CachedRows, ends: torch.Tensor, out: torch.Tensor, keying: _Keying
+    self: CachedRows,
+    ends: torch.Tensor,
+    out: torch.Tensor,
+    keying: _Keying,
+    watch: StateWatch | None,
 ) -> None:
     """Refuses a module whose answer for a row depends on the other rows of its batch
     (attention or a recurrence along dimension 0, statistics of the batch): an answer
@@ -158,8 +167,19 @@ def _check_rowwise(
             )
         else:
             got = f"{_describe(alone)}, not a tensor of shape {list(row.shape)}"
+        if not _still_keyed(self, watch):
+            return  # run with other weights than the batch: nothing seen, looked at again
         _refuse_mixing(self, which, len(out), got)
     keying.rowwise = True
+
+
+def _still_keyed(self: CachedRows, watch: StateWatch | None) -> bool:
+    """Whether the weights rows were keyed under (``watch``) are those they were computed
+    with: not changed, replaced or converted meanwhile (by another thread: a checkpoint
+    loaded into a module a server calls). Rows computed with other weights are answered
+    and kept nowhere, since under their keys they would be recalled for the weights
+    keyed."""
+    return watch is not None and self._watch is watch and not watch.changed()
 
 
 def _refuse_alone(self: CachedRows, which: str, rows: int, error: Exception) -> NoReturn:

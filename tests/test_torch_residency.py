@@ -1329,9 +1329,9 @@ def _tally_computed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     ran: list[int] = []
     compute = _row_lookup._compute
 
-    def counted(cache: Any, x: Any, once: Any, keying: Any) -> torch.Tensor:
+    def counted(cache: Any, x: Any, once: Any, *how: Any) -> torch.Tensor:
         ran.append(len(once))
-        return compute(cache, x, once, keying)
+        return compute(cache, x, once, *how)
 
     monkeypatch.setattr(_row_lookup, "_compute", counted)
     return ran

@@ -1302,6 +1302,67 @@ def test_a_module_answering_into_its_own_buffer_keeps_each_rows_answer(
     fresh.close()
 
 
+_MIDWAY: list[Callable[[], Any]] = []
+"""What :class:`Midway` runs inside its next forwards, one each: what another thread may
+do meanwhile."""
+
+
+class Midway(nn.Module):
+    """A linear layer whose forward runs the first of ``_MIDWAY`` before it answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _MIDWAY:
+            _MIDWAY.pop(0)()
+        out: torch.Tensor = self.lin(x)
+        return out
+
+
+def test_rows_computed_while_the_weights_change_are_answered_and_not_kept(
+    tmp_path: Path,
+) -> None:
+    """Weights changed while rows are computed (another thread loading a checkpoint into
+    a module a server calls) are the weights those rows were computed with, not the ones
+    they were keyed under: they are answered, and kept nowhere, or they would be recalled
+    as the old weights' once those are loaded back."""
+    module = Midway()
+    cached = cache_rows(module, Store(tmp_path / "store"))
+    cached(torch.randn(2, 4))  # keyed and checked
+    weights = module.lin.weight.detach().clone()
+    x = torch.randn(4, 4)
+    _MIDWAY.append(lambda: module.lin.weight.detach().mul_(2))
+    assert torch.equal(cached(x), expected(module, x))  # as the weights answer now
+    module.lin.weight.detach().copy_(weights)  # back to the weights the rows were keyed under
+    assert torch.equal(cached(x), expected(module, x))
+    assert cached.stats.computed == 2 + 4 + 4
+    cached.close()
+    fresh = cache_rows(module, Store(tmp_path / "store"))
+    assert torch.equal(fresh(x), expected(module, x))
+    fresh.close()
+
+
+def test_weights_changed_while_rows_are_run_again_alone_refuse_nothing() -> None:
+    """A module whose weights change between its batch's run and the run of a row alone
+    (another thread loading a checkpoint) answers that row otherwise for that reason
+    alone: it is not refused as mixing its rows, the batch is answered as it ran and kept
+    nowhere, and it is looked at again at the next rows computed."""
+    module = Midway()
+    cached = cache_rows(module)
+    x = torch.randn(4, 4)
+    truth = expected(module, x)
+    weights = module.lin.weight.detach().clone()
+    _MIDWAY.extend([lambda: None, lambda: module.lin.weight.detach().mul_(2)])
+    assert torch.equal(cached(x), truth)  # as the batch ran, before the change
+    assert cached.tiers[0].rows == 0
+    module.lin.weight.detach().copy_(weights)
+    assert torch.equal(cached(x), truth)
+    assert cached.stats.computed == 8 and cached.tiers[0].rows == 4
+
+
 class Sparse(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.to_sparse()
