@@ -73,7 +73,13 @@ def _check_call(
                 "a batch from `Deferred` carries its samples' indices; call the cache as "
                 "`cached(x)`, without index="
             )
-    elif not isinstance(x, torch.Tensor) or x.is_nested or x.is_meta or x.dim() == 0:
+    elif (
+        not isinstance(x, torch.Tensor)
+        or x.is_nested
+        or x.is_meta
+        or x.layout != torch.strided  # sparse, mkldnn: rows are looked up as dense ones
+        or x.dim() == 0
+    ):
         raise NotRowwise(
             f"a row-cached module is called with a batch tensor (rows along dimension 0), "
             f"got {_describe(x)}"

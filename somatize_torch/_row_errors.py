@@ -40,6 +40,9 @@ def _describe(value: Any) -> str:
         return f"a nested {value.dtype} tensor, whose rows have no one shape"
     if isinstance(value, torch.Tensor) and value.is_meta:
         return f"a {value.dtype} tensor on the meta device, which holds no values"
+    if isinstance(value, torch.Tensor) and value.layout != torch.strided:
+        layout = str(value.layout).removeprefix("torch.")
+        return f"a {layout} {value.dtype} tensor, whose rows are not dense (`x.to_dense()`)"
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {list(value.shape)}"
     return f"a `{type(value).__name__}`"

@@ -25,6 +25,7 @@ from somatize_torch.digest import digest_rows
 from somatize_torch.freeze import FreezeError, StillChanging, digest_state, is_held
 from somatize_torch.rows import (
     CachedRows,
+    KeyMode,
     NeedsIndex,
     NotRowwise,
     RowsError,
@@ -1719,17 +1720,23 @@ def test_a_module_that_cannot_answer_one_row_alone_is_refused(store: Store) -> N
     [
         (lambda: torch.nested.nested_tensor([torch.ones(4), torch.ones(4)]), "nested"),
         (lambda: torch.empty(2, 4, device="meta"), "meta device"),
+        (lambda: torch.ones(2, 4).to_sparse(), "sparse_coo .* not dense"),
+        (lambda: torch.ones(2, 4).to_sparse_csr(), "sparse_csr .* not dense"),
     ],
 )
+@pytest.mark.parametrize("key", ["content", "index"])
 def test_a_batch_with_no_rows_to_read_is_refused(
-    store: Store, make: Callable[[], torch.Tensor], said: str
+    store: Store, make: Callable[[], torch.Tensor], said: str, key: KeyMode
 ) -> None:
-    """A nested batch (rows of no one shape) and a meta one (no values) are refused as no
-    batch tensor, saying what they are, where torch failed inside the keying with its own
+    """A nested batch (rows of no one shape), a meta one (no values) and a sparse one
+    (rows not laid out densely) are refused as no batch tensor, saying what they are,
+    keyed by content or by index, where torch failed inside the keying with its own
     error."""
-    cached = cache_rows(nn.Linear(4, 2), store)
+    version = "toy@1" if key == "index" else None
+    cached = cache_rows(nn.Linear(4, 2), store, key=key, version=version)
+    index = torch.arange(2) if key == "index" else None
     with pytest.raises(NotRowwise, match=rf"called with a batch tensor.*{said}"):
-        cached(make())
+        cached(make(), index=index)
     cached.close()
 
 
