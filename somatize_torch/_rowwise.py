@@ -115,6 +115,15 @@ def _check_answer(self: CachedRows, out: Any, rows: int) -> None:
             "would come back without its class and what it carries. Return a plain one "
             "(`out.as_subclass(torch.Tensor)`; `out.detach()` for a parameter)"
         )
+    if out.requires_grad:
+        raise RowsError(
+            f"`{type(module).__name__}` answered rows that require grad, from a batch that "
+            "requires none: it turns gradients on inside its forward and answers through "
+            "a tensor it holds that requires grad, which is none of its parameters (those "
+            "are frozen). A recalled row is a leaf, so that tensor would train on misses "
+            "and silently stop on hits. Freeze it (`requires_grad_(False)`), or make it a "
+            "parameter, or call the module itself to train it"
+        )
     if out.layout != torch.strided:
         raise NotRowwise(
             f"`{type(module).__name__}` returned a {out.layout} tensor: rows are kept and "

@@ -1142,6 +1142,32 @@ def test_an_input_that_requires_grad_is_refused_where_the_module_records_a_gradi
     cached.close()
 
 
+class _HeldTrainable(nn.Module):
+    """Holds a tensor that requires grad and is none of its parameters (so freezing them
+    leaves it trainable), and turns gradients on to answer through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.scale = torch.randn(4, 3, requires_grad=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            return x @ self.scale
+
+
+def test_an_answer_that_records_a_gradient_is_refused_and_kept_nowhere() -> None:
+    """A module whose answer requires grad, though its batch does not (a tensor it holds
+    and trains, not among its frozen parameters), is refused: a recalled row is a leaf, so
+    that tensor would train on misses and stop on hits, and a row kept in memory would
+    carry the graph of the batch it was computed in."""
+    module = _HeldTrainable()
+    cached = cache_rows(module)
+    with pytest.raises(RowsError, match=r"`_HeldTrainable` answered rows that require grad"):
+        cached(torch.randn(5, 4))
+    assert cached.tiers[0].rows == 0 and cached.stats.rows == 0
+
+
 def test_an_output_that_is_not_one_row_per_input_row_is_refused(store: Store) -> None:
     """A module that does not answer row by row is refused with what it returned, and one
     whose rows a store cannot keep (quantized, sparse) when it runs, not when a write
