@@ -32,7 +32,9 @@ has them taken as named.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import torch
 from torch import nn
@@ -69,6 +71,25 @@ class _KeyRoom:
         self.left = _REMEMBERED_KEYS
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _one_at_a_time(
+    step: Callable[Concatenate[CachedRows, P], R],
+) -> Callable[Concatenate[CachedRows, P], R]:
+    """``step`` run under the cache's keying lock: one thread at a time looks its keyings
+    over, drops them or makes one (a cache called from several threads at once)."""
+
+    @functools.wraps(step)
+    def locked(cache: CachedRows, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with cache._keying_lock:
+            return step(cache, *args, **kwargs)
+
+    return locked
+
+
+@_one_at_a_time
 def _drop_keyings(self: CachedRows, tags: list[Any] | None = None) -> None:
     """Drops the keyings under ``tags`` (None: all of them), giving back the room their
     remembered keys took."""
@@ -150,6 +171,7 @@ class _Keying:
         return found
 
 
+@_one_at_a_time
 def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> _Keying:
     """How rows of ``x`` are keyed now: the key prefix for the precision they run in."""
     _code_as_cached(self)
@@ -294,6 +316,7 @@ def _code_as_cached(self: CachedRows) -> None:
     )
 
 
+@_one_at_a_time
 def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bool | None:
     """Digests the state again if any weight, buffer or submodule changed or was
     replaced (see :class:`~somatize_torch._state.StateWatch`), or if ``again``; a new
@@ -335,6 +358,7 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     return _redeclared(self)
 
 
+@_one_at_a_time
 def _redeclared(self: CachedRows) -> bool:
     """Drops each keying whose prefix the module as it is now would not derive (its
     declaration changed); returns whether there was one. A config of a class not

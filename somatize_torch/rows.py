@@ -159,6 +159,10 @@ class CachedRows(nn.Module):
         # move: one cache may be called from several threads at once. A forked child gets
         # it unheld; a forward run by code a collection runs inside it is refused.
         self._tiers_lock = ProcessLock()
+        # Held while rows' keyings are looked over, dropped or made (`_row_keys`): a thread
+        # making one while another drops or looks them over would change what it iterates,
+        # and each writes the declaration a key prefix is derived from.
+        self._keying_lock = ProcessLock()
         self._placed = False
         self._node = ModuleNode(module)
         self._node._keys_precision = False  # rows are keyed by the precision they run in

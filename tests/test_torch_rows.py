@@ -6,6 +6,7 @@ import array
 import copy
 import functools
 import logging
+import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -1388,6 +1389,51 @@ def test_weights_changed_while_rows_are_run_again_alone_refuse_nothing() -> None
     module.lin.weight.detach().copy_(weights)
     assert torch.equal(cached(x), truth)
     assert cached.stats.computed == 8 and cached.tiers[0].rows == 4
+
+
+def test_rows_keyed_on_two_threads_while_one_keys_anew_are_keyed_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One thread looking its keyings over again (its weights written) while another makes
+    a keying (rows of another shape) raised `dictionary changed size during iteration`
+    on the first, and both wrote the declaration they derive a key prefix from: keyings
+    are looked at and made by one thread at a time."""
+    module = nn.Linear(4, 2)
+    cached = cache_rows(module)
+    x, wide = torch.randn(3, 4), torch.randn(3, 2, 4)
+    cached(x)
+    inside, release = threading.Event(), threading.Event()
+    prefix = _row_keys._prefix
+
+    def paused(self: CachedRows, tag: Any) -> bytes:
+        if threading.current_thread() is first and not inside.is_set():
+            inside.set()
+            release.wait(10)
+        return prefix(self, tag)
+
+    monkeypatch.setattr(_row_keys, "_prefix", paused)
+    answers: dict[str, torch.Tensor] = {}
+    failed: list[BaseException] = []
+
+    def run(name: str, rows: torch.Tensor) -> None:
+        try:
+            answers[name] = cached(rows)
+        except BaseException as error:
+            failed.append(error)
+
+    module.weight.detach().mul_(1)  # the same weights, changed in place: looked over again
+    first = threading.Thread(target=run, args=("x", x))
+    first.start()
+    assert inside.wait(10)
+    second = threading.Thread(target=run, args=("wide", wide))
+    second.start()
+    second.join(1)  # keyed meanwhile, unless it waits for the first
+    release.set()
+    first.join()
+    second.join()
+    assert not failed
+    assert torch.equal(answers["x"], expected(module, x))
+    assert torch.equal(answers["wide"], expected(module, wide))
 
 
 class Sparse(nn.Module):
