@@ -580,6 +580,10 @@ import torch
 from torch import nn
 import somatize.torch as smt
 
+# Ctrl-C raises KeyboardInterrupt here whatever this process was started with (a job a
+# shell runs in the background starts with SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 class CtrlC:
     pressed = False
 
