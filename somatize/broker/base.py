@@ -808,6 +808,12 @@ def _seconds(value: Any) -> bool:
     return finite(value) and value > 0
 
 
+def _check_timeout(timeout_s: Any) -> None:
+    """Refuses a broker's ``timeout_s=`` that is neither None nor a number of seconds > 0."""
+    if timeout_s is not None and not _seconds(timeout_s):
+        raise ValueError(f"timeout_s is a number of seconds > 0 (or None), got {timeout_s!r}")
+
+
 def _unsendable(node: str, worker: str, why: Unbuildable) -> Unbuildable:
     return Unbuildable(
         f"`{node}` cannot be sent to worker `{worker}`, which rebuilds what it runs: "

@@ -44,7 +44,7 @@ from somatize._threads import start_thread
 from somatize.catalog import Blueprint, Catalog, own_state
 from somatize.node import Context, running_here
 
-from .base import Broker, Done, WorkerTimeout, _seconds
+from .base import Broker, Done, WorkerTimeout, _check_timeout
 from .host import Host, NeedState, crossings, job_for, unpack
 from .worker import BadWorker, Worker
 
@@ -71,11 +71,8 @@ class EmbeddedBroker(Broker):
                 "make one with `Catalog(in_process=True)` and register on it the classes no "
                 "import can find, or leave it out"
             )
+        _check_timeout(timeout_s)
         if timeout_s is not None:
-            if not _seconds(timeout_s):
-                raise ValueError(
-                    f"timeout_s is a number of seconds > 0 (or None), got {timeout_s!r}"
-                )
             local = [name for name, w in self.workers.items() if not w.crosses]
             if local:
                 raise BadWorker(

@@ -67,6 +67,7 @@ from .base import (
     StateMismatch,
     WorkerLost,
     WorkerTimeout,
+    _check_timeout,
     _seconds,
 )
 from .host import Host, Job, NeedState, Reply, crossings, held_state, job_for, unpack
@@ -284,8 +285,7 @@ class RayBroker(Broker):
                 )
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ValueError(f"retries is a count ≥ 0, got {retries!r}")
-        if timeout_s is not None and not _seconds(timeout_s):
-            raise ValueError(f"timeout_s is a number of seconds > 0 (or None), got {timeout_s!r}")
+        _check_timeout(timeout_s)
         if not _seconds(start_timeout_s):
             raise ValueError(f"start_timeout_s is a number of seconds > 0, got {start_timeout_s!r}")
         ray = _ray()

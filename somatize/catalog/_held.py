@@ -57,6 +57,7 @@ from somatize.catalog._members import (
     _functions_in,
     _joined,
     _left_out,
+    _not_library,
     _plain,
     _Same,
     _Slots,
@@ -276,7 +277,7 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     if found is not None and found[1] is not None and _named_state(value) is not None:
         if containers is not None:  # what a walk reads of it: its attributes, then the
             # namespace of each class of its lineage (:meth:`_Walk.written`)
-            kinds = [above for above in type(value).__mro__ if not _left_out(above)]
+            kinds = _not_library(type(value))
             containers += [object.__getattribute__(value, "__dict__"), *map(vars, kinds)]
         return found[1]
     walk = _Walk(walking)
@@ -785,7 +786,7 @@ class _Walk:
             written = fingerprint_of(kind)
         finally:
             kinds.discard(kind)
-        lineage = [above for above in kind.__mro__ if not _left_out(above)]
+        lineage = _not_library(kind)
         self.read += map(vars, lineage)
         parts = [f"{kind.__module__}:{kind.__qualname__} {written}".encode()]
         for above in lineage:

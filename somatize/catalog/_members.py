@@ -36,6 +36,11 @@ def _ancestry(kind: type) -> tuple[type, ...]:
     return (*kind.__mro__, *meta.__mro__)
 
 
+def _not_library(kind: type) -> list[type]:
+    """``kind`` and the classes it inherits from, short of the library's (:func:`_left_out`)."""
+    return [above for above in kind.__mro__ if not _left_out(above)]
+
+
 def _left_out(kind: type) -> bool:
     """Whether ``kind`` is the library's rather than the node's: Node, a class of the
     standard library (``object``), or one of a package of :data:`_LEFT_OUT`."""
@@ -233,8 +238,7 @@ def _slots_of(kind: type) -> list[MemberDescriptorType]:
     the library's (:func:`_left_out`)."""
     return [
         member
-        for above in kind.__mro__
-        if not _left_out(above)
+        for above in _not_library(kind)
         for member in list(vars(above).values())
         if isinstance(member, MemberDescriptorType) and member.__objclass__ is above
     ]

@@ -65,6 +65,7 @@ from somatize.catalog._members import (
     _functions_in,
     _joined,
     _left_out,
+    _not_library,
     _plain,
     _Same,
     _same_package,
@@ -413,8 +414,7 @@ def _class_functions(kind: type) -> list[FunctionType]:
     dataclass's methods)."""
     return [
         function
-        for above in kind.__mro__
-        if not _left_out(above)
+        for above in _not_library(kind)
         for name, member in list(vars(above).items())
         for function in _functions_in(member)
         if not (_dunder(name) and function.__code__.co_filename == "<string>")
@@ -478,7 +478,7 @@ def _class_objects(kind: type) -> list[tuple[type, str, Any]]:
     a table their own code fills (a cache: their state, as the class's text writes it), nor
     a function, a class or a plain value, which :func:`_class_code` names, nor what is held
     under a name of Python's or the library's (``__dict__``, an enum's ``_member_map_``)."""
-    kinds = [above for above in kind.__mro__ if not _left_out(above)]
+    kinds = _not_library(kind)
     filled = frozenset().union(*_fillers(kinds))
     found = []
     for above in kinds:

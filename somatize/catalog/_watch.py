@@ -50,6 +50,7 @@ from somatize.catalog._members import (
     _fillable,
     _functions_in,
     _left_out,
+    _not_library,
     _plain,
     _Slots,
     _table,
@@ -508,11 +509,6 @@ class _Looked:
         )
 
     __hash__ = None  # type: ignore[assignment]
-
-
-def _not_library(kind: type) -> list[type]:
-    """``kind`` and the classes it inherits from, short of the library's."""
-    return [above for above in kind.__mro__ if not _left_out(above)]
 
 
 def _bodies(helper: type) -> list[Any]:
