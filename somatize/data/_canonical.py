@@ -13,7 +13,7 @@ sparse union's children null in the rows another child holds; a dense union's ch
 the values of its rows in their order, and a list view's items those of its rows; a
 run-end-encoded column with only the runs of its rows, a run split at a chunk's end joined
 again. Rows of run-end-encoded columns and views, which Arrow does not take, are picked
-child by child (:func:`_picked`), runs by their runs. Dictionaries (with their whole
+child by child (:func:`pick_rows`), runs by their runs. Dictionaries (with their whole
 dictionary), dense unions whose rows share a value and list views whose views overlap, at
 any depth, are kept as they are, and the runs of nested values picked row by row are not
 joined again: they digest apart from the same rows laid out otherwise (a cache miss,
@@ -151,13 +151,13 @@ def _row_span(column: Any, layout: str) -> tuple[int, int]:
 
 def _taken(column: Any, rows: pyarrow.Array) -> pyarrow.Array:
     """``column.take(rows)``, or ``column`` as it is (from its first row) when its rows are
-    not picked (see :func:`_picked`): what lies under its nulls then stays, which digests it
+    not picked (see :func:`pick_rows`): what lies under its nulls then stays, which digests it
     apart from the same rows laid out afresh (a miss, never a wrong answer)."""
-    taken = _picked(column, rows)
+    taken = pick_rows(column, rows)
     return pyarrow.concat_arrays([column]) if taken is None else taken
 
 
-def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
+def pick_rows(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
     """``column.take(rows)`` (row numbers, a null one taking a null) or
     ``column.filter(rows)`` (booleans, maybe run-end-encoded), the rows laid out afresh. Of a
     type Arrow takes rows of, Arrow's own; of views (at any depth) through strings and
@@ -181,7 +181,7 @@ def _picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
             integer = pyarrow.types.is_integer(rows.type)
             return _runs_taken(column, rows) if integer else _runs_filtered(column, rows)
         try:
-            values = _picked(pyarrow.compute.run_end_decode(column), rows)
+            values = pick_rows(pyarrow.compute.run_end_decode(column), rows)
             if values is None:
                 return None
             return pyarrow.compute.run_end_encode(values, run_end_type=kind.run_end_type)
@@ -203,15 +203,15 @@ def _holds_dense(kind: pyarrow.DataType) -> bool:
 
 
 def _picked_within(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
-    """:func:`_picked` of a nested ``column`` (or a dictionary, or an extension type) child
+    """:func:`pick_rows` of a nested ``column`` (or a dictionary, or an extension type) child
     by child: a struct's children by the same rows, a list's (a map's, a list view's) items
     by the items of the rows, worked out by taking the rows of a list of item numbers, a
-    dictionary's indices. None where a child is (see :func:`_picked`)."""
+    dictionary's indices. None where a child is (see :func:`pick_rows`)."""
     kind = column.type
     types = pyarrow.types
     pick = pyarrow.Array.take if types.is_integer(rows.type) else _filtered
     if isinstance(kind, pyarrow.BaseExtensionType):
-        storage = _picked(column.storage, rows)
+        storage = pick_rows(column.storage, rows)
         return None if storage is None else pyarrow.ExtensionArray.from_storage(kind, storage)
     if types.is_dictionary(kind):
         indices = pick(column.indices, rows)
@@ -223,7 +223,7 @@ def _picked_within(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
     if types.is_struct(kind):
         children = []
         for index in range(kind.num_fields):
-            child = _picked(column.field(index), rows)
+            child = pick_rows(column.field(index), rows)
             if child is None:
                 return None
             children.append(child)
@@ -267,7 +267,7 @@ def _lists_picked(column: Any, rows: pyarrow.Array, pick: Any, mask: Any) -> Any
     total = pyarrow.compute.sum(sizes).as_py() or 0
     if view and (total > len(values) or (not large and total > _MOST_INT32)):
         return None  # overlapping views, their items held once per view of them
-    picked = _picked(values, pyarrow.compute.list_flatten(taken))
+    picked = pick_rows(values, pyarrow.compute.list_flatten(taken))
     if picked is None:
         return None
     width = pyarrow.int64() if large else pyarrow.int32()
@@ -292,7 +292,7 @@ def _fixed_picked(column: Any, rows: pyarrow.Array, valid: Any, mask: Any) -> An
     start = pyarrow.compute.multiply(rows.take(at), size)
     items = pyarrow.compute.add(pyarrow.compute.add(start, within), column.offset * size)
     items = pyarrow.compute.if_else(valid.take(at), items, None)
-    values = _picked(column.values, items)
+    values = pick_rows(column.values, items)
     if values is None:
         return None
     return pyarrow.FixedSizeListArray.from_arrays(values, type=kind, mask=mask)
@@ -319,10 +319,10 @@ def _union_picked(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
     counted = pyarrow.nulls(len(codes), pyarrow.int32()).fill_null(0)
     for index, code in enumerate(kind.type_codes):
         if kind.mode != "dense":
-            child = _picked(column.field(index), rows)
+            child = pick_rows(column.field(index), rows)
         else:
             held = pyarrow.compute.equal(codes, pyarrow.scalar(code, pyarrow.int8()))
-            child = _picked(column.field(index), offsets.filter(held))
+            child = pick_rows(column.field(index), offsets.filter(held))
             through = pyarrow.compute.cumulative_sum(held.cast(pyarrow.int32()))
             before = pyarrow.compute.subtract(through, pyarrow.scalar(1, pyarrow.int32()))
             counted = pyarrow.compute.if_else(held, before, counted)
@@ -350,7 +350,7 @@ def _runs_filtered(column: Any, kept: pyarrow.Array) -> pyarrow.Array | None:
         numpy.searchsorted(kept_ends, every)
     ]
     lengths = numpy.diff(every, prepend=0)[held]
-    picked = _picked(values, pyarrow.array(which[held], pyarrow.int64()))
+    picked = pick_rows(values, pyarrow.array(which[held], pyarrow.int64()))
     if picked is None:
         return None
     stops = pyarrow.array(numpy.cumsum(lengths, dtype=numpy.int64)).cast(kind.run_end_type)
@@ -366,7 +366,7 @@ def _runs_taken(column: Any, rows: pyarrow.Array) -> pyarrow.Array | None:
     numbers = rows.cast(pyarrow.int64())
     which = numpy.searchsorted(ends, numbers.fill_null(0).to_numpy(), side="right")
     runs = pyarrow.compute.if_else(numbers.is_valid(), pyarrow.array(which), None)
-    picked = _picked(values, runs)
+    picked = pick_rows(values, runs)
     if picked is None:
         return None
     stops = pyarrow.array(numpy.arange(1, len(rows) + 1, dtype=numpy.int64))
@@ -544,7 +544,7 @@ def _nested_bare(column: Any) -> pyarrow.Array:
         spanned = _spanned(column)
         if spanned is not None:  # its rows' items, those under its nulls left out
             kept, offsets, first = spanned
-            values = _picked(column.values.slice(first, len(kept)), kept)
+            values = pick_rows(column.values.slice(first, len(kept)), kept)
             if values is not None:  # else as they are (a miss)
                 return _listed(kind, offsets, _bare(values), mask)
     if mask is None or not pyarrow.types.is_fixed_size_list(kind):
@@ -669,7 +669,7 @@ def _under_its_nulls(column: Any, mask: pyarrow.Array | None) -> list[pyarrow.Ar
     the process on a union, and leaves the values of runs as they are): a union's rows under
     the struct's nulls are taken as null, which Arrow lays out as a null of its first child,
     and the runs of a run-end-encoded child split where the struct's nulls start and end,
-    null under them. A union Arrow takes no rows of (see :func:`_picked`) is left as it
+    null under them. A union Arrow takes no rows of (see :func:`pick_rows`) is left as it
     is, so what lies in it under the struct's nulls stays (a miss, never a wrong answer)."""
     kind = column.type
     fields = [kind.field(i) for i in range(kind.num_fields)]
@@ -705,7 +705,7 @@ def _runs_nulled(column: Any, mask: pyarrow.Array) -> pyarrow.Array:
     """Run-end-encoded ``column`` null where ``mask`` is true, worked out by its runs and
     those of ``mask`` (never a value per row): its runs split where ``mask`` turns, the
     pieces under it null. :func:`_runs` joins again the pieces left equal. ``column`` as it
-    is when the values of its pieces are not picked (see :func:`_picked`; a miss)."""
+    is when the values of its pieces are not picked (see :func:`pick_rows`; a miss)."""
     ends, values = _run_ends(column)
     nulls = pyarrow.compute.run_end_encode(mask)
     null_ends, null_values = _run_ends(nulls)
@@ -714,7 +714,7 @@ def _runs_nulled(column: Any, mask: pyarrow.Array) -> pyarrow.Array:
     hidden = numpy.asarray(null_values.fill_null(True).to_numpy(zero_copy_only=False), dtype=bool)[
         numpy.searchsorted(null_ends, every)
     ]
-    picked = _picked(values, pyarrow.compute.if_else(pyarrow.array(hidden), None, which))
+    picked = pick_rows(values, pyarrow.compute.if_else(pyarrow.array(hidden), None, which))
     if picked is None:  # its values as they are hold no value per piece: kept whole
         return pyarrow.concat_arrays([column])
     stops = pyarrow.array(every.astype(numpy.int64)).cast(column.type.run_end_type)
@@ -763,7 +763,7 @@ def _dense_bare(column: Any) -> pyarrow.Array:
     children = []
     for index, code in enumerate(kind.type_codes):
         held = pyarrow.compute.equal(codes, pyarrow.scalar(code, codes.type))
-        child = _picked(column.field(index), offsets.filter(held))
+        child = pick_rows(column.field(index), offsets.filter(held))
         if child is None:
             return pyarrow.concat_arrays([column])
         children.append(_bare(child))
@@ -854,7 +854,7 @@ def _runs(column: Any) -> pyarrow.Array:
     same = _same_as_next(values) if count > 1 else None
     if same is not None:
         last = pyarrow.concat_arrays([pyarrow.compute.invert(same), pyarrow.array([True])])
-        joined = _picked(values, last)
+        joined = pick_rows(values, last)
         if joined is not None:
             ends, values = ends.filter(last), joined
     return pyarrow.RunEndEncodedArray.from_arrays(

@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow
 import pyarrow.compute
 
+from somatize.data._canonical import pick_rows, type_test
 from somatize.data.errors import DataError
 
 __all__ = [
@@ -240,9 +241,12 @@ class Frame:
 def _same_values(one: pyarrow.Array, other: pyarrow.Array) -> bool:
     """Whether ``one`` and ``other``, of one type and length, hold the same values, a NaN at
     any depth the same as a NaN in the same place. Told by Arrow where no float is nested
-    in their type; else a column of floats, a struct, a list or a dictionary (its indices
-    and its dictionary, as Arrow's ``equals`` compares it) is compared in Arrow, part by
-    part, and any other (a map, a union) by its Python values."""
+    in their type; else compared in Arrow, part by part, down to the floats: a dictionary
+    by its indices and its dictionary (as Arrow's ``equals`` compares it), runs by their
+    rows, a union by which child holds each row and the rows each child holds, a struct by
+    its fields, a list (a map is a list of its entries) by its lengths and its items. Never
+    by their Python values, which are looser (``1 == 1.0``) and which a time to the
+    nanosecond has none of."""
     if one.equals(other):
         return True
     kind = one.type
@@ -255,21 +259,85 @@ def _same_values(one: pyarrow.Array, other: pyarrow.Array) -> bool:
     if pyarrow.types.is_dictionary(kind):  # its dictionary is part of it, as to `equals`
         same_indices = one.indices.equals(other.indices)
         return bool(same_indices) and _same_values(one.dictionary, other.dictionary)
+    if type_test("is_run_end_encoded")(kind):
+        decode = pyarrow.compute.run_end_decode
+        return _same_values(decode(one), decode(other))
+    if pyarrow.types.is_union(kind):  # which has no nulls of its own: its children hold them
+        return _same_union(one, other)
     if not pyarrow.compute.is_null(one).equals(pyarrow.compute.is_null(other)):
         return False
     if pyarrow.types.is_floating(kind):  # equal where not null, or NaN in both
         nans = pyarrow.compute.and_(pyarrow.compute.is_nan(one), pyarrow.compute.is_nan(other))
         same = pyarrow.compute.or_(pyarrow.compute.equal(one, other), nans)
         return bool(pyarrow.compute.all(same.fill_null(True)).as_py())
-    if pyarrow.types.is_struct(kind):  # a null struct's fields are null in its place
-        return all(map(_same_values, one.flatten(), other.flatten()))
-    lists = (pyarrow.types.is_list, pyarrow.types.is_large_list, pyarrow.types.is_fixed_size_list)
-    if any(is_list(kind) for is_list in lists):
-        lengths = pyarrow.compute.list_value_length
-        return bool(lengths(one).equals(lengths(other))) and _same_values(
-            one.flatten(), other.flatten()
-        )
-    return _same_python(one.to_pylist(), other.to_pylist())
+    if pyarrow.types.is_struct(kind):  # its fields where it is not null
+        return _same_fields(one, other)
+    if pyarrow.types.is_map(kind):
+        one, other = _entries(one), _entries(other)
+    lengths = pyarrow.compute.list_value_length  # of a list of any kind: all that is left
+    return bool(lengths(one).equals(lengths(other))) and _same_values(
+        one.flatten(), other.flatten()
+    )
+
+
+def _same_union(one: pyarrow.Array, other: pyarrow.Array) -> bool:
+    """:func:`_same_values` of two unions: the same child holds each row in both, and each
+    child's rows (not those it holds in the rows of another child, for a sparse union, nor
+    values no row points at, for a dense one) are the same."""
+    kind = one.type
+    # from their first row: the type codes and offsets of a slice may leave out where it starts
+    one, other = pyarrow.concat_arrays([one]), pyarrow.concat_arrays([other])
+    codes = one.type_codes
+    if not codes.equals(other.type_codes):
+        return False
+    for index, code in enumerate(kind.type_codes):
+        held = pyarrow.compute.equal(codes, pyarrow.scalar(code, codes.type))
+        if kind.mode == "dense":
+            mine = _rows_of(one.field(index), one.offsets.filter(held))
+            yours = _rows_of(other.field(index), other.offsets.filter(held))
+        else:
+            mine, yours = _rows_of(one.field(index), held), _rows_of(other.field(index), held)
+        if not _same_values(mine, yours):
+            return False
+    return True
+
+
+def _same_fields(one: pyarrow.Array, other: pyarrow.Array) -> bool:
+    """:func:`_same_values` of two structs null in the same rows: their fields' values in
+    the other rows. Picked, not flattened: Arrow's ``flatten`` aborts the process on a
+    union field of a struct with nulls."""
+    valid = pyarrow.compute.is_valid(one) if one.null_count else None
+    for index in range(one.type.num_fields):
+        mine, yours = one.field(index), other.field(index)
+        if valid is not None:
+            mine, yours = _rows_of(mine, valid), _rows_of(yours, valid)
+        if not _same_values(mine, yours):
+            return False
+    return True
+
+
+def _rows_of(column: pyarrow.Array, rows: pyarrow.Array) -> pyarrow.Array:
+    """The rows of ``column`` at ``rows`` (row numbers, or booleans keeping them), of any
+    type: picked as the ``arrow`` codec lays rows out, or by Arrow where that picks none (a
+    dense union whose rows share a value, list views that overlap)."""
+    picked = pick_rows(column, rows)
+    if picked is not None:
+        return picked
+    return column.take(rows) if pyarrow.types.is_integer(rows.type) else column.filter(rows)
+
+
+def _entries(column: pyarrow.Array) -> pyarrow.Array:
+    """Map ``column`` as the list of its entries (a struct of a key and a value) it is laid
+    out as, so that it is compared as a list is."""
+    entries = pyarrow.list_(column.type.field(0))
+    return pyarrow.Array.from_buffers(
+        entries,
+        len(column),
+        column.buffers()[:2],  # its validity bits and its offsets
+        column.null_count,
+        column.offset,
+        [column.values],
+    )
 
 
 def _holds_floats(kind: pyarrow.DataType) -> bool:
@@ -281,18 +349,6 @@ def _holds_floats(kind: pyarrow.DataType) -> bool:
     if isinstance(kind, pyarrow.DictionaryType):
         return _holds_floats(kind.value_type)
     return any(_holds_floats(kind.field(index).type) for index in range(kind.num_fields))
-
-
-def _same_python(one: Any, other: Any) -> bool:
-    """Whether the Python values ``one`` and ``other`` (of Arrow's ``to_pylist``) are equal,
-    a NaN the same as a NaN in the same place."""
-    if isinstance(one, float) and isinstance(other, float) and one != one and other != other:
-        return True
-    if isinstance(one, (list, tuple)) and isinstance(other, (list, tuple)):
-        return len(one) == len(other) and all(map(_same_python, one, other))
-    if isinstance(one, dict) and isinstance(other, dict):
-        return one.keys() == other.keys() and all(_same_python(one[k], other[k]) for k in one)
-    return bool(one == other)
 
 
 def _polars_objects(x: Any) -> list[str]:
