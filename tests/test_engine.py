@@ -35,7 +35,8 @@ from somatize import (
 )
 from somatize.broker import Broker, UnknownWorker
 from somatize.graph import UnknownNode
-from somatize.store import BadAddress, LocalStore
+from somatize.store import BadAddress, BucketStore, LocalStore
+from tests.conftest_s3 import s3_options, s3_url
 from tests.nodes import Echo, Fails, Largest, Rows, Scale, Slotted, Square
 
 
@@ -164,22 +165,48 @@ def test_store_as_path(tmp_path: Path) -> None:
     assert top.calls == 1
 
 
-def test_a_local_store_holds_fewer_attributes_than_objects_share(tmp_path: Path) -> None:
-    """A local store that kept answers, recalled them, was asked for keys it lacks, had a
-    blob gone and was collected holds fewer than 30 attributes: CPython (3.11 on) shares
-    the keys of no more among the objects of a class, and makes the dozen calls a recalled
-    forward makes on its store fast only on an object whose keys are shared."""
+def _opener(home: str, where: Path) -> Callable[[], Store]:
+    """Opens, each time it is called, a new object of one store: a directory, or a prefix
+    of the bucket on loopback (with a cache folder in front, for ``bucket with a cache``)."""
+    if home == "local":
+        return lambda: Store(where / "s")
+    url, options = s3_url(), s3_options()
+    cache = where / "cache" if home == "bucket with a cache" else None
+    return lambda: Store.on_bucket(url, cache=cache, **options)
+
+
+def _remove_blobs(store: Store) -> None:
+    """Removes every blob of ``store`` (and of the cache in front of it)."""
+    if isinstance(store, LocalStore):
+        for blob in (store.root / "blobs").rglob("*"):
+            if blob.is_file():
+                blob.unlink()
+        return
+    assert isinstance(store, BucketStore)
+    store.fs.rm(store.fs.find(f"{store.root}/blobs"))
+    if store.cache is not None:
+        _remove_blobs(store.cache)
+
+
+@pytest.mark.parametrize("home", ["local", "bucket", "bucket with a cache"])
+def test_a_store_holds_fewer_attributes_than_objects_share(tmp_path: Path, home: str) -> None:
+    """A store, local or on a bucket, that recalled answers another object kept, was asked
+    for keys it lacks, had a blob gone, kept an answer, was collected and was closed holds
+    fewer than 30 attributes: CPython (3.11 on) shares the keys of no more among the objects
+    of a class, and makes the dozen calls a recalled forward makes on its store fast only on
+    an object whose keys are shared."""
     g, _, _, _ = _chain()
-    store = Store(tmp_path / "s")
-    g.forward({"at": 0, "take": 8}, store=str(tmp_path / "s"))
+    opened = _opener(home, tmp_path)
+    store = opened()
+    g.forward({"at": 0, "take": 8}, store=opened())
     g.forward({"at": 0, "take": 8}, store=store)
     g.forward({"at": 0, "take": 8}, store=store)
     assert store.have(["blake3:" + "0" * 64]) == set()
-    for blob in (store.root / "blobs").rglob("*"):
-        if blob.is_file():
-            blob.unlink()
+    _remove_blobs(store)
     g.forward({"at": 0, "take": 8}, store=store)
+    g.forward({"at": 8, "take": 8}, store=store)
     store.gc()
+    store.close()
     assert len(vars(store)) < 30, sorted(vars(store))
 
 

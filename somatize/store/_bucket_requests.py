@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import inspect
 import os
@@ -112,6 +113,33 @@ def _in_one_request(kind: type) -> dict[str, Any]:
     return {"max_concurrency": 1} if accepts else {}
 
 
+_Merging = tuple[list[str], dict[tuple[str, str], float], set[tuple[str, str]]]
+"""What a gc merges: the ``used/`` logs it read, the times merged from them, and the
+answers and packs it found listed and has not removed (whose times it keeps)."""
+
+
+@dataclasses.dataclass
+class BucketNotes:
+    """What a bucket store object found out as it went, and the merge of a gc going on: read
+    only where a keep, a put, a gc or a log it could not write asks, so held in one
+    attribute. A store is asked a dozen things on every recalled forward, and CPython (3.11
+    on) makes those calls fast only on an object of fewer than 30 attributes, whose keys
+    its class's objects share (tests/test_engine.py counts them)."""
+
+    bucket_seen: bool = False
+    """Whether the bucket was once looked for and not found missing (see
+    :meth:`BucketRequests._refused_keeping`)."""
+    damaged: set[str] = dataclasses.field(default_factory=set)
+    """The blobs this store object found damaged: a put of one writes it afresh, not
+    trusting the object of the right size there (which a move aside may have left)."""
+    merging: _Merging | None = None
+    """The ``used/`` logs a gc read, the times merged from them, and the answers and packs
+    it kept, until it replaces the logs with one (together, so that one gc never removes
+    logs another gc read)."""
+    use_said: bool = False
+    """Whether a ``used/`` log that could not be written was said (once, at debug level)."""
+
+
 class BucketRequests(PackedHome):
     """The requests of a bucket store, retried, and where its files are; see the module
     docstring."""
@@ -122,28 +150,29 @@ class BucketRequests(PackedHome):
     retries: int
     backoff: float
     _protocols: set[str]
-    _atomic: bool
-    """Whether an upload publishes a file whole by itself (an object store); if not (a
-    plain filesystem), a write goes through ``tmp/`` and a rename."""
-    _bucket_seen = False
-    """Whether the bucket was once looked for and not found missing (see
-    :meth:`_refused_keeping`)."""
-    _fs: Any = None
-    _fs_pid: int = -1
-    """The process :attr:`fs` was opened in."""
+    _noted: BucketNotes
+    _opened: tuple[Any, int] = (None, -1)
+    """The filesystem :attr:`fs` is, and the process it was opened in."""
 
     @property
     def fs(self) -> Any:
         """The fsspec filesystem the bucket is reached through; opened afresh in a process
         forked from the one that opened it (a DataLoader worker): an async client (s3fs's)
         serves only the process that made it, and refuses every request in a child."""
-        if self._fs_pid != os.getpid():
-            self.fs = self._open_fs()
-        return self._fs
+        fs, opened_in = self._opened
+        if opened_in != os.getpid():
+            fs = self.fs = self._open_fs()
+        return fs
 
     @fs.setter
     def fs(self, fs: Any) -> None:
-        self._fs, self._fs_pid = fs, os.getpid()
+        self._opened = (fs, os.getpid())
+
+    @property
+    def _atomic(self) -> bool:
+        """Whether an upload publishes a file whole by itself (an object store); if not (a
+        plain filesystem), a write goes through ``tmp/`` and a rename."""
+        return not self._protocols & {"file", "local"}
 
     def _open_fs(self) -> Any:
         """The filesystem of the store's URL, opened as :attr:`fs` was."""
@@ -223,7 +252,7 @@ class BucketRequests(PackedHome):
         once per store object (one request), before its first answer computed is kept; one
         that may not be asked for (no ``HeadBucket``) may still be written: its keeps say
         what they find."""
-        if self._bucket_seen:
+        if self._noted.bucket_seen:
             return None
         try:
             bucket = self._missing_bucket()
@@ -231,7 +260,7 @@ class BucketRequests(PackedHome):
             bucket = None
         if bucket is not None:
             return self._no_bucket(bucket)
-        self._bucket_seen = True
+        self._noted.bucket_seen = True
         return None
 
     def _not_kept(self, said: str) -> Missing:

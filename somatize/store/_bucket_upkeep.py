@@ -74,11 +74,6 @@ def _mtime(info: dict[str, Any]) -> float:
     return 0.0
 
 
-_Merging = tuple[list[str], dict[tuple[str, str], float], set[tuple[str, str]]]
-"""What a gc merges: the ``used/`` logs it read, the times merged from them, and the
-answers and packs it found listed and has not removed (whose times it keeps)."""
-
-
 class BucketShelf(BucketRequests):
     """The files of a bucket store as upkeep sees them (a
     :class:`~somatize.store.upkeep.Shelf`), and its ``used/`` logs; see the module
@@ -86,11 +81,6 @@ class BucketShelf(BucketRequests):
 
     cache: LocalStore | None
     """The local store in front, if any: a gc collects it too."""
-    _merging: _Merging | None
-    _use_said: bool
-    _damaged: set[str]
-    """The blobs this store object found damaged: a put of one writes it afresh, not
-    trusting the object of the right size there (which a move aside may have left)."""
 
     def gc(
         self,
@@ -203,7 +193,7 @@ class BucketShelf(BucketRequests):
                 check_key=False,
             )
         with self._lock:
-            merging, self._merging = self._merging, None
+            merging, self._noted.merging = self._noted.merging, None
         if merging is not None and merging[0]:
             # One log of the merged times replaces the many that were read: the times of
             # what this gc kept, not of what it dropped (or found gone).
@@ -233,7 +223,7 @@ class BucketShelf(BucketRequests):
             Entry(name, int(info.get("size") or 0), _mtime(info))
             for name, info in self._listed(section).items()
         ]
-        merging = self._merging
+        merging = self._noted.merging
         if merging is not None and section in ("answers", "packs"):
             merging[2].update((section, entry.name) for entry in out)
         return out
@@ -270,7 +260,7 @@ class BucketShelf(BucketRequests):
 
     def _removed(self, section: str, names: Iterable[str]) -> None:
         """Notes that a gc removed ``names`` from ``section``: their times are not kept."""
-        merging = self._merging
+        merging = self._noted.merging
         if merging is not None:
             merging[2].difference_update((section, name) for name in names)
 
@@ -310,7 +300,7 @@ class BucketShelf(BucketRequests):
                 return None
         aside = self._path("quarantine", f"{section}/{name.replace('/', '_')}.{time.time_ns()}")
         if section == "blobs":  # a keep of it through this store object writes it afresh
-            self._damaged.add(f"blake3:{name.rsplit('/', 1)[-1]}")
+            self._noted.damaged.add(f"blake3:{name.rsplit('/', 1)[-1]}")
         try:
             self._move(self._path(section, name), aside, f"moving {section}/{name} aside")
         except FileNotFoundError:
@@ -370,8 +360,8 @@ class BucketShelf(BucketRequests):
         try:
             self._write_use()
         except Exception as why:
-            if not self._use_said:
-                self._use_said = True
+            if not self._noted.use_said:
+                self._noted.use_said = True
                 _log.debug(
                     "when answers of %s were used cannot be written down (%s: %s); gc will "
                     "not know it, and recalls go on",
@@ -404,5 +394,5 @@ class BucketShelf(BucketRequests):
             except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
                 continue  # a damaged log only loses recency, which is advice
         with self._lock:
-            self._merging = (listed, out, set())
+            self._noted.merging = (listed, out, set())
         return out

@@ -261,9 +261,6 @@ class PackedHome(Store):
     signer: Signer | None
     _sections: tuple[str, ...] = SECTIONS
     """The sections the home keeps files in."""
-    _sweeps_strays: bool = True
-    """Whether gc removes the files of ``blobs/`` not laid out as blobs (see
-    :mod:`somatize.store.upkeep`)."""
     _forgets: int = 0
     """How many times this object has let go of all it holds (:meth:`_forget_all`); 0 for
     one unpickled from a state that did not count them."""
@@ -322,6 +319,12 @@ class PackedHome(Store):
     @abc.abstractmethod
     def _where(self) -> str:
         """The store's location, as messages name it."""
+
+    @property
+    def _sweeps_strays(self) -> bool:
+        """Whether gc removes the files of ``blobs/`` not laid out as blobs (see
+        :mod:`somatize.store.upkeep`)."""
+        return True
 
     def _hold_nothing(self) -> None:
         """Starts with nothing held in memory."""

@@ -50,7 +50,8 @@ from urllib.parse import urlsplit
 
 from somatize import canonical
 from somatize._numbers import finite
-from somatize.store._bucket_upkeep import BucketShelf, _Merging
+from somatize.store._bucket_requests import BucketNotes
+from somatize.store._bucket_upkeep import BucketShelf
 from somatize.store._local_files import open_file
 from somatize.store._packed import digest_of, frozen, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
@@ -359,8 +360,6 @@ class BucketStore(BucketShelf):
                 _check_s3_path(url)
             _check_bucket(url, self.root.lstrip("/").split("/", 1)[0])
             _check_endpoint(url, storage_options)
-        self._atomic = not self._protocols & {"file", "local"}
-        self._sweeps_strays = not self._atomic  # under a bucket's prefix they are a user's
         self.signer: Signer | None = signer_from(signing_key)
         self.retries = retries
         self.backoff = backoff
@@ -379,13 +378,7 @@ class BucketStore(BucketShelf):
         self._hold_nothing()
         self._packs_seen = False
         """Whether the pack indexes were loaded once (see :meth:`_look_at_packs`)."""
-        self._merging: _Merging | None = None
-        """The ``used/`` logs a gc read, the times merged from them, and the answers and
-        packs it kept, until it replaces the logs with one (together, so that one gc never
-        removes logs another gc read)."""
-        self._use_said = False
-        """Whether a ``used/`` log that could not be written was said (once, at debug level)."""
-        self._damaged: set[str] = set()
+        self._noted = BucketNotes()
 
     def __repr__(self) -> str:
         return f"Store.on_bucket({self.url!r})"
@@ -393,6 +386,10 @@ class BucketStore(BucketShelf):
     @property
     def _where(self) -> str:
         return self.url
+
+    @property
+    def _sweeps_strays(self) -> bool:
+        return not self._atomic  # under a bucket's prefix they are a user's
 
     def _may_hold_store(self, root: str) -> bool:
         """Whether ``root`` holds a store, as far as these credentials may list it: one
@@ -520,7 +517,8 @@ class BucketStore(BucketShelf):
         size = nbytes(pieces)
         path = self._blob_path(digest)
         self.fs.invalidate_cache(path)
-        if digest not in self._damaged:  # one found damaged is written over, whatever its size
+        # One found damaged is written over, whatever its size.
+        if digest not in self._noted.damaged:
             try:
                 there = self._call(f"looking for blob {digest}", self.fs.info, path)
                 if int(there.get("size", -1)) == size:
@@ -528,7 +526,7 @@ class BucketStore(BucketShelf):
             except FileNotFoundError:
                 pass
         self._write(path, pieces)
-        self._damaged.discard(digest)
+        self._noted.damaged.discard(digest)
         if self.cache is not None:
             self._fill_cache(self.cache._take_blob, digest, pieces)
         return digest
@@ -666,7 +664,7 @@ class BucketStore(BucketShelf):
         moved or removed by another reader), or why it could not be moved (credentials that
         may not delete): then it is still there, and this store object's next put of it
         writes over it."""
-        self._damaged.add(digest)
+        self._noted.damaged.add(digest)
         aside = self._path("quarantine", f"blobs/{digest[7:]}.{time.time_ns()}")
         try:
             self._move(self._blob_path(digest), aside, f"moving blob {digest} aside")

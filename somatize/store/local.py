@@ -247,7 +247,7 @@ class LocalStore(LocalShelf):
         # Kept alive by weakref's own registry, not by an attribute: a store is asked a
         # dozen things on every recalled forward, and CPython (3.11 on) makes those calls
         # fast only on an object of fewer than 30 attributes, whose keys its class's
-        # objects share (tests/test_store_local.py counts them).
+        # objects share (tests/test_engine.py counts them).
         weakref.finalize(self, _write_uses, str(self.root), self._used, self._used_packs)
 
     def __repr__(self) -> str:

@@ -113,13 +113,16 @@ class Shelf(Protocol):
     signer: Signer | None
     _sections: tuple[str, ...]
     """The sections the home keeps files in (:data:`SECTIONS`, and those of its own)."""
-    _sweeps_strays: bool
-    """Whether gc removes the files of ``blobs/`` not laid out as blobs (a local store's
-    ``.DS_Store``); not under an object store's prefix, where they are a user's."""
 
     @property
     def _where(self) -> str:
         """The store's location, as messages name it."""
+        ...
+
+    @property
+    def _sweeps_strays(self) -> bool:
+        """Whether gc removes the files of ``blobs/`` not laid out as blobs (a local store's
+        ``.DS_Store``); not under an object store's prefix, where they are a user's."""
         ...
 
     def _entries(self, section: str) -> list[Entry]: ...
