@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import blake3
+import numpy
 import pytest
 
 from somatize import Answer, BadName, Corrupt, Missing, NameNotFound, Store
@@ -249,6 +250,37 @@ def test_what_is_no_bytes_nor_pieces_is_refused_saying_what_to_pass(
         home.keep(KEY, data, "plain")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=said):
         home.keep_many([(KEY, data)], "plain")  # type: ignore[list-item]
+    assert reopen(home).have([KEY]) == set()
+
+
+def _released() -> memoryview:
+    view = memoryview(b"gone")
+    view.release()
+    return view
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(lambda: numpy.array(["2020-01-01"], "datetime64[ns]"), id="numpy-times"),
+        pytest.param(lambda: [b"ab", numpy.array([1], "timedelta64[s]")], id="numpy-times-piece"),
+        pytest.param(_released, id="released-memoryview"),
+        pytest.param(lambda: [b"ab", _released()], id="released-memoryview-piece"),
+    ],
+)
+def test_a_buffer_that_hands_over_no_bytes_is_refused_saying_what_to_pass(
+    home: Store, data: Callable[[], object]
+) -> None:
+    """put and keep of a buffer that will not hand over its bytes (a numpy array of times,
+    a released memoryview), alone or as a piece, are a TypeError saying what to pass, and
+    nothing is kept."""
+    said = r"hands over no bytes .*array\.view\('int64'\)"
+    with pytest.raises(TypeError, match=said):
+        home.put(data())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=said):
+        home.keep(KEY, data(), "plain")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=said):
+        home.keep_many([(KEY, data())], "plain")  # type: ignore[list-item]
     assert reopen(home).have([KEY]) == set()
 
 

@@ -127,6 +127,8 @@ def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
         view = memoryview(data)  # type: ignore[arg-type]  # a buffer the types do not name
     except TypeError:
         pass
+    except (ValueError, BufferError) as why:
+        raise _unexported(data, why) from None
     else:
         return (_flat(view),)
     if isinstance(data, str):
@@ -144,15 +146,17 @@ def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
 
 
 def _flat(piece: Buffer) -> Buffer:
-    if type(piece) is memoryview and piece.ndim == 1 and piece.format == "B":
-        if piece.c_contiguous:  # flat already: a view of part of one bytes, say
-            return piece
-    elif isinstance(piece, (bytes, bytearray)):
-        return piece
     try:
+        if type(piece) is memoryview and piece.ndim == 1 and piece.format == "B":
+            if piece.c_contiguous:  # flat already: a view of part of one bytes, say
+                return piece
+        elif isinstance(piece, (bytes, bytearray)):
+            return piece
         view = memoryview(piece)
     except TypeError:
         raise TypeError(f"{_KEPT}, got a piece that is a `{type(piece).__name__}`") from None
+    except (ValueError, BufferError) as why:
+        raise _unexported(piece, why) from None
     if _holds_references(view.format):
         raise TypeError(
             f"a store keeps bytes, got a buffer of references to Python objects (format "
@@ -169,6 +173,16 @@ def _flat(piece: Buffer) -> Buffer:
     if view.format == "B" and view.ndim == 1:
         return view
     return view.cast("B")
+
+
+def _unexported(data: object, why: Exception) -> TypeError:
+    """The error for ``data``, a buffer that will not hand over its bytes (a numpy array of
+    ``datetime64`` or ``timedelta64``, a released memoryview): ``why`` is what it said."""
+    return TypeError(
+        f"a store keeps bytes, got a `{type(data).__name__}` whose buffer hands over no bytes "
+        f"({why}): pass its bytes another way (`array.view('int64')` for numpy times, "
+        "`bytes(...)` of what a buffer holds)"
+    )
 
 
 def _holds_references(form: str) -> bool:
