@@ -223,14 +223,20 @@ def _timed(kind: str, times: list[int], floats: list[float], codes: list[int]) -
     held = pyarrow.array(codes, pyarrow.int8())
     if kind == "sparse-union":
         return pyarrow.UnionArray.from_sparse(held, [stamps, numbers])
+    if kind == "runs-of-a-union":  # which Arrow decodes not
+        union = pyarrow.UnionArray.from_sparse(held, [stamps, numbers])
+        return pyarrow.RunEndEncodedArray.from_arrays(every.slice(1), union)
     return pyarrow.UnionArray.from_dense(held, every.slice(0, len(times)), [stamps, numbers])
 
 
-@pytest.mark.parametrize("kind", ["map", "list-view", "sparse-union", "dense-union"])
+@pytest.mark.parametrize(
+    "kind", ["map", "list-view", "sparse-union", "dense-union", "runs-of-a-union"]
+)
 def test_frames_nesting_times_to_the_nanosecond_beside_nan_are_compared_exactly(kind: str) -> None:
-    """Frames of maps, list views and unions nesting times to the nanosecond beside a NaN are
-    compared by their values, never raising: equal to themselves, to the same rows built
-    again or sliced out of longer ones, and not to rows a nanosecond or a float apart."""
+    """Frames of maps, list views, unions and runs nesting times to the nanosecond beside a
+    NaN are compared by their values, never raising: equal to themselves, to the same rows
+    built again or sliced out of longer ones, and not to rows a nanosecond or a float
+    apart."""
     times, floats, codes = [1, 2_000_000_001, 3], [_NAN, 1.0, _NAN], [0, 0, 1]
 
     def frame(column: pyarrow.Array) -> Frame:

@@ -260,7 +260,7 @@ def _lists_picked(column: Any, rows: pyarrow.Array, pick: Any, mask: Any) -> Any
     values = column.values
     buffers = column.buffers()[: 3 if view else 2]
     items = pyarrow.Array.from_buffers(
-        made, len(column), buffers, column.null_count, column.offset, [_every(len(values))]
+        made, len(column), buffers, column.null_count, column.offset, [numbers_below(len(values))]
     )
     taken = pick(items, rows)
     sizes = pyarrow.compute.list_value_length(taken).fill_null(0).cast(pyarrow.int64())
@@ -286,7 +286,7 @@ def _fixed_picked(column: Any, rows: pyarrow.Array, valid: Any, mask: Any) -> An
     size = kind.list_size
     if not size:
         return None  # no items, and Arrow builds no such list from its items
-    places = _every(len(rows) * size)
+    places = numbers_below(len(rows) * size)
     at = pyarrow.compute.divide(places, size)  # which row each item is of
     within = pyarrow.compute.subtract(places, pyarrow.compute.multiply(at, size))
     start = pyarrow.compute.multiply(rows.take(at), size)
@@ -476,7 +476,7 @@ def _takes(kind: pyarrow.DataType) -> bool:
     return all(_takes(kind.field(i).type) for i in range(kind.num_fields))
 
 
-def _every(count: int) -> pyarrow.Array:
+def numbers_below(count: int) -> pyarrow.Array:
     """The row numbers ``0 .. count - 1``, made by numpy or by Arrow (a Python ``range`` is
     slow)."""
     if numpy is not None:
@@ -550,14 +550,14 @@ def _nested_bare(column: Any) -> pyarrow.Array:
     if mask is None or not pyarrow.types.is_fixed_size_list(kind):
         column = pyarrow.concat_arrays([column])  # from its first row, items only its own
     else:
-        column = _taken(column, _every(len(column)))
+        column = _taken(column, numbers_below(len(column)))
     if pyarrow.types.is_fixed_size_list(kind):
         size = kind.list_size
         if not size:  # no items at all (and Arrow builds no such list from its items)
             return column
         values = column.values
         if mask is not None:  # its items under a null made null, as a struct's children are
-            items = _every(len(values))
+            items = numbers_below(len(values))
             rows = pyarrow.compute.divide(items, size)
             kept = pyarrow.compute.is_valid(column).take(rows)
             values = _taken(values, pyarrow.compute.if_else(kept, items, None))
@@ -679,7 +679,7 @@ def _under_its_nulls(column: Any, mask: pyarrow.Array | None) -> list[pyarrow.Ar
     plain = [i for i, one in enumerate(fields) if not _unbitmapped(one.type)]
     if len(plain) == len(fields):
         return list(column.flatten())
-    rows = pyarrow.compute.if_else(mask, None, _every(len(column)))
+    rows = pyarrow.compute.if_else(mask, None, numbers_below(len(column)))
     for at in sorted(set(range(len(fields))) - set(plain)):
         child = children[at]
         runs = type_test("is_run_end_encoded")(child.type) and numpy is not None
@@ -735,7 +735,7 @@ def _sparse_bare(column: Any) -> pyarrow.Array:
     kind = column.type
     column = pyarrow.concat_arrays([column])  # its type codes from its first row
     codes = column.type_codes
-    rows = _every(len(column))
+    rows = numbers_below(len(column))
     children = []
     for index, code in enumerate(kind.type_codes):
         held = pyarrow.compute.equal(codes, pyarrow.scalar(code, codes.type))

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow
 import pyarrow.compute
 
-from somatize.data._canonical import pick_rows, type_test
+from somatize.data._canonical import numbers_below, pick_rows, type_test
 from somatize.data.errors import DataError
 
 __all__ = [
@@ -260,8 +260,7 @@ def _same_values(one: pyarrow.Array, other: pyarrow.Array) -> bool:
         same_indices = one.indices.equals(other.indices)
         return bool(same_indices) and _same_values(one.dictionary, other.dictionary)
     if type_test("is_run_end_encoded")(kind):
-        decode = pyarrow.compute.run_end_decode
-        return _same_values(decode(one), decode(other))
+        return _same_values(_decoded(one), _decoded(other))
     if pyarrow.types.is_union(kind):  # which has no nulls of its own: its children hold them
         return _same_union(one, other)
     if not pyarrow.compute.is_null(one).equals(pyarrow.compute.is_null(other)):
@@ -324,6 +323,19 @@ def _rows_of(column: pyarrow.Array, rows: pyarrow.Array) -> pyarrow.Array:
     if picked is not None:
         return picked
     return column.take(rows) if pyarrow.types.is_integer(rows.type) else column.filter(rows)
+
+
+def _decoded(runs: pyarrow.Array) -> pyarrow.Array:
+    """Run-end-encoded ``runs`` as the value of each row: decoded by Arrow or, of values it
+    decodes none of (a union, a dictionary), picked by the run each row is in (the numbers
+    of the runs, so encoded, decoded)."""
+    try:
+        return pyarrow.compute.run_end_decode(runs)
+    except pyarrow.ArrowNotImplementedError:
+        numbers = numbers_below(len(runs.values))
+        numbered = pyarrow.RunEndEncodedArray.from_arrays(runs.run_ends, numbers)
+        which = pyarrow.compute.run_end_decode(numbered.slice(runs.offset, len(runs)))
+        return _rows_of(runs.values, which)
 
 
 def _entries(column: pyarrow.Array) -> pyarrow.Array:
