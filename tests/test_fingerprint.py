@@ -4163,6 +4163,50 @@ def test_a_helper_class_given_another_value_or_method_is_seen_by_a_graph_built_b
     assert _three_forwards(graph, store, "h", 6) == ["ran", "recalled", "recalled"]
 
 
+@dataclasses.dataclass
+class _Defaulted:
+    """A config whose field has a default."""
+
+    k: int = 2
+
+
+_Pointed = collections.namedtuple("_Pointed", ["k"], defaults=(2,))
+
+
+class BuildsDefaulted(Node):
+    """Scales by a config it builds with its defaults."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * _Defaulted().k
+
+
+class BuildsPointed(Node):
+    """Scales by a named tuple it builds with its defaults."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return x * _Pointed().k
+
+
+@pytest.mark.parametrize(
+    ("kind", "made"),
+    [(BuildsDefaulted, _Defaulted.__init__), (BuildsPointed, _Pointed.__new__)],
+    ids=["dataclass", "namedtuple"],
+)
+def test_a_default_set_on_a_helper_s_made_constructor_is_seen(
+    kind: type[Node], made: Any, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The defaults of a constructor made for a helper class from a text of its own (a
+    dataclass's ``__init__``, a named tuple's ``__new__``), set by hand after a graph was
+    built (``Config.__init__.__defaults__ = (3,)``), are other code at that graph's next
+    forward and at a graph built after: strict=True computes with them."""
+    graph = Graph.somatize(kind().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    monkeypatch.setattr(made, "__defaults__", (3,))
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+    after = Graph.somatize(kind().named("h").frozen().cached())
+    assert _three_forwards(after, store, "h", 3) == ["recalled"] * 3
+
+
 _HOLDS_OBJECTS_READING_THEIR_MODULE = """
 from somatize import Node
 

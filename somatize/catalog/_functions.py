@@ -134,10 +134,7 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
         _put(digest, b"source", source)
     else:
         _put(digest, b"code", _code_bytes(function.__code__))
-    defaults = function.__defaults__ or ()
-    kwdefaults = sorted((function.__kwdefaults__ or {}).items())
-    _put(digest, b"defaults", *map(_default_bytes, defaults))
-    _put(digest, b"keywords", *(n.encode() + b"\0" + _default_bytes(v) for n, v in kwdefaults))
+    _put_defaults(digest, function)
     if function.__closure__:
         within |= {id(function)}
         cells = zip(function.__code__.co_freevars, function.__closure__, strict=False)
@@ -153,6 +150,23 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
     written = digest.digest()
     _FUNCTIONS[function] = (made_of, written)
     return written
+
+
+def _put_defaults(digest: Any, function: FunctionType) -> None:
+    """Puts into ``digest`` what ``function`` takes by default, positional and by keyword."""
+    kwdefaults = sorted((function.__kwdefaults__ or {}).items())
+    _put(digest, b"defaults", *map(_default_bytes, function.__defaults__ or ()))
+    _put(digest, b"keywords", *(n.encode() + b"\0" + _default_bytes(v) for n, v in kwdefaults))
+
+
+def _made_function_bytes(function: FunctionType) -> bytes:
+    """A function made for a class from a text of its own (a dataclass's ``__init__``, a
+    named tuple's ``__new__``), by what it takes by default alone: its code is the Python
+    version's as much as the class's, but a default set on it by hand
+    (``Config.__init__.__defaults__ = (3,)``) is what a call leaving it out is given."""
+    digest = hashlib.sha256(b"made\0")
+    _put_defaults(digest, function)
+    return digest.digest()
 
 
 def _made_of(function: FunctionType) -> tuple[Any, ...]:

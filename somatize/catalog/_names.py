@@ -45,6 +45,7 @@ from somatize.catalog._functions import (
     _default_table_bytes,
     _default_tables,
     _function_bytes,
+    _made_function_bytes,
     _made_of,
 )
 from somatize.catalog._held import (
@@ -423,7 +424,8 @@ def _class_functions(kind: type) -> list[FunctionType]:
 
 def _class_code(kind: type) -> bytes:
     """A helper class (:func:`_helper_class`) by its name and how it is written: each
-    function its classes, short of the library's, hold (:func:`_function_bytes`), each
+    function its classes, short of the library's, hold (:func:`_function_bytes`; one made
+    for them from a text of its own by its defaults, :func:`_made_function_bytes`), each
     plain value, and each dict, list or set of plain values as the class's text writes it
     — not what these name in turn."""
     pieces = [f"{kind.__module__}:{kind.__qualname__}".encode()]
@@ -433,8 +435,10 @@ def _class_code(kind: type) -> bytes:
         for name, member in sorted(vars(above).items(), key=lambda item: item[0]):
             for function in _functions_in(member):
                 if _dunder(name) and function.__code__.co_filename == "<string>":
-                    continue  # made for it from a text of its own (a dataclass's methods)
-                pieces.append(f"{above.__qualname__}.{name}".encode() + _function_bytes(function))
+                    said = _made_function_bytes(function)  # made for it (a dataclass's methods)
+                else:
+                    said = _function_bytes(function)
+                pieces.append(f"{above.__qualname__}.{name}".encode() + said)
             if not _dunder(name) and _plain(member):
                 pieces.append(f"{above.__qualname__}.{name}=".encode() + _constant_bytes(member))
             elif not _dunder(name) and _value_base(type(member)) and type(member) is not above:
