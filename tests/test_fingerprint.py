@@ -3537,6 +3537,49 @@ def test_a_container_of_the_standard_library_its_own_node_fills_is_state(
     assert _FillsWhatItHolds.runs == [2]
 
 
+class _SetsWhatItHolds(Node):
+    """Scales by the number ``k`` of an object its class holds, on which its forward notes
+    how many times it ran and what it was last handed, counting its runs."""
+
+    held: ClassVar[Any] = None
+    runs: ClassVar[list[int]] = [0]
+
+    def forward(self, x: int, ctx: Any) -> int:
+        _SetsWhatItHolds.runs[0] += 1
+        self.held.calls += 1
+        held = self.held
+        held.last = x
+        return x * self.held.k  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        pytest.param(lambda: types.SimpleNamespace(k=2, calls=0), id="namespace"),
+        pytest.param(lambda: _Scale(2), id="helper-object"),
+    ],
+)
+def test_an_object_whose_attributes_its_own_node_sets_is_state(
+    held: Callable[[], Any], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds whose attributes its own node's forward sets (``self.ns.calls
+    += 1``) is its state, as a container it fills is: the node runs once, and the forwards
+    after, of that graph and of one built after, recall what it kept. One set between
+    forwards is seen: strict=True computes with what it holds now."""
+    made = held()
+    made.calls = 0
+    monkeypatch.setattr(_SetsWhatItHolds, "held", made)
+    monkeypatch.setattr(_SetsWhatItHolds, "runs", [0])
+    graph = Graph.somatize(_SetsWhatItHolds().named("s").frozen().cached())
+    assert _three_forwards(graph, store, "s", 2) == ["ran", "recalled", "recalled"]
+    assert _SetsWhatItHolds.runs == [1]
+    after = Graph.somatize(_SetsWhatItHolds().named("s").frozen().cached())
+    assert _three_forwards(after, store, "s", 2) == ["recalled"] * 3
+    _SetsWhatItHolds.held.k = 3
+    assert _three_forwards(graph, store, "s", 3) == ["ran", "recalled", "recalled"]
+    assert _SetsWhatItHolds.runs == [2]
+
+
 def _first_of(acts: Any) -> Any:
     """A forward scaling by the first object ``acts`` holds."""
 

@@ -1,7 +1,8 @@
 """What a function's instructions do to the tables and classes it names, read from its bytecode.
 
 Which tables (:func:`~somatize.catalog._members._table`) a class's functions change in place
-as a node is made, or as it runs (:func:`_fillers`), which attributes they set on a class
+as a node is made, or as it runs, and which objects it holds they set attributes of
+(:func:`_fillers`), which attributes they set on a class
 as they run — its state, not its code (:func:`_state_of`) —, and which names they read
 and assign. Each is worked out once per code object.
 """
@@ -19,7 +20,7 @@ from types import (
 )
 from typing import Any
 
-from somatize.catalog._members import _fillable, _functions_in
+from somatize.catalog._members import _fillable, _functions_in, _settable
 
 _FILLERS = frozenset(
     {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove"}
@@ -35,7 +36,9 @@ def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
     too) the classes of ``lineage`` hold that a function of theirs run as a node is made
     changes in place (``self.built["n"] += 1``, ``type(self).names.add(name)`` in
     ``__init__`` or a method it calls), and of those the
-    others do (``forward``, a method its user calls, ``Kind.register("a", 3)``). The first
+    others do (``forward``, a method its user calls, ``Kind.register("a", 3)``), with the
+    objects they hold that the others set an attribute of (``self.ns.n += 1``:
+    :func:`_objects_set_by`). The first
     are their state, as a count a class moves on itself is, taken as the class's text
     writes it and not watched — changed as a node is made, it would make every graph built
     after drift. One only the others fill (a memo, ``self._memo[x] = y``; a registry of
@@ -45,7 +48,8 @@ def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
     its state."""
     kinds = list(lineage)
     tables = frozenset(n for k in kinds for n, m in list(vars(k).items()) if _fillable(n, m))
-    if not tables:
+    objects = frozenset(n for k in kinds for n, m in list(vars(k).items()) if _settable(n, m))
+    if not tables and not objects:
         return frozenset(), frozenset()
     functions = [
         (name, function)
@@ -61,6 +65,7 @@ def _fillers(lineage: Iterable[type]) -> tuple[frozenset[str], frozenset[str]]:
             filled |= _changes_of(function.__code__, tables, False)
         else:  # a forward's, handed to a function that may fill it, too
             others |= _changes_of(function.__code__, tables, name == "forward")
+            others |= _objects_set_by(function.__code__, objects)
     return frozenset(filled), frozenset(others)
 
 
@@ -332,10 +337,7 @@ def _sets_attributes(code: CodeType) -> bool:
 def _stores_in(
     code: CodeType, first: str | None, on_class: bool, nested: bool
 ) -> frozenset[tuple[str | None, str]]:
-    steps = [
-        (step.opname, step.argval if step.arg is not None else None, step.is_jump_target)
-        for step in dis.get_instructions(code)
-    ]
+    steps = _steps_of(code)
     loads = {"LOAD_DEREF"} if nested else {"LOAD_FAST", "LOAD_DEREF"}
 
     def is_first(at: int) -> bool:
@@ -365,19 +367,84 @@ def _stores_in(
     for at, (op, name, _) in enumerate(steps):
         if op not in ("STORE_ATTR", "DELETE_ATTR"):
             continue
-        end = at
-        if op == "STORE_ATTR" and at >= 1 and steps[at - 1][:2] in _SWAPS:
-            end = -1  # an augmented assignment: the target is what was copied to read it
-            for back in range(at - 2, 0, -1):
-                if steps[back][:2] == ("LOAD_ATTR", name) and steps[back - 1][:2] in _COPIES:
-                    end = back - 1
-                    break
+        end = _target_end(steps, at)
         owner = target(end) if end > 0 else False
         if owner is not False:
             found.add((owner if isinstance(owner, str) else None, str(name)))
     for constant in code.co_consts:
         if isinstance(constant, CodeType):
             found |= _stores_in(constant, first, on_class, nested=True)
+    return frozenset(found)
+
+
+def _steps_of(code: CodeType) -> list[tuple[str, Any, bool]]:
+    """The steps of ``code``, each by what it does, what it names and whether a jump lands
+    on it."""
+    return [
+        (step.opname, step.argval if step.arg is not None else None, step.is_jump_target)
+        for step in dis.get_instructions(code)
+    ]
+
+
+def _target_end(steps: list[tuple[str, Any, bool]], at: int) -> int:
+    """Where the steps leave the object whose attribute the step ``at`` (``STORE_ATTR``,
+    ``DELETE_ATTR``) sets on top of the stack: the step after the one that reads it, or
+    -1 where that is not told. In an augmented assignment (``+=``) it is what was copied
+    to read the attribute."""
+    op, name, _ = steps[at]
+    if op != "STORE_ATTR" or at < 1 or steps[at - 1][:2] not in _SWAPS:
+        return at
+    for back in range(at - 2, 0, -1):
+        if steps[back][:2] == ("LOAD_ATTR", name) and steps[back - 1][:2] in _COPIES:
+            return back - 1
+    return -1
+
+
+def _objects_set_by(code: CodeType, objects: frozenset[str]) -> frozenset[str]:
+    """Which of ``objects``, names of objects a class holds, ``code`` (and that nested in
+    it) reads as an attribute (``self.ns``, ``type(self).ns``), or into a local from there
+    (``ns = self.ns``), and sets or deletes an attribute of (``self.ns.n += 1``), worked
+    out once per code object (:data:`_OBJECTS_SET`)."""
+    if not objects or not _sets_attributes(code):
+        return frozenset()
+    found = _OBJECTS_SET.setdefault(code, {})
+    named = found.get(objects)
+    if named is None:
+        named = found[objects] = _objects_set_in(code, objects, {})
+    return named
+
+
+_OBJECTS_SET: weakref.WeakKeyDictionary[CodeType, dict[frozenset[str], frozenset[str]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""A function's code → which of some objects it sets an attribute of (:func:`_objects_set_by`)."""
+
+
+def _objects_set_in(
+    code: CodeType, objects: frozenset[str], aliases: dict[str, str]
+) -> frozenset[str]:
+    """:func:`_objects_set_by`, read from the steps, with ``aliases``: a local of the code
+    around it → the object it was read from."""
+    steps = _steps_of(code)
+    aliases = dict(aliases)
+    for (op, name, _), (stored, local, _) in itertools.pairwise(steps):
+        if op == "LOAD_ATTR" and name in objects and stored in _ALIAS_STORES:
+            aliases[str(local)] = name
+    found: set[str] = set()
+    for at, (op, _, _) in enumerate(steps):
+        if op not in ("STORE_ATTR", "DELETE_ATTR"):
+            continue
+        end = _target_end(steps, at)
+        if end < 1:
+            continue
+        read, name, _ = steps[end - 1]
+        if read == "LOAD_ATTR" and name in objects:
+            found.add(name)
+        elif read in _LOCAL_LOADS and name in aliases:
+            found.add(aliases[name])
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            found |= _objects_set_in(constant, objects, aliases)
     return frozenset(found)
 
 

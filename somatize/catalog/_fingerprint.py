@@ -58,6 +58,7 @@ from somatize.catalog._members import (
     _exactly_plain,
     _fillable,
     _functions_in,
+    _kept_in_place,
     _left_out,
     _plain,
     _put,
@@ -247,7 +248,7 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
         # that is (`type(self)._model = load()`): named below as its text assigns it
         # one its node's forward fills (a log, `recent = deque()`) is named as first seen,
         # below, not by what it holds now
-        fills = _fillable(name, member) and name in kept
+        fills = _kept_in_place(name, member) and name in kept
         ours = held or _dunder(name) or _plain(member) or name in state or fills
         opaque = None if ours else _opaque_bytes(member)
         library = _left_out(type(member)) and not callable(member) and type(member) not in _HOLDERS
@@ -388,8 +389,10 @@ def _body_of(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
             body.append((name, (functions, _bound_in(member))))
         elif _plain(member):
             body.append((name, "state" if name in state else (type(member), member)))
-        elif _table(name, member) or (
-            _fillable(name, member) and (name in kept or name in state)
+        elif (
+            _table(name, member)
+            or (_fillable(name, member) and name in state)
+            or (_kept_in_place(name, member) and name in kept)
         ):  # read again, as an object
             contained = None if name in state or name in kept else _contained_bytes(member)
             if name in kept and name not in state:  # as first seen, till changed elsewhere

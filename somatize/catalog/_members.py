@@ -19,6 +19,7 @@ from types import (
     FunctionType,
     GetSetDescriptorType,
     MemberDescriptorType,
+    ModuleType,
 )
 from typing import Any
 
@@ -94,6 +95,26 @@ def _fillable(name: str, member: Any) -> bool:
     its node's forward fills (a log, ``self.recent.append(x)``) is its state, as a list it
     fills is (:func:`~somatize.catalog._bytecode._fillers`), not a change to its code."""
     return _table(name, member) or (not _dunder(name) and type(member) in _FILLABLE)
+
+
+def _settable(name: str, member: Any) -> bool:
+    """Whether a class's ``name`` holds an object its code may set attributes of in place
+    (a ``SimpleNamespace``, an object of a helper class): no table, plain value, function,
+    class nor module, nor an object of torch's (a tensor, named by its values). One its
+    node's forward sets an attribute of (``self.ns.n += 1``) is its state, as a table it
+    fills is (:func:`~somatize.catalog._bytecode._fillers`)."""
+    if _dunder(name) or _plain(member) or type(member) in _CONTAINERS or _fillable(name, member):
+        return False
+    if isinstance(member, (type, ModuleType)) or _functions_in(member):
+        return False
+    return type(member).__module__.partition(".")[0] not in _LEFT_OUT
+
+
+def _kept_in_place(name: str, member: Any) -> bool:
+    """Whether a class's ``name`` holds what its node's forward may change in place as its
+    state: a table it fills (:func:`_fillable`), or an object it sets an attribute of
+    (:func:`_settable`)."""
+    return _fillable(name, member) or _settable(name, member)
 
 
 def _joined(label: bytes, parts: list[bytes]) -> bytes:

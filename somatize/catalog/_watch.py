@@ -49,6 +49,7 @@ from somatize.catalog._members import (
     _dunder,
     _fillable,
     _functions_in,
+    _kept_in_place,
     _left_out,
     _not_library,
     _plain,
@@ -201,7 +202,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     for kind in lineage:
         for name, member in list(vars(kind).items()):
             label = f"{kind.__qualname__}.{name}"
-            fills = _fillable(name, member) and name in kept  # filled by its node's forward
+            fills = _kept_in_place(name, member) and name in kept  # changed by its node's forward
             holds = [] if fills else _held_in(member)
             for held in holds:  # `k = Knob()`: what its class's code looks up in its module
                 held_kinds.update(dict.fromkeys(_not_library(type(held))))
