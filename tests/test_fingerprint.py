@@ -2887,6 +2887,45 @@ def test_a_value_set_on_a_node_s_metaclass_is_seen(
     assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
 
 
+class _HelperScaling(type):
+    """A metaclass whose classes scale by what it holds, or by what its method says."""
+
+    by = 2
+
+    def times(cls, x: int) -> int:
+        return x * 1
+
+
+class _ScalesByMeta(metaclass=_HelperScaling):
+    """A helper class whose metaclass holds what it scales by."""
+
+
+class NamesHelperByMeta(Node):
+    """Scales by what the metaclass of a helper class it names holds."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return _ScalesByMeta.times(x) * _ScalesByMeta.by  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "answer"),
+    [("by", 3, 3), ("times", lambda cls, x: x * 3, 6)],
+    ids=["value", "method"],
+)
+def test_a_value_set_on_a_helper_class_s_metaclass_is_seen(
+    name: str, value: Any, answer: int, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value or a method a helper class a node's code names finds on its metaclass
+    (``Helper.by``), set anew after a graph was built, is other code at that graph's next
+    forward and at a graph built after: strict=True computes with it."""
+    graph = Graph.somatize(NamesHelperByMeta().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
+    monkeypatch.setattr(_HelperScaling, name, value)
+    assert _three_forwards(graph, store, "h", answer) == ["ran", "recalled", "recalled"]
+    after = Graph.somatize(NamesHelperByMeta().named("h").frozen().cached())
+    assert _three_forwards(after, store, "h", answer) == ["recalled"] * 3
+
+
 def _applied(act: Any, x: int) -> int:
     return int(act(x))
 

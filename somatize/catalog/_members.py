@@ -42,6 +42,12 @@ def _not_library(kind: type) -> list[type]:
     return [above for above in kind.__mro__ if not _left_out(above)]
 
 
+def _read_through(kind: type) -> list[type]:
+    """The classes a class's own name finds what it reads on (``Helper.by``, ``Helper.run``):
+    ``kind``'s :func:`_ancestry`, its metaclass's classes too, short of the library's."""
+    return [above for above in dict.fromkeys(_ancestry(kind)) if not _left_out(above)]
+
+
 def _left_out(kind: type) -> bool:
     """Whether ``kind`` is the library's rather than the node's: Node, a class of the
     standard library (``object``), or one of a package of :data:`_LEFT_OUT`."""

@@ -66,8 +66,8 @@ from somatize.catalog._members import (
     _functions_in,
     _joined,
     _left_out,
-    _not_library,
     _plain,
+    _read_through,
     _Same,
     _same_package,
     _somatize_own,
@@ -410,12 +410,12 @@ def _helper_object(value: Any, module: str) -> bool:
 
 
 def _class_functions(kind: type) -> list[FunctionType]:
-    """Each function a helper class (:func:`_helper_class`) and the classes it inherits
-    from, short of the library's, hold — not those made for it from a text of its own (a
-    dataclass's methods)."""
+    """Each function a helper class (:func:`_helper_class`), the classes it inherits from
+    and its metaclass, short of the library's, hold (:func:`_read_through`) — not those
+    made for it from a text of its own (a dataclass's methods)."""
     return [
         function
-        for above in _not_library(kind)
+        for above in _read_through(kind)
         for name, member in list(vars(above).items())
         for function in _functions_in(member)
         if not (_dunder(name) and function.__code__.co_filename == "<string>")
@@ -424,14 +424,12 @@ def _class_functions(kind: type) -> list[FunctionType]:
 
 def _class_code(kind: type) -> bytes:
     """A helper class (:func:`_helper_class`) by its name and how it is written: each
-    function its classes, short of the library's, hold (:func:`_function_bytes`; one made
-    for them from a text of its own by its defaults, :func:`_made_function_bytes`), each
-    plain value, and each dict, list or set of plain values as the class's text writes it
-    — not what these name in turn."""
+    function its classes and its metaclass's, short of the library's, hold
+    (:func:`_function_bytes`; one made for them from a text of its own by its defaults,
+    :func:`_made_function_bytes`), each plain value, and each dict, list or set of plain
+    values as the class's text writes it — not what these name in turn."""
     pieces = [f"{kind.__module__}:{kind.__qualname__}".encode()]
-    for above in kind.__mro__:
-        if _left_out(above):
-            continue
+    for above in _read_through(kind):  # `Helper.by` finds a value on its metaclass too
         for name, member in sorted(vars(above).items(), key=lambda item: item[0]):
             for function in _functions_in(member):
                 if _dunder(name) and function.__code__.co_filename == "<string>":
@@ -477,12 +475,13 @@ def _helper_class_bytes(kind: type) -> bytes:
 
 def _class_objects(kind: type) -> list[tuple[type, str, Any]]:
     """Each table (a dict, list or set; a ``deque`` too) and each object its code may read
-    (:func:`_opaque_bytes`: ``cfg = Config(2)``) that ``kind`` and the classes it inherits
-    from, short of the library's, hold, with the class holding it and its name there — not
-    a table their own code fills (a cache: their state, as the class's text writes it), nor
-    a function, a class or a plain value, which :func:`_class_code` names, nor what is held
-    under a name of Python's or the library's (``__dict__``, an enum's ``_member_map_``)."""
-    kinds = _not_library(kind)
+    (:func:`_opaque_bytes`: ``cfg = Config(2)``) that ``kind``, the classes it inherits
+    from and its metaclass, short of the library's, hold, with the class holding it and its
+    name there — not a table their own code fills (a cache: their state, as the class's
+    text writes it), nor a function, a class or a plain value, which :func:`_class_code`
+    names, nor what is held under a name of Python's or the library's (``__dict__``, an
+    enum's ``_member_map_``)."""
+    kinds = _read_through(kind)
     filled = frozenset().union(*_fillers(kinds))
     found = []
     for above in kinds:

@@ -53,6 +53,7 @@ from somatize.catalog._members import (
     _left_out,
     _not_library,
     _plain,
+    _read_through,
     _Slots,
     _table,
 )
@@ -517,10 +518,11 @@ def _bodies(helper: type) -> list[Any]:
     (:class:`_ClassSeen`: ``Config.by``, ``Helper.scale(x)``) or a class a node's class holds
     (``make = Double``), so that a value or a method set on it since (``Config.by = 3``) is
     seen by a graph built before, whose fingerprints are worked out again: the namespace of
-    it and of each class it inherits from, short of the library's, compared in C with a
+    it, of each class it inherits from and of its metaclass, short of the library's
+    (:func:`_read_through`: ``Helper.by`` set on the metaclass too), compared in C with a
     copy — or, where their own code sets a name on one of them as it runs (a count: their
     state, not a change), a :class:`_Bodies` of them, which leaves it out."""
-    kinds = _not_library(helper)
+    kinds = _read_through(helper)
     state = _state_of(kinds, (member for kind in kinds for member in list(vars(kind).values())))
     return [_Bodies(kinds, state)] if state else [vars(kind) for kind in kinds]
 
