@@ -4317,22 +4317,39 @@ class UsesScale(Node):
 
     def forward(self, x, ctx):
         return self.act(x)
+
+
+class UsesScaleInDict(Node):
+    acts = {"scale": Scale()}
+
+    def forward(self, x, ctx):
+        return self.acts["scale"](x)
+
+
+class UsesScaleInList(Node):
+    acts = [(Scale(),)]
+
+    def forward(self, x, ctx):
+        return self.acts[0][0](x)
 """
 
 
-@pytest.mark.parametrize("kind", ["UsesKnob", "UsesScale"])
+@pytest.mark.parametrize("kind", ["UsesKnob", "UsesScale", "UsesScaleInDict", "UsesScaleInList"])
 def test_a_constant_the_class_of_an_object_a_class_holds_reads_rebound_is_seen(
     kind: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A constant of its module that the class of an object a node's class holds reads (a
-    descriptor's ``__get__``, a callable's ``__call__``: ``FACTOR``), rebound after a graph
-    was built (a notebook's cell run again), is other code at that graph's next forward:
-    strict=True computes with it, never recalling what it computed before."""
+    descriptor's ``__get__``, a callable's ``__call__``: ``FACTOR``), itself or in a dict,
+    list or tuple, rebound after a graph was built (a notebook's cell run again), is other
+    code at that graph's next forward and at a graph built after: strict=True computes with
+    it, never recalling what it computed before."""
     loaded = _load(tmp_path / "fingerprinted.py", _HOLDS_OBJECTS_READING_THEIR_MODULE, monkeypatch)
     graph = Graph.somatize(getattr(loaded, kind)().named("h").frozen().cached())
     assert _three_forwards(graph, store, "h", 2) == ["ran", "recalled", "recalled"]
     monkeypatch.setattr(loaded, "FACTOR", 3)
     assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+    after = Graph.somatize(getattr(loaded, kind)().named("h").frozen().cached())
+    assert _three_forwards(after, store, "h", 3) == ["recalled"] * 3
 
 
 _HELPER_CLASS_HOLDING_TABLES = """

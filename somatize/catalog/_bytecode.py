@@ -117,6 +117,16 @@ _READ_ON = frozenset(
 """What a table read as an attribute is used by, read where it is (:func:`_tables_handed_by`)."""
 
 
+def _item_read(instructions: list[dis.Instruction], at: int) -> bool:
+    """Whether the steps from ``at`` read an item of what was read before them, by a key of
+    one step (``self.acts["scale"]``, ``self.memo[x]``)."""
+    ahead = instructions[at : at + 2]
+    if len(ahead) < 2 or ahead[0].opname not in _KEY_LOADS:
+        return False
+    read = ahead[1]  # a subscript is a binary operation of its own from Python 3.14
+    return read.opname == "BINARY_SUBSCR" or (read.opname == "BINARY_OP" and read.argrepr == "[]")
+
+
 _STATEMENT_ENDS = frozenset(
     {"POP_TOP", "RETURN_VALUE", "RETURN_CONST", "STORE_FAST", "STORE_DEREF", "STORE_NAME"}
     | {"STORE_GLOBAL", "STORE_ATTR", "STORE_SUBSCR", "RAISE_VARARGS", "YIELD_VALUE"}
@@ -127,7 +137,8 @@ _STATEMENT_ENDS = frozenset(
 def _tables_handed_by(code: CodeType, tables: set[str]) -> set[str]:
     """Which of ``tables`` the code ``code`` (and that nested in it) reads as an attribute
     and hands on to a call in the same statement (``_remember(self._memo, x, y)``, its
-    arguments written over lines too): to a function that may fill it."""
+    arguments written over lines too): to a function that may fill it — not one it reads
+    an item of there (``self.acts["scale"](x)``), which it hands nothing."""
     found: set[str] = set()
     instructions = list(dis.get_instructions(code))
     for at, instruction in enumerate(instructions):
@@ -135,7 +146,7 @@ def _tables_handed_by(code: CodeType, tables: set[str]) -> set[str]:
             continue
         if instruction.argval not in tables or at + 1 == len(instructions):
             continue
-        if instructions[at + 1].opname in _READ_ON:
+        if instructions[at + 1].opname in _READ_ON or _item_read(instructions, at + 1):
             continue
         for later in instructions[at + 1 :]:  # the call it is an argument of, over lines too
             if later.opname in _CALLS:

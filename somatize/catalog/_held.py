@@ -567,7 +567,10 @@ def _walking() -> set[int]:
 
 
 def _contained_bytes(
-    member: Any, read: list[Any] | None = None, marked: list[Any] | None = None
+    member: Any,
+    read: list[Any] | None = None,
+    marked: list[Any] | None = None,
+    objects: list[Any] | None = None,
 ) -> bytes | None:
     """A dict, list, tuple or set a class holds that holds an object, nested or not
     (``acts = {"a": Scale(2)}``, ``layers = [Scale(2)]``), named by what it holds as
@@ -579,8 +582,9 @@ def _contained_bytes(
     any other member, for one holding only plain values (a table, a cache its code fills),
     and for one deeper or larger than the walk's bound. ``read`` is given each dict, list
     and set read of the objects in it named by what they hold, ``marked`` each object in
-    it marked by which object it is, for a graph's watch (which reads the container itself
-    as it reads a marked object, :class:`_Marked`)."""
+    it marked by which object it is, and ``objects`` each object in it, for a graph's
+    watch (which reads the container itself as it reads a marked object,
+    :class:`_Marked`)."""
     if type(member) not in _CONTAINERS or _plain(member):
         return None
     found: dict[int, Any] = {}  # each object in it, by id
@@ -616,6 +620,8 @@ def _contained_bytes(
         read += seen
     if marked is not None:
         marked += marks
+    if objects is not None:
+        objects += found.values()
     return b"holds " + hashlib.sha256(said).digest()
 
 

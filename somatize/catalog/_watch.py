@@ -205,8 +205,6 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             label = f"{kind.__qualname__}.{name}"
             fills = _kept_in_place(name, member) and name in kept  # changed by its node's forward
             holds = [] if fills else _held_in(member)
-            for held in holds:  # `k = Knob()`: what its class's code looks up in its module
-                held_kinds.update(dict.fromkeys(_not_library(type(held))))
             if _counted(member):
                 # a tensor, named by its values: changed in place between forwards, seen at
                 # the next; by its node's own forward (a running mean), its state
@@ -225,7 +223,10 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 holds = [member]
             for function in _functions_in(member):  # `def forward(self, x, ctx, memo={})`
                 holds += _default_tables(name, function)
-            _watch_objects(holds, label, kind, lives, labels, marks)
+            # `k = Knob()`, `acts = {"a": Scale()}`: what their classes' code looks up in
+            # their module
+            for held in _watch_objects(holds, label, kind, lives, labels, marks):
+                held_kinds.update(dict.fromkeys(_not_library(type(held))))
             for function in _functions_in(member):
                 keywords = function.__kwdefaults__
                 made.append((label, function, function.__code__, function.__defaults__, keywords))
@@ -306,17 +307,19 @@ def _watch_objects(
     lives: list[Any],
     labels: list[str],
     marks: list[Mark],
-) -> None:
+) -> list[Any]:
     """Adds to a watch's ``lives`` (and ``labels``, ``marks``) what is read of each object of
     ``holds``, held by ``kind`` or by a helper its code names, where ``label`` says: a
     container holding objects as a marked object is watched, each object in it as one held
     itself, so that what its node's forward changes in it (an object added to a log) is its
     state; one named by what it holds by each dict, list and set read of it; any other,
-    marked by which object it is, by what is noted of it (:class:`_Marked`)."""
+    marked by which object it is, by what is noted of it (:class:`_Marked`). Returns the
+    objects watched, those in such a container too."""
     read: list[Any] = []
     unnamed: list[Any] = []
+    watched = list(holds)
     for held in holds:
-        if _contained_bytes(held, read, unnamed) is not None:
+        if _contained_bytes(held, read, unnamed, watched) is not None:
             noted = _Marked(held, label)
             marks.append(Mark(len(lives), held, noted, False, kind))
             lives += [noted.version, noted.lives]
@@ -330,6 +333,7 @@ def _watch_objects(
         marks.append(Mark(len(lives), held, noted, anew, kind))
         lives += [noted.version, noted.lives]
         labels += [label, label]
+    return watched
 
 
 def _watch_class(
