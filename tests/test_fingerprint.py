@@ -5024,6 +5024,22 @@ def test_an_enum_member_is_named_by_its_class_s_code_and_name_alike_in_every_pro
         assert same != member, kind
 
 
+@pytest.mark.parametrize("kind", ["ReadsModule", "ReadsHelper", "HoldsMode", "ReadsClass"])
+def test_an_enum_member_s_value_set_in_place_is_seen_by_a_graph_built_before(
+    kind: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The value of a member of an enum a node's code reads, set in place after a graph was
+    built (``Mode.FAST._value_ = 3``), is other code at that graph's next forward and at a
+    graph built after: strict=True computes with it."""
+    loaded = _load(tmp_path / "fingerprinted.py", _HOLDS_AN_ENUM, monkeypatch)
+    graph = Graph.somatize(getattr(loaded, kind)().named("h").frozen().cached())
+    assert _three_forwards(graph, store, "h", 1) == ["ran", "recalled", "recalled"]
+    monkeypatch.setattr(loaded.Mode.FAST, "_value_", 3)
+    assert _three_forwards(graph, store, "h", 3) == ["ran", "recalled", "recalled"]
+    after = Graph.somatize(getattr(loaded, kind)().named("h").frozen().cached())
+    assert _three_forwards(after, store, "h", 3) == ["recalled"] * 3
+
+
 _READS_A_TABLE_OF_FUNCTIONS = """
 from somatize import Node
 

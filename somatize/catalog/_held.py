@@ -678,6 +678,7 @@ class _Walk:
             if values is not None:
                 return values
         if isinstance(value, enum.Enum):  # by its enum's code and its name
+            self.see(object.__getattribute__(value, "__dict__"))  # `Mode.A._value_ = 3`
             return _member_bytes(value, self.name(value._value_, depth + 1))
         self.placed[id(value)] = len(self.placed)
         self.walking.add(id(value))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import array
 import collections
 import contextlib
+import enum
 import itertools
 import numbers
 import operator
@@ -368,10 +369,11 @@ def _watch_class(
 def _copied(live: Any) -> Any:
     """A copy of a dict, list, set, deque or array, or of a mappingproxy (a class's
     namespace) as a dict;
-    of an object's slots (:class:`_Slots`) or of names of modules (:class:`_Looked`), a list
-    of what they hold. Each number a dict, a list, slots or cells hold is copied as an
-    :class:`_Exact`, equal only to that number of that type."""
-    if isinstance(live, (_Looked, _Versions)):
+    of an object's slots (:class:`_Slots`), of names of modules (:class:`_Looked`) or of an
+    enum's members (:class:`_MemberValues`), a list of what they hold. Each number a dict, a
+    list, slots or cells hold is copied as an :class:`_Exact`, equal only to that number of
+    that type."""
+    if isinstance(live, (_Looked, _Versions, _MemberValues)):
         return live.values()
     if isinstance(live, (_Slots, _Cells)):
         return list(map(_exact, live.values()))
@@ -525,10 +527,46 @@ def _bodies(helper: type) -> list[Any]:
     it, of each class it inherits from and of its metaclass, short of the library's
     (:func:`_read_through`: ``Helper.by`` set on the metaclass too), compared in C with a
     copy — or, where their own code sets a name on one of them as it runs (a count: their
-    state, not a change), a :class:`_Bodies` of them, which leaves it out."""
+    state, not a change), a :class:`_Bodies` of them, which leaves it out; and the value
+    of each member of an enum among them (:class:`_MemberValues`: ``Mode.A._value_ = 3``)."""
     kinds = _read_through(helper)
     state = _state_of(kinds, (member for kind in kinds for member in list(vars(kind).values())))
-    return [_Bodies(kinds, state)] if state else [vars(kind) for kind in kinds]
+    spaces = [_Bodies(kinds, state)] if state else [vars(kind) for kind in kinds]
+    members = {
+        id(member): member
+        for kind in kinds
+        for member in list(vars(kind).values())
+        if isinstance(member, enum.Enum) and type(member) is kind
+    }
+    return [*spaces, _MemberValues(list(members.values()))] if members else spaces
+
+
+_VALUE = operator.attrgetter("_value_")
+
+
+class _MemberValues:
+    """The values of members of an enum (:func:`_bodies`), read as they are now: equal to a
+    list of what they held, each the same object — so that one set in place
+    (``Mode.A._value_ = 3``) is seen in one comparison made in C, however many members the
+    enum has."""
+
+    __slots__ = ("members",)
+
+    def __init__(self, members: list[enum.Enum]) -> None:
+        self.members = members
+
+    def values(self) -> list[Any]:
+        """The value of each member now."""
+        return list(map(_VALUE, self.members))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is list
+            and len(other) == len(self.members)
+            and all(map(operator.is_, map(_VALUE, self.members), other))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class _Bodies:
