@@ -425,9 +425,23 @@ class CacheFrozen(Callback):
         if not self._looked:
             self._look(pl_module)
 
+    def _training_again(self) -> None:
+        """Rows keyed as the training data's again, once an evaluation inside the fit (the
+        sanity check, a validation in or after an epoch) is over. Not at the evaluation's
+        epoch-end hook: Lightning runs the LightningModule's own after this callback's, and
+        one that calls the encoder there (features of the validation set for a k-NN
+        monitor) is still handed validation samples; so is its ``on_validation_end``. This
+        callback's next training hook runs before the LightningModule's."""
+        if self._stage[0] != "train":
+            self._key_as("train")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._training_again()
+
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._training_again()
         self._first_batch(pl_module)
 
     def on_validation_batch_start(
@@ -484,10 +498,9 @@ class CacheFrozen(Callback):
         self._begin("validate")
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # The callback's own version again: the training epoch goes on, or the stage is
-        # over and what comes next (a fit's prefill, the module used directly) is keyed as
-        # the training data, not as this stage's.
-        self._key_as("train")
+        # Rows stay keyed as this stage's until the training epoch goes on
+        # (:meth:`_training_again`) or the stage is over (:meth:`teardown`): the
+        # LightningModule's own epoch-end hook runs next, on validation samples.
         if "train" in self._started and not trainer.sanity_checking:
             # Validation inside a training epoch: its end hooks may put the training weights
             # back through `.data` (as weight-averaging callbacks do), which no watch sees;
@@ -507,6 +520,7 @@ class CacheFrozen(Callback):
         log_epoch(pl_module, trainer, "validate", self._last("validate"))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._training_again()  # after a validation at the epoch's end
         self._flush(trainer)
         self._end(trainer, "train", self._train_parts)
         self._train_parts = {}
@@ -526,7 +540,7 @@ class CacheFrozen(Callback):
         self._begin("test")
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._key_as("train")  # the callback's own version again, as after validation
+        # Keyed as the test's until teardown, as validation's are.
         self._flush(trainer)
         self._end(trainer, "test", {})
         log_epoch(pl_module, trainer, "test", self._last("test"))
@@ -536,7 +550,6 @@ class CacheFrozen(Callback):
         self._begin("predict")
 
     def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._key_as("train")  # the callback's own version again, as after validation
         self._flush(trainer)
         self._end(trainer, "predict", {})  # Lightning logs nothing while predicting
 
@@ -564,7 +577,7 @@ class CacheFrozen(Callback):
         """Flushes, and puts back each module as :meth:`setup` found it (mode and
         ``requires_grad`` included): the model the trainer hands back is the plain model.
         The caches are kept, memory tiers and all, for the next stage of the same model."""
-        self._key_as("train")  # a stage stopped before its end hook keyed its own version
+        self._key_as("train")  # the stage's own version ends with it
         put_back_all(self, failed=False)
 
     def on_exception(
