@@ -486,6 +486,17 @@ class CacheFrozen(Callback):
         if self.progress_bar:
             show_hit_rate(trainer, pl_module, batch_idx, self._cached, self._train_parts)
 
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Keyed as this stage's from its first hook: the LightningModule's own runs next,
+        # before any epoch starts (a k-NN monitor taking the features of its bank there).
+        self._key_as("validate")
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._key_as("test")
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._key_as("predict")
+
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         training = "train" in self._started and not trainer.sanity_checking
         if training:  # validation inside a training epoch: keep what training counted

@@ -386,8 +386,8 @@ def test_index_keys_of_the_callbacks_version_are_kept_apart_per_stage(tmp_path: 
     assert results[0] == results[1]
 
 
-class IndexedAtEnds(Indexed):
-    """Calls its encoder by index in its own stage-end hooks too, as a k-NN monitor takes
+class IndexedInHooks(Indexed):
+    """Calls its encoder by index in its own stage hooks too, as a k-NN monitor takes
     the features of a whole evaluation set, keeping each hook's features."""
 
     def __init__(self, evaluated: torch.Tensor, trained: torch.Tensor) -> None:
@@ -404,11 +404,17 @@ class IndexedAtEnds(Indexed):
         x, y, index = batch
         self.log("test_loss", nn.functional.cross_entropy(self.head(self._features(x, index)), y))
 
+    def on_validation_start(self) -> None:
+        self._all("validation_start", self.evaluated)
+
     def on_validation_epoch_end(self) -> None:
         self._all("validation_epoch_end", self.evaluated)
 
     def on_validation_end(self) -> None:
         self._all("validation_end", self.evaluated)
+
+    def on_test_start(self) -> None:
+        self._all("test_start", self.evaluated)
 
     def on_test_epoch_end(self) -> None:
         self._all("test_epoch_end", self.evaluated)
@@ -417,15 +423,15 @@ class IndexedAtEnds(Indexed):
         self._all("train_epoch_end", self.trained)
 
 
-def test_a_modules_own_stage_end_hooks_are_handed_that_stages_samples(tmp_path: Path) -> None:
-    """Keyed by index under the callback's version, the LightningModule's own
-    ``on_validation_epoch_end`` and ``on_test_epoch_end`` (which Lightning runs after the
-    callback's) get the evaluation samples' features, not the training samples' of the same
-    index, and keep none of theirs as training rows: every hook, and the trained head, are
-    as without the callback."""
+def test_a_modules_own_evaluation_hooks_are_handed_that_stages_samples(tmp_path: Path) -> None:
+    """Keyed by index under the callback's version, the LightningModule's own hooks that
+    start and end an evaluation (which Lightning runs after the callback's, before its epoch
+    starts and after it ends) get the evaluation samples' features, not the training
+    samples' of the same index, and keep none of theirs as training rows: every hook, and
+    the trained head, are as without the callback."""
     runs = []
     for callbacks in ([CacheFrozen(None, ["encoder"], key="index", version="toy@1")], []):
-        model = IndexedAtEnds(data(2)[0], data(1)[0])
+        model = IndexedInHooks(data(2)[0], data(1)[0])
         check = trainer(tmp_path, 2, callbacks=callbacks, num_sanity_val_steps=1)
         check.validate(model, _indexed(2), verbose=False)
         check.fit(model, _indexed(1), _indexed(2))
