@@ -341,6 +341,9 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     # Tensors put in since (`load_state_dict(..., assign=True)`) keep a version counter,
     # or no later change to them could be seen.
     refuse_inference_tensors(type(self.module).__name__, self.module)
+    from somatize_torch.rows import _refuse_caches_inside  # rows imports this module
+
+    _refuse_caches_inside(self.module)  # a part put in since, cached per row
     hold(self.module)  # a submodule put in since is held in eval too
     # Watched from before the digest: a change while it reads the weights is seen next.
     watch = StateWatch(self.module)

@@ -627,6 +627,23 @@ def _cached_again(
     return cached
 
 
+def _refuse_caches_inside(module: nn.Module) -> None:
+    """Refuses ``module`` holding a part cached per row: the part's cache, with its counts
+    and memory, is part of what the module is, so a cache of the whole would key its rows
+    by what moves at every call, and never recall them."""
+    inner = next(
+        (name for name, part in module.named_modules() if isinstance(part, CachedRows)), None
+    )
+    if inner is not None:
+        raise RowsError(
+            f"`{inner}` inside this `{type(module).__qualname__}` is cached per row already: "
+            "a cache of the whole would key its rows by that cache too, whose counts and "
+            "memory change at every call, so it would never recall them. Cache one of the "
+            "two: the part alone, or the whole with the part itself (its cache's `.module`) "
+            "put back in place of its cache"
+        )
+
+
 def cache_rows(
     module: nn.Module,
     store: Store | str | os.PathLike[str] | None = None,
@@ -653,6 +670,7 @@ def cache_rows(
         raise TypeError(f"cache_rows takes an nn.Module, got a `{type(module).__name__}`")
     if isinstance(module, CachedRows):
         raise RowsError("this module is already cached per row; cache the module inside once")
+    _refuse_caches_inside(module)
     container = any(hasattr(type(module), method) for method in _CONTAINER)
     kind = CachedContainer if container else CachedRows
     return kind(

@@ -1910,6 +1910,23 @@ def test_inference_tensors_put_in_a_cached_module_are_refused(store: Store) -> N
             cached(x)
 
 
+def test_a_module_holding_a_part_cached_per_row_is_refused(store: Store) -> None:
+    """A part cached per row inside the module — before it is cached, or put in after — is
+    refused where the module would be keyed: that cache, its counts with it, is part of the
+    module, which would be keyed anew at every call (or refused as code changed since)."""
+    trunk = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    said = r"`0` inside this `Sequential` is cached per row already: a cache of the whole"
+    with pytest.raises(RowsError, match=said):
+        cache_rows(nn.Sequential(cache_rows(trunk, store), nn.Linear(4, 2)), store)
+    cached = cache_rows(nn.Sequential(trunk, nn.Linear(4, 2)), store)
+    x = torch.randn(3, 4)
+    cached(x)
+    cached[0] = cache_rows(trunk, store)
+    for _ in range(2):  # nothing was taken in: refused again
+        with pytest.raises(RowsError, match=said):
+            cached(x)
+
+
 def test_a_cache_remembers_store_keys_up_to_one_count_over_all_its_row_shapes(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
