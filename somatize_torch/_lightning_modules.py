@@ -61,6 +61,7 @@ from somatize_torch._lightning_errors import (
     NotASubmodule,
     Uncached,
 )
+from somatize_torch._lightning_options import cached_twice
 from somatize_torch._row_keys import _floating_dtypes, _run_in
 from somatize_torch.ahead import Ahead
 from somatize_torch.deferred import DeferredRows
@@ -81,6 +82,7 @@ __all__ = [
     "freeze_first",
     "let_go",
     "locate",
+    "nested",
     "own_cache_put_back",
     "pass_through",
     "places_of",
@@ -157,6 +159,45 @@ def cached_elsewhere(name: str) -> CacheFrozenError:
         f"module itself back in place of its cache before fitting (`model.{name} = "
         f"model.{name}.module`)"
     )
+
+
+def nested(
+    pl_module: pl.LightningModule, todo: list[tuple[str, nn.Module]]
+) -> CacheFrozenError | None:
+    """The refusal of the modules ``todo`` (each with its name) where one sits inside
+    another: inside one of the others, under a name that does not say so (`encoder` held
+    as `backbone.0` too), or inside or around a module cached per row already (by
+    ``cache_rows`` in the LightningModule, or by another CacheFrozen); None where none
+    does. A cache around another would key its rows by the inner one, whose counts and
+    memory change at every call, and never recall them."""
+    for name, found in todo:
+        for other, outer in todo:
+            if outer is not found:
+                path = next((n for n, part in outer.named_modules() if part is found), None)
+                if path is not None:
+                    return cached_twice(name, other, path)
+        around = next(
+            (
+                path
+                for path, part in pl_module.named_modules()
+                if isinstance(part, CachedRows) and any(p is found for p in part.modules())
+            ),
+            None,
+        )
+        inside = next(
+            (path for path, part in found.named_modules() if isinstance(part, CachedRows)), None
+        )
+        if around is not None or inside is not None:
+            where = f"is inside `{around}`" if around is not None else f"holds `{name}.{inside}`"
+            return CacheFrozenError(
+                f"`{name}` {where}, cached per row already (a `CachedRows` made by "
+                "`cache_rows` in the LightningModule, or by another CacheFrozen callback): "
+                "one cache around another would key its rows by the inner one, whose counts "
+                "and memory change at every call, and never recall them. Cache one of the "
+                "two only: name it to one callback, or put the module itself back in place "
+                "of its cache before fitting"
+            )
+    return None
 
 
 def fixed_by_wrap(

@@ -31,7 +31,14 @@ from somatize import Store, StoreError
 from somatize_torch._lightning_errors import CacheFrozenError, NotASubmodule
 from somatize_torch.deferred import Deferred
 
-__all__ = ["check_flags", "module_names", "one_training_set", "prefill_module", "writable_store"]
+__all__ = [
+    "cached_twice",
+    "check_flags",
+    "module_names",
+    "one_training_set",
+    "prefill_module",
+    "writable_store",
+]
 
 
 def module_names(modules: Sequence[str] | str) -> list[str]:
@@ -46,14 +53,20 @@ def module_names(modules: Sequence[str] | str) -> list[str]:
     for a in names:
         for b in names:
             if a != b and b.startswith(a + "."):
-                raise CacheFrozenError(
-                    f"`{b}` is inside `{a}`: caching `{a}` already answers everything "
-                    f"`{b}` computes within it, and a module cannot be cached twice. "
-                    "Name one of them"
-                )
+                raise cached_twice(b, a)
     if len(set(names)) != len(names):
         raise CacheFrozenError(f"modules= names a submodule twice: {names!r}")
     return names
+
+
+def cached_twice(inner: str, outer: str, path: str | None = None) -> CacheFrozenError:
+    """The refusal of names where submodule ``inner`` is inside submodule ``outer`` (as
+    ``path`` within it, where its own name does not say so)."""
+    also = f" (it is `{outer}.{path}` too)" if path is not None else ""
+    return CacheFrozenError(
+        f"`{inner}` is inside `{outer}`{also}: caching `{outer}` already answers everything "
+        f"`{inner}` computes within it, and a module cannot be cached twice. Name one of them"
+    )
 
 
 def check_flags(progress_bar: object, ahead: object) -> None:

@@ -129,6 +129,7 @@ from somatize_torch._lightning_modules import (
     fixed_by_wrap,
     freeze_first,
     locate,
+    nested,
     own_cache_put_back,
     pass_through,
     put_back_all,
@@ -324,6 +325,9 @@ class CacheFrozen(Callback):
                 self._aliases[name] = named  # one module under two names: one cache
                 continue
             todo.append((name, parent, attribute, found))
+        refused = nested(pl_module, [(name, found) for name, _, _, found in todo])
+        if refused is not None:
+            raise refused
         left = check_trainable(trainer, pl_module, stage, todo)  # warns at what called this hook
         if stage == "fit":  # nothing trains in validate, test or predict
             caching = [name for name, _, _, _ in todo if name not in left] + list(self._found)

@@ -1077,6 +1077,42 @@ def test_unknown_submodule_is_refused(tmp_path: Path) -> None:
         trainer(tmp_path, 1, callbacks=[callback]).fit(Probe(), loader())
 
 
+class Stacked(Probe):
+    """Holds its encoder a second time inside a larger backbone, which it runs too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(self.encoder, nn.Linear(8, 8)).requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            features = self.encoder(x) + self.backbone(x)
+        return self.head(features)
+
+
+@pytest.mark.parametrize(
+    ("names", "said"),
+    [
+        ([["encoder", "backbone"]], r"`encoder` is inside `backbone` \(it is `backbone.0` too\)"),
+        ([["backbone", "encoder"]], r"`encoder` is inside `backbone` \(it is `backbone.0` too\)"),
+        ([["encoder"], ["backbone"]], r"`backbone` holds `backbone.0`, cached per row already"),
+        ([["backbone"], ["encoder"]], r"`encoder` is inside `backbone`, cached per row already"),
+    ],
+)
+def test_a_module_inside_another_cached_is_refused_under_any_name(
+    tmp_path: Path, names: list[list[str]], said: str
+) -> None:
+    """A named module held inside another one cached — named to the same callback under a
+    name that does not say so, or cached by another callback, inside or around it — is
+    refused, as one named inside another is: the outer cache would key its rows by the inner
+    one, whose counts change at every call. The model is handed back plain."""
+    model = Stacked()
+    callbacks = [CacheFrozen(None, each) for each in names]
+    with pytest.raises(CacheFrozenError, match=said):
+        trainer(tmp_path, 1, callbacks=callbacks).fit(model, loader())
+    assert type(model.encoder) is Encoder and model.backbone[0] is model.encoder
+
+
 class MadeLate(Probe):
     """Makes its encoder in ``configure_model``, after the callbacks' ``setup``."""
 
