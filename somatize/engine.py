@@ -421,7 +421,10 @@ def run(
         # on this graph (re-entering it), or another thread's, may end before this one.
         graph.record = state.record
 
-    value = values[wanted[0]] if len(wanted) == 1 else tuple(values[name] for name in wanted)
+    # A name alone, or a graph's one output, is its value; names in a list or tuple are a
+    # tuple as long, one name too, so a caller pairing names with values pairs them right.
+    alone = isinstance(outputs, str) or (outputs is None and len(wanted) == 1)
+    value = values[wanted[0]] if alone else tuple(values[name] for name in wanted)
     state.watcher_said(value)
     return value
 

@@ -489,8 +489,9 @@ class Graph:
         then raises :class:`~somatize.WatcherFailed`. ``broker`` runs placed nodes on
         their workers. ``strict`` recomputes an answer whose code fingerprint differs
         instead of warning. ``outputs`` asks for other nodes' values than the graph's
-        outputs — a name, or names in a list or tuple, handed back in that order; a node
-        they do not need is spared too.
+        outputs — a name (its value is handed back), or names in a list or tuple (a tuple
+        of their values in that order, one name too); a node they do not need is spared
+        too.
         """
         return run(
             self,

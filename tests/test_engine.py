@@ -846,6 +846,20 @@ def test_outputs_other_than_names_in_order_are_refused_saying_what_it_takes() ->
     assert g.forward({"at": 0, "take": 3}, outputs=ordered.keys()) == ([0, 1, 2], 4.0)
 
 
+def test_names_in_a_list_or_tuple_are_handed_back_as_a_tuple_one_name_too() -> None:
+    """outputs= names in a list or tuple hand back a tuple as long, however many there are,
+    so code that pairs each name with its value (``zip(names, g.forward(...))``) pairs a
+    node's own list with its name, not its first item; a name alone hands back its value."""
+    g, _, _, _ = _chain()
+    span = {"at": 0, "take": 3}
+    for names in (["rows"], ("rows",), {"rows": 0}.keys()):
+        assert g.forward(span, outputs=names) == ([0, 1, 2],)
+    paired = zip(["rows"], g.forward(span, outputs=["rows"]), strict=True)
+    assert dict(paired) == {"rows": [0, 1, 2]}
+    assert g.forward(span, outputs="rows") == [0, 1, 2]
+    assert g.forward(span) == 4.0
+
+
 def test_answers_are_published_whole(store: Store) -> None:
     """After a forward, tmp/ holds nothing: every write was renamed into place."""
     g, _, _, _ = _chain()
