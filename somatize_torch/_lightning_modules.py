@@ -168,8 +168,8 @@ def nested(
     another: inside one of the others, under a name that does not say so (`encoder` held
     as `backbone.0` too), or inside or around a module cached per row already (by
     ``cache_rows`` in the LightningModule, or by another CacheFrozen); None where none
-    does. A cache around another would key its rows by the inner one, whose counts and
-    memory change at every call, and never recall them."""
+    does. A cache around another would key its rows by the inner one, whose counts change
+    at every call, and never recall them."""
     for name, found in todo:
         for other, outer in todo:
             if outer is not found:
@@ -193,9 +193,9 @@ def nested(
                 f"`{name}` {where}, cached per row already (a `CachedRows` made by "
                 "`cache_rows` in the LightningModule, or by another CacheFrozen callback): "
                 "one cache around another would key its rows by the inner one, whose counts "
-                "and memory change at every call, and never recall them. Cache one of the "
-                "two only: name it to one callback, or put the module itself back in place "
-                "of its cache before fitting"
+                "change at every call, and never recall them. Cache one of the two only: "
+                "name it to one callback, or put the module itself back in place of its "
+                "cache before fitting"
             )
     return None
 

@@ -628,19 +628,19 @@ def _cached_again(
 
 
 def _refuse_caches_inside(module: nn.Module) -> None:
-    """Refuses ``module`` holding a part cached per row: the part's cache, with its counts
-    and memory, is part of what the module is, so a cache of the whole would key its rows
-    by what moves at every call, and never recall them."""
+    """Refuses ``module`` holding a part cached per row: the part's cache, its counts with
+    it, is part of what the module is, so a cache of the whole would key its rows by what
+    moves at every call, and never recall them."""
     inner = next(
         (name for name, part in module.named_modules() if isinstance(part, CachedRows)), None
     )
     if inner is not None:
         raise RowsError(
             f"`{inner}` inside this `{type(module).__qualname__}` is cached per row already: "
-            "a cache of the whole would key its rows by that cache too, whose counts and "
-            "memory change at every call, so it would never recall them. Cache one of the "
-            "two: the part alone, or the whole with the part itself (its cache's `.module`) "
-            "put back in place of its cache"
+            "a cache of the whole would key its rows by that cache too, whose counts change "
+            "at every call, so it would never recall them. Cache one of the two: the part "
+            "alone, or the whole with the part itself (its cache's `.module`) put back in "
+            "place of its cache"
         )
 
 
