@@ -427,12 +427,15 @@ def test_a_modules_own_evaluation_hooks_are_handed_that_stages_samples(tmp_path:
     """Keyed by index under the callback's version, the LightningModule's own hooks that
     start and end an evaluation (which Lightning runs after the callback's, before its epoch
     starts and after it ends) get the evaluation samples' features, not the training
-    samples' of the same index, and keep none of theirs as training rows: every hook, and
-    the trained head, are as without the callback."""
+    samples' of the same index, and keep none of theirs as training rows; training goes on
+    keyed as itself after a validation inside its epoch: every hook, and the trained head,
+    are as without the callback."""
     runs = []
     for callbacks in ([CacheFrozen(None, ["encoder"], key="index", version="toy@1")], []):
         model = IndexedInHooks(data(2)[0], data(1)[0])
-        check = trainer(tmp_path, 2, callbacks=callbacks, num_sanity_val_steps=1)
+        check = trainer(
+            tmp_path, 2, callbacks=callbacks, num_sanity_val_steps=1, val_check_interval=0.5
+        )
         check.validate(model, _indexed(2), verbose=False)
         check.fit(model, _indexed(1), _indexed(2))
         check.test(model, _indexed(2), verbose=False)
