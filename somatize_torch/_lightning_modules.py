@@ -370,11 +370,12 @@ class Found:
 
     places: list[tuple[nn.Module, str]]
     as_found: AsFound
+    root: nn.Module  # the LightningModule it was found in
 
     @classmethod
     def at(cls, pl_module: nn.Module, module: nn.Module) -> Found:
         """``module`` as it is now, in ``pl_module``: taken before it is cached (frozen)."""
-        return cls(places_of(pl_module, module), AsFound.take(module))
+        return cls(places_of(pl_module, module), AsFound.take(module), pl_module)
 
     def install(self, cached: CachedRows) -> None:
         """Puts ``cached`` in every place the module sits."""
@@ -389,7 +390,11 @@ class Found:
         that, called on its own from here, it holds the module frozen only while the call
         runs."""
         self.as_found.put_back(cached.training, grads=grads)
-        for parent, attribute in self.places:
+        # Where it was found, and where the model holds it now: a LightningModule's own
+        # `setup()`, which runs after the callback's, may have put it inside a module of
+        # its own (`self.encoder = nn.Sequential(self.encoder, head)`).
+        now = [place for place in places_of(self.root, cached) if place not in self.places]
+        for parent, attribute in self.places + now:
             if parent._modules.get(attribute) is cached:
                 setattr(parent, attribute, self.as_found.module)
         cached.hand_back()
@@ -478,8 +483,10 @@ def replaced(
     warnings.warn(
         f"`{name}` was replaced in the model by {what} after this callback cached it, so "
         "it runs uncached for the rest of this stage; a later stage (another `fit`, "
-        "`validate` or `test`) caches it anew. Replace it before the stage begins (in "
-        "`setup`), or load new weights into the module in place",
+        "`validate` or `test`) caches it anew. Replace it before calling the trainer "
+        "(Lightning runs the LightningModule's own `setup()` after this callback's, so a "
+        "module put in there is one this callback never saw), or load new weights into the "
+        "module in place (`self.encoder.load_state_dict(...)`)",
         Uncached,
         stacklevel=2,
     )

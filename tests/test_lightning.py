@@ -280,6 +280,29 @@ def test_an_encoder_replaced_at_an_epochs_start_is_said_to_run_uncached(
     assert callback.cached["encoder"].module is new and tested.rows.computed == SAMPLES
 
 
+class _WrapsInSetup(Probe):
+    """Puts its encoder inside a module of its own in ``setup()``, which Lightning runs after
+    the callbacks'."""
+
+    def setup(self, stage: str) -> None:
+        self.encoder = nn.Sequential(self.encoder, nn.Identity())
+
+
+def test_an_encoder_a_modules_setup_puts_inside_another_is_handed_back_plain(
+    tmp_path: Path,
+) -> None:
+    """A LightningModule whose own ``setup()`` puts the encoder the callback cached inside a
+    module of its own is warned that it runs uncached, saying why ``setup()`` is too late,
+    and gets its model back with the plain encoder inside that module, not the cache."""
+    model = _WrapsInSetup()
+    first = model.encoder
+    callback = CacheFrozen(None, ["encoder"])
+    with pytest.warns(Uncached, match="runs the LightningModule's own `setup\\(\\)` after"):
+        trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader())
+    assert model.encoder[0] is first and not is_held(first)
+    assert not any(isinstance(part, CachedRows) for part in model.modules())
+
+
 def test_an_encoder_put_back_uncached_stays_so_in_a_later_fit(tmp_path: Path) -> None:
     """A second fit of the same model, after a schedule put its encoder back uncached,
     leaves it as it is: not cached (and frozen) again."""
