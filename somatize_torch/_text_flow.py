@@ -630,8 +630,8 @@ def _comprehension(popped: list[_Slot]) -> types.CodeType | None:
 def _comprehended(code: types.CodeType, iterated: str | None, locals_: dict[str, str]) -> Any:
     """What the comprehension or generator expression ``code`` does with the iterator it
     is handed (followed as ``iterated``) and the followed ``locals_`` of the function it
-    is made in that it reads: ("asked", where), or ("made", the kind of what it makes,
-    or None — a generator of them holds what it yields —, the calls it hands them to that
+    is made in that it reads: ("asked", where), or ("made", the kind of what it makes of
+    them all, or None — a generator of them holds what it yields —, the calls it hands them to that
     the function's frame tells, by a global or a local of the function's)."""
     entries = {name: kind for name, kind in locals_.items() if name in code.co_freevars}
     if iterated is not None:
@@ -642,8 +642,8 @@ def _comprehended(code: types.CodeType, iterated: str | None, locals_: dict[str,
         found = _read(code, -1, kind, entry)
         if found[0] == "asked":
             return found[:2]
-        if found[0] == "returned":
-            made = _made_by(code, found[1])
+        if found[0] == "returned":  # what each it reads makes of it, which asks the most
+            made = _joined(made, _made_by(code, found[1]))
         handed += [each for each in found[2] if _told_outside(each, code)]
     return "made", made, handed
 

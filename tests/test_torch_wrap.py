@@ -4037,6 +4037,19 @@ class ScalesByAGainMadeOfAPairEnumerated(OnTempered):
         return h
 
 
+class ScalesByAGainMadeOfPairsAComprehensionMakesOfTwoNames(OnTempered):
+    """Scales by a gain looked up in a dict made of pairs a list comprehension makes of
+    the name of its dtype, which it reads, and of each of a list of it, which it goes
+    over: the pairs are keyed by the name it reads, whatever it makes of the other."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        name = "-".join([str(x.dtype), "k"])
+        names = [name]
+        gains = dict([(name, [10.0, n][0]) for n in names])
+        return h * gains.get("torch.float64-k", 1.0)
+
+
 class ScalesForItsDtypeUnpackedWithTheRest(OnTempered):
     """Scales by ten when the first of a list of the names of its dtype, unpacked with the
     rest (`first, *rest = names`), is float64's."""
@@ -4222,6 +4235,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         ),
         (ScalesByAGainMadeOfAPairEnumerated, r"into text.*asked at .*`h = h \* dict\(\[pair\]\)"),
         (
+            ScalesByAGainMadeOfPairsAComprehensionMakesOfTwoNames,
+            r"into text.*asked at .*`return h \* gains\.get",
+        ),
+        (
             ScalesForItsDtypeUnpackedWithTheRest,
             r"into text.*asked at .*`return h \* 10 if first ==",
         ),
@@ -4295,6 +4312,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "looked up by text spread into the call",
         "spread into a call of its own method",
         "a dict's key made of a pair enumerated",
+        "a dict's key made of pairs a comprehension makes of two names",
         "unpacked with the rest",
         "matched by a mapping pattern",
         "matched by an or-pattern",
