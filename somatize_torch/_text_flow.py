@@ -10,8 +10,9 @@ followed, the value and the text made of it on the stack, in locals, lists and t
 round loops, into the comprehensions and generator expressions handed it, and through
 what the function returns, to what is done with it: compared, looked up, searched or
 read (refused), or handed to a call (a message, a log record), stored on an object or
-dropped (let be). Each place is read once, when a trace first makes text
-there, and never as the trace runs otherwise.
+dropped (let be); what a call not of the model's hands back, handed it, is followed as
+text, its code not read to tell what it makes of it. Each place is read once, when a
+trace first makes text there, and never as the trace runs otherwise.
 """
 
 from __future__ import annotations
@@ -779,7 +780,11 @@ def _taken(
         if callee in _PUTS and owner is not None and owner.local is not None:
             put = _KEYED if callee in _PUTS_KEYED else _holding(args)
             return ("puts", owner.local, put)
-        if callee is not None and not any(slot.kind is not None for slot in popped[:2]):
+        if callee == "isinstance":  # text made of a stand-in is text, whatever a call gives
+            return None
+        if callee is None:  # what it calls is not told by a name (a lambda): not followed
+            return "asked"
+        if not any(slot.kind is not None for slot in popped[:2]):
             # Handed to a function that may be the model's: followed into it where the
             # frame tells what it is (:func:`asked_at`).
             at, kind = next((at, slot.kind) for at, slot in enumerate(args) if slot.kind)
@@ -936,10 +941,16 @@ def _handed_into(
     """Where a function of the model's that ``frame``'s code hands a followed value to
     asks something of it — or, where it returns text made of it (``_named(str(x.dtype))``),
     ``frame``'s code asks that, or hands it on to another that does, up to ``depth``
-    calls."""
+    calls. What any other function handed it hands back (``unicodedata.normalize``'s
+    text, ``json.loads``'s dict, which its code is not read to tell) is followed as text,
+    which asks the most of it; where that is dropped (``print``'s, ``logger.debug``'s),
+    nothing is asked."""
     for name, by, at, arguments, kind, keywords, loaded, places in handed:
         function, before = _function_called(frame, name, by, places[0][0])
         if function is None or not own(function.__code__.co_filename):
+            into = _handed_back(frame, _TEXT, places, own, depth) if depth else None
+            if into is not None:
+                return into
             continue
         if at < 0:  # spread into it (`pick(*names)`): asked where, not followed
             made_in, offset = places[0]

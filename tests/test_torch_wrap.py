@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import types
+import unicodedata
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -4003,6 +4004,25 @@ class ScalesForItsDtypeDumped(OnTempered):
         return h * 10 if json.dumps("-".join([str(x.dtype), "k"])) == '"torch.float64-k"' else h
 
 
+class ScalesForItsDtypeNormalized(OnTempered):
+    """Scales by ten when the name of its dtype, put in a normal form by a function of a
+    library that nothing tells makes more text (`unicodedata.normalize`), is float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        name = "-".join([str(x.dtype), "k"])
+        return h * 10 if unicodedata.normalize("NFC", name) == "torch.float64-k" else h
+
+
+class ScalesByAGainALambdaPicks(OnTempered):
+    """Scales by a gain a lambda picks by the name of its dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        name = "-".join([str(x.dtype), "k"])
+        return h * (lambda n: 10.0 if n == "torch.float64-k" else 1.0)(name)
+
+
 class ScalesByAGainLookedUpBySpreadText(OnTempered):
     """Scales by a gain looked up by the name of its dtype spread into the call
     (`gains.get(*[name], 1.0)`)."""
@@ -4226,6 +4246,11 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesForItsDtypeSubstituted, r"into text.*asked at .*`return h \* 10 if re\.sub\("),
         (ScalesForItsDtypeDumped, r"into text.*asked at .*`return h \* 10 if json\.dumps\("),
         (
+            ScalesForItsDtypeNormalized,
+            r"into text.*asked at .*`return h \* 10 if unicodedata\.normalize\(",
+        ),
+        (ScalesByAGainALambdaPicks, r"into text.*asked at .*`return h \* \(lambda n:"),
+        (
             ScalesByAGainLookedUpBySpreadText,
             r"into text.*asked at .*`return h \* self\.gains\.get\(\*",
         ),
@@ -4309,6 +4334,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "read letter by letter",
         "substituted by a module's function",
         "written as JSON",
+        "put in a normal form by a library's function",
+        "handed to a lambda",
         "looked up by text spread into the call",
         "spread into a call of its own method",
         "a dict's key made of a pair enumerated",
@@ -4436,6 +4463,18 @@ class PrintsTheNameOfItsDtypePoppedOffAList(OnTempered):
         return self.encoder(x) * 2
 
 
+class PrintsItsDtypeNormalized(OnTempered):
+    """Prints the name of its dtype put in a normal form by a function of a library, and
+    doubles when it is text, which any name is: what the function hands back is only
+    printed."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        name = "-".join([str(x.dtype), "k"])
+        print(unicodedata.normalize("NFC", name))
+        h = self.encoder(x)
+        return h * 2 if isinstance(name, str) else h
+
+
 class PrintsTheTextOfPairsOfItsDtype(OnTempered):
     """Prints the name of its dtype read by place out of a pair read by place out of a
     list of them, and out of each pair gone over in a loop, upper-cased: a pair is no
@@ -4458,6 +4497,7 @@ class PrintsTheTextOfPairsOfItsDtype(OnTempered):
         PrintsPairsOfItsDtypeTakenByPlace,
         PrintsTheTextOfPairsOfItsDtype,
         PrintsTheNameOfItsDtypePoppedOffAList,
+        PrintsItsDtypeNormalized,
     ],
     ids=[
         "length of a list",
@@ -4468,6 +4508,7 @@ class PrintsTheTextOfPairsOfItsDtype(OnTempered):
         "pairs taken by place",
         "the text of pairs taken by place",
         "a list of two popped",
+        "printed as a library's function hands it back, and asked its type",
     ],
 )
 def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
