@@ -182,7 +182,7 @@ class _Handed(NamedTuple):
 
     name: str
     by: _Slot
-    at: int  # -1 where it is spread into the call (`pick(*names)`)
+    at: int  # -1 where it is spread into the call (`pick(*names)`), -2 by name (`**notes`)
     arguments: int
     kind: str
     keywords: tuple[str, ...]
@@ -455,7 +455,7 @@ def _follow(
                     if into.split(".")[0] in parameters:
                         filled[into] = _joined(filled.get(into), locals_[into])
                 elif isinstance(verdict, tuple) and len(handed) < 16:
-                    handed.append(verdict[1].made_in(((code, one.offset),)))
+                    handed += [each.made_in(((code, one.offset),)) for each in verdict[1]]
             if name in _ADDS and any(slot.kind is not None for slot in popped):
                 _holds_at(stack, one.arg or 0, _added(name, popped))
             inner = _comprehension(popped) if name.startswith("CALL") else None
@@ -489,8 +489,9 @@ def _follow(
                 locals_, began = {**locals_, **dict(holding)}, True
             elif at == first:
                 made, began = kind, True
-            if name == "KW_NAMES":
-                kw_names = one.argval if isinstance(one.argval, tuple) else ()
+            if name == "KW_NAMES":  # the names, which `dis` of Python 3.11 leaves unknown
+                named = code.co_consts[one.arg or 0]
+                kw_names = named if isinstance(named, tuple) else ()
             elif name.startswith("CALL"):
                 kw_names = ()
             if step.pushes:
@@ -786,11 +787,16 @@ def _taken(
             return "asked"
         if not any(slot.kind is not None for slot in popped[:2]):
             # Handed to a function that may be the model's: followed into it where the
-            # frame tells what it is (:func:`asked_at`).
-            at, kind = next((at, slot.kind) for at, slot in enumerate(args) if slot.kind)
-            at = -1 if name == "CALL_FUNCTION_EX" else at  # spread: its parameter not told
+            # frame tells what it is (:func:`asked_at`), each argument followed.
+            spread = name == "CALL_FUNCTION_EX"  # `pick(*names)` at -1, `pick(**notes)` -2
             loaded = tuple(slot.local for slot in args)
-            return ("handed", _Handed(callee, by, at, len(args), kind, keywords, loaded, ()))
+            return "handed", tuple(
+                _Handed(
+                    callee, by, -1 - at if spread else at, len(args), kind, keywords, loaded, ()
+                )
+                for at, kind in enumerate(slot.kind for slot in args)
+                if kind is not None
+            )
         return None
     if name in ("RETURN_VALUE", "YIELD_VALUE"):
         return "returned"
@@ -945,48 +951,81 @@ def _handed_into(
     text, ``json.loads``'s dict, which its code is not read to tell) is followed as text,
     which asks the most of it; where that is dropped (``print``'s, ``logger.debug``'s),
     nothing is asked."""
-    for name, by, at, arguments, kind, keywords, loaded, places in handed:
-        function, before = _function_called(frame, name, by, places[0][0])
+    for call in handed:
+        places = call.places
+        function, before = _function_called(frame, call.name, call.by, places[0][0])
         if function is None or not own(function.__code__.co_filename):
             into = _handed_back(frame, _TEXT, places, own, depth) if depth else None
             if into is not None:
                 return into
             continue
-        if at < 0:  # spread into it (`pick(*names)`): asked where, not followed
-            made_in, offset = places[0]
-            steps, placed = _steps(made_in)
-            return _where(made_in, steps[placed[offset]].one)
         code = function.__code__
         named = _parameters(code)
-        given = arguments - len(keywords)
-        if at >= given:
-            parameter = keywords[at - given]
-            if parameter not in named:
-                continue
-        elif before + at < code.co_argcount:
-            parameter = named[before + at]
-        else:
-            continue
-        found = _read(code, -1, kind, parameter)
-        if found[0] == "asked":
-            return _where(*found[1])
-        for each, put in found[3]:  # put into a list handed to it: followed on from the call
-            place = named.index(each) - before
-            if each in keywords:
-                place = given + keywords.index(each)
-            elif not 0 <= place < given:
-                continue
-            held = loaded[place]
-            if held is None or len(places) > 1:
-                continue
-            into = _asked_after(frame, places[0][1], frozenset({(held, put)}), own, depth)
-            if into is not None:
-                return into
-        if found[0] == "returned" and depth:  # handed back: followed on from the call
-            into = _handed_back(frame, found[1], places, own, depth)
-            if into is not None:
-                return into
+        given = call.arguments - len(call.keywords)
+        bound = _bound(code, before, call)
+        if bound is None:  # which parameter is which asks it
+            return _where_called(places)
+        for parameter, entered in bound:
+            found = _read(code, -1, entered, parameter)
+            if found[0] == "asked":
+                return _where(*found[1])
+            if found[3] and call.at < 0:  # put into a list it is spread into: which, not told
+                return _where_called(places)
+            for each, put in found[3]:  # put into a list handed to it: followed from the call
+                place = named.index(each) - before
+                if each in call.keywords:
+                    place = given + call.keywords.index(each)
+                elif not 0 <= place < given:
+                    continue
+                held = call.loaded[place]
+                if held is None or len(places) > 1:
+                    continue
+                into = _asked_after(frame, places[0][1], frozenset({(held, put)}), own, depth)
+                if into is not None:
+                    return into
+            if found[0] == "returned" and depth:  # handed back: followed on from the call
+                into = _handed_back(frame, found[1], places, own, depth)
+                if into is not None:
+                    return into
     return None
+
+
+def _where_called(places: _Places) -> str:
+    """:func:`_where` of the call made at ``places``."""
+    made_in, offset = places[0]
+    steps, placed = _steps(made_in)
+    return _where(made_in, steps[placed[offset]].one)
+
+
+def _bound(code: types.CodeType, before: int, call: _Handed) -> list[tuple[str, str]] | None:
+    """The parameters of the function ``code``, handed ``before`` arguments ahead of the
+    call's own, that the followed argument of ``call`` is bound to, each with what it is
+    followed as there: its own, one of its items where it is spread into the call (any
+    parameter may be), a tuple or dict holding it where it is gathered (``*names``,
+    ``**notes``); None where the binding asks it (a dict keyed by text spread by name)."""
+    named = _parameters(code)
+    gathered = code.co_varnames[len(named) :]
+    rest = gathered[0] if code.co_flags & inspect.CO_VARARGS else None
+    more = gathered[bool(rest)] if code.co_flags & inspect.CO_VARKEYWORDS else None
+    held = _holding([_Slot(call.kind, None, None)])
+    if call.at == -1:  # `pick(*names)`: any parameter may be an item of it
+        item = _item_of(call.kind)
+        items = [_TEXT, _KEYED] if item == _TEXT_OR_KEYED else [item]
+        bound = [(each, kind) for each in named[before : code.co_argcount] for kind in items]
+        return bound + ([(rest, _held(None, call.kind))] if rest else [])
+    if call.at == -2:  # `pick(**notes)`: any parameter may be a value of it
+        if call.kind != _HOLDER:
+            return None
+        return [(each, _TEXT) for each in named[before:]] + ([(more, held)] if more else [])
+    given = call.arguments - len(call.keywords)
+    if call.at >= given:
+        parameter = call.keywords[call.at - given]
+        if parameter in named:
+            return [(parameter, call.kind)]
+        return [(more, held)] if more else []
+    if before + call.at < code.co_argcount:
+        return [(named[before + call.at], call.kind)]
+    return [(rest, held)] if rest else []
 
 
 def _handed_back(

@@ -4045,6 +4045,72 @@ class ScalesByAGainItsMethodPicksBySpreadText(OnTempered):
         return self.encoder(x.float()) * self._gain(*["-".join([str(x.dtype), "k"])])
 
 
+class ScalesByAGainItsMethodPicksBySpreadTexts(OnTempered):
+    """The same, the name second of the texts spread (`self._gain(*[tag, name])`)."""
+
+    def _gain(self, tag: str, name: str) -> float:
+        return 10.0 if name == "torch.float64-k" else 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * self._gain(*["t", "-".join([str(x.dtype), "k"])])
+
+
+class ScalesByAGainItsMethodPicksOutOfWhatItGathers(OnTempered):
+    """Scales by a gain a method of its own picks by the first of the texts it gathers
+    (`*names`), handed the name of its dtype."""
+
+    def _gain(self, *names: str) -> float:
+        return 10.0 if names[0] == "torch.float64-k" else 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * self._gain("-".join([str(x.dtype), "k"]))
+
+
+class ScalesByAGainItsMethodPicksOutOfWhatItGathersByName(OnTempered):
+    """The same, gathered by name (`**names`)."""
+
+    def _gain(self, **names: str) -> float:
+        return 10.0 if names["dtype"] == "torch.float64-k" else 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * self._gain(dtype="-".join([str(x.dtype), "k"]))
+
+
+class ScalesByAGainItsMethodPicksByName(OnTempered):
+    """Scales by a gain a method of its own picks by the name of its dtype, handed by
+    name ahead of another (`self._pick(name=..., n=3)`)."""
+
+    def _pick(self, n: int, name: str) -> float:
+        return 10.0 if name == "torch.float64-k" else 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * self._pick(name="-".join([str(x.dtype), "k"]), n=3)
+
+
+class ScalesByAGainItsMethodFindsInItsSecondArgument(OnTempered):
+    """Scales by a gain a method of its own picks when a list it is handed second holds
+    float64's name, the name of its dtype handed first too."""
+
+    def _pick(self, name: str, names: list[str]) -> float:
+        return 10.0 if "torch.float64-k" in names else 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        name = "-".join([str(x.dtype), "k"])
+        return self.encoder(x.float()) * self._pick(name, [name])
+
+
+class ScalesByAGainItsMethodIsHandedByTheNameOfItsDtype(OnTempered):
+    """Scales by a gain a method of its own is handed by the parameter the name of its
+    dtype names (`self._gain(**{name: 10.0})`), which binding compares with its
+    parameters'."""
+
+    def _gain(self, **gains: float) -> float:
+        return gains.get("torch.float64-k", 1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * self._gain(**{"-".join([str(x.dtype), "k"]): 10.0})
+
+
 class ScalesByAGainMadeOfAPairEnumerated(OnTempered):
     """Scales by a gain looked up in a dict made of each pair of the name of its dtype and
     a gain, gone over numbered by `enumerate`."""
@@ -4256,7 +4322,31 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         ),
         (
             ScalesByAGainItsMethodPicksBySpreadText,
-            r"into text.*asked at .*`return self\.encoder\(x\.float\(\)\) \* self\._gain\(\*",
+            r"into text.*asked at .*`return 10\.0 if name == \"torch\.float64-k\"",
+        ),
+        (
+            ScalesByAGainItsMethodPicksBySpreadTexts,
+            r"into text.*asked at .*`return 10\.0 if name == \"torch\.float64-k\"",
+        ),
+        (
+            ScalesByAGainItsMethodPicksOutOfWhatItGathers,
+            r"into text.*asked at .*`return 10\.0 if names\[0\] ==",
+        ),
+        (
+            ScalesByAGainItsMethodPicksOutOfWhatItGathersByName,
+            r"into text.*asked at .*`return 10\.0 if names\[\"dtype\"\] ==",
+        ),
+        (
+            ScalesByAGainItsMethodPicksByName,
+            r"into text.*asked at .*`return 10\.0 if name == \"torch\.float64-k\"",
+        ),
+        (
+            ScalesByAGainItsMethodFindsInItsSecondArgument,
+            r"into text.*asked at .*`return 10\.0 if \"torch\.float64-k\" in names",
+        ),
+        (
+            ScalesByAGainItsMethodIsHandedByTheNameOfItsDtype,
+            r"into text.*asked at .*`return self\.encoder\(x\.float\(\)\) \* self\._gain\(\*\*",
         ),
         (ScalesByAGainMadeOfAPairEnumerated, r"into text.*asked at .*`h = h \* dict\(\[pair\]\)"),
         (
@@ -4338,6 +4428,12 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "handed to a lambda",
         "looked up by text spread into the call",
         "spread into a call of its own method",
+        "spread second into a call of its own method",
+        "gathered by its own method",
+        "gathered by name by its own method",
+        "handed by name to its own method",
+        "handed second to its own method",
+        "naming the parameter of its own method it is handed by",
         "a dict's key made of a pair enumerated",
         "a dict's key made of pairs a comprehension makes of two names",
         "unpacked with the rest",
@@ -4475,6 +4571,18 @@ class PrintsItsDtypeNormalized(OnTempered):
         return h * 2 if isinstance(name, str) else h
 
 
+class LogsItsDtypeSpreadIntoItsMethod(OnTempered):
+    """Spreads the name of its dtype and a word into a method of its own that only logs
+    them, one as a parameter, the rest gathered."""
+
+    def _log(self, name: str, *rest: str) -> None:
+        logging.getLogger("somatize.tests.wrap.spread").debug("%s %s", name, rest)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._log(*["-".join([str(x.dtype), "k"]), "input"])
+        return self.encoder(x) * 2
+
+
 class PrintsTheTextOfPairsOfItsDtype(OnTempered):
     """Prints the name of its dtype read by place out of a pair read by place out of a
     list of them, and out of each pair gone over in a loop, upper-cased: a pair is no
@@ -4498,6 +4606,7 @@ class PrintsTheTextOfPairsOfItsDtype(OnTempered):
         PrintsTheTextOfPairsOfItsDtype,
         PrintsTheNameOfItsDtypePoppedOffAList,
         PrintsItsDtypeNormalized,
+        LogsItsDtypeSpreadIntoItsMethod,
     ],
     ids=[
         "length of a list",
@@ -4509,6 +4618,7 @@ class PrintsTheTextOfPairsOfItsDtype(OnTempered):
         "the text of pairs taken by place",
         "a list of two popped",
         "printed as a library's function hands it back, and asked its type",
+        "spread into its own method that logs it",
     ],
 )
 def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
