@@ -961,7 +961,6 @@ def _handed_into(
             continue
         code = function.__code__
         named = _parameters(code)
-        given = call.arguments - len(call.keywords)
         bound = _bound(code, before, call)
         if bound is None:  # which parameter is which asks it
             return _where_called(places)
@@ -972,12 +971,9 @@ def _handed_into(
             if found[3] and call.at < 0:  # put into a list it is spread into: which, not told
                 return _where_called(places)
             for each, put in found[3]:  # put into a list handed to it: followed from the call
-                place = named.index(each) - before
-                if each in call.keywords:
-                    place = given + call.keywords.index(each)
-                elif not 0 <= place < given:
-                    continue
-                held = call.loaded[place]
+                held = _handed_as(each, call, named, before)
+                if held is None and each.split(".")[0] in named[:before]:
+                    return _where_called(places)  # its object's, which local holds, not told
                 if held is None or len(places) > 1:
                     continue
                 into = _asked_after(frame, places[0][1], frozenset({(held, put)}), own, depth)
@@ -988,6 +984,25 @@ def _handed_into(
                 if into is not None:
                     return into
     return None
+
+
+def _handed_as(path: str, call: _Handed, named: tuple[str, ...], before: int) -> str | None:
+    """The path, in the code making ``call``, of what the parameter path ``path`` of the
+    function called (``names``, ``self.names``; its parameters ``named``, ``before`` of them
+    handed ahead of the call's own) holds: the local an argument was loaded from, or the
+    object a method called off a local is of (``self`` of ``self._keep(...)``); None where
+    that is not told."""
+    root, dot, rest = path.partition(".")
+    given = call.arguments - len(call.keywords)
+    place = named.index(root) - before
+    held: str | None = None
+    if root in call.keywords:
+        held = call.loaded[given + call.keywords.index(root)]
+    elif 0 <= place < given:
+        held = call.loaded[place]
+    elif place < 0 and call.by.pusher is not None and _method(call.by.pusher):
+        held = call.by.local
+    return f"{held}{dot}{rest}" if held is not None else None
 
 
 def _where_called(places: _Places) -> str:

@@ -3522,6 +3522,19 @@ class ScalesForItsDtypeInAListItKeeps(OnTempered):
         return h * 10 if "torch.float64-k" in self.names else h
 
 
+class ScalesForItsDtypeInAListItKeepsByAMethodHandedIt(OnTempered):
+    """The same, the method handed the name of its dtype to put into the list."""
+
+    def _note(self, name: str) -> None:
+        self.names.append(name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        self.names: list[str] = []
+        self._note("-".join([str(x.dtype), "k"]))
+        return h * 10 if "torch.float64-k" in self.names else h
+
+
 class ScalesForItsDtypeFoundInALoop(OnTempered):
     """Scales by ten when a name in a list of them, gone over in a loop, says float64."""
 
@@ -4222,6 +4235,10 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesForItsDtypeInAListFilledTwoCallsDown, r"into text.*asked at .*`return h \* 10 if"),
         (ScalesForItsDtypeInADict, r"into text.*asked at .*`return h \* 10 if table"),
         (ScalesForItsDtypeInAListItKeeps, r"into text.*asked at .*`return h \* 10 if \"t"),
+        (
+            ScalesForItsDtypeInAListItKeepsByAMethodHandedIt,
+            r"into text.*asked at .*`return h \* 10 if \"torch\.float64-k\" in self\.names",
+        ),
         (ScalesForItsDtypeFoundInALoop, r"into text.*asked at .*`if name == \"torch"),
         (ScalesForItsDtypeGotOutOfADict, r"into text.*asked at .*`return h \* 10 if table"),
         (ScalesForItsDtypeFoundByAGenerator, r"into text.*asked at .*`return h \* 10 if any\(n"),
@@ -4380,6 +4397,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "put into a list handed on",
         "put into a dict",
         "put into a list the model keeps",
+        "put into a list the model keeps by a method handed it",
         "gone over in a loop",
         "got out of a dict",
         "compared in a generator expression",
