@@ -674,6 +674,11 @@ def _told_outside(handed: _Handed, code: types.CodeType) -> bool:
     return by.local is not None and by.local.split(".")[0] in code.co_freevars
 
 
+def _whole_number(one: dis.Instruction | None) -> bool:
+    """Whether ``one`` loads a whole number as a constant: a place, not text."""
+    return one is not None and one.opname == "LOAD_CONST" and type(one.argval) is int
+
+
 def _taken(
     one: dis.Instruction,
     name: str,
@@ -693,7 +698,7 @@ def _taken(
         # item read by place out of what is followed (`pairs[0]`) asks none of its keys.
         looked_up = popped[-1].kind is not None or popped[0].kind == _TEXT
         index = popped[-1].pusher
-        by_place = index is not None and index.opname == "LOAD_CONST" and type(index.argval) is int
+        by_place = _whole_number(index)
         if looked_up or (popped[0].kind in _KEYED_KINDS and not by_place):
             return "asked"
         if popped[0].kind == _PAIR:  # its text, or its second, not followed
@@ -742,15 +747,20 @@ def _taken(
         handed = any(slot.kind is not None for slot in args)
         if owner is not None and owner.kind is not None and callee in _SEARCHES:
             return "asked"
-        # A lookup handed nothing (`words.pop()`) is a list's, which compares nothing.
-        if owner is not None and owner.kind in _KEYED_KINDS and callee in _LOOKUPS and args:
+        # A lookup handed nothing (`words.pop()`) is a list's, which compares nothing; one
+        # handed a whole number (`words.pop(0)`) a list's too, or a dict's that no text
+        # it is keyed by is equal to.
+        by_place = not handed and (not args or _whole_number(args[0].pusher))
+        keyed = owner is not None and owner.kind in _KEYED_KINDS
+        if keyed and callee in _LOOKUPS and not by_place:
             return "asked"
         if owner is not None and owner.kind == _TEXT:
             return _TEXT  # more text made of it, by a method of :data:`TEXT_METHODS`
         if not handed and owner is not None and owner.kind is not None:
-            # An item taken out of a list or dict of texts (`table.get(key)`) is text;
-            # what else its methods make (`table.values()`, `gains.copy()`) holds them.
-            return _TEXT if callee in _ITEMS else owner.kind
+            # An item taken out of a list or dict of texts (`table.get(key)`) is text, or
+            # keyed by it (a list of pairs out of a list of them); what else its methods
+            # make (`table.values()`, `gains.copy()`) holds them.
+            return _item_of(owner.kind) if callee in _ITEMS else owner.kind
         if not handed:
             return None
         if callee in _ASKS:

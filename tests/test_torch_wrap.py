@@ -4017,6 +4017,26 @@ class ScalesForItsDtypeDumped(OnTempered):
         return h * 10 if json.dumps("-".join([str(x.dtype), "k"])) == '"torch.float64-k"' else h
 
 
+class ScalesByAGainMadeOfPairsPoppedOffAList(OnTempered):
+    """Scales by a gain looked up in a dict made of a list of pairs of the name of its
+    dtype and a gain, popped off a list of such lists."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        rows: list[list[tuple[str, float]]] = [[], [("-".join([str(x.dtype), "k"]), 10.0)]]
+        return h * dict(rows.pop()).get("torch.float64-k", 1.0)
+
+
+class ScalesForItsDtypePoppedFirst(OnTempered):
+    """Scales by ten when the first of a list of the name of its dtype and a word, popped
+    off it by place, is float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        words = ["-".join([str(x.dtype), "k"]), "input"]
+        return h * 10 if words.pop(0) == "torch.float64-k" else h
+
+
 class ScalesForItsDtypeNormalized(OnTempered):
     """Scales by ten when the name of its dtype, put in a normal form by a function of a
     library that nothing tells makes more text (`unicodedata.normalize`), is float64's."""
@@ -4329,6 +4349,11 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesForItsDtypeSubstituted, r"into text.*asked at .*`return h \* 10 if re\.sub\("),
         (ScalesForItsDtypeDumped, r"into text.*asked at .*`return h \* 10 if json\.dumps\("),
         (
+            ScalesByAGainMadeOfPairsPoppedOffAList,
+            r"into text.*asked at .*`return h \* dict\(rows\.pop\(\)\)\.get",
+        ),
+        (ScalesForItsDtypePoppedFirst, r"into text.*asked at .*`return h \* 10 if words\.pop\(0\)"),
+        (
             ScalesForItsDtypeNormalized,
             r"into text.*asked at .*`return h \* 10 if unicodedata\.normalize\(",
         ),
@@ -4442,6 +4467,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "read letter by letter",
         "substituted by a module's function",
         "written as JSON",
+        "a dict's key made of pairs popped off a list",
+        "popped off a list by place",
         "put in a normal form by a library's function",
         "handed to a lambda",
         "looked up by text spread into the call",
@@ -4577,6 +4604,17 @@ class PrintsTheNameOfItsDtypePoppedOffAList(OnTempered):
         return self.encoder(x) * 2
 
 
+class PrintsTheNameOfItsDtypePoppedFirst(OnTempered):
+    """Prints the name of its dtype popped by place off a list of it and a word, and the
+    word left: a list popped by place compares none of what it holds."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        words = ["-".join([str(x.dtype), "k"]), "input"]
+        first = words.pop(0)
+        print(first.upper(), words)
+        return self.encoder(x) * 2
+
+
 class PrintsItsDtypeNormalized(OnTempered):
     """Prints the name of its dtype put in a normal form by a function of a library, and
     doubles when it is text, which any name is: what the function hands back is only
@@ -4625,6 +4663,7 @@ class PrintsTheTextOfPairsOfItsDtype(OnTempered):
         PrintsTheNameOfItsDtypePoppedOffAList,
         PrintsItsDtypeNormalized,
         LogsItsDtypeSpreadIntoItsMethod,
+        PrintsTheNameOfItsDtypePoppedFirst,
     ],
     ids=[
         "length of a list",
@@ -4637,6 +4676,7 @@ class PrintsTheTextOfPairsOfItsDtype(OnTempered):
         "a list of two popped",
         "printed as a library's function hands it back, and asked its type",
         "spread into its own method that logs it",
+        "a list of two popped by place",
     ],
 )
 def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
