@@ -674,6 +674,27 @@ def _told_outside(handed: _Handed, code: types.CodeType) -> bool:
     return by.local is not None and by.local.split(".")[0] in code.co_freevars
 
 
+def _put(callee: str, positional: list[_Slot], args: list[_Slot]) -> str:
+    """What a list, set or dict is followed as once its method ``callee`` of :data:`_PUTS`
+    puts ``args`` (``positional`` not given by name) into it: holding them, or keyed by
+    them where a set compares them (``seen.add(name)``) or a dict may be keyed by them —
+    not where it is updated by name (``notes.update(dtype=name)``), or by a dict made there
+    holding them as values alone (``notes.update({"dtype": name})``), whose keys a set so
+    updated would hold."""
+    if callee not in _PUTS_KEYED:
+        return _holding(args)
+    valued = all(
+        slot.kind is None
+        or (slot.kind == _HOLDER and slot.pusher is not None and slot.pusher.opname in _MAPS)
+        for slot in positional
+    )
+    return _holding(args) if callee == "update" and valued else _KEYED
+
+
+_MAPS = frozenset({"BUILD_MAP", "BUILD_CONST_KEY_MAP"})
+"""Instructions that make a dict of what they take (``{"dtype": name}``)."""
+
+
 def _whole_number(one: dis.Instruction | None) -> bool:
     """Whether ``one`` loads a whole number as a constant: a place, not text."""
     return one is not None and one.opname == "LOAD_CONST" and type(one.argval) is int
@@ -789,8 +810,7 @@ def _taken(
         if callee in _TAKES:
             return _item_of(args[0].kind)
         if callee in _PUTS and owner is not None and owner.local is not None:
-            put = _KEYED if callee in _PUTS_KEYED else _holding(args)
-            return ("puts", owner.local, put)
+            return ("puts", owner.local, _put(callee, args[: len(args) - len(keywords)], args))
         if callee == "isinstance":  # text made of a stand-in is text, whatever a call gives
             return None
         if callee is None:  # what it calls is not told by a name (a lambda): not followed

@@ -4037,6 +4037,17 @@ class ScalesForItsDtypePoppedFirst(OnTempered):
         return h * 10 if words.pop(0) == "torch.float64-k" else h
 
 
+class ScalesForItsDtypeNotedByUpdate(OnTempered):
+    """Scales by ten when the name of its dtype, put into a dict of notes by `update` by
+    name, is float64's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        notes = {"gain": 2.0}
+        notes.update(dtype="-".join([str(x.dtype), "k"]))
+        return h * 10 if notes["dtype"] == "torch.float64-k" else h
+
+
 class ScalesForItsDtypeNormalized(OnTempered):
     """Scales by ten when the name of its dtype, put in a normal form by a function of a
     library that nothing tells makes more text (`unicodedata.normalize`), is float64's."""
@@ -4353,6 +4364,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
             r"into text.*asked at .*`return h \* dict\(rows\.pop\(\)\)\.get",
         ),
         (ScalesForItsDtypePoppedFirst, r"into text.*asked at .*`return h \* 10 if words\.pop\(0\)"),
+        (ScalesForItsDtypeNotedByUpdate, r"into text.*asked at .*`return h \* 10 if notes\["),
         (
             ScalesForItsDtypeNormalized,
             r"into text.*asked at .*`return h \* 10 if unicodedata\.normalize\(",
@@ -4469,6 +4481,7 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "written as JSON",
         "a dict's key made of pairs popped off a list",
         "popped off a list by place",
+        "a dict's value put by update by name",
         "put in a normal form by a library's function",
         "handed to a lambda",
         "looked up by text spread into the call",
@@ -4615,6 +4628,18 @@ class PrintsTheNameOfItsDtypePoppedFirst(OnTempered):
         return self.encoder(x) * 2
 
 
+class ScalesByAGainBesideItsDtypeNoted(OnTempered):
+    """Scales by a gain read out of a dict of notes that `update` puts the name of its
+    dtype into as a value, by name and by a dict made there: the dict is keyed by no
+    text of it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        notes = {"gain": 2.0}
+        notes.update(dtype="-".join([str(x.dtype), "k"]))
+        notes.update({"kind": "-".join([str(x.dtype), "k"])})
+        return self.encoder(x) * notes["gain"]
+
+
 class PrintsItsDtypeNormalized(OnTempered):
     """Prints the name of its dtype put in a normal form by a function of a library, and
     doubles when it is text, which any name is: what the function hands back is only
@@ -4664,6 +4689,7 @@ class PrintsTheTextOfPairsOfItsDtype(OnTempered):
         PrintsItsDtypeNormalized,
         LogsItsDtypeSpreadIntoItsMethod,
         PrintsTheNameOfItsDtypePoppedFirst,
+        ScalesByAGainBesideItsDtypeNoted,
     ],
     ids=[
         "length of a list",
@@ -4677,6 +4703,7 @@ class PrintsTheTextOfPairsOfItsDtype(OnTempered):
         "printed as a library's function hands it back, and asked its type",
         "spread into its own method that logs it",
         "a list of two popped by place",
+        "a dict updated with it as a value",
     ],
 )
 def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
