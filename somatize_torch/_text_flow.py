@@ -885,17 +885,16 @@ def _where(code: types.CodeType, one: dis.Instruction) -> str:
     return f"{filename}:{line} (`{source}`)"
 
 
-def _function_called(
-    frame: types.FrameType, name: str, by: _Slot, code: types.CodeType
-) -> tuple[Any, int]:
+def _function_called(frame: _Frame, name: str, by: _Slot, code: types.CodeType) -> _Called:
     """The Python function a call in ``frame`` (made in ``code``, its own or a
-    comprehension's) of ``name``, loaded as ``by`` says, calls, and how many arguments it
-    is handed before the call's own (a method's ``self``, none for a module's function);
-    (None, 0) where that is not told without running code."""
+    comprehension's) of ``name``, loaded as ``by`` says, calls, how many arguments it is
+    handed before the call's own (a method's ``self``, none for a module's function), and
+    the object it is bound to where it is; (None, 0, None) where that is not told without
+    running code."""
     one = by.pusher
     found: Any = None
     if one is None:
-        return None, 0
+        return _NONE_CALLED
     if one.opname in _LOAD_GLOBAL:
         found = _global(frame, name)
     elif one.opname in _LOAD_LOCAL:
@@ -908,7 +907,7 @@ def _function_called(
             path = path[: -len(name) - 1]
         owner = _resolved(frame, path) if path is not None else _loaded_off(frame, code, one)
         if owner is None:
-            return None, 0
+            return _NONE_CALLED
         modules = getattr(owner, "__dict__", {}).get("_modules")
         if isinstance(modules, dict) and name in modules:
             found = modules[name]
@@ -916,28 +915,61 @@ def _function_called(
             try:
                 found = inspect.getattr_static(owner, name)
             except AttributeError:
-                return None, 0
+                return _NONE_CALLED
             if isinstance(found, staticmethod):
-                return found.__func__, 0
+                return _Called(found.__func__, 0, None)
             if isinstance(found, types.FunctionType) and not isinstance(owner, type):
-                return found, 0 if isinstance(owner, types.ModuleType) else 1
-            return None, 0
+                if isinstance(owner, types.ModuleType):
+                    return _Called(found, 0, None)
+                return _Called(found, 1, owner)
+            return _NONE_CALLED
     if isinstance(found, types.FunctionType):
-        return found, 0
+        return _Called(found, 0, None)
     if isinstance(found, types.MethodType) and isinstance(found.__func__, types.FunctionType):
-        return found.__func__, 1
+        return _Called(found.__func__, 1, found.__self__)
     forward = getattr(type(found), "forward", None)
     if callable(found) and isinstance(forward, types.FunctionType):
-        return forward, 1  # a module of the model's, called: its forward
-    return None, 0
+        return _Called(forward, 1, found)  # a module of the model's, called: its forward
+    return _NONE_CALLED
 
 
-def _global(frame: types.FrameType, name: str) -> Any:
+class _Called(NamedTuple):
+    """What :func:`_function_called` tells of a call: the function, how many arguments it
+    is handed ahead of the call's own, and the object it is bound to."""
+
+    function: Any
+    before: int
+    bound: Any
+
+
+_NONE_CALLED = _Called(None, 0, None)
+
+
+class _Unrun(NamedTuple):
+    """What is told of the frame a function of the model's handed a followed value will
+    run in, which has not run yet: its code, globals, the object it is bound to as its
+    first local, and the frame and places of the call into it, where what it returns is
+    followed on; what it puts into lists its caller handed it (not followed back out
+    through it) is refused at that call."""
+
+    f_code: types.CodeType
+    f_globals: dict[str, Any]
+    f_locals: dict[str, Any]
+    caller: _Frame
+    places: _Places
+    f_back: None = None
+
+
+_Frame = types.FrameType | _Unrun
+"""A frame that runs, or one told of a function of the model's before it runs."""
+
+
+def _global(frame: _Frame, name: str) -> Any:
     """What the global, or else builtin, ``name`` is in ``frame``; None where neither."""
     return frame.f_globals.get(name, vars(builtins).get(name))
 
 
-def _loaded_off(frame: types.FrameType, code: types.CodeType, one: dis.Instruction) -> Any:
+def _loaded_off(frame: _Frame, code: types.CodeType, one: dis.Instruction) -> Any:
     """The object the attribute or method ``one`` of ``code`` is loaded off, where the
     loads before it are a straight chain (`helpers.is_float64`): a module, say; None where
     that is not told without running code."""
@@ -946,7 +978,7 @@ def _loaded_off(frame: types.FrameType, code: types.CodeType, one: dis.Instructi
     return _loaded(frame, steps, at - 1) if at else None
 
 
-def _resolved(frame: types.FrameType, path: str) -> Any:
+def _resolved(frame: _Frame, path: str) -> Any:
     """The object ``path`` names in ``frame``: a local (``self``), or an attribute of one
     the object holds itself (``self.logs``: a submodule, or a value in its ``__dict__``),
     found without running code; None where that is not told (a property, say)."""
@@ -971,9 +1003,7 @@ def _resolved_off(found: Any, names: list[str]) -> Any:
     return found
 
 
-def _handed_into(
-    frame: types.FrameType, handed: list[_Handed], own: Any, depth: int = 8
-) -> str | None:
+def _handed_into(frame: _Frame, handed: list[_Handed], own: Any, depth: int = 8) -> str | None:
     """Where a function of the model's that ``frame``'s code hands a followed value to
     asks something of it — or, where it returns text made of it (``_named(str(x.dtype))``),
     ``frame``'s code asks that, or hands it on to another that does, up to ``depth``
@@ -983,7 +1013,7 @@ def _handed_into(
     nothing is asked."""
     for call in handed:
         places = call.places
-        function, before = _function_called(frame, call.name, call.by, places[0][0])
+        function, before, bound_to = _function_called(frame, call.name, call.by, places[0][0])
         if function is None or not own(function.__code__.co_filename):
             into = _handed_back(frame, _TEXT, places, own, depth) if depth else None
             if into is not None:
@@ -1007,6 +1037,12 @@ def _handed_into(
                 if held is None or len(places) > 1:
                     continue
                 into = _asked_after(frame, places[0][1], frozenset({(held, put)}), own, depth)
+                if into is not None:
+                    return into
+            if found[2] and depth:  # handed on from inside it: followed into what it calls
+                itself = {named[0]: bound_to} if before and named else {}
+                inner = _Unrun(code, function.__globals__, itself, frame, places)
+                into = _handed_into(inner, found[2], own, depth - 1)
                 if into is not None:
                     return into
             if found[0] == "returned" and depth:  # handed back: followed on from the call
@@ -1073,9 +1109,7 @@ def _bound(code: types.CodeType, before: int, call: _Handed) -> list[tuple[str, 
     return [(rest, held)] if rest else []
 
 
-def _handed_back(
-    frame: types.FrameType, kind: str, places: _Places, own: Any, depth: int
-) -> str | None:
+def _handed_back(frame: _Frame, kind: str, places: _Places, own: Any, depth: int) -> str | None:
     """Where ``frame``'s code asks something of what a call made at ``places`` hands back
     (followed as ``kind``), or hands it on to a function of the model's that does: followed
     on from the call, and out of each comprehension it is made in that returns it."""
@@ -1086,15 +1120,16 @@ def _handed_back(
         outward = places[at + 1 :]
         on = [e.made_in(outward) for e in back[2] if not outward or _told_outside(e, code)]
         into = _handed_into(frame, on, own, depth - 1)
+        if not outward and back[0] == "returned" and into is None and isinstance(frame, _Unrun):
+            # returned by the function the caller's code called: followed on from that call
+            return _handed_back(frame.caller, back[1], frame.places, own, depth - 1)
         if into is not None or back[0] != "returned" or not outward:
             return into
         kind = _made_by(code, back[1])
     return None
 
 
-def _asked_after(
-    frame: types.FrameType, offset: int, held: _Filled, own: Any, depth: int
-) -> str | None:
+def _asked_after(frame: _Frame, offset: int, held: _Filled, own: Any, depth: int) -> str | None:
     """Where ``frame``'s code asks something of the lists its locals ``held`` hold once the
     call at ``offset`` has put text (or pairs keyed by it) into them, or hands them to a
     function of the model's that does."""
@@ -1111,11 +1146,13 @@ def _asked_after(
     )
 
 
-def _filled_at(frame: types.FrameType, filled: _Filled, own: Any, depth: int = 8) -> str | None:
+def _filled_at(frame: _Frame, filled: _Filled, own: Any, depth: int = 8) -> str | None:
     """Where the model's code that called ``frame`` asks something of the lists it handed
     ``frame``'s function as its parameters ``filled``, which that put text (or pairs keyed
     by it) into: followed
     on in the caller from the call, by the locals there that hold the same list."""
+    if isinstance(frame, _Unrun):
+        return _where_called(frame.places) if filled else None
     caller = frame.f_back
     if not filled or caller is None or not own(caller.f_code.co_filename):
         return None
@@ -1175,7 +1212,7 @@ def kept_per_argument_at(frame: types.FrameType) -> bool:
     return False
 
 
-def _loaded(frame: types.FrameType, steps: list[_Step], at: int) -> Any:
+def _loaded(frame: _Frame, steps: list[_Step], at: int) -> Any:
     """What the instruction ``steps[at]`` loads, where it and those before it are a
     straight chain of loads (``self._mask``, ``ramp``): a class's attribute as it is
     stored (a ``staticmethod``, say); None where that is not told without running code."""

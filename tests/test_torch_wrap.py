@@ -3435,6 +3435,47 @@ class ScalesByAGainPickedByTextHandedOnTwice(OnTempered):
         return self.encoder(x.float()) * _gain_named(_suffixed(f"{x.dtype}"))
 
 
+def _gain_handed_on(name: str) -> float:
+    """The gain :func:`_gain_named` picks by ``name``, handed on to it."""
+    return _gain_named(name)
+
+
+class ScalesByAGainPickedByTextAFunctionHandsOn(OnTempered):
+    """Scales by a gain a function of its own picks by the name of its dtype, handed it by
+    another it is handed to."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * _gain_handed_on("-".join([str(x.dtype), "k"]))
+
+
+class ScalesByAGainItsMethodHandsOnToAnother(OnTempered):
+    """The same, by a method of its own handing it on to another (`self._pick(name)`)."""
+
+    def _gain(self, name: str) -> float:
+        return self._pick(name)
+
+    def _pick(self, name: str) -> float:
+        return 10.0 if name == "torch.float64-k" else 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * self._gain("-".join([str(x.dtype), "k"]))
+
+
+def _suffixed_on(name: str) -> str:
+    """What :func:`_suffixed` makes of ``name``, handed on to it."""
+    return _suffixed(name)
+
+
+class ScalesForItsDtypeSuffixedByAFunctionHandingItOn(OnTempered):
+    """Scales by ten when what a function of its own hands back, which another it hands
+    the name of its dtype on to made of it, says float64."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x.float())
+        name = "-".join([str(x.dtype), "k"])
+        return h * 10 if _suffixed_on(name) == "torch.float64-k-k" else h
+
+
 def _fill_named(names: list[str], x: torch.Tensor) -> None:
     """Puts the name of ``x``'s dtype, joined to a suffix, into ``names``."""
     names.append("-".join([str(x.dtype), "k"]))
@@ -4260,6 +4301,15 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesByAGainASubmodulePicks, r"into text.*asked at .*`return 10\.0 if name =="),
         (ScalesForItsDtypeSuffixedByAFunction, r"into text.*asked at .*`return h \* 10 if _suf"),
         (ScalesByAGainPickedByTextHandedOnTwice, r"into text.*asked at .*`return 10\.0 if name =="),
+        (
+            ScalesByAGainPickedByTextAFunctionHandsOn,
+            r"into text.*asked at .*`return 10\.0 if name ==",
+        ),
+        (ScalesByAGainItsMethodHandsOnToAnother, r"into text.*asked at .*`return 10\.0 if name =="),
+        (
+            ScalesForItsDtypeSuffixedByAFunctionHandingItOn,
+            r"into text.*asked at .*`return h \* 10 if _suffixed_on\(name\) ==",
+        ),
         (ScalesForItsDtypeInAListAFunctionFills, r"into text.*asked at .*`return h \* 10 if \"t"),
         (ScalesForItsDtypeInAListItHandsTheName, r"into text.*asked at .*`return h \* 10 if \"t"),
         (ScalesForItsDtypeInAListAFunctionAddsTo, r"into text.*asked at .*`return h \* 10 if \"t"),
@@ -4428,6 +4478,9 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "handed to a submodule's method",
         "handed back",
         "handed back and on",
+        "handed on by the function it is handed to",
+        "handed on by the method it is handed to",
+        "handed back by the function it is handed on to",
         "put into a list handed to a function",
         "handed with a list to a function that puts it in",
         "added to a list handed to a function",
@@ -4640,6 +4693,21 @@ class ScalesByAGainBesideItsDtypeNoted(OnTempered):
         return self.encoder(x) * notes["gain"]
 
 
+class HandsItsShapeOnToASubmodule(OnTempered):
+    """Hands text naming its shape to a method of its own that hands it on to a method of
+    a submodule, which only logs it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logs = _Logs()
+
+    def _gain(self, message: str) -> float:
+        return self.logs.gain_for(message)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * self._gain(f"{x.shape}")
+
+
 class PrintsItsDtypeNormalized(OnTempered):
     """Prints the name of its dtype put in a normal form by a function of a library, and
     doubles when it is text, which any name is: what the function hands back is only
@@ -4690,6 +4758,7 @@ class PrintsTheTextOfPairsOfItsDtype(OnTempered):
         LogsItsDtypeSpreadIntoItsMethod,
         PrintsTheNameOfItsDtypePoppedFirst,
         ScalesByAGainBesideItsDtypeNoted,
+        HandsItsShapeOnToASubmodule,
     ],
     ids=[
         "length of a list",
@@ -4704,6 +4773,7 @@ class PrintsTheTextOfPairsOfItsDtype(OnTempered):
         "spread into its own method that logs it",
         "a list of two popped by place",
         "a dict updated with it as a value",
+        "handed on by its method to a submodule's",
     ],
 )
 def test_text_of_what_fx_stands_in_for_that_nothing_asks_is_let_be(
