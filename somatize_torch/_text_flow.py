@@ -24,6 +24,7 @@ import inspect
 import linecache
 import sys
 import types
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 __all__ = ["asked_at"]
@@ -450,12 +451,13 @@ def _follow(
                 elif verdict in _KINDS:
                     made = verdict
                 elif isinstance(verdict, tuple) and verdict[0] == "puts":
-                    _, into, put = verdict
+                    _, into, put, calls = verdict
                     locals_ = {**locals_, into: _joined(locals_.get(into), put)}
                     if into.split(".")[0] in parameters:
                         filled[into] = _joined(filled.get(into), locals_[into])
-                elif isinstance(verdict, tuple) and len(handed) < 16:
-                    handed += [each.made_in(((code, one.offset),)) for each in verdict[1]]
+                    _hand(handed, calls, ((code, one.offset),))
+                elif isinstance(verdict, tuple):
+                    _hand(handed, verdict[1], ((code, one.offset),))
             if name in _ADDS and any(slot.kind is not None for slot in popped):
                 _holds_at(stack, one.arg or 0, _added(name, popped))
             inner = _comprehension(popped) if name.startswith("CALL") else None
@@ -464,8 +466,7 @@ def _follow(
                 if into[0] == "asked":
                     return "asked", into[1], handed, frozenset(filled.items())
                 made = into[1]
-                outward = ((code, one.offset),)
-                handed += [each.made_in(outward) for each in into[2][: max(0, 16 - len(handed))]]
+                _hand(handed, into[2], ((code, one.offset),))
             if name in _STORE_LOCAL:
                 locals_ = _stored(locals_, one.argval, popped[-1].kind)
                 added = popped[-1].kind
@@ -695,6 +696,30 @@ _MAPS = frozenset({"BUILD_MAP", "BUILD_CONST_KEY_MAP"})
 """Instructions that make a dict of what they take (``{"dtype": name}``)."""
 
 
+def _handed_to(
+    callee: str, by: _Slot, name: str, args: list[_Slot], keywords: tuple[str, ...]
+) -> tuple[_Handed, ...]:
+    """The call ``name`` of ``callee``, loaded as ``by``, handed ``args`` (the last given
+    by the names ``keywords``), as handed each followed one of them."""
+    spread = name == "CALL_FUNCTION_EX"  # `pick(*names)` at -1, `pick(**notes)` -2
+    loaded = tuple(slot.local for slot in args)
+    return tuple(
+        _Handed(callee, by, -1 - at if spread else at, len(args), kind, keywords, loaded, ())
+        for at, kind in enumerate(slot.kind for slot in args)
+        if kind is not None
+    )
+
+
+def _hand(handed: list[_Handed], calls: Iterable[_Handed], outward: _Places) -> None:
+    """Notes in ``handed`` the ``calls`` (made at ``outward``) a followed value is handed to,
+    each once however many paths reach it."""
+    for each in calls:
+        made = each.made_in(outward)
+        key = (made.places, made.at, made.kind)
+        if all((other.places, other.at, other.kind) != key for other in handed):
+            handed.append(made)
+
+
 def _whole_number(one: dis.Instruction | None) -> bool:
     """Whether ``one`` loads a whole number as a constant: a place, not text."""
     return one is not None and one.opname == "LOAD_CONST" and type(one.argval) is int
@@ -709,8 +734,10 @@ def _taken(
 ) -> str | tuple[Any, ...] | None:
     """What ``one`` does with followed values it takes (``popped``, the last of a call's
     given by the names ``keywords``): "asked", "returned", the kind of what it makes of
-    them, ("puts", local, kind) where it puts values followed as ``kind`` into the list or
-    dict ``local`` holds, or None where it makes nothing followed."""
+    them, ("puts", local, kind, calls) where it puts values followed as ``kind`` into the
+    list or dict ``local`` holds (by a method that may be the model's, called as ``calls``),
+    ("handed", calls) where it hands them to a call, or None where it makes nothing
+    followed."""
     text = _TEXT in kinds
     if name in ("COMPARE_OP", "CONTAINS_OP", "IS_OP"):
         return "asked"
@@ -761,7 +788,7 @@ def _taken(
             return "asked"
         into = popped[1].local
         put = _holding(popped[:1]) if popped[0].kind is not None else _HOLDER
-        return ("puts", into, put) if into is not None else None
+        return ("puts", into, put, ()) if into is not None else None
     if name.startswith("CALL"):
         callee, owner, by = _callee(popped)
         args = popped[2:] if _nulled(name) else popped[1:]
@@ -810,7 +837,9 @@ def _taken(
         if callee in _TAKES:
             return _item_of(args[0].kind)
         if callee in _PUTS and owner is not None and owner.local is not None:
-            return ("puts", owner.local, _put(callee, args[: len(args) - len(keywords)], args))
+            # Put into a list, or handed to a method of the model's of that name.
+            put = _put(callee, args[: len(args) - len(keywords)], args)
+            return ("puts", owner.local, put, _handed_to(callee, by, name, args, keywords))
         if callee == "isinstance":  # text made of a stand-in is text, whatever a call gives
             return None
         if callee is None:  # what it calls is not told by a name (a lambda): not followed
@@ -818,15 +847,7 @@ def _taken(
         if not any(slot.kind is not None for slot in popped[:2]):
             # Handed to a function that may be the model's: followed into it where the
             # frame tells what it is (:func:`asked_at`), each argument followed.
-            spread = name == "CALL_FUNCTION_EX"  # `pick(*names)` at -1, `pick(**notes)` -2
-            loaded = tuple(slot.local for slot in args)
-            return "handed", tuple(
-                _Handed(
-                    callee, by, -1 - at if spread else at, len(args), kind, keywords, loaded, ()
-                )
-                for at, kind in enumerate(slot.kind for slot in args)
-                if kind is not None
-            )
+            return "handed", _handed_to(callee, by, name, args, keywords)
         return None
     if name in ("RETURN_VALUE", "YIELD_VALUE"):
         return "returned"

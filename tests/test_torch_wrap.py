@@ -4277,6 +4277,50 @@ class ScalesByAGainAHelperPicks(OnTempered):
         return self.encoder(x) * self.gains.gain_for(f"width {x.shape[1]}")
 
 
+class _Picker:
+    """Picks a gain by text naming a dtype, by a method named as a list's."""
+
+    def append(self, name: str) -> float:
+        return 10.0 if name == "torch.float64-k" else 1.0
+
+
+class ScalesByAGainAnObjectPicksByAMethodNamedAsAList(OnTempered):
+    """Scales by a gain an object it holds picks by the name of its dtype, by a method
+    named as a list's (`self.picker.append`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.picker = _Picker()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.float()) * self.picker.append("-".join([str(x.dtype), "k"]))
+
+
+class ScalesByAGainPickedAfterManyPrints(OnTempered):
+    """Scales by a gain a function of its own picks by the name of its dtype, after
+    printing it at more places than a few."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        name = "-".join([str(x.dtype), "k"])
+        print(name, 1, end="")
+        print(name, 2, end="")
+        print(name, 3, end="")
+        print(name, 4, end="")
+        print(name, 5, end="")
+        print(name, 6, end="")
+        print(name, 7, end="")
+        print(name, 8, end="")
+        print(name, 9, end="")
+        print(name, 10, end="")
+        print(name, 11, end="")
+        print(name, 12, end="")
+        print(name, 13, end="")
+        print(name, 14, end="")
+        print(name, 15, end="")
+        print(name, 16, end="")
+        return self.encoder(x.float()) * _gain_named(name)
+
+
 class ScalesByAGainASubmodulePicks(OnTempered):
     """The same, picked by a submodule's method, reached through a container."""
 
@@ -4299,6 +4343,11 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         (ScalesByAGainItsMethodPicks, r"into text.*asked at .*`return 10\.0 if name =="),
         (ScalesByAGainAHelperPicks, r"into text.*asked at .*`return 10\.0 if name =="),
         (ScalesByAGainASubmodulePicks, r"into text.*asked at .*`return 10\.0 if name =="),
+        (
+            ScalesByAGainAnObjectPicksByAMethodNamedAsAList,
+            r"into text.*asked at .*`return 10\.0 if name ==",
+        ),
+        (ScalesByAGainPickedAfterManyPrints, r"into text.*asked at .*`return 10\.0 if name =="),
         (ScalesForItsDtypeSuffixedByAFunction, r"into text.*asked at .*`return h \* 10 if _suf"),
         (ScalesByAGainPickedByTextHandedOnTwice, r"into text.*asked at .*`return 10\.0 if name =="),
         (
@@ -4476,6 +4525,8 @@ class ScalesByAGainASubmodulePicks(OnTempered):
         "handed",
         "handed to an attribute's method",
         "handed to a submodule's method",
+        "handed to an attribute's method named as a list's",
+        "handed to a function after many prints",
         "handed back",
         "handed back and on",
         "handed on by the function it is handed to",
