@@ -60,6 +60,14 @@ def overwrite(home: Store, relative: str, data: bytes) -> None:
         (home.cache.root / relative).write_bytes(data)
 
 
+def read(home: Store, relative: str) -> bytes:
+    """The bytes of the file at ``relative`` (``names/sms/train``) in the home."""
+    if isinstance(home, LocalStore):
+        return (home.root / relative).read_bytes()
+    assert isinstance(home, BucketStore)
+    return bytes(home.fs.cat_file(f"{home.root}/{relative}"))
+
+
 def shard(digest: str) -> str:
     return f"{digest[7:9]}/{digest[7:]}"
 
@@ -93,6 +101,40 @@ def test_bind_and_resolve(home: Store) -> None:
     assert home.resolve("sms/train") == one
     home.bind("sms/train", two)
     assert home.resolve("sms/train") == two
+
+
+def test_a_name_file_copied_over_another_is_refused(home: Store) -> None:
+    """The file of one name copied over another's (by hand; or bound for a name differing
+    only in case, where the filesystem does not tell case apart) is refused, not followed
+    to the other name's digest; the name it was bound for still resolves."""
+    trusted, other = home.put(b"trusted"), home.put(b"another name's")
+    home.bind("model/prod", trusted)
+    home.bind("scratch/other", other)
+    overwrite(home, "names/model/prod", read(home, "names/scratch/other"))
+    with pytest.raises(Corrupt, match=r"`model/prod` holds another name's binding"):
+        reopen(home).resolve("model/prod")
+    assert reopen(home).resolve("scratch/other") == other
+
+
+def test_a_name_file_holds_its_digest_first_as_earlier_readers_read_it(home: Store) -> None:
+    """A name's file is its digest, then what ties it to the name after the mark a
+    signature follows: a reader that knows only the digest and signatures (an earlier
+    somatize, read without a key) takes the part before the mark, and finds the digest."""
+    digest = home.put(b"rows")
+    home.bind("sms/train", digest)
+    data = read(home, "names/sms/train")
+    assert data.partition(b"\nmac:")[0] == digest.encode()
+    assert data.partition(b"\nmac:")[2].startswith(b"unkeyed:")
+
+
+def test_a_name_file_holding_its_digest_alone_resolves(home: Store) -> None:
+    """A name bound by an earlier somatize without a key, its file the digest alone (a line
+    break after it or not), still resolves."""
+    digest = home.put(b"rows")
+    home.bind("sms/train", digest)
+    for old in (digest.encode(), digest.encode() + b"\n"):
+        overwrite(home, "names/sms/train", old)
+        assert reopen(home).resolve("sms/train") == digest
 
 
 def test_a_name_for_a_blob_not_kept_is_refused(home: Store) -> None:

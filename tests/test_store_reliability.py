@@ -1043,6 +1043,55 @@ def test_a_signed_name_copied_over_another_is_refused(tmp_path: Path) -> None:
     assert store.get(store.resolve("scratch/untrusted")) == b"anything"
 
 
+def test_a_name_differing_only_in_case_from_a_bound_one_is_refused(tmp_path: Path) -> None:
+    """Where the filesystem does not tell case apart (macOS, Windows), `sms/train` is the
+    file of `sms/Train`: it is not resolved to that name's digest, and binding it is
+    refused, naming both, rather than replacing that name's binding. (This filesystem
+    tells case apart: the file is copied where the other would find it.)"""
+    store = LocalStore(tmp_path / "store")
+    mixed, lower = store.put(b"bound as sms/Train"), store.put(b"meant for sms/train")
+    store.bind("sms/Train", mixed)
+    names = tmp_path / "store" / "names" / "sms"
+    shutil.copy(names / "Train", names / "train")
+    with pytest.raises(Corrupt, match=r"`sms/train` holds another name's binding"):
+        store.resolve("sms/train")
+    with pytest.raises(BadName, match=r"`sms/Train` is bound, which differs from it only in case"):
+        store.bind("sms/train", lower)
+    assert (names / "train").read_bytes() == (names / "Train").read_bytes()
+    assert LocalStore(tmp_path / "store").resolve("sms/Train") == mixed
+
+
+def test_a_name_over_which_another_names_file_was_copied_is_bound_once_it_is_removed(
+    tmp_path: Path,
+) -> None:
+    """Binding a name whose file holds another name's binding (copied over it by hand) is
+    refused, saying to remove the file; once removed, the name is bound."""
+    store = LocalStore(tmp_path / "store")
+    store.bind("data/v1", store.put(b"one"))
+    two = store.put(b"two")
+    copied = tmp_path / "store" / "names" / "data" / "v2"
+    shutil.copy(tmp_path / "store" / "names" / "data" / "v1", copied)
+    with pytest.raises(BadName, match=r"names/data/v2 holds another name's binding.*Remove"):
+        store.bind("data/v2", two)
+    copied.unlink()
+    store.bind("data/v2", two)
+    assert LocalStore(tmp_path / "store").resolve("data/v2") == two
+
+
+def test_names_read_across_signed_and_unsigned_stores(tmp_path: Path) -> None:
+    """A name signed with a key resolves in the same store opened without one (its signature
+    cannot be checked there, and is passed over); a name bound without a key is refused by
+    a store that signs, as carrying no signature: its check is no signature."""
+    signed = LocalStore(tmp_path / "store", signing_key="team")
+    digest = signed.put(b"rows")
+    signed.bind("data/signed", digest)
+    plain = LocalStore(tmp_path / "store")
+    assert plain.resolve("data/signed") == digest
+    plain.bind("data/plain", digest)
+    with pytest.raises(Unsigned, match="carries no signature"):
+        LocalStore(tmp_path / "store", signing_key="team").resolve("data/plain")
+
+
 def test_key_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SOMATIZE_STORE_KEY makes a store sign; a reader without it still reads, a reader
     with another key refuses."""

@@ -429,6 +429,16 @@ def _plant(home: Store, relative: str, data: bytes) -> None:
     home.fs.pipe_file(f"{home.root}/{relative}", data)
 
 
+def _held(home: Store, relative: str) -> bytes:
+    """The bytes of the file at ``relative`` (``names/data/v1``) in the home."""
+    if isinstance(home, LocalStore):
+        return (home.root / relative).read_bytes()
+    from somatize.store import BucketStore
+
+    assert isinstance(home, BucketStore)
+    return bytes(home.fs.cat_file(f"{home.root}/{relative}"))
+
+
 def test_a_stray_file_in_blobs_is_listed_not_fatal(home: Store) -> None:
     """Files in blobs/ not laid out as blobs are (a .DS_Store, an NFS .nfs file, a digest in
     another's folder) do not stop verify: they are listed as stray, not as damage; gc removes
@@ -503,6 +513,24 @@ def test_gc_puts_back_a_record_kept_again_never_over_a_newer_one(
     assert bytes(fresh.recall(key_of(1))[1]) == b"the newest answer"
     assert fresh.verify().ok
     assert not list((tmp_path / "store" / "tmp").iterdir())
+
+
+def test_a_name_file_holding_another_names_binding_is_told_and_pins_its_blob(
+    home: Store,
+) -> None:
+    """A name's file copied from another name's (bound without a key) is reported by verify
+    as holding another name's binding, and its blob is kept by gc all the same, though the
+    name it was bound for now points elsewhere: a name is never collected."""
+    named = home.put(b"the training set")
+    home.bind("data/v1", named)
+    _plant(home, "names/data/v2", _held(home, "names/data/v1"))
+    home.bind("data/v1", home.put(b"the training set, again"))
+    found = _reopen(home).verify(quarantine=True)
+    assert [(d.section, d.name) for d in found.damaged] == [("names", "data/v2")]
+    assert "holds another name's binding" in found.damaged[0].why
+    assert found.names == 2 and found.quarantined == []
+    _reopen(home).gc(0, grace=0)
+    assert bytes(_reopen(home).get(named)) == b"the training set"
 
 
 def test_a_stray_file_in_names_is_listed_not_damage(home: Store) -> None:

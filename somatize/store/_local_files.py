@@ -46,6 +46,7 @@ from somatize.store._packed import (
 )
 from somatize.store.base import (
     Answer,
+    BadName,
     Buffer,
     StoreError,
     StoreFull,
@@ -56,7 +57,7 @@ from somatize.store.base import (
     unbacked,
     unbound,
 )
-from somatize.store.records import PackIndex, encode_name
+from somatize.store.records import PackIndex, encode_name, holds_another_name
 
 open_file = io.open
 """What a store opens its files with, not the builtin ``open``: as the interpreter
@@ -180,6 +181,28 @@ def _read_file(path: str, cap: int | None = SMALL_FILE) -> bytes:
         return _read_open(handle, stat.st_size)
     finally:
         os.close(handle)
+
+
+def _spelled_otherwise(names: Path, name: str, data: bytes) -> str | None:
+    """The name, differing from ``name`` only in case, whose binding ``data`` holds (the
+    file ``name`` reached), as the folders under ``names`` spell it; None if none is."""
+    spellings = [""]
+    for segment in name.lower().split("/"):
+        spellings = [
+            f"{at}/{entry}" if at else entry
+            for at in spellings
+            for entry in _listed(names / at)
+            if entry.lower() == segment
+        ]
+    return next((o for o in spellings if o != name and not holds_another_name(o, data)), None)
+
+
+def _listed(folder: Path) -> list[str]:
+    """What ``folder`` holds; nothing if it cannot be listed."""
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
 
 
 Stamp = tuple[int, int, int, int]
@@ -523,6 +546,7 @@ class LocalFiles(PackedHome):
                 raise nested(name, above) from None
 
         refuse_nested()
+        self._refuse_another_names(name)
         try:
             touched = _soon(lambda: _touched(blob))
         except OSError as why:
@@ -538,6 +562,36 @@ class LocalFiles(PackedHome):
             raise
         if not _soon(lambda: os.path.exists(blob)):
             raise unbound(name, digest, str(self.root))
+
+    def _refuse_another_names(self, name: str) -> None:
+        """BadName when the file of ``name`` holds another name's binding, which binding it
+        would replace: on a filesystem that does not tell case apart (macOS, Windows),
+        ``sms/train`` is the file of ``sms/Train``. Only in a store that does not sign: in
+        one that does, binding a name again is how a file it does not trust is replaced."""
+        if self.signer is not None:
+            return
+        try:
+            data = _read_file(str(self.root / "names" / name))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, NotAFile):
+            return
+        except OSError as why:
+            raise self._unreadable("names", why) from why
+        if not holds_another_name(name, data):
+            return
+        other = _spelled_otherwise(self.root / "names", name, data)
+        if other is None:
+            raise BadName(
+                f"cannot bind `{name}` in {self.root}: names/{name} holds another name's "
+                "binding (copied over it, or bound for a name differing only in case on a "
+                f"filesystem that does not tell case apart), and binding `{name}` would "
+                f"replace it. Remove names/{name} if it was copied there, or name it otherwise"
+            )
+        raise BadName(
+            f"cannot bind `{name}` in {self.root}: `{other}` is bound, which differs from it "
+            "only in case, and this filesystem does not tell case apart, so both are one "
+            f"file: binding `{name}` would replace the binding of `{other}`. Name it "
+            f"otherwise (or bind `{other}` to change that binding)"
+        )
 
     def _publish_record(self, answer: Answer, data: bytes) -> None:
         self._publish(self._answer_file(answer.key), [data])

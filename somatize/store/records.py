@@ -2,8 +2,17 @@
 how a store that shares a secret signs them.
 
 An **answer record** is a line of JSON (:meth:`Answer.to_json`) naming the blob
-that holds the answer. A **name** is a digest on one line. Both are small,
+that holds the answer. A **name** is a digest on one line, and on a second what
+ties it to the name (below). Both are small,
 rewritten rarely, and read often, so they are plain text anyone can inspect.
+
+A name bound without a key carries, after its digest, a check that is no signature —
+``unkeyed:`` and the BLAKE3 of the name and its digest, which anyone can make — so that a
+name's file holding another name's binding is refused, not followed: one copied over it
+by hand, or one bound for a name differing only in case on a filesystem that does not tell
+case apart (macOS, Windows), where both names are one file. It follows the same mark a
+signature does, so a reader that knows no such check reads the digest and ignores it, and
+a reader with a key takes it for what it is: no signature.
 
 A **pack index** lists the item answers of a mapped node that were kept together
 in one blob (their bytes one after another), so that 100,000 items are a
@@ -73,7 +82,9 @@ __all__ = [
     "encode_name",
     "encode_pack",
     "encode_record",
+    "holds_another_name",
     "keep_packed",
+    "pointed_at",
     "signer_from",
     "signer_matching",
 ]
@@ -91,6 +102,9 @@ PACK_VERSION = 1
 _ENTRY = struct.Struct(">32sQQ")
 _MAC = b"\nmac:"
 _MAC_BYTES = 32
+_UNKEYED = b"unkeyed:"
+"""What follows :data:`_MAC` in a name bound without a key, before its check: a signature is
+hex alone, so neither is taken for the other."""
 _FINGERPRINT = b"somatize: the fingerprint of a store signing key\n"
 """What the fingerprint is an HMAC of. It ends in a line break no record, name or index
 body does, and the fingerprint is a hash of that HMAC, so it signs nothing a store holds."""
@@ -207,7 +221,7 @@ def _opened(what: str, data: bytes, signer: Signer | None, about: bytes = b"") -
     body, mark, mac = data.partition(_MAC)
     if signer is None:
         return body
-    if not mark:
+    if not mark or mac.startswith(_UNKEYED):
         raise Unsigned(
             f"{what} carries no signature, and this store signs: it was written without the "
             "key, so it is not trusted and is treated as absent (write it again with the "
@@ -257,15 +271,41 @@ def _bound_to(name: str) -> bytes:
     return b"somatize/name\0" + name.encode("utf-8", "surrogatepass") + b"\0"
 
 
+def _name_check(name: str, body: bytes) -> bytes:
+    """The check a name bound without a key carries: what ties its file to the name."""
+    return _UNKEYED + blake3.blake3(_bound_to(name) + body).hexdigest().encode()
+
+
 def encode_name(name: str, digest: str, signer: Signer | None) -> bytes:
-    """The bytes of ``name`` pointing at ``digest`` (signed with the name, when signed)."""
-    return _sealed(check_digest(digest).encode(), signer, _bound_to(name))
+    """The bytes of ``name`` pointing at ``digest``: signed with the name when signed,
+    checked with it otherwise."""
+    body = check_digest(digest).encode()
+    if signer is None:
+        return body + _MAC + _name_check(name, body)
+    return _sealed(body, signer, _bound_to(name))
+
+
+def holds_another_name(name: str, data: bytes) -> bool:
+    """Whether the bytes of a name's file, bound without a key, carry the check of another
+    name than ``name``. A signed file, or one bound before names were checked, says nothing
+    of the sort: False."""
+    body, _, check = data.partition(_MAC)
+    check = check.strip()
+    return check.startswith(_UNKEYED) and check != _name_check(name, body)
 
 
 def decode_name(name: str, data: bytes, signer: Signer | None) -> str:
-    """The digest a name's bytes point at; Corrupt (or Unsigned) otherwise — a signed file
-    written for another name included, and one signed before names were signed with the
-    name (:class:`NameSignedAlone`)."""
+    """The digest a name's bytes point at; Corrupt (or Unsigned) otherwise — a file written
+    for another name included (signed, or checked when bound without a key), and one signed
+    before names were signed with the name (:class:`NameSignedAlone`)."""
+    if signer is None and holds_another_name(name, data):
+        raise Corrupt(
+            f"the name `{name}` holds another name's binding, so it is not followed: its file "
+            "was copied over this one, or it was bound for a name differing only in case on a "
+            "filesystem that does not tell case apart (macOS, Windows), where both are one "
+            f"file. Remove names/{name} if it was copied there, and bind `{name}` again; "
+            "names differing only in case cannot both be bound there: name it otherwise"
+        )
     try:
         body = _opened(f"the name `{name}`", data, signer, _bound_to(name))
     except Unsigned:
@@ -283,6 +323,17 @@ def decode_name(name: str, data: bytes, signer: Signer | None) -> str:
                 f"bound again with the key (`store.bind({name!r}, digest)`)"
             ) from None
         raise
+    return _digest_in(name, body)
+
+
+def pointed_at(name: str, data: bytes) -> str:
+    """The digest a name's bytes point at, whatever signature or check they carry: what
+    upkeep keeps the blob of for a name it does not trust. Corrupt if they hold none."""
+    return _digest_in(name, data.partition(_MAC)[0])
+
+
+def _digest_in(name: str, body: bytes) -> str:
+    """The digest the body of ``name``'s file holds; Corrupt if it holds none."""
     text = body.decode("ascii", "replace").strip()
     try:
         return check_digest(text)

@@ -36,11 +36,14 @@ holds would be taken for unused, or the store for whole.
 
 **Signatures do not decide what is kept.** A record, index or name that fails
 only its signature check is untrusted by readers, but it is not damaged: it
-still pins its blob, and a name is never collected whatever it carries. When
-*nothing* in the store passes the signature check, the key is the wrong one (a
-shell's ``$SOMATIZE_STORE_KEY`` meant for another store, or a key given to an
-unsigned store), and upkeep refuses to run (:class:`KeyMismatch`) rather than
-take every answer for damage.
+still pins its blob, and a name is never collected whatever it carries. A name's
+file that holds another name's binding (copied over it, or bound for a name
+differing only in case where the filesystem does not tell case apart) is untrusted
+the same way: checking reports it, and its blob is kept. When *nothing* in the
+store passes the signature check, the key is the wrong one (a shell's
+``$SOMATIZE_STORE_KEY`` meant for another store, or a key given to an unsigned
+store), and upkeep refuses to run (:class:`KeyMismatch`) rather than take every
+answer for damage.
 
 **Checking** (:func:`check`) re-hashes every blob from scratch (not trusting what
 this process verified before) and reads every record, index and name; what does
@@ -67,10 +70,10 @@ from somatize.store.records import (
     NameSignedAlone,
     PackIndex,
     Signer,
-    Unsigned,
     decode_name,
     decode_pack,
     decode_record,
+    pointed_at,
 )
 
 __all__ = [
@@ -189,28 +192,28 @@ _READ = ("answers", "packs", "names")
 
 def _decoded(
     section: str, name: str, data: bytes, signer: Signer | None
-) -> tuple[Answer | PackIndex | str | Corrupt, Unsigned | None]:
+) -> tuple[Answer | PackIndex | str | Corrupt, Corrupt | None]:
     """What the file ``section/name`` holds (a record, an index, or the digest a name points
-    at), or why it cannot be read; and, when it is whole but fails the signature check, why
-    (what it holds is then read without the key: untrusted, yet not damaged)."""
+    at), or why it cannot be read; and, when it is whole but not trusted, why: it fails the
+    signature check, or it is a name's file holding another name's binding. What it holds
+    is then read without the key or the check: untrusted, yet not damaged."""
 
-    def decode(with_key: Signer | None) -> Answer | PackIndex | str:
+    def decode(trusted: bool) -> Answer | PackIndex | str:
         if section == "names":
-            return decode_name(name, data, with_key)
+            return decode_name(name, data, signer) if trusted else pointed_at(name, data)
         digest = blob_digest(name)
+        with_key = signer if trusted else None
         if section == "answers":
             return decode_record(digest, data, with_key)
         return decode_pack(digest, data, with_key)
 
     try:
-        return decode(signer), None
-    except Unsigned as untrusted:
+        return decode(True), None
+    except Corrupt as untrusted:  # damage reads no better untrusted: it is told as damage
         try:
-            return decode(None), untrusted
+            return decode(False), untrusted
         except Corrupt as why:
             return why, None
-    except Corrupt as why:
-        return why, None
 
 
 class _Read(NamedTuple):
@@ -218,8 +221,8 @@ class _Read(NamedTuple):
     entry: Entry
     held: Answer | PackIndex | str | Corrupt
     """What the file holds, or why it cannot be read."""
-    untrusted: Unsigned | None
-    """Why it fails the signature check, when it is otherwise whole."""
+    untrusted: Corrupt | None
+    """Why it is not trusted, when it is otherwise whole (see :func:`_decoded`)."""
     stray: bool = False
     """Whether it is named as no file of its section is (a ``.DS_Store``): listed by
     checking, not judged; what a stray name points at is kept all the same."""
@@ -615,7 +618,7 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
         section: str,
         name: str,
         held: Answer | PackIndex | str | Corrupt,
-        untrusted: Unsigned | None,
+        untrusted: Corrupt | None,
         again: bool = False,
     ) -> str | None:
         """Why the file ``section/name``, holding ``held``, is damage; None if it is whole.
