@@ -1043,22 +1043,25 @@ def test_a_signed_name_copied_over_another_is_refused(tmp_path: Path) -> None:
     assert store.get(store.resolve("scratch/untrusted")) == b"anything"
 
 
-def test_a_name_differing_only_in_case_from_a_bound_one_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signing_key", [None, "team"])
+def test_a_name_differing_only_in_case_from_a_bound_one_is_refused(
+    tmp_path: Path, signing_key: str | None
+) -> None:
     """Where the filesystem does not tell case apart (macOS, Windows), `sms/train` is the
     file of `sms/Train`: it is not resolved to that name's digest, and binding it is
-    refused, naming both, rather than replacing that name's binding. (This filesystem
-    tells case apart: the file is copied where the other would find it.)"""
-    store = LocalStore(tmp_path / "store")
+    refused, naming both, rather than replacing that name's binding; signed or not. (This
+    filesystem tells case apart: the file is copied where the other would find it.)"""
+    store = LocalStore(tmp_path / "store", signing_key=signing_key)
     mixed, lower = store.put(b"bound as sms/Train"), store.put(b"meant for sms/train")
     store.bind("sms/Train", mixed)
     names = tmp_path / "store" / "names" / "sms"
     shutil.copy(names / "Train", names / "train")
-    with pytest.raises(Corrupt, match=r"`sms/train` holds another name's binding"):
+    with pytest.raises(Corrupt, match=r"`sms/train` (holds another name's|has a signature that)"):
         store.resolve("sms/train")
     with pytest.raises(BadName, match=r"`sms/Train` is bound, which differs from it only in case"):
         store.bind("sms/train", lower)
     assert (names / "train").read_bytes() == (names / "Train").read_bytes()
-    assert LocalStore(tmp_path / "store").resolve("sms/Train") == mixed
+    assert LocalStore(tmp_path / "store", signing_key=signing_key).resolve("sms/Train") == mixed
 
 
 def test_a_name_over_which_another_names_file_was_copied_is_bound_once_it_is_removed(
@@ -1076,6 +1079,22 @@ def test_a_name_over_which_another_names_file_was_copied_is_bound_once_it_is_rem
     copied.unlink()
     store.bind("data/v2", two)
     assert LocalStore(tmp_path / "store").resolve("data/v2") == two
+
+
+def test_a_signed_name_over_which_another_names_file_was_copied_is_bound_again(
+    tmp_path: Path,
+) -> None:
+    """In a store that signs, binding a name again replaces a file it does not trust (the
+    signed file of another name, copied over it, which names no name its folder holds
+    in another case): binding again is how such a name is made good."""
+    store = LocalStore(tmp_path / "store", signing_key="team")
+    store.bind("model/prod", store.put(b"trusted"))
+    store.bind("scratch/other", store.put(b"anything"))
+    names = tmp_path / "store" / "names"
+    shutil.copy(names / "scratch" / "other", names / "model" / "prod")
+    trusted = store.put(b"trusted")
+    store.bind("model/prod", trusted)
+    assert LocalStore(tmp_path / "store", signing_key="team").resolve("model/prod") == trusted
 
 
 def test_names_read_across_signed_and_unsigned_stores(tmp_path: Path) -> None:

@@ -57,7 +57,13 @@ from somatize.store.base import (
     unbacked,
     unbound,
 )
-from somatize.store.records import PackIndex, encode_name, holds_another_name
+from somatize.store.records import (
+    PackIndex,
+    Signer,
+    bound_for,
+    encode_name,
+    holds_another_name,
+)
 
 open_file = io.open
 """What a store opens its files with, not the builtin ``open``: as the interpreter
@@ -183,9 +189,10 @@ def _read_file(path: str, cap: int | None = SMALL_FILE) -> bytes:
         os.close(handle)
 
 
-def _spelled_otherwise(names: Path, name: str, data: bytes) -> str | None:
+def _spelled_otherwise(names: Path, name: str, data: bytes, signer: Signer | None) -> str | None:
     """The name, differing from ``name`` only in case, whose binding ``data`` holds (the
-    file ``name`` reached), as the folders under ``names`` spell it; None if none is."""
+    file ``name`` reached: signed or checked for that name), as the folders under ``names``
+    spell it; None if none is."""
     spellings = [""]
     for segment in name.lower().split("/"):
         spellings = [
@@ -194,7 +201,7 @@ def _spelled_otherwise(names: Path, name: str, data: bytes) -> str | None:
             for entry in _listed(names / at)
             if entry.lower() == segment
         ]
-    return next((o for o in spellings if o != name and not holds_another_name(o, data)), None)
+    return next((o for o in spellings if o != name and bound_for(o, data, signer)), None)
 
 
 def _listed(folder: Path) -> list[str]:
@@ -566,32 +573,32 @@ class LocalFiles(PackedHome):
     def _refuse_another_names(self, name: str) -> None:
         """BadName when the file of ``name`` holds another name's binding, which binding it
         would replace: on a filesystem that does not tell case apart (macOS, Windows),
-        ``sms/train`` is the file of ``sms/Train``. Only in a store that does not sign: in
-        one that does, binding a name again is how a file it does not trust is replaced."""
-        if self.signer is not None:
-            return
+        ``sms/train`` is the file of ``sms/Train``. In a store that signs, only a file
+        signed for such a name is refused: binding a name again is how a file it does not
+        trust (written without the key, or for another name) is replaced."""
         try:
             data = _read_file(str(self.root / "names" / name))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, NotAFile):
             return
         except OSError as why:
             raise self._unreadable("names", why) from why
-        if not holds_another_name(name, data):
+        if bound_for(name, data, self.signer):
             return
-        other = _spelled_otherwise(self.root / "names", name, data)
-        if other is None:
+        other = _spelled_otherwise(self.root / "names", name, data, self.signer)
+        if other is not None:
+            raise BadName(
+                f"cannot bind `{name}` in {self.root}: `{other}` is bound, which differs from "
+                "it only in case, and this filesystem does not tell case apart, so both are "
+                f"one file: binding `{name}` would replace the binding of `{other}`. Name it "
+                f"otherwise (or bind `{other}` to change that binding)"
+            )
+        if self.signer is None and holds_another_name(name, data):
             raise BadName(
                 f"cannot bind `{name}` in {self.root}: names/{name} holds another name's "
                 "binding (copied over it, or bound for a name differing only in case on a "
                 f"filesystem that does not tell case apart), and binding `{name}` would "
                 f"replace it. Remove names/{name} if it was copied there, or name it otherwise"
             )
-        raise BadName(
-            f"cannot bind `{name}` in {self.root}: `{other}` is bound, which differs from it "
-            "only in case, and this filesystem does not tell case apart, so both are one "
-            f"file: binding `{name}` would replace the binding of `{other}`. Name it "
-            f"otherwise (or bind `{other}` to change that binding)"
-        )
 
     def _publish_record(self, answer: Answer, data: bytes) -> None:
         self._publish(self._answer_file(answer.key), [data])

@@ -76,6 +76,7 @@ __all__ = [
     "PackIndex",
     "Signer",
     "Unsigned",
+    "bound_for",
     "decode_name",
     "decode_pack",
     "decode_record",
@@ -285,13 +286,25 @@ def encode_name(name: str, digest: str, signer: Signer | None) -> bytes:
     return _sealed(body, signer, _bound_to(name))
 
 
+def bound_for(name: str, data: bytes, signer: Signer | None) -> bool:
+    """Whether the bytes of a name's file say they were bound for ``name``: signed with it
+    under ``signer``, or, without one, checked with it."""
+    body, _, seal = data.partition(_MAC)
+    seal = seal.strip()
+    if signer is None:
+        return seal == _name_check(name, body)
+    try:
+        return signer.check(_bound_to(name) + body, bytes.fromhex(seal.decode("ascii")))
+    except ValueError:
+        return False
+
+
 def holds_another_name(name: str, data: bytes) -> bool:
     """Whether the bytes of a name's file, bound without a key, carry the check of another
     name than ``name``. A signed file, or one bound before names were checked, says nothing
     of the sort: False."""
-    body, _, check = data.partition(_MAC)
-    check = check.strip()
-    return check.startswith(_UNKEYED) and check != _name_check(name, body)
+    check = data.partition(_MAC)[2].strip()
+    return check.startswith(_UNKEYED) and not bound_for(name, data, None)
 
 
 def decode_name(name: str, data: bytes, signer: Signer | None) -> str:
