@@ -339,8 +339,13 @@ def _refuse_asked(frame: types.FrameType, own: Callable[[str], bool]) -> None:
     (...,)``, ``"-".join([...])``, an f-string of parts), which it does not mark."""
     try:
         where = asked_at(frame, own)
-    except Exception:  # pragma: no cover - code this reading does not know is let be
-        return
+    except Exception as why:  # code this reading does not know: what it asks is unknown
+        raise Fixed(
+            'turns a value fx stands in for into text (`str(x.dtype)`, `f"{x.device}"`) in '
+            f"code that cannot be followed to see whether it asks something of it "
+            f"({frame.f_code.co_filename}:{frame.f_lineno}: {type(why).__name__}: {why}); "
+            "what the forward does with it would be done alike whatever a call gives"
+        ) from why
     if where is not None:
         raise Fixed(f"{_ASKED}. The text is asked at {where}")
 

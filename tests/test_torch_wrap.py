@@ -4621,6 +4621,23 @@ def test_text_python_makes_of_what_fx_stands_in_for_is_followed_and_refused_wher
         _answers_as_the_model(PutsItsDtypeInMessages, store)
 
 
+def test_text_in_code_the_following_cannot_read_is_refused(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the code text of a stand-in is made in cannot be read (bytecode this
+    reading does not know), whether it is compared is unknown: the model is refused,
+    naming the line and what failed, not let be, since a comparison missed keeps the
+    branch taken for one dtype for every other."""
+
+    def unreadable(frame: object, own: object) -> None:
+        raise NotImplementedError("an instruction not known")
+
+    monkeypatch.setattr("somatize_torch._modes.asked_at", unreadable)
+    torch.manual_seed(0)
+    with pytest.raises(smt.Untraceable, match=r"cannot be followed.*an instruction not known"):
+        smt.wrap(PutsItsDtypeInMessages(), frozen=["encoder"], cached=["encoder"], store=store)
+
+
 class CountsItsMessages(OnTempered):
     """Gathers messages naming its shape in a list and logs them when there are any: the
     list's length asks nothing of the text in it."""
