@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from somatize.engine import Drifted
+from somatize.errors import SomatizeWarning
 from somatize.store.base import Corrupt, Missing
 from somatize_torch._modes import outside_compiled
 from somatize_torch._row_codec import decode_rows, empty_rows, laid_out, row_order
@@ -88,7 +89,7 @@ def _recall_or_run(
         return _compute(self, x, [], keying, watch)  # an empty batch: nothing to look up or keep
     # What this forward counts, added to the cache's counts at its end all at once: a
     # `reset_stats` meanwhile (on another thread) finds it in one period, whole.
-    counts = dict.fromkeys(("device", "host", "pending", "store"), 0)
+    counts = dict.fromkeys(("device", "host", "pending", "store", "unread"), 0)
     pieces: list[tuple[list[int] | None, torch.Tensor]] = []
     positions: list[int] | None = None  # None: every row is still to be found
     # The tiers are looked up and admitted to under the cache's lock: a cache called from
@@ -134,7 +135,7 @@ def _recall_or_run(
         positions = took(self._writer.recall(keys), "pending", positions)
     if positions and self.store is not None:
         keys = {p: keys.get(p) or keying.key(ids[p]) for p in positions}
-        positions = took(_from_store(self, keys), "store", positions)
+        positions = took(_from_store(self, keys, counts), "store", positions)
     if positions:
         began = time.perf_counter()
         first: dict[Hashable, int] = {}
@@ -270,8 +271,14 @@ def _admit(self: CachedRows, near: list[Hashable], rows: torch.Tensor) -> None:
             done += tier.admit(near[done:], rows[done:])
 
 
-def _from_store(self: CachedRows, keys: dict[int, str]) -> tuple[list[int], torch.Tensor] | None:
-    """The rows at batch positions ``keys`` (position → store key) the store has."""
+def _from_store(
+    self: CachedRows, keys: dict[int, str], counts: dict[str, int]
+) -> tuple[list[int], torch.Tensor] | None:
+    """The rows at batch positions ``keys`` (position → store key) the store has. A row it
+    has but cannot hand over whole — damaged, gone since it was asked, or a read that
+    failed (an I/O error, a file this process may not read) — is a miss: computed again,
+    counted in ``counts["unread"]`` and warned of (:func:`_unread`), never raised to the
+    caller, as the store is a cache of what the module answers."""
     store = self.store
     assert store is not None and self._lock is not None
     with self._lock:
@@ -279,13 +286,19 @@ def _from_store(self: CachedRows, keys: dict[int, str]) -> tuple[list[int], torc
         if not present:
             return None
         wanted = [p for p, key in keys.items() if key in present]
-        got = store.recall_many([keys[p] for p in wanted], borrow=True)  # decoded by copy
+        try:
+            got = store.recall_many([keys[p] for p in wanted], borrow=True)  # decoded by copy
+        except OSError as why:  # the whole read failed, not one answer of it
+            _unread(self, counts, len(wanted), why)
+            return None
     at: list[int] = []
     datas: list[memoryview] = []
+    faults: list[Exception] = []
     for p in wanted:
-        item = got.get(keys[p])
+        item = got.get(keys[p]) or Missing(f"the store handed nothing back for {keys[p]}")
         if not isinstance(item, tuple):
-            continue  # damaged or gone since `have`: computed again
+            faults.append(item)  # damaged, gone since `have`, or not read: computed again
+            continue
         answer, data = item
         if answer.codec != TENSOR.name:
             continue
@@ -295,13 +308,33 @@ def _from_store(self: CachedRows, keys: dict[int, str]) -> tuple[list[int], torc
             _drifted(self, answer.fingerprint)
         at.append(p)
         datas.append(data)
+    if faults:
+        _unread(self, counts, len(faults), faults[0])
     if not at:
         return None
     try:
         rows = decode_rows(datas)
-    except (ValueError, TypeError, Corrupt, Missing):
-        return None  # a damaged row: every row of this lookup is computed again
+    except (ValueError, TypeError, Corrupt, Missing) as why:
+        _unread(self, counts, len(at), why)  # every row of this lookup is computed again
+        return None
     return at, rows
+
+
+def _unread(self: CachedRows, counts: dict[str, int], rows: int, why: Exception) -> None:
+    """Counts ``rows`` more rows the store had and could not hand over (``why``), and warns
+    of the first such of this cache: they are computed again, so the answer is right, but
+    a store that keeps failing to read (a disk going bad) costs every epoch their compute."""
+    counts["unread"] += rows
+    if self._unread_warned:
+        return
+    self._unread_warned = True
+    warnings.warn(
+        f"rows of `{type(self.module).__name__}` kept in the store could not be read back "
+        f"({type(why).__name__}: {why}); they were computed again. `stats.rows_unread` "
+        "counts such rows; `somatize store verify` looks the store over",
+        SomatizeWarning,
+        stacklevel=outside_level(),
+    )
 
 
 def _drifted(self: CachedRows, was: str | None) -> None:

@@ -26,7 +26,9 @@ class RowStats:
     is ``recalled / rows``. ``from_pending`` counts rows in no memory tier recalled from
     the background writer's staged copies, their write to the store not yet done.
     ``bytes_kept`` and ``rows_kept`` count what the background writer has written to the
-    store so far; ``lookup_s`` is the time spent keying rows and finding them (not
+    store so far; ``rows_unread`` counts rows the store had but could not hand over
+    (damaged, gone since it was asked, or a read that failed), computed again instead;
+    ``lookup_s`` is the time spent keying rows and finding them (not
     computing them), ``compute_s`` the time the module ran.
     """
 
@@ -40,6 +42,7 @@ class RowStats:
     rows_kept: int = 0
     bytes_kept: int = 0
     rows_failed: int = 0
+    rows_unread: int = 0
     lookup_s: float = 0.0
     compute_s: float = 0.0
 
@@ -67,6 +70,7 @@ _COUNTED = (
     "host",
     "pending",
     "store",
+    "unread",
     "lookup_s",
     "compute_s",
 )
@@ -106,6 +110,7 @@ def _stats_of(
         rows_kept=kept[0],
         bytes_kept=kept[1],
         rows_failed=kept[2],
+        rows_unread=int(c["unread"]),
         lookup_s=c["lookup_s"],
         compute_s=c["compute_s"],
     )

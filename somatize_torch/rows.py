@@ -196,6 +196,7 @@ class CachedRows(nn.Module):
         self._writer = Writer(store, self._fingerprint) if store is not None else None
         self._lock = store_lock(store) if store is not None else None
         self._drift_warned = False
+        self._unread_warned = False  # a store read that failed is warned of once
         # How many times rows were keyed anew since the module was cached: its state or its
         # declaration changed (weights loaded, a setting written), so no row kept before
         # is recalled after.

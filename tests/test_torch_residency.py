@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from somatize import Store
+from somatize import SomatizeWarning, Store, StoreError
 from somatize._threads import ProcessLock
 from somatize.store.local import LocalStore
 from somatize_torch import writer as writer_module
@@ -566,6 +566,64 @@ def test_a_failing_write_is_reported_not_swallowed(
         cached(rows(4, seed=3))
     monkeypatch.undo()
     assert store.have(cached.row_keys(x)) == set()
+    cached.close()
+
+
+def _fail_reads(reader: Store, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes ``reader`` fail to hand over the answers it has, ``how`` says which way."""
+    blobs = [blob for blob in (Path(reader.root) / "blobs").rglob("*") if blob.is_file()]
+    assert blobs
+    if how == "damaged":
+        for blob in blobs:
+            data = bytearray(blob.read_bytes())
+            data[-1] ^= 0xFF
+            blob.write_bytes(data)
+        return
+    if how == "removed":  # between the lookup and the read
+        have = reader.have
+
+        def have_then_remove(keys: Any) -> set[str]:
+            found = have(keys)
+            for blob in blobs:
+                blob.unlink(missing_ok=True)
+            return found
+
+        monkeypatch.setattr(reader, "have", have_then_remove)
+        return
+    failure = (
+        OSError(errno.EIO, "Input/output error")
+        if how == "io error"
+        else StoreError("cannot read blobs/ (Permission denied)")
+    )
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise failure
+
+    monkeypatch.setattr(reader, "_read_blob", failing)
+
+
+@pytest.mark.parametrize("how", ["io error", "not readable", "damaged", "removed"])
+def test_a_store_read_that_fails_computes_the_rows_again_and_says_so(
+    store: Store, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows the store has but cannot hand over — a read failing with an I/O error, a blob
+    this process may not read, bytes damaged since they were kept, a blob removed between
+    the lookup and the read — are computed again, the module's own answer, never the
+    store's error or a wrong row; they are counted in ``rows_unread`` and warned of once."""
+    x = rows(16)
+    first = cache_rows(mlp(), store)
+    first(x)
+    first.flush()
+    reader = Store(store.root)  # reads every file afresh: nothing of the first is held
+    _fail_reads(reader, how, monkeypatch)
+    cached = cache_rows(mlp(), reader)
+    with pytest.warns(SomatizeWarning, match="could not be read back.*computed again"):
+        out = cached(x)
+    assert torch.equal(out, truth(x))
+    stats = cached.stats
+    assert (stats.computed, stats.from_store, stats.rows_unread) == (16, 0, 16)
+    assert torch.equal(cached(x), truth(x))  # from memory now: nothing more to say
+    assert cached.stats.rows_unread == 16
     cached.close()
 
 
