@@ -18,7 +18,6 @@ so their inputs stop coming with the samples.
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 import time
 import warnings
@@ -35,7 +34,7 @@ from somatize_torch._modes import outside_compiled
 from somatize_torch._row_codec import decode_rows, empty_rows, laid_out, row_order
 from somatize_torch._row_errors import NotRowwise, RowsError
 from somatize_torch._row_keys import _Keying, _keying, _row_ids
-from somatize_torch._rowwise import _check_records_none, _compute, _still_keyed
+from somatize_torch._rowwise import _check_records_none, _compute, _in_eval, _still_keyed
 from somatize_torch.codec import TENSOR
 from somatize_torch.deferred import Deferred, DeferredRows
 from somatize_torch.freeze import check_still, outside_level
@@ -143,6 +142,11 @@ def _recall_or_run(
             first.setdefault(near[p], p)
         once = list(first.values())  # a row that is in the batch twice runs once
         rows = _compute(self, x, once, keying, watch)
+        if not _in_eval(self):
+            # A part put in train mode as the module ran (by another thread): its rows may be
+            # train mode's (a dropout drawing). Computed again, the part warned of and put
+            # back in eval first (`_compute`), and kept only if none moved meanwhile.
+            rows = _compute(self, x, once, keying, watch)
         computed = time.perf_counter() - began
         with self._tiers_lock:  # what a batch answered from memory is laid out as
             orders[(rows.shape[1:], rows.dtype)] = row_order(rows)
@@ -181,23 +185,9 @@ def _recall_or_run(
 def _check_still(self: CachedRows) -> None:
     """Warns of a part of the module put in train mode directly (``encoder[1].train()``)
     and puts it back in eval, whether the batch's rows are then recalled or computed: what
-    is recalled is what it answers in eval. The parts are listed once per state watch,
-    which is made anew whenever a part is put in, taken out or replaced, so a forward
-    reads one flag per part, from each part's table of attributes (a class of its own
-    that keeps the flag elsewhere is left to :func:`check_still` to look at)."""
-    watch = self._watch
-    parts = self._parts
-    if parts is None or parts[0] is not watch:
-        parts = self._parts = (watch, [vars(part) for part in self.module.modules()])
-    try:
-        still = not any(map(_TRAINING, parts[1]))
-    except KeyError:
-        still = False
-    if not still:
+    is recalled is what it answers in eval."""
+    if not _in_eval(self):
         check_still(type(self.module).__name__, self.module)
-
-
-_TRAINING = operator.itemgetter("training")
 
 
 def _held(self: CachedRows, near: Sequence[Hashable], computed: list[int]) -> list[int] | None:

@@ -14,6 +14,7 @@ rounding allows (:func:`_rounding`, :func:`_difference`), not for equality.
 from __future__ import annotations
 
 import math
+import operator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
@@ -183,12 +184,32 @@ def _check_rowwise(
 
 
 def _still_keyed(self: CachedRows, watch: StateWatch | None) -> bool:
-    """Whether the weights rows were keyed under (``watch``) are those they were computed
-    with: not changed, replaced or converted meanwhile (by another thread: a checkpoint
-    loaded into a module a server calls). Rows computed with other weights are answered
-    and kept nowhere, since under their keys they would be recalled for the weights
-    keyed."""
-    return watch is not None and self._watch is watch and not watch.changed()
+    """Whether the module that computed rows is the one they were keyed under: its weights
+    (``watch``) not changed, replaced or converted meanwhile (by another thread: a
+    checkpoint loaded into a module a server calls), and every part still in eval (none
+    put in train mode by another thread, a part without weights too: a Dropout). Rows
+    computed with other weights are answered and kept nowhere, since under their keys
+    they would be recalled for the weights keyed; rows computed with a part in train mode
+    are computed again (:mod:`somatize_torch._row_lookup`)."""
+    return watch is not None and self._watch is watch and not watch.changed() and _in_eval(self)
+
+
+def _in_eval(self: CachedRows) -> bool:
+    """Whether every part of the module is in eval. The parts are listed once per state
+    watch, which is made anew whenever a part is put in, taken out or replaced, so this
+    reads one flag per part, from each part's table of attributes; a class of its own
+    that keeps the flag elsewhere (a property) is asked."""
+    watch = self._watch
+    parts = self._parts
+    if parts is None or parts[0] is not watch:
+        parts = self._parts = (watch, [vars(part) for part in self.module.modules()])
+    try:
+        return not any(map(_TRAINING, parts[1]))
+    except KeyError:
+        return not any(part.training for part in self.module.modules())
+
+
+_TRAINING = operator.itemgetter("training")
 
 
 def _refuse_alone(self: CachedRows, which: str, rows: int, error: Exception) -> NoReturn:

@@ -2231,3 +2231,41 @@ def test_a_part_that_keeps_its_mode_elsewhere_put_in_train_mode_warns(store: Sto
     assert not module[1].training
     assert torch.equal(again, first)
     cached.close()
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first rows", "later rows"])
+def test_a_part_put_in_train_mode_as_the_module_runs_answers_and_keeps_no_train_rows(
+    store: Store, monkeypatch: pytest.MonkeyPatch, first: bool
+) -> None:
+    """A part without weights (Dropout) put in train mode by another thread while the
+    module computes a batch's rows is seen once they are computed — the first rows of
+    the cache, whose module is looked at for answering each row alone, or later ones: it
+    is warned of and put back in eval, the rows are computed again in eval, and rows
+    computed in train mode are neither answered, kept, nor taken for rows mixed."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(6, 64), nn.Dropout(0.5))
+    plain = nn.Linear.forward
+    armed: list[bool] = []
+
+    @functools.wraps(plain)
+    def forward(self: nn.Linear, x: torch.Tensor) -> Any:
+        if armed and armed.pop():  # once, between the check of the modes and the dropout
+            other = threading.Thread(target=module[1].train)
+            other.start()
+            other.join()
+        return plain(self, x)
+
+    monkeypatch.setattr(nn.Linear, "forward", forward)
+    cached = cache_rows(module, store)
+    if not first:
+        cached(torch.randn(4, 6))
+    x = torch.randn(8, 6)
+    armed.append(True)
+    with pytest.warns(StillChanging, match="`1`.*train mode"):
+        out = cached(x)
+    assert not module[1].training
+    assert torch.equal(out, expected(module, x))
+    assert torch.equal(cached(x), expected(module, x))  # what was kept
+    cached.flush()
+    assert torch.equal(cache_rows(module, Store(store.root))(x), expected(module, x))
+    cached.close()
