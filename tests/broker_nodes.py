@@ -33,6 +33,20 @@ class Nap(Node):
         return value
 
 
+class SlowToBuild(Node):
+    """Built in ``seconds`` where ``marker`` exists (on a worker, once a test touched it),
+    at once elsewhere; hands its input on."""
+
+    def __init__(self, seconds: float, marker: str) -> None:
+        self.seconds = seconds
+        self.marker = marker
+        if Path(marker).exists():
+            time.sleep(seconds)
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        return value
+
+
 class Meet(Node):
     """Leaves a mark named ``tag`` in ``folder``, then waits up to ``seconds`` for the mark
     of ``other`` there, and hands its input on: two of them meet only when they run at

@@ -44,6 +44,7 @@ from tests.broker_nodes import (
     RaisesUnprintable,
     Ramp,
     Seeded,
+    SlowToBuild,
     Stepper,
     Where,
     napping,
@@ -584,6 +585,62 @@ def test_a_worker_running_edited_somatize_of_the_same_version_is_refused(
             g.forward({"at": 0, "take": 2}, broker=broker)
         monkeypatch.undo()
         assert g.forward({"at": 0, "take": 2}, broker=broker) == [0.0, 2.0]
+
+
+def test_a_key_asked_of_a_worker_of_another_somatize_version_is_refused(
+    cluster: None, monkeypatch: pytest.MonkeyPatch, store: Store
+) -> None:
+    """``key_on`` asks a worker its version before its key, as a call of a node does: one
+    running another somatize is BadWorker and stopped, not asked for a key worked out by
+    other code. The same worker with the same version answers the client's key."""
+    import somatize
+
+    x = {"at": 0, "take": 2}
+    g = Graph.somatize(
+        Rows().named("rows").frozen().cached()
+        >> Scale(2.0).named("scale").frozen().cached().at("w1")
+    )
+    seen: list[dict[str, Any]] = []
+    g.forward(x, store=store, watching=seen.append)
+    keys = {f["node"]: f["key"] for f in seen if f["fact"] == "kept"}
+    with Broker.ray(workers={"w1": _worker()}) as broker:
+        monkeypatch.setattr(somatize, "__version__", "0.0.0-other")
+        with pytest.raises(BadWorker, match=r"worker `w1` runs somatize .*0\.0\.0-other"):
+            broker.key_on("w1", g, "scale", [keys["rows"]])
+        monkeypatch.undo()
+        assert broker.key_on("w1", g, "scale", [keys["rows"]]) == keys["scale"]
+
+
+def test_a_key_asked_of_a_worker_that_does_not_answer_in_time_is_a_timeout(
+    cluster: None, tmp_path: Path
+) -> None:
+    """``key_on`` fails as a call of a node does when the worker does not answer in time:
+    WorkerTimeout, naming node and worker, whether the worker never started
+    (``start_timeout_s``) or took too long over the key (``timeout_s``: the actor is
+    stopped, and started afresh for the next call) — never Ray's GetTimeoutError."""
+    marker = tmp_path / "slow"
+    g = Graph.somatize(
+        Rows().named("rows").frozen()
+        >> SlowToBuild(30.0, str(marker)).named("slow").frozen().cached().at("w1")
+    )
+    rows = [root_key({"at": 0, "take": 2})]
+    never = Broker.ray(
+        workers={"w1": _worker()},
+        runtime_env={"py_executable": "/bin/false"},
+        start_timeout_s=3,
+        timeout_s=2,
+    )
+    try:
+        with pytest.raises(WorkerTimeout, match=r"worker `w1` did not start within 3 s"):
+            never.key_on("w1", g, "slow", rows)
+    finally:
+        never.close()
+    with Broker.ray(workers={"w1": _worker()}, timeout_s=2) as broker:
+        marker.touch()
+        with pytest.raises(WorkerTimeout, match=r"`slow` on worker `w1` did not answer within 2 s"):
+            broker.key_on("w1", g, "slow", rows)
+        marker.unlink()
+        assert broker.key_on("w1", g, "slow", rows).startswith("blake3:")
 
 
 def test_a_ray_broker_copied_or_pickled_is_refused_by_name(broker: Any) -> None:

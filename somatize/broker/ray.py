@@ -363,7 +363,9 @@ class RayBroker(Broker):
 
     def key_on(self, worker: str, graph: Graph, node: str, inputs: list[str]) -> str:
         """The key of ``node`` reading inputs keyed ``inputs``, as computed on ``worker``
-        from the node it rebuilt there: the same as the client's, or keys would not meet."""
+        from the node it rebuilt there: the same as the client's, or keys would not meet.
+        Asked as a node's call is: of a worker running this somatize (BadWorker otherwise),
+        within the broker's timeouts (WorkerTimeout otherwise, the actor stopped)."""
         ray = _ray()
         self.check(graph)
         memory = graph.memory
@@ -371,11 +373,42 @@ class RayBroker(Broker):
         asked = (node, blueprint, memory.state_of(node), memory.salt_of(node), inputs)
         held = held_state(graph, node)
         actor = self.actor(worker)
-        key = ray.get(actor.key_of.remote(*asked, held, None), timeout=self.timeout_s)
+        self._check_started(node, worker, actor)
+        key = self._answer(node, worker, actor, actor.key_of.remote(*asked, held, None))
         if isinstance(key, NeedState):
             state = ray.put(graph.node(node).state_bytes())
-            key = ray.get(actor.key_of.remote(*asked, held, state), timeout=self.timeout_s)
+            key = self._answer(node, worker, actor, actor.key_of.remote(*asked, held, state))
         return str(key)
+
+    def _check_started(self, node: str, worker: str, actor: Any) -> None:
+        """Asks ``worker``'s actor, before it is first sent anything about ``node``, which
+        somatize it runs: WorkerTimeout if it does not answer within ``start_timeout_s``
+        (it never started), BadWorker if it runs another (it would read what it is sent
+        with other code); the actor is stopped either way."""
+        if actor in self._started:
+            return
+        ray = _ray()
+        try:
+            there = ray.get(actor.version.remote(), timeout=self.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self._forget(worker, actor, kill=True)
+            raise WorkerTimeout(node, worker, self.start_timeout_s, starting=True) from None
+        if not _same_somatize(there):
+            self._forget(worker, actor, kill=True)
+            raise _other_version(node, worker, there)
+        self._started.add(actor)
+
+    def _answer(self, node: str, worker: str, actor: Any, call: Any) -> Any:
+        """What ``call``, made of ``worker``'s actor about ``node``, answers within the
+        broker's ``timeout_s``; past it the actor is stopped (the next call starts it
+        afresh) and WorkerTimeout raised."""
+        ray = _ray()
+        try:
+            return ray.get(call, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self._forget(worker, actor, kill=True)
+            assert self.timeout_s is not None
+            raise WorkerTimeout(node, worker, self.timeout_s) from None
 
     def close(self) -> None:
         """Stops every actor and lets the workers go; a later call starts them again."""
@@ -457,32 +490,19 @@ class RayBroker(Broker):
             if halted:
                 raise WorkerLost(node, worker, 1, "stopped: its forward was interrupted")
             try:
-                if actor not in self._started:
-                    try:
-                        there = ray.get(actor.version.remote(), timeout=self.start_timeout_s)
-                    except ray.exceptions.GetTimeoutError:
-                        self._forget(worker, actor, kill=True)
-                        raise WorkerTimeout(
-                            node, worker, self.start_timeout_s, starting=True
-                        ) from None
-                    if not _same_somatize(there):
-                        self._forget(worker, actor, kill=True)
-                        raise _other_version(node, worker, there)
-                    self._started.add(actor)
-                first = ray.get(actor.run.remote(job, state, *payloads), timeout=self.timeout_s)
+                self._check_started(node, worker, actor)
+                first = self._answer(node, worker, actor, actor.run.remote(job, state, *payloads))
                 if isinstance(first, NeedState):
                     if state is None:
                         data = graph.node(node).state_bytes()
                         state, carried = ray.put(data), len(data)
                     # set only once it comes back: an actor that dies loading the state
                     # leaves no reply, and is lost as one dying on its first call is
-                    first = ray.get(actor.run.remote(job, state, *payloads), timeout=self.timeout_s)
+                    first = self._answer(
+                        node, worker, actor, actor.run.remote(job, state, *payloads)
+                    )
                 reply = first
                 break
-            except ray.exceptions.GetTimeoutError:
-                self._forget(worker, actor, kill=True)
-                assert self.timeout_s is not None
-                raise WorkerTimeout(node, worker, self.timeout_s) from None
             except ray.exceptions.RayActorError as error:
                 if actor in self._stopped:  # the forward waiting on it was interrupted
                     self._stopped.discard(actor)
@@ -525,12 +545,19 @@ def _version() -> str:
     return f"{somatize.__version__} {_source()}"
 
 
+def _versions(there: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The version and source digest a worker's :func:`_version` says (``there``), and
+    this process's: one reading of the string both sides write."""
+    version, _, source = there.partition(" ")
+    mine, _, my_source = _version().partition(" ")
+    return (version, source), (mine, my_source)
+
+
 def _same_somatize(there: str) -> bool:
     """Whether a worker whose :func:`_version` is ``there`` runs the somatize this process
     does: the same version, from the same source files — where both could read theirs (an
     installation shipped without its ``.py`` files is told apart by its version alone)."""
-    version, _, source = there.partition(" ")
-    mine, _, my_source = _version().partition(" ")
+    (version, source), (mine, my_source) = _versions(there)
     unread = _UNREAD in (source, my_source)
     return version == mine and (source == my_source or unread)
 
@@ -575,9 +602,7 @@ def _other_version(node: str, worker: str, there: str) -> BadWorker:
     """The refusal of a worker whose actor imported another version of somatize, or the
     same version from other source files (``there``, its :func:`_version`), which would
     read the jobs this process writes otherwise."""
-    here = _version()
-    version, _, source = there.partition(" ")
-    mine, _, my_source = here.partition(" ")
+    (version, source), (mine, my_source) = _versions(there)
     if version == mine:
         runs = (
             f"runs somatize {mine} as this process does, from other source files (their "
