@@ -188,6 +188,30 @@ def test_a_forward_over_an_unreadable_answer_says_store_error(
         graph.forward([1.0, 2.0], store=Store(tmp_path / "store"))
 
 
+@pytest.mark.parametrize("size", [100, 3_000_000], ids=["read", "read while hashed"])
+def test_a_forward_whose_kept_answer_fails_as_it_is_read_says_store_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """A kept answer whose blob opens but fails as it is read (an I/O error of the disk)
+    is a StoreError naming the blob, as one this process may not open is, not a raw
+    OSError."""
+    from somatize import Graph, Store
+    from somatize.store import local
+    from tests.nodes import Scale
+
+    graph = Graph.somatize(Scale(3.0).named("s").frozen().cached())
+    x = [1.0] * (size // 8)
+    assert graph.forward(x, store=Store(tmp_path / "store")) == [3.0] * len(x)
+
+    def failing(*_: object) -> bytes:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    for reading in ("_read_open", "_read_privately", "hash_read"):
+        monkeypatch.setattr(local, reading, failing)
+    with pytest.raises(StoreError, match=r"cannot read blobs/.*Input/output error"):
+        graph.forward(x, store=Store(tmp_path / "store"))
+
+
 @pytest.mark.parametrize("how", ["moved", "removed"])
 def test_a_store_whose_directory_is_gone_refuses_writes_and_makes_it_nowhere(
     tmp_path: Path, how: str

@@ -384,6 +384,9 @@ class LocalStore(LocalShelf):
                     data = memoryview(raw)
         except FileNotFoundError:
             raise Missing(f"blob {digest} is not in {self.root}") from None
+        except OSError as why:  # failing as it is read (EIO), not only as it is opened
+            why.filename = why.filename or path
+            raise self._unreadable("blobs", why) from why
         if self._verified.get(digest) != stamp:
             found = found or hash_bytes(data)
             if found != digest:
