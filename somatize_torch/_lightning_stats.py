@@ -1,11 +1,12 @@
 """What the callback counted: :class:`EpochStats`, one per cached module, stage and epoch.
 
 Each cached module counts its rows itself (:class:`~somatize_torch.rows.RowStats`);
-:class:`~somatize_torch.lightning.CacheFrozen` reads and resets those counts at each
-epoch's end, so one record holds one epoch of one stage. Validation inside a training
-epoch is counted apart: what training counted before it is set aside
-(:func:`set_aside`) and added back at the training epoch's end (:func:`plus`), so
-neither stage's figures hold the other's rows.
+:class:`~somatize_torch.lightning.CacheFrozen` takes those counts wherever the stage its
+rows are keyed as changes, and at each epoch's end, so one record holds one epoch of one
+stage. Validation inside a training epoch is counted apart: what training counted before
+it is set aside and added back at the training epoch's end (:func:`plus`), and what the
+LightningModule's own hooks count after an evaluation's epoch ended is added to its
+record, so neither stage's figures hold the other's rows.
 
 The records go three ways. :attr:`CacheFrozen.history` keeps every one, with or
 without a logger. The trainer's logger gets each epoch's figures
@@ -35,7 +36,6 @@ __all__ = [
     "never_hit",
     "plus",
     "running_hit_rate",
-    "set_aside",
     "show_hit_rate",
     "since",
 ]
@@ -105,17 +105,6 @@ def show_hit_rate(
         return  # the bar keeps showing the value logged last
     rate = running_hit_rate(cached, parts)
     pl_module.log("hit", rate, prog_bar=True, logger=False, on_step=True, on_epoch=False)
-
-
-def set_aside(cached: dict[str, CachedRows], parts: dict[str, RowStats]) -> None:
-    """What each cached module counted in the training epoch until now, added to
-    ``parts``, as validation inside the epoch starts (it counts its own from there)."""
-    for cache in cached.values():
-        cache.flush()  # so the bytes training kept are counted as training's
-    for name, cache in cached.items():
-        counted = cache.stats
-        before = parts.get(name)
-        parts[name] = plus(before, counted) if before else counted
 
 
 def log_epoch(

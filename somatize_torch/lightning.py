@@ -90,6 +90,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -150,7 +151,6 @@ from somatize_torch._lightning_stats import (
     log_epoch,
     never_hit,
     plus,
-    set_aside,
     show_hit_rate,
     since,
 )
@@ -222,7 +222,11 @@ class CacheFrozen(Callback):
         self._uncached: set[str] = set()  # put back uncached, for the model it holds now
         self._owner: pl.LightningModule | None = None
         self._started: dict[str, float] = {}
-        self._train_parts: dict[str, RowStats] = {}
+        # What each module counted in a stage's epoch under way before its counts now (a
+        # training epoch's, before a validation inside it).
+        self._parts: dict[Stage, dict[str, RowStats]] = {}
+        # Where in the history the last epoch's records are, while rows are keyed as its stage.
+        self._ended: dict[str, int] = {}
         self._train_epochs = 0
         self._warned = False
         self._keyed_anew: dict[
@@ -230,7 +234,8 @@ class CacheFrozen(Callback):
         ] = {}  # each cache's count when the last training epoch ended
         self._prefills: list[PrefillJob] = []
         self._looked = True  # whether the stage under way looked at the modules again
-        self._stage: tuple[Stage, int] = ("train", 0)  # what rows are keyed as: stage, loader
+        # What rows are keyed and counted as: stage (None between stages), loader.
+        self._stage: tuple[Stage | None, int] = (None, 0)
         self._aheads: weakref.WeakSet[Ahead[Any]] = weakref.WeakSet()  # loaders put behind it
         self._passes: dict[int, RemovableHandle] = {}  # uncached modules loading Deferred rows
 
@@ -359,33 +364,63 @@ class CacheFrozen(Callback):
     def _begin(self, stage: str) -> None:
         self._started[stage] = time.perf_counter()
 
-    def _end(self, trainer: pl.Trainer, stage: Stage, parts: dict[str, RowStats]) -> None:
+    def _end(self, trainer: pl.Trainer, stage: Stage) -> None:
+        self._count_down()
         seconds = since(self._started.pop(stage, time.perf_counter()))
-        for name, cached in self._cached.items():
-            rows = cached.reset_stats()
-            if name in parts:
-                rows = plus(parts[name], rows)
+        parts = self._parts.pop(stage, {})
+        self._ended = {}
+        for name in self._cached:
+            self._ended[name] = len(self.history)
+            rows = parts.get(name, RowStats())
             self.history.append(EpochStats(stage, trainer.current_epoch, name, seconds, rows))
 
+    def _count_down(self) -> None:
+        """What each cached module counted until now, taken from it and counted as the
+        stage its rows are keyed as: into that stage's epoch under way; into its epoch that
+        ended last, while rows are still keyed as its stage (the LightningModule's own
+        end hooks run after this callback's: a k-NN monitor taking the features of its bank
+        there); or as nobody's (the sanity check's, or a call between stages)."""
+        stage = self._stage[0]
+        if stage in self._started or self._ended:
+            for cached in self._cached.values():
+                cached.flush()  # so the bytes the stage kept are counted as its own
+        counted = {name: cached.reset_stats() for name, cached in self._cached.items()}
+        if stage in self._started:
+            parts = self._parts.setdefault(stage, {})
+            for name, rows in counted.items():
+                parts[name] = plus(parts[name], rows) if name in parts else rows
+            return
+        for name, at in self._ended.items():
+            if name in counted:
+                record = self.history[at]
+                self.history[at] = replace(record, rows=plus(record.rows, counted[name]))
+
     def _fresh(self, stage: Stage) -> None:
-        """At an epoch's start: each cached module's counts started afresh (what the sanity
-        check or an earlier stage counted is dropped), rows keyed by the callback's
-        ``version`` keyed as the stage's (a validation sample 0 is not a training sample
-        0), and the modules looked at again at the stage's first batch."""
-        for cached in self._cached.values():
-            cached.reset_stats()
+        """At an epoch's start: the counts of the epoch before set down (:meth:`_count_down`),
+        rows keyed by the callback's ``version`` keyed as the stage's (a validation sample 0
+        is not a training sample 0), and the modules looked at again at the stage's first
+        batch. What was counted since rows were keyed as the stage's (the LightningModule's
+        own ``on_validation_start``) is the epoch's."""
+        if self._stage[0] == stage and self._ended:
+            self._count_down()
         self._key_as(stage)
+        self._ended = {}
+        self._parts.pop(stage, None)
         self._looked = False
 
-    def _key_as(self, stage: Stage, loader: int = 0) -> None:
+    def _key_as(self, stage: Stage | None, loader: int = 0) -> None:
         """Rows keyed by the callback's ``version`` keyed as those of loader ``loader`` of
-        ``stage``: the training data's own version, ``version|validate`` for the first
-        validation loader, ``version|validate|1`` for the second (its sample 0 is not the
-        first one's), and so on."""
+        ``stage``: the training data's own version (between stages too), ``version|validate``
+        for the first validation loader, ``version|validate|1`` for the second (its sample 0
+        is not the first one's), and so on. Rows are counted as the stage they are keyed as:
+        what was counted under another stage is set down as that stage's first."""
+        if stage != self._stage[0]:
+            self._count_down()
+            self._ended = {}
         self._stage = (stage, loader)
         if self.key == "index" and self.version is not None:
             version = self.version
-            if stage not in ("train", "prefill"):
+            if stage not in (None, "train", "prefill"):
                 version += f"|{stage}" + (f"|{loader}" if loader else "")
             for cached in self._cached.values():
                 cached.version = version
@@ -468,7 +503,6 @@ class CacheFrozen(Callback):
         if self.key == "index" and self.version is not None and self._cached:
             one_training_set(trainer.fit_loop, self.version)
         self._fresh("train")
-        self._train_parts = {}
         self._fetch_ahead(pl_module, trainer.fit_loop)
         self._begin("train")
 
@@ -488,7 +522,7 @@ class CacheFrozen(Callback):
         batch_idx: int,
     ) -> None:
         if self.progress_bar:
-            show_hit_rate(trainer, pl_module, batch_idx, self._cached, self._train_parts)
+            show_hit_rate(trainer, pl_module, batch_idx, self._cached, self._parts.get("train", {}))
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Keyed as this stage's from its first hook: the LightningModule's own runs next,
@@ -502,9 +536,6 @@ class CacheFrozen(Callback):
         self._key_as("predict")
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        training = "train" in self._started and not trainer.sanity_checking
-        if training:  # validation inside a training epoch: keep what training counted
-            set_aside(self._cached, self._train_parts)
         self._fresh("validate")
         if not trainer.sanity_checking:
             fitting = trainer.state.fn == "fit"
@@ -525,20 +556,19 @@ class CacheFrozen(Callback):
         if trainer.sanity_checking:
             self._started.pop("validate", None)
             for cached in self._cached.values():
-                # Written first: a row the writer keeps after the counts are reset would be
-                # counted as kept by training epoch 0.
+                # Written first: a row the writer keeps after the counts are set down (as
+                # nobody's) would be counted as kept by training epoch 0.
                 cached.flush()
-                cached.reset_stats()
+            self._count_down()
             return
         self._flush(trainer)
-        self._end(trainer, "validate", {})
+        self._end(trainer, "validate")
         log_epoch(pl_module, trainer, "validate", self._last("validate"))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._training_again()  # after a validation at the epoch's end
         self._flush(trainer)
-        self._end(trainer, "train", self._train_parts)
-        self._train_parts = {}
+        self._end(trainer, "train")
         log_epoch(pl_module, trainer, "train", self._last("train"))
         self._train_epochs += 1
         keyed = {name: cached.keyed_anew for name, cached in self._cached.items()}
@@ -557,7 +587,7 @@ class CacheFrozen(Callback):
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Keyed as the test's until teardown, as validation's are.
         self._flush(trainer)
-        self._end(trainer, "test", {})
+        self._end(trainer, "test")
         log_epoch(pl_module, trainer, "test", self._last("test"))
 
     def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -566,7 +596,7 @@ class CacheFrozen(Callback):
 
     def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._flush(trainer)
-        self._end(trainer, "predict", {})  # Lightning logs nothing while predicting
+        self._end(trainer, "predict")  # Lightning logs nothing while predicting
 
     def _last(self, stage: Stage) -> list[EpochStats]:
         count = len(self._cached)
@@ -592,7 +622,7 @@ class CacheFrozen(Callback):
         """Flushes, and puts back each module as :meth:`setup` found it (mode and
         ``requires_grad`` included): the model the trainer hands back is the plain model.
         The caches are kept, memory tiers and all, for the next stage of the same model."""
-        self._key_as("train")  # the stage's own version ends with it
+        self._key_as(None)  # the stage's own version, and its counts, end with it
         put_back_all(self, failed=False)
 
     def on_exception(
@@ -601,5 +631,7 @@ class CacheFrozen(Callback):
         """A stage that failed (or was interrupted) gets no teardown from Lightning: the
         modules are put back here, and what could not be written is left (the error that
         ended the stage is the one raised)."""
-        self._key_as("train")
+        # What the failed stage counted is nobody's, and not flushed: a write may be what failed.
+        self._started, self._ended = {}, {}
+        self._key_as(None)
         put_back_all(self, failed=True)

@@ -470,6 +470,52 @@ def test_a_modules_own_evaluation_hooks_are_handed_that_stages_samples(tmp_path:
     assert torch.equal(head, plain_head)
 
 
+class Monitored(Probe):
+    """Takes the features of a fixed bank in its own validation hooks, as a k-NN monitor
+    does: at the stage's start, at its epoch's end and at its end."""
+
+    def __init__(self, bank: torch.Tensor) -> None:
+        super().__init__()
+        self.bank = bank
+
+    def _take_bank(self) -> None:
+        with torch.no_grad():
+            self.encoder(self.bank.to(self.device))
+
+    def on_validation_start(self) -> None:
+        self._take_bank()
+
+    def on_validation_epoch_end(self) -> None:
+        self._take_bank()
+
+    def on_validation_end(self) -> None:
+        self._take_bank()
+
+
+def test_rows_of_a_modules_own_evaluation_hooks_are_counted_as_that_stages(
+    tmp_path: Path,
+) -> None:
+    """Rows the LightningModule computes in its own validation start and end hooks are
+    counted in that validation's epoch, not the training epoch's nor dropped; so a bank
+    that hits there does not hide that an augmented training set never does."""
+    callback = CacheFrozen(None, ["encoder"])
+    bank = data(3)[0]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer(tmp_path, 3, callbacks=[callback]).fit(
+            Monitored(bank), loader(noisy=True), loader(shuffle=False, seed=2)
+        )
+    train = [(e.rows.rows, e.rows.recalled) for e in epochs(callback, "train")]
+    assert train == [(SAMPLES, 0)] * 3
+    validate = [(e.rows.computed, e.rows.recalled) for e in epochs(callback, "validate")]
+    # Epoch 1 computes the validation set and the bank once, and recalls the bank twice.
+    assert validate[0] == (2 * SAMPLES, 2 * SAMPLES)
+    assert validate[1:] == [(0, 4 * SAMPLES)] * 2
+    never = [w for w in seen if issubclass(w.category, NeverHits)]
+    assert len(never) == 1
+    assert "random augmentation" in str(never[0].message)
+
+
 class IndexedTwice(Indexed):
     """Validates on several loaders, keeping each one's features."""
 
