@@ -3619,6 +3619,81 @@ def test_an_object_whose_attributes_its_own_node_sets_is_state(
     assert _SetsWhatItHolds.runs == [2]
 
 
+class _SetsWhatItHoldsBySetattr(Node):
+    """As :class:`_SetsWhatItHolds`, noting its calls with ``setattr``."""
+
+    held: ClassVar[Any] = None
+    runs: ClassVar[list[int]] = [0]
+
+    def forward(self, x: int, ctx: Any) -> int:
+        _SetsWhatItHoldsBySetattr.runs[0] += 1
+        setattr(self.held, "calls", self.held.calls + 1)  # noqa: B010 - the form under test
+        return x * self.held.k  # type: ignore[no-any-return]
+
+
+class _SetsWhatItHoldsThroughALocal(Node):
+    """As :class:`_SetsWhatItHolds`, noting what it was handed with ``setattr`` on a local."""
+
+    held: ClassVar[Any] = None
+    runs: ClassVar[list[int]] = [0]
+
+    def forward(self, x: int, ctx: Any) -> int:
+        _SetsWhatItHoldsThroughALocal.runs[0] += 1
+        held = self.held
+        setattr(held, "last", x)  # noqa: B010 - the form under test
+        return x * held.k  # type: ignore[no-any-return]
+
+
+class _SetsWhatItHoldsByVars(Node):
+    """As :class:`_SetsWhatItHolds`, noting what it was handed through ``vars``."""
+
+    held: ClassVar[Any] = None
+    runs: ClassVar[list[int]] = [0]
+
+    def forward(self, x: int, ctx: Any) -> int:
+        _SetsWhatItHoldsByVars.runs[0] += 1
+        vars(self.held)["last"] = x
+        return x * self.held.k  # type: ignore[no-any-return]
+
+
+class _SetsWhatItHoldsByDict(Node):
+    """As :class:`_SetsWhatItHolds`, noting what it was handed through ``__dict__``."""
+
+    held: ClassVar[Any] = None
+    runs: ClassVar[list[int]] = [0]
+
+    def forward(self, x: int, ctx: Any) -> int:
+        _SetsWhatItHoldsByDict.runs[0] += 1
+        self.held.__dict__["last"] = x
+        return x * self.held.k  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        _SetsWhatItHoldsBySetattr,
+        _SetsWhatItHoldsThroughALocal,
+        _SetsWhatItHoldsByVars,
+        _SetsWhatItHoldsByDict,
+    ],
+)
+def test_an_object_its_own_node_sets_by_name_is_state(
+    kind: type[_SetsWhatItHoldsBySetattr], store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object a class holds whose attributes its own node's forward sets by name
+    (``setattr(self.ns, "n", ...)``, ``vars(self.ns)["n"] = ...``, through ``__dict__``)
+    is its state, as one it sets ``self.ns.n`` of is: the node runs once, and the forwards
+    after recall what it kept; one set between forwards is still seen."""
+    monkeypatch.setattr(kind, "held", types.SimpleNamespace(k=2, calls=0))
+    monkeypatch.setattr(kind, "runs", [0])
+    graph = Graph.somatize(kind().named("s").frozen().cached())
+    assert _three_forwards(graph, store, "s", 2) == ["ran", "recalled", "recalled"]
+    assert kind.runs == [1]
+    kind.held.k = 3
+    assert _three_forwards(graph, store, "s", 3) == ["ran", "recalled", "recalled"]
+    assert kind.runs == [2]
+
+
 def _first_of(acts: Any) -> Any:
     """A forward scaling by the first object ``acts`` holds."""
 

@@ -414,9 +414,9 @@ def _target_end(steps: list[tuple[str, Any, bool]], at: int) -> int:
 def _objects_set_by(code: CodeType, objects: frozenset[str]) -> frozenset[str]:
     """Which of ``objects``, names of objects a class holds, ``code`` (and that nested in
     it) reads as an attribute (``self.ns``, ``type(self).ns``), or into a local from there
-    (``ns = self.ns``), and sets or deletes an attribute of (``self.ns.n += 1``), worked
-    out once per code object (:data:`_OBJECTS_SET`)."""
-    if not objects or not _sets_attributes(code):
+    (``ns = self.ns``), and sets or deletes an attribute of (``self.ns.n += 1``), by name
+    too (:func:`_set_by_name`), worked out once per code object (:data:`_OBJECTS_SET`)."""
+    if not objects or not (_sets_attributes(code) or _names_any(code, _BY_NAME)):
         return frozenset()
     found = _OBJECTS_SET.setdefault(code, {})
     named = found.get(objects)
@@ -441,22 +441,86 @@ def _objects_set_in(
     for (op, name, _), (stored, local, _) in itertools.pairwise(steps):
         if op == "LOAD_ATTR" and name in objects and stored in _ALIAS_STORES:
             aliases[str(local)] = name
+
+    def held_at(at: int) -> str | None:
+        """The object of ``objects`` the step ``at`` reads, if it reads one."""
+        read, name, _ = steps[at]
+        if read == "LOAD_ATTR" and name in objects:
+            return str(name)
+        if read in _LOCAL_LOADS and name in aliases:
+            return aliases[name]
+        return None
+
     found: set[str] = set()
     for at, (op, _, _) in enumerate(steps):
-        if op not in ("STORE_ATTR", "DELETE_ATTR"):
-            continue
-        end = _target_end(steps, at)
-        if end < 1:
-            continue
-        read, name, _ = steps[end - 1]
-        if read == "LOAD_ATTR" and name in objects:
-            found.add(name)
-        elif read in _LOCAL_LOADS and name in aliases:
-            found.add(aliases[name])
+        if op in ("STORE_ATTR", "DELETE_ATTR"):
+            end = _target_end(steps, at)
+            held = held_at(end - 1) if end >= 1 else None
+        else:
+            held = held_at(at) if _set_by_name(steps, at) else None
+        if held is not None:
+            found.add(held)
     for constant in code.co_consts:
         if isinstance(constant, CodeType):
             found |= _objects_set_in(constant, objects, aliases)
     return frozenset(found)
+
+
+_BY_NAME = frozenset({"setattr", "delattr", "vars", "__dict__"})
+"""What code sets an object's attributes by name through: the builtins, and its table."""
+
+
+_SIMPLE_READS = frozenset(
+    {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF", "LOAD_GLOBAL"}
+    | {"LOAD_ATTR", "PRECALL", "CALL", "PUSH_NULL"}
+)
+"""The steps that read an object a class holds (``self.ns``, ``type(self).ns``, a local)."""
+
+
+def _set_by_name(steps: list[tuple[str, Any, bool]], at: int) -> bool:
+    """Whether the object the step ``at`` leaves on top of the stack has an attribute set
+    or deleted by name right after: handed first to ``setattr`` or ``delattr`` with a
+    constant name (``setattr(self.ns, "n", 1)``), or an item of its ``vars`` or
+    ``__dict__`` set, deleted or filled (``vars(self.ns)["n"] = 1``)."""
+    following = steps[at + 1][:2] if at + 1 < len(steps) else (None, None)
+    if following == ("LOAD_ATTR", "__dict__"):
+        return _filled_at(steps, at + 2)
+    called = None
+    for back in range(at - 1, max(at - 6, -1), -1):  # the call the object is read for
+        op, name, jumped = steps[back]
+        if op in ("LOAD_GLOBAL", "LOAD_NAME") and name in _BY_NAME:
+            called = name
+            break
+        if op not in _SIMPLE_READS or jumped:
+            break
+    if called in ("setattr", "delattr"):
+        return following[0] == "LOAD_CONST" and isinstance(following[1], str)
+    if called != "vars":
+        return False
+    after = at + 1
+    if after < len(steps) and steps[after][0] == "PRECALL":
+        after += 1
+    return after < len(steps) and steps[after][0] == "CALL" and _filled_at(steps, after + 1)
+
+
+def _filled_at(steps: list[tuple[str, Any, bool]], at: int) -> bool:
+    """Whether the steps from ``at`` set or delete an item of the table on top of the
+    stack, one key read away, or call a method of :data:`_FILLERS` on it."""
+    if at >= len(steps):
+        return False
+    op, name, _ = steps[at]
+    if op in ("LOAD_ATTR", "LOAD_METHOD"):
+        return name in _FILLERS
+    stores = ("STORE_SUBSCR", "DELETE_SUBSCR")
+    return op in _KEY_LOADS and at + 1 < len(steps) and steps[at + 1][0] in stores
+
+
+def _names_any(code: CodeType, names: frozenset[str]) -> bool:
+    """Whether ``code``, or code nested in it, names one of ``names`` (a global, an
+    attribute): told without laying out its steps."""
+    if not names.isdisjoint(code.co_names):
+        return True
+    return any(isinstance(c, CodeType) and _names_any(c, names) for c in code.co_consts)
 
 
 def _named_by(code: CodeType, opnames: tuple[str, ...]) -> set[str]:
