@@ -31,7 +31,9 @@ traces a model, :func:`recording`:
   since its methods are compiled and cannot be replaced on its class); and a switch of a flag of
   torch's backends (a ``torch.nn.attention.sdpa_kernel(...)`` or
   ``torch.backends.cudnn.flags(...)`` block, ``torch.backends.cudnn.enabled = False``),
-  which fx keeps no call to; and asking something of the text the model's code made of a
+  which fx keeps no call to; and asking what kind of value a module answers is
+  (``isinstance(out, tuple)``), which fx answers no for its stand-in whatever the
+  module hands back; and asking something of the text the model's code made of a
   value fx stands in for (``"float32" in str(x.dtype)``), which is the stand-in's name,
   not the value's (printing it, or putting it in a message, is let be). torch's own code
   that reads the modes as it is traced (``torch.utils.checkpoint``) keeps nothing it read
@@ -57,6 +59,7 @@ import functools
 import importlib
 import importlib._bootstrap as _bootstrap
 import inspect
+import operator
 import os
 import random
 import re
@@ -623,6 +626,18 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
                 "this call hands a list, tuple or dict: fx stands in for it while it traces, "
                 "and would answer no whatever the call gives"
             )
+    called = _module_answering(value.node)
+    if called is not None:
+        caller = _asker()
+        if not (in_torch(caller) or caller.startswith(_OURS)):
+            raise Fixed(
+                f"asks what kind of value the answer of `{called.target}`, or an item of it, "
+                "is (`isinstance`): fx stands in for what a module answers while it traces, "
+                "and would answer no "
+                "whether the module hands back a tensor, a tuple or a dict, so the branch "
+                "kept would be the one for a value of no such kind in every call. Take what "
+                "the module answers as the kind it is (`out[0]`, `out['h']`)"
+            )
     if _names_a_tensor(kinds, original):
         caller = _asker()
         if not (in_torch(caller) or caller.startswith(_OURS)):
@@ -633,6 +648,28 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
                 "the wrapped model would take it in every call"
             )
     return original(value, kinds)
+
+
+def _module_answering(node: fx.Node) -> fx.Node | None:
+    """The call of a module (a declared submodule, or a layer fx does not trace into) whose
+    answer ``node`` is, or holds (an item or attribute taken out of it, ``out[0]``,
+    ``out.hidden``); None where ``node`` is no such value. What a module answers is the
+    one value fx knows nothing of the kind of: a tensor, a tuple, a dict."""
+    while (
+        node.op == "call_function"
+        and (
+            node.target is operator.getitem
+            or getattr(node.target, "__wrapped__", node.target) is _GETATTR
+        )
+        and type(node.args[0]) is fx.Node
+    ):
+        node = node.args[0]
+    return node if node.op == "call_module" else None
+
+
+_GETATTR = builtins.getattr
+"""``getattr``, the target of a node fx makes of an attribute of a stand-in
+(``out.hidden``): as it is, or replaced while a trace runs."""
 
 
 _PLAIN_KINDS = (bool, int, float, complex, str, bytes, enum.Enum)

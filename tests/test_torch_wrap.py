@@ -3268,6 +3268,73 @@ def test_the_type_of_a_value_made_as_the_forward_is_traced_asked_in_a_method_is_
         )
 
 
+class EncodesTwice(nn.Module):
+    """Answers its encoding and the encoding doubled, as a pair."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.linear(x)
+        return h, h * 2
+
+
+class KeepsTheFirstIfAPair(nn.Module):
+    """Keeps the first of what its encoder answers when that is a tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = EncodesTwice()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.encoder(x)
+        if isinstance(out, tuple):
+            out = out[0]
+        return out
+
+
+class KeepsAnItemIfAPair(KeepsTheFirstIfAPair):
+    """The same, of an item of what its encoder answers, asked of lists and tuples."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.encoder(x)[1]
+        return out[0] if isinstance(out, (list, tuple)) else out
+
+
+class KeepsTheLSTMOutputIfAPair(nn.Module):
+    """Keeps the output of an LSTM, a layer fx does not trace into, when it answers a
+    tuple; its encoder declared beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.lstm = nn.LSTM(4, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lstm(self.encoder(x))
+        return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        (KeepsTheFirstIfAPair, "encoder"),
+        (KeepsAnItemIfAPair, "encoder"),
+        (KeepsTheLSTMOutputIfAPair, "lstm"),
+    ],
+    ids=["declared", "an item", "a layer"],
+)
+def test_asking_what_kind_of_value_a_module_answers_is_refused(
+    store: Store, kind: Callable[[], nn.Module], named: str
+) -> None:
+    """fx stands in for what a module answers, and `isinstance(out, tuple)` asked of the
+    stand-in is no whatever the module hands back: the wrapped model would keep the branch
+    for a value that is no tuple and answer the pair itself where the model answers its
+    first tensor. `wrap` refuses it, naming the module and the line."""
+    _refused_as_untraceable(kind, rf"isinstance\(out.*the answer of `{named}`", store)
+
+
 class DoublesWhatItMakesIfATensor(OnTempered):
     """Doubles a value it makes of what its encoder answers when that is a tensor."""
 
