@@ -1574,6 +1574,36 @@ def test_an_answer_that_is_a_tensor_the_module_keeps_as_an_attribute_is_copied(
         assert torch.equal(whole(torch.ones(1)), torch.zeros(3))
 
 
+class ContainedTables(nn.Module):
+    """Answers a table it keeps in a list, and one it keeps in a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables = [torch.zeros(3)]
+        self.cache = {"cos": torch.zeros(3)}
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.tables[0], self.cache["cos"]
+
+
+def test_an_answer_that_is_a_tensor_the_module_keeps_in_a_container_is_copied(
+    store: Store,
+) -> None:
+    """A tensor kept in a list or a dict is the module's as much as one kept alone: a write
+    into the answer it computed leaves the table as it was, so the next call is recalled
+    as the first was computed, not computed again from a table it wrote."""
+    module = ContainedTables()
+    whole = smt.wrap(module, frozen=True, cached=True, store=store)
+    smt.freeze(whole)
+    with torch.no_grad():
+        for answer in whole(torch.ones(1)):
+            answer.add_(5)
+        assert torch.equal(module.tables[0], torch.zeros(3))
+        assert torch.equal(module.cache["cos"], torch.zeros(3))
+        assert all(torch.equal(answer, torch.zeros(3)) for answer in whole(torch.ones(1)))
+    assert whole.counts == {"contained_tables": {"ran": 1, "kept": 1, "recalled": 1}}
+
+
 def test_a_module_wrapped_whole_takes_a_salt(store: Store) -> None:
     """``cached={"": salt}`` caches a module wrapped whole under its salt: the same
     weights and batch under another salt are computed again, not recalled."""
