@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from somatize import CODECS, Graph, Opaque, canonical
 from somatize.codecs import CodecError
 from somatize.plan import declared_again
-from somatize_torch._errors import CachedInputNeedsGrad, WrapError
+from somatize_torch._errors import CachedInputNeedsGrad, WrapError, in_a_transform
 from somatize_torch._modes import outside_compiled
 from somatize_torch._precision import precision_on
 from somatize_torch.codec import TENSOR
@@ -339,6 +339,10 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
                 f"argument {index}: a cached submodule is keyed by the content of the "
                 "tensors it is handed, so its arguments must be tensors (or None). Make the "
                 "value a constant of the model, or drop the submodule from `cached=`"
+            )
+        if torch._C._functorch.is_functorch_wrapped_tensor(value):
+            raise in_a_transform(
+                f"`{name}` is cached and", f"argument {index}", "drop it from `cached=`"
             )
         if value.requires_grad and torch.is_grad_enabled():
             raise CachedInputNeedsGrad(

@@ -60,3 +60,15 @@ class Untraceable(SomatizeError, TypeError):
 
 class CachedInputNeedsGrad(SomatizeError, ValueError):
     """A cached node was handed a tensor that requires grad."""
+
+
+def in_a_transform(called: str, handed: str, instead: str) -> TypeError:
+    """The refusal of a cached call made inside a ``torch.func`` transform (``vmap``,
+    ``grad``), which hands the module tensors of its own: they have no memory to key them
+    by, and a recalled answer would take no part in the transform."""
+    return TypeError(
+        f"{called} is called inside a `torch.func` transform (`vmap`, `grad`, `jacrev`), "
+        f"which hands it {handed} as a tensor of its own, with no memory to key it by: a "
+        "recalled answer would take no part in the transform either. Call it outside the "
+        f"transform (encode first, then transform what reads the encoding), or {instead}"
+    )

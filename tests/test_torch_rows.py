@@ -1187,6 +1187,18 @@ def test_an_output_that_is_not_one_row_per_input_row_is_refused(store: Store) ->
         cache_rows(Sparse())(torch.randn(2, 3))
 
 
+def test_rows_cached_inside_vmap_are_refused_saying_so(store: Store) -> None:
+    """`torch.func.vmap` hands a row cache a batched tensor of its own, with no memory to
+    key its rows by: refused, saying what to do, and the batch outside it is cached."""
+    torch.manual_seed(0)
+    cached = cache_rows(nn.Linear(3, 3), store)
+    x = torch.randn(4, 2, 3)
+    with pytest.raises(TypeError, match=r"inside a `torch\.func` transform.*outside the transform"):
+        torch.func.vmap(cached)(x)
+    with torch.no_grad():
+        assert torch.equal(cached(x[0]), cached(x[0]))
+
+
 class AsDtype(nn.Module):
     def __init__(self, dtype: torch.dtype) -> None:
         super().__init__()

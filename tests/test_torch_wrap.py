@@ -1334,6 +1334,31 @@ def test_a_frozen_parameter_handed_to_a_cached_module_is_keyed_by_its_values(
         boxed(x.as_subclass(Boxes))
 
 
+@pytest.mark.parametrize(
+    "transformed",
+    [
+        lambda wrapped, x: torch.func.vmap(wrapped)(x),
+        lambda wrapped, x: torch.func.grad(lambda x: wrapped(x).sum())(x),
+    ],
+    ids=["vmap", "grad"],
+)
+def test_a_cached_module_called_inside_a_torch_func_transform_is_refused(
+    store: Store, transformed: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+) -> None:
+    """Inside `torch.func.vmap` or `torch.func.grad` a cached module is handed tensors of
+    the transform's own, with no memory to key them by: the call is refused, naming the
+    transform and what to do, and the same batch outside it is computed and recalled."""
+    torch.manual_seed(0)
+    wrapped = smt.wrap(nn.Linear(4, 4), frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with pytest.raises(TypeError, match=r"inside a `torch\.func` transform.*outside the transform"):
+        transformed(wrapped, x)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), wrapped(x))
+    assert wrapped.counts["linear"] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
 def test_an_answer_of_a_tensor_subclass_is_refused(store: Store) -> None:
     """A cached module answering a tensor subclass is refused when its answer is kept,
     naming the class, rather than recalled as a plain tensor."""
