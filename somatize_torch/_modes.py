@@ -83,6 +83,7 @@ __all__ = [
     "enter_autocast",
     "enter_inference_mode",
     "leave",
+    "module_answering",
     "recording",
     "set_grad_enabled",
     "switches",
@@ -626,7 +627,7 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
                 "this call hands a list, tuple or dict: fx stands in for it while it traces, "
                 "and would answer no whatever the call gives"
             )
-    called = _module_answering(value.node)
+    called = module_answering(value.node)
     if called is not None:
         caller = _asker()
         if not (in_torch(caller) or caller.startswith(_OURS)):
@@ -650,7 +651,7 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
     return original(value, kinds)
 
 
-def _module_answering(node: fx.Node) -> fx.Node | None:
+def module_answering(node: fx.Node) -> fx.Node | None:
     """The call of a module (a declared submodule, or a layer fx does not trace into) whose
     answer ``node`` is, or holds (an item or attribute taken out of it, ``out[0]``,
     ``out.hidden``); None where ``node`` is no such value. What a module answers is the

@@ -55,7 +55,7 @@ from torch.utils._pytree import tree_unflatten
 from somatize import Node
 from somatize_torch._cached import _Cached, _Declared, _Watched
 from somatize_torch._errors import Untraceable, WrapError
-from somatize_torch._modes import _OURS, RECORDED, Fixed, in_torch, recording
+from somatize_torch._modes import _OURS, RECORDED, Fixed, in_torch, module_answering, recording
 from somatize_torch._parts import _MISSING, _part, _Read
 from somatize_torch._values import Noted, reading
 from somatize_torch.freeze import ModuleNode
@@ -94,6 +94,9 @@ class _Tracer(fx.Tracer):
         self.containers: frozenset[str] = frozenset()
         """The arguments handed a list, tuple or dict, which fx stands in for: asked what
         kind they are, it would answer no."""
+        self.iterated: str | None = None
+        """The module whose answer the forward last iterated over (``sum(out)``,
+        ``[*out]``), which fx refuses, not knowing its length; None for none."""
         self.thread = threading.get_ident()
         """The thread that traces. fx replaces how every module is called and read from,
         in every thread, while it traces: a module called in another thread then (a
@@ -114,13 +117,20 @@ class _Tracer(fx.Tracer):
         return found
 
     def to_bool(self, obj: fx.Proxy) -> bool:
+        self.iterated = None
         self.branched = _arguments_of(obj.node)
         self.tensors = _used_as_tensors(obj.node)
         return super().to_bool(obj)
 
     def iter(self, obj: fx.Proxy) -> Iterator[Any]:
-        self.branched = _arguments_of(obj.node)
-        self.tensors = _used_as_tensors(obj.node)
+        called = module_answering(obj.node)
+        if called is not None:
+            # What a module answers, iterated over: no argument's value is branched on.
+            self.iterated = str(called.target)
+            self.branched, self.tensors = frozenset(), frozenset()
+        else:
+            self.branched = _arguments_of(obj.node)
+            self.tensors = _used_as_tensors(obj.node)
         return super().iter(obj)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -278,6 +288,19 @@ def _traced(
                     "remember — `model.encoder = somatize.torch.wrap(model.encoder, frozen=True, "
                     "cached=True)`, or `somatize.torch.cache_rows(model.encoder, ...)` — which "
                     "needs no tracing and leaves this forward to run as it is written"
+                )
+            ) from error
+        if isinstance(error, torch.fx.proxy.TraceError) and tracer.iterated is not None:
+            raise _stops(
+                Untraceable(
+                    f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode"
+                    f"{where}: it iterates over what `{tracer.iterated}` answers, whose length "
+                    "fx does not know: it stands in for the answer while it traces. Take its "
+                    f"items by index (`out[0] + out[1]`) or unpack them (`a, b = "
+                    f"self.{tracer.iterated}(x)`), declare the submodule that holds this code, "
+                    "or wrap just the submodule you want to remember — `model.encoder = "
+                    "somatize.torch.wrap(model.encoder, frozen=True, cached=True)` — which "
+                    "needs no tracing"
                 )
             ) from error
         tensors = tracer.tensors if isinstance(error, torch.fx.proxy.TraceError) else frozenset()

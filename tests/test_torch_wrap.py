@@ -3390,6 +3390,34 @@ def test_asking_what_kind_of_value_a_module_answers_is_refused(
     _refused_as_untraceable(kind, rf"isinstance\(out.*the answer of `{named}`", store)
 
 
+class SumsWhatItEncoded(KeepsTheFirstIfAPair):
+    """Sums the pair its encoder answers, iterating over it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(self.encoder(x))
+
+
+class JoinsWhatItEncoded(KeepsTheFirstIfAPair):
+    """Joins the pair its encoder answers, spread into a list."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([*self.encoder(x)])
+
+
+@pytest.mark.parametrize("kind", [SumsWhatItEncoded, JoinsWhatItEncoded], ids=["sum", "spread"])
+def test_iterating_over_what_a_module_answers_is_refused_naming_the_module(
+    store: Store, kind: Callable[[], nn.Module]
+) -> None:
+    """fx cannot iterate over what a declared submodule answers, not knowing its length:
+    the refusal names the submodule and says to take its items by index or unpack them,
+    not that the forward branches on the value of the tensor it handed the submodule."""
+    torch.manual_seed(0)
+    with pytest.raises(smt.Untraceable, match=r"iterates over what `encoder` answers") as refused:
+        smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
+    assert "a, b = self.encoder(x)" in str(refused.value)
+    assert "branches on the value of `x`" not in str(refused.value)
+
+
 class DoublesWhatItMakesIfATensor(OnTempered):
     """Doubles a value it makes of what its encoder answers when that is a tensor."""
 
