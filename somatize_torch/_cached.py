@@ -344,6 +344,15 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
             raise in_a_transform(
                 f"`{name}` is cached and", f"argument {index}", "drop it from `cached=`"
             )
+        if value.is_nested or value.layout is not torch.strided:
+            kind = "nested" if value.is_nested else str(value.layout).removeprefix("torch.")
+            raise TypeError(
+                f"`{name}` is cached and is called with a {kind} tensor as argument {index}: "
+                "a cached submodule is keyed by the bytes of the tensors it is handed, and "
+                "only a dense tensor has one layout of them. Hand it a dense one "
+                "(`x.to_dense()`; a nested one padded, `x.to_padded_tensor(0.0)`), or drop "
+                "it from `cached=`"
+            )
         if value.requires_grad and torch.is_grad_enabled():
             raise CachedInputNeedsGrad(
                 f"`{name}` is cached and argument {index} it is handed requires grad: a "

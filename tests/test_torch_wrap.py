@@ -1359,6 +1359,29 @@ def test_a_cached_module_called_inside_a_torch_func_transform_is_refused(
     assert wrapped.counts["linear"] == {"ran": 1, "kept": 1, "recalled": 1}
 
 
+@pytest.mark.parametrize(
+    ("made", "kind"),
+    [
+        (lambda x: x.to_sparse(), "sparse_coo"),
+        (lambda x: torch.nested.nested_tensor([x[:1], x]), "nested"),
+    ],
+    ids=["sparse", "nested"],
+)
+def test_a_cached_module_handed_a_tensor_that_is_not_dense_is_refused_saying_what_to_hand(
+    store: Store, made: Callable[[torch.Tensor], torch.Tensor], kind: str
+) -> None:
+    """A sparse or nested tensor has no one layout of bytes to key a call by: the call is
+    refused naming the module, the kind of tensor and the dense one to hand instead."""
+    wrapped = smt.wrap(nn.Linear(4, 4), frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    with (
+        warnings.catch_warnings(),  # torch calls its nested tensors a prototype
+        pytest.raises(TypeError, match=rf"`linear` is cached .* a {kind} tensor .*to_dense"),
+    ):
+        warnings.simplefilter("ignore")
+        wrapped(made(torch.randn(3, 4)))
+
+
 def test_an_answer_of_a_tensor_subclass_is_refused(store: Store) -> None:
     """A cached module answering a tensor subclass is refused when its answer is kept,
     naming the class, rather than recalled as a plain tensor."""
