@@ -95,8 +95,9 @@ class _Tracer(fx.Tracer):
         """The arguments handed a list, tuple or dict, which fx stands in for: asked what
         kind they are, it would answer no."""
         self.iterated: str | None = None
-        """The module whose answer the forward last iterated over (``sum(out)``,
-        ``[*out]``), which fx refuses, not knowing its length; None for none."""
+        """What the forward last iterated over, made of what a module answers (``sum(out)``,
+        ``[*out]``, ``out.items()``), which fx refuses, not knowing its length, as
+        :func:`_iterated` says it; None for none."""
         self.thread = threading.get_ident()
         """The thread that traces. fx replaces how every module is called and read from,
         in every thread, while it traces: a module called in another thread then (a
@@ -123,10 +124,9 @@ class _Tracer(fx.Tracer):
         return super().to_bool(obj)
 
     def iter(self, obj: fx.Proxy) -> Iterator[Any]:
-        called = module_answering(obj.node)
-        if called is not None:
-            # What a module answers, iterated over: no argument's value is branched on.
-            self.iterated = str(called.target)
+        self.iterated = _iterated(obj.node)
+        if self.iterated is not None:
+            # Made of what a module answers: no value an argument is fixed at lifts it.
             self.branched, self.tensors = frozenset(), frozenset()
         else:
             self.branched = _arguments_of(obj.node)
@@ -154,6 +154,26 @@ class _Tracer(fx.Tracer):
         if name is not None and not self.is_leaf_module(m, name):
             self.through.add(name)
         return super().call_module(m, forward, args, kwargs)
+
+
+def _iterated(node: fx.Node) -> str | None:
+    """What ``node`` is, said as what a module answers (a declared submodule, a layer fx
+    does not trace into), or a value made of it; None where no module's answer goes into
+    it."""
+    called = module_answering(node)
+    if called is not None:
+        return f"what `{called.target}` answers"
+    seen: set[fx.Node] = set()
+    todo = list(node.all_input_nodes)
+    while todo:
+        one = todo.pop()
+        if one in seen:
+            continue
+        seen.add(one)
+        if one.op == "call_module":
+            return f"a value made of what `{one.target}` answers"
+        todo.extend(one.all_input_nodes)
+    return None
 
 
 def _placeholders_of(node: fx.Node) -> list[fx.Node]:
@@ -294,11 +314,11 @@ def _traced(
             raise _stops(
                 Untraceable(
                     f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode"
-                    f"{where}: it iterates over what `{tracer.iterated}` answers, whose length "
-                    "fx does not know: it stands in for the answer while it traces. Take its "
-                    f"items by index (`out[0] + out[1]`) or unpack them (`a, b = "
-                    f"self.{tracer.iterated}(x)`), declare the submodule that holds this code, "
-                    "or wrap just the submodule you want to remember — `model.encoder = "
+                    f"{where}: it iterates over {tracer.iterated}, whose length fx does not "
+                    "know: it stands in for what a module answers while it traces. Take its "
+                    "items by index or key (`out[0] + out[1]`, `out['h']`), or unpack as many "
+                    "as it holds (`a, b = self.encoder(x)`), declare the submodule that holds "
+                    "this code, or wrap just the submodule you want to remember — `model.encoder = "
                     "somatize.torch.wrap(model.encoder, frozen=True, cached=True)` — which "
                     "needs no tracing"
                 )

@@ -3427,15 +3427,31 @@ class JoinsWhatItEncoded(KeepsTheFirstIfAPair):
         return torch.cat([*self.encoder(x)])
 
 
-@pytest.mark.parametrize("kind", [SumsWhatItEncoded, JoinsWhatItEncoded], ids=["sum", "spread"])
+class SumsHalvesOfWhatItEncoded(KeepsTheFirstIfAPair):
+    """Sums the halves of the first of what its encoder answers, iterating over them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(self.encoder(x)[0].chunk(2, -1))
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        (SumsWhatItEncoded, "what `encoder` answers"),
+        (JoinsWhatItEncoded, "what `encoder` answers"),
+        (SumsHalvesOfWhatItEncoded, "a value made of what `encoder` answers"),
+    ],
+    ids=["sum", "spread", "made of it"],
+)
 def test_iterating_over_what_a_module_answers_is_refused_naming_the_module(
-    store: Store, kind: Callable[[], nn.Module]
+    store: Store, kind: Callable[[], nn.Module], named: str
 ) -> None:
-    """fx cannot iterate over what a declared submodule answers, not knowing its length:
-    the refusal names the submodule and says to take its items by index or unpack them,
-    not that the forward branches on the value of the tensor it handed the submodule."""
+    """fx cannot iterate over what a declared submodule answers, or a value made of it, not
+    knowing its length: the refusal names the submodule and says to take its items by
+    index or unpack them, not that the forward branches on the value of the tensor it
+    handed the submodule (a default for it would lift nothing)."""
     torch.manual_seed(0)
-    with pytest.raises(smt.Untraceable, match=r"iterates over what `encoder` answers") as refused:
+    with pytest.raises(smt.Untraceable, match=rf"iterates over {named}, whose") as refused:
         smt.wrap(kind(), frozen=["encoder"], cached=["encoder"], store=store)
     assert "a, b = self.encoder(x)" in str(refused.value)
     assert "branches on the value of `x`" not in str(refused.value)
