@@ -384,6 +384,8 @@ class LocalStore(LocalShelf):
                     data = memoryview(raw)
         except FileNotFoundError:
             raise Missing(f"blob {digest} is not in {self.root}") from None
+        except StoreError:
+            raise
         except OSError as why:  # failing as it is read (EIO), not only as it is opened
             why.filename = why.filename or path
             raise self._unreadable("blobs", why) from why
