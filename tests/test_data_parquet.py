@@ -6,6 +6,7 @@ import abc
 import gc
 import io
 import os
+import re
 import threading
 import weakref
 from functools import partial
@@ -727,6 +728,32 @@ def test_a_directory_with_no_parquet(tmp_path: Path) -> None:
         ParquetDir(tmp_path / "empty")
     with pytest.raises(NotParquet, match="is not a directory"):
         ParquetDir(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(
+    ("log", "files", "format_"),
+    [
+        ("_delta_log", ["00000000000000000000.json"], "Delta"),
+        (".hoodie", ["hoodie.properties"], "Hudi"),
+        ("metadata", ["v1.metadata.json", "snap-1.avro"], "Iceberg"),
+    ],
+)
+def test_a_table_whose_log_names_its_live_files_is_refused(
+    tmp_path: Path, log: str, files: list[str], format_: str
+) -> None:
+    """A Delta, Hudi or Iceberg table keeps, beside its `.parquet` files, a log of which of
+    them hold its rows now: the others hold rows deleted or replaced since. Read file by
+    file it would hand those back, so it is refused naming the format, at any depth."""
+    table = tmp_path / "sales" / "table"
+    write_dir(table, [numbers(10), numbers(10, 5)])  # the second replaced the first
+    (table / log).mkdir()
+    for name in files:
+        (table / log / name).write_text("{}")
+    for root in (table, tmp_path / "sales"):
+        with pytest.raises(NotParquet, match=rf"(?s)a {format_} table.*`{re.escape(log)}`"):
+            ParquetDir(root)
+    (table / log).rename(table / "_notes")  # a plain directory of Parquet files is read
+    assert ParquetDir(table).count_rows() == 20
 
 
 def test_files_of_different_schemas_are_refused(tmp_path: Path) -> None:

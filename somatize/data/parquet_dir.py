@@ -260,12 +260,48 @@ def _is(test: Callable[[], bool]) -> bool:
         raise
 
 
+_LOGS = {"_delta_log": "Delta", ".hoodie": "Hudi"}
+"""The directory a table format keeps its log in, beside its data, and the format's name.
+(Iceberg's, ``metadata``, is told by the ``*.metadata.json`` files it holds.)"""
+
+
+def _logged_format(entry: os.DirEntry[str]) -> str | None:
+    """The table format (Delta, Hudi, Iceberg) whose log ``entry`` is, or None. Such a table
+    keeps the ``.parquet`` files of its past versions beside those of its present one, and
+    only its log says which hold its rows now."""
+    named = _LOGS.get(entry.name)
+    if named is None and entry.name != "metadata":
+        return None
+    if not _is(entry.is_dir):
+        return None
+    if named is not None:
+        return named
+    try:
+        return "Iceberg" if any(n.endswith(".metadata.json") for n in os.listdir(entry)) else None
+    except OSError:  # gone meanwhile, or not ours to list: its files are no rows anyway
+        return None
+
+
+def _logged_table(entry: os.DirEntry[str], format_: str, root: Path) -> NotParquet:
+    where = Path(entry.path).parent.relative_to(root).as_posix()
+    where = repr(str(root)) if where == "." else f"`{where}` under {str(root)!r}"
+    return NotParquet(
+        f"{where} is a {format_} table (it holds `{entry.name}`): its `.parquet` files are "
+        "those of every version it has had, and only its log says which hold its rows now; "
+        "read file by file, the rows deleted or replaced since would come back. Read the "
+        f"table with a {format_} reader, as of one version, into a `Table(...)`, or write its "
+        "rows as plain Parquet files into a directory of their own"
+    )
+
+
 def _parquet_files(root: Path) -> list[Path]:
     """The ``.parquet`` files under ``root``, in path order, but those whose path below it
-    has a name starting with ``.`` or ``_``. A link to a directory is walked as one, as
-    pyarrow walks it (``pyarrow.parquet.read_table(path)``), but for a link back up to a
-    directory being walked, which would never end; a directory gone meanwhile, and a link
-    that leads nowhere (to nothing, or to itself), are passed over. PermissionError for a
+    has a name starting with ``.`` or ``_``; NotParquet for a Delta, Hudi or Iceberg table
+    under it (:func:`_logged_format`), whose files are not all its rows, and whose log
+    would be passed over unseen. A link to a directory is walked as one, as pyarrow walks
+    it (``pyarrow.parquet.read_table(path)``), but for a link back up to a directory being
+    walked, which would never end; a directory gone meanwhile, and a link that leads
+    nowhere (to nothing, or to itself), are passed over. PermissionError for a
     directory this process may not list: its files would be left out unseen."""
     found: list[Path] = []
 
@@ -292,6 +328,9 @@ def _parquet_files(root: Path) -> list[Path]:
         if at in above:
             return
         for entry in entries:
+            format_ = _logged_format(entry)
+            if format_ is not None:
+                raise _logged_table(entry, format_, root)
             if entry.name.startswith((".", "_")):
                 continue
             if _is(entry.is_dir):
@@ -313,7 +352,8 @@ def _is_path(value: Any, absolute: Path) -> bool:
 class ParquetDir(_Versioned):
     """The ``.parquet`` files under directory ``path`` (recursively, through links to
     directories, in path order, skipping names that start with ``.`` or ``_``) as one
-    dataset, read by span."""
+    dataset, read by span; a Delta, Hudi or Iceberg table is refused, as only its log
+    says which of its files hold its rows."""
 
     identity = "somatize.data.parquet:ParquetDir"
     """What names the class in keys and to workers (:func:`~somatize.catalog.identity_of`):
