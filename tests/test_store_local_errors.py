@@ -212,6 +212,20 @@ def test_a_forward_whose_kept_answer_fails_as_it_is_read_says_store_error(
         graph.forward(x, store=Store(tmp_path / "store"))
 
 
+def test_a_blob_cut_short_as_it_is_hashed_is_corrupt_not_a_failing_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blob that ends before its size as it is hashed (cut short by another writer) is
+    Corrupt, which callers set aside and compute again, not taken for a disk failing as it
+    is read."""
+    from somatize.store import Corrupt, local
+
+    digest = LocalStore(tmp_path / "store").put(b"x" * 100_000)
+    monkeypatch.setattr(local, "hash_read", lambda *_: None)
+    with pytest.raises(Corrupt, match="ended before its 100000 bytes as it was hashed"):
+        LocalStore(tmp_path / "store").local_blob(digest)
+
+
 @pytest.mark.parametrize("how", ["moved", "removed"])
 def test_a_store_whose_directory_is_gone_refuses_writes_and_makes_it_nowhere(
     tmp_path: Path, how: str

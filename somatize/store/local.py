@@ -384,7 +384,7 @@ class LocalStore(LocalShelf):
                     data = memoryview(raw)
         except FileNotFoundError:
             raise Missing(f"blob {digest} is not in {self.root}") from None
-        except StoreError:
+        except StoreError:  # Corrupt, a blob cut short: said above, and no failing disk
             raise
         except OSError as why:  # failing as it is read (EIO), not only as it is opened
             why.filename = why.filename or path
