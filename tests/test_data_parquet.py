@@ -778,6 +778,32 @@ def test_files_of_different_schemas_are_refused(tmp_path: Path) -> None:
         ParquetDir(tmp_path / "units").forward({"at": 0, "take": 4}, ctx())
 
 
+def test_files_of_different_schemas_are_told_apart_by_the_columns_that_differ(
+    tmp_path: Path,
+) -> None:
+    """Of two wide schemas, the refusal names the columns that differ, and how, and the
+    ones the files share alike, which `columns=` reads: not both schemas whole, among whose
+    columns the one that differs is lost."""
+    wide = {f"c{i}": [1] for i in range(30)}
+    write_dir(tmp_path / "d", [pyarrow.table(wide), pyarrow.table({**wide, "c7": [1.5], "x": [0]})])
+    with pytest.raises(NotParquet) as refused:
+        ParquetDir(tmp_path / "d").count_rows()
+    said = str(refused.value)
+    assert "`c7` is double there and int64 in `part-000.parquet`" in said
+    assert "`x` is in it alone" in said
+    alike = [f"c{i}" for i in range(30) if i != 7]
+    assert f"columns={alike!r}" in said
+    assert "c8: int64" not in said  # no schema printed whole
+    assert ParquetDir(tmp_path / "d", columns=alike).count_rows() == 2
+
+    write_dir(
+        tmp_path / "turned",
+        [pyarrow.table({"a": [1], "b": [2]}), pyarrow.table({"b": [2], "a": [1]})],
+    )
+    with pytest.raises(NotParquet, match=r"in another order: \['b', 'a'\], not \['a', 'b'\]"):
+        ParquetDir(tmp_path / "turned").count_rows()
+
+
 def test_a_directory_partitioned_by_a_column_the_files_lack_is_refused(tmp_path: Path) -> None:
     """A directory partitioned Hive-style (`year=2020/...`, as `write_to_dataset` and Spark
     write them) holds a column in its directory names that its files lack: read whole, the

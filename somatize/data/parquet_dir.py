@@ -244,6 +244,49 @@ def _within(kind: pyarrow.DataType) -> list[pyarrow.Field]:
     return [kind.field(index) for index in range(kind.num_fields)]
 
 
+def _unalike(
+    other: pyarrow.Schema, relative: str, first: pyarrow.Schema, first_file: str
+) -> NotParquet:
+    """Why file ``relative``'s columns (``other``) are not those of ``first_file``
+    (``first``), naming each column that differs rather than printing both schemas, which
+    hide it among the alike ones; and the alike ones, which ``columns=`` may read."""
+    said: list[str] = []
+    alike: list[str] = []
+    for field in first:
+        if field.name not in other.names:
+            said.append(f"`{field.name}` is missing from it")
+            continue
+        theirs = other.field(field.name)
+        if not theirs.type.equals(field.type) or theirs.nullable != field.nullable:
+            said.append(
+                f"`{field.name}` is {_typed(theirs)} there and {_typed(field)} in `{first_file}`"
+            )
+        elif not _said_alike(theirs, field):
+            said.append(
+                f"`{field.name}` (or a field within it) says {_metadata_of(theirs)} of "
+                f"itself there and {_metadata_of(field)} in `{first_file}`"
+            )
+        else:
+            alike.append(field.name)
+    said += [f"`{name}` is in it alone" for name in other.names if name not in first.names]
+    if not said:  # the same columns, in another order
+        said.append(f"its columns are in another order: {other.names}, not {first.names}")
+    return NotParquet(
+        f"`{relative}` has columns other than `{first_file}`'s: {'; '.join(said)}. The files "
+        "of one dataset share one schema: write them with the same columns and types"
+        + (f", or read the columns they share alike (columns={alike!r})" if alike else "")
+    )
+
+
+def _typed(field: pyarrow.Field) -> str:
+    return f"{field.type}{'' if field.nullable else ' not null'}"
+
+
+def _metadata_of(field: pyarrow.Field) -> dict[bytes, bytes]:
+    """What ``field`` says of itself, but for its field id, which is no part of it."""
+    return {k: v for k, v in (field.metadata or {}).items() if k != _FIELD_ID}
+
+
 _NOT_THERE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 """What a link that leads to no file nor directory fails with: to nothing, or through a
 loop of links (one that points at itself)."""
@@ -569,12 +612,7 @@ class ParquetDir(_Versioned):
         schema = footers[0].schema.remove_metadata()
         for one, relative in zip(footers, self.files, strict=True):
             if not _alike(one.schema.remove_metadata(), schema):
-                raise NotParquet(
-                    f"`{relative}` has columns {one.schema.remove_metadata()} where "
-                    f"`{self.files[0]}` has {schema}: the files of one dataset share "
-                    "one schema. Write them with the same columns and types, or read "
-                    "the shared ones with columns=[...]"
-                )
+                raise _unalike(one.schema.remove_metadata(), relative, schema, self.files[0])
         if self.columns is None:
             self._check_partitions(schema)
 
