@@ -743,17 +743,20 @@ def test_a_table_whose_log_names_its_live_files_is_refused(
 ) -> None:
     """A Delta, Hudi or Iceberg table keeps, beside its `.parquet` files, a log of which of
     them hold its rows now: the others hold rows deleted or replaced since. Read file by
-    file it would hand those back, so it is refused naming the format, at any depth."""
+    file it would hand those back, so it is refused naming the format, at any depth, and
+    so is a directory within it (a partition)."""
     table = tmp_path / "sales" / "table"
     write_dir(table, [numbers(10), numbers(10, 5)])  # the second replaced the first
     (table / log).mkdir()
     for name in files:
         (table / log / name).write_text("{}")
-    for root in (table, tmp_path / "sales"):
+    write_dir(table / "day=1", [numbers(10)])  # a partition of it, or Iceberg's data/
+    for root in (table, tmp_path / "sales", table / "day=1"):
         with pytest.raises(NotParquet, match=rf"(?s)a {format_} table.*`{re.escape(log)}`"):
             ParquetDir(root)
     (table / log).rename(table / "_notes")  # a plain directory of Parquet files is read
-    assert ParquetDir(table).count_rows() == 20
+    assert ParquetDir(table, columns=["n"]).count_rows() == 30
+    assert ParquetDir(table / "day=1").count_rows() == 10
 
 
 def test_files_of_different_schemas_are_refused(tmp_path: Path) -> None:

@@ -308,28 +308,43 @@ _LOGS = {"_delta_log": "Delta", ".hoodie": "Hudi"}
 (Iceberg's, ``metadata``, is told by the ``*.metadata.json`` files it holds.)"""
 
 
-def _logged_format(entry: os.DirEntry[str]) -> str | None:
-    """The table format (Delta, Hudi, Iceberg) whose log ``entry`` is, or None. Such a table
+def _logged_format(log: Path) -> str | None:
+    """The table format (Delta, Hudi, Iceberg) whose log ``log`` is, or None. Such a table
     keeps the ``.parquet`` files of its past versions beside those of its present one, and
     only its log says which hold its rows now."""
-    named = _LOGS.get(entry.name)
-    if named is None and entry.name != "metadata":
+    named = _LOGS.get(log.name)
+    if named is None and log.name != "metadata":
         return None
-    if not _is(entry.is_dir):
+    if not os.path.isdir(log):
         return None
     if named is not None:
         return named
     try:
-        return "Iceberg" if any(n.endswith(".metadata.json") for n in os.listdir(entry)) else None
+        return "Iceberg" if any(n.endswith(".metadata.json") for n in os.listdir(log)) else None
     except OSError:  # gone meanwhile, or not ours to list: its files are no rows anyway
         return None
 
 
-def _logged_table(entry: os.DirEntry[str], format_: str, root: Path) -> NotParquet:
-    where = Path(entry.path).parent.relative_to(root).as_posix()
-    where = repr(str(root)) if where == "." else f"`{where}` under {str(root)!r}"
+def _check_not_in_a_table(root: Path) -> None:
+    """NotParquet when ``root`` lies in a Delta, Hudi or Iceberg table (a partition of one,
+    or Iceberg's ``data/``), whose log is beside a directory above it."""
+    for above in root.parents:
+        for name in (*_LOGS, "metadata"):
+            format_ = _logged_format(above / name)
+            if format_ is not None:
+                raise _logged_table(above / name, format_, root)
+
+
+def _logged_table(log: Path, format_: str, root: Path) -> NotParquet:
+    table = log.parent
+    if table == root:
+        where = f"{str(root)!r} is"
+    elif table.is_relative_to(root):
+        where = f"`{table.relative_to(root).as_posix()}` under {str(root)!r} is"
+    else:
+        where = f"{str(root)!r} lies in {str(table)!r}, which is"
     return NotParquet(
-        f"{where} is a {format_} table (it holds `{entry.name}`): its `.parquet` files are "
+        f"{where} a {format_} table (it holds `{log.name}`): its `.parquet` files are "
         "those of every version it has had, and only its log says which hold its rows now; "
         "read file by file, the rows deleted or replaced since would come back. Read the "
         f"table with a {format_} reader, as of one version, into a `Table(...)`, or write its "
@@ -340,12 +355,13 @@ def _logged_table(entry: os.DirEntry[str], format_: str, root: Path) -> NotParqu
 def _parquet_files(root: Path) -> list[Path]:
     """The ``.parquet`` files under ``root``, in path order, but those whose path below it
     has a name starting with ``.`` or ``_``; NotParquet for a Delta, Hudi or Iceberg table
-    under it (:func:`_logged_format`), whose files are not all its rows, and whose log
-    would be passed over unseen. A link to a directory is walked as one, as pyarrow walks
-    it (``pyarrow.parquet.read_table(path)``), but for a link back up to a directory being
-    walked, which would never end; a directory gone meanwhile, and a link that leads
-    nowhere (to nothing, or to itself), are passed over. PermissionError for a
+    under it or around it (:func:`_logged_format`), whose files are not all its rows, and
+    whose log would be passed over unseen. A link to a directory is walked as one, as
+    pyarrow walks it (``pyarrow.parquet.read_table(path)``), but for a link back up to a
+    directory being walked, which would never end; a directory gone meanwhile, and a link
+    that leads nowhere (to nothing, or to itself), are passed over. PermissionError for a
     directory this process may not list: its files would be left out unseen."""
+    _check_not_in_a_table(root)
     found: list[Path] = []
 
     def walk(directory: Path, above: frozenset[tuple[int, int]]) -> None:
@@ -371,9 +387,9 @@ def _parquet_files(root: Path) -> list[Path]:
         if at in above:
             return
         for entry in entries:
-            format_ = _logged_format(entry)
+            format_ = _logged_format(Path(entry.path))
             if format_ is not None:
-                raise _logged_table(entry, format_, root)
+                raise _logged_table(Path(entry.path), format_, root)
             if entry.name.startswith((".", "_")):
                 continue
             if _is(entry.is_dir):
