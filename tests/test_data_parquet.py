@@ -721,13 +721,23 @@ def test_a_directory_with_a_file_that_is_not_parquet(tmp_path: Path) -> None:
         ParquetDir(tmp_path / "d")
 
 
-def test_a_directory_with_no_parquet(tmp_path: Path) -> None:
-    """An empty directory, or a path that is not a directory, has nothing to read."""
+def test_a_directory_with_no_parquet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty directory, or a path that is not a directory, has nothing to read; a path
+    to nothing is said to be one (a typo), from the working directory when relative, not
+    taken for a file."""
     (tmp_path / "empty").mkdir()
     with pytest.raises(NotParquet, match=r"no `\.parquet` files under"):
         ParquetDir(tmp_path / "empty")
-    with pytest.raises(NotParquet, match="is not a directory"):
+    (tmp_path / "one.parquet").write_bytes(b"PAR1")
+    with pytest.raises(NotParquet, match=r"is not a directory.*for one file, put it in a store"):
+        ParquetDir(tmp_path / "one.parquet")
+    with pytest.raises(NotParquet, match=r"missing' does not exist.*Check the path"):
         ParquetDir(tmp_path / "missing")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        NotParquet, match=rf"'missing', taken from {re.escape(repr(str(tmp_path)))}"
+    ):
+        ParquetDir("missing")
 
 
 @pytest.mark.parametrize(

@@ -422,6 +422,12 @@ class ParquetDir(_Versioned):
 
     def __init__(self, path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> None:
         root = Path(path).expanduser()
+        if not root.exists():
+            taken = "" if root.is_absolute() else f", taken from {os.getcwd()!r},"
+            raise NotParquet(
+                f"{str(root)!r}{taken} does not exist (or is a link to nothing): ParquetDir "
+                "reads a directory of `.parquet` files. Check the path"
+            )
         if not root.is_dir():
             raise NotParquet(
                 f"{str(root)!r} is not a directory: ParquetDir reads a directory of `.parquet` "
