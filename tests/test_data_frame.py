@@ -62,6 +62,25 @@ def test_a_time_finer_than_a_microsecond_is_refused_as_plain_values_saying_how_t
     assert whole.column("t") == [datetime.datetime(1970, 1, 1, microsecond=1)]
 
 
+@pytest.mark.parametrize("nested", [False, True], ids=["column", "in a list"])
+def test_an_interval_of_months_days_and_nanoseconds_is_refused_as_plain_values(
+    nested: bool,
+) -> None:
+    """An interval of months, days and nanoseconds, at any depth, has no plain Python value:
+    pyarrow hands over a `MonthDayNano` of its own, which pickle cannot write (a worker could
+    not be handed it), so column() and rows() refuse it, saying to read it through Arrow."""
+    kind = pyarrow.month_day_nano_interval()
+    one = pyarrow.MonthDayNano([1, 2, 3])
+    column = pyarrow.array([[one]], pyarrow.list_(kind)) if nested else pyarrow.array([one], kind)
+    frame = Frame(pyarrow.table({"gap": column, "n": [1]}))
+    with pytest.raises(NotPlain, match=r"column `gap` holds intervals of months.*to_arrow"):
+        frame.column("gap")
+    with pytest.raises(NotPlain, match=r"this frame holds intervals of months"):
+        list(frame.rows())
+    assert frame.column("n") == [1]
+    assert frame.to_arrow().column("gap").to_pylist()[0] in ([one], one)
+
+
 def test_to_arrow_is_the_table_itself() -> None:
     """to_arrow() hands over the table underneath, not a copy."""
     table = _table()

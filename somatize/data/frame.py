@@ -16,7 +16,7 @@ the dataset ended; none means the span began past its end.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow
@@ -114,30 +114,45 @@ class NoPolars(DataError, ImportError):
 
 class NotPlain(DataError, ValueError):
     """Values asked for as plain Python (``column``, ``rows``) that have none: a time or a
-    duration to the nanosecond, which Python's ``datetime`` and ``timedelta`` cannot hold."""
+    duration to the nanosecond, which Python's ``datetime`` and ``timedelta`` cannot hold,
+    or an interval of months, days and nanoseconds."""
 
 
-def _nanoseconds(kind: pyarrow.DataType) -> bool:
-    """Whether values of type ``kind`` hold, at any depth, times or durations counted in
-    nanoseconds."""
-    if isinstance(kind, (pyarrow.TimestampType, pyarrow.Time64Type, pyarrow.DurationType)):
-        return bool(kind.unit == "ns")
+def _holds(kind: pyarrow.DataType, test: Callable[[pyarrow.DataType], bool]) -> bool:
+    """Whether values of type ``kind`` hold, at any depth, values of a type ``test`` says
+    yes of."""
+    if test(kind):
+        return True
     if isinstance(kind, pyarrow.BaseExtensionType):
-        return _nanoseconds(kind.storage_type)
+        return _holds(kind.storage_type, test)
     if isinstance(kind, pyarrow.DictionaryType):
-        return _nanoseconds(kind.value_type)
-    return any(_nanoseconds(kind.field(index).type) for index in range(kind.num_fields))
+        return _holds(kind.value_type, test)
+    return any(_holds(kind.field(index).type, test) for index in range(kind.num_fields))
+
+
+def _in_nanoseconds(kind: pyarrow.DataType) -> bool:
+    """Whether ``kind`` is of times or durations counted in nanoseconds."""
+    timed = isinstance(kind, (pyarrow.TimestampType, pyarrow.Time64Type, pyarrow.DurationType))
+    return timed and kind.unit == "ns"
 
 
 def _plain(values: pyarrow.Table | pyarrow.ChunkedArray, what: str) -> list[Any]:
     """``values`` as plain Python values; NotPlain when a time or duration among them is finer
     than a microsecond (pyarrow hands those over as pandas values, and only where pandas is
-    installed)."""
+    installed), or when they hold intervals of months, days and nanoseconds (pyarrow hands
+    those over as a ``MonthDayNano`` of its own, which no other process can unpickle)."""
+    kinds = values.schema.types if isinstance(values, pyarrow.Table) else [values.type]
+    if any(_holds(kind, pyarrow.types.is_interval) for kind in kinds):
+        raise NotPlain(
+            f"{what} holds intervals of months, days and nanoseconds, which have no plain "
+            "Python value (a month is no fixed length of time): pyarrow hands over a "
+            "`MonthDayNano` of its own, which no other process can read back. Read it "
+            "through `to_arrow()`"
+        )
     try:
         plain: list[Any] = values.to_pylist()
     except ValueError:
-        kinds = values.schema.types if isinstance(values, pyarrow.Table) else [values.type]
-        if not any(_nanoseconds(kind) for kind in kinds):
+        if not any(_holds(kind, _in_nanoseconds) for kind in kinds):
             raise
         raise NotPlain(
             f"{what} holds a time or duration to the nanosecond, not a whole number of "
@@ -250,7 +265,7 @@ def _same_values(one: pyarrow.Array, other: pyarrow.Array) -> bool:
     if one.equals(other):
         return True
     kind = one.type
-    if not _holds_floats(kind):
+    if not _holds(kind, pyarrow.types.is_floating):
         return False
     if pyarrow.types.is_float16(kind):  # which Arrow compares not: as floats of 32 bits
         return _same_values(one.cast(pyarrow.float32()), other.cast(pyarrow.float32()))
@@ -350,17 +365,6 @@ def _entries(column: pyarrow.Array) -> pyarrow.Array:
         column.offset,
         [column.values],
     )
-
-
-def _holds_floats(kind: pyarrow.DataType) -> bool:
-    """Whether values of type ``kind`` hold, at any depth, floats (which may be NaN)."""
-    if pyarrow.types.is_floating(kind):
-        return True
-    if isinstance(kind, pyarrow.BaseExtensionType):
-        return _holds_floats(kind.storage_type)
-    if isinstance(kind, pyarrow.DictionaryType):
-        return _holds_floats(kind.value_type)
-    return any(_holds_floats(kind.field(index).type) for index in range(kind.num_fields))
 
 
 def _polars_objects(x: Any) -> list[str]:
