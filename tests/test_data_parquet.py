@@ -249,8 +249,9 @@ def test_columns_reads_only_those(store: Store) -> None:
 def test_columns_are_read_as_handed_in_their_order(kind: str, tmp_path: Path, store: Store) -> None:
     """columns= may be any ordered collection of names (a tuple, a numpy array of them):
     those columns are read, in that order, and keyed as plain names. A set, whose order is
-    not the same in every process, an iterator, read once, and what is no collection of
-    names at all, are refused saying what columns= takes."""
+    not the same in every process, an iterator, read once, a mapping, whose values would
+    be passed over (a rename), and what is no collection of names at all, are refused
+    saying what columns= takes."""
     if kind == "store":
         bound(store, numbers(4))
         make: Any = partial(Parquet, store, "data/n")
@@ -272,6 +273,8 @@ def test_columns_are_read_as_handed_in_their_order(kind: str, tmp_path: Path, st
         make(columns=5)
     with pytest.raises(TypeError, match=r"got 'n'; one name: `columns=\['n'\]`"):
         make(columns="n")
+    with pytest.raises(TypeError, match=r"a `dict`.*renames none.*`columns=\['n'\]`"):
+        make(columns={"n": "number"})  # as a DataFrame's rename takes them
 
 
 @pytest.mark.parametrize("kind", ["store", "directory"])

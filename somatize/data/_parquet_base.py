@@ -24,7 +24,7 @@ import sys
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -68,9 +68,10 @@ class NotParquet(DataError, ValueError):
 def _columns_of(columns: Sequence[str] | None) -> tuple[str, ...] | None:
     """The names in ``columns``, in order, as plain str (they go into keys); None for all.
     Any ordered collection of names is taken (a list, a tuple, a numpy array); a set is
-    refused, since the order it hands its names in is not the same in every process, and
-    so is an iterator (a generator), which can be read only once: the call that made the
-    source, which a copy, a pickle and a worker make it again from, would hold it used up."""
+    refused, since the order it hands its names in is not the same in every process; so
+    is a mapping, whose values would be passed over (a rename reads as one), and an
+    iterator (a generator), which can be read only once: the call that made the source,
+    which a copy, a pickle and a worker make it again from, would hold it used up."""
     if columns is None:
         return None
     if isinstance(columns, AbstractSet):
@@ -78,6 +79,12 @@ def _columns_of(columns: Sequence[str] | None) -> tuple[str, ...] | None:
             f"columns= is a list of column names, in the order a frame holds them, got a "
             f"`{type(columns).__name__}`, which has no order (another process may take its "
             f"names in another); e.g. `columns={sorted(map(str, columns))!r}`"
+        )
+    if isinstance(columns, Mapping):
+        raise TypeError(
+            f"columns= is a list of column names, got a `{type(columns).__name__}`, whose "
+            "values would be passed over: a source reads columns and renames none. Pass "
+            f"their names (`columns={list(map(str, columns))!r}`), and rename them below"
         )
     if isinstance(columns, Iterator):
         raise TypeError(
