@@ -7,8 +7,10 @@ import gc
 import io
 import os
 import re
+import stat
 import threading
 import weakref
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -969,6 +971,34 @@ def test_a_file_replaced_after_it_was_let_go_is_refused(
     monkeypatch.setattr(ParquetDir, "_check", lambda self, index: None)
     with pytest.raises(DatasetChanged, match=r"`part-000\.parquet` under .* changed after"):
         source.forward({"at": 0, "take": 4}, ctx())
+
+
+def test_a_file_replaced_by_a_fifo_is_refused_without_waiting_for_a_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file of a ParquetDir replaced by a FIFO after the version was worked out is
+    DatasetChanged when its footer is read, and never opened: the open would wait for a
+    writer for good."""
+    import somatize.data.parquet_dir as module
+
+    write_dir(tmp_path / "d", [numbers(10)])
+    source = ParquetDir(tmp_path / "d")
+    fifo = tmp_path / "d" / "part-000.parquet"
+    fifo.unlink()
+    os.mkfifo(fifo)
+
+    def checked(opening: Callable[..., Any]) -> Callable[..., Any]:
+        def opened(path: Any, *args: Any) -> Any:
+            if not isinstance(path, int):  # a descriptor is opened already
+                assert not stat.S_ISFIFO(os.stat(path).st_mode), "a FIFO waits for a writer"
+            return opening(path, *args)
+
+        return opened
+
+    monkeypatch.setattr(pyarrow, "OSFile", checked(pyarrow.OSFile))
+    monkeypatch.setattr(module, "open_file", checked(module.open_file))
+    with pytest.raises(DatasetChanged, match=r"`part-000\.parquet` under .* changed"):
+        source.count_rows()
 
 
 def test_a_directory_source_is_settled_and_cached(tmp_path: Path, store: Store) -> None:

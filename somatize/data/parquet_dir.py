@@ -58,7 +58,7 @@ from somatize.data.coordinate import span_of
 from somatize.data.errors import DataError
 from somatize.data.frame import Frame
 from somatize.node import Context
-from somatize.store._local_files import open_file
+from somatize.store._local_files import NotAFile, _open_regular, open_file
 
 __all__ = ["DatasetChanged", "ParquetDir"]
 
@@ -113,6 +113,13 @@ def _cut_short(relative: str) -> DatasetChanged:
     )
 
 
+def _regular(path: Path) -> io.BufferedReader:
+    """The regular file at ``path``, opened without waiting: NotAFile for a FIFO (whose open
+    would wait for a writer for good) or a device, put in a listed file's place."""
+    fd, _ = _open_regular(str(path))
+    return open_file(fd, "rb")
+
+
 def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...], list[bytes] | None]:
     """The content digest of ``path``, the stat it was taken at, and, when the file changed
     too recently for that stat to vouch for it (``_RACY_NS``), the digest of each of its
@@ -126,9 +133,11 @@ def _file_digest(path: Path, relative: str) -> tuple[str, tuple[Any, ...], list[
     process (SIGBUS)."""
     try:
         before = _stat_of(path)
-        handle = open_file(path, "rb")  # closed by the `with` below
+        handle = _regular(path)  # closed by the `with` below
     except FileNotFoundError:
         raise _vanished(relative) from None
+    except (NotAFile, IsADirectoryError):  # put in its place since it was listed
+        raise _cut_short(relative) from None
     with handle:
         fd = handle.fileno()
         size = os.fstat(fd).st_size
@@ -584,6 +593,10 @@ class ParquetDir(_Versioned):
         path = self.root / relative
         blocks = self._blocks[index]
         try:
+            # Not opened unless it is still the file: one put in its place may be a FIFO,
+            # whose open would wait for a writer for good.
+            if _stat_of(path) != self._stats[index]:
+                raise self._changed(index)
             # A file, not a memory map: one cut short while it is open is then a short
             # read (Corrupt, or DatasetChanged when its stat is checked), where a page of a
             # map past its new end would kill the process (SIGBUS).
@@ -591,9 +604,9 @@ class ParquetDir(_Versioned):
                 handle: Any = pyarrow.OSFile(str(path), "r")
                 fd = handle.fileno()
             else:
-                checked = _Checked(open_file(path, "rb"), blocks, partial(self._changed, index))
+                checked = _Checked(_regular(path), blocks, partial(self._changed, index))
                 handle, fd = pyarrow.PythonFile(checked, mode="r"), checked.fd
-        except FileNotFoundError:
+        except (FileNotFoundError, NotAFile, IsADirectoryError):
             raise self._changed(index) from None
         try:
             if _stat_of(path, fd) != self._stats[index]:
