@@ -595,6 +595,8 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
     branch fx keeps would be the one for a value that is no tensor."""
     if not original(value, fx.Proxy):
         return original(value, kinds)  # fx's own values, mostly: asked as they are
+    caller = _asker()
+    by_the_model = not (in_torch(caller) or caller.startswith(_OURS))
     if _names_a_plain_kind(kinds, original) or (
         _names_a_tensor(kinds, original) and _annotated_plain(value.node.type)
     ):
@@ -603,51 +605,46 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
         # (`isinstance(scale, torch.Tensor)`): fx would answer no for every value. A
         # branch on its value, so the argument is traced fixed at the value a call gives.
         node = value.node
-        caller = _asker()
         if (
             node.op == "placeholder"
             and node.args
             and _is_plain(node.args[0], original)
             # Not one annotated as taking a tensor too, whose calls may hand it one.
             and "Tensor" not in str(node.type)
-            and not (in_torch(caller) or caller.startswith(_OURS))
+            and by_the_model
         ):
             value.tracer.branched = frozenset({str(node.target)})
             raise fx.proxy.TraceError(
                 f"asks what kind of value `{node.target}` is (`isinstance`): fx stands in "
                 "for it, and would answer no whatever a call gives"
             )
-    if value.node.op == "placeholder" and str(value.node.target) in getattr(
-        value.tracer, "containers", ()
+    if (
+        by_the_model
+        and value.node.op == "placeholder"
+        and str(value.node.target) in getattr(value.tracer, "containers", ())
     ):
-        caller = _asker()
-        if not (in_torch(caller) or caller.startswith(_OURS)):
-            raise Fixed(
-                f"asks what kind of value `{value.node.target}` is (`isinstance`), which "
-                "this call hands a list, tuple or dict: fx stands in for it while it traces, "
-                "and would answer no whatever the call gives"
-            )
+        raise Fixed(
+            f"asks what kind of value `{value.node.target}` is (`isinstance`), which "
+            "this call hands a list, tuple or dict: fx stands in for it while it traces, "
+            "and would answer no whatever the call gives"
+        )
     called = module_answering(value.node)
-    if called is not None:
-        caller = _asker()
-        if not (in_torch(caller) or caller.startswith(_OURS)):
-            raise Fixed(
-                f"asks what kind of value the answer of `{called.target}`, or an item of it, "
-                "is (`isinstance`): fx stands in for what a module answers while it traces, "
-                "and would answer no "
-                "whether the module hands back a tensor, a tuple or a dict, so the branch "
-                "kept would be the one for a value of no such kind in every call. Take what "
-                "the module answers as the kind it is (`out[0]`, `out['h']`)"
-            )
-    if _names_a_tensor(kinds, original):
-        caller = _asker()
-        if not (in_torch(caller) or caller.startswith(_OURS)):
-            raise Fixed(
-                "asks whether a value fx stands in for is a tensor (`isinstance(x, "
-                "torch.Tensor)`): while fx traces, no input, buffer or value made of them is "
-                "one, so the branch kept would be the one for a value that is no tensor, and "
-                "the wrapped model would take it in every call"
-            )
+    if called is not None and by_the_model:
+        raise Fixed(
+            f"asks what kind of value the answer of `{called.target}`, or an item of it, "
+            "is (`isinstance`): fx stands in for what a module answers while it traces, "
+            "and would answer no "
+            "whether the module hands back a tensor, a tuple or a dict, so the branch "
+            "kept would be the one for a value of no such kind in every call. Take what "
+            "the module answers as the kind it is (`out[0]`, `out['h']`)"
+        )
+    if by_the_model and _names_a_tensor(kinds, original):
+        raise Fixed(
+            "asks whether a value fx stands in for is a tensor (`isinstance(x, "
+            "torch.Tensor)`): while fx traces, no input, buffer or value made of them is "
+            "one, so the branch kept would be the one for a value that is no tensor, and "
+            "the wrapped model would take it in every call"
+        )
     return original(value, kinds)
 
 

@@ -163,33 +163,28 @@ def _iterated(node: fx.Node) -> str | None:
     called = module_answering(node)
     if called is not None:
         return f"what `{called.target}` answers"
+    made_of = next(
+        (one for one in _upstream(node.all_input_nodes) if one.op == "call_module"), None
+    )
+    return None if made_of is None else f"a value made of what `{made_of.target}` answers"
+
+
+def _upstream(nodes: Iterable[fx.Node]) -> Iterator[fx.Node]:
+    """``nodes`` and every node they are computed from, each once."""
     seen: set[fx.Node] = set()
-    todo = list(node.all_input_nodes)
+    todo = list(nodes)
     while todo:
         one = todo.pop()
         if one in seen:
             continue
         seen.add(one)
-        if one.op == "call_module":
-            return f"a value made of what `{one.target}` answers"
+        yield one
         todo.extend(one.all_input_nodes)
-    return None
 
 
 def _placeholders_of(node: fx.Node) -> list[fx.Node]:
     """The placeholders of the forward's arguments that ``node`` is computed from."""
-    found: list[fx.Node] = []
-    seen: set[fx.Node] = set()
-    todo = [node]
-    while todo:
-        one = todo.pop()
-        if one in seen:
-            continue
-        seen.add(one)
-        if one.op == "placeholder":
-            found.append(one)
-        todo.extend(one.all_input_nodes)
-    return found
+    return [one for one in _upstream([node]) if one.op == "placeholder"]
 
 
 def _arguments_of(node: fx.Node) -> frozenset[str]:
