@@ -126,6 +126,38 @@ def test_transient_failures_are_retried(monkeypatch: pytest.MonkeyPatch) -> None
     assert flaky.calls >= 3
 
 
+def _cut_short_by_aiohttp() -> BaseException:
+    import aiohttp
+
+    return aiohttp.ClientPayloadError("Response payload is not completed")
+
+
+def _cut_short_by_botocore() -> BaseException:
+    from botocore.exceptions import IncompleteReadError
+
+    return IncompleteReadError(actual_bytes=74, expected_bytes=148)
+
+
+@pytest.mark.parametrize("cut_short", [_cut_short_by_aiohttp, _cut_short_by_botocore])
+def test_a_body_cut_short_is_retried_as_s3fs_would(
+    monkeypatch: pytest.MonkeyPatch, cut_short: Any
+) -> None:
+    """A response whose body ended before its length (the connection dropped mid-body),
+    which s3fs would retry itself and a bucket store has it make once, is made again by
+    the store: the answer and the name come back, never the client's own error."""
+    store = Store.on_bucket(s3_url(), backoff=0.0, **s3_options())
+    key = key_of("cut short")
+    store.keep(key, b"value" * 100, "plain")
+    store.bind("cut/short", store.put(b"dataset"))
+    fresh = Store.on_bucket(store.url, backoff=0.0, **s3_options())
+    assert isinstance(fresh, BucketStore)
+    flaky = Counting(fresh.fs.cat_file, fail=2, error=cut_short())
+    monkeypatch.setattr(fresh.fs, "cat_file", flaky)
+    assert bytes(fresh.recall(key)[1]) == b"value" * 100
+    assert fresh.resolve("cut/short") == key_of_bytes(b"dataset")
+    assert flaky.calls >= 5
+
+
 def test_persistent_failure_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """A request that keeps failing becomes a StoreError that says how often and why."""
     store = Store.on_bucket("memory://somatize/down", retries=2, backoff=0.0)

@@ -31,6 +31,7 @@ import functools
 import inspect
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
@@ -58,7 +59,15 @@ folder of names, or a path under a name, is not a file either."""
 _GLOB = set("*?[")
 """What fsspec takes a path holding for a pattern, where it expands paths (``rm``, ``cat``
 of a list): a store's prefix may hold them (``exp[lr=0.1]``); its names and digests never."""
-_TRANSIENT_WORDS = ("Connection", "Timeout", "Throttl", "SlowDown", "ServiceUnavailable")
+_TRANSIENT_WORDS = (
+    "Connection",
+    "Timeout",
+    "Throttl",
+    "SlowDown",
+    "ServiceUnavailable",
+    "Payload",  # aiohttp's ClientPayloadError: a body that ended before its length
+    "IncompleteRead",  # botocore's IncompleteReadError: the same, said by botocore
+)
 
 
 def _transient(error: BaseException) -> bool:
@@ -66,6 +75,11 @@ def _transient(error: BaseException) -> bool:
     if isinstance(error, _DEFINITE):
         return False
     if isinstance(error, (OSError, ConnectionError, TimeoutError)):
+        return True
+    # What s3fs retries itself, which a bucket store has it make once (see
+    # ``bucket._opened_with``): a body cut short, a response that could not be parsed.
+    s3fs = sys.modules.get("s3fs.core")
+    if isinstance(error, getattr(s3fs, "S3_RETRYABLE_ERRORS", ())):
         return True
     module = type(error).__module__
     name = type(error).__name__
