@@ -326,6 +326,35 @@ def test_damaged_download_is_refused() -> None:
         Store.on_bucket("memory://somatize/damaged").get(digest)
 
 
+def test_a_blob_damaged_on_its_way_is_read_again_and_left_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A download whose bytes do not hash to the blob's digest, though the blob in the
+    bucket is whole (damaged on its way), is read once more: the genuine bytes come back
+    and the blob stays where it is, not moved aside, which would lose a blob bound to a
+    name that no recompute writes again."""
+    store = Store.on_bucket("memory://somatize/flipped")
+    assert isinstance(store, BucketStore)
+    digest = store.put(b"genuine bytes")
+    store.bind("data/set", digest)
+    fresh = Store.on_bucket("memory://somatize/flipped")
+    assert isinstance(fresh, BucketStore)
+    real = fresh.fs.cat_file
+    flipped = [0]
+
+    def on_its_way(path: str, *args: Any, **kwargs: Any) -> bytes:
+        data: bytes = real(path, *args, **kwargs)
+        if "/blobs/" in path and not flipped[0]:
+            flipped[0] += 1
+            return b"forged! bytes"
+        return data
+
+    monkeypatch.setattr(fresh.fs, "cat_file", on_its_way)
+    assert bytes(fresh.get(fresh.resolve("data/set"))) == b"genuine bytes"
+    assert flipped[0] == 1
+    assert store.fs.exists(store._blob_path(digest))
+
+
 def test_graph_runs_against_a_bucket() -> None:
     """A forward keeps into S3 and the next forward, in a fresh store object, recalls."""
     url = s3_url()

@@ -638,6 +638,13 @@ class BucketStore(BucketShelf):
             )
         found = hash_bytes(data)
         if found != digest:
+            # Read once more before the blob is taken for damaged and moved aside: bytes
+            # damaged on their way (a link or proxy that flips them, with no TLS to tell)
+            # are not the blob's, and a blob bound to a name is computed again by no one.
+            again = self._download(digest, size)
+            if again is not None and len(again) == len(data) and hash_bytes(again) == digest:
+                found, data = digest, again
+        if found != digest:
             unmoved = self._set_aside(digest)
             if unmoved is None:
                 raise Corrupt(
