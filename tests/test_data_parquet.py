@@ -519,6 +519,35 @@ def test_a_directory_reads_as_one_dataset(tmp_path: Path) -> None:
     assert len(source.forward({"at": 205, "take": 64}, ctx())) == 0
 
 
+def test_a_frame_carries_the_metadata_its_files_share_wherever_its_span_starts(
+    tmp_path: Path,
+) -> None:
+    """Every frame of a directory, whichever file its span starts in and however many it
+    crosses, or past the end, carries the metadata all its files say alike (not what one
+    file says of itself alone), and the field ids of the first file: frames of the same
+    rows read the same, and digest the same."""
+    ids = [pyarrow.field("n", pyarrow.int64(), metadata={"PARQUET:field_id": i}) for i in "17"]
+    parts = [
+        pyarrow.table({"n": list(range(3))}, schema=pyarrow.schema([ids[0]])),
+        pyarrow.table({"n": list(range(3, 6))}, schema=pyarrow.schema([ids[1]])),
+    ]
+    parts = [
+        part.replace_schema_metadata({"shared": "alike", "writer": name})
+        for part, name in zip(parts, ["first", "second"], strict=True)
+    ]
+    write_dir(tmp_path / "d", parts)
+    source = ParquetDir(tmp_path / "d")
+    expected = pyarrow.schema([ids[0]], metadata={"shared": "alike"})
+    for at, take in [(0, 2), (2, 2), (3, 2), (4, 9), (9, 1)]:
+        frame = source.forward({"at": at, "take": take}, ctx())
+        assert frame.schema.equals(expected, check_metadata=True), (at, take)
+    whole = source.forward({"at": 0, "take": 6}, ctx()).to_arrow()
+    codec = ArrowCodec()
+    assert codec.digest(source.forward({"at": 3, "take": 2}, ctx())) == codec.digest(
+        Frame(whole.slice(3, 2))
+    )
+
+
 def test_a_relative_directory_is_read_where_it_was_when_built(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

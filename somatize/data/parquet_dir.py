@@ -287,6 +287,39 @@ def _unalike(
     )
 
 
+def _shared(schemas: list[pyarrow.Schema]) -> pyarrow.Schema:
+    """The schema of every frame of rows from files of ``schemas`` (alike, see
+    :func:`_alike`): the first's columns, and of the files' own metadata only what they all
+    say alike, so that a frame's metadata is the dataset's, not that of the file its span
+    starts in (a pandas index over one file's rows, the writer of one file). The field
+    ids, which may differ, are the first file's."""
+    first = schemas[0]
+    agreed = {
+        key: value
+        for key, value in (first.metadata or {}).items()
+        if all((other.metadata or {}).get(key) == value for other in schemas[1:])
+    }
+    return first.with_metadata(agreed) if agreed else first.remove_metadata()
+
+
+def _as_shared(table: pyarrow.Table, schema: pyarrow.Schema) -> pyarrow.Table:
+    """``table``, rows of one file, under ``schema`` (:func:`_shared`): its metadata
+    replaced, and its columns (whose field ids may differ from the first file's) cast to
+    the same types as numbered there. A table of no columns says only how many rows it
+    holds, which Arrow drops when its metadata is replaced; a batch made from a struct
+    array of no fields keeps it."""
+    if table.schema.equals(schema, check_metadata=True):
+        return table
+    if not table.num_columns:
+        rows = pyarrow.RecordBatch.from_struct_array(
+            pyarrow.nulls(table.num_rows, pyarrow.struct([]))
+        )
+        return pyarrow.Table.from_batches([rows.replace_schema_metadata(schema.metadata)])
+    if table.schema.remove_metadata().equals(schema.remove_metadata(), check_metadata=True):
+        return table.replace_schema_metadata(schema.metadata)
+    return table.cast(schema)
+
+
 def _typed(field: pyarrow.Field) -> str:
     return f"{field.type}{'' if field.nullable else ' not null'}"
 
@@ -476,13 +509,16 @@ class ParquetDir(_Versioned):
         """A digest of the files' names, sizes and contents: its state."""
         self._fresh()
 
-    _UNSHARED = ("_files", "_held", "_opening", "_footers", "_starts")
+    _UNSHARED = ("_files", "_held", "_opening", "_footers", "_starts", "_schema")
     """What a copy does not take; it keeps ``_stats``, so it checks that its files are
     still the ones its version was worked out from, as the original does."""
 
     def _fresh(self) -> None:
         self._footers: list[_Footer] | None = None
         self._starts: list[int] = []
+        self._schema: pyarrow.Schema | None = None
+        """The schema every frame is handed over with (:func:`_shared`), once the footers
+        are read."""
         self._files = _OpenFiles(_OPEN_FILES)
         """The files open now: at most ``_OPEN_FILES`` of them between reads."""
         self._held = _Held()
@@ -530,10 +566,11 @@ class ParquetDir(_Versioned):
     def forward(self, span: Any, ctx: Context) -> Frame:
         at, take = span_of(span, f"`{ctx.name}` (ParquetDir)")
         footers = self._read_footers()
-        starts = self._starts
+        starts, schema = self._starts, self._schema
+        assert schema is not None  # read with the footers
         end = min(at + take, starts[-1])
         if at >= end:
-            return Frame(footers[0].schema.empty_table())
+            return Frame(schema.empty_table())
         first = bisect.bisect_right(starts, at) - 1
         pieces = []
         index = first
@@ -546,7 +583,7 @@ class ParquetDir(_Versioned):
             # time moves before its bytes do) may have handed over some of its new rows.
             self._check(index)
             if piece.num_rows:
-                pieces.append(piece)
+                pieces.append(_as_shared(piece, schema))
             index += 1
         return Frame(_joined(pieces))
 
@@ -636,6 +673,7 @@ class ParquetDir(_Versioned):
                 for footer in footers:
                     starts.append(starts[-1] + footer.rows)
                 self._starts = starts
+                self._schema = _shared([footer.schema for footer in footers])
                 self._footers = footers
         return self._footers
 
