@@ -10,7 +10,16 @@ import numpy
 import pyarrow
 import pytest
 
-from somatize.data import Frame, NoPolars, NotArrow, NotPlain, Table, UnknownColumn, to_arrow
+from somatize.data import (
+    ArrowCodec,
+    Frame,
+    NoPolars,
+    NotArrow,
+    NotPlain,
+    Table,
+    UnknownColumn,
+    to_arrow,
+)
 from tests.forked import answer_of, forked, needs_fork
 
 
@@ -143,6 +152,26 @@ def test_frames_holding_nan_in_the_same_places_are_equal(
     assert frame == _column(values, kind)
     other = [[2.0, 2.0]] if kind == pyarrow.list_(pyarrow.float64(), 2) else [None] * len(values)
     assert frame != _column(other, kind)
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        lambda zero: pyarrow.array([zero]),
+        lambda zero: pyarrow.array([[zero]]),
+        lambda zero: pyarrow.array([{"a": zero}]),
+        lambda zero: pyarrow.array([zero]).dictionary_encode(),
+        lambda zero: pyarrow.array([zero]).cast(pyarrow.float16()),
+    ],
+    ids=["flat", "list", "struct", "dictionary", "float16"],
+)
+def test_a_zero_and_a_negative_zero_are_equal_values_that_key_apart(column: Any) -> None:
+    """Frame equality is of values, as Python's and Arrow's are, at every depth: ``0.0`` is
+    ``-0.0``. The digest (and so a key) follows the bytes, which tell them apart: frames
+    equal by ``==`` may key apart, a miss, never one answer for the other."""
+    zero, negative = (Frame(pyarrow.table({"x": column(value)})) for value in (0.0, -0.0))
+    assert zero == negative
+    assert ArrowCodec().digest(zero) != ArrowCodec().digest(negative)
 
 
 def test_frames_holding_nan_are_equal_however_they_are_chunked_or_encoded() -> None:
