@@ -3,6 +3,7 @@ downloads checked against their digest — against S3 on loopback where it matte
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -165,6 +166,22 @@ def test_persistent_failure_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(store.fs, "cat_file", Counting(None, fail=99, error=TimeoutError("slow")))
     with pytest.raises(StoreError, match="failed 3 times"):
         store.resolve("some/name")
+
+
+def test_a_request_s3_refuses_as_made_is_said_at_once_not_taken_for_an_outage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request S3 refuses as it was made (a key longer than it holds, which s3fs says as
+    an OSError of ENAMETOOLONG; a bucket in another region, EREMCHG) is made once and said
+    to be refused, not made again and again and said to find the bucket unreachable."""
+    store = Store.on_bucket("memory://somatize/refused", backoff=0.0)
+    assert isinstance(store, BucketStore)
+    for number in (errno.ENAMETOOLONG, errno.EREMCHG):
+        refused = Counting(None, fail=99, error=OSError(number, "refused as made"))
+        monkeypatch.setattr(store.fs, "cat_file", refused)
+        with pytest.raises(StoreError, match=r"was refused .* asking again will not change"):
+            store.resolve("some/name")
+        assert refused.calls == 1
 
 
 def test_refused_credentials_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import functools
 import inspect
 import os
@@ -59,6 +60,18 @@ folder of names, or a path under a name, is not a file either."""
 _GLOB = set("*?[")
 """What fsspec takes a path holding for a pattern, where it expands paths (``rm``, ``cat``
 of a list): a store's prefix may hold them (``exp[lr=0.1]``); its names and digests never."""
+_REFUSED = {
+    errno.EINVAL,  # a request S3 takes for malformed: an argument, a bucket's name, XML
+    errno.ENAMETOOLONG,  # a key longer than S3 holds (KeyTooLongError)
+    errno.EMSGSIZE,  # an object larger or smaller than S3 takes (EntityTooLarge)
+    errno.ENOSYS,  # what the server does not implement
+    errno.EPERM,  # what S3 does not allow (MethodNotAllowed)
+    errno.EREMCHG,  # a bucket in another region, or behind another endpoint (a redirect)
+    errno.ENOTEMPTY,
+    errno.EEXIST,
+}
+"""The error numbers s3fs says an S3 refusal with (``s3fs.errors``) that asking again will
+not change, which :func:`_transient` tells from a failing server's (``EREMOTEIO``, ``EBUSY``)."""
 _TRANSIENT_WORDS = (
     "Connection",
     "Timeout",
@@ -72,7 +85,7 @@ _TRANSIENT_WORDS = (
 
 def _transient(error: BaseException) -> bool:
     """Whether ``error`` may go away if the request is made again."""
-    if isinstance(error, _DEFINITE):
+    if isinstance(error, _DEFINITE) or _refused(error):
         return False
     if isinstance(error, (OSError, ConnectionError, TimeoutError)):
         return True
@@ -86,6 +99,11 @@ def _transient(error: BaseException) -> bool:
     return module.startswith(("botocore", "aiohttp", "urllib3", "requests")) and any(
         word in name for word in _TRANSIENT_WORDS
     )
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether ``error`` is a refusal of the request as it was made (:data:`_REFUSED`)."""
+    return isinstance(error, OSError) and error.errno in _REFUSED
 
 
 def _no_credentials(error: BaseException) -> bool:
@@ -208,6 +226,12 @@ class BucketRequests(PackedHome):
                         raise StoreError(
                             f"{what} on {self.url} was refused ({why}): check the credentials "
                             "and the bucket's permissions"
+                        ) from why
+                    if _refused(why):
+                        raise StoreError(
+                            f"{what} on {self.url} was refused ({why}), which asking again "
+                            "will not change: check the URL, the endpoint and the bucket's "
+                            "region, and that the name or value is one the bucket takes"
                         ) from why
                     raise
                 if attempt == self.retries:
