@@ -1380,3 +1380,21 @@ def test_a_verify_reads_each_blob_it_listed_small_in_one_request(
     assert (found.ok, found.blobs) == (True, 30)
     assert asked.count("get_object") == 30
     assert asked.count("head_object") < 30, asked
+
+
+def test_a_name_whose_key_the_prefix_makes_too_long_is_refused_naming_the_room_left() -> None:
+    """An object key holds at most 1024 bytes, and a name may be that long by itself: on a
+    bucket, a name whose file's key (prefix, ``names/``, name) is longer is BadName saying
+    how long a name may be under this prefix, before anything is written — not a write S3
+    refuses (which the loopback server does not), nor a bind that cannot be resolved."""
+    store = Store.on_bucket(s3_url(), **s3_options())
+    room = 1024 - len(f"{store.url.split('/', 3)[3]}/names/")
+    digest = store.put(b"rows")
+    longest = "/".join(["a" * 200] * 5)[: room - 1] + "b"
+    store.bind(longest, digest)
+    assert store.resolve(longest) == digest
+    too_long = longest + "c"
+    for call in (lambda: store.bind(too_long, digest), lambda: store.resolve(too_long)):
+        with pytest.raises(BadName, match=rf"at most {room} bytes here"):
+            call()
+    assert not any("/names/" in path and path.endswith("bc") for path in objects(store))

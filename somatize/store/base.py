@@ -71,7 +71,8 @@ RECORD_VERSION = 1
 NAME_SEGMENT_BYTES = 255
 """The longest segment of a name: what a file name may hold on common filesystems."""
 NAME_BYTES = 1024
-"""The longest name: what an object key may hold, less room for the store's prefix."""
+"""The longest name: what an object key may hold (a bucket store refuses a name its prefix
+makes a key longer than that)."""
 
 LATEST = 253402300799.0
 """The last second of the year 9999: no time a record was written is later, and every

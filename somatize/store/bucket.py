@@ -86,6 +86,9 @@ from somatize.store.upkeep import SECTIONS
 
 __all__ = ["BucketStore"]
 
+KEY_BYTES = 1024
+"""The longest key an object store (S3, Google Cloud Storage, Azure) holds, in bytes of
+UTF-8: a name's file, under the store's prefix, must fit."""
 _FETCH_BELOW = 32
 """Up to this many unknown keys, ``have`` fetches their records; beyond, it lists."""
 
@@ -538,7 +541,7 @@ class BucketStore(BucketShelf):
         a bucket cannot write a name only if no such name is there, so one bound by another
         process meanwhile (``sms/train/small`` while this binds ``sms/train``) makes this
         bind take its name back and refuse (both may be refused; never both bound)."""
-        check_name(name)
+        self._check_name(name)
         blob = self._blob_path(digest)
         clash = self._nesting(name)
         if clash is not None:
@@ -554,6 +557,25 @@ class BucketStore(BucketShelf):
             raise clash
         if not self._there(blob, f"looking for blob {digest}"):
             raise unbound(name, digest, self.url)
+
+    def _check_name(self, name: str) -> None:
+        """BadName unless ``name`` is a name (:func:`check_name`) whose file's key, under
+        the store's prefix, is one the bucket holds: an object key is at most
+        :data:`KEY_BYTES` long, and a name may be that long by itself."""
+        check_name(name)
+        bucket = self._bucket_name()
+        if bucket is None:
+            return
+        key = self._path("names", name).lstrip("/")[len(bucket) + 1 :]
+        size = len(key.encode("utf-8"))
+        if size > KEY_BYTES:
+            room = size - len(name.encode("utf-8"))
+            raise BadName(
+                f"name {name[:60]!r}… is too long for {self.url}: its file's key would be "
+                f"{size} bytes, of which the store's prefix and `names/` take {room}, and an "
+                f"object key holds at most {KEY_BYTES}; use a name of at most "
+                f"{KEY_BYTES - room} bytes here, or a digest of the long one"
+            )
 
     def _nesting(self, name: str) -> BadName | None:
         """The refusal of ``name`` when a name above it, or names under it, are bound now;
@@ -684,7 +706,7 @@ class BucketStore(BucketShelf):
         return None
 
     def resolve(self, name: str) -> str:
-        check_name(name)
+        self._check_name(name)
         data = self._read(self._path("names", name), f"name `{name}`")
         if data is None:
             raise NameNotFound(
