@@ -23,13 +23,13 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
 from somatize.engine import Drifted
 from somatize.errors import SomatizeWarning
-from somatize.store.base import Corrupt, Missing
+from somatize.store.base import Corrupt, Missing, StoreError
 from somatize_torch._modes import outside_compiled
 from somatize_torch._row_codec import decode_rows, empty_rows, laid_out, row_order
 from somatize_torch._row_errors import NotRowwise, RowsError
@@ -132,10 +132,14 @@ def _recall_or_run(
         # once the writer lets them go.
         keys = {p: keying.key(ids[p]) for p in positions}
         positions = took(self._writer.recall(keys), "pending", positions)
+    refused: StoreError | None = None  # why the store could not keep rows computed now
     if positions and self.store is not None:
         keys = {p: keys.get(p) or keying.key(ids[p]) for p in positions}
-        positions = took(_from_store(self, keys, counts), "store", positions)
+        found, refused = _from_store(self, keys, counts)
+        positions = took(found, "store", positions)
     if positions:
+        if refused is not None:
+            _refuse_unkeepable(self, refused, len(positions), count)
         began = time.perf_counter()
         first: dict[Hashable, int] = {}
         for p in positions:
@@ -180,6 +184,22 @@ def _recall_or_run(
         into["compute_s"] += computed
         into["lookup_s"] += time.perf_counter() - start - computed
     return out
+
+
+def _refuse_unkeepable(self: CachedRows, refused: StoreError, missing: int, count: int) -> NoReturn:
+    """Refuses to compute ``missing`` rows of a batch of ``count`` that the store could not
+    keep (``refused``: it is one this process may not write, on a read-only disk, or its
+    directory is gone) before the module runs: the work would be lost, and every write
+    of it would fail behind the step, raised at some later forward. What the store holds
+    is still recalled."""
+    raise StoreError(
+        f"{missing} of the {count} rows of this batch for `{type(self.module).__name__}` "
+        f"are in no memory tier and not in {self.store!r}, which could not keep them "
+        f"computed, their writes failing behind the step: {refused}. Nothing was "
+        "computed; batches whose rows the store holds are still answered from it. To "
+        "compute rows, cache over a store this process may write, or with store=None to "
+        "keep them in memory only"
+    ) from refused
 
 
 def _check_still(self: CachedRows) -> None:
@@ -263,24 +283,29 @@ def _admit(self: CachedRows, near: list[Hashable], rows: torch.Tensor) -> None:
 
 def _from_store(
     self: CachedRows, keys: dict[int, str], counts: dict[str, int]
-) -> tuple[list[int], torch.Tensor] | None:
-    """The rows at batch positions ``keys`` (position → store key) the store has. A row it
-    has but cannot hand over whole — damaged, gone since it was asked, or a read that
-    failed (an I/O error, a file this process may not read) — is a miss: computed again,
-    counted in ``counts["unread"]`` and warned of (:func:`_unread`), never raised to the
-    caller, as the store is a cache of what the module answers."""
+) -> tuple[tuple[list[int], torch.Tensor] | None, StoreError | None]:
+    """The rows at batch positions ``keys`` (position → store key) the store has, and why
+    it could not keep rows computed now, if it could not (a read-only store, or one whose
+    directory is gone: :meth:`~somatize.Store._refused_keeping`, which tells without
+    keeping anything) — asked in the same hold of the store's lock, so a forward waits
+    for no more than the one write in progress. A row it has but cannot hand over whole —
+    damaged, gone since it was asked, or a read that failed (an I/O error, a file this
+    process may not read) — is a miss: computed again, counted in ``counts["unread"]``
+    and warned of (:func:`_unread`), never raised to the caller, as the store is a cache
+    of what the module answers."""
     store = self.store
     assert store is not None and self._lock is not None
     with self._lock:
         present = store.have(keys.values())
+        refused = store._refused_keeping()
         if not present:
-            return None
+            return None, refused
         wanted = [p for p, key in keys.items() if key in present]
         try:
             got = store.recall_many([keys[p] for p in wanted], borrow=True)  # decoded by copy
         except OSError as why:  # the whole read failed, not one answer of it
             _unread(self, counts, len(wanted), why)
-            return None
+            return None, refused
     at: list[int] = []
     datas: list[memoryview] = []
     faults: list[Exception] = []
@@ -301,13 +326,13 @@ def _from_store(
     if faults:
         _unread(self, counts, len(faults), faults[0])
     if not at:
-        return None
+        return None, refused
     try:
         rows = decode_rows(datas)
     except (ValueError, TypeError, Corrupt, Missing) as why:
         _unread(self, counts, len(at), why)  # every row of this lookup is computed again
-        return None
-    return at, rows
+        return None, refused
+    return (at, rows), refused
 
 
 def _unread(self: CachedRows, counts: dict[str, int], rows: int, why: Exception) -> None:

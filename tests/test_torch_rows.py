@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import array
 import copy
+import errno
 import functools
 import logging
+import os
 import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -20,6 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from somatize import Store
 from somatize.engine import Drifted
 from somatize.keys import node_key, node_prefix
+from somatize.store import StoreError
 from somatize_torch import _row_keys
 from somatize_torch.deferred import Deferred
 from somatize_torch.digest import digest_rows
@@ -544,6 +547,58 @@ def test_recalled_rows_from_the_store_are_the_encoders(store: Store, tmp_path: P
     assert (second.stats.from_store, second.stats.computed) == (30, 18)
     assert torch.equal(out, expected(second.module, data[order]))
     second.close()
+
+
+def _refused_as_read_only(*args: Any, **kwargs: Any) -> Any:
+    raise OSError(errno.EROFS, "Read-only file system")
+
+
+def mount_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes every write into a local store fail as on a read-only filesystem (tests run as
+    root, whom permissions would not stop, so the refusal is simulated)."""
+    real = open
+
+    def opened(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if set(mode) & set("wax+"):
+            _refused_as_read_only()
+        return real(file, mode, *args, **kwargs)
+
+    for module in ("local", "_local_files", "_local_upkeep"):  # the local store's modules
+        for name in ("open", "open_file"):
+            monkeypatch.setattr(f"somatize.store.{module}.{name}", opened, raising=False)
+    for name in ("utime", "unlink", "replace", "rename", "mkdir"):
+        monkeypatch.setattr(os, name, _refused_as_read_only)
+
+
+def test_a_read_only_store_answers_what_it_holds_and_refuses_rows_before_running(
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    count_rows: Callable[[nn.Module], Tally],
+) -> None:
+    """Over a store this process may not write, rows the store holds are recalled, and a
+    batch with rows it does not hold is a StoreError saying the store is read-only before
+    the module runs, not rows computed whose writes fail behind the step, raised at some
+    later forward: nothing is computed, queued or left half-written, and the cache goes on
+    answering what the store holds."""
+    data = images(12)
+    answers = expected(encoder(), data)
+    first = cache_rows(encoder(), store)
+    first(data[:8])
+    first.close()
+    mount_read_only(monkeypatch)
+    cached = cache_rows(encoder(), Store(tmp_path / "store"))
+    counter = count_rows(cached.module)
+    assert torch.equal(cached(data[:8]), answers[:8])
+    with pytest.raises(StoreError, match=r"4 of the 8 rows.*read-only for this process"):
+        cached(data[4:])
+    assert counter.rows == 0
+    cached.flush()  # nothing was queued, so nothing failed
+    assert torch.equal(cached(data[:8].flip(0)), answers[:8].flip(0))
+    assert cached.stats.from_store == 8 and cached.stats.rows_failed == 0
+    cached.close()
+    monkeypatch.undo()
+    assert not list((tmp_path / "store" / "tmp").iterdir())
 
 
 class Transposes(nn.Module):
