@@ -145,12 +145,18 @@ def _recall_or_run(
         for p in positions:
             first.setdefault(near[p], p)
         once = list(first.values())  # a row that is in the batch twice runs once
-        rows = _compute(self, x, once, keying, watch)
+        # Unless it is the only row to run and the module is not yet known to answer each
+        # row alone: run once, it would go unchecked (`_rowwise`), and a module that mixes
+        # rows would answer it as it answers a batch of one, not of the copies it was given.
+        run = positions if len(once) == 1 and not keying.rowwise else once
+        rows = _compute(self, x, run, keying, watch)
         if not _in_eval(self):
             # A part put in train mode as the module ran (by another thread): its rows may be
             # train mode's (a dropout drawing). Computed again, the part warned of and put
             # back in eval first (`_compute`), and kept only if none moved meanwhile.
-            rows = _compute(self, x, once, keying, watch)
+            rows = _compute(self, x, run, keying, watch)
+        if run is not once:
+            rows = rows[:1]  # the copies' answers are the first one's, checked
         computed = time.perf_counter() - began
         with self._tiers_lock:  # what a batch answered from memory is laid out as
             orders[(rows.shape[1:], rows.dtype)] = row_order(rows)

@@ -1677,6 +1677,34 @@ def test_a_row_twice_in_one_batch_runs_once(
     cached.close()
 
 
+@pytest.mark.parametrize("key", ["content", "index"])
+def test_a_batch_of_one_row_many_times_is_checked_row_by_row(store: Store, key: KeyMode) -> None:
+    """A batch whose rows to run are all one row (a sample drawn again and again, a batch
+    padded by repeating it) is run whole until the module is known to answer each row
+    alone: a module whose answer for a row depends on the rest of its batch is refused
+    there, nothing kept, rather than handed the answer for a batch of that one row; a
+    module that answers each row alone answers each copy as uncached."""
+    version = "rows@1" if key == "index" else None
+    row = torch.randn(1, 3).repeat(4, 1)
+    index = torch.zeros(4, dtype=torch.long)
+    mixing = cache_rows(CumulativeSum(), store, key=key, version=version)
+    with pytest.raises(NotRowwise, match="last of 4 rows, run again on its own"):
+        mixing(row, **({"index": index} if key == "index" else {}))
+    assert mixing.tiers[0].rows == 0
+    mixing.flush()
+    assert mixing.stats.rows_kept == 0
+    mixing.close()
+    module = encoder()
+    alone = cache_rows(module, store, key=key, version=version)
+    x = images(1).repeat(3, 1, 1, 1)
+    index = torch.zeros(3, dtype=torch.long)
+    out = alone(x, **({"index": index} if key == "index" else {}))
+    assert torch.allclose(out, expected(module, x), rtol=0, atol=1e-6)
+    assert torch.equal(out[1:], out[:1].expand(2, -1))
+    assert alone.tiers[0].rows == 1
+    alone.close()
+
+
 def test_an_empty_batch_gives_an_empty_answer(cached: CachedRows) -> None:
     """A batch of no rows answers no rows, of the encoder's row shape, and counts nothing."""
     out = cached(images(0))
