@@ -35,6 +35,7 @@ from somatize_torch import ModuleNode, freeze
 from tests.broker_nodes import (
     Encoder,
     Exits,
+    ExitsWhenBuilt,
     Length,
     MakesBlob,
     Meet,
@@ -609,6 +610,43 @@ def test_a_key_asked_of_a_worker_of_another_somatize_version_is_refused(
             broker.key_on("w1", g, "scale", [keys["rows"]])
         monkeypatch.undo()
         assert broker.key_on("w1", g, "scale", [keys["rows"]]) == keys["scale"]
+
+
+def test_a_key_asked_of_a_worker_that_dies_is_worker_lost(cluster: None, store: Store) -> None:
+    """``key_on`` fails as a call of a node does when its worker dies: WorkerLost, naming
+    node and worker — never Ray's ActorDiedError — whether the worker was dead when it was
+    asked or died working the key out (building the node); the next call starts the worker
+    afresh, and with ``retries=`` the same call does."""
+    x = {"at": 0, "take": 2}
+    g = Graph.somatize(
+        Rows().named("rows").frozen().cached()
+        >> Scale(2.0).named("scale").frozen().cached().at("w1")
+    )
+    seen: list[dict[str, Any]] = []
+    g.forward(x, store=store, watching=seen.append)
+    keys = {f["node"]: f["key"] for f in seen if f["fact"] == "kept"}
+    rows = [keys["rows"]]
+    dies = Graph.somatize(
+        Rows().named("rows").frozen()
+        >> ExitsWhenBuilt(os.getpid()).named("dies").frozen().cached().at("w1")
+    )
+    with Broker.ray(workers={"w1": _worker()}) as broker:
+        assert broker.key_on("w1", g, "scale", rows) == keys["scale"]
+        ray.kill(broker.actor("w1"))
+        with pytest.raises(
+            WorkerLost, match=r"`scale` was running on worker `w1` when the worker died"
+        ):
+            broker.key_on("w1", g, "scale", rows)
+        assert broker.key_on("w1", g, "scale", rows) == keys["scale"]
+        with pytest.raises(
+            WorkerLost, match=r"`dies` was running on worker `w1` when the worker died"
+        ):
+            broker.key_on("w1", dies, "dies", rows)
+        assert broker.key_on("w1", g, "scale", rows) == keys["scale"]
+    with Broker.ray(workers={"w1": _worker()}, retries=1) as broker:
+        assert broker.key_on("w1", g, "scale", rows) == keys["scale"]
+        ray.kill(broker.actor("w1"))
+        assert broker.key_on("w1", g, "scale", rows) == keys["scale"]
 
 
 def test_a_key_asked_of_a_worker_that_does_not_answer_in_time_is_a_timeout(

@@ -365,20 +365,44 @@ class RayBroker(Broker):
         """The key of ``node`` reading inputs keyed ``inputs``, as computed on ``worker``
         from the node it rebuilt there: the same as the client's, or keys would not meet.
         Asked as a node's call is: of a worker running this somatize (BadWorker otherwise),
-        within the broker's timeouts (WorkerTimeout otherwise, the actor stopped)."""
+        within the broker's timeouts (WorkerTimeout otherwise, the actor stopped), on a
+        worker that lives to answer (WorkerLost otherwise, after ``retries`` fresh ones)."""
         ray = _ray()
         self.check(graph)
         memory = graph.memory
         blueprint = self._blueprint(graph, node).to_bytes()
         asked = (node, blueprint, memory.state_of(node), memory.salt_of(node), inputs)
         held = held_state(graph, node)
-        actor = self.actor(worker)
-        self._check_started(node, worker, actor)
-        key = self._answer(node, worker, actor, actor.key_of.remote(*asked, held, None))
-        if isinstance(key, NeedState):
-            state = ray.put(graph.node(node).state_bytes())
-            key = self._answer(node, worker, actor, actor.key_of.remote(*asked, held, state))
-        return str(key)
+        state: Any = None
+        cause = ""
+        for _ in range(self.retries + 1):
+            actor = self.actor(worker)
+            try:
+                self._check_started(node, worker, actor)
+                key = self._answer(node, worker, actor, actor.key_of.remote(*asked, held, state))
+                if isinstance(key, NeedState):
+                    if state is None:
+                        state = ray.put(graph.node(node).state_bytes())
+                    key = self._answer(
+                        node, worker, actor, actor.key_of.remote(*asked, held, state)
+                    )
+                return str(key)
+            except ray.exceptions.RayActorError as error:
+                cause = self._lost(node, worker, actor, error)
+        raise WorkerLost(node, worker, self.retries + 1, cause)
+
+    def _lost(self, node: str, worker: str, actor: Any, error: Any) -> str:
+        """Lets go of ``worker``'s ``actor``, which died (``error``, Ray's) while it was
+        asked about ``node``, so the next call starts it afresh; raises BadWorker when it
+        never started (a retry would fail so), else answers the cause to report."""
+        ray = _ray()
+        # One only out of reach for now (ActorUnavailableError) may come back, and would
+        # hold its resources with nobody calling it: stopped, not just forgotten.
+        unreachable = isinstance(error, ray.exceptions.ActorUnavailableError)
+        self._forget(worker, actor, kill=unreachable)
+        if getattr(error, "actor_init_failed", False):  # never started: a retry fails so
+            raise _unstartable(node, worker, error) from None
+        return type(error).__name__
 
     def _check_started(self, node: str, worker: str, actor: Any) -> None:
         """Asks ``worker``'s actor, before it is first sent anything about ``node``, which
@@ -509,13 +533,7 @@ class RayBroker(Broker):
                     raise WorkerLost(
                         node, worker, 1, "stopped: its forward was interrupted"
                     ) from None
-                # One only out of reach for now (ActorUnavailableError) may come back, and
-                # would hold its resources with nobody calling it: stopped, not just forgotten.
-                unreachable = isinstance(error, ray.exceptions.ActorUnavailableError)
-                self._forget(worker, actor, kill=unreachable)
-                if getattr(error, "actor_init_failed", False):  # never started: a retry fails so
-                    raise _unstartable(node, worker, error) from None
-                cause = type(error).__name__
+                cause = self._lost(node, worker, actor, error)
         if reply is None:
             if closes != self._closes:
                 raise BrokerClosed(node, worker)
