@@ -60,6 +60,20 @@ class ExitsWhenBuilt(Node):
         return value
 
 
+class RaisesWhenBuilt(Node):
+    """Raises an :class:`Abort` (touching ``marker`` when unpickled) as it is built in any
+    process but ``home``, where its graph is made; hands its input on."""
+
+    def __init__(self, home: int, marker: str) -> None:
+        self.home = home
+        self.marker = marker
+        if os.getpid() != home:
+            raise Abort(marker)
+
+    def forward(self, value: Any, ctx: Any) -> Any:
+        return value
+
+
 class Meet(Node):
     """Leaves a mark named ``tag`` in ``folder``, then waits up to ``seconds`` for the mark
     of ``other`` there, and hands its input on: two of them meet only when they run at

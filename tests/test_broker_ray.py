@@ -43,6 +43,7 @@ from tests.broker_nodes import (
     RaisesBase,
     RaisesOwn,
     RaisesUnprintable,
+    RaisesWhenBuilt,
     Ramp,
     Seeded,
     SlowToBuild,
@@ -647,6 +648,37 @@ def test_a_key_asked_of_a_worker_that_dies_is_worker_lost(cluster: None, store: 
         assert broker.key_on("w1", g, "scale", rows) == keys["scale"]
         ray.kill(broker.actor("w1"))
         assert broker.key_on("w1", g, "scale", rows) == keys["scale"]
+
+
+def test_a_key_asked_of_a_worker_that_cannot_work_it_out_fails_as_a_call_does(
+    broker: Any, tmp_path: Path
+) -> None:
+    """``key_on`` of a node the worker cannot rebuild, or whose weights changed after they
+    were frozen, fails as a call of the node does — FailedOnWorker naming what it raised,
+    StateMismatch saying why — and nothing raised there is unpickled here (what the node
+    raises touches a file when it is): it was Ray's RayTaskError, carrying the worker's
+    traceback, and the node's own exception unpickled."""
+    marker = tmp_path / "unpickled"
+    rows = [root_key({"at": 0, "take": 2})]
+    g = Graph.somatize(
+        Rows().named("rows").frozen()
+        >> RaisesWhenBuilt(os.getpid(), str(marker)).named("bad").frozen().cached().at("w1")
+    )
+    called = r"`bad` \(RaisesWhenBuilt\) raised Abort on worker `w1`: stop right there"
+    for asking in (lambda: g.forward({"at": 0, "take": 2}, broker=broker),
+                   lambda: broker.key_on("w1", g, "bad", rows)):  # fmt: skip
+        with pytest.raises(FailedOnWorker, match=called):
+            asking()
+        assert not marker.exists()
+    encoded, enc = _encoder_graph()
+    with torch.no_grad():
+        enc.module.linear.bias.data.add_(1.0)
+    changed = r"^`enc` on worker `w1` was sent state whose digest is blake3:\w+, and the graph"
+    for asking in (lambda: encoded.forward({"at": 0, "take": 2}, broker=broker),
+                   lambda: broker.key_on("w1", encoded, "enc", rows)):  # fmt: skip
+        with pytest.raises(StateMismatch, match=changed) as refused:
+            asking()
+        assert refused.type is StateMismatch
 
 
 def test_a_key_asked_of_a_worker_that_does_not_answer_in_time_is_a_timeout(

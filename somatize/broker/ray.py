@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import blake3
 
@@ -80,6 +80,8 @@ __all__ = ["RayBroker"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 """A terminal colour code, as Ray's messages hold them."""
+
+_T = TypeVar("_T")
 
 _INLINE = 100_000
 """Inputs up to this many bytes travel inside the call; larger ones are put into the
@@ -171,6 +173,48 @@ def _message(error: BaseException) -> str:
         return f"(its message could not be read: str() of it raised {type(unreadable).__name__})"
 
 
+def _guarded(work: Callable[[], _T]) -> _T | _Failure:
+    """What ``work``, run on an actor, answers; what it raised as a :class:`_Failure`, by
+    kind, type name and message — never the exception itself, which Ray would pickle
+    back for the client to unpickle (:func:`_raised` raises it there again)."""
+    try:
+        return work()
+    except CodecError as why:
+        return _Failure("codec", type(why).__name__, _message(why))
+    except Unbuildable as why:
+        return _Failure("unbuildable", type(why).__name__, _message(why))
+    except StateMismatch as why:
+        return _Failure("state", type(why).__name__, _message(why))
+    except SomatizeError as why:  # the node's own code raised one: rebuilt as itself
+        own = _own(why)
+        return own if own is not None else _Failure("forward", type(why).__name__, _message(why))
+    except SystemExit:
+        # The node, or Ray stopping the actor (`ray.actor.exit_actor()`), ends the
+        # process, as it would end the client's: the worker is lost, and started afresh.
+        raise
+    except BaseException as why:
+        if isinstance(why, _ray().exceptions.AsyncioActorExit):
+            raise  # Ray's own signal to stop the actor
+        # Named, never carried: what the node raised (a KeyboardInterrupt, a class of
+        # its own) is not pickled back for the client to unpickle.
+        return _Failure("forward", type(why).__name__, _message(why))
+
+
+def _raised(graph: Graph, node: str, worker: str, failure: _Failure) -> Exception:
+    """The error to raise here for ``failure``, what ``node`` raised on ``worker``."""
+    if failure.kind == "codec":
+        return CodecError(failure.message)
+    if failure.kind == "unbuildable":
+        return Unbuildable(failure.message)
+    if failure.kind == "state":
+        return StateMismatch(failure.message)
+    if failure.kind == "own":
+        own = _rebuilt_own(failure)
+        if own is not None:
+            return own
+    return FailedOnWorker(node, graph.kind_of(node), worker, failure.raised, failure.message)
+
+
 class _Actor:
     """The body of a worker's Ray actor: a :class:`Host` and a place to run it."""
 
@@ -181,29 +225,7 @@ class _Actor:
         self.host = Host(worker, Catalog())
 
     def run(self, job: Job, state: bytes | None, *payloads: bytes) -> Reply | NeedState | _Failure:
-        try:
-            return self.host.run(job, payloads, state=state)
-        except CodecError as why:
-            return _Failure("codec", type(why).__name__, _message(why))
-        except Unbuildable as why:
-            return _Failure("unbuildable", type(why).__name__, _message(why))
-        except StateMismatch as why:
-            return _Failure("state", type(why).__name__, _message(why))
-        except SomatizeError as why:  # the node's own code raised one: rebuilt as itself
-            own = _own(why)
-            return (
-                own if own is not None else _Failure("forward", type(why).__name__, _message(why))
-            )
-        except SystemExit:
-            # The node, or Ray stopping the actor (`ray.actor.exit_actor()`), ends the
-            # process, as it would end the client's: the worker is lost, and started afresh.
-            raise
-        except BaseException as why:
-            if isinstance(why, _ray().exceptions.AsyncioActorExit):
-                raise  # Ray's own signal to stop the actor
-            # Named, never carried: what the node raised (a KeyboardInterrupt, a class of
-            # its own) is not pickled back for the client to unpickle.
-            return _Failure("forward", type(why).__name__, _message(why))
+        return _guarded(lambda: self.host.run(job, payloads, state=state))
 
     def key_of(
         self,
@@ -214,18 +236,22 @@ class _Actor:
         inputs: list[str],
         held: str | None,
         data: bytes | None,
-    ) -> str | NeedState:
+    ) -> str | NeedState | _Failure:
         """The key of the node rebuilt here; for one that holds state (``held``, its digest),
-        from the state loaded here and the digest worked out from it."""
-        node = self.host.node(blueprint, held, data, name=name)
-        if node is None:
-            assert held is not None
-            return NeedState(held)
-        if held is not None:
-            state = node._smz.state
-        identity = Blueprint.from_bytes(blueprint).identity
-        prefix = keying.node_prefix(identity, node.declaration(), state, salt)
-        return keying.node_key(prefix, inputs)
+        from the state loaded here and the digest worked out from it. What rebuilding it
+        raises comes back as :meth:`run`'s does, named (:func:`_guarded`)."""
+
+        def work() -> str | NeedState:
+            node = self.host.node(blueprint, held, data, name=name)
+            if node is None:
+                assert held is not None
+                return NeedState(held)
+            key_state = node._smz.state if held is not None else state
+            identity = Blueprint.from_bytes(blueprint).identity
+            prefix = keying.node_prefix(identity, node.declaration(), key_state, salt)
+            return keying.node_key(prefix, inputs)
+
+        return _guarded(work)
 
     def pid(self) -> int:
         return os.getpid()
@@ -386,6 +412,8 @@ class RayBroker(Broker):
                     key = self._answer(
                         node, worker, actor, actor.key_of.remote(*asked, held, state)
                     )
+                if isinstance(key, _Failure):
+                    raise _raised(graph, node, worker, key)
                 return str(key)
             except ray.exceptions.RayActorError as error:
                 cause = self._lost(node, worker, actor, error)
@@ -539,17 +567,7 @@ class RayBroker(Broker):
                 raise BrokerClosed(node, worker)
             raise WorkerLost(node, worker, self.retries + 1, cause)
         if isinstance(reply, _Failure):
-            if reply.kind == "codec":
-                raise CodecError(reply.message)
-            if reply.kind == "unbuildable":
-                raise Unbuildable(reply.message)
-            if reply.kind == "state":
-                raise StateMismatch(reply.message)
-            if reply.kind == "own":
-                own = _rebuilt_own(reply)
-                if own is not None:
-                    raise own
-            raise FailedOnWorker(node, graph.kind_of(node), worker, reply.raised, reply.message)
+            raise _raised(graph, node, worker, reply)
         assert not isinstance(reply, NeedState), "a worker handed the state asked for it again"
         return _Carried(reply.codec, reply.data, reply.kept, carried)
 
