@@ -1078,6 +1078,35 @@ def test_an_actor_running_other_code_refuses_and_keeps_nothing(
     assert g.forward({"at": 0, "take": 2}, store=store, strict=True) == [0.0, 3.0]
 
 
+def test_an_actor_that_imported_a_module_before_it_was_edited_says_to_start_it_afresh(
+    cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's module edited and reloaded here while an actor that imported it runs on is
+    refused as other code, saying that the actor runs the module as it imported it until it
+    is started afresh (``broker.close()``) — building the graph again, which the message
+    advised, changed nothing — and once the broker is closed the node runs as edited."""
+    import importlib
+
+    module = tmp_path / "edited_nodes.py"
+    module.write_text(_VERSION.format(more=""))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import edited_nodes  # type: ignore[import-not-found]
+
+    x = {"at": 0, "take": 2}
+    with Broker.ray(workers={"w1": _worker()}) as broker:
+        g = Graph.somatize(Rows().named("rows") >> edited_nodes.Drifting(3.0).at("w1"))
+        assert g.forward(x, broker=broker) == [0.0, 3.0]
+        module.write_text(_VERSION.format(more=" + 1000"))
+        importlib.reload(edited_nodes)
+        g = Graph.somatize(Rows().named("rows") >> edited_nodes.Drifting(3.0).at("w1"))
+        assert g.forward(x) == [1000.0, 1003.0]
+        with pytest.raises(Unbuildable, match=r"runs other code .* a worker runs a module as it "
+                           r"imported it, .*`broker\.close\(\)`"):  # fmt: skip
+            g.forward(x, broker=broker)
+        broker.close()
+        assert g.forward(x, broker=broker) == [1000.0, 1003.0]
+
+
 def test_closing_the_broker_fails_a_waiting_forward_and_starts_no_actor(
     cluster: None, tmp_path: Path
 ) -> None:

@@ -333,12 +333,16 @@ class Host:
         catalog: Catalog | None = None,
         *,
         stoppable: Callable[[], AbstractContextManager[None]] = nullcontext,
+        apart: bool = False,
     ) -> None:
         self.worker = worker
         self.catalog = catalog if catalog is not None else Catalog()
         self.stoppable = stoppable
         """Around each node's forward: where an interrupted forward may stop it (an embedded
         broker's :meth:`~somatize.broker.Broker.stoppable`)."""
+        self.apart = apart
+        """Whether this host runs in a process of its own (a Ray actor): the modules it
+        imported stay as it imported them, whatever the client reloads since."""
         self._nodes: dict[tuple[bytes, str | None], Node] = {}
         self._spare: dict[bytes, Node] = {}
         """Blueprint → a node built for it ahead of its first job (:meth:`admit`) and not
@@ -391,9 +395,16 @@ class Host:
                 f"`{name}` on worker `{self.worker}` runs other code than the graph was built "
                 f"with: `{kind.__module__}:{kind.__qualname__}` there is written as {here}, "
                 f"and the graph's as {fingerprint}, so its answers would be kept under keys "
-                f"that name the graph's code. Nothing was kept for `{name}`. Install the same "
-                "version of the code everywhere the graph runs (in a notebook, build the graph "
-                "again after redefining a class)"
+                f"that name the graph's code. Nothing was kept for `{name}`. "
+                + (
+                    "Install the same version of the code everywhere the graph runs; a worker "
+                    "runs a module as it imported it, so one started before the module was "
+                    "edited runs the old code until it is started afresh (`broker.close()`: "
+                    "the next forward starts the workers again)"
+                    if self.apart
+                    else "Install the same version of the code everywhere the graph runs (in a "
+                    "notebook, build the graph again after redefining a class)"
+                )
             )
 
     def node(

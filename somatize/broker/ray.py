@@ -222,7 +222,7 @@ class _Actor:
         for path in reversed(import_paths):
             if path not in sys.path:
                 sys.path.insert(0, path)
-        self.host = Host(worker, Catalog())
+        self.host = Host(worker, Catalog(), apart=True)
 
     def run(self, job: Job, state: bytes | None, *payloads: bytes) -> Reply | NeedState | _Failure:
         return _guarded(lambda: self.host.run(job, payloads, state=state))
