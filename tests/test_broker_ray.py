@@ -681,6 +681,39 @@ def test_a_key_asked_of_a_worker_that_cannot_work_it_out_fails_as_a_call_does(
         assert refused.type is StateMismatch
 
 
+def test_a_key_asked_as_the_broker_is_closed_is_broker_closed_and_starts_no_actor(
+    cluster: None, tmp_path: Path
+) -> None:
+    """Closing a Ray broker while ``key_on`` waits on a worker fails it with BrokerClosed,
+    as a call of a node does, and starts no actor again for it whatever ``retries=`` says:
+    it started a fresh one and waited on it for the key."""
+    from somatize.broker import BrokerClosed
+
+    marker = tmp_path / "slow"
+    g = Graph.somatize(
+        Rows().named("rows").frozen()
+        >> SlowToBuild(20.0, str(marker)).named("slow").frozen().cached().at("w1")
+    )
+    rows = [root_key({"at": 0, "take": 2})]
+    broker = Broker.ray(workers={"w1": _worker()}, retries=1)
+    marker.touch()
+
+    def close() -> None:
+        while not broker._started:  # the worker started: key_on waits on it
+            time.sleep(0.05)
+        broker.close()
+
+    closer = threading.Thread(target=close, daemon=True)
+    closer.start()
+    try:
+        with pytest.raises(BrokerClosed, match=r"`slow` on worker `w1` did not finish"):
+            broker.key_on("w1", g, "slow", rows)
+        closer.join()
+        assert broker._actors == {}
+    finally:
+        broker.close()
+
+
 def test_a_key_asked_of_a_worker_that_does_not_answer_in_time_is_a_timeout(
     cluster: None, tmp_path: Path
 ) -> None:

@@ -392,7 +392,8 @@ class RayBroker(Broker):
         from the node it rebuilt there: the same as the client's, or keys would not meet.
         Asked as a node's call is: of a worker running this somatize (BadWorker otherwise),
         within the broker's timeouts (WorkerTimeout otherwise, the actor stopped), on a
-        worker that lives to answer (WorkerLost otherwise, after ``retries`` fresh ones)."""
+        worker that lives to answer (WorkerLost otherwise, after ``retries`` fresh ones),
+        of a broker not closed meanwhile (BrokerClosed otherwise, no actor started again)."""
         ray = _ray()
         self.check(graph)
         memory = graph.memory
@@ -401,8 +402,12 @@ class RayBroker(Broker):
         held = held_state(graph, node)
         state: Any = None
         cause = ""
+        with self._lock:
+            closes = self._closes
         for _ in range(self.retries + 1):
-            actor = self.actor(worker)
+            actor = self.actor(worker, closes)
+            if actor is None:
+                raise BrokerClosed(node, worker)
             try:
                 self._check_started(node, worker, actor)
                 key = self._answer(node, worker, actor, actor.key_of.remote(*asked, held, state))
@@ -417,6 +422,8 @@ class RayBroker(Broker):
                 return str(key)
             except ray.exceptions.RayActorError as error:
                 cause = self._lost(node, worker, actor, error)
+        if closes != self._closes:
+            raise BrokerClosed(node, worker)
         raise WorkerLost(node, worker, self.retries + 1, cause)
 
     def _lost(self, node: str, worker: str, actor: Any, error: Any) -> str:
