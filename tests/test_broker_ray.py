@@ -1176,6 +1176,54 @@ def test_closing_the_broker_fails_a_waiting_forward_and_starts_no_actor(
     assert not ended.is_alive() and closing._actors == {}
 
 
+def test_an_address_where_another_server_answers_is_refused_at_once(
+    cluster: None, tmp_path: Path
+) -> None:
+    """Broker.ray given the address of a server that answers and is no Ray cluster's GCS (a
+    web server, as Ray's dashboard on port 8265 is) raises ConnectionError naming it and
+    the port to give, at once, rather than wait in `ray.init` for good, logging retries. A
+    cluster's GCS is let through."""
+    import http.server
+    import logging
+
+    from somatize.broker.ray import _refuse_unanswered
+
+    _refuse_unanswered(ray.get_runtime_context().gcs_address)  # a cluster's: nothing raised
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            logging.getLogger(__name__).debug(format, *args)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    named = f"127.0.0.1:{server.server_address[1]}"
+    script = (
+        "from somatize.broker import Broker, Worker\n"
+        "try:\n"
+        f"    Broker.ray({named!r}, {{'w1': Worker.generic(mode='network')}})\n"
+        "except ConnectionError as why:\n"
+        "    print(why)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("RAY_ADDRESS", None)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=60,
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"a server answers at {named} that is no Ray cluster's GCS" in done.stdout
+    assert "6379" in done.stdout
+
+
 @pytest.mark.parametrize("through", ["address", "RAY_ADDRESS"])
 def test_an_address_where_no_cluster_answers_is_refused_at_once(
     tmp_path: Path, through: str

@@ -685,15 +685,51 @@ def _refuse_unanswered(address: str | None) -> None:
     host, _, port = named.rpartition(":")
     if not host or not port.isdigit():
         return
+    given = "" if named == address else f" ($RAY_ADDRESS, for the address {address!r})"
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=5) as line:
+            said = _first_frame(line)
     except OSError as why:
-        given = "" if named == address else f" ($RAY_ADDRESS, for the address {address!r})"
         raise ConnectionError(
             f"no Ray cluster answers at {named}{given} ({type(why).__name__}: {why}), so "
             "Broker.ray connected to none and nothing was started: start the cluster there "
             "(`ray start --head`), or name the address of a running one"
         ) from why
+    if said and not (len(said) == len(_SETTINGS) and said[3] == _SETTINGS[3]):
+        raise ConnectionError(
+            f"a server answers at {named}{given} that is no Ray cluster's GCS: it does not "
+            f"speak gRPC (it answered {said!r}), so Broker.ray connected to nothing and "
+            "nothing was started. Name the cluster's GCS address, the one `ray start --head` "
+            "printed (port 6379 unless it was given another) — not its dashboard's (8265), "
+            "nor its Ray Client server's, which is given as `ray://host:10001`"
+        )
+
+
+_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+"""An empty HTTP/2 SETTINGS frame: its header, a frame type of 4 at byte 3."""
+
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _SETTINGS
+"""What an HTTP/2 client (gRPC's, as Ray's GCS speaks) sends first on a connection; the
+server answers with a SETTINGS frame of its own before anything else."""
+
+
+def _first_frame(line: socket.socket) -> bytes:
+    """The first bytes (a frame header's nine, at most) the server on ``line`` answers to an
+    HTTP/2 preface; nothing where it answers nothing within the connection's timeout, closes
+    the connection, or the cluster speaks TLS (``$RAY_USE_TLS``), which this does not."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return b""
+    said = b""
+    try:
+        line.sendall(_PREFACE)
+        while len(said) < len(_SETTINGS):
+            more = line.recv(len(_SETTINGS) - len(said))
+            if not more:
+                return said  # closed: what it said, if anything (nothing: left to ray.init)
+            said += more
+    except OSError:
+        return b""  # silent, or gone: left to ray.init
+    return said
 
 
 def _connected_elsewhere(ray: Any, address: str) -> str | None:
