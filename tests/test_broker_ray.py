@@ -52,7 +52,7 @@ from tests.broker_nodes import (
     napping,
     weighted,
 )
-from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
+from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale, Square
 
 ray = pytest.importorskip("ray", reason="the Ray broker needs ray: pip install 'somatize[ray]'")
 
@@ -150,6 +150,25 @@ def test_keys_are_equal_on_the_client_and_on_a_worker(broker: Any, store: Store)
     assert keys["enc"] != keys["rows"]
     assert broker.key_on("w1", encoded, "enc", [keys["rows"]]) == keys["enc"]
     assert broker.key_on("w2", encoded, "enc", [keys["rows"]]) == keys["enc"]
+
+
+def test_the_keys_of_a_mapped_node_on_a_worker_are_the_client_s(broker: Any, store: Store) -> None:
+    """The key a worker computes for an item of a mapped node is the one the client kept
+    that item under: it was the key of the node handed the item whole, which no client
+    computes."""
+    from somatize.keys import item_key
+
+    x = {"at": 0, "take": 3}
+    g = Graph.somatize(
+        Rows().named("rows").frozen().cached()
+        >> Square().named("sq").frozen().cached().mapped().at("w1")
+    )
+    seen: list[dict[str, Any]] = []
+    assert g.forward(x, store=store, broker=broker, watching=seen.append) == [0, 1, 4]
+    (rows,) = [f["key"] for f in seen if f["fact"] == "kept" and f["node"] == "rows"]
+    for index in range(3):
+        key = broker.key_on("w1", g, "sq", [item_key(rows, index)])
+        assert store.have([key]) == {key}
 
 
 def test_a_list_changed_after_build_reaches_the_ray_worker(broker: Any, store: Store) -> None:

@@ -233,6 +233,7 @@ class _Actor:
         blueprint: bytes,
         state: str | None,
         salt: str | None,
+        mapped: bool,
         inputs: list[str],
         held: str | None,
         data: bytes | None,
@@ -248,7 +249,8 @@ class _Actor:
                 return NeedState(held)
             key_state = node._smz.state if held is not None else state
             identity = Blueprint.from_bytes(blueprint).identity
-            prefix = keying.node_prefix(identity, node.declaration(), key_state, salt)
+            declaration = node.declaration()
+            prefix = keying.node_prefix(identity, declaration, key_state, salt, mapped=mapped)
             return keying.node_key(prefix, inputs)
 
         return _guarded(work)
@@ -388,8 +390,9 @@ class RayBroker(Broker):
             return found
 
     def key_on(self, worker: str, graph: Graph, node: str, inputs: list[str]) -> str:
-        """The key of ``node`` reading inputs keyed ``inputs``, as computed on ``worker``
-        from the node it rebuilt there: the same as the client's, or keys would not meet.
+        """The key of ``node`` reading inputs keyed ``inputs`` (for a mapped node, an item's
+        keys, and the key is that item's), as computed on ``worker`` from the node it
+        rebuilt there: the same as the client's, or keys would not meet.
         Asked as a node's call is: of a worker running this somatize (BadWorker otherwise),
         within the broker's timeouts (WorkerTimeout otherwise, the actor stopped), on a
         worker that lives to answer (WorkerLost otherwise, after ``retries`` fresh ones),
@@ -398,7 +401,8 @@ class RayBroker(Broker):
         self.check(graph)
         memory = graph.memory
         blueprint = self._blueprint(graph, node).to_bytes()
-        asked = (node, blueprint, memory.state_of(node), memory.salt_of(node), inputs)
+        salt, mapped = memory.salt_of(node), memory.is_mapped(node)
+        asked = (node, blueprint, memory.state_of(node), salt, mapped, inputs)
         held = held_state(graph, node)
         state: Any = None
         cause = ""
