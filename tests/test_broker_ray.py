@@ -171,6 +171,32 @@ def test_the_keys_of_a_mapped_node_on_a_worker_are_the_client_s(broker: Any, sto
         assert store.have([key]) == {key}
 
 
+def test_a_key_asked_with_what_names_no_key_is_refused_before_anything_is_sent(
+    broker: Any,
+) -> None:
+    """``key_on`` given a worker the broker does not have, a node the graph does not have or
+    that is placed on no network worker, or inputs that are not one key per input the node
+    reads, says so, naming what it got and what it takes — it was a bare KeyError, or a key
+    worked out from the characters of a key given alone, or from too many keys, that no
+    client computes."""
+    from somatize.broker import UnknownWorker
+    from somatize.graph import UnknownNode
+
+    g = Graph.somatize(Rows().named("rows") >> Scale(2.0).named("scale").frozen().at("w1"))
+    rows = root_key({"at": 0, "take": 2})
+    with pytest.raises(UnknownWorker, match=r"this broker has no worker `w9`; it has `w1`, `w2`"):
+        broker.key_on("w9", g, "scale", [rows])
+    with pytest.raises(UnknownNode, match=r"no node named `nowhere`"):
+        broker.key_on("w1", g, "nowhere", [rows])
+    with pytest.raises(ValueError, match=r"`rows` is placed on no network worker"):
+        broker.key_on("w1", g, "rows", [rows])
+    for inputs, wrong in ((rows, TypeError), ([1], TypeError), ([rows, rows], ValueError),
+                          ([], ValueError)):  # fmt: skip
+        with pytest.raises(wrong, match=r"`scale` reads 1 input.*a list of 1 key \(str\)"):
+            broker.key_on("w1", g, "scale", inputs)
+    assert broker.key_on("w1", g, "scale", [rows]).startswith("blake3:")
+
+
 def test_a_list_changed_after_build_reaches_the_ray_worker(broker: Any, store: Store) -> None:
     """A node built with a list, on a Ray worker, runs there with the list as it is now, and
     its answer is kept under the key of the new list."""

@@ -65,6 +65,7 @@ from .base import (
     NoRay,
     OtherCluster,
     StateMismatch,
+    UnknownWorker,
     WorkerLost,
     WorkerTimeout,
     _check_timeout,
@@ -392,13 +393,38 @@ class RayBroker(Broker):
     def key_on(self, worker: str, graph: Graph, node: str, inputs: list[str]) -> str:
         """The key of ``node`` reading inputs keyed ``inputs`` (for a mapped node, an item's
         keys, and the key is that item's), as computed on ``worker`` from the node it
-        rebuilt there: the same as the client's, or keys would not meet.
+        rebuilt there: the same as the client's, or keys would not meet. A worker the
+        broker lacks, a node the graph lacks or that no network worker rebuilds, and inputs
+        other than one key per input the node reads are refused before anything is sent.
         Asked as a node's call is: of a worker running this somatize (BadWorker otherwise),
         within the broker's timeouts (WorkerTimeout otherwise, the actor stopped), on a
         worker that lives to answer (WorkerLost otherwise, after ``retries`` fresh ones),
         of a broker not closed meanwhile (BrokerClosed otherwise, no actor started again)."""
         ray = _ray()
+        if worker not in self.workers:
+            known = ", ".join(f"`{name}`" for name in self.workers)
+            raise UnknownWorker(
+                f"this broker has no worker `{worker}`; it has {known}: ask one of those for "
+                "the key of a node"
+            )
+        node = graph.resolve(node)
         self.check(graph)
+        if node not in self._checked[graph][1]:
+            raise ValueError(
+                f"`{node}` is placed on no network worker of this broker, so no worker rebuilds "
+                "it: key_on asks a worker for the key of a node it rebuilds, one placed with "
+                '`.at(name)` on a `Worker.generic(mode="network")` worker'
+            )
+        count = max(len(graph.predecessors(node)), 1)
+        listed = isinstance(inputs, (list, tuple)) and all(isinstance(k, str) for k in inputs)
+        if not listed or len(inputs) != count:
+            many = "" if count == 1 else "s"
+            wrong = ValueError if listed else TypeError
+            raise wrong(
+                f"`{node}` reads {count} input{many}, so key_on takes a list of {count} "
+                f"key{many} (str), one per input in the order it reads them (the graph's "
+                f"input's, for a node that reads no other); got {inputs!r}"
+            )
         memory = graph.memory
         blueprint = self._blueprint(graph, node).to_bytes()
         salt, mapped = memory.salt_of(node), memory.is_mapped(node)
