@@ -794,6 +794,16 @@ def test_a_key_asked_of_a_worker_that_does_not_answer_in_time_is_a_timeout(
         assert broker.key_on("w1", g, "slow", rows).startswith("blake3:")
 
 
+def test_a_ray_broker_given_no_workers_says_how_to_give_them_to_broker_ray() -> None:
+    """``Broker.ray()`` with no workers, or not by name, says how ``Broker.ray`` is given
+    them, and what it got — it showed ``Broker.embedded(...)``, another broker — before any
+    cluster is connected to."""
+    said = re.escape('given its workers by name, e.g. `Broker.ray(workers={"w1": Worker.generic(')
+    for workers in (None, {}, [("w1", Worker.generic(mode="network"))]):
+        with pytest.raises(TypeError, match=said + r'mode="network"\)\}\)`; got'):
+            Broker.ray(workers=workers)  # type: ignore[arg-type]
+
+
 def test_a_ray_broker_copied_or_pickled_is_refused_by_name(broker: Any) -> None:
     """A Ray broker pickled (to a spawned DataLoader worker) or copied is refused with a
     TypeError naming it and what to do, not `SimpleQueue`'s, which named nothing of

@@ -227,11 +227,13 @@ class Broker(abc.ABC):
     """Runs placed nodes on named workers. ``Broker.embedded({...})`` in this process,
     ``Broker.ray(...)`` on a Ray cluster."""
 
+    _made_as = 'Broker.embedded({"w1": Worker.generic(mode="network")})'
+    """How a broker of this kind is made with one worker, for the errors that say so."""
+
     def __init__(self, workers: Mapping[str, Worker]) -> None:
         if not isinstance(workers, Mapping) or not workers:
             raise TypeError(
-                "a broker is given its workers by name, e.g. "
-                '`Broker.embedded({"w1": Worker.generic(mode="network")})`'
+                f"a broker is given its workers by name, e.g. `{self._made_as}`; got {workers!r}"
             )
         for name, worker in workers.items():
             if not isinstance(name, str) or not name:

@@ -268,6 +268,8 @@ class _Actor:
 class RayBroker(Broker):
     """Workers as Ray actors; see the module docstring."""
 
+    _made_as = 'Broker.ray(workers={"w1": Worker.generic(mode="network")})'
+
     def __init__(
         self,
         address: str | None,
