@@ -8,6 +8,7 @@ import os
 import random
 import threading
 import time
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,19 @@ class RaisesWhenBuilt(Node):
 
     def forward(self, value: Any, ctx: Any) -> Any:
         return value
+
+
+class Drifts(Node):
+    """Scales by ``by``, then keeps twice as much in ``by`` as a Fraction, which has no
+    canonical form: a node that changes an argument it keeps into what no key can name."""
+
+    def __init__(self, by: float = 1.0) -> None:
+        self.by = by
+
+    def forward(self, values: list[float], ctx: Any) -> list[float]:
+        scaled = [v * float(self.by) for v in values]
+        self.by = Fraction(float(self.by) * 2)
+        return scaled
 
 
 class Meet(Node):

@@ -52,6 +52,7 @@ from tests.broker_nodes import (
     Counting,
     Doubled,
     Doubled2,
+    Drifts,
     Encoder,
     Grows,
     Holds,
@@ -445,6 +446,27 @@ def test_a_copy_that_changes_its_arguments_as_it_runs_is_built_again(store: Stor
     assert graph(placed=False).forward(10.0) == 11.0  # what a Stepper(step=0) answers
     assert graph(placed=False).forward(10.0, store=store) == 11.0  # and what was kept
     assert g.forward(10.0, broker=broker) == 11.0
+
+
+def test_a_copy_that_changes_an_argument_into_what_has_no_canonical_form_is_built_again(
+    store: Store,
+) -> None:
+    """A node that replaces an argument it keeps with a value that has no canonical form (a
+    Fraction) answers each job on a network worker as the node its key names, and what a
+    worker keeps is that answer: the copy that changed is let go of, as one whose value
+    changed to another canonical one is. It was kept — a value that lost its canonical form
+    was taken for a model loaded where None was — and the next job ran with the doubled
+    value, its answer kept under the key of the node that had not doubled it."""
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+
+    def graph(placed: bool) -> Graph:
+        node = Drifts(1.0).named("d").frozen().cached()
+        return Graph.somatize(Rows().named("rows").frozen() >> (node.at("w1") if placed else node))
+
+    g = graph(placed=True)
+    assert g.forward({"at": 0, "take": 3}, broker=broker, store=store) == [0.0, 1.0, 2.0]
+    assert g.forward({"at": 1, "take": 3}, broker=broker, store=store) == [1.0, 2.0, 3.0]
+    assert graph(placed=False).forward({"at": 1, "take": 3}, store=store) == [1.0, 2.0, 3.0]
 
 
 def test_a_copy_that_counts_in_an_attribute_it_makes_answers_as_its_first() -> None:

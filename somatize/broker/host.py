@@ -85,7 +85,7 @@ from somatize import canonical
 from somatize._threads import ProcessLock
 from somatize.catalog import Blueprint, Catalog, Unbuildable, check_held, fingerprint_of
 from somatize.codecs import CODECS
-from somatize.node import Context, Node, held_by
+from somatize.node import Context, Node, digest_of, held_by
 from somatize.plan import static_of
 from somatize.store import Store, StoreError
 
@@ -318,6 +318,10 @@ def crossings(
     return facts
 
 
+_NONE = digest_of(None)
+"""How :func:`~somatize.node.held_by` tells an attribute holding None."""
+
+
 def _written_as(node: Node, fingerprint: str | None) -> bool:
     """Whether ``node``'s code is the code ``fingerprint`` names (None: not known, taken as
     so)."""
@@ -468,10 +472,13 @@ class Host:
         names the same blueprint and state, and the copy is not that node any more: it is
         built (and loaded) again for the next job, which the client cannot tell it to."""
         # A value that changed, or one that appeared (`self.seen = 1`, which the next job's
-        # node never held); not one that lost its canonical form as the node ran (a client
-        # or a model it loads on first use, in place of None).
-        was = dict(before)
-        changed = any(was.get(name) != digest for name, digest in held_by(node))
+        # node never held), or one that lost its canonical form as the node ran (an argument
+        # it keeps replaced by a Fraction), unless it was None (a client or a model it loads
+        # on first use, in place of None, which the next job's node would load again).
+        was, holds = dict(before), dict(held_by(node))
+        changed = any(was.get(name) != digest for name, digest in holds.items()) or any(
+            name not in holds and digest != _NONE for name, digest in before
+        )
         if not changed and state is not None:
             try:
                 now = node.restate()
