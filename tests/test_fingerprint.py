@@ -310,6 +310,55 @@ def test_a_decorated_or_partial_helper_a_node_names_is_in_its_fingerprint(
     assert graph().forward(1, store=store, strict=True) == 14
 
 
+_DECORATED = """
+import functools
+from somatize import Node
+
+def logged(function):
+    @functools.wraps(function)
+    def wrapper(*args):
+        return function(*args)
+    return wrapper
+
+STEP = 1
+
+def _plus(x):
+    return x + STEP
+
+@logged
+def _helped(x):
+    return _plus(x)
+
+class UsesDecorated(Node):
+    def forward(self, x, ctx):
+        return _helped(x)
+"""
+
+
+def test_what_a_helper_wrapped_by_a_decorator_of_its_module_names_is_in_its_fingerprint(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper of a node's module wrapped by a decorator that closes over it is followed
+    into its module as a plain helper is: a constant or a function it names there, edited
+    in the file, is another fingerprint (a new process never recalls the answer of the
+    code before as its own), and one rebound is seen by a graph built after."""
+    path = tmp_path / "fingerprinted.py"
+    was = fingerprint_of(_load(path, _DECORATED, monkeypatch).UsesDecorated)
+    stepped = _load(path, _DECORATED.replace("STEP = 1", "STEP = 7"), monkeypatch)
+    assert fingerprint_of(stepped.UsesDecorated) != was
+    edited = _load(path, _DECORATED.replace("x + STEP", "x * STEP"), monkeypatch)
+    assert fingerprint_of(edited.UsesDecorated) != was
+    loaded = _load(path, _DECORATED, monkeypatch)
+    assert fingerprint_of(loaded.UsesDecorated) == was
+
+    def graph() -> Graph:
+        return Graph.somatize(loaded.UsesDecorated().named("use").frozen().cached())
+
+    assert graph().forward(1, store=store) == 2
+    monkeypatch.setattr(loaded, "STEP", 10)
+    assert graph().forward(1, store=store, strict=True) == 11
+
+
 _TABLED = """
 from somatize import Node
 

@@ -42,6 +42,7 @@ from somatize.catalog._code import (
 )
 from somatize.catalog._functions import (
     _bound_in,
+    _cells_read,
     _default_table_bytes,
     _default_tables,
     _function_bytes,
@@ -160,6 +161,17 @@ def _still(reader: weakref.ref[Any], name: str, was: Any) -> bool:
     return now is was
 
 
+def _closed_functions(function: FunctionType) -> list[FunctionType]:
+    """The plain functions ``function`` closes over (what a decorator wraps, its own cells
+    read as it runs: :func:`_cells_read`), each filled."""
+    found = []
+    for cell in _cells_read(function):
+        with contextlib.suppress(ValueError):  # not filled yet
+            if isinstance(cell.cell_contents, FunctionType):
+                found.append(cell.cell_contents)
+    return found
+
+
 def _helper_function_bytes(name: str, function: FunctionType) -> bytes:
     """A plain function of a node's module its code names (``name``), as a method of its
     class is named: how it is written (:func:`_function_bytes`) and each table it takes by
@@ -181,7 +193,8 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     (:func:`_sighted`), and watched (:class:`_HeldSeen`), so that one changed in place since is
     another. Nothing is followed out of the module a function was defined in but a
     function imported from another module of its package (:func:`_same_package`), followed
-    as one defined there: no module, no class, no function of another package. Also each
+    as one defined there, and a function of either that one of them closes over (what a
+    decorator wraps): no module, no class, no function of another package. Also each
     name looked up, and what it held (:data:`Looked`). A name these functions assign
     (``global CALLS; CALLS += 1``, a table loaded on first use) is the module's state as it
     runs: it is taken as the module's text assigns it (``CALLS = 0``), not by what it holds,
@@ -204,6 +217,13 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
             changed = _tables_changed_by(function.__code__, held, _GLOBAL_LOADS)
             filled.update((module, name) for name in changed)
         reads = [(module, space, reader, name) for name in sorted(names)]
+        for closed in _closed_functions(function):
+            # what a decorator wraps (`functools.wraps`): what it names is followed too
+            if id(closed) not in seen and (
+                closed.__module__ == module or _same_package(closed.__module__, module)
+            ):
+                seen.add(id(closed))
+                queue.append(closed)
         for module, space, reader, name in reads:
             place = (module, name)
             if name not in space:
