@@ -359,6 +359,55 @@ def test_what_a_helper_wrapped_by_a_decorator_of_its_module_names_is_in_its_fing
     assert graph().forward(1, store=store, strict=True) == 11
 
 
+_DECORATED_METHOD = """
+import functools
+from somatize import Node
+
+EXTRA = 0
+
+def shifted(function):
+    @functools.wraps(function)
+    def wrapper(self, x, ctx):
+        return function(self, x, ctx) + EXTRA
+    return wrapper
+
+class Decorated(Node):
+    @shifted
+    def forward(self, x, ctx):
+        return x + 1
+"""
+
+
+def test_the_wrapper_a_decorator_of_its_module_puts_around_a_method_is_in_its_fingerprint(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's method wrapped by a decorator of its module is its code with the wrapper
+    that runs around it: the wrapper edited, or a constant it names, is another
+    fingerprint (a new process never recalls the answer of the code before as its own),
+    and one given other code in place is seen at the next forward."""
+    path = tmp_path / "fingerprinted.py"
+    was = fingerprint_of(_load(path, _DECORATED_METHOD, monkeypatch).Decorated)
+    edited = _load(path, _DECORATED_METHOD.replace("+ EXTRA", "* 2 + EXTRA"), monkeypatch)
+    assert fingerprint_of(edited.Decorated) != was
+    extra = _load(path, _DECORATED_METHOD.replace("EXTRA = 0", "EXTRA = 5"), monkeypatch)
+    assert fingerprint_of(extra.Decorated) != was
+    loaded = _load(path, _DECORATED_METHOD, monkeypatch)
+    assert fingerprint_of(loaded.Decorated) == was
+    graph = Graph.somatize(loaded.Decorated().named("d").frozen().cached())
+    assert graph.forward(1, store=store) == 2
+
+    def doubling(function: Callable[..., int]) -> Callable[..., int]:
+        def wrapper(self: Any, x: int, ctx: Any) -> int:
+            return 2 * function(self, x, ctx)
+
+        return wrapper
+
+    monkeypatch.setattr(loaded.Decorated.forward, "__code__", doubling(len).__code__)
+    with pytest.warns(Drifted, match="`d` was recalled"):
+        assert graph.forward(1, store=store) == 2
+    assert graph.forward(1, store=store, strict=True) == 4
+
+
 _TABLED = """
 from somatize import Node
 
@@ -5917,7 +5966,7 @@ def test_a_class_read_again_cheaply_is_worked_out_again_once_changed_in_place() 
 
     wrapper.__wrapped__ = scale  # type: ignore[attr-defined]
     kind.scale = wrapper
-    assert fingerprint_of(kind) == first  # unwrapped to the same method
+    changed()  # the wrapper of its module runs around the method: other code
     wrapper.__wrapped__ = kind.other  # type: ignore[attr-defined]
     changed()
     kind.scale = scale

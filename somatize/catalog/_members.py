@@ -181,8 +181,10 @@ def _exactly_plain(value: Any) -> bool:
 def _functions_in(member: Any) -> list[FunctionType]:
     """The plain functions a class attribute runs: itself, what a static or class method,
     a property or a cached property holds, each unwrapped from a decorator that says what
-    it wraps (``functools.wraps``), or a partial (``functools.partial``, ``partialmethod``)
-    made of (:func:`_bound_in` says the arguments it binds)."""
+    it wraps (``functools.wraps``) — what it wraps first, then the wrappers around it of a
+    decorator of its module or package (:func:`_wrappers_of`), which run too —, or a
+    partial (``functools.partial``, ``partialmethod``) made of (:func:`_bound_in` says the
+    arguments it binds)."""
     kind = type(member)
     if kind is FunctionType and "__wrapped__" not in member.__dict__:  # as unwrapping finds
         return [member]
@@ -197,13 +199,39 @@ def _functions_in(member: Any) -> list[FunctionType]:
     held = [member.fget, member.fset, member.fdel] if isinstance(member, property) else [member]
     out: list[FunctionType] = []
     for function in held:
+        wrappers: list[FunctionType] = []
         # a decorator that wraps itself (ValueError), or an object whose own __getattr__
         # raises what hasattr does not take for "no such attribute": left as it is
         with contextlib.suppress(Exception):
-            function = inspect.unwrap(function) if function is not None else None
+            unwrapped = inspect.unwrap(function) if function is not None else None
+            wrappers = _wrappers_of(function, unwrapped)
+            function = unwrapped
         if isinstance(function, FunctionType):
             out.append(function)
+            out += wrappers
     return out
+
+
+def _wrappers_of(function: Any, unwrapped: Any) -> list[FunctionType]:
+    """The plain functions ``function`` runs around ``unwrapped``, what it wraps (the
+    ``wrapper`` a decorator of the code makes, ``functools.wraps``), outermost first — each
+    written in the module of ``unwrapped`` or of its package: a decorator of the library's
+    or of another package (``torch.no_grad``) is not the node's code."""
+    if not isinstance(unwrapped, FunctionType):
+        return []
+    module = unwrapped.__module__
+    found = []
+    while function is not unwrapped:
+        made_in = getattr(function, "__globals__", {}).get("__name__")
+        if (
+            type(function) is FunctionType
+            and isinstance(made_in, str)
+            and isinstance(module, str)
+            and (made_in == module or _same_package(made_in, module))
+        ):
+            found.append(function)
+        function = function.__wrapped__
+    return found
 
 
 _PARTIALS = (functools.partial, functools.partialmethod)

@@ -248,9 +248,10 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
             elif (wrapped := _helper_in(value, module)) is not None:
                 # a helper wrapped where it is defined: by the function and what is bound
                 out[place] = (b"uses " + label, _joined(b"wrapped", _helper_bytes(value, wrapped)))
-                if id(wrapped) not in seen:
-                    seen.add(id(wrapped))
-                    queue.append(wrapped)
+                for function in _functions_in(value):
+                    if id(function) not in seen:
+                        seen.add(id(function))
+                        queue.append(function)
             elif _plain(value):
                 text, as_named = _written_at(module, name, value)
                 # where no text assigns it (imported from another package, patched over
@@ -591,8 +592,8 @@ def _helper_in(value: Any, module: str) -> FunctionType | None:
         return None
     if not isinstance(value, _PARTIALS) and not callable(value):
         return None
-    functions = _functions_in(value)
-    if len(functions) != 1 or functions[0].__module__ != module:
+    functions = _functions_in(value)  # what it wraps first, then the code's wrappers of it
+    if not functions or functions[0].__module__ != module:
         return None
     return functions[0]
 
@@ -602,4 +603,5 @@ def _helper_bytes(value: Any, wrapped: FunctionType) -> list[bytes]:
     is written, what a partial binds (:func:`_bound_in`), and the wrapper's class."""
     kind = type(value)
     made = f"{kind.__module__}:{kind.__qualname__}".encode()
-    return [made, _function_bytes(wrapped), *_bound_in(value)]
+    wrappers = _functions_in(value)[1:]  # a decorator of the code's, under `lru_cache`
+    return [made, _function_bytes(wrapped), *map(_function_bytes, wrappers), *_bound_in(value)]
