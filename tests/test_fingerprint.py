@@ -359,6 +359,55 @@ def test_what_a_helper_wrapped_by_a_decorator_of_its_module_names_is_in_its_fing
     assert graph().forward(1, store=store, strict=True) == 11
 
 
+_WRAPPED_TWICE = """
+import functools
+from somatize import Node
+
+def logged(function):
+    @functools.wraps(function)
+    def wrapper(*args):
+        return function(*args)
+    return wrapper
+
+@logged
+def _helped(x):
+    return x + 1
+
+@functools.lru_cache(maxsize=None)
+def _cached(x):
+    return x + 1
+
+class UsesLogged(Node):
+    def forward(self, x, ctx):
+        return _helped(x)
+
+class UsesCached(Node):
+    def forward(self, x, ctx):
+        return _cached(x)
+"""
+
+
+@pytest.mark.parametrize(("kind", "helper"), [("UsesLogged", "_helped"), ("UsesCached", "_cached")])
+def test_what_a_decorated_helper_wraps_given_other_code_in_place_is_seen(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, helper: str
+) -> None:
+    """The function a helper of a node's module wraps (by a decorator of its module, by
+    ``functools.lru_cache``) given other code in place after its graph was built (as a
+    reloader does) is seen at the next forward: an answer kept before is recalled as
+    drifted, and strict=True computes it with the code as it is now."""
+    loaded = _load(tmp_path / "fingerprinted.py", _WRAPPED_TWICE, monkeypatch)
+    graph = Graph.somatize(getattr(loaded, kind)().named("w").frozen().cached())
+    assert graph.forward(1, store=store) == 2
+    wrapped = getattr(loaded, helper).__wrapped__
+    monkeypatch.setattr(wrapped, "__code__", (lambda x: 10 * x).__code__)
+    getattr(getattr(loaded, helper), "cache_clear", lambda: None)()
+    with pytest.warns(Drifted, match="`w` was recalled"):
+        assert graph.forward(1, store=store) == 2
+    assert graph.forward(1, store=store, strict=True) == 10
+    fresh = Graph.somatize(getattr(loaded, kind)().named("w").frozen().cached())
+    assert fresh.forward(1, store=store, strict=True) == 10
+
+
 _DECORATED_METHOD = """
 import functools
 from somatize import Node

@@ -169,15 +169,21 @@ def _made_function_bytes(function: FunctionType) -> bytes:
     return digest.digest()
 
 
-def _made_of(function: FunctionType) -> tuple[Any, ...]:
+def _made_of(function: FunctionType, within: frozenset[int] = frozenset()) -> tuple[Any, ...]:
     """What of ``function`` its digest is worked out from, to tell it changed since: its code,
     its defaults and what each of its cells holds, each by identity (a default replaced in
     place, ``f.__defaults__ = (50,)`` or ``f.__kwdefaults__["by"] = 70``, a cell set by the
     function that shares it, ``nonlocal scale; scale = 3``, is told apart), and each object
     it closes over that is named by what it holds (:func:`_held_bytes`) by that name, else
     by identity (one changed in place since it was named is marked from then on), and each
-    table it takes by default (:func:`_default_tables`) by what it holds."""
+    table it takes by default (:func:`_default_tables`) by what it holds, and what each
+    function it closes over is made of in turn (what a decorator wraps, given other code in
+    place; ``within``: the functions around it, which one that closes over itself names)."""
     keywords = function.__kwdefaults__ or {}
+    within |= {id(function)}
+    closed = tuple(
+        _made_of(f, within) if id(f) not in within else None for f in _closed_functions(function)
+    )
     held = tuple(
         _held_bytes(value) or _contained_bytes(value) or (_Same(value), _version_of(value))
         for value in _closed_objects(function)
@@ -189,6 +195,7 @@ def _made_of(function: FunctionType) -> tuple[Any, ...]:
         held,
         _cells_now(function),
         tuple(map(_table_now, _default_tables(function.__name__, function))),
+        closed,
     )
 
 
@@ -200,6 +207,17 @@ def _cells_read(function: FunctionType) -> list[Any]:
     state = _cells_set_by(function) if closure else frozenset()
     names = function.__code__.co_freevars
     return [cell for name, cell in zip(names, closure, strict=False) if name not in state]
+
+
+def _closed_functions(function: FunctionType) -> list[FunctionType]:
+    """The plain functions ``function`` closes over (what a decorator wraps, its own cells
+    read as it runs: :func:`_cells_read`), each filled."""
+    found = []
+    for cell in _cells_read(function):
+        with contextlib.suppress(ValueError):  # not filled yet
+            if isinstance(cell.cell_contents, FunctionType):
+                found.append(cell.cell_contents)
+    return found
 
 
 def _cells_now(function: FunctionType) -> tuple[_Same, ...]:

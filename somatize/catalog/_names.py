@@ -42,7 +42,7 @@ from somatize.catalog._code import (
 )
 from somatize.catalog._functions import (
     _bound_in,
-    _cells_read,
+    _closed_functions,
     _default_table_bytes,
     _default_tables,
     _function_bytes,
@@ -145,7 +145,11 @@ def _still(reader: weakref.ref[Any], name: str, was: Any) -> bool:
     if isinstance(was, _FunctionSeen):  # the same function, holding what it held
         return isinstance(now, FunctionType) and now is was.held() and _made_of(now) == was.made
     if isinstance(was, _HelperSeen):  # the same wrapped helper, binding what it bound
-        return now is was.held() and tuple(_bound_in(now)) == was.bound
+        return (
+            now is was.held()
+            and tuple(_bound_in(now)) == was.bound
+            and tuple(map(_made_of, _functions_in(now))) == was.made
+        )
     if isinstance(was, weakref.ref):
         held = was()
         return held is not None and now is held
@@ -159,17 +163,6 @@ def _still(reader: weakref.ref[Any], name: str, was: Any) -> bool:
         module = function.__name__ if isinstance(function, ModuleType) else function.__module__
         return now is not _ABSENT and _found_as(now, module, name) is _OTHER
     return now is was
-
-
-def _closed_functions(function: FunctionType) -> list[FunctionType]:
-    """The plain functions ``function`` closes over (what a decorator wraps, its own cells
-    read as it runs: :func:`_cells_read`), each filled."""
-    found = []
-    for cell in _cells_read(function):
-        with contextlib.suppress(ValueError):  # not filled yet
-            if isinstance(cell.cell_contents, FunctionType):
-                found.append(cell.cell_contents)
-    return found
 
 
 def _helper_function_bytes(name: str, function: FunctionType) -> bytes:
@@ -397,7 +390,8 @@ def _found_as(value: Any, module: str, name: str) -> Any:
         return value
     if _helper_in(value, module) is not None:
         with contextlib.suppress(TypeError):
-            return _HelperSeen(weakref.ref(value), tuple(_bound_in(value)))
+            made = tuple(map(_made_of, _functions_in(value)))
+            return _HelperSeen(weakref.ref(value), tuple(_bound_in(value)), made)
     return _OTHER
 
 
@@ -544,6 +538,9 @@ class _HelperSeen(NamedTuple):
     bound: tuple[bytes, ...]
     """What it binds (:func:`_bound_in`): a partial given other keywords in place since
     (``helper.keywords["by"] = 4``) is not it."""
+    made: tuple[tuple[Any, ...], ...]
+    """What each function it runs was made of (:func:`_made_of`): the one it wraps given
+    other code in place since (as a reloader does) is not it."""
 
 
 class _ClassSeen(NamedTuple):
