@@ -5394,6 +5394,39 @@ def test_an_object_of_another_package_its_module_holds_is_named_alike_in_every_p
         assert [printed[name][i] for i in others] == [printed["same"][i] for i in others]
 
 
+_READS_A_LOADED_ARRAY = """
+import pathlib
+
+import numpy as np
+
+from somatize import Node
+
+MEANS = np.load(pathlib.Path(__file__).with_name("means.npy"))
+
+
+class Centers(Node):
+    def forward(self, x, ctx):
+        return x - MEANS
+"""
+
+
+def test_an_array_its_module_loads_is_named_by_its_values_in_every_process(
+    tmp_path: Path,
+) -> None:
+    """An array a node's module loads from a file (``MEANS = np.load(...)``) that its code
+    reads is in its fingerprint by its values, as one its class holds is, not by the text
+    that loads it: another file loaded by the same text is another fingerprint in a new
+    process — never the answer computed with the old values recalled as its own —, the
+    same values alike in two."""
+    numpy = pytest.importorskip("numpy")
+    (tmp_path / "elsewhere.py").write_text(_READS_A_LOADED_ARRAY)
+    numpy.save(tmp_path / "means.npy", numpy.ones(3))
+    first = _fingerprints_in(tmp_path, "elsewhere", "Centers")
+    assert _fingerprints_in(tmp_path, "elsewhere", "Centers") == first
+    numpy.save(tmp_path / "means.npy", numpy.full(3, 5.0))
+    assert _fingerprints_in(tmp_path, "elsewhere", "Centers") != first
+
+
 def _fingerprint_script(kinds: list[str]) -> str:
     """A script printing the fingerprints of ``kinds`` of module ``elsewhere``."""
     script = "import elsewhere as m\nfrom somatize.catalog import fingerprint_of as f\n"

@@ -51,6 +51,8 @@ from somatize.catalog._functions import (
 )
 from somatize.catalog._held import (
     _HOLDERS,
+    _array,
+    _array_bytes,
     _contained_bytes,
     _held_bytes,
     _library_bytes,
@@ -327,12 +329,16 @@ def _elsewhere_object_bytes(
     wherever the code is, whatever it makes there (``DEVICE = torch.device(...)``, a folder
     of the checkout) —, else (no text known) by what says it whole (:func:`_library_bytes`:
     a pattern by its text, a dtype by its name); None where neither does (it is not
-    seen). One set in place of what the text made (``mod.DTYPE = torch.float64``, a test's
-    monkeypatch, ``CFG = Namespace(k=k)`` in the module's ``init(k)`` run as a script
-    starts) by what says it, else by what it holds (:func:`_held_bytes`: alike in every
-    process that sets it alike), else by a mark of that very object."""
+    seen). An array or a tensor (:func:`_array`) by its values, whatever made them (a
+    file the text loads). One set in place of what the text made (``mod.DTYPE =
+    torch.float64``, a test's monkeypatch, ``CFG = Namespace(k=k)`` in the module's
+    ``init(k)`` run as a script starts) by what says it, else by what it holds
+    (:func:`_held_bytes`: alike in every process that sets it alike), else by a mark of
+    that very object."""
     if _dunder(name) or isinstance(value, (type, ModuleType, BuiltinFunctionType)):
         return None
+    if _array(value) and (values := _array_bytes(value)) is not None:
+        return values  # `MEANS = np.load(path)`: by its values, as a class's, whatever made them
     text, as_named = _written_at(module, name, value)
     made = _assignment(text, as_named)
     owner = _module_named(module, space)
