@@ -359,6 +359,50 @@ def test_what_a_helper_wrapped_by_a_decorator_of_its_module_names_is_in_its_fing
     assert graph().forward(1, store=store, strict=True) == 11
 
 
+_TAKES_A_LAMBDA = """
+from somatize import Node
+
+STEP = 1
+
+def _doubled(x):
+    return 2 * x
+
+class TakesLambda(Node):
+    def forward(self, x, ctx, step=lambda x: x + STEP):
+        return step(x)
+
+class TakesHelper(Node):
+    def forward(self, x, ctx, step=_doubled):
+        return step(x)
+"""
+
+
+def test_what_a_function_a_method_takes_by_default_names_is_in_its_fingerprint(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A function of a node's module a method takes by default (``step=lambda x: x +
+    STEP``, ``step=_doubled``) is in its fingerprint by how it is written, and followed into
+    its module as one it calls is: it, or a constant it names, edited in the file is another
+    fingerprint (a new process never recalls the answer of the code before as its own), and
+    one rebound is seen at the next forward."""
+    path = tmp_path / "fingerprinted.py"
+    was = fingerprint_of(_load(path, _TAKES_A_LAMBDA, monkeypatch).TakesLambda)
+    edited = _load(path, _TAKES_A_LAMBDA.replace("STEP = 1", "STEP = 7"), monkeypatch)
+    assert fingerprint_of(edited.TakesLambda) != was
+    helped = fingerprint_of(_load(path, _TAKES_A_LAMBDA, monkeypatch).TakesHelper)
+    edited = _load(path, _TAKES_A_LAMBDA.replace("2 * x", "3 * x"), monkeypatch)
+    assert fingerprint_of(edited.TakesHelper) != helped
+    loaded = _load(path, _TAKES_A_LAMBDA, monkeypatch)
+    assert fingerprint_of(loaded.TakesLambda) == was
+    assert fingerprint_of(loaded.TakesHelper) == helped
+    graph = Graph.somatize(loaded.TakesLambda().named("t").frozen().cached())
+    assert graph.forward(1, store=store) == 2
+    monkeypatch.setattr(loaded, "STEP", 10)
+    with pytest.warns(Drifted, match="`t` was recalled"):
+        assert graph.forward(1, store=store) == 2
+    assert graph.forward(1, store=store, strict=True) == 11
+
+
 _WRAPPED_TWICE = """
 import functools
 from somatize import Node

@@ -134,9 +134,9 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
         _put(digest, b"source", source)
     else:
         _put(digest, b"code", _code_bytes(function.__code__))
-    _put_defaults(digest, function)
+    within |= {id(function)}
+    _put_defaults(digest, function, within)
     if function.__closure__:
-        within |= {id(function)}
         cells = zip(function.__code__.co_freevars, function.__closure__, strict=False)
         state = _cells_set_by(function)
         _put(
@@ -152,11 +152,16 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
     return written
 
 
-def _put_defaults(digest: Any, function: FunctionType) -> None:
-    """Puts into ``digest`` what ``function`` takes by default, positional and by keyword."""
+def _put_defaults(
+    digest: Any, function: FunctionType, within: frozenset[int] = frozenset()
+) -> None:
+    """Puts into ``digest`` what ``function`` takes by default, positional and by keyword
+    (``within``: the functions being digested around it, as :func:`_function_bytes` says)."""
     kwdefaults = sorted((function.__kwdefaults__ or {}).items())
-    _put(digest, b"defaults", *map(_default_bytes, function.__defaults__ or ()))
-    _put(digest, b"keywords", *(n.encode() + b"\0" + _default_bytes(v) for n, v in kwdefaults))
+    defaults = (_default_bytes(v, within) for v in function.__defaults__ or ())
+    _put(digest, b"defaults", *defaults)
+    keywords = (n.encode() + b"\0" + _default_bytes(v, within) for n, v in kwdefaults)
+    _put(digest, b"keywords", *keywords)
 
 
 def _made_function_bytes(function: FunctionType) -> bytes:
@@ -177,12 +182,13 @@ def _made_of(function: FunctionType, within: frozenset[int] = frozenset()) -> tu
     it closes over that is named by what it holds (:func:`_held_bytes`) by that name, else
     by identity (one changed in place since it was named is marked from then on), and each
     table it takes by default (:func:`_default_tables`) by what it holds, and what each
-    function it closes over is made of in turn (what a decorator wraps, given other code in
-    place; ``within``: the functions around it, which one that closes over itself names)."""
+    function it closes over or takes by default is made of in turn (what a decorator wraps,
+    given other code in place; ``within``: the functions around it, which one that closes
+    over itself names)."""
     keywords = function.__kwdefaults__ or {}
     within |= {id(function)}
     closed = tuple(
-        _made_of(f, within) if id(f) not in within else None for f in _closed_functions(function)
+        _made_of(f, within) if id(f) not in within else None for f in _held_functions(function)
     )
     held = tuple(
         _held_bytes(value) or _contained_bytes(value) or (_Same(value), _version_of(value))
@@ -209,15 +215,17 @@ def _cells_read(function: FunctionType) -> list[Any]:
     return [cell for name, cell in zip(names, closure, strict=False) if name not in state]
 
 
-def _closed_functions(function: FunctionType) -> list[FunctionType]:
-    """The plain functions ``function`` closes over (what a decorator wraps, its own cells
-    read as it runs: :func:`_cells_read`), each filled."""
+def _held_functions(function: FunctionType) -> list[FunctionType]:
+    """The plain functions ``function`` closes over (what a decorator wraps; in its own
+    cells read as it runs: :func:`_cells_read`), each filled, then those it takes by
+    default (``step=lambda x: x + STEP``)."""
     found = []
     for cell in _cells_read(function):
         with contextlib.suppress(ValueError):  # not filled yet
             if isinstance(cell.cell_contents, FunctionType):
                 found.append(cell.cell_contents)
-    return found
+    defaults = (*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values())
+    return found + [value for value in defaults if isinstance(value, FunctionType)]
 
 
 def _cells_now(function: FunctionType) -> tuple[_Same, ...]:
@@ -298,10 +306,13 @@ def _table_now(value: Any) -> Any:
     return _held_bytes(value) or _contained_bytes(value) or (_Same(value), _version_of(value))
 
 
-def _default_bytes(value: Any) -> bytes:
-    """A default value of a function: an object (:func:`_default_object`) as one the
-    function closes over (:func:`_cell_bytes`), so that one changed in place is seen; any
-    other by :func:`_value_bytes`."""
+def _default_bytes(value: Any, within: frozenset[int] = frozenset()) -> bytes:
+    """A default value of a function: a function by how it is written, as one it closes
+    over is (``step=lambda x: x + STEP``; ``within``, as :func:`_function_bytes` says), an
+    object (:func:`_default_object`) as one the function closes over (:func:`_cell_bytes`),
+    so that one changed in place is seen; any other by :func:`_value_bytes`."""
+    if isinstance(value, FunctionType):
+        return b"itself" if id(value) in within else b"function " + _function_bytes(value, within)
     return _argument_bytes(value) if _default_object(value) else _value_bytes(value)
 
 

@@ -42,10 +42,10 @@ from somatize.catalog._code import (
 )
 from somatize.catalog._functions import (
     _bound_in,
-    _closed_functions,
     _default_table_bytes,
     _default_tables,
     _function_bytes,
+    _held_functions,
     _made_function_bytes,
     _made_of,
 )
@@ -189,11 +189,11 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     another. Nothing is followed out of the module a function was defined in but a
     function imported from another module of its package (:func:`_same_package`), followed
     as one defined there, and a function of either that one of them closes over (what a
-    decorator wraps): no module, no class, no function of another package. Also each
-    name looked up, and what it held (:data:`Looked`). A name these functions assign
-    (``global CALLS; CALLS += 1``, a table loaded on first use) is the module's state as it
-    runs: it is taken as the module's text assigns it (``CALLS = 0``), not by what it holds,
-    and not looked at again."""
+    decorator wraps) or takes by default: no module, no class, no function of another
+    package. Also each name looked up, and what it held (:data:`Looked`). A name these
+    functions assign (``global CALLS; CALLS += 1``, a table loaded on first use) is the
+    module's state as it runs: it is taken as the module's text assigns it (``CALLS = 0``),
+    not by what it holds, and not looked at again."""
     out: dict[tuple[str, str], tuple[bytes, bytes]] = {}
     looked: dict[tuple[str, str], tuple[weakref.ref[Any], str, Any]] = {}
     stored: set[tuple[str, str]] = set()
@@ -212,8 +212,9 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
             changed = _tables_changed_by(function.__code__, held, _GLOBAL_LOADS)
             filled.update((module, name) for name in changed)
         reads = [(module, space, reader, name) for name in sorted(names)]
-        for closed in _closed_functions(function):
-            # what a decorator wraps (`functools.wraps`): what it names is followed too
+        for closed in _held_functions(function):
+            # what a decorator wraps (`functools.wraps`), a function taken by default: what
+            # it names is followed too
             if id(closed) not in seen and (
                 closed.__module__ == module or _same_package(closed.__module__, module)
             ):
