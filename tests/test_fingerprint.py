@@ -403,6 +403,47 @@ def test_what_a_function_a_method_takes_by_default_names_is_in_its_fingerprint(
     assert graph.forward(1, store=store, strict=True) == 11
 
 
+_CALLS_A_BOUND_METHOD = """
+from somatize import Node
+
+class Scaler:
+    def __init__(self, k):
+        self.k = k
+
+    def scale(self, x):
+        return x * self.k
+
+SCALER = Scaler(2)
+SCALE = SCALER.scale
+
+class CallsBound(Node):
+    def forward(self, x, ctx):
+        return SCALE(x)
+"""
+
+
+def test_a_method_bound_to_an_object_its_module_holds_is_in_its_fingerprint(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A method of a helper class bound to an object a node's module holds (``SCALE =
+    SCALER.scale``) that its code calls is in its fingerprint by that method's code and the
+    object, as one its class holds is: the method edited in the file is another fingerprint
+    (a new process never recalls the answer of the code before as its own), and the object
+    changed in place is seen at the next forward."""
+    path = tmp_path / "fingerprinted.py"
+    was = fingerprint_of(_load(path, _CALLS_A_BOUND_METHOD, monkeypatch).CallsBound)
+    edited = _load(path, _CALLS_A_BOUND_METHOD.replace("x * self.k", "x * self.k + 1"), monkeypatch)
+    assert fingerprint_of(edited.CallsBound) != was
+    loaded = _load(path, _CALLS_A_BOUND_METHOD, monkeypatch)
+    assert fingerprint_of(loaded.CallsBound) == was
+    graph = Graph.somatize(loaded.CallsBound().named("b").frozen().cached())
+    assert graph.forward(1, store=store) == 2
+    loaded.SCALER.k = 5
+    with pytest.warns(Drifted, match="`b` was recalled"):
+        assert graph.forward(1, store=store) == 2
+    assert graph.forward(1, store=store, strict=True) == 5
+
+
 _WRAPPED_TWICE = """
 import functools
 from somatize import Node

@@ -16,6 +16,7 @@ import weakref
 from types import (
     BuiltinFunctionType,
     FunctionType,
+    MethodType,
     ModuleType,
 )
 from typing import Any, NamedTuple
@@ -284,6 +285,16 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     if id(method) not in seen:
                         seen.add(id(method))
                         queue.append(method)
+            elif (runs := _helper_method(value, module)) is not None:
+                # a method of the code's bound to an object (`SCALE = SCALER.scale`): by its
+                # function and the object, as a class holding it names it (else by its mark,
+                # as an object of a helper class is), and watched
+                out[place] = (b"object " + label, _held_bytes(value) or _token_of(value))
+                seen_as = _HeldSeen(value, _version_of(value), f"{module}:{name}")
+                looked[place] = (looked[place][0], name, seen_as)
+                if id(runs) not in seen:
+                    seen.add(id(runs))
+                    queue.append(runs)
             elif (said := _elsewhere_object_bytes(value, module, space, name)) is not None:
                 # an object of the library's or of another package (`DTYPE = torch.float32`,
                 # `PATTERN = re.compile("a")`): by what says it, else as the text writes it
@@ -600,6 +611,18 @@ def _helper_in(value: Any, module: str) -> FunctionType | None:
     if not functions or functions[0].__module__ != module:
         return None
     return functions[0]
+
+
+def _helper_method(value: Any, module: str) -> FunctionType | None:
+    """The plain function of ``module``, or of another module of its package, that
+    ``value``, a name of that module, runs where it is a method bound to an object
+    (``SCALE = SCALER.scale``), else None."""
+    if not isinstance(value, MethodType) or not isinstance(value.__func__, FunctionType):
+        return None
+    function = value.__func__
+    if function.__module__ != module and not _same_package(function.__module__, module):
+        return None
+    return function
 
 
 def _helper_bytes(value: Any, wrapped: FunctionType) -> list[bytes]:
