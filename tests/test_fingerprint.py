@@ -359,6 +359,54 @@ def test_what_a_helper_wrapped_by_a_decorator_of_its_module_names_is_in_its_fing
     assert graph().forward(1, store=store, strict=True) == 11
 
 
+_WRAPS_IN_ITS_PACKAGE = {
+    "shifting": """
+import functools
+
+def shifted(function):
+    @functools.wraps(function)
+    def wrapper(*args):
+        return function(*args) + 1
+    return wrapper
+""",
+    "nodes": """
+from somatize import Node
+
+from wrapping.shifting import shifted
+
+@shifted
+def _helped(x):
+    return x
+
+class WrappedMethod(Node):
+    @shifted
+    def forward(self, x, ctx):
+        return x
+
+class WrappedHelper(Node):
+    def forward(self, x, ctx):
+        return _helped(x)
+""",
+}
+
+
+def test_a_wrapper_a_decorator_of_its_package_makes_is_read_by_its_own_code(
+    tmp_path: Path,
+) -> None:
+    """The wrapper a decorator of a node's package puts around its method or a helper it
+    calls is read by its own code, not taken for the function it wraps (whose source is
+    what Python says a wrapper's is): the wrapper edited is another fingerprint in a new
+    process — never the answer of the code before recalled as its own."""
+    _package(tmp_path, "wrapping", **_WRAPS_IN_ITS_PACKAGE)
+    kinds = ("WrappedMethod", "WrappedHelper")
+    first = _fingerprints_in(tmp_path, "wrapping.nodes", *kinds)
+    assert _fingerprints_in(tmp_path, "wrapping.nodes", *kinds) == first
+    edited = _WRAPS_IN_ITS_PACKAGE["shifting"].replace("+ 1", "* 2 + 1")
+    _write(tmp_path / "wrapping" / "shifting.py", edited)
+    now = _fingerprints_in(tmp_path, "wrapping.nodes", *kinds)
+    assert [a != b for a, b in zip(now, first, strict=True)] == [True, True]
+
+
 _TAKES_A_LAMBDA = """
 from somatize import Node
 

@@ -53,8 +53,10 @@ def _source_of(function: FunctionType) -> bytes | None:
     function typed into an interpreter). The whole file is compiled, since how a line
     compiles depends on what is around it (its class, its module's imports)."""
     code = function.__code__
+    # a wrapper (`functools.wraps`) by its own lines: inspect reads those of what it wraps
+    read = code if "__wrapped__" in vars(function) else function
     try:
-        lines, _ = inspect.getsourcelines(function)  # reads the file as it is now
+        lines, _ = inspect.getsourcelines(read)  # reads the file as it is now
     except (OSError, TypeError, SyntaxError):
         return None
     if (code.co_name, code.co_firstlineno, _code_bytes(code)) not in _source_file(
