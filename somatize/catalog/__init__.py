@@ -57,15 +57,18 @@ name, :func:`_library_bytes`), else by a mark of that very object, the
 same for no other object in any process (:func:`_token_of`): a replacement, or the
 object changed in place, is never taken for the old code. Its functions' code is followed
 into their module, one module only: the plain functions defined there that they
-name (and those these name) and the plain constants, the objects of helper classes of its
-package (by their class's code and what they hold), and its tables as its text writes
-them — watched where the code only reads them and they hold only plain values, or plain
-functions besides, named by how they are written (a change in place after a graph was built
-is seen), and the objects of the library's or of another package's classes it holds
-(``DTYPE = torch.float32``: as its text makes them, else by what says them,
-:func:`_library_bytes`). A module or class from elsewhere, a module-level table the code
-fills or that holds other objects, a callable that is not a plain function (a decorated
-helper), a value the code reads from an object are not seen.
+name (and those these name, close over — what a decorator wraps — or take by default) and
+the plain constants, the objects of helper classes of its package (by their class's code
+and what they hold) and their methods bound to them (``SCALE = SCALER.scale``), and its
+tables as its text writes them — watched where the code only reads them and they hold only
+plain values, or plain functions besides, named by how they are written (a change in place
+after a graph was built is seen), its arrays and tensors by their values, and the objects
+of the library's or of another package's classes it holds (``DTYPE = torch.float32``: as
+its text makes them, else by what says them, :func:`_library_bytes`). A method, or a helper,
+wrapped by a decorator of its package is read with the wrapper that runs around it, by the
+wrapper's own code. A module or class from elsewhere, a module-level table the code fills
+or that holds other objects, a callable that is not a plain function (a decorator's
+object), a value the code reads from an object are not seen.
 A class's body is watched by a graph at every forward (:func:`watch_code`): a method set
 on it after the graph was built (a monkeypatch), a method given other code or defaults
 in place (``f.__code__ = ...``, as a reloader does), or the class given other bases is
