@@ -407,6 +407,53 @@ def test_a_wrapper_a_decorator_of_its_package_makes_is_read_by_its_own_code(
     assert [a != b for a, b in zip(now, first, strict=True)] == [True, True]
 
 
+_WRAPS_BY_AN_OBJECT = """
+import functools
+
+from somatize import Node
+
+class Shifted:
+    def __init__(self, function):
+        functools.update_wrapper(self, function)
+        self.function = function
+
+    def __call__(self, *args):
+        return self.function(*args) + 1
+
+@Shifted
+def _helped(x):
+    return x
+
+class ObjectWrappedHelper(Node):
+    def forward(self, x, ctx):
+        return _helped(x)
+
+class ObjectWrappedMember(Node):
+    @Shifted
+    def step(x):
+        return x
+
+    def forward(self, x, ctx):
+        return self.step(x)
+"""
+
+
+def test_the_call_of_a_decorator_object_of_its_module_is_in_a_node_s_fingerprint(
+    tmp_path: Path,
+) -> None:
+    """A helper, or a member of a node's class, wrapped by an object of a decorator class of
+    its module (``functools.update_wrapper(self, function)``) is read with the ``__call__``
+    that runs around it: that method edited is another fingerprint in a new process —
+    never the answer of the code before recalled as its own."""
+    _write(tmp_path / "elsewhere.py", _WRAPS_BY_AN_OBJECT)
+    kinds = ("ObjectWrappedHelper", "ObjectWrappedMember")
+    first = _fingerprints_in(tmp_path, "elsewhere", *kinds)
+    assert _fingerprints_in(tmp_path, "elsewhere", *kinds) == first
+    _write(tmp_path / "elsewhere.py", _WRAPS_BY_AN_OBJECT.replace("+ 1", "* 2 + 1"))
+    now = _fingerprints_in(tmp_path, "elsewhere", *kinds)
+    assert [a != b for a, b in zip(now, first, strict=True)] == [True, True]
+
+
 _TAKES_A_LAMBDA = """
 from somatize import Node
 

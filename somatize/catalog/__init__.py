@@ -65,10 +65,11 @@ plain values, or plain functions besides, named by how they are written (a chang
 after a graph was built is seen), its arrays and tensors by their values, and the objects
 of the library's or of another package's classes it holds (``DTYPE = torch.float32``: as
 its text makes them, else by what says them, :func:`_library_bytes`). A method, or a helper,
-wrapped by a decorator of its package is read with the wrapper that runs around it, by the
-wrapper's own code. A module or class from elsewhere, a module-level table the code fills
-or that holds other objects, a callable that is not a plain function (a decorator's
-object), a value the code reads from an object are not seen.
+wrapped by a decorator of its package is read with the wrapper that runs around it (a
+function, or an object's ``__call__``), by the wrapper's own code. A module or class from
+elsewhere, a module-level table the code fills or that holds other objects, a callable that
+is not a plain function and says it wraps none, a value the code reads from an object are
+not seen.
 A class's body is watched by a graph at every forward (:func:`watch_code`): a method set
 on it after the graph was built (a monkeypatch), a method given other code or defaults
 in place (``f.__code__ = ...``, as a reloader does), or the class given other bases is

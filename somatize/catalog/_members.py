@@ -214,22 +214,26 @@ def _functions_in(member: Any) -> list[FunctionType]:
 
 def _wrappers_of(function: Any, unwrapped: Any) -> list[FunctionType]:
     """The plain functions ``function`` runs around ``unwrapped``, what it wraps (the
-    ``wrapper`` a decorator of the code makes, ``functools.wraps``), outermost first — each
-    written in the module of ``unwrapped`` or of its package: a decorator of the library's
-    or of another package (``torch.no_grad``) is not the node's code."""
-    if not isinstance(unwrapped, FunctionType):
+    ``wrapper`` a decorator of the code makes, ``functools.wraps``; the ``__call__`` of an
+    object that wraps it, ``functools.update_wrapper(self, function)``), outermost first —
+    each written in the module of ``unwrapped`` or of its package: a decorator of the
+    library's or of another package (``torch.no_grad``) is not the node's code."""
+    if not isinstance(unwrapped, FunctionType) or not isinstance(unwrapped.__module__, str):
         return []
     module = unwrapped.__module__
     found = []
     while function is not unwrapped:
-        made_in = getattr(function, "__globals__", {}).get("__name__")
+        runs = function
+        if type(function) is not FunctionType:  # an object: the `__call__` its class runs
+            kinds = type(function).__mro__
+            runs = next((vars(k)["__call__"] for k in kinds if "__call__" in vars(k)), None)
+        made_in = getattr(runs, "__globals__", {}).get("__name__")
         if (
-            type(function) is FunctionType
+            type(runs) is FunctionType
             and isinstance(made_in, str)
-            and isinstance(module, str)
             and (made_in == module or _same_package(made_in, module))
         ):
-            found.append(function)
+            found.append(runs)
         function = function.__wrapped__
     return found
 
