@@ -5607,6 +5607,25 @@ def test_an_array_its_module_loads_is_named_by_its_values_in_every_process(
     assert _fingerprints_in(tmp_path, "elsewhere", "Centers") != first
 
 
+def test_an_array_its_module_holds_changed_in_place_is_seen_by_a_graph_built_after(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An array a node's module holds and its code reads, written in place after a graph was
+    built (``MEANS[:] = ...``), is seen by a graph built after, as one its class holds is:
+    strict=True computes with the values it holds now, never recalling the old answer."""
+    numpy = pytest.importorskip("numpy")
+    numpy.save(tmp_path / "means.npy", numpy.ones(3))
+    text = _READS_A_LOADED_ARRAY.replace("x - MEANS", "x + float(MEANS.sum())")
+    loaded = _load(tmp_path / "elsewhere.py", text, monkeypatch)
+
+    def graph() -> Graph:
+        return Graph.somatize(loaded.Centers().named("c").frozen().cached())
+
+    assert graph().forward(1.0, store=store) == 4.0
+    loaded.MEANS[:] = 5.0
+    assert graph().forward(1.0, store=store, strict=True) == 16.0
+
+
 def _fingerprint_script(kinds: list[str]) -> str:
     """A script printing the fingerprints of ``kinds`` of module ``elsewhere``."""
     script = "import elsewhere as m\nfrom somatize.catalog import fingerprint_of as f\n"

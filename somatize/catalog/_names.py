@@ -158,6 +158,9 @@ def _still(reader: weakref.ref[Any], name: str, was: Any) -> bool:
         return held is not None and now is held
     if isinstance(was, _Same):  # the same object (of a helper class)
         return now is was.held
+    if isinstance(was, _ArraySeen):  # the same array, holding the same values
+        held = was.held() if isinstance(was.held, weakref.ref) else was.held.held
+        return held is not None and now is held and _array_bytes(now) == was.values
     if isinstance(was, _HeldSeen):  # the same table or object, not changed since
         return now is was.held and _version_of(now) == was.version
     if isinstance(was, _ClassSeen):  # the same helper class, written as it was
@@ -299,7 +302,10 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 # an object of the library's or of another package (`DTYPE = torch.float32`,
                 # `PATTERN = re.compile("a")`): by what says it, else as the text writes it
                 out[place] = (b"object " + label, said)
-                looked[place] = (looked[place][0], name, _held_weakly(value))
+                noted = _held_weakly(value)
+                if _array(value):  # by its values too: one written in place since is another
+                    noted = _ArraySeen(noted, said)
+                looked[place] = (looked[place][0], name, noted)
             elif isinstance(value, ModuleType) and _same_package(value.__name__, module):
                 # a module of its package whose names the code reads (`tools.double(x)`)
                 there = vars(value)
@@ -536,6 +542,17 @@ def _member_value(kind: type, name: str, member: enum.Enum) -> bytes:
         return _constant_bytes(value)
     made = _assignment(_class_body(kind), name)
     return b"written " + ast.unparse(made).encode() if made is not None else _token_of(member)
+
+
+class _ArraySeen(NamedTuple):
+    """What :data:`Looked` notes of an array or a tensor a node's module holds
+    (:func:`_array`), named by its values."""
+
+    held: Any
+    """A weak reference to it, else (one that cannot be referenced weakly) it, held
+    (:func:`_held_weakly`)."""
+    values: bytes
+    """What named it (:func:`_array_bytes`): written in place since, it is not it."""
 
 
 class _FunctionSeen(NamedTuple):
