@@ -454,6 +454,53 @@ def test_the_call_of_a_decorator_object_of_its_module_is_in_a_node_s_fingerprint
     assert [a != b for a, b in zip(now, first, strict=True)] == [True, True]
 
 
+_MAKES_A_CONFIG = """
+import dataclasses
+
+from somatize import Node
+
+SIZE = 2
+
+def _sizes():
+    return [SIZE]
+
+@dataclasses.dataclass
+class Config:
+    scales: list = dataclasses.field(default_factory=lambda: [1, 2])
+    sizes: list = dataclasses.field(default_factory=_sizes)
+
+class MakesConfig(Node):
+    def forward(self, x, ctx):
+        config = Config()
+        return x + sum(config.scales) + sum(config.sizes)
+
+class HoldsConfigClass(Node):
+    make = Config
+
+    def forward(self, x, ctx):
+        return x + sum(self.make().scales)
+"""
+
+
+def test_what_a_helper_dataclass_makes_its_fields_with_is_in_a_node_s_fingerprint(
+    tmp_path: Path,
+) -> None:
+    """A function a helper dataclass of a node's module makes a field's default with
+    (``field(default_factory=...)``) is in the node's fingerprint by how it is written,
+    and what it names in its module too: the function, or a constant it names, edited is
+    another fingerprint in a new process — never the answer computed with the old
+    defaults recalled as its own."""
+    _write(tmp_path / "elsewhere.py", _MAKES_A_CONFIG)
+    kinds = ("MakesConfig", "HoldsConfigClass")
+    first = _fingerprints_in(tmp_path, "elsewhere", *kinds)
+    assert _fingerprints_in(tmp_path, "elsewhere", *kinds) == first
+    _write(tmp_path / "elsewhere.py", _MAKES_A_CONFIG.replace("[1, 2]", "[1, 3]"))
+    now = _fingerprints_in(tmp_path, "elsewhere", *kinds)
+    assert [a != b for a, b in zip(now, first, strict=True)] == [True, True]
+    _write(tmp_path / "elsewhere.py", _MAKES_A_CONFIG.replace("SIZE = 2", "SIZE = 3"))
+    assert _fingerprints_in(tmp_path, "elsewhere", *kinds)[0] != first[0]
+
+
 _TAKES_A_LAMBDA = """
 from somatize import Node
 

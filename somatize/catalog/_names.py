@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import enum
 import weakref
 from types import (
@@ -451,14 +452,29 @@ def _helper_object(value: Any, module: str) -> bool:
 def _class_functions(kind: type) -> list[FunctionType]:
     """Each function a helper class (:func:`_helper_class`), the classes it inherits from
     and its metaclass, short of the library's, hold (:func:`_read_through`) — not those
-    made for it from a text of its own (a dataclass's methods)."""
+    made for it from a text of its own (a dataclass's methods) —, then each function a
+    dataclass makes a field's default with (:func:`_factories`)."""
     return [
         function
         for above in _read_through(kind)
         for name, member in list(vars(above).items())
         for function in _functions_in(member)
         if not (_dunder(name) and function.__code__.co_filename == "<string>")
-    ]
+    ] + [factory for _, factory in _factories(kind) if isinstance(factory, FunctionType)]
+
+
+def _factories(kind: type) -> list[tuple[str, Any]]:
+    """Each field of ``kind``, a dataclass, that makes its default by calling a function or
+    a class (``field(default_factory=...)``), with that; none for any other class."""
+    fields = vars(kind).get("__dataclass_fields__")
+    if type(fields) is not dict:
+        return []
+    found = []
+    for name, field in list(fields.items()):
+        factory = getattr(field, "default_factory", dataclasses.MISSING)
+        if factory is not dataclasses.MISSING:
+            found.append((name, factory))
+    return found
 
 
 def _class_code(kind: type) -> bytes:
@@ -490,6 +506,14 @@ def _class_code(kind: type) -> bytes:
                 if made is not None:
                     written = b"written " + ast.unparse(made).encode()
                     pieces.append(f"{above.__qualname__}.{name}=".encode() + written)
+    for name, factory in _factories(kind):  # `field(default_factory=...)`: how it is made
+        if isinstance(factory, FunctionType):
+            maker = _function_bytes(factory)
+        elif isinstance(factory, type):
+            maker = f"class {factory.__module__}:{factory.__qualname__}".encode()
+        else:
+            maker = _opaque_bytes(factory) or _token_of(factory)
+        pieces.append(f"{kind.__qualname__}.{name}()=".encode() + maker)
     return _joined(b"class", pieces)
 
 
