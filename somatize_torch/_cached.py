@@ -44,6 +44,8 @@ from somatize.plan import declared_again
 from somatize_torch._errors import CachedInputNeedsGrad, WrapError, in_a_transform
 from somatize_torch._modes import outside_compiled
 from somatize_torch._precision import precision_on
+from somatize_torch._settings import _held_by, _slots_of
+from somatize_torch._values import _NAMESPACES, _NOT_FOLLOWED, _STANDARD, _followed
 from somatize_torch.codec import TENSOR
 from somatize_torch.digest import digest_tensor, plain
 from somatize_torch.freeze import (
@@ -238,11 +240,11 @@ def _unshared(out: Any, args: Sequence[torch.Tensor], module: nn.Module) -> Any:
     """``out`` with each tensor in memory of its own: none shared with another
     (``(h, h[:, 0])``), with an argument (an answer that is its input, or a view of it:
     ``x.flatten(1)``) or with what the module holds: its parameters, buffers and tensors
-    kept as plain attributes (``self.table``), alone or in lists, tuples, sets and dicts,
-    of it and its submodules. A recalled answer's tensors are each their own, so a
-    computed one's are made so too (copied), and a write into one changes nothing else,
-    neither on a miss nor on a hit. Asked on a miss only, which computes anyway. A tensor
-    held elsewhere (a global) is not known here."""
+    kept as plain attributes (``self.table``), alone or in lists, tuples, sets, dicts and
+    configs (``self.config.table``), of it and its submodules. A recalled answer's
+    tensors are each their own, so a computed one's are made so too (copied), and a write
+    into one changes nothing else, neither on a miss nor on a hit. Asked on a miss only,
+    which computes anyway. A tensor held elsewhere (a global) is not known here."""
     leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     if not leaves:
         return out
@@ -279,18 +281,20 @@ _HOLDING = (torch.Tensor, dict, *_CONTAINERS)
 
 
 def _kept_tensors(value: Any, depth: int = 4) -> list[torch.Tensor]:
-    """The tensors ``value``, kept as an attribute, is or holds in lists, tuples, sets and
-    dicts (``self.tables = [t]``, ``self.cache = {"cos": t}``), ``depth`` levels deep:
-    the module's memory as much as a tensor kept alone is. Gone over level by level, and
-    no further than a level none of whose kinds holds one: on a miss, a 50,000-word
-    vocabulary kept beside costs one or two ms, 50,000 lists of two numbers some seven."""
+    """The tensors ``value``, kept as an attribute, is or holds in lists, tuples, sets,
+    dicts and plain objects held as configs (``self.tables = [t]``, ``self.cache = {"cos":
+    t}``, ``self.config.table``, a dataclass's field), ``depth`` levels deep: the module's
+    memory as much as a tensor kept alone is. Gone over level by level, and no further
+    than a level none of whose kinds holds one: on a miss, a 50,000-word vocabulary kept
+    beside costs one or two ms, 50,000 lists of two numbers some seven."""
     found: list[torch.Tensor] = []
     level = [value]
     for _ in range(depth + 1):
         kinds = set(map(type, level))
-        if not any(issubclass(kind, _HOLDING) for kind in kinds):
+        configs = {kind for kind in kinds if _config_kind(kind)}
+        if not configs and not any(issubclass(kind, _HOLDING) for kind in kinds):
             break
-        if all(issubclass(kind, _CONTAINERS) for kind in kinds):
+        if not configs and all(issubclass(kind, _CONTAINERS) for kind in kinds):
             level = list(itertools.chain.from_iterable(level))  # lists of lists, at once
             continue
         inner: list[Any] = []
@@ -301,8 +305,22 @@ def _kept_tensors(value: Any, depth: int = 4) -> list[torch.Tensor]:
                 inner.extend(item)
             elif isinstance(item, dict):
                 inner.extend(item.values())
+            elif type(item) in configs and (_followed(item) or _slots_of(item)):
+                inner.extend(_held_by(item).values())
         level = inner
     return found
+
+
+def _config_kind(kind: type) -> bool:
+    """Whether objects of ``kind`` may be plain objects held as configs (of a class written
+    in Python, a ``SimpleNamespace``), asked once per kind, not per object: as the key
+    follows them (:func:`~somatize_torch._values._followed` says of each)."""
+    if issubclass(kind, _NAMESPACES):
+        return True
+    if issubclass(kind, (*_HOLDING, nn.Module, type)):
+        return False
+    home = kind.__module__.split(".")[0]
+    return home not in _NOT_FOLLOWED and home not in _STANDARD
 
 
 def _memory(t: torch.Tensor) -> int:

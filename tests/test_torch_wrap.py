@@ -1652,6 +1652,42 @@ def test_an_answer_that_is_a_tensor_the_module_keeps_in_a_container_is_copied(
     assert whole.counts == {"contained_tables": {"ran": 1, "kept": 1, "recalled": 1}}
 
 
+@dataclasses.dataclass
+class TableConfig:
+    """A config holding a table."""
+
+    table: torch.Tensor
+
+
+class ConfiguredTables(nn.Module):
+    """Answers the tables its configs hold: a namespace's, and a dataclass's nested in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = types.SimpleNamespace(table=torch.zeros(3), sub=TableConfig(torch.zeros(3)))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.config.table, self.config.sub.table
+
+
+def test_an_answer_that_is_a_tensor_a_config_of_the_module_holds_is_copied(
+    store: Store,
+) -> None:
+    """A tensor a plain object held as a config keeps (`self.config.table`) is the module's
+    as much as one kept in a list: a write into the answer it computed leaves the config's
+    table as it was, so the next call is recalled as the first was computed."""
+    module = ConfiguredTables()
+    whole = smt.wrap(module, frozen=True, cached=True, store=store)
+    smt.freeze(whole)
+    with torch.no_grad():
+        for answer in whole(torch.ones(1)):
+            answer.add_(5)
+        assert torch.equal(module.config.table, torch.zeros(3))
+        assert torch.equal(module.config.sub.table, torch.zeros(3))
+        assert all(torch.equal(answer, torch.zeros(3)) for answer in whole(torch.ones(1)))
+    assert whole.counts == {"configured_tables": {"ran": 1, "kept": 1, "recalled": 1}}
+
+
 def test_a_module_wrapped_whole_takes_a_salt(store: Store) -> None:
     """``cached={"": salt}`` caches a module wrapped whole under its salt: the same
     weights and batch under another salt are computed again, not recalled."""
