@@ -33,7 +33,9 @@ traces a model, :func:`recording`:
   ``torch.backends.cudnn.flags(...)`` block, ``torch.backends.cudnn.enabled = False``),
   which fx keeps no call to; and asking what kind of value a module answers is
   (``isinstance(out, tuple)``), which fx answers no for its stand-in whatever the
-  module hands back; and asking something of the text the model's code made of a
+  module hands back, or what a torch function hands back where that may be other than
+  a tensor (``isinstance(torch.chunk(h, 2), tuple)``, ``isinstance(h.size(0), int)``);
+  and asking something of the text the model's code made of a
   value fx stands in for (``"float32" in str(x.dtype)``), which is the stand-in's name,
   not the value's (printing it, or putting it in a message, is let be). torch's own code
   that reads the modes as it is traced (``torch.utils.checkpoint``) keeps nothing it read
@@ -638,6 +640,17 @@ def _tensor_check(recorder: _Recorder, original: Callable[..., Any], value: Any,
             "kept would be the one for a value of no such kind in every call. Take what "
             "the module answers as the kind it is (`out[0]`, `out['h']`)"
         )
+    if by_the_model and not _names_a_tensor(kinds, original):
+        made = _made_by_torch(value.node, getattr(value.tracer, "containers", ()))
+        if made is not None and _may_answer_yes(kinds, original, value):
+            raise Fixed(
+                f"asks of {made} what kind of value it is (`isinstance`): fx stands in for it "
+                "while it traces, and would answer no whether it is a tensor, a tuple, a "
+                "`torch.Size` or a number, so the branch kept would be the one for a value "
+                "of no such kind in every call. Take it as the kind torch hands back "
+                "(`torch.chunk` and `torch.split` a tuple of tensors, `x.size(0)` an int), "
+                "without asking"
+            )
     if by_the_model and _names_a_tensor(kinds, original):
         raise Fixed(
             "asks whether a value fx stands in for is a tensor (`isinstance(x, "
@@ -663,6 +676,143 @@ def module_answering(node: fx.Node) -> fx.Node | None:
     ):
         node = node.args[0]
     return node if node.op == "call_module" else None
+
+
+def _made_by_torch(node: fx.Node, containers: Any) -> str | None:
+    """What made ``node``, said for a message, where it may be other than a tensor: the
+    call of a torch function, method or operator (``torch.chunk(h, 2)``, ``h.size(0)``,
+    ``h.shape``, ``torch.max(h, dim=1)``) that may hand back a tuple, a ``torch.Size`` or
+    a number; None where it is a tensor in every call (:func:`_a_tensor`), and where it is
+    no such call (an input, what a module answers: asked of elsewhere)."""
+    if node.op not in ("call_function", "call_method") or _a_tensor(node, containers):
+        return None
+    target = node.target
+    if node.op == "call_method":
+        return f"what `.{target}()` hands back"
+    if getattr(target, "__wrapped__", target) is _GETATTR and len(node.args) > 1:
+        return f"the `.{node.args[1]}` of a tensor"
+    if target is operator.getitem:
+        return "an item of what torch hands back"
+    name = getattr(target, "__name__", None) or repr(target)
+    if type(target) is types.BuiltinFunctionType:
+        return f"what `torch.{name}` hands back"  # `torch.chunk`, not its C class
+    module = getattr(target, "__module__", None)
+    return f"what `{module}.{name}` hands back" if module else f"what `{name}` hands back"
+
+
+def _a_tensor(node: Any, containers: Any, depth: int = 0) -> bool:
+    """Whether ``node`` stands for a tensor in every call: an input taken as one (not a
+    list, tuple or dict, not ``*args``), a parameter or buffer, or what an operator or a
+    call of torch's makes of one whose every overload taking a tensor first hands back a
+    tensor (``x * 2``, ``h.flatten(1)``, ``torch.relu(h)``, ``parts[0]`` of
+    ``torch.chunk(h, 2)``)."""
+    if type(node) is not fx.Node or depth > 64:
+        return False
+    if node.op == "placeholder":
+        name = str(node.target)
+        return not name.startswith("*") and name not in containers
+    if node.op == "get_attr":
+        return True
+    if node.op not in ("call_function", "call_method") or not node.args:
+        return False
+    first = node.args[0]
+    target: Any = node.target
+    if target is operator.getitem:
+        if type(node.args[1]) is int and _returns(first, containers, depth) == ("Tensor[]",):
+            return True  # an item of `torch.chunk(h, 2)`
+        return _a_tensor(first, containers, depth + 1)
+    if target in _TENSOR_OPERATORS:
+        return any(_a_tensor(one, containers, depth + 1) for one in node.args)
+    if getattr(target, "__wrapped__", target) is _GETATTR:
+        return node.args[1:2] in _TENSOR_ATTRIBUTES and _a_tensor(first, containers, depth + 1)
+    return _returns(node, containers, depth) == ("Tensor",)
+
+
+def _returns(node: Any, containers: Any, depth: int) -> tuple[str, ...] | None:
+    """What every overload of the torch function or method ``node`` calls that takes a
+    tensor first hands back, by torch's own schemas (``("Tensor",)`` for ``relu``,
+    ``("Tensor[]",)`` for ``chunk``); None where the overloads differ (``max``: a tensor,
+    or values and indices), none is known, or the method may be a tuple's, a list's or a
+    number's, called on one."""
+    if type(node) is not fx.Node or node.op not in ("call_function", "call_method"):
+        return None
+    target = node.target
+    if node.op == "call_method":
+        name = str(target)
+        if name in _TENSOR_METHODS:  # `int` and `float` name a number's methods too
+            return ("Tensor",) if _a_tensor(node.args[0], containers, depth + 1) else None
+    elif type(target) is types.BuiltinFunctionType and str(
+        getattr(target, "__module__", None)
+    ).startswith("torch"):
+        name = target.__name__
+    else:
+        return None
+    if not node.args or (
+        # A method of a tuple, list or number too (`sizes.index(4)`), called on a value that
+        # may be one.
+        node.op == "call_method"
+        and any(hasattr(kind, name) for kind in _PLAIN_HOLDERS)
+        and not _a_tensor(node.args[0], containers, depth + 1)
+    ):
+        return None
+    returns = _schema_returns(name)
+    return next(iter(returns)) if len(returns) == 1 else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_returns(name: str) -> frozenset[tuple[str, ...]]:
+    """What the overloads of the ATen operator ``name`` that take a tensor first hand back,
+    each as the types of what it returns (``Tensor[]`` for a list of tensors)."""
+    found: set[tuple[str, ...]] = set()
+    for schema in torch._C._jit_get_schemas_for_operator(f"aten::{name}"):
+        if schema.arguments and str(schema.arguments[0].type) == "Tensor":
+            kinds = tuple(str(one.type) for one in schema.returns)
+            found.add(tuple("Tensor[]" if kind == "List[Tensor]" else kind for kind in kinds))
+    return frozenset(found)
+
+
+_TENSOR_OPERATORS = frozenset(
+    {
+        operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
+        operator.mod, operator.pow, operator.matmul, operator.neg, operator.pos,
+        operator.invert, operator.and_, operator.or_, operator.xor, operator.lshift,
+        operator.rshift, operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
+        operator.ge, operator.abs,
+    }
+)  # fmt: skip
+"""The operators fx records of a stand-in that, on a tensor, hand back a tensor."""
+
+_TENSOR_METHODS = frozenset(
+    {"float", "double", "half", "bfloat16", "int", "long", "short", "bool", "byte", "char"}
+    | {"cpu", "cuda"}
+)
+"""Methods of a tensor that hand back a tensor, of no ATen operator of their name."""
+
+_PLAIN_HOLDERS = (tuple, list, dict, int, float, complex, str, torch.Size)
+"""Kinds of value whose methods a stand-in's method may be, other than a tensor's."""
+
+_TENSOR_ATTRIBUTES = frozenset({("T",), ("mT",), ("H",), ("mH",), ("real",), ("imag",), ("data",)})
+"""The attributes of a tensor that are tensors in turn (as ``node.args[1:2]``)."""
+
+_TORCH_ANSWERS = (
+    torch.Tensor, tuple, list, torch.Size, int, float, bool, complex, torch.dtype,
+    torch.device, torch.layout, torch.memory_format, str, type(None),
+)  # fmt: skip
+"""The kinds of value a torch function, method or attribute may hand back."""
+
+
+def _may_answer_yes(kinds: Any, check: Callable[..., Any], value: Any) -> bool:
+    """Whether ``isinstance(value, kinds)`` of what torch hands back may answer yes where
+    fx answers no for its stand-in ``value``: ``kinds`` names one of what torch may hand
+    back (:data:`_TORCH_ANSWERS`), a kind of which (a namedtuple, ``torch.Size``) or one
+    they are of (``collections.abc.Sequence``, ``numbers.Number``)."""
+    if check(kinds, tuple):
+        return any(_may_answer_yes(kind, check, value) for kind in kinds)
+    if check(kinds, type):
+        return not check(value, kinds) and any(
+            issubclass(answer, kinds) or issubclass(kinds, answer) for answer in _TORCH_ANSWERS
+        )
+    return any(_may_answer_yes(kind, check, value) for kind in getattr(kinds, "__args__", ()))
 
 
 _GETATTR = builtins.getattr

@@ -3493,6 +3493,76 @@ def test_iterating_over_what_a_module_answers_is_refused_naming_the_module(
     assert "branches on the value of `x`" not in str(refused.value)
 
 
+class HalvesIfChunked(KeepsTheFirstIfAPair):
+    """Keeps the first half of its encoding when `torch.chunk` hands back a tuple."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)[0]
+        parts = torch.chunk(h, 2, dim=-1)
+        return parts[0] * 2 if isinstance(parts, tuple) else h
+
+
+class KeepsTheMaximumIfATuple(KeepsTheFirstIfAPair):
+    """Keeps the values of `torch.max` over a dimension when it hands back a tuple."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)[0]
+        found = h.max(dim=-1)
+        return found[0] if isinstance(found, tuple) else h
+
+
+class TriplesIfASize(KeepsTheFirstIfAPair):
+    """Triples its encoding when its width, read with `size`, is an int."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)[0]
+        return h * 3 if isinstance(h.size(-1), int) else h
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        (HalvesIfChunked, "`torch.chunk`"),
+        (KeepsTheMaximumIfATuple, r"`\.max\(\)`"),
+        (TriplesIfASize, r"`\.size\(\)`"),
+    ],
+    ids=["chunk", "max", "size"],
+)
+def test_asking_what_kind_of_value_a_torch_function_hands_back_is_refused(
+    store: Store, kind: Callable[[], nn.Module], named: str
+) -> None:
+    """fx stands in for what `torch.chunk` hands back, and `isinstance(parts, tuple)` asked
+    of the stand-in is no where the model's own run answers yes: the wrapped model would
+    answer the whole encoding where the model answers its first half. `wrap` refuses it,
+    naming the function."""
+    _refused_as_untraceable(kind, rf"asks of what {named} hands back what kind", store)
+
+
+class AsksOfTensorsOnly(KeepsTheFirstIfAPair):
+    """Asks whether values torch makes as tensors are tuples or lists, which none is."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.encoder(x)[0])
+        first = torch.chunk(h, 2, dim=-1)[0].float()
+        doubled = x * 2
+        if isinstance(h, tuple) or isinstance(first, (list, tuple)):
+            return h
+        return first + doubled[..., :2] if not isinstance(doubled, list) else h
+
+
+def test_asking_what_kind_of_value_a_tensor_torch_makes_is_is_answered(store: Store) -> None:
+    """Where what torch hands back is a tensor in every call (`torch.relu(h)`, an item of
+    `torch.chunk(h, 2)`, `x * 2`), fx's no to `isinstance(h, tuple)` is the model's own
+    answer too: the model is wrapped, and answers as it does unwrapped."""
+    torch.manual_seed(0)
+    model = AsksOfTensorsOnly()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+
+
 class DoublesWhatItMakesIfATensor(OnTempered):
     """Doubles a value it makes of what its encoder answers when that is a tensor."""
 
