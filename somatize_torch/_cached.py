@@ -52,6 +52,7 @@ from somatize_torch.freeze import (
     ModuleNode,
     check_still,
     drew_at_random,
+    few,
     generator_states,
     is_held,
 )
@@ -182,9 +183,10 @@ class _Cached(nn.Module):
 class _Watched:
     """What a cached node runs on a miss: the submodule, and then a refusal of what a
     recalled answer could not repeat, before the answer is kept — a write into an input
-    (a recall would not write it), a draw from torch's random number generator (a recall
-    would repeat one draw), an answer the store cannot give back as it is — and the
-    answer made its own memory, as a recalled one is."""
+    or into the module's own parameters and buffers (a recall would not write it), a
+    draw from torch's random number generator (a recall would repeat one draw), an answer
+    the store cannot give back as it is — and the answer made its own memory, as a
+    recalled one is."""
 
     def __init__(self, name: str, call: Callable[..., Any], module: nn.Module) -> None:
         self.name = name
@@ -195,8 +197,20 @@ class _Watched:
         # An inference tensor keeps no version counter: its content is weighed instead,
         # before and after (on a miss only, which computes anyway).
         versions = [_version(a) for a in args]
+        kept = _state_versions(self.module)
         generators = generator_states(self.module, args)
         out = self.call(*args)
+        written = [name for name, t, version in kept if t._version != version]
+        if written:
+            raise WrapError(
+                f"`{self.name}` is cached, and it wrote into {few(written)}, of its own "
+                "parameters and buffers, in place as it ran: a recalled answer would not "
+                "repeat the write, so the module would hold other values, and answer the next "
+                "call otherwise, when an answer is computed than when it is recalled (in "
+                "another process filling from the same store too). Make its forward leave its "
+                "parameters and buffers as they are (a BatchNorm in eval mode does), or drop "
+                "it from `cached=`"
+            )
         if generator_states(self.module, args) != generators:
             raise WrapError(
                 drew_at_random(
@@ -226,6 +240,13 @@ class _Watched:
                 "submodule from `cached=`"
             ) from None
         return _unshared(out, [a for a in args if a is not None], self.module)
+
+
+def _state_versions(module: nn.Module) -> list[tuple[str, torch.Tensor, int]]:
+    """Each parameter and buffer of ``module`` (but inference tensors, which keep no
+    version counter and which freezing refuses) by name, with its version counter."""
+    named = itertools.chain(module.named_parameters(), module.named_buffers())
+    return [(name, t, t._version) for name, t in named if not t.is_inference()]
 
 
 def _version(value: torch.Tensor | None) -> Any:

@@ -1482,6 +1482,48 @@ def test_a_write_into_an_input_made_under_inference_mode_is_refused(store: Store
             wrapped(x.clone())
 
 
+class CountsItsCalls(nn.Module):
+    """Counts its calls in a buffer, and scales its encoding by the count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.linear(x) * self.calls
+
+
+class CountedResidual(nn.Module):
+    """Its counting encoder, and its input after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = CountsItsCalls()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) + x
+
+
+@pytest.mark.parametrize(
+    "mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference"]
+)
+def test_a_cached_module_that_writes_into_its_own_buffers_is_refused(
+    store: Store, mode: Callable[[], Any]
+) -> None:
+    """A cached module that writes into a buffer of its own as it runs is refused before
+    its answer is kept: a recall would not repeat the write, so a process finding the
+    answer kept would go on answering the first call's answer where the model answers
+    the count of each call."""
+    wrapped = smt.wrap(CountedResidual(), frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    for _ in range(2):  # nothing was kept: refused again, not recalled
+        with mode(), pytest.raises(smt.WrapError, match="wrote into `calls`, of its own"):
+            wrapped(x)
+
+
 class Probed(nn.Module):
     """A linear head on a linear encoder."""
 
