@@ -376,13 +376,13 @@ def _traced(
     if asked is not None:
         name, where, line = asked
         refused = Untraceable(
-            f"`{type(model).__qualname__}.forward` asks what type `{name}` is, or compares an "
-            f"attribute of it by identity, at {where} (`{line}`): fx stands in for it while it "
-            "traces, and neither the type of the stand-in nor its attributes (stand-ins "
-            "too) are what a call gives, so the branch kept would be the one for the "
-            "stand-in in every call. Hand it a plain constant (the forward is "
-            "traced at it), test it otherwise (`mask is None`), or declare the submodule "
-            "that holds this code"
+            f"`{type(model).__qualname__}.forward` asks what type `{name}` is, or a value a "
+            f"call makes of it, or compares an attribute of it by identity, at {where} "
+            f"(`{line}`): fx stands in for it while it traces, and neither the type of the "
+            "stand-in nor its attributes (stand-ins too) are what a call gives, so the branch "
+            "kept would be the one for the stand-in in every call. Hand it a plain constant "
+            "(the forward is traced at it), test it otherwise (`mask is None`), or declare the "
+            "submodule that holds this code"
         )
         refused.branched = frozenset({name})
         raise refused
@@ -393,7 +393,8 @@ def _traced(
             raise _stops(
                 Untraceable(
                     f"`{type(model).__qualname__}.forward` asks what type `{name}` is, or a "
-                    f"value it holds, or compares an attribute of it by identity, at {where} "
+                    "value it holds or a call makes of it, or compares an attribute of it by "
+                    f"identity, at {where} "
                     f"(`{line}`): `{name}` is, or holds, a stand-in fx made for a value computed "
                     "as the forward runs, and neither the type of the stand-in nor its "
                     "attributes are the value's, so the branch kept would be the one for the "
@@ -563,12 +564,19 @@ def _type_compared(
                 continue
             load = found[start]
             steps, after = _steps(found, start + 1)
-            if not _stands_in(load, steps, inputs, held):
-                continue
             while after < len(found) and found[after].opname in ("PRECALL", "PUSH_NULL"):
                 after += 1
-            if after >= len(found) or found[after].opname not in _CALL_ONE or found[after].arg != 1:
-                continue
+            if (
+                not _stands_in(load, steps, inputs, held)
+                or after >= len(found)
+                or found[after].opname not in _CALL_ONE
+                or found[after].arg != 1
+            ):
+                # Of a value made of a stand-in by a call (`type(h.sum())`), perhaps.
+                made = _type_of_made(found, start, inputs, held)
+                if made is None:
+                    continue
+                load, after = made
             after += 1
         elif one.opname in _LOAD_ONE:
             steps, _ = _steps(found, at + 1)
@@ -595,6 +603,39 @@ def _type_compared(
             text = linecache.getline(code.co_filename, line).strip()
             name = str(load.argval)
             return inputs.get(name, name), f"{code.co_filename}:{line}", text
+    return None
+
+
+def _type_of_made(
+    found: list[dis.Instruction], start: int, inputs: Mapping[str, str], held: frozenset[str]
+) -> tuple[dis.Instruction, int] | None:
+    """Where ``type``, loaded just before ``found[start]``, is called on a value made of a
+    stand-in (of ``inputs``, or one ``held`` in a list, tuple or dict) by an expression of
+    calls, attributes and items (``type(h.sum())``, ``type(torch.split(h, 2))``): the load
+    of the first stand-in it reads, and where the call of ``type`` is; None where it is no
+    such call (the expression branches, or reads no stand-in). The stack is followed from
+    the argument's first instruction to the call taking it, the one value it leaves."""
+    depth = 0
+    stood: dis.Instruction | None = None
+    for at in range(start, min(len(found), start + 64)):
+        one = found[at]
+        if one.opcode in dis.hasjrel or one.opcode in dis.hasjabs or "RETURN" in one.opname:
+            return None
+        if depth == 1:
+            call = at
+            while call < len(found) and found[call].opname in ("PRECALL", "PUSH_NULL"):
+                call += 1
+            if call < len(found) and found[call].opname in _CALL_ONE and found[call].arg == 1:
+                return (stood, call) if stood is not None else None
+        if (
+            stood is None
+            and one.opname in _LOAD_ONE
+            and (one.argval in inputs or one.argval in held)
+        ):
+            stood = one
+        depth += dis.stack_effect(one.opcode, one.arg if one.opcode >= dis.HAVE_ARGUMENT else None)
+        if depth < 0:
+            return None
     return None
 
 

@@ -3623,6 +3623,23 @@ class DoublesItsInputIfATensor(OnTempered):
         return self.encoder(y)
 
 
+class SumsWhatItMakesIfATensor(OnTempered):
+    """Keeps the sum of what its encoder answers when that sum, asked at once, is a tensor."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x) + 1
+        return h.sum(-1) if type(h.sum(-1)) is torch.Tensor else h
+
+
+class HalvesWhatItMakesIfSplit(OnTempered):
+    """Keeps the first half of what its encoder answers when `torch.split`, asked at once,
+    hands back a tuple."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x) + 1
+        return h[..., :2] if type(torch.split(h, 2, dim=-1)) is tuple else h
+
+
 class AddsAListIfTensors(OnTempered):
     """Hands what its encoder answers and its second input to a method in a list, which
     asks the type of an item."""
@@ -5209,17 +5226,20 @@ class PrintsItsShape(OnTempered):
         (DoublesItsInputIfATensor, r"`y`.*type\(y\) is torch\.Tensor"),
         (AddsAListIfTensors, r"`items`.*type\(items\[0\]\) is torch\.Tensor"),
         (AddsAListItemByItem, r"type\(item\) is torch\.Tensor"),
+        (SumsWhatItMakesIfATensor, r"`h`.*type\(h\.sum\(-1\)\) is torch\.Tensor"),
+        (HalvesWhatItMakesIfSplit, r"`h`.*type\(torch\.split\(h, 2, dim=-1\)\) is tuple"),
     ],
-    ids=["made after", "made before", "in a list", "over a list"],
+    ids=["made after", "made before", "in a list", "over a list", "a method's", "a function's"],
 )
 def test_the_type_of_what_fx_stands_in_for_in_a_local_or_a_list_is_refused(
     store: Store, kind: Callable[[], nn.Module], named: str
 ) -> None:
     """fx stands in for a value the forward makes of its inputs (`h = self.encoder(x) +
-    1`), and for each tensor in a list it builds: `type(h) is torch.Tensor`, or
-    `type(items[0]) is torch.Tensor` in a method handed the list, is the stand-in's type
-    whatever a call gives, and the branch kept would be the one for a value that is no
-    tensor in every call. `wrap` refuses it, naming the line."""
+    1`), for each tensor in a list it builds, and for what a call makes of them:
+    `type(h) is torch.Tensor`, `type(items[0]) is torch.Tensor` in a method handed the
+    list, or `type(h.sum(-1)) is torch.Tensor`, is the stand-in's type whatever a call
+    gives, and the branch kept would be the one for a value that is no tensor in every
+    call. `wrap` refuses it, naming the line."""
     _refused_as_untraceable(kind, named, store)
 
 
