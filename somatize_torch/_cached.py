@@ -44,7 +44,7 @@ from somatize.plan import declared_again
 from somatize_torch._errors import CachedInputNeedsGrad, WrapError, in_a_transform
 from somatize_torch._modes import outside_compiled
 from somatize_torch._precision import precision_on
-from somatize_torch._settings import _held_by, _slots_of
+from somatize_torch._settings import _TORCH_OWN, _held_by, _slots_of
 from somatize_torch._values import _NAMESPACES, _NOT_FOLLOWED, _STANDARD, _followed
 from somatize_torch.codec import TENSOR
 from somatize_torch.digest import digest_tensor, plain
@@ -183,10 +183,10 @@ class _Cached(nn.Module):
 class _Watched:
     """What a cached node runs on a miss: the submodule, and then a refusal of what a
     recalled answer could not repeat, before the answer is kept — a write into an input
-    or into the module's own parameters and buffers (a recall would not write it), a
-    draw from torch's random number generator (a recall would repeat one draw), an answer
-    the store cannot give back as it is — and the answer made its own memory, as a
-    recalled one is."""
+    or into the module's own parameters, buffers and tensors it keeps (a recall would not
+    write it), a draw from torch's random number generator (a recall would repeat one
+    draw), an answer the store cannot give back as it is — and the answer made its own
+    memory, as a recalled one is."""
 
     def __init__(self, name: str, call: Callable[..., Any], module: nn.Module) -> None:
         self.name = name
@@ -197,19 +197,20 @@ class _Watched:
         # An inference tensor keeps no version counter: its content is weighed instead,
         # before and after (on a miss only, which computes anyway).
         versions = [_version(a) for a in args]
-        kept = _state_versions(self.module)
+        kept = _kept_versions(self.module)
         generators = generator_states(self.module, args)
         out = self.call(*args)
         written = [name for name, t, version in kept if t._version != version]
         if written:
             raise WrapError(
                 f"`{self.name}` is cached, and it wrote into {few(written)}, of its own "
-                "parameters and buffers, in place as it ran: a recalled answer would not "
-                "repeat the write, so the module would hold other values, and answer the next "
-                "call otherwise, when an answer is computed than when it is recalled (in "
-                "another process filling from the same store too). Make its forward leave its "
-                "parameters and buffers as they are (a BatchNorm in eval mode does), or drop "
-                "it from `cached=`"
+                "parameters, buffers and tensors it keeps, in place as it ran: a recalled "
+                "answer would not repeat the write, so the module would hold other values, and "
+                "answer the next call otherwise, when an answer is computed than when it is "
+                "recalled (in another process filling from the same store too). Make its "
+                "forward leave them as they are (a BatchNorm in eval mode does; a table it "
+                "fills as it first runs can be made anew, `self.table = ...`, rather than "
+                "written into), or drop it from `cached=`"
             )
         if generator_states(self.module, args) != generators:
             raise WrapError(
@@ -242,10 +243,20 @@ class _Watched:
         return _unshared(out, [a for a in args if a is not None], self.module)
 
 
-def _state_versions(module: nn.Module) -> list[tuple[str, torch.Tensor, int]]:
-    """Each parameter and buffer of ``module`` (but inference tensors, which keep no
-    version counter and which freezing refuses) by name, with its version counter."""
-    named = itertools.chain(module.named_parameters(), module.named_buffers())
+def _kept_versions(module: nn.Module) -> list[tuple[str, torch.Tensor, int]]:
+    """Each parameter and buffer of ``module``, and each tensor it or a part of it keeps
+    beside them (``self.table``, alone or in lists, tuples, sets, dicts and configs: see
+    :func:`_kept_tensors`), by name, with its version counter; but inference tensors,
+    which keep none (and which freezing refuses as state)."""
+    named: list[tuple[str, torch.Tensor]] = [
+        *module.named_parameters(),
+        *module.named_buffers(),
+    ]
+    for prefix, part in module.named_modules():
+        for name, kept in vars(part).items():
+            if name not in _TORCH_OWN:
+                where = f"{prefix}.{name}" if prefix else name
+                named.extend((where, t) for t in _kept_tensors(kept))
     return [(name, t, t._version) for name, t in named if not t.is_inference()]
 
 

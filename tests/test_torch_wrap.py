@@ -1524,6 +1524,52 @@ def test_a_cached_module_that_writes_into_its_own_buffers_is_refused(
             wrapped(x)
 
 
+class CountsItsCallsBeside(nn.Module):
+    """Counts its calls in a tensor it keeps as a plain attribute, or in its config, and
+    scales its encoding by the count."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.where = where
+        self.calls = torch.zeros(())  # a tensor, not a buffer
+        self.config = types.SimpleNamespace(calls=torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        calls = self.calls if self.where == "attribute" else self.config.calls
+        calls += 1
+        return self.linear(x) * calls
+
+
+class CountedBesideResidual(nn.Module):
+    """Its encoder counting beside its weights, and its input after it."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.encoder = CountsItsCallsBeside(where)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) + x
+
+
+@pytest.mark.parametrize(("where", "named"), [("attribute", "calls"), ("config", "config")])
+def test_a_cached_module_that_writes_into_a_tensor_it_keeps_is_refused(
+    store: Store, where: str, named: str
+) -> None:
+    """A tensor a cached module keeps beside its weights, as a plain attribute or in a
+    config, written in place as it runs, is refused as a buffer is: its key was taken
+    before the write, so the next call would be recalled as the first was computed where
+    the model answers the count of each call."""
+    wrapped = smt.wrap(
+        CountedBesideResidual(where), frozen=["encoder"], cached=["encoder"], store=store
+    )
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    for _ in range(2):  # nothing was kept: refused again, not recalled
+        with torch.no_grad(), pytest.raises(smt.WrapError, match=f"wrote into `{named}`, of"):
+            wrapped(x)
+
+
 class Probed(nn.Module):
     """A linear head on a linear encoder."""
 
