@@ -35,11 +35,12 @@ traces a model, :func:`recording`:
   (``isinstance(out, tuple)``), which fx answers no for its stand-in whatever the
   module hands back, or what a torch function hands back where that may be other than
   a tensor (``isinstance(torch.chunk(h, 2), tuple)``, ``isinstance(h.size(0), int)``);
-  and asking something of the text the model's code made of a
-  value fx stands in for (``"float32" in str(x.dtype)``), which is the stand-in's name,
-  not the value's (printing it, or putting it in a message, is let be). torch's own code
-  that reads the modes as it is traced (``torch.utils.checkpoint``) keeps nothing it read
-  in the code, and is let be.
+  and asking whether a value fx stands in for can be called (``callable(h)``), which
+  the stand-in can whatever it stands for; and asking something of the text the
+  model's code made of a value fx stands in for (``"float32" in str(x.dtype)``), which
+  is the stand-in's name, not the value's (printing it, or putting it in a message, is
+  let be). torch's own code that reads the modes as it is traced
+  (``torch.utils.checkpoint``) keeps nothing it read in the code, and is let be.
 
 Not seen: a function of ``random`` imported by name into another module (a helper the
 forward calls) or kept elsewhere than on a part of the model (in a list, a closure), and
@@ -541,6 +542,38 @@ def _asking_attribute(original: Any) -> Any:
     return replaced
 
 
+def _callable_asked(recorder: _Recorder, original: Callable[..., Any], value: Any) -> Any:
+    """``callable`` in the tracing thread, made by :func:`_asking_callable` (this one marks
+    it in :func:`_replacements`)."""
+    return original(value)
+
+
+_CALLABLE_ASKED = (
+    "asks whether a value fx stands in for can be called (`callable(h)`): the stand-in "
+    "can, whatever a call gives (a tensor cannot), so the branch kept would be the one for "
+    "a value that can be called in every call"
+)
+
+
+def _asking_callable(original: Any) -> Any:
+    """``callable`` (``original``) replaced: asked by the model's code of a value fx stands
+    in for, it refuses (:class:`Fixed`), since the stand-in answers yes whatever it stands
+    for; asked anything else, as it is, at once."""
+
+    @functools.wraps(original)
+    def replaced(value: Any, /) -> Any:
+        if not issubclass(type(value), fx.Proxy) or _here.__dict__.get("recorder") is None:
+            return original(value)
+        # Imported here: the module that tells the model's code apart imports this one.
+        from somatize_torch._split import _model_own
+
+        if _model_own(sys._getframe(1).f_code.co_filename):
+            raise Fixed(_CALLABLE_ASKED)
+        return original(value)
+
+    return replaced
+
+
 _ASKING_ATTRIBUTE = _asking_attribute(builtins.hasattr).__code__
 """The code ``hasattr`` and ``getattr`` run through in the tracing thread."""
 
@@ -997,6 +1030,7 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
         (builtins, "isinstance", _tensor_check),
         (builtins, "hasattr", _attribute_asked),
         (builtins, "getattr", _attribute_asked),
+        (builtins, "callable", _callable_asked),
         (fx.Proxy, "__repr__", _as_text),
         (fx.proxy.ParameterProxy, "__repr__", _as_text),
         (fx.Proxy, "__hash__", _hashed),
@@ -1159,6 +1193,8 @@ def _replaced(original: Any, instead: Callable[..., Any]) -> Any:
         return _asking_kind(original)
     if instead is _attribute_asked:
         return _asking_attribute(original)
+    if instead is _callable_asked:
+        return _asking_callable(original)
 
     @functools.wraps(original)
     def replaced(*args: Any, **kwargs: Any) -> Any:

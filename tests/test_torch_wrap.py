@@ -3626,6 +3626,38 @@ def test_asking_what_kind_of_value_a_torch_function_hands_back_is_refused(
     _refused_as_untraceable(kind, rf"asks of what {named} hands back what kind", store)
 
 
+class CallsWhatItEncodedIfCallable(KeepsTheFirstIfAPair):
+    """Doubles its encoding unless that can be called, which a tensor cannot."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)[0] + 1
+        return h(x) if callable(h) else h * 2
+
+
+class ScalesItsInputIfCallable(KeepsTheFirstIfAPair):
+    """Encodes its input, scaled when that can be called, which a tensor cannot."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x * 3 if callable(x) else x)[0]
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        (CallsWhatItEncodedIfCallable, r"callable\(h\)"),
+        (ScalesItsInputIfCallable, r"callable\(x\)"),
+    ],
+    ids=["made", "an input"],
+)
+def test_asking_whether_a_value_fx_stands_in_for_can_be_called_is_refused(
+    store: Store, kind: Callable[[], nn.Module], named: str
+) -> None:
+    """fx's stand-in for a tensor can be called, and `callable(h)` asked of it is yes where
+    the model's own run answers no: the wrapped model would keep the branch for a value
+    that can be called in every call. `wrap` refuses it, naming the line."""
+    _refused_as_untraceable(kind, rf"{named}.*asks whether a value fx stands in for can be", store)
+
+
 class AsksOfTensorsOnly(KeepsTheFirstIfAPair):
     """Asks whether values torch makes as tensors are tuples or lists, which none is."""
 
