@@ -727,9 +727,11 @@ def _made_by_torch(node: fx.Node, containers: Any) -> str | None:
     if target is operator.getitem:
         return "an item of what torch hands back"
     name = getattr(target, "__name__", None) or repr(target)
-    if type(target) is types.BuiltinFunctionType:
+    module = str(getattr(target, "__module__", None) or "")
+    if module == "_operator":
+        return f"what `operator.{name}` hands back"  # `h * 2`, where `h` may be a tuple
+    if type(target) is types.BuiltinFunctionType and module.startswith("torch"):
         return f"what `torch.{name}` hands back"  # `torch.chunk`, not its C class
-    module = getattr(target, "__module__", None)
     return f"what `{module}.{name}` hands back" if module else f"what `{name}` hands back"
 
 

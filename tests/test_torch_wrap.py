@@ -3607,14 +3607,23 @@ class TriplesIfASize(KeepsTheFirstIfAPair):
         return h * 3 if isinstance(h.size(-1), int) else h
 
 
+class KeepsTheFirstOfTwiceIfAPair(KeepsTheFirstIfAPair):
+    """Keeps the first item of what its encoder answers, doubled, when that is a tuple."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        twice = self.encoder(x) * 2
+        return twice[0] if isinstance(twice, tuple) else twice
+
+
 @pytest.mark.parametrize(
     ("kind", "named"),
     [
         (HalvesIfChunked, "`torch.chunk`"),
         (KeepsTheMaximumIfATuple, r"`\.max\(\)`"),
         (TriplesIfASize, r"`\.size\(\)`"),
+        (KeepsTheFirstOfTwiceIfAPair, r"`operator\.mul`"),
     ],
-    ids=["chunk", "max", "size"],
+    ids=["chunk", "max", "size", "an operator"],
 )
 def test_asking_what_kind_of_value_a_torch_function_hands_back_is_refused(
     store: Store, kind: Callable[[], nn.Module], named: str
