@@ -83,6 +83,7 @@ __all__ = [
     "let_go",
     "locate",
     "nested",
+    "nothing_left",
     "own_cache_put_back",
     "pass_through",
     "places_of",
@@ -297,14 +298,13 @@ def check_trainable(
         return set()
     named = {id(p) for _, _, _, found in todo for p in found.parameters()}
     listed = "; ".join(f"`{name}`: {few(params)}" for name, params in trainable.items())
-    if not any(p.requires_grad and id(p) not in named for p in pl_module.parameters()):
-        raise CacheFrozenError(
-            f"the modules named to be cached hold every parameter this LightningModule "
-            f"trains ({listed}): caching freezes them (a cached module runs without "
-            "gradients), so nothing would be left to train and the first backward would "
-            "fail. Name only the frozen submodules whose answers stay the same (the "
-            "encoder), not the part being trained (the head)"
-        )
+    # A module `configure_model()` makes (a head), after this hook, is not there yet: what
+    # is left to train is looked at when fitting starts (:func:`nothing_left`).
+    later = type(pl_module).configure_model is not pl.LightningModule.configure_model
+    if not later and not any(
+        p.requires_grad and id(p) not in named for p in pl_module.parameters()
+    ):
+        raise _everything_named(listed)
     warnings.warn(
         f"parameters of modules named to be cached require grad ({listed}): caching "
         "freezes them (requires_grad_(False), held in eval), so they do not train here "
@@ -316,6 +316,33 @@ def check_trainable(
         stacklevel=3,
     )
     return set()
+
+
+def _everything_named(listed: str) -> CacheFrozenError:
+    return CacheFrozenError(
+        f"the modules named to be cached hold every parameter this LightningModule "
+        f"trains ({listed}): caching freezes them (a cached module runs without "
+        "gradients), so nothing would be left to train and the first backward would "
+        "fail. Name only the frozen submodules whose answers stay the same (the "
+        "encoder), not the part being trained (the head)"
+    )
+
+
+def nothing_left(pl_module: pl.LightningModule, found: dict[str, Found]) -> CacheFrozenError | None:
+    """The refusal, when fitting starts, of modules cached that held parameters requiring
+    grad where nothing else in ``pl_module`` requires grad: :func:`check_trainable` leaves
+    it until then for a LightningModule that makes modules in ``configure_model()`` (which
+    Lightning calls after the callbacks' ``setup()``), since the head may be made there.
+    None where something is left to train, or the cached modules trained nothing."""
+    trainable: dict[str, list[str]] = {}
+    for name, place in found.items():
+        required = {id(p) for p, was, _ in place.as_found.grads if was}
+        params = [n for n, p in place.as_found.module.named_parameters() if id(p) in required]
+        if params:
+            trainable[name] = params
+    if not trainable or any(p.requires_grad for p in pl_module.parameters()):
+        return None
+    return _everything_named("; ".join(f"`{n}`: {few(params)}" for n, params in trainable.items()))
 
 
 def _left_to_tuners(

@@ -131,6 +131,7 @@ from somatize_torch._lightning_modules import (
     freeze_first,
     locate,
     nested,
+    nothing_left,
     own_cache_put_back,
     pass_through,
     put_back_all,
@@ -347,6 +348,9 @@ class CacheFrozen(Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._train_epochs = 0
+        refused = nothing_left(pl_module, self._found)  # a head made in `configure_model()`
+        if refused is not None:
+            raise refused
         if not self._prefills:
             return
         self._key_as("prefill")  # an earlier stage (validate, test) may have keyed its own

@@ -1476,6 +1476,44 @@ def test_naming_everything_the_fit_trains_is_refused(tmp_path: Path) -> None:
     assert Probe().head.weight.requires_grad
 
 
+class HeadMadeLate(Trained):
+    """Trains its encoder with a head it makes in ``configure_model``, after the callbacks'
+    ``setup``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.head
+
+    def configure_model(self) -> None:
+        if not hasattr(self, "head"):
+            self.head = nn.Linear(8, 4)
+            self.made = self.head.weight.detach().clone()
+
+
+def test_a_head_made_in_configure_model_is_left_to_train(tmp_path: Path) -> None:
+    """A head made in ``configure_model`` is not there when the callback caches the
+    encoder: the encoder that requires grad is frozen with a warning, and the head trains,
+    rather than the fit refused for naming everything it trains."""
+    model = HeadMadeLate()
+    with pytest.warns(FrozeTrainable, match=r"\(`encoder`: `conv.weight`"):
+        trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])]).fit(model, loader())
+    assert not torch.equal(model.head.weight, model.made)
+
+
+def test_naming_everything_a_module_making_modules_late_trains_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A LightningModule with a ``configure_model`` of its own is looked at again when
+    fitting starts: naming all it trains is refused then, saying so, and the model is handed
+    back as it was."""
+    model = HeadMadeLate()
+    callback = CacheFrozen(None, ["encoder", "head"])
+    model.configure_model()
+    with pytest.raises(CacheFrozenError, match=r"\(`encoder`: .*`head`: `weight`, `bias`\)"):
+        trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader())
+    assert type(model.head) is nn.Linear and model.head.weight.requires_grad
+
+
 class TiedHead(Probe):
     """A head whose weight holds the frozen encoder's numbers: the very same parameter, or
     another one over the same memory (``nn.Parameter(weight.data)``)."""
