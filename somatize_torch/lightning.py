@@ -105,6 +105,7 @@ from somatize_torch.rows import DEVICE_BYTES, HOST_BYTES, CachedRows, RowStats, 
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.trainer.states import TrainerStatus
 except ImportError:  # pragma: no cover - the message is the point
     raise ImportError(
         "somatize.torch.lightning needs Lightning, which is not installed: "
@@ -239,6 +240,8 @@ class CacheFrozen(Callback):
         self._stage: tuple[Stage | None, int] = (None, 0)
         self._aheads: weakref.WeakSet[Ahead[Any]] = weakref.WeakSet()  # loaders put behind it
         self._passes: dict[int, RemovableHandle] = {}  # uncached modules loading Deferred rows
+        # The trainer whose stage holds the caches in place, until the stage ends.
+        self._holder: weakref.ref[pl.Trainer] | None = None
 
     # -- copies
 
@@ -248,6 +251,7 @@ class CacheFrozen(Callback):
         behind :class:`~somatize_torch.ahead.Ahead`, which it holds weakly, as a list."""
         state = dict(self.__dict__)
         state["_aheads"] = list(self._aheads)
+        state["_holder"] = None  # a trainer of this process: nothing a copy holds
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -298,6 +302,16 @@ class CacheFrozen(Callback):
         """Puts the cached modules in place of the named submodules, each found as it is
         now; :meth:`teardown` puts them back. The same model again (fit, then test, then
         fit) gets the same caches, memory tiers and all."""
+        holder = self._held_by_another(trainer)
+        if holder is not None:
+            raise CacheFrozenError(
+                f"this CacheFrozen is running another trainer's stage (`{holder}`, still "
+                "under way), whose model holds its caches in place: a trainer run inside "
+                "it (in one of its hooks) cannot be given the same callback. Give that "
+                "trainer a CacheFrozen of its own — on the same store, to share the rows "
+                "kept — or run it after the other's stage ends"
+            )
+        self._holder = weakref.ref(trainer)
         if self._owner is not pl_module:
             put_back_all(self, failed=True)  # nothing, unless a stage of the last model never ended
             self._cached = {}
@@ -345,6 +359,14 @@ class CacheFrozen(Callback):
                 cache_in_place(self, pl_module, name, found)
         # What is not in place this stage (left uncached) is not kept for a later one.
         self._cached = {n: c for n, c in self._cached.items() if n in self._found}
+
+    def _held_by_another(self, trainer: pl.Trainer) -> str | None:
+        """The stage (``fit``, …) of a trainer other than ``trainer`` whose stage, still
+        under way, holds this callback's caches in place; None where there is none."""
+        holder = self._holder() if self._holder is not None else None
+        if holder is None or holder is trainer or holder.state.status != TrainerStatus.RUNNING:
+            return None
+        return str(holder.state.fn.value if holder.state.fn is not None else "a stage")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._train_epochs = 0
@@ -626,6 +648,9 @@ class CacheFrozen(Callback):
         """Flushes, and puts back each module as :meth:`setup` found it (mode and
         ``requires_grad`` included): the model the trainer hands back is the plain model.
         The caches are kept, memory tiers and all, for the next stage of the same model."""
+        if self._held_by_another(trainer) is not None:
+            return  # refused at setup: the stage under way is another's
+        self._holder = None
         self._key_as(None)  # the stage's own version, and its counts, end with it
         put_back_all(self, failed=False)
 
@@ -635,6 +660,9 @@ class CacheFrozen(Callback):
         """A stage that failed (or was interrupted) gets no teardown from Lightning: the
         modules are put back here, and what could not be written is left (the error that
         ended the stage is the one raised)."""
+        if self._held_by_another(trainer) is not None:
+            return  # refused at setup (a trainer inside another's stage): that one goes on
+        self._holder = None
         # What the failed stage counted is nobody's, and not flushed: a write may be what failed.
         self._started, self._ended = {}, {}
         self._key_as(None)

@@ -818,6 +818,43 @@ def test_a_second_callback_caches_with_its_own_options(tmp_path: Path) -> None:
         third.fit(model, loader())
 
 
+class ValidatesInside(Probe):
+    """At each training epoch's end, validates ``other`` with a trainer of its own, given
+    ``callback``, and keeps what that raised."""
+
+    def __init__(self, other: pl.LightningModule, callback: CacheFrozen, root: Path) -> None:
+        super().__init__()
+        self.inside = (other, callback, root)
+        self.raised: list[Exception] = []
+
+    def on_train_epoch_end(self) -> None:
+        other, callback, root = self.inside
+        try:
+            trainer(root, 1, callbacks=[callback]).validate(other, loader(), verbose=False)
+        except CacheFrozenError as error:
+            self.raised.append(error)
+
+
+@pytest.mark.parametrize("same", [False, True], ids=["another-model", "same-model"])
+def test_a_trainer_inside_anothers_stage_is_refused_the_callback_it_runs(
+    tmp_path: Path, same: bool
+) -> None:
+    """A trainer run inside another's stage (a validation in one of its hooks) and given
+    the callback that stage runs is refused, saying so, and the stage under way goes on
+    cached as it was, rather than have its modules put back behind it (and fail at its
+    next epoch)."""
+    callback = CacheFrozen(tmp_path / "store", ["encoder"])
+    model = ValidatesInside(Probe(seed=5), callback, tmp_path / "inside")
+    if same:
+        model.inside = (model, callback, tmp_path / "inside")
+    trainer(tmp_path, 2, callbacks=[callback]).fit(model, loader())
+    assert len(model.raised) == 2
+    assert "another trainer's stage" in str(model.raised[0])
+    assert [e.rows.computed for e in epochs(callback, "train")] == [SAMPLES, 0]
+    assert [e.rows.recalled for e in epochs(callback, "train")] == [0, SAMPLES]
+    assert type(model.encoder) is Encoder
+
+
 def test_the_callbacks_own_cache_put_back_in_the_model_is_refused_saying_so(
     tmp_path: Path,
 ) -> None:
