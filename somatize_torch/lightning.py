@@ -490,6 +490,15 @@ class CacheFrozen(Callback):
         if not self._looked:
             self._look(pl_module)
 
+    def _first_loader(self) -> None:
+        """Rows keyed as the first loader's again when an evaluation epoch ends, for the
+        LightningModule's own end hooks (run after this callback's), as its own start hooks
+        were handed them: not as those of the loader that ran last, whose sample 0 is
+        another one."""
+        stage, loader = self._stage
+        if loader:
+            self._key_as(stage)
+
     def _training_again(self) -> None:
         """Rows keyed as the training data's again, once an evaluation inside the fit (the
         sanity check, a validation in or after an epoch) is over. Not at the evaluation's
@@ -570,6 +579,7 @@ class CacheFrozen(Callback):
         self._begin("validate")
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._first_loader()
         # Rows stay keyed as this stage's until the training epoch goes on
         # (:meth:`_training_again`) or the stage is over (:meth:`teardown`): the
         # LightningModule's own epoch-end hook runs next, on validation samples.
@@ -611,6 +621,7 @@ class CacheFrozen(Callback):
         self._begin("test")
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._first_loader()
         # Keyed as the test's until teardown, as validation's are.
         self._flush(trainer)
         self._end(trainer, "test")
@@ -621,6 +632,7 @@ class CacheFrozen(Callback):
         self._begin("predict")
 
     def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._first_loader()
         self._flush(trainer)
         self._end(trainer, "predict")  # Lightning logs nothing while predicting
 

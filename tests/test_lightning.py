@@ -548,6 +548,38 @@ def test_each_evaluation_loader_keys_its_own_rows(tmp_path: Path) -> None:
         )
 
 
+class InHooksOverLoaders(IndexedInHooks):
+    """:class:`IndexedInHooks` evaluating on several loaders."""
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        x, _, index = batch
+        self._features(x, index)
+
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        x, _, index = batch
+        self._features(x, index)
+
+
+def test_a_modules_own_hooks_after_several_loaders_are_handed_the_first_loaders_samples(
+    tmp_path: Path,
+) -> None:
+    """Keyed by index under the callback's version, the LightningModule's own hooks that end
+    an evaluation over several loaders get the first loader's samples, as the hook that
+    started it did, not those of the loader that ran last under the same indices: every
+    hook is as without the callback."""
+    runs = []
+    for callbacks in ([CacheFrozen(None, ["encoder"], key="index", version="toy@1")], []):
+        model = InHooksOverLoaders(data(2)[0], data(1)[0])
+        check = trainer(tmp_path, 1, callbacks=callbacks)
+        check.validate(model, [_indexed(2), _indexed(3)], verbose=False)
+        check.test(model, [_indexed(2), _indexed(3)], verbose=False)
+        runs.append({k: torch.cat(v) for k, v in model.seen.items()})
+    cached, plain = runs
+    assert cached.keys() == plain.keys()
+    for hook in plain:
+        assert torch.equal(cached[hook], plain[hook]), hook
+
+
 def test_prefill_in_true_half_precision(tmp_path: Path) -> None:
     """prefill converts its batches as the trainer's precision converts training batches."""
     callback = CacheFrozen(None, ["encoder"])
