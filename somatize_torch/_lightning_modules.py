@@ -275,7 +275,7 @@ def check_trainable(
 
     With a fine-tuning callback (``BaseFinetuning``), which freezes what it schedules and
     unfreezes it later (the module then runs uncached), a module it leaves with
-    parameters to train (``train_bn=True`` trains BatchNorm layers), or with parts in
+    parameters to train (``BackboneFinetuning`` leaves BatchNorm layers to train), or with parts in
     train mode that compute otherwise in eval (a fine-tuning callback puts nothing in
     eval), is left uncached, with a warning (:class:`Uncached`): it runs as without the
     callback. Without one, a module whose parameters require grad is frozen with a
@@ -369,9 +369,11 @@ def _left_to_tuners(
             f"left uncached under the fine-tuning callback {kinds} ({listed}): cached, it "
             "would be frozen and held in eval, and so train or run otherwise than it does "
             "here without this callback; uncached, it runs exactly so. To cache it, have "
-            "the fine-tuning callback freeze all of it (BackboneFinetuning's "
-            "`train_bn=False`) and put it in eval before fitting (`model.backbone.eval()`), "
-            "if that is how it is meant to run until it is unfrozen",
+            "the fine-tuning callback freeze all of it — in its `freeze_before_training`, "
+            "`self.freeze(pl_module.backbone, train_bn=False)`: BackboneFinetuning's own "
+            "leaves the BatchNorm layers to train whatever its `train_bn`, which says only "
+            "what unfreezing trains — and put it in eval before fitting "
+            "(`model.backbone.eval()`), if that is how it is meant to run until it is unfrozen",
             Uncached,
             stacklevel=4,
         )

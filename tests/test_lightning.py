@@ -1690,6 +1690,35 @@ def test_what_a_finetuning_callback_leaves_to_train_is_left_uncached(
     assert torch.equal(cached.head.weight, plain.head.weight)
 
 
+class _FreezesWhole(BackboneFinetuning):
+    """``BackboneFinetuning`` freezing the backbone whole, its BatchNorm layers too."""
+
+    def freeze_before_training(self, pl_module: pl.LightningModule) -> None:
+        self.freeze(pl_module.backbone, train_bn=False)
+
+
+def test_the_way_to_cache_a_backbone_a_schedule_leaves_to_train_is_one_that_works(
+    tmp_path: Path,
+) -> None:
+    """``BackboneFinetuning`` leaves the backbone's BatchNorm layers to train whatever its
+    ``train_bn`` (which says only what unfreezing trains): the warning says to freeze them
+    in ``freeze_before_training``, and a backbone frozen so, in eval, is cached."""
+    model = Backboned()
+    model.backbone.eval()
+    tuner = BackboneFinetuning(unfreeze_backbone_at_epoch=5, train_bn=False)
+    with pytest.warns(Uncached, match=r"`freeze_before_training`.*train_bn=False"):
+        trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["backbone"]), tuner]).fit(
+            model, loader()
+        )
+    model = Backboned()
+    model.backbone.eval()
+    callback = CacheFrozen(None, ["backbone"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Uncached)
+        trainer(tmp_path, 1, callbacks=[callback, _FreezesWhole(5)]).fit(model, loader())
+    assert [e.rows.computed for e in epochs(callback, "train")] == [SAMPLES]
+
+
 def test_an_uncached_module_lets_go_of_its_cache(tmp_path: Path) -> None:
     """Once its module is put back uncached, nothing holds the cache any more — not the
     loaders fetched ahead for it — so its memory tiers are freed."""
