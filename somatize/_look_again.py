@@ -19,7 +19,9 @@ holds why, and the node is refused where its key is needed, not here, until it i
 replaced again. An attribute named like a parameter that is not the argument itself
 (``self.by = float(by)``: made from it) is not taken as one: replaced by what the node did
 not hold when the graph was built, nor a build from its arguments holds, it has the node
-refused the same way (:func:`_looked_at_named_like`). A list or a dict changed in place is
+refused the same way (:func:`_looked_at_named_like`), and so does a public attribute its
+constructor set that no argument names (``self.offset = 0.0``), replaced from outside the
+node (:meth:`~somatize.node.Node.set_up_attributes`). A list or a dict changed in place is
 followed as a replaced argument is, from the value the node's attributes were made from
 (:func:`_changed_in_place`), before the graph was built too. :func:`look_again` and
 :func:`declared_again` are re-exported by :mod:`somatize.plan`, their public home.
@@ -218,19 +220,27 @@ def _looked_at_named_like(
     # in place of None) is not compared: no key could name it, as a node's attributes go.
     seen = {attr: digest_of(now.get(attr, UNSET)) for attr, _, _ in like}
     stale = [attr for attr, _, digest in like if seen[attr] is not None and seen[attr] != digest]
+    built: dict[str, Any] | None = None
     if stale and not node.holds_state:
         try:
-            fresh = dict(held_by(_built_again(node, node.recipe())))
+            built = dict(attributes_of(_built_again(node, node.recipe())))
         except Unbuildable:
             pass  # not checked against a build: refused, as it holds what it did not
         else:
+            fresh = {attr: digest_of(value) for attr, value in built.items()}
             stale = [a for a in stale if digest_of(now.get(a, UNSET)) != fresh.get(a)]
     if stale:
         _refuse_interned(graph, name, node, stale)
     graph._named_like[name] = (node, [(a, now.get(a, UNSET), d) for a, _, d in like])
     if "\0" in name:
         return
-    refused = _remade(name, node, stale) if stale else None
+    names = node._argument_names()
+    set_up = [attr for attr in stale if attr not in names]
+    if set_up:
+        made = {attr: was for attr, was, _ in like}
+        refused: Undeclared | None = _set_up_again(name, node, set_up, built or made)
+    else:
+        refused = _remade(name, node, stale) if stale else None
     if refused is None and graph._remade.pop(name, None) is None:
         return
     if refused is not None:
@@ -263,6 +273,27 @@ def _remade(name: str, node: Node, stale: list[str]) -> Undeclared:
         f"mean (`{kind}({stale[0]}=...)`) and the graph again, or give {said} back what "
         f"{'it' if one else 'they'} held; a node that tidies an argument as it keeps it "
         "keeps what it makes under another name (`self._by`)"
+    )
+
+
+def _set_up_again(name: str, node: Node, stale: list[str], built: dict[str, Any]) -> Undeclared:
+    """Why ``node`` cannot be keyed while its public attributes ``stale``, which its
+    constructor set and no argument of its call names, hold what a build from its arguments
+    does not (``built``: what one holds, else what its constructor left)."""
+    kind = type(node).__qualname__
+    said = ", ".join(f"`{attr}`" for attr in stale)
+    one = len(stale) == 1
+    arguments = declared_arguments(type(node), *node._call())
+    call = ", ".join(f"{attr}={value!r}" for attr, value in arguments.items())
+    holds = ", ".join(f"{built.get(attr, UNSET)!r}" for attr in stale)
+    return Undeclared(
+        f"`{name}` ({kind}) cannot be keyed: {said} {'was' if one else 'were'} replaced after "
+        f"the node was made, from outside it, and {'is' if one else 'are'} in no key, which "
+        f"holds what it was built with: a `{kind}({call})` holds {holds} there. Keyed so, it "
+        "would keep answers such a node does not compute, under that node's key. Pass "
+        f"{'it' if one else 'them'} to the constructor (a parameter `{stale[0]}`) and build "
+        f"the node and the graph again, give `{kind}` a `declare()` that says "
+        f"{'it' if one else 'them'}, or give {said} back what a build holds"
     )
 
 

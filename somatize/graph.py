@@ -100,7 +100,8 @@ class Graph:
         names too, whose nodes no longer run."""
         self._named_like: dict[str, tuple[Node, list[tuple[str, Any, str | None]]]] = {}
         """Nodes holding attributes named like a constructor parameter that are not the
-        argument (see :meth:`~somatize.node.Node.named_like_arguments`), by name, an interned
+        argument (see :meth:`~somatize.node.Node.named_like_arguments`), or public ones their
+        constructor set (:meth:`~somatize.node.Node.set_up_attributes`), by name, an interned
         node's other names too: each attribute with the object it holds, and the canonical
         digest of what it held when the graph was built (None when it had none)."""
         self._remade: dict[str, Undeclared] = {}
@@ -235,7 +236,7 @@ class Graph:
                     kept = node.kept_arguments()
                     if kept:  # changed later, it would not be heard: it no longer runs
                         graph._kept[f"{same}\0{len(graph._kept)}"] = (node, kept)
-                    like = node.named_like_arguments()
+                    like = node.named_like_arguments() + node.set_up_attributes()
                     if like:
                         graph._named_like[f"{same}\0{len(graph._named_like)}"] = (
                             node,
@@ -369,7 +370,7 @@ class Graph:
         kept = node.kept_arguments()
         if kept:
             self._kept[name] = (node, kept)
-        like = node.named_like_arguments()
+        like = node.named_like_arguments() + node.set_up_attributes()
         if like:
             self._named_like[name] = (node, _watched(like))
         if marks.frozen:

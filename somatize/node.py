@@ -9,7 +9,9 @@ What a node *is*, for a key, is two things: its class (the identity) and the
 arguments that built this instance (the declaration). The declaration is
 captured from the constructor call automatically, so ``Embed(512)`` and
 ``Embed(64)`` get different keys without anybody writing a line; what the
-constructor then sets on ``self`` — a call counter, a cache — is not part of it.
+constructor then sets on ``self`` — a call counter, a cache — is not part of it (and
+such a public attribute, replaced from outside the node, has it refused where it is keyed:
+:meth:`Node.set_up_attributes`).
 An argument with no canonical form (a store, a module) cannot be written into a
 key, and such a node says what it is with its own ``declare()``.
 
@@ -149,6 +151,10 @@ class Marks:
     for a class whose constructor does not say when it returns (a mixin's, or one whose
     metaclass has a ``__call__`` of its own: :func:`_watch_making`), worked out at the
     build (:meth:`Node._as_constructed`)."""
+    set_up: dict[str, Any] | None = None
+    """Once its constructor has returned: each public attribute it set that is not named like
+    an argument of its call, with what it held then, for a node declared by its constructor
+    arguments (:meth:`Node.set_up_attributes`). None when that is not known: none is watched."""
     making: int = 0
     """How many of the node's own constructors are running (one calls another through
     ``super().__init__``): it is made when the outermost returns."""
@@ -268,7 +274,10 @@ class Node:
         if isinstance(marks, Marks):
             holding = marks.holding.copied() if marks.holding is not None else None
             made = dict(marks.made) if marks.made is not None else None
-            copied = replace(marks, built=False, holding=holding, made=made, making=0)
+            set_up = dict(marks.set_up) if marks.set_up is not None else None
+            copied = replace(
+                marks, built=False, holding=holding, made=made, set_up=set_up, making=0
+            )
             object.__setattr__(self, "_smz", copied)
             if made:
                 self._same_as_made(made)
@@ -414,6 +423,28 @@ class Node:
             if not name.startswith("_") and name in held and held[name] is not value
         ]
 
+    def set_up_attributes(self) -> list[tuple[str, Any]]:
+        """For a node declared by its constructor arguments (the default :meth:`declare`)
+        that holds no state: each public attribute its constructor set that is not named
+        like one of its parameters (``self.offset = 0.0``), with what the constructor left
+        there (:attr:`Marks.set_up`) — but not one a method of its class other than a
+        constructor sets (``self.calls += 1`` in its forward: its own business). It is in no
+        key: the graph looks at it at the start of each forward as :meth:`named_like_arguments`
+        says, and one replaced since, from outside the node, by a value that is neither what
+        it held then nor what a build from the node's arguments holds, has the node refused
+        where it is keyed."""
+        set_up = self._smz.set_up
+        if (
+            not set_up
+            or self.holds_state
+            or type(self).declare is not Node.declare
+            or own_new(type(self)) is not None
+        ):
+            return []
+        names = self._argument_names()
+        own = _set_by_methods(type(self))
+        return [(name, value) for name, value in set_up.items() if name not in names | own]
+
     def retake(self, values: dict[str, Any]) -> None:
         """Takes ``values`` as the constructor arguments of those names, as if the node had
         been built with them: what declares it and what rebuilds it elsewhere follow."""
@@ -474,14 +505,15 @@ class Node:
             return None
         held = attributes_of(self)
         made: dict[str, Any] = {}
-        for name in names:
-            if name not in fresh:
+        set_up: dict[str, Any] = {}
+        for name in fresh:
+            if name not in names and name.startswith("_"):
                 continue
             now, built = held.get(name, UNSET), fresh[name]
             digest = digest_of(now)
             unchanged = now is built or (digest is not None and digest == digest_of(built))
-            made[name] = now if unchanged else built
-        marks.made = made
+            (made if name in names else set_up)[name] = now if unchanged else built
+        marks.made, marks.set_up = made, set_up
         return made
 
     def _argument_names(self) -> frozenset[str]:
@@ -1054,9 +1086,40 @@ def _making(init: Callable[..., None], owner: type) -> Callable[..., None]:
             held = attributes_of(self)
             names = self._argument_names()
             marks.made = {name: held[name] for name in names if name in held}
+            marks.set_up = {
+                name: value
+                for name, value in held.items()
+                if name not in names and not name.startswith("_")
+            }
 
     __init__._smz_making = True  # type: ignore[attr-defined]
     return __init__
+
+
+_SET_BY_METHODS: dict[type, frozenset[str]] = {}
+
+
+def _set_by_methods(kind: type[Node]) -> frozenset[str]:
+    """The attribute names a function of ``kind`` or a class it inherits from (but
+    ``Node``'s), other than one run as a node is made (``__init__``), sets or deletes on
+    anything (``self.calls += 1``): what the node may change itself. Worked out once per
+    class."""
+    found = _SET_BY_METHODS.get(kind)
+    if found is None:
+        from somatize.catalog._bytecode import _MAKERS, _named_by  # the catalog is above
+        from somatize.catalog._members import _functions_in
+
+        names: set[str] = set()
+        for owner in kind.__mro__:
+            if owner is Node or owner is object:
+                continue
+            for name, member in list(vars(owner).items()):
+                if name in _MAKERS:
+                    continue
+                for function in _functions_in(member):
+                    names |= _named_by(function.__code__, ("STORE_ATTR", "DELETE_ATTR"))
+        found = _SET_BY_METHODS[kind] = frozenset(names)
+    return found
 
 
 def _same_call(

@@ -1463,6 +1463,53 @@ def test_an_attribute_made_from_an_argument_and_replaced_after_building_is_refus
     assert g.record is not None and g.record.outcome == {"early": "recalled"}
 
 
+class Offsets(Node):
+    """Multiplies by its argument and adds an offset its constructor sets; counts its calls."""
+
+    def __init__(self, by: float = 2.0) -> None:
+        self.by = by
+        self.offset = 0.0
+        self.calls = 0
+
+    def forward(self, x: float, ctx: Any) -> float:
+        self.calls += 1
+        return x * self.by + self.offset
+
+
+def test_an_attribute_the_constructor_set_replaced_from_outside_is_refused(store: Store) -> None:
+    """A public attribute the constructor set, not from its arguments, and replaced from
+    outside the node — before the build or after it — is in no key: the node is refused
+    where it is keyed, naming it, what a build from its arguments holds there and what to
+    do, until it holds that again, and no answer of one value is recalled for the other.
+    What the node's own forward sets (a count of its calls) is its own business."""
+    g = Graph.somatize(Offsets(2.0).named("a").frozen().cached())
+    assert g.forward(1.0, store=store) == 2.0
+    early = Offsets(2.0)
+    early.offset = 10.0  # after it was made, before the build
+    again = Graph.somatize(early.named("a").frozen().cached())
+    _refused_where_keyed(again, 1.0, store, r"`a` \(Offsets\) cannot be keyed: `offset` was "
+                         r"replaced after the node was made, .* a `Offsets\(by=2\.0\)` holds "
+                         r"0\.0 there.* Pass it to the constructor .* `declare\(\)`")  # fmt: skip
+    assert again.forward(1.0) == 12.0
+    early.offset = 0.0  # what a build holds: keyed as one, and recalled
+    assert again.forward(1.0, store=store) == 2.0
+    assert again.record is not None and again.record.outcome == {"a": "recalled"}
+    late = g.node("a")
+    late.offset = 5.0  # type: ignore[attr-defined]  # after the build
+    _refused_where_keyed(g, 1.0, store, r"`a` \(Offsets\) cannot be keyed: `offset` was "
+                         r"replaced after the node was made")  # fmt: skip
+    assert g.forward(1.0) == 7.0
+    late.offset = 0.0  # type: ignore[attr-defined]
+    assert g.forward(1.0, store=store) == 2.0
+    assert g.record is not None and g.record.outcome == {"a": "recalled"}
+    counts = Graph.somatize(Offsets(4.0).named("counts").frozen().cached())
+    assert counts.forward(1.0, store=store) == 4.0
+    assert counts.forward(2.0, store=store) == 8.0
+    assert counts.node("counts").calls == 2  # type: ignore[attr-defined]
+    assert counts.forward(1.0, store=store) == 4.0
+    assert counts.record is not None and counts.record.outcome == {"counts": "recalled"}
+
+
 class SetsUp(Node):
     """Keeps its argument through a helper its constructor calls."""
 
