@@ -441,8 +441,10 @@ class Node:
             or own_new(type(self)) is not None
         ):
             return []
-        names = self._argument_names()
         own = _set_by_methods(type(self))
+        if own is None:  # its methods may set any attribute: which are its own is not told
+            return []
+        names = self._argument_names()
         return [(name, value) for name, value in set_up.items() if name not in names | own]
 
     def retake(self, values: dict[str, Any]) -> None:
@@ -1096,29 +1098,44 @@ def _making(init: Callable[..., None], owner: type) -> Callable[..., None]:
     return __init__
 
 
-_SET_BY_METHODS: dict[type, frozenset[str]] = {}
+_SET_BY_METHODS: dict[type, frozenset[str] | None] = {}
+
+_SETS_ANY = ({"setattr", "vars"}, {"__dict__"})
+"""What code that may set any attribute names: ``setattr(self, name, v)``, ``vars(self)``
+(as globals), ``self.__dict__`` (as an attribute)."""
 
 
-def _set_by_methods(kind: type[Node]) -> frozenset[str]:
+def _set_by_methods(kind: type[Node]) -> frozenset[str] | None:
     """The attribute names a function of ``kind`` or a class it inherits from (but
     ``Node``'s), other than one run as a node is made (``__init__``), sets or deletes on
-    anything (``self.calls += 1``): what the node may change itself. Worked out once per
+    anything (``self.calls += 1``): what the node may change itself; None when one may set
+    any (it calls ``setattr`` or ``vars``, or reads a ``__dict__``). Worked out once per
     class."""
-    found = _SET_BY_METHODS.get(kind)
-    if found is None:
-        from somatize.catalog._bytecode import _MAKERS, _named_by  # the catalog is above
-        from somatize.catalog._members import _functions_in
+    if kind in _SET_BY_METHODS:
+        return _SET_BY_METHODS[kind]
+    from somatize.catalog._bytecode import _MAKERS, _named_by  # the catalog is above
+    from somatize.catalog._members import _functions_in
 
-        names: set[str] = set()
-        for owner in kind.__mro__:
-            if owner is Node or owner is object:
-                continue
-            for name, member in list(vars(owner).items()):
-                if name in _MAKERS:
-                    continue
-                for function in _functions_in(member):
-                    names |= _named_by(function.__code__, ("STORE_ATTR", "DELETE_ATTR"))
-        found = _SET_BY_METHODS[kind] = frozenset(names)
+    names: set[str] = set()
+    found: frozenset[str] | None = None
+    called, read = _SETS_ANY
+    for function in (
+        function
+        for owner in kind.__mro__
+        if owner is not Node and owner is not object
+        for name, member in list(vars(owner).items())
+        if name not in _MAKERS
+        for function in _functions_in(member)
+    ):
+        code = function.__code__
+        if called & _named_by(code, ("LOAD_GLOBAL", "LOAD_NAME")) or read & _named_by(
+            code, ("LOAD_ATTR",)
+        ):
+            break
+        names |= _named_by(code, ("STORE_ATTR", "DELETE_ATTR"))
+    else:
+        found = frozenset(names)
+    _SET_BY_METHODS[kind] = found
     return found
 
 

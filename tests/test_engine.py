@@ -1510,6 +1510,46 @@ def test_an_attribute_the_constructor_set_replaced_from_outside_is_refused(store
     assert counts.record is not None and counts.record.outcome == {"counts": "recalled"}
 
 
+class NotesLast(Node):
+    """Notes the last value it was handed, by ``setattr``."""
+
+    def __init__(self, by: float = 2.0) -> None:
+        self.by = by
+        self.last = 0.0
+
+    def forward(self, x: float, ctx: Any) -> float:
+        noted = "last"
+        setattr(self, noted, x)
+        return x * self.by
+
+
+class NotesLastInVars(NotesLast):
+    def forward(self, x: float, ctx: Any) -> float:
+        vars(self)["last"] = x
+        return x * self.by
+
+
+class NotesLastInDict(NotesLast):
+    def forward(self, x: float, ctx: Any) -> float:
+        self.__dict__.update(last=x)
+        return x * self.by
+
+
+@pytest.mark.parametrize("kind", [NotesLast, NotesLastInVars, NotesLastInDict])
+def test_an_attribute_a_node_sets_itself_by_name_is_its_own(
+    store: Store, kind: type[NotesLast]
+) -> None:
+    """A node whose own code sets attributes by name (``setattr``, ``vars(self)``,
+    ``self.__dict__``) may set any: none of what its constructor set is taken for replaced
+    from outside, and it is recalled as a node counting its calls is."""
+    g = Graph.somatize(kind(2.0).named("notes").frozen().cached())
+    assert g.forward(1.0, store=store) == 2.0
+    assert g.forward(3.0, store=store) == 6.0
+    assert g.node("notes").last == 3.0  # type: ignore[attr-defined]
+    assert g.forward(1.0, store=store) == 2.0
+    assert g.record is not None and g.record.outcome == {"notes": "recalled"}
+
+
 class SetsUp(Node):
     """Keeps its argument through a helper its constructor calls."""
 
