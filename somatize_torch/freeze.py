@@ -42,6 +42,7 @@ import dataclasses
 import itertools
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -132,16 +133,67 @@ class StateDoesNotFit(FreezeError):
     """State sent for a module does not fit the module rebuilt to receive it."""
 
 
-class _HeldInEval:
-    """Stands in for a frozen module's ``train``: whatever mode is asked, it stays in eval.
+_asks = itertools.count(1)
+"""Numbers each mode asked of a held module or a part of it, in the order asked."""
+
+_holding = threading.local()
+"""Set while the hold itself puts a module in eval: no ask of anybody's, so not recorded."""
+
+
+def _in_eval(module: nn.Module) -> None:
+    """Puts ``module`` and every part of it in eval, as the hold does, recording no ask."""
+    _holding.on = True
+    try:
+        nn.Module.train(module, False)
+    finally:
+        _holding.on = False
+
+
+class _Asked:
+    """Stands in for the ``train`` of a part of a held module: it is put in the mode asked,
+    as its class would put it, and the ask is recorded (numbered, in order), so that the
+    module, let go of, puts the part in the mode it would be in had it never been held
+    (``bn.eval()`` in a hook, a common recipe, is kept). Nothing runs per forward.
 
     A class rather than a closure so that a module holding one still pickles."""
+
+    asked: tuple[int, bool] | None = None  # the number and mode of the last ask
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
 
+    def note(self, mode: bool) -> None:
+        if not getattr(_holding, "on", False):
+            self.asked = (next(_asks), bool(mode))
+
     def __call__(self, mode: bool = True) -> nn.Module:
-        return nn.Module.train(self.module, False)
+        self.note(mode)
+        return type(self.module).train(self.module, mode)
+
+
+class _HeldInEval(_Asked):
+    """Stands in for a frozen module's ``train``: whatever mode is asked, it stays in eval;
+    the ask is recorded, the last of each mode by its number."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__(module)
+        self.last: dict[bool, int] = {}
+
+    def note(self, mode: bool) -> None:
+        super().note(mode)
+        if self.asked is not None:
+            self.last[self.asked[1]] = self.asked[0]
+
+    def __call__(self, mode: bool = True) -> nn.Module:
+        self.note(mode)
+        _in_eval(self.module)
+        return self.module
+
+
+def _asker(module: nn.Module) -> _Asked | None:
+    """What records the modes asked of ``module``, if something does."""
+    train = module.__dict__.get("train")
+    return train if isinstance(train, _Asked) else None
 
 
 def is_held(module: nn.Module) -> bool:
@@ -170,32 +222,45 @@ def release(module: nn.Module, mode: bool = True) -> None:
         )
     if is_held(module):
         del module.__dict__["train"]
+        for part in module.modules():
+            if type(_asker(part)) is _Asked:  # a part held on its own stays held
+                del part.__dict__["train"]
     module.train(mode)
 
 
 def hold(module: nn.Module) -> None:
     """Freezes ``module`` in place: no gradients, in eval, and kept in eval whatever
-    ``train()`` is asked of it (parts of it added since included). Gradients its
+    ``train()`` is asked of it (parts of it added since included), each mode asked of it
+    or of a part of it recorded, for :class:`AsFound` to put back. Gradients its
     parameters kept are dropped: an optimizer skips a parameter with none, where a zeroed
     one (``zero_grad(set_to_none=False)``) would still be moved by momentum."""
     module.requires_grad_(False)
     for parameter in module.parameters():
         parameter.grad = None
-    nn.Module.train(module, False)
+    _in_eval(module)
     if not is_held(module):
-        object.__setattr__(module, "train", _HeldInEval(module))
+        held = _HeldInEval(module)
+        asked = getattr(_asker(module), "asked", None)  # a part of a held one, held on its own
+        if asked is not None:
+            held.asked, held.last[asked[1]] = asked, asked[0]
+        object.__setattr__(module, "train", held)
+    for part in module.modules():
+        if part is not module and "train" not in part.__dict__:
+            object.__setattr__(part, "train", _Asked(part))
 
 
 @dataclasses.dataclass
 class AsFound:
     """How a module was found before it was frozen, to be put back so: whether it was
     held in eval already, the mode of each of its parts, and whether each of its
-    parameters required grad, with the gradient it kept."""
+    parameters required grad, with the gradient it kept; ``since`` numbers the asks
+    (:class:`_Asked`) made before it was taken, none of which it puts back."""
 
     module: nn.Module
     held: bool
     modes: list[tuple[nn.Module, bool]]
     grads: list[tuple[nn.Parameter, bool, torch.Tensor | None]]
+    since: int = 0
 
     @classmethod
     def take(cls, module: nn.Module) -> AsFound:
@@ -204,30 +269,59 @@ class AsFound:
             is_held(module),
             [(part, part.training) for part in module.modules()],
             [(p, p.requires_grad, p.grad) for p in module.parameters()],
+            next(_asks),
         )
 
     def put_back(
         self, mode: bool | None = None, *, grads: bool = True, gradients: bool = False
     ) -> None:
         """Releases the module from its hold on eval, unless it was held when found, in
-        ``mode`` — the mode it was found in if ``None``. Put in the mode it was found in
-        (or held), its parts get their modes as found, part by part; put in another, they
-        all take it, as ``.train(mode)`` would have put them. With ``grads``, each
-        parameter requires grad as when found; with ``gradients``, it has the gradient it
-        kept then back."""
+        ``mode`` — if ``None``, the mode last asked of it while it was held, or the one it
+        was found in. Its parts are put in the modes they would be in had it never been
+        held: as found (or all in ``mode``, when it is another than the one found), then
+        each in the mode asked of it (or of a part it is in) while it was held, unless
+        ``mode`` was asked of the whole module after. Held when found, its parts get their
+        modes as found. With ``grads``, each parameter requires grad as when found; with
+        ``gradients``, it has the gradient it kept then back."""
         found = self.modes[0][1]
-        mode = found if mode is None else mode
-        if not self.held:
+        held = _asker(self.module)
+        whole = held.asked if held is not None else None
+        if mode is None:
+            mode = whole[1] if whole is not None and whole[0] > self.since else found
+        if self.held:
+            modes = self.modes
+        else:
+            modes = self.asked_modes(mode, found, held)
             release(self.module, mode)
-        if self.held or mode == found:
-            for part, training in self.modes:
-                part.training = training
+        for part, training in modes:
+            part.training = training
         if grads:
             for parameter, required, _ in self.grads:
                 parameter.requires_grad_(required)
         if gradients:
             for parameter, _, gradient in self.grads:
                 parameter.grad = gradient
+
+    def asked_modes(
+        self, mode: bool, found: bool, held: _Asked | None
+    ) -> list[tuple[nn.Module, bool]]:
+        """Each part's mode had the module never been held, the module itself in ``mode``.
+        ``mode`` asked of the whole module after a part's own ask overrides it; an ask of
+        the other mode that ``mode`` is not (Lightning's ``eval()`` for validation, its
+        flag then set back directly) is taken as undone."""
+        last = held.last.get(mode, 0) if isinstance(held, _HeldInEval) else 0
+        whole = last if last > self.since else None
+        modes = []
+        for part, training in self.modes[1:]:
+            if is_held(part):  # held on its own: it stays in eval
+                modes.append((part, training))
+                continue
+            base = mode if whole is not None or mode != found else training
+            own = getattr(_asker(part), "asked", None)
+            if own is not None and own[0] > max(self.since, whole or 0):
+                base = own[1]
+            modes.append((part, base))
+        return modes
 
 
 @contextlib.contextmanager
@@ -258,7 +352,7 @@ def check_still(name: str, module: nn.Module) -> None:
         StillChanging,
         stacklevel=outside_level(),
     )
-    nn.Module.train(module, False)
+    _in_eval(module)
 
 
 _LIBRARIES = tuple(

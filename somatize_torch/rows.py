@@ -99,7 +99,15 @@ from somatize_torch._settings import stand_in_call
 from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import RowsLater
-from somatize_torch.freeze import ModuleNode, Unfrozen, classes_of, freeze, held_while, hold
+from somatize_torch.freeze import (
+    ModuleNode,
+    Unfrozen,
+    classes_of,
+    freeze,
+    held_while,
+    hold,
+    is_held,
+)
 from somatize_torch.residency import Tier
 from somatize_torch.writer import Writer, store_lock
 
@@ -491,8 +499,12 @@ class CachedRows(nn.Module):
     # -- nn.Module
 
     def train(self, mode: bool = True) -> CachedRows:
-        """Records the mode; the frozen module stays in eval whatever is asked."""
+        """Records the mode; the frozen module stays in eval whatever is asked, and the ask
+        is recorded by its hold too, in order with those of its parts
+        (:class:`~somatize_torch.freeze.AsFound`)."""
         self.training = mode
+        if is_held(self.module):
+            self.module.train(mode)
         return self
 
     # The registries are the module's own (see `__init__`), so what torch does to the

@@ -253,6 +253,64 @@ def test_an_encoder_unfrozen_by_a_schedule_trains_uncached(tmp_path: Path) -> No
     assert torch.equal(cached.head.weight, plain.head.weight)
 
 
+class _NormInEval(Probe):
+    """Keeps its BatchNorm in eval from the fit's start while the rest is in train mode
+    (a common recipe), and, with ``unfreeze``, trains its encoder from epoch 2."""
+
+    def __init__(self, unfreeze: bool) -> None:
+        super().__init__()
+        self.unfreeze = unfreeze
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+    def on_fit_start(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.eval()
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        pass  # the encoder stays in the modes `on_fit_start` left
+
+    def on_train_epoch_start(self) -> None:
+        if self.unfreeze and self.current_epoch == 1:
+            self.encoder.requires_grad_(True)
+            self.trainer.optimizers[0].add_param_group({"params": list(self.encoder.parameters())})
+
+
+@pytest.mark.parametrize("unfreeze", [True, False], ids=["unfrozen", "at teardown"])
+def test_a_part_put_in_eval_while_cached_stays_in_eval_once_put_back(
+    tmp_path: Path, unfreeze: bool
+) -> None:
+    """A BatchNorm the module puts in eval while its encoder is cached (``bn.eval()`` in
+    ``on_fit_start``) is still in eval once the encoder is put back, unfrozen mid-fit or
+    at teardown, through validations (Lightning's ``eval()`` and back): its running
+    statistics, and the weights trained, are those of a run without the callback."""
+
+    def fit(cache: bool) -> _NormInEval:
+        model = _NormInEval(unfreeze)
+        callbacks: list[pl.Callback] = [CacheFrozen(None, ["encoder"])] if cache else []
+        run = trainer(tmp_path, 3, callbacks=callbacks, num_sanity_val_steps=1)
+        run.fit(model, loader(), loader(shuffle=False))
+        return model
+
+    if unfreeze:
+        with pytest.warns(Uncached, match="`encoder` was unfrozen"):
+            cached = fit(cache=True)
+    else:
+        cached = fit(cache=True)
+    plain = fit(cache=False)
+    assert not isinstance(cached.encoder, CachedRows) and not is_held(cached.encoder)
+    modes = {name: m.training for name, m in cached.named_modules()}
+    assert modes == {name: m.training for name, m in plain.named_modules()}
+    assert not cached.encoder.norm.training and cached.encoder.conv.training
+    norm, other = cached.encoder.norm, plain.encoder.norm
+    assert torch.equal(norm.running_mean, other.running_mean)
+    assert torch.equal(norm.running_var, other.running_var)
+    assert torch.equal(cached.encoder.conv.weight, plain.encoder.conv.weight)
+    assert torch.equal(cached.head.weight, plain.head.weight)
+
+
 class _Swaps(Probe):
     """Loads its encoder's next weights into a new module at the second epoch's start."""
 

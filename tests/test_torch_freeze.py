@@ -1922,3 +1922,35 @@ def test_an_edited_submodule_class_is_in_a_module_node_s_fingerprint(
     block = type(before.get_submodule("blocks.0"))
     assert noted(before) == fingerprint_of(type(before), block)
     assert fingerprint_of(block) == fingerprint_of(block, nn.Linear, nn.Sequential)
+
+
+def _modes(module: nn.Module) -> dict[str, bool]:
+    return {name: part.training for name, part in module.named_modules()}
+
+
+def test_modes_asked_of_parts_while_held_are_put_back_in_order() -> None:
+    """Each mode asked of a held module's parts, or of the module whole, while it is held
+    is put back when it is let go, in the order asked — a part's own ask overriding an
+    earlier whole-module ask, a later whole-module ask overriding it — as the module would
+    be had it never been held; meanwhile it is in eval."""
+    from somatize_torch.freeze import AsFound, hold
+
+    def asks(module: nn.Module) -> None:
+        module.train()
+        module.norm.eval()  # BatchNorm frozen in eval while the rest trains
+        module.drop.train()
+        module.drop.eval()
+
+    for then_whole in [False, True]:
+        plain, held = _encoder(), _encoder()
+        found = AsFound.take(held)
+        hold(held)
+        for module in (plain, held):
+            asks(module)
+            if then_whole:
+                module.train()
+        assert not any(part.training for name, part in held.named_modules())
+        found.put_back()
+        assert _modes(held) == _modes(plain)
+        assert held.norm.training == then_whole
+        assert not smt.is_held(held) and "train" not in vars(held.norm)
