@@ -298,11 +298,19 @@ def _from_store(
     damaged, gone since it was asked, or a read that failed (an I/O error, a file this
     process may not read) — is a miss: computed again, counted in ``counts["unread"]``
     and warned of (:func:`_unread`), never raised to the caller, as the store is a cache
-    of what the module answers."""
+    of what the module answers. So is a lookup of which rows it has that fails (a
+    ``packs/`` listing failing with an I/O error): every row looked up is computed
+    again, unless the store could not keep them either, as a read-only store could not."""
     store = self.store
     assert store is not None and self._lock is not None
     with self._lock:
-        present = store.have(keys.values())
+        try:
+            present = store.have(keys.values())
+        except (StoreError, OSError) as why:
+            refused = store._refused_keeping()
+            if refused is None:  # else the refusal is raised, before any row is computed
+                _unread(self, counts, len(keys), why, "looked up in")
+            return None, refused
         refused = store._refused_keeping()
         if not present:
             return None, refused
@@ -341,16 +349,23 @@ def _from_store(
     return (at, rows), refused
 
 
-def _unread(self: CachedRows, counts: dict[str, int], rows: int, why: Exception) -> None:
-    """Counts ``rows`` more rows the store had and could not hand over (``why``), and warns
-    of the first such of this cache: they are computed again, so the answer is right, but
-    a store that keeps failing to read (a disk going bad) costs every epoch their compute."""
+def _unread(
+    self: CachedRows,
+    counts: dict[str, int],
+    rows: int,
+    why: Exception,
+    doing: str = "read back from",
+) -> None:
+    """Counts ``rows`` more rows the store had and could not hand over (``why``), or could
+    not say whether it had (``doing``: "looked up in"), and warns of the first such of
+    this cache: they are computed again, so the answer is right, but a store that keeps
+    failing to read (a disk going bad) costs every epoch their compute."""
     counts["unread"] += rows
     if self._unread_warned:
         return
     self._unread_warned = True
     warnings.warn(
-        f"rows of `{type(self.module).__name__}` kept in the store could not be read back "
+        f"rows of `{type(self.module).__name__}` could not be {doing} the store "
         f"({type(why).__name__}: {why}); they were computed again. `stats.rows_unread` "
         "counts such rows; `somatize store verify` looks the store over",
         SomatizeWarning,

@@ -27,7 +27,8 @@ class RowStats:
     the background writer's staged copies, their write to the store not yet done.
     ``bytes_kept`` and ``rows_kept`` count what the background writer has written to the
     store so far; ``rows_unread`` counts rows the store had but could not hand over
-    (damaged, gone since it was asked, or a read that failed), computed again instead;
+    (damaged, gone since it was asked, or a read that failed), or could not say whether
+    it had (its lookup failed), computed again instead;
     ``lookup_s`` is the time spent keying rows and finding them (not
     computing them), ``compute_s`` the time the module ran.
     """

@@ -19,6 +19,7 @@ import textwrap
 import threading
 import time
 import tracemalloc
+import warnings
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -624,6 +625,49 @@ def test_a_store_read_that_fails_computes_the_rows_again_and_says_so(
     assert (stats.computed, stats.from_store, stats.rows_unread) == (16, 0, 16)
     assert torch.equal(cached(x), truth(x))  # from memory now: nothing more to say
     assert cached.stats.rows_unread == 16
+    cached.close()
+
+
+def _fail_packs_listing(reader: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes every listing of ``reader``'s ``packs/`` fail with an I/O error."""
+    packs = str(Path(reader.root) / "packs")
+    listdir = os.listdir
+
+    def failing(path: Any = ".") -> list[str]:
+        if os.fspath(path) == packs:
+            raise OSError(errno.EIO, "Input/output error", packs)
+        return listdir(path)
+
+    monkeypatch.setattr(os, "listdir", failing)
+
+
+def test_a_store_lookup_that_fails_computes_the_rows_and_says_so(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of a batch whose lookup in the store fails (its ``packs/`` listing failing with
+    an I/O error) are computed, the module's own answer, never the store's error raised to
+    the training loop; they are counted in ``rows_unread`` and warned of once, with the
+    store's reason."""
+    x = rows(16)
+    first = cache_rows(mlp(), store)
+    first(x)
+    first.flush()
+    reader = Store(store.root)  # reads every file afresh: nothing of the first is held
+    _fail_packs_listing(reader, monkeypatch)
+    cached = cache_rows(mlp(), reader, device_bytes=0, host_bytes=0)
+    with pytest.warns(SomatizeWarning, match=r"could not be looked up in.*packs.*computed again"):
+        out = cached(x)
+    assert torch.equal(out, truth(x))
+    assert (cached.stats.computed, cached.stats.from_store, cached.stats.rows_unread) == (16, 0, 16)
+    other = rows(4, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned of once
+        assert torch.equal(cached(other), truth(other))
+    assert cached.stats.rows_unread == 20
+    cached.flush()
+    monkeypatch.undo()
+    assert torch.equal(cached(x), truth(x))  # the store answers again
+    assert cached.stats.from_store == 16 and cached.stats.rows_unread == 20
     cached.close()
 
 

@@ -601,6 +601,35 @@ def test_a_read_only_store_answers_what_it_holds_and_refuses_rows_before_running
     assert not list((tmp_path / "store" / "tmp").iterdir())
 
 
+def test_a_read_only_store_whose_lookup_fails_refuses_rows_before_running(
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    count_rows: Callable[[nn.Module], Tally],
+) -> None:
+    """Over a store this process may not write, a batch whose lookup in the store fails
+    (an I/O error listing its packs) is the StoreError saying the store is read-only,
+    raised before the module runs, as for rows it does not hold: computed, they could
+    not be kept."""
+    data = images(8)
+    first = cache_rows(encoder(), store)
+    first(data)
+    first.close()
+    mount_read_only(monkeypatch)
+    reader = Store(tmp_path / "store")
+
+    def failing(keys: Any) -> set[str]:
+        raise OSError(errno.EIO, "Input/output error", str(tmp_path / "store" / "packs"))
+
+    monkeypatch.setattr(reader, "have", failing)
+    cached = cache_rows(encoder(), reader)
+    counter = count_rows(cached.module)
+    with pytest.raises(StoreError, match=r"8 of the 8 rows.*read-only for this process"):
+        cached(data)
+    assert counter.rows == 0 and cached.stats.rows_unread == 0
+    cached.close()
+
+
 class Transposes(nn.Module):
     """Answers each row transposed: a batch whose rows are not in C order."""
 
