@@ -197,6 +197,18 @@ def test_a_key_asked_with_what_names_no_key_is_refused_before_anything_is_sent(
     assert broker.key_on("w1", g, "scale", [rows]).startswith("blake3:")
 
 
+def test_the_actor_of_a_worker_the_broker_lacks_is_refused_naming_those_it_has(
+    broker: Any,
+) -> None:
+    """``actor`` asked for a worker the broker does not have says so, naming the workers it
+    has, as ``key_on`` does — it was a bare KeyError — and starts no actor."""
+    from somatize.broker import UnknownWorker
+
+    with pytest.raises(UnknownWorker, match=r"no worker `w9`; it has `w1`, `w2`.*for its actor"):
+        broker.actor("w9")
+    assert "w9" not in broker._actors
+
+
 def test_a_list_changed_after_build_reaches_the_ray_worker(broker: Any, store: Store) -> None:
     """A node built with a list, on a Ray worker, runs there with the list as it is now, and
     its answer is kept under the key of the new list."""

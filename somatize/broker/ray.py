@@ -361,10 +361,20 @@ class RayBroker(Broker):
             "with `Broker.ray(...)`"
         )
 
+    def _known(self, worker: str, asked: str) -> None:
+        """Refuses a name ``worker`` the broker has no worker of, naming those it has."""
+        if worker not in self.workers:
+            known = ", ".join(f"`{name}`" for name in self.workers)
+            raise UnknownWorker(
+                f"this broker has no worker `{worker}`; it has {known}: ask one of those {asked}"
+            )
+
     def actor(self, worker: str, closes: int | None = None) -> Any:
         """The Ray actor that is ``worker``, started if it is not running. With ``closes``
         (how many times the broker was closed when a call was made), None when the broker
-        has been closed since: a call the close failed starts no actor."""
+        has been closed since: a call the close failed starts no actor. A worker the
+        broker lacks is refused (:class:`UnknownWorker`), naming those it has."""
+        self._known(worker, "for its actor")
         with self._lock:
             if closes is not None and closes != self._closes:
                 return None
@@ -403,12 +413,7 @@ class RayBroker(Broker):
         worker that lives to answer (WorkerLost otherwise, after ``retries`` fresh ones),
         of a broker not closed meanwhile (BrokerClosed otherwise, no actor started again)."""
         ray = _ray()
-        if worker not in self.workers:
-            known = ", ".join(f"`{name}`" for name in self.workers)
-            raise UnknownWorker(
-                f"this broker has no worker `{worker}`; it has {known}: ask one of those for "
-                "the key of a node"
-            )
+        self._known(worker, "for the key of a node")
         node = graph.resolve(node)
         self.check(graph)
         if node not in self._checked[graph][1]:
