@@ -1013,14 +1013,20 @@ def test_counts_and_times_that_are_not_ones_are_refused_before_ray_starts() -> N
 def test_an_address_or_import_paths_of_another_kind_are_refused_before_ray_starts() -> None:
     """Workers handed where the address goes (as ``Broker.embedded`` takes them), an
     address that is no string, or import paths given as one string (which would put each
-    of its letters on the actors' ``sys.path``) are refused saying how to call it, before
-    any cluster is reached."""
+    of its letters on the actors' ``sys.path``) or holding what is neither a str nor a
+    path of one (bytes) are refused saying how to call it, before any cluster is
+    reached."""
     workers = {"w1": _worker()}
     with pytest.raises(TypeError, match=r"Broker.ray\(workers=\{\.\.\.\}\)"):
         Broker.ray(workers)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"address is the Ray cluster's address, a str"):
         Broker.ray(5, workers)  # type: ignore[arg-type]
-    for paths in ("src", ["src", 3]):
+
+    class BytesPath:
+        def __fspath__(self) -> bytes:
+            return b"src"
+
+    for paths in ("src", ["src", 3], [b"src"], [Path("src"), BytesPath()]):
         with pytest.raises(TypeError, match=r"import_paths is a list of directories"):
             Broker.ray(workers=workers, import_paths=paths)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"runtime_env is Ray's runtime environment, a dict"):
@@ -1158,8 +1164,8 @@ def test_an_actor_running_other_code_refuses_and_keeps_nothing(
     cluster: None, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An actor that imports another version of a node's module than the client's (the same
-    constructor, another source) refuses, naming the node and the worker, and keeps nothing
-    under the client's key."""
+    constructor, another source), from a directory given in ``import_paths`` as a Path,
+    refuses, naming the node and the worker, and keeps nothing under the client's key."""
     here, there = tmp_path / "here", tmp_path / "there"
     for place, more in ((here, ""), (there, " + 1000")):
         place.mkdir()
@@ -1170,7 +1176,7 @@ def test_an_actor_running_other_code_refuses_and_keeps_nothing(
     g = Graph.somatize(
         Rows().named("rows").frozen() >> Drifting(3.0).named("drift").frozen().cached().at("w1")
     )
-    paths = [str(there), *sys.path]
+    paths = [there, *sys.path]  # a Path beside strs
     with (
         Broker.ray(workers={"w1": _worker()}, import_paths=paths) as elsewhere,
         pytest.raises(Unbuildable, match=r"`drift` on worker `w1` runs other code"),

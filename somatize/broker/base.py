@@ -51,7 +51,7 @@ import os
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -307,7 +307,7 @@ class Broker(abc.ABC):
         retries: int = 0,
         timeout_s: float | None = None,
         start_timeout_s: float = 120.0,
-        import_paths: list[str] | None = None,
+        import_paths: Sequence[str | os.PathLike[str]] | None = None,
         runtime_env: dict[str, Any] | None = None,
     ) -> RayBroker:
         """Workers as Ray actors on the cluster at ``address`` (the one this process is
@@ -318,8 +318,9 @@ class Broker(abc.ABC):
         ``timeout_s``: how long a call may take before its worker is stopped (None:
         as long as it takes); ``start_timeout_s``: how long a worker may take to start
         (a cluster without the resources it asks for never starts it);
-        ``import_paths``: directories the actors import node modules from (by default
-        this process's ``sys.path``, right when the cluster is this machine);
+        ``import_paths``: directories (str or :class:`os.PathLike`) the actors import
+        node modules from (by default this process's ``sys.path``, right when the
+        cluster is this machine);
         ``runtime_env``: Ray's, for a cluster elsewhere."""
         from .ray import RayBroker
 

@@ -216,6 +216,25 @@ def _raised(graph: Graph, node: str, worker: str, failure: _Failure) -> Exceptio
     return FailedOnWorker(node, graph.kind_of(node), worker, failure.raised, failure.message)
 
 
+def _directories(import_paths: object) -> list[str]:
+    """``import_paths`` as the directories (str) the actors put on their ``sys.path``: each
+    a str or an :class:`os.PathLike` (a :class:`~pathlib.Path`), taken as
+    :func:`os.fspath` gives it; anything else is refused, one string alone too, which
+    would put each of its letters on their path."""
+    paths = (
+        [os.fspath(path) if isinstance(path, os.PathLike) else path for path in import_paths]
+        if isinstance(import_paths, Sequence) and not isinstance(import_paths, (str, bytes))
+        else None
+    )
+    if paths is None or not all(isinstance(path, str) for path in paths):
+        raise TypeError(
+            "import_paths is a list of directories (str or os.PathLike, such as a "
+            "pathlib.Path) the actors import node modules from, e.g. "
+            f'`import_paths=["/srv/project/src"]`; got {import_paths!r}'
+        )
+    return paths
+
+
 class _Actor:
     """The body of a worker's Ray actor: a :class:`Host` and a place to run it."""
 
@@ -278,7 +297,7 @@ class RayBroker(Broker):
         retries: int = 0,
         timeout_s: float | None = None,
         start_timeout_s: float = 120.0,
-        import_paths: list[str] | None = None,
+        import_paths: Sequence[str | os.PathLike[str]] | None = None,
         runtime_env: dict[str, Any] | None = None,
     ) -> None:
         if isinstance(address, Mapping):
@@ -293,15 +312,7 @@ class RayBroker(Broker):
                 f'`"ray://host:10001"`), or None for the one this process is connected to '
                 f"or a new one on this machine; got {address!r}"
             )
-        if import_paths is not None and (
-            isinstance(import_paths, (str, bytes))
-            or not isinstance(import_paths, Sequence)
-            or not all(isinstance(path, str) for path in import_paths)
-        ):
-            raise TypeError(
-                "import_paths is a list of directories (str) the actors import node modules "
-                f'from, e.g. `import_paths=["/srv/project/src"]`; got {import_paths!r}'
-            )
+        directories = None if import_paths is None else _directories(import_paths)
         if runtime_env is not None and not isinstance(runtime_env, dict):
             raise TypeError(
                 "runtime_env is Ray's runtime environment, a dict (e.g. "
@@ -337,10 +348,10 @@ class RayBroker(Broker):
         self.retries = retries
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
-        if import_paths is None:
+        if directories is None:
             here = [os.getcwd(), *(p or os.getcwd() for p in sys.path)]
-            import_paths = [p for p in dict.fromkeys(here) if os.path.isdir(p)]
-        self.import_paths = list(import_paths)
+            directories = [p for p in dict.fromkeys(here) if os.path.isdir(p)]
+        self.import_paths = directories
         self.runtime_env = runtime_env
         self._remote = ray.remote(_Actor)
         self._actors: dict[str, Any] = {}
