@@ -126,6 +126,22 @@ def test_a_ray_worker_is_another_process_that_keeps_its_node(broker: Any) -> Non
     assert g.forward({"at": 0, "take": 2}, broker=broker)[0] == pid
 
 
+def _kept_keys(seen: list[dict[str, Any]]) -> dict[str, str]:
+    """The key of each node a forward kept an answer of, by name, from its facts."""
+    return {f["node"]: f["key"] for f in seen if f["fact"] == "kept"}
+
+
+def _scaled_on_w1(store: Store) -> tuple[Graph, dict[str, str]]:
+    """A graph scaling rows on worker ``w1``, run here once, and the keys it kept."""
+    g = Graph.somatize(
+        Rows().named("rows").frozen().cached()
+        >> Scale(2.0).named("scale").frozen().cached().at("w1")
+    )
+    seen: list[dict[str, Any]] = []
+    g.forward({"at": 0, "take": 2}, store=store, watching=seen.append)
+    return g, _kept_keys(seen)
+
+
 def test_keys_are_equal_on_the_client_and_on_a_worker(broker: Any, store: Store) -> None:
     """The key a worker computes from the node it rebuilt equals the client's, a frozen
     torch module's included."""
@@ -136,7 +152,7 @@ def test_keys_are_equal_on_the_client_and_on_a_worker(broker: Any, store: Store)
     )
     seen: list[dict[str, Any]] = []
     g.forward(x, store=store, broker=broker, watching=seen.append)
-    keys = {f["node"]: f["key"] for f in seen if f["fact"] == "kept"}
+    keys = _kept_keys(seen)
     assert keys["rows"] != keys["scale"]
     assert broker.key_on("w1", g, "scale", [keys["rows"]]) == keys["scale"]
     assert broker.key_on("w2", g, "scale", [keys["rows"]]) == keys["scale"]
@@ -146,7 +162,7 @@ def test_keys_are_equal_on_the_client_and_on_a_worker(broker: Any, store: Store)
     encoded, _ = _encoder_graph()
     seen.clear()
     encoded.forward(x, store=store, broker=broker, watching=seen.append)
-    keys = {f["node"]: f["key"] for f in seen if f["fact"] == "kept"}
+    keys = _kept_keys(seen)
     assert keys["enc"] != keys["rows"]
     assert broker.key_on("w1", encoded, "enc", [keys["rows"]]) == keys["enc"]
     assert broker.key_on("w2", encoded, "enc", [keys["rows"]]) == keys["enc"]
@@ -287,7 +303,7 @@ def test_a_refrozen_module_on_a_ray_worker(broker: Any, store: Store) -> None:
     after = g.forward(x, store=store, broker=broker, watching=seen.append)
     assert torch.equal(after, g.forward(x)) and not torch.equal(after, before)
     assert _state_crossings(seen) == [len(enc.state_bytes())]
-    keys = {f["node"]: f["key"] for f in seen if f["fact"] == "kept"}
+    keys = _kept_keys(seen)
     assert set(keys) == {"enc"}
     rows = [f["key"] for f in seen if f["fact"] == "recalled" and f["node"] == "rows"]
     assert broker.key_on("w1", g, "enc", rows) == keys["enc"]
@@ -654,14 +670,7 @@ def test_a_key_asked_of_a_worker_of_another_somatize_version_is_refused(
     other code. The same worker with the same version answers the client's key."""
     import somatize
 
-    x = {"at": 0, "take": 2}
-    g = Graph.somatize(
-        Rows().named("rows").frozen().cached()
-        >> Scale(2.0).named("scale").frozen().cached().at("w1")
-    )
-    seen: list[dict[str, Any]] = []
-    g.forward(x, store=store, watching=seen.append)
-    keys = {f["node"]: f["key"] for f in seen if f["fact"] == "kept"}
+    g, keys = _scaled_on_w1(store)
     with Broker.ray(workers={"w1": _worker()}) as broker:
         monkeypatch.setattr(somatize, "__version__", "0.0.0-other")
         with pytest.raises(BadWorker, match=r"worker `w1` runs somatize .*0\.0\.0-other"):
@@ -675,14 +684,7 @@ def test_a_key_asked_of_a_worker_that_dies_is_worker_lost(cluster: None, store: 
     node and worker — never Ray's ActorDiedError — whether the worker was dead when it was
     asked or died working the key out (building the node); the next call starts the worker
     afresh, and with ``retries=`` the same call does."""
-    x = {"at": 0, "take": 2}
-    g = Graph.somatize(
-        Rows().named("rows").frozen().cached()
-        >> Scale(2.0).named("scale").frozen().cached().at("w1")
-    )
-    seen: list[dict[str, Any]] = []
-    g.forward(x, store=store, watching=seen.append)
-    keys = {f["node"]: f["key"] for f in seen if f["fact"] == "kept"}
+    g, keys = _scaled_on_w1(store)
     rows = [keys["rows"]]
     dies = Graph.somatize(
         Rows().named("rows").frozen()
