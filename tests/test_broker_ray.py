@@ -1276,30 +1276,41 @@ def test_an_address_where_another_server_answers_is_refused_at_once(
     serving = threading.Thread(target=server.serve_forever, daemon=True)
     serving.start()
     named = f"127.0.0.1:{server.server_address[1]}"
-    script = (
-        "from somatize.broker import Broker, Worker\n"
-        "try:\n"
-        f"    Broker.ray({named!r}, {{'w1': Worker.generic(mode='network')}})\n"
-        "except ConnectionError as why:\n"
-        "    print(why)\n"
-    )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    env.pop("RAY_ADDRESS", None)
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-            timeout=60,
-        )
+        done = _ray_connected_at(named, tmp_path)
     finally:
         server.shutdown()
         server.server_close()
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"a server answers at {named} that is no Ray cluster's GCS" in done.stdout
     assert "6379" in done.stdout
+
+
+def _ray_connected_at(
+    address: str | None, cwd: Path, ray_address: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A process, connected to no Ray, making ``Broker.ray(address, ...)`` with
+    ``$RAY_ADDRESS`` set to ``ray_address`` (unset for None), printing the ConnectionError
+    it is refused with."""
+    script = (
+        "from somatize.broker import Broker, Worker\n"
+        "try:\n"
+        f"    Broker.ray({address!r}, {{'w1': Worker.generic(mode='network')}})\n"
+        "except ConnectionError as why:\n"
+        "    print(why)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("RAY_ADDRESS", None)
+    if ray_address is not None:
+        env["RAY_ADDRESS"] = ray_address
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("through", ["address", "RAY_ADDRESS"])
@@ -1315,26 +1326,10 @@ def test_an_address_where_no_cluster_answers_is_refused_at_once(
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]  # closed below: nothing listens there
     named = f"127.0.0.1:{port}"
-    given = f"{named!r}" if through == "address" else "None"
-    script = (
-        "from somatize.broker import Broker, Worker\n"
-        "try:\n"
-        f"    Broker.ray({given}, {{'w1': Worker.generic(mode='network')}})\n"
-        "except ConnectionError as why:\n"
-        "    print(why)\n"
-    )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    env.pop("RAY_ADDRESS", None)
-    if through == "RAY_ADDRESS":
-        env["RAY_ADDRESS"] = named
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=60,
-    )
+    if through == "address":
+        done = _ray_connected_at(named, tmp_path)
+    else:
+        done = _ray_connected_at(None, tmp_path, ray_address=named)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"no Ray cluster answers at {named}" in done.stdout
     assert "ray start --head" in done.stdout
