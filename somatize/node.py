@@ -59,6 +59,7 @@ import functools
 import inspect
 import threading
 import unicodedata
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -1098,27 +1099,25 @@ def _making(init: Callable[..., None], owner: type) -> Callable[..., None]:
     return __init__
 
 
-_SET_BY_METHODS: dict[type, frozenset[str] | None] = {}
-
-_SETS_ANY = ({"setattr", "vars"}, {"__dict__"})
-"""What code that may set any attribute names: ``setattr(self, name, v)``, ``vars(self)``
-(as globals), ``self.__dict__`` (as an attribute)."""
+_SET_BY_METHODS: weakref.WeakKeyDictionary[type, frozenset[str] | None] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _set_by_methods(kind: type[Node]) -> frozenset[str] | None:
     """The attribute names a function of ``kind`` or a class it inherits from (but
     ``Node``'s), other than one run as a node is made (``__init__``), sets or deletes on
     anything (``self.calls += 1``): what the node may change itself; None when one may set
-    any (it calls ``setattr`` or ``vars``, or reads a ``__dict__``). Worked out once per
-    class."""
+    any (it names ``setattr``, ``delattr``, ``vars`` or ``__dict__``: :data:`_BY_NAME`).
+    Worked out once per class."""
     if kind in _SET_BY_METHODS:
         return _SET_BY_METHODS[kind]
-    from somatize.catalog._bytecode import _MAKERS, _named_by  # the catalog is above
+    # the catalog builds on this module: imported when first asked
+    from somatize.catalog._bytecode import _BY_NAME, _MAKERS, _named_by, _names_any
     from somatize.catalog._members import _functions_in
 
     names: set[str] = set()
     found: frozenset[str] | None = None
-    called, read = _SETS_ANY
     for function in (
         function
         for owner in kind.__mro__
@@ -1127,12 +1126,9 @@ def _set_by_methods(kind: type[Node]) -> frozenset[str] | None:
         if name not in _MAKERS
         for function in _functions_in(member)
     ):
-        code = function.__code__
-        if called & _named_by(code, ("LOAD_GLOBAL", "LOAD_NAME")) or read & _named_by(
-            code, ("LOAD_ATTR",)
-        ):
+        if _names_any(function.__code__, _BY_NAME):
             break
-        names |= _named_by(code, ("STORE_ATTR", "DELETE_ATTR"))
+        names |= _named_by(function.__code__, ("STORE_ATTR", "DELETE_ATTR"))
     else:
         found = frozenset(names)
     _SET_BY_METHODS[kind] = found
