@@ -304,14 +304,13 @@ def _from_store(
     store = self.store
     assert store is not None and self._lock is not None
     with self._lock:
+        refused = store._refused_keeping()
         try:
             present = store.have(keys.values())
         except (StoreError, OSError) as why:
-            refused = store._refused_keeping()
             if refused is None:  # else the refusal is raised, before any row is computed
                 _unread(self, counts, len(keys), why, "looked up in")
             return None, refused
-        refused = store._refused_keeping()
         if not present:
             return None, refused
         wanted = [p for p, key in keys.items() if key in present]
