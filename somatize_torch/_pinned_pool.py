@@ -156,11 +156,13 @@ class PinnedPool:
     # -- buffers
 
     def _pinned_available(self) -> bool:
-        if self._use_pinned is None:
-            import torch
+        import torch
 
+        if self._use_pinned is None:
             self._use_pinned = bool(torch.version.cuda is not None and torch.cuda.is_available())
-        return self._use_pinned
+        # A child forked from a process that had started CUDA cannot use it (page-locking
+        # memory there crashes the child): it stages its copies in ordinary memory.
+        return self._use_pinned and not torch.cuda._is_in_bad_fork()
 
     @staticmethod
     def _allocate(nbytes: int, pinned: bool) -> torch.Tensor:

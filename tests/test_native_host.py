@@ -900,6 +900,36 @@ def test_a_copy_to_the_host_interrupted_hands_its_buffer_back(
     again.release()
 
 
+def test_a_child_forked_after_cuda_started_stages_in_ordinary_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a child forked from a process that had started CUDA (a DataLoader worker of a
+    training on the GPU), CUDA cannot be used, and page-locking memory crashes the child:
+    the pool stages its copies in ordinary memory there, as where there is no CUDA."""
+    from somatize_torch import _pinned_pool
+
+    pinned_asked: list[int] = []
+
+    def allocate(nbytes: int, pinned: bool) -> torch.Tensor:
+        if pinned:
+            pinned_asked.append(nbytes)
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    monkeypatch.setattr(torch.version, "cuda", torch.version.cuda or "12.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    monkeypatch.setattr(_pinned_pool.PinnedPool, "_allocate", staticmethod(allocate))
+    pool = native.PinnedPool(1 << 20)
+    staged = pool.to_host(torch.arange(100, dtype=torch.int32))
+    assert not staged.pinned and pinned_asked == []
+    assert torch.equal(staged.wait(), torch.arange(100, dtype=torch.int32))
+    staged.release()
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)  # the same pool, unforked
+    again = pool.to_host(torch.arange(200, dtype=torch.int32))
+    assert again.pinned and pinned_asked == [800]
+    again.release()
+
+
 def test_pinned_pool_to_device_on_cpu() -> None:
     pool = native.PinnedPool(1 << 20)
     t = torch.randn(4, 5)
