@@ -85,8 +85,8 @@ def random_device_bytes(n: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=gen)
 
 
-def host_bytes(t: torch.Tensor) -> memoryview:
-    return memoryview(t.contiguous().cpu().numpy()).cast("B")
+def host_bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().cpu().numpy().tobytes()
 
 
 def device_checks(ext: Any) -> bool:

@@ -4,11 +4,12 @@
 #
 #   1. bench/device_check.py: device digests against the CPU, GB/s against copy-to-host
 #      + blake3 and a device-to-device copy, pinned vs pageable transfers;
-#   2. the test files whose CUDA tests skip elsewhere (native kernels, pinned pool, the
+#   2. bench/frozen_encoder.py --device cuda: the per-row benchmark with the encoders,
+#      the head and the bound on the GPU;
+#   3. the tests marked `gpu`, which skip elsewhere (native kernels, pinned pool, the
 #      per-row cache's device tier and its writer staging through pinned memory, deferred
 #      inputs loaded onto the device, a wrapped module's answers on its input's device);
-#   3. bench/frozen_encoder.py --device cuda: the per-row benchmark with the encoders,
-#      the head and the bound on the GPU.
+#   4. the rest of those tests' files, where CUDA is present, in the time left.
 #
 # Run from the repository root with a python3 that has a CUDA build of torch, pytest,
 # pyarrow, safetensors, numpy and blake3:  bash bench/gpu_checks.sh
@@ -19,8 +20,8 @@
 #     --platform manylinux2014_x86_64
 # (the Python version of the machine that runs the checks). .whl/ is git-ignored, so
 # it is not part of a copy of the working tree: carry it to that machine by name.
-# Each step runs even when one before it failed, under its own time limit (180 + 200 +
-# 150 s, so the whole script ends within about 540 s, under a 600 s limit on one
+# Each step runs even when one before it failed, under its own time limit (180 + 150 +
+# 90 + 120 s, so the whole script ends within about 540 s, under a 600 s limit on one
 # command); the exit status says whether all passed. Where $OUT is set, the whole log is
 # written there too, so the figures printed first survive a long failure after them.
 set -uo pipefail
@@ -58,7 +59,11 @@ if missing:
     sys.exit(2)
 PY
 failed=0
+files=(tests/test_native_host.py tests/test_torch_residency.py tests/test_torch_deferred.py tests/test_torch_wrap.py)
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'
 timeout 180 python3 bench/device_check.py || failed=1
-timeout 200 python3 -m pytest -q tests/test_native_host.py tests/test_torch_residency.py tests/test_torch_deferred.py tests/test_torch_wrap.py || failed=1
 timeout 150 python3 bench/frozen_encoder.py --device cuda --repeats 3 || failed=1
+timeout 90 python3 -m pytest -q -m gpu "${files[@]}" || failed=1
+timeout 120 python3 -m pytest -q -m "not gpu" "${files[@]}" || failed=1
 exit "$failed"

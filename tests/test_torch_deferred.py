@@ -433,6 +433,7 @@ def test_an_input_unlike_the_first_is_refused(tmp_path: Path) -> None:
     assert cached.stats.rows_kept == 8
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_rows_moved_to_the_gpu_load_and_stay_there(tmp_path: Path) -> None:
     """A batch moved with ``.to("cuda")`` loads the rows it computes onto the GPU, and the

@@ -1323,6 +1323,7 @@ def test_rows_computed_under_inference_mode_leave_the_cache_usable(store: Store)
     cached.close()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_epoch_two_stays_on_the_device(store: Store) -> None:
     """On CUDA the device tier lives on the GPU, recalls stay there, and the rows staged

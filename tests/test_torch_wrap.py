@@ -1398,6 +1398,7 @@ class AsBoxes(nn.Module):
         return (x * 2).as_subclass(Boxes)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_an_answer_is_on_the_device_of_the_input_computed_or_recalled(store: Store) -> None:
     """An answer is put on the device of the call's first input, computed or recalled
