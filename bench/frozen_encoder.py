@@ -210,6 +210,15 @@ def run_in(
             out: torch.Tensor = encoder(batch[0])
         return out
 
+    # The process warmed up first, as a training script is by the time its data matter:
+    # one recomputed epoch (a GPU's first one pays for choosing and loading its kernels,
+    # which would flatter every ratio to recompute), and one batch through a cache over a
+    # store of its own (the native code loaded, the writer started), flushed.
+    timed(loader, encoded)
+    warm = rows_cache.cache_rows(encoder, str(scratch / "warm"))
+    timed(itertools.islice(loader, 1), lambda b: warm(b[0]))
+    warm.flush()
+    warm.close()
     root = str(scratch / "store")
     by_content = rows_cache.cache_rows(encoder, root)
     # Epoch 1 between two recomputed epochs: the machine's load drifts, so it is compared
