@@ -293,14 +293,17 @@ def _from_store(
     """The rows at batch positions ``keys`` (position → store key) the store has, and why
     it could not keep rows computed now, if it could not (a read-only store, or one whose
     directory is gone: :meth:`~somatize.Store._refused_keeping`, which tells without
-    keeping anything) — asked in the same hold of the store's lock, so a forward waits
-    for no more than the one write in progress. A row it has but cannot hand over whole —
-    damaged, gone since it was asked, or a read that failed (an I/O error, a file this
-    process may not read) — is a miss: computed again, counted in ``counts["unread"]``
-    and warned of (:func:`_unread`), never raised to the caller, as the store is a cache
-    of what the module answers. So is a lookup of which rows it has that fails (a
-    ``packs/`` listing failing with an I/O error): every row looked up is computed
-    again, unless the store could not keep them either, as a read-only store could not."""
+    keeping anything) — asked in one hold of what a forward holds to read the store
+    (:func:`~somatize_torch.writer.reading`: nothing where the store may be read while
+    the writer thread writes through it, so the forward waits for no write; else the
+    store's lock, so it waits for no more than the one write in progress). A row it has
+    but cannot hand over whole — damaged, gone since it was asked, or a read that failed
+    (an I/O error, a file this process may not read) — is a miss: computed again,
+    counted in ``counts["unread"]`` and warned of (:func:`_unread`), never raised to the
+    caller, as the store is a cache of what the module answers. So is a lookup of which
+    rows it has that fails (a ``packs/`` listing failing with an I/O error): every row
+    looked up is computed again, unless the store could not keep them either, as a
+    read-only store could not."""
     store = self.store
     assert store is not None and self._lock is not None
     with self._lock:

@@ -109,7 +109,7 @@ from somatize_torch.freeze import (
     is_held,
 )
 from somatize_torch.residency import Tier
-from somatize_torch.writer import Writer, store_lock
+from somatize_torch.writer import Writer, reading
 
 __all__ = [
     "CachedContainer",
@@ -202,7 +202,8 @@ class CachedRows(nn.Module):
         # refused where rows are keyed (`_row_keys._keying`).
         self._code = watch_code(self._classes)
         self._writer = Writer(store, self._fingerprint) if store is not None else None
-        self._lock = store_lock(store) if store is not None else None
+        # What a forward holds while it asks the store (`writer.reading`).
+        self._lock = reading(store) if store is not None else None
         self._drift_warned = False
         self._unread_warned = False  # a store read that failed is warned of once
         # How many times rows were keyed anew since the module was cached: its state or its

@@ -18,13 +18,16 @@ returns. The store publishes a pack whole or not at all, so a failure
 or a killed process never leaves a visible half-answer, only rows that a later run
 recomputes.
 
-One lock per store object (:func:`store_lock`) serialises calls into a store
-between the forward and the writer thread, since a store's in-memory tables are
-not meant to be changed from two threads at once. So a forward that must ask the
-store (rows in no memory tier) may wait for the one write in progress — at most
-``pack_bytes`` (16 MiB) of rows — never for the queue behind it. Rows in no memory
-tier that are still staged here, their write not ended, a forward recalls from their
-staged copy (:meth:`Writer.recall`) without asking the store.
+A forward that must ask the store (rows in no memory tier) asks it while the writer
+thread writes, without waiting, where one thread may read the store while another
+writes through it (:attr:`~somatize.Store.shared_by_threads`: a directory's or a
+bucket's). Calls into any other store are serialised between the forward and the
+writer thread by one lock per store object (:func:`store_lock`), so that a forward
+asking it may wait for the one write in progress — at most ``pack_bytes`` (16 MiB) of
+rows — never for the queue behind it (:func:`reading`). Rows in no memory tier that
+are still staged here, their write not ended, a forward recalls from their staged copy
+(:meth:`Writer.recall`) without asking the store; the writer lets go of them only once
+the store has them, so a forward asking here first and the store next finds them.
 
 Every writer of one store in a process — each cache over it has one — works through
 one backlog, with one thread (:func:`_backlog_of`; the same store opened twice, at one
@@ -65,7 +68,7 @@ from somatize.store import StoreFull
 from somatize_torch._row_codec import empty_rows, encode_rows, row_order
 from somatize_torch.codec import TENSOR, inverse_order
 
-__all__ = ["KEY_BYTES", "WaitsForItself", "WriteFailed", "Writer", "store_lock"]
+__all__ = ["KEY_BYTES", "WaitsForItself", "WriteFailed", "Writer", "reading", "store_lock"]
 
 log = logging.getLogger("somatize.torch")
 
@@ -80,6 +83,13 @@ def store_lock(store: Store) -> ProcessLock:
         if lock is None:
             lock = _LOCKS[store] = ProcessLock()
         return lock
+
+
+def reading(store: Store) -> contextlib.AbstractContextManager[object]:
+    """What a forward holds while it reads ``store``: nothing where one thread may read it
+    while another writes through it, so that a forward never waits for the writer's write
+    in progress; else :func:`store_lock`, which the writer holds as it writes."""
+    return contextlib.nullcontext() if store.shared_by_threads else store_lock(store)
 
 
 class WriteFailed(SomatizeError, OSError):

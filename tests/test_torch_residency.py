@@ -1569,6 +1569,54 @@ def test_a_forward_of_rows_still_staged_does_not_wait_for_the_store(
     cached.close()
 
 
+def test_a_forward_reading_the_store_does_not_wait_for_a_write_in_progress(
+    store: Store,
+) -> None:
+    """Rows the store has and no memory tier holds are read from it while the writer
+    thread writes other rows through the same store object (here: holds the lock it
+    writes under): a store of somatize's own may be read while it is written, so a
+    forward waits for no write, as it otherwise would at each batch of a first epoch."""
+    assert store.shared_by_threads
+    cached = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
+    x = rows(8)
+    first = cached(x)
+    cached.flush()
+    got: list[torch.Tensor] = []
+    with _held_by_another_thread(store_lock(store)):
+        assert _within(lambda: got.append(cached(x)), seconds=20) is None
+    assert torch.equal(got[0], first) and cached.stats.from_store == 8
+    cached.close()
+
+
+class _OneThreadStore(LocalStore):
+    """A store that says one thread may not read it while another writes through it."""
+
+    shared_by_threads = False
+
+
+def test_a_store_not_shared_by_threads_is_read_under_the_lock_its_writes_hold(
+    tmp_path: Path,
+) -> None:
+    """A store that may not be read while another thread writes through it is read by a
+    forward only under the lock the writer thread holds as it writes: the forward waits
+    for the write in progress, then reads."""
+    store = _OneThreadStore(tmp_path / "store")
+    cached = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
+    x = rows(8)
+    first = cached(x)
+    cached.flush()
+    got: list[torch.Tensor] = []
+    reader = threading.Thread(target=lambda: got.append(cached(x)), daemon=True)
+    with _held_by_another_thread(store_lock(store)):
+        reader.start()
+        reader.join(timeout=0.5)
+        assert reader.is_alive() and not got  # waiting for the lock, not reading
+    reader.join(timeout=30)
+    assert not reader.is_alive()
+    assert torch.equal(got[0], first) and cached.stats.from_store == 8
+    cached.close()
+
+
 def test_stats_reset_during_a_forward_count_its_rows_once_and_whole(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

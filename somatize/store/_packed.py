@@ -273,6 +273,7 @@ class PackedHome(Store):
     """A home of the store, less the primitives that depend on where its files are."""
 
     signer: Signer | None
+    shared_by_threads = True  # its tables change only under a lock of its own: see "Threads"
     _sections: tuple[str, ...] = SECTIONS
     """The sections the home keeps files in."""
     _forgets: int = 0

@@ -366,6 +366,11 @@ class Store(abc.ABC):
     """A content-addressed store. ``Store(path)`` is a local directory;
     ``Store.on_bucket(url)`` a bucket. See the module docstring for the contracts."""
 
+    shared_by_threads: bool = False
+    """Whether one object of the class may be read by one thread while another writes
+    through it. Callers that write from a thread of their own (a row cache's writer) ask
+    a store that says no only under a lock of theirs, and one that says yes without."""
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Store:
         if cls is Store:
             if not args and "path" not in kwargs and "url" not in kwargs:
