@@ -1954,3 +1954,43 @@ def test_modes_asked_of_parts_while_held_are_put_back_in_order() -> None:
         assert _modes(held) == _modes(plain)
         assert held.norm.training == then_whole
         assert not smt.is_held(held) and "train" not in vars(held.norm)
+
+
+class Sizes(nn.Module):
+    """Notes in a table it keeps each batch size it was handed, as a cache filled as the
+    module runs is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+        self.sizes: dict[int, bool] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.sizes.setdefault(int(x.shape[0]), True)
+        out: torch.Tensor = self.linear(x)
+        return out
+
+
+def test_what_a_module_keeps_is_watched_again_after_it_ran_only_where_the_run_changed_it(
+    store: Store,
+) -> None:
+    """After a cached module ran, the watch of what it keeps is taken again only where the
+    run changed something (a batch of a new size noted in its table): a run that changed
+    nothing keeps the watch it had, rather than walk every part again at each batch; and
+    what a run changed is its own either way, not a change of its settings."""
+    from somatize_torch.rows import cache_rows
+
+    module = Sizes()
+    cached = cache_rows(module, store)
+    cached(torch.randn(4, 3))
+    node = cached._node
+    watch = node._settings
+    assert watch is not None
+    cached(torch.randn(4, 3))  # rows computed, the table as it was
+    assert node._settings is watch
+    cached(torch.randn(5, 3))  # a new size noted: what the module keeps changed
+    assert node._settings is not watch and {4, 5} <= set(module.sizes)
+    assert not node.declaration_moved()
+    module.sizes[9] = False  # changed from outside the module: its settings moved
+    assert node.declaration_moved()
+    cached.close()
