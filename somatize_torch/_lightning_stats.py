@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from lightning.pytorch.utilities import CombinedLoader
+from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
 
 from somatize_torch.rows import CachedRows, RowStats
 
@@ -139,13 +142,11 @@ def log_epoch(
 def never_hit(trainer: pl.Trainer, records: list[EpochStats], changed: set[str]) -> str | None:
     """What to warn of (:class:`~somatize_torch.lightning.NeverHits`) when the training
     epoch just ended, ``records``, recalled none of the rows of a module after an epoch
-    that computed and kept them; None otherwise, and when the epochs run over part of the
-    data (``limit_train_batches``), which two epochs may share no sample of. A module in
-    ``changed`` had its rows keyed anew since the epoch before ended (its weights or a
-    setting changed): that, not its inputs, is why it recalled nothing."""
-    limit = trainer.limit_train_batches
-    whole = limit is None or (isinstance(limit, float) and limit >= 1.0)
-    if not whole:
+    that computed and kept them; None otherwise, and when the epochs may share no sample
+    (:func:`_rows_recur`). A module in ``changed`` had its rows keyed anew since the epoch
+    before ended (its weights or a setting changed): that, not its inputs, is why it
+    recalled nothing."""
+    if not _rows_recur(trainer):
         return None
     never = [e.module for e in records if e.rows.rows and e.rows.recalled == 0 and e.rows.computed]
     if not never:
@@ -173,6 +174,40 @@ def never_hit(trainer: pl.Trainer, records: list[EpochStats], changed: set[str])
             "callback"
         )
     return said + "; ".join(reasons)
+
+
+def _rows_recur(trainer: pl.Trainer) -> bool:
+    """Whether each training epoch is handed the samples the epoch before was: every
+    training loader is run through whole (``limit_train_batches`` — an int or a fraction —
+    takes in all of its batches, or there is none), or its first batches are the same
+    every epoch (it is not shuffled). The first batches of a shuffled loader (an int
+    limit under its length, or a fraction under 1) may share no sample with the epoch
+    before: an epoch of them that recalls nothing says nothing of the inputs."""
+    combined = getattr(trainer.fit_loop, "_combined_loader", None)
+    if not isinstance(combined, CombinedLoader) or combined.limits is None:
+        # Another Lightning than the one this reads: only epochs over all of the data.
+        limit = trainer.limit_train_batches
+        return limit is None or (isinstance(limit, float) and limit >= 1.0)
+    for loader, limit in zip(combined.flattened, combined.limits, strict=True):
+        try:
+            whole = limit >= len(loader)
+        except TypeError:  # an iterable of no length: whole only with no limit
+            whole = limit == float("inf")
+        if not whole and not _in_order(loader):
+            return False
+    return True
+
+
+def _in_order(loader: Any) -> bool:
+    """Whether ``loader`` hands its samples in the same order every epoch: a loader whose
+    sampler is sequential (or distributed, unshuffled). None other is known to."""
+    batches = getattr(loader, "batch_sampler", None)
+    sampler: Any = batches.sampler if type(batches) is BatchSampler else None
+    if batches is None:
+        sampler = getattr(loader, "sampler", None)  # a loader of single samples
+    if type(sampler) is DistributedSampler:
+        return not sampler.shuffle
+    return type(sampler) is SequentialSampler
 
 
 def _listed(names: list[str]) -> str:

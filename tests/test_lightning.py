@@ -665,6 +665,40 @@ def test_no_warning_for_epochs_of_part_of_the_data(tmp_path: Path) -> None:
     assert not [w for w in seen if issubclass(w.category, NeverHits)]
 
 
+@pytest.mark.parametrize(
+    ("limit", "shuffle"),
+    [(4, True), (10, True), (3, False), (0.75, False)],
+    ids=["int-whole", "int-over", "int-first-batches", "fraction-first-batches"],
+)
+def test_random_augmentation_warns_under_a_limit_whose_epochs_share_their_samples(
+    tmp_path: Path, limit: float, shuffle: bool
+) -> None:
+    """A ``limit_train_batches`` that takes in every batch of the loader, or cuts an
+    unshuffled one to its first batches, hands every epoch the samples of the one before:
+    inputs that never hit then warn, as they do with no limit."""
+    callback = CacheFrozen(None, ["encoder"])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run = trainer(tmp_path, 3, callbacks=[callback], limit_train_batches=limit)
+        run.fit(Probe(), loader(shuffle=shuffle, noisy=True))
+    never = [w for w in seen if issubclass(w.category, NeverHits)]
+    assert len(never) == 1
+    assert "random augmentation" in str(never[0].message)
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0] * 3
+
+
+def test_no_warning_for_the_first_batches_of_a_shuffled_loader(tmp_path: Path) -> None:
+    """The first three of four batches of a shuffled loader share some samples from
+    epoch to epoch, which are recalled, and nothing warns."""
+    callback = CacheFrozen(None, ["encoder"])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run = trainer(tmp_path, 3, callbacks=[callback], limit_train_batches=3)
+        run.fit(Probe(), loader())
+    assert all(e.rows.recalled for e in epochs(callback, "train")[1:])
+    assert not [w for w in seen if issubclass(w.category, NeverHits)]
+
+
 def test_validation_test_and_predict_use_the_cache(tmp_path: Path) -> None:
     """Validation recalls in its second epoch what it computed in its first; test and
     predict recall what fitting kept."""
