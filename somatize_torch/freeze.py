@@ -44,7 +44,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -902,7 +902,11 @@ def refuse_inference_tensors(name: str, module: nn.Module | None) -> None:
 
 
 def refuse_tied(
-    model: nn.Module, frozen: list[str], error: Callable[[str], Exception] = FreezeError
+    model: nn.Module,
+    frozen: list[str],
+    error: Callable[[str], Exception] = FreezeError,
+    *,
+    froze: Collection[int] = (),
 ) -> None:
     """Refuses freezing the parts ``frozen`` of ``model`` when a part left to train holds a
     parameter over the same numbers as a frozen parameter or buffer (an output layer
@@ -910,7 +914,9 @@ def refuse_tied(
     freezing turns the gradient of the very same parameter off, and that part would
     silently stop training; another parameter over the same memory rewrites the frozen
     weights under their answers as it trains. A frozen part is found wherever it sits
-    (one module under two names is frozen under both)."""
+    (one module under two names is frozen under both). ``froze`` holds the ids of
+    parameters that required grad until the parts were frozen: checked after freezing (a
+    part made since), one of them held elsewhere is a part that would train without it."""
     parts = set()
     for name in frozen:
         try:
@@ -931,7 +937,7 @@ def refuse_tied(
             # By memory, not by object: `nn.Parameter(frozen.weight.data)` is another
             # parameter over the same numbers, and training it rewrites the frozen one.
             owners.append((_memory_of(param), where))
-        elif param.requires_grad:
+        elif param.requires_grad or id(param) in froze:
             trained.append((where, param))
     for where, buffer in model.named_buffers(remove_duplicate=False):
         # A parameter over a frozen part's statistics (a BatchNorm's running mean)

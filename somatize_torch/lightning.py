@@ -373,6 +373,12 @@ class CacheFrozen(Callback):
         refused = nothing_left(pl_module, self._found)  # a head made in `configure_model()`
         if refused is not None:
             raise refused
+        # A head made since `setup()` (in `configure_model()`, or the LightningModule's own
+        # `setup()`, which Lightning runs after the callbacks') may share a cached weight:
+        # the first hook after both that a callback gets. One the cache froze is one the
+        # head would train without it.
+        froze = {id(p) for f in self._found.values() for p, was, _ in f.as_found.grads if was}
+        refuse_tied(pl_module, list(self._found), CacheFrozenError, froze=froze)
         if not self._prefills:
             return
         self._key_as("prefill")  # an earlier stage (validate, test) may have keyed its own

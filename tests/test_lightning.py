@@ -1706,6 +1706,87 @@ def test_a_cached_weight_a_trained_part_shares_is_refused(tmp_path: Path, same: 
     assert model.tied.weight.requires_grad and isinstance(model.encoder, Encoder)
 
 
+class TiedLate(Trained):
+    """Trains a head it makes in ``configure_model``, after the callbacks' ``setup``, whose
+    weight is the encoder's (the very same parameter, which the encoder trains with when
+    uncached), another parameter over its numbers, or a copy of its own."""
+
+    def __init__(self, tie: str) -> None:
+        super().__init__()
+        self.tie = tie
+        self.steps = 0
+
+    def configure_model(self) -> None:
+        if hasattr(self, "tied"):
+            return
+        self.tied = nn.Conv2d(3, 8, 3, 2, 1)
+        weight = self.encoder.conv.weight
+        if self.tie == "same-parameter":
+            self.tied.weight = weight
+        else:
+            made = weight.data if self.tie == "same-memory" else weight.detach().clone()
+            self.tied.weight = nn.Parameter(made)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.steps += 1
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y) + self.tied(x).square().mean()
+
+
+@pytest.mark.parametrize("tie", ["same-parameter", "same-memory"])
+def test_a_cached_weight_a_head_made_in_configure_model_shares_is_refused(
+    tmp_path: Path, tie: str
+) -> None:
+    """A head ``configure_model`` makes after the callback cached the encoder, sharing a
+    cached weight, would stop training or rewrite the weights under their cached rows: it
+    is refused when fitting starts, as at setup, before any step runs, and the model is
+    handed back as it was."""
+    model = TiedLate(tie)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FrozeTrainable)  # the encoder requires grad
+        with pytest.raises(
+            CacheFrozenError, match=r"`encoder\.conv\.weight` is frozen.*`tied\.weight`"
+        ):
+            trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])]).fit(model, loader())
+    assert model.steps == 0
+    assert isinstance(model.encoder, Encoder) and model.tied.weight.requires_grad
+
+
+class TiedInSetup(TiedLate):
+    """Makes its tied head in its own ``setup``, which Lightning runs after the callbacks'."""
+
+    def configure_model(self) -> None:
+        pass
+
+    def setup(self, stage: str) -> None:
+        TiedLate.configure_model(self)
+
+
+def test_a_cached_weight_a_head_made_in_the_modules_own_setup_shares_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A head the LightningModule's own ``setup`` makes, after the callback's, sharing a
+    cached weight is refused when fitting starts, before any step runs."""
+    model = TiedInSetup("same-memory")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FrozeTrainable)  # the encoder requires grad
+        with pytest.raises(CacheFrozenError, match=r"`encoder\.conv\.weight` is frozen"):
+            trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])]).fit(model, loader())
+    assert model.steps == 0
+
+
+def test_a_head_made_in_configure_model_with_a_weight_of_its_own_fits(tmp_path: Path) -> None:
+    """A head ``configure_model`` makes with a copy of the encoder's weight shares nothing
+    with it: the fit runs, cached, and the head trains."""
+    model = TiedLate("copy")
+    callback = CacheFrozen(None, ["encoder"])
+    with pytest.warns(FrozeTrainable):
+        trainer(tmp_path, 2, callbacks=[callback]).fit(model, loader())
+    assert model.steps == 8
+    assert not torch.equal(model.tied.weight, model.encoder.conv.weight)
+    assert epochs(callback, "train")[1].rows.recalled == SAMPLES
+
+
 class _Backbone(BaseFinetuning):
     """A fine-tuning callback that freezes the encoder in its own ``setup``."""
 
