@@ -190,6 +190,37 @@ class _HeldInEval(_Asked):
         return self.module
 
 
+@dataclasses.dataclass
+class AskedSoFar:
+    """The modes last asked of a held module and of each of its parts (:class:`_Asked`),
+    as they stand at one moment: :meth:`undo` sets the records back to them, as if no
+    mode were asked after. Lightning takes each module's ``training`` flag before an
+    evaluation's ``eval()`` and sets the flags back directly after it, so that the modes
+    asked in between (``norm.eval()`` in ``on_validation_epoch_start``) are undone: a
+    module held meanwhile puts its parts back as Lightning would have."""
+
+    records: list[tuple[_Asked, tuple[int, bool] | None, dict[bool, int] | None]]
+
+    @classmethod
+    def of(cls, module: nn.Module) -> AskedSoFar:
+        records = []
+        for part in module.modules():
+            asker = _asker(part)
+            if asker is not None:
+                last = dict(asker.last) if isinstance(asker, _HeldInEval) else None
+                records.append((asker, asker.asked, last))
+        return cls(records)
+
+    def undo(self) -> None:
+        """The modes asked since these were taken undone. A part added since has no
+        record here and keeps its asks, as Lightning keeps the flag of a module it never
+        took."""
+        for asker, asked, last in self.records:
+            asker.asked = asked
+            if isinstance(asker, _HeldInEval) and last is not None:
+                asker.last = dict(last)
+
+
 def _asker(module: nn.Module) -> _Asked | None:
     """What records the modes asked of ``module``, if something does."""
     train = module.__dict__.get("train")

@@ -569,12 +569,23 @@ class CacheFrozen(Callback):
         # Keyed as this stage's from its first hook: the LightningModule's own runs next,
         # before any epoch starts (a k-NN monitor taking the features of its bank there).
         self._key_as("validate")
+        self._evaluation_began()
 
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._key_as("test")
+        self._evaluation_began()
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._key_as("predict")
+        self._evaluation_began()
+
+    def _evaluation_began(self) -> None:
+        """Lightning has just taken every module's training flag and asked ``eval()``, and
+        sets the flags back directly when the evaluation ends, undoing the modes asked
+        meanwhile (``norm.eval()`` in ``on_validation_epoch_start``): each cache undoes
+        them too, from that ``eval()`` on, whatever ``eval()`` is asked until then."""
+        for cached in self._cached.values():
+            cached.evaluation_began()
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._fresh("validate")

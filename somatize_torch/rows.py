@@ -100,6 +100,7 @@ from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import RowsLater
 from somatize_torch.freeze import (
+    AskedSoFar,
     ModuleNode,
     Unfrozen,
     classes_of,
@@ -228,6 +229,12 @@ class CachedRows(nn.Module):
         self.when_unfrozen: Callable[[CachedRows], bool] | None = None
         # Whether the module is its model's again (see `hand_back`), until `freeze_again`.
         self._handed_back = False
+        # The modes asked of the module and its parts as they stood when `eval()` was last
+        # asked of this cache: until `train()` is asked, the flag set back directly (as
+        # Lightning sets each module's back after an evaluation) undoes those asked since.
+        self._asked_at_eval: AskedSoFar | None = None
+        # Whether the `eval()` last asked began an evaluation (see `evaluation_began`).
+        self._evaluating = False
         self.named_ahead = 0  # batches named ahead, and how many of them a forward used
         self.used_ahead = 0
         self.last_input: weakref.ref[torch.Tensor] | None = None
@@ -258,6 +265,8 @@ class CachedRows(nn.Module):
         cache's, fixed when it is made (:func:`_replaced`)."""
         if name in _MADE_WITH and name in self.__dict__:
             _replaced(name)
+        if name == "training":
+            self._set_back()
         module = self.__dict__.get("module")
         if (
             module is not None
@@ -269,6 +278,16 @@ class CachedRows(nn.Module):
             setattr(module, name, value)
             return
         super().__setattr__(name, value)
+
+    def _set_back(self) -> None:
+        """The training flag set directly (not by :meth:`train`) after an ``eval()``:
+        Lightning, at the end of an evaluation, setting each module's flag back to what it
+        was before its ``eval()`` — so the modes asked of the module's parts since are
+        undone, as they would be on the module uncached."""
+        asked = self.__dict__.get("_asked_at_eval")
+        if asked is not None:
+            asked.undo()
+            self._asked_at_eval, self._evaluating = None, False
 
     def __delattr__(self, name: str) -> None:
         """A value the module holds itself is deleted from the module, as it is written
@@ -446,6 +465,7 @@ class CachedRows(nn.Module):
         again before the next row is keyed, so a change made meanwhile (it trained) keys
         rows anew. The mode asked of the wrapper is the module's own again; the memory
         tiers keep what they held."""
+        self._asked_at_eval, self._evaluating = None, False
         self.training = self.module.training
         hold(self.module)
         self._watch = None
@@ -502,11 +522,24 @@ class CachedRows(nn.Module):
     def train(self, mode: bool = True) -> CachedRows:
         """Records the mode; the frozen module stays in eval whatever is asked, and the ask
         is recorded by its hold too, in order with those of its parts
-        (:class:`~somatize_torch.freeze.AsFound`)."""
-        self.training = mode
+        (:class:`~somatize_torch.freeze.AsFound`). The modes asked are noted as they stand
+        at an ``eval()`` (unless it is asked during an evaluation already under way), for
+        the flag set back directly to undo those asked after (see :meth:`_set_back`)."""
+        if mode:
+            self._asked_at_eval, self._evaluating = None, False
+        elif not self._evaluating:
+            self._asked_at_eval = AskedSoFar.of(self.module) if is_held(self.module) else None
+        object.__setattr__(self, "training", mode)  # asked, not set back
         if is_held(self.module):
             self.module.train(mode)
         return self
+
+    def evaluation_began(self) -> None:
+        """Says that the ``eval()`` last asked began an evaluation (Lightning's validation,
+        test or predict): one asked during it (``self.eval()`` in a validation step) does
+        not note the modes anew, so that setting the flag back when it ends undoes every
+        mode asked since it began."""
+        self._evaluating = self._asked_at_eval is not None
 
     # The registries are the module's own (see `__init__`), so what torch does to the
     # wrapper's own tensors is done by the module, as it would be unwrapped: its overrides

@@ -311,6 +311,85 @@ def test_a_part_put_in_eval_while_cached_stays_in_eval_once_put_back(
     assert torch.equal(cached.head.weight, plain.head.weight)
 
 
+class _NormInEvalToValidate(Probe):
+    """Runs its encoder in eval for its training steps only, and puts its BatchNorm in eval
+    for validation (``norm.eval()`` in ``on_validation_epoch_start``), which Lightning's
+    restore of every module's flag after validation undoes; ``again`` asks it once more
+    in the validation step, after a ``self.eval()`` of its own."""
+
+    def __init__(self, again: bool) -> None:
+        super().__init__()
+        self.again = again
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.encoder.train()
+
+    def on_validation_epoch_start(self) -> None:
+        self.encoder.norm.eval()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if self.again:
+            self.eval()
+            self.encoder.norm.eval()
+        super().validation_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["at epoch start", "in a step too"])
+def test_a_part_put_in_eval_for_validation_is_back_in_train_mode_once_put_back(
+    tmp_path: Path, again: bool
+) -> None:
+    """A BatchNorm the module puts in eval during validation, while its encoder is cached,
+    is back in train mode once the encoder is put back, as Lightning's restore after
+    validation leaves it without the callback (it was kept in eval, so a forward after the
+    fit left the running statistics where a run without the callback updates them)."""
+
+    def fit(cache: bool) -> _NormInEvalToValidate:
+        model = _NormInEvalToValidate(again)
+        callbacks: list[pl.Callback] = [CacheFrozen(None, ["encoder"])] if cache else []
+        run = trainer(tmp_path, 2, callbacks=callbacks, num_sanity_val_steps=1)
+        run.fit(model, loader(), loader(shuffle=False))
+        return model
+
+    cached, plain = fit(cache=True), fit(cache=False)
+    assert not isinstance(cached.encoder, CachedRows) and not is_held(cached.encoder)
+    modes = {name: m.training for name, m in cached.named_modules()}
+    assert modes == {name: m.training for name, m in plain.named_modules()}
+    assert cached.encoder.norm.training
+    assert torch.equal(cached.head.weight, plain.head.weight)
+    x = data()[0][:16]
+    with torch.no_grad():
+        cached.encoder(x), plain.encoder(x)
+    norm, other = cached.encoder.norm, plain.encoder.norm
+    assert torch.equal(norm.running_mean, other.running_mean)
+    assert torch.equal(norm.running_var, other.running_var)
+
+
+@pytest.mark.parametrize("stage", ["validate", "test", "predict"])
+def test_a_part_left_in_train_mode_in_a_model_in_eval_is_so_after_an_evaluation(
+    tmp_path: Path, stage: str
+) -> None:
+    """A model handed to an evaluation in eval, its BatchNorm in train mode, is handed back
+    so, as without the callback: Lightning's ``eval()`` for the evaluation is undone with
+    every other mode asked during it (it put the BatchNorm in eval)."""
+
+    def run(cache: bool) -> dict[str, bool]:
+        model = Probe()
+        model.eval()
+        model.encoder.norm.train()
+        callbacks: list[pl.Callback] = [CacheFrozen(None, ["encoder"])] if cache else []
+        evaluation = trainer(tmp_path, 1, callbacks=callbacks)
+        if stage == "predict":
+            evaluation.predict(model, loader(shuffle=False))
+        else:
+            getattr(evaluation, stage)(model, loader(shuffle=False), verbose=False)
+        assert not isinstance(model.encoder, CachedRows) and not is_held(model.encoder)
+        return {name: m.training for name, m in model.named_modules()}
+
+    modes = run(cache=True)
+    assert modes == run(cache=False)
+    assert modes["encoder.norm"] and not modes["encoder.conv"]
+
+
 class _Swaps(Probe):
     """Loads its encoder's next weights into a new module at the second epoch's start."""
 
