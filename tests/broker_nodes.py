@@ -36,12 +36,14 @@ class Nap(Node):
 
 class SlowToBuild(Node):
     """Built in ``seconds`` where ``marker`` exists (on a worker, once a test touched it),
-    at once elsewhere; hands its input on."""
+    at once elsewhere — in process ``home`` too, where its graph is made and a broker
+    checks it can be rebuilt; hands its input on."""
 
-    def __init__(self, seconds: float, marker: str) -> None:
+    def __init__(self, seconds: float, marker: str, home: int) -> None:
         self.seconds = seconds
         self.marker = marker
-        if Path(marker).exists():
+        self.home = home
+        if os.getpid() != home and Path(marker).exists():
             time.sleep(seconds)
 
     def forward(self, value: Any, ctx: Any) -> Any:

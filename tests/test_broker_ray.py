@@ -751,7 +751,7 @@ def test_a_key_asked_as_the_broker_is_closed_is_broker_closed_and_starts_no_acto
     marker = tmp_path / "slow"
     g = Graph.somatize(
         Rows().named("rows").frozen()
-        >> SlowToBuild(20.0, str(marker)).named("slow").frozen().cached().at("w1")
+        >> SlowToBuild(20.0, str(marker), os.getpid()).named("slow").frozen().cached().at("w1")
     )
     rows = [root_key({"at": 0, "take": 2})]
     broker = Broker.ray(workers={"w1": _worker()}, retries=1)
@@ -783,7 +783,7 @@ def test_a_key_asked_of_a_worker_that_does_not_answer_in_time_is_a_timeout(
     marker = tmp_path / "slow"
     g = Graph.somatize(
         Rows().named("rows").frozen()
-        >> SlowToBuild(30.0, str(marker)).named("slow").frozen().cached().at("w1")
+        >> SlowToBuild(30.0, str(marker), os.getpid()).named("slow").frozen().cached().at("w1")
     )
     rows = [root_key({"at": 0, "take": 2})]
     never = Broker.ray(
