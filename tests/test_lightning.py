@@ -1206,42 +1206,45 @@ from somatize.torch.lightning import CacheFrozen
 from tests.lightning_models import Probe, loader
 
 if __name__ == "__main__":
-    out, store, key = sys.argv[1], sys.argv[2], sys.argv[3]
-    callback = CacheFrozen(store, ["encoder"], key=key)
-    train = loader(shuffle=True)
-    if key == "index":  # the same samples, their images deferred
-        import torch
-        from somatize.torch import Deferred
-        images, labels = train.dataset.tensors
-        train = torch.utils.data.DataLoader(
-            Deferred(images, labels, version="ddp@1"), batch_size=16, shuffle=True
+    for key in sys.argv[2:]:  # one fit after another, each in its own folder and store
+        out = os.path.join(sys.argv[1], key)
+        callback = CacheFrozen(os.path.join(out, "store"), ["encoder"], key=key)
+        train = loader(shuffle=True)
+        if key == "index":  # the same samples, their images deferred
+            import torch
+            from somatize.torch import Deferred
+            images, labels = train.dataset.tensors
+            train = torch.utils.data.DataLoader(
+                Deferred(images, labels, version="ddp@1"), batch_size=16, shuffle=True
+            )
+        fit = pl.Trainer(
+            accelerator="cpu", strategy="ddp", devices=2, max_epochs=2, default_root_dir=out,
+            enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+            logger=False, num_sanity_val_steps=0, callbacks=[callback],
         )
-    fit = pl.Trainer(
-        accelerator="cpu", strategy="ddp", devices=2, max_epochs=2, default_root_dir=out,
-        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-        logger=False, num_sanity_val_steps=0, callbacks=[callback],
-    )
-    fit.fit(Probe(), train)
-    record = [
-        {"epoch": e.epoch, "rows": e.rows.rows, "computed": e.rows.computed,
-         "recalled": e.rows.recalled, "from_store": e.rows.from_store,
-         "from_memory": e.rows.from_device + e.rows.from_host}
-        for e in callback.history if e.stage == "train"
-    ]
-    with open(os.path.join(out, f"rank{fit.global_rank}.json"), "w") as f:
-        json.dump(record, f)
+        fit.fit(Probe(), train)
+        record = [
+            {"epoch": e.epoch, "rows": e.rows.rows, "computed": e.rows.computed,
+             "recalled": e.rows.recalled, "from_store": e.rows.from_store,
+             "from_memory": e.rows.from_device + e.rows.from_host}
+            for e in callback.history if e.stage == "train"
+        ]
+        with open(os.path.join(out, f"rank{fit.global_rank}.json"), "w") as f:
+            json.dump(record, f)
 """
 
+DDP_KEYS = ["content", "index"]
 
-def _ranks_of(tmp_path: Path, script: str, timeout: float, *arguments: str) -> list[Any]:
-    """What each of two ranks of ``script``, run on the CPU in a new process with the store
-    under ``tmp_path`` and ``arguments``, recorded in its ``rank{r}.json``."""
+
+def _run_ranks(tmp_path: Path, script: str, timeout: float, *arguments: str) -> None:
+    """Runs ``script`` on the CPU in a new process, handed ``tmp_path`` and ``arguments``;
+    it starts its ranks itself."""
     path = tmp_path / "fit.py"
     path.write_text(textwrap.dedent(script))
     env = dict(os.environ, PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1")
     env.pop("MASTER_PORT", None)
     done = subprocess.run(
-        [sys.executable, str(path), str(tmp_path), str(tmp_path / "store"), *arguments],
+        [sys.executable, str(path), str(tmp_path), *arguments],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -1249,21 +1252,38 @@ def _ranks_of(tmp_path: Path, script: str, timeout: float, *arguments: str) -> l
         timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _ranks_of(tmp_path: Path, script: str, timeout: float, *arguments: str) -> list[Any]:
+    """What each of two ranks of ``script``, run on the CPU in a new process with the store
+    under ``tmp_path`` and ``arguments``, recorded in its ``rank{r}.json``."""
+    _run_ranks(tmp_path, script, timeout, str(tmp_path / "store"), *arguments)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
-@pytest.mark.parametrize("key", ["content", "index"])
-def test_ddp_two_processes_share_one_store(tmp_path: Path, key: str) -> None:
+@pytest.fixture(scope="module")
+def ddp_fits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding, in a folder per key of ``DDP_KEYS``, what each of two DDP ranks
+    (gloo, CPU) sharing a store keyed so recorded, and that store. One launch runs the
+    fits one after the other: starting two processes with torch and Lightning costs more
+    than the fits."""
+    folder = tmp_path_factory.mktemp("ddp")
+    _run_ranks(folder, DDP_SCRIPT, 120 * len(DDP_KEYS), *DDP_KEYS)
+    return folder
+
+
+@pytest.mark.parametrize("key", DDP_KEYS)
+def test_ddp_two_processes_share_one_store(ddp_fits: Path, key: str) -> None:
     """Two DDP ranks (gloo, CPU) share one store: each computes its share in epoch 1,
     both recall every row in epoch 2 (rows the other rank computed included), and the
     store verifies clean — keyed by content, and by index with the images deferred."""
-    ranks = _ranks_of(tmp_path, DDP_SCRIPT, 120, key)
+    ranks = [json.loads((ddp_fits / key / f"rank{r}.json").read_text()) for r in (0, 1)]
     for record in ranks:
         first, second = record
         assert first["rows"] == second["rows"] == SAMPLES // 2
         assert second["recalled"] == SAMPLES // 2 and second["computed"] == 0
     assert sum(r[0]["computed"] for r in ranks) == SAMPLES
-    store = Store(tmp_path / "store")
+    store = Store(ddp_fits / key / "store")
     verified = store.verify()
     assert not verified.damaged and verified.packs > 0
     images = data()[0]
