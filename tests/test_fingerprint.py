@@ -5598,22 +5598,15 @@ def test_an_object_of_another_package_its_module_holds_is_named_alike_in_every_p
     library = tmp_path / "otherlib"
     library.mkdir()
     _write(library / "__init__.py", "class Lib:\n    def __init__(self, k):\n        self.k = k\n")
-    printed = {}
     for name, (was, now) in edits.items():  # one module, written otherwise in each folder
         (tmp_path / name).mkdir()
         _write(tmp_path / name / "elsewhere.py", _READS_OBJECTS_FROM_ELSEWHERE.replace(was, now))
-        printed[name] = _printed(
-            [
-                "-c",
-                f"import sys; sys.path.append({str(tmp_path)!r})\n" + _fingerprint_script(kinds),
-            ],
-            tmp_path / name,
-        ).split()
+    # One new process for the module as written; a second for it again and then for each
+    # edit in turn, each against the first's, so every comparison crosses processes.
+    printed = {"same": _fingerprints_of_elsewhere(tmp_path, ["same"], kinds)[0]}
+    again, *edited = _fingerprints_of_elsewhere(tmp_path, list(edits), kinds)
+    printed.update(zip(list(edits)[1:], edited, strict=True))
     assert len(printed["same"]) == len(kinds)
-    again = _printed(
-        ["-c", f"import sys; sys.path.append({str(tmp_path)!r})\n" + _fingerprint_script(kinds)],
-        tmp_path / "same",
-    ).split()
     assert again == printed["same"]
     for at, (name, kind) in enumerate(zip(list(edits)[1:], kinds, strict=True)):
         assert printed[name][at] != printed["same"][at], kind
@@ -5673,10 +5666,23 @@ def test_an_array_its_module_holds_changed_in_place_is_seen_by_a_graph_built_aft
     assert graph().forward(1.0, store=store, strict=True) == 16.0
 
 
-def _fingerprint_script(kinds: list[str]) -> str:
-    """A script printing the fingerprints of ``kinds`` of module ``elsewhere``."""
-    script = "import elsewhere as m\nfrom somatize.catalog import fingerprint_of as f\n"
-    return script + f"print({', '.join(f'f(m.{kind})' for kind in kinds)})\n"
+def _fingerprints_of_elsewhere(root: Path, folders: list[str], kinds: list[str]) -> list[list[str]]:
+    """The fingerprints of ``kinds`` of module ``elsewhere`` as each folder of ``folders``
+    under ``root`` writes it, worked out in one new process that imports it afresh from
+    each in turn (``root`` holds the packages it imports)."""
+    script = (
+        "import importlib, sys\n"
+        "from somatize.catalog import fingerprint_of as f\n"
+        f"sys.path.append({str(root)!r})\n"
+        f"for folder in {[str(root / name) for name in folders]!r}:\n"
+        "    sys.path.insert(0, folder)\n"
+        "    importlib.invalidate_caches()\n"
+        "    m = importlib.import_module('elsewhere')\n"
+        f"    print({', '.join(f'f(m.{kind})' for kind in kinds)})\n"
+        "    del sys.modules['elsewhere']\n"
+        "    sys.path.remove(folder)\n"
+    )
+    return [line.split() for line in _printed(["-c", script]).splitlines()]
 
 
 def test_a_marked_object_holding_a_logger_is_watched_without_every_logger(
