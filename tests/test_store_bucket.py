@@ -1398,3 +1398,55 @@ def test_a_name_whose_key_the_prefix_makes_too_long_is_refused_naming_the_room_l
         with pytest.raises(BadName, match=rf"at most {room} bytes here"):
             call()
     assert not any("/names/" in path and path.endswith("bc") for path in objects(store))
+
+
+def s3_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The keys of the objects read (``get_object``) from now on, in order, by every s3fs
+    client of this process."""
+    import s3fs
+
+    read: list[str] = []
+    call_s3 = s3fs.S3FileSystem._call_s3
+
+    async def counted(fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "get_object":
+            read.append(str(kwargs.get("Key")))
+        return await call_s3(fs, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    return read
+
+
+def test_a_damaged_pack_index_is_read_again_only_once_it_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pack index with a byte changed in the bucket is read at the first miss and not at
+    the next (its items are misses all the same); written back whole, the same size, it is
+    read at the next lookup and its items found. A verify still reports it damaged."""
+    url = s3_url()
+    writer = Store.on_bucket(url, **s3_options())
+    items = [(key_of(f"item {i}"), f"row {i}".encode()) for i in range(3)]
+    writer.keep_many(items, "plain")
+    assert isinstance(writer, BucketStore)
+    [index] = [path for path in objects(writer) if "/packs/" in path]
+    whole = writer.fs.cat_file(index)
+    damaged = whole[:-1] + bytes([whole[-1] ^ 1])
+    writer.fs.pipe_file(index, damaged)
+    reads = s3_reads(monkeypatch)
+    store = Store.on_bucket(url, **s3_options(), skip_instance_cache=True)
+    assert store.have([items[0][0]]) == set()
+    with pytest.raises(Missing):
+        store.recall(items[1][0])
+    assert sum(index.endswith(key) for key in reads) == 1
+    writer.fs.pipe_file(index, whole)
+    assert store.have([key for key, _ in items]) == {key for key, _ in items}
+    assert bytes(store.recall(items[1][0])[1]) == b"row 1"
+    assert sum(index.endswith(key) for key in reads) == 2
+
+    writer.fs.pipe_file(index, damaged)
+    other = Store.on_bucket(url, **s3_options(), skip_instance_cache=True)
+    assert other.have([items[0][0]]) == set()
+    found = other.verify()
+    name = index.rsplit("/", 1)[-1]
+    assert ("packs", name) in [(d.section, d.name) for d in found.damaged]
+    assert other.have([items[0][0]]) == set()

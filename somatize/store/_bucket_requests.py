@@ -153,7 +153,8 @@ answers and packs it found listed and has not removed (whose times it keeps)."""
 @dataclasses.dataclass
 class BucketNotes:
     """What a bucket store object found out as it went, and the merge of a gc going on: read
-    only where a keep, a put, a gc or a log it could not write asks, so held in one
+    only where a keep, a put, a gc, a look at ``packs/`` or a log it could not write asks,
+    so held in one
     attribute. A store is asked a dozen things on every recalled forward, and CPython (3.11
     on) makes those calls fast only on an object of fewer than 30 attributes, whose keys
     its class's objects share (tests/test_engine.py counts them)."""
@@ -164,6 +165,13 @@ class BucketNotes:
     damaged: set[str] = dataclasses.field(default_factory=set)
     """The blobs this store object found damaged: a put of one writes it afresh, not
     trusting the object of the right size there (which a move aside may have left)."""
+    indexes: dict[str, tuple[Any, ...] | None] = dataclasses.field(default_factory=dict)
+    """Pack id → the version of its index (:func:`~somatize.store._bucket_upkeep.version_of`)
+    as the last look at ``packs/`` listed it."""
+    damaged_indexes: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    """Pack id → the version of its index found damaged or unsigned: not read again while
+    it is listed so, since its items are misses all the same; one written over it later (a
+    repair) is listed as another version, and read."""
     merging: _Merging | None = None
     """The ``used/`` logs a gc read, the times merged from them, and the answers and packs
     it kept, until it replaces the logs with one (together, so that one gc never removes

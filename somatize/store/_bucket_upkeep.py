@@ -74,6 +74,16 @@ def _mtime(info: dict[str, Any]) -> float:
     return 0.0
 
 
+def version_of(info: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What tells the object a listing gave ``info`` of from another written at its path
+    later: its ETag, size and time; None where the listing says neither ETag nor time."""
+    etag = info.get("ETag") or info.get("etag")
+    mtime = _mtime(info)
+    if etag is None and not mtime:
+        return None
+    return (etag, info.get("size"), mtime)
+
+
 class BucketShelf(BucketRequests):
     """The files of a bucket store as upkeep sees them (a
     :class:`~somatize.store.upkeep.Shelf`), and its ``used/`` logs; see the module

@@ -442,6 +442,11 @@ class PackedHome(Store):
     def _copy_index(self, pack: PackIndex, data: bytes) -> None:
         """Keeps a copy of index ``data``, read from the home (a cache in front does)."""
 
+    def _index_damaged(self, pack_id: str) -> None:
+        """Notes that the index of ``pack_id``, as the look now going on listed and read
+        it, is damaged or unsigned (its items are misses). A home that can tell that index
+        from one written over it later (a bucket) need not read it at the next look."""
+
     def _forget_blob(self, digest: str) -> None:
         """Drops what is held in memory about blob ``digest``."""
         with self._lock:
@@ -864,6 +869,7 @@ class PackedHome(Store):
             try:
                 pack = decode_pack(pack_id, data, self.signer)
             except Corrupt:
+                self._index_damaged(pack_id)
                 continue  # damaged or unsigned: its items are misses
             taken.extend(self._adopt(pack))
             self._copy_index(pack, data)

@@ -10,7 +10,9 @@ A bucket is shaped by what a request costs — tens of milliseconds, where a loc
   listed but not yet read is believed; should its blob be gone, ``recall`` says
   Missing and the engine recomputes — never a wrong answer.
 - packed item answers are found through the pack indexes (a listing and one read
-  per new pack), so 100,000 items are a handful of requests.
+  per new pack), so 100,000 items are a handful of requests. An index found damaged
+  is read again only once a listing shows another object there (a repair): its items
+  are misses, and a miss costs no request for it.
 - records and small verified blobs read once are held in memory (a read hands out
   a copy, so a recalled value written in place changes no later recall); a ``cache=``
   directory in front (a :class:`LocalStore`) holds blobs, records and indexes
@@ -51,7 +53,7 @@ from urllib.parse import urlsplit
 from somatize import canonical
 from somatize._numbers import finite
 from somatize.store._bucket_requests import BucketNotes
-from somatize.store._bucket_upkeep import BucketShelf
+from somatize.store._bucket_upkeep import BucketShelf, version_of
 from somatize.store._local_files import open_file
 from somatize.store._packed import digest_of, frozen, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
@@ -600,6 +602,7 @@ class BucketStore(BucketShelf):
 
     def _publish_index(self, pack: PackIndex, data: bytes) -> None:
         self._write(self._pack_path(pack.id), [data])
+        self._noted.damaged_indexes.pop(pack.id, None)  # written afresh, whole
         self._copy_index(pack, data)
         self._adopt(pack)
 
@@ -803,8 +806,18 @@ class BucketStore(BucketShelf):
         return found
 
     def _listed_packs(self) -> dict[str, str]:
-        """One listing, never None: a bucket has no cheap sign that nothing changed."""
-        return {"blake3:" + name: self._path("packs", name) for name in self._listed("packs")}
+        """One listing, never None: a bucket has no cheap sign that nothing changed. The
+        version of each index listed is noted, and an index found damaged is forgotten as
+        such once it is listed no more at the version found damaged."""
+        listed = self._listed("packs")
+        noted = self._noted
+        noted.indexes = {"blake3:" + name: version_of(info) for name, info in listed.items()}
+        noted.damaged_indexes = {
+            pack_id: version
+            for pack_id, version in noted.damaged_indexes.items()
+            if noted.indexes.get(pack_id) == version
+        }
+        return {"blake3:" + name: self._path("packs", name) for name in listed}
 
     def _records_among(self, keys: Sequence[str]) -> dict[str, bytes]:
         """A few keys' records are read at once; for many, one listing of ``answers/`` says
@@ -818,8 +831,17 @@ class BucketStore(BucketShelf):
         return {paths[path]: data for path, data in got.items() if data is not None}
 
     def _read_indexes(self, wanted: dict[str, str]) -> dict[str, bytes | None]:
-        got = self._read_paths(list(wanted.values()))
+        """An index found damaged, listed still at the version found so, is not read again
+        (None): a miss would otherwise cost a request for it, every time."""
+        damaged = self._noted.damaged_indexes
+        paths = [path for pack_id, path in wanted.items() if pack_id not in damaged]
+        got = self._read_paths(paths) if paths else {}
         return {pack_id: got.get(path) for pack_id, path in wanted.items()}
+
+    def _index_damaged(self, pack_id: str) -> None:
+        version = self._noted.indexes.get(pack_id)
+        if version is not None:  # a listing that tells no versions apart: read each time
+            self._noted.damaged_indexes[pack_id] = version
 
     # -- upkeep -------------------------------------------------------------------------------
 
@@ -831,5 +853,6 @@ class BucketStore(BucketShelf):
     def _forget_all(self) -> None:
         super()._forget_all()
         self._packs_seen = False
+        self._noted.damaged_indexes.clear()
         if self.cache is not None:
             self.cache._forget_all()
