@@ -814,7 +814,7 @@ class BucketStore(BucketShelf):
         noted.indexes = {"blake3:" + name: version_of(info) for name, info in listed.items()}
         noted.damaged_indexes = {
             pack_id: version
-            for pack_id, version in noted.damaged_indexes.items()
+            for pack_id, version in list(noted.damaged_indexes.items())  # a keep may pop one
             if noted.indexes.get(pack_id) == version
         }
         return {"blake3:" + name: self._path("packs", name) for name in listed}
