@@ -36,6 +36,8 @@ from torch.nn.modules import module as _registry  # where torch keeps its global
 from torch.utils.hooks import RemovableHandle as _HANDLES  # it numbers every hook
 
 from somatize import canonical
+from somatize._arrays import looked_at as _looked_at
+from somatize._arrays import same_array as _same_array
 from somatize.canonical import NotCanonical
 from somatize.catalog import code_digest
 from somatize_torch._modes import outside_compiled
@@ -518,45 +520,6 @@ def _contents(sequences: list[Any], tables: list[dict[Any, Any]]) -> Iterator[An
 _NUMERIC = frozenset("biufc")
 """The kinds of numpy array a key names by its bytes (bools, integers, floats, complex
 numbers); others (strings, objects, dates) it does not name."""
-
-
-def _looked_at(array: Any) -> tuple[Any, ...]:
-    """What keys a numeric numpy array: its dtype, its shape and its bytes (a copy, compared
-    whole: numpy keeps no version counter to tell a write in place by), in the order they
-    lie in memory (a Fortran-ordered one's in its order), and the strides that say so."""
-    return array.dtype.str, array.shape, array.strides, array.tobytes(order="A")
-
-
-_COPIED = 1 << 22
-"""The size (4 MiB) up to which an array is looked at by a copy of its bytes: beyond it,
-its bytes are compared in place, a slice at a time."""
-
-_SLICE = 1 << 18
-"""How many bytes of a large array :func:`_same_array` compares at a time (the memory it
-takes to say whether they are the same)."""
-
-
-def _same_array(array: Any, was: tuple[Any, ...]) -> bool:
-    """Whether a numeric numpy array holds what ``was`` (as :func:`_looked_at` took it)
-    says: its dtype, its shape, its strides and its bytes, each compared exactly. A small
-    one, or one whose bytes are not in one block (C or Fortran ordered), is copied to be
-    compared; a large one is compared in place, a slice at a time, so that no copy of it
-    is made at every call."""
-    dtype, shape, strides, held = was
-    if array.dtype.str != dtype or array.shape != shape or array.strides != strides:
-        return False
-    one_block = array.flags.c_contiguous or array.flags.f_contiguous
-    if array.nbytes <= _COPIED or not one_block:
-        return bool(array.tobytes(order="A") == held)
-    numpy = sys.modules["numpy"]  # an array is held: numpy is imported
-    # Views of the same memory, as bytes in the order they lie (of a plain array: a
-    # subclass, `np.matrix`, reshapes otherwise).
-    now = numpy.asarray(array).ravel(order="A").view(numpy.uint8)
-    kept = numpy.frombuffer(held, numpy.uint8)
-    return all(
-        bool((now[at : at + _SLICE] == kept[at : at + _SLICE]).all())
-        for at in range(0, now.size, _SLICE)
-    )
 
 
 def _made_of(function: types.FunctionType) -> tuple[Any, ...]:

@@ -53,6 +53,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 import torch
 from torch import nn
 
+from somatize._arrays import looked_at as _looked_at
 from somatize.catalog import CodeWatch, code_changes, watch_code, watched_again
 from somatize_torch._errors import WrapError
 from somatize_torch._modes import in_torch, read_by
@@ -62,7 +63,6 @@ from somatize_torch._settings import (
     _bound_in,
     _dict_version,
     _items,
-    _looked_at,
     _made_of,
     _same_items,
 )
