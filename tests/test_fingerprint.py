@@ -5666,6 +5666,77 @@ def test_an_array_its_module_holds_changed_in_place_is_seen_by_a_graph_built_aft
     assert graph().forward(1.0, store=store, strict=True) == 16.0
 
 
+_READS_ARRAYS = """
+import numpy as np
+
+from somatize import Node
+
+MEANS = np.array([1.0, 2.0, 3.0])
+WIDE = np.ones(1 << 20)
+WIDE[:3] = MEANS
+SCALES = np.array([1.0, 2.0, 3.0])
+
+
+def total(x):
+    return x + float(SCALES.sum())
+
+
+class ReadsGlobal(Node):
+    def forward(self, x, ctx):
+        return x + float(MEANS.sum())
+
+
+class ReadsWide(Node):
+    def forward(self, x, ctx):
+        return x + float(WIDE[:3].sum())
+
+
+class ReadsOwn(Node):
+    means = np.array([1.0, 2.0, 3.0])
+
+    def forward(self, x, ctx):
+        return x + float(self.means.sum())
+
+
+class CallsHelper(Node):
+    def forward(self, x, ctx):
+        return total(x)
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "held"),
+    [
+        ("ReadsGlobal", lambda m: m.MEANS),
+        ("ReadsWide", lambda m: m.WIDE),  # beyond the size compared by a copy
+        ("ReadsOwn", lambda m: m.ReadsOwn.means),
+        ("CallsHelper", lambda m: m.SCALES),
+    ],
+)
+def test_an_array_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_before(
+    kind: str,
+    held: Callable[[Any], Any],
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A numpy array a node's code reads — its module's (``MEANS[0] = 5.0``, a large one
+    too), its class's, or one a helper it calls reads — written in place after a graph was
+    built is other code at that graph's next forward: without strict the old answer is
+    recalled as drifted, with strict=True the node computes with what the array holds now,
+    and given back what it held, with that again."""
+    pytest.importorskip("numpy")
+    loaded = _load(tmp_path / "arrays.py", _READS_ARRAYS, monkeypatch)
+    graph = Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
+    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+    held(loaded)[0] = 5.0
+    with pytest.warns(Drifted, match="another version of"):
+        assert graph.forward(1, store=store) == 7.0
+    assert _three_forwards(graph, store, "a", 11.0) == ["ran", "recalled", "recalled"]
+    held(loaded)[0] = 1.0
+    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+
+
 def _fingerprints_of_elsewhere(root: Path, folders: list[str], kinds: list[str]) -> list[list[str]]:
     """The fingerprints of ``kinds`` of module ``elsewhere`` as each folder of ``folders``
     under ``root`` writes it, worked out in one new process that imports it afresh from

@@ -3,7 +3,8 @@ comparison made in C (:func:`watch_code`, :class:`CodeWatch`).
 
 A method patched in, a function given other code or defaults in place (counted by an
 audit hook, :data:`_SETS`), a helper of a module rebound, an object a class holds changed in
-place: each is found by :func:`code_changes`, and the fingerprints are worked out again.
+place, a numpy array the code reads written in place (:class:`_Written`): each is found by
+:func:`code_changes`, and the fingerprints are worked out again.
 What a node's own forward changes in an object it holds is its state, not a change
 (:func:`own_state`).
 """
@@ -25,6 +26,7 @@ from types import (
 )
 from typing import Any, NamedTuple
 
+from somatize._arrays import looked_at, same_array
 from somatize.catalog._bytecode import _fillers, _state_of
 from somatize.catalog._code import _assignment, _class_body, _written_at
 from somatize.catalog._fingerprint import _FINGERPRINTS
@@ -60,6 +62,7 @@ from somatize.catalog._members import (
 )
 from somatize.catalog._names import (
     _ABSENT,
+    _ArraySeen,
     _class_objects,
     _ClassSeen,
     _FunctionSeen,
@@ -77,8 +80,9 @@ class CodeWatch(NamedTuple):
     lives: list[Any]
     """The namespace of each class of ``kinds``, then each dict, list or set read of an
     object named by what it holds (:func:`_held_bytes`), each dict of keyword defaults of
-    a function of theirs and of keywords of a partial they hold, and last the count of code
-    set in place (:data:`_SETS`)."""
+    a function of theirs and of keywords of a partial they hold, each numpy array their
+    code reads (:class:`_Written`), and last the count of code set in place
+    (:data:`_SETS`)."""
     copies: list[Any]
     """A copy of each of ``lives``, taken with the watch."""
     kinds: list[type]
@@ -175,9 +179,11 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     it; the names of their modules their fingerprints looked up, each to the object it held
     (:class:`_Looked`: a helper or a value rebound since, a notebook's cell run again), and
     the namespaces of each helper class their code names or class they hold
-    (:class:`_Bodies`: a value or a method set on it since, ``Config.by = 3``); and the
-    count of functions given other code or defaults in place and classes given other bases,
-    in this process (:data:`_SETS`: ``f.__code__ = ...``, as a reloader does,
+    (:class:`_Bodies`: a value or a method set on it since, ``Config.by = 3``); each numpy
+    array their classes hold, or their modules or a helper their code calls hold and it
+    reads, by its bytes (:class:`_Written`: ``MEANS[0] = 5.0``), looked at only where one is
+    read; and the count of functions given other code or defaults in place and classes
+    given other bases, in this process (:data:`_SETS`: ``f.__code__ = ...``, as a reloader does,
     ``f.__defaults__ = (5,)``, ``Kind.__bases__ = ...``), which moves for any function or
     class, and sends the look to what the watch noted of these (:func:`code_changes`). The
     lives compare equal to the copies: each value by identity, else by ``==``, a number of a
@@ -201,9 +207,12 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     held_kinds: dict[type, None] = {}  # the classes of the objects they hold
     made: list[tuple[str, FunctionType, Any, Any, Any]] = []
     marks: list[Mark] = []
+    arrays: dict[int, tuple[_Written, str]] = {}  # the numpy arrays their code reads
     for kind in lineage:
         for name, member in list(vars(kind).items()):
             label = f"{kind.__qualname__}.{name}"
+            if _numpy_array(member):  # `means = np.array(...)`, written in place since
+                arrays.setdefault(id(member), (_Written(member), label))
             fills = _kept_in_place(name, member) and name in kept  # changed by its node's forward
             holds = [] if fills else _held_in(member)
             if _counted(member):
@@ -270,6 +279,12 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 labels.append(name)
             if wrapper is not None:  # what it binds (`partial(scaled, BOX)`), changed in place
                 _watch_objects(_bound_objects(wrapper), name, kind, lives, labels, marks)
+            if isinstance(was, _ArraySeen) and by is not None:  # `MEANS[0] = 5.0` since
+                space = _space_of(by)
+                array = space.get(name, _ABSENT)
+                if _numpy_array(array):
+                    at = f"{space.get('__name__', '')}:{name}"
+                    arrays.setdefault(id(array), (_Written(array), at))
             if not isinstance(was, _HeldSeen) or by is None:
                 continue
             table = _space_of(by).get(name, _ABSENT)
@@ -290,6 +305,9 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     if looked.names:  # a helper or a value of their modules rebound (a cell run again)
         lives.append(looked)
         labels.append("")
+    for array, at in arrays.values():  # none read: nothing more to look at
+        lives.append(array)
+        labels.append(at)
     copies = list(map(_copied, lives))
     for mark in marks:  # one copy of what is read of it for all
         copies[mark.at + 1] = mark.noted.copies
@@ -375,6 +393,8 @@ def _copied(live: Any) -> Any:
     that type."""
     if isinstance(live, (_Looked, _Versions, _MemberValues)):
         return live.values()
+    if isinstance(live, _Written):
+        return looked_at(live.array)
     if isinstance(live, (_Slots, _Cells)):
         return list(map(_exact, live.values()))
     if isinstance(live, _Bodies):
@@ -483,6 +503,33 @@ def _unexact(value: Any) -> Any:
 
 
 _ABSENTS = itertools.repeat(_ABSENT)
+
+
+class _Written:
+    """A numpy array a node's code reads — one its class holds, one its module holds, or
+    one a helper it calls reads —, whose values its fingerprint names: equal to what it
+    held as the watch was taken (:func:`~somatize._arrays.looked_at`) only while it holds
+    the same dtype, shape and bytes (:func:`~somatize._arrays.same_array`), so that a write
+    in place since (``MEANS[0] = 5.0``) is seen by a graph built before, whose fingerprints
+    are worked out again. numpy keeps no version counter, so its bytes are compared at
+    every look: a small array's with a copy, a large one's in place."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is tuple and same_array(self.array, other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _numpy_array(value: Any) -> bool:
+    """Whether ``value`` is a numpy array named by its values (:func:`_array`: not one of
+    objects), which a watch compares by its bytes (:class:`_Written`)."""
+    numpy = sys.modules.get("numpy")  # not imported: nothing read is one of its arrays
+    return numpy is not None and isinstance(value, numpy.ndarray) and _array(value)
 
 
 class _Looked:
