@@ -5737,6 +5737,111 @@ def test_an_array_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_
     assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
 
 
+_READS_HELD_ARRAYS = """
+import numpy as np
+
+from somatize import Node
+
+TABLE = {"m": np.array([1.0, 2.0, 3.0])}
+LISTED = [np.array([1.0, 2.0, 3.0])]
+NESTED = {"a": [(np.array([1.0, 2.0, 3.0]),)]}
+SCALES = {"m": np.array([1.0, 2.0, 3.0])}
+
+
+def total(x):
+    return x + float(SCALES["m"].sum())
+
+
+class ReadsTable(Node):
+    def forward(self, x, ctx):
+        return x + float(TABLE["m"].sum())
+
+
+class ReadsList(Node):
+    def forward(self, x, ctx):
+        return x + float(LISTED[0].sum())
+
+
+class ReadsNested(Node):
+    def forward(self, x, ctx):
+        return x + float(NESTED["a"][0][0].sum())
+
+
+class OwnsTable(Node):
+    table = {"m": np.array([1.0, 2.0, 3.0])}
+
+    def forward(self, x, ctx):
+        return x + float(self.table["m"].sum())
+
+
+class CallsHelper(Node):
+    def forward(self, x, ctx):
+        return total(x)
+"""
+
+
+_HELD_ARRAYS = [
+    ("ReadsTable", lambda m: m.TABLE["m"]),
+    ("ReadsList", lambda m: m.LISTED[0]),
+    ("ReadsNested", lambda m: m.NESTED["a"][0][0]),  # in a tuple, in a list, in a dict
+    ("OwnsTable", lambda m: m.OwnsTable.table["m"]),
+    ("CallsHelper", lambda m: m.SCALES["m"]),
+]
+
+
+@pytest.mark.parametrize(("kind", "held"), _HELD_ARRAYS)
+def test_an_array_in_a_table_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_before(
+    kind: str,
+    held: Callable[[Any], Any],
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A numpy array held in a dict, list or tuple a node's code reads — its module's,
+    however nested, its class's, or one a helper it calls reads — written in place after a
+    graph was built (``TABLE["m"][0] = 5.0``) is other code at that graph's next forward, as
+    one read itself is: strict=True computes with what it holds now, and given back what it
+    held, with that again."""
+    pytest.importorskip("numpy")
+    loaded = _load(tmp_path / "tables.py", _READS_HELD_ARRAYS, monkeypatch)
+    graph = Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
+    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+    held(loaded)[0] = 5.0
+    with pytest.warns(Drifted, match="another version of"):
+        assert graph.forward(1, store=store) == 7.0
+    assert _three_forwards(graph, store, "a", 11.0) == ["ran", "recalled", "recalled"]
+    held(loaded)[0] = 1.0
+    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+
+
+@pytest.mark.parametrize(("kind", "held"), _HELD_ARRAYS)
+def test_an_array_in_a_table_a_node_s_code_reads_is_named_by_its_values(
+    kind: str,
+    held: Callable[[Any], Any],
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A numpy array held in a dict, list or tuple a node's code reads is in its fingerprint
+    by its values, not as the text writes it: written in place, a graph built after (as a
+    new process would) computes with what it holds now, never recalling the old answer, and
+    given back what it held, its fingerprint is the old one again."""
+    pytest.importorskip("numpy")
+    loaded = _load(tmp_path / "tables.py", _READS_HELD_ARRAYS, monkeypatch)
+
+    def graph() -> Graph:
+        return Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
+
+    before = fingerprint_of(getattr(loaded, kind))
+    assert graph().forward(1.0, store=store) == 7.0
+    held(loaded)[0] = 5.0
+    assert fingerprint_of(getattr(loaded, kind)) != before
+    assert graph().forward(1.0, store=store, strict=True) == 11.0
+    held(loaded)[0] = 1.0
+    assert fingerprint_of(getattr(loaded, kind)) == before
+    assert graph().forward(1.0, store=store, strict=True) == 7.0
+
+
 def _fingerprints_of_elsewhere(root: Path, folders: list[str], kinds: list[str]) -> list[list[str]]:
     """The fingerprints of ``kinds`` of module ``elsewhere`` as each folder of ``folders``
     under ``root`` writes it, worked out in one new process that imports it afresh from

@@ -191,6 +191,57 @@ def _array_bytes(value: Any) -> bytes | None:
     return said + b" " + hashlib.sha256(values.data).digest()
 
 
+def _held_arrays(table: Any) -> tuple[list[Any], list[Any]]:
+    """Each array or tensor named by its values (:func:`_array`) that ``table``, a dict,
+    list, tuple or set, holds, however nested in such tables (``{"m": [np.array(...)]}``),
+    in the order they are read, and each dict and list read to find them (one given
+    another array in place, ``TABLE["m"] = ...``, is seen by a watch of it); none where it
+    holds none; :class:`_Unnamed` raised where it is deeper or larger than
+    :data:`_HELD_DEPTH` and :data:`_HELD_ITEMS` say."""
+    arrays: list[Any] = []
+    read: list[Any] = []
+    placed: set[int] = set()
+    queue = [(table, 0)]
+    count = 0
+    while queue:
+        held, depth = queue.pop()
+        if id(held) in placed:  # shared, or a cycle: read once
+            continue
+        placed.add(id(held))
+        items = list(held.values()) if isinstance(held, dict) else list(held)
+        count += len(items) + 1
+        if depth > _HELD_DEPTH or count > _HELD_ITEMS:
+            raise _Unnamed
+        if type(held) is not tuple and type(held) is not frozenset:
+            read.append(held)
+        for item in reversed(items):  # read first to last
+            if type(item) in _CONTAINERS:
+                queue.append((item, depth + 1))
+            elif _array(item):
+                arrays.append(item)
+    return arrays, read if arrays else []
+
+
+def _arrays_bytes(value: Any) -> bytes | None:
+    """An array or a tensor a node's code reads (:func:`_array`) by its values
+    (:func:`_array_bytes`), or a dict, list, tuple or set by the values of each array and
+    tensor it holds (:func:`_held_arrays`), in order: another once one is written in place
+    (``TABLE["m"][0] = 5.0``), the same in every process that makes them alike. None for
+    one holding none, one too deep or too large to read (named as its text writes it, as
+    such a table of plain values is), and for any other value."""
+    if _array(value):
+        return _array_bytes(value)
+    if type(value) not in _CONTAINERS:
+        return None
+    try:
+        arrays, _ = _held_arrays(value)
+    except _Unnamed:
+        return None
+    if not arrays:
+        return None
+    return _joined(b"arrays", [_array_bytes(array) or b"" for array in arrays])
+
+
 _HELD_DEPTH = 8
 
 

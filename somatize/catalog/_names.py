@@ -55,6 +55,7 @@ from somatize.catalog._held import (
     _HOLDERS,
     _array,
     _array_bytes,
+    _arrays_bytes,
     _contained_bytes,
     _held_bytes,
     _library_bytes,
@@ -161,7 +162,7 @@ def _still(reader: weakref.ref[Any], name: str, was: Any) -> bool:
         return now is was.held
     if isinstance(was, _ArraySeen):  # the same array, holding the same values
         held = was.held() if isinstance(was.held, weakref.ref) else was.held.held
-        return held is not None and now is held and _array_bytes(now) == was.values
+        return held is not None and now is held and _arrays_bytes(now) == was.values
     if isinstance(was, _HeldSeen):  # the same table or object, not changed since
         return now is was.held and _version_of(now) == was.version
     if isinstance(was, _ClassSeen):  # the same helper class, written as it was
@@ -323,8 +324,17 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
         if place in filled or place in stored or not _read_table(value):
             # filled as it runs (a log, a cache), holding objects, or more than a watch
             # reads: as written
-            if made is not None:
-                out[place] = (b"reads " + where.encode(), b"written " + ast.unparse(made).encode())
+            written = None if made is None else b"written " + ast.unparse(made).encode()
+            values = None if place in filled or place in stored else _arrays_bytes(value)
+            if values is not None:  # `TABLE = {"m": np.array(...)}`: its arrays by their values
+                out[place] = (
+                    b"reads " + where.encode(),
+                    _joined(b"arrays", [written or b"", values]),
+                )
+                first, _, _ = looked[place]
+                looked[place] = (first, name, _ArraySeen(_held_weakly(value), values))
+            elif written is not None:
+                out[place] = (b"reads " + where.encode(), written)
             continue
         # only read: as first seen, and watched (:func:`watch_code`)
         out[place] = (b"reads " + where.encode(), _sighted(value, made, where))
@@ -570,13 +580,14 @@ def _member_value(kind: type, name: str, member: enum.Enum) -> bytes:
 
 class _ArraySeen(NamedTuple):
     """What :data:`Looked` notes of an array or a tensor a node's module holds
-    (:func:`_array`), named by its values."""
+    (:func:`_array`), or of a dict, list or tuple holding some (:func:`_arrays_bytes`),
+    named by their values."""
 
     held: Any
     """A weak reference to it, else (one that cannot be referenced weakly) it, held
     (:func:`_held_weakly`)."""
     values: bytes
-    """What named it (:func:`_array_bytes`): written in place since, it is not it."""
+    """What named it (:func:`_arrays_bytes`): written in place since, it is not it."""
 
 
 class _FunctionSeen(NamedTuple):

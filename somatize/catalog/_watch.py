@@ -36,7 +36,15 @@ from somatize.catalog._functions import (
     _default_tables,
     _partial_keywords,
 )
-from somatize.catalog._held import _array, _contained_bytes, _held_bytes, _items_base, _runner
+from somatize.catalog._held import (
+    _array,
+    _contained_bytes,
+    _held_arrays,
+    _held_bytes,
+    _items_base,
+    _runner,
+    _Unnamed,
+)
 from somatize.catalog._marked import (
     _Cells,
     _counted,
@@ -213,6 +221,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             label = f"{kind.__qualname__}.{name}"
             if _numpy_array(member):  # `means = np.array(...)`, written in place since
                 arrays.setdefault(id(member), (_Written(member), label))
+            elif type(member) in _CONTAINERS and not _dunder(name):  # `{"m": np.array(...)}`
+                _watch_arrays(member, label, arrays)
             fills = _kept_in_place(name, member) and name in kept  # changed by its node's forward
             holds = [] if fills else _held_in(member)
             if _counted(member):
@@ -282,9 +292,13 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             if isinstance(was, _ArraySeen) and by is not None:  # `MEANS[0] = 5.0` since
                 space = _space_of(by)
                 array = space.get(name, _ABSENT)
+                at = f"{space.get('__name__', '')}:{name}"
                 if _numpy_array(array):
-                    at = f"{space.get('__name__', '')}:{name}"
                     arrays.setdefault(id(array), (_Written(array), at))
+                elif type(array) in _CONTAINERS:  # `TABLE["m"][0] = 5.0`, `TABLE["m"] = ...`
+                    read = _watch_arrays(array, at, arrays)
+                    lives += read
+                    labels += [at] * len(read)
             if not isinstance(was, _HeldSeen) or by is None:
                 continue
             table = _space_of(by).get(name, _ABSENT)
@@ -523,6 +537,21 @@ class _Written:
         return type(other) is tuple and same_array(self.array, other)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _watch_arrays(table: Any, label: str, arrays: dict[int, tuple[_Written, str]]) -> list[Any]:
+    """Adds to ``arrays`` each numpy array ``table``, a dict, list, tuple or set a node's
+    code reads, holds, however nested (:func:`_held_arrays`), as :class:`_Written`, held
+    where ``label`` says; returns each dict and list read to find them, none where it holds
+    none (or is too large to read, named as its text writes it)."""
+    try:
+        found, read = _held_arrays(table)
+    except _Unnamed:
+        return []
+    for held in found:
+        if _numpy_array(held):
+            arrays.setdefault(id(held), (_Written(held), label))
+    return read
 
 
 def _numpy_array(value: Any) -> bool:
