@@ -5842,6 +5842,56 @@ def test_an_array_in_a_table_a_node_s_code_reads_is_named_by_its_values(
     assert graph().forward(1.0, store=store, strict=True) == 7.0
 
 
+_READS_TENSORS = """
+import torch
+
+from somatize import Node
+
+T = torch.tensor([1.0, 2.0, 3.0])
+TABLE = {"t": [torch.tensor([1.0, 2.0, 3.0])]}
+
+
+class ReadsTensor(Node):
+    def forward(self, x, ctx):
+        return x + float(T.sum())
+
+
+class ReadsTable(Node):
+    def forward(self, x, ctx):
+        return x + float(TABLE["t"][0].sum())
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "held"),
+    [
+        ("ReadsTensor", lambda m: m.T),
+        ("ReadsTable", lambda m: m.TABLE["t"][0]),
+    ],
+)
+def test_a_tensor_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_before(
+    kind: str,
+    held: Callable[[Any], Any],
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A torch tensor a node's module holds and its code reads, itself or in a dict or list
+    (``T[0] = 5.0``), written in place after a graph was built is other code at that
+    graph's next forward, as a numpy array is: strict=True computes with what it holds now,
+    and given back what it held, with that again."""
+    pytest.importorskip("torch")
+    loaded = _load(tmp_path / "tensors.py", _READS_TENSORS, monkeypatch)
+    graph = Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
+    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+    held(loaded)[0] = 5.0
+    with pytest.warns(Drifted, match="another version of"):
+        assert graph.forward(1, store=store) == 7.0
+    assert _three_forwards(graph, store, "a", 11.0) == ["ran", "recalled", "recalled"]
+    held(loaded)[0] = 1.0
+    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+
+
 def _fingerprints_of_elsewhere(root: Path, folders: list[str], kinds: list[str]) -> list[list[str]]:
     """The fingerprints of ``kinds`` of module ``elsewhere`` as each folder of ``folders``
     under ``root`` writes it, worked out in one new process that imports it afresh from

@@ -89,7 +89,8 @@ class CodeWatch(NamedTuple):
     """The namespace of each class of ``kinds``, then each dict, list or set read of an
     object named by what it holds (:func:`_held_bytes`), each dict of keyword defaults of
     a function of theirs and of keywords of a partial they hold, each numpy array their
-    code reads (:class:`_Written`), and last the count of code set in place
+    code reads (:class:`_Written`) and the count of changes in place of each tensor of their
+    modules' it reads (:class:`_Versions`), and last the count of code set in place
     (:data:`_SETS`)."""
     copies: list[Any]
     """A copy of each of ``lives``, taken with the watch."""
@@ -189,9 +190,11 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     the namespaces of each helper class their code names or class they hold
     (:class:`_Bodies`: a value or a method set on it since, ``Config.by = 3``); each numpy
     array their classes hold, or their modules or a helper their code calls hold and it
-    reads, by its bytes (:class:`_Written`: ``MEANS[0] = 5.0``), looked at only where one is
-    read; and the count of functions given other code or defaults in place and classes
-    given other bases, in this process (:data:`_SETS`: ``f.__code__ = ...``, as a reloader does,
+    reads, itself or in a dict, list or tuple, by its bytes (:class:`_Written`: ``MEANS[0] =
+    5.0``), and each such tensor of their modules by its count of changes in place
+    (:class:`_Versions`: ``T[0] = 5.0``), looked at only where one is read; and the count
+    of functions given other code or defaults in place and classes given other bases, in
+    this process (:data:`_SETS`: ``f.__code__ = ...``, as a reloader does,
     ``f.__defaults__ = (5,)``, ``Kind.__bases__ = ...``), which moves for any function or
     class, and sends the look to what the watch noted of these (:func:`code_changes`). The
     lives compare equal to the copies: each value by identity, else by ``==``, a number of a
@@ -215,7 +218,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     held_kinds: dict[type, None] = {}  # the classes of the objects they hold
     made: list[tuple[str, FunctionType, Any, Any, Any]] = []
     marks: list[Mark] = []
-    arrays: dict[int, tuple[_Written, str]] = {}  # the numpy arrays their code reads
+    arrays: dict[int, tuple[Any, str]] = {}  # the numpy arrays and tensors their code reads
     for kind in lineage:
         for name, member in list(vars(kind).items()):
             label = f"{kind.__qualname__}.{name}"
@@ -295,6 +298,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 at = f"{space.get('__name__', '')}:{name}"
                 if _numpy_array(array):
                     arrays.setdefault(id(array), (_Written(array), at))
+                elif _counted(array):  # `T[0] = 5.0`: by its count of changes in place
+                    arrays.setdefault(id(array), (_Versions(array), at))
                 elif type(array) in _CONTAINERS:  # `TABLE["m"][0] = 5.0`, `TABLE["m"] = ...`
                     read = _watch_arrays(array, at, arrays)
                     lives += read
@@ -539,10 +544,11 @@ class _Written:
     __hash__ = None  # type: ignore[assignment]
 
 
-def _watch_arrays(table: Any, label: str, arrays: dict[int, tuple[_Written, str]]) -> list[Any]:
+def _watch_arrays(table: Any, label: str, arrays: dict[int, tuple[Any, str]]) -> list[Any]:
     """Adds to ``arrays`` each numpy array ``table``, a dict, list, tuple or set a node's
-    code reads, holds, however nested (:func:`_held_arrays`), as :class:`_Written`, held
-    where ``label`` says; returns each dict and list read to find them, none where it holds
+    code reads, holds, however nested (:func:`_held_arrays`), as :class:`_Written`, and
+    each tensor as its count of changes in place (:class:`_Versions`), held where ``label``
+    says; returns each dict and list read to find them, none where it holds
     none (or is too large to read, named as its text writes it)."""
     try:
         found, read = _held_arrays(table)
@@ -551,6 +557,8 @@ def _watch_arrays(table: Any, label: str, arrays: dict[int, tuple[_Written, str]
     for held in found:
         if _numpy_array(held):
             arrays.setdefault(id(held), (_Written(held), label))
+        elif _counted(held):
+            arrays.setdefault(id(held), (_Versions(held), label))
     return read
 
 
