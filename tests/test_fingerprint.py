@@ -5892,6 +5892,40 @@ def test_a_tensor_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_
     assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
 
 
+_HELPER_HOLDS_AN_ARRAY = """
+import numpy as np
+
+from somatize import Node
+
+
+class Config:
+    means = np.array([1.0, 2.0, 3.0])
+
+
+class ReadsConfig(Node):
+    def forward(self, x, ctx):
+        return x + float(Config.means.sum())
+"""
+
+
+def test_an_array_a_helper_class_holds_changed_in_place_is_seen_by_a_graph_built_before(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A numpy array a helper class a node's code names holds (``Config.means``), written in
+    place after a graph was built, is other code at that graph's next forward: strict=True
+    computes with what it holds now, and given back what it held, with that again."""
+    pytest.importorskip("numpy")
+    loaded = _load(tmp_path / "helper.py", _HELPER_HOLDS_AN_ARRAY, monkeypatch)
+    graph = Graph.somatize(loaded.ReadsConfig().named("a").frozen().cached())
+    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+    loaded.Config.means[0] = 5.0
+    with pytest.warns(Drifted, match="another version of"):
+        assert graph.forward(1, store=store) == 7.0
+    assert _three_forwards(graph, store, "a", 11.0) == ["ran", "recalled", "recalled"]
+    loaded.Config.means[0] = 1.0
+    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+
+
 def _fingerprints_of_elsewhere(root: Path, folders: list[str], kinds: list[str]) -> list[list[str]]:
     """The fingerprints of ``kinds`` of module ``elsewhere`` as each folder of ``folders``
     under ``root`` writes it, worked out in one new process that imports it afresh from

@@ -387,12 +387,15 @@ def _watch_class(
     object it and the classes it inherits from hold (:func:`_class_objects`) — a table
     marked from the start, as first seen (:func:`_sighted`), so that what ``kind``'s
     forward adds to it is its state; an object as one ``kind`` holds
-    (:func:`_watch_objects`)."""
+    (:func:`_watch_objects`), a numpy array by its bytes too (:class:`_Written`)."""
     read = _bodies(helper)
     lives += read
     labels += [label] * len(read)
     objects = []
     for _, name, held in _class_objects(helper):
+        if _numpy_array(held):  # `Config.means[0] = 5.0`: by its bytes
+            lives.append(_Written(held))
+            labels.append(label)
         if not _fillable(name, held):
             objects.append(held)
             continue
