@@ -5704,6 +5704,20 @@ class CallsHelper(Node):
 """
 
 
+def _written_in_place_is_seen(graph: Graph, store: Store, values: Any) -> None:
+    """Node ``a`` of ``graph`` answers 1 + the sum of ``values`` (1, 2, 3) as its code reads
+    them: computed, then recalled; with ``values[0]`` written in place, recalled as drifted
+    without strict and computed with strict=True (11.0); written back, computed again (7.0).
+    """
+    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+    values[0] = 5.0
+    with pytest.warns(Drifted, match="another version of"):
+        assert graph.forward(1, store=store) == 7.0
+    assert _three_forwards(graph, store, "a", 11.0) == ["ran", "recalled", "recalled"]
+    values[0] = 1.0
+    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+
+
 @pytest.mark.parametrize(
     ("kind", "held"),
     [
@@ -5728,13 +5742,7 @@ def test_an_array_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_
     pytest.importorskip("numpy")
     loaded = _load(tmp_path / "arrays.py", _READS_ARRAYS, monkeypatch)
     graph = Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
-    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
-    held(loaded)[0] = 5.0
-    with pytest.warns(Drifted, match="another version of"):
-        assert graph.forward(1, store=store) == 7.0
-    assert _three_forwards(graph, store, "a", 11.0) == ["ran", "recalled", "recalled"]
-    held(loaded)[0] = 1.0
-    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+    _written_in_place_is_seen(graph, store, held(loaded))
 
 
 _READS_HELD_ARRAYS = """
@@ -5805,13 +5813,7 @@ def test_an_array_in_a_table_a_node_s_code_reads_changed_in_place_is_seen_by_a_g
     pytest.importorskip("numpy")
     loaded = _load(tmp_path / "tables.py", _READS_HELD_ARRAYS, monkeypatch)
     graph = Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
-    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
-    held(loaded)[0] = 5.0
-    with pytest.warns(Drifted, match="another version of"):
-        assert graph.forward(1, store=store) == 7.0
-    assert _three_forwards(graph, store, "a", 11.0) == ["ran", "recalled", "recalled"]
-    held(loaded)[0] = 1.0
-    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+    _written_in_place_is_seen(graph, store, held(loaded))
 
 
 @pytest.mark.parametrize(("kind", "held"), _HELD_ARRAYS)
@@ -5883,13 +5885,7 @@ def test_a_tensor_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_
     pytest.importorskip("torch")
     loaded = _load(tmp_path / "tensors.py", _READS_TENSORS, monkeypatch)
     graph = Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
-    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
-    held(loaded)[0] = 5.0
-    with pytest.warns(Drifted, match="another version of"):
-        assert graph.forward(1, store=store) == 7.0
-    assert _three_forwards(graph, store, "a", 11.0) == ["ran", "recalled", "recalled"]
-    held(loaded)[0] = 1.0
-    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+    _written_in_place_is_seen(graph, store, held(loaded))
 
 
 _HELPER_HOLDS_AN_ARRAY = """
@@ -5917,13 +5913,7 @@ def test_an_array_a_helper_class_holds_changed_in_place_is_seen_by_a_graph_built
     pytest.importorskip("numpy")
     loaded = _load(tmp_path / "helper.py", _HELPER_HOLDS_AN_ARRAY, monkeypatch)
     graph = Graph.somatize(loaded.ReadsConfig().named("a").frozen().cached())
-    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
-    loaded.Config.means[0] = 5.0
-    with pytest.warns(Drifted, match="another version of"):
-        assert graph.forward(1, store=store) == 7.0
-    assert _three_forwards(graph, store, "a", 11.0) == ["ran", "recalled", "recalled"]
-    loaded.Config.means[0] = 1.0
-    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+    _written_in_place_is_seen(graph, store, loaded.Config.means)
 
 
 def _fingerprints_of_elsewhere(root: Path, folders: list[str], kinds: list[str]) -> list[list[str]]:
