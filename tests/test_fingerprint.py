@@ -5704,47 +5704,6 @@ class CallsHelper(Node):
 """
 
 
-def _written_in_place_is_seen(graph: Graph, store: Store, values: Any) -> None:
-    """Node ``a`` of ``graph`` answers 1 + the sum of ``values`` (1, 2, 3) as its code reads
-    them: computed, then recalled; with ``values[0]`` written in place, recalled as drifted
-    without strict and computed with strict=True (11.0); written back, computed again (7.0).
-    """
-    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
-    values[0] = 5.0
-    with pytest.warns(Drifted, match="another version of"):
-        assert graph.forward(1, store=store) == 7.0
-    assert _three_forwards(graph, store, "a", 11.0) == ["ran", "recalled", "recalled"]
-    values[0] = 1.0
-    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
-
-
-@pytest.mark.parametrize(
-    ("kind", "held"),
-    [
-        ("ReadsGlobal", lambda m: m.MEANS),
-        ("ReadsWide", lambda m: m.WIDE),  # beyond the size compared by a copy
-        ("ReadsOwn", lambda m: m.ReadsOwn.means),
-        ("CallsHelper", lambda m: m.SCALES),
-    ],
-)
-def test_an_array_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_before(
-    kind: str,
-    held: Callable[[Any], Any],
-    store: Store,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A numpy array a node's code reads — its module's (``MEANS[0] = 5.0``, a large one
-    too), its class's, or one a helper it calls reads — written in place after a graph was
-    built is other code at that graph's next forward: without strict the old answer is
-    recalled as drifted, with strict=True the node computes with what the array holds now,
-    and given back what it held, with that again."""
-    pytest.importorskip("numpy")
-    loaded = _load(tmp_path / "arrays.py", _READS_ARRAYS, monkeypatch)
-    graph = Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
-    _written_in_place_is_seen(graph, store, held(loaded))
-
-
 _READS_HELD_ARRAYS = """
 import numpy as np
 
@@ -5798,25 +5757,6 @@ _HELD_ARRAYS = [
 
 
 @pytest.mark.parametrize(("kind", "held"), _HELD_ARRAYS)
-def test_an_array_in_a_table_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_before(
-    kind: str,
-    held: Callable[[Any], Any],
-    store: Store,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A numpy array held in a dict, list or tuple a node's code reads — its module's,
-    however nested, its class's, or one a helper it calls reads — written in place after a
-    graph was built (``TABLE["m"][0] = 5.0``) is other code at that graph's next forward, as
-    one read itself is: strict=True computes with what it holds now, and given back what it
-    held, with that again."""
-    pytest.importorskip("numpy")
-    loaded = _load(tmp_path / "tables.py", _READS_HELD_ARRAYS, monkeypatch)
-    graph = Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
-    _written_in_place_is_seen(graph, store, held(loaded))
-
-
-@pytest.mark.parametrize(("kind", "held"), _HELD_ARRAYS)
 def test_an_array_in_a_table_a_node_s_code_reads_is_named_by_its_values(
     kind: str,
     held: Callable[[Any], Any],
@@ -5864,30 +5804,6 @@ class ReadsTable(Node):
 """
 
 
-@pytest.mark.parametrize(
-    ("kind", "held"),
-    [
-        ("ReadsTensor", lambda m: m.T),
-        ("ReadsTable", lambda m: m.TABLE["t"][0]),
-    ],
-)
-def test_a_tensor_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_before(
-    kind: str,
-    held: Callable[[Any], Any],
-    store: Store,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A torch tensor a node's module holds and its code reads, itself or in a dict or list
-    (``T[0] = 5.0``), written in place after a graph was built is other code at that
-    graph's next forward, as a numpy array is: strict=True computes with what it holds now,
-    and given back what it held, with that again."""
-    pytest.importorskip("torch")
-    loaded = _load(tmp_path / "tensors.py", _READS_TENSORS, monkeypatch)
-    graph = Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
-    _written_in_place_is_seen(graph, store, held(loaded))
-
-
 _HELPER_HOLDS_AN_ARRAY = """
 import numpy as np
 
@@ -5904,16 +5820,59 @@ class ReadsConfig(Node):
 """
 
 
-def test_an_array_a_helper_class_holds_changed_in_place_is_seen_by_a_graph_built_before(
-    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+_WRITTEN_IN_PLACE = [
+    pytest.param("numpy", _READS_ARRAYS, kind, held, id=f"array-{kind}")
+    for kind, held in [
+        ("ReadsGlobal", lambda m: m.MEANS),
+        ("ReadsWide", lambda m: m.WIDE),  # beyond the size compared by a copy
+        ("ReadsOwn", lambda m: m.ReadsOwn.means),
+        ("CallsHelper", lambda m: m.SCALES),
+    ]
+]
+_WRITTEN_IN_PLACE += [
+    pytest.param("numpy", _READS_HELD_ARRAYS, kind, held, id=f"held-array-{kind}")
+    for kind, held in _HELD_ARRAYS
+]
+_WRITTEN_IN_PLACE += [
+    pytest.param("torch", _READS_TENSORS, kind, held, id=f"tensor-{kind}")
+    for kind, held in [("ReadsTensor", lambda m: m.T), ("ReadsTable", lambda m: m.TABLE["t"][0])]
+]
+_WRITTEN_IN_PLACE += [
+    pytest.param(
+        "numpy", _HELPER_HOLDS_AN_ARRAY, "ReadsConfig", lambda m: m.Config.means, id="helper-class"
+    )
+]
+
+
+@pytest.mark.parametrize(("needs", "source", "kind", "held"), _WRITTEN_IN_PLACE)
+def test_an_array_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_before(
+    needs: str,
+    source: str,
+    kind: str,
+    held: Callable[[Any], Any],
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A numpy array a helper class a node's code names holds (``Config.means``), written in
-    place after a graph was built, is other code at that graph's next forward: strict=True
-    computes with what it holds now, and given back what it held, with that again."""
-    pytest.importorskip("numpy")
-    loaded = _load(tmp_path / "helper.py", _HELPER_HOLDS_AN_ARRAY, monkeypatch)
-    graph = Graph.somatize(loaded.ReadsConfig().named("a").frozen().cached())
-    _written_in_place_is_seen(graph, store, loaded.Config.means)
+    """A numpy array a node's code reads — its module's (``MEANS[0] = 5.0``, a large one
+    too), its class's, one a helper it calls reads, one a helper class it names holds
+    (``Config.means``), or one held in a dict, list or tuple of those, however nested
+    (``TABLE["m"][0] = 5.0``) — and a torch tensor its module holds, itself or in a table
+    (``T[0] = 5.0``), written in place after a graph was built, is other code at that
+    graph's next forward: without strict the old answer is recalled as drifted, with
+    strict=True the node computes with what it holds now (11.0), and given back what it
+    held, with that again (7.0)."""
+    pytest.importorskip(needs)
+    loaded = _load(tmp_path / "written.py", source, monkeypatch)
+    graph = Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
+    values = held(loaded)
+    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+    values[0] = 5.0
+    with pytest.warns(Drifted, match="another version of"):
+        assert graph.forward(1, store=store) == 7.0
+    assert _three_forwards(graph, store, "a", 11.0) == ["ran", "recalled", "recalled"]
+    values[0] = 1.0
+    assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
 
 
 def _fingerprints_of_elsewhere(root: Path, folders: list[str], kinds: list[str]) -> list[list[str]]:
