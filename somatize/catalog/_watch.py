@@ -296,10 +296,9 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 space = _space_of(by)
                 array = space.get(name, _ABSENT)
                 at = f"{space.get('__name__', '')}:{name}"
-                if _numpy_array(array):
-                    arrays.setdefault(id(array), (_Written(array), at))
-                elif _counted(array):  # `T[0] = 5.0`: by its count of changes in place
-                    arrays.setdefault(id(array), (_Versions(array), at))
+                watched = _array_watch(array)  # `MEANS[0] = 5.0`, `T[0] = 5.0`
+                if watched is not None:
+                    arrays.setdefault(id(array), (watched, at))
                 elif type(array) in _CONTAINERS:  # `TABLE["m"][0] = 5.0`, `TABLE["m"] = ...`
                     read = _watch_arrays(array, at, arrays)
                     lives += read
@@ -558,11 +557,21 @@ def _watch_arrays(table: Any, label: str, arrays: dict[int, tuple[Any, str]]) ->
     except _Unnamed:
         return []
     for held in found:
-        if _numpy_array(held):
-            arrays.setdefault(id(held), (_Written(held), label))
-        elif _counted(held):
-            arrays.setdefault(id(held), (_Versions(held), label))
+        watched = _array_watch(held)
+        if watched is not None:
+            arrays.setdefault(id(held), (watched, label))
     return read
+
+
+def _array_watch(value: Any) -> _Written | _Versions | None:
+    """What watches ``value`` for a write in place: a numpy array by its bytes
+    (:class:`_Written`), a tensor by its count of changes in place (:class:`_Versions`);
+    None for anything else."""
+    if _numpy_array(value):
+        return _Written(value)
+    if _counted(value):
+        return _Versions(value)
+    return None
 
 
 def _numpy_array(value: Any) -> bool:
