@@ -154,6 +154,19 @@ def _scaled_on_w1(store: Store) -> tuple[Graph, dict[str, str]]:
     return g, _kept_keys(seen)
 
 
+def _killed(actor: Any) -> None:
+    """Kills ``actor`` and returns once a call of it fails as one of a dead actor does:
+    ``ray.kill`` only asks, and a call made before the kill lands is still answered."""
+    ray.kill(actor)
+    for _ in range(1200):
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=60)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{actor} still answered 1,200 calls after it was killed")
+
+
 def test_keys_are_equal_on_the_client_and_on_a_worker(broker: Any, store: Store) -> None:
     """The key a worker computes from the node it rebuilt equals the client's, a frozen
     torch module's included."""
@@ -704,7 +717,7 @@ def test_a_key_asked_of_a_worker_that_dies_is_worker_lost(cluster: None, store: 
     )
     with Broker.ray(workers={"w1": _worker()}) as broker:
         assert broker.key_on("w1", g, "scale", rows) == keys["scale"]
-        ray.kill(broker.actor("w1"))
+        _killed(broker.actor("w1"))
         with pytest.raises(
             WorkerLost, match=r"`scale` was running on worker `w1` when the worker died"
         ):
@@ -717,7 +730,7 @@ def test_a_key_asked_of_a_worker_that_dies_is_worker_lost(cluster: None, store: 
         assert broker.key_on("w1", g, "scale", rows) == keys["scale"]
     with Broker.ray(workers={"w1": _worker()}, retries=1) as broker:
         assert broker.key_on("w1", g, "scale", rows) == keys["scale"]
-        ray.kill(broker.actor("w1"))
+        _killed(broker.actor("w1"))
         assert broker.key_on("w1", g, "scale", rows) == keys["scale"]
 
 
