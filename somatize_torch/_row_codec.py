@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy
 import torch
 
+from somatize.store._packed import take_as_steady
 from somatize_torch._codec_header import _strides_overflow
 from somatize_torch.codec import TENSOR, _check_bools, inverse_order, row_layout
-from somatize_torch.digest import host_bytes, memory_of
+from somatize_torch.digest import memory_of
 
 __all__ = ["decode_rows", "empty_rows", "encode_rows", "laid_out", "row_order"]
 
@@ -56,6 +58,15 @@ def empty_rows(
     return held.permute(inverse_order(order))
 
 
+class _Encoded(numpy.ndarray):
+    """The bytes of a batch of rows as :func:`encode_rows` made them: written once, by a
+    copy that holds no GIL, and never again, so a store takes them as it takes ``bytes``
+    (:func:`~somatize.store._packed.take_as_steady`): hashed and written with no copy."""
+
+
+take_as_steady(_Encoded)
+
+
 def encode_rows(rows: torch.Tensor, order: list[int] | None = None) -> list[list[memoryview]]:
     """Each row of a host tensor as the ``tensor`` codec writes it, header made once.
 
@@ -65,9 +76,13 @@ def encode_rows(rows: torch.Tensor, order: list[int] | None = None) -> list[list
     permuted into it (contiguous), each row written as its memory holds it, with the
     order its dims are put back in.
 
-    Each row is one piece, a view of one ``bytes`` of the whole batch made in one copy:
-    a store hashes and writes it as it is (it copies a buffer that could change, as a
-    tensor's memory can, before it hashes it), one piece a row rather than two."""
+    Each row is one piece, a view of one buffer of the whole batch, each row's header
+    and bytes one after another, made in one copy by torch, which lets go of the GIL as
+    it copies: the writer thread that encodes a batch of many megabytes does not keep
+    the training loop's thread from running meanwhile (a join into ``bytes`` would, as
+    it copies and as the kernel hands it fresh pages). Nothing writes into that buffer
+    again, so a store hashes and writes the pieces as they are (:class:`_Encoded`), one
+    piece a row rather than two."""
     if rows.shape[0] == 0:
         return []
     # The header of a row as the batch lies: the codec writes one not in C order as its
@@ -77,13 +92,15 @@ def encode_rows(rows: torch.Tensor, order: list[int] | None = None) -> list[list
     else:
         first = rows[0].permute(inverse_order([d - 1 for d in order[1:]]))
     header = bytes(TENSOR.encode(first)[0])
-    flat = host_bytes(rows)
     count = rows.shape[0]
-    size = flat.nbytes // count
-    whole = memoryview(
-        b"".join([part for i in range(count) for part in (header, flat[i * size : (i + 1) * size])])
-    )
+    size = rows[0].numel() * rows.element_size()
     step = len(header) + size
+    encoded = torch.empty((count, step), dtype=torch.uint8)
+    encoded[:, : len(header)] = torch.tensor(list(header), dtype=torch.uint8)
+    if size:
+        data = rows.contiguous().reshape(-1).view(torch.uint8)
+        encoded[:, len(header) :] = data.view(count, size)
+    whole = memory_of(encoded.view(-1), kind=_Encoded)
     return [[whole[i * step : (i + 1) * step]] for i in range(count)]
 
 

@@ -158,14 +158,18 @@ class _Memory:
         }
 
 
-def memory_of(tensor: torch.Tensor, writable: bool = False) -> memoryview:
+def memory_of(
+    tensor: torch.Tensor, writable: bool = False, kind: type[numpy.ndarray] | None = None
+) -> memoryview:
     """The bytes of a contiguous CPU ``tensor`` as a flat memoryview, without a copy and
-    without changing the tensor; read-only unless ``writable``. The view keeps the
-    tensor object alive, not its memory as it is now: a tensor resized while the view is
-    held leaves it over freed memory, so callers read it at once (a hash, a write to the
-    store, a join into bytes) and hand it to nobody."""
+    without changing the tensor; read-only unless ``writable``; exported by an array of
+    class ``kind`` where one is given (a store tells buffers it need not copy by their
+    class). The view keeps the tensor object alive, not its memory as it is now: a
+    tensor resized while the view is held leaves it over freed memory, so callers read
+    it at once (a hash, a write to the store, a join into bytes) and hand it to nobody,
+    unless the tensor is theirs alone."""
     flat: Any = numpy.asarray(_Memory(tensor, writable))
-    return memoryview(flat)
+    return memoryview(flat if kind is None else flat.view(kind))
 
 
 def _check_holds_data(tensor: torch.Tensor) -> None:

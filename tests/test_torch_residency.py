@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from somatize import SomatizeWarning, Store, StoreError
 from somatize._threads import ProcessLock
+from somatize.store._packed import frozen, steady
 from somatize.store.local import LocalStore
 from somatize_torch import writer as writer_module
 from somatize_torch._native import PinnedPool
@@ -118,6 +119,25 @@ def test_rows_are_written_as_the_tensor_codec_writes_each_row() -> None:
     wider = b"".join(bytes(p) for p in TENSOR.encode(torch.zeros(3, 3, dtype=torch.bfloat16)))
     with pytest.raises(ValueError, match="row answer 2 is not"):
         decode_rows([datas[0], datas[1], memoryview(wider)])
+
+
+def test_encoded_rows_are_hashed_and_written_as_they_are() -> None:
+    """The pieces encode_rows makes are taken by a store as bytes are: hashed and written
+    with no copy of its own (a buffer that could change is copied first), read-only, and
+    never written into again, so a view of them that a store keeps reads the same bytes
+    after later batches are encoded."""
+    x = torch.randn(4, 64, 256)  # rows of 64 KiB: each written as it is, none gathered
+    pieces = [piece for row in encode_rows(x) for piece in row]
+    assert frozen(pieces) is pieces
+    assert all(piece.readonly for piece in pieces)
+    held = [bytes(piece) for piece in pieces]
+    for _ in range(3):
+        encode_rows(torch.randn(4, 64, 256))
+    assert [bytes(piece) for piece in pieces] == held
+    # What the store does copy: a buffer of the same bytes that its owner may write into.
+    writable = [memoryview(bytearray(held[0]))]
+    assert not steady(writable[0])
+    assert frozen(writable) is not writable and type(frozen(writable)[0]) is bytes
 
 
 @pytest.mark.parametrize("kind", ["channels_last", "transposed"])
@@ -928,6 +948,7 @@ KILLED = """
 import sys, time
 sys.path.insert(0, {root!r})
 from somatize import Store
+from somatize.store._packed import frozen, steady
 from somatize.store.local import LocalStore
 from somatize_torch.rows import cache_rows
 

@@ -192,11 +192,27 @@ def _holds_references(form: str) -> bool:
     return "O" in form and "O" in re.sub(r":[^:]*:", "", form)
 
 
+_STEADY_KINDS: set[type] = {bytes}
+"""The classes whose buffers never change once made: ``bytes``, and those taken in by
+:func:`take_as_steady`."""
+
+
+def take_as_steady(kind: type) -> None:
+    """Takes the buffers of ``kind``'s instances as ``bytes`` are taken: as never changing
+    once made, so a store hashes and writes them (or a view of them) as they are, with no
+    copy of its own. For a maker that fills such a buffer once, where it holds the GIL
+    for no copy (the row writer's encoded batches), and never writes into it again: a
+    store may hash a buffer and write it later, and a store of the user's may keep it."""
+    _STEADY_KINDS.add(kind)
+
+
 def steady(piece: Buffer) -> bool:
-    """Whether ``piece`` cannot change while it is kept: ``bytes``, or a view of bytes.
-    Any other buffer (a bytearray, a numpy array, an mmap) may be written into by another
-    thread between the hash that names it and the write that keeps it."""
-    return type(piece) is bytes or (isinstance(piece, memoryview) and type(piece.obj) is bytes)
+    """Whether ``piece`` cannot change while it is kept: ``bytes``, a view of bytes, or a
+    buffer (or a view of one) of a kind :func:`take_as_steady` took. Any other buffer (a
+    bytearray, a numpy array, an mmap) may be written into by another thread between the
+    hash that names it and the write that keeps it."""
+    kind = type(piece.obj) if isinstance(piece, memoryview) else type(piece)
+    return kind in _STEADY_KINDS
 
 
 GATHER_BELOW = 64 << 10
