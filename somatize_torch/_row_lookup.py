@@ -272,11 +272,14 @@ def _admit(self: CachedRows, near: list[Hashable], rows: torch.Tensor) -> None:
     if not any(tier.budget or tier.banks for tier in self.tiers):
         return  # no room anywhere (a cache of the store alone): no row to look for either
     with self._tiers_lock:
-        banks = [bank.slots for tier in self.tiers for bank in tier.banks]
         first: dict[Hashable, int] = {}
         for i, key in enumerate(near):
-            if key not in first and not any(key in slots for slots in banks):
-                first[key] = i
+            first.setdefault(key, i)
+        for tier in self.tiers:
+            for bank in tier.banks:
+                if not bank.slots.keys().isdisjoint(first):  # as a rule, none is held
+                    for key in [key for key in first if key in bank.slots]:
+                        del first[key]
         if len(first) < len(near):
             near = list(first)
             rows = rows[torch.tensor(list(first.values()), dtype=torch.long, device=rows.device)]
