@@ -28,7 +28,11 @@ Targets: epoch 2+ within 1.3× of the bound from memory, within 3× from the sto
 alone, epoch 1 (flush included) within 1.15× of recompute.
 
     python bench/frozen_encoder.py [--images 2048] [--sequences 256] [--threads 1] [--repeats 5]
-                                   [--device cuda]
+                                   [--device cuda] [--profile-first]
+
+Epoch 1's line is followed by where its steps' time in the cache went: running the
+module, and the rest (naming rows, looking them up, keeping them). ``--profile-first``
+also profiles one more first epoch of each encoder and prints its costliest functions.
 
 With ``--device cuda`` the encoders, the head and the bound's features live on the
 GPU and each batch is moved there as the step begins (as a training loop does): rows
@@ -39,13 +43,17 @@ are named by the device kernel and recalled from the device tier, so the lines
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import itertools
 import json
 import math
+import pstats
 import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -179,10 +187,37 @@ def store_alone(spec_path: str, kinds: list[str]) -> None:
 
 
 def run(
-    name: str, encoder: nn.Module, data: torch.Tensor, repeats: int, device: torch.device
+    name: str,
+    encoder: nn.Module,
+    data: torch.Tensor,
+    repeats: int,
+    device: torch.device,
+    profile: bool = False,
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="somatize-bench-") as scratch:
-        run_in(Path(scratch), name, encoder, data, repeats, device)
+        run_in(Path(scratch), name, encoder, data, repeats, device, profile)
+
+
+def profile_first_epoch(
+    scratch: Path,
+    encoder: nn.Module,
+    loader: DataLoader[Any],
+    head: nn.Module,
+    device: torch.device,
+) -> str:
+    """Where one more first epoch (over a store of its own) spends its time, by function:
+    what the cache does in a step beside the module, on this device."""
+    cached = rows_cache.cache_rows(encoder, str(scratch / "profiled"))
+    profiler = cProfile.Profile()
+    profiler.enable()
+    epoch(loader, head, lambda b: cached(b[0]), device)
+    cached.flush()
+    profiler.disable()
+    cached.close()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(30)
+    listed = textwrap.indent(out.getvalue().strip(), "    ")
+    return f"  one more epoch 1, profiled (this thread only), by time in each function:\n{listed}"
 
 
 def run_in(
@@ -192,6 +227,7 @@ def run_in(
     data: torch.Tensor,
     repeats: int,
     device: torch.device,
+    profile: bool = False,
 ) -> None:
     torch.manual_seed(1)
     encoder.eval().requires_grad_(False).to(device)
@@ -231,7 +267,9 @@ def run_in(
     flushed = time.perf_counter() - start
     first = stepped + flushed
     kept_mb = by_content.stats.bytes_kept / 1e6
+    first_stats = by_content.stats  # where the steps' time in the cache went
     recompute = (before + timed(loader, encoded)) / 2
+    profiled = profile_first_epoch(scratch, encoder, loader, head, device) if profile else ""
 
     by_index = rows_cache.cache_rows(encoder, root, key="index", version=VERSION)
     # Keys differ by kind; a batch is (inputs, indices).
@@ -342,6 +380,8 @@ def run_in(
     line("somatize epoch 1, flush included", first, "recompute", "1.15x")
     line("  ... its steps alone", stepped, "recompute")
     line("  ... the flush after them", flushed)
+    line("  ... in its steps, the module ran", first_stats.compute_s)
+    line("  ... in its steps, the cache's own work", first_stats.lookup_s)
     line("epoch 2+, memory tier, by content", memory, "bound", "1.3x")
     if on_host:
         line("  ... fetched ahead", memory_ahead, "bound", "1.3x")
@@ -366,6 +406,8 @@ def run_in(
         f"index {index_stats.hit_rate:.3f}, store alone (lowest) {store_hit_rate:.3f}; "
         f"epoch 1 kept {kept_mb:.1f} MB"
     )
+    if profiled:
+        print(profiled)
 
 
 def main() -> None:
@@ -375,6 +417,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU")
+    parser.add_argument(
+        "--profile-first", action="store_true", help="also profile one more epoch 1 of each"
+    )
     # The fresh process's part: what it reads, and which epochs it times.
     parser.add_argument("--store-alone", help=argparse.SUPPRESS)
     parser.add_argument("--kinds", help=argparse.SUPPRESS)
@@ -390,7 +435,7 @@ def main() -> None:
     cnn = ConvEncoder()
     settle_bn(cnn)
     images = torch.randn(args.images, 3, 64, 64)
-    run("CNN encoder (64x64 images)", cnn, images, args.repeats, device)
+    run("CNN encoder (64x64 images)", cnn, images, args.repeats, device, args.profile_first)
     torch.manual_seed(0)
     run(
         "Transformer encoder (6 layers, d_model 256, 64 tokens)",
@@ -398,6 +443,7 @@ def main() -> None:
         torch.randn(args.sequences, 64, 256),
         args.repeats,
         device,
+        args.profile_first,
     )
 
 

@@ -5,7 +5,8 @@
 #   1. bench/device_check.py: device digests against the CPU, GB/s against copy-to-host
 #      + blake3 and a device-to-device copy, pinned vs pageable transfers;
 #   2. bench/frozen_encoder.py --device cuda: the per-row benchmark with the encoders,
-#      the head and the bound on the GPU;
+#      the head and the bound on the GPU, with one more first epoch of each profiled
+#      (where a step's time goes beside the module);
 #   3. the tests marked `gpu`, which skip elsewhere (native kernels, pinned pool, the
 #      per-row cache's device tier and its writer staging through pinned memory, deferred
 #      inputs loaded onto the device, a wrapped module's answers on its input's device);
@@ -63,7 +64,7 @@ files=(tests/test_native_host.py tests/test_torch_residency.py tests/test_torch_
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'
 timeout 150 python3 bench/device_check.py || failed=1
-timeout 150 python3 bench/frozen_encoder.py --device cuda --repeats 3 || failed=1
+timeout 150 python3 bench/frozen_encoder.py --device cuda --repeats 3 --profile-first || failed=1
 timeout 60 python3 -m pytest -q -m gpu "${files[@]}" || failed=1
 timeout 180 python3 -m pytest -q -m "not gpu" "${files[@]}" || failed=1
 exit "$failed"
