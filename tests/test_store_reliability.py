@@ -473,6 +473,53 @@ def test_a_time_no_writer_could_have_written_is_damage(
     _refused_as_damaged(tmp_path / "store", key, kind)
 
 
+def test_a_damaged_pack_index_is_read_again_only_once_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pack index with a byte changed is read at the first look that lists it and not at
+    the looks after, though ``packs/`` changes between them (another writer's packs: the
+    first epoch of a training); written back whole, the same size, it is read at the next
+    look and its items found. A verify still reports it damaged."""
+    root = tmp_path / "store"
+    writer = LocalStore(root)
+    items = [(key_of(f"item {i}"), f"row {i}".encode()) for i in range(3)]
+    writer.keep_many(items, "plain")
+    (index,) = (root / "packs").iterdir()
+    whole = index.read_bytes()
+    damaged = whole[:-1] + bytes([whole[-1] ^ 1])
+
+    def write_over(data: bytes) -> None:  # as a repair does: a new file, renamed over
+        (root / "tmp" / "index").write_bytes(data)
+        os.replace(root / "tmp" / "index", index)
+
+    write_over(damaged)
+    reads: list[str] = []
+    read_file = local._read_file
+
+    def counted(path: str, *args: Any) -> Any:
+        reads.append(os.path.basename(path))
+        return read_file(path, *args)
+
+    monkeypatch.setattr(local, "_read_file", counted)
+    store = LocalStore(root)
+    for turn in range(3):
+        assert store.have([items[0][0]]) == set()
+        with pytest.raises(Missing):
+            store.recall(items[1][0])
+        writer.keep_many([(key_of(f"other {turn} {i}"), b"other") for i in range(2)], "plain")
+    assert reads.count(index.name) == 1
+    write_over(whole)
+    assert store.have([key for key, _ in items]) == {key for key, _ in items}
+    assert bytes(store.recall(items[1][0])[1]) == b"row 1"
+    assert reads.count(index.name) == 2
+
+    write_over(damaged)
+    other = LocalStore(root)
+    assert other.have([items[0][0]]) == set()
+    assert ("packs", index.name) in [(d.section, d.name) for d in other.verify().damaged]
+    assert other.have([items[0][0]]) == set()
+
+
 def _refused_as_damaged(root: Path, key: str, kind: str) -> list[Any]:
     """Checks that a store at ``root`` opened afresh does not have ``key``, whose record
     (or, for ``kind`` "pack", pack index) is damaged, never recalls it, and that verify

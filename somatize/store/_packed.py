@@ -864,19 +864,18 @@ class PackedHome(Store):
         those of ``known`` (the packs adopted before the listing) gone from it; True if
         anything changed. A pack this object published since the listing is in the table
         but not the listing, and stays."""
+        # In set operations, not a loop over every pack: a first epoch takes a listing of
+        # thousands at every batch.
         with self._lock:
-            gone = [
-                pack
-                for pack_id, pack in self._packs.items()
-                if pack_id in known and pack_id not in listed
-            ]
+            packs = self._packs
+            gone = [packs[pack_id] for pack_id in (known & packs.keys()) - listed.keys()]
             for pack in gone:
                 self._drop_pack(pack)
-            known = set(self._packs)
+            unknown = listed.keys() - packs.keys()
         changed = bool(gone)
-        new = {pack_id: where for pack_id, where in listed.items() if pack_id not in known}
-        if not new:
+        if not unknown:
             return changed
+        new = {pack_id: listed[pack_id] for pack_id in unknown}
         adopted = []
         taken: list[str] = []  # the keys they answer, as they were adopted
         for pack_id, data in sorted(self._read_indexes(new).items()):

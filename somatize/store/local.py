@@ -46,6 +46,7 @@ that say when answers were used, in :mod:`somatize.store._local_upkeep`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import mmap
@@ -101,6 +102,23 @@ _MAPS_SHARED = 16
 borrow them (``recall_many(..., borrow=True)``: a per-row cache reading the pack its next
 batch's rows are in again), so their pages are not mapped and faulted in again. Each
 holds a file descriptor, so few are kept."""
+
+
+class _PacksLook:
+    """What a local store's last look at ``packs/`` saw: the folder's time, as
+    :func:`_to_trust` takes it (-1: list it again); the names listed and the listing made
+    of them (pack id → name); and the indexes found damaged, by the stamp of the file read
+    (:func:`stamp_of`), read again only once that file is another, not at every look at a
+    changed ``packs/``. One attribute of the store (a store holds few: see
+    :class:`LocalStore`)."""
+
+    __slots__ = ("damaged", "found", "names", "stamp")
+
+    def __init__(self) -> None:
+        self.stamp = -1
+        self.names: frozenset[str] = frozenset()
+        self.found: dict[str, str] = {}
+        self.damaged: dict[str, Stamp] = {}
 
 
 def _to_trust(stamp: int) -> int:
@@ -239,7 +257,7 @@ class LocalStore(LocalShelf):
         """Digest → (inode, mtime) of the file that was hashed and matched."""
         self._maps: dict[str, tuple[Stamp, memoryview]] = {}
         """Digest → (inode, mtime) of a verified large blob, and its shared read-only map."""
-        self._packs_stamp = -1
+        self._packs_look = _PacksLook()
         self._answers_listed = (-1, False)
         """The time of ``answers/`` when it was last listed (-1: to be listed again), and
         whether that listing held nothing."""
@@ -528,18 +546,42 @@ class LocalStore(LocalShelf):
     def _listed_packs(self) -> dict[str, str] | None:
         try:
             stamp = os.stat(self._packs_dir).st_mtime_ns
-            if stamp == self._packs_stamp:
+            look = self._packs_look
+            if stamp == look.stamp:
                 return None
             listed = os.listdir(self._packs_dir)
         except FileNotFoundError:
             return None
         except OSError as why:  # another user's folder (EACCES), a file (ENOTDIR)
             raise self._unreadable("packs", why) from why
-        self._packs_stamp = _to_trust(stamp)
-        return {"blake3:" + name: name for name in listed}
+        look.stamp = _to_trust(stamp)
+        # Made and compared in C, and made again only for other names: a first epoch looks
+        # at a folder of thousands of packs at every batch, the folder changing with each
+        # pack its writer publishes (the names of the one before are the names now, but
+        # one, to a look whose last look missed none of them).
+        names = frozenset(listed)
+        if names != look.names:
+            look.names = names
+            look.found = dict(zip(map("blake3:".__add__, listed), listed, strict=True))
+        found = look.found.copy()
+        damaged = look.damaged
+        for pack_id, was in list(damaged.items()):
+            try:
+                same = pack_id in found and stamp_of(os.stat(self._pack_file(pack_id))) == was
+            except OSError:
+                same = False
+            if same:
+                del found[pack_id]  # read as damaged before, and not written since
+            else:
+                del damaged[pack_id]  # gone, or written over (a repair): read it afresh
+        return found
+
+    def _index_damaged(self, pack_id: str) -> None:
+        with contextlib.suppress(OSError):  # gone or unreadable now: read at the next look
+            self._packs_look.damaged[pack_id] = stamp_of(os.stat(self._pack_file(pack_id)))
 
     def _list_again(self) -> None:
-        self._packs_stamp = -1
+        self._packs_look.stamp = -1
 
     def _holds_no_records(self) -> bool:
         """Whether ``answers/`` holds nothing, so no record: listed again only once its time
@@ -611,7 +653,7 @@ class LocalStore(LocalShelf):
             super()._forget_all()
             self._verified.clear()
             self._maps.clear()
-            self._packs_stamp = -1
+            self._packs_look = _PacksLook()
 
 
 def _holds_store(root: str) -> bool:
