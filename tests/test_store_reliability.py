@@ -254,6 +254,36 @@ def test_a_pack_published_while_another_thread_looks_at_the_packs_is_found(
     assert [bytes(store.recall(key)[1]) for key, _ in fresh] == [data for _, data in fresh]
 
 
+@pytest.mark.parametrize(
+    ("age_ns", "fine", "lists"),
+    [(200_000_000, True, 1), (200_000_000, False, 3), (3 * 10**9, False, 1)],
+)
+def test_packs_are_listed_again_while_their_folder_may_still_change_unseen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, age_ns: int, fine: bool, lists: int
+) -> None:
+    """Lookups of keys no pack answers list ``packs/`` while its time is within a tick of
+    the filesystem's clock (an entry made later in that tick would leave it as it was):
+    once for a time a fifth of a second old that says it is kept finer than a second,
+    at every lookup for one of whole seconds (a coarse filesystem's: FAT's tick is two),
+    until it is over two seconds old."""
+    LocalStore(tmp_path / "store").keep_many([(key_of("item"), b"item")], "plain")
+    when = time.time_ns() - age_ns
+    when = when | 1 if fine else when - when % 10**9  # whole seconds: up to a second older
+    os.utime(tmp_path / "store" / "packs", ns=(when, when))
+    store = LocalStore(tmp_path / "store")
+    listed: list[str] = []
+    listdir = os.listdir
+
+    def counted(path: Any) -> list[str]:
+        listed.append(os.fspath(path))
+        return listdir(path)
+
+    monkeypatch.setattr(os, "listdir", counted)
+    for i in range(3):
+        assert store.have([key_of(f"never kept {i}")]) == set()
+    assert sum(path.rstrip(os.sep).endswith("packs") for path in listed) == lists
+
+
 def test_a_thread_asking_while_another_takes_in_the_packs_waits_for_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -95,7 +95,10 @@ _ALIGN = 64
 """Where a large blob read into memory starts: aligned as torch's CPU allocator aligns."""
 _TICK = 2_000_000_000
 """Nanoseconds past which a directory's time is surely a tick of the filesystem's clock
-behind (FAT's is two seconds)."""
+behind, where it keeps times of whole seconds (FAT's tick is two)."""
+_FINE_TICK = 50_000_000
+"""The same, where it keeps times finer than a second (ext4, xfs, btrfs, APFS, NTFS): they
+take them from a clock of the kernel's that moves at least every 10 ms."""
 
 _MAPS_SHARED = 16
 """How many read-only mappings of large blobs a store keeps between reads that only
@@ -126,8 +129,12 @@ def _to_trust(stamp: int) -> int:
     own with to tell nothing changed since: -1 (list it again) while it is within a tick of
     now. A directory's time only moves on the clock's tick (coarse: milliseconds, or two
     seconds on FAT), so an entry made later in the tick the listing was made in leaves it
-    as it was."""
-    return stamp if time.time_ns() - stamp > _TICK else -1
+    as it was. A time of whole seconds is taken for one of such a coarse filesystem; a
+    finer one is trusted once a few milliseconds old, so a store whose ``packs/`` a
+    writer adds to every second (a first epoch) is listed again about once a pack, not
+    at every lookup for two seconds after each."""
+    tick = _TICK if stamp % 1_000_000_000 == 0 else _FINE_TICK
+    return stamp if time.time_ns() - stamp > tick else -1
 
 
 def _read_privately(handle: io.BufferedReader, size: int, digest: str) -> memoryview:
