@@ -150,6 +150,13 @@ def node_head(prefix: bytes, count: int) -> bytes:
     return prefix + b"l" + _LEN.pack(count)
 
 
+def before_one_key(head: bytes) -> bytes:
+    """What :func:`key_after` hashes, for a ``head`` made for one input, before that input's
+    key: the node's key is ``blake3:`` and the hex BLAKE3 of this and the key's text. For
+    code that names many such nodes at once (a batch of rows, natively)."""
+    return head + _KEY
+
+
 def key_after(head: bytes, inputs: Sequence[str]) -> str:
     """:func:`node_key` for a ``head`` made by :func:`node_head` with ``len(inputs)``:
     the same key, with the fixed parts joined once rather than on every forward."""

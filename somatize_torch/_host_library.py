@@ -277,6 +277,9 @@ def _bind_host(lib: ctypes.CDLL) -> None:
     lib.smz_blake3_host_rows_wait.restype = None
     lib.smz_blake3_host_rows_forked.argtypes = []
     lib.smz_blake3_host_rows_forked.restype = None
+    text = ctypes.c_char_p
+    lib.smz_blake3_host_keys.argtypes = [text, u64, text, ctypes.POINTER(u64), u64, text, u64, text]
+    lib.smz_blake3_host_keys.restype = None
     for name in (
         "smz_blake3_host_rows",
         "smz_blake3_host_streaming",

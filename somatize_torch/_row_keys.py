@@ -33,20 +33,27 @@ has them taken as named.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import torch
 from torch import nn
 
 from somatize.catalog import code_changes, fingerprint_of, watch_code, watched_again
-from somatize.keys import key_after, node_head, node_prefix, root_key
+from somatize.keys import before_one_key, key_after, node_head, node_prefix, root_key
 from somatize_torch._precision import float32_precision
 from somatize_torch._row_ahead import _take_named
 from somatize_torch._row_errors import NeedsIndex, RowsError, _describe
 from somatize_torch._state import StateWatch, digest_state
 from somatize_torch.deferred import DeferredRows
-from somatize_torch.digest import DTYPES, raw_rows, row_digest, row_header
+from somatize_torch.digest import (
+    DTYPES,
+    before_raw,
+    keys_after_rows,
+    raw_rows,
+    row_digest,
+    row_header,
+)
 from somatize_torch.freeze import classes_of, hold, refuse_inference_tensors, unfrozen_error
 from somatize_torch.wrap import REGISTRIES
 
@@ -118,6 +125,8 @@ class _Keying:
     that go to the store need their full key, ``key(row)``."""
 
     __slots__ = (
+        "before_key",
+        "before_raw",
         "dtype",
         "head",
         "header",
@@ -145,6 +154,9 @@ class _Keying:
         self.tag = tag
         self.version = version
         self.header = header
+        # What a row's two hashes hash before its raw digest and before its digest's text.
+        self.before_raw = before_raw(header, _RAW_BYTES)
+        self.before_key = before_one_key(self.head)
         self.keys: dict[Any, str] = {}
         self.room = room  # shared with the cache's other keyings
         # Whether the module was seen to answer a row alone as it did in a batch (see
@@ -169,6 +181,36 @@ class _Keying:
                 self.keys[row] = found
                 room.left -= 1
         return found
+
+    def keys_of(self, rows: Sequence[Any]) -> list[str]:
+        """:meth:`key` of each of ``rows``: those named by content and not remembered made
+        in one native call (:func:`~somatize_torch.digest.keys_after_rows`), where the
+        host library is loaded, rather than two hashes a row in Python."""
+        known = self.keys
+        found: list[str | None] = [known.get(row) for row in rows]
+        todo = [i for i, key in enumerate(found) if key is None]
+        if len(todo) >= _KEYS_AT_ONCE and all(
+            type(rows[i]) is bytes and len(rows[i]) == _RAW_BYTES for i in todo
+        ):
+            made = keys_after_rows(self.before_raw, [rows[i] for i in todo], self.before_key)
+            if made is not None:
+                room = self.room
+                for i, key in zip(todo, made, strict=True):
+                    found[i] = key
+                    if room.left > 0:
+                        known[rows[i]] = key
+                        room.left -= 1
+                todo = []
+        for i in todo:
+            found[i] = self.key(rows[i])
+        return found  # type: ignore[return-value]  # every one found or made
+
+
+_RAW_BYTES = 32
+"""The bytes of a row's raw digest, which names it by content."""
+
+_KEYS_AT_ONCE = 4
+"""How many rows' keys to make, at least, for one native call to be worth its setting up."""
 
 
 @_one_at_a_time

@@ -130,11 +130,14 @@ def _recall_or_run(
         # Rows in no tier may still be on their way to the store, staged in the writer (the
         # tiers full, a disk behind): read from there, before the store, which has them
         # once the writer lets them go.
-        keys = {p: keying.key(ids[p]) for p in positions}
+        keys = dict(zip(positions, keying.keys_of([ids[p] for p in positions]), strict=True))
         positions = took(self._writer.recall(keys), "pending", positions)
     refused: StoreError | None = None  # why the store could not keep rows computed now
     if positions and self.store is not None:
-        keys = {p: keys.get(p) or keying.key(ids[p]) for p in positions}
+        if all(p in keys for p in positions):  # named for the writer's staging just now
+            keys = {p: keys[p] for p in positions}
+        else:
+            keys = dict(zip(positions, keying.keys_of([ids[p] for p in positions]), strict=True))
         found, refused = _from_store(self, keys, counts)
         positions = took(found, "store", positions)
     if positions:
@@ -166,7 +169,7 @@ def _recall_or_run(
             # forward run again computes and queues them, rather than recall them and
             # never write them.
             if self._writer is not None:
-                self._writer.submit([keying.key(ids[p]) for p in once], rows)
+                self._writer.submit(keying.keys_of([ids[p] for p in once]), rows)
             _admit(self, [near[p] for p in once], rows)
         if len(once) < len(positions):
             slot = {p: i for i, p in enumerate(once)}

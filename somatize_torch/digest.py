@@ -39,7 +39,7 @@ import functools
 import itertools
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -476,9 +476,32 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _row(head: bytes, raw: bytes) -> bytes:
-    # canonical.encode of ``[code, shape, raw]`` ends with ``b"b" + len(8) + raw``; ``head``
-    # is everything before that, so this equals ``_TENSOR + canonical.encode([code, shape, raw])``.
-    return head + b"b" + len(raw).to_bytes(8, "big") + raw
+    return before_raw(head, len(raw)) + raw
+
+
+def before_raw(header: bytes, size: int) -> bytes:
+    """What :func:`row_digest` hashes before a raw digest of ``size`` bytes, given
+    :func:`row_header` of its batch: canonical.encode of ``[code, shape, raw]`` ends with
+    ``b"b" + len(8) + raw``, and ``header`` is everything before that, so the whole equals
+    ``_TENSOR + canonical.encode([code, shape, raw])``."""
+    return header + b"b" + size.to_bytes(8, "big")
+
+
+def keys_after_rows(inner: bytes, items: Sequence[bytes], outer: bytes) -> list[str] | None:
+    """The key of each of ``items``, as a node keyed by one input names it from the input's
+    key: ``key_after`` of a head whose :func:`~somatize.keys.before_one_key` is ``outer``,
+    over ``"blake3:" + BLAKE3(inner + item).hex()``, in one call of the native host
+    library, which holds no GIL as it hashes; None where that library is not loaded (yet)."""
+    lib = _native.ready_host_library()
+    make = getattr(lib, "smz_blake3_host_keys", None) if lib is not None else None
+    if make is None or not items:
+        return None
+    count = len(items)
+    offsets = (ctypes.c_uint64 * (count + 1))(*itertools.accumulate(map(len, items), initial=0))
+    out = ctypes.create_string_buffer(71 * count)
+    make(inner, len(inner), b"".join(items), offsets, count, outer, len(outer), out)
+    made = out.raw.decode("ascii")
+    return [made[i : i + 71] for i in range(0, 71 * count, 71)]
 
 
 def digest_named(tensors: Mapping[str, torch.Tensor], kind: str = "dict") -> str:

@@ -127,7 +127,7 @@ def test_host_library_is_built_in_cache_dir(lib: ctypes.CDLL, ext_cache: Path) -
     built = native.build_host_library(ext_cache)
     assert built.parent == ext_cache and built.name.startswith("libsmz_blake3_host-")
     assert not [p for p in ext_cache.iterdir() if p.name.endswith(".tmp")]
-    assert lib.smz_blake3_host_abi_version() == 4
+    assert lib.smz_blake3_host_abi_version() == 5
     mtime = built.stat().st_mtime_ns
     assert native.build_host_library(ext_cache) == built
     assert built.stat().st_mtime_ns == mtime  # cached, not rebuilt
@@ -357,6 +357,38 @@ def test_random_row_batches(lib: ctypes.CDLL) -> None:
         assert _emulate_rows(lib, data, rows, row_bytes) == expected
 
 
+def test_keys_of_many_items_in_one_call_are_the_keys_made_one_by_one(lib: ctypes.CDLL) -> None:
+    """The native keys of a batch's items, each as a node keyed by one input names it,
+    are the keys Python makes: for rows named by content (a row cache's keys, from raw
+    digests) and for items of any length, the empty one and ones past a chunk among them;
+    none is made where there is no item."""
+    from somatize.keys import before_one_key, key_after, node_head
+    from somatize_torch.digest import (
+        before_raw,
+        keys_after_rows,
+        raw_rows,
+        row_digest,
+        row_header,
+    )
+
+    x = torch.randn(37, 3, 5)
+    raws = raw_rows(x)
+    header = row_header(x)
+    head = node_head(b"a node's prefix " * 20, 1)
+    made = keys_after_rows(before_raw(header, 32), raws, before_one_key(head))
+    assert made == [key_after(head, [row_digest(header, raw)]) for raw in raws]
+    rnd = random.Random(11)
+    items = [rnd.randbytes(rnd.choice([0, 1, 63, 64, 1025, 3000])) for _ in range(50)]
+    inner, outer = rnd.randbytes(130), rnd.randbytes(70)
+
+    def one(item: bytes) -> str:
+        first = "blake3:" + blake3.blake3(inner + item).hexdigest()
+        return "blake3:" + blake3.blake3(outer + first.encode()).hexdigest()
+
+    assert keys_after_rows(inner, items, outer) == [one(item) for item in items]
+    assert keys_after_rows(inner, [], outer) is None
+
+
 def _rows_on(
     fn: ctypes._CFuncPtr, data: bytes, rows: int, row_bytes: int, width: int
 ) -> list[bytes]:
@@ -500,7 +532,7 @@ def test_a_background_build_lands_after_its_process_exits(tmp_path: Path) -> Non
         time.sleep(0.1)
     built = list(tmp_path.glob("libsmz_blake3_host-*.so"))
     assert len(built) == 1
-    assert ctypes.CDLL(str(built[0])).smz_blake3_host_abi_version() == 4
+    assert ctypes.CDLL(str(built[0])).smz_blake3_host_abi_version() == 5
 
 
 def test_a_failed_background_build_keeps_the_pure_path(

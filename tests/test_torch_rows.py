@@ -24,6 +24,7 @@ from somatize.engine import Drifted
 from somatize.keys import node_key, node_prefix
 from somatize.store import StoreError
 from somatize_torch import _row_keys
+from somatize_torch._native import host_library
 from somatize_torch.deferred import Deferred
 from somatize_torch.digest import digest_rows
 from somatize_torch.freeze import FreezeError, StillChanging, digest_state, is_held
@@ -532,6 +533,36 @@ def test_a_new_cache_over_the_same_store_recalls_from_it(
     assert second.stats.from_store == 25
     assert torch.equal(out, expected(second.module, data)[picked])
     second.close()
+
+
+@pytest.mark.parametrize("native_first", [True, False])
+def test_rows_keyed_natively_and_in_python_are_the_same_rows(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native_first: bool
+) -> None:
+    """A batch's keys made in one native call and made a row at a time in Python (where the
+    host library is not loaded) are the same keys: rows one cache kept are recalled from
+    the store by another, whichever way each named them."""
+    host_library()  # loaded, so that the native path is there to be taken
+    made = _row_keys.keys_after_rows
+
+    def keyed(native: bool) -> None:
+        monkeypatch.setattr(_row_keys, "keys_after_rows", made if native else lambda *_: None)
+
+    data = images(40)
+    keyed(native_first)
+    first = cache_rows(encoder(), store)
+    first(data)
+    first.flush()
+    assert first.stats.rows_kept == 40
+    first.close()
+    keyed(not native_first)
+    second = cache_rows(encoder(), Store(tmp_path / "store"))
+    picked = torch.randperm(40)
+    out = second(data[picked])
+    assert second.stats.from_store == 40 and second.stats.computed == 0
+    assert torch.equal(out, expected(second.module, data)[picked])
+    second.close()
+    assert made(b"", [b"x"] * 4, b"") is not None  # the native path was there to be taken
 
 
 def test_recalled_rows_from_the_store_are_the_encoders(store: Store, tmp_path: Path) -> None:
