@@ -150,6 +150,13 @@ def node_head(prefix: bytes, count: int) -> bytes:
     return prefix + b"l" + _LEN.pack(count)
 
 
+def root_bytes(value: Any) -> bytes:
+    """What :func:`root_key` hashes for a plain value (one no ``Opaque`` is in): the key is
+    ``blake3:`` and the hex BLAKE3 of these bytes. For code that keys many such values at
+    once (the indices of a batch's rows, natively)."""
+    return _ROOT + canonical.encode(value)
+
+
 def before_one_key(head: bytes) -> bytes:
     """What :func:`key_after` hashes, for a ``head`` made for one input, before that input's
     key: the node's key is ``blake3:`` and the hex BLAKE3 of this and the key's text. For

@@ -36,11 +36,20 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 
+import blake3
 import torch
 from torch import nn
 
+from somatize import canonical
 from somatize.catalog import code_changes, fingerprint_of, watch_code, watched_again
-from somatize.keys import before_one_key, key_after, node_head, node_prefix, root_key
+from somatize.keys import (
+    before_one_key,
+    key_after,
+    node_head,
+    node_prefix,
+    root_bytes,
+    root_key,
+)
 from somatize_torch._precision import float32_precision
 from somatize_torch._row_ahead import _take_named
 from somatize_torch._row_errors import NeedsIndex, RowsError, _describe
@@ -125,6 +134,7 @@ class _Keying:
     that go to the store need their full key, ``key(row)``."""
 
     __slots__ = (
+        "before_index",
         "before_key",
         "before_raw",
         "dtype",
@@ -157,6 +167,7 @@ class _Keying:
         # What a row's two hashes hash before its raw digest and before its digest's text.
         self.before_raw = before_raw(header, _RAW_BYTES)
         self.before_key = before_one_key(self.head)
+        self.before_index: bytes | None = None  # found at the first batch keyed by index
         self.keys: dict[Any, str] = {}
         self.room = room  # shared with the cache's other keyings
         # Whether the module was seen to answer a row alone as it did in a batch (see
@@ -183,27 +194,50 @@ class _Keying:
         return found
 
     def keys_of(self, rows: Sequence[Any]) -> list[str]:
-        """:meth:`key` of each of ``rows``: those named by content and not remembered made
-        in one native call (:func:`~somatize_torch.digest.keys_after_rows`), where the
-        host library is loaded, rather than two hashes a row in Python."""
+        """:meth:`key` of each of ``rows``: those not remembered made in one native call
+        (:func:`~somatize_torch.digest.keys_after_rows`), where the host library is
+        loaded, rather than a row at a time in Python (two hashes and two hex strings a
+        row named by content; a canonical encoding, two hashes and two hex strings a row
+        named by index)."""
         known = self.keys
         found: list[str | None] = [known.get(row) for row in rows]
         todo = [i for i, key in enumerate(found) if key is None]
-        if len(todo) >= _KEYS_AT_ONCE and all(
-            type(rows[i]) is bytes and len(rows[i]) == _RAW_BYTES for i in todo
-        ):
+        made = None
+        if len(todo) < _KEYS_AT_ONCE:
+            pass
+        elif all(type(rows[i]) is bytes and len(rows[i]) == _RAW_BYTES for i in todo):
             made = keys_after_rows(self.before_raw, [rows[i] for i in todo], self.before_key)
-            if made is not None:
-                room = self.room
-                for i, key in zip(todo, made, strict=True):
-                    found[i] = key
-                    if room.left > 0:
-                        known[rows[i]] = key
-                        room.left -= 1
-                todo = []
+        elif all(type(rows[i]) is int for i in todo) and self._indexed():
+            items = [canonical.int_bytes(rows[i]) for i in todo]
+            made = keys_after_rows(self.before_index or b"", items, self.before_key)
+        if made is not None:
+            room = self.room
+            for i, key in zip(todo, made, strict=True):
+                found[i] = key
+                if room.left > 0:
+                    known[rows[i]] = key
+                    room.left -= 1
+            return found  # type: ignore[return-value]  # every one found or made
         for i in todo:
             found[i] = self.key(rows[i])
-        return found  # type: ignore[return-value]  # every one found or made
+        return found  # type: ignore[return-value]
+
+    def _indexed(self) -> bool:
+        """Whether rows keyed by index can be keyed natively: what :func:`root_key` hashes of
+        ``{"dataset": version, "index": i}`` is found once as a prefix and the encoding of
+        ``i`` after it, checked against it for a few indices (else they are keyed in
+        Python, as ever)."""
+        if self.before_index is None:
+            tail = canonical.int_bytes(0)
+            whole = root_bytes({"dataset": self.version, "index": 0})
+            before = whole[: -len(tail)]
+            same = whole.endswith(tail) and all(
+                "blake3:" + blake3.blake3(before + canonical.int_bytes(i)).hexdigest()
+                == root_key({"dataset": self.version, "index": i})
+                for i in (0, 1, -1, 255, 1 << 40)
+            )
+            self.before_index = before if same else b""
+        return bool(self.before_index)
 
 
 _RAW_BYTES = 32

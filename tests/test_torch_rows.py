@@ -535,34 +535,41 @@ def test_a_new_cache_over_the_same_store_recalls_from_it(
     second.close()
 
 
+@pytest.mark.parametrize("key", ["content", "index"])
 @pytest.mark.parametrize("native_first", [True, False])
 def test_rows_keyed_natively_and_in_python_are_the_same_rows(
-    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native_first: bool
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native_first: bool, key: str
 ) -> None:
     """A batch's keys made in one native call and made a row at a time in Python (where the
-    host library is not loaded) are the same keys: rows one cache kept are recalled from
-    the store by another, whichever way each named them."""
+    host library is not loaded) are the same keys, by content and by index: rows one
+    cache kept are recalled from the store by another, whichever way each named them."""
     host_library()  # loaded, so that the native path is there to be taken
     made = _row_keys.keys_after_rows
+    taken: list[int] = []
 
-    def keyed(native: bool) -> None:
-        monkeypatch.setattr(_row_keys, "keys_after_rows", made if native else lambda *_: None)
+    def native(*args: Any) -> list[str] | None:
+        taken.append(len(args[1]))
+        return made(*args)
+
+    def keyed(natively: bool) -> CachedRows:
+        monkeypatch.setattr(_row_keys, "keys_after_rows", native if natively else lambda *_: None)
+        kind: Any = {"key": "index", "version": "data@1"} if key == "index" else {}
+        return cache_rows(encoder(), Store(tmp_path / "store"), **kind)
 
     data = images(40)
-    keyed(native_first)
-    first = cache_rows(encoder(), store)
-    first(data)
+    every = torch.arange(40) * 1000  # indices past a byte
+    first = keyed(native_first)
+    first(data, index=every) if key == "index" else first(data)
     first.flush()
     assert first.stats.rows_kept == 40
     first.close()
-    keyed(not native_first)
-    second = cache_rows(encoder(), Store(tmp_path / "store"))
+    second = keyed(not native_first)
     picked = torch.randperm(40)
-    out = second(data[picked])
+    out = second(data[picked], index=every[picked]) if key == "index" else second(data[picked])
     assert second.stats.from_store == 40 and second.stats.computed == 0
     assert torch.equal(out, expected(second.module, data)[picked])
     second.close()
-    assert made(b"", [b"x"] * 4, b"") is not None  # the native path was there to be taken
+    assert 40 in taken  # the native path was taken where asked
 
 
 def test_recalled_rows_from_the_store_are_the_encoders(store: Store, tmp_path: Path) -> None:
