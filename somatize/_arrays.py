@@ -3,8 +3,10 @@ held is taken when it is first watched (:func:`looked_at`) and its bytes compare
 that at every look (:func:`same_array`) — a small one with a copy of them, a large one in
 place, a slice at a time, so that no copy of it is made at every look.
 
-Shared by the watch a graph takes of its nodes' code (an array a node's code reads) and by
-the torch side's watch of what a module keeps (an array it holds among its settings).
+Shared by the watch a graph takes of its nodes' code (an array a node's code reads, held
+itself, in a table or by an object: :class:`Written`; a small tensor's bytes, which a write
+through ``.data`` or ``.numpy()`` changes without moving its count of changes in place) and
+by the torch side's watch of what a module keeps (an array it holds among its settings).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["looked_at", "same_array"]
+__all__ = ["COPIED", "Written", "looked_at", "same_array"]
 
 
 def looked_at(array: Any) -> tuple[Any, ...]:
@@ -52,3 +54,27 @@ def same_array(array: Any, was: tuple[Any, ...]) -> bool:
         bool((now[at : at + SLICE] == kept[at : at + SLICE]).all())
         for at in range(0, now.size, SLICE)
     )
+
+
+class Written:
+    """A numpy array a node's code reads — one its class holds, one its module holds, one a
+    helper it calls reads, one an object it reads holds —, whose values its fingerprint
+    names, as a graph's watch compares it with what it held as the watch was taken
+    (:func:`looked_at`): equal to that only while it holds the same dtype, shape and bytes
+    (:func:`same_array`), so that a write in place since (``MEANS[0] = 5.0``, ``H.m[0] =
+    5.0``) is seen by a graph built before, whose fingerprints are worked out again. numpy
+    keeps no version counter, so its bytes are compared at every look: a small array's with
+    a copy, a large one's in place."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __len__(self) -> int:  # one entry of what a watch of a marked object reads
+        return 1
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is tuple and same_array(self.array, other)
+
+    __hash__ = None  # type: ignore[assignment]

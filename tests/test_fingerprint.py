@@ -5820,6 +5820,50 @@ class ReadsConfig(Node):
 """
 
 
+_AN_OBJECT_HOLDS_AN_ARRAY = """
+import numpy as np
+
+from somatize import Node
+
+
+class Holder:
+    def __init__(self):
+        self.m = np.array([1.0, 2.0, 3.0])
+
+
+class Outer:
+    def __init__(self):
+        self.inner = Holder()
+        self.tables = {"m": [np.array([1.0, 2.0, 3.0])]}
+
+
+H = Holder()
+O = Outer()
+
+
+class HoldsHolder(Node):
+    s = Holder()
+
+    def forward(self, x, ctx):
+        return x + float(self.s.m.sum())
+
+
+class ReadsHolder(Node):
+    def forward(self, x, ctx):
+        return x + float(H.m.sum())
+
+
+class ReadsOuter(Node):
+    def forward(self, x, ctx):
+        return x + float(O.inner.m.sum())
+
+
+class ReadsOuterTable(Node):
+    def forward(self, x, ctx):
+        return x + float(O.tables["m"][0].sum())
+"""
+
+
 _WRITTEN_IN_PLACE = [
     pytest.param("numpy", _READS_ARRAYS, kind, held, id=f"array-{kind}")
     for kind, held in [
@@ -5836,6 +5880,24 @@ _WRITTEN_IN_PLACE += [
 _WRITTEN_IN_PLACE += [
     pytest.param("torch", _READS_TENSORS, kind, held, id=f"tensor-{kind}")
     for kind, held in [("ReadsTensor", lambda m: m.T), ("ReadsTable", lambda m: m.TABLE["t"][0])]
+]
+_WRITTEN_IN_PLACE += [  # past the tensor's count of changes in place: `T.data[0] = 5.0`
+    pytest.param("torch", _READS_TENSORS, kind, held, id=f"tensor-{kind}-{past}")
+    for kind, past, held in [
+        ("ReadsTensor", "data", lambda m: m.T.data),
+        ("ReadsTensor", "numpy", lambda m: m.T.numpy()),
+        ("ReadsTable", "data", lambda m: m.TABLE["t"][0].data),
+        ("ReadsTable", "numpy", lambda m: m.TABLE["t"][0].numpy()),
+    ]
+]
+_WRITTEN_IN_PLACE += [
+    pytest.param("numpy", _AN_OBJECT_HOLDS_AN_ARRAY, kind, held, id=f"held-by-an-object-{kind}")
+    for kind, held in [
+        ("HoldsHolder", lambda m: m.HoldsHolder.s.m),
+        ("ReadsHolder", lambda m: m.H.m),
+        ("ReadsOuter", lambda m: m.O.inner.m),  # an object an object holds
+        ("ReadsOuterTable", lambda m: m.O.tables["m"][0]),  # in a table an object holds
+    ]
 ]
 _WRITTEN_IN_PLACE += [
     pytest.param(
@@ -5856,12 +5918,13 @@ def test_an_array_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_
 ) -> None:
     """A numpy array a node's code reads — its module's (``MEANS[0] = 5.0``, a large one
     too), its class's, one a helper it calls reads, one a helper class it names holds
-    (``Config.means``), or one held in a dict, list or tuple of those, however nested
-    (``TABLE["m"][0] = 5.0``) — and a torch tensor its module holds, itself or in a table
-    (``T[0] = 5.0``), written in place after a graph was built, is other code at that
-    graph's next forward: without strict the old answer is recalled as drifted, with
-    strict=True the node computes with what it holds now (11.0), and given back what it
-    held, with that again (7.0)."""
+    (``Config.means``), one an object its class or module holds (``H.m[0] = 5.0``), or one
+    held in a dict, list or tuple of those, however nested (``TABLE["m"][0] = 5.0``) — and
+    a torch tensor its module holds, itself or in a table (``T[0] = 5.0``, and past its
+    count of changes in place: ``T.data[0] = 5.0``, ``T.numpy()[0] = 5.0``), written in
+    place after a graph was built, is other code at that graph's next forward: without
+    strict the old answer is recalled as drifted, with strict=True the node computes with
+    what it holds now (11.0), and given back what it held, with that again (7.0)."""
     pytest.importorskip(needs)
     loaded = _load(tmp_path / "written.py", source, monkeypatch)
     graph = Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
@@ -5873,6 +5936,33 @@ def test_an_array_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_
     assert _three_forwards(graph, store, "a", 11.0) == ["ran", "recalled", "recalled"]
     values[0] = 1.0
     assert _three_forwards(graph, store, "a", 7.0) == ["ran", "recalled", "recalled"]
+
+
+@pytest.mark.parametrize(("needs", "source", "kind", "held"), _WRITTEN_IN_PLACE)
+def test_an_array_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_after(
+    needs: str,
+    source: str,
+    kind: str,
+    held: Callable[[Any], Any],
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each array and tensor of the test above, written in place after a graph was built,
+    is seen by a graph built after it too (as in a new process): strict=True computes with
+    what it holds now (11.0), and given back what it held, with that again (7.0)."""
+    pytest.importorskip(needs)
+    loaded = _load(tmp_path / "written.py", source, monkeypatch)
+
+    def graph() -> Graph:
+        return Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())
+
+    values = held(loaded)
+    assert _three_forwards(graph(), store, "a", 7.0) == ["ran", "recalled", "recalled"]
+    values[0] = 5.0
+    assert _three_forwards(graph(), store, "a", 11.0) == ["ran", "recalled", "recalled"]
+    values[0] = 1.0
+    assert _three_forwards(graph(), store, "a", 7.0) == ["ran", "recalled", "recalled"]
 
 
 def _fingerprints_of_elsewhere(root: Path, folders: list[str], kinds: list[str]) -> list[list[str]]:

@@ -46,6 +46,7 @@ from types import (
 )
 from typing import Any
 
+from somatize._arrays import Written
 from somatize.catalog._bytecode import _stores_by
 from somatize.catalog._code import _constant_bytes
 from somatize.catalog._marks import _HELD, _forget_held, _reference, _token_of
@@ -302,8 +303,10 @@ def _held_bytes(value: Any, containers: list[Any] | None = None) -> bytes | None
     helper its function names rebound) is marked by which object it is from then on, so its
     old name is never taken for what it computes now. Nothing read of it is kept from one
     time to the next (a cycle through it would keep it alive). ``containers`` is given each
-    dict, list and set read of it (its attributes among them) and the namespaces of its
-    classes, for a graph's watch to see such a change at the next forward."""
+    dict, list and set read of it (its attributes among them), the namespaces of its
+    classes and each numpy array it holds, as a :class:`~somatize._arrays.Written` (``H.m[0]
+    = 5.0``, which changes no container), for a graph's watch to see such a change at the
+    next forward."""
     forget = functools.partial(_forget_named, id(value))
     kind = type(value)
     if kind in _CONTAINERS or kind in _HOLDERS or _slots_of(kind) or _value_base(kind):
@@ -632,7 +635,8 @@ def _contained_bytes(
     mark of that very object (:func:`_token_of`). None for
     any other member, for one holding only plain values (a table, a cache its code fills),
     and for one deeper or larger than the walk's bound. ``read`` is given each dict, list
-    and set read of the objects in it named by what they hold, ``marked`` each object in
+    and set read of the objects in it named by what they hold, and each numpy array they
+    hold (:class:`~somatize._arrays.Written`), ``marked`` each object in
     it marked by which object it is, and ``objects`` each object in it, for a graph's
     watch (which reads the container itself as it reads a marked object,
     :class:`_Marked`)."""
@@ -684,7 +688,9 @@ class _Walk:
         self.leaf = leaf  # names each object, no container, in place of reading it
         self.placed: dict[int, int] = {}  # an object read → its place in the reading
         self.held: list[Any] = []  # what was read, alive while ids name it
-        self.read: list[Any] = []  # each dict, list, set and class namespace read
+        # each dict, list, set and class namespace read, and each numpy array named by its
+        # values (:class:`Written`)
+        self.read: list[Any] = []
         self.count = 0
 
     def name(self, value: Any, depth: int) -> bytes:
@@ -727,6 +733,8 @@ class _Walk:
         if type(value).__module__.partition(".")[0] == "numpy":  # a fitted scaler's means
             values = _array_bytes(value)  # by dtype, shape and values (no tensor: a weight)
             if values is not None:
+                if isinstance(value, sys.modules["numpy"].ndarray):  # `H.m[0] = 5.0` since
+                    self.see(Written(value))
                 return values
         if isinstance(value, enum.Enum):  # by its enum's code and its name
             self.see(object.__getattribute__(value, "__dict__"))  # `Mode.A._value_ = 3`

@@ -12,6 +12,7 @@ from __future__ import annotations
 import array
 import collections
 import functools
+import sys
 import warnings
 import weakref
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from types import (
 )
 from typing import Any
 
+from somatize._arrays import COPIED, Written
 from somatize.catalog._functions import _cells_read, _closed_objects
 from somatize.catalog._held import _SEQUENCES, _array, _items_base, _library_bytes
 from somatize.catalog._marks import (
@@ -195,26 +197,68 @@ def _same_values(lives: list[Any], copies: list[Any]) -> bool:
 
 
 class _Versions:
-    """A tensor's count of changes made to it in place (torch's ``_version``), read as it is
-    now: equal to a list of the count it had — so that a tensor changed in place
-    (``Kind.part.mul_(5)``) is seen, though what a watch copies holds that same tensor."""
+    """A tensor's count of changes made to it in place (torch's ``_version``) and where its
+    values lie, and, a tensor on the CPU of at most :data:`~somatize._arrays.COPIED` bytes,
+    its bytes (:func:`_host_view`), read as they are now: equal to a list of what they were
+    — so that a tensor changed in place (``Kind.part.mul_(5)``), given other memory
+    (``T.data = ...``) or written past its count (``T.data[0] = 5.0``, ``T.numpy()[0] =
+    5.0``, which torch does not count) is seen, though what a watch copies holds that same
+    tensor. A larger one, or one on a device (whose bytes would be copied to the host at
+    every look), is told by its count and its memory alone: a write past its count is not
+    seen."""
 
-    __slots__ = ("held",)
+    __slots__ = ("held", "view")
 
     def __init__(self, held: Any) -> None:
         self.held = held
+        self.view = _host_view(held)
 
     def __len__(self) -> int:
         return 1
 
     def values(self) -> list[Any]:
-        """The count now."""
-        return [self.held._version]
+        """The count, where the values lie, and the bytes (None where not read), now."""
+        held, view = self.held, self.view
+        return [held._version, held.data_ptr(), None if view is None else view.tobytes("A")]
 
     def __eq__(self, other: object) -> bool:
-        return bool(self.values() == other)
+        if type(other) is not list or len(other) != 3:
+            return False
+        held, view = self.held, self.view
+        version, at, was = other
+        if held._version != version or held.data_ptr() != at:
+            return False
+        if view is None:
+            return was is None
+        # the view is this watch's own: its dtype, shape and strides are those it had
+        return bool(view.tobytes("A") == was)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _host_view(tensor: Any) -> Any:
+    """A numpy array over the memory of ``tensor`` (no copy: a write through ``.data`` or
+    ``.numpy()`` shows in it), where it lies on the CPU and holds at most
+    :data:`~somatize._arrays.COPIED` bytes, as bytes where numpy has not its dtype
+    (``bfloat16``); None for any other, or one numpy cannot view (torch built without it,
+    a conjugate view)."""
+    if tensor.device.type != "cpu" or tensor.nbytes > COPIED:
+        return None
+    values = tensor.detach()
+    try:
+        return values.numpy()
+    except (TypeError, RuntimeError):  # a dtype numpy has not: as bytes, where they lie so
+        try:
+            return values.view(sys.modules["torch"].uint8).numpy()
+        except (TypeError, RuntimeError):
+            return None
+
+
+def _written_array(value: Any) -> bool:
+    """Whether ``value`` is a numpy array named by its values (:func:`_array`: not one of
+    objects), which a watch compares by its bytes (:class:`~somatize._arrays.Written`)."""
+    numpy = sys.modules.get("numpy")  # not imported: nothing read is one of its arrays
+    return numpy is not None and isinstance(value, numpy.ndarray) and _array(value)
 
 
 class _Cells:
@@ -262,8 +306,10 @@ def _state_read(
     objects read (short of the library's), nearest first, as far as :data:`_STATE_ITEMS`
     entries in all; each function read, with its code and defaults; and whether all was
     read (False where a dict, list or set did not fit: it is left out, and what it holds,
-    and the object is taken as changed at every look). What a class written in C holds
-    but its ``__dict__`` (a tensor's values) is not read, nor what an object of the
+    and the object is taken as changed at every look). A tensor is read by its count of
+    changes in place, and a small one on the CPU by its bytes (:class:`_Versions`), a numpy
+    array by its bytes (:class:`~somatize._arrays.Written`), each one entry; what another
+    class written in C holds but its ``__dict__`` is not read, nor what an object of the
     library's named whole holds (:func:`_library_bytes`: a lock; a logger, which holds
     every logger of the process): what the code computes with it does not change with it."""
     read: list[Any] = []
@@ -297,6 +343,9 @@ def _state_read(
             continue
         if _counted(value):  # a tensor: changed in place, by its count of changes
             see(_Versions(value))
+            continue
+        if _written_array(value):  # a numpy array: changed in place, by its bytes
+            see(Written(value))
             continue
         if _library_bytes(value) is not None:  # the library's, said whole (a logger): not read
             continue

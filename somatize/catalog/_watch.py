@@ -3,7 +3,7 @@ comparison made in C (:func:`watch_code`, :class:`CodeWatch`).
 
 A method patched in, a function given other code or defaults in place (counted by an
 audit hook, :data:`_SETS`), a helper of a module rebound, an object a class holds changed in
-place, a numpy array the code reads written in place (:class:`_Written`): each is found by
+place, a numpy array the code reads written in place (:class:`Written`): each is found by
 :func:`code_changes`, and the fingerprints are worked out again.
 What a node's own forward changes in an object it holds is its state, not a change
 (:func:`own_state`).
@@ -26,7 +26,7 @@ from types import (
 )
 from typing import Any, NamedTuple
 
-from somatize._arrays import looked_at, same_array
+from somatize._arrays import Written, looked_at
 from somatize.catalog._bytecode import _fillers, _state_of
 from somatize.catalog._code import _assignment, _class_body, _written_at
 from somatize.catalog._fingerprint import _FINGERPRINTS
@@ -52,6 +52,7 @@ from somatize.catalog._marked import (
     _marked,
     _plain_table,
     _Versions,
+    _written_array,
 )
 from somatize.catalog._marks import _moved_on, _version_of
 from somatize.catalog._members import (
@@ -89,7 +90,7 @@ class CodeWatch(NamedTuple):
     """The namespace of each class of ``kinds``, then each dict, list or set read of an
     object named by what it holds (:func:`_held_bytes`), each dict of keyword defaults of
     a function of theirs and of keywords of a partial they hold, each numpy array their
-    code reads (:class:`_Written`) and the count of changes in place of each tensor of their
+    code reads (:class:`Written`) and the count of changes in place of each tensor of their
     modules' it reads (:class:`_Versions`), and last the count of code set in place
     (:data:`_SETS`)."""
     copies: list[Any]
@@ -190,9 +191,11 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     the namespaces of each helper class their code names or class they hold
     (:class:`_Bodies`: a value or a method set on it since, ``Config.by = 3``); each numpy
     array their classes hold, or their modules or a helper their code calls hold and it
-    reads, itself or in a dict, list or tuple, by its bytes (:class:`_Written`: ``MEANS[0] =
-    5.0``), and each such tensor of their modules by its count of changes in place
-    (:class:`_Versions`: ``T[0] = 5.0``), looked at only where one is read; and the count
+    reads, itself or in a dict, list or tuple, or an object of those holds, by its bytes
+    (:class:`Written`: ``MEANS[0] = 5.0``, ``H.m[0] = 5.0``), and each such tensor of
+    their modules by its count of changes in place and, a small one on the CPU, its bytes
+    (:class:`_Versions`: ``T[0] = 5.0``, ``T.data[0] = 5.0``), looked at only where one is
+    read; and the count
     of functions given other code or defaults in place and classes given other bases, in
     this process (:data:`_SETS`: ``f.__code__ = ...``, as a reloader does,
     ``f.__defaults__ = (5,)``, ``Kind.__bases__ = ...``), which moves for any function or
@@ -222,8 +225,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     for kind in lineage:
         for name, member in list(vars(kind).items()):
             label = f"{kind.__qualname__}.{name}"
-            if _numpy_array(member):  # `means = np.array(...)`, written in place since
-                arrays.setdefault(id(member), (_Written(member), label))
+            if _written_array(member):  # `means = np.array(...)`, written in place since
+                arrays.setdefault(id(member), (Written(member), label))
             elif type(member) in _CONTAINERS and not _dunder(name):  # `{"m": np.array(...)}`
                 _watch_arrays(member, label, arrays)
             fills = _kept_in_place(name, member) and name in kept  # changed by its node's forward
@@ -386,14 +389,14 @@ def _watch_class(
     object it and the classes it inherits from hold (:func:`_class_objects`) — a table
     marked from the start, as first seen (:func:`_sighted`), so that what ``kind``'s
     forward adds to it is its state; an object as one ``kind`` holds
-    (:func:`_watch_objects`), a numpy array by its bytes too (:class:`_Written`)."""
+    (:func:`_watch_objects`), a numpy array by its bytes too (:class:`Written`)."""
     read = _bodies(helper)
     lives += read
     labels += [label] * len(read)
     objects = []
     for _, name, held in _class_objects(helper):
-        if _numpy_array(held):  # `Config.means[0] = 5.0`: by its bytes
-            lives.append(_Written(held))
+        if _written_array(held):  # `Config.means[0] = 5.0`: by its bytes
+            lives.append(Written(held))
             labels.append(label)
         if not _fillable(name, held):
             objects.append(held)
@@ -414,7 +417,7 @@ def _copied(live: Any) -> Any:
     that type."""
     if isinstance(live, (_Looked, _Versions, _MemberValues)):
         return live.values()
-    if isinstance(live, _Written):
+    if isinstance(live, Written):
         return looked_at(live.array)
     if isinstance(live, (_Slots, _Cells)):
         return list(map(_exact, live.values()))
@@ -526,29 +529,9 @@ def _unexact(value: Any) -> Any:
 _ABSENTS = itertools.repeat(_ABSENT)
 
 
-class _Written:
-    """A numpy array a node's code reads — one its class holds, one its module holds, or
-    one a helper it calls reads —, whose values its fingerprint names: equal to what it
-    held as the watch was taken (:func:`~somatize._arrays.looked_at`) only while it holds
-    the same dtype, shape and bytes (:func:`~somatize._arrays.same_array`), so that a write
-    in place since (``MEANS[0] = 5.0``) is seen by a graph built before, whose fingerprints
-    are worked out again. numpy keeps no version counter, so its bytes are compared at
-    every look: a small array's with a copy, a large one's in place."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, array: Any) -> None:
-        self.array = array
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is tuple and same_array(self.array, other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-
 def _watch_arrays(table: Any, label: str, arrays: dict[int, tuple[Any, str]]) -> list[Any]:
     """Adds to ``arrays`` each numpy array ``table``, a dict, list, tuple or set a node's
-    code reads, holds, however nested (:func:`_held_arrays`), as :class:`_Written`, and
+    code reads, holds, however nested (:func:`_held_arrays`), as :class:`Written`, and
     each tensor as its count of changes in place (:class:`_Versions`), held where ``label``
     says; returns each dict and list read to find them, none where it holds
     none (or is too large to read, named as its text writes it)."""
@@ -563,22 +546,15 @@ def _watch_arrays(table: Any, label: str, arrays: dict[int, tuple[Any, str]]) ->
     return read
 
 
-def _array_watch(value: Any) -> _Written | _Versions | None:
+def _array_watch(value: Any) -> Written | _Versions | None:
     """What watches ``value`` for a write in place: a numpy array by its bytes
-    (:class:`_Written`), a tensor by its count of changes in place (:class:`_Versions`);
+    (:class:`Written`), a tensor by its count of changes in place (:class:`_Versions`);
     None for anything else."""
-    if _numpy_array(value):
-        return _Written(value)
+    if _written_array(value):
+        return Written(value)
     if _counted(value):
         return _Versions(value)
     return None
-
-
-def _numpy_array(value: Any) -> bool:
-    """Whether ``value`` is a numpy array named by its values (:func:`_array`: not one of
-    objects), which a watch compares by its bytes (:class:`_Written`)."""
-    numpy = sys.modules.get("numpy")  # not imported: nothing read is one of its arrays
-    return numpy is not None and isinstance(value, numpy.ndarray) and _array(value)
 
 
 class _Looked:
