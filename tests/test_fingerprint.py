@@ -1665,15 +1665,44 @@ class KeepsAMean(Node):
 """
 
 
-def test_a_tensor_a_class_holds_changed_by_its_own_forward_is_its_state(
-    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A tensor a class holds that its node's own forward changes in place (a running mean)
-    is its state, as an object in a list it holds is: the next forward of the graph recalls
-    what the first kept, with no word of a change. Changed between forwards, it is seen."""
-    import torch
+_KEEPING_A_RUNNING_MEAN_IN_NUMPY = """
+import numpy as np
+from somatize import Node
 
-    loaded = _load(tmp_path / "fingerprinted.py", _KEEPING_A_RUNNING_MEAN, monkeypatch)
+class KeepsAMean(Node):
+    mean = np.zeros(2)
+
+    def forward(self, x, ctx):
+        KeepsAMean.mean[:] = 0.9 * KeepsAMean.mean + 0.1 * x
+        return x * 2
+"""
+
+
+def _added_in_place(held: Any) -> None:
+    """Adds 5 to ``held``, a tensor or a numpy array, in place (a tensor outside autograd)."""
+    if hasattr(held, "add_"):
+        import torch
+
+        with torch.no_grad():
+            held.add_(5)
+    else:
+        held += 5
+
+
+@pytest.mark.parametrize(
+    ("needs", "source"),
+    [("torch", _KEEPING_A_RUNNING_MEAN), ("numpy", _KEEPING_A_RUNNING_MEAN_IN_NUMPY)],
+    ids=["tensor", "numpy"],
+)
+def test_a_tensor_a_class_holds_changed_by_its_own_forward_is_its_state(
+    needs: str, source: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tensor or a numpy array a class holds that its node's own forward changes in place
+    (a running mean) is its state, as an object in a list it holds is: the next forward of
+    the graph recalls what the first kept, with no word of a change. Changed between
+    forwards, it is seen."""
+    pytest.importorskip(needs)
+    loaded = _load(tmp_path / "fingerprinted.py", source, monkeypatch)
     built = Graph.somatize(loaded.KeepsAMean().named("n").frozen().cached())
     facts: list[dict[str, Any]] = []
     with warnings.catch_warnings():
@@ -1681,8 +1710,7 @@ def test_a_tensor_a_class_holds_changed_by_its_own_forward_is_its_state(
         assert built.forward(1.0, store=store, watching=facts.append) == 2.0
         assert built.forward(1.0, store=store, watching=facts.append) == 2.0
     assert [f["fact"] for f in facts if f.get("node") == "n"] == ["ran", "kept", "recalled"]
-    with torch.no_grad():
-        loaded.KeepsAMean.mean.add_(5)
+    _added_in_place(loaded.KeepsAMean.mean)
     with pytest.warns(Drifted, match="`n` was recalled"):
         assert built.forward(1.0, store=store) == 2.0
 

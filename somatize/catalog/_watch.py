@@ -225,15 +225,14 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     for kind in lineage:
         for name, member in list(vars(kind).items()):
             label = f"{kind.__qualname__}.{name}"
-            if _written_array(member):  # `means = np.array(...)`, written in place since
-                arrays.setdefault(id(member), (Written(member), label))
-            elif type(member) in _CONTAINERS and not _dunder(name):  # `{"m": np.array(...)}`
+            if type(member) in _CONTAINERS and not _dunder(name):  # `{"m": np.array(...)}`
                 _watch_arrays(member, label, arrays)
             fills = _kept_in_place(name, member) and name in kept  # changed by its node's forward
             holds = [] if fills else _held_in(member)
-            if _counted(member):
-                # a tensor, named by its values: changed in place between forwards, seen at
-                # the next; by its node's own forward (a running mean), its state
+            if _counted(member) or _written_array(member):
+                # a tensor or a numpy array, named by its values: changed in place between
+                # forwards, seen at the next; by its node's own forward (a running mean), its
+                # state
                 noted = _Marked(member, label)
                 marks.append(Mark(len(lives), member, noted, False, kind))
                 lives += [noted.version, noted.lives]
