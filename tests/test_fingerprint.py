@@ -5829,6 +5829,13 @@ class ReadsTensor(Node):
 class ReadsTable(Node):
     def forward(self, x, ctx):
         return x + float(TABLE["t"][0].sum())
+
+
+class OwnsTensor(Node):
+    t = torch.tensor([1.0, 2.0, 3.0])
+
+    def forward(self, x, ctx):
+        return x + float(self.t.sum())
 """
 
 
@@ -5907,7 +5914,11 @@ _WRITTEN_IN_PLACE += [
 ]
 _WRITTEN_IN_PLACE += [
     pytest.param("torch", _READS_TENSORS, kind, held, id=f"tensor-{kind}")
-    for kind, held in [("ReadsTensor", lambda m: m.T), ("ReadsTable", lambda m: m.TABLE["t"][0])]
+    for kind, held in [
+        ("ReadsTensor", lambda m: m.T),
+        ("ReadsTable", lambda m: m.TABLE["t"][0]),
+        ("OwnsTensor", lambda m: m.OwnsTensor.t),
+    ]
 ]
 _WRITTEN_IN_PLACE += [  # past the tensor's count of changes in place: `T.data[0] = 5.0`
     pytest.param("torch", _READS_TENSORS, kind, held, id=f"tensor-{kind}-{past}")
@@ -5916,6 +5927,8 @@ _WRITTEN_IN_PLACE += [  # past the tensor's count of changes in place: `T.data[0
         ("ReadsTensor", "numpy", lambda m: m.T.numpy()),
         ("ReadsTable", "data", lambda m: m.TABLE["t"][0].data),
         ("ReadsTable", "numpy", lambda m: m.TABLE["t"][0].numpy()),
+        ("OwnsTensor", "data", lambda m: m.OwnsTensor.t.data),
+        ("OwnsTensor", "numpy", lambda m: m.OwnsTensor.t.numpy()),
     ]
 ]
 _WRITTEN_IN_PLACE += [
@@ -5948,9 +5961,10 @@ def test_an_array_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_
     too), its class's, one a helper it calls reads, one a helper class it names holds
     (``Config.means``), one an object its class or module holds (``H.m[0] = 5.0``), or one
     held in a dict, list or tuple of those, however nested (``TABLE["m"][0] = 5.0``) — and
-    a torch tensor its module holds, itself or in a table (``T[0] = 5.0``, and past its
-    count of changes in place: ``T.data[0] = 5.0``, ``T.numpy()[0] = 5.0``), written in
-    place after a graph was built, is other code at that graph's next forward: without
+    a torch tensor its module or class holds, itself or in a table (``T[0] = 5.0``, and
+    past its count of changes in place: ``T.data[0] = 5.0``, ``T.numpy()[0] = 5.0``),
+    written in place after a graph was built, is other code at that graph's next forward:
+    without
     strict the old answer is recalled as drifted, with strict=True the node computes with
     what it holds now (11.0), and given back what it held, with that again (7.0)."""
     pytest.importorskip(needs)

@@ -205,13 +205,14 @@ class _Versions:
     5.0``, which torch does not count) is seen, though what a watch copies holds that same
     tensor. A larger one, or one on a device (whose bytes would be copied to the host at
     every look), is told by its count and its memory alone: a write past its count is not
-    seen."""
+    seen. So is one an object holds (``by_bytes`` False: a module's weights, which would be
+    compared at every look, each of them)."""
 
     __slots__ = ("held", "view")
 
-    def __init__(self, held: Any) -> None:
+    def __init__(self, held: Any, by_bytes: bool = True) -> None:
         self.held = held
-        self.view = _host_view(held)
+        self.view = _host_view(held) if by_bytes else None
 
     def __len__(self) -> int:
         return 1
@@ -307,7 +308,8 @@ def _state_read(
     entries in all; each function read, with its code and defaults; and whether all was
     read (False where a dict, list or set did not fit: it is left out, and what it holds,
     and the object is taken as changed at every look). A tensor is read by its count of
-    changes in place, and a small one on the CPU by its bytes (:class:`_Versions`), a numpy
+    changes in place, and ``held`` itself, a small one on the CPU, by its bytes too
+    (:class:`_Versions`), a numpy
     array by its bytes (:class:`~somatize._arrays.Written`), each one entry; what another
     class written in C holds but its ``__dict__`` is not read, nor what an object of the
     library's named whole holds (:func:`_library_bytes`: a lock; a logger, which holds
@@ -341,8 +343,9 @@ def _state_read(
         kind = type(value)
         if isinstance(value, (type, ModuleType, BuiltinFunctionType)):
             continue
-        if _counted(value):  # a tensor: changed in place, by its count of changes
-            see(_Versions(value))
+        if _counted(value):  # a tensor: changed in place, by its count of changes (and,
+            # the one held itself, by its bytes: not each weight of a module it holds)
+            see(_Versions(value, by_bytes=value is held))
             continue
         if _written_array(value):  # a numpy array: changed in place, by its bytes
             see(Written(value))
