@@ -5675,6 +5675,39 @@ def test_an_array_its_module_loads_is_named_by_its_values_in_every_process(
     assert _fingerprints_in(tmp_path, "elsewhere", "Centers") != first
 
 
+_READS_TENSORS_NOT_ONE_RUN_OF_BYTES = """
+import warnings
+
+import torch
+
+from somatize import Node
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # nested and sparse tensors say they are not stable yet
+    NESTED = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    SPARSE = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,))
+
+
+class Sums(Node):
+    def forward(self, x, ctx):
+        return x + float(NESTED.unbind()[1].sum()) + float(SPARSE.to_dense().sum())
+"""
+
+
+def test_a_tensor_whose_values_are_not_one_run_of_bytes_is_read_by_a_node_s_code(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A nested or sparse tensor a node's module holds and its code reads is not named by
+    its values as a dense one is (they are not one run of bytes): the graph is built, and
+    the node computes, then recalls (building the graph failed on a nested tensor)."""
+    loaded = _load(tmp_path / "elsewhere.py", _READS_TENSORS_NOT_ONE_RUN_OF_BYTES, monkeypatch)
+    graph = Graph.somatize(loaded.Sums().named("s").frozen().cached())
+    assert graph.forward(1.0, store=store) == 7.0
+    seen: list[dict[str, Any]] = []
+    assert graph.forward(1.0, store=store, watching=seen.append) == 7.0
+    assert [fact["fact"] for fact in seen] == ["recalled", "finished"]
+
+
 def test_an_array_its_module_holds_changed_in_place_is_seen_by_a_graph_built_after(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

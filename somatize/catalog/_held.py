@@ -164,14 +164,29 @@ def _array(value: Any) -> bool:
     torch = sys.modules.get("torch")
     if top != "torch" or torch is None or not isinstance(value, torch.Tensor):
         return False
-    return value.layout is torch.strided and not value.is_meta and not value.is_quantized
+    return _values_here(value, torch)
+
+
+def _values_here(tensor: Any, torch: Any) -> bool:
+    """Whether ``tensor``'s values are here to read as one run of bytes: not a sparse, meta,
+    quantized or nested tensor, nor a subclass that holds its values in tensors of its own
+    (whose memory torch says is at 0)."""
+    if tensor.layout is not torch.strided or tensor.is_meta or tensor.is_quantized:
+        return False
+    if tensor.is_nested:
+        return False
+    try:
+        return bool(tensor.numel() == 0 or tensor.data_ptr() != 0)
+    except RuntimeError:  # "Cannot access data pointer of Tensor that doesn't have storage"
+        return False
 
 
 def _array_bytes(value: Any) -> bytes | None:
     """A numpy array, scalar or dtype, or a dense torch tensor, a class holds (a table of
     means) by its type, dtype, shape and values — the same in every process that makes it
     alike, another for other values; None for any other object, or one whose values are
-    objects (an array of ``dtype=object``) or not here to read (a sparse or meta tensor)."""
+    objects (an array of ``dtype=object``) or not here to read (a sparse, meta or nested
+    tensor: :func:`_values_here`)."""
     kind = type(value)
     top = kind.__module__.partition(".")[0]
     if top == "numpy" and (numpy := sys.modules.get("numpy")) is not None:
@@ -185,7 +200,7 @@ def _array_bytes(value: Any) -> bytes | None:
     torch = sys.modules.get("torch")
     if top != "torch" or torch is None or not isinstance(value, torch.Tensor):
         return None
-    if value.layout is not torch.strided or value.is_meta or value.is_quantized:
+    if not _values_here(value, torch):
         return None
     values = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
     said = f"tensor {kind.__qualname__} {value.dtype} {tuple(value.shape)}".encode()
