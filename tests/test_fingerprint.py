@@ -5997,9 +5997,8 @@ def test_an_array_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_
     a torch tensor its module or class holds, itself or in a table (``T[0] = 5.0``, and
     past its count of changes in place: ``T.data[0] = 5.0``, ``T.numpy()[0] = 5.0``),
     written in place after a graph was built, is other code at that graph's next forward:
-    without
-    strict the old answer is recalled as drifted, with strict=True the node computes with
-    what it holds now (11.0), and given back what it held, with that again (7.0)."""
+    without strict the old answer is recalled as drifted, with strict=True the node computes
+    with what it holds now (11.0), and given back what it held, with that again (7.0)."""
     pytest.importorskip(needs)
     loaded = _load(tmp_path / "written.py", source, monkeypatch)
     graph = Graph.somatize(getattr(loaded, kind)().named("a").frozen().cached())

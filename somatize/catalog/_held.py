@@ -651,8 +651,8 @@ def _contained_bytes(
     any other member, for one holding only plain values (a table, a cache its code fills),
     and for one deeper or larger than the walk's bound. ``read`` is given each dict, list
     and set read of the objects in it named by what they hold, and each numpy array they
-    hold (:class:`~somatize._arrays.Written`), ``marked`` each object in
-    it marked by which object it is, and ``objects`` each object in it, for a graph's
+    hold (:class:`~somatize._arrays.Written`), ``marked`` each object in it marked by
+    which object it is, and ``objects`` each object in it, for a graph's
     watch (which reads the container itself as it reads a marked object,
     :class:`_Marked`)."""
     if type(member) not in _CONTAINERS or _plain(member):

@@ -309,8 +309,8 @@ def _state_read(
     read (False where a dict, list or set did not fit: it is left out, and what it holds,
     and the object is taken as changed at every look). A tensor is read by its count of
     changes in place, and ``held`` itself, a small one on the CPU, by its bytes too
-    (:class:`_Versions`), a numpy
-    array by its bytes (:class:`~somatize._arrays.Written`), each one entry; what another
+    (:class:`_Versions`), a numpy array by its bytes (:class:`~somatize._arrays.Written`),
+    each one entry; what another
     class written in C holds but its ``__dict__`` is not read, nor what an object of the
     library's named whole holds (:func:`_library_bytes`: a lock; a logger, which holds
     every logger of the process): what the code computes with it does not change with it."""

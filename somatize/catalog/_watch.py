@@ -195,9 +195,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     (:class:`Written`: ``MEANS[0] = 5.0``, ``H.m[0] = 5.0``), and each such tensor of
     their modules by its count of changes in place and, a small one on the CPU, its bytes
     (:class:`_Versions`: ``T[0] = 5.0``, ``T.data[0] = 5.0``), looked at only where one is
-    read; and the count
-    of functions given other code or defaults in place and classes given other bases, in
-    this process (:data:`_SETS`: ``f.__code__ = ...``, as a reloader does,
+    read; and the count of functions given other code or defaults in place and classes
+    given other bases, in this process (:data:`_SETS`: ``f.__code__ = ...``, as a reloader does,
     ``f.__defaults__ = (5,)``, ``Kind.__bases__ = ...``), which moves for any function or
     class, and sends the look to what the watch noted of these (:func:`code_changes`). The
     lives compare equal to the copies: each value by identity, else by ``==``, a number of a
