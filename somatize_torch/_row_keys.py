@@ -50,6 +50,7 @@ from somatize.keys import (
     root_bytes,
     root_key,
 )
+from somatize_torch._native_env import DIGEST_SIZE
 from somatize_torch._precision import float32_precision
 from somatize_torch._row_ahead import _take_named
 from somatize_torch._row_errors import NeedsIndex, RowsError, _describe
@@ -165,7 +166,7 @@ class _Keying:
         self.version = version
         self.header = header
         # What a row's two hashes hash before its raw digest and before its digest's text.
-        self.before_raw = before_raw(header, _RAW_BYTES)
+        self.before_raw = before_raw(header, DIGEST_SIZE)
         self.before_key = before_one_key(self.head)
         self.before_index: bytes | None = None  # found at the first batch keyed by index
         self.keys: dict[Any, str] = {}
@@ -205,7 +206,7 @@ class _Keying:
         made = None
         if len(todo) < _KEYS_AT_ONCE:
             pass
-        elif all(type(rows[i]) is bytes and len(rows[i]) == _RAW_BYTES for i in todo):
+        elif all(type(rows[i]) is bytes and len(rows[i]) == DIGEST_SIZE for i in todo):
             made = keys_after_rows(self.before_raw, [rows[i] for i in todo], self.before_key)
         elif all(type(rows[i]) is int for i in todo) and self._indexed():
             items = [canonical.int_bytes(rows[i]) for i in todo]
@@ -239,9 +240,6 @@ class _Keying:
             self.before_index = before if same else b""
         return bool(self.before_index)
 
-
-_RAW_BYTES = 32
-"""The bytes of a row's raw digest, which names it by content."""
 
 _KEYS_AT_ONCE = 4
 """How many rows' keys to make, at least, for one native call to be worth its setting up."""

@@ -108,6 +108,10 @@ def _recall_or_run(
     computed = 0.0
     keys: dict[int, str] = {}
 
+    def keyed(positions: list[int]) -> dict[int, str]:
+        """Position → store key of the rows at ``positions``, made in one call."""
+        return dict(zip(positions, keying.keys_of([ids[p] for p in positions]), strict=True))
+
     def took(
         found: tuple[list[int], torch.Tensor] | None, where: str, positions: list[int]
     ) -> list[int]:
@@ -130,14 +134,12 @@ def _recall_or_run(
         # Rows in no tier may still be on their way to the store, staged in the writer (the
         # tiers full, a disk behind): read from there, before the store, which has them
         # once the writer lets them go.
-        keys = dict(zip(positions, keying.keys_of([ids[p] for p in positions]), strict=True))
+        keys = keyed(positions)
         positions = took(self._writer.recall(keys), "pending", positions)
     refused: StoreError | None = None  # why the store could not keep rows computed now
     if positions and self.store is not None:
-        if all(p in keys for p in positions):  # named for the writer's staging just now
-            keys = {p: keys[p] for p in positions}
-        else:
-            keys = dict(zip(positions, keying.keys_of([ids[p] for p in positions]), strict=True))
+        # Named for the writer's staging just now, unless there is no writer.
+        keys = {p: keys[p] for p in positions} if keys else keyed(positions)
         found, refused = _from_store(self, keys, counts)
         positions = took(found, "store", positions)
     if positions:

@@ -562,10 +562,10 @@ class LocalStore(LocalShelf):
         except OSError as why:  # another user's folder (EACCES), a file (ENOTDIR)
             raise self._unreadable("packs", why) from why
         look.stamp = _to_trust(stamp)
-        # Made and compared in C, and made again only for other names: a first epoch looks
-        # at a folder of thousands of packs at every batch, the folder changing with each
-        # pack its writer publishes (the names of the one before are the names now, but
-        # one, to a look whose last look missed none of them).
+        # Made and compared in C, and made again only when the names differ: a first epoch
+        # looks at a folder of thousands of packs at every batch, the folder changing with
+        # each pack its writer publishes, and a look while its time is still within a tick
+        # lists it again to find, as a rule, the names it found before.
         names = frozenset(listed)
         if names != look.names:
             look.names = names
