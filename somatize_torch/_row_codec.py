@@ -3,7 +3,7 @@ at a time.
 
 A row is kept in the store as an answer of one tensor, so any reader of the codec
 reads it. The rows one cache writes share a dtype and a shape, and so a header:
-:func:`encode_rows` makes it once per batch, and :func:`decode_rows` reads it once
+:func:`encode_batch` makes it once per batch, and :func:`decode_rows` reads it once
 and copies a whole batch's data into one tensor, each row straight from where it
 was read. The writer (:mod:`somatize_torch.writer`) encodes and a recall
 (:mod:`somatize_torch.rows`) decodes, so both halves live here, below the two of
@@ -22,7 +22,7 @@ from somatize_torch._codec_header import _strides_overflow
 from somatize_torch.codec import TENSOR, _check_bools, inverse_order, row_layout
 from somatize_torch.digest import memory_of
 
-__all__ = ["decode_rows", "empty_rows", "encode_rows", "laid_out", "row_order"]
+__all__ = ["decode_rows", "empty_rows", "encode_batch", "encode_rows", "laid_out", "row_order"]
 
 
 def row_order(rows: torch.Tensor) -> list[int] | None:
@@ -68,40 +68,68 @@ take_as_steady(_Encoded)
 
 
 def encode_rows(rows: torch.Tensor, order: list[int] | None = None) -> list[list[memoryview]]:
-    """Each row of a host tensor as the ``tensor`` codec writes it, header made once.
+    """Each row of a host tensor as the ``tensor`` codec writes it: a piece of
+    :func:`encode_batch`'s buffer a row, one after another.
 
-    The bytes of ``[TENSOR.encode(row) for row in rows]``: the header depends only on a
-    row's dtype, shape and order of dims in memory, which all rows share. Given the
-    ``order`` of a batch's dims in memory (:func:`row_order`), ``rows`` is that batch
-    permuted into it (contiguous), each row written as its memory holds it, with the
-    order its dims are put back in.
+    The bytes of ``[TENSOR.encode(row) for row in rows]``, for ``rows`` given as
+    :func:`encode_batch` takes them."""
+    whole, step = encode_batch(rows, order)
+    return [[whole[i * step : (i + 1) * step]] for i in range(rows.shape[0])]
 
-    Each row is one piece, a view of one buffer of the whole batch, each row's header
-    and bytes one after another, made in one copy by torch, which lets go of the GIL as
-    it copies: the writer thread that encodes a batch of many megabytes does not keep
-    the training loop's thread from running meanwhile (a join into ``bytes`` would, as
-    it copies and as the kernel hands it fresh pages). Nothing writes into that buffer
-    again, so a store hashes and writes the pieces as they are (:class:`_Encoded`), one
-    piece a row rather than two."""
+
+def encode_batch(rows: torch.Tensor, order: list[int] | None = None) -> tuple[memoryview, int]:
+    """The rows of a host tensor as the ``tensor`` codec writes each, one after another in
+    one buffer, and how many bytes each takes there; the header made once.
+
+    The header depends only on a row's dtype, shape and order of dims in memory, which all
+    rows share. Given the ``order`` of a batch's dims in memory (:func:`row_order`),
+    ``rows`` is that batch permuted into it (contiguous), each row written as its memory
+    holds it, with the order its dims are put back in.
+
+    The buffer is made in one copy by torch, which lets go of the GIL as it copies: the
+    writer thread that encodes a batch of many megabytes does not keep the training
+    loop's thread from running meanwhile (a join into ``bytes`` would, as it copies and
+    as the kernel hands it fresh pages). Nothing writes into it again, so a store hashes
+    and writes it, or views of it, as it is (:class:`_Encoded`)."""
     if rows.shape[0] == 0:
-        return []
-    # The header of a row as the batch lies: the codec writes one not in C order as its
-    # memory holds it, which is how the batch's bytes hold each row.
-    if order is None:
-        first = rows[0].contiguous()  # a batch in another order is written in C order
-    else:
-        first = rows[0].permute(inverse_order([d - 1 for d in order[1:]]))
-    header = bytes(TENSOR.encode(first)[0])
+        return memoryview(b""), 0
+    header = _header(rows, order)
     count = rows.shape[0]
     size = rows[0].numel() * rows.element_size()
     step = len(header) + size
     encoded = torch.empty((count, step), dtype=torch.uint8)
-    encoded[:, : len(header)] = torch.tensor(list(header), dtype=torch.uint8)
+    encoded[:, : len(header)] = header
     if size:
         data = rows.contiguous().reshape(-1).view(torch.uint8)
         encoded[:, len(header) :] = data.view(count, size)
-    whole = memory_of(encoded.view(-1), kind=_Encoded)
-    return [[whole[i * step : (i + 1) * step]] for i in range(count)]
+    return memory_of(encoded.view(-1), kind=_Encoded), step
+
+
+_HEADERS: dict[tuple[torch.dtype, tuple[int, ...], tuple[int, ...] | None], torch.Tensor] = {}
+"""Row headers as :func:`_header` made them, by the dtype, shape and order of dims of the
+rows they head."""
+
+_HEADERS_HELD = 256
+"""How many row headers :data:`_HEADERS` keeps, at most."""
+
+
+def _header(rows: torch.Tensor, order: list[int] | None) -> torch.Tensor:
+    """The header the codec writes before each row of ``rows`` (as :func:`encode_batch` takes
+    them), as bytes in a tensor: made by the codec once for each dtype, shape and order of
+    dims (it says only those), rather than at every batch."""
+    kind = (rows.dtype, tuple(rows.shape[1:]), None if order is None else tuple(order))
+    found = _HEADERS.get(kind)
+    if found is None:
+        # The header of a row as the batch lies: the codec writes one not in C order as its
+        # memory holds it, which is how the batch's bytes hold each row.
+        if order is None:
+            first = rows[0].contiguous()  # a batch in another order is written in C order
+        else:
+            first = rows[0].permute(inverse_order([d - 1 for d in order[1:]]))
+        found = torch.tensor(list(bytes(TENSOR.encode(first)[0])), dtype=torch.uint8)
+        if rows.dtype is not torch.bool and len(_HEADERS) < _HEADERS_HELD:
+            _HEADERS[kind] = found  # a bool row's values are checked by the codec, each batch
+    return found
 
 
 def decode_rows(datas: Sequence[memoryview]) -> torch.Tensor:

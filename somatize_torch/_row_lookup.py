@@ -171,7 +171,8 @@ def _recall_or_run(
             # forward run again computes and queues them, rather than recall them and
             # never write them.
             if self._writer is not None:
-                self._writer.submit(keying.keys_of([ids[p] for p in once]), rows)
+                named = keys or keyed(once)  # named for the writer's lookup, as a rule
+                self._writer.submit([named[p] for p in once], rows)
             _admit(self, [near[p] for p in once], rows)
         if len(once) < len(positions):
             slot = {p: i for i, p in enumerate(once)}

@@ -3,7 +3,7 @@
 Rows computed in a forward are staged device → pinned host memory
 (``somatize_torch._native.PinnedPool`` where it is built, ``pin_memory()`` where
 CUDA is, plain host memory otherwise) and handed to a background thread (a
-:class:`Writer`'s) that keeps them in the store with ``store.keep_many`` — so the
+:class:`Writer`'s) that keeps them in the store with ``store.keep_joined`` — so the
 forward never waits on the disk (it waits only when more than ``pending_bytes``
 are still unwritten, each row counted with its key, :data:`KEY_BYTES`, which bounds the
 memory the writer holds). ``flush()`` waits
@@ -47,7 +47,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
-import itertools
 import logging
 import multiprocessing.util
 import os
@@ -65,7 +64,7 @@ from somatize import Store, canonical
 from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
 from somatize.store import StoreFull
-from somatize_torch._row_codec import empty_rows, encode_rows, row_order
+from somatize_torch._row_codec import empty_rows, encode_batch, row_order
 from somatize_torch.codec import TENSOR, inverse_order
 
 __all__ = ["KEY_BYTES", "WaitsForItself", "WriteFailed", "Writer", "reading", "store_lock"]
@@ -231,7 +230,7 @@ class Writer:
     of the store's rows (every writer's) are unwritten.
 
     The thread gathers what is submitted for up to ``linger`` seconds, or until
-    ``pack_bytes`` are waiting, and keeps it with one ``keep_many`` call: rows computed
+    ``pack_bytes`` are waiting, and keeps it with one ``keep_joined`` call: rows computed
     over many steps land in few packs, so a later recall of a shuffled batch opens few
     blobs. Rows staged and not yet kept are in memory only — a process killed then
     loses them (they are computed again next time), never anything published. A submit
@@ -295,7 +294,7 @@ class Writer:
 
     @property
     def pack_bytes(self) -> int:
-        """Bytes of rows the thread gathers, at most, before one ``keep_many``: the store's,
+        """Bytes of rows the thread gathers, at most, before one ``keep_joined``: the store's,
         for all its writers."""
         return self._backlog.pack_bytes
 
@@ -446,7 +445,7 @@ class Writer:
 
 
 PACK_BYTES = 16 << 20
-"""Bytes of rows a store's writer thread gathers, at most, before one ``keep_many``."""
+"""Bytes of rows a store's writer thread gathers, at most, before one ``keep_joined``."""
 
 LINGER = 1.0
 """Seconds a store's writer thread waits for more rows before it keeps what it has."""
@@ -750,7 +749,7 @@ class _Backlog:
             if self.done < target and self.thread is threading.current_thread():
                 raise WaitsForItself(
                     f"a flush of a cache over {self.store!r} ran on the store's writer thread, "
-                    "inside a write (a store's `keep_many`, or a finalizer the garbage "
+                    "inside a write (a store's `keep_joined`, or a finalizer the garbage "
                     "collector ran there), and would wait for that write, and so for ever. "
                     "Flush from another thread; the rows are written as the thread goes on"
                 )
@@ -797,7 +796,7 @@ class _Backlog:
                 ended.join()
 
     def write(self, jobs: list[_Job]) -> None:
-        """Keeps ``jobs`` with one ``keep_many`` per store object and fingerprint (one,
+        """Keeps ``jobs`` with one ``keep_joined`` per store object and fingerprint (one,
         unless writers of several modules, or of the store opened twice, share it) and
         counts what was kept or failed, for the writer of each job."""
         groups: dict[tuple[int, str | None], list[_Job]] = {}
@@ -828,25 +827,27 @@ class _Backlog:
     def _keep(
         self, jobs: list[_Job]
     ) -> tuple[list[_Job], dict[int, int], BaseException | None, float]:
-        """Keeps ``jobs`` (of one store object and fingerprint) with one ``keep_many``: the
+        """Keeps ``jobs`` (of one store object and fingerprint) with one ``keep_joined``: the
         jobs, the bytes kept of each (by its id), what ended the write if it failed, and
         how long it took."""
         start = time.perf_counter()
         rows = sum(len(job.keys) for job in jobs)
         kept: dict[int, int] = {}
         try:
-            items: list[tuple[str, Sequence[memoryview | bytes]]] = []
+            # Each job's rows encoded into one buffer, kept as views of it: nothing is done
+            # a row at a time here, nor by a store that packs them.
+            keys: list[str] = []
+            batches: list[memoryview] = []
+            lengths: list[int] = []
             for job in jobs:
-                host = job.staged.wait()
-                items.extend(zip(job.keys, encode_rows(host, job.order), strict=True))
+                batch, step = encode_batch(job.staged.wait(), job.order)
+                keys += job.keys
+                batches.append(batch)
+                lengths += [step] * len(job.keys)
+                kept[id(job)] = step * len(job.keys)
             store, fingerprint = jobs[0].store, jobs[0].fingerprint
             with store_lock(store):
-                answers = store.keep_many(items, TENSOR.name, fingerprint)
-            sizes = iter(answers)
-            for job in jobs:
-                kept[id(job)] = sum(
-                    answer.size for answer in itertools.islice(sizes, len(job.keys))
-                )
+                store.keep_joined(keys, batches, lengths, TENSOR.name, fingerprint)
             error: BaseException | None = None
         except BaseException as why:  # reported at the next forward or flush, never swallowed
             # Whatever ended the write — an error, an async store's CancelledError, a

@@ -7,6 +7,7 @@ list. The S3 home talks to a real S3-compatible server on loopback.
 
 from __future__ import annotations
 
+import itertools
 import re
 import struct
 import threading
@@ -21,7 +22,7 @@ import numpy
 import pytest
 
 from somatize import Answer, BadName, Corrupt, Missing, NameNotFound, Store
-from somatize.store import BucketStore, LocalStore
+from somatize.store import BucketStore, LocalStore, records
 from tests.conftest_s3 import s3_options, s3_url
 
 Factory = Callable[[Path], Store]
@@ -662,6 +663,109 @@ def test_keep_many_takes_iterators_of_items_and_of_pieces(home: Store) -> None:
     fresh = reopen(home)
     for i, key in enumerate(keys):
         assert bytes(fresh.recall(key)[1]) == b"".join(pieces(i))
+
+
+def _joined(count: int, large: int | None = None) -> tuple[list[str], list[bytes], list[int]]:
+    """Keys, the pieces and the lengths of ``count`` items of 0 to 9 bytes given end to end
+    (the item at ``large`` of 1 MiB and 3 bytes), cut into pieces at other places than
+    where items begin: a piece ends inside one item, one piece holds several."""
+    values = [bytes([65 + i % 26]) * (i % 10) for i in range(count)]
+    if large is not None:
+        values[large] = b"L" * ((1 << 20) + 3)
+    whole = b"".join(values)
+    cuts = [0, 7, 8, len(whole) // 2 + 1, len(whole)]
+    pieces = [whole[a:b] for a, b in itertools.pairwise(cuts)]
+    keys = [f"blake3:{i + 5000:064x}" for i in range(count)]
+    return keys, pieces, [len(value) for value in values]
+
+
+@pytest.mark.parametrize("large", [None, 33], ids=["packed", "one kept on its own"])
+def test_items_kept_joined_are_recalled_each_with_its_own_bytes(
+    home: Store, large: int | None
+) -> None:
+    """keep_joined keeps the items whose bytes lie end to end, across pieces cut anywhere,
+    as keep_many keeps them: small ones in one pack, one of 1 MiB or more on its own, and
+    each recalled with its own bytes (an empty one too) by a store opened afresh."""
+    keys, pieces, lengths = _joined(60, large)
+    home.keep_joined(keys, pieces, lengths, "plain", "fp")
+    whole = b"".join(pieces)
+    fresh = reopen(home)
+    got = fresh.recall_many(keys)
+    offsets = [sum(lengths[:at]) for at in range(len(keys))]
+    for key, offset, length in zip(keys, offsets, lengths, strict=True):
+        answer, data = got[key]  # type: ignore[misc]
+        assert bytes(data) == whole[offset : offset + length]
+        assert (answer.codec, answer.fingerprint, answer.size) == ("plain", "fp", length)
+    blobs = {fresh.answer(key).value for key in keys}  # type: ignore[union-attr]
+    assert len(blobs) == (1 if large is None else 2)
+
+
+def test_items_kept_joined_fill_packs_of_pack_bytes(
+    home: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Items given end to end are cut into packs where a pack's bytes would pass
+    ``PACK_BYTES`` (an item left alone kept on its own), as keep_many cuts them."""
+    monkeypatch.setattr(records, "PACK_BYTES", 20)
+    keys, pieces, lengths = _joined(40)
+    home.keep_joined(keys, b"".join(pieces), lengths, "plain")
+    apart = [f"blake3:{i + 9000:064x}" for i in range(40)]
+    values = [b"".join(pieces)[sum(lengths[:at]) :][:length] for at, length in enumerate(lengths)]
+    home.keep_many(list(zip(apart, values, strict=True)), "plain")
+    fresh = reopen(home)
+    joined = [fresh.answer(key) for key in keys]
+    many = [fresh.answer(key) for key in apart]
+    assert [(a.value, a.offset, a.size) for a in joined] == [  # type: ignore[union-attr]
+        (a.value, a.offset, a.size)
+        for a in many  # type: ignore[union-attr]
+    ]
+    assert len({a.value for a in joined}) > 5  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        ("one byte short", ValueError, "add up to 135 bytes; the data holds 134"),
+        ("a length too few", ValueError, "30 keys for 29 item lengths"),
+        ("a negative length", ValueError, "a count of bytes, got -1"),
+        ("a length that is no int", TypeError, "ints from 0"),
+        ("a bad key", BadName, "is not a digest"),
+    ],
+)
+def test_keep_joined_refuses_items_that_do_not_add_up_keeping_none(
+    home: Store, change: str, error: type[Exception], match: str
+) -> None:
+    """Lengths that do not add up to the data's bytes, one missing, negative or no int, or
+    a key that is no digest: refused before any item is kept, by a home that packs items
+    and by the default that hands them to keep_many alike."""
+    keys, pieces, lengths = _joined(30)
+    data: list[Any] = list(pieces)
+    sizes: list[Any] = list(lengths)
+    if change == "one byte short":
+        data[-1] = data[-1][:-1]
+    elif change == "a length too few":
+        sizes.pop()
+    elif change == "a negative length":
+        sizes[3:5] = [-1, sizes[3] + sizes[4] + 1]
+    elif change == "a length that is no int":
+        sizes[2] = 2.0
+    else:
+        keys[20] = keys[20].upper()
+    for keep in (home.keep_joined, lambda *args: Store.keep_joined(home, *args)):
+        with pytest.raises(error, match=match):
+            keep(keys, data, sizes, "plain")
+    assert reopen(home).have([key.lower() for key in keys]) == set()
+
+
+def test_the_default_keep_joined_hands_keep_many_the_items(home: Store) -> None:
+    """Store's own keep_joined, which a home that does not pack keeps, gives keep_many each
+    item as its pieces, cut where the items begin and end."""
+    keys, pieces, lengths = _joined(25, large=4)
+    Store.keep_joined(home, keys, pieces, lengths, "plain", "fp")
+    whole = b"".join(pieces)
+    fresh = reopen(home)
+    for at, key in enumerate(keys):
+        offset = sum(lengths[:at])
+        assert bytes(fresh.recall(key)[1]) == whole[offset : offset + lengths[at]]
 
 
 @pytest.mark.parametrize(

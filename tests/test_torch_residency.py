@@ -36,7 +36,7 @@ from somatize.store._packed import frozen, steady
 from somatize.store.local import LocalStore
 from somatize_torch import writer as writer_module
 from somatize_torch._native import PinnedPool
-from somatize_torch._row_codec import decode_rows, encode_rows, row_order
+from somatize_torch._row_codec import decode_rows, encode_batch, encode_rows, row_order
 from somatize_torch.codec import TENSOR
 from somatize_torch.residency import ROW_INDEX_BYTES, Tier
 from somatize_torch.rows import cache_rows
@@ -106,6 +106,11 @@ def test_rows_are_written_as_the_tensor_codec_writes_each_row() -> None:
     encoded = encode_rows(x)
     for row, pieces in zip(x, encoded, strict=True):
         assert b"".join(bytes(p) for p in pieces) == b"".join(bytes(p) for p in TENSOR.encode(row))
+    # The header is made once for each dtype, shape and order of dims, never taken for another.
+    for other in (x.float(), x[:, :2], x.transpose(1, 2).contiguous(), x.float()):
+        batch, step = encode_batch(other)
+        assert bytes(batch) == b"".join(bytes(p) for row in other for p in TENSOR.encode(row))
+        assert step * len(other) == len(batch)
     datas = [memoryview(b"".join(bytes(p) for p in pieces)) for pieces in encoded]
     assert torch.equal(decode_rows(datas), x)
     assert torch.equal(decode_rows(datas[2:]), x[2:])  # its header was read before
@@ -129,6 +134,8 @@ def test_encoded_rows_are_hashed_and_written_as_they_are() -> None:
     x = torch.randn(4, 64, 256)  # rows of 64 KiB: each written as it is, none gathered
     pieces = [piece for row in encode_rows(x) for piece in row]
     assert frozen(pieces) is pieces
+    whole = [encode_batch(x)[0]]  # what the writer keeps: the batch's one buffer
+    assert frozen(whole) is whole and whole[0].readonly
     assert all(piece.readonly for piece in pieces)
     held = [bytes(piece) for piece in pieces]
     for _ in range(3):
@@ -533,16 +540,16 @@ def test_a_writer_let_go_on_its_own_thread_writes_what_was_queued(
     holder = [Writer(store, linger=0.0)]
     writer = weakref.ref(holder[0])
     writing, queued, let_go = threading.Event(), threading.Event(), threading.Event()
-    keep_many = store.keep_many
+    keep_joined = store.keep_joined
 
-    def let_go_while_writing(items: Any, codec: str, fingerprint: str | None = None) -> Any:
+    def let_go_while_writing(*args: Any, **kwargs: Any) -> Any:
         writing.set()
         assert queued.wait(timeout=30)
         holder.clear()
         let_go.set()
-        return keep_many(items, codec, fingerprint)
+        return keep_joined(*args, **kwargs)
 
-    monkeypatch.setattr(store, "keep_many", let_go_while_writing)
+    monkeypatch.setattr(store, "keep_joined", let_go_while_writing)
     holder[0].submit([first], torch.ones(1, 4))
     assert writing.wait(timeout=30)
     holder[0].submit([second], torch.full((1, 4), 2.0))
@@ -567,7 +574,7 @@ def test_a_failing_write_is_reported_not_swallowed(
     def full(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(store, "keep_many", full)
+    monkeypatch.setattr(store, "keep_joined", full)
     cached = cache_rows(mlp(), store)
     x = rows(16)
     with caplog.at_level(logging.ERROR, logger="somatize.torch"):
@@ -704,8 +711,8 @@ def test_every_flush_that_waited_for_a_failed_write_raises_it(
         assert fail.wait(timeout=60)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    keep_many = store.keep_many
-    monkeypatch.setattr(store, "keep_many", full_once_told)
+    keep_joined = store.keep_joined
+    monkeypatch.setattr(store, "keep_joined", full_once_told)
     cached = cache_rows(mlp(), store)
     writer = cached._writer
     assert writer is not None
@@ -748,7 +755,7 @@ def test_every_flush_that_waited_for_a_failed_write_raises_it(
     cached(rows(4, seed=2))  # a forward: raised already
     with pytest.raises(WriteFailed, match="4 computed rows could not be written"):
         cached.flush()  # the rows of the forward just before failed too
-    monkeypatch.setattr(store, "keep_many", keep_many)
+    monkeypatch.setattr(store, "keep_joined", keep_joined)
     cached(rows(4, seed=3))
     cached.flush()
     cached.close()
@@ -953,17 +960,20 @@ from somatize.store.local import LocalStore
 from somatize_torch.rows import cache_rows
 
 store = Store(sys.argv[1])
-keep_many = store.keep_many
+keep_joined = store.keep_joined
 
-def slowly(items, codec, fingerprint=None):
-    out = []
-    for start in range(0, len(items), 8):
-        out += keep_many(items[start : start + 8], codec, fingerprint)
+def slowly(keys, data, lengths, codec, fingerprint=None):
+    whole = b"".join(data)
+    begin = 0
+    for start in range(0, len(keys), 8):
+        some = lengths[start : start + 8]
+        end = begin + sum(some)
+        keep_joined(keys[start : start + 8], whole[begin:end], some, codec, fingerprint)
+        begin = end
         print("published", flush=True)
         time.sleep(0.05)
-    return out
 
-store.keep_many = slowly
+store.keep_joined = slowly
 cached = cache_rows(mlp(), store)
 x = rows(512)
 for start in range(0, 512, 64):
@@ -1128,7 +1138,7 @@ def test_unwritten_rows_count_with_their_keys(
     a key's worth each, so behind a write that does not end, a submit waits once the
     unwritten rows and keys pass ``pending_bytes`` rather than queue them without end."""
     writing, release = threading.Event(), threading.Event()
-    keep = store.keep_many
+    keep = store.keep_joined
 
     def slow(*args: Any, **kwargs: Any) -> Any:
         writing.set()
@@ -1138,12 +1148,12 @@ def test_unwritten_rows_count_with_their_keys(
     def would_wait(*args: Any, **kwargs: Any) -> bool:
         raise _WouldWait
 
-    monkeypatch.setattr(store, "keep_many", slow)
+    monkeypatch.setattr(store, "keep_joined", slow)
     writer = Writer(store, linger=0.0, pending_bytes=64 << 10)
     keys = [f"blake3:{i:064x}" for i in range(2000)]
     writer.submit(keys[:1000], torch.empty(1000, 0))
     try:
-        assert writing.wait(timeout=60)  # the writer is in keep_many with those rows
+        assert writing.wait(timeout=60)  # the writer is in keep_joined with those rows
         with monkeypatch.context() as waits:
             waits.setattr(writer._backlog.changed, "wait", would_wait)
             with pytest.raises(_WouldWait):
@@ -1182,7 +1192,7 @@ def test_a_forward_interrupted_while_it_queues_its_rows_writes_them_when_run_aga
 def test_a_write_ended_by_a_base_exception_fails_like_any_other(
     store: Store, monkeypatch: pytest.MonkeyPatch, error: type[BaseException]
 ) -> None:
-    """A ``keep_many`` that raises what is no ``Exception`` (an async bucket's
+    """A ``keep_joined`` that raises what is no ``Exception`` (an async bucket's
     CancelledError, a store's KeyboardInterrupt or SystemExit) fails that write as an
     error does: flush raises WriteFailed and the thread goes on to write later rows."""
     failed, later = (f"blake3:{digit * 64}" for digit in "de")
@@ -1191,7 +1201,7 @@ def test_a_write_ended_by_a_base_exception_fails_like_any_other(
         raise error("the write was ended")
 
     writer = Writer(store, linger=0.0)
-    monkeypatch.setattr(store, "keep_many", ended)
+    monkeypatch.setattr(store, "keep_joined", ended)
     try:
         writer.submit([failed], torch.ones(1, 4))
         raised = _within(writer.flush)
@@ -1224,7 +1234,7 @@ def test_a_process_whose_write_was_cancelled_exits(tmp_path: Path) -> None:
             raise asyncio.CancelledError()
 
         store = Store(sys.argv[1])
-        store.keep_many = cancelled
+        store.keep_joined = cancelled
         cached = cache_rows(mlp(), store)
         cached(rows(16))
         """
@@ -1504,12 +1514,12 @@ def test_rows_recalled_before_their_write_fails_are_reported_then_computed_again
     fails; the failure is raised at the flush as any other, the rows are not recalled from
     the copy that never landed, and the next forward computes them again and writes them."""
     ran = _tally_computed(monkeypatch)
-    keep = store.keep_many
+    keep = store.keep_joined
 
     def full(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(store, "keep_many", full)
+    monkeypatch.setattr(store, "keep_joined", full)
     cached = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
     x = rows(8)
     keys = cached.row_keys(x)
@@ -1521,7 +1531,7 @@ def test_rows_recalled_before_their_write_fails_are_reported_then_computed_again
     said = str(caught.value)
     assert "in no memory tier are computed and written again" in said
     assert "still correct in memory" not in said  # these are in no memory tier
-    monkeypatch.setattr(store, "keep_many", keep)
+    monkeypatch.setattr(store, "keep_joined", keep)
     assert store.have(keys) == set()
     assert torch.equal(cached(x), first) and sum(ran) == 16
     cached.flush()
@@ -1737,15 +1747,17 @@ def test_a_failed_write_is_told_to_the_cache_whose_rows_failed(
     written; flushes of both on two threads at once both return."""
     first = cache_rows(mlp(), store)
     second = cache_rows(Halves(), store)
-    keep = store.keep_many
+    keep = store.keep_joined
 
-    def refuses_the_first(items: Any, codec: str, fingerprint: str | None = None) -> Any:
+    def refuses_the_first(
+        keys: Any, data: Any, lengths: Any, codec: str, fingerprint: str | None = None
+    ) -> None:
         if fingerprint == first._fingerprint:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return keep(items, codec, fingerprint)
+        keep(keys, data, lengths, codec, fingerprint)
 
     assert first._fingerprint != second._fingerprint
-    monkeypatch.setattr(store, "keep_many", refuses_the_first)
+    monkeypatch.setattr(store, "keep_joined", refuses_the_first)
     x, y = rows(8), rows(6, seed=2)
     with _writes_held(monkeypatch):
         first(x)
@@ -1767,7 +1779,7 @@ def test_a_failed_write_is_told_to_the_cache_whose_rows_failed(
     assert store.have(second.row_keys(y)) == set(second.row_keys(y))
     assert store.have(first.row_keys(x)) == set()
     second(rows(2, seed=3))  # nothing of its own failed
-    monkeypatch.setattr(store, "keep_many", keep)
+    monkeypatch.setattr(store, "keep_joined", keep)
     first.flush()  # raised already
     second.flush()
     first.close()
@@ -1780,7 +1792,7 @@ def test_rows_recalled_from_another_caches_failed_write_are_reported_by_the_reca
     """Rows one cache recalled from the staged copy of another cache's write answer right,
     but when that write fails they never reach the store: the recalling cache's flush says
     so (those rows are its answers too), and so does the other's, for its own."""
-    keep = store.keep_many
+    keep = store.keep_joined
 
     def full(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -1788,7 +1800,7 @@ def test_rows_recalled_from_another_caches_failed_write_are_reported_by_the_reca
     first = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
     second = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
     x = rows(8)
-    monkeypatch.setattr(store, "keep_many", full)
+    monkeypatch.setattr(store, "keep_joined", full)
     with _writes_held(monkeypatch):
         first(x)
         second(x[[3, 1, 0]])
@@ -1799,7 +1811,7 @@ def test_rows_recalled_from_another_caches_failed_write_are_reported_by_the_reca
     with pytest.raises(WriteFailed, match="8 computed rows could not be written"):
         first.flush()
     assert (first.stats.rows_failed, second.stats.rows_failed) == (8, 0)
-    monkeypatch.setattr(store, "keep_many", keep)
+    monkeypatch.setattr(store, "keep_joined", keep)
     second.flush()  # raised already
     second(x[[3, 1, 0]])  # computed again, and written this time
     second.flush()
@@ -1820,7 +1832,7 @@ def test_a_recalling_cache_is_told_of_a_failure_at_its_next_forward(
 
     first = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
     second = cache_rows(mlp(), store, device_bytes=0, host_bytes=0)
-    monkeypatch.setattr(store, "keep_many", full)
+    monkeypatch.setattr(store, "keep_joined", full)
     with _writes_held(monkeypatch):
         first(rows(8))
         second(rows(8)[:2])
@@ -1902,7 +1914,7 @@ def _first_forwards_on_two_threads(cached: Any) -> tuple[str, int]:
     def full(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    cached.store.keep_many = full
+    cached.store.keep_joined = full
     afresh, slowed = writer_module._Account.afresh, [False]
 
     def slow(account: Any) -> Any:
@@ -2033,9 +2045,9 @@ class _Mirrored(LocalStore):
 
     kept: list[str]
 
-    def keep_many(self, items: Any, codec: str, fingerprint: str | None = None) -> Any:
-        self.kept.extend(key for key, _ in items)
-        return super().keep_many(items, codec, fingerprint)
+    def keep_joined(self, keys: Any, *args: Any, **kwargs: Any) -> None:
+        self.kept.extend(keys)
+        super().keep_joined(keys, *args, **kwargs)
 
 
 def test_a_store_opened_again_writes_its_caches_rows_itself(
@@ -2060,7 +2072,7 @@ def test_a_store_opened_again_writes_its_caches_rows_itself(
     def full(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(refusing, "keep_many", full)
+    monkeypatch.setattr(refusing, "keep_joined", full)
     third = cache_rows(mlp(), refusing, device_bytes=0, host_bytes=0)
     third(rows(3, seed=3))
     with pytest.raises(WriteFailed, match="3 computed rows could not be written"):
@@ -2077,13 +2089,13 @@ class _FlushesAnother(LocalStore):
     call: str
     raised: list[BaseException | None]
 
-    def keep_many(self, items: Any, codec: str, fingerprint: str | None = None) -> Any:
+    def keep_joined(self, *args: Any, **kwargs: Any) -> None:
         try:
             getattr(self.other, self.call)()
             self.raised.append(None)
         except BaseException as why:
             self.raised.append(why)
-        return super().keep_many(items, codec, fingerprint)
+        super().keep_joined(*args, **kwargs)
 
 
 @pytest.mark.parametrize("call", ["flush", "close"])

@@ -45,6 +45,7 @@ that refers to it is published. Its ``gc`` leaves them alone whatever its ``grac
 from __future__ import annotations
 
 import abc
+import array
 import contextlib
 import dataclasses
 import math
@@ -79,6 +80,7 @@ from somatize.store.records import (
     decode_record,
     encode_record,
     keep_packed,
+    keep_packed_joined,
 )
 from somatize.store.upkeep import (
     SECTIONS,
@@ -143,6 +145,31 @@ def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
     except TypeError:
         raise TypeError(f"{_KEPT}, got a `{type(data).__name__}`") from None
     return [_flat(piece) for piece in listed]
+
+
+def joined_items(
+    keys: Sequence[str], data: Buffer | Sequence[Buffer], lengths: Iterable[int]
+) -> tuple[list[str], Sequence[Buffer], list[int]]:
+    """The keys, flat pieces and lengths of items given end to end (see
+    :meth:`~somatize.store.Store.keep_joined`), checked before anything is written: a
+    length for each key, none negative, adding up to the bytes ``data`` holds."""
+    listed = list(keys)
+    try:
+        sizes = array.array("q", lengths)  # ints, in one pass in C
+    except (TypeError, OverflowError) as why:
+        raise TypeError(f"item lengths are counts of bytes, ints from 0: {why}") from None
+    if len(sizes) != len(listed):
+        raise ValueError(f"{len(listed)} keys for {len(sizes)} item lengths: one each")
+    if sizes and min(sizes) < 0:
+        raise ValueError(f"an item length is a count of bytes, got {min(sizes)}")
+    pieces = pieces_of(data)
+    held, asked = sum(map(len, pieces)), sum(sizes)
+    if held != asked:
+        raise ValueError(
+            f"the {len(sizes)} item lengths add up to {asked} bytes; the data holds {held}: "
+            "nothing was kept"
+        )
+    return listed, pieces, sizes.tolist()
 
 
 def _flat(piece: Buffer) -> Buffer:
@@ -606,6 +633,20 @@ class PackedHome(Store):
         # item given as an iterator of pieces (a generator) would be used up by measuring it.
         listed = [(key, pieces_of(data)) for key, data in items]
         return keep_packed(self, listed, codec, fingerprint)
+
+    def keep_joined(
+        self,
+        keys: Sequence[str],
+        data: Buffer | Sequence[Buffer],
+        lengths: Iterable[int],
+        codec: str,
+        fingerprint: str | None = None,
+    ) -> None:
+        """Keeps items given end to end as :meth:`keep_many` keeps them — packed, an item
+        of 1 MiB or more on its own — each pack's blob written from views of ``data``."""
+        check_labels(codec, fingerprint)
+        listed, pieces, sizes = joined_items(keys, data, lengths)
+        keep_packed_joined(self, listed, pieces, sizes, codec, fingerprint)
 
     def _created_after(self, keys: Sequence[str], now: float) -> float:
         """``now``, or just after the newest answer this object knows for ``keys`` when

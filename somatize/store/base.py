@@ -542,6 +542,28 @@ class Store(abc.ABC):
         them one by one."""
         return [self.keep(key, data, codec, fingerprint) for key, data in items]
 
+    def keep_joined(
+        self,
+        keys: Sequence[str],
+        data: Buffer | Sequence[Buffer],
+        lengths: Iterable[int],
+        codec: str,
+        fingerprint: str | None = None,
+    ) -> None:
+        """Keeps many small answers given end to end, as :meth:`keep_many` keeps them: the
+        answer under ``keys[i]`` is the next ``lengths[i]`` bytes of ``data`` (a buffer, or
+        pieces written one after another). For a maker of thousands at once (the rows of
+        a batch, encoded into one buffer): no record of each is handed back, so a home that
+        packs them spends no work of its own on each. ValueError, with nothing kept, unless
+        there is a length for each key and the lengths add up to the bytes of ``data``.
+        This default splits them into items for :meth:`keep_many`."""
+        from somatize.store._packed import joined_items
+        from somatize.store.records import split_joined
+
+        listed, pieces, sizes = joined_items(keys, data, lengths)
+        items = list(zip(listed, split_joined(pieces, sizes), strict=True))
+        self.keep_many(items, codec, fingerprint)
+
     def recall_many(
         self, keys: Sequence[str], *, borrow: bool = False
     ) -> dict[str, tuple[Answer, memoryview] | Exception]:

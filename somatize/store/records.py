@@ -44,6 +44,7 @@ without it cannot sign, so it does not open the store (:class:`KeyMismatch`).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import hmac
 import itertools
@@ -51,7 +52,7 @@ import json
 import os
 import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -85,9 +86,11 @@ __all__ = [
     "encode_record",
     "holds_another_name",
     "keep_packed",
+    "keep_packed_joined",
     "pointed_at",
     "signer_from",
     "signer_matching",
+    "split_joined",
 ]
 
 PACK_ITEM_BELOW = 1 << 20
@@ -532,19 +535,90 @@ def keep_packed(
             key, pieces = items[chunk[0]]
             out[key] = home.keep(key, pieces, codec, fingerprint)
         elif chunk:
-            packed = [keys[at] for at in chunk]
-            lengths = [sizes[at] for at in chunk]
-            offsets = list(itertools.accumulate(lengths, initial=0))
-            size = offsets.pop()
             joined = [piece for at in chunk for piece in items[at][1]]
-            with home._keeping() as claims:  # the blob is this keep's until its index is out
-                blob = home._put(joined, claims)
-                created = home._created_after(packed, time.time())
-                pack_id, index = encode_pack(
-                    blob, size, codec, fingerprint, created, packed, offsets, lengths, home.signer
-                )
-                table = dict(zip(packed, zip(offsets, lengths, strict=True), strict=True))
-                pack = PackIndex(pack_id, blob, size, codec, fingerprint, created, table)
-                home._publish_index(pack, index)
-            out.update((key, pack.answer(key)) for key in table)
+            packed, lengths = [keys[at] for at in chunk], [sizes[at] for at in chunk]
+            pack = _pack(home, packed, joined, lengths, codec, fingerprint)
+            out.update((key, pack.answer(key)) for key in pack.entries)
     return [out[key] for key in keys]
+
+
+def keep_packed_joined(
+    home: _Packing,
+    keys: Sequence[str],
+    pieces: Sequence[Buffer],
+    lengths: Sequence[int],
+    codec: str,
+    fingerprint: str | None,
+) -> None:
+    """:func:`keep_packed` of items given end to end: the item under ``keys[i]`` is the
+    next ``lengths[i]`` bytes of ``pieces`` (flat, as ``pieces_of`` makes them; their
+    bytes add up to the lengths'). Packs are cut where their bytes reach
+    :data:`PACK_BYTES`, each written from views of ``pieces`` — no item is copied, no
+    record made, and nothing done in Python once per item. Where any item is large
+    enough to be kept on its own, the items are kept as :func:`keep_packed` keeps them."""
+    check_digests(keys)  # every key, before any item is written
+    if max(lengths, default=0) >= PACK_ITEM_BELOW:
+        keep_packed(
+            home, list(zip(keys, split_joined(pieces, lengths), strict=True)), codec, fingerprint
+        )
+        return
+    offsets = list(itertools.accumulate(lengths, initial=0))
+    starts = list(itertools.accumulate(map(len, pieces), initial=0))
+    first = 0
+    while first < len(keys):
+        # As many items from `first` as fit in a pack; at least one.
+        last = max(first + 1, bisect.bisect_right(offsets, offsets[first] + PACK_BYTES) - 1)
+        span = _span(pieces, starts, offsets[first], offsets[last])
+        if last - first == 1:
+            home.keep(keys[first], span, codec, fingerprint)
+        else:
+            _pack(home, keys[first:last], span, lengths[first:last], codec, fingerprint)
+        first = last
+
+
+def _pack(
+    home: _Packing,
+    keys: Sequence[str],
+    pieces: Sequence[Buffer],
+    lengths: Sequence[int],
+    codec: str,
+    fingerprint: str | None,
+) -> PackIndex:
+    """Keeps the items under ``keys``, whose bytes ``pieces`` hold end to end (``lengths``
+    each), as one pack: its blob, then the index that refers to it."""
+    offsets = list(itertools.accumulate(lengths, initial=0))
+    size = offsets.pop()
+    with home._keeping() as claims:  # the blob is this keep's until its index is out
+        blob = home._put(pieces, claims)
+        created = home._created_after(keys, time.time())
+        pack_id, index = encode_pack(
+            blob, size, codec, fingerprint, created, keys, offsets, lengths, home.signer
+        )
+        table = dict(zip(keys, zip(offsets, lengths, strict=True), strict=True))
+        pack = PackIndex(pack_id, blob, size, codec, fingerprint, created, table)
+        home._publish_index(pack, index)
+    return pack
+
+
+def _span(pieces: Sequence[Buffer], starts: Sequence[int], begin: int, end: int) -> list[Buffer]:
+    """Views of the bytes ``begin`` to ``end`` of ``pieces`` joined, where piece ``i``
+    begins at ``starts[i]``."""
+    out: list[Buffer] = []
+    at = bisect.bisect_right(starts, begin) - 1
+    while begin < end:
+        start = starts[at]
+        piece = memoryview(pieces[at])
+        out.append(piece[begin - start : min(end, start + len(piece)) - start])
+        begin = start + len(piece)
+        at += 1
+    return out
+
+
+def split_joined(pieces: Sequence[Buffer], lengths: Sequence[int]) -> Iterator[list[Buffer]]:
+    """The pieces of each item of ``lengths`` bytes that ``pieces`` hold end to end."""
+    starts = list(itertools.accumulate(map(len, pieces), initial=0))
+    offsets = itertools.accumulate(lengths, initial=0)
+    begin = next(offsets)
+    for end in offsets:
+        yield _span(pieces, starts, begin, end)
+        begin = end
