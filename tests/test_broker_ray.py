@@ -1311,6 +1311,23 @@ def test_an_address_where_another_server_answers_is_refused_at_once(
     assert "6379" in done.stdout
 
 
+def test_an_address_where_a_server_says_nothing_is_refused_in_seconds(tmp_path: Path) -> None:
+    """Broker.ray given the address of a server that takes the connection and says nothing
+    (where a GCS answers at once) raises ConnectionError naming it after a few seconds,
+    rather than leave `ray.init` to wait for it for good (the process it runs in is given
+    a minute)."""
+    import socket
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        named = f"127.0.0.1:{listening.getsockname()[1]}"
+        done = _ray_connected_at(named, tmp_path)  # taken into the backlog, never answered
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"a server takes connections at {named} and says nothing there in 5 s" in done.stdout
+    assert "6379" in done.stdout
+
+
 def _ray_connected_at(
     address: str | None, cwd: Path, ray_address: str | None = None
 ) -> subprocess.CompletedProcess[str]:

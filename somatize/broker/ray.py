@@ -735,7 +735,7 @@ def _refuse_unanswered(address: str | None) -> None:
         return
     given = "" if named == address else f" ($RAY_ADDRESS, for the address {address!r})"
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=5) as line:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=_ANSWER_S) as line:
             said = _first_frame(line)
     except OSError as why:
         raise ConnectionError(
@@ -743,6 +743,14 @@ def _refuse_unanswered(address: str | None) -> None:
             "Broker.ray connected to none and nothing was started: start the cluster there "
             "(`ray start --head`), or name the address of a running one"
         ) from why
+    if said is None:
+        raise ConnectionError(
+            f"a server takes connections at {named}{given} and says nothing there in "
+            f"{_ANSWER_S:g} s, where a Ray cluster's GCS answers at once (it speaks gRPC), so "
+            "Broker.ray connected to nothing and nothing was started. Name the cluster's GCS "
+            "address, the one `ray start --head` printed (port 6379 unless it was given "
+            "another)"
+        )
     if said and not (len(said) == len(_SETTINGS) and said[3] == _SETTINGS[3]):
         raise ConnectionError(
             f"a server answers at {named}{given} that is no Ray cluster's GCS: it does not "
@@ -753,6 +761,9 @@ def _refuse_unanswered(address: str | None) -> None:
         )
 
 
+_ANSWER_S = 5.0
+"""Seconds a cluster's GCS has to take a connection, and then to answer on it."""
+
 _SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 """An empty HTTP/2 SETTINGS frame: its header, a frame type of 4 at byte 3."""
 
@@ -761,10 +772,11 @@ _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _SETTINGS
 server answers with a SETTINGS frame of its own before anything else."""
 
 
-def _first_frame(line: socket.socket) -> bytes:
+def _first_frame(line: socket.socket) -> bytes | None:
     """The first bytes (a frame header's nine, at most) the server on ``line`` answers to an
-    HTTP/2 preface; nothing where it answers nothing within the connection's timeout, closes
-    the connection, or the cluster speaks TLS (``$RAY_USE_TLS``), which this does not."""
+    HTTP/2 preface; None where it says nothing within the connection's timeout; nothing
+    where it closes the connection or breaks it, or the cluster speaks TLS
+    (``$RAY_USE_TLS``), which this does not."""
     if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
         return b""
     said = b""
@@ -775,8 +787,10 @@ def _first_frame(line: socket.socket) -> bytes:
             if not more:
                 return said  # closed: what it said, if anything (nothing: left to ray.init)
             said += more
+    except TimeoutError:
+        return said or None  # silent: a GCS answers at once, so no GCS
     except OSError:
-        return b""  # silent, or gone: left to ray.init
+        return b""  # gone: left to ray.init
     return said
 
 
