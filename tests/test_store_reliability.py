@@ -823,10 +823,10 @@ def test_a_large_blob_whose_hash_fails_raises_that_and_leaves_nothing_in_tmp(
     real = _local_files.digest_of
     failing = [True]
 
-    def hash_once_failing(pieces: Any) -> str:
+    def hash_once_failing(pieces: Any, *hasher: Any) -> str:
         if failing.pop() if failing else False:
             raise MemoryError("no memory left to hash")
-        return real(pieces)
+        return real(pieces, *hasher)
 
     monkeypatch.setattr(_local_files, "digest_of", hash_once_failing)
     data = os.urandom(1 << 10) * (17 << 10)  # 17 MiB
@@ -1037,11 +1037,11 @@ def test_a_ctrl_c_as_a_large_blob_waits_for_its_hash_leaves_the_next_put_running
     hashing, let_go = threading.Event(), threading.Event()
     real = _local_files.digest_of
 
-    def slow(pieces: Any) -> str:
+    def slow(pieces: Any, *hasher: Any) -> str:
         if not hashing.is_set():
             hashing.set()
             let_go.wait(5)  # still hashing as the writer waits for it
-        return real(pieces)
+        return real(pieces, *hasher)
 
     monkeypatch.setattr(_local_files, "digest_of", slow)
     data = os.urandom(1 << 10) * (17 << 10)  # 17 MiB

@@ -34,14 +34,19 @@ from pathlib import Path
 from queue import SimpleQueue
 from stat import S_ISDIR, S_ISREG
 
+import blake3
+
 from somatize._threads import process_pool
 from somatize.store._packed import (
+    GATHER_BELOW,
     PackedHome,
     digest_of,
     frozen,
+    hasher_for,
     nbytes,
     new_hasher,
     pieces_of,
+    steady,
     steady_runs,
 )
 from somatize.store.base import (
@@ -100,6 +105,7 @@ def _hash_into(
     hashed: SimpleQueue[tuple[str, BaseException | None]],
     runs: SimpleQueue[Buffer | None],
     each: SimpleQueue[None],
+    hasher: blake3.blake3,
 ) -> None:
     """Hashes the runs of bytes the writer hands through ``runs`` (None after the last) on
     the hash thread, saying in ``each`` when each is hashed (the writer holds few runs in
@@ -110,7 +116,7 @@ def _hash_into(
     (every later large blob behind it). A hash that fails takes the runs left all the
     same, since the writer waits on them."""
     try:
-        hashed.put((digest_of(_taken(runs, each)), None))
+        hashed.put((digest_of(_taken(runs, each), hasher), None))
     except BaseException as error:  # handed to the writer, who raises it
         while runs.get() is not None:
             each.put(None)
@@ -462,11 +468,15 @@ class LocalFiles(PackedHome):
         each: SimpleQueue[None] = SimpleQueue()
         answer: SimpleQueue[tuple[str, BaseException | None]] = SimpleQueue()
         hashed: SimpleQueue[tuple[str, BaseException | None]] | None = answer
+        # Runs as steady_runs cuts them: steady pieces of GATHER_BELOW or more as they are,
+        # the rest in runs of _RUN bytes (the last one of each stretch shorter).
+        kept_whole = [p for p in pieces if steady(p) and len(p) >= GATHER_BELOW]
+        hasher = hasher_for(kept_whole) if len(kept_whole) == len(pieces) else new_hasher()
         try:
-            _hashers().submit(_hash_into, answer, runs, each)
+            _hashers().submit(_hash_into, answer, runs, each, hasher)
         except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
             hashed = None
-        here = None if hashed is not None else new_hasher()
+        here = None if hashed is not None else hasher
 
         def written() -> Iterator[Buffer]:
             for count, run in enumerate(steady_runs(pieces, _RUN)):

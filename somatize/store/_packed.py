@@ -299,9 +299,26 @@ def nbytes(pieces: Sequence[Buffer]) -> int:
     return sum(memoryview(p).nbytes for p in pieces)
 
 
-def digest_of(pieces: Iterable[Buffer]) -> str:
-    """The digest of ``pieces`` written one after another."""
-    hasher = new_hasher()
+THREADED_FROM = 128 << 10
+"""Runs of a blob's bytes smaller than this are hashed on the calling thread alone: handing
+each to hashing threads costs more than it saves (64 pieces of 72 KiB, a batch of rows
+each, took 3.3 ms so, 2.0 ms on one thread)."""
+
+
+def hasher_for(runs: Sequence[Buffer]) -> blake3.blake3:
+    """A hasher for a blob hashed a run of ``runs`` at a time: one that hashes on this
+    thread alone where every run is smaller than :data:`THREADED_FROM`, else
+    :func:`new_hasher`'s."""
+    if all(len(run) < THREADED_FROM for run in runs):
+        return blake3.blake3()
+    return new_hasher()
+
+
+def digest_of(pieces: Iterable[Buffer], hasher: blake3.blake3 | None = None) -> str:
+    """The digest of ``pieces`` written one after another, hashed by ``hasher`` (by default
+    :func:`hasher_for` the pieces, where they are a list; :func:`new_hasher`'s otherwise)."""
+    if hasher is None:
+        hasher = hasher_for(pieces) if isinstance(pieces, list) else new_hasher()
     for piece in pieces:
         hasher.update(piece)
     return "blake3:" + hasher.hexdigest()
