@@ -31,7 +31,8 @@ alone, epoch 1 (flush included) within 1.15× of recompute.
                                    [--device cuda] [--profile-first]
 
 Epoch 1's line is followed by where its steps' time in the cache went: running the
-module, and the rest (naming rows, looking them up, keeping them). ``--profile-first``
+module, and the rest (naming rows, looking them up, keeping them); and by the time the
+store writer's thread spent writing its rows, behind the steps and in the flush. ``--profile-first``
 also profiles one more first epoch of each encoder and prints its costliest functions.
 
 With ``--device cuda`` the encoders, the head and the bound's features live on the
@@ -382,6 +383,7 @@ def run_in(
     line("  ... the flush after them", flushed)
     line("  ... in its steps, the module ran", first_stats.compute_s)
     line("  ... in its steps, the cache's own work", first_stats.lookup_s)
+    line("  ... behind them, the writer's thread", first_stats.write_s)
     line("epoch 2+, memory tier, by content", memory, "bound", "1.3x")
     if on_host:
         line("  ... fetched ahead", memory_ahead, "bound", "1.3x")

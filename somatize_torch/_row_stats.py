@@ -30,7 +30,9 @@ class RowStats:
     (damaged, gone since it was asked, or a read that failed), or could not say whether
     it had (its lookup failed), computed again instead;
     ``lookup_s`` is the time spent keying rows and finding them (not
-    computing them), ``compute_s`` the time the module ran.
+    computing them), ``compute_s`` the time the module ran, and ``write_s`` the time the
+    background writer spent writing its rows to the store, behind the steps (a write
+    that also held other caches' rows of the store counted whole).
     """
 
     batches: int = 0
@@ -46,6 +48,7 @@ class RowStats:
     rows_unread: int = 0
     lookup_s: float = 0.0
     compute_s: float = 0.0
+    write_s: float = 0.0
 
     @property
     def recalled(self) -> int:
@@ -77,18 +80,23 @@ _COUNTED = (
 )
 
 
-def _written(self: CachedRows) -> tuple[int, int, int]:
-    """The rows and bytes the cache's writer kept, and the rows it failed to, so far."""
+Written = tuple[int, int, int, float]
+"""What a cache's writer did so far: rows and bytes kept, rows it failed to keep, and its
+seconds of writing."""
+
+
+def _written(self: CachedRows) -> Written:
+    """What the cache's writer did so far (:data:`Written`)."""
     writer = self._writer
     if writer is None:
-        return (0, 0, 0)
-    return (writer.kept_rows, writer.kept_bytes, writer.failed_rows)
+        return (0, 0, 0, 0.0)
+    return (writer.kept_rows, writer.kept_bytes, writer.failed_rows, writer.took_s)
 
 
 def _stats_of(
     self: CachedRows,
     counted: dict[str, float] | None = None,
-    written: tuple[int, int, int] | None = None,
+    written: Written | None = None,
 ) -> RowStats:
     """What ``self`` counted (``counted``: those counts, not its own now; ``written``: what
     its writer did by then, as :func:`_written` read it), as
@@ -99,7 +107,7 @@ def _stats_of(
     c = counted
     now = _written(self) if written is None else written
     base = self._kept_base
-    kept = (now[0] - base[0], now[1] - base[1], now[2] - base[2])
+    kept = [now[at] - base[at] for at in range(4)]
     return RowStats(
         batches=int(c["batches"]),
         rows=int(c["rows"]),
@@ -108,12 +116,13 @@ def _stats_of(
         from_host=int(c["host"]),
         from_pending=int(c["pending"]),
         from_store=int(c["store"]),
-        rows_kept=kept[0],
-        bytes_kept=kept[1],
-        rows_failed=kept[2],
+        rows_kept=int(kept[0]),
+        bytes_kept=int(kept[1]),
+        rows_failed=int(kept[2]),
         rows_unread=int(c["unread"]),
         lookup_s=c["lookup_s"],
         compute_s=c["compute_s"],
+        write_s=kept[3],
     )
 
 

@@ -94,7 +94,7 @@ from somatize_torch._row_lookup import _remember
 from somatize_torch._row_options import DEVICE_BYTES as DEVICE_BYTES
 from somatize_torch._row_options import HOST_BYTES as HOST_BYTES
 from somatize_torch._row_options import check_options
-from somatize_torch._row_stats import _COUNTED, RowStats, _reset_stats, _stats_of
+from somatize_torch._row_stats import _COUNTED, RowStats, Written, _reset_stats, _stats_of
 from somatize_torch._settings import stand_in_call
 from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
@@ -212,7 +212,7 @@ class CachedRows(nn.Module):
         # is recalled after.
         self.keyed_anew = 0
         self._counts = dict.fromkeys(_COUNTED, 0.0)
-        self._kept_base = (0, 0, 0)
+        self._kept_base: Written = (0, 0, 0, 0.0)
         # Batches whose rows were named ahead of their forward (see `name_ahead`), by id.
         self._named: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], RowsLater]]
         self._named = {}

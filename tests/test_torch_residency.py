@@ -237,7 +237,8 @@ def test_rows_are_not_made_before_their_bytes_are_known_to_be_there() -> None:
 
 
 def test_flush_puts_every_computed_row_in_the_store(store: Store) -> None:
-    """After flush, the store has every row the forward computed, under its key."""
+    """After flush, the store has every row the forward computed, under its key; the stats
+    count the rows, their bytes and the writer's time, until they are reset."""
     cached = cache_rows(mlp(), store)
     x = rows(100)
     keys = cached.row_keys(x)
@@ -245,6 +246,11 @@ def test_flush_puts_every_computed_row_in_the_store(store: Store) -> None:
     cached.flush()
     assert store.have(keys) == set(keys)
     assert cached.stats.rows_kept == 100 and cached.stats.bytes_kept > 100 * 32
+    assert cached.stats.write_s > 0
+    assert cached.reset_stats().write_s > 0 and cached.stats.write_s == 0.0
+    cached(rows(10, seed=3))
+    cached.flush()
+    assert cached.stats.rows_kept == 10 and cached.stats.write_s > 0
     cached.close()
 
 
