@@ -316,9 +316,10 @@ def hasher_for(runs: Sequence[Buffer]) -> blake3.blake3:
 
 def digest_of(pieces: Iterable[Buffer], hasher: blake3.blake3 | None = None) -> str:
     """The digest of ``pieces`` written one after another, hashed by ``hasher`` (by default
-    :func:`hasher_for` the pieces, where they are a list; :func:`new_hasher`'s otherwise)."""
+    :func:`hasher_for` the pieces, where they are a list or tuple; :func:`new_hasher`'s for
+    pieces handed one at a time)."""
     if hasher is None:
-        hasher = hasher_for(pieces) if isinstance(pieces, list) else new_hasher()
+        hasher = hasher_for(pieces) if isinstance(pieces, (list, tuple)) else new_hasher()
     for piece in pieces:
         hasher.update(piece)
     return "blake3:" + hasher.hexdigest()

@@ -556,12 +556,12 @@ def keep_packed_joined(
     :data:`PACK_BYTES`, each written from views of ``pieces`` — no item is copied, no
     record made, and nothing done in Python once per item. Where any item is large
     enough to be kept on its own, the items are kept as :func:`keep_packed` keeps them."""
-    check_digests(keys)  # every key, before any item is written
-    if max(lengths, default=0) >= PACK_ITEM_BELOW:
+    if max(lengths, default=0) >= PACK_ITEM_BELOW:  # which checks the keys itself
         keep_packed(
             home, list(zip(keys, split_joined(pieces, lengths), strict=True)), codec, fingerprint
         )
         return
+    check_digests(keys)  # every key, before any item is written
     offsets = list(itertools.accumulate(lengths, initial=0))
     starts = list(itertools.accumulate(map(len, pieces), initial=0))
     first = 0

@@ -94,6 +94,16 @@ int lane_width() {
 #endif
 }
 
+// A digest as a key's text, "blake3:" and its 64 hex digits, written at `out` (71 bytes).
+void named(const uint8_t digest[32], char* out) {
+  static const char HEX[] = "0123456789abcdef";
+  memcpy(out, "blake3:", 7);
+  for (int k = 0; k < 32; ++k) {
+    out[7 + 2 * k] = HEX[digest[k] >> 4];
+    out[8 + 2 * k] = HEX[digest[k] & 15];
+  }
+}
+
 }  // namespace
 
 extern "C" void smz_blake3_host_rows(const uint8_t* data, uint64_t rows, uint64_t row_bytes,
@@ -243,29 +253,17 @@ void smz_blake3_host(const uint8_t* data, uint64_t len, uint8_t out[32]) {
 void smz_blake3_host_keys(const uint8_t* inner, uint64_t inner_len, const uint8_t* items,
                           const uint64_t* offsets, uint64_t count, const uint8_t* outer,
                           uint64_t outer_len, char* out) {
-  static const char HEX[] = "0123456789abcdef";
-  static const char NAMED[] = "blake3:";  // 7 characters, then 64 hex digits
   std::vector<uint8_t> first(inner, inner + inner_len);
   std::vector<uint8_t> second(outer, outer + outer_len);
   second.resize(outer_len + 71);
-  memcpy(second.data() + outer_len, NAMED, 7);
   uint8_t digest[32];
   for (uint64_t i = 0; i < count; ++i) {
     first.resize(inner_len);
     first.insert(first.end(), items + offsets[i], items + offsets[i + 1]);
     b3::hash(first.data(), first.size(), digest);
-    uint8_t* hexed = second.data() + outer_len + 7;
-    for (int k = 0; k < 32; ++k) {
-      hexed[2 * k] = HEX[digest[k] >> 4];
-      hexed[2 * k + 1] = HEX[digest[k] & 15];
-    }
+    named(digest, reinterpret_cast<char*>(second.data() + outer_len));
     b3::hash(second.data(), second.size(), digest);
-    char* key = out + 71 * i;
-    memcpy(key, NAMED, 7);
-    for (int k = 0; k < 32; ++k) {
-      key[7 + 2 * k] = HEX[digest[k] >> 4];
-      key[8 + 2 * k] = HEX[digest[k] & 15];
-    }
+    named(digest, out + 71 * i);
   }
 }
 
