@@ -3,8 +3,9 @@
 Rows computed in a forward are staged device → pinned host memory
 (``somatize_torch._native.PinnedPool`` where it is built, ``pin_memory()`` where
 CUDA is, plain host memory otherwise) and handed to a background thread (a
-:class:`Writer`'s) that keeps them in the store with ``store.keep_joined`` — so the
-forward never waits on the disk (it waits only when more than ``pending_bytes``
+:class:`Writer`'s) that keeps them in the store through ``store.open_joined``, a batch
+at a time as they come and published a pack at a time — so the forward never waits on
+the disk (it waits only when more than ``pending_bytes``
 are still unwritten, each row counted with its key, :data:`KEY_BYTES`, which bounds the
 memory the writer holds). ``flush()`` waits
 for every row to be written; so do interpreter exit (first before its thread
@@ -63,7 +64,7 @@ import torch
 from somatize import Store, canonical
 from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
-from somatize.store import StoreFull
+from somatize.store import JoinedWrite, StoreFull
 from somatize_torch._row_codec import empty_rows, encode_batch, row_order
 from somatize_torch.codec import TENSOR, inverse_order
 
@@ -187,6 +188,33 @@ class _Failure:
     """Rows another writer submitted and this one recalled from their staged copy."""
 
 
+@dataclass
+class _Group:
+    """The jobs of one write kept through one store object under one fingerprint (one
+    group a write, unless writers of several modules, or of the store opened twice, share
+    the thread): the joined write they go through, the bytes kept of each job (by its
+    id), what failed them if anything did, and the seconds spent writing them."""
+
+    store: Store
+    jobs: list[_Job] = field(default_factory=list)
+    joined: JoinedWrite | None = None
+    kept: dict[int, int] = field(default_factory=dict)
+    error: BaseException | None = None
+    took: float = 0.0
+
+    def failed(self, why: BaseException) -> None:
+        """Fails the group's rows, all of them, for ``why``: what its joined write wrote
+        so far is let go of, and none of it kept."""
+        self.error = why
+        if self.joined is None:
+            return
+        try:
+            with store_lock(self.store):
+                self.joined.abort()
+        except BaseException as also:  # the thread goes on; what is left in tmp/ a gc sweeps
+            log.error("somatize: a failed write could not be let go of: %s", _said(also))
+
+
 class _Account:
     """One writer's share of a backlog it may share with other writers of its store: the
     rows it kept or lost, and the failures of its rows (and of rows it recalled from
@@ -230,9 +258,11 @@ class Writer:
     of the store's rows (every writer's) are unwritten.
 
     The thread gathers what is submitted for up to ``linger`` seconds, or until
-    ``pack_bytes`` are waiting, and keeps it with one ``keep_joined`` call: rows computed
-    over many steps land in few packs, so a later recall of a shuffled batch opens few
-    blobs. Rows staged and not yet kept are in memory only — a process killed then
+    ``pack_bytes`` have come, through one joined write of the store
+    (:meth:`~somatize.Store.open_joined`): rows computed over many steps land in few
+    packs, so a later recall of a shuffled batch opens few blobs, and a store that
+    writes each batch as it comes (a directory) has only the pack to publish once the
+    gathering ends. Rows staged and not yet kept are in memory only — a process killed then
     loses them (they are computed again next time), never anything published. A submit
     interrupted before it queued its rows (Ctrl-C during the copy) raises that and
     leaves them out: nothing waits for them, and nothing of them is published.
@@ -294,8 +324,8 @@ class Writer:
 
     @property
     def pack_bytes(self) -> int:
-        """Bytes of rows the thread gathers, at most, before one ``keep_joined``: the store's,
-        for all its writers."""
+        """Bytes of rows the thread gathers, at most, into one joined write: the store's, for
+        all its writers."""
         return self._backlog.pack_bytes
 
     @pack_bytes.setter
@@ -445,7 +475,7 @@ class Writer:
 
 
 PACK_BYTES = 16 << 20
-"""Bytes of rows a store's writer thread gathers, at most, before one ``keep_joined``."""
+"""Bytes of rows a store's writer thread gathers, at most, into one joined write."""
 
 LINGER = 1.0
 """Seconds a store's writer thread waits for more rows before it keeps what it has."""
@@ -749,7 +779,7 @@ class _Backlog:
             if self.done < target and self.thread is threading.current_thread():
                 raise WaitsForItself(
                     f"a flush of a cache over {self.store!r} ran on the store's writer thread, "
-                    "inside a write (a store's `keep_joined`, or a finalizer the garbage "
+                    "inside a write (a store's joined write, or a finalizer the garbage "
                     "collector ran there), and would wait for that write, and so for ever. "
                     "Flush from another thread; the rows are written as the thread goes on"
                 )
@@ -795,78 +825,91 @@ class _Backlog:
             if ended is not None and ended is not threading.current_thread():
                 ended.join()
 
-    def write(self, jobs: list[_Job]) -> None:
-        """Keeps ``jobs`` with one ``keep_joined`` per store object and fingerprint (one,
-        unless writers of several modules, or of the store opened twice, share it) and
-        counts what was kept or failed, for the writer of each job."""
-        groups: dict[tuple[int, str | None], list[_Job]] = {}
-        for job in jobs:
-            groups.setdefault((id(job.store), job.fingerprint), []).append(job)
-        results = [self._keep(group) for group in groups.values()]
+    def take(self, gathered: dict[tuple[int, str | None], _Group], job: _Job) -> None:
+        """Adds ``job`` to the write being gathered: its rows encoded into one buffer and
+        handed to the joined write of its group (of one store object and fingerprint),
+        begun with the group's first job. A directory writes them to ``tmp/`` there and
+        then, so that once the gathering ends little is left to write. Once a job of the
+        group has failed, the rest of its jobs join it unwritten, and fail with it."""
+        group = gathered.get((id(job.store), job.fingerprint))
+        if group is None:
+            group = gathered[(id(job.store), job.fingerprint)] = _Group(job.store)
+        group.jobs.append(job)
+        if group.error is not None:
+            return
+        start = time.perf_counter()
+        try:
+            # Nothing is done a row at a time here, nor by a store that packs them.
+            batch, step = encode_batch(job.staged.wait(), job.order)
+            with store_lock(group.store):
+                if group.joined is None:
+                    group.joined = group.store.open_joined(TENSOR.name, job.fingerprint)
+                group.joined.add(job.keys, batch, [step] * len(job.keys))
+            group.kept[id(job)] = step * len(job.keys)
+        except BaseException as why:  # reported at the next forward or flush, never swallowed
+            group.failed(why)
+        finally:
+            group.took += time.perf_counter() - start
+
+    def write(self, groups: list[_Group]) -> None:
+        """Keeps what was gathered, closing each group's joined write, and counts what was
+        kept or failed, for the writer of each job."""
+        for group in groups:
+            self._keep(group)
         # Counted done only once all of them are through: jobs 1..done are written.
         with self.changed:
-            for group, kept, error, took in results:
-                for account in {id(job.account): job.account for job in group}.values():
-                    mine = [job for job in group if job.account is account]
+            for group in groups:
+                jobs, error = group.jobs, group.error
+                for account in {id(job.account): job.account for job in jobs}.values():
+                    mine = [job for job in jobs if job.account is account]
                     rows = sum(len(job.keys) for job in mine)
-                    account.took_s += took
+                    account.took_s += group.took
                     if error is None:
                         account.kept_rows += rows
-                        account.kept_bytes += sum(kept[id(job)] for job in mine)
+                        account.kept_bytes += sum(group.kept[id(job)] for job in mine)
                     else:
                         account.failed_rows += rows
                         account.failures.append(_Failure(mine[0].seq, mine[-1].seq, rows, error))
                 if error is not None:
                     # Rows other writers recalled from these jobs' staged copies answered
                     # right but never reached the store: those writers are told too.
-                    _tell_recallers(group, error)
-            self.pending -= sum(job.nbytes for job in jobs)
-            self.done += len(jobs)
+                    _tell_recallers(jobs, error)
+            self.pending -= sum(job.nbytes for group in groups for job in group.jobs)
+            self.done += sum(len(group.jobs) for group in groups)
             self.changed.notify_all()
 
-    def _keep(
-        self, jobs: list[_Job]
-    ) -> tuple[list[_Job], dict[int, int], BaseException | None, float]:
-        """Keeps ``jobs`` (of one store object and fingerprint) with one ``keep_joined``: the
-        jobs, the bytes kept of each (by its id), what ended the write if it failed, and
-        how long it took."""
+    def _keep(self, group: _Group) -> None:
+        """Closes ``group``'s joined write, keeping its rows (or notes why they were not),
+        then lets go of them: no lookup finds them staged here any more."""
         start = time.perf_counter()
-        rows = sum(len(job.keys) for job in jobs)
-        kept: dict[int, int] = {}
         try:
-            # Each job's rows encoded into one buffer, kept as views of it: nothing is done
-            # a row at a time here, nor by a store that packs them.
-            keys: list[str] = []
-            batches: list[memoryview] = []
-            lengths: list[int] = []
-            for job in jobs:
-                batch, step = encode_batch(job.staged.wait(), job.order)
-                keys += job.keys
-                batches.append(batch)
-                lengths += [step] * len(job.keys)
-                kept[id(job)] = step * len(job.keys)
-            store, fingerprint = jobs[0].store, jobs[0].fingerprint
-            with store_lock(store):
-                store.keep_joined(keys, batches, lengths, TENSOR.name, fingerprint)
-            error: BaseException | None = None
-        except BaseException as why:  # reported at the next forward or flush, never swallowed
+            if group.error is None and group.joined is not None:
+                with store_lock(group.store):
+                    group.joined.close()
+        except BaseException as why:
             # Whatever ended the write — an error, an async store's CancelledError, a
             # KeyboardInterrupt or SystemExit raised by a store (no signal reaches this
             # thread) — fails these rows only: the thread goes on, or every flush and the
             # interpreter's exit would wait for rows no thread writes.
-            error = why
-            log.error("somatize: %d computed rows could not be written: %s", rows, _said(why))
+            group.failed(why)
         finally:
+            group.took += time.perf_counter() - start
+            if group.error is not None:
+                rows = sum(len(job.keys) for job in group.jobs)
+                log.error(
+                    "somatize: %d computed rows could not be written: %s",
+                    rows,
+                    _said(group.error),
+                )
             with self.changed:  # no lookup finds these rows here any more, then let go
                 unwritten = self.unwritten
-                for job in jobs:
+                for job in group.jobs:
                     for key in job.keys:
                         held = unwritten.get(key)
                         if held is not None and held[0] is job:
                             del unwritten[key]
-            for job in jobs:
+            for job in group.jobs:
                 job.staged.release()
-        return jobs, kept, error, time.perf_counter() - start
 
 
 def _tell_recallers(jobs: list[_Job], error: BaseException) -> None:
@@ -922,7 +965,8 @@ def _run(backlog: _Backlog) -> None:
         if not isinstance(job, _Job):
             stop = job is None or (job == _LET_GO and backlog.unused())
             continue
-        jobs = [job]
+        gathered: dict[tuple[int, str | None], _Group] = {}
+        backlog.take(gathered, job)
         size = job.nbytes
         let_go = False
         # Linger a little for more rows, so that rows computed in many steps are packed
@@ -938,9 +982,9 @@ def _run(backlog: _Backlog) -> None:
                 stop = more is None
                 let_go = more == _LET_GO
                 break
-            jobs.append(more)
+            backlog.take(gathered, more)
             size += more.nbytes
-        backlog.write(jobs)
+        backlog.write(list(gathered.values()))
         if let_go and not stop:
             stop = backlog.unused()
 

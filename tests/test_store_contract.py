@@ -22,7 +22,7 @@ import numpy
 import pytest
 
 from somatize import Answer, BadName, Corrupt, Missing, NameNotFound, Store
-from somatize.store import BucketStore, LocalStore, records
+from somatize.store import BucketStore, JoinedWrite, LocalStore, records
 from tests.conftest_s3 import s3_options, s3_url
 
 Factory = Callable[[Path], Store]
@@ -766,6 +766,103 @@ def test_the_default_keep_joined_hands_keep_many_the_items(home: Store) -> None:
     for at, key in enumerate(keys):
         offset = sum(lengths[:at])
         assert bytes(fresh.recall(key)[1]) == whole[offset : offset + lengths[at]]
+
+
+def _added(
+    joined: JoinedWrite, keys: list[str], pieces: list[bytes], lengths: list[int], cuts: list[int]
+) -> None:
+    """Adds the items of ``_joined`` to ``joined`` in adds that begin at the items ``cuts``
+    names, each add's bytes given as two pieces cut inside it."""
+    whole = b"".join(pieces)
+    offsets = list(itertools.accumulate(lengths, initial=0))
+    for first, last in itertools.pairwise([*cuts, len(keys)]):
+        data = whole[offsets[first] : offsets[last]]
+        middle = len(data) // 3
+        joined.add(keys[first:last], [data[:middle], data[middle:]], lengths[first:last])
+
+
+@pytest.mark.parametrize("large", [None, 33], ids=["packed", "one kept on its own"])
+def test_a_joined_write_keeps_what_was_added_at_its_close_and_not_before(
+    home: Store, large: int | None
+) -> None:
+    """Items added over several calls to a joined write are found by no lookup until it
+    closes; then each is recalled with its own bytes by a store opened afresh, the small
+    ones packed together, as keep_joined keeps them."""
+    keys, pieces, lengths = _joined(60, large)
+    joined = home.open_joined("plain", "fp")
+    _added(joined, keys, pieces, lengths, [0, 20, 45])
+    assert home.have(keys) == set()
+    assert reopen(home).have(keys) == set()
+    joined.close()
+    whole = b"".join(pieces)
+    fresh = reopen(home)
+    got = fresh.recall_many(keys)
+    offsets = itertools.accumulate(lengths, initial=0)
+    for key, offset, length in zip(keys, offsets, lengths, strict=False):
+        answer, data = got[key]  # type: ignore[misc]
+        assert bytes(data) == whole[offset : offset + length]
+        assert (answer.codec, answer.fingerprint, answer.size) == ("plain", "fp", length)
+    if large is None:
+        assert len({fresh.answer(key).value for key in keys}) == 1  # type: ignore[union-attr]
+    else:
+        assert fresh.answer(keys[large]).offset is None  # type: ignore[union-attr]  # its own blob
+    joined.close()  # closing again does nothing
+    with pytest.raises(ValueError, match="is closed"):
+        joined.add(keys[:1], b"", [0])
+
+
+def test_a_joined_write_cuts_packs_as_keep_joined_cuts_them(
+    home: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Items added over several calls are cut into packs where keep_joined of all of them
+    at once would cut them (an item left alone kept on its own)."""
+    monkeypatch.setattr(records, "PACK_BYTES", 20)
+    keys, pieces, lengths = _joined(40)
+    with home.open_joined("plain") as joined:
+        _added(joined, keys, pieces, lengths, [0, 3, 4, 17, 30])
+    apart = [f"blake3:{i + 9000:064x}" for i in range(40)]
+    home.keep_joined(apart, pieces, lengths, "plain")
+    fresh = reopen(home)
+    added = [fresh.answer(key) for key in keys]
+    at_once = [fresh.answer(key) for key in apart]
+    assert [(a.value, a.offset, a.size) for a in added] == [  # type: ignore[union-attr]
+        (a.value, a.offset, a.size)
+        for a in at_once  # type: ignore[union-attr]
+    ]
+    assert len({a.value for a in added}) > 5  # type: ignore[union-attr]
+
+
+def test_a_joined_write_refuses_an_add_as_keep_joined_does_and_goes_on(home: Store) -> None:
+    """An add whose lengths do not add up, or whose keys are no digests, is refused with
+    none of its items taken; the write goes on, and keeps what was added besides."""
+    keys, pieces, lengths = _joined(30)
+    whole = b"".join(pieces)
+    with home.open_joined("plain") as joined:
+        with pytest.raises(ValueError, match="add up to 135 bytes; the data holds 134"):
+            joined.add(keys, whole[:-1], lengths)
+        with pytest.raises(BadName, match="is not a digest"):
+            joined.add([*keys[:20], keys[20].upper(), *keys[21:]], whole, lengths)
+        joined.add(keys[:10], whole[: sum(lengths[:10])], lengths[:10])
+    assert reopen(home).have(keys) == set(keys[:10])
+
+
+@pytest.mark.parametrize("how", ["abort", "a block that raised"])
+def test_an_aborted_joined_write_keeps_nothing_it_was_given(home: Store, how: str) -> None:
+    """A joined write aborted, or left by a block that raised, keeps none of what was added
+    and leaves nothing in ``tmp/``; a store opened afresh finds none of it."""
+    keys, pieces, lengths = _joined(60)
+    if how == "abort":
+        joined = home.open_joined("plain")
+        _added(joined, keys, pieces, lengths, [0, 30])
+        joined.abort()
+    else:
+        with pytest.raises(RuntimeError, match="made to fail"), home.open_joined("plain") as joined:
+            _added(joined, keys, pieces, lengths, [0, 30])
+            raise RuntimeError("made to fail")
+    joined.close()  # kept nothing: it is aborted
+    assert reopen(home).have(keys) == set()
+    if isinstance(home, LocalStore):
+        assert not list((home.root / "tmp").iterdir())
 
 
 @pytest.mark.parametrize(

@@ -675,6 +675,79 @@ def test_simulated_full_disk_is_a_clear_error(
     assert LocalStore(tmp_path / "store").have([small, key_of("big")]) == {small}
 
 
+def test_a_joined_write_that_fills_the_disk_says_so_and_leaves_nothing(tiny_disk: Path) -> None:
+    """On a 1 MiB disk, a joined write of rows that outgrow it fails with StoreFull, at the
+    add that does not fit or at the close; nothing of it is kept or left in ``tmp/``, and
+    it takes no more."""
+    store = LocalStore(tiny_disk / "store")
+    keys = [key_of(f"row {i}") for i in range(1200)]
+    joined = store.open_joined("plain")
+    with pytest.raises(StoreFull, match="no space left"):
+        joined.add(keys[:600], b"r" * (600 * 1000), [1000] * 600)
+        joined.add(keys[600:], b"s" * (600 * 1000), [1000] * 600)
+        joined.close()
+    with pytest.raises(ValueError, match="is closed"):
+        joined.add(keys[:1], b"r", [1])
+    assert not list((tiny_disk / "store" / "tmp").iterdir())
+    assert LocalStore(tiny_disk / "store").have(keys) == set()
+
+
+def test_a_joined_write_writes_each_add_to_tmp_as_it_comes(tmp_path: Path) -> None:
+    """A directory's joined write writes each add's bytes (of more than a file's buffer)
+    into one file of ``tmp/`` as the add is made, found by no lookup, and publishes it as
+    one pack at the close."""
+    store = LocalStore(tmp_path / "store")
+    keys = [key_of(f"row {i}") for i in range(100)]
+    with store.open_joined("plain") as joined:
+        joined.add(keys[:40], b"a" * 80_000, [2000] * 40)
+        (part,) = (tmp_path / "store" / "tmp").iterdir()
+        assert part.stat().st_size == 80_000
+        joined.add(keys[40:], [b"b" * 20_000, b"c" * 100_000], [2000] * 60)
+        assert part.stat().st_size == 200_000
+        assert LocalStore(store.root).have(keys) == set()
+    assert not list((tmp_path / "store" / "tmp").iterdir())
+    fresh = LocalStore(store.root)
+    assert bytes(fresh.recall(keys[-1])[1]) == b"c" * 2000
+    assert len({fresh.answer(key).value for key in keys}) == 1  # type: ignore[union-attr]
+
+
+class _KeepsJoinedItsWay(LocalStore):
+    """A store that does something of its own as it keeps items joined (counts them)."""
+
+    counted = 0
+
+    def keep_joined(self, keys: Any, *args: Any, **kwargs: Any) -> None:
+        self.counted += len(keys)
+        super().keep_joined(keys, *args, **kwargs)
+
+
+@pytest.mark.parametrize("how", ["a subclass", "set on the store"])
+def test_a_joined_write_hands_a_keep_joined_of_the_stores_own_everything(
+    tmp_path: Path, how: str
+) -> None:
+    """A store whose ``keep_joined`` is its own (a subclass's, or one set on the object)
+    has it called with everything added, at the close, rather than written as it comes."""
+    keys = [key_of(f"row {i}") for i in range(30)]
+    if how == "a subclass":
+        store: LocalStore = _KeepsJoinedItsWay(tmp_path / "store")
+    else:
+        store = LocalStore(tmp_path / "store")
+        counts: list[int] = []
+        keep_joined = store.keep_joined
+
+        def counting(keys: Any, *args: Any, **kwargs: Any) -> None:
+            counts.append(len(keys))
+            keep_joined(keys, *args, **kwargs)
+
+        store.keep_joined = counting  # type: ignore[method-assign]
+    with store.open_joined("plain") as joined:
+        joined.add(keys[:10], b"a" * 100, [10] * 10)
+        joined.add(keys[10:], b"b" * 200, [10] * 20)
+        assert not list((tmp_path / "store" / "tmp").iterdir())
+    assert (store.counted if how == "a subclass" else sum(counts)) == 30  # type: ignore[attr-defined]
+    assert LocalStore(store.root).have(keys) == set(keys)
+
+
 def _read_only(*args: Any, **kwargs: Any) -> Any:
     raise OSError(errno.EROFS, "Read-only file system")
 

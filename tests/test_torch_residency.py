@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from somatize import SomatizeWarning, Store, StoreError
 from somatize._threads import ProcessLock
+from somatize.store import _local_joined as local_joined
 from somatize.store._packed import frozen, steady
 from somatize.store.local import LocalStore
 from somatize_torch import writer as writer_module
@@ -961,6 +962,7 @@ KILLED = """
 import sys, time
 sys.path.insert(0, {root!r})
 from somatize import Store
+from somatize.store import _local_joined as local_joined
 from somatize.store._packed import frozen, steady
 from somatize.store.local import LocalStore
 from somatize_torch.rows import cache_rows
@@ -1131,6 +1133,76 @@ def test_a_submit_interrupted_before_its_rows_are_queued_leaves_nothing_to_wait_
         writer.close()
     finally:
         backlog.closed = True  # should this fail, the exit of the test run does not wait
+
+
+def _part_grown_past(store: Store, size: int) -> int:
+    """The bytes of the one file the store's writer is writing in ``tmp/``, once more than
+    ``size``; fails the test if it is not within 30 seconds."""
+    tmp = Path(store.root) / "tmp"  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        parts = list(tmp.glob("*.part")) if tmp.exists() else []
+        with contextlib.suppress(FileNotFoundError):
+            grown = sum(part.stat().st_size for part in parts)
+            if len(parts) == 1 and grown > size:
+                return grown
+        time.sleep(0.01)
+    raise AssertionError(f"no file in {tmp} grew past {size} bytes")
+
+
+def test_the_writer_writes_each_batch_as_it_comes_and_publishes_the_pack_at_the_end(
+    store: Store,
+) -> None:
+    """Rows gathered for one pack are written to the store's ``tmp/`` batch by batch as
+    they are submitted, while the thread lingers for more, found by no lookup there; a
+    flush publishes them, leaving only the rename and the index to do."""
+    writer = Writer(store, linger=60.0)
+    keys = [f"blake3:{i:064x}" for i in range(128)]
+    writer.submit(keys[:64], torch.randn(64, 256))
+    first = _part_grown_past(store, 0)
+    assert first > 64 * 256 * 4  # the rows, each with its header
+    writer.submit(keys[64:], torch.randn(64, 256))
+    assert _part_grown_past(store, first) == 2 * first
+    assert Store(store.root).have(keys) == set()  # type: ignore[attr-defined]
+    assert _within(writer.flush) is None
+    assert not list((Path(store.root) / "tmp").iterdir())  # type: ignore[attr-defined]
+    fresh = Store(store.root)  # type: ignore[attr-defined]
+    assert fresh.have(keys) == set(keys)
+    assert len({fresh.answer(key).value for key in keys}) == 1  # type: ignore[union-attr]
+    writer.close()
+
+
+def test_a_batch_that_fails_to_write_fails_every_row_gathered_with_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch whose write fails (the disk full) after earlier ones of its pack were written
+    to ``tmp/`` fails them all, as one write: flush raises for every row, none is kept or
+    left in ``tmp/``, and the thread goes on to write later rows."""
+    written = 0
+    real = local_joined.steady_runs
+
+    def full_at_the_second(*args: Any, **kwargs: Any) -> Any:
+        nonlocal written
+        written += 1
+        if written == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(local_joined, "steady_runs", full_at_the_second)
+    writer = Writer(store, linger=60.0)
+    keys = [f"blake3:{i:064x}" for i in range(80)]
+    writer.submit(keys[:64], torch.randn(64, 256))
+    _part_grown_past(store, 0)
+    writer.submit(keys[64:72], torch.randn(8, 256))
+    raised = _within(writer.flush)
+    assert isinstance(raised, WriteFailed), raised
+    assert "72 computed rows could not be written" in str(raised)
+    assert "Free space" in str(raised)
+    assert not list((Path(store.root) / "tmp").iterdir())  # type: ignore[attr-defined]
+    writer.submit(keys[72:], torch.randn(8, 256))
+    assert _within(writer.flush) is None
+    assert Store(store.root).have(keys) == set(keys[72:])  # type: ignore[attr-defined]
+    writer.close()
 
 
 class _WouldWait(Exception):

@@ -53,9 +53,11 @@ from somatize.store.base import (
     Answer,
     BadName,
     Buffer,
+    JoinedWrite,
     StoreError,
     StoreFull,
     check_digest,
+    check_labels,
     check_name,
     names_above,
     nested,
@@ -439,6 +441,18 @@ class LocalFiles(PackedHome):
             os.fsync(handle)
         finally:
             os.close(handle)
+
+    def open_joined(self, codec: str, fingerprint: str | None = None) -> JoinedWrite:
+        """A joined write that writes each pack to ``tmp/`` as its answers are added, so
+        that its close is left only to publish it (:mod:`somatize.store._local_joined`).
+        A store whose ``keep_joined`` is its own (a subclass's, or one set on the object)
+        gets the default's, which hands everything added to that ``keep_joined``."""
+        from somatize.store._local_joined import StreamedJoin  # which builds on this class
+
+        check_labels(codec, fingerprint)
+        if "keep_joined" in vars(self) or type(self).keep_joined is not PackedHome.keep_joined:
+            return JoinedWrite(self, codec, fingerprint)
+        return StreamedJoin(self, codec, fingerprint)
 
     def _put(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str:
         pieces = pieces_of(data)

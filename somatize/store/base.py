@@ -56,6 +56,7 @@ __all__ = [
     "BadAddress",
     "BadName",
     "Corrupt",
+    "JoinedWrite",
     "Missing",
     "NameNotFound",
     "Store",
@@ -564,6 +565,21 @@ class Store(abc.ABC):
         items = list(zip(listed, split_joined(pieces, sizes), strict=True))
         self.keep_many(items, codec, fingerprint)
 
+    def open_joined(self, codec: str, fingerprint: str | None = None) -> JoinedWrite:
+        """A keep of many small answers given end to end over several calls, for a maker
+        that has them a batch at a time (the row writer, gathering a pack's worth):
+        :meth:`JoinedWrite.add` takes what :meth:`keep_joined` takes, refused as it refuses
+        it, and :meth:`JoinedWrite.close` keeps all that was added as keep_joined keeps
+        it. A home may write the answers as they are added (a directory does, so that
+        little is left to write at the close); none is found by a lookup before the
+        close, unless more than a pack's bytes (64 MiB) were added, each pack being
+        published once full, as keep_joined publishes its packs one after another. The
+        bytes handed to ``add`` may be read until the close, and must not change until
+        then. This default holds them, and hands them all to :meth:`keep_joined` at the
+        close."""
+        check_labels(codec, fingerprint)
+        return JoinedWrite(self, codec, fingerprint)
+
     def recall_many(
         self, keys: Sequence[str], *, borrow: bool = False
     ) -> dict[str, tuple[Answer, memoryview] | Exception]:
@@ -630,3 +646,73 @@ class Store(abc.ABC):
             fingerprint=fingerprint,
             created=time.time(),
         )
+
+
+class JoinedWrite:
+    """Answers given end to end over several calls (:meth:`Store.open_joined`), kept when
+    it closes. In a ``with`` block it is closed at the block's end, or aborted where the
+    block raised. This one holds what it is given and hands it to the store's
+    :meth:`~Store.keep_joined` at the close; a home's own may write as it goes."""
+
+    def __init__(self, store: Store, codec: str, fingerprint: str | None) -> None:
+        self.store = store
+        self.codec = codec
+        self.fingerprint = fingerprint
+        self.closed = False
+        self._keys: list[str] = []
+        self._pieces: list[Buffer] = []
+        self._lengths: list[int] = []
+
+    def add(
+        self, keys: Sequence[str], data: Buffer | Sequence[Buffer], lengths: Iterable[int]
+    ) -> None:
+        """Takes the answers under ``keys``, the next ``lengths[i]`` bytes of ``data`` each,
+        to be kept at the close; refused, with none of them taken, as :meth:`Store.keep_joined`
+        refuses them (a length for each key, adding up to the data's bytes; keys that are
+        digests)."""
+        from somatize.store._packed import joined_items
+
+        self._still_open()
+        listed, pieces, sizes = joined_items(keys, data, lengths)
+        check_digests(listed)
+        self._taken(listed, pieces, sizes)
+
+    def _taken(self, keys: list[str], pieces: Sequence[Buffer], lengths: list[int]) -> None:
+        """Takes answers checked by :meth:`add`; this one holds them for the close."""
+        self._keys += keys
+        self._pieces += pieces
+        self._lengths += lengths
+
+    def close(self) -> None:
+        """Keeps every answer added; raises what the store raised if it could not (a full
+        disk: :class:`StoreFull` or an OSError), having kept none of them or only whole packs
+        of them. Closing again does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        keys, pieces, lengths = self._keys, self._pieces, self._lengths
+        self._keys, self._pieces, self._lengths = [], [], []
+        if keys:
+            self.store.keep_joined(keys, pieces, lengths, self.codec, self.fingerprint)
+
+    def abort(self) -> None:
+        """Lets go of what was added and not yet kept, keeping none of it; what a home wrote
+        of it so far is removed. Aborting a closed one does nothing."""
+        self.closed = True
+        self._keys, self._pieces, self._lengths = [], [], []
+
+    def _still_open(self) -> None:
+        if self.closed:
+            raise ValueError(
+                f"this joined write to {self.store!r} is closed (or aborted): what was added "
+                "to it is kept (or let go of); open another with `store.open_joined(...)`"
+            )
+
+    def __enter__(self) -> JoinedWrite:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()

@@ -85,11 +85,14 @@ __all__ = [
     "encode_pack",
     "encode_record",
     "holds_another_name",
+    "index_pack",
     "keep_packed",
     "keep_packed_joined",
+    "pack_entries",
     "pointed_at",
     "signer_from",
     "signer_matching",
+    "span_of",
     "split_joined",
 ]
 
@@ -411,10 +414,12 @@ def encode_pack(
     offsets: Sequence[int],
     lengths: Sequence[int],
     signer: Signer | None,
+    entries: bytes | None = None,
 ) -> tuple[str, bytes]:
     """The id and bytes of the index of a pack whose items are ``keys``, each ``lengths``
     bytes long from ``offsets`` in its blob. Made from the columns in a few calls over all
-    of them, not a few per item: a pack holds thousands."""
+    of them, not a few per item: a pack holds thousands. ``entries`` is what
+    :func:`pack_entries` made of those columns, where a maker had it made already."""
     header = {
         "somatize": RECORD_VERSION,
         "pack": PACK_VERSION,
@@ -426,16 +431,27 @@ def encode_pack(
         "count": len(keys),
         "signed": signer is not None,
     }
-    check_digests(keys)
-    raw = bytes.fromhex("".join(keys).replace("blake3:", ""))  # well formed: 32 bytes each
-    raws = map(raw.__getitem__, map(slice, range(0, len(raw), 32), range(32, len(raw) + 32, 32)))
+    if entries is None:
+        entries = pack_entries(keys, offsets, lengths)
+    elif len(entries) != _ENTRY.size * len(keys):
+        raise ValueError(f"index entries of {len(entries)} bytes for {len(keys)} keys")
     body = bytearray(json.dumps(header, sort_keys=True, separators=(",", ":")).encode())
     body += b"\n"
-    body += b"".join(itertools.starmap(_ENTRY.pack, zip(raws, offsets, lengths, strict=True)))
+    body += entries
     if signer is not None:
         body += signer.mac(body)
     data = bytes(body)
     return "blake3:" + blake3.blake3(data).hexdigest(), data
+
+
+def pack_entries(keys: Sequence[str], offsets: Sequence[int], lengths: Sequence[int]) -> bytes:
+    """The entries of a pack index for the items under ``keys`` (refused unless each is a
+    digest), each ``lengths`` bytes from ``offsets`` in the pack's blob: one a key, in the
+    order given."""
+    check_digests(keys)
+    raw = bytes.fromhex("".join(keys).replace("blake3:", ""))  # well formed: 32 bytes each
+    raws = map(raw.__getitem__, map(slice, range(0, len(raw), 32), range(32, len(raw) + 32, 32)))
+    return b"".join(itertools.starmap(_ENTRY.pack, zip(raws, offsets, lengths, strict=True)))
 
 
 def decode_pack(pack_id: str, data: bytes, signer: Signer | None) -> PackIndex:
@@ -568,7 +584,7 @@ def keep_packed_joined(
     while first < len(keys):
         # As many items from `first` as fit in a pack; at least one.
         last = max(first + 1, bisect.bisect_right(offsets, offsets[first] + PACK_BYTES) - 1)
-        span = _span(pieces, starts, offsets[first], offsets[last])
+        span = span_of(pieces, starts, offsets[first], offsets[last])
         if last - first == 1:
             home.keep(keys[first], span, codec, fingerprint)
         else:
@@ -586,21 +602,37 @@ def _pack(
 ) -> PackIndex:
     """Keeps the items under ``keys``, whose bytes ``pieces`` hold end to end (``lengths``
     each), as one pack: its blob, then the index that refers to it."""
-    offsets = list(itertools.accumulate(lengths, initial=0))
-    size = offsets.pop()
     with home._keeping() as claims:  # the blob is this keep's until its index is out
         blob = home._put(pieces, claims)
-        created = home._created_after(keys, time.time())
-        pack_id, index = encode_pack(
-            blob, size, codec, fingerprint, created, keys, offsets, lengths, home.signer
-        )
-        table = dict(zip(keys, zip(offsets, lengths, strict=True), strict=True))
-        pack = PackIndex(pack_id, blob, size, codec, fingerprint, created, table)
-        home._publish_index(pack, index)
+        return index_pack(home, blob, keys, lengths, codec, fingerprint)
+
+
+def index_pack(
+    home: _Packing,
+    blob: str,
+    keys: Sequence[str],
+    lengths: Sequence[int],
+    codec: str,
+    fingerprint: str | None,
+    entries: bytes | None = None,
+) -> PackIndex:
+    """Publishes the index of a pack whose blob ``blob`` holds the items under ``keys`` end
+    to end (``lengths`` bytes each; ``entries``, where given, made of them by
+    :func:`pack_entries`); called while the blob is claimed, before a gc of this object
+    may take it."""
+    offsets = list(itertools.accumulate(lengths, initial=0))
+    size = offsets.pop()
+    created = home._created_after(keys, time.time())
+    pack_id, index = encode_pack(
+        blob, size, codec, fingerprint, created, keys, offsets, lengths, home.signer, entries
+    )
+    table = dict(zip(keys, zip(offsets, lengths, strict=True), strict=True))
+    pack = PackIndex(pack_id, blob, size, codec, fingerprint, created, table)
+    home._publish_index(pack, index)
     return pack
 
 
-def _span(pieces: Sequence[Buffer], starts: Sequence[int], begin: int, end: int) -> list[Buffer]:
+def span_of(pieces: Sequence[Buffer], starts: Sequence[int], begin: int, end: int) -> list[Buffer]:
     """Views of the bytes ``begin`` to ``end`` of ``pieces`` joined, where piece ``i``
     begins at ``starts[i]``."""
     out: list[Buffer] = []
@@ -620,5 +652,5 @@ def split_joined(pieces: Sequence[Buffer], lengths: Sequence[int]) -> Iterator[l
     offsets = itertools.accumulate(lengths, initial=0)
     begin = next(offsets)
     for end in offsets:
-        yield _span(pieces, starts, begin, end)
+        yield span_of(pieces, starts, begin, end)
         begin = end

@@ -1,0 +1,180 @@
+"""A directory's joined write: answers given a batch at a time, written as they come.
+
+The row writer gathers a pack's worth of rows (16 MiB, or what a second brings) before
+it keeps them. Held until then and written at once, the last pack of an epoch is all
+still to write when the epoch ends and a flush waits for it; written to ``tmp/`` batch by
+batch, hashed as it is written, a pack is left only to be renamed to its digest's name
+and indexed at the close. Nothing is found by a lookup before that: the blob is published
+by a rename once whole, its index after it, as :func:`~somatize.store.records.keep_packed_joined`
+publishes a pack.
+
+Answers of 1 MiB or more are held and kept at the close as ``keep_joined`` keeps them (on
+their own); a pack that would pass :data:`~somatize.store.records.PACK_BYTES` is closed
+and published where it fills, as ``keep_joined`` cuts one, and a pack of one answer is
+kept as its record.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import itertools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from somatize.store import records
+from somatize.store._local_files import _RUN, LocalFiles
+from somatize.store._packed import hasher_for, steady_runs
+from somatize.store.base import Buffer, JoinedWrite
+from somatize.store.records import PACK_ITEM_BELOW, index_pack, pack_entries, span_of
+
+if TYPE_CHECKING:
+    import io
+
+    import blake3
+
+
+@dataclass
+class _Pack:
+    """A pack being written to ``tmp/``: its file, held by ``stack`` (a gc of the store object
+    leaves it be), what hashes it, its answers' keys, lengths and index entries, and the
+    pieces their bytes came from (a pack of one answer is kept as its record, from them)."""
+
+    stack: contextlib.ExitStack
+    temporary: str
+    out: io.BufferedWriter
+    hasher: blake3.blake3
+    keys: list[str] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    pieces: list[Buffer] = field(default_factory=list)
+    entries: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+    def discard(self) -> None:
+        """Removes the file and lets it go."""
+        with self.stack:
+            with contextlib.suppress(OSError):
+                self.out.close()
+            _remove(self.temporary)
+
+
+class StreamedJoin(JoinedWrite):
+    """A joined write to a directory, each pack written to ``tmp/`` as its answers are
+    added; see the module docstring. An add or a close whose write fails aborts it: the
+    file in ``tmp/`` is removed, and none of the answers not yet published is kept."""
+
+    store: LocalFiles
+
+    def __init__(self, store: LocalFiles, codec: str, fingerprint: str | None) -> None:
+        super().__init__(store, codec, fingerprint)
+        self._pack: _Pack | None = None
+
+    def _taken(self, keys: list[str], pieces: Sequence[Buffer], lengths: list[int]) -> None:
+        if max(lengths, default=0) >= PACK_ITEM_BELOW:
+            super()._taken(keys, pieces, lengths)  # kept at the close, as keep_joined keeps them
+            return
+        offsets = list(itertools.accumulate(lengths, initial=0))
+        starts = list(itertools.accumulate(map(len, pieces), initial=0))
+        first = 0
+        try:
+            while first < len(keys):
+                # As many answers from `first` as the pack has room for.
+                held = self._pack.size if self._pack is not None else 0
+                last = bisect.bisect_right(offsets, offsets[first] + records.PACK_BYTES - held) - 1
+                if last == first:
+                    if self._pack is not None:  # full: published, and the next one begun
+                        self._finish()
+                        continue
+                    last = first + 1  # more than a pack alone: a pack of its own
+                span = span_of(pieces, starts, offsets[first], offsets[last])
+                self._write(keys[first:last], span, lengths[first:last])
+                first = last
+        except BaseException:
+            self.abort()
+            raise
+
+    def _write(self, keys: list[str], pieces: list[Buffer], lengths: list[int]) -> None:
+        """Writes the answers under ``keys`` (their bytes ``pieces``) to the pack in
+        ``tmp/``, begun here if none is."""
+        home = self.store
+        pack = self._pack
+        if pack is None:
+            stack = contextlib.ExitStack()
+            temporary = home._tmp + stack.enter_context(home._in_tmp(".part"))
+            try:
+                out = home._created(temporary)
+            except OSError as why:
+                stack.close()
+                raise home._unwritten(temporary, None, why) from why
+            pack = self._pack = _Pack(stack, temporary, out, hasher_for(pieces))
+        try:
+            for run in steady_runs(pieces, _RUN):  # what is hashed is what is written
+                pack.hasher.update(run)
+                pack.out.write(run)
+        except OSError as why:
+            raise home._unwritten(pack.temporary, None, why) from why
+        offsets = list(itertools.accumulate(lengths, initial=pack.size))
+        pack.entries.append(pack_entries(keys, offsets[:-1], lengths))
+        pack.keys += keys
+        pack.lengths += lengths
+        pack.pieces += pieces
+        pack.size = offsets[-1]
+
+    def _finish(self) -> None:
+        """Publishes the pack written so far: its blob renamed to its digest's name (or
+        left, where that blob is here already), then its index."""
+        home, pack = self.store, self._pack
+        assert pack is not None
+        self._pack = None
+        with pack.stack:
+            try:
+                try:
+                    pack.out.flush()
+                    if home.durable:
+                        os.fsync(pack.out.fileno())
+                finally:
+                    pack.out.close()
+            except OSError as why:
+                raise home._unwritten(pack.temporary, None, why) from why
+            if len(pack.keys) == 1:
+                _remove(pack.temporary)
+                home.keep(pack.keys[0], pack.pieces, self.codec, self.fingerprint)
+                return
+            digest = "blake3:" + pack.hasher.hexdigest()
+            with home._keeping() as claims:  # the blob is this write's until its index is out
+                home._claim(digest, claims)
+                target = home._blob_file(digest)
+                if home._already(target, pack.size, pack.temporary):
+                    _remove(pack.temporary)
+                else:
+                    home._place(pack.temporary, target)
+                    home._note_verified(digest, target)
+                entries = b"".join(pack.entries)
+                index_pack(
+                    home, digest, pack.keys, pack.lengths, self.codec, self.fingerprint, entries
+                )
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        if self._pack is not None:
+            try:
+                self._finish()
+            except BaseException:
+                self.abort()
+                raise
+        super().close()
+
+    def abort(self) -> None:
+        pack, self._pack = self._pack, None
+        if pack is not None:
+            pack.discard()
+        super().abort()
+
+
+def _remove(temporary: str) -> None:
+    """Removes a file of ``tmp/`` this write made, if it is still there."""
+    with contextlib.suppress(OSError):
+        os.unlink(temporary)
