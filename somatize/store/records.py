@@ -432,6 +432,7 @@ def encode_pack(
         "signed": signer is not None,
     }
     if entries is None:
+        check_digests(keys)
         entries = pack_entries(keys, offsets, lengths)
     elif len(entries) != _ENTRY.size * len(keys):
         raise ValueError(f"index entries of {len(entries)} bytes for {len(keys)} keys")
@@ -445,10 +446,9 @@ def encode_pack(
 
 
 def pack_entries(keys: Sequence[str], offsets: Sequence[int], lengths: Sequence[int]) -> bytes:
-    """The entries of a pack index for the items under ``keys`` (refused unless each is a
-    digest), each ``lengths`` bytes from ``offsets`` in the pack's blob: one a key, in the
-    order given."""
-    check_digests(keys)
+    """The entries of a pack index for the items under ``keys`` (each a digest, checked by
+    :func:`check_digests`), each ``lengths`` bytes from ``offsets`` in the pack's blob: one
+    a key, in the order given."""
     raw = bytes.fromhex("".join(keys).replace("blake3:", ""))  # well formed: 32 bytes each
     raws = map(raw.__getitem__, map(slice, range(0, len(raw), 32), range(32, len(raw) + 32, 32)))
     return b"".join(itertools.starmap(_ENTRY.pack, zip(raws, offsets, lengths, strict=True)))
