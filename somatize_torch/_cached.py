@@ -42,7 +42,7 @@ from somatize import CODECS, Graph, Opaque, canonical
 from somatize.codecs import CodecError
 from somatize.plan import declared_again
 from somatize_torch._errors import CachedInputNeedsGrad, WrapError, in_a_transform
-from somatize_torch._modes import outside_compiled
+from somatize_torch._modes import marked_as_needed, outside_compiled
 from somatize_torch._precision import precision_on
 from somatize_torch._settings import _TORCH_OWN, _held_by, _slots_of
 from somatize_torch._values import _NAMESPACES, _NOT_FOLLOWED, _STANDARD, _followed
@@ -122,7 +122,7 @@ class _Cached(nn.Module):
         """The declaration and state the graphs in ``_solos`` were built for."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return _remember(self, *args, **kwargs)
+        return marked_as_needed(_remember)(self, *args, **kwargs)
 
     def bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """``args`` and ``kwargs`` as the arguments in the order of the module's signature:

@@ -85,6 +85,7 @@ __all__ = [
     "Fixed",
     "enter_autocast",
     "enter_inference_mode",
+    "enters_blocks",
     "leave",
     "module_answering",
     "recording",
@@ -155,7 +156,8 @@ def outside_compiled(fn: Callable[..., Any], recursive: bool = True) -> Callable
     torch's compiler, which takes a second, and a program that never calls ``fn`` need
     not pay for it. The mark is torch's own lazy one (``torch._disable_dynamo``), which
     torch.compile skips as it skips ``torch.compiler.disable``; where this torch lacks
-    it, ``fn`` is marked now."""
+    it, ``fn`` is marked now. What it returns is called through :func:`marked_as_needed`,
+    which calls ``fn`` as it is where nothing compiles."""
     lazy = getattr(torch, "_disable_dynamo", None)
     if lazy is None:
         marked: Callable[..., Any] = torch.compiler.disable(fn, recursive=recursive)  # type: ignore[no-untyped-call]
@@ -163,7 +165,25 @@ def outside_compiled(fn: Callable[..., Any], recursive: bool = True) -> Callable
     return lazy(fn, recursive=recursive)  # type: ignore[no-any-return]
 
 
-_compiler_loaded = False
+_COMPILER = "torch._dynamo"
+"""torch's compiler, as ``sys.modules`` names it: until it is there, nothing in the
+process compiles, and no frame is watched by it."""
+
+
+def marked_as_needed(marked: Callable[..., Any]) -> Callable[..., Any]:
+    """What to call for a function :func:`outside_compiled` ``marked``: the mark in
+    compiled code, and wherever torch's compiler is loaded (compiled code may be running
+    around the call); the function itself, as it is, in a process that has not loaded
+    the compiler, where the mark would change nothing but import it (a second, at the
+    first call). Called where the function is, ``marked_as_needed(_remember)(...)``:
+    torch.compile reads ``is_compiling()`` as True, asks nothing more, and meets the
+    mark where it met it before, one graph break in the code it compiles anyway. (Called
+    inside a function of its own, the mark would break that function's code, which
+    torch.compile would then compile on its own, once for each function marked.)"""
+    if torch.compiler.is_compiling() or _COMPILER in sys.modules:
+        return marked
+    plain: Callable[..., Any] = marked.__wrapped__  # type: ignore[attr-defined]
+    return plain
 
 
 def load_compiler() -> None:
@@ -171,10 +191,12 @@ def load_compiler() -> None:
     :func:`outside_compiled` marks does, whole: on a thread of its own, waited for through
     a Ctrl-C, which is raised once it is loaded. The import takes a second, and one a
     Ctrl-C stops halfway leaves ``torch._dynamo`` partly made for the process: every
-    later call of a marked function, every forward, fails on it. Called before the first
-    marked function a call makes; compiled code has it loaded already."""
-    global _compiler_loaded
-    if torch.compiler.is_compiling() or _compiler_loaded:  # compiled code reads no global
+    later call of a marked function, every forward, fails on it. Called before code fx
+    traced first enters a block (:func:`enter_autocast`): fx's code calls what it
+    recorded as it is, marked, where nothing compiles too. Where the compiler is in
+    ``sys.modules`` already, it is loaded, or being loaded by another thread, which a
+    Ctrl-C here does not stop."""
+    if torch.compiler.is_compiling() or _COMPILER in sys.modules:  # compiled code asks no more
         return
     done = _thread.allocate_lock()
     done.acquire()
@@ -198,14 +220,14 @@ def load_compiler() -> None:
             interrupted = True
     if failed:
         raise failed[0]
-    _compiler_loaded = True
     if interrupted:
         raise KeyboardInterrupt
 
 
 # A block is entered in one call and left in another, with a graph break between them
 # wherever a cached node stands: compiled code makes both calls as they are. (torch.compile
-# follows grad mode itself.)
+# follows grad mode itself.) fx's code calls them as it recorded them, marked, in every
+# call: the first loads torch's compiler, compiled or not.
 _as_they_are: Callable[[Callable[..., Any]], Callable[..., Any]] = outside_compiled
 
 
@@ -238,6 +260,14 @@ def switches(code: fx.Graph) -> bool:
     """Whether recorded code switches a mode."""
     switching = (set_grad_enabled, enter_autocast, enter_inference_mode)
     return any(n.op == "call_function" and n.target in switching for n in code.nodes)
+
+
+def enters_blocks(code: fx.Graph) -> bool:
+    """Whether recorded code enters an autocast or inference-mode block: calls functions
+    kept out of compiled code that are called marked even where nothing compiles, fx's
+    code calling them as it recorded them (:func:`load_compiler` says why that matters)."""
+    entering = (enter_autocast, enter_inference_mode)
+    return any(n.op == "call_function" and n.target in entering for n in code.nodes)
 
 
 def unwinding(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

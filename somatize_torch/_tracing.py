@@ -48,7 +48,7 @@ import torch
 from torch import fx, nn
 
 from somatize_torch._errors import NotCalled, Untraceable, WrapError
-from somatize_torch._modes import switches
+from somatize_torch._modes import enters_blocks, switches
 from somatize_torch._parts import _Parts, _Read, hooks_of
 from somatize_torch._split import Traced, _calls, _Split, _split, _traced, identity_asked
 from somatize_torch._values import Noted, Reread, Values
@@ -311,6 +311,7 @@ class Tracing:
         self.read: Noted | None = None
         self.reads: list[_Read] = []
         self.switching = False
+        self.entering = False
         self.first: _Split | None = None
         """The model traced in the mode it was wrapped in, every optional argument given
         (or every one None: :attr:`first_none`): the graph, and the shims every other
@@ -477,7 +478,7 @@ class Tracing:
         through: set[str] = set()
         noted: list[Noted] = []
         reads: list[_Read] = []
-        switching = False
+        switching = entering = False
         made: list[list[tuple[str, Any]]] = []
         for training, attempt in attempts:
             if isinstance(attempt, Untraceable):
@@ -488,6 +489,7 @@ class Tracing:
             through |= went
             noted.append(read)
             switching = switching or switches(traced.graph)
+            entering = entering or enters_blocks(traced.graph)
             same = next((runner for code, runner in done if code.code == traced.code), None)
             if same is not None:
                 runners[training] = same
@@ -509,6 +511,7 @@ class Tracing:
                 self.read.merge(read)
         self.reads += reads
         self.switching = self.switching or switching
+        self.entering = self.entering or entering
         self.runners[key] = runners
         return runners
 
@@ -790,6 +793,7 @@ class Tracing:
         flags = self.through | {one.path for one in read.modes.values()}
         object.__setattr__(wrapped, "_through", tuple(sorted(flags)))
         object.__setattr__(wrapped, "_switches", self.switching)
+        object.__setattr__(wrapped, "_enters", self.entering)
         object.__setattr__(wrapped, "_identity", self.identity)
         traced = (type(model), *(type(module) for module in traced_into.values()))
         object.__setattr__(

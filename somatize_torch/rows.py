@@ -72,7 +72,7 @@ from torch import nn
 from somatize import Graph, Store
 from somatize._threads import ProcessLock
 from somatize.catalog import fingerprint_of, watch_code
-from somatize_torch._modes import load_compiler
+from somatize_torch._modes import marked_as_needed
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
 from somatize_torch._row_ahead import _name_ahead
@@ -400,8 +400,7 @@ class CachedRows(nn.Module):
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
         # Stands for the module it runs: torch's global hooks run with that one.
-        load_compiler()  # before the first function kept out of compiled code
-        return stand_in_call(self, args, kwargs, RowsError)
+        return marked_as_needed(stand_in_call)(self, args, kwargs, RowsError)
 
     def forward(
         self,
@@ -421,7 +420,7 @@ class CachedRows(nn.Module):
             x = x.detach().requires_grad_(x.requires_grad)
         try:
             with self._frozen_for_call():
-                out: torch.Tensor = _remember(self, x, index)
+                out: torch.Tensor = marked_as_needed(_remember)(self, x, index)
         except Unfrozen:
             handler = self.when_unfrozen
             if handler is None or not handler(self):

@@ -100,7 +100,7 @@ from somatize_torch._errors import (
     Untraceable,
     WrapError,
 )
-from somatize_torch._modes import load_compiler, outside_compiled, unwinding
+from somatize_torch._modes import load_compiler, marked_as_needed, outside_compiled, unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
 from somatize_torch._settings import any_global_hooks, global_hooks, stand_in_call
 from somatize_torch._split import identical_at
@@ -204,6 +204,9 @@ class Wrapped(nn.Module):
     _switches: bool = False
     """Whether the code traced switches grad mode, autocast or inference mode, in blocks
     a failed call leaves open."""
+    _enters: bool = False
+    """Whether the code traced enters autocast or inference-mode blocks, whose calls are
+    kept out of compiled code (:func:`somatize_torch._modes.enters_blocks`)."""
     _optional: tuple[tuple[str, int | None, bool], ...] = ()
     """The forward's named arguments, each with its place among the positional ones (None
     for a keyword-only one) and whether it defaults to None: a call that leaves some None
@@ -399,12 +402,10 @@ class _WrappedWhole(Wrapped):
     more with the module standing for it."""
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
-        load_compiler()  # before the first function kept out of compiled code
-        return stand_in_call(self, args, kwargs, WrapError)
+        return marked_as_needed(stand_in_call)(self, args, kwargs, WrapError)
 
 
 def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
-    load_compiler()  # before the first function kept out of compiled code
     tracing = self._tracing
     if tracing is not None and not torch.compiler.is_compiling():
         # Not while another thread traces the model: its modules are in the mode traced.
@@ -491,7 +492,9 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         assert self._tracing is not None and self._tracing.signature is not None
         args, kwargs = _in_order(self._tracing.signature, args, kwargs), {}
     if self._switches:
-        return _unwinding(runner, *args, **kwargs)
+        if self._enters:
+            load_compiler()  # before a block is entered: fx's code calls what enters it marked
+        return marked_as_needed(_unwinding)(runner, *args, **kwargs)
     if tracing is None and any_global_hooks():
         # The model declared whole: torch's global hooks run with it, not once more with
         # the module standing for it in the graph. Compiled, the model's modules are
@@ -682,7 +685,7 @@ def _traced_without(
             "somatize.torch.wrap(model.encoder, frozen=True, cached=True)`), which needs no "
             "tracing"
         )
-    runners: Runners = _trace_eagerly(tracing, none, args, kwargs)
+    runners: Runners = marked_as_needed(_trace_eagerly)(tracing, none, args, kwargs)
     return runners
 
 
