@@ -65,7 +65,8 @@ class Model(nn.Module):
 def test_importing_somatize_torch_leaves_torch_compiler_unloaded() -> None:
     """Importing ``somatize.torch`` loads nothing of torch.compile's (``torch._dynamo``,
     about a second): the functions it keeps out of compiled code are marked at their
-    first call, as the tests below, which compile around them, show they still are."""
+    first call once something compiles, as the tests below, which compile around them,
+    show they still are."""
     shown = (
         "import sys, torch; before = 'torch._dynamo' in sys.modules; import somatize.torch; "
         "print(before, 'torch._dynamo' in sys.modules)"
