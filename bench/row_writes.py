@@ -104,9 +104,8 @@ def compare(root: str, shape: tuple[int, ...], count: int, repeats: int) -> None
             f"({took / count * 1e6:.1f} us a row)"
         )
     close = statistics.median(closes)
-    print(
-        f"  {'... of the joined write, its close':34s} {close * 1e3:8.1f} ms  {close / floor:5.2f}x bound"
-    )
+    closing = "... of the joined write, its close"
+    print(f"  {closing:34s} {close * 1e3:8.1f} ms  {close / floor:5.2f}x bound")
     print(f"  {'bound: the bytes put as one blob':34s} {floor * 1e3:8.1f} ms")
 
 

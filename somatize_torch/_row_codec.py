@@ -22,7 +22,15 @@ from somatize_torch._codec_header import _strides_overflow
 from somatize_torch.codec import TENSOR, _check_bools, inverse_order, row_layout
 from somatize_torch.digest import memory_of
 
-__all__ = ["decode_rows", "empty_rows", "encode_batch", "encode_rows", "laid_out", "row_order"]
+__all__ = [
+    "decode_rows",
+    "empty_rows",
+    "encode_batch",
+    "encode_batch_viewed",
+    "encode_rows",
+    "laid_out",
+    "row_order",
+]
 
 
 def row_order(rows: torch.Tensor) -> list[int] | None:
@@ -91,18 +99,32 @@ def encode_batch(rows: torch.Tensor, order: list[int] | None = None) -> tuple[me
     loop's thread from running meanwhile (a join into ``bytes`` would, as it copies and
     as the kernel hands it fresh pages). Nothing writes into it again, so a store hashes
     and writes it, or views of it, as it is (:class:`_Encoded`)."""
+    buffer, step, _ = encode_batch_viewed(rows, order)
+    return buffer, step
+
+
+def encode_batch_viewed(
+    rows: torch.Tensor, order: list[int] | None = None
+) -> tuple[memoryview, int, torch.Tensor | None]:
+    """:func:`encode_batch`'s buffer and step, and ``rows`` as a tensor viewing that buffer
+    (the same values, laid out as ``rows`` is): what has the buffer holds the rows, and
+    needs no copy of them besides. None where their values cannot be viewed there (a
+    header whose bytes are no whole count of the dtype's), or where there are none."""
     if rows.shape[0] == 0:
-        return memoryview(b""), 0
+        return memoryview(b""), 0, None
     header = _header(rows, order)
     count = rows.shape[0]
     size = rows[0].numel() * rows.element_size()
     step = len(header) + size
     encoded = torch.empty((count, step), dtype=torch.uint8)
     encoded[:, : len(header)] = header
+    viewed = None
     if size:
         data = rows.contiguous().reshape(-1).view(torch.uint8)
         encoded[:, len(header) :] = data.view(count, size)
-    return memory_of(encoded.view(-1), kind=_Encoded), step
+        if len(header) % rows.element_size() == 0:
+            viewed = encoded[:, len(header) :].view(rows.dtype).view(rows.shape)
+    return memory_of(encoded.view(-1), kind=_Encoded), step, viewed
 
 
 _HEADERS: dict[tuple[torch.dtype, tuple[int, ...], tuple[int, ...] | None], torch.Tensor] = {}

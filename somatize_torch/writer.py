@@ -65,7 +65,7 @@ from somatize import Store, canonical
 from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
 from somatize.store import JoinedWrite, StoreFull
-from somatize_torch._row_codec import empty_rows, encode_batch, row_order
+from somatize_torch._row_codec import empty_rows, encode_batch_viewed, row_order
 from somatize_torch.codec import TENSOR, inverse_order
 
 __all__ = ["KEY_BYTES", "WaitsForItself", "WriteFailed", "Writer", "reading", "store_lock"]
@@ -130,6 +130,20 @@ class _Plain:
 
     def release(self) -> None:
         self.event = None
+
+
+class _Encoded:
+    """Rows staged no more: read from the buffer their batch was encoded into, which the
+    tensor viewing it keeps."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.rows = rows
+
+    def wait(self) -> torch.Tensor:
+        return self.rows
+
+    def release(self) -> None:
+        pass
 
 
 def _pool(max_bytes: int) -> Any:
@@ -840,12 +854,19 @@ class _Backlog:
         start = time.perf_counter()
         try:
             # Nothing is done a row at a time here, nor by a store that packs them.
-            batch, step = encode_batch(job.staged.wait(), job.order)
+            batch, step, viewed = encode_batch_viewed(job.staged.wait(), job.order)
             with store_lock(group.store):
                 if group.joined is None:
                     group.joined = group.store.open_joined(TENSOR.name, job.fingerprint)
                 group.joined.add(job.keys, batch, [step] * len(job.keys))
             group.kept[id(job)] = step * len(job.keys)
+            if viewed is not None:
+                # Recalled from the encoded buffer until they are published: the staging
+                # buffer goes back to the pool now, for the next batch, rather than once
+                # the pack is out (a first epoch would page-lock a new one every batch).
+                with self.changed:
+                    staged, job.staged = job.staged, _Encoded(viewed)
+                staged.release()
         except BaseException as why:  # reported at the next forward or flush, never swallowed
             group.failed(why)
         finally:

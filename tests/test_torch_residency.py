@@ -1172,6 +1172,35 @@ def test_the_writer_writes_each_batch_as_it_comes_and_publishes_the_pack_at_the_
     writer.close()
 
 
+def test_a_batch_written_gives_its_staging_buffer_back_and_is_recalled_from_its_encoding(
+    store: Store,
+) -> None:
+    """Once a batch is in the pack being written, its staging buffer goes back to the pool
+    (the next batch of its size takes it, where a first epoch made a new one a batch until
+    the pack was out), and its rows, not yet published, are recalled from the buffer they
+    were encoded into, as they were computed."""
+    writer = Writer(store, linger=60.0)
+    pool = writer._backlog.pool
+    assert pool is not None
+    keys = [f"blake3:{i:064x}" for i in range(6 * 32)]
+    batches = [torch.randn(32, 8, 4).permute(0, 2, 1) for _ in range(6)]  # laid out otherwise
+    written = 0
+    for at, batch in enumerate(batches):
+        writer.submit(keys[at * 32 : (at + 1) * 32], batch)
+        written = _part_grown_past(store, written)
+    assert pool.stats.allocations == 1 and pool.stats.reuses == 5
+    asked = {position: keys[slot] for position, slot in enumerate([40, 3, 191, 100])}
+    found = writer.recall(asked)
+    assert found is not None
+    positions, recalled = found
+    whole = torch.cat(batches)
+    assert torch.equal(recalled, whole[[[40, 3, 191, 100][p] for p in positions]])
+    assert Store(store.root).have(keys) == set()  # type: ignore[attr-defined]
+    assert _within(writer.flush) is None
+    assert Store(store.root).have(keys) == set(keys)  # type: ignore[attr-defined]
+    writer.close()
+
+
 def test_a_batch_that_fails_to_write_fails_every_row_gathered_with_it(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
