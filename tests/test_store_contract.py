@@ -711,14 +711,21 @@ def test_items_kept_joined_fill_packs_of_pack_bytes(
     apart = [f"blake3:{i + 9000:064x}" for i in range(40)]
     values = [b"".join(pieces)[sum(lengths[:at]) :][:length] for at, length in enumerate(lengths)]
     home.keep_many(list(zip(apart, values, strict=True)), "plain")
+    _laid_out_alike(home, keys, apart)
+
+
+def _laid_out_alike(home: Store, keys: list[str], apart: list[str]) -> None:
+    """Asserts that a store opened afresh finds the items under ``keys`` where it finds the
+    same bytes kept another way under ``apart``: in the same blobs at the same offsets,
+    cut into more than five packs."""
     fresh = reopen(home)
-    joined = [fresh.answer(key) for key in keys]
-    many = [fresh.answer(key) for key in apart]
-    assert [(a.value, a.offset, a.size) for a in joined] == [  # type: ignore[union-attr]
+    found = [fresh.answer(key) for key in keys]
+    other = [fresh.answer(key) for key in apart]
+    assert [(a.value, a.offset, a.size) for a in found] == [  # type: ignore[union-attr]
         (a.value, a.offset, a.size)
-        for a in many  # type: ignore[union-attr]
+        for a in other  # type: ignore[union-attr]
     ]
-    assert len({a.value for a in joined}) > 5  # type: ignore[union-attr]
+    assert len({a.value for a in found}) > 5  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -822,14 +829,7 @@ def test_a_joined_write_cuts_packs_as_keep_joined_cuts_them(
         _added(joined, keys, pieces, lengths, [0, 3, 4, 17, 30])
     apart = [f"blake3:{i + 9000:064x}" for i in range(40)]
     home.keep_joined(apart, pieces, lengths, "plain")
-    fresh = reopen(home)
-    added = [fresh.answer(key) for key in keys]
-    at_once = [fresh.answer(key) for key in apart]
-    assert [(a.value, a.offset, a.size) for a in added] == [  # type: ignore[union-attr]
-        (a.value, a.offset, a.size)
-        for a in at_once  # type: ignore[union-attr]
-    ]
-    assert len({a.value for a in added}) > 5  # type: ignore[union-attr]
+    _laid_out_alike(home, keys, apart)
 
 
 def test_a_joined_write_refuses_an_add_as_keep_joined_does_and_goes_on(home: Store) -> None:
