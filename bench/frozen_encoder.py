@@ -32,7 +32,8 @@ alone, epoch 1 (flush included) within 1.15× of recompute.
 
 Epoch 1's line is followed by where its steps' time in the cache went: running the
 module, and the rest (naming rows, looking them up, keeping them); and by the time the
-store writer's thread spent writing its rows, behind the steps and in the flush. ``--profile-first``
+store writer's thread spent writing its rows, behind the steps and in the flush, and the
+staging buffers its pool made for them (page-locked memory on a GPU). ``--profile-first``
 also profiles one more first epoch of each encoder and prints its costliest functions.
 
 With ``--device cuda`` the encoders, the head and the bound's features live on the
@@ -187,6 +188,17 @@ def store_alone(spec_path: str, kinds: list[str]) -> None:
     print(json.dumps({"seconds": seconds, "hit_rates": hit_rates}))
 
 
+def staging_buffers(cached: Any) -> tuple[int, int] | None:
+    """How many staging buffers the writer of ``cached`` made and how many times it reused
+    one, so far (its store's writer pool: page-locked memory on a GPU, each one made a
+    costly call); None where the pool is not built."""
+    writer = cached._writer
+    pool = writer._backlog.pool if writer is not None else None
+    if pool is None:
+        return None
+    return pool.stats.allocations, pool.stats.reuses
+
+
 def run(
     name: str,
     encoder: nn.Module,
@@ -266,6 +278,7 @@ def run_in(
     start = time.perf_counter()
     by_content.flush()
     flushed = time.perf_counter() - start
+    staging = staging_buffers(by_content)
     first = stepped + flushed
     kept_mb = by_content.stats.bytes_kept / 1e6
     first_stats = by_content.stats  # where the steps' time in the cache went
@@ -384,6 +397,12 @@ def run_in(
     line("  ... in its steps, the module ran", first_stats.compute_s)
     line("  ... in its steps, the cache's own work", first_stats.lookup_s)
     line("  ... behind them, the writer's thread", first_stats.write_s)
+    if staging is not None:
+        made, reused = staging
+        print(
+            f"  {'  ... staging buffers made, for rows to write':<48} {made:9d}"
+            f"      ({reused} reused; on a GPU each made is page-locked)"
+        )
     line("epoch 2+, memory tier, by content", memory, "bound", "1.3x")
     if on_host:
         line("  ... fetched ahead", memory_ahead, "bound", "1.3x")
