@@ -138,6 +138,9 @@ class StreamedJoin(JoinedWrite):
                     pack.out.close()
             except OSError as why:
                 raise home._unwritten(pack.temporary, None, why) from why
+            except BaseException:  # stopped (Ctrl-C): nothing of it is left in tmp/
+                _remove(pack.temporary)
+                raise
             if len(pack.keys) == 1:
                 _remove(pack.temporary)
                 home.keep(pack.keys[0], pack.pieces, self.codec, self.fingerprint)
