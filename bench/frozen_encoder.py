@@ -406,7 +406,6 @@ def run_in(
     line("recompute (mean of 2)", recompute)
     line("somatize epoch 1, flush included", first, "recompute", "1.15x")
     line("  ... its steps alone", stepped, "recompute")
-    line("  ... keyed by index instead, flush included", first_index, "recompute", "1.15x")
     line("  ... the flush after them", flushed)
     line("  ... in its steps, the module ran", first_stats.compute_s)
     line("  ... in its steps, the cache's own work", first_stats.lookup_s)
@@ -417,6 +416,7 @@ def run_in(
             f"  {'  ... staging buffers made, for rows to write':<48} {made:9d}"
             f"      ({reused} reused; on a GPU each made is page-locked)"
         )
+    line("  ... keyed by index instead, flush included", first_index, "recompute", "1.15x")
     line("epoch 2+, memory tier, by content", memory, "bound", "1.3x")
     if on_host:
         line("  ... fetched ahead", memory_ahead, "bound", "1.3x")
