@@ -1481,6 +1481,42 @@ def test_on_a_gpu_epoch_two_stays_on_the_device(store: Store) -> None:
     fresh.close()
 
 
+def _staged_rows_recalled(store: Store, device: str) -> None:
+    """Six batches computed on ``device`` by a cache whose writer lingers: once each is in
+    the pack being written, its staging buffer goes back to the pool (one or two made
+    in all), and a batch not yet published is recalled from the writer onto ``device``
+    as it was computed, then from the store by a fresh cache."""
+    cached = cache_rows(mlp().to(device), store, device_bytes=0, host_bytes=0)
+    writer = cached._writer
+    assert writer is not None and writer._backlog.pool is not None
+    writer.linger = 60.0
+    batches = [rows(64, seed=seed).to(device) for seed in range(6)]
+    firsts, written = [], 0
+    for x in batches:
+        firsts.append(cached(x))
+        written = _part_grown_past(store, written)
+    assert writer._backlog.pool.stats.allocations <= 2
+    again = cached(batches[3])
+    assert cached.stats.from_pending == 64 and again.device == firsts[3].device
+    assert torch.equal(again, firsts[3])
+    cached.flush()
+    fresh = cache_rows(mlp().to(device), Store(store.root))  # type: ignore[attr-defined]
+    assert torch.equal(fresh(batches[5]), firsts[5]) and fresh.stats.from_store == 64
+    cached.close()
+    fresh.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_staged_rows_give_their_pinned_buffer_back_and_are_recalled_whole(
+    store: Store,
+) -> None:
+    """On CUDA, rows staged through pinned memory give their buffer back once encoded: a
+    first epoch page-locks one or two, not one a batch; rows not yet published are
+    recalled onto the device whole (:func:`_staged_rows_recalled`)."""
+    _staged_rows_recalled(store, "cuda")
+
+
 class _SlowOnTheDevice(nn.Module):
     """Doubles its rows after keeping the device busy a while: rows copied to the host
     without waiting for it would be read before they are written."""
