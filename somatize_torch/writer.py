@@ -132,7 +132,7 @@ class _Plain:
         self.event = None
 
 
-class _Encoded:
+class _FromEncoding:
     """Rows staged no more: read from the buffer their batch was encoded into, which the
     tensor viewing it keeps."""
 
@@ -865,7 +865,7 @@ class _Backlog:
                 # buffer goes back to the pool now, for the next batch, rather than once
                 # the pack is out (a first epoch would page-lock a new one every batch).
                 with self.changed:
-                    staged, job.staged = job.staged, _Encoded(viewed)
+                    staged, job.staged = job.staged, _FromEncoding(viewed)
                 staged.release()
         except BaseException as why:  # reported at the next forward or flush, never swallowed
             group.failed(why)

@@ -522,18 +522,24 @@ class LocalFiles(PackedHome):
                     raise
                 if here is not None:
                     digest = "blake3:" + here.hexdigest()
-                self._claim(digest, claims)
-                target = self._blob_file(digest)
-                if self._already(target, size, temporary):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(temporary)
-                    return digest
-                self._place(temporary, target)
+                self._place_written(temporary, digest, size, claims)
         finally:  # however it ended (stopped before a byte was written, say), the hash
             if hashed is not None:  # thread takes no more runs; a second None is never read
                 runs.put(None)
-        self._note_verified(digest, target)
         return digest
+
+    def _place_written(self, temporary: str, digest: str, size: int, claims: list[str]) -> None:
+        """Publishes blob ``digest``, written whole to ``temporary`` in ``tmp/`` (``size``
+        bytes), claimed for ``claims``: renamed to its digest's name, or removed where that
+        blob is here already (which is touched, for a gc elsewhere)."""
+        self._claim(digest, claims)
+        target = self._blob_file(digest)
+        if self._already(target, size, temporary):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            return
+        self._place(temporary, target)
+        self._note_verified(digest, target)
 
     def _note_verified(self, digest: str, target: str) -> None:
         """Notes that the blob file at ``target``, just written, holds what ``digest``

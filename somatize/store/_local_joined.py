@@ -147,13 +147,7 @@ class StreamedJoin(JoinedWrite):
                 return
             digest = "blake3:" + pack.hasher.hexdigest()
             with home._keeping() as claims:  # the blob is this write's until its index is out
-                home._claim(digest, claims)
-                target = home._blob_file(digest)
-                if home._already(target, pack.size, pack.temporary):
-                    _remove(pack.temporary)
-                else:
-                    home._place(pack.temporary, target)
-                    home._note_verified(digest, target)
+                home._place_written(pack.temporary, digest, pack.size, claims)
                 entries = b"".join(pack.entries)
                 index_pack(
                     home, digest, pack.keys, pack.lengths, self.codec, self.fingerprint, entries
