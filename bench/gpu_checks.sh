@@ -8,8 +8,9 @@
 #      the head and the bound on the GPU, with one more first epoch of each profiled
 #      (where a step's time goes beside the module);
 #   3. the tests marked `gpu`, which skip elsewhere (native kernels, pinned pool, the
-#      per-row cache's device tier and its writer staging through pinned memory, deferred
-#      inputs loaded onto the device, a wrapped module's answers on its input's device);
+#      per-row cache's device tier and its writer staging through pinned memory, a first
+#      epoch's batches run before their names come back from the device, deferred inputs
+#      loaded onto the device, a wrapped module's answers on its input's device);
 #   4. the rest of those tests' files, where CUDA is present, in the time left.
 #
 # Run from the repository root with a python3 that has a CUDA build of torch, pytest,
@@ -60,7 +61,7 @@ if missing:
     sys.exit(2)
 PY
 failed=0
-files=(tests/test_native_host.py tests/test_torch_residency.py tests/test_torch_deferred.py tests/test_torch_wrap.py)
+files=(tests/test_native_host.py tests/test_torch_residency.py tests/test_torch_run_ahead.py tests/test_torch_deferred.py tests/test_torch_wrap.py)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'
 timeout 150 python3 bench/device_check.py || failed=1

@@ -31,7 +31,7 @@ from somatize_torch._native_env import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["cuda_extension", "device_digest", "device_digest_rows"]
+__all__ = ["cuda_extension", "device_digest", "device_digest_rows", "device_digest_rows_queued"]
 
 _CUDA_HEADERS: Final = ("blake3_tree.h", "blake3_cuda.h", "blake3_kernels.cuh")
 _CUDA_UNITS: Final = ("blake3_cuda.cu", "torch_ops.cpp", "pinned_pool.cpp")
@@ -161,3 +161,20 @@ def device_digest_rows(tensor: torch.Tensor) -> list[bytes] | None:
     out = ext.blake3_digest_rows(flat.reshape(rows, flat.numel() // rows))
     raw = _cpu_bytes(out)
     return [raw[i * DIGEST_SIZE : (i + 1) * DIGEST_SIZE] for i in range(rows)]
+
+
+def device_digest_rows_queued(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The digests of :func:`device_digest_rows` as a CUDA ``uint8`` tensor ``[rows, 32]``,
+    queued on the current stream of the tensor's device and not waited for.
+
+    ``None`` under the same conditions as :func:`device_digest`, and for a batch of no rows.
+    """
+    if not tensor.is_cuda or tensor.dim() == 0 or tensor.shape[0] == 0:
+        return None
+    ext = cuda_extension()
+    if ext is None:
+        return None
+    rows = int(tensor.shape[0])
+    flat = _as_byte_vector(tensor)
+    out: torch.Tensor = ext.blake3_digest_rows_async(flat.reshape(rows, flat.numel() // rows))
+    return out

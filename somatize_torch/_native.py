@@ -24,7 +24,12 @@ inside the functions.
 
 from __future__ import annotations
 
-from somatize_torch._cuda_extension import cuda_extension, device_digest, device_digest_rows
+from somatize_torch._cuda_extension import (
+    cuda_extension,
+    device_digest,
+    device_digest_rows,
+    device_digest_rows_queued,
+)
 from somatize_torch._host_library import (
     build_host_library,
     build_kernel_emulator,
@@ -60,6 +65,7 @@ __all__ = [
     "cuda_extension",
     "device_digest",
     "device_digest_rows",
+    "device_digest_rows_queued",
     "host_digest",
     "host_digest_rows",
     "host_library",

@@ -7,7 +7,9 @@ one gather per tier that holds any — and runs the module only on the rows foun
 nowhere, as one sub-batch, in eval mode and without gradients
 (:mod:`somatize_torch._rowwise`), then puts the output back together in the
 batch's order. The rows it computed go into the nearest memory tier with room
-and, behind the step, into the store.
+and, behind the step, into the store. On a CUDA device, while the cache recalls
+nothing, a batch is run whole before its rows' names come back from the device
+(:func:`_queue_names`), so that the forward does not leave the device idle.
 
 Rows of a :class:`~somatize_torch.deferred.Deferred` are looked for in the store
 once more, ahead of their batches: the first time a keying meets a Deferred, the
@@ -37,9 +39,11 @@ from somatize_torch._row_keys import _Keying, _keying, _row_ids
 from somatize_torch._rowwise import _check_records_none, _compute, _in_eval, _still_keyed
 from somatize_torch.codec import TENSOR
 from somatize_torch.deferred import Deferred, DeferredRows
+from somatize_torch.digest import RowsQueued, raw_rows_queued
 from somatize_torch.freeze import check_still, outside_level
 
 if TYPE_CHECKING:
+    from somatize_torch._state import StateWatch
     from somatize_torch.rows import CachedRows
 
 log = logging.getLogger("somatize.torch")
@@ -81,7 +85,16 @@ def _recall_or_run(
     tag = keying.tag
     if isinstance(x, DeferredRows) and self.store is not None:
         _seed(self, x, keying)
-    ids = _row_ids(self, x, index)
+    ran_s = 0.0  # the module's time on this batch
+    ahead: torch.Tensor | None = None  # the whole batch's answer, run before it was named
+    queued = _queue_names(x) if self._cold and self.key_mode == "content" else None
+    if queued is not None:
+        began = time.perf_counter()
+        ahead = _run(self, x, list(range(queued.rows)), keying, watch)
+        ran_s = time.perf_counter() - began
+        ids = queued.result()
+    else:
+        ids = _row_ids(self, x, index)
     near = [(tag, row) for row in ids]
     count = len(near)
     if count == 0:
@@ -105,7 +118,7 @@ def _recall_or_run(
             positions = rest
     if positions is None:
         positions = list(range(count))
-    computed = 0.0
+    computed = ran_s
     keys: dict[int, str] = {}
 
     def keyed(positions: list[int]) -> dict[int, str]:
@@ -150,19 +163,18 @@ def _recall_or_run(
         for p in positions:
             first.setdefault(near[p], p)
         once = list(first.values())  # a row that is in the batch twice runs once
-        # Unless it is the only row to run and the module is not yet known to answer each
-        # row alone: run once, it would go unchecked (`_rowwise`), and a module that mixes
-        # rows would answer it as it answers a batch of one, not of the copies it was given.
-        run = positions if len(once) == 1 and not keying.rowwise else once
-        rows = _compute(self, x, run, keying, watch)
-        if not _in_eval(self):
-            # A part put in train mode as the module ran (by another thread): its rows may be
-            # train mode's (a dropout drawing). Computed again, the part warned of and put
-            # back in eval first (`_compute`), and kept only if none moved meanwhile.
-            rows = _compute(self, x, run, keying, watch)
-        if run is not once:
-            rows = rows[:1]  # the copies' answers are the first one's, checked
-        computed = time.perf_counter() - began
+        if ahead is not None:
+            rows = ahead if len(once) == count else ahead[_index(once, ahead.device)]
+        else:
+            # Unless it is the only row to run and the module is not yet known to answer
+            # each row alone: run once, it would go unchecked (`_rowwise`), and a module
+            # that mixes rows would answer it as it answers a batch of one, not of the
+            # copies it was given.
+            run = positions if len(once) == 1 and not keying.rowwise else once
+            rows = _run(self, x, run, keying, watch)
+            if run is not once:
+                rows = rows[:1]  # the copies' answers are the first one's, checked
+        computed += time.perf_counter() - began
         with self._tiers_lock:  # what a batch answered from memory is laid out as
             orders[(rows.shape[1:], rows.dtype)] = row_order(rows)
         if _still_keyed(self, watch):
@@ -193,9 +205,53 @@ def _recall_or_run(
         into["batches"] += 1
         into["rows"] += count
         into["computed"] += len(positions)  # rows of the batch answered by running
+        into["ran_ahead"] += count if ahead is not None else 0
+        # Nothing recalled: the next batch on a device is run before its rows are named.
+        cold = not any(counts[tier] for tier in ("device", "host", "pending", "store"))
+        if cold != self._cold:
+            self._cold = cold
         into["compute_s"] += computed
         into["lookup_s"] += time.perf_counter() - start - computed
     return out
+
+
+def _run(
+    self: CachedRows,
+    x: torch.Tensor | DeferredRows,
+    positions: list[int],
+    keying: _Keying,
+    watch: StateWatch | None,
+) -> torch.Tensor:
+    """The module's answer on the rows of ``x`` at ``positions``, run in eval mode."""
+    rows = _compute(self, x, positions, keying, watch)
+    if not _in_eval(self):
+        # A part put in train mode as the module ran (by another thread): its rows may be
+        # train mode's (a dropout drawing). Computed again, the part warned of and put
+        # back in eval first (`_compute`), and kept only if none moved meanwhile.
+        rows = _compute(self, x, positions, keying, watch)
+    return rows
+
+
+def _queue_names(x: torch.Tensor | DeferredRows) -> RowsQueued | None:
+    """The content names of ``x``'s rows, queued where naming would wait for its device;
+    None where the rows are named at once.
+
+    Named on a CUDA device, a batch's rows are known to the host only once the device has
+    done all the work queued before the digests: the last step's. A forward that names
+    its rows first therefore waits for the device at every batch, and the device waits
+    for the forward's lookup before it has the batch's run queued — where a loop that
+    recomputes queues each batch while the device still runs the one before. While the
+    cache recalls nothing (a first epoch), a batch is thus run whole behind its queued
+    names, and looked up once they come (:func:`_recall_or_run`): rows found after all
+    are recalled, their run spent for nothing, and from then on rows are named first."""
+    if not isinstance(x, torch.Tensor):
+        return None
+    return raw_rows_queued(x)
+
+
+def _index(positions: list[int], device: torch.device) -> torch.Tensor:
+    """``positions`` as an index on ``device``, copied without waiting for the device."""
+    return torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True)
 
 
 def _refuse_unkeepable(self: CachedRows, refused: StoreError, missing: int, count: int) -> NoReturn:

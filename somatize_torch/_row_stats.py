@@ -28,7 +28,9 @@ class RowStats:
     ``bytes_kept`` and ``rows_kept`` count what the background writer has written to the
     store so far; ``rows_unread`` counts rows the store had but could not hand over
     (damaged, gone since it was asked, or a read that failed), or could not say whether
-    it had (its lookup failed), computed again instead;
+    it had (its lookup failed), computed again instead; ``ran_ahead`` counts rows of
+    batches the module ran whole before their rows were named, on a CUDA device while the
+    cache recalled nothing (those found known after all are counted as recalled too);
     ``lookup_s`` is the time spent keying rows and finding them (not
     computing them), ``compute_s`` the time the module ran, and ``write_s`` the time the
     background writer spent writing its rows to the store, behind the steps (a write
@@ -46,6 +48,7 @@ class RowStats:
     bytes_kept: int = 0
     rows_failed: int = 0
     rows_unread: int = 0
+    ran_ahead: int = 0
     lookup_s: float = 0.0
     compute_s: float = 0.0
     write_s: float = 0.0
@@ -77,6 +80,7 @@ _COUNTED = (
     "unread",
     "lookup_s",
     "compute_s",
+    "ran_ahead",
 )
 
 
@@ -120,6 +124,7 @@ def _stats_of(
         bytes_kept=int(kept[1]),
         rows_failed=int(kept[2]),
         rows_unread=int(c["unread"]),
+        ran_ahead=int(c["ran_ahead"]),
         lookup_s=c["lookup_s"],
         compute_s=c["compute_s"],
         write_s=kept[3],

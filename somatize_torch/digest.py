@@ -50,11 +50,13 @@ import torch
 from somatize import canonical
 from somatize._threads import hash_threads, process_pool
 from somatize_torch import _native
+from somatize_torch._cuda_extension import _as_byte_vector
 
 __all__ = [
     "DIGEST_VERSION",
     "DTYPES",
     "RowsLater",
+    "RowsQueued",
     "check_batch",
     "digest_named",
     "digest_rows",
@@ -65,6 +67,7 @@ __all__ = [
     "raw_digest",
     "raw_rows",
     "raw_rows_later",
+    "raw_rows_queued",
     "row_digest",
     "row_header",
 ]
@@ -396,6 +399,56 @@ def raw_rows_later(tensor: torch.Tensor) -> RowsLater | None:
     size = view.nbytes // rows if rows else 0
     later._future = process_pool("somatize-rows", 1).submit(_hash_span, view, size, 0, rows)
     return later
+
+
+class RowsQueued:
+    """The raw digests of a CUDA batch's rows (:func:`raw_rows`), queued on the device and
+    on their way to the host; :meth:`result` waits for them alone. Made by
+    :func:`raw_rows_queued`."""
+
+    __slots__ = ("_digested", "_done", "_host", "rows")
+
+    def __init__(self, host: torch.Tensor, digested: bool, done: torch.cuda.Event) -> None:
+        self._host = host  # page-locked: the digests, or the rows' bytes where none was had
+        self._digested = digested
+        self._done = done
+        self.rows = int(host.shape[0])
+        """How many rows the batch has."""
+
+    def result(self) -> list[bytes]:
+        """The rows' raw digests, once the device has made them (or copied the rows' bytes,
+        hashed here then): not waiting for the work queued on its stream after them."""
+        self._done.synchronize()
+        if self._digested:
+            return _split(bytes(memory_of(self._host)), self.rows)
+        return raw_rows(self._host)
+
+
+def raw_rows_queued(tensor: torch.Tensor) -> RowsQueued | None:
+    """Queues :func:`raw_rows` of a CUDA batch on its device's current stream and returns
+    at once; None for a batch elsewhere, or of no rows. A batch whose rows cannot be
+    digested is refused as :func:`raw_rows` refuses it.
+
+    The digests (without the CUDA extension, the rows' bytes, hashed on the host at
+    :meth:`RowsQueued.result`) are copied into page-locked memory behind it, and an event
+    marks the copy's end. Work queued on the stream afterwards — the module's run on the
+    batch — neither delays the result nor changes what is digested, even if it writes
+    into the batch: the stream runs it after the digests are taken. That is what lets a
+    caller queue a batch's computation before it knows the batch's names."""
+    if tensor.device.type != "cuda" or tensor.dim() == 0 or tensor.shape[0] == 0:
+        return None
+    check_batch(tensor)
+    found = _native.device_digest_rows_queued(tensor)
+    digested = found is not None
+    if found is None:
+        rows = int(tensor.shape[0])
+        flat = _as_byte_vector(tensor)
+        found = flat.reshape(rows, flat.numel() // rows)
+    host = torch.empty(found.shape, dtype=torch.uint8, pin_memory=True)
+    host.copy_(found, non_blocking=True)
+    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    done.record(torch.cuda.current_stream(tensor.device))
+    return RowsQueued(host, digested, done)
 
 
 def row_header(tensor: torch.Tensor) -> bytes:

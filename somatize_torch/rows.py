@@ -213,6 +213,9 @@ class CachedRows(nn.Module):
         self.keyed_anew = 0
         self._counts = dict.fromkeys(_COUNTED, 0.0)
         self._kept_base: Written = (0, 0, 0, 0.0)
+        # Whether the last forward recalled nothing: then a batch on a CUDA device is run
+        # before its rows' names come back from it (`_row_lookup._queue_names`).
+        self._cold = False
         # Batches whose rows were named ahead of their forward (see `name_ahead`), by id.
         self._named: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], RowsLater]]
         self._named = {}
