@@ -2431,3 +2431,42 @@ def test_a_part_put_in_train_mode_as_the_module_runs_answers_and_keeps_no_train_
     cached.flush()
     assert torch.equal(cache_rows(module, Store(store.root))(x), expected(module, x))
     cached.close()
+
+
+class _DoublesInPlace(nn.Module):
+    """Doubles its batch in place, as its first part's answer."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(2)
+
+
+def test_a_batch_written_by_its_module_is_not_run_again_on_what_it_wrote(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part put in train mode by another thread while the module runs a batch has the
+    batch run again; a module that wrote into the batch it was handed as it ran would run
+    again on what it wrote. That is refused, and nothing is kept: an answer for the
+    doubled batch is not the answer for the batch the cache was handed."""
+    torch.manual_seed(0)
+    module = nn.Sequential(_DoublesInPlace(), nn.Linear(6, 64), nn.Dropout(0.5))
+    plain = nn.Linear.forward
+    armed: list[bool] = []
+
+    @functools.wraps(plain)
+    def forward(self: nn.Linear, x: torch.Tensor) -> Any:
+        if armed and armed.pop():  # once, between the check of the modes and the dropout
+            other = threading.Thread(target=module[2].train)
+            other.start()
+            other.join()
+        return plain(self, x)
+
+    monkeypatch.setattr(nn.Linear, "forward", forward)
+    cached = cache_rows(module, store)
+    cached(torch.randn(4, 6))
+    x = torch.randn(8, 6)
+    armed.append(True)
+    with pytest.raises(RowsError, match="wrote into the batch"):
+        cached(x)
+    cached.flush()
+    assert cached.stats.rows_kept == 4
+    cached.close()
