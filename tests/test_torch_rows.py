@@ -2395,6 +2395,25 @@ def test_a_part_that_keeps_its_mode_elsewhere_put_in_train_mode_warns(store: Sto
     cached.close()
 
 
+def _train_mode_mid_run(monkeypatch: pytest.MonkeyPatch, part: nn.Module) -> list[bool]:
+    """Has ``nn.Linear``'s forward put ``part`` in train mode from another thread, once, at
+    its first call after ``True`` is put in the list returned: between the cache's check
+    of the modes and a part after the layer (a Dropout)."""
+    plain = nn.Linear.forward
+    armed: list[bool] = []
+
+    @functools.wraps(plain)
+    def forward(self: nn.Linear, x: torch.Tensor) -> Any:
+        if armed and armed.pop():
+            other = threading.Thread(target=part.train)
+            other.start()
+            other.join()
+        return plain(self, x)
+
+    monkeypatch.setattr(nn.Linear, "forward", forward)
+    return armed
+
+
 @pytest.mark.parametrize("first", [True, False], ids=["first rows", "later rows"])
 def test_a_part_put_in_train_mode_as_the_module_runs_answers_and_keeps_no_train_rows(
     store: Store, monkeypatch: pytest.MonkeyPatch, first: bool
@@ -2406,18 +2425,7 @@ def test_a_part_put_in_train_mode_as_the_module_runs_answers_and_keeps_no_train_
     computed in train mode are neither answered, kept, nor taken for rows mixed."""
     torch.manual_seed(0)
     module = nn.Sequential(nn.Linear(6, 64), nn.Dropout(0.5))
-    plain = nn.Linear.forward
-    armed: list[bool] = []
-
-    @functools.wraps(plain)
-    def forward(self: nn.Linear, x: torch.Tensor) -> Any:
-        if armed and armed.pop():  # once, between the check of the modes and the dropout
-            other = threading.Thread(target=module[1].train)
-            other.start()
-            other.join()
-        return plain(self, x)
-
-    monkeypatch.setattr(nn.Linear, "forward", forward)
+    armed = _train_mode_mid_run(monkeypatch, module[1])
     cached = cache_rows(module, store)
     if not first:
         cached(torch.randn(4, 6))
@@ -2449,18 +2457,7 @@ def test_a_batch_written_by_its_module_is_not_run_again_on_what_it_wrote(
     doubled batch is not the answer for the batch the cache was handed."""
     torch.manual_seed(0)
     module = nn.Sequential(_DoublesInPlace(), nn.Linear(6, 64), nn.Dropout(0.5))
-    plain = nn.Linear.forward
-    armed: list[bool] = []
-
-    @functools.wraps(plain)
-    def forward(self: nn.Linear, x: torch.Tensor) -> Any:
-        if armed and armed.pop():  # once, between the check of the modes and the dropout
-            other = threading.Thread(target=module[2].train)
-            other.start()
-            other.join()
-        return plain(self, x)
-
-    monkeypatch.setattr(nn.Linear, "forward", forward)
+    armed = _train_mode_mid_run(monkeypatch, module[2])
     cached = cache_rows(module, store)
     cached(torch.randn(4, 6))
     x = torch.randn(8, 6)
