@@ -120,6 +120,14 @@ def _as_byte_vector(tensor: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def _byte_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of a batch of at least one row as a contiguous 2-D ``uint8`` tensor, one
+    row of bytes per ``tensor[i]``."""
+    flat = _as_byte_vector(tensor)
+    rows = int(tensor.shape[0])
+    return flat.reshape(rows, flat.numel() // rows)
+
+
 def _cpu_bytes(tensor: torch.Tensor) -> bytes:
     try:
         return bytes(tensor.contiguous().numpy().tobytes())
@@ -157,8 +165,7 @@ def device_digest_rows(tensor: torch.Tensor) -> list[bytes] | None:
     rows = int(tensor.shape[0])
     if rows == 0:
         return []
-    flat = _as_byte_vector(tensor)
-    out = ext.blake3_digest_rows(flat.reshape(rows, flat.numel() // rows))
+    out = ext.blake3_digest_rows(_byte_rows(tensor))
     raw = _cpu_bytes(out)
     return [raw[i * DIGEST_SIZE : (i + 1) * DIGEST_SIZE] for i in range(rows)]
 
@@ -174,7 +181,5 @@ def device_digest_rows_queued(tensor: torch.Tensor) -> torch.Tensor | None:
     ext = cuda_extension()
     if ext is None:
         return None
-    rows = int(tensor.shape[0])
-    flat = _as_byte_vector(tensor)
-    out: torch.Tensor = ext.blake3_digest_rows_async(flat.reshape(rows, flat.numel() // rows))
+    out: torch.Tensor = ext.blake3_digest_rows_async(_byte_rows(tensor))
     return out

@@ -50,7 +50,7 @@ import torch
 from somatize import canonical
 from somatize._threads import hash_threads, process_pool
 from somatize_torch import _native
-from somatize_torch._cuda_extension import _as_byte_vector
+from somatize_torch._cuda_extension import _byte_rows
 
 __all__ = [
     "DIGEST_VERSION",
@@ -441,9 +441,7 @@ def raw_rows_queued(tensor: torch.Tensor) -> RowsQueued | None:
     found = _native.device_digest_rows_queued(tensor)
     digested = found is not None
     if found is None:
-        rows = int(tensor.shape[0])
-        flat = _as_byte_vector(tensor)
-        found = flat.reshape(rows, flat.numel() // rows)
+        found = _byte_rows(tensor)
     host = torch.empty(found.shape, dtype=torch.uint8, pin_memory=True)
     host.copy_(found, non_blocking=True)
     done = torch.cuda.Event()  # type: ignore[no-untyped-call]
