@@ -79,7 +79,9 @@ def _check_records_none(self: CachedRows, x: torch.Tensor, keying: _Keying) -> N
         return
     module = self.module
     check_still(type(module).__name__, module)
-    row = x[:1].detach().requires_grad_()
+    # A copy: a module that writes into its input (centring it in place) would otherwise
+    # write into the batch's first row before it is named and run with the rest.
+    row = x[:1].detach().clone().requires_grad_()
     try:
         with torch.no_grad():
             out = module(row)

@@ -1226,6 +1226,42 @@ def test_an_input_that_requires_grad_is_taken_where_no_gradient_flows(
     cached.close()
 
 
+class _CentredInPlace(nn.Module):
+    """Centres its batch in place (as ``Normalize(inplace=True)`` does), then projects it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x.sub_(1.0))
+        return out
+
+
+def test_a_batch_that_requires_grad_is_answered_once_by_a_module_that_writes_into_it(
+    store: Store,
+) -> None:
+    """A batch that requires grad, taken under ``torch.no_grad()``, has its first row run
+    once to see that the module records no gradient: a module that writes into its input
+    (centring it in place) writes into a copy of that row there, so the row is named and
+    answered as the batch was handed, and written by the module once, as uncached."""
+    module = _CentredInPlace()
+    trained = nn.Parameter(torch.ones(()))
+    data = torch.randn(3, 4)
+    x = data * trained
+    with torch.no_grad():
+        truth = module.linear(data - 1.0)
+        out = cache_rows(module, store)(x)
+    assert torch.allclose(out, truth, atol=1e-6)
+    assert torch.equal(x.detach(), data - 1.0)  # written into once, as the module does
+    cached = cache_rows(_CentredInPlace(), store)  # another cache over the same store
+    with torch.no_grad():
+        again = cached(data.clone())
+    assert torch.allclose(again, truth, atol=1e-6)
+    cached.close()
+
+
 class _GradsInside(nn.Module):
     """A module that turns gradients back on inside its forward (as one answering with a
     gradient of its input does)."""
