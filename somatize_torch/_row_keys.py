@@ -246,8 +246,12 @@ _KEYS_AT_ONCE = 4
 
 
 @_one_at_a_time
-def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> _Keying:
-    """How rows of ``x`` are keyed now: the key prefix for the precision they run in."""
+def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> tuple[_Keying, StateWatch | None]:
+    """How rows of ``x`` are keyed now: the key prefix for the precision they run in, and
+    the watch of the weights it was derived from. The two are read in one hold of the
+    lock: another thread settling weights loaded since, between the two reads, would
+    have rows keyed under the weights before taken as computed under the watch of those
+    after, and kept under the wrong keys."""
     _code_as_cached(self)
     _settle(self)
     version = self.version
@@ -290,7 +294,7 @@ def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> _Keying:
         header = row_header(x) if by_content and isinstance(x, torch.Tensor) else b""
         found = _Keying(prefix, number, version, header, dtype, self._key_room)
         self._keyings[tag] = found
-    return found
+    return found, self._watch
 
 
 def _lend_version(self: CachedRows, source: str, version: str) -> None:

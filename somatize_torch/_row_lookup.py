@@ -77,8 +77,9 @@ def _recall_or_run(
     # computed from inputs laid out as this one.
     with self._tiers_lock:
         orders = self._orders.setdefault(_layout_of(x), {})
-    keying = _keying(self, x)  # a part put in since is held in eval with the rest
-    watch = self._watch  # the weights the rows are keyed under, watched
+    # A part put in since is held in eval with the rest; `watch` watches the weights the
+    # rows are keyed under.
+    keying, watch = _keying(self, x)
     _check_still(self)
     if isinstance(x, torch.Tensor) and x.requires_grad:  # taken where none is recorded
         _check_records_none(self, x, keying)

@@ -396,7 +396,7 @@ class CachedRows(nn.Module):
     ) -> list[str]:
         """The store key of each row of ``x`` as this module, in its precision now, answers it."""
         with self._frozen_for_call():
-            keying = _keying(self, x)
+            keying, _ = _keying(self, x)
             return [keying.key(row) for row in _row_ids(self, x, index)]
 
     # -- forward

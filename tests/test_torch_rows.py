@@ -23,7 +23,7 @@ from somatize import Store
 from somatize.engine import Drifted
 from somatize.keys import node_key, node_prefix
 from somatize.store import StoreError
-from somatize_torch import _row_keys
+from somatize_torch import _row_keys, _row_lookup
 from somatize_torch._native import host_library
 from somatize_torch.deferred import Deferred
 from somatize_torch.digest import digest_rows
@@ -1537,6 +1537,46 @@ def test_rows_computed_while_the_weights_change_are_answered_and_not_kept(
     module.lin.weight.detach().copy_(weights)  # back to the weights the rows were keyed under
     assert torch.equal(cached(x), expected(module, x))
     assert cached.stats.computed == 2 + 4 + 4
+    cached.close()
+    fresh = cache_rows(module, Store(tmp_path / "store"))
+    assert torch.equal(fresh(x), expected(module, x))
+    fresh.close()
+
+
+def test_rows_keyed_before_another_thread_keys_new_weights_are_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forward whose rows were keyed under the weights before, when another thread loads
+    a checkpoint and runs a forward that keys rows under it before the first goes on, runs
+    its rows with the new weights: they are answered and kept nowhere, or they would be
+    recalled, from memory and the store, as the old weights' once those are loaded
+    back."""
+    module = Midway()
+    cached = cache_rows(module, Store(tmp_path / "store"))
+    cached(torch.randn(2, 4))  # keyed and checked
+    weights = module.lin.weight.detach().clone()
+    keying = _row_lookup._keying
+    meanwhile: list[Callable[[], Any]] = []
+
+    def keyed_then_meanwhile(cache: CachedRows, x: Any) -> Any:
+        keyed = keying(cache, x)
+        if meanwhile:
+            meanwhile.pop()()
+        return keyed
+
+    def reloaded() -> None:
+        module.lin.weight.detach().mul_(2)  # a checkpoint loaded
+        other = threading.Thread(target=cached, args=(torch.randn(3, 4),))
+        other.start()
+        other.join()
+
+    monkeypatch.setattr(_row_lookup, "_keying", keyed_then_meanwhile)
+    x = torch.randn(4, 4)
+    meanwhile.append(reloaded)
+    assert torch.equal(cached(x), expected(module, x))  # as the weights answer now
+    module.lin.weight.detach().copy_(weights)  # back to the weights the rows were keyed under
+    assert torch.equal(cached(x), expected(module, x))
+    assert cached.stats.computed == 2 + 3 + 4 + 4
     cached.close()
     fresh = cache_rows(module, Store(tmp_path / "store"))
     assert torch.equal(fresh(x), expected(module, x))
