@@ -281,7 +281,9 @@ def _difference(a: torch.Tensor, b: torch.Tensor) -> float:
             return math.inf
         a, b = a.where(finite, 0), b.where(finite, 0)
     if a.is_complex():
-        a, b = torch.view_as_real(a), torch.view_as_real(b)
+        # A conjugate view (`.conj()`) holds the unconjugated values, which view_as_real
+        # refuses to read as its values: they are made first.
+        a, b = torch.view_as_real(a.resolve_conj()), torch.view_as_real(b.resolve_conj())
     a, b = a.double(), b.double()
     # Scaled by the largest magnitude first, so that neither the norms nor the difference
     # overflow (or vanish) for values far from 1.

@@ -1383,6 +1383,31 @@ def test_float8_rows_are_checked_kept_and_recalled(store: Store, dtype: torch.dt
         cache_rows(nn.Sequential(CumulativeSum(), AsDtype(dtype)))(x)
 
 
+class Conjugated(nn.Module):
+    """Answers the conjugate of each row's spectrum: a conjugate view, as `.conj()` makes
+    one, whose bytes are the spectrum's own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.fft(x).conj()
+
+
+def test_rows_answered_as_a_conjugate_view_are_checked_kept_and_recalled(store: Store) -> None:
+    """Complex rows a module answers as a lazy conjugate (`.conj()`) are compared by the
+    check that each row is answered alone as the values they stand for, then kept and
+    recalled as those values, by a fresh cache over the store too; a module mixing its
+    rows is still refused."""
+    x = torch.randn(5, 8)
+    cached = cache_rows(Conjugated(), store)
+    out = cached(x)
+    assert torch.equal(out, expected(Conjugated(), x))
+    cached.close()
+    fresh = cache_rows(Conjugated(), store)
+    assert torch.equal(fresh(x), out) and fresh.stats.recalled == 5
+    mixing = nn.Sequential(CumulativeSum(), Conjugated())
+    with pytest.raises(NotRowwise, match="last of 5 rows, run again on its own"):
+        cache_rows(mixing)(x)
+
+
 class Magnitudes(nn.Module):
     """Answers each value's magnitude, times 100, in a given dtype (an unsigned one too)."""
 
