@@ -38,10 +38,11 @@ from somatize._record import (
     fact_named,
     failed_as,
 )
+from somatize.canonical import NotCanonical
 from somatize.catalog import fingerprint_of, own_state
 from somatize.codecs import CODECS, Unreadable
 from somatize.errors import SomatizeError
-from somatize.keys import item_key
+from somatize.keys import item_key, root_key
 from somatize.node import Context, running_here
 from somatize.plan import Plan, changed_code, item_keys_from
 from somatize.store import Corrupt, Missing
@@ -81,6 +82,8 @@ class _Run:
         """The nodes whose answers this forward hands back (``outputs=``)."""
         self.running: frozenset[str] | None = None
         """The nodes this forward runs, once planned; None for all of them."""
+        self.read_input: list[str] = []
+        """The nodes that read the graph's input, in the order they were handed it."""
         self.values: dict[str, Any] = {}
         self.loaded: dict[str, Any] = {}
         self.drift: dict[str, tuple[str | None, str]] = {}
@@ -234,6 +237,34 @@ class _Run:
         )
 
     # -- running ------------------------------------------------------------------------------
+
+    def reads_input(self, plan: Plan, node: str, x: Any) -> None:
+        """Notes that ``node`` is handed the graph's input ``x``. A keyed node handed it after
+        another node was, when it no longer keys as it did (that node wrote into it as it ran:
+        sorted a list in place, popped from a dict), fails rather than compute from it what
+        would be kept under the key of the input as it was handed in, and recalled for it.
+        Keyed again only then: the first node handed the input reads it as it was keyed, and
+        what a node computes from an input it writes into itself is its answer to it."""
+        before = self.read_input
+        if before and plan.root is not None and node in plan.static.prefix:
+            try:
+                moved = root_key(x) != plan.root
+            except NotCanonical:  # something with no canonical form was written into it
+                moved = True
+            if moved:
+                named = ", ".join(f"`{n}`" for n in before)
+                who = named if len(before) == 1 else f"one of {named}"
+                raise self.unusable(
+                    node,
+                    ValueError(
+                        f"is handed the graph's input after {named}, and it is no longer the "
+                        f"input it was keyed as: {who} wrote into it as it ran. What "
+                        f"`{node}` computed from it would be kept, and recalled, as the answer "
+                        "to the input as it was handed in. Have a node that writes into its "
+                        "input work on a copy of it (`sorted(x)`, `dict(x)`, `x.copy()`)"
+                    ),
+                )
+        before.append(node)
 
     def call(self, node: str, inputs: Sequence[Any], ctx: Context) -> Any:
         implementation = self.graph.node(node)

@@ -49,6 +49,10 @@ goes on to the caller. Where the store can tell before anything runs that it
 would refuse it (a bucket that does not exist, a directory gone or read-only),
 a forward that would keep an answer raises that error before any node runs,
 rather than compute what it would lose.
+A keyed node handed the graph's input after another node was has it keyed again first:
+one that no longer keys as it did (the node before wrote into it as it ran, sorting a
+list in place) has the keyed node ``failed``, with :class:`NodeFailed` saying why, rather
+than compute from it what would be kept as the answer to the input handed in.
 An answer computed while a node's code was changed (a method set on its class by
 another thread as the forward ran) is not kept, and says no ``kept``: it may be the
 new code's, and would be kept with the old code's fingerprint.
@@ -123,7 +127,7 @@ def _recalled(state: _Run, plan: Plan, node: str, stacklevel: int = 4) -> None:
         state.drifted(node, plan.keys.get(node), stacklevel)
 
 
-def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
+def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -> None:
     """The forward's loop when a broker runs placed nodes: each node starts as soon as
     what it reads is there. A placed node is submitted to its worker (``broker.submit``)
     and the loop moves on, so independent branches on different workers run at the same
@@ -154,6 +158,8 @@ def _flow(state: _Run, plan: Plan, value_of: Any, store: Store | None) -> None:
                 if node not in running:
                     state.emit({"fact": "spared", "node": node})
                     continue
+                if not preds:
+                    state.reads_input(plan, node, x)
                 inputs = [values[p] for p in preds] if preds else [value_of]
                 worker = placement.worker_of(node)
                 ctx = Context(name=node, key=plan.keys.get(node), worker=worker, store=store)
@@ -388,7 +394,7 @@ def run(
         values = state.values
         placement = graph.placement
         if broker is not None and len(placement):
-            _flow(state, plan, value_of, store)
+            _flow(state, plan, x, value_of, store)
         else:
             for node in static.order:
                 if node in recalled:
@@ -398,6 +404,8 @@ def run(
                     state.emit({"fact": "spared", "node": node})
                     continue
                 preds = static.preds[node]
+                if not preds:
+                    state.reads_input(plan, node, x)
                 inputs = [values[p] for p in preds] if preds else [value_of]
                 # No worker runs it: with no broker `.at()` is ignored, and it runs here.
                 ctx = Context(name=node, key=plan.keys.get(node), store=store)

@@ -188,6 +188,7 @@ class Plan:
         "keys",
         "recall",
         "recalled",
+        "root",
         "run",
         "running",
         "spared",
@@ -197,6 +198,8 @@ class Plan:
     def __init__(self, static: Static) -> None:
         self.static = static
         self.keys: dict[str, str] = {}
+        self.root: str | None = None
+        """The key of the input, when a keyed node reads it."""
         self.items: dict[str, list[str]] = {}
         """Item keys of mapped keyed nodes known before running (not the late ones)."""
         self.have: set[str] = set()
@@ -273,7 +276,7 @@ def compile(
     static = static_of(graph)
     plan = Plan(static)
     if static.keyed and not static.itemized and not static.mapped:
-        root = keying.root_key(x)
+        root = plan.root = keying.root_key(x)
         found = static.known.get(root)
         if found is None:
             plan.keys = _node_keys(static, root)
@@ -310,7 +313,7 @@ def compile(
                 inputs = [keys[p] for p in preds]
             else:
                 if root is None:
-                    root = keying.root_key(x)
+                    root = plan.root = keying.root_key(x)
                 inputs = [root]
             keys[node] = key_after(head, inputs)
             if itemized:

@@ -2066,3 +2066,45 @@ def test_a_recalled_answer_is_what_was_computed_in_order_and_type(store: Store) 
     assert type(recalled["alpha"]) is bytearray and list(recalled["mid"][0]) == ["y", "x"]
     plain = CODECS.named("plain")
     assert plain.digest({"b": 1, "a": 2}) == plain.digest({"a": 2, "b": 1})
+
+
+class SortsInPlace(Node):
+    """Sorts the list it is handed in place, and answers it."""
+
+    def forward(self, values: list[int], ctx: Any) -> list[int]:
+        values.sort()
+        return values
+
+
+class Head(Node):
+    """The first item of the list it is handed."""
+
+    def forward(self, values: list[int], ctx: Any) -> int:
+        return values[0]
+
+
+def test_an_input_a_node_wrote_into_is_not_keyed_as_it_was_handed_in(store: Store) -> None:
+    """A node that writes into the graph's input as it runs (sorts it in place) leaves a
+    keyed node reading the input after it another input than the one its key names: that
+    node fails, saying so, and nothing is kept under the key of the input as it was handed
+    in, where the answer computed from the written input was kept and recalled for it."""
+    g = Graph.somatize(
+        (SortsInPlace().named("sort").frozen(), Head().named("head").frozen().cached())
+    )
+    with pytest.raises(NodeFailed, match=r"`head` .*`sort`.* wrote into it"):
+        g.forward([3, 1, 2], store=store)
+    assert g.record is not None and g.record.outcome == {"sort": "ran", "head": "failed"}
+    assert not any(p.is_file() for p in (store.root / "answers").rglob("*"))
+    assert g.forward([3, 1, 2], store=store, outputs="head") == 3  # read alone: as handed in
+    assert g.forward([3, 1, 2], store=store, outputs="head") == 3
+    assert g.record.outcome == {"sort": "spared", "head": "recalled"}
+
+    # Read before the node that writes into it, or by that node alone, the input is as keyed.
+    before = Graph.somatize(
+        (Head().named("head").frozen().cached(), SortsInPlace().named("sort").frozen())
+    )
+    assert before.forward([5, 4], store=store) == (5, [4, 5])
+    alone = Graph.somatize(SortsInPlace().named("sort").frozen().cached())
+    assert alone.forward([9, 8], store=store) == [8, 9]
+    assert alone.forward([9, 8], store=store) == [8, 9]
+    assert alone.record is not None and alone.record.outcome == {"sort": "recalled"}
