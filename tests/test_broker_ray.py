@@ -814,21 +814,21 @@ def test_a_key_asked_of_a_worker_that_does_not_answer_in_time_is_a_timeout(
     never = Broker.ray(
         workers={"w1": _worker()},
         runtime_env={"py_executable": "/bin/false"},
-        start_timeout_s=3,
-        timeout_s=2,
+        start_timeout_s=1,
+        timeout_s=1,
     )
     try:
-        with pytest.raises(WorkerTimeout, match=r"worker `w1` did not start within 3 s"):
+        with pytest.raises(WorkerTimeout, match=r"worker `w1` did not start within 1 s"):
             never.key_on("w1", g, "slow", rows)
     finally:
         never.close()
-    with Broker.ray(workers={"w1": _worker()}, timeout_s=2) as broker:
+    with Broker.ray(workers={"w1": _worker()}, timeout_s=1) as broker:
         marker.touch()
-        with pytest.raises(WorkerTimeout, match=r"`slow` on worker `w1` did not answer within 2 s"):
+        with pytest.raises(WorkerTimeout, match=r"`slow` on worker `w1` did not answer within 1 s"):
             broker.key_on("w1", g, "slow", rows)
         marker.unlink()
         # Untimed: the fresh actor imports the node's module, and torch with it, first,
-        # which takes a loaded machine longer than the 2 s this call timed.
+        # which takes a loaded machine longer than the 1 s this call timed.
         broker.timeout_s = None
         assert broker.key_on("w1", g, "slow", rows).startswith("blake3:")
 
@@ -861,11 +861,11 @@ def test_a_worker_whose_environment_cannot_run_it_is_said_to_be_so_when_it_never
     the WorkerTimeout names the environment as a cause besides the resources, which alone
     it named, sending the search to a cluster that had them."""
     broker = Broker.ray(
-        workers={"w1": _worker()}, runtime_env={"py_executable": "/bin/false"}, start_timeout_s=3
+        workers={"w1": _worker()}, runtime_env={"py_executable": "/bin/false"}, start_timeout_s=1
     )
     g = Graph.somatize(Rows().named("rows") >> Scale().named("scale").at("w1"))
     try:
-        with pytest.raises(WorkerTimeout, match=r"did not start within 3 s.*environment.*Python"):
+        with pytest.raises(WorkerTimeout, match=r"did not start within 1 s.*environment.*Python"):
             g.forward({"at": 0, "take": 2}, broker=broker)
     finally:
         broker.close()
