@@ -160,9 +160,38 @@ _DIGEST_IN_A_CHILD = (
 )
 
 
-def _built_in(directory: Path, ext_cache: Path) -> Path:
+def _copying_compiler(folder: Path, ext_cache: Path) -> Path:
+    """A C++ compiler, made in ``folder``, that writes this run's host library where it is
+    asked to write its output: a build through it runs as every build does (the library
+    landed whole, then its record written beside it) without compiling once more."""
+    compiler = folder / "copying-c++"
+    compiler.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && { echo copying 1.0; exit 0; }\n'
+        'while [ $# -gt 1 ]; do [ "$1" = -o ] && exec cp "$0.so" "$2"; shift; done\nexit 1\n'
+    )
+    compiler.chmod(0o755)
+    shutil.copyfile(native.build_host_library(ext_cache), f"{compiler}.so")
+    return compiler
+
+
+def _child_env(cache: Path, compiler: Path | None) -> dict[str, str]:
+    """The environment of a process that builds the host library into ``cache``, on
+    ``compiler`` where one is given."""
+    env = dict(os.environ, SOMATIZE_EXT_CACHE=str(cache), SOMATIZE_NATIVE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    if compiler is not None:
+        env["CXX"] = str(compiler)
+    return env
+
+
+def _built_in(directory: Path, ext_cache: Path, compiler: Path | None = None) -> Path:
     """The host library in ``directory`` as a whole build there leaves it (the library
-    and its record), copied from this run's build rather than compiled once more."""
+    and its record), copied from this run's build rather than compiled once more; through
+    ``compiler`` where one is given (the library is then named for it)."""
+    if compiler is not None:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("CXX", str(compiler))
+            return native.build_host_library(directory)
     built = native.build_host_library(ext_cache)
     directory.mkdir(parents=True, exist_ok=True)
     for made in (built, built.with_name(built.name + ".ok")):
@@ -177,8 +206,12 @@ def test_a_cached_library_not_whole_is_built_again(
 ) -> None:
     """A cached library cut short (its bytes lost in a crash after it was renamed into
     place), or one with no record of what its build wrote, is built again before it is
-    loaded, where loading it killed the process."""
-    built = _built_in(tmp_path, ext_cache)
+    loaded, where loading it killed the process.
+
+    What is built again does not depend on how the library was damaged: only "cut short"
+    compiles it, and "no record" builds it through a compiler that copies this run's."""
+    compiler = None if damage == "cut short" else _copying_compiler(tmp_path, ext_cache)
+    built = _built_in(tmp_path / "cache", ext_cache, compiler)
     record = built.with_name(built.name + ".ok")
     whole = built.read_bytes()
     assert record.read_text().split() == [str(len(whole)), blake3.blake3(whole).hexdigest()]
@@ -186,8 +219,7 @@ def test_a_cached_library_not_whole_is_built_again(
         built.write_bytes(whole[:20000])
     else:
         record.unlink()
-    env = dict(os.environ, SOMATIZE_EXT_CACHE=str(tmp_path), SOMATIZE_NATIVE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env = _child_env(tmp_path / "cache", compiler)
     done = subprocess.run(
         [sys.executable, "-c", _DIGEST_IN_A_CHILD], env=env, capture_output=True, timeout=300
     )
@@ -219,13 +251,17 @@ def test_a_cached_library_that_will_not_load_is_built_again(
     tmp_path: Path, ext_cache: Path, kind: str
 ) -> None:
     """A cached file that matches its record and still will not load, or loads and lacks
-    the host library's functions, is removed and built again, and the library works."""
-    cache = tmp_path / "cache"
-    built = _built_in(cache, ext_cache)
+    the host library's functions, is removed and built again, and the library works.
+
+    What is built again does not depend on what the file was: only "not a library"
+    compiles it, and "another library" builds it through a compiler that copies this
+    run's."""
     bad = b"not a library" if kind == "not a library" else _foreign_library(tmp_path)
+    compiler = None if kind == "not a library" else _copying_compiler(tmp_path, ext_cache)
+    cache = tmp_path / "cache"
+    built = _built_in(cache, ext_cache, compiler)
     _put_in_place(built, bad)
-    env = dict(os.environ, SOMATIZE_EXT_CACHE=str(cache), SOMATIZE_NATIVE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env = _child_env(cache, compiler)
     done = subprocess.run(
         [sys.executable, "-c", _DIGEST_IN_A_CHILD], env=env, capture_output=True, timeout=300
     )
