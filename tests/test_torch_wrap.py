@@ -47,6 +47,7 @@ from somatize.codecs import CodecError
 from somatize.keys import node_key, node_prefix, root_key
 from somatize_torch._modes import in_torch
 from tests import wrap_helpers
+from tests._helpers_config import HoldsConfig
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -824,62 +825,6 @@ def test_a_setting_or_hook_changed_after_freeze_is_seen_at_the_next_call(
     assert wrapped.counts[name] == {"ran": 2, "kept": 2, "recalled": 2}
 
 
-class Plain:
-    """A config as a class written in Python keeps it."""
-
-    def __init__(self, flag: bool, inner: Any) -> None:
-        self.flag = flag
-        self.inner = inner
-
-
-class Inner:
-    def __init__(self, scale: float) -> None:
-        self.scale = scale
-
-
-@dataclasses.dataclass
-class Kept:
-    flag: bool
-    inner: Any
-
-
-def _config(kind: str, flag: bool) -> Any:
-    """A config of ``kind`` holding ``flag`` and, one object deeper, a scale."""
-    if kind == "object":
-        return Plain(flag, Inner(1.0))
-    if kind == "namespace":
-        return types.SimpleNamespace(flag=flag, inner=types.SimpleNamespace(scale=1.0))
-    if kind == "argparse":
-        return argparse.Namespace(flag=flag, inner=argparse.Namespace(scale=1.0))
-    return Kept(flag, Inner(1.0))
-
-
-class ReadsConfig(nn.Module):
-    """Reads what it computes from a config it holds, as a Hugging Face block reads
-    ``self.config``: neither its ``repr`` nor its weights show it."""
-
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 4)
-        self.config = config
-        self.log = logging.getLogger("configured")  # no config: named by nothing
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.linear(x) * self.config.inner.scale
-        return out.relu() if self.config.flag else out
-
-
-class HoldsConfig(nn.Module):
-    def __init__(self, kind: str = "namespace", flag: bool = False) -> None:
-        super().__init__()
-        self.encoder = ReadsConfig(_config(kind, flag))
-        self.head = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.head(self.encoder(x))
-        return out
-
-
 def _flag_read_anew(wrapped: smt.Wrapped, config: Any) -> tuple[torch.Tensor, torch.Tensor, str]:
     """An input, the answer ``wrapped`` gives it, and the name of its cached module, whose
     ``config.flag`` set True then keys the next call anew: computed as the module computes
@@ -1135,17 +1080,16 @@ def test_a_config_value_other_in_another_process_is_computed_not_recalled(
 ) -> None:
     """Answers kept for a config holding one value are not recalled in another process
     whose module's config holds another: they are computed there."""
+    store = str(tmp_path / "store")
 
     def run(flag: bool) -> list[str]:
         code = (
-            "import sys, torch\n"
-            "sys.path.insert(0, 'tests')\n"
-            "from test_torch_wrap import HoldsConfig\n"
+            "import torch\n"
+            "from tests._helpers_config import HoldsConfig\n"
             "import somatize.torch as smt\n"
             "torch.manual_seed(0)\n"
             f"model = HoldsConfig('object', {flag})\n"
-            "wrapped = smt.wrap(model, frozen=['encoder'], cached=['encoder'], "
-            f"store={str(tmp_path / 'store')!r})\n"
+            f"wrapped = smt.wrap(model, frozen=['encoder'], cached=['encoder'], store={store!r})\n"
             "smt.freeze(wrapped)\n"
             "x = torch.randn(3, 4) - 0.5\n"
             "out = wrapped(x)\n"
@@ -1160,7 +1104,16 @@ def test_a_config_value_other_in_another_process_is_computed_not_recalled(
 
     assert run(False) == ["kept", "ran"]
     assert run(True) == ["kept", "ran"]
-    assert run(False) == ["recalled"]
+    # This process is a third, other than both: what the first kept is recalled here.
+    torch.manual_seed(0)
+    model = HoldsConfig("object", False)
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4) - 0.5
+    out = wrapped(x)
+    with torch.no_grad():
+        assert torch.equal(out, model(x))
+    assert sorted(wrapped.counts["encoder"]) == ["recalled"]
 
 
 def test_the_precision_a_call_runs_in_keys_it_apart(store: Store) -> None:
