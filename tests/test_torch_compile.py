@@ -62,29 +62,13 @@ class Model(nn.Module):
         return self.head(torch.relu(self.encoder(x * 2.0)) + 1.0)
 
 
-def test_importing_somatize_torch_leaves_torch_compiler_unloaded() -> None:
-    """Importing ``somatize.torch`` loads nothing of torch.compile's (``torch._dynamo``,
-    about a second): the functions it keeps out of compiled code are marked at their
-    first call once something compiles, as the tests below, which compile around them,
-    show they still are."""
-    shown = (
-        "import sys, torch; before = 'torch._dynamo' in sys.modules; import somatize.torch; "
-        "print(before, 'torch._dynamo' in sys.modules)"
-    )
-    root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [sys.executable, "-c", shown], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "False"]
-
-
 _FIRST_CALLS = """
 import sys, tempfile
 import torch
 from torch import nn
+compiler_at_import = "torch._dynamo" in sys.modules
 import somatize.torch as smt
+print(compiler_at_import, "torch._dynamo" in sys.modules)
 
 class Model(nn.Module):
     def __init__(self):
@@ -128,19 +112,36 @@ print(all(answers), "torch._dynamo" in sys.modules, rows.stats.recalled > before
 """
 
 
-def test_first_calls_leave_torch_compiler_unloaded_until_something_compiles() -> None:
-    """The first calls of a wrapped model (a cached part, a no-grad block), of a model
-    wrapped whole and of a row cache answer as the models do and load nothing of
-    torch.compile's: nothing compiles, so what they keep out of compiled code runs as it
-    is. A model compiled around the same row cache later answers as the eager one does,
-    the cache kept out of the compiled code."""
+@pytest.fixture(scope="module")
+def first_calls() -> list[str]:
+    """What :data:`_FIRST_CALLS` prints, run once in a new process for the two tests that
+    read it: each looks at a step of its own of that process's life."""
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-c", _FIRST_CALLS], capture_output=True, text=True, env=env, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "False", "True", "True", "True"]
+    return done.stdout.split()
+
+
+def test_importing_somatize_torch_leaves_torch_compiler_unloaded(first_calls: list[str]) -> None:
+    """Importing ``somatize.torch`` loads nothing of torch.compile's (``torch._dynamo``,
+    about a second): the functions it keeps out of compiled code are marked at their
+    first call once something compiles, as the tests below, which compile around them,
+    show they still are."""
+    assert first_calls[:2] == ["False", "False"]
+
+
+def test_first_calls_leave_torch_compiler_unloaded_until_something_compiles(
+    first_calls: list[str],
+) -> None:
+    """The first calls of a wrapped model (a cached part, a no-grad block), of a model
+    wrapped whole and of a row cache answer as the models do and load nothing of
+    torch.compile's: nothing compiles, so what they keep out of compiled code runs as it
+    is. A model compiled around the same row cache later answers as the eager one does,
+    the cache kept out of the compiled code."""
+    assert first_calls[2:] == ["True", "False", "True", "True", "True"]
 
 
 def test_compiled_wrapped_model_equals_eager_without_recompiling(
