@@ -1604,9 +1604,14 @@ def test_tensors_in_what_a_class_holds_are_named_by_their_values_in_every_proces
         "holding",
         nodes=_HOLDING_TENSORS.replace("(2, 2), 3]", "(2, 2) * 2, 3]"),
     )
-    first = _fingerprints_in(tmp_path / "same", "holding.nodes", "HoldsTensors")
-    assert _fingerprints_in(tmp_path / "same", "holding.nodes", "HoldsTensors") == first
-    assert _fingerprints_in(tmp_path / "other", "holding.nodes", "HoldsTensors") != first
+    # One new process for the package as written; a second for it again and then for
+    # other values, each against the first's, so every comparison crosses processes.
+    kinds = ["HoldsTensors"]
+    (first,) = _fingerprints_of_elsewhere(tmp_path, ["same"], kinds, "holding.nodes")
+    again, other = _fingerprints_of_elsewhere(tmp_path, ["same", "other"], kinds, "holding.nodes")
+    assert len(first) == len(kinds)
+    assert again == first
+    assert other != first
 
 
 _HOLDING_A_TENSOR = """
@@ -5307,13 +5312,17 @@ def test_an_object_of_a_helper_class_holding_a_lock_is_named_alike_in_every_proc
         "logger": _HOLDS_A_LOCKED_HELPER.replace("Scaler(2)", 'Scaler(2, logger="other")'),
         "edited": _HOLDS_A_LOCKED_HELPER.replace("x * self.k", "x * self.k + 1"),
     }
-    printed = {}
     for name, text in variants.items():  # one module, written otherwise in each folder
         (tmp_path / name).mkdir()
         _write(tmp_path / name / "locked.py", text)
-        printed[name] = _fingerprints_in(tmp_path / name, "locked", "UsesHelperObject")
-    assert printed["same"] == _fingerprints_in(tmp_path / "same", "locked", "UsesHelperObject")
-    found = [found for (found,) in printed.values()]
+    # One new process for the module as written; a second for it again and then for each
+    # variant in turn, each against the first's, so every comparison crosses processes.
+    kinds = ["UsesHelperObject"]
+    (first,) = _fingerprints_of_elsewhere(tmp_path, ["same"], kinds, "locked")
+    again, *others = _fingerprints_of_elsewhere(tmp_path, list(variants), kinds, "locked")
+    assert len(first) == len(kinds)
+    assert again == first
+    found = [found for (found,) in [first, *others]]
     assert len(set(found)) == len(found)
 
 
@@ -5486,13 +5495,16 @@ def test_an_enum_member_is_named_by_its_class_s_code_and_name_alike_in_every_pro
         ),
         "value": _HOLDS_AN_ENUM.replace("FAST = 1", "FAST = 3"),
     }
-    printed = {}
     for name, text in variants.items():  # one module, written otherwise in each folder
         (tmp_path / name).mkdir()
         _write(tmp_path / name / "modes.py", text)
-        printed[name] = _fingerprints_in(tmp_path / name, "modes", *kinds)
+    # One new process for the module as written; a second for it again and then for each
+    # variant in turn, each against the first's, so every comparison crosses processes.
+    (first,) = _fingerprints_of_elsewhere(tmp_path, ["same"], kinds, "modes")
+    again, *others = _fingerprints_of_elsewhere(tmp_path, list(variants), kinds, "modes")
+    printed = {"same": first, **dict(zip(list(variants)[1:], others, strict=True))}
     assert len(printed["same"]) == len(kinds)
-    assert printed["same"] == _fingerprints_in(tmp_path / "same", "modes", *kinds)
+    assert again == printed["same"]
     for kind, same, value in zip(kinds, printed["same"], printed["value"], strict=True):
         assert same != value, kind
     for kind, same, member in zip(
@@ -6039,10 +6051,13 @@ def test_an_array_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_
     assert _three_forwards(graph(), store, "a", 7.0) == ["ran", "recalled", "recalled"]
 
 
-def _fingerprints_of_elsewhere(root: Path, folders: list[str], kinds: list[str]) -> list[list[str]]:
-    """The fingerprints of ``kinds`` of module ``elsewhere`` as each folder of ``folders``
-    under ``root`` writes it, worked out in one new process that imports it afresh from
-    each in turn (``root`` holds the packages it imports)."""
+def _fingerprints_of_elsewhere(
+    root: Path, folders: list[str], kinds: list[str], module: str = "elsewhere"
+) -> list[list[str]]:
+    """The fingerprints of ``kinds`` of ``module`` as each folder of ``folders`` under
+    ``root`` writes it, worked out in one new process that imports it afresh from each in
+    turn (``root`` holds the packages it imports), its package with it."""
+    top = module.partition(".")[0]
     script = (
         "import importlib, sys\n"
         "from somatize.catalog import fingerprint_of as f\n"
@@ -6050,9 +6065,10 @@ def _fingerprints_of_elsewhere(root: Path, folders: list[str], kinds: list[str])
         f"for folder in {[str(root / name) for name in folders]!r}:\n"
         "    sys.path.insert(0, folder)\n"
         "    importlib.invalidate_caches()\n"
-        "    m = importlib.import_module('elsewhere')\n"
+        f"    m = importlib.import_module({module!r})\n"
         f"    print({', '.join(f'f(m.{kind})' for kind in kinds)})\n"
-        "    del sys.modules['elsewhere']\n"
+        f"    for name in [n for n in sys.modules if n.partition('.')[0] == {top!r}]:\n"
+        "        del sys.modules[name]\n"
         "    sys.path.remove(folder)\n"
     )
     return [line.split() for line in _printed(["-c", script]).splitlines()]
