@@ -133,18 +133,26 @@ def test_host_library_is_built_in_cache_dir(lib: ctypes.CDLL, ext_cache: Path) -
     assert built.stat().st_mtime_ns == mtime  # cached, not rebuilt
 
 
-def test_a_build_sweeps_what_killed_builds_left(tmp_path: Path) -> None:
+def test_a_build_sweeps_what_killed_builds_left(
+    tmp_path: Path, ext_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Temporary files of builds that never ended (an hour old) are removed by the next
-    build; a fresh one, perhaps another process's build in progress, stays."""
-    stale = tmp_path / ".libsmz_blake3_host-0123.so.abc.tmp"
-    fresh = tmp_path / ".libsmz_blake3_host-0123.so.def.tmp"
-    other = tmp_path / ".libsmz_other-0123.so.abc.tmp"
+    build; a fresh one, perhaps another process's build in progress, stays.
+
+    The sweep comes before the compiler runs, whatever it writes: the build runs through
+    one that copies this run's library rather than compile it once more."""
+    monkeypatch.setenv("CXX", str(_copying_compiler(tmp_path, ext_cache)))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    stale = cache / ".libsmz_blake3_host-0123.so.abc.tmp"
+    fresh = cache / ".libsmz_blake3_host-0123.so.def.tmp"
+    other = cache / ".libsmz_other-0123.so.abc.tmp"
     for path in (stale, fresh, other):
         path.write_bytes(b"half a library")
     hours_ago = time.time() - 2 * 3600
     for path in (stale, other):
         os.utime(path, (hours_ago, hours_ago))
-    built = native.build_host_library(tmp_path)
+    built = native.build_host_library(cache)
     assert built.is_file()
     assert not stale.exists()
     assert fresh.exists() and other.exists()
@@ -615,13 +623,19 @@ def _homeless(monkeypatch: pytest.MonkeyPatch, temp: Path) -> None:
 
 
 def test_with_no_home_builds_are_cached_in_a_temporary_folder_of_the_users_own(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, ext_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With no home directory the cache is ``somatize-<uid>/ext`` in the temporary
     directory, made for this user alone, and rows are digested (by the package until the
-    library is built there, then by the library)."""
+    library is built there, then by the library).
+
+    Where the cache is does not depend on what the compiler writes: the library is built
+    there through one that copies this run's rather than compile it once more."""
     from somatize_torch.digest import digest_rows, digest_tensor
 
+    compilers = tmp_path / "compiler"
+    compilers.mkdir()
+    monkeypatch.setenv("CXX", str(_copying_compiler(compilers, ext_cache)))
     _homeless(monkeypatch, tmp_path)
     expected = tmp_path / f"somatize-{os.getuid()}" / "ext"
     assert native.cache_dir() == expected
