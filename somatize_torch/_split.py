@@ -1058,19 +1058,47 @@ def _one_place_each(graph: fx.Graph, names: Sequence[str]) -> None:
         previous = node
 
 
-def _describe_call(node: fx.Node) -> Any:
-    """The constant part of a declared call, as a canonical value (tensors are inputs)."""
-    return {"args": _constant(node.args), "kwargs": _constant(node.kwargs)}
+def _describe_call(node: fx.Node, inner: nn.Module) -> Any:
+    """The constant part of a declared call, as a canonical value (tensors are inputs).
+
+    A cached call is keyed by this and by the inputs the cut code (``inner``) hands it,
+    each once, in the order the call first reads them. Each input is ``"<input>"`` where
+    that order is the one the description is keyed in (a dict's keys sorted), each read
+    once, or where there is one input: the inputs then tell where each stands. Otherwise
+    each is named by its place among them (``"<input 1>"``): `enc(q=x, k=c)` and `enc(k=x,
+    q=c)`, or `enc(x, c, x)` and `enc(x, c, c)`, hand the same inputs, in the same order,
+    to other places, and are keyed apart."""
+    graph: fx.Graph | None = getattr(inner, "graph", None)
+    handed = [] if graph is None else [n.name for n in graph.nodes if n.op == "placeholder"]
+    places = {name: at for at, name in enumerate(handed)}
+    met = [places.get(n.name) for n in _inputs_in_key_order((node.args, node.kwargs))]
+    told = len(places) < 2 or None in met or met == list(range(len(places)))
+    held = None if told else places
+    return {"args": _constant(node.args, held), "kwargs": _constant(node.kwargs, held)}
 
 
-def _constant(value: Any) -> Any:
-    """An argument of a declared call as a canonical value: ``"<input>"`` for an input."""
+def _inputs_in_key_order(value: Any) -> Iterator[fx.Node]:
+    """The inputs of a declared call's arguments in the order :func:`_constant`'s value
+    of them is keyed in: a dict's by its keys, sorted."""
     if isinstance(value, fx.Node):
-        return "<input>"
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _inputs_in_key_order(v)
+    elif isinstance(value, dict):
+        for _, v in sorted(((str(k), v) for k, v in value.items()), key=operator.itemgetter(0)):
+            yield from _inputs_in_key_order(v)
+
+
+def _constant(value: Any, places: Mapping[str, int] | None = None) -> Any:
+    """An argument of a declared call as a canonical value: ``"<input>"`` for an input, or
+    with ``places``, the place of each among the call's inputs (``"<input 1>"``)."""
+    if isinstance(value, fx.Node):
+        return "<input>" if places is None else f"<input {places[value.name]}>"
     if isinstance(value, (tuple, list)):
-        return [_constant(v) for v in value]
+        return [_constant(v, places) for v in value]
     if isinstance(value, dict):
-        return {str(k): _constant(v) for k, v in value.items()}
+        return {str(k): _constant(v, places) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return repr(value)
@@ -1163,7 +1191,7 @@ def _split(
         if index in about:
             name, target, fx_node = about[index]
             called[name] = _call_of(fx_node)
-            described = _describe_call(fx_node)
+            described = _describe_call(fx_node, inner)
             shim: _Cached | _Declared | _Adapted | None = None
             base: _Cached | _Declared | None = None
             if first is not None and name in first.shims:

@@ -6689,6 +6689,43 @@ def test_a_declared_call_handed_its_inputs_in_other_places_runs_as_the_forward_d
     assert wrapped.counts["attention~2"] == {"ran": 2, "kept": 2, "recalled": 2}
 
 
+class AttendsBothWays(nn.Module):
+    """Calls its declared attention four times on the same two inputs, each time with them
+    in other places: by name, in another order of the names, and by position, one of them
+    twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = Attention()
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        there = self.attention(q=x, k=context, v=context)
+        back = self.attention(k=x, v=x, q=context)
+        keys_between = self.attention(x, context, x)
+        values_between = self.attention(x, context, context)
+        return there, back, keys_between, values_between
+
+
+def test_calls_of_a_cached_submodule_handing_its_inputs_in_other_places_are_keyed_apart(
+    store: Store,
+) -> None:
+    """Two calls of a cached submodule handing it the same inputs in other places (named in
+    another order, `attention(q=x, k=c, v=c)` and `attention(k=x, v=x, q=c)`, or one of
+    them given twice, `attention(x, c, x)` and `attention(x, c, c)`) are keyed apart, each
+    answered as the model answers it, rather than the second recalling the first's answer."""
+    torch.manual_seed(0)
+    model = AttendsBothWays()
+    wrapped = smt.wrap(model, frozen=["attention"], cached=["attention"], store=store)
+    smt.freeze(wrapped)
+    x, context = torch.randn(3, 4), torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            for got, want in zip(wrapped(x, context), model(x, context), strict=True):
+                assert torch.equal(got, want)
+    for name in ("attention", "attention~2", "attention~3", "attention~4"):
+        assert wrapped.counts[name] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
 class MasksWhenGiven(OnTempered):
     """Calls its declared masker only when it is handed a mask."""
 
