@@ -1058,6 +1058,34 @@ def _one_place_each(graph: fx.Graph, names: Sequence[str]) -> None:
         previous = node
 
 
+def _refuse_modules_handed(name: str, target: str, node: fx.Node, model: nn.Module) -> None:
+    """Refuses a cached call of ``target`` handed a module of the model (``enc(x,
+    self.embed)``): fx hands it on by its path, which the cut code reads, and the call is
+    keyed by the tensors it is handed, which the module's weights are not among; so the
+    answer computed through one module would be recalled for another, or for the same one
+    once it trained or loaded a checkpoint. A part of ``target`` itself is keyed by its
+    state, and is let be."""
+    handed: list[fx.Node] = []
+    fx.node.map_arg((node.args, node.kwargs), handed.append)
+    for value in handed:
+        if value.op != "get_attr" or str(value.target).startswith(f"{target}."):
+            continue
+        try:
+            module = model.get_submodule(str(value.target))
+        except AttributeError:
+            continue  # a parameter or a buffer: a tensor, handed and keyed as one
+        raise WrapError(
+            f"`{name}` is cached and is handed a module, `{value.target}`, a "
+            f"`{type(module).__qualname__}`, by `{type(model).__qualname__}.forward`: a "
+            "cached call is keyed by the tensors it is handed and the constants beside them, "
+            "and a module is no constant: its weights are not in the key, so the answer "
+            "computed through one module would be recalled for another, or for the same one "
+            "once its weights changed. Have the submodule hold the module itself (it is then "
+            "frozen with it, and keyed by its weights), hand it what the module computes, or "
+            "drop it from `cached=`"
+        )
+
+
 def _describe_call(node: fx.Node, inner: nn.Module) -> Any:
     """The constant part of a declared call, as a canonical value (tensors are inputs).
 
@@ -1190,6 +1218,8 @@ def _split(
         inner = runner.get_submodule(str(call.target))
         if index in about:
             name, target, fx_node = about[index]
+            if target in cached_names:
+                _refuse_modules_handed(name, target, fx_node, model)
             called[name] = _call_of(fx_node)
             described = _describe_call(fx_node, inner)
             shim: _Cached | _Declared | _Adapted | None = None

@@ -6726,6 +6726,47 @@ def test_calls_of_a_cached_submodule_handing_its_inputs_in_other_places_are_keye
         assert wrapped.counts[name] == {"ran": 1, "kept": 1, "recalled": 1}
 
 
+class EncodesThrough(nn.Module):
+    """Encodes what the module it is handed embeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+        return self.linear(embed(x))
+
+
+class HandsItsEmbedders(nn.Module):
+    """Hands its encoder each of two embedders of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.second = nn.Linear(4, 4)
+        self.encoder = EncodesThrough()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encoder(x, self.first), self.encoder(x, self.second)
+
+
+def test_a_cached_submodule_handed_a_module_is_refused(store: Store) -> None:
+    """A cached submodule handed a module of the model is refused at `wrap`: the
+    module is no constant, its weights are not in the key, so the answer computed through
+    one embedder would be recalled for another, or for the same one once it trained; a
+    frozen one not cached runs it, as the model does."""
+    model = HandsItsEmbedders()
+    with pytest.raises(smt.WrapError, match="`encoder` is cached and is handed a module"):
+        smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        model.first.weight.mul_(2)
+        for got, want in zip(wrapped(x), model(x), strict=True):
+            assert torch.equal(got, want)
+
+
 class MasksWhenGiven(OnTempered):
     """Calls its declared masker only when it is handed a mask."""
 
