@@ -1312,6 +1312,34 @@ def test_a_store_at_a_chained_url_that_listed_the_bucket_reads_what_others_keep_
     assert bytes(mine.recall(later)[1]) == b"kept later"
 
 
+def test_a_store_at_a_caching_chained_url_reads_what_others_write_later() -> None:
+    """A store at a chained URL through a caching layer (``simplecache::s3://…``) reads
+    its files from the bucket, not from the layer's copies of them: a name another
+    process bound again resolves to the new digest, in that store object and in another
+    opened in the same process (which fsspec hands the same layer), rather than to the
+    dataset it named before; and a blob whose copy the layer took damaged is read from
+    the bucket again, not quarantined there whole."""
+    url = s3_url()
+    mine = Store.on_bucket(f"simplecache::{url}", s3=s3_options())
+    theirs = Store.on_bucket(url, **s3_options(), skip_instance_cache=True)
+    theirs.bind("ds", theirs.put(b"the first dataset"))
+    assert bytes(mine.get(mine.resolve("ds"))) == b"the first dataset"
+    theirs.bind("ds", theirs.put(b"the second dataset"))
+    assert bytes(mine.get(mine.resolve("ds"))) == b"the second dataset"
+    again = Store.on_bucket(f"simplecache::{url}", s3=s3_options())
+    assert bytes(again.get(again.resolve("ds"))) == b"the second dataset"
+    # A copy the layer took whole of a blob, then damaged on this machine: the bucket's
+    # blob is whole, and is what a fresh store object reads.
+    digest = theirs.put(b"a blob read through the layer")
+    assert bytes(Store.on_bucket(f"simplecache::{url}", s3=s3_options()).get(digest))
+    layer = mine.fs
+    copy = Path(layer.storage[-1]) / layer._mapper(layer._strip_protocol(mine._blob_path(digest)))
+    copy.write_bytes(b"a blob read through the lay3r")
+    fresh = Store.on_bucket(f"simplecache::{url}", s3=s3_options())
+    assert bytes(fresh.get(digest)) == b"a blob read through the layer"
+    assert theirs.verify().ok
+
+
 def s3_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the S3 requests made from now on (``get_object``, ``head_object``…),
     in order, by every s3fs client of this process."""

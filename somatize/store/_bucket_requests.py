@@ -127,6 +127,21 @@ def _misaddressed(error: BaseException) -> bool:
     )
 
 
+def _under_copies(fs: Any) -> Any:
+    """The filesystem under ``fs``'s layers that keep copies of the files read through them
+    (``simplecache::``, ``filecache::``, ``blockcache::`` in a chained URL), which a file is
+    read from: a layer hands its copy of a path for as long as it keeps it, and a store's
+    names and records are written again at their paths (a name bound again, an answer kept
+    anew), so the name would resolve to the dataset it named before; and a blob whose copy
+    was damaged on its way would be read damaged again, and the bucket's whole one moved
+    to quarantine."""
+    from fsspec.implementations.cached import CachingFileSystem
+
+    while isinstance(fs, CachingFileSystem):
+        fs = fs.fs
+    return fs
+
+
 @functools.cache
 def _in_one_request(kind: type) -> dict[str, Any]:
     """What a small file (a record, a name, a log, an index) is read whole with on a
@@ -400,7 +415,7 @@ class BucketRequests(PackedHome):
     def _read(self, path: str, what: str, *, large: bool = False) -> bytes | None:
         """The bytes at ``path``; None if it is absent. A file that may be ``large`` is
         read as the filesystem chooses; any other in one request."""
-        fs = self.fs
+        fs = _under_copies(self.fs)
         at_once = {} if large else _in_one_request(fs.__class__)
         try:
             return cast(bytes, self._call(f"reading {what}", fs.cat_file, path, **at_once))
@@ -457,7 +472,7 @@ class BucketRequests(PackedHome):
         filesystem (s3fs), a batch at a time. Each path is read as it is, never taken for a
         pattern, as ``fs.cat`` of a list takes one: a store under ``exp[lr=0.1]/`` has
         ``[``, ``*`` or ``?`` in every path."""
-        fs = self.fs
+        fs = _under_copies(self.fs)
         at_once = _in_one_request(fs.__class__)
         if len(paths) > 1 and getattr(fs, "async_impl", False) and hasattr(fs, "_cat_file"):
             from fsspec.asyn import sync
