@@ -45,6 +45,14 @@ T = TypeVar("T")
 
 Path = tuple[Any, ...]
 
+_HELD = 1
+"""Batches a loop may still use once it asks for the next, beyond those fetched ahead:
+Lightning's fetches the next batch of a loader of no length before it runs the step on
+the one it has (to know which batch is the last). A loader is fetched ahead ``depth``
+batches only once ``depth + _HELD`` batches before each one fetched in order were seen
+left as they were, so that a loader taking turns between two buffers is not fetched one
+ahead into the buffer of the batch whose step is still to come."""
+
 _Name = tuple[CachedRows, int, weakref.ref[torch.Tensor]]
 """A batch named ahead for a cache: the cache, the tensor's id and a weak reference to it."""
 
@@ -210,7 +218,7 @@ class _InOrder(_Pass[T]):
         self.items = items
         self.count = length_of(ahead.loader)
         self.fetched = 0
-        self.taken: collections.deque[T] = collections.deque(maxlen=ahead.depth)
+        self.taken: collections.deque[T] = collections.deque(maxlen=ahead.depth + _HELD)
         self.done = False
 
     def __next__(self) -> T:
@@ -273,10 +281,10 @@ class _Fetching(_Pass[T]):
         # length (as Lightning's does) would see other shuffles in the epochs after.
         self.count = length_of(ahead.loader)
         self.fetched = 0
-        # The last batches the loop took (as many as are fetched ahead): until the loader
-        # is known not to refill their memory for the next, batches are fetched in order
-        # and compared with them (see `reuses`).
-        self.taken: collections.deque[T] = collections.deque(maxlen=ahead.depth)
+        # The last batches the loop took (as many as are fetched ahead, and the one a loop
+        # may still use, `_HELD`): until the loader is known not to refill their memory for
+        # the next, batches are fetched in order and compared with them (see `reuses`).
+        self.taken: collections.deque[T] = collections.deque(maxlen=ahead.depth + _HELD)
         self.handed: list[T] = []  # the batch handed out last, learned from at the next call
 
     def __next__(self) -> T:

@@ -54,15 +54,18 @@ one :class:`Ahead` used for every epoch does.
 A loader that hands out its batches in memory it fills again for the next (one
 preallocated buffer, refilled in place) cannot be fetched ahead: the batch waiting
 for the loop would change under it, and the loop would get the next batch's inputs
-beside its own labels. So the first batches (``depth`` of them, after the first) are
-fetched in order, each compared with the ones the loop took before it: a loader that
-wrote into one (its version counter moved) or handed out another tensor over its
-memory (``torch.from_numpy`` of one buffer, each time) is fetched in order from then
-on (:attr:`Ahead.reuses`, logged at info), and only one that did neither is fetched
-ahead — still compared at every fetch, with a warning, and in order from then on, if
-it refills a batch later. What it cannot see: the very tensor handed out again after
-a write behind torch's back (through ``x.numpy()``), which looks like a constant
-handed with every batch.
+beside its own labels. So the first batches (``depth + 1`` of them, after the
+first) are fetched in order, each compared with the ones the loop took before it: as
+many as are fetched ahead, and one more, which a loop may still use as it asks for the
+next (Lightning's fetches the next batch of a loader of no length before it runs the
+step on the one it has, so a loader taking turns between two buffers is fetched in
+order). A loader that wrote into one (its version counter moved) or handed out another
+tensor over its memory (``torch.from_numpy`` of one buffer, each time) is fetched in
+order from then on (:attr:`Ahead.reuses`, logged at info), and only one that did
+neither is fetched ahead — still compared at every fetch, with a warning, and in order
+from then on, if it refills a batch later. What it cannot see: the very tensor handed
+out again after a write behind torch's back (through ``x.numpy()``), which looks like a
+constant handed with every batch.
 
 An error from the loader, or from ``inputs=``, is raised in the loop at the batch
 where it happened, after the batches before it, and the next batch comes at the next
@@ -90,6 +93,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from somatize_torch._ahead_passes import (
+    _HELD,
     Path,
     _Fetching,
     _findings_of,
@@ -207,13 +211,14 @@ class Ahead(Generic[T]):
         ``taken`` ones it took (``behind``)."""
         if self.reuses:
             return
-        if _refilled(ahead_of, item):
+        if _refilled(ahead_of, item) or (self.reuses is False and _refilled(behind, item)):
             self._saw_reuse(True)
             log.warning(
-                "the loader refilled the memory of a batch fetched ahead with the next one "
-                "(it hands out its buffers again, filled in place) after the first batches "
-                "had not: the loop gets that batch changed. Fetched in order from now on; "
-                "fetch ahead only a loader that hands out fresh tensors"
+                "the loader refilled the memory of a batch fetched ahead, or of one the loop "
+                "may still use, with the next one (it hands out its buffers again, filled in "
+                "place) after the first batches had not: the loop gets that batch changed. "
+                "Fetched in order from now on; fetch ahead only a loader that hands out "
+                "fresh tensors"
             )
         elif _refilled(behind, item):
             self._saw_reuse(True)
@@ -221,8 +226,10 @@ class Ahead(Generic[T]):
                 "the loader hands out its batches in memory it fills again for the next "
                 "batch: fetched in order, not ahead"
             )
-        elif self.reuses is None and taken >= self.depth:
-            self._saw_reuse(False)  # as many batches as are fetched ahead stayed as they were
+        elif self.reuses is None and taken >= self.depth + _HELD:
+            # As many batches as are fetched ahead stayed as they were, and the one a loop
+            # may still use as it asks for the next.
+            self._saw_reuse(False)
 
     def _saw_reuse(self, reuses: bool) -> None:
         found = self._found

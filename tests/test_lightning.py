@@ -143,6 +143,36 @@ def test_from_the_second_epoch_each_batch_is_named_ahead(tmp_path: Path) -> None
     assert torch.equal(models[True].head.weight, models[False].head.weight)
 
 
+class TakingTurns:
+    """A loader of no length handing out its images in two buffers in turn, each filled in
+    place: Lightning, which fetches the next batch of such a loader before it runs the step
+    on the one it has, never fills the buffer of a batch whose step is still to come."""
+
+    def __init__(self) -> None:
+        self.images, self.labels = data()
+        self.buffers = [torch.empty(16, *self.images.shape[1:]) for _ in range(2)]
+
+    def __iter__(self) -> Any:
+        for k in range(SAMPLES // 16):
+            buffer = self.buffers[k % 2]
+            buffer.copy_(self.images[16 * k : 16 * (k + 1)])
+            yield buffer, self.labels[16 * k : 16 * (k + 1)].clone()
+
+
+def test_a_loader_taking_turns_between_two_buffers_trains_as_without_the_callback(
+    tmp_path: Path,
+) -> None:
+    """A loader of no length that fills two buffers in turn: fetched ahead, the batch after
+    next would be filled into the buffer of the batch whose step Lightning is about to
+    run. It is fetched in order, and the head trains exactly as without the callback."""
+    heads = []
+    for callbacks in ([CacheFrozen(None, ["encoder"])], []):
+        model = Probe()
+        trainer(tmp_path, 4, callbacks=callbacks).fit(model, TakingTurns())
+        heads.append(model.head.weight.detach().clone())
+    assert torch.equal(heads[0], heads[1])
+
+
 @pytest.mark.parametrize("tensor", ["conv.weight", "norm.running_mean"])
 def test_a_changed_encoder_misses(tmp_path: Path, tensor: str) -> None:
     """A weight or a BatchNorm statistic changed between fits sharing a store is a new

@@ -636,6 +636,72 @@ def test_a_loader_refilling_one_buffer_is_fetched_in_order(
     assert batches.reuses is True
 
 
+class TakingTurns:
+    """A loader that hands out its batches in ``buffers`` buffers in turn, each filled in
+    place through torch: the batch before the one handed out last is filled again for the
+    next."""
+
+    def __init__(self, data: torch.Tensor, buffers: int) -> None:
+        self.data = data
+        self.buffers = [torch.empty(16, *data.shape[1:]) for _ in range(buffers)]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for k in range(self.data.shape[0] // 16):
+            buffer = self.buffers[k % len(self.buffers)]
+            buffer.copy_(self.data[16 * k : 16 * (k + 1)])
+            yield buffer, torch.arange(16 * k, 16 * (k + 1))
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_loop_that_fetches_before_its_step_gets_its_batch_unchanged(
+    warm: CachedRows, depth: int
+) -> None:
+    """A loop that asks for the next batch before it runs the step on the one it has
+    (Lightning's does, over a loader of no length) still holds that batch when a batch is
+    fetched ahead: a loader taking turns between as many buffers as it works with when
+    fetched in order (one more than ``depth``) is fetched in order, and every step gets
+    its own batch."""
+    data = images(128)
+    truth = expected(warm.module, data)
+    batches = ahead(TakingTurns(data, depth + 1), warm, depth=depth)
+    for _ in range(3):
+        fetching = iter(batches)
+        held = next(fetching)
+        while held is not None:
+            following = next(fetching, None)  # before this batch's step
+            x, index = held
+            torch.testing.assert_close(x, data[index])
+            torch.testing.assert_close(warm(x), truth[index])
+            held = following
+    assert batches.reuses is True
+
+
+def test_a_loader_that_takes_turns_only_later_is_warned_of(
+    warm: CachedRows, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A loader seen handing out fresh batches that then fills two buffers in turn fills
+    the buffer of the batch a loop fetching before its step still holds: that is warned
+    of, as the loop gets the batch changed, and the loader is fetched in order from then
+    on."""
+    data = images(128)
+
+    class Later:
+        def __iter__(self) -> Iterator[torch.Tensor]:
+            for k in range(4):
+                yield data[16 * k : 16 * (k + 1)].clone()
+            yield from (x for x, _ in TakingTurns(data[64:], 2))
+
+    fetching = iter(ahead(Later(), warm))
+    held = next(fetching)
+    with caplog.at_level("INFO", logger="somatize.torch"):
+        while held is not None:
+            following = next(fetching, None)  # before this batch's step
+            warm(held)
+            held = following
+    assert [r.levelname for r in caplog.records if "refill" in r.getMessage()] == ["WARNING"]
+    assert fetching.ahead.reuses is True
+
+
 def test_a_loader_of_fresh_or_constant_tensors_is_fetched_ahead(warm: CachedRows) -> None:
     """Slices of one tensor (memory that is never filled again) and a tensor handed in every
     item unchanged are no refilled buffer: batches are fetched and named ahead."""
