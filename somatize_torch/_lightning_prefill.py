@@ -11,15 +11,25 @@ the callback flushes, so that epoch 1 recalls too.
 
 Under DDP every rank runs a share of the batches, every ``ranks``-th one
 (:func:`share`), and keeps what it computed in the one store the ranks share.
+
+A prefill is work the run would not do without the callback, so it leaves the global
+random generators where they stood (:func:`generators_kept`): a DataLoader draws its
+seed from torch's as its iterator is made, and a Dataset may draw as it is fetched,
+which would otherwise hand the fit's shuffles, augmentations and dropout other numbers
+than the same run without the callback.
 """
 
 from __future__ import annotations
 
+import random
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from somatize_torch._lightning_stats import EpochStats, since
 from somatize_torch.rows import CachedRows
@@ -28,7 +38,7 @@ from somatize_torch.rows import prefill as prefill_rows
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-__all__ = ["PrefillJob", "forward_context", "run_prefill", "share"]
+__all__ = ["PrefillJob", "forward_context", "generators_kept", "run_prefill", "share"]
 
 
 @dataclass
@@ -77,3 +87,21 @@ def forward_context(trainer: pl.Trainer) -> AbstractContextManager[Any]:
     plugin = getattr(trainer, "precision_plugin", None)
     context = getattr(plugin, "forward_context", None)
     return context() if context is not None else nullcontext()
+
+
+@contextmanager
+def generators_kept(device: torch.device) -> Iterator[None]:
+    """Puts the process's global random generators back where they stood once the block
+    ends: torch's (and ``device``'s, a CUDA one), ``random``'s, and numpy's where numpy
+    is imported."""
+    numpy = sys.modules.get("numpy")
+    python = random.getstate()
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(python)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)

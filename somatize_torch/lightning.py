@@ -146,7 +146,12 @@ from somatize_torch._lightning_options import (
     prefill_module,
     writable_store,
 )
-from somatize_torch._lightning_prefill import PrefillJob, forward_context, run_prefill
+from somatize_torch._lightning_prefill import (
+    PrefillJob,
+    forward_context,
+    generators_kept,
+    run_prefill,
+)
 from somatize_torch._lightning_stats import (
     EpochStats,
     Stage,
@@ -382,7 +387,9 @@ class CacheFrozen(Callback):
         if not self._prefills:
             return
         self._key_as("prefill")  # an earlier stage (validate, test) may have keyed its own
-        with forward_context(trainer), torch.no_grad():
+        # What the prefill draws (a DataLoader's seed, a Dataset's augmentation) is not the
+        # fit's: the fit draws what it would without the callback.
+        with generators_kept(pl_module.device), forward_context(trainer), torch.no_grad():
             for job in self._prefills:
                 cached = self._cached.get(self._aliases.get(job.module, job.module))
                 if cached is None:

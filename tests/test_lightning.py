@@ -8,6 +8,7 @@ import gc
 import io
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy
 import pytest
 import torch
 from lightning.pytorch.callbacks import BackboneFinetuning, BaseFinetuning, ModelCheckpoint
@@ -1155,6 +1157,33 @@ def test_no_warning_when_epochs_repeat(tmp_path: Path) -> None:
         warnings.simplefilter("always")
         trainer(tmp_path, 3, callbacks=[callback]).fit(Probe(), loader())
     assert not [w for w in seen if issubclass(w.category, NeverHits)]
+
+
+def test_prefill_leaves_the_runs_random_numbers_as_they_were(tmp_path: Path) -> None:
+    """A prefill over a DataLoader of the global generators (it draws its seed from
+    torch's as its iterator is made) and a Dataset drawing from torch's, ``random``'s and
+    numpy's leaves those generators where they stood: the training loader's shuffles, its
+    Dataset's draws and the head's dropout draw what they draw without the callback,
+    which trains the same head."""
+
+    class Drawing(Weighted):
+        """Each image with a loss weight drawn from all three generators when fetched."""
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            x, y, weight = super().__getitem__(i)
+            return x, y, weight * random.random() * float(numpy.random.rand())
+
+    heads = []
+    for prefilled in (True, False):
+        callback = CacheFrozen(None, ["encoder"])
+        if prefilled:
+            callback.prefill(torch.utils.data.DataLoader(Drawing(), batch_size=16), progress=False)
+        pl.seed_everything(0)
+        model = Dropped()
+        shuffled = torch.utils.data.DataLoader(Drawing(), batch_size=16, shuffle=True)
+        trainer(tmp_path, 2, callbacks=[callback]).fit(model, shuffled)
+        heads.append(model.head.weight.detach().clone())
+    assert torch.equal(heads[0], heads[1])
 
 
 def test_prefill_makes_the_first_epoch_recall(tmp_path: Path) -> None:
