@@ -192,7 +192,7 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
                     raise
                 for fact in outcome.facts:
                     state.emit(fact)
-                _ran(state, plan, node, outcome.value, outcome.took_us, outcome.kept)
+                _ran(state, plan, node, outcome.value, outcome.took_us, outcome.kept, outcome.moved)
                 done.add(node)
     except BaseException as error:
         # Interrupted (Ctrl-C): the broker stops what runs on workers, where it can, before
@@ -322,12 +322,21 @@ class _Woken:
     add_exception = add_cancelled = add_result
 
 
-def _ran(state: _Run, plan: Plan, node: str, value: Any, took: int, kept: int | None) -> None:
+def _ran(
+    state: _Run,
+    plan: Plan,
+    node: str,
+    value: Any,
+    took: int,
+    kept: int | None,
+    moved: bool = False,
+) -> None:
     """Records the value of a node that ran, and keeps it if it is cached (unless its
-    worker already did: ``kept`` is then the bytes it wrote)."""
+    worker already did: ``kept`` is then the bytes it wrote; or its code was changed as it
+    ran on its worker, ``moved``: the answer may be the new code's)."""
     state.values[node] = value
     state.emit({"fact": "ran", "node": node, "took_us": took})
-    if node in plan.static.cached and state.store is not None:
+    if node in plan.static.cached and state.store is not None and not moved:
         key = plan.keys[node]
         if kept is None:
             size = state.keep(node, key, value, plan.static.fingerprint.get(node))

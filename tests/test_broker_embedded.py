@@ -2295,3 +2295,68 @@ def test_a_placed_node_is_told_the_worker_it_runs_on_and_none_with_no_broker() -
         assert g.forward({"at": 0, "take": 2}, broker=broker)[1] == "w1"
     unplaced = Graph.somatize(Rows().named("rows") >> Where().named("where"))
     assert unplaced.forward({"at": 0, "take": 2}, broker=broker)[1] is None
+
+
+_COMPUTING = threading.Event()
+"""Set by :class:`_ComputesLate` once its forward began on its worker."""
+_PATCHED = threading.Event()
+"""Set by :class:`_PatchesComputesLate` once it gave :class:`_ComputesLate` other code."""
+
+
+class _ComputesLate(Node):
+    """Adds one, by a method it calls once :class:`_PatchesComputesLate`, on another worker,
+    has had its chance to give it another."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        _COMPUTING.set()
+        _PATCHED.wait(10)
+        return self.compute(x)
+
+    def compute(self, x: int) -> int:
+        return x + 1
+
+
+class _PatchesComputesLate(Node):
+    """Sets another `compute` on :class:`_ComputesLate` while it runs, as another thread of
+    the process (a notebook's cell run again) would."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        _COMPUTING.wait(10)
+        _ComputesLate.compute = lambda self, x: x + 1000  # type: ignore[method-assign]
+        _PATCHED.set()
+        return x
+
+
+def test_an_answer_a_worker_computed_while_its_code_was_changed_is_not_kept(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node on a network worker whose class is given another method while it runs there
+    computes with the new code, after the job was checked against the old code's
+    fingerprint: neither the worker nor the client keeps its answer, so the old code, set
+    back, computes its own answer rather than recall the new code's under its key."""
+    written = _ComputesLate.compute
+    monkeypatch.setattr(_ComputesLate, "compute", written)
+    _COMPUTING.clear()
+    _PATCHED.clear()
+    g = Graph.somatize(
+        Echo().named("start").frozen()
+        >> (
+            _ComputesLate().named("late").frozen().cached().at("w1"),
+            _PatchesComputesLate().named("patches").at("w2"),
+        )
+        >> Add().named("sum")
+    )
+    broker = Broker.embedded(
+        {"w1": Worker.generic(mode="network"), "w2": Worker.generic(mode="network")}
+    )
+    seen: list[dict[str, Any]] = []
+    assert g.forward(1, store=store, broker=broker, watching=seen.append) == 1002
+    assert [f for f in seen if f["fact"] == "kept"] == []
+    _ComputesLate.compute = written  # type: ignore[method-assign]
+    fresh = Graph.somatize(
+        Echo().named("start").frozen()
+        >> (_ComputesLate().named("late").frozen().cached(), Echo().named("patches"))
+        >> Add().named("sum")
+    )
+    _PATCHED.set()  # nothing patches it now
+    assert fresh.forward(1, store=store, strict=True) == 3

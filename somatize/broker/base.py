@@ -221,6 +221,9 @@ class Done:
     """Facts to emit, in order (``crossed``)."""
     kept: int | None = None
     """Bytes the worker kept in the store for this answer, or None if it kept nothing."""
+    moved: bool = False
+    """Whether the node's code was changed as it ran there: its answer is not kept, by the
+    worker or the client (:attr:`somatize.broker.host.Reply.moved`)."""
 
 
 class Broker(abc.ABC):

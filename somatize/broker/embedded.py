@@ -157,7 +157,8 @@ class EmbeddedBroker(Broker):
             value = unpack(reply.codec, reply.data)
             sizes = [len(data) for data in sent]
             facts = crossings(graph, node, worker, sizes, len(reply.data), carried)
-            return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)
+            took = (time.perf_counter_ns() - start) // 1000
+            return Done(value, took, facts, reply.kept, reply.moved)
 
         if self.timeout_s is None:
             return lambda: run_there(self._hosts[worker])

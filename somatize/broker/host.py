@@ -48,7 +48,10 @@ while the code that computes the answer does not — so a worker never keeps its
 answer under a key, and a fingerprint, that describe somebody else's code. The
 fingerprint a worker keeps an answer with is the client's (:attr:`Job.kept_with`):
 that of the node's code and of the code of every node it reads, which only the
-client's graph knows.
+client's graph knows. Code changed while the node ran (a method set on its class by
+another thread) is looked for again after its forward: its answer then comes back
+marked (:attr:`Reply.moved`) and kept by nobody, as the client keeps nothing computed
+while its code changed.
 
 **Copies that change.** A copy starts each job as the job's blueprint and state
 describe it. One that changed itself as it ran — a public value it holds
@@ -159,6 +162,10 @@ class Reply:
     took_us: int
     kept: int | None
     """Bytes the worker kept in the store for this answer, or None if it kept nothing."""
+    moved: bool = False
+    """Whether the node's code was changed as it ran (a method set on its class meanwhile):
+    the answer may be the new code's, so neither the worker nor the client keeps it under
+    a key and fingerprint that name the code the job was checked against."""
 
 
 @dataclass(frozen=True)
@@ -607,10 +614,13 @@ class Host:
         else:
             where = f"the answer of `{job.name}`, crossing back from worker `{self.worker}`"
         codec, data = pack(value, where)
+        # Checked before the forward, and again after it: code changed while it ran (a
+        # method set on its class by another thread) may have computed the answer.
+        moved = not _written_as(node, job.fingerprint)
         kept = None
-        if job.keep and job.key is not None and store is not None and not self.let_go:
+        if job.keep and job.key is not None and store is not None and not self.let_go and not moved:
             try:
                 kept = store.keep(job.key, data, codec, job.kept_with).size
             except StoreError:
                 kept = None  # nothing half-written is visible; the client keeps it instead
-        return Reply(codec, data, took, kept)
+        return Reply(codec, data, took, kept, moved)

@@ -573,7 +573,8 @@ class RayBroker(Broker):
             value = unpack(reply.codec, reply.data)
             sizes = [len(data) for data in sent]
             facts = crossings(graph, node, worker, sizes, len(reply.data), reply.carried)
-            return Done(value, (time.perf_counter_ns() - start) // 1000, facts, reply.kept)
+            took = (time.perf_counter_ns() - start) // 1000
+            return Done(value, took, facts, reply.kept, reply.moved)
 
         return run
 
@@ -624,7 +625,7 @@ class RayBroker(Broker):
         if isinstance(reply, _Failure):
             raise _raised(graph, node, worker, reply)
         assert not isinstance(reply, NeedState), "a worker handed the state asked for it again"
-        return _Carried(reply.codec, reply.data, reply.kept, carried)
+        return _Carried(reply.codec, reply.data, reply.kept, carried, reply.moved)
 
 
 def _version() -> str:
@@ -872,3 +873,5 @@ class _Carried:
     data: bytes
     kept: int | None
     carried: int
+    moved: bool = False
+    """Whether the node's code was changed as it ran there (:attr:`Reply.moved`)."""
