@@ -127,7 +127,7 @@ def _named(value: Any) -> tuple[str, dict[str, torch.Tensor], dict[str, str]]:
     and what the header's ``__metadata__`` must say besides to rebuild it."""
     if isinstance(value, torch.Tensor):
         return "tensor", {"tensor": value}, {}
-    if _is_flat(value):
+    if _is_flat(value, empty=True):
         if type(value) is dict:
             keys = list(value)
             order = {} if keys == sorted(keys) else {"order": json.dumps(keys)}
@@ -172,7 +172,10 @@ class TensorCodec(Codec):
         return None if leaves else "it holds no tensor"
 
     def encode(self, value: Any) -> Sequence[memoryview | bytes]:
-        refused = None if _is_flat(value) else self.refusal(value)
+        # An empty tuple, list or dict is written as it is weighed, for a caller that hands
+        # it here itself (the state of a module of no weights); an answer of one is left to
+        # the plain codec, which `accepts` picks for it.
+        refused = None if _is_flat(value, empty=True) else self.refusal(value)
         if refused is not None:
             raise CodecError(f"the `tensor` codec does not write this value: {refused}")
         kind, tensors, shape = _named(value)

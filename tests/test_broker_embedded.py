@@ -1621,6 +1621,22 @@ def test_a_frozen_module_crosses_once_and_stays_loaded() -> None:
     assert is_held(loaded.module) and not any(p.requires_grad for p in loaded.module.parameters())
 
 
+def test_a_frozen_module_of_no_weights_runs_on_a_network_worker() -> None:
+    """A frozen module that holds no parameter or buffer (an activation, a fixed transform)
+    answers on a network worker as here: its state, of no tensor, crosses as one."""
+    rows = Ramp(4)
+    enc = ModuleNode.build(nn.Tanh)
+    g = Graph.somatize(rows.named("rows") >> enc.named("enc").frozen().at("w1"))
+    freeze(g)
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    x = {"at": 0, "take": 5}
+    seen: list[dict[str, Any]] = []
+    assert torch_equal(g.forward(x, broker=broker, watching=seen.append), g.forward(x))
+    assert _state_crossings(seen) == [len(enc.state_bytes())]
+    (loaded,) = broker._hosts["w1"]._nodes.values()
+    assert loaded._smz.state == g.memory.state_of("enc")
+
+
 def test_a_recurrent_module_runs_on_a_network_worker() -> None:
     """A frozen LSTM built rebuildably answers on a network worker as here: the parameters
     it keeps in a plain list beside its registered ones are its state, not a setting that

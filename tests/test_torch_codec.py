@@ -207,6 +207,16 @@ def test_collections_round_trip() -> None:
     assert list(smt.TENSOR.decode(_bytes(named))) == ["z", "a", "m"]
 
 
+def test_an_empty_collection_written_directly_comes_back_as_itself() -> None:
+    """A dict, tuple or list of no tensors, handed to the codec's encode itself (the state
+    of a module with no weights, sent to a worker), is written and read back as the same
+    kind, as it is weighed; an answer of one is still left to the plain codec."""
+    for value in ({}, (), []):
+        back = smt.TENSOR.decode(_bytes(value))
+        assert type(back) is type(value) and not back
+        assert not smt.TENSOR.accepts(value)
+
+
 Pair = collections.namedtuple("Pair", ["hidden", "pooled"])
 
 
