@@ -26,7 +26,7 @@ import inspect
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from somatize._record import (
@@ -40,7 +40,7 @@ from somatize._record import (
 )
 from somatize.canonical import NotCanonical
 from somatize.catalog import fingerprint_of, own_state
-from somatize.codecs import CODECS, Unreadable
+from somatize.codecs import CODECS, CodecError, Unreadable
 from somatize.errors import SomatizeError
 from somatize.keys import item_key, root_key
 from somatize.node import Context, running_here
@@ -84,6 +84,13 @@ class _Run:
         """The nodes this forward runs, once planned; None for all of them."""
         self.read_input: list[str] = []
         """The nodes that read the graph's input, in the order they were handed it."""
+        self.handed: dict[str, list[str]] = {}
+        """Node of :attr:`~somatize.plan.Static.shared` → the nodes handed its answer so far,
+        in the order they were handed it."""
+        self.marks: dict[str, Hashable | CodecError] = {}
+        """Node of :attr:`~somatize.plan.Static.shared` → what told its answer unchanged as
+        the first node was handed it (:func:`_mark_of`), or why nothing could; taken only
+        where a keyed node that runs is handed it after."""
         self.values: dict[str, Any] = {}
         self.loaded: dict[str, Any] = {}
         self.drift: dict[str, tuple[str | None, str]] = {}
@@ -265,6 +272,68 @@ class _Run:
                     ),
                 )
         before.append(node)
+
+    def reads_shared(self, plan: Plan, node: str) -> None:
+        """Notes that ``node`` is handed answers that other nodes read too
+        (:attr:`~somatize.plan.Static.shared`). A keyed node handed one after another node
+        was, when it is no longer the answer that was made or read back (that node wrote
+        into it as it ran: sorted a list in place, added to a tensor with ``add_``), fails
+        rather than compute from it what would be kept under a key that names the answer
+        as it was made, and recalled for it. The answer is marked as the first node is
+        handed it, and only where a keyed node that runs is handed it after: by its codec's
+        stamp where it has one (a tensor's version counter), by its digest otherwise."""
+        static = plan.static
+        keyed = static.prefix
+        running = plan.running
+        for pred in dict.fromkeys(static.preds[node]):
+            readers = static.shared.get(pred)
+            if readers is None:
+                continue
+            before = self.handed.setdefault(pred, [])
+            if not before:
+                if any(r != node and r in keyed and r in running for r in readers):
+                    try:
+                        self.marks[pred] = _mark_of(self.values[pred])
+                    except CodecError as why:
+                        self.marks[pred] = why
+            elif node in keyed and pred in self.marks:
+                self._unwritten(node, pred, before)
+            before.append(node)
+
+    def _unwritten(self, node: str, pred: str, before: list[str]) -> None:
+        """NodeFailed, said, when the answer of ``pred`` that keyed ``node`` is handed, after
+        the nodes ``before``, is not as it was marked, or could not be marked."""
+        was = self.marks[pred]
+        named = ", ".join(f"`{n}`" for n in before)
+        who = named if len(before) == 1 else f"one of {named}"
+        kept = (
+            f"What `{node}` computes from a written answer would be kept, and recalled, as "
+            f"computed from the answer `{pred}` made"
+        )
+        if isinstance(was, CodecError):
+            raise self.unusable(
+                node,
+                ValueError(
+                    f"is handed the answer of `{pred}` after {named}, and whether {who} wrote "
+                    f"into it as it ran cannot be told: {was}. {kept}. Have `{pred}` answer a "
+                    "value a codec weighs (canonical values, a tensor, an Arrow table), or "
+                    f"`{node}` read it before {named}"
+                ),
+            )
+        try:
+            moved = _mark_of(self.values[pred]) != was
+        except CodecError:  # something no codec weighs was written into it
+            moved = True
+        if moved:
+            raise self.unusable(
+                node,
+                ValueError(
+                    f"is handed the answer of `{pred}` after {named}, and it is no longer the "
+                    f"answer `{pred}` made: {who} wrote into it as it ran. {kept}. Have a node "
+                    "that writes into what it is handed work on a copy of it (`sorted(x)`, "
+                    f"`dict(x)`, `x.copy()`, `x.clone()`), or `{node}` read it before {named}"
+                ),
+            )
 
     def call(self, node: str, inputs: Sequence[Any], ctx: Context) -> Any:
         implementation = self.graph.node(node)
@@ -525,6 +594,16 @@ def _own_copy(value: Any, where: str) -> Any:
     its own, equal to it, for a place handed the answer of an item alike."""
     codec = CODECS.for_value(value, where)
     return codec.decode(memoryview(b"".join(codec.encode(value))))
+
+
+def _mark_of(value: Any) -> Hashable:
+    """What tells ``value`` unchanged, as its codec can say it: its stamp where the codec
+    has one (a tensor's version counter, memory and layout; nothing to read for a value that
+    cannot change), its digest otherwise (a list's canonical encoding, hashed). CodecError
+    where no codec weighs it."""
+    codec = CODECS.for_value(value, "it", weighed=True)
+    stamp = codec.stamp(value)
+    return stamp if stamp is not None else codec.digest(value)
 
 
 def _copy_of(fact: Fact) -> Fact:

@@ -52,7 +52,12 @@ rather than compute what it would lose.
 A keyed node handed the graph's input after another node was has it keyed again first:
 one that no longer keys as it did (the node before wrote into it as it ran, sorting a
 list in place) has the keyed node ``failed``, with :class:`NodeFailed` saying why, rather
-than compute from it what would be kept as the answer to the input handed in.
+than compute from it what would be kept as the answer to the input handed in. So with a
+node's answer that others read too (:attr:`~somatize.plan.Static.shared`): a keyed node
+handed it after another node was has it checked unchanged since it was made or read back
+— by its codec's stamp (a tensor's version counter), or digest — and is ``failed`` where
+it changed (a node before wrote into it: ``x.add_(1)``), or where no codec can tell. An
+answer one node reads is not looked at, nor what a recalled node reads.
 An answer computed while a node's code was changed (a method set on its class by
 another thread as the forward ran) is not kept, and says no ``kept``: it may be the
 new code's, and would be kept with the old code's fingerprint.
@@ -138,6 +143,7 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
     running = plan.running
     recalled = plan.recalled
     values = state.values
+    sharing = static.sharing
     placement = graph.placement
     waiting = list(static.order)
     done: set[str] = set()
@@ -160,6 +166,8 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
                     continue
                 if not preds:
                     state.reads_input(plan, node, x)
+                elif node in sharing:
+                    state.reads_shared(plan, node)
                 inputs = [values[p] for p in preds] if preds else [value_of]
                 worker = placement.worker_of(node)
                 ctx = Context(name=node, key=plan.keys.get(node), worker=worker, store=store)
@@ -405,6 +413,7 @@ def run(
         if broker is not None and len(placement):
             _flow(state, plan, x, value_of, store)
         else:
+            sharing = static.sharing
             for node in static.order:
                 if node in recalled:
                     _recalled(state, plan, node)
@@ -415,6 +424,8 @@ def run(
                 preds = static.preds[node]
                 if not preds:
                     state.reads_input(plan, node, x)
+                elif node in sharing:
+                    state.reads_shared(plan, node)
                 inputs = [values[p] for p in preds] if preds else [value_of]
                 # No worker runs it: with no broker `.at()` is ignored, and it runs here.
                 ctx = Context(name=node, key=plan.keys.get(node), store=store)

@@ -99,6 +99,14 @@ class Static:
     """Cached nodes answered whole (not mapped), whose keys the store is asked for."""
     itemized: tuple[str, ...] = ()
     """Cached mapped nodes whose item keys the store is asked for before running."""
+    shared: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Keyed nodes whose answer more than one node reads, a keyed one among them → the
+    nodes that read it: a node handed it may write into it as it runs (sort a list in
+    place), and a keyed node handed it after would compute from what its key does not
+    name, so the engine checks it unchanged there (:meth:`~somatize._run._Run.reads_shared`).
+    Empty for a graph whose answers are each read by one node, which then pays nothing."""
+    sharing: frozenset[str] = frozenset()
+    """The nodes that read an answer of :attr:`shared`."""
     known: dict[
         str, tuple[dict[str, str], list[str], dict[tuple[tuple[str, ...], frozenset[str]], Walked]]
     ] = field(default_factory=dict)
@@ -149,6 +157,11 @@ def static_of(graph: Graph) -> Static:
         if any(p not in mapped or p in late for p in preds):
             late.add(node)
     reads = {n: graph.predecessors(n) for n in graph.nodes()}
+    shared = {
+        node: readers
+        for node in keyed
+        if len(readers := graph.successors(node)) > 1 and any(r in prefix for r in readers)
+    }
     written = {n: memory.fingerprint_of(n) for n in graph.nodes()}
     fingerprint = code_fingerprints(graph.nodes(), reads, written)
     if cached:
@@ -174,6 +187,8 @@ def static_of(graph: Graph) -> Static:
         ),
         whole=tuple(n for n in cached if n not in mapped),
         itemized=tuple(n for n in cached if n in mapped and n not in late),
+        shared=shared,
+        sharing=frozenset(r for readers in shared.values() for r in readers),
     )
     graph._static = static
     return static

@@ -2108,3 +2108,144 @@ def test_an_input_a_node_wrote_into_is_not_keyed_as_it_was_handed_in(store: Stor
     assert alone.forward([9, 8], store=store) == [8, 9]
     assert alone.forward([9, 8], store=store) == [8, 9]
     assert alone.record is not None and alone.record.outcome == {"sort": "recalled"}
+
+
+class Listed(Node):
+    """The list it is handed, as a list of its own."""
+
+    def forward(self, values: list[int], ctx: Any) -> list[int]:
+        return list(values)
+
+
+def _shared(*readers: Node, src: Node | None = None) -> Graph:
+    """``src`` (a list of the input's own) read by each of ``readers``, in that order."""
+    return Graph.somatize((src or Listed().named("src").frozen()) >> readers)
+
+
+def test_an_answer_a_node_wrote_into_is_not_read_as_it_was_made(store: Store) -> None:
+    """A node that writes into an answer it reads (sorts it in place) leaves a keyed node
+    reading that answer after it another value than the one its key names (what `src`
+    answered): that node fails, saying so, and nothing is kept for it, where the answer
+    computed from the written list was kept and recalled as the first of `src`'s answer.
+    So it does when `src`'s answer is recalled, and the writer writes into what was read
+    back."""
+    g = _shared(SortsInPlace().named("sort").frozen(), Head().named("first").frozen().cached())
+    with pytest.raises(NodeFailed, match=r"`first` .*`src`.*`sort` wrote into it"):
+        g.forward([3, 1, 2], store=store)
+    assert g.record is not None
+    assert g.record.outcome == {"src": "ran", "sort": "ran", "first": "failed"}
+    assert not any(p.is_file() for p in (store.root / "answers").rglob("*"))
+    assert g.forward([3, 1, 2], store=store, outputs="first") == 3  # read alone: as made
+    assert g.forward([3, 1, 2], store=store, outputs="first") == 3
+    assert g.record.outcome == {"src": "spared", "sort": "spared", "first": "recalled"}
+
+    kept = _shared(
+        SortsInPlace().named("sort").frozen(),
+        Head().named("first").frozen().cached(),
+        src=Listed().named("src").frozen().cached(),
+    )
+    kept.forward([6, 5], store=store, outputs="src")
+    assert kept.record is not None
+    assert [f["fact"] for f in kept.record.facts if f.get("node") == "src"] == ["ran", "kept"]
+    with pytest.raises(NodeFailed, match=r"`first` .*`sort` wrote into it"):
+        kept.forward([6, 5], store=store)  # src read back, and written into by sort
+    assert kept.record.outcome == {"src": "recalled", "sort": "ran", "first": "failed"}
+
+
+def test_an_answer_read_before_a_node_writes_into_it_is_read_as_made(store: Store) -> None:
+    """A keyed node handed an answer before the node that writes into it, or a node that
+    writes into an answer it alone reads, computes from it as it was made, and keeps it."""
+    before = _shared(Head().named("first").frozen().cached(), SortsInPlace().named("sort").frozen())
+    assert before.forward([5, 4], store=store) == (5, [4, 5])
+    assert before.forward([5, 4], store=store) == (5, [4, 5])
+    assert before.record is not None and before.record.outcome["first"] == "recalled"
+    alone = _shared(SortsInPlace().named("sort").frozen().cached())
+    assert alone.forward([9, 8], store=store) == [8, 9]
+    assert alone.forward([9, 8], store=store) == [8, 9]
+    assert alone.record is not None
+    assert alone.record.outcome == {"src": "spared", "sort": "recalled"}
+
+
+def test_an_answer_written_into_is_caught_with_a_broker(store: Store) -> None:
+    """With a broker running a placed node (the forward's other loop), a keyed node handed
+    an answer a node before it wrote into fails as it does without one."""
+    g = _shared(
+        SortsInPlace().named("sort").frozen(),
+        Head().named("first").frozen().cached(),
+        src=Listed().named("src").frozen().at("w1"),
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="local")})
+    try:
+        with pytest.raises(NodeFailed, match=r"`first` .*`sort` wrote into it"):
+            g.forward([3, 1, 2], store=store, broker=broker)
+        assert g.record is not None and g.record.outcome["first"] == "failed"
+        assert not any(p.is_file() for p in (store.root / "answers").rglob("*"))
+    finally:
+        broker.close()
+
+
+class Arrayed(Node):
+    """The list it is handed, as a numpy array (which no codec weighs)."""
+
+    def forward(self, values: list[int], ctx: Any) -> Any:
+        return np.array(values)
+
+
+def test_an_answer_no_codec_weighs_is_not_taken_as_unchanged(store: Store) -> None:
+    """A keyed node handed, after another node was, an answer no codec weighs (a numpy
+    array) fails, saying that whether it was written into cannot be told, and keeps
+    nothing; handed it first, it computes from it as it was made, and keeps that."""
+    src = Arrayed().named("src").frozen()
+    g = _shared(Listed().named("other").frozen(), FirstNumber().named("first").frozen(), src=src)
+    assert g.forward([3, 1], store=None)[1] == 3  # nothing keyed: nothing to check
+    g = _shared(
+        Listed().named("other").frozen(), FirstNumber().named("first").frozen().cached(), src=src
+    )
+    with pytest.raises(NodeFailed, match=r"`first` .*`src` after `other`.*cannot be told"):
+        g.forward([3, 1], store=store)
+    assert not any(p.is_file() for p in (store.root / "answers").rglob("*"))
+    first = _shared(
+        FirstNumber().named("first").frozen().cached(), Listed().named("other").frozen(), src=src
+    )
+    assert first.forward([3, 1], store=store)[0] == 3
+
+
+class Tensored(Node):
+    """The list it is handed, as a tensor."""
+
+    def forward(self, values: list[int], ctx: Any) -> Any:
+        import torch
+
+        return torch.tensor(values)
+
+
+class FirstNumber(Node):
+    """The first number of the tensor it is handed, as an int (no view of the tensor)."""
+
+    def forward(self, x: Any, ctx: Any) -> int:
+        return int(x[0])
+
+
+class AddsOne(Node):
+    """Adds one to the tensor it is handed, in place."""
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        return x.add_(1)
+
+
+def test_a_tensor_answer_written_in_place_is_caught(store: Store) -> None:
+    """A tensor answer one node writes into in place (``x.add_(1)``) is seen changed by a
+    keyed node handed it after that node (its version counter moved), which fails and
+    keeps nothing; handed it before, the keyed node keeps what it computed."""
+    import somatize.torch  # noqa: F401  # the tensor codec
+
+    src = Tensored().named("src").frozen()
+    first = FirstNumber().named("first").frozen().cached()
+    g = _shared(AddsOne().named("add").frozen(), first, src=src)
+    with pytest.raises(NodeFailed, match=r"`first` .*`add` wrote into it"):
+        g.forward([3, 1], store=store)
+    assert not any(p.is_file() for p in (store.root / "answers").rglob("*"))
+    before = _shared(first, AddsOne().named("add").frozen(), src=src)
+    assert before.forward([3, 1], store=store)[0] == 3
+    assert before.forward([3, 1], store=store)[0] == 3
+    assert before.record is not None and before.record.outcome["first"] == "recalled"
