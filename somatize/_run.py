@@ -283,20 +283,24 @@ class _Run:
         handed it, and only where a keyed node that runs is handed it after: by its codec's
         stamp where it has one (a tensor's version counter), by its digest otherwise."""
         static = plan.static
-        keyed = static.prefix
-        running = plan.running
-        for pred in dict.fromkeys(static.preds[node]):
-            readers = static.shared.get(pred)
-            if readers is None:
+        handed = self.handed
+        preds = static.preds[node]
+        for pred in preds if len(preds) == 1 else dict.fromkeys(preds):
+            keyed = static.shared.get(pred)
+            if keyed is None:
                 continue
-            before = self.handed.setdefault(pred, [])
-            if not before:
-                if any(r != node and r in keyed and r in running for r in readers):
-                    try:
-                        self.marks[pred] = _mark_of(self.values[pred])
-                    except CodecError as why:
-                        self.marks[pred] = why
-            elif node in keyed and pred in self.marks:
+            before = handed.get(pred)
+            if before is None:
+                handed[pred] = [node]
+                for reader in keyed:
+                    if reader != node and reader in plan.running:
+                        try:
+                            self.marks[pred] = _mark_of(self.values[pred])
+                        except CodecError as why:
+                            self.marks[pred] = why
+                        break
+                continue
+            if pred in self.marks and node in keyed:
                 self._unwritten(node, pred, before)
             before.append(node)
 

@@ -101,8 +101,8 @@ class Static:
     """Cached mapped nodes whose item keys the store is asked for before running."""
     shared: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Keyed nodes whose answer more than one node reads, a keyed one among them → the
-    nodes that read it: a node handed it may write into it as it runs (sort a list in
-    place), and a keyed node handed it after would compute from what its key does not
+    keyed nodes that read it: a node handed it may write into it as it runs (sort a list
+    in place), and a keyed node handed it after would compute from what its key does not
     name, so the engine checks it unchanged there (:meth:`~somatize._run._Run.reads_shared`).
     Empty for a graph whose answers are each read by one node, which then pays nothing."""
     sharing: frozenset[str] = frozenset()
@@ -158,7 +158,7 @@ def static_of(graph: Graph) -> Static:
             late.add(node)
     reads = {n: graph.predecessors(n) for n in graph.nodes()}
     shared = {
-        node: readers
+        node: tuple(r for r in readers if r in prefix)
         for node in keyed
         if len(readers := graph.successors(node)) > 1 and any(r in prefix for r in readers)
     }
@@ -188,7 +188,7 @@ def static_of(graph: Graph) -> Static:
         whole=tuple(n for n in cached if n not in mapped),
         itemized=tuple(n for n in cached if n in mapped and n not in late),
         shared=shared,
-        sharing=frozenset(r for readers in shared.values() for r in readers),
+        sharing=frozenset(r for node in shared for r in graph.successors(node)),
     )
     graph._static = static
     return static
