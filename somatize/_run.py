@@ -87,10 +87,10 @@ class _Run:
         self.handed: dict[str, list[str]] = {}
         """Node of :attr:`~somatize.plan.Static.shared` → the nodes handed its answer so far,
         in the order they were handed it."""
-        self.marks: dict[str, Hashable | CodecError] = {}
+        self.marks: dict[str, Hashable] = {}
         """Node of :attr:`~somatize.plan.Static.shared` → what told its answer unchanged as
-        the first node was handed it (:func:`_mark_of`), or why nothing could; taken only
-        where a keyed node that runs is handed it after."""
+        the first node was handed it (:func:`_mark_of`); taken only where a keyed node that
+        runs is handed it after, and where a codec weighs the answer."""
         self.values: dict[str, Any] = {}
         self.loaded: dict[str, Any] = {}
         self.drift: dict[str, tuple[str | None, str]] = {}
@@ -281,7 +281,9 @@ class _Run:
         rather than compute from it what would be kept under a key that names the answer
         as it was made, and recalled for it. The answer is marked as the first node is
         handed it, and only where a keyed node that runs is handed it after: by its codec's
-        stamp where it has one (a tensor's version counter), by its digest otherwise."""
+        stamp where it has one (a tensor's version counter), by its digest otherwise. An
+        answer no codec weighs (a numpy array) cannot be marked: it is handed on unchecked,
+        and a write into it is not seen."""
         static = plan.static
         handed = self.handed
         preds = static.preds[node]
@@ -294,10 +296,9 @@ class _Run:
                 handed[pred] = [node]
                 for reader in keyed:
                     if reader != node and reader in plan.running:
-                        try:
+                        # Where nothing tells it unchanged, it is handed on unchecked.
+                        with contextlib.suppress(CodecError):
                             self.marks[pred] = _mark_of(self.values[pred])
-                        except CodecError as why:
-                            self.marks[pred] = why
                         break
                 continue
             if pred in self.marks and node in keyed:
@@ -306,7 +307,7 @@ class _Run:
 
     def _unwritten(self, node: str, pred: str, before: list[str]) -> None:
         """NodeFailed, said, when the answer of ``pred`` that keyed ``node`` is handed, after
-        the nodes ``before``, is not as it was marked, or could not be marked."""
+        the nodes ``before``, is not as it was marked."""
         was = self.marks[pred]
         named = ", ".join(f"`{n}`" for n in before)
         who = named if len(before) == 1 else f"one of {named}"
@@ -314,16 +315,6 @@ class _Run:
             f"What `{node}` computes from a written answer would be kept, and recalled, as "
             f"computed from the answer `{pred}` made"
         )
-        if isinstance(was, CodecError):
-            raise self.unusable(
-                node,
-                ValueError(
-                    f"is handed the answer of `{pred}` after {named}, and whether {who} wrote "
-                    f"into it as it ran cannot be told: {was}. {kept}. Have `{pred}` answer a "
-                    "value a codec weighs (canonical values, a tensor, an Arrow table), or "
-                    f"`{node}` read it before {named}"
-                ),
-            )
         try:
             moved = _mark_of(self.values[pred]) != was
         except CodecError:  # something no codec weighs was written into it

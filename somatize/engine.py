@@ -56,8 +56,9 @@ than compute from it what would be kept as the answer to the input handed in. So
 node's answer that others read too (:attr:`~somatize.plan.Static.shared`): a keyed node
 handed it after another node was has it checked unchanged since it was made or read back
 — by its codec's stamp (a tensor's version counter), or digest — and is ``failed`` where
-it changed (a node before wrote into it: ``x.add_(1)``), or where no codec can tell. An
-answer one node reads is not looked at, nor what a recalled node reads.
+it changed (a node before wrote into it: ``x.add_(1)``). An answer no codec weighs (a
+numpy array) is handed on unchecked, as is an answer one node reads, or what a recalled
+node reads.
 An answer computed while a node's code was changed (a method set on its class by
 another thread as the forward ran) is not kept, and says no ``kept``: it may be the
 new code's, and would be kept with the old code's fingerprint.
