@@ -1480,3 +1480,12 @@ def test_a_damaged_pack_index_is_read_again_only_once_it_changes(
     name = index.rsplit("/", 1)[-1]
     assert ("packs", name) in [(d.section, d.name) for d in found.damaged]
     assert other.have([items[0][0]]) == set()
+
+
+@pytest.mark.parametrize("url", ["reference://somatize/store", "dbfs://somatize/store"])
+def test_a_url_whose_filesystem_cannot_be_made_from_it_is_refused_at_open(url: str) -> None:
+    """A URL of a filesystem that needs what a URL cannot hold (a reference file, an
+    instance and its token) is refused with StoreError naming the URL and what is missing,
+    not fsspec's TypeError from the filesystem's making."""
+    with pytest.raises(StoreError, match=f"cannot open {re.escape(url)} as a bucket store"):
+        Store.on_bucket(url)

@@ -692,3 +692,16 @@ def test_a_missing_command_is_named_by_what_may_be_given(
     assert ended.value.code == 2
     err = capsys.readouterr().err
     assert f"the following arguments are required: {wanted}" in err
+
+
+@pytest.mark.parametrize("command", [["ls"], ["gc"], ["verify"], ["show", "sms/train"]])
+def test_a_url_whose_filesystem_cannot_be_made_from_it_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """`--store reference://…` names a filesystem the command line cannot make (it needs a
+    reference file, which no URL names): status 2 and one line saying why, not a traceback
+    and status 1, which `verify` means as damage found."""
+    assert main(["store", *command, "--store", "reference://somatize/store"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot open reference://somatize/store as a bucket store" in err
+    assert len(err.splitlines()) == 1

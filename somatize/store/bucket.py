@@ -301,6 +301,19 @@ def _bind_cache(cache: LocalStore, address: str) -> None:
     )
 
 
+def _made_without(error: TypeError) -> bool:
+    """Whether ``error``, raised as a URL's filesystem was made, says it was made without
+    an argument it needs (``reference://`` without ``fo=``: "missing 1 required positional
+    argument") or with one it does not take (a mistyped storage option): what the store was
+    opened with, not a fault of code."""
+    said = str(error)
+    return (
+        "required positional argument" in said
+        or "required keyword-only argument" in said
+        or "unexpected keyword argument" in said
+    )
+
+
 class BucketStore(BucketShelf):
     """A store under ``url`` in a bucket; see the module docstring.
 
@@ -356,6 +369,15 @@ class BucketStore(BucketShelf):
             raise StoreError(
                 f"cannot open {url} as a bucket store: {why}. For s3:// install s3fs "
                 "(pip install 'somatize[s3]'); gs:// needs gcsfs, az:// adlfs"
+            ) from why
+        except TypeError as why:
+            if not _made_without(why):
+                raise  # a fault of code, not of what the store is opened with
+            raise StoreError(
+                f"cannot open {url} as a bucket store: its filesystem cannot be made from "
+                f"the URL and the storage options given ({why}); nothing was opened. Pass "
+                "what it needs as storage options to `Store.on_bucket` (the `somatize` "
+                "command passes none), or name an s3://, gs:// or az:// bucket"
             ) from why
         self.root = str(root).rstrip("/")
         protocol = self.fs.protocol
