@@ -73,8 +73,15 @@ class _Declared(nn.Module):
         object.__setattr__(self, "node", node)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if not torch.compiler.is_compiling() and is_held(self.node.module):
-            check_still(self.node._smz.name or "?", self.node.module)
+        module = self.node.module
+        if not torch.compiler.is_compiling():
+            if is_held(module):
+                check_still(self.node._smz.name or "?", module)
+        elif any(part.training for part in module.modules()) and is_held(module):
+            # Compiled code asks only for the parts' training flags, which torch.compile
+            # guards on (no graph break): a part put in train mode has the call compiled
+            # anew, and it is warned of and put back in eval eagerly, before it runs.
+            _check_still_eagerly(self.node._smz.name or "?", module)
         return self.call(*args, **kwargs)
 
 
@@ -500,6 +507,10 @@ def _placed(out: Any, device: torch.device) -> Any:
 
 _remember: Callable[..., Any] = outside_compiled(_recall_or_run)
 """The one deliberate graph break per cached node: the store is asked outside compiled code."""
+_check_still_eagerly: Callable[..., Any] = outside_compiled(check_still)
+""":func:`~somatize_torch.freeze.check_still` in a compiled call, made eagerly: compiled
+code cannot warn, and a part put back in eval there would not be seen by the code after
+it, compiled for the part in train mode."""
 
 
 def _precision(args: Sequence[torch.Tensor]) -> Precision:

@@ -200,6 +200,43 @@ def test_compiled_wrapped_frozen_module_stays_in_eval_after_train(
     torch._dynamo.reset()
 
 
+class NormedHead(nn.Module):
+    """A frozen encoder holding a BatchNorm, and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Normed()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["frozen", "cached"])
+def test_a_compiled_call_puts_back_in_eval_a_part_of_a_frozen_submodule_put_in_train_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached: bool
+) -> None:
+    """A part of a frozen submodule put in train mode directly after the model was compiled
+    (``model.encoder.norm.train()``, as a recipe setting BatchNorms' modes does) warns at
+    the next compiled call and is put back in eval first, as an eager call does: the call
+    answers as the submodule does in eval, and its statistics stay what they were frozen
+    at."""
+    model, _, compiled = _compiled(NormedHead, tmp_path, monkeypatch, cached=cached)
+    x = torch.randn(8, 4) * 5 + 3
+    norm = model.encoder.norm
+    with torch.no_grad():
+        first = compiled(x)
+        before = norm.running_mean.clone()
+        norm.train()
+        with pytest.warns(smt.StillChanging, match="`norm`.*train mode"):
+            again = compiled(x)
+        assert not norm.training
+        assert torch.equal(norm.running_mean, before)
+        assert torch.equal(again, first)
+        assert torch.equal(compiled(x), first)
+    torch._dynamo.reset()
+
+
 def test_compiled_wrapped_model_runs_a_part_assigned_after_wrap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
