@@ -472,7 +472,17 @@ def _drifted(self: CachedRows, was: str | None) -> None:
     )
 
 
-_remember: Callable[..., Any] = outside_compiled(_recall_or_run)
+def _recall_held(
+    self: CachedRows, x: torch.Tensor | DeferredRows, index: torch.Tensor | None
+) -> torch.Tensor:
+    """:func:`_recall_or_run` with the module held frozen for the call, once it was handed
+    back (:meth:`CachedRows._frozen_for_call`): holding it digests its weights, which is
+    kept out of compiled code with the lookup."""
+    with self._frozen_for_call():
+        return _recall_or_run(self, x, index)
+
+
+_remember: Callable[..., Any] = outside_compiled(_recall_held)
 """The lookup runs outside any compiled region: a graph break at the cached module, so
 ``torch.compile`` compiles what is around it (the head) once."""
 

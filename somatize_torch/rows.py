@@ -422,8 +422,7 @@ class CachedRows(nn.Module):
             # a trainable one, taken where no gradient is recorded, and looked at as such).
             x = x.detach().requires_grad_(x.requires_grad)
         try:
-            with self._frozen_for_call():
-                out: torch.Tensor = marked_as_needed(_remember)(self, x, index)
+            out: torch.Tensor = marked_as_needed(_remember)(self, x, index)
         except Unfrozen:
             handler = self.when_unfrozen
             if handler is None or not handler(self):

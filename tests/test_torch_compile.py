@@ -237,6 +237,49 @@ def test_a_compiled_call_puts_back_in_eval_a_part_of_a_frozen_submodule_put_in_t
     torch._dynamo.reset()
 
 
+class Around(nn.Module):
+    """Compiled code on both sides of a module it is handed (a row cache)."""
+
+    def __init__(self, encoder: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.encoder, self.head = encoder, head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.encoder(x * 2.0)))
+
+
+def test_a_compiled_model_calling_a_row_cache_handed_back_answers_as_the_module_in_eval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row cache whose module was handed back to its model (``CacheFrozen`` does so when
+    a stage ends), which trained it, answers a compiled model's call as the module in
+    eval with the weights it trained to, and leaves it in train mode requiring grad, as
+    it does eagerly: it holds the module and digests its weights outside compiled code."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module, head = Normed(), nn.Linear(4, 2)
+    rows = smt.cache_rows(module, Store(tmp_path / "s"))
+    compiled = torch.compile(Around(rows, head), backend="eager")
+    x = torch.randn(8, 4) * 5 + 3
+    with torch.no_grad():
+        compiled(x)
+    rows.hand_back()
+    smt.release(module)
+    module.requires_grad_(True)
+    module(x).square().sum().backward()
+    torch.optim.SGD(module.parameters(), lr=0.1).step()
+    with torch.no_grad():
+        got = compiled(x)
+        module.eval()
+        expected = Around(module, head)(x)
+        module.train()
+    assert torch.equal(got, expected)
+    assert module.training and module.norm.training
+    assert all(p.requires_grad for p in module.parameters())
+    torch._dynamo.reset()
+
+
 def test_compiled_wrapped_model_runs_a_part_assigned_after_wrap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
