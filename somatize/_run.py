@@ -515,15 +515,16 @@ class _Run:
                     [(items[i], out[i]) for i in called],
                     static.fingerprint.get(node),
                 )
-                self.emit(
-                    {
-                        "fact": "kept",
-                        "node": node,
-                        "items": len(missing),
-                        "of": count,
-                        "bytes": kept,
-                    }
-                )
+                if kept is not None:
+                    self.emit(
+                        {
+                            "fact": "kept",
+                            "node": node,
+                            "items": len(missing),
+                            "of": count,
+                            "bytes": kept,
+                        }
+                    )
         elif not count:  # no items: it runs, trivially, without being called
             self.emit({"fact": "ran", "node": node, "took_us": 0, "items": 0, "of": 0})
         if node in self.drift:
@@ -537,13 +538,16 @@ class _Run:
         self.emit({"fact": "failed", "node": node, "error": type(why).__name__})
         return NodeFailed(node, self.graph.kind_of(node), why, raised=False)
 
-    def keep_items(self, node: str, answers: list[tuple[str, Any]], fingerprint: str | None) -> int:
+    def keep_items(
+        self, node: str, answers: list[tuple[str, Any]], fingerprint: str | None
+    ) -> int | None:
         """Keeps a mapped node's item answers, grouped by codec, with the ``fingerprint`` of
-        the code they depend on; returns the bytes kept."""
+        the code they depend on; returns the bytes kept, or None where the code was changed
+        as the forward ran (:meth:`code_moved`), as :meth:`keep` does."""
         store = self.store
         assert store is not None
         if self.code_moved():
-            return 0
+            return None
         groups: dict[str, list[tuple[str, Sequence[Any]]]] = {}
         with self._keeping(node):
             for key, value in answers:

@@ -400,6 +400,50 @@ def test_an_answer_computed_while_its_code_was_changed_is_not_kept(
     assert fresh.forward(1, store=store, strict=True) == 2
 
 
+class PatchesItems(Node):
+    """Sets another forward on :class:`ItemsPatchedAsItRuns` as it runs, as another thread
+    patching it meanwhile would."""
+
+    def forward(self, x: list[int], ctx: Any) -> list[int]:
+        ItemsPatchedAsItRuns.forward = lambda self, xs, ctx: [x + 1000 for x in xs]  # type: ignore[method-assign]
+        return x
+
+
+class ItemsPatchedAsItRuns(Node):
+    """Adds one to each item, until patched."""
+
+    def forward(self, xs: list[int], ctx: Any) -> list[int]:
+        return [x + 1 for x in xs]
+
+
+def test_item_answers_computed_while_their_code_was_changed_are_not_kept_nor_said_kept(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mapped node whose class is given another method while the forward runs has its
+    item answers not kept, as an unmapped node's answer is not, and says no ``kept``: the
+    fact said they were, of 0 bytes, and the old code, set back, found nothing kept."""
+    from somatize import Store
+
+    store = Store(tmp_path)
+    written = ItemsPatchedAsItRuns.forward
+    monkeypatch.setattr(ItemsPatchedAsItRuns, "forward", written)
+    graph = Graph.somatize(
+        PatchesItems().named("a").frozen()
+        >> ItemsPatchedAsItRuns().named("b").frozen().cached().mapped()
+    )
+    assert graph.forward([1, 2], store=store) == [1001, 1002]
+    assert graph.record is not None and "kept" not in [f["fact"] for f in graph.record.facts]
+    assert graph.record.outcome["b"] == "ran"
+    ItemsPatchedAsItRuns.forward = written  # type: ignore[method-assign]
+    monkeypatch.setattr(PatchesItems, "forward", lambda self, x, ctx: x)
+    fresh = Graph.somatize(
+        PatchesItems().named("a").frozen()
+        >> ItemsPatchedAsItRuns().named("b").frozen().cached().mapped()
+    )
+    assert fresh.forward([1, 2], store=store, strict=True) == [2, 3]
+    assert fresh.record is not None and "kept" in [f["fact"] for f in fresh.record.facts]
+
+
 def _steps(build: Any) -> int:
     """How many lines of graph.py and node.py run while ``build()`` runs: a count of the
     work done, the same on every machine."""
