@@ -85,12 +85,16 @@ class Static:
     prefix: dict[str, bytes]
     cached: frozenset[str]
     mapped: frozenset[str]
+    """Every mapped node, keyed or not: each is run item by item."""
     late: frozenset[str]
     """Mapped keyed nodes whose item count is known only once their inputs ran."""
     fingerprint: dict[str, str]
     """Each node's code and the code of every node it reads, transitively, as one digest
     (:func:`code_fingerprints`): what an answer is kept with and compared against on a
     hit, so that an edited node above a cached one makes its answer ``drifted``."""
+    itemwise: bool = False
+    """Whether a keyed node is mapped: keying an input then takes its item keys too, and
+    the keys are not remembered by input (:attr:`known`)."""
     steps: tuple[tuple[str, bytes, tuple[str, ...], bool], ...] = ()
     """For each keyed node in order: its name, the fixed head of its key
     (:func:`~somatize.keys.node_head`), its predecessors, and whether its item keys are
@@ -110,8 +114,9 @@ class Static:
     known: dict[
         str, tuple[dict[str, str], list[str], dict[tuple[tuple[str, ...], frozenset[str]], Walked]]
     ] = field(default_factory=dict)
-    """For a graph with no mapped node, the node keys and the keys asked of the store, by
-    the input's key — they follow from it and from this graph state alone — for the last
+    """For a graph with no keyed mapped node (:attr:`itemwise`), the node keys and the keys
+    asked of the store, by the input's key — they follow from it and from this graph state
+    alone — for the last
     :data:`_KNOWN_INPUTS` inputs seen, so an input seen again is keyed in one hash; and
     what the walk decided for it, by the outputs asked for and the keys the store had —
     it follows from those, the keys and this graph state alone — for up to
@@ -148,9 +153,9 @@ def static_of(graph: Graph) -> Static:
             memory.salt_of(node),
             mapped=memory.is_mapped(node),
         )
-    mapped = frozenset(n for n in keyed if memory.is_mapped(n))
+    mapped = frozenset(n for n in graph.nodes() if memory.is_mapped(n))
     late = set()
-    for node in graph.nodes():
+    for node in keyed:
         if node not in mapped:
             continue
         preds = graph.predecessors(node)
@@ -176,6 +181,7 @@ def static_of(graph: Graph) -> Static:
         mapped=mapped,
         late=frozenset(late),
         fingerprint=fingerprint,
+        itemwise=not mapped.isdisjoint(keyed),
         steps=tuple(
             (
                 n,
@@ -290,7 +296,7 @@ def compile(
         return plan
     static = static_of(graph)
     plan = Plan(static)
-    if static.keyed and not static.itemized and not static.mapped:
+    if static.keyed and not static.itemwise:
         root = plan.root = keying.root_key(x)
         found = static.known.get(root)
         if found is None:

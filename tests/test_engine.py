@@ -787,6 +787,35 @@ def test_a_mapped_node_that_cannot_map_fails_with_a_fact(
     assert not any(p.is_file() for p in (store.root / "answers").rglob("*"))
 
 
+@pytest.mark.parametrize("cached", [True, False], ids=["below-a-cached-node", "nothing-cached"])
+def test_a_mapped_node_not_cached_maps_its_items_with_a_store_as_without(
+    store: Store, cached: bool
+) -> None:
+    """A mapped node that is not cached, nor above a cached node, is run item by item with
+    a store as without one: an answer of another length than it was handed fails naming
+    it, what it is handed must be a list, its facts say how many items of how many, and
+    handed no items it is not called. With a store it was run as a node that is not
+    mapped, and its answer of one item too few was handed back."""
+    given = Echo().named("given").frozen()
+    if cached:
+        given = given.cached()
+    wrong = Graph.somatize(given >> Short().named("short").frozen().mapped())
+    for where in (store, None):
+        with pytest.raises(NodeFailed, match="answered a list of 1 for the 2 items"):
+            wrong.forward([1, 2], store=where)
+        with pytest.raises(NodeFailed, match=r"is mapped, .* is a `int`"):
+            wrong.forward(7, store=where)
+    square = Square()
+    g = Graph.somatize(Echo().named("given").frozen() >> square.named("square").frozen().mapped())
+    for where in (store, None):
+        seen: list[dict[str, Any]] = []
+        assert g.forward([2, 3], store=where, watching=seen.append) == [4, 9]
+        ran = [f for f in seen if f.get("node") == "square"]
+        assert [(f["fact"], f["items"], f["of"]) for f in ran] == [("ran", 2, 2)]
+        assert g.forward([], store=where) == []
+    assert square.calls == [[2, 3], [2, 3]]
+
+
 def test_a_mapped_node_handed_no_items_runs_on_none(store: Store) -> None:
     """A mapped node handed an empty list runs, trivially, without being called: a ran fact
     with no items, on every path — reading the graph's input or a computed list, with a
