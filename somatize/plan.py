@@ -116,10 +116,9 @@ class Static:
     ] = field(default_factory=dict)
     """For a graph with no keyed mapped node (:attr:`itemwise`), the node keys and the keys
     asked of the store, by the input's key — they follow from it and from this graph state
-    alone — for the last
-    :data:`_KNOWN_INPUTS` inputs seen, so an input seen again is keyed in one hash; and
-    what the walk decided for it, by the outputs asked for and the keys the store had —
-    it follows from those, the keys and this graph state alone — for up to
+    alone — for the last :data:`_KNOWN_INPUTS` inputs seen, so an input seen again is keyed
+    in one hash; and what the walk decided for it, by the outputs asked for and the keys
+    the store had — it follows from those, the keys and this graph state alone — for up to
     :data:`_KNOWN_WALKS` of them."""
 
 
