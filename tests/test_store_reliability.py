@@ -106,6 +106,30 @@ def test_killed_writers_leave_a_clean_store(tmp_path: Path) -> None:
     assert not list((root / "answers").rglob("*.part"))
 
 
+def test_a_durable_write_into_a_new_folder_syncs_the_folders_above_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A durable keep that makes the folder it publishes into (the first blob and record of
+    a shard, a name in a new folder of names) syncs each folder above it too: the folder
+    made is an entry of the one above, and a rename synced in a folder whose own entry is
+    not may be lost with it at a power cut, leaving the record without its blob."""
+    store = LocalStore(tmp_path / "store", durable=True)
+    synced: list[Path] = []
+    sync = LocalStore._sync_directory
+    monkeypatch.setattr(
+        LocalStore, "_sync_directory", staticmethod(lambda at: (synced.append(Path(at)), sync(at)))
+    )
+    key = key_of("durable")
+    answer = store.keep(key, b"kept for good", "plain")
+    store.bind("sets/train", answer.value)
+    root = tmp_path / "store"
+    blob, record = store.blob_path(answer.value), store.answer_path(key)
+    for folder in (blob.parent, root / "blobs", record.parent, root / "answers"):
+        assert folder in synced, folder
+    assert root / "names" / "sets" in synced and root / "names" in synced
+    assert synced.index(root / "blobs") < synced.index(record.parent)
+
+
 # -- concurrency -------------------------------------------------------------------------------
 
 

@@ -363,15 +363,25 @@ class LocalFiles(PackedHome):
         return None
 
     def _place(self, temporary: str, target: str) -> None:
-        """Renames a written file of ``tmp/`` to ``target``: it appears whole or not at all."""
+        """Renames a written file of ``tmp/`` to ``target``: it appears whole or not at all.
+        Durable, the folder it is renamed into is synced, and where that folder was made for
+        it (the first file of a shard), each folder above it up to the store's: a folder made
+        is an entry of the one above it, and the rename may be lost with it at a power cut,
+        leaving a record whose blob is not there."""
         try:
+            made = False
             try:
                 os.replace(temporary, target)
             except FileNotFoundError:
                 self._make_folder(os.path.dirname(target))
                 os.replace(temporary, target)
+                made = True
             if self.durable:
-                self._sync_directory(Path(target).parent)
+                folder = Path(target).parent
+                self._sync_directory(folder)
+                while made and folder != self.root and self.root in folder.parents:
+                    folder = folder.parent
+                    self._sync_directory(folder)
         except OSError as why:
             if (
                 isinstance(why, FileNotFoundError)
