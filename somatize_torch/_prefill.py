@@ -155,6 +155,12 @@ def prefill(
             item = convert(item)
         if inputs is not None:
             x, index = _answered(inputs(item))
+            if index is None and cached.key_mode == "index" and not isinstance(x, DeferredRows):
+                raise NeedsIndex(
+                    "prefill's inputs= answered the batch alone, and this cache keys rows by "
+                    "sample index (key='index'): have it answer (batch, indices), "
+                    "inputs=lambda item: (item[0], item[2]) for items (x, y, index)"
+                )
         else:
             x, index = _inputs(item, cached.key_mode)
         if device is not None:

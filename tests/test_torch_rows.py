@@ -1962,8 +1962,10 @@ def test_prefill_keyed_by_index_takes_no_tuple_item_for_the_indices(store: Store
         prefill(cached, [{"x": data[:4]}], progress=False)
     with pytest.raises(NeedsIndex, match=r"cannot tell the samples' indices in a `Tensor`"):
         prefill(cached, [data[:4]], progress=False)
-    assert cached.stats.rows == 0 and cached.tiers[0].rows == 0
     indexed = DataLoader(TensorDataset(data, labels, torch.arange(32)), batch_size=4)
+    with pytest.raises(NeedsIndex, match=r"inputs= answered the batch alone.*\(batch, indices\)"):
+        prefill(cached, indexed, inputs=lambda item: item[0], progress=False)
+    assert cached.stats.rows == 0 and cached.tiers[0].rows == 0
     done = prefill(cached, indexed, inputs=lambda item: (item[0], item[2]), progress=False)
     assert done.computed == 32
     out = cached(data, index=torch.arange(32))
