@@ -113,14 +113,29 @@ def look_again(graph: Graph) -> None:
         if isinstance(declared, str):
             _changed_in_place(graph, name, node, declared)
         _declared_again(graph, name, node, declared)
+    followed = graph._followed
     for name, node in restated.items():
         if memory.is_frozen(name):
+            marks = node._smz
             state = node.restate()
-            if state is not None:
-                memory.freeze(name, state)
             # What changed may be more than its state (a part with no weights of its own
             # replaced: an activation), and what it declares says the rest.
-            if node.declaration_moved() or state is not None:
+            moved = node.declaration_moved() or state is not None
+            if moved:
+                marks.moved += 1
+                if state is not None:
+                    marks.state = state
+            elif marks.moved != followed[name] or marks.state != memory.state_of(name):
+                # Told to another graph built with the node (or frozen there), which asked
+                # first: a node tells a change once, and this graph would go on keying it
+                # by what it was.
+                moved = True
+                if marks.state is not None and marks.state != memory.state_of(name):
+                    state = marks.state
+            followed[name] = marks.moved
+            if state is not None:
+                memory.freeze(name, state)
+            if moved:
                 _declared_again(graph, name, node)
 
 

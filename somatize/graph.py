@@ -94,6 +94,9 @@ class Graph:
         # looked at again at the start of every forward (plan.look_again).
         self._unfixed: dict[str, Node] = {}
         self._restated: dict[str, Node] = {}
+        self._followed: dict[str, int] = {}
+        """Each node of :attr:`_restated`, by name, with the count of changes it told
+        (:attr:`~somatize.node.Marks.moved`) this graph last followed."""
         self._kept: dict[str, tuple[Node, list[tuple[str, Any]]]] = {}
         """Nodes keeping constructor arguments as attributes, by name, with what they were
         handed (see :meth:`~somatize.node.Node.kept_arguments`); an interned node's other
@@ -367,6 +370,7 @@ class Graph:
             self._unfixed[name] = node
         if type(node).restate is not Node.restate:
             self._restated[name] = node
+            self._followed[name] = marks.moved
         kept = node.kept_arguments()
         if kept:
             self._kept[name] = (node, kept)

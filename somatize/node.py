@@ -133,6 +133,11 @@ class Marks:
     worker: str | None = None
     built: bool = False
     """Whether a graph was built with the node; what is said about it is then settled."""
+    moved: int = 0
+    """How many times a graph holding the node heard that its state, or what it declares,
+    changed (:meth:`Node.restate`, :meth:`Node.declaration_moved`): a node tells a change
+    once, to whichever graph asks first, and every other graph built with it follows the
+    change at its next forward, where it finds the count past the one it last followed."""
     holding: Holding | None = None
     """What a copy of the node rebuilt elsewhere must hold, once asked
     (:func:`~somatize.node.holding_of`); a copy of the node (``copy.copy``) has its own."""

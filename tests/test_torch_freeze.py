@@ -524,6 +524,49 @@ def test_weights_changed_after_freezing_are_seen_at_the_next_forward(store: Stor
         assert torch.equal(without, encoder(x))
 
 
+class Times(Node):
+    """Multiplies what it is handed by ``by``."""
+
+    def __init__(self, by: float) -> None:
+        self.by = by
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return x * self.by
+
+
+def test_a_frozen_module_two_graphs_hold_is_keyed_by_its_new_state_in_both(store: Store) -> None:
+    """A frozen module node two graphs are built with (an encoder two pipelines share) whose
+    checkpoint is loaded, or whose setting is changed, is keyed by what it is now in both,
+    whichever runs first: a change is told once, to the graph that asks first, and the
+    other went on keying the node by its old weights, and recalled what they computed."""
+    encoder = Scaled(2.0)
+    node = smt.ModuleNode(encoder).named("encoder").frozen().cached()
+    first = Graph.somatize(node >> Times(2.0).named("head").frozen().cached())
+    second = Graph.somatize(node >> Times(3.0).named("head").frozen().cached())
+    smt.freeze(first)
+    smt.freeze(second)
+    x = torch.randn(3, 6)
+    first.forward(Opaque(x), store=store)
+    second.forward(Opaque(x), store=store)
+    torch.manual_seed(7)
+    encoder.linear.load_state_dict(nn.Linear(6, 4).state_dict())
+    first.forward(Opaque(x), store=store)
+    answer = second.forward(Opaque(x), store=store)
+    # The encoder's new answer is the one the first graph kept, under the same key.
+    assert second.record is not None
+    assert second.record.outcome == {"encoder": "recalled", "head": "ran"}
+    with torch.no_grad():
+        assert torch.equal(answer, encoder(x) * 3.0)
+    encoder.temperature = 4.0
+    first.forward(Opaque(x), store=store)
+    answer = second.forward(Opaque(x), store=store)
+    assert second.record.outcome == {"encoder": "recalled", "head": "ran"}
+    with torch.no_grad():
+        assert torch.equal(answer, encoder(x) * 3.0)
+    assert torch.equal(second.forward(Opaque(x), store=store), answer)
+    assert second.record.outcome == {"encoder": "spared", "head": "recalled"}
+
+
 class Gated(nn.Module):
     """A linear layer and an activation with no weights of its own."""
 
