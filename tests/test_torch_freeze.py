@@ -565,6 +565,13 @@ def test_a_frozen_module_two_graphs_hold_is_keyed_by_its_new_state_in_both(store
         assert torch.equal(answer, encoder(x) * 3.0)
     assert torch.equal(second.forward(Opaque(x), store=store), answer)
     assert second.record.outcome == {"encoder": "spared", "head": "recalled"}
+    torch.manual_seed(8)
+    encoder.linear.load_state_dict(nn.Linear(6, 4).state_dict())
+    smt.freeze(first)  # frozen again there, by hand
+    answer = second.forward(Opaque(x), store=store)
+    assert second.record.outcome == {"encoder": "ran", "head": "ran"}
+    with torch.no_grad():
+        assert torch.equal(answer, encoder(x) * 3.0)
 
 
 class Gated(nn.Module):
