@@ -259,17 +259,8 @@ class _Run:
             except NotCanonical:  # something with no canonical form was written into it
                 moved = True
             if moved:
-                named = ", ".join(f"`{n}`" for n in before)
-                who = named if len(before) == 1 else f"one of {named}"
-                raise self.unusable(
-                    node,
-                    ValueError(
-                        f"is handed the graph's input after {named}, and it is no longer the "
-                        f"input it was keyed as: {who} wrote into it as it ran. What "
-                        f"`{node}` computed from it would be kept, and recalled, as the answer "
-                        "to the input as it was handed in. Have a node that writes into its "
-                        "input work on a copy of it (`sorted(x)`, `dict(x)`, `x.copy()`)"
-                    ),
+                raise self._written_into(
+                    node, before, "the graph's input", "the input as it was handed in"
                 )
         before.append(node)
 
@@ -308,27 +299,30 @@ class _Run:
     def _unwritten(self, node: str, pred: str, before: list[str]) -> None:
         """NodeFailed, said, when the answer of ``pred`` that keyed ``node`` is handed, after
         the nodes ``before``, is not as it was marked."""
-        was = self.marks[pred]
-        named = ", ".join(f"`{n}`" for n in before)
-        who = named if len(before) == 1 else f"one of {named}"
-        kept = (
-            f"What `{node}` computes from a written answer would be kept, and recalled, as "
-            f"computed from the answer `{pred}` made"
-        )
         try:
-            moved = _mark_of(self.values[pred]) != was
+            moved = _mark_of(self.values[pred]) != self.marks[pred]
         except CodecError:  # something no codec weighs was written into it
             moved = True
         if moved:
-            raise self.unusable(
-                node,
-                ValueError(
-                    f"is handed the answer of `{pred}` after {named}, and it is no longer the "
-                    f"answer `{pred}` made: {who} wrote into it as it ran. {kept}. Have a node "
-                    "that writes into what it is handed work on a copy of it (`sorted(x)`, "
-                    f"`dict(x)`, `x.copy()`, `x.clone()`), or `{node}` read it before {named}"
-                ),
+            raise self._written_into(
+                node, before, f"the answer of `{pred}`", f"the answer `{pred}` made"
             )
+
+    def _written_into(self, node: str, before: list[str], handed: str, was: str) -> NodeFailed:
+        """NodeFailed for keyed ``node``, handed ``handed`` after the nodes ``before``, one
+        of which wrote into it as it ran, so that it is no longer ``was``."""
+        named = ", ".join(f"`{n}`" for n in before)
+        who = named if len(before) == 1 else f"one of {named}"
+        return self.unusable(
+            node,
+            ValueError(
+                f"is handed {handed} after {named}, and it is no longer {was}: {who} wrote "
+                f"into it as it ran. What `{node}` computes from it would be kept, and "
+                f"recalled, as computed from {was}. Have a node that writes into what it is "
+                "handed work on a copy of it (`sorted(x)`, `dict(x)`, `x.copy()`, "
+                f"`x.clone()`), or `{node}` read it before {named}"
+            ),
+        )
 
     def call(self, node: str, inputs: Sequence[Any], ctx: Context) -> Any:
         implementation = self.graph.node(node)
