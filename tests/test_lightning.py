@@ -486,6 +486,114 @@ def test_an_encoder_put_back_uncached_stays_so_in_a_later_fit(tmp_path: Path) ->
     assert not isinstance(model.encoder, CachedRows) and model.encoder.conv.weight.requires_grad
 
 
+class _Dropping(nn.Module):
+    """A conv encoder with dropout and no BatchNorm: only its dropout computes otherwise
+    in train mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, 2, 1)
+        self.drop = nn.Dropout(0.5)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.drop(torch.relu(self.conv(x)))).flatten(1)
+
+
+class _Plain(nn.Module):
+    """A conv encoder with no part that computes otherwise in train mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, 2, 1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(torch.relu(self.conv(x))).flatten(1)
+
+
+class LeftInTrainMode(Probe):
+    """A probe whose encoder is frozen by ``requires_grad_(False)`` alone and never put in
+    eval: it runs in the mode the fit finds it in, train mode. ``encoder`` picks it: the
+    one with BatchNorm, one with dropout, or one with neither."""
+
+    def __init__(self, encoder: str) -> None:
+        super().__init__()
+        if encoder != "norm":
+            self.encoder = _Dropping() if encoder == "dropout" else _Plain()
+            self.encoder.requires_grad_(False)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("encoder", ["norm", "dropout"])
+def test_an_encoder_left_in_train_mode_trains_the_head_as_without_the_callback(
+    tmp_path: Path, encoder: str
+) -> None:
+    """An encoder frozen by ``requires_grad_(False)`` alone runs in train mode in a plain
+    fit (BatchNorm on batch statistics, dropout drawing): with the callback it runs so
+    too, uncached from its first training batch, with a warning saying why and what to
+    do, and the head trains exactly as without the callback."""
+
+    def fit(cache: bool) -> LeftInTrainMode:
+        model = LeftInTrainMode(encoder)
+        callbacks: list[pl.Callback] = [CacheFrozen(tmp_path / "store", ["encoder"])]
+        run = trainer(tmp_path, 2, callbacks=callbacks if cache else [], num_sanity_val_steps=1)
+        run.fit(model, loader(), loader(shuffle=False, seed=2))
+        return model
+
+    with pytest.warns(Uncached, match=r"`encoder` would run in train mode.*`encoder.eval\(\)`"):
+        cached = fit(cache=True)
+    plain = fit(cache=False)
+    assert not isinstance(cached.encoder, CachedRows) and not is_held(cached.encoder)
+    modes = {name: m.training for name, m in cached.named_modules()}
+    assert modes == {name: m.training for name, m in plain.named_modules()}
+    assert not torch.equal(plain.head.weight, LeftInTrainMode(encoder).head.weight)
+    assert torch.equal(cached.head.weight, plain.head.weight)
+    assert torch.equal(cached.head.bias, plain.head.bias)
+    if encoder == "norm":
+        assert torch.equal(cached.encoder.norm.running_mean, plain.encoder.norm.running_mean)
+
+
+def test_an_encoder_left_in_train_mode_with_nothing_that_moves_is_cached(tmp_path: Path) -> None:
+    """An encoder left in train mode with no part that computes otherwise there (no
+    BatchNorm, no dropout) answers the same in either mode: it is cached, without a
+    warning, and the head trains as without the callback."""
+    plain = LeftInTrainMode("plain")
+    trainer(tmp_path / "plain", 2).fit(plain, loader())
+    model = LeftInTrainMode("plain")
+    callback = CacheFrozen(None, ["encoder"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SomatizeWarning)
+        trainer(tmp_path / "cached", 2, callbacks=[callback]).fit(model, loader())
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0]
+    assert model.encoder.training and not is_held(model.encoder)
+    assert torch.equal(model.head.weight, plain.head.weight)
+
+
+def test_an_encoder_put_in_eval_before_fitting_is_cached(tmp_path: Path) -> None:
+    """An encoder put in eval before fitting (``model.encoder.eval()``, as the warning of
+    one left in train mode says) stays so through the fit, validations included: it is
+    cached, and the head trains as without the callback."""
+
+    def fit(callbacks: list[pl.Callback]) -> LeftInTrainMode:
+        model = LeftInTrainMode("norm")
+        model.encoder.eval()
+        run = trainer(tmp_path, 2, callbacks=callbacks, num_sanity_val_steps=1)
+        run.fit(model, loader(), loader(shuffle=False, seed=2))
+        return model
+
+    callback = CacheFrozen(None, ["encoder"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SomatizeWarning)
+        cached = fit([callback])
+    plain = fit([])
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0]
+    assert not cached.encoder.training
+    assert torch.equal(cached.head.weight, plain.head.weight)
+
+
 def test_validating_a_module_named_that_requires_grad_warns_nothing(tmp_path: Path) -> None:
     """Nothing trains in validate or test, so freezing a named module there is no loss."""
     with warnings.catch_warnings():
