@@ -16,7 +16,11 @@ Caching freezes a module (a cached module runs without gradients), so
 refused (a head named by mistake), and a named module whose parameters require grad
 is warned of (:class:`FrozeTrainable`). Under a fine-tuning callback it looks at the
 module as that callback leaves it (:func:`freeze_first`), and leaves uncached, with
-a warning (:class:`Uncached`), one left to train or in train mode.
+a warning (:class:`Uncached`), one left to train or in train mode. Without one, the
+mode it would run in is known only as it is called, after the LightningModule's own hooks
+(``self.encoder.eval()`` at each batch's start) have asked theirs: a forward that finds it
+would run in train mode with parts that compute otherwise there (BatchNorm, dropout) puts
+it back uncached before it answers (:func:`left_in_train_mode`), with the same warning.
 
 What ``setup()`` found is recorded as it caches each module in place
 (:func:`cache_in_place`, :class:`Found`): every place the module sits
@@ -80,6 +84,7 @@ __all__ = [
     "find",
     "fixed_by_wrap",
     "freeze_first",
+    "left_in_train_mode",
     "let_go",
     "locate",
     "nested",
@@ -252,15 +257,20 @@ def freeze_first(trainer: pl.Trainer, callback: object, pl_module: pl.LightningM
             later.freeze_before_training(pl_module)
 
 
-def _moves(part: nn.Module) -> bool:
-    """Whether ``part`` computes otherwise in train mode than in eval, as it is now: a
-    norm layer with running statistics (batch statistics in train mode, and updated), a
-    dropout that drops."""
-    if not part.training:
-        return False
+def _computes_otherwise(part: nn.Module) -> bool:
+    """Whether ``part`` computes otherwise in train mode than in eval: a norm layer with
+    running statistics (batch statistics in train mode, and updated), a dropout that
+    drops, an attention that drops. Nothing else torch makes reads its mode."""
     if isinstance(part, _NormBase):
         return part.running_mean is not None
-    return isinstance(part, _DropoutNd) and part.p > 0
+    if isinstance(part, _DropoutNd):
+        return part.p > 0
+    return isinstance(part, nn.MultiheadAttention) and part.dropout > 0
+
+
+def _moves(part: nn.Module) -> bool:
+    """Whether ``part`` is in train mode now and computes otherwise there than in eval."""
+    return part.training and _computes_otherwise(part)
 
 
 def check_trainable(
@@ -400,11 +410,35 @@ class Found:
     places: list[tuple[nn.Module, str]]
     as_found: AsFound
     root: nn.Module  # the LightningModule it was found in
+    # Its parts that compute otherwise in train mode (:func:`_computes_otherwise`), each
+    # by name, with its mode as found: those whose mode decides whether it may be cached.
+    mode_dependent: list[tuple[str, nn.Module, bool]]
 
     @classmethod
     def at(cls, pl_module: nn.Module, module: nn.Module) -> Found:
-        """``module`` as it is now, in ``pl_module``: taken before it is cached (frozen)."""
-        return cls(places_of(pl_module, module), AsFound.take(module), pl_module)
+        """``module`` as it is now, in ``pl_module``: taken before it is cached (frozen).
+        One found with parameters requiring grad is held in eval, having said so
+        (:class:`FrozeTrainable`): none of its parts decides whether it may be cached."""
+        trainable = any(p.requires_grad for p in module.parameters())
+        mode_dependent = [
+            (name, part, part.training)
+            for name, part in module.named_modules()
+            if _computes_otherwise(part) and not trainable
+        ]
+        return cls(places_of(pl_module, module), AsFound.take(module), pl_module, mode_dependent)
+
+    def in_train_mode(self, mode: bool) -> list[str]:
+        """The parts that compute otherwise in train mode and would run in it now without
+        the cache (the module itself in ``mode``, the mode last asked of its cache): the
+        modes they would be put back in (:meth:`put_back`), asked of them, of the module
+        or of the model, since it was found. Empty for a module with no such part, which
+        answers the same in either mode."""
+        if not self.mode_dependent:
+            return []
+        parts = [(part, training) for _, part, training in self.mode_dependent]
+        modes = self.as_found.unheld_modes(mode, parts)
+        named = zip(self.mode_dependent, modes, strict=True)
+        return [name or "the module itself" for (name, _, _), on in named if on]
 
     def install(self, cached: CachedRows) -> None:
         """Puts ``cached`` in every place the module sits."""
@@ -460,11 +494,24 @@ def cache_in_place(
             strict=callback.strict,
         )
     # A forward that finds the module unfrozen (by a hook that runs after this
-    # callback's, at any batch) puts it back uncached instead of refusing it.
+    # callback's, at any batch) puts it back uncached instead of refusing it; so does one
+    # that finds it would run in train mode without the cache, its hooks' asks included.
     cached.when_unfrozen = callback._unfrozen
+    cached.runs_uncached = callback._in_train_mode
     found.install(cached)
     callback._cached[name] = cached
     callback._found[name] = found
+
+
+def _run_uncached(callback: CacheFrozen, name: str, cached: CachedRows, *, grads: bool) -> None:
+    """Puts ``cached``'s module back as it was found (with ``grads``, each parameter
+    requiring grad as found), in the mode asked of it, to run uncached from here on, and
+    lets go of its cache."""
+    cached.when_unfrozen = cached.runs_uncached = None
+    callback._found.pop(name).put_back(cached, grads=grads)
+    pass_through(callback, cached.module)
+    let_go(cached, callback._aheads)
+    del callback._cached[name]
 
 
 def uncache(
@@ -473,17 +520,38 @@ def uncache(
     """Puts ``cached``'s module back as it was found, to train uncached from here on, and
     lets go of its cache; the warning that says so (:class:`Uncached`) points at what
     called this."""
-    cached.when_unfrozen = None
     # Its parameters as the schedule set them: it trains from here, as without the cache.
-    callback._found.pop(name).put_back(cached, grads=False)
-    pass_through(callback, cached.module)
-    let_go(cached, callback._aheads)
-    del callback._cached[name]
+    _run_uncached(callback, name, cached, grads=False)
     callback._uncached.add(name)
     warnings.warn(
         f"`{name}` was unfrozen (its parameters require grad: a fine-tuning schedule, "
         "say), so it is put back as it was and runs uncached from here on, training as "
         "without this callback; the rows kept while it was frozen stay in the store",
+        Uncached,
+        stacklevel=2,
+    )
+
+
+def left_in_train_mode(
+    callback: CacheFrozen, name: str, cached: CachedRows, parts: list[str]
+) -> None:
+    """Puts ``cached``'s module back as it was found, in the mode asked of it, to run
+    uncached for the rest of the stage: it would run in train mode without the cache, and
+    its ``parts`` compute otherwise there. A later stage caches it anew (in an evaluation,
+    Lightning puts it in eval). The warning that says so (:class:`Uncached`) points at
+    what called this."""
+    _run_uncached(callback, name, cached, grads=True)
+    warnings.warn(
+        f"`{name}` would run in train mode here without this callback, and its parts "
+        f"{few(parts)} compute otherwise in train mode (dropout drawing, BatchNorm on batch "
+        "statistics, updating its running ones): cached, it would be held in eval and "
+        "answer otherwise than it does without this callback, so it is put back as it was "
+        "and runs uncached, in train mode, for the rest of this stage. Freezing a module "
+        "with `requires_grad_(False)` leaves it in the mode it is in. If it is meant to "
+        f"run in eval, put it in eval before fitting (`model.{name}.eval()`: Lightning "
+        "keeps the modes it finds through a fit, and puts back those an evaluation "
+        f"changes), or in the LightningModule's `on_train_batch_start` (`self.{name}."
+        "eval()`), and it is cached",
         Uncached,
         stacklevel=2,
     )
@@ -502,7 +570,7 @@ def replaced(
         now = None
     if now is cached:
         return False
-    cached.when_unfrozen = None
+    cached.when_unfrozen = cached.runs_uncached = None
     callback._found.pop(name).put_back(cached, grads=True)
     if now is not None:
         pass_through(callback, now)
@@ -533,7 +601,7 @@ def put_back_all(callback: CacheFrozen, *, failed: bool) -> None:
     closing: list[CachedRows] = []
     for name, found in list(callback._found.items()):
         cached = callback._cached[name]
-        cached.when_unfrozen = None
+        cached.when_unfrozen = cached.runs_uncached = None
         del callback._found[name]
         found.put_back(cached, grads=True)
         closing.append(cached)

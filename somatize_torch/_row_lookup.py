@@ -477,7 +477,12 @@ def _recall_held(
 ) -> torch.Tensor:
     """:func:`_recall_or_run` with the module held frozen for the call, once it was handed
     back (:meth:`CachedRows._frozen_for_call`): holding it digests its weights, which is
-    kept out of compiled code with the lookup."""
+    kept out of compiled code with the lookup. First, :attr:`CachedRows.runs_uncached` is
+    asked whether the module runs uncached from here on (and answers with the module
+    itself, then), out of compiled code too: what it asks is the model's, not the batch's."""
+    uncached = self.runs_uncached
+    if uncached is not None and uncached(self):
+        return self._uncached(x)
     with self._frozen_for_call():
         return _recall_or_run(self, x, index)
 

@@ -333,17 +333,34 @@ class AsFound:
             for parameter, _, gradient in self.grads:
                 parameter.grad = gradient
 
+    def unheld_modes(self, mode: bool, parts: list[tuple[nn.Module, bool]]) -> list[bool]:
+        """The mode each of ``parts`` (parts of the module, each with its mode as found,
+        the module itself among them or not) would be in now had the module never been
+        held, the module itself in ``mode``: the modes :meth:`put_back` in ``mode`` would
+        leave them in. Held when found, they stay in the modes found."""
+        if self.held:
+            return [training for _, training in parts]
+        inner = [(part, training) for part, training in parts if part is not self.module]
+        asked = self.asked_modes(mode, self.modes[0][1], _asker(self.module), inner)
+        modes = iter(training for _, training in asked)
+        return [mode if part is self.module else next(modes) for part, _ in parts]
+
     def asked_modes(
-        self, mode: bool, found: bool, held: _Asked | None
+        self,
+        mode: bool,
+        found: bool,
+        held: _Asked | None,
+        parts: list[tuple[nn.Module, bool]] | None = None,
     ) -> list[tuple[nn.Module, bool]]:
-        """Each part's mode had the module never been held, the module itself in ``mode``.
-        ``mode`` asked of the whole module after a part's own ask overrides it; an ask of
-        the other mode that ``mode`` is not (Lightning's ``eval()`` for validation, its
-        flag then set back directly) is taken as undone."""
+        """Each part's mode had the module never been held, the module itself in ``mode``
+        (of ``parts``, each with its mode as found, where given; of every part but the
+        module itself otherwise). ``mode`` asked of the whole module after a part's own
+        ask overrides it; an ask of the other mode that ``mode`` is not (Lightning's
+        ``eval()`` for validation, its flag then set back directly) is taken as undone."""
         last = held.last.get(mode, 0) if isinstance(held, _HeldInEval) else 0
         whole = last if last > self.since else None
         modes = []
-        for part, training in self.modes[1:]:
+        for part, training in self.modes[1:] if parts is None else parts:
             if is_held(part):  # held on its own: it stays in eval
                 modes.append((part, training))
                 continue

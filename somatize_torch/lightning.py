@@ -66,6 +66,13 @@ Why it is shaped this way:
   a warning (:class:`FrozeTrainable`), and naming everything the fit would train
   is refused; under a fine-tuning callback, one it leaves to train (or in train
   mode) is left uncached, with a warning (:class:`Uncached`).
+- **A module that would run in train mode runs so, uncached**: a cached module
+  runs in eval, so one its model would run in train mode (frozen by
+  ``requires_grad_(False)`` alone, never put in eval) with parts that compute
+  otherwise there — BatchNorm on batch statistics, dropout drawing — is put back
+  as it was when a forward finds so, after the LightningModule's own hooks have
+  asked their modes, and answers that very batch uncached, with a warning
+  (:class:`Uncached`). One with no such part is cached whatever its mode.
 - **Ranks share one store**: under DDP each rank computes and keeps its own rows
   (a store's writes are atomic and idempotent, so two ranks keeping one row is
   harmless), and at the end of each epoch every rank flushes its writes and
@@ -130,6 +137,7 @@ from somatize_torch._lightning_modules import (
     find,
     fixed_by_wrap,
     freeze_first,
+    left_in_train_mode,
     locate,
     nested,
     nothing_left,
@@ -497,6 +505,26 @@ class CacheFrozen(Callback):
         if owner is None or name is None:
             return False
         uncache(self, owner, name, cached)
+        return True
+
+    def _in_train_mode(self, cached: CachedRows) -> bool:
+        """Asked by a cached module's forward before it keys a row — after every hook has
+        asked its modes (``self.encoder.eval()`` in the LightningModule's
+        ``on_train_batch_start``, which runs after this callback's) — whether the module
+        would run in train mode without the cache, with parts that compute otherwise there
+        (BatchNorm, dropout): it is then put back uncached there and then, in that mode
+        (:func:`left_in_train_mode`), and the forward answers with the module itself, so
+        that not even that batch is answered in eval. Not while prefilling, which runs in
+        eval before any hook of the fit could put it there; nor for a module unfrozen too,
+        which the forward puts back itself (:meth:`_unfrozen`), saying so."""
+        name = next((n for n, c in self._cached.items() if c is cached), None)
+        found = self._found.get(name) if name is not None else None
+        if found is None or name is None or self._stage[0] == "prefill":
+            return False
+        parts = found.in_train_mode(cached.training)
+        if not parts or any(p.requires_grad for p in cached.module.parameters()):
+            return False
+        left_in_train_mode(self, name, cached, parts)
         return True
 
     def _first_batch(self, pl_module: pl.LightningModule) -> None:

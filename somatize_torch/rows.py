@@ -230,6 +230,11 @@ class CachedRows(nn.Module):
         # True it has put the module back uncached, and the forward answers with the
         # module itself instead of refusing it (`Unfrozen`). ``CacheFrozen`` sets it.
         self.when_unfrozen: Callable[[CachedRows], bool] | None = None
+        # Asked (with this cache) at each lookup, before any row is keyed, whether the
+        # module is to run uncached from here on: if it answers True it has put the module
+        # back, and the forward answers with the module itself. ``CacheFrozen`` sets it, for
+        # a module its model would run in train mode, where it answers otherwise.
+        self.runs_uncached: Callable[[CachedRows], bool] | None = None
         # Whether the module is its model's again (see `hand_back`), until `freeze_again`.
         self._handed_back = False
         # The modes asked of the module and its parts as they stood when `eval()` was last
@@ -431,9 +436,10 @@ class CachedRows(nn.Module):
         return out
 
     def _uncached(self, x: torch.Tensor | DeferredRows) -> torch.Tensor:
-        """The module's own answer on ``x``, once :attr:`when_unfrozen` has put it back
-        uncached: run as without a cache, in the caller's grad mode, so that it trains
-        from this very batch."""
+        """The module's own answer on ``x``, once :attr:`when_unfrozen` or
+        :attr:`runs_uncached` has put it back uncached: run as without a cache, in the
+        caller's grad mode and the module's own mode, so that it trains or runs as without
+        a cache from this very batch."""
         if isinstance(x, DeferredRows):
             dtype = _deferred_row(self, x)[0]
             loaded = x.load()

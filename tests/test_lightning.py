@@ -543,7 +543,9 @@ def test_an_encoder_left_in_train_mode_trains_the_head_as_without_the_callback(
         run.fit(model, loader(), loader(shuffle=False, seed=2))
         return model
 
-    with pytest.warns(Uncached, match=r"`encoder` would run in train mode.*`encoder.eval\(\)`"):
+    with pytest.warns(
+        Uncached, match=r"`encoder` would run in train mode.*`model.encoder.eval\(\)`"
+    ):
         cached = fit(cache=True)
     plain = fit(cache=False)
     assert not isinstance(cached.encoder, CachedRows) and not is_held(cached.encoder)
