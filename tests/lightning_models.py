@@ -48,7 +48,7 @@ class Probe(pl.LightningModule):
         self.lr = lr
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        self.encoder.eval()  # Lightning puts every submodule in train mode each epoch
+        self.encoder.eval()  # in train mode its BatchNorm would use batch statistics
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
