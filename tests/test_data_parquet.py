@@ -1386,6 +1386,31 @@ def test_a_name_rebound_after_settling_is_refused_on_a_worker(tmp_path: Path, st
     assert again.forward(x, store=store, broker=broker) == 30
 
 
+def test_a_source_a_worker_built_before_its_name_was_rebound_is_built_again(
+    store: Store,
+) -> None:
+    """A worker builds a source ahead of its first job, resolving the name then: one built
+    for a forward whose answers were all recalled, so that it never ran, is still at the
+    old version when the name is rebound and a graph built and settled on the new one asks
+    for it. That graph did as it should, and reads the new version on the worker."""
+    bound(store, numbers(100), "numbers")
+    x = {"at": 0, "take": 64}
+    before, _ = _on_w1(Parquet(store, "numbers"))
+    assert before.forward(x, store=store) == 64
+    broker = _network()
+    seen: list[dict[str, Any]] = []
+    assert before.forward(x, store=store, broker=broker, watching=seen.append) == 64
+    assert [f["fact"] for f in seen] == ["spared", "recalled", "finished"]
+    bound(store, numbers(30), "numbers")
+    after, _ = _on_w1(Parquet(store, "numbers"))
+    seen.clear()
+    assert after.forward(x, store=store, broker=broker, watching=seen.append) == 30
+    assert [(f["node"], f.get("by")) for f in seen if f["fact"] == "kept"] == [
+        ("data", "w1"),
+        ("count", None),
+    ]
+
+
 def test_a_store_no_worker_can_open_is_refused_before_anything_runs() -> None:
     """A `memory://` bucket has no address: the source is refused, saying why and what to do,
     and nothing runs."""

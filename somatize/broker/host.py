@@ -442,15 +442,20 @@ class Host:
             if found is None:
                 if state is not None and data is None:
                     return None
-                found = self._spare.pop(blueprint, None) if state is not None else None
-                if found is None:
-                    found = self._build(blueprint, name)
+                spare = self._spare.pop(blueprint, None) if state is not None else None
+                found = spare if spare is not None else self._build(blueprint, name)
                 if state is not None:
                     assert data is not None
                     try:
-                        loaded = found.load_state(memoryview(data))
-                    except StateMismatch as why:
-                        raise StateMismatch(f"`{name}` on worker `{self.worker}`: {why}") from None
+                        loaded = self._load(found, data, name)
+                    except StateMismatch:
+                        if spare is None:
+                            raise
+                        # Built ahead of its first job, it found what it reads as it was
+                        # then (a dataset's name bound again since, its files changed):
+                        # built now, it finds them as they are.
+                        found = self._build(blueprint, name)
+                        loaded = self._load(found, data, name)
                     if loaded != state:
                         raise state_mismatch(name, self.worker, loaded, state)
                     found._smz.state = loaded
@@ -466,6 +471,14 @@ class Host:
                 self._hold(blueprint, name, state, holder)
             self._moved(blueprint, name, holder)
             return found
+
+    def _load(self, node: Node, data: Buffer, name: str) -> str:
+        """What ``node`` says it holds once ``data``, its state's bytes, is loaded into it;
+        StateMismatch naming the node and this worker when it refuses them."""
+        try:
+            return node.load_state(memoryview(data))
+        except StateMismatch as why:
+            raise StateMismatch(f"`{name}` on worker `{self.worker}`: {why}") from None
 
     def _look_again(
         self, node: Node, before: tuple[tuple[str, str], ...], state: str | None
