@@ -312,6 +312,42 @@ def test_a_row_group_read_as_other_columns_than_declared_is_refused(
         Parquet(store, "data/n", columns=["s"]).forward({"at": 0, "take": 2}, ctx())
 
 
+def _footer_says_one_row_more(data: bytes) -> bytes:
+    """``data``, a Parquet file of two row groups of 5 rows, with its footer saying the
+    first holds 6 (a writer's footer its pages do not match): the byte of that count,
+    zigzag 5, written as zigzag 6, found where the footer reads so."""
+    length = int.from_bytes(data[-8:-4], "little")
+    for at in range(len(data) - 8 - length, len(data) - 8):
+        if data[at] != 0x0A:
+            continue
+        told = data[:at] + b"\x0c" + data[at + 1 :]
+        try:
+            footer = pyarrow.parquet.ParquetFile(io.BytesIO(told)).metadata
+        except (pyarrow.ArrowException, OSError):
+            continue
+        if [footer.row_group(i).num_rows for i in range(footer.num_row_groups)] == [6, 5]:
+            return told
+    raise AssertionError("no count of rows found in the footer")
+
+
+def test_a_row_group_of_other_rows_than_its_footer_says_is_refused(
+    tmp_path: Path, store: Store
+) -> None:
+    """A row group whose pages hold fewer rows than the footer says is refused, not read
+    short: its rows would be handed over at positions they are not at (the rows after it
+    shifted, a span short in the middle of the dataset, which says it ended)."""
+    told = _footer_says_one_row_more(parquet_bytes(numbers(10), row_group_size=5))
+    store.bind("data/n", store.put(told))
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "part-000.parquet").write_bytes(told)
+    for source in (Parquet(store, "data/n"), ParquetDir(tmp_path / "d")):
+        assert source.count_rows() == 11
+        with pytest.raises(
+            NotParquet, match=r"row group 0 of `.*`.* was read as 5 rows .*footer says it holds 6"
+        ):
+            source.forward({"at": 3, "take": 3}, ctx())
+
+
 def test_a_column_name_written_twice_is_refused_as_ambiguous(tmp_path: Path, store: Store) -> None:
     """A file with two columns of one name is refused, naming it, when that name is read
     (or every column is); the columns named once still read."""

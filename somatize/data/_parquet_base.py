@@ -404,15 +404,27 @@ class _File:
         )
 
     def _declared(self, table: pyarrow.Table, index: int) -> pyarrow.Table:
-        """``table``, read from row group ``index``, when it has the columns the footer
-        declares; NotParquet when it has others."""
-        schema = self.footer.schema
+        """``table``, read from row group ``index``, when it has the columns and as many rows
+        as the footer declares; NotParquet when it has others."""
+        footer = self.footer
+        schema = footer.schema
         if not table.schema.equals(schema, check_metadata=True):
             raise NotParquet(
-                f"row group {index} of {self.footer.where} was read as columns "
+                f"row group {index} of {footer.where} was read as columns "
                 f"{table.schema} where the file's schema, for the columns asked for, says "
                 f"{schema}: no rows of it are handed over. Read it whole (columns=None), or "
                 "write it again with pyarrow"
+            )
+        # Where each row is comes from the footer's counts: pyarrow reads a group whose
+        # pages hold fewer rows than its count short, which would hand over the rows after
+        # it at other positions, and a span short in the middle, which says the end.
+        rows = footer.starts[index + 1] - footer.starts[index]
+        if table.num_rows != rows:
+            raise NotParquet(
+                f"row group {index} of {footer.where} was read as {table.num_rows} rows where "
+                f"the file's footer says it holds {rows}, so where its rows and those after "
+                "it are in the dataset cannot be told: no rows of it are handed over. Its "
+                "writer wrote a footer its pages do not match: write the dataset again"
             )
         return table
 
