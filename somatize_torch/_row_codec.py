@@ -19,7 +19,7 @@ import torch
 
 from somatize.store._packed import take_as_steady
 from somatize_torch._codec_header import _strides_overflow
-from somatize_torch.codec import TENSOR, _check_bools, inverse_order, row_layout
+from somatize_torch.codec import TENSOR, _check_bools, _refuse_bools, inverse_order, row_layout
 from somatize_torch.digest import memory_of
 
 __all__ = [
@@ -112,6 +112,10 @@ def encode_batch_viewed(
     header whose bytes are no whole count of the dtype's), or where there are none."""
     if rows.shape[0] == 0:
         return memoryview(b""), 0, None
+    if rows.dtype is torch.bool:
+        # The header is the codec's for one row, which it checked alone: every row's bytes
+        # are checked here, in one pass over the batch.
+        _refuse_bools("tensor", "tensor", rows)
     header = _header(rows, order)
     count = rows.shape[0]
     size = rows[0].numel() * rows.element_size()
@@ -149,8 +153,8 @@ def _header(rows: torch.Tensor, order: list[int] | None) -> torch.Tensor:
         else:
             first = rows[0].permute(inverse_order([d - 1 for d in order[1:]]))
         found = torch.tensor(list(bytes(TENSOR.encode(first)[0])), dtype=torch.uint8)
-        if rows.dtype is not torch.bool and len(_HEADERS) < _HEADERS_HELD:
-            _HEADERS[kind] = found  # a bool row's values are checked by the codec, each batch
+        if len(_HEADERS) < _HEADERS_HELD:
+            _HEADERS[kind] = found
     return found
 
 

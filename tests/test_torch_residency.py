@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from somatize import SomatizeWarning, Store, StoreError
+from somatize import CodecError, SomatizeWarning, Store, StoreError
 from somatize._threads import ProcessLock
 from somatize.store import _local_joined as local_joined
 from somatize.store._packed import frozen, steady
@@ -125,6 +125,24 @@ def test_rows_are_written_as_the_tensor_codec_writes_each_row() -> None:
     wider = b"".join(bytes(p) for p in TENSOR.encode(torch.zeros(3, 3, dtype=torch.bfloat16)))
     with pytest.raises(ValueError, match="row answer 2 is not"):
         decode_rows([datas[0], datas[1], memoryview(wider)])
+
+
+@pytest.mark.parametrize("bad", [0, 3])
+def test_bool_rows_of_bytes_other_than_0_and_1_are_not_written(bad: int) -> None:
+    """A batch of bool rows holding a byte torch never writes (a uint8 mask viewed as bool,
+    copied to the host as it lies) is refused whichever row holds it, as the codec refuses
+    the row alone: only the first row was checked, and a later one was written, to be read
+    back as damaged and computed again at every read."""
+    masks = torch.zeros(5, 6, dtype=torch.uint8)
+    masks[bad, 2] = 4
+    x = masks.view(torch.bool)
+    with pytest.raises(CodecError, match="bytes other than 0 and 1"):
+        TENSOR.encode(x[bad])
+    for _ in range(2):  # the header of such rows, once made, checks nothing
+        with pytest.raises(CodecError, match=r"bytes other than 0 and 1 .*`mask != 0`"):
+            encode_batch(x)
+    made = x != 0
+    assert torch.equal(decode_rows([memoryview(b"".join(p)) for p in encode_rows(made)]), made)
 
 
 def test_encoded_rows_are_hashed_and_written_as_they_are() -> None:
