@@ -130,6 +130,36 @@ def test_a_durable_write_into_a_new_folder_syncs_the_folders_above_it(
     assert synced.index(root / "blobs") < synced.index(record.parent)
 
 
+@pytest.mark.parametrize("size", [100, 1 << 20], ids=["small", "large"])
+def test_a_durable_put_of_a_blob_already_there_syncs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """A durable keep that finds its blob already there, written by a store that does not
+    sync, syncs that blob and the folders above it before the record that refers to it is
+    published: trusted as it was, it could be lost at a power cut the record survives."""
+    root = tmp_path / "store"
+    key = key_of("durable")
+    blob = LocalStore(root).put(value_of(key, size))
+    store = LocalStore(root, durable=True)
+    synced: list[Path] = []
+    sync, fsync = LocalStore._sync_directory, os.fsync
+    monkeypatch.setattr(
+        LocalStore, "_sync_directory", staticmethod(lambda at: (synced.append(Path(at)), sync(at)))
+    )
+
+    def recorded(handle: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{handle}")))
+        fsync(handle)
+
+    monkeypatch.setattr(os, "fsync", recorded)
+    answer = store.keep(key, value_of(key, size), "plain")
+    assert answer.value == blob
+    path = store.blob_path(blob)
+    record = synced.index(store.answer_path(key).parent)
+    for synced_first in (path, path.parent, root / "blobs"):
+        assert synced_first in synced and synced.index(synced_first) < record, synced_first
+
+
 # -- concurrency -------------------------------------------------------------------------------
 
 

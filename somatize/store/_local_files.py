@@ -248,6 +248,9 @@ class LocalFiles(PackedHome):
     names onto (all but ``packs/`` end in a separator)."""
     _verified: dict[str, Stamp]
     """Digest → the :func:`stamp_of` the file had when it was hashed and matched."""
+    _synced: dict[str, tuple[int, int]]
+    """A durable store's blob file found here and synced (:meth:`_already`) → the inode and
+    ctime it had then."""
     _may_write = False
     """Whether a file was once made in ``tmp/`` (see :meth:`_refused_keeping`)."""
 
@@ -565,20 +568,50 @@ class LocalFiles(PackedHome):
         the touch only guards against a gc, as a bucket's put, which cannot touch, does not.
         One that cannot be looked at (a folder of its path this process may not search, a
         file where a folder should be) is not taken for here: that is StoreError, as the
-        write would be, and ``temporary`` (the blob written in ``tmp/``) is removed."""
+        write would be, and ``temporary`` (the blob written in ``tmp/``) is removed.
+
+        Durable, the blob found and each folder above it up to the store's are synced before
+        it is relied on: another process that does not sync may have written it, and the
+        record published next, synced, would outlast a power cut that took the blob."""
         try:
-            if os.stat(target).st_size != size:
-                return False
+            found = os.stat(target)
         except FileNotFoundError:
             return False
         except OSError as why:
             raise self._unwritten(temporary, target, why) from why
+        if found.st_size != size:
+            return False
         try:
             os.utime(target)
         except FileNotFoundError:
             return False  # removed by a gc just now: it is written afresh
         except OSError:
             pass  # here, but not this process's to touch
+        return self._synced_here(target, found, temporary) if self.durable else True
+
+    def _synced_here(self, target: str, found: os.stat_result, temporary: str | None) -> bool:
+        """Whether blob file ``target`` (``found`` as it was before :meth:`_already` touched
+        it) is still here once it and each folder above it up to the store's are synced: a
+        process that does not sync may have written it. One this store synced before,
+        touched since by this store alone, is not synced again."""
+        try:
+            if self._synced.get(target) != (found.st_ino, found.st_ctime_ns):
+                handle = os.open(target, os.O_RDONLY)
+                try:
+                    os.fsync(handle)
+                finally:
+                    os.close(handle)
+                folder = Path(target).parent
+                self._sync_directory(folder)
+                while folder != self.root and self.root in folder.parents:
+                    folder = folder.parent
+                    self._sync_directory(folder)
+            touched = os.stat(target)  # its ctime moved with the touch
+        except FileNotFoundError:
+            return False  # removed by a gc just now: it is written afresh
+        except OSError as why:
+            raise self._unwritten(temporary, target, why) from why
+        self._synced[target] = (touched.st_ino, touched.st_ctime_ns)
         return True
 
     def bind(self, name: str, digest: str) -> None:
