@@ -34,7 +34,7 @@ from typing import Any
 from somatize.errors import SomatizeError
 from somatize.store import BucketStore, LocalStore, StoreError
 from somatize.store.base import Answer, Corrupt, check_digest, check_name
-from somatize.store.records import PackIndex, decode_pack
+from somatize.store.records import KEY_VARIABLE, PackIndex, Unsigned, decode_pack
 from somatize.store.upkeep import Progress, contents, listing, survey
 
 __all__ = ["main", "parse_size", "size_of"]
@@ -235,6 +235,17 @@ def _show(store: LocalStore | BucketStore, what: str, out: Any) -> int:
     missing (a record that cannot be read is damage, as ``verify`` says)."""
     try:
         return _show_kept(store, what, out)
+    except Unsigned as why:
+        # Another key than the writers' refuses what they signed as it refuses an altered
+        # file, and verify refuses to run with it: the advice starts from the key.
+        print(
+            f"somatize store show: NOT TRUSTED: {_printable(str(why))}. Show it with the key "
+            f"the store's writers sign with ({KEY_VARIABLE}); where this process holds that "
+            "key, it was altered, and `somatize store verify --quarantine` with it moves it "
+            "aside",
+            file=sys.stderr,
+        )
+        return 1
     except Corrupt as why:
         print(
             f"somatize store show: DAMAGED: {_printable(str(why))}; `somatize store verify "

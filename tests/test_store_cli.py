@@ -643,6 +643,24 @@ def test_show_of_a_record_that_cannot_be_read_says_it_is_damaged(
     assert f"DAMAGED answers/{KEY[7:9]}/{KEY[7:]}" in capsys.readouterr().out
 
 
+def test_show_of_a_record_signed_with_another_key_says_which_key_to_show_it_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """show with a key the store's writers did not sign with does not advise `verify
+    --quarantine`, which refuses that key: it says to show it with the writers' key, and
+    that only where this is that key the record was altered and verify moves it aside."""
+    monkeypatch.setenv("SOMATIZE_STORE_KEY", "the writers' key")
+    where = str(_store(tmp_path).root)
+    monkeypatch.setenv("SOMATIZE_STORE_KEY", "another key")
+    assert main(["store", "show", KEY, "--store", where]) == 1
+    err = capsys.readouterr().err
+    assert "signature that does not match" in err and len(err.strip().splitlines()) == 1
+    assert "with the key the store's writers sign with (SOMATIZE_STORE_KEY)" in err
+    assert "where this process holds that key" in err
+    assert main(["store", "verify", "--quarantine", "--store", where]) == 2
+    assert "none of the 2 records" in capsys.readouterr().err
+
+
 def test_du_of_a_bucket_counts_its_use_logs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
