@@ -1102,7 +1102,9 @@ def _describe_call(node: fx.Node, inner: nn.Module) -> Any:
     met = [places.get(n.name) for n in _inputs_in_key_order((node.args, node.kwargs))]
     told = len(places) < 2 or None in met or met == list(range(len(places)))
     held = None if told else places
-    return {"args": _constant(node.args, held), "kwargs": _constant(node.kwargs, held)}
+    # The arguments as a list, as they were described before tuples inside were told apart.
+    args = [_constant(value, held) for value in node.args]
+    return {"args": args, "kwargs": _constant(node.kwargs, held)}
 
 
 def _inputs_in_key_order(value: Any) -> Iterator[fx.Node]:
@@ -1120,16 +1122,22 @@ def _inputs_in_key_order(value: Any) -> Iterator[fx.Node]:
 
 def _constant(value: Any, places: Mapping[str, int] | None = None) -> Any:
     """An argument of a declared call as a canonical value: ``"<input>"`` for an input, or
-    with ``places``, the place of each among the call's inputs (``"<input 1>"``)."""
+    with ``places``, the place of each among the call's inputs (``"<input 1>"``).
+
+    A submodule may answer a tuple and a list of the same items apart (``isinstance(how,
+    tuple)``), or a dtype and the string spelling it: a tuple stays a tuple, and a value of
+    no plain kind is described by its repr as bytes, which no plain value is described as."""
     if isinstance(value, fx.Node):
         return "<input>" if places is None else f"<input {places[value.name]}>"
-    if isinstance(value, (tuple, list)):
+    if isinstance(value, tuple):
+        return tuple(_constant(v, places) for v in value)
+    if isinstance(value, list):
         return [_constant(v, places) for v in value]
     if isinstance(value, dict):
         return {str(k): _constant(v, places) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    return repr(value)
+    return repr(value).encode()
 
 
 def _same_constant(a: Any, b: Any) -> bool:

@@ -6726,6 +6726,59 @@ def test_calls_of_a_cached_submodule_handing_its_inputs_in_other_places_are_keye
         assert wrapped.counts[name] == {"ran": 1, "kept": 1, "recalled": 1}
 
 
+class Shaped(nn.Module):
+    """Scales by 2 when handed a tuple, and by 3 when handed a dtype rather than its name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, how: Any) -> torch.Tensor:
+        h = self.linear(x)
+        if isinstance(how, tuple):
+            return h * 2
+        if isinstance(how, torch.dtype):
+            return h * 3
+        return h
+
+
+class HandsTuplesAndLists(nn.Module):
+    """Calls its declared encoder with a tuple and a list of the same items, and with a
+    dtype and the text its repr gives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Shaped()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            self.encoder(x, (1, 2)),
+            self.encoder(x, [1, 2]),
+            self.encoder(x, torch.float32),
+            self.encoder(x, "torch.float32"),
+        )
+
+
+def test_calls_of_a_cached_submodule_handed_a_tuple_or_a_list_a_dtype_or_its_name_are_keyed_apart(
+    store: Store,
+) -> None:
+    """A cached submodule handed a tuple and then a list of the same items, or a dtype and
+    then a string spelling it, may answer each otherwise (`isinstance(how, tuple)`): the
+    calls are keyed apart, each answered as the model answers it, rather than the second
+    recalling the first's answer."""
+    torch.manual_seed(0)
+    model = HandsTuplesAndLists()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            for got, want in zip(wrapped(x), model(x), strict=True):
+                assert torch.equal(got, want)
+    for name in ("encoder", "encoder~2", "encoder~3", "encoder~4"):
+        assert wrapped.counts[name] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
 class EncodesThrough(nn.Module):
     """Encodes what the module it is handed embeds."""
 
