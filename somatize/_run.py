@@ -92,6 +92,9 @@ class _Run:
         the first node was handed it (:func:`_mark_of`); taken only where a keyed node that
         runs is handed it after, and where a codec weighs the answer."""
         self.values: dict[str, Any] = {}
+        self.moved: set[str] = set()
+        """The mapped nodes whose code was changed as their items ran on a network worker
+        (:attr:`~somatize.broker.base.Done.moved`): the client keeps none of their items."""
         self.loaded: dict[str, Any] = {}
         self.drift: dict[str, tuple[str | None, str]] = {}
         """Node → the code fingerprints (kept with, now) of its drifted answers read back."""
@@ -333,7 +336,10 @@ class _Run:
         start = time.perf_counter_ns()
         try:
             if worker is not None and self.broker is not None:
-                value = self.broker.call(self.graph, node, list(inputs), ctx, self.emit)
+                done = self.broker.called(self.graph, node, list(inputs), ctx, self.emit)
+                value = done.value
+                if done.moved:
+                    self.moved.add(node)
             elif worker is not None:  # placed, run here: what it changes is its own
                 with running_here(implementation), own:
                     value = implementation.forward(*inputs, ctx)
@@ -537,10 +543,11 @@ class _Run:
     ) -> int | None:
         """Keeps a mapped node's item answers, grouped by codec, with the ``fingerprint`` of
         the code they depend on; returns the bytes kept, or None where the code was changed
-        as the forward ran (:meth:`code_moved`), as :meth:`keep` does."""
+        as the forward ran (:meth:`code_moved`), as :meth:`keep` does, or as they ran on
+        their worker (:attr:`moved`)."""
         store = self.store
         assert store is not None
-        if self.code_moved():
+        if node in self.moved or self.code_moved():
             return None
         groups: dict[str, list[tuple[str, Sequence[Any]]]] = {}
         with self._keeping(node):

@@ -692,3 +692,20 @@ class Stuck(Node):
             except KeyboardInterrupt:
                 continue
         return value
+
+
+class ChangesItsCode(Node):
+    """Adds one to each item, by a method it gives its class other code for first (adding a
+    thousand), as a node that patches code while it runs on a worker does; declared mapped
+    in the tests."""
+
+    def forward(self, items: list[int], ctx: Any) -> list[int]:
+        type(self).add = _add_a_thousand  # type: ignore[method-assign]
+        return [self.add(item) for item in items]
+
+    def add(self, item: int) -> int:
+        return item + 1
+
+
+def _add_a_thousand(self: ChangesItsCode, item: int) -> int:
+    return item + 1000

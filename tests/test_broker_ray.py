@@ -33,6 +33,7 @@ from somatize.broker import (
 from somatize.keys import root_key
 from somatize_torch import ModuleNode, freeze
 from tests.broker_nodes import (
+    ChangesItsCode,
     Encoder,
     Exits,
     ExitsWhenBuilt,
@@ -210,6 +211,30 @@ def test_the_keys_of_a_mapped_node_on_a_worker_are_the_client_s(broker: Any, sto
     for index in range(3):
         key = broker.key_on("w1", g, "sq", [item_key(rows, index)])
         assert store.have([key]) == {key}
+
+
+def test_items_a_worker_computed_while_its_code_was_changed_are_not_kept(
+    cluster: None, store: Store
+) -> None:
+    """A mapped node whose class is given other code on its Ray worker as its items run
+    there computes them with the new code, after the job was checked against the old
+    code's fingerprint: the client keeps none of them under the old code's keys, where the
+    old code would recall them."""
+    from somatize.keys import item_key
+
+    x = {"at": 0, "take": 3}
+    g = Graph.somatize(
+        Rows().named("rows").frozen().cached()
+        >> ChangesItsCode().named("changes").frozen().cached().mapped().at("w1")
+    )
+    seen: list[dict[str, Any]] = []
+    # A broker of its own: the class its worker holds keeps the other code.
+    with Broker.ray(workers={"w1": _worker()}) as broker:
+        assert g.forward(x, store=store, broker=broker, watching=seen.append) == [1000, 1001, 1002]
+        (rows,) = [f["key"] for f in seen if f["fact"] == "kept" and f["node"] == "rows"]
+        keys = [broker.key_on("w1", g, "changes", [item_key(rows, i)]) for i in range(3)]
+    assert [f for f in seen if f["fact"] == "kept" and f["node"] == "changes"] == []
+    assert store.have(keys) == set()
 
 
 def test_a_key_asked_with_what_names_no_key_is_refused_before_anything_is_sent(

@@ -498,6 +498,19 @@ class Broker(abc.ABC):
         emit: Callable[[Fact], Any],
     ) -> Any:
         """Runs ``node`` on its worker and returns its value, emitting what it crossed."""
+        return self.called(graph, node, inputs, ctx, emit).value
+
+    def called(
+        self,
+        graph: Graph,
+        node: str,
+        inputs: list[Any],
+        ctx: Context,
+        emit: Callable[[Fact], Any],
+    ) -> Done:
+        """:meth:`call`, returning all it is told of the run (:class:`Done`): a caller that
+        keeps the answer itself needs to know besides the value whether the node's code
+        was changed as it ran (``moved``)."""
         future: Future[Done] | None = None
         try:
             future = self.submit(graph, node, inputs, ctx)
@@ -517,7 +530,7 @@ class Broker(abc.ABC):
             raise
         for fact in done.facts:
             emit(fact)
-        return done.value
+        return done
 
     def interrupted(self, futures: Iterable[Future[Done]]) -> None:
         """The forward waiting on ``futures`` was interrupted (Ctrl-C): the calls among them
