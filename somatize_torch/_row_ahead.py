@@ -14,9 +14,15 @@ for the very tensor named and unchanged since — the same version counter, memo
 layout and dtype (:func:`~somatize_torch.codec.stamp_of`) — and names the rows itself
 otherwise. A write torch does not count (into ``x.data``, through ``x.numpy()`` or
 DLPack) moves none of these, so it is not seen: a batch is to be written before it is
-named. An inference tensor has no version counter, so it is never named ahead. A
-cache holds at most :data:`_NAMED_AHEAD` batches named ahead, the oldest dropped, so a
-loop that names batches it never runs holds no more than that.
+named. The thread naming a batch holds it (:class:`~somatize_torch.digest.RowsLater`),
+and so its storage, until it is done; but a storage swaps its memory for other memory,
+freeing what it held, when it grows (``x.resize_()``), moves to shared memory
+(``x.share_memory_()``) or is freed (``resize_(0)``), and nothing from Python can hold
+that memory or be told of the swap. The forward takes no names for such a batch (its memory or
+shape moved), but the thread may have read freed memory: a batch is not to give up its
+memory before its forward either. An inference tensor has no version counter, so it is
+never named ahead. A cache holds at most :data:`_NAMED_AHEAD` batches named ahead, the
+oldest dropped, so a loop that names batches it never runs holds no more than that.
 """
 
 from __future__ import annotations

@@ -26,7 +26,10 @@ another device is named again at its forward. A change made behind torch's back 
 writing into ``x.data``, through ``x.numpy()`` or a DLPack view — moves no version
 counter and is not seen: the forward would take the names of what the batch held
 before. Don't write into a batch that way between the loader and the cached module;
-write into a ``clone()`` and hand the forward that.
+write into a ``clone()`` and hand the forward that. Nor give up a batch's memory there
+(``x.resize_()`` growing it, ``x.share_memory_()``, its storage freed): the thread naming
+it holds the batch, but torch frees the memory under a storage it swaps, and the thread
+may still be reading it.
 
 Which tensor of a loader item is the cached module's input is learned: after each
 step, the tensor of the item that a cache was last called with (found by identity

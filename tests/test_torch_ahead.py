@@ -90,6 +90,26 @@ def test_a_batch_changed_in_place_after_naming_is_named_again(warm: CachedRows) 
     assert warm.stats.computed == 64  # the doubled rows are new rows, all computed
 
 
+@pytest.mark.parametrize("swap", ["grown", "shared"])
+def test_a_batch_whose_memory_is_swapped_after_naming_is_named_again(
+    warm: CachedRows, swap: str
+) -> None:
+    """A batch grown (`resize_`) or moved to shared memory (`share_memory_`) after it was
+    named holds its values in other memory: its forward names it again and answers what
+    it holds now. (The swap waits for the naming here: the memory it frees could be
+    being read.)"""
+    x = images(64)[:16].clone()
+    assert warm.name_ahead(x)
+    warm._named[id(x)][2].result()
+    held = x.clone()
+    if swap == "grown":
+        x.resize_(24, *x.shape[1:])  # the rows past the 16th hold whatever the memory did
+    else:
+        x.share_memory_()
+    assert torch.equal(warm(x)[:16], expected(warm.module, held))
+    assert warm.used_ahead == 0
+
+
 def test_weights_changed_after_naming_give_the_new_weights_answers(warm: CachedRows) -> None:
     data = images(64)
     batches = ahead(loader(data, seed=5), warm)
