@@ -49,6 +49,7 @@ from somatize.node import (
     holds_state,
     slots_of,
     state_held,
+    tells_state,
 )
 from somatize.placement import Placement
 from somatize.store import BadAddress, Store
@@ -368,7 +369,7 @@ class Graph:
             self._undeclared[name] = undeclared
         if not node.is_declaration_fixed():
             self._unfixed[name] = node
-        if type(node).restate is not Node.restate:
+        if tells_state(node):
             self._restated[name] = node
             self._followed[name] = marks.moved
         kept = node.kept_arguments()

@@ -103,10 +103,12 @@ __all__ = [
     "holding_of",
     "holds_state",
     "in_slot",
+    "restates",
     "running_here",
     "sees_state",
     "slots_of",
     "state_held",
+    "tells_state",
 ]
 
 
@@ -231,6 +233,30 @@ def sees_state(sees: Callable[[Any], bool | str]) -> None:
     (idempotent): ``somatize.torch`` registers one for nodes that are or keep modules."""
     if sees not in _HOLDS_STATE:
         _HOLDS_STATE.append(sees)
+
+
+_RESTATES: list[tuple[type, Callable[[Any], str | None]]] = []
+"""What libraries that know a kind of node answer for :meth:`Node.restate` of a node of that
+kind whose class writes none of its own (``somatize.torch``: a node that is itself an
+``nn.Module``, whose weights ``freeze`` settles), each with the kind."""
+
+
+def restates(kind: type, restate: Callable[[Any], str | None]) -> None:
+    """Registers ``restate`` as :meth:`Node.restate` of a node that is also a ``kind`` and
+    whose class writes none of its own (idempotent): ``somatize.torch`` registers one for
+    nodes that are themselves ``nn.Module`` objects, whose weights change after ``freeze``
+    (a checkpoint loaded) without their class saying how to see it."""
+    if (kind, restate) not in _RESTATES:
+        _RESTATES.append((kind, restate))
+
+
+def tells_state(node: Any) -> bool:
+    """Whether ``node`` can tell that its state changed: its class writes
+    :meth:`Node.restate`, or a library registered one for a kind it is (:func:`restates`).
+    A graph asks only such nodes, at every forward."""
+    return type(node).restate is not Node.restate or any(
+        isinstance(node, kind) for kind, _ in _RESTATES
+    )
 
 
 class Node:
@@ -624,7 +650,11 @@ class Node:
         state if it changed since, now said to be its state; None when it did not (and
         by default). The graph asks at the start of each forward, so its key, and the state
         a worker is sent, name the state it computes with — a node that can see a change
-        cheaply (a torch module watching its tensors) says so here."""
+        cheaply (a torch module watching its tensors) says so here; where its class does
+        not, a library that knows a kind it is may (:func:`restates`)."""
+        for kind, restate in _RESTATES:
+            if isinstance(self, kind):
+                return restate(self)
         return None
 
     def declaration_moved(self) -> bool:

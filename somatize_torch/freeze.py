@@ -56,7 +56,7 @@ import somatize
 from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize.catalog import identity_of
 from somatize.errors import SomatizeError, SomatizeWarning
-from somatize.node import attributes_of, sees_state
+from somatize.node import attributes_of, restates, sees_state
 from somatize_torch._precision import Named, precision_on
 from somatize_torch._settings import SettingsWatch, _configs_in, hooks_of, settings_of
 from somatize_torch._state import StateWatch, _state_tensors, digest_state
@@ -528,24 +528,10 @@ class ModuleNode(Node):
         does: the answer recalled for it is the one it computes in eval. A part put
         in place of another (in train mode, as a module is made) is held in eval with the
         rest, without a warning."""
-        watch = self._watch
-        # Thoroughly: a conversion (`encoder.double()`) swaps each tensor's memory and
-        # bumps no version counter, and the answers it computes after are others.
-        if watch is None or not watch.changed(thorough=True):
-            if is_held(self.module):
-                check_still(self._smz.name or repr(self), self.module)
-            return None
-        unfrozen = watch.unfrozen(self.module)
-        if unfrozen:
-            raise unfrozen_error(self.module, unfrozen)
-        # Tensors put in since (`load_state_dict(..., assign=True)`) are looked at as
-        # freezing looked at the first ones; only on a change, so it costs nothing otherwise.
-        refuse_inference_tensors(type(self.module).__name__, self.module)
-        hold(self.module)
-        digest = digest_state(self.module)
-        self._watch = StateWatch(self.module)
-        self._smz.state = digest
-        return digest
+        state, self._watch = restated(self._smz.name or repr(self), self.module, self._watch)
+        if state is not None:
+            self._smz.state = state
+        return state
 
     def state_bytes(self) -> bytes:
         """The module's parameters and buffers by name, as ``tensor`` codec bytes: their
@@ -706,6 +692,53 @@ class ModuleNode(Node):
     def __repr__(self) -> str:
         name = self._smz.name
         return f"<ModuleNode {type(self.module).__qualname__}{f' {name!r}' if name else ''}>"
+
+
+def restated(
+    name: str, module: nn.Module, watch: StateWatch | None
+) -> tuple[str | None, StateWatch | None]:
+    """What :meth:`ModuleNode.restate` answers of ``module``, frozen at a state ``watch``
+    has watched since (named ``name`` in a warning), and the watch from here on: the
+    digest of its state if it changed since, the module held frozen again; None if
+    nothing changed, a part put in train mode directly put back in eval, with a warning."""
+    # Thoroughly: a conversion (`encoder.double()`) swaps each tensor's memory and
+    # bumps no version counter, and the answers it computes after are others.
+    if watch is None or not watch.changed(thorough=True):
+        if is_held(module):
+            check_still(name, module)
+        return None, watch
+    unfrozen = watch.unfrozen(module)
+    if unfrozen:
+        raise unfrozen_error(module, unfrozen)
+    # Tensors put in since (`load_state_dict(..., assign=True)`) are looked at as
+    # freezing looked at the first ones; only on a change, so it costs nothing otherwise.
+    refuse_inference_tensors(type(module).__name__, module)
+    hold(module)
+    digest = digest_state(module)
+    return digest, StateWatch(module)
+
+
+_WATCH = "_somatize_watch"
+"""Where a node that is itself an ``nn.Module`` keeps the watch of its state, among its
+attributes (a copy of the node watches its own, as a ModuleNode's copy does): named so
+that no attribute of the module's own class is taken for it."""
+
+
+def _restate_module(node: Any) -> str | None:
+    """:meth:`~somatize.node.Node.restate` of a node that is itself an ``nn.Module``, whose
+    class writes none (registered with :func:`~somatize.node.restates`): a ModuleNode's,
+    of its own state, watched from ``freeze`` on. Its class says nothing of its weights,
+    and a checkpoint loaded into it after ``freeze`` went on being keyed by the weights
+    before."""
+    state, watch = restated(node._smz.name or type(node).__qualname__, node, vars(node).get(_WATCH))
+    if watch is not None:
+        vars(node)[_WATCH] = watch
+    if state is not None:
+        node._smz.state = state
+    return state
+
+
+restates(nn.Module, _restate_module)
 
 
 def drew_at_random(who: str, recalled: str, drop: str) -> str:
@@ -916,6 +949,8 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
         node._smz.state = digest
         if isinstance(node, ModuleNode):
             node._watch = StateWatch(module)
+        else:
+            vars(node)[_WATCH] = StateWatch(module)
         out[name] = digest
         # The values, functions and hooks it keeps may have changed since the graph was
         # built. One that cannot be declared is refused where its key is computed, as it

@@ -405,6 +405,41 @@ def test_an_unfrozen_node_that_is_a_module_is_refused_and_frozen_keys_by_its_wei
     assert h.record is not None and h.record.outcome == {"score": "ran"}
 
 
+def test_weights_changed_in_a_frozen_node_that_is_a_module_are_seen_at_the_next_forward(
+    store: Store,
+) -> None:
+    """A frozen, cached node that is itself an ``nn.Module`` whose checkpoint is loaded, whose
+    weights are changed in place or whose part is replaced after ``freeze`` is keyed by
+    its new state at the next forward, as a ``ModuleNode`` is: its answer for the weights
+    it was frozen at was recalled for every weights after. A part of it put in train mode
+    directly is put back in eval, with a warning, before its answer is recalled."""
+    scorer = Scorer()
+    g = Graph.somatize(scorer.named("score").frozen().cached())
+    smt.freeze(g)
+    first = g.forward(1, store=store)
+    assert g.forward(1, store=store) == first
+    assert g.record is not None and g.record.outcome == {"score": "recalled"}
+    scorer.load_state_dict({name: t + 1.0 for name, t in scorer.state_dict().items()})
+    loaded = g.forward(1, store=store)
+    assert g.record.outcome == {"score": "ran"}
+    assert loaded == scorer(1, None) != first
+    with torch.no_grad():
+        scorer.linear.bias.mul_(3.0)
+    assert g.forward(1, store=store) == scorer(1, None) != loaded
+    assert g.record.outcome == {"score": "ran"}
+    scorer.linear = nn.Linear(2, 1)
+    replaced = g.forward(1, store=store)
+    assert g.record.outcome == {"score": "ran"}
+    assert replaced == scorer(1, None)
+    assert not scorer.linear.training and not scorer.linear.weight.requires_grad
+    assert g.forward(1, store=store) == replaced
+    assert g.record.outcome == {"score": "recalled"}
+    scorer.linear.train()
+    with pytest.warns(smt.StillChanging, match="`score` is frozen, and `linear`"):
+        assert g.forward(1, store=store) == replaced
+    assert g.record.outcome == {"score": "recalled"} and not scorer.linear.training
+
+
 class Keeps(Node):
     """A plain node that keeps a module it made: weights its class does not say it holds."""
 
