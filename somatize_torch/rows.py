@@ -237,6 +237,9 @@ class CachedRows(nn.Module):
         self.runs_uncached: Callable[[CachedRows], bool] | None = None
         # Whether the module is its model's again (see `hand_back`), until `freeze_again`.
         self._handed_back = False
+        # Held by a call that holds the module frozen for itself once it is handed back: a
+        # second thread's call would find it held, and, ending last, leave it so.
+        self._held_for_call = ProcessLock()
         # The modes asked of the module and its parts as they stood when `eval()` was last
         # asked of this cache: until `train()` is asked, the flag set back directly (as
         # Lightning sets each module's back after an evaluation) undoes those asked since.
@@ -490,14 +493,15 @@ class CachedRows(nn.Module):
     @contextlib.contextmanager
     def _frozen_for_call(self) -> Iterator[None]:
         """Nothing to do while the cache holds its module. Once it is handed back, the
-        module is held frozen for the call only (:func:`~somatize_torch.freeze.held_while`)
-        and looked at whole first, as at a stage's first batch (:meth:`redeclare`): between
-        calls it is its model's, which may have trained it, written its weights through
-        ``p.data`` or with a fused optimizer, or changed a setting it reads."""
+        module is held frozen for the call only (:func:`~somatize_torch.freeze.held_while`),
+        by one call at a time, and looked at whole first, as at a stage's first batch
+        (:meth:`redeclare`): between calls it is its model's, which may have trained it,
+        written its weights through ``p.data`` or with a fused optimizer, or changed a
+        setting it reads."""
         if not self._handed_back:
             yield
             return
-        with held_while(self.module):
+        with self._held_for_call, held_while(self.module):
             _settle(self, again=True, thorough=True)
             yield
 

@@ -27,7 +27,7 @@ from somatize_torch import _row_keys, _row_lookup
 from somatize_torch._native import host_library
 from somatize_torch.deferred import Deferred
 from somatize_torch.digest import digest_rows
-from somatize_torch.freeze import FreezeError, StillChanging, digest_state, is_held
+from somatize_torch.freeze import FreezeError, StillChanging, digest_state, is_held, release
 from somatize_torch.rows import (
     CachedRows,
     KeyMode,
@@ -1669,6 +1669,58 @@ def test_rows_keyed_on_two_threads_while_one_keys_anew_are_keyed_one_at_a_time(
     assert not failed
     assert torch.equal(answers["x"], expected(module, x))
     assert torch.equal(answers["wide"], expected(module, wide))
+
+
+def test_a_cache_handed_back_called_on_two_threads_leaves_its_module_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A row cache whose module was handed back to its model (as ``CacheFrozen`` does when
+    a stage ends), called on two threads at once (a pool embedding a dataset), answers as
+    the module frozen in eval and leaves it as its model has it: the second call found it
+    held frozen by the first and, ending last, put it back so — in eval, its parameters
+    requiring no grad, though the model trains it. Such calls hold it one at a time."""
+    module = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5))
+    cached = cache_rows(module)
+    cached.hand_back()
+    release(module)  # its model's again, in train mode, trained
+    module.requires_grad_(True)
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    first_in, second_in = threading.Event(), threading.Event()
+    plain = nn.Linear.forward
+
+    @functools.wraps(plain)
+    def forward(self: nn.Linear, rows: torch.Tensor) -> Any:
+        if threading.current_thread() is first and not first_in.is_set():
+            first_in.set()
+            second_in.wait(1)  # the second call runs meanwhile, unless it waits for this one
+        elif threading.current_thread() is second and not second_in.is_set():
+            second_in.set()
+            first.join(10)  # the first call ends while this one runs
+        return plain(self, rows)
+
+    monkeypatch.setattr(nn.Linear, "forward", forward)
+    answers: dict[str, torch.Tensor] = {}
+    failed: list[BaseException] = []
+
+    def run(name: str, rows: torch.Tensor) -> None:
+        try:
+            answers[name] = cached(rows)
+        except BaseException as error:
+            failed.append(error)
+
+    first = threading.Thread(target=run, args=("x", x))
+    second = threading.Thread(target=run, args=("y", y))
+    first.start()
+    assert first_in.wait(10)
+    second.start()
+    first.join()
+    second.join()
+    monkeypatch.undo()
+    assert not failed
+    assert not is_held(module) and all(part.training for part in module.modules())
+    assert all(p.requires_grad for p in module.parameters())
+    assert torch.equal(answers["x"], expected(module, x))
+    assert torch.equal(answers["y"], expected(module, y))
 
 
 class Sparse(nn.Module):
