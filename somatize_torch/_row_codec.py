@@ -19,7 +19,14 @@ import torch
 
 from somatize.store._packed import take_as_steady
 from somatize_torch._codec_header import _strides_overflow
-from somatize_torch.codec import TENSOR, _check_bools, _refuse_bools, inverse_order, row_layout
+from somatize_torch.codec import (
+    TENSOR,
+    _check_bools,
+    _refuse_bools,
+    in_c_order,
+    inverse_order,
+    row_layout,
+)
 from somatize_torch.digest import memory_of
 
 __all__ = [
@@ -37,22 +44,28 @@ def row_order(rows: torch.Tensor) -> list[int] | None:
     """The order of the dims of batch ``rows`` in its memory, outermost first, when that is
     not C order and the batch is dense in it with its rows one after another
     (channels_last, a batch of transposed rows): ``rows.permute(order)`` is contiguous.
-    None for a batch in C order, or one with gaps or overlaps (written in C order)."""
-    if rows.dim() < 3 or rows.is_contiguous():
+    None for a batch in C order (:func:`~somatize_torch.codec.in_c_order`: a channels_last
+    map pooled to 1x1, contiguous to torch, is not), or one with gaps or overlaps (written
+    in C order)."""
+    if rows.dim() < 3 or in_c_order(rows):
         return None
     strides = rows.stride()
     order = [0, *sorted(range(1, rows.dim()), key=lambda d: (-strides[d], d))]
-    return order if rows.permute(order).is_contiguous() else None
+    return order if order != sorted(order) and rows.permute(order).is_contiguous() else None
 
 
 def laid_out(rows: torch.Tensor, order: list[int] | None) -> torch.Tensor:
     """``rows`` with their dims in memory in ``order`` (:func:`row_order`; None: C order),
     copied only when they are not so already."""
-    if row_order(rows) == order and (order is not None or rows.is_contiguous()):
+    if row_order(rows) == order and (order is not None or in_c_order(rows)):
         return rows
+    # Copied into C order, or into C order of the dims in `order`, by a clone: `contiguous`
+    # hands back as they are rows that torch calls contiguous, whatever the strides of
+    # their dims of size 1.
     if order is None:
-        return rows.contiguous()
-    return rows.permute(order).contiguous().permute(inverse_order(order))
+        return rows.clone(memory_format=torch.contiguous_format)
+    held = rows.permute(order).clone(memory_format=torch.contiguous_format)
+    return held.permute(inverse_order(order))
 
 
 def empty_rows(

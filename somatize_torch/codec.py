@@ -331,20 +331,39 @@ def _refuse_grad(kind: str, tensors: dict[str, torch.Tensor], action: str) -> No
 
 
 def _memory_order(tensor: torch.Tensor) -> tuple[torch.Tensor, list[int] | None]:
-    """``tensor`` as it is written: itself when it is C-contiguous, or not dense; a dense
-    one in another order of its dims (channels_last, a transpose) with its dims in the
+    """``tensor`` as it is written: itself when it is in C order (:func:`in_c_order`), or
+    not dense; a dense one in another order of its dims (channels_last, a transpose, a
+    channels_last map pooled to 1x1, which torch calls contiguous) with its dims in the
     order of its memory — a contiguous view, so it is written with no copy — and the
     permutation that gives ``tensor`` back, with its strides, from what is read. A
     recalled answer then has the strides the computed one had, and a kernel reading it
     (a conv, which picks its path by memory format) answers the same bits."""
-    if tensor.is_contiguous() or tensor.dim() < 2:
+    if tensor.dim() < 2 or in_c_order(tensor):
         return tensor, None
     strides = tensor.stride()
     order = sorted(range(tensor.dim()), key=lambda d: (-strides[d], d))
     stored = tensor.permute(order)
-    if not stored.is_contiguous():  # overlapping, or with gaps: written in C order
+    # Overlapping, or with gaps: written in C order; so is one whose memory order is C
+    # order but for strides no order of its dims gives back (a column of a batch).
+    if not stored.is_contiguous() or order == sorted(order):
         return tensor, None
     return stored, inverse_order(order)
+
+
+def in_c_order(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` has the strides of C order, those of its dims of size 1
+    included: torch calls a tensor contiguous whatever the strides of those (a
+    channels_last map pooled to 1x1, strides (C, 1, C, C)), and a kernel reading it picks
+    its path by them all (a 1x1 conv after it answers other bits, and in C order, for
+    strides (C, 1, 1, 1))."""
+    if not tensor.numel():  # no element is anywhere
+        return True
+    step = 1
+    for size, stride in zip(reversed(tensor.shape), reversed(tensor.stride()), strict=True):
+        if stride != step:
+            return False
+        step *= size
+    return True
 
 
 def inverse_order(order: list[int]) -> list[int]:

@@ -192,6 +192,36 @@ def test_a_channels_last_answer_is_recalled_channels_last(store: Store) -> None:
         assert torch.equal(conv(recalled), conv(computed))
 
 
+class Pooled(Node):
+    """The mean of each channel of its input, as a map of 1x1 (a squeeze-and-excitation
+    block's squeeze): fed channels_last, torch answers it with the strides of
+    channels_last, those of its dims of size 1 included."""
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return nn.functional.adaptive_avg_pool2d(x, 1)
+
+
+def test_a_pooled_channels_last_answer_is_recalled_with_its_strides(store: Store) -> None:
+    """A cached node's answer that is contiguous to torch but laid out otherwise in its
+    dims of size 1 (a channels_last map pooled to 1x1, strides (64, 1, 64, 64)) is recalled
+    with the strides it was computed with, so a 1x1 conv reading it answers the same bits,
+    laid out alike, on a hit as on a miss: it was written in C order, recalled with strides
+    (64, 1, 1, 1), and the conv took another path and answered other last bits, in C
+    order where it answered channels_last."""
+    torch.manual_seed(0)
+    g = Graph.somatize(Pooled().named("pooled").frozen().cached())
+    x = torch.randn(8, 64, 7, 7).to(memory_format=torch.channels_last)
+    conv = nn.Conv2d(64, 128, 1)
+    computed = g.forward(Opaque(x), store=store)
+    recalled = g.forward(Opaque(x), store=store)
+    assert g.record is not None and g.record.outcome == {"pooled": "recalled"}
+    assert computed.is_contiguous() and computed.stride() == (64, 1, 64, 64)
+    assert recalled.stride() == computed.stride()
+    with torch.no_grad():
+        answered, again = conv(computed), conv(recalled)
+    assert again.stride() == answered.stride() and torch.equal(again, answered)
+
+
 def test_collections_round_trip() -> None:
     """A dict, a tuple and a list of tensors come back as the same kind, in order (a dict in
     the order it was filled in)."""

@@ -1700,7 +1700,7 @@ def test_rows_recalled_before_their_write_fails_are_reported_then_computed_again
     cached.close()
 
 
-@pytest.mark.parametrize("kind", ["channels_last", "transposed"])
+@pytest.mark.parametrize("kind", ["channels_last", "pooled", "transposed"])
 def test_rows_still_to_be_written_are_recalled_laid_out_as_computed(
     store: Store, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:

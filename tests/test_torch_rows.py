@@ -681,19 +681,22 @@ class Transposes(nn.Module):
 
 def laid_out_otherwise(kind: str) -> tuple[nn.Module, torch.Tensor, tuple[int, ...]]:
     """A module (seeded) answering a batch in another order of its dims than C order (a
-    conv fed ``channels_last``, or one whose rows come ``transposed``), a batch for it, and
-    the strides of its answer."""
+    conv fed ``channels_last``, the same pooled to 1x1, whose answer torch calls contiguous
+    with the strides of channels_last, or one whose rows come ``transposed``), a batch for
+    it, and the strides of its answer."""
     torch.manual_seed(0)
-    if kind == "channels_last":
+    if kind in ("channels_last", "pooled"):
         module: nn.Module = nn.Conv2d(3, 4, 3, padding=1).to(memory_format=torch.channels_last)
         data = torch.randn(12, 3, 6, 6).to(memory_format=torch.channels_last)
+        if kind == "pooled":
+            module = nn.Sequential(module, nn.AdaptiveAvgPool2d(1))
     else:
         module, data = Transposes(), torch.randn(12, 5, 3)
     with torch.no_grad():
         return module, data, module(data).stride()
 
 
-@pytest.mark.parametrize("kind", ["channels_last", "transposed"])
+@pytest.mark.parametrize("kind", ["channels_last", "pooled", "transposed"])
 def test_recalled_rows_are_laid_out_in_memory_as_computed_ones(
     store: Store, tmp_path: Path, kind: str
 ) -> None:
