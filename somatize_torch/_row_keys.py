@@ -536,4 +536,6 @@ def _row_bytes(rows: torch.Tensor) -> torch.Tensor:
     """The bytes of each of ``rows`` (a fresh tensor, from indexing), one row each."""
     if rows.is_complex():
         rows = torch.view_as_real(rows)
-    return rows.contiguous().view(torch.uint8).reshape(rows.shape[0], -1)
+    # Flat rows before the bytes: torch calls rows contiguous whatever the strides of their
+    # dims of size 1 (channels_last maps pooled to 1x1), and views bytes only at stride 1.
+    return rows.contiguous().reshape(rows.shape[0], -1).view(torch.uint8)

@@ -2003,6 +2003,28 @@ def test_indices_that_name_inputs_differing_only_in_their_bits_are_refused() -> 
     assert torch.equal(out.nan_to_num(), (1 / same).nan_to_num()) and out[1, 0] < 0
 
 
+def test_a_repeated_index_of_a_pooled_channels_last_batch_is_compared(store: Store) -> None:
+    """Keyed by index, a batch of channels_last maps pooled to 1x1 (strides (C, 1, C, C),
+    which torch calls contiguous) with a sample twice in it (a sampler with replacement)
+    has the two rows compared as bytes and answered as the module answers them, where the
+    comparison failed with torch's RuntimeError on viewing them as bytes; one whose
+    repeated index names two inputs is refused as any other."""
+    torch.manual_seed(0)
+    pooled = nn.functional.adaptive_avg_pool2d(
+        torch.randn(4, 8, 5, 5).to(memory_format=torch.channels_last), 1
+    )
+    index = torch.tensor([3, 5, 2, 3])
+    batch = pooled[torch.tensor([0, 1, 2, 0])]
+    assert batch.is_contiguous() and batch.stride() == (8, 1, 8, 8)
+    head = nn.Conv2d(8, 4, 1).requires_grad_(False)
+    cached = cache_rows(head, store, key="index", version="toy@1")
+    with torch.no_grad():
+        assert torch.equal(cached(batch, index=index), head(batch))
+    with pytest.raises(NeedsIndex, match="names sample 3 at rows 0 and 3"):
+        cached(pooled, index=index)
+    cached.close()
+
+
 def test_prefill_keyed_by_index_takes_no_tuple_item_for_the_indices(store: Store) -> None:
     """Keyed by index, prefill does not take a tuple's last item for the indices: an
     ``(x, y)`` loader's labels, never repeating within a batch, would key each row under a
