@@ -63,8 +63,8 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     """The plain values each submodule keeps beside its weights, by dotted name: what a
     forward may read that neither ``repr`` nor the state shows (``self.temperature =
     2.0``, a tensor held as a plain attribute, ``self.act = F.gelu``). Numbers, strings,
-    bools, None, complex numbers, fractions, decimals, ranges, tuples, lists, sets and
-    dicts of them (keyed by any of these), dataclass instances, dtypes, devices, paths
+    bools, None, complex numbers, fractions, decimals, ranges, slices, tuples, lists, sets
+    and dicts of them (keyed by any of these), dataclass instances, dtypes, devices, paths
     and enums (a flag no member names, by its value) are taken as they are, each kind
     named apart from the others (a tuple from a list, an enum member from the string of
     its name), numpy's scalars as the numbers they hold, of their numpy type, tensors
@@ -691,6 +691,8 @@ def _setting(value: Any, path: Path) -> Any:
         return {"decimal": str(value)}  # exact: its digits and exponent
     if isinstance(value, range):
         return {"range": [value.start, value.stop, value.step]}
+    if isinstance(value, slice):  # the features a forward keeps, `x[..., self.keep]`
+        return {"slice": [_item(part, path) for part in (value.start, value.stop, value.step)]}
     if isinstance(value, torch.dtype):
         return {"dtype": str(value)}
     if isinstance(value, torch.device):

@@ -829,6 +829,8 @@ class Held(nn.Module):
 def _magnitude(value: Any) -> float:
     if isinstance(value, (set, frozenset, range, list)):
         return float(len(value))
+    if isinstance(value, slice):  # how many of eight features it keeps
+        return float(len(range(8)[value]))
     if isinstance(value, dict):
         return float(sum(value.values()))
     if isinstance(value, complex):
@@ -1047,6 +1049,24 @@ def test_an_enum_value_without_a_name_and_a_path_are_in_its_key(store: Store) ->
     assert _held(Access.READ) == {"enum": [f"{__name__}:Access", "READ"]}
     for one, other in pairs[:3]:
         _replaced_is_seen(one, other, store)
+
+
+def test_a_slice_a_module_keeps_is_in_its_key(store: Store) -> None:
+    """A slice (``self.keep = slice(0, 64)``, the features a forward keeps) is named by its
+    start, stop and step, apart from a range or a tuple of them: one replaced after freeze
+    is computed anew, where it was unseen and the answer kept for the old one was
+    recalled."""
+    pairs = [
+        (slice(0, 2), slice(0, 5)),
+        (slice(1, None), slice(None, 1)),
+        (slice(0, 4), slice(0, 4, 2)),
+        (slice(0, 2), range(0, 2)),
+        (slice(0, 2), (0, 2, None)),
+    ]
+    for one, other in pairs:
+        assert "unseen" != _held(one) != _held(other), (one, other)
+    assert _held(slice(0, 2)) == _held(slice(0, 2))
+    _replaced_is_seen(slice(0, 2), slice(0, 5), store)
 
 
 def test_a_numpy_array_in_another_byte_order_is_in_its_key() -> None:
