@@ -21,10 +21,10 @@ refused (``Untraceable``), and what it assigned is put back: one assigned to a c
 would otherwise differ from what the trace read at every call, and be traced again.
 
 What the forward reads of a plain object a module holds (``self.config.flag``, a
-config's own objects in turn) is noted too, by its class's attribute lookup given a
-noting one for the trace: such a value changed raises :class:`Reread`, and the wrapped
-model is traced again for the values the config holds then
-(:meth:`somatize_torch._tracing.Tracing.rekey`).
+config's own objects in turn, one held in a list, tuple or dict: ``self.stages[0].scale``)
+is noted too, by its class's attribute lookup given a noting one for the trace: such a
+value changed raises :class:`Reread`, and the wrapped model is traced again for the
+values the config holds then (:meth:`somatize_torch._tracing.Tracing.rekey`).
 
 Tensors and submodules are not noted here: the code reads them by reference, and
 :mod:`somatize_torch._parts` keeps it pointed at what the model holds. A numpy array
@@ -59,6 +59,7 @@ from somatize_torch._errors import WrapError
 from somatize_torch._modes import in_torch, read_by
 from somatize_torch._settings import (
     _NUMERIC,
+    _PLAIN_TYPES,
     _TORCH_OWN,
     _bound_in,
     _dict_version,
@@ -381,8 +382,9 @@ def _read_whole(noted: Noted, unseen: set[type]) -> None:
     while True:
         read = [
             value
-            for key, value in list(noted.seen.items())
-            if type(value) in unseen and id(value) not in done
+            for seen in list(noted.seen.values())
+            for value, _ in _held_in(seen, "")
+            if type(value) in unseen and id(value) in noted.objects and id(value) not in done
         ]
         if not read:
             return
@@ -460,21 +462,47 @@ def _followed(value: Any) -> bool:
 
 def _walk(model: nn.Module) -> list[tuple[Any, str]]:
     """The plain objects ``model``'s modules hold, and those they hold in turn (four
-    levels down), each once, with its path in the model (``config.sub``)."""
+    levels down), each once, with its path in the model (``config.sub``): held directly,
+    or in a list, tuple or dict (``stages[0]``, one config per stage), which the forward
+    reads them out of as it reads one held directly."""
     found: dict[int, tuple[Any, str]] = {}
     todo: list[tuple[dict[str, Any], str, int]] = [
         (vars(module), path, 0) for path, module in model.named_modules()
     ]
     while todo:
         table, path, depth = todo.pop(0)
-        for name, value in list(table.items()):
-            if not isinstance(name, str) or id(value) in found or not _followed(value):
+        for name, held in list(table.items()):
+            # A module's own tables (its children, its hooks) hold no config; a config's
+            # attribute of such a name (`config.training`) is one of its values.
+            if not isinstance(name, str) or (depth == 0 and name in _TORCH_OWN):
                 continue
-            where = f"{path}.{name}" if path else name
-            found[id(value)] = (value, where)
-            if depth < 4:
-                todo.append((object.__getattribute__(value, "__dict__"), where, depth + 1))
+            for value, where in _held_in(held, f"{path}.{name}" if path else name):
+                if id(value) in found or not _followed(value):
+                    continue
+                found[id(value)] = (value, where)
+                if depth < 4:
+                    todo.append((object.__getattribute__(value, "__dict__"), where, depth + 1))
     return list(found.values())
+
+
+def _held_in(value: Any, where: str) -> Iterator[tuple[Any, str]]:
+    """``value``, held at ``where``, and what it holds in a list, tuple or dict however
+    nested (each once, by its key: ``stages[0]``), each with its path; items of a plain
+    kind (a vocabulary's words) are passed over at once."""
+    todo = [(value, where)]
+    seen: set[int] = set()
+    while todo:
+        value, where = todo.pop()
+        yield value, where
+        if not isinstance(value, (list, tuple, dict)) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        if _PLAIN_TYPES.issuperset(map(type, value.values() if isinstance(value, dict) else value)):
+            continue  # at C speed, item by item: a table of numbers of a million
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        todo += reversed(
+            [(item, f"{where}[{key!r}]") for key, item in items if type(item) not in _PLAIN_TYPES]
+        )
 
 
 def _noting_writes(

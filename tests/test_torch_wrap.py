@@ -8681,6 +8681,66 @@ def test_a_list_or_dict_a_config_holds_changed_in_place_is_traced_again(store: S
         assert torch.equal(wrapped(x), first)
 
 
+@dataclasses.dataclass
+class _Stage:
+    scale: float = 2.0
+    skip: bool = False
+
+
+class ReadsStageConfigs(nn.Module):
+    """Keeps a config per stage in a list, tuple or dict, as a model built from a list of
+    stage settings does, and reads each as it goes."""
+
+    def __init__(self, holder: Callable[[list[Any]], Any]) -> None:
+        super().__init__()
+        self.stages = holder([_Stage(), types.SimpleNamespace(scale=3.0, skip=False)])
+        self.config = types.SimpleNamespace(stages=holder([_Stage(scale=0.5)]))
+        self.encoder = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        for at in range(2):
+            stage = self.stages[at]
+            if not stage.skip:
+                h = h * stage.scale
+        return h * self.config.stages[0].scale
+
+
+@pytest.mark.parametrize(
+    "holder",
+    [list, tuple, lambda stages: dict(enumerate(stages))],
+    ids=["list", "tuple", "dict"],
+)
+def test_a_config_held_in_a_container_changed_after_wrap_is_traced_again(
+    store: Store, holder: Callable[[list[Any]], Any]
+) -> None:
+    """A config the model keeps in a list, tuple or dict (one per stage: a dataclass, a
+    namespace), or one a config keeps so, is read by the forward as one held directly is:
+    changed in place after `wrap`, the forward is traced again for the values it holds
+    now, never run as traced for the ones it held then; set back, the first trace runs
+    again."""
+    model = ReadsStageConfigs(holder)
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 4)
+    changes: list[Callable[[ReadsStageConfigs], None]] = [
+        lambda m: setattr(m.stages[0], "scale", 5.0),
+        lambda m: setattr(m.stages[0], "skip", True),
+        lambda m: setattr(m.stages[1], "scale", 7.0),
+        lambda m: setattr(m.config.stages[0], "scale", 4.0),
+    ]
+    with torch.no_grad():
+        first = model(x)
+        assert torch.equal(wrapped(x), first)
+        for change in changes:
+            change(model)
+            expected = model(x)
+            assert not torch.equal(expected, first)
+            assert torch.equal(wrapped(x), expected)
+        model.stages[0].scale, model.stages[0].skip, model.stages[1].scale = 2.0, False, 3.0
+        model.config.stages[0].scale = 0.5
+        assert torch.equal(wrapped(x), first)
+
+
 class FlaggedAndConfigured(nn.Module):
     def __init__(self) -> None:
         super().__init__()
