@@ -33,7 +33,8 @@ weights) loads that input itself, on the loop's thread.
 A row is keyed by its index within the dataset's ``version`` — the Deferred's
 own, or else the cache's ``version=``. The version is a promise that the same
 index names the same input: give each dataset its own (a training and a
-validation set both have a sample 0) and change it whenever the data changes.
+validation set both have a sample 0) and change it whenever the data changes (a
+version written is checked as ``version=`` is).
 Keys are those of ``cached(x, index=idx)`` under the same version, so a row kept
 one way is recalled the other. The dtype and row shape the keys hold are learned
 from the first inputs loaded (sample 0 is read for them once per process if every
@@ -79,11 +80,7 @@ class Deferred(Dataset[Any]):
     beside[0][i], …)``."""
 
     def __init__(self, inputs: Any, *beside: Any, version: str | None = None) -> None:
-        if version is not None and (not isinstance(version, str) or not version):
-            raise ValueError(
-                f"version= names this dataset's content (its digest, say), as a string; got "
-                f"{version!r}"
-            )
+        self.version = version
         try:
             count = len(inputs)
         except TypeError:
@@ -99,7 +96,6 @@ class Deferred(Dataset[Any]):
                 )
         self.inputs = inputs
         self.beside = beside
-        self.version = version
         self.name = secrets.token_hex(8)
         self._count = count
         self._row: tuple[torch.dtype, torch.Size] | None = None
@@ -108,6 +104,23 @@ class Deferred(Dataset[Any]):
         answered = torch.zeros(count, dtype=torch.bool)
         self.answered = answered.share_memory_()  # type: ignore[no-untyped-call]
         _KNOWN[self.name] = self
+
+    @property
+    def version(self) -> str | None:
+        """The version of the data ``inputs`` hold, which keys their rows (None: the
+        cache's). It may be written (the data changed), and is checked as ``version=`` is:
+        an empty one would pass for none given, and key the rows under the cache's version
+        without its refusal of a second Deferred there."""
+        return self._version
+
+    @version.setter
+    def version(self, value: Any) -> None:
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ValueError(
+                f"version= names this dataset's content (its digest, say), as a string; got "
+                f"{value!r}"
+            )
+        self._version: str | None = value
 
     def __len__(self) -> int:
         return self._count

@@ -254,6 +254,33 @@ def test_one_deferred_without_a_version_takes_the_caches(tmp_path: Path) -> None
             assert torch.allclose(cached(rows), module(val[rows.index]), atol=1e-6)
 
 
+@pytest.mark.parametrize("bad", ["", 0, 2.0, ["toy", 1]])
+def test_a_version_written_is_checked_as_version_is(tmp_path: Path, bad: Any) -> None:
+    """A version written to a Deferred (its data changed) is checked as ``version=`` is: an
+    empty one (a setting read from an unset variable) passed as none given, so two such
+    Deferreds under one cache were keyed under its version without the refusal of a second
+    one, and one's sample 0 was answered with the other's. A version written that is a
+    string keys the rows of the batches made after it."""
+    module = encoder()
+    train, val = images(5), images(6)
+    cached = cache_rows(module, tmp_path, key="index", version="proj@1")
+    first, second = Deferred(train), Deferred(val)
+    with pytest.raises(ValueError, match="as a string"):
+        first.version = bad
+    with pytest.raises(ValueError, match="as a string"):
+        second.version = bad
+    assert first.version is None and second.version is None
+    for rows in batches(first):
+        cached(rows)
+    with pytest.raises(NeedsIndex, match="second `Deferred` without a version of its own"):
+        cached(batches(second)[0])
+    second.version = "val@1"
+    for rows in batches(second):
+        with torch.no_grad():
+            assert torch.allclose(cached(rows), module(val[rows.index]), atol=1e-6)
+    assert cached.stats.computed == 2 * ROWS and cached.stats.recalled == 0
+
+
 @pytest.mark.parametrize("persistent", [False, True], ids=["forked", "persistent"])
 def test_workers_load_new_inputs_and_hand_over_indices(tmp_path: Path, persistent: bool) -> None:
     """In epoch 1 DataLoader workers load every input with its sample, as without the
