@@ -1116,7 +1116,9 @@ def _inputs_in_key_order(value: Any) -> Iterator[fx.Node]:
         for v in value:
             yield from _inputs_in_key_order(v)
     elif isinstance(value, dict):
-        for _, v in sorted(((str(k), v) for k, v in value.items()), key=operator.itemgetter(0)):
+        for _, v in sorted(
+            ((_dict_key(k), v) for k, v in value.items()), key=operator.itemgetter(0)
+        ):
             yield from _inputs_in_key_order(v)
 
 
@@ -1125,8 +1127,9 @@ def _constant(value: Any, places: Mapping[str, int] | None = None) -> Any:
     with ``places``, the place of each among the call's inputs (``"<input 1>"``).
 
     A submodule may answer a tuple and a list of the same items apart (``isinstance(how,
-    tuple)``), or a dtype and the string spelling it: a tuple stays a tuple, and a value of
-    no plain kind is described by its repr as bytes, which no plain value is described as."""
+    tuple)``), a dtype and the string spelling it, or ``{1: ...}`` and ``{"1": ...}``: a
+    tuple stays a tuple, a value of no plain kind is described by its repr as bytes, which
+    no plain value is described as, and a dict key other than a str by its kind and repr."""
     if isinstance(value, fx.Node):
         return "<input>" if places is None else f"<input {places[value.name]}>"
     if isinstance(value, tuple):
@@ -1134,10 +1137,17 @@ def _constant(value: Any, places: Mapping[str, int] | None = None) -> Any:
     if isinstance(value, list):
         return [_constant(v, places) for v in value]
     if isinstance(value, dict):
-        return {str(k): _constant(v, places) for k, v in value.items()}
+        return {_dict_key(k): _constant(v, places) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return repr(value).encode()
+
+
+def _dict_key(key: Any) -> str:
+    """A dict key of a declared call's constant as the str a canonical dict is keyed by:
+    a str as itself, any other as its kind and repr (``"<int 1>"``), apart from the str
+    spelling it."""
+    return key if isinstance(key, str) else f"<{type(key).__name__} {key!r}>"
 
 
 def _same_constant(a: Any, b: Any) -> bool:

@@ -6727,7 +6727,8 @@ def test_calls_of_a_cached_submodule_handing_its_inputs_in_other_places_are_keye
 
 
 class Shaped(nn.Module):
-    """Scales by 2 when handed a tuple, and by 3 when handed a dtype rather than its name."""
+    """Scales by 2 when handed a tuple, by 3 when handed a dtype rather than its name, and
+    by 4 when handed a dict keyed by an int rather than by its text."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -6739,12 +6740,14 @@ class Shaped(nn.Module):
             return h * 2
         if isinstance(how, torch.dtype):
             return h * 3
+        if isinstance(how, dict) and 1 in how:
+            return h * 4
         return h
 
 
 class HandsTuplesAndLists(nn.Module):
-    """Calls its declared encoder with a tuple and a list of the same items, and with a
-    dtype and the text its repr gives."""
+    """Calls its declared encoder with a tuple and a list of the same items, with a dtype
+    and the text its repr gives, and with dicts keyed by an int and by its text."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -6756,14 +6759,17 @@ class HandsTuplesAndLists(nn.Module):
             self.encoder(x, [1, 2]),
             self.encoder(x, torch.float32),
             self.encoder(x, "torch.float32"),
+            self.encoder(x, {1: 0}),
+            self.encoder(x, {"1": 0}),
         )
 
 
 def test_calls_of_a_cached_submodule_handed_a_tuple_or_a_list_a_dtype_or_its_name_are_keyed_apart(
     store: Store,
 ) -> None:
-    """A cached submodule handed a tuple and then a list of the same items, or a dtype and
-    then a string spelling it, may answer each otherwise (`isinstance(how, tuple)`): the
+    """A cached submodule handed a tuple and then a list of the same items, a dtype and
+    then a string spelling it, or dicts keyed by an int and by its text, may answer each
+    otherwise (`isinstance(how, tuple)`): the
     calls are keyed apart, each answered as the model answers it, rather than the second
     recalling the first's answer."""
     torch.manual_seed(0)
@@ -6775,7 +6781,7 @@ def test_calls_of_a_cached_submodule_handed_a_tuple_or_a_list_a_dtype_or_its_nam
         for _ in range(2):
             for got, want in zip(wrapped(x), model(x), strict=True):
                 assert torch.equal(got, want)
-    for name in ("encoder", "encoder~2", "encoder~3", "encoder~4"):
+    for name in ("encoder", *(f"encoder~{n}" for n in range(2, 7))):
         assert wrapped.counts[name] == {"ran": 1, "kept": 1, "recalled": 1}
 
 
