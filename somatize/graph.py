@@ -9,10 +9,14 @@ value, in its ``__dict__`` or in ``__slots__``). The same frozen computation
 written twice is therefore one node, computed once; no merge pass exists, and
 equality of settled nodes is identity. A node built with a list or a dict is
 never interned: whoever holds the list can change it after the build, and two
-nodes equal now would then be two computations. Sharing the computation changes
-nothing for what reads it: a node gets one argument per edge, in order, even
-when two edges come from one interned node (and its key reads that node's key
-twice), and each declared output keeps its slot.
+nodes equal now would then be two computations. Nor is a node that sees its own
+state change (:meth:`~somatize.node.Node.restate`: a torch module), for the same
+reason: a checkpoint loaded into one since it was settled, before the build or
+after it, is heard at a forward, where one interned into another does not run.
+Sharing the computation changes nothing for what reads it: a node gets one
+argument per edge, in order, even when two edges come from one interned node
+(and its key reads that node's key twice), and each declared output keeps its
+slot.
 
 Building a graph settles what was said about its nodes: the graph copies it into
 its memory and placement, and the nodes refuse to be told anything new
@@ -216,6 +220,9 @@ class Graph:
                 and (not holds_state(node) or marks.state is not None)
                 and node.is_declaration_fixed()
                 and not node.replaced_since_made()  # its declaration follows at the first forward
+                # One that sees its own state change (a torch module, a checkpoint loaded into
+                # it) may hold other weights already than its state says, or come to.
+                and type(node).restate is Node.restate
             ):
                 intern = (
                     identity,

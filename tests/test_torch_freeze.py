@@ -609,6 +609,40 @@ def test_a_frozen_module_two_graphs_hold_is_keyed_by_its_new_state_in_both(store
         assert torch.equal(answer, encoder(x) * 3.0)
 
 
+def test_two_frozen_modules_alike_when_built_each_answer_from_their_own_weights(
+    store: Store,
+) -> None:
+    """Two frozen module nodes whose states were digested alike (an encoder and a copy of
+    it, frozen in another graph) are two nodes of a graph built with both, each answering
+    from its own weights: one whose checkpoint was loaded since, before the build or after
+    it, was interned into the other as one computation, as two settled nodes alike are, and
+    the graph answered its branch from the other's module, with or without a store."""
+    torch.manual_seed(0)
+    encoder = smt.ModuleNode(Scaled(2.0)).named("encoder").frozen()
+    smt.freeze(Graph.somatize(encoder))
+    x = torch.randn(3, 6)
+    for loaded_before_build in (True, False):
+        twin = copy.deepcopy(encoder).named("twin")
+        if loaded_before_build:
+            torch.manual_seed(7)
+            twin.module.linear.load_state_dict(nn.Linear(6, 4).state_dict())
+        g = Graph.somatize(
+            (
+                encoder >> Times(2.0).named("head").frozen().cached(),
+                twin >> Times(2.0).named("twin_head").frozen().cached(),
+            )
+        )
+        if not loaded_before_build:
+            torch.manual_seed(7)
+            twin.module.linear.load_state_dict(nn.Linear(6, 4).state_dict())
+        for kept in (None, store, store):
+            ours, theirs = g.forward(Opaque(x), store=kept)
+            with torch.no_grad():
+                assert torch.equal(ours, encoder.module(x) * 2.0)
+                assert torch.equal(theirs, twin.module(x) * 2.0)
+                assert not torch.equal(ours, theirs)
+
+
 class Gated(nn.Module):
     """A linear layer and an activation with no weights of its own."""
 
