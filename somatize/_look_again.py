@@ -34,7 +34,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
-from somatize._calls import declared_arguments, noted_call
+from somatize._calls import copy_call, declared_arguments, noted_call
 from somatize.catalog import Blueprint, Catalog, Unbuildable, identity_of
 from somatize.errors import SomatizeError
 from somatize.memory import Memory
@@ -160,6 +160,12 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
         before: Recipe | Unbuildable | None = None
         if not node.holds_state:
             before = _recipe(node) if made_with is None else (None, *made_with)
+            if made_with is None and isinstance(before, tuple) and before[0] is None:
+                # Noted on the node, not in this graph: another graph built with it takes
+                # the new value next, and finds the call the node is keyed as built with
+                # already holding it, while what it holds was still made from this one.
+                # Once it holds what the new value makes, that call is noted (_made_from).
+                node._smz.made_with = copy_call(*before[1:])
         node.retake(taken)
         unkeyable = [attr for attr in taken if attr not in keyable]
         refused: Undeclared | None = None

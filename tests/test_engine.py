@@ -1227,6 +1227,28 @@ def test_a_node_refused_for_what_it_made_from_an_old_value_is_accepted_once_it_h
         g.forward(5, store=store)
 
 
+@pytest.mark.parametrize("first", [0, 1])
+def test_an_argument_replaced_where_the_constructor_made_more_from_it_is_refused_in_each_graph(
+    store: Store, first: int
+) -> None:
+    """A node two graphs are built with, a kept argument of which is replaced where its
+    constructor made another attribute from it, is refused in both, whichever runs first:
+    the first took the new value as the argument, and the second then found the node built
+    with it already, took what the node holds as made from it, and kept the old value's
+    answer under the key of a node built with the new one, which such a node recalled. Given
+    what the new value makes, it is followed in both."""
+    doubles = Doubles(2).named("doubles").frozen().cached()
+    graphs = [Graph.somatize(doubles), Graph.somatize(doubles >> Doubles(1).named("more"))]
+    assert [g.forward(5, store=store) for g in graphs] == [20, 40]
+    doubles.by = 3
+    for g in (graphs[first], graphs[1 - first]):
+        _refused_where_keyed(g, 5, store, r"`doubles` \(Doubles\) cannot be keyed: `by`, .* "
+                             r"and `factor`, which its constructor makes")  # fmt: skip
+    assert _answer_of_a_new_build(Doubles(3), 5, store) == 30
+    doubles.factor = 6
+    assert [g.forward(5, store=store) for g in graphs] == [30, 60]
+
+
 class Totals(Node):
     """Keeps the list it is built with, and makes from it the total its forward uses."""
 
