@@ -149,8 +149,9 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
     (:func:`_made_otherwise`)."""
     taken = dict(changed)
     keyable = [attr for attr, value in taken.items() if canonical.is_canonical(value)]
-    if keyable:
-        _refuse_interned(graph, name, node, keyable)
+    # By a value no key holds too: the node that does not run would go unheard, and the one
+    # that runs would answer with it for both.
+    _refuse_interned(graph, name, node, list(taken))
     if "\0" not in name:  # one interned into another is keyed, if at all, where it runs
         # A node holding no state is cheap to build, as a worker would; one holding state
         # (weights) is checked against the state it is settled at instead. What it holds

@@ -1885,23 +1885,34 @@ def test_a_node_tidying_its_own_argument_runs_on() -> None:
     assert g.forward(1) == g.forward(1) == "b.txt"
 
 
-def test_an_interned_node_changed_after_building_is_refused() -> None:
+_REPLACING_BY = pytest.mark.parametrize("by", [5.0, np.float64(5.0)], ids=["float", "numpy"])
+"""What an interned node's argument is replaced by: a value a key holds, and one it does not."""
+
+
+@_REPLACING_BY
+def test_an_interned_node_changed_after_building_is_refused(by: Any) -> None:
     """Two equal frozen nodes are one computation; changing the one that does not run
-    afterwards could not be heard, and is refused rather than ignored."""
+    afterwards could not be heard, and is refused rather than ignored — by a value with no
+    canonical form too (a numpy number), which was ignored, and the graph answered for the
+    node from the one that ran."""
     first, second = Scale(2.0).named("a").frozen(), Scale(2.0).named("b").frozen()
     g = Graph.somatize(Echo().named("rows") >> (first, second))
     assert g.forward([1.0]) == ([2.0], [2.0])
-    second.by = 5.0
+    second.by = by
     with pytest.raises(AlreadyBuilt, match=r"`by` of a `Scale` was changed .* runs there as `a`"):
         g.forward([1.0])
 
 
-def test_the_node_an_equal_one_was_interned_into_changed_after_building_is_refused() -> None:
+@_REPLACING_BY
+def test_the_node_an_equal_one_was_interned_into_changed_after_building_is_refused(
+    by: Any,
+) -> None:
     """Changing the node that runs for both of two interned nodes would change the other's
-    answers too: refused, like a change to the one that does not run."""
+    answers too: refused, like a change to the one that does not run, by a value with no
+    canonical form too, which the graph ran with for both."""
     first, second = Scale(2.0).named("a").frozen(), Scale(2.0).named("b").frozen()
     g = Graph.somatize(Echo().named("rows") >> (first, second))
-    first.by = 3.0
+    first.by = by
     with pytest.raises(AlreadyBuilt, match=r"`by` of `a` was changed .* runs as `a` too"):
         g.forward([1.0])
 
