@@ -43,6 +43,7 @@ from somatize.node import (
     AlreadyBuilt,
     Node,
     Undeclared,
+    _set_by_methods,
     attributes_of,
     digest_of,
     held_by,
@@ -238,10 +239,16 @@ def _looked_at_named_like(
     replaced = any(now.get(attr, UNSET) is not was for attr, was, _ in like)
     if not replaced and not retaken and name not in graph._remade:
         return
-    # One that holds what has no canonical form now (a model the node loads on first use
-    # in place of None) is not compared: no key could name it, as a node's attributes go.
+    # One that holds what has no canonical form now is not compared where the node's own
+    # code may have put it there (a model it loads on first use in place of None): no key
+    # could name it, as a node's attributes go. Given from outside (a numpy number), it is.
     seen = {attr: digest_of(now.get(attr, UNSET)) for attr, _, _ in like}
-    stale = [attr for attr, _, digest in like if seen[attr] is not None and seen[attr] != digest]
+    own = _set_by_methods(type(node))
+    stale = [
+        attr
+        for attr, _, digest in like
+        if seen[attr] != digest and (seen[attr] is not None or not (own is None or attr in own))
+    ]
     built: dict[str, Any] | None = None
     if stale and not node.holds_state:
         try:

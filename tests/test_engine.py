@@ -9,6 +9,7 @@ import pickle
 import shutil
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -1512,6 +1513,52 @@ def test_an_attribute_made_from_an_argument_and_replaced_after_building_is_refus
     early.by = 2.0  # what a Floats(2) holds: keyed as one
     assert g.forward(10.0, store=store) == 20.0
     assert g.record is not None and g.record.outcome == {"early": "recalled"}
+
+
+class Loads(Node):
+    """Loads, on first use, what it is named after into the attribute of that name."""
+
+    def __init__(self, model: str) -> None:
+        self.model: Any = None
+        self.named_after = model
+
+    def forward(self, x: float, ctx: Any) -> float:
+        if self.model is None:
+            self.model = types.SimpleNamespace(scale=len(self.named_after))
+        return x * self.model.scale
+
+
+def test_an_attribute_replaced_from_outside_by_what_no_key_holds_is_refused(
+    store: Store,
+) -> None:
+    """An attribute named like a constructor argument but not the very value, or one its
+    constructor set that no argument names, replaced from outside the node by a value with no
+    canonical form (a numpy number) is refused where the node is keyed, as one replaced by a
+    value with one is: it was not looked at, so the node was keyed as built, recalling the
+    old value's answers and keeping the new one's under the old key. One the node's own code
+    gives such a value (a model it loads on first use) is its own business."""
+    floats = Floats(2)
+    g = Graph.somatize(floats.named("floats").frozen().cached())
+    assert g.forward(10.0, store=store) == 20.0
+    floats.by = np.float64(3.0)  # type: ignore[assignment]
+    _refused_where_keyed(g, 10.0, store, r"`floats` \(Floats\) cannot be keyed: `by` was "
+                         r"replaced after the node was made")  # fmt: skip
+    assert g.forward(7.0) == 21.0
+    assert _answer_of_a_new_build(Floats(2), 7.0, store) == 14.0
+    offsets = Offsets(2.0)
+    g = Graph.somatize(offsets.named("offsets").frozen().cached())
+    assert g.forward(10.0, store=store) == 20.0
+    offsets.offset = np.float64(5.0)  # type: ignore[assignment]
+    _refused_where_keyed(g, 10.0, store, r"`offsets` \(Offsets\) cannot be keyed: `offset` "
+                         r"was replaced after the node was made, from outside it")  # fmt: skip
+    offsets.offset = 0.0
+    assert g.forward(10.0, store=store) == 20.0
+    assert g.record is not None and g.record.outcome == {"offsets": "recalled"}
+    g = Graph.somatize(Loads("abc").named("loads").frozen().cached())
+    assert g.forward(1.0, store=store) == 3.0
+    assert g.forward(2.0, store=store) == 6.0  # what it loaded first is its own
+    assert g.forward(1.0, store=store) == 3.0
+    assert g.record is not None and g.record.outcome == {"loads": "recalled"}
 
 
 class Offsets(Node):
