@@ -415,11 +415,14 @@ class Found:
     mode_dependent: list[tuple[str, nn.Module, bool]]
 
     @classmethod
-    def at(cls, pl_module: nn.Module, module: nn.Module) -> Found:
+    def at(cls, pl_module: nn.Module, module: nn.Module, *, fitting: bool) -> Found:
         """``module`` as it is now, in ``pl_module``: taken before it is cached (frozen).
-        One found with parameters requiring grad is held in eval, having said so
-        (:class:`FrozeTrainable`): none of its parts decides whether it may be cached."""
-        trainable = any(p.requires_grad for p in module.parameters())
+        One found with parameters requiring grad when ``fitting`` is held in eval, having
+        said so (:class:`FrozeTrainable`): none of its parts decides whether it may be
+        cached. In validate, test or predict nothing trains and nothing is said: its parts
+        decide, as a frozen module's do (a dropout put in train mode to sample predictions
+        runs it uncached)."""
+        trainable = fitting and any(p.requires_grad for p in module.parameters())
         mode_dependent = [
             (name, part, part.training)
             for name, part in module.named_modules()
@@ -473,12 +476,17 @@ def let_go(cached: CachedRows, aheads: weakref.WeakSet[Ahead[Any]]) -> None:
 
 
 def cache_in_place(
-    callback: CacheFrozen, pl_module: pl.LightningModule, name: str, module: nn.Module
+    callback: CacheFrozen,
+    pl_module: pl.LightningModule,
+    name: str,
+    module: nn.Module,
+    *,
+    fitting: bool,
 ) -> None:
     """Caches ``module`` in every place it sits in ``pl_module``, noting how it was
-    found; the cache ``callback`` made for it before if there is one (a later stage
-    of the same model), else a new one."""
-    found = Found.at(pl_module, module)  # before it is frozen
+    found (``fitting``: in a fit, not an evaluation); the cache ``callback`` made for it
+    before if there is one (a later stage of the same model), else a new one."""
+    found = Found.at(pl_module, module, fitting=fitting)  # before it is frozen
     cached = callback._cached.get(name)
     if cached is not None and cached.module is module:
         cached.freeze_again()

@@ -369,7 +369,7 @@ class CacheFrozen(Callback):
             if name in left:
                 pass_through(self, found)
             else:
-                cache_in_place(self, pl_module, name, found)
+                cache_in_place(self, pl_module, name, found, fitting=stage == "fit")
         # What is not in place this stage (left uncached) is not kept for a later one.
         self._cached = {n: c for n, c in self._cached.items() if n in self._found}
 

@@ -603,6 +603,48 @@ def test_validating_a_module_named_that_requires_grad_warns_nothing(tmp_path: Pa
         trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])]).validate(Tuned(), loader())
 
 
+class Sampled(Probe):
+    """Predicts with its dropout drawing (Monte Carlo dropout): every dropout of the model,
+    the encoder's included, is put in train mode when predicting starts. Its encoder
+    requires grad, as one loaded from a fine-tuned checkpoint does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = _Dropping()
+
+    def on_predict_start(self) -> None:
+        for part in self.modules():
+            if isinstance(part, nn.Dropout):
+                part.train()
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        out: torch.Tensor = self.encoder(batch[0])
+        return out
+
+
+def test_a_part_put_in_train_mode_in_an_evaluation_runs_uncached_though_the_module_requires_grad(
+    tmp_path: Path,
+) -> None:
+    """In validate, test or predict nothing trains, and a named module requiring grad is
+    cached without a warning, as a frozen one is: a part of it put in train mode there
+    (dropout drawing, to sample predictions) has it run uncached, in that mode, as without
+    the callback, saying so; it is not held in eval, answering every sample alike."""
+
+    def predict(callbacks: list[pl.Callback]) -> torch.Tensor:
+        model = Sampled()
+        assert all(p.requires_grad for p in model.encoder.parameters())
+        torch.manual_seed(11)  # the dropout's draws
+        run = trainer(tmp_path, 1, callbacks=callbacks)
+        predictions = run.predict(model, loader(shuffle=False))
+        assert predictions is not None
+        return torch.cat([torch.as_tensor(p) for p in predictions])
+
+    plain = predict([])
+    with pytest.warns(Uncached, match=r"`encoder` would run in train mode.*`drop`"):
+        cached = predict([CacheFrozen(None, ["encoder"])])
+    assert torch.equal(cached, plain)
+
+
 class Weighted(torch.utils.data.Dataset[Any]):
     """Clean images, each with a loss weight drawn from torch's generator when fetched."""
 
