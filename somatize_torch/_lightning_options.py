@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from lightning.pytorch.utilities import CombinedLoader
 
 from somatize import Store, StoreError
 from somatize_torch._lightning_errors import CacheFrozenError, NotASubmodule
+from somatize_torch._lightning_stats import Stage
 from somatize_torch.deferred import Deferred
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "check_flags",
     "module_names",
     "one_training_set",
+    "prefill_keyed_as",
     "prefill_module",
     "writable_store",
 ]
@@ -109,6 +111,33 @@ def prefill_module(names: list[str], module: str | None) -> str:
             f"prefill(module={module!r}): this callback caches {names}; name one of those"
         )
     return module
+
+
+def prefill_keyed_as(stage: str, dataloader_idx: int) -> tuple[Stage, int]:
+    """The loader a prefill's rows are keyed as, by index under the callback's version:
+    loader ``dataloader_idx`` of ``stage``, which must be one the callback keys rows as."""
+    stages = ("train", "validate", "test", "predict")
+    if stage not in stages:
+        raise ValueError(
+            f"prefill(stage={stage!r}): a prefill's rows are keyed as the samples of a loader "
+            f"of one of the stages {list(stages)}; name the stage whose loader it runs"
+        )
+    if (
+        isinstance(dataloader_idx, bool)
+        or not isinstance(dataloader_idx, int)
+        or dataloader_idx < 0
+    ):
+        raise ValueError(
+            f"prefill(dataloader_idx={dataloader_idx!r}): the loader's place among its "
+            "stage's loaders is an int from 0"
+        )
+    if stage == "train" and dataloader_idx != 0:
+        raise ValueError(
+            f"prefill(stage='train', dataloader_idx={dataloader_idx}): a fit keyed by index "
+            "under the callback's version has one training loader (its samples could not "
+            "be told from another's), loader 0"
+        )
+    return cast(Stage, stage), dataloader_idx
 
 
 def one_training_set(loop: Any, version: str) -> None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from somatize_torch._lightning_stats import EpochStats, since
+from somatize_torch._lightning_stats import EpochStats, Stage, since
 from somatize_torch.rows import CachedRows
 from somatize_torch.rows import prefill as prefill_rows
 
@@ -44,12 +44,14 @@ __all__ = ["PrefillJob", "forward_context", "generators_kept", "run_prefill", "s
 @dataclass
 class PrefillJob:
     """A loader to run through the cached ``module`` when fitting starts; ``inputs`` and
-    ``progress`` as :meth:`CacheFrozen.prefill` was given them."""
+    ``progress`` as :meth:`CacheFrozen.prefill` was given them, and the loader its rows
+    are keyed as by index (``keyed_as``: a stage and the loader's place in it)."""
 
     loader: Iterable[Any]
     module: str
     inputs: Callable[[Any], Any] | None
     progress: bool
+    keyed_as: tuple[Stage, int] = ("train", 0)
 
 
 def run_prefill(

@@ -151,6 +151,7 @@ from somatize_torch._lightning_options import (
     check_flags,
     module_names,
     one_training_set,
+    prefill_keyed_as,
     prefill_module,
     writable_store,
 )
@@ -295,6 +296,8 @@ class CacheFrozen(Callback):
         module: str | None = None,
         inputs: Callable[[Any], Any] | None = None,
         progress: bool = True,
+        stage: str = "train",
+        dataloader_idx: int = 0,
     ) -> None:
         """Runs ``dataloader`` through the cached ``module`` when fitting starts (after
         the model is on its device, in the trainer's precision, before the first epoch)
@@ -304,10 +307,15 @@ class CacheFrozen(Callback):
         with an ``index`` or a batch from ``Deferred`` (an ``(x, y)`` item's labels are no
         indices, and are refused). ``module`` is needed only when the callback caches
         more than one.
+        Keyed by index under the callback's ``version``, the rows are those of the
+        training loader's samples; ``stage`` and ``dataloader_idx`` name another loader
+        the prefill stands for (``stage="validate"`` for the first validation loader),
+        whose sample 0 is not the training loader's.
         Under DDP each rank runs its share of the batches. ``progress`` shows a bar
         (on rank 0)."""
         module = prefill_module(self.names, module)
-        self._prefills.append(PrefillJob(dataloader, module, inputs, progress))
+        keyed_as = prefill_keyed_as(stage, dataloader_idx)
+        self._prefills.append(PrefillJob(dataloader, module, inputs, progress, keyed_as))
 
     # -- setting up
 
@@ -402,7 +410,13 @@ class CacheFrozen(Callback):
                 cached = self._cached.get(self._aliases.get(job.module, job.module))
                 if cached is None:
                     continue  # left uncached (a fine-tuning callback trains it), as warned
-                self.history.append(run_prefill(trainer, pl_module, cached, job))
+                version = self._version_as(*job.keyed_as)
+                if version is not None:
+                    cached.version = version
+                try:
+                    self.history.append(run_prefill(trainer, pl_module, cached, job))
+                finally:
+                    self._key_as("prefill")
         self._prefills = []
         self._flush(trainer)
 
@@ -465,12 +479,19 @@ class CacheFrozen(Callback):
             self._count_down()
             self._ended = {}
         self._stage = (stage, loader)
-        if self.key == "index" and self.version is not None:
-            version = self.version
-            if stage not in (None, "train", "prefill"):
-                version += f"|{stage}" + (f"|{loader}" if loader else "")
+        version = self._version_as(stage, loader)
+        if version is not None:
             for cached in self._cached.values():
                 cached.version = version
+
+    def _version_as(self, stage: Stage | None, loader: int) -> str | None:
+        """The version rows of loader ``loader`` of ``stage`` are keyed under by index (see
+        :meth:`_key_as`); None where rows are not keyed by the callback's version."""
+        if self.key != "index" or self.version is None:
+            return None
+        if stage in (None, "train", "prefill"):
+            return self.version
+        return self.version + f"|{stage}" + (f"|{loader}" if loader else "")
 
     def _look(self, pl_module: pl.LightningModule) -> None:
         """At a stage's first batch — after every epoch-start hook has run, the

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -728,6 +729,51 @@ def test_index_keys_of_the_callbacks_version_are_kept_apart_per_stage(tmp_path: 
             rows = [(e.rows.computed, e.rows.recalled) for e in epochs(callbacks[0], "validate")]
             assert rows == [(SAMPLES, 0), (0, SAMPLES)]
     assert results[0] == results[1]
+
+
+def test_a_validation_loader_prefilled_by_index_is_keyed_as_its_samples(tmp_path: Path) -> None:
+    """Keyed by index under the callback's version, a validation loader prefilled as one
+    (``stage="validate"``) keeps its rows as the validation samples: the training sample
+    of the same index is not answered with them, so training computes its own, the
+    validation recalls those prefilled, and the head and loss are those of a run without
+    the callback. Prefilled as training samples, the default, it would answer them."""
+
+    def indices(item: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return item[0], item[2]
+
+    results = []
+    for callbacks in ([CacheFrozen(None, ["encoder"], key="index", version="toy@1")], []):
+        model = Indexed()
+        if callbacks:
+            callbacks[0].prefill(_indexed(2), inputs=indices, stage="validate", progress=False)
+        fit = trainer(tmp_path, 1, callbacks=callbacks)
+        fit.fit(model, _indexed(1), _indexed(2))
+        results.append((float(fit.callback_metrics["val_loss"]), model.head.weight))
+        if callbacks:
+            (warm,) = epochs(callbacks[0], "prefill")
+            assert warm.rows.computed == SAMPLES
+            assert [e.rows.computed for e in epochs(callbacks[0], "train")] == [SAMPLES]
+            assert [e.rows.recalled for e in epochs(callbacks[0], "validate")] == [SAMPLES]
+    (loss, head), (plain_loss, plain_head) = results
+    assert loss == plain_loss and torch.equal(head, plain_head)
+
+
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        ({"stage": "fit"}, "stage='fit'"),
+        ({"stage": "validate", "dataloader_idx": -1}, "dataloader_idx=-1"),
+        ({"stage": "train", "dataloader_idx": 1}, "one training loader"),
+    ],
+)
+def test_a_prefill_keyed_as_no_stages_loader_is_refused(
+    options: dict[str, Any], refusal: str
+) -> None:
+    """A prefill names the loader it stands for by a stage the callback keys rows as and
+    that stage's loader index: anything else is refused when it is asked for."""
+    callback = CacheFrozen(None, ["encoder"], key="index", version="toy@1")
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        callback.prefill(_indexed(2), **options)
 
 
 class IndexedInHooks(Indexed):
