@@ -366,9 +366,10 @@ def _bound_in(
 ) -> tuple[list[types.FunctionType], list[Any]]:
     """The Python functions among ``values``, and those they close over or bind in turn
     (a ``functools.partial``'s too), each once; and what they close over, hold as
-    defaults or bind (a partial's arguments, and the dict of its keywords, which may be
-    written into). With ``globals_too``, the globals each reads that the key names
-    (:func:`_globals_of`) are among what they bind, and functions among them followed."""
+    defaults or bind (a partial's function, arguments and keyword values, and the dict of
+    its keywords, which may be written into). With ``globals_too``, the globals each
+    reads that the key names (:func:`_globals_of`) are among what they bind, and
+    functions among them followed."""
     functions: dict[int, types.FunctionType] = {}
     seen: set[int] = set()
     bound: list[Any] = []
@@ -379,7 +380,9 @@ def _bound_in(
             continue
         if isinstance(value, functools.partial):
             seen.add(id(value))
-            held: list[Any] = [value.func, value.args, value.keywords]
+            # Each argument and keyword value too: a list it binds may be written into.
+            keywords = value.keywords
+            held: list[Any] = [value.func, *value.args, keywords, *keywords.values()]
         elif isinstance(value, types.FunctionType):
             seen.add(id(value))
             functions[id(value)] = value

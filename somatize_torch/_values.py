@@ -41,6 +41,7 @@ import argparse
 import contextlib
 import copy
 import enum
+import functools
 import math
 import operator
 import reprlib
@@ -557,8 +558,9 @@ class Values:
         """Names read from a plain object a module holds that neither it nor its class
         holds, each with what the read gave: read again at each call."""
         self._made: list[tuple[int, _Made]] = []
-        """The functions read (by their place in :attr:`reads`), each with what it held:
-        fx traced it into the code with the values it closes over and its defaults."""
+        """The functions and ``functools.partial`` read (by their place in :attr:`reads`),
+        each with what it held: fx traced it into the code with the values it closes over,
+        its defaults and what a partial binds."""
         self._arrays: list[tuple[int, tuple[Any, ...]]] = []
         """The numpy arrays read, each with its dtype, shape and bytes: numpy keeps no
         version counter, and what the code made of one is traced in as it was."""
@@ -584,7 +586,7 @@ class Values:
         self._made = [
             (i, _Made(_closed(value, keep=True)))
             for i, value in enumerate(self._values)
-            if isinstance(value, types.FunctionType)
+            if isinstance(value, (types.FunctionType, functools.partial))
         ]
         numpy = sys.modules.get("numpy")  # not imported: nothing read is one of its arrays
         self._arrays = [
@@ -605,8 +607,28 @@ class Values:
     _held: tuple[Any, ...] = ()  # and those tables
 
     def __getstate__(self) -> dict[str, Any]:
-        # A class's namespace is not copied: a copy watches the classes as they are.
-        return {**vars(self), "_quick": None, "_read": (), "_held": (), "_code": None}
+        # A class's namespace is not copied: a copy watches the classes as they are. Nor is
+        # what a function or partial held (a code object does not pickle, and a partial is
+        # copied with what it binds): whether it still holds it is, and the copy looks at
+        # what its own holds (`__setstate__`).
+        made = [(i, _same_closed(_closed(self._values[i]), was)) for i, was in self._made]
+        return {
+            **vars(self),
+            "_quick": None,
+            "_read": (),
+            "_held": (),
+            "_code": None,
+            "_made": made,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        # What the copy's functions and partials hold, as the model's held what was traced:
+        # one changed before the copy was made is taken as changed in the copy too.
+        self._made = [
+            (i, _Made(_closed(self._values[i], keep=True)) if same else _CHANGED)
+            for i, same in state["_made"]
+        ]
 
     def _tables(self) -> tuple[list[Any], ...]:
         """The tables a call looks at: each module's own attributes with the name read from
@@ -709,14 +731,20 @@ class Values:
             if _same_closed(_closed(self._values[i]), made):
                 continue
             where = self.reads[i].where
+            what = (
+                f"what the partial `{where}` ({_shown(self._values[i])}) binds, or what its "
+                "function closes over,"
+                if isinstance(self._values[i], functools.partial)
+                else f"what the function `{where}` ({_shown(self._values[i])}) closes over, "
+                "or a default value of it,"
+            )
             raise WrapError(
-                f"what the function `{where}` ({_shown(self._values[i])}) closes over, or "
-                f"a default value of it, changed after `wrap` traced `{self.model}.forward`, "
-                "which called it: fx traced the function into the code the wrapped model "
-                "runs with the values it had then, and the wrapped model would go on "
-                "computing with them. Wrap the model again after changing it "
-                "(`somatize.torch.wrap(model, ...)`, then `freeze`), or keep the value in a "
-                "buffer (`self.register_buffer(...)`), which the code reads as it runs"
+                f"{what} changed after `wrap` traced `{self.model}.forward`, which called it: "
+                "fx traced the function into the code the wrapped model runs with the values "
+                "it had then, and the wrapped model would go on computing with them. Wrap "
+                "the model again after changing it (`somatize.torch.wrap(model, ...)`, then "
+                "`freeze`), or keep the value in a buffer (`self.register_buffer(...)`), "
+                "which the code reads as it runs"
             )
         reread: Reread | None = None  # raised last: the traces for other values are no
         # answer to a value of the model's own, or to code, that changed too
@@ -794,19 +822,23 @@ class Values:
         )
 
 
-def _closed(function: types.FunctionType, keep: bool = False) -> tuple[Any, ...]:
-    """What a function read holds, looked at by identity: its code, defaults and what it
-    closes over (and those of the functions it closes over in turn), each item of a list,
-    dict or set among them (a plain dict by its CPython version first, where it is read:
-    a vocabulary; its items kept too with ``keep``), and the bytes of each numeric numpy
+def _closed(function: Callable[..., Any], keep: bool = False) -> tuple[Any, ...]:
+    """What a function or ``functools.partial`` read holds, looked at by identity: its
+    code, defaults and what it closes over, a partial's function, arguments and keywords
+    (and those of the functions and partials it holds in turn), each item of a list, dict
+    or set among them (a plain dict by its CPython version first, where it is read: a
+    vocabulary; its items kept too with ``keep``), and the bytes of each numeric numpy
     array: fx traced what the forward read of them into the code as it was."""
     functions, bound = _bound_in([function])
     numpy = sys.modules.get("numpy")  # not imported: nothing held is one of its arrays
     held: list[Any] = []
     for one in functions:
         held += _made_of(one)
-    for value in bound:
-        if type(value) is dict and _dict_version is not None:
+    for value in (function, *bound):
+        if isinstance(value, functools.partial):
+            # What it binds, which `__setstate__` may replace whole.
+            held += (value, value.func, value.args, value.keywords)
+        elif type(value) is dict and _dict_version is not None:
             held += (value, _Versioned(_dict_version(value), _items(value) if keep else ()))
         elif isinstance(value, (list, dict, set)):
             held += (value, *_items(value))
@@ -844,12 +876,13 @@ def _same_closed(now: tuple[Any, ...], was: tuple[Any, ...]) -> bool:
 
 
 class _Made(tuple[Any, ...]):
-    """What a function held when it was traced (:func:`~somatize_torch._settings._made_of`),
-    kept as it is by a copy of the model: the copy shares the function, which is never
-    copied, and so what it holds."""
+    """What a function or partial held when it was traced (:func:`_closed`). Not copied
+    with the model: a copy looks at what its own holds (:meth:`Values.__setstate__`)."""
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Made:
-        return self
+
+_CHANGED = _Made((object(),))
+"""What a copy holds for a function or partial that no longer held what was traced when
+the copy was made: like nothing it holds, so its calls are refused as the model's are."""
 
 
 def _refused(reread: Reread | None, error: WrapError) -> Reread | None:

@@ -7944,6 +7944,131 @@ def test_what_a_function_the_model_holds_closes_over_changed_in_place_is_refused
         assert torch.equal(wrapped(x), first)
 
 
+def _times_first(gains: list[float], t: torch.Tensor) -> torch.Tensor:
+    return t * gains[0]
+
+
+def _scaled_by_first(t: torch.Tensor, gains: list[float]) -> torch.Tensor:
+    return t * gains[0]
+
+
+def _applied(act: Callable[[torch.Tensor], torch.Tensor], t: torch.Tensor) -> torch.Tensor:
+    return act(t)
+
+
+def _doubled(t: torch.Tensor) -> torch.Tensor:
+    return t * 2.0
+
+
+def _partial_kept(kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A ``functools.partial`` of the kind named, which the traced forward calls."""
+    if kind == "keyword":
+        return functools.partial(torch.clamp, min=0.0, max=6.0)
+    if kind == "argument list":
+        return functools.partial(_times_first, [2.0])
+    if kind == "keyword list":
+        return functools.partial(_scaled_by_first, gains=[2.0])
+    return functools.partial(_applied, functools.partial(torch.mul, other=2.0))
+
+
+def _change_partial(act: Any, kind: str, value: float) -> float:
+    """Sets what ``act`` (made by :func:`_partial_kept`) binds to ``value``, in place, and
+    says what it bound before."""
+    if kind == "keyword":
+        held, at = act.keywords, "max"
+    elif kind == "argument list":
+        held, at = act.args[0], 0
+    elif kind == "keyword list":
+        held, at = act.keywords["gains"], 0
+    else:
+        held, at = act.args[0].keywords, "other"
+    was: float = held[at]
+    held[at] = value
+    return was
+
+
+_PARTIALS = ["keyword", "argument list", "keyword list", "nested"]
+
+
+@pytest.mark.parametrize("kind", _PARTIALS)
+def test_what_a_partial_the_model_holds_binds_changed_in_place_is_refused(
+    store: Store, kind: str
+) -> None:
+    """A ``functools.partial`` the traced forward called, whose keywords or a list it binds
+    (or those of a partial it binds) were changed in place after ``wrap``, is refused at the
+    next call, naming it, as a function whose closed-over value changed is: fx traced what
+    it binds into the code as it was, and the wrapped model would go on computing with
+    that; put back, the call runs."""
+    torch.manual_seed(0)
+    model = CallsHeldFunctions()
+    model.act = _partial_kept(kind)
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        first = wrapped(x)
+        assert torch.equal(first, model(x))
+        was = _change_partial(model.act, kind, 0.5)
+        with pytest.raises(smt.WrapError, match=r"`act` .* binds, or what its function"):
+            wrapped(x)
+        _change_partial(model.act, kind, was)  # the very value it bound: taken as it is
+        assert torch.equal(wrapped(x), first)
+
+
+class CallsHeldFunction(nn.Module):
+    """Calls a function it keeps, which pickles (by its name, a partial with what it
+    binds)."""
+
+    def __init__(self, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 2)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.act(self.encoder(x)))
+        return out
+
+
+def _pickled_and_copied(wrapped: smt.Wrapped) -> list[smt.Wrapped]:
+    """``wrapped`` pickled (``torch.save``) and loaded, and deep-copied."""
+    held = io.BytesIO()
+    torch.save(wrapped, held)
+    held.seek(0)
+    return [torch.load(held, weights_only=False), copy.deepcopy(wrapped)]
+
+
+@pytest.mark.parametrize("kind", ["function", *_PARTIALS])
+def test_a_wrapped_model_calling_a_function_or_partial_it_holds_is_pickled_and_copied(
+    store: Store, kind: str
+) -> None:
+    """A wrapped model whose forward calls a function or a ``functools.partial`` it keeps
+    is pickled and copied, and each copy answers as the model does; what the copy holds is
+    watched in the copy (a partial is copied with what it binds): changed there, the copy's
+    call is refused and the model's runs, and one changed before the copy is refused by
+    the copy too."""
+    torch.manual_seed(0)
+    model = CallsHeldFunction(_doubled if kind == "function" else _partial_kept(kind))
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        wrapped(x)
+        for copied in _pickled_and_copied(wrapped):
+            assert torch.equal(copied(x), model(x))
+            assert torch.equal(copied(x), copied.model(x))
+            if kind == "function":
+                continue
+            _change_partial(copied.model.act, kind, 0.5)
+            with pytest.raises(smt.WrapError, match=r"`act` .* binds, or what its function"):
+                copied(x)
+            assert torch.equal(wrapped(x), model(x))
+        if kind == "function":
+            return
+        _change_partial(model.act, kind, 0.5)
+        for copied in _pickled_and_copied(wrapped):
+            with pytest.raises(smt.WrapError, match=r"`act` .* binds, or what its function"):
+                copied(x)
+
+
 @pytest.mark.parametrize(
     "change",
     [
