@@ -614,6 +614,11 @@ class ModuleNode(Node):
                 declared["precision"] = dict(precision)
         return declared
 
+    def __getstate__(self) -> Any:
+        # The watch is not copied (the copy's module is watched afresh: `__setstate__`); it
+        # holds the code of the functions the module keeps, which does not pickle.
+        return {name: value for name, value in vars(self).items() if name != "_settings"}
+
     def __setstate__(self, state: Any) -> None:
         super().__setstate__(state)
         # The copy's module holds its values in tables of its own, not the ones a copied

@@ -8069,6 +8069,51 @@ def test_a_wrapped_model_calling_a_function_or_partial_it_holds_is_pickled_and_c
                 copied(x)
 
 
+class _EncoderWithAct(nn.Module):
+    """An encoder that calls a function it keeps."""
+
+    def __init__(self, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.act(self.lin(x))
+        return out
+
+
+class EncoderCallsHeldFunction(nn.Module):
+    """Its declared encoder calls a function it keeps, which its key names."""
+
+    def __init__(self, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.encoder = _EncoderWithAct(act)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.encoder(x))
+        return out
+
+
+@pytest.mark.parametrize("kind", ["function", "keyword"])
+def test_a_wrapped_model_whose_frozen_part_calls_a_function_it_holds_is_pickled(
+    store: Store, kind: str
+) -> None:
+    """A wrapped model whose frozen, cached encoder keeps a function or a partial it calls
+    is pickled and copied once it ran (its settings watched), and each copy answers as the
+    model does, recalling the encoder's answer: the copy's encoder is watched afresh."""
+    torch.manual_seed(0)
+    act = _doubled if kind == "function" else _partial_kept(kind)
+    model = EncoderCallsHeldFunction(act)
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        wrapped(x)
+        for copied in _pickled_and_copied(wrapped):
+            assert torch.equal(copied(x), model(x))
+            assert copied.counts["encoder"]["recalled"] == 1
+
+
 @pytest.mark.parametrize(
     "change",
     [
