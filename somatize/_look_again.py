@@ -133,11 +133,13 @@ def look_again(graph: Graph) -> None:
                 moved = True
                 if marks.state is not None and marks.state != memory.state_of(name):
                     state = marks.state
-            followed[name] = marks.moved
             if state is not None:
                 memory.freeze(name, state)
             if moved:
                 _declared_again(graph, name, node)
+            # Past what taking its declaration again told (a torch module declared in
+            # another precision), which this graph has just followed.
+            followed[name] = marks.moved
 
 
 def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> None:

@@ -609,7 +609,14 @@ class ModuleNode(Node):
         if hooks:  # only then, so a module without hooks keeps the key it had
             declared["hooks"] = hooks
         if self._keys_precision:
-            precision = self._precision_at = _precision_of(self.module)
+            precision = _precision_of(self.module)
+            if precision != self._precision_at:
+                # Taken in another precision than the one named last (a second graph
+                # built with the node out of the autocast the first ran under): each
+                # graph that keys the node by the one named last is told, as of a
+                # change told to the graph that asks first, and takes it again.
+                self._smz.moved += 1
+                self._precision_at = precision
             if precision is not None:  # only then, so the usual key does not change
                 declared["precision"] = dict(precision)
         return declared

@@ -293,6 +293,35 @@ def test_a_cached_module_node_on_a_local_worker_runs_in_the_precision_it_is_keye
         broker.close()
 
 
+@pytest.mark.parametrize("under_autocast", [False, True])
+def test_a_cached_module_node_two_graphs_are_built_with_is_keyed_by_the_precision_each_runs_in(
+    store: Store, under_autocast: bool
+) -> None:
+    """A cached module node two graphs are built with (an encoder two pipelines share), the
+    second built in another precision than the one the first's key last named, is keyed
+    by the precision each call runs in, in the first too: the build took the node's
+    declaration in its precision, which the node then took as the one its key names, so
+    the first graph, not told, recalled a bf16 answer for a float32 call, and a float32
+    one for a call under bf16 autocast."""
+    encoder = _encoder()
+    node = smt.ModuleNode(encoder).named("encoder").frozen().cached()
+    first = Graph.somatize(node)
+    smt.freeze(first)
+    x = Opaque(torch.randn(5, 6))
+    plain = first.forward(x, store=store)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lowered = first.forward(x, store=store)
+    assert lowered.dtype == torch.bfloat16
+    if under_autocast:
+        first.forward(x, store=store)  # its key names float32 again
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=under_autocast):
+        smt.freeze(Graph.somatize(node))
+        again = first.forward(x, store=store)
+    expected = lowered if under_autocast else plain
+    assert again.dtype == expected.dtype and torch.equal(again, expected)
+    assert first.record is not None and first.record.outcome == {"encoder": "recalled"}
+
+
 def test_a_module_node_not_frozen_runs_under_the_callers_autocast() -> None:
     """A module node neither frozen nor cached, called under autocast after a call outside
     it, computes under autocast, as the module does: nothing keys its answers, and no
