@@ -1,5 +1,6 @@
 """How float32 products and convolutions are computed: the settings of torch's backends
-that change what a call answers, read through whichever interface this torch has.
+that change what a call answers, read through whichever interface this torch has; and
+how float16 and bfloat16 products are computed on CUDA (:func:`half_precision`).
 
 torch 2.9 gave each backend and operation a setting of its own
 (``torch.backends.cuda.matmul.fp32_precision = "tf32"``, ``torch.backends.mkldnn.matmul
@@ -29,6 +30,24 @@ _HOST = {
 """The per-backend settings read for a device, with the values torch starts with ("none"
 defers to the backend's own default, full precision but for cuDNN's TF32)."""
 
+_HALF = {
+    "allow_fp16_accumulation": (False,),
+    "allow_fp16_reduced_precision_reduction": (True, (True, True)),
+    "allow_bf16_reduced_precision_reduction": (True, (True, True)),
+}
+"""cuBLAS's settings of how float16 and bfloat16 products are computed on CUDA (under
+autocast, or by a module converted to them), with the values torch starts with: sums
+kept in float32, partial sums allowed in reduced precision (a pair in a torch that
+also says whether split-K ones are)."""
+
+_HALF_READ = tuple(
+    (setting, read, usual)
+    for setting, usual in _HALF.items()
+    if (read := getattr(torch._C, f"_get_cublas_{setting}", None)) is not None
+)
+"""Each of :data:`_HALF` this torch has, with torch's own getter: read through
+``torch.backends.cuda.matmul`` they cost ten times as much, at every cached call."""
+
 
 def _per_backend() -> bool:
     """Whether this torch has the per-backend settings."""
@@ -55,11 +74,26 @@ def float32_precision(device: str) -> Named:
     return tuple(said)
 
 
+def half_precision(device: str) -> Named:
+    """The settings that change how float16 and bfloat16 products run on ``device`` (a
+    device type), each with its value, where it is not torch's default: cuBLAS's on
+    CUDA (:data:`_HALF`), none elsewhere."""
+    if device != "cuda":
+        return ()
+    said: list[tuple[str, str]] = []
+    for setting, read, usual in _HALF_READ:
+        value = read()
+        if value not in usual:
+            said.append((f"cuda.matmul.{setting}", str(value)))
+    return tuple(said)
+
+
 def precision_on(device: str) -> Named | None:
     """The precision a call on ``device`` (a device type) runs in, named only where it is
     not torch's default: autocast on that device type, the dtype tensors made in the
-    forward get, and how float32 products and convolutions are computed (TF32,
-    bfloat16) — None under torch's defaults, so the usual key does not change."""
+    forward get, how float32 products and convolutions are computed (TF32,
+    bfloat16), and how half-precision ones are (accumulating in float16) — None under
+    torch's defaults, so the usual key does not change."""
     said: list[tuple[str, str]] = []
     if torch.is_autocast_enabled(device):
         said.append(("autocast", _dtype_name(torch.get_autocast_dtype(device))))
@@ -67,6 +101,7 @@ def precision_on(device: str) -> Named | None:
     if made != torch.float32:
         said.append(("default", _dtype_name(made)))
     said.extend(float32_precision(device))
+    said.extend(half_precision(device))
     return tuple(said) or None
 
 

@@ -356,6 +356,34 @@ def test_rows_load_from_what_came_and_from_the_dataset() -> None:
     assert torch.equal(rows.load([2, 3]), x[[7, 1]]) and inputs.loaded[2:] == [7]
 
 
+def test_how_half_precision_products_run_on_a_gpu_is_in_the_keys(tmp_path: Path) -> None:
+    """Rows of a module in float16 run on a GPU are keyed by how cuBLAS computes float16
+    and bfloat16 products there, where it is not torch's default (accumulating in float16,
+    or reducing in full precision only): an answer computed one way is not recalled for
+    the other, as one computed with TF32 is not. torch's defaults keep the usual keys,
+    and rows run on the host, which cuBLAS does not compute, keep theirs."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Flatten(), nn.Linear(3 * 6 * 6, 4)).to(torch.float16)
+    cached = cache_rows(module, tmp_path, key="index")
+    (rows,) = batches(Deferred(images(17), version="toy@17"), size=ROWS)
+    on_gpu = rows.to("cuda")  # keyed only: nothing is loaded or run there
+    usual, host = cached.row_keys(on_gpu), cached.row_keys(rows)
+    matmul = torch.backends.cuda.matmul
+    for setting, value in (
+        ("allow_fp16_accumulation", True),
+        ("allow_fp16_reduced_precision_reduction", False),
+        ("allow_bf16_reduced_precision_reduction", False),
+    ):
+        was = getattr(matmul, setting)
+        try:
+            setattr(matmul, setting, value)
+            assert cached.row_keys(on_gpu) != usual, setting
+            assert cached.row_keys(rows) == host
+        finally:
+            setattr(matmul, setting, was)
+    assert cached.row_keys(on_gpu) == usual
+
+
 def test_floating_inputs_run_in_the_modules_dtype(tmp_path: Path) -> None:
     """A module held in bfloat16 gets float32 inputs of a Deferred in bfloat16 (as a
     trainer in true half precision converts a batch tensor), keyed as such: the same
