@@ -262,7 +262,8 @@ class LocalStore(LocalShelf):
         self._tmp = f"{self.root / 'tmp'}{os.sep}"
         self._verified: dict[str, Stamp] = {}
         """Digest → (inode, mtime) of the file that was hashed and matched."""
-        self._synced: dict[str, tuple[int, int]] = {}
+        if self.durable:  # kept only where it is used: a store's few attributes stay shared
+            self._synced: dict[str, tuple[int, int]] = {}
         self._maps: dict[str, tuple[Stamp, memoryview]] = {}
         """Digest → (inode, mtime) of a verified large blob, and its shared read-only map."""
         self._packs_look = _PacksLook()
