@@ -33,7 +33,7 @@ from typing import Any
 
 from somatize.errors import SomatizeError
 from somatize.store import BucketStore, LocalStore, StoreError
-from somatize.store.base import Answer, Corrupt, check_digest, check_name
+from somatize.store.base import Answer, Corrupt, Missing, check_digest, check_name
 from somatize.store.records import KEY_VARIABLE, PackIndex, Unsigned, decode_pack
 from somatize.store.upkeep import Progress, contents, listing, survey
 
@@ -261,7 +261,7 @@ def _show_kept(store: LocalStore | BucketStore, what: str, out: Any) -> int:
         answer = store.answer(what)
         if answer is not None:
             where = "" if answer.offset is None else f" at offset {answer.offset} (packed)"
-            wrong = _blob_wrong(store, answer.value)
+            wrong = _blob_wrong(store, answer.value) or _span_wrong(store, answer)
             print(f"answer   {answer.key}", file=out)
             print(f"blob     {answer.value}{where}{wrong}", file=out)
             _describe(answer.codec, answer.size, answer.fingerprint, answer.created, out)
@@ -309,6 +309,26 @@ def _blob_wrong(store: LocalStore | BucketStore, digest: str) -> str:
             "moves it aside"
         )
     return ""
+
+
+def _span_wrong(store: LocalStore | BucketStore, answer: Answer) -> str:
+    """What is wrong with the bytes ``answer`` says its blob, here and whole, holds for it,
+    as ``show`` says it after the digest: "" when the blob holds them. A record is not named
+    by its bytes, so one damaged to say another size (a digit flipped) still reads whole:
+    a recall refuses it, and ``verify`` reports it and moves it aside."""
+    try:
+        with store.open_blob(answer.value) as handle:
+            size = handle.seek(0, os.SEEK_END)
+    except Missing:  # removed since it was looked for (a gc elsewhere)
+        return "  MISSING: no blob is kept under it"
+    end = answer.size + (answer.offset or 0)
+    if size == end or (answer.offset is not None and size > end):
+        return ""
+    said = "" if answer.offset is None else " the answer ends at"
+    return (
+        f"  DAMAGED: it holds {size} bytes, not the {end} its record says{said}; "
+        "`somatize store verify --quarantine` moves the record aside"
+    )
 
 
 def _describe(codec: str, size: int, code: str | None, created: float, out: Any) -> None:

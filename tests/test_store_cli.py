@@ -643,6 +643,35 @@ def test_show_of_a_record_that_cannot_be_read_says_it_is_damaged(
     assert f"DAMAGED answers/{KEY[7:9]}/{KEY[7:]}" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("scheme", ["", "file://"])
+def test_show_of_a_record_that_says_other_bytes_than_its_blob_holds_says_it_is_damaged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scheme: str
+) -> None:
+    """A record that reads whole but says other bytes than its blob, whole, holds (a digit
+    of its size flipped, or an offset past the blob's end) is damage, as verify says and
+    as a recall finds it: show says so with status 1, where it showed the answer as whole
+    with status 0, and says that verify moves it aside."""
+    store = _store(tmp_path)
+    path = store.answer_path(KEY)
+    kept = path.read_text()
+    where = f"{scheme}{store.root}"
+    for record, said in (
+        (kept.replace('"bytes":3000', '"bytes":3001'), "it holds 3000 bytes, not the 3001"),
+        (kept.replace('"bytes":3000', '"bytes":3000,"offset":1'), "it holds 3000 bytes, not"),
+    ):
+        path.write_text(record)
+        with pytest.raises(StoreError):  # what a recall finds
+            LocalStore(store.root).recall(KEY)
+        assert main(["store", "show", KEY, "--store", where]) == 1
+        printed = capsys.readouterr().out
+        assert f"DAMAGED: {said}" in printed and "verify --quarantine" in printed
+        assert main(["store", "verify", "--store", where]) == 1
+        assert f"DAMAGED answers/{KEY[7:9]}/{KEY[7:]}" in capsys.readouterr().out
+    path.write_text(kept)
+    assert main(["store", "show", KEY, "--store", where]) == 0
+    assert "DAMAGED" not in capsys.readouterr().out
+
+
 def test_show_of_a_record_signed_with_another_key_says_which_key_to_show_it_with(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
