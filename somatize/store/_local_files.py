@@ -146,7 +146,8 @@ there each time before it is renamed."""
 
 class TakenFromTmp(StoreError):
     """A write taken from ``tmp/`` before it was published, by a gc in another process that
-    spares no write in flight (no grace): nothing was published."""
+    spares no write in flight older than its grace (with no grace, none): nothing was
+    published."""
 
 
 class NotAFile(OSError):
@@ -394,10 +395,11 @@ class LocalFiles(PackedHome):
             ):
                 raise TakenFromTmp(
                     f"could not write {os.path.relpath(target, self.root)} into {self.root}: "
-                    "its write was removed from tmp/ before it was published, as a gc in "
-                    "another process collecting with no grace (`--grace 0`) removes writes "
-                    "in flight. Nothing was published; collect with a grace longer than a "
-                    "write takes (the default is 60 s) while writers run"
+                    "its write was removed from tmp/ before it was published: a gc in "
+                    "another process removes writes in flight older than its grace, and "
+                    "with no grace (`--grace 0`) all of them. Nothing was published; collect "
+                    "with a grace longer than a write stays open (the default is 60 s) while "
+                    "writers run"
                 ) from why
             raise self._unwritten(temporary, target, why) from why
 
