@@ -91,6 +91,10 @@ class _Run:
         """Node of :attr:`~somatize.plan.Static.shared` → what told its answer unchanged as
         the first node was handed it (:func:`_mark_of`); taken only where a keyed node that
         runs is handed it after, and where a codec weighs the answer."""
+        self.beside: dict[str, tuple[Sequence[Any], list[tuple[Any, Hashable, str]]]] = {}
+        """Node running on a worker that is handed the very objects (a local one) → what it
+        was handed, and for each of those a node handed too while it ran: that input, what
+        told it unchanged as that node was handed it, and that node (:meth:`hands_beside`)."""
         self.values: dict[str, Any] = {}
         self.moved: set[str] = set()
         """The mapped nodes whose code was changed as their items ran on a network worker
@@ -310,6 +314,80 @@ class _Run:
             raise self._written_into(
                 node, before, f"the answer of `{pred}`", f"the answer `{pred}` made"
             )
+
+    def hands_beside(
+        self, node: str, inputs: Sequence[Any], local: bool, running: Sequence[str]
+    ) -> list[tuple[Any, Hashable, str]] | None:
+        """Notes that ``node`` is handed ``inputs`` while the nodes ``running`` run on
+        workers that are handed the very objects (local ones), and on such a worker itself
+        when ``local``: each input it shares with one of them is marked now
+        (:func:`_mark_of`), for each of the two, which :meth:`answered_beside` looks at
+        again as each answers. The engine hands a node what it reads once that is there,
+        so nodes beside each other on such workers read the same objects at the same time,
+        where without a broker they would run one after the other. Returns what ``node``
+        shares so (None where it shares nothing)."""
+        shares: list[tuple[Any, Hashable, str]] = []
+        for other in running:
+            found = self.beside.get(other)
+            if found is None:
+                continue
+            handed, noted = found
+            for value in inputs:
+                if not any(value is read for read in handed):
+                    continue
+                try:
+                    mark = _mark_of(value)
+                except CodecError:
+                    continue  # nothing tells it unchanged: handed on unchecked, as elsewhere
+                noted.append((value, mark, node))
+                shares.append((value, mark, other))
+        if local:
+            self.beside[node] = (inputs, shares)
+        return shares or None
+
+    def answered_beside(
+        self, plan: Plan, node: str, shares: list[tuple[Any, Hashable, str]] | None = None
+    ) -> None:
+        """NodeFailed, said, when keyed ``node`` answered after an input it shared with a
+        node running beside it (:meth:`hands_beside`) changed: one of the two wrote into
+        it as the other read it, so what ``node`` computed may be from the input written,
+        which would be kept, and recalled, under the key of the input as it was handed.
+        ``shares``: what :meth:`hands_beside` returned for a node run here; one run on a
+        local worker is looked up."""
+        found = self.beside.pop(node, None)
+        if found is not None:
+            shares = found[1]
+        if not shares or node not in plan.static.prefix:
+            return
+        for value, mark, other in shares:
+            try:
+                moved = _mark_of(value) != mark
+            except CodecError:  # something no codec weighs was written into it
+                moved = True
+            if moved:
+                preds = plan.static.preds[node]
+                handed = (
+                    "the graph's input"
+                    if not preds
+                    else " and ".join(
+                        f"the answer of `{p}`" for p in preds if self.values.get(p) is value
+                    )
+                    or "an input"
+                )
+                raise self.unusable(
+                    node,
+                    ValueError(
+                        f"ran at the same time as `{other}`, each handed {handed} itself (a "
+                        "local worker is handed the very objects), and it changed before "
+                        f"`{node}` answered: one of them wrote into it as the other read it. "
+                        f"What `{node}` computed may be from it as written, and would be kept, "
+                        f"and recalled, as computed from {handed} as it was handed in. Have a "
+                        "node that writes into what it is handed work on a copy of it "
+                        "(`sorted(x)`, `dict(x)`, `x.copy()`, `x.clone()`), or place one of "
+                        'the two on a `Worker.generic(mode="network")` worker, which is sent '
+                        "a copy"
+                    ),
+                )
 
     def _written_into(self, node: str, before: list[str], handed: str, was: str) -> NodeFailed:
         """NodeFailed for keyed ``node``, handed ``handed`` after the nodes ``before``, one

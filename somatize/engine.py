@@ -149,6 +149,12 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
     waiting = list(static.order)
     done: set[str] = set()
     busy: dict[Future[Any], str] = {}
+    # Workers handed the very objects (local ones): what runs there reads what is handed
+    # beside it at the same time (`_Run.hands_beside`).
+    workers = getattr(broker, "workers", None)
+    local = frozenset(
+        name for name, w in (workers or {}).items() if not getattr(w, "crosses", True)
+    )
     cancel = True
     try:
         while waiting or busy:
@@ -172,6 +178,11 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
                 inputs = [values[p] for p in preds] if preds else [value_of]
                 worker = placement.worker_of(node)
                 ctx = Context(name=node, key=plan.keys.get(node), worker=worker, store=store)
+                shares = None
+                if local:
+                    alongside = [n for f, n in busy.items() if n in state.beside and not f.done()]
+                    there = worker in local and node not in static.mapped  # items: called here
+                    shares = state.hands_beside(node, inputs, there, alongside)
                 if node in static.mapped:
                     values[node] = state.run_mapped(plan, node, inputs, ctx, stacklevel=5)
                     continue
@@ -181,6 +192,8 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
                     done.discard(node)
                     continue
                 value, took = state.call(node, inputs, ctx)
+                if shares is not None:
+                    state.answered_beside(plan, node, shares)
                 _ran(state, plan, node, value, took, None)
             waiting = later
             if not busy:
@@ -201,6 +214,8 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
                     raise
                 for fact in outcome.facts:
                     state.emit(fact)
+                if node in state.beside:
+                    state.answered_beside(plan, node)
                 _ran(state, plan, node, outcome.value, outcome.took_us, outcome.kept, outcome.moved)
                 done.add(node)
     except BaseException as error:

@@ -2376,3 +2376,101 @@ def test_an_answer_a_worker_computed_while_its_code_was_changed_is_not_kept(
     )
     _PATCHED.set()  # nothing patches it now
     assert fresh.forward(1, store=store, strict=True) == 3
+
+
+class _SumsOnceWritten(Node):
+    """Sums the list it is handed once ``written`` is set (another branch wrote into it)."""
+
+    def __init__(self, written: threading.Event) -> None:
+        self.written = written
+
+    def declare(self) -> dict[str, Any]:
+        return {}
+
+    def forward(self, xs: list[int], ctx: Any) -> int:
+        self.written.wait(10)
+        return sum(xs)
+
+
+class _WritesFirst(Node):
+    """Writes into the list it is handed, then sets ``written``."""
+
+    def __init__(self, written: threading.Event) -> None:
+        self.written = written
+
+    def declare(self) -> dict[str, Any]:
+        return {}
+
+    def forward(self, xs: list[int], ctx: Any) -> int:
+        xs[0] = -100
+        self.written.set()
+        return len(xs)
+
+
+def test_a_keyed_node_on_a_local_worker_whose_input_a_node_beside_it_writes_into_fails(
+    store: Store,
+) -> None:
+    """A cached node on a local worker is handed the very list a node run beside it, here,
+    is handed too, and that node writes into it while the cached one runs: the cached
+    node's answer, computed from the written list, was kept under the key of the list as it
+    was handed in, and recalled without the broker for that list. It fails (NodeFailed)
+    and nothing is kept."""
+    written = threading.Event()
+    g = Graph.somatize(
+        Echo().named("start").frozen()
+        >> (
+            _SumsOnceWritten(written).named("sum").frozen().cached().at("w1"),
+            _WritesFirst(written).named("writes").frozen(),
+        )
+        >> Add().named("both").frozen()
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="local")})
+    seen: list[dict[str, Any]] = []
+    with pytest.raises(NodeFailed, match=r"`sum`.*ran at the same time as `writes`.*changed"):
+        g.forward([1, 2, 3], store=store, broker=broker, watching=seen.append)
+    assert _answers(store) == [] and not [f for f in seen if f["fact"] == "kept"]
+    assert {"fact": "failed", "node": "sum", "error": "ValueError"} in seen
+    written.set()
+    assert g.forward([1, 2, 3], store=store) == 9  # 6, computed from [1, 2, 3], and 3
+
+
+def test_a_keyed_node_here_whose_input_a_node_on_a_local_worker_writes_into_fails(
+    store: Store,
+) -> None:
+    """The other way round: a node on a local worker writes into the list a cached node
+    run here, beside it, is handed too. The cached node fails, and nothing is kept."""
+    written = threading.Event()
+    g = Graph.somatize(
+        Echo().named("start").frozen()
+        >> (
+            _WritesFirst(written).named("writes").frozen().at("w1"),
+            _SumsOnceWritten(written).named("sum").frozen().cached(),
+        )
+        >> Add().named("both").frozen()
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="local")})
+    with pytest.raises(NodeFailed, match=r"`sum`.*ran at the same time as `writes`.*changed"):
+        g.forward([1, 2, 3], store=store, broker=broker)
+    assert _answers(store) == []
+
+
+class _NegatesFirst(Node):
+    """Negates the first item of the list it is handed, in place, and hands it on."""
+
+    def forward(self, xs: list[int], ctx: Any) -> list[int]:
+        xs[0] = -xs[0]
+        return xs
+
+
+def test_a_keyed_node_on_a_local_worker_writing_into_its_own_input_keeps_its_answer(
+    store: Store,
+) -> None:
+    """A cached node on a local worker that writes into the list it is handed, with no node
+    handed that list running beside it, answers from it as it does with no broker: what a
+    node computes from an input it writes into itself is its answer to it."""
+    g = Graph.somatize(
+        Echo().named("start").frozen() >> _NegatesFirst().named("neg").frozen().cached().at("w1")
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="local")})
+    assert g.forward([1, 2, 3], store=store, broker=broker) == [-1, 2, 3]
+    assert len(_answers(store)) == 1
