@@ -359,35 +359,38 @@ class _Run:
             shares = found[1]
         if not shares or node not in plan.static.prefix:
             return
+        moved: dict[int, tuple[Any, list[str]]] = {}
         for value, mark, other in shares:
             try:
-                moved = _mark_of(value) != mark
+                changed = _mark_of(value) != mark
             except CodecError:  # something no codec weighs was written into it
-                moved = True
-            if moved:
-                preds = plan.static.preds[node]
-                handed = (
-                    "the graph's input"
-                    if not preds
-                    else " and ".join(
-                        f"the answer of `{p}`" for p in preds if self.values.get(p) is value
-                    )
-                    or "an input"
+                changed = True
+            if changed:
+                moved.setdefault(id(value), (value, []))[1].append(other)
+        for value, others in moved.values():
+            preds = plan.static.preds[node]
+            handed = (
+                "the graph's input"
+                if not preds
+                else " and ".join(
+                    f"the answer of `{p}`" for p in preds if self.values.get(p) is value
                 )
-                raise self.unusable(
-                    node,
-                    ValueError(
-                        f"ran at the same time as `{other}`, each handed {handed} itself (a "
-                        "local worker is handed the very objects), and it changed before "
-                        f"`{node}` answered: one of them wrote into it as the other read it. "
-                        f"What `{node}` computed may be from it as written, and would be kept, "
-                        f"and recalled, as computed from {handed} as it was handed in. Have a "
-                        "node that writes into what it is handed work on a copy of it "
-                        "(`sorted(x)`, `dict(x)`, `x.copy()`, `x.clone()`), or place one of "
-                        'the two on a `Worker.generic(mode="network")` worker, which is sent '
-                        "a copy"
-                    ),
-                )
+                or "an input"
+            )
+            beside = " and ".join(f"`{n}`" for n in dict.fromkeys(others))
+            raise self.unusable(
+                node,
+                ValueError(
+                    f"ran at the same time as {beside}, each handed {handed} itself (a local "
+                    "worker is handed the very objects), and it changed before "
+                    f"`{node}`'s answer was taken: one of them wrote into it. What `{node}` "
+                    "answered may be computed from it as written, or be it, and would be "
+                    f"kept, and recalled, as computed from {handed} as it was handed in. Have "
+                    "a node that writes into what it is handed work on a copy of it "
+                    "(`sorted(x)`, `dict(x)`, `x.copy()`, `x.clone()`), or place one of them "
+                    'on a `Worker.generic(mode="network")` worker, which is sent a copy'
+                ),
+            )
 
     def _written_into(self, node: str, before: list[str], handed: str, was: str) -> NodeFailed:
         """NodeFailed for keyed ``node``, handed ``handed`` after the nodes ``before``, one

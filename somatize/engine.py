@@ -180,7 +180,8 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
                 ctx = Context(name=node, key=plan.keys.get(node), worker=worker, store=store)
                 shares = None
                 if local:
-                    alongside = [n for f, n in busy.items() if n in state.beside and not f.done()]
+                    # One done and not taken yet counts: its answer may be what it was handed.
+                    alongside = [n for n in busy.values() if n in state.beside]
                     there = worker in local and node not in static.mapped  # items: called here
                     shares = state.hands_beside(node, inputs, there, alongside)
                 if node in static.mapped:

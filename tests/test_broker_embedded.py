@@ -2474,3 +2474,73 @@ def test_a_keyed_node_on_a_local_worker_writing_into_its_own_input_keeps_its_ans
     broker = Broker.embedded({"w1": Worker.generic(mode="local")})
     assert g.forward([1, 2, 3], store=store, broker=broker) == [-1, 2, 3]
     assert len(_answers(store)) == 1
+
+
+class _AnswersWhatItIsHanded(Node):
+    """Answers the very list it is handed, and sets ``answered``."""
+
+    def __init__(self, answered: threading.Event) -> None:
+        self.answered = answered
+
+    def declare(self) -> dict[str, Any]:
+        return {}
+
+    def forward(self, xs: list[int], ctx: Any) -> list[int]:
+        self.answered.set()
+        return xs
+
+
+class _WaitsForAnswer(Node):
+    """Answers 0 once ``answered`` is set and the call that set it has had time to end."""
+
+    def __init__(self, answered: threading.Event) -> None:
+        self.answered = answered
+
+    def declare(self) -> dict[str, Any]:
+        return {}
+
+    def forward(self, x: Any, ctx: Any) -> int:
+        self.answered.wait(10)
+        time.sleep(0.2)
+        return 0
+
+
+class _WritesFirstOf(Node):
+    """Writes into the first list it is handed, and answers its length."""
+
+    def forward(self, xs: list[int], _: Any, ctx: Any) -> int:
+        xs[0] = -100
+        return len(xs)
+
+
+class _Copies(Node):
+    def forward(self, xs: list[int], ctx: Any) -> list[int]:
+        return list(xs)
+
+
+def test_a_keyed_answer_on_a_local_worker_that_is_its_input_written_after_it_ran_fails(
+    store: Store,
+) -> None:
+    """A cached node on a local worker answering the very list it is handed, done and not
+    taken yet when a node here is handed that list and writes into it: its answer, the
+    written list, was kept under the key of the list as handed in, and recalled for it
+    without the broker, where the same graph keeps the list as it was handed. It fails,
+    and nothing is kept for it."""
+    answered = threading.Event()
+    copy = _Copies().named("copy").frozen()
+    picks = _AnswersWhatItIsHanded(answered).named("picks").frozen().cached().at("w1")
+    waits = _WaitsForAnswer(answered).named("waits").frozen()
+    writes = _WritesFirstOf().named("writes").frozen()
+    g = Graph.somatize(
+        [
+            copy >> picks,
+            Echo().named("other").frozen() >> waits,  # hands `waits` another list
+            (copy, waits) >> writes,
+            (picks, writes) >> Add().named("both").frozen(),
+        ]
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="local")})
+    with pytest.raises(NodeFailed, match=r"`picks`.*ran at the same time as `writes`.*changed"):
+        g.forward([1, 2, 3], store=store, broker=broker)
+    assert _answers(store) == []
+    assert g.forward([1, 2, 3], store=store, outputs="picks") == [1, 2, 3]
