@@ -188,7 +188,9 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
                     values[node] = state.run_mapped(plan, node, inputs, ctx, stacklevel=5)
                     continue
                 if worker is not None:
-                    keep = node in static.cached and store is not None
+                    # Not asked of a worker once code of the graph moved (a node it reads may
+                    # have answered with the new code), as the client would not keep it.
+                    keep = node in static.cached and store is not None and not state.code_moved()
                     busy[broker.submit(graph, node, inputs, ctx, keep=keep)] = node
                     done.discard(node)
                     continue

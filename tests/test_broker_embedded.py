@@ -2544,3 +2544,65 @@ def test_a_keyed_answer_on_a_local_worker_that_is_its_input_written_after_it_ran
         g.forward([1, 2, 3], store=store, broker=broker)
     assert _answers(store) == []
     assert g.forward([1, 2, 3], store=store, outputs="picks") == [1, 2, 3]
+
+
+class _AddsByMethod(Node):
+    """Adds one, by a method its class may be given another of."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return self.compute(x)
+
+    def compute(self, x: int) -> int:
+        return x + 1
+
+
+_PATCHING = threading.Event()
+"""Set while :class:`_PatchesAddsByMethod` is to patch."""
+
+
+class _PatchesAddsByMethod(Node):
+    """Gives :class:`_AddsByMethod` another `compute` as it runs (while :data:`_PATCHING`
+    is set), as another thread of the process (a notebook's cell run again) would, and
+    hands its input on."""
+
+    def forward(self, x: int, ctx: Any) -> int:
+        if _PATCHING.is_set():
+            _AddsByMethod.compute = lambda self, x: x + 1000  # type: ignore[method-assign]
+        return x
+
+
+class _Twice(Node):
+    def forward(self, x: int, ctx: Any) -> int:
+        return 2 * x
+
+
+def test_an_answer_a_worker_computed_from_a_node_whose_code_changed_is_not_kept(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cached node on a network worker handed the answer of a node here whose class was
+    given another method as the forward ran: the client keeps nothing computed once the
+    code moved, but the worker kept its answer, computed from the new code's, with the
+    fingerprint of the old code of the node it reads, which the old code, set back,
+    recalled. The worker is asked to keep nothing then, and neither keeps it."""
+    written = _AddsByMethod.compute
+    monkeypatch.setattr(_AddsByMethod, "compute", written)
+    _PATCHING.set()
+    g = Graph.somatize(
+        Echo().named("start").frozen()
+        >> _PatchesAddsByMethod().named("patches").frozen()
+        >> _AddsByMethod().named("adds").frozen()
+        >> _Twice().named("twice").frozen().cached().at("w1")
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    seen: list[dict[str, Any]] = []
+    assert g.forward(1, store=store, broker=broker, watching=seen.append) == 2002
+    assert [f for f in seen if f["fact"] == "kept"] == [] and _answers(store) == []
+    _PATCHING.clear()
+    _AddsByMethod.compute = written  # type: ignore[method-assign]
+    fresh = Graph.somatize(
+        Echo().named("start").frozen()
+        >> _PatchesAddsByMethod().named("patches").frozen()
+        >> _AddsByMethod().named("adds").frozen()
+        >> _Twice().named("twice").frozen().cached()
+    )
+    assert fresh.forward(1, store=store, strict=True) == 4
