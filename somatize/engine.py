@@ -110,7 +110,7 @@ from somatize._run import _describe, _Run, node_failed
 from somatize.codecs import Opaque
 from somatize.errors import SomatizeError
 from somatize.node import Context, Node
-from somatize.plan import Plan, compile, look_again
+from somatize.plan import Plan, compile, look_again, static_of
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -412,10 +412,15 @@ def run(
     state = _Run(graph, store, watching, broker, strict)
     try:
         wanted = state.wanted = _wanted(graph, outputs, watching, broker)
-        look_again(graph)
+        with graph._looking:
+            # What this forward keys by is what it looked at: another thread's forward of
+            # the graph may take a node's declaration again meanwhile (a module it calls in
+            # another precision), and keys made from both would name what neither runs.
+            look_again(graph)
+            static = static_of(graph) if store is not None else None
         if broker is not None:
             broker.check(graph)
-        plan = compile(graph, x, store, wanted)
+        plan = compile(graph, x, store, wanted, static)
         if store is not None:
             while not state.load(plan):
                 plan.walk(wanted)

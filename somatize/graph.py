@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from somatize._threads import ProcessLock
 from somatize.catalog import fingerprint_of, identity_of, marks_moved, watch_code
 from somatize.engine import run
 from somatize.errors import SomatizeError
@@ -145,6 +146,10 @@ class Graph:
         """For each name derived from a class, the number the next one is tried at."""
         self._static: Any = None
         self._unkeyed: Any = None
+        self._looking = ProcessLock()
+        """Held by a forward as it looks at the graph again and derives what its keys need
+        from that look (engine.run): one thread's forward keys its nodes by what it saw,
+        not partly by what another thread's forward saw after it."""
         self._code_watch = watch_code(())
         """What the fingerprints of the nodes' code were worked out from, laid out for one
         look at every forward (plan.look_again): a method set on a class since is seen."""
@@ -162,6 +167,7 @@ class Graph:
             self._written_again()
         state = dict(vars(self))
         del state["_code_watch"]
+        del state["_looking"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -172,6 +178,7 @@ class Graph:
         ``__dict__`` is filled in afresh when it is copied, not the dict the original's watch
         was copied to."""
         vars(self).update(state)
+        self._looking = ProcessLock()
         for node in (
             *self._nodes.values(),
             *(node for node, _ in self._kept.values()),

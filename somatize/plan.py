@@ -286,14 +286,17 @@ def compile(
     x: Any,
     store: Store | None,
     outputs: Iterable[str],
+    static: Static | None = None,
 ) -> Plan:
     """The plan of one forward of ``graph`` on ``x`` against ``store``, for the graph as
-    its memory says it is (:func:`look_again` first)."""
+    its memory says it is (:func:`look_again` first), or as ``static`` was derived from it
+    (:func:`static_of`) as the forward looked at it."""
     if store is None:
         plan = Plan(_unkeyed(graph))
         plan.walk(outputs)
         return plan
-    static = static_of(graph)
+    if static is None:
+        static = static_of(graph)
     plan = Plan(static)
     if static.keyed and not static.itemwise:
         root = plan.root = keying.root_key(x)

@@ -667,7 +667,7 @@ class ModuleNode(Node):
         drawn = self._smz.frozen and self.call is self.module
         generators = generator_states(self.module, x) if drawn else None
         try:
-            with self._keyed_autocast():
+            with self._keyed_autocast(ctx):
                 if self.spread and isinstance(x, (tuple, list)):
                     out = self.call(*x)
                 else:
@@ -685,13 +685,16 @@ class ModuleNode(Node):
             )
         return out
 
-    def _keyed_autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Where the node names the precision it runs in, and is frozen (its declaration
-        then taken again at each call where that changed): the autocast its key named, if
-        another is in force here (on a local worker, a thread, which the caller's autocast
-        does not reach), so that the answer kept under the key is computed as it says. A
-        node not frozen runs as it is called: nothing keys its answers."""
-        if not self._keys_precision or not self._smz.frozen:
+    def _keyed_autocast(self, ctx: Any) -> contextlib.AbstractContextManager[Any]:
+        """Where the node names the precision it runs in, is frozen (its declaration then
+        taken again at each call where that changed) and runs on a local worker (a thread,
+        which the caller's autocast does not reach): the autocast its key named, if another
+        is in force there, so that the answer kept under the key is computed as it says.
+        Where the graph is called, the caller's own autocast is the one its forward keyed
+        the node by: the one named last may be another thread's, whose forward of the same
+        graph in another precision took the node's declaration since. A node not frozen
+        runs as it is called: nothing keys its answers."""
+        if not self._keys_precision or not self._smz.frozen or ctx is None or ctx.worker is None:
             return contextlib.nullcontext()
         named = dict(self._precision_at or ()).get("autocast")
         device = _device_type(self.module)

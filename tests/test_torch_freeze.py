@@ -13,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 import sysconfig
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 import somatize.torch as smt
-from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store
+from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store, engine
 from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
 
@@ -320,6 +321,84 @@ def test_a_cached_module_node_two_graphs_are_built_with_is_keyed_by_the_precisio
     expected = lowered if under_autocast else plain
     assert again.dtype == expected.dtype and torch.equal(again, expected)
     assert first.record is not None and first.record.outcome == {"encoder": "recalled"}
+
+
+class Gate(Node):
+    """Hands its input on; in a thread named in :data:`_GATES`, only once that thread's
+    gate is opened, having said it got there."""
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        gate = _GATES.get(threading.get_ident())
+        if gate is not None:
+            there, opened = gate
+            there.set()
+            assert opened.wait(timeout=30)
+        return x
+
+
+_GATES: dict[int, tuple[threading.Event, threading.Event]] = {}
+"""The gates of :class:`Gate`, by the thread that waits at one."""
+
+
+@pytest.mark.parametrize("waits", ["planning", "running"])
+def test_a_cached_module_node_called_in_two_precisions_from_two_threads_keys_each_as_it_runs(
+    store: Store, monkeypatch: pytest.MonkeyPatch, waits: str
+) -> None:
+    """A cached module node one graph forwards from two threads at once, one of them under
+    bf16 autocast (a server whose request threads run in other precisions), is keyed by
+    each call's own precision and computed in it, however the calls interleave: the call
+    in float32 taking the node's declaration again while the one under autocast was on
+    its way had the latter compute in float32 what it kept under its bf16 key (waiting to
+    run), or key by float32 what it computed under autocast (waiting to plan once it had
+    looked at the graph), each then recalled for a call in the other precision."""
+    encoder = _encoder()
+    g = Graph.somatize(
+        Gate().named("gate").frozen() >> smt.ModuleNode(encoder).named("encoder").frozen().cached()
+    )
+    smt.freeze(g)
+    x = Opaque(torch.randn(5, 6))
+    with torch.no_grad():
+        plain = encoder(x.value)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lowered = encoder(x.value)
+    there, opened = threading.Event(), threading.Event()
+    if waits == "planning":
+        planned = engine.compile
+
+        def compile(*args: Any) -> Any:
+            if threading.get_ident() in _GATES:
+                there.set()
+                assert opened.wait(timeout=30)
+            return planned(*args)
+
+        monkeypatch.setattr(engine, "compile", compile)
+    got: list[Any] = []
+
+    def under_autocast() -> None:
+        _GATES[threading.get_ident()] = (there, opened)
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got.append(g.forward(x, store=store))
+        except Exception as why:
+            got.append(why)
+        finally:
+            del _GATES[threading.get_ident()]
+
+    thread = threading.Thread(target=under_autocast)
+    thread.start()
+    try:
+        assert there.wait(timeout=30)
+        assert g.forward(Opaque(torch.randn(5, 6)), store=store).dtype == torch.float32
+    finally:
+        opened.set()
+        thread.join()
+    assert len(got) == 1 and not isinstance(got[0], Exception), got
+    assert got[0].dtype == torch.bfloat16 and torch.equal(got[0], lowered)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        again = g.forward(x, store=store)
+    assert again.dtype == torch.bfloat16 and torch.equal(again, lowered)
+    again = g.forward(x, store=store)
+    assert again.dtype == torch.float32 and torch.equal(again, plain)
 
 
 def test_a_module_node_not_frozen_runs_under_the_callers_autocast() -> None:
