@@ -90,15 +90,18 @@ class Memory:
         self._declarations: dict[NodeId, str] = {}
         self._fingerprints: dict[NodeId, str] = {}
         self.version = 0
-        """Bumped on every change, so what is derived from memory knows when to redo it."""
+        """Bumped on every change, once it is made, so what is derived from memory knows
+        when to redo it: what read the version before reading memory (another thread
+        deriving it as this one changes it) is redone, never taken as derived from the
+        change."""
 
     # -- identity and declaration -------------------------------------------------
 
     def identify(self, node: NodeId, what: str) -> str | None:
         """Says what implements ``node``, returning what it was called before."""
-        self.version += 1
         old = self._identities.get(node)
         self._identities[node] = what
+        self.version += 1
         return old
 
     def identity_of(self, node: NodeId) -> str | None:
@@ -109,15 +112,15 @@ class Memory:
         """Says what ``node`` was built with, as a digest of the arguments that made it.
         The class is half of what a node is; this is the other half. Said again when what
         it was built with changed in place (a list it holds), so its key follows."""
-        self.version += 1
         self._declarations[node] = declaration
+        self.version += 1
 
     def undeclare(self, node: NodeId) -> None:
         """Says ``node`` no longer has a declaration anybody can write: what it was built
         with changed after the build into something no key can hold. Its key is refused
         where it is computed, with the reason the graph holds."""
-        self.version += 1
         self._declarations.pop(node, None)
+        self.version += 1
 
     def declaration_of(self, node: NodeId) -> str | None:
         """What it was built with, if anybody could say. Absent is no reason to refuse
@@ -131,10 +134,11 @@ class Memory:
         state it is settled at. Said twice on purpose: ``.frozen()`` says it with no
         digest, and whoever can hash the weights or resolve the dataset says it
         again with one."""
-        self.version += 1
         if state is None and self._frozen.get(node) is not None:
+            self.version += 1
             return
         self._frozen[node] = state
+        self.version += 1
 
     def is_frozen(self, node: NodeId) -> bool:
         """Whether ``node``'s state was said not to change."""
@@ -149,8 +153,8 @@ class Memory:
     def cache(self, node: NodeId, salt: str | None = None) -> None:
         """Says ``node``'s output is worth keeping, with the caller's salt if any —
         how you tell apart two runs the key cannot."""
-        self.version += 1
         self._cached[node] = salt
+        self.version += 1
 
     def is_cached(self, node: NodeId) -> bool:
         """Whether ``node``'s output is kept. Not being kept is no break in the chain:
@@ -169,8 +173,8 @@ class Memory:
         one new document among a thousand runs once instead of missing all thousand.
         It is in the node's keys: item ``v`` of it is another question than the same
         node, unmapped, handed ``v`` whole."""
-        self.version += 1
         self._mapped.add(node)
+        self.version += 1
 
     def is_mapped(self, node: NodeId) -> bool:
         """Whether ``node`` was said to map over its items."""
@@ -181,9 +185,9 @@ class Memory:
     def written_as(self, node: NodeId, fingerprint: str) -> str | None:
         """Notes which version of the code this graph was written against.
         **Metadata**: never in a key, only compared on a hit."""
-        self.version += 1
         old = self._fingerprints.get(node)
         self._fingerprints[node] = fingerprint
+        self.version += 1
         return old
 
     def fingerprint_of(self, node: NodeId) -> str | None:

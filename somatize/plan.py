@@ -125,8 +125,12 @@ class Static:
 def static_of(graph: Graph) -> Static:
     """The input-independent part of ``graph``'s plans, checked and cached."""
     memory = graph.memory
+    # Read before the memory it is derived from: a change another thread makes meanwhile
+    # (`smt.freeze(g)` at a checkpoint) leaves this derivation stale, and taken for the
+    # version after that change it would key every later forward by the state before.
+    version = memory.version
     found: Static | None = graph._static
-    if found is not None and found.version == memory.version:
+    if found is not None and found.version == version:
         return found
     cacheable(graph, memory)
     cached = [n for n in graph.nodes() if memory.is_cached(n)]
@@ -171,7 +175,7 @@ def static_of(graph: Graph) -> Static:
     if cached:
         _remember_code(fingerprint, reads, written)
     static = Static(
-        version=memory.version,
+        version=version,
         order=graph.nodes(),
         preds=reads,
         keyed=keyed,
@@ -389,11 +393,12 @@ def item_keys_from(prefix: bytes, columns: list[list[str]], node: str) -> list[s
 def _unkeyed(graph: Graph) -> Static:
     """A static plan with no keys, for a forward without a store."""
     memory = graph.memory
+    version = memory.version  # read first, as static_of reads it
     found: Static | None = graph._unkeyed
-    if found is not None and found.version == memory.version:
+    if found is not None and found.version == version:
         return found
     static = Static(
-        version=memory.version,
+        version=version,
         order=graph.nodes(),
         preds={n: graph.predecessors(n) for n in graph.nodes()},
         keyed=(),

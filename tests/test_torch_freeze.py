@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import somatize.torch as smt
-from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store, engine
+from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store, engine, plan
 from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
 
@@ -399,6 +399,55 @@ def test_a_cached_module_node_called_in_two_precisions_from_two_threads_keys_eac
     assert again.dtype == torch.bfloat16 and torch.equal(again, lowered)
     again = g.forward(x, store=store)
     assert again.dtype == torch.float32 and torch.equal(again, plain)
+
+
+def test_a_graph_frozen_again_while_another_thread_plans_its_forward_is_keyed_by_its_new_state(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph frozen again at a checkpoint (``smt.freeze(g)``) by one thread while a
+    forward in another is working out what its keys need keys the next forwards by the
+    state it was frozen at: what the forward worked out from the state before was taken
+    as derived from the new one, so the module's answers were kept under the keys of the
+    state before, and recalled once it held that state again."""
+    module, g, x = _frozen_square()
+    first, second = copy.deepcopy(module.state_dict()), copy.deepcopy(module.state_dict())
+    for tensor in second.values():
+        tensor.mul_(2.0)
+    module.load_state_dict(second)
+    smt.freeze(g)
+    there, opened = threading.Event(), threading.Event()
+    worked_out = plan.code_fingerprints
+
+    def code_fingerprints(*args: Any) -> Any:
+        if threading.get_ident() in _GATES:
+            there.set()
+            assert opened.wait(timeout=30)
+        return worked_out(*args)
+
+    monkeypatch.setattr(plan, "code_fingerprints", code_fingerprints)
+
+    def planning() -> None:
+        _GATES[threading.get_ident()] = (there, opened)
+        try:
+            g.forward(Opaque(torch.randn(4, 32)), store=store)
+        finally:
+            del _GATES[threading.get_ident()]
+
+    thread = threading.Thread(target=planning)
+    thread.start()
+    try:
+        assert there.wait(timeout=30)
+        module.load_state_dict(first)
+        smt.freeze(g)
+    finally:
+        opened.set()
+        thread.join()
+    g.forward(x, store=store)
+    module.load_state_dict(second)
+    smt.freeze(g)
+    out = g.forward(x, store=store)
+    with torch.no_grad():
+        assert torch.equal(out, module(x.value))
 
 
 def test_a_module_node_not_frozen_runs_under_the_callers_autocast() -> None:
