@@ -1206,6 +1206,10 @@ def test_a_batch_written_gives_its_staging_buffer_back_and_is_recalled_from_its_
     for at, batch in enumerate(batches):
         writer.submit(keys[at * 32 : (at + 1) * 32], batch)
         written = _part_grown_past(store, written)
+        # The writer gives the buffer back just after the batch's bytes reach the file.
+        deadline = time.monotonic() + 30
+        while pool.in_use_bytes and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert pool.stats.allocations == 1 and pool.stats.reuses == 5
     asked = {position: keys[slot] for position, slot in enumerate([40, 3, 191, 100])}
     found = writer.recall(asked)
