@@ -11,9 +11,9 @@ record, so neither stage's figures hold the other's rows.
 The records go three ways. :attr:`CacheFrozen.history` keeps every one, with or
 without a logger. The trainer's logger gets each epoch's figures
 (:func:`log_epoch`: ``cache/<module>/hit_rate``, ``cache/<module>/val_hit_rate``, …),
-reduced across ranks under DDP (rates and times averaged, counts summed). The
-progress bar gets the training epoch's running hit rate (:func:`running_hit_rate`),
-every few batches (:func:`show_hit_rate`).
+reduced across ranks under DDP (counts summed, a hit rate taken over the rows summed,
+times averaged). The progress bar gets the training epoch's running hit rate
+(:func:`running_hit_rate`), every few batches (:func:`show_hit_rate`).
 And a training epoch after the first that recalled nothing it could have
 (:func:`never_hit`) says so once: its inputs differ every epoch.
 """
@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
+import torch
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
 
@@ -114,14 +115,17 @@ def log_epoch(
     pl_module: pl.LightningModule, trainer: pl.Trainer, stage: Stage, records: list[EpochStats]
 ) -> None:
     """``records``, the epoch of ``stage`` just ended, to the trainer's loggers."""
-    if trainer.sanity_checking or not trainer.loggers:
+    if trainer.sanity_checking or not trainer.loggers or not records:
         return  # with no logger, ``history`` is where the figures are
     prefix = _PREFIX[stage]
     ranks = trainer.world_size > 1
-    for record in records:
+    rates = _hit_rates(pl_module, trainer, records) if ranks else [e.hit_rate for e in records]
+    for record, rate in zip(records, rates, strict=True):
         rows = record.rows
         metrics: list[tuple[str, float, str]] = [
-            ("hit_rate", rows.hit_rate, "mean"),
+            # Every rank logs the same rate, that of all ranks' rows: the largest of equal
+            # values is that value, where their mean may round.
+            ("hit_rate", rate, "max"),
             ("rows_computed", float(rows.computed), "sum"),
             ("rows_recalled", float(rows.recalled), "sum"),
             ("bytes_kept", float(rows.bytes_kept), "sum"),
@@ -137,6 +141,21 @@ def log_epoch(
                 sync_dist=ranks,
                 reduce_fx=reduce,
             )
+
+
+def _hit_rates(
+    pl_module: pl.LightningModule, trainer: pl.Trainer, records: list[EpochStats]
+) -> list[float]:
+    """Each record's hit rate over the rows of every rank: the rows they recalled over the
+    rows they asked, each summed across ranks (one reduction for all the records). A mean
+    of the ranks' own rates would weigh a rank that asked 16 rows as one that asked 48 —
+    ranks handed batches of other sizes, or whose hooks call the module on one rank only —
+    and say another rate than the counts logged beside it."""
+    counts = [[e.rows.recalled, e.rows.rows] for e in records]
+    summed = trainer.strategy.reduce(
+        torch.tensor(counts, dtype=torch.int64, device=pl_module.device), reduce_op="sum"
+    )
+    return [recalled / asked if asked else 0.0 for recalled, asked in summed.tolist()]
 
 
 def never_hit(trainer: pl.Trainer, records: list[EpochStats], changed: set[str]) -> str | None:

@@ -1600,6 +1600,69 @@ def test_ddp_spawn_ranks_run_copies_of_the_callback(tmp_path: Path) -> None:
     assert Store(tmp_path / "store").have(keys) == set(keys)
 
 
+SHARES_SCRIPT = """
+import json, os, sys, warnings
+warnings.simplefilter("ignore")
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, TensorDataset
+from somatize.torch.lightning import CacheFrozen
+from tests.lightning_models import Probe, data
+
+
+class Shares:
+    # Two batches a rank: rank 0 is handed samples 0-47 every epoch, rank 1 16 new ones.
+    def __init__(self):
+        self.epoch = -1
+
+    def __len__(self):
+        return 2
+
+    def __iter__(self):
+        self.epoch += 1
+        if torch.distributed.get_rank() == 0:
+            return iter([list(range(24)), list(range(24, 48))])
+        start = 48 + 16 * self.epoch
+        return iter([list(range(start, start + 8)), list(range(start + 8, start + 16))])
+
+
+if __name__ == "__main__":
+    out, store = sys.argv[1], sys.argv[2]
+    train = DataLoader(TensorDataset(*data(samples=80)), batch_sampler=Shares())
+    callback = CacheFrozen(store, ["encoder"])
+    fit = pl.Trainer(
+        accelerator="cpu", strategy="ddp", devices=2, max_epochs=2, default_root_dir=out,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        logger=CSVLogger(out), num_sanity_val_steps=0, callbacks=[callback],
+        use_distributed_sampler=False,
+    )
+    fit.fit(Probe(), train)
+    record = {
+        "rows": [e.rows.rows for e in callback.history if e.stage == "train"],
+        "recalled": [e.rows.recalled for e in callback.history if e.stage == "train"],
+        "logged": {k: float(v) for k, v in fit.callback_metrics.items() if k.startswith("cache/")},
+    }
+    with open(os.path.join(out, f"rank{fit.global_rank}.json"), "w") as f:
+        json.dump(record, f)
+"""
+
+
+def test_ddp_hit_rate_logged_is_over_every_ranks_rows(tmp_path: Path) -> None:
+    """Under DDP the hit rate logged is the rows every rank recalled over the rows they
+    asked, as the counts logged beside it say: rank 0 asks 48 rows in epoch 2 and recalls
+    them all, rank 1 asks 16 new ones, so 48 of 64 rows were recalled (not the mean of the
+    ranks' rates, 0.5, which weighs 16 rows as 48)."""
+    ranks = _ranks_of(tmp_path, SHARES_SCRIPT, 180)
+    assert [r["rows"] for r in ranks] == [[48, 48], [16, 16]]
+    assert [r["recalled"] for r in ranks] == [[0, 48], [0, 0]]
+    for record in ranks:
+        logged = record["logged"]
+        assert logged["cache/encoder/rows_recalled"] == 48
+        assert logged["cache/encoder/rows_computed"] == 16
+        assert logged["cache/encoder/hit_rate"] == 48 / 64
+
+
 def test_a_store_this_process_cannot_write_is_refused_up_front(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
