@@ -77,7 +77,9 @@ Why it is shaped this way:
   (a store's writes are atomic and idempotent, so two ranks keeping one row is
   harmless), and at the end of each epoch every rank flushes its writes and
   waits for the others, so the next epoch's shuffle — which hands a rank rows
-  another rank computed — finds them in the store.
+  another rank computed — finds them in the store. A cached module is digested at
+  its first call of each epoch there, after DDP's forward wrote rank 0's buffers
+  into the others' (where no version counter moves).
 
 The callback's parts are modules of their own, their names re-exported here: what
 it is given, checked (:mod:`somatize_torch._lightning_options`); finding, checking,
@@ -511,8 +513,14 @@ class CacheFrozen(Callback):
             # epoch too, and training's again after it: an epoch-start or -end hook may write
             # weights through `.data` (another model's for evaluation, then the training
             # weights back), which no watch sees; it costs one pass over the weights (a
-            # fraction of a millisecond for a small encoder, ~15 ms for 45 MB).
-            cached.redeclare()
+            # fraction of a millisecond for a small encoder, ~15 ms for 45 MB). Under DDP
+            # the forward hands every rank rank 0's buffers as it begins, written where no
+            # version counter moves: the digest is taken at the module's next call instead,
+            # after they came, so buffers rank 0 alone changed key every rank's rows.
+            ranks = pl_module.trainer.world_size > 1
+            cached.redeclare(digest=not ranks)
+            if ranks:
+                cached.digest_at_next_call()
             cached.look_up_answered()
 
     def _unfrozen(self, cached: CachedRows) -> bool:

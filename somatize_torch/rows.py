@@ -450,6 +450,13 @@ class CachedRows(nn.Module):
         out: torch.Tensor = self.module(x)
         return out
 
+    def digest_at_next_call(self) -> None:
+        """Has the next forward digest the weights and buffers again before it keys a row,
+        whatever torch noted of them: ``CacheFrozen`` calls it at a stage's first batch
+        under DDP, whose forward writes rank 0's buffers into every other rank's as it
+        begins without moving their version counters, after that batch's hooks ran."""
+        self._watch = None
+
     def look_up_answered(self) -> None:
         """Has the next batch of each :class:`~somatize_torch.deferred.Deferred` look the
         store up again for samples answered elsewhere (another process, another rank)

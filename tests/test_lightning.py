@@ -1663,6 +1663,65 @@ def test_ddp_hit_rate_logged_is_over_every_ranks_rows(tmp_path: Path) -> None:
         assert logged["cache/encoder/hit_rate"] == 48 / 64
 
 
+RECALIBRATED_SCRIPT = """
+import json, os, sys, warnings
+warnings.simplefilter("ignore")
+import lightning.pytorch as pl
+import torch
+from somatize.torch.lightning import CacheFrozen
+from tests.lightning_models import Probe, loader
+
+
+class Recalibrated(Probe):
+    # Rank 0 alone moves the encoder's BatchNorm statistics at epoch 1's start (a hook run
+    # on rank 0 only); DDP hands every rank rank 0's buffers as each forward begins.
+    def on_train_epoch_start(self):
+        if self.current_epoch == 1 and self.global_rank == 0:
+            with torch.no_grad():
+                self.encoder.norm.running_mean.add_(1.0)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        features = self.encoder(x)
+        plain = self.encoder.module(x)  # the module itself, with the buffers it holds now
+        self.gaps.append(float((features - plain).abs().max()))
+        return torch.nn.functional.cross_entropy(self.head(features), y)
+
+
+if __name__ == "__main__":
+    out, store = sys.argv[1], sys.argv[2]
+    callback = CacheFrozen(store, ["encoder"])
+    model = Recalibrated()
+    model.gaps = []
+    fit = pl.Trainer(
+        accelerator="cpu", strategy="ddp", devices=2, max_epochs=2, default_root_dir=out,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        logger=False, num_sanity_val_steps=0, callbacks=[callback],
+    )
+    fit.fit(model, loader(shuffle=True))
+    record = {
+        "gaps": model.gaps,
+        "mean": model.encoder.norm.running_mean.tolist(),
+        "computed": [e.rows.computed for e in callback.history if e.stage == "train"],
+    }
+    with open(os.path.join(out, f"rank{fit.global_rank}.json"), "w") as f:
+        json.dump(record, f)
+"""
+
+
+def test_ddp_buffers_rank_0_alone_changed_key_every_ranks_rows(tmp_path: Path) -> None:
+    """Buffers rank 0 alone changes at an epoch's start (statistics recalibrated in a hook
+    run on rank 0 only) reach the other ranks through DDP, which writes rank 0's buffers
+    into theirs as each forward begins without moving a version counter: every rank keys
+    that epoch's rows by them and answers as its module now does, where the other rank
+    recalled the rows of the statistics before."""
+    ranks = _ranks_of(tmp_path, RECALIBRATED_SCRIPT, 180)
+    assert ranks[0]["mean"] == ranks[1]["mean"]  # DDP handed rank 1 rank 0's statistics
+    for record in ranks:
+        assert record["gaps"] == [0.0] * 4
+        assert record["computed"] == [SAMPLES // 2, SAMPLES // 2]
+
+
 def test_a_store_this_process_cannot_write_is_refused_up_front(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
