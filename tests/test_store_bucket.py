@@ -1489,3 +1489,34 @@ def test_a_url_whose_filesystem_cannot_be_made_from_it_is_refused_at_open(url: s
     not fsspec's TypeError from the filesystem's making."""
     with pytest.raises(StoreError, match=f"cannot open {re.escape(url)} as a bucket store"):
         Store.on_bucket(url)
+
+
+@pytest.mark.parametrize("ahead", [300.0, -300.0])
+def test_a_gc_whose_clock_runs_apart_from_the_servers_spares_a_blob_put_a_moment_ago(
+    monkeypatch: pytest.MonkeyPatch, ahead: float
+) -> None:
+    """The grace a gc keeps is measured on the clock that stamps the bucket's objects (the
+    server's), not the machine's own: a gc on a machine whose clock runs minutes ahead
+    (which S3 takes, up to fifteen) took a blob another process put a moment ago, before it
+    bound it, for one put minutes ago, and removed it."""
+    url = s3_url()
+    writer = Store.on_bucket(url, **s3_options())
+    collector = Store.on_bucket(url, **s3_options())
+    data = b"a dataset, bound once it is all written"
+    digest = writer.put(data)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + ahead)
+    done = collector.gc(grace=60)
+    monkeypatch.undo()
+    assert done.blobs == 0
+    writer.bind("data/v1", digest)
+    assert bytes(writer.get(writer.resolve("data/v1"))) == data
+    # Once older than the grace by the server's clock, it goes, whichever way the
+    # machine's runs apart (S3 stamps whole seconds, so it waits out more than one).
+    stray = writer.put(b"put, and never bound")
+    time.sleep(3.0)
+    monkeypatch.setattr(time, "time", lambda: real() + ahead)
+    assert collector.gc(grace=1).blobs == 1
+    monkeypatch.undo()
+    assert not writer.has_blob(stray)
+    assert not [path for path in objects(collector) if "/used/" in path]  # nothing left

@@ -464,6 +464,12 @@ class PackedHome(Store):
     def _entries(self, section: str) -> list[Entry]:
         """Every file under ``section``: its name there, size and time."""
 
+    def _clock_ahead(self) -> float:
+        """Seconds this machine's clock runs ahead of the one that stamps the times of the
+        store's files (behind, where negative): a gc measures its grace on that one. A
+        local store's files are stamped by this machine's."""
+        return 0.0
+
     @abc.abstractmethod
     def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
         """The bytes of each of ``names`` under ``section``; None for each that is absent."""

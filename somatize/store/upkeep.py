@@ -130,6 +130,8 @@ class Shelf(Protocol):
 
     def _entries(self, section: str) -> list[Entry]: ...
 
+    def _clock_ahead(self) -> float: ...
+
     def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]: ...
 
     def _remove(self, section: str, names: list[str]) -> None: ...
@@ -444,6 +446,11 @@ def _collect(
     laid, strays = _blobs_among(shelf._entries("blobs"))
     blobs = {blob_digest(e.name): e for e in strays} if shelf._sweeps_strays else {}
     blobs.update(laid)
+    # Ages are measured on the clock that stamped the files (a bucket's server's), which
+    # the machine's own may run minutes apart from; where a blob is there to weigh against
+    # a grace (with none, a blob put this very second goes too).
+    ahead = shelf._clock_ahead() if blobs and grace else 0.0
+    now -= ahead
     out = Collected()
     pinned: set[str] = set()
     kept = 0
@@ -496,7 +503,7 @@ def _collect(
             if r.section != "answers" or r.entry.name not in spared
         }
         held |= _referred_since(shelf, seen)
-        now = time.time()
+        now = time.time() - ahead
         again = {e.name: e for e in shelf._entries("blobs")}
         sweep = [  # each as this last look found it
             again[e.name]
