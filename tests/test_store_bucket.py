@@ -1520,3 +1520,20 @@ def test_a_gc_whose_clock_runs_apart_from_the_servers_spares_a_blob_put_a_moment
     monkeypatch.undo()
     assert not writer.has_blob(stray)
     assert not [path for path in objects(collector) if "/used/" in path]  # nothing left
+
+
+def test_a_gc_with_credentials_that_may_not_write_measures_its_grace_on_its_own_clock() -> None:
+    """A gc whose credentials may read and delete but not write cannot ask the server's
+    clock through a log of its own: it collects as it did, measuring ages on this
+    machine's clock, rather than failing."""
+    url = s3_url()
+    writer = Store.on_bucket(url, **s3_options())
+    writer.bind("data/v1", writer.put(b"pinned"))
+    stray = writer.put(b"put, and never bound")
+    may_delete = user([*READS, "s3:DeleteObject"])
+    time.sleep(2.0)
+    with enable_iam_authentication():
+        collector = Store.on_bucket(url, **may_delete)
+        assert collector.gc(grace=1).blobs == 1
+    assert not writer.has_blob(stray)
+    assert bytes(writer.get(writer.resolve("data/v1"))) == b"pinned"

@@ -245,10 +245,22 @@ class BucketShelf(BucketRequests):
         to, for one put minutes ago. Found from a log of no use written to ``used/`` (which
         a gc merges, should one be left) and removed: the server stamped it before this
         clock is read, so what is found is never less than the lead, nor the grace shorter
-        than asked. 0 where the filesystem tells no object's time."""
+        than asked. 0 where the filesystem tells no object's time, or where these
+        credentials may not write (said at debug level): the ages are then this machine's."""
         for _ in range(self.retries + 1):
             path = self._path("used", f"{uuid.uuid4().hex}.json")
-            self._write(path, [json.dumps({"answers": {}, "packs": {}}).encode()])
+            try:
+                self._write(path, [json.dumps({"answers": {}, "packs": {}}).encode()])
+            except StoreError as why:
+                if not isinstance(why.__cause__, PermissionError):
+                    raise
+                _log.debug(
+                    "%s cannot be written to (%s), so a gc measures its grace on this "
+                    "machine's clock, not the server's",
+                    self.url,
+                    why,
+                )
+                return 0.0
             now = time.time()
             try:
                 stamped = _mtime(self._call("reading the server's clock", self.fs.info, path))
