@@ -13,6 +13,8 @@ Each is named only where it is not torch's default, so the usual keys do not cha
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 Named = tuple[tuple[str, str], ...]
@@ -49,8 +51,10 @@ _HALF_READ = tuple(
 ``torch.backends.cuda.matmul`` they cost ten times as much, at every cached call."""
 
 
+@functools.cache
 def _per_backend() -> bool:
-    """Whether this torch has the per-backend settings."""
+    """Whether this torch has the per-backend settings (looked for once: a key is worked
+    out at every batch, and torch's interface does not change in a process)."""
     return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(
         torch.backends.mkldnn, "matmul"
     )

@@ -71,7 +71,9 @@ def _recall_or_run(
             self.tiers[0].device = x.device
             self._placed = True
     if isinstance(x, torch.Tensor):
-        self.last_input = weakref.ref(x)
+        # The cache's own attribute, set past the wrapper's `__setattr__` (which looks for
+        # the name on the module first) and `nn.Module`'s: a few microseconds a batch.
+        object.__setattr__(self, "last_input", weakref.ref(x))
     # How the module lays out its answers depends on how its input is laid out (a conv
     # fed channels_last answers channels_last): recalled rows follow the batches it
     # computed from inputs laid out as this one.
@@ -483,6 +485,8 @@ def _recall_held(
     uncached = self.runs_uncached
     if uncached is not None and uncached(self):
         return self._uncached(x)
+    if not self._handed_back:  # as a rule: nothing to hold, and no context made per batch
+        return _recall_or_run(self, x, index)
     with self._frozen_for_call():
         return _recall_or_run(self, x, index)
 
