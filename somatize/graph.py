@@ -228,8 +228,9 @@ class Graph:
                 and node.is_declaration_fixed()
                 and not node.replaced_since_made()  # its declaration follows at the first forward
                 # One that sees its own state change (a torch module, a checkpoint loaded into
-                # it) may hold other weights already than its state says, or come to.
-                and type(node).restate is Node.restate
+                # it) may hold other weights already than its state says, or come to: its class
+                # says so, or a library that knows a kind it is (a node that is an nn.Module).
+                and not tells_state(node)
             ):
                 intern = (
                     identity,

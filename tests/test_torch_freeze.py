@@ -597,6 +597,25 @@ def test_weights_changed_in_a_frozen_node_that_is_a_module_are_seen_at_the_next_
     assert g.record.outcome == {"score": "recalled"} and not scorer.linear.training
 
 
+def test_two_frozen_nodes_that_are_modules_alike_when_built_each_answer_from_their_own(
+    store: Store,
+) -> None:
+    """Two frozen nodes that are themselves ``nn.Module`` objects, their states digested
+    alike (a scorer and a copy of it), are two nodes of a graph built with both, as two
+    ``ModuleNode`` objects alike are: the node's class writes no ``restate`` of its own, so
+    they were interned into one, and a checkpoint loaded into the one that did not run was
+    never heard, the graph answering its branch from the other's weights."""
+    scorer = Scorer()
+    smt.freeze(Graph.somatize(scorer.named("score").frozen().cached()))
+    twin = copy.deepcopy(scorer).named("twin")
+    g = Graph.somatize((scorer, twin))
+    assert set(g.nodes()) == {"score", "twin"}
+    with torch.no_grad():
+        twin.linear.bias.add_(5.0)
+    for kept in (None, store, store):
+        assert g.forward(1, store=kept) == (scorer(1, None), twin(1, None))
+
+
 class Keeps(Node):
     """A plain node that keeps a module it made: weights its class does not say it holds."""
 
