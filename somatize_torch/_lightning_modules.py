@@ -48,7 +48,7 @@ from __future__ import annotations
 import inspect
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
@@ -69,7 +69,7 @@ from somatize_torch._lightning_options import cached_twice
 from somatize_torch._row_keys import _floating_dtypes, _run_in
 from somatize_torch.ahead import Ahead
 from somatize_torch.deferred import DeferredRows
-from somatize_torch.freeze import AsFound, few
+from somatize_torch.freeze import AsFound, asked_changes, few
 from somatize_torch.rows import CachedRows, cache_rows
 from somatize_torch.wrap import Wrapped
 
@@ -413,6 +413,10 @@ class Found:
     # Its parts that compute otherwise in train mode (:func:`_computes_otherwise`), each
     # by name, with its mode as found: those whose mode decides whether it may be cached.
     mode_dependent: list[tuple[str, nn.Module, bool]]
+    # The last answer of :meth:`in_train_mode`, with the mode it was asked for and the
+    # count of asks and holds it was worked out at (:func:`asked_changes`): asked at every
+    # lookup, it is worked out again only once one of them moved.
+    _last: tuple[int, bool, list[str]] | None = field(default=None, repr=False)
 
     @classmethod
     def at(cls, pl_module: nn.Module, module: nn.Module, *, fitting: bool) -> Found:
@@ -438,10 +442,16 @@ class Found:
         answers the same in either mode."""
         if not self.mode_dependent:
             return []
+        changes = asked_changes()  # read before the asks are: a change after moves it
+        last = self._last
+        if last is not None and last[0] == changes and last[1] == mode:
+            return last[2]
         parts = [(part, training) for _, part, training in self.mode_dependent]
         modes = self.as_found.unheld_modes(mode, parts)
         named = zip(self.mode_dependent, modes, strict=True)
-        return [name or "the module itself" for (name, _, _), on in named if on]
+        found = [name or "the module itself" for (name, _, _), on in named if on]
+        self._last = (changes, mode, found)
+        return found
 
     def install(self, cached: CachedRows) -> None:
         """Puts ``cached`` in every place the module sits."""

@@ -139,6 +139,22 @@ _asks = itertools.count(1)
 _holding = threading.local()
 """Set while the hold itself puts a module in eval: no ask of anybody's, so not recorded."""
 
+_asked_changes = 0
+"""Counts the changes of what :meth:`AsFound.unheld_modes` reads — an ask recorded, asks
+undone, a hold taken or let go of — each counted once it is made: an answer worked out
+after reading the count stands until the count moves (:func:`asked_changes`)."""
+
+
+def asked_changes() -> int:
+    """The count of the changes of the asks recorded and the holds (a mode asked of a held
+    module or a part of it, asks undone, a module held or let go of), so far."""
+    return _asked_changes
+
+
+def _asks_changed() -> None:
+    global _asked_changes
+    _asked_changes += 1
+
 
 def _in_eval(module: nn.Module) -> None:
     """Puts ``module`` and every part of it in eval, as the hold does, recording no ask."""
@@ -165,6 +181,7 @@ class _Asked:
     def note(self, mode: bool) -> None:
         if not getattr(_holding, "on", False):
             self.asked = (next(_asks), bool(mode))
+            _asks_changed()
 
     def __call__(self, mode: bool = True) -> nn.Module:
         self.note(mode)
@@ -183,6 +200,7 @@ class _HeldInEval(_Asked):
         super().note(mode)
         if self.asked is not None:
             self.last[self.asked[1]] = self.asked[0]
+            _asks_changed()
 
     def __call__(self, mode: bool = True) -> nn.Module:
         self.note(mode)
@@ -219,6 +237,7 @@ class AskedSoFar:
             asker.asked = asked
             if isinstance(asker, _HeldInEval) and last is not None:
                 asker.last = dict(last)
+        _asks_changed()
 
 
 def _asker(module: nn.Module) -> _Asked | None:
@@ -256,6 +275,7 @@ def release(module: nn.Module, mode: bool = True) -> None:
         for part in module.modules():
             if type(_asker(part)) is _Asked:  # a part held on its own stays held
                 del part.__dict__["train"]
+        _asks_changed()
     module.train(mode)
 
 
@@ -278,6 +298,7 @@ def hold(module: nn.Module) -> None:
     for part in module.modules():
         if part is not module and "train" not in part.__dict__:
             object.__setattr__(part, "train", _Asked(part))
+    _asks_changed()
 
 
 @dataclasses.dataclass

@@ -575,6 +575,39 @@ def test_an_encoder_left_in_train_mode_with_nothing_that_moves_is_cached(tmp_pat
     assert torch.equal(model.head.weight, plain.head.weight)
 
 
+class PutInTrainModeLater(LeftInTrainMode):
+    """A probe whose encoder, put in eval before fitting, its own hook puts partly in train
+    mode at the second epoch's start: its BatchNorm alone, as a recipe that adapts the
+    statistics to new data does."""
+
+    def on_train_epoch_start(self) -> None:
+        if self.current_epoch == 1:
+            self.encoder.norm.train()
+
+
+def test_an_encoder_put_in_train_mode_after_its_first_epoch_runs_uncached_from_then(
+    tmp_path: Path,
+) -> None:
+    """An encoder cached through a first epoch in eval whose BatchNorm a hook then puts in
+    train mode runs uncached from that very batch, warned of, the modes looked at anew once
+    one is asked: the head trains as without the callback."""
+
+    def fit(callbacks: list[pl.Callback]) -> PutInTrainModeLater:
+        model = PutInTrainModeLater("norm")
+        model.encoder.eval()
+        trainer(tmp_path, 3, callbacks=callbacks).fit(model, loader())
+        return model
+
+    callback = CacheFrozen(None, ["encoder"])
+    with pytest.warns(Uncached, match=r"`encoder` would run in train mode"):
+        cached = fit([callback])
+    plain = fit([])
+    assert [e.hit_rate for e in epochs(callback, "train")][:1] == [0.0]
+    assert cached.encoder.norm.training and not is_held(cached.encoder)
+    assert torch.equal(cached.head.weight, plain.head.weight)
+    assert torch.equal(cached.encoder.norm.running_mean, plain.encoder.norm.running_mean)
+
+
 def test_an_encoder_put_in_eval_before_fitting_is_cached(tmp_path: Path) -> None:
     """An encoder put in eval before fitting (``model.encoder.eval()``, as the warning of
     one left in train mode says) stays so through the fit, validations included: it is
