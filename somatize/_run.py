@@ -202,21 +202,25 @@ class _Run:
             self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(problem)})
             return _DAMAGED
         answer, data = got
+        drifted: tuple[str | None, str] | None = None  # the fingerprints kept with, and now
         if fingerprint and answer.fingerprint not in (None, fingerprint):
-            if self.strict:
-                fact = self.drift_fact(node, key, answer.fingerprint, fingerprint)
-                fact["recomputed"] = True
-                self.emit(fact)
-                return _DAMAGED
-            self.drift[node] = (answer.fingerprint, fingerprint)
+            drifted = (answer.fingerprint, fingerprint)
+        if drifted is not None and self.strict:
+            fact = self.drift_fact(node, key, *drifted)
+            fact["recomputed"] = True
+            self.emit(fact)
+            return _DAMAGED
         try:
-            return CODECS.named(answer.codec).decode(data)
+            value = CODECS.named(answer.codec).decode(data)
         except Unreadable as why:
             self.emit({"fact": "unreadable", "node": node, "key": key, "why": str(why)})
             return _DAMAGED
         except (ValueError, TypeError) as why:
             self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(why)})
             return _DAMAGED
+        if drifted is not None:  # noted once read: one unread is computed, not recalled
+            self.drift[node] = drifted
+        return value
 
     def drift_fact(self, node: str, key: str | None, was: str | None, now: str) -> Fact:
         """The ``drifted`` fact of an answer of ``node`` kept with the code fingerprint

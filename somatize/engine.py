@@ -42,8 +42,9 @@ An answer that was there when the store was asked but is damaged or gone when
 read is a miss: it is reported (``corrupt``), the plan is redone without it,
 and the node runs. So is an answer that is whole but cannot be read in this
 process (:class:`~somatize.codecs.Unreadable`: a class it names is not loaded
-here), reported as ``unreadable`` — nothing is damaged or set aside. A wrong
-answer is never returned. An answer computed that cannot be kept (no codec
+here), reported as ``unreadable`` — nothing is damaged or set aside. Neither is said
+``drifted`` where another version of the code kept it: nothing drifted was recalled.
+A wrong answer is never returned. An answer computed that cannot be kept (no codec
 writes it, the store refuses it) is ``failed`` after ``ran``, and its error
 goes on to the caller. Where the store can tell before anything runs that it
 would refuse it (a bucket that does not exist, a directory gone or read-only),

@@ -403,6 +403,48 @@ def test_an_answer_whose_namedtuple_is_not_loaded_is_unreadable_not_corrupt(
         sys.modules.pop(module.__name__, None)
 
 
+class _PairedItems(Node):
+    """Answers each item a namedtuple whose module it loads only when it runs."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self._module = module
+        self.calls: list[list[int]] = []
+
+    def declare(self) -> dict[str, Any]:
+        return {}
+
+    def forward(self, xs: list[int], ctx: Any) -> Any:
+        self.calls.append(list(xs))
+        sys.modules[self._module.__name__] = self._module
+        return [self._module.Pair(torch.ones(2) * x, torch.zeros(1)) for x in xs]
+
+
+def test_an_unreadable_answer_kept_by_other_code_is_computed_not_said_drifted(
+    store: Store,
+) -> None:
+    """An answer kept by another version of the code that cannot be read in this process
+    (the class it names is not loaded) is computed again and said ``unreadable`` alone:
+    nothing drifted was recalled, so no ``drifted`` fact or warning says one was, and the
+    node's outcome is ``ran``."""
+    module = types.ModuleType("somatize_pair_items_here")
+    module.Pair = collections.namedtuple("Pair", "a b", module=module.__name__)  # type: ignore[attr-defined]
+    paired = _PairedItems(module)
+    graph = Graph.somatize(paired.named("pair").frozen().mapped().cached())
+    try:
+        graph.forward([2], store=store)
+        del sys.modules[module.__name__]
+        graph.memory.written_as("pair", "sha256:newer")
+        seen: list[dict[str, Any]] = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            graph.forward([2], store=store, watching=seen.append)
+        assert [f["fact"] for f in seen] == ["unreadable", "ran", "kept", "finished"]
+        assert graph.record.outcome == {"pair": "ran"}
+        assert paired.calls == [[2], [2]]
+    finally:
+        sys.modules.pop(module.__name__, None)
+
+
 def test_a_class_name_an_answer_gives_is_looked_up_without_running_any_code() -> None:
     """The class a namedtuple answer names is read from modules' and classes' own
     namespaces: a module's ``__getattr__`` (which imports) never runs for it."""
