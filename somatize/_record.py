@@ -144,7 +144,8 @@ class Record:
         runs on (``"way": "out"``) and back from the worker ``source`` ran on (``"back"``).
         An edge between two nodes of one network worker counts both, as the value comes
         back and goes out again. An answer read by several nodes came back once: its
-        bytes are on the edge to its first reader, the others' 0. A node's state
+        bytes are on the edge to the first of them that ran in the forward, the others'
+        0; an edge to one that did not run (recalled, spared) is left out. A node's state
         (``"state"``), the graph's input and an output no node reads cross on no edge and
         are left out."""
         out: dict[tuple[str, str], int] = {}

@@ -421,7 +421,9 @@ class _Run:
         start = time.perf_counter_ns()
         try:
             if worker is not None and self.broker is not None:
-                done = self.broker.called(self.graph, node, list(inputs), ctx, self.emit)
+                told: list[Fact] = []
+                done = self.broker.called(self.graph, node, list(inputs), ctx, told.append)
+                self.emit_crossed(node, told)
                 value = done.value
                 if done.moved:
                     self.moved.add(node)
@@ -452,6 +454,27 @@ class _Run:
                 ),
             )
         return value, took
+
+    def emit_crossed(self, node: str, facts: list[Fact]) -> None:
+        """Emits ``facts``, what ``node``'s call on a worker crossed. Its answer came back
+        once, and the broker puts its bytes on the edge to the first node reading it in the
+        graph, which may not read it in this forward (its own answer recalled, or not
+        needed): they are put on the edge to the first reader that runs, and on no edge
+        where none does (the answer only handed back), as a figure draws them."""
+        back = [fact for fact in facts if fact.get("way") == "back" and "from" in fact]
+        running = self.running
+        if running is not None and any(fact["node"] not in running for fact in back):
+            size = sum(fact["bytes"] for fact in back)
+            readers = [r for r in self.graph.successors(node) if r in running]
+            edges = [{**back[0], "node": r, "bytes": 0} for r in readers]
+            if edges:
+                edges[0]["bytes"] = size
+            else:
+                edges = [{**back[0], "node": node, "bytes": size}]
+                del edges[0]["from"]
+            facts = [fact for fact in facts if all(fact is not b for b in back)] + edges
+        for fact in facts:
+            self.emit(fact)
 
     def readers(self, node: str) -> int:
         """How many read the answer of ``node``: an edge to each node below it (two from one

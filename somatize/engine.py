@@ -216,8 +216,7 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
                 except BaseException as error:  # KeyboardInterrupt: said, and let go
                     state.emit({"fact": "failed", "node": node, "error": type(error).__name__})
                     raise
-                for fact in outcome.facts:
-                    state.emit(fact)
+                state.emit_crossed(node, outcome.facts)
                 if node in state.beside:
                     state.answered_beside(plan, node)
                 _ran(state, plan, node, outcome.value, outcome.took_us, outcome.kept, outcome.moved)

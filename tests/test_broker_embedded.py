@@ -87,7 +87,7 @@ from tests.broker_nodes import (
     weighted,
 )
 from tests.forked import needs_fork
-from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
+from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale, Square
 
 
 def _seed() -> tuple[Graph, Rows, Scale, Largest]:
@@ -146,6 +146,35 @@ def test_network_mode_rebuilds_and_reports_crossed_bytes() -> None:
     assert g.record.crossed == {("sms", "clean"): sent, ("clean", "widest"): back}
     g.forward({"at": 0, "take": 32}, broker=broker)
     assert g.record.crossed == {("sms", "clean"): sent, ("clean", "widest"): back}
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_an_answer_that_came_back_crosses_on_the_edge_to_a_reader_that_runs(
+    store: Store, mapped: bool
+) -> None:
+    """An answer that came back from a network worker is on the edge to the first of its
+    readers that runs in the forward: the first reader the graph has, recalled or not
+    needed (spared), never read it, and the figure would draw the bytes on its edge. Where
+    no reader runs (the answer only handed back), it crosses on no edge."""
+    clean = (Square().mapped() if mapped else Scale(3.0)).named("clean").frozen().at("w1")
+    g = Graph.somatize(
+        Rows().named("sms").frozen()
+        >> clean
+        >> (Largest().named("widest").frozen().cached(), Echo().named("echo"))
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    g.forward({"at": 0, "take": 32}, broker=broker, store=store)
+    g.forward({"at": 0, "take": 32}, broker=broker, store=store)
+    assert g.record is not None and g.record.outcome["widest"] == "recalled"
+    back = [f for f in g.record.facts if f["fact"] == "crossed" and f["way"] == "back"]
+    assert [(f["from"], f["node"]) for f in back] == [("clean", "echo")]
+    assert back[0]["bytes"] > 0
+    assert g.record.crossed[("clean", "echo")] == back[0]["bytes"]
+    assert ("clean", "widest") not in g.record.crossed
+    g.forward({"at": 0, "take": 32}, broker=broker, outputs=("clean", "widest"), store=store)
+    back = [f for f in g.record.facts if f["fact"] == "crossed" and f["way"] == "back"]
+    assert [(f.get("from"), f["node"]) for f in back] == [(None, "clean")]
+    assert back[0]["bytes"] > 0
 
 
 def test_the_worker_keeps_its_nodes_loaded() -> None:

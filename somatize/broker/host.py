@@ -293,7 +293,8 @@ def crossings(
     "state"``, on no edge), one per input sent, on the edge it came by (none for the
     graph's input), and one per edge that reads the answer. The answer came back once,
     however many nodes read it, so its bytes are on the edge to its first reader and the
-    edges to the others say 0: added up, the facts are the bytes that crossed."""
+    edges to the others say 0: added up, the facts are the bytes that crossed. The engine
+    moves them to the readers that run in the forward (:meth:`~somatize._run._Run.emit_crossed`)."""
     facts: list[dict[str, Any]] = []
     if state:
         facts.append(
