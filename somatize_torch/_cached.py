@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from somatize import CODECS, Graph, Opaque, canonical
 from somatize.codecs import CodecError
+from somatize.engine import Record
 from somatize.plan import declared_again
 from somatize_torch._errors import CachedInputNeedsGrad, WrapError, in_a_transform
 from somatize_torch._modes import marked_as_needed, outside_compiled
@@ -463,11 +464,14 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     solo = self._solos.get(precision)
     if solo is None:
         solo = self._solos[precision] = _solo(node, name, basis[0], precision, self.made)
+    # This call's own facts: `solo.record` is that of the forward that ended last, which
+    # another thread's call may be, having ended since this one did.
+    facts: list[dict[str, Any]] = []
     with torch.no_grad():
-        out = solo.forward(Opaque(tuple(args), TENSOR), store=store)
+        out = solo.forward(Opaque(tuple(args), TENSOR), store=store, watching=facts.append)
     if held is not node:
         held.ran()  # what the module's forward changed of what it keeps is its own
-    self.owner._noted(name, solo.record)
+    self.owner._noted(name, Record(facts))
     return _placed(out, tensors[0].device) if tensors else out
 
 

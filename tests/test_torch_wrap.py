@@ -290,6 +290,39 @@ def test_an_unfrozen_encoder_released_trains_and_freezes_again(store: Store) -> 
     assert smt.is_held(encoder) and not encoder.training
 
 
+def test_each_threads_cached_call_counts_what_it_did(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cached submodule called from two threads at once counts, in ``counts``, what each
+    call did: one that ran and kept its answer is not counted as recalled, though another
+    thread's call, recalled, ended between the end of its lookup and its count."""
+    wrapped = _wrapped(store)
+    known, new = torch.randn(4, 6), torch.randn(4, 6)
+    wrapped(known)
+    recalled = threading.Event()
+    forward = Graph.forward
+
+    def ends_first(graph: Graph, *args: Any, **kwargs: Any) -> Any:
+        out = forward(graph, *args, **kwargs)
+        if threading.current_thread().name == "runs":  # the other call ends meanwhile
+            other.start()
+            assert recalled.wait(10)
+        return out
+
+    def recalls() -> None:
+        wrapped(known)
+        recalled.set()
+
+    other = threading.Thread(target=recalls)
+    runs = threading.Thread(target=lambda: wrapped(new), name="runs")
+    monkeypatch.setattr(Graph, "forward", ends_first)
+    runs.start()
+    runs.join(20)
+    other.join(20)
+    assert wrapped.encoder.calls == 2
+    assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2, "recalled": 1}
+
+
 def test_release_refuses_what_it_cannot_release(store: Store) -> None:
     """``release`` takes a module, and the module of a row cache, not the cache: each
     refused saying what to pass."""
