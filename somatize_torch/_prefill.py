@@ -123,7 +123,10 @@ def prefill(
     convert: Callable[[Any], Any] | None = None,
 ) -> RowStats:
     """Runs ``cached`` over every batch of ``loader`` so its answers are kept before
-    training starts, then flushes; returns what it did. ``inputs`` turns one loader
+    training starts, then flushes; returns what it did. Rows the cache computed before,
+    still on their way to the store, are written first (a write of theirs that failed
+    is raised there, before anything is computed): they are not counted as its own.
+    ``inputs`` turns one loader
     item into the batch tensor (or ``(batch, indices)``); by default a tensor is the
     batch, a tuple's first item is the batch, a dict's ``x`` and ``index``. With
     ``key="index"`` the indices are taken only where they are named (a dict's
@@ -137,6 +140,9 @@ def prefill(
         raise TypeError(
             f"prefill takes a module made by `cache_rows`, got a `{type(cached).__name__}`"
         )
+    # Rows computed before, still on their way to the store, are written first: its
+    # flush at the end would write them too, and count them as kept by the prefill.
+    cached.flush()
     before = cached.stats
     items: Iterable[Any] = loader
     if progress:

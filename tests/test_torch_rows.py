@@ -1167,6 +1167,38 @@ def test_prefill_warms_the_cache_with_a_progress_bar(
     assert cached.stats.from_device == 48
 
 
+def test_prefill_counts_as_kept_only_the_rows_it_kept(
+    cached: CachedRows, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What prefill says it kept is what it computed and kept: rows computed before it, on
+    their way to the store as it starts, are written by its flush but are not its own."""
+    let_go = threading.Event()
+    open_joined = store.open_joined
+
+    def held_back(*args: Any, **kwargs: Any) -> Any:
+        assert let_go.wait(10)
+        return open_joined(*args, **kwargs)
+
+    monkeypatch.setattr(store, "open_joined", held_back)
+    cached(images(8, seed=3))  # its rows wait for the writer
+    flush = CachedRows.flush
+
+    def flushed(self: CachedRows) -> None:
+        let_go.set()  # a flush waits for them: they go on
+        flush(self)
+
+    monkeypatch.setattr(CachedRows, "flush", flushed)
+
+    class Releases(DataLoader[tuple[torch.Tensor, ...]]):
+        def __iter__(self) -> Any:
+            let_go.set()  # the prefill has started: they go on
+            return super().__iter__()
+
+    done = prefill(cached, Releases(TensorDataset(images(32)), batch_size=16), progress=False)
+    assert (done.rows, done.computed, done.rows_kept) == (32, 32, 32)
+    assert cached.stats.rows_kept == 40
+
+
 class _Stream(IterableDataset[torch.Tensor]):
     """Samples with no length: a DataLoader over it has ``__len__``, which raises."""
 
