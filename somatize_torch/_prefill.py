@@ -126,9 +126,9 @@ def prefill(
     training starts, then flushes; returns what it did. Rows the cache computed before,
     still on their way to the store, are written first (a write of theirs that failed
     is raised there, before anything is computed): they are not counted as its own.
-    ``inputs`` turns one loader
-    item into the batch tensor (or ``(batch, indices)``); by default a tensor is the
-    batch, a tuple's first item is the batch, a dict's ``x`` and ``index``. With
+    ``inputs`` turns one loader item into the batch tensor (or ``(batch, indices)``); by
+    default a tensor is the batch, a tuple's first item is the batch, a dict's ``x`` and
+    ``index``. With
     ``key="index"`` the indices are taken only where they are named (a dict's
     ``index``, a :class:`DeferredRows`); otherwise ``inputs`` must say where they are
     (:class:`NeedsIndex` if it does not). ``convert`` is applied to each item first
