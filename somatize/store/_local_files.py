@@ -381,11 +381,7 @@ class LocalFiles(PackedHome):
                 os.replace(temporary, target)
                 made = True
             if self.durable:
-                folder = Path(target).parent
-                self._sync_directory(folder)
-                while made and folder != self.root and self.root in folder.parents:
-                    folder = folder.parent
-                    self._sync_directory(folder)
+                self._sync_folders(target, above=made)
         except OSError as why:
             if (
                 isinstance(why, FileNotFoundError)
@@ -448,6 +444,15 @@ class LocalFiles(PackedHome):
             "Nothing was written; open the store where it is now (`Store(path)`), or open "
             "it afresh at this path to start an empty one there"
         )
+
+    def _sync_folders(self, target: str, *, above: bool) -> None:
+        """Syncs the folder ``target`` is in and, with ``above``, each folder above it up to
+        the store's: a folder made is an entry of the one above it."""
+        folder = Path(target).parent
+        self._sync_directory(folder)
+        while above and folder != self.root and self.root in folder.parents:
+            folder = folder.parent
+            self._sync_directory(folder)
 
     @staticmethod
     def _sync_directory(directory: Path) -> None:
@@ -603,11 +608,7 @@ class LocalFiles(PackedHome):
                     os.fsync(handle)
                 finally:
                     os.close(handle)
-                folder = Path(target).parent
-                self._sync_directory(folder)
-                while folder != self.root and self.root in folder.parents:
-                    folder = folder.parent
-                    self._sync_directory(folder)
+                self._sync_folders(target, above=True)
             touched = os.stat(target)  # its ctime moved with the touch
         except FileNotFoundError:
             return False  # removed by a gc just now: it is written afresh
