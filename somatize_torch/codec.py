@@ -37,8 +37,10 @@ another order of its dims than C order (channels_last, a transpose) is written a
 memory holds it, with no copy — its dims in that order in the header, so a safetensors
 reader reads it right, and the order to put them back in under ``dims`` in the
 ``__metadata__`` — and comes back with the strides it had, so a kernel that picks its
-path by memory format (a conv) answers the same bits on a hit as on a miss; any other
-non-contiguous tensor is written in C order. A 0-dim or empty tensor keeps its shape.
+path by memory format (a conv) answers the same bits on a hit as on a miss; one laid out
+so with gaps (a half of a channels_last map split along its channels) is copied dense in
+that order and comes back so, and any other non-contiguous tensor is written in C order.
+A 0-dim or empty tensor keeps its shape.
 
 The layout of the header: a flat tuple or list names its tensors ``0``, ``1``
 …, a dict by its keys (the order it was filled in is recorded in the
@@ -332,22 +334,45 @@ def _refuse_grad(kind: str, tensors: dict[str, torch.Tensor], action: str) -> No
 
 def _memory_order(tensor: torch.Tensor) -> tuple[torch.Tensor, list[int] | None]:
     """``tensor`` as it is written: itself when it is in C order (:func:`in_c_order`), or
-    not dense; a dense one in another order of its dims (channels_last, a transpose, a
-    channels_last map pooled to 1x1, which torch calls contiguous) with its dims in the
-    order of its memory — a contiguous view, so it is written with no copy — and the
-    permutation that gives ``tensor`` back, with its strides, from what is read. A
-    recalled answer then has the strides the computed one had, and a kernel reading it
-    (a conv, which picks its path by memory format) answers the same bits."""
+    in no order of its dims (overlapping); one in another order of its dims (channels_last,
+    a transpose, a channels_last map pooled to 1x1, which torch calls contiguous) with its
+    dims in the order of its memory — a contiguous view, so it is written with no copy, or
+    a copy dense in that order where it has gaps — and the permutation that gives
+    ``tensor`` back, with its strides (those of a dense one: no gaps), from what is read. A
+    recalled answer then is laid out as the computed one was, and a kernel reading it (a
+    conv, which picks its path by memory format) answers the same bits."""
     if tensor.dim() < 2 or in_c_order(tensor):
         return tensor, None
     strides = tensor.stride()
     order = sorted(range(tensor.dim()), key=lambda d: (-strides[d], d))
-    stored = tensor.permute(order)
-    # Overlapping, or with gaps: written in C order; so is one whose memory order is C
-    # order but for strides no order of its dims gives back (a column of a batch).
-    if not stored.is_contiguous() or order == sorted(order):
+    # One whose memory order is C order is written in C order, strides no order of its
+    # dims gives back (a column of a batch) or not; so is one whose elements overlap (an
+    # expanded one), which is in no order of its dims.
+    if order == sorted(order):
         return tensor, None
-    return stored, inverse_order(order)
+    stored = tensor.permute(order)
+    if stored.is_contiguous():
+        return stored, inverse_order(order)
+    # With gaps in that order (a half of a channels_last map split along its channels): a
+    # kernel reading it picks its path by that order as it would for a dense one, so it is
+    # copied dense in it, as a C-order one with gaps is copied into C order.
+    if not _apart(stored):
+        return tensor, None
+    return stored.contiguous(), inverse_order(order)
+
+
+def _apart(tensor: torch.Tensor) -> bool:
+    """Whether the elements of ``tensor`` lie in memory in C order of its dims, none of
+    them where another is (gaps between them allowed): each stride past what the dims
+    after it span, those of size 1 left out."""
+    spanned = 1
+    for size, stride in zip(reversed(tensor.shape), reversed(tensor.stride()), strict=True):
+        if size == 1:
+            continue
+        if stride < spanned:
+            return False
+        spanned = stride * size
+    return True
 
 
 def in_c_order(tensor: torch.Tensor) -> bool:

@@ -222,6 +222,40 @@ def test_a_pooled_channels_last_answer_is_recalled_with_its_strides(store: Store
     assert again.stride() == answered.stride() and torch.equal(again, answered)
 
 
+class Halves(Node):
+    """Its input split in two along its channels (a gated block's halves): fed
+    channels_last, each half keeps the strides of the whole, with gaps where the other
+    half's channels lie."""
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> tuple[torch.Tensor, ...]:
+        return x.chunk(2, dim=1)
+
+
+def test_a_channels_last_answer_with_gaps_is_recalled_channels_last(store: Store) -> None:
+    """A cached node's answer laid out in channels_last with gaps in its memory (a half of a
+    channels_last map split along its channels) is recalled dense in channels_last, so a
+    conv reading it answers the same bits, laid out alike, on a hit as on a miss: it was
+    written in C order and recalled so, and the conv took another path and answered other
+    last bits, in C order where it answered channels_last. A transpose with gaps is
+    recalled in its order too."""
+    torch.manual_seed(0)
+    g = Graph.somatize(Halves().named("halves").frozen().cached())
+    x = torch.randn(8, 32, 14, 14).to(memory_format=torch.channels_last)
+    conv = nn.Conv2d(16, 32, 3, padding=1)
+    computed = g.forward(Opaque(x), store=store)
+    recalled = g.forward(Opaque(x), store=store)
+    assert g.record is not None and g.record.outcome == {"halves": "recalled"}
+    assert not computed[0].is_contiguous(memory_format=torch.channels_last)
+    assert all(one.is_contiguous(memory_format=torch.channels_last) for one in recalled)
+    with torch.no_grad():
+        answered, again = conv(computed[0]), conv(recalled[0])
+    assert again.stride() == answered.stride() and torch.equal(again, answered)
+    columns = torch.randn(6, 10)[:, ::2].t()  # strides (2, 10): a transpose, with gaps
+    back = smt.TENSOR.decode(_bytes(columns))
+    assert torch.equal(back, columns) and back.stride() == (1, 5)
+    assert smt.TENSOR.digest(columns) == smt.TENSOR.digest(columns.contiguous())
+
+
 def test_collections_round_trip() -> None:
     """A dict, a tuple and a list of tensors come back as the same kind, in order (a dict in
     the order it was filled in)."""
