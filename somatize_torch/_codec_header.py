@@ -78,7 +78,10 @@ def _header(raw: bytes) -> _Header:
     """The checked header whose bytes are ``raw``; ValueError when it is damaged."""
     found = _HEADERS.get(raw)
     if found is None:
-        found = _read_header(raw)
+        try:
+            found = _read_header(raw)
+        except RecursionError:  # JSON nested past what this process reads: not the codec's
+            raise ValueError("a tensor answer's header is nested too deep: it is damaged") from None
         if len(raw) <= _KEPT_UP_TO:
             with _HEADERS_LOCK:
                 count, size = _KEPT_AT_MOST

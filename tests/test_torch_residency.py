@@ -127,6 +127,18 @@ def test_rows_are_written_as_the_tensor_codec_writes_each_row() -> None:
         decode_rows([datas[0], datas[1], memoryview(wider)])
 
 
+def test_a_row_whose_header_is_nested_past_what_is_read_is_damaged() -> None:
+    """A row whose header nests JSON deeper than this process parses (bytes under a digest
+    they match, written by no codec) is a ValueError, a row computed again, as the codec's
+    decode of such an answer is: it was a RecursionError out of the row cache's forward."""
+    deep = b'{"a":' * 200_000 + b"1" + b"}" * 200_000
+    row = memoryview(struct.pack("<Q", len(deep)) + deep)
+    with pytest.raises(ValueError, match="nested too deep"):
+        decode_rows([row])
+    with pytest.raises(ValueError, match="nested too deep"):
+        TENSOR.decode(row)
+
+
 @pytest.mark.parametrize("bad", [0, 3])
 def test_bool_rows_of_bytes_other_than_0_and_1_are_not_written(bad: int) -> None:
     """A batch of bool rows holding a byte torch never writes (a uint8 mask viewed as bool,
